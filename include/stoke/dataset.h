@@ -1,0 +1,117 @@
+/* stoke — the dataset interface the loader reads from.
+ *
+ * A dataset is a struct of callbacks the application (or a built-in source) fills in.  Each
+ * sample has up to STOKE_MAX_FIELDS fields ("data", "label"), each a fixed-size tensor described
+ * by a stoke_field; the loader stacks sample i's field f into slot i of field f of the batch.
+ *
+ * Kinds:
+ * - STOKE_DATASET_MAP:      length() samples, get(i) writes sample i straight into the batch
+ *                           slots it is given (the one-copy path: no intermediate buffer).
+ * - STOKE_DATASET_MAP_VAR:  length() samples of variable size (one field, dtype STOKE_DTYPE_RAW):
+ *                           get_var(i) returns bytes and length; the loader packs them.
+ * - STOKE_DATASET_ITERABLE: next() produces samples until it returns STOKE_EEND.  With several
+ *                           workers each worker iterates the dataset itself and must shard it
+ *                           by (worker, num_workers), as with PyTorch's IterableDataset.
+ *
+ * Callbacks are called from worker threads, concurrently for different samples: get/get_var/
+ * next must be thread-safe for distinct workers.  A callback returns STOKE_OK or a negative
+ * code, and may write a NUL-terminated message into msg (msg_len bytes) that the loader reports
+ * with the sample index and worker.
+ */
+#ifndef STOKE_DATASET_H
+#define STOKE_DATASET_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "stoke/export.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define STOKE_MAX_FIELDS 4
+#define STOKE_MAX_DIMS 8
+
+typedef enum stoke_dtype {
+    STOKE_DTYPE_RAW = 0, /* opaque bytes of `itemsize` each */
+    STOKE_DTYPE_BOOL,
+    STOKE_DTYPE_U8,
+    STOKE_DTYPE_I8,
+    STOKE_DTYPE_U16,
+    STOKE_DTYPE_I16,
+    STOKE_DTYPE_U32,
+    STOKE_DTYPE_I32,
+    STOKE_DTYPE_U64,
+    STOKE_DTYPE_I64,
+    STOKE_DTYPE_F16,
+    STOKE_DTYPE_BF16,
+    STOKE_DTYPE_F32,
+    STOKE_DTYPE_F64,
+    STOKE_DTYPE_C64,
+    STOKE_DTYPE_C128
+} stoke_dtype;
+
+/* "u8", "f32", ... ("raw" for STOKE_DTYPE_RAW). */
+STOKE_API const char *stoke_dtype_name(int dtype);
+/* Bytes per element (0 for RAW: use the field's itemsize). */
+STOKE_API size_t stoke_dtype_size(int dtype);
+
+/* One field of a sample. */
+typedef struct stoke_field {
+    char name[16];                 /* "data", "label" */
+    int dtype;                     /* stoke_dtype */
+    size_t itemsize;               /* bytes per element */
+    int ndim;                      /* per-sample dimensions (0: a scalar) */
+    int64_t shape[STOKE_MAX_DIMS]; /* per-sample shape */
+    size_t bytes;                  /* bytes per sample = itemsize * prod(shape) */
+} stoke_field;
+
+typedef enum stoke_dataset_kind {
+    STOKE_DATASET_MAP = 0,
+    STOKE_DATASET_MAP_VAR = 1,
+    STOKE_DATASET_ITERABLE = 2
+} stoke_dataset_kind;
+
+typedef struct stoke_dataset {
+    uint32_t size;          /* sizeof(stoke_dataset): set by stoke_dataset_init */
+    int kind;               /* stoke_dataset_kind */
+    char name[64];          /* for messages: "npy:/data/train.npy" */
+    void *user;             /* passed to every callback */
+    int nfields;            /* 1..STOKE_MAX_FIELDS */
+    stoke_field fields[STOKE_MAX_FIELDS];
+
+    /* MAP, MAP_VAR: number of samples. */
+    uint64_t (*length)(void *user);
+    /* MAP: write sample `index` field f into dst[f] (fields[f].bytes bytes each). */
+    int (*get)(void *user, uint64_t index, void *const dst[], int worker, char *msg,
+               size_t msg_len);
+    /* MAP_VAR: point *data at sample `index` (*len bytes), valid until release_var(*token). */
+    int (*get_var)(void *user, uint64_t index, const void **data, size_t *len, void **token,
+                   int worker, char *msg, size_t msg_len);
+    void (*release_var)(void *user, void *token);
+    /* ITERABLE: write the next sample of this worker's share into dst[f], its index into *index;
+     * STOKE_EEND when the share is exhausted. */
+    int (*next)(void *user, int worker, int num_workers, void *const dst[], uint64_t *index,
+                char *msg, size_t msg_len);
+    /* Optional: called once in each worker thread before its first sample (and for the caller's
+     * thread when num_workers is 0, with worker 0). */
+    int (*worker_init)(void *user, int worker, int num_workers);
+    /* Optional: ITERABLE only — restart the iteration for a new epoch. */
+    int (*reset)(void *user, uint64_t epoch);
+    /* Optional: release `user`; called by stoke_dataset_close. */
+    void (*close)(void *user);
+} stoke_dataset;
+
+/* Zeroes *ds and sets ds->size. */
+STOKE_API void stoke_dataset_init(stoke_dataset *ds);
+/* Calls ds->close(ds->user) if set and zeroes *ds.  NULL does nothing. */
+STOKE_API void stoke_dataset_close(stoke_dataset *ds);
+/* Fills field->itemsize (from dtype unless RAW) and field->bytes from dtype, ndim and shape.
+ * STOKE_EINVAL for a bad dtype/ndim/shape, STOKE_ERANGE on overflow. */
+STOKE_API int stoke_field_finish(stoke_field *field);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,68 @@
+/* stoke — device memory, streams, events and asynchronous copies on the chosen accelerator.
+ *
+ * Thin, backend-independent wrappers over the backend ABI.  Every object is created for the
+ * chosen accelerator and the calling thread's current device at creation time, and remembers
+ * both: using it later from another thread or after stoke_device_set() still targets the device
+ * it was made for.  Objects are not internally locked: one stream or event must not be used by
+ * two threads at the same time (different objects may).
+ */
+#ifndef STOKE_DEVICE_H
+#define STOKE_DEVICE_H
+
+#include <stddef.h>
+
+#include "stoke/export.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct stoke_stream stoke_stream;
+typedef struct stoke_event stoke_event;
+typedef struct stoke_device_buffer stoke_device_buffer;
+
+/* Creates an in-order stream on the current device of the backend named `backend` (NULL: the
+ * chosen accelerator).  STOKE_ENODEV without an accelerator, STOKE_ENOTSUP if the backend has
+ * no streams, STOKE_EBACKEND on a driver failure.  *out is owned by the caller. */
+STOKE_API int stoke_stream_create(const char *backend, stoke_stream **out);
+/* Waits for the stream's work, then frees it.  NULL does nothing. */
+STOKE_API void stoke_stream_destroy(stoke_stream *s);
+/* Blocks until all work queued on `s` finished; returns the first error that work hit. */
+STOKE_API int stoke_stream_synchronize(stoke_stream *s);
+/* Name of the backend and device index a stream belongs to. */
+STOKE_API const char *stoke_stream_backend(const stoke_stream *s);
+STOKE_API int stoke_stream_device(const stoke_stream *s);
+
+/* Creates an event for the device `s` belongs to.  Owned by the caller. */
+STOKE_API int stoke_event_create(stoke_stream *s, stoke_event **out);
+STOKE_API void stoke_event_destroy(stoke_event *e);
+/* Marks the point after the work queued so far on `s` (which must be of the same backend and
+ * device as the event's). */
+STOKE_API int stoke_event_record(stoke_event *e, stoke_stream *s);
+/* STOKE_OK when done (or never recorded), STOKE_EBUSY while pending, else the error of the work
+ * before it.  Never blocks. */
+STOKE_API int stoke_event_query(stoke_event *e);
+/* Blocks until done; returns what stoke_event_query would then return. */
+STOKE_API int stoke_event_synchronize(stoke_event *e);
+
+/* Device memory of `size` bytes on the stream's backend and device.  Owned by the caller. */
+STOKE_API int stoke_device_buffer_create(stoke_stream *s, size_t size, stoke_device_buffer **out);
+/* Frees it (after synchronizing nothing: the caller must know no queued copy still uses it). */
+STOKE_API void stoke_device_buffer_destroy(stoke_device_buffer *b);
+/* The backend's own handle (CUdeviceptr as a pointer, cl_mem, simdev address) and size. */
+STOKE_API void *stoke_device_buffer_handle(const stoke_device_buffer *b);
+STOKE_API size_t stoke_device_buffer_size(const stoke_device_buffer *b);
+
+/* Queues a copy of n bytes from host `src` into `dst` at `offset` (h2d), or from `src` at
+ * `offset` into host `dst` (d2h), on `s`.  The host memory must stay valid and unchanged until an
+ * event recorded after the copy completes.  Pinned host memory (stoke_is_pinned) gives truly
+ * asynchronous copies on backends that have them.  STOKE_ERANGE if offset+n exceeds the buffer. */
+STOKE_API int stoke_copy_h2d_async(stoke_device_buffer *dst, size_t offset, const void *src,
+                                   size_t n, stoke_stream *s);
+STOKE_API int stoke_copy_d2h_async(void *dst, stoke_device_buffer *src, size_t offset, size_t n,
+                                   stoke_stream *s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

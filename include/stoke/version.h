@@ -1,0 +1,27 @@
+/* stoke — version. */
+#ifndef STOKE_VERSION_H
+#define STOKE_VERSION_H
+
+#include "stoke/export.h"
+
+#define STOKE_VERSION_MAJOR 0
+#define STOKE_VERSION_MINOR 1
+#define STOKE_VERSION_PATCH 0
+#define STOKE_VERSION_STRING "0.1.0"
+/* One integer that compares in release order: MAJOR*10000 + MINOR*100 + PATCH. */
+#define STOKE_VERSION_NUMBER \
+    (STOKE_VERSION_MAJOR * 10000 + STOKE_VERSION_MINOR * 100 + STOKE_VERSION_PATCH)
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The version of the library actually loaded (may differ from the headers compiled against):
+ * STOKE_VERSION_NUMBER of that build, and its string form.  Thread-safe. */
+STOKE_API int stoke_version(void);
+STOKE_API const char *stoke_version_string(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

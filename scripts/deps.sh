@@ -1,0 +1,28 @@
+#!/bin/sh
+# Installs the Debian packages stoke's tests and optional features need, when they are missing.
+# As root it runs apt-get itself, with sudo it uses sudo, otherwise it prints the command and
+# stops.  Optional: STOKE_DEPS_EXTRA="python3-torch python3-numpy" for the benchmarks.
+set -eu
+need="libcmocka-dev pkg-config pocl-opencl-icd ocl-icd-libopencl1 clang libclang-rt-dev"
+extra="${STOKE_DEPS_EXTRA:-}"
+missing=""
+for p in $need $extra; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+        missing="$missing $p"
+    fi
+done
+[ -z "$missing" ] && exit 0
+cmd="apt-get install -y --no-install-recommends$missing"
+if [ "$(id -u)" = 0 ]; then
+    sudo=""
+elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+    sudo="sudo"
+else
+    echo "stoke: missing Debian packages:$missing" >&2
+    echo "stoke: install them with: sudo apt-get update && sudo $cmd" >&2
+    exit 1
+fi
+echo "stoke: installing missing Debian packages:$missing"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo $cmd

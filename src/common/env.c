@@ -1,0 +1,125 @@
+/* The one place libstoke reads its environment.  See env.h and the README's table. */
+#include <ctype.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "common/env.h"
+#include "common/internal.h"
+
+static const char *const env_names[] = {
+#define STOKE__ENV_NAME(id, name, desc) name,
+    STOKE_ENV_MAP(STOKE__ENV_NAME)
+#undef STOKE__ENV_NAME
+};
+
+static const char *const env_descs[] = {
+#define STOKE__ENV_DESC(id, name, desc) desc,
+    STOKE_ENV_MAP(STOKE__ENV_DESC)
+#undef STOKE__ENV_DESC
+};
+
+const char *stoke__env_name(stoke_env_id id)
+{
+    return (unsigned)id < STOKE_ENV_COUNT_ ? env_names[id] : "?";
+}
+
+const char *stoke__env_str(stoke_env_id id)
+{
+    if ((unsigned)id >= STOKE_ENV_COUNT_)
+        return NULL;
+    const char *v = getenv(env_names[id]);
+    return (v && *v) ? v : NULL;
+}
+
+int stoke__parse_bool(const char *s, int *out)
+{
+    static const char *const yes[] = {"1", "true", "yes", "on"};
+    static const char *const no[] = {"0", "false", "no", "off"};
+    for (size_t i = 0; i < STOKE__ARRAY_LEN(yes); i++) {
+        if (strcasecmp(s, yes[i]) == 0) {
+            *out = 1;
+            return 0;
+        }
+        if (strcasecmp(s, no[i]) == 0) {
+            *out = 0;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+int stoke__parse_u64(const char *s, uint64_t *out)
+{
+    if (!s || !isdigit((unsigned char)*s))
+        return -1;
+    errno = 0;
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || *end)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+int stoke__parse_size(const char *s, uint64_t *out)
+{
+    if (!s || !isdigit((unsigned char)*s))
+        return -1;
+    errno = 0;
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno)
+        return -1;
+    unsigned shift = 0;
+    switch (toupper((unsigned char)*end)) {
+    case 'K': shift = 10; end++; break;
+    case 'M': shift = 20; end++; break;
+    case 'G': shift = 30; end++; break;
+    case 'T': shift = 40; end++; break;
+    default: break;
+    }
+    if (shift && (*end == 'i' || *end == 'I'))
+        end++;
+    if (*end == 'b' || *end == 'B')
+        end++;
+    if (*end)
+        return -1;
+    if (shift && v > (UINT64_MAX >> shift))
+        return -1;
+    *out = (uint64_t)v << shift;
+    return 0;
+}
+
+static int env_typed(stoke_env_id id, int (*parse)(const char *, void *), void *out,
+                     const char *what)
+{
+    const char *s = stoke__env_str(id);
+    if (!s)
+        return 0;
+    if (parse(s, out) == 0)
+        return 1;
+    stoke__log(STOKE_LOG_WARN, "%s=%s is not a valid %s (%s); ignoring it", env_names[id], s,
+               what, env_descs[id]);
+    return 0;
+}
+
+static int parse_bool_v(const char *s, void *out) { return stoke__parse_bool(s, out); }
+static int parse_size_v(const char *s, void *out) { return stoke__parse_size(s, out); }
+static int parse_u64_v(const char *s, void *out) { return stoke__parse_u64(s, out); }
+
+int stoke__env_bool(stoke_env_id id, int *out)
+{
+    return env_typed(id, parse_bool_v, out, "boolean (1/0/true/false/yes/no/on/off)");
+}
+
+int stoke__env_size(stoke_env_id id, uint64_t *out)
+{
+    return env_typed(id, parse_size_v, out, "size (bytes with optional K/M/G/T)");
+}
+
+int stoke__env_u64(stoke_env_id id, uint64_t *out)
+{
+    return env_typed(id, parse_u64_v, out, "non-negative integer");
+}

@@ -1,0 +1,50 @@
+/* Every environment variable libstoke reads, read in env.c and nowhere else.
+ * The README's table lists the same variables; keep them in step. */
+#ifndef STOKE_ENV_H
+#define STOKE_ENV_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* X(ID, "NAME", "description for messages") */
+#define STOKE_ENV_MAP(X)                                                                 \
+    X(LOG, "STOKE_LOG", "log level: error, warn, info, debug, trace")                  \
+    X(ACCELERATOR, "STOKE_ACCELERATOR", "explicit accelerator name[:index]")           \
+    X(PLUGIN_PATH, "STOKE_PLUGIN_PATH", "colon-separated plugin files or directories") \
+    X(PINNED, "STOKE_PINNED", "0 disables pinning")                                    \
+    X(PINNED_LIMIT, "STOKE_PINNED_LIMIT", "cap on pinned bytes (K/M/G)")               \
+    X(CUDA_LIBRARY, "STOKE_CUDA_LIBRARY", "path of the CUDA driver library")           \
+    X(OPENCL_LIBRARY, "STOKE_OPENCL_LIBRARY", "path of the OpenCL ICD loader")         \
+    X(RANK, "RANK", "torchrun rank")                                                   \
+    X(WORLD_SIZE, "WORLD_SIZE", "torchrun world size")                                 \
+    X(OMPI_RANK, "OMPI_COMM_WORLD_RANK", "Open MPI rank")                              \
+    X(OMPI_SIZE, "OMPI_COMM_WORLD_SIZE", "Open MPI world size")                        \
+    X(SLURM_RANK, "SLURM_PROCID", "Slurm rank")                                        \
+    X(SLURM_SIZE, "SLURM_NTASKS", "Slurm world size")
+
+typedef enum stoke_env_id {
+#define STOKE__ENV_ENUM(id, name, desc) STOKE_ENV_##id,
+    STOKE_ENV_MAP(STOKE__ENV_ENUM)
+#undef STOKE__ENV_ENUM
+        STOKE_ENV_COUNT_
+} stoke_env_id;
+
+/* Variable's name ("STOKE_LOG"). */
+const char *stoke__env_name(stoke_env_id id);
+/* Raw value, or NULL when unset or empty.  Read at each call (tests change them). */
+const char *stoke__env_str(stoke_env_id id);
+/* Boolean (1/0/true/false/yes/no/on/off, any case): *out set and 1 returned when set and
+ * valid; 0 when unset; an invalid value warns once per call and returns 0. */
+int stoke__env_bool(stoke_env_id id, int *out);
+/* Size with optional K/M/G/T suffix (powers of 1024, optional trailing "B"/"iB"): as above. */
+int stoke__env_size(stoke_env_id id, uint64_t *out);
+/* Non-negative integer: as above. */
+int stoke__env_u64(stoke_env_id id, uint64_t *out);
+
+/* Parsers behind them, for options that come from elsewhere (CLI flags).  Return 0 on success,
+ * -1 on a malformed value. */
+int stoke__parse_bool(const char *s, int *out);
+int stoke__parse_size(const char *s, uint64_t *out);
+int stoke__parse_u64(const char *s, uint64_t *out);
+
+#endif

@@ -1,0 +1,44 @@
+/* Private helpers shared by every layer of libstoke (never installed). */
+#ifndef STOKE_INTERNAL_H
+#define STOKE_INTERNAL_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "stoke/log.h"
+#include "stoke/status.h"
+
+#if defined(__GNUC__)
+#define STOKE__PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define STOKE__PRINTF(a, b)
+#endif
+
+#define STOKE__ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+
+/* Logs one line through the current sink if `level` is enabled. */
+void stoke__log(int level, const char *fmt, ...) STOKE__PRINTF(2, 3);
+void stoke__vlog(int level, const char *fmt, va_list ap);
+/* Cheap check before building an expensive message. */
+int stoke__log_enabled(int level);
+
+/* Records `fmt` as the calling thread's last error, logs it at DEBUG, and returns `code`:
+ *     return stoke__fail(STOKE_EIO, "npy %s: header truncated", path); */
+int stoke__fail(int code, const char *fmt, ...) STOKE__PRINTF(2, 3);
+/* Same with an explicit log level (e.g. WARN for errors a user must see even if unchecked). */
+int stoke__fail_at(int level, int code, const char *fmt, ...) STOKE__PRINTF(3, 4);
+/* Forgets the calling thread's last error. */
+void stoke__clear_error(void);
+
+/* snprintf that always terminates and never warns about truncation; returns `dst`. */
+char *stoke__strlcpy(char *dst, const char *src, size_t n);
+char *stoke__fmt(char *dst, size_t n, const char *fmt, ...) STOKE__PRINTF(3, 4);
+
+/* Monotonic clock in nanoseconds. */
+uint64_t stoke__now_ns(void);
+
+/* Names the calling thread (at most 15 characters are kept), e.g. "stoke-w3". */
+void stoke__thread_name(const char *name);
+
+#endif

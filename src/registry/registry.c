@@ -1,0 +1,684 @@
+/* The registry: which backends exist, which one is the accelerator, and why.
+ *
+ * Locking: `reg.lock` protects everything in `reg` except `reg.selected`, which is published
+ * with release/acquire atomics so that the hot path (stoke__accel_current, called by every
+ * pinned allocation) reads it without the lock.  A selection is immutable once published; a new
+ * one (after stoke_accelerator_select or a plugin load) is a new object, and the old ones stay
+ * allocated until stoke__registry_reset, so a reader never sees one change under it.  Entries are never freed while the process runs
+ * (only stoke__registry_reset, for tests, frees them), so a published entry pointer stays valid.
+ * The current device is per thread, tagged with the selection generation it belongs to. */
+#define _GNU_SOURCE
+#include <ctype.h>
+#include <dirent.h>
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+
+#include "backends/builtin.h"
+#include "common/env.h"
+#include "common/internal.h"
+#include "registry/registry.h"
+
+#define MAX_PLUGINS 32
+
+typedef struct entry {
+    stoke_backend_info info;
+    const stoke_backend *vt; /* NULL when rejected before a valid table */
+    void *dl;                /* plugins: dlopen handle */
+    int probed;              /* 1 once probe ran with `probe_flags` */
+    uint32_t probe_flags;
+} entry;
+
+typedef struct selection {
+    entry *e;           /* NULL: no accelerator */
+    int status;         /* STOKE_OK, STOKE_ENODEV, STOKE_ENOENT, STOKE_ERANGE */
+    int default_device; /* index given explicitly, else 0 */
+    unsigned gen;       /* bumps at every new selection */
+    char reason[256];
+    char error[512];    /* for ENOENT/ERANGE: the message for stoke_last_error */
+    struct selection *older; /* earlier selections, kept alive for lock-free readers */
+} selection;
+
+static struct {
+    pthread_mutex_t lock;
+    int initialized;
+    entry plugins[MAX_PLUGINS];
+    int nplugins;
+    entry builtins[4]; /* cuda, hip, opencl, cpu: in selection/listing order */
+    int nbuiltins;
+    char api_spec[64];  /* stoke_accelerator_select; "" = none */
+    selection *sel;                 /* latest selection, NULL until computed */
+    _Atomic(selection *) published; /* `sel` once valid; NULL while it must be recomputed */
+    atomic_uint gen;
+} reg = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static _Thread_local int tl_device = -1;
+static _Thread_local unsigned tl_gen;
+
+static void host_log(const char *backend, int level, const char *msg)
+{
+    stoke__log(level, "%s: %s", backend ? backend : "backend", msg);
+}
+
+static const stoke_backend_host host_info = {
+    .abi_version = STOKE_BACKEND_ABI_VERSION,
+    .size = sizeof(stoke_backend_host),
+    .abi_min = STOKE_BACKEND_ABI_MIN,
+    .log = host_log,
+};
+
+/* Checks a table the entry point returned; fills `why` and returns STOKE_EABI if unusable. */
+static int validate_table(const stoke_backend *vt, char *why, size_t why_len)
+{
+    if (!vt) {
+        stoke__strlcpy(why, "entry point returned no table", why_len);
+        return STOKE_EABI;
+    }
+    if (vt->abi_version < STOKE_BACKEND_ABI_MIN || vt->abi_version > STOKE_BACKEND_ABI_VERSION) {
+        stoke__fmt(why, why_len, "ABI version %u outside the accepted window %d..%d",
+                   vt->abi_version, STOKE_BACKEND_ABI_MIN, STOKE_BACKEND_ABI_VERSION);
+        return STOKE_EABI;
+    }
+    if (vt->size < STOKE_BACKEND_V1_SIZE) {
+        stoke__fmt(why, why_len, "function table of %u bytes is smaller than ABI v1's %zu",
+                   vt->size, (size_t)STOKE_BACKEND_V1_SIZE);
+        return STOKE_EABI;
+    }
+    if (!vt->name || !vt->name[0] || strlen(vt->name) >= sizeof(((stoke_backend_info *)0)->name)) {
+        stoke__strlcpy(why, "backend has no valid name", why_len);
+        return STOKE_EABI;
+    }
+    const char *missing = !vt->probe          ? "probe"
+                          : !vt->device_count ? "device_count"
+                          : !vt->device_props ? "device_props"
+                          : !vt->host_alloc   ? "host_alloc"
+                          : !vt->host_free    ? "host_free"
+                          : !vt->is_pinned    ? "is_pinned"
+                                              : NULL;
+    if (missing) {
+        stoke__fmt(why, why_len, "required function %s is missing", missing);
+        return STOKE_EABI;
+    }
+    return STOKE_OK;
+}
+
+/* Runs the probe with `flags` unless already done so; returns availability. */
+static int probe_entry(entry *e, uint32_t flags)
+{
+    if (!e->vt)
+        return 0;
+    if (e->probed && e->probe_flags == flags)
+        return e->info.available;
+    char reason[sizeof(e->info.reason)] = "";
+    int rc = e->vt->probe(flags, reason, sizeof(reason));
+    int count = 0;
+    if (rc == STOKE_OK) {
+        rc = e->vt->device_count(&count);
+        if (rc == STOKE_OK && count <= 0) {
+            rc = STOKE_ENODEV;
+            if (!reason[0] || !strstr(reason, "device"))
+                stoke__strlcpy(reason, "no device", sizeof(reason));
+        }
+    }
+    e->probed = 1;
+    e->probe_flags = flags;
+    e->info.available = rc == STOKE_OK;
+    e->info.device_count = rc == STOKE_OK ? count : 0;
+    e->info.caps = rc == STOKE_OK ? e->vt->caps : 0;
+    if (!reason[0])
+        stoke__strlcpy(reason, rc == STOKE_OK ? "available" : stoke_strerror(rc), sizeof(reason));
+    stoke__strlcpy(e->info.reason, reason, sizeof(e->info.reason));
+    stoke__log(STOKE_LOG_DEBUG, "backend %s: %s (%s)", e->info.name,
+               e->info.available ? "available" : "unavailable", e->info.reason);
+    return e->info.available;
+}
+
+static entry *find_locked(const char *name)
+{
+    for (int i = 0; i < reg.nplugins; i++)
+        if (reg.plugins[i].vt && strcasecmp(reg.plugins[i].info.name, name) == 0)
+            return &reg.plugins[i];
+    for (int i = 0; i < reg.nbuiltins; i++)
+        if (strcasecmp(reg.builtins[i].info.name, name) == 0)
+            return &reg.builtins[i];
+    return NULL;
+}
+
+static void names_locked(char *out, size_t len)
+{
+    size_t used = 0;
+    out[0] = '\0';
+    for (int pass = 0; pass < 2; pass++) {
+        entry *arr = pass == 0 ? reg.plugins : reg.builtins;
+        int n = pass == 0 ? reg.nplugins : reg.nbuiltins;
+        for (int i = 0; i < n; i++) {
+            if (!arr[i].vt)
+                continue;
+            int w = snprintf(out + used, len - used, "%s%s", used ? ", " : "", arr[i].info.name);
+            if (w < 0 || (size_t)w >= len - used)
+                return;
+            used += (size_t)w;
+        }
+    }
+}
+
+/* Loads one plugin file into the next plugin slot.  Returns its status; the slot is kept (and
+ * listed) even when rejected. */
+static int load_plugin_locked(const char *path)
+{
+    if (reg.nplugins >= MAX_PLUGINS)
+        return stoke__fail_at(STOKE_LOG_WARN, STOKE_ELIMIT,
+                              "plugin %s rejected: more than %d plugins", path, MAX_PLUGINS);
+    entry *e = &reg.plugins[reg.nplugins];
+    memset(e, 0, sizeof(*e));
+    e->info.origin = STOKE_ORIGIN_PLUGIN;
+    stoke__strlcpy(e->info.path, path, sizeof(e->info.path));
+    const char *base = strrchr(path, '/');
+    stoke__strlcpy(e->info.name, base ? base + 1 : path, sizeof(e->info.name));
+    reg.nplugins++;
+
+    int rc;
+    char why[256] = "";
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        rc = STOKE_ENOENT;
+        stoke__strlcpy(why, "file not found", sizeof(why));
+        goto rejected;
+    }
+    e->dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!e->dl) {
+        const char *err = dlerror();
+        rc = STOKE_EIO;
+        stoke__fmt(why, sizeof(why), "dlopen failed: %s", err ? err : "unknown error");
+        goto rejected;
+    }
+    stoke_backend_entry_fn fn;
+    *(void **)&fn = dlsym(e->dl, STOKE_BACKEND_ENTRY_SYMBOL);
+    if (!fn) {
+        rc = STOKE_EABI;
+        stoke__fmt(why, sizeof(why), "no entry point %s", STOKE_BACKEND_ENTRY_SYMBOL);
+        goto rejected;
+    }
+    const stoke_backend *vt = NULL;
+    rc = fn(&host_info, &vt);
+    if (rc != STOKE_OK) {
+        stoke__fmt(why, sizeof(why), "entry point failed: %s", stoke_err_name(rc));
+        goto rejected;
+    }
+    rc = validate_table(vt, why, sizeof(why));
+    if (rc != STOKE_OK)
+        goto rejected;
+    if (find_locked(vt->name)) {
+        rc = STOKE_EABI;
+        stoke__fmt(why, sizeof(why), "a backend named '%s' is already registered", vt->name);
+        goto rejected;
+    }
+    e->vt = vt;
+    stoke__strlcpy(e->info.name, vt->name, sizeof(e->info.name));
+    if (!probe_entry(e, 0)) {
+        rc = STOKE_ENODEV;
+        stoke__strlcpy(why, e->info.reason, sizeof(why));
+        stoke__log(STOKE_LOG_WARN, "plugin %s (%s) is unavailable: %s", path, vt->name, why);
+        return stoke__fail(rc, "plugin %s (%s) unavailable: %s", path, vt->name, why);
+    }
+    stoke__log(STOKE_LOG_INFO, "plugin %s loaded: backend %s, %d device(s)", path,
+               e->info.name, e->info.device_count);
+    return STOKE_OK;
+
+rejected:
+    if (e->dl && !e->vt) {
+        dlclose(e->dl);
+        e->dl = NULL;
+    }
+    e->vt = NULL;
+    e->probed = 1;
+    stoke__fmt(e->info.reason, sizeof(e->info.reason), "rejected: %s", why);
+    return stoke__fail_at(STOKE_LOG_WARN, rc, "plugin %s rejected: %s", path, why);
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* A directory contributes its *.so files in name order. */
+static void load_dir_locked(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    char *names[256];
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) && n < (int)STOKE__ARRAY_LEN(names)) {
+        size_t len = strlen(de->d_name);
+        if (len > 3 && strcmp(de->d_name + len - 3, ".so") == 0)
+            names[n++] = strdup(de->d_name);
+    }
+    closedir(d);
+    qsort(names, (size_t)n, sizeof(names[0]), cmp_str);
+    for (int i = 0; i < n; i++) {
+        char path[1024];
+        if (names[i])
+            load_plugin_locked(stoke__fmt(path, sizeof(path), "%s/%s", dir, names[i]));
+        free(names[i]);
+    }
+}
+
+static void load_plugin_path_locked(void)
+{
+    const char *pp = stoke__env_str(STOKE_ENV_PLUGIN_PATH);
+    if (!pp)
+        return;
+    char *copy = strdup(pp), *save = NULL;
+    if (!copy)
+        return;
+    for (char *tok = strtok_r(copy, ":", &save); tok; tok = strtok_r(NULL, ":", &save)) {
+        struct stat st;
+        if (stat(tok, &st) == 0 && S_ISDIR(st.st_mode))
+            load_dir_locked(tok);
+        else
+            load_plugin_locked(tok);
+    }
+    free(copy);
+}
+
+static void add_builtin_locked(stoke_backend_entry_fn fn)
+{
+    entry *e = &reg.builtins[reg.nbuiltins++];
+    memset(e, 0, sizeof(*e));
+    e->info.origin = STOKE_ORIGIN_BUILTIN;
+    const stoke_backend *vt = NULL;
+    char why[256] = "";
+    if (fn(&host_info, &vt) == STOKE_OK && validate_table(vt, why, sizeof(why)) == STOKE_OK) {
+        e->vt = vt;
+        stoke__strlcpy(e->info.name, vt->name, sizeof(e->info.name));
+    } else {
+        stoke__strlcpy(e->info.name, "?", sizeof(e->info.name));
+        stoke__fmt(e->info.reason, sizeof(e->info.reason), "built-in rejected: %s", why);
+        e->probed = 1;
+    }
+}
+
+static void init_locked(void)
+{
+    if (reg.initialized)
+        return;
+    reg.initialized = 1;
+    reg.nbuiltins = 0;
+    add_builtin_locked(stoke__backend_cuda_entry);
+    add_builtin_locked(stoke__backend_hip_entry);
+    add_builtin_locked(stoke__backend_opencl_entry);
+    add_builtin_locked(stoke__backend_cpu_entry);
+    load_plugin_path_locked();
+}
+
+int stoke__parse_accel_spec(const char *spec, char *name, size_t name_len, int *index)
+{
+    const char *colon = strchr(spec, ':');
+    size_t n = colon ? (size_t)(colon - spec) : strlen(spec);
+    if (n == 0 || n >= name_len)
+        return STOKE_EINVAL;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)spec[i];
+        if (!isalnum(c) && c != '_' && c != '-')
+            return STOKE_EINVAL;
+        name[i] = (char)tolower(c);
+    }
+    name[n] = '\0';
+    *index = -1;
+    if (colon) {
+        uint64_t v;
+        if (stoke__parse_u64(colon + 1, &v) != 0 || v > 1000000)
+            return STOKE_EINVAL;
+        *index = (int)v;
+    }
+    return STOKE_OK;
+}
+
+/* Computes the selection into `s` (under the lock). */
+static void select_locked(selection *s)
+{
+    const char *spec = reg.api_spec[0] ? reg.api_spec : stoke__env_str(STOKE_ENV_ACCELERATOR);
+    const char *src = reg.api_spec[0] ? "stoke_accelerator_select" : "STOKE_ACCELERATOR";
+    if (spec) {
+        char name[32], known[256];
+        int index;
+        names_locked(known, sizeof(known));
+        if (stoke__parse_accel_spec(spec, name, sizeof(name), &index) != STOKE_OK) {
+            s->status = STOKE_EINVAL;
+            stoke__fmt(s->error, sizeof(s->error),
+                       "%s=%s is not of the form name[:index]; known backends: %s", src, spec,
+                       known);
+            return;
+        }
+        entry *e = find_locked(name);
+        if (!e) {
+            s->status = STOKE_ENOENT;
+            stoke__fmt(s->error, sizeof(s->error), "%s=%s: unknown accelerator '%s'; known "
+                       "backends: %s", src, spec, name, known);
+            return;
+        }
+        if (!probe_entry(e, STOKE_PROBE_EXPLICIT)) {
+            s->status = STOKE_ENODEV;
+            stoke__fmt(s->reason, sizeof(s->reason), "%s=%s requested, but %s is unavailable: "
+                       "%s", src, spec, e->info.name, e->info.reason);
+            stoke__strlcpy(s->error, s->reason, sizeof(s->error));
+            return;
+        }
+        if (strcmp(e->info.name, "cpu") == 0) {
+            s->status = STOKE_ENODEV;
+            stoke__fmt(s->reason, sizeof(s->reason), "%s=%s: the cpu fallback pins nothing; "
+                       "no accelerator", src, spec);
+            return;
+        }
+        if (index >= e->info.device_count) {
+            s->status = STOKE_ERANGE;
+            stoke__fmt(s->error, sizeof(s->error), "%s=%s: %s has %d device(s), no device %d",
+                       src, spec, e->info.name, e->info.device_count, index);
+            return;
+        }
+        s->e = e;
+        s->default_device = index < 0 ? 0 : index;
+        stoke__fmt(s->reason, sizeof(s->reason), "explicit: %s=%s", src, spec);
+        return;
+    }
+    for (int i = 0; i < reg.nplugins; i++) {
+        if (probe_entry(&reg.plugins[i], 0)) {
+            s->e = &reg.plugins[i];
+            stoke__fmt(s->reason, sizeof(s->reason), "first available plugin loaded by the "
+                       "application (%s)", reg.plugins[i].info.path);
+            return;
+        }
+    }
+    for (int i = 0; i < reg.nbuiltins; i++) {
+        entry *e = &reg.builtins[i];
+        if (e->vt && strcmp(e->info.name, "cpu") != 0 && probe_entry(e, 0)) {
+            s->e = e;
+            stoke__fmt(s->reason, sizeof(s->reason), "first available built-in (order: cuda, "
+                       "hip, opencl)");
+            return;
+        }
+    }
+    s->status = STOKE_ENODEV;
+    stoke__strlcpy(s->reason, "no accelerator found: no plugin loaded and no built-in backend "
+                   "(cuda, hip, opencl) has a usable device", sizeof(s->reason));
+}
+
+/* Returns the published selection, computing it the first time. */
+static const selection *current_selection(void)
+{
+    selection *s = atomic_load_explicit(&reg.published, memory_order_acquire);
+    if (s)
+        return s;
+    pthread_mutex_lock(&reg.lock);
+    init_locked();
+    s = atomic_load_explicit(&reg.published, memory_order_relaxed);
+    if (!s) {
+        static selection oom = {.status = STOKE_ENOMEM, .reason = "out of memory"};
+        s = calloc(1, sizeof(*s));
+        if (!s) {
+            pthread_mutex_unlock(&reg.lock);
+            return &oom;
+        }
+        select_locked(s);
+        s->gen = atomic_fetch_add(&reg.gen, 1) + 1;
+        s->older = reg.sel;
+        reg.sel = s;
+        if (s->e)
+            stoke__log(STOKE_LOG_INFO, "accelerator: %s (%s)", s->e->info.name, s->reason);
+        atomic_store_explicit(&reg.published, s, memory_order_release);
+    }
+    pthread_mutex_unlock(&reg.lock);
+    return s;
+}
+
+/* Makes the next reader compute a new selection (under the lock). */
+static void invalidate_locked(void)
+{
+    atomic_store_explicit(&reg.published, NULL, memory_order_release);
+}
+
+static int selection_status(const selection *s)
+{
+    if (s->status == STOKE_ENOENT || s->status == STOKE_ERANGE || s->status == STOKE_EINVAL)
+        return stoke__fail(s->status, "%s", s->error);
+    return s->status;
+}
+
+static int thread_device(const selection *s)
+{
+    if (tl_gen != s->gen || tl_device < 0) {
+        tl_gen = s->gen;
+        tl_device = s->default_device;
+    }
+    return tl_device;
+}
+
+int stoke__accel_current(const stoke_backend **vt, int *dev, const char **why)
+{
+    const selection *s = current_selection();
+    if (!s->e) {
+        *vt = NULL;
+        *dev = -1;
+        if (why)
+            *why = s->reason[0] ? s->reason : s->error;
+        return selection_status(s);
+    }
+    *vt = s->e->vt;
+    *dev = thread_device(s);
+    if (why)
+        *why = s->reason;
+    return STOKE_OK;
+}
+
+int stoke_accelerator_get(stoke_accelerator_info *out)
+{
+    if (!out)
+        return STOKE_EINVAL;
+    memset(out, 0, sizeof(*out));
+    const selection *s = current_selection();
+    stoke__strlcpy(out->reason, s->reason[0] ? s->reason : s->error, sizeof(out->reason));
+    if (!s->e) {
+        out->current_device = -1;
+        return selection_status(s);
+    }
+    stoke__strlcpy(out->backend, s->e->info.name, sizeof(out->backend));
+    out->device_count = s->e->info.device_count;
+    out->current_device = thread_device(s);
+    return STOKE_OK;
+}
+
+int stoke_accelerator_select(const char *spec)
+{
+    pthread_mutex_lock(&reg.lock);
+    init_locked();
+    char saved[sizeof(reg.api_spec)];
+    stoke__strlcpy(saved, reg.api_spec, sizeof(saved));
+    if (spec && strlen(spec) >= sizeof(reg.api_spec)) {
+        pthread_mutex_unlock(&reg.lock);
+        return stoke__fail(STOKE_EINVAL, "accelerator spec '%.40s...' is too long", spec);
+    }
+    stoke__strlcpy(reg.api_spec, spec ? spec : "", sizeof(reg.api_spec));
+    selection trial = {0};
+    select_locked(&trial);
+    int rc = trial.status;
+    if (spec && rc != STOKE_OK) {
+        stoke__strlcpy(reg.api_spec, saved, sizeof(reg.api_spec));
+        char msg[512];
+        stoke__strlcpy(msg, trial.error[0] ? trial.error : trial.reason, sizeof(msg));
+        pthread_mutex_unlock(&reg.lock);
+        return stoke__fail(rc, "%s", msg);
+    }
+    invalidate_locked();
+    pthread_mutex_unlock(&reg.lock);
+    const selection *s = current_selection();
+    if (s->e && spec)
+        tl_device = s->default_device, tl_gen = s->gen;
+    return spec ? STOKE_OK : (s->e ? STOKE_OK : STOKE_ENODEV);
+}
+
+int stoke_plugin_load(const char *path)
+{
+    if (!path || !*path)
+        return stoke__fail(STOKE_EINVAL, "stoke_plugin_load: empty path");
+    pthread_mutex_lock(&reg.lock);
+    init_locked();
+    int rc = load_plugin_locked(path);
+    invalidate_locked();
+    pthread_mutex_unlock(&reg.lock);
+    return rc;
+}
+
+static void probe_all_locked(void)
+{
+    const selection *s = atomic_load_explicit(&reg.published, memory_order_relaxed);
+    for (int i = 0; i < reg.nplugins; i++)
+        if (!reg.plugins[i].probed)
+            probe_entry(&reg.plugins[i], 0);
+    for (int i = 0; i < reg.nbuiltins; i++)
+        if (!reg.builtins[i].probed && (!s || s->e != &reg.builtins[i]))
+            probe_entry(&reg.builtins[i], 0);
+}
+
+int stoke_backend_count(void)
+{
+    current_selection();
+    pthread_mutex_lock(&reg.lock);
+    probe_all_locked();
+    int n = reg.nplugins + reg.nbuiltins;
+    pthread_mutex_unlock(&reg.lock);
+    return n;
+}
+
+int stoke_backend_get_info(int i, stoke_backend_info *out)
+{
+    if (!out)
+        return STOKE_EINVAL;
+    current_selection();
+    pthread_mutex_lock(&reg.lock);
+    probe_all_locked();
+    int rc = STOKE_OK;
+    if (i >= 0 && i < reg.nplugins)
+        *out = reg.plugins[i].info;
+    else if (i >= reg.nplugins && i < reg.nplugins + reg.nbuiltins)
+        *out = reg.builtins[i - reg.nplugins].info;
+    else
+        rc = STOKE_ERANGE;
+    pthread_mutex_unlock(&reg.lock);
+    return rc;
+}
+
+int stoke__backend_lookup(const char *name, const stoke_backend **vt)
+{
+    *vt = NULL;
+    if (!name)
+        return STOKE_EINVAL;
+    current_selection();
+    pthread_mutex_lock(&reg.lock);
+    entry *e = find_locked(name);
+    int rc = STOKE_OK;
+    if (!e) {
+        char known[256];
+        names_locked(known, sizeof(known));
+        rc = stoke__fail(STOKE_ENOENT, "unknown backend '%s'; known backends: %s", name, known);
+    } else {
+        /* The chosen accelerator keeps the flags it was probed with. */
+        const selection *s = atomic_load_explicit(&reg.published, memory_order_relaxed);
+        if (!(s && s->e == e) && !probe_entry(e, STOKE_PROBE_EXPLICIT))
+            rc = stoke__fail(STOKE_ENODEV, "backend %s is unavailable: %s", e->info.name,
+                             e->info.reason);
+        else
+            *vt = e->vt;
+    }
+    pthread_mutex_unlock(&reg.lock);
+    return rc;
+}
+
+void stoke__backend_names(char *out, size_t len)
+{
+    current_selection();
+    pthread_mutex_lock(&reg.lock);
+    names_locked(out, len);
+    pthread_mutex_unlock(&reg.lock);
+}
+
+int stoke_device_get_props(const char *name, int dev, stoke_device_props *out)
+{
+    if (!out || out->size == 0)
+        return stoke__fail(STOKE_EINVAL, "stoke_device_get_props: out->size must be set");
+    const stoke_backend *vt;
+    int cur, rc;
+    if (name)
+        rc = stoke__backend_lookup(name, &vt);
+    else
+        rc = stoke__accel_current(&vt, &cur, NULL);
+    if (rc != STOKE_OK)
+        return rc;
+    int count = 0;
+    if (vt->device_count(&count) != STOKE_OK || dev < 0 || dev >= count)
+        return stoke__fail(STOKE_ERANGE, "backend %s has %d device(s), no device %d", vt->name,
+                           count, dev);
+    return vt->device_props(dev, out);
+}
+
+int stoke_device_get(int *dev)
+{
+    if (!dev)
+        return STOKE_EINVAL;
+    const stoke_backend *vt;
+    const char *why;
+    int rc = stoke__accel_current(&vt, dev, &why);
+    if (rc == STOKE_ENODEV)
+        return stoke__fail(rc, "no accelerator: %s", why);
+    return rc;
+}
+
+int stoke_device_set(int dev)
+{
+    const selection *s = current_selection();
+    if (!s->e) {
+        if (s->status == STOKE_ENODEV)
+            return stoke__fail(STOKE_ENODEV, "no accelerator: %s", s->reason);
+        return selection_status(s);
+    }
+    if (dev < 0 || dev >= s->e->info.device_count)
+        return stoke__fail(STOKE_ERANGE, "accelerator %s has %d device(s), no device %d",
+                           s->e->info.name, s->e->info.device_count, dev);
+    tl_gen = s->gen;
+    tl_device = dev;
+    return STOKE_OK;
+}
+
+void stoke__registry_reset(void)
+{
+    pthread_mutex_lock(&reg.lock);
+    atomic_store(&reg.published, NULL);
+    for (int i = 0; i < reg.nplugins; i++) {
+        entry *e = &reg.plugins[i];
+        if (e->vt && e->vt->shutdown)
+            e->vt->shutdown();
+        if (e->dl)
+            dlclose(e->dl);
+    }
+    for (int i = 0; i < reg.nbuiltins; i++)
+        if (reg.builtins[i].vt && reg.builtins[i].vt->shutdown)
+            reg.builtins[i].vt->shutdown();
+    memset(reg.plugins, 0, sizeof(reg.plugins));
+    memset(reg.builtins, 0, sizeof(reg.builtins));
+    reg.nplugins = reg.nbuiltins = 0;
+    reg.initialized = 0;
+    reg.api_spec[0] = '\0';
+    while (reg.sel) {
+        selection *older = reg.sel->older;
+        free(reg.sel);
+        reg.sel = older;
+    }
+    atomic_fetch_add(&reg.gen, 1);
+    pthread_mutex_unlock(&reg.lock);
+}

@@ -1,0 +1,31 @@
+/* Private interface of the registry for the layers above it (pinned, loader). */
+#ifndef STOKE_REGISTRY_PRIV_H
+#define STOKE_REGISTRY_PRIV_H
+
+#include "stoke/accelerator.h"
+#include "stoke/backend.h"
+
+/* The chosen accelerator's table and the calling thread's current device.
+ * STOKE_OK; STOKE_ENODEV when there is none (*vt = NULL, *why = the reason); STOKE_ENOENT /
+ * STOKE_ERANGE for a bad STOKE_ACCELERATOR (the last error says so).  `why` may be NULL.
+ * Cheap after the first call: one atomic load and a thread-local read. */
+int stoke__accel_current(const stoke_backend **vt, int *dev, const char **why);
+
+/* The table of the backend named `name`, probed as explicitly requested.  STOKE_ENOENT for an
+ * unknown name (the last error lists the known ones), STOKE_ENODEV when it is unavailable (the
+ * last error gives its reason). */
+int stoke__backend_lookup(const char *name, const stoke_backend **vt);
+
+/* Parses "name[:index]": copies the name (lower-case) and sets *index (-1 when absent).
+ * STOKE_EINVAL if malformed. */
+int stoke__parse_accel_spec(const char *spec, char *name, size_t name_len, int *index);
+
+/* Comma-separated names of every known backend ("simdev, cuda, hip, opencl, cpu"). */
+void stoke__backend_names(char *out, size_t len);
+
+/* Tests only: calls every backend's shutdown, unloads plugins and forgets every probe, load and
+ * selection, so that the next call starts from the environment again.  Not thread-safe with
+ * respect to concurrent stoke calls. */
+void stoke__registry_reset(void);
+
+#endif

@@ -1,0 +1,38 @@
+/* Helpers shared by the cmocka tests. */
+#ifndef STOKE_TESTUTIL_H
+#define STOKE_TESTUTIL_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+/* Captures every log line (any level) from now on; the default sink is replaced. */
+void tu_log_capture(void);
+/* Number of captured lines at `level` (or any level if -1) containing `needle` (NULL: all). */
+int tu_log_count(int level, const char *needle);
+/* Forgets captured lines. */
+void tu_log_clear(void);
+/* Prints captured lines to stderr (for failing tests). */
+void tu_log_dump(void);
+
+/* Path of the built simdev plugin (STOKE_SIMDEV_PLUGIN), of a test plugin by file name, of a
+ * scratch file in the test temp dir.  Returned strings are static per call site buffers:
+ * copy them if you need two at once. */
+const char *tu_simdev_path(void);
+const char *tu_test_plugin(const char *file, char *buf, size_t len);
+const char *tu_tmp_path(const char *name, char *buf, size_t len);
+
+/* setenv/unsetenv wrappers that also reset the registry so that the next call re-reads the
+ * environment. */
+void tu_env(const char *name, const char *value); /* value NULL: unset */
+void tu_registry_reset(void);
+
+/* Makes simdev the accelerator (STOKE_PLUGIN_PATH=simdev, STOKE_ACCELERATOR unset) and resets. */
+void tu_use_simdev(void);
+/* No accelerator: no plugin, no explicit choice. */
+void tu_use_none(void);
+
+#endif

@@ -1,0 +1,161 @@
+/* stoke devices — the chosen accelerator and every backend considered. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "stoke/stoke.h"
+
+static const char *kind_name(int kind)
+{
+    switch (kind) {
+    case STOKE_DEVICE_GPU: return "gpu";
+    case STOKE_DEVICE_ACCELERATOR: return "accelerator";
+    case STOKE_DEVICE_CPU: return "cpu";
+    case STOKE_DEVICE_SIMULATED: return "simulated";
+    }
+    return "?";
+}
+
+static void caps_text(unsigned long long caps, char *out, size_t len)
+{
+    static const struct { unsigned long long bit; const char *name; } names[] = {
+        {STOKE_CAP_PINNED_ALLOC, "pinned"}, {STOKE_CAP_HOST_REGISTER, "register"},
+        {STOKE_CAP_DEVICE_MEMORY, "device-memory"}, {STOKE_CAP_ASYNC_COPY, "async-copy"},
+        {STOKE_CAP_EVENTS, "events"}, {STOKE_CAP_IPC, "ipc"}};
+    out[0] = '\0';
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        if (!(caps & names[i].bit))
+            continue;
+        if (out[0])
+            strncat(out, ",", len - strlen(out) - 1);
+        strncat(out, names[i].name, len - strlen(out) - 1);
+    }
+}
+
+static void print_json(int have, const stoke_accelerator_info *acc)
+{
+    printf("{\"accelerator\": ");
+    if (have) {
+        printf("{\"backend\": ");
+        cli_json_str(stdout, acc->backend);
+        printf(", \"device_count\": %d, \"current_device\": %d, \"reason\": ", acc->device_count,
+               acc->current_device);
+        cli_json_str(stdout, acc->reason);
+        printf(", \"devices\": [");
+        for (int d = 0; d < acc->device_count; d++) {
+            stoke_device_props p = {.size = sizeof(p)};
+            if (stoke_device_get_props(NULL, d, &p) != STOKE_OK)
+                continue;
+            printf("%s{\"index\": %d, \"name\": ", d ? ", " : "", d);
+            cli_json_str(stdout, p.name);
+            printf(", \"kind\": \"%s\", \"total_memory\": %" PRIu64 ", \"pci_bus_id\": ",
+                   kind_name(p.kind), p.total_memory);
+            cli_json_str(stdout, p.pci_bus_id);
+            printf("}");
+        }
+        printf("]}");
+    } else {
+        printf("null, \"reason\": ");
+        cli_json_str(stdout, acc->reason);
+    }
+    printf(", \"backends\": [");
+    int n = stoke_backend_count();
+    for (int i = 0; i < n; i++) {
+        stoke_backend_info b;
+        if (stoke_backend_get_info(i, &b) != STOKE_OK)
+            continue;
+        printf("%s{\"name\": ", i ? ", " : "");
+        cli_json_str(stdout, b.name);
+        printf(", \"origin\": \"%s\", \"available\": %s, \"device_count\": %d, \"reason\": ",
+               b.origin == STOKE_ORIGIN_PLUGIN ? "plugin" : "builtin",
+               b.available ? "true" : "false", b.device_count);
+        cli_json_str(stdout, b.reason);
+        if (b.path[0]) {
+            printf(", \"path\": ");
+            cli_json_str(stdout, b.path);
+        }
+        printf("}");
+    }
+    printf("]}\n");
+}
+
+static void print_text(int have, const stoke_accelerator_info *acc)
+{
+    if (have) {
+        printf("Accelerator: %s, %d device(s), current device %d\n", acc->backend,
+               acc->device_count, acc->current_device);
+        printf("  chosen because: %s\n", acc->reason);
+        for (int d = 0; d < acc->device_count; d++) {
+            stoke_device_props p = {.size = sizeof(p)};
+            if (stoke_device_get_props(NULL, d, &p) != STOKE_OK)
+                continue;
+            printf("  %c %d  %-28s %-11s", d == acc->current_device ? '*' : ' ', d, p.name,
+                   kind_name(p.kind));
+            if (p.total_memory)
+                printf(" %8.1f GiB", (double)p.total_memory / (1024.0 * 1024 * 1024));
+            if (p.pci_bus_id[0])
+                printf("  %s", p.pci_bus_id);
+            printf("\n");
+        }
+    } else {
+        printf("Accelerator: none -- pinned memory falls back to ordinary memory\n");
+        printf("  because: %s\n", acc->reason);
+    }
+    printf("\nBackends considered:\n");
+    int n = stoke_backend_count();
+    for (int i = 0; i < n; i++) {
+        stoke_backend_info b;
+        if (stoke_backend_get_info(i, &b) != STOKE_OK)
+            continue;
+        char caps[128];
+        caps_text(b.caps, caps, sizeof(caps));
+        printf("  %-8s %-7s %-11s", b.name, b.origin == STOKE_ORIGIN_PLUGIN ? "plugin" : "builtin",
+               b.available ? "available" : "unavailable");
+        if (b.available)
+            printf(" %d device(s)%s%s", b.device_count, caps[0] ? "  " : "", caps);
+        printf("  -- %s\n", b.reason);
+        if (b.path[0])
+            printf("           %s\n", b.path);
+    }
+}
+
+int cmd_devices(int argc, char **argv)
+{
+    int json = 0;
+    const char *accel = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (cli_is(argv[i], "--json"))
+            json = 1;
+        else if (cli_is(argv[i], "--accelerator") && i + 1 < argc)
+            accel = argv[++i];
+        else if (strncmp(argv[i], "--accelerator=", 14) == 0)
+            accel = argv[i] + 14;
+        else if (cli_is(argv[i], "--help") || cli_is(argv[i], "-h")) {
+            printf("usage: stoke devices [--json] [--accelerator NAME[:INDEX]]\n");
+            return 0;
+        } else {
+            fprintf(stderr, "stoke devices: unknown option '%s'\n", argv[i]);
+            return 2;
+        }
+    }
+    if (accel) {
+        int rc = stoke_accelerator_select(accel);
+        if (rc != STOKE_OK) {
+            cli_error("--accelerator", rc);
+            return 1;
+        }
+    }
+    stoke_accelerator_info acc;
+    int rc = stoke_accelerator_get(&acc);
+    if (rc != STOKE_OK && rc != STOKE_ENODEV) {
+        cli_error("choosing the accelerator", rc);
+        return 1;
+    }
+    if (json)
+        print_json(rc == STOKE_OK, &acc);
+    else
+        print_text(rc == STOKE_OK, &acc);
+    return 0;
+}
