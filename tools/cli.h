@@ -8,6 +8,8 @@
 int cmd_devices(int argc, char **argv);
 int cmd_load(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int bench_pinned(int argc, char **argv); /* bench_pinned.c */
+int bench_copy(int argc, char **argv);   /* bench_copy.c */
 
 /* Writes `s` as a JSON string literal (quotes included). */
 void cli_json_str(FILE *f, const char *s);
