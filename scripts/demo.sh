@@ -4,8 +4,6 @@ set -eu
 build="${1:-build}"
 echo "== stoke devices"
 "$build/stoke" devices
-if "$build/stoke" help 2>/dev/null | grep -q '^  load'; then
-    echo
-    echo "== stoke load (synthetic default)"
-    "$build/stoke" load
-fi
+echo
+echo "== stoke load (built-in synthetic dataset)"
+"$build/stoke" load
