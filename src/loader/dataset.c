@@ -1,0 +1,84 @@
+/* stoke — dataset helpers: init/close, field geometry, dtype names and sizes. */
+#include <stdint.h>
+#include <string.h>
+
+#include "common/internal.h"
+#include "stoke/dataset.h"
+
+typedef struct dtype_info {
+    const char *name;
+    size_t size;
+} dtype_info;
+
+/* Indexed by stoke_dtype. */
+static const dtype_info DTYPES[] = {
+    [STOKE_DTYPE_RAW] = {"raw", 0}, [STOKE_DTYPE_BOOL] = {"bool", 1},
+    [STOKE_DTYPE_U8] = {"u8", 1},   [STOKE_DTYPE_I8] = {"i8", 1},
+    [STOKE_DTYPE_U16] = {"u16", 2}, [STOKE_DTYPE_I16] = {"i16", 2},
+    [STOKE_DTYPE_U32] = {"u32", 4}, [STOKE_DTYPE_I32] = {"i32", 4},
+    [STOKE_DTYPE_U64] = {"u64", 8}, [STOKE_DTYPE_I64] = {"i64", 8},
+    [STOKE_DTYPE_F16] = {"f16", 2}, [STOKE_DTYPE_BF16] = {"bf16", 2},
+    [STOKE_DTYPE_F32] = {"f32", 4}, [STOKE_DTYPE_F64] = {"f64", 8},
+    [STOKE_DTYPE_C64] = {"c64", 8}, [STOKE_DTYPE_C128] = {"c128", 16},
+};
+
+const char *stoke_dtype_name(int dtype)
+{
+    if (dtype < 0 || (size_t)dtype >= STOKE__ARRAY_LEN(DTYPES))
+        return "unknown";
+    return DTYPES[dtype].name;
+}
+
+size_t stoke_dtype_size(int dtype)
+{
+    if (dtype < 0 || (size_t)dtype >= STOKE__ARRAY_LEN(DTYPES))
+        return 0;
+    return DTYPES[dtype].size;
+}
+
+void stoke_dataset_init(stoke_dataset *ds)
+{
+    if (!ds)
+        return;
+    memset(ds, 0, sizeof(*ds));
+    ds->size = (uint32_t)sizeof(*ds);
+}
+
+void stoke_dataset_close(stoke_dataset *ds)
+{
+    if (!ds)
+        return;
+    if (ds->close)
+        ds->close(ds->user);
+    memset(ds, 0, sizeof(*ds));
+}
+
+int stoke_field_finish(stoke_field *field)
+{
+    if (!field)
+        return stoke__fail(STOKE_EINVAL, "field: NULL");
+    if (field->dtype < 0 || (size_t)field->dtype >= STOKE__ARRAY_LEN(DTYPES))
+        return stoke__fail(STOKE_EINVAL, "field '%.16s': unknown dtype %d", field->name,
+                           field->dtype);
+    if (field->dtype != STOKE_DTYPE_RAW)
+        field->itemsize = DTYPES[field->dtype].size;
+    else if (field->itemsize == 0)
+        return stoke__fail(STOKE_EINVAL, "field '%.16s': raw dtype needs an itemsize",
+                           field->name);
+    if (field->ndim < 0 || field->ndim > STOKE_MAX_DIMS)
+        return stoke__fail(STOKE_EINVAL, "field '%.16s': ndim %d not in 0..%d", field->name,
+                           field->ndim, STOKE_MAX_DIMS);
+    size_t bytes = field->itemsize;
+    for (int d = 0; d < field->ndim; d++) {
+        int64_t n = field->shape[d];
+        if (n < 0)
+            return stoke__fail(STOKE_EINVAL, "field '%.16s': negative dimension %lld",
+                               field->name, (long long)n);
+        if (n > 0 && bytes > SIZE_MAX / (uint64_t)n)
+            return stoke__fail(STOKE_ERANGE, "field '%.16s': sample size overflows",
+                               field->name);
+        bytes *= (size_t)n;
+    }
+    field->bytes = bytes;
+    return STOKE_OK;
+}
