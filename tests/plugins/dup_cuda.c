@@ -1,0 +1,3 @@
+/* Claims the name of a built-in backend. */
+#define FAKE_NAME "cuda"
+#include "fake_plugin.h"

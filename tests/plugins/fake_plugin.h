@@ -1,0 +1,116 @@
+/* A minimal backend plugin, parameterized by macros so that each file in tests/plugins builds a
+ * real shared object with one deliberate property (good, wrong ABI version, failing probe, ...).
+ *
+ *   FAKE_NAME          backend name (default "fake")
+ *   FAKE_DEVICES       device count (default 2)
+ *   FAKE_ABI           abi_version reported (default STOKE_BACKEND_ABI_VERSION)
+ *   FAKE_SIZE          size reported (default sizeof(stoke_backend))
+ *   FAKE_PROBE_FAILS   probe fails with reason "fake device is switched off"
+ *   FAKE_NO_HOST_ALLOC leave the required host_alloc NULL
+ *   FAKE_ENTRY_FAILS   the entry point returns STOKE_EBACKEND
+ *
+ * Its "pinned" memory is ordinary memory it tracks, so is_pinned can be checked. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "stoke/backend.h"
+
+#ifndef FAKE_NAME
+#define FAKE_NAME "fake"
+#endif
+#ifndef FAKE_DEVICES
+#define FAKE_DEVICES 2
+#endif
+#ifndef FAKE_ABI
+#define FAKE_ABI STOKE_BACKEND_ABI_VERSION
+#endif
+#ifndef FAKE_SIZE
+#define FAKE_SIZE sizeof(stoke_backend)
+#endif
+
+#define FAKE_EXPORT __attribute__((visibility("default")))
+
+static const stoke_backend_host *fake_host __attribute__((unused));
+
+static int fake_probe(uint32_t flags, char *reason, size_t reason_len)
+{
+#ifdef FAKE_PROBE_FAILS
+    strncpy(reason, "fake device is switched off", reason_len - 1);
+    reason[reason_len - 1] = '\0';
+    return STOKE_ENODEV;
+#else
+    strncpy(reason, "fake devices ready", reason_len - 1);
+    reason[reason_len - 1] = '\0';
+    return STOKE_OK;
+#endif
+}
+
+static int fake_device_count(int *count)
+{
+    *count = FAKE_DEVICES;
+    return STOKE_OK;
+}
+
+static int fake_device_props(int dev, stoke_device_props *p)
+{
+    if (dev < 0 || dev >= FAKE_DEVICES)
+        return STOKE_ERANGE;
+    p->kind = STOKE_DEVICE_SIMULATED;
+    strcpy(p->name, FAKE_NAME " device");
+    return STOKE_OK;
+}
+
+__attribute__((unused)) static int fake_host_alloc(int dev, size_t size, void **out)
+{
+    *out = malloc(size ? size : 1);
+    return *out ? STOKE_OK : STOKE_ENOMEM;
+}
+
+static int fake_host_free(int dev, void *ptr)
+{
+    free(ptr);
+    return STOKE_OK;
+}
+
+static int fake_is_pinned(const void *ptr, int *out)
+{
+    *out = 0;
+    return STOKE_OK;
+}
+
+static const stoke_backend fake_backend = {
+    .abi_version = FAKE_ABI,
+    .size = FAKE_SIZE,
+    .name = FAKE_NAME,
+    .description = "test plugin",
+    .probe = fake_probe,
+    .device_count = fake_device_count,
+    .device_props = fake_device_props,
+#ifndef FAKE_NO_HOST_ALLOC
+    .host_alloc = fake_host_alloc,
+#endif
+    .host_free = fake_host_free,
+    .is_pinned = fake_is_pinned,
+};
+
+#ifndef FAKE_NO_ENTRY
+FAKE_EXPORT int stoke_backend_entry(const stoke_backend_host *host, const stoke_backend **out)
+{
+    fake_host = host;
+#ifdef FAKE_ENTRY_FAILS
+    return STOKE_EBACKEND;
+#else
+    *out = &fake_backend;
+    return STOKE_OK;
+#endif
+}
+#else
+/* Exports something, just not the entry point. */
+FAKE_EXPORT int stoke_backend_entry_misspelled(const stoke_backend_host *host,
+                                               const stoke_backend **out)
+{
+    (void)fake_host_alloc;
+    *out = &fake_backend;
+    return STOKE_OK;
+}
+#endif
