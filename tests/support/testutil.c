@@ -116,3 +116,86 @@ void tu_use_none(void)
     unsetenv("STOKE_PLUGIN_PATH");
     stoke__registry_reset();
 }
+
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+const char *tu_cli_path(void)
+{
+    const char *p = getenv("STOKE_CLI");
+    if (!p || !*p)
+        fail_msg("STOKE_CLI is not set (run the tests through ctest)");
+    return p;
+}
+
+static void slurp(int fd, char *buf, size_t len)
+{
+    size_t used = 0;
+    char sink[4096];
+    for (;;) {
+        char *dst = buf && used + 1 < len ? buf + used : sink;
+        size_t room = buf && used + 1 < len ? len - 1 - used : sizeof(sink);
+        ssize_t n = read(fd, dst, room);
+        if (n <= 0)
+            break;
+        if (dst != sink)
+            used += (size_t)n;
+    }
+    if (buf && len)
+        buf[used] = '\0';
+}
+
+int tu_run(const char *const argv[], const char *const env[], char *out, size_t out_len,
+           char *err, size_t err_len)
+{
+    char outp[512], errp[512];
+    static int seq;
+    snprintf(outp, sizeof(outp), "%s.%d.%d.out", tu_tmp_path("run", (char[512]){0}, 512),
+             (int)getpid(), seq);
+    snprintf(errp, sizeof(errp), "%s.%d.%d.err", tu_tmp_path("run", (char[512]){0}, 512),
+             (int)getpid(), seq++);
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        int fo = open(outp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        int fe = open(errp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (fo < 0 || fe < 0)
+            _exit(126);
+        dup2(fo, 1);
+        dup2(fe, 2);
+        for (int i = 0; env && env[i]; i++) {
+            const char *eq = strchr(env[i], '=');
+            if (!eq)
+                continue;
+            char name[256];
+            snprintf(name, sizeof(name), "%.*s", (int)(eq - env[i]), env[i]);
+            if (eq[1])
+                setenv(name, eq + 1, 1);
+            else
+                unsetenv(name);
+        }
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0)
+        ;
+    int fo = open(outp, O_RDONLY), fe = open(errp, O_RDONLY);
+    if (fo >= 0) {
+        slurp(fo, out, out_len);
+        close(fo);
+    }
+    if (fe >= 0) {
+        slurp(fe, err, err_len);
+        close(fe);
+    }
+    unlink(outp);
+    unlink(errp);
+    if (WIFEXITED(st))
+        return WEXITSTATUS(st);
+    if (WIFSIGNALED(st))
+        return 128 + WTERMSIG(st);
+    return -1;
+}

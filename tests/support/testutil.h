@@ -36,3 +36,12 @@ void tu_use_simdev(void);
 void tu_use_none(void);
 
 #endif
+
+/* Runs `argv` (argv[0] a path) in a child with extra environment entries "NAME=VALUE" (a value
+ * of "" unsets NAME), captures stdout and stderr (NUL-terminated, truncated to the buffers) and
+ * returns the exit status (128+signal if killed, -1 if it could not run).  `env` may be NULL;
+ * `err` may be NULL. */
+int tu_run(const char *const argv[], const char *const env[], char *out, size_t out_len,
+           char *err, size_t err_len);
+/* The built `stoke` CLI (STOKE_CLI). */
+const char *tu_cli_path(void);

@@ -1,0 +1,92 @@
+/* `stoke devices` as a user runs it: JSON and text, with and without plugins, bad choices. */
+#include <stdio.h>
+#include <string.h>
+
+#include "stoke/stoke.h"
+#include "testutil.h"
+
+static char out[65536], err[8192];
+
+static int run_devices(const char *const env[], const char *arg1, const char *arg2)
+{
+    const char *argv[] = {tu_cli_path(), "devices", arg1, arg2, NULL};
+    return tu_run(argv, env, out, sizeof(out), err, sizeof(err));
+}
+
+static void test_cpu_only_json(void **state)
+{
+    const char *env[] = {"STOKE_PLUGIN_PATH=", "STOKE_ACCELERATOR=", NULL};
+    assert_int_equal(run_devices(env, "--json", NULL), 0);
+    assert_non_null(strstr(out, "{\"accelerator\": null"));
+    assert_non_null(strstr(out, "{\"name\": \"cuda\", \"origin\": \"builtin\", \"available\": "
+                                "false"));
+    assert_non_null(strstr(out, "\"name\": \"opencl\""));
+    assert_non_null(strstr(out, "\"name\": \"hip\""));
+    assert_non_null(strstr(out, "\"name\": \"cpu\""));
+}
+
+static void test_cpu_only_text(void **state)
+{
+    const char *env[] = {"STOKE_PLUGIN_PATH=", "STOKE_ACCELERATOR=", NULL};
+    assert_int_equal(run_devices(env, NULL, NULL), 0);
+    assert_non_null(strstr(out, "Accelerator: none"));
+    assert_non_null(strstr(out, "cuda"));
+}
+
+static void test_fake_plugin_and_explicit_index(void **state)
+{
+    char path[1024], envp[1100];
+    snprintf(envp, sizeof(envp), "STOKE_PLUGIN_PATH=%s", tu_test_plugin("beta.so", path,
+                                                                          sizeof(path)));
+    const char *env[] = {envp, "STOKE_ACCELERATOR=", NULL};
+    assert_int_equal(run_devices(env, "--json", NULL), 0);
+    assert_non_null(strstr(out, "{\"accelerator\": {\"backend\": \"beta\", \"device_count\": 3, "
+                                "\"current_device\": 0"));
+    const char *env2[] = {envp, "STOKE_ACCELERATOR=beta:2", NULL};
+    assert_int_equal(run_devices(env2, "--json", NULL), 0);
+    assert_non_null(strstr(out, "\"current_device\": 2"));
+    /* --accelerator on the command line does the same. */
+    assert_int_equal(run_devices(env, "--accelerator", "beta:1"), 0);
+    assert_non_null(strstr(out, "current device 1"));
+}
+
+static void test_unknown_accelerator_fails_listing_known(void **state)
+{
+    const char *env[] = {"STOKE_PLUGIN_PATH=", "STOKE_ACCELERATOR=bogus", NULL};
+    assert_int_not_equal(run_devices(env, "--json", NULL), 0);
+    assert_non_null(strstr(err, "unknown accelerator 'bogus'"));
+    assert_non_null(strstr(err, "known backends: cuda, hip, opencl, cpu"));
+    const char *env2[] = {"STOKE_PLUGIN_PATH=", "STOKE_ACCELERATOR=", NULL};
+    assert_int_not_equal(run_devices(env2, "--accelerator", "bogus"), 0);
+    assert_non_null(strstr(err, "known backends"));
+    assert_int_equal(run_devices(env2, "--frobnicate", NULL), 2);
+}
+
+/* The acceptance checks of the foundation issue, with the real simdev plugin. */
+static void test_simdev_acceptance(void **state)
+{
+    char envp[1100];
+    snprintf(envp, sizeof(envp), "STOKE_PLUGIN_PATH=%s", tu_simdev_path());
+    const char *env[] = {envp, "STOKE_ACCELERATOR=", "STOKE_SIMDEV_DEVICES=", NULL};
+    assert_int_equal(run_devices(env, "--json", NULL), 0);
+    assert_non_null(strstr(out, "{\"accelerator\": {\"backend\": \"simdev\", \"device_count\": 2, "
+                                "\"current_device\": 0"));
+    const char *env2[] = {envp, "STOKE_ACCELERATOR=simdev:1", "STOKE_SIMDEV_DEVICES=", NULL};
+    assert_int_equal(run_devices(env2, "--json", NULL), 0);
+    assert_non_null(strstr(out, "\"current_device\": 1"));
+    const char *env3[] = {envp, "STOKE_ACCELERATOR=bogus", NULL};
+    assert_int_not_equal(run_devices(env3, "--json", NULL), 0);
+    assert_non_null(strstr(err, "known backends: simdev, cuda, hip, opencl, cpu"));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cpu_only_json),
+        cmocka_unit_test(test_cpu_only_text),
+        cmocka_unit_test(test_fake_plugin_and_explicit_index),
+        cmocka_unit_test(test_unknown_accelerator_fails_listing_known),
+        cmocka_unit_test(test_simdev_acceptance),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
