@@ -207,7 +207,7 @@ static int load_plugin_locked(const char *path)
     const stoke_backend *vt = NULL;
     rc = fn(&host_info, &vt);
     if (rc != STOKE_OK) {
-        stoke__fmt(why, sizeof(why), "entry point failed: %s", stoke_err_name(rc));
+        stoke__fmt(why, sizeof(why), "entry point failed: %s", stoke_strerror(rc));
         goto rejected;
     }
     rc = validate_table(vt, why, sizeof(why));
