@@ -10,5 +10,6 @@
 #include "stoke/device.h"
 #include "stoke/pinned.h"
 #include "stoke/dataset.h"
+#include "stoke/sources.h"
 
 #endif

@@ -1,0 +1,98 @@
+/* stoke — built-in data sources: synthetic bytes and NumPy .npy files.
+ *
+ * Each constructor fills a stoke_dataset (see dataset.h) of kind STOKE_DATASET_MAP whose get()
+ * writes sample i straight into the batch slots the loader gives it.  Release it with
+ * stoke_dataset_close().  get() is thread-safe: workers call it concurrently.
+ *
+ * Sources by spec string (stoke_source_open, the CLI's SOURCE argument):
+ *
+ *   synthetic[:N][,shape=3x32x32][,seed=S][,classes=C][,dtype=u8]
+ *       N samples (default 50000) of deterministic bytes; classes=C adds a "label" field (i64,
+ *       index % C).  Example: "synthetic:100000,shape=3x224x224".
+ *   npy:PATH[,labels=LABELS.npy][,io=mmap|pread]
+ *       rows of a .npy file are the samples (field "data"); labels adds a field "label" from a
+ *       1-D or (N,1) .npy with the same N.  A comma belongs to PATH unless it starts one of the
+ *       options above.
+ */
+#ifndef STOKE_SOURCES_H
+#define STOKE_SOURCES_H
+
+#include <stdint.h>
+
+#include "stoke/dataset.h"
+#include "stoke/export.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Opens the source `spec` (grammar above) into *out (initialised by this call).
+ * Returns STOKE_OK; STOKE_EINVAL for a NULL argument, an unknown source or a malformed option
+ * (the message names the spec and the problem); otherwise the constructor's code.  On failure
+ * *out is left zeroed (safe to stoke_dataset_close).  Thread-safe. */
+STOKE_API int stoke_source_open(const char *spec, stoke_dataset *out);
+
+/* ---- synthetic ------------------------------------------------------------------------------
+ * Sample i's bytes are a pure function of (seed, i): a counter-based mix (splitmix64 of seed,
+ * index and word number) generating 8 bytes per step, so any sample can be produced by any
+ * worker in any order, at memory-like speed.  Bytes are random bit patterns whatever the dtype. */
+typedef struct stoke_synthetic_opts {
+    uint32_t size;                 /* sizeof(stoke_synthetic_opts): set by opts_init */
+    uint64_t length;               /* number of samples; default 50000 */
+    uint64_t seed;                 /* default 0 */
+    int dtype;                     /* element type of "data"; default STOKE_DTYPE_U8 */
+    size_t itemsize;               /* only for STOKE_DTYPE_RAW */
+    int ndim;                      /* default 3 */
+    int64_t shape[STOKE_MAX_DIMS]; /* default 3 x 32 x 32 */
+    uint32_t classes;              /* > 0: add field "label" (i64) = index % classes; default 0 */
+} stoke_synthetic_opts;
+
+/* Fills *opts with the defaults above.  NULL does nothing. */
+STOKE_API void stoke_synthetic_opts_init(stoke_synthetic_opts *opts);
+
+/* Opens a synthetic dataset (opts NULL: the defaults) into *out.
+ * Returns STOKE_OK; STOKE_EINVAL for a bad shape/dtype or opts->size too small; STOKE_ERANGE if
+ * a sample's size overflows; STOKE_ENOMEM.  Thread-safe; the dataset's get() is too. */
+STOKE_API int stoke_synthetic_open(const stoke_synthetic_opts *opts, stoke_dataset *out);
+
+/* Writes synthetic sample `index` of `seed` (`bytes` bytes) to dst: the bytes get() produces for
+ * field "data".  For checks and benchmarks.  Thread-safe. */
+STOKE_API void stoke_synthetic_fill(uint64_t seed, uint64_t index, void *dst, size_t bytes);
+
+/* ---- npy ------------------------------------------------------------------------------------
+ * NumPy .npy, format versions 1.0, 2.0 and 3.0; C order only; any fixed-size dtype
+ * (b1 i1 u1 i2 u2 i4 u4 i8 u8 f2 f4 f8 c8 c16; V<n> and S<n> as STOKE_DTYPE_RAW of n bytes).
+ * Big-endian ('>') numeric data is byte-swapped to native order as each sample is copied.
+ * Shape () is one sample; shape (N, d1, ...) is N samples of shape (d1, ...).
+ * Errors: STOKE_ENOENT / STOKE_EIO for a file that cannot be opened or read, STOKE_EFORMAT for a
+ * malformed or unsupported file (truncated, bad magic or version, bad header, Fortran order,
+ * structured or object dtype, data shorter than the shape says), STOKE_EINVAL for labels that do
+ * not match; every message names the file and the problem. */
+
+typedef enum stoke_npy_io {
+    STOKE_NPY_IO_MMAP = 0, /* map the file (default): get() is one memcpy from the mapping */
+    STOKE_NPY_IO_PREAD = 1 /* pread() each sample into the slot: mapped pages do not count
+                              in the process's resident set */
+} stoke_npy_io;
+
+typedef struct stoke_npy_opts {
+    uint32_t size;           /* sizeof(stoke_npy_opts): set by opts_init */
+    const char *labels_path; /* optional labels .npy (field "label"); default NULL */
+    int io;                  /* stoke_npy_io; default STOKE_NPY_IO_MMAP */
+} stoke_npy_opts;
+
+/* Fills *opts with the defaults above.  NULL does nothing. */
+STOKE_API void stoke_npy_opts_init(stoke_npy_opts *opts);
+
+/* Opens `path` (and opts->labels_path) into *out; opts NULL: the defaults.  The file stays open
+ * (mapped) until stoke_dataset_close.  Returns as described above.  Thread-safe. */
+STOKE_API int stoke_npy_open_opts(const char *path, const stoke_npy_opts *opts,
+                                  stoke_dataset *out);
+
+/* Shorthand: stoke_npy_open_opts with labels_path (may be NULL) and the default I/O. */
+STOKE_API int stoke_npy_open(const char *path, const char *labels_path, stoke_dataset *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,186 @@
+/* stoke_source_open: the spec strings of the built-in sources (grammar in sources.h). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/env.h"
+#include "common/internal.h"
+#include "stoke/sources.h"
+
+#define SPEC_MAX 4096
+
+static int parse_dtype(const char *s, int *out)
+{
+    for (int d = STOKE_DTYPE_BOOL; d <= STOKE_DTYPE_C128; d++)
+        if (strcmp(s, stoke_dtype_name(d)) == 0) {
+            *out = d;
+            return 0;
+        }
+    return -1;
+}
+
+/* "3x32x32" (empty: a scalar). */
+static int parse_shape(const char *s, stoke_synthetic_opts *o)
+{
+    o->ndim = 0;
+    if (!*s)
+        return 0;
+    char buf[256];
+    if (strlen(s) >= sizeof(buf))
+        return -1;
+    stoke__strlcpy(buf, s, sizeof(buf));
+    char *save = NULL;
+    for (char *t = strtok_r(buf, "x", &save); t; t = strtok_r(NULL, "x", &save)) {
+        uint64_t v;
+        if (o->ndim >= STOKE_MAX_DIMS || stoke__parse_u64(t, &v) != 0 || v == 0 ||
+            v > (uint64_t)INT64_MAX)
+            return -1;
+        o->shape[o->ndim++] = (int64_t)v;
+    }
+    /* "3xx4" or a trailing 'x' */
+    size_t n = strlen(s);
+    if (s[0] == 'x' || s[n - 1] == 'x' || strstr(s, "xx"))
+        return -1;
+    return 0;
+}
+
+static int open_synthetic(const char *spec, const char *args, stoke_dataset *out)
+{
+    stoke_synthetic_opts o;
+    stoke_synthetic_opts_init(&o);
+    if (args) {
+        char *buf = strdup(args);
+        if (!buf)
+            return stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);
+        char *save = NULL;
+        int first = 1, rc = STOKE_OK;
+        for (char *t = strtok_r(buf, ",", &save); t && !rc;
+             t = strtok_r(NULL, ",", &save), first = 0) {
+            char *eq = strchr(t, '=');
+            uint64_t v;
+            if (!eq) {
+                if (!first || stoke__parse_u64(t, &v) != 0)
+                    rc = stoke__fail(STOKE_EINVAL,
+                                     "source '%s': '%s' is not a sample count or key=value "
+                                     "(synthetic[:N][,shape=AxB..][,seed=S][,classes=C]"
+                                     "[,dtype=T])",
+                                     spec, t);
+                else
+                    o.length = v;
+                continue;
+            }
+            *eq = 0;
+            const char *key = t, *val = eq + 1;
+            if (strcmp(key, "shape") == 0) {
+                if (parse_shape(val, &o) != 0)
+                    rc = stoke__fail(STOKE_EINVAL,
+                                     "source '%s': bad shape '%s' (e.g. shape=3x224x224, at "
+                                     "most %d positive dimensions)",
+                                     spec, val, STOKE_MAX_DIMS);
+            } else if (strcmp(key, "seed") == 0) {
+                if (stoke__parse_u64(val, &o.seed) != 0)
+                    rc = stoke__fail(STOKE_EINVAL, "source '%s': bad seed '%s'", spec, val);
+            } else if (strcmp(key, "classes") == 0) {
+                if (stoke__parse_u64(val, &v) != 0 || v > UINT32_MAX)
+                    rc = stoke__fail(STOKE_EINVAL, "source '%s': bad classes '%s'", spec, val);
+                else
+                    o.classes = (uint32_t)v;
+            } else if (strcmp(key, "dtype") == 0) {
+                if (parse_dtype(val, &o.dtype) != 0)
+                    rc = stoke__fail(STOKE_EINVAL,
+                                     "source '%s': bad dtype '%s' (u8, i8, u16, ..., f32, f64)",
+                                     spec, val);
+            } else if (strcmp(key, "n") == 0 || strcmp(key, "length") == 0) {
+                if (stoke__parse_u64(val, &o.length) != 0)
+                    rc = stoke__fail(STOKE_EINVAL, "source '%s': bad length '%s'", spec, val);
+            } else {
+                rc = stoke__fail(STOKE_EINVAL,
+                                 "source '%s': unknown option '%s' (shape, seed, classes, "
+                                 "dtype)",
+                                 spec, key);
+            }
+        }
+        free(buf);
+        if (rc)
+            return rc;
+    }
+    return stoke_synthetic_open(&o, out);
+}
+
+static const char *const NPY_KEYS[] = {"labels=", "io="};
+
+/* Index of the first ',' in s that starts a known option, or strlen(s). */
+static size_t npy_path_len(const char *s)
+{
+    for (const char *c = strchr(s, ','); c; c = strchr(c + 1, ','))
+        for (size_t k = 0; k < STOKE__ARRAY_LEN(NPY_KEYS); k++)
+            if (strncmp(c + 1, NPY_KEYS[k], strlen(NPY_KEYS[k])) == 0)
+                return (size_t)(c - s);
+    return strlen(s);
+}
+
+static int open_npy(const char *spec, const char *args, stoke_dataset *out)
+{
+    if (!args || !*args)
+        return stoke__fail(STOKE_EINVAL, "source '%s': no file name (npy:PATH)", spec);
+    char *buf = strdup(args);
+    if (!buf)
+        return stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);
+    stoke_npy_opts o;
+    stoke_npy_opts_init(&o);
+    int rc = STOKE_OK;
+    size_t plen = npy_path_len(buf);
+    char *opt = buf[plen] ? buf + plen + 1 : NULL;
+    buf[plen] = 0;
+    if (!*buf) {
+        rc = stoke__fail(STOKE_EINVAL, "source '%s': no file name (npy:PATH)", spec);
+        goto done;
+    }
+    while (opt && !rc) {
+        /* an option's value runs up to the next ",key=" */
+        size_t n = npy_path_len(opt);
+        char *next = opt[n] ? opt + n + 1 : NULL;
+        opt[n] = 0;
+        if (strncmp(opt, "labels=", 7) == 0) {
+            o.labels_path = opt + 7;
+            if (!*o.labels_path)
+                rc = stoke__fail(STOKE_EINVAL, "source '%s': empty labels= file name", spec);
+        } else if (strcmp(opt, "io=mmap") == 0) {
+            o.io = STOKE_NPY_IO_MMAP;
+        } else if (strcmp(opt, "io=pread") == 0) {
+            o.io = STOKE_NPY_IO_PREAD;
+        } else {
+            rc = stoke__fail(STOKE_EINVAL, "source '%s': bad option '%s' (io=mmap or io=pread)",
+                             spec, opt);
+        }
+        opt = next;
+    }
+    if (!rc)
+        rc = stoke_npy_open_opts(buf, &o, out);
+done:
+    free(buf);
+    return rc;
+}
+
+int stoke_source_open(const char *spec, stoke_dataset *out)
+{
+    if (!out)
+        return stoke__fail(STOKE_EINVAL, "source: NULL dataset");
+    stoke_dataset_init(out);
+    if (!spec || !*spec)
+        return stoke__fail(STOKE_EINVAL, "source: empty spec (synthetic[:N] or npy:PATH)");
+    if (strlen(spec) > SPEC_MAX)
+        return stoke__fail(STOKE_EINVAL, "source: spec longer than %d characters", SPEC_MAX);
+    const char *colon = strchr(spec, ':');
+    size_t kind_len = colon ? (size_t)(colon - spec) : strlen(spec);
+    const char *args = colon ? colon + 1 : NULL;
+    if (kind_len == 9 && strncmp(spec, "synthetic", 9) == 0) {
+        if (args && !*args)
+            return stoke__fail(STOKE_EINVAL, "source '%s': nothing after ':'", spec);
+        return open_synthetic(spec, args, out);
+    }
+    if (kind_len == 3 && strncmp(spec, "npy", 3) == 0)
+        return open_npy(spec, args, out);
+    return stoke__fail(STOKE_EINVAL,
+                       "source '%s': unknown source '%.*s' (expected synthetic[:N] or npy:PATH)",
+                       spec, (int)(kind_len > 64 ? 64 : kind_len), spec);
+}
