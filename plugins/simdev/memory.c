@@ -1,0 +1,485 @@
+/* simdev — pinned host memory and device memory.
+ *
+ * Pinned host memory: host_alloc maps fresh anonymous pages with MAP_POPULATE (every page is
+ * faulted in up front, as a driver that page-locks memory does) and records the block in a
+ * table of pinned ranges; host_register records caller memory in the same table.  The table is
+ * an array sorted by start address, so is_pinned is a binary search under a read lock: true for
+ * every byte inside a block or range, false one past its end.  Ranges never overlap (a
+ * register that overlaps an existing range fails with STOKE_EBUSY).
+ *
+ * Device memory the CPU cannot touch: each device_alloc creates a memfd and maps it twice:
+ * a PROT_NONE view whose address is the handle the host sees (any CPU access through it faults,
+ * as a GPU pointer would), and a read-write view that only the copy engine (stream.c) uses.
+ * Buffers are reference-counted: a queued copy holds a reference, so a buffer freed while a
+ * copy on it is still queued is unmapped only after that copy ran.
+ *
+ * Locking: `pinned_lock` (rwlock) guards the pinned table; simdev__lock guards the device
+ * buffer table, per-device usage and the counters.  The two are never held together.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "simdev_int.h"
+
+/* ---- pinned host ranges ------------------------------------------------------------------- */
+
+typedef struct pinned_range {
+    uintptr_t base;
+    size_t size;   /* bytes that count as pinned (the requested size) */
+    size_t mapped; /* bytes mapped (host_alloc: size rounded up to pages; register: 0) */
+    int dev;
+    int registered; /* 1: host_register (caller's memory), 0: host_alloc (ours) */
+} pinned_range;
+
+static pthread_rwlock_t pinned_lock = PTHREAD_RWLOCK_INITIALIZER;
+static pinned_range *pinned; /* sorted by base; guarded by pinned_lock */
+static size_t npinned, cappinned;
+
+static size_t page_size(void)
+{
+    long p = sysconf(_SC_PAGESIZE);
+    return p > 0 ? (size_t)p : 4096;
+}
+
+/* Index of the first range with base > p (callers hold pinned_lock). */
+static size_t upper_bound(uintptr_t p)
+{
+    size_t lo = 0, hi = npinned;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (pinned[mid].base <= p)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* Index of the range containing p, or -1 (callers hold pinned_lock). */
+static long find_containing(uintptr_t p)
+{
+    size_t i = upper_bound(p);
+    if (i == 0)
+        return -1;
+    const pinned_range *r = &pinned[i - 1];
+    return p - r->base < r->size ? (long)(i - 1) : -1;
+}
+
+/* Inserts r unless it overlaps a range: STOKE_OK, STOKE_EBUSY, STOKE_ENOMEM.  Takes the lock. */
+static int pinned_insert(const pinned_range *r)
+{
+    int rc = STOKE_OK;
+    pthread_rwlock_wrlock(&pinned_lock);
+    size_t i = upper_bound(r->base);
+    if ((i > 0 && r->base - pinned[i - 1].base < pinned[i - 1].size) ||
+        (i < npinned && pinned[i].base - r->base < r->size)) {
+        rc = STOKE_EBUSY;
+        goto out;
+    }
+    if (npinned == cappinned) {
+        size_t cap = cappinned ? 2 * cappinned : 64;
+        pinned_range *grown = realloc(pinned, cap * sizeof(*grown));
+        if (!grown) {
+            rc = STOKE_ENOMEM;
+            goto out;
+        }
+        pinned = grown;
+        cappinned = cap;
+    }
+    memmove(&pinned[i + 1], &pinned[i], (npinned - i) * sizeof(*pinned));
+    pinned[i] = *r;
+    npinned++;
+out:
+    pthread_rwlock_unlock(&pinned_lock);
+    return rc;
+}
+
+/* Removes the range starting exactly at `base` of the given kind; copies it to *out.
+ * STOKE_OK or STOKE_EINVAL.  Takes the lock. */
+static int pinned_remove(uintptr_t base, int registered, pinned_range *out)
+{
+    int rc = STOKE_EINVAL;
+    pthread_rwlock_wrlock(&pinned_lock);
+    size_t i = upper_bound(base);
+    if (i > 0 && pinned[i - 1].base == base && pinned[i - 1].registered == registered) {
+        *out = pinned[i - 1];
+        memmove(&pinned[i - 1], &pinned[i], (npinned - i) * sizeof(*pinned));
+        npinned--;
+        rc = STOKE_OK;
+    }
+    pthread_rwlock_unlock(&pinned_lock);
+    return rc;
+}
+
+static void count_failed_alloc(void)
+{
+    pthread_mutex_lock(&simdev__lock);
+    simdev__ctr.allocs_failed++;
+    pthread_mutex_unlock(&simdev__lock);
+}
+
+int simdev__host_alloc(int dev, size_t size, void **out)
+{
+    if (!out)
+        return STOKE_EINVAL;
+    *out = NULL;
+    int rc = simdev__check_dev(dev, "host_alloc");
+    if (rc != STOKE_OK)
+        return rc;
+    if (size == 0) {
+        simdev__log(STOKE_LOG_WARN, "host_alloc: size 0 on device %d", dev);
+        return STOKE_EINVAL;
+    }
+    rc = simdev__alloc_attempt("host_alloc", dev, size);
+    if (rc != STOKE_OK)
+        return rc;
+    size_t ps = page_size();
+    if (size > SIZE_MAX - ps) {
+        count_failed_alloc();
+        return STOKE_ENOMEM;
+    }
+    size_t mapped = (size + ps - 1) / ps * ps;
+    /* MAP_POPULATE faults every page in now, as cuMemHostAlloc's page-locking does. */
+    void *p = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE,
+                   -1, 0);
+    if (p == MAP_FAILED) {
+        int err = errno;
+        count_failed_alloc();
+        simdev__log(STOKE_LOG_WARN, "host_alloc: mmap of %zu bytes failed: %s", mapped,
+                    strerror(err));
+        return STOKE_ENOMEM;
+    }
+    pinned_range r = {.base = (uintptr_t)p, .size = size, .mapped = mapped, .dev = dev};
+    rc = pinned_insert(&r);
+    if (rc != STOKE_OK) { /* EBUSY cannot happen for a fresh mapping; ENOMEM can */
+        munmap(p, mapped);
+        count_failed_alloc();
+        return STOKE_ENOMEM;
+    }
+    pthread_mutex_lock(&simdev__lock);
+    simdev__ctr.host_allocs++;
+    simdev__ctr.live_host_blocks++;
+    simdev__ctr.live_host_bytes += size;
+    pthread_mutex_unlock(&simdev__lock);
+    *out = p;
+    return STOKE_OK;
+}
+
+int simdev__host_free(int dev, void *ptr)
+{
+    (void)dev; /* like cuMemFreeHost, the block is found by address alone */
+    if (!ptr)
+        return STOKE_OK;
+    pinned_range r;
+    if (pinned_remove((uintptr_t)ptr, 0, &r) != STOKE_OK) {
+        simdev__log(STOKE_LOG_WARN, "host_free: %p is not a block from simdev host_alloc", ptr);
+        return STOKE_EINVAL;
+    }
+    munmap((void *)r.base, r.mapped);
+    pthread_mutex_lock(&simdev__lock);
+    simdev__ctr.host_frees++;
+    simdev__ctr.live_host_blocks--;
+    simdev__ctr.live_host_bytes -= r.size;
+    pthread_mutex_unlock(&simdev__lock);
+    return STOKE_OK;
+}
+
+int simdev__host_register(int dev, void *ptr, size_t size)
+{
+    if (!ptr || size == 0 || (uintptr_t)ptr > UINTPTR_MAX - size) {
+        simdev__log(STOKE_LOG_WARN, "host_register: invalid range %p + %zu", ptr, size);
+        return STOKE_EINVAL;
+    }
+    int rc = simdev__check_dev(dev, "host_register");
+    if (rc != STOKE_OK)
+        return rc;
+    rc = simdev__alloc_attempt("host_register", dev, size);
+    if (rc != STOKE_OK)
+        return rc;
+    pinned_range r = {.base = (uintptr_t)ptr, .size = size, .dev = dev, .registered = 1};
+    rc = pinned_insert(&r);
+    if (rc != STOKE_OK) {
+        count_failed_alloc();
+        if (rc == STOKE_EBUSY)
+            simdev__log(STOKE_LOG_WARN,
+                        "host_register: [%p, +%zu) overlaps memory already pinned by simdev", ptr,
+                        size);
+        return rc;
+    }
+    pthread_mutex_lock(&simdev__lock);
+    simdev__ctr.host_registers++;
+    simdev__ctr.live_registered++;
+    simdev__ctr.live_registered_bytes += size;
+    pthread_mutex_unlock(&simdev__lock);
+    return STOKE_OK;
+}
+
+int simdev__host_unregister(int dev, void *ptr)
+{
+    (void)dev;
+    pinned_range r;
+    if (!ptr || pinned_remove((uintptr_t)ptr, 1, &r) != STOKE_OK) {
+        simdev__log(STOKE_LOG_WARN, "host_unregister: %p is not the start of a registered range",
+                    ptr);
+        return STOKE_EINVAL;
+    }
+    pthread_mutex_lock(&simdev__lock);
+    simdev__ctr.host_unregisters++;
+    simdev__ctr.live_registered--;
+    simdev__ctr.live_registered_bytes -= r.size;
+    pthread_mutex_unlock(&simdev__lock);
+    return STOKE_OK;
+}
+
+int simdev__is_pinned(const void *ptr, int *out)
+{
+    if (!out)
+        return STOKE_EINVAL;
+    pthread_rwlock_rdlock(&pinned_lock);
+    *out = ptr && find_containing((uintptr_t)ptr) >= 0;
+    pthread_rwlock_unlock(&pinned_lock);
+    return STOKE_OK;
+}
+
+int simdev__range_pinned(const void *p, size_t n)
+{
+    if (!p)
+        return 0;
+    pthread_rwlock_rdlock(&pinned_lock);
+    long i = find_containing((uintptr_t)p);
+    int in = i >= 0 && n <= pinned[i].size - ((uintptr_t)p - pinned[i].base);
+    pthread_rwlock_unlock(&pinned_lock);
+    return in;
+}
+
+/* ---- device memory ------------------------------------------------------------------------ */
+
+struct simdev_dbuf {
+    unsigned char *handle; /* PROT_NONE view: what the host sees */
+    unsigned char *rw;     /* read-write view: the copy engine's */
+    size_t size, mapped;
+    int dev;
+    int refs; /* the table's reference (until device_free) + one per queued copy */
+};
+
+/* Guarded by simdev__lock. */
+static simdev_dbuf **dbufs;
+static size_t ndbufs, capdbufs;
+static uint64_t dev_used[SIMDEV_MAX_DEVICES];
+
+static void dbuf_unmap(simdev_dbuf *b)
+{
+    munmap(b->handle, b->mapped);
+    munmap(b->rw, b->mapped);
+    free(b);
+}
+
+int simdev__device_alloc(int dev, size_t size, void **out)
+{
+    if (!out)
+        return STOKE_EINVAL;
+    *out = NULL;
+    int rc = simdev__check_dev(dev, "device_alloc");
+    if (rc != STOKE_OK)
+        return rc;
+    if (size == 0) {
+        simdev__log(STOKE_LOG_WARN, "device_alloc: size 0 on device %d", dev);
+        return STOKE_EINVAL;
+    }
+    rc = simdev__alloc_attempt("device_alloc", dev, size);
+    if (rc != STOKE_OK)
+        return rc;
+
+    /* Reserve the bytes against the device's memory first (and give them back on failure). */
+    pthread_mutex_lock(&simdev__lock);
+    uint64_t total = simdev__cfg.memory, used = dev_used[dev];
+    int fits = size <= total && used <= total - size;
+    if (fits)
+        dev_used[dev] += size;
+    else
+        simdev__ctr.allocs_failed++;
+    pthread_mutex_unlock(&simdev__lock);
+    if (!fits) {
+        simdev__log(STOKE_LOG_WARN,
+                    "device_alloc: out of memory on device %d: %zu bytes asked, %llu of %llu in "
+                    "use (STOKE_SIMDEV_MEMORY)",
+                    dev, size, (unsigned long long)used, (unsigned long long)total);
+        return STOKE_ENOMEM;
+    }
+
+    const char *what = "malloc";
+    int err = 0, fd = -1;
+    size_t ps = page_size();
+    simdev_dbuf *b = calloc(1, sizeof(*b));
+    if (!b)
+        goto fail;
+    b->size = size;
+    b->mapped = (size + ps - 1) / ps * ps;
+    b->dev = dev;
+    b->refs = 1;
+    b->handle = b->rw = MAP_FAILED;
+    what = "memfd_create";
+    fd = memfd_create("simdev-device-memory", MFD_CLOEXEC);
+    if (fd < 0)
+        goto fail;
+    what = "ftruncate";
+    if (ftruncate(fd, (off_t)b->mapped) != 0)
+        goto fail;
+    what = "mmap";
+    b->handle = mmap(NULL, b->mapped, PROT_NONE, MAP_SHARED, fd, 0);
+    if (b->handle == MAP_FAILED)
+        goto fail;
+    b->rw = mmap(NULL, b->mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (b->rw == MAP_FAILED)
+        goto fail;
+    close(fd);
+    fd = -1;
+
+    pthread_mutex_lock(&simdev__lock);
+    if (ndbufs == capdbufs) {
+        size_t cap = capdbufs ? 2 * capdbufs : 32;
+        simdev_dbuf **grown = realloc(dbufs, cap * sizeof(*grown));
+        if (!grown) {
+            pthread_mutex_unlock(&simdev__lock);
+            what = "realloc";
+            errno = ENOMEM;
+            goto fail;
+        }
+        dbufs = grown;
+        capdbufs = cap;
+    }
+    dbufs[ndbufs++] = b;
+    simdev__ctr.device_allocs++;
+    simdev__ctr.live_device_buffers++;
+    simdev__ctr.live_device_bytes += size;
+    pthread_mutex_unlock(&simdev__lock);
+    *out = b->handle;
+    return STOKE_OK;
+
+fail:
+    err = errno;
+    if (fd >= 0)
+        close(fd);
+    if (b) {
+        if (b->handle != MAP_FAILED)
+            munmap(b->handle, b->mapped);
+        if (b->rw != MAP_FAILED)
+            munmap(b->rw, b->mapped);
+        free(b);
+    }
+    pthread_mutex_lock(&simdev__lock);
+    dev_used[dev] -= size;
+    simdev__ctr.allocs_failed++;
+    pthread_mutex_unlock(&simdev__lock);
+    simdev__log(STOKE_LOG_WARN, "device_alloc: %s failed for %zu bytes on device %d: %s", what,
+                size, dev, strerror(err));
+    return STOKE_ENOMEM;
+}
+
+/* Index of `handle` in the table or -1 (simdev__lock held). */
+static long dbuf_find(const void *handle)
+{
+    for (size_t i = 0; i < ndbufs; i++)
+        if (dbufs[i]->handle == handle)
+            return (long)i;
+    return -1;
+}
+
+int simdev__device_free(int dev, void *handle)
+{
+    if (!handle)
+        return STOKE_OK;
+    pthread_mutex_lock(&simdev__lock);
+    long i = dbuf_find(handle);
+    simdev_dbuf *b = i >= 0 ? dbufs[i] : NULL;
+    if (b && b->dev != dev)
+        b = NULL;
+    int last = 0;
+    if (b) {
+        dbufs[i] = dbufs[--ndbufs];
+        dev_used[b->dev] -= b->size;
+        simdev__ctr.device_frees++;
+        simdev__ctr.live_device_buffers--;
+        simdev__ctr.live_device_bytes -= b->size;
+        last = --b->refs == 0;
+    }
+    pthread_mutex_unlock(&simdev__lock);
+    if (!b) {
+        simdev__log(STOKE_LOG_WARN, "device_free: %p is not a simdev buffer of device %d", handle,
+                    dev);
+        return STOKE_EINVAL;
+    }
+    if (last)
+        dbuf_unmap(b);
+    return STOKE_OK;
+}
+
+int simdev__dbuf_acquire(void *handle, int dev, size_t off, size_t n, simdev_dbuf **out,
+                         unsigned char **rw)
+{
+    pthread_mutex_lock(&simdev__lock);
+    long i = dbuf_find(handle);
+    simdev_dbuf *b = i >= 0 ? dbufs[i] : NULL;
+    int rc = STOKE_OK;
+    size_t size = 0;
+    int bdev = -1;
+    if (!b || b->dev != dev) {
+        rc = STOKE_EINVAL;
+        bdev = b ? b->dev : -1;
+    } else if (off > b->size || n > b->size - off) {
+        rc = STOKE_ERANGE;
+        size = b->size;
+    } else {
+        b->refs++;
+        *out = b;
+        *rw = b->rw + off;
+    }
+    pthread_mutex_unlock(&simdev__lock);
+    if (rc == STOKE_EINVAL && bdev >= 0)
+        simdev__log(STOKE_LOG_WARN, "copy: buffer %p belongs to device %d, the stream to device %d",
+                    handle, bdev, dev);
+    else if (rc == STOKE_EINVAL)
+        simdev__log(STOKE_LOG_WARN, "copy: %p is not a simdev device buffer", handle);
+    else if (rc == STOKE_ERANGE)
+        simdev__log(STOKE_LOG_WARN,
+                    "copy: %zu bytes at offset %zu exceed the %zu-byte device buffer %p", n, off,
+                    size, handle);
+    return rc;
+}
+
+void simdev__dbuf_release(simdev_dbuf *b)
+{
+    pthread_mutex_lock(&simdev__lock);
+    int last = --b->refs == 0;
+    pthread_mutex_unlock(&simdev__lock);
+    if (last)
+        dbuf_unmap(b);
+}
+
+void simdev__memory_shutdown(void)
+{
+    pthread_mutex_lock(&simdev__lock);
+    simdev_dbuf **bufs = dbufs;
+    size_t n = ndbufs;
+    dbufs = NULL;
+    ndbufs = capdbufs = 0;
+    memset(dev_used, 0, sizeof(dev_used));
+    pthread_mutex_unlock(&simdev__lock);
+    /* Stream threads are joined: only the table's references remain. */
+    for (size_t i = 0; i < n; i++)
+        dbuf_unmap(bufs[i]);
+    free(bufs);
+
+    pthread_rwlock_wrlock(&pinned_lock);
+    for (size_t i = 0; i < npinned; i++)
+        if (!pinned[i].registered)
+            munmap((void *)pinned[i].base, pinned[i].mapped);
+    free(pinned);
+    pinned = NULL;
+    npinned = cappinned = 0;
+    pthread_rwlock_unlock(&pinned_lock);
+}
