@@ -1,52 +1,846 @@
-/* The opencl backend.  Placeholder until the real-accelerators issue lands: it is listed by the
- * registry and honestly reports that it is not implemented yet. */
+/* The opencl backend: any OpenCL 1.2+ platform through the ICD loader, loaded at run time.
+ *
+ * - libOpenCL.so.1 (or STOKE_OPENCL_LIBRARY) is dlopen'ed on the first probe; no OpenCL headers
+ *   or libraries are needed to build (opencl_api.h).
+ * - Devices of every platform are enumerated once.  They are indexed GPU/accelerator devices
+ *   first, then CPU devices: automatic selection (probe flags 0) exposes only the former, an
+ *   explicit choice (STOKE_PROBE_EXPLICIT, e.g. STOKE_ACCELERATOR=opencl) exposes all, so an
+ *   index names the same device in both views.
+ * - A context (plus a utility queue for mapping) is created per device on first use, never in
+ *   probe.
+ * - Pinned memory is a buffer created with CL_MEM_ALLOC_HOST_PTR and mapped for good; the block
+ *   handed out is the first page boundary inside the mapping.  host_register wraps caller memory
+ *   in a CL_MEM_USE_HOST_PTR buffer when the platform maps it in place (else STOKE_ENOTSUP).
+ *   Both are tracked in a range table, so is_pinned answers for interior addresses.
+ * - Each stream is an in-order command queue.  Copies are non-blocking clEnqueueWrite/ReadBuffer
+ *   calls, each with an event; the events of the copies since the last record move into the
+ *   recorded event (with a marker), so a failed copy is reported by the event after it.
+ *
+ * Locking: `g.lock` serialises loading, enumeration, context creation and shutdown.  After a
+ * successful probe `g.api` and `g.devs` (except the lazily published context) are immutable
+ * until shutdown; contexts are published with release/acquire atomics.  OpenCL API calls are
+ * thread-safe, so the utility queues are shared.  A stream belongs to one thread at a time
+ * (device.h); an event has a mutex because the thread that records it and the one that queries
+ * it may differ. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
 #include "backends/builtin.h"
+#include "backends/hostranges.h"
+#include "backends/opencl_api.h"
+#include "common/env.h"
 #include "common/internal.h"
+
+#define OCL_MAX_DEVICES 64
+#define OCL_MAX_PLATFORMS 16
+#define OCL_DEFAULT_LIBRARY "libOpenCL.so.1"
+#define OCL_PENDING_TRIM 64 /* a stream checks its copy events once this many are pending */
+
+enum { RANGE_ALLOC = 0, RANGE_REGISTERED = 1 };
+
+static const struct {
+    size_t offset;
+    const char *symbol;
+} ocl_symbols[] = {
+#define SYM(name) {offsetof(struct stoke__ocl_api, name), #name}
+    SYM(clGetPlatformIDs),          SYM(clGetPlatformInfo),       SYM(clGetDeviceIDs),
+    SYM(clGetDeviceInfo),           SYM(clCreateContext),         SYM(clReleaseContext),
+    SYM(clCreateCommandQueue),      SYM(clReleaseCommandQueue),   SYM(clCreateBuffer),
+    SYM(clReleaseMemObject),        SYM(clEnqueueMapBuffer),      SYM(clEnqueueUnmapMemObject),
+    SYM(clEnqueueWriteBuffer),      SYM(clEnqueueReadBuffer),     SYM(clEnqueueMarkerWithWaitList),
+    SYM(clGetEventInfo),            SYM(clWaitForEvents),         SYM(clRetainEvent),
+    SYM(clReleaseEvent),            SYM(clFlush),                 SYM(clFinish),
+#undef SYM
+};
+
+typedef struct ocl_dev {
+    cl_platform_id platform;
+    cl_device_id id;
+    int kind; /* stoke_device_kind */
+    char name[128];
+    _Atomic(cl_context) ctx;  /* created on first use */
+    cl_command_queue util_q;  /* for map/unmap; valid once ctx is published */
+} ocl_dev;
+
+static struct {
+    pthread_mutex_t lock;
+    struct stoke__ocl_api api;
+    void *dl;             /* kept loaded once opened (see shutdown) */
+    char dl_path[512];
+    int enumerated;       /* devs[] valid */
+    int ndev;             /* all usable devices, GPU/accelerator first */
+    int nfast;            /* of which GPU/accelerator */
+    atomic_int nexposed;  /* ndev after an explicit probe, nfast after an automatic one */
+    ocl_dev devs[OCL_MAX_DEVICES];
+} g = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static stoke__hostranges g_ranges = STOKE__HOSTRANGES_INIT;
+
+struct stoke_backend_stream {
+    ocl_dev *d;
+    int dev;
+    cl_command_queue q;
+    cl_event *pending; /* copy events since the last record (owned) */
+    size_t npending, cap;
+    int error; /* first failure seen among trimmed copy events (a STOKE_E* code), sticky */
+};
+
+struct stoke_backend_event {
+    pthread_mutex_t lock;
+    int dev;
+    cl_event marker;   /* NULL until recorded */
+    cl_event *deps;    /* copy events before the marker (owned) */
+    size_t ndeps;
+    int error;         /* failure carried from the stream when recorded */
+};
+
+/* ---- errors ------------------------------------------------------------------------------- */
+
+static const char *cl_name(cl_int e)
+{
+    switch (e) {
+    case CL_DEVICE_NOT_FOUND: return "CL_DEVICE_NOT_FOUND";
+    case CL_DEVICE_NOT_AVAILABLE: return "CL_DEVICE_NOT_AVAILABLE";
+    case CL_MEM_OBJECT_ALLOCATION_FAILURE: return "CL_MEM_OBJECT_ALLOCATION_FAILURE";
+    case CL_OUT_OF_RESOURCES: return "CL_OUT_OF_RESOURCES";
+    case CL_OUT_OF_HOST_MEMORY: return "CL_OUT_OF_HOST_MEMORY";
+    case CL_MAP_FAILURE: return "CL_MAP_FAILURE";
+    case CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST:
+        return "CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST";
+    case CL_INVALID_VALUE: return "CL_INVALID_VALUE";
+    case CL_INVALID_PLATFORM: return "CL_INVALID_PLATFORM";
+    case CL_INVALID_DEVICE: return "CL_INVALID_DEVICE";
+    case CL_INVALID_CONTEXT: return "CL_INVALID_CONTEXT";
+    case CL_INVALID_COMMAND_QUEUE: return "CL_INVALID_COMMAND_QUEUE";
+    case CL_INVALID_HOST_PTR: return "CL_INVALID_HOST_PTR";
+    case CL_INVALID_MEM_OBJECT: return "CL_INVALID_MEM_OBJECT";
+    case CL_INVALID_EVENT: return "CL_INVALID_EVENT";
+    case CL_INVALID_OPERATION: return "CL_INVALID_OPERATION";
+    case CL_INVALID_BUFFER_SIZE: return "CL_INVALID_BUFFER_SIZE";
+    case CL_PLATFORM_NOT_FOUND_KHR: return "CL_PLATFORM_NOT_FOUND_KHR";
+    default: return "CL_ERROR";
+    }
+}
+
+static int cl_code(cl_int e)
+{
+    return e == CL_MEM_OBJECT_ALLOCATION_FAILURE || e == CL_OUT_OF_HOST_MEMORY ? STOKE_ENOMEM
+                                                                                : STOKE_EBACKEND;
+}
+
+/* "opencl: clCreateBuffer(4096 bytes) on device 0: CL_INVALID_BUFFER_SIZE (-61)" */
+static int cl_fail(cl_int e, const char *what)
+{
+    return stoke__fail(cl_code(e), "opencl: %s: %s (%d)", what, cl_name(e), (int)e);
+}
+
+/* ---- loading and enumeration -------------------------------------------------------------- */
+
+static int load_api_locked(char *reason, size_t reason_len)
+{
+    const char *path = stoke__env_str(STOKE_ENV_OPENCL_LIBRARY);
+    if (!path)
+        path = OCL_DEFAULT_LIBRARY;
+    if (!g.dl || strcmp(g.dl_path, path) != 0) {
+        void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+        if (!h) {
+            const char *err = dlerror();
+            if (strcmp(path, OCL_DEFAULT_LIBRARY) == 0)
+                stoke__fmt(reason, reason_len, "libOpenCL.so.1 not found (install an OpenCL ICD "
+                           "loader, e.g. ocl-icd-libopencl1): %s", err ? err : "dlopen failed");
+            else
+                stoke__fmt(reason, reason_len, "%s not found (STOKE_OPENCL_LIBRARY): %s", path,
+                           err ? err : "dlopen failed");
+            return STOKE_ENODEV;
+        }
+        /* A loader opened before is never dlclose'd: vendor drivers keep threads and
+         * process-wide state.  Only tests switch paths. */
+        g.dl = h;
+        stoke__strlcpy(g.dl_path, path, sizeof(g.dl_path));
+    }
+    struct stoke__ocl_api api;
+    for (size_t i = 0; i < STOKE__ARRAY_LEN(ocl_symbols); i++) {
+        void *fn = dlsym(g.dl, ocl_symbols[i].symbol);
+        if (!fn) {
+            stoke__fmt(reason, reason_len, "%s lacks %s (an OpenCL 1.2 ICD loader is needed)",
+                       path, ocl_symbols[i].symbol);
+            return STOKE_ENODEV;
+        }
+        memcpy((char *)&api + ocl_symbols[i].offset, &fn, sizeof(fn));
+    }
+    g.api = api;
+    return STOKE_OK;
+}
+
+/* "OpenCL 1.2 ..." -> 1, 2; 0 if unparsable. */
+static void parse_cl_version(const char *s, int *major, int *minor)
+{
+    *major = *minor = 0;
+    if (sscanf(s, "OpenCL %d.%d", major, minor) != 2)
+        *major = *minor = 0;
+}
+
+static void add_device_locked(cl_platform_id p, cl_device_id id, ocl_dev *tmp, int *n)
+{
+    cl_device_type type = 0;
+    char ver[128] = "";
+    ocl_dev d;
+    memset(&d, 0, sizeof(d));
+    d.platform = p;
+    d.id = id;
+    if (g.api.clGetDeviceInfo(id, CL_DEVICE_TYPE, sizeof(type), &type, NULL) != CL_SUCCESS ||
+        g.api.clGetDeviceInfo(id, CL_DEVICE_NAME, sizeof(d.name) - 1, d.name, NULL) != CL_SUCCESS)
+        return;
+    g.api.clGetDeviceInfo(id, CL_DEVICE_VERSION, sizeof(ver) - 1, ver, NULL);
+    int major, minor;
+    parse_cl_version(ver, &major, &minor);
+    if (major < 1 || (major == 1 && minor < 2)) {
+        stoke__log(STOKE_LOG_INFO, "opencl: skipping device '%s': %s (stoke needs OpenCL 1.2)",
+                   d.name, ver[0] ? ver : "unknown version");
+        return;
+    }
+    d.kind = (type & CL_DEVICE_TYPE_GPU)                                    ? STOKE_DEVICE_GPU
+             : (type & (CL_DEVICE_TYPE_ACCELERATOR | CL_DEVICE_TYPE_CUSTOM)) ? STOKE_DEVICE_ACCELERATOR
+                                                                            : STOKE_DEVICE_CPU;
+    if (*n < OCL_MAX_DEVICES)
+        tmp[(*n)++] = d;
+}
+
+/* Enumerates devices once.  Under g.lock. */
+static int enumerate_locked(char *reason, size_t reason_len)
+{
+    if (g.enumerated)
+        return STOKE_OK;
+    cl_platform_id plats[OCL_MAX_PLATFORMS];
+    cl_uint np = 0;
+    cl_int e = g.api.clGetPlatformIDs(OCL_MAX_PLATFORMS, plats, &np);
+    if (e == CL_PLATFORM_NOT_FOUND_KHR || (e == CL_SUCCESS && np == 0)) {
+        stoke__fmt(reason, reason_len, "no OpenCL platform: the ICD loader %s found no vendor "
+                   "driver (e.g. install pocl-opencl-icd for a CPU device)", g.dl_path);
+        return STOKE_ENODEV;
+    }
+    if (e != CL_SUCCESS) {
+        stoke__fmt(reason, reason_len, "clGetPlatformIDs failed: %s (%d)", cl_name(e), (int)e);
+        return STOKE_ENODEV;
+    }
+    if (np > OCL_MAX_PLATFORMS)
+        np = OCL_MAX_PLATFORMS;
+    static ocl_dev tmp[OCL_MAX_DEVICES]; /* under g.lock */
+    int n = 0;
+    for (cl_uint i = 0; i < np; i++) {
+        cl_device_id ids[OCL_MAX_DEVICES];
+        cl_uint nd = 0;
+        e = g.api.clGetDeviceIDs(plats[i], CL_DEVICE_TYPE_ALL, OCL_MAX_DEVICES, ids, &nd);
+        if (e != CL_SUCCESS)
+            continue; /* CL_DEVICE_NOT_FOUND: a platform without devices */
+        for (cl_uint j = 0; j < nd && j < OCL_MAX_DEVICES; j++)
+            add_device_locked(plats[i], ids[j], tmp, &n);
+    }
+    /* GPU/accelerator devices first, then CPU devices, each in platform order. */
+    g.ndev = g.nfast = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < n; i++)
+            if ((tmp[i].kind == STOKE_DEVICE_CPU) == (pass == 1)) {
+                g.devs[g.ndev] = tmp[i];
+                atomic_init(&g.devs[g.ndev].ctx, NULL);
+                g.ndev++;
+                if (pass == 0)
+                    g.nfast++;
+            }
+    g.enumerated = 1;
+    return STOKE_OK;
+}
 
 static int opencl_probe(uint32_t flags, char *reason, size_t reason_len)
 {
-    stoke__strlcpy(reason, "opencl backend not implemented yet", reason_len);
-    return STOKE_ENODEV;
+    int explicit_ = (flags & STOKE_PROBE_EXPLICIT) != 0;
+    pthread_mutex_lock(&g.lock);
+    int rc = STOKE_OK;
+    if (!g.enumerated) {
+        rc = load_api_locked(reason, reason_len);
+        if (rc == STOKE_OK)
+            rc = enumerate_locked(reason, reason_len);
+        if (rc != STOKE_OK)
+            goto done;
+    }
+    if (g.ndev == 0) {
+        stoke__strlcpy(reason, "no device: the OpenCL platforms expose no OpenCL 1.2 device",
+                       reason_len);
+        rc = STOKE_ENODEV;
+        goto done;
+    }
+    if (!explicit_ && g.nfast == 0) {
+        stoke__fmt(reason, reason_len, "only CPU devices (%d: %s) (select explicitly with "
+                   "STOKE_ACCELERATOR=opencl)", g.ndev, g.devs[0].name);
+        rc = STOKE_ENODEV;
+        goto done;
+    }
+    int n = explicit_ ? g.ndev : g.nfast;
+    atomic_store(&g.nexposed, n);
+    if (explicit_ && g.nfast < g.ndev)
+        stoke__fmt(reason, reason_len, "%d device(s) (%d CPU, exposed because opencl was chosen "
+                   "explicitly): %s", n, g.ndev - g.nfast, g.devs[0].name);
+    else
+        stoke__fmt(reason, reason_len, "%d device(s): %s", n, g.devs[0].name);
+done:
+    pthread_mutex_unlock(&g.lock);
+    return rc;
 }
 
 static int opencl_device_count(int *count)
 {
-    *count = 0;
+    *count = atomic_load(&g.nexposed);
     return STOKE_OK;
+}
+
+static int check_dev(int dev)
+{
+    int n = atomic_load(&g.nexposed);
+    if (dev < 0 || dev >= n)
+        return stoke__fail(n ? STOKE_ERANGE : STOKE_ENODEV, "opencl: no device %d (%d exposed)",
+                           dev, n);
+    return STOKE_OK;
+}
+
+/* Device `dev` with its context and utility queue created on first use. */
+static int get_dev(int dev, ocl_dev **out)
+{
+    int rc = check_dev(dev);
+    if (rc != STOKE_OK)
+        return rc;
+    ocl_dev *d = &g.devs[dev];
+    if (atomic_load_explicit(&d->ctx, memory_order_acquire)) {
+        *out = d;
+        return STOKE_OK;
+    }
+    pthread_mutex_lock(&g.lock);
+    if (!atomic_load_explicit(&d->ctx, memory_order_relaxed)) {
+        cl_context_properties props[] = {CL_CONTEXT_PLATFORM, (cl_context_properties)d->platform,
+                                         0};
+        cl_int e = CL_SUCCESS;
+        cl_context c = g.api.clCreateContext(props, 1, &d->id, NULL, NULL, &e);
+        if (!c || e != CL_SUCCESS) {
+            pthread_mutex_unlock(&g.lock);
+            char what[192];
+            return cl_fail(e ? e : CL_INVALID_CONTEXT,
+                           stoke__fmt(what, sizeof(what), "clCreateContext for device %d (%s)",
+                                      dev, d->name));
+        }
+        cl_command_queue q = g.api.clCreateCommandQueue(c, d->id, 0, &e);
+        if (!q || e != CL_SUCCESS) {
+            g.api.clReleaseContext(c);
+            pthread_mutex_unlock(&g.lock);
+            return cl_fail(e ? e : CL_INVALID_COMMAND_QUEUE, "clCreateCommandQueue (utility)");
+        }
+        d->util_q = q;
+        stoke__log(STOKE_LOG_DEBUG, "opencl: created the context of device %d (%s)", dev,
+                   d->name);
+        atomic_store_explicit(&d->ctx, c, memory_order_release);
+    }
+    pthread_mutex_unlock(&g.lock);
+    *out = d;
+    return STOKE_OK;
+}
+
+static void copy_str_info(cl_device_id id, cl_device_info what, char *dst, size_t len)
+{
+    dst[0] = '\0';
+    if (g.api.clGetDeviceInfo(id, what, len - 1, dst, NULL) != CL_SUCCESS)
+        dst[0] = '\0';
+    dst[len - 1] = '\0';
 }
 
 static int opencl_device_props(int dev, stoke_device_props *p)
 {
-    return STOKE_ENODEV;
+    int rc = check_dev(dev);
+    if (rc != STOKE_OK)
+        return rc;
+    const ocl_dev *d = &g.devs[dev];
+    stoke_device_props o = {.size = sizeof(o), .kind = d->kind};
+    stoke__strlcpy(o.name, d->name, sizeof(o.name));
+    copy_str_info(d->id, CL_DEVICE_VENDOR, o.vendor, sizeof(o.vendor));
+    copy_str_info(d->id, CL_DRIVER_VERSION, o.driver_version, sizeof(o.driver_version));
+    cl_ulong mem = 0;
+    if (g.api.clGetDeviceInfo(d->id, CL_DEVICE_GLOBAL_MEM_SIZE, sizeof(mem), &mem, NULL) == 0)
+        o.total_memory = mem;
+    char ver[128];
+    copy_str_info(d->id, CL_DEVICE_VERSION, ver, sizeof(ver));
+    parse_cl_version(ver, &o.compute_major, &o.compute_minor);
+    /* PCI location: only through cl_khr_pci_bus_info. */
+    size_t extlen = 0;
+    if (g.api.clGetDeviceInfo(d->id, CL_DEVICE_EXTENSIONS, 0, NULL, &extlen) == 0 && extlen) {
+        char *ext = malloc(extlen + 1);
+        if (ext && g.api.clGetDeviceInfo(d->id, CL_DEVICE_EXTENSIONS, extlen, ext, NULL) == 0) {
+            ext[extlen] = '\0';
+            stoke__cl_pci_bus_info pci;
+            if (strstr(ext, "cl_khr_pci_bus_info") &&
+                g.api.clGetDeviceInfo(d->id, CL_DEVICE_PCI_BUS_INFO_KHR, sizeof(pci), &pci,
+                                      NULL) == 0)
+                stoke__fmt(o.pci_bus_id, sizeof(o.pci_bus_id), "%04x:%02x:%02x.%x",
+                           pci.pci_domain, pci.pci_bus, pci.pci_device, pci.pci_function);
+        }
+        free(ext);
+    }
+    size_t n = p->size < sizeof(o) ? p->size : sizeof(o);
+    memcpy(p, &o, n);
+    p->size = (uint32_t)n;
+    return STOKE_OK;
+}
+
+/* ---- pinned host memory ------------------------------------------------------------------- */
+
+static size_t page_size(void)
+{
+    long p = sysconf(_SC_PAGESIZE);
+    return p > 0 ? (size_t)p : 4096;
+}
+
+static void unmap_release(ocl_dev *d, cl_mem m, void *map)
+{
+    if (map && g.api.clEnqueueUnmapMemObject(d->util_q, m, map, 0, NULL, NULL) == CL_SUCCESS)
+        g.api.clFinish(d->util_q);
+    g.api.clReleaseMemObject(m);
 }
 
 static int opencl_host_alloc(int dev, size_t size, void **out)
 {
-    return STOKE_ENODEV;
+    *out = NULL;
+    ocl_dev *d;
+    int rc = get_dev(dev, &d);
+    if (rc != STOKE_OK)
+        return rc;
+    cl_context c = atomic_load_explicit(&d->ctx, memory_order_acquire);
+    /* One page more, so that the block can start on a page boundary inside the mapping. */
+    size_t ps = page_size(), len = (size ? size : 1) + ps;
+    char what[160];
+    cl_int e = CL_SUCCESS;
+    cl_mem m = g.api.clCreateBuffer(c, CL_MEM_ALLOC_HOST_PTR | CL_MEM_READ_WRITE, len, NULL, &e);
+    if (!m || e != CL_SUCCESS)
+        return cl_fail(e ? e : CL_MEM_OBJECT_ALLOCATION_FAILURE,
+                       stoke__fmt(what, sizeof(what), "clCreateBuffer(CL_MEM_ALLOC_HOST_PTR, %zu "
+                                  "bytes) on device %d", len, dev));
+    void *map = g.api.clEnqueueMapBuffer(d->util_q, m, CL_TRUE, CL_MAP_READ | CL_MAP_WRITE, 0,
+                                         len, 0, NULL, NULL, &e);
+    if (!map || e != CL_SUCCESS) {
+        g.api.clReleaseMemObject(m);
+        return cl_fail(e ? e : CL_MAP_FAILURE,
+                       stoke__fmt(what, sizeof(what), "clEnqueueMapBuffer(%zu bytes) on device "
+                                  "%d", len, dev));
+    }
+    uintptr_t base = ((uintptr_t)map + ps - 1) & ~(uintptr_t)(ps - 1);
+    stoke__hostrange r = {.base = base, .size = size, .dev = dev, .kind = RANGE_ALLOC,
+                          .obj = m, .map = map};
+    rc = stoke__hostranges_add(&g_ranges, &r);
+    if (rc != STOKE_OK) {
+        unmap_release(d, m, map);
+        return stoke__fail(rc, "opencl: tracking pinned block %p failed", (void *)base);
+    }
+    *out = (void *)base;
+    return STOKE_OK;
 }
 
 static int opencl_host_free(int dev, void *ptr)
 {
-    return STOKE_ENODEV;
+    if (!ptr)
+        return STOKE_OK;
+    stoke__hostrange r;
+    if (!stoke__hostranges_find(&g_ranges, ptr, &r) || r.base != (uintptr_t)ptr ||
+        r.kind != RANGE_ALLOC)
+        return stoke__fail(STOKE_EINVAL, "opencl: host_free(%p): not a block from host_alloc",
+                           ptr);
+    if (stoke__hostranges_remove(&g_ranges, ptr, &r) != STOKE_OK)
+        return stoke__fail(STOKE_EINVAL, "opencl: host_free(%p): freed twice", ptr);
+    unmap_release(&g.devs[r.dev], r.obj, r.map);
+    return STOKE_OK;
+}
+
+static int opencl_host_register(int dev, void *ptr, size_t size)
+{
+    if (!ptr || !size)
+        return stoke__fail(STOKE_EINVAL, "opencl: host_register of an empty range");
+    ocl_dev *d;
+    int rc = get_dev(dev, &d);
+    if (rc != STOKE_OK)
+        return rc;
+    cl_context c = atomic_load_explicit(&d->ctx, memory_order_acquire);
+    cl_int e = CL_SUCCESS;
+    cl_mem m = g.api.clCreateBuffer(c, CL_MEM_USE_HOST_PTR | CL_MEM_READ_WRITE, size, ptr, &e);
+    if (!m || e != CL_SUCCESS)
+        return stoke__fail(STOKE_ENOTSUP, "opencl: device %d (%s) cannot register host memory: "
+                           "clCreateBuffer(CL_MEM_USE_HOST_PTR) failed with %s (%d)", dev,
+                           d->name, cl_name(e), (int)e);
+    void *map = g.api.clEnqueueMapBuffer(d->util_q, m, CL_TRUE, CL_MAP_READ | CL_MAP_WRITE, 0,
+                                         size, 0, NULL, NULL, &e);
+    if (map != ptr || e != CL_SUCCESS) {
+        unmap_release(d, m, e == CL_SUCCESS ? map : NULL);
+        return stoke__fail(STOKE_ENOTSUP, "opencl: device %d (%s) does not use registered host "
+                           "memory in place (CL_MEM_USE_HOST_PTR maps to a copy)", dev, d->name);
+    }
+    stoke__hostrange r = {.base = (uintptr_t)ptr, .size = size, .dev = dev,
+                          .kind = RANGE_REGISTERED, .obj = m, .map = map};
+    rc = stoke__hostranges_add(&g_ranges, &r);
+    if (rc != STOKE_OK) {
+        unmap_release(d, m, map);
+        return stoke__fail(rc, "opencl: [%p, +%zu) overlaps memory already pinned", ptr, size);
+    }
+    return STOKE_OK;
+}
+
+static int opencl_host_unregister(int dev, void *ptr)
+{
+    stoke__hostrange r;
+    if (!stoke__hostranges_find(&g_ranges, ptr, &r) || r.base != (uintptr_t)ptr ||
+        r.kind != RANGE_REGISTERED)
+        return stoke__fail(STOKE_EINVAL, "opencl: host_unregister(%p): not a registered range",
+                           ptr);
+    if (stoke__hostranges_remove(&g_ranges, ptr, &r) != STOKE_OK)
+        return stoke__fail(STOKE_EINVAL, "opencl: host_unregister(%p): unregistered twice", ptr);
+    unmap_release(&g.devs[r.dev], r.obj, r.map);
+    return STOKE_OK;
 }
 
 static int opencl_is_pinned(const void *ptr, int *out)
 {
-    *out = 0;
+    *out = ptr && stoke__hostranges_find(&g_ranges, ptr, NULL);
     return STOKE_OK;
+}
+
+/* ---- device memory ------------------------------------------------------------------------ */
+
+static int opencl_device_alloc(int dev, size_t size, void **out)
+{
+    *out = NULL;
+    ocl_dev *d;
+    int rc = get_dev(dev, &d);
+    if (rc != STOKE_OK)
+        return rc;
+    cl_int e = CL_SUCCESS;
+    cl_mem m = g.api.clCreateBuffer(atomic_load_explicit(&d->ctx, memory_order_acquire),
+                                    CL_MEM_READ_WRITE, size ? size : 1, NULL, &e);
+    if (!m || e != CL_SUCCESS) {
+        char what[128];
+        return cl_fail(e ? e : CL_MEM_OBJECT_ALLOCATION_FAILURE,
+                       stoke__fmt(what, sizeof(what), "clCreateBuffer(%zu bytes) on device %d",
+                                  size, dev));
+    }
+    *out = m;
+    return STOKE_OK;
+}
+
+static int opencl_device_free(int dev, void *handle)
+{
+    if (handle)
+        g.api.clReleaseMemObject((cl_mem)handle);
+    return STOKE_OK;
+}
+
+/* ---- streams and copies ------------------------------------------------------------------- */
+
+/* STOKE_OK (complete), STOKE_EBUSY (pending) or the failure of the command behind `e`. */
+static int event_status(cl_event e)
+{
+    cl_int st = CL_COMPLETE;
+    cl_int err = g.api.clGetEventInfo(e, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof(st), &st,
+                                      NULL);
+    if (err != CL_SUCCESS)
+        return cl_fail(err, "clGetEventInfo");
+    if (st < 0)
+        return stoke__fail(cl_code(st), "opencl: a queued copy failed: %s (%d)", cl_name(st),
+                           (int)st);
+    return st == CL_COMPLETE ? STOKE_OK : STOKE_EBUSY;
+}
+
+/* Releases the stream's completed copy events, keeping a failure as its sticky error. */
+static void trim_pending(stoke_backend_stream *s)
+{
+    size_t keep = 0;
+    for (size_t i = 0; i < s->npending; i++) {
+        int rc = event_status(s->pending[i]);
+        if (rc == STOKE_EBUSY) {
+            s->pending[keep++] = s->pending[i];
+            continue;
+        }
+        if (rc != STOKE_OK && s->error == STOKE_OK)
+            s->error = rc;
+        g.api.clReleaseEvent(s->pending[i]);
+    }
+    s->npending = keep;
+}
+
+static int push_pending(stoke_backend_stream *s, cl_event e)
+{
+    if (s->npending >= OCL_PENDING_TRIM)
+        trim_pending(s);
+    if (s->npending == s->cap) {
+        size_t cap = s->cap ? s->cap * 2 : 16;
+        cl_event *v = realloc(s->pending, cap * sizeof(*v));
+        if (!v) {
+            /* Cannot track it: wait for it instead. */
+            g.api.clWaitForEvents(1, &e);
+            int rc = event_status(e);
+            g.api.clReleaseEvent(e);
+            if (rc != STOKE_OK && s->error == STOKE_OK)
+                s->error = rc;
+            return STOKE_OK;
+        }
+        s->pending = v;
+        s->cap = cap;
+    }
+    s->pending[s->npending++] = e;
+    return STOKE_OK;
+}
+
+static int opencl_stream_create(int dev, stoke_backend_stream **out)
+{
+    *out = NULL;
+    ocl_dev *d;
+    int rc = get_dev(dev, &d);
+    if (rc != STOKE_OK)
+        return rc;
+    stoke_backend_stream *s = calloc(1, sizeof(*s));
+    if (!s)
+        return STOKE_ENOMEM;
+    cl_int e = CL_SUCCESS;
+    s->q = g.api.clCreateCommandQueue(atomic_load_explicit(&d->ctx, memory_order_acquire), d->id,
+                                      0, &e);
+    if (!s->q || e != CL_SUCCESS) {
+        free(s);
+        return cl_fail(e ? e : CL_INVALID_COMMAND_QUEUE, "clCreateCommandQueue");
+    }
+    s->d = d;
+    s->dev = dev;
+    *out = s;
+    return STOKE_OK;
+}
+
+static int opencl_stream_synchronize(stoke_backend_stream *s)
+{
+    cl_int e = g.api.clFinish(s->q);
+    trim_pending(s);
+    if (e != CL_SUCCESS)
+        return cl_fail(e, "clFinish");
+    int rc = s->error;
+    s->error = STOKE_OK;
+    return rc;
+}
+
+static int opencl_stream_destroy(stoke_backend_stream *s)
+{
+    if (!s)
+        return STOKE_OK;
+    g.api.clFinish(s->q);
+    for (size_t i = 0; i < s->npending; i++)
+        g.api.clReleaseEvent(s->pending[i]);
+    free(s->pending);
+    g.api.clReleaseCommandQueue(s->q);
+    free(s);
+    return STOKE_OK;
+}
+
+static int opencl_copy_h2d(void *dst, size_t dst_offset, const void *src, size_t n,
+                           stoke_backend_stream *s)
+{
+    if (n == 0)
+        return STOKE_OK;
+    cl_event ev = NULL;
+    cl_int e = g.api.clEnqueueWriteBuffer(s->q, (cl_mem)dst, CL_FALSE, dst_offset, n, src, 0,
+                                          NULL, &ev);
+    if (e != CL_SUCCESS)
+        return cl_fail(e, "clEnqueueWriteBuffer");
+    g.api.clFlush(s->q);
+    return push_pending(s, ev);
+}
+
+static int opencl_copy_d2h(void *dst, const void *src, size_t src_offset, size_t n,
+                           stoke_backend_stream *s)
+{
+    if (n == 0)
+        return STOKE_OK;
+    cl_event ev = NULL;
+    cl_int e = g.api.clEnqueueReadBuffer(s->q, (cl_mem)(uintptr_t)src, CL_FALSE, src_offset, n,
+                                         dst, 0, NULL, &ev);
+    if (e != CL_SUCCESS)
+        return cl_fail(e, "clEnqueueReadBuffer");
+    g.api.clFlush(s->q);
+    return push_pending(s, ev);
+}
+
+/* ---- events ------------------------------------------------------------------------------- */
+
+static int opencl_event_create(int dev, stoke_backend_event **out)
+{
+    *out = NULL;
+    int rc = check_dev(dev);
+    if (rc != STOKE_OK)
+        return rc;
+    stoke_backend_event *ev = calloc(1, sizeof(*ev));
+    if (!ev)
+        return STOKE_ENOMEM;
+    pthread_mutex_init(&ev->lock, NULL);
+    ev->dev = dev;
+    *out = ev;
+    return STOKE_OK;
+}
+
+static void release_events(cl_event marker, cl_event *deps, size_t n)
+{
+    if (marker)
+        g.api.clReleaseEvent(marker);
+    for (size_t i = 0; i < n; i++)
+        g.api.clReleaseEvent(deps[i]);
+    free(deps);
+}
+
+static int opencl_event_destroy(stoke_backend_event *ev)
+{
+    if (!ev)
+        return STOKE_OK;
+    release_events(ev->marker, ev->deps, ev->ndeps);
+    pthread_mutex_destroy(&ev->lock);
+    free(ev);
+    return STOKE_OK;
+}
+
+static int opencl_event_record(stoke_backend_event *ev, stoke_backend_stream *s)
+{
+    cl_event marker = NULL;
+    cl_int e = g.api.clEnqueueMarkerWithWaitList(s->q, 0, NULL, &marker);
+    if (e != CL_SUCCESS)
+        return cl_fail(e, "clEnqueueMarkerWithWaitList");
+    g.api.clFlush(s->q);
+    /* The copies since the last record now belong to this event. */
+    cl_event *deps = s->pending;
+    size_t ndeps = s->npending;
+    s->pending = NULL;
+    s->npending = s->cap = 0;
+    int carried = s->error;
+    s->error = STOKE_OK;
+
+    pthread_mutex_lock(&ev->lock);
+    cl_event old_marker = ev->marker;
+    cl_event *old_deps = ev->deps;
+    size_t old_n = ev->ndeps;
+    ev->marker = marker;
+    ev->deps = deps;
+    ev->ndeps = ndeps;
+    ev->error = carried;
+    pthread_mutex_unlock(&ev->lock);
+    release_events(old_marker, old_deps, old_n);
+    return STOKE_OK;
+}
+
+/* Under ev->lock. */
+static int query_locked(stoke_backend_event *ev)
+{
+    if (!ev->marker)
+        return STOKE_OK;
+    int rc = event_status(ev->marker);
+    if (rc == STOKE_EBUSY)
+        return rc;
+    /* The marker completed (in order: so did every copy before it); any of them failed? */
+    for (size_t i = 0; i < ev->ndeps; i++) {
+        int r = event_status(ev->deps[i]);
+        if (r != STOKE_OK && r != STOKE_EBUSY && ev->error == STOKE_OK)
+            ev->error = r;
+    }
+    for (size_t i = 0; i < ev->ndeps; i++)
+        g.api.clReleaseEvent(ev->deps[i]);
+    free(ev->deps);
+    ev->deps = NULL;
+    ev->ndeps = 0;
+    if (rc == STOKE_OK)
+        rc = ev->error;
+    return rc;
+}
+
+static int opencl_event_query(stoke_backend_event *ev)
+{
+    pthread_mutex_lock(&ev->lock);
+    int rc = query_locked(ev);
+    pthread_mutex_unlock(&ev->lock);
+    return rc;
+}
+
+static int opencl_event_synchronize(stoke_backend_event *ev)
+{
+    pthread_mutex_lock(&ev->lock);
+    cl_event m = ev->marker;
+    if (m)
+        g.api.clRetainEvent(m);
+    pthread_mutex_unlock(&ev->lock);
+    if (m) {
+        g.api.clWaitForEvents(1, &m); /* failures are read back below */
+        g.api.clReleaseEvent(m);
+    }
+    pthread_mutex_lock(&ev->lock);
+    int rc = query_locked(ev);
+    pthread_mutex_unlock(&ev->lock);
+    /* Re-recorded meanwhile onto later work: wait for that too. */
+    return rc == STOKE_EBUSY ? opencl_event_synchronize(ev) : rc;
+}
+
+/* ---- shutdown ----------------------------------------------------------------------------- */
+
+static void opencl_shutdown(void)
+{
+    pthread_mutex_lock(&g.lock);
+    stoke__hostrange *v = NULL;
+    size_t n = 0;
+    stoke__hostranges_take_all(&g_ranges, &v, &n);
+    for (size_t i = 0; i < n; i++)
+        unmap_release(&g.devs[v[i].dev], v[i].obj, v[i].map);
+    if (n)
+        stoke__log(STOKE_LOG_DEBUG, "opencl: shutdown released %zu pinned range(s) still held",
+                   n);
+    free(v);
+    for (int i = 0; i < g.ndev; i++) {
+        cl_context c = atomic_exchange(&g.devs[i].ctx, NULL);
+        if (c) {
+            g.api.clReleaseCommandQueue(g.devs[i].util_q);
+            g.devs[i].util_q = NULL;
+            g.api.clReleaseContext(c);
+        }
+    }
+    g.enumerated = 0;
+    g.ndev = g.nfast = 0;
+    atomic_store(&g.nexposed, 0);
+    pthread_mutex_unlock(&g.lock);
 }
 
 static const stoke_backend opencl_backend = {
     .abi_version = STOKE_BACKEND_ABI_VERSION,
     .size = sizeof(stoke_backend),
     .name = "opencl",
-    .description = "opencl (not implemented yet)",
+    .description = "OpenCL 1.2+ through the ICD loader (libOpenCL.so.1 loaded at run time)",
+    .caps = STOKE_CAP_PINNED_ALLOC | STOKE_CAP_HOST_REGISTER | STOKE_CAP_DEVICE_MEMORY |
+            STOKE_CAP_ASYNC_COPY | STOKE_CAP_EVENTS,
     .probe = opencl_probe,
     .device_count = opencl_device_count,
     .device_props = opencl_device_props,
     .host_alloc = opencl_host_alloc,
     .host_free = opencl_host_free,
+    .host_register = opencl_host_register,
+    .host_unregister = opencl_host_unregister,
     .is_pinned = opencl_is_pinned,
+    .device_alloc = opencl_device_alloc,
+    .device_free = opencl_device_free,
+    .stream_create = opencl_stream_create,
+    .stream_destroy = opencl_stream_destroy,
+    .stream_synchronize = opencl_stream_synchronize,
+    .copy_h2d_async = opencl_copy_h2d,
+    .copy_d2h_async = opencl_copy_d2h,
+    .event_create = opencl_event_create,
+    .event_destroy = opencl_event_destroy,
+    .event_record = opencl_event_record,
+    .event_query = opencl_event_query,
+    .event_synchronize = opencl_event_synchronize,
+    .shutdown = opencl_shutdown,
 };
 
 int stoke__backend_opencl_entry(const stoke_backend_host *host, const stoke_backend **out)
