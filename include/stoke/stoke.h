@@ -11,5 +11,7 @@
 #include "stoke/pinned.h"
 #include "stoke/dataset.h"
 #include "stoke/sources.h"
+#include "stoke/sampler.h"
+#include "stoke/loader.h"
 
 #endif
