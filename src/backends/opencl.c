@@ -348,6 +348,13 @@ static int get_dev(int dev, ocl_dev **out)
     return STOKE_OK;
 }
 
+int stoke__opencl_context_created(int dev)
+{
+    if (dev < 0 || dev >= OCL_MAX_DEVICES)
+        return 0;
+    return atomic_load(&g.devs[dev].ctx) != NULL;
+}
+
 static void copy_str_info(cl_device_id id, cl_device_info what, char *dst, size_t len)
 {
     dst[0] = '\0';

@@ -125,4 +125,7 @@ struct stoke__ocl_api {
     cl_int (*clFinish)(cl_command_queue q);
 };
 
+/* Tests only: 1 if the backend has created the context of (exposed) device `dev`, else 0. */
+int stoke__opencl_context_created(int dev);
+
 #endif

@@ -1,0 +1,772 @@
+/* The cuda backend's logic without a GPU: a mock driver table (cuda_driver.h) that emulates
+ * devices, primary contexts, pinned and device memory (malloc), streams and events, and checks
+ * that every call runs with the right context current.  Plus the real loading path for the
+ * reasons that need no driver: library missing, toolkit stub refused. */
+#define _GNU_SOURCE
+#include "testutil.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backends/cuda_driver.h"
+#include "pinned/pinned_internal.h"
+#include "registry/registry.h"
+#include "stoke/stoke.h"
+
+/* ---- the mock driver ---------------------------------------------------------------------- */
+
+#define MOCK_MAX_DEV 4
+
+struct CUctx_st {
+    int dev;
+};
+struct CUstream_st {
+    int dev;
+};
+struct CUevent_st {
+    int dev;
+    int recorded;
+};
+
+static struct {
+    pthread_mutex_t lock;
+    CUresult init_result;
+    int version;
+    int ndev;
+    int retained[MOCK_MAX_DEV]; /* primary context retain count */
+    int retain_calls[MOCK_MAX_DEV];
+    int violations;             /* calls made without the right context current */
+    char violation[256];
+    int fail_mem_alloc;         /* cuMemAlloc returns OUT_OF_MEMORY */
+    int fail_host_alloc;        /* cuMemHostAlloc returns OUT_OF_MEMORY */
+    int events_pending;         /* cuEventQuery says NOT_READY */
+    CUresult event_error;       /* cuEventQuery/Synchronize fail with this */
+    int host_allocs, host_frees, registers, unregisters, dev_allocs, dev_frees;
+    int h2d, d2h;
+    int alloc_dev[8];           /* device whose context was current at each cuMemHostAlloc */
+    void *external;             /* "pinned by someone else": cuPointerGetAttribute says HOST */
+    size_t external_len;
+} mock = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static struct CUctx_st mock_ctx[MOCK_MAX_DEV];
+static _Thread_local int ctx_stack[16];
+static _Thread_local int ctx_depth;
+
+static void violation(const char *what)
+{
+    pthread_mutex_lock(&mock.lock);
+    if (!mock.violations++)
+        snprintf(mock.violation, sizeof(mock.violation), "%s", what);
+    pthread_mutex_unlock(&mock.lock);
+}
+
+/* Device of the current context, or -1. */
+static int cur_dev(void)
+{
+    return ctx_depth > 0 ? ctx_stack[ctx_depth - 1] : -1;
+}
+
+static int need_ctx(const char *what, int dev)
+{
+    if (cur_dev() < 0 || (dev >= 0 && cur_dev() != dev)) {
+        char m[128];
+        snprintf(m, sizeof(m), "%s: current context is device %d, wanted %d", what, cur_dev(),
+                 dev);
+        violation(m);
+        return 0;
+    }
+    if (!mock.retained[cur_dev()]) {
+        violation("context used after release");
+        return 0;
+    }
+    return 1;
+}
+
+static CUresult m_init(unsigned f) { return mock.init_result; }
+static CUresult m_version(int *v)
+{
+    *v = mock.version;
+    return CUDA_SUCCESS;
+}
+static CUresult m_count(int *n)
+{
+    *n = mock.ndev;
+    return CUDA_SUCCESS;
+}
+static CUresult m_get(CUdevice *d, int i)
+{
+    if (i < 0 || i >= mock.ndev)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *d = 100 + i; /* device handles differ from ordinals */
+    return CUDA_SUCCESS;
+}
+static CUresult m_name(char *name, int len, CUdevice d)
+{
+    snprintf(name, (size_t)len, "Mock GPU %d", d - 100);
+    return CUDA_SUCCESS;
+}
+static CUresult m_totalmem(size_t *b, CUdevice d)
+{
+    *b = (size_t)(d - 99) << 30;
+    return CUDA_SUCCESS;
+}
+static CUresult m_attr(int *v, int a, CUdevice d)
+{
+    switch (a) {
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *v = 9; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *v = 0; break;
+    case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: *v = 0; break;
+    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: *v = 0x17 + (d - 100); break;
+    case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: *v = 0; break;
+    default: return CUDA_ERROR_INVALID_VALUE;
+    }
+    return CUDA_SUCCESS;
+}
+static CUresult m_retain(CUcontext *c, CUdevice d)
+{
+    int i = d - 100;
+    if (i < 0 || i >= mock.ndev)
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&mock.lock);
+    mock.retained[i]++;
+    mock.retain_calls[i]++;
+    pthread_mutex_unlock(&mock.lock);
+    mock_ctx[i].dev = i;
+    *c = &mock_ctx[i];
+    return CUDA_SUCCESS;
+}
+static CUresult m_release(CUdevice d)
+{
+    int i = d - 100;
+    pthread_mutex_lock(&mock.lock);
+    mock.retained[i]--;
+    pthread_mutex_unlock(&mock.lock);
+    return CUDA_SUCCESS;
+}
+static CUresult m_push(CUcontext c)
+{
+    if (ctx_depth >= 16)
+        return CUDA_ERROR_INVALID_VALUE;
+    ctx_stack[ctx_depth++] = c->dev;
+    return CUDA_SUCCESS;
+}
+static CUresult m_pop(CUcontext *c)
+{
+    if (ctx_depth <= 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *c = &mock_ctx[ctx_stack[--ctx_depth]];
+    return CUDA_SUCCESS;
+}
+static CUresult m_host_alloc(void **p, size_t n, unsigned flags)
+{
+    if (!need_ctx("cuMemHostAlloc", -1))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (!(flags & CU_MEMHOSTALLOC_PORTABLE))
+        violation("cuMemHostAlloc without PORTABLE");
+    if (mock.fail_host_alloc)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (posix_memalign(p, 4096, n))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&mock.lock);
+    if (mock.host_allocs < 8)
+        mock.alloc_dev[mock.host_allocs] = cur_dev();
+    mock.host_allocs++;
+    pthread_mutex_unlock(&mock.lock);
+    return CUDA_SUCCESS;
+}
+static CUresult m_free_host(void *p)
+{
+    need_ctx("cuMemFreeHost", -1);
+    free(p);
+    pthread_mutex_lock(&mock.lock);
+    mock.host_frees++;
+    pthread_mutex_unlock(&mock.lock);
+    return CUDA_SUCCESS;
+}
+static CUresult m_register(void *p, size_t n, unsigned flags)
+{
+    need_ctx("cuMemHostRegister", -1);
+    mock.registers++;
+    return CUDA_SUCCESS;
+}
+static CUresult m_unregister(void *p)
+{
+    need_ctx("cuMemHostUnregister", -1);
+    mock.unregisters++;
+    return CUDA_SUCCESS;
+}
+/* Device memory: a malloc'd block with its device in front. */
+typedef struct {
+    int dev;
+    size_t size;
+} dhdr;
+/* Device allocations, for mapping a device pointer back to its block. */
+static dhdr *live[64];
+static dhdr *hdr_of(CUdeviceptr d, size_t *off)
+{
+    uintptr_t p = (uintptr_t)d;
+    dhdr *found = NULL;
+    pthread_mutex_lock(&mock.lock);
+    for (int i = 0; i < 64; i++) {
+        uintptr_t b = live[i] ? (uintptr_t)(live[i] + 1) : 0;
+        if (b && p >= b && p <= b + live[i]->size) {
+            *off = p - b;
+            found = live[i];
+            break;
+        }
+    }
+    pthread_mutex_unlock(&mock.lock);
+    return found;
+}
+static void mock_forget(dhdr *h)
+{
+    pthread_mutex_lock(&mock.lock);
+    for (int i = 0; i < 64; i++)
+        if (live[i] == h)
+            live[i] = NULL;
+    pthread_mutex_unlock(&mock.lock);
+}
+static CUresult m_mem_alloc(CUdeviceptr *d, size_t n)
+{
+    if (!need_ctx("cuMemAlloc", -1))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (mock.fail_mem_alloc)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    dhdr *h = malloc(sizeof(dhdr) + n);
+    if (!h)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    h->dev = cur_dev();
+    h->size = n;
+    *d = (CUdeviceptr)(uintptr_t)(h + 1);
+    mock.dev_allocs++;
+    return CUDA_SUCCESS;
+}
+static CUresult m_mem_free(CUdeviceptr d)
+{
+    size_t off;
+    dhdr *h = hdr_of(d, &off);
+    if (!h || off)
+        return CUDA_ERROR_INVALID_VALUE;
+    need_ctx("cuMemFree", h->dev);
+    mock_forget(h);
+    free(h);
+    mock.dev_frees++;
+    return CUDA_SUCCESS;
+}
+static CUresult m_stream_create(CUstream *s, unsigned flags)
+{
+    if (!need_ctx("cuStreamCreate", -1))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (!(flags & CU_STREAM_NON_BLOCKING))
+        violation("stream is not NON_BLOCKING");
+    *s = calloc(1, sizeof(**s));
+    (*s)->dev = cur_dev();
+    return CUDA_SUCCESS;
+}
+static CUresult m_stream_destroy(CUstream s)
+{
+    need_ctx("cuStreamDestroy", s->dev);
+    free(s);
+    return CUDA_SUCCESS;
+}
+static CUresult m_stream_sync(CUstream s)
+{
+    need_ctx("cuStreamSynchronize", s->dev);
+    return mock.event_error;
+}
+static CUresult m_h2d(CUdeviceptr dst, const void *src, size_t n, CUstream s)
+{
+    size_t off;
+    dhdr *h = hdr_of(dst, &off);
+    need_ctx("cuMemcpyHtoDAsync", s->dev);
+    if (!h || h->dev != s->dev || off + n > h->size)
+        return CUDA_ERROR_INVALID_VALUE;
+    memcpy((char *)(h + 1) + off, src, n);
+    mock.h2d++;
+    return CUDA_SUCCESS;
+}
+static CUresult m_d2h(void *dst, CUdeviceptr src, size_t n, CUstream s)
+{
+    size_t off;
+    dhdr *h = hdr_of(src, &off);
+    need_ctx("cuMemcpyDtoHAsync", s->dev);
+    if (!h || h->dev != s->dev || off + n > h->size)
+        return CUDA_ERROR_INVALID_VALUE;
+    memcpy(dst, (char *)(h + 1) + off, n);
+    mock.d2h++;
+    return CUDA_SUCCESS;
+}
+static CUresult m_event_create(CUevent *e, unsigned flags)
+{
+    if (!need_ctx("cuEventCreate", -1))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *e = calloc(1, sizeof(**e));
+    (*e)->dev = cur_dev();
+    return CUDA_SUCCESS;
+}
+static CUresult m_event_destroy(CUevent e)
+{
+    need_ctx("cuEventDestroy", e->dev);
+    free(e);
+    return CUDA_SUCCESS;
+}
+static CUresult m_event_record(CUevent e, CUstream s)
+{
+    need_ctx("cuEventRecord", s->dev);
+    if (e->dev != s->dev)
+        return CUDA_ERROR_INVALID_VALUE;
+    e->recorded = 1;
+    return CUDA_SUCCESS;
+}
+static CUresult m_event_query(CUevent e)
+{
+    if (mock.event_error)
+        return mock.event_error;
+    return e->recorded && mock.events_pending ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
+}
+static CUresult m_event_sync(CUevent e)
+{
+    return mock.event_error;
+}
+static CUresult m_pci(char *id, int len, CUdevice d)
+{
+    snprintf(id, (size_t)len, "0000:%02x:00.0", 0x17 + (d - 100));
+    return CUDA_SUCCESS;
+}
+static CUresult m_ptr_attr(void *data, int attr, CUdeviceptr p)
+{
+    if (attr != CU_POINTER_ATTRIBUTE_MEMORY_TYPE)
+        return CUDA_ERROR_INVALID_VALUE;
+    need_ctx("cuPointerGetAttribute", -1);
+    uintptr_t a = (uintptr_t)p, b = (uintptr_t)mock.external;
+    if (mock.external && a >= b && a < b + mock.external_len) {
+        *(unsigned *)data = CU_MEMORYTYPE_HOST;
+        return CUDA_SUCCESS;
+    }
+    return CUDA_ERROR_INVALID_VALUE;
+}
+static CUresult m_err_string(CUresult r, const char **s)
+{
+    switch (r) {
+    case CUDA_ERROR_OUT_OF_MEMORY: *s = "out of memory"; break;
+    case 700: *s = "an illegal memory access was encountered"; break;
+    case 999: *s = "unknown error (mock)"; break;
+    default: *s = "mock error"; break;
+    }
+    return CUDA_SUCCESS;
+}
+static CUresult m_err_name(CUresult r, const char **s)
+{
+    switch (r) {
+    case CUDA_ERROR_OUT_OF_MEMORY: *s = "CUDA_ERROR_OUT_OF_MEMORY"; break;
+    case 700: *s = "CUDA_ERROR_ILLEGAL_ADDRESS"; break;
+    case 999: *s = "CUDA_ERROR_UNKNOWN"; break;
+    default: *s = "CUDA_ERROR_MOCK"; break;
+    }
+    return CUDA_SUCCESS;
+}
+
+static CUresult m_mem_alloc_tracked(CUdeviceptr *d, size_t n)
+{
+    CUresult r = m_mem_alloc(d, n);
+    if (r == CUDA_SUCCESS) {
+        pthread_mutex_lock(&mock.lock);
+        for (int i = 0; i < 64; i++)
+            if (!live[i]) {
+                live[i] = (dhdr *)(uintptr_t)*d - 1;
+                break;
+            }
+        pthread_mutex_unlock(&mock.lock);
+    }
+    return r;
+}
+
+static struct stoke__cuda_driver mock_table(void)
+{
+    struct stoke__cuda_driver d = {
+        .cuInit = m_init,
+        .cuDriverGetVersion = m_version,
+        .cuDeviceGetCount = m_count,
+        .cuDeviceGet = m_get,
+        .cuDeviceGetName = m_name,
+        .cuDeviceTotalMem = m_totalmem,
+        .cuDeviceGetAttribute = m_attr,
+        .cuDevicePrimaryCtxRetain = m_retain,
+        .cuDevicePrimaryCtxRelease = m_release,
+        .cuCtxPushCurrent = m_push,
+        .cuCtxPopCurrent = m_pop,
+        .cuMemHostAlloc = m_host_alloc,
+        .cuMemFreeHost = m_free_host,
+        .cuMemHostRegister = m_register,
+        .cuMemHostUnregister = m_unregister,
+        .cuMemAlloc = m_mem_alloc_tracked,
+        .cuMemFree = m_mem_free,
+        .cuStreamCreate = m_stream_create,
+        .cuStreamDestroy = m_stream_destroy,
+        .cuStreamSynchronize = m_stream_sync,
+        .cuMemcpyHtoDAsync = m_h2d,
+        .cuMemcpyDtoHAsync = m_d2h,
+        .cuEventCreate = m_event_create,
+        .cuEventDestroy = m_event_destroy,
+        .cuEventRecord = m_event_record,
+        .cuEventQuery = m_event_query,
+        .cuEventSynchronize = m_event_sync,
+        .cuDeviceGetPCIBusId = m_pci,
+        .cuPointerGetAttribute = m_ptr_attr,
+        .cuGetErrorString = m_err_string,
+        .cuGetErrorName = m_err_name,
+    };
+    return d;
+}
+
+/* Resets the mock to `ndev` healthy devices and installs `table` (NULL: the default table). */
+static void install(int ndev, const struct stoke__cuda_driver *table)
+{
+    stoke__pinned_reset();
+    tu_env("STOKE_ACCELERATOR", NULL); /* shuts the backend down: releases its contexts */
+    pthread_mutex_lock(&mock.lock);
+    mock.init_result = CUDA_SUCCESS;
+    mock.version = 12040;
+    mock.ndev = ndev;
+    memset(mock.retained, 0, sizeof(mock.retained));
+    memset(mock.retain_calls, 0, sizeof(mock.retain_calls));
+    mock.violations = 0;
+    mock.violation[0] = '\0';
+    mock.fail_mem_alloc = mock.fail_host_alloc = mock.events_pending = 0;
+    mock.event_error = CUDA_SUCCESS;
+    mock.host_allocs = mock.host_frees = mock.registers = mock.unregisters = 0;
+    mock.dev_allocs = mock.dev_frees = mock.h2d = mock.d2h = 0;
+    mock.external = NULL;
+    pthread_mutex_unlock(&mock.lock);
+    struct stoke__cuda_driver d = mock_table();
+    stoke__cuda_set_driver_for_test(table ? table : &d);
+}
+
+/* Probes cuda as explicitly chosen; returns the status and copies the reason. */
+static int select_cuda(char *reason, size_t len)
+{
+    tu_env("STOKE_ACCELERATOR", "cuda");
+    stoke_accelerator_info ai;
+    int rc = stoke_accelerator_get(&ai);
+    snprintf(reason, len, "%s", ai.reason);
+    return rc;
+}
+
+static void assert_no_violation(void)
+{
+    if (mock.violations)
+        fail_msg("%d driver call(s) with the wrong context; first: %s", mock.violations,
+                 mock.violation);
+    assert_int_equal(ctx_depth, 0); /* every push was popped */
+}
+
+static int teardown(void **state)
+{
+    stoke__pinned_reset();
+    tu_env("STOKE_ACCELERATOR", NULL);
+    tu_env("STOKE_CUDA_LIBRARY", NULL);
+    stoke__cuda_set_driver_for_test(NULL);
+    return 0;
+}
+
+/* ---- unavailability reasons --------------------------------------------------------------- */
+
+static void test_missing_library(void **state)
+{
+    stoke__cuda_set_driver_for_test(NULL);
+    tu_env("STOKE_CUDA_LIBRARY", "/nonexistent/dir/libcuda.so.1");
+    char reason[256];
+    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_ENODEV);
+    assert_non_null(strstr(reason, "/nonexistent/dir/libcuda.so.1 not found"));
+    /* The default name, when this machine has no driver. */
+    tu_env("STOKE_CUDA_LIBRARY", NULL);
+    void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    if (!h) {
+        h = dlopen("libcuda.so.1", RTLD_LAZY);
+        if (!h) {
+            assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_ENODEV);
+            assert_non_null(strstr(reason, "libcuda.so.1 not found"));
+        }
+    }
+    if (h)
+        dlclose(h);
+}
+
+static void test_stub_library_path_refused_unloaded(void **state)
+{
+    stoke__cuda_set_driver_for_test(NULL);
+    const char *stub = "/usr/local/cuda/lib64/stubs/libcuda.so";
+    tu_env("STOKE_CUDA_LIBRARY", stub);
+    char reason[256];
+    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_ENODEV);
+    assert_non_null(strstr(reason, "stub library"));
+    /* It was refused by path, never loaded. */
+    assert_null(dlopen(stub, RTLD_LAZY | RTLD_NOLOAD));
+}
+
+static void test_stub_library_by_cuinit(void **state)
+{
+    install(1, NULL);
+    mock.init_result = CUDA_ERROR_STUB_LIBRARY;
+    char reason[256];
+    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_ENODEV);
+    assert_non_null(strstr(reason, "stub library"));
+    assert_non_null(strstr(reason, "CUDA_ERROR_STUB_LIBRARY"));
+}
+
+static void test_no_device(void **state)
+{
+    install(1, NULL);
+    mock.init_result = CUDA_ERROR_NO_DEVICE;
+    char reason[256];
+    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_ENODEV);
+    assert_non_null(strstr(reason, "no device"));
+    assert_non_null(strstr(reason, "CUDA_ERROR_NO_DEVICE"));
+
+    install(0, NULL); /* cuInit fine, zero devices */
+    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_ENODEV);
+    assert_non_null(strstr(reason, "no device"));
+}
+
+static void test_driver_too_old(void **state)
+{
+    install(1, NULL);
+    mock.version = 10020;
+    char reason[256];
+    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_ENODEV);
+    assert_non_null(strstr(reason, "driver too old"));
+    assert_non_null(strstr(reason, "10.2"));
+    assert_non_null(strstr(reason, "11.0"));
+}
+
+static void test_missing_required_symbol(void **state)
+{
+    struct stoke__cuda_driver d = mock_table();
+    d.cuMemAlloc = NULL;
+    install(1, &d);
+    char reason[256];
+    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_ENODEV);
+    assert_non_null(strstr(reason, "cuMemAlloc_v2"));
+    assert_non_null(strstr(reason, "driver too old"));
+
+    /* Optional symbols may be missing. */
+    d = mock_table();
+    d.cuDeviceGetPCIBusId = NULL;
+    d.cuPointerGetAttribute = NULL;
+    d.cuGetErrorString = NULL;
+    d.cuGetErrorName = NULL;
+    install(1, &d);
+    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_OK);
+    stoke_device_props p = {.size = sizeof(p)};
+    assert_int_equal(stoke_device_get_props("cuda", 0, &p), STOKE_OK);
+    assert_string_equal(p.pci_bus_id, "0000:17:00.0"); /* from the attributes */
+}
+
+static void test_init_error_carries_driver_message(void **state)
+{
+    install(1, NULL);
+    mock.init_result = 999;
+    char reason[256];
+    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_ENODEV);
+    assert_non_null(strstr(reason, "initialization error"));
+    assert_non_null(strstr(reason, "CUDA_ERROR_UNKNOWN"));
+    assert_non_null(strstr(reason, "unknown error (mock)"));
+}
+
+/* ---- contexts ----------------------------------------------------------------------------- */
+
+static void test_probe_and_props_create_no_context(void **state)
+{
+    install(3, NULL);
+    char reason[256];
+    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_OK);
+    assert_non_null(strstr(reason, "explicit"));
+    stoke_accelerator_info ai;
+    assert_int_equal(stoke_accelerator_get(&ai), STOKE_OK);
+    assert_int_equal(ai.device_count, 3);
+    for (int i = 0; i < 3; i++) {
+        stoke_device_props p = {.size = sizeof(p)};
+        assert_int_equal(stoke_device_get_props(NULL, i, &p), STOKE_OK);
+        char name[32];
+        snprintf(name, sizeof(name), "Mock GPU %d", i);
+        assert_string_equal(p.name, name);
+        assert_int_equal(p.kind, STOKE_DEVICE_GPU);
+        assert_int_equal(p.compute_major, 9);
+        assert_int_equal(p.total_memory, (uint64_t)(i + 1) << 30);
+        char bus[32];
+        snprintf(bus, sizeof(bus), "0000:%02x:00.0", 0x17 + i);
+        assert_string_equal(p.pci_bus_id, bus);
+        assert_string_equal(p.driver_version, "CUDA 12.4");
+    }
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(mock.retain_calls[i], 0);
+    assert_no_violation();
+}
+
+static void test_context_only_for_device_used(void **state)
+{
+    install(3, NULL);
+    char reason[256];
+    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_OK);
+    assert_int_equal(stoke_device_set(2), STOKE_OK);
+    void *p = NULL;
+    assert_int_equal(stoke_pinned_alloc(1 << 20, &p), STOKE_OK);
+    assert_int_equal(stoke_is_pinned(p), 1);
+    stoke_stream *s = NULL;
+    assert_int_equal(stoke_stream_create(NULL, &s), STOKE_OK);
+    assert_int_equal(stoke_stream_device(s), 2);
+    stoke_device_buffer *d = NULL;
+    assert_int_equal(stoke_device_buffer_create(s, 1 << 20, &d), STOKE_OK);
+    assert_int_equal(stoke_copy_h2d_async(d, 0, p, 1 << 20, s), STOKE_OK);
+    assert_int_equal(stoke_stream_synchronize(s), STOKE_OK);
+    assert_int_equal(mock.retain_calls[0], 0);
+    assert_int_equal(mock.retain_calls[1], 0);
+    assert_int_equal(mock.retain_calls[2], 1); /* retained once, however many calls */
+    assert_int_equal(stoke__cuda_context_retained(0), 0);
+    assert_int_equal(stoke__cuda_context_retained(2), 1);
+    assert_int_equal(mock.alloc_dev[0], 2);
+    stoke_device_buffer_destroy(d);
+    stoke_stream_destroy(s);
+    assert_int_equal(stoke_pinned_free(p), STOKE_OK);
+    assert_no_violation();
+    /* Shutdown releases what it retained. */
+    stoke__pinned_reset();
+    tu_env("STOKE_ACCELERATOR", NULL);
+    assert_int_equal(mock.retained[2], 0);
+    assert_int_equal(mock.host_frees, mock.host_allocs);
+}
+
+/* ---- failures ----------------------------------------------------------------------------- */
+
+static void test_alloc_failures_are_clear(void **state)
+{
+    install(1, NULL);
+    char reason[256];
+    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_OK);
+    const stoke_backend *vt = NULL;
+    assert_int_equal(stoke__backend_lookup("cuda", &vt), STOKE_OK);
+
+    mock.fail_host_alloc = 1;
+    void *p = (void *)1;
+    assert_int_equal(vt->host_alloc(0, 4096, &p), STOKE_ENOMEM);
+    assert_null(p);
+    assert_non_null(strstr(stoke_last_error(), "cuMemHostAlloc"));
+    assert_non_null(strstr(stoke_last_error(), "CUDA_ERROR_OUT_OF_MEMORY"));
+    mock.fail_host_alloc = 0;
+
+    stoke_stream *s = NULL;
+    assert_int_equal(stoke_stream_create(NULL, &s), STOKE_OK);
+    mock.fail_mem_alloc = 1;
+    stoke_device_buffer *d = NULL;
+    assert_int_equal(stoke_device_buffer_create(s, 1 << 20, &d), STOKE_ENOMEM);
+    assert_null(d);
+    assert_non_null(strstr(stoke_last_error(), "allocating 1048576 bytes"));
+    mock.fail_mem_alloc = 0;
+
+    /* A failing event (e.g. an illegal address in earlier work) is an error with its message. */
+    stoke_event *e = NULL;
+    assert_int_equal(stoke_event_create(s, &e), STOKE_OK);
+    assert_int_equal(stoke_event_record(e, s), STOKE_OK);
+    mock.event_error = 700;
+    assert_int_equal(stoke_event_query(e), STOKE_EBACKEND);
+    assert_int_equal(stoke_event_synchronize(e), STOKE_EBACKEND);
+    assert_int_equal(stoke_stream_synchronize(s), STOKE_EBACKEND);
+    mock.event_error = CUDA_SUCCESS;
+    stoke_event_destroy(e);
+    stoke_stream_destroy(s);
+
+    /* Freeing something that is not ours is refused, not passed to the driver. */
+    int local;
+    assert_int_equal(vt->host_free(0, &local), STOKE_EINVAL);
+    assert_int_equal(mock.host_frees, 0);
+    assert_no_violation();
+}
+
+/* ---- a whole cycle ------------------------------------------------------------------------ */
+
+static void test_alloc_copy_event_cycle(void **state)
+{
+    install(2, NULL);
+    char reason[256];
+    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_OK);
+    const stoke_backend *vt = NULL;
+    assert_int_equal(stoke__backend_lookup("cuda", &vt), STOKE_OK);
+    assert_true(vt->caps & STOKE_CAP_ASYNC_COPY);
+
+    size_t n = 300000;
+    unsigned char *src = NULL, *back = NULL;
+    assert_int_equal(stoke_pinned_alloc(n, (void **)&src), STOKE_OK);
+    assert_int_equal(stoke_pinned_alloc(n, (void **)&back), STOKE_OK);
+    assert_int_equal(stoke_is_pinned(src + n - 1), 1);
+    for (size_t i = 0; i < n; i++)
+        src[i] = (unsigned char)(i * 7 + 3);
+    memset(back, 0, n);
+
+    stoke_stream *s = NULL;
+    assert_int_equal(stoke_stream_create(NULL, &s), STOKE_OK);
+    stoke_device_buffer *d = NULL;
+    assert_int_equal(stoke_device_buffer_create(s, n + 100, &d), STOKE_OK);
+    stoke_event *e = NULL;
+    assert_int_equal(stoke_event_create(s, &e), STOKE_OK);
+    assert_int_equal(stoke_copy_h2d_async(d, 100, src, n, s), STOKE_OK);
+    assert_int_equal(stoke_copy_d2h_async(back, d, 100, n, s), STOKE_OK);
+    mock.events_pending = 1;
+    assert_int_equal(stoke_event_record(e, s), STOKE_OK);
+    assert_int_equal(stoke_event_query(e), STOKE_EBUSY);
+    mock.events_pending = 0;
+    assert_int_equal(stoke_event_query(e), STOKE_OK);
+    assert_int_equal(stoke_event_synchronize(e), STOKE_OK);
+    assert_memory_equal(back, src, n);
+    assert_int_equal(mock.h2d, 1);
+    assert_int_equal(mock.d2h, 1);
+
+    /* Registering caller memory, and memory pinned by someone else. */
+    void *mem = NULL;
+    assert_int_equal(posix_memalign(&mem, 4096, 65536), 0);
+    assert_int_equal(vt->host_register(0, mem, 65536), STOKE_OK);
+    int pinned = 0;
+    assert_int_equal(vt->is_pinned((char *)mem + 100, &pinned), STOKE_OK);
+    assert_int_equal(pinned, 1);
+    assert_int_equal(vt->host_unregister(0, mem), STOKE_OK);
+    assert_int_equal(vt->is_pinned((char *)mem + 100, &pinned), STOKE_OK);
+    assert_int_equal(pinned, 0);
+    assert_int_equal(mock.registers, 1);
+    assert_int_equal(mock.unregisters, 1);
+    mock.external = mem;
+    mock.external_len = 65536;
+    assert_int_equal(vt->is_pinned((char *)mem + 5, &pinned), STOKE_OK);
+    assert_int_equal(pinned, 1);
+    mock.external = NULL;
+    free(mem);
+
+    stoke_event_destroy(e);
+    stoke_device_buffer_destroy(d);
+    stoke_stream_destroy(s);
+    assert_int_equal(mock.dev_frees, mock.dev_allocs);
+    assert_int_equal(stoke_pinned_free(src), STOKE_OK);
+    assert_int_equal(stoke_pinned_free(back), STOKE_OK);
+    assert_int_equal(mock.retain_calls[1], 0);
+    assert_no_violation();
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_missing_library, teardown),
+        cmocka_unit_test_teardown(test_stub_library_path_refused_unloaded, teardown),
+        cmocka_unit_test_teardown(test_stub_library_by_cuinit, teardown),
+        cmocka_unit_test_teardown(test_no_device, teardown),
+        cmocka_unit_test_teardown(test_driver_too_old, teardown),
+        cmocka_unit_test_teardown(test_missing_required_symbol, teardown),
+        cmocka_unit_test_teardown(test_init_error_carries_driver_message, teardown),
+        cmocka_unit_test_teardown(test_probe_and_props_create_no_context, teardown),
+        cmocka_unit_test_teardown(test_context_only_for_device_used, teardown),
+        cmocka_unit_test_teardown(test_alloc_failures_are_clear, teardown),
+        cmocka_unit_test_teardown(test_alloc_copy_event_cycle, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
