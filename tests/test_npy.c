@@ -302,7 +302,7 @@ static void test_labels(void **state)
 static void test_labels_mismatch(void **state)
 {
     unsigned char data[4 * 3] = {0};
-    int64_t labels[6] = {0};
+    int64_t labels[8] = {0};
     const char *dp = tmp("mdata.npy"), *lp = tmp("mlabels.npy");
     write_npy(dp, 1, "{'descr': '|u1', 'fortran_order': False, 'shape': (4, 3), }", data, 12);
     stoke_dataset ds;
@@ -427,7 +427,7 @@ static void test_malformed_preamble(void **state)
     expect_fail(p, STOKE_EFORMAT, "truncated");
     write_bytes(p, good, 9, NULL, 0);
     expect_fail(p, STOKE_EFORMAT, "truncated");
-    write_bytes(p, "PK\x03\x04 this is a zip", 20, NULL, 0);
+    write_bytes(p, "PK\x03\x04 this is a zip", 18, NULL, 0);
     expect_fail(p, STOKE_EFORMAT, "bad magic");
     memcpy(b, good, n);
     b[5] = 'X';
