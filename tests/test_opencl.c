@@ -387,6 +387,106 @@ static void test_threads(void **state)
     }
 }
 
+/* ---- the loader end to end, through the CLI ----------------------------------------------- */
+
+static void write_npy(const char *path, int n, int c, int w)
+{
+    char dict[128];
+    snprintf(dict, sizeof(dict), "{'descr': '<f4', 'fortran_order': False, 'shape': (%d, %d, %d), }",
+             n, c, w);
+    size_t dl = strlen(dict), total = (10 + dl + 1 + 63) / 64 * 64, hlen = total - 10;
+    unsigned char head[256];
+    memcpy(head, "\x93NUMPY\x01\x00", 8);
+    head[8] = (unsigned char)(hlen & 0xff);
+    head[9] = (unsigned char)(hlen >> 8);
+    memcpy(head + 10, dict, dl);
+    memset(head + 10 + dl, ' ', hlen - dl - 1);
+    head[total - 1] = '\n';
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(head, 1, total, f), total);
+    for (int i = 0; i < n * c * w; i++) {
+        float v = (float)((i * 37) % 1001) * 0.25f - (float)i;
+        assert_int_equal(fwrite(&v, sizeof(v), 1, f), 1);
+    }
+    assert_int_equal(fclose(f), 0);
+}
+
+/* Runs `cmd`, returns its stdout (static buffer) and exit status. */
+static const char *run(const char *cmd, int *status)
+{
+    static char out[16384];
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t n = fread(out, 1, sizeof(out) - 1, p);
+    out[n] = '\0';
+    *status = pclose(p);
+    return out;
+}
+
+/* Copies the JSON value of "key" (a string without quotes, or a bare token) into val. */
+static int json_field(const char *json, const char *key, char *val, size_t len)
+{
+    char pat[64];
+    snprintf(pat, sizeof(pat), "\"%s\": ", key);
+    const char *p = strstr(json, pat);
+    if (!p)
+        return 0;
+    p += strlen(pat);
+    if (*p == '"')
+        p++;
+    size_t i = 0;
+    while (*p && *p != '"' && *p != ',' && *p != '}' && i + 1 < len)
+        val[i++] = *p++;
+    val[i] = '\0';
+    return 1;
+}
+
+static void test_loader_to_device_same_content(void **state)
+{
+    use_opencl();
+    const char *cli = getenv("STOKE_CLI");
+    if (!cli || !*cli)
+        fail_msg("STOKE_CLI is not set (run the tests through ctest)");
+    char path[512], name[64];
+    snprintf(name, sizeof(name), "opencl_e2e_%d.npy", (int)getpid());
+    tu_tmp_path(name, path, sizeof(path));
+    write_npy(path, 3000, 3, 16);
+    const char *opts = "--batch-size 64 --workers 3 --shuffle --seed 7 --json";
+    char cmd[2048];
+    int st;
+    snprintf(cmd, sizeof(cmd), "STOKE_ACCELERATOR= '%s' load 'npy:%s' %s", cli, path, opts);
+    char host[16384];
+    snprintf(host, sizeof(host), "%s", run(cmd, &st));
+    if (st != 0)
+        fail_msg("host run failed (status %d): %s\n%s", st, cmd, host);
+    snprintf(cmd, sizeof(cmd), "STOKE_ACCELERATOR=opencl '%s' load 'npy:%s' --device opencl "
+             "--verify %s", cli, path, opts);
+    const char *dev = run(cmd, &st);
+    if (st != 0)
+        fail_msg("device run failed (status %d): %s\n%s", st, cmd, dev);
+    char a[128], b[128];
+    assert_true(json_field(dev, "device", a, sizeof(a)));
+    assert_string_equal(a, "opencl");
+    assert_true(json_field(dev, "verified", a, sizeof(a)));
+    assert_string_equal(a, "true");
+    assert_true(json_field(dev, "device_copies", a, sizeof(a)));
+    assert_int_equal(atoi(a), (3000 + 63) / 64);
+    assert_true(json_field(dev, "samples", a, sizeof(a)));
+    assert_int_equal(atoi(a), 3000);
+    assert_true(json_field(dev, "pinned_batches", a, sizeof(a)));
+    assert_true(atoi(a) > 0);
+    for (int k = 0; k < 2; k++) {
+        const char *key = k == 0 ? "content_hash" : "order_hash";
+        assert_true(json_field(host, key, a, sizeof(a)));
+        assert_true(json_field(dev, key, b, sizeof(b)));
+        if (strcmp(a, b) != 0)
+            fail_msg("%s differs: host %s, device %s\nhost: %s\ndevice: %s", key, a, b, host,
+                     dev);
+    }
+    unlink(path);
+}
+
 static int teardown(void **state)
 {
     stoke__pinned_reset();
@@ -410,6 +510,7 @@ int main(void)
         cmocka_unit_test_teardown(test_events_in_order, teardown),
         cmocka_unit_test_teardown(test_device_alloc_failure_is_clear, teardown),
         cmocka_unit_test_teardown(test_threads, teardown),
+        cmocka_unit_test_teardown(test_loader_to_device_same_content, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
