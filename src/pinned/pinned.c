@@ -1,294 +1,977 @@
-/* Pinned host memory, first simple version: one mutex, a list of blocks, exact-size reuse.
- * (Replaced by the sharded caching allocator; the public semantics stay the same.) */
-#include <pthread.h>
+/* The pinned host memory caching allocator: allocation, free, event-guarded reuse, the cap.
+ *
+ * Paths of an allocation, cheapest first (docs/pinned.md):
+ *   1. the calling thread's cache (pn_tcache: its own lock, uncontended);
+ *   2. the pool's free list of the size class (a lock per class and pool);
+ *   3. blocks of the pool whose events have completed since they were freed (non-blocking
+ *      queries);
+ *   4. a block of that class idle in another thread's cache;
+ *   5. a new block from the backend (under the cap: idle blocks are released first; past it the
+ *      policy decides).
+ * A free goes to the thread's cache (same pool, small classes, room left), else to the pool's
+ * free list, or to the pool's waiting list while events recorded for the block are pending.
+ */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "common/env.h"
 #include "common/internal.h"
 #include "pinned/pinned_internal.h"
 #include "registry/registry.h"
-#include "stoke/pinned.h"
 
-typedef struct evnode {
-    stoke_event *ev;
-    struct evnode *next;
-} evnode;
+pn_global stoke__pn_g = {.lock = PTHREAD_MUTEX_INITIALIZER,
+                         .evlock = PTHREAD_MUTEX_INITIALIZER,
+                         .reglock = PTHREAD_MUTEX_INITIALIZER};
+#define g stoke__pn_g
 
-typedef struct sblock {
-    void *ptr;
-    size_t size;
-    const stoke_backend *vt; /* NULL: ordinary memory */
-    int dev;
-    int live;
-    evnode *events;
-    struct sblock *next;
-} sblock;
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static pthread_key_t tc_key;
+static size_t page_size = 4096;
+static _Thread_local pn_tcache *tl_tc;
+static _Thread_local int tl_tc_dead; /* the thread is exiting: no new cache */
 
-typedef struct sreg {
-    void *ptr;
-    const stoke_backend *vt;
-    int dev;
-    struct sreg *next;
-} sreg;
+#define EV_POOL_MAX 256
 
-static pthread_mutex_t s_lock = PTHREAD_MUTEX_INITIALIZER;
-static sblock *s_blocks;
-static sreg *s_regs;
-static int s_warned;
+static void tc_exit(void *arg);
 
-static size_t page_size(void)
+static void once_init(void)
 {
+    for (int i = 0; i < PN_STRIPES; i++)
+        pthread_mutex_init(&g.stripes[i], NULL);
+    pthread_key_create(&tc_key, tc_exit);
     long p = sysconf(_SC_PAGESIZE);
-    return p > 0 ? (size_t)p : 4096;
+    if (p > 0)
+        page_size = (size_t)p;
+    stoke__pinned_set_page(page_size);
 }
 
-static size_t round_size(size_t n)
+void stoke__pn_init_slow(void)
 {
-    size_t r = page_size();
-    while (r < n)
-        r <<= 1;
-    return r;
+    pthread_once(&once, once_init);
+    pthread_mutex_lock(&g.lock);
+    if (!atomic_load_explicit(&g.inited, memory_order_relaxed)) {
+        int on = 1;
+        g.disabled = stoke__env_bool(STOKE_ENV_PINNED, &on) && !on;
+        uint64_t v;
+        if (!g.limit_from_api && stoke__env_size(STOKE_ENV_PINNED_LIMIT, &v))
+            atomic_store(&g.limit, v);
+        atomic_store_explicit(&g.inited, 1, memory_order_release);
+    }
+    pthread_mutex_unlock(&g.lock);
 }
 
-/* Current target; vt NULL for ordinary memory (warns once). */
-static int target(const stoke_backend **vt, int *dev)
+static uint64_t hash_str(const char *s)
+{
+    uint64_t h = 1469598103934665603ull;
+    while (*s)
+        h = (h ^ (unsigned char)*s++) * 1099511628211ull;
+    return h;
+}
+
+void stoke__pn_warn_once(const char *what)
+{
+    uint64_t h = hash_str(what);
+    pthread_mutex_lock(&g.lock);
+    for (int i = 0; i < g.nwarned; i++) {
+        if (g.warned_hash[i] == h) {
+            pthread_mutex_unlock(&g.lock);
+            return;
+        }
+    }
+    if (g.nwarned < (int)STOKE__ARRAY_LEN(g.warned_hash))
+        g.warned_hash[g.nwarned++] = h;
+    pthread_mutex_unlock(&g.lock);
+    stoke__log(STOKE_LOG_WARN, "%s", what);
+}
+
+int stoke__pn_target(const stoke_backend **vt, int *dev)
 {
     const char *why = NULL;
     int rc = stoke__accel_current(vt, dev, &why);
-    int on = 1;
-    if (rc == STOKE_OK && stoke__env_bool(STOKE_ENV_PINNED, &on) && !on) {
-        *vt = NULL;
-        why = "STOKE_PINNED=0";
-        rc = STOKE_ENODEV;
-    }
-    if (rc == STOKE_ENODEV) {
-        *vt = NULL;
-        *dev = -1;
-        pthread_mutex_lock(&s_lock);
-        int warn = !s_warned;
-        s_warned = 1;
-        pthread_mutex_unlock(&s_lock);
-        if (warn)
-            stoke__log(STOKE_LOG_WARN, "pinned memory: pinning is not in effect (%s); using "
-                       "ordinary memory", why ? why : "no accelerator");
+    if (rc == STOKE_OK && !g.disabled)
         return STOKE_OK;
+    if (rc == STOKE_OK)
+        why = "STOKE_PINNED=0 disables it";
+    else if (rc != STOKE_ENODEV)
+        return rc;
+    *vt = NULL;
+    *dev = -1;
+    /* The reason string of one registry selection is stable: skip the lock after the first. */
+    if (atomic_load_explicit(&g.warned_why, memory_order_acquire) != why) {
+        char msg[512];
+        stoke__fmt(msg, sizeof(msg), "pinned memory: pinning is not in effect (%s); "
+                   "stoke_pinned_alloc returns ordinary page-aligned memory",
+                   why && *why ? why : "no accelerator");
+        stoke__pn_warn_once(msg);
+        atomic_store_explicit(&g.warned_why, why, memory_order_release);
     }
-    return rc;
+    return STOKE_OK;
 }
 
-static int events_done(sblock *b)
+/* ---- pools -------------------------------------------------------------------------------- */
+
+static pn_pool *pool_get(const stoke_backend *vt, int dev)
 {
-    for (evnode *n = b->events; n; n = n->next)
-        if (stoke_event_query(n->ev) == STOKE_EBUSY)
-            return 0;
-    return 1;
+    for (int i = 0; i < PN_MAX_POOLS; i++) {
+        pn_pool *p = atomic_load_explicit(&g.pools[i], memory_order_acquire);
+        if (!p)
+            break;
+        if (p->vt == vt && p->dev == dev)
+            return p;
+    }
+    pthread_mutex_lock(&g.lock);
+    pn_pool *found = NULL;
+    int i;
+    for (i = 0; i < PN_MAX_POOLS; i++) {
+        pn_pool *p = atomic_load_explicit(&g.pools[i], memory_order_relaxed);
+        if (!p)
+            break;
+        if (p->vt == vt && p->dev == dev) {
+            found = p;
+            break;
+        }
+    }
+    if (!found && i < PN_MAX_POOLS) {
+        found = calloc(1, sizeof(*found));
+        if (found) {
+            found->vt = vt;
+            found->dev = dev;
+            for (int c = 0; c < PN_NCLASS; c++)
+                pthread_mutex_init(&found->bins[c].lock, NULL);
+            pthread_mutex_init(&found->wait_lock, NULL);
+            atomic_store_explicit(&g.pools[i], found, memory_order_release);
+        }
+    }
+    pthread_mutex_unlock(&g.lock);
+    return found;
 }
 
-static void events_clear(sblock *b)
+static void bin_push(pn_pool *p, pn_block *b)
 {
-    while (b->events) {
-        evnode *n = b->events;
-        b->events = n->next;
+    pn_bin *bin = &p->bins[b->cls];
+    atomic_store_explicit(&b->state, PN_CACHED, memory_order_relaxed);
+    pthread_mutex_lock(&bin->lock);
+    b->next = bin->head;
+    bin->head = b;
+    bin->n++;
+    pthread_mutex_unlock(&bin->lock);
+    PN_ADD(bins_bytes, b->size);
+    PN_ADD(bins_count, 1);
+}
+
+static pn_block *bin_pop(pn_pool *p, int cls)
+{
+    pn_bin *bin = &p->bins[cls];
+    pthread_mutex_lock(&bin->lock);
+    pn_block *b = bin->head;
+    if (b) {
+        bin->head = b->next;
+        bin->n--;
+    }
+    pthread_mutex_unlock(&bin->lock);
+    if (b) {
+        PN_SUB(bins_bytes, b->size);
+        PN_SUB(bins_count, 1);
+    }
+    return b;
+}
+
+/* Gives a block back to its backend (or the system) for good. */
+static void release_block(pn_block *b)
+{
+    void *ptr = (void *)atomic_load_explicit(&b->addr, memory_order_relaxed);
+    stoke__pn_map_del(b);
+    if (b->kind == PN_FALLBACK) {
+        free(ptr);
+    } else {
+        pn_pool *p = b->pool;
+        if (p->vt) {
+            uint64_t t0 = stoke__now_ns();
+            int rc = p->vt->host_free(p->dev, ptr);
+            PN_ADD(unpin_ns, stoke__now_ns() - t0);
+            PN_ADD(unpin_calls, 1);
+            if (rc != STOKE_OK)
+                stoke__log(STOKE_LOG_WARN, "pinned: %s failed to free %zu pinned bytes at %p on "
+                           "device %d: %s", p->vt->name, b->size, ptr, p->dev,
+                           stoke_err_name(rc));
+        } else {
+            free(ptr);
+        }
+        PN_SUB(bytes_reserved, b->size);
+        PN_SUB(count_reserved, 1);
+    }
+    stoke__pn_desc_put(b);
+}
+
+/* ---- events ------------------------------------------------------------------------------- */
+
+static pthread_mutex_t *stripe_of(const pn_block *b)
+{
+    uintptr_t a = (uintptr_t)b;
+    return &g.stripes[(a / sizeof(pn_block)) % PN_STRIPES];
+}
+
+static void ev_put_list(pn_evnode *n)
+{
+    pn_evnode *drop = NULL;
+    pthread_mutex_lock(&g.evlock);
+    while (n) {
+        pn_evnode *next = n->next;
+        if (g.nevfree < EV_POOL_MAX) {
+            n->next = g.evfree;
+            g.evfree = n;
+            g.nevfree++;
+        } else {
+            n->next = drop;
+            drop = n;
+        }
+        n = next;
+    }
+    pthread_mutex_unlock(&g.evlock);
+    while (drop) {
+        pn_evnode *next = drop->next;
+        stoke_event_destroy(drop->ev);
+        free(drop);
+        drop = next;
+    }
+}
+
+/* A pooled event usable on stream `s` (same backend and device), or a new one. */
+static int ev_get(stoke_stream *s, pn_evnode **out)
+{
+    const char *backend = stoke_stream_backend(s);
+    int dev = stoke_stream_device(s);
+    pthread_mutex_lock(&g.evlock);
+    pn_evnode **pp = &g.evfree;
+    while (*pp && ((*pp)->backend != backend || (*pp)->dev != dev))
+        pp = &(*pp)->next;
+    pn_evnode *n = *pp;
+    if (n) {
+        *pp = n->next;
+        g.nevfree--;
+    }
+    pthread_mutex_unlock(&g.evlock);
+    if (!n) {
+        n = calloc(1, sizeof(*n));
+        if (!n)
+            return stoke__fail(STOKE_ENOMEM, "pinned: out of memory for an event");
+        int rc = stoke_event_create(s, &n->ev);
+        if (rc != STOKE_OK) {
+            free(n);
+            return rc;
+        }
+        n->backend = backend;
+        n->dev = dev;
+        PN_ADD(events_created, 1);
+    }
+    n->next = NULL;
+    *out = n;
+    return STOKE_OK;
+}
+
+/* Queries each event without blocking; completed ones (or failed: their work is over) go back
+ * to the event pool.  Returns the still pending ones. */
+static pn_evnode *drop_completed(pn_evnode *list)
+{
+    pn_evnode *pending = NULL, *done = NULL;
+    while (list) {
+        pn_evnode *next = list->next;
+        int rc = stoke_event_query(list->ev);
+        if (rc == STOKE_EBUSY) {
+            list->next = pending;
+            pending = list;
+        } else {
+            if (rc != STOKE_OK)
+                stoke__log(STOKE_LOG_DEBUG, "pinned: work recorded on a block failed (%s); "
+                           "the block is reusable", stoke_err_name(rc));
+            list->next = done;
+            done = list;
+        }
+        list = next;
+    }
+    if (done)
+        ev_put_list(done);
+    return pending;
+}
+
+int stoke_pinned_record_stream(void *ptr, stoke_stream *s)
+{
+    if (!ptr || !s)
+        return stoke__fail(STOKE_EINVAL, "stoke_pinned_record_stream: NULL %s",
+                           ptr ? "stream" : "pointer");
+    pn_block *b = stoke__pn_map_get(ptr);
+    if (!b || atomic_load_explicit(&b->state, memory_order_acquire) != PN_LIVE)
+        return stoke__fail(STOKE_EINVAL, "stoke_pinned_record_stream(%p): not the start of a "
+                           "live block from stoke_pinned_alloc", ptr);
+    pn_evnode *n = NULL;
+    int rc = ev_get(s, &n);
+    if (rc != STOKE_OK)
+        return rc;
+    rc = stoke_event_record(n->ev, s);
+    if (rc != STOKE_OK) {
         stoke_event_destroy(n->ev);
         free(n);
+        return rc;
+    }
+    pthread_mutex_t *m = stripe_of(b);
+    pthread_mutex_lock(m);
+    if (atomic_load_explicit(&b->state, memory_order_acquire) != PN_LIVE) {
+        pthread_mutex_unlock(m);
+        ev_put_list(n);
+        return stoke__fail(STOKE_EINVAL, "stoke_pinned_record_stream(%p): the block was freed "
+                           "meanwhile", ptr);
+    }
+    n->next = b->events;
+    b->events = n;
+    pthread_mutex_unlock(m);
+    PN_ADD(events_recorded, 1);
+    return STOKE_OK;
+}
+
+static void wait_push(pn_pool *p, pn_block *b)
+{
+    atomic_store_explicit(&b->state, PN_WAITING, memory_order_relaxed);
+    PN_ADD(bytes_waiting, b->size);
+    PN_ADD(count_waiting, 1);
+    pthread_mutex_lock(&p->wait_lock);
+    b->next = p->waiting;
+    p->waiting = b;
+    atomic_fetch_add_explicit(&p->nwaiting, 1, memory_order_relaxed);
+    pthread_mutex_unlock(&p->wait_lock);
+}
+
+/* Moves the pool's waiting blocks whose events all completed to its free lists.  Returns how
+ * many moved.  Never blocks on an event. */
+static int process_waiting(pn_pool *p)
+{
+    if (!atomic_load_explicit(&p->nwaiting, memory_order_relaxed))
+        return 0;
+    pthread_mutex_lock(&p->wait_lock);
+    pn_block *list = p->waiting;
+    p->waiting = NULL;
+    pthread_mutex_unlock(&p->wait_lock);
+    pn_block *still = NULL, *tail = NULL;
+    int moved = 0;
+    while (list) {
+        pn_block *b = list;
+        list = b->next;
+        b->events = drop_completed(b->events);
+        if (b->events) {
+            b->next = still;
+            still = b;
+            if (!tail)
+                tail = b;
+            continue;
+        }
+        atomic_fetch_sub_explicit(&p->nwaiting, 1, memory_order_relaxed);
+        PN_SUB(bytes_waiting, b->size);
+        PN_SUB(count_waiting, 1);
+        if (b->kind == PN_FALLBACK) {
+            release_block(b);
+            continue;
+        }
+        bin_push(p, b);
+        moved++;
+    }
+    if (still) {
+        pthread_mutex_lock(&p->wait_lock);
+        tail->next = p->waiting;
+        p->waiting = still;
+        pthread_mutex_unlock(&p->wait_lock);
+    }
+    return moved;
+}
+
+/* ---- thread caches ------------------------------------------------------------------------ */
+
+static unsigned tc_max_per_class(int cls)
+{
+    return stoke__pinned_class_size(cls) <= ((size_t)1 << PN_SMALL_LOG_MAX) ? 8 : 2;
+}
+
+/* Detaches every block of `tc` (its lock held); returns them as a list. */
+static pn_block *tc_take_all_locked(pn_tcache *tc)
+{
+    pn_block *all = NULL;
+    for (int c = 0; c < PN_TC_NCLASS; c++) {
+        while (tc->bins[c]) {
+            pn_block *b = tc->bins[c];
+            tc->bins[c] = b->next;
+            b->next = all;
+            all = b;
+        }
+        tc->n[c] = 0;
+    }
+    tc->bytes = 0;
+    tc->count = 0;
+    return all;
+}
+
+static void push_list(pn_pool *p, pn_block *list)
+{
+    while (list) {
+        pn_block *b = list;
+        list = b->next;
+        bin_push(p, b);
     }
 }
+
+static void counters_add(pn_counters *dst, const pn_counters *src)
+{
+    dst->bytes_in_use += src->bytes_in_use;
+    dst->count_in_use += src->count_in_use;
+    dst->allocs += src->allocs;
+    dst->frees += src->frees;
+    dst->bytes_requested += src->bytes_requested;
+    dst->hits += src->hits;
+    dst->misses += src->misses;
+}
+
+/* Thread exit: the cache's blocks go to their pool, its counters to `retired`. */
+static void tc_exit(void *arg)
+{
+    pn_tcache *tc = arg;
+    tl_tc = NULL;
+    tl_tc_dead = 1;
+    pthread_mutex_lock(&g.lock);
+    if (tc->prev)
+        tc->prev->next = tc->next;
+    else
+        g.tcaches = tc->next;
+    if (tc->next)
+        tc->next->prev = tc->prev;
+    pthread_mutex_lock(&tc->lock);
+    counters_add(&g.retired, &tc->c);
+    pn_block *all = tc_take_all_locked(tc);
+    pn_pool *p = tc->pool;
+    pthread_mutex_unlock(&tc->lock);
+    if (p)
+        push_list(p, all);
+    pthread_mutex_unlock(&g.lock);
+    pthread_mutex_destroy(&tc->lock);
+    free(tc);
+}
+
+static pn_tcache *tc_get(void)
+{
+    pn_tcache *tc = tl_tc;
+    if (tc || tl_tc_dead)
+        return tc;
+    tc = calloc(1, sizeof(*tc));
+    if (!tc)
+        return NULL;
+    pthread_mutex_init(&tc->lock, NULL);
+    pthread_mutex_lock(&g.lock);
+    tc->next = g.tcaches;
+    if (g.tcaches)
+        g.tcaches->prev = tc;
+    g.tcaches = tc;
+    pthread_mutex_unlock(&g.lock);
+    pthread_setspecific(tc_key, tc);
+    tl_tc = tc;
+    return tc;
+}
+
+/* Takes a block of class `cls` of pool `p` idle in any thread's cache. */
+static pn_block *steal(pn_pool *p, int cls)
+{
+    if (cls >= PN_TC_NCLASS)
+        return NULL;
+    pn_block *b = NULL;
+    pthread_mutex_lock(&g.lock);
+    for (pn_tcache *tc = g.tcaches; tc && !b; tc = tc->next) {
+        pthread_mutex_lock(&tc->lock);
+        if (tc->pool == p && tc->bins[cls]) {
+            b = tc->bins[cls];
+            tc->bins[cls] = b->next;
+            tc->n[cls]--;
+            tc->bytes -= b->size;
+            tc->count--;
+        }
+        pthread_mutex_unlock(&tc->lock);
+    }
+    pthread_mutex_unlock(&g.lock);
+    return b;
+}
+
+/* Moves every thread cache's blocks to the pools' free lists. */
+static void flush_all_tcaches(void)
+{
+    pthread_mutex_lock(&g.lock);
+    for (pn_tcache *tc = g.tcaches; tc; tc = tc->next) {
+        pthread_mutex_lock(&tc->lock);
+        pn_block *all = tc_take_all_locked(tc);
+        pn_pool *p = tc->pool;
+        pthread_mutex_unlock(&tc->lock);
+        if (p)
+            push_list(p, all);
+    }
+    pthread_mutex_unlock(&g.lock);
+}
+
+void stoke__pn_sum(pn_counters *c, uint64_t *tc_bytes, uint64_t *tc_count)
+{
+    uint64_t bytes = 0, count = 0;
+    pthread_mutex_lock(&g.lock);
+    *c = g.retired;
+    for (pn_tcache *tc = g.tcaches; tc; tc = tc->next) {
+        pthread_mutex_lock(&tc->lock);
+        counters_add(c, &tc->c);
+        bytes += tc->bytes;
+        count += tc->count;
+        pthread_mutex_unlock(&tc->lock);
+    }
+    pthread_mutex_unlock(&g.lock);
+    if (tc_bytes)
+        *tc_bytes = bytes;
+    if (tc_count)
+        *tc_count = count;
+}
+
+static void sample_peak_in_use(void)
+{
+    pn_counters c;
+    stoke__pn_sum(&c, NULL, NULL);
+    uint64_t now = c.bytes_in_use > 0 ? (uint64_t)c.bytes_in_use : 0;
+    uint64_t peak = PN_GET(peak_bytes_in_use);
+    while (now > peak && !atomic_compare_exchange_weak(&g.peak_bytes_in_use, &peak, now)) {
+    }
+}
+
+/* ---- the cap -------------------------------------------------------------------------------- */
+
+/* Adds `n` to the bytes held if that stays within the cap.  STOKE_OK or STOKE_ELIMIT. */
+static int reserve(uint64_t n)
+{
+    uint64_t limit = atomic_load_explicit(&g.limit, memory_order_relaxed);
+    uint64_t cur = PN_GET(bytes_reserved);
+    do {
+        if (limit && cur + n > limit)
+            return STOKE_ELIMIT;
+    } while (!atomic_compare_exchange_weak_explicit(&g.bytes_reserved, &cur, cur + n,
+                                                    memory_order_relaxed, memory_order_relaxed));
+    PN_ADD(count_reserved, 1);
+    uint64_t now = cur + n, peak = PN_GET(peak_bytes_reserved);
+    while (now > peak && !atomic_compare_exchange_weak(&g.peak_bytes_reserved, &peak, now)) {
+    }
+    return STOKE_OK;
+}
+
+static void unreserve(uint64_t n)
+{
+    PN_SUB(bytes_reserved, n);
+    PN_SUB(count_reserved, 1);
+}
+
+/* Releases idle blocks of pool `p`, largest classes first, until `need` more bytes fit under
+ * the cap (need == SIZE_MAX: all of them).  Returns the number released. */
+static size_t release_pool(pn_pool *p, size_t need)
+{
+    size_t released = 0;
+    for (int c = PN_NCLASS - 1; c >= 0; c--) {
+        for (;;) {
+            if (need != SIZE_MAX) {
+                uint64_t limit = atomic_load_explicit(&g.limit, memory_order_relaxed);
+                if (!limit || PN_GET(bytes_reserved) + need <= limit)
+                    return released;
+            }
+            pn_block *b = bin_pop(p, c);
+            if (!b)
+                break;
+            release_block(b);
+            released++;
+        }
+    }
+    return released;
+}
+
+/* Makes room for `need` bytes (SIZE_MAX: releases every idle block): completed waiting blocks
+ * become idle, thread caches are flushed, then idle blocks of the current pool `cur` and then
+ * of the others are released.  Returns the number of blocks released. */
+static size_t release_idle(pn_pool *cur, size_t need)
+{
+    for (int i = 0; i < PN_MAX_POOLS; i++) {
+        pn_pool *p = atomic_load_explicit(&g.pools[i], memory_order_acquire);
+        if (!p)
+            break;
+        process_waiting(p);
+    }
+    flush_all_tcaches();
+    size_t released = cur ? release_pool(cur, need) : 0;
+    for (int i = 0; i < PN_MAX_POOLS; i++) {
+        pn_pool *p = atomic_load_explicit(&g.pools[i], memory_order_acquire);
+        if (!p)
+            break;
+        if (p != cur)
+            released += release_pool(p, need);
+    }
+    return released;
+}
+
+static void describe_memlock(char *buf, size_t len)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_MEMLOCK, &rl) != 0)
+        stoke__strlcpy(buf, "unknown", len);
+    else if (rl.rlim_cur == RLIM_INFINITY)
+        stoke__strlcpy(buf, "unlimited", len);
+    else
+        stoke__fmt(buf, len, "%llu bytes", (unsigned long long)rl.rlim_cur);
+}
+
+/* A new block of class `cls` for pool `p` (step 5): pinned, stand-in, or (past the cap, by
+ * policy) a PN_FALLBACK block of pageable memory that is never cached. */
+static int pin_new(pn_pool *p, int cls, pn_block **out)
+{
+    size_t size = stoke__pinned_class_size(cls);
+    pn_block *b = stoke__pn_desc_get();
+    if (!b)
+        return stoke__fail(STOKE_ENOMEM, "pinned: out of memory for a block descriptor");
+    int rc = reserve(size);
+    if (rc == STOKE_ELIMIT) {
+        size_t n = release_idle(p, size);
+        PN_ADD(limit_releases, n);
+        rc = reserve(size);
+    }
+    void *mem = NULL;
+    if (rc == STOKE_ELIMIT) {
+        uint64_t limit = atomic_load_explicit(&g.limit, memory_order_relaxed);
+        if (atomic_load_explicit(&g.policy, memory_order_relaxed) == STOKE_PINNED_LIMIT_FAIL) {
+            PN_ADD(limit_failures, 1);
+            stoke__pn_desc_put(b);
+            return stoke__fail(STOKE_ELIMIT, "pinned: %zu more bytes would pass the cap of "
+                               "%llu bytes (%llu held, none idle; STOKE_PINNED_LIMIT or "
+                               "stoke_pinned_set_limit)", size, (unsigned long long)limit,
+                               (unsigned long long)PN_GET(bytes_reserved));
+        }
+        if (posix_memalign(&mem, page_size, size)) {
+            stoke__pn_desc_put(b);
+            return stoke__fail(STOKE_ENOMEM, "pinned: out of memory for %zu pageable bytes",
+                               size);
+        }
+        char msg[256];
+        stoke__fmt(msg, sizeof(msg), "pinned memory: the cap of %llu bytes is reached; further "
+                   "allocations past it are ordinary pageable memory (see the stats' "
+                   "pageable_fallbacks)", (unsigned long long)limit);
+        stoke__pn_warn_once(msg);
+        PN_ADD(pageable_fallbacks, 1);
+        PN_ADD(pageable_fallback_bytes, size);
+        b->kind = PN_FALLBACK;
+        b->pool = p; /* only for its waiting list: never cached */
+    } else if (p->vt) {
+        for (int attempt = 0;; attempt++) {
+            uint64_t t0 = stoke__now_ns();
+            rc = p->vt->host_alloc(p->dev, size, &mem);
+            PN_ADD(pin_ns, stoke__now_ns() - t0);
+            PN_ADD(pin_calls, 1);
+            if (rc == STOKE_OK)
+                break;
+            PN_ADD(pin_failures, 1);
+            /* Like a driver out of pinnable memory: give idle blocks back, try once more. */
+            if (attempt == 0 && rc == STOKE_ENOMEM && release_idle(p, SIZE_MAX) > 0)
+                continue;
+            unreserve(size);
+            stoke__pn_desc_put(b);
+            char ml[64];
+            describe_memlock(ml, sizeof(ml));
+            return stoke__fail(rc, "pinned: %s could not pin %zu bytes for device %d: %s "
+                               "(RLIMIT_MEMLOCK: %s; the backend's log has its reason)",
+                               p->vt->name, size, p->dev, stoke_err_name(rc), ml);
+        }
+        b->kind = PN_PINNED;
+        b->pool = p;
+    } else {
+        if (posix_memalign(&mem, page_size, size)) {
+            unreserve(size);
+            stoke__pn_desc_put(b);
+            return stoke__fail(STOKE_ENOMEM, "pinned: out of memory for %zu bytes", size);
+        }
+        PN_ADD(standin_allocs, 1);
+        b->kind = PN_STANDIN;
+        b->pool = p;
+    }
+    b->size = size;
+    b->cls = cls;
+    atomic_store_explicit(&b->addr, (uintptr_t)mem, memory_order_release);
+    rc = stoke__pn_map_put(b);
+    if (rc != STOKE_OK) {
+        release_block(b);
+        return rc;
+    }
+    *out = b;
+    return STOKE_OK;
+}
+
+/* ---- the API ------------------------------------------------------------------------------ */
 
 int stoke_pinned_alloc(size_t size, void **out)
 {
     if (!out)
         return stoke__fail(STOKE_EINVAL, "stoke_pinned_alloc: out is NULL");
     *out = NULL;
+    stoke__pn_ensure_init();
     const stoke_backend *vt;
     int dev;
-    int rc = target(&vt, &dev);
+    int rc = stoke__pn_target(&vt, &dev);
     if (rc != STOKE_OK)
         return rc;
-    size_t rs = round_size(size ? size : 1);
-    pthread_mutex_lock(&s_lock);
-    for (sblock *b = s_blocks; b; b = b->next) {
-        if (!b->live && b->vt == vt && b->dev == dev && b->size == rs && events_done(b)) {
-            events_clear(b);
-            b->live = 1;
-            *out = b->ptr;
-            pthread_mutex_unlock(&s_lock);
-            return STOKE_OK;
+    int cls = stoke__pinned_class(size);
+    if (cls < 0)
+        return stoke__fail(STOKE_ENOMEM, "stoke_pinned_alloc: %zu bytes is above the largest "
+                           "size class", size);
+    pn_tcache *tc = tc_get();
+    pn_pool *p = tc && tc->pool && tc->pool->vt == vt && tc->pool->dev == dev ? tc->pool : NULL;
+    pn_block *b = NULL;
+    if (!p) {
+        p = pool_get(vt, dev);
+        if (!p)
+            return stoke__fail(STOKE_ENOMEM, "pinned: no memory for the pool of %s device %d "
+                               "(or more than %d backend/device pairs)", vt ? vt->name : "none",
+                               dev, PN_MAX_POOLS);
+        if (tc) { /* the thread now works for another (backend, device): rekey its cache */
+            pthread_mutex_lock(&tc->lock);
+            pn_block *old = tc_take_all_locked(tc);
+            pn_pool *oldp = tc->pool;
+            tc->pool = p;
+            pthread_mutex_unlock(&tc->lock);
+            if (oldp)
+                push_list(oldp, old);
         }
     }
-    pthread_mutex_unlock(&s_lock);
-    sblock *b = calloc(1, sizeof(*b));
-    if (!b)
-        return stoke__fail(STOKE_ENOMEM, "pinned: out of memory for a block descriptor");
-    void *p = NULL;
-    if (vt)
-        rc = vt->host_alloc(dev, rs, &p);
-    else
-        rc = posix_memalign(&p, page_size(), rs) ? STOKE_ENOMEM : STOKE_OK;
-    if (rc != STOKE_OK) {
-        free(b);
-        return stoke__fail(rc, "pinned: allocating %zu bytes for %s device %d failed", rs,
-                           vt ? vt->name : "host", dev);
+    int hit = 1;
+    if (tc) {
+        pthread_mutex_lock(&tc->lock);
+        if (cls < PN_TC_NCLASS && (b = tc->bins[cls]) != NULL) {
+            tc->bins[cls] = b->next;
+            tc->n[cls]--;
+            tc->bytes -= b->size;
+            tc->count--;
+            tc->c.allocs++;
+            tc->c.hits++;
+            tc->c.bytes_requested += size;
+            tc->c.bytes_in_use += (int64_t)b->size;
+            tc->c.count_in_use++;
+            pthread_mutex_unlock(&tc->lock);
+            goto done;
+        }
+        pthread_mutex_unlock(&tc->lock);
     }
-    b->ptr = p;
-    b->size = rs;
-    b->vt = vt;
-    b->dev = dev;
-    b->live = 1;
-    pthread_mutex_lock(&s_lock);
-    b->next = s_blocks;
-    s_blocks = b;
-    pthread_mutex_unlock(&s_lock);
-    *out = p;
+    b = bin_pop(p, cls);
+    if (!b && process_waiting(p) > 0)
+        b = bin_pop(p, cls);
+    if (!b)
+        b = steal(p, cls);
+    if (!b) {
+        hit = 0;
+        rc = pin_new(p, cls, &b);
+        if (rc != STOKE_OK)
+            return rc;
+    }
+    pn_counters *c = tc ? &tc->c : &g.retired;
+    pthread_mutex_t *m = tc ? &tc->lock : &g.lock;
+    pthread_mutex_lock(m);
+    c->allocs++;
+    c->hits += (uint64_t)hit;
+    c->misses += (uint64_t)!hit;
+    c->bytes_requested += size;
+    c->bytes_in_use += (int64_t)b->size;
+    c->count_in_use++;
+    pthread_mutex_unlock(m);
+    if (!hit)
+        sample_peak_in_use();
+done:
+    b->next = NULL;
+    atomic_store_explicit(&b->state, PN_LIVE, memory_order_release);
+    *out = (void *)atomic_load_explicit(&b->addr, memory_order_relaxed);
     return STOKE_OK;
-}
-
-static sblock *find_locked(const void *ptr)
-{
-    for (sblock *b = s_blocks; b; b = b->next)
-        if (b->ptr == ptr)
-            return b;
-    return NULL;
 }
 
 int stoke_pinned_free(void *ptr)
 {
     if (!ptr)
         return STOKE_OK;
-    pthread_mutex_lock(&s_lock);
-    sblock *b = find_locked(ptr);
-    if (!b || !b->live) {
-        pthread_mutex_unlock(&s_lock);
-        return stoke__fail(STOKE_EINVAL, "stoke_pinned_free(%p): not a live pinned block", ptr);
+    pn_block *b = stoke__pn_map_get(ptr);
+    int expect = PN_LIVE;
+    if (!b || !atomic_compare_exchange_strong_explicit(&b->state, &expect, PN_CACHED,
+                                                       memory_order_acq_rel,
+                                                       memory_order_relaxed))
+        return stoke__fail(STOKE_EINVAL, "stoke_pinned_free(%p): not a live block of "
+                           "stoke_pinned_alloc (foreign or interior pointer, or freed twice)",
+                           ptr);
+    pn_tcache *tc = tc_get();
+    size_t size = b->size;
+    int cls = b->cls;
+    /* Events recorded for the block: the completed ones go back to the pool right away. */
+    pthread_mutex_t *sm = stripe_of(b);
+    pthread_mutex_lock(sm);
+    pn_evnode *ev = b->events;
+    b->events = NULL;
+    pthread_mutex_unlock(sm);
+    if (ev)
+        ev = drop_completed(ev);
+
+    int cached = 0;
+    if (tc) {
+        pthread_mutex_lock(&tc->lock);
+        if (!tc->pool && b->kind != PN_FALLBACK)
+            tc->pool = b->pool;
+        if (!ev && b->kind != PN_FALLBACK && tc->pool == b->pool && cls < PN_TC_NCLASS &&
+            tc->n[cls] < tc_max_per_class(cls) && tc->bytes + size <= PN_TC_MAX_BYTES) {
+            b->next = tc->bins[cls];
+            tc->bins[cls] = b;
+            tc->n[cls]++;
+            tc->bytes += size;
+            tc->count++;
+            cached = 1;
+        }
+        tc->c.frees++;
+        tc->c.bytes_in_use -= (int64_t)size;
+        tc->c.count_in_use--;
+        pthread_mutex_unlock(&tc->lock);
+    } else {
+        pthread_mutex_lock(&g.lock);
+        g.retired.frees++;
+        g.retired.bytes_in_use -= (int64_t)size;
+        g.retired.count_in_use--;
+        pthread_mutex_unlock(&g.lock);
     }
-    b->live = 0;
-    pthread_mutex_unlock(&s_lock);
+    if (cached)
+        return STOKE_OK;
+    if (ev) {
+        b->events = ev;
+        wait_push(b->pool, b);
+    } else if (b->kind == PN_FALLBACK) {
+        release_block(b);
+    } else {
+        bin_push(b->pool, b);
+    }
     return STOKE_OK;
 }
 
-int stoke_pinned_record_stream(void *ptr, stoke_stream *s)
+size_t stoke_pinned_round_size(size_t size)
 {
-    if (!ptr || !s)
-        return stoke__fail(STOKE_EINVAL, "stoke_pinned_record_stream: NULL argument");
-    evnode *n = calloc(1, sizeof(*n));
-    if (!n)
-        return STOKE_ENOMEM;
-    int rc = stoke_event_create(s, &n->ev);
-    if (rc == STOKE_OK)
-        rc = stoke_event_record(n->ev, s);
-    if (rc != STOKE_OK) {
-        stoke_event_destroy(n->ev);
-        free(n);
-        return rc;
-    }
-    pthread_mutex_lock(&s_lock);
-    sblock *b = find_locked(ptr);
-    if (!b || !b->live) {
-        pthread_mutex_unlock(&s_lock);
-        stoke_event_destroy(n->ev);
-        free(n);
-        return stoke__fail(STOKE_EINVAL, "stoke_pinned_record_stream(%p): not a live pinned "
-                           "block", ptr);
-    }
-    n->next = b->events;
-    b->events = n;
-    pthread_mutex_unlock(&s_lock);
+    stoke__pn_ensure_init();
+    int cls = stoke__pinned_class(size);
+    return cls < 0 ? 0 : stoke__pinned_class_size(cls);
+}
+
+int stoke_pinned_set_limit(uint64_t bytes, int policy)
+{
+    if (policy != STOKE_PINNED_LIMIT_FALLBACK && policy != STOKE_PINNED_LIMIT_FAIL)
+        return stoke__fail(STOKE_EINVAL, "stoke_pinned_set_limit: unknown policy %d", policy);
+    stoke__pn_ensure_init();
+    pthread_mutex_lock(&g.lock);
+    g.limit_from_api = 1;
+    atomic_store(&g.limit, bytes);
+    atomic_store(&g.policy, policy);
+    pthread_mutex_unlock(&g.lock);
     return STOKE_OK;
 }
 
-int stoke_is_pinned(const void *ptr)
+int stoke_pinned_get_limit(uint64_t *bytes, int *policy)
 {
-    if (!ptr)
-        return 0;
-    const stoke_backend *vt;
-    int dev;
-    if (stoke__accel_current(&vt, &dev, NULL) != STOKE_OK || !vt)
-        return 0;
-    int on = 1;
-    if (stoke__env_bool(STOKE_ENV_PINNED, &on) && !on)
-        return 0;
-    int r = 0;
-    if (vt->is_pinned(ptr, &r) != STOKE_OK)
-        return 0;
-    return r != 0;
-}
-
-int stoke_pin_register(void *ptr, size_t len)
-{
-    if (!ptr || !len)
-        return stoke__fail(STOKE_EINVAL, "stoke_pin_register: empty range");
-    const stoke_backend *vt;
-    int dev;
-    int rc = target(&vt, &dev);
-    if (rc != STOKE_OK)
-        return rc;
-    if (vt) {
-        if (!vt->host_register)
-            return stoke__fail(STOKE_ENOTSUP, "%s cannot register host memory", vt->name);
-        rc = vt->host_register(dev, ptr, len);
-        if (rc != STOKE_OK)
-            return stoke__fail(rc, "%s: registering %zu bytes at %p failed", vt->name, len, ptr);
-    }
-    sreg *r = calloc(1, sizeof(*r));
-    if (!r) {
-        if (vt)
-            vt->host_unregister(dev, ptr);
-        return STOKE_ENOMEM;
-    }
-    r->ptr = ptr;
-    r->vt = vt;
-    r->dev = dev;
-    pthread_mutex_lock(&s_lock);
-    r->next = s_regs;
-    s_regs = r;
-    pthread_mutex_unlock(&s_lock);
+    stoke__pn_ensure_init();
+    if (bytes)
+        *bytes = atomic_load(&g.limit);
+    if (policy)
+        *policy = atomic_load(&g.policy);
     return STOKE_OK;
 }
 
-int stoke_pin_unregister(void *ptr)
+int stoke_pinned_empty_cache(void)
 {
-    pthread_mutex_lock(&s_lock);
-    sreg **pp = &s_regs;
-    while (*pp && (*pp)->ptr != ptr)
-        pp = &(*pp)->next;
-    sreg *r = *pp;
-    if (r)
-        *pp = r->next;
-    pthread_mutex_unlock(&s_lock);
-    if (!r)
-        return stoke__fail(STOKE_EINVAL, "stoke_pin_unregister(%p): not registered", ptr);
-    int rc = r->vt && r->vt->host_unregister ? r->vt->host_unregister(r->dev, ptr) : STOKE_OK;
-    free(r);
-    return rc;
+    stoke__pn_ensure_init();
+    release_idle(NULL, SIZE_MAX);
+    return STOKE_OK;
+}
+
+/* ---- reset (tests) ------------------------------------------------------------------------- */
+
+static void release_with_events(pn_block *b)
+{
+    pn_evnode *ev = b->events;
+    b->events = NULL;
+    for (pn_evnode *n = ev; n; n = n->next)
+        stoke_event_synchronize(n->ev);
+    while (ev) {
+        pn_evnode *next = ev->next;
+        stoke_event_destroy(ev->ev);
+        free(ev);
+        ev = next;
+    }
+    release_block(b);
+}
+
+static void release_live(pn_block *b)
+{
+    release_with_events(b);
 }
 
 void stoke__pinned_reset(void)
 {
-    pthread_mutex_lock(&s_lock);
-    sblock *b = s_blocks;
-    s_blocks = NULL;
-    sreg *r = s_regs;
-    s_regs = NULL;
-    s_warned = 0;
-    pthread_mutex_unlock(&s_lock);
-    while (b) {
-        sblock *next = b->next;
-        for (evnode *n = b->events; n; n = n->next)
-            stoke_event_synchronize(n->ev);
-        events_clear(b);
-        if (b->vt)
-            b->vt->host_free(b->dev, b->ptr);
-        else
-            free(b->ptr);
-        free(b);
-        b = next;
+    pthread_once(&once, once_init);
+    /* Thread caches stay registered (their threads still point at them) but are emptied. */
+    pthread_mutex_lock(&g.lock);
+    for (pn_tcache *tc = g.tcaches; tc; tc = tc->next) {
+        pthread_mutex_lock(&tc->lock);
+        pn_block *all = tc_take_all_locked(tc);
+        tc->pool = NULL;
+        memset(&tc->c, 0, sizeof(tc->c));
+        pthread_mutex_unlock(&tc->lock);
+        while (all) {
+            pn_block *b = all;
+            all = b->next;
+            release_block(b);
+        }
     }
-    while (r) {
-        sreg *next = r->next;
-        if (r->vt && r->vt->host_unregister)
-            r->vt->host_unregister(r->dev, r->ptr);
-        free(r);
-        r = next;
+    memset(&g.retired, 0, sizeof(g.retired));
+    pthread_mutex_unlock(&g.lock);
+    for (int i = 0; i < PN_MAX_POOLS; i++) {
+        pn_pool *p = atomic_load(&g.pools[i]);
+        if (!p)
+            continue;
+        release_pool(p, SIZE_MAX);
+        while (p->waiting) {
+            pn_block *b = p->waiting;
+            p->waiting = b->next;
+            release_with_events(b);
+        }
     }
+    stoke__pn_live_foreach(release_live);
+    for (int i = 0; i < PN_MAX_POOLS; i++) {
+        pn_pool *p = atomic_exchange(&g.pools[i], NULL);
+        if (!p)
+            continue;
+        for (int c = 0; c < PN_NCLASS; c++)
+            pthread_mutex_destroy(&p->bins[c].lock);
+        pthread_mutex_destroy(&p->wait_lock);
+        free(p);
+    }
+    pthread_mutex_lock(&g.evlock);
+    pn_evnode *ev = g.evfree;
+    g.evfree = NULL;
+    g.nevfree = 0;
+    pthread_mutex_unlock(&g.evlock);
+    while (ev) {
+        pn_evnode *next = ev->next;
+        stoke_event_destroy(ev->ev);
+        free(ev);
+        ev = next;
+    }
+    stoke__pn_reg_reset();
+    stoke__pn_map_reset();
+    pthread_mutex_lock(&g.lock);
+#define PN_ZERO(name) atomic_store(&g.name, 0);
+    PN_ATOMIC_COUNTERS(PN_ZERO)
+#undef PN_ZERO
+    g.nwarned = 0;
+    atomic_store(&g.warned_why, NULL);
+    g.limit_from_api = 0;
+    atomic_store(&g.limit, 0);
+    atomic_store(&g.policy, STOKE_PINNED_LIMIT_FALLBACK);
+    g.disabled = 0;
+    atomic_store(&g.inited, 0);
+    pthread_mutex_unlock(&g.lock);
 }

@@ -1,0 +1,128 @@
+/* Caller memory pinned in place (stoke_pin_register) and the is-pinned query. */
+#include <stdlib.h>
+
+#include "common/internal.h"
+#include "pinned/pinned_internal.h"
+#include "registry/registry.h"
+
+#define g stoke__pn_g
+
+int stoke_pin_register(void *ptr, size_t len)
+{
+    if (!ptr || !len)
+        return stoke__fail(STOKE_EINVAL, "stoke_pin_register: %s", ptr ? "length 0" : "NULL");
+    stoke__pn_ensure_init();
+    const stoke_backend *vt;
+    int dev;
+    int rc = stoke__pn_target(&vt, &dev);
+    if (rc != STOKE_OK)
+        return rc;
+    if (vt && !vt->host_register)
+        return stoke__fail(STOKE_ENOTSUP, "stoke_pin_register: %s cannot pin caller memory",
+                           vt->name);
+    pn_reg *r = calloc(1, sizeof(*r));
+    if (!r)
+        return stoke__fail(STOKE_ENOMEM, "stoke_pin_register: out of memory");
+    r->ptr = ptr;
+    r->len = len;
+    r->vt = vt;
+    r->dev = dev;
+    /* Claim the address first (ready = 0) so that two racing registrations cannot both pin. */
+    pthread_mutex_lock(&g.reglock);
+    for (pn_reg *o = g.regs; o; o = o->next) {
+        if (o->ptr == ptr) {
+            pthread_mutex_unlock(&g.reglock);
+            free(r);
+            return stoke__fail(STOKE_EINVAL, "stoke_pin_register(%p): already registered", ptr);
+        }
+    }
+    r->next = g.regs;
+    g.regs = r;
+    pthread_mutex_unlock(&g.reglock);
+    rc = vt ? vt->host_register(dev, ptr, len) : STOKE_OK;
+    pthread_mutex_lock(&g.reglock);
+    if (rc == STOKE_OK) {
+        r->ready = 1;
+    } else {
+        pn_reg **pp = &g.regs;
+        while (*pp != r)
+            pp = &(*pp)->next;
+        *pp = r->next;
+    }
+    pthread_mutex_unlock(&g.reglock);
+    if (rc != STOKE_OK) {
+        free(r);
+        return stoke__fail(rc, "stoke_pin_register: %s could not pin %zu bytes at %p for "
+                           "device %d", vt->name, len, ptr, dev);
+    }
+    PN_ADD(registered_count, 1);
+    PN_ADD(registered_bytes, len);
+    return STOKE_OK;
+}
+
+int stoke_pin_unregister(void *ptr)
+{
+    pthread_mutex_lock(&g.reglock);
+    pn_reg **pp = &g.regs;
+    while (*pp && ((*pp)->ptr != ptr || !(*pp)->ready))
+        pp = &(*pp)->next;
+    pn_reg *r = *pp;
+    if (r)
+        *pp = r->next;
+    pthread_mutex_unlock(&g.reglock);
+    if (!r)
+        return stoke__fail(STOKE_EINVAL, "stoke_pin_unregister(%p): not registered", ptr);
+    int rc = r->vt && r->vt->host_unregister ? r->vt->host_unregister(r->dev, ptr) : STOKE_OK;
+    PN_SUB(registered_count, 1);
+    PN_SUB(registered_bytes, r->len);
+    if (rc != STOKE_OK)
+        rc = stoke__fail(rc, "stoke_pin_unregister(%p): %s failed to unpin it", ptr,
+                         r->vt->name);
+    free(r);
+    return rc;
+}
+
+void stoke__pn_reg_reset(void)
+{
+    pthread_mutex_lock(&g.reglock);
+    pn_reg *r = g.regs;
+    g.regs = NULL;
+    pthread_mutex_unlock(&g.reglock);
+    while (r) {
+        pn_reg *next = r->next;
+        if (r->vt && r->vt->host_unregister && r->ready)
+            r->vt->host_unregister(r->dev, r->ptr);
+        free(r);
+        r = next;
+    }
+}
+
+int stoke_is_pinned(const void *ptr)
+{
+    if (!ptr)
+        return 0;
+    stoke__pn_ensure_init();
+    pn_block *b = stoke__pn_map_get(ptr);
+    const stoke_backend *vt = NULL;
+    if (b) {
+        int kind = b->kind;
+        pn_pool *p = b->pool;
+        if (atomic_load_explicit(&b->addr, memory_order_acquire) == (uintptr_t)ptr &&
+            atomic_load_explicit(&b->state, memory_order_acquire) != PN_FREE_DESC) {
+            if (kind != PN_PINNED || !p || !p->vt)
+                return 0;
+            if (p->vt->caps & STOKE_CAP_PINNED_ALLOC)
+                return 1;
+            vt = p->vt;
+        }
+    }
+    if (!vt) {
+        int dev;
+        if (stoke__accel_current(&vt, &dev, NULL) != STOKE_OK || !vt)
+            return 0;
+    }
+    int r = 0;
+    if (vt->is_pinned(ptr, &r) != STOKE_OK)
+        return 0;
+    return r != 0;
+}
