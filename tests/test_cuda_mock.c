@@ -661,10 +661,15 @@ static void test_alloc_failures_are_clear(void **state)
     stoke_stream *s = NULL;
     assert_int_equal(stoke_stream_create(NULL, &s), STOKE_OK);
     mock.fail_mem_alloc = 1;
+    tu_log_capture();
+    tu_log_clear();
     stoke_device_buffer *d = NULL;
     assert_int_equal(stoke_device_buffer_create(s, 1 << 20, &d), STOKE_ENOMEM);
     assert_null(d);
     assert_non_null(strstr(stoke_last_error(), "allocating 1048576 bytes"));
+    /* The driver's name and message are logged on the way (debug). */
+    assert_int_equal(tu_log_count(-1, "cuMemAlloc(1048576 bytes) on device 0: "
+                                      "CUDA_ERROR_OUT_OF_MEMORY (2): out of memory"), 1);
     mock.fail_mem_alloc = 0;
 
     /* A failing event (e.g. an illegal address in earlier work) is an error with its message. */
