@@ -124,7 +124,9 @@ pn_block *stoke__pn_desc_get(void)
 {
     pthread_mutex_lock(&desc_lock);
     if (!free_desc) {
-        chunk *c = calloc(1, sizeof(*c));
+        chunk *c = aligned_alloc(PN_LINE, sizeof(*c));
+        if (c)
+            memset(c, 0, sizeof(*c));
         if (!c) {
             pthread_mutex_unlock(&desc_lock);
             return NULL;

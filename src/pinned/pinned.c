@@ -134,8 +134,9 @@ static pn_pool *pool_get(const stoke_backend *vt, int dev)
         }
     }
     if (!found && i < PN_MAX_POOLS) {
-        found = calloc(1, sizeof(*found));
+        found = aligned_alloc(PN_LINE, sizeof(*found));
         if (found) {
+            memset(found, 0, sizeof(*found));
             found->vt = vt;
             found->dev = dev;
             for (int c = 0; c < PN_NCLASS; c++)
@@ -459,9 +460,10 @@ static pn_tcache *tc_get(void)
     pn_tcache *tc = tl_tc;
     if (tc || tl_tc_dead)
         return tc;
-    tc = calloc(1, sizeof(*tc));
+    tc = aligned_alloc(PN_LINE, sizeof(*tc));
     if (!tc)
         return NULL;
+    memset(tc, 0, sizeof(*tc));
     pthread_mutex_init(&tc->lock, NULL);
     pthread_mutex_lock(&g.lock);
     tc->next = g.tcaches;

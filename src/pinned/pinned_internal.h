@@ -53,8 +53,11 @@ typedef struct pn_evnode {
 
 struct pn_pool;
 
+/* Descriptors, thread caches and bins are written by different threads: one cache line each. */
+#define PN_LINE 64
+
 typedef struct pn_block {
-    _Atomic uintptr_t addr; /* start of the block; 0 while the descriptor is unused */
+    _Alignas(PN_LINE) _Atomic uintptr_t addr; /* start of the block; 0 while the descriptor is unused */
     _Atomic int state;      /* PN_* state */
     int kind;               /* PN_PINNED (pool->vt set), PN_STANDIN (pool->vt NULL), PN_FALLBACK */
     int cls;
@@ -77,7 +80,7 @@ void stoke__pn_live_foreach(void (*fn)(pn_block *b));
 
 /* ---- pools and thread caches ------------------------------------------------------------- */
 typedef struct pn_bin {
-    pthread_mutex_t lock; /* guards head/n */
+    _Alignas(PN_LINE) pthread_mutex_t lock; /* guards head/n */
     pn_block *head;
     size_t n;
 } pn_bin;
@@ -100,7 +103,7 @@ typedef struct pn_counters {
 } pn_counters;
 
 typedef struct pn_tcache {
-    pthread_mutex_t lock; /* guards everything below except next/prev (g.lock) */
+    _Alignas(PN_LINE) pthread_mutex_t lock; /* guards everything below except next/prev (g.lock) */
     pn_pool *pool;
     pn_block *bins[PN_TC_NCLASS];
     uint8_t n[PN_TC_NCLASS];
