@@ -1,0 +1,136 @@
+#!/bin/sh
+# GPU checks for a machine with an NVIDIA GPU and driver (everything else runs in `make test` on
+# CPU-only machines).  Builds stoke (Release) in $BUILD, then:
+#   1. stoke devices: cuda must be available, with its devices
+#   2. the cuda tests: test_cuda_mock, and test_cuda_gpu on the real GPU (a skip is a failure)
+#   3. stoke bench copy: host<->device bandwidth from pinned and pageable memory
+#   4. the loader to the device: stoke load ... --device cuda --verify must give the host path's
+#      content_hash, for synthetic data and for a .npy file
+# and prints one table.  Takes about a minute (build included); every step has a time limit.
+#
+#   tests/gpu/run.sh                    # BUILD=build-gpu, BACKEND=cuda
+#   BACKEND=opencl tests/gpu/run.sh     # dry run of the script on PoCL (STOKE_ACCELERATOR=opencl)
+# Exit status: 0 when every check passed, 1 otherwise.
+set -u
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+BUILD=${BUILD:-$ROOT/build-gpu}
+BACKEND=${BACKEND:-cuda}
+JOBS=$(nproc 2>/dev/null || echo 4)
+LOG=$BUILD/gpu-checks.log
+CLI=$BUILD/stoke
+ROWS=""
+FAILED=0
+
+mkdir -p "$BUILD"
+: >"$LOG"
+row() { # check, PASS/FAIL, detail
+    ROWS="$ROWS$(printf '%-28s %-5s %s' "$1" "$2" "$3")
+"
+    [ "$2" = PASS ] || FAILED=1
+}
+field() { # json, key -> value (first occurrence, quotes stripped)
+    printf '%s' "$1" | grep -o "\"$2\": \"\{0,1\}[^\",}]*" | head -n 1 |
+        sed "s/^\"$2\": \"\{0,1\}//"
+}
+step() { # name, seconds, command...: runs with a limit, output to the log; returns its status
+    name=$1 secs=$2
+    shift 2
+    echo "=== $name: $*" >>"$LOG"
+    timeout "$secs" "$@" >>"$LOG" 2>&1
+}
+
+echo "stoke GPU checks ($BACKEND) in $BUILD; details in $LOG"
+command -v nvidia-smi >/dev/null 2>&1 &&
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >>"$LOG" 2>&1
+
+# 0. build ----------------------------------------------------------------------------------
+if step configure 120 cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release &&
+    step build 240 cmake --build "$BUILD" -j "$JOBS"; then
+    row build PASS "Release, $JOBS jobs"
+else
+    row build FAIL "see $LOG"
+    printf '\n%s' "$ROWS"
+    exit 1
+fi
+export STOKE_ACCELERATOR=$BACKEND STOKE_PLUGIN_PATH=
+
+# 1. devices --------------------------------------------------------------------------------
+dev=$(timeout 60 "$CLI" devices --json 2>>"$LOG")
+echo "$dev" >>"$LOG"
+if [ "$(field "$dev" backend)" = "$BACKEND" ]; then
+    row "devices" PASS "$(field "$dev" device_count) device(s): $(field "$dev" name)"
+else
+    row "devices" FAIL "$BACKEND unavailable: $(printf '%s' "$dev" |
+        sed -n "s/.*\"name\": \"$BACKEND\"[^}]*\"reason\": \"\([^\"]*\)\".*/\1/p")"
+fi
+
+# 2. tests ----------------------------------------------------------------------------------
+if [ -d "$BUILD/tests" ]; then
+    for t in test_cuda_mock test_cuda_gpu; do
+        out=$(cd "$BUILD" && timeout 120 ctest -R "^$t\$" -V 2>&1)
+        echo "$out" >>"$LOG"
+        if ! printf '%s' "$out" | grep -q "tests passed, 0 tests failed"; then
+            row "$t" FAIL "see $LOG"
+        elif printf '%s' "$out" | grep -q "SKIPPED"; then
+            if [ "$BACKEND" = cuda ]; then
+                row "$t" FAIL "skipped: no usable GPU"
+            else
+                row "$t" PASS "skipped ($BACKEND dry run)"
+            fi
+        else
+            row "$t" PASS "$(printf '%s' "$out" | grep -c '\[       OK \]') test(s)"
+        fi
+    done
+else
+    row "tests" FAIL "not built (cmocka missing: make deps)"
+fi
+
+# 3. bench copy -----------------------------------------------------------------------------
+bench=$(timeout 180 "$CLI" bench copy --json 2>>"$LOG")
+echo "$bench" >>"$LOG"
+big=$(printf '%s' "$bench" | sed -n 's/.*{"size": 67108864, \([^}]*\)}.*/\1/p')
+small=$(printf '%s' "$bench" | sed -n 's/.*{"size": 65536, \([^}]*\)}.*/\1/p')
+if [ -n "$big" ]; then
+    row "bench copy 64 MiB" PASS "h2d pinned $(field "$big" h2d_pinned_gbps) GB/s, pageable $(field "$big" h2d_pageable_gbps) GB/s; d2h pinned $(field "$big" d2h_pinned_gbps) GB/s"
+    row "bench copy 64 KiB" PASS "h2d pinned $(field "$small" h2d_pinned_gbps) GB/s, pageable $(field "$small" h2d_pageable_gbps) GB/s"
+else
+    row "bench copy" FAIL "see $LOG"
+fi
+
+# 4. loader to the device -------------------------------------------------------------------
+load_check() { # label, source, options
+    host=$(STOKE_ACCELERATOR= timeout 120 "$CLI" load "$2" $3 --json 2>>"$LOG")
+    devr=$(timeout 120 "$CLI" load "$2" $3 --device "$BACKEND" --verify --json 2>>"$LOG")
+    echo "$host" >>"$LOG"
+    echo "$devr" >>"$LOG"
+    h=$(field "$host" content_hash)
+    d=$(field "$devr" content_hash)
+    if [ -n "$h" ] && [ "$h" = "$d" ] && [ "$(field "$devr" verified)" = true ]; then
+        row "$1" PASS "hash $d, $(field "$devr" device_copies) copies, $(field "$devr" samples_per_s) samples/s (host $(field "$host" samples_per_s))"
+    else
+        row "$1" FAIL "host hash '$h', device hash '$d', verified '$(field "$devr" verified)'"
+    fi
+}
+load_check "load synthetic --device" "synthetic:100000,shape=3x64x64" \
+    "--batch-size 256 --workers 4 --shuffle --seed 3"
+npy=$BUILD/gpu-check.npy
+if command -v python3 >/dev/null 2>&1 && python3 - "$npy" <<'EOF'
+import struct, sys
+n, c, w = 20000, 3, 32
+d = "{'descr': '<f4', 'fortran_order': False, 'shape': (%d, %d, %d), }" % (n, c, w)
+total = (10 + len(d) + 1 + 63) // 64 * 64
+with open(sys.argv[1], "wb") as f:
+    f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", total - 10) + d.encode()
+            + b" " * (total - 11 - len(d)) + b"\n")
+    f.write(struct.pack("<%df" % (n * c * w), *[(i % 977) * 0.5 for i in range(n * c * w)]))
+EOF
+then
+    load_check "load npy --device" "npy:$npy" "--batch-size 128 --workers 4"
+else
+    row "load npy --device" FAIL "could not write a .npy (python3 missing?)"
+fi
+
+printf '\n%-28s %-5s %s\n' CHECK RESULT DETAIL
+printf '%s' "$ROWS"
+[ "$FAILED" = 0 ] && echo "all GPU checks passed" || echo "some GPU checks FAILED (details in $LOG)"
+exit "$FAILED"
