@@ -45,6 +45,8 @@ static void once_init(void)
     if (p > 0)
         page_size = (size_t)p;
     stoke__pinned_set_page(page_size);
+    /* Cached blocks and pooled events reference backends: drop them before a reset unloads. */
+    stoke__registry_on_reset(stoke__pinned_reset);
 }
 
 void stoke__pn_init_slow(void)

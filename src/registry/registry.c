@@ -655,8 +655,31 @@ int stoke_device_set(int dev)
     return STOKE_OK;
 }
 
+static pthread_mutex_t reset_hooks_lock = PTHREAD_MUTEX_INITIALIZER;
+static void (*reset_hooks[8])(void); /* guarded by reset_hooks_lock */
+
+void stoke__registry_on_reset(void (*fn)(void))
+{
+    pthread_mutex_lock(&reset_hooks_lock);
+    for (size_t i = 0; i < STOKE__ARRAY_LEN(reset_hooks); i++) {
+        if (reset_hooks[i] == fn)
+            break;
+        if (!reset_hooks[i]) {
+            reset_hooks[i] = fn;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&reset_hooks_lock);
+}
+
 void stoke__registry_reset(void)
 {
+    void (*hooks[STOKE__ARRAY_LEN(reset_hooks)])(void);
+    pthread_mutex_lock(&reset_hooks_lock);
+    memcpy(hooks, reset_hooks, sizeof(hooks));
+    pthread_mutex_unlock(&reset_hooks_lock);
+    for (size_t i = 0; i < STOKE__ARRAY_LEN(hooks) && hooks[i]; i++)
+        hooks[i]();
     pthread_mutex_lock(&reg.lock);
     atomic_store(&reg.published, NULL);
     for (int i = 0; i < reg.nplugins; i++) {

@@ -28,4 +28,9 @@ void stoke__backend_names(char *out, size_t len);
  * respect to concurrent stoke calls. */
 void stoke__registry_reset(void);
 
+/* Registers `fn` to run at the start of every stoke__registry_reset, before any backend shuts
+ * down, without the registry lock held: layers above (the pinned cache) free what still
+ * references a backend.  Registering the same function twice is a no-op; at most 8. */
+void stoke__registry_on_reset(void (*fn)(void));
+
 #endif
