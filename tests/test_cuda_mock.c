@@ -190,13 +190,17 @@ static CUresult m_free_host(void *p)
 static CUresult m_register(void *p, size_t n, unsigned flags)
 {
     need_ctx("cuMemHostRegister", -1);
+    pthread_mutex_lock(&mock.lock);
     mock.registers++;
+    pthread_mutex_unlock(&mock.lock);
     return CUDA_SUCCESS;
 }
 static CUresult m_unregister(void *p)
 {
     need_ctx("cuMemHostUnregister", -1);
+    pthread_mutex_lock(&mock.lock);
     mock.unregisters++;
+    pthread_mutex_unlock(&mock.lock);
     return CUDA_SUCCESS;
 }
 /* Device memory: a malloc'd block with its device in front. */
@@ -242,7 +246,9 @@ static CUresult m_mem_alloc(CUdeviceptr *d, size_t n)
     h->dev = cur_dev();
     h->size = n;
     *d = (CUdeviceptr)(uintptr_t)(h + 1);
+    pthread_mutex_lock(&mock.lock);
     mock.dev_allocs++;
+    pthread_mutex_unlock(&mock.lock);
     return CUDA_SUCCESS;
 }
 static CUresult m_mem_free(CUdeviceptr d)
@@ -254,7 +260,9 @@ static CUresult m_mem_free(CUdeviceptr d)
     need_ctx("cuMemFree", h->dev);
     mock_forget(h);
     free(h);
+    pthread_mutex_lock(&mock.lock);
     mock.dev_frees++;
+    pthread_mutex_unlock(&mock.lock);
     return CUDA_SUCCESS;
 }
 static CUresult m_stream_create(CUstream *s, unsigned flags)
@@ -286,7 +294,9 @@ static CUresult m_h2d(CUdeviceptr dst, const void *src, size_t n, CUstream s)
     if (!h || h->dev != s->dev || off + n > h->size)
         return CUDA_ERROR_INVALID_VALUE;
     memcpy((char *)(h + 1) + off, src, n);
+    pthread_mutex_lock(&mock.lock);
     mock.h2d++;
+    pthread_mutex_unlock(&mock.lock);
     return CUDA_SUCCESS;
 }
 static CUresult m_d2h(void *dst, CUdeviceptr src, size_t n, CUstream s)
@@ -297,7 +307,9 @@ static CUresult m_d2h(void *dst, CUdeviceptr src, size_t n, CUstream s)
     if (!h || h->dev != s->dev || off + n > h->size)
         return CUDA_ERROR_INVALID_VALUE;
     memcpy(dst, (char *)(h + 1) + off, n);
+    pthread_mutex_lock(&mock.lock);
     mock.d2h++;
+    pthread_mutex_unlock(&mock.lock);
     return CUDA_SUCCESS;
 }
 static CUresult m_event_create(CUevent *e, unsigned flags)
@@ -758,6 +770,61 @@ static void test_alloc_copy_event_cycle(void **state)
     assert_no_violation();
 }
 
+/* Several threads on one device at once: one retained context, every call in it. */
+static void *cycle_worker(void *arg)
+{
+    int *ok = arg;
+    *ok = 0;
+    if (stoke_device_set(1) != STOKE_OK)
+        return NULL;
+    size_t n = 65536;
+    unsigned char *src = NULL, *back = malloc(n);
+    stoke_stream *s = NULL;
+    stoke_device_buffer *d = NULL;
+    stoke_event *e = NULL;
+    if (back && stoke_pinned_alloc(n, (void **)&src) == STOKE_OK &&
+        stoke_stream_create(NULL, &s) == STOKE_OK &&
+        stoke_device_buffer_create(s, n, &d) == STOKE_OK && stoke_event_create(s, &e) == STOKE_OK) {
+        *ok = 1;
+        for (int r = 0; r < 20 && *ok; r++) {
+            memset(src, r, n);
+            if (stoke_copy_h2d_async(d, 0, src, n, s) != STOKE_OK ||
+                stoke_copy_d2h_async(back, d, 0, n, s) != STOKE_OK ||
+                stoke_event_record(e, s) != STOKE_OK || stoke_event_synchronize(e) != STOKE_OK ||
+                memcmp(back, src, n) != 0)
+                *ok = 0;
+        }
+    }
+    stoke_event_destroy(e);
+    stoke_device_buffer_destroy(d);
+    stoke_stream_destroy(s);
+    if (src)
+        stoke_pinned_free(src);
+    free(back);
+    if (ctx_depth != 0)
+        *ok = 0;
+    return NULL;
+}
+
+static void test_threads_share_one_context(void **state)
+{
+    install(2, NULL);
+    char reason[256];
+    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_OK);
+    enum { T = 4 };
+    pthread_t th[T];
+    int ok[T];
+    for (int i = 0; i < T; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, cycle_worker, &ok[i]), 0);
+    for (int i = 0; i < T; i++) {
+        pthread_join(th[i], NULL);
+        assert_true(ok[i]);
+    }
+    assert_int_equal(mock.retain_calls[1], 1);
+    assert_int_equal(mock.retain_calls[0], 0);
+    assert_no_violation();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -772,6 +839,7 @@ int main(void)
         cmocka_unit_test_teardown(test_context_only_for_device_used, teardown),
         cmocka_unit_test_teardown(test_alloc_failures_are_clear, teardown),
         cmocka_unit_test_teardown(test_alloc_copy_event_cycle, teardown),
+        cmocka_unit_test_teardown(test_threads_share_one_context, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
