@@ -19,6 +19,7 @@
 #define KiB ((size_t)1 << 10)
 
 static const char *const vars[] = {"STOKE_SIMDEV_COPY_DELAY_US", "STOKE_SIMDEV_FAIL_ALLOC",
+                                   "STOKE_SIMDEV_FAIL_COPY",
                                    "STOKE_SIMDEV_DEVICES", "STOKE_PINNED", "STOKE_PINNED_LIMIT"};
 
 static void clear_vars(void)
@@ -290,6 +291,33 @@ static void test_pinned_pending_copy_blocks_reuse(void **state)
     assert_int_equal(stoke_stream_synchronize(s), STOKE_OK);
     stoke_device_buffer_destroy(dbuf);
     stoke_stream_destroy(s);
+}
+
+/* A copy that fails still ends: its event reports the error, and the block is reusable. */
+static void test_pinned_failed_copy_releases_block(void **state)
+{
+    stoke__pinned_reset();
+    setenv("STOKE_SIMDEV_FAIL_COPY", "1", 1);
+    setenv("STOKE_SIMDEV_COPY_DELAY_US", "20000", 1);
+    tu_use_simdev();
+    stoke_stream *s = NULL;
+    stoke_device_buffer *dbuf = NULL;
+    assert_int_equal(stoke_stream_create(NULL, &s), STOKE_OK);
+    assert_int_equal(stoke_device_buffer_create(s, 64 * KiB, &dbuf), STOKE_OK);
+    void *a = alloc_ok(64 * KiB);
+    assert_int_equal(stoke_copy_h2d_async(dbuf, 0, a, 64 * KiB, s), STOKE_OK);
+    assert_int_equal(stoke_pinned_record_stream(a, s), STOKE_OK);
+    assert_int_equal(stoke_pinned_free(a), STOKE_OK);
+    /* The injected failure is delivered to the block's event (the first marker after it). */
+    assert_int_equal(stoke_stream_synchronize(s), STOKE_OK);
+    assert_int_equal(sd_counters().copies_failed, 1);
+    void *b = alloc_ok(64 * KiB);
+    assert_ptr_equal(a, b);
+    assert_int_equal(stats().count_waiting, 0);
+    assert_int_equal(stoke_pinned_free(b), STOKE_OK);
+    stoke_device_buffer_destroy(dbuf);
+    stoke_stream_destroy(s);
+    unsetenv("STOKE_SIMDEV_FAIL_COPY");
 }
 
 /* ---- stats and empty_cache ----------------------------------------------------------------------- */
@@ -697,6 +725,8 @@ int main(void)
                                         setup_simdev, teardown),
         cmocka_unit_test_setup_teardown(test_pinned_bad_pointers, setup_simdev, teardown),
         cmocka_unit_test_setup_teardown(test_pinned_pending_copy_blocks_reuse, setup_none,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_pinned_failed_copy_releases_block, setup_none,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_pinned_stats_match_rounding_and_empty_cache_keeps_live,
                                         setup_simdev, teardown),
