@@ -877,7 +877,10 @@ int stoke_loader_next(stoke_loader *l, stoke_batch **out)
     stoke_batch *b = NULL;
 
     if (l->nworkers == 0) {
-        if (l->ds.worker_init && !l->caller_inited) {
+        pthread_mutex_lock(&l->mu);
+        int over = l->ended || l->next_dispatch >= l->nbatches;
+        pthread_mutex_unlock(&l->mu);
+        if (!over && l->ds.worker_init && !l->caller_inited) {
             rc = l->ds.worker_init(l->ds.user, 0, 0);
             if (rc != STOKE_OK)
                 return fail_l(l, rc < 0 ? rc : STOKE_EDATA, "loader: worker_init failed (%s)",
@@ -888,8 +891,6 @@ int stoke_loader_next(stoke_loader *l, stoke_batch **out)
         if (l->ended || l->next_dispatch >= l->nbatches) {
             l->ended = 1;
             pthread_mutex_unlock(&l->mu);
-            if (!l->o.persistent_workers)
-                l->caller_inited = 0;
             return STOKE_EEND;
         }
         b = l->free_b;
@@ -917,6 +918,11 @@ int stoke_loader_next(stoke_loader *l, stoke_batch **out)
         b = take_done(l);
         /* b is the batch just made (nothing else is in flight without workers). */
     } else {
+        pthread_mutex_lock(&l->mu);
+        int over = l->ended;
+        pthread_mutex_unlock(&l->mu);
+        if (over)
+            return STOKE_EEND;
         if ((rc = start_workers(l)) != STOKE_OK)
             return rc;
         pthread_mutex_lock(&l->mu);

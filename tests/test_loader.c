@@ -1,0 +1,519 @@
+/* Loader core: order, shuffle, determinism across worker counts, drop_last, out-of-order
+ * delivery, timeout, sample errors, early destroy, persistent workers, save/restore, stats. */
+#include "testutil.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "test_loader_ds.h"
+
+static stoke_loader_opts base_opts(size_t bs, int workers)
+{
+    stoke_loader_opts o;
+    stoke_loader_opts_init(&o);
+    o.batch_size = bs;
+    o.num_workers = workers;
+    o.pin_memory = 0; /* pinning is test_loader_pin's subject */
+    return o;
+}
+
+/* Runs one epoch; stores the delivered indices in order (up to cap) and returns the count of
+ * samples.  Checks every batch's bytes. */
+static uint64_t run_epoch(stoke_loader *l, uint64_t *out, uint64_t cap, uint64_t *nbatches)
+{
+    stoke_batch *b;
+    uint64_t n = 0, nb = 0;
+    int rc;
+    while ((rc = stoke_loader_next(l, &b)) == STOKE_OK) {
+        assert_true(tds_batch_ok(b));
+        const uint64_t *idx = stoke_batch_indices(b);
+        for (size_t j = 0; j < stoke_batch_count(b); j++, n++)
+            if (out && n < cap)
+                out[n] = idx[j];
+        nb++;
+        stoke_batch_release(b);
+    }
+    assert_int_equal(rc, STOKE_EEND);
+    assert_int_equal(stoke_loader_next(l, &b), STOKE_EEND); /* sticky */
+    if (nbatches)
+        *nbatches = nb;
+    return n;
+}
+
+static void test_sequential_order(void **state)
+{
+    tu_use_none();
+    static const int workers[] = {0, 1, 3};
+    for (size_t w = 0; w < 3; w++) {
+        tds t;
+        stoke_dataset ds;
+        tds_make(&t, &ds, 100);
+        stoke_loader_opts o = base_opts(8, workers[w]);
+        stoke_loader *l;
+        assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+        assert_int_equal(stoke_loader_num_batches(l), 13);
+        stoke_batch *b;
+        uint64_t expect = 0, seq = 0;
+        while (stoke_loader_next(l, &b) == STOKE_OK) {
+            assert_int_equal(stoke_batch_seq(b), seq++);
+            assert_int_equal(stoke_batch_count(b), seq == 13 ? 4 : 8);
+            for (size_t j = 0; j < stoke_batch_count(b); j++)
+                assert_int_equal(stoke_batch_indices(b)[j], expect++);
+            assert_true(tds_batch_ok(b));
+            int64_t shape[STOKE_MAX_DIMS + 1];
+            assert_int_equal(stoke_batch_shape(b, 0, shape), 2);
+            assert_int_equal(shape[0], (int64_t)stoke_batch_count(b));
+            assert_int_equal(shape[1], DS_BYTES);
+            assert_int_equal(stoke_batch_shape(b, 1, shape), 1);
+            assert_int_equal(stoke_batch_dtype(b, 1), STOKE_DTYPE_I64);
+            assert_int_equal(stoke_batch_field_bytes(b, 1), 8 * stoke_batch_count(b));
+            assert_string_equal(stoke_batch_field(b, 1)->name, "label");
+            assert_null(stoke_batch_data(b, 2));
+            assert_false(stoke_batch_is_pinned(b));
+            assert_null(stoke_batch_device_buffer(b));
+            stoke_batch_release(b);
+        }
+        assert_int_equal(expect, 100);
+        stoke_loader_stats st = {.size = sizeof(st)};
+        assert_int_equal(stoke_loader_get_stats(l, &st), STOKE_OK);
+        assert_int_equal(st.samples, 100);
+        assert_int_equal(st.batches, 13);
+        assert_int_equal(st.bytes, 100 * (DS_BYTES + 8));
+        assert_int_equal(st.pageable_batches, 13);
+        assert_int_equal(st.pinned_batches, 0);
+        assert_true(st.wait_p99_s >= st.wait_p50_s);
+        assert_true(st.buffers <= (uint64_t)(2 * (workers[w] ? workers[w] : 1) + 2));
+        stoke_loader_destroy(l);
+        tds_free(&t);
+    }
+}
+
+static void test_shuffle_epochs(void **state)
+{
+    tds t;
+    stoke_dataset ds;
+    tds_make(&t, &ds, 1000);
+    stoke_loader_opts o = base_opts(10, 2);
+    o.shuffle = 1;
+    o.seed = 77;
+    stoke_loader *l;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    uint64_t *a = calloc(1000, 8), *b = calloc(1000, 8);
+    assert_int_equal(run_epoch(l, a, 1000, NULL), 1000);
+    assert_int_equal(stoke_loader_next_epoch(l), STOKE_OK);
+    assert_int_equal(stoke_loader_epoch(l), 1);
+    assert_int_equal(run_epoch(l, b, 1000, NULL), 1000);
+    unsigned char *sa = calloc(1000, 1), *sb = calloc(1000, 1);
+    int same = 0, sorted = 0;
+    for (int i = 0; i < 1000; i++) {
+        assert_int_equal(sa[a[i]]++, 0);
+        assert_int_equal(sb[b[i]]++, 0);
+        same += a[i] == b[i];
+        sorted += a[i] == (uint64_t)i;
+    }
+    assert_true(same < 100);
+    assert_true(sorted < 100);
+    free(a);
+    free(b);
+    free(sa);
+    free(sb);
+    stoke_loader_destroy(l);
+    tds_free(&t);
+}
+
+static void test_same_seed_any_workers(void **state)
+{
+    uint64_t *ref = NULL;
+    static const int workers[] = {0, 1, 4};
+    for (size_t w = 0; w < 3; w++) {
+        for (int in_order = 1; in_order >= 0; in_order--) {
+            if (!in_order && workers[w] == 0)
+                continue;
+            tds t;
+            stoke_dataset ds;
+            tds_make(&t, &ds, 500);
+            stoke_loader_opts o = base_opts(16, workers[w]);
+            o.shuffle = 1;
+            o.seed = 1234;
+            o.epoch = 3;
+            o.in_order = in_order;
+            stoke_loader *l;
+            assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+            uint64_t *got = calloc(500, 8);
+            assert_int_equal(run_epoch(l, got, 500, NULL), 500);
+            if (!ref) {
+                ref = got;
+            } else if (in_order) {
+                assert_memory_equal(ref, got, 500 * 8);
+                free(got);
+            } else { /* as completed: the same set */
+                uint64_t s1 = 0, s2 = 0;
+                for (int i = 0; i < 500; i++)
+                    s1 += ref[i], s2 += got[i];
+                assert_int_equal(s1, s2);
+                free(got);
+            }
+            stoke_loader_destroy(l);
+            tds_free(&t);
+        }
+    }
+    free(ref);
+}
+
+static void test_drop_last(void **state)
+{
+    for (int drop = 0; drop < 2; drop++) {
+        tds t;
+        stoke_dataset ds;
+        tds_make(&t, &ds, 103);
+        stoke_loader_opts o = base_opts(10, 2);
+        o.drop_last = drop;
+        stoke_loader *l;
+        assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+        uint64_t nb;
+        uint64_t n = run_epoch(l, NULL, 0, &nb);
+        assert_int_equal(nb, drop ? 10 : 11);
+        assert_int_equal(n, drop ? 100 : 103);
+        assert_int_equal(stoke_loader_num_batches(l), nb);
+        stoke_loader_destroy(l);
+        tds_free(&t);
+    }
+}
+
+/* Sample 5 (batch 1) blocks until the consumer has received a later batch: with in_order = 0
+ * the later batches come first, deterministically. */
+static void test_out_of_order(void **state)
+{
+    tds t;
+    stoke_dataset ds;
+    tds_make(&t, &ds, 64);
+    t.slow_index = 5;
+    stoke_loader_opts o = base_opts(4, 2);
+    o.in_order = 0;
+    stoke_loader *l;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    stoke_batch *b;
+    unsigned char seen[16] = {0};
+    int pos = 0, pos_of_1 = -1, later_before_1 = 0;
+    while (stoke_loader_next(l, &b) == STOKE_OK) {
+        uint64_t s = stoke_batch_seq(b);
+        assert_true(s < 16);
+        assert_int_equal(seen[s]++, 0);
+        assert_true(tds_batch_ok(b));
+        if (s == 1)
+            pos_of_1 = pos;
+        else if (s > 1 && pos_of_1 < 0) {
+            later_before_1++;
+            tds_open_gate(&t);
+        }
+        pos++;
+        stoke_batch_release(b);
+    }
+    assert_int_equal(pos, 16);
+    assert_true(later_before_1 >= 1);
+    assert_true(pos_of_1 > 0);
+    stoke_loader_state st;
+    stoke_loader_save_state(l, &st);
+    assert_int_equal(st.cursor, 16);
+    stoke_loader_destroy(l);
+    tds_free(&t);
+}
+
+static void test_timeout(void **state)
+{
+    tds t;
+    stoke_dataset ds;
+    tds_make(&t, &ds, 64);
+    t.slow_index = 5;
+    stoke_loader_opts o = base_opts(4, 2);
+    o.timeout_ms = 50;
+    stoke_loader *l;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    stoke_batch *b;
+    assert_int_equal(stoke_loader_next(l, &b), STOKE_OK); /* batch 0 */
+    assert_int_equal(stoke_batch_seq(b), 0);
+    stoke_batch_release(b);
+    assert_int_equal(stoke_loader_next(l, &b), STOKE_ETIMEDOUT);
+    const char *e = stoke_loader_last_error(l);
+    assert_non_null(strstr(e, "sample 5 "));
+    assert_non_null(strstr(e, "timeout"));
+    assert_non_null(strstr(e, "worker"));
+    assert_non_null(strstr(stoke_last_error(), "sample 5 "));
+    assert_int_equal(stoke_loader_next(l, &b), STOKE_EEND);
+    tds_open_gate(&t);       /* the stuck sample finishes; destroy joins its thread */
+    stoke_loader_destroy(l);
+    tds_free(&t);
+}
+
+static void test_sample_error(void **state)
+{
+    static const int workers[] = {0, 3};
+    for (size_t w = 0; w < 2; w++) {
+        tds t;
+        stoke_dataset ds;
+        tds_make(&t, &ds, 100);
+        t.fail_index = 37; /* batch 4 */
+        stoke_loader_opts o = base_opts(8, workers[w]);
+        stoke_loader *l;
+        assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+        stoke_batch *b;
+        for (uint64_t i = 0; i < 4; i++) {
+            assert_int_equal(stoke_loader_next(l, &b), STOKE_OK);
+            assert_int_equal(stoke_batch_seq(b), i);
+            stoke_batch_release(b);
+        }
+        assert_int_equal(stoke_loader_next(l, &b), STOKE_EDATA);
+        const char *e = stoke_loader_last_error(l);
+        assert_non_null(strstr(e, "sample 37 "));
+        assert_non_null(strstr(e, "row 37 is corrupt"));
+        assert_non_null(strstr(e, "worker "));
+        assert_int_equal(stoke_loader_next(l, &b), STOKE_EEND);
+        /* A new epoch starts again from the beginning. */
+        assert_int_equal(stoke_loader_set_epoch(l, 1), STOKE_OK);
+        assert_int_equal(stoke_loader_next(l, &b), STOKE_OK);
+        assert_int_equal(stoke_batch_seq(b), 0);
+        stoke_batch_release(b);
+        stoke_loader_destroy(l);
+        tds_free(&t);
+    }
+}
+
+static void test_early_destroy(void **state)
+{
+    for (int round = 0; round < 6; round++) {
+        tds t;
+        stoke_dataset ds;
+        tds_make(&t, &ds, 5000);
+        stoke_loader_opts o = base_opts(4, 1 + round % 4);
+        o.shuffle = round & 1;
+        o.in_order = round % 3 != 0;
+        o.persistent_workers = round & 1;
+        stoke_loader *l;
+        assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+        stoke_batch *b, *held = NULL;
+        for (int i = 0; i < 3 + round; i++) {
+            assert_int_equal(stoke_loader_next(l, &b), STOKE_OK);
+            if (i == 1)
+                held = b; /* still held at destroy: freed with the loader */
+            else
+                stoke_batch_release(b);
+        }
+        (void)held;
+        stoke_loader_destroy(l);
+        tds_free(&t);
+    }
+    stoke_loader_destroy(NULL);
+    /* created and destroyed without a single next() */
+    tds t;
+    stoke_dataset ds;
+    tds_make(&t, &ds, 10);
+    stoke_loader_opts o = base_opts(4, 2);
+    stoke_loader *l;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    stoke_loader_destroy(l);
+    tds_free(&t);
+}
+
+static void test_persistent_workers(void **state)
+{
+    static const int workers[] = {0, 3};
+    for (size_t w = 0; w < 2; w++) {
+        for (int persistent = 0; persistent < 2; persistent++) {
+            tds t;
+            stoke_dataset ds;
+            tds_make(&t, &ds, 40);
+            stoke_loader_opts o = base_opts(4, workers[w]);
+            o.persistent_workers = persistent;
+            stoke_loader *l;
+            assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+            for (int e = 0; e < 3; e++) {
+                if (e)
+                    stoke_loader_next_epoch(l);
+                assert_int_equal(run_epoch(l, NULL, 0, NULL), 40);
+            }
+            int per_start = workers[w] ? workers[w] : 1;
+            assert_int_equal(atomic_load(&t.inits), persistent ? per_start : 3 * per_start);
+            stoke_loader_destroy(l);
+            tds_free(&t);
+        }
+    }
+}
+
+static void test_save_restore(void **state)
+{
+    tds t;
+    stoke_dataset ds;
+    tds_make(&t, &ds, 200);
+    stoke_loader_opts o = base_opts(7, 2);
+    o.shuffle = 1;
+    o.seed = 9;
+    o.epoch = 2;
+    stoke_loader *a;
+    assert_int_equal(stoke_loader_create(&o, &ds, &a), STOKE_OK);
+    stoke_batch *b;
+    for (int i = 0; i < 5; i++) {
+        assert_int_equal(stoke_loader_next(a, &b), STOKE_OK);
+        stoke_batch_release(b);
+    }
+    stoke_loader_state st;
+    assert_int_equal(stoke_loader_save_state(a, &st), STOKE_OK);
+    assert_int_equal(st.seed, 9);
+    assert_int_equal(st.epoch, 2);
+    assert_int_equal(st.cursor, 5);
+    uint64_t want[200], got[200];
+    uint64_t nw = 0, ng = 0;
+    while (stoke_loader_next(a, &b) == STOKE_OK) {
+        for (size_t j = 0; j < stoke_batch_count(b); j++)
+            want[nw++] = stoke_batch_indices(b)[j];
+        stoke_batch_release(b);
+    }
+    assert_int_equal(nw, 200 - 35);
+    /* A different loader (other worker count, other seed and epoch) restored from the state. */
+    stoke_loader_opts o2 = base_opts(7, 3);
+    o2.shuffle = 1;
+    o2.seed = 1;
+    stoke_loader *c;
+    assert_int_equal(stoke_loader_create(&o2, &ds, &c), STOKE_OK);
+    assert_int_equal(stoke_loader_next(c, &b), STOKE_OK); /* already running: restore moves it */
+    stoke_batch_release(b);
+    assert_int_equal(stoke_loader_restore_state(c, &st), STOKE_OK);
+    while (stoke_loader_next(c, &b) == STOKE_OK) {
+        assert_true(tds_batch_ok(b));
+        for (size_t j = 0; j < stoke_batch_count(b); j++)
+            got[ng++] = stoke_batch_indices(b)[j];
+        stoke_batch_release(b);
+    }
+    assert_int_equal(ng, nw);
+    assert_memory_equal(want, got, nw * 8);
+    /* bad states */
+    stoke_loader_state bad = st;
+    bad.version = 99;
+    assert_int_equal(stoke_loader_restore_state(c, &bad), STOKE_EINVAL);
+    bad = st;
+    bad.cursor = 1000;
+    assert_int_equal(stoke_loader_restore_state(c, &bad), STOKE_EINVAL);
+    /* at the end of the epoch: restoring gives EEND at once */
+    bad = st;
+    bad.cursor = stoke_loader_num_batches(c);
+    assert_int_equal(stoke_loader_restore_state(c, &bad), STOKE_OK);
+    assert_int_equal(stoke_loader_next(c, &b), STOKE_EEND);
+    stoke_loader_destroy(a);
+    stoke_loader_destroy(c);
+    tds_free(&t);
+}
+
+static void test_held_buffers_limit(void **state)
+{
+    static const int workers[] = {0, 1};
+    for (size_t w = 0; w < 2; w++) {
+        tds t;
+        stoke_dataset ds;
+        tds_make(&t, &ds, 100);
+        stoke_loader_opts o = base_opts(2, workers[w]);
+        o.prefetch_factor = 1;
+        stoke_loader *l;
+        assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+        stoke_batch *held[3];
+        for (int i = 0; i < 3; i++)
+            assert_int_equal(stoke_loader_next(l, &held[i]), STOKE_OK);
+        stoke_batch *b;
+        assert_int_equal(stoke_loader_next(l, &b), STOKE_ELIMIT);
+        stoke_batch_release(held[0]);
+        assert_int_equal(stoke_loader_next(l, &b), STOKE_OK);
+        assert_int_equal(stoke_batch_seq(b), 3);
+        assert_true(tds_batch_ok(held[1]) && tds_batch_ok(held[2]) && tds_batch_ok(b));
+        stoke_batch_release(b);
+        stoke_batch_release(held[1]);
+        stoke_batch_release(held[2]);
+        stoke_loader_destroy(l);
+        tds_free(&t);
+    }
+}
+
+static void test_set_epoch_mid_epoch(void **state)
+{
+    tds t;
+    stoke_dataset ds;
+    tds_make(&t, &ds, 300);
+    stoke_loader_opts o = base_opts(5, 3);
+    o.shuffle = 1;
+    stoke_loader *l;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    stoke_batch *b, *kept;
+    assert_int_equal(stoke_loader_next(l, &kept), STOKE_OK);
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(stoke_loader_next(l, &b), STOKE_OK);
+        stoke_batch_release(b);
+    }
+    assert_int_equal(stoke_loader_set_epoch(l, 5), STOKE_OK);
+    uint64_t got[300];
+    assert_int_equal(run_epoch(l, got, 300, NULL), 300);
+    assert_true(tds_batch_ok(kept)); /* a batch of the abandoned run stays valid */
+    assert_int_equal(stoke_batch_epoch(kept), 0);
+    stoke_batch_release(kept);
+    /* identical to a fresh loader at epoch 5 */
+    o.epoch = 5;
+    o.num_workers = 0;
+    stoke_loader *f;
+    assert_int_equal(stoke_loader_create(&o, &ds, &f), STOKE_OK);
+    uint64_t ref[300];
+    assert_int_equal(run_epoch(f, ref, 300, NULL), 300);
+    assert_memory_equal(ref, got, sizeof(ref));
+    stoke_loader_destroy(f);
+    stoke_loader_destroy(l);
+    tds_free(&t);
+}
+
+static void test_bad_options(void **state)
+{
+    tds t;
+    stoke_dataset ds;
+    tds_make(&t, &ds, 10);
+    stoke_loader *l = (stoke_loader *)&t;
+    stoke_loader_opts o = base_opts(0, 0);
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_EINVAL);
+    assert_null(l);
+    o = base_opts(4, -1);
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_EINVAL);
+    o = base_opts(4, 1);
+    o.size = 0;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_EINVAL);
+    o = base_opts(4, 1);
+    ds.get = NULL;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_EINVAL);
+    assert_non_null(strstr(stoke_last_error(), "get()"));
+    /* distributed options reach the sampler */
+    tds_make(&t, &ds, 10);
+    o.sampler.distributed = 1;
+    o.sampler.rank = 1;
+    o.sampler.world_size = 3;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    uint64_t got[10];
+    assert_int_equal(run_epoch(l, got, 10, NULL), 4);
+    assert_int_equal(got[0], 1);
+    assert_int_equal(got[1], 4);
+    assert_int_equal(got[2], 7);
+    assert_int_equal(got[3], 0); /* padded from the start */
+    stoke_loader_destroy(l);
+    tds_free(&t);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sequential_order),
+        cmocka_unit_test(test_shuffle_epochs),
+        cmocka_unit_test(test_same_seed_any_workers),
+        cmocka_unit_test(test_drop_last),
+        cmocka_unit_test(test_out_of_order),
+        cmocka_unit_test(test_timeout),
+        cmocka_unit_test(test_sample_error),
+        cmocka_unit_test(test_early_destroy),
+        cmocka_unit_test(test_persistent_workers),
+        cmocka_unit_test(test_save_restore),
+        cmocka_unit_test(test_held_buffers_limit),
+        cmocka_unit_test(test_set_epoch_mid_epoch),
+        cmocka_unit_test(test_bad_options),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

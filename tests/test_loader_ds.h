@@ -1,0 +1,139 @@
+/* An in-test map-style dataset for the loader tests: sample i has a "data" field of DS_BYTES
+ * bytes, byte k = (i * 131 + k * 7 + 1) & 0xff, and a "label" field (i64) = i.  Hooks: one slow
+ * sample that blocks on a gate, one failing sample, a worker_init counter. */
+#ifndef TEST_LOADER_DS_H
+#define TEST_LOADER_DS_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "stoke/stoke.h"
+
+#define DS_BYTES 24
+#define DS_NONE UINT64_MAX
+
+typedef struct tds {
+    uint64_t n;
+    uint64_t slow_index;  /* get() of this index waits until tds_open_gate (or 20 s) */
+    uint64_t fail_index;  /* get() of this index fails with STOKE_EDATA */
+    atomic_int inits;     /* worker_init calls */
+    atomic_int gets;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int gate_open;
+} tds;
+
+static inline unsigned char tds_byte(uint64_t i, size_t k)
+{
+    return (unsigned char)((i * 131u + k * 7u + 1u) & 0xffu);
+}
+
+static uint64_t tds_length(void *user)
+{
+    return ((tds *)user)->n;
+}
+
+static void tds_wait_gate(tds *t)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += 20; /* safety net only: tests open the gate */
+    pthread_mutex_lock(&t->mu);
+    while (!t->gate_open)
+        if (pthread_cond_timedwait(&t->cv, &t->mu, &ts) != 0)
+            break;
+    pthread_mutex_unlock(&t->mu);
+}
+
+static inline void tds_open_gate(tds *t)
+{
+    pthread_mutex_lock(&t->mu);
+    t->gate_open = 1;
+    pthread_cond_broadcast(&t->cv);
+    pthread_mutex_unlock(&t->mu);
+}
+
+static int tds_get(void *user, uint64_t index, void *const dst[], int worker, char *msg,
+                   size_t msg_len)
+{
+    tds *t = user;
+    atomic_fetch_add(&t->gets, 1);
+    if (index == t->fail_index) {
+        snprintf(msg, msg_len, "row %llu is corrupt", (unsigned long long)index);
+        return STOKE_EDATA;
+    }
+    if (index == t->slow_index)
+        tds_wait_gate(t);
+    unsigned char *d = dst[0];
+    for (size_t k = 0; k < DS_BYTES; k++)
+        d[k] = tds_byte(index, k);
+    int64_t label = (int64_t)index;
+    memcpy(dst[1], &label, sizeof(label));
+    return STOKE_OK;
+}
+
+static int tds_worker_init(void *user, int worker, int num_workers)
+{
+    atomic_fetch_add(&((tds *)user)->inits, 1);
+    return STOKE_OK;
+}
+
+/* Fills *ds with a dataset over *t of n samples. */
+static inline void tds_make(tds *t, stoke_dataset *ds, uint64_t n)
+{
+    memset(t, 0, sizeof(*t));
+    t->n = n;
+    t->slow_index = DS_NONE;
+    t->fail_index = DS_NONE;
+    pthread_mutex_init(&t->mu, NULL);
+    pthread_cond_init(&t->cv, NULL);
+    memset(ds, 0, sizeof(*ds));
+    ds->size = sizeof(*ds);
+    ds->kind = STOKE_DATASET_MAP;
+    snprintf(ds->name, sizeof(ds->name), "testds");
+    ds->user = t;
+    ds->nfields = 2;
+    snprintf(ds->fields[0].name, sizeof(ds->fields[0].name), "data");
+    ds->fields[0].dtype = STOKE_DTYPE_U8;
+    ds->fields[0].itemsize = 1;
+    ds->fields[0].ndim = 1;
+    ds->fields[0].shape[0] = DS_BYTES;
+    ds->fields[0].bytes = DS_BYTES;
+    snprintf(ds->fields[1].name, sizeof(ds->fields[1].name), "label");
+    ds->fields[1].dtype = STOKE_DTYPE_I64;
+    ds->fields[1].itemsize = 8;
+    ds->fields[1].ndim = 0;
+    ds->fields[1].bytes = 8;
+    ds->length = tds_length;
+    ds->get = tds_get;
+    ds->worker_init = tds_worker_init;
+}
+
+static inline void tds_free(tds *t)
+{
+    pthread_mutex_destroy(&t->mu);
+    pthread_cond_destroy(&t->cv);
+}
+
+/* 1 if the host data of batch b holds exactly the samples of its indices. */
+static inline int tds_batch_ok(const stoke_batch *b)
+{
+    const unsigned char *d = stoke_batch_data(b, 0);
+    const int64_t *lab = stoke_batch_data(b, 1);
+    const uint64_t *idx = stoke_batch_indices(b);
+    if (!d || !lab || !idx)
+        return 0;
+    for (size_t j = 0; j < stoke_batch_count(b); j++) {
+        if ((uint64_t)lab[j] != idx[j])
+            return 0;
+        for (size_t k = 0; k < DS_BYTES; k++)
+            if (d[j * DS_BYTES + k] != tds_byte(idx[j], k))
+                return 0;
+    }
+    return 1;
+}
+
+#endif

@@ -1,0 +1,327 @@
+/* Loader pinning and device transfer: the pinned / not pinned / warning matrix, async copies to
+ * simdev (with a copy delay) that must never read a staging buffer already reused, and the CLI's
+ * --device --verify path. */
+#include "testutil.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "test_loader_ds.h"
+
+#define NO_ACCEL_WARNING "pin_memory is set but no accelerator was found; batches will not be pinned"
+
+/* Runs a whole epoch; returns batches; *pinned counts those pinned (by both the batch flag and
+ * stoke_is_pinned on the data). */
+static uint64_t drain(stoke_loader *l, uint64_t *pinned)
+{
+    stoke_batch *b;
+    uint64_t nb = 0;
+    *pinned = 0;
+    while (stoke_loader_next(l, &b) == STOKE_OK) {
+        assert_true(tds_batch_ok(b));
+        int flag = stoke_batch_is_pinned(b);
+        assert_int_equal(flag, stoke_is_pinned(stoke_batch_data(b, 0)));
+        *pinned += (uint64_t)flag;
+        nb++;
+        stoke_batch_release(b);
+    }
+    return nb;
+}
+
+typedef struct pin_case {
+    const char *name;
+    int simdev;            /* accelerator present */
+    int pin_memory;
+    const char *pin_device;
+    int expect_pinned;
+    int expect_warns;      /* WARN lines in all */
+    const char *warning;   /* substring of the warning, or NULL */
+} pin_case;
+
+static void test_pin_matrix(void **state)
+{
+    static const pin_case cases[] = {
+        {"simdev, default", 1, 1, NULL, 1, 0, NULL},
+        {"no accelerator", 0, 1, NULL, 0, 1, NO_ACCEL_WARNING},
+        {"pin_memory off", 1, 0, NULL, 0, 0, NULL},
+        {"pin_memory_device alone", 1, 0, "simdev", 0, 1, "has no effect"},
+        {"pin_memory_device simdev", 1, 1, "simdev", 1, 0, NULL},
+        {"pin_memory_device absent, simdev", 1, 1, "nosuch", 1, 1, "'nosuch' is not available"},
+        {"pin_memory_device absent, none", 0, 1, "nosuch", 0, 1, "'nosuch' is not available"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        const pin_case *c = &cases[i];
+        if (c->simdev)
+            tu_use_simdev();
+        else
+            tu_use_none();
+        tu_log_capture();
+        tu_log_clear();
+        for (int workers = 0; workers <= 2; workers += 2) {
+            tds t;
+            stoke_dataset ds;
+            tds_make(&t, &ds, 50);
+            stoke_loader_opts o;
+            stoke_loader_opts_init(&o);
+            o.batch_size = 8;
+            o.num_workers = workers;
+            o.pin_memory = c->pin_memory;
+            o.pin_memory_device = c->pin_device;
+            stoke_loader *l;
+            assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+            uint64_t pinned;
+            uint64_t nb = drain(l, &pinned);
+            assert_int_equal(nb, 7);
+            if (pinned != (c->expect_pinned ? nb : 0)) {
+                tu_log_dump();
+                fail_msg("case '%s': %llu of %llu batches pinned", c->name,
+                         (unsigned long long)pinned, (unsigned long long)nb);
+            }
+            stoke_loader_stats st = {.size = sizeof(st)};
+            stoke_loader_get_stats(l, &st);
+            assert_int_equal(st.pinned_batches, pinned);
+            assert_int_equal(st.pageable_batches, nb - pinned);
+            if (c->expect_pinned)
+                assert_string_equal(stoke_loader_pinned_backend(l), "simdev");
+            else
+                assert_null(stoke_loader_pinned_backend(l));
+            stoke_loader_destroy(l);
+            tds_free(&t);
+            int warns = tu_log_count(STOKE_LOG_WARN, NULL);
+            if (warns != c->expect_warns ||
+                (c->warning && tu_log_count(STOKE_LOG_WARN, c->warning) != 1)) {
+                tu_log_dump();
+                fail_msg("case '%s' (%d workers): %d warnings", c->name, workers, warns);
+            }
+            tu_log_clear();
+        }
+    }
+    stoke_log_set_callback(NULL, NULL);
+    tu_use_none();
+}
+
+/* Reads field 0 and 1 of b back from the device and checks them against its indices. */
+static void check_device_batch(stoke_batch *b)
+{
+    size_t n = stoke_batch_count(b);
+    unsigned char data[64 * DS_BYTES];
+    int64_t labels[64];
+    assert_true(n <= 64);
+    assert_int_equal(stoke_batch_device_wait(b), STOKE_OK);
+    assert_int_equal(stoke_event_query(stoke_batch_device_event(b)), STOKE_OK);
+    assert_int_equal(stoke_batch_device_read(b, 0, data), STOKE_OK);
+    assert_int_equal(stoke_batch_device_read(b, 1, labels), STOKE_OK);
+    const uint64_t *idx = stoke_batch_indices(b);
+    for (size_t j = 0; j < n; j++) {
+        if ((uint64_t)labels[j] != idx[j])
+            fail_msg("batch %llu sample %zu: device label %lld, expected %llu",
+                     (unsigned long long)stoke_batch_seq(b), j, (long long)labels[j],
+                     (unsigned long long)idx[j]);
+        for (size_t k = 0; k < DS_BYTES; k++)
+            if (data[j * DS_BYTES + k] != tds_byte(idx[j], k))
+                fail_msg("batch %llu sample %zu byte %zu differs on the device",
+                         (unsigned long long)stoke_batch_seq(b), j, k);
+    }
+}
+
+/* With a slow copy engine, the consumer releases two batches of every three at once, without
+ * waiting for their copies (so workers keep recycling staging buffers while copies are queued),
+ * and keeps the third until two more kept batches arrived, then reads it back from the device:
+ * a staging buffer reused before its copy ran would show up as wrong bytes. */
+static void device_run(int workers, int in_order)
+{
+    tds t;
+    stoke_dataset ds;
+    tds_make(&t, &ds, 480);
+    stoke_loader_opts o;
+    stoke_loader_opts_init(&o);
+    o.batch_size = 8;
+    o.num_workers = workers;
+    o.in_order = in_order;
+    o.shuffle = 1;
+    o.device = "simdev";
+    stoke_loader *l;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    stoke_batch *ring[2] = {0};
+    uint64_t nb = 0, kept = 0, seen_sum = 0;
+    stoke_batch *b;
+    while (stoke_loader_next(l, &b) == STOKE_OK) {
+        assert_null(stoke_batch_data(b, 0)); /* device transfer: the device buffer is the batch */
+        assert_non_null(stoke_batch_device_buffer(b));
+        assert_true(stoke_batch_is_pinned(b));
+        assert_int_equal(stoke_batch_device_offset(b, 0), 0);
+        for (size_t j = 0; j < stoke_batch_count(b); j++)
+            seen_sum += stoke_batch_indices(b)[j];
+        if (nb++ % 3) {
+            stoke_batch_release(b);
+            continue;
+        }
+        stoke_batch *old = ring[kept % 2];
+        if (old) {
+            check_device_batch(old);
+            stoke_batch_release(old);
+        }
+        ring[kept++ % 2] = b;
+    }
+    for (int i = 0; i < 2; i++) {
+        if (ring[i]) {
+            check_device_batch(ring[i]);
+            stoke_batch_release(ring[i]);
+        }
+    }
+    assert_int_equal(nb, 60);
+    assert_int_equal(seen_sum, 479 * 480 / 2);
+    stoke_loader_stats st = {.size = sizeof(st)};
+    stoke_loader_get_stats(l, &st);
+    assert_int_equal(st.device_copies, 60);
+    assert_int_equal(st.pinned_batches, 60);
+    assert_int_equal(st.device_bytes, 480 * (DS_BYTES + 8));
+    stoke_loader_destroy(l);
+    tds_free(&t);
+}
+
+static void test_device_transfer(void **state)
+{
+    tu_env("STOKE_SIMDEV_COPY_DELAY_US", "1500");
+    tu_use_simdev();
+    device_run(2, 1);
+    device_run(3, 0);
+    device_run(0, 1);
+    tu_env("STOKE_SIMDEV_COPY_DELAY_US", NULL);
+    tu_use_none();
+}
+
+static void test_device_early_destroy(void **state)
+{
+    tu_env("STOKE_SIMDEV_COPY_DELAY_US", "3000");
+    tu_use_simdev();
+    tds t;
+    stoke_dataset ds;
+    tds_make(&t, &ds, 400);
+    stoke_loader_opts o;
+    stoke_loader_opts_init(&o);
+    o.batch_size = 4;
+    o.num_workers = 2;
+    o.device = "simdev:1";
+    stoke_loader *l;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    stoke_batch *b;
+    for (int i = 0; i < 5; i++) {
+        assert_int_equal(stoke_loader_next(l, &b), STOKE_OK);
+        stoke_batch_release(b); /* released before its copy completed */
+    }
+    stoke_loader_destroy(l); /* copies in flight: destroy waits for them */
+    tds_free(&t);
+    tu_env("STOKE_SIMDEV_COPY_DELAY_US", NULL);
+    tu_use_none();
+}
+
+static void test_device_errors(void **state)
+{
+    tu_use_simdev();
+    tds t;
+    stoke_dataset ds;
+    tds_make(&t, &ds, 40);
+    stoke_loader_opts o;
+    stoke_loader_opts_init(&o);
+    o.batch_size = 4;
+    o.device = "nosuch";
+    stoke_loader *l = NULL;
+    assert_int_not_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    assert_null(l);
+    assert_non_null(strstr(stoke_last_error(), "nosuch"));
+    o.device = "simdev:99";
+    assert_int_not_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    /* a host loader has no device side */
+    o.device = NULL;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    stoke_batch *b;
+    assert_int_equal(stoke_loader_next(l, &b), STOKE_OK);
+    assert_null(stoke_batch_device_buffer(b));
+    assert_null(stoke_batch_device_event(b));
+    assert_int_equal(stoke_batch_device_wait(b), STOKE_ESTATE);
+    stoke_batch_release(b);
+    stoke_loader_destroy(l);
+    tds_free(&t);
+    tu_use_none();
+}
+
+/* A JSON value of `key` (number or string, as text) in `json`. */
+static const char *json_val(const char *json, const char *key, char *buf, size_t len)
+{
+    char pat[64];
+    snprintf(pat, sizeof(pat), "\"%s\": ", key);
+    const char *p = strstr(json, pat);
+    if (!p)
+        return NULL;
+    p += strlen(pat);
+    size_t n = strcspn(p, ",}");
+    snprintf(buf, len, "%.*s", (int)n, p);
+    return buf;
+}
+
+static void test_cli(void **state)
+{
+    static char out1[8192], out2[8192], err[8192];
+    char plug[1024];
+    snprintf(plug, sizeof(plug), "STOKE_PLUGIN_PATH=%s", tu_simdev_path());
+    const char *env_sim[] = {plug, "STOKE_SIMDEV_COPY_DELAY_US=200", NULL};
+    const char *env_none[] = {"STOKE_PLUGIN_PATH=", "STOKE_ACCELERATOR=", NULL};
+    const char *host[] = {tu_cli_path(), "load", "synthetic:3000", "--batch-size", "64",
+                          "--workers", "2", "--shuffle", "--seed", "5", "--json", NULL};
+    const char *dev[] = {tu_cli_path(), "load", "synthetic:3000", "--batch-size", "64",
+                         "--workers", "3", "--shuffle", "--seed", "5", "--device", "simdev",
+                         "--verify", "--json", NULL};
+    assert_int_equal(tu_run(host, env_sim, out1, sizeof(out1), err, sizeof(err)), 0);
+    assert_int_equal(tu_run(dev, env_sim, out2, sizeof(out2), err, sizeof(err)), 0);
+    char a[128], b[128];
+    assert_non_null(json_val(out1, "content_hash", a, sizeof(a)));
+    assert_non_null(json_val(out2, "content_hash", b, sizeof(b)));
+    assert_true(a[0] == '"' && a[1] == '0' && a[2] == 'x');
+    assert_string_equal(a, b);
+    assert_string_equal(json_val(out1, "order_hash", a, sizeof(a)),
+                        json_val(out2, "order_hash", b, sizeof(b)));
+    assert_string_equal(json_val(out1, "samples", a, sizeof(a)), "3000");
+    assert_string_equal(json_val(out1, "batches", a, sizeof(a)), "47");
+    assert_string_equal(json_val(out1, "pinned_batches", a, sizeof(a)), "47");
+    assert_string_equal(json_val(out2, "device_copies", a, sizeof(a)), "47");
+    assert_string_equal(json_val(out1, "accelerator", a, sizeof(a)), "\"simdev\"");
+    assert_string_equal(json_val(out1, "index_sum", a, sizeof(a)), "4498500");
+    static const char *keys[] = {"seconds", "samples_per_s", "bytes_per_s", "pageable_batches",
+                                 "data_wait_s"};
+    for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
+        assert_non_null(json_val(out1, keys[i], a, sizeof(a)));
+
+    /* no accelerator: one warning, pageable batches, the same content */
+    const char *host0[] = {tu_cli_path(), "load", "synthetic:3000", "--batch-size", "64",
+                           "--workers", "0", "--json", NULL};
+    assert_int_equal(tu_run(host0, env_none, out2, sizeof(out2), err, sizeof(err)), 0);
+    assert_string_equal(json_val(out2, "accelerator", a, sizeof(a)), "null");
+    assert_string_equal(json_val(out2, "pageable_batches", a, sizeof(a)), "47");
+    assert_string_equal(json_val(out1, "content_hash", a, sizeof(a)),
+                        json_val(out2, "content_hash", b, sizeof(b)));
+    assert_non_null(strstr(err, NO_ACCEL_WARNING));
+    assert_null(strstr(strstr(err, NO_ACCEL_WARNING) + 1, "warn")); /* only one warning */
+    assert_null(strchr(err, '\r'));                                 /* no progress bar */
+
+    /* human text, limit, usage errors */
+    const char *lim[] = {tu_cli_path(), "load", "synthetic:3000", "--limit", "5", NULL};
+    assert_int_equal(tu_run(lim, env_none, out2, sizeof(out2), err, sizeof(err)), 0);
+    assert_non_null(strstr(out2, "in 5 batches"));
+    const char *bad[] = {tu_cli_path(), "load", "--bogus", NULL};
+    assert_int_equal(tu_run(bad, env_none, out2, sizeof(out2), err, sizeof(err)), 2);
+    const char *badsrc[] = {tu_cli_path(), "load", "nosuchsource:1", NULL};
+    assert_int_equal(tu_run(badsrc, env_none, out2, sizeof(out2), err, sizeof(err)), 1);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_pin_matrix),
+        cmocka_unit_test(test_device_transfer),
+        cmocka_unit_test(test_device_early_destroy),
+        cmocka_unit_test(test_device_errors),
+        cmocka_unit_test(test_cli),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
