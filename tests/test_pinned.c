@@ -134,6 +134,9 @@ static void test_pinned_round_size_table(void **state)
     assert_int_equal(stoke_pinned_round_size(100 * MiB), 112 * MiB);
     assert_int_equal(stoke_pinned_round_size((size_t)1 << 46), (size_t)1 << 46);
     assert_int_equal(stoke_pinned_round_size(((size_t)1 << 46) + 1), 0);
+    /* The thread caches keep classes up to 4 MiB. */
+    assert_int_equal(stoke__pinned_class(4 * MiB), PN_TC_NCLASS - 1);
+    assert_int_equal(stoke__pinned_class_size(PN_TC_NCLASS - 1), 4 * MiB);
     /* Above the 1 MiB threshold no request wastes 25 % or more; classes never shrink. */
     size_t prev = 0;
     for (size_t s = MiB + 1; s < 64 * MiB; s += 4093 * 7) {

@@ -94,7 +94,7 @@ typedef struct pn_pool {
     _Atomic size_t nwaiting;
 } pn_pool;
 
-#define PN_TC_NCLASS 19          /* classes up to 4 MiB are kept per thread */
+#define PN_TC_NCLASS 17          /* classes up to 4 MiB (index 16) are kept per thread */
 #define PN_TC_MAX_BYTES (16u << 20)
 
 typedef struct pn_counters {
