@@ -147,6 +147,7 @@ pn_block *stoke__pn_desc_get(void)
     b->size = 0;
     b->cls = 0;
     b->kind = PN_PINNED;
+    atomic_store_explicit(&b->has_events, 0, memory_order_relaxed);
     return b;
 }
 

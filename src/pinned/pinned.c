@@ -320,7 +320,12 @@ int stoke_pinned_record_stream(void *ptr, stoke_stream *s)
     }
     pthread_mutex_t *m = stripe_of(b);
     pthread_mutex_lock(m);
-    if (atomic_load_explicit(&b->state, memory_order_acquire) != PN_LIVE) {
+    /* Flag first, then check the state (both seq_cst): a racing free either sees the flag and
+     * takes the lock, or this sees the block freed. */
+    atomic_store(&b->has_events, 1);
+    if (atomic_load(&b->state) != PN_LIVE) {
+        if (!b->events)
+            atomic_store(&b->has_events, 0);
         pthread_mutex_unlock(m);
         ev_put_list(n);
         return stoke__fail(STOKE_EINVAL, "stoke_pinned_record_stream(%p): the block was freed "
@@ -798,23 +803,27 @@ int stoke_pinned_free(void *ptr)
         return STOKE_OK;
     pn_block *b = stoke__pn_map_get(ptr);
     int expect = PN_LIVE;
-    if (!b || !atomic_compare_exchange_strong_explicit(&b->state, &expect, PN_CACHED,
-                                                       memory_order_acq_rel,
-                                                       memory_order_relaxed))
+    if (!b || !atomic_compare_exchange_strong(&b->state, &expect, PN_CACHED))
         return stoke__fail(STOKE_EINVAL, "stoke_pinned_free(%p): not a live block of "
                            "stoke_pinned_alloc (foreign or interior pointer, or freed twice)",
                            ptr);
     pn_tcache *tc = tc_get();
     size_t size = b->size;
     int cls = b->cls;
-    /* Events recorded for the block: the completed ones go back to the pool right away. */
-    pthread_mutex_t *sm = stripe_of(b);
-    pthread_mutex_lock(sm);
-    pn_evnode *ev = b->events;
-    b->events = NULL;
-    pthread_mutex_unlock(sm);
-    if (ev)
-        ev = drop_completed(ev);
+    /* Events recorded for the block: the completed ones go back to the pool right away.  The
+     * state CAS above and this load are seq_cst, record_stream sets the flag before it checks
+     * the state: without the flag no event can be attached, and the lock is skipped. */
+    pn_evnode *ev = NULL;
+    if (atomic_load(&b->has_events)) {
+        pthread_mutex_t *sm = stripe_of(b);
+        pthread_mutex_lock(sm);
+        ev = b->events;
+        b->events = NULL;
+        atomic_store(&b->has_events, 0);
+        pthread_mutex_unlock(sm);
+        if (ev)
+            ev = drop_completed(ev);
+    }
 
     int cached = 0;
     if (tc) {

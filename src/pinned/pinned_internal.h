@@ -65,6 +65,8 @@ typedef struct pn_block {
     struct pn_pool *pool;   /* the pool it belongs to (PN_FALLBACK: only for its waiting list) */
     pn_evnode *events;      /* under the block's event stripe lock while live; owned by the
                                freeing thread / waiting list afterwards */
+    atomic_int has_events;  /* set (before the state check) by record_stream: a free that sees
+                               0 may skip the stripe lock (see stoke_pinned_free) */
     struct pn_block *next;  /* link in whichever list holds it (guarded by that list's lock) */
 } pn_block;
 
