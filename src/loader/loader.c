@@ -115,6 +115,7 @@ struct stoke_loader {
     stoke__hist wait_hist;
 
     char err[512];          /* consumer only */
+    int sync_ready;         /* consumer only: mu and the conditions exist */
 };
 
 /* ---------------------------------------------------------------------------------------- */
@@ -654,6 +655,7 @@ int stoke_loader_create(const stoke_loader_opts *o, stoke_dataset *ds, stoke_loa
     pthread_cond_init(&l->work_cv, NULL);
     cond_init_mono(&l->done_cv);
     l->done_tail = &l->done;
+    l->sync_ready = 1;
     int rc;
 
     if (l->o.batch_size == 0 || l->o.num_workers < 0 || l->o.num_workers > 1024 ||
@@ -760,7 +762,7 @@ void stoke_loader_destroy(stoke_loader *l)
 {
     if (!l)
         return;
-    if (l->done_tail) {
+    if (l->sync_ready) {
         pthread_mutex_lock(&l->mu);
         abandon(l);
         pthread_mutex_unlock(&l->mu);
@@ -1115,9 +1117,7 @@ const char *stoke_loader_last_error(const stoke_loader *l)
 
 const char *stoke_loader_pinned_backend(const stoke_loader *l)
 {
-    return l && l->pin_backend[0] && l->st_pageable == 0 && l->slots && l->slots[0].pinned
-               ? l->pin_backend
-               : NULL;
+    return l && l->pin_backend[0] && l->slots && l->slots[0].pinned ? l->pin_backend : NULL;
 }
 
 /* ---- batches ------------------------------------------------------------------------------ */
