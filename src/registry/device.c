@@ -1,5 +1,7 @@
 /* Streams, events and device buffers: the backend ABI behind small owned objects that remember
  * which backend and device they belong to.  Objects are not locked (see device.h). */
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,6 +27,23 @@ struct stoke_device_buffer {
     void *handle;
     size_t size;
 };
+
+/* Fails with `code` and a message that ends with the backend's own detail, when the backend left
+ * one (built-in backends record it as the thread's last error; callers clear it before calling
+ * into the backend so that a stale message is never appended). */
+static int backend_fail(int code, const char *fmt, ...) STOKE__PRINTF(2, 3);
+static int backend_fail(int code, const char *fmt, ...)
+{
+    char detail[512], msg[512];
+    stoke__strlcpy(detail, stoke_last_error(), sizeof(detail));
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    if (detail[0])
+        return stoke__fail(code, "%s: %s", msg, detail);
+    return stoke__fail(code, "%s", msg);
+}
 
 int stoke_stream_create(const char *backend, stoke_stream **out)
 {
@@ -57,10 +76,11 @@ int stoke_stream_create(const char *backend, stoke_stream **out)
         return STOKE_ENOMEM;
     s->vt = vt;
     s->dev = dev;
+    stoke__clear_error();
     rc = vt->stream_create(dev, &s->s);
     if (rc != STOKE_OK) {
         free(s);
-        return stoke__fail(rc, "%s: creating a stream on device %d failed", vt->name, dev);
+        return backend_fail(rc, "%s: creating a stream on device %d failed", vt->name, dev);
     }
     *out = s;
     return STOKE_OK;
@@ -83,9 +103,10 @@ int stoke_stream_synchronize(stoke_stream *s)
         return STOKE_EINVAL;
     if (!s->vt->stream_synchronize)
         return STOKE_OK;
+    stoke__clear_error();
     int rc = s->vt->stream_synchronize(s->s);
     if (rc != STOKE_OK)
-        return stoke__fail(rc, "%s: work on the stream of device %d failed", s->vt->name, s->dev);
+        return backend_fail(rc, "%s: work on the stream of device %d failed", s->vt->name, s->dev);
     return rc;
 }
 
@@ -111,10 +132,11 @@ int stoke_event_create(stoke_stream *s, stoke_event **out)
         return STOKE_ENOMEM;
     e->vt = s->vt;
     e->dev = s->dev;
+    stoke__clear_error();
     int rc = s->vt->event_create(s->dev, &e->e);
     if (rc != STOKE_OK) {
         free(e);
-        return stoke__fail(rc, "%s: creating an event on device %d failed", s->vt->name, s->dev);
+        return backend_fail(rc, "%s: creating an event on device %d failed", s->vt->name, s->dev);
     }
     *out = e;
     return STOKE_OK;
@@ -136,9 +158,10 @@ int stoke_event_record(stoke_event *e, stoke_stream *s)
     if (e->vt != s->vt || e->dev != s->dev)
         return stoke__fail(STOKE_EINVAL, "event of %s:%d recorded on a stream of %s:%d",
                            e->vt->name, e->dev, s->vt->name, s->dev);
+    stoke__clear_error();
     int rc = e->vt->event_record(e->e, s->s);
     if (rc != STOKE_OK)
-        return stoke__fail(rc, "%s: recording an event failed", e->vt->name);
+        return backend_fail(rc, "%s: recording an event failed", e->vt->name);
     return rc;
 }
 
@@ -146,10 +169,11 @@ int stoke_event_query(stoke_event *e)
 {
     if (!e)
         return STOKE_EINVAL;
+    stoke__clear_error();
     int rc = e->vt->event_query(e->e);
     if (rc != STOKE_OK && rc != STOKE_EBUSY)
-        return stoke__fail(rc, "%s: work before the event on device %d failed", e->vt->name,
-                           e->dev);
+        return backend_fail(rc, "%s: work before the event on device %d failed", e->vt->name,
+                            e->dev);
     return rc;
 }
 
@@ -157,10 +181,11 @@ int stoke_event_synchronize(stoke_event *e)
 {
     if (!e)
         return STOKE_EINVAL;
+    stoke__clear_error();
     int rc = e->vt->event_synchronize(e->e);
     if (rc != STOKE_OK)
-        return stoke__fail(rc, "%s: work before the event on device %d failed", e->vt->name,
-                           e->dev);
+        return backend_fail(rc, "%s: work before the event on device %d failed", e->vt->name,
+                            e->dev);
     return rc;
 }
 
@@ -177,11 +202,12 @@ int stoke_device_buffer_create(stoke_stream *s, size_t size, stoke_device_buffer
     b->vt = s->vt;
     b->dev = s->dev;
     b->size = size;
+    stoke__clear_error();
     int rc = s->vt->device_alloc(s->dev, size, &b->handle);
     if (rc != STOKE_OK) {
         free(b);
-        return stoke__fail(rc, "%s: allocating %zu bytes on device %d failed", s->vt->name, size,
-                           s->dev);
+        return backend_fail(rc, "%s: allocating %zu bytes on device %d failed", s->vt->name, size,
+                            s->dev);
     }
     *out = b;
     return STOKE_OK;
@@ -211,11 +237,13 @@ static int check_copy(stoke_device_buffer *b, size_t offset, size_t n, stoke_str
     if (!b || !s)
         return STOKE_EINVAL;
     if (b->vt != s->vt || b->dev != s->dev)
-        return stoke__fail(STOKE_EINVAL, "buffer of %s:%d used on a stream of %s:%d",
-                           b->vt->name, b->dev, s->vt->name, s->dev);
+        return stoke__fail(STOKE_EINVAL, "buffer of %s:%d used on a stream of %s:%d", b->vt->name,
+                           b->dev, s->vt->name, s->dev);
     if (offset > b->size || n > b->size - offset)
-        return stoke__fail(STOKE_ERANGE, "copy of %zu bytes at offset %zu exceeds the %zu-byte "
-                           "device buffer", n, offset, b->size);
+        return stoke__fail(STOKE_ERANGE,
+                           "copy of %zu bytes at offset %zu exceeds the %zu-byte "
+                           "device buffer",
+                           n, offset, b->size);
     return STOKE_OK;
 }
 
@@ -225,9 +253,10 @@ int stoke_copy_h2d_async(stoke_device_buffer *dst, size_t offset, const void *sr
     int rc = check_copy(dst, offset, n, s);
     if (rc != STOKE_OK)
         return rc;
+    stoke__clear_error();
     rc = s->vt->copy_h2d_async(dst->handle, offset, src, n, s->s);
     if (rc != STOKE_OK)
-        return stoke__fail(rc, "%s: host-to-device copy of %zu bytes failed", s->vt->name, n);
+        return backend_fail(rc, "%s: host-to-device copy of %zu bytes failed", s->vt->name, n);
     return rc;
 }
 
@@ -239,8 +268,9 @@ int stoke_copy_d2h_async(void *dst, stoke_device_buffer *src, size_t offset, siz
         return rc;
     if (!s->vt->copy_d2h_async)
         return stoke__fail(STOKE_ENOTSUP, "backend %s cannot copy device-to-host", s->vt->name);
+    stoke__clear_error();
     rc = s->vt->copy_d2h_async(dst, src->handle, offset, n, s->s);
     if (rc != STOKE_OK)
-        return stoke__fail(rc, "%s: device-to-host copy of %zu bytes failed", s->vt->name, n);
+        return backend_fail(rc, "%s: device-to-host copy of %zu bytes failed", s->vt->name, n);
     return rc;
 }
