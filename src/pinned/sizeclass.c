@@ -5,12 +5,16 @@
 
 static atomic_int min_class; /* raised when pages are larger than 4 KiB */
 
-static int floor_log2(size_t v)
+static int floor_log2(size_t v) /* v > 0 */
 {
+#if defined(__GNUC__)
+    return 63 - __builtin_clzll((unsigned long long)v);
+#else
     int n = 0;
     while (v >>= 1)
         n++;
     return n;
+#endif
 }
 
 void stoke__pinned_set_page(size_t page)
