@@ -53,6 +53,19 @@ static uint64_t hash_samples(const unsigned char *p, size_t count, size_t bytes)
     return sum;
 }
 
+/* The same for packed variable-size samples (offsets: count + 1 entries). */
+static uint64_t hash_packed(const unsigned char *p, const uint64_t *off, size_t count)
+{
+    uint64_t sum = 0;
+    for (size_t i = 0; i < count; i++) {
+        uint64_t h = FNV_OFFSET;
+        for (uint64_t k = off[i]; k < off[i + 1]; k++)
+            h = (h ^ p[k]) * FNV_PRIME;
+        sum += h;
+    }
+    return sum;
+}
+
 static uint64_t hash_order(uint64_t h, const uint64_t *idx, size_t n)
 {
     for (size_t i = 0; i < n; i++)
@@ -101,6 +114,12 @@ static int parse_u64(const char *flag, const char *v, uint64_t *out)
 
 static void progress(uint64_t done, uint64_t total, double secs, uint64_t samples)
 {
+    if (total == UINT64_MAX) {
+        fprintf(stderr, "\r%" PRIu64 " batches  %.0f samples/s ", done,
+                secs > 0 ? (double)samples / secs : 0.0);
+        fflush(stderr);
+        return;
+    }
     int width = 30, fill = total ? (int)(done * (uint64_t)width / total) : 0;
     char bar[64];
     for (int i = 0; i < width; i++)
@@ -210,7 +229,8 @@ int cmd_load(int argc, char **argv)
     int have_acc = stoke_accelerator_get(&acc) == STOKE_OK;
 
     uint64_t per_epoch = stoke_loader_num_batches(l);
-    uint64_t total = per_epoch * epochs;
+    /* an iterable source does not know its length: run until the epochs end */
+    uint64_t total = per_epoch ? per_epoch * epochs : UINT64_MAX;
     if (limit && limit < total)
         total = limit;
     int bar = isatty(2);
@@ -266,10 +286,13 @@ int cmd_load(int argc, char **argv)
                     nb++;
                     ns += n;
                 }
-                if (inline_hash)
-                    content += hash_samples(scratch, n, sample_bytes);
-                else if (pass == 1 && stoke_batch_data(b, 0))
-                    content += hash_samples(stoke_batch_data(b, 0), n, sample_bytes);
+                const unsigned char *bytes = inline_hash ? scratch
+                                             : pass == 1 ? stoke_batch_data(b, 0)
+                                                         : NULL;
+                if (bytes && stoke_batch_offsets(b))
+                    content += hash_packed(bytes, stoke_batch_offsets(b), n);
+                else if (bytes)
+                    content += hash_samples(bytes, n, sample_bytes);
                 lb++;
                 stoke_batch_release(b);
                 if (bar && pass == 0) {

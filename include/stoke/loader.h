@@ -19,6 +19,11 @@
  *     }
  *     stoke_loader_destroy(l);
  *
+ * Dataset kinds (dataset.h): MAP (fixed-size samples written in place), MAP_VAR (one field;
+ * fields[0].bytes is the largest sample; samples are packed, see stoke_batch_offsets) and
+ * ITERABLE (each worker w of W iterates its own share; worker w's k-th batch is delivered as
+ * batch k * max(W, 1) + w, PyTorch's round robin; no samplers, no shuffle, no saved position).
+ *
  * Threading: one consumer thread at a time may call the functions taking a stoke_loader
  * (next, set_epoch, state, stats...); batches may be released from any thread.  The loader's
  * own worker threads are named "stoke-w0", "stoke-w1", ...
@@ -97,12 +102,13 @@ STOKE_API void stoke_loader_destroy(stoke_loader *l);
 STOKE_API int stoke_loader_next(stoke_loader *l, stoke_batch **out);
 
 /* Starts `epoch` from its beginning, abandoning what is left of the current one (batches
- * already delivered stay valid until released).  next_epoch is set_epoch(current + 1).
- * STOKE_OK.  Consumer thread only. */
+ * already delivered stay valid until released): waits for samples in production, then, for an
+ * ITERABLE dataset, calls its reset(epoch).  next_epoch is set_epoch(current + 1).
+ * STOKE_OK, or the code of a failing reset.  Consumer thread only. */
 STOKE_API int stoke_loader_set_epoch(stoke_loader *l, uint64_t epoch);
 STOKE_API int stoke_loader_next_epoch(stoke_loader *l);
 STOKE_API uint64_t stoke_loader_epoch(const stoke_loader *l);
-/* Batches per epoch (for this rank, after drop_last). */
+/* Batches per epoch (for this rank, after drop_last); 0 for an ITERABLE dataset (unknown). */
 STOKE_API uint64_t stoke_loader_num_batches(const stoke_loader *l);
 
 /* The position of a loader: constant size, independent of the dataset. */
@@ -117,10 +123,11 @@ typedef struct stoke_loader_state {
 } stoke_loader_state;
 
 /* Saves the position: a loader restored from it delivers exactly the batches this one would
- * deliver next.  STOKE_OK.  Consumer thread only. */
+ * deliver next.  STOKE_OK; STOKE_ENOTSUP for an ITERABLE dataset.  Consumer thread only. */
 STOKE_API int stoke_loader_save_state(const stoke_loader *l, stoke_loader_state *out);
 /* Moves to a saved position (seed, epoch, cursor), abandoning the current one.  STOKE_EINVAL for
- * a wrong version or a cursor past the epoch's end.  Consumer thread only. */
+ * a wrong version or a cursor past the epoch's end; STOKE_ENOTSUP for an ITERABLE dataset.
+ * Consumer thread only. */
 STOKE_API int stoke_loader_restore_state(stoke_loader *l, const stoke_loader_state *st);
 
 typedef struct stoke_loader_stats {
@@ -166,10 +173,14 @@ STOKE_API int stoke_batch_num_fields(const stoke_batch *b);
  * a bad field, and NULL when device transfer is on (the host copy then goes back to the pool as
  * soon as the device copy completes: use the device buffer). */
 STOKE_API void *stoke_batch_data(const stoke_batch *b, int field);
-/* Bytes of field f in this batch (count * per-sample bytes); 0 for a bad field. */
+/* Bytes of field f in this batch (count * per-sample bytes; MAP_VAR: the packed bytes); 0 for a
+ * bad field. */
 STOKE_API size_t stoke_batch_field_bytes(const stoke_batch *b, int field);
 /* The field's description (name, dtype, per-sample shape).  NULL for a bad field. */
 STOKE_API const stoke_field *stoke_batch_field(const stoke_batch *b, int field);
+/* MAP_VAR datasets: the samples are packed back to back in field 0; sample j occupies bytes
+ * [offsets[j], offsets[j+1]) (count + 1 entries).  NULL for other dataset kinds. */
+STOKE_API const uint64_t *stoke_batch_offsets(const stoke_batch *b);
 /* dtype and shape including the batch dimension: shape[0] = count, then the per-sample shape.
  * Returns ndim + 1 (at most STOKE_MAX_DIMS + 1 entries written), or -1 for a bad field. */
 STOKE_API int stoke_batch_shape(const stoke_batch *b, int field, int64_t *shape);

@@ -40,8 +40,12 @@ struct stoke_batch {
     stoke_loader *l;
     slot *host;       /* host mode: always this batch's slot; device mode: while filling */
     uint64_t *indices;
+    uint64_t *offsets;  /* MAP_VAR: count + 1 byte offsets of the packed samples */
     size_t count;
+    size_t bytes;       /* sample bytes in the batch, all fields */
     uint64_t seq, epoch, gen;
+    uint64_t k;         /* ITERABLE: the producing worker's batch number */
+    int end;            /* ITERABLE: the worker's share ended while filling it */
     int pinned;
     int status;       /* of producing it */
     int worker;
@@ -59,6 +63,9 @@ typedef struct worker {
     pthread_t th;
     _Atomic uint64_t busy_since; /* start of the sample in progress (ns), 0 when idle */
     _Atomic uint64_t busy_index; /* its dataset index */
+    /* ITERABLE (mu): this worker's batch number, end of its share, batches in flight */
+    uint64_t k_next, end_at;
+    int exhausted, outstanding;
 } worker;
 
 struct stoke_loader {
@@ -73,6 +80,8 @@ struct stoke_loader {
     uint64_t nsamples;      /* positions per epoch */
     uint64_t nbatches;
     int nworkers;
+    int nw1;                /* max(1, nworkers): producers of an ITERABLE dataset */
+    int iterable, var;      /* dataset kind ITERABLE / MAP_VAR */
     int window;             /* batches dispatched and not yet delivered, at most */
     int nbuf;
     int alloc_kind;
@@ -103,12 +112,14 @@ struct stoke_loader {
     uint64_t prefix;        /* (mu) lowest undelivered seq */
     unsigned char *bits;    /* (mu) in_order == 0: delivered seqs */
     int outstanding;        /* (mu) dispatched, not delivered (this gen) */
+    int filling;            /* (mu) batches being produced (any gen) */
     int held;               /* (mu) delivered, not released */
     int ended;              /* (mu) EEND until a new epoch */
     int running;            /* (mu) worker threads started */
     int quit;               /* (mu) workers must exit */
     int init_failed;        /* (mu) a worker_init failed (status) */
     int caller_inited;      /* consumer only: worker_init done in the caller's thread */
+    int quiesce;            /* (mu) set_epoch is waiting for batches in production */
     /* statistics (mu) */
     uint64_t st_samples, st_batches, st_bytes, st_pinned, st_pageable, st_dcopies, st_dbytes;
     uint64_t st_wait_ns, st_busy_ns;
@@ -332,55 +343,102 @@ static size_t batch_count(const stoke_loader *l, uint64_t seq)
     return left < l->o.batch_size ? (size_t)left : l->o.batch_size;
 }
 
-/* Writes batch `seq` into b->host; the caller owns b.  Sets b->status and the error fields. */
+/* Calls the dataset for one sample of batch b (slot j), publishing it for the timeout check.
+ * MAP / MAP_VAR: `idx` is the sample; ITERABLE: *idx receives it.  Returns the status. */
+static int one_sample(stoke_loader *l, stoke_batch *b, worker *w, int wid, size_t j, uint64_t *idx,
+                      char *msg, size_t msg_len)
+{
+    unsigned char *mem = b->host->mem;
+    void *dst[STOKE_MAX_FIELDS];
+    for (int f = 0; f < l->ds.nfields; f++)
+        dst[f] = mem + l->off[f] + j * l->fields[f].bytes;
+    msg[0] = '\0';
+    uint64_t t0 = stoke__now_ns();
+    if (w) {
+        atomic_store(&w->busy_index, l->iterable ? UINT64_MAX : *idx);
+        atomic_store(&w->busy_since, t0);
+    }
+    int rc;
+    if (l->iterable) {
+        rc = l->ds.next(l->ds.user, wid, l->nworkers, dst, idx, msg, msg_len);
+    } else if (l->var) {
+        const void *data = NULL;
+        size_t len = 0;
+        void *token = NULL;
+        rc = l->ds.get_var(l->ds.user, *idx, &data, &len, &token, wid, msg, msg_len);
+        if (rc == STOKE_OK) {
+            uint64_t used = b->offsets[j];
+            if (len > l->o.batch_size * l->fields[0].bytes - used) {
+                rc = STOKE_ELIMIT;
+                stoke__fmt(msg, msg_len,
+                           "variable-size sample of %zu bytes does not fit: a batch holds %zu "
+                           "(batch_size x fields[0].bytes)",
+                           len, l->o.batch_size * l->fields[0].bytes);
+            } else {
+                if (len)
+                    memcpy(mem + used, data, len);
+                b->offsets[j + 1] = used + len;
+            }
+            if (l->ds.release_var)
+                l->ds.release_var(l->ds.user, token);
+        }
+    } else {
+        rc = l->ds.get(l->ds.user, *idx, dst, wid, msg, msg_len);
+    }
+    if (w)
+        atomic_store(&w->busy_since, 0);
+    if (rc == STOKE_OK && !w && l->o.timeout_ms &&
+        stoke__now_ns() - t0 > (uint64_t)l->o.timeout_ms * 1000000u) {
+        rc = STOKE_ETIMEDOUT;
+        stoke__fmt(msg, msg_len, "took longer than the timeout of %u ms", l->o.timeout_ms);
+    }
+    return rc;
+}
+
+/* Writes batch `seq` into b->host; the caller owns b.  Sets b->status and the error fields
+ * (ITERABLE: b->end when the worker's share ended). */
 static void fill_batch(stoke_loader *l, stoke_batch *b, worker *w, int wid, uint64_t seed,
                        uint64_t epoch, uint64_t seq)
 {
     b->seq = seq;
     b->epoch = epoch;
-    b->count = batch_count(l, seq);
+    b->count = l->iterable ? l->o.batch_size : batch_count(l, seq);
     b->status = STOKE_OK;
     b->worker = wid;
     b->copied = 0;
+    b->end = 0;
     b->pinned = b->host->pinned;
-    unsigned char *mem = b->host->mem;
-    void *dst[STOKE_MAX_FIELDS];
+    if (b->offsets)
+        b->offsets[0] = 0;
     char msg[256];
-    for (size_t j = 0; j < b->count; j++) {
+    size_t j = 0;
+    for (; j < b->count; j++) {
         uint64_t idx = 0;
-        int rc = stoke_sampler_index(l->sampler, seed, epoch, seq * l->o.batch_size + j, &idx);
-        if (rc != STOKE_OK) {
-            b->status = rc;
-            b->err_index = seq * l->o.batch_size + j;
-            stoke__strlcpy(b->err_msg, "sampler position out of range", sizeof(b->err_msg));
-            return;
+        if (!l->iterable) {
+            int rc = stoke_sampler_index(l->sampler, seed, epoch, seq * l->o.batch_size + j, &idx);
+            if (rc != STOKE_OK) {
+                b->status = rc;
+                b->err_index = seq * l->o.batch_size + j;
+                stoke__strlcpy(b->err_msg, "sampler position out of range", sizeof(b->err_msg));
+                break;
+            }
         }
-        b->indices[j] = idx;
-        for (int f = 0; f < l->ds.nfields; f++)
-            dst[f] = mem + l->off[f] + j * l->fields[f].bytes;
-        msg[0] = '\0';
-        uint64_t t0 = stoke__now_ns();
-        if (w) {
-            atomic_store(&w->busy_index, idx);
-            atomic_store(&w->busy_since, t0);
-        }
-        rc = l->ds.get(l->ds.user, idx, dst, wid, msg, sizeof(msg));
-        if (w)
-            atomic_store(&w->busy_since, 0);
-        if (rc == STOKE_OK && !w && l->o.timeout_ms &&
-            stoke__now_ns() - t0 > (uint64_t)l->o.timeout_ms * 1000000u) {
-            rc = STOKE_ETIMEDOUT;
-            stoke__fmt(msg, sizeof(msg), "took longer than the timeout of %u ms",
-                       l->o.timeout_ms);
+        int rc = one_sample(l, b, w, wid, j, &idx, msg, sizeof(msg));
+        if (rc == STOKE_EEND && l->iterable) {
+            b->end = 1;
+            break;
         }
         if (rc != STOKE_OK) {
             b->status = rc > 0 ? STOKE_EDATA : rc;
             b->err_index = idx;
             stoke__strlcpy(b->err_msg, msg[0] ? msg : stoke_strerror(b->status),
                            sizeof(b->err_msg));
-            return;
+            break;
         }
+        b->indices[j] = idx;
     }
+    b->count = j;
+    b->bytes = l->var ? (size_t)b->offsets[j] : j * l->sample_bytes;
 }
 
 /* Device mode: queues the copy of a filled batch; the slot's event marks when it may be reused. */
@@ -390,7 +448,7 @@ static void copy_batch(stoke_loader *l, stoke_batch *b)
     int rc = STOKE_OK;
     pthread_mutex_lock(&l->stream_mu);
     for (int f = 0; rc == STOKE_OK && f < l->ds.nfields; f++) {
-        size_t n = b->count * l->fields[f].bytes;
+        size_t n = l->var ? b->bytes : b->count * l->fields[f].bytes;
         if (n)
             rc = stoke_copy_h2d_async(b->dbuf, l->off[f], s->mem + l->off[f], n, l->stream);
     }
@@ -456,6 +514,9 @@ static slot *take_slot(stoke_loader *l)
 static void complete(stoke_loader *l, stoke_batch *b, uint64_t gen, uint64_t busy_ns)
 {
     l->st_busy_ns += busy_ns;
+    l->filling--;
+    b->gen = gen;
+    pthread_cond_signal(&l->done_cv); /* also wakes a consumer quiescing for set_epoch */
     if (l->device_mode && b->host && b->copied) {
         slot *s = b->host;
         b->host = NULL;
@@ -471,16 +532,66 @@ static void complete(stoke_loader *l, stoke_batch *b, uint64_t gen, uint64_t bus
         pthread_cond_broadcast(&l->work_cv);
         return;
     }
+    if (l->iterable && b->status == STOKE_OK && b->end) {
+        worker *w = &l->w[b->worker];
+        int keep = b->count && !(l->o.drop_last && b->count < l->o.batch_size);
+        w->exhausted = 1;
+        w->end_at = keep ? b->k + 1 : b->k;
+        if (!keep) { /* nothing to deliver: the share ended on a batch boundary or was dropped */
+            w->outstanding--;
+            l->outstanding--;
+            recycle(l, b);
+            pthread_cond_broadcast(&l->work_cv);
+            return;
+        }
+    }
     b->next = NULL;
     *l->done_tail = b;
     l->done_tail = &b->next;
     pthread_cond_signal(&l->done_cv);
 }
 
-static int can_dispatch(const stoke_loader *l)
+static int can_dispatch(const stoke_loader *l, const worker *w)
 {
-    return !l->ended && !l->init_failed && l->next_dispatch < l->nbatches &&
-           l->outstanding < l->window && l->free_b;
+    if (l->ended || l->init_failed || !l->free_b || l->quiesce)
+        return 0;
+    if (l->iterable)
+        return !w->exhausted && w->outstanding < l->o.prefetch_factor;
+    return l->next_dispatch < l->nbatches && l->outstanding < l->window;
+}
+
+/* (mu) Takes the next batch for worker w (can_dispatch was true).  May drop `mu` briefly. */
+static stoke_batch *dispatch(stoke_loader *l, worker *w, uint64_t *gen, uint64_t *seed,
+                             uint64_t *epoch)
+{
+    stoke_batch *b = l->free_b;
+    l->free_b = b->next;
+    if (l->iterable) {
+        b->k = w->k_next++;
+        b->seq = b->k * (uint64_t)l->nw1 + (uint64_t)w->id;
+        w->outstanding++;
+    } else {
+        b->seq = l->next_dispatch++;
+    }
+    *gen = l->gen;
+    *seed = l->seed;
+    *epoch = l->epoch;
+    l->outstanding++;
+    l->filling++;
+    if (l->device_mode)
+        b->host = take_slot(l);
+    return b;
+}
+
+/* Produces a dispatched batch, without `mu`; returns the busy time. */
+static uint64_t produce(stoke_loader *l, stoke_batch *b, worker *w, int wid, uint64_t seed,
+                        uint64_t epoch)
+{
+    uint64_t t0 = stoke__now_ns();
+    fill_batch(l, b, w, wid, seed, epoch, b->seq);
+    if (l->device_mode && b->status == STOKE_OK && b->count)
+        copy_batch(l, b);
+    return stoke__now_ns() - t0;
 }
 
 static void *worker_main(void *arg)
@@ -505,26 +616,15 @@ static void *worker_main(void *arg)
     }
     pthread_mutex_lock(&l->mu);
     for (;;) {
-        while (!l->quit && !can_dispatch(l))
+        while (!l->quit && !can_dispatch(l, w))
             pthread_cond_wait(&l->work_cv, &l->mu);
         if (l->quit)
             break;
-        stoke_batch *b = l->free_b;
-        l->free_b = b->next;
-        uint64_t seq = l->next_dispatch++, gen = l->gen, seed = l->seed, epoch = l->epoch;
-        l->outstanding++;
-        if (l->device_mode)
-            b->host = take_slot(l);
+        uint64_t gen, seed, epoch;
+        stoke_batch *b = dispatch(l, w, &gen, &seed, &epoch);
         pthread_mutex_unlock(&l->mu);
-
-        uint64_t t0 = stoke__now_ns();
-        fill_batch(l, b, w, w->id, seed, epoch, seq);
-        if (l->device_mode && b->status == STOKE_OK)
-            copy_batch(l, b);
-        uint64_t busy = stoke__now_ns() - t0;
-
+        uint64_t busy = produce(l, b, w, w->id, seed, epoch);
         pthread_mutex_lock(&l->mu);
-        b->gen = gen;
         complete(l, b, gen, busy);
     }
     pthread_mutex_unlock(&l->mu);
@@ -585,7 +685,22 @@ static void abandon(stoke_loader *l)
     }
     l->done_tail = &l->done;
     l->outstanding = 0;
+    for (int i = 0; l->iterable && i < l->nw1; i++)
+        l->w[i].outstanding = 0;
     pthread_cond_broadcast(&l->work_cv);
+}
+
+/* (mu) 1 when the current epoch has nothing more to deliver. */
+static int epoch_over(const stoke_loader *l)
+{
+    if (l->ended)
+        return 1;
+    if (!l->iterable)
+        return l->ndelivered >= l->nbatches - l->start_cursor;
+    for (int i = 0; i < l->nw1; i++)
+        if (!l->w[i].exhausted)
+            return 0;
+    return l->outstanding == 0;
 }
 
 /* (mu) Moves to (epoch, cursor). */
@@ -598,6 +713,11 @@ static void set_position(stoke_loader *l, uint64_t epoch, uint64_t cursor)
     l->prefix = cursor;
     l->ndelivered = 0;
     l->ended = 0;
+    for (int i = 0; l->iterable && i < l->nw1; i++) {
+        l->w[i].k_next = 0;
+        l->w[i].end_at = 0;
+        l->w[i].exhausted = 0;
+    }
     if (l->bits)
         memset(l->bits, 0, (size_t)((l->nbatches + 7) / 8));
 }
@@ -606,13 +726,35 @@ static void set_position(stoke_loader *l, uint64_t epoch, uint64_t cursor)
 
 static int check_dataset(stoke_loader *l, const stoke_dataset *ds)
 {
-    if (ds->kind != STOKE_DATASET_MAP)
-        return fail_l(l, STOKE_ENOTSUP,
-                      "loader: dataset %s: only map-style datasets with fixed-size samples are "
-                      "supported so far (kind %d)",
-                      ds->name, ds->kind);
-    if (!ds->length || !ds->get)
-        return fail_l(l, STOKE_EINVAL, "loader: dataset %s has no length() or get()", ds->name);
+    switch (ds->kind) {
+    case STOKE_DATASET_MAP:
+        if (!ds->length || !ds->get)
+            return fail_l(l, STOKE_EINVAL, "loader: dataset %s has no length() or get()",
+                          ds->name);
+        break;
+    case STOKE_DATASET_MAP_VAR:
+        if (!ds->length || !ds->get_var)
+            return fail_l(l, STOKE_EINVAL, "loader: dataset %s has no length() or get_var()",
+                          ds->name);
+        if (ds->nfields != 1)
+            return fail_l(l, STOKE_EINVAL,
+                          "loader: variable-size dataset %s must have exactly one field",
+                          ds->name);
+        break;
+    case STOKE_DATASET_ITERABLE:
+        if (!ds->next)
+            return fail_l(l, STOKE_EINVAL, "loader: iterable dataset %s has no next()", ds->name);
+        if (l->o.shuffle || l->o.sampler.kind != STOKE_SAMPLER_SEQUENTIAL ||
+            l->o.sampler.distributed)
+            return fail_l(l, STOKE_EINVAL,
+                          "loader: iterable dataset %s: shuffle and samplers do not apply (the "
+                          "dataset orders and shards itself)",
+                          ds->name);
+        break;
+    default:
+        return fail_l(l, STOKE_EINVAL, "loader: dataset %s has an unknown kind %d", ds->name,
+                      ds->kind);
+    }
     if (ds->nfields < 1 || ds->nfields > STOKE_MAX_FIELDS)
         return fail_l(l, STOKE_EINVAL, "loader: dataset %s has %d fields (1..%d)", ds->name,
                       ds->nfields, STOKE_MAX_FIELDS);
@@ -630,8 +772,11 @@ static int check_dataset(stoke_loader *l, const stoke_dataset *ds)
                 fd->itemsize = stoke_dtype_size(fd->dtype);
         }
         if (!fd->bytes)
-            return fail_l(l, STOKE_EINVAL, "loader: dataset %s: field %d has no size", ds->name,
-                          f);
+            return fail_l(l, STOKE_EINVAL,
+                          "loader: dataset %s: field %d has no size%s", ds->name, f,
+                          ds->kind == STOKE_DATASET_MAP_VAR
+                              ? " (variable-size: bytes is the largest sample)"
+                              : "");
     }
     return STOKE_OK;
 }
@@ -667,6 +812,8 @@ int stoke_loader_create(const stoke_loader_opts *o, stoke_dataset *ds, stoke_loa
     if ((rc = check_dataset(l, ds)) != STOKE_OK)
         goto fail;
 
+    l->iterable = ds->kind == STOKE_DATASET_ITERABLE;
+    l->var = ds->kind == STOKE_DATASET_MAP_VAR;
     stoke_sampler_opts so = l->o.sampler;
     if (l->o.shuffle) {
         if (so.kind == STOKE_SAMPLER_SEQUENTIAL)
@@ -674,7 +821,7 @@ int stoke_loader_create(const stoke_loader_opts *o, stoke_dataset *ds, stoke_loa
         else if (so.kind == STOKE_SAMPLER_SUBSET)
             so.shuffle = 1;
     }
-    uint64_t len = ds->length(ds->user);
+    uint64_t len = l->iterable ? 0 : ds->length(ds->user);
     if ((rc = stoke_sampler_create(&so, len, &l->sampler)) != STOKE_OK) {
         fail_l(l, rc, "%s", stoke_last_error());
         goto fail;
@@ -686,9 +833,10 @@ int stoke_loader_create(const stoke_loader_opts *o, stoke_dataset *ds, stoke_loa
         l->nsamples = l->nbatches * l->o.batch_size;
 
     l->nworkers = l->o.num_workers;
-    l->window = l->o.prefetch_factor * (l->nworkers ? l->nworkers : 1);
+    l->nw1 = l->nworkers ? l->nworkers : 1;
+    l->window = l->o.prefetch_factor * l->nw1;
     uint64_t nbuf = (uint64_t)l->window + 2;
-    if (nbuf > l->nbatches + 2)
+    if (!l->iterable && nbuf > l->nbatches + 2)
         nbuf = l->nbatches + 2;
     l->nbuf = (int)nbuf;
     size_t off = 0;
@@ -701,14 +849,14 @@ int stoke_loader_create(const stoke_loader_opts *o, stoke_dataset *ds, stoke_loa
 
     l->bat = calloc((size_t)l->nbuf, sizeof(*l->bat));
     l->slots = calloc((size_t)l->nbuf, sizeof(*l->slots));
-    l->w = calloc((size_t)(l->nworkers ? l->nworkers : 1), sizeof(*l->w));
-    if (!l->o.in_order)
+    l->w = calloc((size_t)l->nw1, sizeof(*l->w));
+    if (!l->o.in_order && !l->iterable)
         l->bits = calloc((size_t)((l->nbatches + 7) / 8 + 1), 1);
-    if (!l->bat || !l->slots || !l->w || (!l->o.in_order && !l->bits)) {
+    if (!l->bat || !l->slots || !l->w || (!l->o.in_order && !l->iterable && !l->bits)) {
         rc = STOKE_ENOMEM;
         goto fail;
     }
-    for (int i = 0; i < l->nworkers; i++) {
+    for (int i = 0; i < l->nw1; i++) {
         l->w[i].l = l;
         l->w[i].id = i;
     }
@@ -721,7 +869,9 @@ int stoke_loader_create(const stoke_loader_opts *o, stoke_dataset *ds, stoke_loa
         stoke_batch *b = &l->bat[i];
         b->l = l;
         b->indices = calloc(l->o.batch_size, sizeof(uint64_t));
-        if (!b->indices) {
+        if (l->var)
+            b->offsets = calloc(l->o.batch_size + 1, sizeof(uint64_t));
+        if (!b->indices || (l->var && !b->offsets)) {
             rc = STOKE_ENOMEM;
             goto fail;
         }
@@ -773,6 +923,7 @@ void stoke_loader_destroy(stoke_loader *l)
     if (l->bat) {
         for (int i = 0; i < l->nbuf; i++) {
             free(l->bat[i].indices);
+            free(l->bat[i].offsets);
             stoke_device_buffer_destroy(l->bat[i].dbuf);
             stoke_event_destroy(l->bat[i].ev);
         }
@@ -802,23 +953,25 @@ static void delivered(stoke_loader *l, stoke_batch *b)
     l->outstanding--;
     l->held++;
     l->ndelivered++;
+    if (l->iterable)
+        l->w[b->worker].outstanding--;
     if (l->o.in_order) {
         l->prefix = b->seq + 1;
-    } else {
+    } else if (l->bits) {
         l->bits[b->seq / 8] |= (unsigned char)(1u << (b->seq % 8));
         while (l->prefix < l->nbatches && (l->bits[l->prefix / 8] >> (l->prefix % 8)) & 1u)
             l->prefix++;
     }
     l->st_batches++;
     l->st_samples += b->count;
-    l->st_bytes += b->count * l->sample_bytes;
+    l->st_bytes += b->bytes;
     if (b->pinned)
         l->st_pinned++;
     else
         l->st_pageable++;
     if (l->device_mode) {
         l->st_dcopies++;
-        l->st_dbytes += b->count * l->sample_bytes;
+        l->st_dbytes += b->bytes;
     }
     pthread_cond_broadcast(&l->work_cv);
 }
@@ -826,6 +979,13 @@ static void delivered(stoke_loader *l, stoke_batch *b)
 /* (mu) The batch the consumer may take now, removed from the done list, or NULL. */
 static stoke_batch *take_done(stoke_loader *l)
 {
+    /* ITERABLE in order: skip the seqs of workers whose share ended before them. */
+    while (l->iterable && l->o.in_order && !epoch_over(l)) {
+        const worker *w = &l->w[l->prefix % (uint64_t)l->nw1];
+        if (!w->exhausted || l->prefix / (uint64_t)l->nw1 < w->end_at)
+            break;
+        l->prefix++;
+    }
     for (stoke_batch **pp = &l->done; *pp; pp = &(*pp)->next) {
         stoke_batch *b = *pp;
         if (l->o.in_order && b->seq != l->prefix)
@@ -880,7 +1040,7 @@ int stoke_loader_next(stoke_loader *l, stoke_batch **out)
 
     if (l->nworkers == 0) {
         pthread_mutex_lock(&l->mu);
-        int over = l->ended || l->next_dispatch >= l->nbatches;
+        int over = epoch_over(l);
         pthread_mutex_unlock(&l->mu);
         if (!over && l->ds.worker_init && !l->caller_inited) {
             rc = l->ds.worker_init(l->ds.user, 0, 0);
@@ -890,35 +1050,29 @@ int stoke_loader_next(stoke_loader *l, stoke_batch **out)
             l->caller_inited = 1;
         }
         pthread_mutex_lock(&l->mu);
-        if (l->ended || l->next_dispatch >= l->nbatches) {
-            l->ended = 1;
+        for (;;) { /* more than once only when an iterable share ends on a batch boundary */
+            if (epoch_over(l)) {
+                l->ended = 1;
+                pthread_mutex_unlock(&l->mu);
+                return STOKE_EEND;
+            }
+            if (!l->free_b) {
+                pthread_mutex_unlock(&l->mu);
+                return fail_l(l, STOKE_ELIMIT,
+                              "loader: all %d batch buffers are held by the caller; release "
+                              "batches",
+                              l->nbuf);
+            }
+            uint64_t gen, seed, epoch;
+            b = dispatch(l, &l->w[0], &gen, &seed, &epoch);
             pthread_mutex_unlock(&l->mu);
-            return STOKE_EEND;
+            uint64_t busy = produce(l, b, NULL, 0, seed, epoch);
+            pthread_mutex_lock(&l->mu);
+            complete(l, b, gen, busy);
+            b = take_done(l); /* the batch just made: nothing else is in flight */
+            if (b)
+                break;
         }
-        b = l->free_b;
-        if (!b) {
-            pthread_mutex_unlock(&l->mu);
-            return fail_l(l, STOKE_ELIMIT,
-                          "loader: all %d batch buffers are held by the caller; release batches",
-                          l->nbuf);
-        }
-        l->free_b = b->next;
-        uint64_t seq = l->next_dispatch++;
-        l->outstanding++;
-        if (l->device_mode)
-            b->host = take_slot(l);
-        uint64_t seed = l->seed, epoch = l->epoch, gen = l->gen;
-        pthread_mutex_unlock(&l->mu);
-        uint64_t f0 = stoke__now_ns();
-        fill_batch(l, b, NULL, 0, seed, epoch, seq);
-        if (l->device_mode && b->status == STOKE_OK)
-            copy_batch(l, b);
-        uint64_t busy = stoke__now_ns() - f0;
-        pthread_mutex_lock(&l->mu);
-        b->gen = gen;
-        complete(l, b, gen, busy);
-        b = take_done(l);
-        /* b is the batch just made (nothing else is in flight without workers). */
     } else {
         pthread_mutex_lock(&l->mu);
         int over = l->ended;
@@ -944,12 +1098,12 @@ int stoke_loader_next(stoke_loader *l, stoke_batch **out)
             b = take_done(l);
             if (b)
                 break;
-            if (l->ndelivered >= l->nbatches - l->start_cursor) {
+            if (epoch_over(l)) {
                 l->ended = 1;
                 rc = STOKE_EEND;
                 break;
             }
-            if (l->held >= l->nbuf) {
+            if (l->held >= l->nbuf || (!l->free_b && l->filling == 0)) {
                 rc = fail_l(l, STOKE_ELIMIT,
                             "loader: all %d batch buffers are held by the caller; release "
                             "batches",
@@ -999,22 +1153,50 @@ int stoke_loader_next(stoke_loader *l, stoke_batch **out)
     return STOKE_OK;
 }
 
-int stoke_loader_set_epoch(stoke_loader *l, uint64_t epoch)
+/* Consumer: stops dispatching, abandons the run and waits until no batch is being produced, so
+ * that nothing calls the dataset.  Returns with `mu` held and `quiesce` set. */
+static void quiesce(stoke_loader *l)
 {
-    if (!l)
-        return STOKE_EINVAL;
     pthread_mutex_lock(&l->mu);
+    l->quiesce = 1;
     abandon(l);
+    while (l->filling > 0)
+        pthread_cond_wait(&l->done_cv, &l->mu);
+}
+
+/* Consumer: moves to (seed, epoch, cursor); ITERABLE datasets are reset for the epoch. */
+static int reposition(stoke_loader *l, uint64_t seed, uint64_t epoch, uint64_t cursor)
+{
+    quiesce(l);
     pthread_mutex_unlock(&l->mu);
     if (!l->o.persistent_workers) {
         stop_workers(l);
         l->caller_inited = 0;
     }
+    int rc = STOKE_OK;
+    if (l->iterable && l->ds.reset)
+        rc = l->ds.reset(l->ds.user, epoch);
     pthread_mutex_lock(&l->mu);
-    set_position(l, epoch, 0);
+    l->seed = seed;
+    set_position(l, epoch, cursor);
+    l->quiesce = 0;
+    pthread_cond_broadcast(&l->work_cv);
     pthread_mutex_unlock(&l->mu);
     l->err[0] = '\0';
+    if (rc != STOKE_OK)
+        return fail_l(l, rc < 0 ? rc : STOKE_EDATA, "loader: reset(%" PRIu64 ") of dataset %s "
+                      "failed (%s)", epoch, l->ds.name, stoke_err_name(rc));
     return STOKE_OK;
+}
+
+int stoke_loader_set_epoch(stoke_loader *l, uint64_t epoch)
+{
+    if (!l)
+        return STOKE_EINVAL;
+    pthread_mutex_lock(&l->mu);
+    uint64_t seed = l->seed;
+    pthread_mutex_unlock(&l->mu);
+    return reposition(l, seed, epoch, 0);
 }
 
 int stoke_loader_next_epoch(stoke_loader *l)
@@ -1046,6 +1228,8 @@ int stoke_loader_save_state(const stoke_loader *l, stoke_loader_state *out)
         return STOKE_EINVAL;
     stoke_loader *m = (stoke_loader *)l;
     memset(out, 0, sizeof(*out));
+    if (l->iterable)
+        return stoke__fail(STOKE_ENOTSUP, "loader: an iterable dataset has no restorable position");
     out->version = STOKE_LOADER_STATE_VERSION;
     pthread_mutex_lock(&m->mu);
     out->seed = m->seed;
@@ -1059,6 +1243,8 @@ int stoke_loader_restore_state(stoke_loader *l, const stoke_loader_state *st)
 {
     if (!l || !st)
         return STOKE_EINVAL;
+    if (l->iterable)
+        return fail_l(l, STOKE_ENOTSUP, "loader: an iterable dataset has no restorable position");
     if (st->version != STOKE_LOADER_STATE_VERSION)
         return fail_l(l, STOKE_EINVAL, "loader state: version %u, expected %u", st->version,
                       STOKE_LOADER_STATE_VERSION);
@@ -1067,17 +1253,7 @@ int stoke_loader_restore_state(stoke_loader *l, const stoke_loader_state *st)
                       "loader state: cursor %" PRIu64 " is past the %" PRIu64 " batches of an "
                       "epoch",
                       st->cursor, l->nbatches);
-    pthread_mutex_lock(&l->mu);
-    abandon(l);
-    pthread_mutex_unlock(&l->mu);
-    if (!l->o.persistent_workers)
-        stop_workers(l);
-    pthread_mutex_lock(&l->mu);
-    l->seed = st->seed;
-    set_position(l, st->epoch, st->cursor);
-    pthread_mutex_unlock(&l->mu);
-    l->err[0] = '\0';
-    return STOKE_OK;
+    return reposition(l, st->seed, st->epoch, st->cursor);
 }
 
 int stoke_loader_get_stats(const stoke_loader *l, stoke_loader_stats *out)
@@ -1161,7 +1337,9 @@ void *stoke_batch_data(const stoke_batch *b, int field)
 
 size_t stoke_batch_field_bytes(const stoke_batch *b, int field)
 {
-    return field_ok(b, field) ? b->count * b->l->fields[field].bytes : 0;
+    if (!field_ok(b, field))
+        return 0;
+    return b->l->var ? b->bytes : b->count * b->l->fields[field].bytes;
 }
 
 const stoke_field *stoke_batch_field(const stoke_batch *b, int field)
@@ -1178,6 +1356,11 @@ int stoke_batch_shape(const stoke_batch *b, int field, int64_t *shape)
     for (int d = 0; d < fd->ndim; d++)
         shape[d + 1] = fd->shape[d];
     return fd->ndim + 1;
+}
+
+const uint64_t *stoke_batch_offsets(const stoke_batch *b)
+{
+    return b && b->l->var ? b->offsets : NULL;
 }
 
 int stoke_batch_dtype(const stoke_batch *b, int field)
