@@ -54,8 +54,9 @@ typedef struct stoke_loader_opts {
     int in_order;             /* 1 (default): deliver batches in sampler order; 0: as they
                                  complete */
     int drop_last;            /* 1: drop the last batch when it is partial.  Default 0. */
-    int shuffle;              /* 1: random order keyed by (seed, epoch) (sampler.kind must then
-                                 be SEQUENTIAL, which it becomes RANDOM).  Default 0. */
+    int shuffle;              /* 1: random order keyed by (seed, epoch): a SEQUENTIAL sampler
+                                 becomes RANDOM, a SUBSET one is visited in random order.
+                                 Default 0. */
     uint64_t seed;            /* key of every random choice; default 0 */
     uint64_t epoch;           /* first epoch; default 0 */
     int pin_memory;           /* 1 (default): batches pinned for the current accelerator; with

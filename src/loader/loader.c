@@ -1114,11 +1114,14 @@ int stoke_loader_next(stoke_loader *l, stoke_batch **out)
                 uint64_t now = stoke__now_ns(), deadline;
                 int w = timed_out_worker(l, now, &deadline);
                 if (w >= 0) {
+                    char what[48] = "its next sample";
+                    uint64_t idx = atomic_load(&l->w[w].busy_index);
+                    if (!l->iterable)
+                        stoke__fmt(what, sizeof(what), "sample %" PRIu64, idx);
                     rc = fail_l(l, STOKE_ETIMEDOUT,
-                                "worker %d: sample %" PRIu64 " of %s took longer than the "
-                                "timeout of %u ms (STOKE_ETIMEDOUT)",
-                                w, atomic_load(&l->w[w].busy_index), l->ds.name,
-                                l->o.timeout_ms);
+                                "worker %d: %s of %s took longer than the timeout of %u ms "
+                                "(STOKE_ETIMEDOUT)",
+                                w, what, l->ds.name, l->o.timeout_ms);
                     abandon(l);
                     l->ended = 1;
                     break;
