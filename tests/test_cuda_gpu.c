@@ -158,8 +158,20 @@ static int teardown(void **state)
     return 0;
 }
 
+/* CTest's SKIP_RETURN_CODE (tests/test_cuda_gpu.cmake): the whole file is reported as skipped,
+ * not passed, on a machine without a usable CUDA GPU. */
+#define SKIP_RETURN_CODE 77
+
 int main(void)
 {
+    tu_env("STOKE_ACCELERATOR", "cuda");
+    stoke_accelerator_info ai;
+    int have_gpu = stoke_accelerator_get(&ai) == STOKE_OK;
+    tu_env("STOKE_ACCELERATOR", NULL);
+    if (!have_gpu) {
+        printf("[  SKIPPED ] test_cuda_gpu: no usable CUDA GPU: %s\n", ai.reason);
+        return SKIP_RETURN_CODE;
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_probe_and_props_create_no_context, teardown),
         cmocka_unit_test_teardown(test_copies_on_the_last_device, teardown),
