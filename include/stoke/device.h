@@ -33,11 +33,16 @@ STOKE_API int stoke_stream_synchronize(stoke_stream *s);
 STOKE_API const char *stoke_stream_backend(const stoke_stream *s);
 STOKE_API int stoke_stream_device(const stoke_stream *s);
 
-/* Creates an event for the device `s` belongs to.  Owned by the caller. */
+/* Creates an event for the backend and device `s` belongs to; *out is owned by the caller.
+ * Returns STOKE_OK, STOKE_EINVAL (NULL argument), STOKE_ENOTSUP (the backend has no events),
+ * STOKE_ENOMEM, or the backend's error (STOKE_EBACKEND...) with its detail in the last error. */
 STOKE_API int stoke_event_create(stoke_stream *s, stoke_event **out);
+/* Frees an event.  It must not be pending on a stream another thread still records to.  NULL
+ * does nothing. */
 STOKE_API void stoke_event_destroy(stoke_event *e);
 /* Marks the point after the work queued so far on `s` (which must be of the same backend and
- * device as the event's). */
+ * device as the event's).  Returns STOKE_OK, STOKE_EINVAL (NULL, or event and stream of
+ * different backends/devices) or the backend's error. */
 STOKE_API int stoke_event_record(stoke_event *e, stoke_stream *s);
 /* STOKE_OK when done (or never recorded), STOKE_EBUSY while pending, else the error of the work
  * before it.  Never blocks. */
@@ -45,7 +50,10 @@ STOKE_API int stoke_event_query(stoke_event *e);
 /* Blocks until done; returns what stoke_event_query would then return. */
 STOKE_API int stoke_event_synchronize(stoke_event *e);
 
-/* Device memory of `size` bytes on the stream's backend and device.  Owned by the caller. */
+/* Device memory of `size` bytes on the stream's backend and device; *out is owned by the caller
+ * (stoke_device_buffer_destroy).  Returns STOKE_OK, STOKE_EINVAL, STOKE_ENOTSUP (no device
+ * memory on this backend), STOKE_ENOMEM (host or device out of memory) or the backend's error,
+ * with the driver's detail in the last error. */
 STOKE_API int stoke_device_buffer_create(stoke_stream *s, size_t size, stoke_device_buffer **out);
 /* Frees it (after synchronizing nothing: the caller must know no queued copy still uses it). */
 STOKE_API void stoke_device_buffer_destroy(stoke_device_buffer *b);
@@ -56,7 +64,11 @@ STOKE_API size_t stoke_device_buffer_size(const stoke_device_buffer *b);
 /* Queues a copy of n bytes from host `src` into `dst` at `offset` (h2d), or from `src` at
  * `offset` into host `dst` (d2h), on `s`.  The host memory must stay valid and unchanged until an
  * event recorded after the copy completes.  Pinned host memory (stoke_is_pinned) gives truly
- * asynchronous copies on backends that have them.  STOKE_ERANGE if offset+n exceeds the buffer. */
+ * asynchronous copies on backends that have them.  Returns STOKE_OK, STOKE_EINVAL (NULL, or
+ * buffer and stream of different backends/devices), STOKE_ERANGE (offset+n exceeds the buffer),
+ * STOKE_ENOTSUP (no copies in that direction) or the backend's error.  An error that happens
+ * while the copy runs is returned by the next event query/synchronize after it.  Thread-safety:
+ * as for the stream (one thread at a time per stream). */
 STOKE_API int stoke_copy_h2d_async(stoke_device_buffer *dst, size_t offset, const void *src,
                                    size_t n, stoke_stream *s);
 STOKE_API int stoke_copy_d2h_async(void *dst, stoke_device_buffer *src, size_t offset, size_t n,

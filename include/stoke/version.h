@@ -17,7 +17,9 @@ extern "C" {
 #endif
 
 /* The version of the library actually loaded (may differ from the headers compiled against):
- * STOKE_VERSION_NUMBER of that build, and its string form.  Thread-safe. */
+ * stoke_version() returns STOKE_VERSION_NUMBER of that build; stoke_version_string() its
+ * "MAJOR.MINOR.PATCH" form, a static string (never NULL, never to be freed).  Both are
+ * thread-safe and cannot fail. */
 STOKE_API int stoke_version(void);
 STOKE_API const char *stoke_version_string(void);
 
