@@ -35,6 +35,14 @@ const char *stoke_last_error(void)
     return last_error;
 }
 
+void stoke__set_error_text(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof(last_error), fmt, ap);
+    va_end(ap);
+}
+
 void stoke__clear_error(void)
 {
     last_error[0] = '\0';

@@ -672,6 +672,7 @@ static int pin_new(pn_pool *p, int cls, pn_block **out)
     } else if (p->vt) {
         for (int attempt = 0;; attempt++) {
             uint64_t t0 = stoke__now_ns();
+            stoke__clear_error();
             rc = p->vt->host_alloc(p->dev, size, &mem);
             PN_ADD(pin_ns, stoke__now_ns() - t0);
             PN_ADD(pin_calls, 1);
@@ -683,11 +684,16 @@ static int pin_new(pn_pool *p, int cls, pn_block **out)
                 continue;
             unreserve(size);
             stoke__pn_desc_put(b);
-            char ml[64];
+            char detail[512], ml[64];
+            stoke__strlcpy(detail, stoke_last_error(), sizeof(detail));
             describe_memlock(ml, sizeof(ml));
+            if (detail[0])
+                return stoke__fail(rc, "pinned: %s could not pin %zu bytes for device %d: %s "
+                                   "(RLIMIT_MEMLOCK: %s)",
+                                   p->vt->name, size, p->dev, detail, ml);
             return stoke__fail(rc, "pinned: %s could not pin %zu bytes for device %d: %s "
-                               "(RLIMIT_MEMLOCK: %s; the backend's log has its reason)",
-                               p->vt->name, size, p->dev, stoke_err_name(rc), ml);
+                               "(RLIMIT_MEMLOCK: %s; the backend gave no detail)",
+                               p->vt->name, size, p->dev, stoke_strerror(rc), ml);
         }
         b->kind = PN_PINNED;
         b->pool = p;

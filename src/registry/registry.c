@@ -60,9 +60,15 @@ static struct {
 static _Thread_local int tl_device = -1;
 static _Thread_local unsigned tl_gen;
 
+/* A plugin's log line.  Warnings and errors also become the calling thread's last error: a
+ * plugin reports the detail of a failing call this way (its calls run in the caller's thread),
+ * so the caller's message can carry it (see device.c and the pinned allocator). */
 static void host_log(const char *backend, int level, const char *msg)
 {
-    stoke__log(level, "%s: %s", backend ? backend : "backend", msg);
+    const char *who = backend ? backend : "backend";
+    stoke__log(level, "%s: %s", who, msg);
+    if (level <= STOKE_LOG_WARN)
+        stoke__set_error_text("%s: %s", who, msg);
 }
 
 static const stoke_backend_host host_info = {
