@@ -528,6 +528,8 @@ static void test_pinned_injected_alloc_failure(void **state)
     assert_null(b);
     assert_non_null(strstr(stoke_last_error(), "could not pin"));
     assert_non_null(strstr(stoke_last_error(), "RLIMIT_MEMLOCK"));
+    /* The backend's own reason reaches the caller, not only the log. */
+    assert_non_null(strstr(stoke_last_error(), "simdev: injected allocation failure"));
     assert_true(tu_log_count(STOKE_LOG_WARN, "injected allocation failure") >= 1);
     stoke_pinned_stats s = stats();
     assert_int_equal(s.pin_failures, 1);
