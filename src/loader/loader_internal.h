@@ -2,7 +2,15 @@
 #ifndef STOKE_LOADER_INTERNAL_H
 #define STOKE_LOADER_INTERNAL_H
 
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
+
+#include "common/internal.h"
+#include "stoke/backend.h"
+#include "stoke/device.h"
+#include "stoke/loader.h"
 
 /* splitmix64 finalizer (a bijection of 64-bit integers). */
 uint64_t stoke__mix64(uint64_t x);
@@ -18,5 +26,145 @@ typedef struct stoke__hist {
 void stoke__hist_add(stoke__hist *h, uint64_t ns);
 /* Value (ns) at quantile q in [0, 1]; 0 when empty. */
 uint64_t stoke__hist_quantile(const stoke__hist *h, double q);
+
+/* ---- the data loader (loader.c, worker.c, transfer.c, state.c, batch.c) ----------------------
+ *
+ * Locking (docs/loader.md):
+ * - `mu` protects every field marked (mu) below: the free lists, the done list, the epoch
+ *   position, counters and statistics.  Workers hold it only to take and hand back work, never
+ *   while producing samples or copying.
+ * - `stream_mu` serializes use of the loader's device stream and of the events recorded on it
+ *   (device.h objects are not locked).  Never taken while holding `mu`... except never: the two
+ *   are never held together.
+ * - The consumer thread alone calls next/set_epoch/restore; batches are released from any thread.
+ */
+
+enum { STOKE__ALLOC_PAGEABLE = 0, STOKE__ALLOC_POOL = 1, STOKE__ALLOC_BACKEND = 2 };
+
+/* Host memory of one batch. */
+typedef struct stoke__slot {
+    unsigned char *mem;
+    int pinned;
+    stoke_event *ev; /* device transfer: completes when the copy out of `mem` did */
+    struct stoke__slot *next;
+} stoke__slot;
+
+struct stoke_batch {
+    stoke_loader *l;
+    stoke__slot *host; /* host mode: always this batch's slot; device mode: while filling */
+    uint64_t *indices;
+    uint64_t *offsets;  /* MAP_VAR: count + 1 byte offsets of the packed samples */
+    size_t count;
+    size_t bytes;       /* sample bytes in the batch, all fields */
+    uint64_t seq, epoch, gen;
+    uint64_t k;         /* ITERABLE: the producing worker's batch number */
+    int end;            /* ITERABLE: the worker's share ended while filling it */
+    int pinned;
+    int status;       /* of producing it */
+    int worker;
+    uint64_t err_index;
+    char err_msg[256];
+    stoke_device_buffer *dbuf;
+    stoke_event *ev;  /* device mode: the consumer's copy-complete event */
+    int copied;       /* device mode: the copy was queued */
+    struct stoke_batch *next;
+};
+
+typedef struct stoke__worker {
+    stoke_loader *l;
+    int id;
+    pthread_t th;
+    _Atomic uint64_t busy_since; /* start of the sample in progress (ns), 0 when idle */
+    _Atomic uint64_t busy_index; /* its dataset index */
+    /* ITERABLE (mu): this worker's batch number, end of its share, batches in flight */
+    uint64_t k_next, end_at;
+    int exhausted, outstanding;
+} stoke__worker;
+
+struct stoke_loader {
+    /* Immutable after create. */
+    stoke_loader_opts o;
+    stoke_dataset ds;
+    stoke_field fields[STOKE_MAX_FIELDS];
+    size_t off[STOKE_MAX_FIELDS];
+    size_t buf_bytes;       /* one batch buffer */
+    size_t sample_bytes;    /* all fields of one sample */
+    stoke_sampler *sampler;
+    uint64_t nsamples;      /* positions per epoch */
+    uint64_t nbatches;
+    int nworkers;
+    int nw1;                /* max(1, nworkers): producers of an ITERABLE dataset */
+    int iterable, var;      /* dataset kind ITERABLE / MAP_VAR */
+    int window;             /* batches dispatched and not yet delivered, at most */
+    int nbuf;
+    int alloc_kind;
+    const stoke_backend *pin_vt; /* STOKE__ALLOC_BACKEND */
+    int pin_dev;
+    char pin_backend[32];   /* "" when not pinned */
+    int device_mode;
+    stoke_stream *stream;
+    stoke_event *read_ev;
+    pthread_mutex_t stream_mu;
+
+    stoke_batch *bat;       /* nbuf */
+    stoke__slot *slots;     /* nbuf */
+    stoke__worker *w;       /* nworkers */
+
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv; /* workers: work may be available, or quit */
+    pthread_cond_t done_cv; /* consumer: a batch completed */
+    stoke_batch *free_b;    /* (mu) */
+    stoke__slot *free_s;    /* (mu) device mode */
+    /* (mu) device mode: slots whose copy may still run, FIFO */
+    stoke__slot *copy_head, *copy_tail;
+    stoke_batch *done;      /* (mu) completed, undelivered; FIFO by completion */
+    stoke_batch **done_tail;/* (mu) */
+    uint64_t seed, epoch, gen;     /* (mu) */
+    uint64_t next_dispatch; /* (mu) next batch seq to hand out */
+    uint64_t start_cursor;  /* (mu) where this run of the epoch started */
+    uint64_t ndelivered;    /* (mu) delivered since start_cursor */
+    uint64_t prefix;        /* (mu) lowest undelivered seq */
+    unsigned char *bits;    /* (mu) in_order == 0: delivered seqs */
+    int outstanding;        /* (mu) dispatched, not delivered (this gen) */
+    int filling;            /* (mu) batches being produced (any gen) */
+    int held;               /* (mu) delivered, not released */
+    int ended;              /* (mu) EEND until a new epoch */
+    int running;            /* (mu) worker threads started */
+    int quit;               /* (mu) workers must exit */
+    int init_failed;        /* (mu) a worker_init failed (status) */
+    int caller_inited;      /* consumer only: worker_init done in the caller's thread */
+    int quiesce;            /* (mu) set_epoch is waiting for batches in production */
+    /* statistics (mu) */
+    uint64_t st_samples, st_batches, st_bytes, st_pinned, st_pageable, st_dcopies, st_dbytes;
+    uint64_t st_wait_ns, st_busy_ns;
+    stoke__hist wait_hist;
+
+    char err[512];          /* consumer only */
+    int sync_ready;         /* consumer only: mu and the conditions exist */
+};
+
+/* loader.c: formats the loader's last error into l->err and sets the thread's last error; returns
+ * `code`. */
+int stoke__loader_fail(stoke_loader *l, int code, const char *fmt, ...) STOKE__PRINTF(3, 4);
+
+/* transfer.c */
+int stoke__loader_setup_device(stoke_loader *l);
+void stoke__loader_copy_batch(stoke_loader *l, stoke_batch *b);
+void stoke__loader_recycle(stoke_loader *l, stoke_batch *b);
+stoke__slot *stoke__loader_take_slot(stoke_loader *l);
+
+/* worker.c */
+void stoke__loader_complete(stoke_loader *l, stoke_batch *b, uint64_t gen, uint64_t busy_ns);
+stoke_batch *stoke__loader_dispatch(stoke_loader *l, stoke__worker *w, uint64_t *gen,
+                                    uint64_t *seed, uint64_t *epoch);
+uint64_t stoke__loader_produce(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid,
+                               uint64_t seed, uint64_t epoch);
+int stoke__loader_start_workers(stoke_loader *l);
+void stoke__loader_stop_workers(stoke_loader *l);
+
+/* state.c */
+void stoke__loader_abandon(stoke_loader *l);
+int stoke__loader_epoch_over(const stoke_loader *l);
+void stoke__loader_set_position(stoke_loader *l, uint64_t epoch, uint64_t cursor);
 
 #endif

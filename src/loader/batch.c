@@ -1,0 +1,140 @@
+/* The batch handle: accessors, device reads, and release. */
+#include <pthread.h>
+
+#include "common/internal.h"
+#include "loader/loader_internal.h"
+#include "stoke/loader.h"
+
+/* ---- batches ------------------------------------------------------------------------------ */
+
+size_t stoke_batch_count(const stoke_batch *b)
+{
+    return b ? b->count : 0;
+}
+
+const uint64_t *stoke_batch_indices(const stoke_batch *b)
+{
+    return b ? b->indices : NULL;
+}
+
+uint64_t stoke_batch_seq(const stoke_batch *b)
+{
+    return b ? b->seq : 0;
+}
+
+uint64_t stoke_batch_epoch(const stoke_batch *b)
+{
+    return b ? b->epoch : 0;
+}
+
+int stoke_batch_num_fields(const stoke_batch *b)
+{
+    return b ? b->l->ds.nfields : 0;
+}
+
+static int field_ok(const stoke_batch *b, int f)
+{
+    return b && f >= 0 && f < b->l->ds.nfields;
+}
+
+void *stoke_batch_data(const stoke_batch *b, int field)
+{
+    if (!field_ok(b, field) || b->l->device_mode || !b->host)
+        return NULL;
+    return b->host->mem + b->l->off[field];
+}
+
+size_t stoke_batch_field_bytes(const stoke_batch *b, int field)
+{
+    if (!field_ok(b, field))
+        return 0;
+    return b->l->var ? b->bytes : b->count * b->l->fields[field].bytes;
+}
+
+const stoke_field *stoke_batch_field(const stoke_batch *b, int field)
+{
+    return field_ok(b, field) ? &b->l->fields[field] : NULL;
+}
+
+int stoke_batch_shape(const stoke_batch *b, int field, int64_t *shape)
+{
+    if (!field_ok(b, field) || !shape)
+        return -1;
+    const stoke_field *fd = &b->l->fields[field];
+    shape[0] = (int64_t)b->count;
+    for (int d = 0; d < fd->ndim; d++)
+        shape[d + 1] = fd->shape[d];
+    return fd->ndim + 1;
+}
+
+const uint64_t *stoke_batch_offsets(const stoke_batch *b)
+{
+    return b && b->l->var ? b->offsets : NULL;
+}
+
+int stoke_batch_dtype(const stoke_batch *b, int field)
+{
+    return field_ok(b, field) ? b->l->fields[field].dtype : -1;
+}
+
+int stoke_batch_is_pinned(const stoke_batch *b)
+{
+    return b ? b->pinned : 0;
+}
+
+stoke_device_buffer *stoke_batch_device_buffer(const stoke_batch *b)
+{
+    return b && b->l->device_mode ? b->dbuf : NULL;
+}
+
+size_t stoke_batch_device_offset(const stoke_batch *b, int field)
+{
+    return field_ok(b, field) ? b->l->off[field] : 0;
+}
+
+stoke_event *stoke_batch_device_event(const stoke_batch *b)
+{
+    return b && b->l->device_mode ? b->ev : NULL;
+}
+
+int stoke_batch_device_wait(stoke_batch *b)
+{
+    if (!b)
+        return STOKE_EINVAL;
+    if (!b->l->device_mode)
+        return stoke__fail(STOKE_ESTATE, "batch: device transfer is off");
+    return stoke_event_synchronize(b->ev);
+}
+
+int stoke_batch_device_read(stoke_batch *b, int field, void *dst)
+{
+    if (!field_ok(b, field) || !dst)
+        return STOKE_EINVAL;
+    stoke_loader *l = b->l;
+    if (!l->device_mode)
+        return stoke__fail(STOKE_ESTATE, "batch: device transfer is off");
+    size_t n = stoke_batch_field_bytes(b, field);
+    if (!n)
+        return STOKE_OK;
+    pthread_mutex_lock(&l->stream_mu);
+    int rc = stoke_copy_d2h_async(dst, b->dbuf, l->off[field], n, l->stream);
+    if (rc == STOKE_OK)
+        rc = stoke_event_record(l->read_ev, l->stream);
+    if (rc == STOKE_OK)
+        rc = stoke_event_synchronize(l->read_ev);
+    pthread_mutex_unlock(&l->stream_mu);
+    return rc;
+}
+
+void stoke_batch_release(stoke_batch *b)
+{
+    if (!b)
+        return;
+    stoke_loader *l = b->l;
+    pthread_mutex_lock(&l->mu);
+    l->held--;
+    stoke__loader_recycle(l, b);
+    pthread_cond_broadcast(&l->work_cv);
+    pthread_cond_signal(&l->done_cv);
+    pthread_mutex_unlock(&l->mu);
+}

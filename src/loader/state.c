@@ -1,0 +1,204 @@
+/* The loader's position: abandoning a run, epochs, save/restore, and the statistics and other
+ * queries of a loader. */
+#include <inttypes.h>
+#include <pthread.h>
+#include <string.h>
+
+#include "common/internal.h"
+#include "loader/loader_internal.h"
+#include "stoke/loader.h"
+
+/* (mu) Abandons the current run: every batch not yet delivered goes back to the pools. */
+void stoke__loader_abandon(stoke_loader *l)
+{
+    l->gen++;
+    while (l->done) {
+        stoke_batch *b = l->done;
+        l->done = b->next;
+        stoke__loader_recycle(l, b);
+    }
+    l->done_tail = &l->done;
+    l->outstanding = 0;
+    for (int i = 0; l->iterable && i < l->nw1; i++)
+        l->w[i].outstanding = 0;
+    pthread_cond_broadcast(&l->work_cv);
+}
+
+/* (mu) 1 when the current epoch has nothing more to deliver. */
+int stoke__loader_epoch_over(const stoke_loader *l)
+{
+    if (l->ended)
+        return 1;
+    if (!l->iterable)
+        return l->ndelivered >= l->nbatches - l->start_cursor;
+    for (int i = 0; i < l->nw1; i++)
+        if (!l->w[i].exhausted)
+            return 0;
+    return l->outstanding == 0;
+}
+
+/* (mu) Moves to (epoch, cursor). */
+void stoke__loader_set_position(stoke_loader *l, uint64_t epoch, uint64_t cursor)
+{
+    stoke__loader_abandon(l);
+    l->epoch = epoch;
+    l->start_cursor = cursor;
+    l->next_dispatch = cursor;
+    l->prefix = cursor;
+    l->ndelivered = 0;
+    l->ended = 0;
+    for (int i = 0; l->iterable && i < l->nw1; i++) {
+        l->w[i].k_next = 0;
+        l->w[i].end_at = 0;
+        l->w[i].exhausted = 0;
+    }
+    if (l->bits)
+        memset(l->bits, 0, (size_t)((l->nbatches + 7) / 8));
+}
+
+/* Consumer: stops dispatching, abandons the run and waits until no batch is being produced, so
+ * that nothing calls the dataset.  Returns with `mu` held and `quiesce` set. */
+static void quiesce(stoke_loader *l)
+{
+    pthread_mutex_lock(&l->mu);
+    l->quiesce = 1;
+    stoke__loader_abandon(l);
+    while (l->filling > 0)
+        pthread_cond_wait(&l->done_cv, &l->mu);
+}
+
+/* Consumer: moves to (seed, epoch, cursor); ITERABLE datasets are reset for the epoch. */
+static int reposition(stoke_loader *l, uint64_t seed, uint64_t epoch, uint64_t cursor)
+{
+    quiesce(l);
+    pthread_mutex_unlock(&l->mu);
+    if (!l->o.persistent_workers) {
+        stoke__loader_stop_workers(l);
+        l->caller_inited = 0;
+    }
+    int rc = STOKE_OK;
+    if (l->iterable && l->ds.reset)
+        rc = l->ds.reset(l->ds.user, epoch);
+    pthread_mutex_lock(&l->mu);
+    l->seed = seed;
+    stoke__loader_set_position(l, epoch, cursor);
+    l->quiesce = 0;
+    pthread_cond_broadcast(&l->work_cv);
+    pthread_mutex_unlock(&l->mu);
+    l->err[0] = '\0';
+    if (rc != STOKE_OK)
+        return stoke__loader_fail(l, rc < 0 ? rc : STOKE_EDATA,
+                                  "loader: reset(%" PRIu64 ") of dataset %s "
+                                  "failed (%s)",
+                                  epoch, l->ds.name, stoke_err_name(rc));
+    return STOKE_OK;
+}
+
+int stoke_loader_set_epoch(stoke_loader *l, uint64_t epoch)
+{
+    if (!l)
+        return STOKE_EINVAL;
+    pthread_mutex_lock(&l->mu);
+    uint64_t seed = l->seed;
+    pthread_mutex_unlock(&l->mu);
+    return reposition(l, seed, epoch, 0);
+}
+
+int stoke_loader_next_epoch(stoke_loader *l)
+{
+    if (!l)
+        return STOKE_EINVAL;
+    return stoke_loader_set_epoch(l, stoke_loader_epoch(l) + 1);
+}
+
+uint64_t stoke_loader_epoch(const stoke_loader *l)
+{
+    if (!l)
+        return 0;
+    stoke_loader *m = (stoke_loader *)l;
+    pthread_mutex_lock(&m->mu);
+    uint64_t e = m->epoch;
+    pthread_mutex_unlock(&m->mu);
+    return e;
+}
+
+uint64_t stoke_loader_num_batches(const stoke_loader *l)
+{
+    return l ? l->nbatches : 0;
+}
+
+int stoke_loader_save_state(const stoke_loader *l, stoke_loader_state *out)
+{
+    if (!l || !out)
+        return STOKE_EINVAL;
+    stoke_loader *m = (stoke_loader *)l;
+    memset(out, 0, sizeof(*out));
+    if (l->iterable)
+        return stoke__fail(STOKE_ENOTSUP, "loader: an iterable dataset has no restorable position");
+    out->version = STOKE_LOADER_STATE_VERSION;
+    pthread_mutex_lock(&m->mu);
+    out->seed = m->seed;
+    out->epoch = m->epoch;
+    out->cursor = m->prefix;
+    pthread_mutex_unlock(&m->mu);
+    return STOKE_OK;
+}
+
+int stoke_loader_restore_state(stoke_loader *l, const stoke_loader_state *st)
+{
+    if (!l || !st)
+        return STOKE_EINVAL;
+    if (l->iterable)
+        return stoke__loader_fail(l, STOKE_ENOTSUP,
+                                  "loader: an iterable dataset has no restorable position");
+    if (st->version != STOKE_LOADER_STATE_VERSION)
+        return stoke__loader_fail(l, STOKE_EINVAL, "loader state: version %u, expected %u",
+                                  st->version, STOKE_LOADER_STATE_VERSION);
+    if (st->cursor > l->nbatches)
+        return stoke__loader_fail(l, STOKE_EINVAL,
+                                  "loader state: cursor %" PRIu64 " is past the %" PRIu64
+                                  " batches of an "
+                                  "epoch",
+                                  st->cursor, l->nbatches);
+    return reposition(l, st->seed, st->epoch, st->cursor);
+}
+
+int stoke_loader_get_stats(const stoke_loader *l, stoke_loader_stats *out)
+{
+    if (!l || !out || out->size == 0)
+        return STOKE_EINVAL;
+    stoke_loader *m = (stoke_loader *)l;
+    stoke_loader_stats s;
+    memset(&s, 0, sizeof(s));
+    s.size = sizeof(s);
+    pthread_mutex_lock(&m->mu);
+    s.samples = m->st_samples;
+    s.batches = m->st_batches;
+    s.bytes = m->st_bytes;
+    s.pinned_batches = m->st_pinned;
+    s.pageable_batches = m->st_pageable;
+    s.device_copies = m->st_dcopies;
+    s.device_bytes = m->st_dbytes;
+    s.wait_s = (double)m->st_wait_ns / 1e9;
+    s.wait_p50_s = (double)stoke__hist_quantile(&m->wait_hist, 0.50) / 1e9;
+    s.wait_p99_s = (double)stoke__hist_quantile(&m->wait_hist, 0.99) / 1e9;
+    s.worker_busy_s = (double)m->st_busy_ns / 1e9;
+    pthread_mutex_unlock(&m->mu);
+    s.buffers = (uint64_t)l->nbuf;
+    s.buffer_bytes = l->buf_bytes;
+    size_t n = out->size < sizeof(s) ? out->size : sizeof(s);
+    uint32_t keep = out->size;
+    memcpy(out, &s, n);
+    out->size = keep;
+    return STOKE_OK;
+}
+
+const char *stoke_loader_last_error(const stoke_loader *l)
+{
+    return l ? l->err : "";
+}
+
+const char *stoke_loader_pinned_backend(const stoke_loader *l)
+{
+    return l && l->pin_backend[0] && l->slots && l->slots[0].pinned ? l->pin_backend : NULL;
+}

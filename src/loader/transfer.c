@@ -1,0 +1,123 @@
+/* The loader's device transfer: the stream, device buffers and events, the asynchronous copy of a
+ * filled batch, and the return of staging slots (the copy FIFO) to the pools. */
+#include <pthread.h>
+#include <stdio.h>
+
+#include "common/internal.h"
+#include "loader/loader_internal.h"
+#include "registry/registry.h"
+#include "stoke/accelerator.h"
+#include "stoke/loader.h"
+#include "stoke/pinned.h"
+
+/* Creates the stream, events and device buffers of device transfer. */
+int stoke__loader_setup_device(stoke_loader *l)
+{
+    char name[64];
+    int index = -1;
+    int rc = stoke__parse_accel_spec(l->o.device, name, sizeof(name), &index);
+    if (rc != STOKE_OK)
+        return stoke__loader_fail(l, STOKE_EINVAL, "device '%s' is not name[:index]", l->o.device);
+    const stoke_backend *vt = NULL, *cur = NULL;
+    int cdev = 0;
+    rc = stoke__backend_lookup(name, &vt);
+    if (rc != STOKE_OK)
+        return stoke__loader_fail(l, rc, "device '%s': %s", l->o.device, stoke_last_error());
+    int have_cur = stoke__accel_current(&cur, &cdev, NULL) == STOKE_OK;
+    if (index >= 0 && index != (have_cur && cur == vt ? cdev : 0)) {
+        if (!have_cur || cur != vt)
+            return stoke__loader_fail(
+                l, STOKE_ENOTSUP,
+                "device '%s': a device index other than 0 needs %s to be the chosen "
+                "accelerator",
+                l->o.device, vt->name);
+        rc = stoke_device_set(index);
+        if (rc != STOKE_OK)
+            return stoke__loader_fail(l, rc, "device '%s': %s", l->o.device, stoke_last_error());
+        rc = stoke_stream_create(name, &l->stream);
+        stoke_device_set(cdev);
+    } else {
+        rc = stoke_stream_create(name, &l->stream);
+    }
+    if (rc != STOKE_OK)
+        return stoke__loader_fail(l, rc, "device '%s': %s", l->o.device, stoke_last_error());
+    rc = stoke_event_create(l->stream, &l->read_ev);
+    for (int i = 0; rc == STOKE_OK && i < l->nbuf; i++) {
+        rc = stoke_device_buffer_create(l->stream, l->buf_bytes, &l->bat[i].dbuf);
+        if (rc == STOKE_OK)
+            rc = stoke_event_create(l->stream, &l->bat[i].ev);
+        if (rc == STOKE_OK)
+            rc = stoke_event_create(l->stream, &l->slots[i].ev);
+    }
+    if (rc != STOKE_OK)
+        return stoke__loader_fail(l, rc, "device '%s': %s", l->o.device, stoke_last_error());
+    l->device_mode = 1;
+    return STOKE_OK;
+}
+
+/* Device mode: queues the copy of a filled batch; the slot's event marks when it may be reused. */
+void stoke__loader_copy_batch(stoke_loader *l, stoke_batch *b)
+{
+    stoke__slot *s = b->host;
+    int rc = STOKE_OK;
+    pthread_mutex_lock(&l->stream_mu);
+    for (int f = 0; rc == STOKE_OK && f < l->ds.nfields; f++) {
+        size_t n = l->var ? b->bytes : b->count * l->fields[f].bytes;
+        if (n)
+            rc = stoke_copy_h2d_async(b->dbuf, l->off[f], s->mem + l->off[f], n, l->stream);
+    }
+    if (rc == STOKE_OK)
+        rc = stoke_event_record(b->ev, l->stream);
+    if (rc == STOKE_OK)
+        rc = stoke_event_record(s->ev, l->stream);
+    if (rc == STOKE_OK && l->alloc_kind == STOKE__ALLOC_POOL)
+        stoke_pinned_record_stream(s->mem, l->stream);
+    pthread_mutex_unlock(&l->stream_mu);
+    b->copied = 1; /* something may have been queued: the slot waits for its event */
+    if (rc != STOKE_OK) {
+        b->status = rc;
+        b->err_index = b->count ? b->indices[0] : 0;
+        stoke__fmt(b->err_msg, sizeof(b->err_msg), "copy to device %s failed: %s", l->o.device,
+                   stoke_last_error());
+    }
+}
+
+/* (mu) Gives b (and in device mode its slot) back to the pools. */
+void stoke__loader_recycle(stoke_loader *l, stoke_batch *b)
+{
+    if (l->device_mode && b->host) {
+        stoke__slot *s = b->host;
+        b->host = NULL;
+        s->next = NULL;
+        if (b->copied) {
+            if (l->copy_tail)
+                l->copy_tail->next = s;
+            else
+                l->copy_head = s;
+            l->copy_tail = s;
+        } else {
+            s->next = l->free_s;
+            l->free_s = s;
+        }
+    }
+    b->next = l->free_b;
+    l->free_b = b;
+}
+
+/* (mu) Device mode: a slot for a new batch; may drop `mu` to wait for an old copy. */
+stoke__slot *stoke__loader_take_slot(stoke_loader *l)
+{
+    stoke__slot *s = l->free_s;
+    if (s) {
+        l->free_s = s->next;
+        return s;
+    }
+    s = l->copy_head; /* never NULL: fewer batches are being filled than there are slots */
+    l->copy_head = s->next;
+    if (!l->copy_head)
+        l->copy_tail = NULL;
+    pthread_mutex_unlock(&l->mu);
+    stoke_event_synchronize(s->ev); /* the pinned memory is reused only after its copy */
+    pthread_mutex_lock(&l->mu);
+    return s;
+}

@@ -1,0 +1,284 @@
+/* The loader's worker threads and sample production: dispatching batches, filling them from the
+ * dataset, and handing them to the done list. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/internal.h"
+#include "loader/loader_internal.h"
+#include "stoke/loader.h"
+
+/* ---- producing batches -------------------------------------------------------------------- */
+
+static size_t batch_count(const stoke_loader *l, uint64_t seq)
+{
+    uint64_t first = seq * l->o.batch_size;
+    uint64_t left = l->nsamples - first;
+    return left < l->o.batch_size ? (size_t)left : l->o.batch_size;
+}
+
+/* Calls the dataset for one sample of batch b (slot j), publishing it for the timeout check.
+ * MAP / MAP_VAR: `idx` is the sample; ITERABLE: *idx receives it.  Returns the status. */
+static int one_sample(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid, size_t j,
+                      uint64_t *idx, char *msg, size_t msg_len)
+{
+    unsigned char *mem = b->host->mem;
+    void *dst[STOKE_MAX_FIELDS];
+    for (int f = 0; f < l->ds.nfields; f++)
+        dst[f] = mem + l->off[f] + j * l->fields[f].bytes;
+    msg[0] = '\0';
+    uint64_t t0 = stoke__now_ns();
+    if (w) {
+        atomic_store(&w->busy_index, l->iterable ? UINT64_MAX : *idx);
+        atomic_store(&w->busy_since, t0);
+    }
+    int rc;
+    if (l->iterable) {
+        rc = l->ds.next(l->ds.user, wid, l->nworkers, dst, idx, msg, msg_len);
+    } else if (l->var) {
+        const void *data = NULL;
+        size_t len = 0;
+        void *token = NULL;
+        rc = l->ds.get_var(l->ds.user, *idx, &data, &len, &token, wid, msg, msg_len);
+        if (rc == STOKE_OK) {
+            uint64_t used = b->offsets[j];
+            if (len > l->o.batch_size * l->fields[0].bytes - used) {
+                rc = STOKE_ELIMIT;
+                stoke__fmt(msg, msg_len,
+                           "variable-size sample of %zu bytes does not fit: a batch holds %zu "
+                           "(batch_size x fields[0].bytes)",
+                           len, l->o.batch_size * l->fields[0].bytes);
+            } else {
+                if (len)
+                    memcpy(mem + used, data, len);
+                b->offsets[j + 1] = used + len;
+            }
+            if (l->ds.release_var)
+                l->ds.release_var(l->ds.user, token);
+        }
+    } else {
+        rc = l->ds.get(l->ds.user, *idx, dst, wid, msg, msg_len);
+    }
+    if (w)
+        atomic_store(&w->busy_since, 0);
+    if (rc == STOKE_OK && !w && l->o.timeout_ms &&
+        stoke__now_ns() - t0 > (uint64_t)l->o.timeout_ms * 1000000u) {
+        rc = STOKE_ETIMEDOUT;
+        stoke__fmt(msg, msg_len, "took longer than the timeout of %u ms", l->o.timeout_ms);
+    }
+    return rc;
+}
+
+/* Writes batch `seq` into b->host; the caller owns b.  Sets b->status and the error fields
+ * (ITERABLE: b->end when the worker's share ended). */
+static void fill_batch(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid, uint64_t seed,
+                       uint64_t epoch, uint64_t seq)
+{
+    b->seq = seq;
+    b->epoch = epoch;
+    b->count = l->iterable ? l->o.batch_size : batch_count(l, seq);
+    b->status = STOKE_OK;
+    b->worker = wid;
+    b->copied = 0;
+    b->end = 0;
+    b->pinned = b->host->pinned;
+    if (b->offsets)
+        b->offsets[0] = 0;
+    char msg[256];
+    size_t j = 0;
+    for (; j < b->count; j++) {
+        uint64_t idx = 0;
+        if (!l->iterable) {
+            int rc = stoke_sampler_index(l->sampler, seed, epoch, seq * l->o.batch_size + j, &idx);
+            if (rc != STOKE_OK) {
+                b->status = rc;
+                b->err_index = seq * l->o.batch_size + j;
+                stoke__strlcpy(b->err_msg, "sampler position out of range", sizeof(b->err_msg));
+                break;
+            }
+        }
+        int rc = one_sample(l, b, w, wid, j, &idx, msg, sizeof(msg));
+        if (rc == STOKE_EEND && l->iterable) {
+            b->end = 1;
+            break;
+        }
+        if (rc != STOKE_OK) {
+            b->status = rc > 0 ? STOKE_EDATA : rc;
+            b->err_index = idx;
+            stoke__strlcpy(b->err_msg, msg[0] ? msg : stoke_strerror(b->status),
+                           sizeof(b->err_msg));
+            break;
+        }
+        b->indices[j] = idx;
+    }
+    b->count = j;
+    b->bytes = l->var ? (size_t)b->offsets[j] : j * l->sample_bytes;
+}
+
+/* (mu) Hands a finished batch to the consumer, or recycles it if its epoch was abandoned.  In
+ * device mode the staging slot leaves the batch here: it waits in the copy FIFO until its copy's
+ * event completes, whatever the consumer does with the batch. */
+void stoke__loader_complete(stoke_loader *l, stoke_batch *b, uint64_t gen, uint64_t busy_ns)
+{
+    l->st_busy_ns += busy_ns;
+    l->filling--;
+    b->gen = gen;
+    pthread_cond_signal(&l->done_cv); /* also wakes a consumer quiescing for set_epoch */
+    if (l->device_mode && b->host && b->copied) {
+        stoke__slot *s = b->host;
+        b->host = NULL;
+        s->next = NULL;
+        if (l->copy_tail)
+            l->copy_tail->next = s;
+        else
+            l->copy_head = s;
+        l->copy_tail = s;
+    }
+    if (gen != l->gen) {
+        stoke__loader_recycle(l, b);
+        pthread_cond_broadcast(&l->work_cv);
+        return;
+    }
+    if (l->iterable && b->status == STOKE_OK && b->end) {
+        stoke__worker *w = &l->w[b->worker];
+        int keep = b->count && !(l->o.drop_last && b->count < l->o.batch_size);
+        w->exhausted = 1;
+        w->end_at = keep ? b->k + 1 : b->k;
+        if (!keep) { /* nothing to deliver: the share ended on a batch boundary or was dropped */
+            w->outstanding--;
+            l->outstanding--;
+            stoke__loader_recycle(l, b);
+            pthread_cond_broadcast(&l->work_cv);
+            return;
+        }
+    }
+    b->next = NULL;
+    *l->done_tail = b;
+    l->done_tail = &b->next;
+    pthread_cond_signal(&l->done_cv);
+}
+
+static int can_dispatch(const stoke_loader *l, const stoke__worker *w)
+{
+    if (l->ended || l->init_failed || !l->free_b || l->quiesce)
+        return 0;
+    if (l->iterable)
+        return !w->exhausted && w->outstanding < l->o.prefetch_factor;
+    return l->next_dispatch < l->nbatches && l->outstanding < l->window;
+}
+
+/* (mu) Takes the next batch for worker w (can_dispatch was true).  May drop `mu` briefly. */
+stoke_batch *stoke__loader_dispatch(stoke_loader *l, stoke__worker *w, uint64_t *gen,
+                                    uint64_t *seed, uint64_t *epoch)
+{
+    stoke_batch *b = l->free_b;
+    l->free_b = b->next;
+    if (l->iterable) {
+        b->k = w->k_next++;
+        b->seq = b->k * (uint64_t)l->nw1 + (uint64_t)w->id;
+        w->outstanding++;
+    } else {
+        b->seq = l->next_dispatch++;
+    }
+    *gen = l->gen;
+    *seed = l->seed;
+    *epoch = l->epoch;
+    l->outstanding++;
+    l->filling++;
+    if (l->device_mode)
+        b->host = stoke__loader_take_slot(l);
+    return b;
+}
+
+/* Produces a dispatched batch, without `mu`; returns the busy time. */
+uint64_t stoke__loader_produce(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid,
+                               uint64_t seed, uint64_t epoch)
+{
+    uint64_t t0 = stoke__now_ns();
+    fill_batch(l, b, w, wid, seed, epoch, b->seq);
+    if (l->device_mode && b->status == STOKE_OK && b->count)
+        stoke__loader_copy_batch(l, b);
+    return stoke__now_ns() - t0;
+}
+
+static void *worker_main(void *arg)
+{
+    stoke__worker *w = arg;
+    stoke_loader *l = w->l;
+    char name[16];
+    snprintf(name, sizeof(name), "stoke-w%d", w->id);
+    stoke__thread_name(name);
+    if (l->ds.worker_init) {
+        int rc = l->ds.worker_init(l->ds.user, w->id, l->nworkers);
+        if (rc != STOKE_OK) {
+            pthread_mutex_lock(&l->mu);
+            if (!l->init_failed)
+                l->init_failed = rc < 0 ? rc : STOKE_EDATA;
+            pthread_cond_broadcast(&l->done_cv);
+            pthread_mutex_unlock(&l->mu);
+            stoke__log(STOKE_LOG_DEBUG, "loader: worker_init of worker %d failed (%s)", w->id,
+                       stoke_err_name(rc));
+            return NULL;
+        }
+    }
+    pthread_mutex_lock(&l->mu);
+    for (;;) {
+        while (!l->quit && !can_dispatch(l, w))
+            pthread_cond_wait(&l->work_cv, &l->mu);
+        if (l->quit)
+            break;
+        uint64_t gen, seed, epoch;
+        stoke_batch *b = stoke__loader_dispatch(l, w, &gen, &seed, &epoch);
+        pthread_mutex_unlock(&l->mu);
+        uint64_t busy = stoke__loader_produce(l, b, w, w->id, seed, epoch);
+        pthread_mutex_lock(&l->mu);
+        stoke__loader_complete(l, b, gen, busy);
+    }
+    pthread_mutex_unlock(&l->mu);
+    return NULL;
+}
+
+/* Consumer: starts the worker threads if they are not running. */
+int stoke__loader_start_workers(stoke_loader *l)
+{
+    if (l->running || l->nworkers == 0)
+        return STOKE_OK;
+    l->quit = 0;
+    for (int i = 0; i < l->nworkers; i++) {
+        stoke__worker *w = &l->w[i];
+        atomic_store(&w->busy_since, 0);
+        int e = pthread_create(&w->th, NULL, worker_main, w);
+        if (e) {
+            pthread_mutex_lock(&l->mu);
+            l->quit = 1;
+            pthread_cond_broadcast(&l->work_cv);
+            pthread_mutex_unlock(&l->mu);
+            for (int j = 0; j < i; j++)
+                pthread_join(l->w[j].th, NULL);
+            l->quit = 0;
+            return stoke__loader_fail(l, STOKE_ENOMEM, "loader: cannot start worker %d: %s", i,
+                                      strerror(e));
+        }
+    }
+    l->running = 1;
+    return STOKE_OK;
+}
+
+/* Consumer, without `mu`: asks the workers to exit and joins them. */
+void stoke__loader_stop_workers(stoke_loader *l)
+{
+    if (!l->running)
+        return;
+    pthread_mutex_lock(&l->mu);
+    l->quit = 1;
+    pthread_cond_broadcast(&l->work_cv);
+    pthread_mutex_unlock(&l->mu);
+    for (int i = 0; i < l->nworkers; i++)
+        pthread_join(l->w[i].th, NULL);
+    pthread_mutex_lock(&l->mu);
+    l->quit = 0;
+    l->running = 0;
+    l->init_failed = 0;
+    pthread_mutex_unlock(&l->mu);
+}
