@@ -66,21 +66,6 @@ static stoke_pinned_stats stats(void)
     return s;
 }
 
-static struct stoke_simdev_counters sd_counters(void)
-{
-    struct stoke_simdev_counters c;
-    memset(&c, 0, sizeof(c));
-    c.size = sizeof(c);
-    void *h = dlopen(tu_simdev_path(), RTLD_NOW | RTLD_NOLOAD);
-    if (!h)
-        fail_msg("simdev is not loaded: %s", dlerror());
-    stoke_simdev_counters_fn fn;
-    *(void **)&fn = dlsym(h, STOKE_SIMDEV_COUNTERS_SYMBOL);
-    assert_non_null(fn);
-    assert_int_equal(fn(&c), STOKE_OK);
-    dlclose(h);
-    return c;
-}
 
 static void *alloc_ok(size_t n)
 {
@@ -190,7 +175,7 @@ static void test_pinned_disabled_by_env(void **state)
     stoke_pinned_stats s = stats();
     assert_string_equal(s.backend, "none");
     assert_int_equal(s.pin_calls, 0);
-    assert_int_equal(sd_counters().host_allocs, 0);
+    assert_int_equal(tu_simdev_counters().host_allocs, 0);
 }
 
 /* ---- reuse ------------------------------------------------------------------------------------- */
@@ -216,7 +201,7 @@ static void test_pinned_free_then_alloc_returns_same_block(void **state)
     assert_int_equal(s.pin_calls, 1);
     assert_int_equal(s.cache_hits, 2);
     assert_int_equal(s.cache_misses, 1);
-    assert_int_equal(sd_counters().host_allocs, 1);
+    assert_int_equal(tu_simdev_counters().host_allocs, 1);
     assert_int_equal(tu_log_count(STOKE_LOG_WARN, "not in effect"), 0);
 }
 
@@ -313,7 +298,7 @@ static void test_pinned_failed_copy_releases_block(void **state)
     assert_int_equal(stoke_pinned_free(a), STOKE_OK);
     /* The injected failure is delivered to the block's event (the first marker after it). */
     assert_int_equal(stoke_stream_synchronize(s), STOKE_OK);
-    assert_int_equal(sd_counters().copies_failed, 1);
+    assert_int_equal(tu_simdev_counters().copies_failed, 1);
     void *b = alloc_ok(64 * KiB);
     assert_ptr_equal(a, b);
     assert_int_equal(stats().count_waiting, 0);
@@ -366,7 +351,7 @@ static void test_pinned_stats_match_rounding_and_empty_cache_keeps_live(void **s
     assert_int_equal(s.count_cached, 0);
     assert_int_equal(s.bytes_reserved, rounded - freed);
     assert_int_equal(s.unpin_calls, 4);
-    assert_int_equal(sd_counters().live_host_blocks, (uint64_t)(k - 4));
+    assert_int_equal(tu_simdev_counters().live_host_blocks, (uint64_t)(k - 4));
     /* The live blocks are intact, still pinned, and still usable. */
     for (int i = 4; i < k; i++) {
         assert_true(check(p[i], sizes[i], (unsigned)i));
@@ -378,7 +363,7 @@ static void test_pinned_stats_match_rounding_and_empty_cache_keeps_live(void **s
     s = stats();
     assert_int_equal(s.bytes_reserved, 0);
     assert_int_equal(s.count_in_use, 0);
-    assert_int_equal(sd_counters().live_host_blocks, 0);
+    assert_int_equal(tu_simdev_counters().live_host_blocks, 0);
 }
 
 static void test_pinned_stats_json(void **state)
@@ -499,7 +484,7 @@ static void test_pinned_register_flips_is_pinned(void **state)
     assert_int_equal(stoke_pin_register(buf, 0), STOKE_EINVAL);
     s = stats();
     assert_int_equal(s.registered_count, 0);
-    assert_int_equal(sd_counters().live_registered, 0);
+    assert_int_equal(tu_simdev_counters().live_registered, 0);
     free(buf);
 }
 
@@ -536,7 +521,7 @@ static void test_pinned_injected_alloc_failure(void **state)
     assert_int_equal(s.bytes_reserved, MiB);
     assert_int_equal(s.count_reserved, 1);
     assert_int_equal(s.count_in_use, 1);
-    struct stoke_simdev_counters c = sd_counters();
+    struct stoke_simdev_counters c = tu_simdev_counters();
     assert_int_equal(c.live_host_blocks, 1);
     assert_int_equal(c.allocs_failed, 1);
     /* The next one works; then everything goes back. */
@@ -544,7 +529,7 @@ static void test_pinned_injected_alloc_failure(void **state)
     assert_int_equal(stoke_pinned_free(d), STOKE_OK);
     assert_int_equal(stoke_pinned_free(a), STOKE_OK);
     assert_int_equal(stoke_pinned_empty_cache(), STOKE_OK);
-    assert_int_equal(sd_counters().live_host_blocks, 0);
+    assert_int_equal(tu_simdev_counters().live_host_blocks, 0);
     assert_int_equal(stats().bytes_reserved, 0);
 }
 
@@ -716,7 +701,7 @@ static void test_pinned_threads_stress(void **state)
     s = stats();
     assert_int_equal(s.count_waiting, 0);
     assert_int_equal(s.bytes_reserved, 0);
-    assert_int_equal(sd_counters().live_host_blocks, 0);
+    assert_int_equal(tu_simdev_counters().live_host_blocks, 0);
 }
 
 int main(void)

@@ -50,29 +50,11 @@ static const stoke_backend *sd(void)
     return vt;
 }
 
-/* simdev's counters, through its extra exported function (the plugin must be loaded). */
-static struct stoke_simdev_counters counters(void)
-{
-    struct stoke_simdev_counters c;
-    memset(&c, 0, sizeof(c));
-    c.size = sizeof(c);
-    void *h = dlopen(tu_simdev_path(), RTLD_NOW | RTLD_NOLOAD);
-    if (!h)
-        fail_msg("simdev is not loaded: %s", dlerror());
-    stoke_simdev_counters_fn fn;
-    *(void **)&fn = dlsym(h, STOKE_SIMDEV_COUNTERS_SYMBOL);
-    assert_non_null(fn);
-    assert_int_equal(fn(&c), STOKE_OK);
-    dlclose(h);
-    assert_int_equal(c.version, STOKE_SIMDEV_COUNTERS_VERSION);
-    assert_int_equal(c.size, sizeof(c));
-    return c;
-}
 
 /* Everything the test made was freed. */
 static void assert_nothing_live(void)
 {
-    struct stoke_simdev_counters c = counters();
+    struct stoke_simdev_counters c = tu_simdev_counters();
     assert_int_equal(c.live_host_blocks, 0);
     assert_int_equal(c.live_host_bytes, 0);
     assert_int_equal(c.live_registered, 0);
@@ -340,7 +322,7 @@ static void test_simdev_is_pinned_exact_bounds(void **state)
     assert_null(none);
     assert_int_equal(vt->host_alloc(2, 64, &none), STOKE_ERANGE);
 
-    struct stoke_simdev_counters c = counters();
+    struct stoke_simdev_counters c = tu_simdev_counters();
     assert_int_equal(c.host_allocs, 1);
     assert_int_equal(c.host_registers, 3);
     assert_int_equal(c.live_host_bytes, n);
@@ -357,7 +339,7 @@ static void test_simdev_is_pinned_exact_bounds(void **state)
     assert_int_equal(on, 0);
     assert_int_equal(vt->host_free(1, NULL), STOKE_OK);
     free(heap);
-    c = counters();
+    c = tu_simdev_counters();
     assert_int_equal(c.host_frees, 1);
     assert_int_equal(c.host_unregisters, 3);
     assert_nothing_live();
@@ -390,7 +372,7 @@ static void test_simdev_pinned_and_pageable_accounting(void **state)
     assert_int_equal(stoke_copy_d2h_async(pageable, buf, 0, 0, s), STOKE_OK); /* nothing moves */
     assert_int_equal(stoke_stream_synchronize(s), STOKE_OK);
 
-    struct stoke_simdev_counters c = counters();
+    struct stoke_simdev_counters c = tu_simdev_counters();
     assert_int_equal(c.h2d_copies, 4);
     assert_int_equal(c.h2d_pinned, 2);
     assert_int_equal(c.h2d_pageable, 2);
@@ -547,7 +529,7 @@ static void test_simdev_fail_alloc_names_the_injected_allocation(void **state)
     /* Only the third fails. */
     assert_int_equal(stoke_device_buffer_create(s, 1024, &buf), STOKE_OK); /* #4 */
     assert_int_equal(vt->host_alloc(0, 4096, &b), STOKE_OK);               /* #5 */
-    struct stoke_simdev_counters c = counters();
+    struct stoke_simdev_counters c = tu_simdev_counters();
     assert_int_equal(c.allocs_failed, 1);
     assert_int_equal(c.device_allocs, 1);
     assert_int_equal(c.host_allocs, 2);
@@ -620,7 +602,7 @@ static void test_simdev_fail_copy_is_reported_by_the_next_marker(void **state)
     for (int i = 256; i < 512; i++)
         assert_int_equal(out[i], 0);
     assert_true(check(out + 512, 256, 12));
-    struct stoke_simdev_counters c = counters();
+    struct stoke_simdev_counters c = tu_simdev_counters();
     assert_int_equal(c.copies_failed, 1);
     assert_int_equal(c.copies_completed, 3);
     for (int i = 0; i < 3; i++)
@@ -704,7 +686,7 @@ static void test_simdev_two_devices_from_two_threads(void **state)
     for (int i = 0; i < 2; i++)
         if (!jobs[i].ok)
             fail_msg("%s", jobs[i].err);
-    struct stoke_simdev_counters c = counters();
+    struct stoke_simdev_counters c = tu_simdev_counters();
     assert_int_equal(c.h2d_copies, 200);
     assert_int_equal(c.d2h_copies, 200);
     assert_int_equal(c.h2d_pageable, 200); /* stack buffers */
@@ -754,7 +736,7 @@ static void test_simdev_pinned_table_from_many_threads(void **state)
         pthread_join(t[i], NULL);
     for (int i = 0; i < T; i++)
         assert_true(jobs[i].ok);
-    struct stoke_simdev_counters c = counters();
+    struct stoke_simdev_counters c = tu_simdev_counters();
     assert_int_equal(c.host_allocs, 50 * T);
     assert_int_equal(c.host_registers, 50 * T);
     assert_nothing_live();

@@ -1,6 +1,7 @@
 #define _GNU_SOURCE
 #include "testutil.h"
 
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -198,4 +199,22 @@ int tu_run(const char *const argv[], const char *const env[], char *out, size_t 
     if (WIFSIGNALED(st))
         return 128 + WTERMSIG(st);
     return -1;
+}
+
+struct stoke_simdev_counters tu_simdev_counters(void)
+{
+    struct stoke_simdev_counters c;
+    memset(&c, 0, sizeof(c));
+    c.size = sizeof(c);
+    void *h = dlopen(tu_simdev_path(), RTLD_NOW | RTLD_NOLOAD);
+    if (!h)
+        fail_msg("simdev is not loaded: %s", dlerror());
+    stoke_simdev_counters_fn fn;
+    *(void **)&fn = dlsym(h, STOKE_SIMDEV_COUNTERS_SYMBOL);
+    assert_non_null(fn);
+    assert_int_equal(fn(&c), STOKE_OK);
+    dlclose(h);
+    assert_int_equal(c.version, STOKE_SIMDEV_COUNTERS_VERSION);
+    assert_int_equal(c.size, sizeof(c));
+    return c;
 }

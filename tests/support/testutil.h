@@ -9,6 +9,8 @@
 
 #include <cmocka.h>
 
+#include "../../plugins/simdev/simdev.h"
+
 /* Captures every log line (any level) from now on; the default sink is replaced. */
 void tu_log_capture(void);
 /* Number of captured lines at `level` (or any level if -1) containing `needle` (NULL: all). */
@@ -36,6 +38,10 @@ void tu_use_simdev(void);
 void tu_use_none(void);
 
 #endif
+
+/* simdev's counters through its extra exported function (the plugin must be loaded, e.g. by
+ * tu_use_simdev and a first call); fails the test if it cannot read them. */
+struct stoke_simdev_counters tu_simdev_counters(void);
 
 /* Runs `argv` (argv[0] a path) in a child with extra environment entries "NAME=VALUE" (a value
  * of "" unsets NAME), captures stdout and stderr (NUL-terminated, truncated to the buffers) and
