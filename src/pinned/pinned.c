@@ -208,6 +208,17 @@ static void release_block(pn_block *b)
     stoke__pn_desc_put(b);
 }
 
+/* Destroys a list of pooled events (taken off the pool first, outside g.evlock). */
+static void destroy_events(pn_evnode *n)
+{
+    while (n) {
+        pn_evnode *next = n->next;
+        stoke_event_destroy(n->ev);
+        free(n);
+        n = next;
+    }
+}
+
 /* ---- events ------------------------------------------------------------------------------- */
 
 static pthread_mutex_t *stripe_of(const pn_block *b)
@@ -233,12 +244,7 @@ static void ev_put_list(pn_evnode *n)
         n = next;
     }
     pthread_mutex_unlock(&g.evlock);
-    while (drop) {
-        pn_evnode *next = drop->next;
-        stoke_event_destroy(drop->ev);
-        free(drop);
-        drop = next;
-    }
+    destroy_events(drop);
 }
 
 /* A pooled event usable on stream `s` (same backend and device), or a new one. */
@@ -973,12 +979,7 @@ void stoke__pinned_reset(void)
     g.evfree = NULL;
     g.nevfree = 0;
     pthread_mutex_unlock(&g.evlock);
-    while (ev) {
-        pn_evnode *next = ev->next;
-        stoke_event_destroy(ev->ev);
-        free(ev);
-        ev = next;
-    }
+    destroy_events(ev);
     stoke__pn_reg_reset();
     stoke__pn_map_reset();
     pthread_mutex_lock(&g.lock);
