@@ -76,40 +76,65 @@ typedef struct stoke_loader_opts {
                                  backend */
 } stoke_loader_opts;
 
-/* Fills *o with the defaults documented above.  NULL does nothing. */
+/* Fills *o with the defaults documented above (and o->size).  NULL does nothing.  Thread-safe
+ * (touches only *o). */
 STOKE_API void stoke_loader_opts_init(stoke_loader_opts *o);
 
 /* Creates a loader reading `ds`, which must stay valid (and its callbacks callable) until
- * stoke_loader_destroy.  Allocates every batch buffer now (prefetch_factor * max(1, num_workers)
- * + 2 of them, fewer for a short epoch), in the calling thread, pinned as described above;
- * worker threads start at the first stoke_loader_next.
- * Returns STOKE_OK; STOKE_EINVAL (bad option or dataset: the last error says which);
- * STOKE_ENOTSUP (a dataset kind or option not supported); STOKE_ENOMEM; device errors when
- * `device` is set.  *out is owned by the caller.  Thread-safe. */
+ * stoke_loader_destroy.  *o and *ds are copied, but the strings they point to (`device`,
+ * `pin_memory_device`, the dataset's names) must also stay valid until stoke_loader_destroy.
+ * Allocates every batch buffer now, in the calling thread, pinned as described above:
+ * prefetch_factor * max(1, num_workers) + 2 buffers (fewer for a short epoch), each sized for
+ * min(batch_size, samples per epoch for this rank) samples of a MAP / MAP_VAR dataset (so a
+ * huge batch_size over a tiny dataset costs only the dataset's size), batch_size samples of an
+ * ITERABLE one.  Worker threads start at the first stoke_loader_next.
+ * Returns STOKE_OK with *out set (owned by the caller: stoke_loader_destroy), or an error with
+ * *out = NULL and stoke_last_error() saying why:
+ * - STOKE_EINVAL: NULL argument, options not initialized, batch_size 0, num_workers outside
+ *   0..1024, prefetch_factor < 1, a bad dataset (no callbacks, no field size, ...), a `device`
+ *   or `pin_memory_device` that is not of the form name[:index];
+ * - STOKE_ERANGE: batch_size so large that a batch of batch_size samples overflows size_t; a
+ *   `device` / `pin_memory_device` index the backend does not have ("simdev has 2 device(s),
+ *   no device 7");
+ * - STOKE_ENOENT / STOKE_ENODEV: `device` names an unknown / unavailable backend (the same for
+ *   `pin_memory_device` is only a warning, see the option);
+ * - STOKE_ENOTSUP, STOKE_ENOMEM, and device errors when `device` is set.
+ * Thread-safe (any number of loaders may be created concurrently). */
 STOKE_API int stoke_loader_create(const stoke_loader_opts *o, stoke_dataset *ds,
                                   stoke_loader **out);
 
 /* Stops and joins every worker thread (waiting for samples in progress, even one that timed
- * out), waits for pending device copies and frees every buffer.  Batches not yet released become
- * invalid.  Safe at any point of an epoch.  NULL does nothing. */
+ * out), waits for pending device copies and frees every buffer and `l` itself.  Batches not yet
+ * released become invalid (do not release them afterwards).  Safe at any point of an epoch.
+ * NULL does nothing.  Call it from the consumer thread, with no other call on `l` or its
+ * batches in progress. */
 STOKE_API void stoke_loader_destroy(stoke_loader *l);
 
 /* Delivers the next batch of the current epoch in *out (owned by the caller until
- * stoke_batch_release).  Returns STOKE_OK; STOKE_EEND at the end of the epoch (and again until a
- * new epoch is started); the error of a failing sample (the dataset's code, STOKE_ETIMEDOUT, a
- * device copy error), which ends the epoch — stoke_loader_last_error() then names the worker,
- * the sample index and the message; STOKE_ELIMIT when the caller holds every batch buffer.
+ * stoke_batch_release; *out is NULL on any other return).  Returns STOKE_OK; STOKE_EINVAL for
+ * NULL arguments; STOKE_EEND at the end of the epoch (and again until a new epoch is started);
+ * the error of a failing sample (the dataset's code, STOKE_ETIMEDOUT, an error queuing a device
+ * copy), which ends the epoch — stoke_loader_last_error() then names the worker, the sample
+ * index and the message; STOKE_ELIMIT when the caller holds every batch buffer.  A device copy
+ * that fails after it was queued is reported by stoke_batch_device_wait / _read instead.
  * Consumer thread only. */
 STOKE_API int stoke_loader_next(stoke_loader *l, stoke_batch **out);
 
 /* Starts `epoch` from its beginning, abandoning what is left of the current one (batches
  * already delivered stay valid until released): waits for samples in production, then, for an
- * ITERABLE dataset, calls its reset(epoch).  next_epoch is set_epoch(current + 1).
- * STOKE_OK, or the code of a failing reset.  Consumer thread only. */
+ * ITERABLE dataset, calls its reset(epoch).  Returns STOKE_OK; STOKE_EINVAL for NULL; the code
+ * of a failing reset (stoke_loader_last_error says so).  Consumer thread only. */
 STOKE_API int stoke_loader_set_epoch(stoke_loader *l, uint64_t epoch);
+
+/* stoke_loader_set_epoch(l, stoke_loader_epoch(l) + 1): the same return codes.  Consumer thread
+ * only. */
 STOKE_API int stoke_loader_next_epoch(stoke_loader *l);
+
+/* The current epoch (the one next() delivers from); 0 for NULL.  Thread-safe. */
 STOKE_API uint64_t stoke_loader_epoch(const stoke_loader *l);
-/* Batches per epoch (for this rank, after drop_last); 0 for an ITERABLE dataset (unknown). */
+
+/* Batches per epoch (for this rank, after drop_last); 0 for an ITERABLE dataset (unknown) and
+ * for NULL.  Constant after create.  Thread-safe. */
 STOKE_API uint64_t stoke_loader_num_batches(const stoke_loader *l);
 
 /* The position of a loader: constant size, independent of the dataset. */
@@ -123,90 +148,130 @@ typedef struct stoke_loader_state {
                           delivered prefix, so a restore may repeat a few batches) */
 } stoke_loader_state;
 
-/* Saves the position: a loader restored from it delivers exactly the batches this one would
- * deliver next.  STOKE_OK; STOKE_ENOTSUP for an ITERABLE dataset.  Consumer thread only. */
+/* Saves the position into *out (caller's memory): a loader restored from it delivers exactly
+ * the batches this one would deliver next.  Returns STOKE_OK; STOKE_EINVAL for NULL;
+ * STOKE_ENOTSUP for an ITERABLE dataset.  Consumer thread only. */
 STOKE_API int stoke_loader_save_state(const stoke_loader *l, stoke_loader_state *out);
-/* Moves to a saved position (seed, epoch, cursor), abandoning the current one.  STOKE_EINVAL for
- * a wrong version or a cursor past the epoch's end; STOKE_ENOTSUP for an ITERABLE dataset.
- * Consumer thread only. */
+
+/* Moves to a saved position (seed, epoch, cursor), abandoning the current one; *st is not kept.
+ * Returns STOKE_OK; STOKE_EINVAL for NULL, a wrong version or a cursor past the epoch's end;
+ * STOKE_ENOTSUP for an ITERABLE dataset.  Consumer thread only. */
 STOKE_API int stoke_loader_restore_state(stoke_loader *l, const stoke_loader_state *st);
 
+/* Counters since create.  "Delivered" means returned by stoke_loader_next with STOKE_OK (what
+ * the consumer got), whatever happened to the batch afterwards; so batches = pinned_batches +
+ * pageable_batches always, and in device mode device_copies = batches. */
 typedef struct stoke_loader_stats {
     uint32_t size;             /* set by the caller to sizeof(stoke_loader_stats) */
-    uint64_t samples;          /* delivered */
-    uint64_t batches;          /* delivered */
-    uint64_t bytes;            /* sample bytes delivered (all fields) */
-    uint64_t pinned_batches;   /* delivered batches in pinned memory */
+    uint64_t samples;          /* samples in delivered batches */
+    uint64_t batches;          /* delivered batches */
+    uint64_t bytes;            /* sample bytes of delivered batches (all fields) */
+    uint64_t pinned_batches;   /* delivered batches whose host memory (device mode: staging
+                                  memory) is pinned */
     uint64_t pageable_batches; /* delivered batches in ordinary memory */
-    uint64_t device_copies;    /* batches copied to the device */
-    uint64_t device_bytes;     /* bytes copied to the device */
+    uint64_t device_copies;    /* delivered batches whose copy to the device was queued (device
+                                  mode), including any later reported failed (device_errors) */
+    uint64_t device_bytes;     /* bytes of those copies */
     double wait_s;             /* total time the consumer waited inside stoke_loader_next */
     double wait_p50_s;         /* median wait of one stoke_loader_next call (within ~7%) */
     double wait_p99_s;         /* 99th percentile */
     double worker_busy_s;      /* time workers spent producing samples, summed over workers */
     uint64_t buffers;          /* batch buffers in the pool */
-    uint64_t buffer_bytes;     /* bytes of one batch buffer */
+    uint64_t buffer_bytes;     /* bytes of one batch buffer (sized for
+                                  min(batch_size, samples per epoch) samples, see create) */
+    uint64_t device_errors;    /* delivered batches whose device copy (or a read back) was
+                                  reported failed by stoke_batch_device_wait / _read, each
+                                  batch counted once */
 } stoke_loader_stats;
 
-/* Copies the statistics since create into *out (at most out->size bytes).  STOKE_OK;
- * STOKE_EINVAL for NULL or size 0.  Thread-safe. */
+/* Copies the statistics since create into *out (at most out->size bytes; out->size is kept, so
+ * a caller built against an older, shorter struct gets its prefix).  Returns STOKE_OK;
+ * STOKE_EINVAL for NULL or out->size 0.  Thread-safe. */
 STOKE_API int stoke_loader_get_stats(const stoke_loader *l, stoke_loader_stats *out);
 
-/* Detail of the loader's last failure ("worker 2: sample 17 of synthetic: bad row (EDATA)"), or
- * "".  Valid until the next call on the loader.  Consumer thread only. */
+/* Detail of the loader's last failure, or "" (also for NULL): a failing sample ("worker 2:
+ * sample 17 of synthetic: bad row (STOKE_EDATA)"), a failed device copy ("loader: the copy of
+ * batch 2 of epoch 0 (sample indices 20..29) to device simdev failed: ..."), a failed create
+ * step.  Owned by the loader; valid until the next call on the loader or its batches.
+ * Consumer thread only. */
 STOKE_API const char *stoke_loader_last_error(const stoke_loader *l);
 
-/* Name of the backend batches are pinned for, or NULL when they are not pinned. */
+/* Name of the backend batches are pinned for ("simdev"), or NULL when they are not pinned (no
+ * accelerator, pin_memory off, or a backend whose memory turned out not to be pinned).  Owned
+ * by the loader, constant after create.  Thread-safe. */
 STOKE_API const char *stoke_loader_pinned_backend(const stoke_loader *l);
 
-/* ---- batches: valid from stoke_loader_next until stoke_batch_release ---------------------- */
+/* ---- batches ------------------------------------------------------------------------------
+ * A stoke_batch is owned by the loader and lent to the caller from stoke_loader_next until
+ * stoke_batch_release.  Every getter below takes a batch in that window (NULL is tolerated and
+ * gives the stated "bad" value), only reads it, allocates nothing, and is thread-safe: any
+ * thread may call them concurrently while the batch is held.  Pointers returned point into the
+ * batch and are valid until stoke_batch_release.  `field` is 0 .. num_fields - 1; another value
+ * is a "bad field". */
 
-/* Samples in the batch (batch_size, or fewer for the last one). */
+/* Samples in the batch (batch_size, or fewer for the last one); 0 for NULL. */
 STOKE_API size_t stoke_batch_count(const stoke_batch *b);
-/* The dataset index of each sample, count entries. */
+/* The dataset index of each sample, count entries, in delivery order; NULL for NULL. */
 STOKE_API const uint64_t *stoke_batch_indices(const stoke_batch *b);
-/* Position of the batch in its epoch (0-based) and the epoch. */
+/* Position of the batch in its epoch (0-based); 0 for NULL. */
 STOKE_API uint64_t stoke_batch_seq(const stoke_batch *b);
+/* The epoch the batch belongs to; 0 for NULL. */
 STOKE_API uint64_t stoke_batch_epoch(const stoke_batch *b);
-/* Number of fields (as the dataset's). */
+/* Number of fields (as the dataset's); 0 for NULL. */
 STOKE_API int stoke_batch_num_fields(const stoke_batch *b);
-/* Field f of every sample, stacked: count * field bytes, sample i at i * field bytes.  NULL for
- * a bad field, and NULL when device transfer is on (the host copy then goes back to the pool as
- * soon as the device copy completes: use the device buffer). */
+/* Field f of every sample, stacked: count * field bytes, sample i at i * field bytes; writable
+ * by the holder.  NULL for NULL or a bad field, and NULL when device transfer is on (the host
+ * copy then goes back to the pool as soon as the device copy completes: use the device
+ * buffer). */
 STOKE_API void *stoke_batch_data(const stoke_batch *b, int field);
-/* Bytes of field f in this batch (count * per-sample bytes; MAP_VAR: the packed bytes); 0 for a
- * bad field. */
+/* Bytes of field f in this batch (count * per-sample bytes; MAP_VAR: the packed bytes); 0 for
+ * NULL or a bad field. */
 STOKE_API size_t stoke_batch_field_bytes(const stoke_batch *b, int field);
-/* The field's description (name, dtype, per-sample shape).  NULL for a bad field. */
+/* The field's description (name, dtype, per-sample shape), owned by the loader (valid until
+ * stoke_loader_destroy).  NULL for NULL or a bad field. */
 STOKE_API const stoke_field *stoke_batch_field(const stoke_batch *b, int field);
 /* MAP_VAR datasets: the samples are packed back to back in field 0; sample j occupies bytes
- * [offsets[j], offsets[j+1]) (count + 1 entries).  NULL for other dataset kinds. */
+ * [offsets[j], offsets[j+1]) (count + 1 entries).  NULL for NULL and for other dataset kinds. */
 STOKE_API const uint64_t *stoke_batch_offsets(const stoke_batch *b);
-/* dtype and shape including the batch dimension: shape[0] = count, then the per-sample shape.
- * Returns ndim + 1 (at most STOKE_MAX_DIMS + 1 entries written), or -1 for a bad field. */
+/* Writes the shape including the batch dimension into shape[] (caller's array of at least
+ * STOKE_MAX_DIMS + 1 entries): shape[0] = count, then the per-sample shape.  Returns ndim + 1,
+ * or -1 for NULL, NULL shape or a bad field (shape untouched). */
 STOKE_API int stoke_batch_shape(const stoke_batch *b, int field, int64_t *shape);
+/* The field's dtype (STOKE_DTYPE_*), or -1 for NULL or a bad field. */
 STOKE_API int stoke_batch_dtype(const stoke_batch *b, int field);
-/* 1 if the batch's host memory is pinned (for device transfer: the staging memory). */
+/* 1 if the batch's host memory is pinned (for device transfer: the staging memory), else 0
+ * (also for NULL). */
 STOKE_API int stoke_batch_is_pinned(const stoke_batch *b);
 
-/* Device transfer (opts.device set); otherwise NULL / 0 / STOKE_ESTATE.
- * The device buffer holding the batch, field f at stoke_batch_device_offset(b, f) (same layout
- * as the host batch).  The copy was queued on the loader's stream; wait for it with
- * stoke_batch_device_wait, or get the event it completes and chain on it.  The buffer and event
- * belong to the batch: valid until stoke_batch_release. */
+/* Device transfer (opts.device set).  The copy was queued on the loader's stream; wait for it
+ * with stoke_batch_device_wait, or get the event it completes and chain on it.  The buffer and
+ * event belong to the batch: valid until stoke_batch_release, never to be destroyed by the
+ * caller.  Field f is at stoke_batch_device_offset(b, f) (same layout as a host batch). */
+
+/* The device buffer holding the batch; NULL for NULL or without device transfer.  Thread-safe. */
 STOKE_API stoke_device_buffer *stoke_batch_device_buffer(const stoke_batch *b);
+/* Byte offset of field f in the device buffer (and in a host batch); 0 for NULL or a bad
+ * field.  Thread-safe. */
 STOKE_API size_t stoke_batch_device_offset(const stoke_batch *b, int field);
+/* The event the batch's copy completes; NULL for NULL or without device transfer.  Waiting on
+ * or querying it is thread-safe; recording it is not allowed.  Thread-safe. */
 STOKE_API stoke_event *stoke_batch_device_event(const stoke_batch *b);
-/* Blocks until the batch's copy completed; returns the copy's status. */
+/* Blocks until the batch's copy completed.  Returns STOKE_OK; STOKE_EINVAL for NULL;
+ * STOKE_ESTATE without device transfer; the copy's error (e.g. STOKE_EBACKEND): then
+ * stoke_loader_last_error() names the batch (its seq, epoch and sample indices), the device and
+ * the backend's message, and the batch counts in stats.device_errors.  May be called again (it
+ * returns the same status).  Consumer thread (it sets the loader's last error). */
 STOKE_API int stoke_batch_device_wait(stoke_batch *b);
-/* Reads field f of the batch back from the device into dst (stoke_batch_field_bytes bytes),
- * synchronously, on the loader's stream.  For checks (stoke load --verify).  Thread-safe with
- * respect to the loader's workers. */
+/* Reads field f of the batch back from the device into dst (caller's memory of
+ * stoke_batch_field_bytes(b, f) bytes), synchronously, on the loader's stream (serialized with
+ * the workers' copies).  For checks (stoke load --verify).  Returns STOKE_OK; STOKE_EINVAL for
+ * NULL or a bad field; STOKE_ESTATE without device transfer; a copy error, reported as by
+ * stoke_batch_device_wait.  Consumer thread. */
 STOKE_API int stoke_batch_device_read(stoke_batch *b, int field, void *dst);
 
 /* Gives the batch back: its buffer returns to the pool (for device transfer, the device buffer;
- * the staging host memory already went back once the copy completed).  NULL does nothing.
- * Any thread. */
+ * the staging host memory already went back once the copy completed); b is invalid afterwards.
+ * Once per delivered batch.  NULL does nothing.  Any thread. */
 STOKE_API void stoke_batch_release(stoke_batch *b);
 
 #ifdef __cplusplus

@@ -103,7 +103,10 @@ int stoke_batch_device_wait(stoke_batch *b)
         return STOKE_EINVAL;
     if (!b->l->device_mode)
         return stoke__fail(STOKE_ESTATE, "batch: device transfer is off");
-    return stoke_event_synchronize(b->ev);
+    int rc = stoke_event_synchronize(b->ev);
+    if (rc != STOKE_OK)
+        return stoke__loader_device_failed(b->l, b, rc, "the copy of", "to");
+    return STOKE_OK;
 }
 
 int stoke_batch_device_read(stoke_batch *b, int field, void *dst)
@@ -123,7 +126,12 @@ int stoke_batch_device_read(stoke_batch *b, int field, void *dst)
     if (rc == STOKE_OK)
         rc = stoke_event_synchronize(l->read_ev);
     pthread_mutex_unlock(&l->stream_mu);
-    return rc;
+    if (rc != STOKE_OK) {
+        char op[64];
+        stoke__fmt(op, sizeof(op), "reading field %d of", field);
+        return stoke__loader_device_failed(l, b, rc, op, "from");
+    }
+    return STOKE_OK;
 }
 
 void stoke_batch_release(stoke_batch *b)

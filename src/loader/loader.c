@@ -113,12 +113,72 @@ static void slot_free(stoke_loader *l, stoke__slot *s)
     s->ev = NULL;
 }
 
-/* Decides where batches live; logs the warnings of the pin semantics. */
+int stoke__loader_resolve_spec(stoke_loader *l, const char *what, const char *spec,
+                               const stoke_backend **vt, int *index)
+{
+    char name[64];
+    *vt = NULL;
+    *index = -1;
+    if (stoke__parse_accel_spec(spec, name, sizeof(name), index) != STOKE_OK)
+        return stoke__loader_fail(l, STOKE_EINVAL,
+                                  "loader: %s '%s' is not of the form name[:index] (e.g. "
+                                  "\"simdev\", \"cuda:1\")",
+                                  what, spec);
+    int rc = stoke__backend_lookup(name, vt);
+    if (rc != STOKE_OK)
+        return rc;
+    if (*index >= 0) {
+        int count = 0;
+        if ((*vt)->device_count(&count) != STOKE_OK)
+            count = 0;
+        if (*index >= count)
+            return stoke__loader_fail(l, STOKE_ERANGE,
+                                      "loader: %s '%s': %s has %d device(s), no device %d", what,
+                                      spec, (*vt)->name, count, *index);
+    }
+    return STOKE_OK;
+}
+
+void stoke__loader_batch_desc(const stoke_loader *l, const stoke_batch *b, char *buf, size_t len)
+{
+    size_t n = b->count;
+    const uint64_t *ix = b->indices;
+    int contiguous = 1;
+    for (size_t j = 1; j < n && contiguous; j++)
+        contiguous = ix[j] == ix[0] + j;
+    if (n == 0) {
+        stoke__fmt(buf, len, "batch %" PRIu64 " of epoch %" PRIu64 " (no samples)", b->seq,
+                   b->epoch);
+    } else if (contiguous) {
+        stoke__fmt(buf, len, "batch %" PRIu64 " of epoch %" PRIu64 " (sample indices %" PRIu64
+                   "..%" PRIu64 ")", b->seq, b->epoch, ix[0], ix[n - 1]);
+    } else if (l->iterable) {
+        stoke__fmt(buf, len, "batch %" PRIu64 " of epoch %" PRIu64 " (%zu samples, indices %"
+                   PRIu64 " ... %" PRIu64 ")", b->seq, b->epoch, n, ix[0], ix[n - 1]);
+    } else {
+        uint64_t first = b->seq * l->o.batch_size;
+        stoke__fmt(buf, len, "batch %" PRIu64 " of epoch %" PRIu64 " (positions %" PRIu64
+                   "..%" PRIu64 " of the epoch's order: %zu samples, indices %" PRIu64
+                   " ... %" PRIu64 ")", b->seq, b->epoch, first, first + n - 1, n, ix[0],
+                   ix[n - 1]);
+    }
+}
+
+/* Decides where batches live; logs the warnings of the pin semantics.  Sets l->err on error. */
 static int choose_pinning(stoke_loader *l)
 {
     const stoke_loader_opts *o = &l->o;
     l->alloc_kind = STOKE__ALLOC_PAGEABLE;
     l->pin_backend[0] = '\0';
+    if (o->pin_memory_device) {
+        char name[64];
+        int index;
+        if (stoke__parse_accel_spec(o->pin_memory_device, name, sizeof(name), &index) != STOKE_OK)
+            return stoke__loader_fail(l, STOKE_EINVAL,
+                                      "loader: pin_memory_device '%s' is not of the form "
+                                      "name[:index] (e.g. \"simdev\", \"cuda:1\")",
+                                      o->pin_memory_device);
+    }
     if (!o->pin_memory) {
         if (o->pin_memory_device)
             stoke__log(STOKE_LOG_WARN,
@@ -131,16 +191,25 @@ static int choose_pinning(stoke_loader *l)
     const char *why = NULL;
     int crc = stoke__accel_current(&cur, &cdev, &why);
     if (crc != STOKE_OK && crc != STOKE_ENODEV)
-        return crc;
+        return stoke__loader_fail(l, crc, "loader: %s", stoke_last_error());
     const char *want = o->pin_memory_device ? o->pin_memory_device : o->device;
     if (want) {
-        char name[64];
-        int index = -1;
+        const char *what = o->pin_memory_device ? "pin_memory_device" : "device";
         const stoke_backend *vt = NULL;
-        int rc = stoke__parse_accel_spec(want, name, sizeof(name), &index);
-        if (rc == STOKE_OK)
-            rc = stoke__backend_lookup(name, &vt);
-        if (rc == STOKE_OK) {
+        int index = -1;
+        char detail[384];
+        int rc = stoke__loader_resolve_spec(l, what, want, &vt, &index);
+        if (rc == STOKE_EINVAL || rc == STOKE_ERANGE)
+            return rc;
+        if (rc != STOKE_OK && !o->pin_memory_device)
+            return stoke__loader_fail(l, rc, "loader: device '%s': %s", want, stoke_last_error());
+        if (rc == STOKE_OK && !(vt->caps & STOKE_CAP_PINNED_ALLOC)) {
+            /* the cpu fallback: its "pinned" memory is ordinary memory */
+            if (!o->pin_memory_device)
+                goto current; /* device transfer to it: pin for the accelerator, if any */
+            stoke__fmt(detail, sizeof(detail), "the %s backend pins nothing", vt->name);
+            rc = STOKE_ENODEV;
+        } else if (rc == STOKE_OK) {
             if (vt == cur && (index < 0 || index == cdev)) {
                 l->alloc_kind = STOKE__ALLOC_POOL;
             } else {
@@ -150,30 +219,81 @@ static int choose_pinning(stoke_loader *l)
             }
             stoke__strlcpy(l->pin_backend, vt->name, sizeof(l->pin_backend));
             return STOKE_OK;
+        } else {
+            stoke__strlcpy(detail, stoke_last_error(), sizeof(detail));
         }
-        if (o->pin_memory_device) {
-            const char *detail = stoke_last_error();
-            if (crc == STOKE_OK)
-                stoke__log(STOKE_LOG_WARN,
-                           "pin_memory_device '%s' is not available (%s); pinning for the current "
-                           "accelerator %s instead",
-                           want, detail, cur->name);
-            else
-                stoke__log(STOKE_LOG_WARN,
-                           "pin_memory_device '%s' is not available (%s); batches will not be "
-                           "pinned",
-                           want, detail);
-            if (crc != STOKE_OK)
-                return STOKE_OK;
+        /* pin_memory_device names a backend that cannot pin: warn, then as if unset */
+        if (crc == STOKE_OK) {
+            stoke__log(STOKE_LOG_WARN,
+                       "pin_memory_device '%s' is not available (%s); pinning for the current "
+                       "accelerator %s instead",
+                       want, detail, cur->name);
+        } else {
+            stoke__log(STOKE_LOG_WARN,
+                       "pin_memory_device '%s' is not available (%s); batches will not be "
+                       "pinned",
+                       want, detail);
+            return STOKE_OK;
         }
     }
+current:
     if (crc == STOKE_OK) {
         l->alloc_kind = STOKE__ALLOC_POOL;
         stoke__strlcpy(l->pin_backend, cur->name, sizeof(l->pin_backend));
-    } else if (!o->pin_memory_device) {
+    } else {
         stoke__log(STOKE_LOG_WARN,
                    "pin_memory is set but no accelerator was found; batches will not be pinned");
     }
+    return STOKE_OK;
+}
+
+/* a * b, or 0 with *ok cleared when it does not fit in size_t. */
+static size_t mul_sz(size_t a, size_t b, int *ok)
+{
+    if (a && b > SIZE_MAX / a) {
+        *ok = 0;
+        return 0;
+    }
+    return a * b;
+}
+
+static size_t add_sz(size_t a, size_t b, int *ok)
+{
+    if (b > SIZE_MAX - a) {
+        *ok = 0;
+        return 0;
+    }
+    return a + b;
+}
+
+/* Sizes one batch buffer for l->cap samples and the field offsets in it.  A batch of the full
+ * batch_size must be representable (indices, every field, the alignment): STOKE_ERANGE
+ * otherwise, so a nonsensical batch_size fails the same way whatever the dataset's length. */
+static int size_buffers(stoke_loader *l)
+{
+    size_t bs = l->o.batch_size;
+    int ok = 1;
+    size_t nominal = add_sz(mul_sz(bs, sizeof(uint64_t), &ok), sizeof(uint64_t), &ok);
+    l->sample_bytes = 0;
+    for (int f = 0; f < l->ds.nfields; f++) {
+        l->sample_bytes = add_sz(l->sample_bytes, l->fields[f].bytes, &ok);
+        nominal = add_sz(nominal, add_sz(mul_sz(bs, l->fields[f].bytes, &ok), 256, &ok), &ok);
+    }
+    nominal = add_sz(nominal, 4096, &ok);
+    if (!ok)
+        return stoke__loader_fail(l, STOKE_ERANGE,
+                                  "loader: batch_size %zu is too large: a batch of %zu samples "
+                                  "of %zu bytes does not fit in the address space",
+                                  bs, bs, l->sample_bytes);
+    l->cap = bs;
+    if (!l->iterable && l->nsamples < bs)
+        l->cap = l->nsamples ? (size_t)l->nsamples : 1;
+    size_t off = 0;
+    for (int f = 0; f < l->ds.nfields; f++) {
+        l->off[f] = off;
+        off = align_up(off + l->cap * l->fields[f].bytes, 256);
+    }
+    l->buf_bytes = align_up(off, 4096);
     return STOKE_OK;
 }
 
@@ -284,10 +404,13 @@ int stoke_loader_create(const stoke_loader_opts *o, stoke_dataset *ds, stoke_loa
         goto fail;
     }
     l->nsamples = stoke_sampler_length(l->sampler);
-    l->nbatches = l->o.drop_last ? l->nsamples / l->o.batch_size
-                                 : (l->nsamples + l->o.batch_size - 1) / l->o.batch_size;
+    l->nbatches = l->nsamples / l->o.batch_size; /* no overflow with a huge batch_size */
+    if (!l->o.drop_last && l->nsamples % l->o.batch_size)
+        l->nbatches++;
     if (l->o.drop_last)
         l->nsamples = l->nbatches * l->o.batch_size;
+    if ((rc = size_buffers(l)) != STOKE_OK)
+        goto fail;
 
     l->nworkers = l->o.num_workers;
     l->nw1 = l->nworkers ? l->nworkers : 1;
@@ -296,21 +419,14 @@ int stoke_loader_create(const stoke_loader_opts *o, stoke_dataset *ds, stoke_loa
     if (!l->iterable && nbuf > l->nbatches + 2)
         nbuf = l->nbatches + 2;
     l->nbuf = (int)nbuf;
-    size_t off = 0;
-    for (int f = 0; f < ds->nfields; f++) {
-        l->off[f] = off;
-        off = align_up(off + l->o.batch_size * l->fields[f].bytes, 256);
-        l->sample_bytes += l->fields[f].bytes;
-    }
-    l->buf_bytes = align_up(off, 4096);
-
     l->bat = calloc((size_t)l->nbuf, sizeof(*l->bat));
     l->slots = calloc((size_t)l->nbuf, sizeof(*l->slots));
     l->w = calloc((size_t)l->nw1, sizeof(*l->w));
     if (!l->o.in_order && !l->iterable)
         l->bits = calloc((size_t)((l->nbatches + 7) / 8 + 1), 1);
     if (!l->bat || !l->slots || !l->w || (!l->o.in_order && !l->iterable && !l->bits)) {
-        rc = STOKE_ENOMEM;
+        rc = stoke__loader_fail(l, STOKE_ENOMEM, "loader: out of memory for %d batch handles",
+                                l->nbuf);
         goto fail;
     }
     for (int i = 0; i < l->nw1; i++) {
@@ -318,18 +434,17 @@ int stoke_loader_create(const stoke_loader_opts *o, stoke_dataset *ds, stoke_loa
         l->w[i].id = i;
     }
 
-    if ((rc = choose_pinning(l)) != STOKE_OK) {
-        stoke__loader_fail(l, rc, "loader: %s", stoke_last_error());
+    if ((rc = choose_pinning(l)) != STOKE_OK)
         goto fail;
-    }
     for (int i = 0; i < l->nbuf; i++) {
         stoke_batch *b = &l->bat[i];
         b->l = l;
-        b->indices = calloc(l->o.batch_size, sizeof(uint64_t));
+        b->indices = calloc(l->cap, sizeof(uint64_t));
         if (l->var)
-            b->offsets = calloc(l->o.batch_size + 1, sizeof(uint64_t));
+            b->offsets = calloc(l->cap + 1, sizeof(uint64_t));
         if (!b->indices || (l->var && !b->offsets)) {
-            rc = STOKE_ENOMEM;
+            rc = stoke__loader_fail(l, STOKE_ENOMEM,
+                                    "loader: out of memory for the indices of %zu samples", l->cap);
             goto fail;
         }
         if ((rc = slot_alloc(l, &l->slots[i])) != STOKE_OK) {
@@ -354,9 +469,9 @@ int stoke_loader_create(const stoke_loader_opts *o, stoke_dataset *ds, stoke_loa
     stoke__loader_set_position(l, l->o.epoch, 0);
     stoke__log(STOKE_LOG_DEBUG,
                "loader: %s, %" PRIu64 " samples, %" PRIu64 " batches of %zu, %d workers, %d "
-               "buffers of %zu bytes (%s)",
+               "buffers of %zu bytes for %zu samples (%s)",
                ds->name, l->nsamples, l->nbatches, l->o.batch_size, l->nworkers, l->nbuf,
-               l->buf_bytes, l->pin_backend[0] ? l->pin_backend : "pageable");
+               l->buf_bytes, l->cap, l->pin_backend[0] ? l->pin_backend : "pageable");
     *out = l;
     return STOKE_OK;
 fail:

@@ -67,6 +67,7 @@ struct stoke_batch {
     stoke_device_buffer *dbuf;
     stoke_event *ev;  /* device mode: the consumer's copy-complete event */
     int copied;       /* device mode: the copy was queued */
+    int dev_failed;   /* device mode: a wait or read reported a failure (counted once) */
     struct stoke_batch *next;
 };
 
@@ -88,6 +89,8 @@ struct stoke_loader {
     stoke_field fields[STOKE_MAX_FIELDS];
     size_t off[STOKE_MAX_FIELDS];
     size_t buf_bytes;       /* one batch buffer */
+    size_t cap;             /* samples one buffer holds: batch_size, or for MAP / MAP_VAR at
+                               most the samples of one epoch for this rank (at least 1) */
     size_t sample_bytes;    /* all fields of one sample */
     stoke_sampler *sampler;
     uint64_t nsamples;      /* positions per epoch */
@@ -136,6 +139,7 @@ struct stoke_loader {
     int quiesce;            /* (mu) set_epoch is waiting for batches in production */
     /* statistics (mu) */
     uint64_t st_samples, st_batches, st_bytes, st_pinned, st_pageable, st_dcopies, st_dbytes;
+    uint64_t st_derrors;
     uint64_t st_wait_ns, st_busy_ns;
     stoke__hist wait_hist;
 
@@ -147,8 +151,22 @@ struct stoke_loader {
  * `code`. */
 int stoke__loader_fail(stoke_loader *l, int code, const char *fmt, ...) STOKE__PRINTF(3, 4);
 
+/* loader.c: parses and looks up the backend spec "name[:index]" of option `what` ("device",
+ * "pin_memory_device").  STOKE_OK; STOKE_EINVAL (malformed) and STOKE_ERANGE (no device of that
+ * index) with l->err set; the lookup's STOKE_ENOENT / STOKE_ENODEV with only the thread's last
+ * error set (the caller decides whether that is an error or a warning).  *index: -1 if absent. */
+int stoke__loader_resolve_spec(stoke_loader *l, const char *what, const char *spec,
+                               const stoke_backend **vt, int *index);
+/* loader.c: "batch 3 of epoch 0 (sample indices 30..39)" and the like, into buf. */
+void stoke__loader_batch_desc(const stoke_loader *l, const stoke_batch *b, char *buf, size_t len);
+
 /* transfer.c */
 int stoke__loader_setup_device(stoke_loader *l);
+/* Consumer: a device wait or read of b failed with `rc`: sets the loader's last error ("loader:
+ * <op> batch 2 of epoch 0 (sample indices 20..29) <prep> device simdev failed: ...") and counts
+ * the batch once in device_errors; returns rc. */
+int stoke__loader_device_failed(stoke_loader *l, stoke_batch *b, int rc, const char *op,
+                                const char *prep);
 void stoke__loader_copy_batch(stoke_loader *l, stoke_batch *b);
 void stoke__loader_recycle(stoke_loader *l, stoke_batch *b);
 stoke__slot *stoke__loader_take_slot(stoke_loader *l);

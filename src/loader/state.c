@@ -179,6 +179,7 @@ int stoke_loader_get_stats(const stoke_loader *l, stoke_loader_stats *out)
     s.pageable_batches = m->st_pageable;
     s.device_copies = m->st_dcopies;
     s.device_bytes = m->st_dbytes;
+    s.device_errors = m->st_derrors;
     s.wait_s = (double)m->st_wait_ns / 1e9;
     s.wait_p50_s = (double)stoke__hist_quantile(&m->wait_hist, 0.50) / 1e9;
     s.wait_p99_s = (double)stoke__hist_quantile(&m->wait_hist, 0.99) / 1e9;

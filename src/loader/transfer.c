@@ -13,16 +13,15 @@
 /* Creates the stream, events and device buffers of device transfer. */
 int stoke__loader_setup_device(stoke_loader *l)
 {
-    char name[64];
     int index = -1;
-    int rc = stoke__parse_accel_spec(l->o.device, name, sizeof(name), &index);
-    if (rc != STOKE_OK)
-        return stoke__loader_fail(l, STOKE_EINVAL, "device '%s' is not name[:index]", l->o.device);
     const stoke_backend *vt = NULL, *cur = NULL;
     int cdev = 0;
-    rc = stoke__backend_lookup(name, &vt);
+    int rc = stoke__loader_resolve_spec(l, "device", l->o.device, &vt, &index);
+    if (rc == STOKE_EINVAL || rc == STOKE_ERANGE)
+        return rc;
     if (rc != STOKE_OK)
-        return stoke__loader_fail(l, rc, "device '%s': %s", l->o.device, stoke_last_error());
+        return stoke__loader_fail(l, rc, "loader: device '%s': %s", l->o.device,
+                                  stoke_last_error());
     int have_cur = stoke__accel_current(&cur, &cdev, NULL) == STOKE_OK;
     if (index >= 0 && index != (have_cur && cur == vt ? cdev : 0)) {
         if (!have_cur || cur != vt)
@@ -34,10 +33,10 @@ int stoke__loader_setup_device(stoke_loader *l)
         rc = stoke_device_set(index);
         if (rc != STOKE_OK)
             return stoke__loader_fail(l, rc, "device '%s': %s", l->o.device, stoke_last_error());
-        rc = stoke_stream_create(name, &l->stream);
+        rc = stoke_stream_create(vt->name, &l->stream);
         stoke_device_set(cdev);
     } else {
-        rc = stoke_stream_create(name, &l->stream);
+        rc = stoke_stream_create(vt->name, &l->stream);
     }
     if (rc != STOKE_OK)
         return stoke__loader_fail(l, rc, "device '%s': %s", l->o.device, stoke_last_error());
@@ -75,11 +74,30 @@ void stoke__loader_copy_batch(stoke_loader *l, stoke_batch *b)
     pthread_mutex_unlock(&l->stream_mu);
     b->copied = 1; /* something may have been queued: the slot waits for its event */
     if (rc != STOKE_OK) {
+        char what[160];
+        stoke__loader_batch_desc(l, b, what, sizeof(what));
         b->status = rc;
         b->err_index = b->count ? b->indices[0] : 0;
-        stoke__fmt(b->err_msg, sizeof(b->err_msg), "copy to device %s failed: %s", l->o.device,
-                   stoke_last_error());
+        stoke__fmt(b->err_msg, sizeof(b->err_msg), "queuing the copy of %s to device %s failed: %s",
+                   what, l->o.device, stoke_last_error());
     }
+}
+
+int stoke__loader_device_failed(stoke_loader *l, stoke_batch *b, int rc, const char *op,
+                                const char *prep)
+{
+    char what[160], detail[256];
+    stoke__loader_batch_desc(l, b, what, sizeof(what));
+    stoke__strlcpy(detail, stoke_last_error(), sizeof(detail));
+    pthread_mutex_lock(&l->mu);
+    if (!b->dev_failed) {
+        b->dev_failed = 1;
+        l->st_derrors++;
+    }
+    pthread_mutex_unlock(&l->mu);
+    return stoke__loader_fail(l, rc, "loader: %s %s %s device %s failed: %s (%s)", op, what,
+                              prep, l->o.device, detail[0] ? detail : stoke_strerror(rc),
+                              stoke_err_name(rc));
 }
 
 /* (mu) Gives b (and in device mode its slot) back to the pools. */

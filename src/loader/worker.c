@@ -43,12 +43,12 @@ static int one_sample(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid
         rc = l->ds.get_var(l->ds.user, *idx, &data, &len, &token, wid, msg, msg_len);
         if (rc == STOKE_OK) {
             uint64_t used = b->offsets[j];
-            if (len > l->o.batch_size * l->fields[0].bytes - used) {
+            if (len > l->cap * l->fields[0].bytes - used) {
                 rc = STOKE_ELIMIT;
                 stoke__fmt(msg, msg_len,
                            "variable-size sample of %zu bytes does not fit: a batch holds %zu "
-                           "(batch_size x fields[0].bytes)",
-                           len, l->o.batch_size * l->fields[0].bytes);
+                           "(min(batch_size, samples per epoch) x fields[0].bytes)",
+                           len, l->cap * l->fields[0].bytes);
             } else {
                 if (len)
                     memcpy(mem + used, data, len);
@@ -81,6 +81,7 @@ static void fill_batch(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wi
     b->status = STOKE_OK;
     b->worker = wid;
     b->copied = 0;
+    b->dev_failed = 0;
     b->end = 0;
     b->pinned = b->host->pinned;
     if (b->offsets)
