@@ -498,6 +498,55 @@ static void test_bad_options(void **state)
     tds_free(&t);
 }
 
+/* Buffers hold min(batch_size, samples per epoch for this rank) samples of a map dataset; a
+ * batch_size whose nominal batch overflows size_t is STOKE_ERANGE, not an allocation failure. */
+static void test_buffer_sizing(void **state)
+{
+    tu_use_none();
+    tds t;
+    stoke_dataset ds;
+    tds_make(&t, &ds, 10);
+    stoke_loader_opts o = base_opts(100000, 2);
+    stoke_loader *l;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    stoke_loader_stats st = {.size = sizeof(st)};
+    assert_int_equal(stoke_loader_get_stats(l, &st), STOKE_OK);
+    assert_int_equal(st.buffer_bytes, 4096); /* 10 x 24 and 10 x 8 bytes, aligned */
+    assert_int_equal(st.buffers, 3);         /* one batch + 2 */
+    assert_int_equal(stoke_loader_num_batches(l), 1);
+    uint64_t got[10], nb;
+    assert_int_equal(run_epoch(l, got, 10, &nb), 10);
+    assert_int_equal(nb, 1);
+    for (uint64_t i = 0; i < 10; i++)
+        assert_int_equal(got[i], i);
+    stoke_loader_destroy(l);
+
+    /* distributed: rank 1 of 4 sees 3 samples, so 3 per buffer */
+    o.sampler.distributed = 1;
+    o.sampler.rank = 1;
+    o.sampler.world_size = 4;
+    o.batch_size = (size_t)1 << 40;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    assert_int_equal(stoke_loader_get_stats(l, &st), STOKE_OK);
+    assert_int_equal(st.buffer_bytes, 4096);
+    assert_int_equal(run_epoch(l, got, 10, NULL), 3);
+    assert_int_equal(got[0], 1);
+    assert_int_equal(got[2], 9);
+    stoke_loader_destroy(l);
+
+    /* overflowing sizes */
+    static const size_t huge[] = {SIZE_MAX, SIZE_MAX / 8, SIZE_MAX / 24 + 1};
+    for (size_t i = 0; i < sizeof(huge) / sizeof(huge[0]); i++) {
+        o = base_opts(huge[i], 0);
+        l = (stoke_loader *)&t;
+        assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_ERANGE);
+        assert_null(l);
+        assert_non_null(strstr(stoke_last_error(), "batch_size"));
+        assert_non_null(strstr(stoke_last_error(), "is too large"));
+    }
+    tds_free(&t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -514,6 +563,7 @@ int main(void)
         cmocka_unit_test(test_held_buffers_limit),
         cmocka_unit_test(test_set_epoch_mid_epoch),
         cmocka_unit_test(test_bad_options),
+        cmocka_unit_test(test_buffer_sizing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -48,6 +48,13 @@ static void test_pin_matrix(void **state)
         {"pin_memory_device simdev", 1, 1, "simdev", 1, 0, NULL},
         {"pin_memory_device absent, simdev", 1, 1, "nosuch", 1, 1, "'nosuch' is not available"},
         {"pin_memory_device absent, none", 0, 1, "nosuch", 0, 1, "'nosuch' is not available"},
+        /* the cpu fallback pins nothing: warned like an unavailable backend */
+        {"pin_memory_device cpu, simdev", 1, 1, "cpu", 1, 1,
+         "'cpu' is not available (the cpu backend pins nothing); pinning for the current "
+         "accelerator simdev instead"},
+        {"pin_memory_device cpu, none", 0, 1, "cpu", 0, 1,
+         "'cpu' is not available (the cpu backend pins nothing); batches will not be pinned"},
+        {"pin_memory_device simdev:1", 1, 1, "simdev:1", 1, 0, NULL},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         const pin_case *c = &cases[i];
@@ -246,6 +253,108 @@ static void test_device_errors(void **state)
     tu_use_none();
 }
 
+/* Device specs are checked at create: a device index the backend does not have is
+ * STOKE_ERANGE, a malformed spec STOKE_EINVAL, before any batch memory is allocated. */
+static void test_spec_errors(void **state)
+{
+    tu_use_simdev();
+    tu_log_capture();
+    tu_log_clear();
+    tds t;
+    stoke_dataset ds;
+    tds_make(&t, &ds, 40);
+    typedef struct {
+        int device; /* 1: opts.device, 0: opts.pin_memory_device */
+        int pin_memory;
+        const char *spec;
+        int rc;
+        const char *msg;
+    } spec_case;
+    static const spec_case cases[] = {
+        {0, 1, "simdev:7", STOKE_ERANGE, "pin_memory_device 'simdev:7': simdev has 2 device(s), no device 7"},
+        {1, 1, "simdev:7", STOKE_ERANGE, "device 'simdev:7': simdev has 2 device(s), no device 7"},
+        {1, 0, "simdev:2", STOKE_ERANGE, "simdev has 2 device(s), no device 2"},
+        {0, 1, "simdev:", STOKE_EINVAL, "'simdev:' is not of the form name[:index]"},
+        {0, 1, "simdev:-1", STOKE_EINVAL, "'simdev:-1' is not of the form name[:index]"},
+        {0, 0, "simdev:x", STOKE_EINVAL, "'simdev:x' is not of the form name[:index]"},
+        {1, 1, "simdev:", STOKE_EINVAL, "device 'simdev:' is not of the form name[:index]"},
+        {1, 0, ":1", STOKE_EINVAL, "device ':1' is not of the form name[:index]"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        const spec_case *c = &cases[i];
+        stoke_loader_opts o;
+        stoke_loader_opts_init(&o);
+        o.batch_size = 4;
+        o.pin_memory = c->pin_memory;
+        if (c->device)
+            o.device = c->spec;
+        else
+            o.pin_memory_device = c->spec;
+        stoke_loader *l = (stoke_loader *)&t;
+        int rc = stoke_loader_create(&o, &ds, &l);
+        if (rc != c->rc || !strstr(stoke_last_error(), c->msg))
+            fail_msg("case %zu (%s): %s (%s)", i, c->spec, stoke_err_name(rc), stoke_last_error());
+        assert_null(l);
+    }
+    assert_int_equal(tu_log_count(STOKE_LOG_WARN, "pinned allocation"), 0);
+    assert_int_equal(tu_log_count(STOKE_LOG_WARN, "is not available ()"), 0);
+    stoke_log_set_callback(NULL, NULL);
+    tds_free(&t);
+    tu_use_none();
+}
+
+/* A copy that fails asynchronously (simdev's 3rd copy: field 0 of batch 1) is reported by stoke_batch_device_wait;
+ * the loader's last error names the batch, its epoch and its sample indices; counters agree. */
+static void test_device_copy_failure(void **state)
+{
+    tu_env("STOKE_SIMDEV_FAIL_COPY", "3");
+    tu_use_simdev();
+    tu_log_capture();
+    tds t;
+    stoke_dataset ds;
+    tds_make(&t, &ds, 40);
+    stoke_loader_opts o;
+    stoke_loader_opts_init(&o);
+    o.batch_size = 4;
+    o.num_workers = 0; /* copies queued one batch per next(), two fields each */
+    o.device = "simdev";
+    stoke_loader *l;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    stoke_batch *b;
+    assert_int_equal(stoke_loader_next(l, &b), STOKE_OK);
+    if (stoke_batch_device_wait(b) != STOKE_OK) {
+        tu_log_dump();
+        fail_msg("batch 0: %s", stoke_loader_last_error(l));
+    }
+    stoke_batch_release(b);
+    assert_int_equal(stoke_loader_next(l, &b), STOKE_OK);
+    assert_int_equal(stoke_batch_device_wait(b), STOKE_EBACKEND);
+    const char *want = "the copy of batch 1 of epoch 0 (sample indices 4..7) to device simdev "
+                       "failed";
+    if (!strstr(stoke_loader_last_error(l), want))
+        fail_msg("last error: %s", stoke_loader_last_error(l));
+    assert_non_null(strstr(stoke_last_error(), want));
+    assert_non_null(strstr(stoke_loader_last_error(l), "STOKE_EBACKEND"));
+    assert_int_equal(stoke_batch_device_wait(b), STOKE_EBACKEND); /* again: counted once */
+    stoke_loader_stats st = {.size = sizeof(st)};
+    assert_int_equal(stoke_loader_get_stats(l, &st), STOKE_OK);
+    assert_int_equal(st.batches, 2);
+    assert_int_equal(st.pinned_batches, 2);
+    assert_int_equal(st.device_copies, 2);
+    assert_int_equal(st.device_errors, 1);
+    stoke_batch_release(b);
+    /* the loader goes on: later batches copy fine */
+    assert_int_equal(stoke_loader_next(l, &b), STOKE_OK);
+    assert_int_equal(stoke_batch_device_wait(b), STOKE_OK);
+    check_device_batch(b);
+    stoke_batch_release(b);
+    stoke_loader_destroy(l);
+    tds_free(&t);
+    stoke_log_set_callback(NULL, NULL);
+    tu_env("STOKE_SIMDEV_FAIL_COPY", NULL);
+    tu_use_none();
+}
+
 /* A JSON value of `key` (number or string, as text) in `json`. */
 static const char *json_val(const char *json, const char *key, char *buf, size_t len)
 {
@@ -321,6 +430,8 @@ int main(void)
         cmocka_unit_test(test_device_transfer),
         cmocka_unit_test(test_device_early_destroy),
         cmocka_unit_test(test_device_errors),
+        cmocka_unit_test(test_spec_errors),
+        cmocka_unit_test(test_device_copy_failure),
         cmocka_unit_test(test_cli),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

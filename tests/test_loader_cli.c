@@ -1,0 +1,268 @@
+/* `stoke load` errors and reporting: one JSON object on stdout for every error with --json
+ * (start-up, usage and mid-run), strict number parsing, one SOURCE, buffers sized by the
+ * dataset, pinned_for, the cpu pin warning, a failed device copy naming its batch with
+ * consistent counters, and the documented content_hash pass. */
+#include "testutil.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static char out[16384], err[16384];
+
+/* A JSON value of `key` (number, string with its quotes, true/false/null), or NULL. */
+static const char *jv(const char *json, const char *key)
+{
+    static char buf[1024];
+    char pat[64];
+    snprintf(pat, sizeof(pat), "\"%s\": ", key);
+    const char *p = strstr(json, pat);
+    if (!p)
+        return NULL;
+    p += strlen(pat);
+    size_t n;
+    if (*p == '"') {
+        const char *q = p + 1;
+        while (*q && !(*q == '"' && q[-1] != '\\'))
+            q++;
+        n = (size_t)(q - p) + (*q ? 1 : 0);
+    } else {
+        n = strcspn(p, ",}");
+    }
+    snprintf(buf, sizeof(buf), "%.*s", (int)n, p);
+    return buf;
+}
+
+static void expect_val(const char *json, const char *key, const char *want)
+{
+    const char *v = jv(json, key);
+    if (!v || strcmp(v, want) != 0)
+        fail_msg("\"%s\" is %s, expected %s in %s", key, v ? v : "(absent)", want, json);
+}
+
+/* stdout is exactly one JSON object on one line. */
+static void expect_one_object(const char *s)
+{
+    size_t n = strlen(s);
+    if (n < 3 || s[0] != '{' || s[n - 1] != '\n' || s[n - 2] != '}' || strchr(s, '\n') != s + n - 1)
+        fail_msg("stdout is not one JSON object on one line: [%s]", s);
+}
+
+/* Runs `stoke load ARGS...`; returns the exit status. */
+static int load(const char *const env[], const char *const args[])
+{
+    const char *argv[32];
+    int n = 0;
+    argv[n++] = tu_cli_path();
+    argv[n++] = "load";
+    for (int i = 0; args[i]; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    return tu_run(argv, env, out, sizeof(out), err, sizeof(err));
+}
+
+static const char *plug_env(void)
+{
+    static char plug[1024];
+    snprintf(plug, sizeof(plug), "STOKE_PLUGIN_PATH=%s", tu_simdev_path());
+    return plug;
+}
+
+/* Start-up errors: the message on stderr, {"ok": false, "error": ...} on stdout with --json. */
+static void test_json_startup_errors(void **state)
+{
+    const char *env[] = {plug_env(), "STOKE_ACCELERATOR=", "STOKE_SIMDEV_FAIL_COPY=", NULL};
+    typedef struct {
+        const char *args[8];
+        int status;
+        const char *msg;
+    } ecase;
+    static const ecase cases[] = {
+        {{"npy:/nonexistent/x.npy", "--json"}, 1, "/nonexistent/x.npy"},
+        {{"--device", "simdev:7", "--json"}, 1, "simdev has 2 device(s), no device 7"},
+        {{"--pin-memory-device", "simdev:7", "--json"}, 1, "simdev has 2 device(s), no device 7"},
+        {{"--pin-memory-device", "simdev:", "--json"}, 1, "'simdev:' is not of the form name[:index]"},
+        {{"--device", "simdev:-1", "--json"}, 1, "'simdev:-1' is not of the form name[:index]"},
+        {{"--device", "nosuch", "--json"}, 1, "unknown backend 'nosuch'"},
+        {{"synthetic:10", "--batch-size", "18446744073709551615", "--json"}, 1,
+         "batch_size 18446744073709551615 is too large"},
+        {{"--json", "--bogus"}, 2, "unknown option '--bogus'"},
+        {{"--seed", "99999999999999999999999", "--json"}, 2,
+         "--seed: 99999999999999999999999 is too large (at most 18446744073709551615)"},
+        {{"--batch-size", "18446744073709551616", "--json"}, 2, "--batch-size: 18446744073709551616 is too large"},
+        {{"--batch-size", "0", "--json"}, 2, "--batch-size must be at least 1 (got 0)"},
+        {{"--prefetch", "0", "--json"}, 2, "--prefetch must be at least 1 (got 0)"},
+        {{"--workers", "2000", "--json"}, 2, "--workers: 2000 is too large (at most 1024)"},
+        {{"--epochs", "0", "--json"}, 2, "--epochs must be at least 1 (got 0)"},
+        {{"--limit", "-3", "--json"}, 2, "--limit: '-3' is not a non-negative integer"},
+        {{"--seed", "12x", "--json"}, 2, "--seed: '12x' is not a non-negative integer"},
+        {{"--json", "--seed"}, 2, "--seed needs a value"},
+        {{"synthetic:5", "npy:a.npy", "--json"}, 2, "only one SOURCE (got 'synthetic:5' and 'npy:a.npy')"},
+        {{"--verify", "--json"}, 2, "--verify needs --device"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        const ecase *c = &cases[i];
+        int st = load(env, c->args);
+        if (st != c->status)
+            fail_msg("case %zu (%s): exit %d, expected %d; stderr: %s", i, c->args[0], st,
+                     c->status, err);
+        expect_one_object(out);
+        if (strncmp(out, "{\"ok\": false, \"error\": \"", 24) != 0 || !strstr(out, c->msg))
+            fail_msg("case %zu: stdout %s lacks %s", i, out, c->msg);
+        if (!strstr(err, c->msg))
+            fail_msg("case %zu: stderr %s lacks %s", i, err, c->msg);
+    }
+    /* without --json: nothing on stdout */
+    const char *plain[] = {"--batch-size", "0", NULL};
+    assert_int_equal(load(env, plain), 2);
+    assert_string_equal(out, "");
+    assert_non_null(strstr(err, "--batch-size must be at least 1"));
+}
+
+static void test_help(void **state)
+{
+    const char *args[] = {"--help", NULL};
+    assert_int_equal(load(NULL, args), 0);
+    static const char *must[] = {"--limit BATCHES", "0 = no limit", "npy:PATH[,labels=",
+                                 "io=mmap|pread", "content_hash covers field 0 (\"data\") only",
+                                 "second, untimed pass", "hash_pass_seconds",
+                                 "--device without\n--verify: not computed (null)"};
+    for (size_t i = 0; i < sizeof(must) / sizeof(must[0]); i++)
+        if (!strstr(out, must[i]))
+            fail_msg("--help lacks \"%s\"", must[i]);
+}
+
+/* A tiny dataset with a huge batch size pins one dataset's worth per buffer, not batch_size
+ * samples; pinned_for next to accelerator; a cpu pin_memory_device warns. */
+static void test_sizes_and_pinning(void **state)
+{
+    const char *env[] = {plug_env(), "STOKE_ACCELERATOR=", "STOKE_SIMDEV_FAIL_COPY=", NULL};
+    const char *big[] = {"synthetic:10", "--batch-size", "100000", "--json", NULL};
+    assert_int_equal(load(env, big), 0);
+    expect_one_object(out);
+    expect_val(out, "ok", "true");
+    expect_val(out, "error", "null");
+    expect_val(out, "buffer_bytes", "32768"); /* 10 x 3072 bytes, rounded to 4 KiB */
+    expect_val(out, "batches", "1");
+    expect_val(out, "samples", "10");
+    expect_val(out, "accelerator", "\"simdev\"");
+    expect_val(out, "pinned_for", "\"simdev\"");
+    expect_val(out, "content_hash_from", "\"host_second_pass\"");
+    assert_non_null(jv(out, "hash_pass_seconds"));
+    assert_null(jv(out, "hash_seconds"));
+
+    const char *nopin[] = {"synthetic:10", "--no-pin-memory", "--json", NULL};
+    assert_int_equal(load(env, nopin), 0);
+    expect_val(out, "accelerator", "\"simdev\"");
+    expect_val(out, "pinned_for", "null");
+    expect_val(out, "pageable_batches", "1");
+
+    const char *cpu[] = {"synthetic:10", "--pin-memory-device", "cpu", "--json", NULL};
+    assert_int_equal(load(env, cpu), 0);
+    expect_val(out, "pinned_for", "\"simdev\"");
+    assert_non_null(strstr(err, "pin_memory_device 'cpu' is not available (the cpu backend "
+                                "pins nothing)"));
+    const char *env_none[] = {"STOKE_PLUGIN_PATH=", "STOKE_ACCELERATOR=", NULL};
+    assert_int_equal(load(env_none, cpu), 0);
+    expect_val(out, "accelerator", "null");
+    expect_val(out, "pinned_for", "null");
+    expect_val(out, "pageable_batches", "1");
+    assert_non_null(strstr(err, "batches will not be pinned"));
+
+    /* --device without --verify: content_hash is not computed */
+    const char *dev[] = {"synthetic:100", "--batch-size", "10", "--device", "simdev", "--json",
+                         NULL};
+    assert_int_equal(load(env, dev), 0);
+    expect_val(out, "content_hash", "null");
+    expect_val(out, "content_hash_from", "null");
+    expect_val(out, "hash_pass_seconds", "null");
+    expect_val(out, "device_copies", "10");
+}
+
+/* Writes an (n, 16) uint8 .npy file, byte k of row i = i * 16 + k. */
+static const char *write_npy(int n)
+{
+    static char path[1024];
+    tu_tmp_path("loader_cli.npy", path, sizeof(path));
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    char hdr[128];
+    int len = snprintf(hdr, sizeof(hdr),
+                       "{'descr': '|u1', 'fortran_order': False, 'shape': (%d, 16), }", n);
+    while ((10 + len + 1) % 64)
+        hdr[len++] = ' ';
+    hdr[len++] = '\n';
+    unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(len & 0xff),
+                             (unsigned char)(len >> 8)};
+    fwrite(pre, 1, sizeof(pre), f);
+    fwrite(hdr, 1, (size_t)len, f);
+    for (int i = 0; i < n * 16; i++)
+        fputc(i & 0xff, f);
+    fclose(f);
+    return path;
+}
+
+/* The N-th device copy fails: the summary names the batch, says ok false, verified false,
+ * content_hash null, and batches = pinned_batches = device_copies (delivered batches). */
+static void test_device_copy_failure(void **state)
+{
+    char src[1100];
+    snprintf(src, sizeof(src), "npy:%s", write_npy(100));
+    const char *env[] = {plug_env(), "STOKE_ACCELERATOR=", "STOKE_SIMDEV_FAIL_COPY=3", NULL};
+    /* 0 workers: copies are h2d 0, read 0, h2d 1: the 3rd is batch 1's */
+    const char *w0[] = {src, "--batch-size", "10", "--workers", "0", "--device", "simdev",
+                        "--verify", "--json", NULL};
+    assert_int_equal(load(env, w0), 1);
+    expect_one_object(out);
+    expect_val(out, "ok", "false");
+    const char *e = jv(out, "error");
+    if (!e || !strstr(e, "the copy of batch 1 of epoch 0 (sample indices 10..19) to device "
+                         "simdev failed"))
+        fail_msg("error: %s", out);
+    assert_non_null(strstr(err, "batch 1 of epoch 0 (sample indices 10..19)"));
+    expect_val(out, "verified", "false");
+    expect_val(out, "content_hash", "null");
+    expect_val(out, "batches", "2");
+    expect_val(out, "samples", "20");
+    expect_val(out, "pinned_batches", "2");
+    expect_val(out, "device_copies", "2");
+    expect_val(out, "device_errors", "1");
+
+    /* the issue's command (default workers): whichever batch it is, it is named and counted */
+    const char *w2[] = {src, "--batch-size", "10", "--device", "simdev", "--verify", "--json",
+                        NULL};
+    assert_int_equal(load(env, w2), 1);
+    expect_val(out, "ok", "false");
+    expect_val(out, "verified", "false");
+    expect_val(out, "device_errors", "1");
+    assert_non_null(strstr(jv(out, "error"), " of epoch 0 (sample indices "));
+    char batches[32];
+    snprintf(batches, sizeof(batches), "%s", jv(out, "batches"));
+    expect_val(out, "pinned_batches", batches);
+    expect_val(out, "device_copies", batches);
+
+    /* and without the failure, the same command verifies */
+    const char *env_ok[] = {plug_env(), "STOKE_ACCELERATOR=", "STOKE_SIMDEV_FAIL_COPY=", NULL};
+    assert_int_equal(load(env_ok, w2), 0);
+    expect_val(out, "ok", "true");
+    expect_val(out, "verified", "true");
+    expect_val(out, "batches", "10");
+    expect_val(out, "device_errors", "0");
+    expect_val(out, "content_hash_from", "\"device_readback\"");
+    char dev_hash[64];
+    snprintf(dev_hash, sizeof(dev_hash), "%s", jv(out, "content_hash"));
+    const char *host[] = {src, "--batch-size", "10", "--json", NULL};
+    assert_int_equal(load(env_ok, host), 0);
+    expect_val(out, "content_hash", dev_hash);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_json_startup_errors),
+        cmocka_unit_test(test_help),
+        cmocka_unit_test(test_sizes_and_pinning),
+        cmocka_unit_test(test_device_copy_failure),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
