@@ -63,8 +63,11 @@ typedef struct stoke_loader_opts {
                                  none, one warning and ordinary memory */
     const char *pin_memory_device; /* NULL (default): the current accelerator.  A backend name
                                       ("simdev", "cuda:1"): pin for it; a warning if it is not
-                                      available (then the current accelerator is used); a
-                                      warning that it has no effect without pin_memory */
+                                      available or cannot pin (cpu), then the current
+                                      accelerator is used; a warning that it has no effect
+                                      without pin_memory.  Not of the form name[:index]:
+                                      STOKE_EINVAL at create; an index the backend does not
+                                      have: STOKE_ERANGE at create */
     uint32_t timeout_ms;      /* a sample taking longer ends the epoch with STOKE_ETIMEDOUT; 0
                                  (default): no limit */
     int persistent_workers;   /* 1: keep the worker threads (and their worker_init) across
@@ -73,7 +76,7 @@ typedef struct stoke_loader_opts {
     const char *device;       /* NULL (default): host batches.  "name[:index]": every batch is
                                  also copied asynchronously into a device buffer on that backend
                                  (see stoke_batch_device_buffer); pinning then defaults to that
-                                 backend */
+                                 backend.  Checked at create (see stoke_loader_create) */
 } stoke_loader_opts;
 
 /* Fills *o with the defaults documented above (and o->size).  NULL does nothing.  Thread-safe
