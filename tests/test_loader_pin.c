@@ -209,9 +209,11 @@ static void test_device_early_destroy(void **state)
     stoke_loader_opts_init(&o);
     o.batch_size = 4;
     o.num_workers = 2;
-    o.device = "simdev:1";
+    char spec[16] = "simdev:1";
+    o.device = spec;
     stoke_loader *l;
     assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    memset(spec, 'x', sizeof(spec) - 1); /* the loader keeps its own copy of the string */
     stoke_batch *b;
     for (int i = 0; i < 5; i++) {
         assert_int_equal(stoke_loader_next(l, &b), STOKE_OK);

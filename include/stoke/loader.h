@@ -84,8 +84,8 @@ typedef struct stoke_loader_opts {
 STOKE_API void stoke_loader_opts_init(stoke_loader_opts *o);
 
 /* Creates a loader reading `ds`, which must stay valid (and its callbacks callable) until
- * stoke_loader_destroy.  *o and *ds are copied, but the strings they point to (`device`,
- * `pin_memory_device`, the dataset's names) must also stay valid until stoke_loader_destroy.
+ * stoke_loader_destroy.  *o and *ds are copied, and so are the `device` and
+ * `pin_memory_device` strings (at most 63 characters each); the caller may free them at once.
  * Allocates every batch buffer now, in the calling thread, pinned as described above:
  * prefetch_factor * max(1, num_workers) + 2 buffers (fewer for a short epoch), each sized for
  * min(batch_size, samples per epoch for this rank) samples of a MAP / MAP_VAR dataset (so a

@@ -370,6 +370,24 @@ int stoke_loader_create(const stoke_loader_opts *o, stoke_dataset *ds, stoke_loa
         return STOKE_ENOMEM;
     stoke_loader_opts_init(&l->o);
     memcpy(&l->o, o, o->size);
+    /* The loader keeps its own copies of the option strings. */
+    const char *spec_too_long = NULL;
+    if (l->o.device) {
+        if (strlen(l->o.device) >= sizeof(l->device_spec))
+            spec_too_long = "device";
+        l->o.device = stoke__strlcpy(l->device_spec, l->o.device, sizeof(l->device_spec));
+    }
+    if (l->o.pin_memory_device) {
+        if (strlen(l->o.pin_memory_device) >= sizeof(l->pin_spec))
+            spec_too_long = "pin_memory_device";
+        l->o.pin_memory_device =
+            stoke__strlcpy(l->pin_spec, l->o.pin_memory_device, sizeof(l->pin_spec));
+    }
+    if (spec_too_long) {
+        free(l);
+        return stoke__fail(STOKE_EINVAL, "stoke_loader_create: %s is longer than %zu characters",
+                           spec_too_long, sizeof(((stoke_loader *)0)->device_spec) - 1);
+    }
     l->ds = *ds;
     pthread_mutex_init(&l->mu, NULL);
     pthread_mutex_init(&l->stream_mu, NULL);

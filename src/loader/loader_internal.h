@@ -84,7 +84,9 @@ typedef struct stoke__worker {
 
 struct stoke_loader {
     /* Immutable after create. */
-    stoke_loader_opts o;
+    stoke_loader_opts o;       /* o.device / o.pin_memory_device point at the copies below */
+    char device_spec[64];
+    char pin_spec[64];
     stoke_dataset ds;
     stoke_field fields[STOKE_MAX_FIELDS];
     size_t off[STOKE_MAX_FIELDS];
