@@ -104,20 +104,26 @@ static void print_text(int have, const stoke_accelerator_info *acc)
         printf("  because: %s\n", acc->reason);
     }
     printf("\nBackends considered:\n");
-    int n = stoke_backend_count();
+    int n = stoke_backend_count(), width = 8;
+    for (int i = 0; i < n; i++) {
+        stoke_backend_info b;
+        if (stoke_backend_get_info(i, &b) == STOKE_OK && (int)strlen(b.name) > width)
+            width = (int)strlen(b.name);
+    }
     for (int i = 0; i < n; i++) {
         stoke_backend_info b;
         if (stoke_backend_get_info(i, &b) != STOKE_OK)
             continue;
         char caps[128];
         caps_text(b.caps, caps, sizeof(caps));
-        printf("  %-8s %-7s %-11s", b.name, b.origin == STOKE_ORIGIN_PLUGIN ? "plugin" : "builtin",
+        printf("  %-*s %-7s %-11s", width, b.name,
+               b.origin == STOKE_ORIGIN_PLUGIN ? "plugin" : "builtin",
                b.available ? "available" : "unavailable");
         if (b.available)
             printf(" %d device(s)%s%s", b.device_count, caps[0] ? "  " : "", caps);
         printf("  -- %s\n", b.reason);
         if (b.path[0])
-            printf("           %s\n", b.path);
+            printf("  %*s %s\n", width, "", b.path);
     }
 }
 
