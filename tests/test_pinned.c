@@ -205,6 +205,25 @@ static void test_pinned_free_then_alloc_returns_same_block(void **state)
     assert_int_equal(tu_log_count(STOKE_LOG_WARN, "not in effect"), 0);
 }
 
+/* A live block recorded on again and again (a loader's staging slot) does not accumulate
+ * events: completed ones go back to the pool at the next record. */
+static void test_pinned_rerecording_a_live_block_reuses_events(void **state)
+{
+    void *a = alloc_ok(MiB);
+    stoke_stream *s = NULL;
+    assert_int_equal(stoke_stream_create(NULL, &s), STOKE_OK);
+    for (int i = 0; i < 500; i++) {
+        assert_int_equal(stoke_pinned_record_stream(a, s), STOKE_OK);
+        assert_int_equal(stoke_stream_synchronize(s), STOKE_OK);
+    }
+    stoke_pinned_stats st = stats();
+    assert_int_equal(st.events_recorded, 500);
+    assert_true(st.events_created <= 2);
+    assert_true(tu_simdev_counters().live_events <= 2);
+    assert_int_equal(stoke_pinned_free(a), STOKE_OK);
+    stoke_stream_destroy(s);
+}
+
 static void test_pinned_bad_pointers(void **state)
 {
     assert_int_equal(stoke_pinned_free(NULL), STOKE_OK);
@@ -714,6 +733,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_pinned_free_then_alloc_returns_same_block,
                                         setup_simdev, teardown),
         cmocka_unit_test_setup_teardown(test_pinned_bad_pointers, setup_simdev, teardown),
+        cmocka_unit_test_setup_teardown(test_pinned_rerecording_a_live_block_reuses_events,
+                                        setup_simdev, teardown),
         cmocka_unit_test_setup_teardown(test_pinned_pending_copy_blocks_reuse, setup_none,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_pinned_failed_copy_releases_block, setup_none,

@@ -337,7 +337,9 @@ int stoke_pinned_record_stream(void *ptr, stoke_stream *s)
         return stoke__fail(STOKE_EINVAL, "stoke_pinned_record_stream(%p): the block was freed "
                            "meanwhile", ptr);
     }
-    n->next = b->events;
+    /* A live block recorded on again and again (a loader's staging slot) keeps only the events
+     * still pending: completed ones go back to the pool here (queries never block). */
+    n->next = drop_completed(b->events);
     b->events = n;
     pthread_mutex_unlock(m);
     PN_ADD(events_recorded, 1);
