@@ -155,13 +155,15 @@ static void bin_push(pn_pool *p, pn_block *b)
 {
     pn_bin *bin = &p->bins[b->cls];
     atomic_store_explicit(&b->state, PN_CACHED, memory_order_relaxed);
+    /* Count before publishing: once in the bin, another thread may pop, free and recycle the
+     * descriptor, so `b` must not be read after the unlock. */
+    PN_ADD(bins_bytes, b->size);
+    PN_ADD(bins_count, 1);
     pthread_mutex_lock(&bin->lock);
     b->next = bin->head;
     bin->head = b;
     bin->n++;
     pthread_mutex_unlock(&bin->lock);
-    PN_ADD(bins_bytes, b->size);
-    PN_ADD(bins_count, 1);
 }
 
 static pn_block *bin_pop(pn_pool *p, int cls)
