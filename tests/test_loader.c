@@ -478,6 +478,11 @@ static void test_bad_options(void **state)
     o = base_opts(4, 1);
     o.size = 0;
     assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_EINVAL);
+    /* A huge prefetch_factor would overflow the reorder window (and hang next()). */
+    o = base_opts(4, 4);
+    o.prefetch_factor = 1 << 30;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_EINVAL);
+    assert_non_null(strstr(stoke_last_error(), "prefetch_factor in 1..4096"));
     o = base_opts(4, 1);
     ds.get = NULL;
     assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_EINVAL);

@@ -50,7 +50,7 @@ typedef struct stoke_loader_opts {
     uint32_t size;            /* sizeof(stoke_loader_opts): set by stoke_loader_opts_init */
     size_t batch_size;        /* samples per batch; default 1 */
     int num_workers;          /* worker threads; 0 loads in the caller's thread.  Default 0. */
-    int prefetch_factor;      /* batches in flight per worker (at least 1); default 2 */
+    int prefetch_factor;      /* batches in flight per worker, 1..4096; default 2 */
     int in_order;             /* 1 (default): deliver batches in sampler order; 0: as they
                                  complete */
     int drop_last;            /* 1: drop the last batch when it is partial.  Default 0. */
@@ -94,7 +94,7 @@ STOKE_API void stoke_loader_opts_init(stoke_loader_opts *o);
  * Returns STOKE_OK with *out set (owned by the caller: stoke_loader_destroy), or an error with
  * *out = NULL and stoke_last_error() saying why:
  * - STOKE_EINVAL: NULL argument, options not initialized, batch_size 0, num_workers outside
- *   0..1024, prefetch_factor < 1, a bad dataset (no callbacks, no field size, ...), a `device`
+ *   0..1024, prefetch_factor outside 1..4096, a bad dataset (no callbacks, no field size, ...), a `device`
  *   or `pin_memory_device` that is not of the form name[:index];
  * - STOKE_ERANGE: batch_size so large that a batch of batch_size samples overflows size_t; a
  *   `device` / `pin_memory_device` index the backend does not have ("simdev has 2 device(s),

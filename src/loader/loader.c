@@ -397,11 +397,12 @@ int stoke_loader_create(const stoke_loader_opts *o, stoke_dataset *ds, stoke_loa
     l->sync_ready = 1;
     int rc;
 
+    /* The bounds keep prefetch_factor * workers (the reorder window) far from INT_MAX. */
     if (l->o.batch_size == 0 || l->o.num_workers < 0 || l->o.num_workers > 1024 ||
-        l->o.prefetch_factor < 1) {
+        l->o.prefetch_factor < 1 || l->o.prefetch_factor > 4096) {
         rc = stoke__loader_fail(l, STOKE_EINVAL,
                                 "loader: batch_size must be >= 1, num_workers in 0..1024, "
-                                "prefetch_factor >= 1");
+                                "prefetch_factor in 1..4096");
         goto fail;
     }
     if ((rc = check_dataset(l, ds)) != STOKE_OK)
