@@ -19,7 +19,7 @@ void stoke__loader_abandon(stoke_loader *l)
     }
     l->done_tail = &l->done;
     l->outstanding = 0;
-    for (int i = 0; l->iterable && i < l->nw1; i++)
+    for (int i = 0; l->iterable && l->w && i < l->nw1; i++) /* w: NULL if create failed */
         l->w[i].outstanding = 0;
     pthread_cond_broadcast(&l->work_cv);
 }
