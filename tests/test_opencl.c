@@ -125,6 +125,33 @@ static void test_explicit_selection_exposes_cpu_devices(void **state)
     assert_int_equal(stoke_device_get_props(NULL, ai.device_count, &p), STOKE_ERANGE);
 }
 
+/* Objects made on a CPU device exposed by an explicit choice keep working after the process
+ * returns to automatic selection (which re-probes opencl without exposing CPU devices). */
+static void test_exposure_never_narrows(void **state)
+{
+    use_opencl();
+    tu_env("STOKE_ACCELERATOR", NULL);
+    if (!all_cpu_devices()) {
+        print_message("[  SKIP    ] this machine has a GPU/accelerator OpenCL device\n");
+        skip();
+    }
+    assert_int_equal(stoke_accelerator_select("opencl"), STOKE_OK);
+    stoke_stream *s = NULL;
+    assert_int_equal(stoke_stream_create(NULL, &s), STOKE_OK);
+    stoke_device_buffer *d = NULL;
+    assert_int_equal(stoke_device_buffer_create(s, 4096, &d), STOKE_OK);
+    assert_int_equal(stoke_accelerator_select(NULL), STOKE_ENODEV); /* CPU-only: none */
+    unsigned char in[4096], out[4096];
+    fill(in, sizeof(in), 9);
+    memset(out, 0, sizeof(out));
+    assert_int_equal(stoke_copy_h2d_async(d, 0, in, sizeof(in), s), STOKE_OK);
+    assert_int_equal(stoke_copy_d2h_async(out, d, 0, sizeof(out), s), STOKE_OK);
+    assert_int_equal(stoke_stream_synchronize(s), STOKE_OK);
+    assert_memory_equal(in, out, sizeof(in));
+    stoke_device_buffer_destroy(d);
+    stoke_stream_destroy(s);
+}
+
 static void test_missing_library_reason(void **state)
 {
     use_opencl();
@@ -503,6 +530,7 @@ int main(void)
         cmocka_unit_test_teardown(test_probe_creates_no_context, teardown),
         cmocka_unit_test_teardown(test_automatic_selection_ignores_cpu_devices, teardown),
         cmocka_unit_test_teardown(test_explicit_selection_exposes_cpu_devices, teardown),
+        cmocka_unit_test_teardown(test_exposure_never_narrows, teardown),
         cmocka_unit_test_teardown(test_missing_library_reason, teardown),
         cmocka_unit_test_teardown(test_pinned_alloc_and_is_pinned, teardown),
         cmocka_unit_test_teardown(test_host_register, teardown),

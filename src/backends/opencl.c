@@ -282,6 +282,11 @@ static int opencl_probe(uint32_t flags, char *reason, size_t reason_len)
         goto done;
     }
     int n = explicit_ ? g.ndev : g.nfast;
+    /* Exposure only widens: once CPU devices were exposed (an explicit choice), a later
+     * automatic probe must not take them away from contexts, buffers and streams using them
+     * (devices are numbered GPUs first, so indices stay stable). */
+    if (n < atomic_load(&g.nexposed))
+        n = atomic_load(&g.nexposed);
     atomic_store(&g.nexposed, n);
     if (explicit_ && g.nfast < g.ndev)
         stoke__fmt(reason, reason_len, "%d device(s) (%d CPU, exposed because opencl was chosen "

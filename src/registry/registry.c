@@ -38,6 +38,7 @@ typedef struct selection {
     entry *e;           /* NULL: no accelerator */
     int status;         /* STOKE_OK, STOKE_ENODEV, STOKE_ENOENT, STOKE_ERANGE */
     int default_device; /* index given explicitly, else 0 */
+    int device_count;   /* of `e` when chosen: readers need no lock */
     unsigned gen;       /* bumps at every new selection */
     char reason[256];
     char error[512];    /* for ENOENT/ERANGE: the message for stoke_last_error */
@@ -120,6 +121,7 @@ static int probe_entry(entry *e, uint32_t flags)
         return 0;
     if (e->probed && e->probe_flags == flags)
         return e->info.available;
+
     char reason[sizeof(e->info.reason)] = "";
     int rc = e->vt->probe(flags, reason, sizeof(reason));
     int count = 0;
@@ -390,6 +392,7 @@ static void select_locked(selection *s)
             return;
         }
         s->e = e;
+        s->device_count = e->info.device_count;
         s->default_device = index < 0 ? 0 : index;
         stoke__fmt(s->reason, sizeof(s->reason), "explicit: %s=%s", src, spec);
         return;
@@ -397,6 +400,7 @@ static void select_locked(selection *s)
     for (int i = 0; i < reg.nplugins; i++) {
         if (probe_entry(&reg.plugins[i], 0)) {
             s->e = &reg.plugins[i];
+            s->device_count = s->e->info.device_count;
             stoke__fmt(s->reason, sizeof(s->reason), "first available plugin loaded by the "
                        "application (%s)", reg.plugins[i].info.path);
             return;
@@ -406,6 +410,7 @@ static void select_locked(selection *s)
         entry *e = &reg.builtins[i];
         if (e->vt && strcmp(e->info.name, "cpu") != 0 && probe_entry(e, 0)) {
             s->e = e;
+            s->device_count = e->info.device_count;
             stoke__fmt(s->reason, sizeof(s->reason), "first available built-in (order: cuda, "
                        "hip, opencl)");
             return;
@@ -495,7 +500,7 @@ int stoke_accelerator_get(stoke_accelerator_info *out)
         return selection_status(s);
     }
     stoke__strlcpy(out->backend, s->e->info.name, sizeof(out->backend));
-    out->device_count = s->e->info.device_count;
+    out->device_count = s->device_count;
     out->current_device = thread_device(s);
     return STOKE_OK;
 }
@@ -653,9 +658,9 @@ int stoke_device_set(int dev)
             return stoke__fail(STOKE_ENODEV, "no accelerator: %s", s->reason);
         return selection_status(s);
     }
-    if (dev < 0 || dev >= s->e->info.device_count)
+    if (dev < 0 || dev >= s->device_count)
         return stoke__fail(STOKE_ERANGE, "accelerator %s has %d device(s), no device %d",
-                           s->e->info.name, s->e->info.device_count, dev);
+                           s->e->info.name, s->device_count, dev);
     tl_gen = s->gen;
     tl_device = dev;
     return STOKE_OK;
