@@ -72,14 +72,23 @@ int stoke_pin_unregister(void *ptr)
     pthread_mutex_unlock(&g.reglock);
     if (!r)
         return stoke__fail(STOKE_EINVAL, "stoke_pin_unregister(%p): not registered", ptr);
+    stoke__clear_error();
     int rc = r->vt && r->vt->host_unregister ? r->vt->host_unregister(r->dev, ptr) : STOKE_OK;
+    if (rc != STOKE_OK) {
+        /* Still pinned as far as anyone knows: keep tracking it (and counting it). */
+        char detail[512];
+        stoke__strlcpy(detail, stoke_last_error(), sizeof(detail));
+        pthread_mutex_lock(&g.reglock);
+        r->next = g.regs;
+        g.regs = r;
+        pthread_mutex_unlock(&g.reglock);
+        return stoke__fail(rc, "stoke_pin_unregister(%p): %s failed to unpin it%s%s", ptr,
+                           r->vt->name, detail[0] ? ": " : "", detail);
+    }
     PN_SUB(registered_count, 1);
     PN_SUB(registered_bytes, r->len);
-    if (rc != STOKE_OK)
-        rc = stoke__fail(rc, "stoke_pin_unregister(%p): %s failed to unpin it", ptr,
-                         r->vt->name);
     free(r);
-    return rc;
+    return STOKE_OK;
 }
 
 void stoke__pn_reg_reset(void)
