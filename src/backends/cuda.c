@@ -447,22 +447,35 @@ static int cuda_host_alloc(int dev, size_t size, void **out)
     return STOKE_OK;
 }
 
+/* Forgets the tracked range starting at `ptr` (of `kind`) and releases it with `release` on its
+ * device.  If the driver cannot be entered or refuses, the memory is still pinned: the range is
+ * tracked again. */
+static int release_range(void *ptr, int kind, const char *what, CUresult (*release)(void *),
+                         const char *fn)
+{
+    stoke__hostrange r;
+    if (!stoke__hostranges_find(&g_ranges, ptr, &r) || r.base != (uintptr_t)ptr || r.kind != kind)
+        return stoke__fail(STOKE_EINVAL, "cuda: %s(%p): not a %s", what, ptr,
+                           kind == RANGE_ALLOC ? "block from host_alloc" : "registered range");
+    if (stoke__hostranges_remove(&g_ranges, ptr, &r) != STOKE_OK)
+        return stoke__fail(STOKE_EINVAL, "cuda: %s(%p): released twice", what, ptr);
+    int rc = enter(r.dev);
+    if (rc == STOKE_OK) {
+        CUresult cr = release(ptr);
+        pop();
+        if (cr == CUDA_SUCCESS)
+            return STOKE_OK;
+        rc = cu_fail(cr, fn);
+    }
+    stoke__hostranges_add(&g_ranges, &r);
+    return rc;
+}
+
 static int cuda_host_free(int dev, void *ptr)
 {
     if (!ptr)
         return STOKE_OK;
-    stoke__hostrange r;
-    if (!stoke__hostranges_find(&g_ranges, ptr, &r) || r.base != (uintptr_t)ptr ||
-        r.kind != RANGE_ALLOC)
-        return stoke__fail(STOKE_EINVAL, "cuda: host_free(%p): not a block from host_alloc", ptr);
-    if (stoke__hostranges_remove(&g_ranges, ptr, &r) != STOKE_OK)
-        return stoke__fail(STOKE_EINVAL, "cuda: host_free(%p): freed twice", ptr);
-    int rc = enter(r.dev);
-    if (rc != STOKE_OK)
-        return rc;
-    CUresult cr = g.drv.cuMemFreeHost(ptr);
-    pop();
-    return cr == CUDA_SUCCESS ? STOKE_OK : cu_fail(cr, "cuMemFreeHost");
+    return release_range(ptr, RANGE_ALLOC, "host_free", g.drv.cuMemFreeHost, "cuMemFreeHost");
 }
 
 static int cuda_host_register(int dev, void *ptr, size_t size)
@@ -493,19 +506,8 @@ static int cuda_host_register(int dev, void *ptr, size_t size)
 
 static int cuda_host_unregister(int dev, void *ptr)
 {
-    stoke__hostrange r;
-    if (!stoke__hostranges_find(&g_ranges, ptr, &r) || r.base != (uintptr_t)ptr ||
-        r.kind != RANGE_REGISTERED)
-        return stoke__fail(STOKE_EINVAL, "cuda: host_unregister(%p): not a registered range",
-                           ptr);
-    if (stoke__hostranges_remove(&g_ranges, ptr, &r) != STOKE_OK)
-        return stoke__fail(STOKE_EINVAL, "cuda: host_unregister(%p): unregistered twice", ptr);
-    int rc = enter(r.dev);
-    if (rc != STOKE_OK)
-        return rc;
-    CUresult cr = g.drv.cuMemHostUnregister(ptr);
-    pop();
-    return cr == CUDA_SUCCESS ? STOKE_OK : cu_fail(cr, "cuMemHostUnregister");
+    return release_range(ptr, RANGE_REGISTERED, "host_unregister", g.drv.cuMemHostUnregister,
+                         "cuMemHostUnregister");
 }
 
 static int cuda_is_pinned(const void *ptr, int *out)
