@@ -15,4 +15,7 @@ cc -o "$prefix/consumer-static" "$src/consumer.c" $(pkg-config --cflags stoke) "
 cmake -S "$src" -B "$prefix/cmake-build" -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
 cmake --build "$prefix/cmake-build" >/dev/null
 LD_LIBRARY_PATH="$(pkg-config --variable=libdir stoke)" "$prefix/cmake-build/consumer"
-echo "install check: pkg-config (shared, static) and CMake package config work"
+"$prefix/bin/stoke" devices --json >/dev/null
+STOKE_PLUGIN_PATH="$(pkg-config --variable=libdir stoke)/stoke/libstoke-backend-simdev.so" \
+    "$prefix/bin/stoke" devices --json | grep -q '"backend": "simdev"'
+echo "install check: pkg-config (shared, static), CMake package config, installed CLI and simdev plugin work"
