@@ -14,7 +14,13 @@
  * - The host accepts plugins whose abi_version is within [STOKE_BACKEND_ABI_MIN,
  *   STOKE_BACKEND_ABI_VERSION]; others are rejected with a logged reason, never fatally.
  * - Functions marked "required" must be non-NULL; optional ones may be NULL and are then
- *   treated as STOKE_ENOTSUP.
+ *   treated as STOKE_ENOTSUP, except the release-type ones (stream_destroy, stream_synchronize,
+ *   event_destroy, device_free, host_unregister, shutdown), which are then simply skipped
+ *   (success).  Groups: a backend with stream_create must also have copy_h2d_async (else
+ *   streams count as unsupported); one with event_create must have event_record, event_query
+ *   and event_synchronize (the host calls them without checking).
+ * - `name` must be non-empty, shorter than 32 bytes and unique in the registry (else the plugin
+ *   is rejected with STOKE_EABI).
  *
  * Conventions for every function: return STOKE_OK (0) or a negative STOKE_E* code; never abort
  * or exit; report detail through host->log.  `dev` is a device index in [0, device_count).  All
@@ -83,7 +89,9 @@ typedef struct stoke_backend_host {
     uint32_t size;        /* sizeof(stoke_backend_host) on the host */
     uint32_t abi_min;     /* oldest ABI the host accepts */
     uint32_t reserved;
-    /* Log a line for this backend (level is a stoke_log_level).  Thread-safe. */
+    /* Log a line for this backend (level is a stoke_log_level; msg is copied).  A line at WARN
+     * or ERROR also becomes the calling thread's stoke_last_error(), so a plugin reports the
+     * detail of a failing call this way.  Thread-safe; not callable from a log sink. */
     void (*log)(const char *backend, int level, const char *msg);
 } stoke_backend_host;
 

@@ -15,8 +15,14 @@
  *
  * Callbacks are called from worker threads, concurrently for different samples: get/get_var/
  * next must be thread-safe for distinct workers.  A callback returns STOKE_OK or a negative
- * code, and may write a NUL-terminated message into msg (msg_len bytes) that the loader reports
- * with the sample index and worker.
+ * code (the loader turns a positive one into STOKE_EDATA), and may write a NUL-terminated
+ * message into msg (msg_len bytes) that the loader reports with the sample index and worker.
+ *
+ * The stoke_dataset struct belongs to the caller.  A loader copies it at create but does not
+ * take ownership: `user` and the callbacks must stay valid until stoke_loader_destroy, after
+ * which the caller releases the dataset with stoke_dataset_close.
+ *
+ * The functions below are thread-safe: they touch only their arguments.
  */
 #ifndef STOKE_DATASET_H
 #define STOKE_DATASET_H
@@ -52,9 +58,10 @@ typedef enum stoke_dtype {
     STOKE_DTYPE_C128
 } stoke_dtype;
 
-/* "u8", "f32", ... ("raw" for STOKE_DTYPE_RAW). */
+/* "u8", "f32", ... ("raw" for STOKE_DTYPE_RAW, "unknown" for a value outside stoke_dtype): a
+ * static string, never NULL, never to be freed. */
 STOKE_API const char *stoke_dtype_name(int dtype);
-/* Bytes per element (0 for RAW: use the field's itemsize). */
+/* Bytes per element (0 for RAW: use the field's itemsize; 0 for an unknown dtype). */
 STOKE_API size_t stoke_dtype_size(int dtype);
 
 /* One field of a sample. */
@@ -103,12 +110,15 @@ typedef struct stoke_dataset {
     void (*close)(void *user);
 } stoke_dataset;
 
-/* Zeroes *ds and sets ds->size. */
+/* Zeroes *ds and sets ds->size.  NULL does nothing. */
 STOKE_API void stoke_dataset_init(stoke_dataset *ds);
-/* Calls ds->close(ds->user) if set and zeroes *ds.  NULL does nothing. */
+/* Calls ds->close(ds->user) if set and zeroes *ds.  NULL does nothing.  Must not be called while
+ * a loader created from the dataset still exists, nor twice concurrently on one dataset. */
 STOKE_API void stoke_dataset_close(stoke_dataset *ds);
-/* Fills field->itemsize (from dtype unless RAW) and field->bytes from dtype, ndim and shape.
- * STOKE_EINVAL for a bad dtype/ndim/shape, STOKE_ERANGE on overflow. */
+/* Fills field->itemsize (from dtype, overwriting it, unless RAW) and field->bytes from dtype,
+ * ndim and shape (a 0 dimension gives 0 bytes).  Returns STOKE_OK; STOKE_EINVAL for field NULL,
+ * an unknown dtype, RAW with itemsize 0, ndim outside 0..STOKE_MAX_DIMS or a negative
+ * dimension; STOKE_ERANGE when the sample size overflows size_t.  Thread-safe. */
 STOKE_API int stoke_field_finish(stoke_field *field);
 
 #ifdef __cplusplus

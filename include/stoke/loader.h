@@ -68,8 +68,9 @@ typedef struct stoke_loader_opts {
                                       without pin_memory.  Not of the form name[:index]:
                                       STOKE_EINVAL at create; an index the backend does not
                                       have: STOKE_ERANGE at create */
-    uint32_t timeout_ms;      /* a sample taking longer ends the epoch with STOKE_ETIMEDOUT; 0
-                                 (default): no limit */
+    uint32_t timeout_ms;      /* a sample taking longer ends the epoch with STOKE_ETIMEDOUT
+                                 (only with num_workers >= 1: samples loaded in the caller's
+                                 thread are never timed out); 0 (default): no limit */
     int persistent_workers;   /* 1: keep the worker threads (and their worker_init) across
                                  epochs; 0 (default): start them for every epoch */
     stoke_sampler_opts sampler; /* subset / weighted / distributed; default sequential */
@@ -83,9 +84,11 @@ typedef struct stoke_loader_opts {
  * (touches only *o). */
 STOKE_API void stoke_loader_opts_init(stoke_loader_opts *o);
 
-/* Creates a loader reading `ds`, which must stay valid (and its callbacks callable) until
- * stoke_loader_destroy.  *o and *ds are copied, and so are the `device` and
- * `pin_memory_device` strings (at most 63 characters each); the caller may free them at once.
+/* Creates a loader reading `ds`.  *o and *ds are copied, and so are the `device` and
+ * `pin_memory_device` strings (at most 63 characters each) and the sampler's indices and
+ * weights; the caller may free them at once.  The loader does not own the dataset: ds->user
+ * and the callbacks must stay valid until stoke_loader_destroy, and the caller closes the
+ * dataset (stoke_dataset_close) after that.
  * Allocates every batch buffer now, in the calling thread, pinned as described above:
  * prefetch_factor * max(1, num_workers) + 2 buffers (fewer for a short epoch), each sized for
  * min(batch_size, samples per epoch for this rank) samples of a MAP / MAP_VAR dataset (so a
@@ -93,15 +96,24 @@ STOKE_API void stoke_loader_opts_init(stoke_loader_opts *o);
  * ITERABLE one.  Worker threads start at the first stoke_loader_next.
  * Returns STOKE_OK with *out set (owned by the caller: stoke_loader_destroy), or an error with
  * *out = NULL and stoke_last_error() saying why:
- * - STOKE_EINVAL: NULL argument, options not initialized, batch_size 0, num_workers outside
- *   0..1024, prefetch_factor outside 1..4096, a bad dataset (no callbacks, no field size, ...), a `device`
- *   or `pin_memory_device` that is not of the form name[:index];
+ * - STOKE_EINVAL: NULL argument, options not initialized (o->size 0 or larger than this
+ *   header's struct), batch_size 0, num_workers outside 0..1024, prefetch_factor outside
+ *   1..4096, a bad dataset (unknown kind, no callbacks, fields outside 1..STOKE_MAX_FIELDS, no
+ *   field size, MAP_VAR with more than one field), shuffle or a non-sequential / distributed
+ *   sampler with an ITERABLE dataset, bad sampler options (see stoke_sampler_create), a
+ *   `device` or `pin_memory_device` longer than 63 characters or not of the form name[:index];
  * - STOKE_ERANGE: batch_size so large that a batch of batch_size samples overflows size_t; a
  *   `device` / `pin_memory_device` index the backend does not have ("simdev has 2 device(s),
  *   no device 7");
  * - STOKE_ENOENT / STOKE_ENODEV: `device` names an unknown / unavailable backend (the same for
  *   `pin_memory_device` is only a warning, see the option);
- * - STOKE_ENOTSUP, STOKE_ENOMEM, and device errors when `device` is set.
+ * - STOKE_EINVAL / STOKE_ENOENT / STOKE_ERANGE: with pin_memory on, STOKE_ACCELERATOR is
+ *   invalid (accelerator.h);
+ * - STOKE_ENOMEM; the pinned allocator's codes when a batch buffer cannot be allocated
+ *   (STOKE_ELIMIT, the backend's code, see stoke_pinned_alloc);
+ * - when `device` is set: STOKE_ENOTSUP (the backend has no streams, events or device memory,
+ *   or a device index other than 0 on a backend that is not the chosen accelerator) and the
+ *   backend's errors creating the stream, events and device buffers.
  * Thread-safe (any number of loaders may be created concurrently). */
 STOKE_API int stoke_loader_create(const stoke_loader_opts *o, stoke_dataset *ds,
                                   stoke_loader **out);
@@ -109,24 +121,30 @@ STOKE_API int stoke_loader_create(const stoke_loader_opts *o, stoke_dataset *ds,
 /* Stops and joins every worker thread (waiting for samples in progress, even one that timed
  * out), waits for pending device copies and frees every buffer and `l` itself.  Batches not yet
  * released become invalid (do not release them afterwards).  Safe at any point of an epoch.
- * NULL does nothing.  Call it from the consumer thread, with no other call on `l` or its
- * batches in progress. */
+ * Does not close the dataset.  NULL does nothing.  Call it from the consumer thread, with no
+ * other call on `l` or its batches in progress. */
 STOKE_API void stoke_loader_destroy(stoke_loader *l);
 
 /* Delivers the next batch of the current epoch in *out (owned by the caller until
- * stoke_batch_release; *out is NULL on any other return).  Returns STOKE_OK; STOKE_EINVAL for
- * NULL arguments; STOKE_EEND at the end of the epoch (and again until a new epoch is started);
- * the error of a failing sample (the dataset's code, STOKE_ETIMEDOUT, an error queuing a device
- * copy), which ends the epoch — stoke_loader_last_error() then names the worker, the sample
- * index and the message; STOKE_ELIMIT when the caller holds every batch buffer.  A device copy
- * that fails after it was queued is reported by stoke_batch_device_wait / _read instead.
- * Consumer thread only. */
+ * stoke_batch_release; *out is NULL on any other return).  Starts the worker threads if they
+ * are not running.  Returns STOKE_OK; STOKE_EINVAL for NULL arguments; STOKE_EEND at the end
+ * of the epoch (and again until a new epoch is started); the error of a failing sample (the
+ * dataset's code, a positive one becoming STOKE_EDATA; STOKE_ETIMEDOUT; an error queuing a
+ * device copy), which ends the epoch (later calls return STOKE_EEND) —
+ * stoke_loader_last_error() then names the worker, the sample index and the message; the code
+ * of a failing worker_init (positive: STOKE_EDATA), which ends the epoch with workers and is
+ * retried at the next call without; STOKE_ENOMEM when a worker thread cannot be started;
+ * STOKE_ELIMIT when the caller holds every batch buffer (the epoch goes on once one is
+ * released).  A device copy that fails after it was queued is reported by
+ * stoke_batch_device_wait / _read instead.  Consumer thread only. */
 STOKE_API int stoke_loader_next(stoke_loader *l, stoke_batch **out);
 
 /* Starts `epoch` from its beginning, abandoning what is left of the current one (batches
- * already delivered stay valid until released): waits for samples in production, then, for an
- * ITERABLE dataset, calls its reset(epoch).  Returns STOKE_OK; STOKE_EINVAL for NULL; the code
- * of a failing reset (stoke_loader_last_error says so).  Consumer thread only. */
+ * already delivered stay valid until released): waits for samples in production, stops the
+ * worker threads unless persistent_workers, then, for an ITERABLE dataset, calls its
+ * reset(epoch).  Returns STOKE_OK; STOKE_EINVAL for NULL; the code of a failing reset
+ * (positive: STOKE_EDATA; stoke_loader_last_error says so; the loader has moved to `epoch`
+ * anyway).  Consumer thread only. */
 STOKE_API int stoke_loader_set_epoch(stoke_loader *l, uint64_t epoch);
 
 /* stoke_loader_set_epoch(l, stoke_loader_epoch(l) + 1): the same return codes.  Consumer thread
@@ -151,14 +169,16 @@ typedef struct stoke_loader_state {
                           delivered prefix, so a restore may repeat a few batches) */
 } stoke_loader_state;
 
-/* Saves the position into *out (caller's memory): a loader restored from it delivers exactly
- * the batches this one would deliver next.  Returns STOKE_OK; STOKE_EINVAL for NULL;
- * STOKE_ENOTSUP for an ITERABLE dataset.  Consumer thread only. */
+/* Saves the position into *out (caller's memory; zeroed first on every return but EINVAL): a
+ * loader restored from it delivers exactly the batches this one would deliver next.  Returns
+ * STOKE_OK; STOKE_EINVAL for NULL; STOKE_ENOTSUP for an ITERABLE dataset.  Consumer thread
+ * only. */
 STOKE_API int stoke_loader_save_state(const stoke_loader *l, stoke_loader_state *out);
 
 /* Moves to a saved position (seed, epoch, cursor), abandoning the current one; *st is not kept.
  * Returns STOKE_OK; STOKE_EINVAL for NULL, a wrong version or a cursor past the epoch's end;
- * STOKE_ENOTSUP for an ITERABLE dataset.  Consumer thread only. */
+ * STOKE_ENOTSUP for an ITERABLE dataset (the position is unchanged on these errors).  The
+ * loader's seed becomes st->seed.  Consumer thread only. */
 STOKE_API int stoke_loader_restore_state(stoke_loader *l, const stoke_loader_state *st);
 
 /* Counters since create.  "Delivered" means returned by stoke_loader_next with STOKE_OK (what
@@ -195,8 +215,10 @@ STOKE_API int stoke_loader_get_stats(const stoke_loader *l, stoke_loader_stats *
 /* Detail of the loader's last failure, or "" (also for NULL): a failing sample ("worker 2:
  * sample 17 of synthetic: bad row (STOKE_EDATA)"), a failed device copy ("loader: the copy of
  * batch 2 of epoch 0 (sample indices 20..29) to device simdev failed: ..."), a failed create
- * step.  Owned by the loader; valid until the next call on the loader or its batches.
- * Consumer thread only. */
+ * step.  Owned by the loader (a buffer inside it: the pointer is valid until
+ * stoke_loader_destroy, its contents change at the next failing call on the loader or its
+ * batches); for a failure of stoke_loader_create itself, use stoke_last_error().  Consumer
+ * thread only. */
 STOKE_API const char *stoke_loader_last_error(const stoke_loader *l);
 
 /* Name of the backend batches are pinned for ("simdev"), or NULL when they are not pinned (no
@@ -257,7 +279,7 @@ STOKE_API stoke_device_buffer *stoke_batch_device_buffer(const stoke_batch *b);
  * field.  Thread-safe. */
 STOKE_API size_t stoke_batch_device_offset(const stoke_batch *b, int field);
 /* The event the batch's copy completes; NULL for NULL or without device transfer.  Waiting on
- * or querying it is thread-safe; recording it is not allowed.  Thread-safe. */
+ * or querying it is thread-safe; recording or destroying it is not allowed.  Thread-safe. */
 STOKE_API stoke_event *stoke_batch_device_event(const stoke_batch *b);
 /* Blocks until the batch's copy completed.  Returns STOKE_OK; STOKE_EINVAL for NULL;
  * STOKE_ESTATE without device transfer; the copy's error (e.g. STOKE_EBACKEND): then
@@ -267,9 +289,10 @@ STOKE_API stoke_event *stoke_batch_device_event(const stoke_batch *b);
 STOKE_API int stoke_batch_device_wait(stoke_batch *b);
 /* Reads field f of the batch back from the device into dst (caller's memory of
  * stoke_batch_field_bytes(b, f) bytes), synchronously, on the loader's stream (serialized with
- * the workers' copies).  For checks (stoke load --verify).  Returns STOKE_OK; STOKE_EINVAL for
- * NULL or a bad field; STOKE_ESTATE without device transfer; a copy error, reported as by
- * stoke_batch_device_wait.  Consumer thread. */
+ * the workers' copies).  For checks (stoke load --verify).  Returns STOKE_OK (also, copying
+ * nothing, for a field of 0 bytes); STOKE_EINVAL for NULL (b or dst) or a bad field;
+ * STOKE_ESTATE without device transfer; a copy error, reported as by stoke_batch_device_wait.
+ * Consumer thread. */
 STOKE_API int stoke_batch_device_read(stoke_batch *b, int field, void *dst);
 
 /* Gives the batch back: its buffer returns to the pool (for device transfer, the device buffer;

@@ -56,44 +56,57 @@ extern "C" {
  * Returns STOKE_OK; STOKE_EINVAL (out NULL); STOKE_ENOMEM (system out of memory, or size above
  * the largest class); STOKE_ELIMIT (the cap was reached and the policy is
  * STOKE_PINNED_LIMIT_FAIL); the backend's code (e.g. STOKE_ENOMEM, STOKE_EBACKEND) when pinning
- * failed, with the driver's reason and RLIMIT_MEMLOCK in stoke_last_error(); STOKE_ENOENT /
- * STOKE_ERANGE / STOKE_EINVAL when STOKE_ACCELERATOR is invalid.  Without an accelerator it
- * succeeds with ordinary memory (see above).  Thread-safe. */
+ * failed (after one retry that releases idle blocks when it was STOKE_ENOMEM), with the
+ * driver's reason and RLIMIT_MEMLOCK in stoke_last_error(); STOKE_ENOMEM also when the
+ * allocator's own bookkeeping fails (including more than its fixed number of distinct
+ * backend/device pairs); STOKE_ENOENT / STOKE_ERANGE / STOKE_EINVAL when STOKE_ACCELERATOR is
+ * invalid.  *out is NULL on failure.  Without an accelerator it succeeds with ordinary memory
+ * (see above); past the cap with the FALLBACK policy, with pageable memory.  The caller owns
+ * the block until stoke_pinned_free (from any thread).  Thread-safe. */
 STOKE_API int stoke_pinned_alloc(size_t size, void **out);
 
 /* Returns a block from stoke_pinned_alloc to the cache of the backend and device it was pinned
- * for (from any thread).  If events recorded for it are pending, it waits for them before it
- * can be reused.  NULL does nothing.  Returns STOKE_OK, or STOKE_EINVAL when `ptr` is not a
- * live block of this allocator (not from stoke_pinned_alloc, an interior pointer, or already
- * freed).  Thread-safe. */
+ * for (from any thread).  If events recorded for it are pending, it is parked until they
+ * complete and only then reused; the call itself never blocks.  Ownership returns to the
+ * allocator: the caller must not touch the block afterwards.  NULL does nothing (STOKE_OK).
+ * Returns STOKE_OK, or STOKE_EINVAL when `ptr` is not a live block of this allocator (not
+ * from stoke_pinned_alloc, an interior pointer, or already freed).  Thread-safe. */
 STOKE_API int stoke_pinned_free(void *ptr);
 
 /* Records that the work queued so far on stream `s` reads or writes the block that starts at
  * `ptr` (a live block from stoke_pinned_alloc): after stoke_pinned_free the block is reused only
  * once that work has completed.  Events are taken from a pool, not created per call.  The stream
  * may belong to any device of the accelerator.  Returns STOKE_OK; STOKE_EINVAL (NULL argument,
- * `ptr` not a live block); STOKE_ENOTSUP (the backend has no events); the backend's code when
- * recording failed.  Thread-safe (the stream itself must not be used by two threads at once,
- * see device.h). */
+ * `ptr` not the start of a live block, or the block freed by another thread during the call);
+ * STOKE_ENOTSUP (the backend has no events); STOKE_ENOMEM; the backend's code when creating
+ * or recording the event failed.  The allocator owns the event; `s` is not kept beyond the
+ * event.  Thread-safe (the stream itself must not be used by two threads at once, see
+ * device.h). */
 STOKE_API int stoke_pinned_record_stream(void *ptr, stoke_stream *s);
 
 /* 1 if `ptr` lies inside memory pinned for the accelerator (a block from stoke_pinned_alloc,
  * cached or live, or a range from stoke_pin_register), else 0 (also for NULL, ordinary memory,
- * and everything when there is no accelerator).  Thread-safe. */
+ * stand-in and pageable-fallback blocks, and everything when there is no accelerator).  The
+ * start of a block is answered from the block itself; any other address is answered by the
+ * backend of the current selection, so an interior pointer of memory pinned for a backend
+ * that is no longer the chosen accelerator gives 0.  Never fails.  Thread-safe. */
 STOKE_API int stoke_is_pinned(const void *ptr);
 
 /* Pins the caller's memory [ptr, ptr+len) for the current accelerator and device, so that
  * copies from it are asynchronous; the caller keeps ownership and must call
  * stoke_pin_unregister(ptr) before freeing it.  Without an accelerator (or with STOKE_PINNED=0)
  * nothing is pinned, the one warning is logged and STOKE_OK is returned (unregister then also
- * succeeds).  Returns STOKE_OK; STOKE_EINVAL (NULL, len 0, or `ptr` already registered);
- * STOKE_ENOTSUP (the backend cannot register memory); the backend's code on failure.
+ * succeeds).  Returns STOKE_OK; STOKE_EINVAL (NULL, len 0, or `ptr` already registered: only
+ * the same start address is detected, not overlapping ranges); STOKE_ENOTSUP (the backend
+ * cannot register memory); STOKE_ENOMEM; STOKE_ENOENT / STOKE_ERANGE / STOKE_EINVAL when
+ * STOKE_ACCELERATOR is invalid; the backend's code on failure (nothing is then registered).
  * Thread-safe. */
 STOKE_API int stoke_pin_register(void *ptr, size_t len);
 
-/* Undoes stoke_pin_register(ptr, ...) on the backend and device it was registered for.
- * Returns STOKE_OK, STOKE_EINVAL if `ptr` was not registered, or the backend's code.
- * Thread-safe. */
+/* Undoes stoke_pin_register(ptr, ...) on the backend and device it was registered for (whatever
+ * the current selection is now).  Returns STOKE_OK, STOKE_EINVAL if `ptr` (NULL included) was
+ * not registered, or the backend's code, with its detail in the last error; the range then
+ * stays registered (and counted), still pinned as far as stoke knows.  Thread-safe. */
 STOKE_API int stoke_pin_unregister(void *ptr);
 
 /* The size class a request of `size` bytes is rounded up to (the table above), or 0 if `size`
@@ -112,7 +125,8 @@ typedef enum stoke_pinned_limit_policy {
  * that needs room releases idle ones).  Returns STOKE_OK or STOKE_EINVAL (unknown policy).
  * Thread-safe. */
 STOKE_API int stoke_pinned_set_limit(uint64_t bytes, int policy);
-/* Current cap (0: none) and policy; either pointer may be NULL.  Thread-safe. */
+/* Current cap (0: none) and policy; either pointer may be NULL.  Always returns STOKE_OK.
+ * Thread-safe. */
 STOKE_API int stoke_pinned_get_limit(uint64_t *bytes, int *policy);
 
 /* Releases every idle cached block (of every backend and device, including those in the
@@ -164,15 +178,17 @@ typedef struct stoke_pinned_stats {
     uint64_t registered_bytes;
 } stoke_pinned_stats;
 
-/* Fills *out (at most out->size bytes; out->size is set to the bytes filled).  Returns STOKE_OK
- * or STOKE_EINVAL (NULL, or size smaller than the first two members).  Thread-safe; the
- * counters are read one after another, not as one atomic snapshot. */
+/* Fills *out (caller's memory; at most out->size bytes; out->size is set to the bytes filled).
+ * Returns STOKE_OK or STOKE_EINVAL (NULL, or size smaller than the first two members).
+ * Thread-safe; the counters are read one after another, not as one atomic snapshot. */
 STOKE_API int stoke_pinned_stats_get(stoke_pinned_stats *out);
 
 /* Writes the stats as one JSON object ({"version":1,"backend":"simdev","bytes_in_use":...}, the
  * member names of stoke_pinned_stats) into buf[len], NUL-terminated.  *needed (may be NULL) gets
- * the length without the NUL.  Returns STOKE_OK, STOKE_ERANGE when len is too small (buf then
- * holds a truncated string if len > 0), STOKE_EINVAL (buf NULL with len > 0).  Thread-safe. */
+ * the length without the NUL.  buf may be NULL with len 0 to ask for the length (this returns
+ * STOKE_ERANGE with *needed set).  Returns STOKE_OK, STOKE_ERANGE when len is too small (buf
+ * then holds a truncated string if len > 0), STOKE_EINVAL (buf NULL with len > 0).
+ * Thread-safe. */
 STOKE_API int stoke_pinned_stats_json(char *buf, size_t len, size_t *needed);
 
 #ifdef __cplusplus

@@ -20,7 +20,10 @@
  * world_size by repeating it from its start; with drop_last it is truncated to a multiple; rank r
  * gets positions r, r + W, r + 2W, ...  Rank and world size come from the options, else from the
  * environment: RANK/WORLD_SIZE (torchrun), then OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE, then
- * SLURM_PROCID/SLURM_NTASKS; else rank 0 of 1.
+ * SLURM_PROCID/SLURM_NTASKS (the first pair with a variable set); else rank 0 of 1.  A
+ * variable whose value is not a non-negative integer is ignored with a warning, as if unset.
+ *
+ * A sampler is immutable after create: every function here is thread-safe.
  */
 #ifndef STOKE_SAMPLER_H
 #define STOKE_SAMPLER_H
@@ -61,31 +64,38 @@ typedef struct stoke_sampler_opts {
 
 typedef struct stoke_sampler stoke_sampler;
 
-/* Fills *o with the defaults above.  NULL does nothing. */
+/* Fills *o with the defaults above.  NULL does nothing.  Thread-safe. */
 STOKE_API void stoke_sampler_opts_init(stoke_sampler_opts *o);
 
-/* Creates a sampler for a dataset of `dataset_len` samples.  STOKE_EINVAL for a bad kind, an
- * index out of range, bad weights, rank >= world size, or a malformed RANK/WORLD_SIZE-style
- * variable (the last error says which).  *out is owned by the caller.  Thread-safe. */
+/* Creates a sampler for a dataset of `dataset_len` samples.  *o is read only during the call
+ * (indices and weights are copied).  Returns STOKE_OK with *out owned by the caller
+ * (stoke_sampler_destroy); else *out = NULL and: STOKE_EINVAL for o or out NULL, a bad kind,
+ * indices NULL with num_indices > 0, an index out of range, bad weights (NULL, count not the
+ * dataset length, dataset length 0, a negative / NaN / huge weight, a sum of 0), rank >= world
+ * size (world size 0 included), or only one variable of an environment pair set (the last
+ * error says which); STOKE_ENOMEM.  Thread-safe. */
 STOKE_API int stoke_sampler_create(const stoke_sampler_opts *o, uint64_t dataset_len,
                                    stoke_sampler **out);
-/* Frees it.  NULL does nothing. */
+/* Frees it.  NULL does nothing.  No other call on `s` may be in progress. */
 STOKE_API void stoke_sampler_destroy(stoke_sampler *s);
 
-/* Positions per epoch for this rank. */
+/* Positions per epoch for this rank (0 for NULL). */
 STOKE_API uint64_t stoke_sampler_length(const stoke_sampler *s);
-/* The rank and world size in use (after reading the environment). */
+/* The rank and world size in use (after reading the environment); 0 and 1 for NULL, and when
+ * not distributed. */
 STOKE_API int64_t stoke_sampler_rank(const stoke_sampler *s);
 STOKE_API int64_t stoke_sampler_world_size(const stoke_sampler *s);
 
-/* The dataset index at position `pos` (< stoke_sampler_length) of `epoch` under `seed`.
- * STOKE_OK, or STOKE_ERANGE for a position past the end.  Pure and thread-safe: callable from
- * any number of threads at once. */
+/* The dataset index at position `pos` (< stoke_sampler_length) of `epoch` under `seed`, into
+ * *out.  STOKE_OK, STOKE_EINVAL for s or out NULL, or STOKE_ERANGE for a position past the end
+ * (no last error is set for these).  Pure and thread-safe: callable from any number of threads
+ * at once. */
 STOKE_API int stoke_sampler_index(const stoke_sampler *s, uint64_t seed, uint64_t epoch,
                                   uint64_t pos, uint64_t *out);
 
 /* The permutation behind RANDOM: the image of x (< n) under the bijection of [0, n) keyed by
- * `key`.  Exposed for tests and for users building their own samplers.  Thread-safe. */
+ * `key`; x itself when x >= n or n <= 1.  Exposed for tests and for users building their own
+ * samplers.  Pure; thread-safe. */
 STOKE_API uint64_t stoke_permute(uint64_t x, uint64_t n, uint64_t key);
 
 #ifdef __cplusplus

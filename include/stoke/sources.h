@@ -26,10 +26,13 @@
 extern "C" {
 #endif
 
-/* Opens the source `spec` (grammar above) into *out (initialised by this call).
- * Returns STOKE_OK; STOKE_EINVAL for a NULL argument, an unknown source or a malformed option
- * (the message names the spec and the problem); otherwise the constructor's code.  On failure
- * *out is left zeroed (safe to stoke_dataset_close).  Thread-safe. */
+/* Opens the source `spec` (grammar above; read only during the call) into *out (initialised by
+ * this call; the caller owns the result and releases it with stoke_dataset_close).
+ * Returns STOKE_OK; STOKE_EINVAL for a NULL argument, an empty spec or one longer than 4096
+ * characters, an unknown source or a malformed option (the message names the spec and the
+ * problem); STOKE_ENOMEM; otherwise the constructor's code (stoke_synthetic_open,
+ * stoke_npy_open_opts).  On failure *out is left empty (as from stoke_dataset_init: safe to
+ * stoke_dataset_close) unless out was NULL.  Thread-safe. */
 STOKE_API int stoke_source_open(const char *spec, stoke_dataset *out);
 
 /* ---- synthetic ------------------------------------------------------------------------------
@@ -50,13 +53,17 @@ typedef struct stoke_synthetic_opts {
 /* Fills *opts with the defaults above.  NULL does nothing. */
 STOKE_API void stoke_synthetic_opts_init(stoke_synthetic_opts *opts);
 
-/* Opens a synthetic dataset (opts NULL: the defaults) into *out.
- * Returns STOKE_OK; STOKE_EINVAL for a bad shape/dtype or opts->size too small; STOKE_ERANGE if
- * a sample's size overflows; STOKE_ENOMEM.  Thread-safe; the dataset's get() is too. */
+/* Opens a synthetic dataset (opts NULL: the defaults; *opts is read only during the call) into
+ * *out (the caller owns it: stoke_dataset_close).  Returns STOKE_OK; STOKE_EINVAL for out NULL,
+ * a bad shape (ndim outside 0..STOKE_MAX_DIMS, a dimension <= 0) or dtype (unknown, RAW with
+ * itemsize 0) or opts->size too small; STOKE_ERANGE if a sample's size overflows;
+ * STOKE_ENOMEM.  On failure *out is left empty (safe to stoke_dataset_close).  Thread-safe; the
+ * dataset's get() is too. */
 STOKE_API int stoke_synthetic_open(const stoke_synthetic_opts *opts, stoke_dataset *out);
 
-/* Writes synthetic sample `index` of `seed` (`bytes` bytes) to dst: the bytes get() produces for
- * field "data".  For checks and benchmarks.  Thread-safe. */
+/* Writes synthetic sample `index` of `seed` (`bytes` bytes) to dst (caller's memory of at least
+ * `bytes` bytes, not checked): the bytes get() produces for field "data".  For checks and
+ * benchmarks.  Cannot fail.  Thread-safe. */
 STOKE_API void stoke_synthetic_fill(uint64_t seed, uint64_t index, void *dst, size_t bytes);
 
 /* ---- npy ------------------------------------------------------------------------------------
@@ -67,7 +74,8 @@ STOKE_API void stoke_synthetic_fill(uint64_t seed, uint64_t index, void *dst, si
  * Errors: STOKE_ENOENT / STOKE_EIO for a file that cannot be opened or read, STOKE_EFORMAT for a
  * malformed or unsupported file (truncated, bad magic or version, bad header, Fortran order,
  * structured or object dtype, data shorter than the shape says), STOKE_EINVAL for labels that do
- * not match; every message names the file and the problem. */
+ * not match; every message names the file and the problem.  The dataset's get() returns
+ * STOKE_ERANGE for an index past the end and STOKE_EIO when a pread fails or comes up short. */
 
 typedef enum stoke_npy_io {
     STOKE_NPY_IO_MMAP = 0, /* map the file (default): get() is one memcpy from the mapping */
@@ -84,12 +92,17 @@ typedef struct stoke_npy_opts {
 /* Fills *opts with the defaults above.  NULL does nothing. */
 STOKE_API void stoke_npy_opts_init(stoke_npy_opts *opts);
 
-/* Opens `path` (and opts->labels_path) into *out; opts NULL: the defaults.  The file stays open
- * (mapped) until stoke_dataset_close.  Returns as described above.  Thread-safe. */
+/* Opens `path` (and opts->labels_path) into *out; opts NULL: the defaults.  The path strings
+ * and *opts are read only during the call (the dataset keeps its own copies).  The files stay
+ * open (mapped, with io=mmap) until stoke_dataset_close; the caller owns *out.
+ * Returns STOKE_OK or the errors described above; also STOKE_EINVAL for out NULL, an empty
+ * path, opts->size too small or an unknown io mode; STOKE_ENOMEM; STOKE_ELIMIT for a file too
+ * large to map.  On failure *out is left empty (safe to stoke_dataset_close).  Thread-safe. */
 STOKE_API int stoke_npy_open_opts(const char *path, const stoke_npy_opts *opts,
                                   stoke_dataset *out);
 
-/* Shorthand: stoke_npy_open_opts with labels_path (may be NULL) and the default I/O. */
+/* Shorthand: stoke_npy_open_opts with labels_path (may be NULL) and the default I/O.  Same
+ * return codes, ownership and thread-safety. */
 STOKE_API int stoke_npy_open(const char *path, const char *labels_path, stoke_dataset *out);
 
 #ifdef __cplusplus

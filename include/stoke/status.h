@@ -43,17 +43,22 @@ typedef enum stoke_status {
 } stoke_status;
 
 /* Returns a static English message for `code` ("unknown status" for codes not in the list).
- * Never NULL.  Thread-safe. */
+ * Never NULL; the string is static (never freed, valid for the life of the process).
+ * Thread-safe; cannot fail. */
 STOKE_API const char *stoke_strerror(int code);
 
-/* Returns the symbolic name of `code` ("STOKE_ENOMEM"), or "STOKE_UNKNOWN".  Never NULL.
- * Thread-safe. */
+/* Returns the symbolic name of `code` ("STOKE_ENOMEM"), or "STOKE_UNKNOWN".  Never NULL; a
+ * static string, never to be freed.  Thread-safe; cannot fail. */
 STOKE_API const char *stoke_err_name(int code);
 
 /* Returns the detail of the most recent failure of a stoke call made on the calling thread
- * ("npy /data/x.npy: header truncated at byte 61"), or "" if there was none.  The string is
- * owned by stoke and stays valid until the next failing stoke call on this thread.
- * Thread-safe (the message is per thread). */
+ * ("npy /data/x.npy: header truncated at byte 61"), or "" if there was none.  Never NULL.
+ * Meaningful right after a call returned a negative code: a successful call does not, in
+ * general, clear it (a stale message may remain), though some calls (device.h, the pinned
+ * allocator) clear it when they start, and a plugin's warnings also land in it.  The string is
+ * owned by stoke (per-thread storage, at most 1023 characters): the pointer stays valid until
+ * the thread exits, but its contents change at the next failure (or clear) on this thread, so
+ * copy it to keep it.  Thread-safe (the message is per thread); cannot fail. */
 STOKE_API const char *stoke_last_error(void);
 
 #ifdef __cplusplus
