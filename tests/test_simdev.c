@@ -363,6 +363,8 @@ static void test_simdev_pinned_and_pageable_accounting(void **state)
     fill(pin, bn, 1);
     fill(pageable, 4096, 2);
 
+    assert_int_equal(stoke_copy_h2d_async(buf, 0, NULL, 16, s), STOKE_EINVAL);
+    assert_int_equal(stoke_copy_d2h_async(NULL, buf, 0, 16, s), STOKE_EINVAL);
     assert_int_equal(stoke_copy_h2d_async(buf, 0, pin, 4000, s), STOKE_OK);      /* pinned */
     assert_int_equal(stoke_copy_h2d_async(buf, 4000, pin, bn, s), STOKE_OK);     /* pinned */
     assert_int_equal(stoke_copy_h2d_async(buf, 0, pin + 4990, 20, s), STOKE_OK); /* straddles */

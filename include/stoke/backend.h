@@ -14,11 +14,11 @@
  * - The host accepts plugins whose abi_version is within [STOKE_BACKEND_ABI_MIN,
  *   STOKE_BACKEND_ABI_VERSION]; others are rejected with a logged reason, never fatally.
  * - Functions marked "required" must be non-NULL; optional ones may be NULL and are then
- *   treated as STOKE_ENOTSUP, except the release-type ones (stream_destroy, stream_synchronize,
- *   event_destroy, device_free, host_unregister, shutdown), which are then simply skipped
- *   (success).  Groups: a backend with stream_create must also have copy_h2d_async (else
- *   streams count as unsupported); one with event_create must have event_record, event_query
- *   and event_synchronize (the host calls them without checking).
+ *   treated as STOKE_ENOTSUP (stream_synchronize and shutdown: simply skipped).  Optional
+ *   functions come in groups, checked when the plugin loads (a table missing a member of a
+ *   group it uses is rejected with STOKE_EABI): stream_create needs stream_destroy and
+ *   copy_h2d_async; event_create needs event_destroy, event_record, event_query and
+ *   event_synchronize; device_alloc needs device_free; host_register needs host_unregister.
  * - `name` must be non-empty, shorter than 32 bytes and unique in the registry (else the plugin
  *   is rejected with STOKE_EABI).
  *

@@ -80,7 +80,7 @@ STOKE_API size_t stoke_device_buffer_size(const stoke_device_buffer *b);
 
 /* Queues a copy of n bytes from host `src` into `dst` at `offset` (h2d), or from `src` at
  * `offset` into host `dst` (d2h), on `s`.  The host memory stays the caller's; it must be n
- * valid bytes (the host pointer is not checked, not even for NULL) and stay valid and
+ * valid bytes (a NULL host pointer is STOKE_EINVAL; nothing else is checked) and stay valid and
  * unchanged until an event recorded after the copy completes.  Pinned host memory
  * (stoke_is_pinned) gives truly asynchronous copies on backends that have them.  Returns
  * STOKE_OK, STOKE_EINVAL (buffer or stream NULL, or buffer and stream of different

@@ -250,6 +250,8 @@ static int check_copy(stoke_device_buffer *b, size_t offset, size_t n, stoke_str
 int stoke_copy_h2d_async(stoke_device_buffer *dst, size_t offset, const void *src, size_t n,
                          stoke_stream *s)
 {
+    if (!src)
+        return stoke__fail(STOKE_EINVAL, "stoke_copy_h2d_async: NULL host source");
     int rc = check_copy(dst, offset, n, s);
     if (rc != STOKE_OK)
         return rc;
@@ -263,6 +265,8 @@ int stoke_copy_h2d_async(stoke_device_buffer *dst, size_t offset, const void *sr
 int stoke_copy_d2h_async(void *dst, stoke_device_buffer *src, size_t offset, size_t n,
                          stoke_stream *s)
 {
+    if (!dst)
+        return stoke__fail(STOKE_EINVAL, "stoke_copy_d2h_async: NULL host destination");
     int rc = check_copy(src, offset, n, s);
     if (rc != STOKE_OK)
         return rc;

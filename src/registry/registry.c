@@ -111,6 +111,21 @@ static int validate_table(const stoke_backend *vt, char *why, size_t why_len)
         stoke__fmt(why, why_len, "required function %s is missing", missing);
         return STOKE_EABI;
     }
+    /* Optional functions come in groups: a table that has one of a group has all of it. */
+    missing = vt->stream_create && !vt->stream_destroy        ? "stream_destroy"
+              : vt->stream_create && !vt->copy_h2d_async      ? "copy_h2d_async"
+              : vt->event_create && !vt->event_destroy        ? "event_destroy"
+              : vt->event_create && !vt->event_record         ? "event_record"
+              : vt->event_create && !vt->event_query          ? "event_query"
+              : vt->event_create && !vt->event_synchronize    ? "event_synchronize"
+              : vt->device_alloc && !vt->device_free          ? "device_free"
+              : vt->host_register && !vt->host_unregister     ? "host_unregister"
+                                                              : NULL;
+    if (missing) {
+        stoke__fmt(why, why_len, "function %s is missing (required with the functions it goes "
+                   "with)", missing);
+        return STOKE_EABI;
+    }
     return STOKE_OK;
 }
 

@@ -8,6 +8,7 @@
  *   FAKE_PROBE_FAILS   probe fails with reason "fake device is switched off"
  *   FAKE_NO_HOST_ALLOC leave the required host_alloc NULL
  *   FAKE_ENTRY_FAILS   the entry point returns STOKE_EBACKEND
+ *   FAKE_HALF_EVENTS   has event_create but not the rest of the event group
  *
  * Its "pinned" memory is ordinary memory it tracks, so is_pinned can be checked. */
 #include <stdlib.h>
@@ -78,6 +79,14 @@ static int fake_is_pinned(const void *ptr, int *out)
     return STOKE_OK;
 }
 
+#ifdef FAKE_HALF_EVENTS
+static int fake_event_create(int dev, stoke_backend_event **out)
+{
+    *out = NULL;
+    return STOKE_ENOTSUP;
+}
+#endif
+
 static const stoke_backend fake_backend = {
     .abi_version = FAKE_ABI,
     .size = FAKE_SIZE,
@@ -91,6 +100,9 @@ static const stoke_backend fake_backend = {
 #endif
     .host_free = fake_host_free,
     .is_pinned = fake_is_pinned,
+#ifdef FAKE_HALF_EVENTS
+    .event_create = fake_event_create,
+#endif
 };
 
 #ifndef FAKE_NO_ENTRY
