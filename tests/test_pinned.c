@@ -484,6 +484,30 @@ static void test_pinned_cap_from_env(void **state)
 
 /* ---- register ---------------------------------------------------------------------------------- */
 
+/* Memory pinned for one accelerator stays "pinned" for every address inside it after the
+ * process chooses another one. */
+static void test_pinned_is_pinned_survives_accelerator_change(void **state)
+{
+    void *a = alloc_ok(MiB);
+    void *buf = NULL;
+    assert_int_equal(posix_memalign(&buf, 4096, 64 * KiB), 0);
+    assert_int_equal(stoke_pin_register(buf, 64 * KiB), STOKE_OK);
+    char path[1024];
+    assert_int_equal(stoke_plugin_load(tu_test_plugin("alpha.so", path, sizeof(path))),
+                     STOKE_OK);
+    assert_int_equal(stoke_accelerator_select("alpha"), STOKE_OK);
+    assert_int_equal(stoke_is_pinned(a), 1);
+    assert_int_equal(stoke_is_pinned((char *)a + 4096 + 7), 1);   /* interior: simdev's */
+    assert_int_equal(stoke_is_pinned((char *)buf + 1000), 1);     /* registered range */
+    assert_int_equal(stoke_is_pinned((char *)buf + 64 * KiB), 0); /* one past its end */
+    char local[16];
+    assert_int_equal(stoke_is_pinned(local), 0);
+    assert_int_equal(stoke_accelerator_select("simdev"), STOKE_OK);
+    assert_int_equal(stoke_pin_unregister(buf), STOKE_OK);
+    assert_int_equal(stoke_pinned_free(a), STOKE_OK);
+    free(buf);
+}
+
 static void test_pinned_register_flips_is_pinned(void **state)
 {
     void *buf = NULL;
@@ -745,6 +769,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_pinned_cap_releases_idle_then_fails, setup_simdev,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_pinned_cap_from_env, setup_none, teardown),
+        cmocka_unit_test_setup_teardown(test_pinned_is_pinned_survives_accelerator_change,
+                                        setup_simdev, teardown),
         cmocka_unit_test_setup_teardown(test_pinned_register_flips_is_pinned, setup_simdev,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_pinned_register_without_accelerator, setup_none,

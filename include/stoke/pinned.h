@@ -86,10 +86,11 @@ STOKE_API int stoke_pinned_record_stream(void *ptr, stoke_stream *s);
 
 /* 1 if `ptr` lies inside memory pinned for the accelerator (a block from stoke_pinned_alloc,
  * cached or live, or a range from stoke_pin_register), else 0 (also for NULL, ordinary memory,
- * stand-in and pageable-fallback blocks, and everything when there is no accelerator).  The
- * start of a block is answered from the block itself; any other address is answered by the
- * backend of the current selection, so an interior pointer of memory pinned for a backend
- * that is no longer the chosen accelerator gives 0.  Never fails.  Thread-safe. */
+ * stand-in and pageable-fallback blocks).  Memory pinned for a backend that is no longer the
+ * chosen accelerator still counts, for every address inside it.  The start of a block is
+ * answered from the block itself; any other address by the current accelerator's backend, then
+ * the registered ranges, then the other backends that pinned blocks.  Never fails.
+ * Thread-safe. */
 STOKE_API int stoke_is_pinned(const void *ptr);
 
 /* Pins the caller's memory [ptr, ptr+len) for the current accelerator and device, so that

@@ -1,4 +1,5 @@
 /* Caller memory pinned in place (stoke_pin_register) and the is-pinned query. */
+#include <pthread.h>
 #include <stdlib.h>
 
 #include "common/internal.h"
@@ -125,13 +126,40 @@ int stoke_is_pinned(const void *ptr)
             vt = p->vt;
         }
     }
-    if (!vt) {
-        int dev;
-        if (stoke__accel_current(&vt, &dev, NULL) != STOKE_OK || !vt)
-            return 0;
+    if (vt) {
+        int r = 0;
+        return vt->is_pinned(ptr, &r) == STOKE_OK && r != 0;
     }
-    int r = 0;
-    if (vt->is_pinned(ptr, &r) != STOKE_OK)
-        return 0;
-    return r != 0;
+    /* An interior address: ask the current accelerator first, then (memory pinned before the
+     * accelerator changed) the registered ranges and every other backend that pinned blocks. */
+    int dev, r = 0;
+    const stoke_backend *cur = NULL;
+    if (stoke__accel_current(&cur, &dev, NULL) == STOKE_OK && cur &&
+        cur->is_pinned(ptr, &r) == STOKE_OK && r)
+        return 1;
+    pthread_mutex_lock(&g.reglock);
+    for (const pn_reg *reg = g.regs; reg && !r; reg = reg->next)
+        r = reg->ready && reg->vt && (const char *)ptr >= (const char *)reg->ptr &&
+            (const char *)ptr < (const char *)reg->ptr + reg->len;
+    pthread_mutex_unlock(&g.reglock);
+    if (r)
+        return 1;
+    const stoke_backend *asked[PN_MAX_POOLS];
+    int nasked = 0;
+    for (int i = 0; i < PN_MAX_POOLS; i++) {
+        pn_pool *p = atomic_load_explicit(&g.pools[i], memory_order_acquire);
+        if (!p)
+            break;
+        if (!p->vt || p->vt == cur)
+            continue;
+        int seen = 0;
+        for (int k = 0; k < nasked && !seen; k++)
+            seen = asked[k] == p->vt;
+        if (seen)
+            continue;
+        asked[nasked++] = p->vt;
+        if (p->vt->is_pinned(ptr, &r) == STOKE_OK && r)
+            return 1;
+    }
+    return 0;
 }
