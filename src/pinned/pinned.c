@@ -32,7 +32,6 @@ static size_t page_size = 4096;
 static _Thread_local pn_tcache *tl_tc;
 static _Thread_local int tl_tc_dead; /* the thread is exiting: no new cache */
 
-#define EV_POOL_MAX 256
 
 static void tc_exit(void *arg);
 
@@ -210,144 +209,6 @@ static void release_block(pn_block *b)
     stoke__pn_desc_put(b);
 }
 
-/* Destroys a list of pooled events (taken off the pool first, outside g.evlock). */
-static void destroy_events(pn_evnode *n)
-{
-    while (n) {
-        pn_evnode *next = n->next;
-        stoke_event_destroy(n->ev);
-        free(n);
-        n = next;
-    }
-}
-
-/* ---- events ------------------------------------------------------------------------------- */
-
-static pthread_mutex_t *stripe_of(const pn_block *b)
-{
-    uintptr_t a = (uintptr_t)b;
-    return &g.stripes[(a / sizeof(pn_block)) % PN_STRIPES];
-}
-
-static void ev_put_list(pn_evnode *n)
-{
-    pn_evnode *drop = NULL;
-    pthread_mutex_lock(&g.evlock);
-    while (n) {
-        pn_evnode *next = n->next;
-        if (g.nevfree < EV_POOL_MAX) {
-            n->next = g.evfree;
-            g.evfree = n;
-            g.nevfree++;
-        } else {
-            n->next = drop;
-            drop = n;
-        }
-        n = next;
-    }
-    pthread_mutex_unlock(&g.evlock);
-    destroy_events(drop);
-}
-
-/* A pooled event usable on stream `s` (same backend and device), or a new one. */
-static int ev_get(stoke_stream *s, pn_evnode **out)
-{
-    const char *backend = stoke_stream_backend(s);
-    int dev = stoke_stream_device(s);
-    pthread_mutex_lock(&g.evlock);
-    pn_evnode **pp = &g.evfree;
-    while (*pp && ((*pp)->backend != backend || (*pp)->dev != dev))
-        pp = &(*pp)->next;
-    pn_evnode *n = *pp;
-    if (n) {
-        *pp = n->next;
-        g.nevfree--;
-    }
-    pthread_mutex_unlock(&g.evlock);
-    if (!n) {
-        n = calloc(1, sizeof(*n));
-        if (!n)
-            return stoke__fail(STOKE_ENOMEM, "pinned: out of memory for an event");
-        int rc = stoke_event_create(s, &n->ev);
-        if (rc != STOKE_OK) {
-            free(n);
-            return rc;
-        }
-        n->backend = backend;
-        n->dev = dev;
-        PN_ADD(events_created, 1);
-    }
-    n->next = NULL;
-    *out = n;
-    return STOKE_OK;
-}
-
-/* Queries each event without blocking; completed ones (or failed: their work is over) go back
- * to the event pool.  Returns the still pending ones. */
-static pn_evnode *drop_completed(pn_evnode *list)
-{
-    pn_evnode *pending = NULL, *done = NULL;
-    while (list) {
-        pn_evnode *next = list->next;
-        int rc = stoke_event_query(list->ev);
-        if (rc == STOKE_EBUSY) {
-            list->next = pending;
-            pending = list;
-        } else {
-            if (rc != STOKE_OK)
-                stoke__log(STOKE_LOG_DEBUG, "pinned: work recorded on a block failed (%s); "
-                           "the block is reusable", stoke_err_name(rc));
-            list->next = done;
-            done = list;
-        }
-        list = next;
-    }
-    if (done)
-        ev_put_list(done);
-    return pending;
-}
-
-int stoke_pinned_record_stream(void *ptr, stoke_stream *s)
-{
-    if (!ptr || !s)
-        return stoke__fail(STOKE_EINVAL, "stoke_pinned_record_stream: NULL %s",
-                           ptr ? "stream" : "pointer");
-    pn_block *b = stoke__pn_map_get(ptr);
-    if (!b || atomic_load_explicit(&b->state, memory_order_acquire) != PN_LIVE)
-        return stoke__fail(STOKE_EINVAL, "stoke_pinned_record_stream(%p): not the start of a "
-                           "live block from stoke_pinned_alloc", ptr);
-    pn_evnode *n = NULL;
-    int rc = ev_get(s, &n);
-    if (rc != STOKE_OK)
-        return rc;
-    rc = stoke_event_record(n->ev, s);
-    if (rc != STOKE_OK) {
-        stoke_event_destroy(n->ev);
-        free(n);
-        return rc;
-    }
-    pthread_mutex_t *m = stripe_of(b);
-    pthread_mutex_lock(m);
-    /* Flag first, then check the state (both seq_cst): a racing free either sees the flag and
-     * takes the lock, or this sees the block freed. */
-    atomic_store(&b->has_events, 1);
-    if (atomic_load(&b->state) != PN_LIVE) {
-        if (!b->events)
-            atomic_store(&b->has_events, 0);
-        pthread_mutex_unlock(m);
-        ev_put_list(n);
-        return stoke__fail(STOKE_EINVAL, "stoke_pinned_record_stream(%p): the block was freed "
-                           "meanwhile", ptr);
-    }
-    /* A live block recorded on again and again (a loader's staging slot) keeps only the events
-     * still pending: completed ones go back to the pool here (queries never block). */
-    n->next = drop_completed(b->events);
-    b->events = n;
-    pthread_mutex_unlock(m);
-    PN_ADD(events_recorded, 1);
-    return STOKE_OK;
-}
-
 static void wait_push(pn_pool *p, pn_block *b)
 {
     atomic_store_explicit(&b->state, PN_WAITING, memory_order_relaxed);
@@ -375,7 +236,7 @@ static int process_waiting(pn_pool *p)
     while (list) {
         pn_block *b = list;
         list = b->next;
-        b->events = drop_completed(b->events);
+        b->events = stoke__pn_drop_completed(b->events);
         if (b->events) {
             b->next = still;
             still = b;
@@ -831,14 +692,14 @@ int stoke_pinned_free(void *ptr)
      * the state: without the flag no event can be attached, and the lock is skipped. */
     pn_evnode *ev = NULL;
     if (atomic_load(&b->has_events)) {
-        pthread_mutex_t *sm = stripe_of(b);
+        pthread_mutex_t *sm = stoke__pn_stripe_of(b);
         pthread_mutex_lock(sm);
         ev = b->events;
         b->events = NULL;
         atomic_store(&b->has_events, 0);
         pthread_mutex_unlock(sm);
         if (ev)
-            ev = drop_completed(ev);
+            ev = stoke__pn_drop_completed(ev);
     }
 
     int cached = 0;
@@ -983,7 +844,7 @@ void stoke__pinned_reset(void)
     g.evfree = NULL;
     g.nevfree = 0;
     pthread_mutex_unlock(&g.evlock);
-    destroy_events(ev);
+    stoke__pn_destroy_events(ev);
     stoke__pn_reg_reset();
     stoke__pn_map_reset();
     pthread_mutex_lock(&g.lock);

@@ -191,4 +191,10 @@ void stoke__pn_reg_reset(void); /* register.c: unregisters everything (reset) */
  * concurrent stoke_pinned_* calls. */
 void stoke__pinned_reset(void);
 
+/* events.c: the event pool and a block's recorded events. */
+pthread_mutex_t *stoke__pn_stripe_of(const pn_block *b); /* lock of b->events */
+void stoke__pn_ev_put_list(pn_evnode *n);                /* back to the pool (or destroyed) */
+pn_evnode *stoke__pn_drop_completed(pn_evnode *list);   /* returns the still pending ones */
+void stoke__pn_destroy_events(pn_evnode *n);            /* destroys a list taken off the pool */
+
 #endif
