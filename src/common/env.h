@@ -15,6 +15,7 @@
     X(PINNED_LIMIT, "STOKE_PINNED_LIMIT", "cap on pinned bytes (K/M/G)")               \
     X(CUDA_LIBRARY, "STOKE_CUDA_LIBRARY", "path of the CUDA driver library")           \
     X(OPENCL_LIBRARY, "STOKE_OPENCL_LIBRARY", "path of the OpenCL ICD loader")         \
+    X(HIP_LIBRARY, "STOKE_HIP_LIBRARY", "path of the HIP runtime library")            \
     X(RANK, "RANK", "torchrun rank")                                                   \
     X(WORLD_SIZE, "WORLD_SIZE", "torchrun world size")                                 \
     X(OMPI_RANK, "OMPI_COMM_WORLD_RANK", "Open MPI rank")                              \
