@@ -275,13 +275,14 @@ static void load_dir_locked(const char *dir)
     DIR *d = opendir(dir);
     if (!d)
         return;
-    char *names[256];
+    char *names[256] = {0};
     int n = 0;
     struct dirent *de;
     while ((de = readdir(d)) && n < (int)STOKE__ARRAY_LEN(names)) {
         size_t len = strlen(de->d_name);
-        if (len > 3 && strcmp(de->d_name + len - 3, ".so") == 0)
-            names[n++] = strdup(de->d_name);
+        if (len > 3 && strcmp(de->d_name + len - 3, ".so") == 0 &&
+            (names[n] = strdup(de->d_name)) != NULL)
+            n++;
     }
     closedir(d);
     qsort(names, (size_t)n, sizeof(names[0]), cmp_str);
