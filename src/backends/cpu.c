@@ -30,10 +30,7 @@ static int cpu_device_props(int dev, stoke_device_props *p)
     long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
     if (pages > 0 && psz > 0)
         d.total_memory = (uint64_t)pages * (uint64_t)psz;
-    size_t n = p->size < sizeof(d) ? p->size : sizeof(d);
-    memcpy(p, &d, n);
-    p->size = (uint32_t)n;
-    return STOKE_OK;
+    return stoke__props_out(p, &d);
 }
 
 static int cpu_host_alloc(int dev, size_t size, void **out)

@@ -410,10 +410,7 @@ static int cuda_device_props(int dev, stoke_device_props *p)
     o.pci_bus_id[sizeof(o.pci_bus_id) - 1] = '\0';
     stoke__fmt(o.driver_version, sizeof(o.driver_version), "CUDA %d.%d", g.driver_version / 1000,
                g.driver_version % 1000 / 10);
-    size_t n = p->size < sizeof(o) ? p->size : sizeof(o);
-    memcpy(p, &o, n);
-    p->size = (uint32_t)n;
-    return STOKE_OK;
+    return stoke__props_out(p, &o);
 }
 
 /* ---- pinned host memory ------------------------------------------------------------------- */

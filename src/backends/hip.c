@@ -374,10 +374,7 @@ static int hip_device_props(int dev, stoke_device_props *p)
     o.pci_bus_id[sizeof(o.pci_bus_id) - 1] = '\0';
     stoke__fmt(o.driver_version, sizeof(o.driver_version), "HIP %d.%d.%d", g.version / 10000000,
                g.version / 100000 % 100, g.version % 100000);
-    size_t n = p->size < sizeof(o) ? p->size : sizeof(o);
-    memcpy(p, &o, n);
-    p->size = (uint32_t)n;
-    return STOKE_OK;
+    return stoke__props_out(p, &o);
 }
 
 /* ---- pinned host memory ------------------------------------------------------------------- */

@@ -399,10 +399,7 @@ static int opencl_device_props(int dev, stoke_device_props *p)
         }
         free(ext);
     }
-    size_t n = p->size < sizeof(o) ? p->size : sizeof(o);
-    memcpy(p, &o, n);
-    p->size = (uint32_t)n;
-    return STOKE_OK;
+    return stoke__props_out(p, &o);
 }
 
 /* ---- pinned host memory ------------------------------------------------------------------- */
