@@ -527,28 +527,30 @@ static int hip_stream_synchronize(stoke_backend_stream *s)
                                   "hipStreamSynchronize on device %d", s->dev);
 }
 
-static int hip_copy_h2d(void *dst, size_t dst_offset, const void *src, size_t n,
-                        stoke_backend_stream *s)
+/* One asynchronous copy on `s`, with its device current around the call. */
+static int copy_async(void *dst, const void *src, size_t n, int kind, const char *dir,
+                      stoke_backend_stream *s)
 {
     int prev;
     int rc = enter(s->dev, &prev);
     if (rc != STOKE_OK)
         return rc;
-    hipError_t r = g.rt.hipMemcpyAsync((char *)dst + dst_offset, src, n, hipMemcpyHostToDevice,
-                                       s->s);
-    return leave(s->dev, prev, r, "hipMemcpyAsync(%zu bytes, host to device %d)", n, s->dev);
+    hipError_t r = g.rt.hipMemcpyAsync(dst, src, n, kind, s->s);
+    return leave(s->dev, prev, r, "hipMemcpyAsync(%zu bytes, %s, device %d)", n, dir, s->dev);
+}
+
+static int hip_copy_h2d(void *dst, size_t dst_offset, const void *src, size_t n,
+                        stoke_backend_stream *s)
+{
+    return copy_async((char *)dst + dst_offset, src, n, hipMemcpyHostToDevice, "host to device",
+                      s);
 }
 
 static int hip_copy_d2h(void *dst, const void *src, size_t src_offset, size_t n,
                         stoke_backend_stream *s)
 {
-    int prev;
-    int rc = enter(s->dev, &prev);
-    if (rc != STOKE_OK)
-        return rc;
-    hipError_t r = g.rt.hipMemcpyAsync(dst, (const char *)src + src_offset, n,
-                                       hipMemcpyDeviceToHost, s->s);
-    return leave(s->dev, prev, r, "hipMemcpyAsync(%zu bytes, device %d to host)", n, s->dev);
+    return copy_async(dst, (const char *)src + src_offset, n, hipMemcpyDeviceToHost,
+                      "device to host", s);
 }
 
 static hipError_t event_new(void *o)
