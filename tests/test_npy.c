@@ -3,10 +3,17 @@
  * Every .npy file is written byte by byte by the test itself. */
 #include "testutil.h"
 
+#include <fcntl.h>
 #include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include "sources/npy_header.h"
@@ -99,8 +106,8 @@ static void test_versions(void **state)
         char name[32];
         snprintf(name, sizeof(name), "v%d.npy", major);
         const char *p = tmp(name);
-        write_npy(p, major, "{'descr': '|u1', 'fortran_order': False, 'shape': (5, 2, 3), }",
-                  data, sizeof(data));
+        write_npy(p, major, "{'descr': '|u1', 'fortran_order': False, 'shape': (5, 2, 3), }", data,
+                  sizeof(data));
         stoke_dataset ds;
         assert_int_equal(stoke_npy_open(p, NULL, &ds), STOKE_OK);
         assert_int_equal(ds.kind, STOKE_DATASET_MAP);
@@ -134,8 +141,10 @@ static void test_v3_utf8_and_syntax_variants(void **state)
     check_rows(&ds, data, 4, 4);
     stoke_dataset_close(&ds);
     /* UTF-8 inside a string of a 3.0 header: read, then rejected as a dtype, not a crash */
-    write_npy(p, 3, "{'descr': '<\xc3\xbc" "4', 'fortran_order': False, 'shape': (4, 2), }", data,
-              sizeof(data));
+    write_npy(p, 3,
+              "{'descr': '<\xc3\xbc"
+              "4', 'fortran_order': False, 'shape': (4, 2), }",
+              data, sizeof(data));
     assert_int_equal(stoke_npy_open(p, NULL, &ds), STOKE_EFORMAT);
     assert_non_null(strstr(stoke_last_error(), "unsupported dtype"));
     assert_non_null(strstr(stoke_last_error(), p));
@@ -147,12 +156,12 @@ static const struct {
     int dtype;
     size_t itemsize;
 } DTYPES[] = {
-    {"|b1", STOKE_DTYPE_BOOL, 1},   {"|i1", STOKE_DTYPE_I8, 1},    {"|u1", STOKE_DTYPE_U8, 1},
-    {"<i2", STOKE_DTYPE_I16, 2},    {"<u2", STOKE_DTYPE_U16, 2},   {"<i4", STOKE_DTYPE_I32, 4},
-    {"<u4", STOKE_DTYPE_U32, 4},    {"<i8", STOKE_DTYPE_I64, 8},   {"<u8", STOKE_DTYPE_U64, 8},
-    {"<f2", STOKE_DTYPE_F16, 2},    {"<f4", STOKE_DTYPE_F32, 4},   {"<f8", STOKE_DTYPE_F64, 8},
-    {"<c8", STOKE_DTYPE_C64, 8},    {"<c16", STOKE_DTYPE_C128, 16}, {"|V3", STOKE_DTYPE_RAW, 3},
-    {"|V16", STOKE_DTYPE_RAW, 16},  {"|S5", STOKE_DTYPE_RAW, 5},   {"u1", STOKE_DTYPE_U8, 1},
+    {"|b1", STOKE_DTYPE_BOOL, 1},  {"|i1", STOKE_DTYPE_I8, 1},     {"|u1", STOKE_DTYPE_U8, 1},
+    {"<i2", STOKE_DTYPE_I16, 2},   {"<u2", STOKE_DTYPE_U16, 2},    {"<i4", STOKE_DTYPE_I32, 4},
+    {"<u4", STOKE_DTYPE_U32, 4},   {"<i8", STOKE_DTYPE_I64, 8},    {"<u8", STOKE_DTYPE_U64, 8},
+    {"<f2", STOKE_DTYPE_F16, 2},   {"<f4", STOKE_DTYPE_F32, 4},    {"<f8", STOKE_DTYPE_F64, 8},
+    {"<c8", STOKE_DTYPE_C64, 8},   {"<c16", STOKE_DTYPE_C128, 16}, {"|V3", STOKE_DTYPE_RAW, 3},
+    {"|V16", STOKE_DTYPE_RAW, 16}, {"|S5", STOKE_DTYPE_RAW, 5},    {"u1", STOKE_DTYPE_U8, 1},
     {"=i4", STOKE_DTYPE_I32, 4},
 };
 
@@ -228,8 +237,7 @@ static void test_scalar_and_empty(void **state)
     check_rows(&ds, v, 1, 8);
     stoke_dataset_close(&ds);
 
-    write_npy(p, 1, "{'descr': '|u1', 'fortran_order': False, 'shape': (0, 3, 32, 32), }", NULL,
-              0);
+    write_npy(p, 1, "{'descr': '|u1', 'fortran_order': False, 'shape': (0, 3, 32, 32), }", NULL, 0);
     assert_int_equal(stoke_npy_open(p, NULL, &ds), STOKE_OK);
     assert_int_equal(ds.length(ds.user), 0);
     assert_int_equal(ds.fields[0].bytes, 3 * 32 * 32);
@@ -453,8 +461,8 @@ static void test_malformed_preamble(void **state)
     write_bytes(p, b, n + 3, NULL, 0);
     expect_fail(p, STOKE_EFORMAT, "runs past the end");
     /* v2 with an absurd header length */
-    size_t n2 = npy_head(b, sizeof(b), 2,
-                         "{'descr': '|u1', 'fortran_order': False, 'shape': (3,), }");
+    size_t n2 =
+        npy_head(b, sizeof(b), 2, "{'descr': '|u1', 'fortran_order': False, 'shape': (3,), }");
     b[11] = 0x40;
     write_bytes(p, b, n2 + 3, NULL, 0);
     expect_fail(p, STOKE_EFORMAT, "exceeds");
@@ -614,8 +622,383 @@ static void test_npy_spec_errors(void **state)
     assert_null(ds.get);
 }
 
-int main(void)
+/* ---- hostile paths and files changing underneath ------------------------------------------ */
+
+/* A FIFO as data or labels: refused at once, never a blocking open().  The alarm turns a
+ * regression (open() waiting for a writer forever) into a failure instead of a hang. */
+static void test_fifo_refused(void **state)
 {
+    const char *fifo = tmp("fifo.npy"), *dp = tmp("fifo-data.npy");
+    unlink(fifo);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    unsigned char data[6] = {0};
+    write_npy(dp, 1, "{'descr': '|u1', 'fortran_order': False, 'shape': (3, 2), }", data, 6);
+    alarm(60); /* default action: the test process dies, CTest reports a failure */
+    stoke_dataset ds;
+    for (int io = 0; io < 2; io++) {
+        stoke_npy_opts o;
+        stoke_npy_opts_init(&o);
+        o.io = io;
+        assert_int_equal(stoke_npy_open_opts(fifo, &o, &ds), STOKE_EIO);
+        assert_non_null(strstr(stoke_last_error(), fifo));
+        assert_non_null(strstr(stoke_last_error(), "is a FIFO, not a regular file"));
+        assert_null(ds.get);
+        o.labels_path = fifo;
+        assert_int_equal(stoke_npy_open_opts(dp, &o, &ds), STOKE_EIO);
+        assert_non_null(strstr(stoke_last_error(), fifo));
+        assert_non_null(strstr(stoke_last_error(), "is a FIFO, not a regular file"));
+        assert_null(ds.get);
+    }
+    char spec[1200];
+    snprintf(spec, sizeof(spec), "npy:%s", fifo);
+    assert_int_equal(stoke_source_open(spec, &ds), STOKE_EIO);
+    assert_non_null(strstr(stoke_last_error(), "is a FIFO, not a regular file"));
+    snprintf(spec, sizeof(spec), "npy:%s,labels=%s", dp, fifo);
+    assert_int_equal(stoke_source_open(spec, &ds), STOKE_EIO);
+    assert_non_null(strstr(stoke_last_error(), "is a FIFO, not a regular file"));
+    alarm(0);
+    /* a directory and a character device name what they are */
+    const char *dir = getenv("STOKE_TEST_TMP") ? getenv("STOKE_TEST_TMP") : "/tmp";
+    expect_fail(dir, STOKE_EIO, "is a directory, not a regular file");
+    expect_fail("/dev/null", STOKE_EIO, "is a character device, not a regular file");
+    unlink(fifo);
+    unlink(dp);
+}
+
+enum { CH_ROWS = 64, CH_ROW = 4096 }; /* page-sized rows: a truncation unmaps whole rows */
+
+/* A (CH_ROWS, CH_ROW) u1 file; returns the header size. */
+static size_t write_changing(const char *path, unsigned seed)
+{
+    unsigned char *data = malloc(CH_ROWS * CH_ROW);
+    fill_pattern(data, CH_ROWS * CH_ROW, seed);
+    unsigned char head[256];
+    size_t hn = npy_head(head, sizeof(head), 1,
+                         "{'descr': '|u1', 'fortran_order': False, 'shape': (64, 4096), }");
+    write_bytes(path, head, hn, data, CH_ROWS * CH_ROW);
+    free(data);
+    return hn;
+}
+
+static void expect_changed(stoke_dataset *ds, const char *path, uint64_t index, const char *why)
+{
+    unsigned char *row = malloc(CH_ROW);
+    void *dst[STOKE_MAX_FIELDS] = {row};
+    char msg[512] = "", want[64];
+    int rc = ds->get(ds->user, index, dst, 0, msg, sizeof(msg));
+    snprintf(want, sizeof(want), "sample %llu:", (unsigned long long)index);
+    if (rc != STOKE_EIO || !strstr(msg, path) || !strstr(msg, want) ||
+        !strstr(msg, "file changed while loading") || !strstr(msg, why))
+        fail_msg("sample %llu: expected STOKE_EIO with \"%s\", got %s: \"%s\"",
+                 (unsigned long long)index, why, stoke_err_name(rc), msg);
+    free(row);
+}
+
+/* Truncated after open: io=mmap reports the fault of the copy (the SIGBUS guard) and the size
+ * check; io=pread the short read and the size check.  The process goes on: the guard works
+ * again (the signal mask was restored), and another file loads normally. */
+static void test_truncated_after_open(void **state)
+{
+    const char *p = tmp("shrink.npy"), *good = tmp("shrink-good.npy");
+    for (int round = 0; round < 2; round++) {
+        for (int io = 0; io < 2; io++) {
+            size_t hn = write_changing(p, 3);
+            stoke_npy_opts o;
+            stoke_npy_opts_init(&o);
+            o.io = io;
+            stoke_dataset ds;
+            assert_int_equal(stoke_npy_open_opts(p, &o, &ds), STOKE_OK);
+            unsigned char row[CH_ROW];
+            void *dst[STOKE_MAX_FIELDS] = {row};
+            char msg[256];
+            assert_int_equal(ds.get(ds.user, 10, dst, 0, msg, sizeof(msg)), STOKE_OK);
+            assert_int_equal(truncate(p, (off_t)(hn + CH_ROW)), 0);
+            /* index 10 is not a multiple of 256: no size check, the read itself notices */
+            expect_changed(&ds, p, 10,
+                           io == STOKE_NPY_IO_MMAP ? "mapped pages are gone" : "ends at byte");
+            expect_changed(&ds, p, 63,
+                           io == STOKE_NPY_IO_MMAP ? "mapped pages are gone" : "ends at byte");
+            /* sample 0 is still in the file, but the size check sees the change */
+            expect_changed(&ds, p, 0, "when opened");
+            stoke_dataset_close(&ds);
+        }
+    }
+    unsigned char *data = malloc(CH_ROWS * CH_ROW);
+    fill_pattern(data, CH_ROWS * CH_ROW, 4);
+    write_changing(good, 4);
+    stoke_dataset ds;
+    assert_int_equal(stoke_npy_open(good, NULL, &ds), STOKE_OK);
+    check_rows(&ds, data, CH_ROWS, CH_ROW);
+    stoke_dataset_close(&ds);
+    free(data);
+    unlink(p);
+    unlink(good);
+}
+
+/* Rewritten in place with the same size: the mtime check reports it at the next sample whose
+ * index is a multiple of 256 (sample 0 here). */
+static void test_rewritten_in_place(void **state)
+{
+    const char *p = tmp("rewrite.npy");
+    write_changing(p, 5);
+    struct timespec old[2] = {{1000000000, 0}, {1000000000, 0}};
+    assert_int_equal(utimensat(AT_FDCWD, p, old, 0), 0);
+    for (int io = 0; io < 2; io++) {
+        stoke_npy_opts o;
+        stoke_npy_opts_init(&o);
+        o.io = io;
+        stoke_dataset ds;
+        assert_int_equal(stoke_npy_open_opts(p, &o, &ds), STOKE_OK);
+        int fd = open(p, O_WRONLY);
+        assert_true(fd >= 0);
+        unsigned char junk[16] = {0};
+        assert_int_equal(pwrite(fd, junk, sizeof(junk), 200), (ssize_t)sizeof(junk));
+        close(fd); /* mtime is now, not 2001 */
+        expect_changed(&ds, p, 0, "modified after it was opened");
+        stoke_dataset_close(&ds);
+        assert_int_equal(utimensat(AT_FDCWD, p, old, 0), 0);
+    }
+    unlink(p);
+}
+
+/* Through the loader with worker threads: the file shrinks after the first batch; a later
+ * batch fails with the source's error (file, sample, "file changed while loading"), the
+ * loader shuts down cleanly, and the next loader over a good file delivers everything. */
+static void test_loader_file_shrinks(void **state)
+{
+    const char *p = tmp("lshrink.npy"), *good = tmp("lshrink-good.npy");
+    for (int io = 0; io < 2; io++) {
+        size_t hn = write_changing(p, 6);
+        stoke_npy_opts no;
+        stoke_npy_opts_init(&no);
+        no.io = io;
+        stoke_dataset ds;
+        assert_int_equal(stoke_npy_open_opts(p, &no, &ds), STOKE_OK);
+        stoke_loader_opts o;
+        stoke_loader_opts_init(&o);
+        o.batch_size = 2;
+        o.num_workers = 2;
+        o.pin_memory = 0;
+        stoke_loader *l;
+        assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+        stoke_batch *b;
+        assert_int_equal(stoke_loader_next(l, &b), STOKE_OK);
+        stoke_batch_release(b);
+        assert_int_equal(truncate(p, (off_t)hn), 0);
+        int rc, batches = 1;
+        while ((rc = stoke_loader_next(l, &b)) == STOKE_OK) {
+            stoke_batch_release(b);
+            batches++;
+        }
+        /* at most 2 workers x 2 prefetched + 2 batches were filled before the truncation */
+        assert_true(batches < CH_ROWS / 2);
+        assert_int_equal(rc, STOKE_EIO);
+        const char *e = stoke_loader_last_error(l);
+        if (!strstr(e, p) || !strstr(e, "file changed while loading") || !strstr(e, "sample "))
+            fail_msg("io %d: %s", io, e);
+        stoke_loader_destroy(l);
+        stoke_dataset_close(&ds);
+    }
+    write_changing(good, 7);
+    stoke_dataset ds;
+    assert_int_equal(stoke_npy_open(good, NULL, &ds), STOKE_OK);
+    stoke_loader_opts o;
+    stoke_loader_opts_init(&o);
+    o.batch_size = 3;
+    o.num_workers = 2;
+    o.pin_memory = 0;
+    stoke_loader *l;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    unsigned char *data = malloc(CH_ROWS * CH_ROW);
+    fill_pattern(data, CH_ROWS * CH_ROW, 7);
+    unsigned char seen[CH_ROWS] = {0};
+    stoke_batch *b;
+    int rc;
+    while ((rc = stoke_loader_next(l, &b)) == STOKE_OK) {
+        const uint64_t *idx = stoke_batch_indices(b);
+        const unsigned char *mem = stoke_batch_data(b, 0);
+        for (size_t j = 0; j < stoke_batch_count(b); j++) {
+            assert_true(idx[j] < CH_ROWS && !seen[idx[j]]);
+            seen[idx[j]] = 1;
+            assert_memory_equal(mem + j * CH_ROW, data + idx[j] * CH_ROW, CH_ROW);
+        }
+        stoke_batch_release(b);
+    }
+    assert_int_equal(rc, STOKE_EEND);
+    for (int i = 0; i < CH_ROWS; i++)
+        assert_int_equal(seen[i], 1);
+    stoke_loader_destroy(l);
+    stoke_dataset_close(&ds);
+    free(data);
+    unlink(p);
+    unlink(good);
+}
+
+/* ---- SIGBUS chaining, in a fresh child process (the guard is installed once per process) --- */
+
+static const char *g_self; /* this executable, for the child runs */
+static sigjmp_buf g_user_jb;
+static volatile sig_atomic_t g_user_hits;
+static const unsigned char *volatile g_user_lo;
+
+static void user_sigbus(int sig, siginfo_t *si, void *uc)
+{
+    (void)sig, (void)uc;
+    if (si->si_addr >= (const void *)g_user_lo && si->si_addr < (const void *)(g_user_lo + 8192)) {
+        g_user_hits++;
+        siglongjmp(g_user_jb, 1);
+    }
+    _exit(90); /* a SIGBUS the test did not expect */
+}
+
+/* A mapping of the child's own (not stoke's) whose file is then truncated: touching it faults. */
+static const unsigned char *own_doomed_mapping(const char *path)
+{
+    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+    if (fd < 0 || ftruncate(fd, 8192) != 0)
+        _exit(80);
+    void *m = mmap(NULL, 8192, PROT_READ, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED || ftruncate(fd, 0) != 0)
+        _exit(81);
+    close(fd);
+    return m;
+}
+
+static int child_open_stoke(const char *npy, stoke_dataset *ds)
+{
+    if (stoke_npy_open(npy, NULL, ds) != STOKE_OK)
+        return 0;
+    unsigned char row[CH_ROW];
+    void *dst[STOKE_MAX_FIELDS] = {row};
+    char msg[256];
+    return ds->get(ds->user, 1, dst, 0, msg, sizeof(msg)) == STOKE_OK;
+}
+
+/* argv: --sigbus-child MODE NPY SCRATCH.  Exit status: 0 = as expected. */
+static int sigbus_child(const char *mode, const char *npy, const char *scratch)
+{
+    struct rlimit nocore = {0, 0};
+    setrlimit(RLIMIT_CORE, &nocore);
+    size_t hn = write_changing(npy, 8);
+    stoke_dataset ds;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sigemptyset(&sa.sa_mask);
+    if (strcmp(mode, "handler") == 0) {
+        /* A handler installed before stoke's still gets the SIGBUS faults that are not
+         * stoke's, and stoke's guard still works afterwards. */
+        sa.sa_sigaction = user_sigbus;
+        sa.sa_flags = SA_SIGINFO;
+        if (sigaction(SIGBUS, &sa, NULL) != 0)
+            return 10;
+        if (!child_open_stoke(npy, &ds))
+            return 11;
+        g_user_lo = own_doomed_mapping(scratch);
+        if (sigsetjmp(g_user_jb, 1) == 0) {
+            volatile unsigned char c = g_user_lo[100];
+            (void)c;
+            return 12; /* no fault at all */
+        }
+        if (g_user_hits != 1)
+            return 13;
+        if (truncate(npy, (off_t)hn) != 0)
+            return 14;
+        unsigned char row[CH_ROW];
+        void *dst[STOKE_MAX_FIELDS] = {row};
+        char msg[256] = "";
+        if (ds.get(ds.user, 5, dst, 0, msg, sizeof(msg)) != STOKE_EIO ||
+            !strstr(msg, "file changed while loading"))
+            return 15;
+        stoke_dataset_close(&ds);
+        return g_user_hits == 1 ? 0 : 16;
+    }
+    if (strcmp(mode, "default") == 0 || strcmp(mode, "ignored") == 0) {
+        /* Default before stoke: a foreign fault still ends the process by SIGBUS.  Ignored
+         * before stoke: a sent SIGBUS stays ignored, a fault still ends the process. */
+        sa.sa_handler = mode[0] == 'd' ? SIG_DFL : SIG_IGN;
+        if (sigaction(SIGBUS, &sa, NULL) != 0)
+            return 20;
+        if (!child_open_stoke(npy, &ds))
+            return 21;
+        if (mode[0] == 'i' && raise(SIGBUS) != 0)
+            return 22;
+        const unsigned char *m = own_doomed_mapping(scratch);
+        volatile unsigned char c = m[100];
+        (void)c;
+        return 23; /* survived a fault */
+    }
+    return 99;
+}
+
+static void run_sigbus_child(const char *mode, int want_status)
+{
+    char npy[512], scratch[512];
+    snprintf(npy, sizeof(npy), "%s", tmp("child.npy"));
+    snprintf(scratch, sizeof(scratch), "%s", tmp("child.scratch"));
+    const char *argv[] = {g_self, "--sigbus-child", mode, npy, scratch, NULL};
+    char out[4096], err[4096];
+    int st = tu_run(argv, NULL, out, sizeof(out), err, sizeof(err));
+    if (st != want_status)
+        fail_msg("child %s: status %d, expected %d; stderr: %s", mode, st, want_status, err);
+    unlink(npy);
+    unlink(scratch);
+}
+
+static void test_sigbus_chains_to_previous_handler(void **state)
+{
+    run_sigbus_child("handler", 0);
+}
+
+static void test_sigbus_not_ours_keeps_default(void **state)
+{
+    run_sigbus_child("default", 128 + SIGBUS);
+    run_sigbus_child("ignored", 128 + SIGBUS);
+}
+
+/* A zero-length dimension: (10, 0, 4) is 10 samples of 0 bytes; labels still arrive. */
+static void test_zero_length_dimension(void **state)
+{
+    const char *dp = tmp("zdim.npy"), *lp = tmp("zdim-labels.npy");
+    int64_t labels[10];
+    for (int i = 0; i < 10; i++)
+        labels[i] = 100 + i * 7;
+    write_npy(dp, 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (10, 0, 4), }", NULL, 0);
+    write_npy(lp, 1, "{'descr': '<i8', 'fortran_order': False, 'shape': (10,), }", labels,
+              sizeof(labels));
+    for (int io = 0; io < 2; io++) {
+        stoke_npy_opts o;
+        stoke_npy_opts_init(&o);
+        o.io = io;
+        o.labels_path = lp;
+        stoke_dataset ds;
+        int rc = stoke_npy_open_opts(dp, &o, &ds);
+        if (rc)
+            fail_msg("%s", stoke_last_error());
+        assert_int_equal(ds.length(ds.user), 10);
+        assert_int_equal(ds.fields[0].bytes, 0);
+        assert_int_equal(ds.fields[0].ndim, 2);
+        assert_int_equal(ds.fields[0].shape[0], 0);
+        assert_int_equal(ds.fields[0].shape[1], 4);
+        for (uint64_t i = 0; i < 10; i++) {
+            unsigned char canary[4] = {0xAA, 0xAA, 0xAA, 0xAA};
+            int64_t lab = 0;
+            void *dst[STOKE_MAX_FIELDS] = {canary, &lab};
+            char msg[128] = "";
+            assert_int_equal(ds.get(ds.user, i, dst, 0, msg, sizeof(msg)), STOKE_OK);
+            assert_int_equal(lab, labels[i]);
+            assert_int_equal(canary[0], 0xAA); /* nothing written for 0 bytes */
+        }
+        stoke_dataset_close(&ds);
+    }
+    unlink(dp);
+    unlink(lp);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 5 && strcmp(argv[1], "--sigbus-child") == 0)
+        return sigbus_child(argv[2], argv[3], argv[4]);
+    g_self = argv[0];
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_versions),
         cmocka_unit_test(test_v3_utf8_and_syntax_variants),
@@ -632,6 +1015,13 @@ int main(void)
         cmocka_unit_test(test_pread_matches_mmap),
         cmocka_unit_test(test_concurrent_get),
         cmocka_unit_test(test_npy_spec_errors),
+        cmocka_unit_test(test_fifo_refused),
+        cmocka_unit_test(test_truncated_after_open),
+        cmocka_unit_test(test_rewritten_in_place),
+        cmocka_unit_test(test_loader_file_shrinks),
+        cmocka_unit_test(test_sigbus_chains_to_previous_handler),
+        cmocka_unit_test(test_sigbus_not_ours_keeps_default),
+        cmocka_unit_test(test_zero_length_dimension),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -74,8 +74,15 @@ STOKE_API void stoke_synthetic_fill(uint64_t seed, uint64_t index, void *dst, si
  * Errors: STOKE_ENOENT / STOKE_EIO for a file that cannot be opened or read, STOKE_EFORMAT for a
  * malformed or unsupported file (truncated, bad magic or version, bad header, Fortran order,
  * structured or object dtype, data shorter than the shape says), STOKE_EINVAL for labels that do
- * not match; every message names the file and the problem.  The dataset's get() returns
- * STOKE_ERANGE for an index past the end and STOKE_EIO when a pread fails or comes up short. */
+ * not match, STOKE_EIO for anything but a regular file ("is a FIFO, not a regular file": never
+ * a blocking open); every message names the file and the problem.  The dataset's get() returns
+ * STOKE_ERANGE for an index past the end and STOKE_EIO when a pread fails or the file changed
+ * while loading ("npy PATH: sample I: file changed while loading (...)": truncated, in either
+ * I/O mode, or size/mtime different from those at open, checked at every 256th index).  With
+ * STOKE_NPY_IO_MMAP the process gets a SIGBUS handler that turns a fault in a copy from the
+ * mapping into that error and chains every other SIGBUS to the previous disposition (see
+ * docs/sources.md).  A shape with a 0 dimension after the first, (N, 0, ...), is N samples of
+ * 0 bytes. */
 
 typedef enum stoke_npy_io {
     STOKE_NPY_IO_MMAP = 0, /* map the file (default): get() is one memcpy from the mapping */

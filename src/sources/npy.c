@@ -2,9 +2,12 @@
  *
  * Lifetime: stoke_npy_open_opts opens (and, for IO_MMAP, maps) the data file and the optional
  * labels file; everything is released by the dataset's close callback.  get() only reads the
- * immutable npy_file structs, so concurrent calls from workers need no lock.  With IO_MMAP a
- * file truncated by someone else after opening raises SIGBUS on access, as with any mapping;
- * IO_PREAD reports it as STOKE_EIO instead. */
+ * immutable npy_file structs, so concurrent calls from workers need no lock.
+ *
+ * A file changed by someone else while it is loaded is STOKE_EIO "file changed while loading"
+ * in every I/O mode, never a crash: IO_MMAP copies under the SIGBUS guard of fault_guard.h (a
+ * page past a new end of file faults), IO_PREAD sees a short read, and both compare the file's
+ * size and mtime with those seen at open every STAT_EVERY samples (see docs/sources.md). */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -14,8 +17,13 @@
 #include <unistd.h>
 
 #include "common/internal.h"
+#include "sources/fault_guard.h"
 #include "sources/npy_header.h"
 #include "stoke/sources.h"
+
+/* get() of a sample whose index is a multiple of this fstat()s the file: at least once per
+ * epoch that visits sample 0, one system call per STAT_EVERY samples otherwise. */
+#define STAT_EVERY 256
 
 typedef struct npy_file {
     char *path;
@@ -25,6 +33,8 @@ typedef struct npy_file {
     stoke__npy_header h;
     uint64_t rows;
     size_t row_bytes;
+    uint64_t size;         /* st_size at open */
+    struct timespec mtime; /* st_mtim at open */
 } npy_file;
 
 typedef struct npy_ds {
@@ -62,6 +72,45 @@ static int read_full(int fd, void *buf, size_t n, uint64_t at, size_t *got)
     return 0;
 }
 
+static const char *file_kind(mode_t m)
+{
+    return S_ISFIFO(m)   ? "a FIFO"
+           : S_ISDIR(m)  ? "a directory"
+           : S_ISCHR(m)  ? "a character device"
+           : S_ISBLK(m)  ? "a block device"
+           : S_ISSOCK(m) ? "a socket"
+                         : "something else";
+}
+
+/* Opens `path` read-only into f->fd and records its size and mtime; anything but a regular
+ * file is refused.  O_NONBLOCK keeps open() from waiting for a writer on a FIFO (or a carrier
+ * on a device), O_NOCTTY from acquiring a terminal; the descriptor is made blocking again
+ * before any read. */
+static int open_regular(npy_file *f, const char *path)
+{
+    f->fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    struct stat st;
+    if (f->fd < 0) {
+        int e = errno;
+        if (e != ENOENT && stat(path, &st) == 0 && !S_ISREG(st.st_mode))
+            return stoke__fail(STOKE_EIO, "npy %s: is %s, not a regular file", path,
+                               file_kind(st.st_mode));
+        return stoke__fail(e == ENOENT ? STOKE_ENOENT : STOKE_EIO, "npy %s: cannot open: %s", path,
+                           strerror(e));
+    }
+    if (fstat(f->fd, &st) != 0)
+        return stoke__fail(STOKE_EIO, "npy %s: cannot stat: %s", path, strerror(errno));
+    if (!S_ISREG(st.st_mode))
+        return stoke__fail(STOKE_EIO, "npy %s: is %s, not a regular file", path,
+                           file_kind(st.st_mode));
+    int fl = fcntl(f->fd, F_GETFL);
+    if (fl < 0 || fcntl(f->fd, F_SETFL, fl & ~O_NONBLOCK) != 0)
+        return stoke__fail(STOKE_EIO, "npy %s: fcntl: %s", path, strerror(errno));
+    f->size = (uint64_t)st.st_size;
+    f->mtime = st.st_mtim;
+    return STOKE_OK;
+}
+
 static int npy_file_open(npy_file *f, const char *path, int io)
 {
     memset(f, 0, sizeof(*f));
@@ -69,18 +118,10 @@ static int npy_file_open(npy_file *f, const char *path, int io)
     f->path = strdup(path);
     if (!f->path)
         return stoke__fail(STOKE_ENOMEM, "npy %s: out of memory", path);
-    f->fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (f->fd < 0) {
-        int e = errno;
-        return stoke__fail(e == ENOENT ? STOKE_ENOENT : STOKE_EIO, "npy %s: cannot open: %s",
-                           path, strerror(e));
-    }
-    struct stat st;
-    if (fstat(f->fd, &st) != 0)
-        return stoke__fail(STOKE_EIO, "npy %s: cannot stat: %s", path, strerror(errno));
-    if (!S_ISREG(st.st_mode))
-        return stoke__fail(STOKE_EIO, "npy %s: not a regular file", path);
-    uint64_t size = (uint64_t)st.st_size;
+    int rc = open_regular(f, path);
+    if (rc)
+        return rc;
+    uint64_t size = f->size;
 
     size_t want = size < STOKE__NPY_PREFIX_MAX ? (size_t)size : STOKE__NPY_PREFIX_MAX;
     unsigned char *head = malloc(want ? want : 1);
@@ -93,7 +134,7 @@ static int npy_file_open(npy_file *f, const char *path, int io)
         return stoke__fail(STOKE_EIO, "npy %s: cannot read: %s", path, strerror(-e));
     }
     char why[256];
-    int rc = stoke__npy_parse_header(head, got, size, &f->h, why, sizeof(why));
+    rc = stoke__npy_parse_header(head, got, size, &f->h, why, sizeof(why));
     free(head);
     if (rc)
         return stoke__fail(rc, "npy %s: %s", path, why);
@@ -112,7 +153,7 @@ static int npy_file_open(npy_file *f, const char *path, int io)
         uint64_t rb = h->itemsize;
         for (int d = 1; d < h->ndim; d++)
             rb *= (uint64_t)h->shape[d]; /* <= data_bytes, checked by the parser */
-        if (f->rows == 0) { /* rows of an empty array: the product may not fit */
+        if (f->rows == 0) {              /* rows of an empty array: the product may not fit */
             rb = h->itemsize;
             for (int d = 1; d < h->ndim; d++) {
                 uint64_t n = (uint64_t)h->shape[d];
@@ -128,6 +169,12 @@ static int npy_file_open(npy_file *f, const char *path, int io)
     if (io == STOKE_NPY_IO_MMAP && size > 0) {
         if (size > SIZE_MAX)
             return stoke__fail(STOKE_ELIMIT, "npy %s: file too large to map", path);
+        e = stoke__fault_guard_install();
+        if (e)
+            return stoke__fail(STOKE_EIO,
+                               "npy %s: cannot install the SIGBUS handler that guards "
+                               "mappings: %s",
+                               path, strerror(-e));
         void *m = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, f->fd, 0);
         if (m == MAP_FAILED)
             return stoke__fail(STOKE_EIO, "npy %s: mmap of %llu bytes failed: %s", path,
@@ -163,11 +210,72 @@ static void swap_bytes(unsigned char *p, size_t n, size_t unit)
     }
 }
 
-static uint64_t npy_length(void *user) { return ((const npy_ds *)user)->f[0].rows; }
+static uint64_t npy_length(void *user)
+{
+    return ((const npy_ds *)user)->f[0].rows;
+}
+
+/* "file changed while loading": the one message for a file modified under a load. */
+static int changed(const npy_file *f, uint64_t index, char *msg, size_t msg_len, const char *why)
+{
+    stoke__fmt(msg, msg_len, "npy %s: sample %llu: file changed while loading (%s)", f->path,
+               (unsigned long long)index, why);
+    return STOKE_EIO;
+}
+
+/* Compares the file's size and mtime with those seen at open. */
+static int check_unchanged(const npy_file *f, uint64_t index, char *msg, size_t msg_len)
+{
+    struct stat st;
+    if (fstat(f->fd, &st) != 0) {
+        stoke__fmt(msg, msg_len, "npy %s: sample %llu: cannot stat: %s", f->path,
+                   (unsigned long long)index, strerror(errno));
+        return STOKE_EIO;
+    }
+    char why[128];
+    if ((uint64_t)st.st_size != f->size) {
+        stoke__fmt(why, sizeof(why), "now %llu bytes, %llu when opened",
+                   (unsigned long long)st.st_size, (unsigned long long)f->size);
+        return changed(f, index, msg, msg_len, why);
+    }
+    if (st.st_mtim.tv_sec != f->mtime.tv_sec || st.st_mtim.tv_nsec != f->mtime.tv_nsec)
+        return changed(f, index, msg, msg_len, "modified after it was opened");
+    return STOKE_OK;
+}
+
+/* IO_MMAP: one memcpy from the mapping, under the SIGBUS guard. */
+static int read_row_mmap(const npy_file *f, uint64_t index, uint64_t at, void *dst, char *msg,
+                         size_t msg_len)
+{
+    if (stoke__guarded_copy(dst, f->map + at, f->row_bytes, f->map, f->map_len) != 0)
+        return changed(f, index, msg, msg_len, "its mapped pages are gone: truncated");
+    return STOKE_OK;
+}
+
+/* IO_PREAD: pread straight into the slot. */
+static int read_row_pread(const npy_file *f, uint64_t index, uint64_t at, void *dst, char *msg,
+                          size_t msg_len)
+{
+    size_t got = 0;
+    int e = read_full(f->fd, dst, f->row_bytes, at, &got);
+    if (e) {
+        stoke__fmt(msg, msg_len, "npy %s: sample %llu: read failed: %s", f->path,
+                   (unsigned long long)index, strerror(-e));
+        return STOKE_EIO;
+    }
+    if (got != f->row_bytes) {
+        char why[128];
+        stoke__fmt(why, sizeof(why), "it ends at byte %llu: truncated",
+                   (unsigned long long)(at + got));
+        return changed(f, index, msg, msg_len, why);
+    }
+    return STOKE_OK;
+}
 
 static int npy_get(void *user, uint64_t index, void *const dst[], int worker, char *msg,
                    size_t msg_len)
 {
+    (void)worker;
     const npy_ds *ds = user;
     if (index >= ds->f[0].rows) {
         stoke__fmt(msg, msg_len, "npy %s: index %llu out of range (%llu rows)", ds->f[0].path,
@@ -176,21 +284,18 @@ static int npy_get(void *user, uint64_t index, void *const dst[], int worker, ch
     }
     for (int k = 0; k < ds->nfiles; k++) {
         const npy_file *f = &ds->f[k];
+        int rc = index % STAT_EVERY == 0 ? check_unchanged(f, index, msg, msg_len) : STOKE_OK;
+        if (rc)
+            return rc;
         if (!dst[k] || !f->row_bytes)
             continue;
         uint64_t at = f->h.data_offset + index * (uint64_t)f->row_bytes;
-        if (f->map) {
-            memcpy(dst[k], f->map + at, f->row_bytes);
-        } else {
-            size_t got = 0;
-            int e = read_full(f->fd, dst[k], f->row_bytes, at, &got);
-            if (e || got != f->row_bytes) {
-                stoke__fmt(msg, msg_len, "npy %s: reading row %llu: %s", f->path,
-                           (unsigned long long)index,
-                           e ? strerror(-e) : "unexpected end of file (file truncated?)");
-                return STOKE_EIO;
-            }
+        switch (ds->io) {
+        case STOKE_NPY_IO_MMAP: rc = read_row_mmap(f, index, at, dst[k], msg, msg_len); break;
+        default: rc = read_row_pread(f, index, at, dst[k], msg, msg_len); break;
         }
+        if (rc)
+            return rc;
         if (f->h.swap)
             swap_bytes(dst[k], f->row_bytes, f->h.swap);
     }
@@ -278,8 +383,8 @@ int stoke_npy_open_opts(const char *path, const stoke_npy_opts *opts, stoke_data
             goto fail;
         }
         if (ds->f[1].rows != ds->f[0].rows) {
-            rc = stoke__fail(STOKE_EINVAL, "npy %s: labels have %llu rows but data %s has %llu",
-                             lp, (unsigned long long)ds->f[1].rows, path,
+            rc = stoke__fail(STOKE_EINVAL, "npy %s: labels have %llu rows but data %s has %llu", lp,
+                             (unsigned long long)ds->f[1].rows, path,
                              (unsigned long long)ds->f[0].rows);
             goto fail;
         }
