@@ -15,9 +15,10 @@
  *     bench_tool evict FILE
  *         fdatasync, then posix_fadvise(POSIX_FADV_DONTNEED) over the whole file; prints the resident fraction
  *         (mincore) before and after, so a caller can tell an eviction that did not happen.
- *     bench_tool randread FILE [--size 4096] [--threads 32] [--count N] [--depth 64]
+ *     bench_tool randread FILE [--size 4096] [--threads 32] [--count N] [--depth 64] [--pread]
  *         Random reads of --size bytes at distinct --size-aligned offsets, with a deep queue:
- *         io_uring (--depth in flight) when built with liburing, else --threads threads of pread.
+ *         io_uring (--depth in flight) when built with liburing and the kernel allows a ring,
+ *         else (or with --pread) --threads threads of pread.  "method" says which ran.
  *         O_DIRECT when the file system allows it, else buffered with POSIX_FADV_RANDOM.  Evict
  *         first for a cold figure.  Prints {"reads_per_s", "bytes_per_s", "method", ...}.
  *     bench_tool seqread FILE [--block 1048576] [--bytes N]
@@ -61,7 +62,7 @@ typedef struct npy_file {
 typedef struct opts {
     const char *labels;
     uint64_t batch, threads, seed, epoch, limit, size, count, depth, block, bytes;
-    int sequential;
+    int sequential, pread;
 } opts;
 
 static double now_s(void)
@@ -433,7 +434,8 @@ static double randread_threads(int fd, const uint64_t *offs, const opts *o)
 }
 
 #ifdef STOKE_BENCH_URING
-/* Keeps o->depth reads in flight on one ring until o->count have completed. */
+/* Keeps o->depth reads in flight on one ring until o->count have completed.  Returns the seconds,
+ * -1 for a failed read, -2 when no ring could be set up (the caller falls back to pread). */
 static double randread_uring(int fd, const uint64_t *offs, const opts *o)
 {
     struct io_uring ring;
@@ -442,7 +444,7 @@ static double randread_uring(int fd, const uint64_t *offs, const opts *o)
     unsigned char *buf = aligned_alloc(4096, slot * depth);
     if (!buf || io_uring_queue_init(depth, &ring, 0) < 0) {
         free(buf);
-        return -1;
+        return -2;
     }
     uint64_t next = 0, done = 0;
     int bad = 0;
@@ -493,15 +495,18 @@ static int cmd_randread(const char *path, const opts *o)
         fprintf(stderr, "bench_tool: %s: too small or out of memory\n", path);
         return 1;
     }
-#ifdef STOKE_BENCH_URING
-    const char *method = "io_uring";
-    uint64_t threads = 1, depth = r.depth;
-    double dt = randread_uring(fd, offs, &r);
-#else
     const char *method = "pread_threads";
     uint64_t threads = r.threads, depth = r.threads;
-    double dt = randread_threads(fd, offs, &r);
+    double dt = -2;
+#ifdef STOKE_BENCH_URING
+    if (!r.pread && (dt = randread_uring(fd, offs, &r)) != -2) {
+        method = "io_uring";
+        threads = 1;
+        depth = r.depth;
+    }
 #endif
+    if (dt == -2) /* no io_uring: not built with it, --pread, or the kernel refused a ring */
+        dt = randread_threads(fd, offs, &r);
     free(offs);
     close(fd);
     if (dt <= 0) {
@@ -562,6 +567,8 @@ static int parse_opts(int argc, char **argv, int first, opts *o)
                                                 : NULL;
         if (!strcmp(a, "--sequential")) {
             o->sequential = 1;
+        } else if (!strcmp(a, "--pread")) {
+            o->pread = 1;
         } else if (!strcmp(a, "--labels") && i + 1 < argc) {
             o->labels = argv[++i];
         } else if (u && i + 1 < argc) {

@@ -403,6 +403,10 @@ def cold_case(case):
         print(f"  limit: random 4 KiB reads {rr['reads_per_s']:,.0f}/s ({rr['method']}, "
               f"{'O_DIRECT' if rr['direct'] else 'buffered'}, threads {rr['threads']}, "
               f"depth {rr['depth']}, {rr['reads']} reads)")
+        if rr["method"] != "io_uring":
+            print("  (threads of pread, not io_uring: bench_tool was built without liburing-dev, or"
+                  " the kernel refused a ring; on a 2-core machine this understates the device's"
+                  " random-read limit)")
     else:
         print(f"  limit: random reads failed: {lim_res['randread_runs'][-1]}")
     if sq:
