@@ -213,8 +213,9 @@ def stoke_peer(name, path, batch, workers, labels=None, limit=0, io=None, shuffl
     return peer(name, cmd, na)
 
 
-def run_peers(peers, before=None):
-    """Alternating rounds (reversed order on odd rounds); best samples/s of each peer."""
+def run_peers(peers, before=None, after=None):
+    """Alternating rounds (reversed order on odd rounds); best samples/s of each peer.  before
+    and after (cold case) run around every run; what they return is kept in the run's JSON."""
     res = {p["name"]: {"cmd": " ".join(p["cmd"]), "runs": [], "errors": [], "na": p["na"]}
            for p in peers}
     live = [p for p in peers if not p["na"]]
@@ -228,6 +229,8 @@ def run_peers(peers, before=None):
                 continue
             if extra:
                 j["before"] = extra
+            if after:
+                j["after"] = after(p)
             r["runs"].append(j)
     for r in res.values():
         if r["runs"]:
@@ -243,7 +246,8 @@ def fmt_rate(r):
     if r.get("na"):
         return r["na"]
     if "samples_per_s" not in r:
-        return "failed: " + (r["errors"][-1] if r["errors"] else "?")[:100]
+        err = r["errors"][-1] if r["errors"] else "?"
+        return "failed: " + (err if len(err) < 110 else err[:30] + " ... " + err[-75:])
     runs = ", ".join(f"{j['samples_per_s']:,.0f}" for j in r["runs"])
     mb = r.get("bytes_per_s") or 0
     return f"{r['samples_per_s']:>14,.0f} {mb / 1e6:>10,.0f}   runs: {runs}"
@@ -385,7 +389,7 @@ def cold_case(case):
     for io in ("mmap", "pread", "uring", "auto"):
         peers.append(stoke_peer(f"stoke_io_{io}", f, b, None, limit=lim, io=io))
     peers.append(stoke_peer("stoke_block", f, b, None, limit=lim, shuffle="--shuffle=block"))
-    res = run_peers(peers, before=lambda p: evict(f))
+    res = run_peers(peers, before=lambda p: evict(f), after=lambda p: evict(f))
     resid = [j["before"].get("resident_after") for r in res.values() for j in r["runs"]
              if "before" in j]
     resid = [x for x in resid if x is not None]
@@ -412,13 +416,20 @@ def cold_case(case):
     if sq:
         print(f"  limit: sequential read {sq['bytes_per_s'] / 1e6:,.0f} MB/s "
               f"({sq['bytes'] / MIB:.0f} MiB, {sq['block'] // 1024} KiB reads)")
+    read = {n: r["best"]["after"].get("resident_before") for n, r in res.items()
+            if r.get("best") and "after" in r["best"]}
+    if read:
+        print("  fraction of the file in the page cache after the best run (what it read, "
+              "read-ahead included): " + ", ".join(f"{n} {x:.0%}" for n, x in read.items()
+                                                   if x is not None))
     if not cold_ok:
         print(f"  WARNING: the file stayed in the page cache after eviction (resident fractions "
               f"{resid}): these are not cold figures")
     for r in ratios:
         print(fmt_ratio(r))
     return {"description": case["desc"], "samples": lim, "limits": lim_res, "peers": res,
-            "ratios": ratios, "evicted": cold_ok, "resident_after_evict": resid}
+            "ratios": ratios, "evicted": cold_ok, "resident_after_evict": resid,
+            "file_fraction_read": read}
 
 
 # --- main ---------------------------------------------------------------------------------------
