@@ -46,7 +46,7 @@ SHARED = os.path.join(os.path.dirname(ROOT), "shared", "bench")
 MIB = 1 << 20
 
 FULL = {"rows": 100000, "big_rows": 5000, "f32_rows": 1000000, "batch1_samples": 50000,
-        "cold_samples": 20000, "randread_count": 20000}
+        "cold_samples": 20480, "randread_count": 20000}
 QUICK = {"rows": 4000, "big_rows": 200, "f32_rows": 20000, "batch1_samples": 2000,
          "cold_samples": 1024, "randread_count": 1000}
 TARGETS = {"vs_c2": 0.8, "vs_peer": 1.5, "busy": 1.2, "cold_random": 0.7, "cold_block_seq": 0.7}
@@ -356,8 +356,11 @@ def busy_case(case):
     print_table(case["desc"] + " -- one `bench_tool spin` hog running", res)
     print(f"  (stoke's default workers in this build: {default_w})")
     print(fmt_ratio(r))
+    n = case["rows"]
+    same = same_rows(res, n * (n - 1) // 2)
+    print(f"  same rows in all peers (index_sum / order_hash): {same}")
     return {"description": case["desc"], "peers": res, "ratios": [r],
-            "stoke_default_workers": default_w}
+            "stoke_default_workers": default_w, "same_rows": same}
 
 
 def evict(path):
@@ -519,7 +522,10 @@ def main():
         if only and name not in only:
             continue
         print(f"\nbench: case {name} ...", flush=True)
+        tc = time.time()
         res["cases"][name] = fn(case)
+        res["cases"][name]["wall_s"] = time.time() - tc
+        print(f"  ({res['cases'][name]['wall_s']:.0f} s)", flush=True)
     res["seconds"] = time.time() - t0
     out = ARGS.out or os.path.join(ARGS.workdir, "peers_results.json")
     with open(out, "w") as f:
