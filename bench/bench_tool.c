@@ -13,14 +13,16 @@
  *         Writes the first N positions' indices of the same order as little-endian uint64 to OUT
  *         (for the NumPy peers) and prints {"samples", "index_sum", "order_hash"}.
  *     bench_tool evict FILE
- *         fdatasync, then posix_fadvise(POSIX_FADV_DONTNEED) over the whole file; prints the resident fraction
- *         (mincore) before and after, so a caller can tell an eviction that did not happen.
+ *         fdatasync, then posix_fadvise(POSIX_FADV_DONTNEED) over the whole file; prints the
+ *         resident fraction (mincore) before and after, so a caller can tell an eviction that
+ *         did not happen.
  *     bench_tool randread FILE [--size 4096] [--threads 32] [--count N] [--depth 64] [--pread]
  *         Random reads of --size bytes at distinct --size-aligned offsets, with a deep queue:
  *         io_uring (--depth in flight) when built with liburing and the kernel allows a ring,
  *         else (or with --pread) --threads threads of pread.  "method" says which ran.
- *         O_DIRECT when the file system allows it, else buffered with POSIX_FADV_RANDOM.  Evict
- *         first for a cold figure.  Prints {"reads_per_s", "bytes_per_s", "method", ...}.
+ *         O_DIRECT when --size is a multiple of 4096 and the file system allows it, else
+ *         buffered with POSIX_FADV_RANDOM.  Evict first for a cold figure.  Prints
+ *         {"reads_per_s", "bytes_per_s", "method", ...}.
  *     bench_tool seqread FILE [--block 1048576] [--bytes N]
  *         One thread reading sequentially; prints {"bytes_per_s", ...}.
  *     bench_tool spin
@@ -48,14 +50,14 @@
 #endif
 
 #define FNV_OFFSET 0xcbf29ce484222325ull
-#define FNV_PRIME 0x100000001b3ull
+#define FNV_PRIME  0x100000001b3ull
 
 typedef struct npy_file {
     int fd;
-    size_t size;         /* file size */
-    size_t data_off;     /* offset of row 0 */
-    uint64_t rows;       /* shape[0] */
-    size_t row_bytes;    /* product of the other dims x item size */
+    size_t size;      /* file size */
+    size_t data_off;  /* offset of row 0 */
+    uint64_t rows;    /* shape[0] */
+    size_t row_bytes; /* product of the other dims x item size */
     const unsigned char *map;
 } npy_file;
 
@@ -74,7 +76,8 @@ static double now_s(void)
 
 static int die(const char *what, const char *path)
 {
-    fprintf(stderr, "bench_tool: %s %s: %s\n", what, path ? path : "", errno ? strerror(errno) : "");
+    fprintf(stderr, "bench_tool: %s %s: %s\n", what, path ? path : "",
+            errno ? strerror(errno) : "");
     return 1;
 }
 
@@ -119,14 +122,17 @@ static int parse_shape(const char *h, size_t item, npy_file *f)
 static int npy_header(npy_file *f, const char *path)
 {
     unsigned char pre[12];
-    if (pread(f->fd, pre, sizeof pre, 0) != (ssize_t)sizeof pre || memcmp(pre, "\x93NUMPY", 6))
+    if (pread(f->fd, pre, sizeof pre, 0) != (ssize_t)sizeof pre || memcmp(pre, "\x93NUMPY", 6)) {
+        fprintf(stderr, "bench_tool: %s: not an .npy file\n", path);
         return -1;
+    }
     size_t hl = pre[6] == 1 ? (size_t)pre[8] | (size_t)pre[9] << 8
                             : (size_t)pre[8] | (size_t)pre[9] << 8 | (size_t)pre[10] << 16 |
                                   (size_t)pre[11] << 24;
     size_t start = pre[6] == 1 ? 10 : 12;
     char *h = calloc(1, hl + 1);
     if (!h || pread(f->fd, h, hl, (off_t)start) != (ssize_t)hl) {
+        fprintf(stderr, "bench_tool: %s: cannot read the .npy header\n", path);
         free(h);
         return -1;
     }
@@ -269,8 +275,8 @@ static int cmd_gather(const char *path, const opts *o)
     if (npy_open(&d, path, 1) || (have_l && npy_open(&l, o->labels, 1)))
         return 1;
     if (have_l && l.rows != d.rows) {
-        fprintf(stderr, "bench_tool: %s has %" PRIu64 " rows, %s %" PRIu64 "\n", o->labels,
-                l.rows, path, d.rows);
+        fprintf(stderr, "bench_tool: %s has %" PRIu64 " rows, %s %" PRIu64 "\n", o->labels, l.rows,
+                path, d.rows);
         return 1;
     }
     uint64_t n = o->limit && o->limit < d.rows ? o->limit : d.rows, sum, hash;
@@ -308,7 +314,8 @@ static int cmd_order(const char *count, const char *out, const opts *o)
     if (!f || fwrite(order, sizeof *order, n, f) != n || fclose(f))
         return die("cannot write", out);
     printf("{\"samples\": %" PRIu64 ", \"index_sum\": %" PRIu64 ", \"order_hash\": \"0x%016" PRIx64
-           "\"}\n", n, sum, hash);
+           "\"}\n",
+           n, sum, hash);
     free(order);
     return 0;
 }
@@ -348,7 +355,8 @@ static int cmd_evict(const char *path)
     double after = resident(fd, (size_t)st.st_size);
     close(fd);
     printf("{\"file\": \"%s\", \"bytes\": %lld, \"fadvise_rc\": %d, \"resident_before\": %.4f, "
-           "\"resident_after\": %.4f}\n", path, (long long)st.st_size, rc, before, after);
+           "\"resident_after\": %.4f}\n",
+           path, (long long)st.st_size, rc, before, after);
     return rc != 0;
 }
 
@@ -462,7 +470,8 @@ static double randread_uring(int fd, const uint64_t *offs, const opts *o)
         struct io_uring_cqe *cqe;
         if (!bad && io_uring_wait_cqe(&ring, &cqe) == 0) {
             unsigned head, seen = 0;
-            io_uring_for_each_cqe(&ring, head, cqe) {
+            io_uring_for_each_cqe(&ring, head, cqe)
+            {
                 bad |= cqe->res != (int)o->size;
                 seen++;
             }
@@ -516,7 +525,8 @@ static int cmd_randread(const char *path, const opts *o)
     printf("{\"method\": \"%s\", \"direct\": %s, \"reads\": %" PRIu64 ", \"read_bytes\": %" PRIu64
            ", \"threads\": %" PRIu64 ", \"depth\": %" PRIu64 ", \"seconds\": %.6f, "
            "\"reads_per_s\": %.1f, \"bytes_per_s\": %.1f}\n",
-           method, direct ? "true" : "false", r.count, r.size, threads, depth, dt, (double)r.count / dt, (double)(r.count * r.size) / dt);
+           method, direct ? "true" : "false", r.count, r.size, threads, depth, dt,
+           (double)r.count / dt, (double)(r.count * r.size) / dt);
     return 0;
 }
 
@@ -535,7 +545,8 @@ static int cmd_seqread(const char *path, const opts *o)
     close(fd);
     free(buf);
     printf("{\"bytes\": %" PRIu64 ", \"block\": %" PRIu64 ", \"seconds\": %.6f, "
-           "\"bytes_per_s\": %.1f}\n", total, o->block, dt, dt > 0 ? (double)total / dt : 0.0);
+           "\"bytes_per_s\": %.1f}\n",
+           total, o->block, dt, dt > 0 ? (double)total / dt : 0.0);
     return 0;
 }
 
