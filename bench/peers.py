@@ -513,7 +513,14 @@ def main():
           f"repeat {ARGS.repeat}{', QUICK (figures mean nothing)' if ARGS.quick else ''}",
           flush=True)
     only = set(ARGS.only.split(",")) if ARGS.only else None
+    known = {"u8_3k", "u8_150k", "f32_256", "labels", "batch1", "busy", "cold"}
+    if only and only - known:
+        sys.exit(f"bench: unknown case(s) {sorted(only - known)}; cases: {sorted(known)}")
+    git = subprocess.run(["git", "-C", ROOT, "describe", "--always", "--dirty"],
+                         capture_output=True, text=True).stdout.strip()
+    version = subprocess.run([STOKE, "version"], capture_output=True, text=True).stdout.strip()
     res = {"machine": {"cpus": os.cpu_count(), "uname": " ".join(os.uname())},
+           "commit": git or None, "stoke_version": version or None, "build": ARGS.build,
            "quick": ARGS.quick, "repeat": ARGS.repeat, "python": ARGS.python, "have": HAVE,
            "stoke_features": {k: v for k, v in FEAT.items() if k != "help"},
            "targets": TARGETS, "sizes": P, "cases": {}}
