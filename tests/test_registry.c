@@ -393,7 +393,7 @@ static void test_plugin_directory_considers_every_entry_in_name_order(void **sta
  * limit. */
 static void test_plugin_file_limit_is_reported(void **state)
 {
-    enum { N = 1030, LIMIT = 1024 };
+    enum { N = 520, LIMIT = 512 };
     char base[1024], dir[1100];
     fresh_dir("limit", base, sizeof(base));
     snprintf(dir, sizeof(dir), "%s/plugins", base);
@@ -413,10 +413,10 @@ static void test_plugin_file_limit_is_reported(void **state)
     for (int i = 0; i < N; i++) {
         stoke_backend_info b;
         assert_int_equal(stoke_backend_get_info(i, &b), STOKE_OK);
-        int skipped = strstr(b.reason, "limit of 1024 plugin files") != NULL;
+        int skipped = strstr(b.reason, "limit of 512 plugin files") != NULL;
         assert_int_equal(skipped, i >= LIMIT);
     }
-    assert_int_equal(tu_log_count(STOKE_LOG_WARN, "limit of 1024 plugin files"), N - LIMIT);
+    assert_int_equal(tu_log_count(STOKE_LOG_WARN, "limit of 512 plugin files"), N - LIMIT);
     char name[1200];
     snprintf(name, sizeof(name), "%s/p%04d.so", dir, N - 1);
     assert_int_equal(tu_log_count(STOKE_LOG_WARN, name), 1);

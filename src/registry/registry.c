@@ -28,7 +28,7 @@
 
 /* Plugin files tried in all (STOKE_PLUGIN_PATH and stoke_plugin_load); a file past it is listed
  * as rejected, naming the limit. */
-#define MAX_PLUGIN_FILES 1024
+#define MAX_PLUGIN_FILES 512
 
 typedef struct entry {
     stoke_backend_info info;
