@@ -480,8 +480,10 @@ static void test_explicit_unavailable_warns_with_its_reason(void **state)
     stoke_accelerator_info acc;
     assert_int_equal(stoke_accelerator_get(&acc), STOKE_ENODEV);
     char want[1200];
-    snprintf(want, sizeof(want), "STOKE_ACCELERATOR=cuda requested, but cuda is unavailable: %s "
-             "not found (STOKE_CUDA_LIBRARY)", lib);
+    snprintf(want, sizeof(want),
+             "STOKE_ACCELERATOR=cuda requested, but cuda is unavailable: %s "
+             "not found (STOKE_CUDA_LIBRARY)",
+             lib);
     assert_non_null(strstr(acc.reason, want));
     assert_non_null(strstr(stoke_last_error(), want));
     assert_int_equal(tu_log_count(STOKE_LOG_WARN, want), 1);
