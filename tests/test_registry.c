@@ -1,9 +1,17 @@
 /* The registry: the selection rule, plugin loading and rejection, current device per thread. */
 #define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <limits.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "registry/registry.h"
 #include "stoke/stoke.h"
@@ -176,6 +184,7 @@ static void test_broken_plugin_matrix(void **state)
         {"does_not_exist.so", STOKE_ENOENT, "file not found"},
         {"dup_cuda.so", STOKE_EABI, "already registered"},
         {"half_events.so", STOKE_EABI, "function event_destroy is missing"},
+        {"no_stream_sync.so", STOKE_EABI, "function stream_synchronize is missing"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         tu_log_clear();
@@ -204,6 +213,314 @@ static void test_broken_plugin_matrix(void **state)
     stoke_accelerator_info acc;
     assert_int_equal(stoke_accelerator_get(&acc), STOKE_OK);
     assert_string_equal(acc.backend, "alpha");
+}
+
+/* ---- plugin paths that are not plain plugin files ------------------------------------------ */
+
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st, (void)flag, (void)ftw;
+    remove(path);
+    return 0;
+}
+
+/* A fresh, empty directory $STOKE_TEST_TMP/registry-PID-NAME (written to buf). */
+static const char *fresh_dir(const char *name, char *buf, size_t len)
+{
+    char leaf[128];
+    snprintf(leaf, sizeof(leaf), "registry-%ld-%s", (long)getpid(), name);
+    tu_tmp_path(leaf, buf, len);
+    nftw(buf, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    if (mkdir(buf, 0755) != 0)
+        fail_msg("mkdir %s: %s", buf, strerror(errno));
+    return buf;
+}
+
+static void remove_dir(const char *dir)
+{
+    nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+/* The listed plugin entry whose path is `path`; fails the test if there is none. */
+static stoke_backend_info plugin_at(const char *path)
+{
+    int n = stoke_backend_count();
+    for (int i = 0; i < n; i++) {
+        stoke_backend_info b;
+        assert_int_equal(stoke_backend_get_info(i, &b), STOKE_OK);
+        if (b.origin == STOKE_ORIGIN_PLUGIN && strcmp(b.path, path) == 0)
+            return b;
+    }
+    fail_msg("no plugin listed with path %s", path);
+    stoke_backend_info none = {0};
+    return none;
+}
+
+static void sigalrm_fail(int sig)
+{
+    (void)sig;
+    static const char msg[] = "test_registry: timed out (dlopen blocked on a FIFO?)\n";
+    ssize_t w = write(2, msg, sizeof(msg) - 1);
+    (void)w;
+    _exit(1);
+}
+
+/* A FIFO in STOKE_PLUGIN_PATH, and one named x.so in a plugin directory: both refused before
+ * dlopen (which would block forever), with a reason and a warning; the other plugins load. */
+static void test_fifo_in_plugin_path_is_refused(void **state)
+{
+    char dir[1024], fifo[1100], sub[1100], subfifo[1200], link[1200], path[4096];
+    fresh_dir("fifo", dir, sizeof(dir));
+    snprintf(fifo, sizeof(fifo), "%s/plugin.so", dir);
+    snprintf(sub, sizeof(sub), "%s/plugins", dir);
+    snprintf(subfifo, sizeof(subfifo), "%s/x.so", sub);
+    snprintf(link, sizeof(link), "%s/a.so", sub);
+    assert_int_equal(mkfifo(fifo, 0644), 0);
+    assert_int_equal(mkdir(sub, 0755), 0);
+    assert_int_equal(mkfifo(subfifo, 0644), 0);
+    assert_int_equal(symlink(plug(0, "alpha.so"), link), 0); /* a symlink to a plugin is fine */
+    snprintf(path, sizeof(path), "%s:%s:%s", fifo, sub, plug(1, "beta.so"));
+
+    signal(SIGALRM, sigalrm_fail);
+    alarm(60); /* a regression blocks in dlopen: fail instead of hanging */
+    tu_env("STOKE_PLUGIN_PATH", path);
+    stoke_accelerator_info acc;
+    assert_int_equal(stoke_accelerator_get(&acc), STOKE_OK);
+    alarm(0);
+    signal(SIGALRM, SIG_DFL);
+
+    assert_string_equal(acc.backend, "alpha");
+    const char *fifos[] = {fifo, subfifo};
+    for (int i = 0; i < 2; i++) {
+        stoke_backend_info b = plugin_at(fifos[i]);
+        assert_false(b.available);
+        assert_non_null(strstr(b.reason, "is a FIFO, not a regular file or directory"));
+        assert_int_equal(tu_log_count(STOKE_LOG_WARN, fifos[i]), 1);
+    }
+    assert_int_equal(tu_log_count(STOKE_LOG_WARN, "is a FIFO"), 2);
+    assert_true(plugin_at(link).available);
+    assert_true(plugin_at(plug(1, "beta.so")).available);
+    assert_int_equal(stoke_backend_count(), 4 + 4);
+
+    /* stoke_plugin_load refuses it the same way. */
+    tu_log_clear();
+    assert_int_equal(stoke_plugin_load(fifo), STOKE_EINVAL);
+    assert_non_null(strstr(stoke_last_error(), "is a FIFO"));
+    remove_dir(dir);
+}
+
+/* Creates `n` entries DIR/pNNN.so, each a symbolic link to TARGETS/tNNN (created later, so that
+ * the directory is not touched again once its readdir order is known). */
+static void make_link_dir(const char *dir, const char *targets, int n)
+{
+    for (int i = 0; i < n; i++) {
+        char name[1200], target[1200];
+        snprintf(name, sizeof(name), "%s/p%04d.so", dir, i);
+        snprintf(target, sizeof(target), "%s/t%04d", targets, i);
+        if (symlink(target, name) != 0)
+            fail_msg("symlink %s: %s", name, strerror(errno));
+    }
+}
+
+static void point_target(const char *targets, int i, const char *plugin_file)
+{
+    char target[1200], pb[1024];
+    snprintf(target, sizeof(target), "%s/t%04d", targets, i);
+    if (symlink(tu_test_plugin(plugin_file, pb, sizeof(pb)), target) != 0)
+        fail_msg("symlink %s: %s", target, strerror(errno));
+}
+
+/* The *.so names of `dir` in readdir order; returns how many (at most `max`). */
+static int readdir_order(const char *dir, char names[][16], int max)
+{
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) && n < max)
+        if (strstr(de->d_name, ".so") && strlen(de->d_name) < 16)
+            memcpy(names[n++], de->d_name, strlen(de->d_name) + 1);
+    closedir(d);
+    return n;
+}
+
+/* More than 256 entries: every one is considered, in name order.  The entry readdir returns last
+ * is made the first loadable one by name (alpha); the names before it are not plugins, the ones
+ * after it are beta.  Considering only the first 256 in readdir order would choose beta (or
+ * nothing). */
+static void test_plugin_directory_considers_every_entry_in_name_order(void **state)
+{
+    enum { N = 300 };
+    char base[1024], dir[1100], targets[1100];
+    fresh_dir("many", base, sizeof(base));
+    snprintf(dir, sizeof(dir), "%s/plugins", base);
+    snprintf(targets, sizeof(targets), "%s/targets", base);
+    assert_int_equal(mkdir(dir, 0755), 0);
+    assert_int_equal(mkdir(targets, 0755), 0);
+    make_link_dir(dir, targets, N);
+
+    static char order[N][16];
+    assert_int_equal(readdir_order(dir, order, N), N);
+    const char *last = order[N - 1]; /* outside the first 256 in readdir order */
+    for (int i = 0; i < N; i++) {
+        char name[16];
+        snprintf(name, sizeof(name), "p%04d.so", i);
+        int c = strcmp(name, last);
+        point_target(targets, i, c < 0 ? "not_a_plugin.so" : c == 0 ? "alpha.so" : "beta.so");
+    }
+
+    tu_env("STOKE_PLUGIN_PATH", dir);
+    stoke_accelerator_info acc;
+    assert_int_equal(stoke_accelerator_get(&acc), STOKE_OK);
+    assert_string_equal(acc.backend, "alpha");
+    char want[1200];
+    snprintf(want, sizeof(want), "%s/%s", dir, last);
+    assert_non_null(strstr(acc.reason, want));
+
+    /* Every entry is listed, in name order. */
+    assert_int_equal(stoke_backend_count(), N + 4);
+    for (int i = 0; i < N; i++) {
+        stoke_backend_info b;
+        assert_int_equal(stoke_backend_get_info(i, &b), STOKE_OK);
+        snprintf(want, sizeof(want), "%s/p%04d.so", dir, i);
+        assert_string_equal(b.path, want);
+    }
+    assert_int_equal(tu_log_count(STOKE_LOG_WARN, "limit"), 0);
+    remove_dir(base);
+}
+
+/* Past the limit of plugin files, each skipped file is listed and warned about, naming the
+ * limit. */
+static void test_plugin_file_limit_is_reported(void **state)
+{
+    enum { N = 520, LIMIT = 512 };
+    char base[1024], dir[1100];
+    fresh_dir("limit", base, sizeof(base));
+    snprintf(dir, sizeof(dir), "%s/plugins", base);
+    assert_int_equal(mkdir(dir, 0755), 0);
+    for (int i = 0; i < N; i++) {
+        char name[1200];
+        snprintf(name, sizeof(name), "%s/p%04d.so", dir, i);
+        if (symlink(plug(0, i == 0 ? "alpha.so" : "not_a_plugin.so"), name) != 0)
+            fail_msg("symlink %s: %s", name, strerror(errno));
+    }
+
+    tu_env("STOKE_PLUGIN_PATH", dir);
+    stoke_accelerator_info acc;
+    assert_int_equal(stoke_accelerator_get(&acc), STOKE_OK);
+    assert_string_equal(acc.backend, "alpha");
+    assert_int_equal(stoke_backend_count(), N + 4);
+    for (int i = 0; i < N; i++) {
+        stoke_backend_info b;
+        assert_int_equal(stoke_backend_get_info(i, &b), STOKE_OK);
+        int skipped = strstr(b.reason, "limit of 512 plugin files") != NULL;
+        assert_int_equal(skipped, i >= LIMIT);
+    }
+    assert_int_equal(tu_log_count(STOKE_LOG_WARN, "limit of 512 plugin files"), N - LIMIT);
+    char name[1200];
+    snprintf(name, sizeof(name), "%s/p%04d.so", dir, N - 1);
+    assert_int_equal(tu_log_count(STOKE_LOG_WARN, name), 1);
+    remove_dir(base);
+}
+
+/* An entry whose path is longer than PATH_MAX is refused with a reason.  Cut to PATH_MAX it
+ * would name another file (beta, with no .so suffix): that file must never be loaded. */
+static void test_plugin_path_too_long_is_refused(void **state)
+{
+    char base[1024], dir[PATH_MAX];
+    fresh_dir("long", base, sizeof(base));
+    /* Nested directories up to 3900 bytes of path. */
+    snprintf(dir, sizeof(dir), "%s", base);
+    while (strlen(dir) < 3900) {
+        size_t len = strlen(dir), part = 3900 - len - 1 < 200 ? 3900 - len - 1 : 200;
+        dir[len] = '/';
+        memset(dir + len + 1, 'd', part);
+        dir[len + 1 + part] = '\0';
+        if (mkdir(dir, 0755) != 0)
+            fail_msg("mkdir (%zu bytes): %s", strlen(dir), strerror(errno));
+    }
+    assert_int_equal(strlen(dir), 3900);
+    int dfd = open(dir, O_DIRECTORY | O_RDONLY);
+    assert_true(dfd >= 0);
+    /* dir + '/' + prefix is exactly PATH_MAX - 1 bytes, what a cut path would keep. */
+    char prefix[256], longname[300];
+    size_t plen = PATH_MAX - 1 - strlen(dir) - 1;
+    memset(prefix, 'q', plen);
+    prefix[plen] = '\0';
+    snprintf(longname, sizeof(longname), "%s-too-long.so", prefix);
+    assert_int_equal(symlinkat(plug(0, "beta.so"), dfd, prefix), 0);
+    assert_int_equal(symlinkat(plug(1, "alpha.so"), dfd, longname), 0);
+    close(dfd);
+
+    tu_env("STOKE_PLUGIN_PATH", dir);
+    stoke_accelerator_info acc;
+    assert_int_equal(stoke_accelerator_get(&acc), STOKE_ENODEV);
+    assert_int_equal(stoke_backend_count(), 1 + 4);
+    stoke_backend_info b;
+    assert_int_equal(stoke_backend_get_info(0, &b), STOKE_OK);
+    assert_false(b.available);
+    char want[128];
+    snprintf(want, sizeof(want), "path of %zu bytes is longer than the %d-byte limit",
+             strlen(dir) + 1 + strlen(longname), PATH_MAX);
+    assert_non_null(strstr(b.reason, want));
+    assert_non_null(strstr(b.path, "-too-long.so"));
+    assert_int_equal(find_backend("beta", &b), -1);
+    assert_int_equal(tu_log_count(STOKE_LOG_WARN, "longer than the 4096-byte limit"), 1);
+    remove_dir(base);
+}
+
+/* Naming an unavailable backend warns with that backend's own reason, and the selection and the
+ * last error carry it. */
+static void test_explicit_unavailable_warns_with_its_reason(void **state)
+{
+    char lib[1024];
+    tu_tmp_path("registry-no-such-libcuda.so.1", lib, sizeof(lib));
+    setenv("STOKE_CUDA_LIBRARY", lib, 1);
+    tu_env("STOKE_ACCELERATOR", "cuda");
+    stoke_accelerator_info acc;
+    assert_int_equal(stoke_accelerator_get(&acc), STOKE_ENODEV);
+    char want[1200];
+    snprintf(want, sizeof(want),
+             "STOKE_ACCELERATOR=cuda requested, but cuda is unavailable: %s "
+             "not found (STOKE_CUDA_LIBRARY)",
+             lib);
+    assert_non_null(strstr(acc.reason, want));
+    assert_non_null(strstr(stoke_last_error(), want));
+    assert_int_equal(tu_log_count(STOKE_LOG_WARN, want), 1);
+    int dev;
+    assert_int_equal(stoke_device_get(&dev), STOKE_ENODEV);
+    assert_non_null(strstr(stoke_last_error(), want));
+    /* Asked again (or after a plugin load re-selects): no second warning. */
+    assert_int_equal(stoke_accelerator_get(&acc), STOKE_ENODEV);
+    assert_int_equal(stoke_plugin_load(plug(0, "beta.so")), STOKE_OK);
+    assert_int_equal(stoke_accelerator_get(&acc), STOKE_ENODEV);
+    assert_int_equal(tu_log_count(STOKE_LOG_WARN, want), 1);
+    unsetenv("STOKE_CUDA_LIBRARY");
+
+    /* A plugin the same way: its probe's reason. */
+    tu_log_clear();
+    setenv("STOKE_PLUGIN_PATH", plug(0, "probe_fail.so"), 1);
+    tu_env("STOKE_ACCELERATOR", "probefail");
+    assert_int_equal(stoke_accelerator_get(&acc), STOKE_ENODEV);
+    const char *pwant = "STOKE_ACCELERATOR=probefail requested, but probefail is unavailable: "
+                        "fake device is switched off";
+    assert_non_null(strstr(acc.reason, pwant));
+    assert_non_null(strstr(stoke_last_error(), pwant));
+    assert_int_equal(tu_log_count(STOKE_LOG_WARN, pwant), 1);
+}
+
+/* Every built-in table passes the checks a plugin's does (stream_synchronize among them). */
+static void test_builtin_tables_are_valid(void **state)
+{
+    const char *order[] = {"cuda", "hip", "opencl", "cpu"};
+    assert_int_equal(stoke_backend_count(), 4);
+    for (int i = 0; i < 4; i++) {
+        stoke_backend_info b;
+        assert_int_equal(stoke_backend_get_info(i, &b), STOKE_OK);
+        assert_string_equal(b.name, order[i]);
+        if (strstr(b.reason, "rejected"))
+            fail_msg("built-in %s: %s", order[i], b.reason);
+    }
 }
 
 static void test_api_load_after_selection_reselects(void **state)
@@ -332,6 +649,14 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_explicit_beats_plugin, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unknown_explicit_lists_known_backends, setup, teardown),
         cmocka_unit_test_setup_teardown(test_broken_plugin_matrix, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fifo_in_plugin_path_is_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_plugin_directory_considers_every_entry_in_name_order,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(test_plugin_file_limit_is_reported, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_plugin_path_too_long_is_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_explicit_unavailable_warns_with_its_reason, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_builtin_tables_are_valid, setup, teardown),
         cmocka_unit_test_setup_teardown(test_api_load_after_selection_reselects, setup, teardown),
         cmocka_unit_test_setup_teardown(test_current_device_is_per_thread, setup, teardown),
         cmocka_unit_test_setup_teardown(test_explicit_index_is_default_for_new_threads, setup,

@@ -14,11 +14,13 @@
  * - The host accepts plugins whose abi_version is within [STOKE_BACKEND_ABI_MIN,
  *   STOKE_BACKEND_ABI_VERSION]; others are rejected with a logged reason, never fatally.
  * - Functions marked "required" must be non-NULL; optional ones may be NULL and are then
- *   treated as STOKE_ENOTSUP (stream_synchronize and shutdown: simply skipped).  Optional
- *   functions come in groups, checked when the plugin loads (a table missing a member of a
- *   group it uses is rejected with STOKE_EABI): stream_create needs stream_destroy and
- *   copy_h2d_async; event_create needs event_destroy, event_record, event_query and
- *   event_synchronize; device_alloc needs device_free; host_register needs host_unregister.
+ *   treated as STOKE_ENOTSUP (shutdown: simply skipped).  Optional functions come in groups,
+ *   checked when the plugin loads (a table missing a member of a group it uses is rejected with
+ *   STOKE_EABI): stream_create needs stream_destroy and copy_h2d_async; event_create needs
+ *   event_destroy, event_record, event_query and event_synchronize; device_alloc needs
+ *   device_free; host_register needs host_unregister.  stream_synchronize is required as soon
+ *   as any stream function is present (stream_create, stream_destroy, copy_h2d_async,
+ *   copy_d2h_async): it is what makes it safe to free or reuse a buffer a copy may still read.
  * - `name` must be non-empty, shorter than 32 bytes and unique in the registry (else the plugin
  *   is rejected with STOKE_EABI).
  *
@@ -132,7 +134,8 @@ typedef struct stoke_backend {
     /* optional: an in-order queue of work on device `dev`. */
     int (*stream_create)(int dev, stoke_backend_stream **out);
     int (*stream_destroy)(stoke_backend_stream *s);
-    /* Wait until everything queued on `s` has finished. */
+    /* Wait until everything queued on `s` has finished.  Required whenever the table has any
+     * stream or copy function (a table without it is rejected at load). */
     int (*stream_synchronize)(stoke_backend_stream *s);
 
     /* optional: queue a copy of n bytes host→device (dst handle + offset) or device→host on `s`.

@@ -11,6 +11,8 @@
 #include <ctype.h>
 #include <dirent.h>
 #include <dlfcn.h>
+#include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -24,7 +26,9 @@
 #include "common/internal.h"
 #include "registry/registry.h"
 
-#define MAX_PLUGINS 32
+/* Plugin files tried in all (STOKE_PLUGIN_PATH and stoke_plugin_load); a file past it is listed
+ * as rejected, naming the limit. */
+#define MAX_PLUGIN_FILES 512
 
 typedef struct entry {
     stoke_backend_info info;
@@ -39,6 +43,7 @@ typedef struct selection {
     int status;         /* STOKE_OK, STOKE_ENODEV, STOKE_ENOENT, STOKE_ERANGE */
     int default_device; /* index given explicitly, else 0 */
     int device_count;   /* of `e` when chosen: readers need no lock */
+    int explicit_spec;  /* chosen by name (stoke_accelerator_select or STOKE_ACCELERATOR) */
     unsigned gen;       /* bumps at every new selection */
     char reason[256];
     char error[512];    /* for ENOENT/ERANGE: the message for stoke_last_error */
@@ -48,8 +53,8 @@ typedef struct selection {
 static struct {
     pthread_mutex_t lock;
     int initialized;
-    entry plugins[MAX_PLUGINS];
-    int nplugins;
+    entry **plugins; /* in load order; each entry is allocated on its own and never moves */
+    int nplugins, plugins_cap;
     entry builtins[4]; /* cuda, hip, opencl, cpu: in selection/listing order */
     int nbuiltins;
     char api_spec[64];  /* stoke_accelerator_select; "" = none */
@@ -126,6 +131,14 @@ static int validate_table(const stoke_backend *vt, char *why, size_t why_len)
                    "with)", missing);
         return STOKE_EABI;
     }
+    /* Without stream_synchronize nothing could wait for a queued copy before its buffers are
+     * freed or reused. */
+    if ((vt->stream_create || vt->stream_destroy || vt->copy_h2d_async || vt->copy_d2h_async) &&
+        !vt->stream_synchronize) {
+        stoke__strlcpy(why, "function stream_synchronize is missing (required whenever the "
+                       "backend has streams or copies)", why_len);
+        return STOKE_EABI;
+    }
     return STOKE_OK;
 }
 
@@ -164,8 +177,8 @@ static int probe_entry(entry *e, uint32_t flags)
 static entry *find_locked(const char *name)
 {
     for (int i = 0; i < reg.nplugins; i++)
-        if (reg.plugins[i].vt && strcasecmp(reg.plugins[i].info.name, name) == 0)
-            return &reg.plugins[i];
+        if (reg.plugins[i]->vt && strcasecmp(reg.plugins[i]->info.name, name) == 0)
+            return reg.plugins[i];
     for (int i = 0; i < reg.nbuiltins; i++)
         if (strcasecmp(reg.builtins[i].info.name, name) == 0)
             return &reg.builtins[i];
@@ -176,84 +189,44 @@ static void names_locked(char *out, size_t len)
 {
     size_t used = 0;
     out[0] = '\0';
-    for (int pass = 0; pass < 2; pass++) {
-        entry *arr = pass == 0 ? reg.plugins : reg.builtins;
-        int n = pass == 0 ? reg.nplugins : reg.nbuiltins;
-        for (int i = 0; i < n; i++) {
-            if (!arr[i].vt)
-                continue;
-            int w = snprintf(out + used, len - used, "%s%s", used ? ", " : "", arr[i].info.name);
-            if (w < 0 || (size_t)w >= len - used)
-                return;
-            used += (size_t)w;
-        }
+    for (int i = 0; i < reg.nplugins + reg.nbuiltins; i++) {
+        const entry *e = i < reg.nplugins ? reg.plugins[i] : &reg.builtins[i - reg.nplugins];
+        if (!e->vt)
+            continue;
+        int w = snprintf(out + used, len - used, "%s%s", used ? ", " : "", e->info.name);
+        if (w < 0 || (size_t)w >= len - used)
+            return;
+        used += (size_t)w;
     }
 }
 
-/* Loads one plugin file into the next plugin slot.  Returns its status; the slot is kept (and
- * listed) even when rejected. */
-static int load_plugin_locked(const char *path)
+/* Appends a new plugin entry for `path` (listed from now on, even if rejected); NULL when out of
+ * memory. */
+static entry *add_plugin_entry_locked(const char *path)
 {
-    if (reg.nplugins >= MAX_PLUGINS)
-        return stoke__fail_at(STOKE_LOG_WARN, STOKE_ELIMIT,
-                              "plugin %s rejected: more than %d plugins", path, MAX_PLUGINS);
-    entry *e = &reg.plugins[reg.nplugins];
-    memset(e, 0, sizeof(*e));
+    if (reg.nplugins == reg.plugins_cap) {
+        int cap = reg.plugins_cap ? 2 * reg.plugins_cap : 16;
+        entry **grown = realloc(reg.plugins, (size_t)cap * sizeof(*grown));
+        if (!grown)
+            return NULL;
+        reg.plugins = grown;
+        reg.plugins_cap = cap;
+    }
+    entry *e = calloc(1, sizeof(*e));
+    if (!e)
+        return NULL;
     e->info.origin = STOKE_ORIGIN_PLUGIN;
     stoke__strlcpy(e->info.path, path, sizeof(e->info.path));
     const char *base = strrchr(path, '/');
     stoke__strlcpy(e->info.name, base ? base + 1 : path, sizeof(e->info.name));
-    reg.nplugins++;
+    reg.plugins[reg.nplugins++] = e;
+    return e;
+}
 
-    int rc;
-    char why[256] = "";
-    struct stat st;
-    if (stat(path, &st) != 0) {
-        rc = STOKE_ENOENT;
-        stoke__strlcpy(why, "file not found", sizeof(why));
-        goto rejected;
-    }
-    e->dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (!e->dl) {
-        const char *err = dlerror();
-        rc = STOKE_EIO;
-        stoke__fmt(why, sizeof(why), "dlopen failed: %s", err ? err : "unknown error");
-        goto rejected;
-    }
-    stoke_backend_entry_fn fn;
-    *(void **)&fn = dlsym(e->dl, STOKE_BACKEND_ENTRY_SYMBOL);
-    if (!fn) {
-        rc = STOKE_EABI;
-        stoke__fmt(why, sizeof(why), "no entry point %s", STOKE_BACKEND_ENTRY_SYMBOL);
-        goto rejected;
-    }
-    const stoke_backend *vt = NULL;
-    rc = fn(&host_info, &vt);
-    if (rc != STOKE_OK) {
-        stoke__fmt(why, sizeof(why), "entry point failed: %s", stoke_strerror(rc));
-        goto rejected;
-    }
-    rc = validate_table(vt, why, sizeof(why));
-    if (rc != STOKE_OK)
-        goto rejected;
-    if (find_locked(vt->name)) {
-        rc = STOKE_EABI;
-        stoke__fmt(why, sizeof(why), "a backend named '%s' is already registered", vt->name);
-        goto rejected;
-    }
-    e->vt = vt;
-    stoke__strlcpy(e->info.name, vt->name, sizeof(e->info.name));
-    if (!probe_entry(e, 0)) {
-        rc = STOKE_ENODEV;
-        stoke__strlcpy(why, e->info.reason, sizeof(why));
-        stoke__log(STOKE_LOG_WARN, "plugin %s (%s) is unavailable: %s", path, vt->name, why);
-        return stoke__fail(rc, "plugin %s (%s) unavailable: %s", path, vt->name, why);
-    }
-    stoke__log(STOKE_LOG_INFO, "plugin %s loaded: backend %s, %d device(s)", path,
-               e->info.name, e->info.device_count);
-    return STOKE_OK;
-
-rejected:
+/* Marks `e` rejected because of `why`, logs it at WARN and returns `rc` (the last error says
+ * the same). */
+static int reject_locked(entry *e, const char *path, int rc, const char *why)
+{
     if (e->dl && !e->vt) {
         dlclose(e->dl);
         e->dl = NULL;
@@ -264,34 +237,185 @@ rejected:
     return stoke__fail_at(STOKE_LOG_WARN, rc, "plugin %s rejected: %s", path, why);
 }
 
+static const char *file_type_name(mode_t mode)
+{
+    return S_ISFIFO(mode)   ? "a FIFO"
+           : S_ISSOCK(mode) ? "a socket"
+           : S_ISCHR(mode)  ? "a character device"
+           : S_ISBLK(mode)  ? "a block device"
+                            : "not a regular file";
+}
+
+/* Is `path` a file dlopen can be given?  stat, not lstat: a symbolic link to a plugin is fine.
+ * Anything but a regular file is refused before dlopen, which would block forever on a FIFO. */
+static int check_plugin_file(const char *path, char *why, size_t why_len)
+{
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        int err = errno;
+        if (err == ENOENT)
+            stoke__strlcpy(why, "file not found", why_len);
+        else
+            stoke__fmt(why, why_len, "cannot stat it: %s", strerror(err));
+        return err == ENOENT ? STOKE_ENOENT : STOKE_EIO;
+    }
+    if (S_ISDIR(st.st_mode)) {
+        stoke__strlcpy(why, "is a directory, not a plugin file (directories are searched only "
+                       "when named in STOKE_PLUGIN_PATH)", why_len);
+        return STOKE_EINVAL;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        stoke__fmt(why, why_len, "is %s, not a regular file or directory",
+                   file_type_name(st.st_mode));
+        return STOKE_EINVAL;
+    }
+    return STOKE_OK;
+}
+
+/* dlopens `path` into `e`, calls its entry point and checks the table it returns. */
+static int open_plugin_locked(entry *e, const char *path, char *why, size_t why_len)
+{
+    e->dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!e->dl) {
+        const char *err = dlerror();
+        stoke__fmt(why, why_len, "dlopen failed: %s", err ? err : "unknown error");
+        return STOKE_EIO;
+    }
+    stoke_backend_entry_fn fn;
+    *(void **)&fn = dlsym(e->dl, STOKE_BACKEND_ENTRY_SYMBOL);
+    if (!fn) {
+        stoke__fmt(why, why_len, "no entry point %s", STOKE_BACKEND_ENTRY_SYMBOL);
+        return STOKE_EABI;
+    }
+    const stoke_backend *vt = NULL;
+    int rc = fn(&host_info, &vt);
+    if (rc != STOKE_OK) {
+        stoke__fmt(why, why_len, "entry point failed: %s", stoke_strerror(rc));
+        return rc;
+    }
+    rc = validate_table(vt, why, why_len);
+    if (rc != STOKE_OK)
+        return rc;
+    if (find_locked(vt->name)) {
+        stoke__fmt(why, why_len, "a backend named '%s' is already registered", vt->name);
+        return STOKE_EABI;
+    }
+    e->vt = vt;
+    stoke__strlcpy(e->info.name, vt->name, sizeof(e->info.name));
+    return STOKE_OK;
+}
+
+/* Loads one plugin file as a new entry.  Returns its status; the entry is kept (and listed)
+ * even when rejected. */
+static int load_plugin_locked(const char *path)
+{
+    entry *e = add_plugin_entry_locked(path);
+    if (!e)
+        return stoke__fail_at(STOKE_LOG_WARN, STOKE_ENOMEM,
+                              "plugin %s not loaded: out of memory", path);
+    char why[256] = "";
+    if (reg.nplugins > MAX_PLUGIN_FILES) {
+        stoke__fmt(why, sizeof(why), "skipped: the limit of %d plugin files is reached",
+                   MAX_PLUGIN_FILES);
+        return reject_locked(e, path, STOKE_ELIMIT, why);
+    }
+    int rc = check_plugin_file(path, why, sizeof(why));
+    if (rc == STOKE_OK)
+        rc = open_plugin_locked(e, path, why, sizeof(why));
+    if (rc != STOKE_OK)
+        return reject_locked(e, path, rc, why);
+    if (!probe_entry(e, 0)) {
+        rc = STOKE_ENODEV;
+        stoke__strlcpy(why, e->info.reason, sizeof(why));
+        stoke__log(STOKE_LOG_WARN, "plugin %s (%s) is unavailable: %s", path, e->vt->name, why);
+        return stoke__fail(rc, "plugin %s (%s) unavailable: %s", path, e->vt->name, why);
+    }
+    stoke__log(STOKE_LOG_INFO, "plugin %s loaded: backend %s, %d device(s)", path,
+               e->info.name, e->info.device_count);
+    return STOKE_OK;
+}
+
+/* Lists `path` as a rejected plugin without trying to open it. */
+static void reject_path_locked(const char *path, int rc, const char *why)
+{
+    entry *e = add_plugin_entry_locked(path);
+    if (e)
+        reject_locked(e, path, rc, why);
+    else
+        stoke__fail_at(STOKE_LOG_WARN, rc, "plugin %s rejected: %s", path, why);
+}
+
 static int cmp_str(const void *a, const void *b)
 {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-/* A directory contributes its *.so files in name order. */
+/* Collects the names of every *.so entry of `d` into a growable array (*names, *n).  Returns
+ * STOKE_OK or STOKE_ENOMEM (the names collected so far are kept). */
+static int list_so_names(DIR *d, char ***names, size_t *n)
+{
+    size_t cap = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        size_t len = strlen(de->d_name);
+        if (len <= 3 || strcmp(de->d_name + len - 3, ".so") != 0)
+            continue;
+        if (*n == cap) {
+            size_t grown_cap = cap ? 2 * cap : 64;
+            char **grown = realloc(*names, grown_cap * sizeof(*grown));
+            if (!grown)
+                return STOKE_ENOMEM;
+            *names = grown;
+            cap = grown_cap;
+        }
+        if (!((*names)[*n] = strdup(de->d_name)))
+            return STOKE_ENOMEM;
+        (*n)++;
+    }
+    return STOKE_OK;
+}
+
+/* Loads `dir/name`, or refuses it when the path does not fit in PATH_MAX: a truncated path
+ * would name a different file. */
+static void load_dir_entry_locked(const char *dir, const char *name)
+{
+    char path[PATH_MAX];
+    int w = snprintf(path, sizeof(path), "%s/%s", dir, name);
+    if (w >= 0 && (size_t)w < sizeof(path)) {
+        load_plugin_locked(path);
+        return;
+    }
+    /* Listed and logged by a shortened form that cannot be mistaken for a real path. */
+    char shown[sizeof(((stoke_backend_info *)0)->path)], why[256];
+    snprintf(shown, sizeof(shown), "%.100s.../%s", dir, name);
+    stoke__fmt(why, sizeof(why), "path of %zu bytes is longer than the %d-byte limit (PATH_MAX); "
+               "not loaded", strlen(dir) + 1 + strlen(name), PATH_MAX);
+    reject_path_locked(shown, STOKE_ELIMIT, why);
+}
+
+/* A directory contributes all its *.so entries, in name order (never readdir order). */
 static void load_dir_locked(const char *dir)
 {
     DIR *d = opendir(dir);
-    if (!d)
+    if (!d) {
+        char why[256];
+        stoke__fmt(why, sizeof(why), "cannot read the directory: %s", strerror(errno));
+        reject_path_locked(dir, STOKE_EIO, why);
         return;
-    char *names[256] = {0};
-    int n = 0;
-    struct dirent *de;
-    while ((de = readdir(d)) && n < (int)STOKE__ARRAY_LEN(names)) {
-        size_t len = strlen(de->d_name);
-        if (len > 3 && strcmp(de->d_name + len - 3, ".so") == 0 &&
-            (names[n] = strdup(de->d_name)) != NULL)
-            n++;
     }
+    char **names = NULL;
+    size_t n = 0;
+    if (list_so_names(d, &names, &n) != STOKE_OK)
+        stoke__fail_at(STOKE_LOG_WARN, STOKE_ENOMEM, "plugin directory %s: out of memory after "
+                       "%zu entries; the rest are not considered", dir, n);
     closedir(d);
-    qsort(names, (size_t)n, sizeof(names[0]), cmp_str);
-    for (int i = 0; i < n; i++) {
-        char path[1024];
-        if (names[i])
-            load_plugin_locked(stoke__fmt(path, sizeof(path), "%s/%s", dir, names[i]));
+    if (n)
+        qsort(names, n, sizeof(names[0]), cmp_str);
+    for (size_t i = 0; i < n; i++) {
+        load_dir_entry_locked(dir, names[i]);
         free(names[i]);
     }
+    free(names);
 }
 
 static void load_plugin_path_locked(void)
@@ -300,8 +424,11 @@ static void load_plugin_path_locked(void)
     if (!pp)
         return;
     char *copy = strdup(pp), *save = NULL;
-    if (!copy)
+    if (!copy) {
+        stoke__fail_at(STOKE_LOG_WARN, STOKE_ENOMEM, "STOKE_PLUGIN_PATH: out of memory; no "
+                       "plugin loaded");
         return;
+    }
     for (char *tok = strtok_r(copy, ":", &save); tok; tok = strtok_r(NULL, ":", &save)) {
         struct stat st;
         if (stat(tok, &st) == 0 && S_ISDIR(st.st_mode))
@@ -371,6 +498,7 @@ static void select_locked(selection *s)
     const char *spec = reg.api_spec[0] ? reg.api_spec : stoke__env_str(STOKE_ENV_ACCELERATOR);
     const char *src = reg.api_spec[0] ? "stoke_accelerator_select" : "STOKE_ACCELERATOR";
     if (spec) {
+        s->explicit_spec = 1;
         char name[32], known[256];
         int index;
         names_locked(known, sizeof(known));
@@ -414,11 +542,11 @@ static void select_locked(selection *s)
         return;
     }
     for (int i = 0; i < reg.nplugins; i++) {
-        if (probe_entry(&reg.plugins[i], 0)) {
-            s->e = &reg.plugins[i];
+        if (probe_entry(reg.plugins[i], 0)) {
+            s->e = reg.plugins[i];
             s->device_count = s->e->info.device_count;
             stoke__fmt(s->reason, sizeof(s->reason), "first available plugin loaded by the "
-                       "application (%s)", reg.plugins[i].info.path);
+                       "application (%s)", reg.plugins[i]->info.path);
             return;
         }
     }
@@ -435,6 +563,23 @@ static void select_locked(selection *s)
     s->status = STOKE_ENODEV;
     stoke__strlcpy(s->reason, "no accelerator found: no plugin loaded and no built-in backend "
                    "(cuda, hip, opencl) has a usable device", sizeof(s->reason));
+}
+
+/* Logs a new selection: INFO when one was chosen; WARN, once per distinct reason, when the user
+ * named a backend and gets no accelerator (the reason carries the backend's own cause, e.g.
+ * "libcuda.so.1 not found"). */
+static void log_selection(const selection *s)
+{
+    if (s->e) {
+        stoke__log(STOKE_LOG_INFO, "accelerator: %s (%s)", s->e->info.name, s->reason);
+        return;
+    }
+    if (s->status != STOKE_ENODEV || !s->explicit_spec)
+        return;
+    for (const selection *o = s->older; o; o = o->older)
+        if (o->status == s->status && strcmp(o->reason, s->reason) == 0)
+            return;
+    stoke__log(STOKE_LOG_WARN, "%s", s->reason);
 }
 
 /* Returns the published selection, computing it the first time. */
@@ -457,8 +602,7 @@ static const selection *current_selection(void)
         s->gen = atomic_fetch_add(&reg.gen, 1) + 1;
         s->older = reg.sel;
         reg.sel = s;
-        if (s->e)
-            stoke__log(STOKE_LOG_INFO, "accelerator: %s (%s)", s->e->info.name, s->reason);
+        log_selection(s);
         atomic_store_explicit(&reg.published, s, memory_order_release);
     }
     pthread_mutex_unlock(&reg.lock);
@@ -513,6 +657,8 @@ int stoke_accelerator_get(stoke_accelerator_info *out)
     stoke__strlcpy(out->reason, s->reason[0] ? s->reason : s->error, sizeof(out->reason));
     if (!s->e) {
         out->current_device = -1;
+        if (s->status == STOKE_ENODEV)
+            return stoke__fail(STOKE_ENODEV, "%s", s->reason);
         return selection_status(s);
     }
     stoke__strlcpy(out->backend, s->e->info.name, sizeof(out->backend));
@@ -566,8 +712,8 @@ static void probe_all_locked(void)
 {
     const selection *s = atomic_load_explicit(&reg.published, memory_order_relaxed);
     for (int i = 0; i < reg.nplugins; i++)
-        if (!reg.plugins[i].probed)
-            probe_entry(&reg.plugins[i], 0);
+        if (!reg.plugins[i]->probed)
+            probe_entry(reg.plugins[i], 0);
     for (int i = 0; i < reg.nbuiltins; i++)
         if (!reg.builtins[i].probed && (!s || s->e != &reg.builtins[i]))
             probe_entry(&reg.builtins[i], 0);
@@ -592,7 +738,7 @@ int stoke_backend_get_info(int i, stoke_backend_info *out)
     probe_all_locked();
     int rc = STOKE_OK;
     if (i >= 0 && i < reg.nplugins)
-        *out = reg.plugins[i].info;
+        *out = reg.plugins[i]->info;
     else if (i >= reg.nplugins && i < reg.nplugins + reg.nbuiltins)
         *out = reg.builtins[i - reg.nplugins].info;
     else
@@ -710,16 +856,19 @@ void stoke__registry_reset(void)
     pthread_mutex_lock(&reg.lock);
     atomic_store(&reg.published, NULL);
     for (int i = 0; i < reg.nplugins; i++) {
-        entry *e = &reg.plugins[i];
+        entry *e = reg.plugins[i];
         if (e->vt && e->vt->shutdown)
             e->vt->shutdown();
         if (e->dl)
             dlclose(e->dl);
+        free(e);
     }
+    free(reg.plugins);
+    reg.plugins = NULL;
+    reg.plugins_cap = 0;
     for (int i = 0; i < reg.nbuiltins; i++)
         if (reg.builtins[i].vt && reg.builtins[i].vt->shutdown)
             reg.builtins[i].vt->shutdown();
-    memset(reg.plugins, 0, sizeof(reg.plugins));
     memset(reg.builtins, 0, sizeof(reg.builtins));
     reg.nplugins = reg.nbuiltins = 0;
     reg.initialized = 0;

@@ -9,6 +9,7 @@
  *   FAKE_NO_HOST_ALLOC leave the required host_alloc NULL
  *   FAKE_ENTRY_FAILS   the entry point returns STOKE_EBACKEND
  *   FAKE_HALF_EVENTS   has event_create but not the rest of the event group
+ *   FAKE_STREAMS_NO_SYNC has streams and copies but no stream_synchronize
  *
  * Its "pinned" memory is ordinary memory it tracks, so is_pinned can be checked. */
 #include <stdlib.h>
@@ -87,6 +88,25 @@ static int fake_event_create(int dev, stoke_backend_event **out)
 }
 #endif
 
+#ifdef FAKE_STREAMS_NO_SYNC
+static int fake_stream_create(int dev, stoke_backend_stream **out)
+{
+    *out = NULL;
+    return STOKE_ENOTSUP;
+}
+
+static int fake_stream_destroy(stoke_backend_stream *s)
+{
+    return STOKE_OK;
+}
+
+static int fake_copy_h2d_async(void *dst, size_t dst_offset, const void *src, size_t n,
+                               stoke_backend_stream *s)
+{
+    return STOKE_ENOTSUP;
+}
+#endif
+
 static const stoke_backend fake_backend = {
     .abi_version = FAKE_ABI,
     .size = FAKE_SIZE,
@@ -102,6 +122,11 @@ static const stoke_backend fake_backend = {
     .is_pinned = fake_is_pinned,
 #ifdef FAKE_HALF_EVENTS
     .event_create = fake_event_create,
+#endif
+#ifdef FAKE_STREAMS_NO_SYNC
+    .stream_create = fake_stream_create,
+    .stream_destroy = fake_stream_destroy,
+    .copy_h2d_async = fake_copy_h2d_async,
 #endif
 };
 
