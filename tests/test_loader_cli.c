@@ -4,9 +4,12 @@
  * consistent counters, and the documented content_hash pass. */
 #include "testutil.h"
 
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "stoke/stoke.h"
 
 static char out[16384], err[16384];
 
@@ -125,6 +128,7 @@ static void test_help(void **state)
     assert_int_equal(load(NULL, args), 0);
     static const char *must[] = {"--limit BATCHES", "0 = no limit", "npy:PATH[,labels=",
                                  "io=mmap|pread", "content_hash covers field 0 (\"data\") only",
+                                 "of exactly the samples the run\ndelivered",
                                  "second, untimed pass", "hash_pass_seconds",
                                  "--device without\n--verify: not computed (null)"};
     for (size_t i = 0; i < sizeof(must) / sizeof(must[0]); i++)
@@ -256,6 +260,161 @@ static void test_device_copy_failure(void **state)
     expect_val(out, "content_hash", dev_hash);
 }
 
+/* ---- content_hash of exactly the delivered samples ---------------------------------------
+ * The dataset: synthetic:128,shape=4096,seed=7 in batches of 8 (16 batches, no shuffle: batch
+ * k holds samples 8k .. 8k+7).  The expected hashes are computed here from the documented
+ * definition: sum mod 2^64 of FNV-1a-64 of each delivered sample's 4096 bytes. */
+#define CH_SPEC "synthetic:128,shape=4096,seed=7"
+#define CH_B 8
+#define CH_NB 16
+#define CH_BYTES 4096
+
+static uint64_t fnv_step(uint64_t h, unsigned char c)
+{
+    return (h ^ c) * 0x100000001b3ull;
+}
+
+/* FNV-1a-64 of sample i's bytes. */
+static uint64_t sample_hash(uint64_t i)
+{
+    static unsigned char buf[CH_BYTES];
+    stoke_synthetic_fill(7, i, buf, sizeof(buf));
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t k = 0; k < sizeof(buf); k++)
+        h = fnv_step(h, buf[k]);
+    return h;
+}
+
+static uint64_t batch_hash(int k)
+{
+    uint64_t sum = 0;
+    for (int j = 0; j < CH_B; j++)
+        sum += sample_hash((uint64_t)(k * CH_B + j));
+    return sum;
+}
+
+/* order_hash after appending batch k's indices (8 little-endian bytes each). */
+static uint64_t order_step(uint64_t h, int k)
+{
+    for (int j = 0; j < CH_B; j++)
+        for (int b = 0; b < 8; b++)
+            h = fnv_step(h, (unsigned char)((((uint64_t)(k * CH_B + j)) >> (8 * b)) & 0xff));
+    return h;
+}
+
+/* Finds the sequence of `left` distinct batches whose indices, appended to order_hash state h,
+ * give `want`; writes it to seq[depth..].  1 if found. */
+static int find_sequence(uint64_t h, uint64_t want, int depth, int left, int used, int *seq)
+{
+    if (!left)
+        return h == want;
+    for (int k = 0; k < CH_NB; k++) {
+        if (used & (1 << k))
+            continue;
+        seq[depth] = k;
+        if (find_sequence(order_step(h, k), want, depth + 1, left - 1, used | (1 << k), seq))
+            return 1;
+    }
+    return 0;
+}
+
+static uint64_t hex_val(const char *json, const char *key)
+{
+    const char *v = jv(json, key);
+    if (!v || strncmp(v, "\"0x", 3) != 0)
+        fail_msg("\"%s\" is %s in %s", key, v ? v : "(absent)", json);
+    return strtoull(v + 3, NULL, 16);
+}
+
+/* --out-of-order --limit 4 with 8 workers: which 4 batches arrive first depends on timing.  The
+ * delivered batches are recovered from order_hash; content_hash must be the hash of exactly
+ * those, and differ from the in-order run's whenever the set differs.  (The old second pass
+ * re-ran the limit out of order and hashed whichever batches came first that time.) */
+static void test_content_hash_out_of_order_limit(void **state)
+{
+    /* cpu: no accelerator probing, so that a run takes milliseconds */
+    const char *env[] = {"STOKE_PLUGIN_PATH=", "STOKE_ACCELERATOR=cpu", NULL};
+    uint64_t prefix = 0;
+    for (int k = 0; k < 4; k++)
+        prefix += batch_hash(k);
+    const char *in_order[] = {CH_SPEC, "--batch-size", "8", "--workers", "8", "--limit", "4",
+                              "--json", NULL};
+    assert_int_equal(load(env, in_order), 0);
+    expect_val(out, "content_hash_from", "\"host_second_pass\"");
+    assert_int_equal(hex_val(out, "content_hash"), prefix);
+
+    const char *ooo[] = {CH_SPEC, "--batch-size", "8", "--workers", "8", "--out-of-order",
+                         "--limit", "4", "--json", NULL};
+    int other_sets = 0, runs = 0;
+    for (; runs < 150 && other_sets < 2; runs++) { /* another set: ~1 run in 15 */
+        assert_int_equal(load(env, ooo), 0);
+        expect_val(out, "samples", "32");
+        int seq[4];
+        if (!find_sequence(0xcbf29ce484222325ull, hex_val(out, "order_hash"), 0, 4, 0, seq))
+            fail_msg("no sequence of 4 whole batches gives the order_hash of %s", out);
+        uint64_t want = 0;
+        int set = 0;
+        for (int i = 0; i < 4; i++) {
+            want += batch_hash(seq[i]);
+            set |= 1 << seq[i];
+        }
+        uint64_t got = hex_val(out, "content_hash");
+        if (got != want)
+            fail_msg("run %d delivered batches %d %d %d %d: content_hash 0x%016" PRIx64
+                     ", the hash of those samples is 0x%016" PRIx64,
+                     runs, seq[0], seq[1], seq[2], seq[3], got, want);
+        if (set != 0xf) {
+            other_sets++;
+            assert_true(got != prefix);
+        }
+    }
+    print_message("%d of %d out-of-order runs delivered another set than batches 0..3\n",
+                  other_sets, runs);
+}
+
+/* Whole epochs and a cut one: --epochs 2 --limit 20 delivers epoch 0 whole and batches 0..3 of
+ * epoch 1; each delivered sample counts once per delivery. */
+static void test_content_hash_epochs_and_limit(void **state)
+{
+    const char *env[] = {"STOKE_PLUGIN_PATH=", "STOKE_ACCELERATOR=cpu", NULL};
+    uint64_t want = 0;
+    for (int k = 0; k < CH_NB; k++)
+        want += batch_hash(k) + (k < 4 ? batch_hash(k) : 0);
+    const char *args[] = {CH_SPEC, "--batch-size", "8", "--workers", "3", "--epochs", "2",
+                          "--limit", "20", "--json", NULL};
+    assert_int_equal(load(env, args), 0);
+    expect_val(out, "samples", "160");
+    assert_int_equal(hex_val(out, "content_hash"), want);
+    const char *w0[] = {CH_SPEC, "--batch-size", "8", "--workers", "0", "--epochs", "2",
+                        "--limit", "20", "--json", NULL};
+    assert_int_equal(load(env, w0), 0);
+    assert_int_equal(hex_val(out, "content_hash"), want);
+}
+
+/* A loader that cannot be created: the loader's own message, the same in text and JSON. */
+static void test_create_failure_message(void **state)
+{
+    const char *env[] = {plug_env(), "STOKE_ACCELERATOR=", "STOKE_SIMDEV_FAIL_COPY=",
+                         "STOKE_SIMDEV_MEMORY=1K", NULL};
+    const char *json[] = {"synthetic:1000", "--device", "simdev", "--json", NULL};
+    assert_int_equal(load(env, json), 1);
+    expect_one_object(out);
+    expect_val(out, "ok", "false");
+    char msg[1024];
+    snprintf(msg, sizeof(msg), "%s", jv(out, "error"));
+    assert_true(strlen(msg) > 2);
+    msg[strlen(msg) - 1] = '\0'; /* the quotes off: the message has no escapes */
+    char line[1100];
+    snprintf(line, sizeof(line), "stoke load: %s\n", msg + 1);
+    if (!strstr(err, line))
+        fail_msg("stderr [%s] lacks [%s]", err, line);
+    const char *text[] = {"synthetic:1000", "--device", "simdev", NULL};
+    assert_int_equal(load(env, text), 1);
+    assert_string_equal(out, "");
+    if (!strstr(err, line))
+        fail_msg("stderr [%s] lacks [%s]", err, line);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -263,6 +422,9 @@ int main(void)
         cmocka_unit_test(test_help),
         cmocka_unit_test(test_sizes_and_pinning),
         cmocka_unit_test(test_device_copy_failure),
+        cmocka_unit_test(test_content_hash_out_of_order_limit),
+        cmocka_unit_test(test_content_hash_epochs_and_limit),
+        cmocka_unit_test(test_create_failure_message),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

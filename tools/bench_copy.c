@@ -32,6 +32,7 @@ static double now_s(void)
 }
 
 typedef struct bench {
+    const cli_cmd *cmd;
     stoke_stream *s;
     stoke_event *ev;
     stoke_device_buffer *dev;
@@ -49,7 +50,7 @@ static double batch(bench *b, int mode, size_t n, int reps)
         int rc = h2d ? stoke_copy_h2d_async(b->dev, 0, host, n, b->s)
                      : stoke_copy_d2h_async(host, b->dev, 0, n, b->s);
         if (rc != STOKE_OK) {
-            cli_error(h2d ? "host-to-device copy" : "device-to-host copy", rc);
+            cli_fail_rc(b->cmd, 1, h2d ? "host-to-device copy" : "device-to-host copy", rc);
             return -1;
         }
     }
@@ -57,7 +58,7 @@ static double batch(bench *b, int mode, size_t n, int reps)
     if (rc == STOKE_OK)
         rc = stoke_event_synchronize(b->ev);
     if (rc != STOKE_OK) {
-        cli_error("waiting for the copies", rc);
+        cli_fail_rc(b->cmd, 1, "waiting for the copies", rc);
         return -1;
     }
     return now_s() - t0;
@@ -91,53 +92,52 @@ static void usage(FILE *f)
 
 int bench_copy(int argc, char **argv)
 {
-    int json = 0, quick = 0;
+    cli_cmd c = {"bench copy", cli_has_json(argc, argv)};
+    int quick = 0;
     for (int i = 1; i < argc; i++) {
         if (cli_is(argv[i], "--json"))
-            json = 1;
-        else if (cli_is(argv[i], "--quick"))
+            continue;
+        if (cli_is(argv[i], "--quick")) {
             quick = 1;
-        else if (cli_is(argv[i], "--help") || cli_is(argv[i], "-h")) {
+        } else if (cli_is(argv[i], "--help") || cli_is(argv[i], "-h")) {
             usage(stdout);
             return 0;
         } else {
-            fprintf(stderr, "stoke: bench copy: unknown option '%s'\n", argv[i]);
-            usage(stderr);
-            return 2;
+            if (!c.json)
+                usage(stderr);
+            return cli_fail(&c, 2, "unknown option '%s'", argv[i]);
         }
     }
     stoke_accelerator_info ai;
     int rc = stoke_accelerator_get(&ai);
-    if (rc != STOKE_OK) {
-        fprintf(stderr, "stoke: bench copy needs an accelerator: %s\n",
-                ai.reason[0] ? ai.reason : stoke_last_error());
-        return 1;
-    }
+    if (rc != STOKE_OK)
+        return cli_fail(&c, 1, "needs an accelerator: %s",
+                        ai.reason[0] ? ai.reason : stoke_last_error());
     stoke_device_props props = {.size = sizeof(props)};
     stoke_device_get_props(NULL, ai.current_device, &props);
 
     size_t max = sizes[NSIZES - 1];
-    bench b = {.budget = quick ? 4 * MiB : 256 * MiB};
+    bench b = {.cmd = &c, .budget = quick ? 4 * MiB : 256 * MiB};
     int status = 1;
     if ((rc = stoke_stream_create(NULL, &b.s)) != STOKE_OK) {
-        cli_error("creating a stream", rc);
+        cli_fail_rc(&c, 1, "creating a stream", rc);
         goto out;
     }
     if ((rc = stoke_event_create(b.s, &b.ev)) != STOKE_OK) {
-        cli_error("creating an event", rc);
+        cli_fail_rc(&c, 1, "creating an event", rc);
         goto out;
     }
     if ((rc = stoke_device_buffer_create(b.s, max, &b.dev)) != STOKE_OK) {
-        cli_error("allocating device memory", rc);
+        cli_fail_rc(&c, 1, "allocating device memory", rc);
         goto out;
     }
     if ((rc = stoke_pinned_alloc(max, (void **)&b.pinned)) != STOKE_OK) {
-        cli_error("allocating pinned memory", rc);
+        cli_fail_rc(&c, 1, "allocating pinned memory", rc);
         goto out;
     }
     b.pageable = malloc(max);
     if (!b.pageable) {
-        fprintf(stderr, "stoke: bench copy: out of memory\n");
+        cli_fail(&c, 1, "out of memory for %zu bytes of pageable memory", max);
         goto out;
     }
     memset(b.pinned, 1, max); /* fault every page in before timing */
@@ -150,7 +150,7 @@ int bench_copy(int argc, char **argv)
             if ((gbps[i][m] = measure(&b, m, sizes[i])) < 0)
                 goto out;
 
-    if (json) {
+    if (c.json) {
         printf("{\"bench\": \"copy\", \"backend\": ");
         cli_json_str(stdout, ai.backend);
         printf(", \"device\": %d, \"device_name\": ", ai.current_device);

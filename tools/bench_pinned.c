@@ -78,7 +78,8 @@ static void *run_pairs(void *arg)
 }
 
 /* Pairs per second from `threads` threads running at once. */
-static int throughput(int threads, size_t size, uint64_t duration_ns, double *out)
+static int throughput(const cli_cmd *c, int threads, size_t size, uint64_t duration_ns,
+                      double *out)
 {
     runner r[2];
     pthread_t t[2];
@@ -86,10 +87,8 @@ static int throughput(int threads, size_t size, uint64_t duration_ns, double *ou
     pthread_barrier_init(&start, NULL, (unsigned)threads);
     for (int i = 0; i < threads; i++) {
         r[i] = (runner){.size = size, .duration_ns = duration_ns, .start = &start};
-        if (pthread_create(&t[i], NULL, run_pairs, &r[i]) != 0) {
-            fprintf(stderr, "stoke: bench pinned: cannot start a thread\n");
-            return 1;
-        }
+        if (pthread_create(&t[i], NULL, run_pairs, &r[i]) != 0)
+            return cli_fail(c, 1, "cannot start a thread");
     }
     double rate = 0;
     int rc = STOKE_OK;
@@ -101,10 +100,8 @@ static int throughput(int threads, size_t size, uint64_t duration_ns, double *ou
             rate += (double)r[i].pairs * 1e9 / (double)r[i].elapsed_ns;
     }
     pthread_barrier_destroy(&start);
-    if (rc != STOKE_OK) {
-        cli_error("cached alloc/free pair", rc);
-        return 1;
-    }
+    if (rc != STOKE_OK)
+        return cli_fail_rc(c, 1, "cached alloc/free pair", rc);
     *out = rate;
     return 0;
 }
@@ -132,30 +129,28 @@ static void usage(FILE *f)
 
 int bench_pinned(int argc, char **argv)
 {
-    int json = 0, quick = 0;
-    size_t size = MiB;
+    cli_cmd c = {"bench pinned", cli_has_json(argc, argv)};
+    int quick = 0;
+    uint64_t size_opt = MiB;
     for (int i = 1; i < argc; i++) {
-        if (cli_is(argv[i], "--json")) {
-            json = 1;
-        } else if (cli_is(argv[i], "--quick")) {
+        const char *v;
+        int got = cli_opt(&c, argc, argv, &i, "--size", &v);
+        if (got < 0 || (got && cli_u64(&c, "--size", v, 1, SIZE_MAX, &size_opt) < 0))
+            return 2;
+        if (got || cli_is(argv[i], "--json"))
+            continue;
+        if (cli_is(argv[i], "--quick")) {
             quick = 1;
-        } else if (cli_is(argv[i], "--size") && i + 1 < argc) {
-            char *end;
-            unsigned long long v = strtoull(argv[++i], &end, 10);
-            if (*end || v == 0) {
-                fprintf(stderr, "stoke: bench pinned: bad --size '%s'\n", argv[i]);
-                return 2;
-            }
-            size = (size_t)v;
         } else if (cli_is(argv[i], "--help") || cli_is(argv[i], "-h")) {
             usage(stdout);
             return 0;
         } else {
-            fprintf(stderr, "stoke: bench pinned: unknown option '%s'\n", argv[i]);
-            usage(stderr);
-            return 2;
+            if (!c.json)
+                usage(stderr);
+            return cli_fail(&c, 2, "unknown option '%s'", argv[i]);
         }
     }
+    size_t size = (size_t)size_opt;
     stoke_accelerator_info ai;
     const char *backend = stoke_accelerator_get(&ai) == STOKE_OK ? ai.backend : "none";
     const int samples = quick ? 11 : 101, batch = quick ? 100 : 1000;
@@ -164,13 +159,11 @@ int bench_pinned(int argc, char **argv)
 
     /* Cached pairs: the first pair pins, every later one is served by the cache. */
     int rc = pair(size);
-    if (rc != STOKE_OK) {
-        cli_error("stoke_pinned_alloc", rc);
-        return 1;
-    }
+    if (rc != STOKE_OK)
+        return cli_fail_rc(&c, 1, "stoke_pinned_alloc", rc);
     double *v = calloc((size_t)(samples > pins ? samples : pins), sizeof(double));
     if (!v)
-        return 1;
+        return cli_fail(&c, 1, "out of memory");
     for (int s = 0; s < samples && rc == STOKE_OK; s++) {
         uint64_t t0 = now_ns();
         for (int i = 0; i < batch && rc == STOKE_OK; i++)
@@ -194,20 +187,18 @@ int bench_pinned(int argc, char **argv)
     stoke_pinned_stats_get(&st1);
     double uncached = median(v, pins);
     free(v);
-    if (rc != STOKE_OK) {
-        cli_error("stoke_pinned_alloc", rc);
-        return 1;
-    }
+    if (rc != STOKE_OK)
+        return cli_fail_rc(&c, 1, "stoke_pinned_alloc", rc);
     uint64_t calls = st1.pin_calls - st0.pin_calls;
     double backend_pin = calls ? (double)(st1.pin_ns - st0.pin_ns) / (double)calls : 0;
 
     double t1 = 0, t2 = 0;
-    if (throughput(1, size, duration, &t1) || throughput(2, size, duration, &t2))
+    if (throughput(&c, 1, size, duration, &t1) || throughput(&c, 2, size, duration, &t2))
         return 1;
     double waste = max_waste_pct();
     stoke_pinned_empty_cache();
 
-    if (json) {
+    if (c.json) {
         printf("{\"backend\":");
         cli_json_str(stdout, backend);
         printf(",\"size\":%zu,\"cached_pair_ns\":%.1f,\"uncached_pin_ns\":%.0f,"

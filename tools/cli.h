@@ -1,21 +1,53 @@
-/* The stoke CLI: one file per command; public API only. */
+/* The stoke CLI: one file per command; public API only.  Helpers shared by the commands are in
+ * cli.c: error reporting (one message on stderr and, with --json, one {"ok": false, "error": ...}
+ * object on stdout), option values and number parsing. */
 #ifndef STOKE_CLI_H
 #define STOKE_CLI_H
 
+#include <stdint.h>
 #include <stdio.h>
 
-/* Commands: argv[0] is the command name.  Return the process exit status. */
+/* Commands: argv[0] is the command name.  Return the process exit status: 0, 1 for a failure,
+ * 2 for a usage error.  main() checks that stdout was written (cli_check_output). */
 int cmd_devices(int argc, char **argv);
 int cmd_load(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int bench_pinned(int argc, char **argv); /* bench_pinned.c */
 int bench_copy(int argc, char **argv);   /* bench_copy.c */
 
+/* The command being run, for messages ("load", "bench copy") and its --json flag. */
+typedef struct cli_cmd {
+    const char *name;
+    int json;
+} cli_cmd;
+
+/* 1 if "--json" is among argv[1 .. argc-1] (so that it is known before any error is
+ * reported). */
+int cli_has_json(int argc, char **argv);
+/* Reports a failure: "stoke NAME: MESSAGE" on stderr and, with c->json, the one object
+ * {"ok": false, "error": "MESSAGE"} on stdout.  Returns `status`. */
+int cli_fail(const cli_cmd *c, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* cli_fail with "WHAT: DETAIL", DETAIL being stoke_last_error() or, when that is empty,
+ * stoke_strerror(rc).  Returns `status`. */
+int cli_fail_rc(const cli_cmd *c, int status, const char *what, int rc);
+/* Matches option `name` ("--size"), which takes a value, at argv[*i]: given as "NAME VALUE" or
+ * "NAME=VALUE".  Returns 1 with *value set (and *i moved onto a separate value); 0 when argv[*i]
+ * is not that option; -1 after reporting "NAME needs a value" (cli_fail, the caller exits with
+ * status 2) when the value is missing, empty or looks like another option ("--json"). */
+int cli_opt(const cli_cmd *c, int argc, char **argv, int *i, const char *name,
+            const char **value);
+/* Parses the value `v` of option `name` as a decimal integer in [min, max] into *out.  Returns
+ * 0; -1 after reporting (cli_fail) why it is not one. */
+int cli_u64(const cli_cmd *c, const char *name, const char *v, uint64_t min, uint64_t max,
+            uint64_t *out);
 /* Writes `s` as a JSON string literal (quotes included). */
 void cli_json_str(FILE *f, const char *s);
-/* Prints "stoke: <msg>: <stoke_last_error() or strerror>" to stderr for status `rc`. */
-void cli_error(const char *what, int rc);
 /* 1 if `arg` is `name` (e.g. "--json"). */
 int cli_is(const char *arg, const char *name);
+/* Flushes stdout and checks that every write to it succeeded.  Returns `status`, or, when a
+ * write failed, 1 (or `status` if that is already non-zero) after printing "stoke: error
+ * writing output: REASON" on stderr.  Called once, by main, after every command. */
+int cli_check_output(int status);
 
 #endif

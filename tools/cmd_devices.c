@@ -129,37 +129,30 @@ static void print_text(int have, const stoke_accelerator_info *acc)
 
 int cmd_devices(int argc, char **argv)
 {
-    int json = 0;
+    cli_cmd c = {"devices", cli_has_json(argc, argv)};
     const char *accel = NULL;
     for (int i = 1; i < argc; i++) {
-        if (cli_is(argv[i], "--json"))
-            json = 1;
-        else if (cli_is(argv[i], "--accelerator") && i + 1 < argc)
-            accel = argv[++i];
-        else if (strncmp(argv[i], "--accelerator=", 14) == 0)
-            accel = argv[i] + 14;
-        else if (cli_is(argv[i], "--help") || cli_is(argv[i], "-h")) {
+        int got = cli_opt(&c, argc, argv, &i, "--accelerator", &accel);
+        if (got < 0)
+            return 2;
+        if (got || cli_is(argv[i], "--json"))
+            continue;
+        if (cli_is(argv[i], "--help") || cli_is(argv[i], "-h")) {
             printf("usage: stoke devices [--json] [--accelerator NAME[:INDEX]]\n");
             return 0;
-        } else {
-            fprintf(stderr, "stoke devices: unknown option '%s'\n", argv[i]);
-            return 2;
         }
+        return cli_fail(&c, 2, "unknown option '%s'", argv[i]);
     }
     if (accel) {
         int rc = stoke_accelerator_select(accel);
-        if (rc != STOKE_OK) {
-            cli_error("--accelerator", rc);
-            return 1;
-        }
+        if (rc != STOKE_OK)
+            return cli_fail_rc(&c, 1, "--accelerator", rc);
     }
     stoke_accelerator_info acc;
     int rc = stoke_accelerator_get(&acc);
-    if (rc != STOKE_OK && rc != STOKE_ENODEV) {
-        cli_error("choosing the accelerator", rc);
-        return 1;
-    }
-    if (json)
+    if (rc != STOKE_OK && rc != STOKE_ENODEV)
+        return cli_fail_rc(&c, 1, "choosing the accelerator", rc);
+    if (c.json)
         print_json(rc == STOKE_OK, &acc);
     else
         print_text(rc == STOKE_OK, &acc);

@@ -1,18 +1,26 @@
 /* stoke load — runs the data loader over a source and reports throughput and checksums.
  *
  * content_hash: for every delivered sample, the 64-bit FNV-1a hash of the bytes of its field 0
- * ("data") only, summed modulo 2^64: independent of the order.  order_hash: 64-bit FNV-1a over
- * the delivered sample indices, each as 8 little-endian bytes: depends on the order.
- * content_hash of host batches is computed in a second, untimed pass after the timed one: the
- * same loader runs the same epochs again from epoch 0 (same seed, hence the same order, and the
- * same --limit), hashing each batch (JSON "hash_pass_seconds"); with --device --verify it is
- * computed from the bytes read back from the device, inside the timed pass; with --device alone
- * it is not computed (null).  Errors: a message on stderr and, with --json, one
- * {"ok": false, "error": ...} object on stdout (start-up errors) or the summary with "ok": false
- * and "error" (mid-run errors); the exit status is 2 for usage errors, 1 for others. */
-#include <errno.h>
+ * ("data") only, summed modulo 2^64 (so independent of the order; a sample delivered twice, in
+ * two epochs, counts twice).  order_hash: 64-bit FNV-1a over the delivered sample indices, each
+ * as 8 little-endian bytes: depends on the order.  index_sum: the sum of those indices.
+ *
+ * The run is parse_args -> open_loader -> timed_pass -> hash_pass -> print_json / print_text.
+ * The timed pass computes index_sum and order_hash (8 bytes per sample), and with --device
+ * --verify the content_hash of the bytes read back from the device.  For host batches
+ * content_hash is computed afterwards in an untimed hash pass, so that hashing never runs
+ * beside the workers being measured: it runs each epoch the timed pass reached again on the
+ * same loader and hashes exactly the samples the timed pass delivered.  Every epoch the timed
+ * pass finished was delivered whole, so the hash pass hashes it whole; of an epoch cut short by
+ * --limit (which batches arrived first depends on timing with --out-of-order) the timed pass
+ * keeps the delivered indices, and the hash pass hashes those samples only, each once per
+ * delivery.  With --device alone content_hash is not computed (null).
+ *
+ * Errors: a message on stderr and, with --json, one {"ok": false, "error": ...} object on
+ * stdout (start-up errors) or the summary with "ok": false and "error" (errors once loading
+ * started); the exit status is 2 for usage errors, 1 for others. */
 #include <inttypes.h>
-#include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,43 +40,49 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* Sum of the FNV-1a hashes of `count` samples of `bytes` bytes each, four samples at a time so
- * that the multiplications of independent hashes overlap. */
-static uint64_t hash_samples(const unsigned char *p, size_t count, size_t bytes)
+/* ---- hashes ---------------------------------------------------------------------------- */
+
+static uint64_t fnv1a(const unsigned char *p, size_t n)
+{
+    uint64_t h = FNV_OFFSET;
+    for (size_t k = 0; k < n; k++)
+        h = (h ^ p[k]) * FNV_PRIME;
+    return h;
+}
+
+/* fnv1a(p[0], n) + ... + fnv1a(p[3], n), interleaved so that the multiplications of the four
+ * independent hashes overlap. */
+static uint64_t fnv1a_sum4(const unsigned char *const p[4], size_t n)
+{
+    uint64_t ha = FNV_OFFSET, hb = FNV_OFFSET, hc = FNV_OFFSET, hd = FNV_OFFSET;
+    for (size_t k = 0; k < n; k++) {
+        ha = (ha ^ p[0][k]) * FNV_PRIME;
+        hb = (hb ^ p[1][k]) * FNV_PRIME;
+        hc = (hc ^ p[2][k]) * FNV_PRIME;
+        hd = (hd ^ p[3][k]) * FNV_PRIME;
+    }
+    return ha + hb + hc + hd;
+}
+
+/* Sum of the hashes of `count` stacked samples of `bytes` bytes each, or of packed samples
+ * (MAP_VAR: sample i is bytes [off[i], off[i + 1])) when `off` is not NULL. */
+static uint64_t hash_batch(const unsigned char *p, const uint64_t *off, size_t count,
+                           size_t bytes)
 {
     uint64_t sum = 0;
     size_t i = 0;
+    if (off) {
+        for (; i < count; i++)
+            sum += fnv1a(p + off[i], (size_t)(off[i + 1] - off[i]));
+        return sum;
+    }
     for (; i + 4 <= count; i += 4) {
-        const unsigned char *a = p + i * bytes, *b = a + bytes, *c = b + bytes, *d = c + bytes;
-        uint64_t ha = FNV_OFFSET, hb = FNV_OFFSET, hc = FNV_OFFSET, hd = FNV_OFFSET;
-        for (size_t k = 0; k < bytes; k++) {
-            ha = (ha ^ a[k]) * FNV_PRIME;
-            hb = (hb ^ b[k]) * FNV_PRIME;
-            hc = (hc ^ c[k]) * FNV_PRIME;
-            hd = (hd ^ d[k]) * FNV_PRIME;
-        }
-        sum += ha + hb + hc + hd;
+        const unsigned char *q[4] = {p + i * bytes, p + (i + 1) * bytes, p + (i + 2) * bytes,
+                                     p + (i + 3) * bytes};
+        sum += fnv1a_sum4(q, bytes);
     }
-    for (; i < count; i++) {
-        const unsigned char *a = p + i * bytes;
-        uint64_t h = FNV_OFFSET;
-        for (size_t k = 0; k < bytes; k++)
-            h = (h ^ a[k]) * FNV_PRIME;
-        sum += h;
-    }
-    return sum;
-}
-
-/* The same for packed variable-size samples (offsets: count + 1 entries). */
-static uint64_t hash_packed(const unsigned char *p, const uint64_t *off, size_t count)
-{
-    uint64_t sum = 0;
-    for (size_t i = 0; i < count; i++) {
-        uint64_t h = FNV_OFFSET;
-        for (uint64_t k = off[i]; k < off[i + 1]; k++)
-            h = (h ^ p[k]) * FNV_PRIME;
-        sum += h;
-    }
+    for (; i < count; i++)
+        sum += fnv1a(p + i * bytes, bytes);
     return sum;
 }
 
@@ -79,6 +93,15 @@ static uint64_t hash_order(uint64_t h, const uint64_t *idx, size_t n)
             h = (h ^ ((idx[i] >> (8 * k)) & 0xffu)) * FNV_PRIME;
     return h;
 }
+
+/* ---- options --------------------------------------------------------------------------- */
+
+typedef struct load_args {
+    cli_cmd cmd;
+    const char *source, *pin_dev, *device;
+    uint64_t batch, workers, prefetch, seed, epochs, limit;
+    int shuffle, drop_last, pin, verify, in_order, hash;
+} load_args;
 
 static void usage(FILE *f)
 {
@@ -104,355 +127,490 @@ static void usage(FILE *f)
             "                         hash what it holds\n"
             "  --no-hash              skip content_hash\n"
             "  --json                 one JSON object on stdout, errors included\n"
+            "  (an option's value may also be given as --option=VALUE)\n"
             "\n"
-            "content_hash covers field 0 (\"data\") only: the sum modulo 2^64 of the 64-bit FNV-1a\n"
-            "hash of each delivered sample's bytes, independent of the order.  Host batches: it is\n"
-            "computed in a second, untimed pass after the timed one, which runs the same epochs\n"
-            "again from epoch 0 with the same loader (same seed, so the same order, and the same\n"
-            "--limit); JSON \"hash_pass_seconds\" is that pass's time.  --device --verify: computed\n"
-            "inside the timed pass from the bytes read back from the device.  --device without\n"
+            "content_hash covers field 0 (\"data\") only, of exactly the samples the run\n"
+            "delivered: the sum modulo 2^64 of the 64-bit FNV-1a hash of each delivered sample's\n"
+            "bytes (a sample delivered in two epochs counts twice), independent of the order.\n"
+            "Host batches: it is computed in a second, untimed pass after the timed one, which\n"
+            "runs the epochs the timed pass reached again with the same loader and hashes the\n"
+            "samples the timed pass delivered (of an epoch cut short by --limit, the delivered\n"
+            "indices are kept, 8 bytes each); JSON \"hash_pass_seconds\" is that pass's time.\n"
+            "--device --verify: computed inside the timed pass from the bytes read back from the\n"
+            "device.  --device without\n"
             "--verify: not computed (null).  null too when the run failed or with --no-hash.\n"
             "order_hash: FNV-1a over the delivered indices (8 little-endian bytes each).\n"
             "index_sum: the sum of the delivered indices.  With --json, any error prints\n"
             "{\"ok\": false, \"error\": \"...\"} on stdout as well as the message on stderr; the exit\n"
-            "status is 2 for a usage error, 1 for any other error.\n");
+            "status is 2 for a usage error, 1 for any other error (a failed write to stdout too).\n");
 }
 
-/* Reports an error that stops `stoke load` before the summary: the message on stderr and, with
- * --json, {"ok": false, "error": message} on stdout.  Returns `status`. */
-static int fail_early(int json, int status, const char *fmt, ...)
+/* Fills *a from the command line.  Returns -1 to go on, or the exit status (help printed, or
+ * a usage error reported). */
+static int parse_args(int argc, char **argv, load_args *a)
 {
-    char msg[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "stoke load: %s\n", msg);
-    if (json) {
-        printf("{\"ok\": false, \"error\": ");
-        cli_json_str(stdout, msg);
-        printf("}\n");
+    static const struct {
+        const char *name;
+        size_t off;
+        uint64_t min, max;
+    } nums[] = {{"--batch-size", offsetof(load_args, batch), 1, SIZE_MAX},
+                {"--workers", offsetof(load_args, workers), 0, 1024},
+                {"--prefetch", offsetof(load_args, prefetch), 1, 1024},
+                {"--seed", offsetof(load_args, seed), 0, UINT64_MAX},
+                {"--epochs", offsetof(load_args, epochs), 1, UINT64_MAX},
+                {"--limit", offsetof(load_args, limit), 0, UINT64_MAX}};
+    static const struct {
+        const char *name;
+        size_t off;
+    } strs[] = {{"--pin-memory-device", offsetof(load_args, pin_dev)},
+                {"--device", offsetof(load_args, device)}};
+    static const struct {
+        const char *name;
+        size_t off;
+        int value;
+    } flags[] = {{"--shuffle", offsetof(load_args, shuffle), 1},
+                 {"--drop-last", offsetof(load_args, drop_last), 1},
+                 {"--no-pin-memory", offsetof(load_args, pin), 0},
+                 {"--verify", offsetof(load_args, verify), 1},
+                 {"--out-of-order", offsetof(load_args, in_order), 0},
+                 {"--no-hash", offsetof(load_args, hash), 0},
+                 {"--json", offsetof(load_args, cmd.json), 1}};
+    *a = (load_args){.cmd = {"load", cli_has_json(argc, argv)}, .batch = 256, .workers = 2,
+                     .prefetch = 2, .epochs = 1, .pin = 1, .in_order = 1, .hash = 1};
+    const cli_cmd *c = &a->cmd;
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i], *v;
+        int got = 0;
+        if (cli_is(arg, "--help") || cli_is(arg, "-h")) {
+            usage(stdout);
+            return 0;
+        }
+        for (size_t k = 0; k < sizeof(nums) / sizeof(nums[0]) && !got; k++)
+            if ((got = cli_opt(c, argc, argv, &i, nums[k].name, &v)) != 0 &&
+                (got < 0 || cli_u64(c, nums[k].name, v, nums[k].min, nums[k].max,
+                                    (uint64_t *)((char *)a + nums[k].off)) < 0))
+                return 2;
+        for (size_t k = 0; k < sizeof(strs) / sizeof(strs[0]) && !got; k++)
+            if ((got = cli_opt(c, argc, argv, &i, strs[k].name, &v)) < 0)
+                return 2;
+            else if (got)
+                *(const char **)((char *)a + strs[k].off) = v;
+        for (size_t k = 0; k < sizeof(flags) / sizeof(flags[0]) && !got; k++)
+            if ((got = cli_is(arg, flags[k].name)) != 0)
+                *(int *)((char *)a + flags[k].off) = flags[k].value;
+        if (got)
+            continue;
+        if (arg[0] == '-' && arg[1] != '\0') {
+            if (!c->json)
+                usage(stderr);
+            return cli_fail(c, 2, "unknown option '%s' (stoke load --help lists them)", arg);
+        }
+        if (a->source)
+            return cli_fail(c, 2, "only one SOURCE (got '%s' and '%s')", a->source, arg);
+        a->source = arg;
     }
-    return status;
+    if (!a->source)
+        a->source = "synthetic";
+    if (a->verify && !a->device)
+        return cli_fail(c, 2, "--verify needs --device");
+    return -1;
 }
 
-/* Parses the value of option `flag` as a decimal integer in [min, max].  0 on success; -1 after
- * reporting the one bad option. */
-static int parse_u64(int json, const char *flag, const char *v, uint64_t min, uint64_t max,
-                     uint64_t *out)
+/* ---- the run --------------------------------------------------------------------------- */
+
+/* What the timed pass delivered, for the hash pass: `epochs` epochs were reached; all but the
+ * last were delivered whole, and so was the last if `last_whole`; otherwise idx[0..n) are the
+ * indices of the last epoch's delivered samples (in delivery order until the hash pass sorts
+ * them). */
+typedef struct delivered {
+    uint64_t epochs;
+    int last_whole;
+    uint64_t *idx;
+    size_t n, cap;
+    int lost; /* out of memory keeping idx: content_hash is not computed */
+} delivered;
+
+typedef struct load_run {
+    const load_args *a;
+    stoke_dataset ds;
+    stoke_loader *l;
+    uint64_t total;         /* batches the timed pass may deliver (UINT64_MAX: until the end) */
+    size_t sample_bytes;    /* of field 0 */
+    unsigned char *scratch; /* --verify: field 0 of a batch read back from the device */
+    int bar;                /* a progress bar on stderr */
+    delivered seen;
+    uint64_t batches, samples, index_sum, order, content;
+    uint64_t t0, t1, hash_ns;
+    int status, hash_pass;
+    char err[1024];
+    stoke_loader_stats st;
+} load_run;
+
+/* Records the loader's failure (status `rc`) in r->err and on stderr. */
+static void run_failed(load_run *r, int rc)
 {
-    if (!v)
-        return fail_early(json, -1, "%s needs a value", flag);
-    if (*v < '0' || *v > '9')
-        return fail_early(json, -1, "%s: '%s' is not a non-negative integer", flag, v);
-    char *end;
-    errno = 0;
-    unsigned long long x = strtoull(v, &end, 10);
-    if (*end)
-        return fail_early(json, -1, "%s: '%s' is not a non-negative integer", flag, v);
-    if (errno == ERANGE || x > max)
-        return fail_early(json, -1, "%s: %s is too large (at most %" PRIu64 ")", flag, v, max);
-    if (x < min)
-        return fail_early(json, -1, "%s must be at least %" PRIu64 " (got %s)", flag, min, v);
-    *out = x;
+    const char *msg = stoke_loader_last_error(r->l);
+    snprintf(r->err, sizeof(r->err), "%s", msg && *msg ? msg : stoke_strerror(rc));
+    fprintf(stderr, "%sstoke load: %s\n", r->bar ? "\n" : "", r->err);
+    r->status = 1;
+}
+
+static void keep_indices(delivered *d, const uint64_t *idx, size_t n)
+{
+    if (d->lost)
+        return;
+    if (d->cap - d->n < n) {
+        size_t cap = d->cap ? d->cap : 1024;
+        while (cap - d->n < n && cap <= SIZE_MAX / 2 / sizeof(*d->idx))
+            cap *= 2;
+        uint64_t *p = cap - d->n >= n ? realloc(d->idx, cap * sizeof(*p)) : NULL;
+        if (!p) {
+            fprintf(stderr, "stoke load: out of memory keeping the indices of %zu delivered "
+                            "samples: content_hash is not computed\n", d->n + n);
+            d->lost = 1;
+            return;
+        }
+        d->idx = p;
+        d->cap = cap;
+    }
+    memcpy(d->idx + d->n, idx, n * sizeof(*idx));
+    d->n += n;
+}
+
+static int open_loader(const load_args *a, load_run *r)
+{
+    const cli_cmd *c = &a->cmd;
+    int rc = stoke_source_open(a->source, &r->ds);
+    if (rc != STOKE_OK)
+        return cli_fail(c, 1, "source '%s': %s", a->source,
+                        *stoke_last_error() ? stoke_last_error() : stoke_strerror(rc));
+    stoke_loader_opts o;
+    stoke_loader_opts_init(&o);
+    o.batch_size = (size_t)a->batch;
+    o.num_workers = (int)a->workers;
+    o.prefetch_factor = (int)a->prefetch;
+    o.shuffle = a->shuffle;
+    o.seed = a->seed;
+    o.drop_last = a->drop_last;
+    o.pin_memory = a->pin;
+    o.pin_memory_device = a->pin_dev;
+    o.in_order = a->in_order;
+    o.device = a->device;
+    rc = stoke_loader_create(&o, &r->ds, &r->l);
+    if (rc != STOKE_OK)
+        return cli_fail(c, 1, "%s", *stoke_last_error() ? stoke_last_error() : stoke_strerror(rc));
+    uint64_t per_epoch = stoke_loader_num_batches(r->l);
+    /* an iterable source does not know its length: run until the epochs end */
+    r->total = per_epoch && per_epoch <= UINT64_MAX / a->epochs ? per_epoch * a->epochs
+                                                                : UINT64_MAX;
+    if (a->limit && a->limit < r->total)
+        r->total = a->limit;
+    r->sample_bytes = r->ds.fields[0].bytes;
+    r->bar = isatty(2);
+    r->order = FNV_OFFSET;
+    if (a->verify) {
+        stoke_loader_get_stats(r->l, &r->st); /* a batch's field 0 fits in one buffer */
+        r->scratch = malloc((size_t)r->st.buffer_bytes);
+        if (!r->scratch)
+            return cli_fail(c, 1, "out of memory for a --verify buffer of %" PRIu64 " bytes",
+                            r->st.buffer_bytes);
+    }
     return 0;
 }
 
-static void progress(uint64_t done, uint64_t total, double secs, uint64_t samples)
+static void progress(const load_run *r, uint64_t now)
 {
-    if (total == UINT64_MAX) {
-        fprintf(stderr, "\r%" PRIu64 " batches  %.0f samples/s ", done,
-                secs > 0 ? (double)samples / secs : 0.0);
-        fflush(stderr);
-        return;
+    double secs = (double)(now - r->t0) / 1e9;
+    double rate = secs > 0 ? (double)r->samples / secs : 0.0;
+    if (r->total == UINT64_MAX) {
+        fprintf(stderr, "\r%" PRIu64 " batches  %.0f samples/s ", r->batches, rate);
+    } else {
+        int width = 30, fill = (int)(r->batches * (uint64_t)width / r->total);
+        char bar[64];
+        for (int i = 0; i < width; i++)
+            bar[i] = i < fill ? '#' : '.';
+        bar[width] = '\0';
+        fprintf(stderr, "\r[%s] %" PRIu64 "/%" PRIu64 " batches  %.0f samples/s ", bar,
+                r->batches, r->total, rate);
     }
-    int width = 30, fill = total ? (int)(done * (uint64_t)width / total) : 0;
-    char bar[64];
-    for (int i = 0; i < width; i++)
-        bar[i] = i < fill ? '#' : '.';
-    bar[width] = '\0';
-    fprintf(stderr, "\r[%s] %" PRIu64 "/%" PRIu64 " batches  %.0f samples/s ", bar, done, total,
-            secs > 0 ? (double)samples / secs : 0.0);
     fflush(stderr);
+}
+
+/* The timed pass's work on one delivered batch, which it releases.  A batch counts as
+ * delivered as soon as next() returns it, before its device copy is waited for, as in the
+ * loader's statistics.  Returns the status of the device wait / read back. */
+static int take_batch(load_run *r, stoke_batch *b)
+{
+    const load_args *a = r->a;
+    size_t n = stoke_batch_count(b);
+    const uint64_t *idx = stoke_batch_indices(b);
+    for (size_t i = 0; i < n; i++)
+        r->index_sum += idx[i];
+    r->order = hash_order(r->order, idx, n);
+    r->batches++;
+    r->samples += n;
+    int rc = STOKE_OK;
+    if (a->device) {
+        rc = stoke_batch_device_wait(b);
+        if (rc == STOKE_OK && a->verify)
+            rc = stoke_batch_device_read(b, 0, r->scratch);
+        if (rc == STOKE_OK && a->verify && a->hash)
+            r->content += hash_batch(r->scratch, stoke_batch_offsets(b), n, r->sample_bytes);
+    } else if (a->hash) {
+        keep_indices(&r->seen, idx, n);
+    }
+    stoke_batch_release(b);
+    return rc;
+}
+
+/* Pass 1, timed: --epochs epochs, at most r->total batches in all. */
+static void timed_pass(load_run *r)
+{
+    uint64_t last_bar = 0;
+    r->t0 = now_ns();
+    for (uint64_t e = 0; e < r->a->epochs && r->batches < r->total && !r->status; e++) {
+        stoke_batch *b;
+        int rc = e ? stoke_loader_set_epoch(r->l, e) : STOKE_OK;
+        r->seen.epochs = e + 1;
+        r->seen.n = 0; /* the epochs before were delivered whole */
+        while (rc == STOKE_OK && r->batches < r->total &&
+               (rc = stoke_loader_next(r->l, &b)) == STOKE_OK) {
+            rc = take_batch(r, b);
+            uint64_t t = now_ns();
+            if (r->bar && (t - last_bar > 100000000u || r->batches == r->total)) {
+                last_bar = t;
+                progress(r, t);
+            }
+        }
+        r->seen.last_whole = rc == STOKE_EEND;
+        if (rc != STOKE_OK && rc != STOKE_EEND)
+            run_failed(r, rc);
+    }
+    r->t1 = now_ns();
+    stoke_loader_get_stats(r->l, &r->st);
+    if (r->bar)
+        fputc('\n', stderr);
+}
+
+static int cmp_u64(const void *x, const void *y)
+{
+    uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
+    return a < b ? -1 : a > b;
+}
+
+/* Takes one not yet taken occurrence of index x from the sorted want[0..n).  1 if there was
+ * one. */
+static int take_index(const uint64_t *want, unsigned char *taken, size_t n, uint64_t x)
+{
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (want[mid] < x)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    for (; lo < n && want[lo] == x; lo++)
+        if (!taken[lo])
+            return taken[lo] = 1;
+    return 0;
+}
+
+/* Adds to r->content the hashes of the batch's samples that are wanted (want NULL: all of
+ * them).  Returns how many it hashed. */
+static size_t hash_wanted(load_run *r, const stoke_batch *b, const uint64_t *want,
+                          unsigned char *taken, size_t nwant)
+{
+    size_t n = stoke_batch_count(b), hit = 0, pending = 0;
+    const uint64_t *idx = stoke_batch_indices(b), *off = stoke_batch_offsets(b);
+    const unsigned char *data = stoke_batch_data(b, 0), *q[4];
+    if (!want) {
+        r->content += hash_batch(data, off, n, r->sample_bytes);
+        return n;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!take_index(want, taken, nwant, idx[i]))
+            continue;
+        hit++;
+        if (off) {
+            r->content += hash_batch(data, off + i, 1, 0);
+            continue;
+        }
+        q[pending++] = data + i * r->sample_bytes;
+        if (pending == 4) {
+            r->content += fnv1a_sum4(q, r->sample_bytes);
+            pending = 0;
+        }
+    }
+    for (size_t k = 0; k < pending; k++)
+        r->content += fnv1a(q[k], r->sample_bytes);
+    return hit;
+}
+
+/* Runs epoch e again and hashes the samples in want[0..n) (sorted here; each as often as it
+ * is there), or, for want NULL, every sample of the epoch. */
+static void hash_epoch(load_run *r, uint64_t e, uint64_t *want, size_t n)
+{
+    unsigned char *taken = NULL;
+    if (want) {
+        qsort(want, n, sizeof(*want), cmp_u64);
+        if (!(taken = calloc(n ? n : 1, 1))) {
+            snprintf(r->err, sizeof(r->err), "out of memory for the content_hash pass");
+            fprintf(stderr, "stoke load: %s\n", r->err);
+            r->status = 1;
+            return;
+        }
+    }
+    size_t left = n;
+    stoke_batch *b;
+    int rc = stoke_loader_set_epoch(r->l, e);
+    while (rc == STOKE_OK && (!want || left) && (rc = stoke_loader_next(r->l, &b)) == STOKE_OK) {
+        left -= hash_wanted(r, b, want, taken, n);
+        stoke_batch_release(b);
+    }
+    if (rc != STOKE_OK && rc != STOKE_EEND) {
+        run_failed(r, rc);
+    } else if (want && left) {
+        size_t j = 0;
+        while (taken[j])
+            j++;
+        snprintf(r->err, sizeof(r->err),
+                 "content_hash: the hash pass did not deliver sample %" PRIu64 " of epoch %" PRIu64
+                 ", which the timed pass delivered (did the source change?)",
+                 want[j], e);
+        fprintf(stderr, "stoke load: %s\n", r->err);
+        r->status = 1;
+    }
+    free(taken);
+}
+
+/* Pass 2, untimed: the content_hash of exactly the samples the timed pass delivered. */
+static void hash_pass(load_run *r)
+{
+    const delivered *d = &r->seen;
+    uint64_t h0 = now_ns();
+    r->hash_pass = 1;
+    for (uint64_t e = 0; e < d->epochs && !r->status; e++) {
+        int whole = e + 1 < d->epochs || d->last_whole;
+        hash_epoch(r, e, whole ? NULL : d->idx, whole ? 0 : d->n);
+    }
+    r->hash_ns = now_ns() - h0;
+}
+
+/* ---- the summary ----------------------------------------------------------------------- */
+
+static void json_str_or_null(const char *key, const char *s)
+{
+    printf(", \"%s\": ", key);
+    if (s)
+        cli_json_str(stdout, s);
+    else
+        printf("null");
+}
+
+static void print_json(const load_run *r, const char *content_src, const char *accel,
+                       const char *pinned_for, double secs)
+{
+    const load_args *a = r->a;
+    const stoke_loader_stats *st = &r->st;
+    printf("{\"ok\": %s", r->status ? "false" : "true");
+    json_str_or_null("error", r->status ? r->err : NULL);
+    json_str_or_null("source", a->source);
+    printf(", \"samples\": %" PRIu64 ", \"batches\": %" PRIu64 ", \"seconds\": %.6f", r->samples,
+           r->batches, secs);
+    printf(", \"samples_per_s\": %.1f, \"bytes_per_s\": %.1f", (double)r->samples / secs,
+           (double)st->bytes / secs);
+    json_str_or_null("accelerator", accel);
+    json_str_or_null("pinned_for", pinned_for);
+    printf(", \"pinned_batches\": %" PRIu64 ", \"pageable_batches\": %" PRIu64,
+           st->pinned_batches, st->pageable_batches);
+    printf(", \"index_sum\": %" PRIu64, r->index_sum);
+    if (content_src)
+        printf(", \"content_hash\": \"0x%016" PRIx64 "\"", r->content);
+    else
+        printf(", \"content_hash\": null");
+    json_str_or_null("content_hash_from", content_src);
+    printf(", \"order_hash\": \"0x%016" PRIx64 "\"", r->order);
+    printf(", \"data_wait_s\": %.6f, \"wait_p50_s\": %.6f, \"wait_p99_s\": %.6f", st->wait_s,
+           st->wait_p50_s, st->wait_p99_s);
+    printf(", \"worker_busy_s\": %.6f, \"hash_pass_seconds\": ", st->worker_busy_s);
+    if (r->hash_pass)
+        printf("%.6f", (double)r->hash_ns / 1e9);
+    else
+        printf("null");
+    printf(", \"bytes\": %" PRIu64 ", \"batch_size\": %" PRIu64 ", \"workers\": %" PRIu64
+           ", \"epochs\": %" PRIu64 ", \"shuffle\": %s, \"seed\": %" PRIu64,
+           st->bytes, a->batch, a->workers, a->epochs, a->shuffle ? "true" : "false", a->seed);
+    json_str_or_null("device", a->device);
+    printf(", \"device_copies\": %" PRIu64 ", \"device_errors\": %" PRIu64 ", \"verified\": %s",
+           st->device_copies, st->device_errors, a->verify && !r->status ? "true" : "false");
+    printf(", \"buffers\": %" PRIu64 ", \"buffer_bytes\": %" PRIu64 "}\n", st->buffers,
+           st->buffer_bytes);
+}
+
+static void print_text(const load_run *r, const char *content_src, const char *accel,
+                       const char *pinned_for, double secs)
+{
+    const load_args *a = r->a;
+    const stoke_loader_stats *st = &r->st;
+    printf("stoke load %s: %" PRIu64 " samples in %" PRIu64 " batches, %.3f s, %.0f samples/s, "
+           "%.1f MB/s%s\n",
+           a->source, r->samples, r->batches, secs, (double)r->samples / secs,
+           (double)st->bytes / secs / 1e6, r->status ? " (FAILED)" : "");
+    printf("  accelerator: %s; pinned for: %s; batches pinned: %" PRIu64 ", pageable: %" PRIu64
+           "\n",
+           accel ? accel : "none", pinned_for ? pinned_for : "none", st->pinned_batches,
+           st->pageable_batches);
+    if (a->device)
+        printf("  device %s: %" PRIu64 " batches copied, %" PRIu64 " failed%s\n", a->device,
+               st->device_copies, st->device_errors,
+               a->verify && !r->status ? ", read back and hashed" : "");
+    printf("  consumer waited %.3f s (p50 %.1f us, p99 %.1f us); workers busy %.3f s\n",
+           st->wait_s, st->wait_p50_s * 1e6, st->wait_p99_s * 1e6, st->worker_busy_s);
+    printf("  index_sum %" PRIu64 ", content_hash ", r->index_sum);
+    if (content_src)
+        printf("0x%016" PRIx64 " (field 0, %s)", r->content,
+               a->device ? "read back from the device" : "second untimed pass");
+    else
+        printf("n/a");
+    printf(", order_hash 0x%016" PRIx64 "\n", r->order);
+}
+
+static void print_summary(const load_run *r)
+{
+    const load_args *a = r->a;
+    stoke_accelerator_info acc;
+    const char *accel = stoke_accelerator_get(&acc) == STOKE_OK ? acc.backend : NULL;
+    const char *pinned_for = stoke_loader_pinned_backend(r->l);
+    double secs = (double)(r->t1 - r->t0) / 1e9;
+    if (secs <= 0)
+        secs = 1e-9;
+    int known = !r->status && a->hash && (!a->device || a->verify) && !r->seen.lost;
+    const char *content_src = !known ? NULL : a->device ? "device_readback" : "host_second_pass";
+    if (a->cmd.json)
+        print_json(r, content_src, accel, pinned_for, secs);
+    else
+        print_text(r, content_src, accel, pinned_for, secs);
 }
 
 int cmd_load(int argc, char **argv)
 {
-    const char *source = NULL;
-    uint64_t batch = 256, workers = 2, prefetch = 2, seed = 0, epochs = 1, limit = 0;
-    int shuffle = 0, drop_last = 0, pin = 1, json = 0, verify = 0, in_order = 1, hash = 1;
-    const char *pin_dev = NULL, *device = NULL;
-    for (int i = 1; i < argc; i++) /* known before any error is reported */
-        if (cli_is(argv[i], "--json"))
-            json = 1;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int bad = 0;
-        if (cli_is(a, "--help") || cli_is(a, "-h")) {
-            usage(stdout);
-            return 0;
-        } else if (cli_is(a, "--batch-size")) {
-            bad = parse_u64(json, a, v, 1, SIZE_MAX, &batch), i++;
-        } else if (cli_is(a, "--workers")) {
-            bad = parse_u64(json, a, v, 0, 1024, &workers), i++;
-        } else if (cli_is(a, "--prefetch")) {
-            bad = parse_u64(json, a, v, 1, 1024, &prefetch), i++;
-        } else if (cli_is(a, "--seed")) {
-            bad = parse_u64(json, a, v, 0, UINT64_MAX, &seed), i++;
-        } else if (cli_is(a, "--epochs")) {
-            bad = parse_u64(json, a, v, 1, UINT64_MAX, &epochs), i++;
-        } else if (cli_is(a, "--limit")) {
-            bad = parse_u64(json, a, v, 0, UINT64_MAX, &limit), i++;
-        } else if (cli_is(a, "--shuffle")) {
-            shuffle = 1;
-        } else if (cli_is(a, "--drop-last")) {
-            drop_last = 1;
-        } else if (cli_is(a, "--no-pin-memory")) {
-            pin = 0;
-        } else if (cli_is(a, "--pin-memory-device")) {
-            if (!v)
-                return fail_early(json, 2, "--pin-memory-device needs NAME[:INDEX]");
-            pin_dev = v, i++;
-        } else if (cli_is(a, "--device")) {
-            if (!v)
-                return fail_early(json, 2, "--device needs NAME[:INDEX]");
-            device = v, i++;
-        } else if (cli_is(a, "--verify")) {
-            verify = 1;
-        } else if (cli_is(a, "--out-of-order")) {
-            in_order = 0;
-        } else if (cli_is(a, "--no-hash")) {
-            hash = 0;
-        } else if (cli_is(a, "--json")) {
-            json = 1;
-        } else if (a[0] == '-' && a[1] != '\0') {
-            if (!json)
-                usage(stderr);
-            return fail_early(json, 2, "unknown option '%s' (stoke load --help lists them)", a);
-        } else if (source) {
-            return fail_early(json, 2, "only one SOURCE (got '%s' and '%s')", source, a);
-        } else {
-            source = a;
-        }
-        if (bad)
-            return 2;
+    load_args a;
+    int status = parse_args(argc, argv, &a);
+    if (status >= 0)
+        return status;
+    load_run r = {.a = &a, .st = {.size = sizeof(r.st)}};
+    status = open_loader(&a, &r);
+    if (status == 0) {
+        timed_pass(&r);
+        if (!r.status && a.hash && !a.device && !r.seen.lost)
+            hash_pass(&r);
+        print_summary(&r);
+        status = r.status;
     }
-    if (!source)
-        source = "synthetic";
-    if (verify && !device)
-        return fail_early(json, 2, "--verify needs --device");
-
-    stoke_dataset ds;
-    int rc = stoke_source_open(source, &ds);
-    if (rc != STOKE_OK)
-        return fail_early(json, 1, "source '%s': %s", source,
-                          *stoke_last_error() ? stoke_last_error() : stoke_strerror(rc));
-    stoke_loader_opts o;
-    stoke_loader_opts_init(&o);
-    o.batch_size = (size_t)batch;
-    o.num_workers = (int)workers;
-    o.prefetch_factor = (int)prefetch;
-    o.shuffle = shuffle;
-    o.seed = seed;
-    o.drop_last = drop_last;
-    o.pin_memory = pin;
-    o.pin_memory_device = pin_dev;
-    o.in_order = in_order;
-    o.device = device;
-    stoke_loader *l = NULL;
-    rc = stoke_loader_create(&o, &ds, &l);
-    if (rc != STOKE_OK) {
-        rc = fail_early(json, 1, "%s",
-                        *stoke_last_error() ? stoke_last_error() : stoke_strerror(rc));
-        stoke_dataset_close(&ds);
-        return rc;
-    }
-    stoke_accelerator_info acc;
-    int have_acc = stoke_accelerator_get(&acc) == STOKE_OK;
-    const char *pinned_for = stoke_loader_pinned_backend(l);
-
-    uint64_t per_epoch = stoke_loader_num_batches(l);
-    /* an iterable source does not know its length: run until the epochs end */
-    uint64_t total = per_epoch && per_epoch <= UINT64_MAX / epochs ? per_epoch * epochs
-                                                                   : UINT64_MAX;
-    if (limit && limit < total)
-        total = limit;
-    int bar = isatty(2);
-    size_t sample_bytes = ds.fields[0].bytes;
-    unsigned char *scratch = NULL;
-    stoke_loader_stats st = {.size = sizeof(st)};
-    if (verify) {
-        stoke_loader_get_stats(l, &st); /* a batch's field 0 fits in one buffer */
-        scratch = malloc((size_t)st.buffer_bytes);
-        if (!scratch) {
-            stoke_loader_destroy(l);
-            stoke_dataset_close(&ds);
-            return fail_early(json, 1, "out of memory for a --verify buffer of %" PRIu64 " bytes",
-                              st.buffer_bytes);
-        }
-    }
-
-    /* Pass 1, timed: index_sum and order_hash (8 bytes per sample), and for --device --verify
-     * the content read back from the device.  Pass 2, untimed: the same epochs again from epoch 0
-     * (same seed: the same order) for the content_hash of host batches, so hashing never runs
-     * beside the workers being measured.  A batch counts as delivered as soon as next() returns
-     * it, before its device copy is waited for, as in the loader's statistics. */
-    uint64_t nb = 0, ns = 0, index_sum = 0, content = 0, order = FNV_OFFSET;
-    uint64_t t0 = now_ns(), t1 = t0, hash_ns = 0;
-    int status = 0, hash_pass = 0;
-    char errmsg[1024] = "";
-    for (int pass = 0; pass < 2 && !status; pass++) {
-        int inline_hash = pass == 0 && device && verify && hash;
-        if (pass == 1) {
-            if (!hash || device)
-                break;
-            hash_pass = 1;
-        }
-        uint64_t lb = 0, last_bar = 0, h0 = now_ns();
-        for (uint64_t e = 0; e < epochs && lb < total && !status; e++) {
-            stoke_batch *b;
-            rc = e || pass ? stoke_loader_set_epoch(l, e) : STOKE_OK;
-            while (rc == STOKE_OK && lb < total && (rc = stoke_loader_next(l, &b)) == STOKE_OK) {
-                size_t n = stoke_batch_count(b);
-                const uint64_t *idx = stoke_batch_indices(b);
-                if (pass == 0) {
-                    for (size_t i = 0; i < n; i++)
-                        index_sum += idx[i];
-                    order = hash_order(order, idx, n);
-                    nb++;
-                    ns += n;
-                }
-                lb++;
-                if (device && pass == 0) {
-                    rc = stoke_batch_device_wait(b);
-                    if (rc == STOKE_OK && verify)
-                        rc = stoke_batch_device_read(b, 0, scratch);
-                    if (rc != STOKE_OK) {
-                        stoke_batch_release(b);
-                        break;
-                    }
-                }
-                const unsigned char *bytes = inline_hash ? scratch
-                                             : pass == 1 ? stoke_batch_data(b, 0)
-                                                         : NULL;
-                if (bytes && stoke_batch_offsets(b))
-                    content += hash_packed(bytes, stoke_batch_offsets(b), n);
-                else if (bytes)
-                    content += hash_samples(bytes, n, sample_bytes);
-                stoke_batch_release(b);
-                if (bar && pass == 0) {
-                    uint64_t t = now_ns();
-                    if (t - last_bar > 100000000u || lb == total) {
-                        last_bar = t;
-                        progress(lb, total, (double)(t - t0) / 1e9, ns);
-                    }
-                }
-            }
-            if (rc != STOKE_OK && rc != STOKE_EEND) {
-                const char *msg = stoke_loader_last_error(l);
-                snprintf(errmsg, sizeof(errmsg), "%s", msg && *msg ? msg : stoke_strerror(rc));
-                fprintf(stderr, "%sstoke load: %s\n", bar ? "\n" : "", errmsg);
-                status = 1;
-            }
-        }
-        if (pass == 0) {
-            t1 = now_ns();
-            stoke_loader_get_stats(l, &st);
-            if (bar)
-                fputc('\n', stderr);
-        } else {
-            hash_ns = now_ns() - h0;
-        }
-    }
-    double secs = (double)(t1 - t0) / 1e9;
-    if (secs <= 0)
-        secs = 1e-9;
-    int content_known = !status && hash && (!device || verify);
-    const char *content_src = !content_known ? NULL
-                              : device       ? "device_readback"
-                                             : "host_second_pass";
-
-    if (json) {
-        printf("{\"ok\": %s, \"error\": ", status ? "false" : "true");
-        if (status)
-            cli_json_str(stdout, errmsg);
-        else
-            printf("null");
-        printf(", \"source\": ");
-        cli_json_str(stdout, source);
-        printf(", \"samples\": %" PRIu64 ", \"batches\": %" PRIu64 ", \"seconds\": %.6f", ns, nb,
-               secs);
-        printf(", \"samples_per_s\": %.1f, \"bytes_per_s\": %.1f", (double)ns / secs,
-               (double)st.bytes / secs);
-        printf(", \"accelerator\": ");
-        if (have_acc)
-            cli_json_str(stdout, acc.backend);
-        else
-            printf("null");
-        printf(", \"pinned_for\": ");
-        if (pinned_for)
-            cli_json_str(stdout, pinned_for);
-        else
-            printf("null");
-        printf(", \"pinned_batches\": %" PRIu64 ", \"pageable_batches\": %" PRIu64,
-               st.pinned_batches, st.pageable_batches);
-        printf(", \"index_sum\": %" PRIu64, index_sum);
-        if (content_known)
-            printf(", \"content_hash\": \"0x%016" PRIx64 "\"", content);
-        else
-            printf(", \"content_hash\": null");
-        printf(", \"content_hash_from\": ");
-        if (content_src)
-            cli_json_str(stdout, content_src);
-        else
-            printf("null");
-        printf(", \"order_hash\": \"0x%016" PRIx64 "\"", order);
-        printf(", \"data_wait_s\": %.6f, \"wait_p50_s\": %.6f, \"wait_p99_s\": %.6f", st.wait_s,
-               st.wait_p50_s, st.wait_p99_s);
-        printf(", \"worker_busy_s\": %.6f, \"hash_pass_seconds\": ", st.worker_busy_s);
-        if (hash_pass)
-            printf("%.6f", (double)hash_ns / 1e9);
-        else
-            printf("null");
-        printf(", \"bytes\": %" PRIu64 ", \"batch_size\": %" PRIu64 ", \"workers\": %" PRIu64
-               ", \"epochs\": %" PRIu64 ", \"shuffle\": %s, \"seed\": %" PRIu64,
-               st.bytes, batch, workers, epochs, shuffle ? "true" : "false", seed);
-        printf(", \"device\": ");
-        if (device)
-            cli_json_str(stdout, device);
-        else
-            printf("null");
-        printf(", \"device_copies\": %" PRIu64 ", \"device_errors\": %" PRIu64
-               ", \"verified\": %s",
-               st.device_copies, st.device_errors, verify && !status ? "true" : "false");
-        printf(", \"buffers\": %" PRIu64 ", \"buffer_bytes\": %" PRIu64 "}\n", st.buffers,
-               st.buffer_bytes);
-    } else {
-        printf("stoke load %s: %" PRIu64 " samples in %" PRIu64 " batches, %.3f s, %.0f samples/s, "
-               "%.1f MB/s%s\n",
-               source, ns, nb, secs, (double)ns / secs, (double)st.bytes / secs / 1e6,
-               status ? " (FAILED)" : "");
-        printf("  accelerator: %s; pinned for: %s; batches pinned: %" PRIu64 ", pageable: %" PRIu64
-               "\n",
-               have_acc ? acc.backend : "none", pinned_for ? pinned_for : "none",
-               st.pinned_batches, st.pageable_batches);
-        if (device)
-            printf("  device %s: %" PRIu64 " batches copied, %" PRIu64 " failed%s\n", device,
-                   st.device_copies, st.device_errors,
-                   verify && !status ? ", read back and hashed" : "");
-        printf("  consumer waited %.3f s (p50 %.1f us, p99 %.1f us); workers busy %.3f s\n",
-               st.wait_s, st.wait_p50_s * 1e6, st.wait_p99_s * 1e6, st.worker_busy_s);
-        printf("  index_sum %" PRIu64 ", content_hash ", index_sum);
-        if (content_known)
-            printf("0x%016" PRIx64 " (field 0, %s)", content,
-                   device ? "read back from the device" : "second untimed pass");
-        else
-            printf("n/a");
-        printf(", order_hash 0x%016" PRIx64 "\n", order);
-    }
-    free(scratch);
-    stoke_loader_destroy(l);
-    stoke_dataset_close(&ds);
+    free(r.seen.idx);
+    free(r.scratch);
+    stoke_loader_destroy(r.l);
+    stoke_dataset_close(&r.ds);
     return status;
 }

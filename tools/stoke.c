@@ -1,6 +1,5 @@
 /* stoke — command-line entry point. */
 #include <stdio.h>
-#include <string.h>
 
 #include "cli.h"
 #include "stoke/stoke.h"
@@ -22,38 +21,7 @@ static void usage(FILE *f)
             "environment: STOKE_ACCELERATOR, STOKE_PLUGIN_PATH, STOKE_LOG, ... (see README)\n");
 }
 
-void cli_json_str(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
-        switch (*p) {
-        case '"': fputs("\\\"", f); break;
-        case '\\': fputs("\\\\", f); break;
-        case '\n': fputs("\\n", f); break;
-        case '\t': fputs("\\t", f); break;
-        case '\r': fputs("\\r", f); break;
-        default:
-            if (*p < 0x20)
-                fprintf(f, "\\u%04x", *p);
-            else
-                fputc(*p, f);
-        }
-    }
-    fputc('"', f);
-}
-
-void cli_error(const char *what, int rc)
-{
-    const char *detail = stoke_last_error();
-    fprintf(stderr, "stoke: %s: %s\n", what, detail && *detail ? detail : stoke_strerror(rc));
-}
-
-int cli_is(const char *arg, const char *name)
-{
-    return strcmp(arg, name) == 0;
-}
-
-int main(int argc, char **argv)
+static int run(int argc, char **argv)
 {
     if (argc < 2) {
         usage(stderr);
@@ -77,4 +45,11 @@ int main(int argc, char **argv)
     fprintf(stderr, "stoke: unknown command '%s'\n", cmd);
     usage(stderr);
     return 2;
+}
+
+/* Every command's output is checked here, once: a lost write (a full disk, a closed stdout) is a
+ * failure, never exit status 0. */
+int main(int argc, char **argv)
+{
+    return cli_check_output(run(argc, argv));
 }

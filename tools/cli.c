@@ -1,0 +1,120 @@
+/* Helpers shared by the stoke commands (see cli.h). */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "stoke/stoke.h"
+
+int cli_is(const char *arg, const char *name)
+{
+    return strcmp(arg, name) == 0;
+}
+
+int cli_has_json(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++)
+        if (cli_is(argv[i], "--json"))
+            return 1;
+    return 0;
+}
+
+void cli_json_str(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
+        switch (*p) {
+        case '"': fputs("\\\"", f); break;
+        case '\\': fputs("\\\\", f); break;
+        case '\n': fputs("\\n", f); break;
+        case '\t': fputs("\\t", f); break;
+        case '\r': fputs("\\r", f); break;
+        default:
+            if (*p < 0x20)
+                fprintf(f, "\\u%04x", *p);
+            else
+                fputc(*p, f);
+        }
+    }
+    fputc('"', f);
+}
+
+static int report(const cli_cmd *c, int status, const char *msg)
+{
+    fprintf(stderr, "stoke %s: %s\n", c->name, msg);
+    if (c->json) {
+        printf("{\"ok\": false, \"error\": ");
+        cli_json_str(stdout, msg);
+        printf("}\n");
+    }
+    return status;
+}
+
+int cli_fail(const cli_cmd *c, int status, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    return report(c, status, msg);
+}
+
+int cli_fail_rc(const cli_cmd *c, int status, const char *what, int rc)
+{
+    const char *detail = stoke_last_error();
+    return cli_fail(c, status, "%s: %s", what,
+                    detail && *detail ? detail : stoke_strerror(rc));
+}
+
+int cli_opt(const cli_cmd *c, int argc, char **argv, int *i, const char *name,
+            const char **value)
+{
+    const char *a = argv[*i];
+    size_t n = strlen(name);
+    if (strncmp(a, name, n) != 0 || (a[n] != '\0' && a[n] != '='))
+        return 0;
+    const char *v = a[n] == '=' ? a + n + 1 : *i + 1 < argc ? argv[*i + 1] : NULL;
+    if (!v || !*v || (a[n] == '\0' && strncmp(v, "--", 2) == 0)) {
+        cli_fail(c, 2, "%s needs a value", name);
+        return -1;
+    }
+    if (a[n] == '\0')
+        ++*i;
+    *value = v;
+    return 1;
+}
+
+int cli_u64(const cli_cmd *c, const char *name, const char *v, uint64_t min, uint64_t max,
+            uint64_t *out)
+{
+    if (*v < '0' || *v > '9')
+        return cli_fail(c, -1, "%s: '%s' is not a non-negative integer", name, v);
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (*end)
+        return cli_fail(c, -1, "%s: '%s' is not a non-negative integer", name, v);
+    if (errno == ERANGE || x > max)
+        return cli_fail(c, -1, "%s: %s is too large (at most %" PRIu64 ")", name, v, max);
+    if (x < min)
+        return cli_fail(c, -1, "%s must be at least %" PRIu64 " (got %s)", name, min, v);
+    *out = x;
+    return 0;
+}
+
+int cli_check_output(int status)
+{
+    errno = 0;
+    int flushed = fflush(stdout) == 0;
+    int err = errno;
+    if (flushed && !ferror(stdout))
+        return status;
+    /* a write that failed before this flush left the error flag but maybe not errno */
+    fprintf(stderr, "stoke: error writing output: %s\n",
+            !flushed && err ? strerror(err) : "a write to stdout failed");
+    return status ? status : 1;
+}
