@@ -5,13 +5,17 @@ BUILD_TYPE ?= RelWithDebInfo
 CMAKE_ARGS ?=
 JOBS      ?= $(shell nproc 2>/dev/null || echo 2)
 PREFIX    ?= /usr/local
+# make stress: how many times in a row each `stress`-labelled test runs (next to a CPU hog).
+STRESS_N  ?= 50
 
-.PHONY: all build configure deps test demo install clean format asan tsan
+.PHONY: all build configure deps test stress demo install clean format asan tsan
 
 all: build
 
+# A first configure by `make`, `make demo` or `make install` builds no tests (they need only gcc,
+# make and cmake); `make test` turns them on (and then needs cmocka: make deps).
 $(BUILD)/CMakeCache.txt:
-	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DCMAKE_INSTALL_PREFIX=$(PREFIX) $(CMAKE_ARGS)
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DCMAKE_INSTALL_PREFIX=$(PREFIX) -DSTOKE_BUILD_TESTS=OFF $(CMAKE_ARGS)
 
 configure: $(BUILD)/CMakeCache.txt
 
@@ -22,11 +26,20 @@ build: configure
 deps:
 	@scripts/deps.sh
 
+# A test that could not check what it is for is reported as skipped (exit 77), never passed;
+# a build with no tests at all is an error (--no-tests=error).
 test: deps
 	@# configure again: cmocka may have just been installed
-	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_ARGS) >/dev/null
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DSTOKE_BUILD_TESTS=ON $(CMAKE_ARGS) >/dev/null
 	cmake --build $(BUILD) -j $(JOBS)
-	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+	ctest --test-dir $(BUILD) --output-on-failure --no-tests=error -j $(JOBS)
+
+# The `stress` tests (every test that runs threads) STRESS_N times in a row each, stopping at
+# the first failure, while a CPU hog keeps a core busy: races show up as failures here.
+stress: deps
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DSTOKE_BUILD_TESTS=ON $(CMAKE_ARGS) >/dev/null
+	cmake --build $(BUILD) -j $(JOBS)
+	scripts/stress.sh $(BUILD) $(STRESS_N)
 
 demo: build
 	scripts/demo.sh $(BUILD)

@@ -158,7 +158,7 @@ static int teardown(void **state)
     return 0;
 }
 
-/* CTest's SKIP_RETURN_CODE (tests/test_cuda_gpu.cmake): the whole file is reported as skipped,
+/* CTest's SKIP_RETURN_CODE (tests/CMakeLists.txt): the whole file is reported as skipped,
  * not passed, on a machine without a usable CUDA GPU. */
 #define SKIP_RETURN_CODE 77
 

@@ -243,33 +243,71 @@ static void test_pinned_bad_pointers(void **state)
 
 /* ---- event-guarded reuse ------------------------------------------------------------------------ */
 
-static void test_pinned_pending_copy_blocks_reuse(void **state)
+/* A block freed while a delayed copy from it is queued, and the same size allocated again. */
+typedef struct {
+    stoke_stream *s;
+    stoke_device_buffer *dbuf;
+    stoke_event *probe; /* recorded right after the copy: done once the copy is */
+    void *a, *b;
+} pending_free;
+
+/* Queues a copy from a new block `a` (simdev delays it by `delay_us`), records the probe event
+ * and `a`'s stream use, frees `a`, reads the stats and allocates the same size as `b`.  When the
+ * probe is still pending after that, the stats and the allocation both ran while the copy was
+ * queued, so they must have seen `a` waiting: asserts that and returns 1.  Otherwise (this
+ * machine was too slow to make both checks inside the delay) undoes everything and returns 0. */
+static int free_during_copy(pending_free *p, size_t n, const char *delay_us)
 {
     stoke__pinned_reset();
-    setenv("STOKE_SIMDEV_COPY_DELAY_US", "400000", 1);
+    setenv("STOKE_SIMDEV_COPY_DELAY_US", delay_us, 1);
     tu_use_simdev();
-    const size_t n = MiB;
-    stoke_stream *s = NULL;
-    stoke_device_buffer *dbuf = NULL;
-    assert_int_equal(stoke_stream_create(NULL, &s), STOKE_OK);
-    assert_int_equal(stoke_device_buffer_create(s, n, &dbuf), STOKE_OK);
+    memset(p, 0, sizeof(*p));
+    assert_int_equal(stoke_stream_create(NULL, &p->s), STOKE_OK);
+    assert_int_equal(stoke_device_buffer_create(p->s, n, &p->dbuf), STOKE_OK);
+    assert_int_equal(stoke_event_create(p->s, &p->probe), STOKE_OK);
 
-    void *a = alloc_ok(n);
-    fill(a, n, 7);
-    assert_int_equal(stoke_copy_h2d_async(dbuf, 0, a, n, s), STOKE_OK);
-    assert_int_equal(stoke_pinned_record_stream(a, s), STOKE_OK);
-    assert_int_equal(stoke_pinned_free(a), STOKE_OK);
+    p->a = alloc_ok(n);
+    fill(p->a, n, 7);
+    assert_int_equal(stoke_copy_h2d_async(p->dbuf, 0, p->a, n, p->s), STOKE_OK);
+    assert_int_equal(stoke_event_record(p->probe, p->s), STOKE_OK);
+    assert_int_equal(stoke_pinned_record_stream(p->a, p->s), STOKE_OK);
+    assert_int_equal(stoke_pinned_free(p->a), STOKE_OK);
     stoke_pinned_stats st = stats();
-    int pending = st.count_waiting == 1;
-    /* The copy is still queued: the same size must not get `a` back. */
-    void *b = alloc_ok(n);
-    if (pending) {
-        assert_ptr_not_equal(a, b);
-        memset(b, 0xee, n); /* would corrupt the copy if it were `a` */
-    } else {
-        print_message("note: the delayed copy completed before the check (very slow machine)\n");
+    p->b = alloc_ok(n);
+    int queued = stoke_event_query(p->probe);
+    if (queued == STOKE_EBUSY) {
+        assert_int_equal(st.count_waiting, 1);
+        assert_ptr_not_equal(p->a, p->b); /* the copy still reads `a` */
+        memset(p->b, 0xee, n);            /* would corrupt the copy if it were `a` */
+        return 1;
     }
+    assert_int_equal(queued, STOKE_OK);
+    assert_int_equal(stoke_stream_synchronize(p->s), STOKE_OK);
+    assert_int_equal(stoke_pinned_free(p->b), STOKE_OK);
+    stoke_event_destroy(p->probe);
+    stoke_device_buffer_destroy(p->dbuf);
+    stoke_stream_destroy(p->s);
+    return 0;
+}
+
+static void test_pinned_pending_copy_blocks_reuse(void **state)
+{
+    /* A longer delay each time the machine was too slow; a skip if even 10 s were not enough. */
+    static const char *const delays[] = {"400000", "2000000", "10000000"};
+    const size_t n = MiB;
+    pending_free pf;
+    size_t tries = 0;
+    while (!free_during_copy(&pf, n, delays[tries]))
+        if (++tries == sizeof(delays) / sizeof(delays[0]))
+            tu_skip("the delayed copy completed before the checks, even with a %s us delay",
+                    delays[tries - 1]);
+    stoke_stream *s = pf.s;
+    stoke_device_buffer *dbuf = pf.dbuf;
+    void *a = pf.a, *b = pf.b;
+    stoke_pinned_stats st;
     assert_int_equal(stoke_stream_synchronize(s), STOKE_OK);
+    assert_int_equal(stoke_event_query(pf.probe), STOKE_OK);
+    stoke_event_destroy(pf.probe);
 
     /* The copied data arrived intact. */
     unsigned char *back = malloc(n);
@@ -783,5 +821,5 @@ int main(void)
                                         setup_simdev, teardown),
         cmocka_unit_test_setup_teardown(test_pinned_threads_stress, setup_simdev, teardown),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_exit_status(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -1,16 +1,15 @@
 /* Event-guarded reuse: the pool of events, recording a stream's work on a block, and dropping
  * completed events.  Locking: a block's event list is protected by its stripe lock
- * (stoke__pn_stripe_of), taken before g.evlock, which guards the event pool and is a leaf
- * (docs/pinned.md). */
+ * (stoke__pn_stripe_of), taken before stoke__pinned.evlock, which guards the event pool and is a
+ * leaf (docs/pinned.md). */
 #include <stdlib.h>
 
 #include "common/internal.h"
 #include "pinned/pinned_internal.h"
 
-#define g stoke__pn_g
 #define EV_POOL_MAX 256 /* pooled events kept at most; more are destroyed when returned */
 
-/* Destroys a list of pooled events (taken off the pool first, outside g.evlock). */
+/* Destroys a list of pooled events (taken off the pool first, outside stoke__pinned.evlock). */
 void stoke__pn_destroy_events(pn_evnode *n)
 {
     while (n) {
@@ -24,26 +23,26 @@ void stoke__pn_destroy_events(pn_evnode *n)
 pthread_mutex_t *stoke__pn_stripe_of(const pn_block *b)
 {
     uintptr_t a = (uintptr_t)b;
-    return &g.stripes[(a / sizeof(pn_block)) % PN_STRIPES];
+    return &stoke__pinned.stripes[(a / sizeof(pn_block)) % PN_STRIPES];
 }
 
 void stoke__pn_ev_put_list(pn_evnode *n)
 {
     pn_evnode *drop = NULL;
-    pthread_mutex_lock(&g.evlock);
+    pthread_mutex_lock(&stoke__pinned.evlock);
     while (n) {
         pn_evnode *next = n->next;
-        if (g.nevfree < EV_POOL_MAX) {
-            n->next = g.evfree;
-            g.evfree = n;
-            g.nevfree++;
+        if (stoke__pinned.nevfree < EV_POOL_MAX) {
+            n->next = stoke__pinned.evfree;
+            stoke__pinned.evfree = n;
+            stoke__pinned.nevfree++;
         } else {
             n->next = drop;
             drop = n;
         }
         n = next;
     }
-    pthread_mutex_unlock(&g.evlock);
+    pthread_mutex_unlock(&stoke__pinned.evlock);
     stoke__pn_destroy_events(drop);
 }
 
@@ -52,16 +51,16 @@ static int ev_get(stoke_stream *s, pn_evnode **out)
 {
     const char *backend = stoke_stream_backend(s);
     int dev = stoke_stream_device(s);
-    pthread_mutex_lock(&g.evlock);
-    pn_evnode **pp = &g.evfree;
+    pthread_mutex_lock(&stoke__pinned.evlock);
+    pn_evnode **pp = &stoke__pinned.evfree;
     while (*pp && ((*pp)->backend != backend || (*pp)->dev != dev))
         pp = &(*pp)->next;
     pn_evnode *n = *pp;
     if (n) {
         *pp = n->next;
-        g.nevfree--;
+        stoke__pinned.nevfree--;
     }
-    pthread_mutex_unlock(&g.evlock);
+    pthread_mutex_unlock(&stoke__pinned.evlock);
     if (!n) {
         n = calloc(1, sizeof(*n));
         if (!n)

@@ -21,10 +21,9 @@
 #include "pinned/pinned_internal.h"
 #include "registry/registry.h"
 
-pn_global stoke__pn_g = {.lock = PTHREAD_MUTEX_INITIALIZER,
+pn_global stoke__pinned = {.lock = PTHREAD_MUTEX_INITIALIZER,
                          .evlock = PTHREAD_MUTEX_INITIALIZER,
                          .reglock = PTHREAD_MUTEX_INITIALIZER};
-#define g stoke__pn_g
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static pthread_key_t tc_key;
@@ -38,7 +37,7 @@ static void tc_exit(void *arg);
 static void once_init(void)
 {
     for (int i = 0; i < PN_STRIPES; i++)
-        pthread_mutex_init(&g.stripes[i], NULL);
+        pthread_mutex_init(&stoke__pinned.stripes[i], NULL);
     pthread_key_create(&tc_key, tc_exit);
     long p = sysconf(_SC_PAGESIZE);
     if (p > 0)
@@ -51,16 +50,16 @@ static void once_init(void)
 void stoke__pn_init_slow(void)
 {
     pthread_once(&once, once_init);
-    pthread_mutex_lock(&g.lock);
-    if (!atomic_load_explicit(&g.inited, memory_order_relaxed)) {
+    pthread_mutex_lock(&stoke__pinned.lock);
+    if (!atomic_load_explicit(&stoke__pinned.inited, memory_order_relaxed)) {
         int on = 1;
-        g.disabled = stoke__env_bool(STOKE_ENV_PINNED, &on) && !on;
+        stoke__pinned.disabled = stoke__env_bool(STOKE_ENV_PINNED, &on) && !on;
         uint64_t v;
-        if (!g.limit_from_api && stoke__env_size(STOKE_ENV_PINNED_LIMIT, &v))
-            atomic_store(&g.limit, v);
-        atomic_store_explicit(&g.inited, 1, memory_order_release);
+        if (!stoke__pinned.limit_from_api && stoke__env_size(STOKE_ENV_PINNED_LIMIT, &v))
+            atomic_store(&stoke__pinned.limit, v);
+        atomic_store_explicit(&stoke__pinned.inited, 1, memory_order_release);
     }
-    pthread_mutex_unlock(&g.lock);
+    pthread_mutex_unlock(&stoke__pinned.lock);
 }
 
 static uint64_t hash_str(const char *s)
@@ -74,16 +73,16 @@ static uint64_t hash_str(const char *s)
 void stoke__pn_warn_once(const char *what)
 {
     uint64_t h = hash_str(what);
-    pthread_mutex_lock(&g.lock);
-    for (int i = 0; i < g.nwarned; i++) {
-        if (g.warned_hash[i] == h) {
-            pthread_mutex_unlock(&g.lock);
+    pthread_mutex_lock(&stoke__pinned.lock);
+    for (int i = 0; i < stoke__pinned.nwarned; i++) {
+        if (stoke__pinned.warned_hash[i] == h) {
+            pthread_mutex_unlock(&stoke__pinned.lock);
             return;
         }
     }
-    if (g.nwarned < (int)STOKE__ARRAY_LEN(g.warned_hash))
-        g.warned_hash[g.nwarned++] = h;
-    pthread_mutex_unlock(&g.lock);
+    if (stoke__pinned.nwarned < (int)STOKE__ARRAY_LEN(stoke__pinned.warned_hash))
+        stoke__pinned.warned_hash[stoke__pinned.nwarned++] = h;
+    pthread_mutex_unlock(&stoke__pinned.lock);
     stoke__log(STOKE_LOG_WARN, "%s", what);
 }
 
@@ -91,7 +90,7 @@ int stoke__pn_target(const stoke_backend **vt, int *dev)
 {
     const char *why = NULL;
     int rc = stoke__accel_current(vt, dev, &why);
-    if (rc == STOKE_OK && !g.disabled)
+    if (rc == STOKE_OK && !stoke__pinned.disabled)
         return STOKE_OK;
     if (rc == STOKE_OK)
         why = "STOKE_PINNED=0 disables it";
@@ -100,13 +99,13 @@ int stoke__pn_target(const stoke_backend **vt, int *dev)
     *vt = NULL;
     *dev = -1;
     /* The reason string of one registry selection is stable: skip the lock after the first. */
-    if (atomic_load_explicit(&g.warned_why, memory_order_acquire) != why) {
+    if (atomic_load_explicit(&stoke__pinned.warned_why, memory_order_acquire) != why) {
         char msg[512];
         stoke__fmt(msg, sizeof(msg), "pinned memory: pinning is not in effect (%s); "
                    "stoke_pinned_alloc returns ordinary page-aligned memory",
                    why && *why ? why : "no accelerator");
         stoke__pn_warn_once(msg);
-        atomic_store_explicit(&g.warned_why, why, memory_order_release);
+        atomic_store_explicit(&stoke__pinned.warned_why, why, memory_order_release);
     }
     return STOKE_OK;
 }
@@ -116,17 +115,17 @@ int stoke__pn_target(const stoke_backend **vt, int *dev)
 static pn_pool *pool_get(const stoke_backend *vt, int dev)
 {
     for (int i = 0; i < PN_MAX_POOLS; i++) {
-        pn_pool *p = atomic_load_explicit(&g.pools[i], memory_order_acquire);
+        pn_pool *p = atomic_load_explicit(&stoke__pinned.pools[i], memory_order_acquire);
         if (!p)
             break;
         if (p->vt == vt && p->dev == dev)
             return p;
     }
-    pthread_mutex_lock(&g.lock);
+    pthread_mutex_lock(&stoke__pinned.lock);
     pn_pool *found = NULL;
     int i;
     for (i = 0; i < PN_MAX_POOLS; i++) {
-        pn_pool *p = atomic_load_explicit(&g.pools[i], memory_order_relaxed);
+        pn_pool *p = atomic_load_explicit(&stoke__pinned.pools[i], memory_order_relaxed);
         if (!p)
             break;
         if (p->vt == vt && p->dev == dev) {
@@ -143,10 +142,10 @@ static pn_pool *pool_get(const stoke_backend *vt, int dev)
             for (int c = 0; c < PN_NCLASS; c++)
                 pthread_mutex_init(&found->bins[c].lock, NULL);
             pthread_mutex_init(&found->wait_lock, NULL);
-            atomic_store_explicit(&g.pools[i], found, memory_order_release);
+            atomic_store_explicit(&stoke__pinned.pools[i], found, memory_order_release);
         }
     }
-    pthread_mutex_unlock(&g.lock);
+    pthread_mutex_unlock(&stoke__pinned.lock);
     return found;
 }
 
@@ -314,21 +313,21 @@ static void tc_exit(void *arg)
     pn_tcache *tc = arg;
     tl_tc = NULL;
     tl_tc_dead = 1;
-    pthread_mutex_lock(&g.lock);
+    pthread_mutex_lock(&stoke__pinned.lock);
     if (tc->prev)
         tc->prev->next = tc->next;
     else
-        g.tcaches = tc->next;
+        stoke__pinned.tcaches = tc->next;
     if (tc->next)
         tc->next->prev = tc->prev;
     pthread_mutex_lock(&tc->lock);
-    counters_add(&g.retired, &tc->c);
+    counters_add(&stoke__pinned.retired, &tc->c);
     pn_block *all = tc_take_all_locked(tc);
     pn_pool *p = tc->pool;
     pthread_mutex_unlock(&tc->lock);
     if (p)
         push_list(p, all);
-    pthread_mutex_unlock(&g.lock);
+    pthread_mutex_unlock(&stoke__pinned.lock);
     pthread_mutex_destroy(&tc->lock);
     free(tc);
 }
@@ -343,12 +342,12 @@ static pn_tcache *tc_get(void)
         return NULL;
     memset(tc, 0, sizeof(*tc));
     pthread_mutex_init(&tc->lock, NULL);
-    pthread_mutex_lock(&g.lock);
-    tc->next = g.tcaches;
-    if (g.tcaches)
-        g.tcaches->prev = tc;
-    g.tcaches = tc;
-    pthread_mutex_unlock(&g.lock);
+    pthread_mutex_lock(&stoke__pinned.lock);
+    tc->next = stoke__pinned.tcaches;
+    if (stoke__pinned.tcaches)
+        stoke__pinned.tcaches->prev = tc;
+    stoke__pinned.tcaches = tc;
+    pthread_mutex_unlock(&stoke__pinned.lock);
     pthread_setspecific(tc_key, tc);
     tl_tc = tc;
     return tc;
@@ -360,8 +359,8 @@ static pn_block *steal(pn_pool *p, int cls)
     if (cls >= PN_TC_NCLASS)
         return NULL;
     pn_block *b = NULL;
-    pthread_mutex_lock(&g.lock);
-    for (pn_tcache *tc = g.tcaches; tc && !b; tc = tc->next) {
+    pthread_mutex_lock(&stoke__pinned.lock);
+    for (pn_tcache *tc = stoke__pinned.tcaches; tc && !b; tc = tc->next) {
         pthread_mutex_lock(&tc->lock);
         if (tc->pool == p && tc->bins[cls]) {
             b = tc->bins[cls];
@@ -372,15 +371,15 @@ static pn_block *steal(pn_pool *p, int cls)
         }
         pthread_mutex_unlock(&tc->lock);
     }
-    pthread_mutex_unlock(&g.lock);
+    pthread_mutex_unlock(&stoke__pinned.lock);
     return b;
 }
 
 /* Moves every thread cache's blocks to the pools' free lists. */
 static void flush_all_tcaches(void)
 {
-    pthread_mutex_lock(&g.lock);
-    for (pn_tcache *tc = g.tcaches; tc; tc = tc->next) {
+    pthread_mutex_lock(&stoke__pinned.lock);
+    for (pn_tcache *tc = stoke__pinned.tcaches; tc; tc = tc->next) {
         pthread_mutex_lock(&tc->lock);
         pn_block *all = tc_take_all_locked(tc);
         pn_pool *p = tc->pool;
@@ -388,22 +387,22 @@ static void flush_all_tcaches(void)
         if (p)
             push_list(p, all);
     }
-    pthread_mutex_unlock(&g.lock);
+    pthread_mutex_unlock(&stoke__pinned.lock);
 }
 
 void stoke__pn_sum(pn_counters *c, uint64_t *tc_bytes, uint64_t *tc_count)
 {
     uint64_t bytes = 0, count = 0;
-    pthread_mutex_lock(&g.lock);
-    *c = g.retired;
-    for (pn_tcache *tc = g.tcaches; tc; tc = tc->next) {
+    pthread_mutex_lock(&stoke__pinned.lock);
+    *c = stoke__pinned.retired;
+    for (pn_tcache *tc = stoke__pinned.tcaches; tc; tc = tc->next) {
         pthread_mutex_lock(&tc->lock);
         counters_add(c, &tc->c);
         bytes += tc->bytes;
         count += tc->count;
         pthread_mutex_unlock(&tc->lock);
     }
-    pthread_mutex_unlock(&g.lock);
+    pthread_mutex_unlock(&stoke__pinned.lock);
     if (tc_bytes)
         *tc_bytes = bytes;
     if (tc_count)
@@ -416,7 +415,8 @@ static void sample_peak_in_use(void)
     stoke__pn_sum(&c, NULL, NULL);
     uint64_t now = c.bytes_in_use > 0 ? (uint64_t)c.bytes_in_use : 0;
     uint64_t peak = PN_GET(peak_bytes_in_use);
-    while (now > peak && !atomic_compare_exchange_weak(&g.peak_bytes_in_use, &peak, now)) {
+    while (now > peak &&
+           !atomic_compare_exchange_weak(&stoke__pinned.peak_bytes_in_use, &peak, now)) {
     }
 }
 
@@ -425,16 +425,17 @@ static void sample_peak_in_use(void)
 /* Adds `n` to the bytes held if that stays within the cap.  STOKE_OK or STOKE_ELIMIT. */
 static int reserve(uint64_t n)
 {
-    uint64_t limit = atomic_load_explicit(&g.limit, memory_order_relaxed);
+    uint64_t limit = atomic_load_explicit(&stoke__pinned.limit, memory_order_relaxed);
     uint64_t cur = PN_GET(bytes_reserved);
     do {
         if (limit && cur + n > limit)
             return STOKE_ELIMIT;
-    } while (!atomic_compare_exchange_weak_explicit(&g.bytes_reserved, &cur, cur + n,
+    } while (!atomic_compare_exchange_weak_explicit(&stoke__pinned.bytes_reserved, &cur, cur + n,
                                                     memory_order_relaxed, memory_order_relaxed));
     PN_ADD(count_reserved, 1);
     uint64_t now = cur + n, peak = PN_GET(peak_bytes_reserved);
-    while (now > peak && !atomic_compare_exchange_weak(&g.peak_bytes_reserved, &peak, now)) {
+    while (now > peak &&
+           !atomic_compare_exchange_weak(&stoke__pinned.peak_bytes_reserved, &peak, now)) {
     }
     return STOKE_OK;
 }
@@ -453,7 +454,7 @@ static size_t release_pool(pn_pool *p, size_t need)
     for (int c = PN_NCLASS - 1; c >= 0; c--) {
         for (;;) {
             if (need != SIZE_MAX) {
-                uint64_t limit = atomic_load_explicit(&g.limit, memory_order_relaxed);
+                uint64_t limit = atomic_load_explicit(&stoke__pinned.limit, memory_order_relaxed);
                 if (!limit || PN_GET(bytes_reserved) + need <= limit)
                     return released;
             }
@@ -473,7 +474,7 @@ static size_t release_pool(pn_pool *p, size_t need)
 static size_t release_idle(pn_pool *cur, size_t need)
 {
     for (int i = 0; i < PN_MAX_POOLS; i++) {
-        pn_pool *p = atomic_load_explicit(&g.pools[i], memory_order_acquire);
+        pn_pool *p = atomic_load_explicit(&stoke__pinned.pools[i], memory_order_acquire);
         if (!p)
             break;
         process_waiting(p);
@@ -481,7 +482,7 @@ static size_t release_idle(pn_pool *cur, size_t need)
     flush_all_tcaches();
     size_t released = cur ? release_pool(cur, need) : 0;
     for (int i = 0; i < PN_MAX_POOLS; i++) {
-        pn_pool *p = atomic_load_explicit(&g.pools[i], memory_order_acquire);
+        pn_pool *p = atomic_load_explicit(&stoke__pinned.pools[i], memory_order_acquire);
         if (!p)
             break;
         if (p != cur)
@@ -517,8 +518,9 @@ static int pin_new(pn_pool *p, int cls, pn_block **out)
     }
     void *mem = NULL;
     if (rc == STOKE_ELIMIT) {
-        uint64_t limit = atomic_load_explicit(&g.limit, memory_order_relaxed);
-        if (atomic_load_explicit(&g.policy, memory_order_relaxed) == STOKE_PINNED_LIMIT_FAIL) {
+        uint64_t limit = atomic_load_explicit(&stoke__pinned.limit, memory_order_relaxed);
+        if (atomic_load_explicit(&stoke__pinned.policy, memory_order_relaxed) ==
+            STOKE_PINNED_LIMIT_FAIL) {
             PN_ADD(limit_failures, 1);
             stoke__pn_desc_put(b);
             return stoke__fail(STOKE_ELIMIT, "pinned: %zu more bytes would pass the cap of "
@@ -655,8 +657,8 @@ int stoke_pinned_alloc(size_t size, void **out)
         if (rc != STOKE_OK)
             return rc;
     }
-    pn_counters *c = tc ? &tc->c : &g.retired;
-    pthread_mutex_t *m = tc ? &tc->lock : &g.lock;
+    pn_counters *c = tc ? &tc->c : &stoke__pinned.retired;
+    pthread_mutex_t *m = tc ? &tc->lock : &stoke__pinned.lock;
     pthread_mutex_lock(m);
     c->allocs++;
     c->hits += (uint64_t)hit;
@@ -721,11 +723,11 @@ int stoke_pinned_free(void *ptr)
         tc->c.count_in_use--;
         pthread_mutex_unlock(&tc->lock);
     } else {
-        pthread_mutex_lock(&g.lock);
-        g.retired.frees++;
-        g.retired.bytes_in_use -= (int64_t)size;
-        g.retired.count_in_use--;
-        pthread_mutex_unlock(&g.lock);
+        pthread_mutex_lock(&stoke__pinned.lock);
+        stoke__pinned.retired.frees++;
+        stoke__pinned.retired.bytes_in_use -= (int64_t)size;
+        stoke__pinned.retired.count_in_use--;
+        pthread_mutex_unlock(&stoke__pinned.lock);
     }
     if (cached)
         return STOKE_OK;
@@ -752,11 +754,11 @@ int stoke_pinned_set_limit(uint64_t bytes, int policy)
     if (policy != STOKE_PINNED_LIMIT_FALLBACK && policy != STOKE_PINNED_LIMIT_FAIL)
         return stoke__fail(STOKE_EINVAL, "stoke_pinned_set_limit: unknown policy %d", policy);
     stoke__pn_ensure_init();
-    pthread_mutex_lock(&g.lock);
-    g.limit_from_api = 1;
-    atomic_store(&g.limit, bytes);
-    atomic_store(&g.policy, policy);
-    pthread_mutex_unlock(&g.lock);
+    pthread_mutex_lock(&stoke__pinned.lock);
+    stoke__pinned.limit_from_api = 1;
+    atomic_store(&stoke__pinned.limit, bytes);
+    atomic_store(&stoke__pinned.policy, policy);
+    pthread_mutex_unlock(&stoke__pinned.lock);
     return STOKE_OK;
 }
 
@@ -764,9 +766,9 @@ int stoke_pinned_get_limit(uint64_t *bytes, int *policy)
 {
     stoke__pn_ensure_init();
     if (bytes)
-        *bytes = atomic_load(&g.limit);
+        *bytes = atomic_load(&stoke__pinned.limit);
     if (policy)
-        *policy = atomic_load(&g.policy);
+        *policy = atomic_load(&stoke__pinned.policy);
     return STOKE_OK;
 }
 
@@ -803,8 +805,8 @@ void stoke__pinned_reset(void)
 {
     pthread_once(&once, once_init);
     /* Thread caches stay registered (their threads still point at them) but are emptied. */
-    pthread_mutex_lock(&g.lock);
-    for (pn_tcache *tc = g.tcaches; tc; tc = tc->next) {
+    pthread_mutex_lock(&stoke__pinned.lock);
+    for (pn_tcache *tc = stoke__pinned.tcaches; tc; tc = tc->next) {
         pthread_mutex_lock(&tc->lock);
         pn_block *all = tc_take_all_locked(tc);
         tc->pool = NULL;
@@ -816,10 +818,10 @@ void stoke__pinned_reset(void)
             release_block(b);
         }
     }
-    memset(&g.retired, 0, sizeof(g.retired));
-    pthread_mutex_unlock(&g.lock);
+    memset(&stoke__pinned.retired, 0, sizeof(stoke__pinned.retired));
+    pthread_mutex_unlock(&stoke__pinned.lock);
     for (int i = 0; i < PN_MAX_POOLS; i++) {
-        pn_pool *p = atomic_load(&g.pools[i]);
+        pn_pool *p = atomic_load(&stoke__pinned.pools[i]);
         if (!p)
             continue;
         release_pool(p, SIZE_MAX);
@@ -831,7 +833,7 @@ void stoke__pinned_reset(void)
     }
     stoke__pn_live_foreach(release_live);
     for (int i = 0; i < PN_MAX_POOLS; i++) {
-        pn_pool *p = atomic_exchange(&g.pools[i], NULL);
+        pn_pool *p = atomic_exchange(&stoke__pinned.pools[i], NULL);
         if (!p)
             continue;
         for (int c = 0; c < PN_NCLASS; c++)
@@ -839,24 +841,24 @@ void stoke__pinned_reset(void)
         pthread_mutex_destroy(&p->wait_lock);
         free(p);
     }
-    pthread_mutex_lock(&g.evlock);
-    pn_evnode *ev = g.evfree;
-    g.evfree = NULL;
-    g.nevfree = 0;
-    pthread_mutex_unlock(&g.evlock);
+    pthread_mutex_lock(&stoke__pinned.evlock);
+    pn_evnode *ev = stoke__pinned.evfree;
+    stoke__pinned.evfree = NULL;
+    stoke__pinned.nevfree = 0;
+    pthread_mutex_unlock(&stoke__pinned.evlock);
     stoke__pn_destroy_events(ev);
     stoke__pn_reg_reset();
     stoke__pn_map_reset();
-    pthread_mutex_lock(&g.lock);
-#define PN_ZERO(name) atomic_store(&g.name, 0);
+    pthread_mutex_lock(&stoke__pinned.lock);
+#define PN_ZERO(name) atomic_store(&stoke__pinned.name, 0);
     PN_ATOMIC_COUNTERS(PN_ZERO)
 #undef PN_ZERO
-    g.nwarned = 0;
-    atomic_store(&g.warned_why, NULL);
-    g.limit_from_api = 0;
-    atomic_store(&g.limit, 0);
-    atomic_store(&g.policy, STOKE_PINNED_LIMIT_FALLBACK);
-    g.disabled = 0;
-    atomic_store(&g.inited, 0);
-    pthread_mutex_unlock(&g.lock);
+    stoke__pinned.nwarned = 0;
+    atomic_store(&stoke__pinned.warned_why, NULL);
+    stoke__pinned.limit_from_api = 0;
+    atomic_store(&stoke__pinned.limit, 0);
+    atomic_store(&stoke__pinned.policy, STOKE_PINNED_LIMIT_FALLBACK);
+    stoke__pinned.disabled = 0;
+    atomic_store(&stoke__pinned.inited, 0);
+    pthread_mutex_unlock(&stoke__pinned.lock);
 }

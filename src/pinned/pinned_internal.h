@@ -10,8 +10,9 @@
  *   pn_tcache  a small per-thread cache of ready blocks of one pool, with its own lock (taken by
  *              its thread on every call, by others only to steal, flush or read counters).
  *
- * Lock order: g.lock -> tcache.lock; g.lock -> pool bin/wait locks.  A tcache lock is never
- * held while taking another lock.  Event stripe locks and the event-pool lock are leaves.
+ * Lock order: stoke__pinned.lock -> tcache.lock; stoke__pinned.lock -> pool bin/wait locks.  A
+ * tcache lock is never held while taking another lock.  Event stripe locks and the event-pool
+ * lock are leaves.
  */
 #ifndef STOKE_PINNED_INTERNAL_H
 #define STOKE_PINNED_INTERNAL_H
@@ -105,7 +106,8 @@ typedef struct pn_counters {
 } pn_counters;
 
 typedef struct pn_tcache {
-    _Alignas(PN_LINE) pthread_mutex_t lock; /* guards everything below except next/prev (g.lock) */
+    /* guards everything below except next/prev (stoke__pinned.lock) */
+    _Alignas(PN_LINE) pthread_mutex_t lock;
     pn_pool *pool;
     pn_block *bins[PN_TC_NCLASS];
     uint8_t n[PN_TC_NCLASS];
@@ -160,13 +162,13 @@ typedef struct pn_global {
     pthread_mutex_t stripes[PN_STRIPES]; /* guard pn_block.events of live blocks */
 } pn_global;
 
-extern pn_global stoke__pn_g;
+extern pn_global stoke__pinned;
 
 /* Reads the configuration the first time (and after reset). */
 void stoke__pn_init_slow(void);
 static inline void stoke__pn_ensure_init(void)
 {
-    if (!atomic_load_explicit(&stoke__pn_g.inited, memory_order_acquire))
+    if (!atomic_load_explicit(&stoke__pinned.inited, memory_order_acquire))
         stoke__pn_init_slow();
 }
 /* The current target: the accelerator (*vt, *dev), or vt NULL (dev -1) for the stand-in of
@@ -175,13 +177,14 @@ static inline void stoke__pn_ensure_init(void)
 int stoke__pn_target(const stoke_backend **vt, int *dev);
 /* Logs `what` at WARN once per process and distinct text (until reset). */
 void stoke__pn_warn_once(const char *what);
-/* Sums the per-thread counters and the cached bytes of every thread cache (takes g.lock). */
+/* Sums the per-thread counters and the cached bytes of every thread cache (takes
+ * stoke__pinned.lock). */
 void stoke__pn_sum(pn_counters *c, uint64_t *tc_bytes, uint64_t *tc_count);
 void stoke__pn_reg_reset(void); /* register.c: unregisters everything (reset) */
 
-#define PN_ADD(name, v) atomic_fetch_add_explicit(&stoke__pn_g.name, (v), memory_order_relaxed)
-#define PN_SUB(name, v) atomic_fetch_sub_explicit(&stoke__pn_g.name, (v), memory_order_relaxed)
-#define PN_GET(name) atomic_load_explicit(&stoke__pn_g.name, memory_order_relaxed)
+#define PN_ADD(name, v) atomic_fetch_add_explicit(&stoke__pinned.name, (v), memory_order_relaxed)
+#define PN_SUB(name, v) atomic_fetch_sub_explicit(&stoke__pinned.name, (v), memory_order_relaxed)
+#define PN_GET(name) atomic_load_explicit(&stoke__pinned.name, memory_order_relaxed)
 
 /* ---- tests -------------------------------------------------------------------------------- */
 /* Tests only: frees every block (cached, waiting and live: pending events are synchronized

@@ -6,7 +6,6 @@
 #include "pinned/pinned_internal.h"
 #include "registry/registry.h"
 
-#define g stoke__pn_g
 
 int stoke_pin_register(void *ptr, size_t len)
 {
@@ -29,28 +28,28 @@ int stoke_pin_register(void *ptr, size_t len)
     r->vt = vt;
     r->dev = dev;
     /* Claim the address first (ready = 0) so that two racing registrations cannot both pin. */
-    pthread_mutex_lock(&g.reglock);
-    for (pn_reg *o = g.regs; o; o = o->next) {
+    pthread_mutex_lock(&stoke__pinned.reglock);
+    for (pn_reg *o = stoke__pinned.regs; o; o = o->next) {
         if (o->ptr == ptr) {
-            pthread_mutex_unlock(&g.reglock);
+            pthread_mutex_unlock(&stoke__pinned.reglock);
             free(r);
             return stoke__fail(STOKE_EINVAL, "stoke_pin_register(%p): already registered", ptr);
         }
     }
-    r->next = g.regs;
-    g.regs = r;
-    pthread_mutex_unlock(&g.reglock);
+    r->next = stoke__pinned.regs;
+    stoke__pinned.regs = r;
+    pthread_mutex_unlock(&stoke__pinned.reglock);
     rc = vt ? vt->host_register(dev, ptr, len) : STOKE_OK;
-    pthread_mutex_lock(&g.reglock);
+    pthread_mutex_lock(&stoke__pinned.reglock);
     if (rc == STOKE_OK) {
         r->ready = 1;
     } else {
-        pn_reg **pp = &g.regs;
+        pn_reg **pp = &stoke__pinned.regs;
         while (*pp != r)
             pp = &(*pp)->next;
         *pp = r->next;
     }
-    pthread_mutex_unlock(&g.reglock);
+    pthread_mutex_unlock(&stoke__pinned.reglock);
     if (rc != STOKE_OK) {
         free(r);
         return stoke__fail(rc, "stoke_pin_register: %s could not pin %zu bytes at %p for "
@@ -63,14 +62,14 @@ int stoke_pin_register(void *ptr, size_t len)
 
 int stoke_pin_unregister(void *ptr)
 {
-    pthread_mutex_lock(&g.reglock);
-    pn_reg **pp = &g.regs;
+    pthread_mutex_lock(&stoke__pinned.reglock);
+    pn_reg **pp = &stoke__pinned.regs;
     while (*pp && ((*pp)->ptr != ptr || !(*pp)->ready))
         pp = &(*pp)->next;
     pn_reg *r = *pp;
     if (r)
         *pp = r->next;
-    pthread_mutex_unlock(&g.reglock);
+    pthread_mutex_unlock(&stoke__pinned.reglock);
     if (!r)
         return stoke__fail(STOKE_EINVAL, "stoke_pin_unregister(%p): not registered", ptr);
     stoke__clear_error();
@@ -79,10 +78,10 @@ int stoke_pin_unregister(void *ptr)
         /* Still pinned as far as anyone knows: keep tracking it (and counting it). */
         char detail[512];
         stoke__strlcpy(detail, stoke_last_error(), sizeof(detail));
-        pthread_mutex_lock(&g.reglock);
-        r->next = g.regs;
-        g.regs = r;
-        pthread_mutex_unlock(&g.reglock);
+        pthread_mutex_lock(&stoke__pinned.reglock);
+        r->next = stoke__pinned.regs;
+        stoke__pinned.regs = r;
+        pthread_mutex_unlock(&stoke__pinned.reglock);
         return stoke__fail(rc, "stoke_pin_unregister(%p): %s failed to unpin it%s%s", ptr,
                            r->vt->name, detail[0] ? ": " : "", detail);
     }
@@ -94,10 +93,10 @@ int stoke_pin_unregister(void *ptr)
 
 void stoke__pn_reg_reset(void)
 {
-    pthread_mutex_lock(&g.reglock);
-    pn_reg *r = g.regs;
-    g.regs = NULL;
-    pthread_mutex_unlock(&g.reglock);
+    pthread_mutex_lock(&stoke__pinned.reglock);
+    pn_reg *r = stoke__pinned.regs;
+    stoke__pinned.regs = NULL;
+    pthread_mutex_unlock(&stoke__pinned.reglock);
     while (r) {
         pn_reg *next = r->next;
         if (r->vt && r->vt->host_unregister && r->ready)
@@ -137,17 +136,17 @@ int stoke_is_pinned(const void *ptr)
     if (stoke__accel_current(&cur, &dev, NULL) == STOKE_OK && cur &&
         cur->is_pinned(ptr, &r) == STOKE_OK && r)
         return 1;
-    pthread_mutex_lock(&g.reglock);
-    for (const pn_reg *reg = g.regs; reg && !r; reg = reg->next)
+    pthread_mutex_lock(&stoke__pinned.reglock);
+    for (const pn_reg *reg = stoke__pinned.regs; reg && !r; reg = reg->next)
         r = reg->ready && reg->vt && (const char *)ptr >= (const char *)reg->ptr &&
             (const char *)ptr < (const char *)reg->ptr + reg->len;
-    pthread_mutex_unlock(&g.reglock);
+    pthread_mutex_unlock(&stoke__pinned.reglock);
     if (r)
         return 1;
     const stoke_backend *asked[PN_MAX_POOLS];
     int nasked = 0;
     for (int i = 0; i < PN_MAX_POOLS; i++) {
-        pn_pool *p = atomic_load_explicit(&g.pools[i], memory_order_acquire);
+        pn_pool *p = atomic_load_explicit(&stoke__pinned.pools[i], memory_order_acquire);
         if (!p)
             break;
         if (!p->vt || p->vt == cur)

@@ -6,7 +6,6 @@
 #include "pinned/pinned_internal.h"
 #include "registry/registry.h"
 
-#define g stoke__pn_g
 
 /* Every uint64_t member of stoke_pinned_stats, in order: the JSON printer walks this list. */
 #define STATS_U64(X)                                                                            \
@@ -38,19 +37,20 @@ static void collect(stoke_pinned_stats *s)
     const stoke_backend *vt;
     int dev;
     const char *name = "none";
-    if (stoke__accel_current(&vt, &dev, NULL) == STOKE_OK && vt && !g.disabled)
+    if (stoke__accel_current(&vt, &dev, NULL) == STOKE_OK && vt && !stoke__pinned.disabled)
         name = vt->name;
     stoke__strlcpy(s->backend, name, sizeof(s->backend));
     pn_counters c;
     uint64_t tc_bytes, tc_count;
     stoke__pn_sum(&c, &tc_bytes, &tc_count);
-    s->limit_bytes = atomic_load(&g.limit);
-    s->limit_policy = (uint64_t)atomic_load(&g.policy);
+    s->limit_bytes = atomic_load(&stoke__pinned.limit);
+    s->limit_policy = (uint64_t)atomic_load(&stoke__pinned.policy);
     s->bytes_in_use = clamp0(c.bytes_in_use);
     s->count_in_use = clamp0(c.count_in_use);
     uint64_t peak = PN_GET(peak_bytes_in_use);
     while (s->bytes_in_use > peak &&
-           !atomic_compare_exchange_weak(&g.peak_bytes_in_use, &peak, s->bytes_in_use)) {
+           !atomic_compare_exchange_weak(&stoke__pinned.peak_bytes_in_use, &peak,
+                                         s->bytes_in_use)) {
     }
     s->peak_bytes_in_use = s->bytes_in_use > peak ? s->bytes_in_use : peak;
     s->bytes_reserved = PN_GET(bytes_reserved);

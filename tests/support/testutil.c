@@ -218,3 +218,35 @@ struct stoke_simdev_counters tu_simdev_counters(void)
     assert_int_equal(c.size, sizeof(c));
     return c;
 }
+
+/* ---- skips (testutil.h) ---------------------------------------------------------------------- */
+
+static int tu_nskipped; /* tests run one after another on the main thread */
+
+void tu_skip_note(const char *fmt, ...)
+{
+    char why[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof(why), fmt, ap);
+    va_end(ap);
+    print_message("[  SKIP    ] %s\n", why);
+    tu_nskipped++;
+}
+
+int tu_skipped(void)
+{
+    return tu_nskipped;
+}
+
+int tu_exit_status(int failed)
+{
+    if (failed)
+        return 1;
+    if (tu_nskipped) {
+        print_message("[  SKIPPED ] %d test(s) skipped a check: reported to CTest as skipped "
+                      "(exit %d), not passed\n", tu_nskipped, TU_SKIP_EXIT);
+        return TU_SKIP_EXIT;
+    }
+    return 0;
+}

@@ -51,3 +51,20 @@ int tu_run(const char *const argv[], const char *const env[], char *out, size_t 
            char *err, size_t err_len);
 /* The built `stoke` CLI (STOKE_CLI). */
 const char *tu_cli_path(void);
+
+/* ---- skips ----------------------------------------------------------------------------------
+ * A skipped check is reported as a skip, never as a pass.  tu_skip() prints "[  SKIP    ] why",
+ * counts the skip and leaves the current test through cmocka's skip() (call it from the test's
+ * own thread).  main() returns tu_exit_status(cmocka_run_group_tests(...)): 1 when a test
+ * failed; otherwise TU_SKIP_EXIT (77, CTest's SKIP_RETURN_CODE for every test, see
+ * tests/CMakeLists.txt) when any test skipped, so CTest reports the executable as skipped rather
+ * than passed; otherwise 0. */
+#define TU_SKIP_EXIT 77
+void tu_skip_note(const char *fmt, ...);
+#define tu_skip(...)                                                                               \
+    do {                                                                                           \
+        tu_skip_note(__VA_ARGS__);                                                                 \
+        skip();                                                                                    \
+    } while (0)
+int tu_skipped(void);
+int tu_exit_status(int failed);
