@@ -73,8 +73,10 @@ static uint64_t *order_by_index(const stoke_sampler *s, uint64_t seed, uint64_t 
     uint64_t len = stoke_sampler_length(s);
     uint64_t *v = malloc((len ? len : 1) * sizeof(*v));
     assert_non_null(v);
+    int bad = 0;
     for (uint64_t p = 0; p < len; p++)
-        assert_int_equal(stoke_sampler_index(s, seed, epoch, p, &v[p]), STOKE_OK);
+        bad |= stoke_sampler_index(s, seed, epoch, p, &v[p]) != STOKE_OK;
+    assert_false(bad);
     return v;
 }
 
@@ -177,21 +179,29 @@ static void test_fill_equals_index(void **state)
                     }
                     if (c.dist && c.drop && sizes[z] < (uint64_t)c.world)
                         continue; /* no positions at all: covered by the ERANGE test */
+                    if (sizes[z] == BIG_N && r != 0 && r != 2)
+                        continue; /* one rank is enough at that size (and it is slow) */
                     check_cfg(&c, sizes[z]);
                 }
 }
 
-/* A whole epoch of 2^20 + 7 filled per batch hashes as the per-sample order does. */
+/* Whole epochs filled per batch hash as the per-sample orders do (RANDOM over 2^20 + 7 is in
+ * test_golden_orders). */
 static void test_full_epoch_hash(void **state)
 {
-    static const cfg big[] = {
-        {.kind = STOKE_SAMPLER_RANDOM},
-        {.kind = STOKE_SAMPLER_BLOCK, .brows = 1000, .bwin = 8},
-        {.kind = STOKE_SAMPLER_RANDOM, .dist = 1, .rank = 1, .world = 3},
+    static const struct {
+        cfg c;
+        uint64_t n;
+    } big[] = {
+        {{.kind = STOKE_SAMPLER_BLOCK, .brows = 1000, .bwin = 8}, BIG_N},
+        {{.kind = STOKE_SAMPLER_RANDOM, .dist = 1, .rank = 1, .world = 3}, 100003},
+        {{.kind = STOKE_SAMPLER_BLOCK, .brows = 7, .bwin = 3, .dist = 1, .rank = 2, .world = 5,
+          .drop = 1},
+         100003},
     };
     for (size_t k = 0; k < STOKE__ARRAY_LEN(big); k++) {
         void *keep;
-        stoke_sampler *s = make(&big[k], BIG_N, &keep);
+        stoke_sampler *s = make(&big[k].c, big[k].n, &keep);
         uint64_t len = stoke_sampler_length(s);
         uint64_t *a = order_by_index(s, 42, 3), *b = order_by_fill(s, 42, 3, 1024);
         assert_int_equal(order_hash(a, len), order_hash(b, len));
