@@ -116,8 +116,8 @@ static void check_range(const stoke_sampler *s, uint64_t seed, uint64_t epoch, u
         uint64_t want = 0;
         assert_int_equal(stoke_sampler_index(s, seed, epoch, pos0 + i, &want), STOKE_OK);
         if (v[i] != want)
-            fail_msg("position %llu: fill gave %llu, index %llu", (unsigned long long)(pos0 + i), (unsigned long long)v[i],
-                     (unsigned long long)want);
+            fail_msg("position %llu: fill gave %llu, index %llu", (unsigned long long)(pos0 + i),
+                     (unsigned long long)v[i], (unsigned long long)want);
     }
     free(v);
 }
@@ -350,8 +350,7 @@ static void check_block_order(const uint64_t *v, uint64_t n, uint64_t rows, uint
         assert_true(v[p] < n);
         if (seen[v[p]])
             fail_msg("n %llu rows %llu win %llu: index %llu twice", (unsigned long long)n,
-                     (unsigned long long)rows, (unsigned long long)win,
-                     (unsigned long long)v[p]);
+                     (unsigned long long)rows, (unsigned long long)win, (unsigned long long)v[p]);
         seen[v[p]] = 1;
         uint64_t b = v[p] / rows;
         if (first[b] == UINT64_MAX) {

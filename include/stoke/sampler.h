@@ -58,7 +58,7 @@ typedef enum stoke_sampler_kind {
 /* BLOCK's defaults: 4096 rows per block (1 MiB of 256-byte rows, 12 MiB of 3 KB rows; the
  * sampler does not know a row's size, so pick block_rows for blocks of about 1-4 MiB), and 16
  * blocks mixed together. */
-#define STOKE_SAMPLER_BLOCK_ROWS_DEFAULT 4096u
+#define STOKE_SAMPLER_BLOCK_ROWS_DEFAULT   4096u
 #define STOKE_SAMPLER_BLOCK_WINDOW_DEFAULT 16u
 
 typedef struct stoke_sampler_opts {

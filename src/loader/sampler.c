@@ -42,7 +42,7 @@ uint64_t stoke__epoch_key(uint64_t seed, uint64_t epoch)
     return mix64(seed ^ mix64(epoch ^ 0x5851f42d4c957f2dull));
 }
 
-/* ---- the keyed Feistel permutation ------------------------------------------------------------ */
+/* ---- the keyed Feistel permutation ----------------------------------------------------------- */
 
 void stoke__feistel_init(stoke__feistel *f, uint64_t n, uint64_t key)
 {
