@@ -7,6 +7,7 @@
 
 #include "loader/loader_internal.h"
 #include "stoke/stoke.h"
+#include "test_loader_ds.h"
 
 #define BIG_N ((1ull << 20) + 7)
 
@@ -548,6 +549,52 @@ static void test_block_create_errors(void **state)
     stoke_sampler_destroy(s);
 }
 
+/* Through the loader's C API today: the batches of a BLOCK loader follow the sampler's order,
+ * with 0 and 2 workers, and hold the right samples. */
+static void test_block_through_loader(void **state)
+{
+    tu_use_none();
+    uint64_t n = 1000;
+    stoke_sampler *ref = make_block(n, 64, 3);
+    uint64_t *want = order_by_fill(ref, 77, 1, 128);
+    for (int workers = 0; workers <= 2; workers += 2) {
+        tds t;
+        stoke_dataset ds;
+        tds_make(&t, &ds, n);
+        stoke_loader_opts o;
+        stoke_loader_opts_init(&o);
+        o.batch_size = 96;
+        o.num_workers = workers;
+        o.pin_memory = 0;
+        o.shuffle = 1; /* leaves BLOCK as it is */
+        o.seed = 77;
+        o.epoch = 1;
+        o.sampler.kind = STOKE_SAMPLER_BLOCK;
+        o.sampler.block_rows = 64;
+        o.sampler.block_window = 3;
+        stoke_loader *l = NULL;
+        assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+        uint64_t got = 0;
+        stoke_batch *b;
+        int rc;
+        while ((rc = stoke_loader_next(l, &b)) == STOKE_OK) {
+            const uint64_t *idx = stoke_batch_indices(b);
+            for (size_t j = 0; j < stoke_batch_count(b); j++, got++) {
+                assert_true(got < n);
+                assert_int_equal(idx[j], want[got]);
+            }
+            assert_true(tds_batch_ok(b));
+            stoke_batch_release(b);
+        }
+        assert_int_equal(rc, STOKE_EEND);
+        assert_int_equal(got, n);
+        stoke_loader_destroy(l);
+        tds_free(&t);
+    }
+    free(want);
+    stoke_sampler_destroy(ref);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -561,6 +608,7 @@ int main(void)
         cmocka_unit_test(test_block_distributed),
         cmocka_unit_test(test_block_sequentialness),
         cmocka_unit_test(test_block_create_errors),
+        cmocka_unit_test(test_block_through_loader),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
