@@ -14,6 +14,16 @@
  *               set (PyTorch's SubsetRandomSampler).
  * - WEIGHTED:   `num_samples` draws with replacement, index i with probability
  *               weights[i] / sum(weights); draw p is a function of (seed, epoch, p).
+ * - BLOCK:      block shuffle (FFCV's quasi-random order, WebDataset's shard shuffle), a
+ *               permutation of [0, N) keyed by (seed, epoch) that reads nearly sequentially.  The
+ *               rows are cut into blocks of `block_rows` consecutive indices (the last one may be
+ *               shorter); the epoch visits the blocks in a random order, taken `block_window`
+ *               blocks at a time, and mixes the rows of those blocks in random order before
+ *               moving to the next window.  So a window of block_window * block_rows positions
+ *               holds every row of at most block_window blocks and nothing else, and each block
+ *               is read within one window.  A larger window mixes better and touches more memory
+ *               at once; block_window >= the number of blocks is a full random permutation (not
+ *               the same one as RANDOM).  docs/loader.md, "Sampling order and block shuffle".
  *
  * Distributed (any kind): the epoch's order of L positions is split between `world_size` ranks
  * as PyTorch's DistributedSampler does: without drop_last the order is padded to a multiple of
@@ -41,8 +51,15 @@ typedef enum stoke_sampler_kind {
     STOKE_SAMPLER_SEQUENTIAL = 0,
     STOKE_SAMPLER_RANDOM = 1,
     STOKE_SAMPLER_SUBSET = 2,
-    STOKE_SAMPLER_WEIGHTED = 3
+    STOKE_SAMPLER_WEIGHTED = 3,
+    STOKE_SAMPLER_BLOCK = 4
 } stoke_sampler_kind;
+
+/* BLOCK's defaults: 4096 rows per block (1 MiB of 256-byte rows, 12 MiB of 3 KB rows; the
+ * sampler does not know a row's size, so pick block_rows for blocks of about 1-4 MiB), and 16
+ * blocks mixed together. */
+#define STOKE_SAMPLER_BLOCK_ROWS_DEFAULT   4096u
+#define STOKE_SAMPLER_BLOCK_WINDOW_DEFAULT 16u
 
 typedef struct stoke_sampler_opts {
     int kind;                /* stoke_sampler_kind; default SEQUENTIAL */
@@ -60,6 +77,9 @@ typedef struct stoke_sampler_opts {
     int64_t rank;            /* -1 (default): from the environment (see above) */
     int64_t world_size;      /* 0 (default): from the environment (see above) */
     int drop_last;           /* distributed: 1 drops the tail instead of padding.  Default 0. */
+    /* BLOCK (ignored by the other kinds; new fields go after these).  At most 2^48 each. */
+    uint64_t block_rows;     /* rows per block; 0 (default) = STOKE_SAMPLER_BLOCK_ROWS_DEFAULT */
+    uint64_t block_window;   /* blocks mixed together; 0 (default) = ..._BLOCK_WINDOW_DEFAULT */
 } stoke_sampler_opts;
 
 typedef struct stoke_sampler stoke_sampler;
@@ -71,7 +91,8 @@ STOKE_API void stoke_sampler_opts_init(stoke_sampler_opts *o);
  * (indices and weights are copied).  Returns STOKE_OK with *out owned by the caller
  * (stoke_sampler_destroy); else *out = NULL and: STOKE_EINVAL for o or out NULL, a bad kind,
  * indices NULL with num_indices > 0, an index out of range, bad weights (NULL, count not the
- * dataset length, dataset length 0, a negative / NaN / huge weight, a sum of 0), rank >= world
+ * dataset length, dataset length 0, a negative / NaN / huge weight, a sum of 0), BLOCK with
+ * block_rows or block_window above 2^48 or a dataset of more than 2^62 rows, rank >= world
  * size (world size 0 included), or only one variable of an environment pair set (the last
  * error says which); STOKE_ENOMEM.  Thread-safe. */
 STOKE_API int stoke_sampler_create(const stoke_sampler_opts *o, uint64_t dataset_len,

@@ -187,4 +187,49 @@ void stoke__loader_abandon(stoke_loader *l);
 int stoke__loader_epoch_over(const stoke_loader *l);
 void stoke__loader_set_position(stoke_loader *l, uint64_t epoch, uint64_t cursor);
 
+
+/* ---- sampler.c: a batch's indices at once ----------------------------------------------------
+ *
+ * stoke_sampler_index derives the epoch's keys on every call.  For a run of positions, derive
+ * them once per (seed, epoch) with stoke__sampler_epoch_init, then fill whole batches:
+ *
+ *     stoke__sampler_epoch ep;                      (per worker, or per batch: about 20 ns)
+ *     stoke__sampler_epoch_init(&ep, l->sampler, seed, epoch);
+ *     rc = stoke__sampler_fill(l->sampler, &ep, seq * l->o.batch_size, b->count, b->indices);
+ *
+ * The indices are exactly those of stoke_sampler_index at the same positions, for every kind
+ * and distributed setting.  The context is read-only once made: any number of threads may fill
+ * from one context at once. */
+#define STOKE__FEISTEL_ROUNDS 6
+
+/* A keyed bijection of [0, n) (the one behind stoke_permute), with its round keys derived. */
+typedef struct stoke__feistel {
+    uint64_t n;     /* the domain; identity when n <= 1 */
+    uint64_t mask;  /* (1 << half) - 1 */
+    unsigned half;  /* bits of each half */
+    uint64_t rk[STOKE__FEISTEL_ROUNDS];
+} stoke__feistel;
+
+typedef struct stoke__sampler_epoch {
+    const stoke_sampler *s; /* the sampler it was made for */
+    uint64_t seed, epoch;   /* as given (a caller may compare them to decide to remake it) */
+    uint64_t key;           /* stoke__epoch_key(seed, epoch) */
+    stoke__feistel perm;    /* RANDOM, shuffled SUBSET: the epoch order; BLOCK: the full blocks */
+    uint64_t tail_slot;     /* BLOCK: where the short last block goes (number of blocks: none) */
+} stoke__sampler_epoch;
+
+/* Derives epoch `epoch`'s keys under `seed` for `s` into *e.  STOKE_OK, or STOKE_EINVAL for a
+ * NULL argument.  Pure; thread-safe. */
+int stoke__sampler_epoch_init(stoke__sampler_epoch *e, const stoke_sampler *s, uint64_t seed,
+                              uint64_t epoch);
+/* The dataset indices at positions pos0 .. pos0 + count - 1 into out[0 .. count - 1].  STOKE_OK;
+ * STOKE_ERANGE if pos0 + count passes stoke_sampler_length (nothing written); STOKE_EINVAL for
+ * s or e NULL, out NULL with count > 0, or e made for another sampler.  No last error is set.
+ * Expected O(count) time (O(1) per position: no position needs an earlier one). */
+int stoke__sampler_fill(const stoke_sampler *s, const stoke__sampler_epoch *e, uint64_t pos0,
+                        size_t count, uint64_t *out);
+/* stoke_permute's network: derive once, apply many times (same images as stoke_permute). */
+void stoke__feistel_init(stoke__feistel *f, uint64_t n, uint64_t key);
+uint64_t stoke__feistel_apply(const stoke__feistel *f, uint64_t x);
+
 #endif

@@ -15,12 +15,15 @@ struct stoke_sampler {
     uint64_t *indices;   /* SUBSET */
     int shuffle;         /* SUBSET */
     double *cdf;         /* WEIGHTED: running sums, cdf[n-1] = total */
+    /* BLOCK: rows per block, blocks per window (at most nblocks), full blocks, rows of the short
+     * last block (0: none), blocks in all */
+    uint64_t brows, bwin, nfull, tail_rows, nblocks;
     int distributed;
     uint64_t rank, world;
     uint64_t len;        /* positions for this rank */
 };
 
-uint64_t stoke__mix64(uint64_t x)
+static inline uint64_t mix64(uint64_t x)
 {
     /* splitmix64's finalizer: a bijection with good avalanche. */
     x += 0x9e3779b97f4a7c15ull;
@@ -29,17 +32,21 @@ uint64_t stoke__mix64(uint64_t x)
     return x ^ (x >> 31);
 }
 
-uint64_t stoke__epoch_key(uint64_t seed, uint64_t epoch)
+uint64_t stoke__mix64(uint64_t x)
 {
-    return stoke__mix64(seed ^ stoke__mix64(epoch ^ 0x5851f42d4c957f2dull));
+    return mix64(x);
 }
 
-#define FEISTEL_ROUNDS 6
-
-uint64_t stoke_permute(uint64_t x, uint64_t n, uint64_t key)
+uint64_t stoke__epoch_key(uint64_t seed, uint64_t epoch)
 {
-    if (n <= 1 || x >= n)
-        return x;
+    return mix64(seed ^ mix64(epoch ^ 0x5851f42d4c957f2dull));
+}
+
+/* ---- the keyed Feistel permutation ----------------------------------------------------------- */
+
+void stoke__feistel_init(stoke__feistel *f, uint64_t n, uint64_t key)
+{
+    /* The domain: the smallest power of two with an even number of bits (at least 2) >= n. */
     unsigned bits = 0;
     while (bits < 64 && (n - 1) >> bits)
         bits++;
@@ -47,22 +54,75 @@ uint64_t stoke_permute(uint64_t x, uint64_t n, uint64_t key)
         bits++;
     if (bits < 2)
         bits = 2;
-    unsigned half = bits / 2;
-    uint64_t mask = half >= 64 ? ~0ull : ((1ull << half) - 1);
-    uint64_t rk[FEISTEL_ROUNDS];
-    for (int r = 0; r < FEISTEL_ROUNDS; r++)
-        rk[r] = stoke__mix64(key + 0x632be59bd9b4e019ull * (uint64_t)(r + 1));
+    f->n = n;
+    f->half = bits / 2;
+    f->mask = (1ull << f->half) - 1; /* half <= 32 */
+    for (int r = 0; r < STOKE__FEISTEL_ROUNDS; r++)
+        f->rk[r] = mix64(key + 0x632be59bd9b4e019ull * (uint64_t)(r + 1));
+}
+
+/* One pass of the network over the power-of-two domain (the caller walks the cycle). */
+static inline uint64_t feistel_pass(const stoke__feistel *f, uint64_t y)
+{
+    uint64_t l = (y >> f->half) & f->mask, r = y & f->mask;
+    for (int i = 0; i < STOKE__FEISTEL_ROUNDS; i++) {
+        uint64_t t = l ^ (mix64(r ^ f->rk[i]) & f->mask);
+        l = r;
+        r = t;
+    }
+    return (l << f->half) | r;
+}
+
+static inline uint64_t feistel_apply(const stoke__feistel *f, uint64_t x)
+{
+    if (f->n <= 1 || x >= f->n)
+        return x;
     uint64_t y = x;
-    do { /* cycle walking: the domain is < 4n, so a few rounds on average */
-        uint64_t l = (y >> half) & mask, r = y & mask;
-        for (int i = 0; i < FEISTEL_ROUNDS; i++) {
-            uint64_t t = l ^ (stoke__mix64(r ^ rk[i]) & mask);
-            l = r;
-            r = t;
-        }
-        y = (l << half) | r;
-    } while (y >= n);
+    do /* cycle walking: the domain is < 4n, so a few rounds on average */
+        y = feistel_pass(f, y);
+    while (y >= f->n);
     return y;
+}
+
+uint64_t stoke__feistel_apply(const stoke__feistel *f, uint64_t x)
+{
+    return feistel_apply(f, x);
+}
+
+/* v[i] = image of v[i] (each < f->n) for i < count.  Four values per step: their first passes
+ * are independent, so they overlap in the pipeline; the cycle walks then finish one by one. */
+static void feistel_apply_all(const stoke__feistel *f, uint64_t *v, size_t count)
+{
+    if (f->n <= 1)
+        return;
+    size_t i = 0;
+    for (; i + 4 <= count; i += 4) {
+        uint64_t a = feistel_pass(f, v[i]), b = feistel_pass(f, v[i + 1]);
+        uint64_t c = feistel_pass(f, v[i + 2]), d = feistel_pass(f, v[i + 3]);
+        while (a >= f->n)
+            a = feistel_pass(f, a);
+        while (b >= f->n)
+            b = feistel_pass(f, b);
+        while (c >= f->n)
+            c = feistel_pass(f, c);
+        while (d >= f->n)
+            d = feistel_pass(f, d);
+        v[i] = a;
+        v[i + 1] = b;
+        v[i + 2] = c;
+        v[i + 3] = d;
+    }
+    for (; i < count; i++)
+        v[i] = feistel_apply(f, v[i]);
+}
+
+uint64_t stoke_permute(uint64_t x, uint64_t n, uint64_t key)
+{
+    if (n <= 1 || x >= n)
+        return x;
+    stoke__feistel f;
+    stoke__feistel_init(&f, n, key);
+    return feistel_apply(&f, x);
 }
 
 void stoke_sampler_opts_init(stoke_sampler_opts *o)
@@ -94,6 +154,34 @@ static int dist_from_env(uint64_t *rank, uint64_t *world)
         return 1;
     }
     return 0;
+}
+
+#define BLOCK_MAX_PARAM (1ull << 48)
+#define BLOCK_MAX_LEN   (1ull << 62)
+
+/* BLOCK: the block geometry.  With block_rows and block_window <= 2^48 and at most 2^62 rows,
+ * no product below (slot * rows, window * blocks * rows) can overflow. */
+static int block_setup(stoke_sampler *s, const stoke_sampler_opts *o, uint64_t n)
+{
+    uint64_t rows = o->block_rows ? o->block_rows : STOKE_SAMPLER_BLOCK_ROWS_DEFAULT;
+    uint64_t win = o->block_window ? o->block_window : STOKE_SAMPLER_BLOCK_WINDOW_DEFAULT;
+    if (rows > BLOCK_MAX_PARAM || win > BLOCK_MAX_PARAM)
+        return stoke__fail(STOKE_EINVAL,
+                           "block sampler: block_rows (%" PRIu64 ") and block_window (%" PRIu64
+                           ") must be at most 2^48",
+                           rows, win);
+    if (n > BLOCK_MAX_LEN)
+        return stoke__fail(STOKE_EINVAL,
+                           "block sampler: a dataset of %" PRIu64 " rows is over 2^62", n);
+    if (n && rows > n)
+        rows = n; /* one block, the same order */
+    s->brows = rows;
+    s->nfull = n / rows;
+    s->tail_rows = n % rows;
+    s->nblocks = s->nfull + (s->tail_rows != 0);
+    s->bwin = win < s->nblocks ? win : (s->nblocks ? s->nblocks : 1);
+    s->base_len = n;
+    return STOKE_OK;
 }
 
 int stoke_sampler_create(const stoke_sampler_opts *o, uint64_t dataset_len, stoke_sampler **out)
@@ -164,6 +252,10 @@ int stoke_sampler_create(const stoke_sampler_opts *o, uint64_t dataset_len, stok
         s->base_len = o->num_samples ? o->num_samples : o->num_weights;
         break;
     }
+    case STOKE_SAMPLER_BLOCK:
+        if ((rc = block_setup(s, o, dataset_len)) != STOKE_OK)
+            goto fail;
+        break;
     default: rc = stoke__fail(STOKE_EINVAL, "sampler: unknown kind %d", o->kind); goto fail;
     }
 
@@ -228,6 +320,106 @@ int64_t stoke_sampler_world_size(const stoke_sampler *s)
     return s ? (int64_t)s->world : 1;
 }
 
+/* WEIGHTED: draw g of the epoch keyed by `key`. */
+static inline uint64_t weighted_draw(const stoke_sampler *s, uint64_t key, uint64_t g)
+{
+    double total = s->cdf[s->n - 1];
+    double u = (double)(mix64(key ^ mix64(g)) >> 11) * 0x1.0p-53 * total;
+    uint64_t lo = 0, hi = s->n - 1; /* first i with cdf[i] > u */
+    while (lo < hi) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        if (s->cdf[mid] > u)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return lo;
+}
+
+/* ---- block shuffle ------------------------------------------------------------------------------
+ *
+ * B rows per block; F full blocks and, when B does not divide N, a short block of T rows (block
+ * id F); K blocks in all.  The epoch's order is K slots: the short block sits at slot t (drawn
+ * from the key), the full blocks fill the other slots in the order of a Feistel permutation of
+ * [0, F).  Slots are grouped by W into windows; window w's positions are its slots' rows, mixed
+ * by a Feistel permutation of the window's size keyed by (key, w).  Every position maps to its
+ * index in O(1): the short block shifts the start of later slots by B - T, nothing else. */
+
+/* The window the mapper is in, with what it derived for it. */
+typedef struct block_window {
+    uint64_t w;          /* window number; UINT64_MAX: none yet */
+    uint64_t slot0;      /* its first slot */
+    uint64_t start;      /* its first position */
+    uint64_t tail_local; /* the short block's slot within the window; UINT64_MAX: not in it */
+    stoke__feistel mix;  /* over the window's positions */
+    uint64_t have;       /* bit k: ids[k] is known (k < 64) */
+    uint64_t ids[64];    /* block id of slot slot0 + k */
+} block_window;
+
+/* First position of slot j. */
+static inline uint64_t slot_start(const stoke_sampler *s, const stoke__sampler_epoch *e,
+                                  uint64_t j)
+{
+    uint64_t p = j * s->brows;
+    if (e->tail_slot < j)
+        p -= s->brows - s->tail_rows;
+    return p;
+}
+
+static inline uint64_t slot_block(const stoke_sampler *s, const stoke__sampler_epoch *e,
+                                  uint64_t j)
+{
+    if (j == e->tail_slot)
+        return s->nfull;
+    return feistel_apply(&e->perm, j < e->tail_slot ? j : j - 1);
+}
+
+static void block_window_enter(const stoke_sampler *s, const stoke__sampler_epoch *e,
+                               block_window *bw, uint64_t w)
+{
+    uint64_t j0 = w * s->bwin, j1 = j0 + s->bwin < s->nblocks ? j0 + s->bwin : s->nblocks;
+    uint64_t start = slot_start(s, e, j0);
+    uint64_t end = j1 == s->nblocks ? s->n : slot_start(s, e, j1);
+    bw->w = w;
+    bw->slot0 = j0;
+    bw->start = start;
+    bw->tail_local = e->tail_slot >= j0 && e->tail_slot < j1 ? e->tail_slot - j0 : UINT64_MAX;
+    stoke__feistel_init(&bw->mix, end - start, mix64(e->key ^ mix64(w ^ 0x2545f4914f6cdd1dull)));
+    bw->have = 0;
+}
+
+/* The index at global position g (< n).  bw: the caller's cache across calls (NULL: none). */
+static uint64_t block_index(const stoke_sampler *s, const stoke__sampler_epoch *e, uint64_t g,
+                            block_window *bw)
+{
+    block_window local;
+    if (!bw) {
+        bw = &local;
+        bw->w = UINT64_MAX;
+    }
+    uint64_t span = s->bwin * s->brows, w = g / span;
+    /* The short block, if in an earlier window, pulls this window's start back by < B <= span. */
+    if ((w + 1) * s->bwin < s->nblocks && slot_start(s, e, (w + 1) * s->bwin) <= g)
+        w++;
+    if (bw->w != w)
+        block_window_enter(s, e, bw, w);
+    uint64_t o = feistel_apply(&bw->mix, g - bw->start);
+    /* Past the short block's rows: count it as a full one, then divide. */
+    if (bw->tail_local != UINT64_MAX && o >= bw->tail_local * s->brows + s->tail_rows)
+        o += s->brows - s->tail_rows;
+    uint64_t k = o / s->brows, within = o % s->brows, id;
+    if (k < 64) {
+        if (!(bw->have >> k & 1)) {
+            bw->ids[k] = slot_block(s, e, bw->slot0 + k);
+            bw->have |= 1ull << k;
+        }
+        id = bw->ids[k];
+    } else {
+        id = slot_block(s, e, bw->slot0 + k);
+    }
+    return id * s->brows + within;
+}
+
 int stoke_sampler_index(const stoke_sampler *s, uint64_t seed, uint64_t epoch, uint64_t pos,
                         uint64_t *out)
 {
@@ -245,18 +437,87 @@ int stoke_sampler_index(const stoke_sampler *s, uint64_t seed, uint64_t epoch, u
     case STOKE_SAMPLER_SUBSET:
         *out = s->indices[s->shuffle ? stoke_permute(g, s->base_len, key) : g];
         break;
-    case STOKE_SAMPLER_WEIGHTED: {
-        double total = s->cdf[s->n - 1];
-        double u = (double)(stoke__mix64(key ^ stoke__mix64(g)) >> 11) * 0x1.0p-53 * total;
-        uint64_t lo = 0, hi = s->n - 1; /* first i with cdf[i] > u */
-        while (lo < hi) {
-            uint64_t mid = lo + (hi - lo) / 2;
-            if (s->cdf[mid] > u)
-                hi = mid;
-            else
-                lo = mid + 1;
-        }
-        *out = lo;
+    case STOKE_SAMPLER_WEIGHTED: *out = weighted_draw(s, key, g); break;
+    case STOKE_SAMPLER_BLOCK: {
+        stoke__sampler_epoch e;
+        stoke__sampler_epoch_init(&e, s, seed, epoch);
+        *out = block_index(s, &e, g, NULL);
+        break;
+    }
+    default: return STOKE_EINVAL;
+    }
+    return STOKE_OK;
+}
+
+/* ---- a batch at once ------------------------------------------------------------------------- */
+
+int stoke__sampler_epoch_init(stoke__sampler_epoch *e, const stoke_sampler *s, uint64_t seed,
+                              uint64_t epoch)
+{
+    if (!e || !s)
+        return STOKE_EINVAL;
+    memset(e, 0, sizeof(*e));
+    e->s = s;
+    e->seed = seed;
+    e->epoch = epoch;
+    e->key = stoke__epoch_key(seed, epoch);
+    switch (s->kind) {
+    case STOKE_SAMPLER_RANDOM: stoke__feistel_init(&e->perm, s->n, e->key); break;
+    case STOKE_SAMPLER_SUBSET: stoke__feistel_init(&e->perm, s->base_len, e->key); break;
+    case STOKE_SAMPLER_BLOCK:
+        stoke__feistel_init(&e->perm, s->nfull, e->key);
+        e->tail_slot = s->tail_rows ? mix64(e->key ^ 0x9fb21c651e98df25ull) % s->nblocks
+                                    : s->nblocks;
+        break;
+    default: break;
+    }
+    return STOKE_OK;
+}
+
+/* out[i] = the unsharded epoch position of this rank's position pos0 + i (all < s->len). */
+static void fill_positions(const stoke_sampler *s, uint64_t pos0, size_t count, uint64_t *out)
+{
+    if (!s->distributed) {
+        for (size_t i = 0; i < count; i++)
+            out[i] = pos0 + i;
+        return;
+    }
+    /* (rank + pos * world) % base_len as in stoke_sampler_index, one division per batch. */
+    uint64_t b = s->base_len, step = s->world % b, g = (s->rank + pos0 * s->world) % b;
+    for (size_t i = 0; i < count; i++) {
+        out[i] = g;
+        g = g >= b - step ? g - (b - step) : g + step;
+    }
+}
+
+int stoke__sampler_fill(const stoke_sampler *s, const stoke__sampler_epoch *e, uint64_t pos0,
+                        size_t count, uint64_t *out)
+{
+    if (!s || !e || (!out && count) || e->s != s)
+        return STOKE_EINVAL;
+    if (pos0 > s->len || count > s->len - pos0)
+        return STOKE_ERANGE;
+    if (!count)
+        return STOKE_OK;
+    fill_positions(s, pos0, count, out);
+    switch (s->kind) {
+    case STOKE_SAMPLER_SEQUENTIAL: break;
+    case STOKE_SAMPLER_RANDOM: feistel_apply_all(&e->perm, out, count); break;
+    case STOKE_SAMPLER_SUBSET:
+        if (s->shuffle)
+            feistel_apply_all(&e->perm, out, count);
+        for (size_t i = 0; i < count; i++)
+            out[i] = s->indices[out[i]];
+        break;
+    case STOKE_SAMPLER_WEIGHTED:
+        for (size_t i = 0; i < count; i++)
+            out[i] = weighted_draw(s, e->key, out[i]);
+        break;
+    case STOKE_SAMPLER_BLOCK: {
+        block_window bw;
+        bw.w = UINT64_MAX;
+        for (size_t i = 0; i < count; i++)
+            out[i] = block_index(s, e, out[i], &bw);
         break;
     }
     default: return STOKE_EINVAL;
