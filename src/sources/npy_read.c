@@ -102,6 +102,10 @@ int stoke__npy_read_failed(const stoke__npy_file *f, uint64_t index, uint64_t en
                    (unsigned long long)index, strerror(-err));
         return STOKE_EIO;
     }
+    /* a read that started past the new end got nothing: say where the file ends now */
+    struct stat st;
+    if (fstat(f->fd, &st) == 0 && (uint64_t)st.st_size < end)
+        end = (uint64_t)st.st_size;
     char why[128];
     stoke__fmt(why, sizeof(why), "it ends at byte %llu: truncated", (unsigned long long)end);
     return stoke__npy_changed(f, index, msg, msg_len, why);
