@@ -108,7 +108,26 @@ typedef struct stoke_dataset {
     int (*reset)(void *user, uint64_t epoch);
     /* Optional: release `user`; called by stoke_dataset_close. */
     void (*close)(void *user);
+
+    /* ---- appended in 0.2; a caller compiled against an older header has a smaller `size`, and
+     * the loader then ignores these members (STOKE_DATASET_HAS). ---- */
+
+    /* Optional, MAP only: write `count` samples at once, sample indices[j] into slot j: field f
+     * of slot j at (unsigned char *)dst[f] + j * fields[f].bytes (dst[f] NULL: skip field f).
+     * The loader calls it once per batch, with the batch's indices in delivery order, instead of
+     * get() per sample; a source can then keep many reads in flight (the npy source's io=uring)
+     * or merge runs of consecutive indices into one read.  get() must still be set.  On an
+     * error it returns the negative code, writes the message into msg (the loader adds the
+     * worker) and the failing sample's dataset index into *err_index; the slots' contents are
+     * then unspecified.  Thread-safety as get(). */
+    int (*get_batch)(void *user, const uint64_t *indices, size_t count, void *const dst[],
+                     int worker, char *msg, size_t msg_len, uint64_t *err_index);
 } stoke_dataset;
+
+/* Whether *ds (size set by the header it was compiled with) has member `m`: for the members
+ * appended after the first release, e.g. STOKE_DATASET_HAS(ds, get_batch). */
+#define STOKE_DATASET_HAS(ds, m)                                                                   \
+    ((ds)->size >= offsetof(stoke_dataset, m) + sizeof((ds)->m) && (ds)->m != NULL)
 
 /* Zeroes *ds and sets ds->size.  NULL does nothing. */
 STOKE_API void stoke_dataset_init(stoke_dataset *ds);

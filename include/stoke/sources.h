@@ -9,10 +9,10 @@
  *   synthetic[:N][,shape=3x32x32][,seed=S][,classes=C][,dtype=u8]
  *       N samples (default 50000) of deterministic bytes; classes=C adds a "label" field (i64,
  *       index % C).  Example: "synthetic:100000,shape=3x224x224".
- *   npy:PATH[,labels=LABELS.npy][,io=mmap|pread]
+ *   npy:PATH[,labels=LABELS.npy][,io=auto|mmap|pread|uring]
  *       rows of a .npy file are the samples (field "data"); labels adds a field "label" from a
- *       1-D or (N,1) .npy with the same N.  A comma belongs to PATH unless it starts one of the
- *       options above.
+ *       1-D or (N,1) .npy with the same N; io picks the I/O mode (stoke_npy_io below, default
+ *       auto).  A comma belongs to PATH unless it starts one of the options above.
  */
 #ifndef STOKE_SOURCES_H
 #define STOKE_SOURCES_H
@@ -75,25 +75,36 @@ STOKE_API void stoke_synthetic_fill(uint64_t seed, uint64_t index, void *dst, si
  * malformed or unsupported file (truncated, bad magic or version, bad header, Fortran order,
  * structured or object dtype, data shorter than the shape says), STOKE_EINVAL for labels that do
  * not match, STOKE_EIO for anything but a regular file ("is a FIFO, not a regular file": never
- * a blocking open); every message names the file and the problem.  The dataset's get() returns
- * STOKE_ERANGE for an index past the end and STOKE_EIO when a pread fails or the file changed
- * while loading ("npy PATH: sample I: file changed while loading (...)": truncated, in either
- * I/O mode, or size/mtime different from those at open, checked at every 256th index).  With
- * STOKE_NPY_IO_MMAP the process gets a SIGBUS handler that turns a fault in a copy from the
- * mapping into that error and chains every other SIGBUS to the previous disposition (see
- * docs/sources.md).  A shape with a 0 dimension after the first, (N, 0, ...), is N samples of
- * 0 bytes. */
+ * a blocking open); every message names the file and the problem.  The dataset has get() and
+ * get_batch() (dataset.h); both return STOKE_ERANGE for an index past the end and STOKE_EIO
+ * when a read fails or the file changed while loading ("npy PATH: sample I: file changed while
+ * loading (...)": truncated, in every I/O mode, or size/mtime different from those at open,
+ * checked at every 256th index).  io=uring on a build without liburing, or on a kernel that
+ * refuses io_uring, is STOKE_ENOTSUP at open ("io=uring is not available: ...").  With
+ * STOKE_NPY_IO_MMAP (also when io=auto chose it) the process gets a SIGBUS handler that turns
+ * a fault in a copy from the mapping into that error and chains every other SIGBUS to the
+ * previous disposition (see docs/sources.md).  A shape with a 0 dimension after the first,
+ * (N, 0, ...), is N samples of 0 bytes. */
 
 typedef enum stoke_npy_io {
-    STOKE_NPY_IO_MMAP = 0, /* map the file (default): get() is one memcpy from the mapping */
-    STOKE_NPY_IO_PREAD = 1 /* pread() each sample into the slot: mapped pages do not count
-                              in the process's resident set */
+    STOKE_NPY_IO_MMAP = 0,  /* map the file: get() is one memcpy from the mapping */
+    STOKE_NPY_IO_PREAD = 1, /* pread() each sample (each run of consecutive samples) into its
+                               slot: mapped pages do not count in the process's resident set */
+    STOKE_NPY_IO_URING = 2, /* io_uring: get_batch() keeps up to STOKE_NPY_URING_DEPTH reads in
+                               flight per worker, straight into the slots (built with liburing
+                               only: stoke_npy_io_available) */
+    STOKE_NPY_IO_AUTO = 3   /* the default: at open, MMAP when the data file is in the page
+                               cache (mincore of a sample of its pages), else URING when
+                               available, else PREAD (docs/sources.md: the rule) */
 } stoke_npy_io;
+
+/* Reads in flight per worker ring with STOKE_NPY_IO_URING. */
+#define STOKE_NPY_URING_DEPTH 128
 
 typedef struct stoke_npy_opts {
     uint32_t size;           /* sizeof(stoke_npy_opts): set by opts_init */
     const char *labels_path; /* optional labels .npy (field "label"); default NULL */
-    int io;                  /* stoke_npy_io; default STOKE_NPY_IO_MMAP */
+    int io;                  /* stoke_npy_io; default STOKE_NPY_IO_AUTO */
 } stoke_npy_opts;
 
 /* Fills *opts with the defaults above.  NULL does nothing. */
@@ -105,12 +116,25 @@ STOKE_API void stoke_npy_opts_init(stoke_npy_opts *opts);
  * Returns STOKE_OK or the errors described above; also STOKE_EINVAL for out NULL, an empty
  * path, opts->size too small or an unknown io mode; STOKE_ENOMEM; STOKE_ELIMIT for a file too
  * large to map.  On failure *out is left empty (safe to stoke_dataset_close).  Thread-safe. */
-STOKE_API int stoke_npy_open_opts(const char *path, const stoke_npy_opts *opts,
-                                  stoke_dataset *out);
+STOKE_API int stoke_npy_open_opts(const char *path, const stoke_npy_opts *opts, stoke_dataset *out);
 
 /* Shorthand: stoke_npy_open_opts with labels_path (may be NULL) and the default I/O.  Same
  * return codes, ownership and thread-safety. */
 STOKE_API int stoke_npy_open(const char *path, const char *labels_path, stoke_dataset *out);
+
+/* The I/O mode an open npy dataset uses (io=auto resolved: MMAP, PREAD or URING).  Returns it,
+ * or STOKE_EINVAL if ds is NULL or not an open npy dataset.  Thread-safe. */
+STOKE_API int stoke_npy_io_used(const stoke_dataset *ds);
+
+/* "mmap", "pread", "uring", "auto"; "unknown" for another value.  Static, never NULL. */
+STOKE_API const char *stoke_npy_io_name(int io);
+
+/* Whether I/O mode `io` can be used here: STOKE_OK; STOKE_ENOTSUP for io=uring in a build
+ * without liburing, or when the kernel refuses an io_uring instance (io_uring_queue_init
+ * failed: seccomp, kernel.io_uring_disabled), with the reason in stoke_last_error();
+ * STOKE_EINVAL for an unknown mode.  URING is probed each call (one small ring created and
+ * destroyed).  Thread-safe. */
+STOKE_API int stoke_npy_io_available(int io);
 
 #ifdef __cplusplus
 }

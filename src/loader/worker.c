@@ -70,6 +70,52 @@ static int one_sample(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid
     return rc;
 }
 
+/* MAP datasets with get_batch (dataset.h): the batch's indices first, then one call for the
+ * whole batch, so the dataset can queue its reads; the busy/timeout bookkeeping is per batch
+ * (the busy index is the batch's first sample).  Sets b->count, status and error fields. */
+static void fill_map_batch(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid,
+                           uint64_t seed, uint64_t epoch, uint64_t seq)
+{
+    size_t n = b->count;
+    for (size_t j = 0; j < n; j++) {
+        int rc =
+            stoke_sampler_index(l->sampler, seed, epoch, seq * l->o.batch_size + j, &b->indices[j]);
+        if (rc != STOKE_OK) {
+            b->status = rc;
+            b->err_index = seq * l->o.batch_size + j;
+            stoke__strlcpy(b->err_msg, "sampler position out of range", sizeof(b->err_msg));
+            b->count = 0;
+            return;
+        }
+    }
+    unsigned char *mem = b->host->mem;
+    void *dst[STOKE_MAX_FIELDS];
+    for (int f = 0; f < l->ds.nfields; f++)
+        dst[f] = mem + l->off[f];
+    char msg[256];
+    msg[0] = '\0';
+    uint64_t t0 = stoke__now_ns(), err_index = n ? b->indices[0] : 0;
+    if (w && n) {
+        atomic_store(&w->busy_index, b->indices[0]);
+        atomic_store(&w->busy_since, t0);
+    }
+    int rc = n ? l->ds.get_batch(l->ds.user, b->indices, n, dst, wid, msg, sizeof(msg), &err_index)
+               : STOKE_OK;
+    if (w && n)
+        atomic_store(&w->busy_since, 0);
+    if (rc == STOKE_OK && !w && l->o.timeout_ms &&
+        stoke__now_ns() - t0 > (uint64_t)l->o.timeout_ms * 1000000u) {
+        rc = STOKE_ETIMEDOUT;
+        stoke__fmt(msg, sizeof(msg), "took longer than the timeout of %u ms", l->o.timeout_ms);
+    }
+    if (rc != STOKE_OK) {
+        b->status = rc > 0 ? STOKE_EDATA : rc;
+        b->err_index = err_index;
+        stoke__strlcpy(b->err_msg, msg[0] ? msg : stoke_strerror(b->status), sizeof(b->err_msg));
+        b->count = 0;
+    }
+}
+
 /* Writes batch `seq` into b->host; the caller owns b.  Sets b->status and the error fields
  * (ITERABLE: b->end when the worker's share ended). */
 static void fill_batch(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid, uint64_t seed,
@@ -86,6 +132,11 @@ static void fill_batch(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wi
     b->pinned = b->host->pinned;
     if (b->offsets)
         b->offsets[0] = 0;
+    if (!l->iterable && !l->var && STOKE_DATASET_HAS(&l->ds, get_batch)) {
+        fill_map_batch(l, b, w, wid, seed, epoch, seq);
+        b->bytes = b->count * l->sample_bytes;
+        return;
+    }
     char msg[256];
     size_t j = 0;
     for (; j < b->count; j++) {

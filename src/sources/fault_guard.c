@@ -157,3 +157,18 @@ int stoke__guarded_copy(void *dst, const void *src, size_t n, const void *base, 
     tl_armed = NULL;
     return 0;
 }
+
+int stoke__guarded_run(void (*fn)(void *arg), void *arg, const void *base, size_t len)
+{
+    guard g;
+    g.lo = base;
+    g.hi = (const unsigned char *)base + len;
+    if (sigsetjmp(g.jb, 0) != 0)
+        return -1;
+    tl_armed = &g;
+    atomic_signal_fence(memory_order_seq_cst);
+    fn(arg);
+    atomic_signal_fence(memory_order_seq_cst);
+    tl_armed = NULL;
+    return 0;
+}

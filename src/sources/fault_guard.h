@@ -23,4 +23,11 @@ int stoke__fault_guard_install(void);
  * reentrant within one thread (no nested guarded copies); thread-safe otherwise. */
 int stoke__guarded_copy(void *dst, const void *src, size_t n, const void *base, size_t len);
 
+/* Runs fn(arg) with the guard armed over the mapping [base, base + len): fn copies out of it
+ * (many rows at once: one arming for all of them).  Returns 0, or -1 when a read inside the
+ * mapping raised SIGBUS: fn was abandoned at that point, so it must record its progress in
+ * *arg through volatile stores to know where.  fn must not take locks, allocate or arm another
+ * guard.  Same requirements and thread-safety as stoke__guarded_copy. */
+int stoke__guarded_run(void (*fn)(void *arg), void *arg, const void *base, size_t len);
+
 #endif

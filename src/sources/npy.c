@@ -2,46 +2,42 @@
  *
  * Lifetime: stoke_npy_open_opts opens (and, for IO_MMAP, maps) the data file and the optional
  * labels file; everything is released by the dataset's close callback.  get() only reads the
- * immutable npy_file structs, so concurrent calls from workers need no lock.
+ * immutable file structs, so concurrent calls from workers need no lock; get_batch()
+ * (npy_read.c) also takes the worker's ring under its lock with io=uring (npy_uring.c).
+ *
+ * io=auto is resolved here, once, at open: the data file is mapped and a sample of its pages
+ * checked with mincore (see choose_io); the mode stays for the dataset's life.
  *
  * A file changed by someone else while it is loaded is STOKE_EIO "file changed while loading"
  * in every I/O mode, never a crash: IO_MMAP copies under the SIGBUS guard of fault_guard.h (a
- * page past a new end of file faults), IO_PREAD sees a short read, and both compare the file's
- * size and mtime with those seen at open every STAT_EVERY samples (see docs/sources.md). */
+ * page past a new end of file faults), IO_PREAD and IO_URING see a short read, and all compare
+ * the file's size and mtime with those seen at open every STOKE__NPY_STAT_EVERY samples (see
+ * docs/sources.md). */
+#define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "common/internal.h"
 #include "sources/fault_guard.h"
 #include "sources/npy_header.h"
+#include "sources/npy_internal.h"
 #include "stoke/sources.h"
 
-/* get() of a sample whose index is a multiple of this fstat()s the file: at least once per
- * epoch that visits sample 0, one system call per STAT_EVERY samples otherwise. */
-#define STAT_EVERY 256
+/* io=auto maps the file when at least this share (in %) of the sampled pages is resident. */
+#define AUTO_RESIDENT_PCT 99
+/* io=auto samples at most AUTO_WINDOWS windows of AUTO_WINDOW_PAGES pages (all pages of a
+ * file of up to AUTO_WINDOWS * AUTO_WINDOW_PAGES pages). */
+#define AUTO_WINDOWS      256
+#define AUTO_WINDOW_PAGES 16
 
-typedef struct npy_file {
-    char *path;
-    int fd;
-    const unsigned char *map; /* IO_MMAP: the whole file */
-    size_t map_len;
-    stoke__npy_header h;
-    uint64_t rows;
-    size_t row_bytes;
-    uint64_t size;         /* st_size at open */
-    struct timespec mtime; /* st_mtim at open */
-} npy_file;
-
-typedef struct npy_ds {
-    int io;
-    int nfiles; /* 1 (data) or 2 (data, labels) */
-    npy_file f[2];
-} npy_ds;
+typedef stoke__npy_file npy_file;
+typedef stoke__npy_ds npy_ds;
 
 static void npy_file_close(npy_file *f)
 {
@@ -52,24 +48,6 @@ static void npy_file_close(npy_file *f)
     free(f->path);
     memset(f, 0, sizeof(*f));
     f->fd = -1;
-}
-
-static int read_full(int fd, void *buf, size_t n, uint64_t at, size_t *got)
-{
-    unsigned char *p = buf;
-    size_t done = 0;
-    while (done < n) {
-        ssize_t r = pread(fd, p + done, n - done, (off_t)(at + done));
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0)
-            return -errno;
-        if (r == 0)
-            break;
-        done += (size_t)r;
-    }
-    *got = done;
-    return 0;
 }
 
 static const char *file_kind(mode_t m)
@@ -111,6 +89,47 @@ static int open_regular(npy_file *f, const char *path)
     return STOKE_OK;
 }
 
+/* Maps the whole file read-only under the SIGBUS guard, for random access (MADV_RANDOM: a
+ * fault reads its page, not a read-ahead window; get_batch() asks for runs of consecutive
+ * rows with MADV_WILLNEED instead, see docs/sources.md). */
+static int map_file(npy_file *f)
+{
+    if (f->size > SIZE_MAX)
+        return stoke__fail(STOKE_ELIMIT, "npy %s: file too large to map", f->path);
+    int e = stoke__fault_guard_install();
+    if (e)
+        return stoke__fail(STOKE_EIO,
+                           "npy %s: cannot install the SIGBUS handler that guards "
+                           "mappings: %s",
+                           f->path, strerror(-e));
+    void *m = mmap(NULL, (size_t)f->size, PROT_READ, MAP_SHARED, f->fd, 0);
+    if (m == MAP_FAILED)
+        return stoke__fail(STOKE_EIO, "npy %s: mmap of %llu bytes failed: %s", f->path,
+                           (unsigned long long)f->size, strerror(errno));
+    f->map = m;
+    f->map_len = (size_t)f->size;
+    if (madvise(m, f->map_len, MADV_RANDOM) != 0)
+        stoke__log(STOKE_LOG_DEBUG, "npy %s: madvise(MADV_RANDOM): %s", f->path, strerror(errno));
+    return STOKE_OK;
+}
+
+static void unmap_file(npy_file *f)
+{
+    if (f->map)
+        munmap((void *)f->map, f->map_len);
+    f->map = NULL;
+    f->map_len = 0;
+}
+
+/* Reads (pread, io_uring) of random rows: no read-ahead window per read (runs of consecutive
+ * rows are read with one request of their full length anyway). */
+static void read_hint(const npy_file *f)
+{
+    int e = posix_fadvise(f->fd, 0, 0, POSIX_FADV_RANDOM);
+    if (e)
+        stoke__log(STOKE_LOG_DEBUG, "npy %s: posix_fadvise(RANDOM): %s", f->path, strerror(e));
+}
+
 static int npy_file_open(npy_file *f, const char *path, int io)
 {
     memset(f, 0, sizeof(*f));
@@ -128,7 +147,7 @@ static int npy_file_open(npy_file *f, const char *path, int io)
     if (!head)
         return stoke__fail(STOKE_ENOMEM, "npy %s: out of memory", path);
     size_t got = 0;
-    int e = read_full(f->fd, head, want, 0, &got);
+    int e = stoke__npy_read_full(f->fd, head, want, 0, &got);
     if (e) {
         free(head);
         return stoke__fail(STOKE_EIO, "npy %s: cannot read: %s", path, strerror(-e));
@@ -166,48 +185,85 @@ static int npy_file_open(npy_file *f, const char *path, int io)
             return stoke__fail(STOKE_EFORMAT, "npy %s: row size overflows", path);
         f->row_bytes = (size_t)rb;
     }
-    if (io == STOKE_NPY_IO_MMAP && size > 0) {
-        if (size > SIZE_MAX)
-            return stoke__fail(STOKE_ELIMIT, "npy %s: file too large to map", path);
-        e = stoke__fault_guard_install();
-        if (e)
-            return stoke__fail(STOKE_EIO,
-                               "npy %s: cannot install the SIGBUS handler that guards "
-                               "mappings: %s",
-                               path, strerror(-e));
-        void *m = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, f->fd, 0);
-        if (m == MAP_FAILED)
-            return stoke__fail(STOKE_EIO, "npy %s: mmap of %llu bytes failed: %s", path,
-                               (unsigned long long)size, strerror(errno));
-        f->map = m;
-        f->map_len = (size_t)size;
-        /* No madvise: samples are read in sampler order, which the dataset does not know, and
-         * the kernel's default readahead serves both sequential reads and shuffled reads of a
-         * file already in the page cache; MADV_RANDOM would slow the sequential case. */
-    }
+    if ((io == STOKE_NPY_IO_MMAP || io == STOKE_NPY_IO_AUTO) && size > 0)
+        return map_file(f); /* auto: choose_io needs the mapping */
+    if (io == STOKE_NPY_IO_PREAD || io == STOKE_NPY_IO_URING)
+        read_hint(f);
     return STOKE_OK;
 }
 
-static void swap_bytes(unsigned char *p, size_t n, size_t unit)
+/* Whether mincore tells the truth about f: since Linux 5.0 it reports every page of a file
+ * mapping as resident unless the caller owns the file or may write it (or has CAP_FOWNER). */
+static int mincore_truthful(const npy_file *f)
 {
-    for (size_t i = 0; i + unit <= n; i += unit) {
-        if (unit == 2) {
-            uint16_t v;
-            memcpy(&v, p + i, 2);
-            v = __builtin_bswap16(v);
-            memcpy(p + i, &v, 2);
-        } else if (unit == 4) {
-            uint32_t v;
-            memcpy(&v, p + i, 4);
-            v = __builtin_bswap32(v);
-            memcpy(p + i, &v, 4);
-        } else if (unit == 8) {
-            uint64_t v;
-            memcpy(&v, p + i, 8);
-            v = __builtin_bswap64(v);
-            memcpy(p + i, &v, 8);
+    struct stat st;
+    if (fstat(f->fd, &st) == 0 && st.st_uid == geteuid())
+        return 1;
+    return faccessat(AT_FDCWD, f->path, W_OK, AT_EACCESS) == 0 || geteuid() == 0;
+}
+
+/* Resident pages among those sampled from f's mapping: evenly spread windows, all pages of a
+ * small file.  mincore where it is truthful, else a 1-byte preadv2(RWF_NOWAIT) per window,
+ * which fails with EAGAIN when the page is not cached.  Returns 0 and *hit / *seen, or -1. */
+static int sample_resident(const npy_file *f, size_t *hit, size_t *seen)
+{
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    size_t pages = (f->map_len + pg - 1) / pg;
+    size_t win = AUTO_WINDOW_PAGES, nwin = (pages + win - 1) / win;
+    if (nwin > AUTO_WINDOWS)
+        nwin = AUTO_WINDOWS;
+    int truthful = mincore_truthful(f);
+    unsigned char vec[AUTO_WINDOW_PAGES];
+    *hit = *seen = 0;
+    for (size_t w = 0; w < nwin; w++) {
+        size_t first = pages <= AUTO_WINDOWS * win
+                           ? w * win
+                           : (size_t)((uint64_t)w * (pages - win) / (nwin - 1 ? nwin - 1 : 1));
+        size_t n = first + win <= pages ? win : pages - first;
+        if (truthful) {
+            if (mincore((void *)(f->map + first * pg),
+                        n * pg < f->map_len - first * pg ? n * pg : f->map_len - first * pg,
+                        vec) != 0)
+                return -1;
+            for (size_t i = 0; i < n; i++)
+                *hit += vec[i] & 1;
+            *seen += n;
+        } else {
+            char b;
+            struct iovec iov = {&b, 1};
+            ssize_t r = preadv2(f->fd, &iov, 1, (off_t)(first * pg), RWF_NOWAIT);
+            if (r < 0 && errno != EAGAIN)
+                return -1;
+            *hit += r == 1;
+            *seen += 1;
         }
     }
+    return 0;
+}
+
+/* io=auto: the mapping when the data file is resident, else queued reads (uring when this
+ * build and the kernel allow it, else pread).  Logs the choice at INFO. */
+static int choose_io(const npy_file *f)
+{
+    size_t hit = 0, seen = 0;
+    int io = STOKE_NPY_IO_MMAP;
+    char why[96] = "empty file";
+    if (f->map_len) {
+        if (sample_resident(f, &hit, &seen) != 0) {
+            stoke__fmt(why, sizeof(why), "residency unknown (%s)", strerror(errno));
+            io = STOKE_NPY_IO_PREAD;
+        } else {
+            stoke__fmt(why, sizeof(why), "%zu of %zu sampled pages resident", hit, seen);
+            if (hit * 100 < seen * AUTO_RESIDENT_PCT)
+                io = STOKE_NPY_IO_PREAD;
+        }
+        char ignored[8];
+        if (io == STOKE_NPY_IO_PREAD && stoke__npy_uring_probe(ignored, sizeof(ignored)) == 0)
+            io = STOKE_NPY_IO_URING;
+    }
+    stoke__log(STOKE_LOG_INFO, "npy %s: io=auto chose io=%s: %s", f->path, stoke_npy_io_name(io),
+               why);
+    return io;
 }
 
 static uint64_t npy_length(void *user)
@@ -215,60 +271,23 @@ static uint64_t npy_length(void *user)
     return ((const npy_ds *)user)->f[0].rows;
 }
 
-/* "file changed while loading": the one message for a file modified under a load. */
-static int changed(const npy_file *f, uint64_t index, char *msg, size_t msg_len, const char *why)
-{
-    stoke__fmt(msg, msg_len, "npy %s: sample %llu: file changed while loading (%s)", f->path,
-               (unsigned long long)index, why);
-    return STOKE_EIO;
-}
-
-/* Compares the file's size and mtime with those seen at open. */
-static int check_unchanged(const npy_file *f, uint64_t index, char *msg, size_t msg_len)
-{
-    struct stat st;
-    if (fstat(f->fd, &st) != 0) {
-        stoke__fmt(msg, msg_len, "npy %s: sample %llu: cannot stat: %s", f->path,
-                   (unsigned long long)index, strerror(errno));
-        return STOKE_EIO;
-    }
-    char why[128];
-    if ((uint64_t)st.st_size != f->size) {
-        stoke__fmt(why, sizeof(why), "now %llu bytes, %llu when opened",
-                   (unsigned long long)st.st_size, (unsigned long long)f->size);
-        return changed(f, index, msg, msg_len, why);
-    }
-    if (st.st_mtim.tv_sec != f->mtime.tv_sec || st.st_mtim.tv_nsec != f->mtime.tv_nsec)
-        return changed(f, index, msg, msg_len, "modified after it was opened");
-    return STOKE_OK;
-}
-
 /* IO_MMAP: one memcpy from the mapping, under the SIGBUS guard. */
 static int read_row_mmap(const npy_file *f, uint64_t index, uint64_t at, void *dst, char *msg,
                          size_t msg_len)
 {
     if (stoke__guarded_copy(dst, f->map + at, f->row_bytes, f->map, f->map_len) != 0)
-        return changed(f, index, msg, msg_len, "its mapped pages are gone: truncated");
+        return stoke__npy_changed(f, index, msg, msg_len, "its mapped pages are gone: truncated");
     return STOKE_OK;
 }
 
-/* IO_PREAD: pread straight into the slot. */
+/* IO_PREAD (and IO_URING: one sample gains nothing from a queue): pread into the slot. */
 static int read_row_pread(const npy_file *f, uint64_t index, uint64_t at, void *dst, char *msg,
                           size_t msg_len)
 {
     size_t got = 0;
-    int e = read_full(f->fd, dst, f->row_bytes, at, &got);
-    if (e) {
-        stoke__fmt(msg, msg_len, "npy %s: sample %llu: read failed: %s", f->path,
-                   (unsigned long long)index, strerror(-e));
-        return STOKE_EIO;
-    }
-    if (got != f->row_bytes) {
-        char why[128];
-        stoke__fmt(why, sizeof(why), "it ends at byte %llu: truncated",
-                   (unsigned long long)(at + got));
-        return changed(f, index, msg, msg_len, why);
-    }
+    int e = stoke__npy_read_full(f->fd, dst, f->row_bytes, at, &got);
+    if (e || got != f->row_bytes)
+        return stoke__npy_read_failed(f, index, at + got, e, msg, msg_len);
     return STOKE_OK;
 }
 
@@ -284,7 +303,9 @@ static int npy_get(void *user, uint64_t index, void *const dst[], int worker, ch
     }
     for (int k = 0; k < ds->nfiles; k++) {
         const npy_file *f = &ds->f[k];
-        int rc = index % STAT_EVERY == 0 ? check_unchanged(f, index, msg, msg_len) : STOKE_OK;
+        int rc = index % STOKE__NPY_STAT_EVERY == 0
+                     ? stoke__npy_check_unchanged(f, index, msg, msg_len)
+                     : STOKE_OK;
         if (rc)
             return rc;
         if (!dst[k] || !f->row_bytes)
@@ -297,7 +318,7 @@ static int npy_get(void *user, uint64_t index, void *const dst[], int worker, ch
         if (rc)
             return rc;
         if (f->h.swap)
-            swap_bytes(dst[k], f->row_bytes, f->h.swap);
+            stoke__npy_swap(dst[k], f->row_bytes, f->h.swap);
     }
     return STOKE_OK;
 }
@@ -307,6 +328,7 @@ static void npy_close(void *user)
     npy_ds *ds = user;
     if (!ds)
         return;
+    stoke__npy_rings_free(ds);
     for (int k = 0; k < 2; k++)
         npy_file_close(&ds->f[k]);
     free(ds);
@@ -332,7 +354,7 @@ void stoke_npy_opts_init(stoke_npy_opts *opts)
         return;
     memset(opts, 0, sizeof(*opts));
     opts->size = (uint32_t)sizeof(*opts);
-    opts->io = STOKE_NPY_IO_MMAP;
+    opts->io = STOKE_NPY_IO_AUTO;
 }
 
 int stoke_npy_open_opts(const char *path, const stoke_npy_opts *opts, stoke_dataset *out)
@@ -352,21 +374,33 @@ int stoke_npy_open_opts(const char *path, const stoke_npy_opts *opts, stoke_data
                            "npy %s: opts->size %u is not sizeof(stoke_npy_opts) (call "
                            "stoke_npy_opts_init)",
                            path, (unsigned)opts->size);
-    if (opts->io != STOKE_NPY_IO_MMAP && opts->io != STOKE_NPY_IO_PREAD)
+    if (opts->io < STOKE_NPY_IO_MMAP || opts->io > STOKE_NPY_IO_AUTO)
         return stoke__fail(STOKE_EINVAL, "npy %s: unknown io mode %d", path, opts->io);
+    if (opts->io == STOKE_NPY_IO_URING && stoke_npy_io_available(STOKE_NPY_IO_URING) != STOKE_OK) {
+        char why[256];
+        stoke__strlcpy(why, stoke_last_error(), sizeof(why));
+        return stoke__fail(STOKE_ENOTSUP, "npy %s: %s", path, why);
+    }
 
     npy_ds *ds = calloc(1, sizeof(*ds));
     if (!ds)
         return stoke__fail(STOKE_ENOMEM, "npy %s: out of memory", path);
     ds->f[0].fd = ds->f[1].fd = -1;
-    ds->io = opts->io;
     int rc = npy_file_open(&ds->f[0], path, opts->io);
     if (rc)
         goto fail;
+    ds->io = opts->io;
+    if (ds->io == STOKE_NPY_IO_AUTO) {
+        ds->io = choose_io(&ds->f[0]);
+        if (ds->io != STOKE_NPY_IO_MMAP) {
+            unmap_file(&ds->f[0]);
+            read_hint(&ds->f[0]);
+        }
+    }
     ds->nfiles = 1;
     const char *lp = opts->labels_path;
     if (lp && *lp) {
-        rc = npy_file_open(&ds->f[1], lp, opts->io);
+        rc = npy_file_open(&ds->f[1], lp, ds->io);
         if (rc)
             goto fail;
         ds->nfiles = 2;
@@ -401,12 +435,13 @@ int stoke_npy_open_opts(const char *path, const stoke_npy_opts *opts, stoke_data
     d.user = ds;
     d.length = npy_length;
     d.get = npy_get;
+    d.get_batch = stoke__npy_get_batch;
     d.close = npy_close;
     *out = d;
-    stoke__log(STOKE_LOG_DEBUG, "npy %s: v%d.0 '%s' %llu rows of %zu bytes%s%s", path,
+    stoke__log(STOKE_LOG_DEBUG, "npy %s: v%d.0 '%s' %llu rows of %zu bytes%s, io=%s", path,
                ds->f[0].h.major, ds->f[0].h.descr, (unsigned long long)ds->f[0].rows,
                ds->f[0].row_bytes, ds->f[0].h.swap ? " (byte-swapped)" : "",
-               ds->io == STOKE_NPY_IO_PREAD ? " (pread)" : "");
+               stoke_npy_io_name(ds->io));
     return STOKE_OK;
 fail:
     npy_close(ds);
@@ -419,4 +454,39 @@ int stoke_npy_open(const char *path, const char *labels_path, stoke_dataset *out
     stoke_npy_opts_init(&o);
     o.labels_path = labels_path;
     return stoke_npy_open_opts(path, &o, out);
+}
+
+int stoke_npy_io_used(const stoke_dataset *ds)
+{
+    if (!ds || ds->get != npy_get || !ds->user)
+        return stoke__fail(STOKE_EINVAL, "stoke_npy_io_used: not an open npy dataset");
+    return ((const npy_ds *)ds->user)->io;
+}
+
+const char *stoke_npy_io_name(int io)
+{
+    switch (io) {
+    case STOKE_NPY_IO_MMAP: return "mmap";
+    case STOKE_NPY_IO_PREAD: return "pread";
+    case STOKE_NPY_IO_URING: return "uring";
+    case STOKE_NPY_IO_AUTO: return "auto";
+    default: return "unknown";
+    }
+}
+
+int stoke_npy_io_available(int io)
+{
+    if (io == STOKE_NPY_IO_MMAP || io == STOKE_NPY_IO_PREAD || io == STOKE_NPY_IO_AUTO)
+        return STOKE_OK;
+    if (io != STOKE_NPY_IO_URING)
+        return stoke__fail(STOKE_EINVAL, "npy: unknown io mode %d", io);
+    if (!stoke__npy_uring_built())
+        return stoke__fail(STOKE_ENOTSUP,
+                           "io=uring is not available: stoke was built without liburing "
+                           "(install liburing-dev and reconfigure; io=mmap and io=pread work)");
+    char why[160];
+    int e = stoke__npy_uring_probe(why, sizeof(why));
+    if (e)
+        return stoke__fail(STOKE_ENOTSUP, "io=uring is not available: %s", why);
+    return STOKE_OK;
 }

@@ -118,6 +118,16 @@ static size_t npy_path_len(const char *s)
     return strlen(s);
 }
 
+static int parse_io(const char *s, int *io)
+{
+    for (int m = STOKE_NPY_IO_MMAP; m <= STOKE_NPY_IO_AUTO; m++)
+        if (strcmp(s, stoke_npy_io_name(m)) == 0) {
+            *io = m;
+            return 0;
+        }
+    return -1;
+}
+
 static int open_npy(const char *spec, const char *args, stoke_dataset *out)
 {
     if (!args || !*args)
@@ -144,12 +154,12 @@ static int open_npy(const char *spec, const char *args, stoke_dataset *out)
             o.labels_path = opt + 7;
             if (!*o.labels_path)
                 rc = stoke__fail(STOKE_EINVAL, "source '%s': empty labels= file name", spec);
-        } else if (strcmp(opt, "io=mmap") == 0) {
-            o.io = STOKE_NPY_IO_MMAP;
-        } else if (strcmp(opt, "io=pread") == 0) {
-            o.io = STOKE_NPY_IO_PREAD;
+        } else if (strncmp(opt, "io=", 3) == 0 && parse_io(opt + 3, &o.io) == 0) {
+            /* o.io set */
         } else {
-            rc = stoke__fail(STOKE_EINVAL, "source '%s': bad option '%s' (io=mmap or io=pread)",
+            rc = stoke__fail(STOKE_EINVAL,
+                             "source '%s': bad option '%s' (io=auto, io=mmap, io=pread or "
+                             "io=uring)",
                              spec, opt);
         }
         opt = next;

@@ -1,0 +1,115 @@
+/* Private to the npy source: the dataset's state and the pieces its files share.
+ *
+ * npy.c opens files, decides io=auto and implements get(); npy_batch.c implements get_batch()
+ * for mmap and pread and cuts a batch into runs of consecutive rows; npy_uring.c runs those
+ * runs on one io_uring per worker.  See docs/sources.md. */
+#ifndef STOKE_NPY_INTERNAL_H
+#define STOKE_NPY_INTERNAL_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "sources/npy_header.h"
+
+/* get() of a sample whose index is a multiple of this fstat()s the file (get_batch(): once per
+ * batch that holds such an index): at least once per epoch that visits sample 0. */
+#define STOKE__NPY_STAT_EVERY 256
+
+/* Rings per dataset: worker w uses ring w % STOKE__NPY_RINGS (each has a lock, so two loaders
+ * sharing a dataset, or worker ids past the table, only serialise). */
+#define STOKE__NPY_RINGS 64
+
+typedef struct stoke__npy_file {
+    char *path;
+    int fd;
+    const unsigned char *map; /* IO_MMAP: the whole file */
+    size_t map_len;
+    stoke__npy_header h;
+    uint64_t rows;
+    size_t row_bytes;
+    uint64_t size;         /* st_size at open */
+    struct timespec mtime; /* st_mtim at open */
+} stoke__npy_file;
+
+struct stoke__npy_ring; /* npy_uring.c */
+
+typedef struct stoke__npy_ds {
+    int io;     /* the mode in use: MMAP, PREAD or URING (auto resolved at open) */
+    int nfiles; /* 1 (data) or 2 (data, labels) */
+    stoke__npy_file f[2];
+    /* IO_URING: created by the first get_batch() of each worker, freed by close. */
+    _Atomic(struct stoke__npy_ring *) rings[STOKE__NPY_RINGS];
+    atomic_int ring_warned; /* one warning when a worker's ring cannot be created */
+} stoke__npy_ds;
+
+/* A run: samples pos .. pos + n - 1 of a batch, field k, whose rows are consecutive in the file
+ * (at, len bytes) and land consecutively at dst. */
+typedef struct stoke__npy_run {
+    int k;
+    size_t pos, n;
+    uint64_t at;
+    unsigned char *dst;
+    size_t len;
+} stoke__npy_run;
+
+/* Walks a batch's runs: field 0 over the batch, then field 1.  NULL dst[k] and 0-byte rows are
+ * skipped; a run stops at STOKE__NPY_RUN_MAX bytes (but holds at least one row). */
+#define STOKE__NPY_RUN_MAX ((size_t)1 << 20)
+typedef struct stoke__npy_runs {
+    const stoke__npy_ds *ds;
+    const uint64_t *idx;
+    size_t count;
+    void *const *dst;
+    int k, kend; /* the field walked now, and one past the last field to walk */
+    size_t pos;
+} stoke__npy_runs;
+
+void stoke__npy_runs_init(stoke__npy_runs *it, const stoke__npy_ds *ds, const uint64_t *idx,
+                          size_t count, void *const dst[]);
+/* Next run into *r; 0 when there is none left. */
+int stoke__npy_runs_next(stoke__npy_runs *it, stoke__npy_run *r);
+
+/* ---- npy_read.c ---- */
+/* pread()s n bytes at `at` (retrying EINTR and short reads) into buf; *got: bytes read (fewer
+ * at end of file).  Returns 0 or -errno. */
+int stoke__npy_read_full(int fd, void *buf, size_t n, uint64_t at, size_t *got);
+/* Byte-swaps every `unit`-byte element (2, 4 or 8; other units: nothing) of p[0, n). */
+void stoke__npy_swap(unsigned char *p, size_t n, size_t unit);
+/* Compares f's size and mtime with those seen at open: STOKE_OK, or STOKE_EIO with msg. */
+int stoke__npy_check_unchanged(const stoke__npy_file *f, uint64_t index, char *msg, size_t msg_len);
+/* A read of sample `index` that failed with -errno `err`, or (err 0) ended at file byte `end`:
+ * "read failed: ..." or "file changed while loading (it ends at byte END: truncated)".
+ * Returns STOKE_EIO. */
+int stoke__npy_read_failed(const stoke__npy_file *f, uint64_t index, uint64_t end, int err,
+                           char *msg, size_t msg_len);
+/* "npy PATH: sample I: file changed while loading (why)" into msg; returns STOKE_EIO. */
+int stoke__npy_changed(const stoke__npy_file *f, uint64_t index, char *msg, size_t msg_len,
+                       const char *why);
+/* The error of a run that read only `got` of its bytes: EOF (res 0) or -errno (res < 0), for
+ * the sample the missing bytes belong to.  Returns STOKE_EIO. */
+int stoke__npy_run_failed(const stoke__npy_ds *ds, const uint64_t *idx, const stoke__npy_run *r,
+                          size_t got, int err, char *msg, size_t msg_len, uint64_t *err_index);
+
+/* get_batch() of every mode (npy_batch.c). */
+int stoke__npy_get_batch(void *user, const uint64_t *indices, size_t count, void *const dst[],
+                         int worker, char *msg, size_t msg_len, uint64_t *err_index);
+/* The pread batch path (npy_batch.c): the fallback of io=uring without a ring. */
+int stoke__npy_batch_pread(const stoke__npy_ds *ds, const uint64_t *idx, size_t count,
+                           void *const dst[], char *msg, size_t msg_len, uint64_t *err_index);
+
+/* ---- npy_uring.c ---- */
+/* 1 when this build has liburing. */
+int stoke__npy_uring_built(void);
+/* Creates and destroys a small ring: 0, or -errno from io_uring_queue_init (-ENOSYS without
+ * liburing).  why receives the reason for the caller's message. */
+int stoke__npy_uring_probe(char *why, size_t why_len);
+/* Reads the batch's runs on worker's ring (created on first use); falls back to the pread path
+ * when the ring cannot be created.  Same contract as get_batch. */
+int stoke__npy_batch_uring(stoke__npy_ds *ds, const uint64_t *idx, size_t count, void *const dst[],
+                           int worker, char *msg, size_t msg_len, uint64_t *err_index);
+/* Frees every ring (no get_batch() may be running). */
+void stoke__npy_rings_free(stoke__npy_ds *ds);
+
+#endif

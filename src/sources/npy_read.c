@@ -1,0 +1,293 @@
+/* The npy source's reads: the helpers get() uses, and get_batch() for every I/O mode.
+ *
+ * get_batch() checks the batch's indices, fstat()s the files once when the batch holds an
+ * index that is a multiple of STOKE__NPY_STAT_EVERY, cuts the batch into runs (consecutive
+ * indices, whose rows are consecutive in the file and whose slots are consecutive in the
+ * batch) and moves each run with one copy or one read: io=mmap under one SIGBUS guard per
+ * field with a software prefetch of upcoming rows, io=pread one pread per run, io=uring on the
+ * worker's ring (npy_uring.c).  Big-endian data is swapped once the whole batch is in. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/internal.h"
+#include "sources/fault_guard.h"
+#include "sources/npy_internal.h"
+#include "stoke/sources.h"
+
+/* mmap: rows this far ahead of the copy are prefetched (their first PREFETCH_BYTES). */
+#define PREFETCH_AHEAD 8
+#define PREFETCH_BYTES 256
+/* mmap: a run at least this long gets MADV_WILLNEED first (the mapping is MADV_RANDOM, so a
+ * sequential stretch would otherwise fault page by page on a cold file). */
+#define WILLNEED_MIN ((size_t)64 << 10)
+
+int stoke__npy_read_full(int fd, void *buf, size_t n, uint64_t at, size_t *got)
+{
+    unsigned char *p = buf;
+    size_t done = 0;
+    while (done < n) {
+        ssize_t r = pread(fd, p + done, n - done, (off_t)(at + done));
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            *got = done;
+            return -errno;
+        }
+        if (r == 0)
+            break;
+        done += (size_t)r;
+    }
+    *got = done;
+    return 0;
+}
+
+void stoke__npy_swap(unsigned char *p, size_t n, size_t unit)
+{
+    for (size_t i = 0; i + unit <= n; i += unit) {
+        if (unit == 2) {
+            uint16_t v;
+            memcpy(&v, p + i, 2);
+            v = __builtin_bswap16(v);
+            memcpy(p + i, &v, 2);
+        } else if (unit == 4) {
+            uint32_t v;
+            memcpy(&v, p + i, 4);
+            v = __builtin_bswap32(v);
+            memcpy(p + i, &v, 4);
+        } else if (unit == 8) {
+            uint64_t v;
+            memcpy(&v, p + i, 8);
+            v = __builtin_bswap64(v);
+            memcpy(p + i, &v, 8);
+        }
+    }
+}
+
+int stoke__npy_changed(const stoke__npy_file *f, uint64_t index, char *msg, size_t msg_len,
+                       const char *why)
+{
+    stoke__fmt(msg, msg_len, "npy %s: sample %llu: file changed while loading (%s)", f->path,
+               (unsigned long long)index, why);
+    return STOKE_EIO;
+}
+
+int stoke__npy_check_unchanged(const stoke__npy_file *f, uint64_t index, char *msg, size_t msg_len)
+{
+    struct stat st;
+    if (fstat(f->fd, &st) != 0) {
+        stoke__fmt(msg, msg_len, "npy %s: sample %llu: cannot stat: %s", f->path,
+                   (unsigned long long)index, strerror(errno));
+        return STOKE_EIO;
+    }
+    char why[128];
+    if ((uint64_t)st.st_size != f->size) {
+        stoke__fmt(why, sizeof(why), "now %llu bytes, %llu when opened",
+                   (unsigned long long)st.st_size, (unsigned long long)f->size);
+        return stoke__npy_changed(f, index, msg, msg_len, why);
+    }
+    if (st.st_mtim.tv_sec != f->mtime.tv_sec || st.st_mtim.tv_nsec != f->mtime.tv_nsec)
+        return stoke__npy_changed(f, index, msg, msg_len, "modified after it was opened");
+    return STOKE_OK;
+}
+
+int stoke__npy_read_failed(const stoke__npy_file *f, uint64_t index, uint64_t end, int err,
+                           char *msg, size_t msg_len)
+{
+    if (err) {
+        stoke__fmt(msg, msg_len, "npy %s: sample %llu: read failed: %s", f->path,
+                   (unsigned long long)index, strerror(-err));
+        return STOKE_EIO;
+    }
+    /* a read that started past the new end got nothing: say where the file ends now */
+    struct stat st;
+    if (fstat(f->fd, &st) == 0 && (uint64_t)st.st_size < end)
+        end = (uint64_t)st.st_size;
+    char why[128];
+    stoke__fmt(why, sizeof(why), "it ends at byte %llu: truncated", (unsigned long long)end);
+    return stoke__npy_changed(f, index, msg, msg_len, why);
+}
+
+int stoke__npy_run_failed(const stoke__npy_ds *ds, const uint64_t *idx, const stoke__npy_run *r,
+                          size_t got, int err, char *msg, size_t msg_len, uint64_t *err_index)
+{
+    const stoke__npy_file *f = &ds->f[r->k];
+    size_t j = r->pos + got / f->row_bytes;
+    if (j >= r->pos + r->n)
+        j = r->pos + r->n - 1;
+    *err_index = idx[j];
+    return stoke__npy_read_failed(f, idx[j], r->at + got, err, msg, msg_len);
+}
+
+/* ---- runs ----------------------------------------------------------------------------------- */
+
+void stoke__npy_runs_init(stoke__npy_runs *it, const stoke__npy_ds *ds, const uint64_t *idx,
+                          size_t count, void *const dst[])
+{
+    it->ds = ds;
+    it->idx = idx;
+    it->count = count;
+    it->dst = dst;
+    it->k = 0;
+    it->kend = ds->nfiles;
+    it->pos = 0;
+}
+
+int stoke__npy_runs_next(stoke__npy_runs *it, stoke__npy_run *r)
+{
+    while (it->k < it->kend) {
+        const stoke__npy_file *f = &it->ds->f[it->k];
+        if (!it->dst[it->k] || !f->row_bytes || it->pos >= it->count) {
+            it->k++;
+            it->pos = 0;
+            continue;
+        }
+        size_t rb = f->row_bytes, p = it->pos, n = 1;
+        size_t most = rb >= STOKE__NPY_RUN_MAX ? 1 : STOKE__NPY_RUN_MAX / rb;
+        while (p + n < it->count && n < most && it->idx[p + n] == it->idx[p + n - 1] + 1)
+            n++;
+        r->k = it->k;
+        r->pos = p;
+        r->n = n;
+        r->at = f->h.data_offset + it->idx[p] * (uint64_t)rb;
+        r->dst = (unsigned char *)it->dst[it->k] + p * rb;
+        r->len = n * rb;
+        it->pos = p + n;
+        return 1;
+    }
+    return 0;
+}
+
+/* ---- io=mmap -------------------------------------------------------------------------------- */
+
+typedef struct gather {
+    stoke__npy_runs it;
+    const stoke__npy_file *f;
+    volatile size_t pos; /* first sample of the run being copied (read after a fault) */
+} gather;
+
+static void gather_field(void *arg)
+{
+    gather *g = arg;
+    const stoke__npy_file *f = g->f;
+    const uint64_t *idx = g->it.idx;
+    size_t rb = f->row_bytes, pf = rb < PREFETCH_BYTES ? rb : PREFETCH_BYTES;
+    stoke__npy_run r;
+    while (stoke__npy_runs_next(&g->it, &r)) {
+        size_t ahead = r.pos + PREFETCH_AHEAD;
+        if (ahead < g->it.count) {
+            const unsigned char *p = f->map + f->h.data_offset + idx[ahead] * (uint64_t)rb;
+            for (size_t o = 0; o < pf; o += 64)
+                __builtin_prefetch(p + o);
+        }
+        g->pos = r.pos;
+        atomic_signal_fence(memory_order_seq_cst);
+        if (r.len >= WILLNEED_MIN) {
+            size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+            size_t lo = (size_t)r.at / pg * pg;
+            madvise((void *)(f->map + lo), (size_t)r.at + r.len - lo, MADV_WILLNEED);
+        }
+        memcpy(r.dst, f->map + r.at, r.len);
+    }
+}
+
+static int batch_mmap(const stoke__npy_ds *ds, const uint64_t *idx, size_t count, void *const dst[],
+                      char *msg, size_t msg_len, uint64_t *err_index)
+{
+    for (int k = 0; k < ds->nfiles; k++) {
+        const stoke__npy_file *f = &ds->f[k];
+        if (!dst[k] || !f->row_bytes)
+            continue;
+        gather g;
+        stoke__npy_runs_init(&g.it, ds, idx, count, dst);
+        g.it.k = k;
+        g.it.kend = k + 1;
+        g.f = f;
+        g.pos = 0;
+        if (stoke__guarded_run(gather_field, &g, f->map, f->map_len) != 0) {
+            *err_index = idx[g.pos];
+            return stoke__npy_changed(f, idx[g.pos], msg, msg_len,
+                                      "its mapped pages are gone: truncated");
+        }
+    }
+    return STOKE_OK;
+}
+
+/* ---- io=pread ------------------------------------------------------------------------------- */
+
+int stoke__npy_batch_pread(const stoke__npy_ds *ds, const uint64_t *idx, size_t count,
+                           void *const dst[], char *msg, size_t msg_len, uint64_t *err_index)
+{
+    stoke__npy_runs it;
+    stoke__npy_runs_init(&it, ds, idx, count, dst);
+    stoke__npy_run r;
+    while (stoke__npy_runs_next(&it, &r)) {
+        size_t got = 0;
+        int e = stoke__npy_read_full(ds->f[r.k].fd, r.dst, r.len, r.at, &got);
+        if (e || got != r.len)
+            return stoke__npy_run_failed(ds, idx, &r, got, e, msg, msg_len, err_index);
+    }
+    return STOKE_OK;
+}
+
+/* ---- get_batch ------------------------------------------------------------------------------ */
+
+/* Range of every index, then the size/mtime check once if an index is a multiple of
+ * STOKE__NPY_STAT_EVERY. */
+static int check_batch(const stoke__npy_ds *ds, const uint64_t *idx, size_t count, char *msg,
+                       size_t msg_len, uint64_t *err_index)
+{
+    const stoke__npy_file *f0 = &ds->f[0];
+    size_t stat_at = count;
+    for (size_t j = 0; j < count; j++) {
+        if (idx[j] >= f0->rows) {
+            *err_index = idx[j];
+            stoke__fmt(msg, msg_len, "npy %s: index %llu out of range (%llu rows)", f0->path,
+                       (unsigned long long)idx[j], (unsigned long long)f0->rows);
+            return STOKE_ERANGE;
+        }
+        if (stat_at == count && idx[j] % STOKE__NPY_STAT_EVERY == 0)
+            stat_at = j;
+    }
+    if (stat_at < count)
+        for (int k = 0; k < ds->nfiles; k++) {
+            int rc = stoke__npy_check_unchanged(&ds->f[k], idx[stat_at], msg, msg_len);
+            if (rc) {
+                *err_index = idx[stat_at];
+                return rc;
+            }
+        }
+    return STOKE_OK;
+}
+
+int stoke__npy_get_batch(void *user, const uint64_t *indices, size_t count, void *const dst[],
+                         int worker, char *msg, size_t msg_len, uint64_t *err_index)
+{
+    stoke__npy_ds *ds = user;
+    uint64_t ignored;
+    if (!err_index)
+        err_index = &ignored;
+    if (count == 0)
+        return STOKE_OK;
+    int rc = check_batch(ds, indices, count, msg, msg_len, err_index);
+    if (rc)
+        return rc;
+    switch (ds->io) {
+    case STOKE_NPY_IO_MMAP:
+        rc = batch_mmap(ds, indices, count, dst, msg, msg_len, err_index);
+        break;
+    case STOKE_NPY_IO_URING:
+        rc = stoke__npy_batch_uring(ds, indices, count, dst, worker, msg, msg_len, err_index);
+        break;
+    default: rc = stoke__npy_batch_pread(ds, indices, count, dst, msg, msg_len, err_index); break;
+    }
+    if (rc)
+        return rc;
+    for (int k = 0; k < ds->nfiles; k++)
+        if (dst[k] && ds->f[k].h.swap)
+            stoke__npy_swap(dst[k], count * ds->f[k].row_bytes, ds->f[k].h.swap);
+    return STOKE_OK;
+}

@@ -1,0 +1,531 @@
+/* The npy source's I/O modes: io=mmap, io=pread, io=uring and io=auto deliver the same bytes
+ * (get, get_batch and through the loader with 0 and 2 workers), a file truncated under a read
+ * gives the same error in every mode, io=uring without liburing or with a kernel that refuses
+ * io_uring fails clearly (auto falls back), and io=auto follows the file's page-cache residency.
+ * The io=uring cases skip (the file exits 77) when this build has no liburing. */
+#define _GNU_SOURCE
+#include "testutil.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "stoke/stoke.h"
+
+#define SKIP_RETURN_CODE 77
+
+static int g_skipped;
+static int g_uring; /* io=uring usable in this process */
+
+#define ROWS 1000
+#define ROW  3000 /* not a multiple of the page size: rows straddle pages */
+
+static const int MODES[] = {STOKE_NPY_IO_MMAP, STOKE_NPY_IO_PREAD, STOKE_NPY_IO_URING,
+                            STOKE_NPY_IO_AUTO};
+
+static char *tmp(const char *name)
+{
+    static char bufs[4][512];
+    static int k;
+    char n[256];
+    snprintf(n, sizeof(n), "npyio_%d_%s", (int)getpid(), name);
+    char *b = bufs[k++ % 4];
+    tu_tmp_path(n, b, 512);
+    return b;
+}
+
+/* numpy's preamble + header for `dict`, padded to a multiple of 64. */
+static size_t npy_head(unsigned char *out, const char *dict)
+{
+    size_t dl = strlen(dict), total = (10 + dl + 1 + 63) / 64 * 64, hlen = total - 10;
+    memcpy(out, "\x93NUMPY\x01\x00", 8);
+    out[8] = (unsigned char)(hlen & 0xff);
+    out[9] = (unsigned char)(hlen >> 8);
+    memcpy(out + 10, dict, dl);
+    memset(out + 10 + dl, ' ', hlen - dl - 1);
+    out[total - 1] = '\n';
+    return total;
+}
+
+static size_t write_npy(const char *path, const char *dict, const void *data, size_t n)
+{
+    unsigned char head[256];
+    size_t hn = npy_head(head, dict);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(head, 1, hn, f), hn);
+    assert_int_equal(fwrite(data, 1, n, f), n);
+    assert_int_equal(fclose(f), 0);
+    return hn;
+}
+
+static unsigned char g_data[ROWS * ROW];
+static int64_t g_labels[ROWS]; /* native values; the file holds them big-endian */
+
+static void make_files(const char *data, const char *labels)
+{
+    uint64_t x = 0x9e3779b97f4a7c15u;
+    for (size_t i = 0; i < sizeof(g_data); i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        g_data[i] = (unsigned char)x;
+    }
+    char dict[128];
+    snprintf(dict, sizeof(dict), "{'descr': '|u1', 'fortran_order': False, 'shape': (%d, %d), }",
+             ROWS, ROW);
+    write_npy(data, dict, g_data, sizeof(g_data));
+    if (!labels)
+        return;
+    unsigned char be[ROWS * 8];
+    for (int i = 0; i < ROWS; i++) {
+        g_labels[i] = (int64_t)i * 7919 - 123456;
+        uint64_t v = (uint64_t)g_labels[i];
+        for (int b = 0; b < 8; b++)
+            be[i * 8 + b] = (unsigned char)(v >> (56 - 8 * b));
+    }
+    snprintf(dict, sizeof(dict), "{'descr': '>i8', 'fortran_order': False, 'shape': (%d,), }",
+             ROWS);
+    write_npy(labels, dict, be, sizeof(be));
+}
+
+static int open_io(const char *path, const char *labels, int io, stoke_dataset *ds)
+{
+    stoke_npy_opts o;
+    stoke_npy_opts_init(&o);
+    o.labels_path = labels;
+    o.io = io;
+    return stoke_npy_open_opts(path, &o, ds);
+}
+
+static int skip_uring(int io)
+{
+    if (io == STOKE_NPY_IO_URING && !g_uring) {
+        g_skipped = 1;
+        return 1;
+    }
+    return 0;
+}
+
+/* A batch of `n` indices: shuffled, with runs of consecutive rows mixed in. */
+static void batch_indices(uint64_t *idx, size_t n, unsigned seed)
+{
+    uint64_t x = seed * 2654435761u + 1;
+    for (size_t j = 0; j < n; j++) {
+        x = x * 6364136223846793005u + 1442695040888963407u;
+        if (j && (x >> 60) < 6 && idx[j - 1] + 1 < ROWS)
+            idx[j] = idx[j - 1] + 1; /* a run */
+        else
+            idx[j] = (x >> 33) % ROWS;
+    }
+}
+
+static void check_batch(const uint64_t *idx, size_t n, const unsigned char *d, const int64_t *lab)
+{
+    for (size_t j = 0; j < n; j++) {
+        if (memcmp(d + j * ROW, g_data + idx[j] * ROW, ROW) != 0)
+            fail_msg("slot %zu (sample %llu): wrong bytes", j, (unsigned long long)idx[j]);
+        if (lab && lab[j] != g_labels[idx[j]])
+            fail_msg("slot %zu (sample %llu): label %lld, expected %lld", j,
+                     (unsigned long long)idx[j], (long long)lab[j], (long long)g_labels[idx[j]]);
+    }
+}
+
+/* Every mode: get() of every sample and get_batch() of shuffled batches with runs (longer
+ * than the uring queue, so the queue refills) give the file's bytes and native labels. */
+static void test_modes_identical(void **state)
+{
+    const char *p = tmp("same.npy"), *lp = tmp("same-labels.npy");
+    make_files(p, lp);
+    enum { N = 700 };
+    uint64_t *idx = malloc(N * sizeof(*idx));
+    unsigned char *d = malloc((size_t)N * ROW);
+    int64_t *lab = malloc(N * sizeof(*lab));
+    for (size_t m = 0; m < sizeof(MODES) / sizeof(MODES[0]); m++) {
+        int io = MODES[m];
+        if (skip_uring(io))
+            continue;
+        stoke_dataset ds;
+        assert_int_equal(open_io(p, lp, io, &ds), STOKE_OK);
+        int used = stoke_npy_io_used(&ds);
+        assert_true(io == STOKE_NPY_IO_AUTO ? used != STOKE_NPY_IO_AUTO && used >= 0 : used == io);
+        assert_non_null(ds.get_batch);
+        char msg[256];
+        for (uint64_t i = 0; i < ROWS; i += 37) {
+            void *dst[STOKE_MAX_FIELDS] = {d, lab};
+            assert_int_equal(ds.get(ds.user, i, dst, 0, msg, sizeof(msg)), STOKE_OK);
+            check_batch(&i, 1, d, lab);
+        }
+        for (unsigned seed = 1; seed <= 4; seed++) {
+            size_t n = seed == 4 ? 1 : N - seed * 50;
+            batch_indices(idx, n, seed);
+            memset(d, 0, (size_t)N * ROW);
+            void *dst[STOKE_MAX_FIELDS] = {d, lab};
+            uint64_t err = 0;
+            assert_int_equal(
+                ds.get_batch(ds.user, idx, n, dst, (int)seed % 3, msg, sizeof(msg), &err),
+                STOKE_OK);
+            check_batch(idx, n, d, lab);
+        }
+        /* a NULL field is skipped; an index past the end is STOKE_ERANGE naming it */
+        void *only_labels[STOKE_MAX_FIELDS] = {NULL, lab};
+        uint64_t err = 0, bad[3] = {5, ROWS + 4, 6};
+        assert_int_equal(ds.get_batch(ds.user, bad, 1, only_labels, 0, msg, sizeof(msg), &err),
+                         STOKE_OK);
+        assert_int_equal(lab[0], g_labels[5]);
+        assert_int_equal(ds.get_batch(ds.user, bad, 3, only_labels, 0, msg, sizeof(msg), &err),
+                         STOKE_ERANGE);
+        assert_int_equal(err, ROWS + 4);
+        assert_non_null(strstr(msg, "index 1004 out of range"));
+        stoke_dataset_close(&ds);
+    }
+    free(idx);
+    free(d);
+    free(lab);
+    unlink(p);
+    unlink(lp);
+}
+
+/* One shuffled epoch through the loader: every batch's samples (indices, bytes, labels) for
+ * 0 and 2 workers in every mode; the order is the same in all of them. */
+static void test_loader_identical(void **state)
+{
+    const char *p = tmp("loader.npy"), *lp = tmp("loader-labels.npy");
+    make_files(p, lp);
+    tu_use_none();
+    uint64_t order0[ROWS];
+    int have_order = 0;
+    for (size_t m = 0; m < sizeof(MODES) / sizeof(MODES[0]); m++) {
+        int io = MODES[m];
+        if (skip_uring(io))
+            continue;
+        for (int workers = 0; workers <= 2; workers += 2) {
+            char spec[600];
+            snprintf(spec, sizeof(spec), "npy:%s,labels=%s,io=%s", p, lp, stoke_npy_io_name(io));
+            stoke_dataset ds;
+            assert_int_equal(stoke_source_open(spec, &ds), STOKE_OK);
+            stoke_loader_opts o;
+            stoke_loader_opts_init(&o);
+            o.batch_size = 96; /* not a divisor of ROWS: a partial last batch */
+            o.num_workers = workers;
+            o.shuffle = 1;
+            o.seed = 11;
+            stoke_loader *l = NULL;
+            assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+            uint64_t order[ROWS];
+            size_t got = 0;
+            stoke_batch *b;
+            int rc;
+            while ((rc = stoke_loader_next(l, &b)) == STOKE_OK) {
+                size_t n = stoke_batch_count(b);
+                assert_true(got + n <= ROWS);
+                const uint64_t *idx = stoke_batch_indices(b);
+                check_batch(idx, n, stoke_batch_data(b, 0), stoke_batch_data(b, 1));
+                memcpy(order + got, idx, n * sizeof(*idx));
+                got += n;
+                stoke_batch_release(b);
+            }
+            assert_int_equal(rc, STOKE_EEND);
+            assert_int_equal(got, ROWS);
+            if (!have_order) {
+                memcpy(order0, order, sizeof(order));
+                have_order = 1;
+                int shuffled = 0;
+                for (size_t i = 0; i < ROWS; i++)
+                    shuffled |= order[i] != i;
+                assert_true(shuffled);
+            } else if (memcmp(order0, order, sizeof(order)) != 0) {
+                fail_msg("io=%s, %d workers: a different order", stoke_npy_io_name(io), workers);
+            }
+            stoke_loader_destroy(l);
+            stoke_dataset_close(&ds);
+        }
+    }
+    unlink(p);
+    unlink(lp);
+}
+
+/* get_batch() of `idx` on a fresh dataset of `io` after the file was cut to `cut` bytes:
+ * returns the code; msg and *err receive the error. */
+static int read_truncated(const char *p, int io, size_t cut, const uint64_t *idx, size_t n,
+                          char *msg, size_t msg_len, uint64_t *err)
+{
+    make_files(p, NULL);
+    stoke_dataset ds;
+    assert_int_equal(open_io(p, NULL, io, &ds), STOKE_OK);
+    assert_int_equal(truncate(p, (off_t)cut), 0);
+    unsigned char *d = malloc(n * ROW);
+    void *dst[STOKE_MAX_FIELDS] = {d};
+    msg[0] = '\0';
+    int rc = ds.get_batch(ds.user, idx, n, dst, 0, msg, msg_len, err);
+    free(d);
+    stoke_dataset_close(&ds);
+    return rc;
+}
+
+/* A file cut short after open: io=uring reports exactly what io=pread reports (same code,
+ * sample and message: the file, the sample, "file changed while loading", where it ends), for
+ * a cut inside a row and for the first failing slot of a shuffled batch; io=mmap the same
+ * sample with its own reason. */
+static void test_truncated_same_error(void **state)
+{
+    if (!g_uring) {
+        g_skipped = 1;
+        skip();
+    }
+    const char *p = tmp("cut.npy");
+    unsigned char head[256];
+    char dict[128];
+    snprintf(dict, sizeof(dict), "{'descr': '|u1', 'fortran_order': False, 'shape': (%d, %d), }",
+             ROWS, ROW);
+    size_t hn = npy_head(head, dict);
+    /* no index is a multiple of 256: the reads notice, not the size check */
+    static const uint64_t batches[3][6] = {
+        {10, 11, 12, 13, 14, 15}, /* a run: row 12 is cut in the middle */
+        {40, 5, 30, 3, 41, 42},   /* shuffled: slot 0 (sample 40) is the first one missing */
+        {1, 2, 3, 500, 4, 999},   /* slot 3 */
+    };
+    static const uint64_t want_index[3] = {12, 40, 500};
+    for (int t = 0; t < 3; t++) {
+        size_t cut = t == 0 ? hn + 12 * ROW + 100 : hn + 20 * ROW;
+        char m_pread[256], m_uring[256], m_mmap[256];
+        uint64_t e_pread = 0, e_uring = 1, e_mmap = 2;
+        int rp = read_truncated(p, STOKE_NPY_IO_PREAD, cut, batches[t], 6, m_pread, sizeof(m_pread),
+                                &e_pread);
+        int ru = read_truncated(p, STOKE_NPY_IO_URING, cut, batches[t], 6, m_uring, sizeof(m_uring),
+                                &e_uring);
+        int rm = read_truncated(p, STOKE_NPY_IO_MMAP, cut, batches[t], 6, m_mmap, sizeof(m_mmap),
+                                &e_mmap);
+        assert_int_equal(rp, STOKE_EIO);
+        assert_int_equal(ru, STOKE_EIO);
+        assert_int_equal(rm, STOKE_EIO);
+        assert_int_equal(e_pread, want_index[t]);
+        assert_int_equal(e_uring, want_index[t]);
+        assert_string_equal(m_uring, m_pread);
+        char want[600];
+        snprintf(want, sizeof(want),
+                 "npy %s: sample %llu: file changed while loading (it ends at byte %llu: "
+                 "truncated)",
+                 p, (unsigned long long)want_index[t], (unsigned long long)cut);
+        assert_string_equal(m_uring, want);
+        /* mmap: the fault names the first sample of the run that faulted */
+        assert_non_null(strstr(m_mmap, "file changed while loading"));
+        assert_non_null(strstr(m_mmap, "mapped pages are gone"));
+        if (t > 0)
+            assert_int_equal(e_mmap, want_index[t]);
+    }
+    unlink(p);
+}
+
+/* Evicts path from the page cache; returns the share (%) of its pages still resident. */
+static int evict(const char *path)
+{
+    int fd = open(path, O_RDONLY);
+    assert_true(fd >= 0);
+    assert_int_equal(fdatasync(fd), 0);
+    assert_int_equal(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+    struct stat st;
+    assert_int_equal(fstat(fd, &st), 0);
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE), pages = ((size_t)st.st_size + pg - 1) / pg;
+    void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+    assert_true(m != MAP_FAILED);
+    unsigned char *vec = malloc(pages);
+    assert_int_equal(mincore(m, (size_t)st.st_size, vec), 0);
+    size_t hit = 0;
+    for (size_t i = 0; i < pages; i++)
+        hit += vec[i] & 1;
+    free(vec);
+    munmap(m, (size_t)st.st_size);
+    close(fd);
+    return (int)(hit * 100 / pages);
+}
+
+static void warm(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    char buf[1 << 16];
+    while (fread(buf, 1, sizeof(buf), f) > 0) {
+    }
+    fclose(f);
+}
+
+static int auto_choice(const char *path)
+{
+    stoke_dataset ds;
+    assert_int_equal(open_io(path, NULL, STOKE_NPY_IO_AUTO, &ds), STOKE_OK);
+    int io = stoke_npy_io_used(&ds);
+    /* whatever it chose, it reads the file */
+    uint64_t idx[4] = {999, 0, 1, 500};
+    unsigned char *d = malloc(4 * ROW);
+    void *dst[STOKE_MAX_FIELDS] = {d};
+    char msg[256];
+    uint64_t err;
+    assert_int_equal(ds.get_batch(ds.user, idx, 4, dst, 0, msg, sizeof(msg), &err), STOKE_OK);
+    check_batch(idx, 4, d, NULL);
+    free(d);
+    stoke_dataset_close(&ds);
+    return io;
+}
+
+/* io=auto: a resident file is mapped; evicted (checked with mincore), it is read with queued
+ * reads (uring when usable, else pread), and the choice is logged at INFO; warm again, mapped. */
+static void test_auto_follows_residency(void **state)
+{
+    const char *p = tmp("auto.npy");
+    make_files(p, NULL);
+    warm(p);
+    tu_log_capture();
+    stoke_log_set_level(STOKE_LOG_INFO);
+    assert_int_equal(auto_choice(p), STOKE_NPY_IO_MMAP);
+    assert_int_equal(tu_log_count(STOKE_LOG_INFO, "io=auto chose io=mmap"), 1);
+    int left = evict(p);
+    if (left > 5) {
+        print_message("page cache eviction does not work here (%d%% still resident)\n", left);
+        g_skipped = 1;
+        stoke_log_set_level(STOKE_LOG_WARN);
+        unlink(p);
+        skip();
+    }
+    int want = g_uring ? STOKE_NPY_IO_URING : STOKE_NPY_IO_PREAD;
+    tu_log_clear();
+    assert_int_equal(auto_choice(p), want);
+    char line[64];
+    snprintf(line, sizeof(line), "io=auto chose io=%s", stoke_npy_io_name(want));
+    assert_int_equal(tu_log_count(STOKE_LOG_INFO, line), 1);
+    warm(p);
+    assert_int_equal(auto_choice(p), STOKE_NPY_IO_MMAP);
+    stoke_log_set_level(STOKE_LOG_WARN);
+    unlink(p);
+}
+
+/* In a child: io_uring_setup fails with EPERM from now on (as under a container's seccomp
+ * profile).  Returns 0, or -1 when the filter cannot be installed. */
+static int deny_io_uring(void)
+{
+    struct sock_filter f[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_io_uring_setup, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = {(unsigned short)(sizeof(f) / sizeof(f[0])), f};
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
+        return -1;
+    return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) == 0 ? 0 : -1;
+}
+
+/* io=uring where it cannot work is STOKE_ENOTSUP at open with a message naming the missing
+ * feature (the build's liburing, or the kernel's io_uring); io=auto on a cold file falls back
+ * to pread.  Without liburing this runs in-process; with it, in a child whose seccomp filter
+ * refuses io_uring_setup. */
+static void test_uring_unavailable(void **state)
+{
+    const char *p = tmp("nouring.npy");
+    make_files(p, NULL);
+    char spec[600];
+    snprintf(spec, sizeof(spec), "npy:%s,io=uring", p);
+    stoke_dataset ds;
+    if (!g_uring) {
+        assert_int_equal(stoke_npy_io_available(STOKE_NPY_IO_URING), STOKE_ENOTSUP);
+        assert_int_equal(stoke_source_open(spec, &ds), STOKE_ENOTSUP);
+        assert_non_null(strstr(stoke_last_error(), p));
+        assert_non_null(strstr(stoke_last_error(), "io=uring is not available"));
+        assert_non_null(strstr(stoke_last_error(), "without liburing"));
+        if (evict(p) <= 5)
+            assert_int_equal(auto_choice(p), STOKE_NPY_IO_PREAD);
+        unlink(p);
+        return;
+    }
+    int cold = evict(p) <= 5;
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        if (deny_io_uring() != 0)
+            _exit(SKIP_RETURN_CODE);
+        if (stoke_npy_io_available(STOKE_NPY_IO_URING) != STOKE_ENOTSUP)
+            _exit(1);
+        if (!strstr(stoke_last_error(), "io_uring_queue_init failed: Operation not permitted"))
+            _exit(2);
+        if (stoke_source_open(spec, &ds) != STOKE_ENOTSUP)
+            _exit(3);
+        if (!strstr(stoke_last_error(), p) ||
+            !strstr(stoke_last_error(), "io=uring is not available: io_uring_queue_init failed"))
+            _exit(4);
+        if (open_io(p, NULL, STOKE_NPY_IO_AUTO, &ds) != STOKE_OK)
+            _exit(5);
+        int io = stoke_npy_io_used(&ds);
+        stoke_dataset_close(&ds);
+        if (cold && io != STOKE_NPY_IO_PREAD)
+            _exit(6);
+        _exit(0);
+    }
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st));
+    unlink(p);
+    if (WEXITSTATUS(st) == SKIP_RETURN_CODE) {
+        print_message("cannot install a seccomp filter here\n");
+        g_skipped = 1;
+        skip();
+    }
+    assert_int_equal(WEXITSTATUS(st), 0);
+}
+
+/* Spec strings: every io= mode by name, and a bad one listing them. */
+static void test_spec_io(void **state)
+{
+    const char *p = tmp("spec.npy");
+    make_files(p, NULL);
+    for (size_t m = 0; m < sizeof(MODES) / sizeof(MODES[0]); m++) {
+        if (MODES[m] == STOKE_NPY_IO_URING && !g_uring)
+            continue;
+        char spec[600];
+        snprintf(spec, sizeof(spec), "npy:%s,io=%s", p, stoke_npy_io_name(MODES[m]));
+        stoke_dataset ds;
+        assert_int_equal(stoke_source_open(spec, &ds), STOKE_OK);
+        if (MODES[m] != STOKE_NPY_IO_AUTO)
+            assert_int_equal(stoke_npy_io_used(&ds), MODES[m]);
+        stoke_dataset_close(&ds);
+    }
+    stoke_dataset ds;
+    assert_int_equal(stoke_source_open("npy:/x.npy,io=fast", &ds), STOKE_EINVAL);
+    assert_non_null(strstr(stoke_last_error(), "io=auto, io=mmap, io=pread or io=uring"));
+    stoke_dataset syn;
+    assert_int_equal(stoke_source_open("synthetic:10", &syn), STOKE_OK);
+    assert_int_equal(stoke_npy_io_used(&syn), STOKE_EINVAL);
+    stoke_dataset_close(&syn);
+    stoke_npy_opts o;
+    stoke_npy_opts_init(&o);
+    assert_int_equal(o.io, STOKE_NPY_IO_AUTO);
+    unlink(p);
+}
+
+int main(void)
+{
+    g_uring = stoke_npy_io_available(STOKE_NPY_IO_URING) == STOKE_OK;
+    if (!g_uring)
+        printf("[  NOTE    ] io=uring unavailable: %s\n", stoke_last_error());
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_modes_identical),      cmocka_unit_test(test_loader_identical),
+        cmocka_unit_test(test_truncated_same_error), cmocka_unit_test(test_auto_follows_residency),
+        cmocka_unit_test(test_uring_unavailable),    cmocka_unit_test(test_spec_io),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    if (rc == 0 && g_skipped) {
+        printf("[  SKIPPED ] test_npy_io: some cases need io=uring (liburing and a kernel that "
+               "allows it) or page-cache eviction\n");
+        return SKIP_RETURN_CODE;
+    }
+    return rc;
+}
