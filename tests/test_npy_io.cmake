@@ -1,1 +1,0 @@
-set_tests_properties(${TEST_NAME} PROPERTIES SKIP_RETURN_CODE 77)
