@@ -15,7 +15,7 @@
 
 #include "backends/cuda_driver.h"
 #include "mock_gpu.h"
-#include "mock_loader.h"
+#include "mock_checks.h"
 #include "pinned/pinned_internal.h"
 #include "registry/registry.h"
 #include "stoke/stoke.h"
@@ -823,64 +823,18 @@ static void test_threads_share_one_context(void **state)
 
 /* ---- a GPU that works asynchronously ------------------------------------------------------ */
 
-/* Copies run later, on the mock's engine: stream and event synchronization must wait for them,
- * and an event is not done before the work recorded ahead of it ran. */
+/* Copies run later, on the mock's engine (mock_checks.h). */
 static void test_synchronize_waits_for_queued_copies(void **state)
 {
     install(1, NULL);
     char reason[256];
     assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_OK);
-    size_t n = 65536;
-    unsigned char *src = NULL, *back = NULL;
-    assert_int_equal(stoke_pinned_alloc(n, (void **)&src), STOKE_OK);
-    assert_int_equal(stoke_pinned_alloc(n, (void **)&back), STOKE_OK);
-    stoke_stream *s = NULL;
-    assert_int_equal(stoke_stream_create(NULL, &s), STOKE_OK);
-    stoke_device_buffer *d = NULL;
-    assert_int_equal(stoke_device_buffer_create(s, n, &d), STOKE_OK);
-    stoke_event *e = NULL;
-    assert_int_equal(stoke_event_create(s, &e), STOKE_OK);
-    mg_set_delay_us(20000); /* a synchronize that did not wait would find `back` unchanged */
-
-    memset(src, 0x5a, n);
-    memset(back, 0, n);
-    assert_int_equal(stoke_copy_h2d_async(d, 0, src, n, s), STOKE_OK);
-    assert_int_equal(stoke_copy_d2h_async(back, d, 0, n, s), STOKE_OK);
-    assert_int_equal(stoke_stream_synchronize(s), STOKE_OK);
-    assert_memory_equal(back, src, n);
-
-    memset(src, 0xa5, n);
-    assert_int_equal(stoke_copy_h2d_async(d, 0, src, n, s), STOKE_OK);
-    assert_int_equal(stoke_copy_d2h_async(back, d, 0, n, s), STOKE_OK);
-    assert_int_equal(stoke_event_record(e, s), STOKE_OK);
-    assert_int_equal(stoke_event_synchronize(e), STOKE_OK);
-    assert_memory_equal(back, src, n);
-
-    /* Recorded again behind more work: not done until that work ran. */
-    mg_hold(1);
-    int rc = stoke_copy_h2d_async(d, 0, src, n, s);
-    if (rc == STOKE_OK)
-        rc = stoke_event_record(e, s);
-    int query = rc == STOKE_OK ? stoke_event_query(e) : rc;
-    mg_hold(0);
-    assert_int_equal(rc, STOKE_OK);
-    assert_int_equal(query, STOKE_EBUSY);
-    assert_int_equal(stoke_event_synchronize(e), STOKE_OK);
-    assert_int_equal(stoke_event_query(e), STOKE_OK);
-    assert_int_equal(mg_copies_run(), 5);
-
-    stoke_event_destroy(e);
-    stoke_device_buffer_destroy(d);
-    stoke_stream_destroy(s);
-    assert_int_equal(stoke_pinned_free(src), STOKE_OK);
-    assert_int_equal(stoke_pinned_free(back), STOKE_OK);
-    assert_int_equal(mg_hazards(), 0);
+    mc_async_copies();
     assert_no_violation();
 }
 
 /* The driver refuses ranges that overlap memory already page-locked by anyone, with
- * CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED: stoke says STOKE_EINVAL with the driver's words and
- * tracks nothing. */
+ * CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED (mock_checks.h). */
 static void test_register_refused_with_driver_codes(void **state)
 {
     install(1, NULL);
@@ -888,29 +842,10 @@ static void test_register_refused_with_driver_codes(void **state)
     assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_OK);
     const stoke_backend *vt = NULL;
     assert_int_equal(stoke__backend_lookup("cuda", &vt), STOKE_OK);
-    char *mem = NULL;
-    assert_int_equal(posix_memalign((void **)&mem, 4096, 65536), 0);
-
-    assert_int_equal(mg_pin_add(mem + 8192, 4096, MG_PIN_REGISTERED), 0); /* by someone else */
-    assert_int_equal(vt->host_register(0, mem, 65536), STOKE_EINVAL);
-    assert_non_null(strstr(stoke_last_error(), "cuMemHostRegister(65536 bytes) for device 0: "
-                                               "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED (712)"));
-    assert_int_equal(vt->host_register(0, mem + 8192, 4096), STOKE_EINVAL); /* the same range */
-    assert_int_equal(vt->host_unregister(0, mem + 8192), STOKE_EINVAL);     /* never ours */
-    assert_int_equal(mg_pin_remove(mem + 8192, MG_PIN_REGISTERED), 0);
-    assert_int_equal(mg_pin_add(mem, 4096, MG_PIN_ALLOC), 0); /* cuMemHostAlloc'ed elsewhere */
-    assert_int_equal(vt->host_register(0, mem, 4096), STOKE_EINVAL);
-    assert_int_equal(mg_pin_remove(mem, MG_PIN_ALLOC), 0);
-    assert_int_equal(mock.registers, 0);
-
-    /* Free again: registered once; stoke's own overlap is refused before the driver sees it. */
-    assert_int_equal(vt->host_register(0, mem, 65536), STOKE_OK);
-    assert_int_equal(vt->host_register(0, mem + 4096, 4096), STOKE_EINVAL);
+    mc_register_refusals(vt, "cuMemHostRegister(65536 bytes) for device 0: "
+                             "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED (712)");
     assert_int_equal(mock.registers, 1);
-    assert_int_equal(vt->host_unregister(0, mem), STOKE_OK);
     assert_int_equal(mock.unregisters, 1);
-    assert_int_equal(mg_pin_kind(mem), 0);
-    free(mem);
     assert_no_violation();
 }
 
@@ -947,15 +882,15 @@ static void test_is_pinned_asks_the_driver_without_a_context(void **state)
 }
 
 /* The loader's device path on a GPU with a slow copy engine: no staging slot or batch buffer is
- * reused before its copy ran (mock_loader.h). */
+ * reused before its copy ran (mock_checks.h). */
 static void test_loader_device_path_on_a_slow_gpu(void **state)
 {
     install(2, NULL);
     char reason[256];
     assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_OK);
-    ml_device_run("cuda", 2, 1, 1500);
-    ml_device_run("cuda", 3, 0, 1500);
-    ml_device_run("cuda", 0, 1, 1500);
+    mc_device_run("cuda", 2, 1, 1500);
+    mc_device_run("cuda", 3, 0, 1500);
+    mc_device_run("cuda", 0, 1, 1500);
     assert_int_equal(mock.dev_frees, mock.dev_allocs);
     assert_no_violation();
 }
