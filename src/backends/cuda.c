@@ -147,7 +147,8 @@ static const char *cu_msg(CUresult r)
 
 /* Fails with the driver's name and message for `r` after a description of the call:
  * "cuda: cuMemAlloc(4096 bytes) on device 1: CUDA_ERROR_OUT_OF_MEMORY (2): out of memory".
- * Out of memory maps to STOKE_ENOMEM, the rest to STOKE_EBACKEND. */
+ * Out of memory maps to STOKE_ENOMEM, the rest to STOKE_EBACKEND.  (hip.c's vfail is the same
+ * for the HIP runtime.) */
 static int vfail(CUresult r, const char *fmt, va_list ap)
 {
     char call[160];

@@ -7,6 +7,8 @@
 #ifndef STOKE_TEST_MOCK_CHECKS_H
 #define STOKE_TEST_MOCK_CHECKS_H
 
+#include <dlfcn.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,29 +20,29 @@
 #define MC_SAMPLES 480
 #define MC_BATCH 8
 
-/* Waits for batch b's copy, then reads both fields back from the device and compares them with
- * the samples its indices name. */
+/* Waits for batch b's copy, then reads both fields back from the device: they must hold the
+ * samples its indices name. */
 static void mc_check_batch(stoke_batch *b)
 {
-    unsigned char data[MC_BATCH * DS_BYTES];
-    int64_t labels[MC_BATCH];
+    unsigned char got[MC_BATCH * DS_BYTES], want[MC_BATCH * DS_BYTES];
+    int64_t got_labels[MC_BATCH], want_labels[MC_BATCH];
     size_t n = stoke_batch_count(b);
     assert_true(n <= MC_BATCH);
-    assert_int_equal(stoke_batch_device_wait(b), STOKE_OK);
-    assert_int_equal(stoke_event_query(stoke_batch_device_event(b)), STOKE_OK);
-    assert_int_equal(stoke_batch_device_read(b, 0, data), STOKE_OK);
-    assert_int_equal(stoke_batch_device_read(b, 1, labels), STOKE_OK);
     const uint64_t *idx = stoke_batch_indices(b);
     for (size_t j = 0; j < n; j++) {
-        if ((uint64_t)labels[j] != idx[j])
-            fail_msg("batch %llu, sample %zu: label %lld on the device, %llu expected",
-                     (unsigned long long)stoke_batch_seq(b), j, (long long)labels[j],
-                     (unsigned long long)idx[j]);
+        want_labels[j] = (int64_t)idx[j];
         for (size_t k = 0; k < DS_BYTES; k++)
-            if (data[j * DS_BYTES + k] != tds_byte(idx[j], k))
-                fail_msg("batch %llu, sample %llu: byte %zu differs on the device",
-                         (unsigned long long)stoke_batch_seq(b), (unsigned long long)idx[j], k);
+            want[j * DS_BYTES + k] = tds_byte(idx[j], k);
     }
+    assert_int_equal(stoke_batch_device_wait(b), STOKE_OK);
+    assert_int_equal(stoke_event_query(stoke_batch_device_event(b)), STOKE_OK);
+    assert_int_equal(stoke_batch_device_read(b, 0, got), STOKE_OK);
+    assert_int_equal(stoke_batch_device_read(b, 1, got_labels), STOKE_OK);
+    if (memcmp(got_labels, want_labels, n * sizeof(int64_t)) != 0 ||
+        memcmp(got, want, n * DS_BYTES) != 0)
+        fail_msg("batch %llu of %zu samples (first %llu, label %lld on the device): the device "
+                 "holds other bytes than its samples'", (unsigned long long)stoke_batch_seq(b),
+                 n, (unsigned long long)idx[0], (long long)got_labels[0]);
 }
 
 /* One shuffled epoch of 480 samples in batches of 8 with `device` ("cuda", "hip") as the
@@ -204,6 +206,25 @@ static void mc_register_refusals(const stoke_backend *vt, const char *refusal)
     assert_int_equal(vt->host_unregister(0, mem), STOKE_OK);
     assert_int_equal(mg_pin_kind(mem), 0);
     free(mem);
+}
+
+/* CTest's SKIP_RETURN_CODE (tests/test_cuda_mock.cmake, tests/test_hip_mock.cmake). */
+#define MC_SKIP_RETURN_CODE 77
+
+/* Runs `test` alone, the check of a backend's reason when none of its `count` default library
+ * `names` can be loaded; where one loads, that outcome cannot be forced: reports SKIP. */
+static int mc_run_default_library_test(const char *const *names, size_t count,
+                                       const struct CMUnitTest *test)
+{
+    for (size_t i = 0; i < count; i++) {
+        void *h = dlopen(names[i], RTLD_LAZY);
+        if (h) {
+            dlclose(h);
+            printf("[  SKIPPED ] %s: %s is installed here\n", test->name, names[i]);
+            return MC_SKIP_RETURN_CODE;
+        }
+    }
+    return _cmocka_run_group_tests("default library", test, 1, NULL, NULL);
 }
 
 #endif
