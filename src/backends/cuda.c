@@ -13,7 +13,10 @@
  *   never gets a context unless it is used, and the caller's own current context is untouched.
  * - Pinned memory: cuMemHostAlloc(PORTABLE) and cuMemHostRegister(PORTABLE), tracked in a range
  *   table (is_pinned answers for interior addresses); memory pinned by someone else in the
- *   process (e.g. another framework) is recognised through cuPointerGetAttribute.
+ *   process (e.g. another framework) is recognised through cuPointerGetAttribute(MEMORY_TYPE),
+ *   which needs no current context.
+ * - Every call that needs a context runs between push()/enter() and leave(), which pops and
+ *   turns the driver's result into a status with the call described (see leave).
  *
  * Locking: `g.lock` serialises loading, probing, retaining contexts and shutdown.  After a
  * successful probe `g.drv`, `g.ndev` and `g.devs[i].dev` are immutable until shutdown, so the
