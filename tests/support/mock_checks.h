@@ -103,7 +103,9 @@ static void mc_device_run(const char *device, int workers, int in_order, unsigne
             stoke_batch_release(old);
         }
         kept[nkept++ % 2] = b;
-    } while (stoke_loader_next(l, &b) == STOKE_OK);
+    } while ((rc = stoke_loader_next(l, &b)) == STOKE_OK);
+    if (rc != STOKE_EEND)
+        fail_msg("batch %u: %s: %s", nb, stoke_err_name(rc), stoke_loader_last_error(l));
     for (int i = 0; i < 2; i++)
         if (kept[i]) {
             mc_check_batch(kept[i]);

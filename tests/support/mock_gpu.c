@@ -342,19 +342,25 @@ void *mg_dev_alloc(int dev, size_t n)
 int mg_dev_find(const void *p, size_t *off, int *dev, size_t *size)
 {
     uintptr_t a = (uintptr_t)p;
-    int found = 0;
+    int found = -1;
     pthread_mutex_lock(&G.mu);
-    for (int i = 0; i < MAX_BLOCKS && !found; i++) {
+    /* A block holding p; only failing that, one ending at p (blocks may be adjacent). */
+    for (int i = 0; i < MAX_BLOCKS; i++) {
         uintptr_t b = (uintptr_t)G.blocks[i].base;
-        if (b && a >= b && a <= b + G.blocks[i].size) {
-            *off = a - b;
-            *dev = G.blocks[i].dev;
-            *size = G.blocks[i].size;
-            found = 1;
+        if (b && a >= b && a < b + G.blocks[i].size) {
+            found = i;
+            break;
         }
+        if (b && a == b + G.blocks[i].size)
+            found = i;
+    }
+    if (found >= 0) {
+        *off = a - (uintptr_t)G.blocks[found].base;
+        *dev = G.blocks[found].dev;
+        *size = G.blocks[found].size;
     }
     pthread_mutex_unlock(&G.mu);
-    return found;
+    return found >= 0;
 }
 
 int mg_dev_free(void *p)
