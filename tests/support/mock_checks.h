@@ -13,12 +13,12 @@
 #include <string.h>
 
 #include "../test_loader_ds.h"
-#include "stoke/backend.h"
 #include "mock_gpu.h"
+#include "stoke/backend.h"
 #include "testutil.h"
 
 #define MC_SAMPLES 480
-#define MC_BATCH 8
+#define MC_BATCH   8
 
 /* Waits for batch b's copy, then reads both fields back from the device: they must hold the
  * samples its indices name. */
@@ -41,8 +41,9 @@ static void mc_check_batch(stoke_batch *b)
     if (memcmp(got_labels, want_labels, n * sizeof(int64_t)) != 0 ||
         memcmp(got, want, n * DS_BYTES) != 0)
         fail_msg("batch %llu of %zu samples (first %llu, label %lld on the device): the device "
-                 "holds other bytes than its samples'", (unsigned long long)stoke_batch_seq(b),
-                 n, (unsigned long long)idx[0], (long long)got_labels[0]);
+                 "holds other bytes than its samples'",
+                 (unsigned long long)stoke_batch_seq(b), n, (unsigned long long)idx[0],
+                 (long long)got_labels[0]);
 }
 
 /* One shuffled epoch of 480 samples in batches of 8 with `device` ("cuda", "hip") as the

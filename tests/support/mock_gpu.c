@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #define MAX_BLOCKS 256
-#define MAX_PINS 256
+#define MAX_PINS   256
 
 enum { OP_COPY, OP_MARK };
 
@@ -19,14 +19,14 @@ typedef struct op {
     void *dst;
     const void *src;
     size_t n;
-    mg_event *ev;       /* OP_MARK */
-    unsigned long gen;  /* OP_MARK: which record of ev this is */
+    mg_event *ev;      /* OP_MARK */
+    unsigned long gen; /* OP_MARK: which record of ev this is */
     struct op *next;
 } op;
 
 struct mg_stream {
-    op *head, *tail;    /* head runs first (and is the one running, if any) */
-    mg_stream *next;    /* in G.streams */
+    op *head, *tail; /* head runs first (and is the one running, if any) */
+    mg_stream *next; /* in G.streams */
 };
 
 struct mg_event {
@@ -154,8 +154,8 @@ static int in_use(uintptr_t p, size_t n)
 {
     for (mg_stream *s = G.streams; s; s = s->next)
         for (op *o = s->head; o; o = o->next)
-            if (o->kind == OP_COPY && (overlap((uintptr_t)o->dst, o->n, p, n) ||
-                                       overlap((uintptr_t)o->src, o->n, p, n)))
+            if (o->kind == OP_COPY &&
+                (overlap((uintptr_t)o->dst, o->n, p, n) || overlap((uintptr_t)o->src, o->n, p, n)))
                 return 1;
     return 0;
 }

@@ -49,18 +49,19 @@ typedef struct mg_event mg_event;
 
 /* Microseconds the engine sleeps before running each copy. */
 void mg_set_delay_us(unsigned us);
-/* 1: the engine runs nothing until mg_hold(0). */
+/* 1: the engine runs nothing until mg_hold(0); meanwhile a synchronize, or destroying a stream
+ * or event with queued work, blocks.  Release it before any assertion that may fail. */
 void mg_hold(int on);
 
-mg_stream *mg_stream_create(void);                  /* NULL: out of memory */
-void mg_stream_destroy(mg_stream *s);               /* waits for its queued work first */
+mg_stream *mg_stream_create(void);    /* NULL: out of memory */
+void mg_stream_destroy(mg_stream *s); /* waits for its queued work first */
 int mg_copy(mg_stream *s, void *dst, const void *src, size_t n); /* queued; -1: no memory */
-void mg_stream_sync(mg_stream *s);                  /* returns once its queue is empty */
+void mg_stream_sync(mg_stream *s); /* returns once its queue is empty */
 
-mg_event *mg_event_create(void);                    /* NULL: out of memory */
-void mg_event_destroy(mg_event *e);                 /* waits for its pending records first */
-int mg_event_record(mg_event *e, mg_stream *s);     /* queued; -1: no memory */
-int mg_event_done(mg_event *e);                     /* 1 when its last record has run */
+mg_event *mg_event_create(void);                /* NULL: out of memory */
+void mg_event_destroy(mg_event *e);             /* waits for its pending records first */
+int mg_event_record(mg_event *e, mg_stream *s); /* queued; -1: no memory */
+int mg_event_done(mg_event *e);                 /* 1 when its last record has run */
 void mg_event_sync(mg_event *e);
 
 /* Copies the engine has run since mg_reset. */
