@@ -1,6 +1,7 @@
 /* The cuda backend's logic without a GPU: a mock driver table (cuda_driver.h) that emulates
- * devices, primary contexts, pinned and device memory (malloc), streams and events, and checks
- * that every call runs with the right context current.  Plus the real loading path for the
+ * devices, primary contexts, pinned and device memory (malloc), and streams and events that
+ * behave like a GPU's (mock_gpu.h: copies queued and run later by an engine thread, events
+ * not ready until then), and checks that every call runs with the right context current.  Plus the real loading path for the
  * reasons that need no driver: library missing, toolkit stub refused. */
 #define _GNU_SOURCE
 #include "testutil.h"
@@ -13,6 +14,8 @@
 #include <unistd.h>
 
 #include "backends/cuda_driver.h"
+#include "mock_gpu.h"
+#include "mock_checks.h"
 #include "pinned/pinned_internal.h"
 #include "registry/registry.h"
 #include "stoke/stoke.h"
@@ -26,10 +29,11 @@ struct CUctx_st {
 };
 struct CUstream_st {
     int dev;
+    mg_stream *q;
 };
 struct CUevent_st {
     int dev;
-    int recorded;
+    mg_event *m;
 };
 
 static struct {
@@ -43,13 +47,10 @@ static struct {
     char violation[256];
     int fail_mem_alloc;         /* cuMemAlloc returns OUT_OF_MEMORY */
     int fail_host_alloc;        /* cuMemHostAlloc returns OUT_OF_MEMORY */
-    int events_pending;         /* cuEventQuery says NOT_READY */
-    CUresult event_error;       /* cuEventQuery/Synchronize fail with this */
+    CUresult event_error;       /* cuEventQuery/Synchronize, cuStreamSynchronize fail with this */
     int host_allocs, host_frees, registers, unregisters, dev_allocs, dev_frees;
     int h2d, d2h;
     int alloc_dev[8];           /* device whose context was current at each cuMemHostAlloc */
-    void *external;             /* "pinned by someone else": cuPointerGetAttribute says HOST */
-    size_t external_len;
 } mock = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static struct CUctx_st mock_ctx[MOCK_MAX_DEV];
@@ -61,6 +62,13 @@ static void violation(const char *what)
     pthread_mutex_lock(&mock.lock);
     if (!mock.violations++)
         snprintf(mock.violation, sizeof(mock.violation), "%s", what);
+    pthread_mutex_unlock(&mock.lock);
+}
+
+static void count(int *c)
+{
+    pthread_mutex_lock(&mock.lock);
+    (*c)++;
     pthread_mutex_unlock(&mock.lock);
 }
 
@@ -79,7 +87,10 @@ static int need_ctx(const char *what, int dev)
         violation(m);
         return 0;
     }
-    if (!mock.retained[cur_dev()]) {
+    pthread_mutex_lock(&mock.lock);
+    int alive = mock.retained[cur_dev()] > 0;
+    pthread_mutex_unlock(&mock.lock);
+    if (!alive) {
         violation("context used after release");
         return 0;
     }
@@ -171,6 +182,10 @@ static CUresult m_host_alloc(void **p, size_t n, unsigned flags)
         return CUDA_ERROR_OUT_OF_MEMORY;
     if (posix_memalign(p, 4096, n))
         return CUDA_ERROR_OUT_OF_MEMORY;
+    if (mg_pin_add(*p, n, MG_PIN_ALLOC) != 0) {
+        free(*p);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     pthread_mutex_lock(&mock.lock);
     if (mock.host_allocs < 8)
         mock.alloc_dev[mock.host_allocs] = cur_dev();
@@ -181,58 +196,31 @@ static CUresult m_host_alloc(void **p, size_t n, unsigned flags)
 static CUresult m_free_host(void *p)
 {
     need_ctx("cuMemFreeHost", -1);
+    if (mg_pin_remove(p, MG_PIN_ALLOC) != 0)
+        return CUDA_ERROR_INVALID_VALUE;
     free(p);
-    pthread_mutex_lock(&mock.lock);
-    mock.host_frees++;
-    pthread_mutex_unlock(&mock.lock);
+    count(&mock.host_frees);
     return CUDA_SUCCESS;
 }
+/* Like the driver: a range overlapping memory already page-locked (registered or from
+ * cuMemHostAlloc, by anyone) is CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED. */
 static CUresult m_register(void *p, size_t n, unsigned flags)
 {
     need_ctx("cuMemHostRegister", -1);
-    pthread_mutex_lock(&mock.lock);
-    mock.registers++;
-    pthread_mutex_unlock(&mock.lock);
+    if (!p || !n)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (mg_pin_add(p, n, MG_PIN_REGISTERED) != 0)
+        return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+    count(&mock.registers);
     return CUDA_SUCCESS;
 }
 static CUresult m_unregister(void *p)
 {
     need_ctx("cuMemHostUnregister", -1);
-    pthread_mutex_lock(&mock.lock);
-    mock.unregisters++;
-    pthread_mutex_unlock(&mock.lock);
+    if (mg_pin_remove(p, MG_PIN_REGISTERED) != 0)
+        return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+    count(&mock.unregisters);
     return CUDA_SUCCESS;
-}
-/* Device memory: a malloc'd block with its device in front. */
-typedef struct {
-    int dev;
-    size_t size;
-} dhdr;
-/* Device allocations, for mapping a device pointer back to its block. */
-static dhdr *live[64];
-static dhdr *hdr_of(CUdeviceptr d, size_t *off)
-{
-    uintptr_t p = (uintptr_t)d;
-    dhdr *found = NULL;
-    pthread_mutex_lock(&mock.lock);
-    for (int i = 0; i < 64; i++) {
-        uintptr_t b = live[i] ? (uintptr_t)(live[i] + 1) : 0;
-        if (b && p >= b && p <= b + live[i]->size) {
-            *off = p - b;
-            found = live[i];
-            break;
-        }
-    }
-    pthread_mutex_unlock(&mock.lock);
-    return found;
-}
-static void mock_forget(dhdr *h)
-{
-    pthread_mutex_lock(&mock.lock);
-    for (int i = 0; i < 64; i++)
-        if (live[i] == h)
-            live[i] = NULL;
-    pthread_mutex_unlock(&mock.lock);
 }
 static CUresult m_mem_alloc(CUdeviceptr *d, size_t n)
 {
@@ -240,29 +228,22 @@ static CUresult m_mem_alloc(CUdeviceptr *d, size_t n)
         return CUDA_ERROR_INVALID_CONTEXT;
     if (mock.fail_mem_alloc)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    dhdr *h = malloc(sizeof(dhdr) + n);
-    if (!h)
+    void *p = mg_dev_alloc(cur_dev(), n);
+    if (!p)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    h->dev = cur_dev();
-    h->size = n;
-    *d = (CUdeviceptr)(uintptr_t)(h + 1);
-    pthread_mutex_lock(&mock.lock);
-    mock.dev_allocs++;
-    pthread_mutex_unlock(&mock.lock);
+    *d = (CUdeviceptr)(uintptr_t)p;
+    count(&mock.dev_allocs);
     return CUDA_SUCCESS;
 }
 static CUresult m_mem_free(CUdeviceptr d)
 {
-    size_t off;
-    dhdr *h = hdr_of(d, &off);
-    if (!h || off)
+    size_t off, size;
+    int dev;
+    if (!mg_dev_find((void *)(uintptr_t)d, &off, &dev, &size) || off)
         return CUDA_ERROR_INVALID_VALUE;
-    need_ctx("cuMemFree", h->dev);
-    mock_forget(h);
-    free(h);
-    pthread_mutex_lock(&mock.lock);
-    mock.dev_frees++;
-    pthread_mutex_unlock(&mock.lock);
+    need_ctx("cuMemFree", dev);
+    mg_dev_free((void *)(uintptr_t)d);
+    count(&mock.dev_frees);
     return CUDA_SUCCESS;
 }
 static CUresult m_stream_create(CUstream *s, unsigned flags)
@@ -272,57 +253,66 @@ static CUresult m_stream_create(CUstream *s, unsigned flags)
     if (!(flags & CU_STREAM_NON_BLOCKING))
         violation("stream is not NON_BLOCKING");
     *s = calloc(1, sizeof(**s));
+    if (!*s || !((*s)->q = mg_stream_create())) {
+        free(*s);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     (*s)->dev = cur_dev();
     return CUDA_SUCCESS;
 }
 static CUresult m_stream_destroy(CUstream s)
 {
     need_ctx("cuStreamDestroy", s->dev);
+    mg_stream_destroy(s->q);
     free(s);
     return CUDA_SUCCESS;
 }
 static CUresult m_stream_sync(CUstream s)
 {
     need_ctx("cuStreamSynchronize", s->dev);
+    mg_stream_sync(s->q);
     return mock.event_error;
+}
+/* Queues a copy of n bytes between host memory and device block `d` on s. */
+static CUresult queue_copy(const char *what, void *dst, const void *src, CUdeviceptr d, size_t n,
+                           CUstream s, int *counter)
+{
+    size_t off, size;
+    int dev;
+    need_ctx(what, s->dev);
+    if (!mg_dev_find((void *)(uintptr_t)d, &off, &dev, &size) || dev != s->dev ||
+        off + n > size)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (mg_copy(s->q, dst, src, n) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    count(counter);
+    return CUDA_SUCCESS;
 }
 static CUresult m_h2d(CUdeviceptr dst, const void *src, size_t n, CUstream s)
 {
-    size_t off;
-    dhdr *h = hdr_of(dst, &off);
-    need_ctx("cuMemcpyHtoDAsync", s->dev);
-    if (!h || h->dev != s->dev || off + n > h->size)
-        return CUDA_ERROR_INVALID_VALUE;
-    memcpy((char *)(h + 1) + off, src, n);
-    pthread_mutex_lock(&mock.lock);
-    mock.h2d++;
-    pthread_mutex_unlock(&mock.lock);
-    return CUDA_SUCCESS;
+    return queue_copy("cuMemcpyHtoDAsync", (void *)(uintptr_t)dst, src, dst, n, s, &mock.h2d);
 }
 static CUresult m_d2h(void *dst, CUdeviceptr src, size_t n, CUstream s)
 {
-    size_t off;
-    dhdr *h = hdr_of(src, &off);
-    need_ctx("cuMemcpyDtoHAsync", s->dev);
-    if (!h || h->dev != s->dev || off + n > h->size)
-        return CUDA_ERROR_INVALID_VALUE;
-    memcpy(dst, (char *)(h + 1) + off, n);
-    pthread_mutex_lock(&mock.lock);
-    mock.d2h++;
-    pthread_mutex_unlock(&mock.lock);
-    return CUDA_SUCCESS;
+    return queue_copy("cuMemcpyDtoHAsync", dst, (const void *)(uintptr_t)src, src, n, s,
+                      &mock.d2h);
 }
 static CUresult m_event_create(CUevent *e, unsigned flags)
 {
     if (!need_ctx("cuEventCreate", -1))
         return CUDA_ERROR_INVALID_CONTEXT;
     *e = calloc(1, sizeof(**e));
+    if (!*e || !((*e)->m = mg_event_create())) {
+        free(*e);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     (*e)->dev = cur_dev();
     return CUDA_SUCCESS;
 }
 static CUresult m_event_destroy(CUevent e)
 {
     need_ctx("cuEventDestroy", e->dev);
+    mg_event_destroy(e->m);
     free(e);
     return CUDA_SUCCESS;
 }
@@ -331,17 +321,17 @@ static CUresult m_event_record(CUevent e, CUstream s)
     need_ctx("cuEventRecord", s->dev);
     if (e->dev != s->dev)
         return CUDA_ERROR_INVALID_VALUE;
-    e->recorded = 1;
-    return CUDA_SUCCESS;
+    return mg_event_record(e->m, s->q) == 0 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 static CUresult m_event_query(CUevent e)
 {
     if (mock.event_error)
         return mock.event_error;
-    return e->recorded && mock.events_pending ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
+    return mg_event_done(e->m) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 static CUresult m_event_sync(CUevent e)
 {
+    mg_event_sync(e->m);
     return mock.event_error;
 }
 static CUresult m_pci(char *id, int len, CUdevice d)
@@ -349,22 +339,30 @@ static CUresult m_pci(char *id, int len, CUdevice d)
     snprintf(id, (size_t)len, "0000:%02x:00.0", 0x17 + (d - 100));
     return CUDA_SUCCESS;
 }
+/* As the driver documents it: MEMORY_TYPE needs no current context, and knows page-locked host
+ * memory (allocated or registered, by anyone) and device memory; anything else is
+ * CUDA_ERROR_INVALID_VALUE. */
 static CUresult m_ptr_attr(void *data, int attr, CUdeviceptr p)
 {
     if (attr != CU_POINTER_ATTRIBUTE_MEMORY_TYPE)
         return CUDA_ERROR_INVALID_VALUE;
-    need_ctx("cuPointerGetAttribute", -1);
-    uintptr_t a = (uintptr_t)p, b = (uintptr_t)mock.external;
-    if (mock.external && a >= b && a < b + mock.external_len) {
+    size_t off, size;
+    int dev;
+    if (mg_pin_kind((const void *)(uintptr_t)p))
         *(unsigned *)data = CU_MEMORYTYPE_HOST;
-        return CUDA_SUCCESS;
-    }
-    return CUDA_ERROR_INVALID_VALUE;
+    else if (mg_dev_find((const void *)(uintptr_t)p, &off, &dev, &size) && off < size)
+        *(unsigned *)data = CU_MEMORYTYPE_DEVICE;
+    else
+        return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
 }
 static CUresult m_err_string(CUresult r, const char **s)
 {
     switch (r) {
     case CUDA_ERROR_OUT_OF_MEMORY: *s = "out of memory"; break;
+    case CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED:
+        *s = "part or all of the requested memory range is already mapped";
+        break;
     case 700: *s = "an illegal memory access was encountered"; break;
     case 999: *s = "unknown error (mock)"; break;
     default: *s = "mock error"; break;
@@ -375,26 +373,14 @@ static CUresult m_err_name(CUresult r, const char **s)
 {
     switch (r) {
     case CUDA_ERROR_OUT_OF_MEMORY: *s = "CUDA_ERROR_OUT_OF_MEMORY"; break;
+    case CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED:
+        *s = "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED";
+        break;
     case 700: *s = "CUDA_ERROR_ILLEGAL_ADDRESS"; break;
     case 999: *s = "CUDA_ERROR_UNKNOWN"; break;
     default: *s = "CUDA_ERROR_MOCK"; break;
     }
     return CUDA_SUCCESS;
-}
-
-static CUresult m_mem_alloc_tracked(CUdeviceptr *d, size_t n)
-{
-    CUresult r = m_mem_alloc(d, n);
-    if (r == CUDA_SUCCESS) {
-        pthread_mutex_lock(&mock.lock);
-        for (int i = 0; i < 64; i++)
-            if (!live[i]) {
-                live[i] = (dhdr *)(uintptr_t)*d - 1;
-                break;
-            }
-        pthread_mutex_unlock(&mock.lock);
-    }
-    return r;
 }
 
 static struct stoke__cuda_driver mock_table(void)
@@ -415,7 +401,7 @@ static struct stoke__cuda_driver mock_table(void)
         .cuMemFreeHost = m_free_host,
         .cuMemHostRegister = m_register,
         .cuMemHostUnregister = m_unregister,
-        .cuMemAlloc = m_mem_alloc_tracked,
+        .cuMemAlloc = m_mem_alloc,
         .cuMemFree = m_mem_free,
         .cuStreamCreate = m_stream_create,
         .cuStreamDestroy = m_stream_destroy,
@@ -448,12 +434,12 @@ static void install(int ndev, const struct stoke__cuda_driver *table)
     memset(mock.retain_calls, 0, sizeof(mock.retain_calls));
     mock.violations = 0;
     mock.violation[0] = '\0';
-    mock.fail_mem_alloc = mock.fail_host_alloc = mock.events_pending = 0;
+    mock.fail_mem_alloc = mock.fail_host_alloc = 0;
     mock.event_error = CUDA_SUCCESS;
     mock.host_allocs = mock.host_frees = mock.registers = mock.unregisters = 0;
     mock.dev_allocs = mock.dev_frees = mock.h2d = mock.d2h = 0;
-    mock.external = NULL;
     pthread_mutex_unlock(&mock.lock);
+    mg_reset();
     struct stoke__cuda_driver d = mock_table();
     stoke__cuda_set_driver_for_test(table ? table : &d);
 }
@@ -478,6 +464,8 @@ static void assert_no_violation(void)
 
 static int teardown(void **state)
 {
+    mg_hold(0);
+    mg_set_delay_us(0);
     stoke__pinned_reset();
     tu_env("STOKE_ACCELERATOR", NULL);
     tu_env("STOKE_CUDA_LIBRARY", NULL);
@@ -494,18 +482,18 @@ static void test_missing_library(void **state)
     char reason[256];
     assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_ENODEV);
     assert_non_null(strstr(reason, "/nonexistent/dir/libcuda.so.1 not found"));
-    /* The default name, when this machine has no driver. */
+}
+
+/* The default name on a machine without a driver.  Run alone, as the CTest test
+ * test_cuda_mock_default_library (tests/test_cuda_mock.cmake), which reports SKIP where a
+ * driver is installed: this outcome cannot be forced there. */
+static void test_missing_default_library(void **state)
+{
+    stoke__cuda_set_driver_for_test(NULL);
     tu_env("STOKE_CUDA_LIBRARY", NULL);
-    void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
-    if (!h) {
-        h = dlopen("libcuda.so.1", RTLD_LAZY);
-        if (!h) {
-            assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_ENODEV);
-            assert_non_null(strstr(reason, "libcuda.so.1 not found"));
-        }
-    }
-    if (h)
-        dlclose(h);
+    char reason[256];
+    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_ENODEV);
+    assert_non_null(strstr(reason, "libcuda.so.1 not found (no NVIDIA driver installed?)"));
 }
 
 static void test_stub_library_path_refused_unloaded(void **state)
@@ -730,14 +718,13 @@ static void test_alloc_copy_event_cycle(void **state)
     assert_int_equal(stoke_device_buffer_create(s, n + 100, &d), STOKE_OK);
     stoke_event *e = NULL;
     assert_int_equal(stoke_event_create(s, &e), STOKE_OK);
+    assert_int_equal(stoke_event_query(e), STOKE_OK); /* never recorded */
     assert_int_equal(stoke_copy_h2d_async(d, 100, src, n, s), STOKE_OK);
     assert_int_equal(stoke_copy_d2h_async(back, d, 100, n, s), STOKE_OK);
-    mock.events_pending = 1;
     assert_int_equal(stoke_event_record(e, s), STOKE_OK);
-    assert_int_equal(stoke_event_query(e), STOKE_EBUSY);
-    mock.events_pending = 0;
-    assert_int_equal(stoke_event_query(e), STOKE_OK);
     assert_int_equal(stoke_event_synchronize(e), STOKE_OK);
+    assert_int_equal(stoke_event_query(e), STOKE_OK);
+    assert_int_equal(mg_copies_run(), 2);
     assert_memory_equal(back, src, n);
     assert_int_equal(mock.h2d, 1);
     assert_int_equal(mock.d2h, 1);
@@ -754,11 +741,10 @@ static void test_alloc_copy_event_cycle(void **state)
     assert_int_equal(pinned, 0);
     assert_int_equal(mock.registers, 1);
     assert_int_equal(mock.unregisters, 1);
-    mock.external = mem;
-    mock.external_len = 65536;
+    assert_int_equal(mg_pin_add(mem, 65536, MG_PIN_REGISTERED), 0); /* by someone else */
     assert_int_equal(vt->is_pinned((char *)mem + 5, &pinned), STOKE_OK);
     assert_int_equal(pinned, 1);
-    mock.external = NULL;
+    assert_int_equal(mg_pin_remove(mem, MG_PIN_REGISTERED), 0);
     free(mem);
 
     stoke_event_destroy(e);
@@ -826,8 +812,89 @@ static void test_threads_share_one_context(void **state)
     assert_no_violation();
 }
 
-int main(void)
+/* ---- a GPU that works asynchronously ------------------------------------------------------ */
+
+/* Copies run later, on the mock's engine (mock_checks.h). */
+static void test_synchronize_waits_for_queued_copies(void **state)
 {
+    install(1, NULL);
+    char reason[256];
+    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_OK);
+    mc_async_copies();
+    assert_no_violation();
+}
+
+/* The driver refuses ranges that overlap memory already page-locked by anyone, with
+ * CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED (mock_checks.h). */
+static void test_register_refused_with_driver_codes(void **state)
+{
+    install(1, NULL);
+    char reason[256];
+    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_OK);
+    const stoke_backend *vt = NULL;
+    assert_int_equal(stoke__backend_lookup("cuda", &vt), STOKE_OK);
+    mc_register_refusals(vt, "cuMemHostRegister(65536 bytes) for device 0: "
+                             "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED (712)");
+    assert_int_equal(mock.registers, 1);
+    assert_int_equal(mock.unregisters, 1);
+    assert_no_violation();
+}
+
+/* Memory pinned by someone else is recognised through cuPointerGetAttribute, which needs no
+ * context: none is retained (or created) to answer. */
+static void test_is_pinned_asks_the_driver_without_a_context(void **state)
+{
+    install(2, NULL);
+    char reason[256];
+    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_OK);
+    const stoke_backend *vt = NULL;
+    assert_int_equal(stoke__backend_lookup("cuda", &vt), STOKE_OK);
+    char *a = NULL, *b = NULL;
+    assert_int_equal(posix_memalign((void **)&a, 4096, 4096), 0);
+    assert_int_equal(posix_memalign((void **)&b, 4096, 16384), 0);
+    assert_int_equal(mg_pin_add(a, 4096, MG_PIN_ALLOC), 0);      /* cuMemHostAlloc'ed */
+    assert_int_equal(mg_pin_add(b, 8192, MG_PIN_REGISTERED), 0); /* cuMemHostRegister'ed */
+    int pinned = -1;
+    assert_int_equal(vt->is_pinned(a + 100, &pinned), STOKE_OK);
+    assert_int_equal(pinned, 1);
+    assert_int_equal(vt->is_pinned(b + 8191, &pinned), STOKE_OK);
+    assert_int_equal(pinned, 1);
+    assert_int_equal(vt->is_pinned(b + 8192, &pinned), STOKE_OK);
+    assert_int_equal(pinned, 0);
+    assert_int_equal(vt->is_pinned(&pinned, &pinned), STOKE_OK);
+    assert_int_equal(pinned, 0);
+    assert_int_equal(stoke_is_pinned(a), 1);
+    assert_int_equal(mock.retain_calls[0] + mock.retain_calls[1], 0);
+    assert_int_equal(mg_pin_remove(a, MG_PIN_ALLOC), 0);
+    assert_int_equal(mg_pin_remove(b, MG_PIN_REGISTERED), 0);
+    free(a);
+    free(b);
+    assert_no_violation();
+}
+
+/* The loader's device path on a GPU with a slow copy engine: no staging slot or batch buffer is
+ * reused before its copy ran (mock_checks.h). */
+static void test_loader_device_path_on_a_slow_gpu(void **state)
+{
+    install(2, NULL);
+    char reason[256];
+    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_OK);
+    mc_device_run("cuda", 2, 1, 1500);
+    mc_device_run("cuda", 3, 0, 1500);
+    mc_device_run("cuda", 0, 1, 1500);
+    assert_int_equal(mock.dev_frees, mock.dev_allocs);
+    assert_no_violation();
+}
+
+int main(int argc, char **argv)
+{
+    /* `test_cuda_mock default-library`: test_missing_default_library alone (mock_checks.h) */
+    if (argc > 1 && strcmp(argv[1], "default-library") == 0) {
+        static const char *const names[] = {"libcuda.so.1"};
+        const struct CMUnitTest test =
+            cmocka_unit_test_teardown(test_missing_default_library, teardown);
+        return mc_run_default_library_test(names, sizeof(names) / sizeof(names[0]), &test);
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_missing_library, teardown),
         cmocka_unit_test_teardown(test_stub_library_path_refused_unloaded, teardown),
@@ -841,6 +908,10 @@ int main(void)
         cmocka_unit_test_teardown(test_alloc_failures_are_clear, teardown),
         cmocka_unit_test_teardown(test_alloc_copy_event_cycle, teardown),
         cmocka_unit_test_teardown(test_threads_share_one_context, teardown),
+        cmocka_unit_test_teardown(test_synchronize_waits_for_queued_copies, teardown),
+        cmocka_unit_test_teardown(test_register_refused_with_driver_codes, teardown),
+        cmocka_unit_test_teardown(test_is_pinned_asks_the_driver_without_a_context, teardown),
+        cmocka_unit_test_teardown(test_loader_device_path_on_a_slow_gpu, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,6 +1,7 @@
 /* The hip backend's logic without an AMD GPU: a mock runtime table (hip_runtime.h) with a
- * per-thread current device like HIP's, "device" memory from malloc, streams whose copies run at
- * once and events that complete synchronously (or report not-ready on demand).  The mock checks
+ * per-thread current device like HIP's, "device" memory from malloc, and streams and events
+ * that behave like a GPU's (mock_gpu.h: copies queued and run later by an engine thread, events
+ * not ready until then, synchronize waits).  The mock checks
  * that every call runs with the right device current; the tests check that the caller's device
  * is restored and that the probe makes nothing current.  Plus the real loading path for a
  * library that is not there. */
@@ -15,6 +16,8 @@
 
 #include "backends/cuda_driver.h"
 #include "backends/hip_runtime.h"
+#include "mock_gpu.h"
+#include "mock_checks.h"
 #include "pinned/pinned_internal.h"
 #include "registry/registry.h"
 #include "stoke/stoke.h"
@@ -22,21 +25,15 @@
 /* ---- the mock runtime --------------------------------------------------------------------- */
 
 #define NDEV_MAX 4
-#define BLOCKS_MAX 64
 
 struct ihipStream_t {
     int dev;
+    mg_stream *q;
 };
 struct ihipEvent_t {
     int dev;
-    int recorded;
+    mg_event *m;
 };
-
-/* A "device" allocation: header, then the bytes. */
-typedef struct dblock {
-    int dev;
-    size_t size;
-} dblock;
 
 static struct mock_state {
     pthread_mutex_t lock;
@@ -47,13 +44,11 @@ static struct mock_state {
     int wrong;                   /* calls made with the wrong device current */
     char first_wrong[160];
     int fail_malloc, fail_host_malloc;
-    hipError_t register_result;
-    int events_pending;          /* hipEventQuery says hipErrorNotReady */
+    hipError_t register_result;  /* hipHostRegister fails with this (when not hipSuccess) */
     int host_allocs, host_frees, registers, unregisters, dev_allocs, dev_frees;
     int streams, events, copies_h2d, copies_d2h;
     int streams_on[NDEV_MAX];    /* streams created, per device current at the time */
     int last_host_alloc_dev;     /* device current at the last hipHostMalloc */
-    dblock *blocks[BLOCKS_MAX];
 } mk = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static _Thread_local int tl_dev; /* HIP's per-thread current device; 0 until set */
@@ -76,21 +71,6 @@ static int on(const char *call, int want)
                  tl_dev, want);
     pthread_mutex_unlock(&mk.lock);
     return 0;
-}
-
-static dblock *block_of(const void *p, size_t *off)
-{
-    dblock *found = NULL;
-    pthread_mutex_lock(&mk.lock);
-    for (int i = 0; i < BLOCKS_MAX && !found; i++) {
-        const char *b = mk.blocks[i] ? (const char *)(mk.blocks[i] + 1) : NULL;
-        if (b && (const char *)p >= b && (const char *)p <= b + mk.blocks[i]->size) {
-            found = mk.blocks[i];
-            *off = (size_t)((const char *)p - b);
-        }
-    }
-    pthread_mutex_unlock(&mk.lock);
-    return found;
 }
 
 static hipError_t r_version(int *v)
@@ -157,6 +137,10 @@ static hipError_t r_host_malloc(void **p, size_t n, unsigned flags)
         return hipErrorOutOfMemory;
     if (posix_memalign(p, 4096, n))
         return hipErrorOutOfMemory;
+    if (mg_pin_add(*p, n, MG_PIN_ALLOC) != 0) {
+        free(*p);
+        return hipErrorOutOfMemory;
+    }
     pthread_mutex_lock(&mk.lock);
     mk.host_allocs++;
     mk.last_host_alloc_dev = tl_dev;
@@ -165,6 +149,8 @@ static hipError_t r_host_malloc(void **p, size_t n, unsigned flags)
 }
 static hipError_t r_host_free(void *p)
 {
+    if (mg_pin_remove(p, MG_PIN_ALLOC) != 0)
+        return hipErrorInvalidValue;
     free(p);
     count(&mk.host_frees);
     return hipSuccess;
@@ -175,11 +161,18 @@ static hipError_t r_register(void *p, size_t n, unsigned flags)
         on("hipHostRegister without Portable", 99);
     if (mk.register_result != hipSuccess)
         return mk.register_result;
+    if (!p || !n)
+        return hipErrorInvalidValue;
+    /* Like the runtime: memory already page-locked (in part, by anyone) is refused. */
+    if (mg_pin_add(p, n, MG_PIN_REGISTERED) != 0)
+        return hipErrorHostMemoryAlreadyRegistered;
     count(&mk.registers);
     return hipSuccess;
 }
 static hipError_t r_unregister(void *p)
 {
+    if (mg_pin_remove(p, MG_PIN_REGISTERED) != 0)
+        return hipErrorHostMemoryNotRegistered;
     count(&mk.unregisters);
     return hipSuccess;
 }
@@ -187,41 +180,21 @@ static hipError_t r_malloc(void **p, size_t n)
 {
     if (mk.fail_malloc)
         return hipErrorOutOfMemory;
-    dblock *b = malloc(sizeof(*b) + n);
-    if (!b)
+    *p = mg_dev_alloc(tl_dev, n);
+    if (!*p)
         return hipErrorOutOfMemory;
-    b->dev = tl_dev;
-    b->size = n;
-    pthread_mutex_lock(&mk.lock);
-    int slot = 0;
-    while (slot < BLOCKS_MAX && mk.blocks[slot])
-        slot++;
-    if (slot < BLOCKS_MAX) {
-        mk.blocks[slot] = b;
-        mk.dev_allocs++;
-    }
-    pthread_mutex_unlock(&mk.lock);
-    if (slot == BLOCKS_MAX) {
-        free(b);
-        return hipErrorOutOfMemory;
-    }
-    *p = b + 1;
+    count(&mk.dev_allocs);
     return hipSuccess;
 }
 static hipError_t r_free(void *p)
 {
-    size_t off = 0;
-    dblock *b = block_of(p, &off);
-    if (!b || off)
+    size_t off, size;
+    int dev;
+    if (!mg_dev_find(p, &off, &dev, &size) || off)
         return hipErrorInvalidValue;
-    on("hipFree", b->dev);
-    pthread_mutex_lock(&mk.lock);
-    for (int i = 0; i < BLOCKS_MAX; i++)
-        if (mk.blocks[i] == b)
-            mk.blocks[i] = NULL;
-    mk.dev_frees++;
-    pthread_mutex_unlock(&mk.lock);
-    free(b);
+    on("hipFree", dev);
+    mg_dev_free(p);
+    count(&mk.dev_frees);
     return hipSuccess;
 }
 static hipError_t r_stream_create(hipStream_t *s, unsigned flags)
@@ -229,8 +202,10 @@ static hipError_t r_stream_create(hipStream_t *s, unsigned flags)
     if (!(flags & hipStreamNonBlocking))
         on("stream not hipStreamNonBlocking", 99);
     *s = calloc(1, sizeof(**s));
-    if (!*s)
+    if (!*s || !((*s)->q = mg_stream_create())) {
+        free(*s);
         return hipErrorOutOfMemory;
+    }
     (*s)->dev = tl_dev;
     count(&mk.streams);
     count(&mk.streams_on[tl_dev]);
@@ -239,23 +214,27 @@ static hipError_t r_stream_create(hipStream_t *s, unsigned flags)
 static hipError_t r_stream_destroy(hipStream_t s)
 {
     on("hipStreamDestroy", s->dev);
+    mg_stream_destroy(s->q);
     free(s);
     return hipSuccess;
 }
 static hipError_t r_stream_sync(hipStream_t s)
 {
     on("hipStreamSynchronize", s->dev);
+    mg_stream_sync(s->q);
     return hipSuccess;
 }
 static hipError_t r_memcpy_async(void *dst, const void *src, size_t n, int kind, hipStream_t s)
 {
     on("hipMemcpyAsync", s->dev);
-    size_t off = 0;
-    dblock *b = block_of(kind == hipMemcpyHostToDevice ? dst : src, &off);
-    if (!b || b->dev != s->dev || off + n > b->size ||
-        (kind != hipMemcpyHostToDevice && kind != hipMemcpyDeviceToHost))
+    size_t off, size;
+    int dev;
+    if ((kind != hipMemcpyHostToDevice && kind != hipMemcpyDeviceToHost) ||
+        !mg_dev_find(kind == hipMemcpyHostToDevice ? dst : src, &off, &dev, &size) ||
+        dev != s->dev || off + n > size)
         return hipErrorInvalidValue;
-    memcpy(dst, src, n);
+    if (mg_copy(s->q, dst, src, n) != 0)
+        return hipErrorOutOfMemory;
     count(kind == hipMemcpyHostToDevice ? &mk.copies_h2d : &mk.copies_d2h);
     return hipSuccess;
 }
@@ -264,8 +243,10 @@ static hipError_t r_event_create(hipEvent_t *e, unsigned flags)
     if (!(flags & hipEventDisableTiming))
         on("event without hipEventDisableTiming", 99);
     *e = calloc(1, sizeof(**e));
-    if (!*e)
+    if (!*e || !((*e)->m = mg_event_create())) {
+        free(*e);
         return hipErrorOutOfMemory;
+    }
     (*e)->dev = tl_dev;
     count(&mk.events);
     return hipSuccess;
@@ -273,6 +254,7 @@ static hipError_t r_event_create(hipEvent_t *e, unsigned flags)
 static hipError_t r_event_destroy(hipEvent_t e)
 {
     on("hipEventDestroy", e->dev);
+    mg_event_destroy(e->m);
     free(e);
     return hipSuccess;
 }
@@ -281,17 +263,17 @@ static hipError_t r_event_record(hipEvent_t e, hipStream_t s)
     on("hipEventRecord", s->dev);
     if (e->dev != s->dev)
         return hipErrorInvalidValue;
-    e->recorded = 1;
-    return hipSuccess;
+    return mg_event_record(e->m, s->q) == 0 ? hipSuccess : hipErrorOutOfMemory;
 }
 static hipError_t r_event_query(hipEvent_t e)
 {
     on("hipEventQuery", e->dev);
-    return e->recorded && mk.events_pending ? hipErrorNotReady : hipSuccess;
+    return mg_event_done(e->m) ? hipSuccess : hipErrorNotReady;
 }
 static hipError_t r_event_sync(hipEvent_t e)
 {
     on("hipEventSynchronize", e->dev);
+    mg_event_sync(e->m);
     return hipSuccess;
 }
 static const char *r_err_name(hipError_t r)
@@ -300,6 +282,7 @@ static const char *r_err_name(hipError_t r)
     case hipErrorOutOfMemory: return "hipErrorOutOfMemory";
     case hipErrorNoDevice: return "hipErrorNoDevice";
     case hipErrorInsufficientDriver: return "hipErrorInsufficientDriver";
+    case hipErrorHostMemoryAlreadyRegistered: return "hipErrorHostMemoryAlreadyRegistered";
     case hipErrorUnknown: return "hipErrorUnknown";
     default: return "hipErrorMock";
     }
@@ -354,9 +337,8 @@ static void install(int ndev, const struct stoke__hip_runtime *rt)
 {
     stoke__pinned_reset();
     tu_env("STOKE_ACCELERATOR", NULL); /* shuts the backend down */
+    mg_reset();
     pthread_mutex_lock(&mk.lock);
-    for (int i = 0; i < BLOCKS_MAX; i++)
-        free(mk.blocks[i]);
     memset(&mk.version, 0, sizeof(mk) - offsetof(struct mock_state, version));
     mk.version = 60241134; /* HIP 6.2.41134 */
     mk.ndev = ndev;
@@ -402,6 +384,8 @@ static void assert_all_on_right_device(void)
 
 static int teardown(void **state)
 {
+    mg_hold(0);
+    mg_set_delay_us(0);
     stoke__pinned_reset();
     tu_env("STOKE_ACCELERATOR", NULL);
     tu_env("STOKE_HIP_LIBRARY", NULL);
@@ -421,17 +405,16 @@ static void test_missing_library(void **state)
     assert_int_equal(select_hip(reason, sizeof(reason)), STOKE_ENODEV);
     assert_non_null(strstr(reason, "/nonexistent/rocm/libamdhip64.so.6 not found "
                                    "(STOKE_HIP_LIBRARY)"));
-    /* The default names, when this machine has no ROCm. */
+}
+
+/* The default names on a machine without ROCm.  Run alone, as the CTest test
+ * test_hip_mock_default_library (tests/test_hip_mock.cmake), which reports SKIP where a HIP
+ * runtime is installed: this outcome cannot be forced there. */
+static void test_missing_default_library(void **state)
+{
+    stoke__hip_set_runtime_for_test(NULL);
     tu_env("STOKE_HIP_LIBRARY", NULL);
-    void *h = dlopen("libamdhip64.so.6", RTLD_LAZY);
-    if (!h)
-        h = dlopen("libamdhip64.so.5", RTLD_LAZY);
-    if (!h)
-        h = dlopen("libamdhip64.so", RTLD_LAZY);
-    if (h) {
-        dlclose(h);
-        return;
-    }
+    char reason[256];
     assert_int_equal(select_hip(reason, sizeof(reason)), STOKE_ENODEV);
     assert_non_null(strstr(reason, "libamdhip64.so not found (tried .so.6, .so.5, .so"));
 }
@@ -575,8 +558,8 @@ static void test_calls_run_on_their_device_and_restore_the_callers(void **state)
     assert_int_equal(stoke_copy_h2d_async(d, 0, p, 1 << 16, s), STOKE_OK);
     assert_int_equal(tl_dev, 2);
     assert_int_equal(stoke_event_record(e, s), STOKE_OK);
-    assert_int_equal(stoke_event_query(e), STOKE_OK);
     assert_int_equal(stoke_event_synchronize(e), STOKE_OK);
+    assert_int_equal(stoke_event_query(e), STOKE_OK); /* after synchronize: no longer busy */
     assert_int_equal(stoke_stream_synchronize(s), STOKE_OK);
     assert_int_equal(tl_dev, 2);
     stoke_event_destroy(e);
@@ -669,11 +652,7 @@ static void test_register_unregister(void **state)
     assert_int_equal(vt->host_unregister(1, mem), STOKE_EINVAL);
     assert_int_equal(mk.unregisters, 1);
 
-    /* The runtime refusing (memory pinned elsewhere) leaves nothing tracked. */
-    mk.register_result = hipErrorHostMemoryAlreadyRegistered;
-    assert_int_equal(vt->host_register(0, mem, 65536), STOKE_EINVAL);
-    assert_int_equal(vt->is_pinned(mem, &pinned), STOKE_OK);
-    assert_int_equal(pinned, 0);
+    /* The runtime failing leaves nothing tracked. */
     mk.register_result = hipErrorUnknown;
     assert_int_equal(vt->host_register(0, mem, 65536), STOKE_EBACKEND);
     assert_non_null(strstr(stoke_last_error(), "hipHostRegister(65536 bytes) for device 0: "
@@ -745,12 +724,9 @@ static void test_alloc_copy_event_cycle(void **state)
     assert_int_equal(stoke_event_query(e), STOKE_OK); /* never recorded */
     assert_int_equal(stoke_copy_h2d_async(d, 64, src, n, s), STOKE_OK);
     assert_int_equal(stoke_copy_d2h_async(back, d, 64, n, s), STOKE_OK);
-    mk.events_pending = 1;
     assert_int_equal(stoke_event_record(e, s), STOKE_OK);
-    assert_int_equal(stoke_event_query(e), STOKE_EBUSY);
-    mk.events_pending = 0;
-    assert_int_equal(stoke_event_query(e), STOKE_OK);
     assert_int_equal(stoke_event_synchronize(e), STOKE_OK);
+    assert_int_equal(stoke_event_query(e), STOKE_OK);
     assert_memory_equal(back, src, n);
     assert_int_equal(mk.copies_h2d, 1);
     assert_int_equal(mk.copies_d2h, 1);
@@ -855,8 +831,56 @@ static void test_automatic_selection_prefers_hip_after_cuda(void **state)
     assert_int_equal(stoke_pinned_free(p), STOKE_OK);
 }
 
-int main(void)
+/* ---- a GPU that works asynchronously ------------------------------------------------------ */
+
+/* Copies run later, on the mock's engine (mock_checks.h). */
+static void test_synchronize_waits_for_queued_copies(void **state)
 {
+    install(2, NULL);
+    char reason[256];
+    assert_int_equal(select_hip(reason, sizeof(reason)), STOKE_OK);
+    mc_async_copies();
+    assert_all_on_right_device();
+}
+
+/* The runtime refuses ranges that overlap memory already page-locked by anyone, with
+ * hipErrorHostMemoryAlreadyRegistered (mock_checks.h). */
+static void test_register_refused_with_runtime_codes(void **state)
+{
+    install(1, NULL);
+    char reason[256];
+    assert_int_equal(select_hip(reason, sizeof(reason)), STOKE_OK);
+    mc_register_refusals(hip_table(), "hipHostRegister(65536 bytes) for device 0: "
+                                      "hipErrorHostMemoryAlreadyRegistered (712)");
+    assert_int_equal(mk.registers, 1);
+    assert_int_equal(mk.unregisters, 1);
+    assert_all_on_right_device();
+}
+
+/* The loader's device path on a GPU with a slow copy engine, device 1 of the caller's thread on
+ * 0: no staging slot or batch buffer is reused before its copy ran (mock_checks.h). */
+static void test_loader_device_path_on_a_slow_gpu(void **state)
+{
+    install(2, NULL);
+    char reason[256];
+    assert_int_equal(select_hip(reason, sizeof(reason)), STOKE_OK);
+    mc_device_run("hip", 2, 1, 1500);
+    mc_device_run("hip", 3, 0, 1500);
+    mc_device_run("hip", 0, 1, 1500);
+    assert_int_equal(mk.dev_frees, mk.dev_allocs);
+    assert_int_equal(tl_dev, 0);
+    assert_all_on_right_device();
+}
+
+int main(int argc, char **argv)
+{
+    /* `test_hip_mock default-library`: test_missing_default_library alone (mock_checks.h) */
+    if (argc > 1 && strcmp(argv[1], "default-library") == 0) {
+        static const char *const names[] = {"libamdhip64.so.6", "libamdhip64.so.5", "libamdhip64.so"};
+        const struct CMUnitTest test =
+            cmocka_unit_test_teardown(test_missing_default_library, teardown);
+        return mc_run_default_library_test(names, sizeof(names) / sizeof(names[0]), &test);
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_missing_library, teardown),
         cmocka_unit_test_teardown(test_missing_symbol, teardown),
@@ -872,6 +896,9 @@ int main(void)
         cmocka_unit_test_teardown(test_alloc_copy_event_cycle, teardown),
         cmocka_unit_test_teardown(test_threads_keep_their_own_device, teardown),
         cmocka_unit_test_teardown(test_automatic_selection_prefers_hip_after_cuda, teardown),
+        cmocka_unit_test_teardown(test_synchronize_waits_for_queued_copies, teardown),
+        cmocka_unit_test_teardown(test_register_refused_with_runtime_codes, teardown),
+        cmocka_unit_test_teardown(test_loader_device_path_on_a_slow_gpu, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

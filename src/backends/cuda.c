@@ -13,7 +13,10 @@
  *   never gets a context unless it is used, and the caller's own current context is untouched.
  * - Pinned memory: cuMemHostAlloc(PORTABLE) and cuMemHostRegister(PORTABLE), tracked in a range
  *   table (is_pinned answers for interior addresses); memory pinned by someone else in the
- *   process (e.g. another framework) is recognised through cuPointerGetAttribute.
+ *   process (e.g. another framework) is recognised through cuPointerGetAttribute(MEMORY_TYPE),
+ *   which needs no current context.
+ * - Every call that needs a context runs between push()/enter() and leave(), which pops and
+ *   turns the driver's result into a status with the call described (see leave).
  *
  * Locking: `g.lock` serialises loading, probing, retaining contexts and shutdown.  After a
  * successful probe `g.drv`, `g.ndev` and `g.devs[i].dev` are immutable until shutdown, so the
@@ -23,6 +26,7 @@
 #include <dlfcn.h>
 #include <link.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -129,6 +133,9 @@ static const char *cu_name(CUresult r)
     case CUDA_ERROR_NO_DEVICE: return "CUDA_ERROR_NO_DEVICE";
     case CUDA_ERROR_INVALID_CONTEXT: return "CUDA_ERROR_INVALID_CONTEXT";
     case CUDA_ERROR_NOT_READY: return "CUDA_ERROR_NOT_READY";
+    case CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED:
+        return "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED";
+    case CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED: return "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED";
     default: return "CUDA_ERROR";
     }
 }
@@ -141,12 +148,26 @@ static const char *cu_msg(CUresult r)
     return "no message from the driver";
 }
 
-/* Fails with the driver's name and message for `r`: "cuda: cuMemAlloc(4096 bytes) on device 1:
- * CUDA_ERROR_OUT_OF_MEMORY (2): out of memory".  Out of memory maps to STOKE_ENOMEM. */
-static int cu_fail(CUresult r, const char *what)
+/* Fails with the driver's name and message for `r` after a description of the call:
+ * "cuda: cuMemAlloc(4096 bytes) on device 1: CUDA_ERROR_OUT_OF_MEMORY (2): out of memory".
+ * Out of memory maps to STOKE_ENOMEM, the rest to STOKE_EBACKEND.  (hip.c's vfail is the same
+ * for the HIP runtime.) */
+static int vfail(CUresult r, const char *fmt, va_list ap)
 {
-    int code = r == CUDA_ERROR_OUT_OF_MEMORY ? STOKE_ENOMEM : STOKE_EBACKEND;
-    return stoke__fail(code, "cuda: %s: %s (%d): %s", what, cu_name(r), r, cu_msg(r));
+    char call[160];
+    vsnprintf(call, sizeof(call), fmt, ap);
+    return stoke__fail(r == CUDA_ERROR_OUT_OF_MEMORY ? STOKE_ENOMEM : STOKE_EBACKEND,
+                       "cuda: %s: %s (%d): %s", call, cu_name(r), r, cu_msg(r));
+}
+
+static int cu_fail(CUresult r, const char *fmt, ...) STOKE__PRINTF(2, 3);
+static int cu_fail(CUresult r, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = vfail(r, fmt, ap);
+    va_end(ap);
+    return rc;
 }
 
 /* ---- loading the driver ------------------------------------------------------------------- */
@@ -338,10 +359,8 @@ static int get_ctx(int dev, CUcontext *out)
         CUresult r = g.drv.cuDevicePrimaryCtxRetain(&c, g.devs[dev].dev);
         if (r != CUDA_SUCCESS || !c) {
             pthread_mutex_unlock(&g.lock);
-            char what[64];
             return cu_fail(r ? r : CUDA_ERROR_INVALID_CONTEXT,
-                           stoke__fmt(what, sizeof(what), "retaining the primary context of "
-                                      "device %d", dev));
+                           "retaining the primary context of device %d", dev);
         }
         stoke__log(STOKE_LOG_DEBUG, "cuda: retained the primary context of device %d", dev);
         atomic_store_explicit(&g.devs[dev].ctx, c, memory_order_release);
@@ -371,6 +390,24 @@ static int enter(int dev)
     return rc == STOKE_OK ? push(c) : rc;
 }
 
+/* Every driver call that needs a context is made between push() or enter() and leave():
+ *     int rc = push(s->ctx);
+ *     return rc != STOKE_OK ? rc : leave(g.drv.cuXxx(...), "cuXxx on device %d", s->dev);
+ * leave() pops the context, then turns `r`, the result of the call, into a status; `fmt`
+ * describes the call for the error message. */
+static int leave(CUresult r, const char *fmt, ...) STOKE__PRINTF(2, 3);
+static int leave(CUresult r, const char *fmt, ...)
+{
+    pop();
+    if (r == CUDA_SUCCESS)
+        return STOKE_OK;
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = vfail(r, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
 int stoke__cuda_context_retained(int dev)
 {
     if (dev < 0 || dev >= CUDA_MAX_DEVICES)
@@ -390,7 +427,7 @@ static int cuda_device_props(int dev, stoke_device_props *p)
     stoke__strlcpy(o.vendor, "NVIDIA", sizeof(o.vendor));
     CUresult r = g.drv.cuDeviceGetName(o.name, (int)sizeof(o.name), d);
     if (r != CUDA_SUCCESS)
-        return cu_fail(r, "cuDeviceGetName");
+        return cu_fail(r, "cuDeviceGetName(device %d)", dev);
     o.name[sizeof(o.name) - 1] = '\0';
     size_t mem = 0;
     if (g.drv.cuDeviceTotalMem(&mem, d) == CUDA_SUCCESS)
@@ -423,21 +460,16 @@ static int cuda_host_alloc(int dev, size_t size, void **out)
         return rc;
     void *p = NULL;
     CUresult r = g.drv.cuMemHostAlloc(&p, size ? size : 1, CU_MEMHOSTALLOC_PORTABLE);
-    pop();
-    if (r != CUDA_SUCCESS || !p) {
-        char what[96];
-        return cu_fail(r ? r : CUDA_ERROR_OUT_OF_MEMORY,
-                       stoke__fmt(what, sizeof(what), "cuMemHostAlloc(%zu bytes) for device %d",
-                                  size, dev));
-    }
+    rc = leave(r == CUDA_SUCCESS && !p ? CUDA_ERROR_OUT_OF_MEMORY : r,
+               "cuMemHostAlloc(%zu bytes) for device %d", size, dev);
+    if (rc != STOKE_OK)
+        return rc;
     stoke__hostrange range = {.base = (uintptr_t)p, .size = size, .dev = dev,
                               .kind = RANGE_ALLOC};
     rc = stoke__hostranges_add(&g_ranges, &range);
     if (rc != STOKE_OK) {
-        if (enter(dev) == STOKE_OK) {
-            g.drv.cuMemFreeHost(p);
-            pop();
-        }
+        if (enter(dev) == STOKE_OK)
+            leave(g.drv.cuMemFreeHost(p), "cuMemFreeHost");
         return stoke__fail(rc, "cuda: tracking pinned block %p failed", p);
     }
     *out = p;
@@ -457,14 +489,10 @@ static int release_range(void *ptr, int kind, const char *what, CUresult (*relea
     if (stoke__hostranges_remove(&g_ranges, ptr, &r) != STOKE_OK)
         return stoke__fail(STOKE_EINVAL, "cuda: %s(%p): released twice", what, ptr);
     int rc = enter(r.dev);
-    if (rc == STOKE_OK) {
-        CUresult cr = release(ptr);
-        pop();
-        if (cr == CUDA_SUCCESS)
-            return STOKE_OK;
-        rc = cu_fail(cr, fn);
-    }
-    stoke__hostranges_add(&g_ranges, &r);
+    if (rc == STOKE_OK)
+        rc = leave(release(ptr), "%s(%p) on device %d", fn, ptr, r.dev);
+    if (rc != STOKE_OK)
+        stoke__hostranges_add(&g_ranges, &r);
     return rc;
 }
 
@@ -485,20 +513,15 @@ static int cuda_host_register(int dev, void *ptr, size_t size)
     if (rc != STOKE_OK)
         return stoke__fail(rc, "cuda: [%p, +%zu) overlaps memory already pinned", ptr, size);
     rc = enter(dev);
-    if (rc != STOKE_OK) {
-        stoke__hostranges_remove(&g_ranges, ptr, NULL);
-        return rc;
+    CUresult r = CUDA_SUCCESS;
+    if (rc == STOKE_OK) {
+        r = g.drv.cuMemHostRegister(ptr, size, CU_MEMHOSTREGISTER_PORTABLE);
+        rc = leave(r, "cuMemHostRegister(%zu bytes) for device %d", size, dev);
     }
-    CUresult r = g.drv.cuMemHostRegister(ptr, size, CU_MEMHOSTREGISTER_PORTABLE);
-    pop();
-    if (r != CUDA_SUCCESS) {
+    if (rc != STOKE_OK)
         stoke__hostranges_remove(&g_ranges, ptr, NULL);
-        char what[96];
-        rc = cu_fail(r, stoke__fmt(what, sizeof(what), "cuMemHostRegister(%zu bytes) for "
-                                   "device %d", size, dev));
-        return r == CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED ? STOKE_EINVAL : rc;
-    }
-    return STOKE_OK;
+    /* Pinned by someone else in this process (wholly or in part): the caller's mistake. */
+    return r == CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED ? STOKE_EINVAL : rc;
 }
 
 static int cuda_host_unregister(int dev, void *ptr)
@@ -507,32 +530,37 @@ static int cuda_host_unregister(int dev, void *ptr)
                          "cuMemHostUnregister");
 }
 
+/* Memory type of `ptr` according to the driver: CU_MEMORYTYPE_HOST for memory pinned by
+ * anyone in this process (cuMemHostAlloc'ed or registered), 0 when the driver does not know
+ * it.  MEMORY_TYPE needs no current context; should a driver want one anyway, the question is
+ * asked again in a context we already hold (none held: no context is created just to answer). */
+static unsigned driver_memory_type(const void *ptr)
+{
+    unsigned type = 0;
+    CUdeviceptr p = (CUdeviceptr)(uintptr_t)ptr;
+    CUresult r = g.drv.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p);
+    if (r == CUDA_SUCCESS)
+        return type;
+    for (int i = 0; r == CUDA_ERROR_INVALID_CONTEXT && i < g.ndev; i++) {
+        CUcontext c = atomic_load_explicit(&g.devs[i].ctx, memory_order_acquire);
+        if (!c || g.drv.cuCtxPushCurrent(c) != CUDA_SUCCESS)
+            continue;
+        r = g.drv.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p);
+        pop();
+        return r == CUDA_SUCCESS ? type : 0;
+    }
+    return 0;
+}
+
 static int cuda_is_pinned(const void *ptr, int *out)
 {
     *out = 0;
     if (!ptr)
         return STOKE_OK;
-    if (stoke__hostranges_find(&g_ranges, ptr, NULL)) {
+    if (stoke__hostranges_find(&g_ranges, ptr, NULL))
         *out = 1;
-        return STOKE_OK;
-    }
-    /* Pinned by someone else in this process?  Ask the driver, in a context we already hold
-     * (none held: we pinned nothing and create no context just to answer). */
-    if (!g.ready || !g.drv.cuPointerGetAttribute)
-        return STOKE_OK;
-    for (int i = 0; i < g.ndev; i++) {
-        CUcontext c = atomic_load_explicit(&g.devs[i].ctx, memory_order_acquire);
-        if (!c)
-            continue;
-        if (push(c) != STOKE_OK)
-            return STOKE_OK;
-        unsigned type = 0;
-        CUresult r = g.drv.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-                                                 (CUdeviceptr)(uintptr_t)ptr);
-        pop();
-        *out = r == CUDA_SUCCESS && type == CU_MEMORYTYPE_HOST;
-        break;
-    }
+    else if (g.ready && g.drv.cuPointerGetAttribute) /* pinned by someone else? */
+        *out = driver_memory_type(ptr) == CU_MEMORYTYPE_HOST;
     return STOKE_OK;
 }
 
@@ -545,15 +573,11 @@ static int cuda_device_alloc(int dev, size_t size, void **out)
     if (rc != STOKE_OK)
         return rc;
     CUdeviceptr d = 0;
-    CUresult r = g.drv.cuMemAlloc(&d, size ? size : 1);
-    pop();
-    if (r != CUDA_SUCCESS) {
-        char what[96];
-        return cu_fail(r, stoke__fmt(what, sizeof(what), "cuMemAlloc(%zu bytes) on device %d",
-                                     size, dev));
-    }
-    *out = (void *)(uintptr_t)d;
-    return STOKE_OK;
+    rc = leave(g.drv.cuMemAlloc(&d, size ? size : 1), "cuMemAlloc(%zu bytes) on device %d",
+               size, dev);
+    if (rc == STOKE_OK)
+        *out = (void *)(uintptr_t)d;
+    return rc;
 }
 
 static int cuda_device_free(int dev, void *handle)
@@ -561,11 +585,9 @@ static int cuda_device_free(int dev, void *handle)
     if (!handle)
         return STOKE_OK;
     int rc = enter(dev);
-    if (rc != STOKE_OK)
-        return rc;
-    CUresult r = g.drv.cuMemFree((CUdeviceptr)(uintptr_t)handle);
-    pop();
-    return r == CUDA_SUCCESS ? STOKE_OK : cu_fail(r, "cuMemFree");
+    return rc != STOKE_OK ? rc
+                          : leave(g.drv.cuMemFree((CUdeviceptr)(uintptr_t)handle),
+                                  "cuMemFree on device %d", dev);
 }
 
 static int cuda_stream_create(int dev, stoke_backend_stream **out)
@@ -573,21 +595,18 @@ static int cuda_stream_create(int dev, stoke_backend_stream **out)
     *out = NULL;
     stoke_backend_stream *s = calloc(1, sizeof(*s));
     if (!s)
-        return STOKE_ENOMEM;
+        return stoke__fail(STOKE_ENOMEM, "cuda: out of memory for a stream");
+    s->dev = dev;
     int rc = get_ctx(dev, &s->ctx);
     if (rc == STOKE_OK)
         rc = push(s->ctx);
+    if (rc == STOKE_OK)
+        rc = leave(g.drv.cuStreamCreate(&s->s, CU_STREAM_NON_BLOCKING),
+                   "cuStreamCreate on device %d", dev);
     if (rc != STOKE_OK) {
         free(s);
         return rc;
     }
-    CUresult r = g.drv.cuStreamCreate(&s->s, CU_STREAM_NON_BLOCKING);
-    pop();
-    if (r != CUDA_SUCCESS) {
-        free(s);
-        return cu_fail(r, "cuStreamCreate");
-    }
-    s->dev = dev;
     *out = s;
     return STOKE_OK;
 }
@@ -597,12 +616,8 @@ static int cuda_stream_destroy(stoke_backend_stream *s)
     if (!s)
         return STOKE_OK;
     int rc = push(s->ctx);
-    if (rc == STOKE_OK) {
-        CUresult r = g.drv.cuStreamDestroy(s->s);
-        pop();
-        if (r != CUDA_SUCCESS)
-            rc = cu_fail(r, "cuStreamDestroy");
-    }
+    if (rc == STOKE_OK)
+        rc = leave(g.drv.cuStreamDestroy(s->s), "cuStreamDestroy on device %d", s->dev);
     free(s);
     return rc;
 }
@@ -610,11 +625,9 @@ static int cuda_stream_destroy(stoke_backend_stream *s)
 static int cuda_stream_synchronize(stoke_backend_stream *s)
 {
     int rc = push(s->ctx);
-    if (rc != STOKE_OK)
-        return rc;
-    CUresult r = g.drv.cuStreamSynchronize(s->s);
-    pop();
-    return r == CUDA_SUCCESS ? STOKE_OK : cu_fail(r, "cuStreamSynchronize");
+    return rc != STOKE_OK ? rc
+                          : leave(g.drv.cuStreamSynchronize(s->s),
+                                  "cuStreamSynchronize on device %d", s->dev);
 }
 
 static int cuda_copy_h2d(void *dst, size_t dst_offset, const void *src, size_t n,
@@ -624,8 +637,7 @@ static int cuda_copy_h2d(void *dst, size_t dst_offset, const void *src, size_t n
     if (rc != STOKE_OK)
         return rc;
     CUresult r = g.drv.cuMemcpyHtoDAsync((CUdeviceptr)(uintptr_t)dst + dst_offset, src, n, s->s);
-    pop();
-    return r == CUDA_SUCCESS ? STOKE_OK : cu_fail(r, "cuMemcpyHtoDAsync");
+    return leave(r, "cuMemcpyHtoDAsync(%zu bytes) on device %d", n, s->dev);
 }
 
 static int cuda_copy_d2h(void *dst, const void *src, size_t src_offset, size_t n,
@@ -635,8 +647,7 @@ static int cuda_copy_d2h(void *dst, const void *src, size_t src_offset, size_t n
     if (rc != STOKE_OK)
         return rc;
     CUresult r = g.drv.cuMemcpyDtoHAsync(dst, (CUdeviceptr)(uintptr_t)src + src_offset, n, s->s);
-    pop();
-    return r == CUDA_SUCCESS ? STOKE_OK : cu_fail(r, "cuMemcpyDtoHAsync");
+    return leave(r, "cuMemcpyDtoHAsync(%zu bytes) on device %d", n, s->dev);
 }
 
 static int cuda_event_create(int dev, stoke_backend_event **out)
@@ -644,21 +655,18 @@ static int cuda_event_create(int dev, stoke_backend_event **out)
     *out = NULL;
     stoke_backend_event *e = calloc(1, sizeof(*e));
     if (!e)
-        return STOKE_ENOMEM;
+        return stoke__fail(STOKE_ENOMEM, "cuda: out of memory for an event");
+    e->dev = dev;
     int rc = get_ctx(dev, &e->ctx);
     if (rc == STOKE_OK)
         rc = push(e->ctx);
+    if (rc == STOKE_OK)
+        rc = leave(g.drv.cuEventCreate(&e->e, CU_EVENT_DISABLE_TIMING),
+                   "cuEventCreate on device %d", dev);
     if (rc != STOKE_OK) {
         free(e);
         return rc;
     }
-    CUresult r = g.drv.cuEventCreate(&e->e, CU_EVENT_DISABLE_TIMING);
-    pop();
-    if (r != CUDA_SUCCESS) {
-        free(e);
-        return cu_fail(r, "cuEventCreate");
-    }
-    e->dev = dev;
     *out = e;
     return STOKE_OK;
 }
@@ -668,12 +676,8 @@ static int cuda_event_destroy(stoke_backend_event *e)
     if (!e)
         return STOKE_OK;
     int rc = push(e->ctx);
-    if (rc == STOKE_OK) {
-        CUresult r = g.drv.cuEventDestroy(e->e);
-        pop();
-        if (r != CUDA_SUCCESS)
-            rc = cu_fail(r, "cuEventDestroy");
-    }
+    if (rc == STOKE_OK)
+        rc = leave(g.drv.cuEventDestroy(e->e), "cuEventDestroy on device %d", e->dev);
     free(e);
     return rc;
 }
@@ -681,33 +685,29 @@ static int cuda_event_destroy(stoke_backend_event *e)
 static int cuda_event_record(stoke_backend_event *e, stoke_backend_stream *s)
 {
     int rc = push(s->ctx);
-    if (rc != STOKE_OK)
-        return rc;
-    CUresult r = g.drv.cuEventRecord(e->e, s->s);
-    pop();
-    return r == CUDA_SUCCESS ? STOKE_OK : cu_fail(r, "cuEventRecord");
+    return rc != STOKE_OK ? rc
+                          : leave(g.drv.cuEventRecord(e->e, s->s), "cuEventRecord on device %d",
+                                  s->dev);
 }
 
+/* STOKE_OK once the work recorded before the event has completed, STOKE_EBUSY until then. */
 static int cuda_event_query(stoke_backend_event *e)
 {
     int rc = push(e->ctx);
     if (rc != STOKE_OK)
         return rc;
     CUresult r = g.drv.cuEventQuery(e->e);
-    pop();
-    if (r == CUDA_ERROR_NOT_READY)
-        return STOKE_EBUSY;
-    return r == CUDA_SUCCESS ? STOKE_OK : cu_fail(r, "cuEventQuery");
+    rc = leave(r == CUDA_ERROR_NOT_READY ? CUDA_SUCCESS : r, "cuEventQuery on device %d",
+               e->dev);
+    return r == CUDA_ERROR_NOT_READY ? STOKE_EBUSY : rc;
 }
 
 static int cuda_event_synchronize(stoke_backend_event *e)
 {
     int rc = push(e->ctx);
-    if (rc != STOKE_OK)
-        return rc;
-    CUresult r = g.drv.cuEventSynchronize(e->e);
-    pop();
-    return r == CUDA_SUCCESS ? STOKE_OK : cu_fail(r, "cuEventSynchronize");
+    return rc != STOKE_OK ? rc
+                          : leave(g.drv.cuEventSynchronize(e->e),
+                                  "cuEventSynchronize on device %d", e->dev);
 }
 
 /* ---- shutdown ----------------------------------------------------------------------------- */
@@ -721,7 +721,7 @@ static void release_all_locked(void)
     for (size_t i = 0; g.ready && i < n; i++) {
         CUcontext c = atomic_load(&g.devs[v[i].dev].ctx);
         if (!c || g.drv.cuCtxPushCurrent(c) != CUDA_SUCCESS)
-            continue;
+            continue; /* quietly: shutdown leaves the caller's last error alone */
         if (v[i].kind == RANGE_ALLOC)
             g.drv.cuMemFreeHost((void *)v[i].base);
         else
