@@ -61,11 +61,30 @@ static void test_sequential_order(void **state)
                 assert_int_equal(stoke_batch_indices(b)[j], expect++);
             assert_true(tds_batch_ok(b));
             int64_t shape[STOKE_MAX_DIMS + 1];
-            assert_int_equal(stoke_batch_shape(b, 0, shape), 2);
+            int ndim = -7, dtype = -7;
+            assert_int_equal(stoke_batch_shape(b, 0, shape, &ndim), STOKE_OK);
+            assert_int_equal(ndim, 2);
             assert_int_equal(shape[0], (int64_t)stoke_batch_count(b));
             assert_int_equal(shape[1], DS_BYTES);
-            assert_int_equal(stoke_batch_shape(b, 1, shape), 1);
-            assert_int_equal(stoke_batch_dtype(b, 1), STOKE_DTYPE_I64);
+            assert_int_equal(stoke_batch_shape(b, 1, shape, &ndim), STOKE_OK);
+            assert_int_equal(ndim, 1);
+            assert_int_equal(stoke_batch_dtype(b, 1, &dtype), STOKE_OK);
+            assert_int_equal(dtype, STOKE_DTYPE_I64);
+            /* a bad field or NULL is a status code with a reason, the outputs untouched */
+            ndim = dtype = -7;
+            assert_int_equal(stoke_batch_shape(b, 2, shape, &ndim), STOKE_EINVAL);
+            assert_string_equal(stoke_last_error(),
+                                "stoke_batch_shape: no field 2 (the batch has 2)");
+            assert_int_equal(stoke_batch_shape(b, 0, NULL, &ndim), STOKE_EINVAL);
+            assert_int_equal(stoke_batch_shape(b, 0, shape, NULL), STOKE_EINVAL);
+            assert_int_equal(stoke_batch_shape(NULL, 0, shape, &ndim), STOKE_EINVAL);
+            assert_int_equal(stoke_batch_dtype(b, -1, &dtype), STOKE_EINVAL);
+            assert_string_equal(stoke_last_error(),
+                                "stoke_batch_dtype: no field -1 (the batch has 2)");
+            assert_int_equal(stoke_batch_dtype(NULL, 0, &dtype), STOKE_EINVAL);
+            assert_int_equal(stoke_batch_dtype(b, 0, NULL), STOKE_EINVAL);
+            assert_int_equal(ndim, -7);
+            assert_int_equal(dtype, -7);
             assert_int_equal(stoke_batch_field_bytes(b, 1), 8 * stoke_batch_count(b));
             assert_string_equal(stoke_batch_field(b, 1)->name, "label");
             assert_null(stoke_batch_data(b, 2));

@@ -259,11 +259,14 @@ STOKE_API const stoke_field *stoke_batch_field(const stoke_batch *b, int field);
  * [offsets[j], offsets[j+1]) (count + 1 entries).  NULL for NULL and for other dataset kinds. */
 STOKE_API const uint64_t *stoke_batch_offsets(const stoke_batch *b);
 /* Writes the shape including the batch dimension into shape[] (caller's array of at least
- * STOKE_MAX_DIMS + 1 entries): shape[0] = count, then the per-sample shape.  Returns ndim + 1,
- * or -1 for NULL, NULL shape or a bad field (shape untouched). */
-STOKE_API int stoke_batch_shape(const stoke_batch *b, int field, int64_t *shape);
-/* The field's dtype (STOKE_DTYPE_*), or -1 for NULL or a bad field. */
-STOKE_API int stoke_batch_dtype(const stoke_batch *b, int field);
+ * STOKE_MAX_DIMS + 1 entries): shape[0] = count, then the per-sample shape; *ndim receives the
+ * number of entries written (the field's ndim + 1).  Returns STOKE_OK; STOKE_EINVAL for NULL (b,
+ * shape or ndim) or a bad field, with the reason in stoke_last_error() (shape and *ndim
+ * untouched). */
+STOKE_API int stoke_batch_shape(const stoke_batch *b, int field, int64_t *shape, int *ndim);
+/* Writes the field's dtype (STOKE_DTYPE_*) to *dtype.  Returns STOKE_OK; STOKE_EINVAL for NULL
+ * (b or dtype) or a bad field, with the reason in stoke_last_error() (*dtype untouched). */
+STOKE_API int stoke_batch_dtype(const stoke_batch *b, int field, int *dtype);
 /* 1 if the batch's host memory is pinned (for device transfer: the staging memory), else 0
  * (also for NULL). */
 STOKE_API int stoke_batch_is_pinned(const stoke_batch *b);
