@@ -255,6 +255,50 @@ static void test_device_errors(void **state)
     tu_use_none();
 }
 
+/* A create that fails in the device setup keeps the backend's reason: destroying the partly
+ * built loader (stream synchronize, frees) must not wipe it.  Batches of 4 x 32 bytes, 2 workers
+ * x prefetch 2 + 2 = 6 buffers: allocations 1..6 pin the host buffers, 7..12 are the device
+ * buffers. */
+static void test_device_setup_failure_keeps_reason(void **state)
+{
+    tds t;
+    stoke_dataset ds;
+    tds_make(&t, &ds, 400);
+    stoke_loader_opts o;
+    stoke_loader_opts_init(&o);
+    o.batch_size = 4;
+    o.num_workers = 2;
+    o.device = "simdev";
+    for (int n = 7; n <= 12; n++) {
+        char v[8], want[512];
+        snprintf(v, sizeof(v), "%d", n);
+        tu_env("STOKE_SIMDEV_FAIL_ALLOC", v);
+        tu_use_simdev();
+        stoke_loader *l = (stoke_loader *)&t;
+        assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_ENOMEM);
+        assert_null(l);
+        snprintf(want, sizeof(want),
+                 "loader: device 'simdev': batch buffer %d of 6: simdev: allocating 4096 bytes on "
+                 "device 0 failed: simdev: injected allocation failure: device_alloc of 4096 "
+                 "bytes on device 0 is allocation #%d (STOKE_SIMDEV_FAIL_ALLOC=%d)",
+                 n - 6, n, n);
+        assert_string_equal(stoke_last_error(), want);
+    }
+    tu_env("STOKE_SIMDEV_FAIL_ALLOC", NULL);
+    tu_env("STOKE_SIMDEV_MEMORY", "1K");
+    tu_use_simdev();
+    stoke_loader *l = (stoke_loader *)&t;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_ENOMEM);
+    assert_null(l);
+    assert_string_equal(stoke_last_error(),
+                        "loader: device 'simdev': batch buffer 1 of 6: simdev: allocating 4096 "
+                        "bytes on device 0 failed: simdev: device_alloc: out of memory on device "
+                        "0: 4096 bytes asked, 0 of 1024 in use (STOKE_SIMDEV_MEMORY)");
+    tu_env("STOKE_SIMDEV_MEMORY", NULL);
+    tds_free(&t);
+    tu_use_none();
+}
+
 /* Device specs are checked at create: a device index the backend does not have is
  * STOKE_ERANGE, a malformed spec STOKE_EINVAL, before any batch memory is allocated. */
 static void test_spec_errors(void **state)
@@ -433,6 +477,7 @@ int main(void)
         cmocka_unit_test(test_device_early_destroy),
         cmocka_unit_test(test_device_errors),
         cmocka_unit_test(test_spec_errors),
+        cmocka_unit_test(test_device_setup_failure_keeps_reason),
         cmocka_unit_test(test_device_copy_failure),
         cmocka_unit_test(test_cli),
     };
