@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "common/env.h"
+#include "common/internal.h"
 #include "registry/registry.h"
 #include "stoke/stoke.h"
 #include "testutil.h"
@@ -116,6 +117,48 @@ static void test_log_level_from_env_and_api(void **state)
     assert_string_equal(stoke_log_level_name(42), "?");
 }
 
+/* A message longer than the last-error string keeps its head and its reason (the tail), joined
+ * by " ... "; a message built from the last error itself is not garbled; a saved error survives
+ * a cleanup that clears or replaces it. */
+static void test_long_error_keeps_reason(void **state)
+{
+    char path[5001];
+    memset(path, 'a', sizeof(path) - 1);
+    path[0] = '/';
+    path[sizeof(path) - 1] = '\0';
+    assert_int_equal(stoke__fail(STOKE_EIO, "npy %s: header truncated at byte 61", path),
+                     STOKE_EIO);
+    const char *e = stoke_last_error();
+    assert_int_equal(strlen(e), 1023);
+    assert_memory_equal(e, "npy /aaa", 8);
+    const char *cut = strstr(e, "a ... a");
+    assert_non_null(cut);
+    assert_null(strstr(cut + 5, " ... ")); /* one cut */
+    const char *reason = "aaa: header truncated at byte 61";
+    assert_string_equal(e + strlen(e) - strlen(reason), reason);
+
+    /* the last error as an argument of the next message */
+    stoke__fail(STOKE_EIO, "inner reason");
+    stoke__fail(STOKE_EIO, "outer: %s", stoke_last_error());
+    assert_string_equal(stoke_last_error(), "outer: inner reason");
+    stoke__fail(STOKE_EIO, "%s: %s", path, stoke_last_error());
+    reason = "aaa: outer: inner reason";
+    assert_string_equal(stoke_last_error() + 1023 - strlen(reason), reason);
+
+    /* short messages are untouched; shorten keeps short strings */
+    char small[16];
+    assert_string_equal(stoke__shorten(small, sizeof(small), "0123456789abcd"), "0123456789abcd");
+    assert_string_equal(stoke__shorten(small, sizeof(small), "0123456789abcdef"), "012 ... 9abcdef");
+
+    stoke__saved_error saved;
+    stoke__fail(STOKE_ENOMEM, "the reason");
+    stoke__error_save(&saved);
+    stoke__clear_error();
+    stoke__fail(STOKE_EIO, "cleanup noise");
+    stoke__error_restore(&saved);
+    assert_string_equal(stoke_last_error(), "the reason");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -124,6 +167,7 @@ int main(void)
         cmocka_unit_test(test_env_invalid_values_warn_and_fall_back),
         cmocka_unit_test(test_parse_accel_spec),
         cmocka_unit_test(test_log_level_from_env_and_api),
+        cmocka_unit_test(test_long_error_keeps_reason),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -571,6 +571,63 @@ static void test_buffer_sizing(void **state)
     tds_free(&t);
 }
 
+/* Each layer adds its prefix once, and a long path is cut in the middle, never the reason. */
+static void test_error_message_shape(void **state)
+{
+    static char err[4096], out[256];
+    const char *env[] = {"STOKE_PLUGIN_PATH=", "STOKE_ACCELERATOR=", NULL};
+    const char *a1[] = {tu_cli_path(), "load", "npy:/nonexistent-dir/x.npy,io=foo", NULL};
+    assert_int_equal(tu_run(a1, env, out, sizeof(out), err, sizeof(err)), 1);
+    assert_string_equal(err, "stoke load: source 'npy:/nonexistent-dir/x.npy,io=foo': bad option "
+                             "'io=foo' (io=mmap or io=pread)\n");
+    const char *a2[] = {tu_cli_path(), "load", "npy:/nonexistent-dir/x.npy", NULL};
+    assert_int_equal(tu_run(a2, env, out, sizeof(out), err, sizeof(err)), 1);
+    assert_string_equal(err, "stoke load: npy /nonexistent-dir/x.npy: cannot open: No such file "
+                             "or directory\n");
+
+    /* a path of 3000 characters: the message is cut in the path, the reason stays */
+    static char spec[5200];
+    memcpy(spec, "npy:/", 5);
+    memset(spec + 5, 'p', 3000);
+    strcpy(spec + 3005, ",io=foo");
+    const char *a3[] = {tu_cli_path(), "load", spec, NULL};
+    assert_int_equal(tu_run(a3, env, out, sizeof(out), err, sizeof(err)), 1);
+    const char *tail = "pp,io=foo': bad option 'io=foo' (io=mmap or io=pread)\n";
+    assert_true(strlen(err) < 1100);
+    assert_memory_equal(err, "stoke load: source 'npy:/ppp", 28);
+    assert_string_equal(err + strlen(err) - strlen(tail), tail);
+    const char *cut = strstr(err, "p ... p");
+    assert_non_null(cut);
+    assert_null(strstr(cut + 5, " ... "));
+    assert_null(strstr(err + 13, "source '")); /* the prefix once */
+
+    /* a spec past the sources' limit of 4096 characters */
+    memset(spec + 5, 'p', 5000);
+    spec[5005] = '\0';
+    assert_int_equal(tu_run(a3, env, out, sizeof(out), err, sizeof(err)), 1);
+    assert_string_equal(err, "stoke load: source: spec longer than 4096 characters\n");
+
+    /* the loader's own prefix once, a long option value cut */
+    tds t;
+    stoke_dataset ds;
+    tds_make(&t, &ds, 10);
+    stoke_loader_opts o = base_opts(4, 0);
+    memset(spec, 'd', 100);
+    spec[100] = '\0';
+    o.device = spec;
+    stoke_loader *l = (stoke_loader *)&t;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_EINVAL);
+    assert_null(l);
+    assert_string_equal(stoke_last_error(),
+                        "loader: device 'dddddddddddddd ... dddddddddddddddddddddddddddd' is longer "
+                        "than 63 characters");
+    o = base_opts(4, 0);
+    o.sampler.kind = 99;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_EINVAL);
+    assert_string_equal(stoke_last_error(), "loader: sampler: unknown kind 99");
+    tds_free(&t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -588,6 +645,7 @@ int main(void)
         cmocka_unit_test(test_set_epoch_mid_epoch),
         cmocka_unit_test(test_bad_options),
         cmocka_unit_test(test_buffer_sizing),
+        cmocka_unit_test(test_error_message_shape),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

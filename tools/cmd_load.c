@@ -246,7 +246,7 @@ int cmd_load(int argc, char **argv)
     stoke_dataset ds;
     int rc = stoke_source_open(source, &ds);
     if (rc != STOKE_OK)
-        return fail_early(json, 1, "source '%s': %s", source,
+        return fail_early(json, 1, "%s", /* the library's message names the source or file */
                           *stoke_last_error() ? stoke_last_error() : stoke_strerror(rc));
     stoke_loader_opts o;
     stoke_loader_opts_init(&o);
