@@ -571,6 +571,41 @@ static void test_buffer_sizing(void **state)
     tds_free(&t);
 }
 
+/* The batch buffers are allocated at create: more than physical memory in all is refused up
+ * front, naming the total and the options behind it (here 1024 x 1024 + 2 buffers of 64 samples
+ * of 1 MiB: 64 TiB).  The same options on a dataset of a few batches create a few buffers. */
+static void test_upfront_bytes_bounded(void **state)
+{
+    tds t;
+    stoke_dataset ds;
+    tds_make(&t, &ds, (uint64_t)1 << 32);
+    ds.fields[0].shape[0] = 1 << 20;
+    ds.fields[0].bytes = 1 << 20;
+    stoke_loader_opts o = base_opts(64, 1024);
+    o.prefetch_factor = 1024;
+    stoke_loader *l = (stoke_loader *)&t;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_ENOMEM);
+    assert_null(l);
+    const char *e = stoke_last_error();
+    const char *head = "loader: 1048578 batch buffers of 67112960 bytes (70373173370880 bytes in "
+                       "all) exceed the ";
+    const char *tail = " bytes of physical memory: buffers = num_workers 1024 x prefetch_factor "
+                       "1024 + 2 (at most batches per epoch + 2), each holding batch_size 64 "
+                       "samples of 1048584 bytes; lower num_workers, prefetch_factor or batch_size";
+    if (strncmp(e, head, strlen(head)) != 0 || strlen(e) < strlen(tail) ||
+        strcmp(e + strlen(e) - strlen(tail), tail) != 0)
+        fail_msg("unexpected message: %s", e);
+    assert_int_equal(atomic_load(&t.gets), 0);
+    /* 3 batches in the epoch: 5 buffers, whatever the workers and prefetch */
+    t.n = 3 * 64;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    stoke_loader_stats st = {.size = sizeof(st)};
+    assert_int_equal(stoke_loader_get_stats(l, &st), STOKE_OK);
+    assert_int_equal(st.buffers, 5);
+    stoke_loader_destroy(l);
+    tds_free(&t);
+}
+
 /* Each layer adds its prefix once, and a long path is cut in the middle, never the reason. */
 static void test_error_message_shape(void **state)
 {
@@ -646,6 +681,7 @@ int main(void)
         cmocka_unit_test(test_bad_options),
         cmocka_unit_test(test_buffer_sizing),
         cmocka_unit_test(test_error_message_shape),
+        cmocka_unit_test(test_upfront_bytes_bounded),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
