@@ -159,6 +159,30 @@ static void test_long_error_keeps_reason(void **state)
     assert_string_equal(stoke_last_error(), "the reason");
 }
 
+/* STOKE_PINNED_LIMIT=0 is no cap (as documented): blocks past any size stay pinned. */
+static void test_pinned_limit_zero_is_no_cap(void **state)
+{
+    tu_env("STOKE_PINNED_LIMIT", "0");
+    tu_use_simdev();
+    void *p[4];
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(stoke_pinned_alloc((size_t)8 << 20, &p[i]), STOKE_OK);
+        assert_true(stoke_is_pinned(p[i]));
+    }
+    uint64_t bytes = 1;
+    int policy = -1;
+    assert_int_equal(stoke_pinned_get_limit(&bytes, &policy), STOKE_OK);
+    assert_int_equal(bytes, 0);
+    stoke_pinned_stats st = {.size = sizeof(st)};
+    assert_int_equal(stoke_pinned_stats_get(&st), STOKE_OK);
+    assert_int_equal(st.pageable_fallbacks, 0);
+    assert_int_equal(st.limit_failures, 0);
+    for (int i = 0; i < 4; i++)
+        stoke_pinned_free(p[i]);
+    tu_env("STOKE_PINNED_LIMIT", NULL);
+    tu_use_none();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -168,6 +192,7 @@ int main(void)
         cmocka_unit_test(test_parse_accel_spec),
         cmocka_unit_test(test_log_level_from_env_and_api),
         cmocka_unit_test(test_long_error_keeps_reason),
+        cmocka_unit_test(test_pinned_limit_zero_is_no_cap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
