@@ -250,8 +250,12 @@ static void test_timeout(void **state)
     stoke_dataset ds;
     tds_make(&t, &ds, 64);
     t.slow_index = 5;
-    stoke_loader_opts o = base_opts(4, 2);
-    o.timeout_ms = 50;
+    /* One worker: batch 0 is complete before sample 5 (batch 1) starts, so the first next()
+     * cannot time out on sample 5 however slowly threads start on a busy machine; with two, the
+     * other worker could sit in sample 5 for the whole timeout before batch 0 was made.  The
+     * timeout is long against one trivial sample (a preempted get() must not trip it). */
+    stoke_loader_opts o = base_opts(4, 1);
+    o.timeout_ms = 300;
     stoke_loader *l;
     assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
     stoke_batch *b;
