@@ -109,7 +109,9 @@ STOKE_API void stoke_loader_opts_init(stoke_loader_opts *o);
  *   `pin_memory_device` is only a warning, see the option);
  * - STOKE_EINVAL / STOKE_ENOENT / STOKE_ERANGE: with pin_memory on, STOKE_ACCELERATOR is
  *   invalid (accelerator.h);
- * - STOKE_ENOMEM; the pinned allocator's codes when a batch buffer cannot be allocated
+ * - STOKE_ENOMEM: the batch buffers would exceed physical memory in all (the message names the
+ *   total bytes, num_workers, prefetch_factor and the batch size: nothing was allocated), or an
+ *   allocation failed; the pinned allocator's codes when a batch buffer cannot be allocated
  *   (STOKE_ELIMIT, the backend's code, see stoke_pinned_alloc);
  * - when `device` is set: STOKE_ENOTSUP (the backend has no streams, events or device memory,
  *   or a device index other than 0 on a backend that is not the chosen accelerator) and the
@@ -121,8 +123,9 @@ STOKE_API int stoke_loader_create(const stoke_loader_opts *o, stoke_dataset *ds,
 /* Stops and joins every worker thread (waiting for samples in progress, even one that timed
  * out), waits for pending device copies and frees every buffer and `l` itself.  Batches not yet
  * released become invalid (do not release them afterwards).  Safe at any point of an epoch.
- * Does not close the dataset.  NULL does nothing.  Call it from the consumer thread, with no
- * other call on `l` or its batches in progress. */
+ * Does not close the dataset.  NULL does nothing.  Leaves the calling thread's last error as it
+ * was (a failure being reported survives the cleanup).  Call it from the consumer thread, with
+ * no other call on `l` or its batches in progress. */
 STOKE_API void stoke_loader_destroy(stoke_loader *l);
 
 /* Delivers the next batch of the current epoch in *out (owned by the caller until
