@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "common/env.h"
+#include "common/internal.h"
 #include "registry/registry.h"
 #include "stoke/stoke.h"
 #include "testutil.h"
@@ -116,6 +117,72 @@ static void test_log_level_from_env_and_api(void **state)
     assert_string_equal(stoke_log_level_name(42), "?");
 }
 
+/* A message longer than the last-error string keeps its head and its reason (the tail), joined
+ * by " ... "; a message built from the last error itself is not garbled; a saved error survives
+ * a cleanup that clears or replaces it. */
+static void test_long_error_keeps_reason(void **state)
+{
+    char path[5001];
+    memset(path, 'a', sizeof(path) - 1);
+    path[0] = '/';
+    path[sizeof(path) - 1] = '\0';
+    assert_int_equal(stoke__fail(STOKE_EIO, "npy %s: header truncated at byte 61", path),
+                     STOKE_EIO);
+    const char *e = stoke_last_error();
+    assert_int_equal(strlen(e), 1023);
+    assert_memory_equal(e, "npy /aaa", 8);
+    const char *cut = strstr(e, "a ... a");
+    assert_non_null(cut);
+    assert_null(strstr(cut + 5, " ... ")); /* one cut */
+    const char *reason = "aaa: header truncated at byte 61";
+    assert_string_equal(e + strlen(e) - strlen(reason), reason);
+
+    /* the last error as an argument of the next message */
+    stoke__fail(STOKE_EIO, "inner reason");
+    stoke__fail(STOKE_EIO, "outer: %s", stoke_last_error());
+    assert_string_equal(stoke_last_error(), "outer: inner reason");
+    stoke__fail(STOKE_EIO, "%s: %s", path, stoke_last_error());
+    reason = "aaa: outer: inner reason";
+    assert_string_equal(stoke_last_error() + 1023 - strlen(reason), reason);
+
+    /* short messages are untouched; shorten keeps short strings */
+    char small[16];
+    assert_string_equal(stoke__shorten(small, sizeof(small), "0123456789abcd"), "0123456789abcd");
+    assert_string_equal(stoke__shorten(small, sizeof(small), "0123456789abcdef"), "012 ... 9abcdef");
+
+    stoke__saved_error saved;
+    stoke__fail(STOKE_ENOMEM, "the reason");
+    stoke__error_save(&saved);
+    stoke__clear_error();
+    stoke__fail(STOKE_EIO, "cleanup noise");
+    stoke__error_restore(&saved);
+    assert_string_equal(stoke_last_error(), "the reason");
+}
+
+/* STOKE_PINNED_LIMIT=0 is no cap (as documented): blocks past any size stay pinned. */
+static void test_pinned_limit_zero_is_no_cap(void **state)
+{
+    tu_env("STOKE_PINNED_LIMIT", "0");
+    tu_use_simdev();
+    void *p[4];
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(stoke_pinned_alloc((size_t)8 << 20, &p[i]), STOKE_OK);
+        assert_true(stoke_is_pinned(p[i]));
+    }
+    uint64_t bytes = 1;
+    int policy = -1;
+    assert_int_equal(stoke_pinned_get_limit(&bytes, &policy), STOKE_OK);
+    assert_int_equal(bytes, 0);
+    stoke_pinned_stats st = {.size = sizeof(st)};
+    assert_int_equal(stoke_pinned_stats_get(&st), STOKE_OK);
+    assert_int_equal(st.pageable_fallbacks, 0);
+    assert_int_equal(st.limit_failures, 0);
+    for (int i = 0; i < 4; i++)
+        stoke_pinned_free(p[i]);
+    tu_env("STOKE_PINNED_LIMIT", NULL);
+    tu_use_none();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -124,6 +191,8 @@ int main(void)
         cmocka_unit_test(test_env_invalid_values_warn_and_fall_back),
         cmocka_unit_test(test_parse_accel_spec),
         cmocka_unit_test(test_log_level_from_env_and_api),
+        cmocka_unit_test(test_long_error_keeps_reason),
+        cmocka_unit_test(test_pinned_limit_zero_is_no_cap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

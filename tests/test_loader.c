@@ -61,11 +61,30 @@ static void test_sequential_order(void **state)
                 assert_int_equal(stoke_batch_indices(b)[j], expect++);
             assert_true(tds_batch_ok(b));
             int64_t shape[STOKE_MAX_DIMS + 1];
-            assert_int_equal(stoke_batch_shape(b, 0, shape), 2);
+            int ndim = -7, dtype = -7;
+            assert_int_equal(stoke_batch_shape(b, 0, shape, &ndim), STOKE_OK);
+            assert_int_equal(ndim, 2);
             assert_int_equal(shape[0], (int64_t)stoke_batch_count(b));
             assert_int_equal(shape[1], DS_BYTES);
-            assert_int_equal(stoke_batch_shape(b, 1, shape), 1);
-            assert_int_equal(stoke_batch_dtype(b, 1), STOKE_DTYPE_I64);
+            assert_int_equal(stoke_batch_shape(b, 1, shape, &ndim), STOKE_OK);
+            assert_int_equal(ndim, 1);
+            assert_int_equal(stoke_batch_dtype(b, 1, &dtype), STOKE_OK);
+            assert_int_equal(dtype, STOKE_DTYPE_I64);
+            /* a bad field or NULL is a status code with a reason, the outputs untouched */
+            ndim = dtype = -7;
+            assert_int_equal(stoke_batch_shape(b, 2, shape, &ndim), STOKE_EINVAL);
+            assert_string_equal(stoke_last_error(),
+                                "stoke_batch_shape: no field 2 (the batch has 2)");
+            assert_int_equal(stoke_batch_shape(b, 0, NULL, &ndim), STOKE_EINVAL);
+            assert_int_equal(stoke_batch_shape(b, 0, shape, NULL), STOKE_EINVAL);
+            assert_int_equal(stoke_batch_shape(NULL, 0, shape, &ndim), STOKE_EINVAL);
+            assert_int_equal(stoke_batch_dtype(b, -1, &dtype), STOKE_EINVAL);
+            assert_string_equal(stoke_last_error(),
+                                "stoke_batch_dtype: no field -1 (the batch has 2)");
+            assert_int_equal(stoke_batch_dtype(NULL, 0, &dtype), STOKE_EINVAL);
+            assert_int_equal(stoke_batch_dtype(b, 0, NULL), STOKE_EINVAL);
+            assert_int_equal(ndim, -7);
+            assert_int_equal(dtype, -7);
             assert_int_equal(stoke_batch_field_bytes(b, 1), 8 * stoke_batch_count(b));
             assert_string_equal(stoke_batch_field(b, 1)->name, "label");
             assert_null(stoke_batch_data(b, 2));
@@ -103,20 +122,24 @@ static void test_shuffle_epochs(void **state)
     assert_int_equal(stoke_loader_next_epoch(l), STOKE_OK);
     assert_int_equal(stoke_loader_epoch(l), 1);
     assert_int_equal(run_epoch(l, b, 1000, NULL), 1000);
-    unsigned char *sa = calloc(1000, 1), *sb = calloc(1000, 1);
+    tu_seen sa, sb;
+    tu_seen_init(&sa, 1000);
+    tu_seen_init(&sb, 1000);
     int same = 0, sorted = 0;
     for (int i = 0; i < 1000; i++) {
-        assert_int_equal(sa[a[i]]++, 0);
-        assert_int_equal(sb[b[i]]++, 0);
+        tu_seen_add(&sa, a[i]);
+        tu_seen_add(&sb, b[i]);
         same += a[i] == b[i];
         sorted += a[i] == (uint64_t)i;
     }
+    tu_seen_check_all(&sa);
+    tu_seen_check_all(&sb);
     assert_true(same < 100);
     assert_true(sorted < 100);
     free(a);
     free(b);
-    free(sa);
-    free(sb);
+    tu_seen_free(&sa);
+    tu_seen_free(&sb);
     stoke_loader_destroy(l);
     tds_free(&t);
 }
@@ -146,11 +169,13 @@ static void test_same_seed_any_workers(void **state)
             } else if (in_order) {
                 assert_memory_equal(ref, got, 500 * 8);
                 free(got);
-            } else { /* as completed: the same set */
-                uint64_t s1 = 0, s2 = 0;
+            } else { /* as completed: every sample exactly once */
+                tu_seen seen;
+                tu_seen_init(&seen, 500);
                 for (int i = 0; i < 500; i++)
-                    s1 += ref[i], s2 += got[i];
-                assert_int_equal(s1, s2);
+                    tu_seen_add(&seen, got[i]);
+                tu_seen_check_all(&seen);
+                tu_seen_free(&seen);
                 free(got);
             }
             stoke_loader_destroy(l);
@@ -225,8 +250,12 @@ static void test_timeout(void **state)
     stoke_dataset ds;
     tds_make(&t, &ds, 64);
     t.slow_index = 5;
-    stoke_loader_opts o = base_opts(4, 2);
-    o.timeout_ms = 50;
+    /* One worker: batch 0 is complete before sample 5 (batch 1) starts, so the first next()
+     * cannot time out on sample 5 however slowly threads start on a busy machine; with two, the
+     * other worker could sit in sample 5 for the whole timeout before batch 0 was made.  The
+     * timeout is long against one trivial sample (a preempted get() must not trip it). */
+    stoke_loader_opts o = base_opts(4, 1);
+    o.timeout_ms = 300;
     stoke_loader *l;
     assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
     stoke_batch *b;
@@ -331,9 +360,11 @@ static void test_persistent_workers(void **state)
                     stoke_loader_next_epoch(l);
                 assert_int_equal(run_epoch(l, NULL, 0, NULL), 40);
             }
+            /* Counted after destroy: a persistent worker may not have run its worker_init yet
+             * when the others already delivered every batch; destroy joins it. */
+            stoke_loader_destroy(l);
             int per_start = workers[w] ? workers[w] : 1;
             assert_int_equal(atomic_load(&t.inits), persistent ? per_start : 3 * per_start);
-            stoke_loader_destroy(l);
             tds_free(&t);
         }
     }
@@ -552,6 +583,98 @@ static void test_buffer_sizing(void **state)
     tds_free(&t);
 }
 
+/* The batch buffers are allocated at create: more than physical memory in all is refused up
+ * front, naming the total and the options behind it (here 1024 x 1024 + 2 buffers of 64 samples
+ * of 1 MiB: 64 TiB).  The same options on a dataset of a few batches create a few buffers. */
+static void test_upfront_bytes_bounded(void **state)
+{
+    tds t;
+    stoke_dataset ds;
+    tds_make(&t, &ds, (uint64_t)1 << 32);
+    ds.fields[0].shape[0] = 1 << 20;
+    ds.fields[0].bytes = 1 << 20;
+    stoke_loader_opts o = base_opts(64, 1024);
+    o.prefetch_factor = 1024;
+    stoke_loader *l = (stoke_loader *)&t;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_ENOMEM);
+    assert_null(l);
+    const char *e = stoke_last_error();
+    const char *head = "loader: 1048578 batch buffers of 67112960 bytes (70373173370880 bytes in "
+                       "all) exceed the ";
+    const char *tail = " bytes of physical memory: buffers = num_workers 1024 x prefetch_factor "
+                       "1024 + 2 (at most batches per epoch + 2), each holding batch_size 64 "
+                       "samples of 1048584 bytes; lower num_workers, prefetch_factor or batch_size";
+    if (strncmp(e, head, strlen(head)) != 0 || strlen(e) < strlen(tail) ||
+        strcmp(e + strlen(e) - strlen(tail), tail) != 0)
+        fail_msg("unexpected message: %s", e);
+    assert_int_equal(atomic_load(&t.gets), 0);
+    /* 3 batches in the epoch: 5 buffers, whatever the workers and prefetch */
+    t.n = 3 * 64;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    stoke_loader_stats st = {.size = sizeof(st)};
+    assert_int_equal(stoke_loader_get_stats(l, &st), STOKE_OK);
+    assert_int_equal(st.buffers, 5);
+    stoke_loader_destroy(l);
+    tds_free(&t);
+}
+
+/* Each layer adds its prefix once, and a long path is cut in the middle, never the reason. */
+static void test_error_message_shape(void **state)
+{
+    static char err[4096], out[256];
+    const char *env[] = {"STOKE_PLUGIN_PATH=", "STOKE_ACCELERATOR=", NULL};
+    const char *a1[] = {tu_cli_path(), "load", "npy:/nonexistent-dir/x.npy,io=foo", NULL};
+    assert_int_equal(tu_run(a1, env, out, sizeof(out), err, sizeof(err)), 1);
+    assert_string_equal(err, "stoke load: source 'npy:/nonexistent-dir/x.npy,io=foo': bad option "
+                             "'io=foo' (io=mmap or io=pread)\n");
+    const char *a2[] = {tu_cli_path(), "load", "npy:/nonexistent-dir/x.npy", NULL};
+    assert_int_equal(tu_run(a2, env, out, sizeof(out), err, sizeof(err)), 1);
+    assert_string_equal(err, "stoke load: npy /nonexistent-dir/x.npy: cannot open: No such file "
+                             "or directory\n");
+
+    /* a path of 3000 characters: the message is cut in the path, the reason stays */
+    static char spec[5200];
+    memcpy(spec, "npy:/", 5);
+    memset(spec + 5, 'p', 3000);
+    strcpy(spec + 3005, ",io=foo");
+    const char *a3[] = {tu_cli_path(), "load", spec, NULL};
+    assert_int_equal(tu_run(a3, env, out, sizeof(out), err, sizeof(err)), 1);
+    const char *tail = "pp,io=foo': bad option 'io=foo' (io=mmap or io=pread)\n";
+    assert_true(strlen(err) < 1100);
+    assert_memory_equal(err, "stoke load: source 'npy:/ppp", 28);
+    assert_string_equal(err + strlen(err) - strlen(tail), tail);
+    const char *cut = strstr(err, "p ... p");
+    assert_non_null(cut);
+    assert_null(strstr(cut + 5, " ... "));
+    assert_null(strstr(err + 13, "source '")); /* the prefix once */
+
+    /* a spec past the sources' limit of 4096 characters */
+    memset(spec + 5, 'p', 5000);
+    spec[5005] = '\0';
+    assert_int_equal(tu_run(a3, env, out, sizeof(out), err, sizeof(err)), 1);
+    assert_string_equal(err, "stoke load: source: spec longer than 4096 characters\n");
+
+    /* the loader's own prefix once, a long option value cut */
+    tds t;
+    stoke_dataset ds;
+    tds_make(&t, &ds, 10);
+    stoke_loader_opts o = base_opts(4, 0);
+    memset(spec, 'd', 100);
+    spec[100] = '\0';
+    o.device = spec;
+    stoke_loader *l = (stoke_loader *)&t;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_EINVAL);
+    assert_null(l);
+    assert_string_equal(stoke_last_error(),
+                        "loader: device 'dddddddddddddd ... dddddddddddddddddddddddddddd' is longer "
+                        "than 63 characters");
+    o = base_opts(4, 0);
+    o.sampler.kind = 99;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_EINVAL);
+    assert_string_equal(stoke_last_error(), "loader: sampler: unknown kind 99");
+    tds_free(&t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -569,6 +692,8 @@ int main(void)
         cmocka_unit_test(test_set_epoch_mid_epoch),
         cmocka_unit_test(test_bad_options),
         cmocka_unit_test(test_buffer_sizing),
+        cmocka_unit_test(test_error_message_shape),
+        cmocka_unit_test(test_upfront_bytes_bounded),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -150,7 +150,9 @@ static void device_run(int workers, int in_order)
     stoke_loader *l;
     assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
     stoke_batch *ring[2] = {0};
-    uint64_t nb = 0, kept = 0, seen_sum = 0;
+    uint64_t nb = 0, kept = 0;
+    tu_seen seen;
+    tu_seen_init(&seen, 480);
     stoke_batch *b;
     while (stoke_loader_next(l, &b) == STOKE_OK) {
         assert_null(stoke_batch_data(b, 0)); /* device transfer: the device buffer is the batch */
@@ -158,7 +160,7 @@ static void device_run(int workers, int in_order)
         assert_true(stoke_batch_is_pinned(b));
         assert_int_equal(stoke_batch_device_offset(b, 0), 0);
         for (size_t j = 0; j < stoke_batch_count(b); j++)
-            seen_sum += stoke_batch_indices(b)[j];
+            tu_seen_add(&seen, stoke_batch_indices(b)[j]);
         if (nb++ % 3) {
             stoke_batch_release(b);
             continue;
@@ -177,7 +179,8 @@ static void device_run(int workers, int in_order)
         }
     }
     assert_int_equal(nb, 60);
-    assert_int_equal(seen_sum, 479 * 480 / 2);
+    tu_seen_check_all(&seen);
+    tu_seen_free(&seen);
     stoke_loader_stats st = {.size = sizeof(st)};
     stoke_loader_get_stats(l, &st);
     assert_int_equal(st.device_copies, 60);
@@ -251,6 +254,50 @@ static void test_device_errors(void **state)
     assert_int_equal(stoke_batch_device_wait(b), STOKE_ESTATE);
     stoke_batch_release(b);
     stoke_loader_destroy(l);
+    tds_free(&t);
+    tu_use_none();
+}
+
+/* A create that fails in the device setup keeps the backend's reason: destroying the partly
+ * built loader (stream synchronize, frees) must not wipe it.  Batches of 4 x 32 bytes, 2 workers
+ * x prefetch 2 + 2 = 6 buffers: allocations 1..6 pin the host buffers, 7..12 are the device
+ * buffers. */
+static void test_device_setup_failure_keeps_reason(void **state)
+{
+    tds t;
+    stoke_dataset ds;
+    tds_make(&t, &ds, 400);
+    stoke_loader_opts o;
+    stoke_loader_opts_init(&o);
+    o.batch_size = 4;
+    o.num_workers = 2;
+    o.device = "simdev";
+    for (int n = 7; n <= 12; n++) {
+        char v[8], want[512];
+        snprintf(v, sizeof(v), "%d", n);
+        tu_env("STOKE_SIMDEV_FAIL_ALLOC", v);
+        tu_use_simdev();
+        stoke_loader *l = (stoke_loader *)&t;
+        assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_ENOMEM);
+        assert_null(l);
+        snprintf(want, sizeof(want),
+                 "loader: device 'simdev': batch buffer %d of 6: simdev: allocating 4096 bytes on "
+                 "device 0 failed: simdev: injected allocation failure: device_alloc of 4096 "
+                 "bytes on device 0 is allocation #%d (STOKE_SIMDEV_FAIL_ALLOC=%d)",
+                 n - 6, n, n);
+        assert_string_equal(stoke_last_error(), want);
+    }
+    tu_env("STOKE_SIMDEV_FAIL_ALLOC", NULL);
+    tu_env("STOKE_SIMDEV_MEMORY", "1K");
+    tu_use_simdev();
+    stoke_loader *l = (stoke_loader *)&t;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_ENOMEM);
+    assert_null(l);
+    assert_string_equal(stoke_last_error(),
+                        "loader: device 'simdev': batch buffer 1 of 6: simdev: allocating 4096 "
+                        "bytes on device 0 failed: simdev: device_alloc: out of memory on device "
+                        "0: 4096 bytes asked, 0 of 1024 in use (STOKE_SIMDEV_MEMORY)");
+    tu_env("STOKE_SIMDEV_MEMORY", NULL);
     tds_free(&t);
     tu_use_none();
 }
@@ -433,6 +480,7 @@ int main(void)
         cmocka_unit_test(test_device_early_destroy),
         cmocka_unit_test(test_device_errors),
         cmocka_unit_test(test_spec_errors),
+        cmocka_unit_test(test_device_setup_failure_keeps_reason),
         cmocka_unit_test(test_device_copy_failure),
         cmocka_unit_test(test_cli),
     };

@@ -282,7 +282,7 @@ static int open_loader(const load_args *a, load_run *r)
     const cli_cmd *c = &a->cmd;
     int rc = stoke_source_open(a->source, &r->ds);
     if (rc != STOKE_OK)
-        return cli_fail(c, 1, "source '%s': %s", a->source,
+        return cli_fail(c, 1, "%s", /* the library's message names the source or file */
                         *stoke_last_error() ? stoke_last_error() : stoke_strerror(rc));
     stoke_loader_opts o;
     stoke_loader_opts_init(&o);

@@ -109,7 +109,9 @@ STOKE_API void stoke_loader_opts_init(stoke_loader_opts *o);
  *   `pin_memory_device` is only a warning, see the option);
  * - STOKE_EINVAL / STOKE_ENOENT / STOKE_ERANGE: with pin_memory on, STOKE_ACCELERATOR is
  *   invalid (accelerator.h);
- * - STOKE_ENOMEM; the pinned allocator's codes when a batch buffer cannot be allocated
+ * - STOKE_ENOMEM: the batch buffers would exceed physical memory in all (the message names the
+ *   total bytes, num_workers, prefetch_factor and the batch size: nothing was allocated), or an
+ *   allocation failed; the pinned allocator's codes when a batch buffer cannot be allocated
  *   (STOKE_ELIMIT, the backend's code, see stoke_pinned_alloc);
  * - when `device` is set: STOKE_ENOTSUP (the backend has no streams, events or device memory,
  *   or a device index other than 0 on a backend that is not the chosen accelerator) and the
@@ -121,8 +123,9 @@ STOKE_API int stoke_loader_create(const stoke_loader_opts *o, stoke_dataset *ds,
 /* Stops and joins every worker thread (waiting for samples in progress, even one that timed
  * out), waits for pending device copies and frees every buffer and `l` itself.  Batches not yet
  * released become invalid (do not release them afterwards).  Safe at any point of an epoch.
- * Does not close the dataset.  NULL does nothing.  Call it from the consumer thread, with no
- * other call on `l` or its batches in progress. */
+ * Does not close the dataset.  NULL does nothing.  Leaves the calling thread's last error as it
+ * was (a failure being reported survives the cleanup).  Call it from the consumer thread, with
+ * no other call on `l` or its batches in progress. */
 STOKE_API void stoke_loader_destroy(stoke_loader *l);
 
 /* Delivers the next batch of the current epoch in *out (owned by the caller until
@@ -259,11 +262,14 @@ STOKE_API const stoke_field *stoke_batch_field(const stoke_batch *b, int field);
  * [offsets[j], offsets[j+1]) (count + 1 entries).  NULL for NULL and for other dataset kinds. */
 STOKE_API const uint64_t *stoke_batch_offsets(const stoke_batch *b);
 /* Writes the shape including the batch dimension into shape[] (caller's array of at least
- * STOKE_MAX_DIMS + 1 entries): shape[0] = count, then the per-sample shape.  Returns ndim + 1,
- * or -1 for NULL, NULL shape or a bad field (shape untouched). */
-STOKE_API int stoke_batch_shape(const stoke_batch *b, int field, int64_t *shape);
-/* The field's dtype (STOKE_DTYPE_*), or -1 for NULL or a bad field. */
-STOKE_API int stoke_batch_dtype(const stoke_batch *b, int field);
+ * STOKE_MAX_DIMS + 1 entries): shape[0] = count, then the per-sample shape; *ndim receives the
+ * number of entries written (the field's ndim + 1).  Returns STOKE_OK; STOKE_EINVAL for NULL (b,
+ * shape or ndim) or a bad field, with the reason in stoke_last_error() (shape and *ndim
+ * untouched). */
+STOKE_API int stoke_batch_shape(const stoke_batch *b, int field, int64_t *shape, int *ndim);
+/* Writes the field's dtype (STOKE_DTYPE_*) to *dtype.  Returns STOKE_OK; STOKE_EINVAL for NULL
+ * (b or dtype) or a bad field, with the reason in stoke_last_error() (*dtype untouched). */
+STOKE_API int stoke_batch_dtype(const stoke_batch *b, int field, int *dtype);
 /* 1 if the batch's host memory is pinned (for device transfer: the staging memory), else 0
  * (also for NULL). */
 STOKE_API int stoke_batch_is_pinned(const stoke_batch *b);

@@ -56,7 +56,8 @@ STOKE_API const char *stoke_err_name(int code);
  * Meaningful right after a call returned a negative code: a successful call does not, in
  * general, clear it (a stale message may remain), though some calls (device.h, the pinned
  * allocator) clear it when they start, and a plugin's warnings also land in it.  The string is
- * owned by stoke (per-thread storage, at most 1023 characters): the pointer stays valid until
+ * owned by stoke (per-thread storage, at most 1023 characters; a longer message keeps its start
+ * and its end, where the reason is, joined by " ... "): the pointer stays valid until
  * the thread exits, but its contents change at the next failure (or clear) on this thread, so
  * copy it to keep it.  Thread-safe (the message is per thread); cannot fail. */
 STOKE_API const char *stoke_last_error(void);

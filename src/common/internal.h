@@ -24,18 +24,41 @@ void stoke__vlog(int level, const char *fmt, va_list ap);
 int stoke__log_enabled(int level);
 
 /* Records `fmt` as the calling thread's last error, logs it at DEBUG, and returns `code`:
- *     return stoke__fail(STOKE_EIO, "npy %s: header truncated", path); */
+ *     return stoke__fail(STOKE_EIO, "npy %s: header truncated", path);
+ * A message longer than the last-error string keeps its head and its tail (the reason), joined
+ * by " ... ".  An argument may be stoke_last_error() itself (the message is built aside). */
 int stoke__fail(int code, const char *fmt, ...) STOKE__PRINTF(2, 3);
 /* Same with an explicit log level (e.g. WARN for errors a user must see even if unchecked). */
 int stoke__fail_at(int level, int code, const char *fmt, ...) STOKE__PRINTF(3, 4);
 /* Sets the calling thread's last error without logging it (for text already logged). */
 void stoke__set_error_text(const char *fmt, ...) STOKE__PRINTF(1, 2);
-/* Forgets the calling thread's last error. */
+/* Forgets the calling thread's last error.  Only at the start of an operation, to tell whether
+ * the call it makes (a backend's) leaves a message: never on a cleanup path. */
 void stoke__clear_error(void);
+
+/* Cleanup never clears or replaces a pending error.  A cleanup path that calls functions which
+ * may clear or set the last error (destroy functions, stream synchronization, a backend's free)
+ * brackets them:
+ *     stoke__saved_error saved;
+ *     stoke__error_save(&saved);
+ *     ...cleanup...
+ *     stoke__error_restore(&saved);
+ * so the message of the failure that led there survives. */
+typedef struct stoke__saved_error {
+    char msg[1024];
+} stoke__saved_error;
+void stoke__error_save(stoke__saved_error *s);
+void stoke__error_restore(const stoke__saved_error *s);
 
 /* snprintf that always terminates and never warns about truncation; returns `dst`. */
 char *stoke__strlcpy(char *dst, const char *src, size_t n);
 char *stoke__fmt(char *dst, size_t n, const char *fmt, ...) STOKE__PRINTF(3, 4);
+/* Copies src into dst (n bytes); a longer src keeps its head and its tail joined by " ... "
+ * (messages end with their reason; a long path in the middle is what gets cut). */
+char *stoke__shorten(char *dst, size_t n, const char *src);
+/* vsnprintf into dst (n bytes) that shortens a message too long for it as stoke__shorten does.
+ * An argument must not point into dst. */
+char *stoke__vfmt_short(char *dst, size_t n, const char *fmt, va_list ap);
 
 /* Monotonic clock in nanoseconds. */
 uint64_t stoke__now_ns(void);

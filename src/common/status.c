@@ -1,5 +1,6 @@
 /* Status codes and the per-thread last-error string. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/internal.h"
@@ -28,7 +29,18 @@ const char *stoke_err_name(int code)
     return "STOKE_UNKNOWN";
 }
 
-static _Thread_local char last_error[1024];
+#define LAST_ERROR_MAX 1024
+static _Thread_local char last_error[LAST_ERROR_MAX];
+_Static_assert(sizeof(((stoke__saved_error *)0)->msg) == LAST_ERROR_MAX,
+               "a saved error holds the whole last-error string");
+
+/* Formats into last_error (see stoke__vfmt_short); an argument may be last_error itself. */
+static void set_last_v(const char *fmt, va_list ap)
+{
+    char buf[LAST_ERROR_MAX];
+    stoke__vfmt_short(buf, sizeof(buf), fmt, ap);
+    memcpy(last_error, buf, sizeof(buf));
+}
 
 const char *stoke_last_error(void)
 {
@@ -39,7 +51,7 @@ void stoke__set_error_text(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(last_error, sizeof(last_error), fmt, ap);
+    set_last_v(fmt, ap);
     va_end(ap);
 }
 
@@ -48,9 +60,19 @@ void stoke__clear_error(void)
     last_error[0] = '\0';
 }
 
+void stoke__error_save(stoke__saved_error *s)
+{
+    memcpy(s->msg, last_error, sizeof(s->msg));
+}
+
+void stoke__error_restore(const stoke__saved_error *s)
+{
+    memcpy(last_error, s->msg, sizeof(last_error));
+}
+
 static int fail_v(int level, int code, const char *fmt, va_list ap)
 {
-    vsnprintf(last_error, sizeof(last_error), fmt, ap);
+    set_last_v(fmt, ap);
     stoke__log(level, "%s (%s)", last_error, stoke_err_name(code));
     return code;
 }
@@ -92,5 +114,40 @@ char *stoke__fmt(char *dst, size_t n, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(dst, n, fmt, ap);
     va_end(ap);
+    return dst;
+}
+
+char *stoke__shorten(char *dst, size_t n, const char *src)
+{
+    static const char cut[] = " ... ";
+    size_t len = src ? strlen(src) : 0;
+    if (len < n || n < 2 * sizeof(cut))
+        return stoke__strlcpy(dst, src, n);
+    /* A third of the room for the head, the rest for the tail (where the reason is). */
+    size_t room = n - 1 - (sizeof(cut) - 1);
+    size_t head = room / 3, tail = room - head;
+    memcpy(dst, src, head);
+    memcpy(dst + head, cut, sizeof(cut) - 1);
+    memcpy(dst + head + sizeof(cut) - 1, src + len - tail, tail);
+    dst[n - 1] = '\0';
+    return dst;
+}
+
+char *stoke__vfmt_short(char *dst, size_t n, const char *fmt, va_list ap)
+{
+    if (n == 0)
+        return dst;
+    va_list ap2;
+    va_copy(ap2, ap);
+    int len = vsnprintf(dst, n, fmt, ap);
+    if (len >= 0 && (size_t)len >= n) {
+        char *full = malloc((size_t)len + 1);
+        if (full) {
+            vsnprintf(full, (size_t)len + 1, fmt, ap2);
+            stoke__shorten(dst, n, full);
+            free(full);
+        }
+    }
+    va_end(ap2);
     return dst;
 }

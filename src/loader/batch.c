@@ -56,15 +56,30 @@ const stoke_field *stoke_batch_field(const stoke_batch *b, int field)
     return field_ok(b, field) ? &b->l->fields[field] : NULL;
 }
 
-int stoke_batch_shape(const stoke_batch *b, int field, int64_t *shape)
+/* STOKE_OK, or STOKE_EINVAL with the reason in the thread's last error. */
+static int check_field(const stoke_batch *b, int field, const void *out, const char *fn)
 {
-    if (!field_ok(b, field) || !shape)
-        return -1;
+    if (!b || !out)
+        return stoke__fail(STOKE_EINVAL, "%s: NULL argument", fn);
+    if (field < 0 || field >= b->l->ds.nfields)
+        return stoke__fail(STOKE_EINVAL, "%s: no field %d (the batch has %d)", fn, field,
+                           b->l->ds.nfields);
+    return STOKE_OK;
+}
+
+int stoke_batch_shape(const stoke_batch *b, int field, int64_t *shape, int *ndim)
+{
+    int rc = check_field(b, field, shape, "stoke_batch_shape");
+    if (rc == STOKE_OK && !ndim)
+        rc = stoke__fail(STOKE_EINVAL, "stoke_batch_shape: NULL argument");
+    if (rc != STOKE_OK)
+        return rc;
     const stoke_field *fd = &b->l->fields[field];
     shape[0] = (int64_t)b->count;
     for (int d = 0; d < fd->ndim; d++)
         shape[d + 1] = fd->shape[d];
-    return fd->ndim + 1;
+    *ndim = fd->ndim + 1;
+    return STOKE_OK;
 }
 
 const uint64_t *stoke_batch_offsets(const stoke_batch *b)
@@ -72,9 +87,13 @@ const uint64_t *stoke_batch_offsets(const stoke_batch *b)
     return b && b->l->var ? b->offsets : NULL;
 }
 
-int stoke_batch_dtype(const stoke_batch *b, int field)
+int stoke_batch_dtype(const stoke_batch *b, int field, int *dtype)
 {
-    return field_ok(b, field) ? b->l->fields[field].dtype : -1;
+    int rc = check_field(b, field, dtype, "stoke_batch_dtype");
+    if (rc != STOKE_OK)
+        return rc;
+    *dtype = b->l->fields[field].dtype;
+    return STOKE_OK;
 }
 
 int stoke_batch_is_pinned(const stoke_batch *b)
@@ -100,7 +119,7 @@ stoke_event *stoke_batch_device_event(const stoke_batch *b)
 int stoke_batch_device_wait(stoke_batch *b)
 {
     if (!b)
-        return STOKE_EINVAL;
+        return stoke__fail(STOKE_EINVAL, "stoke_batch_device_wait: NULL batch");
     if (!b->l->device_mode)
         return stoke__fail(STOKE_ESTATE, "batch: device transfer is off");
     int rc = stoke_event_synchronize(b->ev);
@@ -111,8 +130,9 @@ int stoke_batch_device_wait(stoke_batch *b)
 
 int stoke_batch_device_read(stoke_batch *b, int field, void *dst)
 {
-    if (!field_ok(b, field) || !dst)
-        return STOKE_EINVAL;
+    int rc = check_field(b, field, dst, "stoke_batch_device_read");
+    if (rc != STOKE_OK)
+        return rc;
     stoke_loader *l = b->l;
     if (!l->device_mode)
         return stoke__fail(STOKE_ESTATE, "batch: device transfer is off");
@@ -120,7 +140,7 @@ int stoke_batch_device_read(stoke_batch *b, int field, void *dst)
     if (!n)
         return STOKE_OK;
     pthread_mutex_lock(&l->stream_mu);
-    int rc = stoke_copy_d2h_async(dst, b->dbuf, l->off[field], n, l->stream);
+    rc = stoke_copy_d2h_async(dst, b->dbuf, l->off[field], n, l->stream);
     if (rc == STOKE_OK)
         rc = stoke_event_record(l->read_ev, l->stream);
     if (rc == STOKE_OK)

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/internal.h"
 #include "loader/loader_internal.h"
@@ -45,7 +46,7 @@ int stoke__loader_fail(stoke_loader *l, int code, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(l->err, sizeof(l->err), fmt, ap);
+    stoke__vfmt_short(l->err, sizeof(l->err), fmt, ap);
     va_end(ap);
     return stoke__fail(code, "%s", l->err);
 }
@@ -77,20 +78,20 @@ static int slot_alloc(stoke_loader *l, stoke__slot *s)
             s->pinned = stoke_is_pinned(p);
         break;
     case STOKE__ALLOC_BACKEND: {
+        stoke__clear_error(); /* what is left afterwards is the backend's reason */
         rc = l->pin_vt->host_alloc(l->pin_dev, l->buf_bytes, &p);
         int pinned = 0;
         if (rc == STOKE_OK && l->pin_vt->is_pinned && l->pin_vt->is_pinned(p, &pinned) == STOKE_OK)
             s->pinned = pinned;
         if (rc != STOKE_OK)
-            rc = stoke__fail(rc, "%s: pinned allocation of %zu bytes failed", l->pin_vt->name,
-                             l->buf_bytes);
+            rc = stoke__fail(rc, "%s: pinned allocation of %zu bytes failed: %s", l->pin_vt->name,
+                             l->buf_bytes, stoke_last_error());
         break;
     }
     default:
         if (posix_memalign(&p, 4096, l->buf_bytes) != 0) {
             p = NULL;
-            rc = stoke__fail(STOKE_ENOMEM, "loader: cannot allocate a batch of %zu bytes",
-                             l->buf_bytes);
+            rc = stoke__fail(STOKE_ENOMEM, "cannot allocate %zu bytes", l->buf_bytes);
         }
         s->pinned = 0;
         break;
@@ -357,37 +358,15 @@ static int check_dataset(stoke_loader *l, const stoke_dataset *ds)
     return STOKE_OK;
 }
 
-int stoke_loader_create(const stoke_loader_opts *o, stoke_dataset *ds, stoke_loader **out)
+/* A zeroed loader with its options, dataset and synchronization objects (destroy works on it
+ * from here on), or NULL. */
+static stoke_loader *loader_new(const stoke_loader_opts *o, const stoke_dataset *ds)
 {
-    if (!o || !ds || !out)
-        return stoke__fail(STOKE_EINVAL, "stoke_loader_create: NULL argument");
-    *out = NULL;
-    if (o->size == 0 || o->size > sizeof(stoke_loader_opts))
-        return stoke__fail(STOKE_EINVAL, "stoke_loader_create: options not initialized with "
-                                         "stoke_loader_opts_init");
     stoke_loader *l = calloc(1, sizeof(*l));
     if (!l)
-        return STOKE_ENOMEM;
+        return NULL;
     stoke_loader_opts_init(&l->o);
     memcpy(&l->o, o, o->size);
-    /* The loader keeps its own copies of the option strings. */
-    const char *spec_too_long = NULL;
-    if (l->o.device) {
-        if (strlen(l->o.device) >= sizeof(l->device_spec))
-            spec_too_long = "device";
-        l->o.device = stoke__strlcpy(l->device_spec, l->o.device, sizeof(l->device_spec));
-    }
-    if (l->o.pin_memory_device) {
-        if (strlen(l->o.pin_memory_device) >= sizeof(l->pin_spec))
-            spec_too_long = "pin_memory_device";
-        l->o.pin_memory_device =
-            stoke__strlcpy(l->pin_spec, l->o.pin_memory_device, sizeof(l->pin_spec));
-    }
-    if (spec_too_long) {
-        free(l);
-        return stoke__fail(STOKE_EINVAL, "stoke_loader_create: %s is longer than %zu characters",
-                           spec_too_long, sizeof(((stoke_loader *)0)->device_spec) - 1);
-    }
     l->ds = *ds;
     pthread_mutex_init(&l->mu, NULL);
     pthread_mutex_init(&l->stream_mu, NULL);
@@ -395,19 +374,76 @@ int stoke_loader_create(const stoke_loader_opts *o, stoke_dataset *ds, stoke_loa
     cond_init_mono(&l->done_cv);
     l->done_tail = &l->done;
     l->sync_ready = 1;
-    int rc;
+    return l;
+}
 
+/* Keeps a copy of option string *opt (at most len - 1 characters) in buf. */
+static int copy_spec(stoke_loader *l, const char *what, const char **opt, char *buf, size_t len)
+{
+    if (!*opt)
+        return STOKE_OK;
+    if (strlen(*opt) >= len) {
+        char shown[48];
+        stoke__shorten(shown, sizeof(shown), *opt);
+        *opt = NULL;
+        return stoke__loader_fail(l, STOKE_EINVAL, "loader: %s '%s' is longer than %zu characters",
+                                  what, shown, len - 1);
+    }
+    *opt = stoke__strlcpy(buf, *opt, len);
+    return STOKE_OK;
+}
+
+/* Step 1 of create: the options and the dataset make sense. */
+static int validate(stoke_loader *l)
+{
+    int rc = copy_spec(l, "device", &l->o.device, l->device_spec, sizeof(l->device_spec));
+    if (rc == STOKE_OK)
+        rc = copy_spec(l, "pin_memory_device", &l->o.pin_memory_device, l->pin_spec,
+                       sizeof(l->pin_spec));
+    if (rc != STOKE_OK)
+        return rc;
     /* The bounds keep prefetch_factor * workers (the reorder window) far from INT_MAX. */
     if (l->o.batch_size == 0 || l->o.num_workers < 0 || l->o.num_workers > 1024 ||
-        l->o.prefetch_factor < 1 || l->o.prefetch_factor > 4096) {
-        rc = stoke__loader_fail(l, STOKE_EINVAL,
-                                "loader: batch_size must be >= 1, num_workers in 0..1024, "
-                                "prefetch_factor in 1..4096");
-        goto fail;
-    }
-    if ((rc = check_dataset(l, ds)) != STOKE_OK)
-        goto fail;
+        l->o.prefetch_factor < 1 || l->o.prefetch_factor > 4096)
+        return stoke__loader_fail(l, STOKE_EINVAL,
+                                  "loader: batch_size must be >= 1, num_workers in 0..1024, "
+                                  "prefetch_factor in 1..4096");
+    return check_dataset(l, &l->ds);
+}
 
+/* Bytes of physical memory (0 if unknown). */
+static uint64_t physical_memory(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || page <= 0)
+        return 0;
+    return (uint64_t)pages * (uint64_t)page;
+}
+
+/* The batch buffers are allocated up front (docs/loader.md): refuses a count and size whose
+ * total exceeds physical memory, naming the options behind it. */
+static int check_upfront_bytes(stoke_loader *l)
+{
+    uint64_t phys = physical_memory();
+    uint64_t n = (uint64_t)l->nbuf, each = l->buf_bytes;
+    int overflow = each && n > UINT64_MAX / each;
+    uint64_t total = overflow ? UINT64_MAX : n * each;
+    if (!phys || (!overflow && total <= phys))
+        return STOKE_OK;
+    return stoke__loader_fail(
+        l, STOKE_ENOMEM,
+        "loader: %d batch buffers of %zu bytes (%s%" PRIu64 " bytes in all) exceed the %" PRIu64
+        " bytes of physical memory: buffers = num_workers %d x prefetch_factor %d + 2 (at most "
+        "batches per epoch + 2), each holding batch_size %zu samples of %zu bytes; lower "
+        "num_workers, prefetch_factor or batch_size",
+        l->nbuf, l->buf_bytes, overflow ? "more than " : "", total, phys, l->nw1,
+        l->o.prefetch_factor, l->cap, l->sample_bytes);
+}
+
+/* Step 2 of create: the sampler, the epoch's batches, the buffer size and count. */
+static int size_loader(stoke_loader *l)
+{
+    const stoke_dataset *ds = &l->ds;
     l->iterable = ds->kind == STOKE_DATASET_ITERABLE;
     l->var = ds->kind == STOKE_DATASET_MAP_VAR;
     stoke_sampler_opts so = l->o.sampler;
@@ -418,10 +454,9 @@ int stoke_loader_create(const stoke_loader_opts *o, stoke_dataset *ds, stoke_loa
             so.shuffle = 1;
     }
     uint64_t len = l->iterable ? 0 : ds->length(ds->user);
-    if ((rc = stoke_sampler_create(&so, len, &l->sampler)) != STOKE_OK) {
-        stoke__loader_fail(l, rc, "%s", stoke_last_error());
-        goto fail;
-    }
+    int rc = stoke_sampler_create(&so, len, &l->sampler);
+    if (rc != STOKE_OK)
+        return stoke__loader_fail(l, rc, "loader: %s", stoke_last_error());
     l->nsamples = stoke_sampler_length(l->sampler);
     l->nbatches = l->nsamples / l->o.batch_size; /* no overflow with a huge batch_size */
     if (!l->o.drop_last && l->nsamples % l->o.batch_size)
@@ -429,8 +464,7 @@ int stoke_loader_create(const stoke_loader_opts *o, stoke_dataset *ds, stoke_loa
     if (l->o.drop_last)
         l->nsamples = l->nbatches * l->o.batch_size;
     if ((rc = size_buffers(l)) != STOKE_OK)
-        goto fail;
-
+        return rc;
     l->nworkers = l->o.num_workers;
     l->nw1 = l->nworkers ? l->nworkers : 1;
     l->window = l->o.prefetch_factor * l->nw1;
@@ -438,41 +472,47 @@ int stoke_loader_create(const stoke_loader_opts *o, stoke_dataset *ds, stoke_loa
     if (!l->iterable && nbuf > l->nbatches + 2)
         nbuf = l->nbatches + 2;
     l->nbuf = (int)nbuf;
+    return check_upfront_bytes(l);
+}
+
+/* Step 3 of create: batch handles, worker records, where batches live, the host buffers. */
+static int allocate(stoke_loader *l)
+{
     l->bat = calloc((size_t)l->nbuf, sizeof(*l->bat));
     l->slots = calloc((size_t)l->nbuf, sizeof(*l->slots));
     l->w = calloc((size_t)l->nw1, sizeof(*l->w));
     if (!l->o.in_order && !l->iterable)
         l->bits = calloc((size_t)((l->nbatches + 7) / 8 + 1), 1);
-    if (!l->bat || !l->slots || !l->w || (!l->o.in_order && !l->iterable && !l->bits)) {
-        rc = stoke__loader_fail(l, STOKE_ENOMEM, "loader: out of memory for %d batch handles",
-                                l->nbuf);
-        goto fail;
-    }
+    if (!l->bat || !l->slots || !l->w || (!l->o.in_order && !l->iterable && !l->bits))
+        return stoke__loader_fail(l, STOKE_ENOMEM, "loader: out of memory for %d batch handles",
+                                  l->nbuf);
     for (int i = 0; i < l->nw1; i++) {
         l->w[i].l = l;
         l->w[i].id = i;
     }
-
-    if ((rc = choose_pinning(l)) != STOKE_OK)
-        goto fail;
+    int rc = choose_pinning(l);
+    if (rc != STOKE_OK)
+        return rc;
     for (int i = 0; i < l->nbuf; i++) {
         stoke_batch *b = &l->bat[i];
         b->l = l;
         b->indices = calloc(l->cap, sizeof(uint64_t));
         if (l->var)
             b->offsets = calloc(l->cap + 1, sizeof(uint64_t));
-        if (!b->indices || (l->var && !b->offsets)) {
-            rc = stoke__loader_fail(l, STOKE_ENOMEM,
-                                    "loader: out of memory for the indices of %zu samples", l->cap);
-            goto fail;
-        }
-        if ((rc = slot_alloc(l, &l->slots[i])) != STOKE_OK) {
-            stoke__loader_fail(l, rc, "loader: %s", stoke_last_error());
-            goto fail;
-        }
+        if (!b->indices || (l->var && !b->offsets))
+            return stoke__loader_fail(l, STOKE_ENOMEM,
+                                      "loader: out of memory for the indices of %zu samples",
+                                      l->cap);
+        if ((rc = slot_alloc(l, &l->slots[i])) != STOKE_OK)
+            return stoke__loader_fail(l, rc, "loader: batch buffer %d of %d: %s", i + 1, l->nbuf,
+                                      stoke_last_error());
     }
-    if (l->o.device && (rc = stoke__loader_setup_device(l)) != STOKE_OK)
-        goto fail;
+    return STOKE_OK;
+}
+
+/* Last step of create: every batch (device mode: every staging slot) into its free list. */
+static void fill_pools(stoke_loader *l)
+{
     for (int i = l->nbuf - 1; i >= 0; i--) {
         stoke_batch *b = &l->bat[i];
         if (l->device_mode) {
@@ -484,6 +524,32 @@ int stoke_loader_create(const stoke_loader_opts *o, stoke_dataset *ds, stoke_loa
         b->next = l->free_b;
         l->free_b = b;
     }
+}
+
+int stoke_loader_create(const stoke_loader_opts *o, stoke_dataset *ds, stoke_loader **out)
+{
+    if (!o || !ds || !out)
+        return stoke__fail(STOKE_EINVAL, "stoke_loader_create: NULL argument");
+    *out = NULL;
+    if (o->size == 0 || o->size > sizeof(stoke_loader_opts))
+        return stoke__fail(STOKE_EINVAL, "stoke_loader_create: options not initialized with "
+                                         "stoke_loader_opts_init");
+    stoke_loader *l = loader_new(o, ds);
+    if (!l)
+        return stoke__fail(STOKE_ENOMEM, "loader: out of memory");
+    int rc = validate(l);
+    if (rc == STOKE_OK)
+        rc = size_loader(l);
+    if (rc == STOKE_OK)
+        rc = allocate(l);
+    if (rc == STOKE_OK && l->o.device)
+        rc = stoke__loader_setup_device(l);
+    if (rc != STOKE_OK) {
+        stoke__fail(rc, "%s", l->err[0] ? l->err : stoke_last_error());
+        stoke_loader_destroy(l); /* keeps the last error */
+        return rc;
+    }
+    fill_pools(l);
     l->seed = l->o.seed;
     stoke__loader_set_position(l, l->o.epoch, 0);
     stoke__log(STOKE_LOG_DEBUG,
@@ -493,16 +559,16 @@ int stoke_loader_create(const stoke_loader_opts *o, stoke_dataset *ds, stoke_loa
                l->buf_bytes, l->cap, l->pin_backend[0] ? l->pin_backend : "pageable");
     *out = l;
     return STOKE_OK;
-fail:
-    stoke__fail(rc, "%s", l->err[0] ? l->err : stoke_last_error());
-    stoke_loader_destroy(l);
-    return rc;
 }
 
+/* Never changes the calling thread's last error: it runs on create's failure path, after the
+ * message that says why. */
 void stoke_loader_destroy(stoke_loader *l)
 {
     if (!l)
         return;
+    stoke__saved_error saved;
+    stoke__error_save(&saved);
     if (l->sync_ready) {
         pthread_mutex_lock(&l->mu);
         stoke__loader_abandon(l);
@@ -534,6 +600,7 @@ void stoke_loader_destroy(stoke_loader *l)
     pthread_mutex_destroy(&l->mu);
     pthread_mutex_destroy(&l->stream_mu);
     free(l);
+    stoke__error_restore(&saved);
 }
 
 /* ---- the consumer ------------------------------------------------------------------------- */
@@ -620,121 +687,138 @@ static int timed_out_worker(stoke_loader *l, uint64_t now, uint64_t *deadline)
     return -1;
 }
 
+/* No workers: produces the next batch in the caller's thread.  Returns STOKE_OK with `mu` held
+ * and *bp taken from the done list, or a status (EEND, an error) without `mu`. */
+static int next_inline(stoke_loader *l, stoke_batch **bp)
+{
+    pthread_mutex_lock(&l->mu);
+    int over = stoke__loader_epoch_over(l);
+    pthread_mutex_unlock(&l->mu);
+    if (!over && l->ds.worker_init && !l->caller_inited) {
+        int rc = l->ds.worker_init(l->ds.user, 0, 0);
+        if (rc != STOKE_OK)
+            return stoke__loader_fail(l, rc < 0 ? rc : STOKE_EDATA,
+                                      "loader: worker_init failed (%s)", stoke_err_name(rc));
+        l->caller_inited = 1;
+    }
+    pthread_mutex_lock(&l->mu);
+    for (;;) { /* more than once only when an iterable share ends on a batch boundary */
+        if (stoke__loader_epoch_over(l)) {
+            l->ended = 1;
+            pthread_mutex_unlock(&l->mu);
+            return STOKE_EEND;
+        }
+        if (!l->free_b) {
+            pthread_mutex_unlock(&l->mu);
+            return stoke__loader_fail(l, STOKE_ELIMIT,
+                                      "loader: all %d batch buffers are held by the caller; "
+                                      "release batches",
+                                      l->nbuf);
+        }
+        uint64_t gen, seed, epoch;
+        stoke_batch *b = stoke__loader_dispatch(l, &l->w[0], &gen, &seed, &epoch);
+        pthread_mutex_unlock(&l->mu);
+        uint64_t busy = stoke__loader_produce(l, b, NULL, 0, seed, epoch);
+        pthread_mutex_lock(&l->mu);
+        stoke__loader_complete(l, b, gen, busy);
+        *bp = take_done(l); /* the batch just made: nothing else is in flight */
+        if (*bp)
+            return STOKE_OK;
+    }
+}
+
+/* (mu) Threaded: the status that stops the wait for a batch, or STOKE_OK to keep waiting. */
+static int wait_status(stoke_loader *l)
+{
+    if (l->ended)
+        return STOKE_EEND;
+    if (l->init_failed) {
+        int rc = stoke__loader_fail(l, l->init_failed,
+                                    "loader: a worker_init of dataset %s failed (%s)", l->ds.name,
+                                    stoke_err_name(l->init_failed));
+        stoke__loader_abandon(l);
+        l->ended = 1;
+        return rc;
+    }
+    return STOKE_OK;
+}
+
+/* (mu) Threaded: waits for a completion, or fails the epoch when a sample passed the timeout.
+ * Returns STOKE_OK after a wake-up, STOKE_ETIMEDOUT. */
+static int wait_done(stoke_loader *l)
+{
+    if (!l->o.timeout_ms) {
+        pthread_cond_wait(&l->done_cv, &l->mu);
+        return STOKE_OK;
+    }
+    uint64_t now = stoke__now_ns(), deadline;
+    int w = timed_out_worker(l, now, &deadline);
+    if (w >= 0) {
+        char what[48] = "its next sample";
+        uint64_t idx = atomic_load(&l->w[w].busy_index);
+        if (!l->iterable)
+            stoke__fmt(what, sizeof(what), "sample %" PRIu64, idx);
+        int rc = stoke__loader_fail(l, STOKE_ETIMEDOUT,
+                                    "worker %d: %s of %s took longer than the timeout of %u ms "
+                                    "(STOKE_ETIMEDOUT)",
+                                    w, what, l->ds.name, l->o.timeout_ms);
+        stoke__loader_abandon(l);
+        l->ended = 1;
+        return rc;
+    }
+    struct timespec ts;
+    ts.tv_sec = (time_t)(deadline / 1000000000u);
+    ts.tv_nsec = (long)(deadline % 1000000000u);
+    pthread_cond_timedwait(&l->done_cv, &l->mu, &ts);
+    return STOKE_OK;
+}
+
+/* Workers: waits for the next deliverable batch.  Returns as next_inline does. */
+static int next_threaded(stoke_loader *l, stoke_batch **bp)
+{
+    pthread_mutex_lock(&l->mu);
+    int over = l->ended;
+    pthread_mutex_unlock(&l->mu);
+    if (over)
+        return STOKE_EEND;
+    int rc = stoke__loader_start_workers(l);
+    if (rc != STOKE_OK)
+        return rc;
+    pthread_mutex_lock(&l->mu);
+    while ((rc = wait_status(l)) == STOKE_OK) {
+        if ((*bp = take_done(l)) != NULL)
+            return STOKE_OK;
+        if (stoke__loader_epoch_over(l)) {
+            l->ended = 1;
+            rc = STOKE_EEND;
+            break;
+        }
+        if (l->held >= l->nbuf || (!l->free_b && l->filling == 0)) {
+            rc = stoke__loader_fail(l, STOKE_ELIMIT,
+                                    "loader: all %d batch buffers are held by the caller; "
+                                    "release batches",
+                                    l->nbuf);
+            break;
+        }
+        if ((rc = wait_done(l)) != STOKE_OK)
+            break;
+    }
+    pthread_mutex_unlock(&l->mu);
+    if (rc == STOKE_EEND && !l->o.persistent_workers)
+        stoke__loader_stop_workers(l);
+    return rc;
+}
+
 int stoke_loader_next(stoke_loader *l, stoke_batch **out)
 {
     if (!l || !out)
         return stoke__fail(STOKE_EINVAL, "stoke_loader_next: NULL argument");
     *out = NULL;
     uint64_t t0 = stoke__now_ns();
-    int rc = STOKE_OK;
     stoke_batch *b = NULL;
-
-    if (l->nworkers == 0) {
-        pthread_mutex_lock(&l->mu);
-        int over = stoke__loader_epoch_over(l);
-        pthread_mutex_unlock(&l->mu);
-        if (!over && l->ds.worker_init && !l->caller_inited) {
-            rc = l->ds.worker_init(l->ds.user, 0, 0);
-            if (rc != STOKE_OK)
-                return stoke__loader_fail(l, rc < 0 ? rc : STOKE_EDATA,
-                                          "loader: worker_init failed (%s)", stoke_err_name(rc));
-            l->caller_inited = 1;
-        }
-        pthread_mutex_lock(&l->mu);
-        for (;;) { /* more than once only when an iterable share ends on a batch boundary */
-            if (stoke__loader_epoch_over(l)) {
-                l->ended = 1;
-                pthread_mutex_unlock(&l->mu);
-                return STOKE_EEND;
-            }
-            if (!l->free_b) {
-                pthread_mutex_unlock(&l->mu);
-                return stoke__loader_fail(
-                    l, STOKE_ELIMIT,
-                    "loader: all %d batch buffers are held by the caller; release "
-                    "batches",
-                    l->nbuf);
-            }
-            uint64_t gen, seed, epoch;
-            b = stoke__loader_dispatch(l, &l->w[0], &gen, &seed, &epoch);
-            pthread_mutex_unlock(&l->mu);
-            uint64_t busy = stoke__loader_produce(l, b, NULL, 0, seed, epoch);
-            pthread_mutex_lock(&l->mu);
-            stoke__loader_complete(l, b, gen, busy);
-            b = take_done(l); /* the batch just made: nothing else is in flight */
-            if (b)
-                break;
-        }
-    } else {
-        pthread_mutex_lock(&l->mu);
-        int over = l->ended;
-        pthread_mutex_unlock(&l->mu);
-        if (over)
-            return STOKE_EEND;
-        if ((rc = stoke__loader_start_workers(l)) != STOKE_OK)
-            return rc;
-        pthread_mutex_lock(&l->mu);
-        for (;;) {
-            if (l->ended) {
-                rc = STOKE_EEND;
-                break;
-            }
-            if (l->init_failed) {
-                rc = l->init_failed;
-                stoke__loader_fail(l, rc, "loader: a worker_init of dataset %s failed (%s)",
-                                   l->ds.name, stoke_err_name(rc));
-                stoke__loader_abandon(l);
-                l->ended = 1;
-                break;
-            }
-            b = take_done(l);
-            if (b)
-                break;
-            if (stoke__loader_epoch_over(l)) {
-                l->ended = 1;
-                rc = STOKE_EEND;
-                break;
-            }
-            if (l->held >= l->nbuf || (!l->free_b && l->filling == 0)) {
-                rc = stoke__loader_fail(
-                    l, STOKE_ELIMIT,
-                    "loader: all %d batch buffers are held by the caller; release "
-                    "batches",
-                    l->nbuf);
-                break;
-            }
-            if (l->o.timeout_ms) {
-                uint64_t now = stoke__now_ns(), deadline;
-                int w = timed_out_worker(l, now, &deadline);
-                if (w >= 0) {
-                    char what[48] = "its next sample";
-                    uint64_t idx = atomic_load(&l->w[w].busy_index);
-                    if (!l->iterable)
-                        stoke__fmt(what, sizeof(what), "sample %" PRIu64, idx);
-                    rc = stoke__loader_fail(
-                        l, STOKE_ETIMEDOUT,
-                        "worker %d: %s of %s took longer than the timeout of %u ms "
-                        "(STOKE_ETIMEDOUT)",
-                        w, what, l->ds.name, l->o.timeout_ms);
-                    stoke__loader_abandon(l);
-                    l->ended = 1;
-                    break;
-                }
-                struct timespec ts;
-                ts.tv_sec = (time_t)(deadline / 1000000000u);
-                ts.tv_nsec = (long)(deadline % 1000000000u);
-                pthread_cond_timedwait(&l->done_cv, &l->mu, &ts);
-            } else {
-                pthread_cond_wait(&l->done_cv, &l->mu);
-            }
-        }
-        if (rc != STOKE_OK) {
-            pthread_mutex_unlock(&l->mu);
-            if (rc == STOKE_EEND && !l->o.persistent_workers)
-                stoke__loader_stop_workers(l);
-            return rc;
-        }
-    }
+    int rc = l->nworkers == 0 ? next_inline(l, &b) : next_threaded(l, &b);
+    if (rc != STOKE_OK)
+        return rc;
     /* (mu) held, b taken from the done list */
     if (b->status != STOKE_OK) {
         rc = batch_error(l, b);

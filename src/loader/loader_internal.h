@@ -145,7 +145,7 @@ struct stoke_loader {
     uint64_t st_wait_ns, st_busy_ns;
     stoke__hist wait_hist;
 
-    char err[512];          /* consumer only */
+    char err[1024];         /* consumer only */
     int sync_ready;         /* consumer only: mu and the conditions exist */
 };
 

@@ -27,29 +27,35 @@ int stoke__loader_setup_device(stoke_loader *l)
         if (!have_cur || cur != vt)
             return stoke__loader_fail(
                 l, STOKE_ENOTSUP,
-                "device '%s': a device index other than 0 needs %s to be the chosen "
+                "loader: device '%s': a device index other than 0 needs %s to be the chosen "
                 "accelerator",
                 l->o.device, vt->name);
         rc = stoke_device_set(index);
         if (rc != STOKE_OK)
-            return stoke__loader_fail(l, rc, "device '%s': %s", l->o.device, stoke_last_error());
+            return stoke__loader_fail(l, rc, "loader: device '%s': %s", l->o.device,
+                                      stoke_last_error());
         rc = stoke_stream_create(vt->name, &l->stream);
         stoke_device_set(cdev);
     } else {
         rc = stoke_stream_create(vt->name, &l->stream);
     }
     if (rc != STOKE_OK)
-        return stoke__loader_fail(l, rc, "device '%s': %s", l->o.device, stoke_last_error());
+        return stoke__loader_fail(l, rc, "loader: device '%s': %s", l->o.device,
+                                  stoke_last_error());
     rc = stoke_event_create(l->stream, &l->read_ev);
-    for (int i = 0; rc == STOKE_OK && i < l->nbuf; i++) {
+    if (rc != STOKE_OK)
+        return stoke__loader_fail(l, rc, "loader: device '%s': %s", l->o.device,
+                                  stoke_last_error());
+    for (int i = 0; i < l->nbuf; i++) {
         rc = stoke_device_buffer_create(l->stream, l->buf_bytes, &l->bat[i].dbuf);
         if (rc == STOKE_OK)
             rc = stoke_event_create(l->stream, &l->bat[i].ev);
         if (rc == STOKE_OK)
             rc = stoke_event_create(l->stream, &l->slots[i].ev);
+        if (rc != STOKE_OK)
+            return stoke__loader_fail(l, rc, "loader: device '%s': batch buffer %d of %d: %s",
+                                      l->o.device, i + 1, l->nbuf, stoke_last_error());
     }
-    if (rc != STOKE_OK)
-        return stoke__loader_fail(l, rc, "device '%s': %s", l->o.device, stoke_last_error());
     l->device_mode = 1;
     return STOKE_OK;
 }

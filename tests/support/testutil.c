@@ -250,3 +250,40 @@ int tu_exit_status(int failed)
     }
     return 0;
 }
+
+/* ---- every sample exactly once (testutil.h) ------------------------------------------------ */
+
+void tu_seen_init(tu_seen *s, uint64_t n)
+{
+    s->n = n;
+    s->count = 0;
+    s->bits = calloc((size_t)(n / 8 + 1), 1);
+    if (!s->bits)
+        fail_msg("tu_seen_init: out of memory for %llu indices", (unsigned long long)n);
+}
+
+void tu_seen_add(tu_seen *s, uint64_t i)
+{
+    if (i >= s->n)
+        fail_msg("index %llu out of range (%llu samples)", (unsigned long long)i,
+                 (unsigned long long)s->n);
+    unsigned char bit = (unsigned char)(1u << (i % 8));
+    if (s->bits[i / 8] & bit)
+        fail_msg("index %llu seen twice", (unsigned long long)i);
+    s->bits[i / 8] |= bit;
+    s->count++;
+}
+
+void tu_seen_check_all(const tu_seen *s)
+{
+    for (uint64_t i = 0; i < s->n; i++)
+        if (!(s->bits[i / 8] & (1u << (i % 8))))
+            fail_msg("index %llu never seen (%llu of %llu seen)", (unsigned long long)i,
+                     (unsigned long long)s->count, (unsigned long long)s->n);
+}
+
+void tu_seen_free(tu_seen *s)
+{
+    free(s->bits);
+    s->bits = NULL;
+}

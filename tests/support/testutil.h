@@ -39,6 +39,18 @@ void tu_use_none(void);
 
 #endif
 
+/* "Every sample exactly once": a bitmap over the indices [0, n).  Consumer thread only. */
+typedef struct tu_seen {
+    uint64_t n, count;
+    unsigned char *bits;
+} tu_seen;
+void tu_seen_init(tu_seen *s, uint64_t n);
+/* Marks index i; fails the test if i >= n or i was seen before. */
+void tu_seen_add(tu_seen *s, uint64_t i);
+/* Fails the test unless every index in [0, n) was seen (each exactly once, by tu_seen_add). */
+void tu_seen_check_all(const tu_seen *s);
+void tu_seen_free(tu_seen *s);
+
 /* simdev's counters through its extra exported function (the plugin must be loaded, e.g. by
  * tu_use_simdev and a first call); fails the test if it cannot read them. */
 struct stoke_simdev_counters tu_simdev_counters(void);
