@@ -994,6 +994,54 @@ static void test_zero_length_dimension(void **state)
     unlink(lp);
 }
 
+/* Through the loader: 10 samples of 0 bytes are delivered with their labels. */
+static void test_zero_length_dimension_loader(void **state)
+{
+    const char *dp = tmp("zdiml.npy"), *lp = tmp("zdiml-labels.npy");
+    int64_t labels[10];
+    for (int i = 0; i < 10; i++)
+        labels[i] = 100 + i * 7;
+    write_npy(dp, 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (10, 0, 4), }", NULL, 0);
+    write_npy(lp, 1, "{'descr': '<i8', 'fortran_order': False, 'shape': (10,), }", labels,
+              sizeof(labels));
+    stoke_dataset ds;
+    assert_int_equal(stoke_npy_open(dp, lp, &ds), STOKE_OK);
+    for (int workers = 0; workers <= 2; workers += 2) {
+        stoke_loader_opts o;
+        stoke_loader_opts_init(&o);
+        o.batch_size = 3;
+        o.num_workers = workers;
+        o.pin_memory = 0;
+        stoke_loader *l;
+        int rc = stoke_loader_create(&o, &ds, &l);
+        if (rc)
+            fail_msg("%s", stoke_last_error());
+        stoke_batch *b;
+        uint64_t n = 0;
+        while ((rc = stoke_loader_next(l, &b)) == STOKE_OK) {
+            assert_int_equal(stoke_batch_field_bytes(b, 0), 0);
+            int64_t shape[STOKE_MAX_DIMS + 1];
+            assert_int_equal(stoke_batch_shape(b, 0, shape), 3);
+            assert_int_equal(shape[0], (int64_t)stoke_batch_count(b));
+            assert_int_equal(shape[1], 0);
+            assert_int_equal(shape[2], 4);
+            const int64_t *lab = stoke_batch_data(b, 1);
+            const uint64_t *idx = stoke_batch_indices(b);
+            for (size_t j = 0; j < stoke_batch_count(b); j++, n++) {
+                assert_int_equal(idx[j], n);
+                assert_int_equal(lab[j], labels[n]);
+            }
+            stoke_batch_release(b);
+        }
+        assert_int_equal(rc, STOKE_EEND);
+        assert_int_equal(n, 10);
+        stoke_loader_destroy(l);
+    }
+    stoke_dataset_close(&ds);
+    unlink(dp);
+    unlink(lp);
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 5 && strcmp(argv[1], "--sigbus-child") == 0)
@@ -1022,6 +1070,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_sigbus_chains_to_previous_handler),
         cmocka_unit_test(test_sigbus_not_ours_keeps_default),
         cmocka_unit_test(test_zero_length_dimension),
+        cmocka_unit_test(test_zero_length_dimension_loader),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

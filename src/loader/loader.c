@@ -349,7 +349,10 @@ static int check_dataset(stoke_loader *l, const stoke_dataset *ds)
             if (!fd->itemsize)
                 fd->itemsize = stoke_dtype_size(fd->dtype);
         }
-        if (!fd->bytes)
+        int empty_dim = 0; /* a shape with a 0 dimension: a legal sample of 0 bytes */
+        for (int d = 0; d < fd->ndim && d < STOKE_MAX_DIMS; d++)
+            empty_dim |= fd->shape[d] == 0;
+        if (!fd->bytes && !(empty_dim && ds->kind == STOKE_DATASET_MAP))
             return stoke__loader_fail(
                 l, STOKE_EINVAL, "loader: dataset %s: field %d has no size%s", ds->name, f,
                 ds->kind == STOKE_DATASET_MAP_VAR ? " (variable-size: bytes is the largest sample)"
