@@ -37,7 +37,6 @@ void tu_use_simdev(void);
 /* No accelerator: no plugin, no explicit choice. */
 void tu_use_none(void);
 
-#endif
 
 /* "Every sample exactly once": a bitmap over the indices [0, n).  Consumer thread only. */
 typedef struct tu_seen {
@@ -80,3 +79,5 @@ void tu_skip_note(const char *fmt, ...);
     } while (0)
 int tu_skipped(void);
 int tu_exit_status(int failed);
+
+#endif
