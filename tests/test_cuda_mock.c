@@ -454,6 +454,24 @@ static int select_cuda(char *reason, size_t len)
     return rc;
 }
 
+/* install(ndev, NULL), then cuda as the explicitly chosen accelerator: fails the test unless it
+ * is available. */
+static void use_cuda(int ndev)
+{
+    install(ndev, NULL);
+    char reason[256];
+    if (select_cuda(reason, sizeof(reason)) != STOKE_OK)
+        fail_msg("cuda with %d mock device(s) is not available: %s", ndev, reason);
+}
+
+/* The cuda backend's table (installed by use_cuda / select_cuda). */
+static const stoke_backend *cuda_table(void)
+{
+    const stoke_backend *vt = NULL;
+    assert_int_equal(stoke__backend_lookup("cuda", &vt), STOKE_OK);
+    return vt;
+}
+
 static void assert_no_violation(void)
 {
     if (mock.violations)
@@ -609,9 +627,7 @@ static void test_probe_and_props_create_no_context(void **state)
 
 static void test_context_only_for_device_used(void **state)
 {
-    install(3, NULL);
-    char reason[256];
-    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_OK);
+    use_cuda(3);
     assert_int_equal(stoke_device_set(2), STOKE_OK);
     void *p = NULL;
     assert_int_equal(stoke_pinned_alloc(1 << 20, &p), STOKE_OK);
@@ -644,11 +660,8 @@ static void test_context_only_for_device_used(void **state)
 
 static void test_alloc_failures_are_clear(void **state)
 {
-    install(1, NULL);
-    char reason[256];
-    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_OK);
-    const stoke_backend *vt = NULL;
-    assert_int_equal(stoke__backend_lookup("cuda", &vt), STOKE_OK);
+    use_cuda(1);
+    const stoke_backend *vt = cuda_table();
 
     mock.fail_host_alloc = 1;
     void *p = (void *)1;
@@ -696,11 +709,8 @@ static void test_alloc_failures_are_clear(void **state)
 
 static void test_alloc_copy_event_cycle(void **state)
 {
-    install(2, NULL);
-    char reason[256];
-    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_OK);
-    const stoke_backend *vt = NULL;
-    assert_int_equal(stoke__backend_lookup("cuda", &vt), STOKE_OK);
+    use_cuda(2);
+    const stoke_backend *vt = cuda_table();
     assert_true(vt->caps & STOKE_CAP_ASYNC_COPY);
 
     size_t n = 300000;
@@ -795,9 +805,7 @@ static void *cycle_worker(void *arg)
 
 static void test_threads_share_one_context(void **state)
 {
-    install(2, NULL);
-    char reason[256];
-    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_OK);
+    use_cuda(2);
     enum { T = 4 };
     pthread_t th[T];
     int ok[T];
@@ -817,9 +825,7 @@ static void test_threads_share_one_context(void **state)
 /* Copies run later, on the mock's engine (mock_checks.h). */
 static void test_synchronize_waits_for_queued_copies(void **state)
 {
-    install(1, NULL);
-    char reason[256];
-    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_OK);
+    use_cuda(1);
     mc_async_copies();
     assert_no_violation();
 }
@@ -828,11 +834,8 @@ static void test_synchronize_waits_for_queued_copies(void **state)
  * CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED (mock_checks.h). */
 static void test_register_refused_with_driver_codes(void **state)
 {
-    install(1, NULL);
-    char reason[256];
-    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_OK);
-    const stoke_backend *vt = NULL;
-    assert_int_equal(stoke__backend_lookup("cuda", &vt), STOKE_OK);
+    use_cuda(1);
+    const stoke_backend *vt = cuda_table();
     mc_register_refusals(vt, "cuMemHostRegister(65536 bytes) for device 0: "
                              "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED (712)");
     assert_int_equal(mock.registers, 1);
@@ -844,11 +847,8 @@ static void test_register_refused_with_driver_codes(void **state)
  * context: none is retained (or created) to answer. */
 static void test_is_pinned_asks_the_driver_without_a_context(void **state)
 {
-    install(2, NULL);
-    char reason[256];
-    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_OK);
-    const stoke_backend *vt = NULL;
-    assert_int_equal(stoke__backend_lookup("cuda", &vt), STOKE_OK);
+    use_cuda(2);
+    const stoke_backend *vt = cuda_table();
     char *a = NULL, *b = NULL;
     assert_int_equal(posix_memalign((void **)&a, 4096, 4096), 0);
     assert_int_equal(posix_memalign((void **)&b, 4096, 16384), 0);
@@ -876,9 +876,7 @@ static void test_is_pinned_asks_the_driver_without_a_context(void **state)
  * reused before its copy ran (mock_checks.h). */
 static void test_loader_device_path_on_a_slow_gpu(void **state)
 {
-    install(2, NULL);
-    char reason[256];
-    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_OK);
+    use_cuda(2);
     mc_device_run("cuda", 2, 1, 1500);
     mc_device_run("cuda", 3, 0, 1500);
     mc_device_run("cuda", 0, 1, 1500);

@@ -361,6 +361,16 @@ static int select_hip(char *reason, size_t len)
     return rc;
 }
 
+/* install(ndev, NULL), then hip as the explicitly chosen accelerator: fails the test unless it
+ * is available. */
+static void use_hip(int ndev)
+{
+    install(ndev, NULL);
+    char reason[256];
+    if (select_hip(reason, sizeof(reason)) != STOKE_OK)
+        fail_msg("hip with %d mock device(s) is not available: %s", ndev, reason);
+}
+
 static const stoke_backend *hip_table(void)
 {
     const stoke_backend *vt = NULL;
@@ -535,9 +545,7 @@ static void test_probe_makes_nothing_current(void **state)
 
 static void test_calls_run_on_their_device_and_restore_the_callers(void **state)
 {
-    install(3, NULL);
-    char reason[256];
-    assert_int_equal(select_hip(reason, sizeof(reason)), STOKE_OK);
+    use_hip(3);
     r_set_device(2); /* the caller works on device 2 through HIP directly */
     memset(mk.set_calls, 0, sizeof(mk.set_calls));
     assert_int_equal(stoke_device_set(1), STOKE_OK);
@@ -588,9 +596,7 @@ static void test_calls_run_on_their_device_and_restore_the_callers(void **state)
 
 static void test_pinned_alloc_and_is_pinned(void **state)
 {
-    install(2, NULL);
-    char reason[256];
-    assert_int_equal(select_hip(reason, sizeof(reason)), STOKE_OK);
+    use_hip(2);
     const stoke_backend *vt = hip_table();
     assert_true(vt->caps & STOKE_CAP_PINNED_ALLOC);
     char *p = NULL;
@@ -629,9 +635,7 @@ static void test_pinned_alloc_and_is_pinned(void **state)
 
 static void test_register_unregister(void **state)
 {
-    install(2, NULL);
-    char reason[256];
-    assert_int_equal(select_hip(reason, sizeof(reason)), STOKE_OK);
+    use_hip(2);
     const stoke_backend *vt = hip_table();
     char *mem = NULL;
     assert_int_equal(posix_memalign((void **)&mem, 4096, 65536), 0);
@@ -667,9 +671,7 @@ static void test_register_unregister(void **state)
 
 static void test_alloc_failure_says_why(void **state)
 {
-    install(1, NULL);
-    char reason[256];
-    assert_int_equal(select_hip(reason, sizeof(reason)), STOKE_OK);
+    use_hip(1);
 
     mk.fail_host_malloc = 1;
     void *p = (void *)1;
@@ -700,9 +702,7 @@ static void test_alloc_failure_says_why(void **state)
 
 static void test_alloc_copy_event_cycle(void **state)
 {
-    install(2, NULL);
-    char reason[256];
-    assert_int_equal(select_hip(reason, sizeof(reason)), STOKE_OK);
+    use_hip(2);
     assert_true(hip_table()->caps & STOKE_CAP_ASYNC_COPY);
     assert_true(hip_table()->caps & STOKE_CAP_EVENTS);
 
@@ -781,9 +781,7 @@ static void *cycle_worker(void *arg)
 
 static void test_threads_keep_their_own_device(void **state)
 {
-    install(3, NULL);
-    char reason[256];
-    assert_int_equal(select_hip(reason, sizeof(reason)), STOKE_OK);
+    use_hip(3);
     enum { T = 4 };
     pthread_t th[T];
     int ok[T];
@@ -836,9 +834,7 @@ static void test_automatic_selection_prefers_hip_after_cuda(void **state)
 /* Copies run later, on the mock's engine (mock_checks.h). */
 static void test_synchronize_waits_for_queued_copies(void **state)
 {
-    install(2, NULL);
-    char reason[256];
-    assert_int_equal(select_hip(reason, sizeof(reason)), STOKE_OK);
+    use_hip(2);
     mc_async_copies();
     assert_all_on_right_device();
 }
@@ -847,9 +843,7 @@ static void test_synchronize_waits_for_queued_copies(void **state)
  * hipErrorHostMemoryAlreadyRegistered (mock_checks.h). */
 static void test_register_refused_with_runtime_codes(void **state)
 {
-    install(1, NULL);
-    char reason[256];
-    assert_int_equal(select_hip(reason, sizeof(reason)), STOKE_OK);
+    use_hip(1);
     mc_register_refusals(hip_table(), "hipHostRegister(65536 bytes) for device 0: "
                                       "hipErrorHostMemoryAlreadyRegistered (712)");
     assert_int_equal(mk.registers, 1);
@@ -861,9 +855,7 @@ static void test_register_refused_with_runtime_codes(void **state)
  * 0: no staging slot or batch buffer is reused before its copy ran (mock_checks.h). */
 static void test_loader_device_path_on_a_slow_gpu(void **state)
 {
-    install(2, NULL);
-    char reason[256];
-    assert_int_equal(select_hip(reason, sizeof(reason)), STOKE_OK);
+    use_hip(2);
     mc_device_run("hip", 2, 1, 1500);
     mc_device_run("hip", 3, 0, 1500);
     mc_device_run("hip", 0, 1, 1500);
