@@ -444,27 +444,14 @@ static void install(int ndev, const struct stoke__cuda_driver *table)
     stoke__cuda_set_driver_for_test(table ? table : &d);
 }
 
-/* Probes cuda as explicitly chosen; returns the status and copies the reason. */
-static int select_cuda(char *reason, size_t len)
-{
-    tu_env("STOKE_ACCELERATOR", "cuda");
-    stoke_accelerator_info ai;
-    int rc = stoke_accelerator_get(&ai);
-    snprintf(reason, len, "%s", ai.reason);
-    return rc;
-}
-
-/* install(ndev, NULL), then cuda as the explicitly chosen accelerator: fails the test unless it
- * is available. */
+/* install(ndev, NULL), then cuda as the explicitly chosen accelerator (mc_use). */
 static void use_cuda(int ndev)
 {
     install(ndev, NULL);
-    char reason[256];
-    if (select_cuda(reason, sizeof(reason)) != STOKE_OK)
-        fail_msg("cuda with %d mock device(s) is not available: %s", ndev, reason);
+    mc_use("cuda");
 }
 
-/* The cuda backend's table (installed by use_cuda / select_cuda). */
+/* The cuda backend's table (after use_cuda or mc_select("cuda", ...)). */
 static const stoke_backend *cuda_table(void)
 {
     const stoke_backend *vt = NULL;
@@ -498,7 +485,7 @@ static void test_missing_library(void **state)
     stoke__cuda_set_driver_for_test(NULL);
     tu_env("STOKE_CUDA_LIBRARY", "/nonexistent/dir/libcuda.so.1");
     char reason[256];
-    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_ENODEV);
+    assert_int_equal(mc_select("cuda", reason, sizeof(reason)), STOKE_ENODEV);
     assert_non_null(strstr(reason, "/nonexistent/dir/libcuda.so.1 not found"));
 }
 
@@ -510,7 +497,7 @@ static void test_missing_default_library(void **state)
     stoke__cuda_set_driver_for_test(NULL);
     tu_env("STOKE_CUDA_LIBRARY", NULL);
     char reason[256];
-    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_ENODEV);
+    assert_int_equal(mc_select("cuda", reason, sizeof(reason)), STOKE_ENODEV);
     assert_non_null(strstr(reason, "libcuda.so.1 not found (no NVIDIA driver installed?)"));
 }
 
@@ -520,7 +507,7 @@ static void test_stub_library_path_refused_unloaded(void **state)
     const char *stub = "/usr/local/cuda/lib64/stubs/libcuda.so";
     tu_env("STOKE_CUDA_LIBRARY", stub);
     char reason[256];
-    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_ENODEV);
+    assert_int_equal(mc_select("cuda", reason, sizeof(reason)), STOKE_ENODEV);
     assert_non_null(strstr(reason, "stub library"));
     /* It was refused by path, never loaded. */
     assert_null(dlopen(stub, RTLD_LAZY | RTLD_NOLOAD));
@@ -531,7 +518,7 @@ static void test_stub_library_by_cuinit(void **state)
     install(1, NULL);
     mock.init_result = CUDA_ERROR_STUB_LIBRARY;
     char reason[256];
-    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_ENODEV);
+    assert_int_equal(mc_select("cuda", reason, sizeof(reason)), STOKE_ENODEV);
     assert_non_null(strstr(reason, "stub library"));
     assert_non_null(strstr(reason, "CUDA_ERROR_STUB_LIBRARY"));
 }
@@ -541,12 +528,12 @@ static void test_no_device(void **state)
     install(1, NULL);
     mock.init_result = CUDA_ERROR_NO_DEVICE;
     char reason[256];
-    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_ENODEV);
+    assert_int_equal(mc_select("cuda", reason, sizeof(reason)), STOKE_ENODEV);
     assert_non_null(strstr(reason, "no device"));
     assert_non_null(strstr(reason, "CUDA_ERROR_NO_DEVICE"));
 
     install(0, NULL); /* cuInit fine, zero devices */
-    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_ENODEV);
+    assert_int_equal(mc_select("cuda", reason, sizeof(reason)), STOKE_ENODEV);
     assert_non_null(strstr(reason, "no device"));
 }
 
@@ -555,7 +542,7 @@ static void test_driver_too_old(void **state)
     install(1, NULL);
     mock.version = 10020;
     char reason[256];
-    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_ENODEV);
+    assert_int_equal(mc_select("cuda", reason, sizeof(reason)), STOKE_ENODEV);
     assert_non_null(strstr(reason, "driver too old"));
     assert_non_null(strstr(reason, "10.2"));
     assert_non_null(strstr(reason, "11.0"));
@@ -567,7 +554,7 @@ static void test_missing_required_symbol(void **state)
     d.cuMemAlloc = NULL;
     install(1, &d);
     char reason[256];
-    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_ENODEV);
+    assert_int_equal(mc_select("cuda", reason, sizeof(reason)), STOKE_ENODEV);
     assert_non_null(strstr(reason, "cuMemAlloc_v2"));
     assert_non_null(strstr(reason, "driver too old"));
 
@@ -578,7 +565,7 @@ static void test_missing_required_symbol(void **state)
     d.cuGetErrorString = NULL;
     d.cuGetErrorName = NULL;
     install(1, &d);
-    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_OK);
+    assert_int_equal(mc_select("cuda", reason, sizeof(reason)), STOKE_OK);
     stoke_device_props p = {.size = sizeof(p)};
     assert_int_equal(stoke_device_get_props("cuda", 0, &p), STOKE_OK);
     assert_string_equal(p.pci_bus_id, "0000:17:00.0"); /* from the attributes */
@@ -589,7 +576,7 @@ static void test_init_error_carries_driver_message(void **state)
     install(1, NULL);
     mock.init_result = 999;
     char reason[256];
-    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_ENODEV);
+    assert_int_equal(mc_select("cuda", reason, sizeof(reason)), STOKE_ENODEV);
     assert_non_null(strstr(reason, "initialization error"));
     assert_non_null(strstr(reason, "CUDA_ERROR_UNKNOWN"));
     assert_non_null(strstr(reason, "unknown error (mock)"));
@@ -601,7 +588,7 @@ static void test_probe_and_props_create_no_context(void **state)
 {
     install(3, NULL);
     char reason[256];
-    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_OK);
+    assert_int_equal(mc_select("cuda", reason, sizeof(reason)), STOKE_OK);
     assert_non_null(strstr(reason, "explicit"));
     stoke_accelerator_info ai;
     assert_int_equal(stoke_accelerator_get(&ai), STOKE_OK);

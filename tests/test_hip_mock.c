@@ -351,24 +351,11 @@ static void install(int ndev, const struct stoke__hip_runtime *rt)
     stoke__hip_set_runtime_for_test(rt ? rt : &full);
 }
 
-/* Probes hip as explicitly chosen; returns the status and copies the reason. */
-static int select_hip(char *reason, size_t len)
-{
-    tu_env("STOKE_ACCELERATOR", "hip");
-    stoke_accelerator_info ai;
-    int rc = stoke_accelerator_get(&ai);
-    snprintf(reason, len, "%s", ai.reason);
-    return rc;
-}
-
-/* install(ndev, NULL), then hip as the explicitly chosen accelerator: fails the test unless it
- * is available. */
+/* install(ndev, NULL), then hip as the explicitly chosen accelerator (mc_use). */
 static void use_hip(int ndev)
 {
     install(ndev, NULL);
-    char reason[256];
-    if (select_hip(reason, sizeof(reason)) != STOKE_OK)
-        fail_msg("hip with %d mock device(s) is not available: %s", ndev, reason);
+    mc_use("hip");
 }
 
 static const stoke_backend *hip_table(void)
@@ -412,7 +399,7 @@ static void test_missing_library(void **state)
     stoke__hip_set_runtime_for_test(NULL);
     tu_env("STOKE_HIP_LIBRARY", "/nonexistent/rocm/libamdhip64.so.6");
     char reason[256];
-    assert_int_equal(select_hip(reason, sizeof(reason)), STOKE_ENODEV);
+    assert_int_equal(mc_select("hip", reason, sizeof(reason)), STOKE_ENODEV);
     assert_non_null(strstr(reason, "/nonexistent/rocm/libamdhip64.so.6 not found "
                                    "(STOKE_HIP_LIBRARY)"));
 }
@@ -425,7 +412,7 @@ static void test_missing_default_library(void **state)
     stoke__hip_set_runtime_for_test(NULL);
     tu_env("STOKE_HIP_LIBRARY", NULL);
     char reason[256];
-    assert_int_equal(select_hip(reason, sizeof(reason)), STOKE_ENODEV);
+    assert_int_equal(mc_select("hip", reason, sizeof(reason)), STOKE_ENODEV);
     assert_non_null(strstr(reason, "libamdhip64.so not found (tried .so.6, .so.5, .so"));
 }
 
@@ -435,7 +422,7 @@ static void test_missing_symbol(void **state)
     rt.hipMalloc = NULL;
     install(1, &rt);
     char reason[256];
-    assert_int_equal(select_hip(reason, sizeof(reason)), STOKE_ENODEV);
+    assert_int_equal(mc_select("hip", reason, sizeof(reason)), STOKE_ENODEV);
     assert_non_null(strstr(reason, "lacks hipMalloc"));
     assert_non_null(strstr(reason, "runtime too old"));
     assert_non_null(strstr(reason, "(HIP 6.2)"));
@@ -444,7 +431,7 @@ static void test_missing_symbol(void **state)
     rt = mock_runtime();
     rt.hipRuntimeGetVersion = NULL;
     install(1, &rt);
-    assert_int_equal(select_hip(reason, sizeof(reason)), STOKE_ENODEV);
+    assert_int_equal(mc_select("hip", reason, sizeof(reason)), STOKE_ENODEV);
     assert_non_null(strstr(reason, "missing symbol"));
     assert_non_null(strstr(reason, "lacks hipRuntimeGetVersion"));
 
@@ -456,7 +443,7 @@ static void test_missing_symbol(void **state)
     rt.hipGetErrorName = NULL;
     rt.hipGetErrorString = NULL;
     install(1, &rt);
-    assert_int_equal(select_hip(reason, sizeof(reason)), STOKE_OK);
+    assert_int_equal(mc_select("hip", reason, sizeof(reason)), STOKE_OK);
     stoke_device_props p = {.size = sizeof(p)};
     assert_int_equal(stoke_device_get_props("hip", 0, &p), STOKE_OK);
     assert_string_equal(p.name, "Mock Instinct 0");
@@ -476,7 +463,7 @@ static void test_runtime_too_old(void **state)
     install(1, NULL);
     mk.version = 40200000; /* HIP 4.2 */
     char reason[256];
-    assert_int_equal(select_hip(reason, sizeof(reason)), STOKE_ENODEV);
+    assert_int_equal(mc_select("hip", reason, sizeof(reason)), STOKE_ENODEV);
     assert_non_null(strstr(reason, "runtime too old: HIP 4.2.0, stoke needs HIP 5.0 or newer"));
 }
 
@@ -485,12 +472,12 @@ static void test_no_device(void **state)
     install(2, NULL);
     mk.count_result = hipErrorNoDevice;
     char reason[256];
-    assert_int_equal(select_hip(reason, sizeof(reason)), STOKE_ENODEV);
+    assert_int_equal(mc_select("hip", reason, sizeof(reason)), STOKE_ENODEV);
     assert_non_null(strstr(reason, "no device: hipGetDeviceCount returned hipErrorNoDevice "
                                    "(no ROCm-capable device is detected)"));
 
     install(0, NULL); /* success, zero devices */
-    assert_int_equal(select_hip(reason, sizeof(reason)), STOKE_ENODEV);
+    assert_int_equal(mc_select("hip", reason, sizeof(reason)), STOKE_ENODEV);
     assert_non_null(strstr(reason, "no device: the runtime reports 0 HIP devices"));
 }
 
@@ -499,13 +486,13 @@ static void test_init_error_carries_runtime_message(void **state)
     install(1, NULL);
     mk.count_result = hipErrorUnknown;
     char reason[256];
-    assert_int_equal(select_hip(reason, sizeof(reason)), STOKE_ENODEV);
+    assert_int_equal(mc_select("hip", reason, sizeof(reason)), STOKE_ENODEV);
     assert_non_null(strstr(reason, "initialization error: hipGetDeviceCount failed with "
                                    "hipErrorUnknown (999): unknown error (mock)"));
 
     install(1, NULL);
     mk.count_result = hipErrorInsufficientDriver;
-    assert_int_equal(select_hip(reason, sizeof(reason)), STOKE_ENODEV);
+    assert_int_equal(mc_select("hip", reason, sizeof(reason)), STOKE_ENODEV);
     assert_non_null(strstr(reason, "driver too old for HIP 6.2"));
 }
 
@@ -517,7 +504,7 @@ static void test_probe_makes_nothing_current(void **state)
     r_set_device(2); /* the caller's own choice */
     mk.set_calls[2] = 0;
     char reason[256];
-    assert_int_equal(select_hip(reason, sizeof(reason)), STOKE_OK);
+    assert_int_equal(mc_select("hip", reason, sizeof(reason)), STOKE_OK);
     stoke_accelerator_info ai;
     assert_int_equal(stoke_accelerator_get(&ai), STOKE_OK);
     assert_string_equal(ai.backend, "hip");

@@ -20,6 +20,25 @@
 #define MC_SAMPLES 480
 #define MC_BATCH   8
 
+/* Makes `backend` the explicitly chosen accelerator (STOKE_ACCELERATOR) and probes it; returns
+ * the status and copies the reason. */
+static int mc_select(const char *backend, char *reason, size_t len)
+{
+    tu_env("STOKE_ACCELERATOR", backend);
+    stoke_accelerator_info ai;
+    int rc = stoke_accelerator_get(&ai);
+    snprintf(reason, len, "%s", ai.reason);
+    return rc;
+}
+
+/* mc_select, failing the test (with the reason) unless `backend` is available. */
+static void mc_use(const char *backend)
+{
+    char reason[256];
+    if (mc_select(backend, reason, sizeof(reason)) != STOKE_OK)
+        fail_msg("%s is not available: %s", backend, reason);
+}
+
 /* One shuffled epoch of 480 samples in batches of 8 with `device` ("cuda", "hip") as the
  * loader's device and a copy engine sleeping `delay_us` before each copy.  The first batch is
  * delivered while the engine is held: its event must say not-ready.  Then two batches of every
