@@ -205,7 +205,6 @@ typedef struct gather_job {
     const uint64_t *order;
     uint64_t n, batch, threads, first;
     unsigned sink;
-    pthread_t tid;
 } gather_job;
 
 static void gather_rows(const npy_file *f, const uint64_t *idx, uint64_t k, unsigned char *dst)
@@ -242,6 +241,30 @@ static void *gather_main(void *arg)
     return NULL;
 }
 
+/* Runs fn on each of the n jobs (job i at (char *)jobs + i * size), a thread each, and joins
+ * them.  Returns the seconds from the first start to the last join, < 0 when a thread could not
+ * start or returned non-NULL (failure). */
+static double run_jobs(void *(*fn)(void *), void *jobs, size_t size, uint64_t n)
+{
+    pthread_t *tid = calloc(n, sizeof *tid);
+    if (!tid)
+        return -1;
+    double t0 = now_s();
+    uint64_t started = 0;
+    while (started < n &&
+           pthread_create(&tid[started], NULL, fn, (char *)jobs + started * size) == 0)
+        started++;
+    int bad = started < n;
+    for (uint64_t t = 0; t < started; t++) {
+        void *r = NULL;
+        pthread_join(tid[t], &r);
+        bad |= r != NULL;
+    }
+    double dt = now_s() - t0;
+    free(tid);
+    return bad ? -1 : dt;
+}
+
 /* Runs the threads over the order; returns the seconds they took, < 0 on failure. */
 static double gather_run(const opts *o, const npy_file *d, const npy_file *l, const uint64_t *order,
                          uint64_t n, unsigned *sink)
@@ -249,23 +272,13 @@ static double gather_run(const opts *o, const npy_file *d, const npy_file *l, co
     gather_job *jobs = calloc(o->threads, sizeof *jobs);
     if (!jobs)
         return -1;
-    double t0 = now_s();
-    uint64_t started = 0;
-    for (; started < o->threads; started++) {
-        jobs[started] = (gather_job){d, l, order, n, o->batch, o->threads, started, 0, 0};
-        if (pthread_create(&jobs[started].tid, NULL, gather_main, &jobs[started]))
-            break;
-    }
-    int bad = started < o->threads;
-    for (uint64_t t = 0; t < started; t++) {
-        void *r = NULL;
-        pthread_join(jobs[t].tid, &r);
-        bad |= r != NULL;
+    for (uint64_t t = 0; t < o->threads; t++)
+        jobs[t] = (gather_job){d, l, order, n, o->batch, o->threads, t, 0};
+    double dt = run_jobs(gather_main, jobs, sizeof *jobs, o->threads);
+    for (uint64_t t = 0; t < o->threads; t++)
         *sink += jobs[t].sink;
-    }
-    double dt = now_s() - t0;
     free(jobs);
-    return bad ? -1 : dt;
+    return dt;
 }
 
 static int cmd_gather(const char *path, const opts *o)
@@ -366,7 +379,6 @@ typedef struct read_job {
     int fd;
     const uint64_t *offs;
     uint64_t n, size, threads, first, done;
-    pthread_t tid;
 } read_job;
 
 /* Opens for reading with O_DIRECT when the file system allows it and reads of `size` bytes can be
@@ -423,22 +435,11 @@ static double randread_threads(int fd, const uint64_t *offs, const opts *o)
     read_job *jobs = calloc(o->threads, sizeof *jobs);
     if (!jobs)
         return -1;
-    double t0 = now_s();
-    uint64_t started = 0;
-    for (; started < o->threads; started++) {
-        jobs[started] = (read_job){fd, offs, o->count, o->size, o->threads, started, 0, 0};
-        if (pthread_create(&jobs[started].tid, NULL, pread_main, &jobs[started]))
-            break;
-    }
-    int bad = started < o->threads;
-    for (uint64_t t = 0; t < started; t++) {
-        void *r = NULL;
-        pthread_join(jobs[t].tid, &r);
-        bad |= r != NULL;
-    }
-    double dt = now_s() - t0;
+    for (uint64_t t = 0; t < o->threads; t++)
+        jobs[t] = (read_job){fd, offs, o->count, o->size, o->threads, t, 0};
+    double dt = run_jobs(pread_main, jobs, sizeof *jobs, o->threads);
     free(jobs);
-    return bad ? -1 : dt;
+    return dt;
 }
 
 #ifdef STOKE_BENCH_URING

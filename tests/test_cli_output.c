@@ -3,82 +3,21 @@
  * none; with --json every failure of `bench copy` / `bench pinned` prints one JSON object. */
 #include "testutil.h"
 
-#include <fcntl.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 static char out[65536], err[16384];
 
-/* Runs the CLI with `args` (NULL-terminated) and extra environment `env` ("NAME=VALUE", "" value
- * unsets), stdout on /dev/full, stderr captured in err.  Returns the exit status (-1 if it
- * could not run, 128+signal if killed). */
-static int run_full(const char *const env[], const char *const args[])
-{
-    const char *argv[32];
-    int n = 0;
-    argv[n++] = tu_cli_path();
-    for (int i = 0; args[i]; i++)
-        argv[n++] = args[i];
-    argv[n] = NULL;
-    int fd[2];
-    if (pipe(fd) != 0)
-        return -1;
-    pid_t pid = fork();
-    if (pid == 0) {
-        int full = open("/dev/full", O_WRONLY);
-        if (full < 0 || dup2(full, 1) < 0 || dup2(fd[1], 2) < 0)
-            _exit(126);
-        close(fd[0]);
-        for (int i = 0; env && env[i]; i++) {
-            char name[256];
-            const char *eq = strchr(env[i], '=');
-            snprintf(name, sizeof(name), "%.*s", (int)(eq - env[i]), env[i]);
-            if (eq[1])
-                setenv(name, eq + 1, 1);
-            else
-                unsetenv(name);
-        }
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    close(fd[1]);
-    size_t got = 0;
-    ssize_t r;
-    while ((r = read(fd[0], err + got, sizeof(err) - 1 - got)) > 0 && got < sizeof(err) - 1)
-        got += (size_t)r;
-    err[got] = '\0';
-    close(fd[0]);
-    int st;
-    while (waitpid(pid, &st, 0) < 0)
-        ;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
+/* Runs `stoke ARGS...` with extra environment `env`; stdout in out, stderr in err. */
 static int run(const char *const env[], const char *const args[])
 {
-    const char *argv[32];
-    int n = 0;
-    argv[n++] = tu_cli_path();
-    for (int i = 0; args[i]; i++)
-        argv[n++] = args[i];
-    argv[n] = NULL;
-    return tu_run(argv, env, out, sizeof(out), err, sizeof(err));
-}
-
-static const char *plug_env(void)
-{
-    static char plug[1024];
-    snprintf(plug, sizeof(plug), "STOKE_PLUGIN_PATH=%s", tu_simdev_path());
-    return plug;
+    return tu_run_cli(env, NULL, args, out, sizeof(out), err, sizeof(err));
 }
 
 /* Every command that writes to stdout, on /dev/full: exit 1 and the reason on stderr. */
 static void test_lost_output_fails(void **state)
 {
-    const char *env[] = {plug_env(), "STOKE_ACCELERATOR=", "STOKE_SIMDEV_FAIL_ALLOC=",
+    const char *env[] = {tu_simdev_env(), "STOKE_ACCELERATOR=", "STOKE_SIMDEV_FAIL_ALLOC=",
                          "STOKE_SIMDEV_FAIL_COPY=", NULL};
     static const char *const cmds[][8] = {
         {"version"},
@@ -92,7 +31,7 @@ static void test_lost_output_fails(void **state)
         {"bench", "copy", "--quick", "--json"},
     };
     for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++) {
-        int st = run_full(env, cmds[i]);
+        int st = tu_run_cli_full(env, NULL, cmds[i], err, sizeof(err));
         if (st != 1 || !strstr(err, "stoke: error writing output: No space left on device"))
             fail_msg("stoke %s %s > /dev/full: exit %d (expected 1), stderr: %s", cmds[i][0],
                      cmds[i][1] ? cmds[i][1] : "", st, err);
@@ -107,7 +46,7 @@ static void test_lost_output_fails(void **state)
  * "NAME needs a value", exit 2, in every command. */
 static void test_option_needs_value(void **state)
 {
-    const char *env[] = {plug_env(), "STOKE_ACCELERATOR=", NULL};
+    const char *env[] = {tu_simdev_env(), "STOKE_ACCELERATOR=", NULL};
     static const struct {
         const char *args[6];
         const char *opt;
@@ -163,8 +102,7 @@ static void expect_json_error(const char *what, const char *msg)
 /* bench copy / pinned --json: allocation and copy failures injected into simdev. */
 static void test_bench_json_failures(void **state)
 {
-    char plug[1100];
-    snprintf(plug, sizeof(plug), "%s", plug_env());
+    const char *plug = tu_simdev_env();
     static const struct {
         const char *fault, *bench, *msg;
     } cases[] = {

@@ -444,14 +444,19 @@ static void install(int ndev, const struct stoke__cuda_driver *table)
     stoke__cuda_set_driver_for_test(table ? table : &d);
 }
 
-/* Probes cuda as explicitly chosen; returns the status and copies the reason. */
-static int select_cuda(char *reason, size_t len)
+/* install(ndev, NULL), then cuda as the explicitly chosen accelerator (mc_use). */
+static void use_cuda(int ndev)
 {
-    tu_env("STOKE_ACCELERATOR", "cuda");
-    stoke_accelerator_info ai;
-    int rc = stoke_accelerator_get(&ai);
-    snprintf(reason, len, "%s", ai.reason);
-    return rc;
+    install(ndev, NULL);
+    mc_use("cuda");
+}
+
+/* The cuda backend's table (after use_cuda or mc_select("cuda", ...)). */
+static const stoke_backend *cuda_table(void)
+{
+    const stoke_backend *vt = NULL;
+    assert_int_equal(stoke__backend_lookup("cuda", &vt), STOKE_OK);
+    return vt;
 }
 
 static void assert_no_violation(void)
@@ -480,7 +485,7 @@ static void test_missing_library(void **state)
     stoke__cuda_set_driver_for_test(NULL);
     tu_env("STOKE_CUDA_LIBRARY", "/nonexistent/dir/libcuda.so.1");
     char reason[256];
-    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_ENODEV);
+    assert_int_equal(mc_select("cuda", reason, sizeof(reason)), STOKE_ENODEV);
     assert_non_null(strstr(reason, "/nonexistent/dir/libcuda.so.1 not found"));
 }
 
@@ -492,7 +497,7 @@ static void test_missing_default_library(void **state)
     stoke__cuda_set_driver_for_test(NULL);
     tu_env("STOKE_CUDA_LIBRARY", NULL);
     char reason[256];
-    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_ENODEV);
+    assert_int_equal(mc_select("cuda", reason, sizeof(reason)), STOKE_ENODEV);
     assert_non_null(strstr(reason, "libcuda.so.1 not found (no NVIDIA driver installed?)"));
 }
 
@@ -502,7 +507,7 @@ static void test_stub_library_path_refused_unloaded(void **state)
     const char *stub = "/usr/local/cuda/lib64/stubs/libcuda.so";
     tu_env("STOKE_CUDA_LIBRARY", stub);
     char reason[256];
-    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_ENODEV);
+    assert_int_equal(mc_select("cuda", reason, sizeof(reason)), STOKE_ENODEV);
     assert_non_null(strstr(reason, "stub library"));
     /* It was refused by path, never loaded. */
     assert_null(dlopen(stub, RTLD_LAZY | RTLD_NOLOAD));
@@ -513,7 +518,7 @@ static void test_stub_library_by_cuinit(void **state)
     install(1, NULL);
     mock.init_result = CUDA_ERROR_STUB_LIBRARY;
     char reason[256];
-    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_ENODEV);
+    assert_int_equal(mc_select("cuda", reason, sizeof(reason)), STOKE_ENODEV);
     assert_non_null(strstr(reason, "stub library"));
     assert_non_null(strstr(reason, "CUDA_ERROR_STUB_LIBRARY"));
 }
@@ -523,12 +528,12 @@ static void test_no_device(void **state)
     install(1, NULL);
     mock.init_result = CUDA_ERROR_NO_DEVICE;
     char reason[256];
-    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_ENODEV);
+    assert_int_equal(mc_select("cuda", reason, sizeof(reason)), STOKE_ENODEV);
     assert_non_null(strstr(reason, "no device"));
     assert_non_null(strstr(reason, "CUDA_ERROR_NO_DEVICE"));
 
     install(0, NULL); /* cuInit fine, zero devices */
-    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_ENODEV);
+    assert_int_equal(mc_select("cuda", reason, sizeof(reason)), STOKE_ENODEV);
     assert_non_null(strstr(reason, "no device"));
 }
 
@@ -537,7 +542,7 @@ static void test_driver_too_old(void **state)
     install(1, NULL);
     mock.version = 10020;
     char reason[256];
-    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_ENODEV);
+    assert_int_equal(mc_select("cuda", reason, sizeof(reason)), STOKE_ENODEV);
     assert_non_null(strstr(reason, "driver too old"));
     assert_non_null(strstr(reason, "10.2"));
     assert_non_null(strstr(reason, "11.0"));
@@ -549,7 +554,7 @@ static void test_missing_required_symbol(void **state)
     d.cuMemAlloc = NULL;
     install(1, &d);
     char reason[256];
-    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_ENODEV);
+    assert_int_equal(mc_select("cuda", reason, sizeof(reason)), STOKE_ENODEV);
     assert_non_null(strstr(reason, "cuMemAlloc_v2"));
     assert_non_null(strstr(reason, "driver too old"));
 
@@ -560,7 +565,7 @@ static void test_missing_required_symbol(void **state)
     d.cuGetErrorString = NULL;
     d.cuGetErrorName = NULL;
     install(1, &d);
-    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_OK);
+    assert_int_equal(mc_select("cuda", reason, sizeof(reason)), STOKE_OK);
     stoke_device_props p = {.size = sizeof(p)};
     assert_int_equal(stoke_device_get_props("cuda", 0, &p), STOKE_OK);
     assert_string_equal(p.pci_bus_id, "0000:17:00.0"); /* from the attributes */
@@ -571,7 +576,7 @@ static void test_init_error_carries_driver_message(void **state)
     install(1, NULL);
     mock.init_result = 999;
     char reason[256];
-    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_ENODEV);
+    assert_int_equal(mc_select("cuda", reason, sizeof(reason)), STOKE_ENODEV);
     assert_non_null(strstr(reason, "initialization error"));
     assert_non_null(strstr(reason, "CUDA_ERROR_UNKNOWN"));
     assert_non_null(strstr(reason, "unknown error (mock)"));
@@ -583,7 +588,7 @@ static void test_probe_and_props_create_no_context(void **state)
 {
     install(3, NULL);
     char reason[256];
-    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_OK);
+    assert_int_equal(mc_select("cuda", reason, sizeof(reason)), STOKE_OK);
     assert_non_null(strstr(reason, "explicit"));
     stoke_accelerator_info ai;
     assert_int_equal(stoke_accelerator_get(&ai), STOKE_OK);
@@ -609,9 +614,7 @@ static void test_probe_and_props_create_no_context(void **state)
 
 static void test_context_only_for_device_used(void **state)
 {
-    install(3, NULL);
-    char reason[256];
-    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_OK);
+    use_cuda(3);
     assert_int_equal(stoke_device_set(2), STOKE_OK);
     void *p = NULL;
     assert_int_equal(stoke_pinned_alloc(1 << 20, &p), STOKE_OK);
@@ -644,11 +647,8 @@ static void test_context_only_for_device_used(void **state)
 
 static void test_alloc_failures_are_clear(void **state)
 {
-    install(1, NULL);
-    char reason[256];
-    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_OK);
-    const stoke_backend *vt = NULL;
-    assert_int_equal(stoke__backend_lookup("cuda", &vt), STOKE_OK);
+    use_cuda(1);
+    const stoke_backend *vt = cuda_table();
 
     mock.fail_host_alloc = 1;
     void *p = (void *)1;
@@ -696,11 +696,8 @@ static void test_alloc_failures_are_clear(void **state)
 
 static void test_alloc_copy_event_cycle(void **state)
 {
-    install(2, NULL);
-    char reason[256];
-    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_OK);
-    const stoke_backend *vt = NULL;
-    assert_int_equal(stoke__backend_lookup("cuda", &vt), STOKE_OK);
+    use_cuda(2);
+    const stoke_backend *vt = cuda_table();
     assert_true(vt->caps & STOKE_CAP_ASYNC_COPY);
 
     size_t n = 300000;
@@ -795,9 +792,7 @@ static void *cycle_worker(void *arg)
 
 static void test_threads_share_one_context(void **state)
 {
-    install(2, NULL);
-    char reason[256];
-    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_OK);
+    use_cuda(2);
     enum { T = 4 };
     pthread_t th[T];
     int ok[T];
@@ -817,9 +812,7 @@ static void test_threads_share_one_context(void **state)
 /* Copies run later, on the mock's engine (mock_checks.h). */
 static void test_synchronize_waits_for_queued_copies(void **state)
 {
-    install(1, NULL);
-    char reason[256];
-    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_OK);
+    use_cuda(1);
     mc_async_copies();
     assert_no_violation();
 }
@@ -828,11 +821,8 @@ static void test_synchronize_waits_for_queued_copies(void **state)
  * CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED (mock_checks.h). */
 static void test_register_refused_with_driver_codes(void **state)
 {
-    install(1, NULL);
-    char reason[256];
-    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_OK);
-    const stoke_backend *vt = NULL;
-    assert_int_equal(stoke__backend_lookup("cuda", &vt), STOKE_OK);
+    use_cuda(1);
+    const stoke_backend *vt = cuda_table();
     mc_register_refusals(vt, "cuMemHostRegister(65536 bytes) for device 0: "
                              "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED (712)");
     assert_int_equal(mock.registers, 1);
@@ -844,11 +834,8 @@ static void test_register_refused_with_driver_codes(void **state)
  * context: none is retained (or created) to answer. */
 static void test_is_pinned_asks_the_driver_without_a_context(void **state)
 {
-    install(2, NULL);
-    char reason[256];
-    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_OK);
-    const stoke_backend *vt = NULL;
-    assert_int_equal(stoke__backend_lookup("cuda", &vt), STOKE_OK);
+    use_cuda(2);
+    const stoke_backend *vt = cuda_table();
     char *a = NULL, *b = NULL;
     assert_int_equal(posix_memalign((void **)&a, 4096, 4096), 0);
     assert_int_equal(posix_memalign((void **)&b, 4096, 16384), 0);
@@ -876,9 +863,7 @@ static void test_is_pinned_asks_the_driver_without_a_context(void **state)
  * reused before its copy ran (mock_checks.h). */
 static void test_loader_device_path_on_a_slow_gpu(void **state)
 {
-    install(2, NULL);
-    char reason[256];
-    assert_int_equal(select_cuda(reason, sizeof(reason)), STOKE_OK);
+    use_cuda(2);
     mc_device_run("cuda", 2, 1, 1500);
     mc_device_run("cuda", 3, 0, 1500);
     mc_device_run("cuda", 0, 1, 1500);

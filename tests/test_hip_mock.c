@@ -351,14 +351,11 @@ static void install(int ndev, const struct stoke__hip_runtime *rt)
     stoke__hip_set_runtime_for_test(rt ? rt : &full);
 }
 
-/* Probes hip as explicitly chosen; returns the status and copies the reason. */
-static int select_hip(char *reason, size_t len)
+/* install(ndev, NULL), then hip as the explicitly chosen accelerator (mc_use). */
+static void use_hip(int ndev)
 {
-    tu_env("STOKE_ACCELERATOR", "hip");
-    stoke_accelerator_info ai;
-    int rc = stoke_accelerator_get(&ai);
-    snprintf(reason, len, "%s", ai.reason);
-    return rc;
+    install(ndev, NULL);
+    mc_use("hip");
 }
 
 static const stoke_backend *hip_table(void)
@@ -402,7 +399,7 @@ static void test_missing_library(void **state)
     stoke__hip_set_runtime_for_test(NULL);
     tu_env("STOKE_HIP_LIBRARY", "/nonexistent/rocm/libamdhip64.so.6");
     char reason[256];
-    assert_int_equal(select_hip(reason, sizeof(reason)), STOKE_ENODEV);
+    assert_int_equal(mc_select("hip", reason, sizeof(reason)), STOKE_ENODEV);
     assert_non_null(strstr(reason, "/nonexistent/rocm/libamdhip64.so.6 not found "
                                    "(STOKE_HIP_LIBRARY)"));
 }
@@ -415,7 +412,7 @@ static void test_missing_default_library(void **state)
     stoke__hip_set_runtime_for_test(NULL);
     tu_env("STOKE_HIP_LIBRARY", NULL);
     char reason[256];
-    assert_int_equal(select_hip(reason, sizeof(reason)), STOKE_ENODEV);
+    assert_int_equal(mc_select("hip", reason, sizeof(reason)), STOKE_ENODEV);
     assert_non_null(strstr(reason, "libamdhip64.so not found (tried .so.6, .so.5, .so"));
 }
 
@@ -425,7 +422,7 @@ static void test_missing_symbol(void **state)
     rt.hipMalloc = NULL;
     install(1, &rt);
     char reason[256];
-    assert_int_equal(select_hip(reason, sizeof(reason)), STOKE_ENODEV);
+    assert_int_equal(mc_select("hip", reason, sizeof(reason)), STOKE_ENODEV);
     assert_non_null(strstr(reason, "lacks hipMalloc"));
     assert_non_null(strstr(reason, "runtime too old"));
     assert_non_null(strstr(reason, "(HIP 6.2)"));
@@ -434,7 +431,7 @@ static void test_missing_symbol(void **state)
     rt = mock_runtime();
     rt.hipRuntimeGetVersion = NULL;
     install(1, &rt);
-    assert_int_equal(select_hip(reason, sizeof(reason)), STOKE_ENODEV);
+    assert_int_equal(mc_select("hip", reason, sizeof(reason)), STOKE_ENODEV);
     assert_non_null(strstr(reason, "missing symbol"));
     assert_non_null(strstr(reason, "lacks hipRuntimeGetVersion"));
 
@@ -446,7 +443,7 @@ static void test_missing_symbol(void **state)
     rt.hipGetErrorName = NULL;
     rt.hipGetErrorString = NULL;
     install(1, &rt);
-    assert_int_equal(select_hip(reason, sizeof(reason)), STOKE_OK);
+    assert_int_equal(mc_select("hip", reason, sizeof(reason)), STOKE_OK);
     stoke_device_props p = {.size = sizeof(p)};
     assert_int_equal(stoke_device_get_props("hip", 0, &p), STOKE_OK);
     assert_string_equal(p.name, "Mock Instinct 0");
@@ -466,7 +463,7 @@ static void test_runtime_too_old(void **state)
     install(1, NULL);
     mk.version = 40200000; /* HIP 4.2 */
     char reason[256];
-    assert_int_equal(select_hip(reason, sizeof(reason)), STOKE_ENODEV);
+    assert_int_equal(mc_select("hip", reason, sizeof(reason)), STOKE_ENODEV);
     assert_non_null(strstr(reason, "runtime too old: HIP 4.2.0, stoke needs HIP 5.0 or newer"));
 }
 
@@ -475,12 +472,12 @@ static void test_no_device(void **state)
     install(2, NULL);
     mk.count_result = hipErrorNoDevice;
     char reason[256];
-    assert_int_equal(select_hip(reason, sizeof(reason)), STOKE_ENODEV);
+    assert_int_equal(mc_select("hip", reason, sizeof(reason)), STOKE_ENODEV);
     assert_non_null(strstr(reason, "no device: hipGetDeviceCount returned hipErrorNoDevice "
                                    "(no ROCm-capable device is detected)"));
 
     install(0, NULL); /* success, zero devices */
-    assert_int_equal(select_hip(reason, sizeof(reason)), STOKE_ENODEV);
+    assert_int_equal(mc_select("hip", reason, sizeof(reason)), STOKE_ENODEV);
     assert_non_null(strstr(reason, "no device: the runtime reports 0 HIP devices"));
 }
 
@@ -489,13 +486,13 @@ static void test_init_error_carries_runtime_message(void **state)
     install(1, NULL);
     mk.count_result = hipErrorUnknown;
     char reason[256];
-    assert_int_equal(select_hip(reason, sizeof(reason)), STOKE_ENODEV);
+    assert_int_equal(mc_select("hip", reason, sizeof(reason)), STOKE_ENODEV);
     assert_non_null(strstr(reason, "initialization error: hipGetDeviceCount failed with "
                                    "hipErrorUnknown (999): unknown error (mock)"));
 
     install(1, NULL);
     mk.count_result = hipErrorInsufficientDriver;
-    assert_int_equal(select_hip(reason, sizeof(reason)), STOKE_ENODEV);
+    assert_int_equal(mc_select("hip", reason, sizeof(reason)), STOKE_ENODEV);
     assert_non_null(strstr(reason, "driver too old for HIP 6.2"));
 }
 
@@ -507,7 +504,7 @@ static void test_probe_makes_nothing_current(void **state)
     r_set_device(2); /* the caller's own choice */
     mk.set_calls[2] = 0;
     char reason[256];
-    assert_int_equal(select_hip(reason, sizeof(reason)), STOKE_OK);
+    assert_int_equal(mc_select("hip", reason, sizeof(reason)), STOKE_OK);
     stoke_accelerator_info ai;
     assert_int_equal(stoke_accelerator_get(&ai), STOKE_OK);
     assert_string_equal(ai.backend, "hip");
@@ -535,9 +532,7 @@ static void test_probe_makes_nothing_current(void **state)
 
 static void test_calls_run_on_their_device_and_restore_the_callers(void **state)
 {
-    install(3, NULL);
-    char reason[256];
-    assert_int_equal(select_hip(reason, sizeof(reason)), STOKE_OK);
+    use_hip(3);
     r_set_device(2); /* the caller works on device 2 through HIP directly */
     memset(mk.set_calls, 0, sizeof(mk.set_calls));
     assert_int_equal(stoke_device_set(1), STOKE_OK);
@@ -588,9 +583,7 @@ static void test_calls_run_on_their_device_and_restore_the_callers(void **state)
 
 static void test_pinned_alloc_and_is_pinned(void **state)
 {
-    install(2, NULL);
-    char reason[256];
-    assert_int_equal(select_hip(reason, sizeof(reason)), STOKE_OK);
+    use_hip(2);
     const stoke_backend *vt = hip_table();
     assert_true(vt->caps & STOKE_CAP_PINNED_ALLOC);
     char *p = NULL;
@@ -629,9 +622,7 @@ static void test_pinned_alloc_and_is_pinned(void **state)
 
 static void test_register_unregister(void **state)
 {
-    install(2, NULL);
-    char reason[256];
-    assert_int_equal(select_hip(reason, sizeof(reason)), STOKE_OK);
+    use_hip(2);
     const stoke_backend *vt = hip_table();
     char *mem = NULL;
     assert_int_equal(posix_memalign((void **)&mem, 4096, 65536), 0);
@@ -667,9 +658,7 @@ static void test_register_unregister(void **state)
 
 static void test_alloc_failure_says_why(void **state)
 {
-    install(1, NULL);
-    char reason[256];
-    assert_int_equal(select_hip(reason, sizeof(reason)), STOKE_OK);
+    use_hip(1);
 
     mk.fail_host_malloc = 1;
     void *p = (void *)1;
@@ -700,9 +689,7 @@ static void test_alloc_failure_says_why(void **state)
 
 static void test_alloc_copy_event_cycle(void **state)
 {
-    install(2, NULL);
-    char reason[256];
-    assert_int_equal(select_hip(reason, sizeof(reason)), STOKE_OK);
+    use_hip(2);
     assert_true(hip_table()->caps & STOKE_CAP_ASYNC_COPY);
     assert_true(hip_table()->caps & STOKE_CAP_EVENTS);
 
@@ -781,9 +768,7 @@ static void *cycle_worker(void *arg)
 
 static void test_threads_keep_their_own_device(void **state)
 {
-    install(3, NULL);
-    char reason[256];
-    assert_int_equal(select_hip(reason, sizeof(reason)), STOKE_OK);
+    use_hip(3);
     enum { T = 4 };
     pthread_t th[T];
     int ok[T];
@@ -836,9 +821,7 @@ static void test_automatic_selection_prefers_hip_after_cuda(void **state)
 /* Copies run later, on the mock's engine (mock_checks.h). */
 static void test_synchronize_waits_for_queued_copies(void **state)
 {
-    install(2, NULL);
-    char reason[256];
-    assert_int_equal(select_hip(reason, sizeof(reason)), STOKE_OK);
+    use_hip(2);
     mc_async_copies();
     assert_all_on_right_device();
 }
@@ -847,9 +830,7 @@ static void test_synchronize_waits_for_queued_copies(void **state)
  * hipErrorHostMemoryAlreadyRegistered (mock_checks.h). */
 static void test_register_refused_with_runtime_codes(void **state)
 {
-    install(1, NULL);
-    char reason[256];
-    assert_int_equal(select_hip(reason, sizeof(reason)), STOKE_OK);
+    use_hip(1);
     mc_register_refusals(hip_table(), "hipHostRegister(65536 bytes) for device 0: "
                                       "hipErrorHostMemoryAlreadyRegistered (712)");
     assert_int_equal(mk.registers, 1);
@@ -861,9 +842,7 @@ static void test_register_refused_with_runtime_codes(void **state)
  * 0: no staging slot or batch buffer is reused before its copy ran (mock_checks.h). */
 static void test_loader_device_path_on_a_slow_gpu(void **state)
 {
-    install(2, NULL);
-    char reason[256];
-    assert_int_equal(select_hip(reason, sizeof(reason)), STOKE_OK);
+    use_hip(2);
     mc_device_run("hip", 2, 1, 1500);
     mc_device_run("hip", 3, 0, 1500);
     mc_device_run("hip", 0, 1, 1500);

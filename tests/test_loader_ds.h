@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "stoke/stoke.h"
+#include "testutil.h"
 
 #define DS_BYTES 24
 #define DS_NONE UINT64_MAX
@@ -134,6 +135,66 @@ static inline int tds_batch_ok(const stoke_batch *b)
                 return 0;
     }
     return 1;
+}
+
+/* Waits for the device copy of batch b (of at most 64 samples), then reads both fields back
+ * from the device: they must hold the samples its indices name. */
+static inline void tds_check_device_batch(stoke_batch *b)
+{
+    size_t n = stoke_batch_count(b);
+    unsigned char data[64 * DS_BYTES];
+    int64_t labels[64];
+    assert_true(n <= 64);
+    assert_int_equal(stoke_batch_device_wait(b), STOKE_OK);
+    assert_int_equal(stoke_event_query(stoke_batch_device_event(b)), STOKE_OK);
+    assert_int_equal(stoke_batch_device_read(b, 0, data), STOKE_OK);
+    assert_int_equal(stoke_batch_device_read(b, 1, labels), STOKE_OK);
+    const uint64_t *idx = stoke_batch_indices(b);
+    for (size_t j = 0; j < n; j++) {
+        if ((uint64_t)labels[j] != idx[j])
+            fail_msg("batch %llu sample %zu: device label %lld, expected %llu",
+                     (unsigned long long)stoke_batch_seq(b), j, (long long)labels[j],
+                     (unsigned long long)idx[j]);
+        for (size_t k = 0; k < DS_BYTES; k++)
+            if (data[j * DS_BYTES + k] != tds_byte(idx[j], k))
+                fail_msg("batch %llu sample %zu byte %zu differs on the device",
+                         (unsigned long long)stoke_batch_seq(b), j, k);
+    }
+}
+
+/* A consumer that holds device batches while their copies may still be queued: of every three
+ * batches it releases two at once (so their staging slots and buffers are recycled while copies
+ * are in flight) and keeps the third until two more kept ones arrived, then checks it on the
+ * device (tds_check_device_batch) and releases it.  Zero-initialize; `nb` counts the batches. */
+typedef struct tds_keeper {
+    stoke_batch *kept[2];
+    uint64_t nb, nkept;
+} tds_keeper;
+
+static inline void tds_keeper_add(tds_keeper *k, stoke_batch *b)
+{
+    if (k->nb++ % 3) {
+        stoke_batch_release(b);
+        return;
+    }
+    stoke_batch *old = k->kept[k->nkept % 2];
+    if (old) {
+        tds_check_device_batch(old);
+        stoke_batch_release(old);
+    }
+    k->kept[k->nkept++ % 2] = b;
+}
+
+/* Checks and releases the batches still kept. */
+static inline void tds_keeper_finish(tds_keeper *k)
+{
+    for (int i = 0; i < 2; i++) {
+        if (k->kept[i]) {
+            tds_check_device_batch(k->kept[i]);
+            stoke_batch_release(k->kept[i]);
+            k->kept[i] = NULL;
+        }
+    }
 }
 
 #endif

@@ -107,30 +107,6 @@ static void test_pin_matrix(void **state)
     tu_use_none();
 }
 
-/* Reads field 0 and 1 of b back from the device and checks them against its indices. */
-static void check_device_batch(stoke_batch *b)
-{
-    size_t n = stoke_batch_count(b);
-    unsigned char data[64 * DS_BYTES];
-    int64_t labels[64];
-    assert_true(n <= 64);
-    assert_int_equal(stoke_batch_device_wait(b), STOKE_OK);
-    assert_int_equal(stoke_event_query(stoke_batch_device_event(b)), STOKE_OK);
-    assert_int_equal(stoke_batch_device_read(b, 0, data), STOKE_OK);
-    assert_int_equal(stoke_batch_device_read(b, 1, labels), STOKE_OK);
-    const uint64_t *idx = stoke_batch_indices(b);
-    for (size_t j = 0; j < n; j++) {
-        if ((uint64_t)labels[j] != idx[j])
-            fail_msg("batch %llu sample %zu: device label %lld, expected %llu",
-                     (unsigned long long)stoke_batch_seq(b), j, (long long)labels[j],
-                     (unsigned long long)idx[j]);
-        for (size_t k = 0; k < DS_BYTES; k++)
-            if (data[j * DS_BYTES + k] != tds_byte(idx[j], k))
-                fail_msg("batch %llu sample %zu byte %zu differs on the device",
-                         (unsigned long long)stoke_batch_seq(b), j, k);
-    }
-}
-
 /* With a slow copy engine, the consumer releases two batches of every three at once, without
  * waiting for their copies (so workers keep recycling staging buffers while copies are queued),
  * and keeps the third until two more kept batches arrived, then reads it back from the device:
@@ -149,8 +125,7 @@ static void device_run(int workers, int in_order)
     o.device = "simdev";
     stoke_loader *l;
     assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
-    stoke_batch *ring[2] = {0};
-    uint64_t nb = 0, kept = 0;
+    tds_keeper keep = {0};
     tu_seen seen;
     tu_seen_init(&seen, 480);
     stoke_batch *b;
@@ -161,24 +136,10 @@ static void device_run(int workers, int in_order)
         assert_int_equal(stoke_batch_device_offset(b, 0), 0);
         for (size_t j = 0; j < stoke_batch_count(b); j++)
             tu_seen_add(&seen, stoke_batch_indices(b)[j]);
-        if (nb++ % 3) {
-            stoke_batch_release(b);
-            continue;
-        }
-        stoke_batch *old = ring[kept % 2];
-        if (old) {
-            check_device_batch(old);
-            stoke_batch_release(old);
-        }
-        ring[kept++ % 2] = b;
+        tds_keeper_add(&keep, b);
     }
-    for (int i = 0; i < 2; i++) {
-        if (ring[i]) {
-            check_device_batch(ring[i]);
-            stoke_batch_release(ring[i]);
-        }
-    }
-    assert_int_equal(nb, 60);
+    tds_keeper_finish(&keep);
+    assert_int_equal(keep.nb, 60);
     tu_seen_check_all(&seen);
     tu_seen_free(&seen);
     stoke_loader_stats st = {.size = sizeof(st)};
@@ -395,7 +356,7 @@ static void test_device_copy_failure(void **state)
     /* the loader goes on: later batches copy fine */
     assert_int_equal(stoke_loader_next(l, &b), STOKE_OK);
     assert_int_equal(stoke_batch_device_wait(b), STOKE_OK);
-    check_device_batch(b);
+    tds_check_device_batch(b);
     stoke_batch_release(b);
     stoke_loader_destroy(l);
     tds_free(&t);

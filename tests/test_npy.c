@@ -521,6 +521,17 @@ static void test_truncations_and_corruptions(void **state)
     unlink(p);
 }
 
+/* Opens `path` with io mode `io` (STOKE_NPY_IO_*); fails the test if it does not open. */
+static void open_io(const char *path, int io, stoke_dataset *ds)
+{
+    stoke_npy_opts o;
+    stoke_npy_opts_init(&o);
+    o.io = io;
+    int rc = stoke_npy_open_opts(path, &o, ds);
+    if (rc != STOKE_OK)
+        fail_msg("%s (io %d): %s: %s", path, io, stoke_err_name(rc), stoke_last_error());
+}
+
 /* ---- I/O modes, concurrency, spec strings ------------------------------------------------- */
 
 static void test_pread_matches_mmap(void **state)
@@ -580,11 +591,8 @@ static void test_concurrent_get(void **state)
     write_npy(p, 1, "{'descr': '|u1', 'fortran_order': False, 'shape': (100, 512), }", data,
               100 * 512);
     for (int io = 0; io < 2; io++) {
-        stoke_npy_opts o;
-        stoke_npy_opts_init(&o);
-        o.io = io;
         stoke_dataset ds;
-        assert_int_equal(stoke_npy_open_opts(p, &o, &ds), STOKE_OK);
+        open_io(p, io, &ds);
         pthread_t t[4];
         reader r[4];
         for (int w = 0; w < 4; w++) {
@@ -703,11 +711,8 @@ static void test_truncated_after_open(void **state)
     for (int round = 0; round < 2; round++) {
         for (int io = 0; io < 2; io++) {
             size_t hn = write_changing(p, 3);
-            stoke_npy_opts o;
-            stoke_npy_opts_init(&o);
-            o.io = io;
             stoke_dataset ds;
-            assert_int_equal(stoke_npy_open_opts(p, &o, &ds), STOKE_OK);
+            open_io(p, io, &ds);
             unsigned char row[CH_ROW];
             void *dst[STOKE_MAX_FIELDS] = {row};
             char msg[256];
@@ -744,11 +749,8 @@ static void test_rewritten_in_place(void **state)
     struct timespec old[2] = {{1000000000, 0}, {1000000000, 0}};
     assert_int_equal(utimensat(AT_FDCWD, p, old, 0), 0);
     for (int io = 0; io < 2; io++) {
-        stoke_npy_opts o;
-        stoke_npy_opts_init(&o);
-        o.io = io;
         stoke_dataset ds;
-        assert_int_equal(stoke_npy_open_opts(p, &o, &ds), STOKE_OK);
+        open_io(p, io, &ds);
         int fd = open(p, O_WRONLY);
         assert_true(fd >= 0);
         unsigned char junk[16] = {0};
@@ -761,6 +763,21 @@ static void test_rewritten_in_place(void **state)
     unlink(p);
 }
 
+/* A loader over `ds` in batches of `batch` with `workers` workers, not pinned; fails the test if
+ * it cannot be created. */
+static stoke_loader *host_loader(stoke_dataset *ds, size_t batch, int workers)
+{
+    stoke_loader_opts o;
+    stoke_loader_opts_init(&o);
+    o.batch_size = batch;
+    o.num_workers = workers;
+    o.pin_memory = 0;
+    stoke_loader *l = NULL;
+    if (stoke_loader_create(&o, ds, &l) != STOKE_OK)
+        fail_msg("loader (batch %zu, %d workers): %s", batch, workers, stoke_last_error());
+    return l;
+}
+
 /* Through the loader with worker threads: the file shrinks after the first batch; a later
  * batch fails with the source's error (file, sample, "file changed while loading"), the
  * loader shuts down cleanly, and the next loader over a good file delivers everything. */
@@ -769,18 +786,9 @@ static void test_loader_file_shrinks(void **state)
     const char *p = tmp("lshrink.npy"), *good = tmp("lshrink-good.npy");
     for (int io = 0; io < 2; io++) {
         size_t hn = write_changing(p, 6);
-        stoke_npy_opts no;
-        stoke_npy_opts_init(&no);
-        no.io = io;
         stoke_dataset ds;
-        assert_int_equal(stoke_npy_open_opts(p, &no, &ds), STOKE_OK);
-        stoke_loader_opts o;
-        stoke_loader_opts_init(&o);
-        o.batch_size = 2;
-        o.num_workers = 2;
-        o.pin_memory = 0;
-        stoke_loader *l;
-        assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+        open_io(p, io, &ds);
+        stoke_loader *l = host_loader(&ds, 2, 2);
         stoke_batch *b;
         assert_int_equal(stoke_loader_next(l, &b), STOKE_OK);
         stoke_batch_release(b);
@@ -802,13 +810,7 @@ static void test_loader_file_shrinks(void **state)
     write_changing(good, 7);
     stoke_dataset ds;
     assert_int_equal(stoke_npy_open(good, NULL, &ds), STOKE_OK);
-    stoke_loader_opts o;
-    stoke_loader_opts_init(&o);
-    o.batch_size = 3;
-    o.num_workers = 2;
-    o.pin_memory = 0;
-    stoke_loader *l;
-    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    stoke_loader *l = host_loader(&ds, 3, 2);
     unsigned char *data = malloc(CH_ROWS * CH_ROW);
     fill_pattern(data, CH_ROWS * CH_ROW, 7);
     unsigned char seen[CH_ROWS] = {0};
@@ -955,16 +957,23 @@ static void test_sigbus_not_ours_keeps_default(void **state)
     run_sigbus_child("ignored", 128 + SIGBUS);
 }
 
+/* Writes `dp`, of shape (10, 0, 4) (10 samples of 0 bytes), and its labels `lp`, 10 i8 values
+ * (also written to `labels`). */
+static void write_zero_dim(const char *dp, const char *lp, int64_t labels[10])
+{
+    for (int i = 0; i < 10; i++)
+        labels[i] = 100 + i * 7;
+    write_npy(dp, 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (10, 0, 4), }", NULL, 0);
+    write_npy(lp, 1, "{'descr': '<i8', 'fortran_order': False, 'shape': (10,), }", labels,
+              10 * sizeof(labels[0]));
+}
+
 /* A zero-length dimension: (10, 0, 4) is 10 samples of 0 bytes; labels still arrive. */
 static void test_zero_length_dimension(void **state)
 {
     const char *dp = tmp("zdim.npy"), *lp = tmp("zdim-labels.npy");
     int64_t labels[10];
-    for (int i = 0; i < 10; i++)
-        labels[i] = 100 + i * 7;
-    write_npy(dp, 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (10, 0, 4), }", NULL, 0);
-    write_npy(lp, 1, "{'descr': '<i8', 'fortran_order': False, 'shape': (10,), }", labels,
-              sizeof(labels));
+    write_zero_dim(dp, lp, labels);
     for (int io = 0; io < 2; io++) {
         stoke_npy_opts o;
         stoke_npy_opts_init(&o);
@@ -999,23 +1008,12 @@ static void test_zero_length_dimension_loader(void **state)
 {
     const char *dp = tmp("zdiml.npy"), *lp = tmp("zdiml-labels.npy");
     int64_t labels[10];
-    for (int i = 0; i < 10; i++)
-        labels[i] = 100 + i * 7;
-    write_npy(dp, 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (10, 0, 4), }", NULL, 0);
-    write_npy(lp, 1, "{'descr': '<i8', 'fortran_order': False, 'shape': (10,), }", labels,
-              sizeof(labels));
+    write_zero_dim(dp, lp, labels);
     stoke_dataset ds;
     assert_int_equal(stoke_npy_open(dp, lp, &ds), STOKE_OK);
     for (int workers = 0; workers <= 2; workers += 2) {
-        stoke_loader_opts o;
-        stoke_loader_opts_init(&o);
-        o.batch_size = 3;
-        o.num_workers = workers;
-        o.pin_memory = 0;
-        stoke_loader *l;
-        int rc = stoke_loader_create(&o, &ds, &l);
-        if (rc)
-            fail_msg("%s", stoke_last_error());
+        stoke_loader *l = host_loader(&ds, 3, workers);
+        int rc;
         stoke_batch *b;
         uint64_t n = 0;
         while ((rc = stoke_loader_next(l, &b)) == STOKE_OK) {

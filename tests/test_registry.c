@@ -43,6 +43,17 @@ static int find_backend(const char *name, stoke_backend_info *out)
     return -1;
 }
 
+/* With no plugin: the built-in backends and nothing else, in their order; fills b[0..3]. */
+static void get_builtins(stoke_backend_info b[4])
+{
+    static const char *const order[] = {"cuda", "hip", "opencl", "cpu"};
+    assert_int_equal(stoke_backend_count(), 4);
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(stoke_backend_get_info(i, &b[i]), STOKE_OK);
+        assert_string_equal(b[i].name, order[i]);
+    }
+}
+
 /* A CPU-only machine: no accelerator, every built-in listed with a reason. */
 static void test_cpu_only_gives_no_accelerator(void **state)
 {
@@ -54,14 +65,11 @@ static void test_cpu_only_gives_no_accelerator(void **state)
     assert_int_equal(stoke_device_get(&dev), STOKE_ENODEV);
     assert_int_equal(stoke_device_set(0), STOKE_ENODEV);
 
-    const char *order[] = {"cuda", "hip", "opencl", "cpu"};
-    assert_int_equal(stoke_backend_count(), 4);
+    stoke_backend_info builtins[4];
+    get_builtins(builtins);
     for (int i = 0; i < 4; i++) {
-        stoke_backend_info b;
-        assert_int_equal(stoke_backend_get_info(i, &b), STOKE_OK);
-        assert_string_equal(b.name, order[i]);
-        assert_int_equal(b.origin, STOKE_ORIGIN_BUILTIN);
-        assert_true(strlen(b.reason) > 0);
+        assert_int_equal(builtins[i].origin, STOKE_ORIGIN_BUILTIN);
+        assert_true(strlen(builtins[i].reason) > 0);
     }
     stoke_backend_info b;
     assert_int_equal(stoke_backend_get_info(4, &b), STOKE_ERANGE);
@@ -512,15 +520,11 @@ static void test_explicit_unavailable_warns_with_its_reason(void **state)
 /* Every built-in table passes the checks a plugin's does (stream_synchronize among them). */
 static void test_builtin_tables_are_valid(void **state)
 {
-    const char *order[] = {"cuda", "hip", "opencl", "cpu"};
-    assert_int_equal(stoke_backend_count(), 4);
-    for (int i = 0; i < 4; i++) {
-        stoke_backend_info b;
-        assert_int_equal(stoke_backend_get_info(i, &b), STOKE_OK);
-        assert_string_equal(b.name, order[i]);
-        if (strstr(b.reason, "rejected"))
-            fail_msg("built-in %s: %s", order[i], b.reason);
-    }
+    stoke_backend_info b[4];
+    get_builtins(b);
+    for (int i = 0; i < 4; i++)
+        if (strstr(b[i].reason, "rejected"))
+            fail_msg("built-in %s: %s", b[i].name, b[i].reason);
 }
 
 static void test_api_load_after_selection_reselects(void **state)

@@ -148,16 +148,14 @@ static const char *cu_msg(CUresult r)
     return "no message from the driver";
 }
 
-/* Fails with the driver's name and message for `r` after a description of the call:
- * "cuda: cuMemAlloc(4096 bytes) on device 1: CUDA_ERROR_OUT_OF_MEMORY (2): out of memory".
- * Out of memory maps to STOKE_ENOMEM, the rest to STOKE_EBACKEND.  (hip.c's vfail is the same
- * for the HIP runtime.) */
+/* Fails with the driver's name and message for `r` after a description of the call
+ * (stoke__backend_vfail): "cuda: cuMemAlloc(4096 bytes) on device 1: CUDA_ERROR_OUT_OF_MEMORY
+ * (2): out of memory". */
+static int vfail(CUresult r, const char *fmt, va_list ap) STOKE__PRINTF(2, 0);
 static int vfail(CUresult r, const char *fmt, va_list ap)
 {
-    char call[160];
-    vsnprintf(call, sizeof(call), fmt, ap);
-    return stoke__fail(r == CUDA_ERROR_OUT_OF_MEMORY ? STOKE_ENOMEM : STOKE_EBACKEND,
-                       "cuda: %s: %s (%d): %s", call, cu_name(r), r, cu_msg(r));
+    return stoke__backend_vfail("cuda", r == CUDA_ERROR_OUT_OF_MEMORY, (int)r, cu_name(r),
+                                cu_msg(r), fmt, ap);
 }
 
 static int cu_fail(CUresult r, const char *fmt, ...) STOKE__PRINTF(2, 3);

@@ -105,15 +105,14 @@ static const char *hip_errtext(hipError_t r)
     return s ? s : "no message from the runtime";
 }
 
-/* Fails with the runtime's name and message for `r` after a description of the call:
- * "hip: hipMalloc(4096 bytes) on device 1: hipErrorOutOfMemory (2): out of memory".
- * Out of memory maps to STOKE_ENOMEM, the rest to STOKE_EBACKEND. */
+/* Fails with the runtime's name and message for `r` after a description of the call
+ * (stoke__backend_vfail): "hip: hipMalloc(4096 bytes) on device 1: hipErrorOutOfMemory (2): out
+ * of memory". */
+static int vfail(hipError_t r, const char *fmt, va_list ap) STOKE__PRINTF(2, 0);
 static int vfail(hipError_t r, const char *fmt, va_list ap)
 {
-    char call[160];
-    vsnprintf(call, sizeof(call), fmt, ap);
-    return stoke__fail(r == hipErrorOutOfMemory ? STOKE_ENOMEM : STOKE_EBACKEND,
-                       "hip: %s: %s (%d): %s", call, hip_errname(r), r, hip_errtext(r));
+    return stoke__backend_vfail("hip", r == hipErrorOutOfMemory, (int)r, hip_errname(r),
+                                hip_errtext(r), fmt, ap);
 }
 
 static int hfail(hipError_t r, const char *fmt, ...) STOKE__PRINTF(2, 3);

@@ -142,7 +142,7 @@ int stoke__fault_guard_install(void)
     return rc;
 }
 
-int stoke__guarded_copy(void *dst, const void *src, size_t n, const void *base, size_t len)
+int stoke__guarded_run(void (*fn)(void *arg), void *arg, const void *base, size_t len)
 {
     guard g;
     g.lo = base;
@@ -152,23 +152,26 @@ int stoke__guarded_copy(void *dst, const void *src, size_t n, const void *base, 
         return -1;
     tl_armed = &g;
     atomic_signal_fence(memory_order_seq_cst);
-    memcpy(dst, src, n);
+    fn(arg);
     atomic_signal_fence(memory_order_seq_cst);
     tl_armed = NULL;
     return 0;
 }
 
-int stoke__guarded_run(void (*fn)(void *arg), void *arg, const void *base, size_t len)
+typedef struct copy_args {
+    void *dst;
+    const void *src;
+    size_t n;
+} copy_args;
+
+static void copy_fn(void *arg)
 {
-    guard g;
-    g.lo = base;
-    g.hi = (const unsigned char *)base + len;
-    if (sigsetjmp(g.jb, 0) != 0)
-        return -1;
-    tl_armed = &g;
-    atomic_signal_fence(memory_order_seq_cst);
-    fn(arg);
-    atomic_signal_fence(memory_order_seq_cst);
-    tl_armed = NULL;
-    return 0;
+    const copy_args *a = arg;
+    memcpy(a->dst, a->src, a->n);
+}
+
+int stoke__guarded_copy(void *dst, const void *src, size_t n, const void *base, size_t len)
+{
+    copy_args a = {dst, src, n};
+    return stoke__guarded_run(copy_fn, &a, base, len);
 }

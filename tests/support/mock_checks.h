@@ -20,30 +20,23 @@
 #define MC_SAMPLES 480
 #define MC_BATCH   8
 
-/* Waits for batch b's copy, then reads both fields back from the device: they must hold the
- * samples its indices name. */
-static void mc_check_batch(stoke_batch *b)
+/* Makes `backend` the explicitly chosen accelerator (STOKE_ACCELERATOR) and probes it; returns
+ * the status and copies the reason. */
+static int mc_select(const char *backend, char *reason, size_t len)
 {
-    unsigned char got[MC_BATCH * DS_BYTES], want[MC_BATCH * DS_BYTES];
-    int64_t got_labels[MC_BATCH], want_labels[MC_BATCH];
-    size_t n = stoke_batch_count(b);
-    assert_true(n <= MC_BATCH);
-    const uint64_t *idx = stoke_batch_indices(b);
-    for (size_t j = 0; j < n; j++) {
-        want_labels[j] = (int64_t)idx[j];
-        for (size_t k = 0; k < DS_BYTES; k++)
-            want[j * DS_BYTES + k] = tds_byte(idx[j], k);
-    }
-    assert_int_equal(stoke_batch_device_wait(b), STOKE_OK);
-    assert_int_equal(stoke_event_query(stoke_batch_device_event(b)), STOKE_OK);
-    assert_int_equal(stoke_batch_device_read(b, 0, got), STOKE_OK);
-    assert_int_equal(stoke_batch_device_read(b, 1, got_labels), STOKE_OK);
-    if (memcmp(got_labels, want_labels, n * sizeof(int64_t)) != 0 ||
-        memcmp(got, want, n * DS_BYTES) != 0)
-        fail_msg("batch %llu of %zu samples (first %llu, label %lld on the device): the device "
-                 "holds other bytes than its samples'",
-                 (unsigned long long)stoke_batch_seq(b), n, (unsigned long long)idx[0],
-                 (long long)got_labels[0]);
+    tu_env("STOKE_ACCELERATOR", backend);
+    stoke_accelerator_info ai;
+    int rc = stoke_accelerator_get(&ai);
+    snprintf(reason, len, "%s", ai.reason);
+    return rc;
+}
+
+/* mc_select, failing the test (with the reason) unless `backend` is available. */
+static void mc_use(const char *backend)
+{
+    char reason[256];
+    if (mc_select(backend, reason, sizeof(reason)) != STOKE_OK)
+        fail_msg("%s is not available: %s", backend, reason);
 }
 
 /* One shuffled epoch of 480 samples in batches of 8 with `device` ("cuda", "hip") as the
@@ -83,8 +76,7 @@ static void mc_device_run(const char *device, int workers, int in_order, unsigne
                  stoke_err_name(query));
 
     unsigned char seen[MC_SAMPLES] = {0};
-    stoke_batch *kept[2] = {NULL, NULL};
-    unsigned nb = 0, nkept = 0;
+    tds_keeper keep = {0};
     do {
         assert_null(stoke_batch_data(b, 0)); /* the device buffer is the batch */
         assert_true(stoke_batch_is_pinned(b));
@@ -94,24 +86,13 @@ static void mc_device_run(const char *device, int workers, int in_order, unsigne
             if (seen[i]++)
                 fail_msg("sample %llu delivered twice", (unsigned long long)i);
         }
-        if (nb++ % 3) {
-            stoke_batch_release(b);
-            continue;
-        }
-        stoke_batch *old = kept[nkept % 2];
-        if (old) {
-            mc_check_batch(old);
-            stoke_batch_release(old);
-        }
-        kept[nkept++ % 2] = b;
+        tds_keeper_add(&keep, b);
     } while ((rc = stoke_loader_next(l, &b)) == STOKE_OK);
     if (rc != STOKE_EEND)
-        fail_msg("batch %u: %s: %s", nb, stoke_err_name(rc), stoke_loader_last_error(l));
-    for (int i = 0; i < 2; i++)
-        if (kept[i]) {
-            mc_check_batch(kept[i]);
-            stoke_batch_release(kept[i]);
-        }
+        fail_msg("batch %llu: %s: %s", (unsigned long long)keep.nb, stoke_err_name(rc),
+                 stoke_loader_last_error(l));
+    tds_keeper_finish(&keep);
+    uint64_t nb = keep.nb;
     assert_int_equal(nb, MC_SAMPLES / MC_BATCH);
     for (size_t i = 0; i < MC_SAMPLES; i++)
         if (seen[i] != 1)

@@ -147,13 +147,33 @@ static void slurp(int fd, char *buf, size_t len)
         buf[used] = '\0';
 }
 
-int tu_run(const char *const argv[], const char *const env[], char *out, size_t out_len,
-           char *err, size_t err_len)
+/* In the child: applies the extra environment entries of tu_run. */
+static void child_env(const char *const env[])
+{
+    for (int i = 0; env && env[i]; i++) {
+        const char *eq = strchr(env[i], '=');
+        if (!eq)
+            continue;
+        char name[256];
+        snprintf(name, sizeof(name), "%.*s", (int)(eq - env[i]), env[i]);
+        if (eq[1])
+            setenv(name, eq + 1, 1);
+        else
+            unsetenv(name);
+    }
+}
+
+/* tu_run, with stdout on /dev/full when `full` (nothing captured into `out`). */
+static int run_child(const char *const argv[], const char *const env[], int full, char *out,
+                     size_t out_len, char *err, size_t err_len)
 {
     char outp[512], errp[512];
     static int seq;
-    snprintf(outp, sizeof(outp), "%s.%d.%d.out", tu_tmp_path("run", (char[512]){0}, 512),
-             (int)getpid(), seq);
+    if (full)
+        snprintf(outp, sizeof(outp), "/dev/full");
+    else
+        snprintf(outp, sizeof(outp), "%s.%d.%d.out", tu_tmp_path("run", (char[512]){0}, 512),
+                 (int)getpid(), seq);
     snprintf(errp, sizeof(errp), "%s.%d.%d.err", tu_tmp_path("run", (char[512]){0}, 512),
              (int)getpid(), seq++);
     pid_t pid = fork();
@@ -166,24 +186,14 @@ int tu_run(const char *const argv[], const char *const env[], char *out, size_t 
             _exit(126);
         dup2(fo, 1);
         dup2(fe, 2);
-        for (int i = 0; env && env[i]; i++) {
-            const char *eq = strchr(env[i], '=');
-            if (!eq)
-                continue;
-            char name[256];
-            snprintf(name, sizeof(name), "%.*s", (int)(eq - env[i]), env[i]);
-            if (eq[1])
-                setenv(name, eq + 1, 1);
-            else
-                unsetenv(name);
-        }
+        child_env(env);
         execv(argv[0], (char *const *)argv);
         _exit(127);
     }
     int st = 0;
     while (waitpid(pid, &st, 0) < 0)
         ;
-    int fo = open(outp, O_RDONLY), fe = open(errp, O_RDONLY);
+    int fo = full ? -1 : open(outp, O_RDONLY), fe = open(errp, O_RDONLY);
     if (fo >= 0) {
         slurp(fo, out, out_len);
         close(fo);
@@ -192,13 +202,58 @@ int tu_run(const char *const argv[], const char *const env[], char *out, size_t 
         slurp(fe, err, err_len);
         close(fe);
     }
-    unlink(outp);
+    if (!full)
+        unlink(outp);
     unlink(errp);
     if (WIFEXITED(st))
         return WEXITSTATUS(st);
     if (WIFSIGNALED(st))
         return 128 + WTERMSIG(st);
     return -1;
+}
+
+int tu_run(const char *const argv[], const char *const env[], char *out, size_t out_len, char *err,
+           size_t err_len)
+{
+    return run_child(argv, env, 0, out, out_len, err, err_len);
+}
+
+/* Fills argv (TU_CLI_MAX_ARGS + 2 entries) for tu_run_cli. */
+static void cli_argv(const char *argv[], const char *cmd, const char *const args[])
+{
+    int n = 0;
+    argv[n++] = tu_cli_path();
+    if (cmd)
+        argv[n++] = cmd;
+    for (int i = 0; args[i]; i++) {
+        if (n > TU_CLI_MAX_ARGS)
+            fail_msg("tu_run_cli: more than %d arguments", TU_CLI_MAX_ARGS);
+        argv[n++] = args[i];
+    }
+    argv[n] = NULL;
+}
+
+int tu_run_cli(const char *const env[], const char *cmd, const char *const args[], char *out,
+               size_t out_len, char *err, size_t err_len)
+{
+    const char *argv[TU_CLI_MAX_ARGS + 2];
+    cli_argv(argv, cmd, args);
+    return run_child(argv, env, 0, out, out_len, err, err_len);
+}
+
+int tu_run_cli_full(const char *const env[], const char *cmd, const char *const args[], char *err,
+                    size_t err_len)
+{
+    const char *argv[TU_CLI_MAX_ARGS + 2];
+    cli_argv(argv, cmd, args);
+    return run_child(argv, env, 1, NULL, 0, err, err_len);
+}
+
+const char *tu_simdev_env(void)
+{
+    static char env[1024];
+    snprintf(env, sizeof(env), "STOKE_PLUGIN_PATH=%s", tu_simdev_path());
+    return env;
 }
 
 struct stoke_simdev_counters tu_simdev_counters(void)

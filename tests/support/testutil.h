@@ -62,6 +62,20 @@ int tu_run(const char *const argv[], const char *const env[], char *out, size_t 
            char *err, size_t err_len);
 /* The built `stoke` CLI (STOKE_CLI). */
 const char *tu_cli_path(void);
+/* Runs the built CLI as tu_run does, with the arguments `cmd` (none when NULL) and then `args`
+ * (NULL-terminated; at most TU_CLI_MAX_ARGS in all, more fails the test):
+ *     tu_run_cli(env, "load", args, out, sizeof(out), err, sizeof(err))
+ * runs `stoke load ARGS...`. */
+#define TU_CLI_MAX_ARGS 30
+int tu_run_cli(const char *const env[], const char *cmd, const char *const args[], char *out,
+               size_t out_len, char *err, size_t err_len);
+/* As tu_run_cli with stdout on /dev/full, where every write fails with ENOSPC; captures stderr
+ * only. */
+int tu_run_cli_full(const char *const env[], const char *cmd, const char *const args[], char *err,
+                    size_t err_len);
+/* "STOKE_PLUGIN_PATH=<the simdev plugin>", an `env` entry for tu_run / tu_run_cli (a static
+ * buffer). */
+const char *tu_simdev_env(void);
 
 /* ---- skips ----------------------------------------------------------------------------------
  * A skipped check is reported as a skip, never as a pass.  tu_skip() prints "[  SKIP    ] why",
