@@ -62,6 +62,24 @@ static void test_unknown_accelerator_fails_listing_known(void **state)
     assert_int_equal(run_devices(env2, "--frobnicate", NULL), 2);
 }
 
+/* A refused --accelerator is reported in the user's terms (the option), not by the API's name. */
+static void test_accelerator_option_error_names_the_option(void **state)
+{
+    char envp[1100];
+    snprintf(envp, sizeof(envp), "STOKE_PLUGIN_PATH=%s", tu_simdev_path());
+    const char *env[] = {envp, "STOKE_ACCELERATOR=", "STOKE_SIMDEV_DEVICES=", NULL};
+    assert_int_equal(run_devices(env, "--accelerator=simdev:5", NULL), 1);
+    assert_string_equal(err, "stoke devices: --accelerator simdev:5: simdev has 2 device(s), no "
+                             "device 5\n");
+    assert_int_equal(run_devices(env, "--accelerator", "simdev:x"), 1);
+    assert_string_equal(err, "stoke devices: --accelerator simdev:x is not of the form "
+                             "name[:index]; known backends: simdev, cuda, hip, opencl, cpu\n");
+    assert_int_equal(run_devices(env, "--json", "--accelerator=bogus"), 1);
+    assert_string_equal(out, "{\"ok\": false, \"error\": \"--accelerator bogus: unknown "
+                             "accelerator 'bogus'; known backends: simdev, cuda, hip, opencl, "
+                             "cpu\"}\n");
+}
+
 /* The acceptance checks of the foundation issue, with the real simdev plugin. */
 static void test_simdev_acceptance(void **state)
 {
@@ -86,6 +104,7 @@ int main(void)
         cmocka_unit_test(test_cpu_only_text),
         cmocka_unit_test(test_fake_plugin_and_explicit_index),
         cmocka_unit_test(test_unknown_accelerator_fails_listing_known),
+        cmocka_unit_test(test_accelerator_option_error_names_the_option),
         cmocka_unit_test(test_simdev_acceptance),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

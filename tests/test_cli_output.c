@@ -137,12 +137,62 @@ static void test_bench_json_failures(void **state)
     expect_json_error("bench pinned --size 12x", "--size: '12x' is not a non-negative integer");
 }
 
+/* An asynchronous copy failure in bench copy ends with the backend's reason (which copy, why). */
+static void test_bench_copy_failure_keeps_reason(void **state)
+{
+    const char *env[] = {plug_env(), "STOKE_ACCELERATOR=", "STOKE_SIMDEV_FAIL_ALLOC=",
+                         "STOKE_SIMDEV_FAIL_COPY=2", NULL};
+    const char *args[] = {"bench", "copy", "--quick", "--json", NULL};
+    assert_int_equal(run(env, args), 1);
+    expect_json_error("bench copy with STOKE_SIMDEV_FAIL_COPY=2",
+                      "waiting for the copies: simdev: work before the event on device 0 failed: "
+                      "injected copy failure: copy #2 (h2d, 65536 bytes) on stream simdev-s0 "
+                      "failed (STOKE_SIMDEV_FAIL_COPY=2)");
+}
+
+/* Text-mode errors escape control characters of the names they quote (JSON escapes them too). */
+static void test_text_errors_escape_control_characters(void **state)
+{
+    const char *env[] = {"STOKE_PLUGIN_PATH=", "STOKE_ACCELERATOR=", NULL};
+    const char *args[] = {"load", "npy:/nonexistent-stoke/a\nb\x1b[31m\t", NULL};
+    assert_int_equal(run(env, args), 1);
+    if (!strstr(err, "/nonexistent-stoke/a\\nb\\x1b[31m\\t"))
+        fail_msg("stderr: [%s]", err);
+    assert_null(strchr(err, '\x1b'));
+    assert_null(strchr(err, '\t'));
+    assert_non_null(strchr(err, '\n'));
+    assert_ptr_equal(strchr(err, '\n'), err + strlen(err) - 1); /* one line */
+}
+
+/* `bench --help` behaves like every other --help: usage on stdout, exit 0; no benchmark named
+ * is still a usage error. */
+static void test_bench_help(void **state)
+{
+    const char *env[] = {"STOKE_PLUGIN_PATH=", "STOKE_ACCELERATOR=", NULL};
+    static const char *const helps[][3] = {
+        {"bench", "--help", NULL}, {"bench", "-h", NULL},
+        {"bench", "copy", "--help"}, {"bench", "pinned", "--help"}};
+    for (size_t i = 0; i < sizeof(helps) / sizeof(helps[0]); i++) {
+        const char *args[4] = {helps[i][0], helps[i][1], helps[i][2], NULL};
+        assert_int_equal(run(env, args), 0);
+        assert_true(strncmp(out, "usage: stoke bench ", 19) == 0);
+        assert_string_equal(err, "");
+    }
+    const char *none[] = {"bench", NULL};
+    assert_int_equal(run(env, none), 2);
+    assert_string_equal(out, "");
+    assert_true(strncmp(err, "usage: stoke bench ", 19) == 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lost_output_fails),
         cmocka_unit_test(test_option_needs_value),
         cmocka_unit_test(test_bench_json_failures),
+        cmocka_unit_test(test_bench_copy_failure_keeps_reason),
+        cmocka_unit_test(test_text_errors_escape_control_characters),
+        cmocka_unit_test(test_bench_help),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

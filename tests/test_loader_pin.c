@@ -243,8 +243,8 @@ static void test_device_setup_failure_keeps_reason(void **state)
         assert_null(l);
         snprintf(want, sizeof(want),
                  "loader: device 'simdev': batch buffer %d of 6: simdev: allocating 4096 bytes on "
-                 "device 0 failed: simdev: injected allocation failure: device_alloc of 4096 "
-                 "bytes on device 0 is allocation #%d (STOKE_SIMDEV_FAIL_ALLOC=%d)",
+                 "device 0 failed: injected allocation failure: device_alloc of 4096 bytes on "
+                 "device 0 is allocation #%d (STOKE_SIMDEV_FAIL_ALLOC=%d)",
                  n - 6, n, n);
         assert_string_equal(stoke_last_error(), want);
     }
@@ -256,8 +256,8 @@ static void test_device_setup_failure_keeps_reason(void **state)
     assert_null(l);
     assert_string_equal(stoke_last_error(),
                         "loader: device 'simdev': batch buffer 1 of 6: simdev: allocating 4096 "
-                        "bytes on device 0 failed: simdev: device_alloc: out of memory on device "
-                        "0: 4096 bytes asked, 0 of 1024 in use (STOKE_SIMDEV_MEMORY)");
+                        "bytes on device 0 failed: device_alloc: out of memory on device 0: 4096 "
+                        "bytes asked, 0 of 1024 in use (STOKE_SIMDEV_MEMORY)");
     tu_env("STOKE_SIMDEV_MEMORY", NULL);
     tds_free(&t);
     tu_use_none();
@@ -365,6 +365,41 @@ static void test_device_copy_failure(void **state)
     tu_use_none();
 }
 
+/* The loader's error for an asynchronous copy failure carries the backend's reason (which copy
+ * failed and why), not only "work before the event failed". */
+static void test_device_copy_failure_keeps_backend_reason(void **state)
+{
+    tu_env("STOKE_SIMDEV_FAIL_COPY", "3");
+    tu_use_simdev();
+    tds t;
+    stoke_dataset ds;
+    tds_make(&t, &ds, 40);
+    stoke_loader_opts o;
+    stoke_loader_opts_init(&o);
+    o.batch_size = 4;
+    o.num_workers = 0;
+    o.device = "simdev";
+    stoke_loader *l;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    stoke_batch *b;
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(stoke_loader_next(l, &b), STOKE_OK);
+        assert_int_equal(stoke_batch_device_wait(b), i == 0 ? STOKE_OK : STOKE_EBACKEND);
+        if (i == 0)
+            stoke_batch_release(b);
+    }
+    const char *want = "failed: simdev: work before the event on device 0 failed: injected copy "
+                       "failure: copy #3 (h2d, ";
+    if (!strstr(stoke_loader_last_error(l), want))
+        fail_msg("loader error: %s", stoke_loader_last_error(l));
+    assert_non_null(strstr(stoke_loader_last_error(l), "(STOKE_SIMDEV_FAIL_COPY=3) (STOKE_EBACKEND)"));
+    stoke_batch_release(b);
+    stoke_loader_destroy(l);
+    tds_free(&t);
+    tu_env("STOKE_SIMDEV_FAIL_COPY", NULL);
+    tu_use_none();
+}
+
 /* A JSON value of `key` (number or string, as text) in `json`. */
 static const char *json_val(const char *json, const char *key, char *buf, size_t len)
 {
@@ -443,6 +478,7 @@ int main(void)
         cmocka_unit_test(test_spec_errors),
         cmocka_unit_test(test_device_setup_failure_keeps_reason),
         cmocka_unit_test(test_device_copy_failure),
+        cmocka_unit_test(test_device_copy_failure_keeps_backend_reason),
         cmocka_unit_test(test_cli),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

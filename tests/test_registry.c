@@ -397,6 +397,45 @@ static void test_plugin_directory_considers_every_entry_in_name_order(void **sta
     remove_dir(base);
 }
 
+/* A plugin path longer than stoke_backend_info.path is listed, and named in the selection's
+ * reason, with its head and tail (the file's name) joined by " ... ", never plainly cut. */
+static void test_long_plugin_path_is_shortened_visibly(void **state)
+{
+    char base[1024], path[2048];
+    fresh_dir("longpath", base, sizeof(base));
+    size_t n = (size_t)snprintf(path, sizeof(path), "%s", base);
+    for (int level = 0; level < 6; level++) {
+        path[n++] = '/';
+        memset(path + n, 'd', 190);
+        n += 190;
+        path[n] = '\0';
+        if (mkdir(path, 0755) != 0)
+            fail_msg("mkdir %s: %s", path, strerror(errno));
+    }
+    snprintf(path + n, sizeof(path) - n, "/alpha.so");
+    if (symlink(plug(0, "alpha.so"), path) != 0)
+        fail_msg("symlink %s: %s", path, strerror(errno));
+    assert_true(strlen(path) > 1200);
+
+    tu_env("STOKE_PLUGIN_PATH", path);
+    stoke_accelerator_info acc;
+    assert_int_equal(stoke_accelerator_get(&acc), STOKE_OK);
+    assert_string_equal(acc.backend, "alpha");
+    stoke_backend_info b;
+    assert_int_equal(find_backend("alpha", &b), 0);
+    size_t len = strlen(b.path);
+    assert_int_equal(len, sizeof(b.path) - 1);
+    assert_non_null(strstr(b.path, " ... "));
+    assert_true(strncmp(b.path, path, 60) == 0);
+    assert_string_equal(b.path + len - 10, "d/alpha.so");
+    /* "first available plugin loaded by the application (<head> ... <tail>/alpha.so)" */
+    len = strlen(acc.reason);
+    assert_non_null(strstr(acc.reason, "first available plugin loaded by the application ("));
+    assert_non_null(strstr(acc.reason, " ... "));
+    assert_string_equal(acc.reason + len - 11, "d/alpha.so)");
+    remove_dir(base);
+}
+
 /* Past the limit of plugin files, each skipped file is listed and warned about, naming the
  * limit. */
 static void test_plugin_file_limit_is_reported(void **state)
@@ -423,6 +462,8 @@ static void test_plugin_file_limit_is_reported(void **state)
         assert_int_equal(stoke_backend_get_info(i, &b), STOKE_OK);
         int skipped = strstr(b.reason, "limit of 512 plugin files") != NULL;
         assert_int_equal(skipped, i >= LIMIT);
+        if (skipped)
+            assert_string_equal(b.reason, "skipped: the limit of 512 plugin files is reached");
     }
     assert_int_equal(tu_log_count(STOKE_LOG_WARN, "limit of 512 plugin files"), N - LIMIT);
     char name[1200];
@@ -657,6 +698,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_plugin_directory_considers_every_entry_in_name_order,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_plugin_file_limit_is_reported, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_long_plugin_path_is_shortened_visibly, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_plugin_path_too_long_is_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_explicit_unavailable_warns_with_its_reason, setup,
                                         teardown),

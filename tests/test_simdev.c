@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "../plugins/simdev/simdev.h"
+#include "common/internal.h"
 #include "registry/registry.h"
 #include "stoke/stoke.h"
 #include "testutil.h"
@@ -527,7 +528,11 @@ static void test_simdev_fail_alloc_names_the_injected_allocation(void **state)
     assert_int_equal(tu_log_count(STOKE_LOG_WARN, "injected allocation failure"), 1);
     assert_int_equal(tu_log_count(STOKE_LOG_WARN, "STOKE_SIMDEV_FAIL_ALLOC=3"), 1);
     assert_int_equal(tu_log_count(STOKE_LOG_WARN, "device_alloc of 1024 bytes"), 1);
-    assert_non_null(strstr(stoke_last_error(), "1024 bytes"));
+    /* The backend's reason follows the host's message once, without its "simdev: " again. */
+    assert_string_equal(stoke_last_error(),
+                        "simdev: allocating 1024 bytes on device 0 failed: injected allocation "
+                        "failure: device_alloc of 1024 bytes on device 0 is allocation #3 "
+                        "(STOKE_SIMDEV_FAIL_ALLOC=3)");
     /* Only the third fails. */
     assert_int_equal(stoke_device_buffer_create(s, 1024, &buf), STOKE_OK); /* #4 */
     assert_int_equal(vt->host_alloc(0, 4096, &b), STOKE_OK);               /* #5 */
@@ -590,11 +595,18 @@ static void test_simdev_fail_copy_is_reported_by_the_next_marker(void **state)
     }
     assert_int_equal(stoke_event_synchronize(e[2]), STOKE_OK);
     assert_int_equal(stoke_event_synchronize(e[0]), STOKE_OK);
+    /* The failure's reason reaches the caller's error, not only the log, each time it is
+     * reported. */
+    const char *want = "simdev: work before the event on device 0 failed: injected copy failure: "
+                       "copy #2 (h2d, 256 bytes) on stream simdev-s0 failed "
+                       "(STOKE_SIMDEV_FAIL_COPY=2)";
     assert_int_equal(stoke_event_synchronize(e[1]), STOKE_EBACKEND);
+    assert_string_equal(stoke_last_error(), want);
     assert_int_equal(stoke_event_query(e[1]), STOKE_EBACKEND); /* as often as asked */
-    assert_int_equal(stoke_event_query(e[2]), STOKE_OK);       /* delivered once */
-    assert_int_equal(tu_log_count(STOKE_LOG_WARN, "injected copy failure: copy #2"), 1);
-    assert_int_equal(tu_log_count(STOKE_LOG_WARN, "STOKE_SIMDEV_FAIL_COPY=2"), 1);
+    assert_string_equal(stoke_last_error(), want);
+    assert_int_equal(stoke_event_query(e[2]), STOKE_OK); /* delivered once */
+    assert_int_equal(tu_log_count(STOKE_LOG_WARN, "injected copy failure: copy #2"), 2);
+    assert_int_equal(tu_log_count(STOKE_LOG_WARN, "STOKE_SIMDEV_FAIL_COPY=2"), 2);
 
     /* The failed copy left its destination untouched; the others landed. */
     memset(out, 0, sizeof(out));
@@ -621,8 +633,13 @@ static void test_simdev_fail_copy_is_reported_by_the_next_marker(void **state)
     assert_int_equal(vt->device_alloc(0, 256, &d), STOKE_OK);
     assert_int_equal(vt->copy_h2d_async(d, 0, in[0], 256, bs), STOKE_OK);
     assert_int_equal(vt->copy_h2d_async(d, 0, in[1], 256, bs), STOKE_OK);
+    stoke__clear_error();
     assert_int_equal(vt->stream_synchronize(bs), STOKE_EBACKEND);
+    assert_non_null(strstr(stoke_last_error(), "simdev: injected copy failure: copy #1 (h2d, 256 "
+                                                "bytes)"));
+    stoke__clear_error();
     assert_int_equal(vt->stream_synchronize(bs), STOKE_OK);
+    assert_string_equal(stoke_last_error(), "");
     assert_int_equal(vt->copy_d2h_async(out, d, 0, 256, bs), STOKE_OK);
     assert_int_equal(vt->stream_synchronize(bs), STOKE_OK);
     assert_true(check(out, 256, 11));

@@ -42,9 +42,29 @@ void cli_json_str(FILE *f, const char *s)
     fputc('"', f);
 }
 
+/* Writes s to f with control characters escaped ("\n", "\x1b"): a message may quote a file
+ * name or an argument, and its raw bytes must not break the line or drive the terminal. */
+static void put_escaped(FILE *f, const char *s)
+{
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        switch (*p) {
+        case '\n': fputs("\\n", f); break;
+        case '\t': fputs("\\t", f); break;
+        case '\r': fputs("\\r", f); break;
+        default:
+            if (*p < 0x20 || *p == 0x7f)
+                fprintf(f, "\\x%02x", *p);
+            else
+                fputc(*p, f);
+        }
+    }
+}
+
 static int report(const cli_cmd *c, int status, const char *msg)
 {
-    fprintf(stderr, "stoke %s: %s\n", c->name, msg);
+    fprintf(stderr, "stoke %s: ", c->name);
+    put_escaped(stderr, msg);
+    fputc('\n', stderr);
     if (c->json) {
         printf("{\"ok\": false, \"error\": ");
         cli_json_str(stdout, msg);

@@ -127,6 +127,22 @@ static void print_text(int have, const stoke_accelerator_info *acc)
     }
 }
 
+/* A refused --accelerator.  The library's message names its API ("stoke_accelerator_select=
+ * simdev:5: simdev has 2 device(s), no device 5"); the user wrote an option, so the message
+ * names the option instead. */
+static int fail_accelerator(const cli_cmd *c, const char *accel, int rc)
+{
+    static const char api[] = "stoke_accelerator_select=";
+    const char *msg = stoke_last_error();
+    if (!msg || !*msg)
+        return cli_fail(c, 1, "--accelerator %s: %s", accel, stoke_strerror(rc));
+    size_t n = strlen(accel);
+    if (strncmp(msg, api, sizeof(api) - 1) != 0 || strncmp(msg + sizeof(api) - 1, accel, n) != 0)
+        return cli_fail(c, 1, "--accelerator: %s", msg);
+    msg += sizeof(api) - 1 + n; /* ": simdev has ...", " is not of the form ...", " requested, ..." */
+    return cli_fail(c, 1, "--accelerator %s%s", accel, msg);
+}
+
 int cmd_devices(int argc, char **argv)
 {
     cli_cmd c = {"devices", cli_has_json(argc, argv)};
@@ -146,7 +162,7 @@ int cmd_devices(int argc, char **argv)
     if (accel) {
         int rc = stoke_accelerator_select(accel);
         if (rc != STOKE_OK)
-            return cli_fail_rc(&c, 1, "--accelerator", rc);
+            return fail_accelerator(&c, accel, rc);
     }
     stoke_accelerator_info acc;
     int rc = stoke_accelerator_get(&acc);

@@ -57,7 +57,7 @@ extern "C" {
  * the largest class); STOKE_ELIMIT (the cap was reached and the policy is
  * STOKE_PINNED_LIMIT_FAIL); the backend's code (e.g. STOKE_ENOMEM, STOKE_EBACKEND) when pinning
  * failed (after one retry that releases idle blocks when it was STOKE_ENOMEM), with the
- * driver's reason and RLIMIT_MEMLOCK in stoke_last_error(); STOKE_ENOMEM also when the
+ * driver's reason in stoke_last_error() (RLIMIT_MEMLOCK instead when it gave none); STOKE_ENOMEM also when the
  * allocator's own bookkeeping fails (including more than its fixed number of distinct
  * backend/device pairs); STOKE_ENOENT / STOKE_ERANGE / STOKE_EINVAL when STOKE_ACCELERATOR is
  * invalid.  *out is NULL on failure.  Without an accelerator it succeeds with ordinary memory

@@ -13,7 +13,10 @@
  * to the first marker after the failed copy in queue order: the next event recorded on the
  * stream (its query and synchronize then return STOKE_EBACKEND, as often as asked, until it is
  * recorded again) or, when no event follows, the next stream_synchronize.  Later work on the
- * stream runs normally.
+ * stream runs normally.  The failed copy's message travels with the error (stream `err_msg`,
+ * then event `msg`): the call that reports the error logs it as a warning from the caller's
+ * thread, so the host can make it part of the caller's error; the stream thread itself only
+ * logs it at DEBUG level when the copy fails.
  *
  * Locking.  Stream mutex `mu`: the queue, counts, pending error and stop flag.  Event mutex
  * `mu`: generation, done flag, status, references.  Lock order: a stream's mutex may be held
@@ -31,6 +34,7 @@
 #include "simdev_int.h"
 
 #define SIMDEV_QUEUE_MAX 1024
+#define SIMDEV_MSG_MAX   256
 
 typedef enum op_kind { OP_H2D, OP_D2H, OP_EVENT } op_kind;
 
@@ -61,6 +65,7 @@ struct stoke_backend_stream {
     size_t queued;
     uint64_t submitted, completed;
     int err;  /* first error not yet delivered to a marker */
+    char err_msg[SIMDEV_MSG_MAX]; /* its reason */
     int stop; /* 1: finish the queue and exit; 2: cancel the queue and exit (shutdown) */
     struct stoke_backend_stream *prev, *next; /* objs_lock */
 };
@@ -72,6 +77,7 @@ struct stoke_backend_event {
     uint64_t gen; /* number of records; 0: never recorded */
     int done;     /* the latest record's marker ran */
     int status;   /* its outcome */
+    char msg[SIMDEV_MSG_MAX]; /* the reason of a failed status */
     int refs;     /* the owner's (until event_destroy) + one per queued marker */
     struct stoke_backend_event *prev, *next; /* objs_lock */
 };
@@ -152,13 +158,23 @@ int simdev__event_destroy(stoke_backend_event *e)
     return STOKE_OK;
 }
 
+/* Logs the reason of a failed status from the caller's thread (see the header comment). */
+static void report_failure(int rc, const char *msg)
+{
+    if (rc != STOKE_OK && rc != STOKE_EBUSY && msg[0])
+        simdev__log(STOKE_LOG_WARN, "%s", msg);
+}
+
 int simdev__event_query(stoke_backend_event *e)
 {
     if (!e)
         return STOKE_EINVAL;
+    char msg[SIMDEV_MSG_MAX];
     pthread_mutex_lock(&e->mu);
     int rc = e->gen == 0 || e->done ? e->status : STOKE_EBUSY;
+    memcpy(msg, e->msg, sizeof(msg));
     pthread_mutex_unlock(&e->mu);
+    report_failure(rc, msg);
     return rc;
 }
 
@@ -170,7 +186,10 @@ int simdev__event_synchronize(stoke_backend_event *e)
     while (e->gen != 0 && !e->done)
         pthread_cond_wait(&e->cv, &e->mu);
     int rc = e->status;
+    char msg[SIMDEV_MSG_MAX];
+    memcpy(msg, e->msg, sizeof(msg));
     pthread_mutex_unlock(&e->mu);
+    report_failure(rc, msg);
     return rc;
 }
 
@@ -187,19 +206,21 @@ static void deadline_after(struct timespec *ts, uint64_t us)
     }
 }
 
-/* Runs one copy (called without s->mu).  Returns its status. */
-static int run_copy(stoke_backend_stream *s, op *o, int canceled)
+/* Runs one copy (called without s->mu).  Returns its status; a failure's reason goes to
+ * msg[SIMDEV_MSG_MAX]. */
+static int run_copy(stoke_backend_stream *s, op *o, int canceled, char *msg)
 {
     int rc = STOKE_OK;
     if (canceled) {
         rc = STOKE_ECANCELED;
     } else if (o->fail) {
         rc = STOKE_EBACKEND;
-        simdev__log(STOKE_LOG_WARN,
-                    "injected copy failure: copy #%llu (%s, %zu bytes) on stream simdev-s%u "
-                    "failed (STOKE_SIMDEV_FAIL_COPY=%llu)",
-                    (unsigned long long)o->copy_no, o->kind == OP_H2D ? "h2d" : "d2h", o->n, s->id,
-                    (unsigned long long)o->copy_no);
+        snprintf(msg, SIMDEV_MSG_MAX,
+                 "injected copy failure: copy #%llu (%s, %zu bytes) on stream simdev-s%u "
+                 "failed (STOKE_SIMDEV_FAIL_COPY=%llu)",
+                 (unsigned long long)o->copy_no, o->kind == OP_H2D ? "h2d" : "d2h", o->n, s->id,
+                 (unsigned long long)o->copy_no);
+        simdev__log(STOKE_LOG_DEBUG, "%s", msg);
     } else if (o->kind == OP_H2D) {
         memcpy(o->dev, o->host, o->n);
     } else {
@@ -247,7 +268,12 @@ static void *stream_main(void *arg)
             pthread_mutex_lock(&e->mu);
             if (e->gen == o->gen) { /* not re-recorded since: this marker is the live one */
                 e->status = canceled ? STOKE_ECANCELED : s->err;
+                if (canceled)
+                    snprintf(e->msg, sizeof(e->msg), "event canceled: the stream was shut down");
+                else
+                    memcpy(e->msg, s->err_msg, sizeof(e->msg));
                 s->err = STOKE_OK; /* delivered */
+                s->err_msg[0] = '\0';
                 e->done = 1;
                 pthread_cond_broadcast(&e->cv);
             }
@@ -258,10 +284,13 @@ static void *stream_main(void *arg)
             event_unref(e);
         } else {
             pthread_mutex_unlock(&s->mu);
-            int rc = run_copy(s, o, canceled);
+            char msg[SIMDEV_MSG_MAX] = "";
+            int rc = run_copy(s, o, canceled, msg);
             pthread_mutex_lock(&s->mu);
-            if (rc != STOKE_OK && rc != STOKE_ECANCELED && s->err == STOKE_OK)
+            if (rc != STOKE_OK && rc != STOKE_ECANCELED && s->err == STOKE_OK) {
                 s->err = rc;
+                memcpy(s->err_msg, msg, sizeof(s->err_msg));
+            }
             s->completed++;
             pthread_cond_broadcast(&s->done);
             pthread_mutex_unlock(&s->mu);
@@ -374,8 +403,12 @@ int simdev__stream_synchronize(stoke_backend_stream *s)
     while (s->completed < target)
         pthread_cond_wait(&s->done, &s->mu);
     int rc = s->err;
+    char msg[SIMDEV_MSG_MAX];
+    memcpy(msg, s->err_msg, sizeof(msg));
     s->err = STOKE_OK; /* delivered */
+    s->err_msg[0] = '\0';
     pthread_mutex_unlock(&s->mu);
+    report_failure(rc, msg);
     return rc;
 }
 
@@ -478,6 +511,7 @@ int simdev__event_record(stoke_backend_event *e, stoke_backend_stream *s)
     o->gen = ++e->gen;
     e->done = 0;
     e->status = STOKE_OK;
+    e->msg[0] = '\0';
     e->refs++;
     pthread_mutex_unlock(&e->mu);
     enqueue(s, o);

@@ -92,9 +92,9 @@ void stoke__loader_copy_batch(stoke_loader *l, stoke_batch *b)
 int stoke__loader_device_failed(stoke_loader *l, stoke_batch *b, int rc, const char *op,
                                 const char *prep)
 {
-    char what[160], detail[256];
+    char what[160], detail[512]; /* the backend's whole reason (an asynchronous copy's, too) */
     stoke__loader_batch_desc(l, b, what, sizeof(what));
-    stoke__strlcpy(detail, stoke_last_error(), sizeof(detail));
+    stoke__shorten(detail, sizeof(detail), stoke_last_error());
     pthread_mutex_lock(&l->mu);
     if (!b->dev_failed) {
         b->dev_failed = 1;

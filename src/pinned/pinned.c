@@ -557,13 +557,15 @@ static int pin_new(pn_pool *p, int cls, pn_block **out)
                 continue;
             unreserve(size);
             stoke__pn_desc_put(b);
+            /* The backend's own reason stands alone; only a failure it left unexplained gets
+             * the memory-lock limit as a possible cause (naming it next to, say, an injected
+             * fault would point at the wrong cause). */
             char detail[512], ml[64];
             stoke__strlcpy(detail, stoke_last_error(), sizeof(detail));
-            describe_memlock(ml, sizeof(ml));
             if (detail[0])
-                return stoke__fail(rc, "pinned: %s could not pin %zu bytes for device %d: %s "
-                                   "(RLIMIT_MEMLOCK: %s)",
-                                   p->vt->name, size, p->dev, detail, ml);
+                return stoke__fail(rc, "pinned: %s could not pin %zu bytes for device %d: %s",
+                                   p->vt->name, size, p->dev, detail);
+            describe_memlock(ml, sizeof(ml));
             return stoke__fail(rc, "pinned: %s could not pin %zu bytes for device %d: %s "
                                "(RLIMIT_MEMLOCK: %s; the backend gave no detail)",
                                p->vt->name, size, p->dev, stoke_strerror(rc), ml);

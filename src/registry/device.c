@@ -30,7 +30,9 @@ struct stoke_device_buffer {
 
 /* Fails with `code` and a message that ends with the backend's own detail, when the backend left
  * one (built-in backends record it as the thread's last error; callers clear it before calling
- * into the backend so that a stale message is never appended). */
+ * into the backend so that a stale message is never appended).  The message starts with the
+ * backend's name ("simdev: ..."); a plugin's detail arrives with the same "simdev: " prefix
+ * (registry.c's host_log), which is dropped rather than repeated. */
 static int backend_fail(int code, const char *fmt, ...) STOKE__PRINTF(2, 3);
 static int backend_fail(int code, const char *fmt, ...)
 {
@@ -40,9 +42,12 @@ static int backend_fail(int code, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
-    if (detail[0])
-        return stoke__fail(code, "%s: %s", msg, detail);
-    return stoke__fail(code, "%s", msg);
+    if (!detail[0])
+        return stoke__fail(code, "%s", msg);
+    const char *d = detail, *colon = strstr(msg, ": ");
+    if (colon && strncmp(detail, msg, (size_t)(colon - msg) + 2) == 0 && detail[colon - msg + 2])
+        d = detail + (colon - msg) + 2;
+    return stoke__fail(code, "%s: %s", msg, d);
 }
 
 int stoke_stream_create(const char *backend, stoke_stream **out)

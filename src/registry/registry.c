@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -216,16 +217,19 @@ static entry *add_plugin_entry_locked(const char *path)
     if (!e)
         return NULL;
     e->info.origin = STOKE_ORIGIN_PLUGIN;
-    stoke__strlcpy(e->info.path, path, sizeof(e->info.path));
+    /* A path longer than info.path keeps its head and tail joined by " ... ": cut plainly, it
+     * would name a file that does not exist. */
+    stoke__shorten(e->info.path, sizeof(e->info.path), path);
     const char *base = strrchr(path, '/');
     stoke__strlcpy(e->info.name, base ? base + 1 : path, sizeof(e->info.name));
     reg.plugins[reg.nplugins++] = e;
     return e;
 }
 
-/* Marks `e` rejected because of `why`, logs it at WARN and returns `rc` (the last error says
- * the same). */
-static int reject_locked(entry *e, const char *path, int rc, const char *why)
+/* Marks `e` `verb` ("rejected", "skipped") because of `why`, logs it at WARN and returns `rc`
+ * (the last error says the same). */
+static int set_unusable_locked(entry *e, const char *path, int rc, const char *verb,
+                               const char *why)
 {
     if (e->dl && !e->vt) {
         dlclose(e->dl);
@@ -233,8 +237,13 @@ static int reject_locked(entry *e, const char *path, int rc, const char *why)
     }
     e->vt = NULL;
     e->probed = 1;
-    stoke__fmt(e->info.reason, sizeof(e->info.reason), "rejected: %s", why);
-    return stoke__fail_at(STOKE_LOG_WARN, rc, "plugin %s rejected: %s", path, why);
+    stoke__fmt(e->info.reason, sizeof(e->info.reason), "%s: %s", verb, why);
+    return stoke__fail_at(STOKE_LOG_WARN, rc, "plugin %s %s: %s", path, verb, why);
+}
+
+static int reject_locked(entry *e, const char *path, int rc, const char *why)
+{
+    return set_unusable_locked(e, path, rc, "rejected", why);
 }
 
 static const char *file_type_name(mode_t mode)
@@ -315,9 +324,8 @@ static int load_plugin_locked(const char *path)
                               "plugin %s not loaded: out of memory", path);
     char why[256] = "";
     if (reg.nplugins > MAX_PLUGIN_FILES) {
-        stoke__fmt(why, sizeof(why), "skipped: the limit of %d plugin files is reached",
-                   MAX_PLUGIN_FILES);
-        return reject_locked(e, path, STOKE_ELIMIT, why);
+        stoke__fmt(why, sizeof(why), "the limit of %d plugin files is reached", MAX_PLUGIN_FILES);
+        return set_unusable_locked(e, path, STOKE_ELIMIT, "skipped", why);
     }
     int rc = check_plugin_file(path, why, sizeof(why));
     if (rc == STOKE_OK)
@@ -493,6 +501,17 @@ int stoke__parse_accel_spec(const char *spec, char *name, size_t name_len, int *
 }
 
 /* Computes the selection into `s` (under the lock). */
+/* stoke__fmt for a reason that names a path: one too long keeps its head and its tail (the
+ * file's name) joined by " ... ". */
+static void reason_fmt(char *dst, size_t n, const char *fmt, ...) STOKE__PRINTF(3, 4);
+static void reason_fmt(char *dst, size_t n, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    stoke__vfmt_short(dst, n, fmt, ap);
+    va_end(ap);
+}
+
 static void select_locked(selection *s)
 {
     const char *spec = reg.api_spec[0] ? reg.api_spec : stoke__env_str(STOKE_ENV_ACCELERATOR);
@@ -545,7 +564,7 @@ static void select_locked(selection *s)
         if (probe_entry(reg.plugins[i], 0)) {
             s->e = reg.plugins[i];
             s->device_count = s->e->info.device_count;
-            stoke__fmt(s->reason, sizeof(s->reason), "first available plugin loaded by the "
+            reason_fmt(s->reason, sizeof(s->reason), "first available plugin loaded by the "
                        "application (%s)", reg.plugins[i]->info.path);
             return;
         }
