@@ -13,11 +13,11 @@
 
 #include "test_loader_ds.h"
 
-#define N    1000 /* rows: not a multiple of the block size nor of the batch size */
-#define ROW  40   /* bytes of an npy row */
-#define BS   48
-#define BLK  64
-#define WIN  3
+#define N   1000 /* rows: not a multiple of the block size nor of the batch size */
+#define ROW 40   /* bytes of an npy row */
+#define BS  48
+#define BLK 64
+#define WIN 3
 
 enum { DS_TDS, DS_NPY_MMAP, DS_NPY_PREAD, DS_KINDS };
 static const char *const DS_NAMES[] = {"get() per sample", "npy io=mmap (get_batch)",
@@ -33,8 +33,8 @@ static unsigned char npy_byte(uint64_t i, size_t k)
 static void write_npy(const char *path)
 {
     char dict[128];
-    snprintf(dict, sizeof(dict), "{'descr': '|u1', 'fortran_order': False, 'shape': (%d, %d), }",
-             N, ROW);
+    snprintf(dict, sizeof(dict), "{'descr': '|u1', 'fortran_order': False, 'shape': (%d, %d), }", N,
+             ROW);
     size_t dl = strlen(dict), total = (10 + dl + 1 + 63) / 64 * 64, hlen = total - 10;
     unsigned char head[256];
     memcpy(head, "\x93NUMPY\x01\x00", 8);
@@ -153,9 +153,9 @@ static uint64_t drain_checked(stoke_loader *l, const src *s, const stoke_sampler
             assert_int_equal(stoke_sampler_index(want, seed, epoch, pos + n, &x), STOKE_OK);
             if (idx[j] != x)
                 fail_msg("%s: epoch %llu position %llu delivered sample %llu, the sampler says "
-                         "%llu", what, (unsigned long long)epoch,
-                         (unsigned long long)(pos + n), (unsigned long long)idx[j],
-                         (unsigned long long)x);
+                         "%llu",
+                         what, (unsigned long long)epoch, (unsigned long long)(pos + n),
+                         (unsigned long long)idx[j], (unsigned long long)x);
         }
         stoke_batch_release(b);
     }

@@ -37,8 +37,8 @@ static inline uint64_t busy_begin(const stoke_loader *l, stoke__worker *w, uint6
 /* Ends what busy_begin started: clears the worker's busy mark, or, in the caller's thread
  * (w NULL), turns a success that took longer than the timeout into STOKE_ETIMEDOUT (with the
  * message in msg).  Returns the status. */
-static inline int busy_end(const stoke_loader *l, stoke__worker *w, uint64_t t0, int rc,
-                           char *msg, size_t msg_len)
+static inline int busy_end(const stoke_loader *l, stoke__worker *w, uint64_t t0, int rc, char *msg,
+                           size_t msg_len)
 {
     if (!l->o.timeout_ms)
         return rc;
@@ -86,8 +86,8 @@ static int batch_indices(stoke_loader *l, stoke_batch *b, uint64_t seed, uint64_
 }
 
 /* MAP_VAR: sample idx packed into slot j of b.  Returns the status (msg set on an error). */
-static int var_sample(stoke_loader *l, stoke_batch *b, int wid, size_t j, uint64_t idx,
-                      char *msg, size_t msg_len)
+static int var_sample(stoke_loader *l, stoke_batch *b, int wid, size_t j, uint64_t idx, char *msg,
+                      size_t msg_len)
 {
     const void *data = NULL;
     size_t len = 0;
