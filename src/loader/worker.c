@@ -43,7 +43,7 @@ static inline int busy_end(const stoke_loader *l, stoke__worker *w, uint64_t t0,
     if (!l->o.timeout_ms)
         return rc;
     if (w) {
-        atomic_store_explicit(&w->busy_since, 0, memory_order_relaxed);
+        atomic_store_explicit(&w->busy_since, 0, memory_order_release);
     } else if (rc == STOKE_OK && stoke__now_ns() - t0 > (uint64_t)l->o.timeout_ms * 1000000u) {
         rc = STOKE_ETIMEDOUT;
         stoke__fmt(msg, msg_len, "took longer than the timeout of %u ms", l->o.timeout_ms);
