@@ -103,7 +103,7 @@ typedef struct load_args {
     cli_cmd cmd;
     const char *source, *pin_dev, *device;
     uint64_t batch, workers, prefetch, seed, epochs, limit;
-    uint64_t block_rows, block_window; /* ORDER_BLOCK; 0 = the sampler's default */
+    uint64_t block_rows, block_window; /* ORDER_BLOCK: the sizes (defaults filled in) */
     int order, drop_last, pin, verify, in_order, hash;
 } load_args;
 
@@ -166,6 +166,8 @@ static int parse_shuffle(const cli_cmd *c, const char *kind, load_args *a)
         return cli_fail(c, -1, "--shuffle=%s: expected random, none or block[:ROWS[:WINDOW]]",
                         kind);
     a->order = ORDER_BLOCK;
+    a->block_rows = STOKE_SAMPLER_BLOCK_ROWS_DEFAULT;
+    a->block_window = STOKE_SAMPLER_BLOCK_WINDOW_DEFAULT;
     const char *p = kind[5] ? kind + 6 : NULL;
     uint64_t *dst[2] = {&a->block_rows, &a->block_window};
     for (int k = 0; k < 2 && p; k++) {
@@ -574,9 +576,8 @@ static void print_json_order(const load_run *r)
     const load_args *a = r->a;
     json_str_or_null("order", order_name(a->order));
     if (a->order == ORDER_BLOCK)
-        printf(", \"block_rows\": %" PRIu64 ", \"block_window\": %" PRIu64,
-               a->block_rows ? a->block_rows : (uint64_t)STOKE_SAMPLER_BLOCK_ROWS_DEFAULT,
-               a->block_window ? a->block_window : (uint64_t)STOKE_SAMPLER_BLOCK_WINDOW_DEFAULT);
+        printf(", \"block_rows\": %" PRIu64 ", \"block_window\": %" PRIu64, a->block_rows,
+               a->block_window);
     else
         printf(", \"block_rows\": null, \"block_window\": null");
     json_str_or_null("io", io_used(r));
@@ -642,9 +643,8 @@ static void print_text(const load_run *r, const char *content_src, const char *a
                a->verify && !r->status ? ", read back and hashed" : "");
     printf("  order: %s", order_name(a->order));
     if (a->order == ORDER_BLOCK)
-        printf(" (blocks of %" PRIu64 " rows, %" PRIu64 " mixed at a time)",
-               a->block_rows ? a->block_rows : (uint64_t)STOKE_SAMPLER_BLOCK_ROWS_DEFAULT,
-               a->block_window ? a->block_window : (uint64_t)STOKE_SAMPLER_BLOCK_WINDOW_DEFAULT);
+        printf(" (blocks of %" PRIu64 " rows, %" PRIu64 " mixed at a time)", a->block_rows,
+               a->block_window);
     const char *io = io_used(r);
     if (io)
         printf("; io: %s", io);
