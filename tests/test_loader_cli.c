@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "stoke/stoke.h"
 
@@ -127,7 +128,8 @@ static void test_help(void **state)
     const char *args[] = {"--help", NULL};
     assert_int_equal(load(NULL, args), 0);
     static const char *must[] = {"--limit BATCHES", "0 = no limit", "npy:PATH[,labels=",
-                                 "io=mmap|pread", "content_hash covers field 0 (\"data\") only",
+                                 "io=auto|mmap|pread|uring", "--shuffle[=KIND]",
+                                 "block[:ROWS[:WINDOW]]", "content_hash covers field 0 (\"data\") only",
                                  "of exactly the samples the run\ndelivered",
                                  "second, untimed pass", "hash_pass_seconds",
                                  "--device without\n--verify: not computed (null)"};
@@ -415,6 +417,151 @@ static void test_create_failure_message(void **state)
         fail_msg("stderr [%s] lacks [%s]", err, line);
 }
 
+/* ---- --shuffle=block and the npy io modes ------------------------------------------------ */
+
+/* order_hash of positions 0..n-1 of sampler kind `kind` (BLOCK: rows, window) over n samples,
+ * epoch 0 under `seed`, as the CLI computes it. */
+static uint64_t sampler_order_hash(int kind, uint64_t n, uint64_t rows, uint64_t window,
+                                   uint64_t seed)
+{
+    stoke_sampler_opts so;
+    stoke_sampler_opts_init(&so);
+    so.kind = kind;
+    so.block_rows = rows;
+    so.block_window = window;
+    stoke_sampler *s;
+    assert_int_equal(stoke_sampler_create(&so, n, &s), STOKE_OK);
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (uint64_t p = 0; p < n; p++) {
+        uint64_t x = 0;
+        assert_int_equal(stoke_sampler_index(s, seed, 0, p, &x), STOKE_OK);
+        for (int b = 0; b < 8; b++)
+            h = fnv_step(h, (unsigned char)((x >> (8 * b)) & 0xff));
+    }
+    stoke_sampler_destroy(s);
+    return h;
+}
+
+/* --shuffle=block[:ROWS[:WINDOW]]: the block sampler's order whatever the worker count,
+ * another order than --shuffle's, reported in JSON; bad values are usage errors. */
+static void test_shuffle_block(void **state)
+{
+    const char *env[] = {"STOKE_ACCELERATOR=", NULL};
+    const char *spec = "synthetic:1000,shape=8";
+    uint64_t block64 = sampler_order_hash(STOKE_SAMPLER_BLOCK, 1000, 64, 0, 3);
+    uint64_t block64w2 = sampler_order_hash(STOKE_SAMPLER_BLOCK, 1000, 64, 2, 3);
+    uint64_t random = sampler_order_hash(STOKE_SAMPLER_RANDOM, 1000, 0, 0, 3);
+    assert_true(block64 != random && block64 != block64w2);
+    char content[64] = "";
+    for (const char *w = "0"; w; w = w[0] == '0' ? "2" : NULL) {
+        const char *blk[] = {spec, "--batch-size", "48", "--seed", "3", "--workers", w,
+                             "--shuffle=block:64", "--json", NULL};
+        assert_int_equal(load(env, blk), 0);
+        assert_int_equal(hex_val(out, "order_hash"), block64);
+        expect_val(out, "order", "\"block\"");
+        expect_val(out, "shuffle", "true");
+        expect_val(out, "block_rows", "64");
+        expect_val(out, "block_window", "16");
+        expect_val(out, "io", "null");
+        if (!content[0])
+            snprintf(content, sizeof(content), "%s", jv(out, "content_hash"));
+        expect_val(out, "content_hash", content); /* every sample once, whatever the order */
+        const char *w2[] = {spec, "--batch-size", "48", "--seed", "3", "--workers", w,
+                            "--shuffle=block:64:2", "--json", NULL};
+        assert_int_equal(load(env, w2), 0);
+        assert_int_equal(hex_val(out, "order_hash"), block64w2);
+        expect_val(out, "block_window", "2");
+        const char *rnd[] = {spec, "--batch-size", "48", "--seed", "3", "--workers", w,
+                             "--shuffle", "--json", NULL};
+        assert_int_equal(load(env, rnd), 0);
+        assert_int_equal(hex_val(out, "order_hash"), random);
+        expect_val(out, "order", "\"random\"");
+        expect_val(out, "block_rows", "null");
+        expect_val(out, "content_hash", content);
+    }
+    const char *dflt[] = {spec, "--shuffle=block", "--json", NULL};
+    assert_int_equal(load(env, dflt), 0);
+    expect_val(out, "block_rows", "4096");
+    const char *none[] = {spec, "--shuffle=none", "--json", NULL};
+    assert_int_equal(load(env, none), 0);
+    expect_val(out, "order", "\"sequential\"");
+    expect_val(out, "shuffle", "false");
+    static const struct {
+        const char *arg, *msg;
+    } bad[] = {{"--shuffle=blocks", "--shuffle=blocks: expected random, none or block"},
+               {"--shuffle=block:0", "--shuffle=block:ROWS must be at least 1 (got 0)"},
+               {"--shuffle=block:64:0", "--shuffle=block:ROWS:WINDOW must be at least 1"},
+               {"--shuffle=block:64:2:1", "expected block[:ROWS[:WINDOW]]"},
+               {"--shuffle=block:x", "'x' is not a non-negative integer"},
+               {"--shuffle=", "expected random, none or block"}};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        const char *args[] = {spec, bad[i].arg, "--json", NULL};
+        assert_int_equal(load(env, args), 2);
+        expect_one_object(out);
+        if (!strstr(out, bad[i].msg) || !strstr(err, bad[i].msg))
+            fail_msg("%s: [%s] / [%s] lack [%s]", bad[i].arg, out, err, bad[i].msg);
+    }
+}
+
+/* JSON "io": the mode the npy source used, mmap for a file in the page cache under io=auto,
+ * the explicit mode otherwise; every mode delivers the same content_hash.  io=uring skips
+ * (after the other checks) where stoke_npy_io_available says it cannot work. */
+static void test_npy_io_modes(void **state)
+{
+    char path[512], name[64];
+    snprintf(name, sizeof(name), "cli_io_%d.npy", (int)getpid());
+    tu_tmp_path(name, path, sizeof(path));
+    char dict[128];
+    snprintf(dict, sizeof(dict), "{'descr': '|u1', 'fortran_order': False, 'shape': (%d, %d), }",
+             500, 300);
+    size_t dl = strlen(dict), hn = (10 + dl + 1 + 63) / 64 * 64;
+    static unsigned char file[128 + 500 * 300];
+    memcpy(file, "\x93NUMPY\x01\x00", 8);
+    file[8] = (unsigned char)((hn - 10) & 0xff);
+    file[9] = (unsigned char)((hn - 10) >> 8);
+    memcpy(file + 10, dict, dl);
+    memset(file + 10 + dl, ' ', hn - 10 - dl - 1);
+    file[hn - 1] = '\n';
+    for (size_t i = 0; i < 500 * 300; i++)
+        file[hn + i] = (unsigned char)((i * 2654435761u) >> 13);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(file, 1, hn + 500 * 300, f), hn + 500 * 300);
+    assert_int_equal(fclose(f), 0);
+    f = fopen(path, "rb"); /* just written, and read again: resident */
+    assert_non_null(f);
+    while (fread(file, 1, sizeof(file), f) == sizeof(file))
+        ;
+    fclose(f);
+
+    const char *env[] = {"STOKE_ACCELERATOR=", NULL};
+    static const char *const modes[] = {"", ",io=auto", ",io=mmap", ",io=pread", ",io=uring"};
+    static const char *const used[] = {"mmap", "mmap", "mmap", "pread", "uring"};
+    char content[64] = "", order[64] = "";
+    int uring = stoke_npy_io_available(STOKE_NPY_IO_URING) == STOKE_OK;
+    for (size_t m = 0; m < sizeof(modes) / sizeof(modes[0]); m++) {
+        if (strcmp(used[m], "uring") == 0 && !uring)
+            continue;
+        char spec[600], want[16];
+        snprintf(spec, sizeof(spec), "npy:%s%s", path, modes[m]);
+        const char *args[] = {spec, "--batch-size", "32", "--workers", "2", "--shuffle=block:16",
+                              "--json", NULL};
+        assert_int_equal(load(env, args), 0);
+        snprintf(want, sizeof(want), "\"%s\"", used[m]);
+        expect_val(out, "io", want);
+        if (!content[0]) {
+            snprintf(content, sizeof(content), "%s", jv(out, "content_hash"));
+            snprintf(order, sizeof(order), "%s", jv(out, "order_hash"));
+        }
+        expect_val(out, "content_hash", content);
+        expect_val(out, "order_hash", order);
+        expect_val(out, "samples", "500");
+    }
+    unlink(path);
+    if (!uring)
+        tu_skip("io=uring is not available here: %s", stoke_last_error());
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -425,6 +572,8 @@ int main(void)
         cmocka_unit_test(test_content_hash_out_of_order_limit),
         cmocka_unit_test(test_content_hash_epochs_and_limit),
         cmocka_unit_test(test_create_failure_message),
+        cmocka_unit_test(test_shuffle_block),
+        cmocka_unit_test(test_npy_io_modes),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_exit_status(cmocka_run_group_tests(tests, NULL, NULL));
 }

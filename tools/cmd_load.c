@@ -96,11 +96,15 @@ static uint64_t hash_order(uint64_t h, const uint64_t *idx, size_t n)
 
 /* ---- options --------------------------------------------------------------------------- */
 
+/* The sample order --shuffle asks for. */
+enum { ORDER_SEQUENTIAL = 0, ORDER_RANDOM = 1, ORDER_BLOCK = 2 };
+
 typedef struct load_args {
     cli_cmd cmd;
     const char *source, *pin_dev, *device;
     uint64_t batch, workers, prefetch, seed, epochs, limit;
-    int shuffle, drop_last, pin, verify, in_order, hash;
+    uint64_t block_rows, block_window; /* ORDER_BLOCK: the sizes (defaults filled in) */
+    int order, drop_last, pin, verify, in_order, hash;
 } load_args;
 
 static void usage(FILE *f)
@@ -109,11 +113,15 @@ static void usage(FILE *f)
             "usage: stoke load [SOURCE] [options]\n"
             "  SOURCE                 at most one (default: synthetic):\n"
             "                           synthetic[:N][,shape=3x32x32][,seed=S][,classes=C][,dtype=u8]\n"
-            "                           npy:PATH[,labels=LABELS.npy][,io=mmap|pread]\n"
+            "                           npy:PATH[,labels=LABELS.npy][,io=auto|mmap|pread|uring]\n"
             "  --batch-size N         samples per batch, >= 1 (default 256)\n"
             "  --workers N            worker threads 0..1024, 0 = the caller's thread (default 2)\n"
             "  --prefetch N           batches in flight per worker, 1..1024 (default 2)\n"
-            "  --shuffle              random order keyed by (seed, epoch)\n"
+            "  --shuffle[=KIND]       an order keyed by (seed, epoch); KIND: random (a bare\n"
+            "                         --shuffle), none (sequential), or block[:ROWS[:WINDOW]]:\n"
+            "                         block shuffle, the blocks of ROWS consecutive rows (default\n"
+            "                         4096) in random order, WINDOW blocks (default 16) mixed at\n"
+            "                         a time: nearly sequential reads (docs/loader.md)\n"
             "  --seed N               0..18446744073709551615 (default 0)\n"
             "  --epochs N             >= 1 (default 1)\n"
             "  --drop-last            drop a partial last batch\n"
@@ -145,6 +153,38 @@ static void usage(FILE *f)
             "status is 2 for a usage error, 1 for any other error (a failed write to stdout too).\n");
 }
 
+/* Parses the KIND of --shuffle=KIND into a->order and the block sizes.  0, or -1 after
+ * reporting the error. */
+static int parse_shuffle(const cli_cmd *c, const char *kind, load_args *a)
+{
+    a->block_rows = a->block_window = 0;
+    if (strcmp(kind, "random") == 0 || strcmp(kind, "none") == 0) {
+        a->order = kind[0] == 'r' ? ORDER_RANDOM : ORDER_SEQUENTIAL;
+        return 0;
+    }
+    if (strncmp(kind, "block", 5) != 0 || (kind[5] != '\0' && kind[5] != ':'))
+        return cli_fail(c, -1, "--shuffle=%s: expected random, none or block[:ROWS[:WINDOW]]",
+                        kind);
+    a->order = ORDER_BLOCK;
+    a->block_rows = STOKE_SAMPLER_BLOCK_ROWS_DEFAULT;
+    a->block_window = STOKE_SAMPLER_BLOCK_WINDOW_DEFAULT;
+    const char *p = kind[5] ? kind + 6 : NULL;
+    uint64_t *dst[2] = {&a->block_rows, &a->block_window};
+    for (int k = 0; k < 2 && p; k++) {
+        char num[32];
+        size_t n = strcspn(p, ":");
+        if (n >= sizeof(num) || (k == 1 && p[n] != '\0'))
+            return cli_fail(c, -1, "--shuffle=%s: expected block[:ROWS[:WINDOW]]", kind);
+        memcpy(num, p, n);
+        num[n] = '\0';
+        if (cli_u64(c, k ? "--shuffle=block:ROWS:WINDOW" : "--shuffle=block:ROWS", num, 1,
+                    1ull << 48, dst[k]) < 0)
+            return -1;
+        p = p[n] ? p + n + 1 : NULL;
+    }
+    return 0;
+}
+
 /* Fills *a from the command line.  Returns -1 to go on, or the exit status (help printed, or
  * a usage error reported). */
 static int parse_args(int argc, char **argv, load_args *a)
@@ -168,7 +208,7 @@ static int parse_args(int argc, char **argv, load_args *a)
         const char *name;
         size_t off;
         int value;
-    } flags[] = {{"--shuffle", offsetof(load_args, shuffle), 1},
+    } flags[] = {{"--shuffle", offsetof(load_args, order), ORDER_RANDOM},
                  {"--drop-last", offsetof(load_args, drop_last), 1},
                  {"--no-pin-memory", offsetof(load_args, pin), 0},
                  {"--verify", offsetof(load_args, verify), 1},
@@ -198,6 +238,11 @@ static int parse_args(int argc, char **argv, load_args *a)
         for (size_t k = 0; k < sizeof(flags) / sizeof(flags[0]) && !got; k++)
             if ((got = cli_is(arg, flags[k].name)) != 0)
                 *(int *)((char *)a + flags[k].off) = flags[k].value;
+        if (!got && strncmp(arg, "--shuffle=", 10) == 0) {
+            if (parse_shuffle(c, arg + 10, a) < 0)
+                return 2;
+            got = 1;
+        }
         if (got)
             continue;
         if (arg[0] == '-' && arg[1] != '\0') {
@@ -289,7 +334,12 @@ static int open_loader(const load_args *a, load_run *r)
     o.batch_size = (size_t)a->batch;
     o.num_workers = (int)a->workers;
     o.prefetch_factor = (int)a->prefetch;
-    o.shuffle = a->shuffle;
+    o.shuffle = a->order == ORDER_RANDOM;
+    if (a->order == ORDER_BLOCK) {
+        o.sampler.kind = STOKE_SAMPLER_BLOCK;
+        o.sampler.block_rows = a->block_rows;
+        o.sampler.block_window = a->block_window;
+    }
     o.seed = a->seed;
     o.drop_last = a->drop_last;
     o.pin_memory = a->pin;
@@ -508,6 +558,31 @@ static void json_str_or_null(const char *key, const char *s)
         printf("null");
 }
 
+static const char *order_name(int order)
+{
+    return order == ORDER_BLOCK ? "block" : order == ORDER_RANDOM ? "random" : "sequential";
+}
+
+/* The I/O mode the npy source uses (io=auto resolved), or NULL for another source. */
+static const char *io_used(const load_run *r)
+{
+    int io = stoke_npy_io_used(&r->ds);
+    return io < 0 ? NULL : stoke_npy_io_name(io);
+}
+
+/* "order", "block_rows" and "block_window" (the sizes in use; null unless block), "io". */
+static void print_json_order(const load_run *r)
+{
+    const load_args *a = r->a;
+    json_str_or_null("order", order_name(a->order));
+    if (a->order == ORDER_BLOCK)
+        printf(", \"block_rows\": %" PRIu64 ", \"block_window\": %" PRIu64, a->block_rows,
+               a->block_window);
+    else
+        printf(", \"block_rows\": null, \"block_window\": null");
+    json_str_or_null("io", io_used(r));
+}
+
 static void print_json(const load_run *r, const char *content_src, const char *accel,
                        const char *pinned_for, double secs)
 {
@@ -540,7 +615,8 @@ static void print_json(const load_run *r, const char *content_src, const char *a
         printf("null");
     printf(", \"bytes\": %" PRIu64 ", \"batch_size\": %" PRIu64 ", \"workers\": %" PRIu64
            ", \"epochs\": %" PRIu64 ", \"shuffle\": %s, \"seed\": %" PRIu64,
-           st->bytes, a->batch, a->workers, a->epochs, a->shuffle ? "true" : "false", a->seed);
+           st->bytes, a->batch, a->workers, a->epochs, a->order ? "true" : "false", a->seed);
+    print_json_order(r);
     json_str_or_null("device", a->device);
     printf(", \"device_copies\": %" PRIu64 ", \"device_errors\": %" PRIu64 ", \"verified\": %s",
            st->device_copies, st->device_errors, a->verify && !r->status ? "true" : "false");
@@ -565,6 +641,14 @@ static void print_text(const load_run *r, const char *content_src, const char *a
         printf("  device %s: %" PRIu64 " batches copied, %" PRIu64 " failed%s\n", a->device,
                st->device_copies, st->device_errors,
                a->verify && !r->status ? ", read back and hashed" : "");
+    printf("  order: %s", order_name(a->order));
+    if (a->order == ORDER_BLOCK)
+        printf(" (blocks of %" PRIu64 " rows, %" PRIu64 " mixed at a time)", a->block_rows,
+               a->block_window);
+    const char *io = io_used(r);
+    if (io)
+        printf("; io: %s", io);
+    printf("\n");
     printf("  consumer waited %.3f s (p50 %.1f us, p99 %.1f us); workers busy %.3f s\n",
            st->wait_s, st->wait_p50_s * 1e6, st->wait_p99_s * 1e6, st->worker_busy_s);
     printf("  index_sum %" PRIu64 ", content_hash ", r->index_sum);

@@ -18,100 +18,166 @@ static size_t batch_count(const stoke_loader *l, uint64_t seq)
     return left < l->o.batch_size ? (size_t)left : l->o.batch_size;
 }
 
-/* Calls the dataset for one sample of batch b (slot j), publishing it for the timeout check.
- * MAP / MAP_VAR: `idx` is the sample; ITERABLE: *idx receives it.  Returns the status. */
-static int one_sample(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid, size_t j,
-                      uint64_t *idx, char *msg, size_t msg_len)
+/* Timeout bookkeeping, only when a timeout is set (o.timeout_ms): with workers, publishes that
+ * worker w is busy with dataset index `idx` (UINT64_MAX: an ITERABLE sample) since now, for
+ * the consumer's check (loader.c, timed_out_worker: it reads busy_since, then busy_index);
+ * returns the start time.  0 without a timeout: no clock read, no store. */
+static inline uint64_t busy_begin(const stoke_loader *l, stoke__worker *w, uint64_t idx)
 {
-    unsigned char *mem = b->host->mem;
-    void *dst[STOKE_MAX_FIELDS];
-    for (int f = 0; f < l->ds.nfields; f++)
-        dst[f] = mem + l->off[f] + j * l->fields[f].bytes;
-    msg[0] = '\0';
+    if (!l->o.timeout_ms)
+        return 0;
     uint64_t t0 = stoke__now_ns();
     if (w) {
-        atomic_store(&w->busy_index, l->iterable ? UINT64_MAX : *idx);
-        atomic_store(&w->busy_since, t0);
+        atomic_store_explicit(&w->busy_index, idx, memory_order_relaxed);
+        atomic_store_explicit(&w->busy_since, t0, memory_order_release);
     }
-    int rc;
-    if (l->iterable) {
-        rc = l->ds.next(l->ds.user, wid, l->nworkers, dst, idx, msg, msg_len);
-    } else if (l->var) {
-        const void *data = NULL;
-        size_t len = 0;
-        void *token = NULL;
-        rc = l->ds.get_var(l->ds.user, *idx, &data, &len, &token, wid, msg, msg_len);
-        if (rc == STOKE_OK) {
-            uint64_t used = b->offsets[j];
-            if (len > l->cap * l->fields[0].bytes - used) {
-                rc = STOKE_ELIMIT;
-                stoke__fmt(msg, msg_len,
-                           "variable-size sample of %zu bytes does not fit: a batch holds %zu "
-                           "(min(batch_size, samples per epoch) x fields[0].bytes)",
-                           len, l->cap * l->fields[0].bytes);
-            } else {
-                if (len)
-                    memcpy(mem + used, data, len);
-                b->offsets[j + 1] = used + len;
-            }
-            if (l->ds.release_var)
-                l->ds.release_var(l->ds.user, token);
-        }
-    } else {
-        rc = l->ds.get(l->ds.user, *idx, dst, wid, msg, msg_len);
-    }
-    if (w)
-        atomic_store(&w->busy_since, 0);
-    if (rc == STOKE_OK && !w && l->o.timeout_ms &&
-        stoke__now_ns() - t0 > (uint64_t)l->o.timeout_ms * 1000000u) {
+    return t0;
+}
+
+/* Ends what busy_begin started: clears the worker's busy mark, or, in the caller's thread
+ * (w NULL), turns a success that took longer than the timeout into STOKE_ETIMEDOUT (with the
+ * message in msg).  Returns the status. */
+static inline int busy_end(const stoke_loader *l, stoke__worker *w, uint64_t t0, int rc, char *msg,
+                           size_t msg_len)
+{
+    if (!l->o.timeout_ms)
+        return rc;
+    if (w) {
+        atomic_store_explicit(&w->busy_since, 0, memory_order_release);
+    } else if (rc == STOKE_OK && stoke__now_ns() - t0 > (uint64_t)l->o.timeout_ms * 1000000u) {
         rc = STOKE_ETIMEDOUT;
         stoke__fmt(msg, msg_len, "took longer than the timeout of %u ms", l->o.timeout_ms);
     }
     return rc;
 }
 
-/* MAP datasets with get_batch (dataset.h): the batch's indices first, then one call for the
- * whole batch, so the dataset can queue its reads; the busy/timeout bookkeeping is per batch
- * (the busy index is the batch's first sample).  Sets b->count, status and error fields. */
-static void fill_map_batch(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid,
-                           uint64_t seed, uint64_t epoch, uint64_t seq)
+/* Records the failure of batch b (status rc, a positive one as STOKE_EDATA) at dataset index
+ * or sampler position `where`, with msg (or the code's text when msg is empty). */
+static void batch_failed(stoke_batch *b, int rc, uint64_t where, const char *msg)
 {
-    size_t n = b->count;
+    b->status = rc > 0 ? STOKE_EDATA : rc;
+    b->err_index = where;
+    stoke__strlcpy(b->err_msg, msg[0] ? msg : stoke_strerror(b->status), sizeof(b->err_msg));
+}
+
+/* MAP / MAP_VAR: the dataset indices of batch seq's b->count samples into b->indices, all at
+ * once: the epoch's keys are derived once per batch (tens of ns) instead of once per sample.
+ * Returns STOKE_OK, or fails the batch (count 0) at the first position the sampler refuses,
+ * with the message "sampler position out of range" as per-sample indexing did. */
+static int batch_indices(stoke_loader *l, stoke_batch *b, uint64_t seed, uint64_t epoch,
+                         uint64_t seq)
+{
+    uint64_t pos0 = seq * l->o.batch_size;
+    stoke__sampler_epoch ep;
+    int rc = stoke__sampler_epoch_init(&ep, l->sampler, seed, epoch);
+    if (rc == STOKE_OK)
+        rc = stoke__sampler_fill(l->sampler, &ep, pos0, b->count, b->indices);
+    if (rc == STOKE_OK)
+        return STOKE_OK;
+    size_t j = 0; /* the failing position: the first one stoke_sampler_index refuses */
+    int prc = STOKE_OK;
+    for (; j < b->count; j++)
+        if ((prc = stoke_sampler_index(l->sampler, seed, epoch, pos0 + j, &b->indices[j])) != 0)
+            break;
+    batch_failed(b, prc != STOKE_OK ? prc : rc, pos0 + (j < b->count ? j : 0),
+                 "sampler position out of range");
+    b->count = 0;
+    return b->status;
+}
+
+/* MAP_VAR: sample idx packed into slot j of b.  Returns the status (msg set on an error). */
+static int var_sample(stoke_loader *l, stoke_batch *b, int wid, size_t j, uint64_t idx, char *msg,
+                      size_t msg_len)
+{
+    const void *data = NULL;
+    size_t len = 0;
+    void *token = NULL;
+    int rc = l->ds.get_var(l->ds.user, idx, &data, &len, &token, wid, msg, msg_len);
+    if (rc != STOKE_OK)
+        return rc;
+    uint64_t used = b->offsets[j];
+    if (len > l->cap * l->fields[0].bytes - used) {
+        rc = STOKE_ELIMIT;
+        stoke__fmt(msg, msg_len,
+                   "variable-size sample of %zu bytes does not fit: a batch holds %zu "
+                   "(min(batch_size, samples per epoch) x fields[0].bytes)",
+                   len, l->cap * l->fields[0].bytes);
+    } else {
+        if (len)
+            memcpy(b->host->mem + used, data, len);
+        b->offsets[j + 1] = used + len;
+    }
+    if (l->ds.release_var)
+        l->ds.release_var(l->ds.user, token);
+    return rc;
+}
+
+/* Calls the dataset for one sample of batch b (slot j), with the timeout bookkeeping.
+ * MAP / MAP_VAR: `idx` is the sample; ITERABLE: *idx receives it.  Returns the status. */
+static int one_sample(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid, size_t j,
+                      uint64_t *idx, char *msg, size_t msg_len)
+{
+    msg[0] = '\0';
+    uint64_t t0 = busy_begin(l, w, l->iterable ? UINT64_MAX : *idx);
+    int rc;
+    if (l->var) {
+        rc = var_sample(l, b, wid, j, *idx, msg, msg_len);
+    } else {
+        unsigned char *mem = b->host->mem;
+        void *dst[STOKE_MAX_FIELDS];
+        for (int f = 0; f < l->ds.nfields; f++)
+            dst[f] = mem + l->off[f] + j * l->fields[f].bytes;
+        rc = l->iterable ? l->ds.next(l->ds.user, wid, l->nworkers, dst, idx, msg, msg_len)
+                         : l->ds.get(l->ds.user, *idx, dst, wid, msg, msg_len);
+    }
+    return busy_end(l, w, t0, rc, msg, msg_len);
+}
+
+/* MAP without get_batch: one get() per sample from the indices computed up front; without a
+ * timeout the loop does nothing else.  Sets b->count to the samples written. */
+static void fill_map_samples(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid)
+{
+    const int nf = l->ds.nfields;
+    const size_t n = b->count;
+    const uint64_t *idx = b->indices;
+    unsigned char *mem = b->host->mem;
+    void *dst[STOKE_MAX_FIELDS];
+    char msg[256];
     for (size_t j = 0; j < n; j++) {
-        int rc =
-            stoke_sampler_index(l->sampler, seed, epoch, seq * l->o.batch_size + j, &b->indices[j]);
+        for (int f = 0; f < nf; f++)
+            dst[f] = mem + l->off[f] + j * l->fields[f].bytes;
+        msg[0] = '\0';
+        uint64_t t0 = busy_begin(l, w, idx[j]);
+        int rc = l->ds.get(l->ds.user, idx[j], dst, wid, msg, sizeof(msg));
+        rc = busy_end(l, w, t0, rc, msg, sizeof(msg));
         if (rc != STOKE_OK) {
-            b->status = rc;
-            b->err_index = seq * l->o.batch_size + j;
-            stoke__strlcpy(b->err_msg, "sampler position out of range", sizeof(b->err_msg));
-            b->count = 0;
+            batch_failed(b, rc, idx[j], msg);
+            b->count = j;
             return;
         }
     }
+}
+
+/* MAP datasets with get_batch (dataset.h): one call for the whole batch (its indices already
+ * in b->indices), so the dataset can queue its reads; the busy/timeout bookkeeping is per
+ * batch (the busy index is the batch's first sample).  Sets status and error fields. */
+static void fill_map_batch(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid)
+{
+    size_t n = b->count;
+    if (!n)
+        return;
     unsigned char *mem = b->host->mem;
     void *dst[STOKE_MAX_FIELDS];
     for (int f = 0; f < l->ds.nfields; f++)
         dst[f] = mem + l->off[f];
     char msg[256];
     msg[0] = '\0';
-    uint64_t t0 = stoke__now_ns(), err_index = n ? b->indices[0] : 0;
-    if (w && n) {
-        atomic_store(&w->busy_index, b->indices[0]);
-        atomic_store(&w->busy_since, t0);
-    }
-    int rc = n ? l->ds.get_batch(l->ds.user, b->indices, n, dst, wid, msg, sizeof(msg), &err_index)
-               : STOKE_OK;
-    if (w && n)
-        atomic_store(&w->busy_since, 0);
-    if (rc == STOKE_OK && !w && l->o.timeout_ms &&
-        stoke__now_ns() - t0 > (uint64_t)l->o.timeout_ms * 1000000u) {
-        rc = STOKE_ETIMEDOUT;
-        stoke__fmt(msg, sizeof(msg), "took longer than the timeout of %u ms", l->o.timeout_ms);
-    }
+    uint64_t err_index = b->indices[0];
+    uint64_t t0 = busy_begin(l, w, b->indices[0]);
+    int rc = l->ds.get_batch(l->ds.user, b->indices, n, dst, wid, msg, sizeof(msg), &err_index);
+    rc = busy_end(l, w, t0, rc, msg, sizeof(msg));
     if (rc != STOKE_OK) {
-        b->status = rc > 0 ? STOKE_EDATA : rc;
-        b->err_index = err_index;
-        stoke__strlcpy(b->err_msg, msg[0] ? msg : stoke_strerror(b->status), sizeof(b->err_msg));
+        batch_failed(b, rc, err_index, msg);
         b->count = 0;
     }
 }
@@ -132,34 +198,29 @@ static void fill_batch(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wi
     b->pinned = b->host->pinned;
     if (b->offsets)
         b->offsets[0] = 0;
-    if (!l->iterable && !l->var && STOKE_DATASET_HAS(&l->ds, get_batch)) {
-        fill_map_batch(l, b, w, wid, seed, epoch, seq);
+    if (!l->iterable && batch_indices(l, b, seed, epoch, seq) != STOKE_OK) {
+        b->bytes = 0;
+        return;
+    }
+    if (!l->iterable && !l->var) {
+        if (STOKE_DATASET_HAS(&l->ds, get_batch))
+            fill_map_batch(l, b, w, wid);
+        else
+            fill_map_samples(l, b, w, wid);
         b->bytes = b->count * l->sample_bytes;
         return;
     }
     char msg[256];
     size_t j = 0;
     for (; j < b->count; j++) {
-        uint64_t idx = 0;
-        if (!l->iterable) {
-            int rc = stoke_sampler_index(l->sampler, seed, epoch, seq * l->o.batch_size + j, &idx);
-            if (rc != STOKE_OK) {
-                b->status = rc;
-                b->err_index = seq * l->o.batch_size + j;
-                stoke__strlcpy(b->err_msg, "sampler position out of range", sizeof(b->err_msg));
-                break;
-            }
-        }
+        uint64_t idx = l->iterable ? 0 : b->indices[j];
         int rc = one_sample(l, b, w, wid, j, &idx, msg, sizeof(msg));
         if (rc == STOKE_EEND && l->iterable) {
             b->end = 1;
             break;
         }
         if (rc != STOKE_OK) {
-            b->status = rc > 0 ? STOKE_EDATA : rc;
-            b->err_index = idx;
-            stoke__strlcpy(b->err_msg, msg[0] ? msg : stoke_strerror(b->status),
-                           sizeof(b->err_msg));
+            batch_failed(b, rc, idx, msg);
             break;
         }
         b->indices[j] = idx;
