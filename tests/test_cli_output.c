@@ -140,7 +140,7 @@ static void test_bench_json_failures(void **state)
 /* An asynchronous copy failure in bench copy ends with the backend's reason (which copy, why). */
 static void test_bench_copy_failure_keeps_reason(void **state)
 {
-    const char *env[] = {plug_env(), "STOKE_ACCELERATOR=", "STOKE_SIMDEV_FAIL_ALLOC=",
+    const char *env[] = {tu_simdev_env(), "STOKE_ACCELERATOR=", "STOKE_SIMDEV_FAIL_ALLOC=",
                          "STOKE_SIMDEV_FAIL_COPY=2", NULL};
     const char *args[] = {"bench", "copy", "--quick", "--json", NULL};
     assert_int_equal(run(env, args), 1);
