@@ -280,6 +280,7 @@ typedef struct load_run {
     stoke_dataset ds;
     stoke_loader *l;
     uint64_t total;         /* batches the timed pass may deliver (UINT64_MAX: until the end) */
+    uint64_t full;          /* total without --limit */
     size_t sample_bytes;    /* of field 0 */
     unsigned char *scratch; /* --verify: field 0 of a batch read back from the device */
     int bar;                /* a progress bar on stderr */
@@ -353,6 +354,7 @@ static int open_loader(const load_args *a, load_run *r)
     /* an iterable source does not know its length: run until the epochs end */
     r->total = per_epoch && per_epoch <= UINT64_MAX / a->epochs ? per_epoch * a->epochs
                                                                 : UINT64_MAX;
+    r->full = r->total;
     if (a->limit && a->limit < r->total)
         r->total = a->limit;
     r->sample_bytes = r->ds.fields[0].bytes;
@@ -406,7 +408,10 @@ static int take_batch(load_run *r, stoke_batch *b)
             rc = stoke_batch_device_read(b, 0, r->scratch);
         if (rc == STOKE_OK && a->verify && a->hash)
             r->content += hash_batch(r->scratch, stoke_batch_offsets(b), n, r->sample_bytes);
-    } else if (a->hash) {
+    } else if (a->hash && r->total != r->full) {
+        /* Only a --limit inside the run can end an epoch part-way: only then does the hash pass
+         * need to know which samples came (8 bytes each, of that epoch alone, bounded by the
+         * limit).  A run to the end keeps nothing. */
         keep_indices(&r->seen, idx, n);
     }
     stoke_batch_release(b);
