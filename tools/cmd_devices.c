@@ -139,7 +139,8 @@ static int fail_accelerator(const cli_cmd *c, const char *accel, int rc)
     size_t n = strlen(accel);
     if (strncmp(msg, api, sizeof(api) - 1) != 0 || strncmp(msg + sizeof(api) - 1, accel, n) != 0)
         return cli_fail(c, 1, "--accelerator: %s", msg);
-    msg += sizeof(api) - 1 + n; /* ": simdev has ...", " is not of the form ...", " requested, ..." */
+    /* what follows the spec: ": simdev has ...", " is not of the form ...", " requested, ..." */
+    msg += sizeof(api) - 1 + n;
     return cli_fail(c, 1, "--accelerator %s%s", accel, msg);
 }
 

@@ -64,7 +64,7 @@ struct stoke_backend_stream {
     op *head, *tail;     /* guarded by mu */
     size_t queued;
     uint64_t submitted, completed;
-    int err;  /* first error not yet delivered to a marker */
+    int err;                      /* first error not yet delivered to a marker */
     char err_msg[SIMDEV_MSG_MAX]; /* its reason */
     int stop; /* 1: finish the queue and exit; 2: cancel the queue and exit (shutdown) */
     struct stoke_backend_stream *prev, *next; /* objs_lock */
@@ -74,11 +74,11 @@ struct stoke_backend_event {
     int dev;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    uint64_t gen; /* number of records; 0: never recorded */
-    int done;     /* the latest record's marker ran */
-    int status;   /* its outcome */
+    uint64_t gen;             /* number of records; 0: never recorded */
+    int done;                 /* the latest record's marker ran */
+    int status;               /* its outcome */
     char msg[SIMDEV_MSG_MAX]; /* the reason of a failed status */
-    int refs;     /* the owner's (until event_destroy) + one per queued marker */
+    int refs;                 /* the owner's (until event_destroy) + one per queued marker */
     struct stoke_backend_event *prev, *next; /* objs_lock */
 };
 
