@@ -372,6 +372,8 @@ static void test_content_hash_out_of_order_limit(void **state)
     }
     print_message("%d of %d out-of-order runs delivered another set than batches 0..3\n",
                   other_sets, runs);
+    if (!other_sets) /* the equality held, but never for a set the old hash would have missed */
+        tu_skip("no out-of-order run delivered another set than batches 0..3 in %d runs", runs);
 }
 
 /* Whole epochs and a cut one: --epochs 2 --limit 20 delivers epoch 0 whole and batches 0..3 of
