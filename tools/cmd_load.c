@@ -31,7 +31,7 @@
 #include "stoke/stoke.h"
 
 #define FNV_OFFSET 0xcbf29ce484222325ull
-#define FNV_PRIME 0x100000001b3ull
+#define FNV_PRIME  0x100000001b3ull
 
 static uint64_t now_ns(void)
 {
@@ -66,8 +66,7 @@ static uint64_t fnv1a_sum4(const unsigned char *const p[4], size_t n)
 
 /* Sum of the hashes of `count` stacked samples of `bytes` bytes each, or of packed samples
  * (MAP_VAR: sample i is bytes [off[i], off[i + 1])) when `off` is not NULL. */
-static uint64_t hash_batch(const unsigned char *p, const uint64_t *off, size_t count,
-                           size_t bytes)
+static uint64_t hash_batch(const unsigned char *p, const uint64_t *off, size_t count, size_t bytes)
 {
     uint64_t sum = 0;
     size_t i = 0;
@@ -105,52 +104,56 @@ typedef struct load_args {
     uint64_t batch, workers, prefetch, seed, epochs, limit;
     uint64_t block_rows, block_window; /* ORDER_BLOCK: the sizes (defaults filled in) */
     int order, drop_last, pin, verify, in_order, hash;
+    int workers_auto; /* --workers auto (the default) */
 } load_args;
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: stoke load [SOURCE] [options]\n"
-            "  SOURCE                 at most one (default: synthetic):\n"
-            "                           synthetic[:N][,shape=3x32x32][,seed=S][,classes=C][,dtype=u8]\n"
-            "                           npy:PATH[,labels=LABELS.npy][,io=auto|mmap|pread|uring]\n"
-            "  --batch-size N         samples per batch, >= 1 (default 256)\n"
-            "  --workers N            worker threads 0..1024, 0 = the caller's thread (default 2)\n"
-            "  --prefetch N           batches in flight per worker, 1..1024 (default 2)\n"
-            "  --shuffle[=KIND]       an order keyed by (seed, epoch); KIND: random (a bare\n"
-            "                         --shuffle), none (sequential), or block[:ROWS[:WINDOW]]:\n"
-            "                         block shuffle, the blocks of ROWS consecutive rows (default\n"
-            "                         4096) in random order, WINDOW blocks (default 16) mixed at\n"
-            "                         a time: nearly sequential reads (docs/loader.md)\n"
-            "  --seed N               0..18446744073709551615 (default 0)\n"
-            "  --epochs N             >= 1 (default 1)\n"
-            "  --drop-last            drop a partial last batch\n"
-            "  --no-pin-memory        ordinary memory, no pinning\n"
-            "  --pin-memory-device NAME[:I]  pin for this backend (a warning if it cannot pin:\n"
-            "                         unavailable, or cpu, which pins nothing)\n"
-            "  --out-of-order         deliver batches as they complete\n"
-            "  --limit BATCHES        stop after this many batches in all; 0 = no limit (default)\n"
-            "  --device NAME[:I]      copy every batch to this device asynchronously\n"
-            "  --verify               with --device: read every batch back from the device and\n"
-            "                         hash what it holds\n"
-            "  --no-hash              skip content_hash\n"
-            "  --json                 one JSON object on stdout, errors included\n"
-            "  (an option's value may also be given as --option=VALUE)\n"
-            "\n"
-            "content_hash covers field 0 (\"data\") only, of exactly the samples the run\n"
-            "delivered: the sum modulo 2^64 of the 64-bit FNV-1a hash of each delivered sample's\n"
-            "bytes (a sample delivered in two epochs counts twice), independent of the order.\n"
-            "Host batches: it is computed in a second, untimed pass after the timed one, which\n"
-            "runs the epochs the timed pass reached again with the same loader and hashes the\n"
-            "samples the timed pass delivered (of an epoch cut short by --limit, the delivered\n"
-            "indices are kept, 8 bytes each); JSON \"hash_pass_seconds\" is that pass's time.\n"
-            "--device --verify: computed inside the timed pass from the bytes read back from the\n"
-            "device.  --device without\n"
-            "--verify: not computed (null).  null too when the run failed or with --no-hash.\n"
-            "order_hash: FNV-1a over the delivered indices (8 little-endian bytes each).\n"
-            "index_sum: the sum of the delivered indices.  With --json, any error prints\n"
-            "{\"ok\": false, \"error\": \"...\"} on stdout as well as the message on stderr; the exit\n"
-            "status is 2 for a usage error, 1 for any other error (a failed write to stdout too).\n");
+    fprintf(
+        f,
+        "usage: stoke load [SOURCE] [options]\n"
+        "  SOURCE                 at most one (default: synthetic):\n"
+        "                           synthetic[:N][,shape=3x32x32][,seed=S][,classes=C][,dtype=u8]\n"
+        "                           npy:PATH[,labels=LABELS.npy][,io=auto|mmap|pread|uring]\n"
+        "  --batch-size N         samples per batch, >= 1 (default 256)\n"
+        "  --workers N|auto       worker threads 0..1024, 0 = the caller's thread; auto (the\n"
+        "                         default): one per core (at most 16), how many get work\n"
+        "                         adapted to throughput and the consumer's waits\n"
+        "  --prefetch N           batches in flight per worker, 1..1024 (default 2)\n"
+        "  --shuffle[=KIND]       an order keyed by (seed, epoch); KIND: random (a bare\n"
+        "                         --shuffle), none (sequential), or block[:ROWS[:WINDOW]]:\n"
+        "                         block shuffle, the blocks of ROWS consecutive rows (default\n"
+        "                         4096) in random order, WINDOW blocks (default 16) mixed at\n"
+        "                         a time: nearly sequential reads (docs/loader.md)\n"
+        "  --seed N               0..18446744073709551615 (default 0)\n"
+        "  --epochs N             >= 1 (default 1)\n"
+        "  --drop-last            drop a partial last batch\n"
+        "  --no-pin-memory        ordinary memory, no pinning\n"
+        "  --pin-memory-device NAME[:I]  pin for this backend (a warning if it cannot pin:\n"
+        "                         unavailable, or cpu, which pins nothing)\n"
+        "  --out-of-order         deliver batches as they complete\n"
+        "  --limit BATCHES        stop after this many batches in all; 0 = no limit (default)\n"
+        "  --device NAME[:I]      copy every batch to this device asynchronously\n"
+        "  --verify               with --device: read every batch back from the device and\n"
+        "                         hash what it holds\n"
+        "  --no-hash              skip content_hash\n"
+        "  --json                 one JSON object on stdout, errors included\n"
+        "  (an option's value may also be given as --option=VALUE)\n"
+        "\n"
+        "content_hash covers field 0 (\"data\") only, of exactly the samples the run\n"
+        "delivered: the sum modulo 2^64 of the 64-bit FNV-1a hash of each delivered sample's\n"
+        "bytes (a sample delivered in two epochs counts twice), independent of the order.\n"
+        "Host batches: it is computed in a second, untimed pass after the timed one, which\n"
+        "runs the epochs the timed pass reached again with the same loader and hashes the\n"
+        "samples the timed pass delivered (of an epoch cut short by --limit, the delivered\n"
+        "indices are kept, 8 bytes each); JSON \"hash_pass_seconds\" is that pass's time.\n"
+        "--device --verify: computed inside the timed pass from the bytes read back from the\n"
+        "device.  --device without\n"
+        "--verify: not computed (null).  null too when the run failed or with --no-hash.\n"
+        "order_hash: FNV-1a over the delivered indices (8 little-endian bytes each).\n"
+        "index_sum: the sum of the delivered indices.  With --json, any error prints\n"
+        "{\"ok\": false, \"error\": \"...\"} on stdout as well as the message on stderr; the exit\n"
+        "status is 2 for a usage error, 1 for any other error (a failed write to stdout too).\n");
 }
 
 /* Parses the KIND of --shuffle=KIND into a->order and the block sizes.  0, or -1 after
@@ -194,7 +197,6 @@ static int parse_args(int argc, char **argv, load_args *a)
         size_t off;
         uint64_t min, max;
     } nums[] = {{"--batch-size", offsetof(load_args, batch), 1, SIZE_MAX},
-                {"--workers", offsetof(load_args, workers), 0, 1024},
                 {"--prefetch", offsetof(load_args, prefetch), 1, 1024},
                 {"--seed", offsetof(load_args, seed), 0, UINT64_MAX},
                 {"--epochs", offsetof(load_args, epochs), 1, UINT64_MAX},
@@ -215,8 +217,15 @@ static int parse_args(int argc, char **argv, load_args *a)
                  {"--out-of-order", offsetof(load_args, in_order), 0},
                  {"--no-hash", offsetof(load_args, hash), 0},
                  {"--json", offsetof(load_args, cmd.json), 1}};
-    *a = (load_args){.cmd = {"load", cli_has_json(argc, argv)}, .batch = 256, .workers = 2,
-                     .prefetch = 2, .epochs = 1, .pin = 1, .in_order = 1, .hash = 1};
+    *a = (load_args){.cmd = {"load", cli_has_json(argc, argv)},
+                     .batch = 256,
+                     .workers = 0,
+                     .workers_auto = 1,
+                     .prefetch = 2,
+                     .epochs = 1,
+                     .pin = 1,
+                     .in_order = 1,
+                     .hash = 1};
     const cli_cmd *c = &a->cmd;
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i], *v;
@@ -224,6 +233,13 @@ static int parse_args(int argc, char **argv, load_args *a)
         if (cli_is(arg, "--help") || cli_is(arg, "-h")) {
             usage(stdout);
             return 0;
+        }
+        if ((got = cli_opt(c, argc, argv, &i, "--workers", &v)) < 0)
+            return 2;
+        if (got) {
+            a->workers_auto = strcmp(v, "auto") == 0;
+            if (!a->workers_auto && cli_u64(c, "--workers", v, 0, 1024, &a->workers) < 0)
+                return 2;
         }
         for (size_t k = 0; k < sizeof(nums) / sizeof(nums[0]) && !got; k++)
             if ((got = cli_opt(c, argc, argv, &i, nums[k].name, &v)) != 0 &&
@@ -311,8 +327,10 @@ static void keep_indices(delivered *d, const uint64_t *idx, size_t n)
             cap *= 2;
         uint64_t *p = cap - d->n >= n ? realloc(d->idx, cap * sizeof(*p)) : NULL;
         if (!p) {
-            fprintf(stderr, "stoke load: out of memory keeping the indices of %zu delivered "
-                            "samples: content_hash is not computed\n", d->n + n);
+            fprintf(stderr,
+                    "stoke load: out of memory keeping the indices of %zu delivered "
+                    "samples: content_hash is not computed\n",
+                    d->n + n);
             d->lost = 1;
             return;
         }
@@ -333,7 +351,7 @@ static int open_loader(const load_args *a, load_run *r)
     stoke_loader_opts o;
     stoke_loader_opts_init(&o);
     o.batch_size = (size_t)a->batch;
-    o.num_workers = (int)a->workers;
+    o.num_workers = a->workers_auto ? STOKE_LOADER_WORKERS_AUTO : (int)a->workers;
     o.prefetch_factor = (int)a->prefetch;
     o.shuffle = a->order == ORDER_RANDOM;
     if (a->order == ORDER_BLOCK) {
@@ -352,8 +370,8 @@ static int open_loader(const load_args *a, load_run *r)
         return cli_fail(c, 1, "%s", *stoke_last_error() ? stoke_last_error() : stoke_strerror(rc));
     uint64_t per_epoch = stoke_loader_num_batches(r->l);
     /* an iterable source does not know its length: run until the epochs end */
-    r->total = per_epoch && per_epoch <= UINT64_MAX / a->epochs ? per_epoch * a->epochs
-                                                                : UINT64_MAX;
+    r->total =
+        per_epoch && per_epoch <= UINT64_MAX / a->epochs ? per_epoch * a->epochs : UINT64_MAX;
     r->full = r->total;
     if (a->limit && a->limit < r->total)
         r->total = a->limit;
@@ -382,8 +400,8 @@ static void progress(const load_run *r, uint64_t now)
         for (int i = 0; i < width; i++)
             bar[i] = i < fill ? '#' : '.';
         bar[width] = '\0';
-        fprintf(stderr, "\r[%s] %" PRIu64 "/%" PRIu64 " batches  %.0f samples/s ", bar,
-                r->batches, r->total, rate);
+        fprintf(stderr, "\r[%s] %" PRIu64 "/%" PRIu64 " batches  %.0f samples/s ", bar, r->batches,
+                r->total, rate);
     }
     fflush(stderr);
 }
@@ -602,8 +620,8 @@ static void print_json(const load_run *r, const char *content_src, const char *a
            (double)st->bytes / secs);
     json_str_or_null("accelerator", accel);
     json_str_or_null("pinned_for", pinned_for);
-    printf(", \"pinned_batches\": %" PRIu64 ", \"pageable_batches\": %" PRIu64,
-           st->pinned_batches, st->pageable_batches);
+    printf(", \"pinned_batches\": %" PRIu64 ", \"pageable_batches\": %" PRIu64, st->pinned_batches,
+           st->pageable_batches);
     printf(", \"index_sum\": %" PRIu64, r->index_sum);
     if (content_src)
         printf(", \"content_hash\": \"0x%016" PRIx64 "\"", r->content);
@@ -619,8 +637,14 @@ static void print_json(const load_run *r, const char *content_src, const char *a
     else
         printf("null");
     printf(", \"bytes\": %" PRIu64 ", \"batch_size\": %" PRIu64 ", \"workers\": %" PRIu64
-           ", \"epochs\": %" PRIu64 ", \"shuffle\": %s, \"seed\": %" PRIu64,
-           st->bytes, a->batch, a->workers, a->epochs, a->order ? "true" : "false", a->seed);
+           ", \"workers_auto\": %s, \"workers_active\": %" PRIu64
+           ", \"workers_active_min\": %" PRIu64 ", \"workers_active_max\": %" PRIu64
+           ", \"workers_changes\": %" PRIu64 ", \"assisted_batches\": %" PRIu64,
+           st->bytes, a->batch, st->workers, a->workers_auto ? "true" : "false", st->workers_active,
+           st->workers_active_min, st->workers_active_max, st->workers_changes,
+           st->assisted_batches);
+    printf(", \"epochs\": %" PRIu64 ", \"shuffle\": %s, \"seed\": %" PRIu64, a->epochs,
+           a->order ? "true" : "false", a->seed);
     print_json_order(r);
     json_str_or_null("device", a->device);
     printf(", \"device_copies\": %" PRIu64 ", \"device_errors\": %" PRIu64 ", \"verified\": %s",
@@ -654,8 +678,12 @@ static void print_text(const load_run *r, const char *content_src, const char *a
     if (io)
         printf("; io: %s", io);
     printf("\n");
-    printf("  consumer waited %.3f s (p50 %.1f us, p99 %.1f us); workers busy %.3f s\n",
-           st->wait_s, st->wait_p50_s * 1e6, st->wait_p99_s * 1e6, st->worker_busy_s);
+    printf("  consumer waited %.3f s (p50 %.1f us, p99 %.1f us); workers busy %.3f s\n", st->wait_s,
+           st->wait_p50_s * 1e6, st->wait_p99_s * 1e6, st->worker_busy_s);
+    printf("  workers: %s%" PRIu64 " threads, %" PRIu64 " given work at the end (%" PRIu64
+           "..%" PRIu64 " during the run)\n",
+           a->workers_auto ? "auto, " : "", st->workers, st->workers_active, st->workers_active_min,
+           st->workers_active_max);
     printf("  index_sum %" PRIu64 ", content_hash ", r->index_sum);
     if (content_src)
         printf("0x%016" PRIx64 " (field 0, %s)", r->content,

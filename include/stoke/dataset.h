@@ -14,7 +14,11 @@
  *                           by (worker, num_workers), as with PyTorch's IterableDataset.
  *
  * Callbacks are called from worker threads, concurrently for different samples: get/get_var/
- * next must be thread-safe for distinct workers.  A callback returns STOKE_OK or a negative
+ * next must be thread-safe for distinct workers.  The worker argument is 0..num_workers-1 for
+ * the loader's worker threads and num_workers for the caller's thread: with num_workers 0 it
+ * makes every batch, and with workers a MAP / MAP_VAR dataset without worker_init may also get
+ * calls from it (the loader makes a batch there when waiting would be slower; docs/loader.md,
+ * "Hand-off"), so per-worker state needs num_workers + 1 slots.  A callback returns STOKE_OK or a negative
  * code (the loader turns a positive one into STOKE_EDATA), and may write a NUL-terminated
  * message into msg (msg_len bytes) that the loader reports with the sample index and worker.
  *

@@ -46,10 +46,21 @@ extern "C" {
 typedef struct stoke_loader stoke_loader;
 typedef struct stoke_batch stoke_batch;
 
+/* num_workers = STOKE_LOADER_WORKERS_AUTO: one worker thread per online core, at most
+ * STOKE_LOADER_WORKERS_AUTO_MAX; the loader then varies how many of them it gives work to,
+ * from measured throughput and the time the consumer waits (docs/loader.md, "Auto workers"), and
+ * with a MAP dataset that has no worker_init makes batches in the caller's thread when none is
+ * worth it.  An ITERABLE dataset keeps all of them (each has its share).  Order and contents do
+ * not depend on the count.  stoke_loader_stats reports the count and its range. */
+#define STOKE_LOADER_WORKERS_AUTO (-2) /* -1 and other negatives stay invalid */
+#define STOKE_LOADER_WORKERS_AUTO_MAX 16
+
 typedef struct stoke_loader_opts {
     uint32_t size;            /* sizeof(stoke_loader_opts): set by stoke_loader_opts_init */
     size_t batch_size;        /* samples per batch; default 1 */
-    int num_workers;          /* worker threads; 0 loads in the caller's thread.  Default 0. */
+    int num_workers;          /* worker threads; 0 loads in the caller's thread;
+                                 STOKE_LOADER_WORKERS_AUTO: chosen and adapted by the loader
+                                 (see below).  Default 0. */
     int prefetch_factor;      /* batches in flight per worker, 1..4096; default 2 */
     int in_order;             /* 1 (default): deliver batches in sampler order; 0: as they
                                  complete */
@@ -97,7 +108,8 @@ STOKE_API void stoke_loader_opts_init(stoke_loader_opts *o);
  * Returns STOKE_OK with *out set (owned by the caller: stoke_loader_destroy), or an error with
  * *out = NULL and stoke_last_error() saying why:
  * - STOKE_EINVAL: NULL argument, options not initialized (o->size 0 or larger than this
- *   header's struct), batch_size 0, num_workers outside 0..1024, prefetch_factor outside
+ *   header's struct), batch_size 0, num_workers outside 0..1024 (and not
+ *   STOKE_LOADER_WORKERS_AUTO), prefetch_factor outside
  *   1..4096, a bad dataset (unknown kind, no callbacks, fields outside 1..STOKE_MAX_FIELDS, no
  *   field size, MAP_VAR with more than one field), shuffle or a non-sequential / distributed
  *   sampler with an ITERABLE dataset, bad sampler options (see stoke_sampler_create), a
@@ -208,6 +220,16 @@ typedef struct stoke_loader_stats {
     uint64_t device_errors;    /* delivered batches whose device copy (or a read back) was
                                   reported failed by stoke_batch_device_wait / _read, each
                                   batch counted once */
+    /* ---- appended with num_workers = auto ---- */
+    uint64_t workers;            /* worker threads: num_workers, or the auto count */
+    uint64_t workers_auto;       /* 1 when num_workers was STOKE_LOADER_WORKERS_AUTO */
+    uint64_t workers_active;     /* workers given work now (auto: 0 means the caller's thread
+                                    makes the batches); otherwise = workers */
+    uint64_t workers_active_min; /* lowest workers_active since create */
+    uint64_t workers_active_max; /* highest */
+    uint64_t workers_changes;    /* times auto changed workers_active */
+    uint64_t assisted_batches;   /* batches the caller's thread made itself inside next()
+                                    while workers ran (docs/loader.md, "Hand-off") */
 } stoke_loader_stats;
 
 /* Copies the statistics since create into *out (at most out->size bytes; out->size is kept, so

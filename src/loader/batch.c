@@ -161,8 +161,9 @@ void stoke_batch_release(stoke_batch *b)
     stoke_loader *l = b->l;
     pthread_mutex_lock(&l->mu);
     l->held--;
+    int none_free = !l->free_b;
     stoke__loader_recycle(l, b);
-    pthread_cond_broadcast(&l->work_cv);
-    pthread_cond_signal(&l->done_cv);
+    stoke__loader_wake_workers(l, none_free); /* workers out of buffers: wake them now */
+    stoke__loader_notify(l);
     pthread_mutex_unlock(&l->mu);
 }

@@ -63,8 +63,7 @@ int stoke_field_finish(stoke_field *field)
     if (field->dtype != STOKE_DTYPE_RAW)
         field->itemsize = DTYPES[field->dtype].size;
     else if (field->itemsize == 0)
-        return stoke__fail(STOKE_EINVAL, "field '%.16s': raw dtype needs an itemsize",
-                           field->name);
+        return stoke__fail(STOKE_EINVAL, "field '%.16s': raw dtype needs an itemsize", field->name);
     if (field->ndim < 0 || field->ndim > STOKE_MAX_DIMS)
         return stoke__fail(STOKE_EINVAL, "field '%.16s': ndim %d not in 0..%d", field->name,
                            field->ndim, STOKE_MAX_DIMS);
@@ -72,11 +71,10 @@ int stoke_field_finish(stoke_field *field)
     for (int d = 0; d < field->ndim; d++) {
         int64_t n = field->shape[d];
         if (n < 0)
-            return stoke__fail(STOKE_EINVAL, "field '%.16s': negative dimension %lld",
-                               field->name, (long long)n);
+            return stoke__fail(STOKE_EINVAL, "field '%.16s': negative dimension %lld", field->name,
+                               (long long)n);
         if (n > 0 && bytes > SIZE_MAX / (uint64_t)n)
-            return stoke__fail(STOKE_ERANGE, "field '%.16s': sample size overflows",
-                               field->name);
+            return stoke__fail(STOKE_ERANGE, "field '%.16s': sample size overflows", field->name);
         bytes *= (size_t)n;
     }
     field->bytes = bytes;

@@ -151,17 +151,21 @@ void stoke__loader_batch_desc(const stoke_loader *l, const stoke_batch *b, char 
         stoke__fmt(buf, len, "batch %" PRIu64 " of epoch %" PRIu64 " (no samples)", b->seq,
                    b->epoch);
     } else if (contiguous) {
-        stoke__fmt(buf, len, "batch %" PRIu64 " of epoch %" PRIu64 " (sample indices %" PRIu64
-                   "..%" PRIu64 ")", b->seq, b->epoch, ix[0], ix[n - 1]);
+        stoke__fmt(buf, len,
+                   "batch %" PRIu64 " of epoch %" PRIu64 " (sample indices %" PRIu64 "..%" PRIu64
+                   ")",
+                   b->seq, b->epoch, ix[0], ix[n - 1]);
     } else if (l->iterable) {
-        stoke__fmt(buf, len, "batch %" PRIu64 " of epoch %" PRIu64 " (%zu samples, indices %"
-                   PRIu64 " ... %" PRIu64 ")", b->seq, b->epoch, n, ix[0], ix[n - 1]);
+        stoke__fmt(buf, len,
+                   "batch %" PRIu64 " of epoch %" PRIu64 " (%zu samples, indices %" PRIu64
+                   " ... %" PRIu64 ")",
+                   b->seq, b->epoch, n, ix[0], ix[n - 1]);
     } else {
         uint64_t first = b->seq * l->o.batch_size;
-        stoke__fmt(buf, len, "batch %" PRIu64 " of epoch %" PRIu64 " (positions %" PRIu64
-                   "..%" PRIu64 " of the epoch's order: %zu samples, indices %" PRIu64
-                   " ... %" PRIu64 ")", b->seq, b->epoch, first, first + n - 1, n, ix[0],
-                   ix[n - 1]);
+        stoke__fmt(buf, len,
+                   "batch %" PRIu64 " of epoch %" PRIu64 " (positions %" PRIu64 "..%" PRIu64
+                   " of the epoch's order: %zu samples, indices %" PRIu64 " ... %" PRIu64 ")",
+                   b->seq, b->epoch, first, first + n - 1, n, ix[0], ix[n - 1]);
     }
 }
 
@@ -406,11 +410,12 @@ static int validate(stoke_loader *l)
     if (rc != STOKE_OK)
         return rc;
     /* The bounds keep prefetch_factor * workers (the reorder window) far from INT_MAX. */
-    if (l->o.batch_size == 0 || l->o.num_workers < 0 || l->o.num_workers > 1024 ||
+    int auto_w = l->o.num_workers == STOKE_LOADER_WORKERS_AUTO;
+    if (l->o.batch_size == 0 || (!auto_w && (l->o.num_workers < 0 || l->o.num_workers > 1024)) ||
         l->o.prefetch_factor < 1 || l->o.prefetch_factor > 4096)
         return stoke__loader_fail(l, STOKE_EINVAL,
-                                  "loader: batch_size must be >= 1, num_workers in 0..1024, "
-                                  "prefetch_factor in 1..4096");
+                                  "loader: batch_size must be >= 1, num_workers in 0..1024 or "
+                                  "STOKE_LOADER_WORKERS_AUTO, prefetch_factor in 1..4096");
     return check_dataset(l, &l->ds);
 }
 
@@ -443,6 +448,26 @@ static int check_upfront_bytes(stoke_loader *l)
         l->o.prefetch_factor, l->cap, l->sample_bytes);
 }
 
+/* The worker count: num_workers, or for STOKE_LOADER_WORKERS_AUTO one per online core up to
+ * STOKE_LOADER_WORKERS_AUTO_MAX, all given work at first (adapt() varies that).  The caller's
+ * thread may make batches itself ("assist") for MAP datasets without worker_init, which promises
+ * one call per thread before its samples; an ITERABLE dataset's shares are fixed per worker. */
+static void choose_workers(stoke_loader *l)
+{
+    l->auto_workers = l->o.num_workers == STOKE_LOADER_WORKERS_AUTO;
+    l->nworkers = l->o.num_workers;
+    if (l->auto_workers) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        if (cores < 1)
+            cores = 1;
+        l->nworkers =
+            cores < STOKE_LOADER_WORKERS_AUTO_MAX ? (int)cores : STOKE_LOADER_WORKERS_AUTO_MAX;
+    }
+    l->assist = !l->iterable && !l->ds.worker_init;
+    l->nact = l->nact_lo = l->nact_hi = l->nworkers;
+    l->nact_min = l->auto_workers && !l->iterable ? (l->assist ? 0 : 1) : l->nworkers;
+}
+
 /* Step 2 of create: the sampler, the epoch's batches, the buffer size and count. */
 static int size_loader(stoke_loader *l)
 {
@@ -468,7 +493,7 @@ static int size_loader(stoke_loader *l)
         l->nsamples = l->nbatches * l->o.batch_size;
     if ((rc = size_buffers(l)) != STOKE_OK)
         return rc;
-    l->nworkers = l->o.num_workers;
+    choose_workers(l);
     l->nw1 = l->nworkers ? l->nworkers : 1;
     l->window = l->o.prefetch_factor * l->nw1;
     uint64_t nbuf = (uint64_t)l->window + 2;
@@ -503,9 +528,8 @@ static int allocate(stoke_loader *l)
         if (l->var)
             b->offsets = calloc(l->cap + 1, sizeof(uint64_t));
         if (!b->indices || (l->var && !b->offsets))
-            return stoke__loader_fail(l, STOKE_ENOMEM,
-                                      "loader: out of memory for the indices of %zu samples",
-                                      l->cap);
+            return stoke__loader_fail(
+                l, STOKE_ENOMEM, "loader: out of memory for the indices of %zu samples", l->cap);
         if ((rc = slot_alloc(l, &l->slots[i])) != STOKE_OK)
             return stoke__loader_fail(l, rc, "loader: batch buffer %d of %d: %s", i + 1, l->nbuf,
                                       stoke_last_error());
@@ -634,7 +658,7 @@ static void delivered(stoke_loader *l, stoke_batch *b)
         l->st_dcopies++;
         l->st_dbytes += b->bytes;
     }
-    pthread_cond_broadcast(&l->work_cv);
+    stoke__loader_wake_workers(l, 0);
 }
 
 /* (mu) The batch the consumer may take now, removed from the done list, or NULL. */
@@ -664,7 +688,8 @@ static stoke_batch *take_done(stoke_loader *l)
 static int batch_error(stoke_loader *l, stoke_batch *b)
 {
     int rc = b->status;
-    stoke__loader_fail(l, rc, "worker %d: sample %" PRIu64 " of %s: %s (%s)", b->worker,
+    const char *who = l->nworkers && b->worker == l->nworkers ? " (the caller's thread)" : "";
+    stoke__loader_fail(l, rc, "worker %d%s: sample %" PRIu64 " of %s: %s (%s)", b->worker, who,
                        b->err_index, l->ds.name, b->err_msg, stoke_err_name(rc));
     stoke__loader_recycle(l, b);
     l->outstanding--;
@@ -736,9 +761,9 @@ static int wait_status(stoke_loader *l)
     if (l->ended)
         return STOKE_EEND;
     if (l->init_failed) {
-        int rc = stoke__loader_fail(l, l->init_failed,
-                                    "loader: a worker_init of dataset %s failed (%s)", l->ds.name,
-                                    stoke_err_name(l->init_failed));
+        int rc =
+            stoke__loader_fail(l, l->init_failed, "loader: a worker_init of dataset %s failed (%s)",
+                               l->ds.name, stoke_err_name(l->init_failed));
         stoke__loader_abandon(l);
         l->ended = 1;
         return rc;
@@ -776,6 +801,53 @@ static int wait_done(stoke_loader *l)
     return STOKE_OK;
 }
 
+/* (mu) Threaded, MAP: whether the caller's thread should make the next batch itself rather
+ * than wait: the batch it needs next is not being made by anybody (in order: the next batch to
+ * deliver has not been handed out; out of order: no batch is being made at all), so waiting would
+ * cost a worker's wake-up and the whole batch.  Such a batch is made with worker id nworkers. */
+static int assist_wanted(const stoke_loader *l)
+{
+    if (!l->assist || l->ended || l->init_failed || !l->free_b || l->quiesce ||
+        l->next_dispatch >= l->nbatches)
+        return 0;
+    return l->o.in_order ? l->next_dispatch == l->prefix : l->filling == 0;
+}
+
+/* (mu) Makes one batch in the caller's thread (assist_wanted was true). */
+static void assist(stoke_loader *l)
+{
+    uint64_t gen, seed, epoch;
+    stoke_batch *b = stoke__loader_dispatch(l, &l->w[0], &gen, &seed, &epoch);
+    l->st_assisted++;
+    pthread_mutex_unlock(&l->mu);
+    uint64_t busy = stoke__loader_produce(l, b, NULL, l->nworkers, seed, epoch);
+    pthread_mutex_lock(&l->mu);
+    stoke__loader_complete(l, b, gen, busy);
+}
+
+/* (mu) Threaded: before sleeping, spins (without `mu`) while a batch is being made, for at most
+ * twice the time a batch takes on average and never over 20 us: a batch of a few microseconds
+ * arrives sooner than a sleeping thread wakes up.  Returns with `mu` held. */
+static void spin_for_event(stoke_loader *l)
+{
+    uint64_t budget = 2 * l->busy_avg;
+    if (budget > 20000u)
+        budget = 20000u;
+    if (l->filling == 0 || budget < 200u)
+        return;
+    uint64_t seen = atomic_load_explicit(&l->events, memory_order_relaxed);
+    pthread_mutex_unlock(&l->mu);
+    uint64_t t0 = stoke__now_ns();
+    for (unsigned i = 1;; i++) {
+        stoke__cpu_relax();
+        if (atomic_load_explicit(&l->events, memory_order_acquire) != seen)
+            break;
+        if ((i & 31) == 0 && stoke__now_ns() - t0 > budget)
+            break;
+    }
+    pthread_mutex_lock(&l->mu);
+}
+
 /* Workers: waits for the next deliverable batch.  Returns as next_inline does. */
 static int next_threaded(stoke_loader *l, stoke_batch **bp)
 {
@@ -788,6 +860,7 @@ static int next_threaded(stoke_loader *l, stoke_batch **bp)
     if (rc != STOKE_OK)
         return rc;
     pthread_mutex_lock(&l->mu);
+    int spun = 0;
     while ((rc = wait_status(l)) == STOKE_OK) {
         if ((*bp = take_done(l)) != NULL)
             return STOKE_OK;
@@ -803,13 +876,96 @@ static int next_threaded(stoke_loader *l, stoke_batch **bp)
                                     l->nbuf);
             break;
         }
+        if (assist_wanted(l)) {
+            assist(l);
+            spun = 0;
+            continue;
+        }
+        if (!spun) { /* then look again: the spin may have missed a change made under mu */
+            spun = 1;
+            spin_for_event(l);
+            continue;
+        }
+        stoke__loader_wake_workers(l, 1); /* nobody may sleep while work waits */
         if ((rc = wait_done(l)) != STOKE_OK)
             break;
+        spun = 0;
     }
     pthread_mutex_unlock(&l->mu);
     if (rc == STOKE_EEND && !l->o.persistent_workers)
         stoke__loader_stop_workers(l);
     return rc;
+}
+
+/* num_workers = auto (docs/loader.md, "Auto workers"): every ~50 ms of deliveries, one step of
+ * a hill climb on the number of workers given work (nact), judged by batches per second:
+ * - the last step's move lost throughput (an addition that did not gain 5%, a removal that lost
+ *   5%): undo it, and make no move for a while (2, 4, ... 32 periods);
+ * - the consumer spent under 5% of the time in next(): workers are not the bottleneck, one
+ *   fewer;
+ * - it spent over 10% there: one more if there is one and adding did not fail last, else one
+ *   fewer (on a busy machine, or when hand-offs cost more than the samples, fewer threads are
+ *   faster; at 0 the caller's thread makes every batch, as with num_workers 0).
+ * Time in next() includes batches the caller's thread made itself. */
+#define STOKE__ADAPT_NS 50000000u
+
+static int adapt_step(stoke_loader *l, double tput, double wait_frac)
+{
+    int n = l->nact;
+    int lost = (l->ad_last > 0 && tput < l->ad_prev_tput * 1.05) ||
+               (l->ad_last < 0 && tput < l->ad_prev_tput * 0.95);
+    if (lost) {
+        l->ad_backoff = l->ad_backoff ? (l->ad_backoff < 32 ? l->ad_backoff * 2 : 32) : 2;
+        l->ad_hold = l->ad_backoff;
+        n -= l->ad_last;
+        l->ad_failed = l->ad_last;
+        l->ad_last = 0;
+        return n;
+    }
+    if (l->ad_last) { /* the last move paid off */
+        l->ad_backoff = 0;
+        l->ad_failed = 0;
+    }
+    l->ad_last = 0;
+    if (l->ad_hold) {
+        l->ad_hold--;
+        return n;
+    }
+    int up = n<l->nworkers, down = n> l->nact_min;
+    if (wait_frac < 0.05 && down)
+        l->ad_last = -1;
+    else if (wait_frac > 0.10 && up && (l->ad_failed != 1 || !down))
+        l->ad_last = 1; /* the direction that did not fail last, if there is a choice */
+    else if (wait_frac > 0.10 && down)
+        l->ad_last = -1;
+    return n + l->ad_last;
+}
+
+/* (mu) One delivery seen by the hill climb: `waited` ns in next(). */
+static void adapt(stoke_loader *l, uint64_t now, uint64_t waited)
+{
+    if (!l->ad_t0)
+        l->ad_t0 = now;
+    l->ad_batches++;
+    l->ad_wait_ns += waited;
+    uint64_t span = now - l->ad_t0;
+    if (span < STOKE__ADAPT_NS || l->ad_batches < 8)
+        return;
+    double tput = (double)l->ad_batches / (double)span;
+    int n = adapt_step(l, tput, (double)l->ad_wait_ns / (double)span);
+    if (n != l->nact) {
+        l->nact = n;
+        l->st_nact_changes++;
+        if (n < l->nact_lo)
+            l->nact_lo = n;
+        if (n > l->nact_hi)
+            l->nact_hi = n;
+        stoke__loader_wake_workers(l, 1);
+    }
+    l->ad_prev_tput = tput;
+    l->ad_t0 = now;
+    l->ad_batches = 0;
+    l->ad_wait_ns = 0;
 }
 
 int stoke_loader_next(stoke_loader *l, stoke_batch **out)
@@ -829,9 +985,11 @@ int stoke_loader_next(stoke_loader *l, stoke_batch **out)
         return rc;
     }
     delivered(l, b);
-    uint64_t waited = stoke__now_ns() - t0;
+    uint64_t now = stoke__now_ns(), waited = now - t0;
     l->st_wait_ns += waited;
     stoke__hist_add(&l->wait_hist, waited);
+    if (l->auto_workers && !l->iterable)
+        adapt(l, now, waited);
     pthread_mutex_unlock(&l->mu);
     *out = b;
     return STOKE_OK;

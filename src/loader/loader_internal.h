@@ -12,6 +12,16 @@
 #include "stoke/device.h"
 #include "stoke/loader.h"
 
+/* A pause for spin loops. */
+static inline void stoke__cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
 /* splitmix64 finalizer (a bijection of 64-bit integers). */
 uint64_t stoke__mix64(uint64_t x);
 /* The key of every random choice in epoch `epoch` under `seed`. */
@@ -53,21 +63,21 @@ struct stoke_batch {
     stoke_loader *l;
     stoke__slot *host; /* host mode: always this batch's slot; device mode: while filling */
     uint64_t *indices;
-    uint64_t *offsets;  /* MAP_VAR: count + 1 byte offsets of the packed samples */
+    uint64_t *offsets; /* MAP_VAR: count + 1 byte offsets of the packed samples */
     size_t count;
-    size_t bytes;       /* sample bytes in the batch, all fields */
+    size_t bytes; /* sample bytes in the batch, all fields */
     uint64_t seq, epoch, gen;
-    uint64_t k;         /* ITERABLE: the producing worker's batch number */
-    int end;            /* ITERABLE: the worker's share ended while filling it */
+    uint64_t k; /* ITERABLE: the producing worker's batch number */
+    int end;    /* ITERABLE: the worker's share ended while filling it */
     int pinned;
-    int status;       /* of producing it */
+    int status; /* of producing it */
     int worker;
     uint64_t err_index;
     char err_msg[256];
     stoke_device_buffer *dbuf;
-    stoke_event *ev;  /* device mode: the consumer's copy-complete event */
-    int copied;       /* device mode: the copy was queued */
-    int dev_failed;   /* device mode: a wait or read reported a failure (counted once) */
+    stoke_event *ev; /* device mode: the consumer's copy-complete event */
+    int copied;      /* device mode: the copy was queued */
+    int dev_failed;  /* device mode: a wait or read reported a failure (counted once) */
     struct stoke_batch *next;
 };
 
@@ -84,36 +94,40 @@ typedef struct stoke__worker {
 
 struct stoke_loader {
     /* Immutable after create. */
-    stoke_loader_opts o;       /* o.device / o.pin_memory_device point at the copies below */
+    stoke_loader_opts o; /* o.device / o.pin_memory_device point at the copies below */
     char device_spec[64];
     char pin_spec[64];
     stoke_dataset ds;
     stoke_field fields[STOKE_MAX_FIELDS];
     size_t off[STOKE_MAX_FIELDS];
-    size_t buf_bytes;       /* one batch buffer */
-    size_t cap;             /* samples one buffer holds: batch_size, or for MAP / MAP_VAR at
-                               most the samples of one epoch for this rank (at least 1) */
-    size_t sample_bytes;    /* all fields of one sample */
+    size_t buf_bytes;    /* one batch buffer */
+    size_t cap;          /* samples one buffer holds: batch_size, or for MAP / MAP_VAR at
+                            most the samples of one epoch for this rank (at least 1) */
+    size_t sample_bytes; /* all fields of one sample */
     stoke_sampler *sampler;
-    uint64_t nsamples;      /* positions per epoch */
+    uint64_t nsamples; /* positions per epoch */
     uint64_t nbatches;
-    int nworkers;
-    int nw1;                /* max(1, nworkers): producers of an ITERABLE dataset */
-    int iterable, var;      /* dataset kind ITERABLE / MAP_VAR */
-    int window;             /* batches dispatched and not yet delivered, at most */
+    int nworkers;      /* worker threads (num_workers, or the auto count) */
+    int nw1;           /* max(1, nworkers): producers of an ITERABLE dataset */
+    int auto_workers;  /* num_workers was STOKE_LOADER_WORKERS_AUTO */
+    int assist;        /* the caller's thread may make MAP batches itself inside next()
+                          (worker id nworkers): MAP / MAP_VAR without worker_init */
+    int nact_min;      /* auto: lowest active count (0 with assist) */
+    int iterable, var; /* dataset kind ITERABLE / MAP_VAR */
+    int window;        /* batches dispatched and not yet delivered, at most */
     int nbuf;
     int alloc_kind;
     const stoke_backend *pin_vt; /* STOKE__ALLOC_BACKEND */
     int pin_dev;
-    char pin_backend[32];   /* "" when not pinned */
+    char pin_backend[32]; /* "" when not pinned */
     int device_mode;
     stoke_stream *stream;
     stoke_event *read_ev;
     pthread_mutex_t stream_mu;
 
-    stoke_batch *bat;       /* nbuf */
-    stoke__slot *slots;     /* nbuf */
-    stoke__worker *w;       /* nworkers */
+    stoke_batch *bat;   /* nbuf */
+    stoke__slot *slots; /* nbuf */
+    stoke__worker *w;   /* nworkers */
 
     pthread_mutex_t mu;
     pthread_cond_t work_cv; /* workers: work may be available, or quit */
@@ -122,31 +136,44 @@ struct stoke_loader {
     stoke__slot *free_s;    /* (mu) device mode */
     /* (mu) device mode: slots whose copy may still run, FIFO */
     stoke__slot *copy_head, *copy_tail;
-    stoke_batch *done;      /* (mu) completed, undelivered; FIFO by completion */
-    stoke_batch **done_tail;/* (mu) */
-    uint64_t seed, epoch, gen;     /* (mu) */
-    uint64_t next_dispatch; /* (mu) next batch seq to hand out */
-    uint64_t start_cursor;  /* (mu) where this run of the epoch started */
-    uint64_t ndelivered;    /* (mu) delivered since start_cursor */
-    uint64_t prefix;        /* (mu) lowest undelivered seq */
-    unsigned char *bits;    /* (mu) in_order == 0: delivered seqs */
-    int outstanding;        /* (mu) dispatched, not delivered (this gen) */
-    int filling;            /* (mu) batches being produced (any gen) */
-    int held;               /* (mu) delivered, not released */
-    int ended;              /* (mu) EEND until a new epoch */
-    int running;            /* (mu) worker threads started */
-    int quit;               /* (mu) workers must exit */
-    int init_failed;        /* (mu) a worker_init failed (status) */
-    int caller_inited;      /* consumer only: worker_init done in the caller's thread */
-    int quiesce;            /* (mu) set_epoch is waiting for batches in production */
+    stoke_batch *done;         /* (mu) completed, undelivered; FIFO by completion */
+    stoke_batch **done_tail;   /* (mu) */
+    uint64_t seed, epoch, gen; /* (mu) */
+    uint64_t next_dispatch;    /* (mu) next batch seq to hand out */
+    uint64_t start_cursor;     /* (mu) where this run of the epoch started */
+    uint64_t ndelivered;       /* (mu) delivered since start_cursor */
+    uint64_t prefix;           /* (mu) lowest undelivered seq */
+    unsigned char *bits;       /* (mu) in_order == 0: delivered seqs */
+    int outstanding;           /* (mu) dispatched, not delivered (this gen) */
+    int filling;               /* (mu) batches being produced (any gen) */
+    int held;                  /* (mu) delivered, not released */
+    int ended;                 /* (mu) EEND until a new epoch */
+    int running;               /* (mu) worker threads started */
+    int quit;                  /* (mu) workers must exit */
+    int init_failed;           /* (mu) a worker_init failed (status) */
+    int caller_inited;         /* consumer only: worker_init done in the caller's thread */
+    int quiesce;               /* (mu) set_epoch is waiting for batches in production */
+    int nact;                  /* (mu) workers given work: ids below it (= nworkers unless auto) */
+    int nact_lo, nact_hi;      /* (mu) its range since create */
+    int work_sleepers;         /* (mu) workers waiting on work_cv */
+    uint64_t busy_avg;         /* (mu) moving average of the ns one batch takes to make */
+    /* Bumped (release) with `mu` held by everything a waiting consumer may be waiting for (a
+     * completion, a release, a worker_init failure): the consumer spins on it before sleeping. */
+    _Atomic uint64_t events;
+    /* Bumped (release) with `mu` held whenever workers might find work: they spin on it. */
+    _Atomic uint64_t work_events;
+    /* auto: the hill climb over nact (consumer only; loader.c, adapt) */
+    uint64_t ad_t0, ad_batches, ad_wait_ns;
+    double ad_prev_tput;
+    int ad_last, ad_backoff, ad_hold, ad_failed;
     /* statistics (mu) */
     uint64_t st_samples, st_batches, st_bytes, st_pinned, st_pageable, st_dcopies, st_dbytes;
-    uint64_t st_derrors;
+    uint64_t st_derrors, st_assisted, st_nact_changes;
     uint64_t st_wait_ns, st_busy_ns;
     stoke__hist wait_hist;
 
-    char err[1024];         /* consumer only */
-    int sync_ready;         /* consumer only: mu and the conditions exist */
+    char err[1024]; /* consumer only */
+    int sync_ready; /* consumer only: mu and the conditions exist */
 };
 
 /* loader.c: formats the loader's last error into l->err and sets the thread's last error; returns
@@ -174,6 +201,11 @@ void stoke__loader_recycle(stoke_loader *l, stoke_batch *b);
 stoke__slot *stoke__loader_take_slot(stoke_loader *l);
 
 /* worker.c */
+/* (mu) Wakes workers waiting for work, if any wait and (unless `force`) the window is half
+ * empty. */
+void stoke__loader_wake_workers(stoke_loader *l, int force);
+/* (mu) Tells a consumer spinning or waiting in next() that something changed. */
+void stoke__loader_notify(stoke_loader *l);
 void stoke__loader_complete(stoke_loader *l, stoke_batch *b, uint64_t gen, uint64_t busy_ns);
 stoke_batch *stoke__loader_dispatch(stoke_loader *l, stoke__worker *w, uint64_t *gen,
                                     uint64_t *seed, uint64_t *epoch);
@@ -186,7 +218,6 @@ void stoke__loader_stop_workers(stoke_loader *l);
 void stoke__loader_abandon(stoke_loader *l);
 int stoke__loader_epoch_over(const stoke_loader *l);
 void stoke__loader_set_position(stoke_loader *l, uint64_t epoch, uint64_t cursor);
-
 
 /* ---- sampler.c: a batch's indices at once ----------------------------------------------------
  *
@@ -204,9 +235,9 @@ void stoke__loader_set_position(stoke_loader *l, uint64_t epoch, uint64_t cursor
 
 /* A keyed bijection of [0, n) (the one behind stoke_permute), with its round keys derived. */
 typedef struct stoke__feistel {
-    uint64_t n;     /* the domain; identity when n <= 1 */
-    uint64_t mask;  /* (1 << half) - 1 */
-    unsigned half;  /* bits of each half */
+    uint64_t n;    /* the domain; identity when n <= 1 */
+    uint64_t mask; /* (1 << half) - 1 */
+    unsigned half; /* bits of each half */
     uint64_t rk[STOKE__FEISTEL_ROUNDS];
 } stoke__feistel;
 

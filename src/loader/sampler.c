@@ -10,17 +10,17 @@
 
 struct stoke_sampler {
     int kind;
-    uint64_t n;          /* dataset length */
-    uint64_t base_len;   /* positions in the whole (unsharded) epoch order */
-    uint64_t *indices;   /* SUBSET */
-    int shuffle;         /* SUBSET */
-    double *cdf;         /* WEIGHTED: running sums, cdf[n-1] = total */
+    uint64_t n;        /* dataset length */
+    uint64_t base_len; /* positions in the whole (unsharded) epoch order */
+    uint64_t *indices; /* SUBSET */
+    int shuffle;       /* SUBSET */
+    double *cdf;       /* WEIGHTED: running sums, cdf[n-1] = total */
     /* BLOCK: rows per block, blocks per window (at most nblocks), full blocks, rows of the short
      * last block (0: none), blocks in all */
     uint64_t brows, bwin, nfull, tail_rows, nblocks;
     int distributed;
     uint64_t rank, world;
-    uint64_t len;        /* positions for this rank */
+    uint64_t len; /* positions for this rank */
 };
 
 static inline uint64_t mix64(uint64_t x)
@@ -223,10 +223,11 @@ int stoke_sampler_create(const stoke_sampler_opts *o, uint64_t dataset_len, stok
         break;
     case STOKE_SAMPLER_WEIGHTED: {
         if (!o->weights || o->num_weights != dataset_len || dataset_len == 0) {
-            rc = stoke__fail(STOKE_EINVAL,
-                             "weighted sampler: need one weight per sample (%zu weights for %" PRIu64
-                             " samples)",
-                             o->weights ? o->num_weights : 0, dataset_len);
+            rc =
+                stoke__fail(STOKE_EINVAL,
+                            "weighted sampler: need one weight per sample (%zu weights for %" PRIu64
+                            " samples)",
+                            o->weights ? o->num_weights : 0, dataset_len);
             goto fail;
         }
         s->cdf = malloc(o->num_weights * sizeof(double));
@@ -238,8 +239,10 @@ int stoke_sampler_create(const stoke_sampler_opts *o, uint64_t dataset_len, stok
         for (size_t i = 0; i < o->num_weights; i++) {
             double w = o->weights[i];
             if (!(w >= 0) || w > 1e300) { /* also rejects NaN */
-                rc = stoke__fail(STOKE_EINVAL, "weighted sampler: weight %zu is not a finite "
-                                               "non-negative number", i);
+                rc = stoke__fail(STOKE_EINVAL,
+                                 "weighted sampler: weight %zu is not a finite "
+                                 "non-negative number",
+                                 i);
                 goto fail;
             }
             sum += w;
@@ -276,8 +279,8 @@ int stoke_sampler_create(const stoke_sampler_opts *o, uint64_t dataset_len, stok
         s->world = o->world_size > 0 ? (uint64_t)o->world_size : ew;
         if (s->world == 0 || s->rank >= s->world) {
             rc = stoke__fail(STOKE_EINVAL,
-                             "distributed sampler: rank %" PRIu64 " is not below world size %" PRIu64
-                             "%s",
+                             "distributed sampler: rank %" PRIu64
+                             " is not below world size %" PRIu64 "%s",
                              s->rank, s->world, from_env ? " (from the environment)" : "");
             goto fail;
         }
@@ -357,8 +360,7 @@ typedef struct block_window {
 } block_window;
 
 /* First position of slot j. */
-static inline uint64_t slot_start(const stoke_sampler *s, const stoke__sampler_epoch *e,
-                                  uint64_t j)
+static inline uint64_t slot_start(const stoke_sampler *s, const stoke__sampler_epoch *e, uint64_t j)
 {
     uint64_t p = j * s->brows;
     if (e->tail_slot < j)
@@ -366,8 +368,7 @@ static inline uint64_t slot_start(const stoke_sampler *s, const stoke__sampler_e
     return p;
 }
 
-static inline uint64_t slot_block(const stoke_sampler *s, const stoke__sampler_epoch *e,
-                                  uint64_t j)
+static inline uint64_t slot_block(const stoke_sampler *s, const stoke__sampler_epoch *e, uint64_t j)
 {
     if (j == e->tail_slot)
         return s->nfull;
@@ -466,8 +467,8 @@ int stoke__sampler_epoch_init(stoke__sampler_epoch *e, const stoke_sampler *s, u
     case STOKE_SAMPLER_SUBSET: stoke__feistel_init(&e->perm, s->base_len, e->key); break;
     case STOKE_SAMPLER_BLOCK:
         stoke__feistel_init(&e->perm, s->nfull, e->key);
-        e->tail_slot = s->tail_rows ? mix64(e->key ^ 0x9fb21c651e98df25ull) % s->nblocks
-                                    : s->nblocks;
+        e->tail_slot =
+            s->tail_rows ? mix64(e->key ^ 0x9fb21c651e98df25ull) % s->nblocks : s->nblocks;
         break;
     default: break;
     }

@@ -184,6 +184,13 @@ int stoke_loader_get_stats(const stoke_loader *l, stoke_loader_stats *out)
     s.wait_p50_s = (double)stoke__hist_quantile(&m->wait_hist, 0.50) / 1e9;
     s.wait_p99_s = (double)stoke__hist_quantile(&m->wait_hist, 0.99) / 1e9;
     s.worker_busy_s = (double)m->st_busy_ns / 1e9;
+    s.workers = (uint64_t)m->nworkers;
+    s.workers_auto = (uint64_t)m->auto_workers;
+    s.workers_active = (uint64_t)m->nact;
+    s.workers_active_min = (uint64_t)m->nact_lo;
+    s.workers_active_max = (uint64_t)m->nact_hi;
+    s.workers_changes = m->st_nact_changes;
+    s.assisted_batches = m->st_assisted;
     pthread_mutex_unlock(&m->mu);
     s.buffers = (uint64_t)l->nbuf;
     s.buffer_bytes = l->buf_bytes;

@@ -101,8 +101,8 @@ int stoke__loader_device_failed(stoke_loader *l, stoke_batch *b, int rc, const c
         l->st_derrors++;
     }
     pthread_mutex_unlock(&l->mu);
-    return stoke__loader_fail(l, rc, "loader: %s %s %s device %s failed: %s (%s)", op, what,
-                              prep, l->o.device, detail[0] ? detail : stoke_strerror(rc),
+    return stoke__loader_fail(l, rc, "loader: %s %s %s device %s failed: %s (%s)", op, what, prep,
+                              l->o.device, detail[0] ? detail : stoke_strerror(rc),
                               stoke_err_name(rc));
 }
 

@@ -235,9 +235,10 @@ static void fill_batch(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wi
 void stoke__loader_complete(stoke_loader *l, stoke_batch *b, uint64_t gen, uint64_t busy_ns)
 {
     l->st_busy_ns += busy_ns;
+    l->busy_avg = l->busy_avg ? (l->busy_avg * 7 + busy_ns) / 8 : busy_ns;
     l->filling--;
     b->gen = gen;
-    pthread_cond_signal(&l->done_cv); /* also wakes a consumer quiescing for set_epoch */
+    stoke__loader_notify(l); /* also wakes a consumer quiescing for set_epoch */
     if (l->device_mode && b->host && b->copied) {
         stoke__slot *s = b->host;
         b->host = NULL;
@@ -250,7 +251,7 @@ void stoke__loader_complete(stoke_loader *l, stoke_batch *b, uint64_t gen, uint6
     }
     if (gen != l->gen) {
         stoke__loader_recycle(l, b);
-        pthread_cond_broadcast(&l->work_cv);
+        stoke__loader_wake_workers(l, 1);
         return;
     }
     if (l->iterable && b->status == STOKE_OK && b->end) {
@@ -262,14 +263,13 @@ void stoke__loader_complete(stoke_loader *l, stoke_batch *b, uint64_t gen, uint6
             w->outstanding--;
             l->outstanding--;
             stoke__loader_recycle(l, b);
-            pthread_cond_broadcast(&l->work_cv);
+            stoke__loader_wake_workers(l, 1);
             return;
         }
     }
     b->next = NULL;
     *l->done_tail = b;
     l->done_tail = &b->next;
-    pthread_cond_signal(&l->done_cv);
 }
 
 static int can_dispatch(const stoke_loader *l, const stoke__worker *w)
@@ -278,7 +278,28 @@ static int can_dispatch(const stoke_loader *l, const stoke__worker *w)
         return 0;
     if (l->iterable)
         return !w->exhausted && w->outstanding < l->o.prefetch_factor;
-    return l->next_dispatch < l->nbatches && l->outstanding < l->window;
+    return l->next_dispatch < l->nbatches && l->outstanding < l->window && w->id < l->nact;
+}
+
+/* (mu) Wakes the workers waiting for work when one of them could take some.  Unless `force`,
+ * MAP workers are woken only once the reorder window is half empty: a consumer faster than the
+ * workers then wakes them once per few batches rather than once per batch (a wake-up costs
+ * microseconds, more than a small batch).  The consumer forces it before it sleeps, so no work
+ * is ever left waiting with everybody asleep. */
+void stoke__loader_wake_workers(stoke_loader *l, int force)
+{
+    atomic_fetch_add_explicit(&l->work_events, 1, memory_order_release);
+    if (!l->work_sleepers)
+        return;
+    if (!force && !l->iterable && l->outstanding > l->window / 2)
+        return;
+    pthread_cond_broadcast(&l->work_cv);
+}
+
+void stoke__loader_notify(stoke_loader *l)
+{
+    atomic_fetch_add_explicit(&l->events, 1, memory_order_release);
+    pthread_cond_signal(&l->done_cv);
 }
 
 /* (mu) Takes the next batch for worker w (can_dispatch was true).  May drop `mu` briefly. */
@@ -315,6 +336,35 @@ uint64_t stoke__loader_produce(stoke_loader *l, stoke_batch *b, stoke__worker *w
     return stoke__now_ns() - t0;
 }
 
+/* (mu) Before a worker sleeps for lack of work: when batches take only microseconds and this
+ * worker is given work, spins (without `mu`) up to twice a batch's time (at most 20 us) for the
+ * consumer to take a batch, so that it does not have to wake the worker.  Returns 1 when
+ * something changed (look again), with `mu` held either way. */
+static int spin_for_work(stoke_loader *l, const stoke__worker *w)
+{
+    uint64_t budget = 2 * l->busy_avg;
+    if (budget > 20000u)
+        budget = 20000u;
+    if (l->iterable || w->id >= l->nact || l->ended || l->quiesce || budget < 200u ||
+        l->next_dispatch >= l->nbatches)
+        return 0;
+    uint64_t seen = atomic_load_explicit(&l->work_events, memory_order_relaxed);
+    pthread_mutex_unlock(&l->mu);
+    uint64_t t0 = stoke__now_ns();
+    int changed = 0;
+    for (unsigned i = 1;; i++) {
+        stoke__cpu_relax();
+        if (atomic_load_explicit(&l->work_events, memory_order_acquire) != seen) {
+            changed = 1;
+            break;
+        }
+        if ((i & 31) == 0 && stoke__now_ns() - t0 > budget)
+            break;
+    }
+    pthread_mutex_lock(&l->mu);
+    return changed;
+}
+
 static void *worker_main(void *arg)
 {
     stoke__worker *w = arg;
@@ -328,7 +378,7 @@ static void *worker_main(void *arg)
             pthread_mutex_lock(&l->mu);
             if (!l->init_failed)
                 l->init_failed = rc < 0 ? rc : STOKE_EDATA;
-            pthread_cond_broadcast(&l->done_cv);
+            stoke__loader_notify(l);
             pthread_mutex_unlock(&l->mu);
             stoke__log(STOKE_LOG_DEBUG, "loader: worker_init of worker %d failed (%s)", w->id,
                        stoke_err_name(rc));
@@ -337,8 +387,14 @@ static void *worker_main(void *arg)
     }
     pthread_mutex_lock(&l->mu);
     for (;;) {
-        while (!l->quit && !can_dispatch(l, w))
+        int spun = 0;
+        while (!l->quit && !can_dispatch(l, w)) {
+            if (!spun++ && spin_for_work(l, w))
+                continue;
+            l->work_sleepers++;
             pthread_cond_wait(&l->work_cv, &l->mu);
+            l->work_sleepers--;
+        }
         if (l->quit)
             break;
         uint64_t gen, seed, epoch;
