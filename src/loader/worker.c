@@ -338,31 +338,28 @@ uint64_t stoke__loader_produce(stoke_loader *l, stoke_batch *b, stoke__worker *w
 
 /* (mu) Before a worker sleeps for lack of work: when batches take only microseconds and this
  * worker is given work, spins (without `mu`) up to twice a batch's time (at most 20 us) for the
- * consumer to take a batch, so that it does not have to wake the worker.  Returns 1 when
- * something changed (look again), with `mu` held either way. */
-static int spin_for_work(stoke_loader *l, const stoke__worker *w)
+ * consumer to take a batch, so that it does not have to wake the worker.  Returns with `mu`
+ * held; the caller must look at the state again before sleeping (a change made after the spin
+ * ended and before `mu` was taken again wakes nobody). */
+static void spin_for_work(stoke_loader *l, const stoke__worker *w)
 {
     uint64_t budget = 2 * l->busy_avg;
     if (budget > 20000u)
         budget = 20000u;
     if (l->iterable || w->id >= l->nact || l->ended || l->quiesce || budget < 200u ||
         l->next_dispatch >= l->nbatches)
-        return 0;
+        return;
     uint64_t seen = atomic_load_explicit(&l->work_events, memory_order_relaxed);
     pthread_mutex_unlock(&l->mu);
     uint64_t t0 = stoke__now_ns();
-    int changed = 0;
     for (unsigned i = 1;; i++) {
         stoke__cpu_relax();
-        if (atomic_load_explicit(&l->work_events, memory_order_acquire) != seen) {
-            changed = 1;
+        if (atomic_load_explicit(&l->work_events, memory_order_acquire) != seen)
             break;
-        }
         if ((i & 31) == 0 && stoke__now_ns() - t0 > budget)
             break;
     }
     pthread_mutex_lock(&l->mu);
-    return changed;
 }
 
 static void *worker_main(void *arg)
@@ -389,8 +386,10 @@ static void *worker_main(void *arg)
     for (;;) {
         int spun = 0;
         while (!l->quit && !can_dispatch(l, w)) {
-            if (!spun++ && spin_for_work(l, w))
+            if (!spun++) { /* then look again: a change may come just after the spin */
+                spin_for_work(l, w);
                 continue;
+            }
             l->work_sleepers++;
             pthread_cond_wait(&l->work_cv, &l->mu);
             l->work_sleepers--;
