@@ -184,6 +184,7 @@ int stoke_loader_get_stats(const stoke_loader *l, stoke_loader_stats *out)
     s.wait_p50_s = (double)stoke__hist_quantile(&m->wait_hist, 0.50) / 1e9;
     s.wait_p99_s = (double)stoke__hist_quantile(&m->wait_hist, 0.99) / 1e9;
     s.worker_busy_s = (double)m->st_busy_ns / 1e9;
+    stoke__bad_stats(m, &s);
     pthread_mutex_unlock(&m->mu);
     s.buffers = (uint64_t)l->nbuf;
     s.buffer_bytes = l->buf_bytes;
