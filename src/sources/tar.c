@@ -403,7 +403,7 @@ static int parse_fields(const char *spec, stoke__tar_ds *t, const char *val)
                                STOKE_MAX_FIELDS, val);
         memcpy(t->f[t->nf].ext, p, n);
         t->f[t->nf].ext[n] = 0;
-        if (field_index(t, t->f[t->nf].ext) != t->nf)
+        if (field_index(t, t->f[t->nf].ext) >= 0) /* looks at the fields before this one */
             return stoke__fail(STOKE_EINVAL, "source '%s': field '%s' listed twice", spec,
                                t->f[t->nf].ext);
         t->nf++;

@@ -199,7 +199,8 @@ static int read_npy(const stoke__tar_ds *t, uint64_t i, int k, const stoke__tar_
     if (rc)
         return rc;
     const stoke_field *f = &t->fields[k];
-    int same = strcmp(h.descr, t->f[k].npy_descr) == 0 && h.ndim == f->ndim;
+    /* the byte order may differ (swapped below), not the type */
+    int same = h.dtype == f->dtype && h.itemsize == f->itemsize && h.ndim == f->ndim;
     for (int d = 0; same && d < h.ndim; d++)
         same = h.shape[d] == f->shape[d];
     if (!same)

@@ -46,7 +46,6 @@ typedef struct stoke__tar_loc {
 typedef struct stoke__tar_field {
     char ext[64];
     int kind;
-    size_t npy_swap; /* NPY: from the first sample's header */
     char npy_descr[32];
 } stoke__tar_field;
 
