@@ -75,7 +75,8 @@ static void bds_open(bds *b, int with_batch, const uint64_t *bad, int nbad, stok
     so.shape[0] = 12;
     so.classes = 1u << 30; /* label = index */
     assert_int_equal(stoke_synthetic_open(&so, &b->inner), STOKE_OK);
-    memcpy(b->bad, bad, sizeof(uint64_t) * (size_t)nbad);
+    if (nbad)
+        memcpy(b->bad, bad, sizeof(uint64_t) * (size_t)nbad);
     b->nbad = nbad;
     stoke_dataset_init(ds);
     ds->kind = STOKE_DATASET_MAP;
