@@ -9,7 +9,7 @@
 #include "stoke/stoke.h"
 #include "testutil.h"
 
-#define N 100
+#define N  100
 #define BS 8
 
 /* A synthetic dataset (label = index) whose samples in bad[] fail with a message in the
@@ -305,8 +305,8 @@ static void test_parse_and_validate(void **state)
     assert_int_equal(o.on_error, STOKE_ON_ERROR_REPLACE);
     assert_int_equal(o.max_bad, UINT64_MAX);
     assert_true(o.max_bad_fraction == 0.005);
-    const char *bad[] = {"", "skip:", "skip:x", "skip:-1%", "skip:101%", "skipx", "ignore",
-                         "skip:%", "replace:1x"};
+    const char *bad[] = {"",      "skip:",  "skip:x", "skip:-1%",  "skip:101%",
+                         "skipx", "ignore", "skip:%", "replace:1x"};
     for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
         stoke_loader_opts_init(&o);
         if (stoke_on_error_parse(bad[k], &o) != STOKE_EINVAL)
@@ -383,12 +383,13 @@ static void test_cli_on_error(void **state)
     assert_int_equal(tu_run_cli(env, "load", skip, out, sizeof(out), err, sizeof(err)), 0);
     char want[2048];
     /* s3.bin's header is the 7th member header: 6 * 1024 bytes in */
-    snprintf(want, sizeof(want),
-             "\"on_error\": \"skip\", \"bad_samples\": 1, \"skipped_samples\": 1, "
-             "\"replaced_samples\": 0, \"quarantine\": [{\"index\": 3, \"source\": \"tar %s@6144\", "
-             "\"reason\": \"sample 's3' field 'cls': the sample has no 'cls' member\", "
-             "\"action\": \"skipped\"}]",
-             path);
+    snprintf(
+        want, sizeof(want),
+        "\"on_error\": \"skip\", \"bad_samples\": 1, \"skipped_samples\": 1, "
+        "\"replaced_samples\": 0, \"quarantine\": [{\"index\": 3, \"source\": \"tar %s@6144\", "
+        "\"reason\": \"sample 's3' field 'cls': the sample has no 'cls' member\", "
+        "\"action\": \"skipped\"}]",
+        path);
     if (!strstr(out, want))
         fail_msg("%s\nwanted %s", out, want);
     assert_non_null(strstr(out, "\"samples\": 5,"));
@@ -397,7 +398,8 @@ static void test_cli_on_error(void **state)
     const char *repl[] = {src, "--on-error=replace", "--workers", "0", "--json", NULL};
     assert_int_equal(tu_run_cli(env, "load", repl, out, sizeof(out), err, sizeof(err)), 0);
     assert_non_null(strstr(out, "\"samples\": 6,"));
-    assert_non_null(strstr(out, "\"bad_samples\": 1, \"skipped_samples\": 0, \"replaced_samples\": 1"));
+    assert_non_null(
+        strstr(out, "\"bad_samples\": 1, \"skipped_samples\": 0, \"replaced_samples\": 1"));
     assert_non_null(strstr(out, "\"action\": \"replaced\", \"replacement\": "));
 
     const char *dflt[] = {src, "--json", NULL};
@@ -418,8 +420,8 @@ static void test_cli_on_error(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_error_policy),  cmocka_unit_test(test_skip),
-        cmocka_unit_test(test_skip_budget),   cmocka_unit_test(test_replace),
+        cmocka_unit_test(test_error_policy),       cmocka_unit_test(test_skip),
+        cmocka_unit_test(test_skip_budget),        cmocka_unit_test(test_replace),
         cmocka_unit_test(test_parse_and_validate), cmocka_unit_test(test_cli_on_error),
     };
     return tu_exit_status(cmocka_run_group_tests(tests, NULL, NULL));

@@ -190,7 +190,7 @@ static void test_ustar_grouping(void **state)
     tw_str(&w, "x/s0.cls", "7\n");
     tw_str(&w, "x/s0.bin", "AAAA");
     tw_header(&w, "x/dir", 0, '5', 0); /* a directory: skipped */
-    tw_str(&w, "y/s0.cls", " -3 ");   /* another key: the directory is part of it */
+    tw_str(&w, "y/s0.cls", " -3 ");    /* another key: the directory is part of it */
     tw_str(&w, "y/s0.bin", "BBBB");
     tw_header(&w, "x/link.cls", 0, '2', 0); /* a symlink: skipped */
     snprintf(name, sizeof(name), "%s.bin", longdir);
@@ -490,16 +490,19 @@ static void test_truncated(void **state)
     pathf(p, sizeof(p), dir, "a.tar");
     write_plain(p, 3); /* members at 0, 1536, 3072; end blocks at 4608 */
     assert_int_equal(truncate(p, 1536 + 512 + 100), 0); /* inside member 2's data */
-    expect_open_error(p, STOKE_EFORMAT, "at byte 1536: truncated: member 's1.bin' at byte 1536 "
-                                        "has 700 bytes of data but the file ends at byte 2148");
+    expect_open_error(p, STOKE_EFORMAT,
+                      "at byte 1536: truncated: member 's1.bin' at byte 1536 "
+                      "has 700 bytes of data but the file ends at byte 2148");
     write_plain(p, 3);
     assert_int_equal(truncate(p, 3072 + 200), 0); /* inside a header */
-    expect_open_error(p, STOKE_EFORMAT, "at byte 3072: truncated: a header at byte 3072 is cut "
-                                        "short");
+    expect_open_error(p, STOKE_EFORMAT,
+                      "at byte 3072: truncated: a header at byte 3072 is cut "
+                      "short");
     write_plain(p, 3);
     assert_int_equal(truncate(p, 4608), 0); /* no end-of-archive block */
-    expect_open_error(p, STOKE_EFORMAT, "at byte 4608: truncated: the archive ends at byte 4608 "
-                                        "without its end-of-archive block");
+    expect_open_error(p, STOKE_EFORMAT,
+                      "at byte 4608: truncated: the archive ends at byte 4608 "
+                      "without its end-of-archive block");
 }
 
 static void patch(const char *path, long off, const void *bytes, size_t n)
@@ -568,15 +571,16 @@ static void test_parse_block(void **state)
     uint64_t size = 0;
     int has = 0;
     const char *ok = "13 size=1234\n11 path=ab\n";
-    assert_int_equal(stoke__tar_parse_pax(ok, strlen(ok), path, sizeof(path), &size, &has, err,
-                                          sizeof(err)), 0);
+    assert_int_equal(
+        stoke__tar_parse_pax(ok, strlen(ok), path, sizeof(path), &size, &has, err, sizeof(err)), 0);
     assert_int_equal(has, 1);
     assert_int_equal(size, 1234);
     assert_string_equal(path, "ab");
     const char *bad[] = {"x", "5 a=b\n", "12 size=12a\n", "6 =bb\n", "10 pathab\n", "8 a=bc\n"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
         assert_int_equal(stoke__tar_parse_pax(bad[i], strlen(bad[i]), path, sizeof(path), &size,
-                                              &has, err, sizeof(err)), STOKE_EFORMAT);
+                                              &has, err, sizeof(err)),
+                         STOKE_EFORMAT);
 }
 
 /* ---- shard lists ------------------------------------------------------------------------- */
@@ -747,11 +751,11 @@ static void test_loader_workers_ranks(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_ustar_grouping),     cmocka_unit_test(test_pax_and_gnu),
-        cmocka_unit_test(test_gnu_tar_formats),    cmocka_unit_test(test_npy_fields),
-        cmocka_unit_test(test_field_errors),       cmocka_unit_test(test_truncated),
-        cmocka_unit_test(test_corrupt_headers),    cmocka_unit_test(test_parse_block),
-        cmocka_unit_test(test_shard_lists),        cmocka_unit_test(test_loader_workers_ranks),
+        cmocka_unit_test(test_ustar_grouping),  cmocka_unit_test(test_pax_and_gnu),
+        cmocka_unit_test(test_gnu_tar_formats), cmocka_unit_test(test_npy_fields),
+        cmocka_unit_test(test_field_errors),    cmocka_unit_test(test_truncated),
+        cmocka_unit_test(test_corrupt_headers), cmocka_unit_test(test_parse_block),
+        cmocka_unit_test(test_shard_lists),     cmocka_unit_test(test_loader_workers_ranks),
     };
     return tu_exit_status(cmocka_run_group_tests(tests, NULL, NULL));
 }

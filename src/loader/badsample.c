@@ -18,8 +18,10 @@ int stoke__bad_validate(stoke_loader *l)
 {
     const stoke_loader_opts *o = &l->o;
     if (o->on_error < STOKE_ON_ERROR_ERROR || o->on_error > STOKE_ON_ERROR_REPLACE)
-        return stoke__loader_fail(l, STOKE_EINVAL, "loader: unknown on_error %d (error, skip, "
-                                  "replace)", o->on_error);
+        return stoke__loader_fail(l, STOKE_EINVAL,
+                                  "loader: unknown on_error %d (error, skip, "
+                                  "replace)",
+                                  o->on_error);
     if (!(o->max_bad_fraction >= 0.0 && o->max_bad_fraction <= 1.0))
         return stoke__loader_fail(l, STOKE_EINVAL, "loader: max_bad_fraction %g is not in 0..1",
                                   o->max_bad_fraction);
@@ -75,8 +77,10 @@ static int replace(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid, s
     }
     size_t used = strlen(msg);
     if (used + 1 < msg_len)
-        stoke__fmt(msg + used, msg_len - used, " (and none of its %d replacement candidates "
-                   "loaded)", STOKE_REPLACE_TRIES);
+        stoke__fmt(msg + used, msg_len - used,
+                   " (and none of its %d replacement candidates "
+                   "loaded)",
+                   STOKE_REPLACE_TRIES);
     return STOKE_EDATA;
 }
 
@@ -122,8 +126,8 @@ static uint64_t budget(const stoke_loader *l, uint64_t seen)
 {
     double total = l->iterable ? (double)seen : (double)l->nsamples;
     double f = l->o.max_bad_fraction * total + 1e-9; /* truncated below: the floor */
-    uint64_t b = (l->o.max_bad_fraction >= 1.0 || f >= 18446744073709551615.0) ? UINT64_MAX
-                                                                              : (uint64_t)f;
+    uint64_t b =
+        (l->o.max_bad_fraction >= 1.0 || f >= 18446744073709551615.0) ? UINT64_MAX : (uint64_t)f;
     return b < l->o.max_bad ? b : l->o.max_bad;
 }
 
@@ -136,7 +140,8 @@ static void split(const stoke_loader *l, const char *msg, stoke_bad_sample *q)
         stoke__strlcpy(q->reason, msg, sizeof(q->reason));
         return;
     }
-    size_t n = (size_t)(c - msg) < sizeof(q->source) - 1 ? (size_t)(c - msg) : sizeof(q->source) - 1;
+    size_t n =
+        (size_t)(c - msg) < sizeof(q->source) - 1 ? (size_t)(c - msg) : sizeof(q->source) - 1;
     memcpy(q->source, msg, n);
     q->source[n] = 0;
     stoke__strlcpy(q->reason, c + 2, sizeof(q->reason));
@@ -197,8 +202,10 @@ void stoke__bad_account(stoke_loader *l, stoke_batch *b)
                    budget(l, l->bad_epoch_samples + l->bad_epoch), l->o.max_bad_fraction * 100.0);
     else
         stoke__fmt(lim, sizeof(lim), "%" PRIu64, l->o.max_bad);
-    stoke__fmt(b->err_msg, sizeof(b->err_msg), "too many bad samples: %" PRIu64 " this epoch, "
-               "the budget is %s; the last one: %s", l->bad_epoch, lim, over->msg);
+    stoke__fmt(b->err_msg, sizeof(b->err_msg),
+               "too many bad samples: %" PRIu64 " this epoch, "
+               "the budget is %s; the last one: %s",
+               l->bad_epoch, lim, over->msg);
 }
 
 void stoke__bad_stats(const stoke_loader *l, stoke_loader_stats *s)
@@ -248,8 +255,10 @@ int stoke_on_error_parse(const char *spec, stoke_loader_opts *o)
     else if (strncmp(spec, "replace", 7) == 0)
         action = STOKE_ON_ERROR_REPLACE, rest = spec + 7;
     else
-        return stoke__fail(STOKE_EINVAL, "on_error '%s': expected error, skip[:N|:P%%] or "
-                           "replace[:N|:P%%]", spec);
+        return stoke__fail(STOKE_EINVAL,
+                           "on_error '%s': expected error, skip[:N|:P%%] or "
+                           "replace[:N|:P%%]",
+                           spec);
     uint64_t n = UINT64_MAX;
     double frac = 1.0;
     if (*rest) {
@@ -260,9 +269,9 @@ int stoke_on_error_parse(const char *spec, stoke_loader_opts *o)
                                (int)(rest - spec), spec, (int)(rest - spec), spec);
         if (rest[len - 1] == '%') {
             double p = strtod(rest + 1, &end);
-            if (end != rest + len - 1 || rest[1] < '0' || rest[1] > '9' || !(p >= 0.0 && p <= 100.0))
-                return stoke__fail(STOKE_EINVAL, "on_error '%s': the share must be 0..100%%",
-                                   spec);
+            if (end != rest + len - 1 || rest[1] < '0' || rest[1] > '9' ||
+                !(p >= 0.0 && p <= 100.0))
+                return stoke__fail(STOKE_EINVAL, "on_error '%s': the share must be 0..100%%", spec);
             frac = p / 100.0;
         } else if (stoke__parse_u64(rest + 1, &n) != 0) {
             return stoke__fail(STOKE_EINVAL, "on_error '%s': '%s' is not a count", spec, rest + 1);

@@ -68,9 +68,11 @@ static int has_glob(const char *s)
 static int add_paths(const char *spec, const char *pat, strvec *out)
 {
     if (!has_glob(pat))
-        return strvec_push(out, pat, strlen(pat)) ? stoke__fail(STOKE_ENOMEM, "source '%s': "
+        return strvec_push(out, pat, strlen(pat)) ? stoke__fail(STOKE_ENOMEM,
+                                                                "source '%s': "
                                                                 "too many shards or out of "
-                                                                "memory", spec)
+                                                                "memory",
+                                                                spec)
                                                   : STOKE_OK;
     glob_t g;
     int e = glob(pat, GLOB_ERR, NULL, &g);
@@ -280,8 +282,10 @@ static int default_fields(const char *spec, stoke__tar_ds *t, const scan *sc)
 {
     for (size_t j = 0; j < sc->n && same_key(&sc->m[0], &sc->m[j]); j++) {
         if (t->nf == STOKE_MAX_FIELDS)
-            return stoke__fail(STOKE_ELIMIT, "source '%s': the first sample has more than %d "
-                               "members: choose with fields=EXT:EXT", spec, STOKE_MAX_FIELDS);
+            return stoke__fail(STOKE_ELIMIT,
+                               "source '%s': the first sample has more than %d "
+                               "members: choose with fields=EXT:EXT",
+                               spec, STOKE_MAX_FIELDS);
         stoke__strlcpy(t->f[t->nf++].ext, ext_of(&sc->m[j]), sizeof(t->f[0].ext));
     }
     return STOKE_OK;
@@ -311,8 +315,9 @@ static int build_index(const char *spec, stoke__tar_ds *t, const scan *sc)
     t->loc = malloc((n ? n : 1) * (size_t)t->nf * sizeof(*t->loc));
     t->keys = malloc(keys ? keys : 1);
     if (!t->shard_of || !t->key_at || !t->loc || !t->keys)
-        return stoke__fail(STOKE_ENOMEM, "source '%s': out of memory for the index of %" PRIu64
-                           " samples", spec, n);
+        return stoke__fail(STOKE_ENOMEM,
+                           "source '%s': out of memory for the index of %" PRIu64 " samples", spec,
+                           n);
     uint64_t i = 0;
     size_t kp = 0;
     for (size_t j = 0; j < sc->n; j++) {
@@ -325,17 +330,18 @@ static int build_index(const char *spec, stoke__tar_ds *t, const scan *sc)
             t->keys[kp + m->key_len] = 0;
             kp += m->key_len + 1;
             for (int k = 0; k < t->nf; k++)
-                t->loc[i * (uint64_t)t->nf + (uint64_t)k] =
-                    (stoke__tar_loc){m->hdr, UINT64_MAX, 0};
+                t->loc[i * (uint64_t)t->nf + (uint64_t)k] = (stoke__tar_loc){m->hdr, UINT64_MAX, 0};
         }
         int k = field_index(t, ext_of(m));
         if (k < 0)
             continue; /* an extension no field asks for */
         stoke__tar_loc *L = &t->loc[i * (uint64_t)t->nf + (uint64_t)k];
         if (L->off != UINT64_MAX)
-            return stoke__fail(STOKE_EFORMAT, "source '%s': tar %s: at byte %" PRIu64 ": sample "
-                               "'%.*s' has two '%s' members", spec, t->shards[m->shard].path,
-                               m->hdr, (int)m->key_len, m->path, t->f[k].ext);
+            return stoke__fail(STOKE_EFORMAT,
+                               "source '%s': tar %s: at byte %" PRIu64 ": sample "
+                               "'%.*s' has two '%s' members",
+                               spec, t->shards[m->shard].path, m->hdr, (int)m->key_len, m->path,
+                               t->f[k].ext);
         *L = (stoke__tar_loc){m->hdr, m->off, m->size};
     }
     return STOKE_OK;
@@ -396,8 +402,10 @@ static int parse_fields(const char *spec, stoke__tar_ds *t, const char *val)
         const char *c = strchr(p, ':');
         size_t n = c ? (size_t)(c - p) : strlen(p);
         if (n == 0 || n >= sizeof(t->f[0].ext) || memchr(p, '/', n))
-            return stoke__fail(STOKE_EINVAL, "source '%s': bad fields= list '%s' (e.g. "
-                               "fields=jpg:cls)", spec, val);
+            return stoke__fail(STOKE_EINVAL,
+                               "source '%s': bad fields= list '%s' (e.g. "
+                               "fields=jpg:cls)",
+                               spec, val);
         if (t->nf == STOKE_MAX_FIELDS)
             return stoke__fail(STOKE_EINVAL, "source '%s': more than %d fields in '%s'", spec,
                                STOKE_MAX_FIELDS, val);
@@ -441,8 +449,9 @@ static int parse_options(const char *spec, stoke__tar_ds *t, char *opts)
             return stoke__fail(STOKE_EINVAL, "source '%s': option '%s': %s", spec, o, msg);
         if (used == 0)
             return stoke__fail(STOKE_EINVAL, "source '%s': unknown option '%s' (fields=EXT:EXT%s)",
-                               spec, o, hk ? ", or an image option" :
-                               "; image options need the images module, not in this build");
+                               spec, o,
+                               hk ? ", or an image option"
+                                  : "; image options need the images module, not in this build");
     }
     return STOKE_OK;
 }
@@ -456,8 +465,10 @@ static int tar_open(const char *spec, const char *args, stoke__tar_ds *t, scan *
     char *pat = strndup(args, plen);
     char *opts = args[plen] ? strdup(args + plen + 1) : NULL;
     strvec shards = {0};
-    int rc = (!pat || (args[plen] && !opts)) ? stoke__fail(STOKE_ENOMEM, "source '%s': out of "
-                                                           "memory", spec)
+    int rc = (!pat || (args[plen] && !opts)) ? stoke__fail(STOKE_ENOMEM,
+                                                           "source '%s': out of "
+                                                           "memory",
+                                                           spec)
                                              : STOKE_OK;
     if (!rc && !*pat)
         rc = stoke__fail(STOKE_EINVAL, "source '%s': no shard pattern (tar:PATTERN)", spec);
@@ -480,15 +491,19 @@ static int tar_open(const char *spec, const char *args, stoke__tar_ds *t, scan *
         rc = scan_shards(spec, t, sc);
     }
     if (!rc && sc->n == 0)
-        rc = stoke__fail(STOKE_EFORMAT, "source '%s': no member of the form KEY.EXT in %d "
-                         "shard(s)", spec, t->nshards);
+        rc = stoke__fail(STOKE_EFORMAT,
+                         "source '%s': no member of the form KEY.EXT in %d "
+                         "shard(s)",
+                         spec, t->nshards);
     if (!rc && t->nf == 0)
         rc = default_fields(spec, t, sc);
     for (int k = 0; !rc && k < t->nf; k++) {
         t->f[k].kind = stoke__tar_field_kind(t->f[k].ext);
         if (t->f[k].kind == STOKE__TAR_IMAGE && !stoke__tar_image_hook_get())
-            rc = stoke__fail(STOKE_ENOTSUP, "source '%s': tar: .jpg fields need the images "
-                             "module (field '%s'; not in this build)", spec, t->f[k].ext);
+            rc = stoke__fail(STOKE_ENOTSUP,
+                             "source '%s': tar: .jpg fields need the images "
+                             "module (field '%s'; not in this build)",
+                             spec, t->f[k].ext);
     }
     if (!rc)
         rc = build_index(spec, t, sc);

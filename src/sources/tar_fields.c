@@ -223,8 +223,8 @@ static int read_npy(const stoke__tar_ds *t, uint64_t i, int k, const stoke__tar_
     return STOKE_OK;
 }
 
-static int read_image(const stoke__tar_ds *t, uint64_t i, int k, const stoke__tar_loc *L,
-                      void *dst, char *msg, size_t msg_len)
+static int read_image(const stoke__tar_ds *t, uint64_t i, int k, const stoke__tar_loc *L, void *dst,
+                      char *msg, size_t msg_len)
 {
     const stoke__tar_image_hook *hk = stoke__tar_image_hook_get();
     if (!hk)
@@ -259,14 +259,10 @@ int stoke__tar_read_field(const stoke__tar_ds *t, uint64_t i, int k, void *dst, 
         return field_fail(t, i, k, msg, msg_len, STOKE_EDATA, "the sample has no '%s' member",
                           t->f[k].ext);
     switch (t->f[k].kind) {
-    case STOKE__TAR_CLS:
-        return read_cls(t, i, k, L, dst, msg, msg_len);
-    case STOKE__TAR_NPY:
-        return read_npy(t, i, k, L, dst, msg, msg_len);
-    case STOKE__TAR_IMAGE:
-        return read_image(t, i, k, L, dst, msg, msg_len);
-    default:
-        break;
+    case STOKE__TAR_CLS: return read_cls(t, i, k, L, dst, msg, msg_len);
+    case STOKE__TAR_NPY: return read_npy(t, i, k, L, dst, msg, msg_len);
+    case STOKE__TAR_IMAGE: return read_image(t, i, k, L, dst, msg, msg_len);
+    default: break;
     }
     if (L->size != t->fields[k].bytes)
         return field_fail(t, i, k, msg, msg_len, STOKE_EFORMAT,
@@ -302,8 +298,10 @@ int stoke__tar_describe_field(stoke__tar_ds *t, int k, const char *spec)
         if (rc)
             return stoke__fail(rc, "source '%s': %s", spec, msg);
         if (h.ndim > STOKE_MAX_DIMS)
-            return stoke__fail(STOKE_ELIMIT, "source '%s': .npy field '%s' has %d dimensions "
-                               "(at most %d)", spec, t->f[k].ext, h.ndim, STOKE_MAX_DIMS);
+            return stoke__fail(STOKE_ELIMIT,
+                               "source '%s': .npy field '%s' has %d dimensions "
+                               "(at most %d)",
+                               spec, t->f[k].ext, h.ndim, STOKE_MAX_DIMS);
         f->dtype = h.dtype;
         f->itemsize = h.itemsize;
         f->ndim = h.ndim;
@@ -314,8 +312,10 @@ int stoke__tar_describe_field(stoke__tar_ds *t, int k, const char *spec)
     case STOKE__TAR_IMAGE: {
         const stoke__tar_image_hook *hk = stoke__tar_image_hook_get();
         if (!hk)
-            return stoke__fail(STOKE_ENOTSUP, "source '%s': tar: .jpg fields need the images "
-                               "module (field '%s'; not in this build)", spec, t->f[k].ext);
+            return stoke__fail(STOKE_ENOTSUP,
+                               "source '%s': tar: .jpg fields need the images "
+                               "module (field '%s'; not in this build)",
+                               spec, t->f[k].ext);
         int rc = hk->field(t->image_opts, f);
         if (rc)
             return stoke__fail(rc, "source '%s': image field '%s': %s", spec, t->f[k].ext,

@@ -122,26 +122,36 @@ int stoke__tar_parse_pax(const char *buf, size_t len, char *path, size_t path_le
         while (p < len && buf[p] >= '0' && buf[p] <= '9' && p - pos < 19)
             rlen = rlen * 10 + (uint64_t)(buf[p++] - '0');
         if (p == pos || p >= len || buf[p] != ' ')
-            return ferr(err, err_len, "bad pax record at byte %zu of the extended header: no "
-                                      "length", pos);
+            return ferr(err, err_len,
+                        "bad pax record at byte %zu of the extended header: no "
+                        "length",
+                        pos);
         if (rlen < (uint64_t)(p - pos) + 4 || rlen > len - pos)
-            return ferr(err, err_len, "bad pax record at byte %zu of the extended header: length "
-                                      "%llu does not fit", pos, (unsigned long long)rlen);
+            return ferr(err, err_len,
+                        "bad pax record at byte %zu of the extended header: length "
+                        "%llu does not fit",
+                        pos, (unsigned long long)rlen);
         size_t end = pos + (size_t)rlen; /* one past the '\n' */
         if (buf[end - 1] != '\n')
-            return ferr(err, err_len, "bad pax record at byte %zu of the extended header: no "
-                                      "newline at its end", pos);
+            return ferr(err, err_len,
+                        "bad pax record at byte %zu of the extended header: no "
+                        "newline at its end",
+                        pos);
         const char *key = buf + p + 1;
         const char *eq = memchr(key, '=', (size_t)(buf + end - 1 - key));
         if (!eq || eq == key)
-            return ferr(err, err_len, "bad pax record at byte %zu of the extended header: no "
-                                      "key=value", pos);
+            return ferr(err, err_len,
+                        "bad pax record at byte %zu of the extended header: no "
+                        "key=value",
+                        pos);
         size_t klen = (size_t)(eq - key), vlen = (size_t)(buf + end - 1 - (eq + 1));
         const char *val = eq + 1;
         if (klen == 4 && memcmp(key, "path", 4) == 0) {
             if (vlen >= path_len || memchr(val, 0, vlen))
-                return ferr(err, err_len, "pax path of %zu bytes is too long or holds a NUL "
-                                          "(at most %zu)", vlen, path_len - 1);
+                return ferr(err, err_len,
+                            "pax path of %zu bytes is too long or holds a NUL "
+                            "(at most %zu)",
+                            vlen, path_len - 1);
             memcpy(path, val, vlen);
             path[vlen] = 0;
         } else if (klen == 4 && memcmp(key, "size", 4) == 0) {
@@ -195,9 +205,10 @@ static int read_exact(walk *w, void *buf, size_t n, uint64_t off, const char *wh
         return walk_fail(w, off, STOKE_EIO, "read of %zu bytes at byte %llu failed: %s", n,
                          (unsigned long long)off, strerror(-e));
     if (got < n)
-        return walk_fail(w, off, STOKE_EFORMAT, "truncated: %s at byte %llu is cut short by the "
-                         "end of the file (%llu bytes)", what, (unsigned long long)off,
-                         (unsigned long long)w->file_size);
+        return walk_fail(w, off, STOKE_EFORMAT,
+                         "truncated: %s at byte %llu is cut short by the "
+                         "end of the file (%llu bytes)",
+                         what, (unsigned long long)off, (unsigned long long)w->file_size);
     return 0;
 }
 
@@ -206,9 +217,10 @@ static int read_exact(walk *w, void *buf, size_t n, uint64_t off, const char *wh
 static int read_ext(walk *w, uint64_t hdr_off, uint64_t off, uint64_t size, char **out)
 {
     if (size > STOKE__TAR_EXT_MAX)
-        return walk_fail(w, hdr_off, STOKE_EFORMAT, "extension header of %llu bytes at byte %llu "
-                         "exceeds the %zu-byte limit", (unsigned long long)size,
-                         (unsigned long long)hdr_off, STOKE__TAR_EXT_MAX);
+        return walk_fail(w, hdr_off, STOKE_EFORMAT,
+                         "extension header of %llu bytes at byte %llu "
+                         "exceeds the %zu-byte limit",
+                         (unsigned long long)size, (unsigned long long)hdr_off, STOKE__TAR_EXT_MAX);
     char *buf = malloc((size_t)size + 1);
     if (!buf)
         return walk_fail(w, hdr_off, STOKE_ENOMEM, "out of memory");
@@ -243,8 +255,10 @@ static int extension(walk *w, const stoke__tar_block *b, uint64_t hdr, uint64_t 
     if (b->type == 'L') {
         size_t n = strnlen(buf, (size_t)b->size);
         if (n == 0 || n >= sizeof(pd->path))
-            rc = walk_fail(w, hdr, STOKE_EFORMAT, "GNU long name at byte %llu is empty or longer "
-                           "than %zu bytes", (unsigned long long)hdr, sizeof(pd->path) - 1);
+            rc = walk_fail(w, hdr, STOKE_EFORMAT,
+                           "GNU long name at byte %llu is empty or longer "
+                           "than %zu bytes",
+                           (unsigned long long)hdr, sizeof(pd->path) - 1);
         else {
             memcpy(pd->path, buf, n + 1);
             pd->has_path = 1;
@@ -302,8 +316,10 @@ int stoke__tar_walk(uint64_t file_size, stoke__tar_read_fn read, void *read_ctx,
     for (;;) {
         unsigned char blk[STOKE__TAR_BLOCK];
         if (off == file_size) {
-            rc = walk_fail(&w, off, STOKE_EFORMAT, "truncated: the archive ends at byte %llu "
-                           "without its end-of-archive block", (unsigned long long)off);
+            rc = walk_fail(&w, off, STOKE_EFORMAT,
+                           "truncated: the archive ends at byte %llu "
+                           "without its end-of-archive block",
+                           (unsigned long long)off);
             break;
         }
         if ((rc = read_exact(&w, blk, sizeof(blk), off, "a header")) != 0)
@@ -311,10 +327,11 @@ int stoke__tar_walk(uint64_t file_size, stoke__tar_read_fn read, void *read_ctx,
         char msg[160];
         rc = stoke__tar_parse_block(blk, b, msg, sizeof(msg));
         if (rc == STOKE_EEND) {
-            rc = pd->first_hdr == UINT64_MAX
-                     ? 0
-                     : walk_fail(&w, off, STOKE_EFORMAT, "the archive ends at byte %llu right "
-                                 "after an extension header", (unsigned long long)off);
+            rc = pd->first_hdr == UINT64_MAX ? 0
+                                             : walk_fail(&w, off, STOKE_EFORMAT,
+                                                         "the archive ends at byte %llu right "
+                                                         "after an extension header",
+                                                         (unsigned long long)off);
             break;
         }
         if (rc) {
@@ -326,7 +343,8 @@ int stoke__tar_walk(uint64_t file_size, stoke__tar_read_fn read, void *read_ctx,
             pd->first_hdr = off;
         uint64_t size = (!is_extension(b->type) && pd->has_size) ? pd->size : b->size;
         if (size > file_size - data) {
-            rc = walk_fail(&w, off, STOKE_EFORMAT, "truncated: member '%s' at byte %llu has %llu "
+            rc = walk_fail(&w, off, STOKE_EFORMAT,
+                           "truncated: member '%s' at byte %llu has %llu "
                            "bytes of data but the file ends at byte %llu",
                            pd->has_path && !is_extension(b->type) ? pd->path : b->name,
                            (unsigned long long)off, (unsigned long long)size,

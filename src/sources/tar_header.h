@@ -12,9 +12,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define STOKE__TAR_BLOCK 512u
-#define STOKE__TAR_PATH_MAX 4096u          /* longest member path we accept (bytes) */
-#define STOKE__TAR_EXT_MAX ((size_t)1 << 20) /* longest pax / GNU long-name record we read */
+#define STOKE__TAR_BLOCK    512u
+#define STOKE__TAR_PATH_MAX 4096u             /* longest member path we accept (bytes) */
+#define STOKE__TAR_EXT_MAX  ((size_t)1 << 20) /* longest pax / GNU long-name record we read */
 
 /* One header block, decoded. */
 typedef struct stoke__tar_block {
