@@ -290,6 +290,120 @@ static void test_replace(void **state)
     }
 }
 
+/* ITERABLE: a failing next() is dropped and the stream goes on (REPLACE does the same); the
+ * batches stay full. */
+typedef struct ids {
+    uint64_t pos[4];
+    int nw;
+} ids;
+
+static int ids_next(void *user, int worker, int num_workers, void *const dst[], uint64_t *index,
+                    char *msg, size_t msg_len)
+{
+    ids *s = user;
+    int w1 = num_workers > 0 ? num_workers : 1;
+    uint64_t i = s->pos[worker] * (uint64_t)w1 + (uint64_t)worker;
+    if (i >= 40)
+        return STOKE_EEND;
+    s->pos[worker]++;
+    *index = i;
+    if (i % 7 == 3) {
+        snprintf(msg, msg_len, "stream: item %" PRIu64 " is bad", i);
+        return STOKE_EDATA;
+    }
+    int64_t v = (int64_t)i;
+    memcpy(dst[0], &v, 8);
+    return STOKE_OK;
+}
+
+static int ids_reset(void *user, uint64_t epoch)
+{
+    (void)epoch;
+    memset(((ids *)user)->pos, 0, sizeof(((ids *)user)->pos));
+    return STOKE_OK;
+}
+
+static void test_iterable(void **state)
+{
+    (void)state;
+    const char *pol[] = {"skip", "replace", "error"};
+    for (size_t p = 0; p < 3; p++)
+        for (int w = 0; w <= 2; w += 2) {
+            ids s;
+            memset(&s, 0, sizeof(s));
+            stoke_dataset ds;
+            stoke_dataset_init(&ds);
+            ds.kind = STOKE_DATASET_ITERABLE;
+            snprintf(ds.name, sizeof(ds.name), "ids");
+            ds.user = &s;
+            ds.nfields = 1;
+            snprintf(ds.fields[0].name, sizeof(ds.fields[0].name), "v");
+            ds.fields[0].dtype = STOKE_DTYPE_I64;
+            assert_int_equal(stoke_field_finish(&ds.fields[0]), STOKE_OK);
+            ds.next = ids_next;
+            ds.reset = ids_reset;
+            stoke_loader_opts o;
+            stoke_loader_opts_init(&o);
+            assert_int_equal(stoke_on_error_parse(pol[p], &o), STOKE_OK);
+            o.batch_size = 4;
+            o.num_workers = w;
+            o.pin_memory = 0;
+            stoke_loader *l;
+            assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+            stoke_batch *b;
+            int rc;
+            uint64_t sum = 0, n = 0, full = 0, nb = 0;
+            while ((rc = stoke_loader_next(l, &b)) == STOKE_OK) {
+                const int64_t *v = stoke_batch_data(b, 0);
+                for (size_t j = 0; j < stoke_batch_count(b); j++) {
+                    assert_int_equal(v[j], (int64_t)stoke_batch_indices(b)[j]);
+                    assert_int_not_equal(v[j] % 7, 3);
+                    sum += (uint64_t)v[j];
+                    n++;
+                }
+                full += stoke_batch_count(b) == 4;
+                nb++;
+                stoke_batch_release(b);
+            }
+            stoke_loader_stats st = {.size = sizeof(st)};
+            assert_int_equal(stoke_loader_get_stats(l, &st), STOKE_OK);
+            if (p == 2) {
+                assert_int_equal(rc, STOKE_EDATA);
+                assert_non_null(strstr(stoke_loader_last_error(l), "stream: item 3 is bad"));
+            } else {
+                /* 3, 10, 17, 24, 31, 38 are bad: 34 good items, sum 780 - 123 */
+                assert_int_equal(rc, STOKE_EEND);
+                assert_int_equal(n, 34);
+                assert_int_equal(sum, 780 - 123);
+                assert_int_equal(st.bad_samples, 6);
+                assert_int_equal(st.skipped_samples, 6);
+                assert_true(full >= nb - (uint64_t)(w ? w : 1)); /* only each share's last */
+            }
+            stoke_loader_destroy(l);
+        }
+}
+
+/* A batch whose every sample fails is delivered with count 0 (its position kept). */
+static void test_all_bad_batch(void **state)
+{
+    (void)state;
+    static run r;
+    const uint64_t bad[] = {8, 9, 10, 11, 12, 13, 14, 15};
+    run_epoch("skip", 2, 0, 1, bad, 8, &r);
+    assert_int_equal(r.rc, STOKE_EEND);
+    assert_int_equal(r.nbatches, (N + BS - 1) / BS);
+    assert_int_equal(r.counts[0], BS);
+    assert_int_equal(r.counts[1], 0);
+    assert_int_equal(r.counts[2], BS);
+    assert_int_equal(r.n, N - 8);
+    assert_int_equal(r.st.skipped_samples, 8);
+    /* REPLACE keeps the batch full */
+    run_epoch("replace", 2, 0, 0, bad, 8, &r);
+    assert_int_equal(r.rc, STOKE_EEND);
+    assert_int_equal(r.counts[1], BS);
+    assert_int_equal(r.n, N);
+}
+
 static void test_parse_and_validate(void **state)
 {
     (void)state;
@@ -423,6 +537,7 @@ int main(void)
         cmocka_unit_test(test_error_policy),       cmocka_unit_test(test_skip),
         cmocka_unit_test(test_skip_budget),        cmocka_unit_test(test_replace),
         cmocka_unit_test(test_parse_and_validate), cmocka_unit_test(test_cli_on_error),
+        cmocka_unit_test(test_iterable),      cmocka_unit_test(test_all_bad_batch),
     };
     return tu_exit_status(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -276,6 +276,7 @@ static void test_pax_and_gnu(void **state)
     memset(target, 't', sizeof(target));
     tw_data(&w, target, sizeof(target));
     tw_header(&w, "k2.bin", 0, '2', 0); /* the symlink the long link was for */
+    tw_header(&w, "PaxHeaders/g", 0, 'g', 0); /* a global header right before the end */
     tw_end(&w);
 
     stoke_dataset ds;
@@ -535,6 +536,14 @@ static void test_corrupt_headers(void **state)
     tw_end(&w);
     expect_open_error(p, STOKE_EFORMAT, "bad pax record at byte 0 of the extended header");
     expect_open_error(p, STOKE_EFORMAT, "(pax header at byte 0)");
+    /* a long name with no member after it */
+    tw_open(&w, p);
+    tw_str(&w, "s0.bin", "x");
+    tw_header(&w, "././@LongLink", 6, 'L', 0);
+    tw_data(&w, "a.bin", 6);
+    tw_end(&w);
+    expect_open_error(p, STOKE_EFORMAT, "at byte 2048: the archive ends at byte 2048 right after "
+                                        "an extension header");
     /* not a tar file at all */
     FILE *f = fopen(p, "wb");
     assert_non_null(f);
@@ -564,6 +573,29 @@ static void test_parse_block(void **state)
     char err[160];
     assert_int_equal(stoke__tar_parse_block(b, &blk, err, sizeof(err)), STOKE_EFORMAT);
     assert_non_null(strstr(err, "bad size field"));
+    /* base-256: a negative size (0xff...) and one past 2^63 are refused, 0x80... is read */
+    const unsigned char neg[12] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+                                   0xff, 0xff, 0xff, 0xff, 0xff, 0xfe};
+    const unsigned char huge[12] = {0x80, 0, 0, 0x80, 0, 0, 0, 0, 0, 0, 0, 1};
+    const unsigned char good[12] = {0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x12, 0x34};
+    const unsigned char *sizes[3] = {neg, huge, good};
+    for (int k = 0; k < 3; k++) {
+        memcpy(b + 124, sizes[k], 12);
+        memset(b + 148, ' ', 8);
+        sum = 0;
+        for (int i = 0; i < 512; i++)
+            sum += b[i];
+        snprintf((char *)b + 148, 8, "%06o", sum);
+        int rc = stoke__tar_parse_block(b, &blk, err, sizeof(err));
+        if (k < 2) {
+            assert_int_equal(rc, STOKE_EFORMAT);
+            assert_non_null(strstr(err, "bad size field"));
+        } else {
+            assert_int_equal(rc, 0);
+            assert_int_equal(blk.size, 0x1234);
+            assert_string_equal(blk.name, "a.bin");
+        }
+    }
     memset(b, 0, sizeof(b));
     assert_int_equal(stoke__tar_parse_block(b, &blk, err, sizeof(err)), STOKE_EEND);
     /* pax records */

@@ -339,7 +339,7 @@ int stoke__tar_walk(uint64_t file_size, stoke__tar_read_fn read, void *read_ctx,
             break;
         }
         uint64_t data = off + STOKE__TAR_BLOCK;
-        if (pd->first_hdr == UINT64_MAX)
+        if (pd->first_hdr == UINT64_MAX && b->type != 'g') /* 'g' belongs to no member */
             pd->first_hdr = off;
         uint64_t size = (!is_extension(b->type) && pd->has_size) ? pd->size : b->size;
         if (size > file_size - data) {
