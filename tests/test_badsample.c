@@ -537,7 +537,7 @@ int main(void)
         cmocka_unit_test(test_error_policy),       cmocka_unit_test(test_skip),
         cmocka_unit_test(test_skip_budget),        cmocka_unit_test(test_replace),
         cmocka_unit_test(test_parse_and_validate), cmocka_unit_test(test_cli_on_error),
-        cmocka_unit_test(test_iterable),      cmocka_unit_test(test_all_bad_batch),
+        cmocka_unit_test(test_iterable),           cmocka_unit_test(test_all_bad_batch),
     };
     return tu_exit_status(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -275,7 +275,7 @@ static void test_pax_and_gnu(void **state)
     char target[200];
     memset(target, 't', sizeof(target));
     tw_data(&w, target, sizeof(target));
-    tw_header(&w, "k2.bin", 0, '2', 0); /* the symlink the long link was for */
+    tw_header(&w, "k2.bin", 0, '2', 0);       /* the symlink the long link was for */
     tw_header(&w, "PaxHeaders/g", 0, 'g', 0); /* a global header right before the end */
     tw_end(&w);
 
@@ -293,6 +293,56 @@ static void test_pax_and_gnu(void **state)
     assert_int_equal(get_sample(&ds, 1, buf, msg, sizeof(msg)), STOKE_OK);
     assert_memory_equal(buf, big, sizeof(big));
     stoke_dataset_close(&ds);
+}
+
+/* Members past the 8 GiB an octal size field holds (a pax size record; a base-256 size field),
+ * in a sparse file: indexed without reading their data; 64-bit offsets in the messages. */
+static void test_big_sizes(void **state)
+{
+    (void)state;
+    const char *dir = scratch("tar_big");
+    char p[1200], args[1300];
+    pathf(p, sizeof(p), dir, "probe");
+    FILE *f = fopen(p, "wb");
+    assert_non_null(f);
+    assert_int_equal(ftruncate(fileno(f), (off_t)1 << 30), 0);
+    fclose(f);
+    struct stat st;
+    assert_int_equal(stat(p, &st), 0);
+    unlink(p);
+    if ((uint64_t)st.st_blocks * 512u > (1u << 20))
+        tu_skip("the scratch file system has no sparse files");
+    const uint64_t big = (UINT64_C(9) << 30) + 3; /* 9 GiB + 3 */
+    const uint64_t padded = (big + 511) / 512 * 512;
+    tw w;
+    tw_open(&w, pathf(p, sizeof(p), dir, "a.tar"));
+    tw_pax(&w, NULL, (int64_t)big);
+    tw_header(&w, "k0.bin", 0, '0', 0); /* pax size wins over 0: data at 1536 */
+    assert_int_equal(fseeko(w.f, (off_t)(1536 + padded), SEEK_SET), 0);
+    tw_header(&w, "k1.bin", big, '0', 1); /* base-256 */
+    assert_int_equal(fseeko(w.f, (off_t)(1536 + padded + 512 + padded), SEEK_SET), 0);
+    tw_str(&w, "k2.bin", "tiny");
+    tw_end(&w);
+    stoke_dataset ds;
+    snprintf(args, sizeof(args), "%s/a.tar", dir);
+    assert_int_equal(open_tar(args, &ds), STOKE_OK);
+    assert_int_equal(ds.length(ds.user), 3);
+    assert_int_equal(ds.fields[0].bytes, big);
+    assert_int_equal(ds.fields[0].shape[0], (int64_t)big);
+    char msg[512], want[1400];
+    void *dst[STOKE_MAX_FIELDS] = {msg};
+    assert_int_equal(ds.get(ds.user, 2, dst, 0, msg, sizeof(msg)), STOKE_EFORMAT);
+    snprintf(want, sizeof(want), "a.tar@%" PRIu64 ": sample 'k2' field 'bin': member of 4 bytes",
+             1536 + padded + 512 + padded);
+    if (!strstr(msg, want))
+        fail_msg("%s\nwanted %s", msg, want);
+    stoke_dataset_close(&ds);
+    /* cut inside the second member's data: the offset of its header */
+    assert_int_equal(truncate(p, (off_t)(1536 + padded + 512 + 100)), 0);
+    assert_int_equal(open_tar(args, &ds), STOKE_EFORMAT);
+    snprintf(want, sizeof(want), "at byte %" PRIu64 ": truncated: member 'k1.bin'", 1536 + padded);
+    assert_non_null(strstr(stoke_last_error(), want));
+    unlink(p);
 }
 
 /* The same members through GNU tar in its three formats (long names included): the same
@@ -542,8 +592,9 @@ static void test_corrupt_headers(void **state)
     tw_header(&w, "././@LongLink", 6, 'L', 0);
     tw_data(&w, "a.bin", 6);
     tw_end(&w);
-    expect_open_error(p, STOKE_EFORMAT, "at byte 2048: the archive ends at byte 2048 right after "
-                                        "an extension header");
+    expect_open_error(p, STOKE_EFORMAT,
+                      "at byte 2048: the archive ends at byte 2048 right after "
+                      "an extension header");
     /* not a tar file at all */
     FILE *f = fopen(p, "wb");
     assert_non_null(f);
@@ -783,11 +834,17 @@ static void test_loader_workers_ranks(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_ustar_grouping),  cmocka_unit_test(test_pax_and_gnu),
-        cmocka_unit_test(test_gnu_tar_formats), cmocka_unit_test(test_npy_fields),
-        cmocka_unit_test(test_field_errors),    cmocka_unit_test(test_truncated),
-        cmocka_unit_test(test_corrupt_headers), cmocka_unit_test(test_parse_block),
-        cmocka_unit_test(test_shard_lists),     cmocka_unit_test(test_loader_workers_ranks),
+        cmocka_unit_test(test_ustar_grouping),
+        cmocka_unit_test(test_pax_and_gnu),
+        cmocka_unit_test(test_big_sizes),
+        cmocka_unit_test(test_gnu_tar_formats),
+        cmocka_unit_test(test_npy_fields),
+        cmocka_unit_test(test_field_errors),
+        cmocka_unit_test(test_truncated),
+        cmocka_unit_test(test_corrupt_headers),
+        cmocka_unit_test(test_parse_block),
+        cmocka_unit_test(test_shard_lists),
+        cmocka_unit_test(test_loader_workers_ranks),
     };
     return tu_exit_status(cmocka_run_group_tests(tests, NULL, NULL));
 }
