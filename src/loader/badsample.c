@@ -231,12 +231,13 @@ int stoke_loader_quarantine(const stoke_loader *l, size_t i, stoke_bad_sample *o
         return stoke__fail(STOKE_EINVAL, "stoke_loader_quarantine: NULL argument");
     stoke_loader *m = (stoke_loader *)l;
     pthread_mutex_lock(&m->mu);
-    int rc = i < m->nquar ? STOKE_OK : STOKE_ERANGE;
-    if (rc == STOKE_OK)
+    size_t n = m->nquar;
+    if (i < n)
         *out = m->quar[i];
     pthread_mutex_unlock(&m->mu);
-    if (rc)
-        return stoke__fail(rc, "stoke_loader_quarantine: entry %zu of %zu", i, m->nquar);
+    if (i >= n)
+        return stoke__fail(STOKE_ERANGE, "stoke_loader_quarantine: no entry %zu (%zu in all)", i,
+                           n);
     return STOKE_OK;
 }
 
