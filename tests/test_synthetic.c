@@ -263,7 +263,7 @@ static void test_spec_strings(void **state)
         "synthetic:shape=3x", "synthetic:shape=3xx3", "synthetic:shape=1x1x1x1x1x1x1x1x1",
         "synthetic:seed=x",   "synthetic:dtype=u7",   "synthetic:classes=-1",
         "Synthetic",          "synth:10",             "",
-        "tar:/x",
+        "zip:/x",
     };
     for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
         int rc = stoke_source_open(bad[k], &ds);

@@ -100,7 +100,8 @@ enum { ORDER_SEQUENTIAL = 0, ORDER_RANDOM = 1, ORDER_BLOCK = 2 };
 
 typedef struct load_args {
     cli_cmd cmd;
-    const char *source, *pin_dev, *device;
+    const char *source, *pin_dev, *device, *on_error;
+    stoke_loader_opts bad; /* --on-error parsed: on_error, max_bad, max_bad_fraction */
     uint64_t batch, workers, prefetch, seed, epochs, limit;
     uint64_t block_rows, block_window; /* ORDER_BLOCK: the sizes (defaults filled in) */
     int order, drop_last, pin, verify, in_order, hash;
@@ -109,51 +110,55 @@ typedef struct load_args {
 
 static void usage(FILE *f)
 {
-    fprintf(
-        f,
-        "usage: stoke load [SOURCE] [options]\n"
-        "  SOURCE                 at most one (default: synthetic):\n"
-        "                           synthetic[:N][,shape=3x32x32][,seed=S][,classes=C][,dtype=u8]\n"
-        "                           npy:PATH[,labels=LABELS.npy][,io=auto|mmap|pread|uring]\n"
-        "  --batch-size N         samples per batch, >= 1 (default 256)\n"
-        "  --workers N|auto       worker threads 0..1024, 0 = the caller's thread; auto (the\n"
-        "                         default): one per core (at most 16), how many get work\n"
-        "                         adapted to throughput and the consumer's waits\n"
-        "  --prefetch N           batches in flight per worker, 1..1024 (default 2)\n"
-        "  --shuffle[=KIND]       an order keyed by (seed, epoch); KIND: random (a bare\n"
-        "                         --shuffle), none (sequential), or block[:ROWS[:WINDOW]]:\n"
-        "                         block shuffle, the blocks of ROWS consecutive rows (default\n"
-        "                         4096) in random order, WINDOW blocks (default 16) mixed at\n"
-        "                         a time: nearly sequential reads (docs/loader.md)\n"
-        "  --seed N               0..18446744073709551615 (default 0)\n"
-        "  --epochs N             >= 1 (default 1)\n"
-        "  --drop-last            drop a partial last batch\n"
-        "  --no-pin-memory        ordinary memory, no pinning\n"
-        "  --pin-memory-device NAME[:I]  pin for this backend (a warning if it cannot pin:\n"
-        "                         unavailable, or cpu, which pins nothing)\n"
-        "  --out-of-order         deliver batches as they complete\n"
-        "  --limit BATCHES        stop after this many batches in all; 0 = no limit (default)\n"
-        "  --device NAME[:I]      copy every batch to this device asynchronously\n"
-        "  --verify               with --device: read every batch back from the device and\n"
-        "                         hash what it holds\n"
-        "  --no-hash              skip content_hash\n"
-        "  --json                 one JSON object on stdout, errors included\n"
-        "  (an option's value may also be given as --option=VALUE)\n"
-        "\n"
-        "content_hash covers field 0 (\"data\") only, of exactly the samples the run\n"
-        "delivered: the sum modulo 2^64 of the 64-bit FNV-1a hash of each delivered sample's\n"
-        "bytes (a sample delivered in two epochs counts twice), independent of the order.\n"
-        "Host batches: it is computed in a second, untimed pass after the timed one, which\n"
-        "runs the epochs the timed pass reached again with the same loader and hashes the\n"
-        "samples the timed pass delivered (of an epoch cut short by --limit, the delivered\n"
-        "indices are kept, 8 bytes each); JSON \"hash_pass_seconds\" is that pass's time.\n"
-        "--device --verify: computed inside the timed pass from the bytes read back from the\n"
-        "device.  --device without\n"
-        "--verify: not computed (null).  null too when the run failed or with --no-hash.\n"
-        "order_hash: FNV-1a over the delivered indices (8 little-endian bytes each).\n"
-        "index_sum: the sum of the delivered indices.  With --json, any error prints\n"
-        "{\"ok\": false, \"error\": \"...\"} on stdout as well as the message on stderr; the exit\n"
-        "status is 2 for a usage error, 1 for any other error (a failed write to stdout too).\n");
+    fprintf(f,
+            "usage: stoke load [SOURCE] [options]\n"
+            "  SOURCE                 at most one (default: synthetic):\n"
+            "                           synthetic[:N][,shape=3x32x32][,seed=S][,classes=C][,dtype=u8]\n"
+            "                           npy:PATH[,labels=LABELS.npy][,io=auto|mmap|pread|uring]\n"
+            "                           tar:PATTERN[,fields=EXT:EXT] (shards: {000..099}, globs)\n"
+            "  --batch-size N         samples per batch, >= 1 (default 256)\n"
+            "  --workers N|auto       worker threads 0..1024, 0 = the caller's thread; auto (the\n"
+            "                         default): one per core (at most 16), how many get work\n"
+            "                         adapted to throughput and the consumer's waits\n"
+            "  --prefetch N           batches in flight per worker, 1..1024 (default 2)\n"
+            "  --shuffle[=KIND]       an order keyed by (seed, epoch); KIND: random (a bare\n"
+            "                         --shuffle), none (sequential), or block[:ROWS[:WINDOW]]:\n"
+            "                         block shuffle, the blocks of ROWS consecutive rows (default\n"
+            "                         4096) in random order, WINDOW blocks (default 16) mixed at\n"
+            "                         a time: nearly sequential reads (docs/loader.md)\n"
+            "  --seed N               0..18446744073709551615 (default 0)\n"
+            "  --epochs N             >= 1 (default 1)\n"
+            "  --drop-last            drop a partial last batch\n"
+            "  --no-pin-memory        ordinary memory, no pinning\n"
+            "  --pin-memory-device NAME[:I]  pin for this backend (a warning if it cannot pin:\n"
+            "                         unavailable, or cpu, which pins nothing)\n"
+            "  --out-of-order         deliver batches as they complete\n"
+            "  --limit BATCHES        stop after this many batches in all; 0 = no limit (default)\n"
+            "  --device NAME[:I]      copy every batch to this device asynchronously\n"
+            "  --verify               with --device: read every batch back from the device and\n"
+            "                         hash what it holds\n"
+            "  --on-error=POLICY      a failing sample: error (default: the run fails),\n"
+            "                         skip[:N|:P%%] (dropped; past N per epoch, or P%%, error) or\n"
+            "                         replace[:N|:P%%] (a deterministic replacement); JSON\n"
+            "                         bad_samples and quarantine list them\n"
+            "  --no-hash              skip content_hash\n"
+            "  --json                 one JSON object on stdout, errors included\n"
+            "  (an option's value may also be given as --option=VALUE)\n"
+            "\n"
+            "content_hash covers field 0 (\"data\") only, of exactly the samples the run\n"
+            "delivered: the sum modulo 2^64 of the 64-bit FNV-1a hash of each delivered sample's\n"
+            "bytes (a sample delivered in two epochs counts twice), independent of the order.\n"
+            "Host batches: it is computed in a second, untimed pass after the timed one, which\n"
+            "runs the epochs the timed pass reached again with the same loader and hashes the\n"
+            "samples the timed pass delivered (of an epoch cut short by --limit, the delivered\n"
+            "indices are kept, 8 bytes each); JSON \"hash_pass_seconds\" is that pass's time.\n"
+            "--device --verify: computed inside the timed pass from the bytes read back from the\n"
+            "device.  --device without\n"
+            "--verify: not computed (null).  null too when the run failed or with --no-hash.\n"
+            "order_hash: FNV-1a over the delivered indices (8 little-endian bytes each).\n"
+            "index_sum: the sum of the delivered indices.  With --json, any error prints\n"
+            "{\"ok\": false, \"error\": \"...\"} on stdout as well as the message on stderr; the exit\n"
+            "status is 2 for a usage error, 1 for any other error (a failed write to stdout too).\n");
 }
 
 /* Parses the KIND of --shuffle=KIND into a->order and the block sizes.  0, or -1 after
@@ -205,7 +210,8 @@ static int parse_args(int argc, char **argv, load_args *a)
         const char *name;
         size_t off;
     } strs[] = {{"--pin-memory-device", offsetof(load_args, pin_dev)},
-                {"--device", offsetof(load_args, device)}};
+                {"--device", offsetof(load_args, device)},
+                {"--on-error", offsetof(load_args, on_error)}};
     static const struct {
         const char *name;
         size_t off;
@@ -272,6 +278,10 @@ static int parse_args(int argc, char **argv, load_args *a)
     }
     if (!a->source)
         a->source = "synthetic";
+    stoke_loader_opts_init(&a->bad);
+    if (a->on_error && stoke_on_error_parse(a->on_error, &a->bad) != STOKE_OK)
+        return cli_fail(c, 2, "--on-error=%s: expected error, skip[:N|:P%%] or replace[:N|:P%%]",
+                        a->on_error);
     if (a->verify && !a->device)
         return cli_fail(c, 2, "--verify needs --device");
     return -1;
@@ -365,6 +375,9 @@ static int open_loader(const load_args *a, load_run *r)
     o.pin_memory_device = a->pin_dev;
     o.in_order = a->in_order;
     o.device = a->device;
+    o.on_error = a->bad.on_error;
+    o.max_bad = a->bad.max_bad;
+    o.max_bad_fraction = a->bad.max_bad_fraction;
     rc = stoke_loader_create(&o, &r->ds, &r->l);
     if (rc != STOKE_OK)
         return cli_fail(c, 1, "%s", *stoke_last_error() ? stoke_last_error() : stoke_strerror(rc));
@@ -606,6 +619,33 @@ static void print_json_order(const load_run *r)
     json_str_or_null("io", io_used(r));
 }
 
+/* "bad_samples" and "quarantine": the timed pass's bad samples (the hash pass meets them again;
+ * those entries come after r->st.quarantined and are left out). */
+static void print_json_bad(const load_run *r)
+{
+    printf(", \"on_error\": ");
+    cli_json_str(stdout, r->a->on_error ? r->a->on_error : "error");
+    printf(", \"bad_samples\": %" PRIu64 ", \"skipped_samples\": %" PRIu64
+           ", \"replaced_samples\": %" PRIu64 ", \"quarantine\": [",
+           r->st.bad_samples, r->st.skipped_samples, r->st.replaced_samples);
+    for (uint64_t i = 0; r->l && i < r->st.quarantined; i++) {
+        stoke_bad_sample q;
+        if (stoke_loader_quarantine(r->l, (size_t)i, &q) != STOKE_OK)
+            break;
+        printf("%s{\"index\": %" PRIu64 ", \"source\": ", i ? ", " : "", q.index);
+        cli_json_str(stdout, q.source);
+        printf(", \"reason\": ");
+        cli_json_str(stdout, q.reason);
+        printf(", \"action\": \"%s\"", q.action == STOKE_ON_ERROR_SKIP      ? "skipped"
+                                      : q.action == STOKE_ON_ERROR_REPLACE ? "replaced"
+                                                                           : "error");
+        if (q.replacement != UINT64_MAX)
+            printf(", \"replacement\": %" PRIu64, q.replacement);
+        printf("}");
+    }
+    printf("]");
+}
+
 static void print_json(const load_run *r, const char *content_src, const char *accel,
                        const char *pinned_for, double secs)
 {
@@ -649,6 +689,7 @@ static void print_json(const load_run *r, const char *content_src, const char *a
     json_str_or_null("device", a->device);
     printf(", \"device_copies\": %" PRIu64 ", \"device_errors\": %" PRIu64 ", \"verified\": %s",
            st->device_copies, st->device_errors, a->verify && !r->status ? "true" : "false");
+    print_json_bad(r);
     printf(", \"buffers\": %" PRIu64 ", \"buffer_bytes\": %" PRIu64 "}\n", st->buffers,
            st->buffer_bytes);
 }
@@ -691,6 +732,11 @@ static void print_text(const load_run *r, const char *content_src, const char *a
     else
         printf("n/a");
     printf(", order_hash 0x%016" PRIx64 "\n", r->order);
+    if (st->bad_samples || a->on_error)
+        printf("  bad samples: %" PRIu64 " (%" PRIu64 " skipped, %" PRIu64 " replaced; "
+               "on-error %s)\n",
+               st->bad_samples, st->skipped_samples, st->replaced_samples,
+               a->on_error ? a->on_error : "error");
 }
 
 static void print_summary(const load_run *r)

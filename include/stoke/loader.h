@@ -89,7 +89,39 @@ typedef struct stoke_loader_opts {
                                  also copied asynchronously into a device buffer on that backend
                                  (see stoke_batch_device_buffer); pinning then defaults to that
                                  backend.  Checked at create (see stoke_loader_create) */
+    /* ---- appended: bad samples (docs/loader.md, "Bad samples"); a caller built against the
+     * older, shorter struct gets the defaults ---- */
+    int on_error;             /* what a sample whose get()/get_var()/next() fails does:
+                                 STOKE_ON_ERROR_ERROR (default): ends the epoch with its error;
+                                 _SKIP: dropped from its batch (which gets fewer samples; the
+                                 others keep their order); _REPLACE: its slot gets a
+                                 deterministic replacement (see stoke_on_error).  Every bad
+                                 sample goes to the quarantine (stoke_loader_quarantine) */
+    uint64_t max_bad;         /* SKIP / REPLACE budget: bad samples per epoch; one more ends the
+                                 epoch with its error.  Default UINT64_MAX (no limit) */
+    double max_bad_fraction;  /* the budget as a share of the epoch's samples (0..1; the
+                                 budget is the smaller of the two).  Default 1.0 */
 } stoke_loader_opts;
+
+/* stoke_loader_opts.on_error.  REPLACE: sample i's slot gets the first of the candidates
+ * mix(seed, i, k) mod length(), k = 0..STOKE_REPLACE_TRIES - 1 (seed: the seed option, not
+ * the epoch), that loads; the batch's indices show the replacement.  A function of (seed, i)
+ * only: the same whatever the epoch, worker count or order.  None loading is the sample's error.
+ * ITERABLE datasets have no indices to replace with: REPLACE drops the sample and reads the
+ * next one of the worker's stream, as SKIP does. */
+typedef enum stoke_on_error {
+    STOKE_ON_ERROR_ERROR = 0,
+    STOKE_ON_ERROR_SKIP = 1,
+    STOKE_ON_ERROR_REPLACE = 2
+} stoke_on_error;
+#define STOKE_REPLACE_TRIES 16
+
+/* Parses an on_error spec into o->on_error, o->max_bad and o->max_bad_fraction: "error",
+ * "skip", "skip:N" (at most N bad samples per epoch), "skip:P%" (at most P percent of the
+ * epoch's samples, P a decimal 0..100), "replace", "replace:N", "replace:P%".  Returns
+ * STOKE_OK; STOKE_EINVAL for NULL or a malformed spec (stoke_last_error says why; *o
+ * untouched).  Thread-safe (touches only *o). */
+STOKE_API int stoke_on_error_parse(const char *spec, stoke_loader_opts *o);
 
 /* Fills *o with the defaults documented above (and o->size).  NULL does nothing.  Thread-safe
  * (touches only *o). */
@@ -230,7 +262,31 @@ typedef struct stoke_loader_stats {
     uint64_t workers_changes;    /* times auto changed workers_active */
     uint64_t assisted_batches;   /* batches the caller's thread made itself inside next()
                                     while workers ran (docs/loader.md, "Hand-off") */
+    /* ---- appended: bad samples (opts.on_error) ---- */
+    uint64_t bad_samples;      /* samples that failed, counted when their batch reached the
+                                  consumer (the one that ended an epoch included) */
+    uint64_t skipped_samples;  /* of those, dropped from their batch (SKIP) */
+    uint64_t replaced_samples; /* of those, replaced (REPLACE) */
+    uint64_t quarantined;      /* entries in the quarantine (at most STOKE_QUARANTINE_MAX) */
 } stoke_loader_stats;
+
+/* ---- the quarantine: every bad sample, in the order their batches reached the consumer ----- */
+#define STOKE_QUARANTINE_MAX 65536 /* entries kept; later bad samples are only counted */
+typedef struct stoke_bad_sample {
+    uint64_t index;      /* the dataset index that failed */
+    uint64_t epoch;
+    int code;            /* the dataset's status (negative) */
+    int action;          /* stoke_on_error: what was done (ERROR: it ended the epoch) */
+    uint64_t replacement;/* REPLACE: the index put in its slot (else UINT64_MAX) */
+    char source[256];    /* where: the part of the dataset's message before its first ": "
+                            ("npy /data/x.npy", "tar /d/shard-0.tar@1536"), or the dataset's
+                            name when the message has none */
+    char reason[512];    /* the rest of the message */
+} stoke_bad_sample;
+
+/* Copies quarantine entry i (0 .. stats.quarantined - 1) into *out.  Returns STOKE_OK;
+ * STOKE_EINVAL for NULL; STOKE_ERANGE for i past the end.  Thread-safe. */
+STOKE_API int stoke_loader_quarantine(const stoke_loader *l, size_t i, stoke_bad_sample *out);
 
 /* Copies the statistics since create into *out (at most out->size bytes; out->size is kept, so
  * a caller built against an older, shorter struct gets its prefix).  Returns STOKE_OK;

@@ -13,6 +13,9 @@
  *       rows of a .npy file are the samples (field "data"); labels adds a field "label" from a
  *       1-D or (N,1) .npy with the same N; io picks the I/O mode (stoke_npy_io below, default
  *       auto).  A comma belongs to PATH unless it starts one of the options above.
+ *   tar:PATTERN[,fields=EXT:EXT...][,image options]
+ *       WebDataset tar shards (stoke_tar_open below).  PATTERN ends at the first comma outside
+ *       braces.  Example: "tar:/data/train-{000000..000099}.tar,fields=npy:cls".
  */
 #ifndef STOKE_SOURCES_H
 #define STOKE_SOURCES_H
@@ -135,6 +138,27 @@ STOKE_API const char *stoke_npy_io_name(int io);
  * STOKE_EINVAL for an unknown mode.  URING is probed each call (one small ring created and
  * destroyed).  Thread-safe. */
 STOKE_API int stoke_npy_io_available(int io);
+
+/* ---- tar ------------------------------------------------------------------------------------
+ * WebDataset shards read as a map-style dataset (docs/sources.md, "tar").  `args` is what
+ * follows "tar:" in a spec: PATTERN[,fields=EXT:EXT...][,image options].
+ * PATTERN: shard paths with brace groups ({000000..000099}, zero-padded as written; {a,b}) and
+ * glob(3) wildcards, expanded in that order (glob results sorted): the shard order.
+ * Archives: POSIX ustar, pax ('x': path and size; 'g' ignored), GNU long names; regular files
+ * only.  Members sharing a key (path up to the first dot of the base name, consecutive in one
+ * shard) are one sample; field EXT is the member KEY.EXT: "cls" a decimal integer (i64), "npy"
+ * an array (dtype and shape of the first sample's), "jpg"/"jpeg" an image (needs the images
+ * module: STOKE_ENOTSUP at open without it), anything else the raw bytes (u8[size], the size of
+ * the first sample's member).  Without fields= the fields are the first sample's extensions in
+ * member order.  The canonical index: shard order, then member order.
+ * At open every shard's headers are walked (data skipped): STOKE_EFORMAT for a corrupt or
+ * truncated archive, the message naming the shard and the byte offset; STOKE_ENOENT for a
+ * missing shard or a glob without match; STOKE_EINVAL for a bad option.  get() returns
+ * STOKE_EDATA for a sample without a member of a field, STOKE_EFORMAT for a member that does
+ * not match the field (size, dtype, shape, not a number), STOKE_EIO for a failed read; each
+ * message reads "tar SHARD@OFFSET: sample 'KEY' field 'EXT': reason".  Every shard stays open
+ * until stoke_dataset_close.  Thread-safe; get() too. */
+STOKE_API int stoke_tar_open(const char *args, stoke_dataset *out);
 
 #ifdef __cplusplus
 }

@@ -40,6 +40,9 @@ void stoke_loader_opts_init(stoke_loader_opts *o)
     o->persistent_workers = 0;
     stoke_sampler_opts_init(&o->sampler);
     o->device = NULL;
+    o->on_error = STOKE_ON_ERROR_ERROR;
+    o->max_bad = UINT64_MAX;
+    o->max_bad_fraction = 1.0;
 }
 
 int stoke__loader_fail(stoke_loader *l, int code, const char *fmt, ...)
@@ -416,6 +419,8 @@ static int validate(stoke_loader *l)
         return stoke__loader_fail(l, STOKE_EINVAL,
                                   "loader: batch_size must be >= 1, num_workers in 0..1024 or "
                                   "STOKE_LOADER_WORKERS_AUTO, prefetch_factor in 1..4096");
+    if ((rc = stoke__bad_validate(l)) != STOKE_OK)
+        return rc;
     return check_dataset(l, &l->ds);
 }
 
@@ -604,6 +609,7 @@ void stoke_loader_destroy(stoke_loader *l)
     }
     if (l->stream)
         stoke_stream_synchronize(l->stream);
+    stoke__bad_destroy(l);
     if (l->bat) {
         for (int i = 0; i < l->nbuf; i++) {
             free(l->bat[i].indices);
@@ -979,6 +985,7 @@ int stoke_loader_next(stoke_loader *l, stoke_batch **out)
     if (rc != STOKE_OK)
         return rc;
     /* (mu) held, b taken from the done list */
+    stoke__bad_account(l, b); /* the quarantine; may fail b (past the budget) */
     if (b->status != STOKE_OK) {
         rc = batch_error(l, b);
         pthread_mutex_unlock(&l->mu);

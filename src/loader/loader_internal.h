@@ -51,6 +51,20 @@ uint64_t stoke__hist_quantile(const stoke__hist *h, double q);
 
 enum { STOKE__ALLOC_PAGEABLE = 0, STOKE__ALLOC_POOL = 1, STOKE__ALLOC_BACKEND = 2 };
 
+/* A sample that failed while its batch was produced (badsample.c). */
+typedef struct stoke__bad {
+    uint64_t index;
+    uint64_t replacement; /* UINT64_MAX: none */
+    int code;
+    int action;           /* stoke_on_error */
+    char msg[256];
+} stoke__bad;
+
+typedef struct stoke__bad_list {
+    stoke__bad *v;
+    size_t n, cap;
+} stoke__bad_list;
+
 /* Host memory of one batch. */
 typedef struct stoke__slot {
     unsigned char *mem;
@@ -79,6 +93,7 @@ struct stoke_batch {
     int copied;      /* device mode: the copy was queued */
     int dev_failed;  /* device mode: a wait or read reported a failure (counted once) */
     struct stoke_batch *next;
+    stoke__bad_list bad; /* the producer's, then (mu) the consumer's: bad samples met */
 };
 
 typedef struct stoke__worker {
@@ -172,8 +187,14 @@ struct stoke_loader {
     uint64_t st_wait_ns, st_busy_ns;
     stoke__hist wait_hist;
 
-    char err[1024]; /* consumer only */
-    int sync_ready; /* consumer only: mu and the conditions exist */
+    char err[1024];         /* consumer only */
+    int sync_ready;         /* consumer only: mu and the conditions exist */
+    /* bad samples (badsample.c), all (mu) */
+    stoke_bad_sample *quar;  /* the quarantine */
+    size_t nquar, quar_cap;
+    uint64_t bad_gen;        /* the gen the per-epoch counts below belong to */
+    uint64_t bad_epoch, bad_epoch_samples; /* handled bad samples / delivered samples this run */
+    uint64_t st_bad, st_skipped, st_replaced;
 };
 
 /* loader.c: formats the loader's last error into l->err and sets the thread's last error; returns
@@ -213,6 +234,30 @@ uint64_t stoke__loader_produce(stoke_loader *l, stoke_batch *b, stoke__worker *w
                                uint64_t seed, uint64_t epoch);
 int stoke__loader_start_workers(stoke_loader *l);
 void stoke__loader_stop_workers(stoke_loader *l);
+
+/* badsample.c: the bad-sample policy (opts.on_error), see docs/loader.md.
+ * Returned by stoke__bad_sample when the sample was dropped. */
+#define STOKE__BAD_SKIPPED 1
+/* create: checks the options (STOKE_EINVAL with l->err). */
+int stoke__bad_validate(stoke_loader *l);
+/* Producer: sample `*idx` (dataset index; ITERABLE: as next() gave it) of batch b, slot `slot`,
+ * failed with rc / msg.  Records it in b->bad and applies the policy: returns rc (ERROR, or an
+ * error no policy handles: ETIMEDOUT, ENOMEM), STOKE__BAD_SKIPPED, or STOKE_OK with the slot
+ * refilled from a replacement and *idx set to it (REPLACE).  msg then holds the error. */
+int stoke__bad_sample(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid, size_t slot,
+                      uint64_t *idx, int rc, char *msg, size_t msg_len);
+/* Producer: records the failure of sample idx without a policy (the batch fails). */
+void stoke__bad_note(stoke_batch *b, uint64_t idx, int rc, const char *msg);
+/* (mu) Consumer, for each batch taken from the done list: moves b->bad to the quarantine and the
+ * counts, and fails a good batch that takes the epoch past the budget. */
+void stoke__bad_account(stoke_loader *l, stoke_batch *b);
+/* (mu) Copies the counts into the stats. */
+void stoke__bad_stats(const stoke_loader *l, stoke_loader_stats *s);
+/* Frees the batches' lists and the quarantine (destroy). */
+void stoke__bad_destroy(stoke_loader *l);
+/* worker.c: one sample into slot j (see worker.c). */
+int stoke__loader_one_sample(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid, size_t j,
+                             uint64_t *idx, char *msg, size_t msg_len);
 
 /* state.c */
 void stoke__loader_abandon(stoke_loader *l);

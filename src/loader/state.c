@@ -191,6 +191,7 @@ int stoke_loader_get_stats(const stoke_loader *l, stoke_loader_stats *out)
     s.workers_active_max = (uint64_t)m->nact_hi;
     s.workers_changes = m->st_nact_changes;
     s.assisted_batches = m->st_assisted;
+    stoke__bad_stats(m, &s);
     pthread_mutex_unlock(&m->mu);
     s.buffers = (uint64_t)l->nbuf;
     s.buffer_bytes = l->buf_bytes;

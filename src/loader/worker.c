@@ -114,8 +114,8 @@ static int var_sample(stoke_loader *l, stoke_batch *b, int wid, size_t j, uint64
 
 /* Calls the dataset for one sample of batch b (slot j), with the timeout bookkeeping.
  * MAP / MAP_VAR: `idx` is the sample; ITERABLE: *idx receives it.  Returns the status. */
-static int one_sample(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid, size_t j,
-                      uint64_t *idx, char *msg, size_t msg_len)
+int stoke__loader_one_sample(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid, size_t j,
+                             uint64_t *idx, char *msg, size_t msg_len)
 {
     msg[0] = '\0';
     uint64_t t0 = busy_begin(l, w, l->iterable ? UINT64_MAX : *idx);
@@ -134,28 +134,38 @@ static int one_sample(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid
 }
 
 /* MAP without get_batch: one get() per sample from the indices computed up front; without a
- * timeout the loop does nothing else.  Sets b->count to the samples written. */
+ * timeout the loop does nothing else.  A failing sample goes through the bad-sample policy
+ * (badsample.c): skipped ones leave no slot (the rest move up), replaced ones change their
+ * index.  Sets b->count to the samples written. */
 static void fill_map_samples(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid)
 {
     const int nf = l->ds.nfields;
     const size_t n = b->count;
-    const uint64_t *idx = b->indices;
+    uint64_t *idx = b->indices;
     unsigned char *mem = b->host->mem;
     void *dst[STOKE_MAX_FIELDS];
     char msg[256];
+    size_t out = 0;
     for (size_t j = 0; j < n; j++) {
         for (int f = 0; f < nf; f++)
-            dst[f] = mem + l->off[f] + j * l->fields[f].bytes;
+            dst[f] = mem + l->off[f] + out * l->fields[f].bytes;
         msg[0] = '\0';
-        uint64_t t0 = busy_begin(l, w, idx[j]);
-        int rc = l->ds.get(l->ds.user, idx[j], dst, wid, msg, sizeof(msg));
+        uint64_t got = idx[j];
+        uint64_t t0 = busy_begin(l, w, got);
+        int rc = l->ds.get(l->ds.user, got, dst, wid, msg, sizeof(msg));
         rc = busy_end(l, w, t0, rc, msg, sizeof(msg));
+        if (rc != STOKE_OK)
+            rc = stoke__bad_sample(l, b, w, wid, out, &got, rc, msg, sizeof(msg));
+        if (rc == STOKE__BAD_SKIPPED)
+            continue;
         if (rc != STOKE_OK) {
-            batch_failed(b, rc, idx[j], msg);
-            b->count = j;
+            batch_failed(b, rc, got, msg);
+            b->count = out;
             return;
         }
+        idx[out++] = got;
     }
+    b->count = out;
 }
 
 /* MAP datasets with get_batch (dataset.h): one call for the whole batch (its indices already
@@ -176,7 +186,12 @@ static void fill_map_batch(stoke_loader *l, stoke_batch *b, stoke__worker *w, in
     uint64_t t0 = busy_begin(l, w, b->indices[0]);
     int rc = l->ds.get_batch(l->ds.user, b->indices, n, dst, wid, msg, sizeof(msg), &err_index);
     rc = busy_end(l, w, t0, rc, msg, sizeof(msg));
+    if (rc != STOKE_OK && l->o.on_error != STOKE_ON_ERROR_ERROR && rc != STOKE_ETIMEDOUT) {
+        fill_map_samples(l, b, w, wid); /* find the bad samples one by one */
+        return;
+    }
     if (rc != STOKE_OK) {
+        stoke__bad_note(b, err_index, rc, msg);
         batch_failed(b, rc, err_index, msg);
         b->count = 0;
     }
@@ -195,6 +210,7 @@ static void fill_batch(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wi
     b->copied = 0;
     b->dev_failed = 0;
     b->end = 0;
+    b->bad.n = 0;
     b->pinned = b->host->pinned;
     if (b->offsets)
         b->offsets[0] = 0;
@@ -211,19 +227,23 @@ static void fill_batch(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wi
         return;
     }
     char msg[256];
-    size_t j = 0;
-    for (; j < b->count; j++) {
-        uint64_t idx = l->iterable ? 0 : b->indices[j];
-        int rc = one_sample(l, b, w, wid, j, &idx, msg, sizeof(msg));
+    size_t j = 0; /* the slot; pos: the batch position read (they differ after a skip) */
+    for (size_t pos = 0; l->iterable ? j < b->count : pos < b->count; pos++) {
+        uint64_t idx = l->iterable ? 0 : b->indices[pos];
+        int rc = stoke__loader_one_sample(l, b, w, wid, j, &idx, msg, sizeof(msg));
         if (rc == STOKE_EEND && l->iterable) {
             b->end = 1;
             break;
         }
+        if (rc != STOKE_OK)
+            rc = stoke__bad_sample(l, b, w, wid, j, &idx, rc, msg, sizeof(msg));
+        if (rc == STOKE__BAD_SKIPPED)
+            continue;
         if (rc != STOKE_OK) {
             batch_failed(b, rc, idx, msg);
             break;
         }
-        b->indices[j] = idx;
+        b->indices[j++] = idx;
     }
     b->count = j;
     b->bytes = l->var ? (size_t)b->offsets[j] : j * l->sample_bytes;

@@ -190,7 +190,10 @@ int stoke_source_open(const char *spec, stoke_dataset *out)
     }
     if (kind_len == 3 && strncmp(spec, "npy", 3) == 0)
         return open_npy(spec, args, out);
+    if (kind_len == 3 && strncmp(spec, "tar", 3) == 0)
+        return stoke_tar_open(args, out);
     return stoke__fail(STOKE_EINVAL,
-                       "source '%s': unknown source '%.*s' (expected synthetic[:N] or npy:PATH)",
+                       "source '%s': unknown source '%.*s' (expected synthetic[:N], npy:PATH or "
+                       "tar:PATTERN)",
                        spec, (int)(kind_len > 64 ? 64 : kind_len), spec);
 }

@@ -1,0 +1,285 @@
+/* The bad-sample policy (stoke_loader_opts.on_error; docs/loader.md, "Bad samples").
+ *
+ * Producer side (worker threads, or the caller's thread without workers): a sample whose
+ * dataset call fails goes through stoke__bad_sample, which records it in its batch's own list
+ * (no lock: the batch belongs to its producer) and skips it, replaces it, or lets the error
+ * stand.  Consumer side, under `mu`: when a batch reaches stoke_loader_next its list moves into
+ * the quarantine and the counts, and the budget is checked there, in delivery order, so the
+ * batch that runs past it is the same whatever the number of workers (with in_order = 1). */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/env.h"
+#include "common/internal.h"
+#include "loader/loader_internal.h"
+
+int stoke__bad_validate(stoke_loader *l)
+{
+    const stoke_loader_opts *o = &l->o;
+    if (o->on_error < STOKE_ON_ERROR_ERROR || o->on_error > STOKE_ON_ERROR_REPLACE)
+        return stoke__loader_fail(l, STOKE_EINVAL,
+                                  "loader: unknown on_error %d (error, skip, "
+                                  "replace)",
+                                  o->on_error);
+    if (!(o->max_bad_fraction >= 0.0 && o->max_bad_fraction <= 1.0))
+        return stoke__loader_fail(l, STOKE_EINVAL, "loader: max_bad_fraction %g is not in 0..1",
+                                  o->max_bad_fraction);
+    return STOKE_OK;
+}
+
+static int push(stoke_batch *b, uint64_t idx, int rc, int action, const char *msg)
+{
+    stoke__bad_list *bl = &b->bad;
+    if (bl->n == bl->cap) {
+        size_t cap = bl->cap ? bl->cap * 2 : 4;
+        stoke__bad *v = realloc(bl->v, cap * sizeof(*v));
+        if (!v)
+            return STOKE_ENOMEM;
+        bl->v = v;
+        bl->cap = cap;
+    }
+    stoke__bad *e = &bl->v[bl->n++];
+    e->index = idx;
+    e->replacement = UINT64_MAX;
+    e->code = rc > 0 ? STOKE_EDATA : rc;
+    e->action = action;
+    stoke__strlcpy(e->msg, msg && msg[0] ? msg : stoke_strerror(e->code), sizeof(e->msg));
+    return STOKE_OK;
+}
+
+void stoke__bad_note(stoke_batch *b, uint64_t idx, int rc, const char *msg)
+{
+    (void)push(b, idx, rc, STOKE_ON_ERROR_ERROR, msg); /* out of memory: the error still stands */
+}
+
+/* Candidate k for replacing sample `bad` of a dataset of n samples. */
+static uint64_t candidate(uint64_t seed, uint64_t bad, unsigned k, uint64_t n)
+{
+    uint64_t h = stoke__mix64(seed ^ stoke__mix64(bad * 0x9E3779B97F4A7C15u + k + 1));
+    return h % n;
+}
+
+/* REPLACE: loads the first candidate that works into the slot; STOKE_OK with *idx set. */
+static int replace(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid, size_t slot,
+                   uint64_t *idx, char *msg, size_t msg_len)
+{
+    uint64_t n = l->ds.length ? l->ds.length(l->ds.user) : 0;
+    char tmp[256];
+    for (unsigned k = 0; k < STOKE_REPLACE_TRIES && n > 1; k++) {
+        uint64_t r = candidate(l->o.seed, *idx, k, n);
+        if (r == *idx)
+            continue;
+        if (stoke__loader_one_sample(l, b, w, wid, slot, &r, tmp, sizeof(tmp)) == STOKE_OK) {
+            *idx = r;
+            return STOKE_OK;
+        }
+    }
+    size_t used = strlen(msg);
+    if (used + 1 < msg_len)
+        stoke__fmt(msg + used, msg_len - used,
+                   " (and none of its %d replacement candidates "
+                   "loaded)",
+                   STOKE_REPLACE_TRIES);
+    return STOKE_EDATA;
+}
+
+int stoke__bad_sample(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid, size_t slot,
+                      uint64_t *idx, int rc, char *msg, size_t msg_len)
+{
+    int action = l->o.on_error;
+    if (rc == STOKE_ETIMEDOUT || rc == STOKE_ENOMEM || rc == STOKE_EEND)
+        return rc; /* not the sample's fault */
+    if (action == STOKE_ON_ERROR_ERROR) {
+        stoke__bad_note(b, *idx, rc, msg);
+        return rc;
+    }
+    /* A stream that keeps failing (ITERABLE) must not spin: one batch holds at most
+     * batch_size bad samples. */
+    if (b->bad.n >= l->o.batch_size) {
+        stoke__bad_note(b, *idx, rc, msg);
+        size_t used = strlen(msg);
+        if (used + 1 < msg_len)
+            stoke__fmt(msg + used, msg_len - used, " (more than %zu bad samples in one batch)",
+                       l->o.batch_size);
+        return rc;
+    }
+    if (l->iterable)
+        action = STOKE_ON_ERROR_SKIP;
+    uint64_t bad = *idx;
+    if (push(b, bad, rc, action, msg) != STOKE_OK)
+        return rc;
+    if (action == STOKE_ON_ERROR_SKIP)
+        return STOKE__BAD_SKIPPED;
+    int r = replace(l, b, w, wid, slot, idx, msg, msg_len);
+    stoke__bad *e = &b->bad.v[b->bad.n - 1];
+    if (r != STOKE_OK) {
+        e->action = STOKE_ON_ERROR_ERROR;
+        return rc;
+    }
+    e->replacement = *idx;
+    return STOKE_OK;
+}
+
+/* The budget of this epoch after `seen` delivered samples. */
+static uint64_t budget(const stoke_loader *l, uint64_t seen)
+{
+    double total = l->iterable ? (double)seen : (double)l->nsamples;
+    double f = l->o.max_bad_fraction * total + 1e-9; /* truncated below: the floor */
+    uint64_t b =
+        (l->o.max_bad_fraction >= 1.0 || f >= 18446744073709551615.0) ? UINT64_MAX : (uint64_t)f;
+    return b < l->o.max_bad ? b : l->o.max_bad;
+}
+
+/* "npy /x.npy: sample 3: bad" -> source "npy /x.npy", reason "sample 3: bad". */
+static void split(const stoke_loader *l, const char *msg, stoke_bad_sample *q)
+{
+    const char *c = strstr(msg, ": ");
+    if (!c) {
+        stoke__strlcpy(q->source, l->ds.name, sizeof(q->source));
+        stoke__strlcpy(q->reason, msg, sizeof(q->reason));
+        return;
+    }
+    size_t n =
+        (size_t)(c - msg) < sizeof(q->source) - 1 ? (size_t)(c - msg) : sizeof(q->source) - 1;
+    memcpy(q->source, msg, n);
+    q->source[n] = 0;
+    stoke__strlcpy(q->reason, c + 2, sizeof(q->reason));
+}
+
+static void quarantine(stoke_loader *l, const stoke_batch *b, const stoke__bad *e)
+{
+    if (l->nquar == STOKE_QUARANTINE_MAX)
+        return;
+    if (l->nquar == l->quar_cap) {
+        size_t cap = l->quar_cap ? l->quar_cap * 2 : 16;
+        stoke_bad_sample *v = realloc(l->quar, cap * sizeof(*v));
+        if (!v)
+            return; /* counted, not listed */
+        l->quar = v;
+        l->quar_cap = cap;
+    }
+    stoke_bad_sample *q = &l->quar[l->nquar++];
+    memset(q, 0, sizeof(*q));
+    q->index = e->index;
+    q->epoch = b->epoch;
+    q->code = e->code;
+    q->action = e->action;
+    q->replacement = e->replacement;
+    split(l, e->msg, q);
+}
+
+void stoke__bad_account(stoke_loader *l, stoke_batch *b)
+{
+    if (l->bad_gen != l->gen) {
+        l->bad_gen = l->gen;
+        l->bad_epoch = 0;
+        l->bad_epoch_samples = 0;
+    }
+    if (b->status == STOKE_OK)
+        l->bad_epoch_samples += b->count;
+    const stoke__bad *over = NULL;
+    for (size_t i = 0; i < b->bad.n; i++) {
+        const stoke__bad *e = &b->bad.v[i];
+        l->st_bad++;
+        quarantine(l, b, e);
+        if (e->action == STOKE_ON_ERROR_ERROR)
+            continue;
+        l->st_skipped += e->action == STOKE_ON_ERROR_SKIP;
+        l->st_replaced += e->action == STOKE_ON_ERROR_REPLACE;
+        l->bad_epoch++;
+        if (l->bad_epoch > budget(l, l->bad_epoch_samples + l->bad_epoch) && !over)
+            over = e;
+    }
+    b->bad.n = 0;
+    if (!over || b->status != STOKE_OK)
+        return;
+    b->status = over->code;
+    b->err_index = over->index;
+    char lim[64];
+    if (l->o.max_bad_fraction < 1.0)
+        stoke__fmt(lim, sizeof(lim), "%" PRIu64 " (%g%% of the epoch)",
+                   budget(l, l->bad_epoch_samples + l->bad_epoch), l->o.max_bad_fraction * 100.0);
+    else
+        stoke__fmt(lim, sizeof(lim), "%" PRIu64, l->o.max_bad);
+    stoke__fmt(b->err_msg, sizeof(b->err_msg),
+               "too many bad samples: %" PRIu64 " this epoch, "
+               "the budget is %s; the last one: %s",
+               l->bad_epoch, lim, over->msg);
+}
+
+void stoke__bad_stats(const stoke_loader *l, stoke_loader_stats *s)
+{
+    s->bad_samples = l->st_bad;
+    s->skipped_samples = l->st_skipped;
+    s->replaced_samples = l->st_replaced;
+    s->quarantined = l->nquar;
+}
+
+void stoke__bad_destroy(stoke_loader *l)
+{
+    if (l->bat)
+        for (int i = 0; i < l->nbuf; i++)
+            free(l->bat[i].bad.v);
+    free(l->quar);
+    l->quar = NULL;
+}
+
+int stoke_loader_quarantine(const stoke_loader *l, size_t i, stoke_bad_sample *out)
+{
+    if (!l || !out)
+        return stoke__fail(STOKE_EINVAL, "stoke_loader_quarantine: NULL argument");
+    stoke_loader *m = (stoke_loader *)l;
+    pthread_mutex_lock(&m->mu);
+    size_t n = m->nquar;
+    if (i < n)
+        *out = m->quar[i];
+    pthread_mutex_unlock(&m->mu);
+    if (i >= n)
+        return stoke__fail(STOKE_ERANGE, "stoke_loader_quarantine: no entry %zu (%zu in all)", i,
+                           n);
+    return STOKE_OK;
+}
+
+int stoke_on_error_parse(const char *spec, stoke_loader_opts *o)
+{
+    if (!spec || !o)
+        return stoke__fail(STOKE_EINVAL, "stoke_on_error_parse: NULL argument");
+    int action;
+    const char *rest;
+    if (strcmp(spec, "error") == 0) {
+        o->on_error = STOKE_ON_ERROR_ERROR;
+        return STOKE_OK;
+    }
+    if (strncmp(spec, "skip", 4) == 0)
+        action = STOKE_ON_ERROR_SKIP, rest = spec + 4;
+    else if (strncmp(spec, "replace", 7) == 0)
+        action = STOKE_ON_ERROR_REPLACE, rest = spec + 7;
+    else
+        return stoke__fail(STOKE_EINVAL,
+                           "on_error '%s': expected error, skip[:N|:P%%] or "
+                           "replace[:N|:P%%]",
+                           spec);
+    uint64_t n = UINT64_MAX;
+    double frac = 1.0;
+    if (*rest) {
+        size_t len = strlen(rest);
+        char *end = NULL;
+        if (rest[0] != ':' || len < 2)
+            return stoke__fail(STOKE_EINVAL, "on_error '%s': expected %.*s:N or %.*s:P%%", spec,
+                               (int)(rest - spec), spec, (int)(rest - spec), spec);
+        if (rest[len - 1] == '%') {
+            double p = strtod(rest + 1, &end);
+            if (end != rest + len - 1 || rest[1] < '0' || rest[1] > '9' ||
+                !(p >= 0.0 && p <= 100.0))
+                return stoke__fail(STOKE_EINVAL, "on_error '%s': the share must be 0..100%%", spec);
+            frac = p / 100.0;
+        } else if (stoke__parse_u64(rest + 1, &n) != 0) {
+            return stoke__fail(STOKE_EINVAL, "on_error '%s': '%s' is not a count", spec, rest + 1);
+        }
+    }
+    o->on_error = action;
+    o->max_bad = n;
+    o->max_bad_fraction = frac;
+    return STOKE_OK;
+}

@@ -1,0 +1,550 @@
+/* The tar source: WebDataset-style shards as a map-style dataset.
+ *
+ * Open: the spec's shard pattern is expanded (brace ranges and lists, then glob(3)), every
+ * shard's member headers are walked (tar_header.c; data is skipped, never read) and members
+ * sharing a key -- the path up to the first dot of its base name, consecutive in one shard --
+ * become one sample, its fields by extension.  The index (sample -> shard, and per field the
+ * member's offset and size) is the canonical order: shard order, then member order.
+ * get() preads the members of one sample (tar_fields.c); it reads only the immutable index, so
+ * workers call it concurrently without a lock.  Everything is freed by the close callback. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <glob.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/internal.h"
+#include "sources/tar_header.h"
+#include "sources/tar_internal.h"
+#include "stoke/sources.h"
+
+#define MAX_SHARDS 1000000
+
+/* ---- shard lists -------------------------------------------------------------------------- */
+
+typedef struct strvec {
+    char **v;
+    size_t n, cap;
+} strvec;
+
+static int strvec_push(strvec *s, const char *str, size_t len)
+{
+    if (s->n >= MAX_SHARDS)
+        return STOKE_ELIMIT;
+    if (s->n == s->cap) {
+        size_t cap = s->cap ? s->cap * 2 : 16;
+        char **v = realloc(s->v, cap * sizeof(*v));
+        if (!v)
+            return STOKE_ENOMEM;
+        s->v = v;
+        s->cap = cap;
+    }
+    char *c = strndup(str, len);
+    if (!c)
+        return STOKE_ENOMEM;
+    s->v[s->n++] = c;
+    return STOKE_OK;
+}
+
+static void strvec_free(strvec *s)
+{
+    for (size_t i = 0; i < s->n; i++)
+        free(s->v[i]);
+    free(s->v);
+    memset(s, 0, sizeof(*s));
+}
+
+static int has_glob(const char *s)
+{
+    return strpbrk(s, "*?[") != NULL;
+}
+
+/* A pattern without braces: glob(3) (sorted) or the literal path. */
+static int add_paths(const char *spec, const char *pat, strvec *out)
+{
+    if (!has_glob(pat))
+        return strvec_push(out, pat, strlen(pat)) ? stoke__fail(STOKE_ENOMEM,
+                                                                "source '%s': "
+                                                                "too many shards or out of "
+                                                                "memory",
+                                                                spec)
+                                                  : STOKE_OK;
+    glob_t g;
+    int e = glob(pat, GLOB_ERR, NULL, &g);
+    if (e == GLOB_NOMATCH)
+        return stoke__fail(STOKE_ENOENT, "source '%s': no file matches '%s'", spec, pat);
+    if (e)
+        return stoke__fail(STOKE_EIO, "source '%s': glob '%s' failed", spec, pat);
+    int rc = STOKE_OK;
+    for (size_t i = 0; i < g.gl_pathc && !rc; i++)
+        if (strvec_push(out, g.gl_pathv[i], strlen(g.gl_pathv[i])))
+            rc = stoke__fail(STOKE_ENOMEM, "source '%s': too many shards or out of memory", spec);
+    globfree(&g);
+    return rc;
+}
+
+/* Parses "A..B" (decimal, A <= B or A > B): 0, or -1. */
+static int parse_range(const char *s, size_t n, uint64_t *a, uint64_t *b, int *width)
+{
+    const char *dots = NULL;
+    for (size_t i = 0; i + 1 < n; i++)
+        if (s[i] == '.' && s[i + 1] == '.') {
+            dots = s + i;
+            break;
+        }
+    if (!dots || dots == s || dots + 2 == s + n)
+        return -1;
+    uint64_t v[2] = {0, 0};
+    const char *p[2] = {s, dots + 2}, *e[2] = {dots, s + n};
+    for (int k = 0; k < 2; k++) {
+        if (e[k] - p[k] > 18)
+            return -1;
+        for (const char *c = p[k]; c < e[k]; c++) {
+            if (*c < '0' || *c > '9')
+                return -1;
+            v[k] = v[k] * 10 + (uint64_t)(*c - '0');
+        }
+    }
+    *a = v[0];
+    *b = v[1];
+    /* zero-padded when either end has a leading zero: the width of the longer end */
+    size_t wa = (size_t)(dots - s), wb = (size_t)(s + n - dots - 2);
+    *width = ((s[0] == '0' && wa > 1) || (dots[2] == '0' && wb > 1)) ? (int)(wa > wb ? wa : wb) : 0;
+    return 0;
+}
+
+/* Expands the first brace group of pat ({A..B} or {x,y,...}), recursively. */
+static int expand(const char *spec, const char *pat, strvec *out, int depth)
+{
+    const char *open = strchr(pat, '{');
+    if (!open)
+        return add_paths(spec, pat, out);
+    if (depth > 16)
+        return stoke__fail(STOKE_EINVAL, "source '%s': too many brace groups", spec);
+    const char *close = strchr(open, '}');
+    if (!close)
+        return stoke__fail(STOKE_EINVAL, "source '%s': '{' without '}'", spec);
+    size_t pre = (size_t)(open - pat), inner = (size_t)(close - open - 1);
+    const char *rest = close + 1;
+    size_t blen = pre + strlen(rest) + 64 + inner;
+    char *buf = malloc(blen);
+    if (!buf)
+        return stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);
+    uint64_t a, b;
+    int width, rc = STOKE_OK;
+    if (parse_range(open + 1, inner, &a, &b, &width) == 0) {
+        if ((a > b ? a - b : b - a) >= MAX_SHARDS)
+            rc = stoke__fail(STOKE_ELIMIT, "source '%s': range {%.*s} has more than %d values",
+                             spec, (int)inner, open + 1, MAX_SHARDS);
+        for (uint64_t v = a;; v = a <= b ? v + 1 : v - 1) {
+            if (rc)
+                break;
+            snprintf(buf, blen, "%.*s%0*" PRIu64 "%s", (int)pre, pat, width, v, rest);
+            rc = expand(spec, buf, out, depth + 1);
+            if (v == b)
+                break;
+        }
+    } else {
+        const char *p = open + 1;
+        for (;;) {
+            const char *c = memchr(p, ',', (size_t)(close - p));
+            const char *e = c ? c : close;
+            snprintf(buf, blen, "%.*s%.*s%s", (int)pre, pat, (int)(e - p), p, rest);
+            if ((rc = expand(spec, buf, out, depth + 1)) != 0 || !c)
+                break;
+            p = c + 1;
+        }
+    }
+    free(buf);
+    return rc;
+}
+
+/* ---- the index ---------------------------------------------------------------------------- */
+
+typedef struct member {
+    uint32_t shard;
+    uint64_t hdr, off, size;
+    char *path;
+    size_t key_len; /* path[0, key_len) is the key, path + key_len + 1 the extension */
+} member;
+
+typedef struct scan {
+    const char *spec;
+    stoke__tar_shard *sh;
+    uint32_t shard;
+    member *m;
+    size_t n, cap;
+} scan;
+
+static int read_shard(void *ctx, void *buf, size_t n, uint64_t off, size_t *got)
+{
+    const stoke__tar_shard *s = ctx;
+    size_t done = 0;
+    while (done < n) {
+        ssize_t r = pread(s->fd, (char *)buf + done, n - done, (off_t)(off + done));
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            return -errno;
+        if (r == 0)
+            break;
+        done += (size_t)r;
+    }
+    *got = done;
+    return 0;
+}
+
+static int on_member(void *ctx, const char *path, uint64_t hdr, uint64_t off, uint64_t size)
+{
+    scan *sc = ctx;
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    const char *dot = strchr(base, '.');
+    if (!dot || dot == base || !dot[1]) /* no key.ext: not part of a sample */
+        return 0;
+    if (sc->n == sc->cap) {
+        size_t cap = sc->cap ? sc->cap * 2 : 256;
+        member *m = realloc(sc->m, cap * sizeof(*m));
+        if (!m)
+            return STOKE_ENOMEM;
+        sc->m = m;
+        sc->cap = cap;
+    }
+    member *m = &sc->m[sc->n];
+    m->path = strdup(path);
+    if (!m->path)
+        return STOKE_ENOMEM;
+    m->shard = sc->shard;
+    m->hdr = hdr;
+    m->off = off;
+    m->size = size;
+    m->key_len = (size_t)(dot - path);
+    sc->n++;
+    return 0;
+}
+
+static const char *ext_of(const member *m)
+{
+    return m->path + m->key_len + 1;
+}
+
+static int same_key(const member *a, const member *b)
+{
+    return a->shard == b->shard && a->key_len == b->key_len &&
+           memcmp(a->path, b->path, a->key_len) == 0;
+}
+
+static int open_shard(const char *spec, stoke__tar_shard *s)
+{
+    s->fd = open(s->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (s->fd < 0)
+        return stoke__fail(errno == ENOENT ? STOKE_ENOENT : STOKE_EIO,
+                           "source '%s': tar %s: cannot open: %s", spec, s->path, strerror(errno));
+    struct stat st;
+    if (fstat(s->fd, &st) != 0 || !S_ISREG(st.st_mode))
+        return stoke__fail(STOKE_EIO, "source '%s': tar %s: not a regular file", spec, s->path);
+    int fl = fcntl(s->fd, F_GETFL);
+    if (fl < 0 || fcntl(s->fd, F_SETFL, fl & ~O_NONBLOCK) != 0)
+        return stoke__fail(STOKE_EIO, "source '%s': tar %s: fcntl: %s", spec, s->path,
+                           strerror(errno));
+    s->size = (uint64_t)st.st_size;
+    return STOKE_OK;
+}
+
+/* Opens and walks every shard, collecting the members into *sc. */
+static int scan_shards(const char *spec, stoke__tar_ds *t, scan *sc)
+{
+    for (int i = 0; i < t->nshards; i++) {
+        stoke__tar_shard *s = &t->shards[i];
+        int rc = open_shard(spec, s);
+        if (rc)
+            return rc;
+        char err[512];
+        uint64_t at = 0;
+        sc->shard = (uint32_t)i;
+        rc = stoke__tar_walk(s->size, read_shard, s, on_member, sc, err, sizeof(err), &at);
+        if (rc == STOKE_ENOMEM)
+            return stoke__fail(rc, "source '%s': tar %s: out of memory", spec, s->path);
+        if (rc)
+            return stoke__fail(rc, "source '%s': tar %s: at byte %" PRIu64 ": %s", spec, s->path,
+                               at, err);
+    }
+    return STOKE_OK;
+}
+
+/* Without fields=: the extensions of the first sample, in member order. */
+static int default_fields(const char *spec, stoke__tar_ds *t, const scan *sc)
+{
+    for (size_t j = 0; j < sc->n && same_key(&sc->m[0], &sc->m[j]); j++) {
+        if (t->nf == STOKE_MAX_FIELDS)
+            return stoke__fail(STOKE_ELIMIT,
+                               "source '%s': the first sample has more than %d "
+                               "members: choose with fields=EXT:EXT",
+                               spec, STOKE_MAX_FIELDS);
+        stoke__strlcpy(t->f[t->nf++].ext, ext_of(&sc->m[j]), sizeof(t->f[0].ext));
+    }
+    return STOKE_OK;
+}
+
+static int field_index(const stoke__tar_ds *t, const char *ext)
+{
+    for (int k = 0; k < t->nf; k++)
+        if (strcmp(t->f[k].ext, ext) == 0)
+            return k;
+    return -1;
+}
+
+/* Groups the members into samples: the index arrays and the key pool. */
+static int build_index(const char *spec, stoke__tar_ds *t, const scan *sc)
+{
+    uint64_t n = 0;
+    size_t keys = 0;
+    for (size_t j = 0; j < sc->n; j++)
+        if (j == 0 || !same_key(&sc->m[j - 1], &sc->m[j])) {
+            n++;
+            keys += sc->m[j].key_len + 1;
+        }
+    t->n = n;
+    t->shard_of = malloc((n ? n : 1) * sizeof(*t->shard_of));
+    t->key_at = malloc((n ? n : 1) * sizeof(*t->key_at));
+    t->loc = malloc((n ? n : 1) * (size_t)t->nf * sizeof(*t->loc));
+    t->keys = malloc(keys ? keys : 1);
+    if (!t->shard_of || !t->key_at || !t->loc || !t->keys)
+        return stoke__fail(STOKE_ENOMEM,
+                           "source '%s': out of memory for the index of %" PRIu64 " samples", spec,
+                           n);
+    uint64_t i = 0;
+    size_t kp = 0;
+    for (size_t j = 0; j < sc->n; j++) {
+        const member *m = &sc->m[j];
+        if (j == 0 || !same_key(&sc->m[j - 1], m)) {
+            i = j == 0 ? 0 : i + 1;
+            t->shard_of[i] = m->shard;
+            t->key_at[i] = kp;
+            memcpy(t->keys + kp, m->path, m->key_len);
+            t->keys[kp + m->key_len] = 0;
+            kp += m->key_len + 1;
+            for (int k = 0; k < t->nf; k++)
+                t->loc[i * (uint64_t)t->nf + (uint64_t)k] = (stoke__tar_loc){m->hdr, UINT64_MAX, 0};
+        }
+        int k = field_index(t, ext_of(m));
+        if (k < 0)
+            continue; /* an extension no field asks for */
+        stoke__tar_loc *L = &t->loc[i * (uint64_t)t->nf + (uint64_t)k];
+        if (L->off != UINT64_MAX)
+            return stoke__fail(STOKE_EFORMAT,
+                               "source '%s': tar %s: at byte %" PRIu64 ": sample "
+                               "'%.*s' has two '%s' members",
+                               spec, t->shards[m->shard].path, m->hdr, (int)m->key_len, m->path,
+                               t->f[k].ext);
+        *L = (stoke__tar_loc){m->hdr, m->off, m->size};
+    }
+    return STOKE_OK;
+}
+
+/* ---- the dataset -------------------------------------------------------------------------- */
+
+static void tar_close(void *user)
+{
+    stoke__tar_ds *t = user;
+    if (!t)
+        return;
+    for (int i = 0; i < t->nshards; i++) {
+        if (t->shards[i].fd >= 0)
+            close(t->shards[i].fd);
+        free(t->shards[i].path);
+    }
+    free(t->shards);
+    free(t->shard_of);
+    free(t->key_at);
+    free(t->loc);
+    free(t->keys);
+    free(t->image_opts);
+    free(t);
+}
+
+static uint64_t tar_length(void *user)
+{
+    return ((const stoke__tar_ds *)user)->n;
+}
+
+static int tar_get(void *user, uint64_t index, void *const dst[], int worker, char *msg,
+                   size_t msg_len)
+{
+    (void)worker;
+    const stoke__tar_ds *t = user;
+    if (index >= t->n) {
+        stoke__fmt(msg, msg_len, "tar: sample %" PRIu64 " past the end (%" PRIu64 " samples)",
+                   index, t->n);
+        return STOKE_ERANGE;
+    }
+    for (int k = 0; k < t->nf; k++) {
+        if (!dst[k])
+            continue;
+        int rc = stoke__tar_read_field(t, index, k, dst[k], msg, msg_len);
+        if (rc)
+            return rc;
+    }
+    return STOKE_OK;
+}
+
+/* Splits "a:b:c" into the fields. */
+static int parse_fields(const char *spec, stoke__tar_ds *t, const char *val)
+{
+    t->nf = 0;
+    const char *p = val;
+    for (;;) {
+        const char *c = strchr(p, ':');
+        size_t n = c ? (size_t)(c - p) : strlen(p);
+        if (n == 0 || n >= sizeof(t->f[0].ext) || memchr(p, '/', n))
+            return stoke__fail(STOKE_EINVAL,
+                               "source '%s': bad fields= list '%s' (e.g. "
+                               "fields=jpg:cls)",
+                               spec, val);
+        if (t->nf == STOKE_MAX_FIELDS)
+            return stoke__fail(STOKE_EINVAL, "source '%s': more than %d fields in '%s'", spec,
+                               STOKE_MAX_FIELDS, val);
+        memcpy(t->f[t->nf].ext, p, n);
+        t->f[t->nf].ext[n] = 0;
+        if (field_index(t, t->f[t->nf].ext) >= 0) /* looks at the fields before this one */
+            return stoke__fail(STOKE_EINVAL, "source '%s': field '%s' listed twice", spec,
+                               t->f[t->nf].ext);
+        t->nf++;
+        if (!c)
+            return STOKE_OK;
+        p = c + 1;
+    }
+}
+
+/* The options after the pattern: fields=, the rest for the image hook. */
+static int parse_options(const char *spec, stoke__tar_ds *t, char *opts)
+{
+    const stoke__tar_image_hook *hk = stoke__tar_image_hook_get();
+    if (hk) {
+        t->image_opts = calloc(1, hk->opts_size);
+        if (!t->image_opts)
+            return stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);
+        hk->opts_init(t->image_opts);
+    }
+    char *save = NULL;
+    for (char *o = opts ? strtok_r(opts, ",", &save) : NULL; o; o = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(o, '=');
+        const char *val = eq ? eq + 1 : ""; /* a bare word ("train") has the value "" */
+        if (eq)
+            *eq = 0;
+        if (strcmp(o, "fields") == 0) {
+            int rc = parse_fields(spec, t, val);
+            if (rc)
+                return rc;
+            continue;
+        }
+        char msg[256] = "";
+        int used = hk ? hk->parse_opt(t->image_opts, o, val, msg, sizeof(msg)) : 0;
+        if (used < 0)
+            return stoke__fail(STOKE_EINVAL, "source '%s': option '%s': %s", spec, o, msg);
+        if (used == 0)
+            return stoke__fail(STOKE_EINVAL, "source '%s': unknown option '%s' (fields=EXT:EXT%s)",
+                               spec, o,
+                               hk ? ", or an image option"
+                                  : "; image options need the images module, not in this build");
+    }
+    return STOKE_OK;
+}
+
+static int tar_open(const char *spec, const char *args, stoke__tar_ds *t, scan *sc)
+{
+    /* the pattern ends at the first ',' outside braces */
+    size_t plen = 0;
+    for (int depth = 0; args[plen] && (args[plen] != ',' || depth > 0); plen++)
+        depth += args[plen] == '{' ? 1 : args[plen] == '}' ? -1 : 0;
+    char *pat = strndup(args, plen);
+    char *opts = args[plen] ? strdup(args + plen + 1) : NULL;
+    strvec shards = {0};
+    int rc = (!pat || (args[plen] && !opts)) ? stoke__fail(STOKE_ENOMEM,
+                                                           "source '%s': out of "
+                                                           "memory",
+                                                           spec)
+                                             : STOKE_OK;
+    if (!rc && !*pat)
+        rc = stoke__fail(STOKE_EINVAL, "source '%s': no shard pattern (tar:PATTERN)", spec);
+    if (!rc)
+        rc = parse_options(spec, t, opts);
+    if (!rc)
+        rc = expand(spec, pat, &shards, 0);
+    if (!rc) {
+        t->shards = calloc(shards.n, sizeof(*t->shards));
+        if (!t->shards)
+            rc = stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);
+    }
+    if (!rc) {
+        for (size_t i = 0; i < shards.n; i++) {
+            t->shards[i].fd = -1;
+            t->shards[i].path = shards.v[i];
+            shards.v[i] = NULL;
+        }
+        t->nshards = (int)shards.n;
+        rc = scan_shards(spec, t, sc);
+    }
+    if (!rc && sc->n == 0)
+        rc = stoke__fail(STOKE_EFORMAT,
+                         "source '%s': no member of the form KEY.EXT in %d "
+                         "shard(s)",
+                         spec, t->nshards);
+    if (!rc && t->nf == 0)
+        rc = default_fields(spec, t, sc);
+    for (int k = 0; !rc && k < t->nf; k++) {
+        t->f[k].kind = stoke__tar_field_kind(t->f[k].ext);
+        if (t->f[k].kind == STOKE__TAR_IMAGE && !stoke__tar_image_hook_get())
+            rc = stoke__fail(STOKE_ENOTSUP,
+                             "source '%s': tar: .jpg fields need the images "
+                             "module (field '%s'; not in this build)",
+                             spec, t->f[k].ext);
+    }
+    if (!rc)
+        rc = build_index(spec, t, sc);
+    for (int k = 0; !rc && k < t->nf; k++)
+        rc = stoke__tar_describe_field(t, k, spec);
+    strvec_free(&shards);
+    free(pat);
+    free(opts);
+    return rc;
+}
+
+int stoke_tar_open(const char *args, stoke_dataset *out)
+{
+    if (!out)
+        return stoke__fail(STOKE_EINVAL, "tar: NULL dataset");
+    stoke_dataset_init(out);
+    if (!args || !*args)
+        return stoke__fail(STOKE_EINVAL, "tar: no shard pattern (tar:PATTERN)");
+    char spec[128];
+    stoke__fmt(spec, sizeof(spec), "tar:%s", args);
+    stoke__tar_ds *t = calloc(1, sizeof(*t));
+    if (!t)
+        return stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);
+    scan sc = {spec, NULL, 0, NULL, 0, 0};
+    int rc = tar_open(spec, args, t, &sc);
+    for (size_t j = 0; j < sc.n; j++)
+        free(sc.m[j].path);
+    free(sc.m);
+    if (rc) {
+        tar_close(t);
+        return rc;
+    }
+    out->kind = STOKE_DATASET_MAP;
+    stoke__strlcpy(out->name, spec, sizeof(out->name));
+    out->user = t;
+    out->nfields = t->nf;
+    memcpy(out->fields, t->fields, sizeof(t->fields));
+    out->length = tar_length;
+    out->get = tar_get;
+    out->close = tar_close;
+    stoke__log(STOKE_LOG_DEBUG, "%s: %d shard(s), %" PRIu64 " samples, %d field(s)", spec,
+               t->nshards, t->n, t->nf);
+    return STOKE_OK;
+}

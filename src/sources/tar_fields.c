@@ -1,0 +1,338 @@
+/* The tar source's fields: what a member becomes in the batch, by extension (.cls, .npy,
+ * .jpg/.jpeg through the image hook, anything else raw bytes), and reading one at get() time.
+ *
+ * The image hook: the JPEG decoder lives in the images module (src/sources/image.h).  When a
+ * build has it, STOKE__TAR_WITH_IMAGES connects the hook below to stoke__image_*; without it a
+ * .jpg / .jpeg field is refused at open with STOKE_ENOTSUP ("tar: .jpg fields need the images
+ * module"). */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/internal.h"
+#include "sources/npy_header.h"
+#include "sources/tar_internal.h"
+
+#ifdef STOKE__TAR_WITH_IMAGES
+#include "sources/image.h"
+
+static void img_init(void *o)
+{
+    stoke__image_opts_init(o);
+}
+static int img_parse(void *o, const char *key, const char *val, char *msg, size_t msg_len)
+{
+    return stoke__image_parse_opt(o, key, val, msg, msg_len);
+}
+static int img_field(const void *o, stoke_field *f)
+{
+    return stoke__image_field(o, f);
+}
+static int img_decode(const void *o, const void *jpeg, size_t len, uint64_t epoch, uint64_t index,
+                      void *dst, char *msg, size_t msg_len)
+{
+    return stoke__image_decode(o, jpeg, len, epoch, index, dst, msg, msg_len);
+}
+static const stoke__tar_image_hook IMAGE_HOOK = {sizeof(stoke__image_opts), img_init, img_parse,
+                                                 img_field, img_decode};
+const stoke__tar_image_hook *stoke__tar_image_hook_get(void)
+{
+    return &IMAGE_HOOK;
+}
+#else
+const stoke__tar_image_hook *stoke__tar_image_hook_get(void)
+{
+    return NULL;
+}
+#endif
+
+int stoke__tar_field_kind(const char *ext)
+{
+    if (strcmp(ext, "cls") == 0)
+        return STOKE__TAR_CLS;
+    if (strcmp(ext, "npy") == 0)
+        return STOKE__TAR_NPY;
+    if (strcmp(ext, "jpg") == 0 || strcmp(ext, "jpeg") == 0)
+        return STOKE__TAR_IMAGE;
+    return STOKE__TAR_RAW;
+}
+
+int stoke__tar_set_epoch(void *user, uint64_t epoch)
+{
+    stoke__tar_ds *t = user;
+    atomic_store_explicit(&t->epoch, epoch, memory_order_relaxed);
+    return 0;
+}
+
+/* "tar SHARD@HDR: sample 'KEY' field 'EXT': <fmt>" into msg; returns code. */
+static int field_fail(const stoke__tar_ds *t, uint64_t i, int k, char *msg, size_t msg_len,
+                      int code, const char *fmt, ...) STOKE__PRINTF(7, 8);
+static int field_fail(const stoke__tar_ds *t, uint64_t i, int k, char *msg, size_t msg_len,
+                      int code, const char *fmt, ...)
+{
+    const stoke__tar_loc *L = &t->loc[i * (uint64_t)t->nf + (uint64_t)k];
+    uint64_t hdr = L->off != UINT64_MAX ? L->hdr : t->loc[i * (uint64_t)t->nf].hdr;
+    for (int j = 0; j < t->nf && L->off == UINT64_MAX; j++) /* the sample's first member */
+        if (t->loc[i * (uint64_t)t->nf + (uint64_t)j].off != UINT64_MAX) {
+            hdr = t->loc[i * (uint64_t)t->nf + (uint64_t)j].hdr;
+            break;
+        }
+    char why[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof(why), fmt, ap);
+    va_end(ap);
+    stoke__fmt(msg, msg_len, "tar %s@%" PRIu64 ": sample '%s' field '%s': %s",
+               t->shards[t->shard_of[i]].path, hdr, t->keys + t->key_at[i], t->f[k].ext, why);
+    return code;
+}
+
+/* pread of exactly n bytes at off from shard s: 0, or -errno (EIO-like -ENODATA for a short
+ * read: the shard shrank). */
+static int pread_exact(int fd, void *buf, size_t n, uint64_t off)
+{
+    size_t done = 0;
+    while (done < n) {
+        ssize_t r = pread(fd, (char *)buf + done, n - done, (off_t)(off + done));
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            return -errno;
+        if (r == 0)
+            return -ENODATA;
+        done += (size_t)r;
+    }
+    return 0;
+}
+
+static int read_fail(const stoke__tar_ds *t, uint64_t i, int k, int e, char *msg, size_t msg_len)
+{
+    if (e == -ENODATA)
+        return field_fail(t, i, k, msg, msg_len, STOKE_EIO,
+                          "the shard changed while loading (it is shorter than at open)");
+    return field_fail(t, i, k, msg, msg_len, STOKE_EIO, "read failed: %s", strerror(-e));
+}
+
+/* .cls: optional spaces, a decimal integer (optional sign), optional spaces / newline. */
+static int parse_cls(const char *s, size_t n, int64_t *out)
+{
+    size_t i = 0;
+    while (i < n && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r'))
+        i++;
+    int neg = 0;
+    if (i < n && (s[i] == '-' || s[i] == '+'))
+        neg = s[i++] == '-';
+    uint64_t v = 0;
+    size_t d = 0;
+    for (; i < n && s[i] >= '0' && s[i] <= '9'; i++, d++) {
+        if (v > (UINT64_C(1) << 63) / 10)
+            return -1;
+        v = v * 10 + (uint64_t)(s[i] - '0');
+    }
+    while (i < n && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r'))
+        i++;
+    if (!d || i != n || v > (uint64_t)INT64_MAX + (uint64_t)neg)
+        return -1;
+    *out = neg ? (int64_t)(0 - v) : (int64_t)v;
+    return 0;
+}
+
+static int read_cls(const stoke__tar_ds *t, uint64_t i, int k, const stoke__tar_loc *L, void *dst,
+                    char *msg, size_t msg_len)
+{
+    char buf[64];
+    if (L->size >= sizeof(buf) || L->size == 0)
+        return field_fail(t, i, k, msg, msg_len, STOKE_EFORMAT,
+                          "a .cls member of %" PRIu64 " bytes is not a class number", L->size);
+    int e = pread_exact(t->shards[t->shard_of[i]].fd, buf, (size_t)L->size, L->off);
+    if (e)
+        return read_fail(t, i, k, e, msg, msg_len);
+    int64_t v;
+    if (parse_cls(buf, (size_t)L->size, &v) != 0)
+        return field_fail(t, i, k, msg, msg_len, STOKE_EFORMAT,
+                          "'%.*s' is not a decimal class number", (int)L->size, buf);
+    memcpy(dst, &v, sizeof(v));
+    return STOKE_OK;
+}
+
+/* Reads and parses the .npy header of member L into *h. */
+static int npy_header(const stoke__tar_ds *t, uint64_t i, int k, const stoke__tar_loc *L,
+                      stoke__npy_header *h, char *msg, size_t msg_len)
+{
+    int fd = t->shards[t->shard_of[i]].fd;
+    unsigned char pre[12];
+    size_t np = L->size < sizeof(pre) ? (size_t)L->size : sizeof(pre);
+    int e = pread_exact(fd, pre, np, L->off);
+    if (e)
+        return read_fail(t, i, k, e, msg, msg_len);
+    size_t need = np;
+    if (np == sizeof(pre) && memcmp(pre, "\x93NUMPY", 6) == 0)
+        need = pre[6] == 1 ? 10u + (pre[8] | (size_t)pre[9] << 8)
+                           : 12u + (pre[8] | (size_t)pre[9] << 8 | (size_t)pre[10] << 16 |
+                                    (size_t)pre[11] << 24);
+    if (need > STOKE__NPY_PREFIX_MAX)
+        need = STOKE__NPY_PREFIX_MAX;
+    if (need > L->size)
+        need = (size_t)L->size;
+    unsigned char *buf = malloc(need ? need : 1);
+    if (!buf)
+        return field_fail(t, i, k, msg, msg_len, STOKE_ENOMEM, "out of memory");
+    e = pread_exact(fd, buf, need, L->off);
+    char why[200];
+    int rc = e ? read_fail(t, i, k, e, msg, msg_len) : STOKE_OK;
+    if (!rc && stoke__npy_parse_header(buf, need, L->size, h, why, sizeof(why)) != 0)
+        rc = field_fail(t, i, k, msg, msg_len, STOKE_EFORMAT, "bad .npy member: %s", why);
+    free(buf);
+    return rc;
+}
+
+static int read_npy(const stoke__tar_ds *t, uint64_t i, int k, const stoke__tar_loc *L, void *dst,
+                    char *msg, size_t msg_len)
+{
+    stoke__npy_header h;
+    int rc = npy_header(t, i, k, L, &h, msg, msg_len);
+    if (rc)
+        return rc;
+    const stoke_field *f = &t->fields[k];
+    /* the byte order may differ (swapped below), not the type */
+    int same = h.dtype == f->dtype && h.itemsize == f->itemsize && h.ndim == f->ndim;
+    for (int d = 0; same && d < h.ndim; d++)
+        same = h.shape[d] == f->shape[d];
+    if (!same)
+        return field_fail(t, i, k, msg, msg_len, STOKE_EFORMAT,
+                          "array %s of %d dimension(s) differs from the first sample's (dtype "
+                          "%s, %d dimension(s)): every sample needs the same dtype and shape",
+                          h.descr, h.ndim, t->f[k].npy_descr, f->ndim);
+    int e = pread_exact(t->shards[t->shard_of[i]].fd, dst, f->bytes, L->off + h.data_offset);
+    if (e)
+        return read_fail(t, i, k, e, msg, msg_len);
+    if (h.swap) {
+        unsigned char *p = dst;
+        for (size_t o = 0; o + h.swap <= f->bytes; o += h.swap)
+            for (size_t a = 0, b = h.swap - 1; a < b; a++, b--) {
+                unsigned char c = p[o + a];
+                p[o + a] = p[o + b];
+                p[o + b] = c;
+            }
+    }
+    return STOKE_OK;
+}
+
+static int read_image(const stoke__tar_ds *t, uint64_t i, int k, const stoke__tar_loc *L, void *dst,
+                      char *msg, size_t msg_len)
+{
+    const stoke__tar_image_hook *hk = stoke__tar_image_hook_get();
+    if (!hk)
+        return field_fail(t, i, k, msg, msg_len, STOKE_ENOTSUP,
+                          "tar: .jpg fields need the images module");
+    if (L->size > SIZE_MAX / 2)
+        return field_fail(t, i, k, msg, msg_len, STOKE_ELIMIT, "image member too large");
+    void *buf = malloc(L->size ? (size_t)L->size : 1);
+    if (!buf)
+        return field_fail(t, i, k, msg, msg_len, STOKE_ENOMEM, "out of memory");
+    int e = pread_exact(t->shards[t->shard_of[i]].fd, buf, (size_t)L->size, L->off);
+    int rc;
+    if (e) {
+        rc = read_fail(t, i, k, e, msg, msg_len);
+    } else {
+        char why[200] = "";
+        uint64_t ep = atomic_load_explicit(&((stoke__tar_ds *)t)->epoch, memory_order_relaxed);
+        rc = hk->decode(t->image_opts, buf, (size_t)L->size, ep, i, dst, why, sizeof(why));
+        if (rc)
+            rc = field_fail(t, i, k, msg, msg_len, rc < 0 ? rc : STOKE_EDATA, "%s",
+                            why[0] ? why : "cannot decode the image");
+    }
+    free(buf);
+    return rc;
+}
+
+int stoke__tar_read_field(const stoke__tar_ds *t, uint64_t i, int k, void *dst, char *msg,
+                          size_t msg_len)
+{
+    const stoke__tar_loc *L = &t->loc[i * (uint64_t)t->nf + (uint64_t)k];
+    if (L->off == UINT64_MAX)
+        return field_fail(t, i, k, msg, msg_len, STOKE_EDATA, "the sample has no '%s' member",
+                          t->f[k].ext);
+    switch (t->f[k].kind) {
+    case STOKE__TAR_CLS: return read_cls(t, i, k, L, dst, msg, msg_len);
+    case STOKE__TAR_NPY: return read_npy(t, i, k, L, dst, msg, msg_len);
+    case STOKE__TAR_IMAGE: return read_image(t, i, k, L, dst, msg, msg_len);
+    default: break;
+    }
+    if (L->size != t->fields[k].bytes)
+        return field_fail(t, i, k, msg, msg_len, STOKE_EFORMAT,
+                          "member of %" PRIu64 " bytes, but the field has %zu (the size of the "
+                          "first sample's): raw fields need one size",
+                          L->size, t->fields[k].bytes);
+    int e = pread_exact(t->shards[t->shard_of[i]].fd, dst, (size_t)L->size, L->off);
+    return e ? read_fail(t, i, k, e, msg, msg_len) : STOKE_OK;
+}
+
+int stoke__tar_describe_field(stoke__tar_ds *t, int k, const char *spec)
+{
+    stoke_field *f = &t->fields[k];
+    memset(f, 0, sizeof(*f));
+    stoke__strlcpy(f->name, t->f[k].ext, sizeof(f->name));
+    uint64_t first = UINT64_MAX;
+    for (uint64_t i = 0; i < t->n && first == UINT64_MAX; i++)
+        if (t->loc[i * (uint64_t)t->nf + (uint64_t)k].off != UINT64_MAX)
+            first = i;
+    if (first == UINT64_MAX)
+        return stoke__fail(STOKE_EFORMAT, "source '%s': no sample has a '%s' member", spec,
+                           t->f[k].ext);
+    const stoke__tar_loc *L = &t->loc[first * (uint64_t)t->nf + (uint64_t)k];
+    char msg[512];
+    switch (t->f[k].kind) {
+    case STOKE__TAR_CLS:
+        f->dtype = STOKE_DTYPE_I64;
+        f->ndim = 0;
+        break;
+    case STOKE__TAR_NPY: {
+        stoke__npy_header h;
+        int rc = npy_header(t, first, k, L, &h, msg, sizeof(msg));
+        if (rc)
+            return stoke__fail(rc, "source '%s': %s", spec, msg);
+        if (h.ndim > STOKE_MAX_DIMS)
+            return stoke__fail(STOKE_ELIMIT,
+                               "source '%s': .npy field '%s' has %d dimensions "
+                               "(at most %d)",
+                               spec, t->f[k].ext, h.ndim, STOKE_MAX_DIMS);
+        f->dtype = h.dtype;
+        f->itemsize = h.itemsize;
+        f->ndim = h.ndim;
+        memcpy(f->shape, h.shape, sizeof(int64_t) * (size_t)h.ndim);
+        stoke__strlcpy(t->f[k].npy_descr, h.descr, sizeof(t->f[k].npy_descr));
+        break;
+    }
+    case STOKE__TAR_IMAGE: {
+        const stoke__tar_image_hook *hk = stoke__tar_image_hook_get();
+        if (!hk)
+            return stoke__fail(STOKE_ENOTSUP,
+                               "source '%s': tar: .jpg fields need the images "
+                               "module (field '%s'; not in this build)",
+                               spec, t->f[k].ext);
+        int rc = hk->field(t->image_opts, f);
+        if (rc)
+            return stoke__fail(rc, "source '%s': image field '%s': %s", spec, t->f[k].ext,
+                               stoke_last_error());
+        stoke__strlcpy(f->name, t->f[k].ext, sizeof(f->name));
+        return STOKE_OK;
+    }
+    default:
+        if (L->size > (uint64_t)INT64_MAX)
+            return stoke__fail(STOKE_ELIMIT, "source '%s': member too large", spec);
+        f->dtype = STOKE_DTYPE_U8;
+        f->ndim = 1;
+        f->shape[0] = (int64_t)L->size;
+        break;
+    }
+    int rc = stoke_field_finish(f);
+    if (rc)
+        return stoke__fail(rc, "source '%s': field '%s': bad size", spec, t->f[k].ext);
+    return STOKE_OK;
+}

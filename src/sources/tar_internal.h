@@ -1,0 +1,82 @@
+/* Private to the tar source (tar.c: spec, shards, index; tar_fields.c: field kinds and the
+ * decoder hook).  See docs/sources.md, "tar". */
+#ifndef STOKE_TAR_INTERNAL_H
+#define STOKE_TAR_INTERNAL_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "stoke/dataset.h"
+
+/* How a field's member turns into the sample's bytes. */
+enum {
+    STOKE__TAR_RAW = 0, /* the member's bytes as they are (u8[size], the size of the first) */
+    STOKE__TAR_CLS,     /* a decimal integer in text: i64 */
+    STOKE__TAR_NPY,     /* a .npy array: its data (dtype and shape of the first sample's) */
+    STOKE__TAR_IMAGE    /* .jpg / .jpeg: decoded through the image hook */
+};
+
+/* The image decoder the tar source calls for .jpg / .jpeg fields.  NULL (stoke__tar_image_hook)
+ * until the images module is built in: tar_fields.c connects it to stoke__image_* when
+ * STOKE__TAR_WITH_IMAGES is defined.  `opts` is an opaque block of opts_size bytes. */
+typedef struct stoke__tar_image_hook {
+    size_t opts_size;
+    void (*opts_init)(void *opts);
+    /* 1: consumed; 0: not an image option; < 0: an error (msg set). */
+    int (*parse_opt)(void *opts, const char *key, const char *val, char *msg, size_t msg_len);
+    /* Describes the decoded field (name is set by the caller afterwards). */
+    int (*field)(const void *opts, stoke_field *f);
+    int (*decode)(const void *opts, const void *jpeg, size_t len, uint64_t epoch, uint64_t index,
+                  void *dst, char *msg, size_t msg_len);
+} stoke__tar_image_hook;
+
+/* The hook in this build, or NULL. */
+const stoke__tar_image_hook *stoke__tar_image_hook_get(void);
+
+/* The kind of a member extension ("jpg", "cls", "npy", "seg.png": RAW). */
+int stoke__tar_field_kind(const char *ext);
+
+/* Where one field of one sample lies: data at `off` (size bytes), header at `hdr`; off ==
+ * UINT64_MAX: the sample has no member with this field's extension. */
+typedef struct stoke__tar_loc {
+    uint64_t hdr, off, size;
+} stoke__tar_loc;
+
+typedef struct stoke__tar_field {
+    char ext[64];
+    int kind;
+    char npy_descr[32];
+} stoke__tar_field;
+
+typedef struct stoke__tar_shard {
+    char *path;
+    int fd;
+    uint64_t size;
+} stoke__tar_shard;
+
+typedef struct stoke__tar_ds {
+    int nshards;
+    stoke__tar_shard *shards;
+    int nf;
+    stoke__tar_field f[STOKE_MAX_FIELDS];
+    stoke_field fields[STOKE_MAX_FIELDS];
+    uint64_t n;             /* samples */
+    uint32_t *shard_of;     /* n */
+    uint64_t *key_at;       /* n: offset of the sample's key in keys */
+    stoke__tar_loc *loc;    /* n * nf */
+    char *keys;             /* NUL-separated keys */
+    void *image_opts;       /* the hook's options block (NULL without image fields) */
+    _Atomic uint64_t epoch; /* for the image hook's random choices */
+} stoke__tar_ds;
+
+/* Reads field k of sample i into dst (fields[k].bytes).  Returns STOKE_OK, or the error with
+ * msg "tar SHARD@OFFSET: sample 'KEY' field 'EXT': reason". */
+int stoke__tar_read_field(const stoke__tar_ds *t, uint64_t i, int k, void *dst, char *msg,
+                          size_t msg_len);
+/* Fills t->fields[k] from the first sample that has field k (reading its member for NPY). */
+int stoke__tar_describe_field(stoke__tar_ds *t, int k, const char *spec);
+/* The dataset's set_epoch (for the image hook's augmentation): stores the epoch. */
+int stoke__tar_set_epoch(void *user, uint64_t epoch);
+
+#endif
