@@ -232,15 +232,16 @@ static int rm_entry(const char *path, const struct stat *st, int flag, struct FT
     return 0;
 }
 
-/* A fresh, empty directory $STOKE_TEST_TMP/registry-PID-NAME (written to buf). */
+/* A fresh, empty directory $STOKE_TEST_TMP/registry-PID-NAME-XXXXXX (written to buf): unique
+ * even when a directory left by an earlier run of a reused pid is still there (such leftovers
+ * once made mkdir fail with EEXIST, a rare failure of this test). */
 static const char *fresh_dir(const char *name, char *buf, size_t len)
 {
     char leaf[128];
-    snprintf(leaf, sizeof(leaf), "registry-%ld-%s", (long)getpid(), name);
+    snprintf(leaf, sizeof(leaf), "registry-%ld-%s-XXXXXX", (long)getpid(), name);
     tu_tmp_path(leaf, buf, len);
-    nftw(buf, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-    if (mkdir(buf, 0755) != 0)
-        fail_msg("mkdir %s: %s", buf, strerror(errno));
+    if (mkdtemp(buf) == NULL)
+        fail_msg("mkdtemp %s: %s", buf, strerror(errno));
     return buf;
 }
 
