@@ -554,6 +554,27 @@ static void test_backend_without_ipc(void **state)
     stoke_pinned_free(block);
 }
 
+/* OpenCL (PoCL's CPU device here, chosen explicitly) has no IPC and says why. */
+static void test_opencl_unsupported(void **state)
+{
+    (void)state;
+    tu_env("STOKE_PLUGIN_PATH", NULL);
+    tu_env("STOKE_ACCELERATOR", "opencl");
+    stoke_accelerator_info acc;
+    if (stoke_accelerator_get(&acc) != STOKE_OK || strcmp(acc.backend, "opencl") != 0) {
+        tu_env("STOKE_ACCELERATOR", NULL);
+        tu_skip("no OpenCL platform here: %s", stoke_last_error());
+    }
+    assert_int_equal(stoke_ipc_supported(NULL), 0);
+    void *block = NULL;
+    stoke_ipc_handle h;
+    expect_ok(stoke_pinned_alloc(4096, &block), "alloc");
+    expect_err(stoke_ipc_export(block, 0, &h), STOKE_ENOTSUP,
+               "backend opencl does not support IPC (OpenCL has no portable way");
+    stoke_pinned_free(block);
+    tu_env("STOKE_ACCELERATOR", NULL);
+}
+
 /* The registry: the IPC group is all-or-none; a v1 table never has IPC, whatever it claims. */
 static void test_registry_ipc_group(void **state)
 {
@@ -626,6 +647,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_device_misuse, setup, teardown),
         cmocka_unit_test_setup_teardown(test_socket_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_backend_without_ipc, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_opencl_unsupported, setup, teardown),
         cmocka_unit_test_setup_teardown(test_registry_ipc_group, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cli_devices, setup, teardown),
     };

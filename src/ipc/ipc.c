@@ -97,11 +97,21 @@ static int backend_fail(int code, const char *fmt, ...)
     return stoke__fail(code, "%s: %s", msg, detail);
 }
 
+/* Why a backend without the IPC group has none. */
+static const char *no_ipc_reason(const stoke_backend *vt)
+{
+    if (strcmp(vt->name, "opencl") == 0)
+        return "OpenCL has no portable way to share a buffer or pinned host memory with another "
+               "process";
+    if (strcmp(vt->name, "cpu") == 0)
+        return "the cpu fallback pins nothing";
+    return vt->abi_version < 2 ? "its plugin implements backend ABI v1" : "it has no IPC functions";
+}
+
 static int no_ipc(const stoke_backend *vt, const char *what)
 {
     return stoke__fail(STOKE_ENOTSUP, "%s: backend %s does not support IPC (%s)", what, vt->name,
-                       vt->abi_version < 2 ? "its plugin implements backend ABI v1"
-                                           : "it has no IPC functions");
+                       no_ipc_reason(vt));
 }
 
 const char *stoke__ipc_kind_name(uint32_t kind)
