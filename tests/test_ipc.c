@@ -582,6 +582,8 @@ static void test_registry_ipc_group(void **state)
     assert_int_equal(stoke_ipc_supported("simdev"), 1);
     assert_int_equal(stoke_plugin_load(plugin("half_ipc.so")), STOKE_EABI);
     assert_non_null(strstr(stoke_last_error(), "function ipc_import_mem is missing"));
+    assert_int_equal(stoke_plugin_load(plugin("v2_small.so")), STOKE_EABI);
+    assert_non_null(strstr(stoke_last_error(), "is smaller than ABI v2's"));
     expect_ok(stoke_plugin_load(plugin("v1_ipc.so")), "load v1 plugin");
     assert_int_equal(stoke_ipc_supported("oldipc"), 0);
     int n = stoke_backend_count(), seen = 0;
