@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "backends/cuda_driver.h"
@@ -51,6 +52,9 @@ static struct {
     int host_allocs, host_frees, registers, unregisters, dev_allocs, dev_frees;
     int h2d, d2h;
     int alloc_dev[8];           /* device whose context was current at each cuMemHostAlloc */
+    int ipc_gets, ipc_opens, ipc_closes, ipc_open_now; /* IPC calls; handles open right now */
+    int ipc_open_dev;           /* device whose context was current at the last open */
+    CUresult ipc_result;        /* cuIpcGetMemHandle fails with this (0: works) */
 } mock = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static struct CUctx_st mock_ctx[MOCK_MAX_DEV];
@@ -246,6 +250,59 @@ static CUresult m_mem_free(CUdeviceptr d)
     count(&mock.dev_frees);
     return CUDA_SUCCESS;
 }
+/* IPC: the handle names the block (this mock has one address space: "another process" opens
+ * the same block), the open checks the handle and its flags, close undoes one open. */
+static const char mock_ipc_tag[8] = "MOCKIPC";
+static CUresult m_ipc_get(CUipcMemHandle *h, CUdeviceptr d)
+{
+    size_t off, size;
+    int dev;
+    if (!mg_dev_find((void *)(uintptr_t)d, &off, &dev, &size) || off)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!need_ctx("cuIpcGetMemHandle", dev))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (mock.ipc_result != CUDA_SUCCESS)
+        return mock.ipc_result;
+    memset(h, 0, sizeof(*h));
+    memcpy(h->reserved, mock_ipc_tag, sizeof(mock_ipc_tag));
+    memcpy(h->reserved + 8, &d, sizeof(d));
+    count(&mock.ipc_gets);
+    return CUDA_SUCCESS;
+}
+static CUresult m_ipc_open(CUdeviceptr *d, CUipcMemHandle h, unsigned flags)
+{
+    if (!need_ctx("cuIpcOpenMemHandle", -1))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (!(flags & CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS))
+        violation("cuIpcOpenMemHandle without LAZY_ENABLE_PEER_ACCESS");
+    CUdeviceptr p;
+    memcpy(&p, h.reserved + 8, sizeof(p));
+    size_t off, size;
+    int dev;
+    if (memcmp(h.reserved, mock_ipc_tag, sizeof(mock_ipc_tag)) != 0 ||
+        !mg_dev_find((void *)(uintptr_t)p, &off, &dev, &size) || off)
+        return CUDA_ERROR_INVALID_VALUE;
+    *d = p;
+    pthread_mutex_lock(&mock.lock);
+    mock.ipc_opens++;
+    mock.ipc_open_now++;
+    mock.ipc_open_dev = cur_dev();
+    pthread_mutex_unlock(&mock.lock);
+    return CUDA_SUCCESS;
+}
+static CUresult m_ipc_close(CUdeviceptr d)
+{
+    if (!need_ctx("cuIpcCloseMemHandle", -1))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    pthread_mutex_lock(&mock.lock);
+    int open = mock.ipc_open_now > 0;
+    if (open) {
+        mock.ipc_open_now--;
+        mock.ipc_closes++;
+    }
+    pthread_mutex_unlock(&mock.lock);
+    return open ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
 static CUresult m_stream_create(CUstream *s, unsigned flags)
 {
     if (!need_ctx("cuStreamCreate", -1))
@@ -417,6 +474,9 @@ static struct stoke__cuda_driver mock_table(void)
         .cuPointerGetAttribute = m_ptr_attr,
         .cuGetErrorString = m_err_string,
         .cuGetErrorName = m_err_name,
+        .cuIpcGetMemHandle = m_ipc_get,
+        .cuIpcOpenMemHandle = m_ipc_open,
+        .cuIpcCloseMemHandle = m_ipc_close,
     };
     return d;
 }
@@ -438,6 +498,9 @@ static void install(int ndev, const struct stoke__cuda_driver *table)
     mock.event_error = CUDA_SUCCESS;
     mock.host_allocs = mock.host_frees = mock.registers = mock.unregisters = 0;
     mock.dev_allocs = mock.dev_frees = mock.h2d = mock.d2h = 0;
+    mock.ipc_gets = mock.ipc_opens = mock.ipc_closes = mock.ipc_open_now = 0;
+    mock.ipc_open_dev = -1;
+    mock.ipc_result = CUDA_SUCCESS;
     pthread_mutex_unlock(&mock.lock);
     mg_reset();
     struct stoke__cuda_driver d = mock_table();
@@ -871,6 +934,106 @@ static void test_loader_device_path_on_a_slow_gpu(void **state)
     assert_no_violation();
 }
 
+static void expect_err(int rc, int want, const char *needle)
+{
+    if (rc != want || !strstr(stoke_last_error(), needle))
+        fail_msg("got %s \"%s\", expected %s with \"%s\"", stoke_err_name(rc),
+                 stoke_last_error(), stoke_err_name(want), needle);
+}
+
+/* IPC of a device buffer through the driver's memory handles: exported on device 1, sent over
+ * a socket (no descriptor), opened in the context of device 1, shared bytes, closed once. */
+static void test_ipc_device_buffer(void **state)
+{
+    use_cuda(2);
+    assert_int_equal(stoke_ipc_supported("cuda"), 1);
+    assert_int_equal(stoke_device_set(1), STOKE_OK);
+    stoke_stream *s = NULL;
+    stoke_device_buffer *b = NULL, *imp = NULL;
+    assert_int_equal(stoke_stream_create(NULL, &s), STOKE_OK);
+    assert_int_equal(stoke_device_buffer_create(s, 65536, &b), STOKE_OK);
+    stoke_ipc_handle h, got;
+    assert_int_equal(stoke_ipc_export_device(b, &h), STOKE_OK);
+    assert_string_equal(h.backend, "cuda");
+    assert_int_equal(h.kind, STOKE_IPC_DEVICE);
+    assert_int_equal(h.device, 1);
+    assert_int_equal(h.fd, -1);
+    assert_true(h.blob_len >= CU_IPC_HANDLE_SIZE);
+    int sv[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    assert_int_equal(stoke_ipc_send(sv[0], &h), STOKE_OK);
+    assert_int_equal(stoke_ipc_recv(sv[1], &got), STOKE_OK);
+    close(sv[0]);
+    close(sv[1]);
+    assert_int_equal(got.fd, -1);
+    assert_memory_equal(got.blob, h.blob, h.blob_len);
+    assert_int_equal(stoke_ipc_import_device(&got, &imp), STOKE_OK);
+    assert_int_equal(mock.ipc_open_dev, 1);
+    assert_int_equal(stoke_ipc_close(&got), STOKE_OK);
+    assert_int_equal(stoke_ipc_close(&h), STOKE_OK);
+
+    unsigned char in[65536], out[65536];
+    for (size_t i = 0; i < sizeof(in); i++)
+        in[i] = (unsigned char)(i * 13 + 1);
+    assert_int_equal(stoke_copy_h2d_async(imp, 0, in, sizeof(in), s), STOKE_OK);
+    assert_int_equal(stoke_copy_d2h_async(out, b, 0, sizeof(out), s), STOKE_OK);
+    assert_int_equal(stoke_stream_synchronize(s), STOKE_OK);
+    assert_memory_equal(in, out, sizeof(in));
+    stoke_device_buffer_destroy(imp); /* cuIpcCloseMemHandle, not cuMemFree */
+    assert_int_equal(mock.ipc_closes, 1);
+    assert_int_equal(mock.ipc_open_now, 0);
+    assert_int_equal(mock.dev_frees, 0);
+    stoke_device_buffer_destroy(b);
+    stoke_stream_destroy(s);
+    assert_int_equal(mock.dev_frees, 1);
+    assert_int_equal(mock.retain_calls[0], 0); /* device 0 never touched */
+    assert_no_violation();
+}
+
+/* What cuda cannot share, and a driver without IPC or refusing it, say so. */
+static void test_ipc_refusals(void **state)
+{
+    use_cuda(2);
+    void *block = NULL;
+    stoke_ipc_handle h;
+    assert_int_equal(stoke_pinned_alloc(4096, &block), STOKE_OK);
+    expect_err(stoke_ipc_export(block, 0, &h), STOKE_ENOTSUP,
+               "pinned host blocks are cuMemHostAlloc memory");
+    stoke_pinned_free(block);
+
+    stoke_stream *s = NULL;
+    stoke_device_buffer *b = NULL, *imp = NULL;
+    assert_int_equal(stoke_stream_create(NULL, &s), STOKE_OK);
+    assert_int_equal(stoke_device_buffer_create(s, 4096, &b), STOKE_OK);
+    assert_int_equal(stoke_ipc_export_device(b, &h), STOKE_OK);
+    stoke_ipc_handle g = h;
+    memset(g.blob, 0x77, sizeof(g.blob));
+    expect_err(stoke_ipc_import_device(&g, &imp), STOKE_EINVAL, "not a CUDA IPC handle");
+    g = h;
+    g.blob_len = 12;
+    expect_err(stoke_ipc_import_device(&g, &imp), STOKE_EINVAL, "blob has 12 bytes");
+    assert_int_equal(mock.ipc_opens, 0);
+    assert_int_equal(stoke_ipc_close(&h), STOKE_OK);
+
+    mock.ipc_result = CUDA_ERROR_NOT_SUPPORTED; /* e.g. WSL, or IPC disabled */
+    expect_err(stoke_ipc_export_device(b, &h), STOKE_ENOTSUP, "cuIpcGetMemHandle");
+    mock.ipc_result = CUDA_SUCCESS;
+    stoke_device_buffer_destroy(b);
+    stoke_stream_destroy(s);
+    assert_no_violation();
+
+    /* A driver without the IPC entry points (they are optional). */
+    struct stoke__cuda_driver d = mock_table();
+    d.cuIpcGetMemHandle = NULL;
+    install(1, &d);
+    mc_use("cuda");
+    assert_int_equal(stoke_stream_create(NULL, &s), STOKE_OK);
+    assert_int_equal(stoke_device_buffer_create(s, 4096, &b), STOKE_OK);
+    expect_err(stoke_ipc_export_device(b, &h), STOKE_ENOTSUP, "the driver has no cuIpcGetMemHandle");
+    stoke_device_buffer_destroy(b);
+    stoke_stream_destroy(s);
+}
+
 int main(int argc, char **argv)
 {
     /* `test_cuda_mock default-library`: test_missing_default_library alone (mock_checks.h) */
@@ -897,6 +1060,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_register_refused_with_driver_codes, teardown),
         cmocka_unit_test_teardown(test_is_pinned_asks_the_driver_without_a_context, teardown),
         cmocka_unit_test_teardown(test_loader_device_path_on_a_slow_gpu, teardown),
+        cmocka_unit_test_teardown(test_ipc_device_buffer, teardown),
+        cmocka_unit_test_teardown(test_ipc_refusals, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -49,6 +49,8 @@ static struct mock_state {
     int streams, events, copies_h2d, copies_d2h;
     int streams_on[NDEV_MAX];    /* streams created, per device current at the time */
     int last_host_alloc_dev;     /* device current at the last hipHostMalloc */
+    int ipc_gets, ipc_opens, ipc_closes, ipc_open_now; /* IPC calls; handles open right now */
+    int ipc_open_dev;            /* device current at the last hipIpcOpenMemHandle */
 } mk = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static _Thread_local int tl_dev; /* HIP's per-thread current device; 0 until set */
@@ -197,6 +199,49 @@ static hipError_t r_free(void *p)
     count(&mk.dev_frees);
     return hipSuccess;
 }
+/* IPC: one address space, so the handle names the block and "another process" opens it. */
+static const char ipc_tag[8] = "MOCKHIP";
+static hipError_t r_ipc_get(hipIpcMemHandle_t *h, void *p)
+{
+    size_t off, size;
+    int dev;
+    if (!mg_dev_find(p, &off, &dev, &size) || off)
+        return hipErrorInvalidValue;
+    on("hipIpcGetMemHandle", dev);
+    memset(h, 0, sizeof(*h));
+    memcpy(h->reserved, ipc_tag, sizeof(ipc_tag));
+    memcpy(h->reserved + 8, &p, sizeof(p));
+    count(&mk.ipc_gets);
+    return hipSuccess;
+}
+static hipError_t r_ipc_open(void **d, hipIpcMemHandle_t h, unsigned flags)
+{
+    void *p;
+    memcpy(&p, h.reserved + 8, sizeof(p));
+    size_t off, size;
+    int dev;
+    if (memcmp(h.reserved, ipc_tag, sizeof(ipc_tag)) != 0 || !mg_dev_find(p, &off, &dev, &size) ||
+        off || !(flags & hipIpcMemLazyEnablePeerAccess))
+        return hipErrorInvalidValue;
+    *d = p;
+    pthread_mutex_lock(&mk.lock);
+    mk.ipc_opens++;
+    mk.ipc_open_now++;
+    mk.ipc_open_dev = tl_dev;
+    pthread_mutex_unlock(&mk.lock);
+    return hipSuccess;
+}
+static hipError_t r_ipc_close(void *d)
+{
+    pthread_mutex_lock(&mk.lock);
+    int open = mk.ipc_open_now > 0;
+    if (open) {
+        mk.ipc_open_now--;
+        mk.ipc_closes++;
+    }
+    pthread_mutex_unlock(&mk.lock);
+    return open ? hipSuccess : hipErrorInvalidValue;
+}
 static hipError_t r_stream_create(hipStream_t *s, unsigned flags)
 {
     if (!(flags & hipStreamNonBlocking))
@@ -327,6 +372,9 @@ static struct stoke__hip_runtime mock_runtime(void)
         .hipDeviceComputeCapability = r_cc,
         .hipGetErrorName = r_err_name,
         .hipGetErrorString = r_err_string,
+        .hipIpcGetMemHandle = r_ipc_get,
+        .hipIpcOpenMemHandle = r_ipc_open,
+        .hipIpcCloseMemHandle = r_ipc_close,
     };
     return rt;
 }
@@ -851,6 +899,56 @@ static void test_loader_device_path_on_a_slow_gpu(void **state)
     assert_all_on_right_device();
 }
 
+/* IPC of a device buffer on device 1 through the runtime's memory handles; host blocks and a
+ * runtime without the IPC entry points are refused with the reason. */
+static void test_ipc_device_buffer(void **state)
+{
+    use_hip(2);
+    assert_int_equal(stoke_device_set(1), STOKE_OK);
+    stoke_stream *s = NULL;
+    stoke_device_buffer *b = NULL, *imp = NULL;
+    assert_int_equal(stoke_stream_create(NULL, &s), STOKE_OK);
+    assert_int_equal(stoke_device_buffer_create(s, 8192, &b), STOKE_OK);
+    stoke_ipc_handle h;
+    assert_int_equal(stoke_ipc_export_device(b, &h), STOKE_OK);
+    assert_string_equal(h.backend, "hip");
+    assert_int_equal(h.fd, -1);
+    assert_int_equal(stoke_ipc_import_device(&h, &imp), STOKE_OK);
+    assert_int_equal(mk.ipc_open_dev, 1);
+    assert_int_equal(stoke_ipc_close(&h), STOKE_OK);
+    unsigned char in[8192], out[8192];
+    for (size_t i = 0; i < sizeof(in); i++)
+        in[i] = (unsigned char)(i * 5 + 2);
+    assert_int_equal(stoke_copy_h2d_async(imp, 0, in, sizeof(in), s), STOKE_OK);
+    assert_int_equal(stoke_copy_d2h_async(out, b, 0, sizeof(out), s), STOKE_OK);
+    assert_int_equal(stoke_stream_synchronize(s), STOKE_OK);
+    assert_memory_equal(in, out, sizeof(in));
+    stoke_device_buffer_destroy(imp);
+    assert_int_equal(mk.ipc_closes, 1);
+    assert_int_equal(mk.ipc_open_now, 0);
+    assert_int_equal(mk.dev_frees, 0);
+    stoke_device_buffer_destroy(b);
+    stoke_stream_destroy(s);
+
+    void *block = NULL;
+    assert_int_equal(stoke_pinned_alloc(4096, &block), STOKE_OK);
+    assert_int_equal(stoke_ipc_export(block, 0, &h), STOKE_ENOTSUP);
+    assert_non_null(strstr(stoke_last_error(), "hipHostMalloc memory"));
+    stoke_pinned_free(block);
+    assert_all_on_right_device();
+
+    struct stoke__hip_runtime rt = mock_runtime();
+    rt.hipIpcOpenMemHandle = NULL;
+    install(1, &rt);
+    mc_use("hip");
+    assert_int_equal(stoke_stream_create(NULL, &s), STOKE_OK);
+    assert_int_equal(stoke_device_buffer_create(s, 4096, &b), STOKE_OK);
+    assert_int_equal(stoke_ipc_export_device(b, &h), STOKE_ENOTSUP);
+    assert_non_null(strstr(stoke_last_error(), "no hipIpcGetMemHandle"));
+    stoke_device_buffer_destroy(b);
+    stoke_stream_destroy(s);
+}
+
 int main(int argc, char **argv)
 {
     /* `test_hip_mock default-library`: test_missing_default_library alone (mock_checks.h) */
@@ -878,6 +976,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_synchronize_waits_for_queued_copies, teardown),
         cmocka_unit_test_teardown(test_register_refused_with_runtime_codes, teardown),
         cmocka_unit_test_teardown(test_loader_device_path_on_a_slow_gpu, teardown),
+        cmocka_unit_test_teardown(test_ipc_device_buffer, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

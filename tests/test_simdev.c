@@ -101,10 +101,10 @@ static void test_simdev_is_the_accelerator(void **state)
     }
     const stoke_backend *vt = sd();
     uint64_t want = STOKE_CAP_PINNED_ALLOC | STOKE_CAP_HOST_REGISTER | STOKE_CAP_DEVICE_MEMORY |
-                    STOKE_CAP_ASYNC_COPY | STOKE_CAP_EVENTS;
+                    STOKE_CAP_ASYNC_COPY | STOKE_CAP_EVENTS | STOKE_CAP_IPC;
     assert_true(vt->caps == want);
-    assert_int_equal(vt->abi_version, 1);
-    assert_true(vt->size >= STOKE_BACKEND_V1_SIZE);
+    assert_int_equal(vt->abi_version, 2); /* ABI v2: the IPC group */
+    assert_true(vt->size >= STOKE_BACKEND_V2_SIZE);
 
     /* An older host's shorter props struct is filled only up to its size. */
     unsigned char raw[sizeof(stoke_device_props) + 16];
@@ -191,8 +191,12 @@ static void test_simdev_entry_point_and_counters_abi(void **state)
     assert_non_null(entry);
     const stoke_backend *vt = NULL;
     stoke_backend_host future = {
-        .abi_version = 3, .size = sizeof(future), .abi_min = 2, .log = NULL};
+        .abi_version = 4, .size = sizeof(future), .abi_min = 3, .log = NULL};
     assert_int_equal(entry(&future, &vt), STOKE_EABI);
+    assert_null(vt);
+    /* A host that speaks only ABI v1 cannot take simdev's v2 table. */
+    stoke_backend_host old = {.abi_version = 1, .size = sizeof(old), .abi_min = 1, .log = NULL};
+    assert_int_equal(entry(&old, &vt), STOKE_EABI);
     assert_null(vt);
     stoke_backend_host host = {.abi_version = STOKE_BACKEND_ABI_VERSION,
                                .size = sizeof(host),

@@ -72,6 +72,7 @@ static void print_json(int have, const stoke_accelerator_info *acc)
                b.origin == STOKE_ORIGIN_PLUGIN ? "plugin" : "builtin",
                b.available ? "true" : "false", b.device_count);
         cli_json_str(stdout, b.reason);
+        printf(", \"ipc\": %s", b.available && (b.caps & STOKE_CAP_IPC) ? "true" : "false");
         if (b.path[0]) {
             printf(", \"path\": ");
             cli_json_str(stdout, b.path);
@@ -120,7 +121,8 @@ static void print_text(int have, const stoke_accelerator_info *acc)
                b.origin == STOKE_ORIGIN_PLUGIN ? "plugin" : "builtin",
                b.available ? "available" : "unavailable");
         if (b.available)
-            printf(" %d device(s)%s%s", b.device_count, caps[0] ? "  " : "", caps);
+            printf(" %d device(s)  ipc: %-3s%s%s", b.device_count,
+                   b.caps & STOKE_CAP_IPC ? "yes" : "no", caps[0] ? "  " : "", caps);
         printf("  -- %s\n", b.reason);
         if (b.path[0])
             printf("  %*s %s\n", width, "", b.path);

@@ -1,4 +1,4 @@
-/* stoke — the backend ABI (version 1), for accelerator plugin authors.
+/* stoke — the backend ABI (version 2), for accelerator plugin authors.
  *
  * Every accelerator stoke can pin memory for — the built-in cuda and opencl backends, the cpu
  * fallback and third-party plugins — implements the one table of functions below.  A plugin is a
@@ -18,7 +18,9 @@
  *   checked when the plugin loads (a table missing a member of a group it uses is rejected with
  *   STOKE_EABI): stream_create needs stream_destroy and copy_h2d_async; event_create needs
  *   event_destroy, event_record, event_query and event_synchronize; device_alloc needs
- *   device_free; host_register needs host_unregister.  stream_synchronize is required as soon
+ *   device_free; host_register needs host_unregister; (ABI v2) ipc_export_mem, ipc_import_mem and
+ *   ipc_close_mem go together, and STOKE_CAP_IPC is what a table with them reports (the host
+ *   sets or clears it to match).  stream_synchronize is required as soon
  *   as any stream function is present (stream_create, stream_destroy, copy_h2d_async,
  *   copy_d2h_async): it is what makes it safe to free or reuse a buffer a copy may still read.
  * - `name` must be non-empty, shorter than 32 bytes and unique in the registry (else the plugin
@@ -39,13 +41,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "stoke/ipc.h"
 #include "stoke/status.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#define STOKE_BACKEND_ABI_VERSION 1 /* the newest ABI this header describes */
+#define STOKE_BACKEND_ABI_VERSION 2 /* the newest ABI this header describes */
 #define STOKE_BACKEND_ABI_MIN 1     /* the oldest ABI the host still accepts */
 #define STOKE_BACKEND_ENTRY_SYMBOL "stoke_backend_entry"
 
@@ -55,7 +58,7 @@ extern "C" {
 #define STOKE_CAP_DEVICE_MEMORY (1u << 2) /* device_alloc / copies work */
 #define STOKE_CAP_ASYNC_COPY (1u << 3)    /* copies return before completing */
 #define STOKE_CAP_EVENTS (1u << 4)        /* events can be recorded and queried */
-#define STOKE_CAP_IPC (1u << 5)           /* ipc_export / ipc_import work */
+#define STOKE_CAP_IPC (1u << 5)           /* the ABI v2 IPC group works */
 
 /* Probe flags. */
 #define STOKE_PROBE_EXPLICIT (1u << 0) /* the user named this backend: also expose devices that
@@ -162,10 +165,35 @@ typedef struct stoke_backend {
     /* optional: release everything; called once by the host at exit or unload. */
     void (*shutdown)(void);
 
-    /* optional (STOKE_CAP_IPC): export pinned host or device memory to another process as an
-     * opaque handle of at most 64 bytes, and import it there. */
+    /* Reserved in ABI v1 and never called by the host (they could not say what kind of
+     * memory, how large, nor carry a file descriptor): leave them NULL.  IPC is the ABI v2
+     * group below. */
     int (*ipc_export)(int dev, void *ptr, unsigned char handle[64], size_t *handle_len);
     int (*ipc_import)(int dev, const unsigned char *handle, size_t handle_len, void **out);
+
+    /* ---- ABI v2 (members read only when abi_version >= 2 and `size` covers them) ---- */
+
+    /* optional group (STOKE_CAP_IPC; all three or none): share memory with another process.
+     * See stoke/ipc.h for the handle and docs/ipc.md for the lifetimes.
+     *
+     * ipc_export_mem: the host has filled h->magic, version, kind, device, size, backend, pid,
+     * h->fd = -1 and blob_len = 0.  STOKE_IPC_HOST: `ptr` is the start of a live block from
+     * this backend's host_alloc on `dev`, of at least h->size bytes.  STOKE_IPC_DEVICE: `ptr`
+     * is a handle from device_alloc on `dev` of at least h->size bytes.  The backend sets
+     * h->fd to a new descriptor the handle then owns (the host closes it) and/or fills up to
+     * STOKE_IPC_BLOB_MAX bytes of h->blob.  STOKE_EINVAL for memory it cannot share (with a
+     * logged reason), STOKE_ENOTSUP for a kind it does not support.
+     *
+     * ipc_import_mem: maps a handle exported by this backend (possibly in another process)
+     * for `dev`; it must check h->blob (any bytes may arrive) and never take h->fd (dup it if
+     * it must keep it).  STOKE_IPC_HOST: *out is a host pointer to h->size bytes that
+     * is_pinned reports as pinned.  STOKE_IPC_DEVICE: *out is a device handle of h->size bytes
+     * usable in this backend's copies on `dev` (device_free is not called on it).
+     *
+     * ipc_close_mem: undoes one ipc_import_mem of `kind` whose *out was `ptr`. */
+    int (*ipc_export_mem)(int dev, stoke_ipc_handle *h, void *ptr);
+    int (*ipc_import_mem)(int dev, const stoke_ipc_handle *h, void **out);
+    int (*ipc_close_mem)(int dev, int kind, void *ptr);
 } stoke_backend;
 
 /* The one symbol a plugin exports.  Returns STOKE_OK and sets *out to a table that stays valid
@@ -174,6 +202,8 @@ typedef int (*stoke_backend_entry_fn)(const stoke_backend_host *host, const stok
 
 /* Size of the ABI v1 table: a plugin must report at least this many bytes. */
 #define STOKE_BACKEND_V1_SIZE (offsetof(stoke_backend, ipc_import) + sizeof(void *))
+/* Size of the ABI v2 table (v1 + the IPC group): a v2 plugin must report at least this. */
+#define STOKE_BACKEND_V2_SIZE (offsetof(stoke_backend, ipc_close_mem) + sizeof(void *))
 
 #ifdef __cplusplus
 }

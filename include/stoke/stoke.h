@@ -8,6 +8,7 @@
 #include "stoke/backend.h"
 #include "stoke/accelerator.h"
 #include "stoke/device.h"
+#include "stoke/ipc.h"
 #include "stoke/pinned.h"
 #include "stoke/dataset.h"
 #include "stoke/sources.h"

@@ -194,12 +194,12 @@ SIMDEV_EXPORT int stoke_simdev_counters(struct stoke_simdev_counters *out)
 /* ---- the table and the entry point ------------------------------------------------------- */
 
 static const stoke_backend simdev_backend = {
-    .abi_version = 1,
+    .abi_version = 2,
     .size = sizeof(stoke_backend),
     .name = "simdev",
     .description = "simulated discrete accelerator (tests, and the example plugin)",
     .caps = STOKE_CAP_PINNED_ALLOC | STOKE_CAP_HOST_REGISTER | STOKE_CAP_DEVICE_MEMORY |
-            STOKE_CAP_ASYNC_COPY | STOKE_CAP_EVENTS,
+            STOKE_CAP_ASYNC_COPY | STOKE_CAP_EVENTS | STOKE_CAP_IPC,
     .probe = sd_probe,
     .device_count = sd_device_count,
     .device_props = sd_device_props,
@@ -221,8 +221,11 @@ static const stoke_backend simdev_backend = {
     .event_query = simdev__event_query,
     .event_synchronize = simdev__event_synchronize,
     .shutdown = sd_shutdown,
-    .ipc_export = NULL,
+    .ipc_export = NULL, /* the ABI v1 placeholders: never called */
     .ipc_import = NULL,
+    .ipc_export_mem = simdev__ipc_export,
+    .ipc_import_mem = simdev__ipc_import,
+    .ipc_close_mem = simdev__ipc_close,
 };
 
 SIMDEV_EXPORT int stoke_backend_entry(const stoke_backend_host *host, const stoke_backend **out)
@@ -235,7 +238,7 @@ SIMDEV_EXPORT int stoke_backend_entry(const stoke_backend_host *host, const stok
     pthread_mutex_lock(&simdev__lock);
     probes_since_entry = 0;
     pthread_mutex_unlock(&simdev__lock);
-    /* This plugin implements ABI 1: the host must accept it. */
+    /* This plugin implements ABI 2: the host must accept it. */
     if (host->abi_version < simdev_backend.abi_version ||
         (host->size >= offsetof(stoke_backend_host, reserved) &&
          host->abi_min > simdev_backend.abi_version)) {

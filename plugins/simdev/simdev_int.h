@@ -81,6 +81,11 @@ typedef struct simdev_dbuf simdev_dbuf;
 int simdev__dbuf_acquire(void *handle, int dev, size_t off, size_t n, simdev_dbuf **out,
                          unsigned char **rw);
 void simdev__dbuf_release(simdev_dbuf *b);
+/* IPC (memory.c): pinned blocks and device buffers are memfd-backed; a handle carries a dup
+ * of the memfd and a small blob (simdev_ipc_blob); an import maps the same memfd. */
+int simdev__ipc_export(int dev, stoke_ipc_handle *h, void *ptr);
+int simdev__ipc_import(int dev, const stoke_ipc_handle *h, void **out);
+int simdev__ipc_close(int dev, int kind, void *ptr);
 /* Frees every block, range and buffer (shutdown; stream threads already joined). */
 void simdev__memory_shutdown(void);
 

@@ -82,6 +82,9 @@ static const struct {
     OPT(cuPointerGetAttribute, "cuPointerGetAttribute"),
     OPT(cuGetErrorString, "cuGetErrorString"),
     OPT(cuGetErrorName, "cuGetErrorName"),
+    OPT(cuIpcGetMemHandle, "cuIpcGetMemHandle"),
+    OPT(cuIpcOpenMemHandle, "cuIpcOpenMemHandle_v2"),
+    OPT(cuIpcCloseMemHandle, "cuIpcCloseMemHandle"),
 #undef REQ
 #undef OPT
 };
@@ -738,6 +741,98 @@ static void release_all_locked(void)
     g.ndev = 0;
 }
 
+/* ---- IPC (stoke/ipc.h) -------------------------------------------------------------------- *
+ * Device buffers: the driver's IPC memory handles (64 bytes in the handle's blob, no file
+ * descriptor).  The importer opens the handle in its own context of the device it imports
+ * on; the driver refuses an open in the exporting process itself.  Pinned host blocks come
+ * from cuMemHostAlloc, which another process cannot map: they are not shareable here (that
+ * would need memfd-backed blocks registered with cuMemHostRegister in each process). */
+
+#define CUDA_IPC_MAGIC 0x50494355u /* "UCIP" */
+
+typedef struct cuda_ipc_blob {
+    uint32_t magic; /* CUDA_IPC_MAGIC */
+    int32_t dev;    /* the exporter's device index */
+    CUipcMemHandle mh;
+} cuda_ipc_blob;
+
+static int ipc_host_unsupported(const char *what)
+{
+    return stoke__fail(STOKE_ENOTSUP, "cuda: %s: pinned host blocks are cuMemHostAlloc memory, "
+                       "which another process cannot map; on cuda only device buffers can be "
+                       "shared", what);
+}
+
+static int ipc_symbols(const char *what)
+{
+    if (g.drv.cuIpcGetMemHandle && g.drv.cuIpcOpenMemHandle && g.drv.cuIpcCloseMemHandle)
+        return STOKE_OK;
+    return stoke__fail(STOKE_ENOTSUP, "cuda: %s: the driver has no cuIpcGetMemHandle / "
+                       "cuIpcOpenMemHandle_v2 / cuIpcCloseMemHandle", what);
+}
+
+static int cuda_ipc_export(int dev, stoke_ipc_handle *h, void *ptr)
+{
+    if (h->kind == STOKE_IPC_HOST)
+        return ipc_host_unsupported("export");
+    int rc = ipc_symbols("export");
+    if (rc == STOKE_OK)
+        rc = enter(dev);
+    if (rc != STOKE_OK)
+        return rc;
+    cuda_ipc_blob blob = {.magic = CUDA_IPC_MAGIC, .dev = dev};
+    CUresult r = g.drv.cuIpcGetMemHandle(&blob.mh, (CUdeviceptr)(uintptr_t)ptr);
+    rc = leave(r, "cuIpcGetMemHandle(%p) on device %d", ptr, dev);
+    if (r == CUDA_ERROR_NOT_SUPPORTED)
+        rc = STOKE_ENOTSUP;
+    if (rc != STOKE_OK)
+        return rc;
+    memcpy(h->blob, &blob, sizeof(blob));
+    h->blob_len = sizeof(blob);
+    return STOKE_OK;
+}
+
+static int cuda_ipc_import(int dev, const stoke_ipc_handle *h, void **out)
+{
+    *out = NULL;
+    if (h->kind == STOKE_IPC_HOST)
+        return ipc_host_unsupported("import");
+    cuda_ipc_blob blob;
+    if (h->blob_len != sizeof(blob))
+        return stoke__fail(STOKE_EINVAL, "cuda: import: the handle's blob has %u bytes, a CUDA "
+                           "IPC handle %zu", (unsigned)h->blob_len, sizeof(blob));
+    memcpy(&blob, h->blob, sizeof(blob));
+    if (blob.magic != CUDA_IPC_MAGIC)
+        return stoke__fail(STOKE_EINVAL, "cuda: import: the handle's blob is not a CUDA IPC "
+                           "handle (magic 0x%08x)", (unsigned)blob.magic);
+    int rc = ipc_symbols("import");
+    if (rc == STOKE_OK)
+        rc = enter(dev);
+    if (rc != STOKE_OK)
+        return rc;
+    CUdeviceptr d = 0;
+    CUresult r = g.drv.cuIpcOpenMemHandle(&d, blob.mh, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+    rc = leave(r == CUDA_SUCCESS && !d ? CUDA_ERROR_INVALID_VALUE : r,
+               "cuIpcOpenMemHandle (device %d of process %lld) on device %d", (int)blob.dev,
+               (long long)h->pid, dev);
+    if (rc == STOKE_OK)
+        *out = (void *)(uintptr_t)d;
+    return rc;
+}
+
+static int cuda_ipc_close(int dev, int kind, void *ptr)
+{
+    if (kind != STOKE_IPC_DEVICE)
+        return stoke__fail(STOKE_EINVAL, "cuda: ipc close: only device imports exist");
+    int rc = ipc_symbols("close");
+    if (rc == STOKE_OK)
+        rc = enter(dev);
+    if (rc != STOKE_OK)
+        return rc;
+    return leave(g.drv.cuIpcCloseMemHandle((CUdeviceptr)(uintptr_t)ptr),
+                 "cuIpcCloseMemHandle(%p) on device %d", ptr, dev);
+}
+
 static void cuda_shutdown(void)
 {
     pthread_mutex_lock(&g.lock);
@@ -764,7 +859,7 @@ static const stoke_backend cuda_backend = {
     .name = "cuda",
     .description = "NVIDIA CUDA (driver API, libcuda.so.1 loaded at run time)",
     .caps = STOKE_CAP_PINNED_ALLOC | STOKE_CAP_HOST_REGISTER | STOKE_CAP_DEVICE_MEMORY |
-            STOKE_CAP_ASYNC_COPY | STOKE_CAP_EVENTS,
+            STOKE_CAP_ASYNC_COPY | STOKE_CAP_EVENTS | STOKE_CAP_IPC,
     .probe = cuda_probe,
     .device_count = cuda_device_count,
     .device_props = cuda_device_props,
@@ -786,6 +881,9 @@ static const stoke_backend cuda_backend = {
     .event_query = cuda_event_query,
     .event_synchronize = cuda_event_synchronize,
     .shutdown = cuda_shutdown,
+    .ipc_export_mem = cuda_ipc_export,
+    .ipc_import_mem = cuda_ipc_import,
+    .ipc_close_mem = cuda_ipc_close,
 };
 
 int stoke__backend_cuda_entry(const stoke_backend_host *host, const stoke_backend **out)

@@ -55,6 +55,13 @@ enum { CU_MEMORYTYPE_HOST = 1, CU_MEMORYTYPE_DEVICE = 2, CU_MEMORYTYPE_ARRAY = 3
 #define CU_MEMHOSTREGISTER_PORTABLE 0x01u
 #define CU_STREAM_NON_BLOCKING 0x1u
 #define CU_EVENT_DISABLE_TIMING 0x2u
+#define CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS 0x1u
+#define CU_IPC_HANDLE_SIZE 64
+
+/* A device allocation's IPC handle (passed by value, as in cuda.h). */
+typedef struct CUipcMemHandle_st {
+    char reserved[CU_IPC_HANDLE_SIZE];
+} CUipcMemHandle;
 
 /* The oldest driver the backend accepts (cuDriverGetVersion's 1000*major + 10*minor):
  * CUDA 11.0, the first with cuDevicePrimaryCtxRelease_v2. */
@@ -96,6 +103,10 @@ struct stoke__cuda_driver {
     CUresult (*cuPointerGetAttribute)(void *data, int attribute, CUdeviceptr ptr);
     CUresult (*cuGetErrorString)(CUresult err, const char **msg);
     CUresult (*cuGetErrorName)(CUresult err, const char **name);
+    /* optional: sharing device memory with other processes (stoke/ipc.h) */
+    CUresult (*cuIpcGetMemHandle)(CUipcMemHandle *h, CUdeviceptr dptr);
+    CUresult (*cuIpcOpenMemHandle)(CUdeviceptr *dptr, CUipcMemHandle h, unsigned flags);
+    CUresult (*cuIpcCloseMemHandle)(CUdeviceptr dptr);
 };
 
 /* Tests only: makes the backend use `d` (copied) instead of loading libcuda.so.1, and forgets

@@ -61,7 +61,8 @@ static const struct {
     HIP_SYM(hipEventQuery, 1),        HIP_SYM(hipEventSynchronize, 1),
     HIP_SYM(hipDriverGetVersion, 0),  HIP_SYM(hipDeviceGetPCIBusId, 0),
     HIP_SYM(hipDeviceComputeCapability, 0), HIP_SYM(hipGetErrorName, 0),
-    HIP_SYM(hipGetErrorString, 0),
+    HIP_SYM(hipGetErrorString, 0),    HIP_SYM(hipIpcGetMemHandle, 0),
+    HIP_SYM(hipIpcOpenMemHandle, 0),  HIP_SYM(hipIpcCloseMemHandle, 0),
 };
 #undef HIP_SYM
 
@@ -649,13 +650,92 @@ void stoke__hip_set_runtime_for_test(const struct stoke__hip_runtime *rt)
     pthread_mutex_unlock(&g.lock);
 }
 
+/* ---- IPC (stoke/ipc.h) -------------------------------------------------------------------- *
+ * Device buffers: the runtime's IPC memory handles (64 bytes in the handle's blob, no file
+ * descriptor), opened on the importer's device.  Pinned host blocks come from hipHostMalloc,
+ * which another process cannot map: not shareable here. */
+
+#define HIP_IPC_MAGIC 0x50494948u /* "HIIP" */
+
+typedef struct hip_ipc_blob {
+    uint32_t magic; /* HIP_IPC_MAGIC */
+    int32_t dev;    /* the exporter's device index */
+    hipIpcMemHandle_t mh;
+} hip_ipc_blob;
+
+static int hip_ipc_check(int kind, const char *what)
+{
+    if (kind == STOKE_IPC_HOST)
+        return stoke__fail(STOKE_ENOTSUP, "hip: %s: pinned host blocks are hipHostMalloc "
+                           "memory, which another process cannot map; on hip only device "
+                           "buffers can be shared", what);
+    if (g.rt.hipIpcGetMemHandle && g.rt.hipIpcOpenMemHandle && g.rt.hipIpcCloseMemHandle)
+        return STOKE_OK;
+    return stoke__fail(STOKE_ENOTSUP, "hip: %s: the runtime has no hipIpcGetMemHandle / "
+                       "hipIpcOpenMemHandle / hipIpcCloseMemHandle", what);
+}
+
+static int hip_ipc_export(int dev, stoke_ipc_handle *h, void *ptr)
+{
+    int prev, rc = hip_ipc_check((int)h->kind, "export");
+    if (rc == STOKE_OK)
+        rc = enter(dev, &prev);
+    if (rc != STOKE_OK)
+        return rc;
+    hip_ipc_blob blob = {.magic = HIP_IPC_MAGIC, .dev = dev};
+    hipError_t r = g.rt.hipIpcGetMemHandle(&blob.mh, ptr);
+    rc = leave(dev, prev, r, "hipIpcGetMemHandle(%p) on device %d", ptr, dev);
+    if (r == hipErrorNotSupported)
+        rc = STOKE_ENOTSUP;
+    if (rc != STOKE_OK)
+        return rc;
+    memcpy(h->blob, &blob, sizeof(blob));
+    h->blob_len = sizeof(blob);
+    return STOKE_OK;
+}
+
+static int hip_ipc_import(int dev, const stoke_ipc_handle *h, void **out)
+{
+    *out = NULL;
+    int prev, rc = hip_ipc_check((int)h->kind, "import");
+    if (rc != STOKE_OK)
+        return rc;
+    hip_ipc_blob blob;
+    memcpy(&blob, h->blob, sizeof(blob));
+    if (h->blob_len != sizeof(blob) || blob.magic != HIP_IPC_MAGIC)
+        return stoke__fail(STOKE_EINVAL, "hip: import: the handle's blob (%u bytes) is not a "
+                           "HIP IPC handle", (unsigned)h->blob_len);
+    rc = enter(dev, &prev);
+    if (rc != STOKE_OK)
+        return rc;
+    void *d = NULL;
+    hipError_t r = g.rt.hipIpcOpenMemHandle(&d, blob.mh, hipIpcMemLazyEnablePeerAccess);
+    rc = leave(dev, prev, r == hipSuccess && !d ? hipErrorInvalidValue : r,
+               "hipIpcOpenMemHandle (device %d of process %lld) on device %d", (int)blob.dev,
+               (long long)h->pid, dev);
+    if (rc == STOKE_OK)
+        *out = d;
+    return rc;
+}
+
+static int hip_ipc_close(int dev, int kind, void *ptr)
+{
+    int prev, rc = hip_ipc_check(kind, "close");
+    if (rc == STOKE_OK)
+        rc = enter(dev, &prev);
+    if (rc != STOKE_OK)
+        return rc;
+    return leave(dev, prev, g.rt.hipIpcCloseMemHandle(ptr), "hipIpcCloseMemHandle(%p) on device "
+                 "%d", ptr, dev);
+}
+
 static const stoke_backend hip_backend = {
     .abi_version = STOKE_BACKEND_ABI_VERSION,
     .size = sizeof(stoke_backend),
     .name = "hip",
     .description = "AMD HIP (runtime API, libamdhip64.so loaded at run time)",
     .caps = STOKE_CAP_PINNED_ALLOC | STOKE_CAP_HOST_REGISTER | STOKE_CAP_DEVICE_MEMORY |
-            STOKE_CAP_ASYNC_COPY | STOKE_CAP_EVENTS,
+            STOKE_CAP_ASYNC_COPY | STOKE_CAP_EVENTS | STOKE_CAP_IPC,
     .probe = hip_probe,
     .device_count = hip_device_count,
     .device_props = hip_device_props,
@@ -677,6 +757,9 @@ static const stoke_backend hip_backend = {
     .event_query = hip_event_query,
     .event_synchronize = hip_event_synchronize,
     .shutdown = hip_shutdown,
+    .ipc_export_mem = hip_ipc_export,
+    .ipc_import_mem = hip_ipc_import,
+    .ipc_close_mem = hip_ipc_close,
 };
 
 int stoke__backend_hip_entry(const stoke_backend_host *host, const stoke_backend **out)

@@ -28,6 +28,7 @@ enum {
     hipErrorNotReady = 600,
     hipErrorHostMemoryAlreadyRegistered = 712,
     hipErrorHostMemoryNotRegistered = 713,
+    hipErrorNotSupported = 801,
     hipErrorUnknown = 999
 };
 
@@ -38,6 +39,13 @@ enum { hipMemcpyHostToDevice = 1, hipMemcpyDeviceToHost = 2 };
 #define hipHostRegisterPortable 0x1u
 #define hipStreamNonBlocking 0x1u
 #define hipEventDisableTiming 0x2u
+#define hipIpcMemLazyEnablePeerAccess 0x1u
+#define HIP_IPC_HANDLE_SIZE 64
+
+/* A device allocation's IPC handle (passed by value, as in hip_runtime_api.h). */
+typedef struct hipIpcMemHandle_st {
+    char reserved[HIP_IPC_HANDLE_SIZE];
+} hipIpcMemHandle_t;
 
 /* The oldest runtime the backend accepts, in hipRuntimeGetVersion's encoding
  * (10000000 * major + 100000 * minor + patch): HIP 5.0 (ROCm 5.0). */
@@ -74,6 +82,10 @@ struct stoke__hip_runtime {
     hipError_t (*hipDeviceComputeCapability)(int *major, int *minor, hipDevice_t dev);
     const char *(*hipGetErrorName)(hipError_t err);
     const char *(*hipGetErrorString)(hipError_t err);
+    /* optional: sharing device memory with other processes (stoke/ipc.h) */
+    hipError_t (*hipIpcGetMemHandle)(hipIpcMemHandle_t *h, void *dev_ptr);
+    hipError_t (*hipIpcOpenMemHandle)(void **dev_ptr, hipIpcMemHandle_t h, unsigned flags);
+    hipError_t (*hipIpcCloseMemHandle)(void *dev_ptr);
 };
 
 /* Tests only: makes the backend use `rt` (copied) instead of loading libamdhip64, and forgets

@@ -26,6 +26,7 @@ struct stoke_device_buffer {
     int dev;
     void *handle;
     size_t size;
+    int imported; /* from stoke_ipc_import_device: destroy undoes the import (ipc_close_mem) */
 };
 
 /* Fails with `code` and a message that ends with the backend's own detail, when the backend left
@@ -222,9 +223,29 @@ void stoke_device_buffer_destroy(stoke_device_buffer *b)
 {
     if (!b)
         return;
-    if (b->vt->device_free)
+    if (b->imported)
+        b->vt->ipc_close_mem(b->dev, STOKE_IPC_DEVICE, b->handle);
+    else if (b->vt->device_free)
         b->vt->device_free(b->dev, b->handle);
     free(b);
+}
+
+int stoke__device_buffer_wrap_import(const stoke_backend *vt, int dev, void *handle, size_t size,
+                                     stoke_device_buffer **out)
+{
+    stoke_device_buffer *b = calloc(1, sizeof(*b));
+    if (!b)
+        return STOKE_ENOMEM;
+    *b = (stoke_device_buffer){.vt = vt, .dev = dev, .handle = handle, .size = size,
+                               .imported = 1};
+    *out = b;
+    return STOKE_OK;
+}
+
+void stoke__device_buffer_parts(const stoke_device_buffer *b, const stoke_backend **vt, int *dev)
+{
+    *vt = b->vt;
+    *dev = b->dev;
 }
 
 void *stoke_device_buffer_handle(const stoke_device_buffer *b)

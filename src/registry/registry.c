@@ -85,6 +85,27 @@ static const stoke_backend_host host_info = {
     .log = host_log,
 };
 
+/* The first missing member of the ABI v2 IPC group when the table has some of it, else NULL.
+ * A v1 table has no such group (its v1 ipc_export/ipc_import placeholders are never called). */
+static const char *ipc_group_missing(const stoke_backend *vt)
+{
+    if (vt->abi_version < 2)
+        return NULL;
+    if (!vt->ipc_export_mem && !vt->ipc_import_mem && !vt->ipc_close_mem)
+        return NULL;
+    return !vt->ipc_export_mem   ? "ipc_export_mem"
+           : !vt->ipc_import_mem ? "ipc_import_mem"
+           : !vt->ipc_close_mem  ? "ipc_close_mem"
+                                 : NULL;
+}
+
+/* The capabilities the registry reports: the table's, with STOKE_CAP_IPC set exactly when the
+ * IPC group is there (a v1 table cannot have it, whatever its caps say). */
+static uint64_t effective_caps(const stoke_backend *vt)
+{
+    return (vt->caps & ~(uint64_t)STOKE_CAP_IPC) | (stoke__vt_has_ipc(vt) ? STOKE_CAP_IPC : 0);
+}
+
 /* Checks a table the entry point returned; fills `why` and returns STOKE_EABI if unusable. */
 static int validate_table(const stoke_backend *vt, char *why, size_t why_len)
 {
@@ -100,6 +121,12 @@ static int validate_table(const stoke_backend *vt, char *why, size_t why_len)
     if (vt->size < STOKE_BACKEND_V1_SIZE) {
         stoke__fmt(why, why_len, "function table of %u bytes is smaller than ABI v1's %zu",
                    vt->size, (size_t)STOKE_BACKEND_V1_SIZE);
+        return STOKE_EABI;
+    }
+    if (vt->abi_version >= 2 && vt->size < STOKE_BACKEND_V2_SIZE) {
+        stoke__fmt(why, why_len, "function table of %u bytes is smaller than ABI v2's %zu (the "
+                   "table says abi_version %u)", vt->size, (size_t)STOKE_BACKEND_V2_SIZE,
+                   vt->abi_version);
         return STOKE_EABI;
     }
     if (!vt->name || !vt->name[0] || strlen(vt->name) >= sizeof(((stoke_backend_info *)0)->name)) {
@@ -127,6 +154,8 @@ static int validate_table(const stoke_backend *vt, char *why, size_t why_len)
               : vt->device_alloc && !vt->device_free          ? "device_free"
               : vt->host_register && !vt->host_unregister     ? "host_unregister"
                                                               : NULL;
+    if (!missing)
+        missing = ipc_group_missing(vt);
     if (missing) {
         stoke__fmt(why, why_len, "function %s is missing (required with the functions it goes "
                    "with)", missing);
@@ -166,7 +195,7 @@ static int probe_entry(entry *e, uint32_t flags)
     e->probe_flags = flags;
     e->info.available = rc == STOKE_OK;
     e->info.device_count = rc == STOKE_OK ? count : 0;
-    e->info.caps = rc == STOKE_OK ? e->vt->caps : 0;
+    e->info.caps = rc == STOKE_OK ? effective_caps(e->vt) : 0;
     if (!reason[0])
         stoke__strlcpy(reason, rc == STOKE_OK ? "available" : stoke_strerror(rc), sizeof(reason));
     stoke__strlcpy(e->info.reason, reason, sizeof(e->info.reason));

@@ -16,6 +16,19 @@ int stoke__accel_current(const stoke_backend **vt, int *dev, const char **why);
  * last error gives its reason). */
 int stoke__backend_lookup(const char *name, const stoke_backend **vt);
 
+/* 1 when `vt` has the ABI v2 IPC group (checked at load: all three functions or none). */
+static inline int stoke__vt_has_ipc(const stoke_backend *vt)
+{
+    return vt && vt->abi_version >= 2 && vt->size >= STOKE_BACKEND_V2_SIZE && vt->ipc_export_mem;
+}
+
+/* For stoke_ipc (src/ipc): a device buffer over `handle`, a device import of `vt` on `dev`,
+ * whose destroy calls vt->ipc_close_mem instead of device_free (STOKE_OK or STOKE_ENOMEM); and
+ * the backend and device a buffer belongs to. */
+int stoke__device_buffer_wrap_import(const stoke_backend *vt, int dev, void *handle, size_t size,
+                                     stoke_device_buffer **out);
+void stoke__device_buffer_parts(const stoke_device_buffer *b, const stoke_backend **vt, int *dev);
+
 /* Parses "name[:index]": copies the name (lower-case) and sets *index (-1 when absent).
  * STOKE_EINVAL if malformed. */
 int stoke__parse_accel_spec(const char *spec, char *name, size_t name_len, int *index);

@@ -10,6 +10,9 @@
  *   FAKE_ENTRY_FAILS   the entry point returns STOKE_EBACKEND
  *   FAKE_HALF_EVENTS   has event_create but not the rest of the event group
  *   FAKE_STREAMS_NO_SYNC has streams and copies but no stream_synchronize
+ *   FAKE_HALF_IPC      has ipc_export_mem but not the rest of the (ABI v2) IPC group
+ *   FAKE_V1_IPC        claims STOKE_CAP_IPC and fills the ABI v1 ipc_export/ipc_import
+ *                      placeholders (the host must not take that as IPC support)
  *
  * Its "pinned" memory is ordinary memory it tracks, so is_pinned can be checked. */
 #include <stdlib.h>
@@ -64,7 +67,9 @@ static int fake_device_props(int dev, stoke_device_props *p)
 
 __attribute__((unused)) static int fake_host_alloc(int dev, size_t size, void **out)
 {
-    *out = malloc(size ? size : 1);
+    /* Page-aligned, as the ABI asks (the pinned allocator relies on it). */
+    size_t n = size ? (size + 4095) / 4096 * 4096 : 4096;
+    *out = aligned_alloc(4096, n);
     return *out ? STOKE_OK : STOKE_ENOMEM;
 }
 
@@ -107,6 +112,25 @@ static int fake_copy_h2d_async(void *dst, size_t dst_offset, const void *src, si
 }
 #endif
 
+#ifdef FAKE_HALF_IPC
+static int fake_ipc_export_mem(int dev, stoke_ipc_handle *h, void *ptr)
+{
+    return STOKE_ENOTSUP;
+}
+#endif
+
+#ifdef FAKE_V1_IPC
+static int fake_v1_ipc_export(int dev, void *ptr, unsigned char handle[64], size_t *handle_len)
+{
+    return STOKE_ENOTSUP;
+}
+
+static int fake_v1_ipc_import(int dev, const unsigned char *handle, size_t handle_len, void **out)
+{
+    return STOKE_ENOTSUP;
+}
+#endif
+
 static const stoke_backend fake_backend = {
     .abi_version = FAKE_ABI,
     .size = FAKE_SIZE,
@@ -122,6 +146,14 @@ static const stoke_backend fake_backend = {
     .is_pinned = fake_is_pinned,
 #ifdef FAKE_HALF_EVENTS
     .event_create = fake_event_create,
+#endif
+#ifdef FAKE_HALF_IPC
+    .ipc_export_mem = fake_ipc_export_mem,
+#endif
+#ifdef FAKE_V1_IPC
+    .caps = STOKE_CAP_IPC,
+    .ipc_export = fake_v1_ipc_export,
+    .ipc_import = fake_v1_ipc_import,
 #endif
 #ifdef FAKE_STREAMS_NO_SYNC
     .stream_create = fake_stream_create,

@@ -1,0 +1,15 @@
+/* Private interface of the IPC layer (src/ipc) shared by its files. */
+#ifndef STOKE_IPC_INTERNAL_H
+#define STOKE_IPC_INTERNAL_H
+
+#include <stdint.h>
+
+#include "stoke/ipc.h"
+
+/* "pinned host block", "device buffer" or "unknown kind". */
+const char *stoke__ipc_kind_name(uint32_t kind);
+/* STOKE_OK for an open handle of a known kind and layout; else STOKE_EINVAL with a message
+ * that starts with `what` (closed handle, not a handle, malformed). */
+int stoke__ipc_check_handle(const stoke_ipc_handle *h, const char *what);
+
+#endif
