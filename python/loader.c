@@ -169,27 +169,16 @@ static PyObject *loader_set_epoch_to(LoaderObject *self, uint64_t epoch, int nex
     Py_RETURN_NONE;
 }
 
-/* iter(): continues the current epoch when nothing was iterated since create, set_epoch or
- * load_state; otherwise starts the next epoch (as every iter() of a torch DataLoader starts a
- * new pass). */
-static PyObject *loader_iter(PyObject *obj)
-{
-    LoaderObject *self = (LoaderObject *)obj;
-    if (check(self) < 0)
-        return NULL;
-    if (!self->fresh) {
-        PyObject *r = loader_set_epoch_to(self, 0, 1);
-        if (!r)
-            return NULL;
-        Py_DECREF(r);
-    }
-    self->fresh = 0;
-    return Py_NewRef(obj);
-}
+/* The iterator of one pass: iter(loader) returns a new one, whose __iter__ is itself (so
+ * `it = iter(loader); next(it); for b in it:` goes on where `it` was). */
+typedef struct {
+    PyObject_HEAD
+    LoaderObject *loader; /* strong reference */
+} IterObject;
 
-static PyObject *loader_iternext(PyObject *obj)
+static PyObject *iter_next(PyObject *obj)
 {
-    LoaderObject *self = (LoaderObject *)obj;
+    LoaderObject *self = ((IterObject *)obj)->loader;
     if (check(self) < 0)
         return NULL;
     self->fresh = 0;
@@ -207,6 +196,43 @@ static PyObject *loader_iternext(PyObject *obj)
     if (rc == STOKE_EEND)
         return NULL; /* StopIteration */
     return raise_loader_error(self, rc);
+}
+
+static void iter_dealloc(PyObject *obj)
+{
+    Py_XDECREF(((IterObject *)obj)->loader);
+    PyObject_Free(obj);
+}
+
+PyTypeObject StokeIter_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "stoke.LoaderIterator",
+    .tp_basicsize = sizeof(IterObject),
+    .tp_dealloc = iter_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "One pass over a DataLoader.",
+    .tp_iter = PyObject_SelfIter,
+    .tp_iternext = iter_next,
+};
+
+/* iter(): continues the current epoch when nothing was iterated since create, set_epoch or
+ * load_state_dict; otherwise starts the next epoch (as every iter() of a torch DataLoader
+ * starts a new pass). */
+static PyObject *loader_iter(PyObject *obj)
+{
+    LoaderObject *self = (LoaderObject *)obj;
+    if (check(self) < 0)
+        return NULL;
+    if (!self->fresh) {
+        PyObject *r = loader_set_epoch_to(self, 0, 1);
+        if (!r)
+            return NULL;
+        Py_DECREF(r);
+    }
+    self->fresh = 0;
+    IterObject *it = PyObject_New(IterObject, &StokeIter_Type);
+    if (it)
+        it->loader = (LoaderObject *)Py_NewRef(obj);
+    return (PyObject *)it;
 }
 
 static PyObject *loader_set_epoch(PyObject *obj, PyObject *arg)
@@ -334,7 +360,6 @@ PyTypeObject StokeLoader_Type = {
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
     .tp_doc = "The C loader behind stoke.DataLoader.",
     .tp_iter = loader_iter,
-    .tp_iternext = loader_iternext,
     .tp_methods = loader_methods,
     .tp_getset = loader_getset,
     .tp_init = loader_init,

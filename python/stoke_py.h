@@ -58,6 +58,7 @@ typedef struct {
 extern PyTypeObject StokeLoader_Type;
 extern PyTypeObject StokeBatch_Type;
 extern PyTypeObject StokeField_Type;
+extern PyTypeObject StokeIter_Type;
 extern PyObject *StokeError;
 extern PyObject *StokeLoaderError;
 
