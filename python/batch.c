@@ -65,11 +65,12 @@ static int field_fill(FieldObject *f, BatchObject *b, int field)
 
 static PyObject *field_new(BatchObject *b, int field)
 {
-    FieldObject *f = PyObject_New(FieldObject, &StokeField_Type);
+    FieldObject *f = PyObject_GC_New(FieldObject, &StokeField_Type);
     if (!f)
         return NULL;
     f->batch = (BatchObject *)Py_NewRef(b);
     f->field = field;
+    PyObject_GC_Track(f);
     if ((field < 0 ? field_fill_indices(f, b) : field_fill(f, b, field)) < 0) {
         Py_DECREF(f);
         return NULL;
@@ -80,10 +81,19 @@ static PyObject *field_new(BatchObject *b, int field)
     return (PyObject *)f;
 }
 
+/* Batches and fields take part in the cycle collector (a batch stored on its own loader, say):
+ * they are visited, never cleared; the collector breaks such a cycle at the loader's __dict__. */
+static int field_traverse(FieldObject *f, visitproc visit, void *arg)
+{
+    Py_VISIT(f->batch);
+    return 0;
+}
+
 static void field_dealloc(FieldObject *f)
 {
+    PyObject_GC_UnTrack(f);
     Py_XDECREF(f->batch);
-    PyObject_Free(f);
+    PyObject_GC_Del(f);
 }
 
 static int field_on_device(FieldObject *f)
@@ -135,6 +145,8 @@ typedef struct {
 
 static void drop_ctx(void *ctx)
 {
+    if (!Py_IsInitialized()) /* a consumer freeing its tensor after Python finalized */
+        return;
     PyGILState_STATE g = PyGILState_Ensure();
     Py_XDECREF((PyObject *)ctx);
     PyGILState_Release(g);
@@ -295,7 +307,8 @@ PyTypeObject StokeField_Type = {
     .tp_dealloc = (destructor)field_dealloc,
     .tp_as_buffer = &field_as_buffer,
     .tp_as_sequence = &field_as_sequence,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)field_traverse,
     .tp_doc = "One field of a batch (or its indices): buffer protocol and DLPack, no copy.",
     .tp_methods = field_methods,
     .tp_getset = field_getset,
@@ -305,7 +318,7 @@ PyTypeObject StokeField_Type = {
 
 PyObject *stoke_py_batch_new(LoaderObject *loader, stoke_batch *b)
 {
-    BatchObject *o = PyObject_New(BatchObject, &StokeBatch_Type);
+    BatchObject *o = PyObject_GC_New(BatchObject, &StokeBatch_Type);
     if (!o) {
         stoke_batch_release(b);
         return NULL;
@@ -314,20 +327,30 @@ PyObject *stoke_py_batch_new(LoaderObject *loader, stoke_batch *b)
     o->loader = (LoaderObject *)Py_NewRef(loader);
     o->count = stoke_batch_count(b);
     o->nfields = stoke_batch_num_fields(b);
+    PyObject_GC_Track(o);
     return (PyObject *)o;
+}
+
+static int batch_traverse(BatchObject *o, visitproc visit, void *arg)
+{
+    Py_VISIT(o->loader);
+    return 0;
 }
 
 static void batch_dealloc(BatchObject *o)
 {
+    PyObject_GC_UnTrack(o);
     stoke_batch_release(o->b);
     Py_XDECREF(o->loader);
-    PyObject_Free(o);
+    PyObject_GC_Del(o);
 }
 
 static int field_by_name(BatchObject *o, PyObject *key)
 {
     if (PyLong_Check(key)) {
         long i = PyLong_AsLong(key);
+        if (i == -1 && PyErr_Occurred())
+            return -2;
         if (i < 0)
             i += o->nfields;
         return i >= 0 && i < o->nfields ? (int)i : -2;
@@ -461,7 +484,8 @@ PyTypeObject StokeBatch_Type = {
     .tp_dealloc = (destructor)batch_dealloc,
     .tp_as_mapping = &batch_as_mapping,
     .tp_as_buffer = &batch_as_buffer,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)batch_traverse,
     .tp_doc = "A batch: batch['data'], batch['label'], batch.indices; the batch itself is its "
               "first field (DLPack, buffer protocol).",
     .tp_methods = batch_methods,

@@ -238,7 +238,9 @@ static PyObject *loader_iter(PyObject *obj)
 static PyObject *loader_set_epoch(PyObject *obj, PyObject *arg)
 {
     LoaderObject *self = (LoaderObject *)obj;
-    unsigned long long e = PyLong_AsUnsignedLongLong(arg);
+    PyObject *n = PyNumber_Index(arg); /* ints, numpy integers */
+    unsigned long long e = n ? PyLong_AsUnsignedLongLong(n) : (unsigned long long)-1;
+    Py_XDECREF(n);
     if ((e == (unsigned long long)-1 && PyErr_Occurred()) || check(self) < 0)
         return NULL;
     self->fresh = 1;

@@ -61,8 +61,10 @@ static int get_view(stoke_pyds *p, PyObject *item, Py_buffer *v, PyObject **keep
     *keep = Py_NewRef(item);
     if (PyObject_GetBuffer(item, v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) == 0)
         return 0;
-    if (!p->asarray)
+    if (!p->asarray) {
+        Py_CLEAR(*keep);
         return -1;
+    }
     PyErr_Clear();
     Py_DECREF(*keep);
     *keep = PyObject_CallOneArg(p->asarray, item);

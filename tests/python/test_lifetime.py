@@ -43,3 +43,13 @@ for holder in ("torch", "numpy", "buffer", "capsule"):
     T.check(in_use() == base, "%s: memory not returned: %d bytes in use, %d before"
             % (holder, in_use(), base))
 print("ok")
+
+# A cycle through a batch (the batch stored on its own loader) is collected: the batch is
+# returned and the loader destroyed by gc.
+loader = stoke.DataLoader("npy:" + dp, batch_size=16, num_workers=2)
+loader.last = next(iter(loader))
+loader.last_data = loader.last["data"]
+del loader
+T.check(in_use() == base, "a batch in a cycle with its loader was never collected: %d bytes "
+        "in use, %d before" % (in_use(), base))
+print("ok (cycle)")
