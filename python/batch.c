@@ -327,6 +327,7 @@ PyObject *stoke_py_batch_new(LoaderObject *loader, stoke_batch *b)
     o->loader = (LoaderObject *)Py_NewRef(loader);
     o->count = stoke_batch_count(b);
     o->nfields = stoke_batch_num_fields(b);
+    loader->outstanding++;
     PyObject_GC_Track(o);
     return (PyObject *)o;
 }
@@ -341,6 +342,7 @@ static void batch_dealloc(BatchObject *o)
 {
     PyObject_GC_UnTrack(o);
     stoke_batch_release(o->b);
+    o->loader->outstanding--;
     Py_XDECREF(o->loader);
     PyObject_GC_Del(o);
 }

@@ -2,6 +2,7 @@
  * delivers the batches of one epoch.  stoke.DataLoader (stoke/__init__.py) subclasses it and
  * takes PyTorch's argument names. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "stoke_py.h"
@@ -122,9 +123,8 @@ static int loader_init(PyObject *obj, PyObject *args, PyObject *kw)
     return 0;
 }
 
-static void loader_dealloc(PyObject *obj)
+static void loader_close(LoaderObject *self)
 {
-    LoaderObject *self = (LoaderObject *)obj;
     if (self->l) {
         stoke_loader *l = self->l;
         self->l = NULL;
@@ -133,7 +133,25 @@ static void loader_dealloc(PyObject *obj)
         Py_END_ALLOW_THREADS
     }
     stoke_dataset_close(&self->ds);
+    self->py = NULL;
+}
+
+static void loader_dealloc(PyObject *obj)
+{
+    loader_close((LoaderObject *)obj);
     Py_TYPE(obj)->tp_free(obj);
+}
+
+/* Destroys the C loader now (joining its threads) unless a batch is still alive; later calls
+ * raise.  Returns whether it did.  For the exit hook: Python does not promise to deallocate
+ * every object at exit. */
+static PyObject *loader_close_if_idle(PyObject *obj, PyObject *unused)
+{
+    LoaderObject *self = (LoaderObject *)obj;
+    if (self->outstanding > 0)
+        Py_RETURN_FALSE;
+    loader_close(self);
+    Py_RETURN_TRUE;
 }
 
 static int check(LoaderObject *self)
@@ -342,6 +360,8 @@ static PyMethodDef loader_methods[] = {
     {"_save_state", loader_save_state, METH_NOARGS, "(version, seed, epoch, cursor)"},
     {"_restore_state", loader_restore_state, METH_VARARGS, "Moves to a saved position."},
     {"stats", loader_stats, METH_NOARGS, "The loader's counters."},
+    {"_close_if_idle", loader_close_if_idle, METH_NOARGS,
+     "Destroys the loader now unless a batch is alive; returns whether it did."},
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef loader_getset[] = {

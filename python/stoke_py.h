@@ -30,6 +30,7 @@ typedef struct {
     int device_mode;      /* batches are copied to a device */
     DLDevice dl_device;   /* what __dlpack_device__ reports for the batches */
     int64_t rank, world_size;
+    Py_ssize_t outstanding; /* Batch objects alive (GIL) */
 } LoaderObject;
 
 typedef struct {

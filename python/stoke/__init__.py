@@ -24,7 +24,7 @@ from ._stoke import Batch, Field, LoaderError, StokeError
 __all__ = ["DataLoader", "Batch", "Field", "LoaderError", "StokeError", "devices",
            "accelerator", "pinned_stats", "empty_cache", "version"]
 
-version = _stoke.version
+version = __version__ = _stoke.version
 _live = _weakref.WeakSet()
 
 
@@ -129,11 +129,13 @@ class DataLoader(_stoke.Loader):
 
 @_atexit.register
 def _stop_workers():
-    # Worker threads calling a Python dataset must not outlive the interpreter: abandon each
-    # live loader's epoch (which waits for the samples in progress and stops the threads, or
-    # leaves persistent ones idle) before Python finalizes.
+    # Worker threads calling a Python dataset must not outlive the interpreter, and Python
+    # does not promise to deallocate every object at exit: destroy each live loader that has no
+    # batch alive (joining its threads); for the others abandon the epoch, which waits for the
+    # samples in progress and stops the threads (persistent ones stay idle, calling nothing).
     for loader in list(_live):
         try:
-            loader.set_epoch(loader.epoch)
+            if not loader._close_if_idle():
+                loader.set_epoch(loader.epoch)
         except Exception:
             pass

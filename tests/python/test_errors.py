@@ -82,4 +82,5 @@ for workers in (0, 2):
         T.check("__getitem__" in frames, "traceback lost: %s" % frames)
         notes = getattr(e, "__notes__", [])
         T.check(any("sample 7" in n for n in notes), "notes %s" % notes)
+_ = None  # no batch (and so no loader) left alive at exit
 print("ok")

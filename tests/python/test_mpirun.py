@@ -22,6 +22,14 @@ env = dict(os.environ, OMPI_MCA_plm="isolated", OMPI_MCA_btl_vader_single_copy_m
            OMPI_MCA_rmaps_base_oversubscribe="1")
 for k in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"):
     env.pop(k, None)
+# A sanitizer build preloads its runtime into python: give it to the ranks only, not to mpirun
+# (Open MPI itself is not what is being checked).
+preload = env.pop("LD_PRELOAD", None)
+if preload:
+    cmd += ["-x", "LD_PRELOAD=" + preload]
+    for k in ("ASAN_OPTIONS", "TSAN_OPTIONS", "UBSAN_OPTIONS"):
+        if k in env:
+            cmd += ["-x", k]
 r = subprocess.run(cmd + [sys.executable, os.path.join(HERE, "dist_worker.py"), out],
                    env=env, capture_output=True, text=True, timeout=240)
 if r.returncode != 0:
