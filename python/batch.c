@@ -194,9 +194,9 @@ static void fill_dltensor(FieldObject *f, DLTensor *t, int64_t *strides)
 static int wait_device_copy(FieldObject *f)
 {
     int rc;
-    Py_BEGIN_ALLOW_THREADS
+    PyThreadState *ts = PyEval_SaveThread();
     rc = stoke_batch_device_wait(f->batch->b);
-    Py_END_ALLOW_THREADS
+    PyEval_RestoreThread(ts);
     if (rc != STOKE_OK) {
         stoke_py_raise(StokeLoaderError, rc, stoke_loader_last_error(f->batch->loader->l), -1);
         return -1;
@@ -222,8 +222,8 @@ static PyObject *field_dlpack(PyObject *self, PyObject *args, PyObject *kw)
     static char *kwlist[] = {"stream", "max_version", "dl_device", "copy", NULL};
     FieldObject *f = (FieldObject *)self;
     PyObject *stream = NULL, *max_version = NULL, *dl_device = NULL, *copy = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$OOOO:__dlpack__", kwlist, &stream,
-                                     &max_version, &dl_device, &copy))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$OOOO:__dlpack__", kwlist, &stream, &max_version,
+                                     &dl_device, &copy))
         return NULL;
     if (copy && copy == Py_True) {
         PyErr_SetString(PyExc_BufferError, "stoke: batches are exported without a copy only");
@@ -426,8 +426,9 @@ static PyObject *batch_data_ptr(PyObject *self, PyObject *args)
     if (f == -1)
         return PyLong_FromVoidPtr((void *)stoke_batch_indices(o->b));
     if (o->loader->device_mode)
-        return PyLong_FromVoidPtr((char *)stoke_device_buffer_handle(stoke_batch_device_buffer(o->b)) +
-                                  stoke_batch_device_offset(o->b, f));
+        return PyLong_FromVoidPtr(
+            (char *)stoke_device_buffer_handle(stoke_batch_device_buffer(o->b)) +
+            stoke_batch_device_offset(o->b, f));
     return PyLong_FromVoidPtr(stoke_batch_data(o->b, f));
 }
 

@@ -39,9 +39,9 @@ static int open_dataset(LoaderObject *self, const char *source, PyObject *datase
         return -1;
     }
     int rc;
-    Py_BEGIN_ALLOW_THREADS
+    PyThreadState *ts = PyEval_SaveThread();
     rc = stoke_source_open(source, &self->ds);
-    Py_END_ALLOW_THREADS
+    PyEval_RestoreThread(ts);
     if (stoke_py_flush_warnings() < 0)
         return -1;
     return rc == STOKE_OK ? 0 : raise_status(rc, stoke_last_error());
@@ -66,10 +66,24 @@ static int find_rank(LoaderObject *self, const stoke_loader_opts *o)
 
 static int loader_init(PyObject *obj, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"source", "dataset", "batch_size", "shuffle", "seed", "num_workers",
-                             "drop_last", "pin_memory", "pin_memory_device", "prefetch_factor",
-                             "persistent_workers", "timeout_ms", "device", "distributed", "rank",
-                             "world_size", "in_order", NULL};
+    static char *kwlist[] = {"source",
+                             "dataset",
+                             "batch_size",
+                             "shuffle",
+                             "seed",
+                             "num_workers",
+                             "drop_last",
+                             "pin_memory",
+                             "pin_memory_device",
+                             "prefetch_factor",
+                             "persistent_workers",
+                             "timeout_ms",
+                             "device",
+                             "distributed",
+                             "rank",
+                             "world_size",
+                             "in_order",
+                             NULL};
     LoaderObject *self = (LoaderObject *)obj;
     const char *source = NULL, *pin_dev = NULL, *device = NULL;
     PyObject *dataset = NULL;
@@ -102,9 +116,9 @@ static int loader_init(PyObject *obj, PyObject *args, PyObject *kw)
         return -1;
     int rc = find_rank(self, &o);
     if (rc == 0) {
-        Py_BEGIN_ALLOW_THREADS
+        PyThreadState *ts = PyEval_SaveThread();
         rc = stoke_loader_create(&o, &self->ds, &self->l);
-        Py_END_ALLOW_THREADS
+        PyEval_RestoreThread(ts);
         if (stoke_py_flush_warnings() < 0)
             rc = -1;
         else if (rc != STOKE_OK)
@@ -128,9 +142,10 @@ static void loader_close(LoaderObject *self)
     if (self->l) {
         stoke_loader *l = self->l;
         self->l = NULL;
-        Py_BEGIN_ALLOW_THREADS /* workers may be waiting for the GIL (a Python dataset) */
+        /* without the GIL: workers may be waiting for it (a Python dataset) */
+        PyThreadState *ts = PyEval_SaveThread();
         stoke_loader_destroy(l);
-        Py_END_ALLOW_THREADS
+        PyEval_RestoreThread(ts);
     }
     stoke_dataset_close(&self->ds);
     self->py = NULL;
@@ -177,9 +192,9 @@ static PyObject *raise_loader_error(LoaderObject *self, int rc)
 static PyObject *loader_set_epoch_to(LoaderObject *self, uint64_t epoch, int next)
 {
     int rc;
-    Py_BEGIN_ALLOW_THREADS
+    PyThreadState *ts = PyEval_SaveThread();
     rc = next ? stoke_loader_next_epoch(self->l) : stoke_loader_set_epoch(self->l, epoch);
-    Py_END_ALLOW_THREADS
+    PyEval_RestoreThread(ts);
     if (stoke_py_flush_warnings() < 0)
         return NULL;
     if (rc != STOKE_OK)
@@ -190,8 +205,7 @@ static PyObject *loader_set_epoch_to(LoaderObject *self, uint64_t epoch, int nex
 /* The iterator of one pass: iter(loader) returns a new one, whose __iter__ is itself (so
  * `it = iter(loader); next(it); for b in it:` goes on where `it` was). */
 typedef struct {
-    PyObject_HEAD
-    LoaderObject *loader; /* strong reference */
+    PyObject_HEAD LoaderObject *loader; /* strong reference */
 } IterObject;
 
 static PyObject *iter_next(PyObject *obj)
@@ -202,9 +216,9 @@ static PyObject *iter_next(PyObject *obj)
     self->fresh = 0;
     stoke_batch *b = NULL;
     int rc;
-    Py_BEGIN_ALLOW_THREADS
+    PyThreadState *ts = PyEval_SaveThread();
     rc = stoke_loader_next(self->l, &b);
-    Py_END_ALLOW_THREADS
+    PyEval_RestoreThread(ts);
     if (stoke_py_flush_warnings() < 0) {
         stoke_batch_release(b);
         return NULL;
@@ -290,9 +304,9 @@ static PyObject *loader_restore_state(PyObject *obj, PyObject *args)
     st.epoch = epoch;
     st.cursor = cursor;
     int rc;
-    Py_BEGIN_ALLOW_THREADS
+    PyThreadState *ts = PyEval_SaveThread();
     rc = stoke_loader_restore_state(self->l, &st);
-    Py_END_ALLOW_THREADS
+    PyEval_RestoreThread(ts);
     if (rc != STOKE_OK)
         return stoke_py_raise(StokeError, rc, stoke_last_error(), -1);
     self->fresh = 1;

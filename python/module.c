@@ -16,8 +16,8 @@ PyObject *StokeLoaderError;
  * queues WARN and ERROR messages; stoke_py_flush_warnings() issues them from the Python thread
  * after each call into the library.  More verbose levels go to stderr, as the default sink. */
 #define QUEUE_LEN 16
-#define SEEN_LEN 64
-#define MSG_LEN 600
+#define SEEN_LEN  64
+#define MSG_LEN   600
 static pthread_mutex_t q_lock = PTHREAD_MUTEX_INITIALIZER;
 static char queue[QUEUE_LEN][MSG_LEN];
 static int queued;
@@ -106,13 +106,13 @@ int stoke_py_dtype(int dtype, size_t itemsize, const char **format, DLDataType *
         int dtype;
         const char *format;
         uint8_t code, bits;
-    } map[] = {{STOKE_DTYPE_BOOL, "?", kDLBool, 8},     {STOKE_DTYPE_U8, "B", kDLUInt, 8},
-               {STOKE_DTYPE_I8, "b", kDLInt, 8},        {STOKE_DTYPE_U16, "H", kDLUInt, 16},
-               {STOKE_DTYPE_I16, "h", kDLInt, 16},      {STOKE_DTYPE_U32, "I", kDLUInt, 32},
-               {STOKE_DTYPE_I32, "i", kDLInt, 32},      {STOKE_DTYPE_U64, "Q", kDLUInt, 64},
-               {STOKE_DTYPE_I64, "q", kDLInt, 64},      {STOKE_DTYPE_F16, "e", kDLFloat, 16},
-               {STOKE_DTYPE_BF16, NULL, kDLBfloat, 16}, {STOKE_DTYPE_F32, "f", kDLFloat, 32},
-               {STOKE_DTYPE_F64, "d", kDLFloat, 64},    {STOKE_DTYPE_C64, "Zf", kDLComplex, 64},
+    } map[] = {{STOKE_DTYPE_BOOL, "?", kDLBool, 8},      {STOKE_DTYPE_U8, "B", kDLUInt, 8},
+               {STOKE_DTYPE_I8, "b", kDLInt, 8},         {STOKE_DTYPE_U16, "H", kDLUInt, 16},
+               {STOKE_DTYPE_I16, "h", kDLInt, 16},       {STOKE_DTYPE_U32, "I", kDLUInt, 32},
+               {STOKE_DTYPE_I32, "i", kDLInt, 32},       {STOKE_DTYPE_U64, "Q", kDLUInt, 64},
+               {STOKE_DTYPE_I64, "q", kDLInt, 64},       {STOKE_DTYPE_F16, "e", kDLFloat, 16},
+               {STOKE_DTYPE_BF16, NULL, kDLBfloat, 16},  {STOKE_DTYPE_F32, "f", kDLFloat, 32},
+               {STOKE_DTYPE_F64, "d", kDLFloat, 64},     {STOKE_DTYPE_C64, "Zf", kDLComplex, 64},
                {STOKE_DTYPE_C128, "Zd", kDLComplex, 128}};
     if (dtype == STOKE_DTYPE_RAW) { /* bytes: one more dimension of itemsize u8 */
         (void)itemsize;
@@ -139,11 +139,11 @@ static PyObject *py_devices(PyObject *self, PyObject *unused)
         stoke_backend_info bi;
         if (stoke_backend_get_info(i, &bi) != STOKE_OK)
             continue;
-        PyObject *d = Py_BuildValue(
-            "{s:s,s:s,s:O,s:i,s:s,s:s,s:K}", "name", bi.name, "origin",
-            bi.origin == STOKE_ORIGIN_PLUGIN ? "plugin" : "builtin", "available",
-            bi.available ? Py_True : Py_False, "device_count", bi.device_count, "reason",
-            bi.reason, "path", bi.path, "caps", (unsigned long long)bi.caps);
+        PyObject *d = Py_BuildValue("{s:s,s:s,s:O,s:i,s:s,s:s,s:K}", "name", bi.name, "origin",
+                                    bi.origin == STOKE_ORIGIN_PLUGIN ? "plugin" : "builtin",
+                                    "available", bi.available ? Py_True : Py_False, "device_count",
+                                    bi.device_count, "reason", bi.reason, "path", bi.path, "caps",
+                                    (unsigned long long)bi.caps);
         if (!d || PyList_Append(list, d) < 0) {
             Py_XDECREF(d);
             Py_CLEAR(list);
@@ -167,8 +167,7 @@ static PyObject *py_accelerator(PyObject *self, PyObject *unused)
     if (rc != STOKE_OK)
         return stoke_py_raise(StokeError, rc, stoke_last_error(), -1);
     return Py_BuildValue("{s:s,s:i,s:i,s:s}", "backend", ai.backend, "device_count",
-                         ai.device_count, "current_device", ai.current_device, "reason",
-                         ai.reason);
+                         ai.device_count, "current_device", ai.current_device, "reason", ai.reason);
 }
 
 static PyObject *py_pinned_stats_json(PyObject *self, PyObject *unused)
@@ -183,9 +182,9 @@ static PyObject *py_pinned_stats_json(PyObject *self, PyObject *unused)
 
 static PyObject *py_empty_cache(PyObject *self, PyObject *unused)
 {
-    Py_BEGIN_ALLOW_THREADS
+    PyThreadState *ts = PyEval_SaveThread();
     stoke_pinned_empty_cache();
-    Py_END_ALLOW_THREADS
+    PyEval_RestoreThread(ts);
     Py_RETURN_NONE;
 }
 
@@ -236,10 +235,11 @@ PyMODINIT_FUNC PyInit__stoke(void)
     StokeLoaderError = PyErr_NewExceptionWithDoc(
         "stoke.LoaderError", "A failing sample or batch; `sample` is its dataset index.",
         StokeError, NULL);
-    if (!StokeError || !StokeLoaderError || PyModule_AddObjectRef(m, "StokeError", StokeError) < 0 ||
+    if (!StokeError || !StokeLoaderError ||
+        PyModule_AddObjectRef(m, "StokeError", StokeError) < 0 ||
         PyModule_AddObjectRef(m, "LoaderError", StokeLoaderError) < 0 ||
-        add_type(m, &StokeLoader_Type, "Loader") < 0 || add_type(m, &StokeBatch_Type, "Batch") < 0 ||
-        add_type(m, &StokeField_Type, "Field") < 0 ||
+        add_type(m, &StokeLoader_Type, "Loader") < 0 ||
+        add_type(m, &StokeBatch_Type, "Batch") < 0 || add_type(m, &StokeField_Type, "Field") < 0 ||
         add_type(m, &StokeIter_Type, "LoaderIterator") < 0 ||
         PyModule_AddStringConstant(m, "version", stoke_version_string()) < 0) {
         Py_DECREF(m);

@@ -14,8 +14,8 @@
 static const char *const field_names[STOKE_MAX_FIELDS] = {"data", "label", "field2", "field3"};
 
 struct stoke_pyds {
-    PyObject *obj;    /* the dataset */
-    PyObject *errors; /* {index: exception} (GIL) */
+    PyObject *obj;     /* the dataset */
+    PyObject *errors;  /* {index: exception} (GIL) */
     PyObject *asarray; /* numpy.asarray, or NULL: for items without the buffer protocol */
     uint64_t len;
     int nfields;
@@ -38,9 +38,18 @@ static int dtype_of_format(const char *fmt, Py_ssize_t itemsize)
     case 'e': return STOKE_DTYPE_F16;
     case 'f': return STOKE_DTYPE_F32;
     case 'd': return STOKE_DTYPE_F64;
-    case 'Z': return fmt[1] == 'f' ? STOKE_DTYPE_C64 : fmt[1] == 'd' ? STOKE_DTYPE_C128 : STOKE_DTYPE_RAW;
-    case 'b': case 'h': case 'i': case 'l': case 'q': sgn = 1; break;
-    case 'B': case 'H': case 'I': case 'L': case 'Q': sgn = 0; break;
+    case 'Z':
+        return fmt[1] == 'f' ? STOKE_DTYPE_C64 : fmt[1] == 'd' ? STOKE_DTYPE_C128 : STOKE_DTYPE_RAW;
+    case 'b':
+    case 'h':
+    case 'i':
+    case 'l':
+    case 'q': sgn = 1; break;
+    case 'B':
+    case 'H':
+    case 'I':
+    case 'L':
+    case 'Q': sgn = 0; break;
     default: return STOKE_DTYPE_RAW;
     }
     if (fmt[1])
@@ -84,8 +93,7 @@ static int describe(stoke_field *fd, int f, const Py_buffer *v)
     fd->dtype = dtype_of_format(v->format, v->itemsize);
     if (fd->dtype < 0 || v->ndim > STOKE_MAX_DIMS) {
         PyErr_Format(PyExc_ValueError, "stoke: dataset field %d: %s", f,
-                     fd->dtype < 0 ? "big-endian data is not supported"
-                                   : "too many dimensions");
+                     fd->dtype < 0 ? "big-endian data is not supported" : "too many dimensions");
         return -1;
     }
     fd->itemsize = (size_t)v->itemsize;
@@ -106,9 +114,10 @@ static int same_layout(const stoke_field *fd, const Py_buffer *v, char *msg, siz
     for (int d = 0; ok && d < v->ndim; d++)
         ok = v->shape[d] == fd->shape[d];
     if (!ok)
-        snprintf(msg, msg_len, "field %d (%s): shape, dtype or size differs from sample 0's "
-                 "(%zu bytes, dtype %s); samples must have a fixed shape", f, fd->name,
-                 fd->bytes, stoke_dtype_name(fd->dtype));
+        snprintf(msg, msg_len,
+                 "field %d (%s): shape, dtype or size differs from sample 0's "
+                 "(%zu bytes, dtype %s); samples must have a fixed shape",
+                 f, fd->name, fd->bytes, stoke_dtype_name(fd->dtype));
     return ok;
 }
 

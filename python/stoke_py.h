@@ -22,30 +22,27 @@
 typedef struct stoke_pyds stoke_pyds;
 
 typedef struct {
-    PyObject_HEAD
-    stoke_loader *l;
+    PyObject_HEAD stoke_loader *l;
     stoke_dataset ds;
-    stoke_pyds *py;       /* the Python dataset behind ds, or NULL for a source string */
-    int fresh;            /* 1: the next iter() continues from the current position */
-    int device_mode;      /* batches are copied to a device */
-    DLDevice dl_device;   /* what __dlpack_device__ reports for the batches */
+    stoke_pyds *py;     /* the Python dataset behind ds, or NULL for a source string */
+    int fresh;          /* 1: the next iter() continues from the current position */
+    int device_mode;    /* batches are copied to a device */
+    DLDevice dl_device; /* what __dlpack_device__ reports for the batches */
     int64_t rank, world_size;
     Py_ssize_t outstanding; /* Batch objects alive (GIL) */
 } LoaderObject;
 
 typedef struct {
-    PyObject_HEAD
-    stoke_batch *b;
+    PyObject_HEAD stoke_batch *b;
     LoaderObject *loader; /* strong reference */
     size_t count;
     int nfields;
 } BatchObject;
 
 typedef struct {
-    PyObject_HEAD
-    BatchObject *batch; /* strong reference */
-    int field;          /* -1: the batch's indices */
-    char *data;         /* host or device address */
+    PyObject_HEAD BatchObject *batch; /* strong reference */
+    int field;                        /* -1: the batch's indices */
+    char *data;                       /* host or device address */
     size_t bytes;
     int ndim;
     Py_ssize_t shape[STOKE_MAX_DIMS + 2];
