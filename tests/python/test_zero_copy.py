@@ -38,4 +38,40 @@ for b in loader:
     seen.extend(idx.tolist())
 T.check(sorted(seen) == list(range(100)), "indices of the epoch: %s" % sorted(seen))
 T.check(seen != list(range(100)), "shuffle=True delivered the sequential order")
+
+# DLPack 1.0 (versioned) capsules for consumers asking for them; copy=True is refused.
+import ctypes  # noqa: E402
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device_type", ctypes.c_int32),
+                ("device_id", ctypes.c_int32), ("ndim", ctypes.c_int32),
+                ("dtype_code", ctypes.c_uint8), ("dtype_bits", ctypes.c_uint8),
+                ("dtype_lanes", ctypes.c_uint16), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class Versioned(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32),
+                ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p),
+                ("flags", ctypes.c_uint64), ("dl_tensor", DLTensor)]
+
+
+api = ctypes.pythonapi
+api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+b = next(iter(loader))
+cap = b["data"].__dlpack__(max_version=(1, 0))
+v = Versioned.from_address(api.PyCapsule_GetPointer(cap, b"dltensor_versioned"))
+t = v.dl_tensor
+T.check((v.major, v.minor, v.flags) == (1, 0, 0), "version %d.%d" % (v.major, v.minor))
+T.check(t.data == b.data_ptr() and t.device_type == 1 and t.ndim == 2, "versioned tensor")
+T.check((t.shape[0], t.shape[1], t.strides[0], t.strides[1]) == (8, 768, 768, 1), "layout")
+T.check((t.dtype_code, t.dtype_bits, t.dtype_lanes) == (2, 32, 1), "dtype")
+try:
+    b.__dlpack__(copy=True)
+    T.check(False, "copy=True exported without a copy")
+except BufferError:
+    pass
+del cap, v, t, b
 print("ok")
