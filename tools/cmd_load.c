@@ -104,7 +104,7 @@ typedef struct load_args {
     stoke_loader_opts bad; /* --on-error parsed: on_error, max_bad, max_bad_fraction */
     uint64_t batch, workers, prefetch, seed, epochs, limit;
     uint64_t block_rows, block_window; /* ORDER_BLOCK: the sizes (defaults filled in) */
-    int order, drop_last, pin, verify, in_order, hash;
+    int order, drop_last, pin, verify, in_order, hash, distributed;
     int workers_auto; /* --workers auto (the default) */
 } load_args;
 
@@ -133,6 +133,8 @@ static void usage(FILE *f)
             "  --pin-memory-device NAME[:I]  pin for this backend (a warning if it cannot pin:\n"
             "                         unavailable, or cpu, which pins nothing)\n"
             "  --out-of-order         deliver batches as they complete\n"
+            "  --distributed          load this rank's share only (DistributedSampler's split);\n"
+            "                         rank and world size from RANK/WORLD_SIZE, Open MPI or Slurm\n"
             "  --limit BATCHES        stop after this many batches in all; 0 = no limit (default)\n"
             "  --device NAME[:I]      copy every batch to this device asynchronously\n"
             "  --verify               with --device: read every batch back from the device and\n"
@@ -221,6 +223,7 @@ static int parse_args(int argc, char **argv, load_args *a)
                  {"--no-pin-memory", offsetof(load_args, pin), 0},
                  {"--verify", offsetof(load_args, verify), 1},
                  {"--out-of-order", offsetof(load_args, in_order), 0},
+                 {"--distributed", offsetof(load_args, distributed), 1},
                  {"--no-hash", offsetof(load_args, hash), 0},
                  {"--json", offsetof(load_args, cmd.json), 1}};
     *a = (load_args){.cmd = {"load", cli_has_json(argc, argv)},
@@ -371,6 +374,7 @@ static int open_loader(const load_args *a, load_run *r)
     }
     o.seed = a->seed;
     o.drop_last = a->drop_last;
+    o.sampler.distributed = a->distributed;
     o.pin_memory = a->pin;
     o.pin_memory_device = a->pin_dev;
     o.in_order = a->in_order;

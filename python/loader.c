@@ -1,0 +1,403 @@
+/* _stoke.Loader: one stoke_loader over a source string or a Python dataset; iterating it
+ * delivers the batches of one epoch.  stoke.DataLoader (stoke/__init__.py) subclasses it and
+ * takes PyTorch's argument names. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "stoke_py.h"
+
+static int raise_status(int rc, const char *msg)
+{
+    stoke_py_raise(StokeError, rc, msg, -1);
+    return -1;
+}
+
+/* The DLPack device of the batches: host memory is kDLCPU (also when pinned: consumers such as
+ * torch 1.x reject kDLCUDAHost, and torch finds the pinning by itself); device batches name the
+ * device of `spec` ("cuda:1"). */
+static DLDevice dl_device_of(const char *spec)
+{
+    if (!spec)
+        return (DLDevice){kDLCPU, 0};
+    const char *colon = strchr(spec, ':');
+    size_t n = colon ? (size_t)(colon - spec) : strlen(spec);
+    int id = colon ? atoi(colon + 1) : 0;
+    if (n == 4 && strncmp(spec, "cuda", 4) == 0)
+        return (DLDevice){kDLCUDA, id};
+    if (n == 3 && strncmp(spec, "hip", 3) == 0)
+        return (DLDevice){kDLROCM, id};
+    return (DLDevice){kDLExtDev, id};
+}
+
+static int open_dataset(LoaderObject *self, const char *source, PyObject *dataset)
+{
+    if (dataset && dataset != Py_None)
+        return stoke_pyds_open(dataset, &self->ds, &self->py);
+    if (!source) {
+        PyErr_SetString(PyExc_TypeError, "stoke: give a source string or a dataset");
+        return -1;
+    }
+    int rc;
+    PyThreadState *ts = PyEval_SaveThread();
+    rc = stoke_source_open(source, &self->ds);
+    PyEval_RestoreThread(ts);
+    if (stoke_py_flush_warnings() < 0)
+        return -1;
+    return rc == STOKE_OK ? 0 : raise_status(rc, stoke_last_error());
+}
+
+/* Rank and world size the sampler will use (environment or explicit). */
+static int find_rank(LoaderObject *self, const stoke_loader_opts *o)
+{
+    self->rank = 0;
+    self->world_size = 1;
+    if (!o->sampler.distributed)
+        return 0;
+    stoke_sampler *s;
+    int rc = stoke_sampler_create(&o->sampler, self->ds.length(self->ds.user), &s);
+    if (rc != STOKE_OK)
+        return raise_status(rc, stoke_last_error());
+    self->rank = stoke_sampler_rank(s);
+    self->world_size = stoke_sampler_world_size(s);
+    stoke_sampler_destroy(s);
+    return 0;
+}
+
+static int loader_init(PyObject *obj, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"source",
+                             "dataset",
+                             "batch_size",
+                             "shuffle",
+                             "seed",
+                             "num_workers",
+                             "drop_last",
+                             "pin_memory",
+                             "pin_memory_device",
+                             "prefetch_factor",
+                             "persistent_workers",
+                             "timeout_ms",
+                             "device",
+                             "distributed",
+                             "rank",
+                             "world_size",
+                             "in_order",
+                             NULL};
+    LoaderObject *self = (LoaderObject *)obj;
+    const char *source = NULL, *pin_dev = NULL, *device = NULL;
+    PyObject *dataset = NULL;
+    stoke_loader_opts o;
+    stoke_loader_opts_init(&o);
+    Py_ssize_t batch_size = 1;
+    unsigned long long seed = 0;
+    long long rank = -1, world_size = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|zO$npKippzipIzpLLp:Loader", kwlist, &source,
+                                     &dataset, &batch_size, &o.shuffle, &seed, &o.num_workers,
+                                     &o.drop_last, &o.pin_memory, &pin_dev, &o.prefetch_factor,
+                                     &o.persistent_workers, &o.timeout_ms, &device,
+                                     &o.sampler.distributed, &rank, &world_size, &o.in_order))
+        return -1;
+    if (self->l) {
+        PyErr_SetString(PyExc_RuntimeError, "stoke: the loader is already initialized");
+        return -1;
+    }
+    if (batch_size < 1) {
+        PyErr_SetString(PyExc_ValueError, "stoke: batch_size must be >= 1");
+        return -1;
+    }
+    o.batch_size = (size_t)batch_size;
+    o.seed = seed;
+    o.pin_memory_device = pin_dev;
+    o.device = device;
+    o.sampler.rank = rank;
+    o.sampler.world_size = world_size;
+    if (open_dataset(self, source, dataset) < 0)
+        return -1;
+    int rc = find_rank(self, &o);
+    if (rc == 0) {
+        PyThreadState *ts = PyEval_SaveThread();
+        rc = stoke_loader_create(&o, &self->ds, &self->l);
+        PyEval_RestoreThread(ts);
+        if (stoke_py_flush_warnings() < 0)
+            rc = -1;
+        else if (rc != STOKE_OK)
+            rc = raise_status(rc, stoke_last_error());
+    }
+    if (rc != 0) {
+        stoke_loader_destroy(self->l);
+        self->l = NULL;
+        stoke_dataset_close(&self->ds);
+        self->py = NULL;
+        return -1;
+    }
+    self->device_mode = device != NULL;
+    self->dl_device = dl_device_of(device);
+    self->fresh = 1;
+    return 0;
+}
+
+static void loader_close(LoaderObject *self)
+{
+    if (self->l) {
+        stoke_loader *l = self->l;
+        self->l = NULL;
+        /* without the GIL: workers may be waiting for it (a Python dataset) */
+        PyThreadState *ts = PyEval_SaveThread();
+        stoke_loader_destroy(l);
+        PyEval_RestoreThread(ts);
+    }
+    stoke_dataset_close(&self->ds);
+    self->py = NULL;
+}
+
+static void loader_dealloc(PyObject *obj)
+{
+    loader_close((LoaderObject *)obj);
+    Py_TYPE(obj)->tp_free(obj);
+}
+
+/* Destroys the C loader now (joining its threads) unless a batch is still alive; later calls
+ * raise.  Returns whether it did.  For the exit hook: Python does not promise to deallocate
+ * every object at exit. */
+static PyObject *loader_close_if_idle(PyObject *obj, PyObject *unused)
+{
+    LoaderObject *self = (LoaderObject *)obj;
+    if (self->outstanding > 0)
+        Py_RETURN_FALSE;
+    loader_close(self);
+    Py_RETURN_TRUE;
+}
+
+static int check(LoaderObject *self)
+{
+    if (self->l)
+        return 0;
+    PyErr_SetString(PyExc_RuntimeError, "stoke: the loader is not initialized");
+    return -1;
+}
+
+static PyObject *raise_loader_error(LoaderObject *self, int rc)
+{
+    const char *err = stoke_loader_last_error(self->l);
+    if (stoke_pyds_reraise(self->py, err))
+        return NULL;
+    const char *s = strstr(err, "sample ");
+    unsigned long long idx;
+    long long sample = s && sscanf(s, "sample %llu", &idx) == 1 ? (long long)idx : -1;
+    stoke_pyds_clear(self->py);
+    return stoke_py_raise(StokeLoaderError, rc, *err ? err : stoke_last_error(), sample);
+}
+
+static PyObject *loader_set_epoch_to(LoaderObject *self, uint64_t epoch, int next)
+{
+    int rc;
+    PyThreadState *ts = PyEval_SaveThread();
+    rc = next ? stoke_loader_next_epoch(self->l) : stoke_loader_set_epoch(self->l, epoch);
+    PyEval_RestoreThread(ts);
+    if (stoke_py_flush_warnings() < 0)
+        return NULL;
+    if (rc != STOKE_OK)
+        return raise_loader_error(self, rc);
+    Py_RETURN_NONE;
+}
+
+/* The iterator of one pass: iter(loader) returns a new one, whose __iter__ is itself (so
+ * `it = iter(loader); next(it); for b in it:` goes on where `it` was). */
+typedef struct {
+    PyObject_HEAD LoaderObject *loader; /* strong reference */
+} IterObject;
+
+static PyObject *iter_next(PyObject *obj)
+{
+    LoaderObject *self = ((IterObject *)obj)->loader;
+    if (check(self) < 0)
+        return NULL;
+    self->fresh = 0;
+    stoke_batch *b = NULL;
+    int rc;
+    PyThreadState *ts = PyEval_SaveThread();
+    rc = stoke_loader_next(self->l, &b);
+    PyEval_RestoreThread(ts);
+    if (stoke_py_flush_warnings() < 0) {
+        stoke_batch_release(b);
+        return NULL;
+    }
+    if (rc == STOKE_OK)
+        return stoke_py_batch_new(self, b);
+    if (rc == STOKE_EEND)
+        return NULL; /* StopIteration */
+    return raise_loader_error(self, rc);
+}
+
+static void iter_dealloc(PyObject *obj)
+{
+    Py_XDECREF(((IterObject *)obj)->loader);
+    PyObject_Free(obj);
+}
+
+PyTypeObject StokeIter_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "stoke.LoaderIterator",
+    .tp_basicsize = sizeof(IterObject),
+    .tp_dealloc = iter_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "One pass over a DataLoader.",
+    .tp_iter = PyObject_SelfIter,
+    .tp_iternext = iter_next,
+};
+
+/* iter(): continues the current epoch when nothing was iterated since create, set_epoch or
+ * load_state_dict; otherwise starts the next epoch (as every iter() of a torch DataLoader
+ * starts a new pass). */
+static PyObject *loader_iter(PyObject *obj)
+{
+    LoaderObject *self = (LoaderObject *)obj;
+    if (check(self) < 0)
+        return NULL;
+    if (!self->fresh) {
+        PyObject *r = loader_set_epoch_to(self, 0, 1);
+        if (!r)
+            return NULL;
+        Py_DECREF(r);
+    }
+    self->fresh = 0;
+    IterObject *it = PyObject_New(IterObject, &StokeIter_Type);
+    if (it)
+        it->loader = (LoaderObject *)Py_NewRef(obj);
+    return (PyObject *)it;
+}
+
+static PyObject *loader_set_epoch(PyObject *obj, PyObject *arg)
+{
+    LoaderObject *self = (LoaderObject *)obj;
+    PyObject *n = PyNumber_Index(arg); /* ints, numpy integers */
+    unsigned long long e = n ? PyLong_AsUnsignedLongLong(n) : (unsigned long long)-1;
+    Py_XDECREF(n);
+    if ((e == (unsigned long long)-1 && PyErr_Occurred()) || check(self) < 0)
+        return NULL;
+    self->fresh = 1;
+    return loader_set_epoch_to(self, e, 0);
+}
+
+static PyObject *loader_save_state(PyObject *obj, PyObject *unused)
+{
+    LoaderObject *self = (LoaderObject *)obj;
+    if (check(self) < 0)
+        return NULL;
+    stoke_loader_state st;
+    int rc = stoke_loader_save_state(self->l, &st);
+    if (rc != STOKE_OK)
+        return stoke_py_raise(StokeError, rc, stoke_last_error(), -1);
+    return Py_BuildValue("(IKKK)", st.version, (unsigned long long)st.seed,
+                         (unsigned long long)st.epoch, (unsigned long long)st.cursor);
+}
+
+static PyObject *loader_restore_state(PyObject *obj, PyObject *args)
+{
+    LoaderObject *self = (LoaderObject *)obj;
+    stoke_loader_state st = {0};
+    unsigned long long seed, epoch, cursor;
+    if (!PyArg_ParseTuple(args, "IKKK:_restore_state", &st.version, &seed, &epoch, &cursor) ||
+        check(self) < 0)
+        return NULL;
+    st.seed = seed;
+    st.epoch = epoch;
+    st.cursor = cursor;
+    int rc;
+    PyThreadState *ts = PyEval_SaveThread();
+    rc = stoke_loader_restore_state(self->l, &st);
+    PyEval_RestoreThread(ts);
+    if (rc != STOKE_OK)
+        return stoke_py_raise(StokeError, rc, stoke_last_error(), -1);
+    self->fresh = 1;
+    Py_RETURN_NONE;
+}
+
+static PyObject *loader_stats(PyObject *obj, PyObject *unused)
+{
+    LoaderObject *self = (LoaderObject *)obj;
+    if (check(self) < 0)
+        return NULL;
+    stoke_loader_stats s = {.size = sizeof(s)};
+    stoke_loader_get_stats(self->l, &s);
+    return Py_BuildValue(
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:d,s:d,s:d,s:K,s:K}", "samples",
+        (unsigned long long)s.samples, "batches", (unsigned long long)s.batches, "bytes",
+        (unsigned long long)s.bytes, "pinned_batches", (unsigned long long)s.pinned_batches,
+        "pageable_batches", (unsigned long long)s.pageable_batches, "device_copies",
+        (unsigned long long)s.device_copies, "wait_s", s.wait_s, "wait_p50_s", s.wait_p50_s,
+        "wait_p99_s", s.wait_p99_s, "worker_busy_s", s.worker_busy_s, "buffers",
+        (unsigned long long)s.buffers, "buffer_bytes", (unsigned long long)s.buffer_bytes);
+}
+
+static Py_ssize_t loader_len(PyObject *obj)
+{
+    LoaderObject *self = (LoaderObject *)obj;
+    if (check(self) < 0)
+        return -1;
+    return (Py_ssize_t)stoke_loader_num_batches(self->l);
+}
+
+static PyObject *loader_get_epoch(PyObject *obj, void *unused)
+{
+    return PyLong_FromUnsignedLongLong(stoke_loader_epoch(((LoaderObject *)obj)->l));
+}
+
+static PyObject *loader_get_rank(PyObject *obj, void *unused)
+{
+    return PyLong_FromLongLong(((LoaderObject *)obj)->rank);
+}
+
+static PyObject *loader_get_world_size(PyObject *obj, void *unused)
+{
+    return PyLong_FromLongLong(((LoaderObject *)obj)->world_size);
+}
+
+static PyObject *loader_get_pinned_backend(PyObject *obj, void *unused)
+{
+    const char *b = stoke_loader_pinned_backend(((LoaderObject *)obj)->l);
+    if (!b)
+        Py_RETURN_NONE;
+    return PyUnicode_FromString(b);
+}
+
+static PyObject *loader_get_dataset_len(PyObject *obj, void *unused)
+{
+    LoaderObject *self = (LoaderObject *)obj;
+    if (!self->ds.length)
+        Py_RETURN_NONE;
+    return PyLong_FromUnsignedLongLong(self->ds.length(self->ds.user));
+}
+
+static PyMethodDef loader_methods[] = {
+    {"set_epoch", loader_set_epoch, METH_O, "Starts `epoch` from its beginning."},
+    {"_save_state", loader_save_state, METH_NOARGS, "(version, seed, epoch, cursor)"},
+    {"_restore_state", loader_restore_state, METH_VARARGS, "Moves to a saved position."},
+    {"stats", loader_stats, METH_NOARGS, "The loader's counters."},
+    {"_close_if_idle", loader_close_if_idle, METH_NOARGS,
+     "Destroys the loader now unless a batch is alive; returns whether it did."},
+    {NULL, NULL, 0, NULL}};
+
+static PyGetSetDef loader_getset[] = {
+    {"epoch", loader_get_epoch, NULL, "The current epoch.", NULL},
+    {"rank", loader_get_rank, NULL, "This process's rank (0 when not distributed).", NULL},
+    {"world_size", loader_get_world_size, NULL, "Number of ranks (1 when not distributed).", NULL},
+    {"pinned_backend", loader_get_pinned_backend, NULL, "Backend batches are pinned for.", NULL},
+    {"dataset_len", loader_get_dataset_len, NULL, "Samples in the dataset.", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+
+static PySequenceMethods loader_as_sequence = {.sq_length = loader_len};
+
+PyTypeObject StokeLoader_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "stoke.Loader",
+    .tp_basicsize = sizeof(LoaderObject),
+    .tp_dealloc = loader_dealloc,
+    .tp_as_sequence = &loader_as_sequence,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "The C loader behind stoke.DataLoader.",
+    .tp_iter = loader_iter,
+    .tp_methods = loader_methods,
+    .tp_getset = loader_getset,
+    .tp_init = loader_init,
+    .tp_new = PyType_GenericNew,
+};

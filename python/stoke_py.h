@@ -1,0 +1,81 @@
+/* stoke's CPython extension (_stoke): shared declarations of its C files.
+ *
+ * Objects:
+ *   Loader  — one stoke_loader (and the dataset it reads); the iterator of its epochs.
+ *   Batch   — one delivered stoke_batch; holds a reference to its Loader, so a batch may outlive
+ *             every Python reference to the loader: the stoke_loader is destroyed only after
+ *             the last batch was released (stoke_batch_release in Batch's dealloc).
+ *   Field   — one field of a batch (or its indices) as a tensor: buffer protocol and DLPack.
+ *             Holds a reference to its Batch; a buffer view or a DLPack capsule/tensor holds a
+ *             reference to the Field.  So the pinned memory goes back to the pool only when the
+ *             last view, tensor or Python reference lets go.
+ */
+#ifndef STOKE_PY_H
+#define STOKE_PY_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "dlpack.h"
+#include "stoke/stoke.h"
+
+typedef struct stoke_pyds stoke_pyds;
+
+typedef struct {
+    PyObject_HEAD stoke_loader *l;
+    stoke_dataset ds;
+    stoke_pyds *py;     /* the Python dataset behind ds, or NULL for a source string */
+    int fresh;          /* 1: the next iter() continues from the current position */
+    int device_mode;    /* batches are copied to a device */
+    DLDevice dl_device; /* what __dlpack_device__ reports for the batches */
+    int64_t rank, world_size;
+    Py_ssize_t outstanding; /* Batch objects alive (GIL) */
+} LoaderObject;
+
+typedef struct {
+    PyObject_HEAD stoke_batch *b;
+    LoaderObject *loader; /* strong reference */
+    size_t count;
+    int nfields;
+} BatchObject;
+
+typedef struct {
+    PyObject_HEAD BatchObject *batch; /* strong reference */
+    int field;                        /* -1: the batch's indices */
+    char *data;                       /* host or device address */
+    size_t bytes;
+    int ndim;
+    Py_ssize_t shape[STOKE_MAX_DIMS + 2];
+    Py_ssize_t strides[STOKE_MAX_DIMS + 2];
+    int64_t dl_shape[STOKE_MAX_DIMS + 2];
+    Py_ssize_t itemsize;
+    const char *format; /* NULL: no buffer-protocol format (bf16) */
+    DLDataType dl_dtype;
+} FieldObject;
+
+extern PyTypeObject StokeLoader_Type;
+extern PyTypeObject StokeBatch_Type;
+extern PyTypeObject StokeField_Type;
+extern PyTypeObject StokeIter_Type;
+extern PyObject *StokeError;
+extern PyObject *StokeLoaderError;
+
+/* module.c */
+int stoke_py_flush_warnings(void);
+PyObject *stoke_py_raise(PyObject *type, int code, const char *msg, long long sample);
+
+/* batch.c */
+PyObject *stoke_py_batch_new(LoaderObject *loader, stoke_batch *b);
+
+/* pyds.c: a Python map-style dataset as a stoke_dataset (kind MAP).  Returns 0, or -1 with a
+ * Python exception set. */
+int stoke_pyds_open(PyObject *obj, stoke_dataset *ds, stoke_pyds **out);
+/* Raises the exception saved for the failing sample named in `err` (the loader's last error),
+ * with a note naming the sample.  Returns 1 when it raised one, 0 when none was saved. */
+int stoke_pyds_reraise(stoke_pyds *p, const char *err);
+void stoke_pyds_clear(stoke_pyds *p);
+
+/* Maps a stoke dtype to a buffer format and a DLPack dtype.  Returns 0, -1 for an unknown one. */
+int stoke_py_dtype(int dtype, size_t itemsize, const char **format, DLDataType *dl);
+
+#endif

@@ -1,0 +1,60 @@
+"""Helpers of the Python tests: skips (exit 77, reported by CTest as skipped), data files."""
+import os
+import sys
+import tempfile
+
+SKIP = 77
+
+
+def skip(why):
+    print("SKIP: " + why)
+    sys.exit(SKIP)
+
+
+def need(*modules):
+    """Imports and returns the modules, or skips: the sanitizer build cannot run python, numpy
+    or torch missing, or the extension not built."""
+    why = os.environ.get("STOKE_PY_SKIP")
+    if why:
+        skip(why)
+    out = []
+    for m in modules:
+        try:
+            out.append(__import__(m))
+        except ImportError as e:
+            skip("%s is not importable: %s" % (m, e))
+    return out[0] if len(out) == 1 else out
+
+
+def use_simdev():
+    """Makes the simulated accelerator (the simdev plugin) the current one, so that batches
+    come from the pinned pool.  Must run before stoke's first call."""
+    plugin = os.environ.get("STOKE_SIMDEV_PLUGIN")
+    if not plugin or not os.path.exists(plugin):
+        skip("the simdev plugin was not built")
+    os.environ["STOKE_PLUGIN_PATH"] = plugin
+    os.environ["STOKE_ACCELERATOR"] = "simdev"
+
+
+def tmpdir():
+    base = os.environ.get("STOKE_TEST_TMP") or None
+    if base:
+        os.makedirs(base, exist_ok=True)
+    return tempfile.mkdtemp(prefix="py_", dir=base)
+
+
+def make_npy(np, n=64, row_floats=768, seed=1):
+    """A .npy of n rows of row_floats float32 (3 KB rows by default) and its labels .npy."""
+    d = tmpdir()
+    rng = np.random.default_rng(seed)
+    data = rng.standard_normal((n, row_floats)).astype(np.float32)
+    labels = (np.arange(n, dtype=np.int64) * 7) % 10
+    dp, lp = os.path.join(d, "data.npy"), os.path.join(d, "labels.npy")
+    np.save(dp, data)
+    np.save(lp, labels)
+    return data, labels, dp, lp
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)

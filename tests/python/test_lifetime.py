@@ -1,0 +1,55 @@
+"""A batch outlives its DataLoader while a tensor (or array, or capsule) holds it, and its
+memory returns to the pool only when the last holder lets go (pinned_stats: bytes_in_use)."""
+import gc
+
+import stoke_testlib as T
+
+np, torch = T.need("numpy", "torch")
+T.use_simdev()
+import stoke  # noqa: E402
+
+
+def in_use():
+    gc.collect()
+    return stoke.pinned_stats()["bytes_in_use"]
+
+
+base = in_use()
+data, labels, dp, lp = T.make_npy(np, n=64)
+for holder in ("torch", "numpy", "buffer", "capsule"):
+    loader = stoke.DataLoader("npy:" + dp, batch_size=16, shuffle=True, seed=2, num_workers=2)
+    held = in_use()
+    T.check(held > base, "%s: the loader's buffers are not in the pinned pool" % holder)
+    b = next(iter(loader))
+    idx = np.from_dlpack(b.indices).copy()
+    if holder == "torch":
+        keep = torch.from_dlpack(b["data"])
+    elif holder == "numpy":
+        keep = np.from_dlpack(b["data"])
+    elif holder == "buffer":
+        keep = memoryview(b["data"])
+    else:
+        keep = b["data"].__dlpack__()  # an unconsumed capsule owns the memory too
+    ptr = b.data_ptr()
+    del b, loader
+    T.check(in_use() == held, "%s: memory went back while still viewed" % holder)
+    if holder == "capsule":
+        del keep
+    else:
+        got = np.asarray(keep)
+        T.check(got.ctypes.data == ptr, "%s: not the batch's memory" % holder)
+        T.check(np.array_equal(got, data[idx]), "%s: values changed after the loader went" % holder)
+        del got, keep
+    T.check(in_use() == base, "%s: memory not returned: %d bytes in use, %d before"
+            % (holder, in_use(), base))
+print("ok")
+
+# A cycle through a batch (the batch stored on its own loader) is collected: the batch is
+# returned and the loader destroyed by gc.
+loader = stoke.DataLoader("npy:" + dp, batch_size=16, num_workers=2)
+loader.last = next(iter(loader))
+loader.last_data = loader.last["data"]
+del loader
+T.check(in_use() == base, "a batch in a cycle with its loader was never collected: %d bytes "
+        "in use, %d before" % (in_use(), base))
+print("ok (cycle)")
