@@ -184,7 +184,9 @@ static int run(dec *d, const stoke__image_opts *o, const unsigned char *data, si
     /* The box in decoded (scaled) pixels, and the region read: the box, plus the filter's
      * reach on each side for eval (which resamples the whole image before its center crop). */
     const int ow = (int)ci->output_width, oh = (int)ci->output_height;
-    const double fx = (double)ow / W, fy = (double)oh / H;
+    /* An 8x8 block becomes MxM: source x maps to x * M / 8 (output_width, rounded up, is not
+     * the scale) */
+    const double fx = (double)ci->scale_num / ci->scale_denom, fy = fx;
     const double bx = c.x * fx, bw = c.w * fx, by = c.y * fy, bh = c.h * fy;
     const double mx = o->train ? 0 : fmax(bw / size, 1.0) + 1;
     const double my = o->train ? 0 : fmax(bh / size, 1.0) + 1;
