@@ -112,7 +112,7 @@ static void dec_free(dec *d)
 /* The smallest M in 1..8 with the box, scaled by M/8, at least `size` on both sides. */
 static int dct_scale(const stoke__image_crop *c, int size)
 {
-    for (int m = 1; m < 8; m++)
+    for (int m = 1; m < 8; m *= 2)
         if (c->w * m / 8 >= size && c->h * m / 8 >= size)
             return m;
     return 8;
