@@ -114,6 +114,8 @@ static void usage(FILE *f)
             "  SOURCE                 at most one (default: synthetic):\n"
             "                           synthetic[:N][,shape=3x32x32][,seed=S][,classes=C][,dtype=u8]\n"
             "                           npy:PATH[,labels=LABELS.npy][,io=auto|mmap|pread|uring]\n"
+            "                           images:DIR[,size=224][,train|eval][,layout=chw|hwc]\n"
+            "                             [,dtype=u8|f32][,mean=R:G:B,std=R:G:B][,seed=N]\n"
             "  --batch-size N         samples per batch, >= 1 (default 256)\n"
             "  --workers N            worker threads 0..1024, 0 = the caller's thread (default 2)\n"
             "  --prefetch N           batches in flight per worker, 1..1024 (default 2)\n"
