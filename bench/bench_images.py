@@ -174,8 +174,9 @@ def main():
                                                res["torch_" + kind + "_per_cpu_s"])
         print(f"  ratio {kind} (target >= 3x): {res['ratio_' + kind]:.2f}x images/s, "
               f"{res['ratio_' + kind + '_per_cpu_s']:.2f}x per CPU-second")
-    print(f"  per core (target >= 400): {res['stoke_u8_1worker']:.0f} images/s with 1 worker, "
-          f"{res['stoke_u8_per_cpu_s']:.0f} images per CPU-second")
+    print(f"  per core (target >= 400): {res['stoke_u8_1worker']:.0f} images/s with 1 worker; "
+          f"{res['stoke_u8_1worker_per_cpu_s']:.0f} images per CPU-second (1 worker), "
+          f"{res['stoke_u8_per_cpu_s']:.0f} ({a.workers} workers)")
     out = a.out or os.path.join(a.workdir, "bench_images.json")
     with open(out, "w") as f:
         json.dump(res, f, indent=1)

@@ -36,7 +36,7 @@ extern "C" {
  * Returns STOKE_OK; STOKE_EINVAL for a NULL argument, an empty spec or one longer than 4096
  * characters, an unknown source or a malformed option (the message names the spec and the
  * problem); STOKE_ENOMEM; otherwise the constructor's code (stoke_synthetic_open,
- * stoke_npy_open_opts).  On failure *out is left empty (as from stoke_dataset_init: safe to
+ * stoke_npy_open_opts, stoke_images_open).  On failure *out is left empty (as from stoke_dataset_init: safe to
  * stoke_dataset_close) unless out was NULL.  Thread-safe. */
 STOKE_API int stoke_source_open(const char *spec, stoke_dataset *out);
 
