@@ -548,6 +548,56 @@ static void test_layouts_and_dtypes(void **state)
     free(jpg);
 }
 
+/* Seeded corruptions of valid files (bytes changed, cut short, a marker's length broken): each
+ * decode succeeds or fails with STOKE_EFORMAT / STOKE_ELIMIT and a message; never a crash, an
+ * exit() or (under the sanitizers) a bad access. */
+static void test_corruptions(void **state)
+{
+    write_cases();
+    const char *files[] = {"cases/baseline.jpg", "cases/progressive.jpg", "cases/cmyk.jpg",
+                           "cases/gray.jpg"};
+    uint64_t r = 0x1234567;
+    int failed = 0, ok = 0;
+    for (size_t f = 0; f < STOKE__ARRAY_LEN(files); f++) {
+        size_t len;
+        unsigned char *orig = read_bytes(files[f], &len);
+        unsigned char *buf = malloc(len);
+        assert_non_null(buf);
+        for (int k = 0; k < 60; k++) {
+            memcpy(buf, orig, len);
+            size_t n = len;
+            int edits = 1 + k % 4;
+            for (int e = 0; e < edits; e++) {
+                r = r * 6364136223846793005ull + 1442695040888963407ull;
+                size_t at = 2 + (size_t)(r >> 33) % (len - 2);
+                if (k % 7 == 6)
+                    n = at; /* cut */
+                else
+                    buf[at] ^= (unsigned char)(1 + (r >> 20) % 255);
+            }
+            stoke__image_opts o;
+            stoke__image_opts_init(&o);
+            o.size = 32;
+            o.train = k % 2;
+            unsigned char out[32 * 32 * 3];
+            char msg[256] = "";
+            int rc = stoke__image_decode(&o, buf, n, 0, (uint64_t)k, out, msg, sizeof(msg));
+            if (rc == STOKE_OK) {
+                ok++;
+                continue;
+            }
+            if (rc != STOKE_EFORMAT && rc != STOKE_ELIMIT)
+                fail_msg("%s edit %d: %s '%s'", files[f], k, stoke_err_name(rc), msg);
+            assert_true(msg[0] != 0);
+            failed++;
+        }
+        free(buf);
+        free(orig);
+    }
+    assert_true(failed > 20); /* the corruptions are seen */
+    assert_true(ok + failed == 240);
+}
+
 static void test_options(void **state)
 {
     stoke__image_opts o;
@@ -931,6 +981,7 @@ int main(void)
         cmocka_unit_test(test_eval_matches_reference),
         cmocka_unit_test(test_train_matches_reference),
         cmocka_unit_test(test_tiny),
+        cmocka_unit_test(test_corruptions),
         cmocka_unit_test(test_layouts_and_dtypes),
         cmocka_unit_test(test_folder_order_and_labels),
         cmocka_unit_test(test_train_workers_and_epochs),
