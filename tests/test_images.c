@@ -615,12 +615,14 @@ static void test_options(void **state)
     assert_int_equal(o.size, 96);
     assert_int_equal(stoke__image_parse_opt(&o, "layout", "hwc", msg, sizeof(msg)), 1);
     assert_int_equal(o.chw, 0);
+    assert_int_equal(stoke__image_parse_opt(&o, "seed", "123", msg, sizeof(msg)), 1);
+    assert_int_equal(o.seed, 123);
     assert_int_equal(stoke__image_parse_opt(&o, "io", "mmap", msg, sizeof(msg)), 0);
     assert_int_equal(stoke__image_parse_opt(&o, "labels", "x", msg, sizeof(msg)), 0);
     const char *bad[][2] = {{"size", "0"},      {"size", "x"},       {"size", "9000"},
                             {"layout", "chwx"}, {"dtype", "f16"},    {"mean", "1:2"},
                             {"std", "1:0:1"},   {"mean", "1:2:3:4"}, {"train", "1"},
-                            {"size", NULL}};
+                            {"size", NULL},     {"seed", "-1"}};
     for (size_t k = 0; k < STOKE__ARRAY_LEN(bad); k++) {
         msg[0] = 0;
         assert_int_equal(stoke__image_parse_opt(&o, bad[k][0], bad[k][1], msg, sizeof(msg)),

@@ -54,7 +54,8 @@ int stoke__image_parse_opt(stoke__image_opts *o, const char *key, const char *va
         return 1;
     }
     int known = strcmp(key, "size") == 0 || strcmp(key, "layout") == 0 ||
-                strcmp(key, "dtype") == 0 || strcmp(key, "mean") == 0 || strcmp(key, "std") == 0;
+                strcmp(key, "dtype") == 0 || strcmp(key, "mean") == 0 || strcmp(key, "std") == 0 ||
+                strcmp(key, "seed") == 0;
     if (!known)
         return 0;
     if (!val) {
@@ -68,6 +69,11 @@ int stoke__image_parse_opt(stoke__image_opts *o, const char *key, const char *va
             return STOKE_EINVAL;
         }
         o->size = (int)v;
+    } else if (strcmp(key, "seed") == 0) {
+        if (stoke__parse_u64(val, &o->seed) != 0) {
+            stoke__fmt(msg, msg_len, "bad seed '%s'", val);
+            return STOKE_EINVAL;
+        }
     } else if (strcmp(key, "layout") == 0) {
         if (strcmp(val, "chw") != 0 && strcmp(val, "hwc") != 0) {
             stoke__fmt(msg, msg_len, "bad layout '%s' (chw or hwc)", val);

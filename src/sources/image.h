@@ -29,8 +29,8 @@ int stoke__image_available(void);
 
 void stoke__image_opts_init(stoke__image_opts *o);
 /* Parses one spec option ("size=224", "train", "eval", "layout=chw", "dtype=f32",
- * "mean=R:G:B", "std=R:G:B"; val NULL for a bare word): 1 consumed, 0 not an image option,
- * <0 STOKE_EINVAL with msg written. */
+ * "mean=R:G:B", "std=R:G:B", also "seed=N"; key without '=', val the text after it, NULL or ""
+ * for a bare word): 1 consumed, 0 not an image option, <0 STOKE_EINVAL with msg written. */
 int stoke__image_parse_opt(stoke__image_opts *o, const char *key, const char *val, char *msg,
                            size_t msg_len);
 /* Fills the "data" field description for these options.  Returns STOKE_OK or STOKE_EINVAL

@@ -212,12 +212,8 @@ static int open_images(const char *spec, const char *args, stoke_dataset *out)
         char *eq = strchr(t, '='), why[256] = "";
         if (eq)
             *eq = 0;
-        const char *val = eq ? eq + 1 : NULL;
-        int got =
-            strcmp(t, "seed") == 0 ? 1 : stoke__image_parse_opt(&img, t, val, why, sizeof(why));
-        if (strcmp(t, "seed") == 0 && (!val || stoke__parse_u64(val, &img.seed) != 0))
-            rc = stoke__fail(STOKE_EINVAL, "source '%s': bad seed '%s'", spec, val ? val : "");
-        else if (got < 0)
+        int got = stoke__image_parse_opt(&img, t, eq ? eq + 1 : NULL, why, sizeof(why));
+        if (got < 0)
             rc = stoke__fail(got, "source '%s': %s", spec, why);
         else if (got == 0)
             rc = stoke__fail(STOKE_EINVAL,
