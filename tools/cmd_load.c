@@ -116,6 +116,8 @@ static void usage(FILE *f)
             "                           synthetic[:N][,shape=3x32x32][,seed=S][,classes=C][,dtype=u8]\n"
             "                           npy:PATH[,labels=LABELS.npy][,io=auto|mmap|pread|uring]\n"
             "                           tar:PATTERN[,fields=EXT:EXT] (shards: {000..099}, globs)\n"
+            "                           images:DIR[,size=224][,train|eval][,layout=chw|hwc]\n"
+            "                             [,dtype=u8|f32][,mean=R:G:B,std=R:G:B][,seed=N]\n"
             "  --batch-size N         samples per batch, >= 1 (default 256)\n"
             "  --workers N|auto       worker threads 0..1024, 0 = the caller's thread; auto (the\n"
             "                         default): one per core (at most 16), how many get work\n"

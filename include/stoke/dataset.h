@@ -126,6 +126,15 @@ typedef struct stoke_dataset {
      * then unspecified.  Thread-safety as get(). */
     int (*get_batch)(void *user, const uint64_t *indices, size_t count, void *const dst[],
                      int worker, char *msg, size_t msg_len, uint64_t *err_index);
+
+    /* Optional, any kind: the epoch about to start.  The loader calls it before any sample of
+     * an epoch is fetched (at stoke_loader_create for its first epoch, at every
+     * stoke_loader_set_epoch/next_epoch and restore), from the caller's thread, while no worker
+     * calls get/get_batch/next; a source whose samples depend on the epoch (random
+     * augmentation: the images: source) keeps it for the gets that follow.  A negative return
+     * fails create (or the epoch change) with that code.  Appended after 0.2: guard with
+     * STOKE_DATASET_HAS(ds, set_epoch). */
+    int (*set_epoch)(void *user, uint64_t epoch);
 } stoke_dataset;
 
 /* Whether *ds (size set by the header it was compiled with) has member `m`: for the members

@@ -1,4 +1,4 @@
-/* stoke — built-in data sources: synthetic bytes and NumPy .npy files.
+/* stoke — built-in data sources: synthetic bytes, NumPy .npy files and JPEG image folders.
  *
  * Each constructor fills a stoke_dataset (see dataset.h) of kind STOKE_DATASET_MAP whose get()
  * writes sample i straight into the batch slots the loader gives it.  Release it with
@@ -16,6 +16,11 @@
  *   tar:PATTERN[,fields=EXT:EXT...][,image options]
  *       WebDataset tar shards (stoke_tar_open below).  PATTERN ends at the first comma outside
  *       braces.  Example: "tar:/data/train-{000000..000099}.tar,fields=npy:cls".
+ *   images:DIR[,size=224][,train|eval][,layout=chw|hwc][,dtype=u8|f32][,mean=R:G:B,std=R:G:B]
+ *             [,seed=N]
+ *       a torchvision ImageFolder tree of JPEGs (stoke_images_open below): field "data" the
+ *       decoded, transformed image, field "label" (i64) the class index.  A comma belongs to
+ *       DIR unless one of the options above follows it.
  */
 #ifndef STOKE_SOURCES_H
 #define STOKE_SOURCES_H
@@ -34,7 +39,7 @@ extern "C" {
  * Returns STOKE_OK; STOKE_EINVAL for a NULL argument, an empty spec or one longer than 4096
  * characters, an unknown source or a malformed option (the message names the spec and the
  * problem); STOKE_ENOMEM; otherwise the constructor's code (stoke_synthetic_open,
- * stoke_npy_open_opts).  On failure *out is left empty (as from stoke_dataset_init: safe to
+ * stoke_npy_open_opts, stoke_images_open).  On failure *out is left empty (as from stoke_dataset_init: safe to
  * stoke_dataset_close) unless out was NULL.  Thread-safe. */
 STOKE_API int stoke_source_open(const char *spec, stoke_dataset *out);
 
@@ -159,6 +164,64 @@ STOKE_API int stoke_npy_io_available(int io);
  * message reads "tar SHARD@OFFSET: sample 'KEY' field 'EXT': reason".  Every shard stays open
  * until stoke_dataset_close.  Thread-safe; get() too. */
 STOKE_API int stoke_tar_open(const char *args, stoke_dataset *out);
+/* ---- images ---------------------------------------------------------------------------------
+ * DIR/<class>/.../<file>.jpg|.jpeg (extensions in any case; subdirectories of a class count):
+ * the class directories sorted by name (byte order) are labels 0..C-1; each class's files
+ * sorted by path (byte order) follow one another in class order: that is the canonical index.
+ * Other files are ignored (a warning counts those with other image extensions).  Each sample is
+ * one JPEG decoded with libjpeg-turbo (only the rows and columns the output needs, with
+ * DCT-domain downscaling when the crop is much larger than the output), converted to RGB
+ * (grayscale and CMYK too), resampled with an antialiased filter to image_size x image_size:
+ *   eval  (default): resize the short side to image_size / 0.875, center crop (torchvision's
+ *                    Resize(256) + CenterCrop(224) for 224);
+ *   train:           RandomResizedCrop(image_size, scale=(0.08, 1), ratio=(3/4, 4/3)) and a
+ *                    horizontal flip with probability 1/2, drawn from (seed, epoch, index)
+ *                    only: reproducible, and the same for any number of workers.  The epoch
+ *                    comes from the loader (the dataset's set_epoch); 0 until one is set.
+ * Output "data": u8 (0..255) or f32 (v / 255, then (x - mean[c]) / std[c] when normalize),
+ * shape (3, S, S) for CHW or (S, S, 3) for HWC.  EXIF orientation is ignored (as torchvision's
+ * decode by default).  Files are read with pread() into a per-worker buffer.
+ * Errors at open: STOKE_ENOENT / STOKE_EIO for a missing or unreadable DIR, STOKE_ENOENT when
+ * DIR has no class directories or a class has no JPEG, STOKE_ENOTSUP in a build without
+ * libjpeg-turbo.  Errors of get(): STOKE_EFORMAT for data that is not a JPEG ("not a JPEG (PNG
+ * image)") or a corrupt one (truncated, bad Huffman data, ...), STOKE_EIO / STOKE_ENOENT for a
+ * file that cannot be read; every message names the file. */
+
+typedef enum stoke_images_layout {
+    STOKE_IMAGES_CHW = 0, /* (3, S, S): the default, as torchvision's tensors */
+    STOKE_IMAGES_HWC = 1  /* (S, S, 3) */
+} stoke_images_layout;
+
+typedef struct stoke_images_opts {
+    uint32_t size;   /* sizeof(stoke_images_opts): set by opts_init */
+    int image_size;  /* output side S, 1..8192; default 224 */
+    int train;       /* 1: train transform; 0: eval (default) */
+    int layout;      /* stoke_images_layout; default STOKE_IMAGES_CHW */
+    int dtype;       /* STOKE_DTYPE_U8 (default) or STOKE_DTYPE_F32 */
+    int normalize;   /* f32 only: (v / 255 - mean[c]) / std[c]; default 0 */
+    float mean[3];   /* on the 0..1 scale, e.g. 0.485, 0.456, 0.406; default 0 */
+    float std[3];    /* > 0, e.g. 0.229, 0.224, 0.225; default 1 */
+    uint64_t seed;   /* augmentation seed (train); default 0 */
+} stoke_images_opts;
+
+/* Fills *opts with the defaults above.  NULL does nothing. */
+STOKE_API void stoke_images_opts_init(stoke_images_opts *opts);
+
+/* Scans `dir` (read only during the call) into *out (the caller owns it: stoke_dataset_close);
+ * opts NULL: the defaults.  Returns STOKE_OK or the errors above; also STOKE_EINVAL for out
+ * NULL, an empty dir, opts->size too small, a bad image_size, layout or dtype, std <= 0, or
+ * normalize with u8; STOKE_ENOMEM.  On failure *out is left empty (safe to
+ * stoke_dataset_close).  Thread-safe; the dataset's get() is too. */
+STOKE_API int stoke_images_open(const char *dir, const stoke_images_opts *opts,
+                                stoke_dataset *out);
+
+/* Number of classes of an open images dataset (0 if ds is not one).  Thread-safe. */
+STOKE_API uint32_t stoke_images_num_classes(const stoke_dataset *ds);
+/* Name of class `label` (its directory name), or NULL for a label out of range or ds not an
+ * images dataset.  Owned by the dataset: valid until stoke_dataset_close. */
+STOKE_API const char *stoke_images_class_name(const stoke_dataset *ds, uint32_t label);
+/* Path of sample `index` relative to DIR, or NULL (as above).  Owned by the dataset. */
+STOKE_API const char *stoke_images_path(const stoke_dataset *ds, uint64_t index);
 
 #ifdef __cplusplus
 }

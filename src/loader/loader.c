@@ -576,6 +576,13 @@ int stoke_loader_create(const stoke_loader_opts *o, stoke_dataset *ds, stoke_loa
         rc = allocate(l);
     if (rc == STOKE_OK && l->o.device)
         rc = stoke__loader_setup_device(l);
+    if (rc == STOKE_OK && STOKE_DATASET_HAS(&l->ds, set_epoch) &&
+        (rc = l->ds.set_epoch(l->ds.user, l->o.epoch)) != STOKE_OK) {
+        rc = rc < 0 ? rc : STOKE_EDATA;
+        stoke__fmt(l->err, sizeof(l->err),
+                   "loader: set_epoch(%" PRIu64 ") of dataset %s failed (%s)", l->o.epoch,
+                   l->ds.name, stoke_err_name(rc));
+    }
     if (rc != STOKE_OK) {
         stoke__fail(rc, "%s", l->err[0] ? l->err : stoke_last_error());
         stoke_loader_destroy(l); /* keeps the last error */

@@ -79,6 +79,8 @@ static int reposition(stoke_loader *l, uint64_t seed, uint64_t epoch, uint64_t c
     int rc = STOKE_OK;
     if (l->iterable && l->ds.reset)
         rc = l->ds.reset(l->ds.user, epoch);
+    if (rc == STOKE_OK && STOKE_DATASET_HAS(&l->ds, set_epoch))
+        rc = l->ds.set_epoch(l->ds.user, epoch);
     pthread_mutex_lock(&l->mu);
     l->seed = seed;
     stoke__loader_set_position(l, epoch, cursor);
@@ -88,7 +90,7 @@ static int reposition(stoke_loader *l, uint64_t seed, uint64_t epoch, uint64_t c
     l->err[0] = '\0';
     if (rc != STOKE_OK)
         return stoke__loader_fail(l, rc < 0 ? rc : STOKE_EDATA,
-                                  "loader: reset(%" PRIu64 ") of dataset %s "
+                                  "loader: reset/set_epoch(%" PRIu64 ") of dataset %s "
                                   "failed (%s)",
                                   epoch, l->ds.name, stoke_err_name(rc));
     return STOKE_OK;

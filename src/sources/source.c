@@ -4,6 +4,7 @@
 
 #include "common/env.h"
 #include "common/internal.h"
+#include "sources/image.h"
 #include "stoke/sources.h"
 
 #define SPEC_MAX 4096
@@ -171,6 +172,70 @@ done:
     return rc;
 }
 
+/* ---- images:DIR[,option]... ---- */
+
+/* 1 when the comma-separated word at s ("train", "size=224,...") starts an images option. */
+static int images_opt_word(const char *s)
+{
+    static const char *const keys[] = {"size=", "layout=", "dtype=", "mean=", "std=", "seed="};
+    size_t n = strcspn(s, ",");
+    if ((n == 5 && strncmp(s, "train", 5) == 0) || (n == 4 && strncmp(s, "eval", 4) == 0))
+        return 1;
+    for (size_t k = 0; k < STOKE__ARRAY_LEN(keys); k++)
+        if (strncmp(s, keys[k], strlen(keys[k])) == 0)
+            return 1;
+    return 0;
+}
+
+static int open_images(const char *spec, const char *args, stoke_dataset *out)
+{
+    if (!args || !*args)
+        return stoke__fail(STOKE_EINVAL, "source '%s': no directory (images:DIR)", spec);
+    char *buf = strdup(args);
+    if (!buf)
+        return stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);
+    stoke_images_opts o;
+    stoke_images_opts_init(&o);
+    stoke__image_opts img;
+    stoke__image_opts_init(&img);
+    char *opt = NULL; /* DIR ends at the first ',' that starts an option */
+    for (char *c = strchr(buf, ','); c && !opt; c = strchr(c + 1, ','))
+        if (images_opt_word(c + 1)) {
+            *c = 0;
+            opt = c + 1;
+        }
+    int rc =
+        *buf ? STOKE_OK : stoke__fail(STOKE_EINVAL, "source '%s': no directory (images:DIR)", spec);
+    char *save = NULL;
+    for (char *t = opt ? strtok_r(opt, ",", &save) : NULL; t && !rc;
+         t = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(t, '='), why[256] = "";
+        if (eq)
+            *eq = 0;
+        int got = stoke__image_parse_opt(&img, t, eq ? eq + 1 : NULL, why, sizeof(why));
+        if (got < 0)
+            rc = stoke__fail(got, "source '%s': %s", spec, why);
+        else if (got == 0)
+            rc = stoke__fail(STOKE_EINVAL,
+                             "source '%s': unknown option '%s' (size=, train, eval, layout=, "
+                             "dtype=, mean=, std=, seed=)",
+                             spec, t);
+    }
+    if (!rc) {
+        o.image_size = img.size;
+        o.train = img.train;
+        o.layout = img.chw ? STOKE_IMAGES_CHW : STOKE_IMAGES_HWC;
+        o.dtype = img.dtype;
+        o.normalize = img.normalize;
+        memcpy(o.mean, img.mean, sizeof(o.mean));
+        memcpy(o.std, img.std, sizeof(o.std));
+        o.seed = img.seed;
+        rc = stoke_images_open(buf, &o, out);
+    }
+    free(buf);
+    return rc;
+}
+
 int stoke_source_open(const char *spec, stoke_dataset *out)
 {
     if (!out)
@@ -192,6 +257,8 @@ int stoke_source_open(const char *spec, stoke_dataset *out)
         return open_npy(spec, args, out);
     if (kind_len == 3 && strncmp(spec, "tar", 3) == 0)
         return stoke_tar_open(args, out);
+    if (kind_len == 6 && strncmp(spec, "images", 6) == 0)
+        return open_images(spec, args, out);
     return stoke__fail(STOKE_EINVAL,
                        "source '%s': unknown source '%.*s' (expected synthetic[:N], npy:PATH or "
                        "tar:PATTERN)",

@@ -543,6 +543,7 @@ int stoke_tar_open(const char *args, stoke_dataset *out)
     memcpy(out->fields, t->fields, sizeof(t->fields));
     out->length = tar_length;
     out->get = tar_get;
+    out->set_epoch = stoke__tar_set_epoch; /* .jpg fields' train crops depend on the epoch */
     out->close = tar_close;
     stoke__log(STOKE_LOG_DEBUG, "%s: %d shard(s), %" PRIu64 " samples, %d field(s)", spec,
                t->nshards, t->n, t->nf);

@@ -18,6 +18,10 @@
 #include "sources/npy_header.h"
 #include "sources/tar_internal.h"
 
+#ifdef STOKE_HAVE_LIBJPEG /* the images module's decoder is in this build */
+#define STOKE__TAR_WITH_IMAGES 1
+#endif
+
 #ifdef STOKE__TAR_WITH_IMAGES
 #include "sources/image.h"
 
