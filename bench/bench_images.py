@@ -19,6 +19,9 @@
    children; for torchvision, of its Python process and its workers): on a shared machine
    the CPU-second figure is the one that does not depend on what else runs.  Target: >= 400.
 4. Also f32 normalized output (dtype=f32,mean=..,std=..) against ToTensor()+Normalize(...).
+5. The same JPEGs packed as WebDataset tar shards (500 samples a shard, members NNNNNN.jpg and
+   NNNNNN.cls in the folder's canonical order, written once with Python's tarfile, ustar):
+     stoke load tar:WORKDIR/shards/shard-{000000..00000K}.tar,fields=jpg:cls,train,size=224 ...
 
 Each configuration runs --repeat times after one untimed warm-up (page cache); the best run
 counts (the machine may be shared).  Prints a table and writes the figures as JSON (--out,
@@ -60,6 +63,34 @@ def generate(root, n, classes, regen):
         Image.fromarray(a).save(path, quality=90)
     with open(stamp, "w") as f:
         f.write(want)
+
+
+def pack_shards(root, outdir, per_shard=500):
+    """The folder's JPEGs as tar shards (canonical order: classes, then files, sorted);
+    returns the tar: pattern.  Reused when complete."""
+    import tarfile
+    classes = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
+    files = [(c, os.path.join(root, c, f)) for c in classes
+             for f in sorted(os.listdir(os.path.join(root, c))) if f.endswith(".jpg")]
+    nshards = (len(files) + per_shard - 1) // per_shard
+    pattern = os.path.join(outdir, "shard-{%06d..%06d}.tar" % (0, nshards - 1))
+    done = os.path.join(outdir, "complete-%d" % len(files))
+    if os.path.exists(done):
+        return pattern
+    os.makedirs(outdir, exist_ok=True)
+    for s in range(nshards):
+        with tarfile.open(os.path.join(outdir, "shard-%06d.tar" % s), "w",
+                          format=tarfile.USTAR_FORMAT) as t:
+            for i in range(s * per_shard, min(len(files), (s + 1) * per_shard)):
+                c, path = files[i]
+                t.add(path, arcname="%06d.jpg" % i)
+                data = str(classes.index(c)).encode()
+                info = tarfile.TarInfo("%06d.cls" % i)
+                info.size = len(data)
+                import io
+                t.addfile(info, io.BytesIO(data))
+    open(done, "w").close()
+    return pattern
 
 
 def children_cpu():
@@ -156,6 +187,10 @@ def main():
              lambda: run_torch(root, a.workers, a.batch, False)),
             ("stoke_u8_1worker", "stoke, 1 worker",
              lambda: run_stoke(cli, spec_u8, 1, a.batch))]
+    spec_tar = "tar:%s,fields=jpg:cls,train,size=224" % pack_shards(
+        root, os.path.join(a.workdir, "shards"))
+    rows += [("stoke_tar_u8", "stoke tar: shards, train u8",
+              lambda: run_stoke(cli, spec_tar, a.workers, a.batch))]
     if not a.skip_f32:
         rows += [("stoke_f32", "stoke images: train f32 normalized",
                   lambda: run_stoke(cli, spec_f32, a.workers, a.batch)),
@@ -174,6 +209,8 @@ def main():
                                                res["torch_" + kind + "_per_cpu_s"])
         print(f"  ratio {kind} (target >= 3x): {res['ratio_' + kind]:.2f}x images/s, "
               f"{res['ratio_' + kind + '_per_cpu_s']:.2f}x per CPU-second")
+    res["ratio_tar_u8"] = res["stoke_tar_u8"] / res["torch_u8"]
+    print(f"  ratio tar shards u8 / torchvision folder: {res['ratio_tar_u8']:.2f}x images/s")
     print(f"  per core (target >= 400): {res['stoke_u8_1worker']:.0f} images/s with 1 worker; "
           f"{res['stoke_u8_1worker_per_cpu_s']:.0f} images per CPU-second (1 worker), "
           f"{res['stoke_u8_per_cpu_s']:.0f} ({a.workers} workers)")
