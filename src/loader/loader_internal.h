@@ -56,7 +56,7 @@ typedef struct stoke__bad {
     uint64_t index;
     uint64_t replacement; /* UINT64_MAX: none */
     int code;
-    int action;           /* stoke_on_error */
+    int action; /* stoke_on_error */
     char msg[256];
 } stoke__bad;
 
@@ -187,12 +187,12 @@ struct stoke_loader {
     uint64_t st_wait_ns, st_busy_ns;
     stoke__hist wait_hist;
 
-    char err[1024];         /* consumer only */
-    int sync_ready;         /* consumer only: mu and the conditions exist */
+    char err[1024]; /* consumer only */
+    int sync_ready; /* consumer only: mu and the conditions exist */
     /* bad samples (badsample.c), all (mu) */
-    stoke_bad_sample *quar;  /* the quarantine */
+    stoke_bad_sample *quar; /* the quarantine */
     size_t nquar, quar_cap;
-    uint64_t bad_gen;        /* the gen the per-epoch counts below belong to */
+    uint64_t bad_gen;                      /* the gen the per-epoch counts below belong to */
     uint64_t bad_epoch, bad_epoch_samples; /* handled bad samples / delivered samples this run */
     uint64_t st_bad, st_skipped, st_replaced;
 };
