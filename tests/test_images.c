@@ -891,6 +891,119 @@ static void test_tar_jpg_members(void **state)
     stoke_dataset_close(&id);
 }
 
+/* One epoch of `spec` under on_error `policy` with `workers`: the indices and the data bytes
+ * delivered, in order (caller frees), their count, and the quarantine's first entry. */
+static size_t policy_epoch(const char *spec, const char *policy, int workers, uint64_t **idx_out,
+                           unsigned char **data_out, stoke_bad_sample *q0, uint64_t *nbad)
+{
+    stoke_dataset ds;
+    assert_int_equal(stoke_source_open(spec, &ds), STOKE_OK);
+    const size_t n = (size_t)ds.length(ds.user), bytes = ds.fields[0].bytes;
+    uint64_t *idx = calloc(2 * n, sizeof(uint64_t));
+    unsigned char *data = calloc(2 * n, bytes);
+    assert_non_null(idx);
+    assert_non_null(data);
+    stoke_loader_opts o;
+    stoke_loader_opts_init(&o);
+    assert_int_equal(stoke_on_error_parse(policy, &o), STOKE_OK);
+    o.batch_size = 3;
+    o.num_workers = workers;
+    o.pin_memory = 0;
+    stoke_loader *l = NULL;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    stoke_batch *b = NULL;
+    size_t k = 0;
+    int rc;
+    while ((rc = stoke_loader_next(l, &b)) == STOKE_OK) {
+        if (strcmp(policy, "replace") == 0) /* 7 samples: batches of 3, 3, 1, none shorter */
+            assert_int_equal(stoke_batch_count(b), n - k < 3 ? n - k : 3);
+        for (size_t j = 0; j < stoke_batch_count(b); j++, k++) {
+            idx[k] = stoke_batch_indices(b)[j];
+            memcpy(data + k * bytes, (unsigned char *)stoke_batch_data(b, 0) + j * bytes, bytes);
+        }
+        stoke_batch_release(b);
+    }
+    assert_int_equal(rc, STOKE_EEND);
+    stoke_loader_stats st;
+    memset(&st, 0, sizeof(st));
+    st.size = sizeof(st);
+    assert_int_equal(stoke_loader_get_stats(l, &st), STOKE_OK);
+    *nbad = st.bad_samples;
+    if (st.quarantined)
+        assert_int_equal(stoke_loader_quarantine(l, 0, q0), STOKE_OK);
+    stoke_loader_destroy(l);
+    stoke_dataset_close(&ds);
+    *idx_out = idx;
+    *data_out = data;
+    return k;
+}
+
+/* A corrupt JPEG under each bad-sample policy: error names the file; skip delivers every other
+ * image, in order, and quarantines the file; replace keeps the batch size and is the same for
+ * 0 and 2 workers. */
+static void test_corrupt_jpeg_policies(void **state)
+{
+    mkdirs("pol/c");
+    for (int i = 0; i < 7; i++) {
+        char rel[64];
+        stoke__fmt(rel, sizeof(rel), "pol/c/%d.jpg", i);
+        write_jpeg(rel, 40 + 4 * i, 30 + 2 * i, K_BASELINE, 90);
+    }
+    size_t len;
+    unsigned char *jpg = read_bytes("pol/c/3.jpg", &len);
+    write_bytes("pol/c/3.jpg", jpg, len / 3); /* truncated */
+    free(jpg);
+    char spec[1024];
+    stoke__fmt(spec, sizeof(spec), "images:%s/pol,eval,size=16", g_root);
+
+    /* error: the epoch ends at the batch holding sample 3, the message names the file */
+    stoke_dataset ds;
+    assert_int_equal(stoke_source_open(spec, &ds), STOKE_OK);
+    stoke_loader_opts o;
+    stoke_loader_opts_init(&o);
+    o.batch_size = 3;
+    o.num_workers = 2;
+    o.pin_memory = 0;
+    stoke_loader *l = NULL;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    stoke_batch *b = NULL;
+    assert_int_equal(stoke_loader_next(l, &b), STOKE_OK); /* 0, 1, 2 */
+    stoke_batch_release(b);
+    assert_int_equal(stoke_loader_next(l, &b), STOKE_EFORMAT);
+    assert_non_null(strstr(stoke_loader_last_error(l), "pol/c/3.jpg"));
+    assert_non_null(strstr(stoke_loader_last_error(l), "sample 3"));
+    stoke_loader_destroy(l);
+    stoke_dataset_close(&ds);
+
+    /* skip: 6 images, the others in order, 3 quarantined with its file */
+    uint64_t *idx, nbad;
+    unsigned char *data;
+    stoke_bad_sample q;
+    memset(&q, 0, sizeof(q));
+    size_t k = policy_epoch(spec, "skip", 2, &idx, &data, &q, &nbad);
+    assert_int_equal(k, 6);
+    static const uint64_t want[] = {0, 1, 2, 4, 5, 6};
+    assert_memory_equal(idx, want, sizeof(want));
+    assert_int_equal(nbad, 1);
+    assert_int_equal(q.index, 3);
+    assert_non_null(strstr(q.source, "pol/c/3.jpg"));
+    assert_non_null(strstr(q.reason, "corrupt JPEG"));
+    free(idx), free(data);
+
+    /* replace: 7 samples in batches of 3, 3, 1; the same bytes for 0 and 2 workers */
+    uint64_t *i0, *i2;
+    unsigned char *d0, *d2;
+    size_t k0 = policy_epoch(spec, "replace", 0, &i0, &d0, &q, &nbad);
+    size_t k2 = policy_epoch(spec, "replace", 2, &i2, &d2, &q, &nbad);
+    assert_int_equal(k0, 7);
+    assert_int_equal(k2, 7);
+    assert_memory_equal(i0, i2, 7 * sizeof(uint64_t));
+    assert_memory_equal(d0, d2, 7 * 3 * 16 * 16);
+    assert_int_equal(nbad, 1);
+    assert_int_equal(q.index, 3);
+    free(i0), free(i2), free(d0), free(d2);
+}
+
 /* The spec string gives what the opts struct gives; a comma may belong to DIR. */
 static void test_spec_options(void **state)
 {
@@ -1074,6 +1187,7 @@ int main(void)
         cmocka_unit_test(test_train_workers_and_epochs),
         cmocka_unit_test(test_spec_options),
         cmocka_unit_test(test_tar_jpg_members),
+        cmocka_unit_test(test_corrupt_jpeg_policies),
         cmocka_unit_test(test_bad_files),
         cmocka_unit_test(test_open_errors),
         cmocka_unit_test(test_cli),
