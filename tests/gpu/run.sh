@@ -130,6 +130,36 @@ else
     row "load npy --device" FAIL "could not write a .npy (python3 missing?)"
 fi
 
+# Python (issue 10): a device batch through torch.from_dlpack (values equal the .npy rows), and a
+# host batch pinned for CUDA seen by torch as pinned, at the batch's own address.
+if [ -d "$BUILD/python/stoke" ] && [ -f "$npy" ] && /usr/bin/python3 -c "import torch, numpy" 2>/dev/null; then
+    out=$(PYTHONPATH="$BUILD/python" /usr/bin/python3 - "$npy" 2>&1 <<'EOF'
+import sys, numpy as np, torch, stoke
+x = np.load(sys.argv[1], mmap_mode="r")
+ok = torch.cuda.is_available()
+dev = stoke.DataLoader("npy:" + sys.argv[1], batch_size=64, device="cuda", num_workers=2)
+host = stoke.DataLoader("npy:" + sys.argv[1], batch_size=64, num_workers=2)
+n = 0
+for bd, bh in zip(dev, host):
+    t = torch.from_dlpack(bd["data"])
+    ok &= t.is_cuda and bool((t.cpu().numpy() == x[np.asarray(bd.indices)]).all())
+    th = torch.from_dlpack(bh["data"])
+    ok &= th.is_pinned() and th.data_ptr() == bh.data_ptr(0)
+    ok &= bool((th.to("cuda", non_blocking=True).cpu() == th).all())
+    n += 1
+    if n == 20:
+        break
+print("ok" if ok and n == 20 else "bad", n)
+EOF
+)
+    case "$out" in
+    ok*) row "python dlpack + is_pinned" PASS "$out" ;;
+    *) row "python dlpack + is_pinned" FAIL "$(printf '%s' "$out" | tail -n 3 | tr '\n' ' ')" ;;
+    esac
+else
+    row "python dlpack + is_pinned" FAIL "no Python package, npy file or torch"
+fi
+
 printf '\n%-28s %-5s %s\n' CHECK RESULT DETAIL
 printf '%s' "$ROWS"
 [ "$FAILED" = 0 ] && echo "all GPU checks passed" || echo "some GPU checks FAILED (details in $LOG)"
