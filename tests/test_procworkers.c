@@ -544,6 +544,81 @@ static void test_invalid(void **state)
     assert_int_equal(count_fds(), fds);
 }
 
+/* Pinned through stoke_pin_register of the shared mapping (simdev), and device mode: the
+ * children's bytes reach the device buffer. */
+static void test_pinned_device(void **state)
+{
+    (void)state;
+    reset_shared();
+    tu_use_simdev();
+    int fds = count_fds();
+    for (int dev = 0; dev <= 1; dev++) {
+        pds p;
+        stoke_dataset ds;
+        pds_open(&p, 0, 0, &ds);
+        stoke_loader_opts o;
+        opts(&o, "error", STOKE_WORKER_PROCESSES, 2, 1);
+        o.pin_memory = 1;
+        o.device = dev ? "simdev" : NULL;
+        stoke_loader *l;
+        assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+        assert_non_null(stoke_loader_pinned_backend(l));
+        stoke_batch *bt;
+        uint64_t n = 0;
+        int rc;
+        while ((rc = stoke_loader_next(l, &bt)) == STOKE_OK) {
+            size_t c = stoke_batch_count(bt);
+            unsigned char got[BS * SB];
+            if (dev)
+                assert_int_equal(stoke_batch_device_read(bt, 0, got), STOKE_OK);
+            else
+                memcpy(got, stoke_batch_data(bt, 0), c * SB);
+            assert_int_equal(stoke_batch_is_pinned(bt), 1);
+            for (size_t j = 0; j < c; j++) {
+                unsigned char want[SB];
+                stoke_synthetic_fill(0, stoke_batch_indices(bt)[j], want, sizeof(want));
+                assert_memory_equal(got + j * SB, want, SB);
+            }
+            n += c;
+            stoke_batch_release(bt);
+        }
+        assert_int_equal(rc, STOKE_EEND);
+        assert_int_equal(n, N);
+        stoke_loader_destroy(l);
+        stoke_dataset_close(&ds);
+        stoke_dataset_close(&p.inner);
+        assert_no_children();
+    }
+    tu_use_none();
+    assert_int_equal(count_fds(), fds);
+}
+
+/* stoke load --worker-mode: the JSON fields; the same content and order as threads. */
+static void test_cli(void **state)
+{
+    (void)state;
+    const char *env[] = {"STOKE_PLUGIN_PATH=", NULL};
+    static char out[8192], err[4096], thr[8192];
+    const char *procs[] = {"synthetic:500", "--workers", "2", "--batch-size", "16", "--shuffle",
+                           "--worker-mode=processes", "--no-pin-memory", "--json", NULL};
+    assert_int_equal(tu_run_cli(env, "load", procs, out, sizeof(out), err, sizeof(err)), 0);
+    assert_non_null(strstr(out, "\"worker_mode\": \"processes\", \"worker_restarts\": 0"));
+    const char *threads[] = {"synthetic:500", "--workers", "2", "--batch-size", "16",
+                             "--shuffle", "--no-pin-memory", "--json", NULL};
+    assert_int_equal(tu_run_cli(env, "load", threads, thr, sizeof(thr), err, sizeof(err)), 0);
+    assert_non_null(strstr(thr, "\"worker_mode\": \"threads\", \"worker_restarts\": 0"));
+    const char *keys[] = {"\"content_hash\": ", "\"order_hash\": ", "\"samples\": "};
+    for (size_t k = 0; k < 3; k++) {
+        const char *a = strstr(out, keys[k]), *b = strstr(thr, keys[k]);
+        assert_non_null(a);
+        assert_non_null(b);
+        assert_memory_equal(a, b, strlen(keys[k]) + 20);
+    }
+    const char *bad[] = {"synthetic:10", "--worker-mode=forks", NULL};
+    assert_int_equal(tu_run_cli(env, "load", bad, out, sizeof(out), err, sizeof(err)), 2);
+    assert_non_null(strstr(err, "--worker-mode=forks: expected threads or processes"));
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -567,6 +642,8 @@ int main(void)
         cmocka_unit_test_setup(test_kill_idle, setup),
         cmocka_unit_test_setup(test_destroy_mid_epoch, setup),
         cmocka_unit_test_setup(test_invalid, setup),
+        cmocka_unit_test_setup(test_pinned_device, setup),
+        cmocka_unit_test_setup(test_cli, setup),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     munmap(sh, sizeof(*sh));
