@@ -379,6 +379,7 @@ static void zygote_main(stoke_loader *l, int zfd)
 {
     /* A worker is replaced only after its predecessor was reaped: at most one live child per
      * worker, plus room for one being reaped. */
+    signal(SIGCHLD, SIG_DFL); /* the caller may ignore it, which would reap for us */
     int npids = 2 * l->nworkers + 2;
     pid_t *pids = calloc((size_t)npids, sizeof(pid_t));
     if (!pids)
