@@ -619,6 +619,102 @@ static void test_cli(void **state)
     assert_non_null(strstr(err, "--worker-mode=forks: expected threads or processes"));
 }
 
+/* MAP_VAR: sample i is (i % 17) + 1 bytes (i * 31 + k) & 0xff; sh->crash applies too. */
+typedef struct vds {
+    unsigned char buf[32];
+} vds;
+
+static uint64_t vds_length(void *user)
+{
+    (void)user;
+    return N;
+}
+
+static int vds_get_var(void *user, uint64_t index, const void **data, size_t *len, void **token,
+                       int worker, char *msg, size_t msg_len)
+{
+    (void)worker, (void)msg, (void)msg_len;
+    vds *v = user;
+    if (getpid() != sh->parent && index == sh->crash) {
+        signal(SIGSEGV, SIG_DFL);
+        raise(SIGSEGV);
+    }
+    *len = (size_t)(index % 17) + 1;
+    for (size_t k = 0; k < *len; k++)
+        v->buf[k] = (unsigned char)((index * 31 + k) & 0xff);
+    *data = v->buf;
+    *token = NULL;
+    return STOKE_OK;
+}
+
+/* One MAP_VAR epoch: the packed bytes of every batch, concatenated, and the indices. */
+static size_t var_epoch(int mode, const char *policy, int workers, unsigned char *out,
+                        uint64_t *idx, size_t *nidx)
+{
+    vds v; /* one buffer: each worker process has its own copy; threads: none (0 workers) */
+    stoke_dataset ds;
+    stoke_dataset_init(&ds);
+    ds.kind = STOKE_DATASET_MAP_VAR;
+    snprintf(ds.name, sizeof(ds.name), "vds");
+    ds.user = &v;
+    ds.nfields = 1;
+    ds.fields[0].dtype = STOKE_DTYPE_U8;
+    ds.fields[0].ndim = 1;
+    ds.fields[0].shape[0] = 17;
+    ds.fields[0].bytes = 17;
+    snprintf(ds.fields[0].name, sizeof(ds.fields[0].name), "data");
+    ds.length = vds_length;
+    ds.get_var = vds_get_var;
+    stoke_loader_opts o;
+    opts(&o, policy, mode, workers, 1);
+    stoke_loader *l;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    size_t used = 0;
+    *nidx = 0;
+    stoke_batch *bt;
+    int rc;
+    while ((rc = stoke_loader_next(l, &bt)) == STOKE_OK) {
+        size_t c = stoke_batch_count(bt);
+        const uint64_t *off = stoke_batch_offsets(bt);
+        const unsigned char *d = stoke_batch_data(bt, 0);
+        for (size_t j = 0; j < c; j++) {
+            uint64_t i = stoke_batch_indices(bt)[j];
+            assert_int_equal(off[j + 1] - off[j], (i % 17) + 1);
+            for (uint64_t k = off[j]; k < off[j + 1]; k++)
+                assert_int_equal(d[k], (unsigned char)((i * 31 + (k - off[j])) & 0xff));
+            idx[(*nidx)++] = i;
+        }
+        memcpy(out + used, d, (size_t)off[c]);
+        used += (size_t)off[c];
+        stoke_batch_release(bt);
+    }
+    assert_int_equal(rc, STOKE_EEND);
+    stoke_loader_destroy(l);
+    assert_no_children();
+    return used;
+}
+
+static void test_map_var(void **state)
+{
+    (void)state;
+    reset_shared();
+    static unsigned char a[N * 17], b[N * 17];
+    static uint64_t ia[N], ib[N];
+    size_t na, nb;
+    size_t la = var_epoch(STOKE_WORKER_THREADS, "error", 0, a, ia, &na); /* no threads: one buf */
+    size_t lb = var_epoch(STOKE_WORKER_PROCESSES, "error", 2, b, ib, &nb);
+    assert_int_equal(la, lb);
+    assert_int_equal(na, N);
+    assert_int_equal(nb, N);
+    assert_memory_equal(a, b, la);
+    assert_memory_equal(ia, ib, sizeof(ia));
+    sh->crash = ia[40]; /* shuffled: the 41st sample delivered */
+    lb = var_epoch(STOKE_WORKER_PROCESSES, "skip", 2, b, ib, &nb);
+    assert_int_equal(nb, N - 1);
+    for (size_t k = 0; k < nb; k++)
+        assert_int_equal(ib[k], ia[k < 40 ? k : k + 1]);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -644,6 +740,7 @@ int main(void)
         cmocka_unit_test_setup(test_invalid, setup),
         cmocka_unit_test_setup(test_pinned_device, setup),
         cmocka_unit_test_setup(test_cli, setup),
+        cmocka_unit_test_setup(test_map_var, setup),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     munmap(sh, sizeof(*sh));
