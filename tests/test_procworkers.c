@@ -309,7 +309,7 @@ static void test_crash_error(void **state)
         assert_int_equal(r.rc, STOKE_EDATA);
         assert_non_null(strstr(r.err, "worker "));
         check_crash_msg(r.err, "SIGSEGV", 21);
-        assert_int_equal(r.n, 16); /* batches 0 and 1 */
+        assert_int_equal(r.n, 16);                          /* batches 0 and 1 */
         assert_int_equal(r.st.worker_restarts, wb ? 2 : 1); /* get_batch: found in a rerun */
         assert_int_equal(r.st.quarantined, 1);
         assert_int_equal(r.q[0].index, 21);
@@ -599,12 +599,20 @@ static void test_cli(void **state)
     (void)state;
     const char *env[] = {"STOKE_PLUGIN_PATH=", NULL};
     static char out[8192], err[4096], thr[8192];
-    const char *procs[] = {"synthetic:500", "--workers", "2", "--batch-size", "16", "--shuffle",
-                           "--worker-mode=processes", "--no-pin-memory", "--json", NULL};
+    const char *procs[] = {"synthetic:500",
+                           "--workers",
+                           "2",
+                           "--batch-size",
+                           "16",
+                           "--shuffle",
+                           "--worker-mode=processes",
+                           "--no-pin-memory",
+                           "--json",
+                           NULL};
     assert_int_equal(tu_run_cli(env, "load", procs, out, sizeof(out), err, sizeof(err)), 0);
     assert_non_null(strstr(out, "\"worker_mode\": \"processes\", \"worker_restarts\": 0"));
-    const char *threads[] = {"synthetic:500", "--workers", "2", "--batch-size", "16",
-                             "--shuffle", "--no-pin-memory", "--json", NULL};
+    const char *threads[] = {"synthetic:500",   "--workers", "2", "--batch-size", "16", "--shuffle",
+                             "--no-pin-memory", "--json",    NULL};
     assert_int_equal(tu_run_cli(env, "load", threads, thr, sizeof(thr), err, sizeof(err)), 0);
     assert_non_null(strstr(thr, "\"worker_mode\": \"threads\", \"worker_restarts\": 0"));
     const char *keys[] = {"\"content_hash\": ", "\"order_hash\": ", "\"samples\": "};

@@ -45,9 +45,9 @@
 #include "loader/loader_internal.h"
 #include "stoke/pinned.h"
 
-#define POISON_MAX 16           /* crashing samples one batch may skip or replace */
-#define RESTARTS_MAX 100        /* worker process restarts per epoch */
-#define POLL_MS 50              /* every wait for a child is a poll of at most this */
+#define POISON_MAX    16          /* crashing samples one batch may skip or replace */
+#define RESTARTS_MAX  100         /* worker process restarts per epoch */
+#define POLL_MS       50          /* every wait for a child is a poll of at most this */
 #define STOP_GRACE_NS 2000000000u /* destroy: a child busy longer than this is SIGKILLed */
 
 /* Shared with the children: what each is loading. */
