@@ -2,13 +2,15 @@
 # Thread vs process workers on `npy:` rows of 3 KB: samples/s (stoke load --json) and memory, the
 # peak RSS of the stoke process plus all its descendants (zygote, worker children), sampled from
 # /proc every 50 ms.  Writes the .npy itself (no numpy needed).
-#   bench/bench_procworkers.sh [STOKE_BINARY] [ROWS] [WORKERS]
-# Defaults: build/stoke, 100000 rows (300 MB), 2 workers.  Each mode runs 3 times; the best
+#   bench/bench_procworkers.sh [STOKE_BINARY] [ROWS] [WORKERS] [IO]
+# Defaults: build/stoke, 100000 rows (300 MB), 2 workers, io=auto (npy's io= option: auto, mmap,
+# pread, uring).  Each mode runs 3 times; the best
 # samples/s and the largest peak RSS are printed.
 set -eu
 STOKE=${1:-build/stoke}
 ROWS=${2:-100000}
 WORKERS=${3:-2}
+IO=${4:-auto}
 DIR=$(mktemp -d)
 trap 'rm -rf "$DIR"' EXIT
 NPY=$DIR/rows.npy
@@ -56,7 +58,7 @@ for mode in threads processes; do
     best=0
     mem=0
     for run in 1 2 3; do
-        "$STOKE" load "npy:$NPY" --batch-size 256 --workers "$WORKERS" --shuffle --no-hash \
+        "$STOKE" load "npy:$NPY,io=$IO" --batch-size 256 --workers "$WORKERS" --shuffle --no-hash \
             --no-pin-memory --worker-mode="$mode" --json >"$DIR/out.json" &
         pid=$!
         rss=$(peak_rss "$pid")
@@ -65,5 +67,5 @@ for mode in threads processes; do
         [ "$sps" -gt "$best" ] && best=$sps
         [ "$rss" -gt "$mem" ] && mem=$rss
     done
-    echo "$mode: $WORKERS workers, $ROWS rows of 3072 B: $best samples/s, peak RSS (all processes) $((mem / 1024)) MiB"
+    echo "$mode: io=$IO, $WORKERS workers, $ROWS rows of 3072 B: $best samples/s, peak RSS (all processes) $((mem / 1024)) MiB"
 done
