@@ -735,6 +735,39 @@ static void test_map_var(void **state)
         assert_int_equal(ib[k], ia[k < 40 ? k : k + 1]);
 }
 
+/* timeout_ms: a sample hanging in a child times out as with threads (the parent watches the
+ * child's busy mark); destroy then SIGKILLs the stuck child. */
+static void test_timeout(void **state)
+{
+    (void)state;
+    reset_shared();
+    sh->hang = 30;
+    int fds = count_fds();
+    pds p;
+    stoke_dataset ds;
+    pds_open(&p, 0, 0, &ds);
+    stoke_loader_opts o;
+    opts(&o, "skip", STOKE_WORKER_PROCESSES, 1, 0);
+    o.timeout_ms = 100;
+    stoke_loader *l;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    static run r;
+    memset(&r, 0, sizeof(r));
+    take(l, 1, &r, UINT64_MAX);
+    assert_int_equal(r.rc, STOKE_ETIMEDOUT);
+    assert_int_equal(r.n, 24);
+    assert_non_null(
+        strstr(r.err, "worker 0: sample 30 of pds took longer than the timeout of 100 ms"));
+    int hung = atomic_load(&sh->hang_pid);
+    assert_true(hung > 0);
+    stoke_loader_destroy(l);
+    stoke_dataset_close(&ds);
+    stoke_dataset_close(&p.inner);
+    assert_true(gone(hung));
+    assert_no_children();
+    assert_int_equal(count_fds(), fds);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -761,6 +794,7 @@ int main(void)
         cmocka_unit_test_setup(test_pinned_device, setup),
         cmocka_unit_test_setup(test_cli, setup),
         cmocka_unit_test_setup(test_map_var, setup),
+        cmocka_unit_test_setup(test_timeout, setup),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     munmap(sh, sizeof(*sh));
