@@ -100,12 +100,13 @@ enum { ORDER_SEQUENTIAL = 0, ORDER_RANDOM = 1, ORDER_BLOCK = 2 };
 
 typedef struct load_args {
     cli_cmd cmd;
-    const char *source, *pin_dev, *device, *on_error;
+    const char *source, *pin_dev, *device, *on_error, *worker_mode;
     stoke_loader_opts bad; /* --on-error parsed: on_error, max_bad, max_bad_fraction */
     uint64_t batch, workers, prefetch, seed, epochs, limit;
     uint64_t block_rows, block_window; /* ORDER_BLOCK: the sizes (defaults filled in) */
     int order, drop_last, pin, verify, in_order, hash, distributed;
     int workers_auto; /* --workers auto (the default) */
+    int procs;        /* --worker-mode=processes */
 } load_args;
 
 static void usage(FILE *f)
@@ -145,6 +146,9 @@ static void usage(FILE *f)
             "                         skip[:N|:P%%] (dropped; past N per epoch, or P%%, error) or\n"
             "                         replace[:N|:P%%] (a deterministic replacement); JSON\n"
             "                         bad_samples and quarantine list them\n"
+            "  --worker-mode=MODE     threads (default) or processes: each worker loads in a\n"
+            "                         child process, a crash fails only its sample (map-style\n"
+            "                         sources; JSON worker_mode, worker_restarts)\n"
             "  --no-hash              skip content_hash\n"
             "  --json                 one JSON object on stdout, errors included\n"
             "  (an option's value may also be given as --option=VALUE)\n"
@@ -215,7 +219,8 @@ static int parse_args(int argc, char **argv, load_args *a)
         size_t off;
     } strs[] = {{"--pin-memory-device", offsetof(load_args, pin_dev)},
                 {"--device", offsetof(load_args, device)},
-                {"--on-error", offsetof(load_args, on_error)}};
+                {"--on-error", offsetof(load_args, on_error)},
+                {"--worker-mode", offsetof(load_args, worker_mode)}};
     static const struct {
         const char *name;
         size_t off;
@@ -289,6 +294,9 @@ static int parse_args(int argc, char **argv, load_args *a)
                         a->on_error);
     if (a->verify && !a->device)
         return cli_fail(c, 2, "--verify needs --device");
+    if (a->worker_mode && strcmp(a->worker_mode, "threads") != 0 &&
+        !(a->procs = strcmp(a->worker_mode, "processes") == 0))
+        return cli_fail(c, 2, "--worker-mode=%s: expected threads or processes", a->worker_mode);
     return -1;
 }
 
@@ -384,6 +392,7 @@ static int open_loader(const load_args *a, load_run *r)
     o.on_error = a->bad.on_error;
     o.max_bad = a->bad.max_bad;
     o.max_bad_fraction = a->bad.max_bad_fraction;
+    o.worker_mode = a->procs ? STOKE_WORKER_PROCESSES : STOKE_WORKER_THREADS;
     rc = stoke_loader_create(&o, &r->ds, &r->l);
     if (rc != STOKE_OK)
         return cli_fail(c, 1, "%s", *stoke_last_error() ? stoke_last_error() : stoke_strerror(rc));
@@ -696,6 +705,8 @@ static void print_json(const load_run *r, const char *content_src, const char *a
     printf(", \"device_copies\": %" PRIu64 ", \"device_errors\": %" PRIu64 ", \"verified\": %s",
            st->device_copies, st->device_errors, a->verify && !r->status ? "true" : "false");
     print_json_bad(r);
+    printf(", \"worker_mode\": \"%s\", \"worker_restarts\": %" PRIu64,
+           a->procs ? "processes" : "threads", st->worker_restarts);
     printf(", \"buffers\": %" PRIu64 ", \"buffer_bytes\": %" PRIu64 "}\n", st->buffers,
            st->buffer_bytes);
 }

@@ -101,7 +101,19 @@ typedef struct stoke_loader_opts {
                                  epoch with its error.  Default UINT64_MAX (no limit) */
     double max_bad_fraction;  /* the budget as a share of the epoch's samples (0..1; the
                                  budget is the smaller of the two).  Default 1.0 */
+    /* ---- appended: process workers (docs/loader.md, "Process workers") ---- */
+    int worker_mode;          /* STOKE_WORKER_THREADS (default) or STOKE_WORKER_PROCESSES: each
+                                 worker's samples are loaded in a child process (MAP / MAP_VAR
+                                 datasets, num_workers >= 1 or auto; ITERABLE: STOKE_ENOTSUP at
+                                 create), so a sample that crashes its process fails like a bad
+                                 sample instead of killing the caller */
 } stoke_loader_opts;
+
+/* stoke_loader_opts.worker_mode. */
+typedef enum stoke_worker_mode {
+    STOKE_WORKER_THREADS = 0,
+    STOKE_WORKER_PROCESSES = 1
+} stoke_worker_mode;
 
 /* stoke_loader_opts.on_error.  REPLACE: sample i's slot gets the first of the candidates
  * mix(seed, i, k) mod length(), k = 0..STOKE_REPLACE_TRIES - 1 (seed: the seed option, not
@@ -268,7 +280,15 @@ typedef struct stoke_loader_stats {
     uint64_t skipped_samples;  /* of those, dropped from their batch (SKIP) */
     uint64_t replaced_samples; /* of those, replaced (REPLACE) */
     uint64_t quarantined;      /* entries in the quarantine (at most STOKE_QUARANTINE_MAX) */
+    /* ---- appended: process workers ---- */
+    uint64_t worker_restarts;  /* worker processes that died and were replaced (a crash, a
+                                  kill); 0 in thread mode */
 } stoke_loader_stats;
+
+/* worker_mode = STOKE_WORKER_PROCESSES: the process id of worker `worker`'s child process, or -1
+ * when it has none now (it is started at its first batch and replaced after it dies), for a
+ * worker outside 0 .. workers - 1, in thread mode, and for NULL.  Thread-safe. */
+STOKE_API int stoke_loader_worker_pid(const stoke_loader *l, int worker);
 
 /* ---- the quarantine: every bad sample, in the order their batches reached the consumer ----- */
 #define STOKE_QUARANTINE_MAX 65536 /* entries kept; later bad samples are only counted */

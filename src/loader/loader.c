@@ -526,6 +526,8 @@ static int allocate(stoke_loader *l)
     int rc = choose_pinning(l);
     if (rc != STOKE_OK)
         return rc;
+    if (l->o.worker_mode != STOKE_WORKER_THREADS)
+        return stoke__proc_create(l); /* shared buffers, the zygote (procworker.c) */
     for (int i = 0; i < l->nbuf; i++) {
         stoke_batch *b = &l->bat[i];
         b->l = l;
@@ -612,8 +614,10 @@ void stoke_loader_destroy(stoke_loader *l)
         pthread_mutex_lock(&l->mu);
         stoke__loader_abandon(l);
         pthread_mutex_unlock(&l->mu);
+        stoke__proc_stopping(l);
         stoke__loader_stop_workers(l);
     }
+    stoke__proc_destroy(l); /* before the buffers below: it unmaps the shared ones */
     if (l->stream)
         stoke_stream_synchronize(l->stream);
     stoke__bad_destroy(l);

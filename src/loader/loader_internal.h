@@ -195,6 +195,7 @@ struct stoke_loader {
     uint64_t bad_gen;                      /* the gen the per-epoch counts below belong to */
     uint64_t bad_epoch, bad_epoch_samples; /* handled bad samples / delivered samples this run */
     uint64_t st_bad, st_skipped, st_replaced;
+    struct stoke__proc *proc; /* worker_mode processes (procworker.c); NULL for threads */
 };
 
 /* loader.c: formats the loader's last error into l->err and sets the thread's last error; returns
@@ -258,6 +259,25 @@ void stoke__bad_destroy(stoke_loader *l);
 /* worker.c: one sample into slot j (see worker.c). */
 int stoke__loader_one_sample(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid, size_t j,
                              uint64_t *idx, char *msg, size_t msg_len);
+
+/* worker.c: fills batch `seq` into b->host (b owned by the caller; sets status and errors). */
+void stoke__loader_fill_batch(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid,
+                              uint64_t seed, uint64_t epoch, uint64_t seq);
+
+/* procworker.c: process workers (docs/loader.md, "Process workers"). */
+typedef struct stoke__proc stoke__proc;
+/* create, after the batch handles and pinning were chosen, before any thread: checks the mode,
+ * puts the batch buffers and index arrays in shared memory, forks the zygote.  l->err set on
+ * failure. */
+int stoke__proc_create(stoke_loader *l);
+/* Producer (a worker thread): what fill_batch does, in worker wid's child process. */
+void stoke__proc_fill(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid, uint64_t seed,
+                      uint64_t epoch);
+/* destroy: before the worker threads are joined (a child stuck in a sample gets SIGKILLed). */
+void stoke__proc_stopping(stoke_loader *l);
+/* destroy, after the threads were joined: ends and reaps every process, unmaps the buffers. */
+void stoke__proc_destroy(stoke_loader *l);
+uint64_t stoke__proc_restarts(const stoke_loader *l);
 
 /* state.c */
 void stoke__loader_abandon(stoke_loader *l);

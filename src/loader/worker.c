@@ -199,8 +199,8 @@ static void fill_map_batch(stoke_loader *l, stoke_batch *b, stoke__worker *w, in
 
 /* Writes batch `seq` into b->host; the caller owns b.  Sets b->status and the error fields
  * (ITERABLE: b->end when the worker's share ended). */
-static void fill_batch(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid, uint64_t seed,
-                       uint64_t epoch, uint64_t seq)
+void stoke__loader_fill_batch(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid,
+                              uint64_t seed, uint64_t epoch, uint64_t seq)
 {
     b->seq = seq;
     b->epoch = epoch;
@@ -350,7 +350,10 @@ uint64_t stoke__loader_produce(stoke_loader *l, stoke_batch *b, stoke__worker *w
                                uint64_t seed, uint64_t epoch)
 {
     uint64_t t0 = stoke__now_ns();
-    fill_batch(l, b, w, wid, seed, epoch, b->seq);
+    if (l->proc)
+        stoke__proc_fill(l, b, w, wid, seed, epoch); /* in worker wid's child process */
+    else
+        stoke__loader_fill_batch(l, b, w, wid, seed, epoch, b->seq);
     if (l->device_mode && b->status == STOKE_OK && b->count)
         stoke__loader_copy_batch(l, b);
     return stoke__now_ns() - t0;
@@ -389,7 +392,7 @@ static void *worker_main(void *arg)
     char name[16];
     snprintf(name, sizeof(name), "stoke-w%d", w->id);
     stoke__thread_name(name);
-    if (l->ds.worker_init) {
+    if (l->ds.worker_init && !l->proc) { /* process mode: in the child */
         int rc = l->ds.worker_init(l->ds.user, w->id, l->nworkers);
         if (rc != STOKE_OK) {
             pthread_mutex_lock(&l->mu);

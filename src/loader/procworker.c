@@ -1,0 +1,851 @@
+/* Process workers (stoke_loader_opts.worker_mode = STOKE_WORKER_PROCESSES; docs/loader.md,
+ * "Process workers").
+ *
+ * At create, before any loader thread exists, the batch buffers (and the batches' index and
+ * offset arrays) are put in one shared mapping of an anonymous memfd, and one single-threaded
+ * "zygote" process is forked.  The zygote forks worker children on request (so a replacement is
+ * never forked from the multithreaded parent) and passes each child's socket to the parent with
+ * SCM_RIGHTS; it also reaps them.  The parent's worker threads stay as they are (dispatch,
+ * hand-off, ordering); only the filling of a batch (stoke__proc_fill) is sent to worker w's
+ * child, which runs the same fill code (bad-sample policy included) on its forked copy of the
+ * loader and writes the samples straight into the shared buffer.  The child publishes the
+ * dataset index it is loading in a shared control record, so a crash names its sample.
+ *
+ * Messages (SOCK_SEQPACKET, one struct per message):
+ *   parent -> zygote: zreq {SPAWN, worker} -> zrep {pid, err} + the parent's socket end;
+ *                     zreq {REAP, pid} -> zrep {wait status}.  EOF: the zygote waits a bounded
+ *                     time for its children to exit, SIGKILLs the rest, reaps them and exits.
+ *   parent -> child:  wreq (a batch: handle, slot, seq, seed, epoch, flags, poisoned samples);
+ *   child -> parent:  zero or more wmsg BAD (the batch's bad samples), then one wmsg DONE.
+ *                     EOF on its socket: the child exits.
+ * A child that dies (EOF on its socket) is reaped through the zygote; its crash is the failure
+ * of the sample it was on: with on_error = error the batch fails, otherwise the sample is
+ * "poisoned" (a replacement child's dataset calls fail for it with the crash message, so the
+ * ordinary policy skips or replaces it) and the batch is re-run by a replacement child. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/internal.h"
+#include "loader/loader_internal.h"
+#include "stoke/pinned.h"
+
+#define POISON_MAX    16          /* crashing samples one batch may skip or replace */
+#define RESTARTS_MAX  100         /* worker process restarts per epoch */
+#define POLL_MS       50          /* every wait for a child is a poll of at most this */
+#define STOP_GRACE_NS 2000000000u /* destroy: a child busy longer than this is SIGKILLed */
+
+/* Shared with the children: what each is loading. */
+typedef struct proc_ctl {
+    _Atomic uint64_t index; /* dataset index in a get / get_var; UINT64_MAX: none */
+    _Atomic uint64_t since; /* stoke__now_ns() at its start; 0: idle */
+    _Atomic int in_batch;   /* inside get_batch (index: its first sample) */
+} proc_ctl;
+
+typedef struct proc_w {
+    int fd;          /* the parent's end of the child's socket; -1: no child */
+    _Atomic int pid; /* the child; -1: none (read by stoke_loader_worker_pid) */
+} proc_w;
+
+struct stoke__proc {
+    unsigned char *shm;
+    size_t shm_len;
+    int registered; /* stoke_pin_register succeeded */
+    proc_ctl *ctl;  /* nworkers, in shm */
+    proc_w *w;      /* nworkers */
+    pid_t zpid;
+    int zfd;
+    pthread_mutex_t zmu; /* serializes request/reply on zfd; then `rmu` never inside it */
+    pthread_mutex_t rmu; /* restarts, cap_epoch, cap_n */
+    uint64_t restarts, cap_epoch, cap_n;
+    _Atomic int stopping;
+};
+
+enum { Z_SPAWN = 1, Z_REAP = 2 };
+typedef struct zreq {
+    int32_t op, worker;
+    int32_t pid, pad;
+} zreq;
+typedef struct zrep {
+    int32_t pid, err, status, pad;
+} zrep;
+
+enum { F_NO_GET_BATCH = 1 };
+typedef struct wreq {
+    int32_t bi, si;
+    uint32_t flags, npoison;
+    uint64_t seq, seed, epoch;
+    uint64_t poison[POISON_MAX];
+    char pmsg[POISON_MAX][112];
+} wreq;
+
+enum { M_BAD = 1, M_DONE = 2 };
+typedef struct wmsg {
+    int32_t kind, status;
+    uint64_t count, bytes, err_index;
+    int32_t end, pad;
+    char err_msg[256];
+    stoke__bad bad;
+} wmsg;
+
+/* ---- the child: the dataset wrapped to publish what it loads and to fail poisoned samples -- */
+
+static struct {
+    stoke_dataset ds; /* the real one */
+    proc_ctl *ctl;
+    const wreq *req;
+} cw;
+
+static int poisoned(uint64_t idx, char *msg, size_t msg_len)
+{
+    for (uint32_t k = 0; cw.req && k < cw.req->npoison; k++)
+        if (cw.req->poison[k] == idx) {
+            stoke__strlcpy(msg, cw.req->pmsg[k], msg_len);
+            return 1;
+        }
+    return 0;
+}
+
+static void busy(uint64_t idx)
+{
+    atomic_store(&cw.ctl->index, idx);
+    atomic_store(&cw.ctl->since, stoke__now_ns());
+}
+
+static void idle(void)
+{
+    atomic_store(&cw.ctl->since, 0);
+    atomic_store(&cw.ctl->index, UINT64_MAX);
+    atomic_store(&cw.ctl->in_batch, 0);
+}
+
+static uint64_t w_length(void *user)
+{
+    (void)user;
+    return cw.ds.length(cw.ds.user);
+}
+
+static int w_get(void *user, uint64_t index, void *const dst[], int worker, char *msg,
+                 size_t msg_len)
+{
+    (void)user;
+    if (poisoned(index, msg, msg_len))
+        return STOKE_EDATA;
+    busy(index);
+    int rc = cw.ds.get(cw.ds.user, index, dst, worker, msg, msg_len);
+    idle();
+    return rc;
+}
+
+static int w_get_var(void *user, uint64_t index, const void **data, size_t *len, void **token,
+                     int worker, char *msg, size_t msg_len)
+{
+    (void)user;
+    if (poisoned(index, msg, msg_len))
+        return STOKE_EDATA;
+    busy(index);
+    int rc = cw.ds.get_var(cw.ds.user, index, data, len, token, worker, msg, msg_len);
+    idle();
+    return rc;
+}
+
+static void w_release_var(void *user, void *token)
+{
+    (void)user;
+    cw.ds.release_var(cw.ds.user, token);
+}
+
+static int w_get_batch(void *user, const uint64_t *indices, size_t count, void *const dst[],
+                       int worker, char *msg, size_t msg_len, uint64_t *err_index)
+{
+    (void)user;
+    atomic_store(&cw.ctl->in_batch, 1);
+    busy(count ? indices[0] : UINT64_MAX);
+    int rc = cw.ds.get_batch(cw.ds.user, indices, count, dst, worker, msg, msg_len, err_index);
+    idle();
+    return rc;
+}
+
+static void wrap_dataset(stoke_loader *l, proc_ctl *ctl)
+{
+    cw.ds = l->ds;
+    cw.ctl = ctl;
+    l->ds.user = &cw;
+    l->ds.length = cw.ds.length ? w_length : NULL;
+    l->ds.get = cw.ds.get ? w_get : NULL;
+    l->ds.get_var = cw.ds.get_var ? w_get_var : NULL;
+    l->ds.release_var = cw.ds.release_var ? w_release_var : NULL;
+    if (STOKE_DATASET_HAS(&l->ds, get_batch))
+        l->ds.get_batch = cw.ds.get_batch ? w_get_batch : NULL;
+    idle();
+}
+
+static int send_all(int fd, const void *p, size_t n)
+{
+    ssize_t r;
+    do
+        r = send(fd, p, n, MSG_NOSIGNAL);
+    while (r < 0 && errno == EINTR);
+    return r == (ssize_t)n ? 0 : -1;
+}
+
+static ssize_t recv_msg(int fd, void *p, size_t n)
+{
+    ssize_t r;
+    do
+        r = recv(fd, p, n, 0);
+    while (r < 0 && errno == EINTR);
+    return r;
+}
+
+/* The child's loop: one batch per request; exits (without atexit handlers) on EOF. */
+static void child_main(stoke_loader *l, int wid, int fd)
+{
+    wrap_dataset(l, &l->proc->ctl[wid]);
+    int init_rc = STOKE_OK;
+    if (cw.ds.worker_init) {
+        init_rc = cw.ds.worker_init(cw.ds.user, wid, l->nworkers);
+        if (init_rc > 0)
+            init_rc = STOKE_EDATA;
+    }
+    static wreq req;
+    wmsg m;
+    for (;;) {
+        ssize_t n = recv_msg(fd, &req, sizeof(req));
+        if (n != (ssize_t)sizeof(req))
+            _exit(0);
+        stoke_batch *b = &l->bat[req.bi];
+        b->host = &l->slots[req.si];
+        if (req.flags & F_NO_GET_BATCH)
+            l->ds.get_batch = NULL;
+        memset(&m, 0, sizeof(m));
+        if (init_rc != STOKE_OK) {
+            m.status = init_rc;
+            m.err_index = UINT64_MAX;
+            stoke__fmt(m.err_msg, sizeof(m.err_msg), "worker_init failed in worker process %d (%s)",
+                       (int)getpid(), stoke_err_name(init_rc));
+        } else {
+            cw.req = &req;
+            stoke__loader_fill_batch(l, b, NULL, wid, req.seed, req.epoch, req.seq);
+            cw.req = NULL;
+            m.kind = M_BAD;
+            for (size_t i = 0; i < b->bad.n; i++) {
+                m.bad = b->bad.v[i];
+                if (send_all(fd, &m, sizeof(m)))
+                    _exit(0);
+            }
+            m.status = b->status;
+            m.count = b->count;
+            m.bytes = b->bytes;
+            m.err_index = b->err_index;
+            m.end = b->end;
+            memcpy(m.err_msg, b->err_msg, sizeof(m.err_msg));
+        }
+        m.kind = M_DONE;
+        if (send_all(fd, &m, sizeof(m)))
+            _exit(0);
+    }
+}
+
+/* ---- the zygote ------------------------------------------------------------------------- */
+
+static int send_fd(int sock, const void *p, size_t n, int fd)
+{
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } ctl;
+    memset(&ctl, 0, sizeof(ctl));
+    struct iovec iov = {.iov_base = (void *)p, .iov_len = n};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (fd >= 0) {
+        msg.msg_control = ctl.buf;
+        msg.msg_controllen = sizeof(ctl.buf);
+        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(c), &fd, sizeof(int));
+    }
+    ssize_t r;
+    do
+        r = sendmsg(sock, &msg, MSG_NOSIGNAL);
+    while (r < 0 && errno == EINTR);
+    return r == (ssize_t)n ? 0 : -1;
+}
+
+static ssize_t recv_fd(int sock, void *p, size_t n, int *fd)
+{
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } ctl;
+    struct iovec iov = {.iov_base = p, .iov_len = n};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+    msg.msg_control = ctl.buf;
+    msg.msg_controllen = sizeof(ctl.buf);
+    *fd = -1;
+    ssize_t r;
+    do
+        r = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+    while (r < 0 && errno == EINTR);
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); r > 0 && c; c = CMSG_NXTHDR(&msg, c))
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
+            memcpy(fd, CMSG_DATA(c), sizeof(int));
+    return r;
+}
+
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+/* Zygote, at EOF: children get EOF too (the parent closed their sockets first); waits up to
+ * about 2 s for them, then SIGKILLs the rest; reaps everyone. */
+static void zygote_reap_all(pid_t *pids, int n)
+{
+    for (int tries = 0; tries < 200; tries++) {
+        int left = 0;
+        for (int i = 0; i < n; i++) {
+            if (pids[i] > 0 && waitpid(pids[i], NULL, WNOHANG) == pids[i])
+                pids[i] = -1;
+            left += pids[i] > 0;
+        }
+        if (!left)
+            return;
+        sleep_ms(10);
+    }
+    for (int i = 0; i < n; i++)
+        if (pids[i] > 0) {
+            kill(pids[i], SIGKILL);
+            waitpid(pids[i], NULL, 0);
+        }
+}
+
+static void zygote_spawn(stoke_loader *l, int zfd, int wid, pid_t *pids, int npids)
+{
+    zrep rep = {.pid = -1};
+    int sv[2] = {-1, -1};
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
+        rep.err = errno;
+        send_fd(zfd, &rep, sizeof(rep), -1);
+        return;
+    }
+    pid_t zygote = getpid();
+    pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != zygote)
+            _exit(0);
+        close(zfd);
+        close(sv[0]);
+        child_main(l, wid, sv[1]);
+        _exit(0);
+    }
+    close(sv[1]);
+    if (pid < 0) {
+        rep.err = errno;
+        send_fd(zfd, &rep, sizeof(rep), -1);
+    } else {
+        rep.pid = (int32_t)pid;
+        for (int i = 0; i < npids; i++)
+            if (pids[i] <= 0) {
+                pids[i] = pid;
+                break;
+            }
+        send_fd(zfd, &rep, sizeof(rep), sv[0]);
+    }
+    close(sv[0]);
+}
+
+static void zygote_main(stoke_loader *l, int zfd)
+{
+    /* A worker is replaced only after its predecessor was reaped: at most one live child per
+     * worker, plus room for one being reaped. */
+    signal(SIGCHLD, SIG_DFL); /* the caller may ignore it, which would reap for us */
+    int npids = 2 * l->nworkers + 2;
+    pid_t *pids = calloc((size_t)npids, sizeof(pid_t));
+    if (!pids)
+        _exit(1);
+    zreq q;
+    for (;;) {
+        ssize_t n = recv_msg(zfd, &q, sizeof(q));
+        if (n != (ssize_t)sizeof(q))
+            break;
+        if (q.op == Z_SPAWN) {
+            zygote_spawn(l, zfd, q.worker, pids, npids);
+        } else if (q.op == Z_REAP) {
+            zrep rep = {.pid = q.pid};
+            int st = 0;
+            if (q.pad)
+                kill(q.pid, SIGKILL);
+            if (waitpid(q.pid, &st, 0) < 0)
+                rep.err = errno;
+            rep.status = st;
+            for (int i = 0; i < npids; i++)
+                if (pids[i] == q.pid)
+                    pids[i] = -1;
+            send_fd(zfd, &rep, sizeof(rep), -1);
+        }
+    }
+    zygote_reap_all(pids, npids);
+    _exit(0);
+}
+
+/* ---- the parent ------------------------------------------------------------------------- */
+
+static size_t align_page(size_t v)
+{
+    return (v + 4095u) & ~(size_t)4095u;
+}
+
+/* The shared mapping: per batch handle its buffer, indices and offsets; the control records. */
+static int map_shared(stoke_loader *l, stoke__proc *p)
+{
+    size_t idx_bytes = align_page(l->cap * sizeof(uint64_t));
+    size_t off_bytes = l->var ? align_page((l->cap + 1) * sizeof(uint64_t)) : 0;
+    size_t per = align_page(l->buf_bytes) + idx_bytes + off_bytes;
+    size_t ctl_bytes = align_page((size_t)l->nworkers * sizeof(proc_ctl));
+    p->shm_len = per * (size_t)l->nbuf + ctl_bytes;
+    int fd = memfd_create("stoke-batches", MFD_CLOEXEC);
+    if (fd < 0)
+        return stoke__loader_fail(l, STOKE_ENOMEM, "loader: memfd_create failed: %s",
+                                  strerror(errno));
+    void *m = MAP_FAILED;
+    if (ftruncate(fd, (off_t)p->shm_len) == 0)
+        m = mmap(NULL, p->shm_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    int e = errno;
+    close(fd);
+    if (m == MAP_FAILED)
+        return stoke__loader_fail(l, STOKE_ENOMEM,
+                                  "loader: cannot map %zu bytes of shared batch buffers: %s",
+                                  p->shm_len, strerror(e));
+    p->shm = m;
+    if (l->alloc_kind != STOKE__ALLOC_PAGEABLE && stoke_pin_register(m, p->shm_len) == STOKE_OK)
+        p->registered = 1;
+    for (int i = 0; i < l->nbuf; i++) {
+        unsigned char *base = p->shm + per * (size_t)i;
+        l->slots[i].mem = base;
+        l->slots[i].pinned = p->registered && stoke_is_pinned(base);
+        l->bat[i].l = l;
+        l->bat[i].indices = (uint64_t *)(base + align_page(l->buf_bytes));
+        if (l->var)
+            l->bat[i].offsets = (uint64_t *)(base + align_page(l->buf_bytes) + idx_bytes);
+    }
+    p->ctl = (proc_ctl *)(p->shm + per * (size_t)l->nbuf);
+    for (int i = 0; i < l->nworkers; i++)
+        atomic_store(&p->ctl[i].index, UINT64_MAX);
+    return STOKE_OK;
+}
+
+int stoke__proc_create(stoke_loader *l)
+{
+    if (l->o.worker_mode != STOKE_WORKER_PROCESSES)
+        return stoke__loader_fail(l, STOKE_EINVAL,
+                                  "loader: unknown worker_mode %d (STOKE_WORKER_THREADS, "
+                                  "STOKE_WORKER_PROCESSES)",
+                                  l->o.worker_mode);
+    if (l->iterable)
+        return stoke__loader_fail(l, STOKE_ENOTSUP,
+                                  "loader: worker_mode processes works with MAP and MAP_VAR "
+                                  "datasets only; %s is ITERABLE (use worker threads)",
+                                  l->ds.name);
+    if (l->nworkers < 1)
+        return stoke__loader_fail(l, STOKE_EINVAL,
+                                  "loader: worker_mode processes needs num_workers >= 1");
+    stoke__proc *p = calloc(1, sizeof(*p));
+    if (!p)
+        return stoke__loader_fail(l, STOKE_ENOMEM, "loader: out of memory");
+    l->proc = p;
+    p->zfd = -1;
+    p->zpid = -1;
+    pthread_mutex_init(&p->zmu, NULL);
+    pthread_mutex_init(&p->rmu, NULL);
+    p->cap_epoch = UINT64_MAX;
+    p->w = calloc((size_t)l->nworkers, sizeof(*p->w));
+    if (!p->w)
+        return stoke__loader_fail(l, STOKE_ENOMEM, "loader: out of memory");
+    for (int i = 0; i < l->nworkers; i++) {
+        p->w[i].fd = -1;
+        atomic_store(&p->w[i].pid, -1);
+    }
+    for (int i = 0; i < l->nbuf; i++) /* the index arrays live in the shared mapping */
+        l->bat[i].l = l;
+    int rc = map_shared(l, p);
+    if (rc != STOKE_OK)
+        return rc;
+    l->assist = 0; /* every sample in a child: no batches in the caller's thread */
+    if (l->nact_min < 1)
+        l->nact_min = 1;
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
+        return stoke__loader_fail(l, STOKE_ENOMEM, "loader: socketpair failed: %s",
+                                  strerror(errno));
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(sv[0]);
+        zygote_main(l, sv[1]);
+        _exit(0);
+    }
+    int e = errno;
+    close(sv[1]);
+    if (pid < 0) {
+        close(sv[0]);
+        return stoke__loader_fail(l, STOKE_ENOMEM, "loader: cannot fork the worker zygote: %s",
+                                  strerror(e));
+    }
+    p->zpid = pid;
+    p->zfd = sv[0];
+    return STOKE_OK;
+}
+
+/* One request to the zygote and its reply (with a descriptor for SPAWN). */
+static int zygote_call(stoke__proc *p, const zreq *q, zrep *rep, int *fd)
+{
+    pthread_mutex_lock(&p->zmu);
+    int ok = p->zfd >= 0 && send_all(p->zfd, q, sizeof(*q)) == 0;
+    int got = -1;
+    if (ok)
+        ok = recv_fd(p->zfd, rep, sizeof(*rep), &got) == (ssize_t)sizeof(*rep);
+    pthread_mutex_unlock(&p->zmu);
+    if (fd)
+        *fd = got;
+    else if (got >= 0)
+        close(got);
+    return ok ? 0 : -1;
+}
+
+static int spawn(stoke_loader *l, int wid, char *msg, size_t len)
+{
+    stoke__proc *p = l->proc;
+    zreq q = {.op = Z_SPAWN, .worker = wid};
+    zrep rep;
+    int fd = -1;
+    if (zygote_call(p, &q, &rep, &fd) != 0 || rep.pid <= 0 || fd < 0) {
+        if (fd >= 0)
+            close(fd);
+        stoke__fmt(msg, len, "cannot start worker process %d: %s", wid,
+                   rep.pid <= 0 && rep.err ? strerror(rep.err) : "the worker zygote is gone");
+        return STOKE_ENOMEM;
+    }
+    p->w[wid].fd = fd;
+    atomic_store(&p->w[wid].pid, rep.pid);
+    return STOKE_OK;
+}
+
+static const char *sig_abbrev(int sig)
+{
+    switch (sig) {
+    case SIGSEGV: return "SIGSEGV";
+    case SIGKILL: return "SIGKILL";
+    case SIGABRT: return "SIGABRT";
+    case SIGBUS: return "SIGBUS";
+    case SIGFPE: return "SIGFPE";
+    case SIGILL: return "SIGILL";
+    case SIGTERM: return "SIGTERM";
+    case SIGINT: return "SIGINT";
+    case SIGPIPE: return "SIGPIPE";
+    default: return NULL;
+    }
+}
+
+/* Closes worker wid's socket, reaps its child through the zygote (SIGKILL first when `kill`)
+ * and describes how it ended into msg. */
+static void reap(stoke_loader *l, int wid, int kill_it, char *msg, size_t len)
+{
+    stoke__proc *p = l->proc;
+    int pid = atomic_load(&p->w[wid].pid);
+    if (p->w[wid].fd >= 0)
+        close(p->w[wid].fd);
+    p->w[wid].fd = -1;
+    atomic_store(&p->w[wid].pid, -1);
+    if (pid <= 0)
+        return;
+    zreq q = {.op = Z_REAP, .pid = pid, .pad = kill_it};
+    zrep rep = {0};
+    if (zygote_call(p, &q, &rep, NULL) != 0 || rep.err) {
+        stoke__fmt(msg, len, "worker process %d died (its exit status is unknown)", pid);
+        return;
+    }
+    int st = rep.status;
+    if (WIFSIGNALED(st)) {
+        int sig = WTERMSIG(st);
+        const char *ab = sig_abbrev(sig);
+        char num[24];
+        if (!ab) {
+            stoke__fmt(num, sizeof(num), "signal %d", sig);
+            ab = num;
+        }
+        stoke__fmt(msg, len, "worker process %d killed by %s (%s)", pid, ab, strsignal(sig));
+    } else {
+        stoke__fmt(msg, len, "worker process %d exited with status %d", pid,
+                   WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    }
+}
+
+static void fail_batch(stoke_batch *b, int rc, uint64_t where, const char *msg)
+{
+    b->status = rc > 0 ? STOKE_EDATA : rc;
+    b->err_index = where;
+    stoke__strlcpy(b->err_msg, msg[0] ? msg : stoke_strerror(b->status), sizeof(b->err_msg));
+    b->count = 0;
+    b->bytes = 0;
+}
+
+static void add_bad(stoke_batch *b, const stoke__bad *e)
+{
+    stoke__bad_list *bl = &b->bad;
+    if (bl->n == bl->cap) {
+        size_t cap = bl->cap ? bl->cap * 2 : 4;
+        stoke__bad *v = realloc(bl->v, cap * sizeof(*v));
+        if (!v)
+            return;
+        bl->v = v;
+        bl->cap = cap;
+    }
+    bl->v[bl->n++] = *e;
+}
+
+enum { X_DONE = 0, X_DEAD = 1, X_STOPPED = 2 };
+
+/* Sends the request to worker wid's child and takes its reply into b.  While waiting, copies
+ * the child's busy mark to the worker's (for the consumer's timeout check); when destroy is
+ * stopping the loader, a child still busy after STOP_GRACE_NS is SIGKILLed. */
+static int exchange(stoke_loader *l, stoke__worker *w, int wid, const wreq *req, stoke_batch *b)
+{
+    stoke__proc *p = l->proc;
+    proc_ctl *c = &p->ctl[wid];
+    int fd = p->w[wid].fd;
+    b->bad.n = 0;
+    if (send_all(fd, req, sizeof(*req)) != 0)
+        return X_DEAD;
+    uint64_t stop_t0 = 0;
+    wmsg m;
+    for (;;) {
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        int pr = poll(&pfd, 1, POLL_MS);
+        if (pr == 0 || (pr < 0 && errno == EINTR)) {
+            if (l->o.timeout_ms && w) {
+                atomic_store(&w->busy_index, atomic_load(&c->index));
+                atomic_store(&w->busy_since, atomic_load(&c->since));
+            }
+            if (atomic_load(&p->stopping)) {
+                uint64_t now = stoke__now_ns();
+                if (!stop_t0)
+                    stop_t0 = now;
+                else if (now - stop_t0 > STOP_GRACE_NS)
+                    return X_STOPPED;
+            }
+            continue;
+        }
+        ssize_t n = recv_msg(fd, &m, sizeof(m));
+        if (n != (ssize_t)sizeof(m))
+            return X_DEAD;
+        if (m.kind == M_BAD) {
+            add_bad(b, &m.bad);
+            continue;
+        }
+        break;
+    }
+    if (w)
+        atomic_store(&w->busy_since, 0);
+    b->status = m.status;
+    b->count = (size_t)m.count;
+    b->bytes = (size_t)m.bytes;
+    b->err_index = m.err_index;
+    b->end = m.end;
+    memcpy(b->err_msg, m.err_msg, sizeof(b->err_msg));
+    b->err_msg[sizeof(b->err_msg) - 1] = '\0';
+    return X_DONE;
+}
+
+/* Counts a restart; STOKE_OK, or STOKE_ELIMIT past RESTARTS_MAX in this epoch. */
+static int count_restart(stoke_loader *l, uint64_t epoch)
+{
+    stoke__proc *p = l->proc;
+    pthread_mutex_lock(&p->rmu);
+    p->restarts++;
+    if (p->cap_epoch != epoch) {
+        p->cap_epoch = epoch;
+        p->cap_n = 0;
+    }
+    int over = ++p->cap_n > RESTARTS_MAX;
+    pthread_mutex_unlock(&p->rmu);
+    return over ? STOKE_ELIMIT : STOKE_OK;
+}
+
+/* After worker wid's child died while making b: STOKE_OK to run the batch again (req updated),
+ * or the batch's failure status (b failed). */
+static int after_crash(stoke_loader *l, stoke_batch *b, int wid, wreq *req, const char *why)
+{
+    proc_ctl *c = &l->proc->ctl[wid];
+    uint64_t idx = atomic_load(&c->index);
+    int in_batch = atomic_load(&c->in_batch);
+    uint64_t where = idx != UINT64_MAX ? idx : b->seq * l->o.batch_size;
+    if (count_restart(l, b->epoch) != STOKE_OK) {
+        char m[256];
+        stoke__fmt(m, sizeof(m), "%.150s; worker processes restarted more than %d times this epoch",
+                   why, RESTARTS_MAX);
+        fail_batch(b, STOKE_ELIMIT, where, m);
+        return STOKE_ELIMIT;
+    }
+    if (idx == UINT64_MAX)
+        return STOKE_OK; /* not in a dataset call (killed from outside): run the batch again */
+    if (in_batch && !(req->flags & F_NO_GET_BATCH)) {
+        req->flags |= F_NO_GET_BATCH; /* find the sample: again, one get() at a time */
+        return STOKE_OK;
+    }
+    if (l->o.on_error == STOKE_ON_ERROR_ERROR) {
+        stoke__bad_note(b, idx, STOKE_EDATA, why);
+        fail_batch(b, STOKE_EDATA, idx, why);
+        return STOKE_EDATA;
+    }
+    if (req->npoison == POISON_MAX) {
+        char m[256];
+        stoke__fmt(m, sizeof(m), "%.150s (more than %d crashing samples in one batch)", why,
+                   POISON_MAX);
+        stoke__bad_note(b, idx, STOKE_EDATA, m);
+        fail_batch(b, STOKE_EDATA, idx, m);
+        return STOKE_EDATA;
+    }
+    req->poison[req->npoison] = idx;
+    stoke__strlcpy(req->pmsg[req->npoison], why, sizeof(req->pmsg[0]));
+    req->npoison++;
+    return STOKE_OK;
+}
+
+void stoke__proc_fill(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid, uint64_t seed,
+                      uint64_t epoch)
+{
+    stoke__proc *p = l->proc;
+    uint64_t first = b->seq * l->o.batch_size, left = l->nsamples - first;
+    b->epoch = epoch;
+    b->count = left < l->o.batch_size ? (size_t)left : l->o.batch_size;
+    b->status = STOKE_OK;
+    b->worker = wid;
+    b->copied = 0;
+    b->dev_failed = 0;
+    b->end = 0;
+    b->bad.n = 0;
+    b->pinned = b->host->pinned;
+    wreq *req = calloc(1, sizeof(*req));
+    char msg[256] = "";
+    if (!req) {
+        fail_batch(b, STOKE_ENOMEM, first, "out of memory");
+        return;
+    }
+    req->bi = (int32_t)(b - l->bat);
+    req->si = (int32_t)(b->host - l->slots);
+    req->seq = b->seq;
+    req->seed = seed;
+    req->epoch = epoch;
+    for (;;) {
+        if (p->w[wid].fd < 0 && spawn(l, wid, msg, sizeof(msg)) != STOKE_OK) {
+            fail_batch(b, STOKE_ENOMEM, first, msg);
+            break;
+        }
+        atomic_store(&p->ctl[wid].index, UINT64_MAX);
+        atomic_store(&p->ctl[wid].in_batch, 0);
+        int x = exchange(l, w, wid, req, b);
+        if (x == X_DONE)
+            break;
+        reap(l, wid, x == X_STOPPED, msg, sizeof(msg));
+        if (w)
+            atomic_store(&w->busy_since, 0);
+        if (x == X_STOPPED) {
+            fail_batch(b, STOKE_ECANCELED, first, "the loader is being destroyed");
+            break;
+        }
+        stoke__log(STOKE_LOG_WARN, "loader: worker %d: %s", wid, msg);
+        if (after_crash(l, b, wid, req, msg) != STOKE_OK)
+            break;
+    }
+    free(req);
+}
+
+void stoke__proc_stopping(stoke_loader *l)
+{
+    if (l->proc)
+        atomic_store(&l->proc->stopping, 1);
+}
+
+/* After the worker threads were joined: closes every child's socket (they exit on EOF), then
+ * the zygote's (it waits for them, SIGKILLs stragglers, reaps them and exits); reaps the
+ * zygote (SIGKILL after about 5 s); unmaps the shared buffers. */
+void stoke__proc_destroy(stoke_loader *l)
+{
+    stoke__proc *p = l->proc;
+    if (!p)
+        return;
+    for (int i = 0; p->w && i < l->nworkers; i++) {
+        if (p->w[i].fd >= 0)
+            close(p->w[i].fd);
+        p->w[i].fd = -1;
+        atomic_store(&p->w[i].pid, -1);
+    }
+    if (p->zfd >= 0)
+        close(p->zfd);
+    if (p->zpid > 0) {
+        int done = 0;
+        for (int t = 0; t < 500 && !done; t++) {
+            pid_t r = waitpid(p->zpid, NULL, WNOHANG);
+            done = r == p->zpid || (r < 0 && errno != EINTR);
+            if (!done)
+                sleep_ms(10);
+        }
+        if (!done) {
+            kill(p->zpid, SIGKILL);
+            waitpid(p->zpid, NULL, 0);
+        }
+    }
+    if (p->shm) {
+        if (p->registered)
+            stoke_pin_unregister(p->shm);
+        munmap(p->shm, p->shm_len);
+    }
+    for (int i = 0; l->bat && i < l->nbuf; i++) {
+        l->bat[i].indices = NULL;
+        l->bat[i].offsets = NULL;
+    }
+    for (int i = 0; l->slots && i < l->nbuf; i++)
+        l->slots[i].mem = NULL;
+    pthread_mutex_destroy(&p->zmu);
+    pthread_mutex_destroy(&p->rmu);
+    free(p->w);
+    free(p);
+    l->proc = NULL;
+}
+
+uint64_t stoke__proc_restarts(const stoke_loader *l)
+{
+    if (!l->proc)
+        return 0;
+    pthread_mutex_lock(&l->proc->rmu);
+    uint64_t n = l->proc->restarts;
+    pthread_mutex_unlock(&l->proc->rmu);
+    return n;
+}
+
+int stoke_loader_worker_pid(const stoke_loader *l, int worker)
+{
+    if (!l || !l->proc || worker < 0 || worker >= l->nworkers)
+        return -1;
+    return atomic_load(&l->proc->w[worker].pid);
+}

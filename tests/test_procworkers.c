@@ -1,0 +1,802 @@
+/* Process workers (opts.worker_mode = STOKE_WORKER_PROCESSES): the same bytes and order as
+ * worker threads; a sample that crashes its worker process (SIGSEGV, SIGKILL from outside)
+ * under each on_error policy; no process, zombie or descriptor left after destroy, also
+ * mid-epoch.  Every test runs under alarm(): a hang fails instead of blocking CI. */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "stoke/stoke.h"
+#include "testutil.h"
+
+#define N  100
+#define BS 8
+#define SB 12 /* data bytes per sample */
+
+/* Shared with the worker processes (an anonymous MAP_SHARED page made before any loader). */
+typedef struct shared {
+    pid_t parent;
+    uint64_t crash;           /* in a child: raise(SIGSEGV) at this sample (UINT64_MAX: none) */
+    uint64_t hang;            /* in a child: publish the pid and wait to be killed here */
+    _Atomic int hang_pid;     /* the child hanging at `hang` */
+    _Atomic int init_calls;   /* worker_init calls (children) */
+    _Atomic int init_workers; /* bit w: worker_init(w) was called in a child */
+} shared;
+
+static shared *sh;
+
+typedef struct pds {
+    stoke_dataset inner;
+} pds;
+
+static uint64_t pds_length(void *user)
+{
+    (void)user;
+    return N;
+}
+
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static int pds_get(void *user, uint64_t index, void *const dst[], int worker, char *msg,
+                   size_t msg_len)
+{
+    pds *p = user;
+    if (getpid() != sh->parent) {
+        if (index == sh->crash) {
+            signal(SIGSEGV, SIG_DFL); /* not a sanitizer's report: the plain crash */
+            raise(SIGSEGV);
+        }
+        if (index == sh->hang) {
+            atomic_store(&sh->hang_pid, (int)getpid());
+            for (;;)
+                sleep_ms(10); /* until the test kills this process */
+        }
+    }
+    return p->inner.get(p->inner.user, index, dst, worker, msg, msg_len);
+}
+
+static int pds_get_batch(void *user, const uint64_t *idx, size_t count, void *const dst[],
+                         int worker, char *msg, size_t msg_len, uint64_t *err_index)
+{
+    pds *p = user;
+    for (size_t j = 0; j < count; j++) {
+        void *d[STOKE_MAX_FIELDS];
+        for (int f = 0; f < p->inner.nfields; f++)
+            d[f] = (unsigned char *)dst[f] + j * p->inner.fields[f].bytes;
+        int rc = pds_get(user, idx[j], d, worker, msg, msg_len);
+        if (rc) {
+            *err_index = idx[j];
+            return rc;
+        }
+    }
+    return STOKE_OK;
+}
+
+static int pds_worker_init(void *user, int worker, int num_workers)
+{
+    (void)user;
+    (void)num_workers;
+    if (getpid() != sh->parent) {
+        atomic_fetch_add(&sh->init_calls, 1);
+        atomic_fetch_or(&sh->init_workers, 1 << worker);
+    }
+    return STOKE_OK;
+}
+
+static int pds_next(void *user, int worker, int num_workers, void *const dst[], uint64_t *index,
+                    char *msg, size_t msg_len)
+{
+    (void)user, (void)worker, (void)num_workers, (void)dst, (void)index, (void)msg, (void)msg_len;
+    return STOKE_EEND;
+}
+
+static void pds_open(pds *p, int with_batch, int with_init, stoke_dataset *ds)
+{
+    memset(p, 0, sizeof(*p));
+    stoke_synthetic_opts so;
+    stoke_synthetic_opts_init(&so);
+    so.length = N;
+    so.ndim = 1;
+    so.shape[0] = SB;
+    so.classes = 1u << 30; /* label = index */
+    assert_int_equal(stoke_synthetic_open(&so, &p->inner), STOKE_OK);
+    stoke_dataset_init(ds);
+    ds->kind = STOKE_DATASET_MAP;
+    snprintf(ds->name, sizeof(ds->name), "pds");
+    ds->user = p;
+    ds->nfields = p->inner.nfields;
+    memcpy(ds->fields, p->inner.fields, sizeof(ds->fields));
+    ds->length = pds_length;
+    ds->get = pds_get;
+    if (with_batch)
+        ds->get_batch = pds_get_batch;
+    if (with_init)
+        ds->worker_init = pds_worker_init;
+}
+
+static int count_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    assert_non_null(d);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+static void reset_shared(void)
+{
+    sh->parent = getpid();
+    sh->crash = UINT64_MAX;
+    sh->hang = UINT64_MAX;
+    atomic_store(&sh->hang_pid, 0);
+    atomic_store(&sh->init_calls, 0);
+    atomic_store(&sh->init_workers, 0);
+}
+
+static int gone(int pid)
+{
+    return kill(pid, 0) == -1 && errno == ESRCH;
+}
+
+/* No child of this process is left (the zygote reaped included). */
+static void assert_no_children(void)
+{
+    assert_int_equal(waitpid(-1, NULL, WNOHANG), -1);
+    assert_int_equal(errno, ECHILD);
+}
+
+typedef struct run {
+    int rc;
+    char err[1024];
+    uint64_t n, nbatches;
+    uint64_t idx[2 * N];
+    size_t counts[2 * N];
+    unsigned char data[2 * N][SB];
+    stoke_loader_stats st;
+    stoke_bad_sample q[4];
+    int pids[64];
+    int npids;
+} run;
+
+static void note_pids(const stoke_loader *l, int workers, run *r)
+{
+    for (int w = 0; w < workers; w++) {
+        int pid = stoke_loader_worker_pid(l, w);
+        int known = pid <= 0;
+        for (int k = 0; k < r->npids && !known; k++)
+            known = r->pids[k] == pid;
+        if (!known && r->npids < 64)
+            r->pids[r->npids++] = pid;
+    }
+}
+
+/* Takes batches until next() stops (or `stop_after` batches); checks every slot against the
+ * synthetic sample its index names. */
+static void take(stoke_loader *l, int workers, run *r, uint64_t stop_after)
+{
+    stoke_batch *bt;
+    while (r->nbatches < stop_after && (r->rc = stoke_loader_next(l, &bt)) == STOKE_OK) {
+        note_pids(l, workers, r);
+        size_t c = stoke_batch_count(bt);
+        const unsigned char *data = stoke_batch_data(bt, 0);
+        const int64_t *label = stoke_batch_data(bt, 1);
+        for (size_t j = 0; j < c; j++) {
+            uint64_t i = stoke_batch_indices(bt)[j];
+            assert_int_equal(label[j], (int64_t)i);
+            unsigned char want[SB];
+            stoke_synthetic_fill(0, i, want, sizeof(want));
+            assert_memory_equal(data + j * SB, want, SB);
+            memcpy(r->data[r->n], data + j * SB, SB);
+            r->idx[r->n++] = i;
+        }
+        r->counts[r->nbatches++] = c;
+        stoke_batch_release(bt);
+    }
+    snprintf(r->err, sizeof(r->err), "%s", stoke_loader_last_error(l));
+}
+
+static void finish(stoke_loader *l, run *r)
+{
+    r->st.size = sizeof(r->st);
+    assert_int_equal(stoke_loader_get_stats(l, &r->st), STOKE_OK);
+    for (uint64_t k = 0; k < r->st.quarantined && k < 4; k++)
+        assert_int_equal(stoke_loader_quarantine(l, (size_t)k, &r->q[k]), STOKE_OK);
+}
+
+static void opts(stoke_loader_opts *o, const char *policy, int mode, int workers, int shuffle)
+{
+    stoke_loader_opts_init(o);
+    assert_int_equal(stoke_on_error_parse(policy, o), STOKE_OK);
+    o->batch_size = BS;
+    o->num_workers = workers;
+    o->shuffle = shuffle;
+    o->seed = 9;
+    o->pin_memory = 0;
+    o->worker_mode = mode;
+}
+
+/* One epoch; then destroy and check no process and no descriptor is left. */
+static void run_epoch(const char *policy, int mode, int workers, int shuffle, int with_batch,
+                      run *r)
+{
+    int fds = count_fds();
+    pds p;
+    stoke_dataset ds;
+    pds_open(&p, with_batch, 0, &ds);
+    stoke_loader_opts o;
+    opts(&o, policy, mode, workers, shuffle);
+    stoke_loader *l;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    memset(r, 0, sizeof(*r));
+    take(l, workers, r, UINT64_MAX);
+    finish(l, r);
+    stoke_loader_destroy(l);
+    stoke_dataset_close(&ds);
+    stoke_dataset_close(&p.inner);
+    for (int k = 0; k < r->npids; k++)
+        assert_true(gone(r->pids[k]));
+    assert_no_children();
+    assert_int_equal(count_fds(), fds);
+}
+
+static void test_same_as_threads(void **state)
+{
+    (void)state;
+    reset_shared();
+    static run t, pr;
+    for (int w = 1; w <= 2; w++)
+        for (int shuffle = 0; shuffle <= 1; shuffle++)
+            for (int wb = 0; wb <= 1; wb++) {
+                run_epoch("error", STOKE_WORKER_THREADS, w, shuffle, wb, &t);
+                run_epoch("error", STOKE_WORKER_PROCESSES, w, shuffle, wb, &pr);
+                assert_int_equal(t.rc, STOKE_EEND);
+                assert_int_equal(pr.rc, STOKE_EEND);
+                assert_int_equal(pr.n, N);
+                assert_int_equal(pr.nbatches, t.nbatches);
+                assert_memory_equal(pr.idx, t.idx, sizeof(t.idx));
+                assert_memory_equal(pr.counts, t.counts, sizeof(t.counts));
+                assert_memory_equal(pr.data, t.data, sizeof(t.data));
+                assert_true(pr.npids >= 1 && pr.npids <= w);
+                assert_int_equal(pr.st.worker_restarts, 0);
+                assert_int_equal(t.npids, 0); /* threads: no worker pids */
+            }
+}
+
+/* The message names the worker process's pid: it must be one of the pids seen, and gone. */
+static void check_crash_msg(const char *msg, const char *sig, uint64_t idx)
+{
+    char want[64];
+    snprintf(want, sizeof(want), "sample %" PRIu64 " of pds: worker process ", idx);
+    const char *at = strstr(msg, want);
+    if (!at)
+        fail_msg("no '%s' in '%s'", want, msg);
+    int pid = atoi(at + strlen(want));
+    assert_true(pid > 0);
+    assert_true(gone(pid));
+    char killed[64];
+    snprintf(killed, sizeof(killed), "%d killed by %s (", pid, sig);
+    assert_non_null(strstr(msg, killed));
+}
+
+static void test_crash_error(void **state)
+{
+    (void)state;
+    for (int wb = 0; wb <= 1; wb++) {
+        reset_shared();
+        sh->crash = 21;
+        run r;
+        run_epoch("error", STOKE_WORKER_PROCESSES, 2, 0, wb, &r);
+        assert_int_equal(r.rc, STOKE_EDATA);
+        assert_non_null(strstr(r.err, "worker "));
+        check_crash_msg(r.err, "SIGSEGV", 21);
+        assert_int_equal(r.n, 16);                          /* batches 0 and 1 */
+        assert_int_equal(r.st.worker_restarts, wb ? 2 : 1); /* get_batch: found in a rerun */
+        assert_int_equal(r.st.quarantined, 1);
+        assert_int_equal(r.q[0].index, 21);
+        assert_int_equal(r.q[0].action, STOKE_ON_ERROR_ERROR);
+        assert_non_null(strstr(r.q[0].reason, "killed by SIGSEGV"));
+    }
+}
+
+static void test_crash_skip(void **state)
+{
+    (void)state;
+    for (int w = 1; w <= 2; w++)
+        for (int wb = 0; wb <= 1; wb++) {
+            reset_shared();
+            sh->crash = 21;
+            run r;
+            run_epoch("skip", STOKE_WORKER_PROCESSES, w, 0, wb, &r);
+            assert_int_equal(r.rc, STOKE_EEND);
+            assert_int_equal(r.n, N - 1);
+            for (uint64_t k = 0; k < r.n; k++)
+                assert_int_equal(r.idx[k], k < 21 ? k : k + 1);
+            assert_int_equal(r.counts[2], BS - 1);
+            /* get_batch: the crash is in a batch call; a second child finds the sample */
+            assert_int_equal(r.st.worker_restarts, wb ? 2 : 1);
+            assert_int_equal(r.st.skipped_samples, 1);
+            assert_int_equal(r.st.quarantined, 1);
+            assert_int_equal(r.q[0].index, 21);
+            assert_int_equal(r.q[0].action, STOKE_ON_ERROR_SKIP);
+            assert_non_null(strstr(r.q[0].reason, "worker process "));
+            assert_non_null(strstr(r.q[0].reason, "killed by SIGSEGV"));
+        }
+}
+
+static void test_crash_replace(void **state)
+{
+    (void)state;
+    reset_shared();
+    sh->crash = 21;
+    run r;
+    run_epoch("replace", STOKE_WORKER_PROCESSES, 2, 1, 0, &r);
+    assert_int_equal(r.rc, STOKE_EEND);
+    assert_int_equal(r.n, N);
+    for (uint64_t k = 0; k + 1 < r.nbatches; k++)
+        assert_int_equal(r.counts[k], BS);
+    for (uint64_t k = 0; k < r.n; k++)
+        assert_int_not_equal(r.idx[k], 21);
+    assert_int_equal(r.st.replaced_samples, 1);
+    assert_int_equal(r.st.quarantined, 1);
+    assert_int_equal(r.q[0].index, 21);
+    assert_int_equal(r.q[0].action, STOKE_ON_ERROR_REPLACE);
+    assert_true(r.q[0].replacement < N && r.q[0].replacement != 21);
+    assert_non_null(strstr(r.q[0].reason, "killed by SIGSEGV"));
+}
+
+/* Kills the child hanging at sh->hang with SIGKILL, as `kill -9` would. */
+static void *killer(void *arg)
+{
+    (void)arg;
+    int pid;
+    while ((pid = atomic_load(&sh->hang_pid)) == 0)
+        sleep_ms(1);
+    kill(pid, SIGKILL);
+    return NULL;
+}
+
+static void kill9_epoch(const char *policy, run *r, int *hung)
+{
+    int fds = count_fds();
+    reset_shared();
+    sh->hang = 37;
+    pds p;
+    stoke_dataset ds;
+    pds_open(&p, 0, 0, &ds);
+    stoke_loader_opts o;
+    opts(&o, policy, STOKE_WORKER_PROCESSES, 1, 0);
+    stoke_loader *l;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, killer, NULL), 0);
+    memset(r, 0, sizeof(*r));
+    take(l, 1, r, UINT64_MAX);
+    pthread_join(th, NULL);
+    *hung = atomic_load(&sh->hang_pid);
+    finish(l, r);
+    stoke_loader_destroy(l);
+    stoke_dataset_close(&ds);
+    stoke_dataset_close(&p.inner);
+    assert_true(gone(*hung));
+    for (int k = 0; k < r->npids; k++)
+        assert_true(gone(r->pids[k]));
+    assert_no_children();
+    assert_int_equal(count_fds(), fds);
+}
+
+static void test_kill9(void **state)
+{
+    (void)state;
+    run r;
+    int hung;
+    kill9_epoch("skip", &r, &hung);
+    assert_int_equal(r.rc, STOKE_EEND);
+    assert_int_equal(r.n, N - 1);
+    for (uint64_t k = 0; k < r.n; k++)
+        assert_int_equal(r.idx[k], k < 37 ? k : k + 1);
+    assert_int_equal(r.st.worker_restarts, 1);
+    assert_int_equal(r.q[0].index, 37);
+    char want[64];
+    snprintf(want, sizeof(want), "worker process %d killed by SIGKILL", hung);
+    assert_non_null(strstr(r.q[0].reason, want));
+
+    kill9_epoch("error", &r, &hung);
+    assert_int_equal(r.rc, STOKE_EDATA);
+    assert_int_equal(r.n, 32);
+    check_crash_msg(r.err, "SIGKILL", 37);
+}
+
+static void kill_idle(int workers)
+{
+    reset_shared();
+    int fds = count_fds();
+    pds p;
+    stoke_dataset ds;
+    pds_open(&p, 0, 1, &ds);
+    stoke_loader_opts o;
+    opts(&o, "error", STOKE_WORKER_PROCESSES, workers, 1);
+    o.persistent_workers = 1;
+    stoke_loader *l;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    assert_int_equal(stoke_loader_worker_pid(l, 0), -1); /* started at its first batch */
+    assert_int_equal(stoke_loader_worker_pid(l, workers), -1);
+    assert_int_equal(stoke_loader_worker_pid(NULL, 0), -1);
+    static run r;
+    memset(&r, 0, sizeof(r));
+    take(l, workers, &r, UINT64_MAX);
+    assert_int_equal(r.rc, STOKE_EEND);
+    int w = 0, old = -1;
+    for (; w < workers && old <= 0; w++) /* a worker that got work */
+        old = stoke_loader_worker_pid(l, w);
+    assert_true(old > 0);
+    assert_int_equal(kill(old, SIGKILL), 0);
+    assert_int_equal(stoke_loader_next_epoch(l), STOKE_OK);
+    memset(&r, 0, sizeof(r));
+    take(l, workers, &r, UINT64_MAX);
+    assert_int_equal(r.rc, STOKE_EEND);
+    assert_int_equal(r.n, N); /* nothing lost, nothing blamed */
+    finish(l, &r);
+    assert_int_equal(r.st.bad_samples, 0);
+    assert_true(r.st.worker_restarts <= 1);
+    int init = atomic_load(&sh->init_workers);
+    assert_int_equal(init & ~((1 << workers) - 1), 0); /* worker_init got worker ids */
+    if (workers == 1) { /* the only worker made epoch 1: it was replaced, worker_init again */
+        assert_int_equal(r.st.worker_restarts, 1);
+        assert_true(stoke_loader_worker_pid(l, 0) > 0);
+        assert_int_not_equal(stoke_loader_worker_pid(l, 0), old);
+        assert_int_equal(init, 1);
+        assert_int_equal(atomic_load(&sh->init_calls), 2);
+    }
+    note_pids(l, workers, &r);
+    stoke_loader_destroy(l);
+    stoke_dataset_close(&ds);
+    stoke_dataset_close(&p.inner);
+    assert_true(gone(old));
+    for (int k = 0; k < r.npids; k++)
+        assert_true(gone(r.pids[k]));
+    assert_no_children();
+    assert_int_equal(count_fds(), fds);
+}
+
+/* A child killed while idle (between batches): the next batch goes to a replacement, nothing is
+ * lost. */
+static void test_kill_idle(void **state)
+{
+    (void)state;
+    kill_idle(1);
+    kill_idle(2);
+}
+
+static void test_destroy_mid_epoch(void **state)
+{
+    (void)state;
+    reset_shared();
+    int fds = count_fds();
+    for (int hang = 0; hang <= 1; hang++) {
+        pds p;
+        stoke_dataset ds;
+        pds_open(&p, 0, 0, &ds);
+        sh->hang = hang ? 30 : UINT64_MAX; /* hang: a child stuck in a sample at destroy */
+        atomic_store(&sh->hang_pid, 0);
+        stoke_loader_opts o;
+        opts(&o, "skip", STOKE_WORKER_PROCESSES, 2, 0);
+        stoke_loader *l;
+        assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+        static run r;
+        memset(&r, 0, sizeof(r));
+        take(l, 2, &r, 2);
+        assert_int_equal(r.nbatches, 2);
+        while (hang && atomic_load(&sh->hang_pid) == 0)
+            sleep_ms(1);
+        note_pids(l, 2, &r);
+        assert_true(r.npids >= 1);
+        stoke_loader_destroy(l);
+        stoke_dataset_close(&ds);
+        stoke_dataset_close(&p.inner);
+        for (int k = 0; k < r.npids; k++)
+            assert_true(gone(r.pids[k]));
+        if (hang)
+            assert_true(gone(atomic_load(&sh->hang_pid)));
+        assert_no_children();
+        assert_int_equal(count_fds(), fds);
+    }
+}
+
+static void test_invalid(void **state)
+{
+    (void)state;
+    reset_shared();
+    int fds = count_fds();
+    pds p;
+    stoke_dataset ds;
+    pds_open(&p, 0, 0, &ds);
+    stoke_loader_opts o;
+    stoke_loader *l;
+    opts(&o, "error", STOKE_WORKER_PROCESSES, 0, 0);
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_EINVAL);
+    assert_non_null(strstr(stoke_last_error(), "worker_mode processes needs num_workers >= 1"));
+    opts(&o, "error", 7, 1, 0);
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_EINVAL);
+    assert_non_null(strstr(stoke_last_error(), "unknown worker_mode 7"));
+    stoke_dataset it = ds;
+    it.kind = STOKE_DATASET_ITERABLE;
+    it.get = NULL;
+    it.get_batch = NULL;
+    it.length = NULL;
+    it.next = pds_next;
+    opts(&o, "error", STOKE_WORKER_PROCESSES, 1, 0);
+    assert_int_equal(stoke_loader_create(&o, &it, &l), STOKE_ENOTSUP);
+    assert_non_null(strstr(stoke_last_error(), "MAP and MAP_VAR datasets only"));
+    opts(&o, "error", STOKE_WORKER_THREADS, 1, 0); /* the same dataset is fine with threads */
+    assert_int_equal(stoke_loader_create(&o, &it, &l), STOKE_OK);
+    stoke_loader_destroy(l);
+    stoke_dataset_close(&ds);
+    stoke_dataset_close(&p.inner);
+    assert_no_children();
+    assert_int_equal(count_fds(), fds);
+}
+
+/* Pinned through stoke_pin_register of the shared mapping (simdev), and device mode: the
+ * children's bytes reach the device buffer. */
+static void test_pinned_device(void **state)
+{
+    (void)state;
+    reset_shared();
+    tu_use_simdev();
+    int fds = count_fds();
+    for (int dev = 0; dev <= 1; dev++) {
+        pds p;
+        stoke_dataset ds;
+        pds_open(&p, 0, 0, &ds);
+        stoke_loader_opts o;
+        opts(&o, "error", STOKE_WORKER_PROCESSES, 2, 1);
+        o.pin_memory = 1;
+        o.device = dev ? "simdev" : NULL;
+        stoke_loader *l;
+        assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+        assert_non_null(stoke_loader_pinned_backend(l));
+        stoke_batch *bt;
+        uint64_t n = 0;
+        int rc;
+        while ((rc = stoke_loader_next(l, &bt)) == STOKE_OK) {
+            size_t c = stoke_batch_count(bt);
+            unsigned char got[BS * SB];
+            if (dev)
+                assert_int_equal(stoke_batch_device_read(bt, 0, got), STOKE_OK);
+            else
+                memcpy(got, stoke_batch_data(bt, 0), c * SB);
+            assert_int_equal(stoke_batch_is_pinned(bt), 1);
+            for (size_t j = 0; j < c; j++) {
+                unsigned char want[SB];
+                stoke_synthetic_fill(0, stoke_batch_indices(bt)[j], want, sizeof(want));
+                assert_memory_equal(got + j * SB, want, SB);
+            }
+            n += c;
+            stoke_batch_release(bt);
+        }
+        assert_int_equal(rc, STOKE_EEND);
+        assert_int_equal(n, N);
+        stoke_loader_destroy(l);
+        stoke_dataset_close(&ds);
+        stoke_dataset_close(&p.inner);
+        assert_no_children();
+    }
+    tu_use_none();
+    assert_int_equal(count_fds(), fds);
+}
+
+/* stoke load --worker-mode: the JSON fields; the same content and order as threads. */
+static void test_cli(void **state)
+{
+    (void)state;
+    const char *env[] = {"STOKE_PLUGIN_PATH=", NULL};
+    static char out[8192], err[4096], thr[8192];
+    const char *procs[] = {"synthetic:500",
+                           "--workers",
+                           "2",
+                           "--batch-size",
+                           "16",
+                           "--shuffle",
+                           "--worker-mode=processes",
+                           "--no-pin-memory",
+                           "--json",
+                           NULL};
+    assert_int_equal(tu_run_cli(env, "load", procs, out, sizeof(out), err, sizeof(err)), 0);
+    assert_non_null(strstr(out, "\"worker_mode\": \"processes\", \"worker_restarts\": 0"));
+    const char *threads[] = {"synthetic:500",   "--workers", "2", "--batch-size", "16", "--shuffle",
+                             "--no-pin-memory", "--json",    NULL};
+    assert_int_equal(tu_run_cli(env, "load", threads, thr, sizeof(thr), err, sizeof(err)), 0);
+    assert_non_null(strstr(thr, "\"worker_mode\": \"threads\", \"worker_restarts\": 0"));
+    const char *keys[] = {"\"content_hash\": ", "\"order_hash\": ", "\"samples\": "};
+    for (size_t k = 0; k < 3; k++) {
+        const char *a = strstr(out, keys[k]), *b = strstr(thr, keys[k]);
+        assert_non_null(a);
+        assert_non_null(b);
+        assert_memory_equal(a, b, strlen(keys[k]) + 20);
+    }
+    const char *bad[] = {"synthetic:10", "--worker-mode=forks", NULL};
+    assert_int_equal(tu_run_cli(env, "load", bad, out, sizeof(out), err, sizeof(err)), 2);
+    assert_non_null(strstr(err, "--worker-mode=forks: expected threads or processes"));
+}
+
+/* MAP_VAR: sample i is (i % 17) + 1 bytes (i * 31 + k) & 0xff; sh->crash applies too. */
+typedef struct vds {
+    unsigned char buf[32];
+} vds;
+
+static uint64_t vds_length(void *user)
+{
+    (void)user;
+    return N;
+}
+
+static int vds_get_var(void *user, uint64_t index, const void **data, size_t *len, void **token,
+                       int worker, char *msg, size_t msg_len)
+{
+    (void)worker, (void)msg, (void)msg_len;
+    vds *v = user;
+    if (getpid() != sh->parent && index == sh->crash) {
+        signal(SIGSEGV, SIG_DFL);
+        raise(SIGSEGV);
+    }
+    *len = (size_t)(index % 17) + 1;
+    for (size_t k = 0; k < *len; k++)
+        v->buf[k] = (unsigned char)((index * 31 + k) & 0xff);
+    *data = v->buf;
+    *token = NULL;
+    return STOKE_OK;
+}
+
+/* One MAP_VAR epoch: the packed bytes of every batch, concatenated, and the indices. */
+static size_t var_epoch(int mode, const char *policy, int workers, unsigned char *out,
+                        uint64_t *idx, size_t *nidx)
+{
+    vds v; /* one buffer: each worker process has its own copy; threads: none (0 workers) */
+    stoke_dataset ds;
+    stoke_dataset_init(&ds);
+    ds.kind = STOKE_DATASET_MAP_VAR;
+    snprintf(ds.name, sizeof(ds.name), "vds");
+    ds.user = &v;
+    ds.nfields = 1;
+    ds.fields[0].dtype = STOKE_DTYPE_U8;
+    ds.fields[0].ndim = 1;
+    ds.fields[0].shape[0] = 17;
+    ds.fields[0].bytes = 17;
+    snprintf(ds.fields[0].name, sizeof(ds.fields[0].name), "data");
+    ds.length = vds_length;
+    ds.get_var = vds_get_var;
+    stoke_loader_opts o;
+    opts(&o, policy, mode, workers, 1);
+    stoke_loader *l;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    size_t used = 0;
+    *nidx = 0;
+    stoke_batch *bt;
+    int rc;
+    while ((rc = stoke_loader_next(l, &bt)) == STOKE_OK) {
+        size_t c = stoke_batch_count(bt);
+        const uint64_t *off = stoke_batch_offsets(bt);
+        const unsigned char *d = stoke_batch_data(bt, 0);
+        for (size_t j = 0; j < c; j++) {
+            uint64_t i = stoke_batch_indices(bt)[j];
+            assert_int_equal(off[j + 1] - off[j], (i % 17) + 1);
+            for (uint64_t k = off[j]; k < off[j + 1]; k++)
+                assert_int_equal(d[k], (unsigned char)((i * 31 + (k - off[j])) & 0xff));
+            idx[(*nidx)++] = i;
+        }
+        memcpy(out + used, d, (size_t)off[c]);
+        used += (size_t)off[c];
+        stoke_batch_release(bt);
+    }
+    assert_int_equal(rc, STOKE_EEND);
+    stoke_loader_destroy(l);
+    assert_no_children();
+    return used;
+}
+
+static void test_map_var(void **state)
+{
+    (void)state;
+    reset_shared();
+    static unsigned char a[N * 17], b[N * 17];
+    static uint64_t ia[N], ib[N];
+    size_t na, nb;
+    size_t la = var_epoch(STOKE_WORKER_THREADS, "error", 0, a, ia, &na); /* no threads: one buf */
+    size_t lb = var_epoch(STOKE_WORKER_PROCESSES, "error", 2, b, ib, &nb);
+    assert_int_equal(la, lb);
+    assert_int_equal(na, N);
+    assert_int_equal(nb, N);
+    assert_memory_equal(a, b, la);
+    assert_memory_equal(ia, ib, sizeof(ia));
+    sh->crash = ia[40]; /* shuffled: the 41st sample delivered */
+    lb = var_epoch(STOKE_WORKER_PROCESSES, "skip", 2, b, ib, &nb);
+    assert_int_equal(nb, N - 1);
+    for (size_t k = 0; k < nb; k++)
+        assert_int_equal(ib[k], ia[k < 40 ? k : k + 1]);
+}
+
+/* timeout_ms: a sample hanging in a child times out as with threads (the parent watches the
+ * child's busy mark); destroy then SIGKILLs the stuck child. */
+static void test_timeout(void **state)
+{
+    (void)state;
+    reset_shared();
+    sh->hang = 30;
+    int fds = count_fds();
+    pds p;
+    stoke_dataset ds;
+    pds_open(&p, 0, 0, &ds);
+    stoke_loader_opts o;
+    opts(&o, "skip", STOKE_WORKER_PROCESSES, 1, 0);
+    o.timeout_ms = 100;
+    stoke_loader *l;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    static run r;
+    memset(&r, 0, sizeof(r));
+    take(l, 1, &r, UINT64_MAX);
+    assert_int_equal(r.rc, STOKE_ETIMEDOUT);
+    assert_int_equal(r.n, 24);
+    assert_non_null(
+        strstr(r.err, "worker 0: sample 30 of pds took longer than the timeout of 100 ms"));
+    int hung = atomic_load(&sh->hang_pid);
+    assert_true(hung > 0);
+    stoke_loader_destroy(l);
+    stoke_dataset_close(&ds);
+    stoke_dataset_close(&p.inner);
+    assert_true(gone(hung));
+    assert_no_children();
+    assert_int_equal(count_fds(), fds);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    alarm(120); /* per test: a hang fails the run */
+    return 0;
+}
+
+int main(void)
+{
+    struct rlimit nocore = {0, 0};
+    setrlimit(RLIMIT_CORE, &nocore); /* the crashing children leave no core files */
+    sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (sh == MAP_FAILED)
+        return 1;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup(test_same_as_threads, setup),
+        cmocka_unit_test_setup(test_crash_error, setup),
+        cmocka_unit_test_setup(test_crash_skip, setup),
+        cmocka_unit_test_setup(test_crash_replace, setup),
+        cmocka_unit_test_setup(test_kill9, setup),
+        cmocka_unit_test_setup(test_kill_idle, setup),
+        cmocka_unit_test_setup(test_destroy_mid_epoch, setup),
+        cmocka_unit_test_setup(test_invalid, setup),
+        cmocka_unit_test_setup(test_pinned_device, setup),
+        cmocka_unit_test_setup(test_cli, setup),
+        cmocka_unit_test_setup(test_map_var, setup),
+        cmocka_unit_test_setup(test_timeout, setup),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    munmap(sh, sizeof(*sh));
+    return tu_exit_status(rc);
+}
