@@ -3,6 +3,7 @@
 #define STOKE_IPC_INTERNAL_H
 
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "stoke/ipc.h"
 
@@ -11,5 +12,9 @@ const char *stoke__ipc_kind_name(uint32_t kind);
 /* STOKE_OK for an open handle of a known kind and layout; else STOKE_EINVAL with a message
  * that starts with `what` (closed handle, not a handle, malformed). */
 int stoke__ipc_check_handle(const stoke_ipc_handle *h, const char *what);
+
+/* socket.c: one sendmsg of n bytes at p with descriptor fd attached (SCM_RIGHTS; none when
+ * fd < 0), retried on EINTR, without SIGPIPE.  Returns sendmsg's result (errno set on -1). */
+ssize_t stoke__sendmsg_fd(int sock, const void *p, size_t n, int fd);
 
 #endif

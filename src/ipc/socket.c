@@ -22,38 +22,45 @@ static int sock_fail(const char *what, int err)
     return stoke__fail(STOKE_EIO, "%s: %s", what, strerror(err));
 }
 
+ssize_t stoke__sendmsg_fd(int sock, const void *p, size_t n, int fd)
+{
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } ctl;
+    memset(&ctl, 0, sizeof(ctl));
+    struct iovec iov = {.iov_base = (void *)p, .iov_len = n};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (fd >= 0) {
+        msg.msg_control = ctl.buf;
+        msg.msg_controllen = sizeof(ctl.buf);
+        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(c), &fd, sizeof(int));
+    }
+    ssize_t r;
+    do
+        r = sendmsg(sock, &msg, MSG_NOSIGNAL);
+    while (r < 0 && errno == EINTR);
+    return r;
+}
+
 int stoke_ipc_send(int sock, const stoke_ipc_handle *h)
 {
     const char *what = "stoke_ipc_send";
     int rc = stoke__ipc_check_handle(h, what);
     if (rc != STOKE_OK)
         return rc;
-    union {
-        char buf[CMSG_SPACE(sizeof(int))];
-        struct cmsghdr align;
-    } ctl;
-    memset(&ctl, 0, sizeof(ctl));
     const char *p = (const char *)h;
     size_t left = sizeof(*h);
-    int with_fd = h->fd >= 0;
+    int fd = h->fd;
     while (left > 0) {
-        struct iovec iov = {.iov_base = (void *)p, .iov_len = left};
-        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
-        if (with_fd) {
-            msg.msg_control = ctl.buf;
-            msg.msg_controllen = sizeof(ctl.buf);
-            struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-            c->cmsg_level = SOL_SOCKET;
-            c->cmsg_type = SCM_RIGHTS;
-            c->cmsg_len = CMSG_LEN(sizeof(int));
-            memcpy(CMSG_DATA(c), &h->fd, sizeof(int));
-        }
-        ssize_t n = sendmsg(sock, &msg, MSG_NOSIGNAL);
-        if (n < 0 && errno == EINTR)
-            continue;
+        ssize_t n = stoke__sendmsg_fd(sock, p, left, fd);
         if (n < 0)
             return sock_fail(what, errno);
-        with_fd = 0; /* the descriptor went with the first bytes */
+        fd = -1; /* the descriptor went with the first bytes */
         p += n;
         left -= (size_t)n;
     }

@@ -223,6 +223,9 @@ void stoke__loader_recycle(stoke_loader *l, stoke_batch *b);
 stoke__slot *stoke__loader_take_slot(stoke_loader *l);
 
 /* worker.c */
+/* Resets b's production fields (status, count for its seq, worker, flags) before batch b->seq
+ * of `epoch` is made by worker wid. */
+void stoke__loader_batch_start(stoke_loader *l, stoke_batch *b, int wid, uint64_t epoch);
 /* (mu) Wakes workers waiting for work, if any wait and (unless `force`) the window is half
  * empty. */
 void stoke__loader_wake_workers(stoke_loader *l, int force);

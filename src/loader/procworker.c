@@ -42,6 +42,7 @@
 #include <unistd.h>
 
 #include "common/internal.h"
+#include "ipc/ipc_internal.h"
 #include "loader/loader_internal.h"
 #include "stoke/pinned.h"
 
@@ -266,27 +267,7 @@ static void child_main(stoke_loader *l, int wid, int fd)
 
 static int send_fd(int sock, const void *p, size_t n, int fd)
 {
-    union {
-        char buf[CMSG_SPACE(sizeof(int))];
-        struct cmsghdr align;
-    } ctl;
-    memset(&ctl, 0, sizeof(ctl));
-    struct iovec iov = {.iov_base = (void *)p, .iov_len = n};
-    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
-    if (fd >= 0) {
-        msg.msg_control = ctl.buf;
-        msg.msg_controllen = sizeof(ctl.buf);
-        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-        c->cmsg_level = SOL_SOCKET;
-        c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int));
-        memcpy(CMSG_DATA(c), &fd, sizeof(int));
-    }
-    ssize_t r;
-    do
-        r = sendmsg(sock, &msg, MSG_NOSIGNAL);
-    while (r < 0 && errno == EINTR);
-    return r == (ssize_t)n ? 0 : -1;
+    return stoke__sendmsg_fd(sock, p, n, fd) == (ssize_t)n ? 0 : -1;
 }
 
 static ssize_t recv_fd(int sock, void *p, size_t n, int *fd)
@@ -735,16 +716,8 @@ void stoke__proc_fill(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid
                       uint64_t epoch)
 {
     stoke__proc *p = l->proc;
-    uint64_t first = b->seq * l->o.batch_size, left = l->nsamples - first;
-    b->epoch = epoch;
-    b->count = left < l->o.batch_size ? (size_t)left : l->o.batch_size;
-    b->status = STOKE_OK;
-    b->worker = wid;
-    b->copied = 0;
-    b->dev_failed = 0;
-    b->end = 0;
-    b->bad.n = 0;
-    b->pinned = b->host->pinned;
+    uint64_t first = b->seq * l->o.batch_size;
+    stoke__loader_batch_start(l, b, wid, epoch);
     wreq *req = calloc(1, sizeof(*req));
     char msg[256] = "";
     if (!req) {

@@ -199,12 +199,10 @@ static void fill_map_batch(stoke_loader *l, stoke_batch *b, stoke__worker *w, in
 
 /* Writes batch `seq` into b->host; the caller owns b.  Sets b->status and the error fields
  * (ITERABLE: b->end when the worker's share ended). */
-void stoke__loader_fill_batch(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid,
-                              uint64_t seed, uint64_t epoch, uint64_t seq)
+void stoke__loader_batch_start(stoke_loader *l, stoke_batch *b, int wid, uint64_t epoch)
 {
-    b->seq = seq;
     b->epoch = epoch;
-    b->count = l->iterable ? l->o.batch_size : batch_count(l, seq);
+    b->count = l->iterable ? l->o.batch_size : batch_count(l, b->seq);
     b->status = STOKE_OK;
     b->worker = wid;
     b->copied = 0;
@@ -212,6 +210,13 @@ void stoke__loader_fill_batch(stoke_loader *l, stoke_batch *b, stoke__worker *w,
     b->end = 0;
     b->bad.n = 0;
     b->pinned = b->host->pinned;
+}
+
+void stoke__loader_fill_batch(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid,
+                              uint64_t seed, uint64_t epoch, uint64_t seq)
+{
+    b->seq = seq;
+    stoke__loader_batch_start(l, b, wid, epoch);
     if (b->offsets)
         b->offsets[0] = 0;
     if (!l->iterable && batch_indices(l, b, seed, epoch, seq) != STOKE_OK) {
