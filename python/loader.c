@@ -83,21 +83,35 @@ static int loader_init(PyObject *obj, PyObject *args, PyObject *kw)
                              "rank",
                              "world_size",
                              "in_order",
+                             "worker_mode",
                              NULL};
     LoaderObject *self = (LoaderObject *)obj;
-    const char *source = NULL, *pin_dev = NULL, *device = NULL;
+    const char *source = NULL, *pin_dev = NULL, *device = NULL, *mode = NULL;
     PyObject *dataset = NULL;
     stoke_loader_opts o;
     stoke_loader_opts_init(&o);
     Py_ssize_t batch_size = 1;
     unsigned long long seed = 0;
     long long rank = -1, world_size = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|zO$npKippzipIzpLLp:Loader", kwlist, &source,
-                                     &dataset, &batch_size, &o.shuffle, &seed, &o.num_workers,
-                                     &o.drop_last, &o.pin_memory, &pin_dev, &o.prefetch_factor,
-                                     &o.persistent_workers, &o.timeout_ms, &device,
-                                     &o.sampler.distributed, &rank, &world_size, &o.in_order))
+    if (!PyArg_ParseTupleAndKeywords(
+            args, kw, "|zO$npKippzipIzpLLpz:Loader", kwlist, &source, &dataset, &batch_size,
+            &o.shuffle, &seed, &o.num_workers, &o.drop_last, &o.pin_memory, &pin_dev,
+            &o.prefetch_factor, &o.persistent_workers, &o.timeout_ms, &device,
+            &o.sampler.distributed, &rank, &world_size, &o.in_order, &mode))
         return -1;
+    if (mode && strcmp(mode, "processes") == 0) {
+        if (dataset && dataset != Py_None) { /* a child would need its own interpreter state */
+            PyErr_SetString(PyExc_ValueError,
+                            "stoke: worker_mode='processes' takes a source string; a Python "
+                            "dataset runs on worker threads");
+            return -1;
+        }
+        o.worker_mode = STOKE_WORKER_PROCESSES;
+    } else if (mode && strcmp(mode, "threads") != 0) {
+        PyErr_Format(PyExc_ValueError,
+                     "stoke: worker_mode must be 'threads' or 'processes', not '%s'", mode);
+        return -1;
+    }
     if (self->l) {
         PyErr_SetString(PyExc_RuntimeError, "stoke: the loader is already initialized");
         return -1;
