@@ -178,7 +178,7 @@ struct stoke_loader {
     /* Bumped (release) with `mu` held whenever workers might find work: they spin on it. */
     _Atomic uint64_t work_events;
     /* auto: the hill climb over nact (consumer only; loader.c, adapt) */
-    uint64_t ad_t0, ad_batches, ad_wait_ns;
+    uint64_t ad_t0, ad_batches, ad_wait_ns, ad_assisted0;
     double ad_prev_tput;
     int ad_last, ad_backoff, ad_hold, ad_failed;
     /* statistics (mu) */

@@ -1,0 +1,387 @@
+/* The consumer side of the loader: stoke_loader_next, the reorder stage (in order or as
+ * completed), errors and the timeout, the hand-off (the caller's thread making a batch itself,
+ * spinning before sleeping) and the hill climb of num_workers = auto.  docs/loader.md,
+ * "Hand-off" and "Auto workers"; the locking rules are in loader_internal.h. */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/internal.h"
+#include "loader/loader_internal.h"
+#include "stoke/loader.h"
+
+/* ---- the consumer ------------------------------------------------------------------------- */
+
+/* (mu) Records a delivered batch. */
+static void delivered(stoke_loader *l, stoke_batch *b)
+{
+    l->outstanding--;
+    l->held++;
+    l->ndelivered++;
+    if (l->iterable)
+        l->w[b->worker].outstanding--;
+    if (l->o.in_order) {
+        l->prefix = b->seq + 1;
+    } else if (l->bits) {
+        l->bits[b->seq / 8] |= (unsigned char)(1u << (b->seq % 8));
+        while (l->prefix < l->nbatches && (l->bits[l->prefix / 8] >> (l->prefix % 8)) & 1u)
+            l->prefix++;
+    }
+    l->st_batches++;
+    l->st_samples += b->count;
+    l->st_bytes += b->bytes;
+    if (b->pinned)
+        l->st_pinned++;
+    else
+        l->st_pageable++;
+    if (l->device_mode) {
+        l->st_dcopies++;
+        l->st_dbytes += b->bytes;
+    }
+    stoke__loader_wake_workers(l, 0);
+}
+
+/* (mu) The batch the consumer may take now, removed from the done list, or NULL. */
+static stoke_batch *take_done(stoke_loader *l)
+{
+    /* ITERABLE in order: skip the seqs of workers whose share ended before them. */
+    while (l->iterable && l->o.in_order && !stoke__loader_epoch_over(l)) {
+        const stoke__worker *w = &l->w[l->prefix % (uint64_t)l->nw1];
+        if (!w->exhausted || l->prefix / (uint64_t)l->nw1 < w->end_at)
+            break;
+        l->prefix++;
+    }
+    for (stoke_batch **pp = &l->done; *pp; pp = &(*pp)->next) {
+        stoke_batch *b = *pp;
+        if (l->o.in_order && b->seq != l->prefix)
+            continue;
+        *pp = b->next;
+        if (l->done_tail == &b->next)
+            l->done_tail = pp;
+        b->next = NULL;
+        return b;
+    }
+    return NULL;
+}
+
+/* (mu) Ends the epoch with the error of batch b (recycled). */
+static int batch_error(stoke_loader *l, stoke_batch *b)
+{
+    int rc = b->status;
+    const char *who = l->nworkers && b->worker == l->nworkers ? " (the caller's thread)" : "";
+    stoke__loader_fail(l, rc, "worker %d%s: sample %" PRIu64 " of %s: %s (%s)", b->worker, who,
+                       b->err_index, l->ds.name, b->err_msg, stoke_err_name(rc));
+    stoke__loader_recycle(l, b);
+    l->outstanding--;
+    stoke__loader_abandon(l);
+    l->ended = 1;
+    return rc;
+}
+
+/* (mu) A worker whose sample has run longer than the timeout, or -1. */
+static int timed_out_worker(stoke_loader *l, uint64_t now, uint64_t *deadline)
+{
+    uint64_t lim = (uint64_t)l->o.timeout_ms * 1000000u;
+    *deadline = now + lim;
+    for (int i = 0; i < l->nworkers; i++) {
+        uint64_t t = atomic_load(&l->w[i].busy_since);
+        if (!t)
+            continue;
+        if (now > t && now - t > lim)
+            return i;
+        if (t + lim + 1000000u < *deadline)
+            *deadline = t + lim + 1000000u;
+    }
+    return -1;
+}
+
+/* No workers: produces the next batch in the caller's thread.  Returns STOKE_OK with `mu` held
+ * and *bp taken from the done list, or a status (EEND, an error) without `mu`. */
+static int next_inline(stoke_loader *l, stoke_batch **bp)
+{
+    pthread_mutex_lock(&l->mu);
+    int over = stoke__loader_epoch_over(l);
+    pthread_mutex_unlock(&l->mu);
+    if (!over && l->ds.worker_init && !l->caller_inited) {
+        int rc = l->ds.worker_init(l->ds.user, 0, 0);
+        if (rc != STOKE_OK)
+            return stoke__loader_fail(l, rc < 0 ? rc : STOKE_EDATA,
+                                      "loader: worker_init failed (%s)", stoke_err_name(rc));
+        l->caller_inited = 1;
+    }
+    pthread_mutex_lock(&l->mu);
+    for (;;) { /* more than once only when an iterable share ends on a batch boundary */
+        if (stoke__loader_epoch_over(l)) {
+            l->ended = 1;
+            pthread_mutex_unlock(&l->mu);
+            return STOKE_EEND;
+        }
+        if (!l->free_b) {
+            pthread_mutex_unlock(&l->mu);
+            return stoke__loader_fail(l, STOKE_ELIMIT,
+                                      "loader: all %d batch buffers are held by the caller; "
+                                      "release batches",
+                                      l->nbuf);
+        }
+        uint64_t gen, seed, epoch;
+        stoke_batch *b = stoke__loader_dispatch(l, &l->w[0], &gen, &seed, &epoch);
+        pthread_mutex_unlock(&l->mu);
+        uint64_t busy = stoke__loader_produce(l, b, NULL, 0, seed, epoch);
+        pthread_mutex_lock(&l->mu);
+        stoke__loader_complete(l, b, gen, busy);
+        *bp = take_done(l); /* the batch just made: nothing else is in flight */
+        if (*bp)
+            return STOKE_OK;
+    }
+}
+
+/* (mu) Threaded: the status that stops the wait for a batch, or STOKE_OK to keep waiting. */
+static int wait_status(stoke_loader *l)
+{
+    if (l->ended)
+        return STOKE_EEND;
+    if (l->init_failed) {
+        int rc =
+            stoke__loader_fail(l, l->init_failed, "loader: a worker_init of dataset %s failed (%s)",
+                               l->ds.name, stoke_err_name(l->init_failed));
+        stoke__loader_abandon(l);
+        l->ended = 1;
+        return rc;
+    }
+    return STOKE_OK;
+}
+
+/* (mu) Threaded: waits for a completion, or fails the epoch when a sample passed the timeout.
+ * Returns STOKE_OK after a wake-up, STOKE_ETIMEDOUT. */
+static int wait_done(stoke_loader *l)
+{
+    if (!l->o.timeout_ms) {
+        pthread_cond_wait(&l->done_cv, &l->mu);
+        return STOKE_OK;
+    }
+    uint64_t now = stoke__now_ns(), deadline;
+    int w = timed_out_worker(l, now, &deadline);
+    if (w >= 0) {
+        char what[48] = "its next sample";
+        uint64_t idx = atomic_load(&l->w[w].busy_index);
+        if (!l->iterable)
+            stoke__fmt(what, sizeof(what), "sample %" PRIu64, idx);
+        int rc = stoke__loader_fail(l, STOKE_ETIMEDOUT,
+                                    "worker %d: %s of %s took longer than the timeout of %u ms "
+                                    "(STOKE_ETIMEDOUT)",
+                                    w, what, l->ds.name, l->o.timeout_ms);
+        stoke__loader_abandon(l);
+        l->ended = 1;
+        return rc;
+    }
+    struct timespec ts;
+    ts.tv_sec = (time_t)(deadline / 1000000000u);
+    ts.tv_nsec = (long)(deadline % 1000000000u);
+    pthread_cond_timedwait(&l->done_cv, &l->mu, &ts);
+    return STOKE_OK;
+}
+
+/* (mu) Threaded, MAP: whether the caller's thread should make the next batch itself rather
+ * than wait: the batch it needs next is not being made by anybody (in order: the next batch to
+ * deliver has not been handed out; out of order: no batch is being made at all), so waiting would
+ * cost a worker's wake-up and the whole batch.  Such a batch is made with worker id nworkers. */
+static int assist_wanted(const stoke_loader *l)
+{
+    if (!l->assist || l->ended || l->init_failed || !l->free_b || l->quiesce ||
+        l->next_dispatch >= l->nbatches)
+        return 0;
+    return l->o.in_order ? l->next_dispatch == l->prefix : l->filling == 0;
+}
+
+/* (mu) Makes one batch in the caller's thread (assist_wanted was true). */
+static void assist(stoke_loader *l)
+{
+    uint64_t gen, seed, epoch;
+    stoke_batch *b = stoke__loader_dispatch(l, &l->w[0], &gen, &seed, &epoch);
+    l->st_assisted++;
+    pthread_mutex_unlock(&l->mu);
+    uint64_t busy = stoke__loader_produce(l, b, NULL, l->nworkers, seed, epoch);
+    pthread_mutex_lock(&l->mu);
+    stoke__loader_complete(l, b, gen, busy);
+}
+
+/* (mu) Threaded: before sleeping, spins (without `mu`) while a batch is being made, for at most
+ * twice the time a batch takes on average and never over 20 us: a batch of a few microseconds
+ * arrives sooner than a sleeping thread wakes up.  Returns with `mu` held. */
+static void spin_for_event(stoke_loader *l)
+{
+    uint64_t budget = 2 * l->busy_avg;
+    if (budget > 20000u)
+        budget = 20000u;
+    if (l->filling == 0 || budget < 200u)
+        return;
+    uint64_t seen = atomic_load_explicit(&l->events, memory_order_relaxed);
+    pthread_mutex_unlock(&l->mu);
+    uint64_t t0 = stoke__now_ns();
+    for (unsigned i = 1;; i++) {
+        stoke__cpu_relax();
+        if (atomic_load_explicit(&l->events, memory_order_acquire) != seen)
+            break;
+        if ((i & 31) == 0 && stoke__now_ns() - t0 > budget)
+            break;
+    }
+    pthread_mutex_lock(&l->mu);
+}
+
+/* Workers: waits for the next deliverable batch.  Returns as next_inline does. */
+static int next_threaded(stoke_loader *l, stoke_batch **bp)
+{
+    pthread_mutex_lock(&l->mu);
+    int over = l->ended;
+    pthread_mutex_unlock(&l->mu);
+    if (over)
+        return STOKE_EEND;
+    int rc = stoke__loader_start_workers(l);
+    if (rc != STOKE_OK)
+        return rc;
+    pthread_mutex_lock(&l->mu);
+    int spun = 0;
+    while ((rc = wait_status(l)) == STOKE_OK) {
+        if ((*bp = take_done(l)) != NULL)
+            return STOKE_OK;
+        if (stoke__loader_epoch_over(l)) {
+            l->ended = 1;
+            rc = STOKE_EEND;
+            break;
+        }
+        if (l->held >= l->nbuf || (!l->free_b && l->filling == 0)) {
+            rc = stoke__loader_fail(l, STOKE_ELIMIT,
+                                    "loader: all %d batch buffers are held by the caller; "
+                                    "release batches",
+                                    l->nbuf);
+            break;
+        }
+        if (assist_wanted(l)) {
+            assist(l);
+            spun = 0;
+            continue;
+        }
+        if (!spun) { /* then look again: the spin may have missed a change made under mu */
+            spun = 1;
+            spin_for_event(l);
+            continue;
+        }
+        stoke__loader_wake_workers(l, 1); /* nobody may sleep while work waits */
+        if ((rc = wait_done(l)) != STOKE_OK)
+            break;
+        spun = 0;
+    }
+    pthread_mutex_unlock(&l->mu);
+    if (rc == STOKE_EEND && !l->o.persistent_workers)
+        stoke__loader_stop_workers(l);
+    return rc;
+}
+
+/* num_workers = auto (docs/loader.md, "Auto workers"): every ~50 ms of deliveries, one step of
+ * a hill climb on the number of workers given work (nact), judged by batches per second:
+ * - the last step's move lost throughput (an addition that did not gain 5%, a removal that lost
+ *   5%): undo it, and make no move for a while (2, 4, ... 32 periods);
+ * - the consumer spent under 5% of the time in next(): workers are not the bottleneck, one
+ *   fewer;
+ * - it spent over 10% there: one more if there is one and adding did not fail last, else one
+ *   fewer (on a busy machine, or when hand-offs cost more than the samples, fewer threads are
+ *   faster; at 0 the caller's thread makes every batch, as with num_workers 0).
+ * Before those: when the caller's thread made more than half of the period's batches itself
+ * (assist), the workers mostly add hand-offs: one fewer.
+ * Time in next() includes batches the caller's thread made itself. */
+#define STOKE__ADAPT_NS 50000000u
+
+static int adapt_step(stoke_loader *l, double tput, double wait_frac, double assisted_frac)
+{
+    int n = l->nact;
+    int lost = (l->ad_last > 0 && tput < l->ad_prev_tput * 1.05) ||
+               (l->ad_last < 0 && tput < l->ad_prev_tput * 0.95);
+    if (lost) {
+        l->ad_backoff = l->ad_backoff ? (l->ad_backoff < 32 ? l->ad_backoff * 2 : 32) : 2;
+        l->ad_hold = l->ad_backoff;
+        n -= l->ad_last;
+        l->ad_failed = l->ad_last;
+        l->ad_last = 0;
+        return n;
+    }
+    if (l->ad_last) { /* the last move paid off */
+        l->ad_backoff = 0;
+        l->ad_failed = 0;
+    }
+    l->ad_last = 0;
+    if (l->ad_hold) {
+        l->ad_hold--;
+        return n;
+    }
+    int up = n < l->nworkers;
+    int down = n > l->nact_min;
+    if (assisted_frac > 0.5 && down)
+        l->ad_last = -1; /* the caller's thread makes most batches: workers add hand-offs */
+    else if (wait_frac < 0.05 && down)
+        l->ad_last = -1;
+    else if (wait_frac > 0.10 && up && (l->ad_failed != 1 || !down))
+        l->ad_last = 1; /* the direction that did not fail last, if there is a choice */
+    else if (wait_frac > 0.10 && down)
+        l->ad_last = -1;
+    return n + l->ad_last;
+}
+
+/* (mu) One delivery seen by the hill climb: `waited` ns in next(). */
+static void adapt(stoke_loader *l, uint64_t now, uint64_t waited)
+{
+    if (!l->ad_t0)
+        l->ad_t0 = now;
+    l->ad_batches++;
+    l->ad_wait_ns += waited;
+    uint64_t span = now - l->ad_t0;
+    if (span < STOKE__ADAPT_NS || l->ad_batches < 8)
+        return;
+    double tput = (double)l->ad_batches / (double)span;
+    double assisted = (double)(l->st_assisted - l->ad_assisted0) / (double)l->ad_batches;
+    int n = adapt_step(l, tput, (double)l->ad_wait_ns / (double)span, assisted);
+    if (n != l->nact) {
+        l->nact = n;
+        l->st_nact_changes++;
+        if (n < l->nact_lo)
+            l->nact_lo = n;
+        if (n > l->nact_hi)
+            l->nact_hi = n;
+        stoke__loader_wake_workers(l, 1);
+    }
+    l->ad_prev_tput = tput;
+    l->ad_t0 = now;
+    l->ad_assisted0 = l->st_assisted;
+    l->ad_batches = 0;
+    l->ad_wait_ns = 0;
+}
+
+int stoke_loader_next(stoke_loader *l, stoke_batch **out)
+{
+    if (!l || !out)
+        return stoke__fail(STOKE_EINVAL, "stoke_loader_next: NULL argument");
+    *out = NULL;
+    uint64_t t0 = stoke__now_ns();
+    stoke_batch *b = NULL;
+    int rc = l->nworkers == 0 ? next_inline(l, &b) : next_threaded(l, &b);
+    if (rc != STOKE_OK)
+        return rc;
+    /* (mu) held, b taken from the done list */
+    stoke__bad_account(l, b); /* the quarantine; may fail b (past the budget) */
+    if (b->status != STOKE_OK) {
+        rc = batch_error(l, b);
+        pthread_mutex_unlock(&l->mu);
+        return rc;
+    }
+    delivered(l, b);
+    uint64_t now = stoke__now_ns(), waited = now - t0;
+    l->st_wait_ns += waited;
+    stoke__hist_add(&l->wait_hist, waited);
+    if (l->auto_workers && !l->iterable)
+        adapt(l, now, waited);
+    pthread_mutex_unlock(&l->mu);
+    *out = b;
+    return STOKE_OK;
+}
