@@ -804,6 +804,10 @@ static void test_loader_file_shrinks(void **state)
         const char *e = stoke_loader_last_error(l);
         if (!strstr(e, p) || !strstr(e, "file changed while loading") || !strstr(e, "sample "))
             fail_msg("io %d: %s", io, e);
+        /* the worker, the file and the sample each named once */
+        const char *s2 = strstr(strstr(e, "sample ") + 1, "sample ");
+        if (strncmp(e, "worker ", 7) != 0 || s2 || strstr(strstr(e, p) + 1, p))
+            fail_msg("io %d: named twice: %s", io, e);
         stoke_loader_destroy(l);
         stoke_dataset_close(&ds);
     }

@@ -2,6 +2,7 @@
  * completed), errors and the timeout, the hand-off (the caller's thread making a batch itself,
  * spinning before sleeping) and the hill climb of num_workers = auto.  docs/loader.md,
  * "Hand-off" and "Auto workers"; the locking rules are in loader_internal.h. */
+#include <ctype.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -67,13 +68,40 @@ static stoke_batch *take_done(stoke_loader *l)
     return NULL;
 }
 
-/* (mu) Ends the epoch with the error of batch b (recycled). */
+/* 1 if msg names "sample IDX" (not a longer number), as the sources' own messages do. */
+static int names_sample(const char *msg, uint64_t idx)
+{
+    char want[40];
+    int n = snprintf(want, sizeof(want), "sample %" PRIu64, idx);
+    for (const char *p = msg; (p = strstr(p, want)) != NULL; p += n)
+        if (!isdigit((unsigned char)p[n]))
+            return 1;
+    return 0;
+}
+
+/* 1 if msg names the dataset: its name, or what follows the source's "kind:" (a path). */
+static int names_dataset(const char *msg, const char *name)
+{
+    const char *colon = strchr(name, ':');
+    const char *what = colon && colon[1] ? colon + 1 : name;
+    return *what && strstr(msg, what) != NULL;
+}
+
+/* (mu) Ends the epoch with the error of batch b (recycled): the worker, the sample and the
+ * dataset, each named once. */
 static int batch_error(stoke_loader *l, stoke_batch *b)
 {
     int rc = b->status;
     const char *who = l->nworkers && b->worker == l->nworkers ? " (the caller's thread)" : "";
-    stoke__loader_fail(l, rc, "worker %d%s: sample %" PRIu64 " of %s: %s (%s)", b->worker, who,
-                       b->err_index, l->ds.name, b->err_msg, stoke_err_name(rc));
+    if (names_sample(b->err_msg, b->err_index) && names_dataset(b->err_msg, l->ds.name))
+        stoke__loader_fail(l, rc, "worker %d%s: %s (%s)", b->worker, who, b->err_msg,
+                           stoke_err_name(rc));
+    else if (names_sample(b->err_msg, b->err_index))
+        stoke__loader_fail(l, rc, "worker %d%s: %s: %s (%s)", b->worker, who, l->ds.name,
+                           b->err_msg, stoke_err_name(rc));
+    else
+        stoke__loader_fail(l, rc, "worker %d%s: sample %" PRIu64 " of %s: %s (%s)", b->worker,
+                           who, b->err_index, l->ds.name, b->err_msg, stoke_err_name(rc));
     stoke__loader_recycle(l, b);
     l->outstanding--;
     stoke__loader_abandon(l);
