@@ -3,6 +3,7 @@
 
     PYTHONPATH=build/python /usr/bin/python3 bench/bench_python.py [--rows 50000]
         [--row-floats 768] [--batch 256] [--workers 2] [--repeat 3] [--workdir DIR] [--out F]
+        [--build build]
 
 One .npy of ROWS rows of ROW_FLOATS float32 (768: 3 KB rows), shuffled, batch BATCH.  Each
 loop iterates one epoch in Python and touches every batch as a torch tensor (the tensor is made,
@@ -24,6 +25,7 @@ upper bound), with and without torch.from_dlpack, against torch's DataLoader doi
 import argparse
 import json
 import os
+import subprocess
 import statistics
 import sys
 import tempfile
@@ -157,6 +159,20 @@ def overheads():
     return out
 
 
+def gather_bound(build, path, batch, threads, repeat):
+    """The memory ceiling: bench_tool's C gather of shuffled rows into a batch buffer with
+    `threads` threads, no Python, best of `repeat`; None when bench_tool is not built."""
+    tool = os.path.join(build, "bench", "bench_tool")
+    if not os.access(tool, os.X_OK):
+        return None
+    best = 0.0
+    for _ in range(repeat):
+        out = subprocess.run([tool, "gather", path, "--batch", str(batch), "--threads",
+                              str(threads)], capture_output=True, text=True, check=True).stdout
+        best = max(best, json.loads(out)["samples_per_s"])
+    return best
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", type=int, default=50000)
@@ -166,6 +182,8 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "stoke-bench-py"))
     ap.add_argument("--out")
+    ap.add_argument("--build", default=os.path.join(os.path.dirname(HERE), "build"),
+                    help="build directory with bench/bench_tool (the C gather ceiling)")
     a = ap.parse_args()
     os.makedirs(a.workdir, exist_ok=True)
     path = make_npy(a.workdir, a.rows, a.row_floats)
@@ -199,6 +217,9 @@ def main():
     best_name = max(torch_rates, key=torch_rates.get)
     res["torch_best"] = best_name
     res["ratio"] = res["stoke"] / torch_rates[best_name]
+    res["bound"] = gather_bound(a.build, path, a.batch, a.workers, a.repeat)
+    if res["bound"]:
+        res["bound_ratio"] = res["bound"] / torch_rates[best_name]
 
     print("%-26s %14s" % ("loader", "samples/s"))
     for k, v in stoke_rates.items():
@@ -206,6 +227,12 @@ def main():
     for k, v in torch_rates.items():
         print("%-26s %14.0f" % (k, v))
     print("ratio best stoke / best torch (%s): %.1fx" % (best_name, res["ratio"]))
+    if res["bound"]:
+        print("ceiling: C gather of the same rows, %d threads, no Python: %.0f samples/s = "
+              "%.1fx best torch; stoke reaches %.2f of it"
+              % (a.workers, res["bound"], res["bound_ratio"], res["stoke"] / res["bound"]))
+    else:
+        print("ceiling: n/a (bench_tool not built in %s)" % a.build)
     res["overhead"] = o = overheads()
     print("Python-side cost per batch (1-byte samples, batch 1, no workers):")
     print("  stoke next()                          %6.2f us" % o["stoke_next_us"])
