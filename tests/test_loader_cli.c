@@ -175,6 +175,26 @@ static void test_sizes_and_pinning(void **state)
     expect_val(out, "pageable_batches", "1");
     assert_non_null(strstr(err, "batches will not be pinned"));
 
+    /* --prefetch auto (the default): a deeper window of small buffers with workers; an
+     * explicit count is kept; both give the same content */
+    const char *pf_auto[] = {"synthetic:2000", "--batch-size", "1", "--workers", "2", "--json",
+                             NULL};
+    assert_int_equal(load(env, pf_auto), 0);
+    expect_val(out, "buffer_bytes", "4096");
+    expect_val(out, "buffers", "258"); /* 1 MiB / 4 KiB + 2 */
+    char hash_auto[64];
+    snprintf(hash_auto, sizeof(hash_auto), "%s", jv(out, "content_hash"));
+    assert_int_equal(hash_auto[0], '"'); /* a hash, not null */
+    const char *pf_two[] = {"synthetic:2000", "--batch-size", "1", "--workers", "2",
+                            "--prefetch", "2", "--json", NULL};
+    assert_int_equal(load(env, pf_two), 0);
+    expect_val(out, "buffers", "6");
+    expect_val(out, "content_hash", hash_auto);
+    const char *pf_eq[] = {"synthetic:2000", "--batch-size", "1", "--workers=2",
+                           "--prefetch=auto", "--json", NULL};
+    assert_int_equal(load(env, pf_eq), 0);
+    expect_val(out, "buffers", "258");
+
     /* --device without --verify: content_hash is not computed */
     const char *dev[] = {"synthetic:100", "--batch-size", "10", "--device", "simdev", "--json",
                          NULL};

@@ -282,6 +282,90 @@ static uint64_t auto_cap(void)
     return c < STOKE_LOADER_WORKERS_AUTO_MAX ? (uint64_t)c : STOKE_LOADER_WORKERS_AUTO_MAX;
 }
 
+static uint64_t buffers_of(const stoke_loader *l, uint64_t *bytes)
+{
+    stoke_loader_stats st;
+    memset(&st, 0, sizeof(st));
+    st.size = sizeof(st);
+    assert_int_equal(stoke_loader_get_stats(l, &st), STOKE_OK);
+    *bytes = st.buffer_bytes;
+    return st.buffers;
+}
+
+/* prefetch_factor = STOKE_LOADER_PREFETCH_AUTO: small batches on worker threads get a window of
+ * 1 MiB of buffers (at most 256 batches), large ones and 0 workers keep 2 per worker; an
+ * explicit prefetch_factor is kept; the order is the same as with an explicit 2 (and the
+ * consumer may hold that many batches); a negative prefetch_factor is refused. */
+static void test_prefetch_auto(void **state)
+{
+    (void)state;
+    static const struct {
+        size_t bs;
+        int workers, prefetch;
+        uint64_t want; /* buffers; 0: 1 MiB / buffer_bytes (at most 256) + 2 */
+    } cases[] = {
+        {1, 2, STOKE_LOADER_PREFETCH_AUTO, 0},
+        {1, 1, STOKE_LOADER_PREFETCH_AUTO, 0},
+        {1, 2, 2, 2 * 2 + 2},
+        {1, 0, STOKE_LOADER_PREFETCH_AUTO, 2 * 1 + 2},
+        {(256 << 10) / DS_BYTES + 1, 2, STOKE_LOADER_PREFETCH_AUTO, 2 * 2 + 2},
+    };
+    uint64_t *ref = malloc(N * sizeof(uint64_t)), *got = malloc(N * sizeof(uint64_t));
+    assert_non_null(ref);
+    assert_non_null(got);
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        tds t;
+        stoke_dataset ds;
+        tds_make(&t, &ds, cases[c].bs == 1 ? N : 100000); /* 10 large batches */
+        stoke_loader_opts o = opts(cases[c].bs, cases[c].workers);
+        o.prefetch_factor = cases[c].prefetch;
+        o.shuffle = 1;
+        o.seed = 11;
+        stoke_loader *l;
+        assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+        uint64_t bytes, nbuf = buffers_of(l, &bytes);
+        uint64_t want = cases[c].want;
+        if (!want)
+            want = ((1u << 20) / bytes > 256 ? 256 : (1u << 20) / bytes) + 2;
+        if (nbuf != want)
+            fail_msg("case %zu: %llu buffers of %llu bytes, want %llu", c,
+                     (unsigned long long)nbuf, (unsigned long long)bytes,
+                     (unsigned long long)want);
+        if (cases[c].bs == 1) {
+            assert_true(want > 6 || cases[c].prefetch || !cases[c].workers);
+            epoch(l, N, 1, got, 0);
+            if (c == 0)
+                memcpy(ref, got, N * sizeof(uint64_t));
+            else
+                assert_memory_equal(ref, got, N * sizeof(uint64_t));
+            /* the caller may hold every buffer but one before the loader says so */
+            assert_int_equal(stoke_loader_next_epoch(l), STOKE_OK);
+            stoke_batch **held = calloc(nbuf, sizeof(*held));
+            assert_non_null(held);
+            uint64_t k = 0;
+            while (k < nbuf && stoke_loader_next(l, &held[k]) == STOKE_OK)
+                k++;
+            assert_int_equal(k, nbuf);
+            for (uint64_t i = 0; i < k; i++)
+                stoke_batch_release(held[i]);
+            free(held);
+        }
+        stoke_loader_destroy(l);
+        tds_free(&t);
+    }
+    tds t;
+    stoke_dataset ds;
+    tds_make(&t, &ds, N);
+    stoke_loader_opts o = opts(1, 2);
+    o.prefetch_factor = -1;
+    stoke_loader *l = NULL;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_EINVAL);
+    assert_non_null(strstr(stoke_last_error(), "STOKE_LOADER_PREFETCH_AUTO"));
+    tds_free(&t);
+    free(ref);
+    free(got);
+}
+
 /* num_workers = auto: one worker per online core up to the cap, reported; the active count stays
  * within its bounds; order and contents as with a fixed count; other negative values are still
  * rejected. */
@@ -394,6 +478,7 @@ int main(void)
         cmocka_unit_test(test_auto_cap_and_report),
         cmocka_unit_test(test_auto_slow_get),
         cmocka_unit_test(test_auto_fast_get_slow_consumer),
+        cmocka_unit_test(test_prefetch_auto),
     };
     return tu_exit_status(cmocka_run_group_tests(tests, NULL, NULL));
 }

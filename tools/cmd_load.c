@@ -106,6 +106,7 @@ typedef struct load_args {
     uint64_t block_rows, block_window; /* ORDER_BLOCK: the sizes (defaults filled in) */
     int order, drop_last, pin, verify, in_order, hash, distributed;
     int workers_auto; /* --workers auto (the default) */
+    int prefetch_auto; /* --prefetch auto (the default) */
     int procs;        /* --worker-mode=processes */
 } load_args;
 
@@ -123,7 +124,8 @@ static void usage(FILE *f)
             "  --workers N|auto       worker threads 0..1024, 0 = the caller's thread; auto (the\n"
             "                         default): one per core (at most 16), how many get work\n"
             "                         adapted to throughput and the consumer's waits\n"
-            "  --prefetch N           batches in flight per worker, 1..1024 (default 2)\n"
+            "  --prefetch N|auto      batches in flight per worker, 1..1024; auto (the default):\n"
+            "                         2, and a deeper window for batches under 256 KiB\n"
             "  --shuffle[=KIND]       an order keyed by (seed, epoch); KIND: random (a bare\n"
             "                         --shuffle), none (sequential), or block[:ROWS[:WINDOW]]:\n"
             "                         block shuffle, the blocks of ROWS consecutive rows (default\n"
@@ -210,7 +212,6 @@ static int parse_args(int argc, char **argv, load_args *a)
         size_t off;
         uint64_t min, max;
     } nums[] = {{"--batch-size", offsetof(load_args, batch), 1, SIZE_MAX},
-                {"--prefetch", offsetof(load_args, prefetch), 1, 1024},
                 {"--seed", offsetof(load_args, seed), 0, UINT64_MAX},
                 {"--epochs", offsetof(load_args, epochs), 1, UINT64_MAX},
                 {"--limit", offsetof(load_args, limit), 0, UINT64_MAX}};
@@ -238,6 +239,7 @@ static int parse_args(int argc, char **argv, load_args *a)
                      .workers = 0,
                      .workers_auto = 1,
                      .prefetch = 2,
+                     .prefetch_auto = 1,
                      .epochs = 1,
                      .pin = 1,
                      .in_order = 1,
@@ -255,6 +257,15 @@ static int parse_args(int argc, char **argv, load_args *a)
         if (got) {
             a->workers_auto = strcmp(v, "auto") == 0;
             if (!a->workers_auto && cli_u64(c, "--workers", v, 0, 1024, &a->workers) < 0)
+                return 2;
+        }
+        int pf = got ? 0 : cli_opt(c, argc, argv, &i, "--prefetch", &v);
+        if (pf < 0)
+            return 2;
+        if (pf) {
+            got = 1;
+            a->prefetch_auto = strcmp(v, "auto") == 0;
+            if (!a->prefetch_auto && cli_u64(c, "--prefetch", v, 1, 1024, &a->prefetch) < 0)
                 return 2;
         }
         for (size_t k = 0; k < sizeof(nums) / sizeof(nums[0]) && !got; k++)
@@ -375,7 +386,7 @@ static int open_loader(const load_args *a, load_run *r)
     stoke_loader_opts_init(&o);
     o.batch_size = (size_t)a->batch;
     o.num_workers = a->workers_auto ? STOKE_LOADER_WORKERS_AUTO : (int)a->workers;
-    o.prefetch_factor = (int)a->prefetch;
+    o.prefetch_factor = a->prefetch_auto ? STOKE_LOADER_PREFETCH_AUTO : (int)a->prefetch;
     o.shuffle = a->order == ORDER_RANDOM;
     if (a->order == ORDER_BLOCK) {
         o.sampler.kind = STOKE_SAMPLER_BLOCK;

@@ -55,13 +55,21 @@ typedef struct stoke_batch stoke_batch;
 #define STOKE_LOADER_WORKERS_AUTO (-2) /* -1 and other negatives stay invalid */
 #define STOKE_LOADER_WORKERS_AUTO_MAX 16
 
+/* prefetch_factor = STOKE_LOADER_PREFETCH_AUTO: 2 batches per worker, and for small batches with
+ * worker threads and a MAP dataset a deeper reorder window, as many batches as 1 MiB of buffers
+ * holds (at most 256): workers are woken once the window is half empty, so tiny batches then
+ * cost one wake-up per many batches instead of one every few.  The CLI's and Python's
+ * default; an explicit number still wins.  stoke_loader_stats' `buffers` shows the count. */
+#define STOKE_LOADER_PREFETCH_AUTO 0
+
 typedef struct stoke_loader_opts {
     uint32_t size;            /* sizeof(stoke_loader_opts): set by stoke_loader_opts_init */
     size_t batch_size;        /* samples per batch; default 1 */
     int num_workers;          /* worker threads; 0 loads in the caller's thread;
                                  STOKE_LOADER_WORKERS_AUTO: chosen and adapted by the loader
                                  (see below).  Default 0. */
-    int prefetch_factor;      /* batches in flight per worker, 1..4096; default 2 */
+    int prefetch_factor;      /* batches in flight per worker, 1..4096, or
+                                 STOKE_LOADER_PREFETCH_AUTO (see above); default 2 */
     int in_order;             /* 1 (default): deliver batches in sampler order; 0: as they
                                  complete */
     int drop_last;            /* 1: drop the last batch when it is partial.  Default 0. */
@@ -145,7 +153,8 @@ STOKE_API void stoke_loader_opts_init(stoke_loader_opts *o);
  * and the callbacks must stay valid until stoke_loader_destroy, and the caller closes the
  * dataset (stoke_dataset_close) after that.
  * Allocates every batch buffer now, in the calling thread, pinned as described above:
- * prefetch_factor * max(1, num_workers) + 2 buffers (fewer for a short epoch), each sized for
+ * prefetch_factor * max(1, num_workers) + 2 buffers (fewer for a short epoch; more for small
+ * batches with STOKE_LOADER_PREFETCH_AUTO), each sized for
  * min(batch_size, samples per epoch for this rank) samples of a MAP / MAP_VAR dataset (so a
  * huge batch_size over a tiny dataset costs only the dataset's size), batch_size samples of an
  * ITERABLE one.  Worker threads start at the first stoke_loader_next.
@@ -154,7 +163,7 @@ STOKE_API void stoke_loader_opts_init(stoke_loader_opts *o);
  * - STOKE_EINVAL: NULL argument, options not initialized (o->size 0 or larger than this
  *   header's struct), batch_size 0, num_workers outside 0..1024 (and not
  *   STOKE_LOADER_WORKERS_AUTO), prefetch_factor outside
- *   1..4096, a bad dataset (unknown kind, no callbacks, fields outside 1..STOKE_MAX_FIELDS, no
+ *   1..4096 (and not STOKE_LOADER_PREFETCH_AUTO), a bad dataset (unknown kind, no callbacks, fields outside 1..STOKE_MAX_FIELDS, no
  *   field size, MAP_VAR with more than one field), shuffle or a non-sequential / distributed
  *   sampler with an ITERABLE dataset, bad sampler options (see stoke_sampler_create), a
  *   `device` or `pin_memory_device` longer than 63 characters or not of the form name[:index];

@@ -76,7 +76,7 @@ class DataLoader(_stoke.Loader):
     """
 
     def __init__(self, source, batch_size=1, shuffle=False, seed=0, num_workers=None,
-                 drop_last=False, pin_memory=True, prefetch_factor=2, persistent_workers=None,
+                 drop_last=False, pin_memory=True, prefetch_factor=None, persistent_workers=None,
                  timeout=0, device=None, distributed=False, rank=None, world_size=None,
                  pin_memory_device=None, in_order=True, worker_mode="threads"):
         if num_workers is None:
@@ -84,7 +84,7 @@ class DataLoader(_stoke.Loader):
         if persistent_workers is None:
             persistent_workers = num_workers > 0
         if prefetch_factor is None:
-            prefetch_factor = 2
+            prefetch_factor = 0  # STOKE_LOADER_PREFETCH_AUTO: 2 per worker, deeper for small batches
         if rank is not None or world_size is not None:
             distributed = True
         if device is not None:

@@ -416,10 +416,15 @@ static int validate(stoke_loader *l)
     /* The bounds keep prefetch_factor * workers (the reorder window) far from INT_MAX. */
     int auto_w = l->o.num_workers == STOKE_LOADER_WORKERS_AUTO;
     if (l->o.batch_size == 0 || (!auto_w && (l->o.num_workers < 0 || l->o.num_workers > 1024)) ||
-        l->o.prefetch_factor < 1 || l->o.prefetch_factor > 4096)
+        l->o.prefetch_factor < 0 || l->o.prefetch_factor > 4096)
         return stoke__loader_fail(l, STOKE_EINVAL,
                                   "loader: batch_size must be >= 1, num_workers in 0..1024 or "
-                                  "STOKE_LOADER_WORKERS_AUTO, prefetch_factor in 1..4096");
+                                  "STOKE_LOADER_WORKERS_AUTO, prefetch_factor in 1..4096 or "
+                                  "STOKE_LOADER_PREFETCH_AUTO");
+    if (l->o.prefetch_factor == STOKE_LOADER_PREFETCH_AUTO) {
+        l->prefetch_auto = 1;
+        l->o.prefetch_factor = 2; /* per worker; small_batch_window may deepen the window */
+    }
     if ((rc = stoke__bad_validate(l)) != STOKE_OK)
         return rc;
     return check_dataset(l, &l->ds);
@@ -474,6 +479,29 @@ static void choose_workers(stoke_loader *l)
     l->nact_min = l->auto_workers && !l->iterable ? (l->assist ? 0 : 1) : l->nworkers;
 }
 
+/* prefetch_factor = STOKE_LOADER_PREFETCH_AUTO, small batches, worker threads, MAP datasets: the
+ * reorder window grows past prefetch_factor x
+ * workers to what STOKE__SMALL_WINDOW_BYTES of buffers hold (at most STOKE__SMALL_WINDOW).
+ * Workers are woken when the window is half empty, so a deeper window means one wake-up per
+ * many tiny batches instead of one every few: at batch size 1 on 2 cores a window of 6 cost
+ * about one sleep and wake-up of a worker per 3 batches, which made 2 workers 3x slower than
+ * none.  ITERABLE datasets keep their per-worker count (it bounds each worker's share in
+ * flight); process workers keep theirs (each buffer is a shared slot of every child). */
+#define STOKE__SMALL_WINDOW_BYTES (1u << 20)
+#define STOKE__SMALL_WINDOW 256u
+
+static int small_batch_window(const stoke_loader *l, int window)
+{
+    if (!l->prefetch_auto || !l->nworkers || l->iterable ||
+        l->o.worker_mode != STOKE_WORKER_THREADS ||
+        l->buf_bytes >= STOKE__SMALL_WINDOW_BYTES / 4)
+        return window;
+    uint64_t deep = STOKE__SMALL_WINDOW_BYTES / l->buf_bytes;
+    if (deep > STOKE__SMALL_WINDOW)
+        deep = STOKE__SMALL_WINDOW;
+    return deep > (uint64_t)window ? (int)deep : window;
+}
+
 /* Step 2 of create: the sampler, the epoch's batches, the buffer size and count. */
 static int size_loader(stoke_loader *l)
 {
@@ -501,7 +529,7 @@ static int size_loader(stoke_loader *l)
         return rc;
     choose_workers(l);
     l->nw1 = l->nworkers ? l->nworkers : 1;
-    l->window = l->o.prefetch_factor * l->nw1;
+    l->window = small_batch_window(l, l->o.prefetch_factor * l->nw1);
     uint64_t nbuf = (uint64_t)l->window + 2;
     if (!l->iterable && nbuf > l->nbatches + 2)
         nbuf = l->nbatches + 2;
