@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "loader/loader_internal.h"
 #include "test_loader_ds.h"
 
 #define N 3000
@@ -366,6 +367,56 @@ static void test_prefetch_auto(void **state)
     free(got);
 }
 
+/* One period of the auto hill climb as stoke_loader_next runs it (next.c, adapt): the step,
+ * then the new active count and the period's throughput remembered. */
+static int period(stoke_loader *l, double tput, double wait, double assisted)
+{
+    int n = stoke__loader_adapt_step(l, tput, wait, assisted);
+    assert_true(n >= l->nact_min && n <= l->nworkers);
+    l->nact = n;
+    l->ad_prev_tput = tput;
+    return n;
+}
+
+/* The auto rule, driven with made-up periods (deterministic; the loader tests above only check
+ * bounds because real periods depend on timing): the caller's thread making most batches means
+ * one fewer; a removal that lost throughput is undone and held for 2 periods; a consumer that
+ * waits gets one more; an addition that did not gain is undone, and next time the count goes
+ * the other way; a consumer that never waits gets one fewer; never outside [nact_min, nworkers]. */
+static void test_auto_rule(void **state)
+{
+    (void)state;
+    stoke_loader *l = calloc(1, sizeof(*l));
+    assert_non_null(l);
+    l->nworkers = 2;
+    l->nact = 2;
+    l->nact_min = 0;
+    assert_int_equal(period(l, 100, 0.08, 0.0), 2);  /* waits 8%: between the rules, no move */
+    assert_int_equal(period(l, 100, 0.08, 0.7), 1);  /* the caller made 70%: one fewer */
+    assert_int_equal(period(l, 80, 0.08, 0.7), 2);   /* lost 20%: undone ... */
+    assert_int_equal(period(l, 100, 0.08, 0.7), 2);  /* ... and held for 2 periods */
+    assert_int_equal(period(l, 100, 0.08, 0.7), 2);
+    assert_int_equal(period(l, 100, 0.08, 0.7), 1);  /* then the rule again */
+    assert_int_equal(period(l, 100, 0.08, 0.7), 0);  /* no loss: it pays, down to 0 workers */
+    assert_int_equal(period(l, 100, 0.08, 0.9), 0);  /* never below nact_min */
+    assert_int_equal(period(l, 100, 0.30, 0.0), 1);  /* the consumer waits 30%: one more */
+    assert_int_equal(period(l, 120, 0.30, 0.0), 2);  /* gained 20%: kept, and one more */
+    assert_int_equal(period(l, 121, 0.30, 0.0), 1);  /* gained < 5%: undone, held 2 */
+    assert_int_equal(period(l, 121, 0.30, 0.0), 1);
+    assert_int_equal(period(l, 121, 0.30, 0.0), 1);
+    assert_int_equal(period(l, 121, 0.30, 0.0), 0);  /* adding failed last: the other way */
+    assert_int_equal(period(l, 100, 0.30, 0.0), 1);  /* lost: undone */
+    l->ad_hold = 0;
+    assert_int_equal(period(l, 100, 0.01, 0.0), 0);  /* never waits: one fewer */
+    l->ad_hold = 0;
+    l->ad_last = 0;
+    l->nact = 2;
+    l->ad_failed = 0;
+    /* at nworkers and still waiting: never above; it tries one fewer (a busy machine) */
+    assert_int_equal(period(l, 100, 0.50, 0.0), 1);
+    free(l);
+}
+
 /* num_workers = auto: one worker per online core up to the cap, reported; the active count stays
  * within its bounds; order and contents as with a fixed count; other negative values are still
  * rejected. */
@@ -479,6 +530,7 @@ int main(void)
         cmocka_unit_test(test_auto_slow_get),
         cmocka_unit_test(test_auto_fast_get_slow_consumer),
         cmocka_unit_test(test_prefetch_auto),
+        cmocka_unit_test(test_auto_rule),
     };
     return tu_exit_status(cmocka_run_group_tests(tests, NULL, NULL));
 }

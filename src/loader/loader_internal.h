@@ -332,4 +332,10 @@ int stoke__sampler_fill(const stoke_sampler *s, const stoke__sampler_epoch *e, u
 void stoke__feistel_init(stoke__feistel *f, uint64_t n, uint64_t key);
 uint64_t stoke__feistel_apply(const stoke__feistel *f, uint64_t x);
 
+/* (mu) num_workers = auto: one step of the hill climb (next.c, "Auto workers"): the active
+ * count for the next period, from the period's batches per ns, the share of it the consumer
+ * waited and the share of batches the caller's thread made; updates l->ad_*.  Pure apart from
+ * those fields (tests drive it with made-up periods). */
+int stoke__loader_adapt_step(stoke_loader *l, double tput, double wait_frac, double assisted_frac);
+
 #endif

@@ -322,7 +322,7 @@ static int next_threaded(stoke_loader *l, stoke_batch **bp)
  * Time in next() includes batches the caller's thread made itself. */
 #define STOKE__ADAPT_NS 50000000u
 
-static int adapt_step(stoke_loader *l, double tput, double wait_frac, double assisted_frac)
+int stoke__loader_adapt_step(stoke_loader *l, double tput, double wait_frac, double assisted_frac)
 {
     int n = l->nact;
     int lost = (l->ad_last > 0 && tput < l->ad_prev_tput * 1.05) ||
@@ -369,7 +369,7 @@ static void adapt(stoke_loader *l, uint64_t now, uint64_t waited)
         return;
     double tput = (double)l->ad_batches / (double)span;
     double assisted = (double)(l->st_assisted - l->ad_assisted0) / (double)l->ad_batches;
-    int n = adapt_step(l, tput, (double)l->ad_wait_ns / (double)span, assisted);
+    int n = stoke__loader_adapt_step(l, tput, (double)l->ad_wait_ns / (double)span, assisted);
     if (n != l->nact) {
         l->nact = n;
         l->st_nact_changes++;
