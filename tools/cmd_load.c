@@ -149,12 +149,8 @@ static void usage(FILE *f)
             "  --worker-mode=MODE     threads (default) or processes: each worker loads in a\n"
             "                         child process, a crash fails only its sample (map-style\n"
             "                         sources; JSON worker_mode, worker_restarts)\n"
-            "");
-    fprintf(f,
-            "  --arena NAME[:SIZE]    batch buffers from the node-wide pinned arena NAME\n"
-            "                         (\"auto\": the job's), shared with the job's other\n"
-            "                         processes; SIZE (K/M/G) creates it when none runs\n"
-            "                         (docs/ipc.md); default $STOKE_ARENA; \"\": none\n"
+            "  --arena NAME[:SIZE]    batches in the pinned arena NAME (auto: the job's) shared\n"
+            "                         by the node's processes; SIZE creates it (docs/ipc.md)\n"
             "  --no-hash              skip content_hash\n"
             "  --json                 one JSON object on stdout, errors included\n"
             "  (an option's value may also be given as --option=VALUE)\n"
