@@ -111,6 +111,19 @@ static void list_remove(stoke_arena *a)
     pthread_mutex_unlock(&arenas.lock);
 }
 
+stoke_arena *stoke__arena_find(const void *ptr)
+{
+    const unsigned char *p = ptr;
+    stoke_arena *found = NULL;
+    pthread_mutex_lock(&arenas.lock);
+    for (stoke_arena *a = arenas.list; a && !found; a = a->next)
+        if (a->pid == getpid() && p >= a->data &&
+            (uint64_t)(p - a->data) < a->h->nchunks * a->h->chunk)
+            found = a;
+    pthread_mutex_unlock(&arenas.lock);
+    return found;
+}
+
 /* ---- names -------------------------------------------------------------------------------- */
 
 /* Copies `src` with characters outside [A-Za-z0-9._-] turned into '_', at most

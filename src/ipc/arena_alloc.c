@@ -390,3 +390,27 @@ int stoke_arena_ptr(const stoke_arena *a, uint64_t offset, void **ptr)
     *ptr = a->data + offset;
     return STOKE_OK;
 }
+
+int stoke__arena_allocation(stoke_arena *a, const void *ptr, size_t *len)
+{
+    const char *what = "stoke_ipc_export";
+    ar_hdr *h = a->h;
+    const unsigned char *p = ptr;
+    uint64_t off = (uint64_t)(p - a->data);
+    if (p < a->data || off >= h->nchunks * h->chunk || off % h->chunk)
+        return stoke__fail(STOKE_EINVAL, "%s: %p is not the start of an allocation of arena '%s'",
+                           what, ptr, a->name);
+    int rc = lock_hdr(a, what);
+    if (rc != STOKE_OK)
+        return rc;
+    uint64_t i = off / h->chunk, n = a->run[i];
+    int mine = a->owner[i] == (uint8_t)(a->slot + 1) && n > 0;
+    unlock_hdr(a);
+    if (!mine)
+        return stoke__fail(STOKE_EINVAL,
+                           "%s: %p in arena '%s' is not the start of a live allocation of this "
+                           "process",
+                           what, ptr, a->name);
+    *len = (size_t)(n * h->chunk);
+    return STOKE_OK;
+}

@@ -20,6 +20,7 @@
 #include <sys/types.h>
 
 #include "stoke/arena.h"
+#include "stoke/ipc.h"
 
 #define AR_MAGIC   0x414e524145544b53ull /* "SKTEARNA" */
 #define AR_VERSION 1u
@@ -82,7 +83,22 @@ int stoke__arena_bind(const char *name, int slot);
  * running arena, or creates one of need * $LOCAL_WORLD_SIZE bytes.  `what` starts messages. */
 int stoke__arena_open_spec(const char *spec, uint64_t need, const char *what, stoke_arena **out);
 
+/* The arena of this process whose usable bytes contain ptr, or NULL. */
+stoke_arena *stoke__arena_find(const void *ptr);
+
+/* arena_ipc.c: host-block IPC of arena allocations (handles of backend STOKE__ARENA_BACKEND).
+ * export: ptr must start a live allocation of this process in `a`; size 0: all of it.
+ * import: maps the range and pins it for the current accelerator; *mapped: bytes mapped.
+ * unmap: undoes an import. */
+#define STOKE__ARENA_BACKEND "arena"
+int stoke__arena_ipc_export(stoke_arena *a, void *ptr, size_t size, stoke_ipc_handle *out);
+int stoke__arena_ipc_import(const stoke_ipc_handle *h, void **out, size_t *mapped);
+void stoke__arena_ipc_unmap(void *ptr, size_t mapped);
+
 /* arena_alloc.c */
+/* STOKE_OK with *len the bytes of the live allocation of this process that starts at ptr;
+ * else STOKE_EINVAL (message says why) or a lock error. */
+int stoke__arena_allocation(stoke_arena *a, const void *ptr, size_t *len);
 /* Lays out an empty arena of `requested` bytes: fills *chunk, *nchunks, *data_off, *map_len.
  * STOKE_OK or STOKE_ENOMEM (too large). */
 int stoke__arena_layout(uint64_t requested, uint64_t *chunk, uint64_t *nchunks,
