@@ -156,7 +156,8 @@ static int run(const plan *pl, result *sum, uint64_t *mlocked_delta)
     for (int i = 0; i < pl->procs; i++)
         waitpid(pids[i], NULL, 0);
     free(pids);
-    close(tp[0]), close(tp[1]), close(ap[0]), close(ap[1]), close(dp[0]), close(dp[1]), close(op[0]), close(op[1]);
+    close(tp[0]), close(tp[1]), close(ap[0]), close(ap[1]), close(dp[0]), close(dp[1]),
+        close(op[0]), close(op[1]);
     close(ep[0]), close(ep[1]);
     if (pl->use_arena)
         sum->distinct = pl->arena_bytes;
@@ -177,8 +178,8 @@ int main(int argc, char **argv)
     printf("%d processes, each %zu MiB of staging buffers of %zu MiB\n", pl.procs, pl.mib,
            pl.buf_mib);
     fflush(stdout);
-    printf("%-10s %-8s %14s %14s %12s %12s\n", "scenario", "mode", "pinned_sum_MiB",
-           "distinct_MiB", "pss_sum_MiB", "mlocked_MiB");
+    printf("%-10s %-8s %14s %14s %12s %12s\n", "scenario", "mode", "pinned_sum_MiB", "distinct_MiB",
+           "pss_sum_MiB", "mlocked_MiB");
     int rcode = 0;
     for (int staggered = 0; staggered < 2; staggered++) {
         double distinct[2] = {0, 0};
@@ -194,10 +195,9 @@ int main(int argc, char **argv)
                 continue;
             }
             distinct[use_arena] = (double)s.distinct;
-            printf("%-10s %-8s %14.1f %14.1f %12.1f %12.1f\n",
-                   staggered ? "staggered" : "together", use_arena ? "arena" : "private",
-                   (double)s.pinned / 1048576, (double)s.distinct / 1048576,
-                   (double)s.pss / 1048576, (double)ml / 1048576);
+            printf("%-10s %-8s %14.1f %14.1f %12.1f %12.1f\n", staggered ? "staggered" : "together",
+                   use_arena ? "arena" : "private", (double)s.pinned / 1048576,
+                   (double)s.distinct / 1048576, (double)s.pss / 1048576, (double)ml / 1048576);
             fflush(stdout);
         }
         if (distinct[1] > 0)

@@ -27,7 +27,7 @@
 
 #define MIB    (1024u * 1024u)
 #define LEN    (256u * 1024u + 4096u) /* bytes of data each side writes */
-#define WAIT_S 60                      /* bound on every wait for a child */
+#define WAIT_S 60                     /* bound on every wait for a child */
 
 static void fill(unsigned char *p, size_t n, unsigned seed)
 {
@@ -90,7 +90,8 @@ static void wr_all(int fd, const void *p, size_t n)
     }
 }
 
-/* ---- the child (argv: arena-child ROLE NAME SIZE ARG; commands on fd 3, reports on fd 4) ------ */
+/* ---- the child (argv: arena-child ROLE NAME SIZE ARG; commands on fd 3, reports on fd 4) ------
+ */
 
 static int child_report(report *r, int status, stoke_arena *a)
 {
@@ -176,7 +177,8 @@ static int child_main(const char *role, const char *name, size_t size, uint64_t 
     return 0;
 }
 
-/* ---- the parent's side ------------------------------------------------------------------------ */
+/* ---- the parent's side ------------------------------------------------------------------------
+ */
 
 typedef struct kid {
     pid_t pid;
@@ -269,7 +271,8 @@ static stoke_arena_stats stats_of(stoke_arena *a)
     return st;
 }
 
-/* ---- leftovers -------------------------------------------------------------------------------- */
+/* ---- leftovers --------------------------------------------------------------------------------
+ */
 
 static int count_our_shm(void)
 {
@@ -343,12 +346,13 @@ static int teardown(void **state)
     if (count_arena_fds() != 0)
         bad = fprintf(stderr, "teardown: %d arena memfd(s) still open\n", count_arena_fds());
     if (count_our_sockets() != 0)
-        bad = fprintf(stderr, "teardown: %d arena socket name(s) still bound\n",
-                      count_our_sockets());
+        bad =
+            fprintf(stderr, "teardown: %d arena socket name(s) still bound\n", count_our_sockets());
     return bad ? -1 : 0;
 }
 
-/* ---- tests ------------------------------------------------------------------------------------ */
+/* ---- tests ------------------------------------------------------------------------------------
+ */
 
 /* Two processes attach to one arena by name: each reads what the other wrote, and the memory
  * is pinned in both. */
@@ -381,7 +385,8 @@ static void test_two_processes_share(void **state)
     assert_int_equal(first_bad(q, LEN, 3), LEN);
     assert_int_equal(stoke_is_pinned(q), 1);
     stoke_arena_stats st = stats_of(a);
-    assert_int_equal(st.bytes_used, 2 * ((LEN + st.chunk_bytes - 1) / st.chunk_bytes) * st.chunk_bytes);
+    assert_int_equal(st.bytes_used,
+                     2 * ((LEN + st.chunk_bytes - 1) / st.chunk_bytes) * st.chunk_bytes);
     assert_int_equal(st.created, 1);
     assert_int_equal(st.pinned, 1);
     assert_true(st.bytes >= 4 * MIB);
@@ -675,10 +680,11 @@ static void test_no_accelerator(void **state)
     assert_int_equal(stoke_arena_close(a), STOKE_OK);
 }
 
-/* ---- the loader -------------------------------------------------------------------------------- */
+/* ---- the loader --------------------------------------------------------------------------------
+ */
 
-#define DSN    300
-#define DSB    1000
+#define DSN 300
+#define DSB 1000
 
 static uint64_t ds_len(void *user)
 {

@@ -108,21 +108,21 @@ typedef struct stoke_arena_stats {
     uint32_t size;    /* set by the caller to sizeof(stoke_arena_stats) */
     uint32_t version; /* set by stoke: STOKE_ARENA_STATS_VERSION */
     char name[STOKE_ARENA_NAME_MAX + 1];
-    uint64_t bytes;            /* usable bytes (the size asked at creation, rounded to chunks) */
-    uint64_t requested_bytes;  /* the size the creating process asked for */
-    uint64_t chunk_bytes;      /* allocation granule and alignment */
-    uint64_t mapped_bytes;     /* the whole shared mapping (bookkeeping included) */
-    uint64_t bytes_used;       /* allocated, by all processes */
-    uint64_t bytes_used_self;  /* allocated by this process */
-    uint64_t processes;        /* processes attached now (dead ones are reclaimed first) */
-    uint64_t allocs;           /* successful allocations since creation, all processes */
+    uint64_t bytes;           /* usable bytes (the size asked at creation, rounded to chunks) */
+    uint64_t requested_bytes; /* the size the creating process asked for */
+    uint64_t chunk_bytes;     /* allocation granule and alignment */
+    uint64_t mapped_bytes;    /* the whole shared mapping (bookkeeping included) */
+    uint64_t bytes_used;      /* allocated, by all processes */
+    uint64_t bytes_used_self; /* allocated by this process */
+    uint64_t processes;       /* processes attached now (dead ones are reclaimed first) */
+    uint64_t allocs;          /* successful allocations since creation, all processes */
     uint64_t frees;
-    uint64_t reclaims;         /* processes whose allocations were reclaimed after they died */
-    uint64_t reclaimed_bytes;  /* bytes those reclaims returned */
-    int32_t creator_pid;       /* the process that created the arena */
-    int32_t pinned;            /* 1: registered for this process's accelerator */
-    int32_t created;           /* 1: this process created it */
-    int32_t slot;              /* this process's slot, 0 .. STOKE_ARENA_MAX_PROCS-1 */
+    uint64_t reclaims;        /* processes whose allocations were reclaimed after they died */
+    uint64_t reclaimed_bytes; /* bytes those reclaims returned */
+    int32_t creator_pid;      /* the process that created the arena */
+    int32_t pinned;           /* 1: registered for this process's accelerator */
+    int32_t created;          /* 1: this process created it */
+    int32_t slot;             /* this process's slot, 0 .. STOKE_ARENA_MAX_PROCS-1 */
 } stoke_arena_stats;
 
 /* Fills *out (at most out->size bytes; out->size is set to the bytes filled), reclaiming the

@@ -291,8 +291,8 @@ static void serve_one(stoke_arena *a, int c)
     struct ucred cred;
     socklen_t cl = sizeof(cred);
     if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 || cred.uid != getuid()) {
-        stoke__log(STOKE_LOG_WARN, "arena '%s': refused a connection from uid %d (pid %d)",
-                   a->name, (int)cred.uid, (int)cred.pid);
+        stoke__log(STOKE_LOG_WARN, "arena '%s': refused a connection from uid %d (pid %d)", a->name,
+                   (int)cred.uid, (int)cred.pid);
         return;
     }
     ar_hello hello = {.magic = AR_MAGIC,
@@ -383,8 +383,8 @@ static int create_arena(stoke_arena *a, size_t size)
         return rc;
     a->memfd = memfd_create("stoke-arena", MFD_CLOEXEC);
     if (a->memfd < 0)
-        return stoke__fail(STOKE_ENOMEM, "stoke_arena_open: arena '%s': memfd_create: %s",
-                           a->name, strerror(errno));
+        return stoke__fail(STOKE_ENOMEM, "stoke_arena_open: arena '%s': memfd_create: %s", a->name,
+                           strerror(errno));
     if (ftruncate(a->memfd, (off_t)map_len) != 0)
         return stoke__fail(STOKE_ENOMEM,
                            "stoke_arena_open: arena '%s': cannot size it to %llu bytes: %s",
@@ -514,8 +514,10 @@ int stoke_arena_open(const char *name, size_t size, stoke_arena **out)
     if (rc == STOKE_OK && name)
         stoke__strlcpy(a->name, name, sizeof(a->name));
     if (rc == STOKE_OK && name && strlen(name) > STOKE_ARENA_NAME_MAX)
-        rc = stoke__fail(STOKE_EINVAL, "stoke_arena_open: the name '%.64s...' is longer than 64 "
-                         "characters", name);
+        rc = stoke__fail(STOKE_EINVAL,
+                         "stoke_arena_open: the name '%.64s...' is longer than 64 "
+                         "characters",
+                         name);
     if (rc == STOKE_OK)
         rc = check_name(a->name);
     int lock = -1;
@@ -586,7 +588,8 @@ int stoke__arena_open_spec(const char *spec, uint64_t need, const char *what, st
         rc = stoke_arena_open(nm, (size_t)size, out);
     else {
         rc = stoke_arena_open(nm, 0, out);
-        if (rc == STOKE_ENOENT && (nm || stoke_arena_default_name(name, sizeof(name)) == STOKE_OK)) {
+        if (rc == STOKE_ENOENT &&
+            (nm || stoke_arena_default_name(name, sizeof(name)) == STOKE_OK)) {
             uint64_t procs = 1;
             if (!stoke__env_u64(STOKE_ENV_LOCAL_WORLD_SIZE, &procs) || procs == 0)
                 procs = 1;

@@ -30,11 +30,12 @@ static uint64_t round_up(uint64_t v, uint64_t a)
 
 #define AR_MAX_CHUNKS (1u << 16) /* the chunk size grows with the arena to stay under this */
 
-int stoke__arena_layout(uint64_t requested, uint64_t *chunk, uint64_t *nchunks,
-                        uint64_t *data_off, uint64_t *map_len)
+int stoke__arena_layout(uint64_t requested, uint64_t *chunk, uint64_t *nchunks, uint64_t *data_off,
+                        uint64_t *map_len)
 {
     if (requested > (1ull << 46))
-        return stoke__fail(STOKE_ENOMEM, "arena: %llu bytes is more than the largest arena (64 TiB)",
+        return stoke__fail(STOKE_ENOMEM,
+                           "arena: %llu bytes is more than the largest arena (64 TiB)",
                            (unsigned long long)requested);
     uint64_t c = page_bytes();
     while (requested / c > AR_MAX_CHUNKS)
@@ -57,8 +58,8 @@ void stoke__arena_views(stoke_arena *a)
     a->data = a->base + h->data_off;
 }
 
-int stoke__arena_init_header(stoke_arena *a, uint64_t requested, uint64_t chunk,
-                             uint64_t nchunks, uint64_t data_off)
+int stoke__arena_init_header(stoke_arena *a, uint64_t requested, uint64_t chunk, uint64_t nchunks,
+                             uint64_t data_off)
 {
     ar_hdr *h = a->h;
     /* The memfd is fresh: every byte is zero already (owner/run arrays included). */
@@ -256,8 +257,8 @@ int stoke_arena_alloc(stoke_arena *a, size_t size, void **out)
     ar_hdr *h = a->h;
     uint64_t n = size ? ((uint64_t)size + h->chunk - 1) / h->chunk : 1;
     if (n > h->nchunks)
-        return stoke__fail(STOKE_ENOMEM, "%s: %zu bytes asked, but arena '%s' has %llu", what,
-                           size, a->name, (unsigned long long)(h->nchunks * h->chunk));
+        return stoke__fail(STOKE_ENOMEM, "%s: %zu bytes asked, but arena '%s' has %llu", what, size,
+                           a->name, (unsigned long long)(h->nchunks * h->chunk));
     if ((rc = lock_hdr(a, what)) != STOKE_OK)
         return rc;
     uint64_t i = find_run(a, n);
@@ -371,8 +372,9 @@ int stoke_arena_offset(const stoke_arena *a, const void *ptr, uint64_t *offset)
     uint64_t total = a->h->nchunks * a->h->chunk;
     const unsigned char *p = ptr;
     if (p < a->data || (uint64_t)(p - a->data) >= total)
-        return stoke__fail(STOKE_EINVAL, "stoke_arena_offset: %p is outside arena '%s' (%llu bytes at %p)",
-                           ptr, a->name, (unsigned long long)total, (void *)a->data);
+        return stoke__fail(STOKE_EINVAL,
+                           "stoke_arena_offset: %p is outside arena '%s' (%llu bytes at %p)", ptr,
+                           a->name, (unsigned long long)total, (void *)a->data);
     *offset = (uint64_t)(p - a->data);
     return STOKE_OK;
 }
@@ -384,7 +386,8 @@ int stoke_arena_ptr(const stoke_arena *a, uint64_t offset, void **ptr)
     uint64_t total = a->h->nchunks * a->h->chunk;
     if (offset >= total) {
         *ptr = NULL;
-        return stoke__fail(STOKE_EINVAL, "stoke_arena_ptr: offset %llu is outside arena '%s' (%llu bytes)",
+        return stoke__fail(STOKE_EINVAL,
+                           "stoke_arena_ptr: offset %llu is outside arena '%s' (%llu bytes)",
                            (unsigned long long)offset, a->name, (unsigned long long)total);
     }
     *ptr = a->data + offset;

@@ -28,7 +28,7 @@
 #define AR_LOCK_S  10 /* bound on waiting for the shared lock, seconds */
 
 typedef struct ar_proc {
-    int32_t pid;     /* 0: slot unused (as far as the header knows) */
+    int32_t pid; /* 0: slot unused (as far as the header knows) */
     uint32_t pad;
     uint64_t chunks; /* chunks it holds */
 } ar_proc;
@@ -101,11 +101,11 @@ void stoke__arena_ipc_unmap(void *ptr, size_t mapped);
 int stoke__arena_allocation(stoke_arena *a, const void *ptr, size_t *len);
 /* Lays out an empty arena of `requested` bytes: fills *chunk, *nchunks, *data_off, *map_len.
  * STOKE_OK or STOKE_ENOMEM (too large). */
-int stoke__arena_layout(uint64_t requested, uint64_t *chunk, uint64_t *nchunks,
-                        uint64_t *data_off, uint64_t *map_len);
+int stoke__arena_layout(uint64_t requested, uint64_t *chunk, uint64_t *nchunks, uint64_t *data_off,
+                        uint64_t *map_len);
 /* Initialises the header of a fresh mapping (the shared lock included). */
-int stoke__arena_init_header(stoke_arena *a, uint64_t requested, uint64_t chunk,
-                             uint64_t nchunks, uint64_t data_off);
+int stoke__arena_init_header(stoke_arena *a, uint64_t requested, uint64_t chunk, uint64_t nchunks,
+                             uint64_t data_off);
 /* Points a->owner, a->run, a->data into the mapping after the header was checked. */
 void stoke__arena_views(stoke_arena *a);
 /* Takes slot a->slot in the header (its name is bound by the caller): reclaims what a

@@ -22,7 +22,7 @@
 typedef struct arena_blob {
     uint32_t magic;
     uint32_t pad;
-    uint64_t offset; /* of the range in the memfd (page-aligned) */
+    uint64_t offset;  /* of the range in the memfd (page-aligned) */
     uint64_t map_len; /* bytes of the memfd when exported */
 } arena_blob;
 
@@ -36,8 +36,10 @@ int stoke__arena_ipc_export(stoke_arena *a, void *ptr, size_t size, stoke_ipc_ha
     if (size == 0)
         size = len;
     if (size > len)
-        return stoke__fail(STOKE_EINVAL, "%s: %zu bytes asked, but the allocation %p of arena "
-                           "'%s' holds %zu", what, size, ptr, a->name, len);
+        return stoke__fail(STOKE_EINVAL,
+                           "%s: %zu bytes asked, but the allocation %p of arena "
+                           "'%s' holds %zu",
+                           what, size, ptr, a->name, len);
     int fd = fcntl(a->memfd, F_DUPFD_CLOEXEC, 0);
     if (fd < 0)
         return stoke__fail(STOKE_EIO, "%s: arena '%s': cannot duplicate its memfd: %s", what,
@@ -64,8 +66,8 @@ int stoke__arena_ipc_import(const stoke_ipc_handle *h, void **out, size_t *mappe
     const char *what = "stoke_ipc_import";
     arena_blob b;
     if (h->blob_len != sizeof(b) || h->fd < 0)
-        return stoke__fail(STOKE_EINVAL, "%s: malformed arena handle (blob of %u bytes, %s)",
-                           what, (unsigned)h->blob_len, h->fd < 0 ? "no descriptor" : "fd");
+        return stoke__fail(STOKE_EINVAL, "%s: malformed arena handle (blob of %u bytes, %s)", what,
+                           (unsigned)h->blob_len, h->fd < 0 ? "no descriptor" : "fd");
     memcpy(&b, h->blob, sizeof(b));
     long page = sysconf(_SC_PAGESIZE);
     struct stat st;
@@ -81,8 +83,10 @@ int stoke__arena_ipc_import(const stoke_ipc_handle *h, void **out, size_t *mappe
     size_t len = ((size_t)h->size + (size_t)page - 1) / (size_t)page * (size_t)page;
     void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, h->fd, (off_t)b.offset);
     if (p == MAP_FAILED)
-        return stoke__fail(STOKE_ENOMEM, "%s: cannot map %zu bytes of the arena of process %lld: "
-                           "%s", what, len, (long long)h->pid, strerror(errno));
+        return stoke__fail(STOKE_ENOMEM,
+                           "%s: cannot map %zu bytes of the arena of process %lld: "
+                           "%s",
+                           what, len, (long long)h->pid, strerror(errno));
     int rc = stoke_pin_register(p, len);
     if (rc == STOKE_ENOTSUP) {
         stoke__log(STOKE_LOG_WARN, "%s: the arena range of process %lld is not pinned: %s", what,

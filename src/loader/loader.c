@@ -523,8 +523,8 @@ static int open_arena(stoke_loader *l)
     const char *spec = l->o.arena; /* NULL for a caller built against the shorter struct */
     int explicit = spec != NULL;
     uint64_t page = 4096, idx = (l->cap + 1) * sizeof(uint64_t);
-    uint64_t need = (uint64_t)l->nbuf * (l->buf_bytes + 2 * ((idx + page - 1) / page * page)) +
-                    16 * page;
+    uint64_t need =
+        (uint64_t)l->nbuf * (l->buf_bytes + 2 * ((idx + page - 1) / page * page)) + 16 * page;
     stoke_arena *a = NULL;
     if (!l->o.pin_memory) {
         if (explicit && spec[0])
@@ -540,8 +540,8 @@ static int open_arena(stoke_loader *l)
         return stoke__loader_fail(l, STOKE_EINVAL,
                                   "loader: arena '%s' is pinned for the current accelerator, but "
                                   "batches are to be pinned for %s",
-                                  spec, l->o.pin_memory_device ? l->o.pin_memory_device
-                                                               : l->o.device);
+                                  spec,
+                                  l->o.pin_memory_device ? l->o.pin_memory_device : l->o.device);
     }
     int rc = stoke__arena_open_spec(spec, need, "loader", &a);
     if (rc != STOKE_OK)
