@@ -100,7 +100,7 @@ enum { ORDER_SEQUENTIAL = 0, ORDER_RANDOM = 1, ORDER_BLOCK = 2 };
 
 typedef struct load_args {
     cli_cmd cmd;
-    const char *source, *pin_dev, *device, *on_error, *worker_mode;
+    const char *source, *pin_dev, *device, *on_error, *worker_mode, *arena;
     stoke_loader_opts bad; /* --on-error parsed: on_error, max_bad, max_bad_fraction */
     uint64_t batch, workers, prefetch, seed, epochs, limit;
     uint64_t block_rows, block_window; /* ORDER_BLOCK: the sizes (defaults filled in) */
@@ -151,6 +151,8 @@ static void usage(FILE *f)
             "  --worker-mode=MODE     threads (default) or processes: each worker loads in a\n"
             "                         child process, a crash fails only its sample (map-style\n"
             "                         sources; JSON worker_mode, worker_restarts)\n"
+            "  --arena NAME[:SIZE]    batches in the pinned arena NAME (auto: the job's) shared\n"
+            "                         by the node's processes; SIZE creates it (docs/ipc.md)\n"
             "  --no-hash              skip content_hash\n"
             "  --json                 one JSON object on stdout, errors included\n"
             "  (an option's value may also be given as --option=VALUE)\n"
@@ -221,7 +223,8 @@ static int parse_args(int argc, char **argv, load_args *a)
     } strs[] = {{"--pin-memory-device", offsetof(load_args, pin_dev)},
                 {"--device", offsetof(load_args, device)},
                 {"--on-error", offsetof(load_args, on_error)},
-                {"--worker-mode", offsetof(load_args, worker_mode)}};
+                {"--worker-mode", offsetof(load_args, worker_mode)},
+                {"--arena", offsetof(load_args, arena)}};
     static const struct {
         const char *name;
         size_t off;
@@ -404,6 +407,7 @@ static int open_loader(const load_args *a, load_run *r)
     o.max_bad = a->bad.max_bad;
     o.max_bad_fraction = a->bad.max_bad_fraction;
     o.worker_mode = a->procs ? STOKE_WORKER_PROCESSES : STOKE_WORKER_THREADS;
+    o.arena = a->arena;
     rc = stoke_loader_create(&o, &r->ds, &r->l);
     if (rc != STOKE_OK)
         return cli_fail(c, 1, "%s", *stoke_last_error() ? stoke_last_error() : stoke_strerror(rc));

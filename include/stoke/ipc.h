@@ -65,7 +65,9 @@ typedef struct stoke_ipc_handle {
 } stoke_ipc_handle;
 
 /* Exports the first `size` bytes (0: the whole block) of the pinned block `ptr`, which must be
- * the start of a live block from stoke_pinned_alloc that was pinned by an accelerator.  Fills
+ * the start of a live block from stoke_pinned_alloc that was pinned by an accelerator, or the
+ * start of a live allocation of this process in a node-wide arena (stoke/arena.h: a handle of
+ * backend "arena" that any process imports and pins for its own accelerator).  Fills
  * *out (owned by the caller: stoke_ipc_close).  Returns STOKE_OK; STOKE_EINVAL (NULL argument,
  * ptr not a live pinned block or not its start, allocated without an accelerator, size larger
  * than the block); STOKE_ENOTSUP (the block's backend has no IPC, or cannot share this block);

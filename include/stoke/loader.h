@@ -115,6 +115,16 @@ typedef struct stoke_loader_opts {
                                  datasets, num_workers >= 1 or auto; ITERABLE: STOKE_ENOTSUP at
                                  create), so a sample that crashes its process fails like a bad
                                  sample instead of killing the caller */
+    /* ---- appended: the node-wide pinned arena (docs/ipc.md, "Node-wide pinned arena") ---- */
+    const char *arena;        /* "name[:size]": batch buffers come from the arena `name` shared
+                                 with the job's other processes (stoke/arena.h) instead of this
+                                 process's own pinned blocks; name "auto": the job's arena
+                                 (stoke_arena_default_name).  Without a size the loader attaches
+                                 to a running arena, or creates one of its own need times
+                                 $LOCAL_WORLD_SIZE (default 1).  NULL (default): $STOKE_ARENA
+                                 if set; "": no arena.  Only with pinning for the current
+                                 accelerator (pin_memory_device or device naming another:
+                                 STOKE_EINVAL at create) */
 } stoke_loader_opts;
 
 /* stoke_loader_opts.worker_mode. */

@@ -9,6 +9,7 @@
 #include "stoke/accelerator.h"
 #include "stoke/device.h"
 #include "stoke/ipc.h"
+#include "stoke/arena.h"
 #include "stoke/pinned.h"
 #include "stoke/dataset.h"
 #include "stoke/sources.h"

@@ -21,7 +21,13 @@
     X(OMPI_RANK, "OMPI_COMM_WORLD_RANK", "Open MPI rank")                              \
     X(OMPI_SIZE, "OMPI_COMM_WORLD_SIZE", "Open MPI world size")                        \
     X(SLURM_RANK, "SLURM_PROCID", "Slurm rank")                                        \
-    X(SLURM_SIZE, "SLURM_NTASKS", "Slurm world size")
+    X(SLURM_SIZE, "SLURM_NTASKS", "Slurm world size")                                 \
+    X(ARENA, "STOKE_ARENA", "loader batches from the shared arena name[:size]")        \
+    X(TORCHELASTIC_RUN_ID, "TORCHELASTIC_RUN_ID", "torchrun job id (arena name)")      \
+    X(SLURM_JOB_ID, "SLURM_JOB_ID", "Slurm job id (arena name)")                       \
+    X(SLURM_STEP_ID, "SLURM_STEP_ID", "Slurm step id (arena name)")                    \
+    X(OMPI_JOBID, "OMPI_MCA_ess_base_jobid", "Open MPI job id (arena name)")           \
+    X(LOCAL_WORLD_SIZE, "LOCAL_WORLD_SIZE", "torchrun processes on this node")
 
 typedef enum stoke_env_id {
 #define STOKE__ENV_ENUM(id, name, desc) STOKE_ENV_##id,

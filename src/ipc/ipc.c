@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "common/internal.h"
+#include "ipc/arena_internal.h"
 #include "ipc/ipc_internal.h"
 #include "pinned/pinned_internal.h"
 #include "registry/registry.h"
@@ -20,8 +21,9 @@
 
 typedef struct ipc_import {
     void *ptr;
-    const stoke_backend *vt;
+    const stoke_backend *vt; /* NULL: a range of an arena (arena_ipc.c) */
     int dev;
+    size_t len; /* arena ranges: bytes mapped */
 } ipc_import;
 
 static struct {
@@ -31,17 +33,21 @@ static struct {
     int hooked; /* the registry-reset hook is installed */
 } imports = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
-/* Registry reset (tests): the backends about to shut down drop their mappings themselves. */
+/* Registry reset (tests): the backends about to shut down drop their mappings themselves;
+ * arena ranges are ours to unmap (their pin registrations go with the reset). */
 static void forget_imports(void)
 {
     pthread_mutex_lock(&imports.lock);
+    for (size_t i = 0; i < imports.n; i++)
+        if (!imports.v[i].vt)
+            stoke__arena_ipc_unmap(imports.v[i].ptr, imports.v[i].len);
     free(imports.v);
     imports.v = NULL;
     imports.n = imports.cap = 0;
     pthread_mutex_unlock(&imports.lock);
 }
 
-static int imports_add(void *ptr, const stoke_backend *vt, int dev)
+static int imports_add(void *ptr, const stoke_backend *vt, int dev, size_t len)
 {
     pthread_mutex_lock(&imports.lock);
     if (!imports.hooked) {
@@ -58,7 +64,7 @@ static int imports_add(void *ptr, const stoke_backend *vt, int dev)
             imports.v = grown, imports.cap = cap;
     }
     if (rc == STOKE_OK)
-        imports.v[imports.n++] = (ipc_import){.ptr = ptr, .vt = vt, .dev = dev};
+        imports.v[imports.n++] = (ipc_import){.ptr = ptr, .vt = vt, .dev = dev, .len = len};
     pthread_mutex_unlock(&imports.lock);
     return rc;
 }
@@ -195,6 +201,10 @@ int stoke_ipc_export(void *ptr, size_t size, stoke_ipc_handle *out)
     if (!ptr || !out)
         return stoke__fail(STOKE_EINVAL, "%s: %s is NULL", what, ptr ? "out" : "ptr");
     pn_block *b = stoke__pn_map_get(ptr);
+    stoke_arena *arena;
+    if ((!b || atomic_load_explicit(&b->addr, memory_order_acquire) != (uintptr_t)ptr) &&
+        (arena = stoke__arena_find(ptr)) != NULL)
+        return stoke__arena_ipc_export(arena, ptr, size, out);
     if (!b || atomic_load_explicit(&b->addr, memory_order_acquire) != (uintptr_t)ptr ||
         atomic_load_explicit(&b->state, memory_order_acquire) != PN_LIVE)
         return stoke__fail(STOKE_EINVAL,
@@ -268,17 +278,29 @@ int stoke_ipc_import(const stoke_ipc_handle *h, void **out)
     *out = NULL;
     const stoke_backend *vt;
     int dev;
+    void *p = NULL;
+    if (stoke__ipc_check_handle(h, what) == STOKE_OK && h->kind == STOKE_IPC_HOST &&
+        strcmp(h->backend, STOKE__ARENA_BACKEND) == 0) {
+        size_t len = 0;
+        int rc = stoke__arena_ipc_import(h, &p, &len);
+        if (rc == STOKE_OK && (rc = imports_add(p, NULL, -1, len)) != STOKE_OK) {
+            stoke__arena_ipc_unmap(p, len);
+            return stoke__fail(rc, "%s: out of memory", what);
+        }
+        if (rc == STOKE_OK)
+            *out = p;
+        return rc;
+    }
     int rc = import_target(h, STOKE_IPC_HOST, what, &vt, &dev);
     if (rc != STOKE_OK)
         return rc;
-    void *p = NULL;
     stoke__clear_error();
     rc = vt->ipc_import_mem(dev, h, &p);
     if (rc != STOKE_OK)
         return backend_fail(rc, "%s: %s could not import the %llu-byte %s of process %lld", what,
                             vt->name, (unsigned long long)h->size, stoke__ipc_kind_name(h->kind),
                             (long long)h->pid);
-    rc = imports_add(p, vt, dev);
+    rc = imports_add(p, vt, dev, 0);
     if (rc != STOKE_OK) {
         vt->ipc_close_mem(dev, STOKE_IPC_HOST, p);
         return stoke__fail(rc, "%s: out of memory", what);
@@ -321,6 +343,10 @@ int stoke_ipc_unmap(void *ptr)
                            "stoke_ipc_unmap: %p is not a live import of this "
                            "process (from stoke_ipc_import)",
                            ptr);
+    if (!im.vt) {
+        stoke__arena_ipc_unmap(ptr, im.len);
+        return STOKE_OK;
+    }
     stoke__clear_error();
     int rc = im.vt->ipc_close_mem(im.dev, STOKE_IPC_HOST, ptr);
     if (rc != STOKE_OK)

@@ -16,5 +16,9 @@ int stoke__ipc_check_handle(const stoke_ipc_handle *h, const char *what);
 /* socket.c: one sendmsg of n bytes at p with descriptor fd attached (SCM_RIGHTS; none when
  * fd < 0), retried on EINTR, without SIGPIPE.  Returns sendmsg's result (errno set on -1). */
 ssize_t stoke__sendmsg_fd(int sock, const void *p, size_t n, int fd);
+/* socket.c: one recvmsg of at most n bytes into p, retried on EINTR; the first descriptor that
+ * came with it goes to *fd (left as is when none came; extra ones are closed).  Returns
+ * recvmsg's result (errno set on -1). */
+ssize_t stoke__recvmsg_fd(int sock, void *p, size_t n, int *fd);
 
 #endif

@@ -85,6 +85,25 @@ static void take_fds(struct msghdr *msg, int *fd)
     }
 }
 
+ssize_t stoke__recvmsg_fd(int sock, void *p, size_t n, int *fd)
+{
+    union {
+        char buf[CMSG_SPACE(4 * sizeof(int))];
+        struct cmsghdr align;
+    } ctl;
+    struct iovec iov = {.iov_base = p, .iov_len = n};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+    msg.msg_control = ctl.buf;
+    msg.msg_controllen = sizeof(ctl.buf);
+    ssize_t r;
+    do
+        r = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+    while (r < 0 && errno == EINTR);
+    if (r >= 0)
+        take_fds(&msg, fd);
+    return r;
+}
+
 /* Reads the handle's bytes into *h and the descriptor into *fd. */
 static int recv_bytes(int sock, stoke_ipc_handle *h, int *fd, const char *what)
 {

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "common/internal.h"
+#include "ipc/arena_internal.h"
 #include "loader/loader_internal.h"
 #include "registry/registry.h"
 #include "stoke/accelerator.h"
@@ -81,6 +82,11 @@ static int slot_alloc(stoke_loader *l, stoke__slot *s)
         if (rc == STOKE_OK)
             s->pinned = stoke_is_pinned(p);
         break;
+    case STOKE__ALLOC_ARENA:
+        rc = stoke_arena_alloc(l->arena, l->buf_bytes, &p);
+        if (rc == STOKE_OK)
+            s->pinned = stoke_is_pinned(p);
+        break;
     case STOKE__ALLOC_BACKEND: {
         stoke__clear_error(); /* what is left afterwards is the backend's reason */
         rc = l->pin_vt->host_alloc(l->pin_dev, l->buf_bytes, &p);
@@ -109,6 +115,7 @@ static void slot_free(stoke_loader *l, stoke__slot *s)
     if (s->mem) {
         switch (l->alloc_kind) {
         case STOKE__ALLOC_POOL: stoke_pinned_free(s->mem); break;
+        case STOKE__ALLOC_ARENA: stoke_arena_free(l->arena, s->mem); break;
         case STOKE__ALLOC_BACKEND: l->pin_vt->host_free(l->pin_dev, s->mem); break;
         default: free(s->mem); break;
         }
@@ -537,6 +544,43 @@ static int size_loader(stoke_loader *l)
     return check_upfront_bytes(l);
 }
 
+/* Batch buffers from the node-wide arena (opts.arena or $STOKE_ARENA), when asked for: only
+ * where they would be pinned for the current accelerator (or not at all, with none). */
+static int open_arena(stoke_loader *l)
+{
+    const char *spec = l->o.arena; /* NULL for a caller built against the shorter struct */
+    int explicit = spec != NULL;
+    uint64_t page = 4096, idx = (l->cap + 1) * sizeof(uint64_t);
+    uint64_t need =
+        (uint64_t)l->nbuf * (l->buf_bytes + 2 * ((idx + page - 1) / page * page)) + 16 * page;
+    stoke_arena *a = NULL;
+    if (!l->o.pin_memory) {
+        if (explicit && spec[0])
+            stoke__log(STOKE_LOG_WARN, "loader: arena '%s' has no effect because pin_memory is off",
+                       spec);
+        return STOKE_OK;
+    }
+    if (l->alloc_kind == STOKE__ALLOC_BACKEND) {
+        if (!spec)
+            return STOKE_OK; /* $STOKE_ARENA: not for a loader pinning for another device */
+        if (!spec[0])
+            return STOKE_OK;
+        return stoke__loader_fail(l, STOKE_EINVAL,
+                                  "loader: arena '%s' is pinned for the current accelerator, but "
+                                  "batches are to be pinned for %s",
+                                  spec,
+                                  l->o.pin_memory_device ? l->o.pin_memory_device : l->o.device);
+    }
+    int rc = stoke__arena_open_spec(spec, need, "loader", &a);
+    if (rc != STOKE_OK)
+        return stoke__loader_fail(l, rc, "%s", stoke_last_error());
+    if (a) {
+        l->arena = a;
+        l->alloc_kind = STOKE__ALLOC_ARENA;
+    }
+    return STOKE_OK;
+}
+
 /* Step 3 of create: batch handles, worker records, where batches live, the host buffers. */
 static int allocate(stoke_loader *l)
 {
@@ -553,6 +597,8 @@ static int allocate(stoke_loader *l)
         l->w[i].id = i;
     }
     int rc = choose_pinning(l);
+    if (rc == STOKE_OK)
+        rc = open_arena(l);
     if (rc != STOKE_OK)
         return rc;
     if (l->o.worker_mode != STOKE_WORKER_THREADS)
@@ -661,6 +707,7 @@ void stoke_loader_destroy(stoke_loader *l)
     if (l->slots)
         for (int i = 0; i < l->nbuf; i++)
             slot_free(l, &l->slots[i]);
+    stoke_arena_close(l->arena);
     stoke_event_destroy(l->read_ev);
     stoke_stream_destroy(l->stream);
     stoke_sampler_destroy(l->sampler);

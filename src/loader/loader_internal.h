@@ -49,7 +49,7 @@ uint64_t stoke__hist_quantile(const stoke__hist *h, double q);
  * - The consumer thread alone calls next/set_epoch/restore; batches are released from any thread.
  */
 
-enum { STOKE__ALLOC_PAGEABLE = 0, STOKE__ALLOC_POOL = 1, STOKE__ALLOC_BACKEND = 2 };
+enum { STOKE__ALLOC_PAGEABLE = 0, STOKE__ALLOC_POOL = 1, STOKE__ALLOC_BACKEND = 2, STOKE__ALLOC_ARENA = 3 };
 
 /* A sample that failed while its batch was produced (badsample.c). */
 typedef struct stoke__bad {
@@ -134,6 +134,7 @@ struct stoke_loader {
     int nbuf;
     int alloc_kind;
     const stoke_backend *pin_vt; /* STOKE__ALLOC_BACKEND */
+    struct stoke_arena *arena;   /* STOKE__ALLOC_ARENA: the node-wide arena (arena.c) */
     int pin_dev;
     char pin_backend[32]; /* "" when not pinned */
     int device_mode;

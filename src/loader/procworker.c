@@ -44,6 +44,7 @@
 #include "common/internal.h"
 #include "ipc/ipc_internal.h"
 #include "loader/loader_internal.h"
+#include "stoke/arena.h"
 #include "stoke/pinned.h"
 
 #define POISON_MAX    16          /* crashing samples one batch may skip or replace */
@@ -67,6 +68,7 @@ struct stoke__proc {
     unsigned char *shm;
     size_t shm_len;
     int registered; /* stoke_pin_register succeeded */
+    int from_arena; /* shm is an allocation of l->arena (not mapped here) */
     proc_ctl *ctl;  /* nworkers, in shm */
     proc_w *w;      /* nworkers */
     pid_t zpid;
@@ -397,6 +399,8 @@ static size_t align_page(size_t v)
     return (v + 4095u) & ~(size_t)4095u;
 }
 
+static int use_shared(stoke_loader *l, stoke__proc *p, size_t per, size_t idx_bytes, void *m);
+
 /* The shared mapping: per batch handle its buffer, indices and offsets; the control records. */
 static int map_shared(stoke_loader *l, stoke__proc *p)
 {
@@ -405,6 +409,8 @@ static int map_shared(stoke_loader *l, stoke__proc *p)
     size_t per = align_page(l->buf_bytes) + idx_bytes + off_bytes;
     size_t ctl_bytes = align_page((size_t)l->nworkers * sizeof(proc_ctl));
     p->shm_len = per * (size_t)l->nbuf + ctl_bytes;
+    if (l->arena) /* the node-wide arena: shared (and pinned) already */
+        return use_shared(l, p, per, idx_bytes, NULL);
     int fd = memfd_create("stoke-batches", MFD_CLOEXEC);
     if (fd < 0)
         return stoke__loader_fail(l, STOKE_ENOMEM, "loader: memfd_create failed: %s",
@@ -418,13 +424,28 @@ static int map_shared(stoke_loader *l, stoke__proc *p)
         return stoke__loader_fail(l, STOKE_ENOMEM,
                                   "loader: cannot map %zu bytes of shared batch buffers: %s",
                                   p->shm_len, strerror(e));
-    p->shm = m;
-    if (l->alloc_kind != STOKE__ALLOC_PAGEABLE && stoke_pin_register(m, p->shm_len) == STOKE_OK)
+    return use_shared(l, p, per, idx_bytes, m);
+}
+
+/* Carves the shared mapping `m` (NULL: an allocation of the arena) into the batches' buffers,
+ * index and offset arrays, and the control records. */
+static int use_shared(stoke_loader *l, stoke__proc *p, size_t per, size_t idx_bytes, void *m)
+{
+    if (!m) {
+        int rc = stoke_arena_alloc(l->arena, p->shm_len, &m);
+        if (rc != STOKE_OK)
+            return stoke__loader_fail(l, rc, "loader: shared batch buffers: %s",
+                                      stoke_last_error());
+        p->from_arena = 1;
+    } else if (l->alloc_kind != STOKE__ALLOC_PAGEABLE &&
+               stoke_pin_register(m, p->shm_len) == STOKE_OK) {
         p->registered = 1;
+    }
+    p->shm = m;
     for (int i = 0; i < l->nbuf; i++) {
         unsigned char *base = p->shm + per * (size_t)i;
         l->slots[i].mem = base;
-        l->slots[i].pinned = p->registered && stoke_is_pinned(base);
+        l->slots[i].pinned = (p->registered || p->from_arena) && stoke_is_pinned(base);
         l->bat[i].l = l;
         l->bat[i].indices = (uint64_t *)(base + align_page(l->buf_bytes));
         if (l->var)
@@ -788,7 +809,9 @@ void stoke__proc_destroy(stoke_loader *l)
             waitpid(p->zpid, NULL, 0);
         }
     }
-    if (p->shm) {
+    if (p->shm && p->from_arena) {
+        stoke_arena_free(l->arena, p->shm);
+    } else if (p->shm) {
         if (p->registered)
             stoke_pin_unregister(p->shm);
         munmap(p->shm, p->shm_len);

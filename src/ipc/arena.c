@@ -1,0 +1,606 @@
+/* The node-wide pinned arena (stoke/arena.h): naming, the file-less rendezvous, open / close,
+ * the thread that serves the arena's descriptor, and what a fork does to an open arena.
+ *
+ * Opening, in order, all under the arena's opening lock (the abstract name "...-init", bound
+ * for the duration; bind is the atomic arbiter, and the kernel releases it if the process
+ * dies):
+ *   1. connect to the slot names 0..AR_MAXP-1 until an attached process answers with the
+ *      memfd (SCM_RIGHTS) and a hello; map it and check it;
+ *   2. nobody answered: create the memfd, map it, lay out the header (arena_alloc.c);
+ *   3. bind the first free slot name and listen on it, claim the slot in the header;
+ *   4. start the serving thread; release the opening lock; pin the mapping.
+ * Because a process binds its slot before it releases the opening lock, "no slot answers" under
+ * the lock means no process has the arena, so two racing openers end with one arena.
+ *
+ * Fork: a child does not get the serving thread.  An atfork handler closes the child's copies
+ * of every arena's listening socket, wake descriptor and memfd, so a slot's name goes away with
+ * the process that holds it, not with its last child.  The child keeps the mapping (process
+ * workers write batches into it) but cannot allocate from the parent's handle.
+ *
+ * Locking: `arenas.lock` guards the list of this process's open arenas (leaf lock; held only to
+ * link / unlink and across fork). */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/env.h"
+#include "common/internal.h"
+#include "ipc/arena_internal.h"
+#include "ipc/ipc_internal.h"
+#include "stoke/pinned.h"
+
+#define AR_OPEN_S       10 /* bound on waiting for the opening lock, seconds */
+#define AR_HELLO_WAIT_S 2  /* bound on waiting for a serving process's answer */
+
+/* What a serving process sends with the memfd. */
+typedef struct ar_hello {
+    uint64_t magic;
+    uint32_t version;
+    int32_t pid;
+    uint64_t requested;
+    uint64_t map_len;
+} ar_hello;
+
+static struct {
+    pthread_mutex_t lock;
+    stoke_arena *list;
+    pthread_once_t once;
+} arenas = {.lock = PTHREAD_MUTEX_INITIALIZER, .once = PTHREAD_ONCE_INIT};
+
+/* ---- fork --------------------------------------------------------------------------------- */
+
+static void fork_prepare(void)
+{
+    pthread_mutex_lock(&arenas.lock);
+}
+
+static void fork_parent(void)
+{
+    pthread_mutex_unlock(&arenas.lock);
+}
+
+static void fork_child(void)
+{
+    for (stoke_arena *a = arenas.list; a; a = a->next) {
+        if (a->listen_fd >= 0)
+            close(a->listen_fd);
+        if (a->wake_fd >= 0)
+            close(a->wake_fd);
+        if (a->memfd >= 0)
+            close(a->memfd);
+        a->listen_fd = a->wake_fd = a->memfd = -1;
+        a->thread_started = 0; /* the thread is the parent's */
+    }
+    pthread_mutex_unlock(&arenas.lock);
+}
+
+static void install_atfork(void)
+{
+    pthread_atfork(fork_prepare, fork_parent, fork_child);
+}
+
+static void list_add(stoke_arena *a)
+{
+    pthread_mutex_lock(&arenas.lock);
+    a->next = arenas.list;
+    arenas.list = a;
+    pthread_mutex_unlock(&arenas.lock);
+}
+
+static void list_remove(stoke_arena *a)
+{
+    pthread_mutex_lock(&arenas.lock);
+    stoke_arena **pp = &arenas.list;
+    while (*pp && *pp != a)
+        pp = &(*pp)->next;
+    if (*pp)
+        *pp = a->next;
+    pthread_mutex_unlock(&arenas.lock);
+}
+
+stoke_arena *stoke__arena_find(const void *ptr)
+{
+    const unsigned char *p = ptr;
+    stoke_arena *found = NULL;
+    pthread_mutex_lock(&arenas.lock);
+    for (stoke_arena *a = arenas.list; a && !found; a = a->next)
+        if (a->pid == getpid() && p >= a->data &&
+            (uint64_t)(p - a->data) < a->h->nchunks * a->h->chunk)
+            found = a;
+    pthread_mutex_unlock(&arenas.lock);
+    return found;
+}
+
+/* ---- names -------------------------------------------------------------------------------- */
+
+/* Copies `src` with characters outside [A-Za-z0-9._-] turned into '_', at most
+ * STOKE_ARENA_NAME_MAX of them. */
+static void sanitize(char *dst, size_t len, const char *prefix, const char *src)
+{
+    char tmp[256];
+    snprintf(tmp, sizeof(tmp), "%s%s", prefix, src);
+    size_t n = 0;
+    for (const char *s = tmp; *s && n + 1 < len && n < STOKE_ARENA_NAME_MAX; s++, n++) {
+        char c = *s;
+        int ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                 c == '.' || c == '_' || c == '-';
+        dst[n] = ok ? c : '_';
+    }
+    dst[n] = '\0';
+}
+
+int stoke_arena_default_name(char *buf, size_t len)
+{
+    if (!buf || !len)
+        return stoke__fail(STOKE_EINVAL, "stoke_arena_default_name: %s",
+                           buf ? "len is 0" : "buf is NULL");
+    buf[0] = '\0';
+    const char *v;
+    char part[256];
+    if ((v = stoke__env_str(STOKE_ENV_ARENA))) {
+        stoke__strlcpy(part, v, sizeof(part));
+        char *colon = strchr(part, ':');
+        if (colon)
+            *colon = '\0';
+        if (part[0]) {
+            sanitize(buf, len, "", part);
+            return STOKE_OK;
+        }
+    }
+    if ((v = stoke__env_str(STOKE_ENV_TORCHELASTIC_RUN_ID))) {
+        sanitize(buf, len, "torchelastic-", v);
+    } else if ((v = stoke__env_str(STOKE_ENV_SLURM_JOB_ID))) {
+        const char *step = stoke__env_str(STOKE_ENV_SLURM_STEP_ID);
+        snprintf(part, sizeof(part), "%s.%s", v, step ? step : "0");
+        sanitize(buf, len, "slurm-", part);
+    } else if ((v = stoke__env_str(STOKE_ENV_OMPI_JOBID))) {
+        sanitize(buf, len, "ompi-", v);
+    } else {
+        return stoke__fail(STOKE_ENOENT,
+                           "arena: no name given and none to derive: set STOKE_ARENA, or run "
+                           "under torchrun (TORCHELASTIC_RUN_ID), Slurm (SLURM_JOB_ID) or Open "
+                           "MPI (OMPI_MCA_ess_base_jobid)");
+    }
+    return STOKE_OK;
+}
+
+static int check_name(const char *name)
+{
+    size_t n = strlen(name);
+    if (n == 0 || n > STOKE_ARENA_NAME_MAX)
+        return stoke__fail(STOKE_EINVAL, "stoke_arena_open: the name '%s' is %s", name,
+                           n ? "longer than 64 characters" : "empty");
+    for (const char *s = name; *s; s++) {
+        char c = *s;
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '.' || c == '_' || c == '-'))
+            return stoke__fail(STOKE_EINVAL,
+                               "stoke_arena_open: the name '%s' has '%c'; only A-Z a-z 0-9 . _ - "
+                               "are allowed",
+                               name, c);
+    }
+    return STOKE_OK;
+}
+
+unsigned stoke__arena_addr(const char *name, int slot, void *sockaddr_un)
+{
+    struct sockaddr_un *sa = sockaddr_un;
+    memset(sa, 0, sizeof(*sa));
+    sa->sun_family = AF_UNIX;
+    char tail[16];
+    if (slot < 0)
+        snprintf(tail, sizeof(tail), "init");
+    else
+        snprintf(tail, sizeof(tail), "%d", slot);
+    /* sun_path[0] stays '\0': an abstract name, not a file */
+    int n = snprintf(sa->sun_path + 1, sizeof(sa->sun_path) - 1, "stoke-arena-%u-%s-%s",
+                     (unsigned)getuid(), name, tail);
+    return (unsigned)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+}
+
+int stoke__arena_bind(const char *name, int slot)
+{
+    struct sockaddr_un sa;
+    socklen_t len = stoke__arena_addr(name, slot, &sa);
+    int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (s < 0)
+        return -1;
+    if (bind(s, (struct sockaddr *)&sa, len) != 0) {
+        int e = errno;
+        close(s);
+        errno = e;
+        return -1;
+    }
+    return s;
+}
+
+/* ---- the opening lock and the rendezvous -------------------------------------------------- */
+
+static int take_open_lock(const char *name, int *out)
+{
+    uint64_t deadline = stoke__now_ns() + (uint64_t)AR_OPEN_S * 1000000000u;
+    for (;;) {
+        int s = stoke__arena_bind(name, -1);
+        if (s >= 0) {
+            *out = s;
+            return STOKE_OK;
+        }
+        if (errno != EADDRINUSE)
+            return stoke__fail(STOKE_EIO, "stoke_arena_open: arena '%s': cannot bind a socket: %s",
+                               name, strerror(errno));
+        if (stoke__now_ns() > deadline)
+            return stoke__fail(STOKE_ETIMEDOUT,
+                               "stoke_arena_open: arena '%s': another process has been opening "
+                               "it for more than %d s",
+                               name, AR_OPEN_S);
+        struct timespec ts = {.tv_nsec = 2000000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* Asks slot k for the arena: 1 with *fd and *hello filled, 0 when nobody answers there. */
+static int ask_slot(const char *name, int k, int *fd, ar_hello *hello)
+{
+    struct sockaddr_un sa;
+    socklen_t len = stoke__arena_addr(name, k, &sa);
+    int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (s < 0)
+        return 0;
+    int got = 0;
+    if (connect(s, (struct sockaddr *)&sa, len) == 0) {
+        struct timeval tv = {.tv_sec = AR_HELLO_WAIT_S};
+        setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+        int f = -1;
+        ssize_t n = stoke__recvmsg_fd(s, hello, sizeof(*hello), &f);
+        if (n == (ssize_t)sizeof(*hello) && f >= 0 && hello->magic == AR_MAGIC) {
+            *fd = f;
+            got = 1;
+        } else if (f >= 0) {
+            close(f);
+        }
+    }
+    close(s);
+    return got;
+}
+
+static int find_served(const char *name, int *fd, ar_hello *hello)
+{
+    for (int k = 0; k < AR_MAXP; k++)
+        if (ask_slot(name, k, fd, hello))
+            return 1;
+    return 0;
+}
+
+/* ---- the serving thread ------------------------------------------------------------------- */
+
+static void serve_one(stoke_arena *a, int c)
+{
+    struct ucred cred;
+    socklen_t cl = sizeof(cred);
+    if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 || cred.uid != getuid()) {
+        stoke__log(STOKE_LOG_WARN, "arena '%s': refused a connection from uid %d (pid %d)", a->name,
+                   (int)cred.uid, (int)cred.pid);
+        return;
+    }
+    ar_hello hello = {.magic = AR_MAGIC,
+                      .version = AR_VERSION,
+                      .pid = (int32_t)getpid(),
+                      .requested = a->h->requested,
+                      .map_len = a->map_len};
+    struct timeval tv = {.tv_sec = AR_HELLO_WAIT_S};
+    setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    if (stoke__sendmsg_fd(c, &hello, sizeof(hello), a->memfd) != (ssize_t)sizeof(hello))
+        stoke__log(STOKE_LOG_DEBUG, "arena '%s': could not answer pid %d: %s", a->name,
+                   (int)cred.pid, strerror(errno));
+}
+
+static void *serve(void *arg)
+{
+    stoke_arena *a = arg;
+    stoke__thread_name("stoke-arena");
+    struct pollfd pf[2] = {{.fd = a->listen_fd, .events = POLLIN},
+                           {.fd = a->wake_fd, .events = POLLIN}};
+    for (;;) {
+        int n = poll(pf, 2, -1);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 || (pf[1].revents & POLLIN))
+            break;
+        if (!(pf[0].revents & POLLIN))
+            continue;
+        int c = accept4(a->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+        if (c < 0)
+            continue;
+        serve_one(a, c);
+        close(c);
+    }
+    return NULL;
+}
+
+static int start_serving(stoke_arena *a)
+{
+    a->wake_fd = eventfd(0, EFD_CLOEXEC);
+    if (a->wake_fd < 0)
+        return stoke__fail(STOKE_EIO, "stoke_arena_open: arena '%s': eventfd: %s", a->name,
+                           strerror(errno));
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old); /* the thread takes no signals */
+    int e = pthread_create(&a->thread, NULL, serve, a);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (e)
+        return stoke__fail(STOKE_EIO, "stoke_arena_open: arena '%s': cannot start its thread: %s",
+                           a->name, strerror(e));
+    a->thread_started = 1;
+    return STOKE_OK;
+}
+
+static void stop_serving(stoke_arena *a)
+{
+    if (a->thread_started) {
+        uint64_t one = 1;
+        ssize_t w;
+        do
+            w = write(a->wake_fd, &one, sizeof(one));
+        while (w < 0 && errno == EINTR);
+        pthread_join(a->thread, NULL);
+        a->thread_started = 0;
+    }
+}
+
+/* ---- create / attach ---------------------------------------------------------------------- */
+
+static int map_fd(stoke_arena *a, size_t len)
+{
+    void *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, a->memfd, 0);
+    if (m == MAP_FAILED)
+        return stoke__fail(STOKE_ENOMEM, "stoke_arena_open: arena '%s': cannot map %zu bytes: %s",
+                           a->name, len, strerror(errno));
+    a->base = m;
+    a->map_len = len;
+    a->h = m;
+    return STOKE_OK;
+}
+
+static int create_arena(stoke_arena *a, size_t size)
+{
+    uint64_t chunk, nchunks, data_off, map_len;
+    int rc = stoke__arena_layout(size, &chunk, &nchunks, &data_off, &map_len);
+    if (rc != STOKE_OK)
+        return rc;
+    a->memfd = memfd_create("stoke-arena", MFD_CLOEXEC);
+    if (a->memfd < 0)
+        return stoke__fail(STOKE_ENOMEM, "stoke_arena_open: arena '%s': memfd_create: %s", a->name,
+                           strerror(errno));
+    if (ftruncate(a->memfd, (off_t)map_len) != 0)
+        return stoke__fail(STOKE_ENOMEM,
+                           "stoke_arena_open: arena '%s': cannot size it to %llu bytes: %s",
+                           a->name, (unsigned long long)map_len, strerror(errno));
+    if ((rc = map_fd(a, (size_t)map_len)) != STOKE_OK)
+        return rc;
+    a->created = 1;
+    return stoke__arena_init_header(a, size, chunk, nchunks, data_off);
+}
+
+static int attach_arena(stoke_arena *a, int fd, const ar_hello *hello, size_t size)
+{
+    a->memfd = fd;
+    if (hello->version != AR_VERSION)
+        return stoke__fail(STOKE_EINVAL,
+                           "stoke_arena_open: arena '%s' (process %d) has layout version %u, "
+                           "this library reads %u",
+                           a->name, (int)hello->pid, (unsigned)hello->version, AR_VERSION);
+    if (size && hello->requested != size)
+        return stoke__fail(STOKE_EINVAL,
+                           "stoke_arena_open: arena '%s' exists with %llu bytes (process %d has "
+                           "it open); this process asked for %zu bytes",
+                           a->name, (unsigned long long)hello->requested, (int)hello->pid, size);
+    int rc = map_fd(a, (size_t)hello->map_len);
+    if (rc != STOKE_OK)
+        return rc;
+    const ar_hdr *h = a->h;
+    if (h->magic != AR_MAGIC || h->map_len != hello->map_len || h->maxp != AR_MAXP)
+        return stoke__fail(STOKE_EINVAL,
+                           "stoke_arena_open: arena '%s': process %d sent memory that is not a "
+                           "stoke arena of this layout",
+                           a->name, (int)hello->pid);
+    stoke__arena_views(a);
+    return STOKE_OK;
+}
+
+/* Binds the first free slot name and listens on it. */
+static int take_slot(stoke_arena *a)
+{
+    for (int k = 0; k < AR_MAXP; k++) {
+        int s = stoke__arena_bind(a->name, k);
+        if (s < 0)
+            continue;
+        if (listen(s, AR_MAXP) != 0) {
+            int e = errno;
+            close(s);
+            return stoke__fail(STOKE_EIO, "stoke_arena_open: arena '%s': listen: %s", a->name,
+                               strerror(e));
+        }
+        a->slot = k;
+        a->listen_fd = s;
+        return STOKE_OK;
+    }
+    return stoke__fail(STOKE_ELIMIT, "stoke_arena_open: arena '%s' has %d processes attached",
+                       a->name, AR_MAXP);
+}
+
+/* Registers the mapping for the current accelerator; a backend that cannot register leaves
+ * the arena unpinned with a warning. */
+static int pin_arena(stoke_arena *a)
+{
+    int rc = stoke_pin_register(a->base, a->map_len);
+    if (rc == STOKE_ENOTSUP) {
+        stoke__log(STOKE_LOG_WARN, "arena '%s' is not pinned: %s", a->name, stoke_last_error());
+        return STOKE_OK;
+    }
+    if (rc != STOKE_OK)
+        return stoke__fail(rc, "stoke_arena_open: arena '%s': %s", a->name, stoke_last_error());
+    a->registered = 1;
+    a->pinned = stoke_is_pinned(a->base + a->h->data_off);
+    return STOKE_OK;
+}
+
+static void destroy(stoke_arena *a)
+{
+    stop_serving(a);
+    if (a->listen_fd >= 0)
+        close(a->listen_fd);
+    if (a->wake_fd >= 0)
+        close(a->wake_fd);
+    if (a->registered && stoke_pin_unregister(a->base) != STOKE_OK)
+        stoke__log(STOKE_LOG_DEBUG, "arena '%s': %s", a->name, stoke_last_error());
+    if (a->base)
+        munmap(a->base, a->map_len);
+    if (a->memfd >= 0)
+        close(a->memfd);
+    free(a);
+}
+
+/* Steps 1-4 of the comment at the top, under the opening lock. */
+static int open_locked(stoke_arena *a, size_t size)
+{
+    int fd = -1;
+    ar_hello hello;
+    int rc;
+    if (find_served(a->name, &fd, &hello))
+        rc = attach_arena(a, fd, &hello, size);
+    else if (size == 0)
+        return stoke__fail(STOKE_ENOENT,
+                           "stoke_arena_open: no process of uid %u has an arena named '%s' "
+                           "open (give a size to create it)",
+                           (unsigned)getuid(), a->name);
+    else
+        rc = create_arena(a, size);
+    if (rc == STOKE_OK)
+        rc = take_slot(a);
+    if (rc == STOKE_OK)
+        rc = stoke__arena_claim(a);
+    if (rc == STOKE_OK)
+        rc = start_serving(a);
+    return rc;
+}
+
+int stoke_arena_open(const char *name, size_t size, stoke_arena **out)
+{
+    if (!out)
+        return stoke__fail(STOKE_EINVAL, "stoke_arena_open: out is NULL");
+    *out = NULL;
+    pthread_once(&arenas.once, install_atfork);
+    stoke_arena *a = calloc(1, sizeof(*a));
+    if (!a)
+        return stoke__fail(STOKE_ENOMEM, "stoke_arena_open: out of memory");
+    a->memfd = a->listen_fd = a->wake_fd = -1;
+    a->slot = -1;
+    a->pid = getpid();
+    int rc = name ? STOKE_OK : stoke_arena_default_name(a->name, sizeof(a->name));
+    if (rc == STOKE_OK && name)
+        stoke__strlcpy(a->name, name, sizeof(a->name));
+    if (rc == STOKE_OK && name && strlen(name) > STOKE_ARENA_NAME_MAX)
+        rc = stoke__fail(STOKE_EINVAL,
+                         "stoke_arena_open: the name '%.64s...' is longer than 64 "
+                         "characters",
+                         name);
+    if (rc == STOKE_OK)
+        rc = check_name(a->name);
+    int lock = -1;
+    if (rc == STOKE_OK)
+        rc = take_open_lock(a->name, &lock);
+    if (rc == STOKE_OK)
+        rc = open_locked(a, size);
+    if (lock >= 0)
+        close(lock);
+    if (rc == STOKE_OK)
+        rc = pin_arena(a);
+    if (rc != STOKE_OK) {
+        stoke__saved_error e;
+        stoke__error_save(&e);
+        if (a->h && a->slot >= 0 && a->listen_fd >= 0)
+            stoke__arena_release(a);
+        destroy(a);
+        stoke__error_restore(&e);
+        return rc;
+    }
+    list_add(a);
+    *out = a;
+    return STOKE_OK;
+}
+
+int stoke_arena_close(stoke_arena *a)
+{
+    if (!a)
+        return STOKE_OK;
+    list_remove(a);
+    if (a->pid != getpid()) {
+        /* A forked child: the descriptors were closed at fork; only the mapping is ours. */
+        if (a->base)
+            munmap(a->base, a->map_len);
+        free(a);
+        return STOKE_OK;
+    }
+    stop_serving(a);
+    stoke__arena_release(a);
+    destroy(a);
+    return STOKE_OK;
+}
+
+int stoke__arena_open_spec(const char *spec, uint64_t need, const char *what, stoke_arena **out)
+{
+    *out = NULL;
+    if (!spec)
+        spec = stoke__env_str(STOKE_ENV_ARENA);
+    if (!spec || !spec[0])
+        return STOKE_OK;
+    char name[STOKE_ARENA_NAME_MAX + 2];
+    const char *colon = strchr(spec, ':');
+    size_t n = colon ? (size_t)(colon - spec) : strlen(spec);
+    if (n >= sizeof(name))
+        return stoke__fail(STOKE_EINVAL, "%s: arena '%s': the name is longer than %d characters",
+                           what, spec, STOKE_ARENA_NAME_MAX);
+    memcpy(name, spec, n);
+    name[n] = '\0';
+    uint64_t size = 0;
+    if (colon && stoke__parse_size(colon + 1, &size) != 0)
+        return stoke__fail(STOKE_EINVAL, "%s: arena '%s': '%s' is not a size (bytes, K/M/G)", what,
+                           spec, colon + 1);
+    if (colon && size == 0)
+        return stoke__fail(STOKE_EINVAL, "%s: arena '%s': size 0", what, spec);
+    const char *nm = strcmp(name, "auto") == 0 ? NULL : name;
+    int rc;
+    if (size)
+        rc = stoke_arena_open(nm, (size_t)size, out);
+    else {
+        rc = stoke_arena_open(nm, 0, out);
+        if (rc == STOKE_ENOENT &&
+            (nm || stoke_arena_default_name(name, sizeof(name)) == STOKE_OK)) {
+            uint64_t procs = 1;
+            if (!stoke__env_u64(STOKE_ENV_LOCAL_WORLD_SIZE, &procs) || procs == 0)
+                procs = 1;
+            if (procs > AR_MAXP)
+                procs = AR_MAXP;
+            rc = stoke_arena_open(nm, (size_t)(need * procs), out);
+            if (rc == STOKE_EINVAL && stoke_arena_open(nm, 0, out) == STOKE_OK)
+                rc = STOKE_OK; /* another process created it meanwhile, of another size */
+        }
+    }
+    if (rc != STOKE_OK)
+        return stoke__fail(rc, "%s: %s", what, stoke_last_error());
+    return STOKE_OK;
+}

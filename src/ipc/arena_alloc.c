@@ -1,0 +1,419 @@
+/* The node-wide arena's shared header: its robust process-shared lock, first-fit allocation of
+ * runs of chunks owned by slots, reclaiming the chunks of processes that are gone, and stats.
+ * The layout and the liveness rule are described in arena_internal.h.
+ *
+ * Locking: h->lock (robust, PTHREAD_PROCESS_SHARED) guards the header's counters, procs[] and
+ * the owner/run arrays, in every process.  A process that dies holding it leaves it to the
+ * next locker with EOWNERDEAD: that locker reclaims every slot that is gone (the dead holder's
+ * half-done update included, since every chunk it marked is owned by its slot) and marks the
+ * lock consistent.  Waits for it are bounded (AR_LOCK_S). */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/internal.h"
+#include "ipc/arena_internal.h"
+
+static uint64_t page_bytes(void)
+{
+    long p = sysconf(_SC_PAGESIZE);
+    return p > 0 ? (uint64_t)p : 4096;
+}
+
+static uint64_t round_up(uint64_t v, uint64_t a)
+{
+    return (v + a - 1) / a * a;
+}
+
+#define AR_MAX_CHUNKS (1u << 16) /* the chunk size grows with the arena to stay under this */
+
+int stoke__arena_layout(uint64_t requested, uint64_t *chunk, uint64_t *nchunks, uint64_t *data_off,
+                        uint64_t *map_len)
+{
+    if (requested > (1ull << 46))
+        return stoke__fail(STOKE_ENOMEM,
+                           "arena: %llu bytes is more than the largest arena (64 TiB)",
+                           (unsigned long long)requested);
+    uint64_t c = page_bytes();
+    while (requested / c > AR_MAX_CHUNKS)
+        c *= 2;
+    uint64_t n = round_up(requested ? requested : 1, c) / c;
+    uint64_t meta = sizeof(ar_hdr) + n * sizeof(uint8_t);
+    meta = round_up(meta, sizeof(uint32_t)) + n * sizeof(uint32_t);
+    *chunk = c;
+    *nchunks = n;
+    *data_off = round_up(meta, page_bytes());
+    *map_len = *data_off + n * c;
+    return STOKE_OK;
+}
+
+void stoke__arena_views(stoke_arena *a)
+{
+    ar_hdr *h = a->h;
+    a->owner = (uint8_t *)(h + 1);
+    a->run = (uint32_t *)(a->base + round_up(sizeof(ar_hdr) + h->nchunks, sizeof(uint32_t)));
+    a->data = a->base + h->data_off;
+}
+
+int stoke__arena_init_header(stoke_arena *a, uint64_t requested, uint64_t chunk, uint64_t nchunks,
+                             uint64_t data_off)
+{
+    ar_hdr *h = a->h;
+    /* The memfd is fresh: every byte is zero already (owner/run arrays included). */
+    h->version = AR_VERSION;
+    h->maxp = AR_MAXP;
+    h->requested = requested;
+    h->chunk = chunk;
+    h->nchunks = nchunks;
+    h->data_off = data_off;
+    h->map_len = a->map_len;
+    h->creator_pid = (int32_t)getpid();
+    stoke__strlcpy(h->name, a->name, sizeof(h->name));
+    pthread_mutexattr_t at;
+    int e = pthread_mutexattr_init(&at);
+    if (!e)
+        e = pthread_mutexattr_setpshared(&at, PTHREAD_PROCESS_SHARED);
+    if (!e)
+        e = pthread_mutexattr_setrobust(&at, PTHREAD_MUTEX_ROBUST);
+    if (!e)
+        e = pthread_mutex_init(&h->lock, &at);
+    pthread_mutexattr_destroy(&at);
+    if (e)
+        return stoke__fail(STOKE_EIO, "arena '%s': cannot make its process-shared lock: %s",
+                           a->name, strerror(e));
+    stoke__arena_views(a);
+    h->magic = AR_MAGIC;
+    return STOKE_OK;
+}
+
+/* Frees every chunk owned by `slot` (lock held); returns how many. */
+static uint64_t free_slot_chunks(stoke_arena *a, int slot)
+{
+    ar_hdr *h = a->h;
+    uint64_t n = 0;
+    for (uint64_t i = 0; i < h->nchunks; i++) {
+        if (a->owner[i] == (uint8_t)(slot + 1)) {
+            a->owner[i] = 0;
+            a->run[i] = 0;
+            n++;
+        }
+    }
+    h->used -= n <= h->used ? n : h->used;
+    h->procs[slot].chunks = 0;
+    return n;
+}
+
+/* Lock held: reclaims the chunks of every recorded slot whose name nobody holds (the process
+ * exited, was killed, or exec'd).  Our probe holds the name while reclaiming, so no newcomer
+ * can take the slot meanwhile. */
+static void reclaim_gone(stoke_arena *a)
+{
+    ar_hdr *h = a->h;
+    for (int k = 0; k < AR_MAXP; k++) {
+        if (k == a->slot || (h->procs[k].pid == 0 && h->procs[k].chunks == 0))
+            continue;
+        int probe = stoke__arena_bind(a->name, k);
+        if (probe < 0)
+            continue; /* someone holds slot k: alive */
+        int32_t pid = h->procs[k].pid;
+        uint64_t n = free_slot_chunks(a, k);
+        h->procs[k].pid = 0;
+        h->reclaims++;
+        h->reclaimed_chunks += n;
+        close(probe);
+        stoke__log(STOKE_LOG_INFO,
+                   "arena '%s': process %d (slot %d) is gone; %llu bytes of its allocations "
+                   "returned to the arena",
+                   a->name, (int)pid, k, (unsigned long long)(n * h->chunk));
+    }
+}
+
+static int lock_hdr(stoke_arena *a, const char *what)
+{
+    ar_hdr *h = a->h;
+    /* trylock first: the common case, and the one that finds a lock left by a dead process
+     * (ThreadSanitizer models EOWNERDEAD from trylock and lock, not from timedlock) */
+    int e = pthread_mutex_trylock(&h->lock);
+    if (e == EBUSY) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += AR_LOCK_S;
+        e = pthread_mutex_timedlock(&h->lock, &ts);
+    }
+    if (e == EOWNERDEAD) {
+        int32_t dead = h->lock_pid;
+        stoke__log(STOKE_LOG_WARN,
+                   "arena '%s': process %d died holding the arena's lock; reclaiming the "
+                   "allocations of processes that are gone",
+                   a->name, (int)dead);
+        h->lock_pid = (int32_t)getpid();
+        reclaim_gone(a);
+        pthread_mutex_consistent(&h->lock);
+        e = 0;
+    }
+    if (e == ETIMEDOUT)
+        return stoke__fail(STOKE_ETIMEDOUT,
+                           "%s: arena '%s': its lock has been held for more than %d s (by "
+                           "process %d)",
+                           what, a->name, AR_LOCK_S, (int)h->lock_pid);
+    if (e)
+        return stoke__fail(STOKE_EIO, "%s: arena '%s': cannot take its lock: %s", what, a->name,
+                           strerror(e));
+    h->lock_pid = (int32_t)getpid();
+    return STOKE_OK;
+}
+
+static void unlock_hdr(stoke_arena *a)
+{
+    a->h->lock_pid = 0;
+    pthread_mutex_unlock(&a->h->lock);
+}
+
+int stoke__arena_test_hold_lock(stoke_arena *a)
+{
+    return lock_hdr(a, "test");
+}
+
+int stoke__arena_claim(stoke_arena *a)
+{
+    int rc = lock_hdr(a, "stoke_arena_open");
+    if (rc != STOKE_OK)
+        return rc;
+    ar_hdr *h = a->h;
+    ar_proc *p = &h->procs[a->slot];
+    if (p->pid != 0 || p->chunks != 0) {
+        /* We hold the slot's name, so its previous holder is gone. */
+        uint64_t n = free_slot_chunks(a, a->slot);
+        h->reclaims++;
+        h->reclaimed_chunks += n;
+        stoke__log(STOKE_LOG_INFO,
+                   "arena '%s': slot %d of process %d (gone) reused; %llu bytes of its "
+                   "allocations returned",
+                   a->name, a->slot, (int)p->pid, (unsigned long long)(n * h->chunk));
+    }
+    p->pid = (int32_t)getpid();
+    p->chunks = 0;
+    unlock_hdr(a);
+    return STOKE_OK;
+}
+
+void stoke__arena_release(stoke_arena *a)
+{
+    if (lock_hdr(a, "stoke_arena_close") != STOKE_OK) {
+        stoke__log(STOKE_LOG_WARN, "%s; this process's allocations return when it exits",
+                   stoke_last_error());
+        return;
+    }
+    free_slot_chunks(a, a->slot);
+    a->h->procs[a->slot].pid = 0;
+    unlock_hdr(a);
+}
+
+static int usable(stoke_arena *a, const char *what)
+{
+    if (!a)
+        return stoke__fail(STOKE_EINVAL, "%s: arena is NULL", what);
+    if (a->pid != getpid())
+        return stoke__fail(STOKE_EINVAL,
+                           "%s: arena '%s' was opened by process %d; a forked child (%d) keeps "
+                           "its memory but must open the arena itself to allocate",
+                           what, a->name, (int)a->pid, (int)getpid());
+    return STOKE_OK;
+}
+
+/* First run of n free chunks, or UINT64_MAX (lock held). */
+static uint64_t find_run(const stoke_arena *a, uint64_t n)
+{
+    uint64_t len = 0;
+    for (uint64_t i = 0; i < a->h->nchunks; i++) {
+        len = a->owner[i] ? 0 : len + 1;
+        if (len == n)
+            return i + 1 - n;
+    }
+    return UINT64_MAX;
+}
+
+static int procs_attached(const ar_hdr *h)
+{
+    int n = 0;
+    for (int k = 0; k < AR_MAXP; k++)
+        n += h->procs[k].pid != 0;
+    return n;
+}
+
+int stoke_arena_alloc(stoke_arena *a, size_t size, void **out)
+{
+    const char *what = "stoke_arena_alloc";
+    if (out)
+        *out = NULL;
+    int rc = usable(a, what);
+    if (rc == STOKE_OK && !out)
+        rc = stoke__fail(STOKE_EINVAL, "%s: out is NULL", what);
+    if (rc != STOKE_OK)
+        return rc;
+    ar_hdr *h = a->h;
+    uint64_t n = size ? ((uint64_t)size + h->chunk - 1) / h->chunk : 1;
+    if (n > h->nchunks)
+        return stoke__fail(STOKE_ENOMEM, "%s: %zu bytes asked, but arena '%s' has %llu", what, size,
+                           a->name, (unsigned long long)(h->nchunks * h->chunk));
+    if ((rc = lock_hdr(a, what)) != STOKE_OK)
+        return rc;
+    uint64_t i = find_run(a, n);
+    if (i == UINT64_MAX) {
+        reclaim_gone(a);
+        i = find_run(a, n);
+    }
+    if (i == UINT64_MAX) {
+        uint64_t used = h->used * h->chunk, total = h->nchunks * h->chunk;
+        int procs = procs_attached(h);
+        unlock_hdr(a);
+        return stoke__fail(STOKE_ENOMEM,
+                           "%s: arena '%s' has no %llu free bytes in one piece (%llu of %llu "
+                           "bytes used, by %d process%s)",
+                           what, a->name, (unsigned long long)(n * h->chunk),
+                           (unsigned long long)used, (unsigned long long)total, procs,
+                           procs == 1 ? "" : "es");
+    }
+    /* The run first: a crash between the two leaves chunks owned by this slot, which reclaim
+     * frees; never an owned chunk without its run. */
+    a->run[i] = (uint32_t)n;
+    for (uint64_t k = i; k < i + n; k++)
+        a->owner[k] = (uint8_t)(a->slot + 1);
+    h->used += n;
+    h->procs[a->slot].chunks += n;
+    h->allocs++;
+    unlock_hdr(a);
+    *out = a->data + i * h->chunk;
+    return STOKE_OK;
+}
+
+int stoke_arena_free(stoke_arena *a, void *ptr)
+{
+    const char *what = "stoke_arena_free";
+    if (!ptr)
+        return STOKE_OK;
+    int rc = usable(a, what);
+    if (rc != STOKE_OK)
+        return rc;
+    ar_hdr *h = a->h;
+    unsigned char *p = ptr;
+    uint64_t off = (uint64_t)(p - a->data);
+    if (p < a->data || off >= h->nchunks * h->chunk || off % h->chunk)
+        return stoke__fail(STOKE_EINVAL, "%s: %p is not the start of an allocation of arena '%s'",
+                           what, ptr, a->name);
+    if ((rc = lock_hdr(a, what)) != STOKE_OK)
+        return rc;
+    uint64_t i = off / h->chunk, n = a->run[i];
+    if (a->owner[i] != (uint8_t)(a->slot + 1) || n == 0) {
+        int owner = a->owner[i];
+        unlock_hdr(a);
+        if (owner)
+            return stoke__fail(STOKE_EINVAL, "%s: %p in arena '%s' is %s", what, ptr, a->name,
+                               owner == a->slot + 1 ? "inside an allocation, not its start"
+                                                    : "allocated by another process");
+        return stoke__fail(STOKE_EINVAL, "%s: %p in arena '%s' is not allocated (freed twice?)",
+                           what, ptr, a->name);
+    }
+    for (uint64_t k = i; k < i + n; k++)
+        a->owner[k] = 0;
+    a->run[i] = 0;
+    h->used -= n;
+    h->procs[a->slot].chunks -= n;
+    h->frees++;
+    unlock_hdr(a);
+    return STOKE_OK;
+}
+
+int stoke_arena_stats_get(stoke_arena *a, stoke_arena_stats *out)
+{
+    const char *what = "stoke_arena_stats_get";
+    int rc = usable(a, what);
+    if (rc == STOKE_OK && (!out || out->size < 2 * sizeof(uint32_t)))
+        rc = stoke__fail(STOKE_EINVAL, "%s: %s", what, out ? "size too small" : "out is NULL");
+    if (rc != STOKE_OK)
+        return rc;
+    if ((rc = lock_hdr(a, what)) != STOKE_OK)
+        return rc;
+    ar_hdr *h = a->h;
+    reclaim_gone(a);
+    stoke_arena_stats s;
+    memset(&s, 0, sizeof(s));
+    s.version = STOKE_ARENA_STATS_VERSION;
+    stoke__strlcpy(s.name, a->name, sizeof(s.name));
+    s.bytes = h->nchunks * h->chunk;
+    s.requested_bytes = h->requested;
+    s.chunk_bytes = h->chunk;
+    s.mapped_bytes = h->map_len;
+    s.bytes_used = h->used * h->chunk;
+    s.bytes_used_self = h->procs[a->slot].chunks * h->chunk;
+    s.processes = (uint64_t)procs_attached(h);
+    s.allocs = h->allocs;
+    s.frees = h->frees;
+    s.reclaims = h->reclaims;
+    s.reclaimed_bytes = h->reclaimed_chunks * h->chunk;
+    s.creator_pid = h->creator_pid;
+    unlock_hdr(a);
+    s.pinned = a->pinned;
+    s.created = a->created;
+    s.slot = a->slot;
+    size_t n = out->size < sizeof(s) ? out->size : sizeof(s);
+    s.size = (uint32_t)n;
+    memcpy(out, &s, n);
+    return STOKE_OK;
+}
+
+int stoke_arena_offset(const stoke_arena *a, const void *ptr, uint64_t *offset)
+{
+    if (!a || !ptr || !offset)
+        return stoke__fail(STOKE_EINVAL, "stoke_arena_offset: NULL argument");
+    uint64_t total = a->h->nchunks * a->h->chunk;
+    const unsigned char *p = ptr;
+    if (p < a->data || (uint64_t)(p - a->data) >= total)
+        return stoke__fail(STOKE_EINVAL,
+                           "stoke_arena_offset: %p is outside arena '%s' (%llu bytes at %p)", ptr,
+                           a->name, (unsigned long long)total, (void *)a->data);
+    *offset = (uint64_t)(p - a->data);
+    return STOKE_OK;
+}
+
+int stoke_arena_ptr(const stoke_arena *a, uint64_t offset, void **ptr)
+{
+    if (!a || !ptr)
+        return stoke__fail(STOKE_EINVAL, "stoke_arena_ptr: NULL argument");
+    uint64_t total = a->h->nchunks * a->h->chunk;
+    if (offset >= total) {
+        *ptr = NULL;
+        return stoke__fail(STOKE_EINVAL,
+                           "stoke_arena_ptr: offset %llu is outside arena '%s' (%llu bytes)",
+                           (unsigned long long)offset, a->name, (unsigned long long)total);
+    }
+    *ptr = a->data + offset;
+    return STOKE_OK;
+}
+
+int stoke__arena_allocation(stoke_arena *a, const void *ptr, size_t *len)
+{
+    const char *what = "stoke_ipc_export";
+    ar_hdr *h = a->h;
+    const unsigned char *p = ptr;
+    uint64_t off = (uint64_t)(p - a->data);
+    if (p < a->data || off >= h->nchunks * h->chunk || off % h->chunk)
+        return stoke__fail(STOKE_EINVAL, "%s: %p is not the start of an allocation of arena '%s'",
+                           what, ptr, a->name);
+    int rc = lock_hdr(a, what);
+    if (rc != STOKE_OK)
+        return rc;
+    uint64_t i = off / h->chunk, n = a->run[i];
+    int mine = a->owner[i] == (uint8_t)(a->slot + 1) && n > 0;
+    unlock_hdr(a);
+    if (!mine)
+        return stoke__fail(STOKE_EINVAL,
+                           "%s: %p in arena '%s' is not the start of a live allocation of this "
+                           "process",
+                           what, ptr, a->name);
+    *len = (size_t)(n * h->chunk);
+    return STOKE_OK;
+}
