@@ -155,7 +155,8 @@ static void usage(FILE *f)
             "                         by the node's processes; SIZE creates it (docs/ipc.md)\n"
             "  --no-hash              skip content_hash\n"
             "  --json                 one JSON object on stdout, errors included\n"
-            "  (an option's value may also be given as --option=VALUE)\n"
+            "  (an option's value may also be given as --option=VALUE)\n");
+    fprintf(f,
             "\n"
             "content_hash covers field 0 (\"data\") only, of exactly the samples the run\n"
             "delivered: the sum modulo 2^64 of the 64-bit FNV-1a hash of each delivered sample's\n"

@@ -1,5 +1,6 @@
 /* stoke — command-line entry point. */
 #include <stdio.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "stoke/stoke.h"
@@ -51,5 +52,10 @@ static int run(int argc, char **argv)
  * failure, never exit status 0. */
 int main(int argc, char **argv)
 {
+    /* Not a terminal: stdout keeps up to 64 KiB (help, JSON) until the final flush, so a failing
+     * write (a full disk) is met there, where its reason is still in errno. */
+    static char outbuf[1 << 16];
+    if (!isatty(STDOUT_FILENO))
+        setvbuf(stdout, outbuf, _IOFBF, sizeof(outbuf));
     return cli_check_output(run(argc, argv));
 }
