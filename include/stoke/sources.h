@@ -144,7 +144,7 @@ STOKE_API const char *stoke_npy_io_name(int io);
  * destroyed).  Thread-safe. */
 STOKE_API int stoke_npy_io_available(int io);
 
-/* Block read-ahead of an open npy dataset (docs/sources.md, "Block shuffle reads"): when a
+/* Block read-ahead of an open npy dataset (docs/loader.md, "Block shuffle reads"): when a
  * loader runs a block shuffle, the first batch of an epoch that touches a block asks the kernel
  * to read the block's whole byte range, unless it finds the block in the page cache.  Since
  * open: *read_ahead blocks were asked for, *resident blocks were found resident.  Returns

@@ -2,7 +2,7 @@
  * (dataset.h, access_hint), the first batch of an epoch that touches a block asks the kernel to
  * read the block's whole byte range (posix_fadvise WILLNEED, in pieces the kernel does not cut
  * short), so the disk sees large sequential reads and the rows of the block, read one by one by
- * every I/O mode as before, come from the page cache.  See docs/sources.md, "Block shuffle
+ * every I/O mode as before, come from the page cache.  See docs/loader.md, "Block shuffle
  * reads".
  *
  * State: one bit per block, set by the first worker that touches the block in the epoch (an
