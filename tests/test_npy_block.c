@@ -5,10 +5,10 @@
  * content_hash as a random shuffle of the warm file, the same order in all of them); each block
  * is read ahead exactly once per epoch, and a block found resident is not; the read-ahead
  * really reads the whole block (mincore) after one batch of four rows of it; a random shuffle
- * reads nothing ahead; a file cut short in the middle of a block-shuffled epoch is a clear
- * error naming the file and the sample; a restored position delivers the same rest of the
- * epoch.  Needs page-cache eviction (posix_fadvise DONTNEED); where it does not work the cases
- * that need it skip. */
+ * reads nothing ahead; process workers share the read-ahead; a file cut short in the middle of a
+ * block-shuffled epoch is a clear error naming the file and the sample; a restored position
+ * delivers the same rest of the epoch.  Needs page-cache eviction (posix_fadvise DONTNEED); where
+ * it does not work the cases that need it skip. */
 #define _GNU_SOURCE
 #include "testutil.h"
 
@@ -238,6 +238,40 @@ static void test_cold_same_content(void **state)
     unlink(p);
 }
 
+/* Process workers (forked after the hint): the same rows, and the children share the bits,
+ * so each block is still read ahead once in the epoch (not once per child). */
+static void test_process_workers(void **state)
+{
+    (void)state;
+    const char *p = tmp("procs.npy");
+    make_file(p);
+    tu_use_none();
+    evict(p);
+    stoke_dataset ds;
+    assert_int_equal(open_io(p, STOKE_NPY_IO_AUTO, &ds), STOKE_OK);
+    evict(p);
+    stoke_loader_opts o;
+    stoke_loader_opts_init(&o);
+    o.batch_size = 96;
+    o.num_workers = 2;
+    o.pin_memory = 0;
+    o.worker_mode = STOKE_WORKER_PROCESSES;
+    o.sampler.kind = STOKE_SAMPLER_BLOCK;
+    o.sampler.block_rows = BLOCK_ROWS;
+    o.sampler.block_window = WINDOW;
+    stoke_loader *l = NULL;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    static uint64_t order[ROWS];
+    assert_int_equal(run_epoch(l, order), g_file_hash);
+    uint64_t ahead, res;
+    block_stats(&ds, &ahead, &res);
+    assert_int_equal(ahead + res, NBLOCKS);
+    assert_true(ahead >= 1);
+    stoke_loader_destroy(l);
+    stoke_dataset_close(&ds);
+    unlink(p);
+}
+
 /* One batch of 4 rows of the first block (window 1: a window is one block): the whole block
  * comes into the page cache (waited for, up to a minute: the reads are asynchronous), the
  * blocks after it do not. */
@@ -399,6 +433,7 @@ int main(void)
         g_file_hash += fnv(g_data + i * ROW, ROW);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cold_same_content),
+        cmocka_unit_test(test_process_workers),
         cmocka_unit_test(test_whole_block_read),
         cmocka_unit_test(test_truncated_mid_epoch),
         cmocka_unit_test(test_resume),
