@@ -46,7 +46,7 @@ typedef struct stoke__npy_ds {
     /* Block read-ahead (npy_stage.c): the state in use (NULL: none), and every state the
      * hints made (freed by close). */
     _Atomic(stoke__npy_stage *) stage;
-    stoke__npy_stage *stages;
+    _Atomic(stoke__npy_stage *) stages; /* newest first; ->older never changes once published */
 } stoke__npy_ds;
 
 /* A run: samples pos .. pos + n - 1 of a batch, field k, whose rows are consecutive in the file

@@ -100,13 +100,12 @@ static void stage_free(stoke__npy_stage *s)
 
 void stoke__npy_stages_free(stoke__npy_ds *ds)
 {
-    stoke__npy_stage *s = ds->stages;
+    stoke__npy_stage *s = atomic_exchange(&ds->stages, NULL);
     while (s) {
         stoke__npy_stage *older = s->older;
         stage_free(s);
         s = older;
     }
-    ds->stages = NULL;
     atomic_store(&ds->stage, NULL);
 }
 
@@ -172,7 +171,7 @@ void stoke__npy_access_hint(void *user, int sampler_kind, uint64_t block_rows,
         atomic_store(&ds->stage, NULL);
         return;
     }
-    stoke__npy_stage *s = ds->stages;
+    stoke__npy_stage *s = atomic_load(&ds->stages);
     if (!s || s->block_rows != block_rows) {
         s = stage_new(ds, block_rows);
         if (!s) {
@@ -183,8 +182,8 @@ void stoke__npy_access_hint(void *user, int sampler_kind, uint64_t block_rows,
             atomic_store(&ds->stage, NULL);
             return;
         }
-        s->older = ds->stages;
-        ds->stages = s;
+        s->older = atomic_load(&ds->stages);
+        atomic_store(&ds->stages, s);
     }
     /* The probes of resident() are 1-byte reads: without this the first one of a cold block
      * would start the file's usual read-ahead (io=mmap never reads rows through the fd). */
@@ -269,7 +268,7 @@ void stoke__npy_stage_batch(const stoke__npy_ds *ds, const uint64_t *idx, size_t
 void stoke__npy_stage_stats(const stoke__npy_ds *ds, uint64_t *read_ahead, uint64_t *resident_)
 {
     uint64_t a = 0, r = 0;
-    for (const stoke__npy_stage *s = ds->stages; s; s = s->older) {
+    for (const stoke__npy_stage *s = atomic_load(&ds->stages); s; s = s->older) {
         a += atomic_load(&s->counters[0]);
         r += atomic_load(&s->counters[1]);
     }
