@@ -272,6 +272,33 @@ static void test_process_workers(void **state)
     unlink(p);
 }
 
+/* Blocks under 256 KiB (here 32 rows, 94 KiB) are not read ahead: the rows still arrive. */
+static void test_small_blocks_not_read_ahead(void **state)
+{
+    (void)state;
+    const char *p = tmp("small.npy");
+    make_file(p);
+    tu_use_none();
+    stoke_dataset ds;
+    assert_int_equal(open_io(p, STOKE_NPY_IO_PREAD, &ds), STOKE_OK);
+    stoke_loader_opts o;
+    stoke_loader_opts_init(&o);
+    o.batch_size = 64;
+    o.pin_memory = 0;
+    o.sampler.kind = STOKE_SAMPLER_BLOCK;
+    o.sampler.block_rows = 32;
+    stoke_loader *l = NULL;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    static uint64_t order[ROWS];
+    assert_int_equal(run_epoch(l, order), g_file_hash);
+    uint64_t ahead, res;
+    block_stats(&ds, &ahead, &res);
+    assert_int_equal(ahead + res, 0);
+    stoke_loader_destroy(l);
+    stoke_dataset_close(&ds);
+    unlink(p);
+}
+
 /* One batch of 4 rows of the first block (window 1: a window is one block): the whole block
  * comes into the page cache (waited for, up to a minute: the reads are asynchronous), the
  * blocks after it do not. */
@@ -432,11 +459,9 @@ int main(void)
     for (size_t i = 0; i < ROWS; i++)
         g_file_hash += fnv(g_data + i * ROW, ROW);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_cold_same_content),
-        cmocka_unit_test(test_process_workers),
-        cmocka_unit_test(test_whole_block_read),
-        cmocka_unit_test(test_truncated_mid_epoch),
-        cmocka_unit_test(test_resume),
+        cmocka_unit_test(test_cold_same_content),           cmocka_unit_test(test_process_workers),
+        cmocka_unit_test(test_small_blocks_not_read_ahead), cmocka_unit_test(test_whole_block_read),
+        cmocka_unit_test(test_truncated_mid_epoch),         cmocka_unit_test(test_resume),
     };
     return tu_exit_status(cmocka_run_group_tests(tests, NULL, NULL));
 }

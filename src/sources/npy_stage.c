@@ -39,6 +39,9 @@
  * read-ahead window), and the most. */
 #define PIECE_MIN ((size_t)128 << 10)
 #define PIECE_MAX ((size_t)16 << 20)
+/* Blocks of fewer bytes (of the data file) are not read ahead: one advice per block would
+ * cost about what the row reads cost. */
+#define STAGE_MIN_BYTES ((uint64_t)256 << 10)
 
 struct stoke__npy_stage {
     struct stoke__npy_stage *older; /* the hints before this one (freed at close) */
@@ -154,6 +157,15 @@ void stoke__npy_access_hint(void *user, int sampler_kind, uint64_t block_rows,
     stoke__npy_ds *ds = user;
     const char *path = ds->f[0].path;
     if (sampler_kind != STOKE_SAMPLER_BLOCK || block_rows == 0 || ds->f[0].rows == 0) {
+        atomic_store(&ds->stage, NULL);
+        return;
+    }
+    uint64_t rb = ds->f[0].row_bytes;
+    if (rb == 0 || block_rows < (STAGE_MIN_BYTES + rb - 1) / rb) {
+        stoke__log(STOKE_LOG_DEBUG,
+                   "npy %s: block shuffle: blocks of %" PRIu64 " rows are under %" PRIu64
+                   " KiB: no block read-ahead",
+                   path, block_rows, STAGE_MIN_BYTES >> 10);
         atomic_store(&ds->stage, NULL);
         return;
     }
