@@ -135,6 +135,19 @@ typedef struct stoke_dataset {
      * fails create (or the epoch change) with that code.  Appended after 0.2: guard with
      * STOKE_DATASET_HAS(ds, set_epoch). */
     int (*set_epoch)(void *user, uint64_t epoch);
+
+    /* Optional, MAP only: the order the loader will ask for samples in, so a source can read
+     * ahead to suit it (the npy source reads each block of a block shuffle with large
+     * sequential reads the first time an epoch touches it; docs/loader.md, "Block shuffle
+     * reads").  `sampler_kind` is a stoke_sampler_kind (stoke/sampler.h) as the loader runs it
+     * (RANDOM for opts.shuffle); for STOKE_SAMPLER_BLOCK, block_rows and block_window are the
+     * values in use (defaults resolved), else 0.  The loader calls it once at
+     * stoke_loader_create, from the caller's thread, before set_epoch and before any sample is
+     * fetched (and not while another loader of the dataset is being created).  A hint only: it
+     * must not change what get/get_batch deliver.  A dataset shared by loaders that run at the
+     * same time gets each one's hint, the last one counts.  Appended after set_epoch: guard
+     * with STOKE_DATASET_HAS(ds, access_hint). */
+    void (*access_hint)(void *user, int sampler_kind, uint64_t block_rows, uint64_t block_window);
 } stoke_dataset;
 
 /* Whether *ds (size set by the header it was compiled with) has member `m`: for the members

@@ -527,6 +527,12 @@ static int size_loader(stoke_loader *l)
     if (rc != STOKE_OK)
         return stoke__loader_fail(l, rc, "loader: %s", stoke_last_error());
     l->nsamples = stoke_sampler_length(l->sampler);
+    if (!l->iterable && STOKE_DATASET_HAS(ds, access_hint)) { /* before a zygote forks */
+        int blk = so.kind == STOKE_SAMPLER_BLOCK;
+        uint64_t rows = so.block_rows ? so.block_rows : STOKE_SAMPLER_BLOCK_ROWS_DEFAULT;
+        uint64_t win = so.block_window ? so.block_window : STOKE_SAMPLER_BLOCK_WINDOW_DEFAULT;
+        ds->access_hint(ds->user, so.kind, blk ? rows : 0, blk ? win : 0);
+    }
     l->nbatches = l->nsamples / l->o.batch_size; /* no overflow with a huge batch_size */
     if (!l->o.drop_last && l->nsamples % l->o.batch_size)
         l->nbatches++;

@@ -352,6 +352,7 @@ static void npy_close(void *user)
     if (!ds)
         return;
     stoke__npy_rings_free(ds);
+    stoke__npy_stages_free(ds);
     for (int k = 0; k < 2; k++)
         npy_file_close(&ds->f[k]);
     free(ds);
@@ -462,6 +463,8 @@ int stoke_npy_open_opts(const char *path, const stoke_npy_opts *opts, stoke_data
     d.get = npy_get;
     d.get_batch = stoke__npy_get_batch;
     d.close = npy_close;
+    d.set_epoch = stoke__npy_set_epoch;
+    d.access_hint = stoke__npy_access_hint;
     *out = d;
     stoke__log(STOKE_LOG_DEBUG, "npy %s: v%d.0 '%s' %llu rows of %zu bytes%s, io=%s", path,
                ds->f[0].h.major, ds->f[0].h.descr, (unsigned long long)ds->f[0].rows,
@@ -486,6 +489,15 @@ int stoke_npy_io_used(const stoke_dataset *ds)
     if (!ds || ds->get != npy_get || !ds->user)
         return stoke__fail(STOKE_EINVAL, "stoke_npy_io_used: not an open npy dataset");
     return ((const npy_ds *)ds->user)->io;
+}
+
+int stoke_npy_block_stats(const stoke_dataset *ds, uint64_t *read_ahead, uint64_t *resident)
+{
+    if (!ds || ds->get != npy_get || !ds->user || !read_ahead || !resident)
+        return stoke__fail(STOKE_EINVAL,
+                           "stoke_npy_block_stats: not an open npy dataset, or NULL output");
+    stoke__npy_stage_stats(ds->user, read_ahead, resident);
+    return STOKE_OK;
 }
 
 const char *stoke_npy_io_name(int io)

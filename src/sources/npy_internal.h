@@ -33,7 +33,8 @@ typedef struct stoke__npy_file {
     struct timespec mtime; /* st_mtim at open */
 } stoke__npy_file;
 
-struct stoke__npy_ring; /* npy_uring.c */
+struct stoke__npy_ring;                           /* npy_uring.c */
+typedef struct stoke__npy_stage stoke__npy_stage; /* npy_stage.c */
 
 typedef struct stoke__npy_ds {
     int io;     /* the mode in use: MMAP, PREAD or URING (auto resolved at open) */
@@ -42,6 +43,10 @@ typedef struct stoke__npy_ds {
     /* IO_URING: created by the first get_batch() of each worker, freed by close. */
     _Atomic(struct stoke__npy_ring *) rings[STOKE__NPY_RINGS];
     atomic_int ring_warned; /* one warning when a worker's ring cannot be created */
+    /* Block read-ahead (npy_stage.c): the state in use (NULL: none), and every state the
+     * hints made (freed by close). */
+    _Atomic(stoke__npy_stage *) stage;
+    _Atomic(stoke__npy_stage *) stages; /* newest first; ->older never changes once published */
 } stoke__npy_ds;
 
 /* A run: samples pos .. pos + n - 1 of a batch, field k, whose rows are consecutive in the file
@@ -111,5 +116,18 @@ int stoke__npy_batch_uring(stoke__npy_ds *ds, const uint64_t *idx, size_t count,
                            int worker, char *msg, size_t msg_len, uint64_t *err_index);
 /* Frees every ring (no get_batch() may be running). */
 void stoke__npy_rings_free(stoke__npy_ds *ds);
+
+/* ---- npy_stage.c ---- */
+/* The dataset's access_hint: a block shuffle turns the block read-ahead on, anything else off. */
+void stoke__npy_access_hint(void *user, int sampler_kind, uint64_t block_rows,
+                            uint64_t block_window);
+/* The dataset's set_epoch: every block is read ahead again in the new epoch. */
+int stoke__npy_set_epoch(void *user, uint64_t epoch);
+/* get_batch(), before its reads: reads ahead the blocks of idx not yet read in this epoch. */
+void stoke__npy_stage_batch(const stoke__npy_ds *ds, const uint64_t *idx, size_t count);
+/* Blocks read ahead and blocks found resident since open (stoke_npy_block_stats). */
+void stoke__npy_stage_stats(const stoke__npy_ds *ds, uint64_t *read_ahead, uint64_t *resident);
+/* Frees every block read-ahead state (no get may be running). */
+void stoke__npy_stages_free(stoke__npy_ds *ds);
 
 #endif

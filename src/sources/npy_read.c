@@ -5,7 +5,9 @@
  * indices, whose rows are consecutive in the file and whose slots are consecutive in the
  * batch) and moves each run with one copy or one read: io=mmap under one SIGBUS guard per
  * field with a software prefetch of upcoming rows, io=pread one pread per run, io=uring on the
- * worker's ring (npy_uring.c).  Big-endian data is swapped once the whole batch is in. */
+ * worker's ring (npy_uring.c).  Under a block shuffle the blocks the batch touches first in
+ * the epoch are read ahead before that (npy_stage.c).  Big-endian data is swapped once the
+ * whole batch is in. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <string.h>
@@ -275,6 +277,7 @@ int stoke__npy_get_batch(void *user, const uint64_t *indices, size_t count, void
     int rc = check_batch(ds, indices, count, msg, msg_len, err_index);
     if (rc)
         return rc;
+    stoke__npy_stage_batch(ds, indices, count);
     switch (ds->io) {
     case STOKE_NPY_IO_MMAP:
         rc = batch_mmap(ds, indices, count, dst, msg, msg_len, err_index);

@@ -1,0 +1,289 @@
+/* Block read-ahead for the npy source: when the loader's order is a block shuffle
+ * (dataset.h, access_hint), the first batch of an epoch that touches a block asks the kernel to
+ * read the block's whole byte range (posix_fadvise WILLNEED, in pieces the kernel does not cut
+ * short), so the disk sees large sequential reads and the rows of the block, read one by one by
+ * every I/O mode as before, come from the page cache.  See docs/loader.md, "Block shuffle
+ * reads".
+ *
+ * State: one bit per block, set by the first worker that touches the block in the epoch (an
+ * atomic fetch-or: two workers never both read it), cleared by set_epoch (called by the loader
+ * while no get runs).  The bits and two counters live in a MAP_SHARED anonymous mapping, so
+ * process workers (forked after the hint) share them with the parent and with each other.
+ *
+ * Nothing here changes what a get delivers: a block that is never read ahead (the hint was
+ * not a block shuffle, a window of blocks is over a quarter of RAM, the kernel ignores the
+ * advice, the pages were evicted again) is read row by row as before, and errors (a file cut
+ * short) are found by the row reads with the usual messages.  A block found resident (a few
+ * probed pages, preadv2 RWF_NOWAIT) is not advised again: a warm file pays one probe per block
+ * and epoch. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "common/internal.h"
+#include "sources/npy_internal.h"
+#include "stoke/sampler.h"
+
+/* Pages probed with RWF_NOWAIT to call a block resident. */
+#define PROBES 8
+/* Bytes per WILLNEED call when the device's limits are unknown (the kernel's smallest usual
+ * read-ahead window), and the most. */
+#define PIECE_MIN ((size_t)128 << 10)
+#define PIECE_MAX ((size_t)16 << 20)
+/* Blocks of fewer bytes (of the data file) are not read ahead: one advice per block would
+ * cost about what the row reads cost. */
+#define STAGE_MIN_BYTES ((uint64_t)256 << 10)
+
+struct stoke__npy_stage {
+    struct stoke__npy_stage *older; /* the hints before this one (freed at close) */
+    uint64_t block_rows, nblocks;
+    size_t piece[2]; /* bytes per WILLNEED call, per file */
+    void *map;       /* MAP_SHARED: counters[2], then the bits */
+    size_t map_len;
+    _Atomic uint64_t *counters; /* [0] blocks read ahead, [1] blocks found resident */
+    _Atomic uint64_t *bits;
+};
+
+/* A number from a sysfs file, or 0. */
+static uint64_t sysfs_number(const char *path)
+{
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return 0;
+    unsigned long long v = 0;
+    if (fscanf(f, "%llu", &v) != 1)
+        v = 0;
+    fclose(f);
+    return v;
+}
+
+/* One posix_fadvise(WILLNEED) is cut to the larger of the device's read-ahead window and its
+ * largest request (read_ahead_kb, max_sectors_kb): the piece size for f, from the queue of the
+ * block device (or of the disk of a partition) holding it; PIECE_MIN when unknown. */
+static size_t piece_size(const stoke__npy_file *f)
+{
+    struct stat st;
+    size_t best = PIECE_MIN;
+    if (fstat(f->fd, &st) != 0)
+        return best;
+    static const char *const names[] = {"read_ahead_kb", "max_sectors_kb"};
+    static const char *const dirs[] = {"queue", "../queue"};
+    for (int n = 0; n < 2; n++)
+        for (int d = 0; d < 2; d++) {
+            char path[128];
+            stoke__fmt(path, sizeof(path), "/sys/dev/block/%u:%u/%s/%s", major(st.st_dev),
+                       minor(st.st_dev), dirs[d], names[n]);
+            uint64_t kb = sysfs_number(path);
+            if (kb) {
+                if (kb <= PIECE_MAX >> 10 && (size_t)kb << 10 > best)
+                    best = (size_t)kb << 10;
+                else if (kb > PIECE_MAX >> 10)
+                    best = PIECE_MAX;
+                break;
+            }
+        }
+    return best;
+}
+
+static void stage_free(stoke__npy_stage *s)
+{
+    if (s->map)
+        munmap(s->map, s->map_len);
+    free(s);
+}
+
+void stoke__npy_stages_free(stoke__npy_ds *ds)
+{
+    stoke__npy_stage *s = atomic_exchange(&ds->stages, NULL);
+    while (s) {
+        stoke__npy_stage *older = s->older;
+        stage_free(s);
+        s = older;
+    }
+    atomic_store(&ds->stage, NULL);
+}
+
+/* Bytes a window of blocks takes in the page cache, or UINT64_MAX when that overflows. */
+static uint64_t window_bytes(const stoke__npy_ds *ds, uint64_t rows, uint64_t win)
+{
+    uint64_t rb = 0;
+    for (int k = 0; k < ds->nfiles; k++)
+        rb += ds->f[k].row_bytes;
+    if (rows && win > UINT64_MAX / rows)
+        return UINT64_MAX;
+    uint64_t r = rows * win;
+    if (rb && r > UINT64_MAX / rb)
+        return UINT64_MAX;
+    return r * rb;
+}
+
+static stoke__npy_stage *stage_new(const stoke__npy_ds *ds, uint64_t rows)
+{
+    uint64_t n = ds->f[0].rows, nblocks = n / rows + (n % rows != 0);
+    uint64_t words = (nblocks + 63) / 64;
+    if (words > (SIZE_MAX - 16) / 8)
+        return NULL;
+    stoke__npy_stage *s = calloc(1, sizeof(*s));
+    if (!s)
+        return NULL;
+    s->block_rows = rows;
+    s->nblocks = nblocks;
+    s->map_len = (size_t)(2 + words) * 8;
+    s->map = mmap(NULL, s->map_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (s->map == MAP_FAILED) {
+        s->map = NULL;
+        stage_free(s);
+        return NULL;
+    }
+    s->counters = s->map;
+    s->bits = s->counters + 2;
+    for (int k = 0; k < ds->nfiles; k++)
+        s->piece[k] = piece_size(&ds->f[k]);
+    return s;
+}
+
+void stoke__npy_access_hint(void *user, int sampler_kind, uint64_t block_rows,
+                            uint64_t block_window)
+{
+    stoke__npy_ds *ds = user;
+    const char *path = ds->f[0].path;
+    if (sampler_kind != STOKE_SAMPLER_BLOCK || block_rows == 0 || ds->f[0].rows == 0) {
+        atomic_store(&ds->stage, NULL);
+        return;
+    }
+    uint64_t rb = ds->f[0].row_bytes;
+    if (rb == 0 || block_rows < (STAGE_MIN_BYTES + rb - 1) / rb) {
+        stoke__log(STOKE_LOG_DEBUG,
+                   "npy %s: block shuffle: blocks of %" PRIu64 " rows are under %" PRIu64
+                   " KiB: no block read-ahead",
+                   path, block_rows, STAGE_MIN_BYTES >> 10);
+        atomic_store(&ds->stage, NULL);
+        return;
+    }
+    uint64_t nb = ds->f[0].rows / block_rows + (ds->f[0].rows % block_rows != 0);
+    uint64_t win = block_window < nb ? block_window : nb;
+    uint64_t wb = window_bytes(ds, block_rows, win);
+    long pages = sysconf(_SC_PHYS_PAGES), pg = sysconf(_SC_PAGESIZE);
+    uint64_t ram = pages > 0 && pg > 0 ? (uint64_t)pages * (uint64_t)pg : 0;
+    if (ram && wb > ram / 4) {
+        stoke__log(STOKE_LOG_INFO,
+                   "npy %s: block shuffle: a window of %" PRIu64 " blocks of %" PRIu64
+                   " rows is over a quarter of RAM: no block read-ahead, rows are read one "
+                   "by one",
+                   path, win, block_rows);
+        atomic_store(&ds->stage, NULL);
+        return;
+    }
+    stoke__npy_stage *s = atomic_load(&ds->stages);
+    if (!s || s->block_rows != block_rows) {
+        s = stage_new(ds, block_rows);
+        if (!s) {
+            stoke__log(STOKE_LOG_INFO,
+                       "npy %s: block shuffle: no memory for the block "
+                       "read-ahead, rows are read one by one",
+                       path);
+            atomic_store(&ds->stage, NULL);
+            return;
+        }
+        s->older = atomic_load(&ds->stages);
+        atomic_store(&ds->stages, s);
+    }
+    /* The probes of resident() are 1-byte reads: without this the first one of a cold block
+     * would start the file's usual read-ahead (io=mmap never reads rows through the fd). */
+    for (int k = 0; k < ds->nfiles; k++)
+        (void)posix_fadvise(ds->f[k].fd, 0, 0, POSIX_FADV_RANDOM);
+    atomic_store(&ds->stage, s);
+    stoke__log(STOKE_LOG_DEBUG,
+               "npy %s: block shuffle: blocks of %" PRIu64 " rows are read ahead whole "
+               "(%zu KiB per request)",
+               path, block_rows, s->piece[0] >> 10);
+}
+
+int stoke__npy_set_epoch(void *user, uint64_t epoch)
+{
+    (void)epoch;
+    stoke__npy_ds *ds = user;
+    stoke__npy_stage *s = atomic_load(&ds->stage);
+    if (s)
+        for (uint64_t w = 0; w < (s->nblocks + 63) / 64; w++)
+            atomic_store_explicit(&s->bits[w], 0, memory_order_relaxed);
+    return STOKE_OK;
+}
+
+/* Whether PROBES pages spread over [at, at + len) of f are in the page cache. */
+static int resident(const stoke__npy_file *f, uint64_t at, uint64_t len)
+{
+    for (int i = 0; i < PROBES; i++) {
+        char b;
+        struct iovec iov = {&b, 1};
+        uint64_t off = at + (len - 1) * (uint64_t)i / (PROBES - 1);
+        if (preadv2(f->fd, &iov, 1, (off_t)off, RWF_NOWAIT) != 1)
+            return 0;
+    }
+    return 1;
+}
+
+/* Asks for block b of every file, unless the data file's block is resident. */
+static void stage_block(const stoke__npy_ds *ds, stoke__npy_stage *s, uint64_t b)
+{
+    uint64_t r0 = b * s->block_rows, nr = ds->f[0].rows - r0;
+    if (nr > s->block_rows)
+        nr = s->block_rows;
+    for (int k = 0; k < ds->nfiles; k++) {
+        const stoke__npy_file *f = &ds->f[k];
+        uint64_t at = f->h.data_offset + r0 * (uint64_t)f->row_bytes;
+        uint64_t len = nr * (uint64_t)f->row_bytes;
+        if (!len)
+            continue;
+        if (k == 0 && resident(f, at, len)) {
+            atomic_fetch_add_explicit(&s->counters[1], 1, memory_order_relaxed);
+            return;
+        }
+        for (uint64_t o = 0; o < len; o += s->piece[k]) {
+            uint64_t n = len - o < s->piece[k] ? len - o : s->piece[k];
+            (void)posix_fadvise(f->fd, (off_t)(at + o), (off_t)n, POSIX_FADV_WILLNEED);
+        }
+        if (k == 0)
+            atomic_fetch_add_explicit(&s->counters[0], 1, memory_order_relaxed);
+    }
+}
+
+void stoke__npy_stage_batch(const stoke__npy_ds *ds, const uint64_t *idx, size_t count)
+{
+    stoke__npy_stage *s = atomic_load_explicit(&ds->stage, memory_order_acquire);
+    if (!s)
+        return;
+    uint64_t last = UINT64_MAX;
+    for (size_t j = 0; j < count; j++) {
+        uint64_t b = idx[j] / s->block_rows;
+        if (b == last || b >= s->nblocks)
+            continue;
+        last = b;
+        uint64_t m = (uint64_t)1 << (b % 64);
+        _Atomic uint64_t *w = &s->bits[b / 64];
+        if ((atomic_load_explicit(w, memory_order_relaxed) & m) ||
+            (atomic_fetch_or_explicit(w, m, memory_order_relaxed) & m))
+            continue;
+        stage_block(ds, s, b);
+    }
+}
+
+void stoke__npy_stage_stats(const stoke__npy_ds *ds, uint64_t *read_ahead, uint64_t *resident_)
+{
+    uint64_t a = 0, r = 0;
+    for (const stoke__npy_stage *s = atomic_load(&ds->stages); s; s = s->older) {
+        a += atomic_load(&s->counters[0]);
+        r += atomic_load(&s->counters[1]);
+    }
+    *read_ahead = a;
+    *resident_ = r;
+}
