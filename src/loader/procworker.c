@@ -274,23 +274,8 @@ static int send_fd(int sock, const void *p, size_t n, int fd)
 
 static ssize_t recv_fd(int sock, void *p, size_t n, int *fd)
 {
-    union {
-        char buf[CMSG_SPACE(sizeof(int))];
-        struct cmsghdr align;
-    } ctl;
-    struct iovec iov = {.iov_base = p, .iov_len = n};
-    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
-    msg.msg_control = ctl.buf;
-    msg.msg_controllen = sizeof(ctl.buf);
     *fd = -1;
-    ssize_t r;
-    do
-        r = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
-    while (r < 0 && errno == EINTR);
-    for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); r > 0 && c; c = CMSG_NXTHDR(&msg, c))
-        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
-            memcpy(fd, CMSG_DATA(c), sizeof(int));
-    return r;
+    return stoke__recvmsg_fd(sock, p, n, fd);
 }
 
 static void sleep_ms(long ms)
