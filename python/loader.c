@@ -84,9 +84,10 @@ static int loader_init(PyObject *obj, PyObject *args, PyObject *kw)
                              "world_size",
                              "in_order",
                              "worker_mode",
+                             "arena",
                              NULL};
     LoaderObject *self = (LoaderObject *)obj;
-    const char *source = NULL, *pin_dev = NULL, *device = NULL, *mode = NULL;
+    const char *source = NULL, *pin_dev = NULL, *device = NULL, *mode = NULL, *arena = NULL;
     PyObject *dataset = NULL;
     stoke_loader_opts o;
     stoke_loader_opts_init(&o);
@@ -94,10 +95,10 @@ static int loader_init(PyObject *obj, PyObject *args, PyObject *kw)
     unsigned long long seed = 0;
     long long rank = -1, world_size = 0;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kw, "|zO$npKippzipIzpLLpz:Loader", kwlist, &source, &dataset, &batch_size,
+            args, kw, "|zO$npKippzipIzpLLpzz:Loader", kwlist, &source, &dataset, &batch_size,
             &o.shuffle, &seed, &o.num_workers, &o.drop_last, &o.pin_memory, &pin_dev,
             &o.prefetch_factor, &o.persistent_workers, &o.timeout_ms, &device,
-            &o.sampler.distributed, &rank, &world_size, &o.in_order, &mode))
+            &o.sampler.distributed, &rank, &world_size, &o.in_order, &mode, &arena))
         return -1;
     if (mode && strcmp(mode, "processes") == 0) {
         if (dataset && dataset != Py_None) { /* a child would need its own interpreter state */
@@ -124,6 +125,7 @@ static int loader_init(PyObject *obj, PyObject *args, PyObject *kw)
     o.seed = seed;
     o.pin_memory_device = pin_dev;
     o.device = device;
+    o.arena = arena; /* NULL: $STOKE_ARENA */
     o.sampler.rank = rank;
     o.sampler.world_size = world_size;
     if (open_dataset(self, source, dataset) < 0)

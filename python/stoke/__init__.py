@@ -70,6 +70,8 @@ class DataLoader(_stoke.Loader):
     in_order: False delivers batches as they complete.
     worker_mode: "threads" (default) or "processes" (source strings only): each worker loads in
         a child process, so a sample that crashes it is a bad sample, not a crash of the job.
+    arena: "name[:size]": batch buffers from the node-wide pinned arena `name`, shared with the
+        job's other processes ("auto": the job's; None: $STOKE_ARENA; "": none; docs/ipc.md).
 
     Iterating it delivers one epoch.  The first iteration (and the one after set_epoch or
     load_state_dict) continues from the current position; any other starts the next epoch.
@@ -78,7 +80,7 @@ class DataLoader(_stoke.Loader):
     def __init__(self, source, batch_size=1, shuffle=False, seed=0, num_workers=None,
                  drop_last=False, pin_memory=True, prefetch_factor=None, persistent_workers=None,
                  timeout=0, device=None, distributed=False, rank=None, world_size=None,
-                 pin_memory_device=None, in_order=True, worker_mode="threads"):
+                 pin_memory_device=None, in_order=True, worker_mode="threads", arena=None):
         if num_workers is None:
             num_workers = _default_workers()
         if persistent_workers is None:
@@ -107,7 +109,8 @@ class DataLoader(_stoke.Loader):
                          distributed=bool(distributed),
                          rank=-1 if rank is None else int(rank),
                          world_size=0 if world_size is None else int(world_size),
-                         in_order=bool(in_order), worker_mode=str(worker_mode))
+                         in_order=bool(in_order), worker_mode=str(worker_mode),
+                         arena=None if arena is None else str(arena))
         self.batch_size = int(batch_size)
         self.num_workers = int(num_workers)
         self.drop_last = bool(drop_last)
