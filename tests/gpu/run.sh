@@ -5,7 +5,8 @@
 #   2. the cuda tests: test_cuda_mock, and test_cuda_gpu on the real GPU (a skip is a failure)
 #   3. stoke bench copy: host<->device bandwidth from pinned and pageable memory
 #   4. the loader to the device: stoke load ... --device cuda --verify must give the host path's
-#      content_hash, for synthetic data and for a .npy file
+#      content_hash, for synthetic data and for a .npy file; the same through a node-wide arena
+#      shared by two processes; Python's DLPack and is_pinned
 # and prints one table.  Takes about a minute (build included); every step has a time limit.
 #
 #   tests/gpu/run.sh                    # BUILD=build-gpu, BACKEND=cuda
@@ -128,6 +129,27 @@ then
     load_check "load npy --device" "npy:$npy" "--batch-size 128 --workers 4"
 else
     row "load npy --device" FAIL "could not write a .npy (python3 missing?)"
+fi
+
+# Arena (issue 12): two processes load through one node-wide arena (a memfd registered with
+# cuMemHostRegister in each; the second attaches without a size), copying to the device: both
+# must verify and give the same content_hash.
+arena="gpucheck-$$"
+timeout 120 "$CLI" load "synthetic:20000,shape=3x32x32" --batch-size 256 --workers 2 \
+    --arena "$arena:256M" --device "$BACKEND" --verify --json >"$BUILD/arena1.json" 2>>"$LOG" &
+p1=$!
+sleep 0.2
+a2=$(timeout 120 "$CLI" load "synthetic:20000,shape=3x32x32" --batch-size 256 --workers 2 \
+    --arena "$arena" --device "$BACKEND" --verify --json 2>>"$LOG")
+wait "$p1"
+a1=$(cat "$BUILD/arena1.json")
+echo "$a1" >>"$LOG"
+echo "$a2" >>"$LOG"
+if [ -n "$(field "$a2" content_hash)" ] && [ "$(field "$a2" content_hash)" = "$(field "$a1" content_hash)" ] &&
+    [ "$(field "$a1" verified)" = true ] && [ "$(field "$a2" verified)" = true ]; then
+    row "arena --device" PASS "hash $(field "$a2" content_hash), $(field "$a2" samples_per_s) samples/s"
+else
+    row "arena --device" FAIL "arena hash '$(field "$a2" content_hash)', plain '$(field "$a1" content_hash)'"
 fi
 
 # Python (issue 10): a device batch through torch.from_dlpack (values equal the .npy rows), and a
