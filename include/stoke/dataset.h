@@ -148,15 +148,6 @@ typedef struct stoke_dataset {
      * same time gets each one's hint, the last one counts.  Appended after set_epoch: guard
      * with STOKE_DATASET_HAS(ds, access_hint). */
     void (*access_hint)(void *user, int sampler_kind, uint64_t block_rows, uint64_t block_window);
-
-    /* Optional, MAP only: samples the loader will ask for later (a hint, like access_hint).
-     * Under a block shuffle the loader calls it with up to 256 indices one window of blocks
-     * ahead of each batch it fills, from the thread filling the batch (worker id as in get),
-     * so that a source can read the next window's blocks while the current one is delivered
-     * (the npy source starts its block read-ahead for them).  Must not block on I/O or change
-     * what get/get_batch deliver.  Appended after access_hint: guard with
-     * STOKE_DATASET_HAS(ds, will_need). */
-    void (*will_need)(void *user, const uint64_t *indices, size_t count, int worker);
 } stoke_dataset;
 
 /* Whether *ds (size set by the header it was compiled with) has member `m`: for the members

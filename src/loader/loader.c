@@ -533,11 +533,6 @@ static int size_loader(stoke_loader *l)
         uint64_t win = so.block_window ? so.block_window : STOKE_SAMPLER_BLOCK_WINDOW_DEFAULT;
         ds->access_hint(ds->user, so.kind, blk ? rows : 0, blk ? win : 0);
     }
-    if (!l->iterable && so.kind == STOKE_SAMPLER_BLOCK && STOKE_DATASET_HAS(ds, will_need)) {
-        uint64_t rows = so.block_rows ? so.block_rows : STOKE_SAMPLER_BLOCK_ROWS_DEFAULT;
-        uint64_t win = so.block_window ? so.block_window : STOKE_SAMPLER_BLOCK_WINDOW_DEFAULT;
-        l->ahead = rows * win; /* both <= 2^48 (the sampler checked): no overflow */
-    }
     l->nbatches = l->nsamples / l->o.batch_size; /* no overflow with a huge batch_size */
     if (!l->o.drop_last && l->nsamples % l->o.batch_size)
         l->nbatches++;

@@ -117,7 +117,6 @@ struct stoke_loader {
     size_t off[STOKE_MAX_FIELDS];
     size_t buf_bytes;    /* one batch buffer */
     int prefetch_auto;   /* prefetch_factor was STOKE_LOADER_PREFETCH_AUTO (o holds 2 now) */
-    uint64_t ahead;      /* block shuffle + will_need: positions of one window (0: no hints) */
     size_t cap;          /* samples one buffer holds: batch_size, or for MAP / MAP_VAR at
                             most the samples of one epoch for this rank (at least 1) */
     size_t sample_bytes; /* all fields of one sample */

@@ -60,22 +60,6 @@ static void batch_failed(stoke_batch *b, int rc, uint64_t where, const char *msg
     stoke__strlcpy(b->err_msg, msg[0] ? msg : stoke_strerror(b->status), sizeof(b->err_msg));
 }
 
-/* Block shuffle with a will_need dataset: up to 256 indices of the positions one window of
- * blocks after batch seq's start, so the source can read that window's blocks while this one is
- * delivered (a window's rows are mixed over all of its blocks, so 256 consecutive positions
- * almost surely touch every block; a batch of 1 names one, the batches around it the rest). */
-static void hint_ahead(stoke_loader *l, const stoke__sampler_epoch *ep, uint64_t pos0, int wid)
-{
-    uint64_t at = pos0 + l->ahead, idx[256];
-    if (at >= l->nsamples)
-        return;
-    size_t n = l->nsamples - at < 256 ? (size_t)(l->nsamples - at) : 256;
-    if (n > l->o.batch_size)
-        n = l->o.batch_size;
-    if (stoke__sampler_fill(l->sampler, ep, at, n, idx) == STOKE_OK)
-        l->ds.will_need(l->ds.user, idx, n, wid);
-}
-
 /* MAP / MAP_VAR: the dataset indices of batch seq's b->count samples into b->indices, all at
  * once: the epoch's keys are derived once per batch (tens of ns) instead of once per sample.
  * Returns STOKE_OK, or fails the batch (count 0) at the first position the sampler refuses,
@@ -88,11 +72,8 @@ static int batch_indices(stoke_loader *l, stoke_batch *b, uint64_t seed, uint64_
     int rc = stoke__sampler_epoch_init(&ep, l->sampler, seed, epoch);
     if (rc == STOKE_OK)
         rc = stoke__sampler_fill(l->sampler, &ep, pos0, b->count, b->indices);
-    if (rc == STOKE_OK) {
-        if (l->ahead)
-            hint_ahead(l, &ep, pos0, b->worker);
+    if (rc == STOKE_OK)
         return STOKE_OK;
-    }
     size_t j = 0; /* the failing position: the first one stoke_sampler_index refuses */
     int prc = STOKE_OK;
     for (; j < b->count; j++)

@@ -125,8 +125,6 @@ void stoke__npy_access_hint(void *user, int sampler_kind, uint64_t block_rows,
 int stoke__npy_set_epoch(void *user, uint64_t epoch);
 /* get_batch(), before its reads: reads ahead the blocks of idx not yet read in this epoch. */
 void stoke__npy_stage_batch(const stoke__npy_ds *ds, const uint64_t *idx, size_t count);
-/* The dataset's will_need: the block read-ahead of those indices' blocks, ahead of time. */
-void stoke__npy_will_need(void *user, const uint64_t *idx, size_t count, int worker);
 /* Blocks read ahead and blocks found resident since open (stoke_npy_block_stats). */
 void stoke__npy_stage_stats(const stoke__npy_ds *ds, uint64_t *read_ahead, uint64_t *resident);
 /* Frees every block read-ahead state (no get may be running). */

@@ -277,12 +277,6 @@ void stoke__npy_stage_batch(const stoke__npy_ds *ds, const uint64_t *idx, size_t
     }
 }
 
-void stoke__npy_will_need(void *user, const uint64_t *idx, size_t count, int worker)
-{
-    (void)worker;
-    stoke__npy_stage_batch(user, idx, count);
-}
-
 void stoke__npy_stage_stats(const stoke__npy_ds *ds, uint64_t *read_ahead, uint64_t *resident_)
 {
     uint64_t a = 0, r = 0;
