@@ -29,20 +29,14 @@ static unsigned char npy_byte(uint64_t i, size_t k)
     return (unsigned char)((i * 37u + k * 11u + 5u) & 0xffu);
 }
 
-/* numpy's preamble + header for `dict`, padded to a multiple of 64. */
+/* An (N, ROW) uint8 .npy file of npy_byte rows. */
 static void write_npy(const char *path)
 {
     char dict[128];
     snprintf(dict, sizeof(dict), "{'descr': '|u1', 'fortran_order': False, 'shape': (%d, %d), }", N,
              ROW);
-    size_t dl = strlen(dict), total = (10 + dl + 1 + 63) / 64 * 64, hlen = total - 10;
     unsigned char head[256];
-    memcpy(head, "\x93NUMPY\x01\x00", 8);
-    head[8] = (unsigned char)(hlen & 0xff);
-    head[9] = (unsigned char)(hlen >> 8);
-    memcpy(head + 10, dict, dl);
-    memset(head + 10 + dl, ' ', hlen - dl - 1);
-    head[total - 1] = '\n';
+    size_t total = tu_npy_head(head, dict);
     static unsigned char rows[N * ROW];
     for (uint64_t i = 0; i < N; i++)
         for (size_t k = 0; k < ROW; k++)

@@ -57,14 +57,8 @@ static void make_file(const char *path)
     char dict[128];
     snprintf(dict, sizeof(dict), "{'descr': '|u1', 'fortran_order': False, 'shape': (%d, %d), }",
              ROWS, ROW);
-    size_t dl = strlen(dict), total = (10 + dl + 1 + 63) / 64 * 64, hlen = total - 10;
     unsigned char head[256];
-    memcpy(head, "\x93NUMPY\x01\x00", 8);
-    head[8] = (unsigned char)(hlen & 0xff);
-    head[9] = (unsigned char)(hlen >> 8);
-    memcpy(head + 10, dict, dl);
-    memset(head + 10 + dl, ' ', hlen - dl - 1);
-    head[total - 1] = '\n';
+    size_t total = tu_npy_head(head, dict);
     g_hn = total;
     FILE *f = fopen(path, "wb");
     assert_non_null(f);
@@ -73,38 +67,10 @@ static void make_file(const char *path)
     assert_int_equal(fclose(f), 0);
 }
 
-/* Resident share (%) of the file's pages [first, first + n) (n 0: all of them). */
-static int resident_pct(const char *path, size_t first, size_t n)
-{
-    int fd = open(path, O_RDONLY);
-    assert_true(fd >= 0);
-    struct stat st;
-    assert_int_equal(fstat(fd, &st), 0);
-    size_t pg = (size_t)sysconf(_SC_PAGESIZE), pages = ((size_t)st.st_size + pg - 1) / pg;
-    void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
-    assert_true(m != MAP_FAILED);
-    unsigned char *vec = malloc(pages);
-    assert_int_equal(mincore(m, (size_t)st.st_size, vec), 0);
-    if (!n)
-        n = pages - first;
-    size_t hit = 0;
-    for (size_t i = first; i < first + n; i++)
-        hit += vec[i] & 1;
-    free(vec);
-    munmap(m, (size_t)st.st_size);
-    close(fd);
-    return (int)(hit * 100 / n);
-}
-
 /* Evicts path from the page cache (fdatasync, then DONTNEED); skips the test when pages stay. */
 static void evict(const char *path)
 {
-    int fd = open(path, O_RDONLY);
-    assert_true(fd >= 0);
-    assert_int_equal(fdatasync(fd), 0);
-    assert_int_equal(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
-    close(fd);
-    int left = resident_pct(path, 0, 0);
+    int left = tu_evict(path);
     if (left > 5)
         tu_skip("page cache eviction does not work here (%d%% still resident)", left);
 }
@@ -322,7 +288,7 @@ static void test_whole_block_read(void **state)
     size_t all = ((size_t)ROWS * ROW + g_hn + pg - 1) / pg;
     unsigned char *was = malloc(all);
     for (size_t i = 0; i < all; i++)
-        was[i] = resident_pct(p, i, 1) == 100;
+        was[i] = tu_resident_pct(p, i, 1) == 100;
     stoke_loader_opts o;
     stoke_loader_opts_init(&o);
     o.batch_size = 4;
@@ -348,7 +314,7 @@ static void test_whole_block_read(void **state)
     size_t first = (g_hn + blk * BLOCK_ROWS * ROW) / pg + 1;
     size_t last = (g_hn + (blk + 1) * BLOCK_ROWS * ROW - 1) / pg - 1;
     int pct = 0;
-    for (int i = 0; i < 6000 && (pct = resident_pct(p, first, last - first + 1)) < 100; i++) {
+    for (int i = 0; i < 6000 && (pct = tu_resident_pct(p, first, last - first + 1)) < 100; i++) {
         struct timespec ts = {0, 10 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
@@ -356,7 +322,7 @@ static void test_whole_block_read(void **state)
     /* Elsewhere nothing came in since open (its header read has a read-ahead of its own) */
     size_t hits = 0;
     for (size_t i = 0; i < all; i++)
-        if ((i + 1 < first || i > last + 1) && !was[i] && resident_pct(p, i, 1) == 100)
+        if ((i + 1 < first || i > last + 1) && !was[i] && tu_resident_pct(p, i, 1) == 100)
             hits++;
     if (hits > 2)
         fail_msg("%zu pages outside block %llu came in", hits, (unsigned long long)blk);

@@ -45,23 +45,10 @@ static char *tmp(const char *name)
     return b;
 }
 
-/* numpy's preamble + header for `dict`, padded to a multiple of 64. */
-static size_t npy_head(unsigned char *out, const char *dict)
-{
-    size_t dl = strlen(dict), total = (10 + dl + 1 + 63) / 64 * 64, hlen = total - 10;
-    memcpy(out, "\x93NUMPY\x01\x00", 8);
-    out[8] = (unsigned char)(hlen & 0xff);
-    out[9] = (unsigned char)(hlen >> 8);
-    memcpy(out + 10, dict, dl);
-    memset(out + 10 + dl, ' ', hlen - dl - 1);
-    out[total - 1] = '\n';
-    return total;
-}
-
 static size_t write_npy(const char *path, const char *dict, const void *data, size_t n)
 {
     unsigned char head[256];
-    size_t hn = npy_head(head, dict);
+    size_t hn = tu_npy_head(head, dict);
     FILE *f = fopen(path, "wb");
     assert_non_null(f);
     assert_int_equal(fwrite(head, 1, hn, f), hn);
@@ -287,7 +274,7 @@ static void test_truncated_same_error(void **state)
     char dict[128];
     snprintf(dict, sizeof(dict), "{'descr': '|u1', 'fortran_order': False, 'shape': (%d, %d), }",
              ROWS, ROW);
-    size_t hn = npy_head(head, dict);
+    size_t hn = tu_npy_head(head, dict);
     /* no index is a multiple of 256: the reads notice, not the size check */
     static const uint64_t batches[3][6] = {
         {10, 11, 12, 13, 14, 15}, /* a run: row 12 is cut in the middle */
@@ -326,28 +313,6 @@ static void test_truncated_same_error(void **state)
     unlink(p);
 }
 
-/* Evicts path from the page cache; returns the share (%) of its pages still resident. */
-static int evict(const char *path)
-{
-    int fd = open(path, O_RDONLY);
-    assert_true(fd >= 0);
-    assert_int_equal(fdatasync(fd), 0);
-    assert_int_equal(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
-    struct stat st;
-    assert_int_equal(fstat(fd, &st), 0);
-    size_t pg = (size_t)sysconf(_SC_PAGESIZE), pages = ((size_t)st.st_size + pg - 1) / pg;
-    void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
-    assert_true(m != MAP_FAILED);
-    unsigned char *vec = malloc(pages);
-    assert_int_equal(mincore(m, (size_t)st.st_size, vec), 0);
-    size_t hit = 0;
-    for (size_t i = 0; i < pages; i++)
-        hit += vec[i] & 1;
-    free(vec);
-    munmap(m, (size_t)st.st_size);
-    close(fd);
-    return (int)(hit * 100 / pages);
-}
 
 static void warm(const char *path)
 {
@@ -388,7 +353,7 @@ static void test_auto_follows_residency(void **state)
     stoke_log_set_level(STOKE_LOG_INFO);
     assert_int_equal(auto_choice(p), STOKE_NPY_IO_MMAP);
     assert_int_equal(tu_log_count(STOKE_LOG_INFO, "io=auto chose io=mmap"), 1);
-    int left = evict(p);
+    int left = tu_evict(p);
     if (left > 5) {
         print_message("page cache eviction does not work here (%d%% still resident)\n", left);
         g_skipped = 1;
@@ -441,12 +406,12 @@ static void test_uring_unavailable(void **state)
         assert_non_null(strstr(stoke_last_error(), p));
         assert_non_null(strstr(stoke_last_error(), "io=uring is not available"));
         assert_non_null(strstr(stoke_last_error(), "without liburing"));
-        if (evict(p) <= 5)
+        if (tu_evict(p) <= 5)
             assert_int_equal(auto_choice(p), STOKE_NPY_IO_PREAD);
         unlink(p);
         return;
     }
-    int cold = evict(p) <= 5;
+    int cold = tu_evict(p) <= 5;
     fflush(NULL);
     pid_t pid = fork();
     assert_true(pid >= 0);

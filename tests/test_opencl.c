@@ -428,14 +428,8 @@ static void write_npy(const char *path, int n, int c, int w)
     char dict[128];
     snprintf(dict, sizeof(dict), "{'descr': '<f4', 'fortran_order': False, 'shape': (%d, %d, %d), }",
              n, c, w);
-    size_t dl = strlen(dict), total = (10 + dl + 1 + 63) / 64 * 64, hlen = total - 10;
     unsigned char head[256];
-    memcpy(head, "\x93NUMPY\x01\x00", 8);
-    head[8] = (unsigned char)(hlen & 0xff);
-    head[9] = (unsigned char)(hlen >> 8);
-    memcpy(head + 10, dict, dl);
-    memset(head + 10 + dl, ' ', hlen - dl - 1);
-    head[total - 1] = '\n';
+    size_t total = tu_npy_head(head, dict);
     FILE *f = fopen(path, "wb");
     assert_non_null(f);
     assert_int_equal(fwrite(head, 1, total, f), total);

@@ -342,3 +342,54 @@ void tu_seen_free(tu_seen *s)
     free(s->bits);
     s->bits = NULL;
 }
+
+/* ---- .npy files and the page cache ----------------------------------------------------- */
+
+#include <sys/mman.h>
+#include <sys/stat.h>
+
+size_t tu_npy_head(unsigned char *out, const char *dict)
+{
+    size_t dl = strlen(dict), total = (10 + dl + 1 + 63) / 64 * 64, hlen = total - 10;
+    assert_true(total <= 256);
+    memcpy(out, "\x93NUMPY\x01\x00", 8);
+    out[8] = (unsigned char)(hlen & 0xff);
+    out[9] = (unsigned char)(hlen >> 8);
+    memcpy(out + 10, dict, dl);
+    memset(out + 10 + dl, ' ', hlen - dl - 1);
+    out[total - 1] = '\n';
+    return total;
+}
+
+int tu_resident_pct(const char *path, size_t first, size_t n)
+{
+    int fd = open(path, O_RDONLY);
+    assert_true(fd >= 0);
+    struct stat st;
+    assert_int_equal(fstat(fd, &st), 0);
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE), pages = ((size_t)st.st_size + pg - 1) / pg;
+    void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+    assert_true(m != MAP_FAILED);
+    unsigned char *vec = malloc(pages);
+    assert_non_null(vec);
+    assert_int_equal(mincore(m, (size_t)st.st_size, vec), 0);
+    if (!n)
+        n = pages - first;
+    size_t hit = 0;
+    for (size_t i = first; i < first + n; i++)
+        hit += vec[i] & 1;
+    free(vec);
+    munmap(m, (size_t)st.st_size);
+    close(fd);
+    return (int)(hit * 100 / n);
+}
+
+int tu_evict(const char *path)
+{
+    int fd = open(path, O_RDONLY);
+    assert_true(fd >= 0);
+    assert_int_equal(fdatasync(fd), 0);
+    assert_int_equal(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+    close(fd);
+    return tu_resident_pct(path, 0, 0);
+}

@@ -94,4 +94,14 @@ void tu_skip_note(const char *fmt, ...);
 int tu_skipped(void);
 int tu_exit_status(int failed);
 
+/* .npy files and the page cache (the npy tests) */
+/* numpy's v1 preamble + header for `dict`, padded to a multiple of 64 (at most 256 bytes);
+ * returns its length. */
+size_t tu_npy_head(unsigned char *out, const char *dict);
+/* Resident share (%) of the file's pages [first, first + n) (n 0: from first to the end). */
+int tu_resident_pct(const char *path, size_t first, size_t n);
+/* Drops path from the page cache (fdatasync, POSIX_FADV_DONTNEED); returns the share (%) of
+ * its pages still resident. */
+int tu_evict(const char *path);
+
 #endif
