@@ -8,7 +8,7 @@
  *         computed before the clock starts; only the copies are timed.  Labels (any 1-D dtype)
  *         are gathered beside the rows.  Prints {"samples", "seconds", "samples_per_s",
  *         "bytes_per_s", "index_sum", "order_hash", ...}; order_hash is the CLI's (64-bit FNV-1a
- *         over the indices, 8 little-endian bytes each), so the two can be compared.
+ *         over the indices, one 64-bit word each), so the two can be compared.
  *     bench_tool order N OUT [--seed S] [--epoch E] [--sequential]
  *         Writes the first N positions' indices of the same order as little-endian uint64 to OUT
  *         (for the NumPy peers) and prints {"samples", "index_sum", "order_hash"}.
@@ -189,8 +189,7 @@ static int make_order(const opts *o, uint64_t len, uint64_t n, uint64_t *out, ui
     for (uint64_t p = 0; !rc && p < n; p++) {
         rc = stoke_sampler_index(s, o->seed, o->epoch, p, &out[p]);
         *sum += out[p];
-        for (int b = 0; b < 8; b++)
-            *hash = (*hash ^ ((out[p] >> (8 * b)) & 0xff)) * FNV_PRIME;
+        *hash = (*hash ^ out[p]) * FNV_PRIME;
     }
     stoke_sampler_destroy(s);
     if (rc)

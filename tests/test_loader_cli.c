@@ -315,12 +315,17 @@ static uint64_t batch_hash(int k)
     return sum;
 }
 
-/* order_hash after appending batch k's indices (8 little-endian bytes each). */
+/* One index into the order_hash state h: FNV-1a over 64-bit words. */
+static uint64_t order_word(uint64_t h, uint64_t index)
+{
+    return (h ^ index) * 0x100000001b3ull;
+}
+
+/* order_hash after appending batch k's indices. */
 static uint64_t order_step(uint64_t h, int k)
 {
     for (int j = 0; j < CH_B; j++)
-        for (int b = 0; b < 8; b++)
-            h = fnv_step(h, (unsigned char)((((uint64_t)(k * CH_B + j)) >> (8 * b)) & 0xff));
+        h = order_word(h, (uint64_t)(k * CH_B + j));
     return h;
 }
 
@@ -457,8 +462,7 @@ static uint64_t sampler_order_hash(int kind, uint64_t n, uint64_t rows, uint64_t
     for (uint64_t p = 0; p < n; p++) {
         uint64_t x = 0;
         assert_int_equal(stoke_sampler_index(s, seed, 0, p, &x), STOKE_OK);
-        for (int b = 0; b < 8; b++)
-            h = fnv_step(h, (unsigned char)((x >> (8 * b)) & 0xff));
+        h = order_word(h, x);
     }
     stoke_sampler_destroy(s);
     return h;
