@@ -4,6 +4,7 @@
  * epochs/state/statistics in state.c, the batch handle in batch.c; the shared structures and the
  * locking rules are in loader_internal.h.
  */
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -470,17 +471,25 @@ static int check_upfront_bytes(stoke_loader *l)
  * STOKE_LOADER_WORKERS_AUTO_MAX, all given work at first (adapt() varies that).  The caller's
  * thread may make batches itself ("assist") for MAP datasets without worker_init, which promises
  * one call per thread before its samples; an ITERABLE dataset's shares are fixed per worker. */
+/* CPUs the calling thread may run on (its affinity mask: taskset, cgroup cpusets), else those
+ * online; at least 1. */
+static int cpus_usable(void)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0)
+        return CPU_COUNT(&set);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
 static void choose_workers(stoke_loader *l)
 {
     l->auto_workers = l->o.num_workers == STOKE_LOADER_WORKERS_AUTO;
     l->nworkers = l->o.num_workers;
-    if (l->auto_workers) {
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        if (cores < 1)
-            cores = 1;
-        l->nworkers =
-            cores < STOKE_LOADER_WORKERS_AUTO_MAX ? (int)cores : STOKE_LOADER_WORKERS_AUTO_MAX;
-    }
+    l->ncpu = cpus_usable();
+    if (l->auto_workers)
+        l->nworkers = l->ncpu < STOKE_LOADER_WORKERS_AUTO_MAX ? l->ncpu
+                                                              : STOKE_LOADER_WORKERS_AUTO_MAX;
     l->assist = !l->iterable && !l->ds.worker_init;
     l->nact = l->nact_lo = l->nact_hi = l->nworkers;
     l->nact_min = l->auto_workers && !l->iterable ? (l->assist ? 0 : 1) : l->nworkers;

@@ -3,6 +3,7 @@
 #define STOKE_LOADER_INTERNAL_H
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -20,6 +21,18 @@ static inline void stoke__cpu_relax(void)
 #elif defined(__aarch64__)
     __asm__ __volatile__("yield");
 #endif
+}
+
+/* One turn of a spin loop that waits for another loader thread: a pause, or sched_yield when
+ * `crowded` (the loader's threads outnumber the cores it may run on, so the thread waited for
+ * may be waiting for this core: a pause would hold it for nothing).  On 2 cores with 2 workers
+ * and the consumer, yielding took batch size 1 from 0.85x to about 1.05x of 0 workers. */
+static inline void stoke__spin_turn(int crowded)
+{
+    if (crowded)
+        sched_yield();
+    else
+        stoke__cpu_relax();
 }
 
 /* splitmix64 finalizer (a bijection of 64-bit integers). */
@@ -124,6 +137,7 @@ struct stoke_loader {
     uint64_t nsamples; /* positions per epoch */
     uint64_t nbatches;
     int nworkers;      /* worker threads (num_workers, or the auto count) */
+    int ncpu;          /* CPUs this process may run on (affinity), at create */
     int nw1;           /* max(1, nworkers): producers of an ITERABLE dataset */
     int auto_workers;  /* num_workers was STOKE_LOADER_WORKERS_AUTO */
     int assist;        /* the caller's thread may make MAP batches itself inside next()

@@ -247,10 +247,11 @@ static void spin_for_event(stoke_loader *l)
     if (l->filling == 0 || budget < 200u)
         return;
     uint64_t seen = atomic_load_explicit(&l->events, memory_order_relaxed);
+    int crowded = l->nact + 1 > l->ncpu;
     pthread_mutex_unlock(&l->mu);
     uint64_t t0 = stoke__now_ns();
     for (unsigned i = 1;; i++) {
-        stoke__cpu_relax();
+        stoke__spin_turn(crowded);
         if (atomic_load_explicit(&l->events, memory_order_acquire) != seen)
             break;
         if ((i & 31) == 0 && stoke__now_ns() - t0 > budget)
