@@ -7,9 +7,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "../plugins/simdev/simdev.h"
+#include "common/internal.h"
 #include "pinned/pinned_internal.h"
 #include "registry/registry.h"
 #include "stoke/stoke.h"
@@ -158,6 +160,52 @@ static void test_pinned_no_accelerator_warns_once(void **state)
     assert_int_equal(s.total_frees, 128);
     assert_true(s.standin_allocs >= 1);
     assert_int_equal(s.pin_calls, 0);
+}
+
+/* Pages of [p, p + n) in memory (mincore), of all of them. */
+static void resident_pages(const void *p, size_t n, size_t *in, size_t *all)
+{
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = (uintptr_t)p / pg * pg, hi = ((uintptr_t)p + n + pg - 1) / pg * pg;
+    size_t np = (hi - lo) / pg;
+    unsigned char *vec = malloc(np);
+    assert_non_null(vec);
+    assert_int_equal(mincore((void *)lo, hi - lo, vec), 0);
+    *in = 0;
+    for (size_t i = 0; i < np; i++)
+        *in += vec[i] & 1;
+    *all = np;
+    free(vec);
+}
+
+/* Without an accelerator a block is resident as soon as it is handed out, as pinned memory
+ * would be (stoke__resident_alloc: the first epoch pays no page fault per 4 KiB of its batch
+ * buffers), and zeroed; the loader's pageable buffers come from the same allocation. */
+static void test_pinned_standin_is_resident(void **state)
+{
+    (void)state;
+    const size_t sizes[] = {5000, MiB + 123, 3 * MiB};
+    for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
+        unsigned char *p = alloc_ok(sizes[k]);
+        size_t in, all;
+        resident_pages(p, sizes[k], &in, &all);
+        if (in != all)
+            fail_msg("stand-in of %zu bytes: %zu of %zu pages resident before any write",
+                     sizes[k], in, all);
+        for (size_t i = 0; i < sizes[k]; i += 4093)
+            assert_int_equal(p[i], 0);
+        memset(p, 0x5a, sizes[k]);
+        assert_int_equal(stoke_pinned_free(p), STOKE_OK);
+    }
+    assert_int_equal(stoke_pinned_empty_cache(), STOKE_OK);
+    unsigned char *q = stoke__resident_alloc(3 * MiB);
+    assert_non_null(q);
+    size_t in, all;
+    resident_pages(q, 3 * MiB, &in, &all);
+    assert_int_equal(in, all);
+    assert_int_equal(q[3 * MiB - 1], 0);
+    stoke__resident_free(q, 3 * MiB);
+    assert_true(stats().standin_allocs >= 3);
 }
 
 static void test_pinned_disabled_by_env(void **state)
@@ -792,6 +840,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_pinned_round_size_table, setup_none, teardown),
         cmocka_unit_test_setup_teardown(test_pinned_no_accelerator_warns_once, setup_none,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_pinned_standin_is_resident, setup_none, teardown),
         cmocka_unit_test_setup_teardown(test_pinned_disabled_by_env, setup_none, teardown),
         cmocka_unit_test_setup_teardown(test_pinned_free_then_alloc_returns_same_block,
                                         setup_simdev, teardown),

@@ -99,11 +99,9 @@ static int slot_alloc(stoke_loader *l, stoke__slot *s)
                              l->buf_bytes, stoke_last_error());
         break;
     }
-    default:
-        if (posix_memalign(&p, 4096, l->buf_bytes) != 0) {
-            p = NULL;
+    default: /* pageable: resident from creation (stoke__resident_alloc) */
+        if (!(p = stoke__resident_alloc(l->buf_bytes)))
             rc = stoke__fail(STOKE_ENOMEM, "cannot allocate %zu bytes", l->buf_bytes);
-        }
         s->pinned = 0;
         break;
     }
@@ -118,7 +116,7 @@ static void slot_free(stoke_loader *l, stoke__slot *s)
         case STOKE__ALLOC_POOL: stoke_pinned_free(s->mem); break;
         case STOKE__ALLOC_ARENA: stoke_arena_free(l->arena, s->mem); break;
         case STOKE__ALLOC_BACKEND: l->pin_vt->host_free(l->pin_dev, s->mem); break;
-        default: free(s->mem); break;
+        default: stoke__resident_free(s->mem, l->buf_bytes); break;
         }
     }
     s->mem = NULL;

@@ -200,7 +200,7 @@ static void release_block(pn_block *b)
                            "device %d: %s", p->vt->name, b->size, ptr, p->dev,
                            stoke_err_name(rc));
         } else {
-            free(ptr);
+            stoke__resident_free(ptr, b->size); /* a stand-in */
         }
         PN_SUB(bytes_reserved, b->size);
         PN_SUB(count_reserved, 1);
@@ -572,8 +572,8 @@ static int pin_new(pn_pool *p, int cls, pn_block **out)
         }
         b->kind = PN_PINNED;
         b->pool = p;
-    } else {
-        if (posix_memalign(&mem, page_size, size)) {
+    } else { /* no accelerator: resident, as the pinned memory it stands in for would be */
+        if (!(mem = stoke__resident_alloc(size))) {
             unreserve(size);
             stoke__pn_desc_put(b);
             return stoke__fail(STOKE_ENOMEM, "pinned: out of memory for %zu bytes", size);
