@@ -391,6 +391,29 @@ static void spin_for_work(stoke_loader *l, const stoke__worker *w)
     pthread_mutex_lock(&l->mu);
 }
 
+/* How many batches a worker thread takes under one hold of `mu`: batches of a few microseconds
+ * (batch size 1) are taken and handed back up to CLAIM_MAX at a time, so such a worker takes
+ * the lock twice per group rather than twice per batch; about CLAIM_NS of work, at most a
+ * quarter of the reorder window per worker given work (the others and the consumer's in-order
+ * wait keep their share).  One at a time for process workers, ITERABLE datasets, device copies
+ * and batches over CLAIM_NS / 2.  Batch size 1, 50k rows of 3 KB, 2 workers on 2 cores: about
+ * 4% more batches per second (4 alternating runs: median 0.372 vs 0.360 M/s; auto 0.305 vs
+ * 0.289). */
+#define CLAIM_MAX 16
+#define CLAIM_NS  20000u
+static int claim_size(const stoke_loader *l)
+{
+    if (l->proc || l->iterable || l->device_mode || !l->busy_avg || l->busy_avg >= CLAIM_NS / 2)
+        return 1;
+    uint64_t n = CLAIM_NS / l->busy_avg;
+    uint64_t share = l->window / (4 * (uint64_t)(l->nact > 0 ? l->nact : 1));
+    if (n > share)
+        n = share;
+    if (n > CLAIM_MAX)
+        n = CLAIM_MAX;
+    return n ? (int)n : 1;
+}
+
 static void *worker_main(void *arg)
 {
     stoke__worker *w = arg;
@@ -425,12 +448,18 @@ static void *worker_main(void *arg)
         }
         if (l->quit)
             break;
-        uint64_t gen, seed, epoch;
-        stoke_batch *b = stoke__loader_dispatch(l, w, &gen, &seed, &epoch);
+        uint64_t gen, seed, epoch, busy[CLAIM_MAX];
+        stoke_batch *b[CLAIM_MAX];
+        int want = claim_size(l), n = 0;
+        do /* one gen, seed and epoch for all: `mu` is held throughout */
+            b[n++] = stoke__loader_dispatch(l, w, &gen, &seed, &epoch);
+        while (n < want && can_dispatch(l, w));
         pthread_mutex_unlock(&l->mu);
-        uint64_t busy = stoke__loader_produce(l, b, w, w->id, seed, epoch);
+        for (int i = 0; i < n; i++)
+            busy[i] = stoke__loader_produce(l, b[i], w, w->id, seed, epoch);
         pthread_mutex_lock(&l->mu);
-        stoke__loader_complete(l, b, gen, busy);
+        for (int i = 0; i < n; i++)
+            stoke__loader_complete(l, b[i], gen, busy[i]);
     }
     pthread_mutex_unlock(&l->mu);
     return NULL;
