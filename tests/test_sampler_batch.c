@@ -186,6 +186,42 @@ static void test_fill_equals_index(void **state)
                 }
 }
 
+/* The AVX-512 batch path (when this CPU has it) and the scalar one give the same indices: whole
+ * RANDOM epochs of sizes around multiples of 8 and with much cycle walking; then every kind of
+ * test_fill_equals_index again on the scalar path (it ran on the default one). */
+static void test_fill_simd_equals_scalar(void **state)
+{
+    (void)state;
+    if (!stoke__feistel_simd_in_use())
+        print_message("note: no AVX-512 path in this build or on this CPU: the scalar path "
+                      "is compared with itself\n");
+    static const uint64_t sizes[] = {2,  5,   8,   9,    15,     16,
+                                     17, 63,  65,  100,  4097,   100003,
+                                     (1u << 18) + 1, (1u << 20) + 7};
+    for (size_t z = 0; z < STOKE__ARRAY_LEN(sizes); z++) {
+        cfg c = {.kind = STOKE_SAMPLER_RANDOM};
+        void *keep;
+        stoke_sampler *s = make(&c, sizes[z], &keep);
+        stoke__feistel_simd = 1;
+        uint64_t *a = order_by_fill(s, 5, 1, 1000);
+        stoke__feistel_simd = 0;
+        uint64_t *b = order_by_fill(s, 5, 1, 1000);
+        stoke__feistel_simd = 1;
+        for (uint64_t i = 0; i < sizes[z]; i++)
+            if (a[i] != b[i])
+                fail_msg("n %llu, position %llu: AVX-512 path %llu, scalar %llu",
+                         (unsigned long long)sizes[z], (unsigned long long)i,
+                         (unsigned long long)a[i], (unsigned long long)b[i]);
+        free(a);
+        free(b);
+        stoke_sampler_destroy(s);
+        free(keep);
+    }
+    stoke__feistel_simd = 0;
+    test_fill_equals_index(NULL);
+    stoke__feistel_simd = 1;
+}
+
 /* Whole epochs filled per batch hash as the per-sample orders do (RANDOM over 2^20 + 7 is in
  * test_golden_orders). */
 static void test_full_epoch_hash(void **state)
@@ -599,6 +635,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fill_equals_index),
+        cmocka_unit_test(test_fill_simd_equals_scalar),
         cmocka_unit_test(test_full_epoch_hash),
         cmocka_unit_test(test_golden_orders),
         cmocka_unit_test(test_fill_errors),

@@ -343,6 +343,12 @@ int stoke__sampler_epoch_init(stoke__sampler_epoch *e, const stoke_sampler *s, u
  * Expected O(count) time (O(1) per position: no position needs an earlier one). */
 int stoke__sampler_fill(const stoke_sampler *s, const stoke__sampler_epoch *e, uint64_t pos0,
                         size_t count, uint64_t *out);
+/* stoke__sampler_fill computes a batch of RANDOM (and block) positions eight at a time with
+ * AVX-512 when this build targets x86-64 and the CPU has AVX512F and AVX512DQ, unless
+ * stoke__feistel_simd is 0 (tests set it to compare the two paths: the same indices).
+ * stoke__feistel_simd_in_use says which path a fill takes now. */
+extern int stoke__feistel_simd;
+int stoke__feistel_simd_in_use(void);
 /* stoke_permute's network: derive once, apply many times (same images as stoke_permute). */
 void stoke__feistel_init(stoke__feistel *f, uint64_t n, uint64_t key);
 uint64_t stoke__feistel_apply(const stoke__feistel *f, uint64_t x);

@@ -89,12 +89,11 @@ uint64_t stoke__feistel_apply(const stoke__feistel *f, uint64_t x)
     return feistel_apply(f, x);
 }
 
-/* v[i] = image of v[i] (each < f->n) for i < count.  Four values per step: their first passes
- * are independent, so they overlap in the pipeline; the cycle walks then finish one by one. */
-static void feistel_apply_all(const stoke__feistel *f, uint64_t *v, size_t count)
+/* v[i] = image of v[i] (each < f->n) for i < count, scalar: four values per step, whose first
+ * passes are independent, so they overlap in the pipeline; the cycle walks then finish one by
+ * one. */
+static void feistel_apply_all_scalar(const stoke__feistel *f, uint64_t *v, size_t count)
 {
-    if (f->n <= 1)
-        return;
     size_t i = 0;
     for (; i + 4 <= count; i += 4) {
         uint64_t a = feistel_pass(f, v[i]), b = feistel_pass(f, v[i + 1]);
@@ -114,6 +113,90 @@ static void feistel_apply_all(const stoke__feistel *f, uint64_t *v, size_t count
     }
     for (; i < count; i++)
         v[i] = feistel_apply(f, v[i]);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(STOKE_NO_SIMD)
+/* The same with AVX-512 (x86-64 CPUs that have AVX512F and AVX512DQ, for the 64-bit multiply):
+ * eight values per pass, the network written once with GCC's vector extensions.  A lane whose
+ * image is outside [0, n) takes another pass with the others until all eight are in (a select,
+ * so lanes already done keep their value): the same images as the scalar walk.  A batch of
+ * 1024 indices: 4.8 instead of 13.9 ns per index over 10^6 rows, 37 instead of 64 over 10^5
+ * (more cycle walking); 256-byte rows with 2 workers: about 10% more samples per second. */
+#define STOKE__FEISTEL_SIMD 1
+typedef uint64_t v8u64 __attribute__((vector_size(64)));
+
+__attribute__((target("avx512f,avx512dq"))) static inline v8u64 mix64_v8(v8u64 x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+__attribute__((target("avx512f,avx512dq"))) static inline v8u64 feistel_pass_v8(
+    const stoke__feistel *f, v8u64 y)
+{
+    v8u64 l = (y >> f->half) & f->mask, r = y & f->mask;
+    for (int i = 0; i < STOKE__FEISTEL_ROUNDS; i++) {
+        v8u64 t = l ^ (mix64_v8(r ^ f->rk[i]) & f->mask);
+        l = r;
+        r = t;
+    }
+    return (l << f->half) | r;
+}
+
+__attribute__((target("avx512f,avx512dq"))) static void
+feistel_apply_all_avx512(const stoke__feistel *f, uint64_t *v, size_t count)
+{
+    size_t i = 0;
+    for (; i + 8 <= count; i += 8) {
+        v8u64 y;
+        memcpy(&y, v + i, sizeof(y));
+        y = feistel_pass_v8(f, y);
+        for (;;) {
+            v8u64 out = (v8u64)(y >= f->n); /* all ones in lanes still outside [0, n) */
+            uint64_t any = 0;
+            for (int k = 0; k < 8; k++)
+                any |= out[k];
+            if (!any)
+                break;
+            y = (feistel_pass_v8(f, y) & out) | (y & ~out);
+        }
+        memcpy(v + i, &y, sizeof(y));
+    }
+    feistel_apply_all_scalar(f, v + i, count - i);
+}
+#endif
+
+int stoke__feistel_simd = 1;
+
+int stoke__feistel_simd_in_use(void)
+{
+#ifdef STOKE__FEISTEL_SIMD
+    static int cpu = -1; /* whether this CPU has it: asked once */
+    int has = __atomic_load_n(&cpu, __ATOMIC_RELAXED);
+    if (has < 0) {
+        __builtin_cpu_init();
+        has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+        __atomic_store_n(&cpu, has, __ATOMIC_RELAXED);
+    }
+    return has && __atomic_load_n(&stoke__feistel_simd, __ATOMIC_RELAXED);
+#else
+    return 0;
+#endif
+}
+
+static void feistel_apply_all(const stoke__feistel *f, uint64_t *v, size_t count)
+{
+    if (f->n <= 1)
+        return;
+#ifdef STOKE__FEISTEL_SIMD
+    if (stoke__feistel_simd_in_use()) {
+        feistel_apply_all_avx512(f, v, count);
+        return;
+    }
+#endif
+    feistel_apply_all_scalar(f, v, count);
 }
 
 uint64_t stoke_permute(uint64_t x, uint64_t n, uint64_t key)
