@@ -4,6 +4,9 @@
  * workers, out of order too, with and without worker_init (without it the caller's thread may
  * make batches, as worker num_workers), set_epoch and destroy with batches in flight, errors
  * from a worker or the caller's thread, the auto count's bounds and its report. */
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
+#include <sched.h>
+
 #include "testutil.h"
 
 #include <stdlib.h>
@@ -275,9 +278,13 @@ static void test_worker_error(void **state)
     }
 }
 
+/* The auto worker count: one per CPU this process may run on (its affinity), up to the cap. */
 static uint64_t auto_cap(void)
 {
-    long c = sysconf(_SC_NPROCESSORS_ONLN);
+    cpu_set_t set;
+    long c = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
+    if (c < 1)
+        c = sysconf(_SC_NPROCESSORS_ONLN);
     if (c < 1)
         c = 1;
     return c < STOKE_LOADER_WORKERS_AUTO_MAX ? (uint64_t)c : STOKE_LOADER_WORKERS_AUTO_MAX;
@@ -369,20 +376,28 @@ static void test_prefetch_auto(void **state)
 
 /* One period of the auto hill climb as stoke_loader_next runs it (next.c, adapt): the step,
  * then the new active count and the period's throughput remembered. */
-static int period(stoke_loader *l, double tput, double wait, double assisted)
+static int period_cpu(stoke_loader *l, double tput, double wait, double assisted, double cpu)
 {
-    int n = stoke__loader_adapt_step(l, tput, wait, assisted);
+    int n = stoke__loader_adapt_step(l, tput, wait, assisted, cpu);
     assert_true(n >= l->nact_min && n <= l->nworkers);
     l->nact = n;
     l->ad_prev_tput = tput;
     return n;
 }
 
+/* A period in which the process got all the CPU it could use. */
+static int period(stoke_loader *l, double tput, double wait, double assisted)
+{
+    return period_cpu(l, tput, wait, assisted, 1.0);
+}
+
 /* The auto rule, driven with made-up periods (deterministic; the loader tests above only check
  * bounds because real periods depend on timing): the caller's thread making most batches means
  * one fewer; a removal that lost throughput is undone and held for 2 periods; a consumer that
  * waits gets one more; an addition that did not gain is undone, and next time the count goes
- * the other way; a consumer that never waits gets one fewer; never outside [nact_min, nworkers]. */
+ * the other way; a consumer that never waits gets one fewer; with every worker given work and
+ * the consumer still waiting, one fewer only when the process did not get its CPUs (another
+ * process holds some); never outside [nact_min, nworkers]. */
 static void test_auto_rule(void **state)
 {
     (void)state;
@@ -412,8 +427,11 @@ static void test_auto_rule(void **state)
     l->ad_last = 0;
     l->nact = 2;
     l->ad_failed = 0;
-    /* at nworkers and still waiting: never above; it tries one fewer (a busy machine) */
-    assert_int_equal(period(l, 100, 0.50, 0.0), 1);
+    /* at nworkers and still waiting, the process getting its CPUs: never above, no move */
+    assert_int_equal(period_cpu(l, 100, 0.50, 0.0, 0.95), 2);
+    assert_int_equal(period_cpu(l, 100, 0.50, 0.0, 0.86), 2);
+    /* the same on a busy machine (the process got 60% of what it could use): one fewer */
+    assert_int_equal(period_cpu(l, 100, 0.50, 0.0, 0.60), 1);
     free(l);
 }
 

@@ -194,7 +194,7 @@ struct stoke_loader {
     /* Bumped (release) with `mu` held whenever workers might find work: they spin on it. */
     _Atomic uint64_t work_events;
     /* auto: the hill climb over nact (consumer only; loader.c, adapt) */
-    uint64_t ad_t0, ad_batches, ad_wait_ns, ad_assisted0;
+    uint64_t ad_t0, ad_batches, ad_wait_ns, ad_assisted0, ad_cpu0;
     double ad_prev_tput;
     int ad_last, ad_backoff, ad_hold, ad_failed;
     /* statistics (mu) */
@@ -357,6 +357,7 @@ uint64_t stoke__feistel_apply(const stoke__feistel *f, uint64_t x);
  * count for the next period, from the period's batches per ns, the share of it the consumer
  * waited and the share of batches the caller's thread made; updates l->ad_*.  Pure apart from
  * those fields (tests drive it with made-up periods). */
-int stoke__loader_adapt_step(stoke_loader *l, double tput, double wait_frac, double assisted_frac);
+int stoke__loader_adapt_step(stoke_loader *l, double tput, double wait_frac, double assisted_frac,
+                             double cpu_share);
 
 #endif

@@ -317,13 +317,18 @@ static int next_threaded(stoke_loader *l, stoke_batch **bp)
  *   fewer;
  * - it spent over 10% there: one more if there is one and adding did not fail last, else one
  *   fewer (on a busy machine, or when hand-offs cost more than the samples, fewer threads are
- *   faster; at 0 the caller's thread makes every batch, as with num_workers 0).
+ *   faster; at 0 the caller's thread makes every batch, as with num_workers 0) - but with every
+ *   worker given work, one fewer only when the process did not get the CPUs it could use
+ *   (cpu_share, its CPU time over the period divided by min(CPUs, workers given work + 1),
+ *   under 0.85: another process holds some): on an idle machine that try only cost a period
+ *   at a lower rate, and short epochs never made it back.
  * Before those: when the caller's thread made more than half of the period's batches itself
  * (assist), the workers mostly add hand-offs: one fewer.
  * Time in next() includes batches the caller's thread made itself. */
 #define STOKE__ADAPT_NS 50000000u
 
-int stoke__loader_adapt_step(stoke_loader *l, double tput, double wait_frac, double assisted_frac)
+int stoke__loader_adapt_step(stoke_loader *l, double tput, double wait_frac, double assisted_frac,
+                             double cpu_share)
 {
     int n = l->nact;
     int lost = (l->ad_last > 0 && tput < l->ad_prev_tput * 1.05) ||
@@ -353,16 +358,27 @@ int stoke__loader_adapt_step(stoke_loader *l, double tput, double wait_frac, dou
         l->ad_last = -1;
     else if (wait_frac > 0.10 && up && (l->ad_failed != 1 || !down))
         l->ad_last = 1; /* the direction that did not fail last, if there is a choice */
-    else if (wait_frac > 0.10 && down)
+    else if (wait_frac > 0.10 && down && (up || cpu_share < 0.85))
         l->ad_last = -1;
     return n + l->ad_last;
+}
+
+/* CPU time of the whole process, ns (0 when the clock is not there). */
+static uint64_t process_cpu_ns(void)
+{
+    struct timespec ts;
+    if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts) != 0)
+        return 0;
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
 /* (mu) One delivery seen by the hill climb: `waited` ns in next(). */
 static void adapt(stoke_loader *l, uint64_t now, uint64_t waited)
 {
-    if (!l->ad_t0)
+    if (!l->ad_t0) {
         l->ad_t0 = now;
+        l->ad_cpu0 = process_cpu_ns();
+    }
     l->ad_batches++;
     l->ad_wait_ns += waited;
     uint64_t span = now - l->ad_t0;
@@ -370,7 +386,11 @@ static void adapt(stoke_loader *l, uint64_t now, uint64_t waited)
         return;
     double tput = (double)l->ad_batches / (double)span;
     double assisted = (double)(l->st_assisted - l->ad_assisted0) / (double)l->ad_batches;
-    int n = stoke__loader_adapt_step(l, tput, (double)l->ad_wait_ns / (double)span, assisted);
+    uint64_t cpu = process_cpu_ns();
+    int usable = l->nact + 1 < l->ncpu ? l->nact + 1 : l->ncpu;
+    double share = cpu > l->ad_cpu0 ? (double)(cpu - l->ad_cpu0) / (double)span / usable : 0.0;
+    int n = stoke__loader_adapt_step(l, tput, (double)l->ad_wait_ns / (double)span, assisted,
+                                     share);
     if (n != l->nact) {
         l->nact = n;
         l->st_nact_changes++;
@@ -382,6 +402,7 @@ static void adapt(stoke_loader *l, uint64_t now, uint64_t waited)
     }
     l->ad_prev_tput = tput;
     l->ad_t0 = now;
+    l->ad_cpu0 = cpu;
     l->ad_assisted0 = l->st_assisted;
     l->ad_batches = 0;
     l->ad_wait_ns = 0;
