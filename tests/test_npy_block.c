@@ -85,12 +85,62 @@ static uint64_t fnv(const unsigned char *p, size_t n)
 
 static uint64_t g_file_hash; /* sum of fnv of every row: the content_hash of a whole epoch */
 
-static int open_io(const char *path, int io, stoke_dataset *ds)
+static int open_opts(const char *path, const char *labels, int io, int direct, stoke_dataset *ds)
 {
     stoke_npy_opts o;
     stoke_npy_opts_init(&o);
     o.io = io;
+    o.direct = direct;
+    o.labels_path = labels;
     return stoke_npy_open_opts(path, &o, ds);
+}
+
+static int open_io(const char *path, int io, stoke_dataset *ds)
+{
+    return open_opts(path, NULL, io, STOKE_NPY_DIRECT_AUTO, ds);
+}
+
+static int64_t g_labels[ROWS]; /* native values; the labels file holds them big-endian */
+
+/* ROWS big-endian int64 labels. */
+static void make_labels(const char *path)
+{
+    unsigned char be[ROWS * 8];
+    for (int i = 0; i < ROWS; i++) {
+        g_labels[i] = (int64_t)i * 7919 - 123456;
+        for (int b = 0; b < 8; b++)
+            be[i * 8 + b] = (unsigned char)((uint64_t)g_labels[i] >> (56 - 8 * b));
+    }
+    char dict[128];
+    snprintf(dict, sizeof(dict), "{'descr': '>i8', 'fortran_order': False, 'shape': (%d,), }",
+             ROWS);
+    unsigned char head[256];
+    size_t hn = tu_npy_head(head, dict);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(head, 1, hn, f), hn);
+    assert_int_equal(fwrite(be, 1, sizeof(be), f), sizeof(be));
+    assert_int_equal(fclose(f), 0);
+}
+
+/* Whether O_DIRECT reads work for path (not on tmpfs, for one). */
+static int direct_works(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_DIRECT);
+    if (fd < 0)
+        return 0;
+    void *buf = NULL;
+    ssize_t r = -1;
+    if (posix_memalign(&buf, 4096, 4096) == 0)
+        r = pread(fd, buf, 4096, 0);
+    free(buf);
+    close(fd);
+    return r > 0;
+}
+
+static void staged(const stoke_dataset *ds, uint64_t *blocks, uint64_t *direct, uint64_t *rows)
+{
+    assert_int_equal(stoke_npy_block_staged(ds, blocks, direct, rows), STOKE_OK);
 }
 
 static stoke_loader *block_loader(stoke_dataset *ds, int workers, int kind, size_t batch)
@@ -146,7 +196,10 @@ static void block_stats(const stoke_dataset *ds, uint64_t *ahead, uint64_t *res)
  * order everywhere, the content hash of a random shuffle of the warm file; each block read
  * ahead once in the cold epoch (0 workers: all of them; with workers a block may be found
  * resident when another worker's rows of it came in first), and each once more in the second,
- * warm epoch (found resident). */
+ * warm epoch (found resident).  io=pread and io=uring (and auto, which picks one of them on
+ * the cold file) read blocks whole into block buffers (through the page cache: the file is
+ * far under half of RAM): with 0 workers every block once per epoch and every row from a
+ * buffer; io=mmap has none. */
 static void test_cold_same_content(void **state)
 {
     (void)state;
@@ -190,6 +243,17 @@ static void test_cold_same_content(void **state)
                 assert_int_equal(ahead, NBLOCKS);
             } else {
                 assert_true(ahead >= 1);
+            }
+            uint64_t sb, sd, sr;
+            staged(&ds, &sb, &sd, &sr);
+            assert_int_equal(sd, 0); /* direct=auto: off for a small file */
+            if (stoke_npy_io_used(&ds) == STOKE_NPY_IO_MMAP) {
+                assert_int_equal(sb + sr, 0);
+            } else if (w == 0) {
+                assert_int_equal(sb, NBLOCKS);
+                assert_int_equal(sr, ROWS);
+            } else {
+                assert_true(sb >= NBLOCKS / 2 && sr >= ROWS / 2);
             }
             /* the next epoch, warm: every block is found resident */
             assert_int_equal(stoke_loader_next_epoch(l), STOKE_OK);
@@ -422,6 +486,159 @@ static void test_resume(void **state)
     unlink(p);
 }
 
+/* One epoch of data and labels: every row and label checked; the order into order[]. */
+static void run_epoch_labels(stoke_loader *l, uint64_t *order)
+{
+    size_t got = 0;
+    stoke_batch *b;
+    int rc;
+    while ((rc = stoke_loader_next(l, &b)) == STOKE_OK) {
+        size_t n = stoke_batch_count(b);
+        const uint64_t *idx = stoke_batch_indices(b);
+        const unsigned char *d = stoke_batch_data(b, 0);
+        const int64_t *lab = stoke_batch_data(b, 1);
+        assert_non_null(lab);
+        assert_true(got + n <= ROWS);
+        for (size_t j = 0; j < n; j++) {
+            if (memcmp(d + j * ROW, g_data + idx[j] * ROW, ROW) != 0)
+                fail_msg("slot %zu (sample %llu): wrong bytes", j, (unsigned long long)idx[j]);
+            if (lab[j] != g_labels[idx[j]])
+                fail_msg("slot %zu (sample %llu): label %lld, file %lld", j,
+                         (unsigned long long)idx[j], (long long)lab[j],
+                         (long long)g_labels[idx[j]]);
+            order[got + j] = idx[j];
+        }
+        got += n;
+        stoke_batch_release(b);
+    }
+    if (rc != STOKE_EEND)
+        fail_msg("next: %s: %s", stoke_err_name(rc), stoke_last_error());
+    assert_int_equal(got, ROWS);
+}
+
+/* direct=on, io=pread and io=uring, 0 and 2 workers, data and big-endian labels, evicted: every
+ * row and label right in both epochs, in the order of direct=off; with 0 workers each block read
+ * whole with O_DIRECT once per epoch and every row served from a buffer; and the data file's
+ * pages stay out of the page cache (O_DIRECT reads past it).  direct=off: no O_DIRECT read, and
+ * the file is in the page cache after the epoch. */
+static void test_direct_blocks(void **state)
+{
+    (void)state;
+    const char *p = tmp("direct.npy"), *lp = tmp("direct_labels.npy");
+    make_file(p);
+    make_labels(lp);
+    if (!direct_works(p))
+        tu_skip("O_DIRECT reads are refused on this file system (%s)", p);
+    tu_use_none();
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    size_t all = ((size_t)ROWS * ROW + g_hn + pg - 1) / pg;
+    static uint64_t order[ROWS], order0[ROWS];
+    int have = 0;
+    static const int io[] = {STOKE_NPY_IO_PREAD, STOKE_NPY_IO_URING};
+    for (int direct = STOKE_NPY_DIRECT_OFF; direct >= STOKE_NPY_DIRECT_ON; direct--)
+        for (size_t m = 0; m < 2; m++) {
+            if (io[m] == STOKE_NPY_IO_URING && !g_uring)
+                continue;
+            for (int w = 0; w <= 2; w += 2) {
+                evict(p);
+                evict(lp);
+                stoke_dataset ds;
+                assert_int_equal(open_opts(p, lp, io[m], direct, &ds), STOKE_OK);
+                evict(p);
+                stoke_loader *l = block_loader(&ds, w, STOKE_SAMPLER_BLOCK, 96);
+                for (int e = 0; e < 2; e++) {
+                    if (e)
+                        assert_int_equal(stoke_loader_next_epoch(l), STOKE_OK);
+                    run_epoch_labels(l, order);
+                    if (!have)
+                        memcpy(order0, order, sizeof(order));
+                    have = 1;
+                    /* both epochs use seed 5: epoch 1 differs from epoch 0, compare epoch 0 */
+                    if (e == 0 && memcmp(order, order0, sizeof(order)) != 0)
+                        fail_msg("direct=%d io=%s %d workers: another order", direct,
+                                 stoke_npy_io_name(io[m]), w);
+                    uint64_t sb, sd, sr;
+                    staged(&ds, &sb, &sd, &sr);
+                    int pct = tu_resident_pct(p, 0, all);
+                    if (direct == STOKE_NPY_DIRECT_ON) {
+                        if (w == 0 && (sb != (uint64_t)NBLOCKS * (e + 1) || sd != sb ||
+                                       sr != (uint64_t)ROWS * (e + 1)))
+                            fail_msg("io=%s epoch %d: staged %llu, direct %llu, rows %llu",
+                                     stoke_npy_io_name(io[m]), e, (unsigned long long)sb,
+                                     (unsigned long long)sd, (unsigned long long)sr);
+                        assert_true(sd >= 1);
+                        if (pct > 10)
+                            fail_msg("direct=on io=%s %d workers: %d%% of the file in the page "
+                                     "cache after epoch %d",
+                                     stoke_npy_io_name(io[m]), w, pct, e);
+                    } else {
+                        assert_int_equal(sd, 0);
+                        assert_true(sb >= 1);
+                        if (pct < 90)
+                            fail_msg("direct=off io=%s: only %d%% of the file in the page cache",
+                                     stoke_npy_io_name(io[m]), pct);
+                    }
+                }
+                stoke_loader_destroy(l);
+                stoke_dataset_close(&ds);
+            }
+        }
+    unlink(p);
+    unlink(lp);
+}
+
+/* Two block buffers (a window of one block) for four workers with batches of 32 rows: the
+ * batches in flight span several windows, so workers take buffers from each other, wait for
+ * blocks another one reads, and read rows one by one when no buffer is free.  Three epochs,
+ * direct=on and off (and both io modes): every row and label right, the same order as 0
+ * workers. */
+static void test_buffers_contended(void **state)
+{
+    (void)state;
+    const char *p = tmp("contend.npy"), *lp = tmp("contend_labels.npy");
+    make_file(p);
+    make_labels(lp);
+    tu_use_none();
+    int dw = direct_works(p);
+    static uint64_t order[3][ROWS], got[ROWS];
+    for (int direct = STOKE_NPY_DIRECT_ON; direct <= STOKE_NPY_DIRECT_OFF; direct++)
+        for (int io = STOKE_NPY_IO_PREAD; io <= STOKE_NPY_IO_URING; io++) {
+            if ((io == STOKE_NPY_IO_URING && !g_uring) || (direct == STOKE_NPY_DIRECT_ON && !dw))
+                continue;
+            for (int w = 0; w <= 4; w += 4) {
+                evict(p);
+                stoke_dataset ds;
+                assert_int_equal(open_opts(p, lp, io, direct, &ds), STOKE_OK);
+                stoke_loader_opts o;
+                stoke_loader_opts_init(&o);
+                o.batch_size = 32;
+                o.num_workers = w;
+                o.pin_memory = 0;
+                o.seed = 9;
+                o.sampler.kind = STOKE_SAMPLER_BLOCK;
+                o.sampler.block_rows = BLOCK_ROWS;
+                o.sampler.block_window = 1;
+                stoke_loader *l = NULL;
+                assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+                for (int e = 0; e < 3; e++) {
+                    if (e)
+                        assert_int_equal(stoke_loader_next_epoch(l), STOKE_OK);
+                    run_epoch_labels(l, w ? got : order[e]);
+                    if (w && memcmp(got, order[e], sizeof(got)) != 0)
+                        fail_msg("direct=%d io=%s epoch %d: 4 workers, another order", direct,
+                                 stoke_npy_io_name(io), e);
+                }
+                uint64_t sb, sd, sr;
+                staged(&ds, &sb, &sd, &sr);
+                assert_true(sb >= 1 && sr >= 1);
+                stoke_loader_destroy(l);
+                stoke_dataset_close(&ds);
+            }
+        }
+    unlink(p);
+    unlink(lp);
+}
+
 int main(void)
 {
     g_uring = stoke_npy_io_available(STOKE_NPY_IO_URING) == STOKE_OK;
@@ -432,9 +649,14 @@ int main(void)
     for (size_t i = 0; i < ROWS; i++)
         g_file_hash += fnv(g_data + i * ROW, ROW);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_cold_same_content),           cmocka_unit_test(test_process_workers),
-        cmocka_unit_test(test_small_blocks_not_read_ahead), cmocka_unit_test(test_whole_block_read),
-        cmocka_unit_test(test_truncated_mid_epoch),         cmocka_unit_test(test_resume),
+        cmocka_unit_test(test_cold_same_content),
+        cmocka_unit_test(test_process_workers),
+        cmocka_unit_test(test_small_blocks_not_read_ahead),
+        cmocka_unit_test(test_whole_block_read),
+        cmocka_unit_test(test_truncated_mid_epoch),
+        cmocka_unit_test(test_resume),
+        cmocka_unit_test(test_direct_blocks),
+        cmocka_unit_test(test_buffers_contended),
     };
     return tu_exit_status(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -465,7 +465,34 @@ static void test_spec_io(void **state)
     }
     stoke_dataset ds;
     assert_int_equal(stoke_source_open("npy:/x.npy,io=fast", &ds), STOKE_EINVAL);
-    assert_non_null(strstr(stoke_last_error(), "io=auto, io=mmap, io=pread or io=uring"));
+    assert_non_null(strstr(stoke_last_error(), "io=auto, io=mmap, io=pread, io=uring, "
+                                               "direct=auto, direct=on or direct=off"));
+    /* direct=: each value by name, with and after io= (a bad one refused like io=) */
+    static const char *const dv[] = {",direct=auto", ",direct=on", ",direct=off",
+                                     ",io=pread,direct=on", ",direct=off,io=pread"};
+    for (size_t k = 0; k < sizeof(dv) / sizeof(dv[0]); k++) {
+        char spec[600];
+        snprintf(spec, sizeof(spec), "npy:%s%s", p, dv[k]);
+        if (stoke_source_open(spec, &ds) != STOKE_OK)
+            fail_msg("%s: %s", spec, stoke_last_error());
+        if (strstr(dv[k], "pread"))
+            assert_int_equal(stoke_npy_io_used(&ds), STOKE_NPY_IO_PREAD);
+        stoke_dataset_close(&ds);
+    }
+    assert_int_equal(stoke_source_open("npy:/x.npy,direct=yes", &ds), STOKE_EINVAL);
+    assert_non_null(strstr(stoke_last_error(), "bad option 'direct=yes'"));
+    /* a direct mode out of range; an opts struct of the size before `direct` means auto */
+    stoke_npy_opts bad;
+    stoke_npy_opts_init(&bad);
+    bad.direct = 7;
+    assert_int_equal(stoke_npy_open_opts(p, &bad, &ds), STOKE_EINVAL);
+    assert_non_null(strstr(stoke_last_error(), "unknown direct mode 7"));
+    bad.direct = 7;
+    bad.size = (uint32_t)(offsetof(stoke_npy_opts, io) + sizeof(int));
+    assert_int_equal(stoke_npy_open_opts(p, &bad, &ds), STOKE_OK);
+    stoke_dataset_close(&ds);
+    bad.size = (uint32_t)offsetof(stoke_npy_opts, io);
+    assert_int_equal(stoke_npy_open_opts(p, &bad, &ds), STOKE_EINVAL);
     stoke_dataset syn;
     assert_int_equal(stoke_source_open("synthetic:10", &syn), STOKE_OK);
     assert_int_equal(stoke_npy_io_used(&syn), STOKE_EINVAL);
@@ -473,6 +500,7 @@ static void test_spec_io(void **state)
     stoke_npy_opts o;
     stoke_npy_opts_init(&o);
     assert_int_equal(o.io, STOKE_NPY_IO_AUTO);
+    assert_int_equal(o.direct, STOKE_NPY_DIRECT_AUTO);
     unlink(p);
 }
 

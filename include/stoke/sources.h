@@ -106,6 +106,18 @@ typedef enum stoke_npy_io {
                                available, else PREAD (docs/sources.md: the rule) */
 } stoke_npy_io;
 
+/* How a block shuffle reads the blocks that are not in the page cache with io=pread or
+ * io=uring (docs/loader.md, "Block shuffle reads"): each block is read whole into a block
+ * buffer, with O_DIRECT (straight from the disk into the buffer, past the page cache: faster,
+ * and the page cache keeps what it holds, but every epoch reads from the disk again) or through
+ * the page cache (a later epoch finds the file there when it fits in memory). */
+typedef enum stoke_npy_direct {
+    STOKE_NPY_DIRECT_AUTO = 0, /* the default: O_DIRECT when the data file is larger than half
+                                  of physical memory (it could not stay in the page cache) */
+    STOKE_NPY_DIRECT_ON = 1,   /* always O_DIRECT (where the file system refuses it, as OFF) */
+    STOKE_NPY_DIRECT_OFF = 2   /* always through the page cache */
+} stoke_npy_direct;
+
 /* Reads in flight per worker ring with STOKE_NPY_IO_URING. */
 #define STOKE_NPY_URING_DEPTH 128
 
@@ -113,6 +125,8 @@ typedef struct stoke_npy_opts {
     uint32_t size;           /* sizeof(stoke_npy_opts): set by opts_init */
     const char *labels_path; /* optional labels .npy (field "label"); default NULL */
     int io;                  /* stoke_npy_io; default STOKE_NPY_IO_AUTO */
+    int direct;              /* stoke_npy_direct; default STOKE_NPY_DIRECT_AUTO (appended: a
+                                smaller opts->size that ends after io means AUTO) */
 } stoke_npy_opts;
 
 /* Fills *opts with the defaults above.  NULL does nothing. */
@@ -151,6 +165,15 @@ STOKE_API int stoke_npy_io_available(int io);
  * STOKE_OK, or STOKE_EINVAL for NULL arguments or not an open npy dataset.  Thread-safe. */
 STOKE_API int stoke_npy_block_stats(const stoke_dataset *ds, uint64_t *read_ahead,
                                     uint64_t *resident);
+/* Under a block shuffle with io=pread or io=uring (what io=auto picks for a file that is not
+ * in the page cache) the npy source reads each block whole into one of min(2 x window, blocks)
+ * block buffers made at stoke_loader_create and copies the block's rows from there
+ * (docs/loader.md, "Block shuffle reads"; stoke_npy_direct says how).  Since open: *blocks
+ * were read whole into a buffer, *direct of them with O_DIRECT, and *rows were copied from the
+ * buffers.  Returns STOKE_OK, or STOKE_EINVAL for NULL arguments or not an open npy dataset.
+ * Thread-safe. */
+STOKE_API int stoke_npy_block_staged(const stoke_dataset *ds, uint64_t *blocks, uint64_t *direct,
+                                     uint64_t *rows);
 
 /* ---- tar ------------------------------------------------------------------------------------
  * WebDataset shards read as a map-style dataset (docs/sources.md, "tar").  `args` is what

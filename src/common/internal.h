@@ -76,5 +76,7 @@ void stoke__thread_name(const char *name);
  * out of memory.  Freed with stoke__resident_free(p, size) (the same size). */
 void *stoke__resident_alloc(size_t size);
 void stoke__resident_free(void *p, size_t size);
+/* Bytes of physical memory (0 if unknown). */
+uint64_t stoke__physical_memory(void);
 
 #endif

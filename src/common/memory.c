@@ -32,6 +32,12 @@ void *stoke__resident_alloc(size_t size)
     return m;
 }
 
+uint64_t stoke__physical_memory(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    return pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
+}
+
 void stoke__resident_free(void *p, size_t size)
 {
     if (p)

@@ -436,20 +436,11 @@ static int validate(stoke_loader *l)
     return check_dataset(l, &l->ds);
 }
 
-/* Bytes of physical memory (0 if unknown). */
-static uint64_t physical_memory(void)
-{
-    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    if (pages <= 0 || page <= 0)
-        return 0;
-    return (uint64_t)pages * (uint64_t)page;
-}
-
 /* The batch buffers are allocated up front (docs/loader.md): refuses a count and size whose
  * total exceeds physical memory, naming the options behind it. */
 static int check_upfront_bytes(stoke_loader *l)
 {
-    uint64_t phys = physical_memory();
+    uint64_t phys = stoke__physical_memory();
     uint64_t n = (uint64_t)l->nbuf, each = l->buf_bytes;
     int overflow = each && n > UINT64_MAX / each;
     uint64_t total = overflow ? UINT64_MAX : n * each;

@@ -16,6 +16,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -393,13 +394,18 @@ int stoke_npy_open_opts(const char *path, const stoke_npy_opts *opts, stoke_data
         stoke_npy_opts_init(&def);
         opts = &def;
     }
-    if (opts->size < sizeof(stoke_npy_opts))
+    if (opts->size < offsetof(stoke_npy_opts, io) + sizeof(opts->io))
         return stoke__fail(STOKE_EINVAL,
                            "npy %s: opts->size %u is not sizeof(stoke_npy_opts) (call "
                            "stoke_npy_opts_init)",
                            path, (unsigned)opts->size);
     if (opts->io < STOKE_NPY_IO_MMAP || opts->io > STOKE_NPY_IO_AUTO)
         return stoke__fail(STOKE_EINVAL, "npy %s: unknown io mode %d", path, opts->io);
+    int direct = opts->size >= offsetof(stoke_npy_opts, direct) + sizeof(opts->direct)
+                     ? opts->direct
+                     : STOKE_NPY_DIRECT_AUTO;
+    if (direct < STOKE_NPY_DIRECT_AUTO || direct > STOKE_NPY_DIRECT_OFF)
+        return stoke__fail(STOKE_EINVAL, "npy %s: unknown direct mode %d", path, direct);
     if (opts->io == STOKE_NPY_IO_URING && stoke_npy_io_available(STOKE_NPY_IO_URING) != STOKE_OK) {
         char why[256];
         stoke__strlcpy(why, stoke_last_error(), sizeof(why));
@@ -414,6 +420,11 @@ int stoke_npy_open_opts(const char *path, const stoke_npy_opts *opts, stoke_data
     if (rc)
         goto fail;
     ds->io = opts->io;
+    if (direct == STOKE_NPY_DIRECT_AUTO) {
+        uint64_t phys = stoke__physical_memory();
+        direct = phys && ds->f[0].size > phys / 2 ? STOKE_NPY_DIRECT_ON : STOKE_NPY_DIRECT_OFF;
+    }
+    ds->direct = direct == STOKE_NPY_DIRECT_ON;
     if (ds->io == STOKE_NPY_IO_AUTO) {
         ds->io = choose_io(&ds->f[0]);
         if (ds->io != STOKE_NPY_IO_MMAP) {
@@ -497,6 +508,16 @@ int stoke_npy_block_stats(const stoke_dataset *ds, uint64_t *read_ahead, uint64_
         return stoke__fail(STOKE_EINVAL,
                            "stoke_npy_block_stats: not an open npy dataset, or NULL output");
     stoke__npy_stage_stats(ds->user, read_ahead, resident);
+    return STOKE_OK;
+}
+
+int stoke_npy_block_staged(const stoke_dataset *ds, uint64_t *blocks, uint64_t *direct,
+                           uint64_t *rows)
+{
+    if (!ds || ds->get != npy_get || !ds->user || !blocks || !direct || !rows)
+        return stoke__fail(STOKE_EINVAL,
+                           "stoke_npy_block_staged: not an open npy dataset, or NULL output");
+    stoke__npy_stage_staged(ds->user, blocks, direct, rows);
     return STOKE_OK;
 }
 

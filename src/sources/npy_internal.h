@@ -38,6 +38,7 @@ typedef struct stoke__npy_stage stoke__npy_stage; /* npy_stage.c */
 
 typedef struct stoke__npy_ds {
     int io;     /* the mode in use: MMAP, PREAD or URING (auto resolved at open) */
+    int direct; /* staged blocks not in the page cache are read with O_DIRECT (resolved) */
     int nfiles; /* 1 (data) or 2 (data, labels) */
     stoke__npy_file f[2];
     /* IO_URING: created by the first get_batch() of each worker, freed by close. */
@@ -125,9 +126,45 @@ void stoke__npy_access_hint(void *user, int sampler_kind, uint64_t block_rows,
 int stoke__npy_set_epoch(void *user, uint64_t epoch);
 /* get_batch(), before its reads: reads ahead the blocks of idx not yet read in this epoch. */
 void stoke__npy_stage_batch(const stoke__npy_ds *ds, const uint64_t *idx, size_t count);
+/* Whether 8 pages spread over [at, at + len) of f are in the page cache (1-byte preadv2
+ * RWF_NOWAIT probes). */
+int stoke__npy_resident(const stoke__npy_file *f, uint64_t at, uint64_t len);
+/* A block read whole without the kernel's read-ahead (a staged block read with O_DIRECT, or
+ * found resident): counted as read ahead (or resident) once per epoch, like stage_one's, and
+ * kept from stage_one's advice.  1 when this call counted it. */
+int stoke__npy_stage_claim(const stoke__npy_ds *ds, uint64_t block, int resident);
+/* The read-ahead of one block, unless it was read ahead in this epoch. */
+void stoke__npy_stage_one(const stoke__npy_ds *ds, uint64_t block);
 /* Blocks read ahead and blocks found resident since open (stoke_npy_block_stats). */
 void stoke__npy_stage_stats(const stoke__npy_ds *ds, uint64_t *read_ahead, uint64_t *resident);
+/* Blocks read whole into slots (of those, with O_DIRECT) and rows served from them since open
+ * (stoke_npy_block_staged). */
+void stoke__npy_stage_staged(const stoke__npy_ds *ds, uint64_t *blocks, uint64_t *direct,
+                             uint64_t *rows);
 /* Frees every block read-ahead state (no get may be running). */
 void stoke__npy_stages_free(stoke__npy_ds *ds);
+/* ---- npy_slots.c ---- */
+typedef struct stoke__npy_slots stoke__npy_slots;
+/* The staged blocks of the state in use (NULL: none): what get_batch() serves from memory. */
+stoke__npy_slots *stoke__npy_stage_slots(const stoke__npy_ds *ds);
+/* Reads samples from .. from + n - 1 of the batch the io mode's own way. */
+typedef int (*stoke__npy_rest_fn)(void *ctx, size_t from, size_t n);
+/* Bytes nslots slots of block_rows rows of every file take; SIZE_MAX on overflow. */
+size_t stoke__npy_slots_bytes(const stoke__npy_ds *ds, uint64_t block_rows, uint64_t nslots);
+/* nslots buffers of one block of every file, resident; NULL without memory. */
+stoke__npy_slots *stoke__npy_slots_new(const stoke__npy_ds *ds, uint64_t block_rows,
+                                       uint64_t nblocks, uint64_t nslots);
+void stoke__npy_slots_free(stoke__npy_slots *S);
+/* Every slot free again (set_epoch; no get may be running). */
+void stoke__npy_slots_reset(stoke__npy_slots *S);
+/* Adds blocks read whole (of those, with O_DIRECT) and rows served from slots since the slots
+ * were made. */
+void stoke__npy_slots_stats(const stoke__npy_slots *S, uint64_t *blocks, uint64_t *direct,
+                            uint64_t *rows);
+/* get_batch() under a block shuffle: copies the rows of the batch's blocks from slots (reading
+ * a block whole into a slot when no slot has it yet), and hands every stretch of rows it does
+ * not serve to rest().  Returns STOKE_OK or rest()'s first error. */
+int stoke__npy_slots_serve(const stoke__npy_ds *ds, stoke__npy_slots *S, const uint64_t *idx,
+                           size_t count, void *const dst[], stoke__npy_rest_fn rest, void *ctx);
 
 #endif

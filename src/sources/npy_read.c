@@ -6,8 +6,9 @@
  * batch) and moves each run with one copy or one read: io=mmap under one SIGBUS guard per
  * field with a software prefetch of upcoming rows, io=pread one pread per run, io=uring on the
  * worker's ring (npy_uring.c).  Under a block shuffle the blocks the batch touches first in
- * the epoch are read ahead before that (npy_stage.c).  Big-endian data is swapped once the
- * whole batch is in. */
+ * the epoch are read ahead before that (npy_stage.c), and with io=pread or io=uring the rows
+ * come from block buffers, each block read whole once (npy_slots.c); the rows those do not
+ * serve go the io mode's way.  Big-endian data is swapped once the whole batch is in. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <string.h>
@@ -237,6 +238,34 @@ int stoke__npy_batch_pread(const stoke__npy_ds *ds, const uint64_t *idx, size_t 
 
 /* ---- get_batch ------------------------------------------------------------------------------ */
 
+/* Samples from .. from + n - 1 of a batch, read the io mode's way (a stoke__npy_rest_fn). */
+typedef struct read_ctx {
+    stoke__npy_ds *ds;
+    const uint64_t *idx;
+    void *const *dst;
+    int worker;
+    char *msg;
+    size_t msg_len;
+    uint64_t *err_index;
+} read_ctx;
+
+static int read_rest(void *ctx, size_t from, size_t n)
+{
+    read_ctx *c = ctx;
+    stoke__npy_ds *ds = c->ds;
+    void *dst[2] = {NULL, NULL};
+    for (int k = 0; k < ds->nfiles; k++)
+        if (c->dst[k])
+            dst[k] = (unsigned char *)c->dst[k] + from * ds->f[k].row_bytes;
+    const uint64_t *idx = c->idx + from;
+    switch (ds->io) {
+    case STOKE_NPY_IO_MMAP: return batch_mmap(ds, idx, n, dst, c->msg, c->msg_len, c->err_index);
+    case STOKE_NPY_IO_URING:
+        return stoke__npy_batch_uring(ds, idx, n, dst, c->worker, c->msg, c->msg_len, c->err_index);
+    default: return stoke__npy_batch_pread(ds, idx, n, dst, c->msg, c->msg_len, c->err_index);
+    }
+}
+
 /* Range of every index, then the size/mtime check once if an index is a multiple of
  * STOKE__NPY_STAT_EVERY. */
 static int check_batch(const stoke__npy_ds *ds, const uint64_t *idx, size_t count, char *msg,
@@ -277,16 +306,12 @@ int stoke__npy_get_batch(void *user, const uint64_t *indices, size_t count, void
     int rc = check_batch(ds, indices, count, msg, msg_len, err_index);
     if (rc)
         return rc;
-    stoke__npy_stage_batch(ds, indices, count);
-    switch (ds->io) {
-    case STOKE_NPY_IO_MMAP:
-        rc = batch_mmap(ds, indices, count, dst, msg, msg_len, err_index);
-        break;
-    case STOKE_NPY_IO_URING:
-        rc = stoke__npy_batch_uring(ds, indices, count, dst, worker, msg, msg_len, err_index);
-        break;
-    default: rc = stoke__npy_batch_pread(ds, indices, count, dst, msg, msg_len, err_index); break;
-    }
+    read_ctx c = {ds, indices, dst, worker, msg, msg_len, err_index};
+    stoke__npy_slots *slots = stoke__npy_stage_slots(ds);
+    if (!slots)
+        stoke__npy_stage_batch(ds, indices, count);
+    rc = slots ? stoke__npy_slots_serve(ds, slots, indices, count, dst, read_rest, &c)
+               : read_rest(&c, 0, count);
     if (rc)
         return rc;
     for (int k = 0; k < ds->nfiles; k++)

@@ -32,6 +32,7 @@
 #include "common/internal.h"
 #include "sources/npy_internal.h"
 #include "stoke/sampler.h"
+#include "stoke/sources.h"
 
 /* Pages probed with RWF_NOWAIT to call a block resident. */
 #define PROBES 8
@@ -51,6 +52,7 @@ struct stoke__npy_stage {
     size_t map_len;
     _Atomic uint64_t *counters; /* [0] blocks read ahead, [1] blocks found resident */
     _Atomic uint64_t *bits;
+    stoke__npy_slots *slots; /* staged blocks (npy_slots.c); NULL: rows read one by one */
 };
 
 /* A number from a sysfs file, or 0. */
@@ -98,6 +100,7 @@ static void stage_free(stoke__npy_stage *s)
 {
     if (s->map)
         munmap(s->map, s->map_len);
+    stoke__npy_slots_free(s->slots);
     free(s);
 }
 
@@ -172,8 +175,7 @@ void stoke__npy_access_hint(void *user, int sampler_kind, uint64_t block_rows,
     uint64_t nb = ds->f[0].rows / block_rows + (ds->f[0].rows % block_rows != 0);
     uint64_t win = block_window < nb ? block_window : nb;
     uint64_t wb = window_bytes(ds, block_rows, win);
-    long pages = sysconf(_SC_PHYS_PAGES), pg = sysconf(_SC_PAGESIZE);
-    uint64_t ram = pages > 0 && pg > 0 ? (uint64_t)pages * (uint64_t)pg : 0;
+    uint64_t ram = stoke__physical_memory();
     if (ram && wb > ram / 4) {
         stoke__log(STOKE_LOG_INFO,
                    "npy %s: block shuffle: a window of %" PRIu64 " blocks of %" PRIu64
@@ -197,6 +199,26 @@ void stoke__npy_access_hint(void *user, int sampler_kind, uint64_t block_rows,
         s->older = atomic_load(&ds->stages);
         atomic_store(&ds->stages, s);
     }
+    if (ds->io != STOKE_NPY_IO_MMAP && !s->slots) {
+        /* queued or positioned reads cost a system call per row: stage whole blocks */
+        uint64_t nslots = 2 * win < nb ? 2 * win : nb;
+        size_t bytes = stoke__npy_slots_bytes(ds, block_rows, nslots);
+        if (ram && bytes > ram / 4)
+            stoke__log(STOKE_LOG_INFO,
+                       "npy %s: block shuffle: %" PRIu64 " block buffers would take over a "
+                       "quarter of RAM: rows are read one by one",
+                       path, nslots);
+        else if (!(s->slots = stoke__npy_slots_new(ds, block_rows, nb, nslots)))
+            stoke__log(STOKE_LOG_INFO,
+                       "npy %s: block shuffle: no memory for %" PRIu64 " block buffers "
+                       "(%zu MiB): rows are read one by one",
+                       path, nslots, bytes >> 20);
+        else
+            stoke__log(STOKE_LOG_DEBUG,
+                       "npy %s: block shuffle: %" PRIu64 " block buffers (%zu MiB): each block "
+                       "is read whole once and its rows copied from memory",
+                       path, nslots, bytes >> 20);
+    }
     /* The probes of resident() are 1-byte reads: without this the first one of a cold block
      * would start the file's usual read-ahead (io=mmap never reads rows through the fd). */
     for (int k = 0; k < ds->nfiles; k++)
@@ -216,11 +238,12 @@ int stoke__npy_set_epoch(void *user, uint64_t epoch)
     if (s)
         for (uint64_t w = 0; w < (s->nblocks + 63) / 64; w++)
             atomic_store_explicit(&s->bits[w], 0, memory_order_relaxed);
+    if (s && s->slots)
+        stoke__npy_slots_reset(s->slots);
     return STOKE_OK;
 }
 
-/* Whether PROBES pages spread over [at, at + len) of f are in the page cache. */
-static int resident(const stoke__npy_file *f, uint64_t at, uint64_t len)
+int stoke__npy_resident(const stoke__npy_file *f, uint64_t at, uint64_t len)
 {
     for (int i = 0; i < PROBES; i++) {
         char b;
@@ -244,7 +267,7 @@ static void stage_block(const stoke__npy_ds *ds, stoke__npy_stage *s, uint64_t b
         uint64_t len = nr * (uint64_t)f->row_bytes;
         if (!len)
             continue;
-        if (k == 0 && resident(f, at, len)) {
+        if (k == 0 && stoke__npy_resident(f, at, len)) {
             atomic_fetch_add_explicit(&s->counters[1], 1, memory_order_relaxed);
             return;
         }
@@ -255,6 +278,17 @@ static void stage_block(const stoke__npy_ds *ds, stoke__npy_stage *s, uint64_t b
         if (k == 0)
             atomic_fetch_add_explicit(&s->counters[0], 1, memory_order_relaxed);
     }
+}
+
+/* Reads block b ahead unless it was in this epoch (its bit). */
+static void stage_once(const stoke__npy_ds *ds, stoke__npy_stage *s, uint64_t b)
+{
+    uint64_t m = (uint64_t)1 << (b % 64);
+    _Atomic uint64_t *w = &s->bits[b / 64];
+    if ((atomic_load_explicit(w, memory_order_relaxed) & m) ||
+        (atomic_fetch_or_explicit(w, m, memory_order_relaxed) & m))
+        return;
+    stage_block(ds, s, b);
 }
 
 void stoke__npy_stage_batch(const stoke__npy_ds *ds, const uint64_t *idx, size_t count)
@@ -268,13 +302,27 @@ void stoke__npy_stage_batch(const stoke__npy_ds *ds, const uint64_t *idx, size_t
         if (b == last || b >= s->nblocks)
             continue;
         last = b;
-        uint64_t m = (uint64_t)1 << (b % 64);
-        _Atomic uint64_t *w = &s->bits[b / 64];
-        if ((atomic_load_explicit(w, memory_order_relaxed) & m) ||
-            (atomic_fetch_or_explicit(w, m, memory_order_relaxed) & m))
-            continue;
-        stage_block(ds, s, b);
+        stage_once(ds, s, b);
     }
+}
+
+void stoke__npy_stage_one(const stoke__npy_ds *ds, uint64_t block)
+{
+    stoke__npy_stage *s = atomic_load_explicit(&ds->stage, memory_order_acquire);
+    if (s && block < s->nblocks)
+        stage_once(ds, s, block);
+}
+
+int stoke__npy_stage_claim(const stoke__npy_ds *ds, uint64_t block, int resident)
+{
+    stoke__npy_stage *s = atomic_load_explicit(&ds->stage, memory_order_acquire);
+    if (!s || block >= s->nblocks)
+        return 0;
+    uint64_t m = (uint64_t)1 << (block % 64);
+    if (atomic_fetch_or_explicit(&s->bits[block / 64], m, memory_order_relaxed) & m)
+        return 0;
+    atomic_fetch_add_explicit(&s->counters[resident ? 1 : 0], 1, memory_order_relaxed);
+    return 1;
 }
 
 void stoke__npy_stage_stats(const stoke__npy_ds *ds, uint64_t *read_ahead, uint64_t *resident_)
@@ -286,4 +334,19 @@ void stoke__npy_stage_stats(const stoke__npy_ds *ds, uint64_t *read_ahead, uint6
     }
     *read_ahead = a;
     *resident_ = r;
+}
+
+void stoke__npy_stage_staged(const stoke__npy_ds *ds, uint64_t *blocks, uint64_t *direct,
+                             uint64_t *rows)
+{
+    *blocks = *direct = *rows = 0;
+    for (const stoke__npy_stage *s = atomic_load(&ds->stages); s; s = s->older)
+        if (s->slots)
+            stoke__npy_slots_stats(s->slots, blocks, direct, rows);
+}
+
+stoke__npy_slots *stoke__npy_stage_slots(const stoke__npy_ds *ds)
+{
+    stoke__npy_stage *s = atomic_load_explicit(&ds->stage, memory_order_acquire);
+    return s ? s->slots : NULL;
 }

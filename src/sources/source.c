@@ -107,7 +107,7 @@ static int open_synthetic(const char *spec, const char *args, stoke_dataset *out
     return stoke_synthetic_open(&o, out);
 }
 
-static const char *const NPY_KEYS[] = {"labels=", "io="};
+static const char *const NPY_KEYS[] = {"labels=", "io=", "direct="};
 
 /* Index of the first ',' in s that starts a known option, or strlen(s). */
 static size_t npy_path_len(const char *s)
@@ -124,6 +124,17 @@ static int parse_io(const char *s, int *io)
     for (int m = STOKE_NPY_IO_MMAP; m <= STOKE_NPY_IO_AUTO; m++)
         if (strcmp(s, stoke_npy_io_name(m)) == 0) {
             *io = m;
+            return 0;
+        }
+    return -1;
+}
+
+static int parse_direct(const char *s, int *direct)
+{
+    static const char *const names[] = {"auto", "on", "off"};
+    for (int m = 0; m < 3; m++)
+        if (strcmp(s, names[m]) == 0) {
+            *direct = STOKE_NPY_DIRECT_AUTO + m;
             return 0;
         }
     return -1;
@@ -157,10 +168,12 @@ static int open_npy(const char *spec, const char *args, stoke_dataset *out)
                 rc = stoke__fail(STOKE_EINVAL, "source '%s': empty labels= file name", spec);
         } else if (strncmp(opt, "io=", 3) == 0 && parse_io(opt + 3, &o.io) == 0) {
             /* o.io set */
+        } else if (strncmp(opt, "direct=", 7) == 0 && parse_direct(opt + 7, &o.direct) == 0) {
+            /* o.direct set */
         } else {
             rc = stoke__fail(STOKE_EINVAL,
-                             "source '%s': bad option '%s' (io=auto, io=mmap, io=pread or "
-                             "io=uring)",
+                             "source '%s': bad option '%s' (io=auto, io=mmap, io=pread, "
+                             "io=uring, direct=auto, direct=on or direct=off)",
                              spec, opt);
         }
         opt = next;
