@@ -582,7 +582,29 @@ static void test_npy_io_modes(void **state)
         expect_val(out, "content_hash", content);
         expect_val(out, "order_hash", order);
         expect_val(out, "samples", "500");
+        /* blocks of 16 rows (4.8 KB) are too small for block buffers */
+        if (!strstr(out, "\"block_buffers\": {\"blocks\": 0, \"direct\": 0, \"rows\": 0}"))
+            fail_msg("%s: %s", spec, out);
     }
+    /* one block of 1000 rows (293 KiB): read whole once into a buffer with io=pread, every row
+     * copied from it (direct=off: the file is cached anyway); none with io=mmap */
+    static const char *const bm[] = {",io=pread,direct=off", ",io=mmap"};
+    static const char *const bb[] = {"{\"blocks\": 1, \"direct\": 0, \"rows\": 500}",
+                                     "{\"blocks\": 0, \"direct\": 0, \"rows\": 0}"};
+    for (int m = 0; m < 2; m++) {
+        char spec[600], want[128];
+        snprintf(spec, sizeof(spec), "npy:%s%s", path, bm[m]);
+        const char *args[] = {spec, "--batch-size",         "32",     "--workers",
+                              "0",  "--shuffle=block:1000", "--json", NULL};
+        assert_int_equal(load(env, args), 0);
+        snprintf(want, sizeof(want), "\"block_buffers\": %s", bb[m]);
+        if (!strstr(out, want))
+            fail_msg("%s: want %s in %s", spec, want, out);
+        expect_val(out, "content_hash", content);
+    }
+    const char *syn[] = {"synthetic:64", "--json", NULL};
+    assert_int_equal(load(env, syn), 0);
+    assert_non_null(strstr(out, "\"block_buffers\": null"));
     unlink(path);
     if (!uring)
         tu_skip("io=uring is not available here: %s", stoke_last_error());

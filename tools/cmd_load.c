@@ -118,6 +118,7 @@ static void usage(FILE *f)
             "  SOURCE                 at most one (default: synthetic):\n"
             "                           synthetic[:N][,shape=3x32x32][,seed=S][,classes=C][,dtype=u8]\n"
             "                           npy:PATH[,labels=LABELS.npy][,io=auto|mmap|pread|uring]\n"
+            "                             [,direct=auto|on|off] (block shuffle: O_DIRECT reads)\n"
             "                           tar:PATTERN[,fields=EXT:EXT] (shards: {000..099}, globs)\n"
             "                           images:DIR[,size=224][,train|eval][,layout=chw|hwc]\n"
             "                             [,dtype=u8|f32][,mean=R:G:B,std=R:G:B][,seed=N]\n"
@@ -342,6 +343,8 @@ typedef struct load_run {
     delivered seen;
     uint64_t batches, samples, index_sum, order, content;
     uint64_t t0, t1, hash_ns;
+    int staged_ok;      /* the npy source's block buffers after the timed pass: */
+    uint64_t staged[3]; /* blocks read whole, of those with O_DIRECT, rows served */
     int status, hash_pass;
     char err[1024];
     stoke_loader_stats st;
@@ -506,6 +509,8 @@ static void timed_pass(load_run *r)
     }
     r->t1 = now_ns();
     stoke_loader_get_stats(r->l, &r->st);
+    r->staged_ok = stoke_npy_block_staged(&r->ds, &r->staged[0], &r->staged[1], &r->staged[2]) ==
+                   STOKE_OK;
     if (r->bar)
         fputc('\n', stderr);
 }
@@ -638,7 +643,9 @@ static const char *io_used(const load_run *r)
     return io < 0 ? NULL : stoke_npy_io_name(io);
 }
 
-/* "order", "block_rows" and "block_window" (the sizes in use; null unless block), "io". */
+/* "order", "block_rows" and "block_window" (the sizes in use; null unless block), "io", and
+ * "block_buffers" (the npy source's block buffers in the timed pass: blocks read whole, of
+ * those with O_DIRECT, rows copied from them; null for another source). */
 static void print_json_order(const load_run *r)
 {
     const load_args *a = r->a;
@@ -649,6 +656,12 @@ static void print_json_order(const load_run *r)
     else
         printf(", \"block_rows\": null, \"block_window\": null");
     json_str_or_null("io", io_used(r));
+    if (r->staged_ok)
+        printf(", \"block_buffers\": {\"blocks\": %" PRIu64 ", \"direct\": %" PRIu64
+               ", \"rows\": %" PRIu64 "}",
+               r->staged[0], r->staged[1], r->staged[2]);
+    else
+        printf(", \"block_buffers\": null");
 }
 
 /* "bad_samples" and "quarantine": the timed pass's bad samples (the hash pass meets them again;
