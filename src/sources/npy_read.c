@@ -177,23 +177,29 @@ static void gather_field(void *arg)
     gather *g = arg;
     const stoke__npy_file *f = g->f;
     const uint64_t *idx = g->it.idx;
-    size_t rb = f->row_bytes, pf = rb < PREFETCH_BYTES ? rb : PREFETCH_BYTES;
-    stoke__npy_run r;
-    while (stoke__npy_runs_next(&g->it, &r)) {
-        size_t ahead = r.pos + PREFETCH_AHEAD;
-        if (ahead < g->it.count) {
-            const unsigned char *p = f->map + f->h.data_offset + idx[ahead] * (uint64_t)rb;
+    const unsigned char *base = f->map + f->h.data_offset;
+    unsigned char *dst = g->it.dst[g->it.k];
+    size_t rb = f->row_bytes, pf = rb < PREFETCH_BYTES ? rb : PREFETCH_BYTES, n = g->it.count;
+    size_t most = rb >= STOKE__NPY_RUN_MAX ? 1 : STOKE__NPY_RUN_MAX / rb;
+    /* the runs of stoke__npy_runs_next, walked inline: one row per run in a random order */
+    for (size_t j = 0, m; j < n; j += m) {
+        if (j + PREFETCH_AHEAD < n) {
+            const unsigned char *p = base + idx[j + PREFETCH_AHEAD] * (uint64_t)rb;
             for (size_t o = 0; o < pf; o += 64)
                 __builtin_prefetch(p + o);
         }
-        g->pos = r.pos;
+        for (m = 1; j + m < n && m < most && idx[j + m] == idx[j + m - 1] + 1;)
+            m++;
+        g->pos = j;
         atomic_signal_fence(memory_order_seq_cst);
-        if (r.len >= WILLNEED_MIN) {
+        size_t len = m * rb;
+        uint64_t at = f->h.data_offset + idx[j] * (uint64_t)rb;
+        if (len >= WILLNEED_MIN) {
             size_t pg = (size_t)sysconf(_SC_PAGESIZE);
-            size_t lo = (size_t)r.at / pg * pg;
-            madvise((void *)(f->map + lo), (size_t)r.at + r.len - lo, MADV_WILLNEED);
+            size_t lo = (size_t)at / pg * pg;
+            madvise((void *)(f->map + lo), (size_t)at + len - lo, MADV_WILLNEED);
         }
-        memcpy(r.dst, f->map + r.at, r.len);
+        memcpy(dst + j * rb, f->map + at, len);
     }
 }
 
