@@ -35,17 +35,11 @@ static void write_npy(const char *path)
     char dict[128];
     snprintf(dict, sizeof(dict), "{'descr': '|u1', 'fortran_order': False, 'shape': (%d, %d), }", N,
              ROW);
-    unsigned char head[256];
-    size_t total = tu_npy_head(head, dict);
     static unsigned char rows[N * ROW];
     for (uint64_t i = 0; i < N; i++)
         for (size_t k = 0; k < ROW; k++)
             rows[i * ROW + k] = npy_byte(i, k);
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(head, 1, total, f), total);
-    assert_int_equal(fwrite(rows, 1, sizeof(rows), f), sizeof(rows));
-    assert_int_equal(fclose(f), 0);
+    tu_npy_write(path, dict, rows, sizeof(rows));
 }
 
 typedef struct src {

@@ -57,14 +57,7 @@ static void make_file(const char *path)
     char dict[128];
     snprintf(dict, sizeof(dict), "{'descr': '|u1', 'fortran_order': False, 'shape': (%d, %d), }",
              ROWS, ROW);
-    unsigned char head[256];
-    size_t total = tu_npy_head(head, dict);
-    g_hn = total;
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(head, 1, total, f), total);
-    assert_int_equal(fwrite(g_data, 1, sizeof(g_data), f), sizeof(g_data));
-    assert_int_equal(fclose(f), 0);
+    g_hn = tu_npy_write(path, dict, g_data, sizeof(g_data));
 }
 
 /* Evicts path from the page cache (fdatasync, then DONTNEED); skips the test when pages stay. */
@@ -114,13 +107,7 @@ static void make_labels(const char *path)
     char dict[128];
     snprintf(dict, sizeof(dict), "{'descr': '>i8', 'fortran_order': False, 'shape': (%d,), }",
              ROWS);
-    unsigned char head[256];
-    size_t hn = tu_npy_head(head, dict);
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(head, 1, hn, f), hn);
-    assert_int_equal(fwrite(be, 1, sizeof(be), f), sizeof(be));
-    assert_int_equal(fclose(f), 0);
+    tu_npy_write(path, dict, be, sizeof(be));
 }
 
 /* Whether O_DIRECT reads work for path (not on tmpfs, for one). */
@@ -143,24 +130,30 @@ static void staged(const stoke_dataset *ds, uint64_t *blocks, uint64_t *direct, 
     assert_int_equal(stoke_npy_block_staged(ds, blocks, direct, rows), STOKE_OK);
 }
 
-static stoke_loader *block_loader(stoke_dataset *ds, int workers, int kind, size_t batch)
+static stoke_loader *window_loader(stoke_dataset *ds, int workers, int kind, size_t batch,
+                                   uint64_t window, uint64_t seed)
 {
     stoke_loader_opts o;
     stoke_loader_opts_init(&o);
     o.batch_size = batch;
     o.num_workers = workers;
     o.pin_memory = 0;
-    o.seed = 5;
+    o.seed = seed;
     o.sampler.kind = kind;
     o.sampler.block_rows = BLOCK_ROWS;
-    o.sampler.block_window = WINDOW;
+    o.sampler.block_window = window;
     stoke_loader *l = NULL;
     assert_int_equal(stoke_loader_create(&o, ds, &l), STOKE_OK);
     return l;
 }
 
-/* One epoch: checks every row's bytes against the file, returns the content hash (sum of the
- * rows' fnv) and the order in order[] (ROWS entries). */
+static stoke_loader *block_loader(stoke_dataset *ds, int workers, int kind, size_t batch)
+{
+    return window_loader(ds, workers, kind, batch, WINDOW, 5);
+}
+
+/* One epoch: checks every row's bytes (and label, with a labels file) against the files,
+ * returns the content hash (sum of the rows' fnv) and the order in order[] (ROWS entries). */
 static uint64_t run_epoch(stoke_loader *l, uint64_t *order)
 {
     uint64_t hash = 0;
@@ -171,10 +164,15 @@ static uint64_t run_epoch(stoke_loader *l, uint64_t *order)
         size_t n = stoke_batch_count(b);
         const uint64_t *idx = stoke_batch_indices(b);
         const unsigned char *d = stoke_batch_data(b, 0);
+        const int64_t *lab = stoke_batch_data(b, 1); /* NULL without labels */
         assert_true(got + n <= ROWS);
         for (size_t j = 0; j < n; j++) {
             if (memcmp(d + j * ROW, g_data + idx[j] * ROW, ROW) != 0)
                 fail_msg("slot %zu (sample %llu): wrong bytes", j, (unsigned long long)idx[j]);
+            if (lab && lab[j] != g_labels[idx[j]])
+                fail_msg("slot %zu (sample %llu): label %lld, file %lld", j,
+                         (unsigned long long)idx[j], (long long)lab[j],
+                         (long long)g_labels[idx[j]]);
             hash += fnv(d + j * ROW, ROW);
             order[got + j] = idx[j];
         }
@@ -486,36 +484,6 @@ static void test_resume(void **state)
     unlink(p);
 }
 
-/* One epoch of data and labels: every row and label checked; the order into order[]. */
-static void run_epoch_labels(stoke_loader *l, uint64_t *order)
-{
-    size_t got = 0;
-    stoke_batch *b;
-    int rc;
-    while ((rc = stoke_loader_next(l, &b)) == STOKE_OK) {
-        size_t n = stoke_batch_count(b);
-        const uint64_t *idx = stoke_batch_indices(b);
-        const unsigned char *d = stoke_batch_data(b, 0);
-        const int64_t *lab = stoke_batch_data(b, 1);
-        assert_non_null(lab);
-        assert_true(got + n <= ROWS);
-        for (size_t j = 0; j < n; j++) {
-            if (memcmp(d + j * ROW, g_data + idx[j] * ROW, ROW) != 0)
-                fail_msg("slot %zu (sample %llu): wrong bytes", j, (unsigned long long)idx[j]);
-            if (lab[j] != g_labels[idx[j]])
-                fail_msg("slot %zu (sample %llu): label %lld, file %lld", j,
-                         (unsigned long long)idx[j], (long long)lab[j],
-                         (long long)g_labels[idx[j]]);
-            order[got + j] = idx[j];
-        }
-        got += n;
-        stoke_batch_release(b);
-    }
-    if (rc != STOKE_EEND)
-        fail_msg("next: %s: %s", stoke_err_name(rc), stoke_last_error());
-    assert_int_equal(got, ROWS);
-}
-
 /* direct=on, io=pread and io=uring, 0 and 2 workers, data and big-endian labels, evicted: every
  * row and label right in both epochs, in the order of direct=off; with 0 workers each block read
  * whole with O_DIRECT once per epoch and every row served from a buffer; and the data file's
@@ -549,7 +517,7 @@ static void test_direct_blocks(void **state)
                 for (int e = 0; e < 2; e++) {
                     if (e)
                         assert_int_equal(stoke_loader_next_epoch(l), STOKE_OK);
-                    run_epoch_labels(l, order);
+                    assert_int_equal(run_epoch(l, order), g_file_hash);
                     if (!have)
                         memcpy(order0, order, sizeof(order));
                     have = 1;
@@ -609,21 +577,11 @@ static void test_buffers_contended(void **state)
                 evict(p);
                 stoke_dataset ds;
                 assert_int_equal(open_opts(p, lp, io, direct, &ds), STOKE_OK);
-                stoke_loader_opts o;
-                stoke_loader_opts_init(&o);
-                o.batch_size = 32;
-                o.num_workers = w;
-                o.pin_memory = 0;
-                o.seed = 9;
-                o.sampler.kind = STOKE_SAMPLER_BLOCK;
-                o.sampler.block_rows = BLOCK_ROWS;
-                o.sampler.block_window = 1;
-                stoke_loader *l = NULL;
-                assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+                stoke_loader *l = window_loader(&ds, w, STOKE_SAMPLER_BLOCK, 32, 1, 9);
                 for (int e = 0; e < 3; e++) {
                     if (e)
                         assert_int_equal(stoke_loader_next_epoch(l), STOKE_OK);
-                    run_epoch_labels(l, w ? got : order[e]);
+                    assert_int_equal(run_epoch(l, w ? got : order[e]), g_file_hash);
                     if (w && memcmp(got, order[e], sizeof(got)) != 0)
                         fail_msg("direct=%d io=%s epoch %d: 4 workers, another order", direct,
                                  stoke_npy_io_name(io), e);

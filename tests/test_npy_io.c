@@ -45,18 +45,6 @@ static char *tmp(const char *name)
     return b;
 }
 
-static size_t write_npy(const char *path, const char *dict, const void *data, size_t n)
-{
-    unsigned char head[256];
-    size_t hn = tu_npy_head(head, dict);
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(head, 1, hn, f), hn);
-    assert_int_equal(fwrite(data, 1, n, f), n);
-    assert_int_equal(fclose(f), 0);
-    return hn;
-}
-
 static unsigned char g_data[ROWS * ROW];
 static int64_t g_labels[ROWS]; /* native values; the file holds them big-endian */
 
@@ -70,7 +58,7 @@ static void make_files(const char *data, const char *labels)
     char dict[128];
     snprintf(dict, sizeof(dict), "{'descr': '|u1', 'fortran_order': False, 'shape': (%d, %d), }",
              ROWS, ROW);
-    write_npy(data, dict, g_data, sizeof(g_data));
+    tu_npy_write(data, dict, g_data, sizeof(g_data));
     if (!labels)
         return;
     unsigned char be[ROWS * 8];
@@ -82,7 +70,7 @@ static void make_files(const char *data, const char *labels)
     }
     snprintf(dict, sizeof(dict), "{'descr': '>i8', 'fortran_order': False, 'shape': (%d,), }",
              ROWS);
-    write_npy(labels, dict, be, sizeof(be));
+    tu_npy_write(labels, dict, be, sizeof(be));
 }
 
 static int open_io(const char *path, const char *labels, int io, stoke_dataset *ds)

@@ -361,6 +361,18 @@ size_t tu_npy_head(unsigned char *out, const char *dict)
     return total;
 }
 
+size_t tu_npy_write(const char *path, const char *dict, const void *data, size_t n)
+{
+    unsigned char head[256];
+    size_t hn = tu_npy_head(head, dict);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(head, 1, hn, f), hn);
+    assert_int_equal(fwrite(data, 1, n, f), n);
+    assert_int_equal(fclose(f), 0);
+    return hn;
+}
+
 int tu_resident_pct(const char *path, size_t first, size_t n)
 {
     int fd = open(path, O_RDONLY);

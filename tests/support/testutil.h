@@ -98,6 +98,8 @@ int tu_exit_status(int failed);
 /* numpy's v1 preamble + header for `dict`, padded to a multiple of 64 (at most 256 bytes);
  * returns its length. */
 size_t tu_npy_head(unsigned char *out, const char *dict);
+/* Writes a .npy file: tu_npy_head(dict), then the n bytes of data; returns the header's length. */
+size_t tu_npy_write(const char *path, const char *dict, const void *data, size_t n);
 /* Resident share (%) of the file's pages [first, first + n) (n 0: from first to the end). */
 int tu_resident_pct(const char *path, size_t first, size_t n);
 /* Drops path from the page cache (fdatasync, POSIX_FADV_DONTNEED); returns the share (%) of
