@@ -161,8 +161,9 @@ STOKE_API int stoke_npy_io_available(int io);
 /* Block read-ahead of an open npy dataset (docs/loader.md, "Block shuffle reads"): when a
  * loader runs a block shuffle, the first batch of an epoch that touches a block asks the kernel
  * to read the block's whole byte range, unless it finds the block in the page cache.  Since
- * open: *read_ahead blocks were asked for, *resident blocks were found resident.  Returns
- * STOKE_OK, or STOKE_EINVAL for NULL arguments or not an open npy dataset.  Thread-safe. */
+ * open: *read_ahead blocks were asked for (or read with O_DIRECT into a block buffer, below),
+ * *resident blocks were found resident: each block once per epoch.  Returns STOKE_OK, or
+ * STOKE_EINVAL for NULL arguments or not an open npy dataset.  Thread-safe. */
 STOKE_API int stoke_npy_block_stats(const stoke_dataset *ds, uint64_t *read_ahead,
                                     uint64_t *resident);
 /* Under a block shuffle with io=pread or io=uring (what io=auto picks for a file that is not
