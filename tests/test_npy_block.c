@@ -396,40 +396,41 @@ static void test_whole_block_read(void **state)
 
 /* The file cut to half its rows after the first batches of a block-shuffled epoch: the
  * epoch ends with STOKE_EIO naming the file, a sample and "file changed while loading", in
- * every io mode, with 0 and 2 workers. */
+ * every io mode, with 0 and 2 workers, and with O_DIRECT block reads (direct=on) too. */
 static void test_truncated_mid_epoch(void **state)
 {
     (void)state;
     const char *p = tmp("cut.npy");
     tu_use_none();
-    for (size_t m = 0; m < sizeof(MODES) / sizeof(MODES[0]); m++) {
-        if (MODES[m] == STOKE_NPY_IO_URING && !g_uring)
-            continue;
-        for (int w = 0; w <= 2; w += 2) {
-            make_file(p);
-            evict(p);
-            stoke_dataset ds;
-            assert_int_equal(open_io(p, MODES[m], &ds), STOKE_OK);
-            stoke_loader *l = block_loader(&ds, w, STOKE_SAMPLER_BLOCK, 32);
-            stoke_batch *b;
-            assert_int_equal(stoke_loader_next(l, &b), STOKE_OK);
-            stoke_batch_release(b);
-            assert_int_equal(truncate(p, (off_t)(g_hn + (size_t)ROWS / 2 * ROW)), 0);
-            int rc;
-            while ((rc = stoke_loader_next(l, &b)) == STOKE_OK)
+    for (int direct = STOKE_NPY_DIRECT_AUTO; direct <= STOKE_NPY_DIRECT_ON; direct++)
+        for (size_t m = 0; m < sizeof(MODES) / sizeof(MODES[0]); m++) {
+            if (MODES[m] == STOKE_NPY_IO_URING && !g_uring)
+                continue;
+            for (int w = 0; w <= 2; w += 2) {
+                make_file(p);
+                evict(p);
+                stoke_dataset ds;
+                assert_int_equal(open_opts(p, NULL, MODES[m], direct, &ds), STOKE_OK);
+                stoke_loader *l = block_loader(&ds, w, STOKE_SAMPLER_BLOCK, 32);
+                stoke_batch *b;
+                assert_int_equal(stoke_loader_next(l, &b), STOKE_OK);
                 stoke_batch_release(b);
-            if (rc != STOKE_EIO)
-                fail_msg("io=%s, %d workers: %s (%s)", stoke_npy_io_name(MODES[m]), w,
-                         stoke_err_name(rc), stoke_last_error());
-            const char *e = stoke_last_error();
-            char want[600];
-            snprintf(want, sizeof(want), "npy %s: sample ", p);
-            if (!strstr(e, want) || !strstr(e, "file changed while loading"))
-                fail_msg("io=%s, %d workers: %s", stoke_npy_io_name(MODES[m]), w, e);
-            stoke_loader_destroy(l);
-            stoke_dataset_close(&ds);
+                assert_int_equal(truncate(p, (off_t)(g_hn + (size_t)ROWS / 2 * ROW)), 0);
+                int rc;
+                while ((rc = stoke_loader_next(l, &b)) == STOKE_OK)
+                    stoke_batch_release(b);
+                if (rc != STOKE_EIO)
+                    fail_msg("io=%s, direct=%d, %d workers: %s (%s)", stoke_npy_io_name(MODES[m]),
+                             direct, w, stoke_err_name(rc), stoke_last_error());
+                const char *e = stoke_last_error();
+                char want[600];
+                snprintf(want, sizeof(want), "npy %s: sample ", p);
+                if (!strstr(e, want) || !strstr(e, "file changed while loading"))
+                    fail_msg("io=%s, %d workers: %s", stoke_npy_io_name(MODES[m]), w, e);
+                stoke_loader_destroy(l);
+                stoke_dataset_close(&ds);
+            }
         }
-    }
     unlink(p);
 }
 

@@ -14,6 +14,11 @@
  * oldest first) only while nobody holds a reference, so a row is never read from a buffer
  * being overwritten.  `where[b]` remembers the slot of block b; the slot's word decides.
  *
+ * A block found in the page cache is copied from there with pread; one that is not is read
+ * with O_DIRECT when the dataset says so (direct=on, or auto and a file over half of RAM: the
+ * files opened again through /proc/self/fd, reads widened to ALIGN, the block at skew[k]
+ * inside the buffer), else through the page cache after the block read-ahead of npy_stage.c.
+ *
  * Nothing here decides what a batch holds: a row whose block has no slot (every slot in use,
  * more than HELD_MAX blocks in one batch, a process worker: slots live in the process that
  * got the hint) or whose block could not be read whole (a file cut short: FAILED) is read by
