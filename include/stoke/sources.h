@@ -136,8 +136,9 @@ STOKE_API void stoke_npy_opts_init(stoke_npy_opts *opts);
  * and *opts are read only during the call (the dataset keeps its own copies).  The files stay
  * open (mapped, with io=mmap) until stoke_dataset_close; the caller owns *out.
  * Returns STOKE_OK or the errors described above; also STOKE_EINVAL for out NULL, an empty
- * path, opts->size too small or an unknown io mode; STOKE_ENOMEM; STOKE_ELIMIT for a file too
- * large to map.  On failure *out is left empty (safe to stoke_dataset_close).  Thread-safe. */
+ * path, opts->size too small (it must reach past io) or an unknown io or direct mode;
+ * STOKE_ENOMEM; STOKE_ELIMIT for a file too large to map.  On failure *out is left empty (safe
+ * to stoke_dataset_close).  Thread-safe. */
 STOKE_API int stoke_npy_open_opts(const char *path, const stoke_npy_opts *opts, stoke_dataset *out);
 
 /* Shorthand: stoke_npy_open_opts with labels_path (may be NULL) and the default I/O.  Same

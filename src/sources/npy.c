@@ -396,7 +396,7 @@ int stoke_npy_open_opts(const char *path, const stoke_npy_opts *opts, stoke_data
     }
     if (opts->size < offsetof(stoke_npy_opts, io) + sizeof(opts->io))
         return stoke__fail(STOKE_EINVAL,
-                           "npy %s: opts->size %u is not sizeof(stoke_npy_opts) (call "
+                           "npy %s: opts->size %u is too small for stoke_npy_opts (call "
                            "stoke_npy_opts_init)",
                            path, (unsigned)opts->size);
     if (opts->io < STOKE_NPY_IO_MMAP || opts->io > STOKE_NPY_IO_AUTO)
