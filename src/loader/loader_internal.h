@@ -26,8 +26,8 @@ static inline void stoke__cpu_relax(void)
 /* One turn of a spin loop that waits for another loader thread: a pause, or sched_yield when
  * `crowded` (the loader's threads outnumber the cores it may run on, so the thread waited for
  * may be waiting for this core: a pause would hold it for nothing).  On 2 cores with 2 workers
- * and the consumer, yielding took batch size 1 from about 0.83x to 1.03x of 0 workers (4 alternating
- * runs; docs/loader.md, "Hand-off"). */
+ * and the consumer, yielding took batch size 1 from about 0.83x to 1.03x of 0 workers (4
+ * alternating runs; docs/loader.md, "Hand-off"). */
 static inline void stoke__spin_turn(int crowded)
 {
     if (crowded)

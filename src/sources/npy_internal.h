@@ -129,10 +129,11 @@ void stoke__npy_stage_batch(const stoke__npy_ds *ds, const uint64_t *idx, size_t
 /* Whether 8 pages spread over [at, at + len) of f are in the page cache (1-byte preadv2
  * RWF_NOWAIT probes). */
 int stoke__npy_resident(const stoke__npy_file *f, uint64_t at, uint64_t len);
-/* A block read whole without the kernel's read-ahead (a staged block read with O_DIRECT, or
- * found resident): counted as read ahead (or resident) once per epoch, like stage_one's, and
- * kept from stage_one's advice.  1 when this call counted it. */
-int stoke__npy_stage_claim(const stoke__npy_ds *ds, uint64_t block, int resident);
+/* A staged block whose residency the caller probed: the first call of the epoch for the block
+ * counts it as found RESIDENT, read with O_DIRECT (DIRECT: counted as read ahead, no advice),
+ * or asks the kernel for it (ADVISE), and keeps stage_one and stage_batch from doing it again. */
+enum { STOKE__NPY_STAGE_RESIDENT, STOKE__NPY_STAGE_DIRECT, STOKE__NPY_STAGE_ADVISE };
+void stoke__npy_stage_claim(const stoke__npy_ds *ds, uint64_t block, int how);
 /* The read-ahead of one block, unless it was read ahead in this epoch. */
 void stoke__npy_stage_one(const stoke__npy_ds *ds, uint64_t block);
 /* Blocks read ahead and blocks found resident since open (stoke_npy_block_stats). */

@@ -294,15 +294,12 @@ static int load_mode(const stoke__npy_ds *ds, stoke__npy_slots *S, uint64_t b)
         nr = S->block_rows;
     int res = stoke__npy_resident(f, f->h.data_offset + r0 * (uint64_t)f->row_bytes,
                                   nr * (uint64_t)f->row_bytes);
-    if (!res && atomic_load_explicit(&S->direct_ok, memory_order_relaxed)) {
-        stoke__npy_stage_claim(ds, b, 0);
-        return VIA_DIRECT;
-    }
-    if (res)
-        stoke__npy_stage_claim(ds, b, 1);
-    else
-        stoke__npy_stage_one(ds, b);
-    return VIA_CACHE;
+    int direct = !res && atomic_load_explicit(&S->direct_ok, memory_order_relaxed);
+    stoke__npy_stage_claim(ds, b,
+                           res      ? STOKE__NPY_STAGE_RESIDENT
+                           : direct ? STOKE__NPY_STAGE_DIRECT
+                                    : STOKE__NPY_STAGE_ADVISE);
+    return direct ? VIA_DIRECT : VIA_CACHE;
 }
 
 /* Reads block b of every file into slot i (claimed by the caller); READY with one reference

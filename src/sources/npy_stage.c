@@ -255,40 +255,51 @@ int stoke__npy_resident(const stoke__npy_file *f, uint64_t at, uint64_t len)
     return 1;
 }
 
-/* Asks for block b of every file, unless the data file's block is resident. */
-static void stage_block(const stoke__npy_ds *ds, stoke__npy_stage *s, uint64_t b)
+/* Rows [*at, *at + *len) of block b in file k (byte offsets). */
+static void block_range(const stoke__npy_ds *ds, const stoke__npy_stage *s, int k, uint64_t b,
+                        uint64_t *at, uint64_t *len)
 {
     uint64_t r0 = b * s->block_rows, nr = ds->f[0].rows - r0;
     if (nr > s->block_rows)
         nr = s->block_rows;
-    for (int k = 0; k < ds->nfiles; k++) {
-        const stoke__npy_file *f = &ds->f[k];
-        uint64_t at = f->h.data_offset + r0 * (uint64_t)f->row_bytes;
-        uint64_t len = nr * (uint64_t)f->row_bytes;
-        if (!len)
-            continue;
-        if (k == 0 && stoke__npy_resident(f, at, len)) {
-            atomic_fetch_add_explicit(&s->counters[1], 1, memory_order_relaxed);
-            return;
-        }
-        for (uint64_t o = 0; o < len; o += s->piece[k]) {
-            uint64_t n = len - o < s->piece[k] ? len - o : s->piece[k];
-            (void)posix_fadvise(f->fd, (off_t)(at + o), (off_t)n, POSIX_FADV_WILLNEED);
-        }
-        if (k == 0)
-            atomic_fetch_add_explicit(&s->counters[0], 1, memory_order_relaxed);
-    }
+    *at = ds->f[k].h.data_offset + r0 * (uint64_t)ds->f[k].row_bytes;
+    *len = nr * (uint64_t)ds->f[k].row_bytes;
 }
 
-/* Reads block b ahead unless it was in this epoch (its bit). */
-static void stage_once(const stoke__npy_ds *ds, stoke__npy_stage *s, uint64_t b)
+/* Asks the kernel for block b of every file; counted as read ahead. */
+static void advise_block(const stoke__npy_ds *ds, stoke__npy_stage *s, uint64_t b)
+{
+    for (int k = 0; k < ds->nfiles; k++) {
+        uint64_t at, len;
+        block_range(ds, s, k, b, &at, &len);
+        for (uint64_t o = 0; o < len; o += s->piece[k]) {
+            uint64_t n = len - o < s->piece[k] ? len - o : s->piece[k];
+            (void)posix_fadvise(ds->f[k].fd, (off_t)(at + o), (off_t)n, POSIX_FADV_WILLNEED);
+        }
+    }
+    atomic_fetch_add_explicit(&s->counters[0], 1, memory_order_relaxed);
+}
+
+/* 1 when this call is the first in the epoch to touch block b (it sets b's bit). */
+static int first_in_epoch(stoke__npy_stage *s, uint64_t b)
 {
     uint64_t m = (uint64_t)1 << (b % 64);
     _Atomic uint64_t *w = &s->bits[b / 64];
-    if ((atomic_load_explicit(w, memory_order_relaxed) & m) ||
-        (atomic_fetch_or_explicit(w, m, memory_order_relaxed) & m))
+    return !(atomic_load_explicit(w, memory_order_relaxed) & m) &&
+           !(atomic_fetch_or_explicit(w, m, memory_order_relaxed) & m);
+}
+
+/* Reads block b ahead unless it was in this epoch or its data is resident. */
+static void stage_once(const stoke__npy_ds *ds, stoke__npy_stage *s, uint64_t b)
+{
+    if (!first_in_epoch(s, b))
         return;
-    stage_block(ds, s, b);
+    uint64_t at, len;
+    block_range(ds, s, 0, b, &at, &len);
+    if (len && stoke__npy_resident(&ds->f[0], at, len))
+        atomic_fetch_add_explicit(&s->counters[1], 1, memory_order_relaxed);
+    else
+        advise_block(ds, s, b);
 }
 
 void stoke__npy_stage_batch(const stoke__npy_ds *ds, const uint64_t *idx, size_t count)
@@ -313,16 +324,16 @@ void stoke__npy_stage_one(const stoke__npy_ds *ds, uint64_t block)
         stage_once(ds, s, block);
 }
 
-int stoke__npy_stage_claim(const stoke__npy_ds *ds, uint64_t block, int resident)
+void stoke__npy_stage_claim(const stoke__npy_ds *ds, uint64_t block, int how)
 {
     stoke__npy_stage *s = atomic_load_explicit(&ds->stage, memory_order_acquire);
-    if (!s || block >= s->nblocks)
-        return 0;
-    uint64_t m = (uint64_t)1 << (block % 64);
-    if (atomic_fetch_or_explicit(&s->bits[block / 64], m, memory_order_relaxed) & m)
-        return 0;
-    atomic_fetch_add_explicit(&s->counters[resident ? 1 : 0], 1, memory_order_relaxed);
-    return 1;
+    if (!s || block >= s->nblocks || !first_in_epoch(s, block))
+        return;
+    if (how == STOKE__NPY_STAGE_ADVISE)
+        advise_block(ds, s, block);
+    else
+        atomic_fetch_add_explicit(&s->counters[how == STOKE__NPY_STAGE_RESIDENT ? 1 : 0], 1,
+                                  memory_order_relaxed);
 }
 
 void stoke__npy_stage_stats(const stoke__npy_ds *ds, uint64_t *read_ahead, uint64_t *resident_)
