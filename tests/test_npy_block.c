@@ -18,6 +18,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -302,6 +303,60 @@ static void test_process_workers(void **state)
     block_stats(&ds, &ahead, &res);
     assert_int_equal(ahead + res, NBLOCKS);
     assert_true(ahead >= 1);
+    stoke_loader_destroy(l);
+    stoke_dataset_close(&ds);
+    unlink(p);
+}
+
+/* A process forked after the block buffers exist (a process worker, or a caller's own fork)
+ * reads its rows the io mode's way: the buffers and their state belong to the process that
+ * made them (the child's copies could hold a lock taken at the fork).  The parent's first
+ * batch is served from a buffer; the child's next batches bring the right bytes and leave the
+ * buffers' row count where the fork left it. */
+static void test_forked_child_reads_rows(void **state)
+{
+    (void)state;
+    const char *p = tmp("fork.npy");
+    make_file(p);
+    tu_use_none();
+    evict(p);
+    stoke_dataset ds;
+    assert_int_equal(open_opts(p, NULL, STOKE_NPY_IO_PREAD, STOKE_NPY_DIRECT_OFF, &ds), STOKE_OK);
+    stoke_loader *l = block_loader(&ds, 0, STOKE_SAMPLER_BLOCK, 32);
+    stoke_batch *b;
+    assert_int_equal(stoke_loader_next(l, &b), STOKE_OK);
+    stoke_batch_release(b);
+    uint64_t sb, sd, rows0;
+    staged(&ds, &sb, &sd, &rows0);
+    assert_int_equal(rows0, 32);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int bad = 0;
+        for (int i = 0; i < 8 && !bad; i++) {
+            if (stoke_loader_next(l, &b) != STOKE_OK) {
+                bad = 2;
+                break;
+            }
+            const uint64_t *idx = stoke_batch_indices(b);
+            const unsigned char *d = stoke_batch_data(b, 0);
+            for (size_t j = 0; j < stoke_batch_count(b); j++)
+                if (memcmp(d + j * ROW, g_data + idx[j] * ROW, ROW) != 0)
+                    bad = 3;
+            stoke_batch_release(b);
+        }
+        uint64_t rows;
+        if (!bad && (stoke_npy_block_staged(&ds, &sb, &sd, &rows) != STOKE_OK || rows != rows0))
+            bad = 4;
+        _exit(bad);
+    }
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+        fail_msg("child: status %d (2: next failed, 3: wrong bytes, 4: it served rows from the "
+                 "parent's buffers)",
+                 WIFEXITED(st) ? WEXITSTATUS(st) : -1);
     stoke_loader_destroy(l);
     stoke_dataset_close(&ds);
     unlink(p);
@@ -616,6 +671,7 @@ int main(void)
         cmocka_unit_test(test_resume),
         cmocka_unit_test(test_direct_blocks),
         cmocka_unit_test(test_buffers_contended),
+        cmocka_unit_test(test_forked_child_reads_rows),
     };
     return tu_exit_status(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -31,6 +31,7 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -59,6 +60,10 @@ typedef struct slot {
 } slot;
 
 struct stoke__npy_slots {
+    /* Whether this process made the slots, without a system call per batch: a page the kernel
+     * zeroes in a forked child (MADV_WIPEONFORK) holds 1; NULL where the kernel has no such
+     * advice, and then getpid() is compared with pid. */
+    volatile unsigned char *owner;
     pid_t pid;
     uint64_t block_rows, nblocks;
     size_t nslots;
@@ -133,6 +138,17 @@ stoke__npy_slots *stoke__npy_slots_new(const stoke__npy_ds *ds, uint64_t block_r
     }
     S->mem_len = total;
     S->pid = getpid();
+    S->owner = NULL;
+#ifdef MADV_WIPEONFORK
+    long pg = sysconf(_SC_PAGESIZE);
+    void *o = mmap(NULL, (size_t)pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (o != MAP_FAILED && madvise(o, (size_t)pg, MADV_WIPEONFORK) == 0) {
+        S->owner = o;
+        *S->owner = 1;
+    } else if (o != MAP_FAILED) {
+        munmap(o, (size_t)pg);
+    }
+#endif
     S->block_rows = block_rows;
     S->nblocks = nblocks;
     S->nslots = (size_t)nslots;
@@ -161,6 +177,8 @@ void stoke__npy_slots_free(stoke__npy_slots *S)
     if (!S)
         return;
     stoke__resident_free(S->mem, S->mem_len);
+    if (S->owner)
+        munmap((void *)S->owner, (size_t)sysconf(_SC_PAGESIZE));
     for (int k = 0; k < 2; k++)
         if (S->dfd[k] >= 0)
             close(S->dfd[k]);
@@ -372,7 +390,7 @@ typedef struct held {
 int stoke__npy_slots_serve(const stoke__npy_ds *ds, stoke__npy_slots *S, const uint64_t *idx,
                            size_t count, void *const dst[], stoke__npy_rest_fn rest, void *ctx)
 {
-    if (getpid() != S->pid) { /* a process worker: its own reads (slots are not shared) */
+    if (S->owner ? !*S->owner : getpid() != S->pid) { /* a forked child: slots not shared */
         stoke__npy_stage_batch(ds, idx, count);
         return rest(ctx, 0, count);
     }
