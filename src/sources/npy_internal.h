@@ -72,6 +72,20 @@ typedef struct stoke__npy_runs {
     size_t pos;
 } stoke__npy_runs;
 
+/* Rows in the run starting at position p of idx[0, count): 1 plus the consecutive indices that
+ * follow, at most `most` (STOKE__NPY_RUN_MAX bytes of rows of rb bytes: stoke__npy_run_most). */
+static inline size_t stoke__npy_run_most(size_t rb)
+{
+    return rb >= STOKE__NPY_RUN_MAX ? 1 : STOKE__NPY_RUN_MAX / rb;
+}
+static inline size_t stoke__npy_run_len(const uint64_t *idx, size_t p, size_t count, size_t most)
+{
+    size_t n = 1;
+    while (p + n < count && n < most && idx[p + n] == idx[p + n - 1] + 1)
+        n++;
+    return n;
+}
+
 void stoke__npy_runs_init(stoke__npy_runs *it, const stoke__npy_ds *ds, const uint64_t *idx,
                           size_t count, void *const dst[]);
 /* Next run into *r; 0 when there is none left. */
