@@ -611,6 +611,49 @@ static void test_direct_blocks(void **state)
     unlink(lp);
 }
 
+/* direct=on over ten epochs, 0 workers, the file evicted once: every block of every epoch read
+ * with O_DIRECT and the file's pages still out of the page cache after each.  Asking whether a
+ * block is cached must not itself read pages in (a 1-byte preadv2 RWF_NOWAIT probe starts a read
+ * of the page it misses: one more probed page per block and epoch, until the block looked
+ * resident and was read through the page cache). */
+static void test_direct_every_epoch(void **state)
+{
+    (void)state;
+    const char *p = tmp("direct_epochs.npy");
+    make_file(p);
+    if (!direct_works(p))
+        tu_skip("O_DIRECT reads are refused on this file system (%s)", p);
+    tu_use_none();
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    size_t all = ((size_t)ROWS * ROW + g_hn + pg - 1) / pg;
+    static uint64_t order[ROWS];
+    evict(p);
+    stoke_dataset ds;
+    assert_int_equal(open_opts(p, NULL, STOKE_NPY_IO_PREAD, STOKE_NPY_DIRECT_ON, &ds), STOKE_OK);
+    evict(p);
+    stoke_loader *l = block_loader(&ds, 0, STOKE_SAMPLER_BLOCK, 96);
+    uint64_t sb0 = 0, sd0 = 0, sr0 = 0;
+    for (int e = 0; e < 10; e++) {
+        if (e)
+            assert_int_equal(stoke_loader_next_epoch(l), STOKE_OK);
+        assert_int_equal(run_epoch(l, order), g_file_hash);
+        uint64_t sb, sd, sr;
+        staged(&ds, &sb, &sd, &sr);
+        if (sb - sb0 != NBLOCKS || sd - sd0 != NBLOCKS || sr - sr0 != ROWS)
+            fail_msg("epoch %d: %llu blocks staged, %llu with O_DIRECT, %llu rows (want %d, %d, "
+                     "%d)",
+                     e, (unsigned long long)(sb - sb0), (unsigned long long)(sd - sd0),
+                     (unsigned long long)(sr - sr0), NBLOCKS, NBLOCKS, ROWS);
+        sb0 = sb, sd0 = sd, sr0 = sr;
+        int pct = tu_resident_pct(p, 0, all);
+        if (pct > 10)
+            fail_msg("epoch %d: %d%% of the file in the page cache", e, pct);
+    }
+    stoke_loader_destroy(l);
+    stoke_dataset_close(&ds);
+    unlink(p);
+}
+
 /* Two block buffers (a window of one block) for four workers with batches of 32 rows: the
  * batches in flight span several windows, so workers take buffers from each other, wait for
  * blocks another one reads, and read rows one by one when no buffer is free.  Three epochs,
@@ -670,6 +713,7 @@ int main(void)
         cmocka_unit_test(test_truncated_mid_epoch),
         cmocka_unit_test(test_resume),
         cmocka_unit_test(test_direct_blocks),
+        cmocka_unit_test(test_direct_every_epoch),
         cmocka_unit_test(test_buffers_contended),
         cmocka_unit_test(test_forked_child_reads_rows),
     };

@@ -87,6 +87,8 @@ static int open_regular(npy_file *f, const char *path)
         return stoke__fail(STOKE_EIO, "npy %s: fcntl: %s", path, strerror(errno));
     f->size = (uint64_t)st.st_size;
     f->mtime = st.st_mtim;
+    f->mincore_ok = st.st_uid == geteuid() || geteuid() == 0 ||
+                    faccessat(AT_FDCWD, path, W_OK, AT_EACCESS) == 0;
     return STOKE_OK;
 }
 
@@ -193,16 +195,6 @@ static int npy_file_open(npy_file *f, const char *path, int io)
     return STOKE_OK;
 }
 
-/* Whether mincore tells the truth about f: since Linux 5.0 it reports every page of a file
- * mapping as resident unless the caller owns the file or may write it (or has CAP_FOWNER). */
-static int mincore_truthful(const npy_file *f)
-{
-    struct stat st;
-    if (fstat(f->fd, &st) == 0 && st.st_uid == geteuid())
-        return 1;
-    return faccessat(AT_FDCWD, f->path, W_OK, AT_EACCESS) == 0 || geteuid() == 0;
-}
-
 /* Resident pages among those sampled from f's mapping: evenly spread windows, all pages of a
  * small file.  mincore where it is truthful, else a 1-byte preadv2(RWF_NOWAIT) per window,
  * which fails with EAGAIN when the page is not cached.  Returns 0 and *hit / *seen, or -1. */
@@ -213,7 +205,7 @@ static int sample_resident(const npy_file *f, size_t *hit, size_t *seen)
     size_t win = AUTO_WINDOW_PAGES, nwin = (pages + win - 1) / win;
     if (nwin > AUTO_WINDOWS)
         nwin = AUTO_WINDOWS;
-    int truthful = mincore_truthful(f);
+    int truthful = f->mincore_ok;
     unsigned char vec[AUTO_WINDOW_PAGES];
     *hit = *seen = 0;
     for (size_t w = 0; w < nwin; w++) {

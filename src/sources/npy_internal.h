@@ -31,6 +31,10 @@ typedef struct stoke__npy_file {
     size_t row_bytes;
     uint64_t size;         /* st_size at open */
     struct timespec mtime; /* st_mtim at open */
+    /* mincore and cachestat tell the truth about this file's pages: since Linux 5.0 (cachestat
+     * from the start) only to its owner, one who may write it, or root; to others mincore
+     * calls every page resident and cachestat fails with EPERM. */
+    int mincore_ok;
 } stoke__npy_file;
 
 struct stoke__npy_ring;                           /* npy_uring.c */
@@ -140,8 +144,9 @@ void stoke__npy_access_hint(void *user, int sampler_kind, uint64_t block_rows,
 int stoke__npy_set_epoch(void *user, uint64_t epoch);
 /* get_batch(), before its reads: reads ahead the blocks of idx not yet read in this epoch. */
 void stoke__npy_stage_batch(const stoke__npy_ds *ds, const uint64_t *idx, size_t count);
-/* Whether 8 pages spread over [at, at + len) of f are in the page cache (1-byte preadv2
- * RWF_NOWAIT probes). */
+/* Whether every page of [at, at + len) of f is in the page cache (cachestat, which reads
+ * nothing in; where the kernel has none or refuses it, 8 pages probed with 1-byte preadv2
+ * RWF_NOWAIT, which start reading the pages they miss). */
 int stoke__npy_resident(const stoke__npy_file *f, uint64_t at, uint64_t len);
 /* A staged block whose residency the caller probed: the first call of the epoch for the block
  * counts it as found RESIDENT, read with O_DIRECT (DIRECT: counted as read ahead, no advice),

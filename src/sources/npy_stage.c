@@ -13,9 +13,9 @@
  * Nothing here changes what a get delivers: a block that is never read ahead (the hint was
  * not a block shuffle, a window of blocks is over a quarter of RAM, the kernel ignores the
  * advice, the pages were evicted again) is read row by row as before, and errors (a file cut
- * short) are found by the row reads with the usual messages.  A block found resident (a few
- * probed pages, preadv2 RWF_NOWAIT) is not advised again: a warm file pays one probe per block
- * and epoch. */
+ * short) are found by the row reads with the usual messages.  A block found resident (every page
+ * cached, by cachestat; else a few probed pages, preadv2 RWF_NOWAIT) is not advised again: a
+ * warm file pays one probe per block and epoch. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -25,6 +25,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -34,7 +35,7 @@
 #include "stoke/sampler.h"
 #include "stoke/sources.h"
 
-/* Pages probed with RWF_NOWAIT to call a block resident. */
+/* Pages probed with RWF_NOWAIT to call a block resident where cachestat cannot tell. */
 #define PROBES 8
 /* Bytes per WILLNEED call when the device's limits are unknown (the kernel's smallest usual
  * read-ahead window), and the most. */
@@ -243,8 +244,48 @@ int stoke__npy_set_epoch(void *user, uint64_t epoch)
     return STOKE_OK;
 }
 
+#ifndef __NR_cachestat
+#define __NR_cachestat 451 /* the same on every architecture (Linux 6.5) */
+#endif
+struct npy_cachestat_range {
+    uint64_t off, len;
+};
+struct npy_cachestat {
+    uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
+};
+
 int stoke__npy_resident(const stoke__npy_file *f, uint64_t at, uint64_t len)
 {
+    static atomic_int no_cachestat; /* ENOSYS once: the kernel has none */
+    uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE);
+    if (!atomic_load_explicit(&no_cachestat, memory_order_relaxed)) {
+        struct npy_cachestat_range r = {at / pg * pg, 0};
+        struct npy_cachestat cs;
+        r.len = (at + len + pg - 1) / pg * pg - r.off;
+        if (syscall(__NR_cachestat, f->fd, &r, &cs, 0) == 0)
+            return cs.nr_cache >= r.len / pg;
+        if (errno == ENOSYS)
+            atomic_store_explicit(&no_cachestat, 1, memory_order_relaxed);
+    }
+    if (f->mincore_ok) { /* before Linux 6.5: mincore over a mapping made for the call */
+        uint64_t off = at / pg * pg, n = (at + len + pg - 1) / pg * pg - off;
+        unsigned char vec[256];
+        void *m = mmap(NULL, (size_t)n, PROT_READ, MAP_SHARED, f->fd, (off_t)off);
+        int all = m != MAP_FAILED;
+        for (uint64_t p = 0; all && p < n / pg; p += sizeof(vec)) {
+            uint64_t k = n / pg - p < sizeof(vec) ? n / pg - p : sizeof(vec);
+            all = mincore((char *)m + p * pg, (size_t)(k * pg), vec) == 0;
+            for (uint64_t i = 0; all && i < k; i++)
+                all = vec[i] & 1;
+        }
+        if (m != MAP_FAILED) {
+            munmap(m, (size_t)n);
+            return all;
+        }
+    }
+    /* Neither can tell (a file the caller may not write).  A probe that misses starts a read
+     * of its page (read-ahead is allowed with RWF_NOWAIT), so a block read with O_DIRECT gains
+     * a cached page per probe and epoch here, and may be called resident after a few epochs. */
     for (int i = 0; i < PROBES; i++) {
         char b;
         struct iovec iov = {&b, 1};
