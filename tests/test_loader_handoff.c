@@ -374,6 +374,120 @@ static void test_prefetch_auto(void **state)
     free(got);
 }
 
+/* The dataset's prefetch hook, recorded: every call's indices, in call order. */
+typedef struct pf_log {
+    pthread_mutex_t mu;
+    uint64_t idx[16384];
+    size_t len[8192], ncalls, nidx;
+} pf_log;
+static pf_log g_pf;
+
+static void pf_record(void *user, const uint64_t *idx, size_t count)
+{
+    (void)user;
+    pthread_mutex_lock(&g_pf.mu);
+    if (g_pf.ncalls < 8192 && g_pf.nidx + count <= 16384) {
+        memcpy(&g_pf.idx[g_pf.nidx], idx, count * sizeof(*idx));
+        g_pf.len[g_pf.ncalls++] = count;
+        g_pf.nidx += count;
+    }
+    pthread_mutex_unlock(&g_pf.mu);
+}
+
+/* One epoch of batches of `bs` (the last one shorter); the indices in delivery order into
+ * out[], each checked against the bytes.  Returns the samples. */
+static size_t pf_epoch(stoke_loader *l, uint64_t *out)
+{
+    stoke_batch *b;
+    size_t k = 0;
+    int rc;
+    while ((rc = stoke_loader_next(l, &b)) == STOKE_OK) {
+        assert_true(tds_batch_ok(b));
+        for (size_t j = 0; j < stoke_batch_count(b); j++)
+            out[k++] = stoke_batch_indices(b)[j];
+        stoke_batch_release(b);
+    }
+    assert_int_equal(rc, STOKE_EEND);
+    return k;
+}
+
+/* Small batches (3 samples, 1000 of them: the last has 1) with a dataset that has prefetch:
+ * with 0 workers the hook gets, before batch k is made, exactly the indices of batch k + 1 (so
+ * 999 calls an epoch), and nothing past the epoch's end; with 1 and 2 workers every call names
+ * the indices of one batch of the epoch, in its order.  The order and bytes are those of the
+ * same loader without the hook (the indices computed ahead are the ones used).  Batches over
+ * STOKE_DATASET_PREFETCH_MAX samples, and a dataset struct from before the hook (a smaller
+ * size), get no call. */
+static void test_prefetch_next_batch(void **state)
+{
+    (void)state;
+    enum { PN = 2998, BS = 3 };
+    static uint64_t ref[2][PN], got[PN];
+    pthread_mutex_init(&g_pf.mu, NULL);
+    for (int w = -1; w <= 2; w++) { /* -1: no hook, the reference order */
+        tds t;
+        stoke_dataset ds;
+        tds_make(&t, &ds, PN);
+        if (w >= 0)
+            ds.prefetch = pf_record;
+        g_pf.ncalls = g_pf.nidx = 0;
+        stoke_loader_opts o = opts(BS, w < 0 ? 0 : w);
+        o.shuffle = 1;
+        o.seed = 11;
+        o.prefetch_factor = STOKE_LOADER_PREFETCH_AUTO; /* a deep window: workers take groups */
+        stoke_loader *l;
+        assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+        for (int e = 0; e < 2; e++) {
+            if (e)
+                assert_int_equal(stoke_loader_next_epoch(l), STOKE_OK);
+            size_t calls0 = g_pf.ncalls, idx0 = g_pf.nidx;
+            assert_int_equal(pf_epoch(l, w < 0 ? ref[e] : got), PN);
+            if (w < 0)
+                continue;
+            assert_memory_equal(ref[e], got, sizeof(got));
+            /* every call: the indices of one batch, as delivered */
+            size_t at = idx0;
+            for (size_t c = calls0; c < g_pf.ncalls; c++) {
+                size_t n = g_pf.len[c], k = 0;
+                while (k < PN && got[k] != g_pf.idx[at])
+                    k++;
+                if (k % BS != 0 || k >= PN || n != (PN - k < BS ? PN - k : (size_t)BS) ||
+                    memcmp(&got[k], &g_pf.idx[at], n * sizeof(uint64_t)) != 0)
+                    fail_msg("%d workers: prefetch call %zu is not a batch of the epoch", w,
+                             c - calls0);
+                if (w == 0 && k != (c - calls0 + 1) * BS)
+                    fail_msg("0 workers: call %zu names batch %zu, not the next one", c - calls0,
+                             k / BS);
+                at += n;
+            }
+            if (w == 0)
+                assert_int_equal(g_pf.ncalls - calls0, PN / BS); /* 1000 batches: 999 calls */
+        }
+        stoke_loader_destroy(l);
+        tds_free(&t);
+    }
+    /* too large a batch, an old struct: no call, the same samples */
+    for (int c = 0; c < 2; c++) {
+        tds t;
+        stoke_dataset ds;
+        tds_make(&t, &ds, PN);
+        ds.prefetch = pf_record;
+        if (c == 1)
+            ds.size = (uint32_t)offsetof(stoke_dataset, prefetch);
+        g_pf.ncalls = 0;
+        stoke_loader_opts o = opts(c == 0 ? STOKE_DATASET_PREFETCH_MAX + 1 : BS, 0);
+        stoke_loader *l;
+        assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+        assert_int_equal(pf_epoch(l, got), PN);
+        for (uint64_t k = 0; k < PN; k++)
+            assert_int_equal(got[k], k);
+        assert_int_equal(g_pf.ncalls, 0);
+        stoke_loader_destroy(l);
+        tds_free(&t);
+    }
+    pthread_mutex_destroy(&g_pf.mu);
+}
+
 /* One period of the auto hill climb as stoke_loader_next runs it (next.c, adapt): the step,
  * then the new active count and the period's throughput remembered. */
 static int period_cpu(stoke_loader *l, double tput, double wait, double assisted, double cpu)
@@ -549,6 +663,7 @@ int main(void)
         cmocka_unit_test(test_auto_fast_get_slow_consumer),
         cmocka_unit_test(test_prefetch_auto),
         cmocka_unit_test(test_auto_rule),
+        cmocka_unit_test(test_prefetch_next_batch),
     };
     return tu_exit_status(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -148,7 +148,20 @@ typedef struct stoke_dataset {
      * same time gets each one's hint, the last one counts.  Appended after set_epoch: guard
      * with STOKE_DATASET_HAS(ds, access_hint). */
     void (*access_hint)(void *user, int sampler_kind, uint64_t block_rows, uint64_t block_window);
+
+    /* Optional, MAP only: samples the loader will ask for next, so a source can start moving
+     * them towards the CPU (the npy source's io=mmap prefetches their rows into the cache).
+     * For small batches (at most STOKE_DATASET_PREFETCH_MAX samples) a thread calls it with
+     * the indices of the batch it makes next, just before it makes the current one: the
+     * source's own look-ahead within a batch has nothing to look at there.  A hint only: it
+     * must not block, fail or change what get/get_batch deliver, and indices may be out of
+     * range.  Thread-safety as get().  Appended after access_hint: guard with
+     * STOKE_DATASET_HAS(ds, prefetch). */
+    void (*prefetch)(void *user, const uint64_t *indices, size_t count);
 } stoke_dataset;
+
+/* The largest batch whose next batch is named to the dataset's prefetch. */
+#define STOKE_DATASET_PREFETCH_MAX 8
 
 /* Whether *ds (size set by the header it was compiled with) has member `m`: for the members
  * appended after the first release, e.g. STOKE_DATASET_HAS(ds, get_batch). */

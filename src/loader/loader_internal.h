@@ -110,8 +110,22 @@ struct stoke_batch {
     stoke__bad_list bad; /* the producer's, then (mu) the consumer's: bad samples met */
 };
 
+/* Indices of the batch a thread makes next (seq of seed, epoch), computed ahead so the dataset's
+ * prefetch gets them one batch early; fill_batch takes them from here instead of computing them
+ * again (worker.c, stoke__loader_look_ahead).  Two entries, by the parity of seq: the look-ahead
+ * for seq + 1 runs before batch seq is made and must not overwrite seq's. */
+typedef struct stoke__ahead_entry {
+    uint64_t seed, epoch, seq;
+    size_t n; /* 0: empty */
+    uint64_t idx[STOKE_DATASET_PREFETCH_MAX];
+} stoke__ahead_entry;
+typedef struct stoke__ahead {
+    stoke__ahead_entry e[2];
+} stoke__ahead;
+
 typedef struct stoke__worker {
     stoke_loader *l;
+    stoke__ahead ahead;
     int id;
     pthread_t th;
     _Atomic uint64_t busy_since; /* start of the sample in progress (ns), 0 when idle */
@@ -184,6 +198,7 @@ struct stoke_loader {
     int quit;                  /* (mu) workers must exit */
     int init_failed;           /* (mu) a worker_init failed (status) */
     int caller_inited;         /* consumer only: worker_init done in the caller's thread */
+    stoke__ahead caller_ahead; /* the caller's thread's (and a process worker's) look-ahead */
     int quiesce;               /* (mu) set_epoch is waiting for batches in production */
     int nact;                  /* (mu) workers given work: ids below it (= nworkers unless auto) */
     int nact_lo, nact_hi;      /* (mu) its range since create */
@@ -255,6 +270,11 @@ uint64_t stoke__loader_produce(stoke_loader *l, stoke_batch *b, stoke__worker *w
                                uint64_t seed, uint64_t epoch);
 int stoke__loader_start_workers(stoke_loader *l);
 void stoke__loader_stop_workers(stoke_loader *l);
+/* Producer, before making a batch: when batches are small and the dataset has prefetch,
+ * computes the indices of batch `seq` (the one this thread makes next) into *a and names them
+ * to the dataset.  Does nothing otherwise. */
+void stoke__loader_look_ahead(stoke_loader *l, stoke__ahead *a, uint64_t seq, uint64_t seed,
+                              uint64_t epoch);
 
 /* badsample.c: the bad-sample policy (opts.on_error), see docs/loader.md.
  * Returned by stoke__bad_sample when the sample was dropped. */

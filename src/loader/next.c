@@ -157,6 +157,7 @@ static int next_inline(stoke_loader *l, stoke_batch **bp)
         uint64_t gen, seed, epoch;
         stoke_batch *b = stoke__loader_dispatch(l, &l->w[0], &gen, &seed, &epoch);
         pthread_mutex_unlock(&l->mu);
+        stoke__loader_look_ahead(l, &l->caller_ahead, b->seq + 1, seed, epoch);
         uint64_t busy = stoke__loader_produce(l, b, NULL, 0, seed, epoch);
         pthread_mutex_lock(&l->mu);
         stoke__loader_complete(l, b, gen, busy);

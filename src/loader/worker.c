@@ -64,9 +64,14 @@ static void batch_failed(stoke_batch *b, int rc, uint64_t where, const char *msg
  * once: the epoch's keys are derived once per batch (tens of ns) instead of once per sample.
  * Returns STOKE_OK, or fails the batch (count 0) at the first position the sampler refuses,
  * with the message "sampler position out of range" as per-sample indexing did. */
-static int batch_indices(stoke_loader *l, stoke_batch *b, uint64_t seed, uint64_t epoch,
-                         uint64_t seq)
+static int batch_indices(stoke_loader *l, stoke_batch *b, const stoke__ahead *a, uint64_t seed,
+                         uint64_t epoch, uint64_t seq)
 {
+    const stoke__ahead_entry *e = &a->e[seq & 1];
+    if (e->n && e->n == b->count && e->seq == seq && e->epoch == epoch && e->seed == seed) {
+        memcpy(b->indices, e->idx, e->n * sizeof(*e->idx)); /* computed by look_ahead */
+        return STOKE_OK;
+    }
     uint64_t pos0 = seq * l->o.batch_size;
     stoke__sampler_epoch ep;
     int rc = stoke__sampler_epoch_init(&ep, l->sampler, seed, epoch);
@@ -219,7 +224,8 @@ void stoke__loader_fill_batch(stoke_loader *l, stoke_batch *b, stoke__worker *w,
     stoke__loader_batch_start(l, b, wid, epoch);
     if (b->offsets)
         b->offsets[0] = 0;
-    if (!l->iterable && batch_indices(l, b, seed, epoch, seq) != STOKE_OK) {
+    if (!l->iterable &&
+        batch_indices(l, b, w ? &w->ahead : &l->caller_ahead, seed, epoch, seq) != STOKE_OK) {
         b->bytes = 0;
         return;
     }
@@ -350,6 +356,26 @@ stoke_batch *stoke__loader_dispatch(stoke_loader *l, stoke__worker *w, uint64_t 
     return b;
 }
 
+void stoke__loader_look_ahead(stoke_loader *l, stoke__ahead *a, uint64_t seq, uint64_t seed,
+                              uint64_t epoch)
+{
+    if (l->iterable || l->o.batch_size > STOKE_DATASET_PREFETCH_MAX ||
+        !STOKE_DATASET_HAS(&l->ds, prefetch) || seq >= l->nbatches)
+        return;
+    size_t n = batch_count(l, seq);
+    stoke__sampler_epoch ep;
+    stoke__ahead_entry *e = &a->e[seq & 1];
+    e->n = 0;
+    if (!n || stoke__sampler_epoch_init(&ep, l->sampler, seed, epoch) != STOKE_OK ||
+        stoke__sampler_fill(l->sampler, &ep, seq * l->o.batch_size, n, e->idx) != STOKE_OK)
+        return; /* fill_batch computes them again and reports what failed */
+    e->seed = seed;
+    e->epoch = epoch;
+    e->seq = seq;
+    e->n = n;
+    l->ds.prefetch(l->ds.user, e->idx, n);
+}
+
 /* Produces a dispatched batch, without `mu`; returns the busy time. */
 uint64_t stoke__loader_produce(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid,
                                uint64_t seed, uint64_t epoch)
@@ -455,8 +481,11 @@ static void *worker_main(void *arg)
             b[n++] = stoke__loader_dispatch(l, w, &gen, &seed, &epoch);
         while (n < want && can_dispatch(l, w));
         pthread_mutex_unlock(&l->mu);
-        for (int i = 0; i < n; i++)
+        for (int i = 0; i < n; i++) {
+            if (i + 1 < n) /* the group's seqs follow each other */
+                stoke__loader_look_ahead(l, &w->ahead, b[i + 1]->seq, seed, epoch);
             busy[i] = stoke__loader_produce(l, b[i], w, w->id, seed, epoch);
+        }
         pthread_mutex_lock(&l->mu);
         for (int i = 0; i < n; i++)
             stoke__loader_complete(l, b[i], gen, busy[i]);

@@ -117,6 +117,8 @@ int stoke__npy_run_failed(const stoke__npy_ds *ds, const uint64_t *idx, const st
                           size_t got, int err, char *msg, size_t msg_len, uint64_t *err_index);
 
 /* get_batch() of every mode (npy_batch.c). */
+/* The dataset's prefetch: io=mmap prefetches the rows' first bytes into the cache. */
+void stoke__npy_prefetch(void *user, const uint64_t *idx, size_t count);
 int stoke__npy_get_batch(void *user, const uint64_t *indices, size_t count, void *const dst[],
                          int worker, char *msg, size_t msg_len, uint64_t *err_index);
 /* The pread batch path (npy_batch.c): the fallback of io=uring without a ring. */

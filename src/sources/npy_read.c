@@ -24,6 +24,10 @@
 /* mmap: rows this far ahead of the copy are prefetched (their first PREFETCH_BYTES). */
 #define PREFETCH_AHEAD 8
 #define PREFETCH_BYTES 256
+/* mmap, the dataset's prefetch (the next small batch): the first AHEAD_BYTES of each row. */
+#ifndef AHEAD_BYTES
+#define AHEAD_BYTES 4096
+#endif
 /* mmap: a run at least this long gets MADV_WILLNEED first (the mapping is MADV_RANDOM, so a
  * sequential stretch would otherwise fault page by page on a cold file). */
 #define WILLNEED_MIN ((size_t)64 << 10)
@@ -197,6 +201,24 @@ static void gather_field(void *arg)
             madvise((void *)(f->map + lo), (size_t)at + len - lo, MADV_WILLNEED);
         }
         memcpy(dst + j * rb, f->map + at, len);
+    }
+}
+
+void stoke__npy_prefetch(void *user, const uint64_t *idx, size_t count)
+{
+    const stoke__npy_ds *ds = user;
+    if (ds->io != STOKE_NPY_IO_MMAP)
+        return;
+    for (int k = 0; k < ds->nfiles; k++) {
+        const stoke__npy_file *f = &ds->f[k];
+        size_t rb = f->row_bytes, pf = rb < AHEAD_BYTES ? rb : AHEAD_BYTES;
+        for (size_t j = 0; j < count; j++) {
+            if (idx[j] >= f->rows)
+                continue;
+            const unsigned char *p = f->map + f->h.data_offset + idx[j] * (uint64_t)rb;
+            for (size_t o = 0; o < pf; o += 64)
+                __builtin_prefetch(p + o);
+        }
     }
 }
 
