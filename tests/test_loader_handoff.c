@@ -488,15 +488,65 @@ static void test_prefetch_next_batch(void **state)
     pthread_mutex_destroy(&g_pf.mu);
 }
 
+/* Workers that are not given work are not woken for it: an auto loader whose active count is
+ * 0 (the caller's thread makes every batch) wakes its sleeping workers a few times at most in
+ * an epoch of 3000 batches, not once per delivery; the epoch is whole and in order. */
+static void test_idle_workers_left_asleep(void **state)
+{
+    (void)state;
+    tds t;
+    stoke_dataset ds;
+    tds_make(&t, &ds, N);
+    ds.worker_init = NULL; /* the caller's thread may make batches */
+    stoke_loader_opts o = opts(1, 2);
+    stoke_loader *l;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    stoke_batch *b;
+    assert_int_equal(stoke_loader_next(l, &b), STOKE_OK); /* the workers run */
+    stoke_batch_release(b);
+    pthread_mutex_lock(&l->mu);
+    l->nact = 0; /* what auto sets at its floor (the hill climb itself is off: not auto) */
+    pthread_mutex_unlock(&l->mu);
+    sleep_us(20000); /* the workers finish what they took and go to sleep */
+    pthread_mutex_lock(&l->mu);
+    uint64_t wakes0 = l->st_work_wakes;
+    pthread_mutex_unlock(&l->mu);
+    uint64_t k = 1;
+    int rc;
+    while ((rc = stoke_loader_next(l, &b)) == STOKE_OK) {
+        assert_true(tds_batch_ok(b));
+        assert_int_equal(stoke_batch_seq(b), k);
+        k++;
+        stoke_batch_release(b);
+    }
+    assert_int_equal(rc, STOKE_EEND);
+    assert_int_equal(k, N);
+    pthread_mutex_lock(&l->mu);
+    uint64_t wakes = l->st_work_wakes - wakes0, assisted = l->st_assisted;
+    pthread_mutex_unlock(&l->mu);
+    if (wakes > 10)
+        fail_msg("%llu wake-ups of idle workers in %llu batches (%llu made by the caller)",
+                 (unsigned long long)wakes, (unsigned long long)(k - 1),
+                 (unsigned long long)assisted);
+    stoke_loader_destroy(l);
+    tds_free(&t);
+}
+
 /* One period of the auto hill climb as stoke_loader_next runs it (next.c, adapt): the step,
  * then the new active count and the period's throughput remembered. */
-static int period_cpu(stoke_loader *l, double tput, double wait, double assisted, double cpu)
+static int period_solo(stoke_loader *l, double tput, double wait, double assisted, double cpu,
+                       double solo)
 {
-    int n = stoke__loader_adapt_step(l, tput, wait, assisted, cpu);
+    int n = stoke__loader_adapt_step(l, tput, wait, assisted, cpu, solo);
     assert_true(n >= l->nact_min && n <= l->nworkers);
     l->nact = n;
     l->ad_prev_tput = tput;
     return n;
+}
+
+static int period_cpu(stoke_loader *l, double tput, double wait, double assisted, double cpu)
+{
+    return period_solo(l, tput, wait, assisted, cpu, 0.0); /* solo unknown */
 }
 
 /* A period in which the process got all the CPU it could use. */
@@ -546,6 +596,35 @@ static void test_auto_rule(void **state)
     assert_int_equal(period_cpu(l, 100, 0.50, 0.0, 0.86), 2);
     /* the same on a busy machine (the process got 60% of what it could use): one fewer */
     assert_int_equal(period_cpu(l, 100, 0.50, 0.0, 0.60), 1);
+
+    /* solo: the consumer waits and the loader delivers under 3/4 of what one thread makes back
+     * to back (hand-offs cost more than the batches): straight to nact_min */
+    l->nworkers = 4;
+    l->nact = 4;
+    l->nact_min = 0;
+    l->ad_hold = 0;
+    l->ad_last = 0;
+    l->ad_failed = 0;
+    l->ad_backoff = 0;
+    assert_int_equal(period_solo(l, 100, 0.50, 0.0, 1.0, 0.80), 4); /* 0.80: no move */
+    assert_int_equal(period_solo(l, 100, 0.08, 0.0, 1.0, 0.40), 4); /* no wait: the consumer's */
+    assert_int_equal(period_solo(l, 100, 0.50, 0.0, 1.0, 0.40), 0); /* 0.40: all the way */
+    /* gained: kept; the caller's thread makes every batch (waits 90%): one more to try */
+    assert_int_equal(period_solo(l, 150, 0.90, 1.0, 1.0, 0.0), 1);
+    assert_int_equal(period_solo(l, 100, 0.90, 0.5, 1.0, 0.50), 0); /* lost: undone, held 2 */
+    assert_int_equal(period_solo(l, 150, 0.90, 1.0, 1.0, 0.0), 0);
+    assert_int_equal(period_solo(l, 150, 0.90, 1.0, 1.0, 0.0), 0);
+    l->nact = 4;
+    l->ad_hold = 0;
+    l->ad_last = 0;
+    assert_int_equal(period_solo(l, 100, 0.50, 0.0, 1.0, 0.40), 0);
+    assert_int_equal(period_solo(l, 50, 0.90, 1.0, 1.0, 0.0), 4); /* the drop lost: undone */
+    l->ad_hold = 0;
+    /* and not tried again while it is the move that failed last (held, then no move) */
+    assert_int_equal(period_solo(l, 100, 0.50, 0.0, 1.0, 0.40), 4);
+    l->nact_min = 1; /* threads that need a worker_init: never below 1 */
+    l->ad_failed = 0;
+    assert_int_equal(period_solo(l, 100, 0.50, 0.0, 1.0, 0.40), 1);
     free(l);
 }
 
@@ -664,6 +743,7 @@ int main(void)
         cmocka_unit_test(test_prefetch_auto),
         cmocka_unit_test(test_auto_rule),
         cmocka_unit_test(test_prefetch_next_batch),
+        cmocka_unit_test(test_idle_workers_left_asleep),
     };
     return tu_exit_status(cmocka_run_group_tests(tests, NULL, NULL));
 }

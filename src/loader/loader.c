@@ -385,7 +385,13 @@ static stoke_loader *loader_new(const stoke_loader_opts *o, const stoke_dataset 
     stoke_loader_opts_init(&l->o);
     memcpy(&l->o, o, o->size);
     l->ds = *ds;
-    pthread_mutex_init(&l->mu, NULL);
+    pthread_mutexattr_t ma;
+    pthread_mutexattr_init(&ma);
+#ifdef PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP
+    pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_ADAPTIVE_NP);
+#endif
+    pthread_mutex_init(&l->mu, &ma);
+    pthread_mutexattr_destroy(&ma);
     pthread_mutex_init(&l->stream_mu, NULL);
     pthread_cond_init(&l->work_cv, NULL);
     cond_init_mono(&l->done_cv);

@@ -133,6 +133,7 @@ typedef struct stoke__worker {
     /* ITERABLE (mu): this worker's batch number, end of its share, batches in flight */
     uint64_t k_next, end_at;
     int exhausted, outstanding;
+    int sleeping; /* (mu) waiting on work_cv */
 } stoke__worker;
 
 struct stoke_loader {
@@ -216,6 +217,7 @@ struct stoke_loader {
     /* statistics (mu) */
     uint64_t st_samples, st_batches, st_bytes, st_pinned, st_pageable, st_dcopies, st_dbytes;
     uint64_t st_derrors, st_assisted, st_nact_changes;
+    uint64_t st_work_wakes; /* (mu) broadcasts on work_cv by wake_workers (tests) */
     uint64_t st_wait_ns, st_busy_ns;
     stoke__hist wait_hist;
 
@@ -376,9 +378,10 @@ uint64_t stoke__feistel_apply(const stoke__feistel *f, uint64_t x);
 
 /* (mu) num_workers = auto: one step of the hill climb (next.c, "Auto workers"): the active
  * count for the next period, from the period's batches per ns, the share of it the consumer
- * waited and the share of batches the caller's thread made; updates l->ad_*.  Pure apart from
- * those fields (tests drive it with made-up periods). */
+ * waited, the share of batches the caller's thread made, the process's share of the CPUs it
+ * could use and `solo` (batches per ns x ns to make one; 0: unknown); updates l->ad_*.  Pure
+ * apart from those fields (tests drive it with made-up periods). */
 int stoke__loader_adapt_step(stoke_loader *l, double tput, double wait_frac, double assisted_frac,
-                             double cpu_share);
+                             double cpu_share, double solo);
 
 #endif

@@ -324,12 +324,21 @@ static int next_threaded(stoke_loader *l, stoke_batch **bp)
  *   under 0.85: another process holds some): on an idle machine that try only cost a period
  *   at a lower rate, and short epochs never made it back.
  * Before those: when the caller's thread made more than half of the period's batches itself
- * (assist), the workers mostly add hand-offs: one fewer.
- * Time in next() includes batches the caller's thread made itself. */
-#define STOKE__ADAPT_NS 50000000u
+ * (assist), the workers mostly add hand-offs: one fewer.  And first of all: when the consumer
+ * waited over 10% and the loader delivered under 3/4 of the batches one thread makes back to
+ * back (`solo`: batches per ns times the ns a batch takes to make), hand-offs cost more than
+ * the batches (a consumer that does not wait is slower than its loader): straight to
+ * nact_min (0: the caller's thread makes them, as with num_workers 0), unless that is the
+ * move that failed last.  At batch size 1 on 2 cores each hand-off moves the batch and the
+ * lock between cores (about 1 us here, a 256-byte row takes 0.3), and one step at a time took
+ * two periods to get there.
+ * Time in next() includes batches the caller's thread made itself.  The first period is
+ * shorter (STOKE__ADAPT_FIRST_NS): a short run gets its first step. */
+#define STOKE__ADAPT_NS       50000000u
+#define STOKE__ADAPT_FIRST_NS 10000000u
 
 int stoke__loader_adapt_step(stoke_loader *l, double tput, double wait_frac, double assisted_frac,
-                             double cpu_share)
+                             double cpu_share, double solo)
 {
     int n = l->nact;
     int lost = (l->ad_last > 0 && tput < l->ad_prev_tput * 1.05) ||
@@ -353,7 +362,9 @@ int stoke__loader_adapt_step(stoke_loader *l, double tput, double wait_frac, dou
     }
     int up = n < l->nworkers;
     int down = n > l->nact_min;
-    if (assisted_frac > 0.5 && down)
+    if (solo > 0 && solo < 0.75 && wait_frac > 0.10 && down && l->ad_failed >= 0)
+        l->ad_last = l->nact_min - n; /* hand-offs cost more than the batches */
+    else if (assisted_frac > 0.5 && down)
         l->ad_last = -1; /* the caller's thread makes most batches: workers add hand-offs */
     else if (wait_frac < 0.05 && down)
         l->ad_last = -1;
@@ -383,7 +394,8 @@ static void adapt(stoke_loader *l, uint64_t now, uint64_t waited)
     l->ad_batches++;
     l->ad_wait_ns += waited;
     uint64_t span = now - l->ad_t0;
-    if (span < STOKE__ADAPT_NS || l->ad_batches < 8)
+    if (span < (l->ad_prev_tput > 0 ? STOKE__ADAPT_NS : STOKE__ADAPT_FIRST_NS) ||
+        l->ad_batches < 8)
         return;
     double tput = (double)l->ad_batches / (double)span;
     double assisted = (double)(l->st_assisted - l->ad_assisted0) / (double)l->ad_batches;
@@ -391,7 +403,7 @@ static void adapt(stoke_loader *l, uint64_t now, uint64_t waited)
     int usable = l->nact + 1 < l->ncpu ? l->nact + 1 : l->ncpu;
     double share = cpu > l->ad_cpu0 ? (double)(cpu - l->ad_cpu0) / (double)span / usable : 0.0;
     int n = stoke__loader_adapt_step(l, tput, (double)l->ad_wait_ns / (double)span, assisted,
-                                     share);
+                                     share, tput * (double)l->busy_avg);
     if (n != l->nact) {
         l->nact = n;
         l->st_nact_changes++;
