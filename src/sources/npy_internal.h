@@ -31,9 +31,9 @@ typedef struct stoke__npy_file {
     size_t row_bytes;
     uint64_t size;         /* st_size at open */
     struct timespec mtime; /* st_mtim at open */
-    /* mincore and cachestat tell the truth about this file's pages: since Linux 5.0 (cachestat
-     * from the start) only to its owner, one who may write it, or root; to others mincore
-     * calls every page resident and cachestat fails with EPERM. */
+    /* mincore tells the truth about this file's pages: since Linux 5.0 only to its owner, one
+     * who may write it, or root (to others it calls every page resident).  cachestat, where it
+     * applies the same rule, fails with EPERM instead. */
     int mincore_ok;
 } stoke__npy_file;
 
