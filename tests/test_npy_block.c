@@ -540,6 +540,18 @@ static void test_resume(void **state)
     unlink(p);
 }
 
+/* Writes the test file at p for an O_DIRECT test (skips where the file system refuses
+ * O_DIRECT), with no accelerator; returns the file's pages. */
+static size_t direct_file(const char *p)
+{
+    make_file(p);
+    if (!direct_works(p))
+        tu_skip("O_DIRECT reads are refused on this file system (%s)", p);
+    tu_use_none();
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    return ((size_t)ROWS * ROW + g_hn + pg - 1) / pg;
+}
+
 /* direct=on, io=pread and io=uring, 0 and 2 workers, data and big-endian labels, evicted: every
  * row and label right in both epochs, in the order of direct=off; with 0 workers each block read
  * whole with O_DIRECT once per epoch and every row served from a buffer; and the data file's
@@ -549,13 +561,8 @@ static void test_direct_blocks(void **state)
 {
     (void)state;
     const char *p = tmp("direct.npy"), *lp = tmp("direct_labels.npy");
-    make_file(p);
+    size_t all = direct_file(p);
     make_labels(lp);
-    if (!direct_works(p))
-        tu_skip("O_DIRECT reads are refused on this file system (%s)", p);
-    tu_use_none();
-    size_t pg = (size_t)sysconf(_SC_PAGESIZE);
-    size_t all = ((size_t)ROWS * ROW + g_hn + pg - 1) / pg;
     static uint64_t order[ROWS], order0[ROWS];
     int have = 0;
     static const int io[] = {STOKE_NPY_IO_PREAD, STOKE_NPY_IO_URING};
@@ -620,12 +627,7 @@ static void test_direct_every_epoch(void **state)
 {
     (void)state;
     const char *p = tmp("direct_epochs.npy");
-    make_file(p);
-    if (!direct_works(p))
-        tu_skip("O_DIRECT reads are refused on this file system (%s)", p);
-    tu_use_none();
-    size_t pg = (size_t)sysconf(_SC_PAGESIZE);
-    size_t all = ((size_t)ROWS * ROW + g_hn + pg - 1) / pg;
+    size_t all = direct_file(p);
     static uint64_t order[ROWS];
     evict(p);
     stoke_dataset ds;
