@@ -384,7 +384,9 @@ static stoke_loader *loader_new(const stoke_loader_opts *o, const stoke_dataset 
         return NULL;
     stoke_loader_opts_init(&l->o);
     memcpy(&l->o, o, o->size);
-    l->ds = *ds;
+    /* a caller built against an older header has a smaller struct: copy what it has (the rest
+     * stays zero, and STOKE_DATASET_HAS reads its size) */
+    memcpy(&l->ds, ds, ds->size && ds->size < sizeof(*ds) ? ds->size : sizeof(*ds));
     pthread_mutexattr_t ma;
     pthread_mutexattr_init(&ma);
 #ifdef PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP
