@@ -25,9 +25,7 @@
 #define PREFETCH_AHEAD 8
 #define PREFETCH_BYTES 256
 /* mmap, the dataset's prefetch (the next small batch): the first AHEAD_BYTES of each row. */
-#ifndef AHEAD_BYTES
 #define AHEAD_BYTES 4096
-#endif
 /* mmap: a run at least this long gets MADV_WILLNEED first (the mapping is MADV_RANDOM, so a
  * sequential stretch would otherwise fault page by page on a cold file). */
 #define WILLNEED_MIN ((size_t)64 << 10)
