@@ -186,40 +186,53 @@ static void test_fill_equals_index(void **state)
                 }
 }
 
-/* The AVX-512 batch path (when this CPU has it) and the scalar one give the same indices: whole
- * RANDOM epochs of sizes around multiples of 8 and with much cycle walking; then every kind of
- * test_fill_equals_index again on the scalar path (it ran on the default one). */
+/* Every batch path this build has on this CPU (the refilled lanes, the lanes built for AVX2,
+ * AVX-512) gives the scalar walk's indices: whole RANDOM epochs of sizes around the lane count
+ * and with much cycle walking, in batches around one and two groups of lanes (the refill, its
+ * last sweep and the groups after it); then every kind of test_fill_equals_index on each path
+ * (it ran on the default one). */
 static void test_fill_simd_equals_scalar(void **state)
 {
     (void)state;
-    if (!stoke__feistel_simd_in_use())
-        print_message("note: no AVX-512 path in this build or on this CPU: the scalar path "
-                      "is compared with itself\n");
+    stoke__feistel_simd = 3;
+    int best = stoke__feistel_simd_in_use();
+    assert_true(best >= 1); /* the lanes exist in every build */
+    if (best < 3)
+        print_message("note: paths up to %d on this build and CPU (3, AVX-512, not here)\n", best);
     static const uint64_t sizes[] = {2,  5,   8,   9,    15,     16,
                                      17, 63,  65,  100,  4097,   100003,
                                      (1u << 18) + 1, (1u << 20) + 7};
+    static const size_t batches[] = {1000, 16, 17, 31, 32, 33, 47, 48, 49, 256};
     for (size_t z = 0; z < STOKE__ARRAY_LEN(sizes); z++) {
         cfg c = {.kind = STOKE_SAMPLER_RANDOM};
         void *keep;
         stoke_sampler *s = make(&c, sizes[z], &keep);
-        stoke__feistel_simd = 1;
-        uint64_t *a = order_by_fill(s, 5, 1, 1000);
         stoke__feistel_simd = 0;
-        uint64_t *b = order_by_fill(s, 5, 1, 1000);
-        stoke__feistel_simd = 1;
-        for (uint64_t i = 0; i < sizes[z]; i++)
-            if (a[i] != b[i])
-                fail_msg("n %llu, position %llu: AVX-512 path %llu, scalar %llu",
-                         (unsigned long long)sizes[z], (unsigned long long)i,
-                         (unsigned long long)a[i], (unsigned long long)b[i]);
-        free(a);
-        free(b);
+        uint64_t *ref = order_by_fill(s, 5, 1, 1000);
+        for (int path = 1; path <= best; path++) {
+            stoke__feistel_simd = path;
+            assert_int_equal(stoke__feistel_simd_in_use(), path);
+            for (size_t k = 0; k < STOKE__ARRAY_LEN(batches); k++) {
+                if (sizes[z] > 5000 && k > 0 && batches[k] != 256)
+                    continue; /* the big sizes: the two batch sizes that matter for speed */
+                uint64_t *a = order_by_fill(s, 5, 1, batches[k]);
+                for (uint64_t i = 0; i < sizes[z]; i++)
+                    if (a[i] != ref[i])
+                        fail_msg("n %llu, batch %zu, position %llu: path %d %llu, scalar %llu",
+                                 (unsigned long long)sizes[z], batches[k], (unsigned long long)i,
+                                 path, (unsigned long long)a[i], (unsigned long long)ref[i]);
+                free(a);
+            }
+        }
+        free(ref);
         stoke_sampler_destroy(s);
         free(keep);
     }
-    stoke__feistel_simd = 0;
-    test_fill_equals_index(NULL);
-    stoke__feistel_simd = 1;
+    for (int path = 0; path <= best; path++) {
+        stoke__feistel_simd = path;
+        test_fill_equals_index(NULL);
+    }
+    stoke__feistel_simd = 3;
 }
 
 /* Whole epochs filled per batch hash as the per-sample orders do (RANDOM over 2^20 + 7 is in

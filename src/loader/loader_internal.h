@@ -366,10 +366,12 @@ int stoke__sampler_epoch_init(stoke__sampler_epoch *e, const stoke_sampler *s, u
  * Expected O(count) time (O(1) per position: no position needs an earlier one). */
 int stoke__sampler_fill(const stoke_sampler *s, const stoke__sampler_epoch *e, uint64_t pos0,
                         size_t count, uint64_t *out);
-/* stoke__sampler_fill computes a batch of RANDOM (and block) positions eight at a time with
- * AVX-512 when this build targets x86-64 and the CPU has AVX512F and AVX512DQ, unless
- * stoke__feistel_simd is 0 (tests set it to compare the two paths: the same indices).
- * stoke__feistel_simd_in_use says which path a fill takes now. */
+/* stoke__sampler_fill computes a batch of RANDOM (and shuffled SUBSET) positions with the
+ * fastest path this build has on this CPU, at most stoke__feistel_simd: 0 the scalar walk, 1 the
+ * refilled lanes (sampler.c), 2 the lanes compiled for AVX2, 3 eight at a time with AVX-512
+ * (x86-64 with AVX512F and AVX512DQ).  Batches under 16 take the scalar walk.  Every path gives
+ * the same indices; tests lower stoke__feistel_simd to compare them.  stoke__feistel_simd_in_use
+ * says which path a fill of 16 or more takes now. */
 extern int stoke__feistel_simd;
 int stoke__feistel_simd_in_use(void);
 /* stoke_permute's network: derive once, apply many times (same images as stoke_permute). */
