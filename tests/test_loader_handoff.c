@@ -741,6 +741,56 @@ static void test_auto_fast_get_slow_consumer(void **state)
     }
 }
 
+/* A consumer waiting for a batch that a worker is making, when batches take longer than a spin
+ * (here ~100 us a sample), makes the next batch itself (docs/loader.md, "Hand-off": help): the
+ * worker blocks in the first sample past 50 it makes until a batch comes from the caller's
+ * thread while it is blocked (3 s at most).  Without the help the consumer only waits, the
+ * worker gives up after 3 s and the test fails; with it every sample still comes once and in
+ * order. */
+static atomic_int help_blocked, help_seen, help_done;
+
+static int help_get(void *user, uint64_t index, void *const dst[], int worker, char *msg,
+                    size_t msg_len)
+{
+    sleep_us(100);
+    if (worker == 1 && atomic_load(&help_blocked))
+        atomic_store(&help_seen, 1);
+    if (worker == 0 && index >= 50 && !atomic_exchange(&help_done, 1)) {
+        atomic_store(&help_blocked, 1);
+        for (int i = 0; i < 3000 && !atomic_load(&help_seen); i++)
+            sleep_us(1000);
+        atomic_store(&help_blocked, 0);
+    }
+    return tds_get(user, index, dst, worker, msg, msg_len);
+}
+
+static void test_consumer_helps_while_waiting(void **state)
+{
+    (void)state;
+    tds t;
+    stoke_dataset ds;
+    tds_make(&t, &ds, 200);
+    ds.worker_init = NULL; /* the caller's thread may make batches (worker id 1) */
+    ds.get = help_get;
+    atomic_store(&help_blocked, 0);
+    atomic_store(&help_seen, 0);
+    atomic_store(&help_done, 0);
+    stoke_loader_opts o = opts(1, 1);
+    stoke_loader *l;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    epoch(l, 200, 1, NULL, 0);
+    assert_int_equal(atomic_load(&help_done), 1);
+    if (!atomic_load(&help_seen))
+        fail_msg("the consumer waited for the blocked worker's batch without making one itself");
+    stoke_loader_stats st;
+    memset(&st, 0, sizeof(st));
+    st.size = sizeof(st);
+    assert_int_equal(stoke_loader_get_stats(l, &st), STOKE_OK);
+    assert_true(st.assisted_batches >= 1);
+    stoke_loader_destroy(l);
+    tds_free(&t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -755,6 +805,7 @@ int main(void)
         cmocka_unit_test(test_auto_rule),
         cmocka_unit_test(test_prefetch_next_batch),
         cmocka_unit_test(test_idle_workers_left_asleep),
+        cmocka_unit_test(test_consumer_helps_while_waiting),
     };
     return tu_exit_status(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -211,12 +211,13 @@ struct stoke_loader {
     /* Bumped (release) with `mu` held whenever workers might find work: they spin on it. */
     _Atomic uint64_t work_events;
     /* auto: the hill climb over nact (consumer only; loader.c, adapt) */
-    uint64_t ad_t0, ad_batches, ad_wait_ns, ad_assisted0, ad_cpu0;
+    uint64_t ad_t0, ad_batches, ad_wait_ns, ad_assisted0, ad_helped0, ad_cpu0;
     double ad_prev_tput;
     int ad_last, ad_backoff, ad_hold, ad_failed;
     /* statistics (mu) */
     uint64_t st_samples, st_batches, st_bytes, st_pinned, st_pageable, st_dcopies, st_dbytes;
     uint64_t st_derrors, st_assisted, st_nact_changes;
+    uint64_t st_helped; /* (mu) of st_assisted, those made while a worker made the one needed */
     uint64_t st_work_wakes; /* (mu) broadcasts on work_cv by wake_workers (tests) */
     uint64_t st_wait_ns, st_busy_ns;
     stoke__hist wait_hist;
