@@ -339,7 +339,8 @@ static int next_threaded(stoke_loader *l, stoke_batch **bp)
  *   under 0.85: another process holds some): on an idle machine that try only cost a period
  *   at a lower rate, and short epochs never made it back.
  * Before those: when the caller's thread made more than half of the period's batches itself
- * (assist), the workers mostly add hand-offs: one fewer.  And first of all: when the consumer
+ * because nobody was making them (assist; not those it made while helping), the workers mostly
+ * add hand-offs: one fewer.  And first of all: when the consumer
  * waited over 10% and the loader delivered under 3/4 of the batches one thread makes back to
  * back (`solo`: batches per ns times the ns a batch takes to make), hand-offs cost more than
  * the batches (a consumer that does not wait is slower than its loader): straight to
