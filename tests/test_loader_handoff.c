@@ -742,31 +742,40 @@ static void test_auto_fast_get_slow_consumer(void **state)
 }
 
 /* A consumer waiting for a batch that a worker is making, when batches take longer than a spin
- * (here ~100 us a sample), makes the next batch itself (docs/loader.md, "Hand-off": help): the
- * worker blocks in the first sample past 50 it makes until a batch comes from the caller's
- * thread while it is blocked (3 s at most).  Without the help the consumer only waits, the
- * worker gives up after 3 s and the test fails; with it every sample still comes once and in
- * order. */
-static atomic_int help_blocked, help_seen, help_done;
+ * (here ~100 us a sample), makes a later batch itself (docs/loader.md, "Hand-off": help).  The
+ * worker blocks in the first sample past 50 it makes, p, until the caller's thread makes a
+ * sample after p while it is blocked (3 s at most); the caller's thread does not start a sample
+ * past 50 before the worker blocks, and the window holds the whole epoch, so the consumer can
+ * always help.  Without the help the consumer only waits for p (the batches it makes because
+ * nobody makes them are never after p), the worker gives up after 3 s and the test fails; with
+ * it every sample still comes once and in order.  With a timeout set the consumer never helps
+ * (it stays free to watch the workers' samples): the worker gives up after 300 ms and no sample
+ * after p came from the caller's thread meanwhile. */
+static atomic_int help_blocked, help_seen, help_done, help_wait_ms;
+static atomic_ulong help_p;
 
 static int help_get(void *user, uint64_t index, void *const dst[], int worker, char *msg,
                     size_t msg_len)
 {
     sleep_us(100);
-    if (worker == 1 && atomic_load(&help_blocked))
+    if (worker == 1 && index >= 50)
+        for (int i = 0; i < 3000 && !atomic_load(&help_done); i++)
+            sleep_us(1000);
+    if (worker == 1 && atomic_load(&help_blocked) && index > atomic_load(&help_p))
         atomic_store(&help_seen, 1);
-    if (worker == 0 && index >= 50 && !atomic_exchange(&help_done, 1)) {
+    if (worker == 0 && index >= 50 && !atomic_load(&help_done)) {
+        atomic_store(&help_p, index);
         atomic_store(&help_blocked, 1);
-        for (int i = 0; i < 3000 && !atomic_load(&help_seen); i++)
+        atomic_store(&help_done, 1);
+        for (int i = 0; i < atomic_load(&help_wait_ms) && !atomic_load(&help_seen); i++)
             sleep_us(1000);
         atomic_store(&help_blocked, 0);
     }
     return tds_get(user, index, dst, worker, msg, msg_len);
 }
 
-static void test_consumer_helps_while_waiting(void **state)
+static void help_epoch(unsigned timeout_ms, int wait_ms, int want_seen)
 {
-    (void)state;
     tds t;
     stoke_dataset ds;
     tds_make(&t, &ds, 200);
@@ -775,20 +784,35 @@ static void test_consumer_helps_while_waiting(void **state)
     atomic_store(&help_blocked, 0);
     atomic_store(&help_seen, 0);
     atomic_store(&help_done, 0);
+    atomic_store(&help_wait_ms, wait_ms);
+    atomic_store(&help_p, 0);
     stoke_loader_opts o = opts(1, 1);
+    o.prefetch_factor = 256; /* a window over the whole epoch */
+    o.timeout_ms = timeout_ms;
     stoke_loader *l;
     assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
     epoch(l, 200, 1, NULL, 0);
     assert_int_equal(atomic_load(&help_done), 1);
-    if (!atomic_load(&help_seen))
+    if (want_seen && !atomic_load(&help_seen))
         fail_msg("the consumer waited for the blocked worker's batch without making one itself");
+    if (!want_seen && atomic_load(&help_seen))
+        fail_msg("the consumer made a batch while a worker was blocked, with timeout_ms %u",
+                 timeout_ms);
     stoke_loader_stats st;
     memset(&st, 0, sizeof(st));
     st.size = sizeof(st);
     assert_int_equal(stoke_loader_get_stats(l, &st), STOKE_OK);
-    assert_true(st.assisted_batches >= 1);
+    if (want_seen)
+        assert_true(st.assisted_batches >= 1);
     stoke_loader_destroy(l);
     tds_free(&t);
+}
+
+static void test_consumer_helps_while_waiting(void **state)
+{
+    (void)state;
+    help_epoch(0, 3000, 1);
+    help_epoch(60000, 300, 0);
 }
 
 int main(void)
