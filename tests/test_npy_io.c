@@ -21,6 +21,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/internal.h"
+#include "sources/npy_internal.h"
 #include "stoke/stoke.h"
 
 #define SKIP_RETURN_CODE 77
@@ -492,6 +494,71 @@ static void test_spec_io(void **state)
     unlink(p);
 }
 
+/* The non-temporal copy equals memcpy for every length around its 64-byte body and every
+ * misalignment of the destination; io=mmap with it forced (stoke__npy_nt_min 1, no second copy
+ * needed) gives the file's bytes and labels into misaligned batch slots (3000-byte rows: each
+ * has a head, a body and a tail), counting each field in stoke__npy_nt_fields; without
+ * another batch being copied at the same time it is not used. */
+static void test_mmap_streaming_stores(void **state)
+{
+    (void)state;
+    unsigned char src[600], a[640], b[640];
+    for (size_t i = 0; i < sizeof(src); i++)
+        src[i] = (unsigned char)(i * 131 + 7);
+    for (size_t off = 0; off < 16; off++)
+        for (size_t n = 0; n < 300; n += off % 3 + 1) {
+            memset(a, 0xee, sizeof(a));
+            memset(b, 0xee, sizeof(b));
+            stoke__copy_nt(a + off, src + (n % 5), n);
+            stoke__copy_nt_done();
+            memcpy(b + off, src + (n % 5), n);
+            if (memcmp(a, b, sizeof(a)) != 0)
+                fail_msg("stoke__copy_nt of %zu bytes at offset %zu differs from memcpy", n, off);
+        }
+
+    const char *p = tmp("nt.npy"), *lp = tmp("nt-labels.npy");
+    make_files(p, lp);
+    enum { N = 600 };
+    uint64_t *idx = malloc(N * sizeof(*idx));
+    unsigned char *d = malloc((size_t)N * ROW + 16);
+    int64_t *lab = malloc(N * sizeof(*lab) + 16);
+    stoke_dataset ds;
+    assert_int_equal(open_io(p, lp, STOKE_NPY_IO_MMAP, &ds), STOKE_OK);
+    stoke__npy_nt_min = 1;
+    char msg[256];
+    for (int always = 1; always >= 0; always--) {
+        stoke__npy_nt_always = always;
+        for (unsigned seed = 1; seed <= 3; seed++) {
+            size_t n = N - seed * 100, off = seed * 5;
+            batch_indices(idx, n, seed);
+            memset(d, 0, (size_t)N * ROW + 16);
+            unsigned char *dd = d + off;
+            int64_t *ll = lab; /* labels: 8-byte rows, runs of them reach STOKE__NPY_NT_RUN */
+            void *dst[STOKE_MAX_FIELDS] = {dd, ll};
+            uint64_t err = 0, before = atomic_load(&stoke__npy_nt_fields);
+            assert_int_equal(ds.get_batch(ds.user, idx, n, dst, 0, msg, sizeof(msg), &err),
+                             STOKE_OK);
+            for (size_t j = 0; j < n; j++) {
+                if (memcmp(dd + j * ROW, g_data + idx[j] * ROW, ROW) != 0)
+                    fail_msg("always %d, slot %zu (sample %llu): wrong bytes", always, j,
+                             (unsigned long long)idx[j]);
+                if (ll[j] != g_labels[idx[j]])
+                    fail_msg("always %d, slot %zu: label %lld, expected %lld", always, j,
+                             (long long)ll[j], (long long)g_labels[idx[j]]);
+            }
+            assert_int_equal(atomic_load(&stoke__npy_nt_fields) - before, always ? 2 : 0);
+        }
+    }
+    stoke__npy_nt_always = 0;
+    stoke__npy_nt_min = STOKE__NPY_NT_MIN;
+    stoke_dataset_close(&ds);
+    free(idx);
+    free(d);
+    free(lab);
+    unlink(p);
+    unlink(lp);
+}
+
 int main(void)
 {
     g_uring = stoke_npy_io_available(STOKE_NPY_IO_URING) == STOKE_OK;
@@ -501,6 +568,7 @@ int main(void)
         cmocka_unit_test(test_modes_identical),      cmocka_unit_test(test_loader_identical),
         cmocka_unit_test(test_truncated_same_error), cmocka_unit_test(test_auto_follows_residency),
         cmocka_unit_test(test_uring_unavailable),    cmocka_unit_test(test_spec_io),
+        cmocka_unit_test(test_mmap_streaming_stores),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     if (rc == 0 && g_skipped) {

@@ -76,6 +76,16 @@ void stoke__thread_name(const char *name);
  * out of memory.  Freed with stoke__resident_free(p, size) (the same size). */
 void *stoke__resident_alloc(size_t size);
 void stoke__resident_free(void *p, size_t size);
+/* Copies n bytes with non-temporal stores: on x86-64 SSE2 streaming stores for the middle,
+ * from the first 16-byte aligned byte of dst, and memcpy for the ends; elsewhere memcpy.  The
+ * destination's cache lines are not read first (memcpy's stores read each line they write when
+ * it is not in the cache) and do not displace the cache: a copy into buffers far larger than
+ * the cache then moves two bytes of memory traffic per byte instead of three.  For memory no
+ * core reads soon (a batch handed to a device, or too big to stay in the cache anyway).  The
+ * stores are weakly ordered: call stoke__copy_nt_done() after a run of them, before the data is
+ * published to another thread (a lock release orders them too, but say it). */
+void stoke__copy_nt(void *dst, const void *src, size_t n);
+void stoke__copy_nt_done(void);
 /* Bytes of physical memory (0 if unknown). */
 uint64_t stoke__physical_memory(void);
 

@@ -2,10 +2,17 @@
 #define _GNU_SOURCE /* MAP_ANONYMOUS, MADV_HUGEPAGE, MADV_POPULATE_WRITE */
 #include <errno.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include "common/internal.h"
+
+#if defined(__x86_64__) && !defined(STOKE_NO_SIMD)
+#include <emmintrin.h>
+#define STOKE__COPY_NT 1
+#endif
 
 void *stoke__resident_alloc(size_t size)
 {
@@ -42,4 +49,41 @@ void stoke__resident_free(void *p, size_t size)
 {
     if (p)
         munmap(p, size ? size : 1);
+}
+
+void stoke__copy_nt(void *dst, const void *src, size_t n)
+{
+#ifdef STOKE__COPY_NT
+    unsigned char *d = dst;
+    const unsigned char *s = src;
+    size_t head = (16u - ((uintptr_t)d & 15u)) & 15u;
+    if (n < head + 64) {
+        memcpy(d, s, n);
+        return;
+    }
+    memcpy(d, s, head);
+    d += head;
+    s += head;
+    n -= head;
+    for (; n >= 64; n -= 64, d += 64, s += 64) {
+        __m128i a = _mm_loadu_si128((const __m128i *)(const void *)s);
+        __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(s + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(const void *)(s + 32));
+        __m128i e = _mm_loadu_si128((const __m128i *)(const void *)(s + 48));
+        _mm_stream_si128((__m128i *)(void *)d, a);
+        _mm_stream_si128((__m128i *)(void *)(d + 16), b);
+        _mm_stream_si128((__m128i *)(void *)(d + 32), c);
+        _mm_stream_si128((__m128i *)(void *)(d + 48), e);
+    }
+    memcpy(d, s, n);
+#else
+    memcpy(dst, src, n);
+#endif
+}
+
+void stoke__copy_nt_done(void)
+{
+#ifdef STOKE__COPY_NT
+    _mm_sfence();
+#endif
 }

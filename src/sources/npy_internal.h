@@ -17,6 +17,22 @@
  * batch that holds such an index): at least once per epoch that visits sample 0. */
 #define STOKE__NPY_STAT_EVERY 256
 
+/* io=mmap: a field whose rows in one batch come to at least this many bytes, copied while
+ * another batch of the dataset is being copied too, is copied with non-temporal stores
+ * (stoke__copy_nt; runs of under STOKE__NPY_NT_RUN bytes with memcpy).  The loader rotates at
+ * least four batch buffers, so such batches fill 32 MiB or more, past the last-level cache of a
+ * core complex of current server CPUs, and memcpy reads every line it writes from memory first:
+ * with two copies at once the memory's bandwidth is the limit, and streaming stores leave more
+ * of it for the rows (150 KB rows, batch 64, 2 workers or 1 with the consumer's help: +22%).  A
+ * copy on its own is not bandwidth bound and lost 9% with them, so it keeps memcpy.  Tests
+ * lower stoke__npy_nt_min, set stoke__npy_nt_always (no need for a second copy) and read
+ * stoke__npy_nt_fields, the batch fields copied that way. */
+#define STOKE__NPY_NT_MIN ((size_t)8 << 20)
+#define STOKE__NPY_NT_RUN ((size_t)1024)
+extern size_t stoke__npy_nt_min;
+extern int stoke__npy_nt_always;
+extern _Atomic uint64_t stoke__npy_nt_fields;
+
 /* Rings per dataset: worker w uses ring w % STOKE__NPY_RINGS (each has a lock, so two loaders
  * sharing a dataset, or worker ids past the table, only serialise). */
 #define STOKE__NPY_RINGS 64
@@ -52,6 +68,9 @@ typedef struct stoke__npy_ds {
      * hints made (freed by close). */
     _Atomic(stoke__npy_stage *) stage;
     _Atomic(stoke__npy_stage *) stages; /* newest first; ->older never changes once published */
+    /* io=mmap: batches being copied now (get_batch() of any thread; written through a cast,
+     * the rest of the struct is read-only once open) */
+    atomic_int copying;
 } stoke__npy_ds;
 
 /* A run: samples pos .. pos + n - 1 of a batch, field k, whose rows are consecutive in the file

@@ -166,9 +166,14 @@ int stoke__npy_runs_next(stoke__npy_runs *it, stoke__npy_run *r)
 
 /* ---- io=mmap -------------------------------------------------------------------------------- */
 
+size_t stoke__npy_nt_min = STOKE__NPY_NT_MIN;
+int stoke__npy_nt_always;
+_Atomic uint64_t stoke__npy_nt_fields;
+
 typedef struct gather {
     stoke__npy_runs it;
     const stoke__npy_file *f;
+    int nt;              /* non-temporal stores for runs of STOKE__NPY_NT_RUN bytes or more */
     volatile size_t pos; /* first sample of the run being copied (read after a fault) */
 } gather;
 
@@ -198,7 +203,10 @@ static void gather_field(void *arg)
             size_t lo = (size_t)at / pg * pg;
             madvise((void *)(f->map + lo), (size_t)at + len - lo, MADV_WILLNEED);
         }
-        memcpy(dst + j * rb, f->map + at, len);
+        if (g->nt && len >= STOKE__NPY_NT_RUN)
+            stoke__copy_nt(dst + j * rb, f->map + at, len);
+        else
+            memcpy(dst + j * rb, f->map + at, len);
     }
 }
 
@@ -220,8 +228,9 @@ void stoke__npy_prefetch(void *user, const uint64_t *idx, size_t count)
     }
 }
 
-static int batch_mmap(const stoke__npy_ds *ds, const uint64_t *idx, size_t count, void *const dst[],
-                      char *msg, size_t msg_len, uint64_t *err_index)
+static int batch_mmap_fields(const stoke__npy_ds *ds, const uint64_t *idx, size_t count,
+                             void *const dst[], int shared, char *msg, size_t msg_len,
+                             uint64_t *err_index)
 {
     for (int k = 0; k < ds->nfiles; k++) {
         const stoke__npy_file *f = &ds->f[k];
@@ -232,14 +241,32 @@ static int batch_mmap(const stoke__npy_ds *ds, const uint64_t *idx, size_t count
         g.it.k = k;
         g.it.kend = k + 1;
         g.f = f;
+        g.nt = count * f->row_bytes >= stoke__npy_nt_min && (shared || stoke__npy_nt_always);
         g.pos = 0;
-        if (stoke__guarded_run(gather_field, &g, f->map, f->map_len) != 0) {
+        int faulted = stoke__guarded_run(gather_field, &g, f->map, f->map_len) != 0;
+        if (g.nt) {
+            stoke__copy_nt_done(); /* the batch is published to the consumer next */
+            atomic_fetch_add_explicit(&stoke__npy_nt_fields, 1, memory_order_relaxed);
+        }
+        if (faulted) {
             *err_index = idx[g.pos];
             return stoke__npy_changed(f, idx[g.pos], msg, msg_len,
                                       "its mapped pages are gone: truncated");
         }
     }
     return STOKE_OK;
+}
+
+/* The copies of one batch, counted in ds->copying: whether another batch is being copied at the
+ * same time decides the non-temporal stores. */
+static int batch_mmap(const stoke__npy_ds *ds, const uint64_t *idx, size_t count, void *const dst[],
+                      char *msg, size_t msg_len, uint64_t *err_index)
+{
+    atomic_int *copying = (atomic_int *)&ds->copying;
+    int others = atomic_fetch_add_explicit(copying, 1, memory_order_relaxed);
+    int rc = batch_mmap_fields(ds, idx, count, dst, others > 0, msg, msg_len, err_index);
+    atomic_fetch_sub_explicit(copying, 1, memory_order_relaxed);
+    return rc;
 }
 
 /* ---- io=pread ------------------------------------------------------------------------------- */
