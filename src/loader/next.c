@@ -419,8 +419,8 @@ static void adapt(stoke_loader *l, uint64_t now, uint64_t waited)
     double tput = (double)l->ad_batches / (double)span;
     /* the batches the caller's thread made because nobody was making them: those it made
      * while helping a worker say nothing about hand-offs */
-    double assisted = (double)(l->st_assisted - l->ad_assisted0 - (l->st_helped - l->ad_helped0)) /
-                      (double)l->ad_batches;
+    uint64_t helped = l->st_helped - l->ad_helped0;
+    double assisted = (double)(l->st_assisted - l->ad_assisted0 - helped) / (double)l->ad_batches;
     uint64_t cpu = process_cpu_ns();
     int usable = l->nact + 1 < l->ncpu ? l->nact + 1 : l->ncpu;
     double share = cpu > l->ad_cpu0 ? (double)(cpu - l->ad_cpu0) / (double)span / usable : 0.0;
