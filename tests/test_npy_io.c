@@ -117,6 +117,16 @@ static void check_batch(const uint64_t *idx, size_t n, const unsigned char *d, c
     }
 }
 
+/* Frees a test's batch arrays and removes its two files. */
+static void free_case(void *idx, void *d, void *lab, const char *p, const char *lp)
+{
+    free(idx);
+    free(d);
+    free(lab);
+    unlink(p);
+    unlink(lp);
+}
+
 /* Every mode: get() of every sample and get_batch() of shuffled batches with runs (longer
  * than the uring queue, so the queue refills) give the file's bytes and native labels. */
 static void test_modes_identical(void **state)
@@ -165,11 +175,7 @@ static void test_modes_identical(void **state)
         assert_non_null(strstr(msg, "index 1004 out of range"));
         stoke_dataset_close(&ds);
     }
-    free(idx);
-    free(d);
-    free(lab);
-    unlink(p);
-    unlink(lp);
+    free_case(idx, d, lab, p, lp);
 }
 
 /* One shuffled epoch through the loader: every batch's samples (indices, bytes, labels) for
@@ -552,11 +558,7 @@ static void test_mmap_streaming_stores(void **state)
     stoke__npy_nt_always = 0;
     stoke__npy_nt_min = STOKE__NPY_NT_MIN;
     stoke_dataset_close(&ds);
-    free(idx);
-    free(d);
-    free(lab);
-    unlink(p);
-    unlink(lp);
+    free_case(idx, d, lab, p, lp);
 }
 
 int main(void)
