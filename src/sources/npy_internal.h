@@ -23,8 +23,9 @@
  * least four batch buffers, so such batches fill 32 MiB or more, past the last-level cache of a
  * core complex of current server CPUs, and memcpy reads every line it writes from memory first:
  * with two copies at once the memory's bandwidth is the limit, and streaming stores leave more
- * of it for the rows (150 KB rows, batch 64, 2 workers or 1 with the consumer's help: +22%).  A
- * copy on its own is not bandwidth bound and lost 9% with them, so it keeps memcpy.  Tests
+ * of it for the rows (150 KB rows, batch 64: 1 worker and the consumer's help +18%, 2 workers
+ * +8%, auto +17%).  A copy on its own is not bandwidth bound and lost 9% with them, so it keeps
+ * memcpy.  Tests
  * lower stoke__npy_nt_min, set stoke__npy_nt_always (no need for a second copy) and read
  * stoke__npy_nt_fields, the batch fields copied that way. */
 #define STOKE__NPY_NT_MIN ((size_t)8 << 20)

@@ -257,11 +257,18 @@ static int batch_mmap_fields(const stoke__npy_ds *ds, const uint64_t *idx, size_
     return STOKE_OK;
 }
 
-/* The copies of one batch, counted in ds->copying: whether another batch is being copied at the
- * same time decides the non-temporal stores. */
+/* The copies of one batch.  A batch with a field big enough for the non-temporal stores is
+ * counted in ds->copying: whether another one is being copied at the same time decides them.
+ * Smaller batches leave the counter alone (an atomic on a shared line per batch would cost
+ * more than a batch of one small row). */
 static int batch_mmap(const stoke__npy_ds *ds, const uint64_t *idx, size_t count, void *const dst[],
                       char *msg, size_t msg_len, uint64_t *err_index)
 {
+    int big = 0;
+    for (int k = 0; k < ds->nfiles; k++)
+        big |= dst[k] && count * ds->f[k].row_bytes >= stoke__npy_nt_min;
+    if (!big)
+        return batch_mmap_fields(ds, idx, count, dst, 0, msg, msg_len, err_index);
     atomic_int *copying = (atomic_int *)&ds->copying;
     int others = atomic_fetch_add_explicit(copying, 1, memory_order_relaxed);
     int rc = batch_mmap_fields(ds, idx, count, dst, others > 0, msg, msg_len, err_index);
