@@ -14,7 +14,10 @@ Peers, each run as its own process that times only its loop and prints one JSON 
               (BatchSampler(RandomSampler) as sampler, batch_size=None), 0 and 2 workers.
   stoke_w*    stoke load npy:FILE --batch-size B --workers W --shuffle --json --no-hash, W = 0, 2
               and auto when `stoke load --help` offers it.
-Cases (warm: files read into the page cache first): u8_3k (3x32x32 uint8, batch 256), u8_150k
+Cases (warm: files read into the page cache before every run, for every peer alike; a host may
+reclaim page cache on its own, and a file warmed once per case was seen here to fall below
+io=auto's 99% resident rule within a minute, after which stoke read it with io_uring while
+the C gather's MAP_POPULATE read the missing pages in before its clock): u8_3k (3x32x32 uint8, batch 256), u8_150k
 (3x224x224 uint8, batch 64), f32_256 (1,000,000 x 64 float32, batch 1024), labels (3x32x32 +
 int64 labels, batch 256), batch1 (3x32x32, batch 1, a prefix of the epoch); busy (one
 `bench_tool spin` process hogging a core: stoke with its default workers vs the single-threaded
@@ -258,7 +261,9 @@ def fmt_rate(r):
         return "failed: " + (err if len(err) < 110 else err[:30] + " ... " + err[-75:])
     runs = ", ".join(f"{j['samples_per_s']:,.0f}" for j in r["runs"])
     mb = r.get("bytes_per_s") or 0
-    return f"{r['samples_per_s']:>14,.0f} {mb / 1e6:>10,.0f}   runs: {runs}"
+    ios = sorted({j["io"] for j in r["runs"] if j.get("io")})  # stoke: what io=auto chose
+    io = f"   io: {'/'.join(ios)}" if ios else ""
+    return f"{r['samples_per_s']:>14,.0f} {mb / 1e6:>10,.0f}   runs: {runs}{io}"
 
 
 def ratio(num, den, target, what):
@@ -315,8 +320,8 @@ def same_rows(res, expect_sum):
 # --- cases --------------------------------------------------------------------------------------
 
 def warm_case(case):
-    warm(*[p for p in (case["file"], case.get("labels")) if p])
-    res = run_peers(warm_peers(case))
+    files = [p for p in (case["file"], case.get("labels")) if p]
+    res = run_peers(warm_peers(case), before=lambda p: warm(*files))
     sname, s = best_of(res, "stoke")
     _, c2 = best_of(res, "c2")
     pname, pbest = None, None
@@ -356,7 +361,7 @@ def busy_case(case):
                  peer("np_take", [ARGS.python, os.path.join(HERE, "peer_numpy.py"), case["file"],
                                   case["order"], "--batch-size", str(case["batch"])],
                       None if HAVE["numpy"] else "n/a (numpy not installed)")]
-        res = run_peers(peers)
+        res = run_peers(peers, before=lambda p: warm(case["file"]))
     finally:
         hog.kill()
         hog.wait()
