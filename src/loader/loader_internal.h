@@ -133,7 +133,7 @@ typedef struct stoke__worker {
     /* ITERABLE (mu): this worker's batch number, end of its share, batches in flight */
     uint64_t k_next, end_at;
     int exhausted, outstanding;
-    int sleeping; /* (mu) waiting on work_cv */
+    int sleeping; /* (mu) waiting on work_cv, not yet woken by wake_workers */
 } stoke__worker;
 
 struct stoke_loader {
@@ -203,7 +203,7 @@ struct stoke_loader {
     int quiesce;               /* (mu) set_epoch is waiting for batches in production */
     int nact;                  /* (mu) workers given work: ids below it (= nworkers unless auto) */
     int nact_lo, nact_hi;      /* (mu) its range since create */
-    int work_sleepers;         /* (mu) workers waiting on work_cv */
+    int work_sleepers;         /* (mu) workers waiting on work_cv, not yet woken */
     uint64_t busy_avg;         /* (mu) moving average of the ns one batch takes to make */
     /* Bumped (release) with `mu` held by everything a waiting consumer may be waiting for (a
      * completion, a release, a worker_init failure): the consumer spins on it before sleeping. */
