@@ -2,7 +2,8 @@
  * shuffle), with 0 and 2 workers, through a dataset's get_batch (the npy source, io=mmap and
  * io=pread) and through get() per sample (an in-test dataset), every delivered index equals
  * stoke_sampler_index at its position and every slot holds that sample's bytes; a restored
- * state delivers the rest of the same order; a failing sample in a shuffled order is named by
+ * state delivers the rest of the same order, also at small batch sizes (the indices computed
+ * ahead in runs); a failing sample in a shuffled order is named by
  * its index, after exactly the batches before it. */
 #include "testutil.h"
 
@@ -120,18 +121,18 @@ static stoke_sampler *expected_sampler(int order)
     return s;
 }
 
-/* Delivers the rest of the current epoch; checks each batch's bytes, its seq, and that its
- * indices are the sampler's at their positions (from position `pos`).  Returns the positions
- * delivered. */
-static uint64_t drain_checked(stoke_loader *l, const src *s, const stoke_sampler *want,
-                              uint64_t seed, uint64_t epoch, uint64_t pos, const char *what)
+/* Delivers the rest of the current epoch in batches of bs; checks each batch's bytes, its seq,
+ * and that its indices are the sampler's at their positions (from position `pos`).  Returns the
+ * positions delivered. */
+static uint64_t drain_bs(stoke_loader *l, const src *s, const stoke_sampler *want, uint64_t seed,
+                         uint64_t epoch, uint64_t pos, uint64_t bs, const char *what)
 {
     stoke_batch *b;
     int rc;
     uint64_t n = 0;
     while ((rc = stoke_loader_next(l, &b)) == STOKE_OK) {
         assert_int_equal(stoke_batch_epoch(b), epoch);
-        assert_int_equal(stoke_batch_seq(b) * BS, pos + n);
+        assert_int_equal(stoke_batch_seq(b) * bs, pos + n);
         if (!batch_bytes_ok(s, b))
             fail_msg("%s: batch %llu holds bytes of other samples", what,
                      (unsigned long long)stoke_batch_seq(b));
@@ -149,6 +150,12 @@ static uint64_t drain_checked(stoke_loader *l, const src *s, const stoke_sampler
     }
     assert_int_equal(rc, STOKE_EEND);
     return n;
+}
+
+static uint64_t drain_checked(stoke_loader *l, const src *s, const stoke_sampler *want,
+                              uint64_t seed, uint64_t epoch, uint64_t pos, const char *what)
+{
+    return drain_bs(l, s, want, seed, epoch, pos, BS, what);
 }
 
 /* Two epochs (3 and 4) of every order, dataset path and worker count: exactly the sampler's
@@ -254,6 +261,101 @@ static void test_resume_gives_the_rest(void **state)
     }
 }
 
+/* Small batches take their indices from runs computed ahead per thread (loader_internal.h,
+ * stoke__ahead): batch sizes around the run's length (64) and the dataset prefetch's limit (8),
+ * 0, 1 and 3 worker threads and 2 worker processes, with and without a prefetching dataset, over
+ * two epochs and a third one reached by set_epoch, then a state saved after 13 batches restored
+ * into a loader of another seed whose thread had filled runs of its own order: every index is
+ * the sampler's at its position, every slot holds its sample.  Then out of order (3 workers):
+ * each batch holds its seq's positions, and every position arrives once. */
+static void test_small_batch_runs(void **state)
+{
+    static const uint64_t sizes[] = {1, 2, 7, 8, 9, 63, 64, 65};
+    static const int workers[] = {0, 1, 3, -2}; /* -2: 2 worker processes */
+    static const int kinds[] = {DS_TDS, DS_NPY_MMAP};
+    stoke_sampler *want = expected_sampler(ORDER_RANDOM);
+    for (size_t z = 0; z < sizeof(sizes) / sizeof(*sizes); z++) {
+        for (size_t k = 0; k < 2; k++) {
+            for (size_t w = 0; w < 4; w++) {
+                char what[128];
+                snprintf(what, sizeof(what), "batch size %llu, %s, %d workers%s",
+                         (unsigned long long)sizes[z], DS_NAMES[kinds[k]],
+                         workers[w] < 0 ? -workers[w] : workers[w],
+                         workers[w] < 0 ? " (processes)" : "");
+                src s;
+                src_open(&s, kinds[k]);
+                stoke_loader_opts o = opts_for(ORDER_RANDOM, workers[w] < 0 ? -workers[w] : workers[w],
+                                               77, 3);
+                o.batch_size = sizes[z];
+                if (workers[w] < 0)
+                    o.worker_mode = STOKE_WORKER_PROCESSES;
+                stoke_loader *l, *c;
+                assert_int_equal(stoke_loader_create(&o, &s.ds, &l), STOKE_OK);
+                assert_int_equal(drain_bs(l, &s, want, 77, 3, 0, sizes[z], what), N);
+                assert_int_equal(stoke_loader_next_epoch(l), STOKE_OK);
+                assert_int_equal(drain_bs(l, &s, want, 77, 4, 0, sizes[z], what), N);
+                assert_int_equal(stoke_loader_set_epoch(l, 9), STOKE_OK);
+                stoke_batch *b;
+                for (int i = 0; i < 13; i++) {
+                    assert_int_equal(stoke_loader_next(l, &b), STOKE_OK);
+                    stoke_batch_release(b);
+                }
+                stoke_loader_state st;
+                assert_int_equal(stoke_loader_save_state(l, &st), STOKE_OK);
+                uint64_t at = 13 * sizes[z];
+                assert_int_equal(drain_bs(l, &s, want, 77, 9, at, sizes[z], what), N - at);
+                stoke_loader_opts o2 = o;
+                o2.seed = 5; /* and the same epoch, 9: only the seed tells the runs apart */
+                o2.epoch = 9;
+                assert_int_equal(stoke_loader_create(&o2, &s.ds, &c), STOKE_OK);
+                for (int i = 0; i < 12; i++) { /* runs of seed 5 over positions to come */
+                    int rc = stoke_loader_next(c, &b);
+                    if (rc != STOKE_OK)
+                        fail_msg("%s: batch %d of seed 5: %s (%s)", what, i, stoke_err_name(rc),
+                                 stoke_loader_last_error(c));
+                    stoke_batch_release(b);
+                }
+                assert_int_equal(stoke_loader_restore_state(c, &st), STOKE_OK);
+                assert_int_equal(drain_bs(c, &s, want, 77, 9, at, sizes[z], what), N - at);
+                stoke_loader_destroy(c);
+                stoke_loader_destroy(l);
+                src_close(&s);
+            }
+        }
+        src s;
+        src_open(&s, DS_NPY_MMAP);
+        stoke_loader_opts o = opts_for(ORDER_RANDOM, 3, 77, 3);
+        o.batch_size = sizes[z];
+        o.in_order = 0;
+        stoke_loader *l;
+        assert_int_equal(stoke_loader_create(&o, &s.ds, &l), STOKE_OK);
+        static unsigned char seen[N];
+        memset(seen, 0, sizeof(seen));
+        stoke_batch *b;
+        int rc;
+        uint64_t n = 0;
+        while ((rc = stoke_loader_next(l, &b)) == STOKE_OK) {
+            assert_true(batch_bytes_ok(&s, b));
+            const uint64_t *idx = stoke_batch_indices(b);
+            for (size_t j = 0; j < stoke_batch_count(b); j++, n++) {
+                uint64_t pos = stoke_batch_seq(b) * sizes[z] + j, x = 0;
+                assert_int_equal(stoke_sampler_index(want, 77, 3, pos, &x), STOKE_OK);
+                if (idx[j] != x || seen[pos]++)
+                    fail_msg("out of order, batch size %llu: position %llu delivered sample "
+                             "%llu (the sampler says %llu), %d time(s)",
+                             (unsigned long long)sizes[z], (unsigned long long)pos,
+                             (unsigned long long)idx[j], (unsigned long long)x, seen[pos]);
+            }
+            stoke_batch_release(b);
+        }
+        assert_int_equal(rc, STOKE_EEND);
+        assert_int_equal(n, N);
+        stoke_loader_destroy(l);
+        src_close(&s);
+    }
+    stoke_sampler_destroy(want);
+}
+
 /* A failing sample in a block-shuffled epoch, through get() per sample with a timeout set:
  * the batches before it arrive in the sampler's order, then the error names the sample's
  * index and the dataset's message. */
@@ -319,6 +421,7 @@ int main(void)
         cmocka_unit_test(test_order_is_the_samplers),
         cmocka_unit_test(test_block_windows),
         cmocka_unit_test(test_resume_gives_the_rest),
+        cmocka_unit_test(test_small_batch_runs),
         cmocka_unit_test(test_failure_names_the_index),
     };
     return tu_exit_status(cmocka_run_group_tests(tests, setup, teardown));

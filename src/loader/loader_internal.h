@@ -110,17 +110,78 @@ struct stoke_batch {
     stoke__bad_list bad; /* the producer's, then (mu) the consumer's: bad samples met */
 };
 
-/* Indices of the batch a thread makes next (seq of seed, epoch), computed ahead so the dataset's
- * prefetch gets them one batch early; fill_batch takes them from here instead of computing them
- * again (worker.c, stoke__loader_look_ahead).  Two entries, by the parity of seq: the look-ahead
- * for seq + 1 runs before batch seq is made and must not overwrite seq's. */
-typedef struct stoke__ahead_entry {
-    uint64_t seed, epoch, seq;
-    size_t n; /* 0: empty */
-    uint64_t idx[STOKE_DATASET_PREFETCH_MAX];
-} stoke__ahead_entry;
+/* ---- sampler.c: a batch's indices at once ----------------------------------------------------
+ *
+ * stoke_sampler_index derives the epoch's keys on every call.  For a run of positions, derive
+ * them once per (seed, epoch) with stoke__sampler_epoch_init, then fill whole batches:
+ *
+ *     stoke__sampler_epoch ep;                      (per worker, or per batch: about 20 ns)
+ *     stoke__sampler_epoch_init(&ep, l->sampler, seed, epoch);
+ *     rc = stoke__sampler_fill(l->sampler, &ep, seq * l->o.batch_size, b->count, b->indices);
+ *
+ * The indices are exactly those of stoke_sampler_index at the same positions, for every kind
+ * and distributed setting.  The context is read-only once made: any number of threads may fill
+ * from one context at once. */
+#define STOKE__FEISTEL_ROUNDS 6
+
+/* A keyed bijection of [0, n) (the one behind stoke_permute), with its round keys derived. */
+typedef struct stoke__feistel {
+    uint64_t n;    /* the domain; identity when n <= 1 */
+    uint64_t mask; /* (1 << half) - 1 */
+    unsigned half; /* bits of each half */
+    uint64_t rk[STOKE__FEISTEL_ROUNDS];
+} stoke__feistel;
+
+typedef struct stoke__sampler_epoch {
+    const stoke_sampler *s; /* the sampler it was made for */
+    uint64_t seed, epoch;   /* as given (a caller may compare them to decide to remake it) */
+    uint64_t key;           /* stoke__epoch_key(seed, epoch) */
+    stoke__feistel perm;    /* RANDOM, shuffled SUBSET: the epoch order; BLOCK: the full blocks */
+    uint64_t tail_slot;     /* BLOCK: where the short last block goes (number of blocks: none) */
+} stoke__sampler_epoch;
+
+/* Derives epoch `epoch`'s keys under `seed` for `s` into *e.  STOKE_OK, or STOKE_EINVAL for a
+ * NULL argument.  Pure; thread-safe. */
+int stoke__sampler_epoch_init(stoke__sampler_epoch *e, const stoke_sampler *s, uint64_t seed,
+                              uint64_t epoch);
+/* The dataset indices at positions pos0 .. pos0 + count - 1 into out[0 .. count - 1].  STOKE_OK;
+ * STOKE_ERANGE if pos0 + count passes stoke_sampler_length (nothing written); STOKE_EINVAL for
+ * s or e NULL, out NULL with count > 0, or e made for another sampler.  No last error is set.
+ * Expected O(count) time (O(1) per position: no position needs an earlier one). */
+int stoke__sampler_fill(const stoke_sampler *s, const stoke__sampler_epoch *e, uint64_t pos0,
+                        size_t count, uint64_t *out);
+/* stoke__sampler_fill computes a batch of RANDOM (and shuffled SUBSET) positions with the
+ * fastest path this build has on this CPU, at most stoke__feistel_simd: 0 the scalar walk, 1 the
+ * refilled lanes (sampler.c), 2 the lanes compiled for AVX2, 3 eight at a time with AVX-512
+ * (x86-64 with AVX512F and AVX512DQ).  Batches under 16 take the scalar walk.  Every path gives
+ * the same indices; tests lower stoke__feistel_simd to compare them.  stoke__feistel_simd_in_use
+ * says which path a fill of 16 or more takes now. */
+extern int stoke__feistel_simd;
+int stoke__feistel_simd_in_use(void);
+/* stoke_permute's network: derive once, apply many times (same images as stoke_permute). */
+void stoke__feistel_init(stoke__feistel *f, uint64_t n, uint64_t key);
+uint64_t stoke__feistel_apply(const stoke__feistel *f, uint64_t x);
+
+/* The indices a thread computes ahead of its batches (worker.c, stoke__loader_look_ahead and
+ * batch_indices).  A batch of up to STOKE__AHEAD_RUN samples is not computed alone: its run
+ * reaches as far as the batches this thread makes in a row (seq_end), at most STOKE__AHEAD_RUN
+ * positions, so that batch size 1 takes its indices from one fill of many positions (the
+ * sampler's lanes take 16 at a time) rather than one scalar walk per batch.  Two runs: the
+ * look-ahead for batch seq + 1 may start a new run before batch seq, still in the other one,
+ * is made.  The epoch's keys are derived once per (seed, epoch), not once per batch.  Each
+ * thread has its own (the caller's thread: caller_ahead; a process worker: its copy of it). */
+#define STOKE__AHEAD_RUN 64
+typedef struct stoke__ahead_run {
+    uint64_t seed, epoch, pos0; /* positions pos0 .. pos0 + n - 1 of (seed, epoch) */
+    size_t n;                   /* 0: empty */
+    uint64_t idx[STOKE__AHEAD_RUN];
+} stoke__ahead_run;
 typedef struct stoke__ahead {
-    stoke__ahead_entry e[2];
+    stoke__ahead_run run[2];
+    int last;               /* the run filled last */
+    uint64_t seq_end;       /* the batches this thread makes in a row end before this seq */
+    int have_ep;            /* ep holds the keys of the (seed, epoch) it names */
+    stoke__sampler_epoch ep;
 } stoke__ahead;
 
 typedef struct stoke__worker {
@@ -326,58 +387,6 @@ uint64_t stoke__proc_restarts(const stoke_loader *l);
 void stoke__loader_abandon(stoke_loader *l);
 int stoke__loader_epoch_over(const stoke_loader *l);
 void stoke__loader_set_position(stoke_loader *l, uint64_t epoch, uint64_t cursor);
-
-/* ---- sampler.c: a batch's indices at once ----------------------------------------------------
- *
- * stoke_sampler_index derives the epoch's keys on every call.  For a run of positions, derive
- * them once per (seed, epoch) with stoke__sampler_epoch_init, then fill whole batches:
- *
- *     stoke__sampler_epoch ep;                      (per worker, or per batch: about 20 ns)
- *     stoke__sampler_epoch_init(&ep, l->sampler, seed, epoch);
- *     rc = stoke__sampler_fill(l->sampler, &ep, seq * l->o.batch_size, b->count, b->indices);
- *
- * The indices are exactly those of stoke_sampler_index at the same positions, for every kind
- * and distributed setting.  The context is read-only once made: any number of threads may fill
- * from one context at once. */
-#define STOKE__FEISTEL_ROUNDS 6
-
-/* A keyed bijection of [0, n) (the one behind stoke_permute), with its round keys derived. */
-typedef struct stoke__feistel {
-    uint64_t n;    /* the domain; identity when n <= 1 */
-    uint64_t mask; /* (1 << half) - 1 */
-    unsigned half; /* bits of each half */
-    uint64_t rk[STOKE__FEISTEL_ROUNDS];
-} stoke__feistel;
-
-typedef struct stoke__sampler_epoch {
-    const stoke_sampler *s; /* the sampler it was made for */
-    uint64_t seed, epoch;   /* as given (a caller may compare them to decide to remake it) */
-    uint64_t key;           /* stoke__epoch_key(seed, epoch) */
-    stoke__feistel perm;    /* RANDOM, shuffled SUBSET: the epoch order; BLOCK: the full blocks */
-    uint64_t tail_slot;     /* BLOCK: where the short last block goes (number of blocks: none) */
-} stoke__sampler_epoch;
-
-/* Derives epoch `epoch`'s keys under `seed` for `s` into *e.  STOKE_OK, or STOKE_EINVAL for a
- * NULL argument.  Pure; thread-safe. */
-int stoke__sampler_epoch_init(stoke__sampler_epoch *e, const stoke_sampler *s, uint64_t seed,
-                              uint64_t epoch);
-/* The dataset indices at positions pos0 .. pos0 + count - 1 into out[0 .. count - 1].  STOKE_OK;
- * STOKE_ERANGE if pos0 + count passes stoke_sampler_length (nothing written); STOKE_EINVAL for
- * s or e NULL, out NULL with count > 0, or e made for another sampler.  No last error is set.
- * Expected O(count) time (O(1) per position: no position needs an earlier one). */
-int stoke__sampler_fill(const stoke_sampler *s, const stoke__sampler_epoch *e, uint64_t pos0,
-                        size_t count, uint64_t *out);
-/* stoke__sampler_fill computes a batch of RANDOM (and shuffled SUBSET) positions with the
- * fastest path this build has on this CPU, at most stoke__feistel_simd: 0 the scalar walk, 1 the
- * refilled lanes (sampler.c), 2 the lanes compiled for AVX2, 3 eight at a time with AVX-512
- * (x86-64 with AVX512F and AVX512DQ).  Batches under 16 take the scalar walk.  Every path gives
- * the same indices; tests lower stoke__feistel_simd to compare them.  stoke__feistel_simd_in_use
- * says which path a fill of 16 or more takes now. */
-extern int stoke__feistel_simd;
-int stoke__feistel_simd_in_use(void);
-/* stoke_permute's network: derive once, apply many times (same images as stoke_permute). */
-void stoke__feistel_init(stoke__feistel *f, uint64_t n, uint64_t key);
-uint64_t stoke__feistel_apply(const stoke__feistel *f, uint64_t x);
 
 /* (mu) num_workers = auto: one step of the hill climb (next.c, "Auto workers"): the active
  * count for the next period, from the period's batches per ns, the share of it the consumer

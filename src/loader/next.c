@@ -140,6 +140,7 @@ static int next_inline(stoke_loader *l, stoke_batch **bp)
                                       "loader: worker_init failed (%s)", stoke_err_name(rc));
         l->caller_inited = 1;
     }
+    l->caller_ahead.seq_end = l->nbatches; /* the caller's thread makes every batch */
     pthread_mutex_lock(&l->mu);
     for (;;) { /* more than once only when an iterable share ends on a batch boundary */
         if (stoke__loader_epoch_over(l)) {
@@ -249,6 +250,7 @@ static void assist(stoke_loader *l, int why)
     l->st_assisted++;
     l->st_helped += why == 2;
     pthread_mutex_unlock(&l->mu);
+    l->caller_ahead.seq_end = b->seq + 1;
     uint64_t busy = stoke__loader_produce(l, b, NULL, l->nworkers, seed, epoch);
     pthread_mutex_lock(&l->mu);
     stoke__loader_complete(l, b, gen, busy);

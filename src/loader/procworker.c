@@ -244,6 +244,7 @@ static void child_main(stoke_loader *l, int wid, int fd)
                        (int)getpid(), stoke_err_name(init_rc));
         } else {
             cw.req = &req;
+            l->caller_ahead.seq_end = req.seq + 1; /* batches come one request at a time */
             stoke__loader_fill_batch(l, b, NULL, wid, req.seed, req.epoch, req.seq);
             cw.req = NULL;
             m.kind = M_BAD;

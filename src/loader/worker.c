@@ -60,23 +60,65 @@ static void batch_failed(stoke_batch *b, int rc, uint64_t where, const char *msg
     stoke__strlcpy(b->err_msg, msg[0] ? msg : stoke_strerror(b->status), sizeof(b->err_msg));
 }
 
+/* The keys of (seed, epoch) for this thread, derived when they change (NULL: the sampler
+ * refused them). */
+static const stoke__sampler_epoch *ahead_epoch(const stoke_loader *l, stoke__ahead *a,
+                                               uint64_t seed, uint64_t epoch)
+{
+    stoke__sampler_epoch *ep = &a->ep;
+    if (a->have_ep && ep->s == l->sampler && ep->seed == seed && ep->epoch == epoch)
+        return ep;
+    a->have_ep = stoke__sampler_epoch_init(ep, l->sampler, seed, epoch) == STOKE_OK;
+    return a->have_ep ? ep : NULL;
+}
+
+/* The indices of batch seq (n samples, at most STOKE__AHEAD_RUN) from this thread's runs,
+ * filling a new run from its first position when neither holds them (see stoke__ahead).  NULL
+ * when the sampler refuses: the caller computes them alone and reports the error. */
+static const uint64_t *ahead_indices(const stoke_loader *l, stoke__ahead *a, uint64_t seq,
+                                     size_t n, uint64_t seed, uint64_t epoch)
+{
+    uint64_t pos = seq * l->o.batch_size;
+    for (int i = 0; i < 2; i++) {
+        const stoke__ahead_run *r = &a->run[i];
+        if (r->n >= n && r->seed == seed && r->epoch == epoch && pos >= r->pos0 &&
+            pos - r->pos0 <= r->n - n)
+            return r->idx + (pos - r->pos0);
+    }
+    /* a new run, over the batches this thread makes in a row; never over the run of the batch
+     * it makes now (the one filled last) */
+    uint64_t end = a->seq_end > seq ? a->seq_end : seq + 1;
+    uint64_t last = end < l->nbatches ? end * l->o.batch_size : l->nsamples;
+    uint64_t m = last - pos < STOKE__AHEAD_RUN ? last - pos : STOKE__AHEAD_RUN;
+    stoke__ahead_run *r = &a->run[a->last ^= 1];
+    const stoke__sampler_epoch *ep = ahead_epoch(l, a, seed, epoch);
+    r->n = 0;
+    if (m < n || !ep || stoke__sampler_fill(l->sampler, ep, pos, (size_t)m, r->idx) != STOKE_OK)
+        return NULL;
+    r->seed = seed;
+    r->epoch = epoch;
+    r->pos0 = pos;
+    r->n = (size_t)m;
+    return r->idx;
+}
+
 /* MAP / MAP_VAR: the dataset indices of batch seq's b->count samples into b->indices, all at
- * once: the epoch's keys are derived once per batch (tens of ns) instead of once per sample.
- * Returns STOKE_OK, or fails the batch (count 0) at the first position the sampler refuses,
- * with the message "sampler position out of range" as per-sample indexing did. */
-static int batch_indices(stoke_loader *l, stoke_batch *b, const stoke__ahead *a, uint64_t seed,
+ * once, from this thread's runs (see stoke__ahead) for small batches.  Returns STOKE_OK, or
+ * fails the batch (count 0) at the first position the sampler refuses, with the message
+ * "sampler position out of range" as per-sample indexing did. */
+static int batch_indices(stoke_loader *l, stoke_batch *b, stoke__ahead *a, uint64_t seed,
                          uint64_t epoch, uint64_t seq)
 {
-    const stoke__ahead_entry *e = &a->e[seq & 1];
-    if (e->n && e->n == b->count && e->seq == seq && e->epoch == epoch && e->seed == seed) {
-        memcpy(b->indices, e->idx, e->n * sizeof(*e->idx)); /* computed by look_ahead */
+    const uint64_t *run = b->count <= STOKE__AHEAD_RUN
+                              ? ahead_indices(l, a, seq, b->count, seed, epoch)
+                              : NULL;
+    if (run) {
+        memcpy(b->indices, run, b->count * sizeof(*run));
         return STOKE_OK;
     }
+    const stoke__sampler_epoch *ep = ahead_epoch(l, a, seed, epoch);
     uint64_t pos0 = seq * l->o.batch_size;
-    stoke__sampler_epoch ep;
-    int rc = stoke__sampler_epoch_init(&ep, l->sampler, seed, epoch);
-    if (rc == STOKE_OK)
-        rc = stoke__sampler_fill(l->sampler, &ep, pos0, b->count, b->indices);
+    int rc = ep ? stoke__sampler_fill(l->sampler, ep, pos0, b->count, b->indices) : STOKE_EINVAL;
     if (rc == STOKE_OK)
         return STOKE_OK;
     size_t j = 0; /* the failing position: the first one stoke_sampler_index refuses */
@@ -384,17 +426,9 @@ void stoke__loader_look_ahead(stoke_loader *l, stoke__ahead *a, uint64_t seq, ui
         !STOKE_DATASET_HAS(&l->ds, prefetch) || seq >= l->nbatches)
         return;
     size_t n = batch_count(l, seq);
-    stoke__sampler_epoch ep;
-    stoke__ahead_entry *e = &a->e[seq & 1];
-    e->n = 0;
-    if (!n || stoke__sampler_epoch_init(&ep, l->sampler, seed, epoch) != STOKE_OK ||
-        stoke__sampler_fill(l->sampler, &ep, seq * l->o.batch_size, n, e->idx) != STOKE_OK)
-        return; /* fill_batch computes them again and reports what failed */
-    e->seed = seed;
-    e->epoch = epoch;
-    e->seq = seq;
-    e->n = n;
-    l->ds.prefetch(l->ds.user, e->idx, n);
+    const uint64_t *idx = n ? ahead_indices(l, a, seq, n, seed, epoch) : NULL;
+    if (idx) /* else fill_batch computes them again and reports what failed */
+        l->ds.prefetch(l->ds.user, idx, n);
 }
 
 /* Produces a dispatched batch, without `mu`; returns the busy time. */
@@ -506,8 +540,9 @@ static void *worker_main(void *arg)
             b[n++] = stoke__loader_dispatch(l, w, &gen, &seed, &epoch);
         while (n < want && can_dispatch(l, w));
         pthread_mutex_unlock(&l->mu);
+        w->ahead.seq_end = b[n - 1]->seq + 1; /* the group's seqs follow each other */
         for (int i = 0; i < n; i++) {
-            if (i + 1 < n) /* the group's seqs follow each other */
+            if (i + 1 < n)
                 stoke__loader_look_ahead(l, &w->ahead, b[i + 1]->seq, seed, epoch);
             busy[i] = stoke__loader_produce(l, b[i], w, w->id, seed, epoch);
         }
