@@ -273,7 +273,10 @@ typedef struct stoke_loader_stats {
     uint64_t device_copies;    /* delivered batches whose copy to the device was queued (device
                                   mode), including any later reported failed (device_errors) */
     uint64_t device_bytes;     /* bytes of those copies */
-    double wait_s;             /* total time the consumer waited inside stoke_loader_next */
+    double wait_s;             /* total time the consumer waited inside stoke_loader_next: with
+                                  workers, from the moment the batch it needs was not there (a
+                                  batch that was ready counts 0); with 0 workers, the time
+                                  making it */
     double wait_p50_s;         /* median wait of one stoke_loader_next call (within ~7%) */
     double wait_p99_s;         /* 99th percentile */
     double worker_busy_s;      /* time workers spent producing samples, summed over workers */

@@ -330,8 +330,11 @@ void stoke__loader_notify(stoke_loader *l);
 void stoke__loader_complete(stoke_loader *l, stoke_batch *b, uint64_t gen, uint64_t busy_ns);
 stoke_batch *stoke__loader_dispatch(stoke_loader *l, stoke__worker *w, uint64_t *gen,
                                     uint64_t *seed, uint64_t *epoch);
+/* Produces a dispatched batch, without `mu`.  *clock: a stoke__now_ns() read when making it
+ * started; set to the time it ended, so a thread making batches in a row reads the clock once
+ * per batch.  Returns the ns it took. */
 uint64_t stoke__loader_produce(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid,
-                               uint64_t seed, uint64_t epoch);
+                               uint64_t seed, uint64_t epoch, uint64_t *clock);
 int stoke__loader_start_workers(stoke_loader *l);
 void stoke__loader_stop_workers(stoke_loader *l);
 /* Producer, before making a batch: when batches are small and the dataset has prefetch,

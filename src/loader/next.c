@@ -127,8 +127,9 @@ static int timed_out_worker(stoke_loader *l, uint64_t now, uint64_t *deadline)
 }
 
 /* No workers: produces the next batch in the caller's thread.  Returns STOKE_OK with `mu` held
- * and *bp taken from the done list, or a status (EEND, an error) without `mu`. */
-static int next_inline(stoke_loader *l, stoke_batch **bp)
+ * and *bp taken from the done list, or a status (EEND, an error) without `mu`.  *clock: the
+ * time next() was called; on STOKE_OK, the time the batch was made (no second clock read). */
+static int next_inline(stoke_loader *l, stoke_batch **bp, uint64_t *clock)
 {
     pthread_mutex_lock(&l->mu);
     int over = stoke__loader_epoch_over(l);
@@ -139,6 +140,7 @@ static int next_inline(stoke_loader *l, stoke_batch **bp)
             return stoke__loader_fail(l, rc < 0 ? rc : STOKE_EDATA,
                                       "loader: worker_init failed (%s)", stoke_err_name(rc));
         l->caller_inited = 1;
+        *clock = stoke__now_ns(); /* worker_init is not a batch's time */
     }
     l->caller_ahead.seq_end = l->nbatches; /* the caller's thread makes every batch */
     pthread_mutex_lock(&l->mu);
@@ -159,7 +161,7 @@ static int next_inline(stoke_loader *l, stoke_batch **bp)
         stoke_batch *b = stoke__loader_dispatch(l, &l->w[0], &gen, &seed, &epoch);
         pthread_mutex_unlock(&l->mu);
         stoke__loader_look_ahead(l, &l->caller_ahead, b->seq + 1, seed, epoch);
-        uint64_t busy = stoke__loader_produce(l, b, NULL, 0, seed, epoch);
+        uint64_t busy = stoke__loader_produce(l, b, NULL, 0, seed, epoch, clock);
         pthread_mutex_lock(&l->mu);
         stoke__loader_complete(l, b, gen, busy);
         *bp = take_done(l); /* the batch just made: nothing else is in flight */
@@ -251,7 +253,8 @@ static void assist(stoke_loader *l, int why)
     l->st_helped += why == 2;
     pthread_mutex_unlock(&l->mu);
     l->caller_ahead.seq_end = b->seq + 1;
-    uint64_t busy = stoke__loader_produce(l, b, NULL, l->nworkers, seed, epoch);
+    uint64_t clock = stoke__now_ns();
+    uint64_t busy = stoke__loader_produce(l, b, NULL, l->nworkers, seed, epoch, &clock);
     pthread_mutex_lock(&l->mu);
     stoke__loader_complete(l, b, gen, busy);
 }
@@ -280,14 +283,18 @@ static void spin_for_event(stoke_loader *l)
     pthread_mutex_lock(&l->mu);
 }
 
-/* Workers: waits for the next deliverable batch.  Returns as next_inline does. */
-static int next_threaded(stoke_loader *l, stoke_batch **bp)
+/* Workers: waits for the next deliverable batch.  Returns as next_inline does.  *t0: 0 on
+ * entry; set to the time the wait began when the batch was not there at once (a batch that
+ * was ready costs no clock read). */
+static int next_threaded(stoke_loader *l, stoke_batch **bp, uint64_t *t0)
 {
     pthread_mutex_lock(&l->mu);
     int over = l->ended;
     pthread_mutex_unlock(&l->mu);
     if (over)
         return STOKE_EEND;
+    if (!l->running)
+        *t0 = stoke__now_ns(); /* starting the workers is waited for */
     int rc = stoke__loader_start_workers(l);
     if (rc != STOKE_OK)
         return rc;
@@ -296,6 +303,8 @@ static int next_threaded(stoke_loader *l, stoke_batch **bp)
     while ((rc = wait_status(l)) == STOKE_OK) {
         if ((*bp = take_done(l)) != NULL)
             return STOKE_OK;
+        if (!*t0)
+            *t0 = stoke__now_ns();
         if (stoke__loader_epoch_over(l)) {
             l->ended = 1;
             rc = STOKE_EEND;
@@ -405,15 +414,22 @@ static uint64_t process_cpu_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-/* (mu) One delivery seen by the hill climb: `waited` ns in next(). */
+/* (mu) One delivery seen by the hill climb: `waited` ns in next(), which read the clock (now)
+ * when it waited; 0 when the batch was ready.  Then the clock is read here, for batches under
+ * 2 us to make only every 16th delivery (a period is 50 ms). */
 static void adapt(stoke_loader *l, uint64_t now, uint64_t waited)
 {
+    l->ad_batches++;
+    l->ad_wait_ns += waited;
+    if (!now) {
+        if (l->ad_t0 && l->busy_avg < 2000u && (l->ad_batches & 15))
+            return;
+        now = stoke__now_ns();
+    }
     if (!l->ad_t0) {
         l->ad_t0 = now;
         l->ad_cpu0 = process_cpu_ns();
     }
-    l->ad_batches++;
-    l->ad_wait_ns += waited;
     uint64_t span = now - l->ad_t0;
     if (span < STOKE__ADAPT_NS ||
         l->ad_batches < 8)
@@ -451,9 +467,11 @@ int stoke_loader_next(stoke_loader *l, stoke_batch **out)
     if (!l || !out)
         return stoke__fail(STOKE_EINVAL, "stoke_loader_next: NULL argument");
     *out = NULL;
-    uint64_t t0 = stoke__now_ns();
+    /* the wait: from the call (no workers: to the batch's end, read once by produce), or with
+     * workers from the moment the batch was not there; a ready batch costs no clock read */
+    uint64_t t0 = l->nworkers == 0 ? stoke__now_ns() : 0, clock = t0;
     stoke_batch *b = NULL;
-    int rc = l->nworkers == 0 ? next_inline(l, &b) : next_threaded(l, &b);
+    int rc = l->nworkers == 0 ? next_inline(l, &b, &clock) : next_threaded(l, &b, &t0);
     if (rc != STOKE_OK)
         return rc;
     /* (mu) held, b taken from the done list */
@@ -464,7 +482,8 @@ int stoke_loader_next(stoke_loader *l, stoke_batch **out)
         return rc;
     }
     delivered(l, b);
-    uint64_t now = stoke__now_ns(), waited = now - t0;
+    uint64_t now = l->nworkers == 0 ? clock : t0 ? stoke__now_ns() : 0;
+    uint64_t waited = t0 ? now - t0 : 0;
     l->st_wait_ns += waited;
     stoke__hist_add(&l->wait_hist, waited);
     if (l->auto_workers && !l->iterable)

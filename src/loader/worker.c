@@ -431,18 +431,18 @@ void stoke__loader_look_ahead(stoke_loader *l, stoke__ahead *a, uint64_t seq, ui
         l->ds.prefetch(l->ds.user, idx, n);
 }
 
-/* Produces a dispatched batch, without `mu`; returns the busy time. */
 uint64_t stoke__loader_produce(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid,
-                               uint64_t seed, uint64_t epoch)
+                               uint64_t seed, uint64_t epoch, uint64_t *clock)
 {
-    uint64_t t0 = stoke__now_ns();
+    uint64_t t0 = *clock;
     if (l->proc)
         stoke__proc_fill(l, b, w, wid, seed, epoch); /* in worker wid's child process */
     else
         stoke__loader_fill_batch(l, b, w, wid, seed, epoch, b->seq);
     if (l->device_mode && b->status == STOKE_OK && b->count)
         stoke__loader_copy_batch(l, b);
-    return stoke__now_ns() - t0;
+    *clock = stoke__now_ns();
+    return *clock - t0;
 }
 
 /* (mu) Before a worker sleeps for lack of work: when batches take only microseconds and this
@@ -541,10 +541,11 @@ static void *worker_main(void *arg)
         while (n < want && can_dispatch(l, w));
         pthread_mutex_unlock(&l->mu);
         w->ahead.seq_end = b[n - 1]->seq + 1; /* the group's seqs follow each other */
+        uint64_t clock = stoke__now_ns();      /* each batch's end starts the next one */
         for (int i = 0; i < n; i++) {
             if (i + 1 < n)
                 stoke__loader_look_ahead(l, &w->ahead, b[i + 1]->seq, seed, epoch);
-            busy[i] = stoke__loader_produce(l, b[i], w, w->id, seed, epoch);
+            busy[i] = stoke__loader_produce(l, b[i], w, w->id, seed, epoch, &clock);
         }
         pthread_mutex_lock(&l->mu);
         for (int i = 0; i < n; i++)
