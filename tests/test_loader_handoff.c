@@ -441,7 +441,14 @@ static void test_prefetch_next_batch(void **state)
             if (e)
                 assert_int_equal(stoke_loader_next_epoch(l), STOKE_OK);
             size_t calls0 = g_pf.ncalls, idx0 = g_pf.nidx;
+            uint64_t fills0 = atomic_load(&stoke__ahead_fills);
             assert_int_equal(pf_epoch(l, w < 0 ? ref[e] : got), PN);
+            uint64_t fills = atomic_load(&stoke__ahead_fills) - fills0;
+            /* 0 workers: the indices come in runs of 64 positions (21 batches of 3), not one
+             * fill per batch (1000), nor two (the look-ahead's and the batch's) */
+            if (w <= 0 && fills > PN / (STOKE__AHEAD_RUN - BS) + 2)
+                fail_msg("0 workers (hook %d), epoch %d: %llu runs of indices filled for 1000 "
+                         "batches of 3", w == 0, e, (unsigned long long)fills);
             if (w < 0)
                 continue;
             assert_memory_equal(ref[e], got, sizeof(got));

@@ -168,9 +168,11 @@ uint64_t stoke__feistel_apply(const stoke__feistel *f, uint64_t x);
  * positions, so that batch size 1 takes its indices from one fill of many positions (the
  * sampler's lanes take 16 at a time) rather than one scalar walk per batch.  Two runs: the
  * look-ahead for batch seq + 1 may start a new run before batch seq, still in the other one,
- * is made.  The epoch's keys are derived once per (seed, epoch), not once per batch.  Each
+ * is made (a new run replaces the one that does not hold the position before its first).  The epoch's keys are derived once per (seed, epoch), not once per batch.  Each
  * thread has its own (the caller's thread: caller_ahead; a process worker: its copy of it). */
 #define STOKE__AHEAD_RUN 64
+/* Runs filled, by every thread of the process (relaxed; tests count them). */
+extern _Atomic uint64_t stoke__ahead_fills;
 typedef struct stoke__ahead_run {
     uint64_t seed, epoch, pos0; /* positions pos0 .. pos0 + n - 1 of (seed, epoch) */
     size_t n;                   /* 0: empty */
@@ -178,7 +180,6 @@ typedef struct stoke__ahead_run {
 } stoke__ahead_run;
 typedef struct stoke__ahead {
     stoke__ahead_run run[2];
-    int last;               /* the run filled last */
     uint64_t seq_end;       /* the batches this thread makes in a row end before this seq */
     int have_ep;            /* ep holds the keys of the (seed, epoch) it names */
     stoke__sampler_epoch ep;

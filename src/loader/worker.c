@@ -72,6 +72,8 @@ static const stoke__sampler_epoch *ahead_epoch(const stoke_loader *l, stoke__ahe
     return a->have_ep ? ep : NULL;
 }
 
+_Atomic uint64_t stoke__ahead_fills;
+
 /* The indices of batch seq (n samples, at most STOKE__AHEAD_RUN) from this thread's runs,
  * filling a new run from its first position when neither holds them (see stoke__ahead).  NULL
  * when the sampler refuses: the caller computes them alone and reports the error. */
@@ -85,12 +87,22 @@ static const uint64_t *ahead_indices(const stoke_loader *l, stoke__ahead *a, uin
             pos - r->pos0 <= r->n - n)
             return r->idx + (pos - r->pos0);
     }
-    /* a new run, over the batches this thread makes in a row; never over the run of the batch
-     * it makes now (the one filled last) */
+    /* a new run, over the batches this thread makes in a row, in place of the run that does not
+     * hold the position before (the batch the thread makes now, when the look-ahead asks for
+     * the next one), else of the run that ends first */
     uint64_t end = a->seq_end > seq ? a->seq_end : seq + 1;
     uint64_t last = end < l->nbatches ? end * l->o.batch_size : l->nsamples;
     uint64_t m = last - pos < STOKE__AHEAD_RUN ? last - pos : STOKE__AHEAD_RUN;
-    stoke__ahead_run *r = &a->run[a->last ^= 1];
+    int hold[2];
+    uint64_t ends[2];
+    for (int i = 0; i < 2; i++) {
+        const stoke__ahead_run *q = &a->run[i];
+        int valid = q->n && q->seed == seed && q->epoch == epoch;
+        hold[i] = valid && pos > q->pos0 && pos - q->pos0 <= q->n;
+        ends[i] = valid ? q->pos0 + q->n : 0;
+    }
+    int drop = hold[0] != hold[1] ? hold[0] : ends[0] > ends[1];
+    stoke__ahead_run *r = &a->run[drop];
     const stoke__sampler_epoch *ep = ahead_epoch(l, a, seed, epoch);
     r->n = 0;
     if (m < n || !ep || stoke__sampler_fill(l->sampler, ep, pos, (size_t)m, r->idx) != STOKE_OK)
@@ -99,6 +111,7 @@ static const uint64_t *ahead_indices(const stoke_loader *l, stoke__ahead *a, uin
     r->epoch = epoch;
     r->pos0 = pos;
     r->n = (size_t)m;
+    atomic_fetch_add_explicit(&stoke__ahead_fills, 1, memory_order_relaxed);
     return r->idx;
 }
 
