@@ -353,10 +353,11 @@ static uint64_t hex_val(const char *json, const char *key)
     return strtoull(v + 3, NULL, 16);
 }
 
-/* --out-of-order --limit 4 with 8 workers: which 4 batches arrive first depends on timing.  The
- * delivered batches are recovered from order_hash; content_hash must be the hash of exactly
- * those, and differ from the in-order run's whenever the set differs.  (The old second pass
- * re-ran the limit out of order and hashed whichever batches came first that time.) */
+/* --out-of-order --limit 4 with 8 workers: which 4 batches arrive first depends on timing, and
+ * sample 0 takes 300 ms (synthetic's delay=), so batch 0 is never among them.  The delivered
+ * batches are recovered from order_hash; content_hash must be the hash of exactly those, and
+ * differ from the in-order run's.  (The old second pass re-ran the limit out of order and
+ * hashed whichever batches came first that time.) */
 static void test_content_hash_out_of_order_limit(void **state)
 {
     /* cpu: no accelerator probing, so that a run takes milliseconds */
@@ -370,10 +371,10 @@ static void test_content_hash_out_of_order_limit(void **state)
     expect_val(out, "content_hash_from", "\"host_second_pass\"");
     assert_int_equal(hex_val(out, "content_hash"), prefix);
 
-    const char *ooo[] = {CH_SPEC, "--batch-size", "8", "--workers", "8", "--out-of-order",
-                         "--limit", "4", "--json", NULL};
+    const char *ooo[] = {CH_SPEC ",delay=0:300000", "--batch-size", "8", "--workers", "8",
+                         "--out-of-order", "--limit", "4", "--json", NULL};
     int other_sets = 0, runs = 0;
-    for (; runs < 150 && other_sets < 2; runs++) { /* another set: ~1 run in 15 */
+    for (; runs < 3; runs++) {
         assert_int_equal(load(env, ooo), 0);
         expect_val(out, "samples", "32");
         int seq[4];
@@ -395,10 +396,8 @@ static void test_content_hash_out_of_order_limit(void **state)
             assert_true(got != prefix);
         }
     }
-    print_message("%d of %d out-of-order runs delivered another set than batches 0..3\n",
-                  other_sets, runs);
-    if (!other_sets) /* the equality held, but never for a set the old hash would have missed */
-        tu_skip("no out-of-order run delivered another set than batches 0..3 in %d runs", runs);
+    if (other_sets != runs) /* batch 0 came among the first 4, 300 ms late */
+        fail_msg("%d of %d out-of-order runs delivered batches 0..3", runs - other_sets, runs);
 }
 
 /* Whole epochs and a cut one: --epochs 2 --limit 20 delivers epoch 0 whole and batches 0..3 of

@@ -1,8 +1,10 @@
 /* The synthetic source and the source spec strings. */
 #include "testutil.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "stoke/stoke.h"
 
@@ -192,6 +194,63 @@ static void test_bad_opts(void **state)
     assert_null(ds.get);
 }
 
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Seconds one get() of sample idx takes. */
+static double get_seconds(stoke_dataset *ds, uint64_t idx, unsigned char *buf)
+{
+    void *dst[STOKE_MAX_FIELDS] = {buf};
+    char msg[64];
+    double t0 = now_s();
+    assert_int_equal(ds->get(ds->user, idx, dst, 0, msg, sizeof(msg)), STOKE_OK);
+    return now_s() - t0;
+}
+
+/* delay=I:US (and opts.delay_index / delay_us): sample I, and only it, takes US longer each
+ * time it is read, with its usual bytes; a caller whose struct ends before the delay fields
+ * (an older build) opens without one. */
+static void test_delay(void **state)
+{
+    stoke_dataset ds;
+    unsigned char a[3072], b[3072];
+    assert_int_equal(stoke_source_open("synthetic:100,delay=7:200000", &ds), STOKE_OK);
+    for (int k = 0; k < 2; k++)
+        assert_true(get_seconds(&ds, 7, a) >= 0.200);
+    stoke_synthetic_fill(0, 7, b, sizeof(b));
+    assert_memory_equal(a, b, sizeof(a));
+    double other = 1.0;
+    for (int k = 0; k < 5; k++) { /* the fastest of a few: never the delayed sample's */
+        double t = get_seconds(&ds, 8, a);
+        other = t < other ? t : other;
+    }
+    assert_true(other < 0.100);
+    stoke_dataset_close(&ds);
+
+    stoke_synthetic_opts o;
+    stoke_synthetic_opts_init(&o);
+    o.length = 10;
+    o.delay_index = 3;
+    o.delay_us = 200000;
+    o.size = (uint32_t)offsetof(stoke_synthetic_opts, delay_index); /* an older caller */
+    assert_int_equal(stoke_synthetic_open(&o, &ds), STOKE_OK);
+    double old = 1.0;
+    for (int k = 0; k < 5; k++) {
+        double t = get_seconds(&ds, 3, a);
+        old = t < old ? t : old;
+    }
+    assert_true(old < 0.100);
+    stoke_dataset_close(&ds);
+    o.size = (uint32_t)sizeof(o);
+    assert_int_equal(stoke_synthetic_open(&o, &ds), STOKE_OK);
+    assert_true(get_seconds(&ds, 3, a) >= 0.200);
+    stoke_dataset_close(&ds);
+}
+
 static void test_dataset_helpers(void **state)
 {
     assert_string_equal(stoke_dtype_name(STOKE_DTYPE_U8), "u8");
@@ -263,7 +322,8 @@ static void test_spec_strings(void **state)
         "synthetic:shape=3x", "synthetic:shape=3xx3", "synthetic:shape=1x1x1x1x1x1x1x1x1",
         "synthetic:seed=x",   "synthetic:dtype=u7",   "synthetic:classes=-1",
         "Synthetic",          "synth:10",             "",
-        "zip:/x",
+        "zip:/x",             "synthetic:delay=5",    "synthetic:delay=:9",
+        "synthetic:delay=x:9", "synthetic:delay=5:",  "synthetic:delay=5:4294967296",
     };
     for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
         int rc = stoke_source_open(bad[k], &ds);
@@ -286,6 +346,7 @@ int main(void)
         cmocka_unit_test(test_bytes_look_random), cmocka_unit_test(test_labels_and_dtypes),
         cmocka_unit_test(test_bad_opts),         cmocka_unit_test(test_dataset_helpers),
         cmocka_unit_test(test_spec_strings),
+        cmocka_unit_test(test_delay),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -117,6 +117,7 @@ static void usage(FILE *f)
             "usage: stoke load [SOURCE] [options]\n"
             "  SOURCE                 at most one (default: synthetic):\n"
             "                           synthetic[:N][,shape=3x32x32][,seed=S][,classes=C][,dtype=u8]\n"
+            "                             [,delay=I:US] (sample I takes US microseconds longer)\n"
             "                           npy:PATH[,labels=LABELS.npy][,io=auto|mmap|pread|uring]\n"
             "                             [,direct=auto|on|off] (block shuffle: O_DIRECT reads)\n"
             "                           tar:PATTERN[,fields=EXT:EXT] (shards: {000..099}, globs)\n"

@@ -56,6 +56,12 @@ typedef struct stoke_synthetic_opts {
     int ndim;                      /* default 3 */
     int64_t shape[STOKE_MAX_DIMS]; /* default 3 x 32 x 32 */
     uint32_t classes;              /* > 0: add field "label" (i64) = index % classes; default 0 */
+    /* Appended (a caller built against the struct without them, whose size ends before them,
+     * gets no delay): sample delay_index takes delay_us microseconds longer to make (a sleep
+     * before its bytes are written), every time it is read: a straggler, for trying a loader's
+     * timeout, ordering or auto workers.  delay_us 0 (the default): none. */
+    uint64_t delay_index;
+    uint32_t delay_us;
 } stoke_synthetic_opts;
 
 /* Fills *opts with the defaults above.  NULL does nothing. */

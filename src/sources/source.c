@@ -63,7 +63,7 @@ static int open_synthetic(const char *spec, const char *args, stoke_dataset *out
                     rc = stoke__fail(STOKE_EINVAL,
                                      "source '%s': '%s' is not a sample count or key=value "
                                      "(synthetic[:N][,shape=AxB..][,seed=S][,classes=C]"
-                                     "[,dtype=T])",
+                                     "[,dtype=T][,delay=I:US])",
                                      spec, t);
                 else
                     o.length = v;
@@ -90,13 +90,29 @@ static int open_synthetic(const char *spec, const char *args, stoke_dataset *out
                     rc = stoke__fail(STOKE_EINVAL,
                                      "source '%s': bad dtype '%s' (u8, i8, u16, ..., f32, f64)",
                                      spec, val);
+            } else if (strcmp(key, "delay") == 0) {
+                char idx[32];
+                const char *colon = strchr(val, ':');
+                uint64_t us = 0;
+                size_t n = colon ? (size_t)(colon - val) : 0;
+                if (n && n < sizeof(idx)) {
+                    memcpy(idx, val, n);
+                    idx[n] = 0;
+                }
+                if (!n || n >= sizeof(idx) || stoke__parse_u64(idx, &o.delay_index) != 0 ||
+                    stoke__parse_u64(colon + 1, &us) != 0 || us > UINT32_MAX)
+                    rc = stoke__fail(STOKE_EINVAL,
+                                     "source '%s': bad delay '%s' (delay=INDEX:MICROSECONDS)",
+                                     spec, val);
+                else
+                    o.delay_us = (uint32_t)us;
             } else if (strcmp(key, "n") == 0 || strcmp(key, "length") == 0) {
                 if (stoke__parse_u64(val, &o.length) != 0)
                     rc = stoke__fail(STOKE_EINVAL, "source '%s': bad length '%s'", spec, val);
             } else {
                 rc = stoke__fail(STOKE_EINVAL,
                                  "source '%s': unknown option '%s' (shape, seed, classes, "
-                                 "dtype)",
+                                 "dtype, delay)",
                                  spec, key);
             }
         }

@@ -5,8 +5,11 @@
  * splitmix64 finaliser (a bijection), so for one seed distinct indices give distinct keys and
  * the words of a sample are independent: any worker can fill any sample, and the loop has no
  * carried dependency (8 bytes per mix, several mixes in flight). */
+#include <errno.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/internal.h"
 #include "stoke/sources.h"
@@ -17,6 +20,8 @@ typedef struct syn {
     uint64_t seed, length;
     uint32_t classes;
     size_t bytes;
+    uint64_t delay_index;
+    uint32_t delay_us;
 } syn;
 
 static inline uint64_t mix64(uint64_t z)
@@ -80,6 +85,12 @@ static int syn_get(void *user, uint64_t index, void *const dst[], int worker, ch
                    (unsigned long long)index, (unsigned long long)s->length);
         return STOKE_ERANGE;
     }
+    if (s->delay_us && index == s->delay_index) {
+        struct timespec ts = {(time_t)(s->delay_us / 1000000u),
+                              (long)(s->delay_us % 1000000u) * 1000};
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+            ;
+    }
     if (dst[0])
         stoke_synthetic_fill(s->seed, index, dst[0], s->bytes);
     if (s->classes && dst[1]) {
@@ -115,11 +126,12 @@ int stoke_synthetic_open(const stoke_synthetic_opts *opts, stoke_dataset *out)
         stoke_synthetic_opts_init(&def);
         opts = &def;
     }
-    if (opts->size < sizeof(stoke_synthetic_opts))
+    if (opts->size < offsetof(stoke_synthetic_opts, delay_index))
         return stoke__fail(STOKE_EINVAL,
                            "synthetic: opts->size %u is not sizeof(stoke_synthetic_opts) "
                            "(call stoke_synthetic_opts_init)",
                            (unsigned)opts->size);
+    int has_delay = opts->size >= offsetof(stoke_synthetic_opts, delay_us) + sizeof(uint32_t);
     stoke_dataset ds;
     stoke_dataset_init(&ds);
     ds.kind = STOKE_DATASET_MAP;
@@ -160,6 +172,10 @@ int stoke_synthetic_open(const stoke_synthetic_opts *opts, stoke_dataset *out)
     s->length = opts->length;
     s->classes = opts->classes;
     s->bytes = f->bytes;
+    if (has_delay && opts->delay_us) {
+        s->delay_index = opts->delay_index;
+        s->delay_us = opts->delay_us;
+    }
     stoke__fmt(ds.name, sizeof(ds.name), "synthetic:%llu", (unsigned long long)opts->length);
     ds.user = s;
     ds.length = syn_length;
