@@ -561,6 +561,52 @@ static void test_mmap_streaming_stores(void **state)
     free_case(idx, d, lab, p, lp);
 }
 
+/* A run of 64 KiB or more gets MADV_WILLNEED with io=mmap, but not on the mapping io=auto made
+ * for a resident file and populated (where the kernel has MADV_POPULATE_READ): its pages are
+ * in, and the call was a system call per 150 KB row.  The bytes are the same either way. */
+static void test_populated_mapping_skips_willneed(void **state)
+{
+    (void)state;
+    const char *p = tmp("willneed.npy");
+    make_files(p, NULL);
+    warm(p);
+    int can_populate = 0; /* does this kernel have MADV_POPULATE_READ? */
+#ifdef MADV_POPULATE_READ
+    void *probe = mmap(NULL, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(probe != MAP_FAILED);
+    can_populate = madvise(probe, 4096, MADV_POPULATE_READ) == 0;
+    munmap(probe, 4096);
+#endif
+    enum { N = 100 }; /* rows 0..99: one run of 300,000 bytes */
+    uint64_t idx[N];
+    for (uint64_t j = 0; j < N; j++)
+        idx[j] = j;
+    unsigned char *d = malloc((size_t)N * ROW);
+    assert_non_null(d);
+    char msg[256];
+    static const int modes[] = {STOKE_NPY_IO_AUTO, STOKE_NPY_IO_MMAP};
+    for (size_t k = 0; k < 2; k++) {
+        int io = modes[k];
+        stoke_dataset ds;
+        assert_int_equal(open_io(p, NULL, io, &ds), STOKE_OK);
+        assert_int_equal(stoke_npy_io_used(&ds), STOKE_NPY_IO_MMAP);
+        void *dst[STOKE_MAX_FIELDS] = {d};
+        uint64_t err = 0, before = atomic_load(&stoke__npy_willneed);
+        assert_int_equal(ds.get_batch(ds.user, idx, N, dst, 0, msg, sizeof(msg), &err), STOKE_OK);
+        assert_memory_equal(d, g_data, (size_t)N * ROW);
+        uint64_t calls = atomic_load(&stoke__npy_willneed) - before;
+        if (io == STOKE_NPY_IO_AUTO && can_populate && calls != 0)
+            fail_msg("io=auto on a resident file: %llu MADV_WILLNEED calls, expected none",
+                     (unsigned long long)calls);
+        if ((io == STOKE_NPY_IO_MMAP || !can_populate) && calls != 1)
+            fail_msg("io=%s: %llu MADV_WILLNEED calls for one run of 300,000 bytes, expected 1",
+                     stoke_npy_io_name(io), (unsigned long long)calls);
+        stoke_dataset_close(&ds);
+    }
+    free(d);
+    unlink(p);
+}
+
 int main(void)
 {
     g_uring = stoke_npy_io_available(STOKE_NPY_IO_URING) == STOKE_OK;
@@ -571,6 +617,7 @@ int main(void)
         cmocka_unit_test(test_truncated_same_error), cmocka_unit_test(test_auto_follows_residency),
         cmocka_unit_test(test_uring_unavailable),    cmocka_unit_test(test_spec_io),
         cmocka_unit_test(test_mmap_streaming_stores),
+        cmocka_unit_test(test_populated_mapping_skips_willneed),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     if (rc == 0 && g_skipped) {

@@ -241,7 +241,7 @@ static int sample_resident(const npy_file *f, size_t *hit, size_t *seen)
  * page table per 4 KiB of file and a one-time pass at open (about 10 ms per 300 MB here).  Pages
  * that are not resident are read in (the file was sampled ≥ 99% resident).  An older kernel
  * (EINVAL) just faults as before; the time is logged at DEBUG. */
-static void populate(const npy_file *f)
+static void populate(npy_file *f)
 {
 #ifdef MADV_POPULATE_READ
     uint64_t t0 = stoke__now_ns();
@@ -250,6 +250,7 @@ static void populate(const npy_file *f)
                    strerror(errno));
         return;
     }
+    f->populated = 1;
     stoke__log(STOKE_LOG_DEBUG, "npy %s: page tables filled in %.1f ms", f->path,
                (double)(stoke__now_ns() - t0) / 1e6);
 #else

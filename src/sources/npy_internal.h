@@ -33,6 +33,8 @@
 extern size_t stoke__npy_nt_min;
 extern int stoke__npy_nt_always;
 extern _Atomic uint64_t stoke__npy_nt_fields;
+/* io=mmap: MADV_WILLNEED calls made for long runs (tests count them). */
+extern _Atomic uint64_t stoke__npy_willneed;
 
 /* Rings per dataset: worker w uses ring w % STOKE__NPY_RINGS (each has a lock, so two loaders
  * sharing a dataset, or worker ids past the table, only serialise). */
@@ -52,6 +54,9 @@ typedef struct stoke__npy_file {
      * who may write it, or root (to others it calls every page resident).  cachestat, where it
      * applies the same rule, fails with EPERM instead. */
     int mincore_ok;
+    /* IO_MMAP: io=auto found the file resident and filled the mapping's page tables (npy.c,
+     * populate): its pages are in, so runs skip MADV_WILLNEED. */
+    int populated;
 } stoke__npy_file;
 
 struct stoke__npy_ring;                           /* npy_uring.c */
