@@ -180,9 +180,8 @@ typedef struct stoke__ahead_run {
 } stoke__ahead_run;
 typedef struct stoke__ahead {
     stoke__ahead_run run[2];
-    uint64_t seq_end;       /* the batches this thread makes in a row end before this seq */
-    int have_ep;            /* ep holds the keys of the (seed, epoch) it names */
-    stoke__sampler_epoch ep;
+    uint64_t seq_end; /* the batches this thread makes in a row end before this seq */
+    stoke__sampler_epoch ep; /* the keys of the (seed, epoch) it names (zeroed: none) */
 } stoke__ahead;
 
 typedef struct stoke__worker {

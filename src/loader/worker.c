@@ -60,16 +60,16 @@ static void batch_failed(stoke_batch *b, int rc, uint64_t where, const char *msg
     stoke__strlcpy(b->err_msg, msg[0] ? msg : stoke_strerror(b->status), sizeof(b->err_msg));
 }
 
-/* The keys of (seed, epoch) for this thread, derived when they change (NULL: the sampler
- * refused them). */
+/* The keys of (seed, epoch) for this thread, derived again only when they change (a zeroed
+ * context names no sampler; the init fails only for a NULL argument, and a fill from a context
+ * it did not make is STOKE_EINVAL). */
 static const stoke__sampler_epoch *ahead_epoch(const stoke_loader *l, stoke__ahead *a,
                                                uint64_t seed, uint64_t epoch)
 {
     stoke__sampler_epoch *ep = &a->ep;
-    if (a->have_ep && ep->s == l->sampler && ep->seed == seed && ep->epoch == epoch)
-        return ep;
-    a->have_ep = stoke__sampler_epoch_init(ep, l->sampler, seed, epoch) == STOKE_OK;
-    return a->have_ep ? ep : NULL;
+    if (ep->s != l->sampler || ep->seed != seed || ep->epoch != epoch)
+        (void)stoke__sampler_epoch_init(ep, l->sampler, seed, epoch);
+    return ep;
 }
 
 _Atomic uint64_t stoke__ahead_fills;
@@ -105,7 +105,7 @@ static const uint64_t *ahead_indices(const stoke_loader *l, stoke__ahead *a, uin
     stoke__ahead_run *r = &a->run[drop];
     const stoke__sampler_epoch *ep = ahead_epoch(l, a, seed, epoch);
     r->n = 0;
-    if (m < n || !ep || stoke__sampler_fill(l->sampler, ep, pos, (size_t)m, r->idx) != STOKE_OK)
+    if (m < n || stoke__sampler_fill(l->sampler, ep, pos, (size_t)m, r->idx) != STOKE_OK)
         return NULL;
     r->seed = seed;
     r->epoch = epoch;
@@ -131,7 +131,7 @@ static int batch_indices(stoke_loader *l, stoke_batch *b, stoke__ahead *a, uint6
     }
     const stoke__sampler_epoch *ep = ahead_epoch(l, a, seed, epoch);
     uint64_t pos0 = seq * l->o.batch_size;
-    int rc = ep ? stoke__sampler_fill(l->sampler, ep, pos0, b->count, b->indices) : STOKE_EINVAL;
+    int rc = stoke__sampler_fill(l->sampler, ep, pos0, b->count, b->indices);
     if (rc == STOKE_OK)
         return STOKE_OK;
     size_t j = 0; /* the failing position: the first one stoke_sampler_index refuses */
