@@ -284,8 +284,8 @@ static void test_small_batch_runs(void **state)
                          workers[w] < 0 ? " (processes)" : "");
                 src s;
                 src_open(&s, kinds[k]);
-                stoke_loader_opts o = opts_for(ORDER_RANDOM, workers[w] < 0 ? -workers[w] : workers[w],
-                                               77, 3);
+                stoke_loader_opts o =
+                    opts_for(ORDER_RANDOM, workers[w] < 0 ? -workers[w] : workers[w], 77, 3);
                 o.batch_size = sizes[z];
                 if (workers[w] < 0)
                     o.worker_mode = STOKE_WORKER_PROCESSES;

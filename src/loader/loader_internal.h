@@ -168,8 +168,9 @@ uint64_t stoke__feistel_apply(const stoke__feistel *f, uint64_t x);
  * positions, so that batch size 1 takes its indices from one fill of many positions (the
  * sampler's lanes take 16 at a time) rather than one scalar walk per batch.  Two runs: the
  * look-ahead for batch seq + 1 may start a new run before batch seq, still in the other one,
- * is made (a new run replaces the one that does not hold the position before its first).  The epoch's keys are derived once per (seed, epoch), not once per batch.  Each
- * thread has its own (the caller's thread: caller_ahead; a process worker: its copy of it). */
+ * is made (a new run replaces the one that does not hold the position before its first).  The
+ * epoch's keys are derived once per (seed, epoch), not once per batch.  Each thread has its own
+ * (the caller's thread: caller_ahead; a process worker: its copy of it). */
 #define STOKE__AHEAD_RUN 64
 /* Runs filled, by every thread of the process (relaxed; tests count them). */
 extern _Atomic uint64_t stoke__ahead_fills;

@@ -24,10 +24,10 @@
  * core complex of current server CPUs, and memcpy reads every line it writes from memory first:
  * with two copies at once the memory's bandwidth is the limit, and streaming stores leave more
  * of it for the rows (150 KB rows, batch 64: 1 worker and the consumer's help +18%, 2 workers
- * +8%, auto +17%).  A copy on its own is not bandwidth bound and lost 9% with them, so it keeps
- * memcpy.  Tests
- * lower stoke__npy_nt_min, set stoke__npy_nt_always (no need for a second copy) and read
- * stoke__npy_nt_fields, the batch fields copied that way. */
+ * +8%, auto +17%; again once populated mappings no longer got MADV_WILLNEED per row: 1 worker
+ * +2%, 2 workers +21%, auto +29%).  A copy on its own is not bandwidth bound and lost 9% with
+ * them, so it keeps memcpy.  Tests lower stoke__npy_nt_min, set stoke__npy_nt_always (no need
+ * for a second copy) and read stoke__npy_nt_fields, the batch fields copied that way. */
 #define STOKE__NPY_NT_MIN ((size_t)8 << 20)
 #define STOKE__NPY_NT_RUN ((size_t)1024)
 extern size_t stoke__npy_nt_min;
