@@ -68,6 +68,19 @@ static stoke_sampler *make(const cfg *c, uint64_t n, void **keep)
     return s;
 }
 
+/* When set, the fills below tabulate their epoch's permutation first (where it has one), as a
+ * loader's threads do. */
+static int tabulate;
+static uint16_t tab[STOKE__FEISTEL_TAB_LEN];
+
+static void epoch_init(stoke__sampler_epoch *e, const stoke_sampler *s, uint64_t seed,
+                       uint64_t epoch)
+{
+    assert_int_equal(stoke__sampler_epoch_init(e, s, seed, epoch), STOKE_OK);
+    if (tabulate)
+        (void)stoke__sampler_epoch_tabulate(e, tab, STOKE__ARRAY_LEN(tab));
+}
+
 /* The per-sample order of a whole epoch (malloc'd). */
 static uint64_t *order_by_index(const stoke_sampler *s, uint64_t seed, uint64_t epoch)
 {
@@ -88,7 +101,7 @@ static uint64_t *order_by_fill(const stoke_sampler *s, uint64_t seed, uint64_t e
     uint64_t *v = malloc((len ? len : 1) * sizeof(*v));
     assert_non_null(v);
     stoke__sampler_epoch e;
-    assert_int_equal(stoke__sampler_epoch_init(&e, s, seed, epoch), STOKE_OK);
+    epoch_init(&e, s, seed, epoch);
     for (uint64_t p = 0; p < len; p += bs) {
         size_t c = len - p < bs ? (size_t)(len - p) : bs;
         assert_int_equal(stoke__sampler_fill(s, &e, p, c, v + p), STOKE_OK);
@@ -111,7 +124,7 @@ static void check_range(const stoke_sampler *s, uint64_t seed, uint64_t epoch, u
     uint64_t *v = malloc((count ? count : 1) * sizeof(*v));
     assert_non_null(v);
     stoke__sampler_epoch e;
-    assert_int_equal(stoke__sampler_epoch_init(&e, s, seed, epoch), STOKE_OK);
+    epoch_init(&e, s, seed, epoch);
     assert_int_equal(stoke__sampler_fill(s, &e, pos0, count, v), STOKE_OK);
     for (size_t i = 0; i < count; i++) {
         uint64_t want = 0;
@@ -233,6 +246,67 @@ static void test_fill_simd_equals_scalar(void **state)
         test_fill_equals_index(NULL);
     }
     stoke__feistel_simd = 3;
+}
+
+static void test_golden_orders(void **state);
+
+/* A tabulated permutation (stoke__sampler_epoch_tabulate, what a loader's threads fill from)
+ * gives the same indices: which contexts get a table, then every kind and size of
+ * test_fill_equals_index, the lanes' edges (batches around 8 and 64 over much cycle walking),
+ * the largest tabulated size (2^24: 12 bits per half) and the golden orders, all tabulated. */
+static void test_fill_table_equals_index(void **state)
+{
+    static const struct {
+        cfg c;
+        uint64_t n;
+        int want;
+    } who[] = {
+        {{.kind = STOKE_SAMPLER_RANDOM}, 1000, 1},
+        {{.kind = STOKE_SAMPLER_RANDOM}, 1ull << 24, 1},
+        {{.kind = STOKE_SAMPLER_RANDOM}, (1ull << 24) + 1, 0}, /* 13 bits per half */
+        {{.kind = STOKE_SAMPLER_RANDOM}, 1, 0},                /* no network */
+        {{.kind = STOKE_SAMPLER_SUBSET, .shuffle = 1}, 1000, 1},
+        {{.kind = STOKE_SAMPLER_SUBSET}, 1000, 0},
+        {{.kind = STOKE_SAMPLER_BLOCK, .brows = 3, .bwin = 2}, 1000, 1},
+        {{.kind = STOKE_SAMPLER_SEQUENTIAL}, 1000, 0},
+        {{.kind = STOKE_SAMPLER_WEIGHTED}, 1000, 0},
+    };
+    for (size_t k = 0; k < STOKE__ARRAY_LEN(who); k++) {
+        void *keep;
+        stoke_sampler *s = make(&who[k].c, who[k].n, &keep);
+        stoke__sampler_epoch e, before;
+        assert_int_equal(stoke__sampler_epoch_init(&e, s, 3, 4), STOKE_OK);
+        before = e;
+        /* a table too short for it is refused, and the context is left as it was */
+        assert_int_equal(stoke__sampler_epoch_tabulate(&e, tab, 6), 0);
+        assert_memory_equal(&e, &before, sizeof(e));
+        assert_int_equal(stoke__sampler_epoch_tabulate(&e, tab, STOKE__ARRAY_LEN(tab)),
+                         who[k].want);
+        assert_true(e.perm.tab == (who[k].want ? tab : NULL));
+        stoke_sampler_destroy(s);
+        free(keep);
+    }
+    assert_int_equal(stoke__sampler_epoch_tabulate(NULL, tab, STOKE__ARRAY_LEN(tab)), 0);
+
+    tabulate = 1;
+    test_fill_equals_index(NULL);
+    static const uint64_t sizes[] = {2, 9, 17, 100003, (1u << 18) + 1, 1u << 24};
+    static const size_t batches[] = {1, 7, 8, 15, 16, 17, 63, 64, 65, 1000};
+    for (size_t z = 0; z < STOKE__ARRAY_LEN(sizes); z++) {
+        cfg c = {.kind = STOKE_SAMPLER_RANDOM};
+        void *keep;
+        stoke_sampler *s = make(&c, sizes[z], &keep);
+        for (size_t k = 0; k < STOKE__ARRAY_LEN(batches); k++) {
+            size_t b = batches[k] < sizes[z] ? batches[k] : (size_t)sizes[z];
+            check_range(s, 8, 1, 0, b);
+            check_range(s, 8, 1, sizes[z] / 2, b < sizes[z] / 2 ? b : 1);
+            check_range(s, 8, 1, sizes[z] - b, b);
+        }
+        stoke_sampler_destroy(s);
+        free(keep);
+    }
+    test_golden_orders(NULL);
+    tabulate = 0;
 }
 
 /* Whole epochs filled per batch hash as the per-sample orders do (RANDOM over 2^20 + 7 is in
@@ -649,6 +723,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fill_equals_index),
         cmocka_unit_test(test_fill_simd_equals_scalar),
+        cmocka_unit_test(test_fill_table_equals_index),
         cmocka_unit_test(test_full_epoch_hash),
         cmocka_unit_test(test_golden_orders),
         cmocka_unit_test(test_fill_errors),

@@ -130,7 +130,17 @@ typedef struct stoke__feistel {
     uint64_t mask; /* (1 << half) - 1 */
     unsigned half; /* bits of each half */
     uint64_t rk[STOKE__FEISTEL_ROUNDS];
+    /* NULL, or the round function tabulated (stoke__feistel_tabulate): tab[(i << half) | r] =
+     * mix64(r ^ rk[i]) & mask for every round i and every half r.  A pass is then six loads
+     * instead of twelve 64-bit multiplies; the images are the same. */
+    const uint16_t *tab;
 } stoke__feistel;
+
+/* Networks of at most this many bits per half (datasets of up to 2^24 samples) are tabulated by
+ * stoke__sampler_epoch_tabulate, into a table of up to STOKE__FEISTEL_TAB_LEN entries (48 KiB:
+ * the L2, and the L1 for 2^22 samples or fewer). */
+#define STOKE__FEISTEL_TAB_HALF 12
+#define STOKE__FEISTEL_TAB_LEN ((size_t)STOKE__FEISTEL_ROUNDS << STOKE__FEISTEL_TAB_HALF)
 
 typedef struct stoke__sampler_epoch {
     const stoke_sampler *s; /* the sampler it was made for */
@@ -144,6 +154,12 @@ typedef struct stoke__sampler_epoch {
  * NULL argument.  Pure; thread-safe. */
 int stoke__sampler_epoch_init(stoke__sampler_epoch *e, const stoke_sampler *s, uint64_t seed,
                               uint64_t epoch);
+/* Tabulates e's permutation (RANDOM, shuffled SUBSET, BLOCK) into tab[0 .. len - 1], which
+ * must outlive every fill from e: 1 when it did, 0 when e has no permutation, or one of more
+ * than STOKE__FEISTEL_TAB_HALF bits per half, or len is short (e is unchanged).  Costs six round
+ * functions per entry (24576 for 2^24 samples, about 20 us); a thread that fills many positions
+ * of one epoch earns it back in its first few thousand. */
+int stoke__sampler_epoch_tabulate(stoke__sampler_epoch *e, uint16_t *tab, size_t len);
 /* The dataset indices at positions pos0 .. pos0 + count - 1 into out[0 .. count - 1].  STOKE_OK;
  * STOKE_ERANGE if pos0 + count passes stoke_sampler_length (nothing written); STOKE_EINVAL for
  * s or e NULL, out NULL with count > 0, or e made for another sampler.  No last error is set.
@@ -169,7 +185,8 @@ uint64_t stoke__feistel_apply(const stoke__feistel *f, uint64_t x);
  * sampler's lanes take 16 at a time) rather than one scalar walk per batch.  Two runs: the
  * look-ahead for batch seq + 1 may start a new run before batch seq, still in the other one,
  * is made (a new run replaces the one that does not hold the position before its first).  The
- * epoch's keys are derived once per (seed, epoch), not once per batch.  Each thread has its own
+ * epoch's keys are derived once per (seed, epoch), not once per batch, and its permutation
+ * tabulated when it is small enough (stoke__sampler_epoch_tabulate).  Each thread has its own
  * (the caller's thread: caller_ahead; a process worker: its copy of it). */
 #define STOKE__AHEAD_RUN 64
 /* Runs filled, by every thread of the process (relaxed; tests count them). */
@@ -183,6 +200,7 @@ typedef struct stoke__ahead {
     stoke__ahead_run run[2];
     uint64_t seq_end; /* the batches this thread makes in a row end before this seq */
     stoke__sampler_epoch ep; /* the keys of the (seed, epoch) it names (zeroed: none) */
+    uint16_t tab[STOKE__FEISTEL_TAB_LEN]; /* ep's round table, when it has one */
 } stoke__ahead;
 
 typedef struct stoke__worker {

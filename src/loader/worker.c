@@ -60,15 +60,18 @@ static void batch_failed(stoke_batch *b, int rc, uint64_t where, const char *msg
     stoke__strlcpy(b->err_msg, msg[0] ? msg : stoke_strerror(b->status), sizeof(b->err_msg));
 }
 
-/* The keys of (seed, epoch) for this thread, derived again only when they change (a zeroed
+/* The keys of (seed, epoch) for this thread, with the permutation's table where it has one
+ * (stoke__sampler_epoch_tabulate), derived again only when they change (a zeroed
  * context names no sampler; the init fails only for a NULL argument, and a fill from a context
  * it did not make is STOKE_EINVAL). */
 static const stoke__sampler_epoch *ahead_epoch(const stoke_loader *l, stoke__ahead *a,
                                                uint64_t seed, uint64_t epoch)
 {
     stoke__sampler_epoch *ep = &a->ep;
-    if (ep->s != l->sampler || ep->seed != seed || ep->epoch != epoch)
+    if (ep->s != l->sampler || ep->seed != seed || ep->epoch != epoch) {
         (void)stoke__sampler_epoch_init(ep, l->sampler, seed, epoch);
+        (void)stoke__sampler_epoch_tabulate(ep, a->tab, STOKE__ARRAY_LEN(a->tab));
+    }
     return ep;
 }
 
