@@ -131,19 +131,19 @@ static int timed_out_worker(stoke_loader *l, uint64_t now, uint64_t *deadline)
  * time next() was called; on STOKE_OK, the time the batch was made (no second clock read). */
 static int next_inline(stoke_loader *l, stoke_batch **bp, uint64_t *clock)
 {
+    l->caller_ahead.seq_end = l->nbatches; /* the caller's thread makes every batch */
     pthread_mutex_lock(&l->mu);
-    int over = stoke__loader_epoch_over(l);
-    pthread_mutex_unlock(&l->mu);
-    if (!over && l->ds.worker_init && !l->caller_inited) {
+    /* worker_init once, before the first batch, without `mu` (one lock per batch otherwise) */
+    if (l->ds.worker_init && !l->caller_inited && !stoke__loader_epoch_over(l)) {
+        pthread_mutex_unlock(&l->mu);
         int rc = l->ds.worker_init(l->ds.user, 0, 0);
         if (rc != STOKE_OK)
             return stoke__loader_fail(l, rc < 0 ? rc : STOKE_EDATA,
                                       "loader: worker_init failed (%s)", stoke_err_name(rc));
         l->caller_inited = 1;
         *clock = stoke__now_ns(); /* worker_init is not a batch's time */
+        pthread_mutex_lock(&l->mu);
     }
-    l->caller_ahead.seq_end = l->nbatches; /* the caller's thread makes every batch */
-    pthread_mutex_lock(&l->mu);
     for (;;) { /* more than once only when an iterable share ends on a batch boundary */
         if (stoke__loader_epoch_over(l)) {
             l->ended = 1;
@@ -289,16 +289,18 @@ static void spin_for_event(stoke_loader *l)
 static int next_threaded(stoke_loader *l, stoke_batch **bp, uint64_t *t0)
 {
     pthread_mutex_lock(&l->mu);
-    int over = l->ended;
-    pthread_mutex_unlock(&l->mu);
-    if (over)
+    if (l->ended) {
+        pthread_mutex_unlock(&l->mu);
         return STOKE_EEND;
-    if (!l->running)
-        *t0 = stoke__now_ns(); /* starting the workers is waited for */
-    int rc = stoke__loader_start_workers(l);
-    if (rc != STOKE_OK)
-        return rc;
-    pthread_mutex_lock(&l->mu);
+    }
+    int rc;
+    if (!l->running) { /* (the caller's own state) starting the workers is waited for */
+        pthread_mutex_unlock(&l->mu);
+        *t0 = stoke__now_ns();
+        if ((rc = stoke__loader_start_workers(l)) != STOKE_OK)
+            return rc;
+        pthread_mutex_lock(&l->mu);
+    }
     int spun = 0;
     while ((rc = wait_status(l)) == STOKE_OK) {
         if ((*bp = take_done(l)) != NULL)
