@@ -317,15 +317,15 @@ feistel_apply_all_avx512(const stoke__feistel *f, uint64_t *v, size_t count)
 
 /* ---- a tabulated network: lanes in registers ------------------------------------------------ *
  *
- * With the round function a load, a pass is six dependent loads: TAB_LANES values walked
- * together, refilled as they finish as above, keep the loads of the others in flight.  Lanes in
- * registers, not arrays: the arrays' loads and stores cost more than the rounds.  Over 10^6
- * rows, 5.5-6.5 instead of 8.5 ns per index for a batch of 1024 (the AVX2 lanes), and 6 instead
- * of 11 for a run of 64; over 10^5 rows (2.6 passes per index), 15 instead of 20 and 18 instead
- * of 38 (AMD EPYC, no AVX-512). */
-#ifndef TAB_LANES_MANY
-#define TAB_LANES_MANY 100000
-#endif
+ * With the round function a load, a pass is six dependent loads: values walked together,
+ * refilled as they finish as above, keep the loads of the others in flight.  Lanes in
+ * registers, not arrays: the arrays' loads and stores cost more than the rounds.  8 lanes for
+ * fills of TAB_LANES_MANY or more, 4 below (8 lanes drain slowly: their last values walk one by
+ * one).  Over 10^6 rows, 5.4 instead of 8.5 ns per index for a batch of 1024 (the AVX2 lanes;
+ * 4 lanes 6.3), 5.4 instead of 11 for a run of 64; over 10^5 rows (2.6 passes per index), 14
+ * instead of 20 for 256 and 27 instead of 56 for a run of 16 (8 lanes: 34) (AMD EPYC, no
+ * AVX-512). */
+#define TAB_LANES_MANY 64
 
 /* v[i] = image of v[i] for i < count (each v[i] < f->n), `lanes` (at most 8) values at a time. */
 static inline __attribute__((always_inline)) void feistel_tab_lanes(const stoke__feistel *f,
