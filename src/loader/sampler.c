@@ -158,6 +158,21 @@ static void feistel_apply_all_scalar(const stoke__feistel *f, uint64_t *v, size_
  * (AMD EPYC, no AVX-512).  The same images as the scalar walk. */
 #define FEISTEL_LANES 16
 
+/* A lane after a pass: its value *y is stored at its position v[*at] (every pass's value is,
+ * the final one last); one in [0, n) is done, and the lane takes the next input v[*next] at
+ * once.  Selects, no branch. */
+static inline __attribute__((always_inline)) void lane_refill(uint64_t *v, uint64_t n,
+                                                              uint64_t *y, size_t *at,
+                                                              size_t *next)
+{
+    uint64_t z = *y, in = v[*next];
+    uint64_t done = (uint64_t)0 - (uint64_t)(z < n); /* all ones when in [0, n) */
+    v[*at] = z;
+    *at = (*next & done) | (*at & ~done);
+    *y = (in & done) | (z & ~done);
+    *next += done & 1;
+}
+
 /* One pass of the network over every lane of y. */
 static inline __attribute__((always_inline)) void feistel_pass_lanes(const stoke__feistel *f,
                                                                      uint64_t *y)
@@ -223,14 +238,8 @@ static inline __attribute__((always_inline)) void feistel_lanes_body(const stoke
          * the final value overwrites it). */
         while (next + FEISTEL_LANES <= count) {
             feistel_pass_lanes(f, y);
-            for (int k = 0; k < FEISTEL_LANES; k++) {
-                uint64_t z = y[k], in = v[next];
-                uint64_t done = (uint64_t)0 - (uint64_t)(z < n); /* all ones when in [0, n) */
-                v[at[k]] = z;
-                at[k] = (next & done) | (at[k] & ~done);
-                y[k] = (in & done) | (z & ~done);
-                next += done & 1;
-            }
+            for (int k = 0; k < FEISTEL_LANES; k++)
+                lane_refill(v, n, &y[k], &at[k], &next);
         }
         feistel_finish_lanes(f, y, at, FEISTEL_LANES, v);
     }
@@ -347,14 +356,8 @@ static inline __attribute__((always_inline)) void feistel_tab_lanes(const stoke_
         while (next + (size_t)lanes <= count) {
             for (int k = 0; k < lanes; k++)
                 y[k] = feistel_pass_tab(t, h, m, y[k]);
-            for (int k = 0; k < lanes; k++) {
-                uint64_t z = y[k], in = v[next];
-                uint64_t done = (uint64_t)0 - (uint64_t)(z < n);
-                v[at[k]] = z;
-                at[k] = (next & done) | (at[k] & ~done);
-                y[k] = (in & done) | (z & ~done);
-                next += done & 1;
-            }
+            for (int k = 0; k < lanes; k++)
+                lane_refill(v, n, &y[k], &at[k], &next);
         }
         for (int k = 0; k < lanes; k++) {
             uint64_t z = feistel_pass_tab(t, h, m, y[k]);
