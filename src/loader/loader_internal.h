@@ -166,12 +166,14 @@ int stoke__sampler_epoch_tabulate(stoke__sampler_epoch *e, uint16_t *tab, size_t
  * Expected O(count) time (O(1) per position: no position needs an earlier one). */
 int stoke__sampler_fill(const stoke_sampler *s, const stoke__sampler_epoch *e, uint64_t pos0,
                         size_t count, uint64_t *out);
-/* stoke__sampler_fill computes a batch of RANDOM (and shuffled SUBSET) positions with the
- * fastest path this build has on this CPU, at most stoke__feistel_simd: 0 the scalar walk, 1 the
- * refilled lanes (sampler.c), 2 the lanes compiled for AVX2, 3 eight at a time with AVX-512
- * (x86-64 with AVX512F and AVX512DQ).  Batches under 16 take the scalar walk.  Every path gives
- * the same indices; tests lower stoke__feistel_simd to compare them.  stoke__feistel_simd_in_use
- * says which path a fill of 16 or more takes now. */
+/* stoke__sampler_fill computes a batch of RANDOM (and shuffled SUBSET) positions from a context
+ * stoke__sampler_epoch_tabulate filled with the tabulated lanes, whatever stoke__feistel_simd
+ * says; from any other context with the fastest path this build has on this CPU, at most
+ * stoke__feistel_simd: 0 the scalar walk, 1 the refilled lanes (sampler.c), 2 the lanes compiled
+ * for AVX2, 3 eight at a time with AVX-512 (x86-64 with AVX512F and AVX512DQ).  Batches under 16
+ * take the scalar walk.  Every path gives the same indices; tests lower stoke__feistel_simd to
+ * compare them, and tabulate to compare the table.  stoke__feistel_simd_in_use says which path
+ * a fill of 16 or more from an untabulated context takes now. */
 extern int stoke__feistel_simd;
 int stoke__feistel_simd_in_use(void);
 /* stoke_permute's network: derive once, apply many times (same images as stoke_permute). */
