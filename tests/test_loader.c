@@ -386,11 +386,8 @@ static void test_save_restore(void **state)
     o.epoch = 2;
     stoke_loader *a;
     assert_int_equal(stoke_loader_create(&o, &ds, &a), STOKE_OK);
+    tds_skip(a, 5);
     stoke_batch *b;
-    for (int i = 0; i < 5; i++) {
-        assert_int_equal(stoke_loader_next(a, &b), STOKE_OK);
-        stoke_batch_release(b);
-    }
     stoke_loader_state st;
     assert_int_equal(stoke_loader_save_state(a, &st), STOKE_OK);
     assert_int_equal(st.seed, 9);
@@ -475,12 +472,9 @@ static void test_set_epoch_mid_epoch(void **state)
     o.shuffle = 1;
     stoke_loader *l;
     assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
-    stoke_batch *b, *kept;
+    stoke_batch *kept;
     assert_int_equal(stoke_loader_next(l, &kept), STOKE_OK);
-    for (int i = 0; i < 4; i++) {
-        assert_int_equal(stoke_loader_next(l, &b), STOKE_OK);
-        stoke_batch_release(b);
-    }
+    tds_skip(l, 4);
     assert_int_equal(stoke_loader_set_epoch(l, 5), STOKE_OK);
     uint64_t got[300];
     assert_int_equal(run_epoch(l, got, 300, NULL), 300);

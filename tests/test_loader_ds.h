@@ -119,6 +119,16 @@ static inline void tds_free(tds *t)
     pthread_cond_destroy(&t->cv);
 }
 
+/* Takes n batches from l, each STOKE_OK, and releases them (to move a loader along). */
+static inline void tds_skip(stoke_loader *l, int n)
+{
+    for (int i = 0; i < n; i++) {
+        stoke_batch *b = NULL;
+        assert_int_equal(stoke_loader_next(l, &b), STOKE_OK);
+        stoke_batch_release(b);
+    }
+}
+
 /* 1 if the host data of batch b holds exactly the samples of its indices. */
 static inline int tds_batch_ok(const stoke_batch *b)
 {
