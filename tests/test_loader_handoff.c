@@ -748,26 +748,32 @@ static void test_auto_fast_get_slow_consumer(void **state)
     }
 }
 
-/* A consumer waiting for a batch that a worker is making, when batches take longer than a spin
- * (here ~100 us a sample), makes a later batch itself (docs/loader.md, "Hand-off": help).  The
- * worker blocks in the first sample past 50 it makes, p, until the caller's thread makes a
- * sample after p while it is blocked (3 s at most); the caller's thread does not start a sample
- * past 50 before the worker blocks, and the window holds the whole epoch, so the consumer can
- * always help.  Without the help the consumer only waits for p (the batches it makes because
- * nobody makes them are never after p), the worker gives up after 3 s and the test fails; with
- * it every sample still comes once and in order.  With a timeout set the consumer never helps
- * (it stays free to watch the workers' samples): the worker gives up after 300 ms and no sample
- * after p came from the caller's thread meanwhile. */
+/* A consumer waiting for a batch that a worker is making makes a later batch itself, however
+ * short batches are (docs/loader.md, "Hand-off": help; a sample here takes well under a
+ * microsecond).  The consumer takes batch 0, then stays out of next() until the worker blocks
+ * in the first sample past 50 it makes, p, which it does until the caller's thread makes a
+ * sample after p (3 s at most).  The caller's thread does not start a sample past 50 before
+ * the worker blocks (should it get there first, it waits for the block inside the sample), and
+ * the window holds the whole epoch, so the consumer can always help.  Without the help the
+ * consumer only waits for p (the batches it makes because nobody makes them are never after p),
+ * the worker gives up after 3 s and the test fails; so it did when only batches of 20 us or
+ * more were helped.  With it every sample still comes once and in order.  With a timeout set
+ * the consumer never helps (it stays free to watch the workers' samples): the worker gives up
+ * after 300 ms and no sample after p came from the caller's thread meanwhile. */
 static atomic_int help_blocked, help_seen, help_done, help_wait_ms;
 static atomic_ulong help_p;
+
+static void help_wait_block(void)
+{
+    for (int i = 0; i < 3000 && !atomic_load(&help_done); i++)
+        sleep_us(1000);
+}
 
 static int help_get(void *user, uint64_t index, void *const dst[], int worker, char *msg,
                     size_t msg_len)
 {
-    sleep_us(100);
     if (worker == 1 && index >= 50)
-        for (int i = 0; i < 3000 && !atomic_load(&help_done); i++)
-            sleep_us(1000);
+        help_wait_block();
     if (worker == 1 && atomic_load(&help_blocked) && index > atomic_load(&help_p))
         atomic_store(&help_seen, 1);
     if (worker == 0 && index >= 50 && !atomic_load(&help_done)) {
@@ -798,7 +804,17 @@ static void help_epoch(unsigned timeout_ms, int wait_ms, int want_seen)
     o.timeout_ms = timeout_ms;
     stoke_loader *l;
     assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
-    epoch(l, 200, 1, NULL, 0);
+    stoke_batch *b;
+    for (uint64_t k = 0; k < 200; k++) { /* sequential: sample k in batch k */
+        assert_int_equal(stoke_loader_next(l, &b), STOKE_OK);
+        assert_true(tds_batch_ok(b));
+        assert_int_equal(stoke_batch_seq(b), k);
+        assert_int_equal(stoke_batch_indices(b)[0], k);
+        stoke_batch_release(b);
+        if (k == 0)
+            help_wait_block(); /* the worker makes 1.. alone, up to p */
+    }
+    assert_int_equal(stoke_loader_next(l, &b), STOKE_EEND);
     assert_int_equal(atomic_load(&help_done), 1);
     if (want_seen && !atomic_load(&help_seen))
         fail_msg("the consumer waited for the blocked worker's batch without making one itself");
