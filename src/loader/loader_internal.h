@@ -356,6 +356,12 @@ stoke_batch *stoke__loader_dispatch(stoke_loader *l, stoke__worker *w, uint64_t 
  * per batch.  Returns the ns it took. */
 uint64_t stoke__loader_produce(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid,
                                uint64_t seed, uint64_t epoch, uint64_t *clock);
+/* (mu) Dispatches a group of batches (at least one: the caller saw one could be), makes them
+ * without `mu` and hands them back (no wake-up: a worker signals done_cv after it).  w: the
+ * worker making them, or NULL for the caller's thread (worker id nworkers, its caller_ahead).
+ * Batches of a few microseconds go in groups of up to 16 (worker.c, claim_size), one at a time
+ * otherwise.  Returns with `mu` held, the number of batches made. */
+int stoke__loader_make_group(stoke_loader *l, stoke__worker *w);
 int stoke__loader_start_workers(stoke_loader *l);
 void stoke__loader_stop_workers(stoke_loader *l);
 /* Producer, before making a batch: when batches are small and the dataset has prefetch,

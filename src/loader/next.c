@@ -243,19 +243,17 @@ static int assist_wanted(const stoke_loader *l)
     return help ? 2 : 0;
 }
 
-/* (mu) Makes one batch in the caller's thread (assist_wanted said why: 1 or 2). */
+/* (mu) Makes batches in the caller's thread (assist_wanted said why: 1 or 2): a group of them
+ * when batches take a few microseconds, as a worker takes (stoke__loader_make_group), so that
+ * it takes `mu` twice per group and its indices come from one run of the sampler's lanes
+ * rather than a walk per batch; the batch it waited for may then come a group (about 20 us of
+ * work) later. */
 static void assist(stoke_loader *l, int why)
 {
-    uint64_t gen, seed, epoch;
-    stoke_batch *b = stoke__loader_dispatch(l, &l->w[0], &gen, &seed, &epoch);
-    l->st_assisted++;
-    l->st_helped += why == 2;
-    pthread_mutex_unlock(&l->mu);
-    l->caller_ahead.seq_end = b->seq + 1;
-    uint64_t clock = stoke__now_ns();
-    uint64_t busy = stoke__loader_produce(l, b, NULL, l->nworkers, seed, epoch, &clock);
-    pthread_mutex_lock(&l->mu);
-    stoke__loader_complete(l, b, gen, busy);
+    int n = stoke__loader_make_group(l, NULL);
+    l->st_assisted += (uint64_t)n;
+    if (why == 2)
+        l->st_helped += (uint64_t)n;
 }
 
 /* (mu) Threaded: before sleeping, spins (without `mu`) while a batch is being made, for at most

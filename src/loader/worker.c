@@ -488,9 +488,10 @@ static void spin_for_work(stoke_loader *l, const stoke__worker *w)
     pthread_mutex_lock(&l->mu);
 }
 
-/* How many batches a worker thread takes under one hold of `mu`: batches of a few microseconds
- * (batch size 1) are taken and handed back up to CLAIM_MAX at a time, so such a worker takes
- * the lock twice per group rather than twice per batch; about CLAIM_NS of work, at most a
+/* How many batches a worker thread (or the caller's thread making batches in next()) takes
+ * under one hold of `mu`: batches of a few microseconds (batch size 1) are taken and handed
+ * back up to CLAIM_MAX at a time, so such a thread takes the lock twice per group rather than
+ * twice per batch; about CLAIM_NS of work, at most a
  * quarter of the reorder window per worker given work (the others and the consumer's in-order
  * wait keep their share); a group of 8 or more is made 16, so that the group's run of indices
  * (stoke__ahead) fills the sampler's 16 lanes at once instead of the scalar walk.  One at a
@@ -512,6 +513,39 @@ static int claim_size(const stoke_loader *l)
     if (n > CLAIM_MAX)
         n = CLAIM_MAX;
     return n ? (int)n : 1;
+}
+
+/* (mu) The caller's thread may take one more batch for its group (next.c, assist_wanted's
+ * conditions less the reason). */
+static int consumer_can_dispatch(const stoke_loader *l)
+{
+    return !l->ended && !l->init_failed && l->free_b && !l->quiesce &&
+           l->next_dispatch < l->nbatches && l->outstanding < l->window;
+}
+
+int stoke__loader_make_group(stoke_loader *l, stoke__worker *w)
+{
+    uint64_t gen, seed, epoch, busy[CLAIM_MAX];
+    stoke_batch *b[CLAIM_MAX];
+    stoke__ahead *a = w ? &w->ahead : &l->caller_ahead;
+    int wid = w ? w->id : l->nworkers, want = claim_size(l), n = 0;
+    do /* one gen, seed and epoch for all: `mu` is held throughout */
+        b[n++] = stoke__loader_dispatch(l, w ? w : &l->w[0], &gen, &seed, &epoch);
+    while (n < want && (w ? can_dispatch(l, w) : consumer_can_dispatch(l)));
+    pthread_mutex_unlock(&l->mu);
+    a->seq_end = b[n - 1]->seq + 1; /* the group's seqs follow each other */
+    if (n > 1 && !l->iterable && l->o.batch_size <= STOKE__AHEAD_RUN) /* one run for all */
+        (void)ahead_indices(l, a, b[0]->seq, batch_count(l, b[0]->seq), seed, epoch);
+    uint64_t clock = stoke__now_ns(); /* each batch's end starts the next one */
+    for (int i = 0; i < n; i++) {
+        if (i + 1 < n)
+            stoke__loader_look_ahead(l, a, b[i + 1]->seq, seed, epoch);
+        busy[i] = stoke__loader_produce(l, b[i], w, wid, seed, epoch, &clock);
+    }
+    pthread_mutex_lock(&l->mu);
+    for (int i = 0; i < n; i++)
+        complete_quiet(l, b[i], gen, busy[i]);
+    return n;
 }
 
 static void *worker_main(void *arg)
@@ -552,25 +586,7 @@ static void *worker_main(void *arg)
         }
         if (l->quit)
             break;
-        uint64_t gen, seed, epoch, busy[CLAIM_MAX];
-        stoke_batch *b[CLAIM_MAX];
-        int want = claim_size(l), n = 0;
-        do /* one gen, seed and epoch for all: `mu` is held throughout */
-            b[n++] = stoke__loader_dispatch(l, w, &gen, &seed, &epoch);
-        while (n < want && can_dispatch(l, w));
-        pthread_mutex_unlock(&l->mu);
-        w->ahead.seq_end = b[n - 1]->seq + 1; /* the group's seqs follow each other */
-        if (n > 1 && !l->iterable && l->o.batch_size <= STOKE__AHEAD_RUN) /* one run for all */
-            (void)ahead_indices(l, &w->ahead, b[0]->seq, batch_count(l, b[0]->seq), seed, epoch);
-        uint64_t clock = stoke__now_ns();      /* each batch's end starts the next one */
-        for (int i = 0; i < n; i++) {
-            if (i + 1 < n)
-                stoke__loader_look_ahead(l, &w->ahead, b[i + 1]->seq, seed, epoch);
-            busy[i] = stoke__loader_produce(l, b[i], w, w->id, seed, epoch, &clock);
-        }
-        pthread_mutex_lock(&l->mu);
-        for (int i = 0; i < n; i++)
-            complete_quiet(l, b[i], gen, busy[i]);
+        stoke__loader_make_group(l, w);
         /* one wake-up for the group, after `mu` is free: a consumer woken while this thread
          * still holds it would only sleep again on the mutex */
         pthread_mutex_unlock(&l->mu);
