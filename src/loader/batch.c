@@ -161,7 +161,7 @@ void stoke_batch_release(stoke_batch *b)
     stoke_loader *l = b->l;
     pthread_mutex_lock(&l->mu);
     l->held--;
-    int none_free = !l->free_b;
+    int none_free = !l->nfree;
     stoke__loader_recycle(l, b);
     stoke__loader_wake_workers(l, none_free); /* workers out of buffers: wake them now */
     stoke__loader_notify(l);

@@ -599,9 +599,18 @@ static int allocate(stoke_loader *l)
     l->bat = calloc((size_t)l->nbuf, sizeof(*l->bat));
     l->slots = calloc((size_t)l->nbuf, sizeof(*l->slots));
     l->w = calloc((size_t)l->nw1, sizeof(*l->w));
+    l->free_v = calloc((size_t)l->nbuf, sizeof(*l->free_v));
     if (!l->o.in_order && !l->iterable)
         l->bits = calloc((size_t)((l->nbatches + 7) / 8 + 1), 1);
-    if (!l->bat || !l->slots || !l->w || (!l->o.in_order && !l->iterable && !l->bits))
+    if (l->o.in_order && !l->iterable) {
+        uint64_t slots = 1;
+        while (slots < (uint64_t)l->nbuf)
+            slots <<= 1;
+        l->ready = calloc((size_t)slots, sizeof(*l->ready));
+        l->ready_mask = slots - 1;
+    }
+    if (!l->bat || !l->slots || !l->w || !l->free_v || (!l->o.in_order && !l->iterable && !l->bits) ||
+        (l->o.in_order && !l->iterable && !l->ready))
         return stoke__loader_fail(l, STOKE_ENOMEM, "loader: out of memory for %d batch handles",
                                   l->nbuf);
     for (int i = 0; i < l->nw1; i++) {
@@ -642,8 +651,7 @@ static void fill_pools(stoke_loader *l)
         } else {
             b->host = &l->slots[i];
         }
-        b->next = l->free_b;
-        l->free_b = b;
+        l->free_v[l->nfree++] = b;
     }
 }
 
@@ -727,6 +735,8 @@ void stoke_loader_destroy(stoke_loader *l)
     free(l->slots);
     free(l->w);
     free(l->bits);
+    free(l->free_v);
+    free(l->ready);
     pthread_cond_destroy(&l->work_cv);
     pthread_cond_destroy(&l->done_cv);
     pthread_mutex_destroy(&l->mu);

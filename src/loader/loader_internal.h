@@ -261,12 +261,24 @@ struct stoke_loader {
     pthread_mutex_t mu;
     pthread_cond_t work_cv; /* workers: work may be available, or quit */
     pthread_cond_t done_cv; /* consumer: a batch completed */
-    stoke_batch *free_b;    /* (mu) */
+    /* (mu) Free batches: a stack of pointers, the last released on top (its buffer is the one
+     * most likely still in a cache).  An array rather than a list through the batches: taking a
+     * group of 16 followed 16 `next` pointers, each a cache line last written by the consumer's
+     * core. */
+    stoke_batch **free_v;
+    int nfree;
     stoke__slot *free_s;    /* (mu) device mode */
     /* (mu) device mode: slots whose copy may still run, FIFO */
     stoke__slot *copy_head, *copy_tail;
     stoke_batch *done;         /* (mu) completed, undelivered; FIFO by completion */
     stoke_batch **done_tail;   /* (mu) */
+    /* (mu) MAP in order: completed batches by seq, ready[seq & ready_mask], instead of the done
+     * list (next() takes batch `prefix` without walking past the others: a walk touched one
+     * batch's cache line per batch completed out of turn).  The seqs in flight lie in [prefix,
+     * prefix + window), fewer than the ring's slots, so no two share one; a batch that would
+     * still goes to the done list, which next() looks at too.  NULL otherwise. */
+    stoke_batch **ready;
+    uint64_t ready_mask;
     uint64_t seed, epoch, gen; /* (mu) */
     uint64_t next_dispatch;    /* (mu) next batch seq to hand out */
     uint64_t start_cursor;     /* (mu) where this run of the epoch started */

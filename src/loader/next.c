@@ -55,6 +55,16 @@ static stoke_batch *take_done(stoke_loader *l)
             break;
         l->prefix++;
     }
+    if (l->ready) { /* MAP in order: batch prefix, if it came */
+        stoke_batch **slot = &l->ready[l->prefix & l->ready_mask];
+        stoke_batch *b = *slot;
+        if (b && b->seq == l->prefix) {
+            *slot = NULL;
+            return b;
+        }
+        if (!l->done) /* else a batch whose slot was taken when it came (never, see ready) */
+            return NULL;
+    }
     for (stoke_batch **pp = &l->done; *pp; pp = &(*pp)->next) {
         stoke_batch *b = *pp;
         if (l->o.in_order && b->seq != l->prefix)
@@ -150,7 +160,7 @@ static int next_inline(stoke_loader *l, stoke_batch **bp, uint64_t *clock)
             pthread_mutex_unlock(&l->mu);
             return STOKE_EEND;
         }
-        if (!l->free_b) {
+        if (!l->nfree) {
             pthread_mutex_unlock(&l->mu);
             return stoke__loader_fail(l, STOKE_ELIMIT,
                                       "loader: all %d batch buffers are held by the caller; "
@@ -233,7 +243,7 @@ static int wait_done(stoke_loader *l)
  * id nworkers. */
 static int assist_wanted(const stoke_loader *l)
 {
-    if (!l->assist || l->ended || l->init_failed || !l->free_b || l->quiesce ||
+    if (!l->assist || l->ended || l->init_failed || !l->nfree || l->quiesce ||
         l->next_dispatch >= l->nbatches)
         return 0;
     if (l->o.in_order ? l->next_dispatch == l->prefix : l->filling == 0)
@@ -309,7 +319,7 @@ static int next_threaded(stoke_loader *l, stoke_batch **bp, uint64_t *t0)
             rc = STOKE_EEND;
             break;
         }
-        if (l->held >= l->nbuf || (!l->free_b && l->filling == 0)) {
+        if (l->held >= l->nbuf || (!l->nfree && l->filling == 0)) {
             rc = stoke__loader_fail(l, STOKE_ELIMIT,
                                     "loader: all %d batch buffers are held by the caller; "
                                     "release batches",

@@ -18,6 +18,11 @@ void stoke__loader_abandon(stoke_loader *l)
         stoke__loader_recycle(l, b);
     }
     l->done_tail = &l->done;
+    for (uint64_t i = 0; l->ready && i <= l->ready_mask; i++) {
+        if (l->ready[i])
+            stoke__loader_recycle(l, l->ready[i]);
+        l->ready[i] = NULL;
+    }
     l->outstanding = 0;
     for (int i = 0; l->iterable && l->w && i < l->nw1; i++) /* w: NULL if create failed */
         l->w[i].outstanding = 0;

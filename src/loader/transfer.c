@@ -124,8 +124,7 @@ void stoke__loader_recycle(stoke_loader *l, stoke_batch *b)
             l->free_s = s;
         }
     }
-    b->next = l->free_b;
-    l->free_b = b;
+    l->free_v[l->nfree++] = b;
 }
 
 /* (mu) Device mode: a slot for a new batch; may drop `mu` to wait for an old copy. */

@@ -358,6 +358,11 @@ static void complete_quiet(stoke_loader *l, stoke_batch *b, uint64_t gen, uint64
         }
     }
     b->next = NULL;
+    stoke_batch **slot = l->ready ? &l->ready[b->seq & l->ready_mask] : NULL;
+    if (slot && !*slot) {
+        *slot = b;
+        return;
+    }
     *l->done_tail = b;
     l->done_tail = &b->next;
 }
@@ -370,7 +375,7 @@ void stoke__loader_complete(stoke_loader *l, stoke_batch *b, uint64_t gen, uint6
 
 static int can_dispatch(const stoke_loader *l, const stoke__worker *w)
 {
-    if (l->ended || l->init_failed || !l->free_b || l->quiesce)
+    if (l->ended || l->init_failed || !l->nfree || l->quiesce)
         return 0;
     if (l->iterable)
         return !w->exhausted && w->outstanding < l->o.prefetch_factor;
@@ -416,8 +421,7 @@ void stoke__loader_notify(stoke_loader *l)
 stoke_batch *stoke__loader_dispatch(stoke_loader *l, stoke__worker *w, uint64_t *gen,
                                     uint64_t *seed, uint64_t *epoch)
 {
-    stoke_batch *b = l->free_b;
-    l->free_b = b->next;
+    stoke_batch *b = l->free_v[--l->nfree];
     if (l->iterable) {
         b->k = w->k_next++;
         b->seq = b->k * (uint64_t)l->nw1 + (uint64_t)w->id;
@@ -519,7 +523,7 @@ static int claim_size(const stoke_loader *l)
  * conditions less the reason). */
 static int consumer_can_dispatch(const stoke_loader *l)
 {
-    return !l->ended && !l->init_failed && l->free_b && !l->quiesce &&
+    return !l->ended && !l->init_failed && l->nfree && !l->quiesce &&
            l->next_dispatch < l->nbatches && l->outstanding < l->window;
 }
 
