@@ -86,6 +86,12 @@ void stoke__resident_free(void *p, size_t size);
  * published to another thread (a lock release orders them too, but say it). */
 void stoke__copy_nt(void *dst, const void *src, size_t n);
 void stoke__copy_nt_done(void);
+/* calloc(n, size) rounded up to whole cache lines (STOKE__LINE bytes) and aligned to one, so
+ * that no other allocation shares its lines: for records one thread writes while another reads
+ * their neighbours (the loader's batches).  Freed with free().  NULL when out of memory or
+ * n * size overflows. */
+#define STOKE__LINE 64
+void *stoke__calloc_lines(size_t n, size_t size);
 /* Bytes of physical memory (0 if unknown). */
 uint64_t stoke__physical_memory(void);
 

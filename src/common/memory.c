@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -37,6 +38,17 @@ void *stoke__resident_alloc(size_t size)
     for (size_t o = 0; o < size; o += pg > 0 ? (size_t)pg : 4096u)
         ((volatile unsigned char *)m)[o] = 0; /* a kernel before 5.14: one write per page */
     return m;
+}
+
+void *stoke__calloc_lines(size_t n, size_t size)
+{
+    if (size && n > (SIZE_MAX - STOKE__LINE) / size)
+        return NULL;
+    size_t bytes = (n * size + STOKE__LINE - 1) / STOKE__LINE * STOKE__LINE;
+    void *p = aligned_alloc(STOKE__LINE, bytes ? bytes : STOKE__LINE);
+    if (p)
+        memset(p, 0, bytes);
+    return p;
 }
 
 uint64_t stoke__physical_memory(void)

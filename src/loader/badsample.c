@@ -191,7 +191,8 @@ void stoke__bad_account(stoke_loader *l, stoke_batch *b)
         if (l->bad_epoch > budget(l, l->bad_epoch_samples + l->bad_epoch) && !over)
             over = e;
     }
-    b->bad.n = 0;
+    if (b->bad.n)
+        b->bad.n = 0;
     if (!over || b->status != STOKE_OK)
         return;
     b->status = over->code;

@@ -593,10 +593,13 @@ static int open_arena(stoke_loader *l)
     return STOKE_OK;
 }
 
+_Static_assert(offsetof(stoke_batch, l) == STOKE__LINE,
+               "stoke_batch: what every hand-off touches fills its first cache line");
+
 /* Step 3 of create: batch handles, worker records, where batches live, the host buffers. */
 static int allocate(stoke_loader *l)
 {
-    l->bat = calloc((size_t)l->nbuf, sizeof(*l->bat));
+    l->bat = stoke__calloc_lines((size_t)l->nbuf, sizeof(*l->bat));
     l->slots = calloc((size_t)l->nbuf, sizeof(*l->slots));
     l->w = calloc((size_t)l->nw1, sizeof(*l->w));
     l->free_v = calloc((size_t)l->nbuf, sizeof(*l->free_v));
@@ -627,7 +630,8 @@ static int allocate(stoke_loader *l)
     for (int i = 0; i < l->nbuf; i++) {
         stoke_batch *b = &l->bat[i];
         b->l = l;
-        b->indices = calloc(l->cap, sizeof(uint64_t));
+        b->indices = l->cap <= STOKE__BATCH_INLINE ? b->idx_inline
+                                                   : calloc(l->cap, sizeof(uint64_t));
         if (l->var)
             b->offsets = calloc(l->cap + 1, sizeof(uint64_t));
         if (!b->indices || (l->var && !b->offsets))
@@ -718,7 +722,8 @@ void stoke_loader_destroy(stoke_loader *l)
     stoke__bad_destroy(l);
     if (l->bat) {
         for (int i = 0; i < l->nbuf; i++) {
-            free(l->bat[i].indices);
+            if (l->bat[i].indices != l->bat[i].idx_inline)
+                free(l->bat[i].indices);
             free(l->bat[i].offsets);
             stoke_device_buffer_destroy(l->bat[i].dbuf);
             stoke_event_destroy(l->bat[i].ev);

@@ -87,27 +87,39 @@ typedef struct stoke__slot {
     struct stoke__slot *next;
 } stoke__slot;
 
+/* Batches of at most this many samples keep their indices in the batch's first cache line. */
+#define STOKE__BATCH_INLINE 2
+
+/* Laid out by cache line, each batch on lines of its own (stoke__calloc_lines).  The first
+ * line holds everything a batch's producer writes and its consumer reads for every batch
+ * (with the indices of a batch of one or two samples): handing over a small batch then moves
+ * that one line between the cores and back.  The rest is written only when it changes (the
+ * epoch, the gen, device flags, bad samples: `if (x != v) x = v`), so those lines stay shared
+ * by every core that reads them. */
 struct stoke_batch {
+    _Alignas(STOKE__LINE) uint64_t seq;
+    size_t count;
+    size_t bytes;      /* sample bytes in the batch, all fields */
+    uint64_t *indices; /* idx_inline when the buffer holds at most STOKE__BATCH_INLINE */
+    int status;        /* of producing it */
+    int worker;
+    int pinned;
+    int end; /* ITERABLE: the worker's share ended while filling it */
+    uint64_t idx_inline[STOKE__BATCH_INLINE];
+    /* the second line on */
     stoke_loader *l;
     stoke__slot *host; /* host mode: always this batch's slot; device mode: while filling */
-    uint64_t *indices;
     uint64_t *offsets; /* MAP_VAR: count + 1 byte offsets of the packed samples */
-    size_t count;
-    size_t bytes; /* sample bytes in the batch, all fields */
-    uint64_t seq, epoch, gen;
-    uint64_t k; /* ITERABLE: the producing worker's batch number */
-    int end;    /* ITERABLE: the worker's share ended while filling it */
-    int pinned;
-    int status; /* of producing it */
-    int worker;
-    uint64_t err_index;
-    char err_msg[256];
-    stoke_device_buffer *dbuf;
-    stoke_event *ev; /* device mode: the consumer's copy-complete event */
+    struct stoke_batch *next;
+    uint64_t epoch, gen;
+    uint64_t k;      /* ITERABLE: the producing worker's batch number */
     int copied;      /* device mode: the copy was queued */
     int dev_failed;  /* device mode: a wait or read reported a failure (counted once) */
-    struct stoke_batch *next;
     stoke__bad_list bad; /* the producer's, then (mu) the consumer's: bad samples met */
+    uint64_t err_index;
+    stoke_device_buffer *dbuf;
+    stoke_event *ev; /* device mode: the consumer's copy-complete event */
+    char err_msg[256];
 };
 
 /* ---- sampler.c: a batch's indices at once ----------------------------------------------------

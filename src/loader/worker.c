@@ -264,14 +264,18 @@ static void fill_map_batch(stoke_loader *l, stoke_batch *b, stoke__worker *w, in
  * (ITERABLE: b->end when the worker's share ended). */
 void stoke__loader_batch_start(stoke_loader *l, stoke_batch *b, int wid, uint64_t epoch)
 {
-    b->epoch = epoch;
+    if (b->epoch != epoch) /* (the batch's first cache line only is written for every batch) */
+        b->epoch = epoch;
     b->count = l->iterable ? l->o.batch_size : batch_count(l, b->seq);
     b->status = STOKE_OK;
     b->worker = wid;
-    b->copied = 0;
-    b->dev_failed = 0;
+    if (b->copied)
+        b->copied = 0;
+    if (b->dev_failed)
+        b->dev_failed = 0;
     b->end = 0;
-    b->bad.n = 0;
+    if (b->bad.n)
+        b->bad.n = 0;
     b->pinned = b->host->pinned;
 }
 
@@ -327,7 +331,8 @@ static void complete_quiet(stoke_loader *l, stoke_batch *b, uint64_t gen, uint64
     l->st_busy_ns += busy_ns;
     l->busy_avg = l->busy_avg ? (l->busy_avg * 7 + busy_ns) / 8 : busy_ns;
     l->filling--;
-    b->gen = gen;
+    if (b->gen != gen)
+        b->gen = gen;
     atomic_fetch_add_explicit(&l->events, 1, memory_order_release);
     if (l->device_mode && b->host && b->copied) {
         stoke__slot *s = b->host;
@@ -357,12 +362,12 @@ static void complete_quiet(stoke_loader *l, stoke_batch *b, uint64_t gen, uint64
             return;
         }
     }
-    b->next = NULL;
     stoke_batch **slot = l->ready ? &l->ready[b->seq & l->ready_mask] : NULL;
     if (slot && !*slot) {
         *slot = b;
         return;
     }
+    b->next = NULL;
     *l->done_tail = b;
     l->done_tail = &b->next;
 }
