@@ -9,6 +9,7 @@
 
 #include "testutil.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -831,6 +832,159 @@ static void help_epoch(unsigned timeout_ms, int wait_ms, int want_seen)
     tds_free(&t);
 }
 
+/* Batches released by another thread than the consumer, which releases without `mu`
+ * (loader_internal.h, `released`): the consumer hands each batch to a releaser thread that
+ * gives it back 20 us later, and keeps at most two in its queue, so that with 3 or 4 buffers
+ * the workers often find none free.  Every sample comes once and in order, for 1 and 2
+ * workers, with and without worker_init, and the next epoch finds every buffer back. */
+typedef struct rel_queue {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    stoke_batch *q[8];
+    int n, done;
+} rel_queue;
+
+static void *releaser_main(void *arg)
+{
+    rel_queue *r = arg;
+    pthread_mutex_lock(&r->mu);
+    for (;;) {
+        while (!r->n && !r->done)
+            pthread_cond_wait(&r->cv, &r->mu);
+        if (!r->n)
+            break;
+        stoke_batch *b = r->q[0];
+        memmove(r->q, r->q + 1, (size_t)(--r->n) * sizeof(r->q[0]));
+        pthread_mutex_unlock(&r->mu);
+        sleep_us(20);
+        stoke_batch_release(b);
+        pthread_mutex_lock(&r->mu);
+        pthread_cond_broadcast(&r->cv);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return NULL;
+}
+
+static void test_release_from_another_thread(void **state)
+{
+    (void)state;
+    for (int workers = 1; workers <= 2; workers++) {
+        for (int init = 0; init < 2; init++) {
+            tds t;
+            stoke_dataset ds;
+            tds_make(&t, &ds, 400);
+            if (!init)
+                ds.worker_init = NULL;
+            stoke_loader_opts o = opts(1, workers);
+            o.prefetch_factor = 1;
+            stoke_loader *l;
+            assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+            rel_queue r = {.n = 0, .done = 0};
+            pthread_mutex_init(&r.mu, NULL);
+            pthread_cond_init(&r.cv, NULL);
+            pthread_t th;
+            assert_int_equal(pthread_create(&th, NULL, releaser_main, &r), 0);
+            stoke_batch *b;
+            uint64_t k = 0;
+            int rc;
+            for (;;) {
+                pthread_mutex_lock(&r.mu);
+                while (r.n >= 2)
+                    pthread_cond_wait(&r.cv, &r.mu);
+                pthread_mutex_unlock(&r.mu);
+                if ((rc = stoke_loader_next(l, &b)) != STOKE_OK)
+                    break;
+                assert_true(tds_batch_ok(b));
+                assert_int_equal(stoke_batch_seq(b), k);
+                assert_int_equal(stoke_batch_indices(b)[0], k);
+                k++;
+                pthread_mutex_lock(&r.mu);
+                r.q[r.n++] = b;
+                pthread_cond_broadcast(&r.cv);
+                pthread_mutex_unlock(&r.mu);
+            }
+            assert_int_equal(rc, STOKE_EEND);
+            assert_int_equal(k, 400);
+            pthread_mutex_lock(&r.mu);
+            r.done = 1;
+            pthread_cond_broadcast(&r.cv);
+            pthread_mutex_unlock(&r.mu);
+            pthread_join(th, NULL);
+            assert_int_equal(stoke_loader_set_epoch(l, 1), STOKE_OK); /* every buffer back */
+            for (uint64_t j = 0; j < 400; j++) {
+                assert_int_equal(stoke_loader_next(l, &b), STOKE_OK);
+                stoke_batch_release(b);
+            }
+            assert_int_equal(stoke_loader_next(l, &b), STOKE_EEND);
+            stoke_loader_destroy(l);
+            pthread_cond_destroy(&r.cv);
+            pthread_mutex_destroy(&r.mu);
+            tds_free(&t);
+        }
+    }
+}
+
+/* A worker that sleeps because the consumer holds every buffer is woken by a release from
+ * another thread, while the consumer stays out of next(): the consumer takes all 3 buffers of
+ * 1 worker with a window of 1, waits 50 ms (the worker has long gone to sleep for one), then
+ * another thread releases one, and the worker must start on sample 3 within 10 s.  A release
+ * that only put the batch back for the next next() would leave it asleep. */
+static atomic_ulong starve_high; /* 1 + the highest index get() was asked for */
+
+static int starve_get(void *user, uint64_t index, void *const dst[], int worker, char *msg,
+                      size_t msg_len)
+{
+    uint64_t seen = atomic_load(&starve_high);
+    while (index + 1 > seen && !atomic_compare_exchange_weak(&starve_high, &seen, index + 1))
+        ;
+    return tds_get(user, index, dst, worker, msg, msg_len);
+}
+
+static void *release_one(void *arg)
+{
+    stoke_batch_release(arg);
+    return NULL;
+}
+
+static void test_release_wakes_starved_worker(void **state)
+{
+    (void)state;
+    tds t;
+    stoke_dataset ds;
+    tds_make(&t, &ds, 100);
+    ds.get = starve_get;
+    atomic_store(&starve_high, 0);
+    stoke_loader_opts o = opts(1, 1);
+    o.prefetch_factor = 1; /* a window of 1: 3 buffers */
+    stoke_loader *l;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    stoke_batch *b[3];
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(stoke_loader_next(l, &b[i]), STOKE_OK);
+        assert_int_equal(stoke_batch_indices(b[i])[0], (uint64_t)i);
+    }
+    sleep_us(50000);
+    assert_int_equal(atomic_load(&starve_high), 3); /* no buffer: sample 3 not started */
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, release_one, b[0]), 0);
+    pthread_join(th, NULL);
+    for (int i = 0; i < 10000 && atomic_load(&starve_high) < 4; i++)
+        sleep_us(1000);
+    if (atomic_load(&starve_high) < 4)
+        fail_msg("the worker still sleeps 10 s after another thread released a buffer");
+    stoke_batch_release(b[1]);
+    stoke_batch_release(b[2]);
+    stoke_batch *x;
+    for (uint64_t k = 3; k < 100; k++) {
+        assert_int_equal(stoke_loader_next(l, &x), STOKE_OK);
+        assert_int_equal(stoke_batch_indices(x)[0], k);
+        stoke_batch_release(x);
+    }
+    assert_int_equal(stoke_loader_next(l, &x), STOKE_EEND);
+    stoke_loader_destroy(l);
+    tds_free(&t);
+}
+
 static void test_consumer_helps_while_waiting(void **state)
 {
     (void)state;
@@ -853,6 +1007,8 @@ int main(void)
         cmocka_unit_test(test_prefetch_next_batch),
         cmocka_unit_test(test_idle_workers_left_asleep),
         cmocka_unit_test(test_consumer_helps_while_waiting),
+        cmocka_unit_test(test_release_from_another_thread),
+        cmocka_unit_test(test_release_wakes_starved_worker),
     };
     return tu_exit_status(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -159,11 +159,54 @@ void stoke_batch_release(stoke_batch *b)
     if (!b)
         return;
     stoke_loader *l = b->l;
-    pthread_mutex_lock(&l->mu);
-    l->held--;
-    int none_free = !l->nfree;
-    stoke__loader_recycle(l, b);
-    stoke__loader_wake_workers(l, none_free); /* workers out of buffers: wake them now */
+    /* without `mu`: a batch of one small row spent a lock round trip, and two atomics on lines
+     * the spinning threads read, on its release (loader_internal.h, `released`) */
+    stoke_batch *top = atomic_load_explicit(&l->released, memory_order_relaxed);
+    do
+        b->next = top;
+    while (!atomic_compare_exchange_weak_explicit(&l->released, &top, b, memory_order_seq_cst,
+                                                  memory_order_relaxed));
+    if (atomic_load_explicit(&l->rel_sleepers, memory_order_seq_cst) == 0)
+        return;
+    pthread_mutex_lock(&l->mu); /* somebody sleeps for lack of free batches */
+    stoke__loader_reclaim(l);
     stoke__loader_notify(l);
     pthread_mutex_unlock(&l->mu);
+}
+
+int stoke__loader_reclaim(stoke_loader *l)
+{
+    stoke_batch *b = atomic_exchange_explicit(&l->released, NULL, memory_order_seq_cst);
+    if (!b)
+        return 0;
+    int none_free = !l->nfree, n = 0;
+    while (b) {
+        stoke_batch *next = b->next;
+        l->held--;
+        stoke__loader_recycle(l, b);
+        b = next;
+        n++;
+    }
+    stoke__loader_wake_workers(l, none_free); /* workers out of buffers: wake them now */
+    return n;
+}
+
+int stoke__loader_sleep_begin(stoke_loader *l, int *counted)
+{
+    *counted = 0;
+    if (l->nfree) /* not for lack of free batches: a release changes nothing */
+        return 0;
+    atomic_fetch_add_explicit(&l->rel_sleepers, 1, memory_order_seq_cst);
+    if (stoke__loader_reclaim(l)) {
+        atomic_fetch_sub_explicit(&l->rel_sleepers, 1, memory_order_relaxed);
+        return 1;
+    }
+    *counted = 1;
+    return 0;
+}
+
+void stoke__loader_sleep_done(stoke_loader *l, int counted)
+{
+    if (counted)
+        atomic_fetch_sub_explicit(&l->rel_sleepers, 1, memory_order_relaxed);
 }

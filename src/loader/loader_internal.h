@@ -279,6 +279,15 @@ struct stoke_loader {
      * core. */
     stoke_batch **free_v;
     int nfree;
+    /* Released batches not yet back in free_v (stoke_batch_release pushes them here without
+     * `mu`, a lock-free stack through `next`; stoke__loader_reclaim moves them, under `mu`, at
+     * the next next(), abandon, or wherever free batches are counted).  Until then they count
+     * in `held`.  A thread that would sleep for lack of free batches first counts itself in
+     * rel_sleepers and reclaims once more; a release that sees rel_sleepers takes `mu` and
+     * wakes them (the push and the count are sequentially consistent, so one of the two sees
+     * the other). */
+    _Atomic(stoke_batch *) released;
+    atomic_int rel_sleepers;
     stoke__slot *free_s;    /* (mu) device mode */
     /* (mu) device mode: slots whose copy may still run, FIFO */
     stoke__slot *copy_head, *copy_tail;
@@ -361,6 +370,14 @@ int stoke__loader_device_failed(stoke_loader *l, stoke_batch *b, int rc, const c
                                 const char *prep);
 void stoke__loader_copy_batch(stoke_loader *l, stoke_batch *b);
 void stoke__loader_recycle(stoke_loader *l, stoke_batch *b);
+/* (mu) Takes back the batches released since the last call (see `released`); wakes workers
+ * when none was free.  Returns how many. */
+int stoke__loader_reclaim(stoke_loader *l);
+/* (mu) Before a thread sleeps: when no batch is free, counts it in rel_sleepers (*counted = 1)
+ * and reclaims.  Returns 1 when that freed some (the thread looks again instead of sleeping,
+ * uncounted), else 0: it sleeps, then calls stoke__loader_sleep_done(l, *counted). */
+int stoke__loader_sleep_begin(stoke_loader *l, int *counted);
+void stoke__loader_sleep_done(stoke_loader *l, int counted);
 stoke__slot *stoke__loader_take_slot(stoke_loader *l);
 
 /* worker.c */

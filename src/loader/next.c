@@ -143,6 +143,7 @@ static int next_inline(stoke_loader *l, stoke_batch **bp, uint64_t *clock)
 {
     l->caller_ahead.seq_end = l->nbatches; /* the caller's thread makes every batch */
     pthread_mutex_lock(&l->mu);
+    stoke__loader_reclaim(l);
     /* worker_init once, before the first batch, without `mu` (one lock per batch otherwise) */
     if (l->ds.worker_init && !l->caller_inited && !stoke__loader_epoch_over(l)) {
         pthread_mutex_unlock(&l->mu);
@@ -160,7 +161,7 @@ static int next_inline(stoke_loader *l, stoke_batch **bp, uint64_t *clock)
             pthread_mutex_unlock(&l->mu);
             return STOKE_EEND;
         }
-        if (!l->nfree) {
+        if (!l->nfree && !stoke__loader_reclaim(l)) {
             pthread_mutex_unlock(&l->mu);
             return stoke__loader_fail(l, STOKE_ELIMIT,
                                       "loader: all %d batch buffers are held by the caller; "
@@ -308,6 +309,7 @@ static int next_threaded(stoke_loader *l, stoke_batch **bp, uint64_t *t0)
             return rc;
         pthread_mutex_lock(&l->mu);
     }
+    stoke__loader_reclaim(l);
     int spun = 0;
     while ((rc = wait_status(l)) == STOKE_OK) {
         if ((*bp = take_done(l)) != NULL)
@@ -320,6 +322,8 @@ static int next_threaded(stoke_loader *l, stoke_batch **bp, uint64_t *t0)
             break;
         }
         if (l->held >= l->nbuf || (!l->nfree && l->filling == 0)) {
+            if (stoke__loader_reclaim(l))
+                continue;
             rc = stoke__loader_fail(l, STOKE_ELIMIT,
                                     "loader: all %d batch buffers are held by the caller; "
                                     "release batches",
@@ -338,7 +342,12 @@ static int next_threaded(stoke_loader *l, stoke_batch **bp, uint64_t *t0)
             continue;
         }
         stoke__loader_wake_workers(l, 1); /* nobody may sleep while work waits */
-        if ((rc = wait_done(l)) != STOKE_OK)
+        int counted;
+        if (stoke__loader_sleep_begin(l, &counted))
+            continue;
+        rc = wait_done(l);
+        stoke__loader_sleep_done(l, counted);
+        if (rc != STOKE_OK)
             break;
         spun = 0;
     }

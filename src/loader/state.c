@@ -11,6 +11,7 @@
 /* (mu) Abandons the current run: every batch not yet delivered goes back to the pools. */
 void stoke__loader_abandon(stoke_loader *l)
 {
+    stoke__loader_reclaim(l);
     l->gen++;
     while (l->done) {
         stoke_batch *b = l->done;

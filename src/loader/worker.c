@@ -595,9 +595,13 @@ static void *worker_main(void *arg)
                 spin_for_work(l, w);
                 continue;
             }
+            int counted;
+            if (stoke__loader_sleep_begin(l, &counted))
+                continue;
             l->work_sleepers++;
             w->sleeping = 1;
             pthread_cond_wait(&l->work_cv, &l->mu);
+            stoke__loader_sleep_done(l, counted);
             if (w->sleeping) { /* not woken by wake_workers (another broadcast, spurious) */
                 w->sleeping = 0;
                 l->work_sleepers--;
