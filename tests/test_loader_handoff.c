@@ -30,6 +30,22 @@ static stoke_loader_opts opts(size_t bs, int workers)
     return o;
 }
 
+/* A loader of batch size 1 over n samples of *t (made here): `workers`, prefetch_factor
+ * `prefetch`, the dataset's worker_init kept when `init` (without it the caller's thread may
+ * make batches). */
+static stoke_loader *bs1_loader(tds *t, stoke_dataset *ds, uint64_t n, int init, int workers,
+                                int prefetch)
+{
+    tds_make(t, ds, n);
+    if (!init)
+        ds->worker_init = NULL;
+    stoke_loader_opts o = opts(1, workers);
+    o.prefetch_factor = prefetch;
+    stoke_loader *l;
+    assert_int_equal(stoke_loader_create(&o, ds, &l), STOKE_OK);
+    return l;
+}
+
 static void sleep_us(long us)
 {
     struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
@@ -728,13 +744,7 @@ static void test_auto_fast_get_slow_consumer(void **state)
     for (int init = 1; init >= 0; init--) {
         tds t;
         stoke_dataset ds;
-        tds_make(&t, &ds, 600);
-        if (!init)
-            ds.worker_init = NULL;
-        stoke_loader_opts o = opts(1, STOKE_LOADER_WORKERS_AUTO);
-        o.prefetch_factor = 4;
-        stoke_loader *l;
-        assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+        stoke_loader *l = bs1_loader(&t, &ds, 600, init, STOKE_LOADER_WORKERS_AUTO, 4);
         epoch(l, 600, 1, NULL, 1000);
         check_stats_bounds(l, auto_cap());
         stoke_loader_stats st;
@@ -872,13 +882,7 @@ static void test_release_from_another_thread(void **state)
         for (int init = 0; init < 2; init++) {
             tds t;
             stoke_dataset ds;
-            tds_make(&t, &ds, 400);
-            if (!init)
-                ds.worker_init = NULL;
-            stoke_loader_opts o = opts(1, workers);
-            o.prefetch_factor = 1;
-            stoke_loader *l;
-            assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+            stoke_loader *l = bs1_loader(&t, &ds, 400, init, workers, 1);
             rel_queue r = {.n = 0, .done = 0};
             pthread_mutex_init(&r.mu, NULL);
             pthread_cond_init(&r.cv, NULL);
