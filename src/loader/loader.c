@@ -603,17 +603,18 @@ static int allocate(stoke_loader *l)
     l->slots = calloc((size_t)l->nbuf, sizeof(*l->slots));
     l->w = calloc((size_t)l->nw1, sizeof(*l->w));
     l->free_v = calloc((size_t)l->nbuf, sizeof(*l->free_v));
-    if (!l->o.in_order && !l->iterable)
+    int want_bits = !l->o.in_order && !l->iterable, want_ready = l->o.in_order && !l->iterable;
+    if (want_bits)
         l->bits = calloc((size_t)((l->nbatches + 7) / 8 + 1), 1);
-    if (l->o.in_order && !l->iterable) {
+    if (want_ready) {
         uint64_t slots = 1;
         while (slots < (uint64_t)l->nbuf)
             slots <<= 1;
         l->ready = calloc((size_t)slots, sizeof(*l->ready));
         l->ready_mask = slots - 1;
     }
-    if (!l->bat || !l->slots || !l->w || !l->free_v || (!l->o.in_order && !l->iterable && !l->bits) ||
-        (l->o.in_order && !l->iterable && !l->ready))
+    if (!l->bat || !l->slots || !l->w || !l->free_v || (want_bits && !l->bits) ||
+        (want_ready && !l->ready))
         return stoke__loader_fail(l, STOKE_ENOMEM, "loader: out of memory for %d batch handles",
                                   l->nbuf);
     for (int i = 0; i < l->nw1; i++) {

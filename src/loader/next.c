@@ -233,8 +233,8 @@ static int wait_done(stoke_loader *l)
  * a worker's wake-up and the whole batch.  2 ("help") when a worker is making the batch it
  * needs: it makes the next batch not handed out yet (within the reorder window) instead of
  * spinning or sleeping, so a consumer starved for data adds its own core to the workers'.  It
- * may take the batch it waited for up to one batch later than a sleeper would have; a consumer
- * that is not starved never waits, so never helps.  Not with a timeout (timeout_ms): the
+ * may take the batch it waited for up to one batch (a group of tiny ones, see assist) later
+ * than a sleeper would have; a consumer that is not starved never waits, so never helps.  Not with a timeout (timeout_ms): the
  * consumer stays free to watch the workers' samples.  3 KB rows, batch 256, 2 workers on 2
  * cores, 6 alternating runs: median 2.8 -> 3.85 M samples/s.  Batches under 20 us were first
  * left to the spin (spin_for_event): on 2 cores that spin is a sched_yield loop beside two busy
