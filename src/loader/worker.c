@@ -507,11 +507,11 @@ static void spin_for_work(stoke_loader *l, const stoke__worker *w)
 /* How many batches a worker thread (or the caller's thread making batches in next()) takes
  * under one hold of `mu`: batches of a few microseconds (batch size 1) are taken and handed
  * back up to CLAIM_MAX at a time, so such a thread takes the lock twice per group rather than
- * twice per batch; about CLAIM_NS of work, at most a
- * quarter of the reorder window per worker given work (the others and the consumer's in-order
- * wait keep their share); a group of 8 or more is made 16, so that the group's run of indices
- * (stoke__ahead) fills the sampler's 16 lanes at once instead of the scalar walk.  One at a
- * time for process workers, ITERABLE datasets, device copies and batches over CLAIM_NS / 2.
+ * twice per batch; about CLAIM_NS of work, at most a quarter of the reorder window per worker
+ * given work (the others and the consumer's in-order wait keep their share); a group of 8 or
+ * more is made 16, so that the group's run of indices (stoke__ahead) fills the sampler's 16
+ * lanes at once instead of the scalar walk.  One at a time for process workers, ITERABLE
+ * datasets, device copies and batches over CLAIM_NS / 2.
  * Batch size 1, 50k rows of 3 KB, 2 workers on 2 cores: about 4% more batches per second (4
  * alternating runs: median 0.372 vs 0.360 M/s; auto 0.305 vs 0.289). */
 #define CLAIM_MAX 16
