@@ -176,6 +176,10 @@ void stoke_batch_release(stoke_batch *b)
 
 int stoke__loader_reclaim(stoke_loader *l)
 {
+    /* a load first: next() calls this every time, and the stack is often empty (a locked
+     * exchange is not free); sequentially consistent, for sleep_begin's side of the pairing */
+    if (!atomic_load_explicit(&l->released, memory_order_seq_cst))
+        return 0;
     stoke_batch *b = atomic_exchange_explicit(&l->released, NULL, memory_order_seq_cst);
     if (!b)
         return 0;

@@ -321,7 +321,8 @@ struct stoke_loader {
     int work_sleepers;         /* (mu) workers waiting on work_cv, not yet woken */
     uint64_t busy_avg;         /* (mu) moving average of the ns one batch takes to make */
     /* Bumped (release) with `mu` held by everything a waiting consumer may be waiting for (a
-     * completion, a release, a worker_init failure): the consumer spins on it before sleeping. */
+     * completion, a worker_init failure, a release while a thread sleeps for lack of free
+     * batches): the consumer spins on it before sleeping. */
     _Atomic uint64_t events;
     /* Bumped (release) with `mu` held whenever workers might find work: they spin on it. */
     _Atomic uint64_t work_events;
