@@ -27,6 +27,7 @@
 typedef struct guard {
     sigjmp_buf jb;
     const unsigned char *lo, *hi; /* the mapping the armed copy reads */
+    const void *volatile fault;   /* the address that faulted (set by the handler) */
 } guard;
 
 #if defined(__GNUC__)
@@ -103,6 +104,7 @@ static void on_sigbus(int sig, siginfo_t *si, void *uc)
     if (g && si && si->si_code > 0) {
         const unsigned char *a = si->si_addr;
         if (a >= g->lo && a < g->hi) {
+            g->fault = a;
             tl_armed = NULL;
             restore_mask(uc);
             siglongjmp(g->jb, 1);
@@ -142,14 +144,19 @@ int stoke__fault_guard_install(void)
     return rc;
 }
 
-int stoke__guarded_run(void (*fn)(void *arg), void *arg, const void *base, size_t len)
+int stoke__guarded_run(void (*fn)(void *arg), void *arg, const void *base, size_t len,
+                       const void **fault)
 {
     guard g;
     g.lo = base;
     g.hi = (const unsigned char *)base + len;
+    g.fault = NULL;
     /* savemask 0: no system call per copy; the handler restores the mask before jumping. */
-    if (sigsetjmp(g.jb, 0) != 0)
+    if (sigsetjmp(g.jb, 0) != 0) {
+        if (fault)
+            *fault = g.fault;
         return -1;
+    }
     tl_armed = &g;
     atomic_signal_fence(memory_order_seq_cst);
     fn(arg);
@@ -173,5 +180,5 @@ static void copy_fn(void *arg)
 int stoke__guarded_copy(void *dst, const void *src, size_t n, const void *base, size_t len)
 {
     copy_args a = {dst, src, n};
-    return stoke__guarded_run(copy_fn, &a, base, len);
+    return stoke__guarded_run(copy_fn, &a, base, len, NULL);
 }

@@ -25,9 +25,11 @@ int stoke__guarded_copy(void *dst, const void *src, size_t n, const void *base, 
 
 /* Runs fn(arg) with the guard armed over the mapping [base, base + len): fn copies out of it
  * (many rows at once: one arming for all of them).  Returns 0, or -1 when a read inside the
- * mapping raised SIGBUS: fn was abandoned at that point, so it must record its progress in
- * *arg through volatile stores to know where.  fn must not take locks, allocate or arm another
- * guard.  Same requirements and thread-safety as stoke__guarded_copy. */
-int stoke__guarded_run(void (*fn)(void *arg), void *arg, const void *base, size_t len);
+ * mapping raised SIGBUS: fn was abandoned at that point, and *fault (unless fault is NULL) is
+ * the address whose read faulted, so fn need not record its progress to tell which row it was.
+ * fn must not take locks, allocate or arm another guard.  Same requirements and thread-safety
+ * as stoke__guarded_copy. */
+int stoke__guarded_run(void (*fn)(void *arg), void *arg, const void *base, size_t len,
+                       const void **fault);
 
 #endif

@@ -11,8 +11,8 @@
  * A file changed by someone else while it is loaded is STOKE_EIO "file changed while loading"
  * in every I/O mode, never a crash: IO_MMAP copies under the SIGBUS guard of fault_guard.h (a
  * page past a new end of file faults), IO_PREAD and IO_URING see a short read, and all compare
- * the file's size and mtime with those seen at open every STOKE__NPY_STAT_EVERY samples (see
- * docs/sources.md). */
+ * the file's size and mtime with those seen at open every STOKE__NPY_STAT_EVERY samples (batches:
+ * STOKE__NPY_STAT_EVERY_BATCH; see docs/sources.md). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>

@@ -1,7 +1,7 @@
 /* The npy source's reads: the helpers get() uses, and get_batch() for every I/O mode.
  *
  * get_batch() checks the batch's indices, fstat()s the files once when the batch holds an
- * index that is a multiple of STOKE__NPY_STAT_EVERY, cuts the batch into runs (consecutive
+ * index that is a multiple of STOKE__NPY_STAT_EVERY_BATCH, cuts the batch into runs (consecutive
  * indices, whose rows are consecutive in the file and whose slots are consecutive in the
  * batch) and moves each run with one copy or one read: io=mmap under one SIGBUS guard per
  * field with a software prefetch of upcoming rows, io=pread one pread per run, io=uring on the
@@ -181,8 +181,7 @@ _Atomic uint64_t stoke__npy_willneed;
 typedef struct gather {
     stoke__npy_runs it;
     const stoke__npy_file *f;
-    int nt;              /* non-temporal stores for runs of STOKE__NPY_NT_RUN bytes or more */
-    volatile size_t pos; /* first sample of the run being copied (read after a fault) */
+    int nt; /* non-temporal stores for runs of STOKE__NPY_NT_RUN bytes or more */
 } gather;
 
 /* MADV_WILLNEED over the pages of [src, src + len) of f's mapping (see WILLNEED_MIN). */
@@ -203,22 +202,25 @@ static void gather_field(void *arg)
     const unsigned char *base = f->map + f->h.data_offset;
     unsigned char *dst = g->it.dst[g->it.k];
     const size_t rb = f->row_bytes, n = g->it.count, most = stoke__npy_run_most(rb);
-    const size_t pf = rb < PREFETCH_BYTES ? rb : PREFETCH_BYTES;
+    const int pf2 = rb > 64 && PREFETCH_BYTES > 64;
     /* Copies of the loop's invariants: locals whose address is never taken, so that the calls
      * in the loop (memcpy) do not make the compiler load them again from *g and *f after each
      * row.  Those loads and the tests on them cost 3-4 ns per 256-byte row (about 10%). */
     const size_t nt_run = g->nt ? STOKE__NPY_NT_RUN : SIZE_MAX;
     const size_t hint_run = f->populated ? SIZE_MAX : WILLNEED_MIN;
-    /* the runs of stoke__npy_runs_next, walked inline (a call per 256-byte row cost 3.6%) */
+    /* The runs of stoke__npy_runs_next, walked inline (a call per 256-byte row cost 3.6%).  A
+     * shuffled batch is almost all runs of one row: the test for a longer one is a branch taken
+     * rarely, and nothing is stored per row (a fault names its row by its address). */
     for (size_t j = 0, m; j < n; j += m) {
         if (j + PREFETCH_AHEAD < n) {
             const unsigned char *p = base + idx[j + PREFETCH_AHEAD] * (uint64_t)rb;
-            for (size_t o = 0; o < pf; o += 64)
-                __builtin_prefetch(p + o);
+            __builtin_prefetch(p);
+            if (pf2)
+                __builtin_prefetch(p + 64);
         }
-        m = stoke__npy_run_len(idx, j, n, most);
-        g->pos = j;
-        atomic_signal_fence(memory_order_seq_cst);
+        m = 1;
+        if (__builtin_expect(j + 1 < n && idx[j + 1] == idx[j] + 1, 0))
+            m = stoke__npy_run_len(idx, j, n, most);
         const size_t len = m * rb;
         const unsigned char *src = base + idx[j] * (uint64_t)rb;
         if (__builtin_expect(len >= hint_run, 0))
@@ -248,6 +250,22 @@ void stoke__npy_prefetch(void *user, const uint64_t *idx, size_t count)
     }
 }
 
+/* The sample whose row holds the address that faulted in a gather of idx[0, count) from f: the
+ * row it lies in, or the batch's first index if it lies in none of the batch's rows (it
+ * cannot: the guard acts only on reads of f's mapping, and the gather reads only those rows). */
+static uint64_t fault_row(const stoke__npy_file *f, const uint64_t *idx, size_t count,
+                          const void *fault)
+{
+    const unsigned char *a = fault, *base = f->map + f->h.data_offset;
+    if (a >= base && f->row_bytes) {
+        uint64_t row = (uint64_t)(a - base) / f->row_bytes;
+        for (size_t j = 0; j < count; j++)
+            if (idx[j] == row)
+                return row;
+    }
+    return idx[0];
+}
+
 static int batch_mmap_fields(const stoke__npy_ds *ds, const uint64_t *idx, size_t count,
                              void *const dst[], int shared, char *msg, size_t msg_len,
                              uint64_t *err_index)
@@ -262,15 +280,15 @@ static int batch_mmap_fields(const stoke__npy_ds *ds, const uint64_t *idx, size_
         g.it.kend = k + 1;
         g.f = f;
         g.nt = count * f->row_bytes >= stoke__npy_nt_min && (shared || stoke__npy_nt_always);
-        g.pos = 0;
-        int faulted = stoke__guarded_run(gather_field, &g, f->map, f->map_len) != 0;
+        const void *fault = NULL;
+        int faulted = stoke__guarded_run(gather_field, &g, f->map, f->map_len, &fault) != 0;
         if (g.nt) {
             stoke__copy_nt_done(); /* the batch is published to the consumer next */
             atomic_fetch_add_explicit(&stoke__npy_nt_fields, 1, memory_order_relaxed);
         }
         if (faulted) {
-            *err_index = idx[g.pos];
-            return stoke__npy_changed(f, idx[g.pos], msg, msg_len,
+            *err_index = fault_row(f, idx, count, fault);
+            return stoke__npy_changed(f, *err_index, msg, msg_len,
                                       "its mapped pages are gone: truncated");
         }
     }
@@ -344,7 +362,7 @@ static int read_rest(void *ctx, size_t from, size_t n)
 }
 
 /* Range of every index, then the size/mtime check once if an index is a multiple of
- * STOKE__NPY_STAT_EVERY. */
+ * STOKE__NPY_STAT_EVERY_BATCH. */
 static int check_batch(const stoke__npy_ds *ds, const uint64_t *idx, size_t count, char *msg,
                        size_t msg_len, uint64_t *err_index)
 {
@@ -357,7 +375,7 @@ static int check_batch(const stoke__npy_ds *ds, const uint64_t *idx, size_t coun
                        (unsigned long long)idx[j], (unsigned long long)f0->rows);
             return STOKE_ERANGE;
         }
-        if (stat_at == count && idx[j] % STOKE__NPY_STAT_EVERY == 0)
+        if (stat_at == count && idx[j] % STOKE__NPY_STAT_EVERY_BATCH == 0)
             stat_at = j;
     }
     if (stat_at < count)
