@@ -253,7 +253,8 @@ static void test_golden_orders(void **state);
 /* A tabulated permutation (stoke__sampler_epoch_tabulate, what a loader's threads fill from)
  * gives the same indices: which contexts get a table, then every kind and size of
  * test_fill_equals_index, the lanes' edges (batches around 8 and 64 over much cycle walking),
- * the largest tabulated size (2^24: 12 bits per half) and the golden orders, all tabulated. */
+ * the largest tabulated size (2^24: 12 bits per half) and the golden orders, all tabulated.
+ * Sizes within 1/8 below their domain (1000, 2^24) take the plain walk, the others the lanes. */
 static void test_fill_table_equals_index(void **state)
 {
     static const struct {

@@ -369,9 +369,33 @@ static inline __attribute__((always_inline)) void feistel_tab_lanes(const stoke_
     feistel_apply_all_scalar(f, v + next, count - next);
 }
 
+/* A domain at most 1/TAB_FULL_SHARE larger than n: almost every value is in [0, n) after one
+ * pass, so the values are walked one by one in a plain loop.  Its iterations are independent,
+ * so the CPU overlaps their loads by itself, and the rare second pass is a branch it mostly
+ * predicts; the lanes' refill selects cost more than they save.  Over 10^6 rows (a domain
+ * 1.05 n): 3.5 instead of 5.8 ns per index for a batch of 1024.  Over 3 10^6 rows (1.4 n) the
+ * lanes are faster (8.4 against 12.7). */
+#define TAB_FULL_SHARE 8
+
+static void feistel_tab_walk(const stoke__feistel *f, uint64_t *v, size_t count)
+{
+    const uint16_t *t = f->tab;
+    const unsigned h = f->half;
+    const uint64_t m = f->mask, n = f->n;
+    for (size_t i = 0; i < count; i++) {
+        uint64_t z = feistel_pass_tab(t, h, m, v[i]);
+        while (__builtin_expect(z >= n, 0))
+            z = feistel_pass_tab(t, h, m, z);
+        v[i] = z;
+    }
+}
+
 static void feistel_apply_all_tab(const stoke__feistel *f, uint64_t *v, size_t count)
 {
-    if (count >= TAB_LANES_MANY)
+    uint64_t domain = (uint64_t)1 << (2 * f->half); /* half <= STOKE__FEISTEL_TAB_HALF */
+    if (domain - f->n <= f->n / TAB_FULL_SHARE)
+        feistel_tab_walk(f, v, count);
+    else if (count >= TAB_LANES_MANY)
         feistel_tab_lanes(f, v, count, 8);
     else
         feistel_tab_lanes(f, v, count, 4);
