@@ -21,13 +21,13 @@
 #include "sources/npy_internal.h"
 #include "stoke/sources.h"
 
-/* mmap: rows this far ahead of the copy are prefetched (their first PREFETCH_BYTES; the
- * hardware fetches the lines after them once the copy starts).  Two lines, not four: perf put
- * most of the gather's own time of 256-byte rows on the prefetch instructions (the CPU's miss
- * buffers full), and 128 bytes gave 6% more samples/s than 256 and than 64, for 256-byte and
- * for 3 KB rows (AMD EPYC, 6 alternating runs each; 0 workers 7%). */
+/* mmap: rows this far ahead of the copy are prefetched (their first two cache lines, one for a
+ * row of 64 bytes or less; the hardware fetches the lines after them once the copy starts).
+ * Two lines, not four: perf put most of the gather's own time of 256-byte rows on the prefetch
+ * instructions (the CPU's miss buffers full), and 128 bytes gave 6% more samples/s than 256
+ * and than 64, for 256-byte and for 3 KB rows (AMD EPYC, 6 alternating runs each; 0 workers
+ * 7%). */
 #define PREFETCH_AHEAD 8
-#define PREFETCH_BYTES 128
 /* mmap, the dataset's prefetch (the next small batch): the first AHEAD_BYTES of each row. */
 #define AHEAD_BYTES 4096
 /* mmap: a run at least this long gets MADV_WILLNEED first (the mapping is MADV_RANDOM, so a
@@ -202,7 +202,7 @@ static void gather_field(void *arg)
     const unsigned char *base = f->map + f->h.data_offset;
     unsigned char *dst = g->it.dst[g->it.k];
     const size_t rb = f->row_bytes, n = g->it.count, most = stoke__npy_run_most(rb);
-    const int pf2 = rb > 64 && PREFETCH_BYTES > 64;
+    const int pf2 = rb > 64;
     /* Copies of the loop's invariants: locals whose address is never taken, so that the calls
      * in the loop (memcpy) do not make the compiler load them again from *g and *f after each
      * row.  Those loads and the tests on them cost 3-4 ns per 256-byte row (about 10%). */
