@@ -95,7 +95,8 @@ typedef struct stoke__slot {
  * (with the indices of a batch of one or two samples): handing over a small batch then moves
  * that one line between the cores and back.  The rest is written only when it changes (the
  * epoch, the gen, device flags, bad samples: `if (x != v) x = v`), so those lines stay shared
- * by every core that reads them. */
+ * by every core that reads them; but for `next`, which the release of every batch writes, on a
+ * line with the error message. */
 struct stoke_batch {
     _Alignas(STOKE__LINE) uint64_t seq;
     size_t count;
@@ -110,7 +111,6 @@ struct stoke_batch {
     stoke_loader *l;
     stoke__slot *host; /* host mode: always this batch's slot; device mode: while filling */
     uint64_t *offsets; /* MAP_VAR: count + 1 byte offsets of the packed samples */
-    struct stoke_batch *next;
     uint64_t epoch, gen;
     uint64_t k;      /* ITERABLE: the producing worker's batch number */
     int copied;      /* device mode: the copy was queued */
@@ -119,6 +119,10 @@ struct stoke_batch {
     uint64_t err_index;
     stoke_device_buffer *dbuf;
     stoke_event *ev; /* device mode: the consumer's copy-complete event */
+    /* On a line of its own: every release writes it (the released stack) from the consumer's
+     * thread.  Beside epoch and host it made the line a producer reads for every batch miss
+     * in that producer's cache (a third of stoke__loader_batch_start's time at batch size 1). */
+    _Alignas(STOKE__LINE) struct stoke_batch *next;
     char err_msg[256];
 };
 
