@@ -120,8 +120,8 @@ struct stoke_batch {
     stoke_device_buffer *dbuf;
     stoke_event *ev; /* device mode: the consumer's copy-complete event */
     /* On a line of its own: every release writes it (the released stack) from the consumer's
-     * thread.  Beside epoch and host it made the line a producer reads for every batch miss
-     * in that producer's cache (a third of stoke__loader_batch_start's time at batch size 1). */
+     * thread, and beside epoch and host it took from the producers' caches the line they read
+     * for every batch. */
     _Alignas(STOKE__LINE) struct stoke_batch *next;
     char err_msg[256];
 };
