@@ -741,7 +741,8 @@ static void test_truncated_after_open(void **state)
 }
 
 /* Rewritten in place with the same size: the mtime check reports it at the next sample whose
- * index is a multiple of 256 (sample 0 here). */
+ * index is a multiple of 256 (sample 0 here), and in get_batch() at the next batch holding a
+ * multiple of 4096 (sample 0 again, in slot 1): a batch without one reads on. */
 static void test_rewritten_in_place(void **state)
 {
     const char *p = tmp("rewrite.npy");
@@ -757,6 +758,19 @@ static void test_rewritten_in_place(void **state)
         assert_int_equal(pwrite(fd, junk, sizeof(junk), 200), (ssize_t)sizeof(junk));
         close(fd); /* mtime is now, not 2001 */
         expect_changed(&ds, p, 0, "modified after it was opened");
+        unsigned char *rows = malloc(3 * CH_ROW);
+        void *dst[STOKE_MAX_FIELDS] = {rows};
+        char msg[512] = "";
+        uint64_t err = 99;
+        const uint64_t without[3] = {5, 9, 33}, with[3] = {5, 0, 9};
+        assert_int_equal(ds.get_batch(ds.user, without, 3, dst, 0, msg, sizeof(msg), &err),
+                         STOKE_OK);
+        assert_int_equal(ds.get_batch(ds.user, with, 3, dst, 0, msg, sizeof(msg), &err),
+                         STOKE_EIO);
+        assert_int_equal(err, 0);
+        assert_non_null(strstr(msg, "sample 0:"));
+        assert_non_null(strstr(msg, "modified after it was opened"));
+        free(rows);
         stoke_dataset_close(&ds);
         assert_int_equal(utimensat(AT_FDCWD, p, old, 0), 0);
     }
