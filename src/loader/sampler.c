@@ -77,23 +77,38 @@ static int feistel_tabulate(stoke__feistel *f, uint16_t *tab, size_t len)
     return 1;
 }
 
+/* The rows of f's table, one per round: t[i][r] = the round function of round i at r. */
+typedef const uint16_t *feistel_rows[STOKE__FEISTEL_ROUNDS];
+
+static inline void feistel_tab_rows(const stoke__feistel *f, feistel_rows t)
+{
+    for (int i = 0; i < STOKE__FEISTEL_ROUNDS; i++)
+        t[i] = f->tab + ((size_t)i << f->half);
+}
+
 /* One pass of a tabulated network: each round's value is the one before last xor the table's at
- * the last (l, r = r, l ^ F(r) written as a chain), so that only two values are live. */
-static inline uint64_t feistel_pass_tab(const uint16_t *t, unsigned h, uint64_t m, uint64_t y)
+ * the last (l, r = r, l ^ F(r) written as a chain), so that only two values are live.  In 32
+ * bits (a tabulated network has at most STOKE__FEISTEL_TAB_HALF bits per half: values under
+ * 2^24), with a pointer to each round's row: the plain walk below took 4.7 ns per index in 64
+ * bits indexing the table by round, 3.7 so. */
+static inline uint32_t feistel_pass_tab(const feistel_rows t, unsigned h, uint32_t m, uint32_t y)
 {
     _Static_assert(STOKE__FEISTEL_ROUNDS == 6, "the chain below has six rounds");
-    const size_t w = (size_t)1 << h;
-    uint64_t a = (y >> h) & m, b = y & m;
-    uint64_t c = a ^ t[b], d = b ^ t[w + c], e = c ^ t[2 * w + d], g = d ^ t[3 * w + e];
-    uint64_t i = e ^ t[4 * w + g], j = g ^ t[5 * w + i];
+    _Static_assert(2 * STOKE__FEISTEL_TAB_HALF <= 32, "tabulated values fit in 32 bits");
+    uint32_t a = (y >> h) & m, b = y & m;
+    uint32_t c = a ^ t[0][b], d = b ^ t[1][c], e = c ^ t[2][d], g = d ^ t[3][e];
+    uint32_t i = e ^ t[4][g], j = g ^ t[5][i];
     return (i << h) | j;
 }
 
 /* One pass of the network over the power-of-two domain (the caller walks the cycle). */
 static inline uint64_t feistel_pass(const stoke__feistel *f, uint64_t y)
 {
-    if (f->tab)
-        return feistel_pass_tab(f->tab, f->half, f->mask, y);
+    if (f->tab) {
+        feistel_rows t;
+        feistel_tab_rows(f, t);
+        return feistel_pass_tab(t, f->half, (uint32_t)f->mask, (uint32_t)y);
+    }
     uint64_t l = (y >> f->half) & f->mask, r = y & f->mask;
     for (int i = 0; i < STOKE__FEISTEL_ROUNDS; i++) {
         uint64_t t = l ^ (mix64(r ^ f->rk[i]) & f->mask);
@@ -341,9 +356,11 @@ static inline __attribute__((always_inline)) void feistel_tab_lanes(const stoke_
                                                                     uint64_t *v, size_t count,
                                                                     const int lanes)
 {
-    const uint16_t *t = f->tab;
+    feistel_rows t;
+    feistel_tab_rows(f, t);
     const unsigned h = f->half;
-    const uint64_t m = f->mask, n = f->n;
+    const uint32_t m = (uint32_t)f->mask;
+    const uint64_t n = f->n;
     size_t next = 0;
     if (count >= 2 * (size_t)lanes) {
         uint64_t y[8];
@@ -355,12 +372,12 @@ static inline __attribute__((always_inline)) void feistel_tab_lanes(const stoke_
         next = (size_t)lanes;
         while (next + (size_t)lanes <= count) {
             for (int k = 0; k < lanes; k++)
-                y[k] = feistel_pass_tab(t, h, m, y[k]);
+                y[k] = feistel_pass_tab(t, h, m, (uint32_t)y[k]);
             for (int k = 0; k < lanes; k++)
                 lane_refill(v, n, &y[k], &at[k], &next);
         }
         for (int k = 0; k < lanes; k++) {
-            uint64_t z = feistel_pass_tab(t, h, m, y[k]);
+            uint32_t z = feistel_pass_tab(t, h, m, (uint32_t)y[k]);
             while (z >= n)
                 z = feistel_pass_tab(t, h, m, z);
             v[at[k]] = z;
@@ -372,34 +389,21 @@ static inline __attribute__((always_inline)) void feistel_tab_lanes(const stoke_
 /* A domain at most 1/TAB_FULL_SHARE larger than n: almost every value is in [0, n) after one
  * pass, so the values are walked one by one in a plain loop.  Its iterations are independent,
  * so the CPU overlaps their loads by itself, and the rare second pass is a branch it mostly
- * predicts; the lanes' refill selects cost more than they save.  In 32 bits, with a pointer
- * to each round's table.  A fill of 1024 over 10^6 rows (a domain 1.05 n): 3.7 ns per index,
- * 5.7 with the lanes (4.7 in 64 bits, indexing the table by round).  Over 3 10^6 rows (1.4 n)
- * the lanes are faster (8.4 against 12.7). */
+ * predicts; the lanes' refill selects cost more than they save.  A fill of 1024 over 10^6 rows
+ * (a domain 1.05 n): 3.7 ns per index, 5.7 with the lanes.  Over 3 10^6 rows (1.4 n) the lanes
+ * are faster (8.4 against 12.7). */
 #define TAB_FULL_SHARE 8
-
-/* One pass of a tabulated network in 32 bits (half <= STOKE__FEISTEL_TAB_HALF: values under
- * 2^24), with a pointer to each round's row of the table: the same image as feistel_pass_tab. */
-static inline uint32_t feistel_pass_tab32(const uint16_t *const t[STOKE__FEISTEL_ROUNDS],
-                                          unsigned h, uint32_t m, uint32_t y)
-{
-    uint32_t a = (y >> h) & m, b = y & m;
-    uint32_t c = a ^ t[0][b], d = b ^ t[1][c], e = c ^ t[2][d], g = d ^ t[3][e];
-    uint32_t i = e ^ t[4][g], j = g ^ t[5][i];
-    return (i << h) | j;
-}
 
 static void feistel_tab_walk(const stoke__feistel *f, uint64_t *v, size_t count)
 {
+    feistel_rows t;
+    feistel_tab_rows(f, t);
     const unsigned h = f->half;
     const uint32_t m = (uint32_t)f->mask, n = (uint32_t)f->n;
-    const uint16_t *t[STOKE__FEISTEL_ROUNDS];
-    for (int k = 0; k < STOKE__FEISTEL_ROUNDS; k++)
-        t[k] = f->tab + ((size_t)k << h);
     for (size_t i = 0; i < count; i++) {
-        uint32_t z = feistel_pass_tab32(t, h, m, (uint32_t)v[i]);
+        uint32_t z = feistel_pass_tab(t, h, m, (uint32_t)v[i]);
         while (__builtin_expect(z >= n, 0))
-            z = feistel_pass_tab32(t, h, m, z);
+            z = feistel_pass_tab(t, h, m, z);
         v[i] = z;
     }
 }
