@@ -765,8 +765,7 @@ static void test_rewritten_in_place(void **state)
         const uint64_t without[3] = {5, 9, 33}, with[3] = {5, 0, 9};
         assert_int_equal(ds.get_batch(ds.user, without, 3, dst, 0, msg, sizeof(msg), &err),
                          STOKE_OK);
-        assert_int_equal(ds.get_batch(ds.user, with, 3, dst, 0, msg, sizeof(msg), &err),
-                         STOKE_EIO);
+        assert_int_equal(ds.get_batch(ds.user, with, 3, dst, 0, msg, sizeof(msg), &err), STOKE_EIO);
         assert_int_equal(err, 0);
         assert_non_null(strstr(msg, "sample 0:"));
         assert_non_null(strstr(msg, "modified after it was opened"));

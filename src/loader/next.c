@@ -227,21 +227,20 @@ static int wait_done(stoke_loader *l)
     return STOKE_OK;
 }
 
-/* (mu) Threaded, MAP: 1 when the caller's thread should make a batch itself rather than wait:
- * the batch it needs next is not being made by anybody (in order: the next batch to deliver
- * has not been handed out; out of order: no batch is being made at all), so waiting would cost
- * a worker's wake-up and the whole batch.  2 ("help") when a worker is making the batch it
- * needs: it makes the next batch not handed out yet (within the reorder window) instead of
- * spinning or sleeping, so a consumer starved for data adds its own core to the workers'.  It
- * may take the batch it waited for up to one batch (a group of tiny ones, see assist) later
- * than a sleeper would have; a consumer that is not starved never waits, so never helps.  Not with a timeout (timeout_ms): the
- * consumer stays free to watch the workers' samples.  3 KB rows, batch 256, 2 workers on 2
- * cores, 6 alternating runs: median 2.8 -> 3.85 M samples/s.  Batches under 20 us were first
- * left to the spin (spin_for_event): on 2 cores that spin is a sched_yield loop beside two busy
- * workers, and helping instead took batch size 1 with 1 worker from 1.36 to 2.67 M/s, with 2
- * from 2.1 to 2.6, batch 4 with 2 workers from 2.2 to 3.9, batch 16 from 3.6 to 5.1 (3 KB
- * rows, medians of 3 alternating runs; batch 64 the same).  Such batches are made with worker
- * id nworkers. */
+/* (mu) Threaded, MAP: 1 when the caller's thread should make a batch itself rather than wait: the
+ * batch it needs next is not being made by anybody (in order: the next batch to deliver has not
+ * been handed out; out of order: no batch is being made at all), so waiting would cost a worker's
+ * wake-up and the whole batch.  2 ("help") when a worker is making the batch it needs: it makes the
+ * next batch not handed out yet (within the reorder window) instead of spinning or sleeping, so a
+ * consumer starved for data adds its own core to the workers'.  It may take the batch it waited for
+ * up to one batch (a group of tiny ones, see assist) later than a sleeper would have; a consumer
+ * that is not starved never waits, so never helps.  Not with a timeout (timeout_ms): the consumer
+ * stays free to watch the workers' samples.  3 KB rows, batch 256, 2 workers on 2 cores, 6
+ * alternating runs: median 2.8 -> 3.85 M samples/s.  Batches under 20 us were first left to the
+ * spin (spin_for_event): on 2 cores that spin is a sched_yield loop beside two busy workers, and
+ * helping instead took batch size 1 with 1 worker from 1.36 to 2.67 M/s, with 2 from 2.1 to 2.6,
+ * batch 4 with 2 workers from 2.2 to 3.9, batch 16 from 3.6 to 5.1 (3 KB rows, medians of 3
+ * alternating runs; batch 64 the same).  Such batches are made with worker id nworkers. */
 static int assist_wanted(const stoke_loader *l)
 {
     if (!l->assist || l->ended || l->init_failed || !l->nfree || l->quiesce ||
