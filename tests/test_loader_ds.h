@@ -22,6 +22,8 @@ typedef struct tds {
     uint64_t fail_index;  /* get() of this index fails with STOKE_EDATA */
     atomic_int inits;     /* worker_init calls */
     atomic_int gets;
+    /* tds_get_scattered: calls, the samples they carried, the most in one call */
+    atomic_int scatter_calls, scatter_samples, scatter_max;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int gate_open;
@@ -73,6 +75,26 @@ static int tds_get(void *user, uint64_t index, void *const dst[], int worker, ch
         d[k] = tds_byte(index, k);
     int64_t label = (int64_t)index;
     memcpy(dst[1], &label, sizeof(label));
+    return STOKE_OK;
+}
+
+/* get_scattered by tds_get sample by sample (its fail and slow hooks apply), counted. */
+static inline int tds_get_scattered(void *user, const uint64_t *idx, size_t count, void *const dst[],
+                             int worker, char *msg, size_t msg_len, uint64_t *err_index)
+{
+    tds *t = user;
+    atomic_fetch_add(&t->scatter_calls, 1);
+    atomic_fetch_add(&t->scatter_samples, (int)count);
+    int most = atomic_load(&t->scatter_max);
+    while ((int)count > most && !atomic_compare_exchange_weak(&t->scatter_max, &most, (int)count))
+        ;
+    for (size_t j = 0; j < count; j++) {
+        int rc = tds_get(user, idx[j], &dst[j * 2], worker, msg, msg_len);
+        if (rc != STOKE_OK) {
+            *err_index = idx[j];
+            return rc;
+        }
+    }
     return STOKE_OK;
 }
 

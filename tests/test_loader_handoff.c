@@ -295,6 +295,115 @@ static void test_worker_error(void **state)
     }
 }
 
+/* A loader of batch size 1 over *t (n samples, shuffled) whose dataset has get_scattered (when
+ * `scattered`), without worker_init; o adjusted by the caller first. */
+static stoke_loader *scatter_loader(tds *t, stoke_dataset *ds, uint64_t n, int scattered,
+                                    stoke_loader_opts o)
+{
+    tds_make(t, ds, n);
+    ds->worker_init = NULL;
+    if (scattered)
+        ds->get_scattered = tds_get_scattered;
+    o.shuffle = 1;
+    o.seed = 5;
+    o.prefetch_factor = STOKE_LOADER_PREFETCH_AUTO; /* a deep window: threads take groups */
+    stoke_loader *l;
+    assert_int_equal(stoke_loader_create(&o, ds, &l), STOKE_OK);
+    return l;
+}
+
+/* One epoch's deliveries: (count << 32 | first index) per batch into out (at most n), the
+ * status that ended it into *rc.  Returns the batches. */
+static uint64_t deliveries(stoke_loader *l, uint64_t *out, uint64_t n, int *rc)
+{
+    stoke_batch *b;
+    uint64_t k = 0;
+    while ((*rc = stoke_loader_next(l, &b)) == STOKE_OK) {
+        assert_true(tds_batch_ok(b));
+        size_t c = stoke_batch_count(b);
+        assert_true(k < n);
+        out[k++] = (uint64_t)c << 32 | (c ? stoke_batch_indices(b)[0] : 0xffffffffu);
+        stoke_batch_release(b);
+    }
+    return k;
+}
+
+/* Groups of one-sample batches made with one get_scattered call (worker.c, make_scattered):
+ * with 1 and 2 workers and auto, every sample once, in the order of 0 workers, the bytes right,
+ * in calls of 2 to 64 samples (epochs are repeated until a thread took a group: it needs a
+ * measured batch time); a failing sample ends the epoch at its batch and is named as without
+ * get_scattered (the group is made again batch by batch); on_error=skip delivers the same
+ * batches as without; with a timeout the loader never calls it. */
+static void test_groups_one_call(void **state)
+{
+    (void)state;
+    enum { GN = 2000 };
+    static uint64_t ref[GN], got[GN];
+    tds t;
+    stoke_dataset ds;
+    stoke_loader *l = scatter_loader(&t, &ds, GN, 1, opts(1, 0));
+    epoch(l, GN, 1, ref, 0);
+    assert_int_equal(atomic_load(&t.scatter_calls), 0); /* 0 workers: one batch per next() */
+    stoke_loader_destroy(l);
+    tds_free(&t);
+    static const int workers[] = {1, 2, STOKE_LOADER_WORKERS_AUTO};
+    for (int wi = 0; wi < 3; wi++) {
+        l = scatter_loader(&t, &ds, GN, 1, opts(1, workers[wi]));
+        for (int e = 0; e < 50 && (e < 2 || atomic_load(&t.scatter_calls) == 0); e++) {
+            if (e)
+                assert_int_equal(stoke_loader_set_epoch(l, 0), STOKE_OK);
+            epoch(l, GN, 1, got, 0);
+            assert_memory_equal(ref, got, sizeof(got));
+        }
+        int calls = atomic_load(&t.scatter_calls);
+        if (calls == 0)
+            fail_msg("%d workers: no group made with get_scattered in 50 epochs", workers[wi]);
+        assert_true(atomic_load(&t.scatter_samples) >= 2 * calls);
+        assert_true(atomic_load(&t.scatter_max) <= STOKE__AHEAD_RUN);
+        stoke_loader_destroy(l);
+        tds_free(&t);
+    }
+    /* a failing sample, then on_error=skip: with and without get_scattered alike */
+    static uint64_t with[GN], without[GN];
+    for (int skip = 0; skip < 2; skip++) {
+        uint64_t nk[2] = {0, 0};
+        for (int sc = 0; sc < 2; sc++) {
+            stoke_loader_opts o = opts(1, 2);
+            if (skip)
+                o.on_error = STOKE_ON_ERROR_SKIP;
+            l = scatter_loader(&t, &ds, GN, sc, o);
+            t.fail_index = ref[1500];
+            int rc = STOKE_OK;
+            for (int e = 0; e < 20 && (e < 2 || (sc && atomic_load(&t.scatter_calls) == 0)); e++) {
+                if (e)
+                    assert_int_equal(stoke_loader_set_epoch(l, 0), STOKE_OK);
+                nk[sc] = deliveries(l, sc ? with : without, GN, &rc);
+                assert_int_equal(rc, skip ? STOKE_EEND : STOKE_EDATA);
+                if (!skip) {
+                    char want[96];
+                    snprintf(want, sizeof(want), "sample %llu of testds: row %llu is corrupt",
+                             (unsigned long long)ref[1500], (unsigned long long)ref[1500]);
+                    assert_non_null(strstr(stoke_loader_last_error(l), want));
+                }
+            }
+            stoke_loader_destroy(l);
+            tds_free(&t);
+        }
+        assert_int_equal(nk[0], skip ? GN : 1500);
+        assert_int_equal(nk[1], nk[0]);
+        assert_memory_equal(with, without, nk[0] * sizeof(uint64_t));
+    }
+    /* a timeout: every batch by itself */
+    stoke_loader_opts o = opts(1, 2);
+    o.timeout_ms = 60000;
+    l = scatter_loader(&t, &ds, GN, 1, o);
+    epoch(l, GN, 1, got, 0);
+    assert_memory_equal(ref, got, sizeof(got));
+    assert_int_equal(atomic_load(&t.scatter_calls), 0);
+    stoke_loader_destroy(l);
+    tds_free(&t);
+}
+
 /* The auto worker count: one per CPU this process may run on (its affinity), up to the cap. */
 static uint64_t auto_cap(void)
 {
@@ -1003,6 +1112,7 @@ int main(void)
         cmocka_unit_test(test_set_epoch_mid_epoch),
         cmocka_unit_test(test_destroy_mid_epoch),
         cmocka_unit_test(test_worker_error),
+        cmocka_unit_test(test_groups_one_call),
         cmocka_unit_test(test_auto_cap_and_report),
         cmocka_unit_test(test_auto_slow_get),
         cmocka_unit_test(test_auto_fast_get_slow_consumer),

@@ -178,6 +178,83 @@ static void test_modes_identical(void **state)
     free_case(idx, d, lab, p, lp);
 }
 
+/* get_scattered in every mode: 64 shuffled samples (runs mixed in), each into buffers of its
+ * own (the labels file is big-endian: io=mmap swaps each row), the bytes and labels right; a
+ * NULL slot is left alone; an index past the end is STOKE_ERANGE naming it.  A file cut short
+ * after open: mmap and pread fail with STOKE_EIO naming the first sample past the cut. */
+static void test_scattered_identical(void **state)
+{
+    const char *p = tmp("scat.npy"), *lp = tmp("scat-labels.npy");
+    make_files(p, lp);
+    enum { SN = 64 };
+    uint64_t idx[SN];
+    unsigned char *d = malloc((size_t)SN * ROW);
+    int64_t lab[SN];
+    void *dst[SN * 2];
+    for (size_t m = 0; m < sizeof(MODES) / sizeof(MODES[0]); m++) {
+        int io = MODES[m];
+        if (skip_uring(io))
+            continue;
+        stoke_dataset ds;
+        assert_int_equal(open_io(p, lp, io, &ds), STOKE_OK);
+        assert_true(STOKE_DATASET_HAS(&ds, get_scattered));
+        char msg[256];
+        for (unsigned seed = 1; seed <= 3; seed++) {
+            size_t n = seed == 3 ? 1 : SN - seed;
+            batch_indices(idx, n, seed + 10);
+            memset(d, 0, (size_t)SN * ROW);
+            for (size_t j = 0; j < n; j++) { /* sample j in slot n - 1 - j: not in index order */
+                dst[2 * j] = d + (n - 1 - j) * ROW;
+                dst[2 * j + 1] = &lab[n - 1 - j];
+            }
+            uint64_t err = 0;
+            assert_int_equal(ds.get_scattered(ds.user, idx, n, dst, 1, msg, sizeof(msg), &err),
+                             STOKE_OK);
+            for (size_t j = 0; j < n; j++)
+                check_batch(&idx[j], 1, d + (n - 1 - j) * ROW, &lab[n - 1 - j]);
+        }
+        uint64_t err = 0, bad[3] = {5, 6, ROWS + 4};
+        int64_t keep = 42;
+        void *three[6] = {d, NULL, d + ROW, &keep, d + 2 * ROW, &lab[0]};
+        lab[0] = 0;
+        assert_int_equal(ds.get_scattered(ds.user, bad, 2, three, 0, msg, sizeof(msg), &err),
+                         STOKE_OK);
+        assert_int_equal(keep, g_labels[6]);
+        check_batch(&bad[0], 1, d, NULL);
+        assert_int_equal(ds.get_scattered(ds.user, bad, 3, three, 0, msg, sizeof(msg), &err),
+                         STOKE_ERANGE);
+        assert_int_equal(err, ROWS + 4);
+        assert_non_null(strstr(msg, "index 1004 out of range"));
+        stoke_dataset_close(&ds);
+    }
+    static const int cut_modes[] = {STOKE_NPY_IO_MMAP, STOKE_NPY_IO_PREAD};
+    for (int c = 0; c < 2; c++) {
+        make_files(p, NULL);
+        stoke_dataset ds;
+        assert_int_equal(open_io(p, NULL, cut_modes[c], &ds), STOKE_OK);
+        unsigned char head[256];
+        char dict[128];
+        snprintf(dict, sizeof(dict),
+                 "{'descr': '|u1', 'fortran_order': False, 'shape': (%d, %d), }", ROWS, ROW);
+        assert_int_equal(truncate(p, (off_t)(tu_npy_head(head, dict) + 20 * ROW)), 0);
+        uint64_t some[6] = {1, 2, 3, 500, 4, 999}, err = 0;
+        void *six[6];
+        for (int j = 0; j < 6; j++)
+            six[j] = d + (size_t)j * ROW;
+        char msg[256] = "";
+        assert_int_equal(ds.get_scattered(ds.user, some, 6, six, 0, msg, sizeof(msg), &err),
+                         STOKE_EIO);
+        assert_int_equal(err, 500);
+        assert_non_null(strstr(msg, "sample 500:"));
+        assert_non_null(strstr(msg, "file changed while loading"));
+        check_batch(some, 3, d, NULL); /* the samples before it are written */
+        stoke_dataset_close(&ds);
+    }
+    free(d);
+    unlink(p);
+    unlink(lp);
+}
+
 /* One shuffled epoch through the loader: every batch's samples (indices, bytes, labels) for
  * 0 and 2 workers in every mode; the order is the same in all of them. */
 static void test_loader_identical(void **state)
@@ -615,7 +692,8 @@ int main(void)
     if (!g_uring)
         printf("[  NOTE    ] io=uring unavailable: %s\n", stoke_last_error());
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_modes_identical),      cmocka_unit_test(test_loader_identical),
+        cmocka_unit_test(test_modes_identical),      cmocka_unit_test(test_scattered_identical),
+        cmocka_unit_test(test_loader_identical),
         cmocka_unit_test(test_truncated_same_error), cmocka_unit_test(test_auto_follows_residency),
         cmocka_unit_test(test_uring_unavailable),    cmocka_unit_test(test_spec_io),
         cmocka_unit_test(test_mmap_streaming_stores),

@@ -153,11 +153,23 @@ typedef struct stoke_dataset {
      * them towards the CPU (the npy source's io=mmap prefetches their rows into the cache).
      * For small batches (at most STOKE_DATASET_PREFETCH_MAX samples) a thread calls it with
      * the indices of the batch it makes next, just before it makes the current one: the
-     * source's own look-ahead within a batch has nothing to look at there.  A hint only: it
+     * source's own look-ahead within a batch has nothing to look at there (not for a group of
+     * them made with one get_scattered call, which names the group's samples).  A hint only: it
      * must not block, fail or change what get/get_batch deliver, and indices may be out of
      * range.  Thread-safety as get().  Appended after access_hint: guard with
      * STOKE_DATASET_HAS(ds, prefetch). */
     void (*prefetch)(void *user, const uint64_t *indices, size_t count);
+
+    /* Optional, MAP only: write `count` samples at once, each into slots of its own: field f
+     * of sample j (sample indices[j]) at dst[j * nfields + f] (NULL: skip it).  The loader
+     * makes a group of small batches with one call (batch size 1: up to 64 one-sample batches
+     * a worker makes in a row), so a source does its per-call work once per group and overlaps
+     * the rows' cache misses, as within one batch.  The error contract is get_batch's (the
+     * loader then makes the group's batches one by one, which names the failing sample and
+     * applies on_error).  Thread-safety as get().  Appended after prefetch: guard with
+     * STOKE_DATASET_HAS(ds, get_scattered). */
+    int (*get_scattered)(void *user, const uint64_t *indices, size_t count, void *const dst[],
+                         int worker, char *msg, size_t msg_len, uint64_t *err_index);
 } stoke_dataset;
 
 /* The largest batch whose next batch is named to the dataset's prefetch. */

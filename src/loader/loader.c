@@ -691,6 +691,8 @@ int stoke_loader_create(const stoke_loader_opts *o, stoke_dataset *ds, stoke_loa
         return rc;
     }
     fill_pools(l);
+    l->scatter = STOKE_DATASET_HAS(&l->ds, get_scattered) && !l->iterable && !l->var &&
+                 !l->device_mode && !l->o.timeout_ms;
     l->seed = l->o.seed;
     stoke__loader_set_position(l, l->o.epoch, 0);
     stoke__log(STOKE_LOG_DEBUG,

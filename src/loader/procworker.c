@@ -195,6 +195,8 @@ static void wrap_dataset(stoke_loader *l, proc_ctl *ctl)
     l->ds.release_var = cw.ds.release_var ? w_release_var : NULL;
     if (STOKE_DATASET_HAS(&l->ds, get_batch))
         l->ds.get_batch = cw.ds.get_batch ? w_get_batch : NULL;
+    if (STOKE_DATASET_HAS(&l->ds, get_scattered)) /* process workers make one batch at a time */
+        l->ds.get_scattered = NULL;
     idle();
 }
 

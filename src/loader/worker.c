@@ -539,6 +539,41 @@ static int consumer_can_dispatch(const stoke_loader *l)
            l->next_dispatch < l->nbatches && l->outstanding < l->window;
 }
 
+/* Makes the n > 1 dispatched batches b[] of a group with one get_scattered call (docs/loader.md,
+ * "Groups"), their indices taken from the group's run: STOKE_OK, or not (the run or the call
+ * failed), and the caller makes them one by one, which reports the failing sample as a batch of
+ * its own would and applies on_error.  Only where a sample's time is not watched (timeout_ms) and
+ * the group's samples fit one run. */
+static int make_scattered(stoke_loader *l, stoke_batch *const *b, int n, int wid, uint64_t seed,
+                          uint64_t epoch, stoke__ahead *a)
+{
+    const int nf = l->ds.nfields;
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        total += batch_count(l, b[i]->seq);
+    const uint64_t *run = total <= STOKE__AHEAD_RUN
+                              ? ahead_indices(l, a, b[0]->seq, total, seed, epoch)
+                              : NULL;
+    if (!run)
+        return STOKE_ERANGE;
+    void *dst[STOKE__AHEAD_RUN * STOKE_MAX_FIELDS];
+    size_t j = 0;
+    for (int i = 0; i < n; i++) {
+        stoke_batch *x = b[i];
+        stoke__loader_batch_start(l, x, wid, epoch);
+        unsigned char *mem = x->host->mem;
+        memcpy(x->indices, run + j, x->count * sizeof(*run));
+        for (size_t s = 0; s < x->count; s++, j++)
+            for (int f = 0; f < nf; f++)
+                dst[j * (size_t)nf + (size_t)f] = mem + l->off[f] + s * l->fields[f].bytes;
+        x->bytes = x->count * l->sample_bytes;
+    }
+    char msg[256];
+    msg[0] = '\0';
+    uint64_t err_index = run[0];
+    return l->ds.get_scattered(l->ds.user, run, total, dst, wid, msg, sizeof(msg), &err_index);
+}
+
 int stoke__loader_make_group(stoke_loader *l, stoke__worker *w)
 {
     uint64_t gen, seed, epoch;
@@ -555,7 +590,9 @@ int stoke__loader_make_group(stoke_loader *l, stoke__worker *w)
     /* the clock is read around the group, not after each batch (a read is about 30 ns here, a
      * tenth of a batch of one 3 KB row): each batch is counted the group's average */
     uint64_t t0 = stoke__now_ns();
-    for (int i = 0; i < n; i++) {
+    int one_call = n > 1 && l->scatter &&
+                   make_scattered(l, b, n, wid, seed, epoch, a) == STOKE_OK;
+    for (int i = 0; i < n && !one_call; i++) {
         if (i + 1 < n)
             stoke__loader_look_ahead(l, a, b[i + 1]->seq, seed, epoch);
         make_batch(l, b[i], w, wid, seed, epoch);

@@ -470,6 +470,7 @@ int stoke_npy_open_opts(const char *path, const stoke_npy_opts *opts, stoke_data
     d.set_epoch = stoke__npy_set_epoch;
     d.access_hint = stoke__npy_access_hint;
     d.prefetch = stoke__npy_prefetch;
+    d.get_scattered = stoke__npy_get_scattered;
     *out = d;
     stoke__log(STOKE_LOG_DEBUG, "npy %s: v%d.0 '%s' %llu rows of %zu bytes%s, io=%s", path,
                ds->f[0].h.major, ds->f[0].h.descr, (unsigned long long)ds->f[0].rows,

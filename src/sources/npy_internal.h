@@ -150,6 +150,12 @@ int stoke__npy_run_failed(const stoke__npy_ds *ds, const uint64_t *idx, const st
 void stoke__npy_prefetch(void *user, const uint64_t *idx, size_t count);
 int stoke__npy_get_batch(void *user, const uint64_t *indices, size_t count, void *const dst[],
                          int worker, char *msg, size_t msg_len, uint64_t *err_index);
+/* The dataset's get_scattered: io=mmap copies the rows under one guard per file, rows
+ * PREFETCH_AHEAD ahead prefetched; the other modes (and block-shuffle slots, byte-swapped
+ * files) read each sample as a get_batch of one. */
+int stoke__npy_get_scattered(void *user, const uint64_t *indices, size_t count,
+                             void *const dst[], int worker, char *msg, size_t msg_len,
+                             uint64_t *err_index);
 /* The pread batch path (npy_batch.c): the fallback of io=uring without a ring. */
 int stoke__npy_batch_pread(const stoke__npy_ds *ds, const uint64_t *idx, size_t count,
                            void *const dst[], char *msg, size_t msg_len, uint64_t *err_index);

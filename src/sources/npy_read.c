@@ -232,6 +232,41 @@ static void gather_field(void *arg)
     }
 }
 
+/* get_scattered's copies from one file's mapping, under the guard: row idx[j] to dst[j * nf +
+ * k].  The first PREFETCH_AHEAD rows' first lines are prefetched together before the first
+ * copy (their address translations then overlap too), the others PREFETCH_AHEAD rows ahead. */
+typedef struct scatter {
+    const stoke__npy_file *f;
+    const uint64_t *idx;
+    void *const *dst;
+    size_t count, nf, k;
+} scatter;
+
+static void prefetch_row(const unsigned char *p, int two)
+{
+    __builtin_prefetch(p);
+    if (two)
+        __builtin_prefetch(p + 64);
+}
+
+static void gather_scattered(void *arg)
+{
+    const scatter *g = arg;
+    const unsigned char *base = g->f->map + g->f->h.data_offset;
+    const uint64_t *idx = g->idx;
+    void *const *dst = g->dst;
+    const size_t rb = g->f->row_bytes, n = g->count, nf = g->nf, k = g->k;
+    const int pf2 = rb > 64;
+    for (size_t j = 0; j < n && j < PREFETCH_AHEAD; j++)
+        prefetch_row(base + idx[j] * (uint64_t)rb, pf2);
+    for (size_t j = 0; j < n; j++) {
+        if (j + PREFETCH_AHEAD < n)
+            prefetch_row(base + idx[j + PREFETCH_AHEAD] * (uint64_t)rb, pf2);
+        if (dst[j * nf + k])
+            memcpy(dst[j * nf + k], base + idx[j] * (uint64_t)rb, rb);
+    }
+}
+
 void stoke__npy_prefetch(void *user, const uint64_t *idx, size_t count)
 {
     const stoke__npy_ds *ds = user;
@@ -266,6 +301,15 @@ static uint64_t fault_row(const stoke__npy_file *f, const uint64_t *idx, size_t 
     return idx[0];
 }
 
+/* A fault in a gather of idx[0, count) from f's mapping: the faulting sample into *err_index,
+ * the message into msg; returns STOKE_EIO. */
+static int mapping_gone(const stoke__npy_file *f, const uint64_t *idx, size_t count,
+                        const void *fault, char *msg, size_t msg_len, uint64_t *err_index)
+{
+    *err_index = fault_row(f, idx, count, fault);
+    return stoke__npy_changed(f, *err_index, msg, msg_len, "its mapped pages are gone: truncated");
+}
+
 static int batch_mmap_fields(const stoke__npy_ds *ds, const uint64_t *idx, size_t count,
                              void *const dst[], int shared, char *msg, size_t msg_len,
                              uint64_t *err_index)
@@ -286,11 +330,8 @@ static int batch_mmap_fields(const stoke__npy_ds *ds, const uint64_t *idx, size_
             stoke__copy_nt_done(); /* the batch is published to the consumer next */
             atomic_fetch_add_explicit(&stoke__npy_nt_fields, 1, memory_order_relaxed);
         }
-        if (faulted) {
-            *err_index = fault_row(f, idx, count, fault);
-            return stoke__npy_changed(f, *err_index, msg, msg_len,
-                                      "its mapped pages are gone: truncated");
-        }
+        if (faulted)
+            return mapping_gone(f, idx, count, fault, msg, msg_len, err_index);
     }
     return STOKE_OK;
 }
@@ -386,6 +427,43 @@ static int check_batch(const stoke__npy_ds *ds, const uint64_t *idx, size_t coun
                 return rc;
             }
         }
+    return STOKE_OK;
+}
+
+int stoke__npy_get_scattered(void *user, const uint64_t *indices, size_t count,
+                             void *const dst[], int worker, char *msg, size_t msg_len,
+                             uint64_t *err_index)
+{
+    stoke__npy_ds *ds = user;
+    uint64_t ignored;
+    if (!err_index)
+        err_index = &ignored;
+    const size_t nf = (size_t)ds->nfiles;
+    if (ds->io != STOKE_NPY_IO_MMAP || stoke__npy_stage_slots(ds)) {
+        for (size_t j = 0; j < count; j++) {
+            int rc = stoke__npy_get_batch(user, &indices[j], 1, &dst[j * nf], worker, msg,
+                                          msg_len, err_index);
+            if (rc)
+                return rc;
+        }
+        return STOKE_OK;
+    }
+    int rc = count ? check_batch(ds, indices, count, msg, msg_len, err_index) : STOKE_OK;
+    if (rc || !count)
+        return rc;
+    stoke__npy_stage_batch(ds, indices, count);
+    for (int k = 0; k < ds->nfiles; k++) {
+        const stoke__npy_file *f = &ds->f[k];
+        if (!f->row_bytes)
+            continue;
+        scatter g = {f, indices, dst, count, nf, (size_t)k};
+        const void *fault = NULL;
+        if (stoke__guarded_run(gather_scattered, &g, f->map, f->map_len, &fault) != 0)
+            return mapping_gone(f, indices, count, fault, msg, msg_len, err_index);
+        for (size_t j = 0; f->h.swap && j < count; j++)
+            if (dst[j * nf + (size_t)k])
+                stoke__npy_swap(dst[j * nf + (size_t)k], f->row_bytes, f->h.swap);
+    }
     return STOKE_OK;
 }
 
