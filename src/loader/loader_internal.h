@@ -258,7 +258,8 @@ struct stoke_loader {
                           (worker id nworkers): MAP / MAP_VAR without worker_init */
     int nact_min;      /* auto: lowest active count (0 with assist) */
     int scatter;       /* a group of batches may be made with one get_scattered (worker.c):
-                          MAP with it, thread workers, host mode, no timeout */
+                          MAP with it, host mode, no timeout (process workers and ITERABLE
+                          datasets take one batch at a time anyway: claim_size) */
     int iterable, var; /* dataset kind ITERABLE / MAP_VAR */
     int window;        /* batches dispatched and not yet delivered, at most */
     int nbuf;

@@ -540,10 +540,10 @@ static int consumer_can_dispatch(const stoke_loader *l)
 }
 
 /* Makes the n > 1 dispatched batches b[] of a group with one get_scattered call (docs/loader.md,
- * "Groups"), their indices taken from the group's run: STOKE_OK, or not (the run or the call
+ * "Hand-off"), their indices taken from the group's run: STOKE_OK, or not (the run or the call
  * failed), and the caller makes them one by one, which reports the failing sample as a batch of
- * its own would and applies on_error.  Only where a sample's time is not watched (timeout_ms) and
- * the group's samples fit one run. */
+ * its own would and applies on_error.  Only where l->scatter says (no timeout_ms: a timeout
+ * names the sample in progress) and the group's samples fit one run. */
 static int make_scattered(stoke_loader *l, stoke_batch *const *b, int n, int wid, uint64_t seed,
                           uint64_t epoch, stoke__ahead *a)
 {
