@@ -93,6 +93,15 @@ static int skip_uring(int io)
     return 0;
 }
 
+/* Opens MODES[m] over p (labels lp) into *ds: 1, or 0 when this build skips the mode. */
+static int open_mode(size_t m, const char *p, const char *lp, stoke_dataset *ds)
+{
+    if (skip_uring(MODES[m]))
+        return 0;
+    assert_int_equal(open_io(p, lp, MODES[m], ds), STOKE_OK);
+    return 1;
+}
+
 /* A batch of `n` indices: shuffled, with runs of consecutive rows mixed in. */
 static void batch_indices(uint64_t *idx, size_t n, unsigned seed)
 {
@@ -138,12 +147,10 @@ static void test_modes_identical(void **state)
     unsigned char *d = malloc((size_t)N * ROW);
     int64_t *lab = malloc(N * sizeof(*lab));
     for (size_t m = 0; m < sizeof(MODES) / sizeof(MODES[0]); m++) {
-        int io = MODES[m];
-        if (skip_uring(io))
-            continue;
         stoke_dataset ds;
-        assert_int_equal(open_io(p, lp, io, &ds), STOKE_OK);
-        int used = stoke_npy_io_used(&ds);
+        if (!open_mode(m, p, lp, &ds))
+            continue;
+        int io = MODES[m], used = stoke_npy_io_used(&ds);
         assert_true(io == STOKE_NPY_IO_AUTO ? used != STOKE_NPY_IO_AUTO && used >= 0 : used == io);
         assert_non_null(ds.get_batch);
         char msg[256];
@@ -192,11 +199,9 @@ static void test_scattered_identical(void **state)
     int64_t lab[SN];
     void *dst[SN * 2];
     for (size_t m = 0; m < sizeof(MODES) / sizeof(MODES[0]); m++) {
-        int io = MODES[m];
-        if (skip_uring(io))
-            continue;
         stoke_dataset ds;
-        assert_int_equal(open_io(p, lp, io, &ds), STOKE_OK);
+        if (!open_mode(m, p, lp, &ds))
+            continue;
         assert_true(STOKE_DATASET_HAS(&ds, get_scattered));
         char msg[256];
         for (unsigned seed = 1; seed <= 3; seed++) {
