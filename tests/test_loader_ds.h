@@ -79,8 +79,9 @@ static int tds_get(void *user, uint64_t index, void *const dst[], int worker, ch
 }
 
 /* get_scattered by tds_get sample by sample (its fail and slow hooks apply), counted. */
-static inline int tds_get_scattered(void *user, const uint64_t *idx, size_t count, void *const dst[],
-                             int worker, char *msg, size_t msg_len, uint64_t *err_index)
+static inline int tds_get_scattered(void *user, const uint64_t *idx, size_t count,
+                                    void *const dst[], int worker, char *msg, size_t msg_len,
+                                    uint64_t *err_index)
 {
     tds *t = user;
     atomic_fetch_add(&t->scatter_calls, 1);

@@ -697,10 +697,13 @@ int main(void)
     if (!g_uring)
         printf("[  NOTE    ] io=uring unavailable: %s\n", stoke_last_error());
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_modes_identical),      cmocka_unit_test(test_scattered_identical),
+        cmocka_unit_test(test_modes_identical),
+        cmocka_unit_test(test_scattered_identical),
         cmocka_unit_test(test_loader_identical),
-        cmocka_unit_test(test_truncated_same_error), cmocka_unit_test(test_auto_follows_residency),
-        cmocka_unit_test(test_uring_unavailable),    cmocka_unit_test(test_spec_io),
+        cmocka_unit_test(test_truncated_same_error),
+        cmocka_unit_test(test_auto_follows_residency),
+        cmocka_unit_test(test_uring_unavailable),
+        cmocka_unit_test(test_spec_io),
         cmocka_unit_test(test_mmap_streaming_stores),
         cmocka_unit_test(test_populated_mapping_skips_willneed),
     };

@@ -551,9 +551,8 @@ static int make_scattered(stoke_loader *l, stoke_batch *const *b, int n, int wid
     size_t total = 0;
     for (int i = 0; i < n; i++)
         total += batch_count(l, b[i]->seq);
-    const uint64_t *run = total <= STOKE__AHEAD_RUN
-                              ? ahead_indices(l, a, b[0]->seq, total, seed, epoch)
-                              : NULL;
+    const uint64_t *run =
+        total <= STOKE__AHEAD_RUN ? ahead_indices(l, a, b[0]->seq, total, seed, epoch) : NULL;
     if (!run)
         return STOKE_ERANGE;
     void *dst[STOKE__AHEAD_RUN * STOKE_MAX_FIELDS];

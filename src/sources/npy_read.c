@@ -430,9 +430,8 @@ static int check_batch(const stoke__npy_ds *ds, const uint64_t *idx, size_t coun
     return STOKE_OK;
 }
 
-int stoke__npy_get_scattered(void *user, const uint64_t *indices, size_t count,
-                             void *const dst[], int worker, char *msg, size_t msg_len,
-                             uint64_t *err_index)
+int stoke__npy_get_scattered(void *user, const uint64_t *indices, size_t count, void *const dst[],
+                             int worker, char *msg, size_t msg_len, uint64_t *err_index)
 {
     stoke__npy_ds *ds = user;
     uint64_t ignored;
@@ -441,8 +440,8 @@ int stoke__npy_get_scattered(void *user, const uint64_t *indices, size_t count,
     const size_t nf = (size_t)ds->nfiles;
     if (ds->io != STOKE_NPY_IO_MMAP || stoke__npy_stage_slots(ds)) {
         for (size_t j = 0; j < count; j++) {
-            int rc = stoke__npy_get_batch(user, &indices[j], 1, &dst[j * nf], worker, msg,
-                                          msg_len, err_index);
+            int rc = stoke__npy_get_batch(user, &indices[j], 1, &dst[j * nf], worker, msg, msg_len,
+                                          err_index);
             if (rc)
                 return rc;
         }
