@@ -162,9 +162,9 @@ typedef struct stoke_dataset {
 
     /* Optional, MAP only: write `count` samples at once, each into slots of its own: field f
      * of sample j (sample indices[j]) at dst[j * nfields + f] (NULL: skip it).  The loader
-     * makes a group of small batches with one call (batch size 1: up to 64 one-sample batches
-     * a worker makes in a row), so a source does its per-call work once per group and overlaps
-     * the rows' cache misses, as within one batch.  The error contract is get_batch's (the
+     * makes a group of small batches a thread makes in a row (up to 16 batches, at most 64
+     * samples: batch size 1, 16 one-sample batches) with one call, so a source does its
+     * per-call work once per group and overlaps the rows' cache misses, as within one batch.  The error contract is get_batch's (the
      * loader then makes the group's batches one by one, which names the failing sample and
      * applies on_error).  Thread-safety as get().  Appended after prefetch: guard with
      * STOKE_DATASET_HAS(ds, get_scattered). */

@@ -153,9 +153,8 @@ int stoke__npy_get_batch(void *user, const uint64_t *indices, size_t count, void
 /* The dataset's get_scattered: io=mmap copies the rows under one guard per file, rows
  * PREFETCH_AHEAD ahead prefetched (a byte-swapped file's rows then swapped in place); the other
  * modes, and block-shuffle slots, read each sample as a get_batch of one. */
-int stoke__npy_get_scattered(void *user, const uint64_t *indices, size_t count,
-                             void *const dst[], int worker, char *msg, size_t msg_len,
-                             uint64_t *err_index);
+int stoke__npy_get_scattered(void *user, const uint64_t *indices, size_t count, void *const dst[],
+                             int worker, char *msg, size_t msg_len, uint64_t *err_index);
 /* The pread batch path (npy_batch.c): the fallback of io=uring without a ring. */
 int stoke__npy_batch_pread(const stoke__npy_ds *ds, const uint64_t *idx, size_t count,
                            void *const dst[], char *msg, size_t msg_len, uint64_t *err_index);

@@ -194,6 +194,15 @@ static __attribute__((noinline)) void will_need(const stoke__npy_file *f, const 
     atomic_fetch_add_explicit(&stoke__npy_willneed, 1, memory_order_relaxed);
 }
 
+/* Prefetches a row's first line, and its second when `two` (rows over 64 bytes; see
+ * PREFETCH_AHEAD). */
+static void prefetch_row(const unsigned char *p, int two)
+{
+    __builtin_prefetch(p);
+    if (two)
+        __builtin_prefetch(p + 64);
+}
+
 static void gather_field(void *arg)
 {
     gather *g = arg;
@@ -212,12 +221,8 @@ static void gather_field(void *arg)
      * shuffled batch is almost all runs of one row: the test for a longer one is a branch taken
      * rarely, and nothing is stored per row (a fault names its row by its address). */
     for (size_t j = 0, m; j < n; j += m) {
-        if (j + PREFETCH_AHEAD < n) {
-            const unsigned char *p = base + idx[j + PREFETCH_AHEAD] * (uint64_t)rb;
-            __builtin_prefetch(p);
-            if (pf2)
-                __builtin_prefetch(p + 64);
-        }
+        if (j + PREFETCH_AHEAD < n)
+            prefetch_row(base + idx[j + PREFETCH_AHEAD] * (uint64_t)rb, pf2);
         m = 1;
         if (__builtin_expect(j + 1 < n && idx[j + 1] == idx[j] + 1, 0))
             m = stoke__npy_run_len(idx, j, n, most);
@@ -241,13 +246,6 @@ typedef struct scatter {
     void *const *dst;
     size_t count, nf, k;
 } scatter;
-
-static void prefetch_row(const unsigned char *p, int two)
-{
-    __builtin_prefetch(p);
-    if (two)
-        __builtin_prefetch(p + 64);
-}
 
 static void gather_scattered(void *arg)
 {
@@ -437,6 +435,8 @@ int stoke__npy_get_scattered(void *user, const uint64_t *indices, size_t count, 
     uint64_t ignored;
     if (!err_index)
         err_index = &ignored;
+    if (count == 0)
+        return STOKE_OK;
     const size_t nf = (size_t)ds->nfiles;
     if (ds->io != STOKE_NPY_IO_MMAP || stoke__npy_stage_slots(ds)) {
         for (size_t j = 0; j < count; j++) {
@@ -447,8 +447,8 @@ int stoke__npy_get_scattered(void *user, const uint64_t *indices, size_t count, 
         }
         return STOKE_OK;
     }
-    int rc = count ? check_batch(ds, indices, count, msg, msg_len, err_index) : STOKE_OK;
-    if (rc || !count)
+    int rc = check_batch(ds, indices, count, msg, msg_len, err_index);
+    if (rc)
         return rc;
     stoke__npy_stage_batch(ds, indices, count);
     for (int k = 0; k < ds->nfiles; k++) {
