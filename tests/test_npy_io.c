@@ -186,8 +186,9 @@ static void test_modes_identical(void **state)
 }
 
 /* get_scattered in every mode: 64 shuffled samples (runs mixed in), each into buffers of its
- * own (the labels file is big-endian: io=mmap swaps each row), the bytes and labels right; a
- * NULL slot is left alone; an index past the end is STOKE_ERANGE naming it.  A file cut short
+ * own (the labels file is big-endian: io=mmap swaps each row), the bytes and labels right; no
+ * samples is STOKE_OK; a NULL slot is left alone; an index past the end is STOKE_ERANGE naming
+ * it.  A file cut short
  * after open: mmap and pread fail with STOKE_EIO naming the first sample past the cut. */
 static void test_scattered_identical(void **state)
 {
@@ -219,6 +220,8 @@ static void test_scattered_identical(void **state)
                 check_batch(&idx[j], 1, d + (n - 1 - j) * ROW, &lab[n - 1 - j]);
         }
         uint64_t err = 0, bad[3] = {5, 6, ROWS + 4};
+        assert_int_equal(ds.get_scattered(ds.user, bad, 0, dst, 0, msg, sizeof(msg), &err),
+                         STOKE_OK); /* no samples: nothing read, not even the bad index */
         int64_t keep = 42;
         void *three[6] = {d, NULL, d + ROW, &keep, d + 2 * ROW, &lab[0]};
         lab[0] = 0;

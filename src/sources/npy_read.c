@@ -435,9 +435,7 @@ int stoke__npy_get_scattered(void *user, const uint64_t *indices, size_t count, 
     uint64_t ignored;
     if (!err_index)
         err_index = &ignored;
-    if (count == 0)
-        return STOKE_OK;
-    const size_t nf = (size_t)ds->nfiles;
+    const size_t nf = (size_t)ds->nfiles; /* (no samples: every loop below is empty) */
     if (ds->io != STOKE_NPY_IO_MMAP || stoke__npy_stage_slots(ds)) {
         for (size_t j = 0; j < count; j++) {
             int rc = stoke__npy_get_batch(user, &indices[j], 1, &dst[j * nf], worker, msg, msg_len,
