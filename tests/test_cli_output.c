@@ -1,8 +1,11 @@
 /* The CLI's promises about its output: a lost write to stdout is exit status 1 with a message
  * (every command, stdout on /dev/full); every option that takes a value says so when it has
- * none; with --json every failure of `bench copy` / `bench pinned` prints one JSON object. */
+ * none; with --json every failure of `bench copy` / `bench pinned` prints one JSON object, and so
+ * do no command, an unknown command or benchmark, and `version`. */
+#include "stoke/stoke.h"
 #include "testutil.h"
 
+#include <ctype.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -12,6 +15,83 @@ static char out[65536], err[16384];
 static int run(const char *const env[], const char *const args[])
 {
     return tu_run_cli(env, NULL, args, out, sizeof(out), err, sizeof(err));
+}
+
+/* ---- a tiny JSON checker: is a text exactly one JSON value? ---------------------------- */
+
+static const char *json_ws(const char *p)
+{
+    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')
+        p++;
+    return p;
+}
+
+/* The end of the JSON value at p, or NULL if there is none.  depth bounds the nesting. */
+static const char *json_value(const char *p, int depth)
+{
+    p = json_ws(p);
+    if (depth > 64)
+        return NULL;
+    if (*p == '"') {
+        for (p++; *p != '"'; p++) {
+            if ((unsigned char)*p < 0x20)
+                return NULL;
+            if (*p == '\\') {
+                p++;
+                if (*p == 'u') {
+                    for (int k = 1; k <= 4; k++)
+                        if (!isxdigit((unsigned char)p[k]))
+                            return NULL;
+                    p += 4;
+                } else if (!*p || !strchr("\"\\/bfnrt", *p)) {
+                    return NULL;
+                }
+            }
+        }
+        return p + 1;
+    }
+    if (*p == '{' || *p == '[') {
+        char close = *p == '{' ? '}' : ']';
+        p = json_ws(p + 1);
+        if (*p == close)
+            return p + 1;
+        for (;;) {
+            if (close == '}') {
+                if (*json_ws(p) != '"' || !(p = json_value(p, depth + 1)))
+                    return NULL;
+                p = json_ws(p);
+                if (*p++ != ':')
+                    return NULL;
+            }
+            if (!(p = json_value(p, depth + 1)))
+                return NULL;
+            p = json_ws(p);
+            if (*p == close)
+                return p + 1;
+            if (*p++ != ',')
+                return NULL;
+        }
+    }
+    static const char *const words[] = {"true", "false", "null"};
+    for (size_t k = 0; k < 3; k++)
+        if (strncmp(p, words[k], strlen(words[k])) == 0)
+            return p + strlen(words[k]);
+    const char *q = p;
+    if (*q == '-')
+        q++;
+    if (!isdigit((unsigned char)*q))
+        return NULL;
+    while (isdigit((unsigned char)*q) || strchr(".eE+-", *q))
+        q++;
+    return q;
+}
+
+/* Fails unless `s` is one JSON object on one line: "{...}\n". */
+static void expect_one_json_object(const char *what, const char *s)
+{
+    const char *end = *s == '{' ? json_value(s, 0) : NULL;
+    if (!end || strcmp(end, "\n") != 0)
+        fail_msg("%s: stdout is not one JSON object on one line: [%s]", what, s);
 }
 
 /* Every command that writes to stdout, on /dev/full: exit 1 and the reason on stderr. */
@@ -91,6 +171,7 @@ static void test_option_needs_value(void **state)
 static void expect_json_error(const char *what, const char *msg)
 {
     const char *pre = "{\"ok\": false, \"error\": \"";
+    expect_one_json_object(what, out);
     size_t n = strlen(out);
     if (strncmp(out, pre, strlen(pre)) != 0 || n < 3 || strcmp(out + n - 3, "\"}\n") != 0 ||
         strchr(out, '\n') != out + n - 1 || !strstr(out, msg))
@@ -184,6 +265,71 @@ static void test_bench_help(void **state)
     assert_true(strncmp(err, "usage: stoke bench ", 19) == 0);
 }
 
+/* With --json, no command, an unknown command or benchmark print one JSON error object (and the
+ * message on stderr, exit 2); `version --json` prints {"version": ...}; a --json given before
+ * the command counts as the command's. */
+static void test_json_everywhere(void **state)
+{
+    const char *env[] = {"STOKE_PLUGIN_PATH=", "STOKE_ACCELERATOR=", NULL};
+    static const struct {
+        const char *args[4];
+        const char *msg;
+    } errs[] = {
+        {{"--json"}, "no command given"},
+        {{"--json", "--json"}, "no command given"},
+        {{"frobnicate", "--json"}, "unknown command 'frobnicate'"},
+        {{"--json", "frobnicate"}, "unknown command 'frobnicate'"},
+        {{"bench", "X", "--json"}, "unknown benchmark 'X'"},
+        {{"bench", "--json"}, "no benchmark named"},
+        {{"version", "--bogus", "--json"}, "unknown option '--bogus'"},
+    };
+    for (size_t i = 0; i < sizeof(errs) / sizeof(errs[0]); i++) {
+        char what[128];
+        snprintf(what, sizeof(what), "stoke %s %s %s", errs[i].args[0],
+                 errs[i].args[1] ? errs[i].args[1] : "", errs[i].args[2] ? errs[i].args[2] : "");
+        int st = run(env, errs[i].args);
+        if (st != 2)
+            fail_msg("%s: exit %d (expected 2), stdout [%s], stderr [%s]", what, st, out, err);
+        expect_one_json_object(what, out);
+        expect_json_error(what, errs[i].msg);
+        if (strstr(err, "usage:"))
+            fail_msg("%s: usage text with --json: [%s]", what, err);
+    }
+    /* without --json: the usage and the message on stderr, nothing on stdout */
+    const char *plain[] = {"bench", "X", NULL};
+    assert_int_equal(run(env, plain), 2);
+    assert_string_equal(out, "");
+    assert_non_null(strstr(err, "usage: stoke bench "));
+    assert_non_null(strstr(err, "stoke bench: unknown benchmark 'X' (pinned or copy)\n"));
+    const char *nocmd[] = {"frobnicate", NULL};
+    assert_int_equal(run(env, nocmd), 2);
+    assert_string_equal(out, "");
+    assert_non_null(strstr(err, "stoke: unknown command 'frobnicate'"));
+    assert_int_equal(run(env, (const char *[]){NULL}), 2);
+    assert_string_equal(out, "");
+    assert_true(strncmp(err, "usage: stoke COMMAND", 20) == 0);
+
+    char want[128];
+    snprintf(want, sizeof(want), "{\"version\": \"%s\"}\n", stoke_version_string());
+    static const char *const versions[][3] = {
+        {"version", "--json"}, {"--version", "--json"}, {"--json", "version"}};
+    for (size_t i = 0; i < sizeof(versions) / sizeof(versions[0]); i++) {
+        const char *args[3] = {versions[i][0], versions[i][1], NULL};
+        assert_int_equal(run(env, args), 0);
+        expect_one_json_object("stoke version --json", out);
+        assert_string_equal(out, want);
+    }
+    const char *text[] = {"version", NULL};
+    assert_int_equal(run(env, text), 0);
+    snprintf(want, sizeof(want), "stoke %s\n", stoke_version_string());
+    assert_string_equal(out, want);
+    /* a --json before the command is the command's */
+    const char *dev[] = {"--json", "devices", NULL};
+    assert_int_equal(run(env, dev), 0);
+    expect_one_json_object("stoke --json devices", out);
+    assert_non_null(strstr(out, "{\"accelerator\": null"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -193,6 +339,7 @@ int main(void)
         cmocka_unit_test(test_bench_copy_failure_keeps_reason),
         cmocka_unit_test(test_text_errors_escape_control_characters),
         cmocka_unit_test(test_bench_help),
+        cmocka_unit_test(test_json_everywhere),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

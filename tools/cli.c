@@ -62,7 +62,7 @@ static void put_escaped(FILE *f, const char *s)
 
 static int report(const cli_cmd *c, int status, const char *msg)
 {
-    fprintf(stderr, "stoke %s: ", c->name);
+    fprintf(stderr, "stoke%s%s: ", *c->name ? " " : "", c->name); /* "" : no command */
     put_escaped(stderr, msg);
     fputc('\n', stderr);
     if (c->json) {

@@ -15,7 +15,8 @@ int cmd_bench(int argc, char **argv);
 int bench_pinned(int argc, char **argv); /* bench_pinned.c */
 int bench_copy(int argc, char **argv);   /* bench_copy.c */
 
-/* The command being run, for messages ("load", "bench copy") and its --json flag. */
+/* The command being run, for messages ("load", "bench copy"; "" before a command is known) and
+ * its --json flag. */
 typedef struct cli_cmd {
     const char *name;
     int json;

@@ -17,16 +17,49 @@ static void usage(FILE *f)
             "          run the data loader (SOURCE: synthetic[:N] or npy:PATH); --help for options\n"
             "  bench pinned|copy [--json]\n"
             "          micro-benchmarks of the pinned allocator and of host-to-device copies\n"
-            "  version\n"
+            "  version [--json]\n"
             "\n"
             "environment: STOKE_ACCELERATOR, STOKE_PLUGIN_PATH, STOKE_LOG, ... (see README)\n");
 }
 
+/* stoke version [--json]: "stoke X.Y.Z", or {"version": "X.Y.Z"}. */
+static int cmd_version(int argc, char **argv)
+{
+    cli_cmd c = {"version", cli_has_json(argc, argv)};
+    for (int i = 1; i < argc; i++)
+        if (!cli_is(argv[i], "--json"))
+            return cli_fail(&c, 2, "unknown option '%s' (only --json)", argv[i]);
+    if (c.json) {
+        printf("{\"version\": ");
+        cli_json_str(stdout, stoke_version_string());
+        printf("}\n");
+    } else {
+        printf("stoke %s\n", stoke_version_string());
+    }
+    return 0;
+}
+
+/* Runs the command argv[1].  A --json before the command ("stoke --json devices") is moved
+ * after it, where the command looks for it; with --json and no command, or an unknown one, the
+ * error is one JSON object too. */
 static int run(int argc, char **argv)
 {
-    if (argc < 2) {
-        usage(stderr);
-        return 2;
+    int k = 1;
+    while (k < argc && cli_is(argv[k], "--json"))
+        k++;
+    if (k > 1 && k < argc) { /* argv[1 .. k] = the command, then the k - 1 "--json" */
+        char *cmd = argv[k];
+        for (int i = k; i > 1; i--)
+            argv[i] = argv[i - 1];
+        argv[1] = cmd;
+    }
+    cli_cmd c = {"", cli_has_json(argc, argv)};
+    if (argc < 2 || k == argc) {
+        if (!c.json) {
+            usage(stderr);
+            return 2;
+        }
+        return cli_fail(&c, 2, "no command given (stoke --help lists them)");
     }
     const char *cmd = argv[1];
     if (cli_is(cmd, "devices"))
@@ -35,17 +68,15 @@ static int run(int argc, char **argv)
         return cmd_load(argc - 1, argv + 1);
     if (cli_is(cmd, "bench"))
         return cmd_bench(argc - 1, argv + 1);
-    if (cli_is(cmd, "version") || cli_is(cmd, "--version")) {
-        printf("stoke %s\n", stoke_version_string());
-        return 0;
-    }
+    if (cli_is(cmd, "version") || cli_is(cmd, "--version"))
+        return cmd_version(argc - 1, argv + 1);
     if (cli_is(cmd, "help") || cli_is(cmd, "--help") || cli_is(cmd, "-h")) {
         usage(stdout);
         return 0;
     }
-    fprintf(stderr, "stoke: unknown command '%s'\n", cmd);
-    usage(stderr);
-    return 2;
+    if (!c.json)
+        usage(stderr);
+    return cli_fail(&c, 2, "unknown command '%s' (stoke --help lists them)", cmd);
 }
 
 /* Every command's output is checked here, once: a lost write (a full disk, a closed stdout) is a
