@@ -9,12 +9,15 @@
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -514,6 +517,174 @@ static void test_socket_errors(void **state)
     stoke_pinned_free(block);
 }
 
+/* Issue 25, item 20: on a SOCK_SEQPACKET socket one message is one handle.  A short message is
+ * an error for itself alone; the valid handle sent behind it is still the next call's. */
+static void test_seqpacket_short_message(void **state)
+{
+    (void)state;
+    int sv[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
+    struct timeval tv = {.tv_sec = 5}; /* a bug that eats the handle fails instead of hanging */
+    setsockopt(sv[0], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    void *block = NULL;
+    expect_ok(stoke_pinned_alloc(N_HOST, &block), "alloc");
+    fill(block, N_HOST, 7);
+    stoke_ipc_handle real, h;
+    expect_ok(stoke_ipc_export(block, 0, &real), "export");
+    /* a short message (the first 40 bytes of a handle, with a descriptor), then the handle */
+    int spare = fcntl(real.fd, F_DUPFD_CLOEXEC, 0);
+    assert_true(spare >= 0);
+    struct iovec iov = {.iov_base = &real, .iov_len = 40};
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } ctl;
+    memset(&ctl, 0, sizeof(ctl));
+    struct msghdr msg = {.msg_iov = &iov,
+                         .msg_iovlen = 1,
+                         .msg_control = ctl.buf,
+                         .msg_controllen = sizeof(ctl.buf)};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &spare, sizeof(int));
+    assert_int_equal(sendmsg(sv[1], &msg, 0), 40);
+    close(spare);
+    expect_ok(stoke_ipc_send(sv[1], &real), "send");
+    /* and a message longer than a handle, then the handle again */
+    char longer[sizeof(stoke_ipc_handle) + 8];
+    memcpy(longer, &real, sizeof(real));
+    assert_int_equal(send(sv[1], longer, sizeof(longer), 0), (ssize_t)sizeof(longer));
+    expect_ok(stoke_ipc_send(sv[1], &real), "send");
+
+    int fds_before = count_simdev_fds();
+    expect_err(stoke_ipc_recv(sv[0], &h), STOKE_EINVAL, "message of 40 bytes is not a handle");
+    assert_int_equal(h.fd, -1);
+    assert_int_equal(count_simdev_fds(), fds_before); /* the short message's fd was closed */
+    expect_ok(stoke_ipc_recv(sv[0], &h), "recv after the short message");
+    assert_int_equal(h.size, real.size);
+    assert_true(h.fd >= 0);
+    void *p = NULL;
+    expect_ok(stoke_ipc_import(&h, &p), "import");
+    assert_int_equal(first_bad(p, N_HOST, 7), N_HOST);
+    expect_ok(stoke_ipc_unmap(p), "unmap");
+    expect_ok(stoke_ipc_close(&h), "close");
+    expect_err(stoke_ipc_recv(sv[0], &h), STOKE_EINVAL, "is not a handle");
+    expect_ok(stoke_ipc_recv(sv[0], &h), "recv after the long message");
+    assert_int_equal(h.size, real.size);
+    expect_ok(stoke_ipc_close(&h), "close");
+    close(sv[1]);
+    expect_err(stoke_ipc_recv(sv[0], &h), STOKE_EEND, "peer closed");
+    close(sv[0]);
+    expect_ok(stoke_ipc_close(&real), "close real");
+    stoke_pinned_free(block);
+}
+
+/* Issue 25, item 2: what an importer receives cannot be truncated under the exporter (which
+ * would die of SIGBUS): host blocks and device buffers are sealed before they are exported. */
+static void test_exports_sealed(void **state)
+{
+    (void)state;
+    int sv[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    set_timeouts(sv[0]);
+    void *block = NULL;
+    expect_ok(stoke_pinned_alloc(N_HOST, &block), "alloc");
+    fill(block, N_HOST, 8);
+    stoke_ipc_handle h, got;
+    expect_ok(stoke_ipc_export(block, 0, &h), "export");
+    expect_ok(stoke_ipc_send(sv[1], &h), "send");
+    expect_ok(stoke_ipc_recv(sv[0], &got), "recv");
+    int seals = fcntl(got.fd, F_GET_SEALS);
+    assert_true(seals >= 0);
+    assert_true(seals & F_SEAL_SHRINK);
+    assert_true(seals & F_SEAL_GROW);
+    errno = 0;
+    assert_int_equal(ftruncate(got.fd, 0), -1);
+    assert_int_equal(errno, EPERM);
+    assert_int_equal(ftruncate(got.fd, 1 << 30), -1);
+    assert_int_equal(errno, EPERM);
+    assert_int_equal(fcntl(got.fd, F_ADD_SEALS, F_SEAL_WRITE), -1); /* F_SEAL_SEAL */
+    /* the importer still maps it; the exporter's bytes are all there */
+    void *p = NULL;
+    expect_ok(stoke_ipc_import(&got, &p), "import");
+    assert_int_equal(first_bad(p, N_HOST, 8), N_HOST);
+    expect_ok(stoke_ipc_unmap(p), "unmap");
+    assert_int_equal(first_bad(block, N_HOST, 8), N_HOST);
+    expect_ok(stoke_ipc_close(&got), "close got");
+    expect_ok(stoke_ipc_close(&h), "close");
+    stoke_pinned_free(block);
+
+    /* a device buffer */
+    stoke_stream *s = NULL;
+    stoke_device_buffer *b = NULL;
+    expect_ok(stoke_stream_create(NULL, &s), "stream");
+    expect_ok(stoke_device_buffer_create(s, N_DEV, &b), "buffer");
+    expect_ok(stoke_ipc_export_device(b, &h), "export_device");
+    expect_ok(stoke_ipc_send(sv[1], &h), "send");
+    expect_ok(stoke_ipc_recv(sv[0], &got), "recv");
+    assert_int_equal(ftruncate(got.fd, 0), -1);
+    assert_int_equal(errno, EPERM);
+    stoke_device_buffer *imp = NULL;
+    expect_ok(stoke_ipc_import_device(&got, &imp), "import_device");
+    stoke_device_buffer_destroy(imp);
+    expect_ok(stoke_ipc_close(&got), "close got");
+    expect_ok(stoke_ipc_close(&h), "close");
+    stoke_device_buffer_destroy(b);
+    stoke_stream_destroy(s);
+    close(sv[0]);
+    close(sv[1]);
+}
+
+/* A memfd of the size of `like`'s file, without seals. */
+static int unsealed_memfd(int like)
+{
+    struct stat st;
+    assert_int_equal(fstat(like, &st), 0);
+    int fd = memfd_create("simdev-unsealed", MFD_CLOEXEC);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, st.st_size), 0);
+    return fd;
+}
+
+/* Issue 25, item 2: a handle whose memfd is not sealed (a holder could truncate it under the
+ * import) is refused, host and device. */
+static void test_unsealed_import_refused(void **state)
+{
+    (void)state;
+    void *block = NULL;
+    expect_ok(stoke_pinned_alloc(N_HOST, &block), "alloc");
+    stoke_ipc_handle h;
+    expect_ok(stoke_ipc_export(block, 0, &h), "export");
+    int real = h.fd;
+    h.fd = unsealed_memfd(real);
+    void *p = NULL;
+    expect_err(stoke_ipc_import(&h, &p), STOKE_EINVAL, "not sealed against shrinking");
+    assert_null(p);
+    close(h.fd);
+    h.fd = real;
+    expect_ok(stoke_ipc_import(&h, &p), "import of the sealed one");
+    expect_ok(stoke_ipc_unmap(p), "unmap");
+    expect_ok(stoke_ipc_close(&h), "close");
+    stoke_pinned_free(block);
+
+    stoke_stream *s = NULL;
+    stoke_device_buffer *b = NULL, *imp = NULL;
+    expect_ok(stoke_stream_create(NULL, &s), "stream");
+    expect_ok(stoke_device_buffer_create(s, N_DEV, &b), "buffer");
+    expect_ok(stoke_ipc_export_device(b, &h), "export_device");
+    real = h.fd;
+    h.fd = unsealed_memfd(real);
+    expect_err(stoke_ipc_import_device(&h, &imp), STOKE_EINVAL, "not sealed against shrinking");
+    assert_null(imp);
+    close(h.fd);
+    h.fd = real;
+    expect_ok(stoke_ipc_close(&h), "close");
+    stoke_device_buffer_destroy(b);
+    stoke_stream_destroy(s);
+}
+
 static const char *plugin(const char *file)
 {
     static char buf[PATH_MAX];
@@ -648,6 +819,9 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_handle_misuse, setup, teardown),
         cmocka_unit_test_setup_teardown(test_device_misuse, setup, teardown),
         cmocka_unit_test_setup_teardown(test_socket_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_seqpacket_short_message, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_exports_sealed, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_unsealed_import_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_backend_without_ipc, setup, teardown),
         cmocka_unit_test_setup_teardown(test_opencl_unsupported, setup, teardown),
         cmocka_unit_test_setup_teardown(test_registry_ipc_group, setup, teardown),

@@ -19,7 +19,10 @@
  *
  * IPC: a handle carries a dup of the memfd (the kernel keeps the pages while any descriptor or
  * mapping exists, so the memory outlives an exporter that exits) and a simdev_ipc_blob that
- * the importer checks against the memfd's size.  Nothing is created under /dev/shm.
+ * the importer checks against the memfd's size.  Every memfd is sealed at its final size
+ * (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) before it can be exported, so an importer cannot
+ * truncate it under the exporter (SIGBUS); an import of an unsealed memfd is refused.  Nothing
+ * is created under /dev/shm.
  *
  * Locking: `pinned_lock` (rwlock) guards the pinned table; simdev__lock guards the device
  * buffer table, per-device usage and the counters.  The two are never held together.
@@ -128,12 +131,19 @@ static int pinned_remove(uintptr_t base, int kind, pinned_range *out)
     return rc;
 }
 
+/* Seals a memfd of its final size before it can be exported: no importer can shrink it under
+ * the exporter's mapping (SIGBUS there) or grow it, nor change the seals.  0 or -1 (errno). */
+static int seal_fd(int fd)
+{
+    return fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+}
+
 /* A memfd of `size` bytes for memory that may be exported, or -1 (logged at DEBUG: the memory
  * is then anonymous and simply cannot be shared). */
 static int shareable_fd(size_t size)
 {
-    int fd = memfd_create("simdev-pinned", MFD_CLOEXEC);
-    if (fd >= 0 && ftruncate(fd, (off_t)size) == 0)
+    int fd = memfd_create("simdev-pinned", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd >= 0 && ftruncate(fd, (off_t)size) == 0 && seal_fd(fd) == 0)
         return fd;
     int err = errno;
     if (fd >= 0)
@@ -366,11 +376,14 @@ int simdev__device_alloc(int dev, size_t size, void **out)
     b->fd = -1;
     b->handle = b->rw = MAP_FAILED;
     what = "memfd_create";
-    fd = memfd_create("simdev-device-memory", MFD_CLOEXEC);
+    fd = memfd_create("simdev-device-memory", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0)
         goto fail;
     what = "ftruncate";
     if (ftruncate(fd, (off_t)b->mapped) != 0)
+        goto fail;
+    what = "F_ADD_SEALS";
+    if (seal_fd(fd) != 0)
         goto fail;
     what = "mmap";
     b->handle = mmap(NULL, b->mapped, PROT_NONE, MAP_SHARED, fd, 0);
@@ -666,6 +679,14 @@ static int check_import(const stoke_ipc_handle *h, size_t *mapped)
         (uint64_t)st.st_size < blob.mapped) {
         simdev__log(STOKE_LOG_WARN, "ipc import: the handle's descriptor %d is not a memfd of "
                     "%llu bytes", (int)h->fd, (unsigned long long)blob.mapped);
+        return STOKE_EINVAL;
+    }
+    int seals = fcntl(h->fd, F_GET_SEALS);
+    if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW)) {
+        simdev__log(STOKE_LOG_WARN, "ipc import: the handle's memfd (process %lld) is not sealed "
+                    "against shrinking and growing (F_SEAL_SHRINK | F_SEAL_GROW%s): a holder "
+                    "could truncate it under this mapping; refused", (long long)h->pid,
+                    seals < 0 ? ": not a sealable memfd" : "");
         return STOKE_EINVAL;
     }
     *mapped = (size_t)blob.mapped;

@@ -3,10 +3,13 @@
  * backend "arena" carrying a dup of the arena's memfd and the allocation's offset and size; the
  * importer maps that range and pins it with stoke_pin_register for its own current accelerator
  * (simdev's host_register, CUDA's cuMemHostRegister, HIP's hipHostRegister).  No backend IPC
- * function is involved, so it works for backends whose own pinned blocks cannot be shared. */
+ * function is involved, so it works for backends whose own pinned blocks cannot be shared.
+ * The memfd is sealed against shrinking and growing (arena.c); an import of one that is not is
+ * refused, since its holders could truncate it under the mapping. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -40,6 +43,7 @@ int stoke__arena_ipc_export(stoke_arena *a, void *ptr, size_t size, stoke_ipc_ha
                            "%s: %zu bytes asked, but the allocation %p of arena "
                            "'%s' holds %zu",
                            what, size, ptr, a->name, len);
+    /* The arena's memfd was sealed when it was made (arena.c): an importer cannot shrink it. */
     int fd = fcntl(a->memfd, F_DUPFD_CLOEXEC, 0);
     if (fd < 0)
         return stoke__fail(STOKE_EIO, "%s: arena '%s': cannot duplicate its memfd: %s", what,
@@ -80,6 +84,11 @@ int stoke__arena_ipc_import(const stoke_ipc_handle *h, void **out, size_t *mappe
                            "beyond its shared memory",
                            what, (long long)h->pid, (unsigned long long)h->size,
                            (unsigned long long)b.offset);
+    char whose[64];
+    snprintf(whose, sizeof(whose), "the arena handle of process %lld", (long long)h->pid);
+    int rc = stoke__memfd_check_sealed(h->fd, what, whose);
+    if (rc != STOKE_OK)
+        return rc;
     size_t len = ((size_t)h->size + (size_t)page - 1) / (size_t)page * (size_t)page;
     void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, h->fd, (off_t)b.offset);
     if (p == MAP_FAILED)
@@ -87,7 +96,7 @@ int stoke__arena_ipc_import(const stoke_ipc_handle *h, void **out, size_t *mappe
                            "%s: cannot map %zu bytes of the arena of process %lld: "
                            "%s",
                            what, len, (long long)h->pid, strerror(errno));
-    int rc = stoke_pin_register(p, len);
+    rc = stoke_pin_register(p, len);
     if (rc == STOKE_ENOTSUP) {
         stoke__log(STOKE_LOG_WARN, "%s: the arena range of process %lld is not pinned: %s", what,
                    (long long)h->pid, stoke_last_error());

@@ -2,6 +2,7 @@
 #ifndef STOKE_IPC_INTERNAL_H
 #define STOKE_IPC_INTERNAL_H
 
+#include <fcntl.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -20,5 +21,12 @@ ssize_t stoke__sendmsg_fd(int sock, const void *p, size_t n, int fd);
  * came with it goes to *fd (left as is when none came; extra ones are closed).  Returns
  * recvmsg's result (errno set on -1). */
 ssize_t stoke__recvmsg_fd(int sock, void *p, size_t n, int *fd);
+
+/* The seals of every memfd stoke shares (its size is fixed): nobody holding a descriptor can
+ * shrink it under another process's mapping (SIGBUS there), grow it, or change the seals. */
+#define STOKE__MEMFD_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
+/* socket.c: STOKE_OK when fd is a memfd sealed against shrinking and growing (F_GET_SEALS);
+ * else STOKE_EINVAL, the message starting with `what` and naming `whose` memory it is. */
+int stoke__memfd_check_sealed(int fd, const char *what, const char *whose);
 
 #endif

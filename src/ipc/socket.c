@@ -1,8 +1,11 @@
 /* Handles over Unix sockets: the handle's bytes as the message, its file descriptor (if any) as
- * SCM_RIGHTS ancillary data.  Works on stream and datagram/seqpacket sockets (a stream socket
- * may split the bytes; the rest is read without ancillary data). */
+ * SCM_RIGHTS ancillary data.  Works on stream and datagram/seqpacket sockets: a stream socket
+ * may split the bytes (the rest is read without ancillary data); on a datagram or seqpacket
+ * socket one message is one handle, and a message of another size is an error for that message
+ * alone.  Also: the check that a shared memfd is sealed. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -104,13 +107,55 @@ ssize_t stoke__recvmsg_fd(int sock, void *p, size_t n, int *fd)
     return r;
 }
 
-/* Reads the handle's bytes into *h and the descriptor into *fd. */
+/* One message of a datagram / seqpacket socket: exactly one handle, or an error for this
+ * message alone (its descriptors closed by the caller); the next message is left as it is. */
+static int recv_message(int sock, stoke_ipc_handle *h, int *fd, const char *what)
+{
+    union {
+        char buf[CMSG_SPACE(4 * sizeof(int))];
+        struct cmsghdr align;
+    } ctl;
+    struct iovec iov = {.iov_base = h, .iov_len = sizeof(*h)};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+    msg.msg_control = ctl.buf;
+    msg.msg_controllen = sizeof(ctl.buf);
+    ssize_t n;
+    do
+        n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC | MSG_TRUNC);
+    while (n < 0 && errno == EINTR);
+    if (n < 0)
+        return sock_fail(what, errno);
+    take_fds(&msg, fd);
+    if (msg.msg_flags & MSG_CTRUNC)
+        return stoke__fail(STOKE_EIO,
+                           "%s: ancillary data truncated (more descriptors than a handle "
+                           "carries)",
+                           what);
+    if (n == 0)
+        return stoke__fail(STOKE_EEND, "%s: the peer closed the socket (or sent an empty message)",
+                           what);
+    if (n != (ssize_t)sizeof(*h) || (msg.msg_flags & MSG_TRUNC))
+        return stoke__fail(STOKE_EINVAL,
+                           "%s: a message of %zd bytes is not a handle (%zu bytes); it was "
+                           "dropped, the next message is still there",
+                           what, n, sizeof(*h));
+    return STOKE_OK;
+}
+
+/* Reads the handle's bytes into *h and the descriptor into *fd: the bytes of a stream socket
+ * as they come, one message of any other type. */
 static int recv_bytes(int sock, stoke_ipc_handle *h, int *fd, const char *what)
 {
     union {
         char buf[CMSG_SPACE(4 * sizeof(int))];
         struct cmsghdr align;
     } ctl;
+    int type = 0;
+    socklen_t tl = sizeof(type);
+    if (getsockopt(sock, SOL_SOCKET, SO_TYPE, &type, &tl) != 0)
+        return sock_fail(what, errno);
+    if (type != SOCK_STREAM)
+        return recv_message(sock, h, fd, what);
     char *p = (char *)h;
     size_t got = 0;
     while (got < sizeof(*h)) {
@@ -163,4 +208,22 @@ int stoke_ipc_recv(int sock, stoke_ipc_handle *out)
     h.fd = fd;
     *out = h;
     return STOKE_OK;
+}
+
+int stoke__memfd_check_sealed(int fd, const char *what, const char *whose)
+{
+    int seals = fcntl(fd, F_GET_SEALS);
+    int need = F_SEAL_SHRINK | F_SEAL_GROW;
+    if (seals >= 0 && (seals & need) == need)
+        return STOKE_OK;
+    if (seals < 0)
+        return stoke__fail(STOKE_EINVAL,
+                           "%s: the shared memory of %s is not a sealable memfd (F_GET_SEALS: "
+                           "%s); refused",
+                           what, whose, strerror(errno));
+    return stoke__fail(STOKE_EINVAL,
+                       "%s: the memfd of %s is not sealed against %s (F_SEAL_SHRINK | "
+                       "F_SEAL_GROW): any holder could truncate it under this mapping (SIGBUS); "
+                       "refused",
+                       what, whose, !(seals & F_SEAL_SHRINK) ? "shrinking" : "growing");
 }
