@@ -11,17 +11,21 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "common/internal.h"
 #include "ipc/arena_internal.h"
+#include "ipc/ipc_internal.h"
 #include "stoke/stoke.h"
 #include "testutil.h"
 
@@ -616,6 +620,167 @@ static void test_errors(void **state)
     assert_int_equal(stoke_arena_open(name, MIB, NULL), STOKE_EINVAL);
 }
 
+/* Issue 25, item 2: the arena's memfd is sealed, so an importer of an allocation cannot
+ * truncate it under every attached process (SIGBUS); an arena handle carrying an unsealed
+ * memfd is refused. */
+static void test_sealed(void **state)
+{
+    (void)state;
+    char name[64];
+    name_of(name, sizeof(name), "sealed");
+    stoke_arena *a;
+    assert_int_equal(stoke_arena_open(name, 2 * MIB, &a), STOKE_OK);
+    void *p;
+    assert_int_equal(stoke_arena_alloc(a, LEN, &p), STOKE_OK);
+    fill(p, LEN, 1);
+    stoke_ipc_handle h;
+    assert_int_equal(stoke_ipc_export(p, LEN, &h), STOKE_OK);
+    int seals = fcntl(h.fd, F_GET_SEALS);
+    assert_true(seals >= 0 && (seals & F_SEAL_SHRINK) && (seals & F_SEAL_GROW));
+    assert_int_equal(ftruncate(h.fd, 0), -1);
+    assert_int_equal(errno, EPERM);
+    assert_int_equal(ftruncate(h.fd, 1 << 30), -1);
+    assert_int_equal(errno, EPERM);
+    assert_int_equal(first_bad(p, LEN, 1), LEN); /* still readable: no SIGBUS */
+    assert_int_equal(stats_of(a).bytes_used, (LEN + 4095) / 4096 * 4096);
+
+    /* the same handle with an unsealed memfd of the same size behind it */
+    struct stat st;
+    assert_int_equal(fstat(h.fd, &st), 0);
+    int real = h.fd;
+    h.fd = memfd_create("test-unsealed", MFD_CLOEXEC);
+    assert_true(h.fd >= 0);
+    assert_int_equal(ftruncate(h.fd, st.st_size), 0);
+    void *q = NULL;
+    assert_int_equal(stoke_ipc_import(&h, &q), STOKE_EINVAL);
+    assert_null(q);
+    assert_non_null(strstr(stoke_last_error(), "not sealed against shrinking"));
+    close(h.fd);
+    h.fd = real;
+    assert_int_equal(stoke_ipc_import(&h, &q), STOKE_OK);
+    assert_int_equal(first_bad(q, LEN, 1), LEN);
+    assert_int_equal(stoke_ipc_unmap(q), STOKE_OK);
+    assert_int_equal(stoke_ipc_close(&h), STOKE_OK);
+    assert_int_equal(stoke_arena_free(a, p), STOKE_OK);
+    assert_int_equal(stoke_arena_close(a), STOKE_OK);
+}
+
+/* ---- a crafted server of this uid (issue 25, item 1) -------------------------------------- */
+
+/* A memfd holding the header of an arena of `requested` bytes as the library lays it out,
+ * changed by `tamper` (1: chunk count, 2: data offset beyond the memfd, 3: a header for 64
+ * times the size); sealed or not. */
+static int crafted_memfd(uint64_t requested, int tamper, int sealed, uint64_t *len)
+{
+    uint64_t chunk, nchunks, data_off, map_len;
+    assert_int_equal(stoke__arena_layout(requested, &chunk, &nchunks, &data_off, &map_len),
+                     STOKE_OK);
+    int fd = memfd_create("test-crafted", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, (off_t)map_len), 0);
+    ar_hdr *h = mmap(NULL, map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    assert_true(h != MAP_FAILED);
+    h->magic = AR_MAGIC;
+    h->version = AR_VERSION;
+    h->maxp = AR_MAXP;
+    h->requested = requested;
+    h->chunk = chunk;
+    h->nchunks = nchunks;
+    h->data_off = data_off;
+    h->map_len = map_len;
+    if (tamper == 1)
+        h->nchunks = 1ull << 40;
+    else if (tamper == 2)
+        h->data_off = map_len * 16;
+    else if (tamper == 3)
+        h->requested = requested * 64;
+    munmap(h, map_len);
+    if (sealed)
+        assert_int_equal(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
+    *len = map_len;
+    return fd;
+}
+
+typedef struct crafted {
+    int listen_fd, memfd;
+    ar_hello hello;
+    int served; /* connections answered */
+} crafted;
+
+/* Answers one connection with the hello and the memfd, as a serving process would. */
+static void *crafted_serve(void *arg)
+{
+    crafted *c = arg;
+    struct pollfd pf = {.fd = c->listen_fd, .events = POLLIN};
+    if (poll(&pf, 1, WAIT_S * 1000) <= 0)
+        return NULL;
+    int s = accept4(c->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+    if (s < 0)
+        return NULL;
+    if (stoke__sendmsg_fd(s, &c->hello, sizeof(c->hello), c->memfd) == (ssize_t)sizeof(c->hello))
+        c->served++;
+    close(s);
+    return NULL;
+}
+
+/* stoke_arena_open(name, 0) against a process of this uid on slot 0 that answers with a memfd
+ * of `requested` bytes as crafted; the hello says `said` bytes (0: the true length).  Returns
+ * the status; *msg gets the message. */
+static int open_crafted(const char *name, int tamper, int sealed, uint64_t said, char *msg,
+                        size_t len)
+{
+    crafted c = {.listen_fd = stoke__arena_bind(name, 0)};
+    assert_true(c.listen_fd >= 0);
+    assert_int_equal(listen(c.listen_fd, 4), 0);
+    uint64_t map_len;
+    c.memfd = crafted_memfd(MIB, tamper, sealed, &map_len);
+    c.hello = (ar_hello){.magic = AR_MAGIC,
+                         .version = AR_VERSION,
+                         .pid = (int32_t)getpid(),
+                         .requested = MIB,
+                         .map_len = said ? said : map_len};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, crafted_serve, &c), 0);
+    stoke_arena *a = NULL;
+    int rc = stoke_arena_open(name, 0, &a);
+    stoke__strlcpy(msg, stoke_last_error(), len);
+    pthread_join(t, NULL);
+    assert_int_equal(c.served, 1);
+    assert_null(a);
+    if (a)
+        stoke_arena_close(a);
+    close(c.listen_fd);
+    close(c.memfd);
+    return rc;
+}
+
+/* Issue 25, item 1: a header that does not describe its memfd (a bad chunk count, data beyond
+ * the memfd, a size that is not the memfd's), a hello that lies about the size, or an unsealed
+ * memfd: STOKE_EINVAL naming what is wrong, never a crash. */
+static void test_crafted_header(void **state)
+{
+    (void)state;
+    char name[64], msg[512];
+    name_of(name, sizeof(name), "crafted");
+    assert_int_equal(open_crafted(name, 1, 1, 0, msg, sizeof(msg)), STOKE_EINVAL);
+    assert_non_null(strstr(msg, "not a valid stoke arena"));
+    assert_non_null(strstr(msg, "chunk count"));
+    assert_non_null(strstr(msg, "1099511627776")); /* the count it claimed */
+    assert_int_equal(open_crafted(name, 2, 1, 0, msg, sizeof(msg)), STOKE_EINVAL);
+    assert_non_null(strstr(msg, "data offset"));
+    assert_int_equal(open_crafted(name, 3, 1, 0, msg, sizeof(msg)), STOKE_EINVAL);
+    assert_non_null(strstr(msg, "not a valid stoke arena"));
+    assert_int_equal(open_crafted(name, 0, 1, 1ull << 30, msg, sizeof(msg)), STOKE_EINVAL);
+    assert_non_null(strstr(msg, "but said 1073741824"));
+    assert_int_equal(open_crafted(name, 0, 0, 0, msg, sizeof(msg)), STOKE_EINVAL);
+    assert_non_null(strstr(msg, "not sealed against shrinking"));
+    /* nothing was left behind: the name works as usual */
+    stoke_arena *a;
+    assert_int_equal(stoke_arena_open(name, MIB, &a), STOKE_OK);
+    assert_int_equal(stats_of(a).created, 1);
+    assert_int_equal(stoke_arena_close(a), STOKE_OK);
+}
+
 static void test_default_name(void **state)
 {
     (void)state;
@@ -820,6 +985,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_racing_creators, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ipc_export, setup, teardown),
         cmocka_unit_test_setup_teardown(test_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sealed, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_crafted_header, setup, teardown),
         cmocka_unit_test_setup_teardown(test_default_name, setup, teardown),
         cmocka_unit_test_setup_teardown(test_no_accelerator, setup, teardown),
         cmocka_unit_test_setup_teardown(test_loader_same_bytes, setup, teardown),

@@ -21,6 +21,11 @@
  * link / unlink and across fork). */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
+#include <linux/netlink.h>
+#include <linux/rtnetlink.h>
+#include <linux/sock_diag.h>
+#include <linux/unix_diag.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -31,6 +36,7 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/un.h>
 #include <time.h>
@@ -42,17 +48,9 @@
 #include "ipc/ipc_internal.h"
 #include "stoke/pinned.h"
 
-#define AR_OPEN_S       10 /* bound on waiting for the opening lock, seconds */
-#define AR_HELLO_WAIT_S 2  /* bound on waiting for a serving process's answer */
-
-/* What a serving process sends with the memfd. */
-typedef struct ar_hello {
-    uint64_t magic;
-    uint32_t version;
-    int32_t pid;
-    uint64_t requested;
-    uint64_t map_len;
-} ar_hello;
+#define AR_OPEN_S       10  /* bound on waiting for the opening lock, seconds */
+#define AR_HELLO_WAIT_S 2   /* bound on waiting for a serving process's answer */
+#define AR_WHO_MS       100 /* how often a waiter for the opening lock asks who holds it */
 
 static struct {
     pthread_mutex_t lock;
@@ -117,8 +115,7 @@ stoke_arena *stoke__arena_find(const void *ptr)
     stoke_arena *found = NULL;
     pthread_mutex_lock(&arenas.lock);
     for (stoke_arena *a = arenas.list; a && !found; a = a->next)
-        if (a->pid == getpid() && p >= a->data &&
-            (uint64_t)(p - a->data) < a->h->nchunks * a->h->chunk)
+        if (a->pid == getpid() && p >= a->data && (uint64_t)(p - a->data) < a->nchunks * a->chunk)
             found = a;
     pthread_mutex_unlock(&arenas.lock);
     return found;
@@ -227,32 +224,179 @@ int stoke__arena_bind(const char *name, int slot)
     return s;
 }
 
+/* ---- who holds a name ------------------------------------------------------------------- */
+
+/* Who holds a bound name (uid, and pid where known: 0 otherwise). */
+typedef struct ar_who {
+    int known;
+    uid_t uid;
+    pid_t pid;
+} ar_who;
+
+/* The uid owning the stream socket bound to the abstract address `sa` (len bytes), from the
+ * kernel's socket diagnostics (NETLINK_SOCK_DIAG, UDIAG_SHOW_UID: Linux 5.3); 0 when unknown. */
+static int diag_uid(const struct sockaddr_un *sa, socklen_t len, uid_t *uid)
+{
+    int s = socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
+    if (s < 0)
+        return 0;
+    struct {
+        struct nlmsghdr nh;
+        struct unix_diag_req r;
+    } req;
+    memset(&req, 0, sizeof(req));
+    req.nh.nlmsg_len = sizeof(req);
+    req.nh.nlmsg_type = SOCK_DIAG_BY_FAMILY;
+    req.nh.nlmsg_flags = NLM_F_REQUEST | NLM_F_DUMP;
+    req.r.sdiag_family = AF_UNIX;
+    req.r.udiag_states = ~0u;
+    req.r.udiag_show = UDIAG_SHOW_NAME | UDIAG_SHOW_UID;
+    struct sockaddr_nl nl = {.nl_family = AF_NETLINK};
+    struct timeval tv = {.tv_sec = 1};
+    setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    size_t want = (size_t)len - offsetof(struct sockaddr_un, sun_path);
+    int found = 0, done = 0;
+    static _Alignas(struct nlmsghdr) char buf[32768]; /* error paths only; guarded below */
+    static pthread_mutex_t buf_lock = PTHREAD_MUTEX_INITIALIZER;
+    pthread_mutex_lock(&buf_lock);
+    if (sendto(s, &req, sizeof(req), 0, (struct sockaddr *)&nl, sizeof(nl)) < 0)
+        done = 1;
+    while (!done) {
+        ssize_t n = recv(s, buf, sizeof(buf), 0);
+        if (n <= 0)
+            break;
+        int left = (int)n;
+        for (struct nlmsghdr *h = (struct nlmsghdr *)buf; NLMSG_OK(h, left);
+             h = NLMSG_NEXT(h, left)) {
+            if (h->nlmsg_type == NLMSG_DONE || h->nlmsg_type == NLMSG_ERROR) {
+                done = 1;
+                break;
+            }
+            if (h->nlmsg_len < NLMSG_LENGTH(sizeof(struct unix_diag_msg)))
+                continue;
+            const struct unix_diag_msg *m = NLMSG_DATA(h);
+            if (m->udiag_type != SOCK_STREAM || found)
+                continue; /* keep reading to the end of the dump */
+            int alen = (int)(h->nlmsg_len - NLMSG_LENGTH(sizeof(*m)));
+            int named = 0, have_uid = 0;
+            uint32_t u = 0;
+            for (struct rtattr *at = (struct rtattr *)(void *)(m + 1); RTA_OK(at, alen);
+                 at = RTA_NEXT(at, alen)) {
+                if (at->rta_type == UNIX_DIAG_NAME && RTA_PAYLOAD(at) == want &&
+                    memcmp(RTA_DATA(at), sa->sun_path, want) == 0)
+                    named = 1;
+                else if (at->rta_type == UNIX_DIAG_UID && RTA_PAYLOAD(at) >= sizeof(u)) {
+                    memcpy(&u, RTA_DATA(at), sizeof(u));
+                    have_uid = 1;
+                }
+            }
+            if (named && have_uid) {
+                *uid = (uid_t)u;
+                found = 1;
+            }
+        }
+    }
+    pthread_mutex_unlock(&buf_lock);
+    close(s);
+    return found;
+}
+
+/* Who holds `name`'s slot (slot -1: the opening lock).  A listening holder (every stoke
+ * process: slot holders serve, and the opening lock's holder listens too) is asked directly:
+ * connecting gives its credentials (SO_PEERCRED) without waiting for it to accept.  Else the
+ * kernel's socket table says which uid bound it. */
+static ar_who who_holds(const char *name, int slot)
+{
+    ar_who w = {0};
+    struct sockaddr_un sa;
+    socklen_t len = stoke__arena_addr(name, slot, &sa);
+    int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (s >= 0 && connect(s, (struct sockaddr *)&sa, len) == 0) {
+        struct ucred cred;
+        socklen_t cl = sizeof(cred);
+        if (getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cred, &cl) == 0)
+            w = (ar_who){.known = 1, .uid = cred.uid, .pid = cred.pid};
+    }
+    if (s >= 0)
+        close(s);
+    if (!w.known && diag_uid(&sa, len, &w.uid))
+        w.known = 1;
+    return w;
+}
+
+static int foreign(const ar_who *w)
+{
+    return w->known && w->uid != getuid();
+}
+
+/* "uid 1001 (pid 4242)" or "uid 1001 (pid unknown)" */
+static const char *who_str(const ar_who *w, char *buf, size_t len)
+{
+    if (w->pid > 0)
+        snprintf(buf, len, "uid %u (pid %d)", (unsigned)w->uid, (int)w->pid);
+    else
+        snprintf(buf, len, "uid %u (pid unknown)", (unsigned)w->uid);
+    return buf;
+}
+
+static int squatted(const char *name, const char *which, const ar_who *w)
+{
+    char who[64];
+    return stoke__fail(STOKE_EBUSY,
+                       "stoke_arena_open: arena '%s': the socket name of its %s is held by %s, "
+                       "another user than this process's uid %u: another user is squatting this "
+                       "arena's names (they are predictable); refused without using anything "
+                       "it offers (choose another arena name, e.g. STOKE_ARENA=NAME)",
+                       name, which, who_str(w, who, sizeof(who)), (unsigned)getuid());
+}
+
 /* ---- the opening lock and the rendezvous -------------------------------------------------- */
 
 static int take_open_lock(const char *name, int *out)
 {
-    uint64_t deadline = stoke__now_ns() + (uint64_t)AR_OPEN_S * 1000000000u;
+    uint64_t start = stoke__now_ns(), next_who = start;
+    uint64_t deadline = start + (uint64_t)AR_OPEN_S * 1000000000u;
+    ar_who w = {0};
     for (;;) {
         int s = stoke__arena_bind(name, -1);
         if (s >= 0) {
+            /* Listening lets waiters ask who holds the lock (who_holds); nobody accepts. */
+            if (listen(s, AR_MAXP) != 0) {
+                int e = errno;
+                close(s);
+                return stoke__fail(STOKE_EIO, "stoke_arena_open: arena '%s': listen: %s", name,
+                                   strerror(e));
+            }
             *out = s;
             return STOKE_OK;
         }
         if (errno != EADDRINUSE)
             return stoke__fail(STOKE_EIO, "stoke_arena_open: arena '%s': cannot bind a socket: %s",
                                name, strerror(errno));
-        if (stoke__now_ns() > deadline)
+        uint64_t now = stoke__now_ns();
+        if (now >= next_who) {
+            w = who_holds(name, -1);
+            if (foreign(&w))
+                return squatted(name, "opening lock (\"-init\")", &w);
+            next_who = now + (uint64_t)AR_WHO_MS * 1000000u;
+        }
+        if (now > deadline) {
+            char who[64] = "a process of this uid";
+            if (w.known)
+                who_str(&w, who, sizeof(who));
             return stoke__fail(STOKE_ETIMEDOUT,
-                               "stoke_arena_open: arena '%s': another process has been opening "
-                               "it for more than %d s",
-                               name, AR_OPEN_S);
+                               "stoke_arena_open: arena '%s': another process (%s) has been "
+                               "opening it for more than %d s",
+                               name, who, AR_OPEN_S);
+        }
         struct timespec ts = {.tv_nsec = 2000000};
         nanosleep(&ts, NULL);
     }
 }
 
-/* Asks slot k for the arena: 1 with *fd and *hello filled, 0 when nobody answers there. */
-static int ask_slot(const char *name, int k, int *fd, ar_hello *hello)
+/* Asks slot k for the arena: 1 with *fd and *hello filled; 0 when nobody answers there;
+ * -1 when a process of another uid holds the name (*w says who; nothing was read from it). */
+static int ask_slot(const char *name, int k, int *fd, ar_hello *hello, ar_who *w)
 {
     struct sockaddr_un sa;
     socklen_t len = stoke__arena_addr(name, k, &sa);
@@ -261,6 +405,15 @@ static int ask_slot(const char *name, int k, int *fd, ar_hello *hello)
         return 0;
     int got = 0;
     if (connect(s, (struct sockaddr *)&sa, len) == 0) {
+        /* Abstract names have no owner: whoever answers must be of our uid, or nothing it
+         * sends is looked at. */
+        struct ucred cred = {.pid = 0, .uid = (uid_t)-1, .gid = (gid_t)-1};
+        socklen_t cl = sizeof(cred);
+        if (getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 || cred.uid != getuid()) {
+            *w = (ar_who){.known = 1, .uid = cred.uid, .pid = cred.pid};
+            close(s);
+            return -1;
+        }
         struct timeval tv = {.tv_sec = AR_HELLO_WAIT_S};
         setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
         int f = -1;
@@ -276,12 +429,31 @@ static int ask_slot(const char *name, int k, int *fd, ar_hello *hello)
     return got;
 }
 
-static int find_served(const char *name, int *fd, ar_hello *hello)
+/* 1: a process of this uid answered (*fd, *hello); 0: nobody did; -1: nobody of this uid did,
+ * but a process of another uid holds a slot name (*w and *wslot: the first such). */
+static int find_served(const char *name, int *fd, ar_hello *hello, ar_who *w, int *wslot)
 {
-    for (int k = 0; k < AR_MAXP; k++)
-        if (ask_slot(name, k, fd, hello))
+    int seen_foreign = 0;
+    for (int k = 0; k < AR_MAXP; k++) {
+        ar_who kw = {0};
+        int r = ask_slot(name, k, fd, hello, &kw);
+        if (r == 1) {
+            if (seen_foreign) {
+                char who[64];
+                stoke__log(STOKE_LOG_WARN,
+                           "arena '%s': a slot name is held by %s, another user (ignored; "
+                           "process %d of this uid answered)",
+                           name, who_str(w, who, sizeof(who)), (int)hello->pid);
+            }
             return 1;
-    return 0;
+        }
+        if (r < 0 && !seen_foreign) {
+            *w = kw;
+            *wslot = k;
+            seen_foreign = 1;
+        }
+    }
+    return seen_foreign ? -1 : 0;
 }
 
 /* ---- the serving thread ------------------------------------------------------------------- */
@@ -381,7 +553,7 @@ static int create_arena(stoke_arena *a, size_t size)
     int rc = stoke__arena_layout(size, &chunk, &nchunks, &data_off, &map_len);
     if (rc != STOKE_OK)
         return rc;
-    a->memfd = memfd_create("stoke-arena", MFD_CLOEXEC);
+    a->memfd = memfd_create("stoke-arena", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (a->memfd < 0)
         return stoke__fail(STOKE_ENOMEM, "stoke_arena_open: arena '%s': memfd_create: %s", a->name,
                            strerror(errno));
@@ -389,6 +561,11 @@ static int create_arena(stoke_arena *a, size_t size)
         return stoke__fail(STOKE_ENOMEM,
                            "stoke_arena_open: arena '%s': cannot size it to %llu bytes: %s",
                            a->name, (unsigned long long)map_len, strerror(errno));
+    /* Sealed before anyone else gets it: no holder of the descriptor can shrink it under the
+     * other processes' mappings (SIGBUS there). */
+    if (fcntl(a->memfd, F_ADD_SEALS, STOKE__MEMFD_SEALS) != 0)
+        return stoke__fail(STOKE_EIO, "stoke_arena_open: arena '%s': cannot seal its memfd: %s",
+                           a->name, strerror(errno));
     if ((rc = map_fd(a, (size_t)map_len)) != STOKE_OK)
         return rc;
     a->created = 1;
@@ -408,15 +585,25 @@ static int attach_arena(stoke_arena *a, int fd, const ar_hello *hello, size_t si
                            "stoke_arena_open: arena '%s' exists with %llu bytes (process %d has "
                            "it open); this process asked for %zu bytes",
                            a->name, (unsigned long long)hello->requested, (int)hello->pid, size);
-    int rc = map_fd(a, (size_t)hello->map_len);
+    char whose[96];
+    snprintf(whose, sizeof(whose), "arena '%s' (from process %d)", a->name, (int)hello->pid);
+    int rc = stoke__memfd_check_sealed(fd, "stoke_arena_open", whose);
     if (rc != STOKE_OK)
         return rc;
-    const ar_hdr *h = a->h;
-    if (h->magic != AR_MAGIC || h->map_len != hello->map_len || h->maxp != AR_MAXP)
+    struct stat st;
+    long page = sysconf(_SC_PAGESIZE);
+    if (fstat(fd, &st) != 0 || st.st_size < (off_t)sizeof(ar_hdr) || page <= 0 ||
+        st.st_size < page || (uint64_t)st.st_size != hello->map_len ||
+        (uint64_t)st.st_size > SIZE_MAX)
         return stoke__fail(STOKE_EINVAL,
-                           "stoke_arena_open: arena '%s': process %d sent memory that is not a "
-                           "stoke arena of this layout",
-                           a->name, (int)hello->pid);
+                           "stoke_arena_open: arena '%s': process %d sent %lld bytes of shared "
+                           "memory but said %llu; refused",
+                           a->name, (int)hello->pid, (long long)st.st_size,
+                           (unsigned long long)hello->map_len);
+    if ((rc = map_fd(a, (size_t)st.st_size)) != STOKE_OK)
+        return rc;
+    if ((rc = stoke__arena_check_header(a, (int)hello->pid)) != STOKE_OK)
+        return rc;
     stoke__arena_views(a);
     return STOKE_OK;
 }
@@ -438,6 +625,24 @@ static int take_slot(stoke_arena *a)
         a->listen_fd = s;
         return STOKE_OK;
     }
+    /* Every name is bound: by attached processes, or by squatters of another uid. */
+    ar_who first = {0};
+    int others = 0;
+    for (int k = 0; k < AR_MAXP; k++) {
+        ar_who w = who_holds(a->name, k);
+        if (foreign(&w) && others++ == 0)
+            first = w;
+    }
+    if (others) {
+        char who[64];
+        return stoke__fail(STOKE_EBUSY,
+                           "stoke_arena_open: arena '%s': no free slot: %d of its %d slot names "
+                           "are held by other users (the first by %s, not this process's uid "
+                           "%u): another user is squatting this arena's names; choose another "
+                           "arena name",
+                           a->name, others, AR_MAXP, who_str(&first, who, sizeof(who)),
+                           (unsigned)getuid());
+    }
     return stoke__fail(STOKE_ELIMIT, "stoke_arena_open: arena '%s' has %d processes attached",
                        a->name, AR_MAXP);
 }
@@ -454,7 +659,7 @@ static int pin_arena(stoke_arena *a)
     if (rc != STOKE_OK)
         return stoke__fail(rc, "stoke_arena_open: arena '%s': %s", a->name, stoke_last_error());
     a->registered = 1;
-    a->pinned = stoke_is_pinned(a->base + a->h->data_off);
+    a->pinned = stoke_is_pinned(a->data);
     return STOKE_OK;
 }
 
@@ -479,8 +684,15 @@ static int open_locked(stoke_arena *a, size_t size)
 {
     int fd = -1;
     ar_hello hello;
-    int rc;
-    if (find_served(a->name, &fd, &hello))
+    ar_who w = {0};
+    int rc, wslot = -1;
+    int found = find_served(a->name, &fd, &hello, &w, &wslot);
+    if (found < 0) {
+        char which[32];
+        snprintf(which, sizeof(which), "slot %d", wslot);
+        return squatted(a->name, which, &w);
+    }
+    if (found)
         rc = attach_arena(a, fd, &hello, size);
     else if (size == 0)
         return stoke__fail(STOKE_ENOENT,

@@ -53,9 +53,43 @@ int stoke__arena_layout(uint64_t requested, uint64_t *chunk, uint64_t *nchunks, 
 void stoke__arena_views(stoke_arena *a)
 {
     ar_hdr *h = a->h;
+    a->chunk = h->chunk;
+    a->nchunks = h->nchunks;
     a->owner = (uint8_t *)(h + 1);
-    a->run = (uint32_t *)(a->base + round_up(sizeof(ar_hdr) + h->nchunks, sizeof(uint32_t)));
+    a->run = (uint32_t *)(a->base + round_up(sizeof(ar_hdr) + a->nchunks, sizeof(uint32_t)));
     a->data = a->base + h->data_off;
+}
+
+int stoke__arena_check_header(stoke_arena *a, int pid)
+{
+    /* The mapping holds at least a page (the caller checked), so the header's fields can be
+     * read; every one that places something in the mapping must be what the layout of the
+     * requested size gives, which also bounds them by the memfd's size. */
+    const ar_hdr *h = a->h;
+    const char *bad = NULL;
+    uint64_t chunk = 0, nchunks = 0, data_off = 0, map_len = 0;
+    if (h->magic != AR_MAGIC)
+        bad = "its magic number is wrong";
+    else if (h->version != AR_VERSION || h->maxp != AR_MAXP)
+        bad = "its layout version or process table is not this library's";
+    else if (stoke__arena_layout(h->requested, &chunk, &nchunks, &data_off, &map_len) != STOKE_OK)
+        bad = "its size is beyond the largest arena";
+    else if (h->chunk != chunk || h->nchunks != nchunks || h->data_off != data_off)
+        bad = "its chunk size, chunk count or data offset do not match its size";
+    else if (h->map_len != map_len || map_len != a->map_len)
+        bad = "its length is not the size of the shared memory";
+    if (bad) {
+        stoke__clear_error(); /* stoke__arena_layout's message is not the story */
+        return stoke__fail(STOKE_EINVAL,
+                           "stoke_arena_open: arena '%s': process %d sent a header that is not "
+                           "a valid stoke arena: %s (%llu requested bytes, chunk %llu x %llu, "
+                           "data at %llu, %llu bytes recorded, %zu shared); refused",
+                           a->name, pid, bad, (unsigned long long)h->requested,
+                           (unsigned long long)h->chunk, (unsigned long long)h->nchunks,
+                           (unsigned long long)h->data_off, (unsigned long long)h->map_len,
+                           a->map_len);
+    }
+    return STOKE_OK;
 }
 
 int stoke__arena_init_header(stoke_arena *a, uint64_t requested, uint64_t chunk, uint64_t nchunks,
@@ -94,7 +128,7 @@ static uint64_t free_slot_chunks(stoke_arena *a, int slot)
 {
     ar_hdr *h = a->h;
     uint64_t n = 0;
-    for (uint64_t i = 0; i < h->nchunks; i++) {
+    for (uint64_t i = 0; i < a->nchunks; i++) {
         if (a->owner[i] == (uint8_t)(slot + 1)) {
             a->owner[i] = 0;
             a->run[i] = 0;
@@ -127,7 +161,7 @@ static void reclaim_gone(stoke_arena *a)
         stoke__log(STOKE_LOG_INFO,
                    "arena '%s': process %d (slot %d) is gone; %llu bytes of its allocations "
                    "returned to the arena",
-                   a->name, (int)pid, k, (unsigned long long)(n * h->chunk));
+                   a->name, (int)pid, k, (unsigned long long)(n * a->chunk));
     }
 }
 
@@ -192,7 +226,7 @@ int stoke__arena_claim(stoke_arena *a)
         stoke__log(STOKE_LOG_INFO,
                    "arena '%s': slot %d of process %d (gone) reused; %llu bytes of its "
                    "allocations returned",
-                   a->name, a->slot, (int)p->pid, (unsigned long long)(n * h->chunk));
+                   a->name, a->slot, (int)p->pid, (unsigned long long)(n * a->chunk));
     }
     p->pid = (int32_t)getpid();
     p->chunks = 0;
@@ -228,7 +262,7 @@ static int usable(stoke_arena *a, const char *what)
 static uint64_t find_run(const stoke_arena *a, uint64_t n)
 {
     uint64_t len = 0;
-    for (uint64_t i = 0; i < a->h->nchunks; i++) {
+    for (uint64_t i = 0; i < a->nchunks; i++) {
         len = a->owner[i] ? 0 : len + 1;
         if (len == n)
             return i + 1 - n;
@@ -255,10 +289,10 @@ int stoke_arena_alloc(stoke_arena *a, size_t size, void **out)
     if (rc != STOKE_OK)
         return rc;
     ar_hdr *h = a->h;
-    uint64_t n = size ? ((uint64_t)size + h->chunk - 1) / h->chunk : 1;
-    if (n > h->nchunks)
+    uint64_t n = size ? ((uint64_t)size + a->chunk - 1) / a->chunk : 1;
+    if (n > a->nchunks)
         return stoke__fail(STOKE_ENOMEM, "%s: %zu bytes asked, but arena '%s' has %llu", what, size,
-                           a->name, (unsigned long long)(h->nchunks * h->chunk));
+                           a->name, (unsigned long long)(a->nchunks * a->chunk));
     if ((rc = lock_hdr(a, what)) != STOKE_OK)
         return rc;
     uint64_t i = find_run(a, n);
@@ -267,13 +301,13 @@ int stoke_arena_alloc(stoke_arena *a, size_t size, void **out)
         i = find_run(a, n);
     }
     if (i == UINT64_MAX) {
-        uint64_t used = h->used * h->chunk, total = h->nchunks * h->chunk;
+        uint64_t used = h->used * a->chunk, total = a->nchunks * a->chunk;
         int procs = procs_attached(h);
         unlock_hdr(a);
         return stoke__fail(STOKE_ENOMEM,
                            "%s: arena '%s' has no %llu free bytes in one piece (%llu of %llu "
                            "bytes used, by %d process%s)",
-                           what, a->name, (unsigned long long)(n * h->chunk),
+                           what, a->name, (unsigned long long)(n * a->chunk),
                            (unsigned long long)used, (unsigned long long)total, procs,
                            procs == 1 ? "" : "es");
     }
@@ -286,7 +320,7 @@ int stoke_arena_alloc(stoke_arena *a, size_t size, void **out)
     h->procs[a->slot].chunks += n;
     h->allocs++;
     unlock_hdr(a);
-    *out = a->data + i * h->chunk;
+    *out = a->data + i * a->chunk;
     return STOKE_OK;
 }
 
@@ -301,12 +335,19 @@ int stoke_arena_free(stoke_arena *a, void *ptr)
     ar_hdr *h = a->h;
     unsigned char *p = ptr;
     uint64_t off = (uint64_t)(p - a->data);
-    if (p < a->data || off >= h->nchunks * h->chunk || off % h->chunk)
+    if (p < a->data || off >= a->nchunks * a->chunk || off % a->chunk)
         return stoke__fail(STOKE_EINVAL, "%s: %p is not the start of an allocation of arena '%s'",
                            what, ptr, a->name);
     if ((rc = lock_hdr(a, what)) != STOKE_OK)
         return rc;
-    uint64_t i = off / h->chunk, n = a->run[i];
+    uint64_t i = off / a->chunk, n = a->run[i];
+    if (n > a->nchunks - i) {
+        unlock_hdr(a);
+        return stoke__fail(STOKE_EIO,
+                           "%s: arena '%s': the allocation at %p says it has %llu chunks, past "
+                           "the end of the arena (its shared tables were overwritten)",
+                           what, a->name, ptr, (unsigned long long)n);
+    }
     if (a->owner[i] != (uint8_t)(a->slot + 1) || n == 0) {
         int owner = a->owner[i];
         unlock_hdr(a);
@@ -343,17 +384,17 @@ int stoke_arena_stats_get(stoke_arena *a, stoke_arena_stats *out)
     memset(&s, 0, sizeof(s));
     s.version = STOKE_ARENA_STATS_VERSION;
     stoke__strlcpy(s.name, a->name, sizeof(s.name));
-    s.bytes = h->nchunks * h->chunk;
+    s.bytes = a->nchunks * a->chunk;
     s.requested_bytes = h->requested;
-    s.chunk_bytes = h->chunk;
-    s.mapped_bytes = h->map_len;
-    s.bytes_used = h->used * h->chunk;
-    s.bytes_used_self = h->procs[a->slot].chunks * h->chunk;
+    s.chunk_bytes = a->chunk;
+    s.mapped_bytes = a->map_len;
+    s.bytes_used = h->used * a->chunk;
+    s.bytes_used_self = h->procs[a->slot].chunks * a->chunk;
     s.processes = (uint64_t)procs_attached(h);
     s.allocs = h->allocs;
     s.frees = h->frees;
     s.reclaims = h->reclaims;
-    s.reclaimed_bytes = h->reclaimed_chunks * h->chunk;
+    s.reclaimed_bytes = h->reclaimed_chunks * a->chunk;
     s.creator_pid = h->creator_pid;
     unlock_hdr(a);
     s.pinned = a->pinned;
@@ -369,7 +410,7 @@ int stoke_arena_offset(const stoke_arena *a, const void *ptr, uint64_t *offset)
 {
     if (!a || !ptr || !offset)
         return stoke__fail(STOKE_EINVAL, "stoke_arena_offset: NULL argument");
-    uint64_t total = a->h->nchunks * a->h->chunk;
+    uint64_t total = a->nchunks * a->chunk;
     const unsigned char *p = ptr;
     if (p < a->data || (uint64_t)(p - a->data) >= total)
         return stoke__fail(STOKE_EINVAL,
@@ -383,7 +424,7 @@ int stoke_arena_ptr(const stoke_arena *a, uint64_t offset, void **ptr)
 {
     if (!a || !ptr)
         return stoke__fail(STOKE_EINVAL, "stoke_arena_ptr: NULL argument");
-    uint64_t total = a->h->nchunks * a->h->chunk;
+    uint64_t total = a->nchunks * a->chunk;
     if (offset >= total) {
         *ptr = NULL;
         return stoke__fail(STOKE_EINVAL,
@@ -397,23 +438,22 @@ int stoke_arena_ptr(const stoke_arena *a, uint64_t offset, void **ptr)
 int stoke__arena_allocation(stoke_arena *a, const void *ptr, size_t *len)
 {
     const char *what = "stoke_ipc_export";
-    ar_hdr *h = a->h;
     const unsigned char *p = ptr;
     uint64_t off = (uint64_t)(p - a->data);
-    if (p < a->data || off >= h->nchunks * h->chunk || off % h->chunk)
+    if (p < a->data || off >= a->nchunks * a->chunk || off % a->chunk)
         return stoke__fail(STOKE_EINVAL, "%s: %p is not the start of an allocation of arena '%s'",
                            what, ptr, a->name);
     int rc = lock_hdr(a, what);
     if (rc != STOKE_OK)
         return rc;
-    uint64_t i = off / h->chunk, n = a->run[i];
-    int mine = a->owner[i] == (uint8_t)(a->slot + 1) && n > 0;
+    uint64_t i = off / a->chunk, n = a->run[i];
+    int mine = a->owner[i] == (uint8_t)(a->slot + 1) && n > 0 && n <= a->nchunks - i;
     unlock_hdr(a);
     if (!mine)
         return stoke__fail(STOKE_EINVAL,
                            "%s: %p in arena '%s' is not the start of a live allocation of this "
                            "process",
                            what, ptr, a->name);
-    *len = (size_t)(n * h->chunk);
+    *len = (size_t)(n * a->chunk);
     return STOKE_OK;
 }

@@ -51,6 +51,16 @@ typedef struct ar_hdr {
     ar_proc procs[AR_MAXP];
 } ar_hdr;
 
+/* What a serving process sends with the memfd (SCM_RIGHTS) to a process that connects to its
+ * slot name. */
+typedef struct ar_hello {
+    uint64_t magic; /* AR_MAGIC */
+    uint32_t version;
+    int32_t pid;
+    uint64_t requested;
+    uint64_t map_len; /* bytes of the memfd */
+} ar_hello;
+
 struct stoke_arena {
     char name[STOKE_ARENA_NAME_MAX + 1];
     int memfd;
@@ -60,6 +70,7 @@ struct stoke_arena {
     uint8_t *owner;
     uint32_t *run;
     unsigned char *data;
+    uint64_t chunk, nchunks; /* the layout, copied from the header once it was checked */
     int slot;
     int listen_fd; /* bound to the slot's name, listening; -1 in a forked child */
     int wake_fd;   /* eventfd: tells the serving thread to stop */
@@ -106,8 +117,14 @@ int stoke__arena_layout(uint64_t requested, uint64_t *chunk, uint64_t *nchunks, 
 /* Initialises the header of a fresh mapping (the shared lock included). */
 int stoke__arena_init_header(stoke_arena *a, uint64_t requested, uint64_t chunk, uint64_t nchunks,
                              uint64_t data_off);
-/* Points a->owner, a->run, a->data into the mapping after the header was checked. */
+/* Points a->owner, a->run, a->data into the mapping and copies the layout (a->chunk,
+ * a->nchunks) after the header was checked: later changes to the shared header cannot move
+ * them. */
 void stoke__arena_views(stoke_arena *a);
+/* STOKE_OK when the header at a->base describes exactly the layout stoke__arena_layout gives
+ * for its `requested` size, in a->map_len bytes; else STOKE_EINVAL naming `pid` (the process
+ * that sent the memory). */
+int stoke__arena_check_header(stoke_arena *a, int pid);
 /* Takes slot a->slot in the header (its name is bound by the caller): reclaims what a
  * previous holder of the slot left, records the pid.  STOKE_OK or a lock error. */
 int stoke__arena_claim(stoke_arena *a);
