@@ -44,8 +44,11 @@ stress: deps
 demo: build
 	scripts/demo.sh $(BUILD)
 
+# PREFIX given (make install PREFIX=DIR, or in the environment) always wins, also over a build/
+# configured earlier (by make, make demo or make test) for another prefix; without it, the
+# prefix build/ was configured with (/usr/local unless CMAKE_ARGS named one).
 install: build
-	cmake --install $(BUILD)
+	cmake --install $(BUILD)$(if $(filter command line environment,$(origin PREFIX)), --prefix "$(PREFIX)")
 
 asan:
 	$(MAKE) test BUILD=build-asan BUILD_TYPE=Debug CMAKE_ARGS="-DSTOKE_SANITIZE=address,undefined -DSTOKE_WERROR=ON"
