@@ -1,7 +1,10 @@
 /* Process workers (opts.worker_mode = STOKE_WORKER_PROCESSES): the same bytes and order as
  * worker threads; a sample that crashes its worker process (SIGSEGV, SIGKILL from outside)
  * under each on_error policy; no process, zombie or descriptor left after destroy, also
- * mid-epoch.  Every test runs under alarm(): a hang fails instead of blocking CI. */
+ * mid-epoch; the dataset's set_epoch reaches the children; the zygote and children die with the
+ * loader's process (also when a fork of it lives on); a stopped zygote is a bounded error; a
+ * forked child's use of the loader fails at once; loaders destroyed one by one do not wait for
+ * each other.  Every test runs under alarm(): a hang fails instead of blocking CI. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
@@ -34,6 +37,11 @@ typedef struct shared {
     _Atomic int hang_pid;     /* the child hanging at `hang` */
     _Atomic int init_calls;   /* worker_init calls (children) */
     _Atomic int init_workers; /* bit w: worker_init(w) was called in a child */
+    uint64_t slow;            /* in a child: publish pids, wait for p_killed, 1 s, orphan_wrote */
+    _Atomic int w_pid, z_pid; /* the child at `slow` and its parent (the zygote) */
+    _Atomic int s_pid;        /* the sleeping fork of the loader's process (orphans test) */
+    _Atomic int p_killed;     /* the loader's process was SIGKILLed and reaped */
+    _Atomic int orphan_wrote; /* the child at `slow` outlived its loader by 1 s */
 } shared;
 
 static shared *sh;
@@ -67,6 +75,14 @@ static int pds_get(void *user, uint64_t index, void *const dst[], int worker, ch
             atomic_store(&sh->hang_pid, (int)getpid());
             for (;;)
                 sleep_ms(10); /* until the test kills this process */
+        }
+        if (index == sh->slow) {
+            atomic_store(&sh->z_pid, (int)getppid());
+            atomic_store(&sh->w_pid, (int)getpid());
+            while (!atomic_load(&sh->p_killed))
+                sleep_ms(1);
+            sleep_ms(1000);
+            atomic_store(&sh->orphan_wrote, 1); /* would write into the dead loader's buffer */
         }
     }
     return p->inner.get(p->inner.user, index, dst, worker, msg, msg_len);
@@ -148,7 +164,13 @@ static void reset_shared(void)
     sh->parent = getpid();
     sh->crash = UINT64_MAX;
     sh->hang = UINT64_MAX;
+    sh->slow = UINT64_MAX;
     atomic_store(&sh->hang_pid, 0);
+    atomic_store(&sh->w_pid, 0);
+    atomic_store(&sh->z_pid, 0);
+    atomic_store(&sh->s_pid, 0);
+    atomic_store(&sh->p_killed, 0);
+    atomic_store(&sh->orphan_wrote, 0);
     atomic_store(&sh->init_calls, 0);
     atomic_store(&sh->init_workers, 0);
 }
@@ -768,6 +790,360 @@ static void test_timeout(void **state)
     assert_int_equal(count_fds(), fds);
 }
 
+/* ---- issue 25: epochs, death of the loader, a stopped zygote, forks, several loaders ---- */
+
+static uint64_t ms_since(const struct timespec *t0)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)(t.tv_sec - t0->tv_sec) * 1000u + (uint64_t)(t.tv_nsec / 1000000) -
+           (uint64_t)(t0->tv_nsec / 1000000);
+}
+
+/* Gone, or a zombie (its parent, maybe an init that does not reap, has yet to): it runs no more. */
+static int dead(int pid)
+{
+    if (gone(pid))
+        return 1;
+    char path[64], buf[256];
+    snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 1;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *rp = strrchr(buf, ')');
+    return !rp || rp[1] == '\0' || rp[2] == 'Z' || rp[2] == 'X';
+}
+
+static int wait_dead(int pid, int ms)
+{
+    for (int t = 0; t < ms && !dead(pid); t += 5)
+        sleep_ms(5);
+    return dead(pid);
+}
+
+/* The pids whose parent is `ppid` (from /proc/PID/stat). */
+static int children_of(int ppid, int *out, int max)
+{
+    DIR *d = opendir("/proc");
+    assert_non_null(d);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL && n < max) {
+        int pid = atoi(e->d_name);
+        if (pid <= 0)
+            continue;
+        char path[64], buf[512];
+        snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue;
+        size_t len = fread(buf, 1, sizeof(buf) - 1, f);
+        fclose(f);
+        buf[len] = '\0';
+        const char *rp = strrchr(buf, ')');
+        char st;
+        int pp;
+        if (rp && sscanf(rp + 1, " %c %d", &st, &pp) == 2 && pp == ppid)
+            out[n++] = pid;
+    }
+    closedir(d);
+    return n;
+}
+
+/* A dataset whose bytes depend on the epoch its set_epoch was given. */
+typedef struct eds {
+    pds p;
+    stoke_dataset pd;
+    uint64_t epoch;
+} eds;
+
+static int eds_get(void *user, uint64_t index, void *const dst[], int worker, char *msg,
+                   size_t msg_len)
+{
+    eds *e = user;
+    int rc = pds_get(&e->p, index, dst, worker, msg, msg_len);
+    for (int k = 0; rc == STOKE_OK && k < SB; k++)
+        ((unsigned char *)dst[0])[k] ^= (unsigned char)(0x5a + 13 * e->epoch);
+    return rc;
+}
+
+static int eds_set_epoch(void *user, uint64_t epoch)
+{
+    ((eds *)user)->epoch = epoch;
+    return STOKE_OK;
+}
+
+/* Two epochs from `first` on; out[e][i]: sample i's bytes in epoch first + e. */
+static void epoch_run(int mode, int persistent, uint64_t first, unsigned char out[2][N][SB])
+{
+    static eds e;
+    stoke_dataset ds;
+    memset(&e, 0, sizeof(e));
+    pds_open(&e.p, 0, 0, &ds);
+    e.epoch = 1000; /* not an epoch of the run: each one must be set */
+    ds.user = &e;
+    ds.get = eds_get;
+    ds.set_epoch = eds_set_epoch;
+    stoke_loader_opts o;
+    opts(&o, "error", mode, 2, 1);
+    o.epoch = first;
+    o.persistent_workers = persistent;
+    stoke_loader *l;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    memset(out, 0, 2 * N * SB);
+    for (int ep = 0; ep < 2; ep++) {
+        if (ep)
+            assert_int_equal(stoke_loader_next_epoch(l), STOKE_OK);
+        stoke_batch *b;
+        uint64_t n = 0;
+        int rc;
+        while ((rc = stoke_loader_next(l, &b)) == STOKE_OK) {
+            const unsigned char *data = stoke_batch_data(b, 0);
+            for (size_t j = 0; j < stoke_batch_count(b); j++, n++)
+                memcpy(out[ep][stoke_batch_indices(b)[j]], data + j * SB, SB);
+            stoke_batch_release(b);
+        }
+        assert_int_equal(rc, STOKE_EEND);
+        assert_int_equal(n, N);
+    }
+    stoke_loader_destroy(l);
+    stoke_dataset_close(&ds);
+    stoke_dataset_close(&e.p.inner);
+}
+
+/* The dataset's set_epoch reaches the children: each epoch's bytes are those threads deliver,
+ * and the second epoch's differ from the first's (issue 25 item 3). */
+static void test_epoch(void **state)
+{
+    (void)state;
+    reset_shared();
+    static unsigned char t[2][N][SB], p[2][N][SB];
+    for (int persistent = 0; persistent <= 1; persistent++)
+        for (uint64_t first = 0; first <= 5; first += 5) {
+            epoch_run(STOKE_WORKER_THREADS, persistent, first, t);
+            epoch_run(STOKE_WORKER_PROCESSES, persistent, first, p);
+            assert_memory_equal(p, t, sizeof(t));
+            for (int i = 0; i < N; i++)
+                assert_memory_not_equal(p[1][i], p[0][i], SB);
+        }
+    assert_no_children();
+}
+
+/* The loader's process (a fork of the test) is SIGKILLed while its worker child is in a sample
+ * (`slow`); with `with_fork` it has forked a sleeping child first, which holds copies of
+ * whatever it inherited.  The zygote and the worker must die with it (within 3 s), and the
+ * worker must not finish its sample (issue 25 items 4 and 12). */
+static void orphan_case(int with_fork)
+{
+    reset_shared();
+    sh->slow = 20;
+    pid_t lp = fork();
+    assert_true(lp >= 0);
+    if (lp == 0) {
+        sh->parent = getpid();
+        pds p;
+        stoke_dataset ds;
+        pds_open(&p, 0, 0, &ds);
+        stoke_loader_opts o;
+        opts(&o, "error", STOKE_WORKER_PROCESSES, 1, 0);
+        stoke_loader *l;
+        if (stoke_loader_create(&o, &ds, &l) != STOKE_OK)
+            _exit(2);
+        stoke_batch *b;
+        if (stoke_loader_next(l, &b) != STOKE_OK) /* the worker exists */
+            _exit(3);
+        stoke_batch_release(b);
+        if (with_fork) {
+            pid_t s = fork();
+            if (s == 0)
+                for (;;)
+                    pause(); /* until the test kills it */
+            atomic_store(&sh->s_pid, (int)s);
+        }
+        while (stoke_loader_next(l, &b) == STOKE_OK) /* blocks at sample 20 */
+            stoke_batch_release(b);
+        _exit(4);
+    }
+    int z = 0, w = 0, s = 0;
+    for (int t = 0; t < 20000 && (!z || !w || (with_fork && !s)); t += 5) {
+        sleep_ms(5);
+        z = atomic_load(&sh->z_pid);
+        w = atomic_load(&sh->w_pid);
+        s = atomic_load(&sh->s_pid);
+    }
+    int st = 0;
+    assert_int_equal(kill(lp, SIGKILL), 0);
+    assert_int_equal(waitpid(lp, &st, 0), lp);
+    atomic_store(&sh->p_killed, 1);
+    int zd = z && wait_dead(z, 3000), wd = w && wait_dead(w, 3000);
+    int s_alive = with_fork && s > 0 && !dead(s);
+    if (s > 0)
+        kill(s, SIGKILL);
+    if (!zd && z > 0)
+        kill(z, SIGKILL);
+    if (!wd && w > 0)
+        kill(w, SIGKILL);
+    assert_true(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+    assert_true(z > 0 && w > 0 && z != lp);
+    assert_true(zd); /* the zygote died with the loader's process */
+    assert_true(wd); /* and so did its worker */
+    assert_int_equal(atomic_load(&sh->orphan_wrote), 0);
+    if (with_fork)
+        assert_true(s_alive); /* although the fork was still alive */
+    assert_no_children();
+}
+
+static void test_dies_with_loader(void **state)
+{
+    (void)state;
+    orphan_case(0);
+    orphan_case(1);
+}
+
+/* A stopped zygote: starting a worker fails with STOKE_ETIMEDOUT naming it, within a bound,
+ * instead of hanging; once it runs again the loader works (its late reply is dropped) (issue 25
+ * item 10). */
+static void test_zygote_stopped(void **state)
+{
+    (void)state;
+    reset_shared();
+    int fds = count_fds();
+    pds p;
+    stoke_dataset ds;
+    pds_open(&p, 0, 0, &ds);
+    stoke_loader_opts o;
+    opts(&o, "error", STOKE_WORKER_PROCESSES, 1, 0);
+    stoke_loader *l;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    int kids[4];
+    assert_int_equal(children_of(getpid(), kids, 4), 1); /* the zygote; no worker yet */
+    int z = kids[0];
+    assert_int_equal(kill(z, SIGSTOP), 0);
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    stoke_batch *b;
+    int rc = stoke_loader_next(l, &b);
+    uint64_t took = ms_since(&t0);
+    char want[128];
+    snprintf(want, sizeof(want), "the worker zygote (pid %d) did not answer in 5 s", z);
+    char err[1024];
+    snprintf(err, sizeof(err), "%s", stoke_last_error());
+    kill(z, SIGCONT);
+    assert_int_equal(rc, STOKE_ETIMEDOUT);
+    if (!strstr(err, want))
+        fail_msg("no '%s' in '%s'", want, err);
+    assert_true(took < 30000);
+    assert_int_equal(stoke_loader_next_epoch(l), STOKE_OK);
+    static run r;
+    memset(&r, 0, sizeof(r));
+    take(l, 1, &r, UINT64_MAX);
+    assert_int_equal(r.rc, STOKE_EEND);
+    assert_int_equal(r.n, N);
+    stoke_loader_destroy(l);
+    stoke_dataset_close(&ds);
+    stoke_dataset_close(&p.inner);
+    assert_true(dead(z));
+    assert_no_children();
+    assert_int_equal(count_fds(), fds);
+}
+
+/* fork() after iterating: the child's calls fail at once, its destroy leaves the parent's
+ * processes alone, and the parent goes on (issue 25 item 11). */
+static void test_fork_child(void **state)
+{
+    (void)state;
+    reset_shared();
+    int fds = count_fds();
+    pds p;
+    stoke_dataset ds;
+    pds_open(&p, 0, 0, &ds);
+    stoke_loader_opts o;
+    opts(&o, "error", STOKE_WORKER_PROCESSES, 2, 1);
+    stoke_loader *l;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    static run r;
+    memset(&r, 0, sizeof(r));
+    take(l, 2, &r, 3);
+    assert_int_equal(r.nbatches, 3);
+    char want[128];
+    snprintf(want, sizeof(want), "loader was created in process %d; a forked child cannot use it",
+             (int)getpid());
+    pid_t c = fork();
+    assert_true(c >= 0);
+    if (c == 0) {
+        alarm(20);
+        stoke_batch *b = NULL;
+        int bad = 0;
+        if (stoke_loader_next(l, &b) != STOKE_ESTATE || b || !strstr(stoke_last_error(), want))
+            bad |= 1;
+        if (stoke_loader_set_epoch(l, 1) != STOKE_ESTATE)
+            bad |= 2;
+        if (stoke_loader_next_epoch(l) != STOKE_ESTATE)
+            bad |= 2;
+        stoke_loader_state ls;
+        memset(&ls, 0, sizeof(ls));
+        ls.version = STOKE_LOADER_STATE_VERSION;
+        if (stoke_loader_restore_state(l, &ls) != STOKE_ESTATE)
+            bad |= 4;
+        stoke_loader_destroy(l);
+        _exit(bad);
+    }
+    int st = 0;
+    assert_int_equal(waitpid(c, &st, 0), c);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+        fail_msg("forked child: %s %d", WIFEXITED(st) ? "exit status" : "signal",
+                 WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+    for (int k = 0; k < r.npids; k++)
+        assert_false(gone(r.pids[k])); /* the child's destroy left them alone */
+    take(l, 2, &r, UINT64_MAX);
+    assert_int_equal(r.rc, STOKE_EEND);
+    assert_int_equal(r.n, N);
+    stoke_loader_destroy(l);
+    stoke_dataset_close(&ds);
+    stoke_dataset_close(&p.inner);
+    for (int k = 0; k < r.npids; k++)
+        assert_true(gone(r.pids[k]));
+    assert_no_children();
+    assert_int_equal(count_fds(), fds);
+}
+
+/* Several live loaders destroyed in creation order: none waits for a later one's zygote to let
+ * go of its sockets (5 s each before; issue 25 item 16). */
+static void test_several_loaders(void **state)
+{
+    (void)state;
+    reset_shared();
+    int fds = count_fds();
+    enum { NL = 4 };
+    static pds p[NL];
+    stoke_dataset ds[NL];
+    stoke_loader *l[NL];
+    for (int i = 0; i < NL; i++) {
+        pds_open(&p[i], 0, 0, &ds[i]);
+        stoke_loader_opts o;
+        opts(&o, "error", STOKE_WORKER_PROCESSES, 1, 0);
+        assert_int_equal(stoke_loader_create(&o, &ds[i], &l[i]), STOKE_OK);
+        stoke_batch *b;
+        assert_int_equal(stoke_loader_next(l[i], &b), STOKE_OK); /* its worker exists */
+        stoke_batch_release(b);
+    }
+    for (int i = 0; i < NL; i++) {
+        struct timespec t0;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        stoke_loader_destroy(l[i]);
+        uint64_t took = ms_since(&t0);
+        if (took >= 2500)
+            fail_msg("destroying loader %d of %d took %" PRIu64 " ms", i + 1, NL, took);
+        stoke_dataset_close(&ds[i]);
+        stoke_dataset_close(&p[i].inner);
+    }
+    assert_no_children();
+    assert_int_equal(count_fds(), fds);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -795,6 +1171,11 @@ int main(void)
         cmocka_unit_test_setup(test_cli, setup),
         cmocka_unit_test_setup(test_map_var, setup),
         cmocka_unit_test_setup(test_timeout, setup),
+        cmocka_unit_test_setup(test_epoch, setup),
+        cmocka_unit_test_setup(test_dies_with_loader, setup),
+        cmocka_unit_test_setup(test_zygote_stopped, setup),
+        cmocka_unit_test_setup(test_fork_child, setup),
+        cmocka_unit_test_setup(test_several_loaders, setup),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     munmap(sh, sizeof(*sh));

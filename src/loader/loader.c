@@ -399,6 +399,8 @@ static stoke_loader *loader_new(const stoke_loader_opts *o, const stoke_dataset 
     cond_init_mono(&l->done_cv);
     l->done_tail = &l->done;
     l->sync_ready = 1;
+    l->fork_gen = stoke__fork_gen();
+    l->pid = (int)getpid();
     return l;
 }
 
@@ -704,6 +706,28 @@ int stoke_loader_create(const stoke_loader_opts *o, stoke_dataset *ds, stoke_loa
     return STOKE_OK;
 }
 
+/* destroy in a process forked from the creator's: its threads, worker processes, accelerator
+ * objects, pinned and arena memory are the creator's (their state here is a copy, locks maybe
+ * held), so only this process's descriptors and plain memory are released. */
+static void destroy_forked(stoke_loader *l)
+{
+    stoke__proc_destroy(l);
+    stoke__bad_destroy(l);
+    for (int i = 0; l->bat && i < l->nbuf; i++)
+        if (l->bat[i].indices != l->bat[i].idx_inline)
+            free(l->bat[i].indices);
+    for (int i = 0; l->bat && i < l->nbuf; i++)
+        free(l->bat[i].offsets);
+    stoke_sampler_destroy(l->sampler);
+    free(l->bat);
+    free(l->slots);
+    free(l->w);
+    free(l->bits);
+    free(l->free_v);
+    free(l->ready);
+    free(l);
+}
+
 /* Never changes the calling thread's last error: it runs on create's failure path, after the
  * message that says why. */
 void stoke_loader_destroy(stoke_loader *l)
@@ -712,6 +736,11 @@ void stoke_loader_destroy(stoke_loader *l)
         return;
     stoke__saved_error saved;
     stoke__error_save(&saved);
+    if (stoke__loader_foreign(l)) { /* a fork's copy: see destroy_forked */
+        destroy_forked(l);
+        stoke__error_restore(&saved);
+        return;
+    }
     if (l->sync_ready) {
         pthread_mutex_lock(&l->mu);
         stoke__loader_abandon(l);

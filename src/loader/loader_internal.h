@@ -354,6 +354,8 @@ struct stoke_loader {
     uint64_t bad_epoch, bad_epoch_samples; /* handled bad samples / delivered samples this run */
     uint64_t st_bad, st_skipped, st_replaced;
     struct stoke__proc *proc; /* worker_mode processes (procworker.c); NULL for threads */
+    unsigned fork_gen;        /* stoke__fork_gen() at create */
+    int pid;                  /* the process that created it */
 };
 
 /* loader.c: formats the loader's last error into l->err and sets the thread's last error; returns
@@ -461,6 +463,13 @@ void stoke__proc_stopping(stoke_loader *l);
 /* destroy, after the threads were joined: ends and reaps every process, unmaps the buffers. */
 void stoke__proc_destroy(stoke_loader *l);
 uint64_t stoke__proc_restarts(const stoke_loader *l);
+/* Forks (procworker.c): the number of forks this process descends from since the first
+ * create (a pthread_atfork child handler counts them and closes every live loader's sockets in
+ * the child); whether l was created by another process (this one is a fork of it: l's threads
+ * and children are not here); that error, STOKE_ESTATE, for the API calls that would wait. */
+unsigned stoke__fork_gen(void);
+int stoke__loader_foreign(const stoke_loader *l);
+int stoke__loader_forked_fail(stoke_loader *l);
 
 /* state.c */
 void stoke__loader_abandon(stoke_loader *l);

@@ -484,6 +484,8 @@ int stoke_loader_next(stoke_loader *l, stoke_batch **out)
     if (!l || !out)
         return stoke__fail(STOKE_EINVAL, "stoke_loader_next: NULL argument");
     *out = NULL;
+    if (stoke__loader_foreign(l))
+        return stoke__loader_forked_fail(l);
     /* the wait: from the call (no workers: to the batch's end, read once by produce), or with
      * workers from the moment the batch was not there; a ready batch costs no clock read */
     uint64_t t0 = l->nworkers == 0 ? stoke__now_ns() : 0, clock = t0;

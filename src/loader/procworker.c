@@ -13,11 +13,23 @@
  *
  * Messages (SOCK_SEQPACKET, one struct per message):
  *   parent -> zygote: zreq {SPAWN, worker} -> zrep {pid, err} + the parent's socket end;
- *                     zreq {REAP, pid} -> zrep {wait status}.  EOF: the zygote waits a bounded
+ *                     zreq {REAP, pid} -> zrep {wait status}.  Each request carries a number
+ *                     its reply repeats: the parent waits ZYGOTE_MS for it, and a late reply to
+ *                     a request that timed out is dropped.  EOF: the zygote waits a bounded
  *                     time for its children to exit, SIGKILLs the rest, reaps them and exits.
  *   parent -> child:  wreq (a batch: handle, slot, seq, seed, epoch, flags, poisoned samples);
+ *                     the child calls the dataset's set_epoch when the epoch is not the one it
+ *                     last set (its copy of the dataset never saw the parent's calls).
  *   child -> parent:  zero or more wmsg BAD (the batch's bad samples), then one wmsg DONE.
  *                     EOF on its socket: the child exits.
+ * Death and fork: the zygote has PR_SET_PDEATHSIG(SIGHUP) and compares getppid() with the
+ * loader's pid whenever it wakes (the signal fires when the *thread* that forked it ends, which
+ * may be long before the process); when the loader's process is gone it SIGKILLs its children
+ * and exits.  A child has PR_SET_PDEATHSIG(SIGKILL) towards the zygote and checks, before each
+ * batch, that the zygote is its parent and the parent's end of its socket is open.  Every live
+ * loader's descriptors are listed; a pthread_atfork child handler closes them in any forked
+ * process (a zygote of another loader, a fork of the user's) and counts forks, so a loader used
+ * from a process that did not create it fails at once (stoke__loader_foreign).
  * A child that dies (EOF on its socket) is reaped through the zygote; its crash is the failure
  * of the sample it was on: with on_error = error the batch fails, otherwise the sample is
  * "poisoned" (a replacement child's dataset calls fail for it with the crash message, so the
@@ -51,6 +63,8 @@
 #define RESTARTS_MAX  100         /* worker process restarts per epoch */
 #define POLL_MS       50          /* every wait for a child is a poll of at most this */
 #define STOP_GRACE_NS 2000000000u /* destroy: a child busy longer than this is SIGKILLed */
+#define ZYGOTE_MS     5000        /* the longest wait for the zygote's reply */
+#define ZSIG          SIGHUP      /* the zygote's parent-death signal (it only wakes the zygote) */
 
 /* Shared with the children: what each is loading. */
 typedef struct proc_ctl {
@@ -60,7 +74,8 @@ typedef struct proc_ctl {
 } proc_ctl;
 
 typedef struct proc_w {
-    int fd;          /* the parent's end of the child's socket; -1: no child */
+    _Atomic int fd;  /* the parent's end of the child's socket; -1: no child (atomic: the fork
+                        handler reads it) */
     _Atomic int pid; /* the child; -1: none (read by stoke_loader_worker_pid) */
 } proc_w;
 
@@ -72,20 +87,26 @@ struct stoke__proc {
     proc_ctl *ctl;  /* nworkers, in shm */
     proc_w *w;      /* nworkers */
     pid_t zpid;
-    int zfd;
+    _Atomic int zfd;
+    uint32_t zseq;       /* (zmu) the number of the last request to the zygote */
     pthread_mutex_t zmu; /* serializes request/reply on zfd; then `rmu` never inside it */
     pthread_mutex_t rmu; /* restarts, cap_epoch, cap_n */
     uint64_t restarts, cap_epoch, cap_n;
     _Atomic int stopping;
+    int nw;                   /* entries of w */
+    int listed;               /* in the list of live ones (fork_mu) */
+    struct stoke__proc *next; /* that list (fork_mu) */
 };
 
 enum { Z_SPAWN = 1, Z_REAP = 2 };
 typedef struct zreq {
     int32_t op, worker;
-    int32_t pid, pad;
+    int32_t pid, kill; /* REAP: SIGKILL it first */
+    uint32_t seq, pad;
 } zreq;
 typedef struct zrep {
-    int32_t pid, err, status, pad;
+    int32_t pid, err, status;
+    uint32_t seq; /* the request's */
 } zrep;
 
 enum { F_NO_GET_BATCH = 1 };
@@ -105,6 +126,85 @@ typedef struct wmsg {
     char err_msg[256];
     stoke__bad bad;
 } wmsg;
+
+/* ---- forks: the live loaders' descriptors, closed in every forked process --------------- */
+
+static pthread_mutex_t fork_mu = PTHREAD_MUTEX_INITIALIZER;
+static stoke__proc *fork_list; /* (fork_mu) */
+static _Atomic unsigned fork_gen;
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+
+static void close_fd(_Atomic int *fd)
+{
+    int v = atomic_exchange(fd, -1);
+    if (v >= 0)
+        close(v);
+}
+
+static void fork_prepare(void)
+{
+    pthread_mutex_lock(&fork_mu);
+}
+
+static void fork_parent(void)
+{
+    pthread_mutex_unlock(&fork_mu);
+}
+
+/* In the child of any fork (the user's, another loader's zygote, a worker): the sockets of the
+ * parent's loaders are not this process's to hold (a zygote that still had a reader would never
+ * see EOF), and those loaders are foreign now. */
+static void fork_child(void)
+{
+    atomic_fetch_add(&fork_gen, 1);
+    for (stoke__proc *p = fork_list; p; p = p->next) {
+        for (int i = 0; i < p->nw; i++)
+            close_fd(&p->w[i].fd);
+        close_fd(&p->zfd);
+    }
+    pthread_mutex_unlock(&fork_mu);
+}
+
+static void fork_hooks(void)
+{
+    pthread_atfork(fork_prepare, fork_parent, fork_child);
+}
+
+unsigned stoke__fork_gen(void)
+{
+    pthread_once(&fork_once, fork_hooks);
+    return atomic_load(&fork_gen);
+}
+
+int stoke__loader_foreign(const stoke_loader *l)
+{
+    return l->fork_gen != atomic_load(&fork_gen);
+}
+
+int stoke__loader_forked_fail(stoke_loader *l)
+{
+    return stoke__loader_fail(l, STOKE_ESTATE,
+                              "loader was created in process %d; a forked child cannot use it "
+                              "(this is process %d)",
+                              l->pid, (int)getpid());
+}
+
+static void list_proc(stoke__proc *p, int on)
+{
+    pthread_mutex_lock(&fork_mu);
+    if (on && !p->listed) {
+        p->next = fork_list;
+        fork_list = p;
+        p->listed = 1;
+    } else if (!on && p->listed) {
+        stoke__proc **pp = &fork_list;
+        while (*pp != p)
+            pp = &(*pp)->next;
+        *pp = p->next;
+        p->listed = 0;
+    }
+    pthread_mutex_unlock(&fork_mu);
+}
 
 /* ---- the child: the dataset wrapped to publish what it loads and to fail poisoned samples -- */
 
@@ -218,8 +318,19 @@ static ssize_t recv_msg(int fd, void *p, size_t n)
     return r;
 }
 
+/* Before a batch: the zygote is still this child's parent and the loader still holds the other
+ * end of its socket (a child of a loader that died must not write into its buffers, which may
+ * belong to another process by now: an arena's chunks). */
+static int loader_alive(int fd, pid_t zygote)
+{
+    if (getppid() != zygote)
+        return 0;
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    return poll(&pfd, 1, 0) >= 0 && !(pfd.revents & (POLLHUP | POLLERR | POLLNVAL));
+}
+
 /* The child's loop: one batch per request; exits (without atexit handlers) on EOF. */
-static void child_main(stoke_loader *l, int wid, int fd)
+static void child_main(stoke_loader *l, int wid, int fd, pid_t zygote)
 {
     wrap_dataset(l, &l->proc->ctl[wid]);
     int init_rc = STOKE_OK;
@@ -230,21 +341,39 @@ static void child_main(stoke_loader *l, int wid, int fd)
     }
     static wreq req;
     wmsg m;
+    int epoch_set = 0; /* the dataset's set_epoch was called (with `epoch`) in this process */
+    uint64_t epoch = 0;
     for (;;) {
         ssize_t n = recv_msg(fd, &req, sizeof(req));
-        if (n != (ssize_t)sizeof(req))
+        if (n != (ssize_t)sizeof(req) || !loader_alive(fd, zygote))
             _exit(0);
         stoke_batch *b = &l->bat[req.bi];
         b->host = &l->slots[req.si];
         if (req.flags & F_NO_GET_BATCH)
             l->ds.get_batch = NULL;
         memset(&m, 0, sizeof(m));
+        int rc = init_rc;
+        if (rc == STOKE_OK && STOKE_DATASET_HAS(&cw.ds, set_epoch) &&
+            (!epoch_set || epoch != req.epoch)) {
+            /* the parent's calls reached only its own copy of the dataset */
+            rc = cw.ds.set_epoch(cw.ds.user, req.epoch);
+            rc = rc > 0 ? STOKE_EDATA : rc;
+            epoch_set = rc == STOKE_OK;
+            epoch = req.epoch;
+            if (rc != STOKE_OK) {
+                m.status = rc;
+                m.err_index = UINT64_MAX;
+                stoke__fmt(m.err_msg, sizeof(m.err_msg),
+                           "set_epoch(%" PRIu64 ") of dataset %s failed in worker process %d (%s)",
+                           req.epoch, cw.ds.name, (int)getpid(), stoke_err_name(rc));
+            }
+        }
         if (init_rc != STOKE_OK) {
             m.status = init_rc;
             m.err_index = UINT64_MAX;
             stoke__fmt(m.err_msg, sizeof(m.err_msg), "worker_init failed in worker process %d (%s)",
                        (int)getpid(), stoke_err_name(init_rc));
-        } else {
+        } else if (rc == STOKE_OK) {
             cw.req = &req;
             l->caller_ahead.seq_end = req.seq + 1; /* batches come one request at a time */
             stoke__loader_fill_batch(l, b, NULL, wid, req.seed, req.epoch, req.seq);
@@ -310,9 +439,29 @@ static void zygote_reap_all(pid_t *pids, int n)
         }
 }
 
-static void zygote_spawn(stoke_loader *l, int zfd, int wid, pid_t *pids, int npids)
+/* The disposition and mask of ZSIG the zygote found (its children get them back). */
+static struct sigaction z_old_action;
+static sigset_t z_old_mask;
+
+static void z_wake(int sig)
 {
-    zrep rep = {.pid = -1};
+    (void)sig; /* only interrupts ppoll: the loop then looks at getppid() */
+}
+
+/* The loader's process is gone: its children are SIGKILLed at once (no grace: the buffers they
+ * would write may belong to another process by now), reaped, and the zygote exits. */
+static void zygote_orphaned(pid_t *pids, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (pids[i] > 0)
+            kill(pids[i], SIGKILL);
+    zygote_reap_all(pids, n);
+    _exit(0);
+}
+
+static void zygote_spawn(stoke_loader *l, int zfd, const zreq *q, pid_t *pids, int npids)
+{
+    zrep rep = {.pid = -1, .seq = q->seq};
     int sv[2] = {-1, -1};
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
         rep.err = errno;
@@ -325,9 +474,11 @@ static void zygote_spawn(stoke_loader *l, int zfd, int wid, pid_t *pids, int npi
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (getppid() != zygote)
             _exit(0);
+        sigaction(ZSIG, &z_old_action, NULL);
+        sigprocmask(SIG_SETMASK, &z_old_mask, NULL);
         close(zfd);
         close(sv[0]);
-        child_main(l, wid, sv[1]);
+        child_main(l, q->worker, sv[1], zygote);
         _exit(0);
     }
     close(sv[1]);
@@ -346,7 +497,26 @@ static void zygote_spawn(stoke_loader *l, int zfd, int wid, pid_t *pids, int npi
     close(sv[0]);
 }
 
-static void zygote_main(stoke_loader *l, int zfd)
+/* REAP: waits for `pid` (SIGKILLed first when asked); one that has not exited 2 s after its
+ * socket closed is SIGKILLed.  0 or an errno. */
+static int zygote_reap(pid_t pid, int kill_it, int *st)
+{
+    if (kill_it)
+        kill(pid, SIGKILL);
+    for (int t = 0;; t++) {
+        pid_t r = waitpid(pid, st, t < 2000 ? WNOHANG : 0);
+        if (r == pid)
+            return 0;
+        if (r < 0 && errno != EINTR)
+            return errno;
+        if (t == 1999)
+            kill(pid, SIGKILL);
+        else if (r == 0)
+            sleep_ms(1);
+    }
+}
+
+static void zygote_main(stoke_loader *l, int zfd, pid_t loader)
 {
     /* A worker is replaced only after its predecessor was reaped: at most one live child per
      * worker, plus room for one being reaped. */
@@ -355,20 +525,37 @@ static void zygote_main(stoke_loader *l, int zfd)
     pid_t *pids = calloc((size_t)npids, sizeof(pid_t));
     if (!pids)
         _exit(1);
+    /* ZSIG stays blocked but in ppoll, so its wake-up is never lost between the check of
+     * getppid() and the wait. */
+    sigset_t zs, wait_mask;
+    sigemptyset(&zs);
+    sigaddset(&zs, ZSIG);
+    sigprocmask(SIG_BLOCK, &zs, &z_old_mask);
+    wait_mask = z_old_mask;
+    sigdelset(&wait_mask, ZSIG);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = z_wake;
+    sigemptyset(&sa.sa_mask);
+    sigaction(ZSIG, &sa, &z_old_action);
+    prctl(PR_SET_PDEATHSIG, ZSIG);
     zreq q;
     for (;;) {
-        ssize_t n = recv_msg(zfd, &q, sizeof(q));
+        if (getppid() != loader) /* also the race: the loader died before prctl */
+            zygote_orphaned(pids, npids);
+        struct pollfd pfd = {.fd = zfd, .events = POLLIN};
+        int pr = ppoll(&pfd, 1, NULL, &wait_mask);
+        if (pr < 0 && errno == EINTR)
+            continue;
+        ssize_t n = pr < 0 ? -1 : recv_msg(zfd, &q, sizeof(q));
         if (n != (ssize_t)sizeof(q))
             break;
         if (q.op == Z_SPAWN) {
-            zygote_spawn(l, zfd, q.worker, pids, npids);
+            zygote_spawn(l, zfd, &q, pids, npids);
         } else if (q.op == Z_REAP) {
-            zrep rep = {.pid = q.pid};
+            zrep rep = {.pid = q.pid, .seq = q.seq};
             int st = 0;
-            if (q.pad)
-                kill(q.pid, SIGKILL);
-            if (waitpid(q.pid, &st, 0) < 0)
-                rep.err = errno;
+            rep.err = zygote_reap(q.pid, q.kill, &st);
             rep.status = st;
             for (int i = 0; i < npids; i++)
                 if (pids[i] == q.pid)
@@ -376,6 +563,8 @@ static void zygote_main(stoke_loader *l, int zfd)
             send_fd(zfd, &rep, sizeof(rep), -1);
         }
     }
+    if (getppid() != loader)
+        zygote_orphaned(pids, npids);
     zygote_reap_all(pids, npids);
     _exit(0);
 }
@@ -472,6 +661,7 @@ int stoke__proc_create(stoke_loader *l)
     p->w = calloc((size_t)l->nworkers, sizeof(*p->w));
     if (!p->w)
         return stoke__loader_fail(l, STOKE_ENOMEM, "loader: out of memory");
+    p->nw = l->nworkers;
     for (int i = 0; i < l->nworkers; i++) {
         p->w[i].fd = -1;
         atomic_store(&p->w[i].pid, -1);
@@ -488,10 +678,11 @@ int stoke__proc_create(stoke_loader *l)
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
         return stoke__loader_fail(l, STOKE_ENOMEM, "loader: socketpair failed: %s",
                                   strerror(errno));
-    pid_t pid = fork();
+    pid_t self = getpid();
+    pid_t pid = fork(); /* the fork handler closes the other loaders' sockets in the zygote */
     if (pid == 0) {
         close(sv[0]);
-        zygote_main(l, sv[1]);
+        zygote_main(l, sv[1], self);
         _exit(0);
     }
     int e = errno;
@@ -503,37 +694,84 @@ int stoke__proc_create(stoke_loader *l)
     }
     p->zpid = pid;
     p->zfd = sv[0];
+    list_proc(p, 1);
     return STOKE_OK;
 }
 
-/* One request to the zygote and its reply (with a descriptor for SPAWN). */
-static int zygote_call(stoke__proc *p, const zreq *q, zrep *rep, int *fd)
+/* One request to the zygote and its reply (with a descriptor for SPAWN), within ZYGOTE_MS.
+ * STOKE_OK; STOKE_ETIMEDOUT (a zygote that is stopped or stuck) or STOKE_ECANCELED (gone), with
+ * why in msg. */
+static int zygote_call(stoke__proc *p, zreq *q, zrep *rep, int *fd, char *msg, size_t len)
 {
-    pthread_mutex_lock(&p->zmu);
-    int ok = p->zfd >= 0 && send_all(p->zfd, q, sizeof(*q)) == 0;
-    int got = -1;
-    if (ok)
-        ok = recv_fd(p->zfd, rep, sizeof(*rep), &got) == (ssize_t)sizeof(*rep);
-    pthread_mutex_unlock(&p->zmu);
     if (fd)
-        *fd = got;
-    else if (got >= 0)
-        close(got);
-    return ok ? 0 : -1;
+        *fd = -1;
+    pthread_mutex_lock(&p->zmu);
+    q->seq = ++p->zseq;
+    int zfd = p->zfd, rc = STOKE_OK;
+    ssize_t sr = -1;
+    if (zfd >= 0) {
+        do /* no wait here: one request at a time leaves room in the socket */
+            sr = send(zfd, q, sizeof(*q), MSG_NOSIGNAL | MSG_DONTWAIT);
+        while (sr < 0 && errno == EINTR);
+    }
+    if (sr != (ssize_t)sizeof(*q))
+        rc = zfd >= 0 && sr < 0 && errno == EAGAIN ? STOKE_ETIMEDOUT : STOKE_ECANCELED;
+    uint64_t deadline = stoke__now_ns() + (uint64_t)ZYGOTE_MS * 1000000u;
+    while (rc == STOKE_OK) {
+        uint64_t now = stoke__now_ns();
+        struct pollfd pfd = {.fd = zfd, .events = POLLIN};
+        int pr = now >= deadline ? 0 : poll(&pfd, 1, (int)((deadline - now) / 1000000u) + 1);
+        if (pr < 0 && errno == EINTR)
+            continue;
+        if (pr == 0) {
+            rc = STOKE_ETIMEDOUT;
+            break;
+        }
+        int got = -1;
+        if (pr < 0 || recv_fd(zfd, rep, sizeof(*rep), &got) != (ssize_t)sizeof(*rep)) {
+            if (got >= 0)
+                close(got);
+            rc = STOKE_ECANCELED;
+            break;
+        }
+        if (rep->seq != q->seq) { /* the late reply to a request that timed out */
+            if (got >= 0)
+                close(got); /* a child forked for it: EOF, it exits */
+            continue;
+        }
+        if (fd)
+            *fd = got;
+        else if (got >= 0)
+            close(got);
+        break;
+    }
+    pthread_mutex_unlock(&p->zmu);
+    if (rc == STOKE_ETIMEDOUT)
+        stoke__fmt(msg, len, "the worker zygote (pid %d) did not answer in %d s", (int)p->zpid,
+                   ZYGOTE_MS / 1000);
+    else if (rc != STOKE_OK)
+        stoke__fmt(msg, len, "the worker zygote (pid %d) is gone", (int)p->zpid);
+    return rc;
 }
 
 static int spawn(stoke_loader *l, int wid, char *msg, size_t len)
 {
     stoke__proc *p = l->proc;
     zreq q = {.op = Z_SPAWN, .worker = wid};
-    zrep rep;
+    zrep rep = {.pid = -1};
     int fd = -1;
-    if (zygote_call(p, &q, &rep, &fd) != 0 || rep.pid <= 0 || fd < 0) {
+    char why[160];
+    int rc = zygote_call(p, &q, &rep, &fd, why, sizeof(why));
+    if (rc != STOKE_OK || rep.pid <= 0 || fd < 0) {
         if (fd >= 0)
             close(fd);
-        stoke__fmt(msg, len, "cannot start worker process %d: %s", wid,
-                   rep.pid <= 0 && rep.err ? strerror(rep.err) : "the worker zygote is gone");
-        return STOKE_ENOMEM;
+        if (rc == STOKE_OK) {
+            rc = STOKE_ENOMEM;
+            stoke__fmt(why, sizeof(why), "%s",
+                       rep.err ? strerror(rep.err) : "no descriptor from the worker zygote");
+        }
+        stoke__fmt(msg, len, "cannot start worker process %d: %s", wid, why);
+        return rc;
     }
     p->w[wid].fd = fd;
     atomic_store(&p->w[wid].pid, rep.pid);
@@ -568,10 +806,12 @@ static void reap(stoke_loader *l, int wid, int kill_it, char *msg, size_t len)
     atomic_store(&p->w[wid].pid, -1);
     if (pid <= 0)
         return;
-    zreq q = {.op = Z_REAP, .pid = pid, .pad = kill_it};
+    zreq q = {.op = Z_REAP, .pid = pid, .kill = kill_it};
     zrep rep = {0};
-    if (zygote_call(p, &q, &rep, NULL) != 0 || rep.err) {
-        stoke__fmt(msg, len, "worker process %d died (its exit status is unknown)", pid);
+    char why[160] = "";
+    if (zygote_call(p, &q, &rep, NULL, why, sizeof(why)) != STOKE_OK || rep.err) {
+        stoke__fmt(msg, len, "worker process %d died (its exit status is unknown%s%.150s)", pid,
+                   why[0] ? ": " : "", why);
         return;
     }
     int st = rep.status;
@@ -739,8 +979,9 @@ void stoke__proc_fill(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid
     req->seed = seed;
     req->epoch = epoch;
     for (;;) {
-        if (p->w[wid].fd < 0 && spawn(l, wid, msg, sizeof(msg)) != STOKE_OK) {
-            fail_batch(b, STOKE_ENOMEM, first, msg);
+        int rc = p->w[wid].fd < 0 ? spawn(l, wid, msg, sizeof(msg)) : STOKE_OK;
+        if (rc != STOKE_OK) {
+            fail_batch(b, rc, first, msg);
             break;
         }
         atomic_store(&p->ctl[wid].index, UINT64_MAX);
@@ -770,20 +1011,27 @@ void stoke__proc_stopping(stoke_loader *l)
 
 /* After the worker threads were joined: closes every child's socket (they exit on EOF), then
  * the zygote's (it waits for them, SIGKILLs stragglers, reaps them and exits); reaps the
- * zygote (SIGKILL after about 5 s); unmaps the shared buffers. */
+ * zygote (SIGKILL after about 5 s); unmaps the shared buffers.  In a forked process (the
+ * loader is foreign) only this process's descriptors and memory go: the zygote, its children
+ * and the shared buffers are the creator's. */
 void stoke__proc_destroy(stoke_loader *l)
 {
     stoke__proc *p = l->proc;
     if (!p)
         return;
+    int foreign = stoke__loader_foreign(l);
+    list_proc(p, 0);
     for (int i = 0; p->w && i < l->nworkers; i++) {
-        if (p->w[i].fd >= 0)
-            close(p->w[i].fd);
-        p->w[i].fd = -1;
+        close_fd(&p->w[i].fd);
         atomic_store(&p->w[i].pid, -1);
     }
-    if (p->zfd >= 0)
-        close(p->zfd);
+    close_fd(&p->zfd);
+    if (foreign) {
+        if (p->shm && !p->from_arena && !p->registered)
+            munmap(p->shm, p->shm_len); /* this process's mapping; the rest is the creator's */
+        p->shm = NULL;
+        p->zpid = -1;
+    }
     if (p->zpid > 0) {
         int done = 0;
         for (int t = 0; t < 500 && !done; t++) {
@@ -810,8 +1058,10 @@ void stoke__proc_destroy(stoke_loader *l)
     }
     for (int i = 0; l->slots && i < l->nbuf; i++)
         l->slots[i].mem = NULL;
-    pthread_mutex_destroy(&p->zmu);
-    pthread_mutex_destroy(&p->rmu);
+    if (!foreign) { /* a forked copy may hold them locked */
+        pthread_mutex_destroy(&p->zmu);
+        pthread_mutex_destroy(&p->rmu);
+    }
     free(p->w);
     free(p);
     l->proc = NULL;

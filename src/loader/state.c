@@ -76,6 +76,8 @@ static void quiesce(stoke_loader *l)
 /* Consumer: moves to (seed, epoch, cursor); ITERABLE datasets are reset for the epoch. */
 static int reposition(stoke_loader *l, uint64_t seed, uint64_t epoch, uint64_t cursor)
 {
+    if (stoke__loader_foreign(l))
+        return stoke__loader_forked_fail(l);
     quiesce(l);
     pthread_mutex_unlock(&l->mu);
     if (!l->o.persistent_workers) {
@@ -106,6 +108,8 @@ int stoke_loader_set_epoch(stoke_loader *l, uint64_t epoch)
 {
     if (!l)
         return STOKE_EINVAL;
+    if (stoke__loader_foreign(l)) /* before mu: a fork's copy may hold it locked */
+        return stoke__loader_forked_fail(l);
     pthread_mutex_lock(&l->mu);
     uint64_t seed = l->seed;
     pthread_mutex_unlock(&l->mu);
@@ -116,6 +120,8 @@ int stoke_loader_next_epoch(stoke_loader *l)
 {
     if (!l)
         return STOKE_EINVAL;
+    if (stoke__loader_foreign(l))
+        return stoke__loader_forked_fail(l);
     return stoke_loader_set_epoch(l, stoke_loader_epoch(l) + 1);
 }
 
