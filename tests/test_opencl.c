@@ -88,6 +88,92 @@ static void fill(unsigned char *p, size_t n, unsigned seed)
     }
 }
 
+/* ---- what the probe loads ----------------------------------------------------------------- */
+
+/* Lines of /proc/self/maps naming `lib`. */
+static int maps_count(const char *lib)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    assert_non_null(f);
+    char line[1024];
+    int n = 0;
+    while (fgets(line, sizeof(line), f))
+        n += strstr(line, lib) != NULL;
+    fclose(f);
+    return n;
+}
+
+/* A field of /proc/self/status in kB ("VmRSS"), -1 if absent. */
+static long status_kb(const char *field)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    assert_non_null(f);
+    char line[256];
+    long v = -1;
+    size_t n = strlen(field);
+    while (fgets(line, sizeof(line), f))
+        if (strncmp(line, field, n) == 0 && line[n] == ':')
+            v = atol(line + n + 1);
+    fclose(f);
+    return v;
+}
+
+/* Runs first, before anything loads OpenCL here: the automatic probe (selection and the backend
+ * listing of `stoke devices`) must not map the ICD loader or PoCL (and its LLVM) into this
+ * process when there are only CPU devices, which it does not use; choosing opencl explicitly
+ * afterwards loads it and works. */
+static void test_automatic_probe_loads_nothing(void **state)
+{
+    tu_env("STOKE_OPENCL_LIBRARY", NULL);
+    tu_env("STOKE_PLUGIN_PATH", NULL);
+    tu_env("STOKE_ACCELERATOR", NULL);
+    if (maps_count("libOpenCL") || maps_count("libpocl"))
+        fail_msg("OpenCL is mapped before the first probe: this test must run first");
+    long rss0 = status_kb("VmRSS");
+    stoke_accelerator_info ai;
+    int rc = stoke_accelerator_get(&ai);
+    if (rc == STOKE_OK && strcmp(ai.backend, "opencl") == 0)
+        tu_skip("this machine has a GPU/accelerator OpenCL device (used, so loaded)");
+    stoke_backend_info bi = {0};
+    int found = 0;
+    for (int i = 0; i < stoke_backend_count() && !found; i++) {
+        assert_int_equal(stoke_backend_get_info(i, &bi), STOKE_OK);
+        found = strcmp(bi.name, "opencl") == 0;
+    }
+    assert_true(found);
+    if (bi.available)
+        tu_skip("this machine has a GPU/accelerator OpenCL device: %s", bi.reason);
+    int nreported = 0;
+    if (sscanf(bi.reason, "only CPU devices (%d: ", &nreported) != 1) {
+        char why[512];
+        snprintf(why, sizeof(why), "no CPU OpenCL device (PoCL) here: %s", bi.reason);
+        skip_or_fail_in_ci(why);
+    }
+    assert_non_null(strstr(bi.reason, "STOKE_ACCELERATOR=opencl"));
+    long rss1 = status_kb("VmRSS");
+    int ocl = maps_count("libOpenCL"), pocl = maps_count("libpocl"), llvm = maps_count("libLLVM");
+    print_message("after the automatic probe: VmRSS %ld -> %ld kB; maps: libOpenCL %d, "
+                  "libpocl %d, libLLVM %d\n", rss0, rss1, ocl, pocl, llvm);
+    assert_int_equal(ocl, 0);
+    assert_int_equal(pocl, 0);
+    assert_int_equal(llvm, 0);
+
+    /* Chosen explicitly now (no reset in between): loaded here, with the devices reported. */
+    assert_int_equal(stoke_accelerator_select("opencl"), STOKE_OK);
+    assert_int_equal(stoke_accelerator_get(&ai), STOKE_OK);
+    assert_string_equal(ai.backend, "opencl");
+    assert_int_equal(ai.device_count, nreported);
+    void *p = NULL;
+    assert_int_equal(stoke_pinned_alloc(64 * 1024, &p), STOKE_OK);
+    assert_int_equal(stoke_is_pinned(p), 1);
+    memset(p, 0x5a, 64 * 1024);
+    assert_int_equal(stoke_pinned_free(p), STOKE_OK);
+    assert_true(maps_count("libOpenCL") > 0);
+    print_message("after choosing opencl explicitly: VmRSS %ld kB; maps: libpocl %d\n",
+                  status_kb("VmRSS"), maps_count("libpocl"));
+    assert_int_equal(stoke_accelerator_select(NULL), STOKE_ENODEV); /* CPU-only: none */
+}
+
 /* ---- selection ---------------------------------------------------------------------------- */
 
 static void test_automatic_selection_ignores_cpu_devices(void **state)
@@ -528,6 +614,7 @@ int main(void)
     /* Two PoCL CPU devices (before anything loads PoCL); a user's own setting wins. */
     setenv("POCL_DEVICES", "pthread pthread", 0);
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_automatic_probe_loads_nothing, teardown), /* first */
         cmocka_unit_test_teardown(test_probe_creates_no_context, teardown),
         cmocka_unit_test_teardown(test_automatic_selection_ignores_cpu_devices, teardown),
         cmocka_unit_test_teardown(test_explicit_selection_exposes_cpu_devices, teardown),

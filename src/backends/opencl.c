@@ -1,7 +1,13 @@
 /* The opencl backend: any OpenCL 1.2+ platform through the ICD loader, loaded at run time.
  *
- * - libOpenCL.so.1 (or STOKE_OPENCL_LIBRARY) is dlopen'ed on the first probe; no OpenCL headers
- *   or libraries are needed to build (opencl_api.h).
+ * - libOpenCL.so.1 (or STOKE_OPENCL_LIBRARY) is dlopen'ed at run time; no OpenCL headers or
+ *   libraries are needed to build (opencl_api.h).
+ * - An automatic probe (flags 0) with nothing loaded yet looks from a short-lived forked child
+ *   first: loading the ICD loader loads every vendor driver (PoCL brings LLVM, 35-60 MiB, and
+ *   threads), and neither can be unloaded again.  Only when the child finds a GPU/accelerator
+ *   device, or on an explicit probe, is the library loaded into this process.  A child that
+ *   exits without answering (or no fork) is logged and the probe runs here; one that hangs for
+ *   30 s or dies of a signal makes the backend unavailable with that reason.
  * - Devices of every platform are enumerated once.  They are indexed GPU/accelerator devices
  *   first, then CPU devices: automatic selection (probe flags 0) exposes only the former, an
  *   explicit choice (STOKE_PROBE_EXPLICIT, e.g. STOKE_ACCELERATOR=opencl) exposes all, so an
@@ -16,19 +22,24 @@
  *   calls, each with an event; the events of the copies since the last record move into the
  *   recorded event (with a marker), so a failed copy is reported by the event after it.
  *
- * Locking: `g.lock` serialises loading, enumeration, context creation and shutdown.  After a
- * successful probe `g.api` and `g.devs` (except the lazily published context) are immutable
- * until shutdown; contexts are published with release/acquire atomics.  OpenCL API calls are
- * thread-safe, so the utility queues are shared.  A stream belongs to one thread at a time
- * (device.h); an event has a mutex because the thread that records it and the one that queries
- * it may differ. */
+ * Locking: `g.lock` serialises loading, enumeration (held while a probing child runs), context
+ * creation and shutdown.  After a successful probe `g.api` and `g.devs` (except the lazily
+ * published context) are immutable until shutdown; contexts are published with release/acquire
+ * atomics.  OpenCL API calls are thread-safe, so the utility queues are shared.  A stream
+ * belongs to one thread at a time (device.h); an event has a mutex because the thread that
+ * records it and the one that queries it may differ. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "backends/builtin.h"
@@ -41,6 +52,20 @@
 #define OCL_MAX_PLATFORMS 16
 #define OCL_DEFAULT_LIBRARY "libOpenCL.so.1"
 #define OCL_PENDING_TRIM 64 /* a stream checks its copy events once this many are pending */
+#define OCL_CHILD_TIMEOUT_MS 30000 /* a probing child that has not answered by then is killed */
+#define OCL_CHILD_MAGIC 0x6f636c70u
+
+/* ThreadSanitizer kills a child that starts threads (PoCL does) after a multi-threaded fork. */
+#if defined(__SANITIZE_THREAD__)
+#define OCL_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define OCL_TSAN 1
+#endif
+#endif
+#ifndef OCL_TSAN
+#define OCL_TSAN 0
+#endif
 
 enum { RANGE_ALLOC = 0, RANGE_REGISTERED = 1 };
 
@@ -78,7 +103,20 @@ static struct {
     int nfast;            /* of which GPU/accelerator */
     atomic_int nexposed;  /* ndev after an explicit probe, nfast after an automatic one */
     ocl_dev devs[OCL_MAX_DEVICES];
+    int in_child;         /* in the probing child: notes collect what would be logged */
+    char notes[512];
 } g = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* What a probing child found (written whole to a pipe). */
+typedef struct child_answer {
+    uint32_t magic;
+    int rc;    /* of loading and enumerating */
+    int ndev;  /* usable devices */
+    int nfast; /* of which GPU/accelerator */
+    char reason[256];
+    char first[128]; /* name of device 0 */
+    char notes[512]; /* log lines (info), '\n'-separated */
+} child_answer;
 
 static stoke__hostranges g_ranges = STOKE__HOSTRANGES_INIT;
 
@@ -201,8 +239,15 @@ static void add_device_locked(cl_platform_id p, cl_device_id id, ocl_dev *tmp, i
     int major, minor;
     parse_cl_version(ver, &major, &minor);
     if (major < 1 || (major == 1 && minor < 2)) {
-        stoke__log(STOKE_LOG_INFO, "opencl: skipping device '%s': %s (stoke needs OpenCL 1.2)",
-                   d.name, ver[0] ? ver : "unknown version");
+        char note[256];
+        stoke__fmt(note, sizeof(note), "opencl: skipping device '%s': %s (stoke needs OpenCL "
+                   "1.2)", d.name, ver[0] ? ver : "unknown version");
+        if (!g.in_child) {
+            stoke__log(STOKE_LOG_INFO, "%s", note);
+        } else {
+            size_t used = strlen(g.notes);
+            stoke__fmt(g.notes + used, sizeof(g.notes) - used, "%s\n", note);
+        }
         return;
     }
     d.kind = (type & CL_DEVICE_TYPE_GPU)                                    ? STOKE_DEVICE_GPU
@@ -257,12 +302,204 @@ static int enumerate_locked(char *reason, size_t reason_len)
     return STOKE_OK;
 }
 
+/* ---- probing from a child ----------------------------------------------------------------- */
+
+/* The child's side: load, enumerate, answer, exit.  It calls nothing that could wait for a lock
+ * another parent thread held at fork time (no logging: a log callback may take the caller's
+ * locks, e.g. Python's GIL) and exits without running atexit handlers or flushing stdio. */
+_Noreturn static void child_probe(int fd)
+{
+    child_answer a;
+    memset(&a, 0, sizeof(a));
+    a.magic = OCL_CHILD_MAGIC;
+    g.in_child = 1;
+    g.notes[0] = '\0';
+    a.rc = load_api_locked(a.reason, sizeof(a.reason));
+    if (a.rc == STOKE_OK)
+        a.rc = enumerate_locked(a.reason, sizeof(a.reason));
+    if (a.rc == STOKE_OK) {
+        a.ndev = g.ndev;
+        a.nfast = g.nfast;
+        if (g.ndev > 0)
+            stoke__strlcpy(a.first, g.devs[0].name, sizeof(a.first));
+    }
+    stoke__strlcpy(a.notes, g.notes, sizeof(a.notes));
+    const char *p = (const char *)&a;
+    size_t left = sizeof(a);
+    while (left > 0) {
+        ssize_t w = write(fd, p, left);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            break;
+        p += w;
+        left -= (size_t)w;
+    }
+    _exit(0);
+}
+
+/* Reads the child's answer within OCL_CHILD_TIMEOUT_MS; returns the bytes read, *late = 1 when
+ * the time ran out first. */
+static size_t read_answer(int fd, child_answer *a, int *late)
+{
+    size_t got = 0;
+    *late = 0;
+    uint64_t deadline = stoke__now_ns() + (uint64_t)OCL_CHILD_TIMEOUT_MS * 1000000u;
+    while (got < sizeof(*a)) {
+        uint64_t now = stoke__now_ns();
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        int pr = now < deadline ? poll(&pfd, 1, (int)((deadline - now) / 1000000u) + 1) : 0;
+        if (pr < 0 && errno == EINTR)
+            continue;
+        if (pr == 0)
+            *late = 1;
+        if (pr <= 0)
+            break;
+        ssize_t r = read(fd, (char *)a + got, sizeof(*a) - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break; /* EOF: the child died before answering in full */
+        got += (size_t)r;
+    }
+    return got;
+}
+
+/* Loads and enumerates in a forked child and returns what it found in *a: STOKE_OK when it
+ * answered; STOKE_ETIMEDOUT when it did not within OCL_CHILD_TIMEOUT_MS or died of a signal (a
+ * driver that hangs or crashes while probing: it would do so here too); else STOKE_EBACKEND (it
+ * exited without answering, e.g. ThreadSanitizer refuses threads after a multi-threaded fork).
+ * `why` says what went wrong.  Under g.lock. */
+static int probe_in_child(child_answer *a, char *why, size_t why_len)
+{
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0) {
+        stoke__fmt(why, why_len, "pipe: %s", strerror(errno));
+        return STOKE_EBACKEND;
+    }
+    pid_t pid = fork();
+    if (pid < 0) {
+        stoke__fmt(why, why_len, "fork: %s", strerror(errno));
+        close(fds[0]);
+        close(fds[1]);
+        return STOKE_EBACKEND;
+    }
+    if (pid == 0) {
+        close(fds[0]);
+        child_probe(fds[1]);
+    }
+    close(fds[1]);
+    memset(a, 0, sizeof(*a));
+    int late = 0;
+    size_t got = read_answer(fds[0], a, &late);
+    close(fds[0]);
+    if (got < sizeof(*a))
+        kill(pid, SIGKILL); /* late or broken: it must not linger */
+    int st = 0;
+    pid_t w;
+    do
+        w = waitpid(pid, &st, 0);
+    while (w < 0 && errno == EINTR);
+    /* w < 0 (ECHILD): SIGCHLD is ignored, the child was reaped for us; the answer decides. */
+    if (got == sizeof(*a) && a->magic == OCL_CHILD_MAGIC) {
+        a->reason[sizeof(a->reason) - 1] = a->first[sizeof(a->first) - 1] = '\0';
+        a->notes[sizeof(a->notes) - 1] = '\0';
+        return STOKE_OK;
+    }
+    if (late) {
+        stoke__fmt(why, why_len, "the OpenCL driver did not finish probing within %d s (in a "
+                   "child process, killed)", OCL_CHILD_TIMEOUT_MS / 1000);
+        return STOKE_ETIMEDOUT;
+    }
+    if (got < sizeof(*a) && w == pid && WIFSIGNALED(st)) {
+        stoke__fmt(why, why_len, "the OpenCL driver crashed while probing (signal %d in a child "
+                   "process)", WTERMSIG(st));
+        return STOKE_ETIMEDOUT;
+    }
+    if (got < sizeof(*a) && w == pid && WIFEXITED(st))
+        stoke__fmt(why, why_len, "the probing child exited with status %d without answering",
+                   WEXITSTATUS(st));
+    else
+        stoke__strlcpy(why, "the probing child's answer is short or malformed", why_len);
+    return STOKE_EBACKEND;
+}
+
+/* The process's thread count (/proc/self/status), 0 if unknown. */
+static int thread_count(void)
+{
+    FILE *f = fopen("/proc/self/status", "re");
+    if (!f)
+        return 0;
+    char line[128];
+    int n = 0;
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "Threads: %d", &n) == 1)
+            break;
+    fclose(f);
+    return n;
+}
+
+/* The reason an automatic probe gives when there are only CPU devices. */
+static void only_cpu_reason(char *reason, size_t reason_len, int ndev, const char *first)
+{
+    stoke__fmt(reason, reason_len, "only CPU devices (%d: %s) (select explicitly with "
+               "STOKE_ACCELERATOR=opencl)", ndev, first);
+}
+
+/* An automatic probe with nothing loaded: asks a child.  1 when its answer settles the probe
+ * (*rc and `reason` set: nothing to use here, so nothing is loaded), 0 when the library must be
+ * loaded here (a GPU/accelerator device exists, or the child failed). */
+static int settled_by_child(int *rc, char *reason, size_t reason_len)
+{
+    if (OCL_TSAN && thread_count() != 1) {
+        stoke__log(STOKE_LOG_DEBUG, "opencl: probing in this process: under ThreadSanitizer, a "
+                   "child forked from a multi-threaded process cannot start threads");
+        return 0;
+    }
+    child_answer a;
+    char why[192] = "";
+    int crc = probe_in_child(&a, why, sizeof(why));
+    if (crc == STOKE_ETIMEDOUT) {
+        *rc = STOKE_ENODEV;
+        stoke__fmt(reason, reason_len, "%s; STOKE_ACCELERATOR=opencl probes in this process", why);
+        return 1;
+    }
+    if (crc != STOKE_OK) {
+        stoke__log(STOKE_LOG_DEBUG, "opencl: probing in this process instead: %s", why);
+        return 0;
+    }
+    for (char *line = a.notes, *nl; *line; line = nl + 1) {
+        nl = strchr(line, '\n');
+        if (!nl)
+            break;
+        *nl = '\0';
+        stoke__log(STOKE_LOG_INFO, "%s", line);
+    }
+    if (a.rc == STOKE_OK && a.nfast > 0)
+        return 0;
+    if (a.rc != STOKE_OK) {
+        *rc = a.rc;
+        stoke__strlcpy(reason, a.reason, reason_len);
+    } else if (a.ndev == 0) {
+        *rc = STOKE_ENODEV;
+        stoke__strlcpy(reason, "no device: the OpenCL platforms expose no OpenCL 1.2 device",
+                       reason_len);
+    } else {
+        *rc = STOKE_ENODEV;
+        only_cpu_reason(reason, reason_len, a.ndev, a.first);
+    }
+    stoke__log(STOKE_LOG_DEBUG, "opencl: probed in a child, nothing loaded here: %s", reason);
+    return 1;
+}
+
 static int opencl_probe(uint32_t flags, char *reason, size_t reason_len)
 {
     int explicit_ = (flags & STOKE_PROBE_EXPLICIT) != 0;
     pthread_mutex_lock(&g.lock);
     int rc = STOKE_OK;
     if (!g.enumerated) {
+        if (!explicit_ && !g.dl && settled_by_child(&rc, reason, reason_len))
+            goto done;
         rc = load_api_locked(reason, reason_len);
         if (rc == STOKE_OK)
             rc = enumerate_locked(reason, reason_len);
@@ -276,8 +513,7 @@ static int opencl_probe(uint32_t flags, char *reason, size_t reason_len)
         goto done;
     }
     if (!explicit_ && g.nfast == 0) {
-        stoke__fmt(reason, reason_len, "only CPU devices (%d: %s) (select explicitly with "
-                   "STOKE_ACCELERATOR=opencl)", g.ndev, g.devs[0].name);
+        only_cpu_reason(reason, reason_len, g.ndev, g.devs[0].name);
         rc = STOKE_ENODEV;
         goto done;
     }
