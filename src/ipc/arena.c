@@ -385,9 +385,9 @@ static int take_open_lock(const char *name, int *out)
             if (w.known)
                 who_str(&w, who, sizeof(who));
             return stoke__fail(STOKE_ETIMEDOUT,
-                               "stoke_arena_open: arena '%s': another process (%s) has been "
-                               "opening it for more than %d s",
-                               name, who, AR_OPEN_S);
+                               "stoke_arena_open: arena '%s': another process has been opening "
+                               "it for more than %d s (its opening lock is held by %s)",
+                               name, AR_OPEN_S, who);
         }
         struct timespec ts = {.tv_nsec = 2000000};
         nanosleep(&ts, NULL);
@@ -602,10 +602,7 @@ static int attach_arena(stoke_arena *a, int fd, const ar_hello *hello, size_t si
                            (unsigned long long)hello->map_len);
     if ((rc = map_fd(a, (size_t)st.st_size)) != STOKE_OK)
         return rc;
-    if ((rc = stoke__arena_check_header(a, (int)hello->pid)) != STOKE_OK)
-        return rc;
-    stoke__arena_views(a);
-    return STOKE_OK;
+    return stoke__arena_check_header(a, (int)hello->pid);
 }
 
 /* Binds the first free slot name and listens on it. */

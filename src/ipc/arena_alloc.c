@@ -50,14 +50,14 @@ int stoke__arena_layout(uint64_t requested, uint64_t *chunk, uint64_t *nchunks, 
     return STOKE_OK;
 }
 
-void stoke__arena_views(stoke_arena *a)
+/* Points a->owner, a->run, a->data into the mapping for this layout, and keeps the layout. */
+static void set_views(stoke_arena *a, uint64_t chunk, uint64_t nchunks, uint64_t data_off)
 {
-    ar_hdr *h = a->h;
-    a->chunk = h->chunk;
-    a->nchunks = h->nchunks;
-    a->owner = (uint8_t *)(h + 1);
-    a->run = (uint32_t *)(a->base + round_up(sizeof(ar_hdr) + a->nchunks, sizeof(uint32_t)));
-    a->data = a->base + h->data_off;
+    a->chunk = chunk;
+    a->nchunks = nchunks;
+    a->owner = (uint8_t *)(a->h + 1);
+    a->run = (uint32_t *)(a->base + round_up(sizeof(ar_hdr) + nchunks, sizeof(uint32_t)));
+    a->data = a->base + data_off;
 }
 
 int stoke__arena_check_header(stoke_arena *a, int pid)
@@ -78,18 +78,19 @@ int stoke__arena_check_header(stoke_arena *a, int pid)
         bad = "its chunk size, chunk count or data offset do not match its size";
     else if (h->map_len != map_len || map_len != a->map_len)
         bad = "its length is not the size of the shared memory";
-    if (bad) {
-        stoke__clear_error(); /* stoke__arena_layout's message is not the story */
-        return stoke__fail(STOKE_EINVAL,
-                           "stoke_arena_open: arena '%s': process %d sent a header that is not "
-                           "a valid stoke arena: %s (%llu requested bytes, chunk %llu x %llu, "
-                           "data at %llu, %llu bytes recorded, %zu shared); refused",
-                           a->name, pid, bad, (unsigned long long)h->requested,
-                           (unsigned long long)h->chunk, (unsigned long long)h->nchunks,
-                           (unsigned long long)h->data_off, (unsigned long long)h->map_len,
-                           a->map_len);
+    if (!bad) {
+        /* the layout computed here, not the shared header read again: it may change meanwhile */
+        set_views(a, chunk, nchunks, data_off);
+        return STOKE_OK;
     }
-    return STOKE_OK;
+    stoke__clear_error(); /* stoke__arena_layout's message is not the story */
+    return stoke__fail(STOKE_EINVAL,
+                       "stoke_arena_open: arena '%s': process %d sent a header that is not a "
+                       "valid stoke arena: %s (%llu requested bytes, chunk %llu x %llu, data at "
+                       "%llu, %llu bytes recorded, %zu shared); refused",
+                       a->name, pid, bad, (unsigned long long)h->requested,
+                       (unsigned long long)h->chunk, (unsigned long long)h->nchunks,
+                       (unsigned long long)h->data_off, (unsigned long long)h->map_len, a->map_len);
 }
 
 int stoke__arena_init_header(stoke_arena *a, uint64_t requested, uint64_t chunk, uint64_t nchunks,
@@ -118,7 +119,7 @@ int stoke__arena_init_header(stoke_arena *a, uint64_t requested, uint64_t chunk,
     if (e)
         return stoke__fail(STOKE_EIO, "arena '%s': cannot make its process-shared lock: %s",
                            a->name, strerror(e));
-    stoke__arena_views(a);
+    set_views(a, chunk, nchunks, data_off);
     h->magic = AR_MAGIC;
     return STOKE_OK;
 }

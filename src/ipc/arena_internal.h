@@ -114,16 +114,14 @@ int stoke__arena_allocation(stoke_arena *a, const void *ptr, size_t *len);
  * STOKE_OK or STOKE_ENOMEM (too large). */
 int stoke__arena_layout(uint64_t requested, uint64_t *chunk, uint64_t *nchunks, uint64_t *data_off,
                         uint64_t *map_len);
-/* Initialises the header of a fresh mapping (the shared lock included). */
+/* Initialises the header of a fresh mapping (the shared lock included) and the views into
+ * it, as stoke__arena_check_header does. */
 int stoke__arena_init_header(stoke_arena *a, uint64_t requested, uint64_t chunk, uint64_t nchunks,
                              uint64_t data_off);
-/* Points a->owner, a->run, a->data into the mapping and copies the layout (a->chunk,
- * a->nchunks) after the header was checked: later changes to the shared header cannot move
- * them. */
-void stoke__arena_views(stoke_arena *a);
 /* STOKE_OK when the header at a->base describes exactly the layout stoke__arena_layout gives
- * for its `requested` size, in a->map_len bytes; else STOKE_EINVAL naming `pid` (the process
- * that sent the memory). */
+ * for its `requested` size, in a->map_len bytes: then a->owner, a->run, a->data, a->chunk and
+ * a->nchunks are set from that layout (later changes to the shared header cannot move them).
+ * Else STOKE_EINVAL naming `pid` (the process that sent the memory). */
 int stoke__arena_check_header(stoke_arena *a, int pid);
 /* Takes slot a->slot in the header (its name is bound by the caller): reclaims what a
  * previous holder of the slot left, records the pid.  STOKE_OK or a lock error. */
