@@ -1,13 +1,21 @@
 /* `stoke load` errors and reporting: one JSON object on stdout for every error with --json
  * (start-up, usage and mid-run), strict number parsing, one SOURCE, buffers sized by the
  * dataset, pinned_for, the cpu pin warning, a failed device copy naming its batch with
- * consistent counters, and the documented content_hash pass. */
+ * consistent counters, and the documented content_hash pass: the hash of exactly the delivered
+ * samples also when a sample failed (deterministically, or in one pass only), or null with the
+ * reason. */
 #include "testutil.h"
 
+#include <dirent.h>
 #include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "stoke/stoke.h"
@@ -609,6 +617,238 @@ static void test_npy_io_modes(void **state)
         tu_skip("io=uring is not available here: %s", stoke_last_error());
 }
 
+/* ---- content_hash when a sample fails: exactly the delivered samples, or null ------------- */
+
+/* Appends a ustar member `name` holding data[0..n) to f. */
+static void tar_member(FILE *f, const char *name, const unsigned char *data, size_t n)
+{
+    unsigned char h[512] = {0};
+    snprintf((char *)h, 100, "%s", name);
+    memcpy(h + 100, "0000644", 8);
+    memcpy(h + 108, "0000000", 8);
+    memcpy(h + 116, "0000000", 8);
+    snprintf((char *)h + 124, 12, "%011o", (unsigned)n);
+    memcpy(h + 136, "00000000000", 12);
+    h[156] = '0';
+    memcpy(h + 257, "ustar", 6);
+    memcpy(h + 263, "00", 2);
+    memset(h + 148, ' ', 8);
+    unsigned sum = 0;
+    for (size_t i = 0; i < sizeof(h); i++)
+        sum += h[i];
+    snprintf((char *)h + 148, 8, "%06o", sum);
+    static const unsigned char zero[512];
+    assert_int_equal(fwrite(h, 1, sizeof(h), f), sizeof(h));
+    assert_int_equal(fwrite(data, 1, n, f), n);
+    assert_int_equal(fwrite(zero, 1, (512 - n % 512) % 512, f), (512 - n % 512) % 512);
+}
+
+static uint64_t fnv_bytes(const unsigned char *p, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t k = 0; k < n; k++)
+        h = fnv_step(h, p[k]);
+    return h;
+}
+
+/* A deterministic bad sample, skipped in both passes: a tar shard of 8 samples "sK.bin" of 16
+ * bytes, sample 3's member 15 bytes (a raw member of another size is that sample's error).
+ * content_hash is the hash of the 7 delivered samples; with --epochs 2 --limit 6 (batches of
+ * 2: epoch 0 whole, epoch 1 batches 0 and 1 = samples 0, 1, 2), of those 10. */
+static void test_content_hash_bad_sample(void **state)
+{
+    char path[512];
+    tu_tmp_path("cli-bad.tar", path, sizeof(path));
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    uint64_t h[8], all = 0;
+    for (int k = 0; k < 8; k++) {
+        unsigned char d[16];
+        for (int j = 0; j < 16; j++)
+            d[j] = (unsigned char)(k * 16 + j);
+        char name[32];
+        snprintf(name, sizeof(name), "s%d.bin", k);
+        size_t n = k == 3 ? 15 : 16;
+        tar_member(f, name, d, n);
+        h[k] = fnv_bytes(d, 16);
+        all += k == 3 ? 0 : h[k];
+    }
+    static const unsigned char end[1024];
+    assert_int_equal(fwrite(end, 1, sizeof(end), f), sizeof(end));
+    assert_int_equal(fclose(f), 0);
+    char spec[600];
+    snprintf(spec, sizeof(spec), "tar:%s", path);
+    const char *env[] = {"STOKE_PLUGIN_PATH=", "STOKE_ACCELERATOR=cpu", NULL};
+    const char *args[] = {spec, "--batch-size", "4", "--on-error=skip", "--json", NULL};
+    assert_int_equal(load(env, args), 0);
+    expect_val(out, "samples", "7");
+    expect_val(out, "bad_samples", "1");
+    expect_val(out, "content_hash_reason", "null");
+    assert_int_equal(hex_val(out, "content_hash"), all);
+    const char *cut[] = {spec, "--batch-size",    "2",      "--epochs", "2", "--limit",
+                         "6",  "--on-error=skip", "--json", NULL};
+    assert_int_equal(load(env, cut), 0);
+    expect_val(out, "samples", "10");
+    assert_int_equal(hex_val(out, "content_hash"), all + h[0] + h[1] + h[2]);
+    /* text: a null hash says why */
+    const char *text[] = {spec, "--on-error=skip", "--no-hash", NULL};
+    assert_int_equal(load(env, text), 0);
+    assert_non_null(strstr(out, ", content_hash none (--no-hash), order_hash "));
+    unlink(path);
+}
+
+/* The parent process id of pid, or -1. */
+static pid_t ppid_of(pid_t pid)
+{
+    char p[64], buf[512];
+    snprintf(p, sizeof(p), "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(p, "r");
+    if (!f)
+        return -1;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *q = strrchr(buf, ')'); /* after the command name, which may hold anything */
+    int ppid;
+    return q && sscanf(q + 1, " %*c %d", &ppid) == 1 ? (pid_t)ppid : -1;
+}
+
+/* A worker process of the `stoke load` this process runs (stoke -> zygote -> worker), or -1. */
+static pid_t find_worker(void)
+{
+    DIR *d = opendir("/proc");
+    pid_t found = -1;
+    struct dirent *e;
+    while (d && found < 0 && (e = readdir(d)) != NULL) {
+        pid_t p = (pid_t)atoi(e->d_name), z, c;
+        if (p > 0 && (z = ppid_of(p)) > 1 && (c = ppid_of(z)) > 1 && ppid_of(c) == getpid())
+            found = p;
+    }
+    if (d)
+        closedir(d);
+    return found;
+}
+
+/* 1 if pid is in nanosleep (synthetic's delay=), from /proc/PID/syscall. */
+static int in_sleep(pid_t pid)
+{
+    char p[64];
+    long nr = -1;
+    snprintf(p, sizeof(p), "/proc/%d/syscall", (int)pid);
+    FILE *f = fopen(p, "r");
+    if (!f)
+        return 0;
+    if (fscanf(f, "%ld", &nr) != 1)
+        nr = -1;
+    fclose(f);
+#ifdef SYS_nanosleep
+    if (nr == SYS_nanosleep)
+        return 1;
+#endif
+    return nr == SYS_clock_nanosleep;
+}
+
+static void msleep(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0)
+        ;
+}
+
+#define KILL_DELAY_MS 1000
+typedef struct killer_arg {
+    int pass;          /* 1: kill the worker in sample 0 of the timed pass, 2: of the hash pass */
+    atomic_int stop;   /* the run is over */
+    atomic_int killed; /* 1: it killed the worker inside sample 0 */
+} killer_arg;
+
+/* Sample 0 takes KILL_DELAY_MS (a nanosleep) in each pass, one right after the other: the
+ * first sleep seen is the timed pass's; 1.5 delays later the worker is in the hash pass's. */
+static void *killer(void *p)
+{
+    killer_arg *k = p;
+    for (int i = 0; i < 30000 && !atomic_load(&k->stop); i++) {
+        pid_t w = find_worker();
+        if (w > 0 && in_sleep(w)) {
+            if (k->pass == 2)
+                msleep(KILL_DELAY_MS * 3 / 2);
+            if (in_sleep(w) && kill(w, SIGKILL) == 0)
+                atomic_store(&k->killed, 1);
+            return NULL;
+        }
+        msleep(2);
+    }
+    return NULL;
+}
+
+/* Runs `stoke load` over 16 samples with one worker process, killing it while it loads sample
+ * 0 in pass 1 (timed) or 2 (hash).  1 when the kill landed in that sample of that pass (the
+ * timed pass's bad_samples says which: a killer thread late by a whole delay is a miss). */
+static int load_killing(int pass)
+{
+    const char *env[] = {"STOKE_PLUGIN_PATH=", "STOKE_ACCELERATOR=cpu", NULL};
+    char spec[128];
+    snprintf(spec, sizeof(spec), "synthetic:16,shape=%d,seed=7,delay=0:%d", CH_BYTES,
+             KILL_DELAY_MS * 1000);
+    const char *args[] = {spec,
+                          "--batch-size",
+                          "1",
+                          "--workers",
+                          "1",
+                          "--worker-mode=processes",
+                          "--on-error=skip",
+                          "--no-pin-memory",
+                          "--json",
+                          NULL};
+    killer_arg k = {.pass = pass};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, killer, &k), 0);
+    int st = load(env, args);
+    atomic_store(&k.stop, 1);
+    pthread_join(th, NULL);
+    if (st != 0)
+        fail_msg("exit %d; stdout %s; stderr %s", st, out, err);
+    const char *bad = jv(out, "bad_samples");
+    return atomic_load(&k.killed) && bad && strcmp(bad, pass == 1 ? "1" : "0") == 0;
+}
+
+/* A sample that failed in one pass only (its worker process killed): killed in the timed pass,
+ * 15 of 16 delivered, content_hash is the hash of those 15 (it was the clean 16-sample hash);
+ * killed in the hash pass, content_hash is null and content_hash_reason names the sample. */
+static void test_content_hash_one_pass_failure(void **state)
+{
+    uint64_t all = 0;
+    for (uint64_t i = 0; i < 16; i++)
+        all += sample_hash(i);
+    int tries = 0;
+    while (tries++ < 3 && !load_killing(1))
+        ;
+    if (tries > 3)
+        tu_skip("could not kill the worker inside sample 0 (is /proc/PID/syscall readable?)");
+    expect_val(out, "samples", "15");
+    expect_val(out, "bad_samples", "1");
+    expect_val(out, "content_hash_from", "\"host_second_pass\"");
+    expect_val(out, "content_hash_reason", "null");
+    if (hex_val(out, "content_hash") != all - sample_hash(0))
+        fail_msg("content_hash is not the hash of samples 1..15 (the clean hash: %s): %s",
+                 hex_val(out, "content_hash") == all ? "yes" : "no", out);
+
+    tries = 0;
+    while (tries++ < 3 && !load_killing(2))
+        ;
+    if (tries > 3)
+        tu_skip("could not kill the worker inside sample 0 of the hash pass");
+    expect_val(out, "samples", "16");
+    expect_val(out, "bad_samples", "0");
+    expect_val(out, "content_hash", "null");
+    expect_val(out, "content_hash_from", "null");
+    const char *why = jv(out, "content_hash_reason");
+    if (!why || !strstr(why, "sample 0 of epoch 0 failed in the hash pass only (") ||
+        !strstr(why, "killed by SIGKILL"))
+        fail_msg("content_hash_reason: %s", why ? why : "(absent)");
+    assert_non_null(strstr(err, "stoke load: content_hash: none: sample 0 of epoch 0 failed"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -618,6 +858,8 @@ int main(void)
         cmocka_unit_test(test_device_copy_failure),
         cmocka_unit_test(test_content_hash_out_of_order_limit),
         cmocka_unit_test(test_content_hash_epochs_and_limit),
+        cmocka_unit_test(test_content_hash_bad_sample),
+        cmocka_unit_test(test_content_hash_one_pass_failure),
         cmocka_unit_test(test_create_failure_message),
         cmocka_unit_test(test_shuffle_block),
         cmocka_unit_test(test_npy_io_modes),

@@ -10,16 +10,21 @@
  * --verify the content_hash of the bytes read back from the device.  For host batches
  * content_hash is computed afterwards in an untimed hash pass, so that hashing never runs
  * beside the workers being measured: it runs each epoch the timed pass reached again on the
- * same loader and hashes exactly the samples the timed pass delivered.  Every epoch the timed
- * pass finished was delivered whole, so the hash pass hashes it whole; of an epoch cut short by
- * --limit (which batches arrived first depends on timing with --out-of-order) the timed pass
- * keeps the delivered indices, and the hash pass hashes those samples only, each once per
- * delivery.  With --device alone content_hash is not computed (null).
+ * same loader and hashes exactly the samples the timed pass delivered.  Of every epoch the timed
+ * pass finished, the hash pass hashes what it delivers less the samples the timed pass skipped
+ * as bad (its quarantine); of an epoch cut short by --limit (which batches arrived first depends
+ * on timing with --out-of-order) the timed pass keeps the delivered indices, and the hash pass
+ * hashes those samples only, each once per delivery.  When the passes' samples differ in a way
+ * that cannot be undone (a sample that failed in the hash pass only, or was replaced in the
+ * timed pass only; counts or index sums that differ) content_hash is null with
+ * content_hash_reason, never the hash of other samples (check_passes).  With --device alone
+ * content_hash is not computed (null).
  *
  * Errors: a message on stderr and, with --json, one {"ok": false, "error": ...} object on
  * stdout (start-up errors) or the summary with "ok": false and "error" (errors once loading
  * started); the exit status is 2 for usage errors, 1 for others. */
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -167,7 +172,11 @@ static void usage(FILE *f)
             "Host batches: it is computed in a second, untimed pass after the timed one, which\n"
             "runs the epochs the timed pass reached again with the same loader and hashes the\n"
             "samples the timed pass delivered (of an epoch cut short by --limit, the delivered\n"
-            "indices are kept, 8 bytes each); JSON \"hash_pass_seconds\" is that pass's time.\n"
+            "indices are kept, 8 bytes each; a sample the timed pass skipped is left out);\n"
+            "JSON \"hash_pass_seconds\" is that pass's time.  When the hash pass cannot hash\n"
+            "exactly those samples (one failed in the hash pass only, or was replaced in the\n"
+            "timed pass only), content_hash is null and \"content_hash_reason\" says why\n"
+            "(text: \"content_hash none (REASON)\").\n"
             "--device --verify: computed inside the timed pass from the bytes read back from the\n"
             "device.  --device without\n"
             "--verify: not computed (null).  null too when the run failed or with --no-hash.\n"
@@ -327,6 +336,7 @@ static int parse_args(int argc, char **argv, load_args *a)
 typedef struct delivered {
     uint64_t epochs;
     int last_whole;
+    uint64_t whole_samples, whole_sum; /* samples and index sum before the last epoch reached */
     uint64_t *idx;
     size_t n, cap;
     int lost; /* out of memory keeping idx: content_hash is not computed */
@@ -347,6 +357,8 @@ typedef struct load_run {
     int staged_ok;      /* the npy source's block buffers after the timed pass: */
     uint64_t staged[3]; /* blocks read whole, of those with O_DIRECT, rows served */
     int status, hash_pass;
+    uint64_t hashed, hashed_sum; /* the hash pass, of whole epochs: samples hashed, index sum */
+    char hash_why[512];          /* not empty: content_hash is null, for this reason */
     char err[1024];
     stoke_loader_stats st;
 } load_run;
@@ -495,6 +507,8 @@ static void timed_pass(load_run *r)
         int rc = e ? stoke_loader_set_epoch(r->l, e) : STOKE_OK;
         r->seen.epochs = e + 1;
         r->seen.n = 0; /* the epochs before were delivered whole */
+        r->seen.whole_samples = r->samples;
+        r->seen.whole_sum = r->index_sum;
         while (rc == STOKE_OK && r->batches < r->total &&
                (rc = stoke_loader_next(r->l, &b)) == STOKE_OK) {
             rc = take_batch(r, b);
@@ -506,7 +520,8 @@ static void timed_pass(load_run *r)
                 progress(r, t);
             }
         }
-        r->seen.last_whole = rc == STOKE_EEND;
+        /* whole: it ended, or it delivered the run's last batch without a --limit */
+        r->seen.last_whole = rc == STOKE_EEND || (rc == STOKE_OK && r->total == r->full);
         if (rc != STOKE_OK && rc != STOKE_EEND)
             run_failed(r, rc);
     }
@@ -542,22 +557,26 @@ static int take_index(const uint64_t *want, unsigned char *taken, size_t n, uint
     return 0;
 }
 
-/* Adds to r->content the hashes of the batch's samples that are wanted (want NULL: all of
- * them).  Returns how many it hashed. */
-static size_t hash_wanted(load_run *r, const stoke_batch *b, const uint64_t *want,
-                          unsigned char *taken, size_t nwant)
+/* Adds to r->content the hashes of the batch's samples: with `want`, of those whose indices it
+ * takes from list[0..n) (each occurrence once); without, of all but those (the samples the timed
+ * pass skipped).  Adds the hashed samples' indices to *sum; returns how many it hashed. */
+static size_t hash_some(load_run *r, const stoke_batch *b, int want, const uint64_t *list,
+                        unsigned char *taken, size_t nlist, uint64_t *sum)
 {
     size_t n = stoke_batch_count(b), hit = 0, pending = 0;
     const uint64_t *idx = stoke_batch_indices(b), *off = stoke_batch_offsets(b);
     const unsigned char *data = stoke_batch_data(b, 0), *q[4];
-    if (!want) {
+    if (!want && !nlist) {
         r->content += hash_batch(data, off, n, r->sample_bytes);
+        for (size_t i = 0; i < n; i++)
+            *sum += idx[i];
         return n;
     }
     for (size_t i = 0; i < n; i++) {
-        if (!take_index(want, taken, nwant, idx[i]))
+        if (take_index(list, taken, nlist, idx[i]) != want)
             continue;
         hit++;
+        *sum += idx[i];
         if (off) {
             r->content += hash_batch(data, off + i, 1, 0);
             continue;
@@ -573,53 +592,203 @@ static size_t hash_wanted(load_run *r, const stoke_batch *b, const uint64_t *wan
     return hit;
 }
 
-/* Runs epoch e again and hashes the samples in want[0..n) (sorted here; each as often as it
- * is there), or, for want NULL, every sample of the epoch. */
-static void hash_epoch(load_run *r, uint64_t e, uint64_t *want, size_t n)
+/* content_hash cannot describe what the timed pass delivered: it is null, for the reason
+ * fmt..., which goes to stderr too.  The first reason is kept. */
+static void hash_unknown(load_run *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void hash_unknown(load_run *r, const char *fmt, ...)
+{
+    if (r->hash_why[0])
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->hash_why, sizeof(r->hash_why), fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "stoke load: content_hash: none: %s\n", r->hash_why);
+}
+
+/* Runs epoch e again.  want: hashes the samples in list[0..n) (sorted here; each as often as it
+ * is there), the delivered samples of an epoch cut short.  Otherwise (a whole epoch): hashes
+ * every sample the pass delivers less one occurrence of each index in list[0..n) (the samples
+ * the timed pass skipped), counting them in r->hashed and r->hashed_sum. */
+static void hash_epoch(load_run *r, uint64_t e, int want, uint64_t *list, size_t n)
 {
     unsigned char *taken = NULL;
-    if (want) {
-        qsort(want, n, sizeof(*want), cmp_u64);
-        if (!(taken = calloc(n ? n : 1, 1))) {
-            snprintf(r->err, sizeof(r->err), "out of memory for the content_hash pass");
-            fprintf(stderr, "stoke load: %s\n", r->err);
-            r->status = 1;
+    if (n) {
+        qsort(list, n, sizeof(*list), cmp_u64);
+        if (!(taken = calloc(n, 1))) {
+            hash_unknown(r, "out of memory for the hash pass");
             return;
         }
     }
     size_t left = n;
+    uint64_t sum = 0;
     stoke_batch *b;
     int rc = stoke_loader_set_epoch(r->l, e);
     while (rc == STOKE_OK && (!want || left) && (rc = stoke_loader_next(r->l, &b)) == STOKE_OK) {
-        left -= hash_wanted(r, b, want, taken, n);
+        size_t hit = hash_some(r, b, want, list, taken, n, &sum);
+        if (want)
+            left -= hit;
+        else
+            r->hashed += hit;
         stoke_batch_release(b);
     }
+    if (!want)
+        r->hashed_sum += sum;
     if (rc != STOKE_OK && rc != STOKE_EEND) {
-        run_failed(r, rc);
+        const char *msg = stoke_loader_last_error(r->l);
+        hash_unknown(r, "the hash pass failed in epoch %" PRIu64 ": %s", e,
+                     msg && *msg ? msg : stoke_strerror(rc));
     } else if (want && left) {
         size_t j = 0;
         while (taken[j])
             j++;
-        snprintf(r->err, sizeof(r->err),
-                 "content_hash: the hash pass did not deliver sample %" PRIu64 " of epoch %" PRIu64
-                 ", which the timed pass delivered (did the source change?)",
-                 want[j], e);
-        fprintf(stderr, "stoke load: %s\n", r->err);
-        r->status = 1;
+        hash_unknown(r,
+                     "the hash pass did not deliver sample %" PRIu64 " of epoch %" PRIu64
+                     ", which the timed pass delivered (a sample that failed in the hash pass "
+                     "only, or a source that changed)",
+                     list[j], e);
     }
     free(taken);
 }
 
-/* Pass 2, untimed: the content_hash of exactly the samples the timed pass delivered. */
-static void hash_pass(load_run *r)
+/* A quarantine entry, as the passes are compared: what was done to which sample. */
+typedef struct bad_key {
+    uint64_t epoch, index, replacement;
+    int action;
+    size_t pos; /* in the quarantine */
+} bad_key;
+
+static int cmp_bad(const bad_key *x, const bad_key *y)
+{
+    if (x->epoch != y->epoch)
+        return x->epoch < y->epoch ? -1 : 1;
+    if (x->index != y->index)
+        return x->index < y->index ? -1 : 1;
+    if (x->action != y->action)
+        return x->action < y->action ? -1 : 1;
+    return x->replacement < y->replacement ? -1 : x->replacement > y->replacement;
+}
+
+static int cmp_bad_q(const void *x, const void *y)
+{
+    return cmp_bad(x, y);
+}
+
+/* The quarantine entries [from, to) of epochs before `whole`, sorted, into *out (*n of them).
+ * Returns 0, or -1 out of memory. */
+static int read_bad(const load_run *r, uint64_t from, uint64_t to, uint64_t whole, bad_key **out,
+                    size_t *n)
+{
+    *out = NULL;
+    *n = 0;
+    if (to <= from)
+        return 0;
+    bad_key *k = malloc((size_t)(to - from) * sizeof(*k));
+    if (!k)
+        return -1;
+    for (uint64_t i = from; i < to; i++) {
+        stoke_bad_sample q;
+        if (stoke_loader_quarantine(r->l, (size_t)i, &q) != STOKE_OK || q.epoch >= whole)
+            continue;
+        k[(*n)++] = (bad_key){q.epoch, q.index, q.replacement, q.action, (size_t)i};
+    }
+    qsort(k, *n, sizeof(*k), cmp_bad_q);
+    *out = k;
+    return 0;
+}
+
+/* After the hash pass: did it hash exactly what the timed pass delivered in the whole epochs
+ * (those before `whole`; an epoch cut short is checked sample by sample in hash_epoch)?  The
+ * timed pass's bad samples are t[0..nt); every bad sample of the hash pass must be one of them
+ * (else it did not hash a sample the timed pass delivered), every one the timed pass replaced
+ * must be replaced again (else it hashed the sample, not its replacement), and the samples
+ * hashed and their index sum must be the timed pass's.  Otherwise content_hash is null. */
+static void check_passes(load_run *r, uint64_t whole, const bad_key *t, size_t nt)
 {
     const delivered *d = &r->seen;
-    uint64_t h0 = now_ns();
-    r->hash_pass = 1;
-    for (uint64_t e = 0; e < d->epochs && !r->status; e++) {
-        int whole = e + 1 < d->epochs || d->last_whole;
-        hash_epoch(r, e, whole ? NULL : d->idx, whole ? 0 : d->n);
+    stoke_loader_stats st = {.size = sizeof(st)};
+    stoke_loader_get_stats(r->l, &st);
+    if (st.bad_samples > st.quarantined) {
+        hash_unknown(r,
+                     "%" PRIu64 " bad samples, more than the quarantine keeps (%d): the passes "
+                     "cannot be compared",
+                     st.bad_samples, STOKE_QUARANTINE_MAX);
+        return;
     }
+    bad_key *h;
+    size_t nh, i = 0, j = 0;
+    if (read_bad(r, r->st.quarantined, st.quarantined, whole, &h, &nh) < 0) {
+        hash_unknown(r, "out of memory comparing the passes");
+        return;
+    }
+    while (i < nt || j < nh) {
+        int c = i == nt ? 1 : j == nh ? -1 : cmp_bad(&t[i], &h[j]);
+        if (c == 0) {
+            i++, j++;
+        } else if (c < 0) {
+            if (t[i].action != STOKE_ON_ERROR_SKIP) {
+                hash_unknown(r,
+                             "sample %" PRIu64 " of epoch %" PRIu64 " was replaced by %" PRIu64
+                             " in the timed pass only",
+                             t[i].index, t[i].epoch, t[i].replacement);
+                break;
+            }
+            i++; /* skipped in the timed pass only: left out of the hash (hash_epoch) */
+        } else {
+            stoke_bad_sample q;
+            int got = stoke_loader_quarantine(r->l, h[j].pos, &q) == STOKE_OK;
+            hash_unknown(r,
+                         "sample %" PRIu64 " of epoch %" PRIu64
+                         " failed in the hash pass only (%s%s%s), not in the timed pass",
+                         h[j].index, h[j].epoch, got ? q.source : "", got ? ": " : "",
+                         got ? q.reason : "");
+            break;
+        }
+    }
+    free(h);
+    uint64_t n = d->last_whole ? r->samples : d->whole_samples;
+    uint64_t sum = d->last_whole ? r->index_sum : d->whole_sum;
+    if (r->hashed != n || r->hashed_sum != sum)
+        hash_unknown(r,
+                     "the hash pass hashed %" PRIu64 " samples (index sum %" PRIu64
+                     ") of the whole epochs, the timed pass delivered %" PRIu64
+                     " (index sum %" PRIu64 ")",
+                     r->hashed, r->hashed_sum, n, sum);
+}
+
+/* Pass 2, untimed: the content_hash of exactly the samples the timed pass delivered, or a reason
+ * in r->hash_why why it cannot be had. */
+static void hash_pass(load_run *r)
+{
+    delivered *d = &r->seen;
+    uint64_t h0 = now_ns();
+    uint64_t whole = d->last_whole ? d->epochs : d->epochs - 1;
+    bad_key *t;
+    size_t nt, k = 0;
+    r->hash_pass = 1;
+    uint64_t *skip = NULL;
+    if (read_bad(r, 0, r->st.quarantined, whole, &t, &nt) < 0 ||
+        (nt && !(skip = malloc(nt * sizeof(*skip))))) {
+        hash_unknown(r, "out of memory for the hash pass");
+        free(t);
+        r->hash_ns = now_ns() - h0;
+        return;
+    }
+    for (uint64_t e = 0; e < d->epochs && !r->hash_why[0]; e++) {
+        if (e >= whole) {
+            hash_epoch(r, e, 1, d->idx, d->n);
+            continue;
+        }
+        size_t ns = 0; /* the timed pass's skipped samples of epoch e (t is sorted by epoch) */
+        for (; k < nt && t[k].epoch == e; k++)
+            if (t[k].action == STOKE_ON_ERROR_SKIP)
+                skip[ns++] = t[k].index;
+        hash_epoch(r, e, 0, skip, ns);
+    }
+    if (!r->hash_why[0])
+        check_passes(r, whole, t, nt);
+    free(skip);
+    free(t);
     r->hash_ns = now_ns() - h0;
 }
 
@@ -694,8 +863,8 @@ static void print_json_bad(const load_run *r)
     printf("]");
 }
 
-static void print_json(const load_run *r, const char *content_src, const char *accel,
-                       const char *pinned_for, double secs)
+static void print_json(const load_run *r, const char *content_src, const char *why,
+                       const char *accel, const char *pinned_for, double secs)
 {
     const load_args *a = r->a;
     const stoke_loader_stats *st = &r->st;
@@ -716,6 +885,7 @@ static void print_json(const load_run *r, const char *content_src, const char *a
     else
         printf(", \"content_hash\": null");
     json_str_or_null("content_hash_from", content_src);
+    json_str_or_null("content_hash_reason", content_src ? NULL : why);
     printf(", \"order_hash\": \"0x%016" PRIx64 "\"", r->order);
     printf(", \"data_wait_s\": %.6f, \"wait_p50_s\": %.6f, \"wait_p99_s\": %.6f", st->wait_s,
            st->wait_p50_s, st->wait_p99_s);
@@ -744,8 +914,8 @@ static void print_json(const load_run *r, const char *content_src, const char *a
            st->buffer_bytes);
 }
 
-static void print_text(const load_run *r, const char *content_src, const char *accel,
-                       const char *pinned_for, double secs)
+static void print_text(const load_run *r, const char *content_src, const char *why,
+                       const char *accel, const char *pinned_for, double secs)
 {
     const load_args *a = r->a;
     const stoke_loader_stats *st = &r->st;
@@ -780,7 +950,7 @@ static void print_text(const load_run *r, const char *content_src, const char *a
         printf("0x%016" PRIx64 " (field 0, %s)", r->content,
                a->device ? "read back from the device" : "second untimed pass");
     else
-        printf("n/a");
+        printf("none (%s)", why);
     printf(", order_hash 0x%016" PRIx64 "\n", r->order);
     if (st->bad_samples || a->on_error)
         printf("  bad samples: %" PRIu64 " (%" PRIu64 " skipped, %" PRIu64 " replaced; "
@@ -798,12 +968,19 @@ static void print_summary(const load_run *r)
     double secs = (double)(r->t1 - r->t0) / 1e9;
     if (secs <= 0)
         secs = 1e-9;
-    int known = !r->status && a->hash && (!a->device || a->verify) && !r->seen.lost;
-    const char *content_src = !known ? NULL : a->device ? "device_readback" : "host_second_pass";
+    /* why content_hash is null, if it is */
+    const char *why = r->status                 ? "the run failed"
+                      : !a->hash                ? "--no-hash"
+                      : a->device && !a->verify ? "--device without --verify: the batches are "
+                                                  "not read back"
+                      : r->seen.lost            ? "out of memory keeping the delivered indices"
+                      : r->hash_why[0]          ? r->hash_why
+                                                : NULL;
+    const char *content_src = why ? NULL : a->device ? "device_readback" : "host_second_pass";
     if (a->cmd.json)
-        print_json(r, content_src, accel, pinned_for, secs);
+        print_json(r, content_src, why, accel, pinned_for, secs);
     else
-        print_text(r, content_src, accel, pinned_for, secs);
+        print_text(r, content_src, why, accel, pinned_for, secs);
 }
 
 int cmd_load(int argc, char **argv)
