@@ -28,6 +28,7 @@
 #include "sources/fault_guard.h"
 #include "sources/npy_header.h"
 #include "sources/npy_internal.h"
+#include "sources/regular.h"
 #include "stoke/sources.h"
 
 /* io=auto maps the file when at least this share (in %) of the sampled pages is resident. */
@@ -51,40 +52,16 @@ static void npy_file_close(npy_file *f)
     f->fd = -1;
 }
 
-static const char *file_kind(mode_t m)
-{
-    return S_ISFIFO(m)   ? "a FIFO"
-           : S_ISDIR(m)  ? "a directory"
-           : S_ISCHR(m)  ? "a character device"
-           : S_ISBLK(m)  ? "a block device"
-           : S_ISSOCK(m) ? "a socket"
-                         : "something else";
-}
-
-/* Opens `path` read-only into f->fd and records its size and mtime; anything but a regular
- * file is refused.  O_NONBLOCK keeps open() from waiting for a writer on a FIFO (or a carrier
- * on a device), O_NOCTTY from acquiring a terminal; the descriptor is made blocking again
- * before any read. */
+/* Opens `path` read-only into f->fd (regular.h: O_NONBLOCK while opening, anything but a
+ * regular file refused before any read) and records its size and mtime. */
 static int open_regular(npy_file *f, const char *path)
 {
-    f->fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     struct stat st;
-    if (f->fd < 0) {
-        int e = errno;
-        if (e != ENOENT && stat(path, &st) == 0 && !S_ISREG(st.st_mode))
-            return stoke__fail(STOKE_EIO, "npy %s: is %s, not a regular file", path,
-                               file_kind(st.st_mode));
-        return stoke__fail(e == ENOENT ? STOKE_ENOENT : STOKE_EIO, "npy %s: cannot open: %s", path,
-                           strerror(e));
-    }
-    if (fstat(f->fd, &st) != 0)
-        return stoke__fail(STOKE_EIO, "npy %s: cannot stat: %s", path, strerror(errno));
-    if (!S_ISREG(st.st_mode))
-        return stoke__fail(STOKE_EIO, "npy %s: is %s, not a regular file", path,
-                           file_kind(st.st_mode));
-    int fl = fcntl(f->fd, F_GETFL);
-    if (fl < 0 || fcntl(f->fd, F_SETFL, fl & ~O_NONBLOCK) != 0)
-        return stoke__fail(STOKE_EIO, "npy %s: fcntl: %s", path, strerror(errno));
+    char why[160];
+    int fd = stoke__open_regular(AT_FDCWD, path, &st, why, sizeof(why));
+    if (fd < 0)
+        return stoke__fail(fd, "npy %s: %s", path, why);
+    f->fd = fd;
     f->size = (uint64_t)st.st_size;
     f->mtime = st.st_mtim;
     f->mincore_ok = st.st_uid == geteuid() || geteuid() == 0 ||

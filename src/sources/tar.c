@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "common/internal.h"
+#include "sources/regular.h"
 #include "sources/tar_header.h"
 #include "sources/tar_internal.h"
 #include "stoke/sources.h"
@@ -241,17 +242,14 @@ static int same_key(const member *a, const member *b)
 
 static int open_shard(const char *spec, stoke__tar_shard *s)
 {
-    s->fd = open(s->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-    if (s->fd < 0)
-        return stoke__fail(errno == ENOENT ? STOKE_ENOENT : STOKE_EIO,
-                           "source '%s': tar %s: cannot open: %s", spec, s->path, strerror(errno));
     struct stat st;
-    if (fstat(s->fd, &st) != 0 || !S_ISREG(st.st_mode))
-        return stoke__fail(STOKE_EIO, "source '%s': tar %s: not a regular file", spec, s->path);
-    int fl = fcntl(s->fd, F_GETFL);
-    if (fl < 0 || fcntl(s->fd, F_SETFL, fl & ~O_NONBLOCK) != 0)
-        return stoke__fail(STOKE_EIO, "source '%s': tar %s: fcntl: %s", spec, s->path,
-                           strerror(errno));
+    char why[160];
+    s->fd = stoke__open_regular(AT_FDCWD, s->path, &st, why, sizeof(why));
+    if (s->fd < 0) {
+        int rc = s->fd;
+        s->fd = -1;
+        return stoke__fail(rc, "source '%s': tar %s: %s", spec, s->path, why);
+    }
     s->size = (uint64_t)st.st_size;
     return STOKE_OK;
 }
