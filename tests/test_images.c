@@ -8,11 +8,15 @@
 #include "testutil.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/internal.h"
@@ -617,12 +621,24 @@ static void test_options(void **state)
     assert_int_equal(o.chw, 0);
     assert_int_equal(stoke__image_parse_opt(&o, "seed", "123", msg, sizeof(msg)), 1);
     assert_int_equal(o.seed, 123);
+    assert_int_equal(o.max_decode, (uint64_t)256 << 20);
+    assert_int_equal(stoke__image_parse_opt(&o, "max_decode_bytes", "64M", msg, sizeof(msg)), 1);
+    assert_int_equal(o.max_decode, (uint64_t)64 << 20);
     assert_int_equal(stoke__image_parse_opt(&o, "io", "mmap", msg, sizeof(msg)), 0);
     assert_int_equal(stoke__image_parse_opt(&o, "labels", "x", msg, sizeof(msg)), 0);
-    const char *bad[][2] = {{"size", "0"},      {"size", "x"},       {"size", "9000"},
-                            {"layout", "chwx"}, {"dtype", "f16"},    {"mean", "1:2"},
-                            {"std", "1:0:1"},   {"mean", "1:2:3:4"}, {"train", "1"},
-                            {"size", NULL},     {"seed", "-1"}};
+    const char *bad[][2] = {{"size", "0"},
+                            {"size", "x"},
+                            {"size", "9000"},
+                            {"layout", "chwx"},
+                            {"dtype", "f16"},
+                            {"mean", "1:2"},
+                            {"std", "1:0:1"},
+                            {"mean", "1:2:3:4"},
+                            {"train", "1"},
+                            {"size", NULL},
+                            {"seed", "-1"},
+                            {"max_decode_bytes", "512K"},
+                            {"max_decode_bytes", "x"}};
     for (size_t k = 0; k < STOKE__ARRAY_LEN(bad); k++) {
         msg[0] = 0;
         assert_int_equal(stoke__image_parse_opt(&o, bad[k][0], bad[k][1], msg, sizeof(msg)),
@@ -1102,6 +1118,248 @@ static void test_bad_files(void **state)
     stoke_dataset_close(&ds);
 }
 
+/* ---- a file replaced by a FIFO after the scan (issue 25, item 8) ---- */
+
+typedef struct fifo_run {
+    stoke_dataset *ds;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done;
+    int get_rc, next_rc;
+    char get_msg[512], next_msg[512];
+} fifo_run;
+
+/* get() of sample 1, then an epoch through a loader with a worker thread, then its destroy. */
+static void *fifo_reader(void *arg)
+{
+    fifo_run *r = arg;
+    unsigned char data[3 * 16 * 16];
+    int64_t label;
+    void *dst[STOKE_MAX_FIELDS] = {data, &label};
+    r->get_rc = r->ds->get(r->ds->user, 1, dst, 0, r->get_msg, sizeof(r->get_msg));
+    stoke_loader_opts o;
+    stoke_loader_opts_init(&o);
+    o.batch_size = 2;
+    o.num_workers = 1;
+    o.pin_memory = 0;
+    stoke_loader *l = NULL;
+    r->next_rc = stoke_loader_create(&o, r->ds, &l);
+    if (r->next_rc == STOKE_OK) {
+        stoke_batch *b = NULL;
+        r->next_rc = stoke_loader_next(l, &b);
+        stoke__strlcpy(r->next_msg, stoke_last_error(), sizeof(r->next_msg));
+        if (r->next_rc == STOKE_OK)
+            stoke_batch_release(b);
+        stoke_loader_destroy(l);
+    }
+    pthread_mutex_lock(&r->mu);
+    r->done = 1;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    return NULL;
+}
+
+/* Waits up to `seconds` for r->done; 1 when done. */
+static int fifo_wait(fifo_run *r, int seconds)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += seconds;
+    pthread_mutex_lock(&r->mu);
+    while (!r->done && pthread_cond_timedwait(&r->cv, &r->mu, &until) == 0)
+        ;
+    int done = r->done;
+    pthread_mutex_unlock(&r->mu);
+    return done;
+}
+
+/* A JPEG replaced by a FIFO after the scan: get() fails at once naming the file (a blocking
+ * open() would hang the worker, the loader's destroy and the process's exit), and a loader
+ * reading it returns the error and can be destroyed.  Bounded: if the reader is still blocked
+ * after 30 s, the watchdog opens the FIFO's write end (releasing any reader blocked in open)
+ * and the test fails. */
+static void test_fifo_after_scan(void **state)
+{
+    mkdirs("fifo/c");
+    write_jpeg("fifo/c/a.jpg", 40, 30, K_BASELINE, 90);
+    write_jpeg("fifo/c/b.jpg", 40, 30, K_BASELINE, 90);
+    stoke_dataset ds;
+    open_dir("fifo", ",size=16", &ds);
+    assert_int_equal(ds.length(ds.user), 2);
+    char p[1024];
+    path_in(p, sizeof(p), "fifo/c/b.jpg");
+    assert_int_equal(unlink(p), 0);
+    assert_int_equal(mkfifo(p, 0600), 0);
+    fifo_run r;
+    memset(&r, 0, sizeof(r));
+    r.ds = &ds;
+    pthread_mutex_init(&r.mu, NULL);
+    pthread_cond_init(&r.cv, NULL);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, fifo_reader, &r), 0);
+    int hung = !fifo_wait(&r, 30);
+    for (int k = 0; hung && k < 600 && !fifo_wait(&r, 0); k++) {
+        int fd = open(p, O_WRONLY | O_NONBLOCK | O_CLOEXEC); /* ENXIO while no reader waits */
+        if (fd >= 0)
+            close(fd);
+        nanosleep(&(struct timespec){0, 50 * 1000 * 1000}, NULL);
+    }
+    assert_true(fifo_wait(&r, 30));
+    pthread_join(th, NULL);
+    pthread_cond_destroy(&r.cv);
+    pthread_mutex_destroy(&r.mu);
+    stoke_dataset_close(&ds);
+    if (hung)
+        fail_msg("get() on a file replaced by a FIFO blocked (released by the watchdog)");
+    if (r.get_rc != STOKE_EIO || !strstr(r.get_msg, "fifo/c/b.jpg") ||
+        !strstr(r.get_msg, "is a FIFO, not a regular file"))
+        fail_msg("get: %s '%s'", stoke_err_name(r.get_rc), r.get_msg);
+    if (r.next_rc != STOKE_EIO || !strstr(r.next_msg, "fifo/c/b.jpg") ||
+        !strstr(r.next_msg, "FIFO"))
+        fail_msg("loader: %s '%s'", stoke_err_name(r.next_rc), r.next_msg);
+}
+
+/* ---- decode memory (issue 25, item 14) ---- */
+
+/* One flat colour (compresses to almost nothing however large), progressive or baseline,
+ * 4:4:4 or 4:2:0; into memory (caller frees). */
+static unsigned char *flat_jpeg(int W, int H, int progressive, int s444, size_t *len)
+{
+    struct jpeg_compress_struct ci;
+    struct jpeg_error_mgr jerr;
+    ci.err = jpeg_std_error(&jerr);
+    jpeg_create_compress(&ci);
+    unsigned char *buf = NULL;
+    unsigned long n = 0;
+    jpeg_mem_dest(&ci, &buf, &n);
+    ci.image_width = (JDIMENSION)W;
+    ci.image_height = (JDIMENSION)H;
+    ci.input_components = 3;
+    ci.in_color_space = JCS_RGB;
+    jpeg_set_defaults(&ci);
+    if (progressive)
+        jpeg_simple_progression(&ci);
+    if (s444)
+        ci.comp_info[0].h_samp_factor = ci.comp_info[0].v_samp_factor = 1;
+    jpeg_start_compress(&ci, TRUE);
+    unsigned char *row = malloc((size_t)W * 3);
+    assert_non_null(row);
+    for (int x = 0; x < W; x++)
+        row[3 * x] = 200, row[3 * x + 1] = 120, row[3 * x + 2] = 40;
+    for (int y = 0; y < H; y++) {
+        JSAMPROW r = row;
+        jpeg_write_scanlines(&ci, &r, 1);
+    }
+    jpeg_finish_compress(&ci);
+    jpeg_destroy_compress(&ci);
+    free(row);
+    *len = n;
+    return buf;
+}
+
+/* Rewrites the dimensions in the frame header (SOF0..SOF2) of a JPEG. */
+static void set_dimensions(unsigned char *j, size_t len, int W, int H)
+{
+    for (size_t i = 2; i + 9 < len; i++)
+        if (j[i] == 0xFF && j[i + 1] >= 0xC0 && j[i + 1] <= 0xC2) {
+            j[i + 5] = (unsigned char)(H >> 8), j[i + 6] = (unsigned char)H;
+            j[i + 7] = (unsigned char)(W >> 8), j[i + 8] = (unsigned char)W;
+            return;
+        }
+    fail_msg("no frame header");
+}
+
+static int get_one(const char *spec, uint64_t i, char *msg, size_t msg_len)
+{
+    stoke_dataset ds;
+    int rc = stoke_source_open(spec, &ds);
+    if (rc)
+        fail_msg("%s: %s %s", spec, stoke_err_name(rc), stoke_last_error());
+    unsigned char *data = malloc(ds.fields[0].bytes);
+    assert_non_null(data);
+    int64_t label;
+    void *dst[STOKE_MAX_FIELDS] = {data, ds.nfields > 1 ? &label : NULL};
+    msg[0] = 0;
+    rc = ds.get(ds.user, i, dst, 0, msg, msg_len);
+    free(data);
+    stoke_dataset_close(&ds);
+    return rc;
+}
+
+static void expect_limit(const char *spec, uint64_t i, const char *file, const char *dims,
+                         const char *limit)
+{
+    char msg[512];
+    int rc = get_one(spec, i, msg, sizeof(msg));
+    /* "needs about": refused from the header's estimate, before libjpeg's own bound */
+    if (rc != STOKE_ELIMIT || !strstr(msg, file) || !strstr(msg, dims) || !strstr(msg, limit) ||
+        !strstr(msg, "needs about"))
+        fail_msg("%s [%llu]: got %s '%s', expected STOKE_ELIMIT naming %s, %s and %s", spec,
+                 (unsigned long long)i, stoke_err_name(rc), msg, file, dims, limit);
+}
+
+static void expect_decodes(const char *spec, uint64_t i)
+{
+    char msg[512];
+    int rc = get_one(spec, i, msg, sizeof(msg));
+    if (rc != STOKE_OK)
+        fail_msg("%s [%llu]: %s '%s'", spec, (unsigned long long)i, stoke_err_name(rc), msg);
+}
+
+/* A progressive JPEG keeps every coefficient of the image while it decodes (6 bytes per pixel
+ * at 4:4:4): one whose decode needs more than max_decode_bytes is refused from its header,
+ * naming the file, its dimensions and the option -- under a lower limit set by the option, and
+ * under the default (256M) for a 9000x9000 header; a baseline JPEG of the same size needs only
+ * a few rows and still decodes under the lower limit, and so does everything under the
+ * default.  The same option through tar: for a .jpg member. */
+static void test_decode_memory_limit(void **state)
+{
+    mkdirs("bomb/c");
+    size_t n;
+    unsigned char *j = flat_jpeg(1024, 1024, 1, 1, &n); /* 6 MiB of coefficients */
+    write_bytes("bomb/c/p444.jpg", j, n);
+    set_dimensions(j, n, 9000, 9000); /* 486 MB: above the default; refused before a scan */
+    write_bytes("bomb/c/q_huge.jpg", j, n);
+    free(j);
+    j = flat_jpeg(1024, 1024, 0, 0, &n);
+    write_bytes("bomb/c/base.jpg", j, n);
+    free(j);
+    /* sorted: base p444 q_huge */
+    char spec[1200];
+    stoke__fmt(spec, sizeof(spec), "images:%s/bomb,size=32,max_decode_bytes=4M", g_root);
+    expect_limit(spec, 1, "bomb/c/p444.jpg", "1024x1024", "max_decode_bytes=4M");
+    expect_decodes(spec, 0);
+    stoke__fmt(spec, sizeof(spec), "images:%s/bomb,train,size=32", g_root);
+    expect_decodes(spec, 0);
+    expect_decodes(spec, 1);
+    expect_limit(spec, 2, "bomb/c/q_huge.jpg", "9000x9000", "max_decode_bytes=256M");
+
+    /* the C API: the default, an old caller's shorter struct, a bad value */
+    stoke_images_opts o;
+    stoke_images_opts_init(&o);
+    assert_int_equal(o.max_decode_bytes, (uint64_t)256 << 20);
+    char dir[1024];
+    path_in(dir, sizeof(dir), "bomb");
+    stoke_dataset ds;
+    o.max_decode_bytes = 512 << 10;
+    assert_int_equal(stoke_images_open(dir, &o, &ds), STOKE_EINVAL);
+    assert_non_null(strstr(stoke_last_error(), "max_decode_bytes"));
+    o.size = (uint32_t)offsetof(stoke_images_opts, max_decode_bytes); /* ignored: default */
+    assert_int_equal(stoke_images_open(dir, &o, &ds), STOKE_OK);
+    stoke_dataset_close(&ds);
+
+    /* tar: the same option for .jpg members */
+    char shard[1024], out[256], err[512];
+    path_in(shard, sizeof(shard), "bomb.tar");
+    const char *argv[] = {"/bin/tar", "--format=ustar", "--sort=name", "-cf", shard, "-C", dir, "c",
+                          NULL};
+    if (tu_run(argv, NULL, out, sizeof(out), err, sizeof(err)) != 0)
+        fail_msg("tar: %s", err);
+    stoke__fmt(spec, sizeof(spec), "tar:%s,fields=jpg,size=32,max_decode_bytes=4M", shard);
+    expect_limit(spec, 1, "c/p444", "1024x1024", "max_decode_bytes=4M");
+    expect_decodes(spec, 0);
+}
+
 static void expect_open_error(const char *rel, const char *opts, int code, const char *why)
 {
     char spec[1024];
@@ -1189,6 +1447,8 @@ int main(void)
         cmocka_unit_test(test_tar_jpg_members),
         cmocka_unit_test(test_corrupt_jpeg_policies),
         cmocka_unit_test(test_bad_files),
+        cmocka_unit_test(test_fifo_after_scan),
+        cmocka_unit_test(test_decode_memory_limit),
         cmocka_unit_test(test_open_errors),
         cmocka_unit_test(test_cli),
     };

@@ -298,11 +298,9 @@ static void test_pax_and_gnu(void **state)
 
 /* Members past the 8 GiB an octal size field holds (a pax size record; a base-256 size field),
  * in a sparse file: indexed without reading their data; 64-bit offsets in the messages. */
-static void test_big_sizes(void **state)
+static void need_sparse_files(const char *dir)
 {
-    (void)state;
-    const char *dir = scratch("tar_big");
-    char p[1200], args[1300];
+    char p[1200];
     pathf(p, sizeof(p), dir, "probe");
     FILE *f = fopen(p, "wb");
     assert_non_null(f);
@@ -313,6 +311,14 @@ static void test_big_sizes(void **state)
     unlink(p);
     if ((uint64_t)st.st_blocks * 512u > (1u << 20))
         tu_skip("the scratch file system has no sparse files");
+}
+
+static void test_big_sizes(void **state)
+{
+    (void)state;
+    const char *dir = scratch("tar_big");
+    char p[1200], args[1300];
+    need_sparse_files(dir);
     const uint64_t big = (UINT64_C(9) << 30) + 3; /* 9 GiB + 3 */
     const uint64_t padded = (big + 511) / 512 * 512;
     tw w;
@@ -344,6 +350,43 @@ static void test_big_sizes(void **state)
     snprintf(want, sizeof(want), "at byte %" PRIu64 ": truncated: member 'k1.bin'", 1536 + padded);
     assert_non_null(strstr(stoke_last_error(), want));
     unlink(p);
+}
+
+/* A .jpg member over the images limit (256 MiB, as images: refuses files), in a sparse shard:
+ * refused from its header's size (STOKE_ELIMIT naming shard, member and size) before anything
+ * is allocated or read -- a shard of a few KB of data must not cost its members' sizes in
+ * memory.  The member below the limit beside it still reaches the decoder. */
+static void test_big_jpg_member(void **state)
+{
+    (void)state;
+    if (!stoke__tar_image_hook_get())
+        tu_skip("this build has no images module (.jpg fields are refused at open)");
+    const char *dir = scratch("tar_bigjpg");
+    need_sparse_files(dir);
+    char p[1200], args[1300];
+    const uint64_t big = ((uint64_t)256 << 20) + 1;
+    tw w;
+    tw_open(&w, pathf(p, sizeof(p), dir, "a.tar"));
+    tw_str(&w, "k0.jpg", "\xff\xd8\xff"); /* header at 0 */
+    tw_header(&w, "k1.jpg", big, '0', 0); /* header at 1024, data at 1536 */
+    assert_int_equal(fseeko(w.f, (off_t)(1536 + (big + 511) / 512 * 512), SEEK_SET), 0);
+    tw_end(&w);
+    stoke_dataset ds;
+    snprintf(args, sizeof(args), "%s/a.tar,fields=jpg,size=8", dir);
+    assert_int_equal(open_tar(args, &ds), STOKE_OK);
+    assert_int_equal(ds.length(ds.user), 2);
+    unsigned char buf[3 * 8 * 8];
+    char msg[512], want[1400];
+    assert_int_equal(get_sample(&ds, 1, buf, msg, sizeof(msg)), STOKE_ELIMIT);
+    snprintf(want, sizeof(want),
+             "tar %s/a.tar@1024: sample 'k1' field 'jpg': member 'k1.jpg' of 268435457 bytes "
+             "is larger than the limit",
+             dir);
+    if (!strstr(msg, want))
+        fail_msg("%s\nwanted %s", msg, want);
+    assert_int_equal(get_sample(&ds, 0, buf, msg, sizeof(msg)), STOKE_EFORMAT); /* decoded */
+    assert_non_null(strstr(msg, "sample 'k0' field 'jpg': corrupt JPEG"));
+    stoke_dataset_close(&ds);
 }
 
 /* The same members through GNU tar in its three formats (long names included): the same
@@ -835,17 +878,12 @@ static void test_loader_workers_ranks(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_ustar_grouping),
-        cmocka_unit_test(test_pax_and_gnu),
-        cmocka_unit_test(test_big_sizes),
-        cmocka_unit_test(test_gnu_tar_formats),
-        cmocka_unit_test(test_npy_fields),
-        cmocka_unit_test(test_field_errors),
-        cmocka_unit_test(test_truncated),
-        cmocka_unit_test(test_corrupt_headers),
-        cmocka_unit_test(test_parse_block),
-        cmocka_unit_test(test_shard_lists),
-        cmocka_unit_test(test_loader_workers_ranks),
+        cmocka_unit_test(test_ustar_grouping),  cmocka_unit_test(test_pax_and_gnu),
+        cmocka_unit_test(test_big_sizes),       cmocka_unit_test(test_big_jpg_member),
+        cmocka_unit_test(test_gnu_tar_formats), cmocka_unit_test(test_npy_fields),
+        cmocka_unit_test(test_field_errors),    cmocka_unit_test(test_truncated),
+        cmocka_unit_test(test_corrupt_headers), cmocka_unit_test(test_parse_block),
+        cmocka_unit_test(test_shard_lists),     cmocka_unit_test(test_loader_workers_ranks),
     };
     return tu_exit_status(cmocka_run_group_tests(tests, NULL, NULL));
 }

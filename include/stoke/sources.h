@@ -17,7 +17,7 @@
  *       WebDataset tar shards (stoke_tar_open below).  PATTERN ends at the first comma outside
  *       braces.  Example: "tar:/data/train-{000000..000099}.tar,fields=npy:cls".
  *   images:DIR[,size=224][,train|eval][,layout=chw|hwc][,dtype=u8|f32][,mean=R:G:B,std=R:G:B]
- *             [,seed=N]
+ *             [,seed=N][,max_decode_bytes=SIZE]
  *       a torchvision ImageFolder tree of JPEGs (stoke_images_open below): field "data" the
  *       decoded, transformed image, field "label" (i64) the class index.  A comma belongs to
  *       DIR unless one of the options above follows it.
@@ -39,8 +39,8 @@ extern "C" {
  * Returns STOKE_OK; STOKE_EINVAL for a NULL argument, an empty spec or one longer than 4096
  * characters, an unknown source or a malformed option (the message names the spec and the
  * problem); STOKE_ENOMEM; otherwise the constructor's code (stoke_synthetic_open,
- * stoke_npy_open_opts, stoke_images_open).  On failure *out is left empty (as from stoke_dataset_init: safe to
- * stoke_dataset_close) unless out was NULL.  Thread-safe. */
+ * stoke_npy_open_opts, stoke_images_open).  On failure *out is left empty (as from
+ * stoke_dataset_init: safe to stoke_dataset_close) unless out was NULL.  Thread-safe. */
 STOKE_API int stoke_source_open(const char *spec, stoke_dataset *out);
 
 /* ---- synthetic ------------------------------------------------------------------------------
@@ -199,7 +199,9 @@ STOKE_API int stoke_npy_block_staged(const stoke_dataset *ds, uint64_t *blocks, 
  * truncated archive, the message naming the shard and the byte offset; STOKE_ENOENT for a
  * missing shard or a glob without match; STOKE_EINVAL for a bad option.  get() returns
  * STOKE_EDATA for a sample without a member of a field, STOKE_EFORMAT for a member that does
- * not match the field (size, dtype, shape, not a number), STOKE_EIO for a failed read; each
+ * not match the field (size, dtype, shape, not a number), STOKE_EIO for a failed read,
+ * STOKE_ELIMIT for a .jpg member over 256 MiB (checked from its header, before any read) or
+ * one whose decode needs more than max_decode_bytes (an image option, as for images:); each
  * message reads "tar SHARD@OFFSET: sample 'KEY' field 'EXT': reason".  Every shard stays open
  * until stoke_dataset_close.  Thread-safe; get() too. */
 STOKE_API int stoke_tar_open(const char *args, stoke_dataset *out);
@@ -224,7 +226,9 @@ STOKE_API int stoke_tar_open(const char *args, stoke_dataset *out);
  * DIR has no class directories or a class has no JPEG, STOKE_ENOTSUP in a build without
  * libjpeg-turbo.  Errors of get(): STOKE_EFORMAT for data that is not a JPEG ("not a JPEG (PNG
  * image)") or a corrupt one (truncated, bad Huffman data, ...), STOKE_EIO / STOKE_ENOENT for a
- * file that cannot be read; every message names the file. */
+ * file that cannot be read or is no longer a regular file ("is a FIFO, not a regular file":
+ * never a blocking open), STOKE_ELIMIT for a file over 256 MiB or an image whose decode needs
+ * more than max_decode_bytes (its dimensions named); every message names the file. */
 
 typedef enum stoke_images_layout {
     STOKE_IMAGES_CHW = 0, /* (3, S, S): the default, as torchvision's tensors */
@@ -232,15 +236,19 @@ typedef enum stoke_images_layout {
 } stoke_images_layout;
 
 typedef struct stoke_images_opts {
-    uint32_t size;   /* sizeof(stoke_images_opts): set by opts_init */
-    int image_size;  /* output side S, 1..8192; default 224 */
-    int train;       /* 1: train transform; 0: eval (default) */
-    int layout;      /* stoke_images_layout; default STOKE_IMAGES_CHW */
-    int dtype;       /* STOKE_DTYPE_U8 (default) or STOKE_DTYPE_F32 */
-    int normalize;   /* f32 only: (v / 255 - mean[c]) / std[c]; default 0 */
-    float mean[3];   /* on the 0..1 scale, e.g. 0.485, 0.456, 0.406; default 0 */
-    float std[3];    /* > 0, e.g. 0.229, 0.224, 0.225; default 1 */
-    uint64_t seed;   /* augmentation seed (train); default 0 */
+    uint32_t size;  /* sizeof(stoke_images_opts): set by opts_init */
+    int image_size; /* output side S, 1..8192; default 224 */
+    int train;      /* 1: train transform; 0: eval (default) */
+    int layout;     /* stoke_images_layout; default STOKE_IMAGES_CHW */
+    int dtype;      /* STOKE_DTYPE_U8 (default) or STOKE_DTYPE_F32 */
+    int normalize;  /* f32 only: (v / 255 - mean[c]) / std[c]; default 0 */
+    float mean[3];  /* on the 0..1 scale, e.g. 0.485, 0.456, 0.406; default 0 */
+    float std[3];   /* > 0, e.g. 0.229, 0.224, 0.225; default 1 */
+    uint64_t seed;  /* augmentation seed (train); default 0 */
+    /* Appended (a caller built against the struct without it, whose size ends before it, gets
+     * the default): the most memory one decode may need (docs/sources.md, "Limits"); an image
+     * needing more is STOKE_ELIMIT from get().  Default 256 MiB; at least 1 MiB */
+    uint64_t max_decode_bytes;
 } stoke_images_opts;
 
 /* Fills *opts with the defaults above.  NULL does nothing. */
@@ -248,11 +256,10 @@ STOKE_API void stoke_images_opts_init(stoke_images_opts *opts);
 
 /* Scans `dir` (read only during the call) into *out (the caller owns it: stoke_dataset_close);
  * opts NULL: the defaults.  Returns STOKE_OK or the errors above; also STOKE_EINVAL for out
- * NULL, an empty dir, opts->size too small, a bad image_size, layout or dtype, std <= 0, or
- * normalize with u8; STOKE_ENOMEM.  On failure *out is left empty (safe to
- * stoke_dataset_close).  Thread-safe; the dataset's get() is too. */
-STOKE_API int stoke_images_open(const char *dir, const stoke_images_opts *opts,
-                                stoke_dataset *out);
+ * NULL, an empty dir, opts->size too small, a bad image_size, layout or dtype, std <= 0,
+ * normalize with u8, or max_decode_bytes below 1 MiB; STOKE_ENOMEM.  On failure *out is left empty
+ * (safe to stoke_dataset_close).  Thread-safe; the dataset's get() is too. */
+STOKE_API int stoke_images_open(const char *dir, const stoke_images_opts *opts, stoke_dataset *out);
 
 /* Number of classes of an open images dataset (0 if ds is not one).  Thread-safe. */
 STOKE_API uint32_t stoke_images_num_classes(const stoke_dataset *ds);

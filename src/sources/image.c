@@ -12,7 +12,8 @@
 #include "common/internal.h"
 #include "sources/image_internal.h"
 
-#define IMAGE_SIZE_MAX 8192
+#define IMAGE_SIZE_MAX   8192
+#define IMAGE_DECODE_MIN ((uint64_t)1 << 20) /* max_decode_bytes= below this: refused */
 
 void stoke__image_opts_init(stoke__image_opts *o)
 {
@@ -23,6 +24,7 @@ void stoke__image_opts_init(stoke__image_opts *o)
     o->dtype = STOKE_DTYPE_U8;
     for (int c = 0; c < 3; c++)
         o->std[c] = 1.0f;
+    o->max_decode = STOKE__IMAGE_DECODE_MAX;
 }
 
 /* "R:G:B" (three finite floats). */
@@ -55,7 +57,7 @@ int stoke__image_parse_opt(stoke__image_opts *o, const char *key, const char *va
     }
     int known = strcmp(key, "size") == 0 || strcmp(key, "layout") == 0 ||
                 strcmp(key, "dtype") == 0 || strcmp(key, "mean") == 0 || strcmp(key, "std") == 0 ||
-                strcmp(key, "seed") == 0;
+                strcmp(key, "seed") == 0 || strcmp(key, "max_decode_bytes") == 0;
     if (!known)
         return 0;
     if (!val) {
@@ -74,6 +76,13 @@ int stoke__image_parse_opt(stoke__image_opts *o, const char *key, const char *va
             stoke__fmt(msg, msg_len, "bad seed '%s'", val);
             return STOKE_EINVAL;
         }
+    } else if (strcmp(key, "max_decode_bytes") == 0) {
+        if (stoke__parse_size(val, &v) != 0 || v < IMAGE_DECODE_MIN) {
+            stoke__fmt(msg, msg_len, "bad max_decode_bytes '%s' (bytes, with K/M/G; at least 1M)",
+                       val);
+            return STOKE_EINVAL;
+        }
+        o->max_decode = v;
     } else if (strcmp(key, "layout") == 0) {
         if (strcmp(val, "chw") != 0 && strcmp(val, "hwc") != 0) {
             stoke__fmt(msg, msg_len, "bad layout '%s' (chw or hwc)", val);

@@ -13,6 +13,11 @@
 
 #include "stoke/dataset.h"
 
+/* Files (images:) and .jpg members (tar:) larger than this are refused before they are read. */
+#define STOKE__IMAGE_FILE_MAX ((size_t)256 << 20)
+/* The default of max_decode_bytes=: the working memory one decode may need (docs/sources.md). */
+#define STOKE__IMAGE_DECODE_MAX ((uint64_t)256 << 20)
+
 typedef struct stoke__image_opts {
     int size;      /* output side (default 224) */
     int train;     /* 1: RandomResizedCrop(size, scale=(0.08,1), ratio=(3/4,4/3)) + hflip; 0:
@@ -21,7 +26,8 @@ typedef struct stoke__image_opts {
     int dtype;     /* STOKE_DTYPE_U8 (default) or STOKE_DTYPE_F32 */
     int normalize; /* mean/std given (f32 only) */
     float mean[3], std[3];
-    uint64_t seed; /* augmentation seed */
+    uint64_t seed;       /* augmentation seed */
+    uint64_t max_decode; /* bytes one decode may use (default STOKE__IMAGE_DECODE_MAX) */
 } stoke__image_opts;
 
 /* 1 when this build has libjpeg (otherwise stoke__image_decode returns STOKE_ENOTSUP). */
@@ -29,8 +35,9 @@ int stoke__image_available(void);
 
 void stoke__image_opts_init(stoke__image_opts *o);
 /* Parses one spec option ("size=224", "train", "eval", "layout=chw", "dtype=f32",
- * "mean=R:G:B", "std=R:G:B", also "seed=N"; key without '=', val the text after it, NULL or ""
- * for a bare word): 1 consumed, 0 not an image option, <0 STOKE_EINVAL with msg written. */
+ * "mean=R:G:B", "std=R:G:B", also "seed=N", "max_decode_bytes=SIZE" (K/M/G); key without '=', val
+ * the text after it, NULL or "" for a bare word): 1 consumed, 0 not an image option, <0
+ * STOKE_EINVAL with msg written. */
 int stoke__image_parse_opt(stoke__image_opts *o, const char *key, const char *val, char *msg,
                            size_t msg_len);
 /* Fills the "data" field description for these options.  Returns STOKE_OK or STOKE_EINVAL
@@ -38,7 +45,9 @@ int stoke__image_parse_opt(stoke__image_opts *o, const char *key, const char *va
 int stoke__image_field(const stoke__image_opts *o, stoke_field *f);
 /* Decodes JPEG bytes and writes the transformed image into dst (f->bytes bytes).  Random
  * choices from (o->seed, epoch, index) only.  Errors: negative STOKE_E* code + message (what
- * is wrong with the image; the caller adds the file name).  Thread-safe. */
+ * is wrong with the image; the caller adds the file name): STOKE_ELIMIT, before anything is
+ * decoded, for an image whose decode would need more than o->max_decode bytes (the message
+ * names its dimensions, the estimate and max_decode_bytes=).  Thread-safe. */
 int stoke__image_decode(const stoke__image_opts *o, const void *jpeg, size_t len, uint64_t epoch,
                         uint64_t index, void *dst, char *msg, size_t msg_len);
 

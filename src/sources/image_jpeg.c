@@ -31,6 +31,7 @@ int stoke__image_decode(const stoke__image_opts *o, const void *jpeg, size_t len
 
 #else
 
+#include <limits.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdio.h> /* jpeglib.h needs FILE */
@@ -157,6 +158,46 @@ static int set_color(dec *d, int *cmyk, char *msg, size_t msg_len)
     }
 }
 
+/* The working memory of decoding ci (after jpeg_read_header, with the output scale set and
+ * jpeg_calc_output_dimensions called): a multi-scan (progressive) JPEG keeps every DCT
+ * coefficient of the image until its last scan (2 bytes each, whatever the output scale: 3
+ * bytes per pixel at 4:2:0, 6 at 4:4:4); every JPEG needs a few rows of each component at
+ * the output scale (libjpeg's strips; counted generously: 4 iMCU rows); and this decoder the
+ * output line and `nrows` resampled rows of `rowb` bytes. */
+static uint64_t decode_bytes(j_decompress_ptr ci, size_t nrows, size_t rowb)
+{
+    uint64_t b = 0;
+    if (jpeg_has_multiple_scans(ci))
+        for (int k = 0; k < ci->num_components; k++) {
+            const jpeg_component_info *cp = &ci->comp_info[k];
+            uint64_t w = cp->width_in_blocks, h = cp->height_in_blocks;
+            uint64_t hs = (uint64_t)cp->h_samp_factor, vs = (uint64_t)cp->v_samp_factor;
+            w = (w + hs - 1) / hs * hs;
+            h = (h + vs - 1) / vs * vs;
+            b += w * h * DCTSIZE2 * sizeof(JCOEF);
+        }
+    const uint64_t ow = ci->output_width, comps = (uint64_t)ci->num_components;
+    b += ow * comps * 4 * (uint64_t)ci->max_v_samp_factor * (uint64_t)ci->scale_num;
+    b += ow * (uint64_t)ci->output_components;
+    b += (uint64_t)nrows * rowb;
+    return b;
+}
+
+/* n bytes as a size word max_decode_bytes= takes back ("256M", "1500K"; bytes otherwise). */
+static const char *size_word(uint64_t n, char *buf, size_t len)
+{
+    static const char unit[] = "GMK";
+    for (int k = 0; k < 3; k++) {
+        const uint64_t u = (uint64_t)1 << (30 - 10 * k);
+        if (n >= u && n % u == 0) {
+            stoke__fmt(buf, len, "%llu%c", (unsigned long long)(n / u), unit[k]);
+            return buf;
+        }
+    }
+    stoke__fmt(buf, len, "%llu", (unsigned long long)n);
+    return buf;
+}
+
 /* The decode proper: may longjmp to stoke__image_decode on a libjpeg error. */
 static int run(dec *d, const stoke__image_opts *o, const unsigned char *data, size_t len,
                uint64_t epoch, uint64_t index, void *dst, char *msg, size_t msg_len)
@@ -179,7 +220,7 @@ static int run(dec *d, const stoke__image_opts *o, const unsigned char *data, si
     const stoke__image_crop c = stoke__image_crop_for(o, W, H, epoch, index);
     ci->scale_num = (unsigned)dct_scale(&c, size);
     ci->scale_denom = 8;
-    jpeg_start_decompress(ci);
+    jpeg_calc_output_dimensions(ci); /* what jpeg_start_decompress will decode */
 
     /* The box in decoded (scaled) pixels, and the region read: the box, plus the filter's
      * reach on each side for eval (which resamples the whole image before its center crop). */
@@ -196,13 +237,28 @@ static int run(dec *d, const stoke__image_opts *o, const unsigned char *data, si
         x1 = x0 + 1 <= ow ? x0 + 1 : ow, x0 = x1 - 1;
     if (y1 <= y0)
         y1 = y0 + 1 <= oh ? y0 + 1 : oh, y0 = y1 - 1;
+    const size_t nrows = (size_t)(y1 - y0), rowb = (size_t)size * 3;
+    const uint64_t need = decode_bytes(ci, nrows, rowb);
+    if (need > o->max_decode) {
+        char b[32];
+        stoke__fmt(msg, msg_len,
+                   "%sJPEG of %dx%d pixels needs about %.1f MiB to decode, more than the limit "
+                   "max_decode_bytes=%s (an option of images: and tar:)",
+                   jpeg_has_multiple_scans(ci) ? "progressive " : "", W, H,
+                   (double)need / (1 << 20), size_word(o->max_decode, b, sizeof(b)));
+        return STOKE_ELIMIT;
+    }
+    /* libjpeg's own bound on its whole-image buffers: the estimate above already covers them,
+     * so this only holds if the estimate is ever short (JERR_NO_BACKING_STORE, below) */
+    ci->mem->max_memory_to_use =
+        o->max_decode > (uint64_t)LONG_MAX ? LONG_MAX : (long)o->max_decode;
+    jpeg_start_decompress(ci);
     JDIMENSION xoff = 0, cw = (JDIMENSION)ow;
     if (x0 > 0 || x1 < ow) {
         xoff = (JDIMENSION)x0;
         cw = (JDIMENSION)(x1 - x0);
         jpeg_crop_scanline(ci, &xoff, &cw); /* widens to iMCU boundaries */
     }
-    const size_t nrows = (size_t)(y1 - y0), rowb = (size_t)size * 3;
     d->line = malloc((size_t)ci->output_width * (size_t)ci->output_components);
     d->rows = malloc(nrows * rowb);
     d->acc = malloc(rowb * sizeof(int32_t));
@@ -257,8 +313,17 @@ int stoke__image_decode(const stoke__image_opts *o, const void *jpeg, size_t len
     d->err.pub.output_message = on_output;
     int rc;
     if (setjmp(d->err.jb)) {
-        stoke__fmt(msg, msg_len, "corrupt JPEG: %s", d->err.text);
-        rc = STOKE_EFORMAT;
+        if (d->err.pub.msg_code == JERR_NO_BACKING_STORE) { /* max_memory_to_use reached */
+            char b[32];
+            stoke__fmt(msg, msg_len,
+                       "JPEG of %ux%u pixels needs more than the limit max_decode_bytes=%s",
+                       (unsigned)d->cinfo.image_width, (unsigned)d->cinfo.image_height,
+                       size_word(o->max_decode, b, sizeof(b)));
+            rc = STOKE_ELIMIT;
+        } else {
+            stoke__fmt(msg, msg_len, "corrupt JPEG: %s", d->err.text);
+            rc = STOKE_EFORMAT;
+        }
     } else {
         rc = run(d, o, jpeg, len, epoch, index, dst, msg, msg_len);
     }

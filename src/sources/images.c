@@ -13,6 +13,7 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -21,11 +22,11 @@
 
 #include "common/internal.h"
 #include "sources/image.h"
+#include "sources/regular.h"
 #include "stoke/sources.h"
 
 #define IMAGES_SLOTS     64
-#define IMAGES_DEPTH_MAX 32                  /* directory nesting below a class */
-#define IMAGES_FILE_MAX  ((size_t)256 << 20) /* larger files are refused */
+#define IMAGES_DEPTH_MAX 32 /* directory nesting below a class */
 
 typedef struct images_slot {
     pthread_mutex_t mu; /* guards buf/cap: held for a whole read + decode */
@@ -286,23 +287,21 @@ static int images_set_epoch(void *user, uint64_t epoch)
     return STOKE_OK;
 }
 
-/* Reads file i into the slot's buffer: STOKE_OK with *len, or an error with why. */
+/* Reads file i into the slot's buffer: STOKE_OK with *len, or an error with why.  The file is
+ * opened as every data file is (regular.h): a path replaced by a FIFO since the scan fails the
+ * sample at once instead of blocking the worker in open(). */
 static int read_file(const images_ds *s, uint64_t i, images_slot *sl, size_t *len, char *why,
                      size_t why_len)
 {
-    int fd = openat(s->dirfd, s->arena + s->off[i], O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        stoke__fmt(why, why_len, "cannot open: %s", strerror(errno));
-        return errno == ENOENT ? STOKE_ENOENT : STOKE_EIO;
-    }
-    int rc = STOKE_OK;
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        stoke__fmt(why, why_len, "not a regular file");
-        rc = STOKE_EIO;
-    } else if ((uint64_t)st.st_size > IMAGES_FILE_MAX) {
+    *len = 0;
+    int fd = stoke__open_regular(s->dirfd, s->arena + s->off[i], &st, why, why_len);
+    if (fd < 0)
+        return fd;
+    int rc = STOKE_OK;
+    if ((uint64_t)st.st_size > STOKE__IMAGE_FILE_MAX) {
         stoke__fmt(why, why_len, "file of %lld bytes is larger than the limit (%zu)",
-                   (long long)st.st_size, IMAGES_FILE_MAX);
+                   (long long)st.st_size, STOKE__IMAGE_FILE_MAX);
         rc = STOKE_ELIMIT;
     } else if ((size_t)st.st_size > sl->cap) {
         unsigned char *b = realloc(sl->buf, (size_t)st.st_size);
@@ -402,6 +401,7 @@ void stoke_images_opts_init(stoke_images_opts *opts)
     opts->dtype = init.dtype;
     for (int c = 0; c < 3; c++)
         opts->std[c] = 1.0f;
+    opts->max_decode_bytes = init.max_decode;
 }
 
 static int to_image_opts(const stoke_images_opts *o, stoke__image_opts *img)
@@ -420,6 +420,13 @@ static int to_image_opts(const stoke_images_opts *o, stoke__image_opts *img)
     memcpy(img->mean, o->mean, sizeof(img->mean));
     memcpy(img->std, o->std, sizeof(img->std));
     img->seed = o->seed;
+    if (o->size >= offsetof(stoke_images_opts, max_decode_bytes) + sizeof(o->max_decode_bytes)) {
+        if (o->max_decode_bytes < ((uint64_t)1 << 20))
+            return stoke__fail(STOKE_EINVAL,
+                               "images: max_decode_bytes %llu is below the minimum (1 MiB)",
+                               (unsigned long long)o->max_decode_bytes);
+        img->max_decode = o->max_decode_bytes;
+    }
     return STOKE_OK;
 }
 
@@ -445,10 +452,10 @@ int stoke_images_open(const char *dir, const stoke_images_opts *opts, stoke_data
         stoke_images_opts_init(&def);
         opts = &def;
     }
-    if (opts->size < sizeof(stoke_images_opts))
+    if (opts->size < offsetof(stoke_images_opts, seed) + sizeof(opts->seed))
         return stoke__fail(STOKE_EINVAL,
-                           "images: opts->size %u is not "
-                           "sizeof(stoke_images_opts) (call stoke_images_opts_init)",
+                           "images: opts->size %u is too small for a stoke_images_opts (call "
+                           "stoke_images_opts_init)",
                            (unsigned)opts->size);
     stoke_dataset ds;
     stoke_dataset_init(&ds);

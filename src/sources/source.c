@@ -102,8 +102,8 @@ static int open_synthetic(const char *spec, const char *args, stoke_dataset *out
                 if (!n || n >= sizeof(idx) || stoke__parse_u64(idx, &o.delay_index) != 0 ||
                     stoke__parse_u64(colon + 1, &us) != 0 || us > UINT32_MAX)
                     rc = stoke__fail(STOKE_EINVAL,
-                                     "source '%s': bad delay '%s' (delay=INDEX:MICROSECONDS)",
-                                     spec, val);
+                                     "source '%s': bad delay '%s' (delay=INDEX:MICROSECONDS)", spec,
+                                     val);
                 else
                     o.delay_us = (uint32_t)us;
             } else if (strcmp(key, "n") == 0 || strcmp(key, "length") == 0) {
@@ -206,7 +206,8 @@ done:
 /* 1 when the comma-separated word at s ("train", "size=224,...") starts an images option. */
 static int images_opt_word(const char *s)
 {
-    static const char *const keys[] = {"size=", "layout=", "dtype=", "mean=", "std=", "seed="};
+    static const char *const keys[] = {
+        "size=", "layout=", "dtype=", "mean=", "std=", "seed=", "max_decode_bytes="};
     size_t n = strcspn(s, ",");
     if ((n == 5 && strncmp(s, "train", 5) == 0) || (n == 4 && strncmp(s, "eval", 4) == 0))
         return 1;
@@ -247,7 +248,7 @@ static int open_images(const char *spec, const char *args, stoke_dataset *out)
         else if (got == 0)
             rc = stoke__fail(STOKE_EINVAL,
                              "source '%s': unknown option '%s' (size=, train, eval, layout=, "
-                             "dtype=, mean=, std=, seed=)",
+                             "dtype=, mean=, std=, seed=, max_decode_bytes=)",
                              spec, t);
     }
     if (!rc) {
@@ -259,6 +260,7 @@ static int open_images(const char *spec, const char *args, stoke_dataset *out)
         memcpy(o.mean, img.mean, sizeof(o.mean));
         memcpy(o.std, img.std, sizeof(o.std));
         o.seed = img.seed;
+        o.max_decode_bytes = img.max_decode;
         rc = stoke_images_open(buf, &o, out);
     }
     free(buf);

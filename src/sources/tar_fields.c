@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "common/internal.h"
+#include "sources/image.h" /* STOKE__IMAGE_FILE_MAX; the decoder only with libjpeg */
 #include "sources/npy_header.h"
 #include "sources/tar_internal.h"
 
@@ -23,8 +24,6 @@
 #endif
 
 #ifdef STOKE__TAR_WITH_IMAGES
-#include "sources/image.h"
-
 static void img_init(void *o)
 {
     stoke__image_opts_init(o);
@@ -234,8 +233,11 @@ static int read_image(const stoke__tar_ds *t, uint64_t i, int k, const stoke__ta
     if (!hk)
         return field_fail(t, i, k, msg, msg_len, STOKE_ENOTSUP,
                           "tar: .jpg fields need the images module");
-    if (L->size > SIZE_MAX / 2)
-        return field_fail(t, i, k, msg, msg_len, STOKE_ELIMIT, "image member too large");
+    if (L->size > STOKE__IMAGE_FILE_MAX) /* from the header: nothing allocated or read */
+        return field_fail(t, i, k, msg, msg_len, STOKE_ELIMIT,
+                          "member '%s.%s' of %" PRIu64 " bytes is larger than the limit for an "
+                          "image (%zu bytes, as for images:)",
+                          t->keys + t->key_at[i], t->f[k].ext, L->size, STOKE__IMAGE_FILE_MAX);
     void *buf = malloc(L->size ? (size_t)L->size : 1);
     if (!buf)
         return field_fail(t, i, k, msg, msg_len, STOKE_ENOMEM, "out of memory");
