@@ -15,8 +15,9 @@
  *   parent -> zygote: zreq {SPAWN, worker} -> zrep {pid, err} + the parent's socket end;
  *                     zreq {REAP, pid} -> zrep {wait status}.  Each request carries a number
  *                     its reply repeats: the parent waits ZYGOTE_MS for it, and a late reply to
- *                     a request that timed out is dropped.  EOF: the zygote waits a bounded
- *                     time for its children to exit, SIGKILLs the rest, reaps them and exits.
+ *                     a request that timed out is dropped.  EOF: the zygote SIGKILLs its
+ *                     children (idle at destroy; a dead loader's must stop at once), reaps
+ *                     them and exits.
  *   parent -> child:  wreq (a batch: handle, slot, seq, seed, epoch, flags, poisoned samples);
  *                     the child calls the dataset's set_epoch when the epoch is not the one it
  *                     last set (its copy of the dataset never saw the parent's calls).
@@ -417,28 +418,6 @@ static void sleep_ms(long ms)
     }
 }
 
-/* Zygote, at EOF: children get EOF too (the parent closed their sockets first); waits up to
- * about 2 s for them, then SIGKILLs the rest; reaps everyone. */
-static void zygote_reap_all(pid_t *pids, int n)
-{
-    for (int tries = 0; tries < 200; tries++) {
-        int left = 0;
-        for (int i = 0; i < n; i++) {
-            if (pids[i] > 0 && waitpid(pids[i], NULL, WNOHANG) == pids[i])
-                pids[i] = -1;
-            left += pids[i] > 0;
-        }
-        if (!left)
-            return;
-        sleep_ms(10);
-    }
-    for (int i = 0; i < n; i++)
-        if (pids[i] > 0) {
-            kill(pids[i], SIGKILL);
-            waitpid(pids[i], NULL, 0);
-        }
-}
-
 /* The disposition and mask of ZSIG the zygote found (its children get them back). */
 static struct sigaction z_old_action;
 static sigset_t z_old_mask;
@@ -448,14 +427,20 @@ static void z_wake(int sig)
     (void)sig; /* only interrupts ppoll: the loop then looks at getppid() */
 }
 
-/* The loader's process is gone: its children are SIGKILLed at once (no grace: the buffers they
- * would write may belong to another process by now), reaped, and the zygote exits. */
-static void zygote_orphaned(pid_t *pids, int n)
+/* The end of the zygote: at EOF (destroy closed its socket, or the loader's process is dying:
+ * its descriptors close before its parent-death signal is sent, and getppid() cannot tell yet)
+ * or when its parent is no longer the loader's process.  Its children are SIGKILLed at once: at
+ * destroy they are idle (a busy one was killed already), and a child of a dead loader must not
+ * go on writing into buffers that may belong to another process by now (an arena's chunks). */
+static void zygote_end(pid_t *pids, int n)
 {
     for (int i = 0; i < n; i++)
         if (pids[i] > 0)
             kill(pids[i], SIGKILL);
-    zygote_reap_all(pids, n);
+    for (int i = 0; i < n; i++)
+        if (pids[i] > 0)
+            while (waitpid(pids[i], NULL, 0) < 0 && errno == EINTR) {
+            }
     _exit(0);
 }
 
@@ -542,7 +527,7 @@ static void zygote_main(stoke_loader *l, int zfd, pid_t loader)
     zreq q;
     for (;;) {
         if (getppid() != loader) /* also the race: the loader died before prctl */
-            zygote_orphaned(pids, npids);
+            zygote_end(pids, npids);
         struct pollfd pfd = {.fd = zfd, .events = POLLIN};
         int pr = ppoll(&pfd, 1, NULL, &wait_mask);
         if (pr < 0 && errno == EINTR)
@@ -563,10 +548,7 @@ static void zygote_main(stoke_loader *l, int zfd, pid_t loader)
             send_fd(zfd, &rep, sizeof(rep), -1);
         }
     }
-    if (getppid() != loader)
-        zygote_orphaned(pids, npids);
-    zygote_reap_all(pids, npids);
-    _exit(0);
+    zygote_end(pids, npids);
 }
 
 /* ---- the parent ------------------------------------------------------------------------- */
@@ -699,8 +681,8 @@ int stoke__proc_create(stoke_loader *l)
 }
 
 /* One request to the zygote and its reply (with a descriptor for SPAWN), within ZYGOTE_MS.
- * STOKE_OK; STOKE_ETIMEDOUT (a zygote that is stopped or stuck) or STOKE_ECANCELED (gone), with
- * why in msg. */
+ * STOKE_OK; STOKE_ETIMEDOUT (a zygote that is stopped or stuck) or STOKE_ENOMEM (gone: no
+ * process can be started, as when fork fails), with why in msg. */
 static int zygote_call(stoke__proc *p, zreq *q, zrep *rep, int *fd, char *msg, size_t len)
 {
     if (fd)
@@ -715,7 +697,7 @@ static int zygote_call(stoke__proc *p, zreq *q, zrep *rep, int *fd, char *msg, s
         while (sr < 0 && errno == EINTR);
     }
     if (sr != (ssize_t)sizeof(*q))
-        rc = zfd >= 0 && sr < 0 && errno == EAGAIN ? STOKE_ETIMEDOUT : STOKE_ECANCELED;
+        rc = zfd >= 0 && sr < 0 && errno == EAGAIN ? STOKE_ETIMEDOUT : STOKE_ENOMEM;
     uint64_t deadline = stoke__now_ns() + (uint64_t)ZYGOTE_MS * 1000000u;
     while (rc == STOKE_OK) {
         uint64_t now = stoke__now_ns();
@@ -731,7 +713,7 @@ static int zygote_call(stoke__proc *p, zreq *q, zrep *rep, int *fd, char *msg, s
         if (pr < 0 || recv_fd(zfd, rep, sizeof(*rep), &got) != (ssize_t)sizeof(*rep)) {
             if (got >= 0)
                 close(got);
-            rc = STOKE_ECANCELED;
+            rc = STOKE_ENOMEM;
             break;
         }
         if (rep->seq != q->seq) { /* the late reply to a request that timed out */
@@ -1010,8 +992,8 @@ void stoke__proc_stopping(stoke_loader *l)
 }
 
 /* After the worker threads were joined: closes every child's socket (they exit on EOF), then
- * the zygote's (it waits for them, SIGKILLs stragglers, reaps them and exits); reaps the
- * zygote (SIGKILL after about 5 s); unmaps the shared buffers.  In a forked process (the
+ * the zygote's (it SIGKILLs the children left, reaps them and exits); reaps the zygote
+ * (SIGKILL after about 5 s); unmaps the shared buffers.  In a forked process (the
  * loader is foreign) only this process's descriptors and memory go: the zygote, its children
  * and the shared buffers are the creator's. */
 void stoke__proc_destroy(stoke_loader *l)
