@@ -64,6 +64,57 @@ static int find_rank(LoaderObject *self, const stoke_loader_opts *o)
     return 0;
 }
 
+/* An integer argument in lo..hi into *out (PyNumber_Index: ints, numpy integers).  0, or -1
+ * with a ValueError naming `name` and the range (a TypeError for a non-integer). */
+static int int_in_range(PyObject *v, const char *name, unsigned long long hi,
+                        unsigned long long *out, const char *range)
+{
+    PyObject *n = PyNumber_Index(v);
+    if (!n)
+        return -1;
+    int overflow = 0;
+    long long s = PyLong_AsLongLongAndOverflow(n, &overflow);
+    unsigned long long u = 0;
+    int ok = 0;
+    if (overflow > 0) {
+        u = PyLong_AsUnsignedLongLong(n);
+        ok = !(u == (unsigned long long)-1 && PyErr_Occurred());
+        PyErr_Clear();
+    } else if (!overflow && !(s == -1 && PyErr_Occurred())) {
+        ok = s >= 0;
+        u = (unsigned long long)s;
+    }
+    ok = ok && u <= hi;
+    if (!ok && !PyErr_Occurred())
+        PyErr_Format(PyExc_ValueError, "stoke: %s must be in %s, not %R", name, range, n);
+    Py_DECREF(n);
+    if (!ok)
+        return -1;
+    *out = u;
+    return 0;
+}
+
+/* The ThreadsWarning, once per process, for a Python dataset on more than one thread.  0, or
+ * -1 when warnings are errors. */
+static int warn_threads(const LoaderObject *self, int num_workers)
+{
+    static int warned; /* GIL */
+    if (!self->py || warned || (num_workers < 2 && num_workers != STOKE_LOADER_WORKERS_AUTO))
+        return 0;
+    warned = 1;
+    char n[32];
+    snprintf(n, sizeof(n), "%d", num_workers);
+    return PyErr_WarnFormat(
+        StokeThreadsWarning, 2,
+        "stoke: the Python dataset %s runs on %s worker threads of one interpreter: they share "
+        "its global state (the torch, NumPy and random global RNGs), unlike torch's worker "
+        "processes. Each __getitem__ runs alone (a dataset reseeding a global RNG per item, "
+        "like FakeData, gives exactly dataset[i]), but draws from a global RNG without "
+        "reseeding depend on thread timing; num_workers=0 or 1 is reproducible "
+        "(docs/python.md, \"Python datasets\")",
+        self->ds.name, num_workers == STOKE_LOADER_WORKERS_AUTO ? "several (auto)" : n);
+}
+
 static int loader_init(PyObject *obj, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"source",
@@ -88,18 +139,30 @@ static int loader_init(PyObject *obj, PyObject *args, PyObject *kw)
                              NULL};
     LoaderObject *self = (LoaderObject *)obj;
     const char *source = NULL, *pin_dev = NULL, *device = NULL, *mode = NULL, *arena = NULL;
-    PyObject *dataset = NULL;
+    PyObject *dataset = NULL, *seed_obj = NULL, *timeout_obj = NULL;
     stoke_loader_opts o;
     stoke_loader_opts_init(&o);
     Py_ssize_t batch_size = 1;
-    unsigned long long seed = 0;
+    unsigned long long seed = 0, timeout_ms = 0;
     long long rank = -1, world_size = 0;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kw, "|zO$npKippzipIzpLLpzz:Loader", kwlist, &source, &dataset, &batch_size,
-            &o.shuffle, &seed, &o.num_workers, &o.drop_last, &o.pin_memory, &pin_dev,
-            &o.prefetch_factor, &o.persistent_workers, &o.timeout_ms, &device,
+            args, kw, "|zO$npOippzipOzpLLpzz:Loader", kwlist, &source, &dataset, &batch_size,
+            &o.shuffle, &seed_obj, &o.num_workers, &o.drop_last, &o.pin_memory, &pin_dev,
+            &o.prefetch_factor, &o.persistent_workers, &timeout_obj, &device,
             &o.sampler.distributed, &rank, &world_size, &o.in_order, &mode, &arena))
         return -1;
+    /* no silent wrap-around: seed=-1 is not 2^64 - 1, nor 2^64 zero */
+    if ((seed_obj && int_in_range(seed_obj, "seed", UINT64_MAX, &seed, "0 .. 2**64 - 1") < 0) ||
+        (timeout_obj && int_in_range(timeout_obj, "timeout_ms", UINT32_MAX, &timeout_ms,
+                                     "0 .. 2**32 - 1 (0: no limit)") < 0))
+        return -1;
+    if (rank < -1 || world_size < 0 || (world_size > 0 && rank >= world_size)) {
+        PyErr_Format(PyExc_ValueError,
+                     "stoke: rank must be in 0 .. world_size - 1 (-1: from the environment) and "
+                     "world_size >= 1 (0: from the environment), not rank=%lld, world_size=%lld",
+                     rank, world_size);
+        return -1;
+    }
     if (mode && strcmp(mode, "processes") == 0) {
         if (dataset && dataset != Py_None) { /* a child would need its own interpreter state */
             PyErr_SetString(PyExc_ValueError,
@@ -123,6 +186,7 @@ static int loader_init(PyObject *obj, PyObject *args, PyObject *kw)
     }
     o.batch_size = (size_t)batch_size;
     o.seed = seed;
+    o.timeout_ms = (uint32_t)timeout_ms;
     o.pin_memory_device = pin_dev;
     o.device = device;
     o.arena = arena; /* NULL: $STOKE_ARENA */
@@ -140,6 +204,8 @@ static int loader_init(PyObject *obj, PyObject *args, PyObject *kw)
         else if (rc != STOKE_OK)
             rc = raise_status(rc, stoke_last_error());
     }
+    if (rc == 0)
+        rc = warn_threads(self, o.num_workers);
     if (rc != 0) {
         stoke_loader_destroy(self->l);
         self->l = NULL;
@@ -179,7 +245,7 @@ static void loader_dealloc(PyObject *obj)
 static PyObject *loader_close_if_idle(PyObject *obj, PyObject *unused)
 {
     LoaderObject *self = (LoaderObject *)obj;
-    if (self->outstanding > 0)
+    if (self->outstanding > 0 || self->busy)
         Py_RETURN_FALSE;
     loader_close(self);
     Py_RETURN_TRUE;
@@ -191,6 +257,28 @@ static int check(LoaderObject *self)
         return 0;
     PyErr_SetString(PyExc_RuntimeError, "stoke: the loader is not initialized");
     return -1;
+}
+
+/* The C loader takes one consumer at a time: a second Python thread calling into it while the
+ * first waits without the GIL (next, set_epoch...) raises instead of deadlocking in it.  0 with
+ * the loader marked busy (leave() unmarks), or -1 with a RuntimeError. */
+static int enter(LoaderObject *self)
+{
+    if (check(self) < 0)
+        return -1;
+    if (self->busy) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "stoke: DataLoader is being used by another thread (one thread at a time "
+                        "may iterate it or call set_epoch, state_dict, load_state_dict)");
+        return -1;
+    }
+    self->busy = 1;
+    return 0;
+}
+
+static void leave(LoaderObject *self)
+{
+    self->busy = 0;
 }
 
 static PyObject *raise_loader_error(LoaderObject *self, int rc)
@@ -205,7 +293,7 @@ static PyObject *raise_loader_error(LoaderObject *self, int rc)
     return stoke_py_raise(StokeLoaderError, rc, *err ? err : stoke_last_error(), sample);
 }
 
-static PyObject *loader_set_epoch_to(LoaderObject *self, uint64_t epoch, int next)
+static PyObject *set_epoch_locked(LoaderObject *self, uint64_t epoch, int next)
 {
     int rc;
     PyThreadState *ts = PyEval_SaveThread();
@@ -218,17 +306,24 @@ static PyObject *loader_set_epoch_to(LoaderObject *self, uint64_t epoch, int nex
     Py_RETURN_NONE;
 }
 
+/* Busy until the error is read: issuing a warning runs Python code, which may switch threads. */
+static PyObject *loader_set_epoch_to(LoaderObject *self, uint64_t epoch, int next)
+{
+    if (enter(self) < 0)
+        return NULL;
+    PyObject *r = set_epoch_locked(self, epoch, next);
+    leave(self);
+    return r;
+}
+
 /* The iterator of one pass: iter(loader) returns a new one, whose __iter__ is itself (so
  * `it = iter(loader); next(it); for b in it:` goes on where `it` was). */
 typedef struct {
     PyObject_HEAD LoaderObject *loader; /* strong reference */
 } IterObject;
 
-static PyObject *iter_next(PyObject *obj)
+static PyObject *next_locked(LoaderObject *self)
 {
-    LoaderObject *self = ((IterObject *)obj)->loader;
-    if (check(self) < 0)
-        return NULL;
     self->fresh = 0;
     stoke_batch *b = NULL;
     int rc;
@@ -244,6 +339,16 @@ static PyObject *iter_next(PyObject *obj)
     if (rc == STOKE_EEND)
         return NULL; /* StopIteration */
     return raise_loader_error(self, rc);
+}
+
+static PyObject *iter_next(PyObject *obj)
+{
+    LoaderObject *self = ((IterObject *)obj)->loader;
+    if (enter(self) < 0)
+        return NULL;
+    PyObject *r = next_locked(self);
+    leave(self);
+    return r;
 }
 
 static void iter_dealloc(PyObject *obj)
@@ -298,10 +403,11 @@ static PyObject *loader_set_epoch(PyObject *obj, PyObject *arg)
 static PyObject *loader_save_state(PyObject *obj, PyObject *unused)
 {
     LoaderObject *self = (LoaderObject *)obj;
-    if (check(self) < 0)
+    if (enter(self) < 0)
         return NULL;
     stoke_loader_state st;
     int rc = stoke_loader_save_state(self->l, &st);
+    leave(self);
     if (rc != STOKE_OK)
         return stoke_py_raise(StokeError, rc, stoke_last_error(), -1);
     return Py_BuildValue("(IKKK)", st.version, (unsigned long long)st.seed,
@@ -314,7 +420,7 @@ static PyObject *loader_restore_state(PyObject *obj, PyObject *args)
     stoke_loader_state st = {0};
     unsigned long long seed, epoch, cursor;
     if (!PyArg_ParseTuple(args, "IKKK:_restore_state", &st.version, &seed, &epoch, &cursor) ||
-        check(self) < 0)
+        enter(self) < 0)
         return NULL;
     st.seed = seed;
     st.epoch = epoch;
@@ -323,6 +429,7 @@ static PyObject *loader_restore_state(PyObject *obj, PyObject *args)
     PyThreadState *ts = PyEval_SaveThread();
     rc = stoke_loader_restore_state(self->l, &st);
     PyEval_RestoreThread(ts);
+    leave(self);
     if (rc != STOKE_OK)
         return stoke_py_raise(StokeError, rc, stoke_last_error(), -1);
     self->fresh = 1;
@@ -334,7 +441,7 @@ static PyObject *loader_stats(PyObject *obj, PyObject *unused)
     LoaderObject *self = (LoaderObject *)obj;
     if (check(self) < 0)
         return NULL;
-    stoke_loader_stats s = {.size = sizeof(s)};
+    stoke_loader_stats s = {.size = sizeof(s)}; /* thread-safe */
     stoke_loader_get_stats(self->l, &s);
     return Py_BuildValue(
         "{s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:d,s:d,s:d,s:K,s:K}", "samples",

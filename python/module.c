@@ -9,6 +9,7 @@
 
 PyObject *StokeError;
 PyObject *StokeLoaderError;
+PyObject *StokeThreadsWarning;
 
 /* ---- log sink -------------------------------------------------------------------------------
  * The sink may run in any thread (a worker's) and must not call back into stoke, nor take the
@@ -195,12 +196,20 @@ static PyObject *py_flush_warnings(PyObject *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+static PyObject *py_stop_python_datasets(PyObject *self, PyObject *unused)
+{
+    stoke_pyds_stop_all();
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
     {"devices", py_devices, METH_NOARGS, "Backends stoke considered, as dicts."},
     {"accelerator", py_accelerator, METH_NOARGS, "The chosen accelerator as a dict, or None."},
     {"pinned_stats_json", py_pinned_stats_json, METH_NOARGS, "The pinned allocator's counters."},
     {"empty_cache", py_empty_cache, METH_NOARGS, "Releases every idle cached pinned block."},
     {"flush_warnings", py_flush_warnings, METH_NOARGS, "Issues queued library warnings."},
+    {"_stop_python_datasets", py_stop_python_datasets, METH_NOARGS,
+     "For the exit hook: no Python dataset is called from now on."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module_def = {
@@ -235,7 +244,13 @@ PyMODINIT_FUNC PyInit__stoke(void)
     StokeLoaderError = PyErr_NewExceptionWithDoc(
         "stoke.LoaderError", "A failing sample or batch; `sample` is its dataset index.",
         StokeError, NULL);
-    if (!StokeError || !StokeLoaderError ||
+    StokeThreadsWarning = PyErr_NewExceptionWithDoc(
+        "stoke.ThreadsWarning",
+        "A Python dataset runs on several worker threads of one interpreter, sharing its global "
+        "state (RNGs); docs/python.md, \"Python datasets\".",
+        PyExc_RuntimeWarning, NULL);
+    if (!StokeError || !StokeLoaderError || !StokeThreadsWarning ||
+        PyModule_AddObjectRef(m, "ThreadsWarning", StokeThreadsWarning) < 0 ||
         PyModule_AddObjectRef(m, "StokeError", StokeError) < 0 ||
         PyModule_AddObjectRef(m, "LoaderError", StokeLoaderError) < 0 ||
         add_type(m, &StokeLoader_Type, "Loader") < 0 ||

@@ -4,24 +4,45 @@
  * The loader's worker threads call get(): it takes the GIL for __getitem__ and for reading the
  * arrays' buffers, and drops it for the copy into the batch slots.  An exception raised by
  * __getitem__ is kept (with its traceback) keyed by the sample index, and the Loader re-raises
- * it when the failing sample's error reaches the consumer. */
+ * it when the failing sample's error reaches the consumer.
+ *
+ * One call at a time per dataset: `call_lock` is held around each get() (the __getitem__ call,
+ * the conversion, the copy and the release of the items), so a dataset that reseeds a global
+ * RNG per item (torchvision's FakeData) or reuses an output buffer delivers exactly ds[i] with
+ * any number of workers.  Python code runs one thread at a time anyway (the GIL); what the lock
+ * costs is the overlap of GIL-free work inside __getitem__ (I/O, NumPy, torch ops) and of the
+ * copies.  A no-op worker_init keeps the loader from calling get() in the consumer's thread as
+ * well ("assist", dataset.h), so num_workers threads call __getitem__ (the caller's with 0).
+ *
+ * Exit: stoke_pyds_stop_all() (from the package's atexit hook, before the interpreter
+ * finalizes) waits for the get() calls in progress and makes every later one fail without
+ * touching Python: a worker thread that took the GIL, or freed a torch tensor, during
+ * finalization would be ended by pthread_exit, unwinding through libtorch (std::terminate). */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "stoke_py.h"
 
 static const char *const field_names[STOKE_MAX_FIELDS] = {"data", "label", "field2", "field3"};
 
 struct stoke_pyds {
-    PyObject *obj;     /* the dataset */
-    PyObject *errors;  /* {index: exception} (GIL) */
-    PyObject *asarray; /* numpy.asarray, or NULL: for items without the buffer protocol */
+    PyObject *obj;             /* the dataset */
+    PyObject *errors;          /* {index: exception} (GIL) */
+    PyObject *asarray;         /* numpy.asarray, or NULL: for items without the buffer protocol */
+    pthread_mutex_t call_lock; /* held around each get() (see above) */
     uint64_t len;
     int nfields;
     int is_tuple;
     stoke_field fields[STOKE_MAX_FIELDS];
 };
+
+/* Exit (see above): `stopped` set once, `inflight` the get() calls past their check of it. */
+static atomic_int stopped;
+static atomic_int inflight;
 
 /* The stoke dtype of a buffer format ("<f", "B", "=q", "4s"...); -1 for big-endian data. */
 static int dtype_of_format(const char *fmt, Py_ssize_t itemsize)
@@ -63,26 +84,107 @@ static int dtype_of_format(const char *fmt, Py_ssize_t itemsize)
     }
 }
 
-/* A C-contiguous view of `item` (through numpy.asarray if it has no buffer).  0 or -1 (a
- * Python exception set).  *keep receives the object to release after the view. */
-static int get_view(stoke_pyds *p, PyObject *item, Py_buffer *v, PyObject **keep)
+#define UNSUPPORTED_WHY                                                                            \
+    "a field is an array, a tensor, a number or a tuple of them; dict, str and None samples "      \
+    "and fields are not supported yet"
+
+/* Whether a buffer format holds Python objects ('O') or text ('w'), anywhere in a struct. */
+static int format_unsupported(const char *fmt)
 {
-    *keep = Py_NewRef(item);
-    if (PyObject_GetBuffer(item, v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) == 0)
-        return 0;
-    if (!p->asarray) {
+    for (; fmt && *fmt; fmt++) {
+        if (*fmt == ':') { /* a struct member's name, ":name:" */
+            const char *end = strchr(fmt + 1, ':');
+            if (!end)
+                return 0;
+            fmt = end;
+        } else if (*fmt == 'O' || *fmt == 'w') {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static int type_unsupported(PyObject *o)
+{
+    return o == Py_None || PyUnicode_Check(o) || PyDict_Check(o) || PyAnySet_Check(o);
+}
+
+/* The first unsupported object in `o`: itself, or an element of nested tuples and lists (its
+ * "[i][j]" appended to path); NULL if none (GIL). */
+static PyObject *find_unsupported(PyObject *o, char *path, size_t cap, int depth)
+{
+    if (type_unsupported(o))
+        return o;
+    if (depth >= 8 || !(PyTuple_Check(o) || PyList_Check(o)))
+        return NULL;
+    size_t len = strlen(path);
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(o) && i < 4096; i++) {
+        snprintf(path + len, cap - len, "[%zd]", i);
+        PyObject *bad = find_unsupported(PySequence_Fast_GET_ITEM(o, i), path, cap, depth + 1);
+        if (bad)
+            return bad;
+    }
+    path[len] = '\0';
+    return NULL;
+}
+
+/* Sets a TypeError naming sample `index`, field `f` (-1: the sample, not a tuple) and what in
+ * `o` is not supported: the dict, str or None found in it, else its type and buffer format. */
+static void raise_unsupported(uint64_t index, int f, PyObject *o, const char *fmt)
+{
+    char path[128];
+    if (f < 0)
+        snprintf(path, sizeof(path), "sample %llu", (unsigned long long)index);
+    else
+        snprintf(path, sizeof(path), "sample %llu, field %d", (unsigned long long)index, f);
+    PyObject *bad = find_unsupported(o, path, sizeof(path), 0);
+    if (bad)
+        PyErr_Format(PyExc_TypeError, "stoke: %s: %s is not supported (%s)", path,
+                     Py_TYPE(bad)->tp_name, UNSUPPORTED_WHY);
+    else
+        PyErr_Format(PyExc_TypeError,
+                     "stoke: %s: %s of buffer format '%s' (Python objects or text) is not "
+                     "supported (%s)",
+                     path, Py_TYPE(o)->tp_name, fmt ? fmt : "?", UNSUPPORTED_WHY);
+}
+
+/* A C-contiguous view of `item`, field f of sample `index` (f -1: the sample itself), through
+ * numpy.asarray if it has no buffer.  0 or -1 (a Python exception set: a TypeError for a dict,
+ * str or None, or a buffer of Python objects or text).  *keep receives the object to release
+ * after the view. */
+static int get_view(stoke_pyds *p, PyObject *item, uint64_t index, int f, Py_buffer *v,
+                    PyObject **keep)
+{
+    *keep = NULL;
+    if (type_unsupported(item)) { /* numpy.asarray would make an object or text array */
+        raise_unsupported(index, f, item, NULL);
+        return -1;
+    }
+    if (PyObject_GetBuffer(item, v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) == 0) {
+        *keep = Py_NewRef(item);
+    } else if (p->asarray) {
+        PyErr_Clear();
+        PyObject *arr = PyObject_CallOneArg(p->asarray, item);
+        if (!arr || PyObject_GetBuffer(arr, v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+            Py_XDECREF(arr);
+            char path[128] = "";
+            if (find_unsupported(item, path, sizeof(path), 0)) { /* (a, None): ragged */
+                PyErr_Clear();
+                raise_unsupported(index, f, item, NULL);
+            }
+            return -1;
+        }
+        *keep = arr;
+    } else {
+        return -1;
+    }
+    if (format_unsupported(v->format)) { /* object arrays hold pointers, text arrays UCS-4 */
+        raise_unsupported(index, f, item, v->format);
+        PyBuffer_Release(v);
         Py_CLEAR(*keep);
         return -1;
     }
-    PyErr_Clear();
-    Py_DECREF(*keep);
-    *keep = PyObject_CallOneArg(p->asarray, item);
-    if (!*keep)
-        return -1;
-    if (PyObject_GetBuffer(*keep, v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) == 0)
-        return 0;
-    Py_CLEAR(*keep);
-    return -1;
+    return 0;
 }
 
 /* Describes field f from the view of sample 0. */
@@ -181,6 +283,12 @@ static int fetch(stoke_pyds *p, uint64_t index, Py_buffer *views, PyObject **kee
         return -1;
     }
     int n = p->is_tuple ? (PyTuple_Check(item) ? (int)PyTuple_GET_SIZE(item) : -1) : 1;
+    if (n != p->nfields && type_unsupported(item)) {
+        raise_unsupported(index, -1, item, NULL);
+        save_exception(p, index, msg, msg_len);
+        Py_DECREF(item);
+        return -1;
+    }
     if (n != p->nfields) {
         snprintf(msg, msg_len, "__getitem__ returned %s, sample 0 had %d field(s)",
                  Py_TYPE(item)->tp_name, p->nfields);
@@ -190,7 +298,7 @@ static int fetch(stoke_pyds *p, uint64_t index, Py_buffer *views, PyObject **kee
     int got = 0;
     for (; got < n; got++) {
         PyObject *it = p->is_tuple ? PyTuple_GET_ITEM(item, got) : item;
-        if (get_view(p, it, &views[got], &keep[got]) < 0) {
+        if (get_view(p, it, index, p->is_tuple ? got : -1, &views[got], &keep[got]) < 0) {
             save_exception(p, index, msg, msg_len);
             break;
         }
@@ -210,12 +318,30 @@ static int fetch(stoke_pyds *p, uint64_t index, Py_buffer *views, PyObject **kee
     return -1;
 }
 
+static int finalizing(void)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    return Py_IsFinalizing();
+#else
+    return _Py_IsFinalizing();
+#endif
+}
+
 static int pyds_get(void *user, uint64_t index, void *const dst[], int worker, char *msg,
                     size_t msg_len)
 {
     stoke_pyds *p = user;
     Py_buffer views[STOKE_MAX_FIELDS];
     PyObject *keep[STOKE_MAX_FIELDS];
+    (void)worker;
+    pthread_mutex_lock(&p->call_lock);
+    atomic_fetch_add(&inflight, 1); /* before the check: stoke_pyds_stop_all waits for it */
+    if (atomic_load(&stopped) || finalizing()) {
+        atomic_fetch_sub(&inflight, 1);
+        pthread_mutex_unlock(&p->call_lock);
+        snprintf(msg, msg_len, "the Python interpreter is exiting: __getitem__ is not called");
+        return STOKE_ECANCELED;
+    }
     PyGILState_STATE g = PyGILState_Ensure();
     int n = fetch(p, index, views, keep, msg, msg_len);
     if (n > 0) {
@@ -230,7 +356,30 @@ static int pyds_get(void *user, uint64_t index, void *const dst[], int worker, c
         }
     }
     PyGILState_Release(g);
+    atomic_fetch_sub(&inflight, 1);
+    pthread_mutex_unlock(&p->call_lock);
     return n > 0 ? STOKE_OK : STOKE_EDATA;
+}
+
+/* Present so that the loader calls get() only from its worker threads (no "assist" in the
+ * consumer's thread, dataset.h): num_workers threads run __getitem__, not num_workers + 1. */
+static int pyds_worker_init(void *user, int worker, int num_workers)
+{
+    (void)user;
+    (void)worker;
+    (void)num_workers;
+    return STOKE_OK;
+}
+
+void stoke_pyds_stop_all(void)
+{
+    atomic_store(&stopped, 1);
+    Py_BEGIN_ALLOW_THREADS;
+    while (atomic_load(&inflight) > 0) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    Py_END_ALLOW_THREADS;
 }
 
 static uint64_t pyds_length(void *user)
@@ -246,6 +395,7 @@ static void pyds_close(void *user)
     Py_XDECREF(p->errors);
     Py_XDECREF(p->asarray);
     PyGILState_Release(g);
+    pthread_mutex_destroy(&p->call_lock);
     free(p);
 }
 
@@ -269,7 +419,8 @@ static int probe_fields(stoke_pyds *p)
     for (int f = 0; rc == 0 && f < p->nfields; f++) {
         Py_buffer v;
         PyObject *keep;
-        rc = get_view(p, p->is_tuple ? PyTuple_GET_ITEM(item, f) : item, &v, &keep);
+        rc = get_view(p, p->is_tuple ? PyTuple_GET_ITEM(item, f) : item, 0, p->is_tuple ? f : -1,
+                      &v, &keep);
         if (rc == 0) {
             rc = describe(&p->fields[f], f, &v);
             PyBuffer_Release(&v);
@@ -290,6 +441,7 @@ static void fill_dataset(stoke_pyds *p, stoke_dataset *ds)
     memcpy(ds->fields, p->fields, sizeof(p->fields));
     ds->length = pyds_length;
     ds->get = pyds_get;
+    ds->worker_init = pyds_worker_init;
     ds->close = pyds_close;
 }
 
@@ -307,6 +459,7 @@ int stoke_pyds_open(PyObject *obj, stoke_dataset *ds, stoke_pyds **out)
         PyErr_NoMemory();
         return -1;
     }
+    pthread_mutex_init(&p->call_lock, NULL);
     p->obj = Py_NewRef(obj);
     p->len = (uint64_t)len;
     p->errors = PyDict_New();
@@ -320,6 +473,7 @@ int stoke_pyds_open(PyObject *obj, stoke_dataset *ds, stoke_pyds **out)
         Py_XDECREF(p->obj);
         Py_XDECREF(p->errors);
         Py_XDECREF(p->asarray);
+        pthread_mutex_destroy(&p->call_lock);
         free(p);
         return -1;
     }

@@ -30,6 +30,7 @@ typedef struct {
     DLDevice dl_device; /* what __dlpack_device__ reports for the batches */
     int64_t rank, world_size;
     Py_ssize_t outstanding; /* Batch objects alive (GIL) */
+    int busy;               /* a thread is inside a call on `l` that drops the GIL (GIL) */
 } LoaderObject;
 
 typedef struct {
@@ -59,6 +60,7 @@ extern PyTypeObject StokeField_Type;
 extern PyTypeObject StokeIter_Type;
 extern PyObject *StokeError;
 extern PyObject *StokeLoaderError;
+extern PyObject *StokeThreadsWarning;
 
 /* module.c */
 int stoke_py_flush_warnings(void);
@@ -74,6 +76,10 @@ int stoke_pyds_open(PyObject *obj, stoke_dataset *ds, stoke_pyds **out);
  * with a note naming the sample.  Returns 1 when it raised one, 0 when none was saved. */
 int stoke_pyds_reraise(stoke_pyds *p, const char *err);
 void stoke_pyds_clear(stoke_pyds *p);
+/* For the exit hook (GIL held): waits for the calls into Python datasets in progress, then
+ * makes every later one fail at once (STOKE_ECANCELED) without touching Python, so no worker
+ * thread runs Python while the interpreter finalizes.  For good: the process is exiting. */
+void stoke_pyds_stop_all(void);
 
 /* Maps a stoke dtype to a buffer format and a DLPack dtype.  Returns 0, -1 for an unknown one. */
 int stoke_py_dtype(int dtype, size_t itemsize, const char **format, DLDataType *dl);

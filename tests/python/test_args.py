@@ -1,0 +1,57 @@
+"""Out-of-range arguments raise, naming the argument and its range, instead of wrapping
+silently: rank=-2 / -7 (was: the environment's rank, 0), rank >= world_size, world_size < 1,
+timeout >= 2^32 ms or negative, seed=2**64 (was 0) and seed=-1 (was 2^64 - 1).  The same
+checks in _stoke.Loader (the C type behind DataLoader).  Valid edges still work."""
+import stoke_testlib as T
+
+T.need("numpy")
+import stoke  # noqa: E402
+
+SRC = "synthetic:12,shape=4"
+
+
+def raises(kw, exc, *words, cls=stoke.DataLoader):
+    try:
+        cls(SRC, num_workers=0, pin_memory=False, **kw)
+    except exc as e:
+        for w in words:
+            T.check(w in str(e), "%s: %r lacks %r" % (kw, str(e), w))
+        return
+    except Exception as e:  # noqa: BLE001
+        T.check(False, "%s: %s %s, not %s" % (kw, type(e).__name__, e, exc.__name__))
+    T.check(False, "%s: accepted" % kw)
+
+
+for rank in (-2, -7, -1):
+    raises(dict(rank=rank, world_size=4), ValueError, "rank", "0 .. world_size - 1")
+    raises(dict(rank=rank), ValueError, "rank")
+raises(dict(rank=4, world_size=4), ValueError, "rank", "world_size - 1 = 3")
+for ws in (0, -3):
+    raises(dict(rank=0, world_size=ws), ValueError, "world_size", ">= 1")
+raises(dict(timeout=2**32 / 1000.0), ValueError, "timeout", "4294967.295 seconds")
+raises(dict(timeout=1e12), ValueError, "timeout", "seconds")
+raises(dict(timeout=-1), ValueError, "timeout", "seconds")
+raises(dict(timeout=float("inf")), ValueError, "timeout")
+raises(dict(timeout=float("nan")), ValueError, "timeout")
+raises(dict(seed=2**64), ValueError, "seed", "0 .. 2**64 - 1")
+raises(dict(seed=-1), ValueError, "seed", "0 .. 2**64 - 1")
+raises(dict(seed=2**70), ValueError, "seed", "0 .. 2**64 - 1")
+raises(dict(seed=1.5), TypeError, "seed")
+
+# the C type takes timeout_ms and the C sentinels (-1 / 0: from the environment)
+C = stoke._stoke.Loader
+raises(dict(timeout_ms=2**32), ValueError, "timeout_ms", "2**32 - 1", cls=C)
+raises(dict(timeout_ms=-1), ValueError, "timeout_ms", cls=C)
+raises(dict(seed=-1), ValueError, "seed", cls=C)
+raises(dict(seed=2**64), ValueError, "seed", cls=C)
+raises(dict(distributed=True, rank=-2, world_size=4), ValueError, "rank", cls=C)
+raises(dict(distributed=True, rank=2, world_size=-1), ValueError, "world_size", cls=C)
+
+# the edges that are valid
+a = stoke.DataLoader(SRC, num_workers=0, pin_memory=False, seed=2**64 - 1, shuffle=True,
+                     timeout=(2**32 - 1) / 1000.0)
+T.check(a.state_dict()["seed"] == 2**64 - 1, "seed %r" % a.state_dict()["seed"])
+b = stoke.DataLoader(SRC, num_workers=0, pin_memory=False, rank=3, world_size=4)
+T.check((b.rank, b.world_size) == (3, 4), "rank %d/%d" % (b.rank, b.world_size))
+T.check(len(b) == 3, "rank 3 of 4 of 12 samples: %d batches" % len(b))
+print("ok")
