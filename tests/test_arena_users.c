@@ -4,8 +4,9 @@
  * ("-init", listening or not), squats every slot name, or squats the slots a running arena has
  * free.  Each time the victim's open fails at once with STOKE_EBUSY naming the other uid (and
  * its pid where the kernel tells it) and never maps the other user's memory; an arena of the
- * victim that is still served is used, the squatter only named in a warning; and the other
- * user connecting to the victim's slot gets nothing.
+ * victim that is still served is used, the squatter only named in a warning; the other user
+ * connecting to the victim's slot gets nothing; and a slot name taken by the other user after
+ * the victim's process there died does not keep that process's chunks from coming back.
  *
  * Needs root: the attacker is a user made here with useradd ("stoke-attacker"; one that exists
  * is used), run as a fork of this test after setresgid/setresuid.  Not root, or no user could
@@ -501,8 +502,79 @@ static void test_attacker_cannot_attach(void **state)
     assert_int_equal(stoke_arena_close(a), STOKE_OK);
 }
 
-int main(void)
+/* A process of the victim holding 768 KiB of a 1 MiB arena is killed, and the attacker takes
+ * its slot name before anyone reclaimed: an allocation that finds no room still gets the
+ * chunks back (the name held by another uid means the victim's process there is gone). */
+static void test_dead_slot_squatted(void **state)
 {
+    (void)state;
+    need_attacker();
+    char name[64];
+    name_of(name, sizeof(name), "dead");
+    stoke_arena *a;
+    assert_int_equal(stoke_arena_open(name, MIB, &a), STOKE_OK);
+    int pp[2];
+    assert_int_equal(pipe2(pp, O_CLOEXEC), 0);
+    pid_t hog = fork();
+    assert_true(hog >= 0);
+    if (hog == 0) {
+        /* only async-signal-safe calls until exec: a fresh process of this uid */
+        if (dup2(pp[1], 3) < 0)
+            _exit(120);
+        char *argv[] = {"test_arena_users", "hog", name, NULL};
+        execv("/proc/self/exe", argv);
+        _exit(121);
+    }
+    close(pp[1]);
+    struct pollfd pf = {.fd = pp[0], .events = POLLIN};
+    char c = 0;
+    int ready = poll(&pf, 1, WAIT_S * 1000) == 1 && read(pp[0], &c, 1) == 1 && c == 'r';
+    kill(hog, SIGKILL);
+    waitpid(hog, NULL, 0);
+    close(pp[0]);
+    if (!ready)
+        fail_msg("the victim's second process did not attach and allocate");
+    evil_plan p = {.flags = LISTEN};
+    evil_plan_name(&p, name, 1); /* the hog's slot */
+    evil e = evil_start(&p);
+    tu_log_clear();
+    void *q = NULL;
+    int rc = stoke_arena_alloc(a, 512 * 1024, &q);
+    if (rc != STOKE_OK)
+        fail_msg("alloc: %s (%s)", stoke_err_name(rc), stoke_last_error());
+    char want[96];
+    snprintf(want, sizeof(want), "uid %u, another user, now holds its slot name",
+             (unsigned)evil_uid);
+    assert_int_equal(tu_log_count(STOKE_LOG_WARN, want), 1);
+    stoke_arena_stats st = {.size = sizeof(st)};
+    assert_int_equal(stoke_arena_stats_get(a, &st), STOKE_OK);
+    assert_int_equal(st.reclaims, 1);
+    assert_int_equal(st.reclaimed_bytes, 768 * 1024);
+    assert_int_equal(st.processes, 1);
+    evil_stop(&e);
+    assert_int_equal(stoke_arena_free(a, q), STOKE_OK);
+    assert_int_equal(stoke_arena_close(a), STOKE_OK);
+}
+
+/* The victim's second process (argv: hog NAME): attaches, allocates 768 KiB, says so on fd 3,
+ * waits to be killed. */
+static int hog_main(const char *name)
+{
+    stoke_arena *a = NULL;
+    void *p = NULL;
+    if (stoke_arena_open(name, 0, &a) != STOKE_OK || stoke_arena_alloc(a, 768 * 1024, &p) != 0)
+        return 1;
+    memset(p, 0x11, 768 * 1024);
+    if (write(3, "r", 1) != 1)
+        return 2;
+    for (;;)
+        pause();
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 3 && strcmp(argv[1], "hog") == 0)
+        return hog_main(argv[2]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_answer_on_slot, setup, teardown),
         cmocka_unit_test_setup_teardown(test_init_squatted, setup, teardown),
@@ -510,6 +582,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_free_slots_squatted, setup, teardown),
         cmocka_unit_test_setup_teardown(test_squatter_skipped, setup, teardown),
         cmocka_unit_test_setup_teardown(test_attacker_cannot_attach, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_dead_slot_squatted, setup, teardown),
     };
     return tu_exit_status(cmocka_run_group_tests(tests, NULL, NULL));
 }

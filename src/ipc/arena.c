@@ -329,6 +329,13 @@ static int foreign(const ar_who *w)
     return w->known && w->uid != getuid();
 }
 
+int stoke__arena_slot_foreign(const char *name, int slot, unsigned *uid)
+{
+    ar_who w = who_holds(name, slot);
+    *uid = (unsigned)w.uid;
+    return foreign(&w);
+}
+
 /* "uid 1001 (pid 4242)" or "uid 1001 (pid unknown)" */
 static const char *who_str(const ar_who *w, char *buf, size_t len)
 {

@@ -143,26 +143,36 @@ static uint64_t free_slot_chunks(stoke_arena *a, int slot)
 
 /* Lock held: reclaims the chunks of every recorded slot whose name nobody holds (the process
  * exited, was killed, or exec'd).  Our probe holds the name while reclaiming, so no newcomer
- * can take the slot meanwhile. */
-static void reclaim_gone(stoke_arena *a)
+ * can take the slot meanwhile.  With `ask_holders` (an allocation found no room), a slot whose
+ * name a process of another uid holds is gone too: its process of this uid let go of the name
+ * and a squatter took it (no newcomer of this uid can bind it either). */
+static void reclaim_gone(stoke_arena *a, int ask_holders)
 {
     ar_hdr *h = a->h;
     for (int k = 0; k < AR_MAXP; k++) {
         if (k == a->slot || (h->procs[k].pid == 0 && h->procs[k].chunks == 0))
             continue;
+        unsigned uid = 0;
         int probe = stoke__arena_bind(a->name, k);
-        if (probe < 0)
-            continue; /* someone holds slot k: alive */
+        if (probe < 0 && !(ask_holders && stoke__arena_slot_foreign(a->name, k, &uid)))
+            continue; /* someone of this uid holds slot k: alive */
         int32_t pid = h->procs[k].pid;
         uint64_t n = free_slot_chunks(a, k);
         h->procs[k].pid = 0;
         h->reclaims++;
         h->reclaimed_chunks += n;
-        close(probe);
-        stoke__log(STOKE_LOG_INFO,
-                   "arena '%s': process %d (slot %d) is gone; %llu bytes of its allocations "
-                   "returned to the arena",
-                   a->name, (int)pid, k, (unsigned long long)(n * a->chunk));
+        if (probe >= 0) {
+            close(probe);
+            stoke__log(STOKE_LOG_INFO,
+                       "arena '%s': process %d (slot %d) is gone; %llu bytes of its allocations "
+                       "returned to the arena",
+                       a->name, (int)pid, k, (unsigned long long)(n * a->chunk));
+        } else {
+            stoke__log(STOKE_LOG_WARN,
+                       "arena '%s': process %d (slot %d) is gone and uid %u, another user, now "
+                       "holds its slot name; %llu bytes of its allocations returned to the arena",
+                       a->name, (int)pid, k, uid, (unsigned long long)(n * a->chunk));
+        }
     }
 }
 
@@ -185,7 +195,7 @@ static int lock_hdr(stoke_arena *a, const char *what)
                    "allocations of processes that are gone",
                    a->name, (int)dead);
         h->lock_pid = (int32_t)getpid();
-        reclaim_gone(a);
+        reclaim_gone(a, 0);
         pthread_mutex_consistent(&h->lock);
         e = 0;
     }
@@ -298,7 +308,7 @@ int stoke_arena_alloc(stoke_arena *a, size_t size, void **out)
         return rc;
     uint64_t i = find_run(a, n);
     if (i == UINT64_MAX) {
-        reclaim_gone(a);
+        reclaim_gone(a, 1);
         i = find_run(a, n);
     }
     if (i == UINT64_MAX) {
@@ -380,7 +390,7 @@ int stoke_arena_stats_get(stoke_arena *a, stoke_arena_stats *out)
     if ((rc = lock_hdr(a, what)) != STOKE_OK)
         return rc;
     ar_hdr *h = a->h;
-    reclaim_gone(a);
+    reclaim_gone(a, 0);
     stoke_arena_stats s;
     memset(&s, 0, sizeof(s));
     s.version = STOKE_ARENA_STATS_VERSION;

@@ -88,6 +88,8 @@ struct stoke_arena {
 unsigned stoke__arena_addr(const char *name, int slot, void *sockaddr_un);
 /* A fresh socket bound to `name`'s slot, or -1 (errno EADDRINUSE when someone holds it). */
 int stoke__arena_bind(const char *name, int slot);
+/* 1 when a process of another uid holds the name of `name`'s slot (*uid: which), else 0. */
+int stoke__arena_slot_foreign(const char *name, int slot, unsigned *uid);
 
 /* The loader's way in: `spec` is "name[:size]" (name "auto": stoke_arena_default_name; NULL:
  * $STOKE_ARENA; NULL or "" then: *out stays NULL, STOKE_OK).  Without a size it attaches to a
