@@ -3,6 +3,7 @@ as torchvision's FakeData does) delivers exactly ds[i] for every sample with 2 w
 __getitem__ calls (with the conversion and copy) run one at a time.  (Before: 24-210 of 512
 labels differed, the threads' seed-and-draw sequences interleaving.)  A Python dataset on more
 than one thread gives one stoke.ThreadsWarning per process; on one thread none."""
+import threading
 import warnings
 
 import stoke_testlib as T
@@ -72,4 +73,33 @@ T.check(len(mine) == 1, "ThreadsWarnings: %s" % mine)
 T.check(issubclass(stoke.ThreadsWarning, RuntimeWarning), "not a RuntimeWarning")
 T.check("python:Reseeding" in mine[0] and "2 worker threads" in mine[0], mine[0])
 del one
+
+
+# num_workers=1: one thread calls __getitem__ (the loader does not also call it from the
+# consumer's thread), so even unseeded global-RNG draws come in one order; 0: the caller's
+class Threads:
+    def __init__(self):
+        self.idents = set()
+
+    def __len__(self):
+        return 256
+
+    def __getitem__(self, i):
+        self.idents.add(threading.get_ident())
+        return np.full(2, i, dtype=np.int64)
+
+
+for workers in (0, 1):
+    ds = Threads()
+    loader = stoke.DataLoader(ds, batch_size=1, num_workers=workers, pin_memory=False)
+    ds.idents.clear()  # construction read ds[0] in this thread
+    n = 0
+    for b in loader:
+        n += len(b)
+        del b
+    T.check(n == 256, "samples %d" % n)
+    main = threading.get_ident() in ds.idents
+    T.check(len(ds.idents) == 1 and main == (workers == 0),
+            "num_workers=%d: __getitem__ ran on %d thread(s), main thread %s"
+            % (workers, len(ds.idents), main))
 print("ok")
