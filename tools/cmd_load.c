@@ -128,6 +128,7 @@ static void usage(FILE *f)
             "                           tar:PATTERN[,fields=EXT:EXT] (shards: {000..099}, globs)\n"
             "                           images:DIR[,size=224][,train|eval][,layout=chw|hwc]\n"
             "                             [,dtype=u8|f32][,mean=R:G:B,std=R:G:B][,seed=N]\n"
+            "                             [,max_decode_bytes=SIZE] (default 256M)\n"
             "  --batch-size N         samples per batch, >= 1 (default 256)\n"
             "  --workers N|auto       worker threads 0..1024, 0 = the caller's thread; auto (the\n"
             "                         default): one per core (at most 16), how many get work\n"
