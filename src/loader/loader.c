@@ -676,10 +676,7 @@ int stoke_loader_create(const stoke_loader_opts *o, stoke_dataset *ds, stoke_loa
     int rc = validate(l);
     if (rc == STOKE_OK)
         rc = size_loader(l);
-    if (rc == STOKE_OK)
-        rc = allocate(l);
-    if (rc == STOKE_OK && l->o.device)
-        rc = stoke__loader_setup_device(l);
+    /* before allocate forks a zygote: process workers start from the dataset as set here */
     if (rc == STOKE_OK && STOKE_DATASET_HAS(&l->ds, set_epoch) &&
         (rc = l->ds.set_epoch(l->ds.user, l->o.epoch)) != STOKE_OK) {
         rc = rc < 0 ? rc : STOKE_EDATA;
@@ -687,6 +684,10 @@ int stoke_loader_create(const stoke_loader_opts *o, stoke_dataset *ds, stoke_loa
                    "loader: set_epoch(%" PRIu64 ") of dataset %s failed (%s)", l->o.epoch,
                    l->ds.name, stoke_err_name(rc));
     }
+    if (rc == STOKE_OK)
+        rc = allocate(l);
+    if (rc == STOKE_OK && l->o.device)
+        rc = stoke__loader_setup_device(l);
     if (rc != STOKE_OK) {
         stoke__fail(rc, "%s", l->err[0] ? l->err : stoke_last_error());
         stoke_loader_destroy(l); /* keeps the last error */
@@ -736,7 +737,7 @@ void stoke_loader_destroy(stoke_loader *l)
         return;
     stoke__saved_error saved;
     stoke__error_save(&saved);
-    if (stoke__loader_foreign(l)) { /* a fork's copy: see destroy_forked */
+    if (stoke__loader_forked(l)) { /* a fork's copy: see destroy_forked */
         destroy_forked(l);
         stoke__error_restore(&saved);
         return;

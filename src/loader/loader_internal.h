@@ -465,9 +465,12 @@ void stoke__proc_destroy(stoke_loader *l);
 uint64_t stoke__proc_restarts(const stoke_loader *l);
 /* Forks (procworker.c): the number of forks this process descends from since the first
  * create (a pthread_atfork child handler counts them and closes every live loader's sockets in
- * the child); whether l was created by another process (this one is a fork of it: l's threads
- * and children are not here); that error, STOKE_ESTATE, for the API calls that would wait. */
+ * the child); whether l was created by another process (forked: this one is a fork of it, l's
+ * threads and children are not here; foreign: forked and l has threads, processes, device
+ * copies or an arena, so it cannot be used here); that error, STOKE_ESTATE, for the API calls
+ * that would wait. */
 unsigned stoke__fork_gen(void);
+int stoke__loader_forked(const stoke_loader *l);
 int stoke__loader_foreign(const stoke_loader *l);
 int stoke__loader_forked_fail(stoke_loader *l);
 

@@ -19,8 +19,10 @@
  *                     children (idle at destroy; a dead loader's must stop at once), reaps
  *                     them and exits.
  *   parent -> child:  wreq (a batch: handle, slot, seq, seed, epoch, flags, poisoned samples);
- *                     the child calls the dataset's set_epoch when the epoch is not the one it
- *                     last set (its copy of the dataset never saw the parent's calls).
+ *                     the child calls the dataset's set_epoch when the epoch is not the one its
+ *                     copy of the dataset was last set to (create's call, made before the
+ *                     zygote forks, then its own: the parent's later calls reach only the
+ *                     parent's copy).
  *   child -> parent:  zero or more wmsg BAD (the batch's bad samples), then one wmsg DONE.
  *                     EOF on its socket: the child exits.
  * Death and fork: the zygote has PR_SET_PDEATHSIG(SIGHUP) and compares getppid() with the
@@ -30,7 +32,8 @@
  * batch, that the zygote is its parent and the parent's end of its socket is open.  Every live
  * loader's descriptors are listed; a pthread_atfork child handler closes them in any forked
  * process (a zygote of another loader, a fork of the user's) and counts forks, so a loader used
- * from a process that did not create it fails at once (stoke__loader_foreign).
+ * from a process that did not create it fails at once (stoke__loader_foreign; a loader of
+ * the caller's thread alone keeps working there).
  * A child that dies (EOF on its socket) is reaped through the zygote; its crash is the failure
  * of the sample it was on: with on_error = error the batch fails, otherwise the sample is
  * "poisoned" (a replacement child's dataset calls fail for it with the crash message, so the
@@ -177,9 +180,18 @@ unsigned stoke__fork_gen(void)
     return atomic_load(&fork_gen);
 }
 
-int stoke__loader_foreign(const stoke_loader *l)
+int stoke__loader_forked(const stoke_loader *l)
 {
     return l->fork_gen != atomic_load(&fork_gen);
+}
+
+/* A forked copy of a loader that makes its batches on the caller's thread into memory of its
+ * own (no worker threads or processes, no device copies, no arena) still works: its state is
+ * a plain copy, as a caller's fork of a 0-worker loader reading rows expects (test_npy_block);
+ * any other's use fails, its threads and processes being the creator's. */
+int stoke__loader_foreign(const stoke_loader *l)
+{
+    return stoke__loader_forked(l) && (l->nworkers > 0 || l->proc || l->device_mode || l->arena);
 }
 
 int stoke__loader_forked_fail(stoke_loader *l)
@@ -342,8 +354,10 @@ static void child_main(stoke_loader *l, int wid, int fd, pid_t zygote)
     }
     static wreq req;
     wmsg m;
-    int epoch_set = 0; /* the dataset's set_epoch was called (with `epoch`) in this process */
-    uint64_t epoch = 0;
+    /* the epoch this process's copy of the dataset was set to: create set it before the zygote
+     * was forked; the parent's later calls reach only the parent's copy */
+    int epoch_set = 1;
+    uint64_t epoch = l->o.epoch;
     for (;;) {
         ssize_t n = recv_msg(fd, &req, sizeof(req));
         if (n != (ssize_t)sizeof(req) || !loader_alive(fd, zygote))
@@ -356,7 +370,6 @@ static void child_main(stoke_loader *l, int wid, int fd, pid_t zygote)
         int rc = init_rc;
         if (rc == STOKE_OK && STOKE_DATASET_HAS(&cw.ds, set_epoch) &&
             (!epoch_set || epoch != req.epoch)) {
-            /* the parent's calls reached only its own copy of the dataset */
             rc = cw.ds.set_epoch(cw.ds.user, req.epoch);
             rc = rc > 0 ? STOKE_EDATA : rc;
             epoch_set = rc == STOKE_OK;
@@ -1001,7 +1014,7 @@ void stoke__proc_destroy(stoke_loader *l)
     stoke__proc *p = l->proc;
     if (!p)
         return;
-    int foreign = stoke__loader_foreign(l);
+    int foreign = stoke__loader_forked(l);
     list_proc(p, 0);
     for (int i = 0; p->w && i < l->nworkers; i++) {
         close_fd(&p->w[i].fd);

@@ -7,8 +7,9 @@
  *
  * State: one bit per block, set by the first worker that touches the block in the epoch (an
  * atomic fetch-or: two workers never both read it), cleared by set_epoch (called by the loader
- * while no get runs).  The bits and two counters live in a MAP_SHARED anonymous mapping, so
- * process workers (forked after the hint) share them with the parent and with each other.
+ * while no get runs) in the process that made them, not in a forked one.  The bits and two
+ * counters live in a MAP_SHARED anonymous mapping, so process workers (forked after the hint)
+ * share them with the parent and with each other.
  *
  * Nothing here changes what a get delivers: a block that is never read ahead (the hint was
  * not a block shuffle, a window of blocks is over a quarter of RAM, the kernel ignores the
@@ -54,6 +55,7 @@ struct stoke__npy_stage {
     _Atomic uint64_t *counters; /* [0] blocks read ahead, [1] blocks found resident */
     _Atomic uint64_t *bits;
     stoke__npy_slots *slots; /* staged blocks (npy_slots.c); NULL: rows read one by one */
+    pid_t pid;               /* the process that made it (and clears the bits) */
 };
 
 /* A number from a sysfs file, or 0. */
@@ -141,6 +143,7 @@ static stoke__npy_stage *stage_new(const stoke__npy_ds *ds, uint64_t rows)
         return NULL;
     s->block_rows = rows;
     s->nblocks = nblocks;
+    s->pid = getpid();
     s->map_len = (size_t)(2 + words) * 8;
     s->map = mmap(NULL, s->map_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (s->map == MAP_FAILED) {
@@ -236,7 +239,10 @@ int stoke__npy_set_epoch(void *user, uint64_t epoch)
     (void)epoch;
     stoke__npy_ds *ds = user;
     stoke__npy_stage *s = atomic_load(&ds->stage);
-    if (s)
+    /* The bits are shared with forked processes (process workers), which call set_epoch too,
+     * on their first batch of an epoch, while other processes' gets run: only the process
+     * that made them clears them (the loader calls it there while no get runs). */
+    if (s && s->pid == getpid())
         for (uint64_t w = 0; w < (s->nblocks + 63) / 64; w++)
             atomic_store_explicit(&s->bits[w], 0, memory_order_relaxed);
     if (s && s->slots)
