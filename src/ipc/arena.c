@@ -26,6 +26,7 @@
 #include <linux/rtnetlink.h>
 #include <linux/sock_diag.h>
 #include <linux/unix_diag.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -249,8 +250,11 @@ static int diag_uid(const struct sockaddr_un *sa, socklen_t len, uid_t *uid)
     req.nh.nlmsg_type = SOCK_DIAG_BY_FAMILY;
     req.nh.nlmsg_flags = NLM_F_REQUEST | NLM_F_DUMP;
     req.r.sdiag_family = AF_UNIX;
-    req.r.udiag_states = ~0u;
-    req.r.udiag_show = UDIAG_SHOW_NAME | UDIAG_SHOW_UID;
+    /* Only the holder of a name: listening or bound and unconnected.  A connection queued on a
+     * listener and never accepted carries the listener's name too, with uid 0 (it was made by
+     * the kernel): established sockets, and any with a peer, are skipped. */
+    req.r.udiag_states = (1u << TCP_LISTEN) | (1u << TCP_CLOSE);
+    req.r.udiag_show = UDIAG_SHOW_NAME | UDIAG_SHOW_UID | UDIAG_SHOW_PEER;
     struct sockaddr_nl nl = {.nl_family = AF_NETLINK};
     struct timeval tv = {.tv_sec = 1};
     setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
@@ -278,7 +282,9 @@ static int diag_uid(const struct sockaddr_un *sa, socklen_t len, uid_t *uid)
             if (m->udiag_type != SOCK_STREAM || found)
                 continue; /* keep reading to the end of the dump */
             int alen = (int)(h->nlmsg_len - NLMSG_LENGTH(sizeof(*m)));
-            int named = 0, have_uid = 0;
+            if (m->udiag_state != TCP_LISTEN && m->udiag_state != TCP_CLOSE)
+                continue;
+            int named = 0, have_uid = 0, peer = 0;
             uint32_t u = 0;
             for (struct rtattr *at = (struct rtattr *)(void *)(m + 1); RTA_OK(at, alen);
                  at = RTA_NEXT(at, alen)) {
@@ -288,9 +294,13 @@ static int diag_uid(const struct sockaddr_un *sa, socklen_t len, uid_t *uid)
                 else if (at->rta_type == UNIX_DIAG_UID && RTA_PAYLOAD(at) >= sizeof(u)) {
                     memcpy(&u, RTA_DATA(at), sizeof(u));
                     have_uid = 1;
+                } else if (at->rta_type == UNIX_DIAG_PEER && RTA_PAYLOAD(at) >= sizeof(u)) {
+                    uint32_t ino;
+                    memcpy(&ino, RTA_DATA(at), sizeof(ino));
+                    peer = ino != 0;
                 }
             }
-            if (named && have_uid) {
+            if (named && have_uid && !peer) {
                 *uid = (uid_t)u;
                 found = 1;
             }
@@ -322,6 +332,16 @@ static ar_who who_holds(const char *name, int slot)
     if (!w.known && diag_uid(&sa, len, &w.uid))
         w.known = 1;
     return w;
+}
+
+int stoke__arena_name_uid(const char *name, int slot, unsigned *uid)
+{
+    struct sockaddr_un sa;
+    socklen_t len = stoke__arena_addr(name, slot, &sa);
+    uid_t u = 0;
+    int found = diag_uid(&sa, len, &u);
+    *uid = (unsigned)u;
+    return found;
 }
 
 static int foreign(const ar_who *w)
@@ -367,8 +387,10 @@ static int take_open_lock(const char *name, int *out)
     for (;;) {
         int s = stoke__arena_bind(name, -1);
         if (s >= 0) {
-            /* Listening lets waiters ask who holds the lock (who_holds); nobody accepts. */
-            if (listen(s, AR_MAXP) != 0) {
+            /* Listening lets waiters ask who holds the lock (who_holds: their connect gives
+             * them our credentials); drain_lock empties the queue of their connections. */
+            int fl = fcntl(s, F_GETFL);
+            if (fl < 0 || fcntl(s, F_SETFL, fl | O_NONBLOCK) != 0 || listen(s, AR_MAXP) != 0) {
                 int e = errno;
                 close(s);
                 return stoke__fail(STOKE_EIO, "stoke_arena_open: arena '%s': listen: %s", name,
@@ -401,28 +423,59 @@ static int take_open_lock(const char *name, int *out)
     }
 }
 
+/* The holder of the opening lock closes the connections waiters made to ask who holds it (they
+ * read our credentials at connect), so that its queue never fills (a full one turns their
+ * question into a lookup in the kernel's socket table). */
+static void drain_lock(int lock)
+{
+    int c;
+    while ((c = accept4(lock, NULL, NULL, SOCK_CLOEXEC)) >= 0 || errno == EINTR)
+        if (c >= 0)
+            close(c);
+}
+
 /* Asks slot k for the arena: 1 with *fd and *hello filled; 0 when nobody answers there;
- * -1 when a process of another uid holds the name (*w says who; nothing was read from it). */
+ * -1 when a process of another uid holds the name (*w says who; nothing was read from it).
+ * Never blocks on the holder: the connect does not wait (a listener whose queue is full, as a
+ * squatter can make it, gives EAGAIN: the kernel's socket table then says whose it is) and the
+ * answer is awaited for at most AR_HELLO_WAIT_S. */
 static int ask_slot(const char *name, int k, int *fd, ar_hello *hello, ar_who *w)
 {
     struct sockaddr_un sa;
     socklen_t len = stoke__arena_addr(name, k, &sa);
-    int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (s < 0)
         return 0;
     int got = 0;
-    if (connect(s, (struct sockaddr *)&sa, len) == 0) {
-        /* Abstract names have no owner: whoever answers must be of our uid, or nothing it
-         * sends is looked at. */
-        struct ucred cred = {.pid = 0, .uid = (uid_t)-1, .gid = (gid_t)-1};
-        socklen_t cl = sizeof(cred);
-        if (getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 || cred.uid != getuid()) {
-            *w = (ar_who){.known = 1, .uid = cred.uid, .pid = cred.pid};
-            close(s);
-            return -1;
+    if (connect(s, (struct sockaddr *)&sa, len) != 0) {
+        int e = errno;
+        close(s);
+        uid_t u = 0;
+        if (e == EAGAIN && diag_uid(&sa, len, &u)) {
+            if (u != getuid()) {
+                *w = (ar_who){.known = 1, .uid = u};
+                return -1;
+            }
+            stoke__log(STOKE_LOG_WARN,
+                       "arena '%s': slot %d's process (of this uid) does not take connections "
+                       "(its queue is full); skipped",
+                       name, k);
         }
-        struct timeval tv = {.tv_sec = AR_HELLO_WAIT_S};
-        setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+        return 0;
+    }
+    /* Abstract names have no owner: whoever answers must be of our uid, or nothing it sends is
+     * looked at. */
+    struct ucred cred = {.pid = 0, .uid = (uid_t)-1, .gid = (gid_t)-1};
+    socklen_t cl = sizeof(cred);
+    if (getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 || cred.uid != getuid()) {
+        *w = (ar_who){.known = 1, .uid = cred.uid, .pid = cred.pid};
+        close(s);
+        return -1;
+    }
+    int fl = fcntl(s, F_GETFL);
+    struct timeval tv = {.tv_sec = AR_HELLO_WAIT_S};
+    if (fl >= 0 && fcntl(s, F_SETFL, fl & ~O_NONBLOCK) == 0 &&
+        setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) == 0) {
         int f = -1;
         ssize_t n = stoke__recvmsg_fd(s, hello, sizeof(*hello), &f);
         if (n == (ssize_t)sizeof(*hello) && f >= 0 && hello->magic == AR_MAGIC) {
@@ -438,11 +491,13 @@ static int ask_slot(const char *name, int k, int *fd, ar_hello *hello, ar_who *w
 
 /* 1: a process of this uid answered (*fd, *hello); 0: nobody did; -1: nobody of this uid did,
  * but a process of another uid holds a slot name (*w and *wslot: the first such). */
-static int find_served(const char *name, int *fd, ar_hello *hello, ar_who *w, int *wslot)
+static int find_served(const char *name, int lock, int *fd, ar_hello *hello, ar_who *w,
+                       int *wslot)
 {
     int seen_foreign = 0;
     for (int k = 0; k < AR_MAXP; k++) {
         ar_who kw = {0};
+        drain_lock(lock);
         int r = ask_slot(name, k, fd, hello, &kw);
         if (r == 1) {
             if (seen_foreign) {
@@ -684,13 +739,13 @@ static void destroy(stoke_arena *a)
 }
 
 /* Steps 1-4 of the comment at the top, under the opening lock. */
-static int open_locked(stoke_arena *a, size_t size)
+static int open_locked(stoke_arena *a, size_t size, int lock)
 {
     int fd = -1;
     ar_hello hello;
     ar_who w = {0};
     int rc, wslot = -1;
-    int found = find_served(a->name, &fd, &hello, &w, &wslot);
+    int found = find_served(a->name, lock, &fd, &hello, &w, &wslot);
     if (found < 0) {
         char which[32];
         snprintf(which, sizeof(which), "slot %d", wslot);
@@ -705,8 +760,10 @@ static int open_locked(stoke_arena *a, size_t size)
                            (unsigned)getuid(), a->name);
     else
         rc = create_arena(a, size);
+    drain_lock(lock);
     if (rc == STOKE_OK)
         rc = take_slot(a);
+    drain_lock(lock);
     if (rc == STOKE_OK)
         rc = stoke__arena_claim(a);
     if (rc == STOKE_OK)
@@ -740,7 +797,7 @@ int stoke_arena_open(const char *name, size_t size, stoke_arena **out)
     if (rc == STOKE_OK)
         rc = take_open_lock(a->name, &lock);
     if (rc == STOKE_OK)
-        rc = open_locked(a, size);
+        rc = open_locked(a, size, lock);
     if (lock >= 0)
         close(lock);
     if (rc == STOKE_OK)

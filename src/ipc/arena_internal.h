@@ -90,6 +90,10 @@ unsigned stoke__arena_addr(const char *name, int slot, void *sockaddr_un);
 int stoke__arena_bind(const char *name, int slot);
 /* 1 when a process of another uid holds the name of `name`'s slot (*uid: which), else 0. */
 int stoke__arena_slot_foreign(const char *name, int slot, unsigned *uid);
+/* 1 when the kernel's socket table (NETLINK_SOCK_DIAG with UDIAG_SHOW_UID, Linux 5.3) names
+ * the uid (*uid) of the socket holding the name of `name`'s slot (-1: the opening lock); 0 when
+ * it does not (nobody holds it, or the kernel has no unix_diag). */
+int stoke__arena_name_uid(const char *name, int slot, unsigned *uid);
 
 /* The loader's way in: `spec` is "name[:size]" (name "auto": stoke_arena_default_name; NULL:
  * $STOKE_ARENA; NULL or "" then: *out stays NULL, STOKE_OK).  Without a size it attaches to a
