@@ -17,6 +17,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -37,11 +38,11 @@ typedef struct shared {
     _Atomic int hang_pid;     /* the child hanging at `hang` */
     _Atomic int init_calls;   /* worker_init calls (children) */
     _Atomic int init_workers; /* bit w: worker_init(w) was called in a child */
-    uint64_t slow;            /* in a child: publish pids, wait for p_killed, 1 s, orphan_wrote */
+    uint64_t slow;            /* in a child: publish pids, wait for p_killed, 3 s, orphan_wrote */
     _Atomic int w_pid, z_pid; /* the child at `slow` and its parent (the zygote) */
     _Atomic int s_pid;        /* the sleeping fork of the loader's process (orphans test) */
     _Atomic int p_killed;     /* the loader's process was SIGKILLed and reaped */
-    _Atomic int orphan_wrote; /* the child at `slow` outlived its loader by 1 s */
+    _Atomic int orphan_wrote; /* the child at `slow` outlived its loader by 3 s */
 } shared;
 
 static shared *sh;
@@ -81,7 +82,7 @@ static int pds_get(void *user, uint64_t index, void *const dst[], int worker, ch
             atomic_store(&sh->w_pid, (int)getpid());
             while (!atomic_load(&sh->p_killed))
                 sleep_ms(1);
-            sleep_ms(1000);
+            sleep_ms(3000);                     /* as long as the test waits for its death */
             atomic_store(&sh->orphan_wrote, 1); /* would write into the dead loader's buffer */
         }
     }
@@ -1042,6 +1043,12 @@ static void test_zygote_stopped(void **state)
     take(l, 1, &r, UINT64_MAX);
     assert_int_equal(r.rc, STOKE_EEND);
     assert_int_equal(r.n, N);
+    /* the child forked for the request that timed out was killed and reaped (zreq FORGET),
+     * not left a zombie of the zygote: the worker alone remains */
+    int nk = 0;
+    for (int t = 0; t < 600 && (nk = children_of(z, kids, 4)) != 1; t++)
+        sleep_ms(5);
+    assert_int_equal(nk, 1);
     stoke_loader_destroy(l);
     stoke_dataset_close(&ds);
     stoke_dataset_close(&p.inner);
@@ -1088,6 +1095,12 @@ static void test_fork_child(void **state)
         ls.version = STOKE_LOADER_STATE_VERSION;
         if (stoke_loader_restore_state(l, &ls) != STOKE_ESTATE)
             bad |= 4;
+        stoke_loader_stats s;
+        memset(&s, 0, sizeof(s));
+        s.size = sizeof(s);
+        if (stoke_loader_get_stats(l, &s) != STOKE_ESTATE ||
+            stoke_loader_save_state(l, &ls) != STOKE_ESTATE)
+            bad |= 8; /* they would take the parent's mutex, maybe held */
         stoke_loader_destroy(l);
         _exit(bad);
     }
@@ -1144,6 +1157,43 @@ static void test_several_loaders(void **state)
     assert_int_equal(count_fds(), fds);
 }
 
+/* A process forked without the fork handlers (the raw system call) holds every socket of the
+ * loader: destroy still ends the zygote at once (zreq EXIT), not after waiting 5 s for an EOF
+ * that the fork's copy of the socket prevents. */
+static void test_destroy_socket_held(void **state)
+{
+    (void)state;
+    reset_shared();
+    pds p;
+    stoke_dataset ds;
+    pds_open(&p, 0, 0, &ds);
+    stoke_loader_opts o;
+    opts(&o, "error", STOKE_WORKER_PROCESSES, 1, 0);
+    stoke_loader *l;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    stoke_batch *b;
+    assert_int_equal(stoke_loader_next(l, &b), STOKE_OK); /* its worker exists */
+    stoke_batch_release(b);
+    fflush(NULL);
+    long c = syscall(SYS_fork);
+    assert_true(c >= 0);
+    if (c == 0) {
+        for (;;)
+            pause(); /* until the test kills it */
+    }
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    stoke_loader_destroy(l);
+    uint64_t took = ms_since(&t0);
+    kill((pid_t)c, SIGKILL);
+    assert_int_equal(waitpid((pid_t)c, NULL, 0), (pid_t)c);
+    if (took >= 2500)
+        fail_msg("destroy took %" PRIu64 " ms with the sockets held by a fork", took);
+    stoke_dataset_close(&ds);
+    stoke_dataset_close(&p.inner);
+    assert_no_children();
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -1176,6 +1226,7 @@ int main(void)
         cmocka_unit_test_setup(test_zygote_stopped, setup),
         cmocka_unit_test_setup(test_fork_child, setup),
         cmocka_unit_test_setup(test_several_loaders, setup),
+        cmocka_unit_test_setup(test_destroy_socket_held, setup),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     munmap(sh, sizeof(*sh));

@@ -231,6 +231,8 @@ int stoke_loader_quarantine(const stoke_loader *l, size_t i, stoke_bad_sample *o
     if (!l || !out)
         return stoke__fail(STOKE_EINVAL, "stoke_loader_quarantine: NULL argument");
     stoke_loader *m = (stoke_loader *)l;
+    if (stoke__loader_foreign(l)) /* before mu: a fork's copy may hold it locked */
+        return stoke__loader_forked_fail(m);
     pthread_mutex_lock(&m->mu);
     size_t n = m->nquar;
     if (i < n)

@@ -168,6 +168,8 @@ void stoke_batch_release(stoke_batch *b)
                                                   memory_order_relaxed));
     if (atomic_load_explicit(&l->rel_sleepers, memory_order_seq_cst) == 0)
         return;
+    if (stoke__loader_foreign(l)) /* the sleepers are the creator's; its `mu` maybe held */
+        return;
     pthread_mutex_lock(&l->mu); /* somebody sleeps for lack of free batches */
     stoke__loader_reclaim(l);
     stoke__loader_notify(l);

@@ -15,9 +15,10 @@
  *   parent -> zygote: zreq {SPAWN, worker} -> zrep {pid, err} + the parent's socket end;
  *                     zreq {REAP, pid} -> zrep {wait status}.  Each request carries a number
  *                     its reply repeats: the parent waits ZYGOTE_MS for it, and a late reply to
- *                     a request that timed out is dropped.  EOF: the zygote SIGKILLs its
- *                     children (idle at destroy; a dead loader's must stop at once), reaps
- *                     them and exits.
+ *                     a request that timed out is dropped (a child forked for it is killed
+ *                     and reaped: zreq {FORGET, pid}).  zreq {EXIT} (destroy) or EOF: the
+ *                     zygote SIGKILLs its children (idle at destroy; a dead loader's must
+ *                     stop at once), reaps them and exits.
  *   parent -> child:  wreq (a batch: handle, slot, seq, seed, epoch, flags, poisoned samples);
  *                     the child calls the dataset's set_epoch when the epoch is not the one its
  *                     copy of the dataset was last set to (create's call, made before the
@@ -102,7 +103,9 @@ struct stoke__proc {
     struct stoke__proc *next; /* that list (fork_mu) */
 };
 
-enum { Z_SPAWN = 1, Z_REAP = 2 };
+/* SPAWN and REAP are answered; FORGET (kill and reap a child whose SPAWN reply came too late)
+ * and EXIT (destroy: end now, whoever else holds the socket) are not. */
+enum { Z_SPAWN = 1, Z_REAP = 2, Z_FORGET = 3, Z_EXIT = 4 };
 typedef struct zreq {
     int32_t op, worker;
     int32_t pid, kill; /* REAP: SIGKILL it first */
@@ -186,12 +189,14 @@ int stoke__loader_forked(const stoke_loader *l)
 }
 
 /* A forked copy of a loader that makes its batches on the caller's thread into memory of its
- * own (no worker threads or processes, no device copies, no arena) still works: its state is
+ * own (no worker threads or processes, no device copies, no arena, no pinning: a backend's
+ * pinned memory may not be mapped in a fork, CUDA's is MADV_DONTFORK) still works: its state is
  * a plain copy, as a caller's fork of a 0-worker loader reading rows expects (test_npy_block);
  * any other's use fails, its threads and processes being the creator's. */
 int stoke__loader_foreign(const stoke_loader *l)
 {
-    return stoke__loader_forked(l) && (l->nworkers > 0 || l->proc || l->device_mode || l->arena);
+    return stoke__loader_forked(l) &&
+           (l->nworkers > 0 || l->proc || l->device_mode || l->arena || l->pin_backend[0]);
 }
 
 int stoke__loader_forked_fail(stoke_loader *l)
@@ -501,16 +506,19 @@ static int zygote_reap(pid_t pid, int kill_it, int *st)
 {
     if (kill_it)
         kill(pid, SIGKILL);
-    for (int t = 0;; t++) {
-        pid_t r = waitpid(pid, st, t < 2000 ? WNOHANG : 0);
+    uint64_t deadline = stoke__now_ns() + 2000000000u; /* 2 s of time, not of polls */
+    for (int killed = kill_it;;) {
+        pid_t r = waitpid(pid, st, killed ? 0 : WNOHANG);
         if (r == pid)
             return 0;
         if (r < 0 && errno != EINTR)
             return errno;
-        if (t == 1999)
+        if (r == 0 && stoke__now_ns() >= deadline) {
             kill(pid, SIGKILL);
-        else if (r == 0)
+            killed = 1;
+        } else if (r == 0) {
             sleep_ms(1);
+        }
     }
 }
 
@@ -550,15 +558,18 @@ static void zygote_main(stoke_loader *l, int zfd, pid_t loader)
             break;
         if (q.op == Z_SPAWN) {
             zygote_spawn(l, zfd, &q, pids, npids);
-        } else if (q.op == Z_REAP) {
+        } else if (q.op == Z_REAP || q.op == Z_FORGET) {
             zrep rep = {.pid = q.pid, .seq = q.seq};
             int st = 0;
-            rep.err = zygote_reap(q.pid, q.kill, &st);
+            rep.err = zygote_reap(q.pid, q.kill || q.op == Z_FORGET, &st);
             rep.status = st;
             for (int i = 0; i < npids; i++)
                 if (pids[i] == q.pid)
                     pids[i] = -1;
-            send_fd(zfd, &rep, sizeof(rep), -1);
+            if (q.op == Z_REAP)
+                send_fd(zfd, &rep, sizeof(rep), -1);
+        } else if (q.op == Z_EXIT) {
+            break;
         }
     }
     zygote_end(pids, npids);
@@ -732,6 +743,10 @@ static int zygote_call(stoke__proc *p, zreq *q, zrep *rep, int *fd, char *msg, s
         if (rep->seq != q->seq) { /* the late reply to a request that timed out */
             if (got >= 0)
                 close(got); /* a child forked for it: EOF, it exits */
+            if (rep->pid > 0 && got >= 0) { /* and the zygote reaps it (else: a zombie) */
+                zreq f = {.op = Z_FORGET, .pid = rep->pid};
+                (void)send(zfd, &f, sizeof(f), MSG_NOSIGNAL | MSG_DONTWAIT);
+            }
             continue;
         }
         if (fd)
@@ -1019,6 +1034,10 @@ void stoke__proc_destroy(stoke_loader *l)
     for (int i = 0; p->w && i < l->nworkers; i++) {
         close_fd(&p->w[i].fd);
         atomic_store(&p->w[i].pid, -1);
+    }
+    if (!foreign && p->zfd >= 0) { /* not only EOF: a fork may still hold the socket */
+        zreq q = {.op = Z_EXIT};
+        (void)send(p->zfd, &q, sizeof(q), MSG_NOSIGNAL | MSG_DONTWAIT);
     }
     close_fd(&p->zfd);
     if (foreign) {

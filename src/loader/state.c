@@ -149,6 +149,8 @@ int stoke_loader_save_state(const stoke_loader *l, stoke_loader_state *out)
     memset(out, 0, sizeof(*out));
     if (l->iterable)
         return stoke__fail(STOKE_ENOTSUP, "loader: an iterable dataset has no restorable position");
+    if (stoke__loader_foreign(l)) /* before mu: a fork's copy may hold it locked */
+        return stoke__loader_forked_fail(m);
     out->version = STOKE_LOADER_STATE_VERSION;
     pthread_mutex_lock(&m->mu);
     out->seed = m->seed;
@@ -182,6 +184,8 @@ int stoke_loader_get_stats(const stoke_loader *l, stoke_loader_stats *out)
     if (!l || !out || out->size == 0)
         return STOKE_EINVAL;
     stoke_loader *m = (stoke_loader *)l;
+    if (stoke__loader_foreign(l)) /* before mu: a fork's copy may hold it locked */
+        return stoke__loader_forked_fail(m);
     stoke_loader_stats s;
     memset(&s, 0, sizeof(s));
     s.size = sizeof(s);
