@@ -393,8 +393,8 @@ static int probe_in_child(child_answer *a, char *why, size_t why_len)
     int late = 0;
     size_t got = read_answer(fds[0], a, &late);
     close(fds[0]);
-    if (got < sizeof(*a))
-        kill(pid, SIGKILL); /* late or broken: it must not linger */
+    /* late or broken: it must not linger; answered: its driver's teardown is not waited for */
+    kill(pid, SIGKILL);
     int st = 0;
     pid_t w;
     do
@@ -411,7 +411,7 @@ static int probe_in_child(child_answer *a, char *why, size_t why_len)
                    "child process, killed)", OCL_CHILD_TIMEOUT_MS / 1000);
         return STOKE_ETIMEDOUT;
     }
-    if (got < sizeof(*a) && w == pid && WIFSIGNALED(st)) {
+    if (got < sizeof(*a) && w == pid && WIFSIGNALED(st) && WTERMSIG(st) != SIGKILL) {
         stoke__fmt(why, why_len, "the OpenCL driver crashed while probing (signal %d in a child "
                    "process)", WTERMSIG(st));
         return STOKE_ETIMEDOUT;
