@@ -707,42 +707,18 @@ int stoke_loader_create(const stoke_loader_opts *o, stoke_dataset *ds, stoke_loa
     return STOKE_OK;
 }
 
-/* destroy in a process forked from the creator's: its threads, worker processes, accelerator
- * objects, pinned and arena memory are the creator's (their state here is a copy, locks maybe
- * held), so only this process's descriptors and plain memory are released. */
-static void destroy_forked(stoke_loader *l)
-{
-    stoke__proc_destroy(l);
-    stoke__bad_destroy(l);
-    for (int i = 0; l->bat && i < l->nbuf; i++)
-        if (l->bat[i].indices != l->bat[i].idx_inline)
-            free(l->bat[i].indices);
-    for (int i = 0; l->bat && i < l->nbuf; i++)
-        free(l->bat[i].offsets);
-    stoke_sampler_destroy(l->sampler);
-    free(l->bat);
-    free(l->slots);
-    free(l->w);
-    free(l->bits);
-    free(l->free_v);
-    free(l->ready);
-    free(l);
-}
-
 /* Never changes the calling thread's last error: it runs on create's failure path, after the
- * message that says why. */
+ * message that says why.  In a process forked from the creator's, l's threads, worker
+ * processes, accelerator objects, pinned and arena memory are the creator's (their state here
+ * is a copy, locks maybe held): only this process's descriptors and plain memory go. */
 void stoke_loader_destroy(stoke_loader *l)
 {
     if (!l)
         return;
     stoke__saved_error saved;
     stoke__error_save(&saved);
-    if (stoke__loader_forked(l)) { /* a fork's copy: see destroy_forked */
-        destroy_forked(l);
-        stoke__error_restore(&saved);
-        return;
-    }
-    if (l->sync_ready) {
+    int forked = stoke__loader_forked(l);
+    if (l->sync_ready && !forked) {
         pthread_mutex_lock(&l->mu);
         stoke__loader_abandon(l);
         pthread_mutex_unlock(&l->mu);
@@ -750,24 +726,25 @@ void stoke_loader_destroy(stoke_loader *l)
         stoke__loader_stop_workers(l);
     }
     stoke__proc_destroy(l); /* before the buffers below: it unmaps the shared ones */
-    if (l->stream)
+    if (l->stream && !forked)
         stoke_stream_synchronize(l->stream);
     stoke__bad_destroy(l);
-    if (l->bat) {
-        for (int i = 0; i < l->nbuf; i++) {
-            if (l->bat[i].indices != l->bat[i].idx_inline)
-                free(l->bat[i].indices);
-            free(l->bat[i].offsets);
+    for (int i = 0; l->bat && i < l->nbuf; i++) {
+        if (l->bat[i].indices != l->bat[i].idx_inline)
+            free(l->bat[i].indices);
+        free(l->bat[i].offsets);
+        if (!forked) {
             stoke_device_buffer_destroy(l->bat[i].dbuf);
             stoke_event_destroy(l->bat[i].ev);
         }
     }
-    if (l->slots)
-        for (int i = 0; i < l->nbuf; i++)
+    if (!forked) {
+        for (int i = 0; l->slots && i < l->nbuf; i++)
             slot_free(l, &l->slots[i]);
-    stoke_arena_close(l->arena);
-    stoke_event_destroy(l->read_ev);
-    stoke_stream_destroy(l->stream);
+        stoke_arena_close(l->arena);
+        stoke_event_destroy(l->read_ev);
+        stoke_stream_destroy(l->stream);
+    }
     stoke_sampler_destroy(l->sampler);
     free(l->bat);
     free(l->slots);
@@ -775,10 +752,12 @@ void stoke_loader_destroy(stoke_loader *l)
     free(l->bits);
     free(l->free_v);
     free(l->ready);
-    pthread_cond_destroy(&l->work_cv);
-    pthread_cond_destroy(&l->done_cv);
-    pthread_mutex_destroy(&l->mu);
-    pthread_mutex_destroy(&l->stream_mu);
+    if (!forked) {
+        pthread_cond_destroy(&l->work_cv);
+        pthread_cond_destroy(&l->done_cv);
+        pthread_mutex_destroy(&l->mu);
+        pthread_mutex_destroy(&l->stream_mu);
+    }
     free(l);
     stoke__error_restore(&saved);
 }
