@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -57,8 +58,9 @@ static void name_of(char *buf, size_t len, const char *tag)
 typedef struct report {
     int32_t status; /* 0: fine; else the step that failed */
     int32_t created, creator_pid, pinned;
-    uint64_t off;       /* offset of the child's own allocation */
-    uint64_t processes; /* stats.processes when it reported */
+    uint64_t off;        /* offset of the child's own allocation */
+    uint64_t processes;  /* stats.processes when it reported */
+    int32_t writer, pad; /* role writer: the pid of the process it forked and recorded */
     char err[240];
 } report;
 
@@ -165,8 +167,9 @@ static int child_main(const char *role, const char *name, size_t size, uint64_t 
             return child_report(&r, 4, a);
         fill((unsigned char *)p + LEN / 2, LEN - LEN / 2, 2);
     }
-    if (strcmp(role, "share") == 0 || strcmp(role, "hog") == 0 || strcmp(role, "create") == 0) {
-        size_t n = strcmp(role, "hog") == 0 ? (size_t)arg : LEN;
+    int hog = strcmp(role, "hog") == 0 || strcmp(role, "writer") == 0;
+    if (strcmp(role, "share") == 0 || hog || strcmp(role, "create") == 0) {
+        size_t n = hog ? (size_t)arg : LEN;
         if (stoke_arena_alloc(a, n, &p) != STOKE_OK)
             return child_report(&r, 5, a);
         fill(p, n < LEN ? n : LEN, 3);
@@ -175,6 +178,22 @@ static int child_main(const char *role, const char *name, size_t size, uint64_t 
     }
     if (strcmp(role, "lock") == 0 && stoke__arena_test_hold_lock(a) != STOKE_OK)
         return child_report(&r, 7, NULL);
+    if (strcmp(role, "writer") == 0) {
+        /* a process worker's stand-in: forked, it keeps writing our chunk after we are gone
+         * until the parent says so on fd 3 (or closes it) */
+        pid_t w = fork();
+        if (w < 0)
+            return child_report(&r, 8, a);
+        if (w == 0) {
+            struct pollfd pf = {.fd = 3, .events = POLLIN};
+            while (poll(&pf, 1, 1) == 0)
+                ((volatile unsigned char *)p)[0] = 0x77;
+            _exit(0);
+        }
+        r.writer = (int32_t)w;
+        if (stoke__arena_add_writer(a, w) != STOKE_OK)
+            return child_report(&r, 9, a);
+    }
     child_report(&r, 0, strcmp(role, "lock") == 0 ? NULL : a);
     child_block(); /* until the parent says so (or kills us) */
     stoke_arena_close(a);
@@ -426,6 +445,50 @@ static void test_killed_process_chunks_return(void **state)
     assert_int_equal(st.reclaims, 1);
     assert_int_equal(st.reclaimed_bytes, 3 * MIB);
     assert_int_equal(st.processes, 1);
+    assert_int_equal(st.bytes_used, 2 * MIB);
+    assert_int_equal(stoke_arena_free(a, p), STOKE_OK);
+    assert_int_equal(stoke_arena_close(a), STOKE_OK);
+}
+
+/* A process that recorded a writer (stoke__arena_add_writer: the zygote of its process workers)
+ * is SIGKILLed; its writer lives on, writing into its chunk.  While the writer lives, nothing of
+ * the dead process is reclaimed (not by stats, not by an allocation that finds no room) and its
+ * slot is not handed to a newcomer; once the writer is gone, its chunks come back. */
+static void test_writer_keeps_chunks(void **state)
+{
+    (void)state;
+    char name[64];
+    name_of(name, sizeof(name), "writer");
+    stoke_arena *a, *b;
+    assert_int_equal(stoke_arena_open(name, 4 * MIB, &a), STOKE_OK);
+    assert_int_equal(prctl(PR_SET_CHILD_SUBREAPER, 1), 0); /* the writer is reaped here */
+    kid k = spawn("writer", name, 0, 3 * MIB);
+    int keep = dup(k.to); /* the writer's line: open until it is told to stop */
+    assert_true(keep >= 0);
+    report r = kid_report(&k);
+    pid_t w = r.writer;
+    assert_true(w > 0);
+    kid_kill(&k);
+    stoke_arena_stats st = stats_of(a);
+    assert_int_equal(st.reclaims, 0);
+    assert_int_equal(st.bytes_used, 3 * MIB);
+    void *p;
+    assert_int_equal(stoke_arena_alloc(a, 2 * MIB, &p), STOKE_ENOMEM);
+    assert_int_equal(stoke_arena_open(name, 0, &b), STOKE_OK);
+    stoke_arena_stats sb = stats_of(b);
+    assert_int_equal(sb.slot, 2); /* slot 1 is the dead process's, kept by its writer */
+    assert_int_equal(sb.reclaims, 0);
+    assert_int_equal(stoke_arena_close(b), STOKE_OK);
+    /* the writer stops and is reaped: now everything comes back */
+    assert_int_equal(send(keep, "g", 1, MSG_NOSIGNAL), 1);
+    int wst = 0;
+    assert_int_equal(waitpid(w, &wst, 0), w);
+    close(keep);
+    assert_int_equal(prctl(PR_SET_CHILD_SUBREAPER, 0), 0);
+    assert_int_equal(stoke_arena_alloc(a, 2 * MIB, &p), STOKE_OK);
+    st = stats_of(a);
+    assert_int_equal(st.reclaims, 1);
+    assert_int_equal(st.reclaimed_bytes, 3 * MIB);
     assert_int_equal(st.bytes_used, 2 * MIB);
     assert_int_equal(stoke_arena_free(a, p), STOKE_OK);
     assert_int_equal(stoke_arena_close(a), STOKE_OK);
@@ -980,6 +1043,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_two_processes_share, setup, teardown),
         cmocka_unit_test_setup_teardown(test_killed_process_chunks_return, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_writer_keeps_chunks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_killed_holding_lock, setup, teardown),
         cmocka_unit_test_setup_teardown(test_creator_leaves, setup, teardown),
         cmocka_unit_test_setup_teardown(test_racing_creators, setup, teardown),

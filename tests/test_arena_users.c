@@ -80,9 +80,9 @@ static void name_of(char *buf, size_t len, const char *tag)
  */
 
 enum {
-    BIND_ONLY = 1, /* bind, do not listen */
-    LISTEN = 2,    /* bind and listen; connections stay unanswered */
-    ANSWER = 4,    /* bind, listen, answer each connection with the attacker's memfd */
+    BIND_ONLY = 1,  /* bind, do not listen */
+    LISTEN = 2,     /* bind and listen; connections stay unanswered */
+    ANSWER = 4,     /* bind, listen, answer each connection with the attacker's memfd */
     BAD_HEADER = 8, /* ... whose header has a bad chunk count */
     FULL_QUEUE = 16 /* bind, listen(fd, 0) and fill the queue by connecting to itself */
 };
@@ -170,7 +170,8 @@ static void evil_child(const evil_plan *p, int ready, pid_t parent)
     for (int i = 0; i < p->nnames; i++)
         pf[i] = (struct pollfd){.fd = fds[i], .events = POLLIN};
     for (;;) { /* until killed */
-        if (!(p->flags & (ANSWER | LISTEN)) || (p->flags & FULL_QUEUE) || poll(pf, (nfds_t)p->nnames, -1) <= 0) {
+        if (!(p->flags & (ANSWER | LISTEN)) || (p->flags & FULL_QUEUE) ||
+            poll(pf, (nfds_t)p->nnames, -1) <= 0) {
             pause();
             continue;
         }

@@ -491,8 +491,7 @@ static int ask_slot(const char *name, int k, int *fd, ar_hello *hello, ar_who *w
 
 /* 1: a process of this uid answered (*fd, *hello); 0: nobody did; -1: nobody of this uid did,
  * but a process of another uid holds a slot name (*w and *wslot: the first such). */
-static int find_served(const char *name, int lock, int *fd, ar_hello *hello, ar_who *w,
-                       int *wslot)
+static int find_served(const char *name, int lock, int *fd, ar_hello *hello, ar_who *w, int *wslot)
 {
     int seen_foreign = 0;
     for (int k = 0; k < AR_MAXP; k++) {
@@ -667,9 +666,11 @@ static int attach_arena(stoke_arena *a, int fd, const ar_hello *hello, size_t si
     return stoke__arena_check_header(a, (int)hello->pid);
 }
 
-/* Binds the first free slot name and listens on it. */
+/* Binds the first free slot name, listens on it and claims the slot in the header (a slot
+ * whose previous holder is gone but a writer of its chunks lives is passed over). */
 static int take_slot(stoke_arena *a)
 {
+    int passed = 0;
     for (int k = 0; k < AR_MAXP; k++) {
         int s = stoke__arena_bind(a->name, k);
         if (s < 0)
@@ -682,8 +683,22 @@ static int take_slot(stoke_arena *a)
         }
         a->slot = k;
         a->listen_fd = s;
-        return STOKE_OK;
+        int rc = stoke__arena_claim(a);
+        if (rc == STOKE_OK)
+            return STOKE_OK;
+        a->slot = -1;
+        a->listen_fd = -1;
+        close(s);
+        if (rc != 1)
+            return rc;
+        passed++;
     }
+    if (passed)
+        return stoke__fail(STOKE_ELIMIT,
+                           "stoke_arena_open: arena '%s' has no free slot: of its %d, %d are "
+                           "kept by live processes that may write the chunks of processes that "
+                           "are gone (process workers), the others held by attached processes",
+                           a->name, AR_MAXP, passed);
     /* Every name is bound: by attached processes, or by squatters of another uid. */
     ar_who first = {0};
     int others = 0;
@@ -764,8 +779,6 @@ static int open_locked(stoke_arena *a, size_t size, int lock)
     if (rc == STOKE_OK)
         rc = take_slot(a);
     drain_lock(lock);
-    if (rc == STOKE_OK)
-        rc = stoke__arena_claim(a);
     if (rc == STOKE_OK)
         rc = start_serving(a);
     return rc;

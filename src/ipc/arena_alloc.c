@@ -10,7 +10,9 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -124,6 +126,62 @@ int stoke__arena_init_header(stoke_arena *a, uint64_t requested, uint64_t chunk,
     return STOKE_OK;
 }
 
+/* ---- writers ---------------------------------------------------------------------------- */
+
+/* This process's pid namespace (the inode of /proc/self/ns/pid), 0 when unknown. */
+static uint64_t pid_ns(void)
+{
+    struct stat st;
+    return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
+}
+
+/* Process pid's start time (field 22 of /proc/PID/stat, clock ticks since boot), 0 when there
+ * is no such process or it is a zombie (its memory is gone: it writes nothing any more). */
+static uint64_t start_time(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return 0;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    char *p = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
+    if (!p || p[1] != ' ' || !p[2])
+        return 0;
+    char state = p[2];
+    if (state == 'Z' || state == 'X' || state == 'x')
+        return 0;
+    p += 2; /* field 3 */
+    for (int field = 3; field < 22; field++) {
+        p = strchr(p, ' ');
+        if (!p)
+            return 0;
+        p++;
+    }
+    return strtoull(p, NULL, 10);
+}
+
+/* Lock held: 1 (with *pid) when a recorded writer of slot k lives, as far as this process can
+ * tell (a writer of another pid namespace cannot be checked: it counts as gone). */
+static int writer_lives(const ar_hdr *h, int k, int32_t *pid)
+{
+    uint64_t ns = 0;
+    for (int i = 0; i < AR_WRITERS; i++) {
+        const ar_writer *w = &h->procs[k].writers[i];
+        if (w->pid <= 0)
+            continue;
+        if (!ns)
+            ns = pid_ns();
+        if (ns && w->pidns == ns && w->start && start_time(w->pid) == w->start) {
+            *pid = w->pid;
+            return 1;
+        }
+    }
+    return 0;
+}
+
 /* Frees every chunk owned by `slot` (lock held); returns how many. */
 static uint64_t free_slot_chunks(stoke_arena *a, int slot)
 {
@@ -156,9 +214,20 @@ static void reclaim_gone(stoke_arena *a, int ask_holders)
         int probe = stoke__arena_bind(a->name, k);
         if (probe < 0 && !(ask_holders && stoke__arena_slot_foreign(a->name, k, &uid)))
             continue; /* someone of this uid holds slot k: alive */
-        int32_t pid = h->procs[k].pid;
+        int32_t pid = h->procs[k].pid, wpid = 0;
+        if (writer_lives(h, k, &wpid)) {
+            /* its process is gone, but not one that may still be writing its chunks */
+            if (probe >= 0)
+                close(probe);
+            stoke__log(STOKE_LOG_DEBUG,
+                       "arena '%s': process %d (slot %d) is gone, but process %d, which may "
+                       "write its chunks, lives: not reclaimed yet",
+                       a->name, (int)pid, k, (int)wpid);
+            continue;
+        }
         uint64_t n = free_slot_chunks(a, k);
         h->procs[k].pid = 0;
+        memset(h->procs[k].writers, 0, sizeof(h->procs[k].writers));
         h->reclaims++;
         h->reclaimed_chunks += n;
         if (probe >= 0) {
@@ -229,6 +298,15 @@ int stoke__arena_claim(stoke_arena *a)
         return rc;
     ar_hdr *h = a->h;
     ar_proc *p = &h->procs[a->slot];
+    int32_t wpid = 0;
+    if (writer_lives(h, a->slot, &wpid)) {
+        stoke__log(STOKE_LOG_DEBUG,
+                   "arena '%s': slot %d: its process %d is gone, but process %d, which may "
+                   "write its chunks, lives: taking another slot",
+                   a->name, a->slot, (int)p->pid, (int)wpid);
+        unlock_hdr(a);
+        return 1;
+    }
     if (p->pid != 0 || p->chunks != 0) {
         /* We hold the slot's name, so its previous holder is gone. */
         uint64_t n = free_slot_chunks(a, a->slot);
@@ -241,7 +319,48 @@ int stoke__arena_claim(stoke_arena *a)
     }
     p->pid = (int32_t)getpid();
     p->chunks = 0;
+    memset(p->writers, 0, sizeof(p->writers));
     unlock_hdr(a);
+    return STOKE_OK;
+}
+
+static int usable(stoke_arena *a, const char *what);
+
+int stoke__arena_add_writer(stoke_arena *a, pid_t pid)
+{
+    const char *what = "arena: recording a writer";
+    int rc = usable(a, what);
+    if (rc != STOKE_OK)
+        return rc;
+    if (pid <= 0)
+        return stoke__fail(STOKE_EINVAL, "%s: arena '%s': pid %d", what, a->name, (int)pid);
+    uint64_t start = start_time(pid), ns = pid_ns();
+    if (!start)
+        return STOKE_OK; /* gone already (or a zombie): it writes nothing any more */
+    if (!ns)
+        return stoke__fail(STOKE_EINVAL,
+                           "%s: arena '%s': no /proc/self/ns/pid: process %d cannot be recorded",
+                           what, a->name, (int)pid);
+    if ((rc = lock_hdr(a, what)) != STOKE_OK)
+        return rc;
+    ar_proc *p = &a->h->procs[a->slot];
+    ar_writer *free_w = NULL;
+    for (int i = 0; i < AR_WRITERS; i++) {
+        ar_writer *w = &p->writers[i];
+        int live = w->pid > 0 && w->pidns == ns && w->start && start_time(w->pid) == w->start;
+        if (live && w->pid == pid) {
+            free_w = w; /* already recorded */
+            break;
+        }
+        if (!live && !free_w)
+            free_w = w;
+    }
+    if (free_w)
+        *free_w = (ar_writer){.pid = (int32_t)pid, .start = start, .pidns = ns};
+    unlock_hdr(a);
+    if (!free_w)
+        return stoke__fail(STOKE_ELIMIT, "%s: arena '%s': %d live writers recorded already", what,
+                           a->name, AR_WRITERS);
     return STOKE_OK;
 }
 
@@ -252,8 +371,11 @@ void stoke__arena_release(stoke_arena *a)
                    stoke_last_error());
         return;
     }
+    /* this process's writers are its own business now: it closes the arena after its loaders
+     * ended their process workers */
     free_slot_chunks(a, a->slot);
     a->h->procs[a->slot].pid = 0;
+    memset(a->h->procs[a->slot].writers, 0, sizeof(a->h->procs[a->slot].writers));
     unlock_hdr(a);
 }
 

@@ -11,7 +11,10 @@
  * Slots.  A process attached in slot k holds the abstract socket name "...-<k>" bound (and
  * listens on it).  Whoever can bind the name of slot k knows that no process holds slot k, so
  * the chunks owned by k + 1 belong to a process that is gone: that is the liveness test of
- * reclaim (independent of pid namespaces and pid reuse). */
+ * reclaim (independent of pid namespaces and pid reuse).  But a process's files close before
+ * its children are told it died, and its children (process workers) may still be writing its
+ * chunks: the processes recorded as the slot's writers (stoke__arena_add_writer) keep its
+ * chunks and its record from being reclaimed while any of them lives. */
 #ifndef STOKE_ARENA_INTERNAL_H
 #define STOKE_ARENA_INTERNAL_H
 
@@ -23,14 +26,27 @@
 #include "stoke/ipc.h"
 
 #define AR_MAGIC   0x414e524145544b53ull /* "SKTEARNA" */
-#define AR_VERSION 1u
+#define AR_VERSION 2u                    /* 2: ar_proc records writers */
 #define AR_MAXP    STOKE_ARENA_MAX_PROCS
 #define AR_LOCK_S  10 /* bound on waiting for the shared lock, seconds */
+
+#define AR_WRITERS 32 /* writers recorded per slot (a zygote and its children per loader) */
+
+/* A process that may write a slot's chunks besides its holder (a process worker's zygote):
+ * named by pid, its start time (field 22 of /proc/PID/stat: a reused pid does not match) and
+ * its pid namespace (the inode of /proc/self/ns/pid: other namespaces cannot check it). */
+typedef struct ar_writer {
+    int32_t pid; /* 0: none */
+    uint32_t pad;
+    uint64_t start;
+    uint64_t pidns;
+} ar_writer;
 
 typedef struct ar_proc {
     int32_t pid; /* 0: slot unused (as far as the header knows) */
     uint32_t pad;
     uint64_t chunks; /* chunks it holds */
+    ar_writer writers[AR_WRITERS];
 } ar_proc;
 
 typedef struct ar_hdr {
@@ -130,8 +146,16 @@ int stoke__arena_init_header(stoke_arena *a, uint64_t requested, uint64_t chunk,
  * Else STOKE_EINVAL naming `pid` (the process that sent the memory). */
 int stoke__arena_check_header(stoke_arena *a, int pid);
 /* Takes slot a->slot in the header (its name is bound by the caller): reclaims what a
- * previous holder of the slot left, records the pid.  STOKE_OK or a lock error. */
+ * previous holder of the slot left, records the pid.  STOKE_OK, a lock error, or 1 (nothing
+ * done: a writer of the previous holder lives, so the caller must take another slot). */
 int stoke__arena_claim(stoke_arena *a);
+/* Records `pid` (a process this one forked, that may write this process's allocations after
+ * this process is gone: a process worker's zygote and each of its children) as a writer of
+ * this process's slot: while it lives, no other process reclaims the slot's chunks or takes the
+ * slot.  Dead writers' entries are reused; a pid that is gone already is not recorded.
+ * STOKE_OK; STOKE_ELIMIT (AR_WRITERS live writers already); STOKE_EINVAL (pid <= 0, no /proc,
+ * or a handle of another process); a lock error. */
+int stoke__arena_add_writer(stoke_arena *a, pid_t pid);
 /* Frees the caller's chunks and clears its slot in the header (close). */
 void stoke__arena_release(stoke_arena *a);
 /* Tests: takes the shared lock and returns with it held (a child then dies holding it). */

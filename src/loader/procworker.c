@@ -59,6 +59,7 @@
 #include <unistd.h>
 
 #include "common/internal.h"
+#include "ipc/arena_internal.h"
 #include "ipc/ipc_internal.h"
 #include "loader/loader_internal.h"
 #include "stoke/arena.h"
@@ -699,6 +700,8 @@ int stoke__proc_create(stoke_loader *l)
                                   strerror(e));
     }
     p->zpid = pid;
+    if (l->arena && stoke__arena_add_writer(l->arena, pid) != STOKE_OK) /* see arena_alloc.c */
+        stoke__log(STOKE_LOG_WARN, "loader: %s", stoke_last_error());
     p->zfd = sv[0];
     list_proc(p, 1);
     return STOKE_OK;
@@ -784,6 +787,8 @@ static int spawn(stoke_loader *l, int wid, char *msg, size_t len)
         return rc;
     }
     p->w[wid].fd = fd;
+    if (l->arena && stoke__arena_add_writer(l->arena, rep.pid) != STOKE_OK) /* before its work */
+        stoke__log(STOKE_LOG_WARN, "loader: %s", stoke_last_error());
     atomic_store(&p->w[wid].pid, rep.pid);
     return STOKE_OK;
 }
