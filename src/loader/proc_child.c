@@ -1,0 +1,378 @@
+/* Process workers: the code that runs in the other processes - the zygote, which forks worker
+ * children on request, and a child's loop, which fills the batches it is sent with the
+ * dataset wrapped to publish what it loads.  The parent's side, the protocol and the
+ * lifetimes: procworker.c. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/internal.h"
+#include "ipc/ipc_internal.h"
+#include "loader/loader_internal.h"
+#include "loader/procworker_internal.h"
+
+/* ---- the child: the dataset wrapped to publish what it loads and to fail poisoned samples -- */
+
+static struct {
+    stoke_dataset ds; /* the real one */
+    proc_ctl *ctl;
+    const wreq *req;
+} cw;
+
+static int poisoned(uint64_t idx, char *msg, size_t msg_len)
+{
+    for (uint32_t k = 0; cw.req && k < cw.req->npoison; k++)
+        if (cw.req->poison[k] == idx) {
+            stoke__strlcpy(msg, cw.req->pmsg[k], msg_len);
+            return 1;
+        }
+    return 0;
+}
+
+static void busy(uint64_t idx)
+{
+    atomic_store(&cw.ctl->index, idx);
+    atomic_store(&cw.ctl->since, stoke__now_ns());
+}
+
+static void idle(void)
+{
+    atomic_store(&cw.ctl->since, 0);
+    atomic_store(&cw.ctl->index, UINT64_MAX);
+    atomic_store(&cw.ctl->in_batch, 0);
+}
+
+static uint64_t w_length(void *user)
+{
+    (void)user;
+    return cw.ds.length(cw.ds.user);
+}
+
+static int w_get(void *user, uint64_t index, void *const dst[], int worker, char *msg,
+                 size_t msg_len)
+{
+    (void)user;
+    if (poisoned(index, msg, msg_len))
+        return STOKE_EDATA;
+    busy(index);
+    int rc = cw.ds.get(cw.ds.user, index, dst, worker, msg, msg_len);
+    idle();
+    return rc;
+}
+
+static int w_get_var(void *user, uint64_t index, const void **data, size_t *len, void **token,
+                     int worker, char *msg, size_t msg_len)
+{
+    (void)user;
+    if (poisoned(index, msg, msg_len))
+        return STOKE_EDATA;
+    busy(index);
+    int rc = cw.ds.get_var(cw.ds.user, index, data, len, token, worker, msg, msg_len);
+    idle();
+    return rc;
+}
+
+static void w_release_var(void *user, void *token)
+{
+    (void)user;
+    cw.ds.release_var(cw.ds.user, token);
+}
+
+static int w_get_batch(void *user, const uint64_t *indices, size_t count, void *const dst[],
+                       int worker, char *msg, size_t msg_len, uint64_t *err_index)
+{
+    (void)user;
+    atomic_store(&cw.ctl->in_batch, 1);
+    busy(count ? indices[0] : UINT64_MAX);
+    int rc = cw.ds.get_batch(cw.ds.user, indices, count, dst, worker, msg, msg_len, err_index);
+    idle();
+    return rc;
+}
+
+static void wrap_dataset(stoke_loader *l, proc_ctl *ctl)
+{
+    cw.ds = l->ds;
+    cw.ctl = ctl;
+    l->ds.user = &cw;
+    l->ds.length = cw.ds.length ? w_length : NULL;
+    l->ds.get = cw.ds.get ? w_get : NULL;
+    l->ds.get_var = cw.ds.get_var ? w_get_var : NULL;
+    l->ds.release_var = cw.ds.release_var ? w_release_var : NULL;
+    if (STOKE_DATASET_HAS(&l->ds, get_batch))
+        l->ds.get_batch = cw.ds.get_batch ? w_get_batch : NULL;
+    if (STOKE_DATASET_HAS(&l->ds, get_scattered)) /* process workers make one batch at a time */
+        l->ds.get_scattered = NULL;
+    idle();
+}
+
+int stoke__proc_send_all(int fd, const void *p, size_t n)
+{
+    ssize_t r;
+    do
+        r = send(fd, p, n, MSG_NOSIGNAL);
+    while (r < 0 && errno == EINTR);
+    return r == (ssize_t)n ? 0 : -1;
+}
+
+ssize_t stoke__proc_recv_msg(int fd, void *p, size_t n)
+{
+    ssize_t r;
+    do
+        r = recv(fd, p, n, 0);
+    while (r < 0 && errno == EINTR);
+    return r;
+}
+
+/* Before a batch: the zygote is still this child's parent and the loader still holds the other
+ * end of its socket (a child of a loader that died must not write into its buffers, which may
+ * belong to another process by now: an arena's chunks). */
+static int loader_alive(int fd, pid_t zygote)
+{
+    if (getppid() != zygote)
+        return 0;
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    return poll(&pfd, 1, 0) >= 0 && !(pfd.revents & (POLLHUP | POLLERR | POLLNVAL));
+}
+
+/* The child's loop: one batch per request; exits (without atexit handlers) on EOF. */
+static void child_main(stoke_loader *l, int wid, int fd, pid_t zygote)
+{
+    wrap_dataset(l, &l->proc->ctl[wid]);
+    int init_rc = STOKE_OK;
+    if (cw.ds.worker_init) {
+        init_rc = cw.ds.worker_init(cw.ds.user, wid, l->nworkers);
+        if (init_rc > 0)
+            init_rc = STOKE_EDATA;
+    }
+    static wreq req;
+    wmsg m;
+    /* the epoch this process's copy of the dataset was set to: create set it before the zygote
+     * was forked; the parent's later calls reach only the parent's copy */
+    int epoch_set = 1;
+    uint64_t epoch = l->o.epoch;
+    for (;;) {
+        ssize_t n = stoke__proc_recv_msg(fd, &req, sizeof(req));
+        if (n != (ssize_t)sizeof(req) || !loader_alive(fd, zygote))
+            _exit(0);
+        stoke_batch *b = &l->bat[req.bi];
+        b->host = &l->slots[req.si];
+        if (req.flags & F_NO_GET_BATCH)
+            l->ds.get_batch = NULL;
+        memset(&m, 0, sizeof(m));
+        int rc = init_rc;
+        if (rc == STOKE_OK && STOKE_DATASET_HAS(&cw.ds, set_epoch) &&
+            (!epoch_set || epoch != req.epoch)) {
+            rc = cw.ds.set_epoch(cw.ds.user, req.epoch);
+            rc = rc > 0 ? STOKE_EDATA : rc;
+            epoch_set = rc == STOKE_OK;
+            epoch = req.epoch;
+            if (rc != STOKE_OK) {
+                m.status = rc;
+                m.err_index = UINT64_MAX;
+                stoke__fmt(m.err_msg, sizeof(m.err_msg),
+                           "set_epoch(%" PRIu64 ") of dataset %s failed in worker process %d (%s)",
+                           req.epoch, cw.ds.name, (int)getpid(), stoke_err_name(rc));
+            }
+        }
+        if (init_rc != STOKE_OK) {
+            m.status = init_rc;
+            m.err_index = UINT64_MAX;
+            stoke__fmt(m.err_msg, sizeof(m.err_msg), "worker_init failed in worker process %d (%s)",
+                       (int)getpid(), stoke_err_name(init_rc));
+        } else if (rc == STOKE_OK) {
+            cw.req = &req;
+            l->caller_ahead.seq_end = req.seq + 1; /* batches come one request at a time */
+            stoke__loader_fill_batch(l, b, NULL, wid, req.seed, req.epoch, req.seq);
+            cw.req = NULL;
+            m.kind = M_BAD;
+            for (size_t i = 0; i < b->bad.n; i++) {
+                m.bad = b->bad.v[i];
+                if (stoke__proc_send_all(fd, &m, sizeof(m)))
+                    _exit(0);
+            }
+            m.status = b->status;
+            m.count = b->count;
+            m.bytes = b->bytes;
+            m.err_index = b->err_index;
+            m.end = b->end;
+            memcpy(m.err_msg, b->err_msg, sizeof(m.err_msg));
+        }
+        m.kind = M_DONE;
+        if (stoke__proc_send_all(fd, &m, sizeof(m)))
+            _exit(0);
+    }
+}
+
+/* ---- the zygote ------------------------------------------------------------------------- */
+
+static int send_fd(int sock, const void *p, size_t n, int fd)
+{
+    return stoke__sendmsg_fd(sock, p, n, fd) == (ssize_t)n ? 0 : -1;
+}
+
+ssize_t stoke__proc_recv_fd(int sock, void *p, size_t n, int *fd)
+{
+    *fd = -1;
+    return stoke__recvmsg_fd(sock, p, n, fd);
+}
+
+void stoke__proc_sleep_ms(long ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+/* The disposition and mask of ZSIG the zygote found (its children get them back). */
+static struct sigaction z_old_action;
+static sigset_t z_old_mask;
+
+static void z_wake(int sig)
+{
+    (void)sig; /* only interrupts ppoll: the loop then looks at getppid() */
+}
+
+/* The end of the zygote: at EOF (destroy closed its socket, or the loader's process is dying:
+ * its descriptors close before its parent-death signal is sent, and getppid() cannot tell yet)
+ * or when its parent is no longer the loader's process.  Its children are SIGKILLed at once: at
+ * destroy they are idle (a busy one was killed already), and a child of a dead loader must not
+ * go on writing into buffers that may belong to another process by now (an arena's chunks). */
+static void zygote_end(pid_t *pids, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (pids[i] > 0)
+            kill(pids[i], SIGKILL);
+    for (int i = 0; i < n; i++)
+        if (pids[i] > 0)
+            while (waitpid(pids[i], NULL, 0) < 0 && errno == EINTR) {
+            }
+    _exit(0);
+}
+
+static void zygote_spawn(stoke_loader *l, int zfd, const zreq *q, pid_t *pids, int npids)
+{
+    zrep rep = {.pid = -1, .seq = q->seq};
+    int sv[2] = {-1, -1};
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
+        rep.err = errno;
+        send_fd(zfd, &rep, sizeof(rep), -1);
+        return;
+    }
+    pid_t zygote = getpid();
+    pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != zygote)
+            _exit(0);
+        sigaction(ZSIG, &z_old_action, NULL);
+        sigprocmask(SIG_SETMASK, &z_old_mask, NULL);
+        close(zfd);
+        close(sv[0]);
+        child_main(l, q->worker, sv[1], zygote);
+        _exit(0);
+    }
+    close(sv[1]);
+    if (pid < 0) {
+        rep.err = errno;
+        send_fd(zfd, &rep, sizeof(rep), -1);
+    } else {
+        rep.pid = (int32_t)pid;
+        for (int i = 0; i < npids; i++)
+            if (pids[i] <= 0) {
+                pids[i] = pid;
+                break;
+            }
+        send_fd(zfd, &rep, sizeof(rep), sv[0]);
+    }
+    close(sv[0]);
+}
+
+/* REAP: waits for `pid` (SIGKILLed first when asked); one that has not exited 2 s after its
+ * socket closed is SIGKILLed.  0 or an errno. */
+static int zygote_reap(pid_t pid, int kill_it, int *st)
+{
+    if (kill_it)
+        kill(pid, SIGKILL);
+    uint64_t deadline = stoke__now_ns() + 2000000000u; /* 2 s of time, not of polls */
+    for (int killed = kill_it;;) {
+        pid_t r = waitpid(pid, st, killed ? 0 : WNOHANG);
+        if (r == pid)
+            return 0;
+        if (r < 0 && errno != EINTR)
+            return errno;
+        if (r == 0 && stoke__now_ns() >= deadline) {
+            kill(pid, SIGKILL);
+            killed = 1;
+        } else if (r == 0) {
+            stoke__proc_sleep_ms(1);
+        }
+    }
+}
+
+void stoke__zygote_main(stoke_loader *l, int zfd, pid_t loader)
+{
+    /* A worker is replaced only after its predecessor was reaped: at most one live child per
+     * worker, plus room for one being reaped. */
+    signal(SIGCHLD, SIG_DFL); /* the caller may ignore it, which would reap for us */
+    int npids = 2 * l->nworkers + 2;
+    pid_t *pids = calloc((size_t)npids, sizeof(pid_t));
+    if (!pids)
+        _exit(1);
+    /* ZSIG stays blocked but in ppoll, so its wake-up is never lost between the check of
+     * getppid() and the wait. */
+    sigset_t zs, wait_mask;
+    sigemptyset(&zs);
+    sigaddset(&zs, ZSIG);
+    sigprocmask(SIG_BLOCK, &zs, &z_old_mask);
+    wait_mask = z_old_mask;
+    sigdelset(&wait_mask, ZSIG);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = z_wake;
+    sigemptyset(&sa.sa_mask);
+    sigaction(ZSIG, &sa, &z_old_action);
+    prctl(PR_SET_PDEATHSIG, ZSIG);
+    zreq q;
+    for (;;) {
+        if (getppid() != loader) /* also the race: the loader died before prctl */
+            zygote_end(pids, npids);
+        struct pollfd pfd = {.fd = zfd, .events = POLLIN};
+        int pr = ppoll(&pfd, 1, NULL, &wait_mask);
+        if (pr < 0 && errno == EINTR)
+            continue;
+        ssize_t n = pr < 0 ? -1 : stoke__proc_recv_msg(zfd, &q, sizeof(q));
+        if (n != (ssize_t)sizeof(q))
+            break;
+        if (q.op == Z_SPAWN) {
+            zygote_spawn(l, zfd, &q, pids, npids);
+        } else if (q.op == Z_REAP || q.op == Z_FORGET) {
+            zrep rep = {.pid = q.pid, .seq = q.seq};
+            int st = 0;
+            rep.err = zygote_reap(q.pid, q.kill || q.op == Z_FORGET, &st);
+            rep.status = st;
+            for (int i = 0; i < npids; i++)
+                if (pids[i] == q.pid)
+                    pids[i] = -1;
+            if (q.op == Z_REAP)
+                send_fd(zfd, &rep, sizeof(rep), -1);
+        } else if (q.op == Z_EXIT) {
+            break;
+        }
+    }
+    zygote_end(pids, npids);
+}
