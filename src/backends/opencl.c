@@ -18,9 +18,8 @@
  *   handed out is the first page boundary inside the mapping.  host_register wraps caller memory
  *   in a CL_MEM_USE_HOST_PTR buffer when the platform maps it in place (else STOKE_ENOTSUP).
  *   Both are tracked in a range table, so is_pinned answers for interior addresses.
- * - Each stream is an in-order command queue.  Copies are non-blocking clEnqueueWrite/ReadBuffer
- *   calls, each with an event; the events of the copies since the last record move into the
- *   recorded event (with a marker), so a failed copy is reported by the event after it.
+ * - Each stream is an in-order command queue; copies are non-blocking, each with an event
+ *   (opencl_stream.c).
  *
  * Locking: `g.lock` serialises loading, enumeration (held while a probing child runs), context
  * creation and shutdown.  After a successful probe `g.api` and `g.devs` (except the lazily
@@ -45,13 +44,13 @@
 #include "backends/builtin.h"
 #include "backends/hostranges.h"
 #include "backends/opencl_api.h"
+#include "backends/opencl_internal.h"
 #include "common/env.h"
 #include "common/internal.h"
 
 #define OCL_MAX_DEVICES 64
 #define OCL_MAX_PLATFORMS 16
-#define OCL_DEFAULT_LIBRARY "libOpenCL.so.1"
-#define OCL_PENDING_TRIM 64 /* a stream checks its copy events once this many are pending */
+#define OCL_DEFAULT_LIBRARY  "libOpenCL.so.1"
 #define OCL_CHILD_TIMEOUT_MS 30000 /* a probing child that has not answered by then is killed */
 #define OCL_CHILD_MAGIC 0x6f636c70u
 
@@ -84,15 +83,6 @@ static const struct {
 #undef SYM
 };
 
-typedef struct ocl_dev {
-    cl_platform_id platform;
-    cl_device_id id;
-    int kind; /* stoke_device_kind */
-    char name[128];
-    _Atomic(cl_context) ctx;  /* created on first use */
-    cl_command_queue util_q;  /* for map/unmap; valid once ctx is published */
-} ocl_dev;
-
 static struct {
     pthread_mutex_t lock;
     struct stoke__ocl_api api;
@@ -107,6 +97,8 @@ static struct {
     char notes[512];
 } g = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
+const struct stoke__ocl_api *const stoke__ocl_fn = &g.api;
+
 /* What a probing child found (written whole to a pipe). */
 typedef struct child_answer {
     uint32_t magic;
@@ -120,27 +112,9 @@ typedef struct child_answer {
 
 static stoke__hostranges g_ranges = STOKE__HOSTRANGES_INIT;
 
-struct stoke_backend_stream {
-    ocl_dev *d;
-    int dev;
-    cl_command_queue q;
-    cl_event *pending; /* copy events since the last record (owned) */
-    size_t npending, cap;
-    int error; /* first failure seen among trimmed copy events (a STOKE_E* code), sticky */
-};
-
-struct stoke_backend_event {
-    pthread_mutex_t lock;
-    int dev;
-    cl_event marker;   /* NULL until recorded */
-    cl_event *deps;    /* copy events before the marker (owned) */
-    size_t ndeps;
-    int error;         /* failure carried from the stream when recorded */
-};
-
 /* ---- errors ------------------------------------------------------------------------------- */
 
-static const char *cl_name(cl_int e)
+const char *stoke__ocl_name(cl_int e)
 {
     switch (e) {
     case CL_DEVICE_NOT_FOUND: return "CL_DEVICE_NOT_FOUND";
@@ -166,16 +140,16 @@ static const char *cl_name(cl_int e)
     }
 }
 
-static int cl_code(cl_int e)
+int stoke__ocl_code(cl_int e)
 {
     return e == CL_MEM_OBJECT_ALLOCATION_FAILURE || e == CL_OUT_OF_HOST_MEMORY ? STOKE_ENOMEM
                                                                                 : STOKE_EBACKEND;
 }
 
 /* "opencl: clCreateBuffer(4096 bytes) on device 0: CL_INVALID_BUFFER_SIZE (-61)" */
-static int cl_fail(cl_int e, const char *what)
+int stoke__ocl_fail(cl_int e, const char *what)
 {
-    return stoke__fail(cl_code(e), "opencl: %s: %s (%d)", what, cl_name(e), (int)e);
+    return stoke__fail(stoke__ocl_code(e), "opencl: %s: %s (%d)", what, stoke__ocl_name(e), (int)e);
 }
 
 /* ---- loading and enumeration -------------------------------------------------------------- */
@@ -271,7 +245,8 @@ static int enumerate_locked(char *reason, size_t reason_len)
         return STOKE_ENODEV;
     }
     if (e != CL_SUCCESS) {
-        stoke__fmt(reason, reason_len, "clGetPlatformIDs failed: %s (%d)", cl_name(e), (int)e);
+        stoke__fmt(reason, reason_len, "clGetPlatformIDs failed: %s (%d)", stoke__ocl_name(e),
+                   (int)e);
         return STOKE_ENODEV;
     }
     if (np > OCL_MAX_PLATFORMS)
@@ -540,7 +515,7 @@ static int opencl_device_count(int *count)
     return STOKE_OK;
 }
 
-static int check_dev(int dev)
+int stoke__ocl_check_dev(int dev)
 {
     int n = atomic_load(&g.nexposed);
     if (dev < 0 || dev >= n)
@@ -550,9 +525,9 @@ static int check_dev(int dev)
 }
 
 /* Device `dev` with its context and utility queue created on first use. */
-static int get_dev(int dev, ocl_dev **out)
+int stoke__ocl_get_dev(int dev, ocl_dev **out)
 {
-    int rc = check_dev(dev);
+    int rc = stoke__ocl_check_dev(dev);
     if (rc != STOKE_OK)
         return rc;
     ocl_dev *d = &g.devs[dev];
@@ -569,15 +544,16 @@ static int get_dev(int dev, ocl_dev **out)
         if (!c || e != CL_SUCCESS) {
             pthread_mutex_unlock(&g.lock);
             char what[192];
-            return cl_fail(e ? e : CL_INVALID_CONTEXT,
-                           stoke__fmt(what, sizeof(what), "clCreateContext for device %d (%s)",
-                                      dev, d->name));
+            return stoke__ocl_fail(
+                e ? e : CL_INVALID_CONTEXT,
+                stoke__fmt(what, sizeof(what), "clCreateContext for device %d (%s)", dev, d->name));
         }
         cl_command_queue q = g.api.clCreateCommandQueue(c, d->id, 0, &e);
         if (!q || e != CL_SUCCESS) {
             g.api.clReleaseContext(c);
             pthread_mutex_unlock(&g.lock);
-            return cl_fail(e ? e : CL_INVALID_COMMAND_QUEUE, "clCreateCommandQueue (utility)");
+            return stoke__ocl_fail(e ? e : CL_INVALID_COMMAND_QUEUE,
+                                   "clCreateCommandQueue (utility)");
         }
         d->util_q = q;
         stoke__log(STOKE_LOG_DEBUG, "opencl: created the context of device %d (%s)", dev,
@@ -606,7 +582,7 @@ static void copy_str_info(cl_device_id id, cl_device_info what, char *dst, size_
 
 static int opencl_device_props(int dev, stoke_device_props *p)
 {
-    int rc = check_dev(dev);
+    int rc = stoke__ocl_check_dev(dev);
     if (rc != STOKE_OK)
         return rc;
     const ocl_dev *d = &g.devs[dev];
@@ -657,7 +633,7 @@ static int opencl_host_alloc(int dev, size_t size, void **out)
 {
     *out = NULL;
     ocl_dev *d;
-    int rc = get_dev(dev, &d);
+    int rc = stoke__ocl_get_dev(dev, &d);
     if (rc != STOKE_OK)
         return rc;
     cl_context c = atomic_load_explicit(&d->ctx, memory_order_acquire);
@@ -667,16 +643,20 @@ static int opencl_host_alloc(int dev, size_t size, void **out)
     cl_int e = CL_SUCCESS;
     cl_mem m = g.api.clCreateBuffer(c, CL_MEM_ALLOC_HOST_PTR | CL_MEM_READ_WRITE, len, NULL, &e);
     if (!m || e != CL_SUCCESS)
-        return cl_fail(e ? e : CL_MEM_OBJECT_ALLOCATION_FAILURE,
-                       stoke__fmt(what, sizeof(what), "clCreateBuffer(CL_MEM_ALLOC_HOST_PTR, %zu "
-                                  "bytes) on device %d", len, dev));
+        return stoke__ocl_fail(e ? e : CL_MEM_OBJECT_ALLOCATION_FAILURE,
+                               stoke__fmt(what, sizeof(what),
+                                          "clCreateBuffer(CL_MEM_ALLOC_HOST_PTR, %zu "
+                                          "bytes) on device %d",
+                                          len, dev));
     void *map = g.api.clEnqueueMapBuffer(d->util_q, m, CL_TRUE, CL_MAP_READ | CL_MAP_WRITE, 0,
                                          len, 0, NULL, NULL, &e);
     if (!map || e != CL_SUCCESS) {
         g.api.clReleaseMemObject(m);
-        return cl_fail(e ? e : CL_MAP_FAILURE,
-                       stoke__fmt(what, sizeof(what), "clEnqueueMapBuffer(%zu bytes) on device "
-                                  "%d", len, dev));
+        return stoke__ocl_fail(e ? e : CL_MAP_FAILURE,
+                               stoke__fmt(what, sizeof(what),
+                                          "clEnqueueMapBuffer(%zu bytes) on device "
+                                          "%d",
+                                          len, dev));
     }
     uintptr_t base = ((uintptr_t)map + ps - 1) & ~(uintptr_t)(ps - 1);
     stoke__hostrange r = {.base = base, .size = size, .dev = dev, .kind = RANGE_ALLOC,
@@ -710,16 +690,17 @@ static int opencl_host_register(int dev, void *ptr, size_t size)
     if (!ptr || !size)
         return stoke__fail(STOKE_EINVAL, "opencl: host_register of an empty range");
     ocl_dev *d;
-    int rc = get_dev(dev, &d);
+    int rc = stoke__ocl_get_dev(dev, &d);
     if (rc != STOKE_OK)
         return rc;
     cl_context c = atomic_load_explicit(&d->ctx, memory_order_acquire);
     cl_int e = CL_SUCCESS;
     cl_mem m = g.api.clCreateBuffer(c, CL_MEM_USE_HOST_PTR | CL_MEM_READ_WRITE, size, ptr, &e);
     if (!m || e != CL_SUCCESS)
-        return stoke__fail(STOKE_ENOTSUP, "opencl: device %d (%s) cannot register host memory: "
-                           "clCreateBuffer(CL_MEM_USE_HOST_PTR) failed with %s (%d)", dev,
-                           d->name, cl_name(e), (int)e);
+        return stoke__fail(STOKE_ENOTSUP,
+                           "opencl: device %d (%s) cannot register host memory: "
+                           "clCreateBuffer(CL_MEM_USE_HOST_PTR) failed with %s (%d)",
+                           dev, d->name, stoke__ocl_name(e), (int)e);
     void *map = g.api.clEnqueueMapBuffer(d->util_q, m, CL_TRUE, CL_MAP_READ | CL_MAP_WRITE, 0,
                                          size, 0, NULL, NULL, &e);
     if (map != ptr || e != CL_SUCCESS) {
@@ -762,7 +743,7 @@ static int opencl_device_alloc(int dev, size_t size, void **out)
 {
     *out = NULL;
     ocl_dev *d;
-    int rc = get_dev(dev, &d);
+    int rc = stoke__ocl_get_dev(dev, &d);
     if (rc != STOKE_OK)
         return rc;
     cl_int e = CL_SUCCESS;
@@ -770,9 +751,9 @@ static int opencl_device_alloc(int dev, size_t size, void **out)
                                     CL_MEM_READ_WRITE, size ? size : 1, NULL, &e);
     if (!m || e != CL_SUCCESS) {
         char what[128];
-        return cl_fail(e ? e : CL_MEM_OBJECT_ALLOCATION_FAILURE,
-                       stoke__fmt(what, sizeof(what), "clCreateBuffer(%zu bytes) on device %d",
-                                  size, dev));
+        return stoke__ocl_fail(
+            e ? e : CL_MEM_OBJECT_ALLOCATION_FAILURE,
+            stoke__fmt(what, sizeof(what), "clCreateBuffer(%zu bytes) on device %d", size, dev));
     }
     *out = m;
     return STOKE_OK;
@@ -783,251 +764,6 @@ static int opencl_device_free(int dev, void *handle)
     if (handle)
         g.api.clReleaseMemObject((cl_mem)handle);
     return STOKE_OK;
-}
-
-/* ---- streams and copies ------------------------------------------------------------------- */
-
-/* STOKE_OK (complete), STOKE_EBUSY (pending) or the failure of the command behind `e`. */
-static int event_status(cl_event e)
-{
-    cl_int st = CL_COMPLETE;
-    cl_int err = g.api.clGetEventInfo(e, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof(st), &st,
-                                      NULL);
-    if (err != CL_SUCCESS)
-        return cl_fail(err, "clGetEventInfo");
-    if (st < 0)
-        return stoke__fail(cl_code(st), "opencl: a queued copy failed: %s (%d)", cl_name(st),
-                           (int)st);
-    return st == CL_COMPLETE ? STOKE_OK : STOKE_EBUSY;
-}
-
-/* Releases the stream's completed copy events, keeping a failure as its sticky error. */
-static void trim_pending(stoke_backend_stream *s)
-{
-    size_t keep = 0;
-    for (size_t i = 0; i < s->npending; i++) {
-        int rc = event_status(s->pending[i]);
-        if (rc == STOKE_EBUSY) {
-            s->pending[keep++] = s->pending[i];
-            continue;
-        }
-        if (rc != STOKE_OK && s->error == STOKE_OK)
-            s->error = rc;
-        g.api.clReleaseEvent(s->pending[i]);
-    }
-    s->npending = keep;
-}
-
-static int push_pending(stoke_backend_stream *s, cl_event e)
-{
-    if (s->npending >= OCL_PENDING_TRIM)
-        trim_pending(s);
-    if (s->npending == s->cap) {
-        size_t cap = s->cap ? s->cap * 2 : 16;
-        cl_event *v = realloc(s->pending, cap * sizeof(*v));
-        if (!v) {
-            /* Cannot track it: wait for it instead. */
-            g.api.clWaitForEvents(1, &e);
-            int rc = event_status(e);
-            g.api.clReleaseEvent(e);
-            if (rc != STOKE_OK && s->error == STOKE_OK)
-                s->error = rc;
-            return STOKE_OK;
-        }
-        s->pending = v;
-        s->cap = cap;
-    }
-    s->pending[s->npending++] = e;
-    return STOKE_OK;
-}
-
-static int opencl_stream_create(int dev, stoke_backend_stream **out)
-{
-    *out = NULL;
-    ocl_dev *d;
-    int rc = get_dev(dev, &d);
-    if (rc != STOKE_OK)
-        return rc;
-    stoke_backend_stream *s = calloc(1, sizeof(*s));
-    if (!s)
-        return STOKE_ENOMEM;
-    cl_int e = CL_SUCCESS;
-    s->q = g.api.clCreateCommandQueue(atomic_load_explicit(&d->ctx, memory_order_acquire), d->id,
-                                      0, &e);
-    if (!s->q || e != CL_SUCCESS) {
-        free(s);
-        return cl_fail(e ? e : CL_INVALID_COMMAND_QUEUE, "clCreateCommandQueue");
-    }
-    s->d = d;
-    s->dev = dev;
-    *out = s;
-    return STOKE_OK;
-}
-
-static int opencl_stream_synchronize(stoke_backend_stream *s)
-{
-    cl_int e = g.api.clFinish(s->q);
-    trim_pending(s);
-    if (e != CL_SUCCESS)
-        return cl_fail(e, "clFinish");
-    int rc = s->error;
-    s->error = STOKE_OK;
-    return rc;
-}
-
-static int opencl_stream_destroy(stoke_backend_stream *s)
-{
-    if (!s)
-        return STOKE_OK;
-    g.api.clFinish(s->q);
-    for (size_t i = 0; i < s->npending; i++)
-        g.api.clReleaseEvent(s->pending[i]);
-    free(s->pending);
-    g.api.clReleaseCommandQueue(s->q);
-    free(s);
-    return STOKE_OK;
-}
-
-static int opencl_copy_h2d(void *dst, size_t dst_offset, const void *src, size_t n,
-                           stoke_backend_stream *s)
-{
-    if (n == 0)
-        return STOKE_OK;
-    cl_event ev = NULL;
-    cl_int e = g.api.clEnqueueWriteBuffer(s->q, (cl_mem)dst, CL_FALSE, dst_offset, n, src, 0,
-                                          NULL, &ev);
-    if (e != CL_SUCCESS)
-        return cl_fail(e, "clEnqueueWriteBuffer");
-    g.api.clFlush(s->q);
-    return push_pending(s, ev);
-}
-
-static int opencl_copy_d2h(void *dst, const void *src, size_t src_offset, size_t n,
-                           stoke_backend_stream *s)
-{
-    if (n == 0)
-        return STOKE_OK;
-    cl_event ev = NULL;
-    cl_int e = g.api.clEnqueueReadBuffer(s->q, (cl_mem)(uintptr_t)src, CL_FALSE, src_offset, n,
-                                         dst, 0, NULL, &ev);
-    if (e != CL_SUCCESS)
-        return cl_fail(e, "clEnqueueReadBuffer");
-    g.api.clFlush(s->q);
-    return push_pending(s, ev);
-}
-
-/* ---- events ------------------------------------------------------------------------------- */
-
-static int opencl_event_create(int dev, stoke_backend_event **out)
-{
-    *out = NULL;
-    int rc = check_dev(dev);
-    if (rc != STOKE_OK)
-        return rc;
-    stoke_backend_event *ev = calloc(1, sizeof(*ev));
-    if (!ev)
-        return STOKE_ENOMEM;
-    pthread_mutex_init(&ev->lock, NULL);
-    ev->dev = dev;
-    *out = ev;
-    return STOKE_OK;
-}
-
-static void release_events(cl_event marker, cl_event *deps, size_t n)
-{
-    if (marker)
-        g.api.clReleaseEvent(marker);
-    for (size_t i = 0; i < n; i++)
-        g.api.clReleaseEvent(deps[i]);
-    free(deps);
-}
-
-static int opencl_event_destroy(stoke_backend_event *ev)
-{
-    if (!ev)
-        return STOKE_OK;
-    release_events(ev->marker, ev->deps, ev->ndeps);
-    pthread_mutex_destroy(&ev->lock);
-    free(ev);
-    return STOKE_OK;
-}
-
-static int opencl_event_record(stoke_backend_event *ev, stoke_backend_stream *s)
-{
-    cl_event marker = NULL;
-    cl_int e = g.api.clEnqueueMarkerWithWaitList(s->q, 0, NULL, &marker);
-    if (e != CL_SUCCESS)
-        return cl_fail(e, "clEnqueueMarkerWithWaitList");
-    g.api.clFlush(s->q);
-    /* The copies since the last record now belong to this event. */
-    cl_event *deps = s->pending;
-    size_t ndeps = s->npending;
-    s->pending = NULL;
-    s->npending = s->cap = 0;
-    int carried = s->error;
-    s->error = STOKE_OK;
-
-    pthread_mutex_lock(&ev->lock);
-    cl_event old_marker = ev->marker;
-    cl_event *old_deps = ev->deps;
-    size_t old_n = ev->ndeps;
-    ev->marker = marker;
-    ev->deps = deps;
-    ev->ndeps = ndeps;
-    ev->error = carried;
-    pthread_mutex_unlock(&ev->lock);
-    release_events(old_marker, old_deps, old_n);
-    return STOKE_OK;
-}
-
-/* Under ev->lock. */
-static int query_locked(stoke_backend_event *ev)
-{
-    if (!ev->marker)
-        return STOKE_OK;
-    int rc = event_status(ev->marker);
-    if (rc == STOKE_EBUSY)
-        return rc;
-    /* The marker completed (in order: so did every copy before it); any of them failed? */
-    for (size_t i = 0; i < ev->ndeps; i++) {
-        int r = event_status(ev->deps[i]);
-        if (r != STOKE_OK && r != STOKE_EBUSY && ev->error == STOKE_OK)
-            ev->error = r;
-    }
-    for (size_t i = 0; i < ev->ndeps; i++)
-        g.api.clReleaseEvent(ev->deps[i]);
-    free(ev->deps);
-    ev->deps = NULL;
-    ev->ndeps = 0;
-    if (rc == STOKE_OK)
-        rc = ev->error;
-    return rc;
-}
-
-static int opencl_event_query(stoke_backend_event *ev)
-{
-    pthread_mutex_lock(&ev->lock);
-    int rc = query_locked(ev);
-    pthread_mutex_unlock(&ev->lock);
-    return rc;
-}
-
-static int opencl_event_synchronize(stoke_backend_event *ev)
-{
-    pthread_mutex_lock(&ev->lock);
-    cl_event m = ev->marker;
-    if (m)
-        g.api.clRetainEvent(m);
-    pthread_mutex_unlock(&ev->lock);
-    if (m) {
-        g.api.clWaitForEvents(1, &m); /* failures are read back below */
-        g.api.clReleaseEvent(m);
-    }
-    pthread_mutex_lock(&ev->lock);
-    int rc = query_locked(ev);
-    pthread_mutex_unlock(&ev->lock);
-    /* Re-recorded meanwhile onto later work: wait for that too. */
-    return rc == STOKE_EBUSY ? opencl_event_synchronize(ev) : rc;
 }
 
 /* ---- shutdown ----------------------------------------------------------------------------- */
@@ -1075,16 +811,16 @@ static const stoke_backend opencl_backend = {
     .is_pinned = opencl_is_pinned,
     .device_alloc = opencl_device_alloc,
     .device_free = opencl_device_free,
-    .stream_create = opencl_stream_create,
-    .stream_destroy = opencl_stream_destroy,
-    .stream_synchronize = opencl_stream_synchronize,
-    .copy_h2d_async = opencl_copy_h2d,
-    .copy_d2h_async = opencl_copy_d2h,
-    .event_create = opencl_event_create,
-    .event_destroy = opencl_event_destroy,
-    .event_record = opencl_event_record,
-    .event_query = opencl_event_query,
-    .event_synchronize = opencl_event_synchronize,
+    .stream_create = stoke__opencl_stream_create,
+    .stream_destroy = stoke__opencl_stream_destroy,
+    .stream_synchronize = stoke__opencl_stream_synchronize,
+    .copy_h2d_async = stoke__opencl_copy_h2d,
+    .copy_d2h_async = stoke__opencl_copy_d2h,
+    .event_create = stoke__opencl_event_create,
+    .event_destroy = stoke__opencl_event_destroy,
+    .event_record = stoke__opencl_event_record,
+    .event_query = stoke__opencl_event_query,
+    .event_synchronize = stoke__opencl_event_synchronize,
     .shutdown = opencl_shutdown,
 };
 
