@@ -88,6 +88,19 @@ static void take_fds(struct msghdr *msg, int *fd)
     }
 }
 
+/* take_fds for a handle: STOKE_OK, or STOKE_EIO when the kernel cut the ancillary data short
+ * (more descriptors than a handle carries). */
+static int take_handle_fds(struct msghdr *msg, int *fd, const char *what)
+{
+    take_fds(msg, fd);
+    if (msg->msg_flags & MSG_CTRUNC)
+        return stoke__fail(STOKE_EIO,
+                           "%s: ancillary data truncated (more descriptors than a handle "
+                           "carries)",
+                           what);
+    return STOKE_OK;
+}
+
 ssize_t stoke__recvmsg_fd(int sock, void *p, size_t n, int *fd)
 {
     union {
@@ -125,12 +138,9 @@ static int recv_message(int sock, stoke_ipc_handle *h, int *fd, const char *what
     while (n < 0 && errno == EINTR);
     if (n < 0)
         return sock_fail(what, errno);
-    take_fds(&msg, fd);
-    if (msg.msg_flags & MSG_CTRUNC)
-        return stoke__fail(STOKE_EIO,
-                           "%s: ancillary data truncated (more descriptors than a handle "
-                           "carries)",
-                           what);
+    int rc = take_handle_fds(&msg, fd, what);
+    if (rc != STOKE_OK)
+        return rc;
     if (n == 0)
         return stoke__fail(STOKE_EEND, "%s: the peer closed the socket (or sent an empty message)",
                            what);
@@ -168,12 +178,9 @@ static int recv_bytes(int sock, stoke_ipc_handle *h, int *fd, const char *what)
             continue;
         if (n < 0)
             return sock_fail(what, errno);
-        take_fds(&msg, fd);
-        if (msg.msg_flags & MSG_CTRUNC)
-            return stoke__fail(STOKE_EIO,
-                               "%s: ancillary data truncated (more descriptors than "
-                               "a handle carries)",
-                               what);
+        int rc = take_handle_fds(&msg, fd, what);
+        if (rc != STOKE_OK)
+            return rc;
         if (n == 0)
             return got == 0 ? stoke__fail(STOKE_EEND, "%s: the peer closed the socket", what)
                             : stoke__fail(STOKE_EIO,
