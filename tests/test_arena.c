@@ -313,37 +313,15 @@ static int count_our_shm(void)
 
 static int count_arena_fds(void)
 {
-    DIR *d = opendir("/proc/self/fd");
-    if (!d)
-        return -1;
-    int n = 0;
-    struct dirent *de;
-    while ((de = readdir(d))) {
-        char path[PATH_MAX], target[PATH_MAX];
-        snprintf(path, sizeof(path), "/proc/self/fd/%s", de->d_name);
-        ssize_t len = readlink(path, target, sizeof(target) - 1);
-        if (len <= 0)
-            continue;
-        target[len] = '\0';
-        n += strstr(target, "memfd:stoke-arena") != NULL;
-    }
-    closedir(d);
-    return n;
+    return tu_count_fds_to("memfd:stoke-arena");
 }
 
 /* Abstract socket names of this test's arenas still bound (any process). */
 static int count_our_sockets(void)
 {
-    FILE *f = fopen("/proc/net/unix", "r");
-    if (!f)
-        return 0;
-    char needle[96], line[512];
+    char needle[96];
     snprintf(needle, sizeof(needle), "@stoke-arena-%u-t%d-", (unsigned)getuid(), (int)getpid());
-    int n = 0;
-    while (fgets(line, sizeof(line), f))
-        n += strstr(line, needle) != NULL;
-    fclose(f);
-    return n;
+    return tu_count_unix_names(needle);
 }
 
 static int shm_at_setup;

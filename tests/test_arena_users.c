@@ -253,39 +253,11 @@ static void evil_stop(evil *e)
 /* ---- the victim's checks -----------------------------------------------------------------------
  */
 
-/* Descriptors of this process whose target contains `what` ("memfd:attacker"). */
-static int count_fds(const char *what)
-{
-    DIR *d = opendir("/proc/self/fd");
-    if (!d)
-        return -1;
-    int n = 0;
-    struct dirent *de;
-    while ((de = readdir(d))) {
-        char path[PATH_MAX], target[PATH_MAX];
-        snprintf(path, sizeof(path), "/proc/self/fd/%s", de->d_name);
-        ssize_t len = readlink(path, target, sizeof(target) - 1);
-        if (len <= 0)
-            continue;
-        target[len] = '\0';
-        n += strstr(target, what) != NULL;
-    }
-    closedir(d);
-    return n;
-}
-
 static int count_our_sockets(void)
 {
-    FILE *f = fopen("/proc/net/unix", "r");
-    if (!f)
-        return 0;
-    char needle[96], line[512];
+    char needle[96];
     snprintf(needle, sizeof(needle), "@stoke-arena-%u-u%d-", (unsigned)getuid(), (int)getpid());
-    int n = 0;
-    while (fgets(line, sizeof(line), f))
-        n += strstr(line, needle) != NULL;
-    fclose(f);
-    return n;
+    return tu_count_unix_names(needle);
 }
 
 /* stoke_arena_open(name, size) must fail with STOKE_EBUSY within FAST_S, naming the attacker's
@@ -315,7 +287,7 @@ static void expect_squatted(const char *name, size_t size, const evil *e, int wi
         fail_msg("the message does not name %s: %s", want, msg);
     if (needle && !strstr(msg, needle))
         fail_msg("the message does not say \"%s\": %s", needle, msg);
-    assert_int_equal(count_fds("memfd:attacker"), 0);
+    assert_int_equal(tu_count_fds_to("memfd:attacker"), 0);
 }
 
 static int setup(void **state)
@@ -335,9 +307,9 @@ static int teardown(void **state)
             reap_attacker(evil_live[i]);
     tu_use_none();
     int bad = 0;
-    if (count_fds("memfd:stoke-arena") != 0)
+    if (tu_count_fds_to("memfd:stoke-arena") != 0)
         bad = fprintf(stderr, "teardown: arena memfd(s) still open\n");
-    if (count_fds("memfd:attacker") != 0)
+    if (tu_count_fds_to("memfd:attacker") != 0)
         bad = fprintf(stderr, "teardown: the attacker's memfd is open here\n");
     if (count_our_sockets() != 0)
         bad =
@@ -549,7 +521,7 @@ static void test_squatter_skipped(void **state)
     char want[64];
     snprintf(want, sizeof(want), "held by uid %u (pid %d)", (unsigned)evil_uid, (int)e.pid);
     assert_int_equal(tu_log_count(STOKE_LOG_WARN, want), 1);
-    assert_int_equal(count_fds("memfd:attacker"), 0);
+    assert_int_equal(tu_count_fds_to("memfd:attacker"), 0);
     void *p2;
     assert_int_equal(stoke_arena_ptr(a2, off, &p2), STOKE_OK);
     assert_int_equal(((unsigned char *)p2)[0], 0x5c); /* the victim's own memory */

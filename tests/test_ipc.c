@@ -57,23 +57,7 @@ static void set_timeouts(int sock)
 /* Descriptors of this process that are simdev memfds. */
 static int count_simdev_fds(void)
 {
-    DIR *d = opendir("/proc/self/fd");
-    if (!d)
-        return -1;
-    int n = 0;
-    struct dirent *de;
-    while ((de = readdir(d))) {
-        char path[PATH_MAX], target[PATH_MAX];
-        snprintf(path, sizeof(path), "/proc/self/fd/%s", de->d_name);
-        ssize_t len = readlink(path, target, sizeof(target) - 1);
-        if (len <= 0)
-            continue;
-        target[len] = '\0';
-        if (strstr(target, "memfd:simdev"))
-            n++;
-    }
-    closedir(d);
-    return n;
+    return tu_count_fds_to("memfd:simdev");
 }
 
 /* Entries of /dev/shm that stoke or simdev could have made (none are expected: memfds have

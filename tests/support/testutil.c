@@ -1,7 +1,9 @@
 #define _GNU_SOURCE
 #include "testutil.h"
 
+#include <dirent.h>
 #include <dlfcn.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -404,4 +406,37 @@ int tu_evict(const char *path)
     assert_int_equal(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
     close(fd);
     return tu_resident_pct(path, 0, 0);
+}
+
+int tu_count_fds_to(const char *what)
+{
+    DIR *d = opendir("/proc/self/fd");
+    if (!d)
+        return -1;
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        char path[PATH_MAX], target[PATH_MAX];
+        snprintf(path, sizeof(path), "/proc/self/fd/%s", de->d_name);
+        ssize_t len = readlink(path, target, sizeof(target) - 1);
+        if (len <= 0)
+            continue;
+        target[len] = '\0';
+        n += strstr(target, what) != NULL;
+    }
+    closedir(d);
+    return n;
+}
+
+int tu_count_unix_names(const char *what)
+{
+    FILE *f = fopen("/proc/net/unix", "r");
+    if (!f)
+        return 0;
+    char line[512];
+    int n = 0;
+    while (fgets(line, sizeof(line), f))
+        n += strstr(line, what) != NULL;
+    fclose(f);
+    return n;
 }

@@ -106,4 +106,10 @@ int tu_resident_pct(const char *path, size_t first, size_t n);
  * its pages still resident. */
 int tu_evict(const char *path);
 
+/* Descriptors of this process whose target contains `what` (e.g. "memfd:simdev"); -1 when
+ * /proc/self/fd cannot be read. */
+int tu_count_fds_to(const char *what);
+/* Lines of /proc/net/unix (bound Unix socket names of any process) that contain `what`. */
+int tu_count_unix_names(const char *what);
+
 #endif
