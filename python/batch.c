@@ -36,10 +36,10 @@ static int field_fill_indices(FieldObject *f, BatchObject *b)
 
 static int field_fill(FieldObject *f, BatchObject *b, int field)
 {
-    int64_t shape[STOKE_MAX_DIMS + 1];
+    int64_t shape[STOKE_PY_MAX_DIMS + 1];
     int ndim = 0, dtype = 0;
     const stoke_field *desc = stoke_batch_field(b->b, field);
-    if (!desc || stoke_batch_shape(b->b, field, shape, &ndim) != STOKE_OK ||
+    if (!desc || stoke_batch_shape(b->b, field, shape, STOKE_PY_MAX_DIMS + 1, &ndim) != STOKE_OK ||
         stoke_batch_dtype(b->b, field, &dtype) != STOKE_OK ||
         stoke_py_dtype(dtype, desc->itemsize, &f->format, &f->dl_dtype) < 0) {
         PyErr_Format(PyExc_IndexError, "stoke: batch has no field %d", field);
@@ -135,12 +135,12 @@ static PyBufferProcs field_as_buffer = {field_getbuffer, NULL};
  * manager_ctx is a reference to the Field; the deleter drops it, from any thread. */
 typedef struct {
     DLManagedTensor t;
-    int64_t strides[STOKE_MAX_DIMS + 2];
+    int64_t strides[STOKE_PY_MAX_DIMS + 2];
 } managed;
 
 typedef struct {
     DLManagedTensorVersioned t;
-    int64_t strides[STOKE_MAX_DIMS + 2];
+    int64_t strides[STOKE_PY_MAX_DIMS + 2];
 } managed_v;
 
 static void drop_ctx(void *ctx)

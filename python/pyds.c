@@ -27,7 +27,8 @@
 
 #include "stoke_py.h"
 
-static const char *const field_names[STOKE_MAX_FIELDS] = {"data", "label", "field2", "field3"};
+/* The most items a sample tuple has (the loader itself has no limit). */
+#define PYDS_MAX_FIELDS 64
 
 struct stoke_pyds {
     PyObject *obj;             /* the dataset */
@@ -37,7 +38,8 @@ struct stoke_pyds {
     uint64_t len;
     int nfields;
     int is_tuple;
-    stoke_field fields[STOKE_MAX_FIELDS];
+    stoke_field fields[PYDS_MAX_FIELDS];
+    int64_t shapes[PYDS_MAX_FIELDS][STOKE_PY_MAX_DIMS];
 };
 
 /* Exit (see above): `stopped` set once, `inflight` the get() calls past their check of it. */
@@ -188,12 +190,16 @@ static int get_view(stoke_pyds *p, PyObject *item, uint64_t index, int f, Py_buf
 }
 
 /* Describes field f from the view of sample 0. */
-static int describe(stoke_field *fd, int f, const Py_buffer *v)
+static int describe(stoke_field *fd, int64_t *shape, int f, const Py_buffer *v)
 {
     memset(fd, 0, sizeof(*fd));
-    snprintf(fd->name, sizeof(fd->name), "%s", field_names[f]);
+    if (f < 2)
+        snprintf(fd->name, sizeof(fd->name), "%s", f ? "label" : "data");
+    else
+        snprintf(fd->name, sizeof(fd->name), "field%d", f);
+    fd->shape = shape;
     fd->dtype = dtype_of_format(v->format, v->itemsize);
-    if (fd->dtype < 0 || v->ndim > STOKE_MAX_DIMS) {
+    if (fd->dtype < 0 || v->ndim > STOKE_PY_MAX_DIMS) {
         PyErr_Format(PyExc_ValueError, "stoke: dataset field %d: %s", f,
                      fd->dtype < 0 ? "big-endian data is not supported" : "too many dimensions");
         return -1;
@@ -201,7 +207,7 @@ static int describe(stoke_field *fd, int f, const Py_buffer *v)
     fd->itemsize = (size_t)v->itemsize;
     fd->ndim = v->ndim;
     for (int d = 0; d < v->ndim; d++)
-        fd->shape[d] = v->shape ? v->shape[d] : v->len / v->itemsize;
+        shape[d] = v->shape ? v->shape[d] : v->len / v->itemsize;
     if (stoke_field_finish(fd) != STOKE_OK) {
         PyErr_Format(PyExc_ValueError, "stoke: dataset field %d: %s", f, stoke_last_error());
         return -1;
@@ -327,13 +333,14 @@ static int finalizing(void)
 #endif
 }
 
-static int pyds_get(void *user, uint64_t index, void *const dst[], int worker, char *msg,
-                    size_t msg_len)
+static int pyds_get(void *user, uint64_t index, void *const dst[], int64_t len[], int worker,
+                    char *msg, size_t msg_len)
 {
     stoke_pyds *p = user;
-    Py_buffer views[STOKE_MAX_FIELDS];
-    PyObject *keep[STOKE_MAX_FIELDS];
+    Py_buffer views[PYDS_MAX_FIELDS];
+    PyObject *keep[PYDS_MAX_FIELDS];
     (void)worker;
+    (void)len;
     pthread_mutex_lock(&p->call_lock);
     atomic_fetch_add(&inflight, 1); /* before the check: stoke_pyds_stop_all waits for it */
     if (atomic_load(&stopped) || finalizing()) {
@@ -409,9 +416,9 @@ static int probe_fields(stoke_pyds *p)
         return -1;
     p->is_tuple = PyTuple_Check(item);
     p->nfields = p->is_tuple ? (int)PyTuple_GET_SIZE(item) : 1;
-    if (p->nfields < 1 || p->nfields > STOKE_MAX_FIELDS) {
+    if (p->nfields < 1 || p->nfields > PYDS_MAX_FIELDS) {
         PyErr_Format(PyExc_ValueError, "stoke: dataset[0] is a tuple of %d items; 1..%d fields",
-                     p->nfields, STOKE_MAX_FIELDS);
+                     p->nfields, PYDS_MAX_FIELDS);
         Py_DECREF(item);
         return -1;
     }
@@ -422,7 +429,7 @@ static int probe_fields(stoke_pyds *p)
         rc = get_view(p, p->is_tuple ? PyTuple_GET_ITEM(item, f) : item, 0, p->is_tuple ? f : -1,
                       &v, &keep);
         if (rc == 0) {
-            rc = describe(&p->fields[f], f, &v);
+            rc = describe(&p->fields[f], p->shapes[f], f, &v);
             PyBuffer_Release(&v);
             Py_DECREF(keep);
         }
@@ -438,7 +445,7 @@ static void fill_dataset(stoke_pyds *p, stoke_dataset *ds)
     snprintf(ds->name, sizeof(ds->name), "python:%s", Py_TYPE(p->obj)->tp_name);
     ds->user = p;
     ds->nfields = p->nfields;
-    memcpy(ds->fields, p->fields, sizeof(p->fields));
+    ds->fields = p->fields;
     ds->length = pyds_length;
     ds->get = pyds_get;
     ds->worker_init = pyds_worker_init;

@@ -33,6 +33,9 @@ typedef struct {
     int busy;               /* a thread is inside a call on `l` that drops the GIL (GIL) */
 } LoaderObject;
 
+/* The most dimensions a field has in Python (NumPy 2's NPY_MAXDIMS; the C loader has no limit). */
+#define STOKE_PY_MAX_DIMS 64
+
 typedef struct {
     PyObject_HEAD stoke_batch *b;
     LoaderObject *loader; /* strong reference */
@@ -46,9 +49,9 @@ typedef struct {
     char *data;                       /* host or device address */
     size_t bytes;
     int ndim;
-    Py_ssize_t shape[STOKE_MAX_DIMS + 2];
-    Py_ssize_t strides[STOKE_MAX_DIMS + 2];
-    int64_t dl_shape[STOKE_MAX_DIMS + 2];
+    Py_ssize_t shape[STOKE_PY_MAX_DIMS + 2];
+    Py_ssize_t strides[STOKE_PY_MAX_DIMS + 2];
+    int64_t dl_shape[STOKE_PY_MAX_DIMS + 2];
     Py_ssize_t itemsize;
     const char *format; /* NULL: no buffer-protocol format (bf16) */
     DLDataType dl_dtype;

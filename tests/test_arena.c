@@ -898,8 +898,8 @@ static uint64_t ds_len(void *user)
     return DSN;
 }
 
-static int ds_get(void *user, uint64_t index, void *const dst[], int worker, char *msg,
-                  size_t msg_len)
+static int ds_get(void *user, uint64_t index, void *const dst[], int64_t lens[], int worker,
+                  char *msg, size_t msg_len)
 {
     (void)user, (void)worker, (void)msg, (void)msg_len;
     unsigned char *d = dst[0];
@@ -914,12 +914,12 @@ static void make_ds(stoke_dataset *ds)
     ds->kind = STOKE_DATASET_MAP;
     stoke__strlcpy(ds->name, "arena-ds", sizeof(ds->name));
     ds->nfields = 1;
-    stoke__strlcpy(ds->fields[0].name, "data", sizeof(ds->fields[0].name));
-    ds->fields[0].dtype = STOKE_DTYPE_U8;
-    ds->fields[0].itemsize = 1;
-    ds->fields[0].ndim = 1;
-    ds->fields[0].shape[0] = DSB;
-    ds->fields[0].bytes = DSB;
+    stoke__strlcpy(TU_F(ds)[0].name, "data", sizeof(TU_F(ds)[0].name));
+    TU_F(ds)[0].dtype = STOKE_DTYPE_U8;
+    TU_F(ds)[0].itemsize = 1;
+    TU_F(ds)[0].ndim = 1;
+    TU_SHAPE(ds, 0)[0] = DSB;
+    TU_F(ds)[0].bytes = DSB;
     ds->length = ds_len;
     ds->get = ds_get;
 }

@@ -35,8 +35,8 @@ static uint64_t bds_length(void *user)
     return N;
 }
 
-static int bds_get(void *user, uint64_t index, void *const dst[], int worker, char *msg,
-                   size_t msg_len)
+static int bds_get(void *user, uint64_t index, void *const dst[], int64_t lens[], int worker,
+                   char *msg, size_t msg_len)
 {
     bds *b = user;
     if (is_bad(b, index)) {
@@ -44,19 +44,17 @@ static int bds_get(void *user, uint64_t index, void *const dst[], int worker, ch
                  index / 10, index * 512, index);
         return STOKE_EFORMAT;
     }
-    return b->inner.get(b->inner.user, index, dst, worker, msg, msg_len);
+    return b->inner.get(b->inner.user, index, dst, lens, worker, msg, msg_len);
 }
 
 static int bds_get_batch(void *user, const uint64_t *idx, size_t count, void *const dst[],
-                         int worker, char *msg, size_t msg_len, uint64_t *err_index)
+                         int64_t lens[], int worker, char *msg, size_t msg_len, uint64_t *err_index)
 {
     bds *b = user;
     atomic_fetch_add(&b->batch_calls, 1);
     for (size_t j = 0; j < count; j++) {
-        void *d[STOKE_MAX_FIELDS];
-        for (int f = 0; f < b->inner.nfields; f++)
-            d[f] = (unsigned char *)dst[f] + j * b->inner.fields[f].bytes;
-        int rc = bds_get(user, idx[j], d, worker, msg, msg_len);
+        int rc =
+            bds_get(user, idx[j], &dst[j * (size_t)b->inner.nfields], lens, worker, msg, msg_len);
         if (rc) {
             *err_index = idx[j];
             return rc;
@@ -83,11 +81,11 @@ static void bds_open(bds *b, int with_batch, const uint64_t *bad, int nbad, stok
     snprintf(ds->name, sizeof(ds->name), "bds");
     ds->user = b;
     ds->nfields = b->inner.nfields;
-    memcpy(ds->fields, b->inner.fields, sizeof(ds->fields));
+    ds->fields = b->inner.fields;
     ds->length = bds_length;
     ds->get = bds_get;
     if (with_batch)
-        ds->get_batch = bds_get_batch;
+        ds->read = bds_get_batch;
 }
 
 typedef struct run {
@@ -301,8 +299,8 @@ typedef struct ids {
     int nw;
 } ids;
 
-static int ids_next(void *user, int worker, int num_workers, void *const dst[], uint64_t *index,
-                    char *msg, size_t msg_len)
+static int ids_next(void *user, int worker, int num_workers, void *const dst[], int64_t lens[],
+                    uint64_t *index, char *msg, size_t msg_len)
 {
     ids *s = user;
     int w1 = num_workers > 0 ? num_workers : 1;
@@ -341,11 +339,11 @@ static void test_iterable(void **state)
             snprintf(ds.name, sizeof(ds.name), "ids");
             ds.user = &s;
             ds.nfields = 1;
-            snprintf(ds.fields[0].name, sizeof(ds.fields[0].name), "v");
-            ds.fields[0].dtype = STOKE_DTYPE_I64;
-            assert_int_equal(stoke_field_finish(&ds.fields[0]), STOKE_OK);
+            snprintf(TU_F(&ds)[0].name, sizeof(TU_F(&ds)[0].name), "v");
+            TU_F(&ds)[0].dtype = STOKE_DTYPE_I64;
+            assert_int_equal(stoke_field_finish(&TU_F(&ds)[0]), STOKE_OK);
             ds.next = ids_next;
-            ds.reset = ids_reset;
+            ds.set_epoch = ids_reset;
             stoke_loader_opts o;
             stoke_loader_opts_init(&o);
             assert_int_equal(stoke_on_error_parse(pol[p], &o), STOKE_OK);

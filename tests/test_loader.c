@@ -60,24 +60,28 @@ static void test_sequential_order(void **state)
             for (size_t j = 0; j < stoke_batch_count(b); j++)
                 assert_int_equal(stoke_batch_indices(b)[j], expect++);
             assert_true(tds_batch_ok(b));
-            int64_t shape[STOKE_MAX_DIMS + 1];
+            int64_t shape[TU_DIMS + 1];
             int ndim = -7, dtype = -7;
-            assert_int_equal(stoke_batch_shape(b, 0, shape, &ndim), STOKE_OK);
+            assert_int_equal(stoke_batch_shape(b, 0, shape, TU_DIMS + 1, &ndim), STOKE_OK);
             assert_int_equal(ndim, 2);
             assert_int_equal(shape[0], (int64_t)stoke_batch_count(b));
             assert_int_equal(shape[1], DS_BYTES);
-            assert_int_equal(stoke_batch_shape(b, 1, shape, &ndim), STOKE_OK);
+            assert_int_equal(stoke_batch_shape(b, 1, shape, TU_DIMS + 1, &ndim), STOKE_OK);
             assert_int_equal(ndim, 1);
             assert_int_equal(stoke_batch_dtype(b, 1, &dtype), STOKE_OK);
             assert_int_equal(dtype, STOKE_DTYPE_I64);
             /* a bad field or NULL is a status code with a reason, the outputs untouched */
             ndim = dtype = -7;
-            assert_int_equal(stoke_batch_shape(b, 2, shape, &ndim), STOKE_EINVAL);
+            assert_int_equal(stoke_batch_shape(b, 2, shape, TU_DIMS + 1, &ndim), STOKE_EINVAL);
             assert_string_equal(stoke_last_error(),
                                 "stoke_batch_shape: no field 2 (the batch has 2)");
-            assert_int_equal(stoke_batch_shape(b, 0, NULL, &ndim), STOKE_EINVAL);
-            assert_int_equal(stoke_batch_shape(b, 0, shape, NULL), STOKE_EINVAL);
-            assert_int_equal(stoke_batch_shape(NULL, 0, shape, &ndim), STOKE_EINVAL);
+            assert_int_equal(stoke_batch_shape(b, 0, NULL, TU_DIMS + 1, &ndim), STOKE_EINVAL);
+            assert_int_equal(stoke_batch_shape(b, 0, shape, 1, &ndim), STOKE_ERANGE);
+            assert_int_equal(ndim, 2); /* the room it needs */
+            assert_int_equal(stoke_batch_ndim(b, 0), 2);
+            ndim = -7;
+            assert_int_equal(stoke_batch_shape(b, 0, shape, TU_DIMS + 1, NULL), STOKE_EINVAL);
+            assert_int_equal(stoke_batch_shape(NULL, 0, shape, TU_DIMS + 1, &ndim), STOKE_EINVAL);
             assert_int_equal(stoke_batch_dtype(b, -1, &dtype), STOKE_EINVAL);
             assert_string_equal(stoke_last_error(),
                                 "stoke_batch_dtype: no field -1 (the batch has 2)");
@@ -274,7 +278,7 @@ static void test_timeout(void **state)
     assert_non_null(strstr(e, "worker"));
     assert_non_null(strstr(stoke_last_error(), "sample 5 "));
     assert_int_equal(stoke_loader_next(l, &b), STOKE_EEND);
-    tds_open_gate(&t);       /* the stuck sample finishes; destroy joins its thread */
+    tds_open_gate(&t); /* the stuck sample finishes; destroy joins its thread */
     stoke_loader_destroy(l);
     tds_free(&t);
 }
@@ -590,8 +594,8 @@ static void test_upfront_bytes_bounded(void **state)
     tds t;
     stoke_dataset ds;
     tds_make(&t, &ds, (uint64_t)1 << 32);
-    ds.fields[0].shape[0] = 1 << 20;
-    ds.fields[0].bytes = 1 << 20;
+    TU_SHAPE(&ds, 0)[0] = 1 << 20;
+    TU_F(&ds)[0].bytes = 1 << 20;
     stoke_loader_opts o = base_opts(64, 1024);
     o.prefetch_factor = 1024;
     stoke_loader *l = (stoke_loader *)&t;
@@ -666,9 +670,10 @@ static void test_error_message_shape(void **state)
     stoke_loader *l = (stoke_loader *)&t;
     assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_EINVAL);
     assert_null(l);
-    assert_string_equal(stoke_last_error(),
-                        "loader: device 'dddddddddddddd ... dddddddddddddddddddddddddddd' is longer "
-                        "than 63 characters");
+    assert_string_equal(
+        stoke_last_error(),
+        "loader: device 'dddddddddddddd ... dddddddddddddddddddddddddddd' is longer "
+        "than 63 characters");
     o = base_opts(4, 0);
     o.sampler.kind = 99;
     assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_EINVAL);
@@ -679,22 +684,14 @@ static void test_error_message_shape(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_sequential_order),
-        cmocka_unit_test(test_shuffle_epochs),
-        cmocka_unit_test(test_same_seed_any_workers),
-        cmocka_unit_test(test_drop_last),
-        cmocka_unit_test(test_out_of_order),
-        cmocka_unit_test(test_timeout),
-        cmocka_unit_test(test_sample_error),
-        cmocka_unit_test(test_early_destroy),
-        cmocka_unit_test(test_persistent_workers),
-        cmocka_unit_test(test_save_restore),
-        cmocka_unit_test(test_held_buffers_limit),
-        cmocka_unit_test(test_set_epoch_mid_epoch),
-        cmocka_unit_test(test_bad_options),
-        cmocka_unit_test(test_buffer_sizing),
-        cmocka_unit_test(test_error_message_shape),
-        cmocka_unit_test(test_upfront_bytes_bounded),
+        cmocka_unit_test(test_sequential_order),      cmocka_unit_test(test_shuffle_epochs),
+        cmocka_unit_test(test_same_seed_any_workers), cmocka_unit_test(test_drop_last),
+        cmocka_unit_test(test_out_of_order),          cmocka_unit_test(test_timeout),
+        cmocka_unit_test(test_sample_error),          cmocka_unit_test(test_early_destroy),
+        cmocka_unit_test(test_persistent_workers),    cmocka_unit_test(test_save_restore),
+        cmocka_unit_test(test_held_buffers_limit),    cmocka_unit_test(test_set_epoch_mid_epoch),
+        cmocka_unit_test(test_bad_options),           cmocka_unit_test(test_buffer_sizing),
+        cmocka_unit_test(test_error_message_shape),   cmocka_unit_test(test_upfront_bytes_bounded),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

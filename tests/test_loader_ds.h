@@ -14,16 +14,17 @@
 #include "testutil.h"
 
 #define DS_BYTES 24
-#define DS_NONE UINT64_MAX
+#define DS_NONE  UINT64_MAX
 
 typedef struct tds {
     uint64_t n;
-    uint64_t slow_index;  /* get() of this index waits until tds_open_gate (or 20 s) */
-    uint64_t fail_index;  /* get() of this index fails with STOKE_EDATA */
-    atomic_int inits;     /* worker_init calls */
+    uint64_t slow_index; /* get() of this index waits until tds_open_gate (or 20 s) */
+    uint64_t fail_index; /* get() of this index fails with STOKE_EDATA */
+    atomic_int inits;    /* worker_init calls */
     atomic_int gets;
-    /* tds_get_scattered: calls, the samples they carried, the most in one call */
-    atomic_int scatter_calls, scatter_samples, scatter_max;
+    /* tds_get_scattered (the dataset's read): every call; those of 2 samples or more, the
+     * samples they carried, the most in one call */
+    atomic_int read_calls, scatter_calls, scatter_samples, scatter_max;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int gate_open;
@@ -59,8 +60,8 @@ static inline void tds_open_gate(tds *t)
     pthread_mutex_unlock(&t->mu);
 }
 
-static int tds_get(void *user, uint64_t index, void *const dst[], int worker, char *msg,
-                   size_t msg_len)
+static int tds_get(void *user, uint64_t index, void *const dst[], int64_t lens[], int worker,
+                   char *msg, size_t msg_len)
 {
     tds *t = user;
     atomic_fetch_add(&t->gets, 1);
@@ -78,19 +79,22 @@ static int tds_get(void *user, uint64_t index, void *const dst[], int worker, ch
     return STOKE_OK;
 }
 
-/* get_scattered by tds_get sample by sample (its fail and slow hooks apply), counted. */
+/* read() by tds_get sample by sample (its fail and slow hooks apply), counted. */
 static inline int tds_get_scattered(void *user, const uint64_t *idx, size_t count,
-                                    void *const dst[], int worker, char *msg, size_t msg_len,
-                                    uint64_t *err_index)
+                                    void *const dst[], int64_t lens[], int worker, char *msg,
+                                    size_t msg_len, uint64_t *err_index)
 {
     tds *t = user;
-    atomic_fetch_add(&t->scatter_calls, 1);
-    atomic_fetch_add(&t->scatter_samples, (int)count);
+    atomic_fetch_add(&t->read_calls, 1);
+    if (count >= 2) { /* batch size 1 (the group tests): a call for a group of batches */
+        atomic_fetch_add(&t->scatter_calls, 1);
+        atomic_fetch_add(&t->scatter_samples, (int)count);
+    }
     int most = atomic_load(&t->scatter_max);
     while ((int)count > most && !atomic_compare_exchange_weak(&t->scatter_max, &most, (int)count))
         ;
     for (size_t j = 0; j < count; j++) {
-        int rc = tds_get(user, idx[j], &dst[j * 2], worker, msg, msg_len);
+        int rc = tds_get(user, idx[j], &dst[j * 2], lens, worker, msg, msg_len);
         if (rc != STOKE_OK) {
             *err_index = idx[j];
             return rc;
@@ -120,17 +124,17 @@ static inline void tds_make(tds *t, stoke_dataset *ds, uint64_t n)
     snprintf(ds->name, sizeof(ds->name), "testds");
     ds->user = t;
     ds->nfields = 2;
-    snprintf(ds->fields[0].name, sizeof(ds->fields[0].name), "data");
-    ds->fields[0].dtype = STOKE_DTYPE_U8;
-    ds->fields[0].itemsize = 1;
-    ds->fields[0].ndim = 1;
-    ds->fields[0].shape[0] = DS_BYTES;
-    ds->fields[0].bytes = DS_BYTES;
-    snprintf(ds->fields[1].name, sizeof(ds->fields[1].name), "label");
-    ds->fields[1].dtype = STOKE_DTYPE_I64;
-    ds->fields[1].itemsize = 8;
-    ds->fields[1].ndim = 0;
-    ds->fields[1].bytes = 8;
+    snprintf(TU_F(ds)[0].name, sizeof(TU_F(ds)[0].name), "data");
+    TU_F(ds)[0].dtype = STOKE_DTYPE_U8;
+    TU_F(ds)[0].itemsize = 1;
+    TU_F(ds)[0].ndim = 1;
+    TU_SHAPE(ds, 0)[0] = DS_BYTES;
+    TU_F(ds)[0].bytes = DS_BYTES;
+    snprintf(TU_F(ds)[1].name, sizeof(TU_F(ds)[1].name), "label");
+    TU_F(ds)[1].dtype = STOKE_DTYPE_I64;
+    TU_F(ds)[1].itemsize = 8;
+    TU_F(ds)[1].ndim = 0;
+    TU_F(ds)[1].bytes = 8;
     ds->length = tds_length;
     ds->get = tds_get;
     ds->worker_init = tds_worker_init;

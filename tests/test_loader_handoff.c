@@ -86,14 +86,14 @@ static void epoch(stoke_loader *l, uint64_t n, int in_order, uint64_t *out, long
 /* Which worker ids get() was called with (ids 0..63). */
 static atomic_ulong ids_seen;
 
-static int id_get(void *user, uint64_t index, void *const dst[], int worker, char *msg,
-                  size_t msg_len)
+static int id_get(void *user, uint64_t index, void *const dst[], int64_t lens[], int worker,
+                  char *msg, size_t msg_len)
 {
     if (worker >= 0 && worker < 64)
         atomic_fetch_or(&ids_seen, 1ul << worker);
     else
         atomic_fetch_or(&ids_seen, 1ul << 63);
-    return tds_get(user, index, dst, worker, msg, msg_len);
+    return tds_get(user, index, dst, lens, worker, msg, msg_len);
 }
 
 /* get() saw only the workers' ids, and the caller's thread's (num_workers) only when the
@@ -303,7 +303,7 @@ static stoke_loader *scatter_loader(tds *t, stoke_dataset *ds, uint64_t n, int s
     tds_make(t, ds, n);
     ds->worker_init = NULL;
     if (scattered)
-        ds->get_scattered = tds_get_scattered;
+        ds->read = tds_get_scattered;
     o.shuffle = 1;
     o.seed = 5;
     o.prefetch_factor = STOKE_LOADER_PREFETCH_AUTO; /* a deep window: threads take groups */
@@ -462,9 +462,8 @@ static void test_prefetch_auto(void **state)
         if (!want)
             want = ((1u << 20) / bytes > 256 ? 256 : (1u << 20) / bytes) + 2;
         if (nbuf != want)
-            fail_msg("case %zu: %llu buffers of %llu bytes, want %llu", c,
-                     (unsigned long long)nbuf, (unsigned long long)bytes,
-                     (unsigned long long)want);
+            fail_msg("case %zu: %llu buffers of %llu bytes, want %llu", c, (unsigned long long)nbuf,
+                     (unsigned long long)bytes, (unsigned long long)want);
         if (cases[c].bs == 1) {
             assert_true(want > 6 || cases[c].prefetch || !cases[c].workers);
             epoch(l, N, 1, got, 0);
@@ -508,9 +507,13 @@ typedef struct pf_log {
 } pf_log;
 static pf_log g_pf;
 
-static void pf_record(void *user, const uint64_t *idx, size_t count)
+static void pf_record(void *user, const stoke_hint *h)
 {
     (void)user;
+    if (h->kind != STOKE_HINT_NEXT)
+        return;
+    const uint64_t *idx = h->indices;
+    size_t count = h->count;
     pthread_mutex_lock(&g_pf.mu);
     if (g_pf.ncalls < 8192 && g_pf.nidx + count <= 16384) {
         memcpy(&g_pf.idx[g_pf.nidx], idx, count * sizeof(*idx));
@@ -542,8 +545,7 @@ static size_t pf_epoch(stoke_loader *l, uint64_t *out)
  * 999 calls an epoch), and nothing past the epoch's end; with 1 and 2 workers every call names
  * the indices of one batch of the epoch, in its order.  The order and bytes are those of the
  * same loader without the hook (the indices computed ahead are the ones used).  Batches over
- * STOKE_DATASET_PREFETCH_MAX samples, and a dataset struct from before the hook (a smaller
- * size), get no call. */
+ * STOKE_DATASET_PREFETCH_MAX samples get no call. */
 static void test_prefetch_next_batch(void **state)
 {
     (void)state;
@@ -555,7 +557,7 @@ static void test_prefetch_next_batch(void **state)
         stoke_dataset ds;
         tds_make(&t, &ds, PN);
         if (w >= 0)
-            ds.prefetch = pf_record;
+            ds.hint = pf_record;
         g_pf.ncalls = g_pf.nidx = 0;
         stoke_loader_opts o = opts(BS, w < 0 ? 0 : w);
         o.shuffle = 1;
@@ -574,7 +576,8 @@ static void test_prefetch_next_batch(void **state)
              * fill per batch (1000), nor two (the look-ahead's and the batch's) */
             if (w <= 0 && fills > PN / (STOKE__AHEAD_RUN - BS) + 2)
                 fail_msg("0 workers (hook %d), epoch %d: %llu runs of indices filled for 1000 "
-                         "batches of 3", w == 0, e, (unsigned long long)fills);
+                         "batches of 3",
+                         w == 0, e, (unsigned long long)fills);
             if (w < 0)
                 continue;
             assert_memory_equal(ref[e], got, sizeof(got));
@@ -599,34 +602,21 @@ static void test_prefetch_next_batch(void **state)
         stoke_loader_destroy(l);
         tds_free(&t);
     }
-    /* too large a batch, an old struct (allocated at its old size: the loader must read no
-     * further, ASan checks): no call, the same samples */
-    for (int c = 0; c < 2; c++) {
+    /* too large a batch: no call, the same samples */
+    {
         tds t;
-        stoke_dataset full;
-        tds_make(&t, &full, PN);
-        full.prefetch = pf_record;
-        size_t old = offsetof(stoke_dataset, prefetch);
-        stoke_dataset *ds = &full;
-        if (c == 1) {
-            uint32_t size = (uint32_t)old;
-            unsigned char *raw = malloc(old);
-            assert_non_null(raw);
-            memcpy(raw, &full, old);
-            memcpy(raw + offsetof(stoke_dataset, size), &size, sizeof(size));
-            ds = (stoke_dataset *)(void *)raw;
-        }
+        stoke_dataset ds;
+        tds_make(&t, &ds, PN);
+        ds.hint = pf_record;
         g_pf.ncalls = 0;
-        stoke_loader_opts o = opts(c == 0 ? STOKE_DATASET_PREFETCH_MAX + 1 : BS, 0);
+        stoke_loader_opts o = opts(STOKE_DATASET_PREFETCH_MAX + 1, 0);
         stoke_loader *l;
-        assert_int_equal(stoke_loader_create(&o, ds, &l), STOKE_OK);
+        assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
         assert_int_equal(pf_epoch(l, got), PN);
         for (uint64_t k = 0; k < PN; k++)
             assert_int_equal(got[k], k);
         assert_int_equal(g_pf.ncalls, 0);
         stoke_loader_destroy(l);
-        if (ds != &full)
-            free(ds);
         tds_free(&t);
     }
     pthread_mutex_destroy(&g_pf.mu);
@@ -714,23 +704,23 @@ static void test_auto_rule(void **state)
     l->nworkers = 2;
     l->nact = 2;
     l->nact_min = 0;
-    assert_int_equal(period(l, 100, 0.08, 0.0), 2);  /* waits 8%: between the rules, no move */
-    assert_int_equal(period(l, 100, 0.08, 0.7), 1);  /* the caller made 70%: one fewer */
-    assert_int_equal(period(l, 80, 0.08, 0.7), 2);   /* lost 20%: undone ... */
-    assert_int_equal(period(l, 100, 0.08, 0.7), 2);  /* ... and held for 2 periods */
+    assert_int_equal(period(l, 100, 0.08, 0.0), 2); /* waits 8%: between the rules, no move */
+    assert_int_equal(period(l, 100, 0.08, 0.7), 1); /* the caller made 70%: one fewer */
+    assert_int_equal(period(l, 80, 0.08, 0.7), 2);  /* lost 20%: undone ... */
+    assert_int_equal(period(l, 100, 0.08, 0.7), 2); /* ... and held for 2 periods */
     assert_int_equal(period(l, 100, 0.08, 0.7), 2);
-    assert_int_equal(period(l, 100, 0.08, 0.7), 1);  /* then the rule again */
-    assert_int_equal(period(l, 100, 0.08, 0.7), 0);  /* no loss: it pays, down to 0 workers */
-    assert_int_equal(period(l, 100, 0.08, 0.9), 0);  /* never below nact_min */
-    assert_int_equal(period(l, 100, 0.30, 0.0), 1);  /* the consumer waits 30%: one more */
-    assert_int_equal(period(l, 120, 0.30, 0.0), 2);  /* gained 20%: kept, and one more */
-    assert_int_equal(period(l, 121, 0.30, 0.0), 1);  /* gained < 5%: undone, held 2 */
+    assert_int_equal(period(l, 100, 0.08, 0.7), 1); /* then the rule again */
+    assert_int_equal(period(l, 100, 0.08, 0.7), 0); /* no loss: it pays, down to 0 workers */
+    assert_int_equal(period(l, 100, 0.08, 0.9), 0); /* never below nact_min */
+    assert_int_equal(period(l, 100, 0.30, 0.0), 1); /* the consumer waits 30%: one more */
+    assert_int_equal(period(l, 120, 0.30, 0.0), 2); /* gained 20%: kept, and one more */
+    assert_int_equal(period(l, 121, 0.30, 0.0), 1); /* gained < 5%: undone, held 2 */
     assert_int_equal(period(l, 121, 0.30, 0.0), 1);
     assert_int_equal(period(l, 121, 0.30, 0.0), 1);
-    assert_int_equal(period(l, 121, 0.30, 0.0), 0);  /* adding failed last: the other way */
-    assert_int_equal(period(l, 100, 0.30, 0.0), 1);  /* lost: undone */
+    assert_int_equal(period(l, 121, 0.30, 0.0), 0); /* adding failed last: the other way */
+    assert_int_equal(period(l, 100, 0.30, 0.0), 1); /* lost: undone */
     l->ad_hold = 0;
-    assert_int_equal(period(l, 100, 0.01, 0.0), 0);  /* never waits: one fewer */
+    assert_int_equal(period(l, 100, 0.01, 0.0), 0); /* never waits: one fewer */
     l->ad_hold = 0;
     l->ad_last = 0;
     l->nact = 2;
@@ -816,11 +806,11 @@ static void test_auto_cap_and_report(void **state)
 /* A get() that takes ~300 us per sample (a sleep: no CPU) against a consumer that waits: the
  * workers are the bottleneck and auto never gives fewer than one work (tds has worker_init, so
  * the caller's thread never makes batches itself). */
-static int slow_get(void *user, uint64_t index, void *const dst[], int worker, char *msg,
-                    size_t msg_len)
+static int slow_get(void *user, uint64_t index, void *const dst[], int64_t lens[], int worker,
+                    char *msg, size_t msg_len)
 {
     sleep_us(300);
-    return tds_get(user, index, dst, worker, msg, msg_len);
+    return tds_get(user, index, dst, lens, worker, msg, msg_len);
 }
 
 static void test_auto_slow_get(void **state)
@@ -889,8 +879,8 @@ static void help_wait_block(void)
         sleep_us(1000);
 }
 
-static int help_get(void *user, uint64_t index, void *const dst[], int worker, char *msg,
-                    size_t msg_len)
+static int help_get(void *user, uint64_t index, void *const dst[], int64_t lens[], int worker,
+                    char *msg, size_t msg_len)
 {
     if (worker == 1 && index >= 50)
         help_wait_block();
@@ -904,7 +894,7 @@ static int help_get(void *user, uint64_t index, void *const dst[], int worker, c
             sleep_us(1000);
         atomic_store(&help_blocked, 0);
     }
-    return tds_get(user, index, dst, worker, msg, msg_len);
+    return tds_get(user, index, dst, lens, worker, msg, msg_len);
 }
 
 static void help_epoch(unsigned timeout_ms, int wait_ms, int want_seen)
@@ -1044,13 +1034,13 @@ static void test_release_from_another_thread(void **state)
  * that only put the batch back for the next next() would leave it asleep. */
 static atomic_ulong starve_high; /* 1 + the highest index get() was asked for */
 
-static int starve_get(void *user, uint64_t index, void *const dst[], int worker, char *msg,
-                      size_t msg_len)
+static int starve_get(void *user, uint64_t index, void *const dst[], int64_t lens[], int worker,
+                      char *msg, size_t msg_len)
 {
     uint64_t seen = atomic_load(&starve_high);
     while (index + 1 > seen && !atomic_compare_exchange_weak(&starve_high, &seen, index + 1))
         ;
-    return tds_get(user, index, dst, worker, msg, msg_len);
+    return tds_get(user, index, dst, lens, worker, msg, msg_len);
 }
 
 static void *release_one(void *arg)

@@ -1,4 +1,4 @@
-/* Loader with ITERABLE and MAP_VAR datasets. */
+/* Loader with ITERABLE datasets and variable-size (ragged, packed) samples. */
 #include "testutil.h"
 
 #include <stdlib.h>
@@ -15,8 +15,8 @@ typedef struct itds {
     uint64_t last_reset_epoch;
 } itds;
 
-static int it_next(void *user, int worker, int num_workers, void *const dst[], uint64_t *index,
-                   char *msg, size_t msg_len)
+static int it_next(void *user, int worker, int num_workers, void *const dst[], int64_t lens[],
+                   uint64_t *index, char *msg, size_t msg_len)
 {
     itds *t = user;
     uint64_t shards = num_workers ? (uint64_t)num_workers : 1;
@@ -54,7 +54,7 @@ static void it_make(itds *t, stoke_dataset *ds, uint64_t n)
     ds->get = NULL;
     ds->worker_init = NULL;
     ds->next = it_next;
-    ds->reset = it_reset;
+    ds->set_epoch = it_reset;
 }
 
 /* One epoch: checks the round-robin layout; returns samples and fills seen[]. */
@@ -84,11 +84,13 @@ static uint64_t it_epoch(stoke_loader *l, int workers, size_t bs, unsigned char 
 
 static void test_iterable(void **state)
 {
-    static const struct { uint64_t n; int workers; size_t bs; } cases[] = {
-        {40, 2, 5}, /* every share ends on a batch boundary */
-        {43, 3, 4},
-        {10, 0, 3},
-        {5, 4, 8},  /* shares shorter than a batch; one worker has nothing */
+    static const struct {
+        uint64_t n;
+        int workers;
+        size_t bs;
+    } cases[] = {
+        {40, 2, 5},                        /* every share ends on a batch boundary */
+        {43, 3, 4}, {10, 0, 3}, {5, 4, 8}, /* shares shorter than a batch; one worker has nothing */
         {0, 2, 4},
     };
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
@@ -119,7 +121,7 @@ static void test_iterable(void **state)
                 unsigned char seen[64] = {0};
                 assert_int_equal(it_epoch(l, cases[c].workers, cases[c].bs, seen), expect);
             }
-            assert_int_equal(atomic_load(&t.resets), 1);
+            assert_int_equal(atomic_load(&t.resets), 2); /* create's and next_epoch's */
             stoke_loader_state st;
             assert_int_equal(stoke_loader_save_state(l, &st), STOKE_ENOTSUP);
             stoke_loader_destroy(l);
@@ -167,7 +169,7 @@ static void test_iterable_rejects_samplers(void **state)
 typedef struct vds {
     uint64_t n;
     unsigned char *bytes; /* n * 7 */
-    atomic_int gets, releases;
+    atomic_int gets;
 } vds;
 
 static size_t v_len(uint64_t i)
@@ -180,21 +182,16 @@ static uint64_t v_length(void *user)
     return ((vds *)user)->n;
 }
 
-static int v_get(void *user, uint64_t index, const void **data, size_t *len, void **token,
-                 int worker, char *msg, size_t msg_len)
+/* Writes as much of the sample as the slot holds (lens[0] on entry), reports its length. */
+static int v_get(void *user, uint64_t index, void *const dst[], int64_t lens[], int worker,
+                 char *msg, size_t msg_len)
 {
     vds *t = user;
     atomic_fetch_add(&t->gets, 1);
-    *data = t->bytes + index * 7;
-    *len = v_len(index);
-    *token = (void *)(uintptr_t)(index + 1);
+    size_t n = v_len(index), room = (size_t)lens[0];
+    memcpy(dst[0], t->bytes + index * 7, n < room ? n : room);
+    lens[0] = (int64_t)n;
     return STOKE_OK;
-}
-
-static void v_release(void *user, void *token)
-{
-    if (token)
-        atomic_fetch_add(&((vds *)user)->releases, 1);
 }
 
 static void v_make(vds *t, stoke_dataset *ds, uint64_t n, size_t max)
@@ -207,29 +204,31 @@ static void v_make(vds *t, stoke_dataset *ds, uint64_t n, size_t max)
             t->bytes[i * 7 + k] = tds_byte(i, k);
     memset(ds, 0, sizeof(*ds));
     ds->size = sizeof(*ds);
-    ds->kind = STOKE_DATASET_MAP_VAR;
+    ds->kind = STOKE_DATASET_MAP;
     snprintf(ds->name, sizeof(ds->name), "vards");
     ds->user = t;
     ds->nfields = 1;
-    snprintf(ds->fields[0].name, sizeof(ds->fields[0].name), "bytes");
-    ds->fields[0].dtype = STOKE_DTYPE_RAW;
-    ds->fields[0].itemsize = 1;
-    ds->fields[0].ndim = 1;
-    ds->fields[0].shape[0] = (int64_t)max;
-    ds->fields[0].bytes = max;
+    snprintf(TU_F(ds)[0].name, sizeof(TU_F(ds)[0].name), "bytes");
+    TU_F(ds)[0].dtype = STOKE_DTYPE_RAW;
+    TU_F(ds)[0].itemsize = 1;
+    TU_F(ds)[0].ndim = 1;
+    TU_SHAPE(ds, 0)[0] = STOKE_DIM_VAR;
+    TU_F(ds)[0].max_len = (int64_t)max;
+    TU_F(ds)[0].collate = STOKE_COLLATE_PACK;
     ds->length = v_length;
-    ds->get_var = v_get;
-    ds->release_var = v_release;
+    ds->get = v_get;
 }
 
 static void check_var_batch(const stoke_batch *b, const unsigned char *data)
 {
-    const uint64_t *off = stoke_batch_offsets(b);
+    const int64_t *off = stoke_batch_offsets(b, 0), *len = stoke_batch_lengths(b, 0);
     assert_non_null(off);
+    assert_non_null(len);
     assert_int_equal(off[0], 0);
     for (size_t j = 0; j < stoke_batch_count(b); j++) {
         uint64_t i = stoke_batch_indices(b)[j];
         assert_int_equal(off[j + 1] - off[j], v_len(i));
+        assert_int_equal(len[j], v_len(i));
         for (size_t k = 0; k < v_len(i); k++)
             assert_int_equal(data[off[j] + k], tds_byte(i, k));
     }
@@ -263,7 +262,7 @@ static void test_map_var(void **state)
         stoke_loader_get_stats(l, &st);
         assert_int_equal(st.bytes, bytes);
         stoke_loader_destroy(l);
-        assert_int_equal(atomic_load(&t.gets), atomic_load(&t.releases));
+        assert_int_equal(atomic_load(&t.gets), 100);
         free(t.bytes);
     }
 }

@@ -1,5 +1,5 @@
 /* The loader delivers exactly its sampler's order: for RANDOM (shuffle) and BLOCK (block
- * shuffle), with 0 and 2 workers, through a dataset's get_batch (the npy source, io=mmap and
+ * shuffle), with 0 and 2 workers, through a dataset's read() (the npy source, io=mmap and
  * io=pread) and through get() per sample (an in-test dataset), every delivered index equals
  * stoke_sampler_index at its position and every slot holds that sample's bytes; a restored
  * state delivers the rest of the same order, also at small batch sizes (the indices computed
@@ -21,8 +21,8 @@
 #define WIN 3
 
 enum { DS_TDS, DS_NPY_MMAP, DS_NPY_PREAD, DS_KINDS };
-static const char *const DS_NAMES[] = {"get() per sample", "npy io=mmap (get_batch)",
-                                       "npy io=pread (get_batch)"};
+static const char *const DS_NAMES[] = {"get() per sample", "npy io=mmap (read)",
+                                       "npy io=pread (read)"};
 static char g_npy[512];
 
 static unsigned char npy_byte(uint64_t i, size_t k)
@@ -54,7 +54,7 @@ static void src_open(src *s, int kind)
     s->kind = kind;
     if (kind == DS_TDS) {
         tds_make(&s->t, &s->ds, N);
-        assert_false(STOKE_DATASET_HAS(&s->ds, get_batch));
+        assert_null(s->ds.read);
         return;
     }
     stoke_npy_opts o;
@@ -62,7 +62,7 @@ static void src_open(src *s, int kind)
     o.io = kind == DS_NPY_MMAP ? STOKE_NPY_IO_MMAP : STOKE_NPY_IO_PREAD;
     assert_int_equal(stoke_npy_open_opts(g_npy, &o, &s->ds), STOKE_OK);
     assert_int_equal(stoke_npy_io_used(&s->ds), o.io);
-    assert_true(STOKE_DATASET_HAS(&s->ds, get_batch));
+    assert_non_null(s->ds.read);
 }
 
 static void src_close(src *s)
@@ -410,10 +410,8 @@ static int teardown(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_order_is_the_samplers),
-        cmocka_unit_test(test_block_windows),
-        cmocka_unit_test(test_resume_gives_the_rest),
-        cmocka_unit_test(test_small_batch_runs),
+        cmocka_unit_test(test_order_is_the_samplers),   cmocka_unit_test(test_block_windows),
+        cmocka_unit_test(test_resume_gives_the_rest),   cmocka_unit_test(test_small_batch_runs),
         cmocka_unit_test(test_failure_names_the_index),
     };
     return tu_exit_status(cmocka_run_group_tests(tests, setup, teardown));

@@ -152,31 +152,30 @@ static void test_modes_identical(void **state)
             continue;
         int io = MODES[m], used = stoke_npy_io_used(&ds);
         assert_true(io == STOKE_NPY_IO_AUTO ? used != STOKE_NPY_IO_AUTO && used >= 0 : used == io);
-        assert_non_null(ds.get_batch);
+        assert_non_null(ds.read);
         char msg[256];
         for (uint64_t i = 0; i < ROWS; i += 37) {
-            void *dst[STOKE_MAX_FIELDS] = {d, lab};
-            assert_int_equal(ds.get(ds.user, i, dst, 0, msg, sizeof(msg)), STOKE_OK);
+            void *dst[TU_FIELDS] = {d, lab};
+            assert_int_equal(ds.get(ds.user, i, dst, NULL, 0, msg, sizeof(msg)), STOKE_OK);
             check_batch(&i, 1, d, lab);
         }
         for (unsigned seed = 1; seed <= 4; seed++) {
             size_t n = seed == 4 ? 1 : N - seed * 50;
             batch_indices(idx, n, seed);
             memset(d, 0, (size_t)N * ROW);
-            void *dst[STOKE_MAX_FIELDS] = {d, lab};
+            void *dst[TU_FIELDS] = {d, lab};
             uint64_t err = 0;
-            assert_int_equal(
-                ds.get_batch(ds.user, idx, n, dst, (int)seed % 3, msg, sizeof(msg), &err),
-                STOKE_OK);
+            assert_int_equal(tu_read_batch(&ds, idx, n, dst, (int)seed % 3, msg, sizeof(msg), &err),
+                             STOKE_OK);
             check_batch(idx, n, d, lab);
         }
         /* a NULL field is skipped; an index past the end is STOKE_ERANGE naming it */
-        void *only_labels[STOKE_MAX_FIELDS] = {NULL, lab};
+        void *only_labels[TU_FIELDS] = {NULL, lab};
         uint64_t err = 0, bad[3] = {5, ROWS + 4, 6};
-        assert_int_equal(ds.get_batch(ds.user, bad, 1, only_labels, 0, msg, sizeof(msg), &err),
+        assert_int_equal(tu_read_batch(&ds, bad, 1, only_labels, 0, msg, sizeof(msg), &err),
                          STOKE_OK);
         assert_int_equal(lab[0], g_labels[5]);
-        assert_int_equal(ds.get_batch(ds.user, bad, 3, only_labels, 0, msg, sizeof(msg), &err),
+        assert_int_equal(tu_read_batch(&ds, bad, 3, only_labels, 0, msg, sizeof(msg), &err),
                          STOKE_ERANGE);
         assert_int_equal(err, ROWS + 4);
         assert_non_null(strstr(msg, "index 1004 out of range"));
@@ -203,7 +202,7 @@ static void test_scattered_identical(void **state)
         stoke_dataset ds;
         if (!open_mode(m, p, lp, &ds))
             continue;
-        assert_true(STOKE_DATASET_HAS(&ds, get_scattered));
+        assert_non_null(ds.read);
         char msg[256];
         for (unsigned seed = 1; seed <= 3; seed++) {
             size_t n = seed == 3 ? 1 : SN - seed;
@@ -214,22 +213,22 @@ static void test_scattered_identical(void **state)
                 dst[2 * j + 1] = &lab[n - 1 - j];
             }
             uint64_t err = 0;
-            assert_int_equal(ds.get_scattered(ds.user, idx, n, dst, 1, msg, sizeof(msg), &err),
+            assert_int_equal(ds.read(ds.user, idx, n, dst, NULL, 1, msg, sizeof(msg), &err),
                              STOKE_OK);
             for (size_t j = 0; j < n; j++)
                 check_batch(&idx[j], 1, d + (n - 1 - j) * ROW, &lab[n - 1 - j]);
         }
         uint64_t err = 0, bad[3] = {5, 6, ROWS + 4};
-        assert_int_equal(ds.get_scattered(ds.user, bad, 0, dst, 0, msg, sizeof(msg), &err),
+        assert_int_equal(ds.read(ds.user, bad, 0, dst, NULL, 0, msg, sizeof(msg), &err),
                          STOKE_OK); /* no samples: nothing read, not even the bad index */
         int64_t keep = 42;
         void *three[6] = {d, NULL, d + ROW, &keep, d + 2 * ROW, &lab[0]};
         lab[0] = 0;
-        assert_int_equal(ds.get_scattered(ds.user, bad, 2, three, 0, msg, sizeof(msg), &err),
+        assert_int_equal(ds.read(ds.user, bad, 2, three, NULL, 0, msg, sizeof(msg), &err),
                          STOKE_OK);
         assert_int_equal(keep, g_labels[6]);
         check_batch(&bad[0], 1, d, NULL);
-        assert_int_equal(ds.get_scattered(ds.user, bad, 3, three, 0, msg, sizeof(msg), &err),
+        assert_int_equal(ds.read(ds.user, bad, 3, three, NULL, 0, msg, sizeof(msg), &err),
                          STOKE_ERANGE);
         assert_int_equal(err, ROWS + 4);
         assert_non_null(strstr(msg, "index 1004 out of range"));
@@ -250,7 +249,7 @@ static void test_scattered_identical(void **state)
         for (int j = 0; j < 6; j++)
             six[j] = d + (size_t)j * ROW;
         char msg[256] = "";
-        assert_int_equal(ds.get_scattered(ds.user, some, 6, six, 0, msg, sizeof(msg), &err),
+        assert_int_equal(ds.read(ds.user, some, 6, six, NULL, 0, msg, sizeof(msg), &err),
                          STOKE_EIO);
         assert_int_equal(err, 500);
         assert_non_null(strstr(msg, "sample 500:"));
@@ -332,9 +331,9 @@ static int read_truncated(const char *p, int io, size_t cut, const uint64_t *idx
     assert_int_equal(open_io(p, NULL, io, &ds), STOKE_OK);
     assert_int_equal(truncate(p, (off_t)cut), 0);
     unsigned char *d = malloc(n * ROW);
-    void *dst[STOKE_MAX_FIELDS] = {d};
+    void *dst[TU_FIELDS] = {d};
     msg[0] = '\0';
-    int rc = ds.get_batch(ds.user, idx, n, dst, 0, msg, msg_len, err);
+    int rc = tu_read_batch(&ds, idx, n, dst, 0, msg, msg_len, err);
     free(d);
     stoke_dataset_close(&ds);
     return rc;
@@ -396,7 +395,6 @@ static void test_truncated_same_error(void **state)
     unlink(p);
 }
 
-
 static void warm(const char *path)
 {
     FILE *f = fopen(path, "rb");
@@ -415,10 +413,10 @@ static int auto_choice(const char *path)
     /* whatever it chose, it reads the file */
     uint64_t idx[4] = {999, 0, 1, 500};
     unsigned char *d = malloc(4 * ROW);
-    void *dst[STOKE_MAX_FIELDS] = {d};
+    void *dst[TU_FIELDS] = {d};
     char msg[256];
     uint64_t err;
-    assert_int_equal(ds.get_batch(ds.user, idx, 4, dst, 0, msg, sizeof(msg), &err), STOKE_OK);
+    assert_int_equal(tu_read_batch(&ds, idx, 4, dst, 0, msg, sizeof(msg), &err), STOKE_OK);
     check_batch(idx, 4, d, NULL);
     free(d);
     stoke_dataset_close(&ds);
@@ -627,10 +625,9 @@ static void test_mmap_streaming_stores(void **state)
             memset(d, 0, (size_t)N * ROW + 16);
             unsigned char *dd = d + off;
             int64_t *ll = lab; /* labels: 8-byte rows, runs of them reach STOKE__NPY_NT_RUN */
-            void *dst[STOKE_MAX_FIELDS] = {dd, ll};
+            void *dst[TU_FIELDS] = {dd, ll};
             uint64_t err = 0, before = atomic_load(&stoke__npy_nt_fields);
-            assert_int_equal(ds.get_batch(ds.user, idx, n, dst, 0, msg, sizeof(msg), &err),
-                             STOKE_OK);
+            assert_int_equal(tu_read_batch(&ds, idx, n, dst, 0, msg, sizeof(msg), &err), STOKE_OK);
             for (size_t j = 0; j < n; j++) {
                 if (memcmp(dd + j * ROW, g_data + idx[j] * ROW, ROW) != 0)
                     fail_msg("always %d, slot %zu (sample %llu): wrong bytes", always, j,
@@ -677,9 +674,9 @@ static void test_populated_mapping_skips_willneed(void **state)
         stoke_dataset ds;
         assert_int_equal(open_io(p, NULL, io, &ds), STOKE_OK);
         assert_int_equal(stoke_npy_io_used(&ds), STOKE_NPY_IO_MMAP);
-        void *dst[STOKE_MAX_FIELDS] = {d};
+        void *dst[TU_FIELDS] = {d};
         uint64_t err = 0, before = atomic_load(&stoke__npy_willneed);
-        assert_int_equal(ds.get_batch(ds.user, idx, N, dst, 0, msg, sizeof(msg), &err), STOKE_OK);
+        assert_int_equal(tu_read_batch(&ds, idx, N, dst, 0, msg, sizeof(msg), &err), STOKE_OK);
         assert_memory_equal(d, g_data, (size_t)N * ROW);
         uint64_t calls = atomic_load(&stoke__npy_willneed) - before;
         if (io == STOKE_NPY_IO_AUTO && can_populate && calls != 0)

@@ -63,8 +63,8 @@ static void sleep_ms(long ms)
     nanosleep(&ts, NULL);
 }
 
-static int pds_get(void *user, uint64_t index, void *const dst[], int worker, char *msg,
-                   size_t msg_len)
+static int pds_get(void *user, uint64_t index, void *const dst[], int64_t lens[], int worker,
+                   char *msg, size_t msg_len)
 {
     pds *p = user;
     if (getpid() != sh->parent) {
@@ -86,18 +86,16 @@ static int pds_get(void *user, uint64_t index, void *const dst[], int worker, ch
             atomic_store(&sh->orphan_wrote, 1); /* would write into the dead loader's buffer */
         }
     }
-    return p->inner.get(p->inner.user, index, dst, worker, msg, msg_len);
+    return p->inner.get(p->inner.user, index, dst, lens, worker, msg, msg_len);
 }
 
 static int pds_get_batch(void *user, const uint64_t *idx, size_t count, void *const dst[],
-                         int worker, char *msg, size_t msg_len, uint64_t *err_index)
+                         int64_t lens[], int worker, char *msg, size_t msg_len, uint64_t *err_index)
 {
     pds *p = user;
     for (size_t j = 0; j < count; j++) {
-        void *d[STOKE_MAX_FIELDS];
-        for (int f = 0; f < p->inner.nfields; f++)
-            d[f] = (unsigned char *)dst[f] + j * p->inner.fields[f].bytes;
-        int rc = pds_get(user, idx[j], d, worker, msg, msg_len);
+        int rc =
+            pds_get(user, idx[j], &dst[j * (size_t)p->inner.nfields], lens, worker, msg, msg_len);
         if (rc) {
             *err_index = idx[j];
             return rc;
@@ -117,8 +115,8 @@ static int pds_worker_init(void *user, int worker, int num_workers)
     return STOKE_OK;
 }
 
-static int pds_next(void *user, int worker, int num_workers, void *const dst[], uint64_t *index,
-                    char *msg, size_t msg_len)
+static int pds_next(void *user, int worker, int num_workers, void *const dst[], int64_t lens[],
+                    uint64_t *index, char *msg, size_t msg_len)
 {
     (void)user, (void)worker, (void)num_workers, (void)dst, (void)index, (void)msg, (void)msg_len;
     return STOKE_EEND;
@@ -139,11 +137,11 @@ static void pds_open(pds *p, int with_batch, int with_init, stoke_dataset *ds)
     snprintf(ds->name, sizeof(ds->name), "pds");
     ds->user = p;
     ds->nfields = p->inner.nfields;
-    memcpy(ds->fields, p->inner.fields, sizeof(ds->fields));
+    ds->fields = p->inner.fields;
     ds->length = pds_length;
     ds->get = pds_get;
     if (with_batch)
-        ds->get_batch = pds_get_batch;
+        ds->read = pds_get_batch;
     if (with_init)
         ds->worker_init = pds_worker_init;
 }
@@ -564,12 +562,12 @@ static void test_invalid(void **state)
     stoke_dataset it = ds;
     it.kind = STOKE_DATASET_ITERABLE;
     it.get = NULL;
-    it.get_batch = NULL;
+    it.read = NULL;
     it.length = NULL;
     it.next = pds_next;
     opts(&o, "error", STOKE_WORKER_PROCESSES, 1, 0);
     assert_int_equal(stoke_loader_create(&o, &it, &l), STOKE_ENOTSUP);
-    assert_non_null(strstr(stoke_last_error(), "MAP and MAP_VAR datasets only"));
+    assert_non_null(strstr(stoke_last_error(), "MAP datasets only"));
     opts(&o, "error", STOKE_WORKER_THREADS, 1, 0); /* the same dataset is fine with threads */
     assert_int_equal(stoke_loader_create(&o, &it, &l), STOKE_OK);
     stoke_loader_destroy(l);
@@ -673,41 +671,39 @@ static uint64_t vds_length(void *user)
     return N;
 }
 
-static int vds_get_var(void *user, uint64_t index, const void **data, size_t *len, void **token,
-                       int worker, char *msg, size_t msg_len)
+static int vds_get(void *user, uint64_t index, void *const dst[], int64_t lens[], int worker,
+                   char *msg, size_t msg_len)
 {
-    (void)worker, (void)msg, (void)msg_len;
-    vds *v = user;
+    (void)worker, (void)msg, (void)msg_len, (void)user;
     if (getpid() != sh->parent && index == sh->crash) {
         signal(SIGSEGV, SIG_DFL);
         raise(SIGSEGV);
     }
-    *len = (size_t)(index % 17) + 1;
-    for (size_t k = 0; k < *len; k++)
-        v->buf[k] = (unsigned char)((index * 31 + k) & 0xff);
-    *data = v->buf;
-    *token = NULL;
+    lens[0] = (int64_t)(index % 17) + 1;
+    for (int64_t k = 0; k < lens[0]; k++)
+        ((unsigned char *)dst[0])[k] = (unsigned char)((index * 31 + (uint64_t)k) & 0xff);
     return STOKE_OK;
 }
 
-/* One MAP_VAR epoch: the packed bytes of every batch, concatenated, and the indices. */
+/* One epoch of a ragged field packed: the bytes of every batch, concatenated, and the indices. */
 static size_t var_epoch(int mode, const char *policy, int workers, unsigned char *out,
                         uint64_t *idx, size_t *nidx)
 {
     vds v; /* one buffer: each worker process has its own copy; threads: none (0 workers) */
     stoke_dataset ds;
     stoke_dataset_init(&ds);
-    ds.kind = STOKE_DATASET_MAP_VAR;
+    ds.kind = STOKE_DATASET_MAP;
     snprintf(ds.name, sizeof(ds.name), "vds");
     ds.user = &v;
     ds.nfields = 1;
-    ds.fields[0].dtype = STOKE_DTYPE_U8;
-    ds.fields[0].ndim = 1;
-    ds.fields[0].shape[0] = 17;
-    ds.fields[0].bytes = 17;
-    snprintf(ds.fields[0].name, sizeof(ds.fields[0].name), "data");
+    TU_F(&ds)[0].dtype = STOKE_DTYPE_U8;
+    TU_F(&ds)[0].ndim = 1;
+    TU_SHAPE(&ds, 0)[0] = STOKE_DIM_VAR;
+    TU_F(&ds)[0].max_len = 17;
+    TU_F(&ds)[0].collate = STOKE_COLLATE_PACK;
+    snprintf(TU_F(&ds)[0].name, sizeof(TU_F(&ds)[0].name), "data");
     ds.length = vds_length;
-    ds.get_var = vds_get_var;
+    ds.get = vds_get;
     stoke_loader_opts o;
     opts(&o, policy, mode, workers, 1);
     stoke_loader *l;
@@ -718,12 +714,12 @@ static size_t var_epoch(int mode, const char *policy, int workers, unsigned char
     int rc;
     while ((rc = stoke_loader_next(l, &bt)) == STOKE_OK) {
         size_t c = stoke_batch_count(bt);
-        const uint64_t *off = stoke_batch_offsets(bt);
+        const int64_t *off = stoke_batch_offsets(bt, 0);
         const unsigned char *d = stoke_batch_data(bt, 0);
         for (size_t j = 0; j < c; j++) {
             uint64_t i = stoke_batch_indices(bt)[j];
             assert_int_equal(off[j + 1] - off[j], (i % 17) + 1);
-            for (uint64_t k = off[j]; k < off[j + 1]; k++)
+            for (int64_t k = off[j]; k < off[j + 1]; k++)
                 assert_int_equal(d[k], (unsigned char)((i * 31 + (k - off[j])) & 0xff));
             idx[(*nidx)++] = i;
         }
@@ -861,11 +857,11 @@ typedef struct eds {
     uint64_t epoch;
 } eds;
 
-static int eds_get(void *user, uint64_t index, void *const dst[], int worker, char *msg,
-                   size_t msg_len)
+static int eds_get(void *user, uint64_t index, void *const dst[], int64_t lens[], int worker,
+                   char *msg, size_t msg_len)
 {
     eds *e = user;
-    int rc = pds_get(&e->p, index, dst, worker, msg, msg_len);
+    int rc = pds_get(&e->p, index, dst, lens, worker, msg, msg_len);
     for (int k = 0; rc == STOKE_OK && k < SB; k++)
         ((unsigned char *)dst[0])[k] ^= (unsigned char)(0x5a + 13 * e->epoch);
     return rc;

@@ -10,9 +10,9 @@
 
 static void get_sample(stoke_dataset *ds, uint64_t i, void *data, void *label)
 {
-    void *dst[STOKE_MAX_FIELDS] = {data, label};
+    void *dst[TU_FIELDS] = {data, label};
     char msg[128] = "";
-    int rc = ds->get(ds->user, i, dst, 0, msg, sizeof(msg));
+    int rc = ds->get(ds->user, i, dst, NULL, 0, msg, sizeof(msg));
     if (rc)
         fail_msg("get(%llu): %s %s", (unsigned long long)i, stoke_err_name(rc), msg);
 }
@@ -154,9 +154,9 @@ static void test_labels_and_dtypes(void **state)
         assert_int_equal(label, (int64_t)(i % 10));
     }
     unsigned char buf[24];
-    void *dst[STOKE_MAX_FIELDS] = {buf, NULL};
+    void *dst[TU_FIELDS] = {buf, NULL};
     char msg[128] = "";
-    assert_int_equal(ds.get(ds.user, 100, dst, 0, msg, sizeof(msg)), STOKE_ERANGE);
+    assert_int_equal(ds.get(ds.user, 100, dst, NULL, 0, msg, sizeof(msg)), STOKE_ERANGE);
     assert_non_null(strstr(msg, "out of range"));
     stoke_dataset_close(&ds);
 }
@@ -173,7 +173,7 @@ static void test_bad_opts(void **state)
     o.shape[1] = 0;
     assert_int_equal(stoke_synthetic_open(&o, &ds), STOKE_EINVAL);
     stoke_synthetic_opts_init(&o);
-    o.ndim = STOKE_MAX_DIMS + 1;
+    o.ndim = STOKE_SYNTHETIC_MAX_DIMS + 1;
     assert_int_equal(stoke_synthetic_open(&o, &ds), STOKE_EINVAL);
     stoke_synthetic_opts_init(&o);
     o.dtype = 99;
@@ -204,10 +204,10 @@ static double now_s(void)
 /* Seconds one get() of sample idx takes. */
 static double get_seconds(stoke_dataset *ds, uint64_t idx, unsigned char *buf)
 {
-    void *dst[STOKE_MAX_FIELDS] = {buf};
+    void *dst[TU_FIELDS] = {buf};
     char msg[64];
     double t0 = now_s();
-    assert_int_equal(ds->get(ds->user, idx, dst, 0, msg, sizeof(msg)), STOKE_OK);
+    assert_int_equal(ds->get(ds->user, idx, dst, NULL, 0, msg, sizeof(msg)), STOKE_OK);
     return now_s() - t0;
 }
 
@@ -263,23 +263,47 @@ static void test_dataset_helpers(void **state)
     assert_int_equal(stoke_dtype_size(STOKE_DTYPE_RAW), 0);
     assert_int_equal(stoke_dtype_size(1000), 0);
     stoke_field f;
+    int64_t shape[12] = {4, 5};
     memset(&f, 0, sizeof(f));
     f.dtype = STOKE_DTYPE_F32;
     f.ndim = 2;
-    f.shape[0] = 4;
-    f.shape[1] = 5;
+    f.shape = shape;
     assert_int_equal(stoke_field_finish(&f), STOKE_OK);
     assert_int_equal(f.itemsize, 4);
     assert_int_equal(f.bytes, 80);
-    f.shape[1] = -1;
+    shape[1] = -2;
     assert_int_equal(stoke_field_finish(&f), STOKE_EINVAL);
-    f.shape[1] = 0;
+    shape[1] = STOKE_DIM_VAR; /* only the first dimension may vary */
+    assert_int_equal(stoke_field_finish(&f), STOKE_EINVAL);
+    assert_non_null(strstr(stoke_last_error(), "only the first may vary"));
+    shape[1] = 0;
     assert_int_equal(stoke_field_finish(&f), STOKE_OK);
     assert_int_equal(f.bytes, 0);
     f.ndim = 0;
     assert_int_equal(stoke_field_finish(&f), STOKE_OK);
     assert_int_equal(f.bytes, 4);
-    f.ndim = 9;
+    /* no limit on dimensions: 12 of 1 */
+    for (int d = 0; d < 12; d++)
+        shape[d] = 1;
+    f.ndim = 12;
+    assert_int_equal(stoke_field_finish(&f), STOKE_OK);
+    assert_int_equal(f.bytes, 4);
+    f.ndim = -1;
+    assert_int_equal(stoke_field_finish(&f), STOKE_EINVAL);
+    f.ndim = 1;
+    f.shape = NULL;
+    assert_int_equal(stoke_field_finish(&f), STOKE_EINVAL);
+    /* ragged: a first dimension of STOKE_DIM_VAR needs max_len; bytes count max_len units */
+    f.shape = shape;
+    f.ndim = 2;
+    shape[0] = STOKE_DIM_VAR;
+    shape[1] = 3;
+    assert_int_equal(stoke_field_finish(&f), STOKE_EINVAL);
+    assert_non_null(strstr(stoke_last_error(), "max_len"));
+    f.max_len = 10;
+    assert_int_equal(stoke_field_finish(&f), STOKE_OK);
+    assert_int_equal(f.bytes, 4 * 3 * 10);
+    f.collate = 7;
     assert_int_equal(stoke_field_finish(&f), STOKE_EINVAL);
     assert_int_equal(stoke_field_finish(NULL), STOKE_EINVAL);
 }
@@ -297,8 +321,7 @@ static void test_spec_strings(void **state)
     stoke_dataset_close(&ds);
 
     assert_int_equal(
-        stoke_source_open("synthetic:77,shape=3x224x224,seed=9,classes=5,dtype=u8", &ds),
-        STOKE_OK);
+        stoke_source_open("synthetic:77,shape=3x224x224,seed=9,classes=5,dtype=u8", &ds), STOKE_OK);
     assert_int_equal(ds.length(ds.user), 77);
     assert_int_equal(ds.fields[0].bytes, 3 * 224 * 224);
     assert_int_equal(ds.nfields, 2);
@@ -318,13 +341,27 @@ static void test_spec_strings(void **state)
     stoke_dataset_close(&ds);
 
     static const char *const bad[] = {
-        "synthetic:",         "synthetic:abc",        "synthetic:-5",
-        "synthetic:10,20",    "synthetic:10,foo=1",   "synthetic:10,shape=0x3",
-        "synthetic:shape=3x", "synthetic:shape=3xx3", "synthetic:shape=1x1x1x1x1x1x1x1x1",
-        "synthetic:seed=x",   "synthetic:dtype=u7",   "synthetic:classes=-1",
-        "Synthetic",          "synth:10",             "",
-        "zip:/x",             "synthetic:delay=5",    "synthetic:delay=:9",
-        "synthetic:delay=x:9", "synthetic:delay=5:",  "synthetic:delay=5:4294967296",
+        "synthetic:",
+        "synthetic:abc",
+        "synthetic:-5",
+        "synthetic:10,20",
+        "synthetic:10,foo=1",
+        "synthetic:10,shape=0x3",
+        "synthetic:shape=3x",
+        "synthetic:shape=3xx3",
+        "synthetic:shape=1x1x1x1x1x1x1x1x1",
+        "synthetic:seed=x",
+        "synthetic:dtype=u7",
+        "synthetic:classes=-1",
+        "Synthetic",
+        "synth:10",
+        "",
+        "zip:/x",
+        "synthetic:delay=5",
+        "synthetic:delay=:9",
+        "synthetic:delay=x:9",
+        "synthetic:delay=5:",
+        "synthetic:delay=5:4294967296",
     };
     for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
         int rc = stoke_source_open(bad[k], &ds);
@@ -342,12 +379,11 @@ static void test_spec_strings(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_defaults),         cmocka_unit_test(test_deterministic),
-        cmocka_unit_test(test_golden_bytes),     cmocka_unit_test(test_prefix_and_tails),
+        cmocka_unit_test(test_defaults),          cmocka_unit_test(test_deterministic),
+        cmocka_unit_test(test_golden_bytes),      cmocka_unit_test(test_prefix_and_tails),
         cmocka_unit_test(test_bytes_look_random), cmocka_unit_test(test_labels_and_dtypes),
-        cmocka_unit_test(test_bad_opts),         cmocka_unit_test(test_dataset_helpers),
-        cmocka_unit_test(test_spec_strings),
-        cmocka_unit_test(test_delay),
+        cmocka_unit_test(test_bad_opts),          cmocka_unit_test(test_dataset_helpers),
+        cmocka_unit_test(test_spec_strings),      cmocka_unit_test(test_delay),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

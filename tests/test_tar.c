@@ -143,14 +143,14 @@ static char *pathf(char *buf, size_t n, const char *dir, const char *file)
 /* The dataset's sample i, all fields, into one buffer. */
 static int get_sample(stoke_dataset *ds, uint64_t i, unsigned char *buf, char *msg, size_t n)
 {
-    void *dst[STOKE_MAX_FIELDS] = {0};
+    void *dst[TU_FIELDS] = {0};
     size_t off = 0;
     for (int f = 0; f < ds->nfields; f++) {
         dst[f] = buf + off;
         off += ds->fields[f].bytes;
     }
     msg[0] = 0;
-    return ds->get(ds->user, i, dst, 0, msg, n);
+    return ds->get(ds->user, i, dst, NULL, 0, msg, n);
 }
 
 static int64_t get_cls(stoke_dataset *ds, uint64_t i, int field)
@@ -337,8 +337,8 @@ static void test_big_sizes(void **state)
     assert_int_equal(ds.fields[0].bytes, big);
     assert_int_equal(ds.fields[0].shape[0], (int64_t)big);
     char msg[512], want[1400];
-    void *dst[STOKE_MAX_FIELDS] = {msg};
-    assert_int_equal(ds.get(ds.user, 2, dst, 0, msg, sizeof(msg)), STOKE_EFORMAT);
+    void *dst[TU_FIELDS] = {msg};
+    assert_int_equal(ds.get(ds.user, 2, dst, NULL, 0, msg, sizeof(msg)), STOKE_EFORMAT);
     snprintf(want, sizeof(want), "a.tar@%" PRIu64 ": sample 'k2' field 'bin': member of 4 bytes",
              1536 + padded + 512 + padded);
     if (!strstr(msg, want))

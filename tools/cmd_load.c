@@ -3,7 +3,8 @@
  * content_hash: for every delivered sample, the 64-bit FNV-1a hash of the bytes of its field 0
  * ("data") only, summed modulo 2^64 (so independent of the order; a sample delivered twice, in
  * two epochs, counts twice).  order_hash: 64-bit FNV-1a over the delivered sample indices taken
- * as 64-bit words (h = (h ^ index) * FNV prime): depends on the order.  index_sum: the sum of those indices.
+ * as 64-bit words (h = (h ^ index) * FNV prime): depends on the order.  index_sum: the sum of those
+ * indices.
  *
  * The run is parse_args -> open_loader -> timed_pass -> hash_pass -> print_json / print_text.
  * The timed pass computes index_sum and order_hash (8 bytes per sample), and with --device
@@ -36,73 +37,75 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: stoke load [SOURCE] [options]\n"
-            "  SOURCE                 at most one (default: synthetic):\n"
-            "                           synthetic[:N][,shape=3x32x32][,seed=S][,classes=C][,dtype=u8]\n"
-            "                             [,delay=I:US] (sample I takes US microseconds longer)\n"
-            "                           npy:PATH[,labels=LABELS.npy][,io=auto|mmap|pread|uring]\n"
-            "                             [,direct=auto|on|off] (block shuffle: O_DIRECT reads)\n"
-            "                           tar:PATTERN[,fields=EXT:EXT] (shards: {000..099}, globs)\n"
-            "                           images:DIR[,size=224][,train|eval][,layout=chw|hwc]\n"
-            "                             [,dtype=u8|f32][,mean=R:G:B,std=R:G:B][,seed=N]\n"
-            "                             [,max_decode_bytes=SIZE] (default 256M)\n"
-            "  --batch-size N         samples per batch, >= 1 (default 256)\n"
-            "  --workers N|auto       worker threads 0..1024, 0 = the caller's thread; auto (the\n"
-            "                         default): one per core (at most 16), how many get work\n"
-            "                         adapted to throughput and the consumer's waits\n"
-            "  --prefetch N|auto      batches in flight per worker, 1..1024; auto (the default):\n"
-            "                         2, and a deeper window for batches under 256 KiB\n"
-            "  --shuffle[=KIND]       an order keyed by (seed, epoch); KIND: random (a bare\n"
-            "                         --shuffle), none (sequential), or block[:ROWS[:WINDOW]]:\n"
-            "                         block shuffle, the blocks of ROWS consecutive rows (default\n"
-            "                         4096) in random order, WINDOW blocks (default 16) mixed at\n"
-            "                         a time: nearly sequential reads (docs/loader.md)\n"
-            "  --seed N               0..18446744073709551615 (default 0)\n"
-            "  --epochs N             >= 1 (default 1)\n"
-            "  --drop-last            drop a partial last batch\n"
-            "  --no-pin-memory        ordinary memory, no pinning\n"
-            "  --pin-memory-device NAME[:I]  pin for this backend (a warning if it cannot pin:\n"
-            "                         unavailable, or cpu, which pins nothing)\n"
-            "  --out-of-order         deliver batches as they complete\n"
-            "  --distributed          load this rank's share only (DistributedSampler's split);\n"
-            "                         rank and world size from RANK/WORLD_SIZE, Open MPI or Slurm\n"
-            "  --limit BATCHES        stop after this many batches in all; 0 = no limit (default)\n"
-            "  --device NAME[:I]      copy every batch to this device asynchronously\n"
-            "  --verify               with --device: read every batch back from the device and\n"
-            "                         hash what it holds\n"
-            "  --on-error=POLICY      a failing sample: error (default: the run fails),\n"
-            "                         skip[:N|:P%%] (dropped; past N per epoch, or P%%, error) or\n"
-            "                         replace[:N|:P%%] (a deterministic replacement); JSON\n"
-            "                         bad_samples and quarantine list them\n"
-            "  --worker-mode=MODE     threads (default) or processes: each worker loads in a\n"
-            "                         child process, a crash fails only its sample (map-style\n"
-            "                         sources; JSON worker_mode, worker_restarts)\n"
-            "  --arena NAME[:SIZE]    batches in the pinned arena NAME (auto: the job's) shared\n"
-            "                         by the node's processes; SIZE creates it (docs/ipc.md)\n"
-            "  --no-hash              skip content_hash\n"
-            "  --json                 one JSON object on stdout, errors included\n"
-            "  (an option's value may also be given as --option=VALUE)\n");
-    fprintf(f,
-            "\n"
-            "content_hash covers field 0 (\"data\") only, of exactly the samples the run\n"
-            "delivered: the sum modulo 2^64 of the 64-bit FNV-1a hash of each delivered sample's\n"
-            "bytes (a sample delivered in two epochs counts twice), independent of the order.\n"
-            "Host batches: it is computed in a second, untimed pass after the timed one, which\n"
-            "runs the epochs the timed pass reached again with the same loader and hashes the\n"
-            "samples the timed pass delivered (of an epoch cut short by --limit, the delivered\n"
-            "indices are kept, 8 bytes each; a sample the timed pass skipped is left out);\n"
-            "JSON \"hash_pass_seconds\" is that pass's time.  When the hash pass cannot hash\n"
-            "exactly those samples (one failed in the hash pass only, or was replaced in the\n"
-            "timed pass only), content_hash is null and \"content_hash_reason\" says why\n"
-            "(text: \"content_hash none (REASON)\").\n"
-            "--device --verify: computed inside the timed pass from the bytes read back from the\n"
-            "device.  --device without\n"
-            "--verify: not computed (null).  null too when the run failed or with --no-hash.\n"
-            "order_hash: FNV-1a over the delivered indices, one 64-bit word each.\n"
-            "index_sum: the sum of the delivered indices.  With --json, any error prints\n"
-            "{\"ok\": false, \"error\": \"...\"} on stdout as well as the message on stderr; the exit\n"
-            "status is 2 for a usage error, 1 for any other error (a failed write to stdout too).\n");
+    fprintf(
+        f,
+        "usage: stoke load [SOURCE] [options]\n"
+        "  SOURCE                 at most one (default: synthetic):\n"
+        "                           synthetic[:N][,shape=3x32x32][,seed=S][,classes=C][,dtype=u8]\n"
+        "                             [,delay=I:US] (sample I takes US microseconds longer)\n"
+        "                           npy:PATH[,labels=LABELS.npy][,io=auto|mmap|pread|uring]\n"
+        "                             [,direct=auto|on|off] (block shuffle: O_DIRECT reads)\n"
+        "                           tar:PATTERN[,fields=EXT:EXT] (shards: {000..099}, globs)\n"
+        "                           images:DIR[,size=224][,train|eval][,layout=chw|hwc]\n"
+        "                             [,dtype=u8|f32][,mean=R:G:B,std=R:G:B][,seed=N]\n"
+        "                             [,max_decode_bytes=SIZE] (default 256M)\n"
+        "  --batch-size N         samples per batch, >= 1 (default 256)\n"
+        "  --workers N|auto       worker threads 0..1024, 0 = the caller's thread; auto (the\n"
+        "                         default): one per core (at most 16), how many get work\n"
+        "                         adapted to throughput and the consumer's waits\n"
+        "  --prefetch N|auto      batches in flight per worker, 1..1024; auto (the default):\n"
+        "                         2, and a deeper window for batches under 256 KiB\n"
+        "  --shuffle[=KIND]       an order keyed by (seed, epoch); KIND: random (a bare\n"
+        "                         --shuffle), none (sequential), or block[:ROWS[:WINDOW]]:\n"
+        "                         block shuffle, the blocks of ROWS consecutive rows (default\n"
+        "                         4096) in random order, WINDOW blocks (default 16) mixed at\n"
+        "                         a time: nearly sequential reads (docs/loader.md)\n"
+        "  --seed N               0..18446744073709551615 (default 0)\n"
+        "  --epochs N             >= 1 (default 1)\n"
+        "  --drop-last            drop a partial last batch\n"
+        "  --no-pin-memory        ordinary memory, no pinning\n"
+        "  --pin-memory-device NAME[:I]  pin for this backend (a warning if it cannot pin:\n"
+        "                         unavailable, or cpu, which pins nothing)\n"
+        "  --out-of-order         deliver batches as they complete\n"
+        "  --distributed          load this rank's share only (DistributedSampler's split);\n"
+        "                         rank and world size from RANK/WORLD_SIZE, Open MPI or Slurm\n"
+        "  --limit BATCHES        stop after this many batches in all; 0 = no limit (default)\n"
+        "  --device NAME[:I]      copy every batch to this device asynchronously\n"
+        "  --verify               with --device: read every batch back from the device and\n"
+        "                         hash what it holds\n"
+        "  --on-error=POLICY      a failing sample: error (default: the run fails),\n"
+        "                         skip[:N|:P%%] (dropped; past N per epoch, or P%%, error) or\n"
+        "                         replace[:N|:P%%] (a deterministic replacement); JSON\n"
+        "                         bad_samples and quarantine list them\n"
+        "  --worker-mode=MODE     threads (default) or processes: each worker loads in a\n"
+        "                         child process, a crash fails only its sample (map-style\n"
+        "                         sources; JSON worker_mode, worker_restarts)\n"
+        "  --arena NAME[:SIZE]    batches in the pinned arena NAME (auto: the job's) shared\n"
+        "                         by the node's processes; SIZE creates it (docs/ipc.md)\n"
+        "  --no-hash              skip content_hash\n"
+        "  --json                 one JSON object on stdout, errors included\n"
+        "  (an option's value may also be given as --option=VALUE)\n");
+    fprintf(
+        f,
+        "\n"
+        "content_hash covers field 0 (\"data\") only, of exactly the samples the run\n"
+        "delivered: the sum modulo 2^64 of the 64-bit FNV-1a hash of each delivered sample's\n"
+        "bytes (a sample delivered in two epochs counts twice), independent of the order.\n"
+        "Host batches: it is computed in a second, untimed pass after the timed one, which\n"
+        "runs the epochs the timed pass reached again with the same loader and hashes the\n"
+        "samples the timed pass delivered (of an epoch cut short by --limit, the delivered\n"
+        "indices are kept, 8 bytes each; a sample the timed pass skipped is left out);\n"
+        "JSON \"hash_pass_seconds\" is that pass's time.  When the hash pass cannot hash\n"
+        "exactly those samples (one failed in the hash pass only, or was replaced in the\n"
+        "timed pass only), content_hash is null and \"content_hash_reason\" says why\n"
+        "(text: \"content_hash none (REASON)\").\n"
+        "--device --verify: computed inside the timed pass from the bytes read back from the\n"
+        "device.  --device without\n"
+        "--verify: not computed (null).  null too when the run failed or with --no-hash.\n"
+        "order_hash: FNV-1a over the delivered indices, one 64-bit word each.\n"
+        "index_sum: the sum of the delivered indices.  With --json, any error prints\n"
+        "{\"ok\": false, \"error\": \"...\"} on stdout as well as the message on stderr; the exit\n"
+        "status is 2 for a usage error, 1 for any other error (a failed write to stdout too).\n");
 }
 
 /* Parses the KIND of --shuffle=KIND into a->order and the block sizes.  0, or -1 after
@@ -320,6 +323,9 @@ static int open_loader(const load_args *a, load_run *r)
     if (a->limit && a->limit < r->total)
         r->total = a->limit;
     r->sample_bytes = r->ds.fields[0].bytes;
+    if (r->ds.fields[0].ndim && r->ds.fields[0].shape[0] == STOKE_DIM_VAR &&
+        !(r->spans = calloc(2 * (size_t)a->batch, sizeof(*r->spans))))
+        return cli_fail(c, 1, "out of memory for the spans of %zu samples", (size_t)a->batch);
     r->bar = isatty(2);
     r->order = FNV_OFFSET;
     if (a->verify) {
@@ -369,7 +375,7 @@ static int take_batch(load_run *r, stoke_batch *b)
         if (rc == STOKE_OK && a->verify)
             rc = stoke_batch_device_read(b, 0, r->scratch);
         if (rc == STOKE_OK && a->verify && a->hash)
-            r->content += cmd_load_hash_batch(r->scratch, stoke_batch_offsets(b), n, r->sample_bytes);
+            r->content += cmd_load_hash_batch(r->scratch, cmd_load_spans(r, b), n, r->sample_bytes);
     } else if (a->hash && r->total != r->full) {
         /* Only a --limit inside the run can end an epoch part-way: only then does the hash pass
          * need to know which samples came (8 bytes each, of that epoch alone, bounded by the
@@ -410,8 +416,8 @@ static void timed_pass(load_run *r)
     }
     r->t1 = cmd_load_now_ns();
     stoke_loader_get_stats(r->l, &r->st);
-    r->staged_ok = stoke_npy_block_staged(&r->ds, &r->staged[0], &r->staged[1], &r->staged[2]) ==
-                   STOKE_OK;
+    r->staged_ok =
+        stoke_npy_block_staged(&r->ds, &r->staged[0], &r->staged[1], &r->staged[2]) == STOKE_OK;
     if (r->bar)
         fputc('\n', stderr);
 }
@@ -478,8 +484,8 @@ static void print_json_bad(const load_run *r)
         printf(", \"reason\": ");
         cli_json_str(stdout, q.reason);
         printf(", \"action\": \"%s\"", q.action == STOKE_ON_ERROR_SKIP      ? "skipped"
-                                      : q.action == STOKE_ON_ERROR_REPLACE ? "replaced"
-                                                                           : "error");
+                                       : q.action == STOKE_ON_ERROR_REPLACE ? "replaced"
+                                                                            : "error");
         if (q.replacement != UINT64_MAX)
             printf(", \"replacement\": %" PRIu64, q.replacement);
         printf("}");
@@ -624,6 +630,7 @@ int cmd_load(int argc, char **argv)
     }
     free(r.seen.idx);
     free(r.scratch);
+    free(r.spans);
     stoke_loader_destroy(r.l);
     stoke_dataset_close(&r.ds);
     return status;

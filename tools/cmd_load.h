@@ -49,6 +49,7 @@ typedef struct load_run {
     uint64_t full;          /* total without --limit */
     size_t sample_bytes;    /* of field 0 */
     unsigned char *scratch; /* --verify: field 0 of a batch read back from the device */
+    uint64_t *spans;        /* a ragged field 0: each sample's (start, bytes) in the batch */
     int bar;                /* a progress bar on stderr */
     delivered seen;
     uint64_t batches, samples, index_sum, order, content;
@@ -63,9 +64,13 @@ typedef struct load_run {
 } load_run;
 
 uint64_t cmd_load_now_ns(void);
-/* content_hash of `count` samples of `bytes` each at p (off: each sample's offset, or NULL) */
-uint64_t cmd_load_hash_batch(const unsigned char *p, const uint64_t *off, size_t count,
+/* content_hash of `count` samples of `bytes` each at p (span: each sample's start and bytes,
+ * two words apiece, or NULL) */
+uint64_t cmd_load_hash_batch(const unsigned char *p, const uint64_t *span, size_t count,
                              size_t bytes);
+/* A ragged field 0 of batch b: each sample's (start, bytes) into r->spans, returned; NULL for a
+ * field of one shape. */
+const uint64_t *cmd_load_spans(load_run *r, const stoke_batch *b);
 /* order_hash: h extended by the indices idx[0..n) */
 uint64_t cmd_load_hash_order(uint64_t h, const uint64_t *idx, size_t n);
 /* the untimed pass that computes r->content (or r->hash_why) from what the timed pass saw */

@@ -42,16 +42,16 @@ static uint64_t fnv1a_sum4(const unsigned char *const p[4], size_t n)
     return ha + hb + hc + hd;
 }
 
-/* Sum of the hashes of `count` stacked samples of `bytes` bytes each, or of packed samples
- * (MAP_VAR: sample i is bytes [off[i], off[i + 1])) when `off` is not NULL. */
-uint64_t cmd_load_hash_batch(const unsigned char *p, const uint64_t *off, size_t count,
+/* Sum of the hashes of `count` stacked samples of `bytes` bytes each, or of the samples of a
+ * ragged field (sample i is span[2i + 1] bytes from span[2i]) when `span` is not NULL. */
+uint64_t cmd_load_hash_batch(const unsigned char *p, const uint64_t *span, size_t count,
                              size_t bytes)
 {
     uint64_t sum = 0;
     size_t i = 0;
-    if (off) {
+    if (span) {
         for (; i < count; i++)
-            sum += fnv1a(p + off[i], (size_t)(off[i + 1] - off[i]));
+            sum += fnv1a(p + span[2 * i], (size_t)span[2 * i + 1]);
         return sum;
     }
     for (; i + 4 <= count; i += 4) {
@@ -62,6 +62,25 @@ uint64_t cmd_load_hash_batch(const unsigned char *p, const uint64_t *off, size_t
     for (; i < count; i++)
         sum += fnv1a(p + i * bytes, bytes);
     return sum;
+}
+
+const uint64_t *cmd_load_spans(load_run *r, const stoke_batch *b)
+{
+    const int64_t *len = stoke_batch_lengths(b, 0), *off = stoke_batch_offsets(b, 0);
+    const stoke_field *f = stoke_batch_field(b, 0);
+    if (!len || !r->spans)
+        return NULL;
+    size_t n = stoke_batch_count(b), unit = f->bytes / (size_t)f->max_len;
+    int64_t shape[2];
+    int nd = 0;
+    uint64_t row = 0; /* padded: the batch's length L, in bytes */
+    if (!off && stoke_batch_shape(b, 0, shape, 2, &nd) == STOKE_OK && nd == 2)
+        row = (uint64_t)shape[1] * unit;
+    for (size_t i = 0; i < n; i++) {
+        r->spans[2 * i] = off ? (uint64_t)off[i] * unit : i * row;
+        r->spans[2 * i + 1] = (uint64_t)len[i] * unit;
+    }
+    return r->spans;
 }
 
 /* FNV-1a over 64-bit words: one multiply per index (the byte-wise form took 8 dependent
@@ -104,7 +123,7 @@ static size_t hash_some(load_run *r, const stoke_batch *b, int want, const uint6
                         unsigned char *taken, size_t nlist, uint64_t *sum)
 {
     size_t n = stoke_batch_count(b), hit = 0, pending = 0;
-    const uint64_t *idx = stoke_batch_indices(b), *off = stoke_batch_offsets(b);
+    const uint64_t *idx = stoke_batch_indices(b), *off = cmd_load_spans(r, b);
     const unsigned char *data = stoke_batch_data(b, 0), *q[4];
     if (!want && !nlist) {
         r->content += cmd_load_hash_batch(data, off, n, r->sample_bytes);
@@ -118,7 +137,7 @@ static size_t hash_some(load_run *r, const stoke_batch *b, int want, const uint6
         hit++;
         *sum += idx[i];
         if (off) {
-            r->content += cmd_load_hash_batch(data, off + i, 1, 0);
+            r->content += cmd_load_hash_batch(data, off + 2 * i, 1, 0);
             continue;
         }
         q[pending++] = data + i * r->sample_bytes;

@@ -19,10 +19,10 @@
  *     }
  *     stoke_loader_destroy(l);
  *
- * Dataset kinds (dataset.h): MAP (fixed-size samples written in place), MAP_VAR (one field;
- * fields[0].bytes is the largest sample; samples are packed, see stoke_batch_offsets) and
- * ITERABLE (each worker w of W iterates its own share; worker w's k-th batch is delivered as
- * batch k * max(W, 1) + w, PyTorch's round robin; no samplers, no shuffle, no saved position).
+ * Dataset kinds (dataset.h): MAP (samples written in place, fields of a fixed shape or
+ * ragged: stoke_batch_lengths) and ITERABLE (each worker w of W iterates its own share; worker w's
+ * k-th batch is delivered as batch k * max(W, 1) + w, PyTorch's round robin; no samplers, no
+ * shuffle, no saved position).
  *
  * Threading: one consumer thread at a time may call the functions taking a stoke_loader
  * (next, set_epoch, state, stats...); batches may be released from any thread.  The loader's
@@ -52,7 +52,7 @@ typedef struct stoke_batch stoke_batch;
  * with a MAP dataset that has no worker_init makes batches in the caller's thread when none is
  * worth it.  An ITERABLE dataset keeps all of them (each has its share).  Order and contents do
  * not depend on the count.  stoke_loader_stats reports the count and its range. */
-#define STOKE_LOADER_WORKERS_AUTO (-2) /* -1 and other negatives stay invalid */
+#define STOKE_LOADER_WORKERS_AUTO     (-2) /* -1 and other negatives stay invalid */
 #define STOKE_LOADER_WORKERS_AUTO_MAX 16
 
 /* prefetch_factor = STOKE_LOADER_PREFETCH_AUTO: 2 batches per worker, and for small batches with
@@ -63,23 +63,23 @@ typedef struct stoke_batch stoke_batch;
 #define STOKE_LOADER_PREFETCH_AUTO 0
 
 typedef struct stoke_loader_opts {
-    uint32_t size;            /* sizeof(stoke_loader_opts): set by stoke_loader_opts_init */
-    size_t batch_size;        /* samples per batch; default 1 */
-    int num_workers;          /* worker threads; 0 loads in the caller's thread;
-                                 STOKE_LOADER_WORKERS_AUTO: chosen and adapted by the loader
-                                 (see below).  Default 0. */
-    int prefetch_factor;      /* batches in flight per worker, 1..4096, or
-                                 STOKE_LOADER_PREFETCH_AUTO (see above); default 2 */
-    int in_order;             /* 1 (default): deliver batches in sampler order; 0: as they
-                                 complete */
-    int drop_last;            /* 1: drop the last batch when it is partial.  Default 0. */
-    int shuffle;              /* 1: random order keyed by (seed, epoch): a SEQUENTIAL sampler
-                                 becomes RANDOM, a SUBSET one is visited in random order.
-                                 Default 0. */
-    uint64_t seed;            /* key of every random choice; default 0 */
-    uint64_t epoch;           /* first epoch; default 0 */
-    int pin_memory;           /* 1 (default): batches pinned for the current accelerator; with
-                                 none, one warning and ordinary memory */
+    uint32_t size;                 /* sizeof(stoke_loader_opts): set by stoke_loader_opts_init */
+    size_t batch_size;             /* samples per batch; default 1 */
+    int num_workers;               /* worker threads; 0 loads in the caller's thread;
+                                      STOKE_LOADER_WORKERS_AUTO: chosen and adapted by the loader
+                                      (see below).  Default 0. */
+    int prefetch_factor;           /* batches in flight per worker, 1..4096, or
+                                      STOKE_LOADER_PREFETCH_AUTO (see above); default 2 */
+    int in_order;                  /* 1 (default): deliver batches in sampler order; 0: as they
+                                      complete */
+    int drop_last;                 /* 1: drop the last batch when it is partial.  Default 0. */
+    int shuffle;                   /* 1: random order keyed by (seed, epoch): a SEQUENTIAL sampler
+                                      becomes RANDOM, a SUBSET one is visited in random order.
+                                      Default 0. */
+    uint64_t seed;                 /* key of every random choice; default 0 */
+    uint64_t epoch;                /* first epoch; default 0 */
+    int pin_memory;                /* 1 (default): batches pinned for the current accelerator; with
+                                      none, one warning and ordinary memory */
     const char *pin_memory_device; /* NULL (default): the current accelerator.  A backend name
                                       ("simdev", "cuda:1"): pin for it; a warning if it is not
                                       available or cannot pin (cpu), then the current
@@ -87,44 +87,44 @@ typedef struct stoke_loader_opts {
                                       without pin_memory.  Not of the form name[:index]:
                                       STOKE_EINVAL at create; an index the backend does not
                                       have: STOKE_ERANGE at create */
-    uint32_t timeout_ms;      /* a sample taking longer ends the epoch with STOKE_ETIMEDOUT
-                                 (only with num_workers >= 1: samples loaded in the caller's
-                                 thread are never timed out); 0 (default): no limit */
-    int persistent_workers;   /* 1: keep the worker threads (and their worker_init) across
-                                 epochs; 0 (default): start them for every epoch */
-    stoke_sampler_opts sampler; /* subset / weighted / distributed; default sequential */
-    const char *device;       /* NULL (default): host batches.  "name[:index]": every batch is
-                                 also copied asynchronously into a device buffer on that backend
-                                 (see stoke_batch_device_buffer); pinning then defaults to that
-                                 backend.  Checked at create (see stoke_loader_create) */
+    uint32_t timeout_ms;           /* a sample taking longer ends the epoch with STOKE_ETIMEDOUT
+                                      (only with num_workers >= 1: samples loaded in the caller's
+                                      thread are never timed out); 0 (default): no limit */
+    int persistent_workers;        /* 1: keep the worker threads (and their worker_init) across
+                                      epochs; 0 (default): start them for every epoch */
+    stoke_sampler_opts sampler;    /* subset / weighted / distributed; default sequential */
+    const char *device;            /* NULL (default): host batches.  "name[:index]": every batch is
+                                      also copied asynchronously into a device buffer on that backend
+                                      (see stoke_batch_device_buffer); pinning then defaults to that
+                                      backend.  Checked at create (see stoke_loader_create) */
     /* ---- appended: bad samples (docs/loader.md, "Bad samples"); a caller built against the
      * older, shorter struct gets the defaults ---- */
-    int on_error;             /* what a sample whose get()/get_var()/next() fails does:
-                                 STOKE_ON_ERROR_ERROR (default): ends the epoch with its error;
-                                 _SKIP: dropped from its batch (which gets fewer samples; the
-                                 others keep their order); _REPLACE: its slot gets a
-                                 deterministic replacement (see stoke_on_error).  Every bad
-                                 sample goes to the quarantine (stoke_loader_quarantine) */
-    uint64_t max_bad;         /* SKIP / REPLACE budget: bad samples per epoch; one more ends the
-                                 epoch with its error.  Default UINT64_MAX (no limit) */
-    double max_bad_fraction;  /* the budget as a share of the epoch's samples (0..1; the
-                                 budget is the smaller of the two).  Default 1.0 */
+    int on_error;            /* what a sample whose get()/get_var()/next() fails does:
+                                STOKE_ON_ERROR_ERROR (default): ends the epoch with its error;
+                                _SKIP: dropped from its batch (which gets fewer samples; the
+                                others keep their order); _REPLACE: its slot gets a
+                                deterministic replacement (see stoke_on_error).  Every bad
+                                sample goes to the quarantine (stoke_loader_quarantine) */
+    uint64_t max_bad;        /* SKIP / REPLACE budget: bad samples per epoch; one more ends the
+                                epoch with its error.  Default UINT64_MAX (no limit) */
+    double max_bad_fraction; /* the budget as a share of the epoch's samples (0..1; the
+                                budget is the smaller of the two).  Default 1.0 */
     /* ---- appended: process workers (docs/loader.md, "Process workers") ---- */
-    int worker_mode;          /* STOKE_WORKER_THREADS (default) or STOKE_WORKER_PROCESSES: each
-                                 worker's samples are loaded in a child process (MAP / MAP_VAR
-                                 datasets, num_workers >= 1 or auto; ITERABLE: STOKE_ENOTSUP at
-                                 create), so a sample that crashes its process fails like a bad
-                                 sample instead of killing the caller */
+    int worker_mode; /* STOKE_WORKER_THREADS (default) or STOKE_WORKER_PROCESSES: each
+                        worker's samples are loaded in a child process (MAP
+                        datasets, num_workers >= 1 or auto; ITERABLE: STOKE_ENOTSUP at
+                        create), so a sample that crashes its process fails like a bad
+                        sample instead of killing the caller */
     /* ---- appended: the node-wide pinned arena (docs/ipc.md, "Node-wide pinned arena") ---- */
-    const char *arena;        /* "name[:size]": batch buffers come from the arena `name` shared
-                                 with the job's other processes (stoke/arena.h) instead of this
-                                 process's own pinned blocks; name "auto": the job's arena
-                                 (stoke_arena_default_name).  Without a size the loader attaches
-                                 to a running arena, or creates one of its own need times
-                                 $LOCAL_WORLD_SIZE (default 1).  NULL (default): $STOKE_ARENA
-                                 if set; "": no arena.  Only with pinning for the current
-                                 accelerator (pin_memory_device or device naming another:
-                                 STOKE_EINVAL at create) */
+    const char *arena; /* "name[:size]": batch buffers come from the arena `name` shared
+                          with the job's other processes (stoke/arena.h) instead of this
+                          process's own pinned blocks; name "auto": the job's arena
+                          (stoke_arena_default_name).  Without a size the loader attaches
+                          to a running arena, or creates one of its own need times
+                          $LOCAL_WORLD_SIZE (default 1).  NULL (default): $STOKE_ARENA
+                          if set; "": no arena.  Only with pinning for the current
+                          accelerator (pin_memory_device or device naming another:
+                          STOKE_EINVAL at create) */
 } stoke_loader_opts;
 
 /* stoke_loader_opts.worker_mode. */
@@ -165,7 +165,7 @@ STOKE_API void stoke_loader_opts_init(stoke_loader_opts *o);
  * Allocates every batch buffer now, in the calling thread, pinned as described above:
  * prefetch_factor * max(1, num_workers) + 2 buffers (fewer for a short epoch; more for small
  * batches with STOKE_LOADER_PREFETCH_AUTO), each sized for
- * min(batch_size, samples per epoch for this rank) samples of a MAP / MAP_VAR dataset (so a
+ * min(batch_size, samples per epoch for this rank) samples of a MAP dataset (so a
  * huge batch_size over a tiny dataset costs only the dataset's size), batch_size samples of an
  * ITERABLE one.  Worker threads start at the first stoke_loader_next.
  * Returns STOKE_OK with *out set (owned by the caller: stoke_loader_destroy), or an error with
@@ -173,9 +173,10 @@ STOKE_API void stoke_loader_opts_init(stoke_loader_opts *o);
  * - STOKE_EINVAL: NULL argument, options not initialized (o->size 0 or larger than this
  *   header's struct), batch_size 0, num_workers outside 0..1024 (and not
  *   STOKE_LOADER_WORKERS_AUTO), prefetch_factor outside
- *   1..4096 (and not STOKE_LOADER_PREFETCH_AUTO), a bad dataset (unknown kind, no callbacks, fields outside 1..STOKE_MAX_FIELDS, no
- *   field size, MAP_VAR with more than one field), shuffle or a non-sequential / distributed
- *   sampler with an ITERABLE dataset, bad sampler options (see stoke_sampler_create), a
+ *   1..4096 (and not STOKE_LOADER_PREFETCH_AUTO), a bad dataset (size not this library's
+ *   sizeof(stoke_dataset), unknown kind, no callbacks, no field, a field without a size or a
+ *   ragged field without max_len, see stoke_field_finish), shuffle or a non-sequential /
+ * distributed sampler with an ITERABLE dataset, bad sampler options (see stoke_sampler_create), a
  *   `device` or `pin_memory_device` longer than 63 characters or not of the form name[:index];
  * - STOKE_ERANGE: batch_size so large that a batch of batch_size samples overflows size_t; a
  *   `device` / `pin_memory_device` index the backend does not have ("simdev has 2 device(s),
@@ -239,12 +240,12 @@ STOKE_API uint64_t stoke_loader_num_batches(const stoke_loader *l);
 /* The position of a loader: constant size, independent of the dataset. */
 #define STOKE_LOADER_STATE_VERSION 1
 typedef struct stoke_loader_state {
-    uint32_t version;  /* STOKE_LOADER_STATE_VERSION */
+    uint32_t version; /* STOKE_LOADER_STATE_VERSION */
     uint32_t reserved;
     uint64_t seed;
     uint64_t epoch;
-    uint64_t cursor;   /* batches of the epoch delivered (with in_order = 0: the length of the
-                          delivered prefix, so a restore may repeat a few batches) */
+    uint64_t cursor; /* batches of the epoch delivered (with in_order = 0: the length of the
+                        delivered prefix, so a restore may repeat a few batches) */
 } stoke_loader_state;
 
 /* Saves the position into *out (caller's memory; zeroed first on every return but EINVAL): a
@@ -303,8 +304,8 @@ typedef struct stoke_loader_stats {
     uint64_t replaced_samples; /* of those, replaced (REPLACE) */
     uint64_t quarantined;      /* entries in the quarantine (at most STOKE_QUARANTINE_MAX) */
     /* ---- appended: process workers ---- */
-    uint64_t worker_restarts;  /* worker processes that died and were replaced (a crash, a
-                                  kill); 0 in thread mode */
+    uint64_t worker_restarts; /* worker processes that died and were replaced (a crash, a
+                                 kill); 0 in thread mode */
 } stoke_loader_stats;
 
 /* worker_mode = STOKE_WORKER_PROCESSES: the process id of worker `worker`'s child process, or -1
@@ -315,15 +316,15 @@ STOKE_API int stoke_loader_worker_pid(const stoke_loader *l, int worker);
 /* ---- the quarantine: every bad sample, in the order their batches reached the consumer ----- */
 #define STOKE_QUARANTINE_MAX 65536 /* entries kept; later bad samples are only counted */
 typedef struct stoke_bad_sample {
-    uint64_t index;      /* the dataset index that failed */
+    uint64_t index; /* the dataset index that failed */
     uint64_t epoch;
-    int code;            /* the dataset's status (negative) */
-    int action;          /* stoke_on_error: what was done (ERROR: it ended the epoch) */
-    uint64_t replacement;/* REPLACE: the index put in its slot (else UINT64_MAX) */
-    char source[256];    /* where: the part of the dataset's message before its first ": "
-                            ("npy /data/x.npy", "tar /d/shard-0.tar@1536"), or the dataset's
-                            name when the message has none */
-    char reason[512];    /* the rest of the message */
+    int code;             /* the dataset's status (negative) */
+    int action;           /* stoke_on_error: what was done (ERROR: it ended the epoch) */
+    uint64_t replacement; /* REPLACE: the index put in its slot (else UINT64_MAX) */
+    char source[256];     /* where: the part of the dataset's message before its first ": "
+                             ("npy /data/x.npy", "tar /d/shard-0.tar@1536"), or the dataset's
+                             name when the message has none */
+    char reason[512];     /* the rest of the message */
 } stoke_bad_sample;
 
 /* Copies quarantine entry i (0 .. stats.quarantined - 1) into *out.  Returns STOKE_OK;
@@ -367,26 +368,37 @@ STOKE_API uint64_t stoke_batch_seq(const stoke_batch *b);
 STOKE_API uint64_t stoke_batch_epoch(const stoke_batch *b);
 /* Number of fields (as the dataset's); 0 for NULL. */
 STOKE_API int stoke_batch_num_fields(const stoke_batch *b);
-/* Field f of every sample, stacked: count * field bytes, sample i at i * field bytes; writable
- * by the holder.  NULL for NULL or a bad field, and NULL when device transfer is on (the host
- * copy then goes back to the pool as soon as the device copy completes: use the device
- * buffer). */
+/* Field f of every sample, stacked: count * field bytes, sample i at i * field bytes (a ragged
+ * field: as collated, see below); writable by the holder.  NULL for NULL or a bad field, and NULL
+ * when device transfer is on (the host copy then goes back to the pool as soon as the device copy
+ * completes: use the device buffer). */
 STOKE_API void *stoke_batch_data(const stoke_batch *b, int field);
-/* Bytes of field f in this batch (count * per-sample bytes; MAP_VAR: the packed bytes); 0 for
- * NULL or a bad field. */
+/* Bytes of field f in this batch (count * per-sample bytes; a ragged field: count * L * unit
+ * padded, sum of lengths * unit packed); 0 for NULL or a bad field. */
 STOKE_API size_t stoke_batch_field_bytes(const stoke_batch *b, int field);
 /* The field's description (name, dtype, per-sample shape), owned by the loader (valid until
  * stoke_loader_destroy).  NULL for NULL or a bad field. */
 STOKE_API const stoke_field *stoke_batch_field(const stoke_batch *b, int field);
-/* MAP_VAR datasets: the samples are packed back to back in field 0; sample j occupies bytes
- * [offsets[j], offsets[j+1]) (count + 1 entries).  NULL for NULL and for other dataset kinds. */
-STOKE_API const uint64_t *stoke_batch_offsets(const stoke_batch *b);
-/* Writes the shape including the batch dimension into shape[] (caller's array of at least
- * STOKE_MAX_DIMS + 1 entries): shape[0] = count, then the per-sample shape; *ndim receives the
- * number of entries written (the field's ndim + 1).  Returns STOKE_OK; STOKE_EINVAL for NULL (b,
- * shape or ndim) or a bad field, with the reason in stoke_last_error() (shape and *ndim
- * untouched). */
-STOKE_API int stoke_batch_shape(const stoke_batch *b, int field, int64_t *shape, int *ndim);
+/* Ragged fields (dataset.h, shape[0] == STOKE_DIM_VAR).  Collated padded (STOKE_COLLATE_PAD):
+ * the batch is [count, L, shape[1..]], L the longest length in the batch rounded up to the
+ * field's multiple_of (at most max_len), each sample's units beyond its length set to
+ * pad_value.  Packed (STOKE_COLLATE_PACK): [sum of lengths, shape[1..]], sample j at units
+ * [offsets[j], offsets[j + 1]).  Lengths are after truncation.  Both arrays are host memory
+ * owned by the batch (also in device mode, where only the field's data is copied).
+ * stoke_batch_lengths: count entries; NULL for a field that is not ragged (or NULL, a bad
+ * field).  stoke_batch_offsets: count + 1 entries; NULL unless the field is packed. */
+STOKE_API const int64_t *stoke_batch_lengths(const stoke_batch *b, int field);
+STOKE_API const int64_t *stoke_batch_offsets(const stoke_batch *b, int field);
+/* Dimensions of field f in the batch: the field's ndim + 1 (the batch dimension first), a
+ * packed ragged field's ndim; -1 for NULL or a bad field. */
+STOKE_API int stoke_batch_ndim(const stoke_batch *b, int field);
+/* Writes the batch's shape of field f into shape[0 .. *ndim - 1] (shape[] holds max entries):
+ * count first, then the per-sample shape (a ragged field: as above).  Returns STOKE_OK;
+ * STOKE_ERANGE when max is below stoke_batch_ndim (*ndim set, shape untouched); STOKE_EINVAL
+ * for NULL (b, shape or ndim) or a bad field, with the reason in stoke_last_error() (shape and
+ * *ndim untouched). */
+STOKE_API int stoke_batch_shape(const stoke_batch *b, int field, int64_t *shape, int max,
+                                int *ndim);
 /* Writes the field's dtype (STOKE_DTYPE_*) to *dtype.  Returns STOKE_OK; STOKE_EINVAL for NULL
  * (b or dtype) or a bad field, with the reason in stoke_last_error() (*dtype untouched). */
 STOKE_API int stoke_batch_dtype(const stoke_batch *b, int field, int *dtype);

@@ -47,15 +47,18 @@ STOKE_API int stoke_source_open(const char *spec, stoke_dataset *out);
  * Sample i's bytes are a pure function of (seed, i): a counter-based mix (splitmix64 of seed,
  * index and word number) generating 8 bytes per step, so any sample can be produced by any
  * worker in any order, at memory-like speed.  Bytes are random bit patterns whatever the dtype. */
+/* The most dimensions stoke_synthetic_opts holds (a limit of these options only). */
+#define STOKE_SYNTHETIC_MAX_DIMS 8
+
 typedef struct stoke_synthetic_opts {
-    uint32_t size;                 /* sizeof(stoke_synthetic_opts): set by opts_init */
-    uint64_t length;               /* number of samples; default 50000 */
-    uint64_t seed;                 /* default 0 */
-    int dtype;                     /* element type of "data"; default STOKE_DTYPE_U8 */
-    size_t itemsize;               /* only for STOKE_DTYPE_RAW */
-    int ndim;                      /* default 3 */
-    int64_t shape[STOKE_MAX_DIMS]; /* default 3 x 32 x 32 */
-    uint32_t classes;              /* > 0: add field "label" (i64) = index % classes; default 0 */
+    uint32_t size;                           /* sizeof(stoke_synthetic_opts): set by opts_init */
+    uint64_t length;                         /* number of samples; default 50000 */
+    uint64_t seed;                           /* default 0 */
+    int dtype;                               /* element type of "data"; default STOKE_DTYPE_U8 */
+    size_t itemsize;                         /* only for STOKE_DTYPE_RAW */
+    int ndim;                                /* default 3 */
+    int64_t shape[STOKE_SYNTHETIC_MAX_DIMS]; /* default 3 x 32 x 32 */
+    uint32_t classes; /* > 0: add field "label" (i64) = index % classes; default 0 */
     /* Appended (a caller built against the struct without them, whose size ends before them,
      * gets no delay): sample delay_index takes delay_us microseconds longer to make (a sleep
      * before its bytes are written), every time it is read: a straggler, for trying a loader's
@@ -69,8 +72,8 @@ STOKE_API void stoke_synthetic_opts_init(stoke_synthetic_opts *opts);
 
 /* Opens a synthetic dataset (opts NULL: the defaults; *opts is read only during the call) into
  * *out (the caller owns it: stoke_dataset_close).  Returns STOKE_OK; STOKE_EINVAL for out NULL,
- * a bad shape (ndim outside 0..STOKE_MAX_DIMS, a dimension <= 0) or dtype (unknown, RAW with
- * itemsize 0) or opts->size too small; STOKE_ERANGE if a sample's size overflows;
+ * a bad shape (ndim outside 0..STOKE_SYNTHETIC_MAX_DIMS, a dimension <= 0) or dtype (unknown, RAW
+ * with itemsize 0) or opts->size too small; STOKE_ERANGE if a sample's size overflows;
  * STOKE_ENOMEM.  On failure *out is left empty (safe to stoke_dataset_close).  Thread-safe; the
  * dataset's get() is too. */
 STOKE_API int stoke_synthetic_open(const stoke_synthetic_opts *opts, stoke_dataset *out);

@@ -44,11 +44,56 @@ void *stoke_batch_data(const stoke_batch *b, int field)
     return b->host->mem + b->l->off[field];
 }
 
+const int64_t *stoke__batch_ragged(const stoke_batch *b, int r)
+{
+    const stoke_loader *l = b->l;
+    if (b->host)
+        return stoke__ragged_aux(l, b->host->mem, r);
+    return b->rmeta ? b->rmeta + (size_t)r * (2 + 2 * l->cap) : NULL;
+}
+
+size_t stoke__batch_field_bytes(const stoke_batch *b, int f)
+{
+    const stoke_loader *l = b->l;
+    int r = l->rix[f];
+    if (r < 0)
+        return b->count * l->fields[f].bytes;
+    const int64_t *aux = stoke__batch_ragged(b, r);
+    if (!aux || !b->count)
+        return 0;
+    size_t units = (size_t)aux[0] * (l->fields[f].collate == STOKE_COLLATE_PACK ? 1 : b->count);
+    return units * l->rg[r].unit;
+}
+
 size_t stoke_batch_field_bytes(const stoke_batch *b, int field)
 {
+    return field_ok(b, field) ? stoke__batch_field_bytes(b, field) : 0;
+}
+
+const int64_t *stoke_batch_lengths(const stoke_batch *b, int field)
+{
+    if (!field_ok(b, field) || b->l->rix[field] < 0)
+        return NULL;
+    const int64_t *aux = stoke__batch_ragged(b, b->l->rix[field]);
+    return aux ? aux + 1 : NULL;
+}
+
+const int64_t *stoke_batch_offsets(const stoke_batch *b, int field)
+{
+    if (!field_ok(b, field) || b->l->rix[field] < 0 ||
+        b->l->fields[field].collate != STOKE_COLLATE_PACK)
+        return NULL;
+    const int64_t *aux = stoke__batch_ragged(b, b->l->rix[field]);
+    return aux ? aux + 1 + b->l->cap : NULL;
+}
+
+int stoke_batch_ndim(const stoke_batch *b, int field)
+{
     if (!field_ok(b, field))
-        return 0;
-    return b->l->var ? b->bytes : b->count * b->l->fields[field].bytes;
+        return -1;
+    const stoke_field *fd = &b->l->fields[field];
+    int pack = b->l->rix[field] >= 0 && fd->collate == STOKE_COLLATE_PACK;
+    return pack ? fd->ndim : fd->ndim + 1;
 }
 
 const stoke_field *stoke_batch_field(const stoke_batch *b, int field)
@@ -67,24 +112,32 @@ static int check_field(const stoke_batch *b, int field, const void *out, const c
     return STOKE_OK;
 }
 
-int stoke_batch_shape(const stoke_batch *b, int field, int64_t *shape, int *ndim)
+int stoke_batch_shape(const stoke_batch *b, int field, int64_t *shape, int max, int *ndim)
 {
     int rc = check_field(b, field, shape, "stoke_batch_shape");
     if (rc == STOKE_OK && !ndim)
         rc = stoke__fail(STOKE_EINVAL, "stoke_batch_shape: NULL argument");
     if (rc != STOKE_OK)
         return rc;
-    const stoke_field *fd = &b->l->fields[field];
-    shape[0] = (int64_t)b->count;
+    const stoke_loader *l = b->l;
+    const stoke_field *fd = &l->fields[field];
+    int r = l->rix[field], n = stoke_batch_ndim(b, field);
+    if (max < n) {
+        *ndim = n;
+        return stoke__fail(STOKE_ERANGE,
+                           "stoke_batch_shape: field '%s' has %d dimensions, the "
+                           "array %d",
+                           fd->name, n, max);
+    }
+    const int64_t *aux = r >= 0 ? stoke__batch_ragged(b, r) : NULL;
+    int64_t ext = aux && b->count ? aux[0] : 0;
+    int d0 = 0;
+    if (r < 0 || fd->collate == STOKE_COLLATE_PAD)
+        shape[d0++] = (int64_t)b->count;
     for (int d = 0; d < fd->ndim; d++)
-        shape[d + 1] = fd->shape[d];
-    *ndim = fd->ndim + 1;
+        shape[d0 + d] = d == 0 && r >= 0 ? ext : fd->shape[d];
+    *ndim = n;
     return STOKE_OK;
-}
-
-const uint64_t *stoke_batch_offsets(const stoke_batch *b)
-{
-    return b && b->l->var ? b->offsets : NULL;
 }
 
 int stoke_batch_dtype(const stoke_batch *b, int field, int *dtype)

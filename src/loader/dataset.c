@@ -57,24 +57,32 @@ int stoke_field_finish(stoke_field *field)
 {
     if (!field)
         return stoke__fail(STOKE_EINVAL, "field: NULL");
+    const char *name = field->name;
     if (field->dtype < 0 || (size_t)field->dtype >= STOKE__ARRAY_LEN(DTYPES))
-        return stoke__fail(STOKE_EINVAL, "field '%.16s': unknown dtype %d", field->name,
-                           field->dtype);
+        return stoke__fail(STOKE_EINVAL, "field '%.64s': unknown dtype %d", name, field->dtype);
     if (field->dtype != STOKE_DTYPE_RAW)
         field->itemsize = DTYPES[field->dtype].size;
     else if (field->itemsize == 0)
-        return stoke__fail(STOKE_EINVAL, "field '%.16s': raw dtype needs an itemsize", field->name);
-    if (field->ndim < 0 || field->ndim > STOKE_MAX_DIMS)
-        return stoke__fail(STOKE_EINVAL, "field '%.16s': ndim %d not in 0..%d", field->name,
-                           field->ndim, STOKE_MAX_DIMS);
+        return stoke__fail(STOKE_EINVAL, "field '%.64s': raw dtype needs an itemsize", name);
+    if (field->ndim < 0 || (field->ndim > 0 && !field->shape))
+        return stoke__fail(STOKE_EINVAL, "field '%.64s': ndim %d %s", name, field->ndim,
+                           field->ndim < 0 ? "is negative" : "without a shape");
+    int ragged = field->ndim > 0 && field->shape[0] == STOKE_DIM_VAR;
+    if (ragged && (field->max_len < 1 || field->multiple_of < 0 ||
+                   (field->collate != STOKE_COLLATE_PAD && field->collate != STOKE_COLLATE_PACK)))
+        return stoke__fail(STOKE_EINVAL,
+                           "field '%.64s': a ragged field needs max_len >= 1 (got %lld), "
+                           "multiple_of >= 0 and collate PAD or PACK",
+                           name, (long long)field->max_len);
     size_t bytes = field->itemsize;
     for (int d = 0; d < field->ndim; d++) {
-        int64_t n = field->shape[d];
+        int64_t n = d == 0 && ragged ? field->max_len : field->shape[d];
         if (n < 0)
-            return stoke__fail(STOKE_EINVAL, "field '%.16s': negative dimension %lld", field->name,
-                               (long long)n);
+            return stoke__fail(STOKE_EINVAL, "field '%.64s': dimension %d is %lld%s", name, d,
+                               (long long)n,
+                               n == STOKE_DIM_VAR ? " (only the first may vary)" : "");
         if (n > 0 && bytes > SIZE_MAX / (uint64_t)n)
-            return stoke__fail(STOKE_ERANGE, "field '%.16s': sample size overflows", field->name);
+            return stoke__fail(STOKE_ERANGE, "field '%.64s': sample size overflows", name);
         bytes *= (size_t)n;
     }
     field->bytes = bytes;

@@ -308,11 +308,76 @@ static int size_buffers(stoke_loader *l)
         l->off[f] = off;
         off = align_up(off + l->cap * l->fields[f].bytes, 256);
     }
+    for (int r = 0; r < l->nragged; r++) { /* extent, lengths, PACK: offsets */
+        int pack = l->fields[l->rg[r].field].collate == STOKE_COLLATE_PACK;
+        size_t words = add_sz(add_sz(1, l->cap, &ok), pack ? l->cap + 1 : 0, &ok);
+        l->rg[r].aux = off;
+        off = align_up(add_sz(off, mul_sz(words, sizeof(int64_t), &ok), &ok), 256);
+    }
+    if (!ok)
+        return stoke__loader_fail(l, STOKE_ERANGE, "loader: batch_size %zu is too large", bs);
     l->buf_bytes = align_up(off, 4096);
     return STOKE_OK;
 }
 
 /* ---- create / destroy --------------------------------------------------------------------- */
+
+/* Copies the dataset's fields (names, shapes) into the loader, checks each and lays out its
+ * ragged ones. */
+static int copy_fields(stoke_loader *l, const stoke_dataset *ds)
+{
+    int nf = ds->nfields;
+    size_t ndims = 0;
+    for (int f = 0; f < nf; f++) {
+        const stoke_field *src = &ds->fields[f];
+        if (src->ndim < 0 || (src->ndim > 0 && !src->shape))
+            return stoke__loader_fail(
+                l, STOKE_EINVAL, "loader: dataset %s: field %d ('%.64s') has ndim %d%s", ds->name,
+                f, src->name, src->ndim, src->ndim < 0 ? "" : " and no shape");
+        ndims += (size_t)src->ndim;
+    }
+    l->fields = calloc((size_t)nf, sizeof(*l->fields));
+    l->shapes = calloc(ndims ? ndims : 1, sizeof(*l->shapes));
+    l->off = calloc((size_t)nf, sizeof(*l->off));
+    l->rix = calloc((size_t)nf, sizeof(*l->rix));
+    l->rg = calloc((size_t)nf, sizeof(*l->rg));
+    if (!l->fields || !l->shapes || !l->off || !l->rix || !l->rg)
+        return stoke__loader_fail(l, STOKE_ENOMEM, "loader: out of memory for %d fields", nf);
+    int64_t *sh = l->shapes;
+    for (int f = 0; f < nf; f++) {
+        stoke_field *fd = &l->fields[f];
+        *fd = ds->fields[f];
+        fd->name[sizeof(fd->name) - 1] = '\0';
+        if (fd->ndim)
+            memcpy(sh, fd->shape, (size_t)fd->ndim * sizeof(*sh));
+        fd->shape = fd->ndim ? sh : NULL;
+        sh += fd->ndim;
+        int empty_dim = 0; /* a shape with a 0 dimension: a legal sample of 0 bytes */
+        for (int d = 0; d < fd->ndim; d++)
+            empty_dim |= fd->shape[d] == 0;
+        size_t given = fd->bytes;
+        if (stoke_field_finish(fd) != STOKE_OK)
+            return stoke__loader_fail(l, STOKE_EINVAL, "loader: dataset %s: field %d: %s", ds->name,
+                                      f, stoke_last_error());
+        if (given && given != fd->bytes)
+            return stoke__loader_fail(l, STOKE_EINVAL,
+                                      "loader: dataset %s: field %d ('%s') says %zu bytes per "
+                                      "sample, its dtype and shape make %zu",
+                                      ds->name, f, fd->name, given, fd->bytes);
+        if (!fd->bytes && !empty_dim)
+            return stoke__loader_fail(l, STOKE_EINVAL, "loader: dataset %s: field %d has no size",
+                                      ds->name, f);
+        l->rix[f] = -1;
+        if (fd->ndim && fd->shape[0] == STOKE_DIM_VAR) {
+            stoke__ragged *r = &l->rg[l->nragged];
+            r->field = f;
+            r->unit = fd->bytes / (size_t)fd->max_len;
+            l->rix[f] = l->nragged++;
+        }
+    }
+    l->ds.fields = l->fields;
+    return STOKE_OK;
+}
 
 static int check_dataset(stoke_loader *l, const stoke_dataset *ds)
 {
@@ -321,15 +386,6 @@ static int check_dataset(stoke_loader *l, const stoke_dataset *ds)
         if (!ds->length || !ds->get)
             return stoke__loader_fail(l, STOKE_EINVAL,
                                       "loader: dataset %s has no length() or get()", ds->name);
-        break;
-    case STOKE_DATASET_MAP_VAR:
-        if (!ds->length || !ds->get_var)
-            return stoke__loader_fail(l, STOKE_EINVAL,
-                                      "loader: dataset %s has no length() or get_var()", ds->name);
-        if (ds->nfields != 1)
-            return stoke__loader_fail(
-                l, STOKE_EINVAL, "loader: variable-size dataset %s must have exactly one field",
-                ds->name);
         break;
     case STOKE_DATASET_ITERABLE:
         if (!ds->next)
@@ -347,32 +403,11 @@ static int check_dataset(stoke_loader *l, const stoke_dataset *ds)
         return stoke__loader_fail(l, STOKE_EINVAL, "loader: dataset %s has an unknown kind %d",
                                   ds->name, ds->kind);
     }
-    if (ds->nfields < 1 || ds->nfields > STOKE_MAX_FIELDS)
-        return stoke__loader_fail(l, STOKE_EINVAL, "loader: dataset %s has %d fields (1..%d)",
-                                  ds->name, ds->nfields, STOKE_MAX_FIELDS);
-    for (int f = 0; f < ds->nfields; f++) {
-        stoke_field *fd = &l->fields[f];
-        *fd = ds->fields[f];
-        if (!fd->bytes) {
-            size_t n = fd->itemsize ? fd->itemsize : stoke_dtype_size(fd->dtype);
-            if (fd->ndim < 0 || fd->ndim > STOKE_MAX_DIMS)
-                n = 0;
-            for (int d = 0; n && d < fd->ndim; d++)
-                n = fd->shape[d] > 0 ? n * (size_t)fd->shape[d] : 0;
-            fd->bytes = n;
-            if (!fd->itemsize)
-                fd->itemsize = stoke_dtype_size(fd->dtype);
-        }
-        int empty_dim = 0; /* a shape with a 0 dimension: a legal sample of 0 bytes */
-        for (int d = 0; d < fd->ndim && d < STOKE_MAX_DIMS; d++)
-            empty_dim |= fd->shape[d] == 0;
-        if (!fd->bytes && !(empty_dim && ds->kind == STOKE_DATASET_MAP))
-            return stoke__loader_fail(
-                l, STOKE_EINVAL, "loader: dataset %s: field %d has no size%s", ds->name, f,
-                ds->kind == STOKE_DATASET_MAP_VAR ? " (variable-size: bytes is the largest sample)"
-                                                  : "");
-    }
-    return STOKE_OK;
+    if (ds->nfields < 1 || !ds->fields)
+        return stoke__loader_fail(l, STOKE_EINVAL,
+                                  "loader: dataset %s has %d fields%s (at least 1)", ds->name,
+                                  ds->nfields, ds->fields ? "" : " and no field list");
+    return copy_fields(l, ds);
 }
 
 /* A zeroed loader with its options, dataset and synchronization objects (destroy works on it
@@ -384,9 +419,8 @@ static stoke_loader *loader_new(const stoke_loader_opts *o, const stoke_dataset 
         return NULL;
     stoke_loader_opts_init(&l->o);
     memcpy(&l->o, o, o->size);
-    /* a caller built against an older header has a smaller struct: copy what it has (the rest
-     * stays zero, and STOKE_DATASET_HAS reads its size) */
-    memcpy(&l->ds, ds, ds->size && ds->size < sizeof(*ds) ? ds->size : sizeof(*ds));
+    l->ds = *ds; /* its size was checked (stoke_loader_create) */
+    l->ds.name[sizeof(l->ds.name) - 1] = '\0';
     pthread_mutexattr_t ma;
     pthread_mutexattr_init(&ma);
 #ifdef PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP
@@ -487,8 +521,8 @@ static void choose_workers(stoke_loader *l)
     l->nworkers = l->o.num_workers;
     l->ncpu = cpus_usable();
     if (l->auto_workers)
-        l->nworkers = l->ncpu < STOKE_LOADER_WORKERS_AUTO_MAX ? l->ncpu
-                                                              : STOKE_LOADER_WORKERS_AUTO_MAX;
+        l->nworkers =
+            l->ncpu < STOKE_LOADER_WORKERS_AUTO_MAX ? l->ncpu : STOKE_LOADER_WORKERS_AUTO_MAX;
     l->assist = !l->iterable && !l->ds.worker_init;
     l->nact = l->nact_lo = l->nact_hi = l->nworkers;
     l->nact_min = l->auto_workers && !l->iterable ? (l->assist ? 0 : 1) : l->nworkers;
@@ -503,13 +537,12 @@ static void choose_workers(stoke_loader *l)
  * none.  ITERABLE datasets keep their per-worker count (it bounds each worker's share in
  * flight); process workers keep theirs (each buffer is a shared slot of every child). */
 #define STOKE__SMALL_WINDOW_BYTES (1u << 20)
-#define STOKE__SMALL_WINDOW 256u
+#define STOKE__SMALL_WINDOW       256u
 
 static int small_batch_window(const stoke_loader *l, int window)
 {
     if (!l->prefetch_auto || !l->nworkers || l->iterable ||
-        l->o.worker_mode != STOKE_WORKER_THREADS ||
-        l->buf_bytes >= STOKE__SMALL_WINDOW_BYTES / 4)
+        l->o.worker_mode != STOKE_WORKER_THREADS || l->buf_bytes >= STOKE__SMALL_WINDOW_BYTES / 4)
         return window;
     uint64_t deep = STOKE__SMALL_WINDOW_BYTES / l->buf_bytes;
     if (deep > STOKE__SMALL_WINDOW)
@@ -522,7 +555,6 @@ static int size_loader(stoke_loader *l)
 {
     const stoke_dataset *ds = &l->ds;
     l->iterable = ds->kind == STOKE_DATASET_ITERABLE;
-    l->var = ds->kind == STOKE_DATASET_MAP_VAR;
     stoke_sampler_opts so = l->o.sampler;
     if (l->o.shuffle) {
         if (so.kind == STOKE_SAMPLER_SEQUENTIAL)
@@ -535,11 +567,14 @@ static int size_loader(stoke_loader *l)
     if (rc != STOKE_OK)
         return stoke__loader_fail(l, rc, "loader: %s", stoke_last_error());
     l->nsamples = stoke_sampler_length(l->sampler);
-    if (!l->iterable && STOKE_DATASET_HAS(ds, access_hint)) { /* before a zygote forks */
+    if (!l->iterable && ds->hint) { /* before a zygote forks */
         int blk = so.kind == STOKE_SAMPLER_BLOCK;
-        uint64_t rows = so.block_rows ? so.block_rows : STOKE_SAMPLER_BLOCK_ROWS_DEFAULT;
-        uint64_t win = so.block_window ? so.block_window : STOKE_SAMPLER_BLOCK_WINDOW_DEFAULT;
-        ds->access_hint(ds->user, so.kind, blk ? rows : 0, blk ? win : 0);
+        stoke_hint h = {.kind = STOKE_HINT_ORDER, .sampler_kind = so.kind};
+        h.block_rows = !blk ? 0 : so.block_rows ? so.block_rows : STOKE_SAMPLER_BLOCK_ROWS_DEFAULT;
+        h.block_window = !blk              ? 0
+                         : so.block_window ? so.block_window
+                                           : STOKE_SAMPLER_BLOCK_WINDOW_DEFAULT;
+        ds->hint(ds->user, &h);
     }
     l->nbatches = l->nsamples / l->o.batch_size; /* no overflow with a huge batch_size */
     if (!l->o.drop_last && l->nsamples % l->o.batch_size)
@@ -623,6 +658,16 @@ static int allocate(stoke_loader *l)
         l->w[i].l = l;
         l->w[i].id = i;
     }
+    /* each producer's scratch: the slots of a batch or of a group's samples */
+    l->nscratch = l->cap > STOKE__AHEAD_RUN ? l->cap : STOKE__AHEAD_RUN;
+    size_t nsc = l->nscratch * (size_t)l->ds.nfields;
+    for (int i = 0; i <= l->nw1; i++) {
+        stoke__ahead *a = i < l->nw1 ? &l->w[i].ahead : &l->caller_ahead;
+        a->dst = calloc(nsc, sizeof(*a->dst));
+        a->len = l->nragged ? calloc(nsc, sizeof(*a->len)) : NULL;
+        if (!a->dst || (l->nragged && !a->len))
+            return stoke__loader_fail(l, STOKE_ENOMEM, "loader: out of memory for %zu slots", nsc);
+    }
     int rc = choose_pinning(l);
     if (rc == STOKE_OK)
         rc = open_arena(l);
@@ -633,11 +678,9 @@ static int allocate(stoke_loader *l)
     for (int i = 0; i < l->nbuf; i++) {
         stoke_batch *b = &l->bat[i];
         b->l = l;
-        b->indices = l->cap <= STOKE__BATCH_INLINE ? b->idx_inline
-                                                   : calloc(l->cap, sizeof(uint64_t));
-        if (l->var)
-            b->offsets = calloc(l->cap + 1, sizeof(uint64_t));
-        if (!b->indices || (l->var && !b->offsets))
+        b->indices =
+            l->cap <= STOKE__BATCH_INLINE ? b->idx_inline : calloc(l->cap, sizeof(uint64_t));
+        if (!b->indices)
             return stoke__loader_fail(
                 l, STOKE_ENOMEM, "loader: out of memory for the indices of %zu samples", l->cap);
         if ((rc = slot_alloc(l, &l->slots[i])) != STOKE_OK)
@@ -670,6 +713,15 @@ int stoke_loader_create(const stoke_loader_opts *o, stoke_dataset *ds, stoke_loa
     if (o->size == 0 || o->size > sizeof(stoke_loader_opts))
         return stoke__fail(STOKE_EINVAL, "stoke_loader_create: options not initialized with "
                                          "stoke_loader_opts_init");
+    /* One version of the dataset interface so far: its size must be this library's (a struct
+     * never initialized, or built against another header, is named rather than misread). */
+    if (ds->size != sizeof(stoke_dataset))
+        return stoke__fail(STOKE_EINVAL,
+                           "stoke_loader_create: dataset '%.64s' has size %" PRIu32 ", this "
+                           "library's stoke_dataset has %zu: %s",
+                           ds->name, ds->size, sizeof(stoke_dataset),
+                           ds->size == 0 ? "initialize it with stoke_dataset_init"
+                                         : "built against another version of stoke/dataset.h");
     stoke_loader *l = loader_new(o, ds);
     if (!l)
         return stoke__fail(STOKE_ENOMEM, "loader: out of memory");
@@ -677,7 +729,7 @@ int stoke_loader_create(const stoke_loader_opts *o, stoke_dataset *ds, stoke_loa
     if (rc == STOKE_OK)
         rc = size_loader(l);
     /* before allocate forks a zygote: process workers start from the dataset as set here */
-    if (rc == STOKE_OK && STOKE_DATASET_HAS(&l->ds, set_epoch) &&
+    if (rc == STOKE_OK && l->ds.set_epoch &&
         (rc = l->ds.set_epoch(l->ds.user, l->o.epoch)) != STOKE_OK) {
         rc = rc < 0 ? rc : STOKE_EDATA;
         stoke__fmt(l->err, sizeof(l->err),
@@ -694,8 +746,7 @@ int stoke_loader_create(const stoke_loader_opts *o, stoke_dataset *ds, stoke_loa
         return rc;
     }
     fill_pools(l);
-    l->scatter = STOKE_DATASET_HAS(&l->ds, get_scattered) && !l->iterable && !l->var &&
-                 !l->device_mode && !l->o.timeout_ms;
+    l->scatter = l->ds.read && !l->iterable && !l->nragged && !l->device_mode && !l->o.timeout_ms;
     l->seed = l->o.seed;
     stoke__loader_set_position(l, l->o.epoch, 0);
     stoke__log(STOKE_LOG_DEBUG,
@@ -732,7 +783,7 @@ void stoke_loader_destroy(stoke_loader *l)
     for (int i = 0; l->bat && i < l->nbuf; i++) {
         if (l->bat[i].indices != l->bat[i].idx_inline)
             free(l->bat[i].indices);
-        free(l->bat[i].offsets);
+        free(l->bat[i].rmeta);
         if (!forked) {
             stoke_device_buffer_destroy(l->bat[i].dbuf);
             stoke_event_destroy(l->bat[i].ev);
@@ -746,6 +797,16 @@ void stoke_loader_destroy(stoke_loader *l)
         stoke_stream_destroy(l->stream);
     }
     stoke_sampler_destroy(l->sampler);
+    for (int i = 0; l->w && i <= l->nw1; i++) {
+        stoke__ahead *a = i < l->nw1 ? &l->w[i].ahead : &l->caller_ahead;
+        free(a->dst);
+        free(a->len);
+    }
+    free(l->fields);
+    free(l->shapes);
+    free(l->off);
+    free(l->rix);
+    free(l->rg);
     free(l->bat);
     free(l->slots);
     free(l->w);

@@ -63,7 +63,12 @@ uint64_t stoke__hist_quantile(const stoke__hist *h, double q);
  * - The consumer thread alone calls next/set_epoch/restore; batches are released from any thread.
  */
 
-enum { STOKE__ALLOC_PAGEABLE = 0, STOKE__ALLOC_POOL = 1, STOKE__ALLOC_BACKEND = 2, STOKE__ALLOC_ARENA = 3 };
+enum {
+    STOKE__ALLOC_PAGEABLE = 0,
+    STOKE__ALLOC_POOL = 1,
+    STOKE__ALLOC_BACKEND = 2,
+    STOKE__ALLOC_ARENA = 3
+};
 
 /* A sample that failed while its batch was produced (badsample.c). */
 typedef struct stoke__bad {
@@ -110,15 +115,17 @@ struct stoke_batch {
     /* the second line on */
     stoke_loader *l;
     stoke__slot *host; /* host mode: always this batch's slot; device mode: while filling */
-    uint64_t *offsets; /* MAP_VAR: count + 1 byte offsets of the packed samples */
     uint64_t epoch, gen;
-    uint64_t k;      /* ITERABLE: the producing worker's batch number */
-    int copied;      /* device mode: the copy was queued */
-    int dev_failed;  /* device mode: a wait or read reported a failure (counted once) */
+    uint64_t k;          /* ITERABLE: the producing worker's batch number */
+    int copied;          /* device mode: the copy was queued */
+    int dev_failed;      /* device mode: a wait or read reported a failure (counted once) */
     stoke__bad_list bad; /* the producer's, then (mu) the consumer's: bad samples met */
     uint64_t err_index;
     stoke_device_buffer *dbuf;
     stoke_event *ev; /* device mode: the consumer's copy-complete event */
+    /* device mode with ragged fields: each one's extent, lengths and offsets (2 + 2 cap words
+     * apiece), saved from the buffer before the slot goes back to the pool */
+    int64_t *rmeta;
     /* On a line of its own: every release writes it (the released stack) from the consumer's
      * thread, and beside epoch and host it took from the producers' caches the line they read
      * for every batch. */
@@ -156,7 +163,7 @@ typedef struct stoke__feistel {
  * stoke__sampler_epoch_tabulate, into a table of up to STOKE__FEISTEL_TAB_LEN entries (48 KiB:
  * the L2, and the L1 for 2^22 samples or fewer). */
 #define STOKE__FEISTEL_TAB_HALF 12
-#define STOKE__FEISTEL_TAB_LEN ((size_t)STOKE__FEISTEL_ROUNDS << STOKE__FEISTEL_TAB_HALF)
+#define STOKE__FEISTEL_TAB_LEN  ((size_t)STOKE__FEISTEL_ROUNDS << STOKE__FEISTEL_TAB_HALF)
 
 typedef struct stoke__sampler_epoch {
     const stoke_sampler *s; /* the sampler it was made for */
@@ -216,9 +223,14 @@ typedef struct stoke__ahead_run {
 } stoke__ahead_run;
 typedef struct stoke__ahead {
     stoke__ahead_run run[2];
-    uint64_t seq_end; /* the batches this thread makes in a row end before this seq */
+    uint64_t seq_end;        /* the batches this thread makes in a row end before this seq */
     stoke__sampler_epoch ep; /* the keys of the (seed, epoch) it names (zeroed: none) */
     uint16_t tab[STOKE__FEISTEL_TAB_LEN]; /* ep's round table, when it has one */
+    /* The producer's scratch for the dataset's calls (allocated at create): dst[j * nfields +
+     * f] the slots, len[j * nfields + f] the ragged lengths (NULL without ragged fields), for
+     * up to l->nscratch samples (a batch, or a group's samples). */
+    void **dst;
+    int64_t *len;
 } stoke__ahead;
 
 typedef struct stoke__worker {
@@ -239,29 +251,37 @@ struct stoke_loader {
     stoke_loader_opts o; /* o.device / o.pin_memory_device point at the copies below */
     char device_spec[64];
     char pin_spec[64];
-    stoke_dataset ds;
-    stoke_field fields[STOKE_MAX_FIELDS];
-    size_t off[STOKE_MAX_FIELDS];
+    stoke_dataset ds;    /* ds.fields points at `fields` */
+    stoke_field *fields; /* ds.nfields copies; names in place, shapes in `shapes` */
+    int64_t *shapes;
+    size_t *off; /* where each field starts in a batch buffer */
+    /* Ragged fields (dataset.h): rg[r] for the r-th; rix[f] is f's r, or -1.  Each has in the
+     * buffer at rg[r].aux: int64 extent (PAD: the padded length L; PACK: the sum), int64
+     * lengths[cap], PACK: int64 offsets[cap + 1] (stoke__ragged_*, worker.c). */
+    struct stoke__ragged *rg;
+    int *rix;
+    int nragged;
+    size_t nscratch;     /* samples a producer's scratch (stoke__ahead dst / len) holds */
     size_t buf_bytes;    /* one batch buffer */
     int prefetch_auto;   /* prefetch_factor was STOKE_LOADER_PREFETCH_AUTO (o holds 2 now) */
-    size_t cap;          /* samples one buffer holds: batch_size, or for MAP / MAP_VAR at
-                            most the samples of one epoch for this rank (at least 1) */
+    size_t cap;          /* samples one buffer holds: batch_size, or for MAP at most
+                            the samples of one epoch for this rank (at least 1) */
     size_t sample_bytes; /* all fields of one sample */
     stoke_sampler *sampler;
     uint64_t nsamples; /* positions per epoch */
     uint64_t nbatches;
-    int nworkers;      /* worker threads (num_workers, or the auto count) */
-    int ncpu;          /* CPUs this process may run on (affinity), at create */
-    int nw1;           /* max(1, nworkers): producers of an ITERABLE dataset */
-    int auto_workers;  /* num_workers was STOKE_LOADER_WORKERS_AUTO */
-    int assist;        /* the caller's thread may make MAP batches itself inside next()
-                          (worker id nworkers): MAP / MAP_VAR without worker_init */
-    int nact_min;      /* auto: lowest active count (0 with assist) */
-    int scatter;       /* a group of batches may be made with one get_scattered (worker.c):
-                          MAP with it, host mode, no timeout (process workers and ITERABLE
-                          datasets take one batch at a time anyway: claim_size) */
-    int iterable, var; /* dataset kind ITERABLE / MAP_VAR */
-    int window;        /* batches dispatched and not yet delivered, at most */
+    int nworkers;     /* worker threads (num_workers, or the auto count) */
+    int ncpu;         /* CPUs this process may run on (affinity), at create */
+    int nw1;          /* max(1, nworkers): producers of an ITERABLE dataset */
+    int auto_workers; /* num_workers was STOKE_LOADER_WORKERS_AUTO */
+    int assist;       /* the caller's thread may make MAP batches itself inside next()
+                         (worker id nworkers): MAP without worker_init */
+    int nact_min;     /* auto: lowest active count (0 with assist) */
+    int scatter;      /* a group of batches may be made with one read() (worker.c): MAP
+                         with it, host mode, no timeout, no ragged field (process workers and
+                         ITERABLE datasets take one batch at a time anyway: claim_size) */
+    int iterable;     /* dataset kind ITERABLE */
+    int window;       /* batches dispatched and not yet delivered, at most */
     int nbuf;
     int alloc_kind;
     const stoke_backend *pin_vt; /* STOKE__ALLOC_BACKEND */
@@ -295,11 +315,11 @@ struct stoke_loader {
      * the other). */
     _Atomic(stoke_batch *) released;
     atomic_int rel_sleepers;
-    stoke__slot *free_s;    /* (mu) device mode */
+    stoke__slot *free_s; /* (mu) device mode */
     /* (mu) device mode: slots whose copy may still run, FIFO */
     stoke__slot *copy_head, *copy_tail;
-    stoke_batch *done;         /* (mu) completed, undelivered; FIFO by completion */
-    stoke_batch **done_tail;   /* (mu) */
+    stoke_batch *done;       /* (mu) completed, undelivered; FIFO by completion */
+    stoke_batch **done_tail; /* (mu) */
     /* (mu) MAP in order: completed batches by seq, ready[seq & ready_mask], instead of the done
      * list (next() takes batch `prefix` without walking past the others: a walk touched one
      * batch's cache line per batch completed out of turn).  The seqs in flight lie in [prefix,
@@ -340,7 +360,7 @@ struct stoke_loader {
     /* statistics (mu) */
     uint64_t st_samples, st_batches, st_bytes, st_pinned, st_pageable, st_dcopies, st_dbytes;
     uint64_t st_derrors, st_assisted, st_nact_changes;
-    uint64_t st_helped; /* (mu) of st_assisted, those made while a worker made the one needed */
+    uint64_t st_helped;     /* (mu) of st_assisted, those made while a worker made the one needed */
     uint64_t st_work_wakes; /* (mu) broadcasts on work_cv by wake_workers (tests) */
     uint64_t st_wait_ns, st_busy_ns;
     stoke__hist wait_hist;
@@ -444,6 +464,31 @@ void stoke__bad_destroy(stoke_loader *l);
 /* worker.c: one sample into slot j (see worker.c). */
 int stoke__loader_one_sample(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid, size_t j,
                              uint64_t *idx, char *msg, size_t msg_len);
+
+/* A ragged field of the loader (dataset.h): samples are written at the stride of max_len
+ * units, lengths recorded per slot, and the batch collated once it is full (worker.c,
+ * stoke__loader_finish). */
+typedef struct stoke__ragged {
+    int field;
+    size_t unit; /* bytes of one unit of the variable dimension */
+    size_t aux;  /* buffer offset of: extent, lengths[cap], PACK: offsets[cap + 1] (int64) */
+} stoke__ragged;
+/* The int64 words at a ragged field's aux: [0] the extent, [1 .. cap] the lengths, then the
+ * offsets (PACK). */
+static inline int64_t *stoke__ragged_aux(const stoke_loader *l, const unsigned char *mem, int r)
+{
+    return (int64_t *)(void *)(mem + l->rg[r].aux);
+}
+
+/* worker.c: the one point where a batch is full: collates its ragged fields (padding or
+ * packing, lengths and offsets), sets b->bytes.  Runs in the producer (a child process for
+ * process workers), before any device copy. */
+void stoke__loader_finish(stoke_loader *l, stoke_batch *b);
+/* The extent / lengths / offsets words of ragged field r of a delivered batch: in its buffer,
+ * or (device mode) the copy in b->rmeta.  batch.c. */
+const int64_t *stoke__batch_ragged(const stoke_batch *b, int r);
+/* Bytes of field f in batch b (ragged: as collated).  batch.c. */
+size_t stoke__batch_field_bytes(const stoke_batch *b, int f);
 
 /* worker.c: fills batch `seq` into b->host (b owned by the caller; sets status and errors). */
 void stoke__loader_fill_batch(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid,

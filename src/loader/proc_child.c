@@ -63,43 +63,25 @@ static uint64_t w_length(void *user)
     return cw.ds.length(cw.ds.user);
 }
 
-static int w_get(void *user, uint64_t index, void *const dst[], int worker, char *msg,
-                 size_t msg_len)
+static int w_get(void *user, uint64_t index, void *const dst[], int64_t len[], int worker,
+                 char *msg, size_t msg_len)
 {
     (void)user;
     if (poisoned(index, msg, msg_len))
         return STOKE_EDATA;
     busy(index);
-    int rc = cw.ds.get(cw.ds.user, index, dst, worker, msg, msg_len);
+    int rc = cw.ds.get(cw.ds.user, index, dst, len, worker, msg, msg_len);
     idle();
     return rc;
 }
 
-static int w_get_var(void *user, uint64_t index, const void **data, size_t *len, void **token,
-                     int worker, char *msg, size_t msg_len)
-{
-    (void)user;
-    if (poisoned(index, msg, msg_len))
-        return STOKE_EDATA;
-    busy(index);
-    int rc = cw.ds.get_var(cw.ds.user, index, data, len, token, worker, msg, msg_len);
-    idle();
-    return rc;
-}
-
-static void w_release_var(void *user, void *token)
-{
-    (void)user;
-    cw.ds.release_var(cw.ds.user, token);
-}
-
-static int w_get_batch(void *user, const uint64_t *indices, size_t count, void *const dst[],
-                       int worker, char *msg, size_t msg_len, uint64_t *err_index)
+static int w_read(void *user, const uint64_t *indices, size_t count, void *const dst[],
+                  int64_t len[], int worker, char *msg, size_t msg_len, uint64_t *err_index)
 {
     (void)user;
     atomic_store(&cw.ctl->in_batch, 1);
     busy(count ? indices[0] : UINT64_MAX);
-    int rc = cw.ds.get_batch(cw.ds.user, indices, count, dst, worker, msg, msg_len, err_index);
+    int rc = cw.ds.read(cw.ds.user, indices, count, dst, len, worker, msg, msg_len, err_index);
     idle();
     return rc;
 }
@@ -111,12 +93,7 @@ static void wrap_dataset(stoke_loader *l, proc_ctl *ctl)
     l->ds.user = &cw;
     l->ds.length = cw.ds.length ? w_length : NULL;
     l->ds.get = cw.ds.get ? w_get : NULL;
-    l->ds.get_var = cw.ds.get_var ? w_get_var : NULL;
-    l->ds.release_var = cw.ds.release_var ? w_release_var : NULL;
-    if (STOKE_DATASET_HAS(&l->ds, get_batch))
-        l->ds.get_batch = cw.ds.get_batch ? w_get_batch : NULL;
-    if (STOKE_DATASET_HAS(&l->ds, get_scattered)) /* process workers make one batch at a time */
-        l->ds.get_scattered = NULL;
+    l->ds.read = cw.ds.read ? w_read : NULL;
     idle();
 }
 
@@ -171,12 +148,11 @@ static void child_main(stoke_loader *l, int wid, int fd, pid_t zygote)
             _exit(0);
         stoke_batch *b = &l->bat[req.bi];
         b->host = &l->slots[req.si];
-        if (req.flags & F_NO_GET_BATCH)
-            l->ds.get_batch = NULL;
+        if (req.flags & F_NO_READ)
+            l->ds.read = NULL;
         memset(&m, 0, sizeof(m));
         int rc = init_rc;
-        if (rc == STOKE_OK && STOKE_DATASET_HAS(&cw.ds, set_epoch) &&
-            (!epoch_set || epoch != req.epoch)) {
+        if (rc == STOKE_OK && cw.ds.set_epoch && (!epoch_set || epoch != req.epoch)) {
             rc = cw.ds.set_epoch(cw.ds.user, req.epoch);
             rc = rc > 0 ? STOKE_EDATA : rc;
             epoch_set = rc == STOKE_OK;
@@ -274,6 +250,8 @@ static void zygote_spawn(stoke_loader *l, int zfd, const zreq *q, pid_t *pids, i
         return;
     }
     pid_t zygote = getpid();
+    if (l->ds.fork_prepare)
+        l->ds.fork_prepare(l->ds.user);
     pid_t pid = fork();
     if (pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -283,9 +261,13 @@ static void zygote_spawn(stoke_loader *l, int zfd, const zreq *q, pid_t *pids, i
         sigprocmask(SIG_SETMASK, &z_old_mask, NULL);
         close(zfd);
         close(sv[0]);
+        if (l->ds.fork_child)
+            l->ds.fork_child(l->ds.user, q->worker);
         child_main(l, q->worker, sv[1], zygote);
         _exit(0);
     }
+    if (l->ds.fork_parent)
+        l->ds.fork_parent(l->ds.user);
     close(sv[1]);
     if (pid < 0) {
         rep.err = errno;

@@ -160,18 +160,18 @@ static size_t align_page(size_t v)
     return (v + 4095u) & ~(size_t)4095u;
 }
 
-static int use_shared(stoke_loader *l, stoke__proc *p, size_t per, size_t idx_bytes, void *m);
+static int use_shared(stoke_loader *l, stoke__proc *p, size_t per, void *m);
 
-/* The shared mapping: per batch handle its buffer, indices and offsets; the control records. */
+/* The shared mapping: per batch handle its buffer (ragged lengths included) and indices; the
+ * control records. */
 static int map_shared(stoke_loader *l, stoke__proc *p)
 {
     size_t idx_bytes = align_page(l->cap * sizeof(uint64_t));
-    size_t off_bytes = l->var ? align_page((l->cap + 1) * sizeof(uint64_t)) : 0;
-    size_t per = align_page(l->buf_bytes) + idx_bytes + off_bytes;
+    size_t per = align_page(l->buf_bytes) + idx_bytes;
     size_t ctl_bytes = align_page((size_t)l->nworkers * sizeof(proc_ctl));
     p->shm_len = per * (size_t)l->nbuf + ctl_bytes;
     if (l->arena) /* the node-wide arena: shared (and pinned) already */
-        return use_shared(l, p, per, idx_bytes, NULL);
+        return use_shared(l, p, per, NULL);
     int fd = memfd_create("stoke-batches", MFD_CLOEXEC);
     if (fd < 0)
         return stoke__loader_fail(l, STOKE_ENOMEM, "loader: memfd_create failed: %s",
@@ -185,12 +185,12 @@ static int map_shared(stoke_loader *l, stoke__proc *p)
         return stoke__loader_fail(l, STOKE_ENOMEM,
                                   "loader: cannot map %zu bytes of shared batch buffers: %s",
                                   p->shm_len, strerror(e));
-    return use_shared(l, p, per, idx_bytes, m);
+    return use_shared(l, p, per, m);
 }
 
 /* Carves the shared mapping `m` (NULL: an allocation of the arena) into the batches' buffers,
  * index and offset arrays, and the control records. */
-static int use_shared(stoke_loader *l, stoke__proc *p, size_t per, size_t idx_bytes, void *m)
+static int use_shared(stoke_loader *l, stoke__proc *p, size_t per, void *m)
 {
     if (!m) {
         int rc = stoke_arena_alloc(l->arena, p->shm_len, &m);
@@ -209,8 +209,6 @@ static int use_shared(stoke_loader *l, stoke__proc *p, size_t per, size_t idx_by
         l->slots[i].pinned = (p->registered || p->from_arena) && stoke_is_pinned(base);
         l->bat[i].l = l;
         l->bat[i].indices = (uint64_t *)(base + align_page(l->buf_bytes));
-        if (l->var)
-            l->bat[i].offsets = (uint64_t *)(base + align_page(l->buf_bytes) + idx_bytes);
     }
     p->ctl = (proc_ctl *)(p->shm + per * (size_t)l->nbuf);
     for (int i = 0; i < l->nworkers; i++)
@@ -227,8 +225,8 @@ int stoke__proc_create(stoke_loader *l)
                                   l->o.worker_mode);
     if (l->iterable)
         return stoke__loader_fail(l, STOKE_ENOTSUP,
-                                  "loader: worker_mode processes works with MAP and MAP_VAR "
-                                  "datasets only; %s is ITERABLE (use worker threads)",
+                                  "loader: worker_mode processes works with MAP datasets "
+                                  "only; %s is ITERABLE (use worker threads)",
                                   l->ds.name);
     if (l->nworkers < 1)
         return stoke__loader_fail(l, STOKE_EINVAL,
@@ -263,12 +261,18 @@ int stoke__proc_create(stoke_loader *l)
         return stoke__loader_fail(l, STOKE_ENOMEM, "loader: socketpair failed: %s",
                                   strerror(errno));
     pid_t self = getpid();
+    if (l->ds.fork_prepare)
+        l->ds.fork_prepare(l->ds.user);
     pid_t pid = fork(); /* the fork handler closes the other loaders' sockets in the zygote */
     if (pid == 0) {
         close(sv[0]);
+        if (l->ds.fork_child)
+            l->ds.fork_child(l->ds.user, -1);
         stoke__zygote_main(l, sv[1], self);
         _exit(0);
     }
+    if (l->ds.fork_parent)
+        l->ds.fork_parent(l->ds.user);
     int e = errno;
     close(sv[1]);
     if (pid < 0) {
@@ -322,7 +326,7 @@ static int zygote_call(stoke__proc *p, zreq *q, zrep *rep, int *fd, char *msg, s
         }
         if (rep->seq != q->seq) { /* the late reply to a request that timed out */
             if (got >= 0)
-                close(got); /* a child forked for it: EOF, it exits */
+                close(got);                 /* a child forked for it: EOF, it exits */
             if (rep->pid > 0 && got >= 0) { /* and the zygote reaps it (else: a zombie) */
                 zreq f = {.op = Z_FORGET, .pid = rep->pid};
                 (void)send(zfd, &f, sizeof(f), MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -530,8 +534,8 @@ static int after_crash(stoke_loader *l, stoke_batch *b, int wid, wreq *req, cons
     }
     if (idx == UINT64_MAX)
         return STOKE_OK; /* not in a dataset call (killed from outside): run the batch again */
-    if (in_batch && !(req->flags & F_NO_GET_BATCH)) {
-        req->flags |= F_NO_GET_BATCH; /* find the sample: again, one get() at a time */
+    if (in_batch && !(req->flags & F_NO_READ)) {
+        req->flags |= F_NO_READ; /* find the sample: again, one get() at a time */
         return STOKE_OK;
     }
     if (l->o.on_error == STOKE_ON_ERROR_ERROR) {
@@ -650,7 +654,6 @@ void stoke__proc_destroy(stoke_loader *l)
     }
     for (int i = 0; l->bat && i < l->nbuf; i++) {
         l->bat[i].indices = NULL;
-        l->bat[i].offsets = NULL;
     }
     for (int i = 0; l->slots && i < l->nbuf; i++)
         l->slots[i].mem = NULL;

@@ -22,9 +22,9 @@
 
 /* Shared with the children: what each is loading. */
 typedef struct proc_ctl {
-    _Atomic uint64_t index; /* dataset index in a get / get_var; UINT64_MAX: none */
+    _Atomic uint64_t index; /* dataset index in a get; UINT64_MAX: none */
     _Atomic uint64_t since; /* stoke__now_ns() at its start; 0: idle */
-    _Atomic int in_batch;   /* inside get_batch (index: its first sample) */
+    _Atomic int in_batch;   /* inside read (index: its first sample) */
 } proc_ctl;
 
 typedef struct proc_w {
@@ -65,7 +65,7 @@ typedef struct zrep {
     uint32_t seq; /* the request's */
 } zrep;
 
-enum { F_NO_GET_BATCH = 1 };
+enum { F_NO_READ = 1 };
 typedef struct wreq {
     int32_t bi, si;
     uint32_t flags, npoison;

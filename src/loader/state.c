@@ -73,7 +73,8 @@ static void quiesce(stoke_loader *l)
         pthread_cond_wait(&l->done_cv, &l->mu);
 }
 
-/* Consumer: moves to (seed, epoch, cursor); ITERABLE datasets are reset for the epoch. */
+/* Consumer: moves to (seed, epoch, cursor); the dataset's set_epoch is told (an ITERABLE one
+ * restarts there). */
 static int reposition(stoke_loader *l, uint64_t seed, uint64_t epoch, uint64_t cursor)
 {
     if (stoke__loader_foreign(l))
@@ -85,9 +86,7 @@ static int reposition(stoke_loader *l, uint64_t seed, uint64_t epoch, uint64_t c
         l->caller_inited = 0;
     }
     int rc = STOKE_OK;
-    if (l->iterable && l->ds.reset)
-        rc = l->ds.reset(l->ds.user, epoch);
-    if (rc == STOKE_OK && STOKE_DATASET_HAS(&l->ds, set_epoch))
+    if (l->ds.set_epoch)
         rc = l->ds.set_epoch(l->ds.user, epoch);
     pthread_mutex_lock(&l->mu);
     l->seed = seed;
@@ -98,7 +97,7 @@ static int reposition(stoke_loader *l, uint64_t seed, uint64_t epoch, uint64_t c
     l->err[0] = '\0';
     if (rc != STOKE_OK)
         return stoke__loader_fail(l, rc < 0 ? rc : STOKE_EDATA,
-                                  "loader: reset/set_epoch(%" PRIu64 ") of dataset %s "
+                                  "loader: set_epoch(%" PRIu64 ") of dataset %s "
                                   "failed (%s)",
                                   epoch, l->ds.name, stoke_err_name(rc));
     return STOKE_OK;

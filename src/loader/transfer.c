@@ -2,6 +2,7 @@
  * filled batch, and the return of staging slots (the copy FIFO) to the pools. */
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "common/internal.h"
 #include "loader/loader_internal.h"
@@ -52,6 +53,9 @@ int stoke__loader_setup_device(stoke_loader *l)
             rc = stoke_event_create(l->stream, &l->bat[i].ev);
         if (rc == STOKE_OK)
             rc = stoke_event_create(l->stream, &l->slots[i].ev);
+        if (rc == STOKE_OK && l->nragged &&
+            !(l->bat[i].rmeta = calloc((size_t)l->nragged * (2 + 2 * l->cap), sizeof(int64_t))))
+            rc = stoke__fail(STOKE_ENOMEM, "out of memory");
         if (rc != STOKE_OK)
             return stoke__loader_fail(l, rc, "loader: device '%s': batch buffer %d of %d: %s",
                                       l->o.device, i + 1, l->nbuf, stoke_last_error());
@@ -67,7 +71,7 @@ void stoke__loader_copy_batch(stoke_loader *l, stoke_batch *b)
     int rc = STOKE_OK;
     pthread_mutex_lock(&l->stream_mu);
     for (int f = 0; rc == STOKE_OK && f < l->ds.nfields; f++) {
-        size_t n = l->var ? b->bytes : b->count * l->fields[f].bytes;
+        size_t n = stoke__batch_field_bytes(b, f);
         if (n)
             rc = stoke_copy_h2d_async(b->dbuf, l->off[f], s->mem + l->off[f], n, l->stream);
     }

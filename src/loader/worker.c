@@ -80,8 +80,8 @@ _Atomic uint64_t stoke__ahead_fills;
 /* The indices of batch seq (n samples, at most STOKE__AHEAD_RUN) from this thread's runs,
  * filling a new run from its first position when neither holds them (see stoke__ahead).  NULL
  * when the sampler refuses: the caller computes them alone and reports the error. */
-static const uint64_t *ahead_indices(const stoke_loader *l, stoke__ahead *a, uint64_t seq,
-                                     size_t n, uint64_t seed, uint64_t epoch)
+static const uint64_t *ahead_indices(const stoke_loader *l, stoke__ahead *a, uint64_t seq, size_t n,
+                                     uint64_t seed, uint64_t epoch)
 {
     uint64_t pos = seq * l->o.batch_size;
     for (int i = 0; i < 2; i++) {
@@ -118,16 +118,15 @@ static const uint64_t *ahead_indices(const stoke_loader *l, stoke__ahead *a, uin
     return r->idx;
 }
 
-/* MAP / MAP_VAR: the dataset indices of batch seq's b->count samples into b->indices, all at
+/* MAP: the dataset indices of batch seq's b->count samples into b->indices, all at
  * once, from this thread's runs (see stoke__ahead) for small batches.  Returns STOKE_OK, or
  * fails the batch (count 0) at the first position the sampler refuses, with the message
  * "sampler position out of range" as per-sample indexing did. */
 static int batch_indices(stoke_loader *l, stoke_batch *b, stoke__ahead *a, uint64_t seed,
                          uint64_t epoch, uint64_t seq)
 {
-    const uint64_t *run = b->count <= STOKE__AHEAD_RUN
-                              ? ahead_indices(l, a, seq, b->count, seed, epoch)
-                              : NULL;
+    const uint64_t *run =
+        b->count <= STOKE__AHEAD_RUN ? ahead_indices(l, a, seq, b->count, seed, epoch) : NULL;
     if (run) {
         memcpy(b->indices, run, b->count * sizeof(*run));
         return STOKE_OK;
@@ -148,109 +147,123 @@ static int batch_indices(stoke_loader *l, stoke_batch *b, stoke__ahead *a, uint6
     return b->status;
 }
 
-/* MAP_VAR: sample idx packed into slot j of b.  Returns the status (msg set on an error). */
-static int var_sample(stoke_loader *l, stoke_batch *b, int wid, size_t j, uint64_t idx, char *msg,
-                      size_t msg_len)
+/* The producer's scratch: the caller's thread and a process worker's child use caller_ahead. */
+static inline stoke__ahead *scratch(stoke_loader *l, stoke__worker *w)
 {
-    const void *data = NULL;
-    size_t len = 0;
-    void *token = NULL;
-    int rc = l->ds.get_var(l->ds.user, idx, &data, &len, &token, wid, msg, msg_len);
-    if (rc != STOKE_OK)
-        return rc;
-    uint64_t used = b->offsets[j];
-    if (len > l->cap * l->fields[0].bytes - used) {
-        rc = STOKE_ELIMIT;
-        stoke__fmt(msg, msg_len,
-                   "variable-size sample of %zu bytes does not fit: a batch holds %zu "
-                   "(min(batch_size, samples per epoch) x fields[0].bytes)",
-                   len, l->cap * l->fields[0].bytes);
-    } else {
-        if (len)
-            memcpy(b->host->mem + used, data, len);
-        b->offsets[j + 1] = used + len;
-    }
-    if (l->ds.release_var)
-        l->ds.release_var(l->ds.user, token);
-    return rc;
+    return w ? &w->ahead : &l->caller_ahead;
 }
 
-/* Calls the dataset for one sample of batch b (slot j), with the timeout bookkeeping.
- * MAP / MAP_VAR: `idx` is the sample; ITERABLE: *idx receives it.  Returns the status. */
+/* Points dst[k * nf + f] at slot j0 + k of batch b, for n slots; presets the ragged lengths
+ * len[k * nf + f] to max_len (what the slot has room for). */
+static void point_slots(const stoke_loader *l, const stoke_batch *b, size_t j0, size_t n,
+                        void **dst, int64_t *len)
+{
+    const int nf = l->ds.nfields;
+    unsigned char *mem = b->host->mem;
+    for (size_t k = 0; k < n; k++)
+        for (int f = 0; f < nf; f++)
+            dst[k * (size_t)nf + (size_t)f] = mem + l->off[f] + (j0 + k) * l->fields[f].bytes;
+    for (int r = 0; len && r < l->nragged; r++)
+        for (size_t k = 0; k < n; k++)
+            len[k * (size_t)nf + (size_t)l->rg[r].field] = l->fields[l->rg[r].field].max_len;
+}
+
+/* A sample's ragged lengths (len[f]) into slot j of b: STOKE_OK; a length below 0, or past
+ * max_len without truncate, STOKE_ELIMIT / STOKE_EDATA with msg set (a bad sample). */
+static int take_lengths(const stoke_loader *l, const stoke_batch *b, size_t j, const int64_t *len,
+                        char *msg, size_t msg_len)
+{
+    for (int r = 0; r < l->nragged; r++) {
+        const stoke_field *fd = &l->fields[l->rg[r].field];
+        int64_t n = len[l->rg[r].field];
+        if (n < 0) {
+            stoke__fmt(msg, msg_len, "field '%s': the sample reported length %lld", fd->name,
+                       (long long)n);
+            return STOKE_EDATA;
+        }
+        if (n > fd->max_len && !fd->truncate) {
+            stoke__fmt(msg, msg_len,
+                       "field '%s': %lld units, more than its max_len %lld (set truncate to "
+                       "cut such samples)",
+                       fd->name, (long long)n, (long long)fd->max_len);
+            return STOKE_ELIMIT;
+        }
+        stoke__ragged_aux(l, b->host->mem, r)[1 + j] = n < fd->max_len ? n : fd->max_len;
+    }
+    return STOKE_OK;
+}
+
+/* Calls the dataset for one sample into slot j of b, with the timeout bookkeeping and the ragged
+ * lengths.  MAP: `*idx` is the sample; ITERABLE: *idx receives it.  Returns the status. */
 int stoke__loader_one_sample(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid, size_t j,
                              uint64_t *idx, char *msg, size_t msg_len)
 {
+    stoke__ahead *a = scratch(l, w);
+    point_slots(l, b, j, 1, a->dst, a->len);
     msg[0] = '\0';
     uint64_t t0 = busy_begin(l, w, l->iterable ? UINT64_MAX : *idx);
-    int rc;
-    if (l->var) {
-        rc = var_sample(l, b, wid, j, *idx, msg, msg_len);
-    } else {
-        unsigned char *mem = b->host->mem;
-        void *dst[STOKE_MAX_FIELDS];
-        for (int f = 0; f < l->ds.nfields; f++)
-            dst[f] = mem + l->off[f] + j * l->fields[f].bytes;
-        rc = l->iterable ? l->ds.next(l->ds.user, wid, l->nworkers, dst, idx, msg, msg_len)
-                         : l->ds.get(l->ds.user, *idx, dst, wid, msg, msg_len);
-    }
-    return busy_end(l, w, t0, rc, msg, msg_len);
+    int rc = l->iterable
+                 ? l->ds.next(l->ds.user, wid, l->nworkers, a->dst, a->len, idx, msg, msg_len)
+                 : l->ds.get(l->ds.user, *idx, a->dst, a->len, wid, msg, msg_len);
+    rc = busy_end(l, w, t0, rc, msg, msg_len);
+    if (rc == STOKE_OK && l->nragged)
+        rc = take_lengths(l, b, j, a->len, msg, msg_len);
+    return rc;
 }
 
-/* MAP without get_batch: one get() per sample from the indices computed up front; without a
- * timeout the loop does nothing else.  A failing sample goes through the bad-sample policy
- * (badsample.c): skipped ones leave no slot (the rest move up), replaced ones change their
- * index.  Sets b->count to the samples written. */
-static void fill_map_samples(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid)
+/* MAP and ITERABLE, one dataset call per sample.  A failing sample goes through the bad-sample
+ * policy (badsample.c): skipped ones leave no slot (the rest move up), replaced ones change
+ * their index.  MAP reads b->indices; ITERABLE fills them, and sets b->end when the worker's
+ * share ended.  Sets b->count to the samples written. */
+static void fill_samples(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid)
 {
-    const int nf = l->ds.nfields;
-    const size_t n = b->count;
     uint64_t *idx = b->indices;
-    unsigned char *mem = b->host->mem;
-    void *dst[STOKE_MAX_FIELDS];
     char msg[256];
-    size_t out = 0;
-    for (size_t j = 0; j < n; j++) {
-        for (int f = 0; f < nf; f++)
-            dst[f] = mem + l->off[f] + out * l->fields[f].bytes;
-        msg[0] = '\0';
-        uint64_t got = idx[j];
-        uint64_t t0 = busy_begin(l, w, got);
-        int rc = l->ds.get(l->ds.user, got, dst, wid, msg, sizeof(msg));
-        rc = busy_end(l, w, t0, rc, msg, sizeof(msg));
+    size_t out = 0; /* the slot; pos: the batch position read (they differ after a skip) */
+    for (size_t pos = 0; l->iterable ? out < b->count : pos < b->count; pos++) {
+        uint64_t got = l->iterable ? 0 : idx[pos];
+        int rc = stoke__loader_one_sample(l, b, w, wid, out, &got, msg, sizeof(msg));
+        if (rc == STOKE_EEND && l->iterable) {
+            b->end = 1;
+            break;
+        }
         if (rc != STOKE_OK)
             rc = stoke__bad_sample(l, b, w, wid, out, &got, rc, msg, sizeof(msg));
         if (rc == STOKE__BAD_SKIPPED)
             continue;
         if (rc != STOKE_OK) {
             batch_failed(b, rc, got, msg);
-            b->count = out;
-            return;
+            break;
         }
         idx[out++] = got;
     }
     b->count = out;
 }
 
-/* MAP datasets with get_batch (dataset.h): one call for the whole batch (its indices already
- * in b->indices), so the dataset can queue its reads; the busy/timeout bookkeeping is per
- * batch (the busy index is the batch's first sample).  Sets status and error fields. */
-static void fill_map_batch(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid)
+/* MAP datasets with read() (dataset.h): one call for the whole batch (its indices already in
+ * b->indices), so the dataset can queue its reads; the busy/timeout bookkeeping is per batch
+ * (the busy index is the batch's first sample).  On an error under a policy other than ERROR,
+ * the samples are read again one by one (fill_samples), which finds the bad ones. */
+static void fill_read(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid)
 {
     size_t n = b->count;
     if (!n)
         return;
-    unsigned char *mem = b->host->mem;
-    void *dst[STOKE_MAX_FIELDS];
-    for (int f = 0; f < l->ds.nfields; f++)
-        dst[f] = mem + l->off[f];
+    stoke__ahead *a = scratch(l, w);
+    point_slots(l, b, 0, n, a->dst, a->len);
     char msg[256];
     msg[0] = '\0';
     uint64_t err_index = b->indices[0];
     uint64_t t0 = busy_begin(l, w, b->indices[0]);
-    int rc = l->ds.get_batch(l->ds.user, b->indices, n, dst, wid, msg, sizeof(msg), &err_index);
+    int rc =
+        l->ds.read(l->ds.user, b->indices, n, a->dst, a->len, wid, msg, sizeof(msg), &err_index);
     rc = busy_end(l, w, t0, rc, msg, sizeof(msg));
+    const int nf = l->ds.nfields;
+    for (size_t j = 0; rc == STOKE_OK && l->nragged && j < n; j++)
+        if ((rc = take_lengths(l, b, j, a->len + j * (size_t)nf, msg, sizeof(msg))) != STOKE_OK)
+            err_index = b->indices[j];
     if (rc != STOKE_OK && l->o.on_error != STOKE_ON_ERROR_ERROR && rc != STOKE_ETIMEDOUT) {
-        fill_map_samples(l, b, w, wid); /* find the bad samples one by one */
+        fill_samples(l, b, w, wid); /* find the bad samples one by one */
         return;
     }
     if (rc != STOKE_OK) {
@@ -258,6 +271,139 @@ static void fill_map_batch(stoke_loader *l, stoke_batch *b, stoke__worker *w, in
         batch_failed(b, rc, err_index, msg);
         b->count = 0;
     }
+}
+
+/* Writes pad_value, converted to dtype, into n elements at p. */
+static void fill_pad(unsigned char *p, size_t n, const stoke_field *fd)
+{
+    unsigned char one[16];
+    double v = fd->pad_value;
+    size_t is = fd->itemsize;
+    memset(one, 0, sizeof(one));
+    switch (fd->dtype) {
+    case STOKE_DTYPE_BOOL: one[0] = v != 0.0; break;
+    case STOKE_DTYPE_U8: one[0] = (uint8_t)v; break;
+    case STOKE_DTYPE_I8: {
+        int8_t x = (int8_t)v;
+        memcpy(one, &x, 1);
+    } break;
+    case STOKE_DTYPE_U16: {
+        uint16_t x = (uint16_t)v;
+        memcpy(one, &x, 2);
+    } break;
+    case STOKE_DTYPE_I16: {
+        int16_t x = (int16_t)v;
+        memcpy(one, &x, 2);
+    } break;
+    case STOKE_DTYPE_U32: {
+        uint32_t x = (uint32_t)v;
+        memcpy(one, &x, 4);
+    } break;
+    case STOKE_DTYPE_I32: {
+        int32_t x = (int32_t)v;
+        memcpy(one, &x, 4);
+    } break;
+    case STOKE_DTYPE_U64: {
+        uint64_t x = (uint64_t)v;
+        memcpy(one, &x, 8);
+    } break;
+    case STOKE_DTYPE_I64: {
+        int64_t x = (int64_t)v;
+        memcpy(one, &x, 8);
+    } break;
+    case STOKE_DTYPE_F32:
+    case STOKE_DTYPE_C64: {
+        float x = (float)v;
+        memcpy(one, &x, 4);
+    } break;
+    case STOKE_DTYPE_F64:
+    case STOKE_DTYPE_C128: memcpy(one, &v, 8); break;
+    case STOKE_DTYPE_F16:
+    case STOKE_DTYPE_BF16: {
+        float x = (float)v; /* bf16: the top half; f16: exact for 0 and small integers */
+        uint32_t u;
+        memcpy(&u, &x, 4);
+        uint16_t h = (uint16_t)(u >> 16);
+        if (fd->dtype == STOKE_DTYPE_F16) {
+            uint32_t e = (u >> 23) & 0xff, m = u & 0x7fffff, sgn = (u >> 16) & 0x8000;
+            h = (uint16_t)(x == 0.0f ? sgn
+                           : e < 113 ? sgn
+                           : e > 142 ? (sgn | 0x7c00)
+                                     : (sgn | ((e - 112) << 10) | (m >> 13)));
+        }
+        memcpy(one, &h, 2);
+    } break;
+    default:
+        one[0] = (unsigned char)v;
+        is = 1;
+        n *= fd->itemsize;
+        break; /* RAW: bytes */
+    }
+    int zero = 1;
+    for (size_t i = 0; i < is; i++)
+        zero &= one[i] == 0;
+    if (zero) {
+        memset(p, 0, n * is);
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        memcpy(p + i * is, one, is);
+}
+
+/* Collates ragged field r of a full batch (samples at the stride of max_len units): PAD moves
+ * them to the stride of L, the batch's longest rounded up to multiple_of (at most max_len),
+ * and pads each; PACK moves them end to end and writes the offsets.  Moves only downwards
+ * (slot j's new place is at or below its old), in slot order: memmove is enough. */
+static size_t collate_ragged(const stoke_loader *l, stoke_batch *b, int r)
+{
+    const stoke__ragged *rg = &l->rg[r];
+    const stoke_field *fd = &l->fields[rg->field];
+    unsigned char *base = b->host->mem + l->off[rg->field];
+    int64_t *aux = stoke__ragged_aux(l, b->host->mem, r), *len = aux + 1;
+    size_t n = b->count, unit = rg->unit, stride = (size_t)fd->max_len * unit;
+    if (fd->collate == STOKE_COLLATE_PACK) {
+        int64_t *offs = aux + 1 + l->cap;
+        int64_t at = 0;
+        for (size_t j = 0; j < n; j++) {
+            offs[j] = at;
+            if (len[j] && (size_t)at * unit != j * stride)
+                memmove(base + (size_t)at * unit, base + j * stride, (size_t)len[j] * unit);
+            at += len[j];
+        }
+        offs[n] = at;
+        aux[0] = at;
+        return (size_t)at * unit;
+    }
+    int64_t longest = 0;
+    for (size_t j = 0; j < n; j++)
+        longest = len[j] > longest ? len[j] : longest;
+    if (fd->multiple_of > 1 && longest % fd->multiple_of)
+        longest += fd->multiple_of - longest % fd->multiple_of;
+    if (longest > fd->max_len)
+        longest = fd->max_len;
+    size_t row = (size_t)longest * unit, elems = unit / fd->itemsize;
+    for (size_t j = 0; j < n; j++) {
+        if (len[j] && j * row != j * stride)
+            memmove(base + j * row, base + j * stride, (size_t)len[j] * unit);
+        fill_pad(base + j * row + (size_t)len[j] * unit, (size_t)(longest - len[j]) * elems, fd);
+    }
+    aux[0] = longest;
+    return n * row;
+}
+
+void stoke__loader_finish(stoke_loader *l, stoke_batch *b)
+{
+    if (!l->nragged || b->status != STOKE_OK) {
+        b->bytes = b->count * l->sample_bytes;
+        return;
+    }
+    size_t bytes = 0;
+    for (int f = 0; f < l->ds.nfields; f++)
+        if (l->rix[f] < 0)
+            bytes += b->count * l->fields[f].bytes;
+    for (int r = 0; r < l->nragged; r++)
+        bytes += collate_ragged(l, b, r);
+    b->bytes = bytes;
 }
 
 /* Writes batch `seq` into b->host; the caller owns b.  Sets b->status and the error fields
@@ -279,47 +425,22 @@ void stoke__loader_batch_start(stoke_loader *l, stoke_batch *b, int wid, uint64_
     b->pinned = b->host->pinned;
 }
 
+/* The fill pipeline: indices, the dataset's reads (read() for the batch, else get()/next() per
+ * sample, bad samples through the policy), then stoke__loader_finish. */
 void stoke__loader_fill_batch(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid,
                               uint64_t seed, uint64_t epoch, uint64_t seq)
 {
     b->seq = seq;
     stoke__loader_batch_start(l, b, wid, epoch);
-    if (b->offsets)
-        b->offsets[0] = 0;
-    if (!l->iterable &&
-        batch_indices(l, b, w ? &w->ahead : &l->caller_ahead, seed, epoch, seq) != STOKE_OK) {
+    if (!l->iterable && batch_indices(l, b, scratch(l, w), seed, epoch, seq) != STOKE_OK) {
         b->bytes = 0;
         return;
     }
-    if (!l->iterable && !l->var) {
-        if (STOKE_DATASET_HAS(&l->ds, get_batch))
-            fill_map_batch(l, b, w, wid);
-        else
-            fill_map_samples(l, b, w, wid);
-        b->bytes = b->count * l->sample_bytes;
-        return;
-    }
-    char msg[256];
-    size_t j = 0; /* the slot; pos: the batch position read (they differ after a skip) */
-    for (size_t pos = 0; l->iterable ? j < b->count : pos < b->count; pos++) {
-        uint64_t idx = l->iterable ? 0 : b->indices[pos];
-        int rc = stoke__loader_one_sample(l, b, w, wid, j, &idx, msg, sizeof(msg));
-        if (rc == STOKE_EEND && l->iterable) {
-            b->end = 1;
-            break;
-        }
-        if (rc != STOKE_OK)
-            rc = stoke__bad_sample(l, b, w, wid, j, &idx, rc, msg, sizeof(msg));
-        if (rc == STOKE__BAD_SKIPPED)
-            continue;
-        if (rc != STOKE_OK) {
-            batch_failed(b, rc, idx, msg);
-            break;
-        }
-        b->indices[j++] = idx;
-    }
-    b->count = j;
-    b->bytes = l->var ? (size_t)b->offsets[j] : j * l->sample_bytes;
+    if (!l->iterable && l->ds.read)
+        fill_read(l, b, w, wid);
+    else
+        fill_samples(l, b, w, wid);
+    stoke__loader_finish(l, b);
 }
 
 /* (mu) Hands a finished batch to the consumer, or recycles it if its epoch was abandoned.  In
@@ -447,13 +568,15 @@ stoke_batch *stoke__loader_dispatch(stoke_loader *l, stoke__worker *w, uint64_t 
 void stoke__loader_look_ahead(stoke_loader *l, stoke__ahead *a, uint64_t seq, uint64_t seed,
                               uint64_t epoch)
 {
-    if (l->iterable || l->o.batch_size > STOKE_DATASET_PREFETCH_MAX ||
-        !STOKE_DATASET_HAS(&l->ds, prefetch) || seq >= l->nbatches)
+    if (l->iterable || l->o.batch_size > STOKE_DATASET_PREFETCH_MAX || !l->ds.hint ||
+        seq >= l->nbatches)
         return;
     size_t n = batch_count(l, seq);
     const uint64_t *idx = n ? ahead_indices(l, a, seq, n, seed, epoch) : NULL;
-    if (idx) /* else fill_batch computes them again and reports what failed */
-        l->ds.prefetch(l->ds.user, idx, n);
+    if (idx) { /* else fill_batch computes them again and reports what failed */
+        stoke_hint h = {.kind = STOKE_HINT_NEXT, .indices = idx, .count = n};
+        l->ds.hint(l->ds.user, &h);
+    }
 }
 
 /* Makes a dispatched batch, without `mu` and without a clock read. */
@@ -464,8 +587,14 @@ static void make_batch(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wi
         stoke__proc_fill(l, b, w, wid, seed, epoch); /* in worker wid's child process */
     else
         stoke__loader_fill_batch(l, b, w, wid, seed, epoch, b->seq);
-    if (l->device_mode && b->status == STOKE_OK && b->count)
+    if (l->device_mode && b->status == STOKE_OK && b->count) {
+        for (int r = 0; r < l->nragged; r++) /* the slot goes back before the batch is held */
+            memcpy(b->rmeta + (size_t)r * (2 + 2 * l->cap), stoke__ragged_aux(l, b->host->mem, r),
+                   (l->fields[l->rg[r].field].collate == STOKE_COLLATE_PACK ? 2 + 2 * l->cap
+                                                                            : 1 + l->cap) *
+                       sizeof(int64_t));
         stoke__loader_copy_batch(l, b);
+    }
 }
 
 uint64_t stoke__loader_produce(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid,
@@ -539,7 +668,7 @@ static int consumer_can_dispatch(const stoke_loader *l)
            l->next_dispatch < l->nbatches && l->outstanding < l->window;
 }
 
-/* Makes the n > 1 dispatched batches b[] of a group with one get_scattered call (docs/loader.md,
+/* Makes the n > 1 dispatched batches b[] of a group with one read() call (docs/loader.md,
  * "Hand-off"), their indices taken from the group's run: STOKE_OK, or not (the run or the call
  * failed), and the caller makes them one by one, which reports the failing sample as a batch of
  * its own would and applies on_error.  Only where l->scatter says (no timeout_ms: a timeout
@@ -555,22 +684,20 @@ static int make_scattered(stoke_loader *l, stoke_batch *const *b, int n, int wid
         total <= STOKE__AHEAD_RUN ? ahead_indices(l, a, b[0]->seq, total, seed, epoch) : NULL;
     if (!run)
         return STOKE_ERANGE;
-    void *dst[STOKE__AHEAD_RUN * STOKE_MAX_FIELDS];
+    void **dst = a->dst; /* nscratch >= STOKE__AHEAD_RUN samples */
     size_t j = 0;
     for (int i = 0; i < n; i++) {
         stoke_batch *x = b[i];
         stoke__loader_batch_start(l, x, wid, epoch);
-        unsigned char *mem = x->host->mem;
         memcpy(x->indices, run + j, x->count * sizeof(*run));
-        for (size_t s = 0; s < x->count; s++, j++)
-            for (int f = 0; f < nf; f++)
-                dst[j * (size_t)nf + (size_t)f] = mem + l->off[f] + s * l->fields[f].bytes;
-        x->bytes = x->count * l->sample_bytes;
+        point_slots(l, x, 0, x->count, dst + j * (size_t)nf, NULL);
+        j += x->count;
+        stoke__loader_finish(l, x); /* (no ragged field here: l->scatter) */
     }
     char msg[256];
     msg[0] = '\0';
     uint64_t err_index = run[0];
-    return l->ds.get_scattered(l->ds.user, run, total, dst, wid, msg, sizeof(msg), &err_index);
+    return l->ds.read(l->ds.user, run, total, dst, NULL, wid, msg, sizeof(msg), &err_index);
 }
 
 int stoke__loader_make_group(stoke_loader *l, stoke__worker *w)
@@ -589,8 +716,7 @@ int stoke__loader_make_group(stoke_loader *l, stoke__worker *w)
     /* the clock is read around the group, not after each batch (a read is about 30 ns here, a
      * tenth of a batch of one 3 KB row): each batch is counted the group's average */
     uint64_t t0 = stoke__now_ns();
-    int one_call = n > 1 && l->scatter &&
-                   make_scattered(l, b, n, wid, seed, epoch, a) == STOKE_OK;
+    int one_call = n > 1 && l->scatter && make_scattered(l, b, n, wid, seed, epoch, a) == STOKE_OK;
     for (int i = 0; i < n && !one_call; i++) {
         if (i + 1 < n)
             stoke__loader_look_ahead(l, a, b[i + 1]->seq, seed, epoch);

@@ -114,7 +114,7 @@ int stoke__image_parse_opt(stoke__image_opts *o, const char *key, const char *va
     return 1;
 }
 
-int stoke__image_field(const stoke__image_opts *o, stoke_field *f)
+int stoke__image_field(const stoke__image_opts *o, stoke_field *f, int64_t shape[3])
 {
     if (o->size <= 0 || o->size > IMAGE_SIZE_MAX)
         return stoke__fail(STOKE_EINVAL, "image size %d not in 1..%d", o->size, IMAGE_SIZE_MAX);
@@ -128,9 +128,10 @@ int stoke__image_field(const stoke__image_opts *o, stoke_field *f)
     stoke__strlcpy(f->name, "data", sizeof(f->name));
     f->dtype = o->dtype;
     f->ndim = 3;
-    f->shape[o->chw ? 0 : 2] = 3;
-    f->shape[o->chw ? 1 : 0] = o->size;
-    f->shape[o->chw ? 2 : 1] = o->size;
+    shape[o->chw ? 0 : 2] = 3;
+    shape[o->chw ? 1 : 0] = o->size;
+    shape[o->chw ? 2 : 1] = o->size;
+    f->shape = shape;
     return stoke_field_finish(f);
 }
 

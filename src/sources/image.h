@@ -42,7 +42,7 @@ int stoke__image_parse_opt(stoke__image_opts *o, const char *key, const char *va
                            size_t msg_len);
 /* Fills the "data" field description for these options.  Returns STOKE_OK or STOKE_EINVAL
  * (options inconsistent: normalize with u8, size out of range). */
-int stoke__image_field(const stoke__image_opts *o, stoke_field *f);
+int stoke__image_field(const stoke__image_opts *o, stoke_field *f, int64_t shape[3]);
 /* Decodes JPEG bytes and writes the transformed image into dst (f->bytes bytes).  Random
  * choices from (o->seed, epoch, index) only.  Errors: negative STOKE_E* code + message (what
  * is wrong with the image; the caller adds the file name): STOKE_ELIMIT, before anything is

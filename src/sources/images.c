@@ -46,6 +46,8 @@ typedef struct images_ds {
     char **classes;
     _Atomic uint64_t epoch;
     images_slot slots[IMAGES_SLOTS];
+    stoke_field fields[2]; /* data, label */
+    int64_t shape[3];
 } images_ds;
 
 /* ---- the walk ---- */
@@ -331,10 +333,11 @@ static int read_file(const images_ds *s, uint64_t i, images_slot *sl, size_t *le
     return rc;
 }
 
-static int images_get(void *user, uint64_t index, void *const dst[], int worker, char *msg,
-                      size_t msg_len)
+static int images_get(void *user, uint64_t index, void *const dst[], int64_t lens[], int worker,
+                      char *msg, size_t msg_len)
 {
     images_ds *s = user;
+    (void)lens;
     if (index >= s->n) {
         stoke__fmt(msg, msg_len, "images %s: index %" PRIu64 " out of range (length %" PRIu64 ")",
                    s->root, index, s->n);
@@ -460,8 +463,10 @@ int stoke_images_open(const char *dir, const stoke_images_opts *opts, stoke_data
     stoke_dataset ds;
     stoke_dataset_init(&ds);
     stoke__image_opts img;
+    stoke_field fields[2];
+    int64_t shape[3];
     int rc = to_image_opts(opts, &img);
-    if (rc == STOKE_OK && (rc = stoke__image_field(&img, &ds.fields[0])) != STOKE_OK) {
+    if (rc == STOKE_OK && (rc = stoke__image_field(&img, &fields[0], shape)) != STOKE_OK) {
         char why[512];
         stoke__strlcpy(why, stoke_last_error(), sizeof(why));
         return stoke__fail(rc, "images %s: %s", dir, why);
@@ -473,18 +478,23 @@ int stoke_images_open(const char *dir, const stoke_images_opts *opts, stoke_data
                            "images %s: JPEG decoding is not available: stoke was built without "
                            "libjpeg-turbo (Debian libjpeg62-turbo-dev)",
                            dir);
-    stoke_field *l = &ds.fields[1];
+    stoke_field *l = &fields[1];
+    memset(l, 0, sizeof(*l));
     stoke__strlcpy(l->name, "label", sizeof(l->name));
     l->dtype = STOKE_DTYPE_I64;
     l->ndim = 0;
     if ((rc = stoke_field_finish(l)) != STOKE_OK)
         return rc;
-    ds.nfields = 2;
     images_ds *s = calloc(1, sizeof(*s));
     if (!s || !(s->root = strdup(dir))) {
         free(s);
         return stoke__fail(STOKE_ENOMEM, "images %s: out of memory", dir);
     }
+    memcpy(s->fields, fields, sizeof(fields));
+    memcpy(s->shape, shape, sizeof(shape));
+    s->fields[0].shape = s->shape;
+    ds.nfields = 2;
+    ds.fields = s->fields;
     s->dirfd = -1;
     s->img = img;
     for (int k = 0; k < IMAGES_SLOTS; k++)

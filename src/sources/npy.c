@@ -143,11 +143,6 @@ static int npy_file_open(npy_file *f, const char *path, int io)
         f->rows = 1;
         f->row_bytes = h->itemsize;
     } else {
-        if (h->ndim - 1 > STOKE_MAX_DIMS)
-            return stoke__fail(STOKE_EFORMAT,
-                               "npy %s: %d dimensions: a sample (row) has %d, at most %d are "
-                               "supported",
-                               path, h->ndim, h->ndim - 1, STOKE_MAX_DIMS);
         f->rows = (uint64_t)h->shape[0];
         uint64_t rb = h->itemsize;
         for (int d = 1; d < h->ndim; d++)
@@ -285,9 +280,10 @@ static int read_row_pread(const npy_file *f, uint64_t index, uint64_t at, void *
     return STOKE_OK;
 }
 
-static int npy_get(void *user, uint64_t index, void *const dst[], int worker, char *msg,
-                   size_t msg_len)
+static int npy_get(void *user, uint64_t index, void *const dst[], int64_t len[], int worker,
+                   char *msg, size_t msg_len)
 {
+    (void)len;
     (void)worker;
     const npy_ds *ds = user;
     if (index >= ds->f[0].rows) {
@@ -331,16 +327,47 @@ static void npy_close(void *user)
 
 static void fill_field(stoke_field *fl, const char *name, const npy_file *f, int scalar)
 {
+    memset(fl, 0, sizeof(*fl));
     stoke__strlcpy(fl->name, name, sizeof(fl->name));
     fl->dtype = f->h.dtype;
     fl->itemsize = f->h.itemsize;
     fl->ndim = 0;
     if (!scalar && f->h.ndim > 1) {
         fl->ndim = f->h.ndim - 1;
-        for (int d = 1; d < f->h.ndim; d++)
-            fl->shape[d - 1] = f->h.shape[d];
+        fl->shape = f->h.shape + 1; /* the header lives as long as the dataset */
     }
     fl->bytes = f->row_bytes;
+}
+
+/* The dataset's read(): the slots of one batch (each field's rows one after the other) go to
+ * get_batch, which merges runs of neighbouring rows; a group of small batches to
+ * get_scattered. */
+static int npy_read(void *user, const uint64_t *indices, size_t count, void *const dst[],
+                    int64_t len[], int worker, char *msg, size_t msg_len, uint64_t *err_index)
+{
+    const npy_ds *ds = user;
+    const int nf = ds->nfiles;
+    (void)len;
+    int one_batch = 1;
+    for (size_t j = 1; one_batch && j < count; j++)
+        for (int k = 0; k < nf; k++) {
+            const unsigned char *p0 = dst[k], *pj = dst[j * (size_t)nf + (size_t)k];
+            if (p0 ? pj != p0 + j * ds->f[k].row_bytes : pj != NULL) {
+                one_batch = 0;
+                break;
+            }
+        }
+    if (one_batch)
+        return stoke__npy_get_batch(user, indices, count, dst, worker, msg, msg_len, err_index);
+    return stoke__npy_get_scattered(user, indices, count, dst, worker, msg, msg_len, err_index);
+}
+
+static void npy_hint(void *user, const stoke_hint *h)
+{
+    if (h->kind == STOKE_HINT_ORDER)
+        stoke__npy_access_hint(user, h->sampler_kind, h->block_rows, h->block_window);
+    else if (h->kind == STOKE_HINT_NEXT)
+        stoke__npy_prefetch(user, h->indices, h->count);
 }
 
 void stoke_npy_opts_init(stoke_npy_opts *opts)
@@ -435,19 +462,18 @@ int stoke_npy_open_opts(const char *path, const stoke_npy_opts *opts, stoke_data
     stoke_dataset_init(&d);
     d.kind = STOKE_DATASET_MAP;
     d.nfields = ds->nfiles;
-    fill_field(&d.fields[0], "data", &ds->f[0], 0);
+    fill_field(&ds->fields[0], "data", &ds->f[0], 0);
     if (ds->nfiles == 2)
-        fill_field(&d.fields[1], "label", &ds->f[1], 1);
+        fill_field(&ds->fields[1], "label", &ds->f[1], 1);
+    d.fields = ds->fields;
     stoke__fmt(d.name, sizeof(d.name), "npy:%s", path);
     d.user = ds;
     d.length = npy_length;
     d.get = npy_get;
-    d.get_batch = stoke__npy_get_batch;
+    d.read = npy_read;
     d.close = npy_close;
     d.set_epoch = stoke__npy_set_epoch;
-    d.access_hint = stoke__npy_access_hint;
-    d.prefetch = stoke__npy_prefetch;
-    d.get_scattered = stoke__npy_get_scattered;
+    d.hint = npy_hint;
     *out = d;
     stoke__log(STOKE_LOG_DEBUG, "npy %s: v%d.0 '%s' %llu rows of %zu bytes%s, io=%s", path,
                ds->f[0].h.major, ds->f[0].h.descr, (unsigned long long)ds->f[0].rows,

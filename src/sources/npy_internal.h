@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "sources/npy_header.h"
+#include "stoke/dataset.h"
 
 /* get() of a sample whose index is a multiple of STOKE__NPY_STAT_EVERY fstat()s the file, and
  * get_batch() of a batch that holds a multiple of STOKE__NPY_STAT_EVERY_BATCH (once per
@@ -81,6 +82,7 @@ typedef struct stoke__npy_ds {
     /* io=mmap: batches being copied now (get_batch() of any thread; written through a cast,
      * the rest of the struct is read-only once open) */
     atomic_int copying;
+    stoke_field fields[2]; /* data, labels: what the dataset describes */
 } stoke__npy_ds;
 
 /* A run: samples pos .. pos + n - 1 of a batch, field k, whose rows are consecutive in the file

@@ -32,7 +32,7 @@ static int parse_shape(const char *s, stoke_synthetic_opts *o)
     char *save = NULL;
     for (char *t = strtok_r(buf, "x", &save); t; t = strtok_r(NULL, "x", &save)) {
         uint64_t v;
-        if (o->ndim >= STOKE_MAX_DIMS || stoke__parse_u64(t, &v) != 0 || v == 0 ||
+        if (o->ndim >= STOKE_SYNTHETIC_MAX_DIMS || stoke__parse_u64(t, &v) != 0 || v == 0 ||
             v > (uint64_t)INT64_MAX)
             return -1;
         o->shape[o->ndim++] = (int64_t)v;
@@ -76,7 +76,7 @@ static int open_synthetic(const char *spec, const char *args, stoke_dataset *out
                     rc = stoke__fail(STOKE_EINVAL,
                                      "source '%s': bad shape '%s' (e.g. shape=3x224x224, at "
                                      "most %d positive dimensions)",
-                                     spec, val, STOKE_MAX_DIMS);
+                                     spec, val, STOKE_SYNTHETIC_MAX_DIMS);
             } else if (strcmp(key, "seed") == 0) {
                 if (stoke__parse_u64(val, &o.seed) != 0)
                     rc = stoke__fail(STOKE_EINVAL, "source '%s': bad seed '%s'", spec, val);

@@ -22,6 +22,8 @@ typedef struct syn {
     size_t bytes;
     uint64_t delay_index;
     uint32_t delay_us;
+    stoke_field fields[2]; /* data, label */
+    int64_t shape[STOKE_SYNTHETIC_MAX_DIMS];
 } syn;
 
 static inline uint64_t mix64(uint64_t z)
@@ -74,11 +76,15 @@ void stoke_synthetic_fill(uint64_t seed, uint64_t index, void *dst, size_t bytes
     }
 }
 
-static uint64_t syn_length(void *user) { return ((const syn *)user)->length; }
-
-static int syn_get(void *user, uint64_t index, void *const dst[], int worker, char *msg,
-                   size_t msg_len)
+static uint64_t syn_length(void *user)
 {
+    return ((const syn *)user)->length;
+}
+
+static int syn_get(void *user, uint64_t index, void *const dst[], int64_t len[], int worker,
+                   char *msg, size_t msg_len)
+{
+    (void)len;
     const syn *s = user;
     if (index >= s->length) {
         stoke__fmt(msg, msg_len, "synthetic: index %llu out of range (length %llu)",
@@ -100,7 +106,10 @@ static int syn_get(void *user, uint64_t index, void *const dst[], int worker, ch
     return STOKE_OK;
 }
 
-static void syn_close(void *user) { free(user); }
+static void syn_close(void *user)
+{
+    free(user);
+}
 
 void stoke_synthetic_opts_init(stoke_synthetic_opts *opts)
 {
@@ -135,20 +144,23 @@ int stoke_synthetic_open(const stoke_synthetic_opts *opts, stoke_dataset *out)
     stoke_dataset ds;
     stoke_dataset_init(&ds);
     ds.kind = STOKE_DATASET_MAP;
-    stoke_field *f = &ds.fields[0];
+    syn t;
+    memset(&t, 0, sizeof(t));
+    stoke_field *f = &t.fields[0];
     stoke__strlcpy(f->name, "data", sizeof(f->name));
     f->dtype = opts->dtype;
     f->itemsize = opts->itemsize;
     f->ndim = opts->ndim;
-    if (opts->ndim < 0 || opts->ndim > STOKE_MAX_DIMS)
+    if (opts->ndim < 0 || opts->ndim > STOKE_SYNTHETIC_MAX_DIMS)
         return stoke__fail(STOKE_EINVAL, "synthetic: ndim %d not in 0..%d", opts->ndim,
-                           STOKE_MAX_DIMS);
+                           STOKE_SYNTHETIC_MAX_DIMS);
     for (int d = 0; d < opts->ndim; d++) {
         if (opts->shape[d] <= 0)
             return stoke__fail(STOKE_EINVAL, "synthetic: dimension %d is %lld (must be > 0)", d,
                                (long long)opts->shape[d]);
-        f->shape[d] = opts->shape[d];
+        t.shape[d] = opts->shape[d];
     }
+    f->shape = t.shape;
     int rc = stoke_field_finish(f);
     if (rc) {
         char why[256];
@@ -157,7 +169,7 @@ int stoke_synthetic_open(const stoke_synthetic_opts *opts, stoke_dataset *out)
     }
     ds.nfields = 1;
     if (opts->classes) {
-        stoke_field *l = &ds.fields[1];
+        stoke_field *l = &t.fields[1];
         stoke__strlcpy(l->name, "label", sizeof(l->name));
         l->dtype = STOKE_DTYPE_I64;
         l->ndim = 0;
@@ -168,10 +180,13 @@ int stoke_synthetic_open(const stoke_synthetic_opts *opts, stoke_dataset *out)
     syn *s = calloc(1, sizeof(*s));
     if (!s)
         return stoke__fail(STOKE_ENOMEM, "synthetic: out of memory");
+    *s = t;
+    s->fields[0].shape = s->shape;
+    ds.fields = s->fields;
     s->seed = opts->seed;
     s->length = opts->length;
     s->classes = opts->classes;
-    s->bytes = f->bytes;
+    s->bytes = s->fields[0].bytes;
     if (has_delay && opts->delay_us) {
         s->delay_index = opts->delay_index;
         s->delay_us = opts->delay_us;

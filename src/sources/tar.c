@@ -279,11 +279,11 @@ static int scan_shards(const char *spec, stoke__tar_ds *t, scan *sc)
 static int default_fields(const char *spec, stoke__tar_ds *t, const scan *sc)
 {
     for (size_t j = 0; j < sc->n && same_key(&sc->m[0], &sc->m[j]); j++) {
-        if (t->nf == STOKE_MAX_FIELDS)
+        if (t->nf == STOKE__TAR_MAX_FIELDS)
             return stoke__fail(STOKE_ELIMIT,
                                "source '%s': the first sample has more than %d "
                                "members: choose with fields=EXT:EXT",
-                               spec, STOKE_MAX_FIELDS);
+                               spec, STOKE__TAR_MAX_FIELDS);
         stoke__strlcpy(t->f[t->nf++].ext, ext_of(&sc->m[j]), sizeof(t->f[0].ext));
     }
     return STOKE_OK;
@@ -363,6 +363,8 @@ static void tar_close(void *user)
     free(t->loc);
     free(t->keys);
     free(t->image_opts);
+    free(t->ragged_opt[0]);
+    free(t->ragged_opt[1]);
     free(t);
 }
 
@@ -371,8 +373,8 @@ static uint64_t tar_length(void *user)
     return ((const stoke__tar_ds *)user)->n;
 }
 
-static int tar_get(void *user, uint64_t index, void *const dst[], int worker, char *msg,
-                   size_t msg_len)
+static int tar_get(void *user, uint64_t index, void *const dst[], int64_t len[], int worker,
+                   char *msg, size_t msg_len)
 {
     (void)worker;
     const stoke__tar_ds *t = user;
@@ -384,7 +386,7 @@ static int tar_get(void *user, uint64_t index, void *const dst[], int worker, ch
     for (int k = 0; k < t->nf; k++) {
         if (!dst[k])
             continue;
-        int rc = stoke__tar_read_field(t, index, k, dst[k], msg, msg_len);
+        int rc = stoke__tar_read_field(t, index, k, dst[k], len ? &len[k] : NULL, msg, msg_len);
         if (rc)
             return rc;
     }
@@ -404,9 +406,9 @@ static int parse_fields(const char *spec, stoke__tar_ds *t, const char *val)
                                "source '%s': bad fields= list '%s' (e.g. "
                                "fields=jpg:cls)",
                                spec, val);
-        if (t->nf == STOKE_MAX_FIELDS)
+        if (t->nf == STOKE__TAR_MAX_FIELDS)
             return stoke__fail(STOKE_EINVAL, "source '%s': more than %d fields in '%s'", spec,
-                               STOKE_MAX_FIELDS, val);
+                               STOKE__TAR_MAX_FIELDS, val);
         memcpy(t->f[t->nf].ext, p, n);
         t->f[t->nf].ext[n] = 0;
         if (field_index(t, t->f[t->nf].ext) >= 0) /* looks at the fields before this one */
@@ -419,7 +421,30 @@ static int parse_fields(const char *spec, stoke__tar_ds *t, const char *val)
     }
 }
 
-/* The options after the pattern: fields=, the rest for the image hook. */
+/* ragged=EXT:EXT (rg 0) and packed=EXT:EXT (rg 1): those raw fields vary in length, collated
+ * padded with zeros or packed (dataset.h, ragged fields). */
+static int mark_ragged(const char *spec, stoke__tar_ds *t, int rg)
+{
+    const char *list = t->ragged_opt[rg], *p = list;
+    while (p && *p) {
+        size_t n = strcspn(p, ":");
+        int k = -1;
+        for (int j = 0; j < t->nf && k < 0; j++)
+            if (strlen(t->f[j].ext) == n && memcmp(t->f[j].ext, p, n) == 0)
+                k = j;
+        if (k < 0 || t->f[k].kind != STOKE__TAR_RAW)
+            return stoke__fail(STOKE_EINVAL,
+                               "source '%s': %s=%s: '%.*s' is %s (ragged fields are members "
+                               "taken as bytes: .txt, .json, ...)",
+                               spec, rg ? "packed" : "ragged", list, (int)n, p,
+                               k < 0 ? "not a field" : "not a raw field");
+        t->f[k].ragged = 1 + (rg ? STOKE_COLLATE_PACK : STOKE_COLLATE_PAD);
+        p += n + (p[n] == ':');
+    }
+    return STOKE_OK;
+}
+
+/* The options after the pattern: fields=, ragged= / packed=, the rest for the image hook. */
 static int parse_options(const char *spec, stoke__tar_ds *t, char *opts)
 {
     const stoke__tar_image_hook *hk = stoke__tar_image_hook_get();
@@ -441,12 +466,21 @@ static int parse_options(const char *spec, stoke__tar_ds *t, char *opts)
                 return rc;
             continue;
         }
+        int rg = strcmp(o, "ragged") == 0 ? 0 : strcmp(o, "packed") == 0 ? 1 : -1;
+        if (rg >= 0) { /* resolved once the fields are known (mark_ragged) */
+            free(t->ragged_opt[rg]);
+            if (!(t->ragged_opt[rg] = strdup(val)))
+                return stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);
+            continue;
+        }
         char msg[256] = "";
         int used = hk ? hk->parse_opt(t->image_opts, o, val, msg, sizeof(msg)) : 0;
         if (used < 0)
             return stoke__fail(STOKE_EINVAL, "source '%s': option '%s': %s", spec, o, msg);
         if (used == 0)
-            return stoke__fail(STOKE_EINVAL, "source '%s': unknown option '%s' (fields=EXT:EXT%s)",
+            return stoke__fail(STOKE_EINVAL,
+                               "source '%s': unknown option '%s' (fields=EXT:EXT, "
+                               "ragged=EXT:EXT, packed=EXT:EXT%s)",
                                spec, o,
                                hk ? ", or an image option"
                                   : "; image options need the images module, not in this build");
@@ -503,6 +537,8 @@ static int tar_open(const char *spec, const char *args, stoke__tar_ds *t, scan *
                              "module (field '%s'; not in this build)",
                              spec, t->f[k].ext);
     }
+    for (int rg = 0; !rc && rg < 2; rg++)
+        rc = mark_ragged(spec, t, rg);
     if (!rc)
         rc = build_index(spec, t, sc);
     for (int k = 0; !rc && k < t->nf; k++)
@@ -538,7 +574,7 @@ int stoke_tar_open(const char *args, stoke_dataset *out)
     stoke__strlcpy(out->name, spec, sizeof(out->name));
     out->user = t;
     out->nfields = t->nf;
-    memcpy(out->fields, t->fields, sizeof(t->fields));
+    out->fields = t->fields;
     out->length = tar_length;
     out->get = tar_get;
     out->set_epoch = stoke__tar_set_epoch; /* .jpg fields' train crops depend on the epoch */

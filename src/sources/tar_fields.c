@@ -32,9 +32,9 @@ static int img_parse(void *o, const char *key, const char *val, char *msg, size_
 {
     return stoke__image_parse_opt(o, key, val, msg, msg_len);
 }
-static int img_field(const void *o, stoke_field *f)
+static int img_field(const void *o, stoke_field *f, int64_t shape[3])
 {
-    return stoke__image_field(o, f);
+    return stoke__image_field(o, f, shape);
 }
 static int img_decode(const void *o, const void *jpeg, size_t len, uint64_t epoch, uint64_t index,
                       void *dst, char *msg, size_t msg_len)
@@ -257,8 +257,8 @@ static int read_image(const stoke__tar_ds *t, uint64_t i, int k, const stoke__ta
     return rc;
 }
 
-int stoke__tar_read_field(const stoke__tar_ds *t, uint64_t i, int k, void *dst, char *msg,
-                          size_t msg_len)
+int stoke__tar_read_field(const stoke__tar_ds *t, uint64_t i, int k, void *dst, int64_t *len,
+                          char *msg, size_t msg_len)
 {
     const stoke__tar_loc *L = &t->loc[i * (uint64_t)t->nf + (uint64_t)k];
     if (L->off == UINT64_MAX)
@@ -269,6 +269,11 @@ int stoke__tar_read_field(const stoke__tar_ds *t, uint64_t i, int k, void *dst, 
     case STOKE__TAR_NPY: return read_npy(t, i, k, L, dst, msg, msg_len);
     case STOKE__TAR_IMAGE: return read_image(t, i, k, L, dst, msg, msg_len);
     default: break;
+    }
+    if (t->f[k].ragged) { /* at most max_len, the largest member (the index's) */
+        *len = (int64_t)L->size;
+        int e = pread_exact(t->shards[t->shard_of[i]].fd, dst, (size_t)L->size, L->off);
+        return e ? read_fail(t, i, k, e, msg, msg_len) : STOKE_OK;
     }
     if (L->size != t->fields[k].bytes)
         return field_fail(t, i, k, msg, msg_len, STOKE_EFORMAT,
@@ -284,6 +289,7 @@ int stoke__tar_describe_field(stoke__tar_ds *t, int k, const char *spec)
     stoke_field *f = &t->fields[k];
     memset(f, 0, sizeof(*f));
     stoke__strlcpy(f->name, t->f[k].ext, sizeof(f->name));
+    f->shape = t->shapes[k];
     uint64_t first = UINT64_MAX;
     for (uint64_t i = 0; i < t->n && first == UINT64_MAX; i++)
         if (t->loc[i * (uint64_t)t->nf + (uint64_t)k].off != UINT64_MAX)
@@ -303,15 +309,10 @@ int stoke__tar_describe_field(stoke__tar_ds *t, int k, const char *spec)
         int rc = npy_header(t, first, k, L, &h, msg, sizeof(msg));
         if (rc)
             return stoke__fail(rc, "source '%s': %s", spec, msg);
-        if (h.ndim > STOKE_MAX_DIMS)
-            return stoke__fail(STOKE_ELIMIT,
-                               "source '%s': .npy field '%s' has %d dimensions "
-                               "(at most %d)",
-                               spec, t->f[k].ext, h.ndim, STOKE_MAX_DIMS);
         f->dtype = h.dtype;
         f->itemsize = h.itemsize;
         f->ndim = h.ndim;
-        memcpy(f->shape, h.shape, sizeof(int64_t) * (size_t)h.ndim);
+        memcpy(t->shapes[k], h.shape, sizeof(int64_t) * (size_t)h.ndim);
         stoke__strlcpy(t->f[k].npy_descr, h.descr, sizeof(t->f[k].npy_descr));
         break;
     }
@@ -322,7 +323,7 @@ int stoke__tar_describe_field(stoke__tar_ds *t, int k, const char *spec)
                                "source '%s': tar: .jpg fields need the images "
                                "module (field '%s'; not in this build)",
                                spec, t->f[k].ext);
-        int rc = hk->field(t->image_opts, f);
+        int rc = hk->field(t->image_opts, f, t->shapes[k]);
         if (rc)
             return stoke__fail(rc, "source '%s': image field '%s': %s", spec, t->f[k].ext,
                                stoke_last_error());
@@ -334,7 +335,18 @@ int stoke__tar_describe_field(stoke__tar_ds *t, int k, const char *spec)
             return stoke__fail(STOKE_ELIMIT, "source '%s': member too large", spec);
         f->dtype = STOKE_DTYPE_U8;
         f->ndim = 1;
-        f->shape[0] = (int64_t)L->size;
+        t->shapes[k][0] = (int64_t)L->size;
+        if (t->f[k].ragged) { /* as long as the longest member */
+            uint64_t most = 1;
+            for (uint64_t i = 0; i < t->n; i++) {
+                const stoke__tar_loc *M = &t->loc[i * (uint64_t)t->nf + (uint64_t)k];
+                if (M->off != UINT64_MAX && M->size > most)
+                    most = M->size;
+            }
+            t->shapes[k][0] = STOKE_DIM_VAR;
+            f->max_len = (int64_t)most;
+            f->collate = t->f[k].ragged - 1;
+        }
         break;
     }
     int rc = stoke_field_finish(f);

@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "sources/npy_header.h"
 #include "stoke/dataset.h"
 
 /* How a field's member turns into the sample's bytes. */
@@ -26,7 +27,7 @@ typedef struct stoke__tar_image_hook {
     /* 1: consumed; 0: not an image option; < 0: an error (msg set). */
     int (*parse_opt)(void *opts, const char *key, const char *val, char *msg, size_t msg_len);
     /* Describes the decoded field (name is set by the caller afterwards). */
-    int (*field)(const void *opts, stoke_field *f);
+    int (*field)(const void *opts, stoke_field *f, int64_t shape[3]);
     int (*decode)(const void *opts, const void *jpeg, size_t len, uint64_t epoch, uint64_t index,
                   void *dst, char *msg, size_t msg_len);
 } stoke__tar_image_hook;
@@ -46,8 +47,12 @@ typedef struct stoke__tar_loc {
 typedef struct stoke__tar_field {
     char ext[64];
     int kind;
+    int ragged; /* RAW: 0 one size, else 1 + stoke_collate (ragged= / packed= options) */
     char npy_descr[32];
 } stoke__tar_field;
+
+/* The most fields a tar source has (fields= or the first sample's members). */
+#define STOKE__TAR_MAX_FIELDS 64
 
 typedef struct stoke__tar_shard {
     char *path;
@@ -59,8 +64,10 @@ typedef struct stoke__tar_ds {
     int nshards;
     stoke__tar_shard *shards;
     int nf;
-    stoke__tar_field f[STOKE_MAX_FIELDS];
-    stoke_field fields[STOKE_MAX_FIELDS];
+    stoke__tar_field f[STOKE__TAR_MAX_FIELDS];
+    stoke_field fields[STOKE__TAR_MAX_FIELDS];
+    int64_t shapes[STOKE__TAR_MAX_FIELDS][STOKE__NPY_MAX_NDIM]; /* fields[k].shape */
+    char *ragged_opt[2];    /* the ragged= and packed= lists, until the fields are known */
     uint64_t n;             /* samples */
     uint32_t *shard_of;     /* n */
     uint64_t *key_at;       /* n: offset of the sample's key in keys */
@@ -70,10 +77,11 @@ typedef struct stoke__tar_ds {
     _Atomic uint64_t epoch; /* for the image hook's random choices */
 } stoke__tar_ds;
 
-/* Reads field k of sample i into dst (fields[k].bytes).  Returns STOKE_OK, or the error with
- * msg "tar SHARD@OFFSET: sample 'KEY' field 'EXT': reason". */
-int stoke__tar_read_field(const stoke__tar_ds *t, uint64_t i, int k, void *dst, char *msg,
-                          size_t msg_len);
+/* Reads field k of sample i into dst (fields[k].bytes; a ragged field: the member, its size
+ * into *len).  Returns STOKE_OK, or the error with msg "tar SHARD@OFFSET: sample 'KEY' field
+ * 'EXT': reason". */
+int stoke__tar_read_field(const stoke__tar_ds *t, uint64_t i, int k, void *dst, int64_t *len,
+                          char *msg, size_t msg_len);
 /* Fills t->fields[k] from the first sample that has field k (reading its member for NPY). */
 int stoke__tar_describe_field(stoke__tar_ds *t, int k, const char *spec);
 /* The dataset's set_epoch (for the image hook's augmentation): stores the epoch. */

@@ -5,6 +5,8 @@
 #include <dlfcn.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -302,7 +304,8 @@ int tu_exit_status(int failed)
         return 1;
     if (tu_nskipped) {
         print_message("[  SKIPPED ] %d test(s) skipped a check: reported to CTest as skipped "
-                      "(exit %d), not passed\n", tu_nskipped, TU_SKIP_EXIT);
+                      "(exit %d), not passed\n",
+                      tu_nskipped, TU_SKIP_EXIT);
         return TU_SKIP_EXIT;
     }
     return 0;
@@ -439,4 +442,45 @@ int tu_count_unix_names(const char *what)
         n += strstr(line, what) != NULL;
     fclose(f);
     return n;
+}
+
+/* ---- test datasets' fields ---------------------------------------------------------------- */
+
+#define TU_POOL 512
+static stoke_field tu_pool[TU_POOL][TU_FIELDS];
+static int64_t tu_pool_shapes[TU_POOL][TU_FIELDS][TU_DIMS];
+static atomic_int tu_pool_used;
+
+stoke_field *tu_fields_of(stoke_dataset *ds)
+{
+    uintptr_t f = (uintptr_t)ds->fields, p0 = (uintptr_t)tu_pool;
+    if (f >= p0 && f - p0 < sizeof(tu_pool))
+        return (stoke_field *)f;
+    int e = atomic_fetch_add(&tu_pool_used, 1);
+    if (e >= TU_POOL) {
+        fprintf(stderr, "testutil: more than %d test datasets' fields\n", TU_POOL);
+        abort();
+    }
+    for (int k = 0; k < TU_FIELDS; k++) {
+        memset(&tu_pool[e][k], 0, sizeof(tu_pool[e][k]));
+        tu_pool[e][k].shape = tu_pool_shapes[e][k];
+    }
+    ds->fields = tu_pool[e];
+    return tu_pool[e];
+}
+
+int tu_read_batch(stoke_dataset *ds, const uint64_t *idx, size_t n, void *const base[], int worker,
+                  char *msg, size_t msg_len, uint64_t *err_index)
+{
+    int nf = ds->nfields;
+    void **dst = calloc(n * (size_t)nf + 1, sizeof(*dst));
+    if (!dst)
+        abort();
+    for (size_t j = 0; j < n; j++)
+        for (int f = 0; f < nf; f++)
+            dst[j * (size_t)nf + (size_t)f] =
+                base[f] ? (unsigned char *)base[f] + j * ds->fields[f].bytes : NULL;
+    int rc = ds->read(ds->user, idx, n, dst, NULL, worker, msg, msg_len, err_index);
+    free(dst);
+    return rc;
 }

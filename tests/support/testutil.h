@@ -37,7 +37,6 @@ void tu_use_simdev(void);
 /* No accelerator: no plugin, no explicit choice. */
 void tu_use_none(void);
 
-
 /* "Every sample exactly once": a bitmap over the indices [0, n).  Consumer thread only. */
 typedef struct tu_seen {
     uint64_t n, count;
@@ -58,8 +57,8 @@ struct stoke_simdev_counters tu_simdev_counters(void);
  * of "" unsets NAME), captures stdout and stderr (NUL-terminated, truncated to the buffers) and
  * returns the exit status (128+signal if killed, -1 if it could not run).  `env` may be NULL;
  * `err` may be NULL. */
-int tu_run(const char *const argv[], const char *const env[], char *out, size_t out_len,
-           char *err, size_t err_len);
+int tu_run(const char *const argv[], const char *const env[], char *out, size_t out_len, char *err,
+           size_t err_len);
 /* The built `stoke` CLI (STOKE_CLI). */
 const char *tu_cli_path(void);
 /* Runs the built CLI as tu_run does, with the arguments `cmd` (none when NULL) and then `args`
@@ -111,5 +110,21 @@ int tu_evict(const char *path);
 int tu_count_fds_to(const char *what);
 /* Lines of /proc/net/unix (bound Unix socket names of any process) that contain `what`. */
 int tu_count_unix_names(const char *what);
+
+/* Test datasets describe their fields through a pool of mutable field arrays, each field with
+ * room for TU_DIMS dimensions (the loader copies them at create).  TU_F(ds): ds's fields,
+ * taking a zeroed array of TU_FIELDS from the pool the first time (ds->fields NULL or not from
+ * the pool), each field's shape pointing at its own row; TU_SHAPE(ds, f): field f's shape,
+ * writable.  The pool is per test process; running out fails the test. */
+#define TU_FIELDS 72
+#define TU_DIMS   8
+struct stoke_dataset;
+struct stoke_field *tu_fields_of(struct stoke_dataset *ds);
+#define TU_F(ds)        tu_fields_of(ds)
+#define TU_SHAPE(ds, f) ((int64_t *)(void *)TU_F(ds)[f].shape)
+/* ds->read of one batch: field f of sample j at base[f] + j * fields[f].bytes (NULL: skipped),
+ * as the loader lays a batch out. */
+int tu_read_batch(struct stoke_dataset *ds, const uint64_t *idx, size_t n, void *const base[],
+                  int worker, char *msg, size_t msg_len, uint64_t *err_index);
 
 #endif
