@@ -1,0 +1,583 @@
+/* Dataset interface v1 through the loader: ragged fields (padded and packed; lengths, offsets,
+ * pad values, multiple_of, truncation, empty samples) with 0/1/2 worker threads, process
+ * workers, read() and device copies; 64 fields; the size tag; the fork hooks' order. */
+#define _GNU_SOURCE
+#include "testutil.h"
+
+#include <inttypes.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "stoke/stoke.h"
+
+/* ---- the reference dataset ----------------------------------------------------------------
+ * Sample i: "tok" i32[VAR], tok_len(i) values i * 1000 + k; "box" f32[VAR, 3], box_len(i)
+ * rows, element (k, c) = i + k / 2 + c / 4; "label" i64 = i. */
+
+enum { RN = 97 };
+
+static int64_t tok_len(uint64_t i)
+{
+    return (int64_t)((i * 7) % 13); /* 0 (empty) .. 12 */
+}
+
+static int64_t box_len(uint64_t i)
+{
+    return (int64_t)(i % 4);
+}
+
+static float box_val(uint64_t i, int64_t k, int c)
+{
+    return (float)i + (float)k * 0.5f + (float)c * 0.25f;
+}
+
+typedef struct rds {
+    atomic_int gets, reads;
+    int fail_long; /* get() of a sample longer than this: fails with STOKE_EDATA (0: never) */
+} rds;
+
+static uint64_t r_length(void *user)
+{
+    (void)user;
+    return RN;
+}
+
+/* Writes what the slot has room for (lens[f] on entry), reports the true lengths. */
+static int r_get(void *user, uint64_t index, void *const dst[], int64_t lens[], int worker,
+                 char *msg, size_t msg_len)
+{
+    rds *r = user;
+    (void)worker;
+    atomic_fetch_add(&r->gets, 1);
+    if (r->fail_long && tok_len(index) > r->fail_long) {
+        snprintf(msg, msg_len, "sample %" PRIu64 " is too long for this test", index);
+        return STOKE_EDATA;
+    }
+    int64_t n = tok_len(index), room = lens[0];
+    int32_t *t = dst[0];
+    for (int64_t k = 0; k < n && k < room; k++)
+        t[k] = (int32_t)(index * 1000 + (uint64_t)k);
+    lens[0] = n;
+    int64_t m = box_len(index);
+    float *b = dst[1];
+    for (int64_t k = 0; k < m && k < lens[1]; k++)
+        for (int c = 0; c < 3; c++)
+            b[k * 3 + c] = box_val(index, k, c);
+    lens[1] = m;
+    int64_t label = (int64_t)index;
+    memcpy(dst[2], &label, sizeof(label));
+    return STOKE_OK;
+}
+
+/* read(): get() per sample, with the lengths at len[j * 3 + f]. */
+static int r_read(void *user, const uint64_t *idx, size_t count, void *const dst[],
+                  int64_t lens[], int worker, char *msg, size_t msg_len, uint64_t *err_index)
+{
+    rds *r = user;
+    atomic_fetch_add(&r->reads, 1);
+    for (size_t j = 0; j < count; j++) {
+        int rc = r_get(user, idx[j], &dst[j * 3], &lens[j * 3], worker, msg, msg_len);
+        if (rc != STOKE_OK) {
+            *err_index = idx[j];
+            return rc;
+        }
+    }
+    return STOKE_OK;
+}
+
+static void r_make(rds *r, stoke_dataset *ds, int tok_collate, int64_t tok_max, int truncate)
+{
+    memset(r, 0, sizeof(*r));
+    stoke_dataset_init(ds);
+    ds->kind = STOKE_DATASET_MAP;
+    snprintf(ds->name, sizeof(ds->name), "ragged");
+    ds->user = r;
+    ds->nfields = 3;
+    stoke_field *f = TU_F(ds);
+    snprintf(f[0].name, sizeof(f[0].name), "tok");
+    f[0].dtype = STOKE_DTYPE_I32;
+    f[0].ndim = 1;
+    TU_SHAPE(ds, 0)[0] = STOKE_DIM_VAR;
+    f[0].max_len = tok_max;
+    f[0].collate = tok_collate;
+    f[0].truncate = truncate;
+    f[0].multiple_of = 4;
+    f[0].pad_value = -1;
+    snprintf(f[1].name, sizeof(f[1].name), "box");
+    f[1].dtype = STOKE_DTYPE_F32;
+    f[1].ndim = 2;
+    TU_SHAPE(ds, 1)[0] = STOKE_DIM_VAR;
+    TU_SHAPE(ds, 1)[1] = 3;
+    f[1].max_len = 3;
+    f[1].collate = STOKE_COLLATE_PACK;
+    snprintf(f[2].name, sizeof(f[2].name), "label");
+    f[2].dtype = STOKE_DTYPE_I64;
+    ds->length = r_length;
+    ds->get = r_get;
+}
+
+/* Checks batch b against the reference: tok collated as `collate` (max_len tok_max, truncation
+ * as given), box packed, label.  data: the fields' bytes (host, or read back from the device);
+ * NULL to take them from the batch.  Marks the indices seen. */
+static void check_batch(stoke_batch *b, int collate, int64_t tok_max, void *const data[3],
+                        unsigned char *seen)
+{
+    size_t n = stoke_batch_count(b);
+    const uint64_t *idx = stoke_batch_indices(b);
+    const int32_t *tok = data ? data[0] : stoke_batch_data(b, 0);
+    const float *box = data ? data[1] : stoke_batch_data(b, 1);
+    const int64_t *label = data ? data[2] : stoke_batch_data(b, 2);
+    const int64_t *tl = stoke_batch_lengths(b, 0), *bl = stoke_batch_lengths(b, 1);
+    const int64_t *toff = stoke_batch_offsets(b, 0), *boff = stoke_batch_offsets(b, 1);
+    assert_non_null(tl);
+    assert_non_null(bl);
+    assert_non_null(boff);
+    assert_null(stoke_batch_lengths(b, 2));
+    assert_null(stoke_batch_offsets(b, 2));
+    int64_t shape[4];
+    int nd = 0;
+    /* tok */
+    int64_t longest = 0, total = 0;
+    for (size_t j = 0; j < n; j++) {
+        int64_t want = tok_len(idx[j]) < tok_max ? tok_len(idx[j]) : tok_max;
+        assert_int_equal(tl[j], want);
+        longest = want > longest ? want : longest;
+        total += want;
+    }
+    assert_int_equal(stoke_batch_shape(b, 0, shape, 4, &nd), STOKE_OK);
+    if (collate == STOKE_COLLATE_PAD) {
+        assert_null(toff);
+        int64_t L = (longest + 3) / 4 * 4;
+        L = L < tok_max ? L : tok_max;
+        assert_int_equal(nd, 2);
+        assert_int_equal(shape[0], (int64_t)n);
+        assert_int_equal(shape[1], L);
+        assert_int_equal(stoke_batch_field_bytes(b, 0), n * (size_t)L * 4);
+        for (size_t j = 0; j < n; j++)
+            for (int64_t k = 0; k < L; k++)
+                assert_int_equal(tok[j * (size_t)L + (size_t)k],
+                                 k < tl[j] ? (int32_t)(idx[j] * 1000 + (uint64_t)k) : -1);
+    } else {
+        assert_non_null(toff);
+        assert_int_equal(nd, 1);
+        assert_int_equal(shape[0], total);
+        assert_int_equal(toff[0], 0);
+        for (size_t j = 0; j < n; j++) {
+            assert_int_equal(toff[j + 1] - toff[j], tl[j]);
+            for (int64_t k = 0; k < tl[j]; k++)
+                assert_int_equal(tok[toff[j] + k], (int32_t)(idx[j] * 1000 + (uint64_t)k));
+        }
+        assert_int_equal(stoke_batch_field_bytes(b, 0), (size_t)total * 4);
+    }
+    /* box: packed rows of 3 */
+    assert_int_equal(stoke_batch_shape(b, 1, shape, 4, &nd), STOKE_OK);
+    assert_int_equal(nd, 2);
+    assert_int_equal(shape[0], boff[n]);
+    assert_int_equal(shape[1], 3);
+    assert_int_equal(boff[0], 0);
+    for (size_t j = 0; j < n; j++) {
+        assert_int_equal(bl[j], box_len(idx[j]));
+        assert_int_equal(boff[j + 1] - boff[j], bl[j]);
+        for (int64_t k = 0; k < bl[j]; k++)
+            for (int c = 0; c < 3; c++)
+                assert_true(box[(boff[j] + k) * 3 + c] == box_val(idx[j], k, c));
+        assert_int_equal(label[j], (int64_t)idx[j]);
+        if (seen) {
+            assert_int_equal(seen[idx[j]], 0);
+            seen[idx[j]] = 1;
+        }
+    }
+}
+
+static stoke_loader_opts r_opts(int workers, int mode)
+{
+    stoke_loader_opts o;
+    stoke_loader_opts_init(&o);
+    o.batch_size = 5;
+    o.num_workers = workers;
+    o.worker_mode = mode;
+    o.shuffle = 1;
+    o.seed = 11;
+    o.pin_memory = 0;
+    return o;
+}
+
+/* An epoch of every mode and both collations, through get() and read(): every sample once,
+ * each batch's bytes, lengths and offsets as the reference says; two epochs. */
+static void test_ragged_modes(void **state)
+{
+    (void)state;
+    static const struct {
+        int workers, mode;
+    } modes[] = {{0, STOKE_WORKER_THREADS},
+                 {1, STOKE_WORKER_THREADS},
+                 {2, STOKE_WORKER_THREADS},
+                 {2, STOKE_WORKER_PROCESSES}};
+    for (size_t m = 0; m < sizeof(modes) / sizeof(modes[0]); m++)
+        for (int collate = 0; collate < 2; collate++)
+            for (int with_read = 0; with_read < 2; with_read++) {
+                rds r;
+                stoke_dataset ds;
+                r_make(&r, &ds, collate, 16, 0);
+                if (with_read)
+                    ds.read = r_read;
+                stoke_loader_opts o = r_opts(modes[m].workers, modes[m].mode);
+                stoke_loader *l;
+                assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+                for (int e = 0; e < 2; e++) {
+                    unsigned char seen[RN] = {0};
+                    stoke_batch *b;
+                    int rc;
+                    size_t got = 0;
+                    while ((rc = stoke_loader_next(l, &b)) == STOKE_OK) {
+                        check_batch(b, collate, 16, NULL, seen);
+                        got += stoke_batch_count(b);
+                        stoke_batch_release(b);
+                    }
+                    assert_int_equal(rc, STOKE_EEND);
+                    assert_int_equal(got, RN);
+                    assert_int_equal(stoke_loader_next_epoch(l), STOKE_OK);
+                }
+                stoke_loader_destroy(l);
+                if (with_read && modes[m].mode == STOKE_WORKER_THREADS)
+                    assert_true(atomic_load(&r.reads) > 0);
+            }
+}
+
+/* max_len 8: with truncate the lengths are cut at 8; without, a longer sample is a bad sample
+ * (STOKE_ELIMIT naming the field), skipped under on_error=skip. */
+static void test_ragged_truncation(void **state)
+{
+    (void)state;
+    for (int collate = 0; collate < 2; collate++) {
+        rds r;
+        stoke_dataset ds;
+        r_make(&r, &ds, collate, 8, 1);
+        stoke_loader_opts o = r_opts(2, STOKE_WORKER_THREADS);
+        stoke_loader *l;
+        assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+        unsigned char seen[RN] = {0};
+        stoke_batch *b;
+        size_t got = 0;
+        while (stoke_loader_next(l, &b) == STOKE_OK) {
+            check_batch(b, collate, 8, NULL, seen);
+            got += stoke_batch_count(b);
+            stoke_batch_release(b);
+        }
+        assert_int_equal(got, RN);
+        stoke_loader_destroy(l);
+    }
+    /* no truncate: the first long sample fails the epoch, naming the field */
+    rds r;
+    stoke_dataset ds;
+    r_make(&r, &ds, STOKE_COLLATE_PAD, 8, 0);
+    stoke_loader_opts o = r_opts(0, STOKE_WORKER_THREADS);
+    o.shuffle = 0;
+    stoke_loader *l;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    stoke_batch *b;
+    int rc;
+    while ((rc = stoke_loader_next(l, &b)) == STOKE_OK)
+        stoke_batch_release(b);
+    assert_int_equal(rc, STOKE_ELIMIT);
+    /* sample 4 is the first with tok_len 28 % 13 = 2... the first over 8: i = 3 (21 % 13 = 8
+     * is not over), i = 5 (35 % 13 = 9) */
+    assert_non_null(strstr(stoke_loader_last_error(l), "sample 5 "));
+    assert_non_null(strstr(stoke_loader_last_error(l), "field 'tok': 9 units, more than"));
+    stoke_loader_destroy(l);
+    /* on_error=skip: exactly the samples of length <= 8 arrive */
+    assert_int_equal(stoke_on_error_parse("skip", &o), STOKE_OK);
+    o.num_workers = 2;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    size_t got = 0, want = 0;
+    for (uint64_t i = 0; i < RN; i++)
+        want += tok_len(i) <= 8;
+    unsigned char seen[RN] = {0};
+    while (stoke_loader_next(l, &b) == STOKE_OK) {
+        check_batch(b, STOKE_COLLATE_PAD, 8, NULL, seen);
+        got += stoke_batch_count(b);
+        stoke_batch_release(b);
+    }
+    assert_int_equal(got, want);
+    stoke_loader_stats st = {.size = sizeof(st)};
+    assert_int_equal(stoke_loader_get_stats(l, &st), STOKE_OK);
+    assert_int_equal(st.skipped_samples, RN - want);
+    stoke_loader_destroy(l);
+}
+
+/* Device copies (simdev): each field's collated bytes read back from the device; the lengths
+ * and offsets stay readable on the host after the staging slot went back to the pool. */
+static void test_ragged_device(void **state)
+{
+    (void)state;
+    tu_use_simdev();
+    for (int collate = 0; collate < 2; collate++) {
+        rds r;
+        stoke_dataset ds;
+        r_make(&r, &ds, collate, 16, 0);
+        stoke_loader_opts o = r_opts(2, STOKE_WORKER_THREADS);
+        o.pin_memory = 1;
+        o.device = "simdev";
+        stoke_loader *l;
+        assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+        static unsigned char buf[3][8192];
+        void *data[3] = {buf[0], buf[1], buf[2]};
+        unsigned char seen[RN] = {0};
+        stoke_batch *b;
+        size_t got = 0;
+        while (stoke_loader_next(l, &b) == STOKE_OK) {
+            assert_int_equal(stoke_batch_device_wait(b), STOKE_OK);
+            for (int f = 0; f < 3; f++)
+                assert_int_equal(stoke_batch_device_read(b, f, buf[f]), STOKE_OK);
+            check_batch(b, collate, 16, data, seen);
+            got += stoke_batch_count(b);
+            stoke_batch_release(b);
+        }
+        assert_int_equal(got, RN);
+        stoke_loader_destroy(l);
+    }
+    tu_use_none();
+}
+
+/* ---- 64 fields -------------------------------------------------------------------------- */
+
+enum { NF = 64 };
+
+static int f64_get(void *user, uint64_t index, void *const dst[], int64_t lens[], int worker,
+                   char *msg, size_t msg_len)
+{
+    (void)user, (void)lens, (void)worker, (void)msg, (void)msg_len;
+    for (int f = 0; f < NF; f++)
+        for (int k = 0; k <= f; k++)
+            ((unsigned char *)dst[f])[k] = (unsigned char)(index * 3 + (uint64_t)f * 5 + k);
+    return STOKE_OK;
+}
+
+static void test_64_fields(void **state)
+{
+    (void)state;
+    for (int workers = 0; workers <= 2; workers += 2) {
+        stoke_dataset ds;
+        stoke_dataset_init(&ds);
+        ds.kind = STOKE_DATASET_MAP;
+        snprintf(ds.name, sizeof(ds.name), "wide");
+        ds.nfields = NF;
+        for (int f = 0; f < NF; f++) {
+            stoke_field *fd = &TU_F(&ds)[f];
+            snprintf(fd->name, sizeof(fd->name), "f%d", f);
+            fd->dtype = STOKE_DTYPE_U8;
+            fd->ndim = 1;
+            TU_SHAPE(&ds, f)[0] = f + 1;
+        }
+        ds.length = r_length;
+        ds.get = f64_get;
+        stoke_loader_opts o = r_opts(workers, STOKE_WORKER_THREADS);
+        stoke_loader *l;
+        assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+        stoke_batch *b;
+        size_t got = 0;
+        while (stoke_loader_next(l, &b) == STOKE_OK) {
+            assert_int_equal(stoke_batch_num_fields(b), NF);
+            for (int f = 0; f < NF; f++) {
+                const unsigned char *d = stoke_batch_data(b, f);
+                assert_string_equal(stoke_batch_field(b, f)->name, TU_F(&ds)[f].name);
+                assert_int_equal(stoke_batch_field_bytes(b, f),
+                                 stoke_batch_count(b) * (size_t)(f + 1));
+                for (size_t j = 0; j < stoke_batch_count(b); j++)
+                    for (int k = 0; k <= f; k++)
+                        assert_int_equal(d[j * (size_t)(f + 1) + (size_t)k],
+                                         (unsigned char)(stoke_batch_indices(b)[j] * 3 +
+                                                         (uint64_t)f * 5 + (uint64_t)k));
+            }
+            got += stoke_batch_count(b);
+            stoke_batch_release(b);
+        }
+        assert_int_equal(got, RN);
+        stoke_loader_destroy(l);
+    }
+}
+
+/* ---- the size tag and bad fields --------------------------------------------------------- */
+
+static void test_size_tag(void **state)
+{
+    (void)state;
+    rds r;
+    stoke_dataset ds;
+    r_make(&r, &ds, STOKE_COLLATE_PAD, 16, 0);
+    stoke_loader_opts o = r_opts(0, STOKE_WORKER_THREADS);
+    stoke_loader *l = (stoke_loader *)&o; /* set to NULL on failure */
+    ds.size = 0; /* a struct never initialized */
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_EINVAL);
+    assert_null(l);
+    assert_non_null(strstr(stoke_last_error(), "dataset 'ragged' has size 0"));
+    assert_non_null(strstr(stoke_last_error(), "stoke_dataset_init"));
+    ds.size = (uint32_t)sizeof(ds) - 8; /* another header */
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_EINVAL);
+    assert_non_null(strstr(stoke_last_error(), "built against another version"));
+    ds.size = (uint32_t)sizeof(ds);
+    /* a ragged field without max_len, a variable dimension other than the first */
+    TU_F(&ds)[0].max_len = 0;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_EINVAL);
+    assert_non_null(strstr(stoke_last_error(), "needs max_len >= 1"));
+    TU_F(&ds)[0].max_len = 16;
+    TU_SHAPE(&ds, 1)[1] = STOKE_DIM_VAR;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_EINVAL);
+    assert_non_null(strstr(stoke_last_error(), "only the first may vary"));
+    TU_SHAPE(&ds, 1)[1] = 3;
+    ds.nfields = 0;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_EINVAL);
+    ds.nfields = 3;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    stoke_loader_destroy(l);
+}
+
+/* ---- fork hooks ---------------------------------------------------------------------------
+ * Every call is logged in shared memory with its process: prepare and parent in the process
+ * that forks (the caller's at create: the zygote; the zygote: each worker), child first thing
+ * in the new process (-1 in the zygote, the worker id in a worker). */
+
+enum { EV_PREPARE = 1, EV_PARENT, EV_CHILD, EV_GET };
+typedef struct fk_ev {
+    int kind, pid, ppid, worker;
+} fk_ev;
+typedef struct fk_log {
+    atomic_int n;
+    fk_ev ev[4096];
+} fk_log;
+static fk_log *g_fk;
+
+static void fk_add(int kind, int worker)
+{
+    int i = atomic_fetch_add(&g_fk->n, 1);
+    if (i < 4096)
+        g_fk->ev[i] = (fk_ev){kind, (int)getpid(), (int)getppid(), worker};
+}
+static void fk_prepare(void *user)
+{
+    (void)user;
+    fk_add(EV_PREPARE, 0);
+}
+static void fk_parent(void *user)
+{
+    (void)user;
+    fk_add(EV_PARENT, 0);
+}
+static void fk_child(void *user, int worker)
+{
+    (void)user;
+    fk_add(EV_CHILD, worker);
+}
+static int fk_get(void *user, uint64_t index, void *const dst[], int64_t lens[], int worker,
+                  char *msg, size_t msg_len)
+{
+    fk_add(EV_GET, worker);
+    return r_get(user, index, dst, lens, worker, msg, msg_len);
+}
+
+static void test_fork_hooks(void **state)
+{
+    (void)state;
+    g_fk = mmap(NULL, sizeof(*g_fk), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    assert_true(g_fk != MAP_FAILED);
+    rds r;
+    stoke_dataset ds;
+    r_make(&r, &ds, STOKE_COLLATE_PACK, 16, 0);
+    ds.get = fk_get;
+    ds.fork_prepare = fk_prepare;
+    ds.fork_parent = fk_parent;
+    ds.fork_child = fk_child;
+    stoke_loader_opts o = r_opts(2, STOKE_WORKER_PROCESSES);
+    stoke_loader *l;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    stoke_batch *b;
+    size_t got = 0;
+    while (stoke_loader_next(l, &b) == STOKE_OK) {
+        check_batch(b, STOKE_COLLATE_PACK, 16, NULL, NULL);
+        got += stoke_batch_count(b);
+        stoke_batch_release(b);
+    }
+    assert_int_equal(got, RN);
+    int w0 = stoke_loader_worker_pid(l, 0), w1 = stoke_loader_worker_pid(l, 1);
+    stoke_loader_destroy(l);
+    int n = atomic_load(&g_fk->n), me = (int)getpid();
+    assert_true(n < 4096);
+    /* the zygote: the caller's prepare, then the zygote's child(-1) and the caller's parent */
+    int zygote = 0, first_child = -1, parent_at = -1;
+    for (int i = 0; i < n; i++) {
+        const fk_ev *e = &g_fk->ev[i];
+        if (e->kind == EV_CHILD && e->worker == -1) {
+            assert_int_equal(e->ppid, me);
+            zygote = e->pid;
+            first_child = i;
+        }
+        if (e->kind == EV_PARENT && e->pid == me)
+            parent_at = i;
+    }
+    assert_true(zygote > 0);
+    assert_true(parent_at >= 0);
+    assert_int_equal(g_fk->ev[0].kind, EV_PREPARE);
+    assert_int_equal(g_fk->ev[0].pid, me);
+    assert_true(first_child > 0);
+    /* each worker: the zygote's prepare before the worker's child(w), that before its gets,
+     * and the zygote's parent after its prepare */
+    int workers[2] = {w0, w1};
+    for (int w = 0; w < 2; w++) {
+        assert_true(workers[w] > 0);
+        int child_at = -1, first_get = -1;
+        for (int i = 0; i < n; i++) {
+            const fk_ev *e = &g_fk->ev[i];
+            if (e->pid != workers[w])
+                continue;
+            if (e->kind == EV_CHILD) {
+                assert_int_equal(child_at, -1); /* once */
+                assert_int_equal(e->worker, w);
+                assert_int_equal(e->ppid, zygote);
+                child_at = i;
+            }
+            if (e->kind == EV_GET && first_get < 0)
+                first_get = i;
+            assert_true(e->kind == EV_CHILD || e->kind == EV_GET);
+        }
+        assert_true(child_at >= 0);
+        assert_true(first_get < 0 || first_get > child_at);
+        int prep = -1;
+        for (int i = 0; i < child_at; i++)
+            if (g_fk->ev[i].kind == EV_PREPARE && g_fk->ev[i].pid == zygote)
+                prep = i;
+        assert_true(prep >= 0);
+    }
+    /* the caller made no get (every sample in a worker process) */
+    for (int i = 0; i < n; i++)
+        assert_false(g_fk->ev[i].kind == EV_GET && g_fk->ev[i].pid == me);
+    /* prepare and parent pair up in each forking process */
+    int pairs[2] = {0, 0}; /* caller, zygote */
+    for (int i = 0; i < n; i++) {
+        const fk_ev *e = &g_fk->ev[i];
+        int who = e->pid == me ? 0 : e->pid == zygote ? 1 : -1;
+        if (who >= 0 && e->kind == EV_PREPARE)
+            pairs[who]++;
+        if (who >= 0 && e->kind == EV_PARENT)
+            pairs[who]--;
+    }
+    assert_int_equal(pairs[0], 0);
+    assert_int_equal(pairs[1], 0);
+    munmap(g_fk, sizeof(*g_fk));
+    g_fk = NULL;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ragged_modes),  cmocka_unit_test(test_ragged_truncation),
+        cmocka_unit_test(test_ragged_device), cmocka_unit_test(test_64_fields),
+        cmocka_unit_test(test_size_tag),      cmocka_unit_test(test_fork_hooks),
+    };
+    return tu_exit_status(cmocka_run_group_tests(tests, NULL, NULL));
+}
