@@ -5,9 +5,9 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
-#include <time.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "common/internal.h"
 #include "stoke/backend.h"
@@ -422,7 +422,7 @@ uintptr_t stoke__loader_me(void);
 #define STOKE__LOADER_ASSERT(cond)                                                                 \
     ((cond) ? (void)0 : stoke__loader_check_failed(__FILE__, __LINE__, #cond))
 #define STOKE__LOADER_ASSERT_MU(l)                                                                 \
-    STOKE__LOADER_ASSERT(atomic_load_explicit(&(l)->mu_owner, memory_order_relaxed) ==           \
+    STOKE__LOADER_ASSERT(atomic_load_explicit(&(l)->mu_owner, memory_order_relaxed) ==             \
                          stoke__loader_me())
 #else
 #define STOKE__LOADER_ASSERT(cond) ((void)0)
