@@ -62,6 +62,8 @@ uint64_t stoke__hist_quantile(const stoke__hist *h, double q);
  *   (device.h objects are not locked).  Never taken while holding `mu`... except never: the two
  *   are never held together.
  * - The consumer thread alone calls next/set_epoch/restore; batches are released from any thread.
+ * - `mu` is taken, released and waited on only through stoke__loader_lock / _unlock / _wait
+ *   (below), where the lifecycle check runs in builds that have it.
  */
 
 enum { STOKE__ALLOC_PAGEABLE = 0, STOKE__ALLOC_POOL = 1, STOKE__ALLOC_BACKEND = 2, STOKE__ALLOC_ARENA = 3 };
