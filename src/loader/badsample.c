@@ -233,11 +233,11 @@ int stoke_loader_quarantine(const stoke_loader *l, size_t i, stoke_bad_sample *o
     stoke_loader *m = (stoke_loader *)l;
     if (stoke__loader_foreign(l)) /* before mu: a fork's copy may hold it locked */
         return stoke__loader_forked_fail(m);
-    pthread_mutex_lock(&m->mu);
+    stoke__loader_lock(m);
     size_t n = m->nquar;
     if (i < n)
         *out = m->quar[i];
-    pthread_mutex_unlock(&m->mu);
+    stoke__loader_unlock(m);
     if (i >= n)
         return stoke__fail(STOKE_ERANGE, "stoke_loader_quarantine: no entry %zu (%zu in all)", i,
                            n);

@@ -212,6 +212,7 @@ void stoke_batch_release(stoke_batch *b)
     if (!b)
         return;
     stoke_loader *l = b->l;
+    stoke__batch_move(b, STOKE__B_HELD, STOKE__B_RELEASED); /* a second release is a bug */
     /* without `mu`: a batch of one small row spent a lock round trip, and two atomics on lines
      * the spinning threads read, on its release (loader_internal.h, `released`) */
     stoke_batch *top = atomic_load_explicit(&l->released, memory_order_relaxed);
@@ -223,14 +224,15 @@ void stoke_batch_release(stoke_batch *b)
         return;
     if (stoke__loader_foreign(l)) /* the sleepers are the creator's; its `mu` maybe held */
         return;
-    pthread_mutex_lock(&l->mu); /* somebody sleeps for lack of free batches */
+    stoke__loader_lock(l); /* somebody sleeps for lack of free batches */
     stoke__loader_reclaim(l);
     stoke__loader_notify(l);
-    pthread_mutex_unlock(&l->mu);
+    stoke__loader_unlock(l);
 }
 
 int stoke__loader_reclaim(stoke_loader *l)
 {
+    STOKE__LOADER_ASSERT_MU(l);
     /* a load first: next() calls this every time, and the stack is often empty (a locked
      * exchange is not free); sequentially consistent, for sleep_begin's side of the pairing */
     if (!atomic_load_explicit(&l->released, memory_order_seq_cst))

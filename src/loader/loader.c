@@ -748,7 +748,9 @@ int stoke_loader_create(const stoke_loader_opts *o, stoke_dataset *ds, stoke_loa
     fill_pools(l);
     l->scatter = l->ds.read && !l->iterable && !l->nragged && !l->device_mode && !l->o.timeout_ms;
     l->seed = l->o.seed;
+    stoke__loader_lock(l); /* (mu) for set_position; no other thread yet, the check runs */
     stoke__loader_set_position(l, l->o.epoch, 0);
+    stoke__loader_unlock(l);
     stoke__log(STOKE_LOG_DEBUG,
                "loader: %s, %" PRIu64 " samples, %" PRIu64 " batches of %zu, %d workers, %d "
                "buffers of %zu bytes for %zu samples (%s)",
@@ -770,9 +772,9 @@ void stoke_loader_destroy(stoke_loader *l)
     stoke__error_save(&saved);
     int forked = stoke__loader_forked(l);
     if (l->sync_ready && !forked) {
-        pthread_mutex_lock(&l->mu);
+        stoke__loader_lock(l);
         stoke__loader_abandon(l);
-        pthread_mutex_unlock(&l->mu);
+        stoke__loader_unlock(l);
         stoke__proc_stopping(l);
         stoke__loader_stop_workers(l);
     }

@@ -7,6 +7,7 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "common/internal.h"
 #include "stoke/backend.h"
@@ -61,6 +62,8 @@ uint64_t stoke__hist_quantile(const stoke__hist *h, double q);
  *   (device.h objects are not locked).  Never taken while holding `mu`... except never: the two
  *   are never held together.
  * - The consumer thread alone calls next/set_epoch/restore; batches are released from any thread.
+ * - `mu` is taken, released and waited on only through stoke__loader_lock / _unlock / _wait
+ *   (below), where the lifecycle check runs in builds that have it.
  */
 
 enum {
@@ -95,6 +98,41 @@ typedef struct stoke__slot {
 /* Batches of at most this many samples keep their indices in the batch's first cache line. */
 #define STOKE__BATCH_INLINE 2
 
+/* ---- the lifecycle of a batch (docs/loader.md, "Batch lifecycle") ---------------------------
+ *
+ * Every batch is in exactly one state; `state` says which, and the containers and counters of
+ * the loader agree with it (stoke__loader_check, check.c, verifies that at every release of
+ * `mu` in builds with STOKE_CHECK_INVARIANTS).  Calloc'd batches start FREE.
+ *
+ * FREE      In free_v[0 .. nfree).  Owner: the holder of `mu`, which writes nothing in it
+ *           (dispatch writes seq, k, gen, state and, device mode, host as it takes it).
+ * FILLING   In no container; counted in `filling`, and in `outstanding` while b->gen == l->gen
+ *           (an older gen: its run was abandoned, and complete recycles it).  Owner: the
+ *           producing thread (a worker, or the caller's thread), without `mu`: the first line
+ *           but `state`, indices[], offsets[], host->mem, epoch, copied, dev_failed, bad,
+ *           err_index, err_msg.  gen, host, next and state change only under `mu`.
+ * DONE      On the done list or in the ready ring; counted in `outstanding`.  Owner: the holder
+ *           of `mu`: next (the done list), host (complete hands the slot to the copy FIFO),
+ *           status, bad and err_* (stoke__bad_account).
+ * HELD      The caller's (delivered); counted in `held`.  The caller reads it; the loader
+ *           writes only dev_failed, under `mu`.
+ * RELEASED  On the `released` stack; still counted in `held`.  stoke_batch_release writes next
+ *           and state, without `mu`; then nobody until reclaim takes the stack under `mu`.
+ *
+ * Transitions, each under `mu` but HELD -> RELEASED: FREE -> FILLING dispatch; FILLING -> DONE
+ * complete; FILLING -> FREE complete of an abandoned gen or of an ITERABLE share's empty end;
+ * DONE -> HELD next (delivered); DONE -> FREE abandon, a failed batch (batch_error); HELD ->
+ * RELEASED stoke_batch_release (any thread, a lock-free push); RELEASED -> FREE reclaim.  In
+ * device mode a staging slot is in free_s, in the copy FIFO, or a batch's `host` (FILLING; DONE,
+ * HELD, RELEASED when no copy was queued), never two of them. */
+enum stoke__batch_state {
+    STOKE__B_FREE = 0,
+    STOKE__B_FILLING,
+    STOKE__B_DONE,
+    STOKE__B_HELD,
+    STOKE__B_RELEASED
+};
+
 /* Laid out by cache line, each batch on lines of its own (stoke__calloc_lines).  The first
  * line holds everything a batch's producer writes and its consumer reads for every batch
  * (with the indices of a batch of one or two samples): handing over a small batch then moves
@@ -109,8 +147,12 @@ struct stoke_batch {
     uint64_t *indices; /* idx_inline when the buffer holds at most STOKE__BATCH_INLINE */
     int status;        /* of producing it */
     int worker;
-    int pinned;
-    int end; /* ITERABLE: the worker's share ended while filling it */
+    unsigned char pinned;
+    unsigned char end; /* ITERABLE: the worker's share ended while filling it */
+    /* stoke__batch_state (above), set at every transition (stoke__batch_move): on this line,
+     * which dispatch (seq) and the producer write for every batch anyway; atomic (relaxed, a
+     * plain store) because a release stores it without `mu` while the check reads it */
+    _Atomic unsigned char state;
     uint64_t idx_inline[STOKE__BATCH_INLINE];
     /* the second line on */
     stoke_loader *l;
@@ -376,7 +418,101 @@ struct stoke_loader {
     struct stoke__proc *proc; /* worker_mode processes (procworker.c); NULL for threads */
     unsigned fork_gen;        /* stoke__fork_gen() at create */
     int pid;                  /* the process that created it */
+    /* STOKE_CHECK_INVARIANTS: the thread holding `mu` (stoke__loader_me), 0 when none; always
+     * here, so that the layout does not depend on the build (tests read fields of it) */
+    _Atomic uintptr_t mu_owner;
 };
+
+/* ---- `mu`, and the lifecycle check (check.c) -------------------------------------------------
+ *
+ * Every lock, unlock and wait of `mu` in the loader goes through these.  With
+ * STOKE_CHECK_INVARIANTS (Debug builds, CMake option STOKE_CHECK_INVARIANTS; the tests' own
+ * copy of the loader, tests/CMakeLists.txt) they record the holder, so that functions marked
+ * (mu) can assert it, and run stoke__loader_check before every release of `mu` (an unlock or a
+ * wait); STOKE__LOADER_ASSERT logs and aborts.  Without it they are the pthread calls and the
+ * asserts are nothing: no check code on the hot path. */
+#ifdef STOKE_CHECK_INVARIANTS
+/* Aborts, after logging every broken invariant, unless l's batches, containers and counters
+ * agree (the table above struct stoke_batch).  `mu` held. */
+void stoke__loader_check(stoke_loader *l);
+/* Checks run, by every loader of the process (relaxed; tests count them). */
+extern _Atomic uint64_t stoke__loader_checks;
+/* Logs "stoke: loader invariant broken at FILE:LINE: what" to stderr and aborts. */
+_Noreturn void stoke__loader_check_failed(const char *file, int line, const char *what);
+/* A tag of the calling thread, never 0. */
+uintptr_t stoke__loader_me(void);
+#define STOKE__LOADER_ASSERT(cond)                                                                 \
+    ((cond) ? (void)0 : stoke__loader_check_failed(__FILE__, __LINE__, #cond))
+#define STOKE__LOADER_ASSERT_MU(l)                                                                 \
+    STOKE__LOADER_ASSERT(atomic_load_explicit(&(l)->mu_owner, memory_order_relaxed) ==             \
+                         stoke__loader_me())
+#else
+#define STOKE__LOADER_ASSERT(cond) ((void)0)
+#define STOKE__LOADER_ASSERT_MU(l) ((void)0)
+#endif
+
+/* STOKE_TEST_BREAK_TRANSITION (tests/test_lifecycle.c only): while stoke__test_break is set,
+ * delivering a batch skips counting it in `held`, for the check to catch. */
+#ifdef STOKE_TEST_BREAK_TRANSITION
+extern int stoke__test_break;
+#define STOKE__TEST_BROKEN() (stoke__test_break != 0)
+#else
+#define STOKE__TEST_BROKEN() 0
+#endif
+
+static inline void stoke__loader_lock(stoke_loader *l)
+{
+    pthread_mutex_lock(&l->mu);
+#ifdef STOKE_CHECK_INVARIANTS
+    atomic_store_explicit(&l->mu_owner, stoke__loader_me(), memory_order_relaxed);
+#endif
+}
+
+static inline void stoke__loader_unlock(stoke_loader *l)
+{
+#ifdef STOKE_CHECK_INVARIANTS
+    STOKE__LOADER_ASSERT_MU(l);
+    stoke__loader_check(l);
+    atomic_store_explicit(&l->mu_owner, 0, memory_order_relaxed);
+#endif
+    pthread_mutex_unlock(&l->mu);
+}
+
+/* pthread_cond_wait on `mu` (which it releases meanwhile). */
+static inline void stoke__loader_wait(stoke_loader *l, pthread_cond_t *cv)
+{
+#ifdef STOKE_CHECK_INVARIANTS
+    STOKE__LOADER_ASSERT_MU(l);
+    stoke__loader_check(l);
+    atomic_store_explicit(&l->mu_owner, 0, memory_order_relaxed);
+#endif
+    pthread_cond_wait(cv, &l->mu);
+#ifdef STOKE_CHECK_INVARIANTS
+    atomic_store_explicit(&l->mu_owner, stoke__loader_me(), memory_order_relaxed);
+#endif
+}
+
+static inline void stoke__loader_timedwait(stoke_loader *l, pthread_cond_t *cv,
+                                           const struct timespec *until)
+{
+#ifdef STOKE_CHECK_INVARIANTS
+    STOKE__LOADER_ASSERT_MU(l);
+    stoke__loader_check(l);
+    atomic_store_explicit(&l->mu_owner, 0, memory_order_relaxed);
+#endif
+    pthread_cond_timedwait(cv, &l->mu, until);
+#ifdef STOKE_CHECK_INVARIANTS
+    atomic_store_explicit(&l->mu_owner, stoke__loader_me(), memory_order_relaxed);
+#endif
+}
+
+/* A transition of b from state `from` to `to` (the table above struct stoke_batch). */
+static inline void stoke__batch_move(stoke_batch *b, int from, int to)
+{
+    STOKE__LOADER_ASSERT(atomic_load_explicit(&b->state, memory_order_relaxed) == from);
+    (void)from;
+    atomic_store_explicit(&b->state, (unsigned char)to, memory_order_relaxed);
+}
 
 /* loader.c: formats the loader's last error into l->err and sets the thread's last error; returns
  * `code`. */
@@ -399,6 +535,7 @@ int stoke__loader_setup_device(stoke_loader *l);
 int stoke__loader_device_failed(stoke_loader *l, stoke_batch *b, int rc, const char *op,
                                 const char *prep);
 void stoke__loader_copy_batch(stoke_loader *l, stoke_batch *b);
+/* (mu) Gives b, FILLING, DONE or RELEASED, back to the pools (FREE). */
 void stoke__loader_recycle(stoke_loader *l, stoke_batch *b);
 /* (mu) Takes back the batches released since the last call (see `released`); wakes workers
  * when none was free.  Returns how many. */
@@ -408,7 +545,9 @@ int stoke__loader_reclaim(stoke_loader *l);
  * uncounted), else 0: it sleeps, then calls stoke__loader_sleep_done(l, *counted). */
 int stoke__loader_sleep_begin(stoke_loader *l, int *counted);
 void stoke__loader_sleep_done(stoke_loader *l, int counted);
-stoke__slot *stoke__loader_take_slot(stoke_loader *l);
+/* (mu) Device mode: a staging slot into b->host (b FILLING); may drop `mu` to wait for an
+ * old copy, with the slot already b's. */
+void stoke__loader_take_slot(stoke_loader *l, stoke_batch *b);
 
 /* worker.c */
 /* Resets b's production fields (status, count for its seq, worker, flags) before batch b->seq

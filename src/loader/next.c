@@ -19,8 +19,11 @@
 /* (mu) Records a delivered batch. */
 static void delivered(stoke_loader *l, stoke_batch *b)
 {
+    STOKE__LOADER_ASSERT_MU(l);
+    stoke__batch_move(b, STOKE__B_DONE, STOKE__B_HELD);
     l->outstanding--;
-    l->held++;
+    if (!STOKE__TEST_BROKEN()) /* tests/test_lifecycle.c breaks this one */
+        l->held++;
     l->ndelivered++;
     if (l->iterable)
         l->w[b->worker].outstanding--;
@@ -142,27 +145,27 @@ static int timed_out_worker(stoke_loader *l, uint64_t now, uint64_t *deadline)
 static int next_inline(stoke_loader *l, stoke_batch **bp, uint64_t *clock)
 {
     l->caller_ahead.seq_end = l->nbatches; /* the caller's thread makes every batch */
-    pthread_mutex_lock(&l->mu);
+    stoke__loader_lock(l);
     stoke__loader_reclaim(l);
     /* worker_init once, before the first batch, without `mu` (one lock per batch otherwise) */
     if (l->ds.worker_init && !l->caller_inited && !stoke__loader_epoch_over(l)) {
-        pthread_mutex_unlock(&l->mu);
+        stoke__loader_unlock(l);
         int rc = l->ds.worker_init(l->ds.user, 0, 0);
         if (rc != STOKE_OK)
             return stoke__loader_fail(l, rc < 0 ? rc : STOKE_EDATA,
                                       "loader: worker_init failed (%s)", stoke_err_name(rc));
         l->caller_inited = 1;
         *clock = stoke__now_ns(); /* worker_init is not a batch's time */
-        pthread_mutex_lock(&l->mu);
+        stoke__loader_lock(l);
     }
     for (;;) { /* more than once only when an iterable share ends on a batch boundary */
         if (stoke__loader_epoch_over(l)) {
             l->ended = 1;
-            pthread_mutex_unlock(&l->mu);
+            stoke__loader_unlock(l);
             return STOKE_EEND;
         }
         if (!l->nfree && !stoke__loader_reclaim(l)) {
-            pthread_mutex_unlock(&l->mu);
+            stoke__loader_unlock(l);
             return stoke__loader_fail(l, STOKE_ELIMIT,
                                       "loader: all %d batch buffers are held by the caller; "
                                       "release batches",
@@ -170,10 +173,10 @@ static int next_inline(stoke_loader *l, stoke_batch **bp, uint64_t *clock)
         }
         uint64_t gen, seed, epoch;
         stoke_batch *b = stoke__loader_dispatch(l, &l->w[0], &gen, &seed, &epoch);
-        pthread_mutex_unlock(&l->mu);
+        stoke__loader_unlock(l);
         stoke__loader_look_ahead(l, &l->caller_ahead, b->seq + 1, seed, epoch);
         uint64_t busy = stoke__loader_produce(l, b, NULL, 0, seed, epoch, clock);
-        pthread_mutex_lock(&l->mu);
+        stoke__loader_lock(l);
         stoke__loader_complete(l, b, gen, busy);
         *bp = take_done(l); /* the batch just made: nothing else is in flight */
         if (*bp)
@@ -202,7 +205,7 @@ static int wait_status(stoke_loader *l)
 static int wait_done(stoke_loader *l)
 {
     if (!l->o.timeout_ms) {
-        pthread_cond_wait(&l->done_cv, &l->mu);
+        stoke__loader_wait(l, &l->done_cv);
         return STOKE_OK;
     }
     uint64_t now = stoke__now_ns(), deadline;
@@ -223,7 +226,7 @@ static int wait_done(stoke_loader *l)
     struct timespec ts;
     ts.tv_sec = (time_t)(deadline / 1000000000u);
     ts.tv_nsec = (long)(deadline % 1000000000u);
-    pthread_cond_timedwait(&l->done_cv, &l->mu, &ts);
+    stoke__loader_timedwait(l, &l->done_cv, &ts);
     return STOKE_OK;
 }
 
@@ -278,7 +281,7 @@ static void spin_for_event(stoke_loader *l)
         return;
     uint64_t seen = atomic_load_explicit(&l->events, memory_order_relaxed);
     int crowded = l->nact + 1 > l->ncpu;
-    pthread_mutex_unlock(&l->mu);
+    stoke__loader_unlock(l);
     uint64_t t0 = stoke__now_ns();
     for (unsigned i = 1;; i++) {
         stoke__spin_turn(crowded);
@@ -287,7 +290,7 @@ static void spin_for_event(stoke_loader *l)
         if ((i & 31) == 0 && stoke__now_ns() - t0 > budget)
             break;
     }
-    pthread_mutex_lock(&l->mu);
+    stoke__loader_lock(l);
 }
 
 /* Workers: waits for the next deliverable batch.  Returns as next_inline does.  *t0: 0 on
@@ -295,18 +298,18 @@ static void spin_for_event(stoke_loader *l)
  * was ready costs no clock read). */
 static int next_threaded(stoke_loader *l, stoke_batch **bp, uint64_t *t0)
 {
-    pthread_mutex_lock(&l->mu);
+    stoke__loader_lock(l);
     if (l->ended) {
-        pthread_mutex_unlock(&l->mu);
+        stoke__loader_unlock(l);
         return STOKE_EEND;
     }
     int rc;
     if (!l->running) { /* (the caller's own state) starting the workers is waited for */
-        pthread_mutex_unlock(&l->mu);
+        stoke__loader_unlock(l);
         *t0 = stoke__now_ns();
         if ((rc = stoke__loader_start_workers(l)) != STOKE_OK)
             return rc;
-        pthread_mutex_lock(&l->mu);
+        stoke__loader_lock(l);
     }
     stoke__loader_reclaim(l);
     int spun = 0;
@@ -350,7 +353,7 @@ static int next_threaded(stoke_loader *l, stoke_batch **bp, uint64_t *t0)
             break;
         spun = 0;
     }
-    pthread_mutex_unlock(&l->mu);
+    stoke__loader_unlock(l);
     if (rc == STOKE_EEND && !l->o.persistent_workers)
         stoke__loader_stop_workers(l);
     return rc;
@@ -497,7 +500,7 @@ int stoke_loader_next(stoke_loader *l, stoke_batch **out)
     stoke__bad_account(l, b); /* the quarantine; may fail b (past the budget) */
     if (b->status != STOKE_OK) {
         rc = batch_error(l, b);
-        pthread_mutex_unlock(&l->mu);
+        stoke__loader_unlock(l);
         return rc;
     }
     delivered(l, b);
@@ -507,7 +510,7 @@ int stoke_loader_next(stoke_loader *l, stoke_batch **out)
     stoke__hist_add(&l->wait_hist, waited);
     if (l->auto_workers && !l->iterable)
         adapt(l, now, waited);
-    pthread_mutex_unlock(&l->mu);
+    stoke__loader_unlock(l);
     *out = b;
     return STOKE_OK;
 }

@@ -11,6 +11,7 @@
 /* (mu) Abandons the current run: every batch not yet delivered goes back to the pools. */
 void stoke__loader_abandon(stoke_loader *l)
 {
+    STOKE__LOADER_ASSERT_MU(l);
     stoke__loader_reclaim(l);
     l->gen++;
     while (l->done) {
@@ -66,11 +67,11 @@ void stoke__loader_set_position(stoke_loader *l, uint64_t epoch, uint64_t cursor
  * that nothing calls the dataset.  Returns with `mu` held and `quiesce` set. */
 static void quiesce(stoke_loader *l)
 {
-    pthread_mutex_lock(&l->mu);
+    stoke__loader_lock(l);
     l->quiesce = 1;
     stoke__loader_abandon(l);
     while (l->filling > 0)
-        pthread_cond_wait(&l->done_cv, &l->mu);
+        stoke__loader_wait(l, &l->done_cv);
 }
 
 /* Consumer: moves to (seed, epoch, cursor); the dataset's set_epoch is told (an ITERABLE one
@@ -80,7 +81,7 @@ static int reposition(stoke_loader *l, uint64_t seed, uint64_t epoch, uint64_t c
     if (stoke__loader_foreign(l))
         return stoke__loader_forked_fail(l);
     quiesce(l);
-    pthread_mutex_unlock(&l->mu);
+    stoke__loader_unlock(l);
     if (!l->o.persistent_workers) {
         stoke__loader_stop_workers(l);
         l->caller_inited = 0;
@@ -88,12 +89,12 @@ static int reposition(stoke_loader *l, uint64_t seed, uint64_t epoch, uint64_t c
     int rc = STOKE_OK;
     if (l->ds.set_epoch)
         rc = l->ds.set_epoch(l->ds.user, epoch);
-    pthread_mutex_lock(&l->mu);
+    stoke__loader_lock(l);
     l->seed = seed;
     stoke__loader_set_position(l, epoch, cursor);
     l->quiesce = 0;
     pthread_cond_broadcast(&l->work_cv);
-    pthread_mutex_unlock(&l->mu);
+    stoke__loader_unlock(l);
     l->err[0] = '\0';
     if (rc != STOKE_OK)
         return stoke__loader_fail(l, rc < 0 ? rc : STOKE_EDATA,
@@ -109,9 +110,9 @@ int stoke_loader_set_epoch(stoke_loader *l, uint64_t epoch)
         return STOKE_EINVAL;
     if (stoke__loader_foreign(l)) /* before mu: a fork's copy may hold it locked */
         return stoke__loader_forked_fail(l);
-    pthread_mutex_lock(&l->mu);
+    stoke__loader_lock(l);
     uint64_t seed = l->seed;
-    pthread_mutex_unlock(&l->mu);
+    stoke__loader_unlock(l);
     return reposition(l, seed, epoch, 0);
 }
 
@@ -129,9 +130,9 @@ uint64_t stoke_loader_epoch(const stoke_loader *l)
     if (!l)
         return 0;
     stoke_loader *m = (stoke_loader *)l;
-    pthread_mutex_lock(&m->mu);
+    stoke__loader_lock(m);
     uint64_t e = m->epoch;
-    pthread_mutex_unlock(&m->mu);
+    stoke__loader_unlock(m);
     return e;
 }
 
@@ -151,11 +152,11 @@ int stoke_loader_save_state(const stoke_loader *l, stoke_loader_state *out)
     if (stoke__loader_foreign(l)) /* before mu: a fork's copy may hold it locked */
         return stoke__loader_forked_fail(m);
     out->version = STOKE_LOADER_STATE_VERSION;
-    pthread_mutex_lock(&m->mu);
+    stoke__loader_lock(m);
     out->seed = m->seed;
     out->epoch = m->epoch;
     out->cursor = m->prefix;
-    pthread_mutex_unlock(&m->mu);
+    stoke__loader_unlock(m);
     return STOKE_OK;
 }
 
@@ -188,7 +189,7 @@ int stoke_loader_get_stats(const stoke_loader *l, stoke_loader_stats *out)
     stoke_loader_stats s;
     memset(&s, 0, sizeof(s));
     s.size = sizeof(s);
-    pthread_mutex_lock(&m->mu);
+    stoke__loader_lock(m);
     s.samples = m->st_samples;
     s.batches = m->st_batches;
     s.bytes = m->st_bytes;
@@ -209,7 +210,7 @@ int stoke_loader_get_stats(const stoke_loader *l, stoke_loader_stats *out)
     s.workers_changes = m->st_nact_changes;
     s.assisted_batches = m->st_assisted;
     stoke__bad_stats(m, &s);
-    pthread_mutex_unlock(&m->mu);
+    stoke__loader_unlock(m);
     s.buffers = (uint64_t)l->nbuf;
     s.buffer_bytes = l->buf_bytes;
     s.worker_restarts = stoke__proc_restarts(l);

@@ -99,12 +99,12 @@ int stoke__loader_device_failed(stoke_loader *l, stoke_batch *b, int rc, const c
     char what[160], detail[512]; /* the backend's whole reason (an asynchronous copy's, too) */
     stoke__loader_batch_desc(l, b, what, sizeof(what));
     stoke__shorten(detail, sizeof(detail), stoke_last_error());
-    pthread_mutex_lock(&l->mu);
+    stoke__loader_lock(l);
     if (!b->dev_failed) {
         b->dev_failed = 1;
         l->st_derrors++;
     }
-    pthread_mutex_unlock(&l->mu);
+    stoke__loader_unlock(l);
     return stoke__loader_fail(l, rc, "loader: %s %s %s device %s failed: %s (%s)", op, what, prep,
                               l->o.device, detail[0] ? detail : stoke_strerror(rc),
                               stoke_err_name(rc));
@@ -113,6 +113,10 @@ int stoke__loader_device_failed(stoke_loader *l, stoke_batch *b, int rc, const c
 /* (mu) Gives b (and in device mode its slot) back to the pools. */
 void stoke__loader_recycle(stoke_loader *l, stoke_batch *b)
 {
+    STOKE__LOADER_ASSERT_MU(l);
+    int st = atomic_load_explicit(&b->state, memory_order_relaxed);
+    STOKE__LOADER_ASSERT(st == STOKE__B_FILLING || st == STOKE__B_DONE || st == STOKE__B_RELEASED);
+    stoke__batch_move(b, st, STOKE__B_FREE);
     if (l->device_mode && b->host) {
         stoke__slot *s = b->host;
         b->host = NULL;
@@ -131,20 +135,23 @@ void stoke__loader_recycle(stoke_loader *l, stoke_batch *b)
     l->free_v[l->nfree++] = b;
 }
 
-/* (mu) Device mode: a slot for a new batch; may drop `mu` to wait for an old copy. */
-stoke__slot *stoke__loader_take_slot(stoke_loader *l)
+void stoke__loader_take_slot(stoke_loader *l, stoke_batch *b)
 {
+    STOKE__LOADER_ASSERT_MU(l);
+    STOKE__LOADER_ASSERT(!b->host);
     stoke__slot *s = l->free_s;
     if (s) {
         l->free_s = s->next;
-        return s;
+        b->host = s;
+        return;
     }
     s = l->copy_head; /* never NULL: fewer batches are being filled than there are slots */
+    STOKE__LOADER_ASSERT(s != NULL);
     l->copy_head = s->next;
     if (!l->copy_head)
         l->copy_tail = NULL;
-    pthread_mutex_unlock(&l->mu);
+    b->host = s; /* before `mu` drops: the slot is accounted for (b's) while it waits */
+    stoke__loader_unlock(l);
     stoke_event_synchronize(s->ev); /* the pinned memory is reused only after its copy */
-    pthread_mutex_lock(&l->mu);
-    return s;
+    stoke__loader_lock(l);
 }

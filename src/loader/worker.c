@@ -449,6 +449,8 @@ void stoke__loader_fill_batch(stoke_loader *l, stoke_batch *b, stoke__worker *w,
  * signals done_cv (stoke__loader_notify, or once for a group: worker_main). */
 static void complete_quiet(stoke_loader *l, stoke_batch *b, uint64_t gen, uint64_t busy_ns)
 {
+    STOKE__LOADER_ASSERT_MU(l);
+    STOKE__LOADER_ASSERT(l->filling > 0);
     l->st_busy_ns += busy_ns;
     l->busy_avg = l->busy_avg ? (l->busy_avg * 7 + busy_ns) / 8 : busy_ns;
     l->filling--;
@@ -483,6 +485,7 @@ static void complete_quiet(stoke_loader *l, stoke_batch *b, uint64_t gen, uint64
             return;
         }
     }
+    stoke__batch_move(b, STOKE__B_FILLING, STOKE__B_DONE);
     stoke_batch **slot = l->ready ? &l->ready[b->seq & l->ready_mask] : NULL;
     if (slot && !*slot) {
         *slot = b;
@@ -547,7 +550,12 @@ void stoke__loader_notify(stoke_loader *l)
 stoke_batch *stoke__loader_dispatch(stoke_loader *l, stoke__worker *w, uint64_t *gen,
                                     uint64_t *seed, uint64_t *epoch)
 {
+    STOKE__LOADER_ASSERT_MU(l);
+    STOKE__LOADER_ASSERT(l->nfree > 0);
     stoke_batch *b = l->free_v[--l->nfree];
+    stoke__batch_move(b, STOKE__B_FREE, STOKE__B_FILLING);
+    if (b->gen != l->gen) /* its run: the check counts it in `outstanding` while it is current */
+        b->gen = l->gen;
     if (l->iterable) {
         b->k = w->k_next++;
         b->seq = b->k * (uint64_t)l->nw1 + (uint64_t)w->id;
@@ -560,8 +568,8 @@ stoke_batch *stoke__loader_dispatch(stoke_loader *l, stoke__worker *w, uint64_t 
     *epoch = l->epoch;
     l->outstanding++;
     l->filling++;
-    if (l->device_mode)
-        b->host = stoke__loader_take_slot(l);
+    if (l->device_mode) /* drops `mu` when it waits for a copy: make_group counts on 1 */
+        stoke__loader_take_slot(l, b);
     return b;
 }
 
@@ -621,7 +629,7 @@ static void spin_for_work(stoke_loader *l, const stoke__worker *w)
         return;
     uint64_t seen = atomic_load_explicit(&l->work_events, memory_order_relaxed);
     int crowded = l->nact + 1 > l->ncpu;
-    pthread_mutex_unlock(&l->mu);
+    stoke__loader_unlock(l);
     uint64_t t0 = stoke__now_ns();
     for (unsigned i = 1;; i++) {
         stoke__spin_turn(crowded);
@@ -630,7 +638,7 @@ static void spin_for_work(stoke_loader *l, const stoke__worker *w)
         if ((i & 31) == 0 && stoke__now_ns() - t0 > budget)
             break;
     }
-    pthread_mutex_lock(&l->mu);
+    stoke__loader_lock(l);
 }
 
 /* How many batches a worker thread (or the caller's thread making batches in next()) takes
@@ -706,10 +714,14 @@ int stoke__loader_make_group(stoke_loader *l, stoke__worker *w)
     stoke_batch *b[CLAIM_MAX];
     stoke__ahead *a = w ? &w->ahead : &l->caller_ahead;
     int wid = w ? w->id : l->nworkers, want = claim_size(l), n = 0;
+    STOKE__LOADER_ASSERT_MU(l);
+    /* `mu` is held throughout the group only because a group in device mode is one batch:
+     * dispatch may drop it there (take_slot, waiting for an old copy) */
+    STOKE__LOADER_ASSERT(want == 1 || !l->device_mode);
     do /* one gen, seed and epoch for all: `mu` is held throughout */
         b[n++] = stoke__loader_dispatch(l, w ? w : &l->w[0], &gen, &seed, &epoch);
     while (n < want && (w ? can_dispatch(l, w) : consumer_can_dispatch(l)));
-    pthread_mutex_unlock(&l->mu);
+    stoke__loader_unlock(l);
     a->seq_end = b[n - 1]->seq + 1; /* the group's seqs follow each other */
     if (n > 1 && !l->iterable && l->o.batch_size <= STOKE__AHEAD_RUN) /* one run for all */
         (void)ahead_indices(l, a, b[0]->seq, batch_count(l, b[0]->seq), seed, epoch);
@@ -723,7 +735,7 @@ int stoke__loader_make_group(stoke_loader *l, stoke__worker *w)
         make_batch(l, b[i], w, wid, seed, epoch);
     }
     uint64_t took = stoke__now_ns() - t0;
-    pthread_mutex_lock(&l->mu);
+    stoke__loader_lock(l);
     for (int i = 0; i < n; i++) /* the last takes the division's remainder */
         complete_quiet(l, b[i], gen, took / (uint64_t)n + (i == n - 1 ? took % (uint64_t)n : 0));
     return n;
@@ -739,17 +751,17 @@ static void *worker_main(void *arg)
     if (l->ds.worker_init && !l->proc) { /* process mode: in the child */
         int rc = l->ds.worker_init(l->ds.user, w->id, l->nworkers);
         if (rc != STOKE_OK) {
-            pthread_mutex_lock(&l->mu);
+            stoke__loader_lock(l);
             if (!l->init_failed)
                 l->init_failed = rc < 0 ? rc : STOKE_EDATA;
             stoke__loader_notify(l);
-            pthread_mutex_unlock(&l->mu);
+            stoke__loader_unlock(l);
             stoke__log(STOKE_LOG_DEBUG, "loader: worker_init of worker %d failed (%s)", w->id,
                        stoke_err_name(rc));
             return NULL;
         }
     }
-    pthread_mutex_lock(&l->mu);
+    stoke__loader_lock(l);
     for (;;) {
         int spun = 0;
         while (!l->quit && !can_dispatch(l, w)) {
@@ -762,7 +774,7 @@ static void *worker_main(void *arg)
                 continue;
             l->work_sleepers++;
             w->sleeping = 1;
-            pthread_cond_wait(&l->work_cv, &l->mu);
+            stoke__loader_wait(l, &l->work_cv);
             stoke__loader_sleep_done(l, counted);
             if (w->sleeping) { /* not woken by wake_workers (another broadcast, spurious) */
                 w->sleeping = 0;
@@ -774,11 +786,11 @@ static void *worker_main(void *arg)
         stoke__loader_make_group(l, w);
         /* one wake-up for the group, after `mu` is free: a consumer woken while this thread
          * still holds it would only sleep again on the mutex */
-        pthread_mutex_unlock(&l->mu);
+        stoke__loader_unlock(l);
         pthread_cond_signal(&l->done_cv);
-        pthread_mutex_lock(&l->mu);
+        stoke__loader_lock(l);
     }
-    pthread_mutex_unlock(&l->mu);
+    stoke__loader_unlock(l);
     return NULL;
 }
 
@@ -793,10 +805,10 @@ int stoke__loader_start_workers(stoke_loader *l)
         atomic_store(&w->busy_since, 0);
         int e = pthread_create(&w->th, NULL, worker_main, w);
         if (e) {
-            pthread_mutex_lock(&l->mu);
+            stoke__loader_lock(l);
             l->quit = 1;
             pthread_cond_broadcast(&l->work_cv);
-            pthread_mutex_unlock(&l->mu);
+            stoke__loader_unlock(l);
             for (int j = 0; j < i; j++)
                 pthread_join(l->w[j].th, NULL);
             l->quit = 0;
@@ -813,15 +825,15 @@ void stoke__loader_stop_workers(stoke_loader *l)
 {
     if (!l->running)
         return;
-    pthread_mutex_lock(&l->mu);
+    stoke__loader_lock(l);
     l->quit = 1;
     pthread_cond_broadcast(&l->work_cv);
-    pthread_mutex_unlock(&l->mu);
+    stoke__loader_unlock(l);
     for (int i = 0; i < l->nworkers; i++)
         pthread_join(l->w[i].th, NULL);
-    pthread_mutex_lock(&l->mu);
+    stoke__loader_lock(l);
     l->quit = 0;
     l->running = 0;
     l->init_failed = 0;
-    pthread_mutex_unlock(&l->mu);
+    stoke__loader_unlock(l);
 }
