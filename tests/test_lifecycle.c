@@ -327,7 +327,8 @@ typedef struct itds {
     uint64_t cursor[16];
 } itds;
 
-static int it_next(void *user, int worker, int num_workers, void *const dst[], uint64_t *index,
+static int it_next(void *user, int worker, int num_workers, void *const dst[], int64_t lens[],
+                   uint64_t *index,
                    char *msg, size_t msg_len)
 {
     itds *t = user;
@@ -369,7 +370,7 @@ static void test_iterable(void **state)
             ds.get = NULL;
             ds.worker_init = NULL;
             ds.next = it_next;
-            ds.reset = it_reset;
+            ds.set_epoch = it_reset;
             stoke_loader_opts o = opts(workers, in_order, 8);
             o.shuffle = 0;
             stoke_loader *l;
