@@ -60,7 +60,8 @@ static struct {
     size_t nwant;
     gline *got; /* this run, in case order (skipped cases keep the file's values) */
     size_t ngot;
-    int bad; /* mismatches and failed runs */
+    int bad;     /* mismatches and failed runs */
+    int skipped; /* cases this machine cannot run */
 } g;
 
 static void push(gline **v, size_t *n, const char *name, const char *values)
@@ -140,6 +141,7 @@ static void golden_check(const char *name, const char *values, const char *cmd)
 static void golden_skip(const char *name, const char *why)
 {
     print_message("[  SKIP    ] case %s: %s\n", name, why);
+    g.skipped++;
     gline *w = golden_find(name);
     if (w) {
         w->seen = 1;
@@ -182,8 +184,8 @@ static void golden_finish(void **state)
             print_error("golden case %s (%s) was not run\n", g.want[i].name, g.path);
             g.bad++;
         }
-    print_message("%zu cases compared with %s, %d differ, failed or are missing\n", g.ngot, g.path,
-                  g.bad);
+    print_message("%zu cases compared with %s (%d skipped), %d differ, failed or are missing\n",
+                  g.ngot - (size_t)g.skipped, g.path, g.skipped, g.bad);
     if (g.bad)
         fail_msg("%d case(s) differ, failed or are missing: see above", g.bad);
 }
