@@ -245,9 +245,9 @@ static void run_case(const lcase *c)
     snprintf(shuffle, sizeof(shuffle), "--shuffle=%s", c->shuffle);
     const char *args[TU_CLI_MAX_ARGS + 1];
     int n = 0;
-    const char *fixed[] = {
-        c->spec, "--batch-size", c->batch,      "--epochs", c->epochs ? c->epochs : "2", "--seed",
-        "7",     "--workers",    c->m->workers, shuffle};
+    const char *epochs = c->epochs ? c->epochs : "2";
+    const char *fixed[] = {c->spec, "--batch-size", c->batch,      "--epochs", epochs, "--seed",
+                           "7",     "--workers",    c->m->workers, shuffle};
     for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++)
         args[n++] = fixed[i];
     if (c->m->procs)
@@ -264,7 +264,7 @@ static void run_case(const lcase *c)
     args[n++] = "--json";
     args[n] = NULL;
     char cmd[4096];
-    size_t used = (size_t)snprintf(cmd, sizeof(cmd), "stoke load");
+    size_t used = (size_t)snprintf(cmd, sizeof(cmd), "%s stoke load", tu_simdev_env());
     for (int i = 0; i < n && used < sizeof(cmd); i++)
         used += (size_t)snprintf(cmd + used, sizeof(cmd) - used, " %s", args[i]);
     for (int i = 0; i < 3 && c->env[i] && used < sizeof(cmd); i++)
