@@ -61,8 +61,8 @@ static uint64_t candidate(uint64_t seed, uint64_t bad, unsigned k, uint64_t n)
 }
 
 /* REPLACE: loads the first candidate that works into the slot; STOKE_OK with *idx set. */
-static int replace(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid, size_t slot,
-                   uint64_t *idx, char *msg, size_t msg_len)
+static int replace(stoke_loader *l, stoke_batch *b, stoke__producer *p, size_t slot, uint64_t *idx,
+                   char *msg, size_t msg_len)
 {
     uint64_t n = l->ds.length ? l->ds.length(l->ds.user) : 0;
     char tmp[256];
@@ -70,7 +70,7 @@ static int replace(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid, s
         uint64_t r = candidate(l->o.seed, *idx, k, n);
         if (r == *idx)
             continue;
-        if (stoke__loader_one_sample(l, b, w, wid, slot, &r, tmp, sizeof(tmp)) == STOKE_OK) {
+        if (stoke__loader_one_sample(l, b, p, slot, &r, tmp, sizeof(tmp)) == STOKE_OK) {
             *idx = r;
             return STOKE_OK;
         }
@@ -84,7 +84,7 @@ static int replace(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid, s
     return STOKE_EDATA;
 }
 
-int stoke__bad_sample(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid, size_t slot,
+int stoke__bad_sample(stoke_loader *l, stoke_batch *b, stoke__producer *p, size_t slot,
                       uint64_t *idx, int rc, char *msg, size_t msg_len)
 {
     int action = l->o.on_error;
@@ -111,7 +111,7 @@ int stoke__bad_sample(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid
         return rc;
     if (action == STOKE_ON_ERROR_SKIP)
         return STOKE__BAD_SKIPPED;
-    int r = replace(l, b, w, wid, slot, idx, msg, msg_len);
+    int r = replace(l, b, p, slot, idx, msg, msg_len);
     stoke__bad *e = &b->bad.v[b->bad.n - 1];
     if (r != STOKE_OK) {
         e->action = STOKE_ON_ERROR_ERROR;

@@ -471,10 +471,8 @@ static int validate(stoke_loader *l)
                                   "loader: batch_size must be >= 1, num_workers in 0..1024 or "
                                   "STOKE_LOADER_WORKERS_AUTO, prefetch_factor in 1..4096 or "
                                   "STOKE_LOADER_PREFETCH_AUTO");
-    if (l->o.prefetch_factor == STOKE_LOADER_PREFETCH_AUTO) {
-        l->prefetch_auto = 1;
-        l->o.prefetch_factor = 2; /* per worker; small_batch_window may deepen the window */
-    }
+    /* per worker; with STOKE_LOADER_PREFETCH_AUTO 2, and the plan may deepen the window */
+    l->prefetch = l->o.prefetch_factor ? l->o.prefetch_factor : 2;
     if ((rc = stoke__bad_validate(l)) != STOKE_OK)
         return rc;
     return check_dataset(l, &l->ds);
@@ -496,8 +494,8 @@ static int check_upfront_bytes(stoke_loader *l)
         " bytes of physical memory: buffers = num_workers %d x prefetch_factor %d + 2 (at most "
         "batches per epoch + 2), each holding batch_size %zu samples of %zu bytes; lower "
         "num_workers, prefetch_factor or batch_size",
-        l->nbuf, l->buf_bytes, overflow ? "more than " : "", total, phys, l->nw1,
-        l->o.prefetch_factor, l->cap, l->sample_bytes);
+        l->nbuf, l->buf_bytes, overflow ? "more than " : "", total, phys, l->nw1, l->prefetch,
+        l->cap, l->sample_bytes);
 }
 
 /* The worker count: num_workers, or for STOKE_LOADER_WORKERS_AUTO one per online core up to
@@ -523,31 +521,60 @@ static void choose_workers(stoke_loader *l)
     if (l->auto_workers)
         l->nworkers =
             l->ncpu < STOKE_LOADER_WORKERS_AUTO_MAX ? l->ncpu : STOKE_LOADER_WORKERS_AUTO_MAX;
-    l->assist = !l->iterable && !l->ds.worker_init;
     l->nact = l->nact_lo = l->nact_hi = l->nworkers;
-    l->nact_min = l->auto_workers && !l->iterable ? (l->assist ? 0 : 1) : l->nworkers;
 }
 
-/* prefetch_factor = STOKE_LOADER_PREFETCH_AUTO, small batches, worker threads, MAP datasets: the
- * reorder window grows past prefetch_factor x
- * workers to what STOKE__SMALL_WINDOW_BYTES of buffers hold (at most STOKE__SMALL_WINDOW).
- * Workers are woken when the window is half empty, so a deeper window means one wake-up per
+/* The plan: which of the loader's fast paths apply, decided here once from the options and
+ * the dataset; the hot paths test l->plan, not the modes.  docs/loader.md, "The plan".
+ *
+ *   path         applies when                                    what it does
+ *   group        MAP, threads, host copies                       a producer claims up to 16
+ *                                                                tiny batches per hold of mu
+ *   scatter      group, dataset read(), no ragged field, no      a group's samples in one
+ *                timeout                                         read() call
+ *   assist       MAP, threads, no worker_init                    the caller's thread makes the
+ *                                                                batch it needs when nobody is
+ *   help         assist, no timeout                              ... and the next one while a
+ *                                                                worker makes the one it needs
+ *   hint_next    MAP, batch_size <= STOKE_DATASET_PREFETCH_MAX,  a producer names its next
+ *                dataset hint()                                  batch's samples to the dataset
+ *   timed        timeout_ms                                      busy marks per sample / batch
+ *   caller_all   0 workers                                       the caller's thread makes every
+ *                                                                batch (its look-ahead spans them)
+ *   deep_window  prefetch_factor auto, workers, threads, MAP,    the reorder window grows to
+ *                buffers under 256 KiB                           what 1 MiB of buffers holds
+ *
+ * (device copies: one batch per claim, since taking a staging slot may wait on a copy with mu
+ * dropped; process workers: one batch per request.)  A deeper window means one wake-up per
  * many tiny batches instead of one every few: at batch size 1 on 2 cores a window of 6 cost
  * about one sleep and wake-up of a worker per 3 batches, which made 2 workers 3x slower than
  * none.  ITERABLE datasets keep their per-worker count (it bounds each worker's share in
- * flight); process workers keep theirs (each buffer is a shared slot of every child). */
+ * flight); process workers keep theirs (each buffer is a shared slot of every child).  Auto
+ * workers go down to 0 given work (nact_min) only where the caller's thread can make batches. */
 #define STOKE__SMALL_WINDOW_BYTES (1u << 20)
 #define STOKE__SMALL_WINDOW       256u
 
-static int small_batch_window(const stoke_loader *l, int window)
+static void plan_loader(stoke_loader *l)
 {
-    if (!l->prefetch_auto || !l->nworkers || l->iterable ||
-        l->o.worker_mode != STOKE_WORKER_THREADS || l->buf_bytes >= STOKE__SMALL_WINDOW_BYTES / 4)
-        return window;
-    uint64_t deep = STOKE__SMALL_WINDOW_BYTES / l->buf_bytes;
-    if (deep > STOKE__SMALL_WINDOW)
-        deep = STOKE__SMALL_WINDOW;
-    return deep > (uint64_t)window ? (int)deep : window;
+    stoke__plan *p = &l->plan;
+    int map = !l->iterable, threads = l->o.worker_mode == STOKE_WORKER_THREADS;
+    int host = !l->o.device, timed = l->o.timeout_ms != 0;
+    p->group = map && threads && host;
+    p->scatter = p->group && l->ds.read && !l->nragged && !timed;
+    p->assist = map && threads && !l->ds.worker_init;
+    p->help = p->assist && !timed;
+    p->hint_next = map && l->o.batch_size <= STOKE_DATASET_PREFETCH_MAX && l->ds.hint;
+    p->timed = timed;
+    p->caller_all = l->nworkers == 0;
+    p->deep_window = l->o.prefetch_factor == STOKE_LOADER_PREFETCH_AUTO && l->nworkers && map &&
+                     threads && l->buf_bytes < STOKE__SMALL_WINDOW_BYTES / 4;
+    l->window = l->prefetch * l->nw1;
+    if (p->deep_window) {
+        uint64_t deep = STOKE__SMALL_WINDOW_BYTES / l->buf_bytes;
+        deep = deep < STOKE__SMALL_WINDOW ? deep : STOKE__SMALL_WINDOW;
+        l->window = deep > (uint64_t)l->window ? (int)deep : l->window;
+    }
+    l->nact_min = !l->auto_workers || !map ? l->nworkers : p->assist ? 0 : 1;
 }
 
 /* Step 2 of create: the sampler, the epoch's batches, the buffer size and count. */
@@ -585,7 +612,7 @@ static int size_loader(stoke_loader *l)
         return rc;
     choose_workers(l);
     l->nw1 = l->nworkers ? l->nworkers : 1;
-    l->window = small_batch_window(l, l->o.prefetch_factor * l->nw1);
+    plan_loader(l);
     uint64_t nbuf = (uint64_t)l->window + 2;
     if (!l->iterable && nbuf > l->nbatches + 2)
         nbuf = l->nbatches + 2;
@@ -655,14 +682,20 @@ static int allocate(stoke_loader *l)
         return stoke__loader_fail(l, STOKE_ENOMEM, "loader: out of memory for %d batch handles",
                                   l->nbuf);
     for (int i = 0; i < l->nw1; i++) {
-        l->w[i].l = l;
-        l->w[i].id = i;
+        stoke__worker *w = &l->w[i];
+        w->l = l;
+        w->id = i;
+        w->p.wid = i;
+        w->p.w = w;
+        w->p.share = w;
     }
+    l->caller.wid = l->nworkers;
+    l->caller.share = &l->w[0]; /* ITERABLE with 0 workers: the one share */
     /* each producer's scratch: the slots of a batch or of a group's samples */
     l->nscratch = l->cap > STOKE__AHEAD_RUN ? l->cap : STOKE__AHEAD_RUN;
     size_t nsc = l->nscratch * (size_t)l->ds.nfields;
     for (int i = 0; i <= l->nw1; i++) {
-        stoke__ahead *a = i < l->nw1 ? &l->w[i].ahead : &l->caller_ahead;
+        stoke__ahead *a = i < l->nw1 ? &l->w[i].p.ahead : &l->caller.ahead;
         a->dst = calloc(nsc, sizeof(*a->dst));
         a->len = l->nragged ? calloc(nsc, sizeof(*a->len)) : NULL;
         if (!a->dst || (l->nragged && !a->len))
@@ -746,7 +779,6 @@ int stoke_loader_create(const stoke_loader_opts *o, stoke_dataset *ds, stoke_loa
         return rc;
     }
     fill_pools(l);
-    l->scatter = l->ds.read && !l->iterable && !l->nragged && !l->device_mode && !l->o.timeout_ms;
     l->seed = l->o.seed;
     stoke__loader_lock(l); /* (mu) for set_position; no other thread yet, the check runs */
     stoke__loader_set_position(l, l->o.epoch, 0);
@@ -800,7 +832,7 @@ void stoke_loader_destroy(stoke_loader *l)
     }
     stoke_sampler_destroy(l->sampler);
     for (int i = 0; l->w && i <= l->nw1; i++) {
-        stoke__ahead *a = i < l->nw1 ? &l->w[i].ahead : &l->caller_ahead;
+        stoke__ahead *a = i < l->nw1 ? &l->w[i].p.ahead : &l->caller.ahead;
         free(a->dst);
         free(a->len);
     }

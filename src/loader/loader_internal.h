@@ -275,9 +275,38 @@ typedef struct stoke__ahead {
     int64_t *len;
 } stoke__ahead;
 
+/* The fast paths that apply, decided once at create (loader.c, plan_loader: the table). */
+typedef struct stoke__plan {
+    unsigned group : 1;       /* claims of up to 16 tiny batches per hold of mu */
+    unsigned scatter : 1;     /* a group's samples in one read() */
+    unsigned assist : 1;      /* the caller's thread makes the batch it needs */
+    unsigned help : 1;        /* ... and helps while a worker makes it */
+    unsigned hint_next : 1;   /* the next batch's samples named to the dataset */
+    unsigned timed : 1;       /* opts.timeout_ms: busy marks */
+    unsigned caller_all : 1;  /* 0 workers: the caller's thread makes every batch */
+    unsigned deep_window : 1; /* the reorder window deepened for small batches */
+} stoke__plan;
+
+/* A producer: what makes batches, all through one loop (worker.c, stoke__loader_make_group:
+ * claim k >= 1 batches under `mu`, fill them without it, complete them under it) and one fill
+ * pipeline (stoke__loader_fill_batch ... stoke__loader_finish).  Three kinds, one struct:
+ * - a worker thread: l->w[i].p, wid i, w its record (the busy marks the consumer's timeout
+ *   reads; ITERABLE: its share);
+ * - the caller's thread: l->caller, wid nworkers, w NULL (it times its own samples): every
+ *   batch with 0 workers (ITERABLE: the one share, l->w[0]'s), else the batches it assists with
+ *   (next.c);
+ * - a process worker's child: its copy of l->caller, wid its worker's (proc_child.c), filling
+ *   the batches its parent's thread claimed for it. */
+typedef struct stoke__producer {
+    int wid;                     /* the dataset's worker argument */
+    struct stoke__worker *w;     /* a worker thread's record, or NULL */
+    struct stoke__worker *share; /* ITERABLE: whose share it makes (dispatch) */
+    stoke__ahead ahead;          /* its look-ahead and scratch */
+} stoke__producer;
+
 typedef struct stoke__worker {
     stoke_loader *l;
-    stoke__ahead ahead;
+    stoke__producer p;
     int id;
     pthread_t th;
     _Atomic uint64_t busy_since; /* start of the sample in progress (ns), 0 when idle */
@@ -305,7 +334,8 @@ struct stoke_loader {
     int nragged;
     size_t nscratch;     /* samples a producer's scratch (stoke__ahead dst / len) holds */
     size_t buf_bytes;    /* one batch buffer */
-    int prefetch_auto;   /* prefetch_factor was STOKE_LOADER_PREFETCH_AUTO (o holds 2 now) */
+    int prefetch;        /* batches in flight per worker (prefetch_factor; 2 for auto) */
+    stoke__plan plan;    /* the fast paths that apply (loader.c, plan_loader) */
     size_t cap;          /* samples one buffer holds: batch_size, or for MAP at most
                             the samples of one epoch for this rank (at least 1) */
     size_t sample_bytes; /* all fields of one sample */
@@ -316,12 +346,7 @@ struct stoke_loader {
     int ncpu;         /* CPUs this process may run on (affinity), at create */
     int nw1;          /* max(1, nworkers): producers of an ITERABLE dataset */
     int auto_workers; /* num_workers was STOKE_LOADER_WORKERS_AUTO */
-    int assist;       /* the caller's thread may make MAP batches itself inside next()
-                         (worker id nworkers): MAP without worker_init */
-    int nact_min;     /* auto: lowest active count (0 with assist) */
-    int scatter;      /* a group of batches may be made with one read() (worker.c): MAP
-                         with it, host mode, no timeout, no ragged field (process workers and
-                         ITERABLE datasets take one batch at a time anyway: claim_size) */
+    int nact_min;     /* auto: lowest active count (0 with plan.assist) */
     int iterable;     /* dataset kind ITERABLE */
     int window;       /* batches dispatched and not yet delivered, at most */
     int nbuf;
@@ -383,7 +408,7 @@ struct stoke_loader {
     int quit;                  /* (mu) workers must exit */
     int init_failed;           /* (mu) a worker_init failed (status) */
     int caller_inited;         /* consumer only: worker_init done in the caller's thread */
-    stoke__ahead caller_ahead; /* the caller's thread's (and a process worker's) look-ahead */
+    stoke__producer caller;    /* the caller's thread (and a process worker's child) */
     int quiesce;               /* (mu) set_epoch is waiting for batches in production */
     int nact;                  /* (mu) workers given work: ids below it (= nworkers unless auto) */
     int nact_lo, nact_hi;      /* (mu) its range since create */
@@ -558,26 +583,20 @@ void stoke__loader_batch_start(stoke_loader *l, stoke_batch *b, int wid, uint64_
 void stoke__loader_wake_workers(stoke_loader *l, int force);
 /* (mu) Tells a consumer spinning or waiting in next() that something changed. */
 void stoke__loader_notify(stoke_loader *l);
-void stoke__loader_complete(stoke_loader *l, stoke_batch *b, uint64_t gen, uint64_t busy_ns);
-stoke_batch *stoke__loader_dispatch(stoke_loader *l, stoke__worker *w, uint64_t *gen,
+stoke_batch *stoke__loader_dispatch(stoke_loader *l, stoke__producer *p, uint64_t *gen,
                                     uint64_t *seed, uint64_t *epoch);
-/* Produces a dispatched batch, without `mu`.  *clock: a stoke__now_ns() read when making it
- * started; set to the time it ended, so a thread making batches in a row reads the clock once
- * per batch.  Returns the ns it took. */
-uint64_t stoke__loader_produce(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid,
-                               uint64_t seed, uint64_t epoch, uint64_t *clock);
-/* (mu) Dispatches a group of batches (at least one: the caller saw one could be), makes them
- * without `mu` and hands them back (no wake-up: a worker signals done_cv after it).  w: the
- * worker making them, or NULL for the caller's thread (worker id nworkers, its caller_ahead).
+/* (mu) The producer loop's one turn: dispatches a group of batches (at least one: the caller
+ * saw one could be), makes them without `mu` and hands them back (no wake-up: a worker signals
+ * done_cv after it).  p: a worker thread's producer, or l->caller.
  * Batches of a few microseconds go in groups of up to 16 (worker.c, claim_size), one at a time
  * otherwise.  Returns with `mu` held, the number of batches made. */
-int stoke__loader_make_group(stoke_loader *l, stoke__worker *w);
+int stoke__loader_make_group(stoke_loader *l, stoke__producer *p, uint64_t *clock);
 int stoke__loader_start_workers(stoke_loader *l);
 void stoke__loader_stop_workers(stoke_loader *l);
 /* Producer, before making a batch: when batches are small and the dataset has prefetch,
  * computes the indices of batch `seq` (the one this thread makes next) into *a and names them
  * to the dataset.  Does nothing otherwise. */
-void stoke__loader_look_ahead(stoke_loader *l, stoke__ahead *a, uint64_t seq, uint64_t seed,
+void stoke__loader_look_ahead(stoke_loader *l, stoke__producer *p, uint64_t seq, uint64_t seed,
                               uint64_t epoch);
 
 /* badsample.c: the bad-sample policy (opts.on_error), see docs/loader.md.
@@ -589,7 +608,7 @@ int stoke__bad_validate(stoke_loader *l);
  * failed with rc / msg.  Records it in b->bad and applies the policy: returns rc (ERROR, or an
  * error no policy handles: ETIMEDOUT, ENOMEM), STOKE__BAD_SKIPPED, or STOKE_OK with the slot
  * refilled from a replacement and *idx set to it (REPLACE).  msg then holds the error. */
-int stoke__bad_sample(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid, size_t slot,
+int stoke__bad_sample(stoke_loader *l, stoke_batch *b, stoke__producer *p, size_t slot,
                       uint64_t *idx, int rc, char *msg, size_t msg_len);
 /* Producer: records the failure of sample idx without a policy (the batch fails). */
 void stoke__bad_note(stoke_batch *b, uint64_t idx, int rc, const char *msg);
@@ -601,7 +620,7 @@ void stoke__bad_stats(const stoke_loader *l, stoke_loader_stats *s);
 /* Frees the batches' lists and the quarantine (destroy). */
 void stoke__bad_destroy(stoke_loader *l);
 /* worker.c: one sample into slot j (see worker.c). */
-int stoke__loader_one_sample(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid, size_t j,
+int stoke__loader_one_sample(stoke_loader *l, stoke_batch *b, stoke__producer *p, size_t j,
                              uint64_t *idx, char *msg, size_t msg_len);
 
 /* A ragged field of the loader (dataset.h): samples are written at the stride of max_len
@@ -630,8 +649,8 @@ const int64_t *stoke__batch_ragged(const stoke_batch *b, int r);
 size_t stoke__batch_field_bytes(const stoke_batch *b, int f);
 
 /* worker.c: fills batch `seq` into b->host (b owned by the caller; sets status and errors). */
-void stoke__loader_fill_batch(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid,
-                              uint64_t seed, uint64_t epoch, uint64_t seq);
+void stoke__loader_fill_batch(stoke_loader *l, stoke_batch *b, stoke__producer *p, uint64_t seed,
+                              uint64_t epoch, uint64_t seq);
 
 /* procworker.c: process workers (docs/loader.md, "Process workers"). */
 typedef struct stoke__proc stoke__proc;
@@ -640,7 +659,7 @@ typedef struct stoke__proc stoke__proc;
  * failure. */
 int stoke__proc_create(stoke_loader *l);
 /* Producer (a worker thread): what fill_batch does, in worker wid's child process. */
-void stoke__proc_fill(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid, uint64_t seed,
+void stoke__proc_fill(stoke_loader *l, stoke_batch *b, stoke__producer *p, uint64_t seed,
                       uint64_t epoch);
 /* destroy: before the worker threads are joined (a child stuck in a sample gets SIGKILLed). */
 void stoke__proc_stopping(stoke_loader *l);

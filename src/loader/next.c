@@ -113,8 +113,8 @@ static int batch_error(stoke_loader *l, stoke_batch *b)
         stoke__loader_fail(l, rc, "worker %d%s: %s: %s (%s)", b->worker, who, l->ds.name,
                            b->err_msg, stoke_err_name(rc));
     else
-        stoke__loader_fail(l, rc, "worker %d%s: sample %" PRIu64 " of %s: %s (%s)", b->worker,
-                           who, b->err_index, l->ds.name, b->err_msg, stoke_err_name(rc));
+        stoke__loader_fail(l, rc, "worker %d%s: sample %" PRIu64 " of %s: %s (%s)", b->worker, who,
+                           b->err_index, l->ds.name, b->err_msg, stoke_err_name(rc));
     stoke__loader_recycle(l, b);
     l->outstanding--;
     stoke__loader_abandon(l);
@@ -144,7 +144,6 @@ static int timed_out_worker(stoke_loader *l, uint64_t now, uint64_t *deadline)
  * time next() was called; on STOKE_OK, the time the batch was made (no second clock read). */
 static int next_inline(stoke_loader *l, stoke_batch **bp, uint64_t *clock)
 {
-    l->caller_ahead.seq_end = l->nbatches; /* the caller's thread makes every batch */
     stoke__loader_lock(l);
     stoke__loader_reclaim(l);
     /* worker_init once, before the first batch, without `mu` (one lock per batch otherwise) */
@@ -171,13 +170,7 @@ static int next_inline(stoke_loader *l, stoke_batch **bp, uint64_t *clock)
                                       "release batches",
                                       l->nbuf);
         }
-        uint64_t gen, seed, epoch;
-        stoke_batch *b = stoke__loader_dispatch(l, &l->w[0], &gen, &seed, &epoch);
-        stoke__loader_unlock(l);
-        stoke__loader_look_ahead(l, &l->caller_ahead, b->seq + 1, seed, epoch);
-        uint64_t busy = stoke__loader_produce(l, b, NULL, 0, seed, epoch, clock);
-        stoke__loader_lock(l);
-        stoke__loader_complete(l, b, gen, busy);
+        stoke__loader_make_group(l, &l->caller, clock); /* one batch: claim_size */
         *bp = take_done(l); /* the batch just made: nothing else is in flight */
         if (*bp)
             return STOKE_OK;
@@ -246,13 +239,13 @@ static int wait_done(stoke_loader *l)
  * alternating runs; batch 64 the same).  Such batches are made with worker id nworkers. */
 static int assist_wanted(const stoke_loader *l)
 {
-    if (!l->assist || l->ended || l->init_failed || !l->nfree || l->quiesce ||
+    if (!l->plan.assist || l->ended || l->init_failed || !l->nfree || l->quiesce ||
         l->next_dispatch >= l->nbatches)
         return 0;
     if (l->o.in_order ? l->next_dispatch == l->prefix : l->filling == 0)
         return 1;
     /* no help under a timeout: the consumer stays free to see a worker's sample overrun it */
-    int help = l->outstanding < l->window && !l->o.timeout_ms;
+    int help = l->plan.help && l->outstanding < l->window;
     return help ? 2 : 0;
 }
 
@@ -263,7 +256,7 @@ static int assist_wanted(const stoke_loader *l)
  * work) later. */
 static void assist(stoke_loader *l, int why)
 {
-    int n = stoke__loader_make_group(l, NULL);
+    int n = stoke__loader_make_group(l, &l->caller, NULL);
     l->st_assisted += (uint64_t)n;
     if (why == 2)
         l->st_helped += (uint64_t)n;
@@ -451,8 +444,7 @@ static void adapt(stoke_loader *l, uint64_t now, uint64_t waited)
         l->ad_cpu0 = process_cpu_ns();
     }
     uint64_t span = now - l->ad_t0;
-    if (span < STOKE__ADAPT_NS ||
-        l->ad_batches < 8)
+    if (span < STOKE__ADAPT_NS || l->ad_batches < 8)
         return;
     double tput = (double)l->ad_batches / (double)span;
     /* the batches the caller's thread made because nobody was making them: those it made
@@ -462,8 +454,8 @@ static void adapt(stoke_loader *l, uint64_t now, uint64_t waited)
     uint64_t cpu = process_cpu_ns();
     int usable = l->nact + 1 < l->ncpu ? l->nact + 1 : l->ncpu;
     double share = cpu > l->ad_cpu0 ? (double)(cpu - l->ad_cpu0) / (double)span / usable : 0.0;
-    int n = stoke__loader_adapt_step(l, tput, (double)l->ad_wait_ns / (double)span, assisted,
-                                     share, tput * (double)l->busy_avg);
+    int n = stoke__loader_adapt_step(l, tput, (double)l->ad_wait_ns / (double)span, assisted, share,
+                                     tput * (double)l->busy_avg);
     if (n != l->nact) {
         l->nact = n;
         l->st_nact_changes++;

@@ -130,6 +130,8 @@ static int loader_alive(int fd, pid_t zygote)
 static void child_main(stoke_loader *l, int wid, int fd, pid_t zygote)
 {
     wrap_dataset(l, &l->proc->ctl[wid]);
+    l->caller.wid = wid; /* this process's producer: its copy of the caller's, for worker wid */
+    l->caller.w = NULL;
     int init_rc = STOKE_OK;
     if (cw.ds.worker_init) {
         init_rc = cw.ds.worker_init(cw.ds.user, wid, l->nworkers);
@@ -172,8 +174,8 @@ static void child_main(stoke_loader *l, int wid, int fd, pid_t zygote)
                        (int)getpid(), stoke_err_name(init_rc));
         } else if (rc == STOKE_OK) {
             cw.req = &req;
-            l->caller_ahead.seq_end = req.seq + 1; /* batches come one request at a time */
-            stoke__loader_fill_batch(l, b, NULL, wid, req.seed, req.epoch, req.seq);
+            l->caller.ahead.seq_end = req.seq + 1; /* batches come one request at a time */
+            stoke__loader_fill_batch(l, b, &l->caller, req.seed, req.epoch, req.seq);
             cw.req = NULL;
             m.kind = M_BAD;
             for (size_t i = 0; i < b->bad.n; i++) {

@@ -253,9 +253,6 @@ int stoke__proc_create(stoke_loader *l)
     int rc = map_shared(l, p);
     if (rc != STOKE_OK)
         return rc;
-    l->assist = 0; /* every sample in a child: no batches in the caller's thread */
-    if (l->nact_min < 1)
-        l->nact_min = 1;
     int sv[2];
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
         return stoke__loader_fail(l, STOKE_ENOMEM, "loader: socketpair failed: %s",
@@ -557,10 +554,12 @@ static int after_crash(stoke_loader *l, stoke_batch *b, int wid, wreq *req, cons
     return STOKE_OK;
 }
 
-void stoke__proc_fill(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid, uint64_t seed,
+void stoke__proc_fill(stoke_loader *l, stoke_batch *b, stoke__producer *pr, uint64_t seed,
                       uint64_t epoch)
 {
     stoke__proc *p = l->proc;
+    stoke__worker *w = pr->w; /* the thread standing in for worker wid's child */
+    int wid = pr->wid;
     uint64_t first = b->seq * l->o.batch_size;
     stoke__loader_batch_start(l, b, wid, epoch);
     wreq *req = calloc(1, sizeof(*req));

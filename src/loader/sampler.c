@@ -176,9 +176,8 @@ static void feistel_apply_all_scalar(const stoke__feistel *f, uint64_t *v, size_
 /* A lane after a pass: its value *y is stored at its position v[*at] (every pass's value is,
  * the final one last); one in [0, n) is done, and the lane takes the next input v[*next] at
  * once.  Selects, no branch. */
-static inline __attribute__((always_inline)) void lane_refill(uint64_t *v, uint64_t n,
-                                                              uint64_t *y, size_t *at,
-                                                              size_t *next)
+static inline __attribute__((always_inline)) void lane_refill(uint64_t *v, uint64_t n, uint64_t *y,
+                                                              size_t *at, size_t *next)
 {
     uint64_t z = *y, in = v[*next];
     uint64_t done = (uint64_t)0 - (uint64_t)(z < n); /* all ones when in [0, n) */
@@ -213,10 +212,8 @@ static inline __attribute__((always_inline)) void feistel_pass_lanes(const stoke
 
 /* Every lane of y needs at least one more pass (an input, or a walk not yet in [0, n)): passes
  * together until all are in, then v[at[k]] = y[k] for the first `live` lanes. */
-static inline __attribute__((always_inline)) void feistel_finish_lanes(const stoke__feistel *f,
-                                                                       uint64_t *y,
-                                                                       const size_t *at,
-                                                                       int live, uint64_t *v)
+static inline __attribute__((always_inline)) void
+feistel_finish_lanes(const stoke__feistel *f, uint64_t *y, const size_t *at, int live, uint64_t *v)
 {
     const uint64_t n = f->n;
     feistel_pass_lanes(f, y);
@@ -280,7 +277,7 @@ static void feistel_apply_all_lanes(const stoke__feistel *f, uint64_t *v, size_t
 /* The same compiled for AVX2 (the rounds vectorize four lanes to a register). */
 #define STOKE__FEISTEL_AVX2 1
 __attribute__((target("avx2"))) static void feistel_apply_all_lanes_avx2(const stoke__feistel *f,
-                                                                        uint64_t *v, size_t count)
+                                                                         uint64_t *v, size_t count)
 {
     feistel_lanes_body(f, v, count);
 }
@@ -304,8 +301,8 @@ __attribute__((target("avx512f,avx512dq"))) static inline v8u64 mix64_v8(v8u64 x
     return x ^ (x >> 31);
 }
 
-__attribute__((target("avx512f,avx512dq"))) static inline v8u64 feistel_pass_v8(
-    const stoke__feistel *f, v8u64 y)
+__attribute__((target("avx512f,avx512dq"))) static inline v8u64
+feistel_pass_v8(const stoke__feistel *f, v8u64 y)
 {
     v8u64 l = (y >> f->half) & f->mask, r = y & f->mask;
     for (int i = 0; i < STOKE__FEISTEL_ROUNDS; i++) {
@@ -352,9 +349,8 @@ feistel_apply_all_avx512(const stoke__feistel *f, uint64_t *v, size_t count)
 #define TAB_LANES_MANY 64
 
 /* v[i] = image of v[i] for i < count (each v[i] < f->n), `lanes` (at most 8) values at a time. */
-static inline __attribute__((always_inline)) void feistel_tab_lanes(const stoke__feistel *f,
-                                                                    uint64_t *v, size_t count,
-                                                                    const int lanes)
+static inline __attribute__((always_inline)) void
+feistel_tab_lanes(const stoke__feistel *f, uint64_t *v, size_t count, const int lanes)
 {
     feistel_rows t;
     feistel_tab_rows(f, t);

@@ -24,7 +24,7 @@ static size_t batch_count(const stoke_loader *l, uint64_t seq)
  * returns the start time.  0 without a timeout: no clock read, no store. */
 static inline uint64_t busy_begin(const stoke_loader *l, stoke__worker *w, uint64_t idx)
 {
-    if (!l->o.timeout_ms)
+    if (!l->plan.timed)
         return 0;
     uint64_t t0 = stoke__now_ns();
     if (w) {
@@ -40,7 +40,7 @@ static inline uint64_t busy_begin(const stoke_loader *l, stoke__worker *w, uint6
 static inline int busy_end(const stoke_loader *l, stoke__worker *w, uint64_t t0, int rc, char *msg,
                            size_t msg_len)
 {
-    if (!l->o.timeout_ms)
+    if (!l->plan.timed)
         return rc;
     if (w) {
         atomic_store_explicit(&w->busy_since, 0, memory_order_release);
@@ -147,12 +147,6 @@ static int batch_indices(stoke_loader *l, stoke_batch *b, stoke__ahead *a, uint6
     return b->status;
 }
 
-/* The producer's scratch: the caller's thread and a process worker's child use caller_ahead. */
-static inline stoke__ahead *scratch(stoke_loader *l, stoke__worker *w)
-{
-    return w ? &w->ahead : &l->caller_ahead;
-}
-
 /* Points dst[k * nf + f] at slot j0 + k of batch b, for n slots; presets the ragged lengths
  * len[k * nf + f] to max_len (what the slot has room for). */
 static void point_slots(const stoke_loader *l, const stoke_batch *b, size_t j0, size_t n,
@@ -195,17 +189,17 @@ static int take_lengths(const stoke_loader *l, const stoke_batch *b, size_t j, c
 
 /* Calls the dataset for one sample into slot j of b, with the timeout bookkeeping and the ragged
  * lengths.  MAP: `*idx` is the sample; ITERABLE: *idx receives it.  Returns the status. */
-int stoke__loader_one_sample(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid, size_t j,
+int stoke__loader_one_sample(stoke_loader *l, stoke_batch *b, stoke__producer *p, size_t j,
                              uint64_t *idx, char *msg, size_t msg_len)
 {
-    stoke__ahead *a = scratch(l, w);
+    stoke__ahead *a = &p->ahead;
     point_slots(l, b, j, 1, a->dst, a->len);
     msg[0] = '\0';
-    uint64_t t0 = busy_begin(l, w, l->iterable ? UINT64_MAX : *idx);
+    uint64_t t0 = busy_begin(l, p->w, l->iterable ? UINT64_MAX : *idx);
     int rc = l->iterable
-                 ? l->ds.next(l->ds.user, wid, l->nworkers, a->dst, a->len, idx, msg, msg_len)
-                 : l->ds.get(l->ds.user, *idx, a->dst, a->len, wid, msg, msg_len);
-    rc = busy_end(l, w, t0, rc, msg, msg_len);
+                 ? l->ds.next(l->ds.user, p->wid, l->nworkers, a->dst, a->len, idx, msg, msg_len)
+                 : l->ds.get(l->ds.user, *idx, a->dst, a->len, p->wid, msg, msg_len);
+    rc = busy_end(l, p->w, t0, rc, msg, msg_len);
     if (rc == STOKE_OK && l->nragged)
         rc = take_lengths(l, b, j, a->len, msg, msg_len);
     return rc;
@@ -215,20 +209,20 @@ int stoke__loader_one_sample(stoke_loader *l, stoke_batch *b, stoke__worker *w, 
  * policy (badsample.c): skipped ones leave no slot (the rest move up), replaced ones change
  * their index.  MAP reads b->indices; ITERABLE fills them, and sets b->end when the worker's
  * share ended.  Sets b->count to the samples written. */
-static void fill_samples(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid)
+static void fill_samples(stoke_loader *l, stoke_batch *b, stoke__producer *p)
 {
     uint64_t *idx = b->indices;
     char msg[256];
     size_t out = 0; /* the slot; pos: the batch position read (they differ after a skip) */
     for (size_t pos = 0; l->iterable ? out < b->count : pos < b->count; pos++) {
         uint64_t got = l->iterable ? 0 : idx[pos];
-        int rc = stoke__loader_one_sample(l, b, w, wid, out, &got, msg, sizeof(msg));
+        int rc = stoke__loader_one_sample(l, b, p, out, &got, msg, sizeof(msg));
         if (rc == STOKE_EEND && l->iterable) {
             b->end = 1;
             break;
         }
         if (rc != STOKE_OK)
-            rc = stoke__bad_sample(l, b, w, wid, out, &got, rc, msg, sizeof(msg));
+            rc = stoke__bad_sample(l, b, p, out, &got, rc, msg, sizeof(msg));
         if (rc == STOKE__BAD_SKIPPED)
             continue;
         if (rc != STOKE_OK) {
@@ -244,26 +238,26 @@ static void fill_samples(stoke_loader *l, stoke_batch *b, stoke__worker *w, int 
  * b->indices), so the dataset can queue its reads; the busy/timeout bookkeeping is per batch
  * (the busy index is the batch's first sample).  On an error under a policy other than ERROR,
  * the samples are read again one by one (fill_samples), which finds the bad ones. */
-static void fill_read(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid)
+static void fill_read(stoke_loader *l, stoke_batch *b, stoke__producer *p)
 {
     size_t n = b->count;
     if (!n)
         return;
-    stoke__ahead *a = scratch(l, w);
+    stoke__ahead *a = &p->ahead;
     point_slots(l, b, 0, n, a->dst, a->len);
     char msg[256];
     msg[0] = '\0';
     uint64_t err_index = b->indices[0];
-    uint64_t t0 = busy_begin(l, w, b->indices[0]);
+    uint64_t t0 = busy_begin(l, p->w, b->indices[0]);
     int rc =
-        l->ds.read(l->ds.user, b->indices, n, a->dst, a->len, wid, msg, sizeof(msg), &err_index);
-    rc = busy_end(l, w, t0, rc, msg, sizeof(msg));
+        l->ds.read(l->ds.user, b->indices, n, a->dst, a->len, p->wid, msg, sizeof(msg), &err_index);
+    rc = busy_end(l, p->w, t0, rc, msg, sizeof(msg));
     const int nf = l->ds.nfields;
     for (size_t j = 0; rc == STOKE_OK && l->nragged && j < n; j++)
         if ((rc = take_lengths(l, b, j, a->len + j * (size_t)nf, msg, sizeof(msg))) != STOKE_OK)
             err_index = b->indices[j];
     if (rc != STOKE_OK && l->o.on_error != STOKE_ON_ERROR_ERROR && rc != STOKE_ETIMEDOUT) {
-        fill_samples(l, b, w, wid); /* find the bad samples one by one */
+        fill_samples(l, b, p); /* find the bad samples one by one */
         return;
     }
     if (rc != STOKE_OK) {
@@ -427,19 +421,19 @@ void stoke__loader_batch_start(stoke_loader *l, stoke_batch *b, int wid, uint64_
 
 /* The fill pipeline: indices, the dataset's reads (read() for the batch, else get()/next() per
  * sample, bad samples through the policy), then stoke__loader_finish. */
-void stoke__loader_fill_batch(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid,
-                              uint64_t seed, uint64_t epoch, uint64_t seq)
+void stoke__loader_fill_batch(stoke_loader *l, stoke_batch *b, stoke__producer *p, uint64_t seed,
+                              uint64_t epoch, uint64_t seq)
 {
     b->seq = seq;
-    stoke__loader_batch_start(l, b, wid, epoch);
-    if (!l->iterable && batch_indices(l, b, scratch(l, w), seed, epoch, seq) != STOKE_OK) {
+    stoke__loader_batch_start(l, b, p->wid, epoch);
+    if (!l->iterable && batch_indices(l, b, &p->ahead, seed, epoch, seq) != STOKE_OK) {
         b->bytes = 0;
         return;
     }
     if (!l->iterable && l->ds.read)
-        fill_read(l, b, w, wid);
+        fill_read(l, b, p);
     else
-        fill_samples(l, b, w, wid);
+        fill_samples(l, b, p);
     stoke__loader_finish(l, b);
 }
 
@@ -496,18 +490,12 @@ static void complete_quiet(stoke_loader *l, stoke_batch *b, uint64_t gen, uint64
     l->done_tail = &b->next;
 }
 
-void stoke__loader_complete(stoke_loader *l, stoke_batch *b, uint64_t gen, uint64_t busy_ns)
-{
-    complete_quiet(l, b, gen, busy_ns);
-    pthread_cond_signal(&l->done_cv); /* also wakes a consumer quiescing for set_epoch */
-}
-
 static int can_dispatch(const stoke_loader *l, const stoke__worker *w)
 {
     if (l->ended || l->init_failed || !l->nfree || l->quiesce)
         return 0;
     if (l->iterable)
-        return !w->exhausted && w->outstanding < l->o.prefetch_factor;
+        return !w->exhausted && w->outstanding < l->prefetch;
     return l->next_dispatch < l->nbatches && l->outstanding < l->window && w->id < l->nact;
 }
 
@@ -546,10 +534,11 @@ void stoke__loader_notify(stoke_loader *l)
     pthread_cond_signal(&l->done_cv);
 }
 
-/* (mu) Takes the next batch for worker w (can_dispatch was true).  May drop `mu` briefly. */
-stoke_batch *stoke__loader_dispatch(stoke_loader *l, stoke__worker *w, uint64_t *gen,
+/* (mu) Takes the next batch for producer p (it could dispatch).  May drop `mu` briefly. */
+stoke_batch *stoke__loader_dispatch(stoke_loader *l, stoke__producer *p, uint64_t *gen,
                                     uint64_t *seed, uint64_t *epoch)
 {
+    stoke__worker *w = p->share;
     STOKE__LOADER_ASSERT_MU(l);
     STOKE__LOADER_ASSERT(l->nfree > 0);
     stoke_batch *b = l->free_v[--l->nfree];
@@ -573,11 +562,11 @@ stoke_batch *stoke__loader_dispatch(stoke_loader *l, stoke__worker *w, uint64_t 
     return b;
 }
 
-void stoke__loader_look_ahead(stoke_loader *l, stoke__ahead *a, uint64_t seq, uint64_t seed,
+void stoke__loader_look_ahead(stoke_loader *l, stoke__producer *p, uint64_t seq, uint64_t seed,
                               uint64_t epoch)
 {
-    if (l->iterable || l->o.batch_size > STOKE_DATASET_PREFETCH_MAX || !l->ds.hint ||
-        seq >= l->nbatches)
+    stoke__ahead *a = &p->ahead;
+    if (!l->plan.hint_next || seq >= l->nbatches)
         return;
     size_t n = batch_count(l, seq);
     const uint64_t *idx = n ? ahead_indices(l, a, seq, n, seed, epoch) : NULL;
@@ -588,13 +577,13 @@ void stoke__loader_look_ahead(stoke_loader *l, stoke__ahead *a, uint64_t seq, ui
 }
 
 /* Makes a dispatched batch, without `mu` and without a clock read. */
-static void make_batch(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid, uint64_t seed,
+static void make_batch(stoke_loader *l, stoke_batch *b, stoke__producer *p, uint64_t seed,
                        uint64_t epoch)
 {
     if (l->proc)
-        stoke__proc_fill(l, b, w, wid, seed, epoch); /* in worker wid's child process */
+        stoke__proc_fill(l, b, p, seed, epoch); /* in worker p->wid's child process */
     else
-        stoke__loader_fill_batch(l, b, w, wid, seed, epoch, b->seq);
+        stoke__loader_fill_batch(l, b, p, seed, epoch, b->seq);
     if (l->device_mode && b->status == STOKE_OK && b->count) {
         for (int r = 0; r < l->nragged; r++) /* the slot goes back before the batch is held */
             memcpy(b->rmeta + (size_t)r * (2 + 2 * l->cap), stoke__ragged_aux(l, b->host->mem, r),
@@ -603,15 +592,6 @@ static void make_batch(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wi
                        sizeof(int64_t));
         stoke__loader_copy_batch(l, b);
     }
-}
-
-uint64_t stoke__loader_produce(stoke_loader *l, stoke_batch *b, stoke__worker *w, int wid,
-                               uint64_t seed, uint64_t epoch, uint64_t *clock)
-{
-    uint64_t t0 = *clock;
-    make_batch(l, b, w, wid, seed, epoch);
-    *clock = stoke__now_ns();
-    return *clock - t0;
 }
 
 /* (mu) Before a worker sleeps for lack of work: when batches take only microseconds and this
@@ -655,7 +635,7 @@ static void spin_for_work(stoke_loader *l, const stoke__worker *w)
 #define CLAIM_NS  20000u
 static int claim_size(const stoke_loader *l)
 {
-    if (l->proc || l->iterable || l->device_mode || !l->busy_avg || l->busy_avg >= CLAIM_NS / 2)
+    if (!l->plan.group || !l->busy_avg || l->busy_avg >= CLAIM_NS / 2)
         return 1;
     uint64_t n = CLAIM_NS / l->busy_avg;
     if (n >= CLAIM_MAX / 2) /* a whole group: its run of indices fills the sampler's 16 lanes */
@@ -679,7 +659,7 @@ static int consumer_can_dispatch(const stoke_loader *l)
 /* Makes the n > 1 dispatched batches b[] of a group with one read() call (docs/loader.md,
  * "Hand-off"), their indices taken from the group's run: STOKE_OK, or not (the run or the call
  * failed), and the caller makes them one by one, which reports the failing sample as a batch of
- * its own would and applies on_error.  Only where l->scatter says (no timeout_ms: a timeout
+ * its own would and applies on_error.  Only where l->plan.scatter says (no timeout_ms: a timeout
  * names the sample in progress) and the group's samples fit one run. */
 static int make_scattered(stoke_loader *l, stoke_batch *const *b, int n, int wid, uint64_t seed,
                           uint64_t epoch, stoke__ahead *a)
@@ -700,7 +680,7 @@ static int make_scattered(stoke_loader *l, stoke_batch *const *b, int n, int wid
         memcpy(x->indices, run + j, x->count * sizeof(*run));
         point_slots(l, x, 0, x->count, dst + j * (size_t)nf, NULL);
         j += x->count;
-        stoke__loader_finish(l, x); /* (no ragged field here: l->scatter) */
+        stoke__loader_finish(l, x); /* (no ragged field here: plan.scatter) */
     }
     char msg[256];
     msg[0] = '\0';
@@ -708,33 +688,39 @@ static int make_scattered(stoke_loader *l, stoke_batch *const *b, int n, int wid
     return l->ds.read(l->ds.user, run, total, dst, NULL, wid, msg, sizeof(msg), &err_index);
 }
 
-int stoke__loader_make_group(stoke_loader *l, stoke__worker *w)
+int stoke__loader_make_group(stoke_loader *l, stoke__producer *p, uint64_t *clock)
 {
     uint64_t gen, seed, epoch;
     stoke_batch *b[CLAIM_MAX];
-    stoke__ahead *a = w ? &w->ahead : &l->caller_ahead;
-    int wid = w ? w->id : l->nworkers, want = claim_size(l), n = 0;
+    stoke__ahead *a = &p->ahead;
+    stoke__worker *w = p->w;
+    int wid = p->wid, want = claim_size(l), n = 0;
     STOKE__LOADER_ASSERT_MU(l);
     /* `mu` is held throughout the group only because a group in device mode is one batch:
      * dispatch may drop it there (take_slot, waiting for an old copy) */
     STOKE__LOADER_ASSERT(want == 1 || !l->device_mode);
     do /* one gen, seed and epoch for all: `mu` is held throughout */
-        b[n++] = stoke__loader_dispatch(l, w ? w : &l->w[0], &gen, &seed, &epoch);
+        b[n++] = stoke__loader_dispatch(l, p, &gen, &seed, &epoch);
     while (n < want && (w ? can_dispatch(l, w) : consumer_can_dispatch(l)));
     stoke__loader_unlock(l);
-    a->seq_end = b[n - 1]->seq + 1; /* the group's seqs follow each other */
+    /* the batches it makes in a row: the group's (their seqs follow each other), or every one
+     * when the caller's thread makes them all (0 workers) */
+    a->seq_end = l->plan.caller_all && !w ? l->nbatches : b[n - 1]->seq + 1;
     if (n > 1 && !l->iterable && l->o.batch_size <= STOKE__AHEAD_RUN) /* one run for all */
         (void)ahead_indices(l, a, b[0]->seq, batch_count(l, b[0]->seq), seed, epoch);
     /* the clock is read around the group, not after each batch (a read is about 30 ns here, a
      * tenth of a batch of one 3 KB row): each batch is counted the group's average */
-    uint64_t t0 = stoke__now_ns();
-    int one_call = n > 1 && l->scatter && make_scattered(l, b, n, wid, seed, epoch, a) == STOKE_OK;
+    uint64_t t0 = clock && *clock ? *clock : stoke__now_ns();
+    int one_call =
+        n > 1 && l->plan.scatter && make_scattered(l, b, n, wid, seed, epoch, a) == STOKE_OK;
     for (int i = 0; i < n && !one_call; i++) {
-        if (i + 1 < n)
-            stoke__loader_look_ahead(l, a, b[i + 1]->seq, seed, epoch);
-        make_batch(l, b[i], w, wid, seed, epoch);
+        if (b[i]->seq + 1 < a->seq_end) /* the next batch this producer makes */
+            stoke__loader_look_ahead(l, p, b[i]->seq + 1, seed, epoch);
+        make_batch(l, b[i], p, seed, epoch);
     }
-    uint64_t took = stoke__now_ns() - t0;
+    uint64_t t1 = stoke__now_ns(), took = t1 - t0;
+    if (clock)
+        *clock = t1;
     stoke__loader_lock(l);
     for (int i = 0; i < n; i++) /* the last takes the division's remainder */
         complete_quiet(l, b[i], gen, took / (uint64_t)n + (i == n - 1 ? took % (uint64_t)n : 0));
@@ -783,7 +769,7 @@ static void *worker_main(void *arg)
         }
         if (l->quit)
             break;
-        stoke__loader_make_group(l, w);
+        stoke__loader_make_group(l, &w->p, NULL);
         /* one wake-up for the group, after `mu` is free: a consumer woken while this thread
          * still holds it would only sleep again on the mutex */
         stoke__loader_unlock(l);
