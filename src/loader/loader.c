@@ -467,7 +467,7 @@ static int check_upfront_bytes(stoke_loader *l)
 }
 
 /* The worker count: num_workers, or for STOKE_LOADER_WORKERS_AUTO one per online core up to
- * STOKE_LOADER_WORKERS_AUTO_MAX, all given work at first (adapt() varies that).  The caller's
+ * STOKE_LOADER_WORKERS_AUTO_MAX, all given work at first (autotune.c varies that).  The caller's
  * thread may make batches itself ("assist") for MAP datasets without worker_init, which promises
  * one call per thread before its samples; an ITERABLE dataset's shares are fixed per worker. */
 /* CPUs the calling thread may run on (its affinity mask: taskset, cgroup cpusets), else those
@@ -490,7 +490,8 @@ static void choose_workers(stoke_loader *l)
         l->nworkers = l->ncpu < STOKE_LOADER_WORKERS_AUTO_MAX ? l->ncpu
                                                               : STOKE_LOADER_WORKERS_AUTO_MAX;
     l->assist = !l->iterable && !l->ds.worker_init;
-    l->nact = l->nact_lo = l->nact_hi = l->nworkers;
+    l->nact = l->nworkers;
+    stoke__autotune_init(&l->autotune, l->nact);
     l->nact_min = l->auto_workers && !l->iterable ? (l->assist ? 0 : 1) : l->nworkers;
 }
 

@@ -234,6 +234,49 @@ typedef struct stoke__worker {
     int sleeping; /* (mu) waiting on work_cv, not yet woken by wake_workers */
 } stoke__worker;
 
+/* ---- autotune.c: num_workers = auto (docs/loader.md, "Auto workers") ------------------------
+ *
+ * A hill climb over the number of workers given work (nact): next() reports every delivery
+ * (stoke__autotune_delivered); every ~50 ms of them it measures the period and takes one step.
+ * All of it runs under `mu`, in the consumer's thread. */
+typedef struct stoke__autotune {
+    /* the period in progress */
+    uint64_t t0, batches, wait_ns, assisted0, helped0, cpu0;
+    /* the climb: the last period's batches per ns; the last move (+1, -1, a drop to the floor,
+     * 0: none), how long moves are held off after a loss and the hold left; the move that
+     * lost last (0: none) */
+    double prev_tput;
+    int last, backoff, hold, failed;
+    /* statistics: the range of nact since create, and how often it changed */
+    int lo, hi;
+    uint64_t changes;
+} stoke__autotune;
+
+/* What one period measured: batches per ns, the share of it the consumer waited, the share of
+ * batches the caller's thread made because nobody was making them, the process's share of the
+ * CPUs it could use, and `solo` (batches per ns x ns to make one; 0: unknown). */
+typedef struct stoke__autotune_period {
+    double tput, wait_frac, assisted_frac, cpu_share, solo;
+} stoke__autotune_period;
+
+/* create: no period begun, nothing moved; the range starts at `nact`. */
+void stoke__autotune_init(stoke__autotune *a, int nact);
+/* One step of the climb: the active count for the next period, within [lo, hi], from the
+ * current count n and the period p (remembered for the next step's judgement).  Pure apart from
+ * *a: tests drive it with made-up periods. */
+int stoke__autotune_step(stoke__autotune *a, int n, int lo, int hi,
+                         const stoke__autotune_period *p);
+/* (mu) Consumer: a batch was delivered after `waited` ns in next(), which read the clock (now)
+ * when it waited; 0 when the batch was ready (the clock is then read, for batches under 2 us
+ * to make only every 16th delivery).  At a period's end, steps and applies the new count to
+ * l->nact (waking workers).  Inline below the loader's struct: at batch size 1 a call for each
+ * delivery cost about 18 instructions more than the count it makes 15 times in 16. */
+static inline void stoke__autotune_delivered(stoke_loader *l, uint64_t now, uint64_t waited);
+/* Its part past the count: the clock, and a period's end. */
+void stoke__autotune_clock(stoke_loader *l, uint64_t now);
+/* (mu) workers_active_min / max and workers_changes into *s. */
+void stoke__autotune_stats(const stoke__autotune *a, stoke_loader_stats *s);
+
 struct stoke_loader {
     /* Immutable after create. */
     stoke_loader_opts o; /* o.device / o.pin_memory_device point at the copies below */
@@ -324,7 +367,6 @@ struct stoke_loader {
     stoke__ahead caller_ahead; /* the caller's thread's (and a process worker's) look-ahead */
     int quiesce;               /* (mu) set_epoch is waiting for batches in production */
     int nact;                  /* (mu) workers given work: ids below it (= nworkers unless auto) */
-    int nact_lo, nact_hi;      /* (mu) its range since create */
     int work_sleepers;         /* (mu) workers waiting on work_cv, not yet woken */
     uint64_t busy_avg;         /* (mu) moving average of the ns one batch takes to make */
     /* Bumped (release) with `mu` held by everything a waiting consumer may be waiting for (a
@@ -333,13 +375,10 @@ struct stoke_loader {
     _Atomic uint64_t events;
     /* Bumped (release) with `mu` held whenever workers might find work: they spin on it. */
     _Atomic uint64_t work_events;
-    /* auto: the hill climb over nact (consumer only; loader.c, adapt) */
-    uint64_t ad_t0, ad_batches, ad_wait_ns, ad_assisted0, ad_helped0, ad_cpu0;
-    double ad_prev_tput;
-    int ad_last, ad_backoff, ad_hold, ad_failed;
+    stoke__autotune autotune; /* (mu) auto: the hill climb over nact (autotune.c) */
     /* statistics (mu) */
     uint64_t st_samples, st_batches, st_bytes, st_pinned, st_pageable, st_dcopies, st_dbytes;
-    uint64_t st_derrors, st_assisted, st_nact_changes;
+    uint64_t st_derrors, st_assisted;
     uint64_t st_helped; /* (mu) of st_assisted, those made while a worker made the one needed */
     uint64_t st_work_wakes; /* (mu) broadcasts on work_cv by wake_workers (tests) */
     uint64_t st_wait_ns, st_busy_ns;
@@ -357,6 +396,16 @@ struct stoke_loader {
     unsigned fork_gen;        /* stoke__fork_gen() at create */
     int pid;                  /* the process that created it */
 };
+
+static inline void stoke__autotune_delivered(stoke_loader *l, uint64_t now, uint64_t waited)
+{
+    stoke__autotune *a = &l->autotune;
+    a->batches++;
+    a->wait_ns += waited;
+    if (!now && a->t0 && l->busy_avg < 2000u && (a->batches & 15))
+        return;
+    stoke__autotune_clock(l, now);
+}
 
 /* loader.c: formats the loader's last error into l->err and sets the thread's last error; returns
  * `code`. */
@@ -478,13 +527,5 @@ int stoke__loader_forked_fail(stoke_loader *l);
 void stoke__loader_abandon(stoke_loader *l);
 int stoke__loader_epoch_over(const stoke_loader *l);
 void stoke__loader_set_position(stoke_loader *l, uint64_t epoch, uint64_t cursor);
-
-/* (mu) num_workers = auto: one step of the hill climb (next.c, "Auto workers"): the active
- * count for the next period, from the period's batches per ns, the share of it the consumer
- * waited, the share of batches the caller's thread made, the process's share of the CPUs it
- * could use and `solo` (batches per ns x ns to make one; 0: unknown); updates l->ad_*.  Pure
- * apart from those fields (tests drive it with made-up periods). */
-int stoke__loader_adapt_step(stoke_loader *l, double tput, double wait_frac, double assisted_frac,
-                             double cpu_share, double solo);
 
 #endif
