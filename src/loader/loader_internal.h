@@ -13,29 +13,6 @@
 #include "stoke/device.h"
 #include "stoke/loader.h"
 
-/* A pause for spin loops. */
-static inline void stoke__cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-}
-
-/* One turn of a spin loop that waits for another loader thread: a pause, or sched_yield when
- * `crowded` (the loader's threads outnumber the cores it may run on, so the thread waited for
- * may be waiting for this core: a pause would hold it for nothing).  On 2 cores with 2 workers
- * and the consumer, yielding took batch size 1 from about 0.83x to 1.03x of 0 workers (4
- * alternating runs; docs/loader.md, "Hand-off"). */
-static inline void stoke__spin_turn(int crowded)
-{
-    if (crowded)
-        sched_yield();
-    else
-        stoke__cpu_relax();
-}
-
 /* splitmix64 finalizer (a bijection of 64-bit integers). */
 uint64_t stoke__mix64(uint64_t x);
 /* The key of every random choice in epoch `epoch` under `seed`. */
@@ -448,6 +425,13 @@ void stoke__loader_batch_start(stoke_loader *l, stoke_batch *b, int wid, uint64_
 void stoke__loader_wake_workers(stoke_loader *l, int force);
 /* (mu) Tells a consumer spinning or waiting in next() that something changed. */
 void stoke__loader_notify(stoke_loader *l);
+/* (mu) The spin before a sleep, for the consumer (on `events`) and the workers (on
+ * `work_events`): drops `mu`, spins until *counter changes or `budget` ns passed (the clock
+ * read every 32 turns; each turn a pause, or a yield when the loader's threads outnumber the
+ * CPUs), takes `mu` again.  The caller decides whether a spin is worth it and how long; after
+ * it, it must look at the state again before sleeping (a change made after the spin ended and
+ * before `mu` was taken again wakes nobody). */
+void stoke__loader_spin(stoke_loader *l, _Atomic uint64_t *counter, uint64_t budget);
 void stoke__loader_complete(stoke_loader *l, stoke_batch *b, uint64_t gen, uint64_t busy_ns);
 stoke_batch *stoke__loader_dispatch(stoke_loader *l, stoke__worker *w, uint64_t *gen,
                                     uint64_t *seed, uint64_t *epoch);

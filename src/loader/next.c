@@ -276,18 +276,7 @@ static void spin_for_event(stoke_loader *l)
         budget = 20000u;
     if (l->filling == 0 || budget < 200u)
         return;
-    uint64_t seen = atomic_load_explicit(&l->events, memory_order_relaxed);
-    int crowded = l->nact + 1 > l->ncpu;
-    pthread_mutex_unlock(&l->mu);
-    uint64_t t0 = stoke__now_ns();
-    for (unsigned i = 1;; i++) {
-        stoke__spin_turn(crowded);
-        if (atomic_load_explicit(&l->events, memory_order_acquire) != seen)
-            break;
-        if ((i & 31) == 0 && stoke__now_ns() - t0 > budget)
-            break;
-    }
-    pthread_mutex_lock(&l->mu);
+    stoke__loader_spin(l, &l->events, budget);
 }
 
 /* Workers: waits for the next deliverable batch.  Returns as next_inline does.  *t0: 0 on
