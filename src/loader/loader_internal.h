@@ -284,7 +284,8 @@ struct stoke_loader {
     int window;        /* batches dispatched and not yet delivered, at most */
     int nbuf;
     int alloc_kind;
-    const stoke_backend *pin_vt; /* STOKE__ALLOC_BACKEND */
+    const stoke_backend *pin_vt; /* STOKE__ALLOC_BACKEND: batches are pinned for this backend
+                                    and pin_dev, not the current ones (stoke__pinned_alloc_on) */
     struct stoke_arena *arena;   /* STOKE__ALLOC_ARENA: the node-wide arena (arena.c) */
     int pin_dev;
     char pin_backend[32]; /* "" when not pinned */
