@@ -666,25 +666,31 @@ static void test_idle_workers_left_asleep(void **state)
     tds_free(&t);
 }
 
-/* One period of the auto hill climb as stoke_loader_next runs it (next.c, adapt): the step,
- * then the new active count and the period's throughput remembered. */
-static int period_solo(stoke_loader *l, double tput, double wait, double assisted, double cpu,
+/* The loader's side of the auto hill climb (autotune.c): the active count and its bounds. */
+typedef struct climb {
+    stoke__autotune a;
+    int nact, nact_min, nworkers;
+} climb;
+
+/* One period of the climb as stoke_loader_next runs it (stoke__autotune_delivered): the step,
+ * then the new active count. */
+static int period_solo(climb *l, double tput, double wait, double assisted, double cpu,
                        double solo)
 {
-    int n = stoke__loader_adapt_step(l, tput, wait, assisted, cpu, solo);
+    stoke__autotune_period p = {tput, wait, assisted, cpu, solo};
+    int n = stoke__autotune_step(&l->a, l->nact, l->nact_min, l->nworkers, &p);
     assert_true(n >= l->nact_min && n <= l->nworkers);
     l->nact = n;
-    l->ad_prev_tput = tput;
     return n;
 }
 
-static int period_cpu(stoke_loader *l, double tput, double wait, double assisted, double cpu)
+static int period_cpu(climb *l, double tput, double wait, double assisted, double cpu)
 {
     return period_solo(l, tput, wait, assisted, cpu, 0.0); /* solo unknown */
 }
 
 /* A period in which the process got all the CPU it could use. */
-static int period(stoke_loader *l, double tput, double wait, double assisted)
+static int period(climb *l, double tput, double wait, double assisted)
 {
     return period_cpu(l, tput, wait, assisted, 1.0);
 }
@@ -699,8 +705,9 @@ static int period(stoke_loader *l, double tput, double wait, double assisted)
 static void test_auto_rule(void **state)
 {
     (void)state;
-    stoke_loader *l = calloc(1, sizeof(*l));
-    assert_non_null(l);
+    climb c;
+    climb *l = &c;
+    stoke__autotune_init(&l->a, 2);
     l->nworkers = 2;
     l->nact = 2;
     l->nact_min = 0;
@@ -717,14 +724,14 @@ static void test_auto_rule(void **state)
     assert_int_equal(period(l, 121, 0.30, 0.0), 1); /* gained < 5%: undone, held 2 */
     assert_int_equal(period(l, 121, 0.30, 0.0), 1);
     assert_int_equal(period(l, 121, 0.30, 0.0), 1);
-    assert_int_equal(period(l, 121, 0.30, 0.0), 0); /* adding failed last: the other way */
-    assert_int_equal(period(l, 100, 0.30, 0.0), 1); /* lost: undone */
-    l->ad_hold = 0;
-    assert_int_equal(period(l, 100, 0.01, 0.0), 0); /* never waits: one fewer */
-    l->ad_hold = 0;
-    l->ad_last = 0;
+    assert_int_equal(period(l, 121, 0.30, 0.0), 0);  /* adding failed last: the other way */
+    assert_int_equal(period(l, 100, 0.30, 0.0), 1);  /* lost: undone */
+    l->a.hold = 0;
+    assert_int_equal(period(l, 100, 0.01, 0.0), 0);  /* never waits: one fewer */
+    l->a.hold = 0;
+    l->a.last = 0;
     l->nact = 2;
-    l->ad_failed = 0;
+    l->a.failed = 0;
     /* at nworkers and still waiting, the process getting its CPUs: never above, no move */
     assert_int_equal(period_cpu(l, 100, 0.50, 0.0, 0.95), 2);
     assert_int_equal(period_cpu(l, 100, 0.50, 0.0, 0.86), 2);
@@ -736,10 +743,10 @@ static void test_auto_rule(void **state)
     l->nworkers = 4;
     l->nact = 4;
     l->nact_min = 0;
-    l->ad_hold = 0;
-    l->ad_last = 0;
-    l->ad_failed = 0;
-    l->ad_backoff = 0;
+    l->a.hold = 0;
+    l->a.last = 0;
+    l->a.failed = 0;
+    l->a.backoff = 0;
     assert_int_equal(period_solo(l, 100, 0.50, 0.0, 1.0, 0.80), 4); /* 0.80: no move */
     assert_int_equal(period_solo(l, 100, 0.08, 0.0, 1.0, 0.40), 4); /* no wait: the consumer's */
     assert_int_equal(period_solo(l, 100, 0.50, 0.0, 1.0, 0.40), 0); /* 0.40: all the way */
@@ -749,17 +756,16 @@ static void test_auto_rule(void **state)
     assert_int_equal(period_solo(l, 150, 0.90, 1.0, 1.0, 0.0), 0);
     assert_int_equal(period_solo(l, 150, 0.90, 1.0, 1.0, 0.0), 0);
     l->nact = 4;
-    l->ad_hold = 0;
-    l->ad_last = 0;
+    l->a.hold = 0;
+    l->a.last = 0;
     assert_int_equal(period_solo(l, 100, 0.50, 0.0, 1.0, 0.40), 0);
     assert_int_equal(period_solo(l, 50, 0.90, 1.0, 1.0, 0.0), 4); /* the drop lost: undone */
-    l->ad_hold = 0;
+    l->a.hold = 0;
     /* and not tried again while it is the move that failed last (held, then no move) */
     assert_int_equal(period_solo(l, 100, 0.50, 0.0, 1.0, 0.40), 4);
     l->nact_min = 1; /* threads that need a worker_init: never below 1 */
-    l->ad_failed = 0;
+    l->a.failed = 0;
     assert_int_equal(period_solo(l, 100, 0.50, 0.0, 1.0, 0.40), 1);
-    free(l);
 }
 
 /* num_workers = auto: one worker per online core up to the cap, reported; the active count stays

@@ -259,6 +259,91 @@ static void test_device_setup_failure_keeps_reason(void **state)
     tu_use_none();
 }
 
+static stoke_pinned_stats pinned_stats(void)
+{
+    stoke_pinned_stats s = {.size = sizeof(s)};
+    assert_int_equal(stoke_pinned_stats_get(&s), STOKE_OK);
+    return s;
+}
+
+/* Batches pinned for another device than the current one (pin_memory_device simdev:1 while
+ * simdev:0 is current) are the pinned allocator's blocks like the others: its statistics count
+ * every buffer (in use while the loader lives, cached after it), a second loader takes them
+ * from its cache without pinning anything, and its cap applies (FAIL: create fails with
+ * STOKE_ELIMIT; FALLBACK: the buffers past it are pageable, and batches say so). */
+static void test_other_device_through_pinned_layer(void **state)
+{
+    tu_use_simdev();
+    tds t;
+    stoke_dataset ds;
+    tds_make(&t, &ds, 50);
+    stoke_loader_opts o;
+    stoke_loader_opts_init(&o);
+    o.batch_size = 8;
+    o.num_workers = 2;
+    o.pin_memory = 1;
+    o.pin_memory_device = "simdev:1";
+    stoke_pinned_stats p0 = pinned_stats();
+    stoke_loader *l;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    stoke_loader_stats st = {.size = sizeof(st)};
+    assert_int_equal(stoke_loader_get_stats(l, &st), STOKE_OK);
+    uint64_t nbuf = st.buffers, per = stoke_pinned_round_size(st.buffer_bytes);
+    assert_true(nbuf > 0 && per >= st.buffer_bytes);
+    stoke_pinned_stats p1 = pinned_stats();
+    assert_int_equal(p1.total_allocs - p0.total_allocs, nbuf);
+    assert_int_equal(p1.count_in_use - p0.count_in_use, nbuf);
+    assert_int_equal(p1.bytes_in_use - p0.bytes_in_use, nbuf * per);
+    assert_int_equal(p1.bytes_requested - p0.bytes_requested, nbuf * st.buffer_bytes);
+    uint64_t pinned;
+    assert_int_equal(drain(l, &pinned), 7);
+    assert_int_equal(pinned, 7);
+    assert_string_equal(stoke_loader_pinned_backend(l), "simdev");
+    stoke_loader_destroy(l);
+    stoke_pinned_stats p2 = pinned_stats();
+    assert_int_equal(p2.total_frees - p0.total_frees, nbuf);
+    assert_int_equal(p2.count_in_use, p0.count_in_use);
+    assert_int_equal(p2.bytes_in_use, p0.bytes_in_use);
+    assert_true(p2.bytes_cached >= nbuf * per);
+
+    /* the cache: a second loader pins nothing */
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    stoke_pinned_stats p3 = pinned_stats();
+    assert_int_equal(p3.cache_hits - p2.cache_hits, nbuf);
+    assert_int_equal(p3.pin_calls, p2.pin_calls);
+    assert_int_equal(drain(l, &pinned), 7);
+    assert_int_equal(pinned, 7);
+    stoke_loader_destroy(l);
+
+    /* the cap, with room for two buffers */
+    assert_int_equal(stoke_pinned_empty_cache(), STOKE_OK);
+    uint64_t held = pinned_stats().bytes_reserved;
+    assert_int_equal(stoke_pinned_set_limit(held + 2 * per, STOKE_PINNED_LIMIT_FAIL), STOKE_OK);
+    stoke_pinned_stats p4 = pinned_stats();
+    l = (stoke_loader *)&t;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_ELIMIT);
+    assert_null(l);
+    stoke_pinned_stats p5 = pinned_stats();
+    assert_int_equal(p5.limit_failures - p4.limit_failures, 1);
+    assert_int_equal(p5.bytes_in_use, p0.bytes_in_use);
+    assert_int_equal(stoke_pinned_set_limit(held + 2 * per, STOKE_PINNED_LIMIT_FALLBACK), STOKE_OK);
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    stoke_pinned_stats p6 = pinned_stats();
+    assert_int_equal(p6.pageable_fallbacks - p5.pageable_fallbacks, nbuf - 2);
+    assert_int_equal(drain(l, &pinned), 7); /* each batch's flag checked against its memory */
+    memset(&st, 0, sizeof(st));
+    st.size = sizeof(st);
+    assert_int_equal(stoke_loader_get_stats(l, &st), STOKE_OK);
+    assert_int_equal(st.pinned_batches, pinned);
+    assert_int_equal(st.pageable_batches, 7 - pinned);
+    stoke_loader_destroy(l);
+    assert_int_equal(stoke_pinned_set_limit(0, STOKE_PINNED_LIMIT_FALLBACK), STOKE_OK);
+    assert_int_equal(pinned_stats().bytes_in_use, p0.bytes_in_use);
+    tds_free(&t);
+    tu_use_none();
+    (void)state;
+}
+
 /* Device specs are checked at create: a device index the backend does not have is
  * STOKE_ERANGE, a malformed spec STOKE_EINVAL, before any batch memory is allocated. */
 static void test_spec_errors(void **state)
@@ -471,6 +556,7 @@ int main(void)
         cmocka_unit_test(test_device_transfer),
         cmocka_unit_test(test_device_early_destroy),
         cmocka_unit_test(test_device_errors),
+        cmocka_unit_test(test_other_device_through_pinned_layer),
         cmocka_unit_test(test_spec_errors),
         cmocka_unit_test(test_device_setup_failure_keeps_reason),
         cmocka_unit_test(test_device_copy_failure),

@@ -18,6 +18,7 @@
 #include "common/internal.h"
 #include "ipc/arena_internal.h"
 #include "loader/loader_internal.h"
+#include "pinned/pinned_internal.h"
 #include "registry/registry.h"
 #include "stoke/accelerator.h"
 #include "stoke/loader.h"
@@ -88,17 +89,11 @@ static int slot_alloc(stoke_loader *l, stoke__slot *s)
         if (rc == STOKE_OK)
             s->pinned = stoke_is_pinned(p);
         break;
-    case STOKE__ALLOC_BACKEND: {
-        stoke__clear_error(); /* what is left afterwards is the backend's reason */
-        rc = l->pin_vt->host_alloc(l->pin_dev, l->buf_bytes, &p);
-        int pinned = 0;
-        if (rc == STOKE_OK && l->pin_vt->is_pinned && l->pin_vt->is_pinned(p, &pinned) == STOKE_OK)
-            s->pinned = pinned;
-        if (rc != STOKE_OK)
-            rc = stoke__fail(rc, "%s: pinned allocation of %zu bytes failed: %s", l->pin_vt->name,
-                             l->buf_bytes, stoke_last_error());
+    case STOKE__ALLOC_BACKEND: /* another backend or device: still the pinned layer's block */
+        rc = stoke__pinned_alloc_on(l->pin_vt, l->pin_dev, l->buf_bytes, &p);
+        if (rc == STOKE_OK)
+            s->pinned = stoke_is_pinned(p);
         break;
-    }
     default: /* pageable: resident from creation (stoke__resident_alloc) */
         if (!(p = stoke__resident_alloc(l->buf_bytes)))
             rc = stoke__fail(STOKE_ENOMEM, "cannot allocate %zu bytes", l->buf_bytes);
@@ -113,9 +108,9 @@ static void slot_free(stoke_loader *l, stoke__slot *s)
 {
     if (s->mem) {
         switch (l->alloc_kind) {
-        case STOKE__ALLOC_POOL: stoke_pinned_free(s->mem); break;
+        case STOKE__ALLOC_POOL:
+        case STOKE__ALLOC_BACKEND: stoke_pinned_free(s->mem); break;
         case STOKE__ALLOC_ARENA: stoke_arena_free(l->arena, s->mem); break;
-        case STOKE__ALLOC_BACKEND: l->pin_vt->host_free(l->pin_dev, s->mem); break;
         default: stoke__resident_free(s->mem, l->buf_bytes); break;
         }
     }
@@ -499,7 +494,7 @@ static int check_upfront_bytes(stoke_loader *l)
 }
 
 /* The worker count: num_workers, or for STOKE_LOADER_WORKERS_AUTO one per online core up to
- * STOKE_LOADER_WORKERS_AUTO_MAX, all given work at first (adapt() varies that).  The caller's
+ * STOKE_LOADER_WORKERS_AUTO_MAX, all given work at first (autotune.c varies that).  The caller's
  * thread may make batches itself ("assist") for MAP datasets without worker_init, which promises
  * one call per thread before its samples; an ITERABLE dataset's shares are fixed per worker. */
 /* CPUs the calling thread may run on (its affinity mask: taskset, cgroup cpusets), else those
@@ -521,7 +516,8 @@ static void choose_workers(stoke_loader *l)
     if (l->auto_workers)
         l->nworkers =
             l->ncpu < STOKE_LOADER_WORKERS_AUTO_MAX ? l->ncpu : STOKE_LOADER_WORKERS_AUTO_MAX;
-    l->nact = l->nact_lo = l->nact_hi = l->nworkers;
+    l->nact = l->nworkers;
+    stoke__autotune_init(&l->autotune, l->nact);
 }
 
 /* The plan: which of the loader's fast paths apply, decided here once from the options and

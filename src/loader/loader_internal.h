@@ -14,29 +14,6 @@
 #include "stoke/device.h"
 #include "stoke/loader.h"
 
-/* A pause for spin loops. */
-static inline void stoke__cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-}
-
-/* One turn of a spin loop that waits for another loader thread: a pause, or sched_yield when
- * `crowded` (the loader's threads outnumber the cores it may run on, so the thread waited for
- * may be waiting for this core: a pause would hold it for nothing).  On 2 cores with 2 workers
- * and the consumer, yielding took batch size 1 from about 0.83x to 1.03x of 0 workers (4
- * alternating runs; docs/loader.md, "Hand-off"). */
-static inline void stoke__spin_turn(int crowded)
-{
-    if (crowded)
-        sched_yield();
-    else
-        stoke__cpu_relax();
-}
-
 /* splitmix64 finalizer (a bijection of 64-bit integers). */
 uint64_t stoke__mix64(uint64_t x);
 /* The key of every random choice in epoch `epoch` under `seed`. */
@@ -317,6 +294,49 @@ typedef struct stoke__worker {
     int sleeping; /* (mu) waiting on work_cv, not yet woken by wake_workers */
 } stoke__worker;
 
+/* ---- autotune.c: num_workers = auto (docs/loader.md, "Auto workers") ------------------------
+ *
+ * A hill climb over the number of workers given work (nact): next() reports every delivery
+ * (stoke__autotune_delivered); every ~50 ms of them it measures the period and takes one step.
+ * All of it runs under `mu`, in the consumer's thread. */
+typedef struct stoke__autotune {
+    /* the period in progress */
+    uint64_t t0, batches, wait_ns, assisted0, helped0, cpu0;
+    /* the climb: the last period's batches per ns; the last move (+1, -1, a drop to the floor,
+     * 0: none), how long moves are held off after a loss and the hold left; the move that
+     * lost last (0: none) */
+    double prev_tput;
+    int last, backoff, hold, failed;
+    /* statistics: the range of nact since create, and how often it changed */
+    int lo, hi;
+    uint64_t changes;
+} stoke__autotune;
+
+/* What one period measured: batches per ns, the share of it the consumer waited, the share of
+ * batches the caller's thread made because nobody was making them, the process's share of the
+ * CPUs it could use, and `solo` (batches per ns x ns to make one; 0: unknown). */
+typedef struct stoke__autotune_period {
+    double tput, wait_frac, assisted_frac, cpu_share, solo;
+} stoke__autotune_period;
+
+/* create: no period begun, nothing moved; the range starts at `nact`. */
+void stoke__autotune_init(stoke__autotune *a, int nact);
+/* One step of the climb: the active count for the next period, within [lo, hi], from the
+ * current count n and the period p (remembered for the next step's judgement).  Pure apart from
+ * *a: tests drive it with made-up periods. */
+int stoke__autotune_step(stoke__autotune *a, int n, int lo, int hi,
+                         const stoke__autotune_period *p);
+/* (mu) Consumer: a batch was delivered after `waited` ns in next(), which read the clock (now)
+ * when it waited; 0 when the batch was ready (the clock is then read, for batches under 2 us
+ * to make only every 16th delivery).  At a period's end, steps and applies the new count to
+ * l->nact (waking workers).  Inline below the loader's struct: at batch size 1 a call for each
+ * delivery cost about 18 instructions more than the count it makes 15 times in 16. */
+static inline void stoke__autotune_delivered(stoke_loader *l, uint64_t now, uint64_t waited);
+/* Its part past the count: the clock, and a period's end. */
+void stoke__autotune_clock(stoke_loader *l, uint64_t now);
+/* (mu) workers_active_min / max and workers_changes into *s. */
+void stoke__autotune_stats(const stoke__autotune *a, stoke_loader_stats *s);
+
 struct stoke_loader {
     /* Immutable after create. */
     stoke_loader_opts o; /* o.device / o.pin_memory_device point at the copies below */
@@ -351,7 +371,8 @@ struct stoke_loader {
     int window;       /* batches dispatched and not yet delivered, at most */
     int nbuf;
     int alloc_kind;
-    const stoke_backend *pin_vt; /* STOKE__ALLOC_BACKEND */
+    const stoke_backend *pin_vt; /* STOKE__ALLOC_BACKEND: batches are pinned for this backend
+                                    and pin_dev, not the current ones (stoke__pinned_alloc_on) */
     struct stoke_arena *arena;   /* STOKE__ALLOC_ARENA: the node-wide arena (arena.c) */
     int pin_dev;
     char pin_backend[32]; /* "" when not pinned */
@@ -411,7 +432,6 @@ struct stoke_loader {
     stoke__producer caller;    /* the caller's thread (and a process worker's child) */
     int quiesce;               /* (mu) set_epoch is waiting for batches in production */
     int nact;                  /* (mu) workers given work: ids below it (= nworkers unless auto) */
-    int nact_lo, nact_hi;      /* (mu) its range since create */
     int work_sleepers;         /* (mu) workers waiting on work_cv, not yet woken */
     uint64_t busy_avg;         /* (mu) moving average of the ns one batch takes to make */
     /* Bumped (release) with `mu` held by everything a waiting consumer may be waiting for (a
@@ -420,14 +440,11 @@ struct stoke_loader {
     _Atomic uint64_t events;
     /* Bumped (release) with `mu` held whenever workers might find work: they spin on it. */
     _Atomic uint64_t work_events;
-    /* auto: the hill climb over nact (consumer only; loader.c, adapt) */
-    uint64_t ad_t0, ad_batches, ad_wait_ns, ad_assisted0, ad_helped0, ad_cpu0;
-    double ad_prev_tput;
-    int ad_last, ad_backoff, ad_hold, ad_failed;
+    stoke__autotune autotune; /* (mu) auto: the hill climb over nact (autotune.c) */
     /* statistics (mu) */
     uint64_t st_samples, st_batches, st_bytes, st_pinned, st_pageable, st_dcopies, st_dbytes;
-    uint64_t st_derrors, st_assisted, st_nact_changes;
-    uint64_t st_helped;     /* (mu) of st_assisted, those made while a worker made the one needed */
+    uint64_t st_derrors, st_assisted;
+    uint64_t st_helped; /* (mu) of st_assisted, those made while a worker made the one needed */
     uint64_t st_work_wakes; /* (mu) broadcasts on work_cv by wake_workers (tests) */
     uint64_t st_wait_ns, st_busy_ns;
     stoke__hist wait_hist;
@@ -539,6 +556,16 @@ static inline void stoke__batch_move(stoke_batch *b, int from, int to)
     atomic_store_explicit(&b->state, (unsigned char)to, memory_order_relaxed);
 }
 
+static inline void stoke__autotune_delivered(stoke_loader *l, uint64_t now, uint64_t waited)
+{
+    stoke__autotune *a = &l->autotune;
+    a->batches++;
+    a->wait_ns += waited;
+    if (!now && a->t0 && l->busy_avg < 2000u && (a->batches & 15))
+        return;
+    stoke__autotune_clock(l, now);
+}
+
 /* loader.c: formats the loader's last error into l->err and sets the thread's last error; returns
  * `code`. */
 int stoke__loader_fail(stoke_loader *l, int code, const char *fmt, ...) STOKE__PRINTF(3, 4);
@@ -583,6 +610,13 @@ void stoke__loader_batch_start(stoke_loader *l, stoke_batch *b, int wid, uint64_
 void stoke__loader_wake_workers(stoke_loader *l, int force);
 /* (mu) Tells a consumer spinning or waiting in next() that something changed. */
 void stoke__loader_notify(stoke_loader *l);
+/* (mu) The spin before a sleep, for the consumer (on `events`) and the workers (on
+ * `work_events`): drops `mu`, spins until *counter changes or `budget` ns passed (the clock
+ * read every 32 turns; each turn a pause, or a yield when the loader's threads outnumber the
+ * CPUs), takes `mu` again.  The caller decides whether a spin is worth it and how long; after
+ * it, it must look at the state again before sleeping (a change made after the spin ended and
+ * before `mu` was taken again wakes nobody). */
+void stoke__loader_spin(stoke_loader *l, _Atomic uint64_t *counter, uint64_t budget);
 stoke_batch *stoke__loader_dispatch(stoke_loader *l, stoke__producer *p, uint64_t *gen,
                                     uint64_t *seed, uint64_t *epoch);
 /* (mu) The producer loop's one turn: dispatches a group of batches (at least one: the caller
@@ -681,13 +715,5 @@ int stoke__loader_forked_fail(stoke_loader *l);
 void stoke__loader_abandon(stoke_loader *l);
 int stoke__loader_epoch_over(const stoke_loader *l);
 void stoke__loader_set_position(stoke_loader *l, uint64_t epoch, uint64_t cursor);
-
-/* (mu) num_workers = auto: one step of the hill climb (next.c, "Auto workers"): the active
- * count for the next period, from the period's batches per ns, the share of it the consumer
- * waited, the share of batches the caller's thread made, the process's share of the CPUs it
- * could use and `solo` (batches per ns x ns to make one; 0: unknown); updates l->ad_*.  Pure
- * apart from those fields (tests drive it with made-up periods). */
-int stoke__loader_adapt_step(stoke_loader *l, double tput, double wait_frac, double assisted_frac,
-                             double cpu_share, double solo);
 
 #endif

@@ -1,7 +1,7 @@
 /* The consumer side of the loader: stoke_loader_next, the reorder stage (in order or as
- * completed), errors and the timeout, the hand-off (the caller's thread making a batch itself,
- * spinning before sleeping) and the hill climb of num_workers = auto.  docs/loader.md,
- * "Hand-off" and "Auto workers"; the locking rules are in loader_internal.h. */
+ * completed), errors and the timeout, and the hand-off (the caller's thread making a batch
+ * itself, spinning before sleeping; docs/loader.md, "Hand-off").  The hill climb of num_workers
+ * = auto is autotune.c's; the locking rules are in loader_internal.h. */
 #include <ctype.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -272,18 +272,7 @@ static void spin_for_event(stoke_loader *l)
         budget = 20000u;
     if (l->filling == 0 || budget < 200u)
         return;
-    uint64_t seen = atomic_load_explicit(&l->events, memory_order_relaxed);
-    int crowded = l->nact + 1 > l->ncpu;
-    stoke__loader_unlock(l);
-    uint64_t t0 = stoke__now_ns();
-    for (unsigned i = 1;; i++) {
-        stoke__spin_turn(crowded);
-        if (atomic_load_explicit(&l->events, memory_order_acquire) != seen)
-            break;
-        if ((i & 31) == 0 && stoke__now_ns() - t0 > budget)
-            break;
-    }
-    stoke__loader_lock(l);
+    stoke__loader_spin(l, &l->events, budget);
 }
 
 /* Workers: waits for the next deliverable batch.  Returns as next_inline does.  *t0: 0 on
@@ -352,128 +341,6 @@ static int next_threaded(stoke_loader *l, stoke_batch **bp, uint64_t *t0)
     return rc;
 }
 
-/* num_workers = auto (docs/loader.md, "Auto workers"): every ~50 ms of deliveries, one step of
- * a hill climb on the number of workers given work (nact), judged by batches per second:
- * - the last step's move lost throughput (an addition that did not gain 5%, a removal that lost
- *   5%): undo it, and make no move for a while (2, 4, ... 32 periods);
- * - the consumer spent under 5% of the time in next(): workers are not the bottleneck, one
- *   fewer;
- * - it spent over 10% there: one more if there is one and adding did not fail last, else one
- *   fewer (on a busy machine, or when hand-offs cost more than the samples, fewer threads are
- *   faster; at 0 the caller's thread makes every batch, as with num_workers 0) - but with every
- *   worker given work, one fewer only when the process did not get the CPUs it could use
- *   (cpu_share, its CPU time over the period divided by min(CPUs, workers given work + 1),
- *   under 0.85: another process holds some): on an idle machine that try only cost a period
- *   at a lower rate, and short epochs never made it back.
- * Before those: when the caller's thread made more than half of the period's batches itself
- * because nobody was making them (assist; not those it made while helping), the workers mostly
- * add hand-offs: one fewer.  And first of all: when the consumer
- * waited over 10% and the loader delivered under 3/4 of the batches one thread makes back to
- * back (`solo`: batches per ns times the ns a batch takes to make), hand-offs cost more than
- * the batches (a consumer that does not wait is slower than its loader): straight to
- * nact_min (0: the caller's thread makes them, as with num_workers 0), unless that is the
- * move that failed last.  At batch size 1 on 2 cores each hand-off moves the batch and the
- * lock between cores (about 1 us here, a 256-byte row takes 0.3), and one step at a time took
- * two periods to get there.
- * Time in next() includes batches the caller's thread made itself.  (A shorter first period,
- * 10 ms, was tried: the workers are still starting then and the caller's thread makes most
- * batches, so the assist rule took a worker away; 3 KB rows, batch 256: 1.27 vs 1.45 M/s.) */
-#define STOKE__ADAPT_NS 50000000u
-
-int stoke__loader_adapt_step(stoke_loader *l, double tput, double wait_frac, double assisted_frac,
-                             double cpu_share, double solo)
-{
-    int n = l->nact;
-    int lost = (l->ad_last > 0 && tput < l->ad_prev_tput * 1.05) ||
-               (l->ad_last < 0 && tput < l->ad_prev_tput * 0.95);
-    if (lost) {
-        l->ad_backoff = l->ad_backoff ? (l->ad_backoff < 32 ? l->ad_backoff * 2 : 32) : 2;
-        l->ad_hold = l->ad_backoff;
-        n -= l->ad_last;
-        l->ad_failed = l->ad_last;
-        l->ad_last = 0;
-        return n;
-    }
-    if (l->ad_last) { /* the last move paid off */
-        l->ad_backoff = 0;
-        l->ad_failed = 0;
-    }
-    l->ad_last = 0;
-    if (l->ad_hold) {
-        l->ad_hold--;
-        return n;
-    }
-    int up = n < l->nworkers;
-    int down = n > l->nact_min;
-    if (solo > 0 && solo < 0.75 && wait_frac > 0.10 && down && l->ad_failed >= 0)
-        l->ad_last = l->nact_min - n; /* hand-offs cost more than the batches */
-    else if (assisted_frac > 0.5 && down)
-        l->ad_last = -1; /* the caller's thread makes most batches: workers add hand-offs */
-    else if (wait_frac < 0.05 && down)
-        l->ad_last = -1;
-    else if (wait_frac > 0.10 && up && (l->ad_failed != 1 || !down))
-        l->ad_last = 1; /* the direction that did not fail last, if there is a choice */
-    else if (wait_frac > 0.10 && down && (up || cpu_share < 0.85))
-        l->ad_last = -1;
-    return n + l->ad_last;
-}
-
-/* CPU time of the whole process, ns (0 when the clock is not there). */
-static uint64_t process_cpu_ns(void)
-{
-    struct timespec ts;
-    if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts) != 0)
-        return 0;
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-/* (mu) One delivery seen by the hill climb: `waited` ns in next(), which read the clock (now)
- * when it waited; 0 when the batch was ready.  Then the clock is read here, for batches under
- * 2 us to make only every 16th delivery (a period is 50 ms). */
-static void adapt(stoke_loader *l, uint64_t now, uint64_t waited)
-{
-    l->ad_batches++;
-    l->ad_wait_ns += waited;
-    if (!now) {
-        if (l->ad_t0 && l->busy_avg < 2000u && (l->ad_batches & 15))
-            return;
-        now = stoke__now_ns();
-    }
-    if (!l->ad_t0) {
-        l->ad_t0 = now;
-        l->ad_cpu0 = process_cpu_ns();
-    }
-    uint64_t span = now - l->ad_t0;
-    if (span < STOKE__ADAPT_NS || l->ad_batches < 8)
-        return;
-    double tput = (double)l->ad_batches / (double)span;
-    /* the batches the caller's thread made because nobody was making them: those it made
-     * while helping a worker say nothing about hand-offs */
-    uint64_t helped = l->st_helped - l->ad_helped0;
-    double assisted = (double)(l->st_assisted - l->ad_assisted0 - helped) / (double)l->ad_batches;
-    uint64_t cpu = process_cpu_ns();
-    int usable = l->nact + 1 < l->ncpu ? l->nact + 1 : l->ncpu;
-    double share = cpu > l->ad_cpu0 ? (double)(cpu - l->ad_cpu0) / (double)span / usable : 0.0;
-    int n = stoke__loader_adapt_step(l, tput, (double)l->ad_wait_ns / (double)span, assisted, share,
-                                     tput * (double)l->busy_avg);
-    if (n != l->nact) {
-        l->nact = n;
-        l->st_nact_changes++;
-        if (n < l->nact_lo)
-            l->nact_lo = n;
-        if (n > l->nact_hi)
-            l->nact_hi = n;
-        stoke__loader_wake_workers(l, 1);
-    }
-    l->ad_prev_tput = tput;
-    l->ad_t0 = now;
-    l->ad_cpu0 = cpu;
-    l->ad_assisted0 = l->st_assisted;
-    l->ad_helped0 = l->st_helped;
-    l->ad_batches = 0;
-    l->ad_wait_ns = 0;
-}
-
 int stoke_loader_next(stoke_loader *l, stoke_batch **out)
 {
     if (!l || !out)
@@ -501,7 +368,7 @@ int stoke_loader_next(stoke_loader *l, stoke_batch **out)
     l->st_wait_ns += waited;
     stoke__hist_add(&l->wait_hist, waited);
     if (l->auto_workers && !l->iterable)
-        adapt(l, now, waited);
+        stoke__autotune_delivered(l, now, waited);
     stoke__loader_unlock(l);
     *out = b;
     return STOKE_OK;

@@ -205,9 +205,7 @@ int stoke_loader_get_stats(const stoke_loader *l, stoke_loader_stats *out)
     s.workers = (uint64_t)m->nworkers;
     s.workers_auto = (uint64_t)m->auto_workers;
     s.workers_active = (uint64_t)m->nact;
-    s.workers_active_min = (uint64_t)m->nact_lo;
-    s.workers_active_max = (uint64_t)m->nact_hi;
-    s.workers_changes = m->st_nact_changes;
+    stoke__autotune_stats(&m->autotune, &s);
     s.assisted_batches = m->st_assisted;
     stoke__bad_stats(m, &s);
     stoke__loader_unlock(m);

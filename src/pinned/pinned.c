@@ -596,17 +596,13 @@ static int pin_new(pn_pool *p, int cls, pn_block **out)
 
 /* ---- the API ------------------------------------------------------------------------------ */
 
-int stoke_pinned_alloc(size_t size, void **out)
+/* An allocation for (vt, dev) (vt NULL: the stand-in pool), out checked and init done.
+ * `rekey`: the thread now works for (vt, dev), so its cache moves to that pool when it holds
+ * another's blocks; otherwise (stoke__pinned_alloc_on: one allocation for a device the thread
+ * does not use) a cache of another pool is left as it is and not used. */
+static int alloc_in(const stoke_backend *vt, int dev, size_t size, void **out, int rekey)
 {
-    if (!out)
-        return stoke__fail(STOKE_EINVAL, "stoke_pinned_alloc: out is NULL");
-    *out = NULL;
-    stoke__pn_ensure_init();
-    const stoke_backend *vt;
-    int dev;
-    int rc = stoke__pn_target(&vt, &dev);
-    if (rc != STOKE_OK)
-        return rc;
+    int rc;
     int cls = stoke__pinned_class(size);
     if (cls < 0)
         return stoke__fail(STOKE_ENOMEM, "stoke_pinned_alloc: %zu bytes is above the largest "
@@ -614,13 +610,14 @@ int stoke_pinned_alloc(size_t size, void **out)
     pn_tcache *tc = tc_get();
     pn_pool *p = tc && tc->pool && tc->pool->vt == vt && tc->pool->dev == dev ? tc->pool : NULL;
     pn_block *b = NULL;
+    int use_tc = tc != NULL; /* its ready blocks are of p */
     if (!p) {
         p = pool_get(vt, dev);
         if (!p)
             return stoke__fail(STOKE_ENOMEM, "pinned: no memory for the pool of %s device %d "
                                "(or more than %d backend/device pairs)", vt ? vt->name : "none",
                                dev, PN_MAX_POOLS);
-        if (tc) { /* the thread now works for another (backend, device): rekey its cache */
+        if (tc && rekey) { /* the thread now works for another (backend, device) */
             pthread_mutex_lock(&tc->lock);
             pn_block *old = tc_take_all_locked(tc);
             pn_pool *oldp = tc->pool;
@@ -628,10 +625,12 @@ int stoke_pinned_alloc(size_t size, void **out)
             pthread_mutex_unlock(&tc->lock);
             if (oldp)
                 push_list(oldp, old);
+        } else {
+            use_tc = 0;
         }
     }
     int hit = 1;
-    if (tc) {
+    if (use_tc) {
         pthread_mutex_lock(&tc->lock);
         if (cls < PN_TC_NCLASS && (b = tc->bins[cls]) != NULL) {
             tc->bins[cls] = b->next;
@@ -676,6 +675,29 @@ done:
     atomic_store_explicit(&b->state, PN_LIVE, memory_order_release);
     *out = (void *)atomic_load_explicit(&b->addr, memory_order_relaxed);
     return STOKE_OK;
+}
+
+int stoke_pinned_alloc(size_t size, void **out)
+{
+    if (!out)
+        return stoke__fail(STOKE_EINVAL, "stoke_pinned_alloc: out is NULL");
+    *out = NULL;
+    stoke__pn_ensure_init();
+    const stoke_backend *vt;
+    int dev;
+    int rc = stoke__pn_target(&vt, &dev);
+    if (rc != STOKE_OK)
+        return rc;
+    return alloc_in(vt, dev, size, out, 1);
+}
+
+int stoke__pinned_alloc_on(const stoke_backend *vt, int dev, size_t size, void **out)
+{
+    if (!out || !vt)
+        return stoke__fail(STOKE_EINVAL, "stoke__pinned_alloc_on: NULL argument");
+    *out = NULL;
+    stoke__pn_ensure_init();
+    return alloc_in(vt, dev, size, out, 0);
 }
 
 int stoke_pinned_free(void *ptr)

@@ -186,6 +186,15 @@ void stoke__pn_reg_reset(void); /* register.c: unregisters everything (reset) */
 #define PN_SUB(name, v) atomic_fetch_sub_explicit(&stoke__pinned.name, (v), memory_order_relaxed)
 #define PN_GET(name) atomic_load_explicit(&stoke__pinned.name, memory_order_relaxed)
 
+/* ---- other layers -------------------------------------------------------------------------- */
+/* stoke_pinned_alloc for a named backend and device instead of the current ones (the loader's
+ * pin_memory_device on another device): the same cache, cap, policy and statistics, a block
+ * freed with stoke_pinned_free.  It pins for vt whatever STOKE_PINNED says (a caller that names
+ * a backend asked for it), and it neither uses nor moves the calling thread's cache when that
+ * holds another pool's blocks (one allocation for another device does not make the thread work
+ * for it).  STOKE_EINVAL for vt or out NULL; otherwise as stoke_pinned_alloc. */
+int stoke__pinned_alloc_on(const stoke_backend *vt, int dev, size_t size, void **out);
+
 /* ---- tests -------------------------------------------------------------------------------- */
 /* Tests only: frees every block (cached, waiting and live: pending events are synchronized
  * first), unregisters every registered range, destroys pooled events, forgets warnings,
