@@ -35,47 +35,28 @@
 
 #define CUDA_DEFAULT_LIBRARY "libcuda.so.1"
 
-/* Symbol each member of the driver table is resolved from. */
+/* Symbol each member of the driver table is resolved from: its own name, or with the _V2 macros
+ * the `_v2` version where the driver has several. */
+#define SYM(member, suffix, req) {offsetof(struct stoke__cuda_driver, member), #member suffix, req}
+#define REQ(member) SYM(member, "", 1)
+#define REQ_V2(member) SYM(member, "_v2", 1)
+#define OPT(member) SYM(member, "", 0)
 static const stoke__gpu_sym cuda_symbols[] = {
-#define REQ(member, sym) {offsetof(struct stoke__cuda_driver, member), sym, 1}
-#define OPT(member, sym) {offsetof(struct stoke__cuda_driver, member), sym, 0}
-    REQ(cuInit, "cuInit"),
-    REQ(cuDriverGetVersion, "cuDriverGetVersion"),
-    REQ(cuDeviceGetCount, "cuDeviceGetCount"),
-    REQ(cuDeviceGet, "cuDeviceGet"),
-    REQ(cuDeviceGetName, "cuDeviceGetName"),
-    REQ(cuDeviceTotalMem, "cuDeviceTotalMem_v2"),
-    REQ(cuDeviceGetAttribute, "cuDeviceGetAttribute"),
-    REQ(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain"),
-    REQ(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2"),
-    REQ(cuCtxPushCurrent, "cuCtxPushCurrent_v2"),
-    REQ(cuCtxPopCurrent, "cuCtxPopCurrent_v2"),
-    REQ(cuMemHostAlloc, "cuMemHostAlloc"),
-    REQ(cuMemFreeHost, "cuMemFreeHost"),
-    REQ(cuMemHostRegister, "cuMemHostRegister_v2"),
-    REQ(cuMemHostUnregister, "cuMemHostUnregister"),
-    REQ(cuMemAlloc, "cuMemAlloc_v2"),
-    REQ(cuMemFree, "cuMemFree_v2"),
-    REQ(cuStreamCreate, "cuStreamCreate"),
-    REQ(cuStreamDestroy, "cuStreamDestroy_v2"),
-    REQ(cuStreamSynchronize, "cuStreamSynchronize"),
-    REQ(cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2"),
-    REQ(cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2"),
-    REQ(cuEventCreate, "cuEventCreate"),
-    REQ(cuEventDestroy, "cuEventDestroy_v2"),
-    REQ(cuEventRecord, "cuEventRecord"),
-    REQ(cuEventQuery, "cuEventQuery"),
-    REQ(cuEventSynchronize, "cuEventSynchronize"),
-    OPT(cuDeviceGetPCIBusId, "cuDeviceGetPCIBusId"),
-    OPT(cuPointerGetAttribute, "cuPointerGetAttribute"),
-    OPT(cuGetErrorString, "cuGetErrorString"),
-    OPT(cuGetErrorName, "cuGetErrorName"),
-    OPT(cuIpcGetMemHandle, "cuIpcGetMemHandle"),
-    OPT(cuIpcOpenMemHandle, "cuIpcOpenMemHandle_v2"),
-    OPT(cuIpcCloseMemHandle, "cuIpcCloseMemHandle"),
-#undef REQ
-#undef OPT
+    REQ(cuInit), REQ(cuDriverGetVersion), REQ(cuDeviceGetCount), REQ(cuDeviceGet),
+    REQ(cuDeviceGetName), REQ_V2(cuDeviceTotalMem), REQ(cuDeviceGetAttribute),
+    REQ(cuDevicePrimaryCtxRetain), REQ_V2(cuDevicePrimaryCtxRelease), REQ_V2(cuCtxPushCurrent),
+    REQ_V2(cuCtxPopCurrent), REQ(cuMemHostAlloc), REQ(cuMemFreeHost), REQ_V2(cuMemHostRegister),
+    REQ(cuMemHostUnregister), REQ_V2(cuMemAlloc), REQ_V2(cuMemFree), REQ(cuStreamCreate),
+    REQ_V2(cuStreamDestroy), REQ(cuStreamSynchronize), REQ_V2(cuMemcpyHtoDAsync),
+    REQ_V2(cuMemcpyDtoHAsync), REQ(cuEventCreate), REQ_V2(cuEventDestroy), REQ(cuEventRecord),
+    REQ(cuEventQuery), REQ(cuEventSynchronize), OPT(cuDeviceGetPCIBusId),
+    OPT(cuPointerGetAttribute), OPT(cuGetErrorString), OPT(cuGetErrorName),
+    OPT(cuIpcGetMemHandle), SYM(cuIpcOpenMemHandle, "_v2", 0), OPT(cuIpcCloseMemHandle),
 };
+#undef SYM
+#undef REQ
+#undef REQ_V2
+#undef OPT
 
 static const stoke__gpu_desc cuda_desc;
 
