@@ -317,10 +317,7 @@ void stoke__cuda_set_driver_for_test(const struct stoke__cuda_driver *d)
     pthread_mutex_lock(&g.core.lock);
     stoke__gpu_reset_locked(&g.core);
     g.test_mode = d != NULL;
-    if (d)
-        g.test_drv = *d;
-    else
-        memset(&g.test_drv, 0, sizeof(g.test_drv));
+    g.test_drv = d ? *d : (struct stoke__cuda_driver){0};
     memset(&g.drv, 0, sizeof(g.drv));
     pthread_mutex_unlock(&g.core.lock);
 }

@@ -341,9 +341,7 @@ void stoke__hip_set_runtime_for_test(const struct stoke__hip_runtime *rt)
     pthread_mutex_lock(&g.core.lock);
     stoke__gpu_reset_locked(&g.core);
     g.test_mode = rt != NULL;
-    memset(&g.test_rt, 0, sizeof(g.test_rt));
-    if (rt)
-        g.test_rt = *rt;
+    g.test_rt = rt ? *rt : (struct stoke__hip_runtime){0};
     memset(&g.rt, 0, sizeof(g.rt));
     pthread_mutex_unlock(&g.core.lock);
 }
