@@ -3,8 +3,8 @@
  * (stoke__gpu_api), which each backend fills from its own library, and a description of the
  * backend (stoke__gpu_desc) with hooks for what really differs.
  *
- * - HIP's runtime API is the CUDA API under other names, with CUDA's error numbers and flag
- *   values, so the table has the CUDA driver's types (cuda_driver.h) and the shared code
+ * - HIP's runtime API mirrors CUDA's (the same calls under other names, CUDA's error numbers and
+ *   flag values), so the table has the CUDA driver's types (cuda_driver.h) and the shared code
  *   compares results with CUDA's codes: the cuda backend fills it with its driver's entry points
  *   as they are, the hip backend with the runtime's where the types agree and small adapters
  *   where a HIP type differs (hipStream_t, pointers for device memory) or a call has another
