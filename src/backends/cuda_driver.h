@@ -4,7 +4,8 @@
  *
  * The backend resolves the table once from dlopen("libcuda.so.1") (or STOKE_CUDA_LIBRARY) using
  * the versioned `_v2` names where the driver has them; see cuda.c for which symbols are
- * required and which optional. */
+ * required and which optional.  These types are also those of the driver-shaped table the cuda
+ * and hip backends share (gpu_core.h). */
 #ifndef STOKE_CUDA_DRIVER_H
 #define STOKE_CUDA_DRIVER_H
 

@@ -1,6 +1,6 @@
 /* A thread-safe table of host address ranges a backend pinned (allocated or registered), so
  * that is_pinned answers for interior addresses and free/unregister find what they undo.
- * Shared by the cuda and opencl backends (private to libstoke).
+ * Shared by the cuda and hip backends (gpu_core.c) and opencl (private to libstoke).
  *
  * Locking: one rwlock per table; find takes it shared (is_pinned is on the hot path), add and
  * remove exclusive.  Ranges never overlap; entries are copied in and out, so no pointer into
