@@ -199,22 +199,58 @@ static void test_fill_equals_index(void **state)
                 }
 }
 
-/* Every batch path this build has on this CPU (the refilled lanes, the lanes built for AVX2,
- * AVX-512) gives the scalar walk's indices: whole RANDOM epochs of sizes around the lane count
- * and with much cycle walking, in batches around one and two groups of lanes (the refill, its
- * last sweep and the groups after it); then every kind of test_fill_equals_index on each path
- * (it ran on the default one). */
-static void test_fill_simd_equals_scalar(void **state)
+/* The batch walk (sampler.c, feistel_walk_all), with and without the table, gives the
+ * per-sample indices: whole RANDOM epochs of sizes with much cycle walking (a domain up to 4n)
+ * and with little (just below a power of four), in batches around its chunk of 256 (the sweeps
+ * of one chunk, the chunk after it, a short last one). */
+static void test_fill_walk_equals_index(void **state)
 {
     (void)state;
-    stoke__feistel_simd = 3;
-    int best = stoke__feistel_simd_in_use();
-    assert_true(best >= 1); /* the lanes exist in every build */
-    if (best < 3)
-        print_message("note: paths up to %d on this build and CPU (3, AVX-512, not here)\n", best);
-    static const uint64_t sizes[] = {2,  5,   8,   9,    15,     16,
-                                     17, 63,  65,  100,  4097,   100003,
-                                     (1u << 18) + 1, (1u << 20) + 7};
+    static const uint64_t sizes[] = {
+        2, 3, 5, 17, 63, 100, 1000, 4097, 100003, (1u << 18) + 1, (1u << 20) - 3};
+    static const size_t batches[] = {1, 2, 16, 64, 255, 256, 257, 511, 1000};
+    stoke__feistel_simd = 0; /* fills without the table walk too (not the AVX2 lanes) */
+    for (int with = 0; with <= 1; with++) {
+        tabulate = with;
+        for (size_t z = 0; z < STOKE__ARRAY_LEN(sizes); z++) {
+            cfg c = {.kind = STOKE_SAMPLER_RANDOM};
+            void *keep;
+            stoke_sampler *s = make(&c, sizes[z], &keep);
+            uint64_t *ref = order_by_index(s, 5, 1);
+            for (size_t k = 0; k < STOKE__ARRAY_LEN(batches); k++) {
+                if (sizes[z] > 5000 && batches[k] != 1 && batches[k] != 257)
+                    continue; /* the big sizes: a walk of one, and chunks with a short last */
+                uint64_t *a = order_by_fill(s, 5, 1, batches[k]);
+                for (uint64_t i = 0; i < sizes[z]; i++)
+                    if (a[i] != ref[i])
+                        fail_msg("n %llu, batch %zu, table %d, position %llu: fill %llu, index "
+                                 "%llu",
+                                 (unsigned long long)sizes[z], batches[k], with,
+                                 (unsigned long long)i, (unsigned long long)a[i],
+                                 (unsigned long long)ref[i]);
+                free(a);
+            }
+            free(ref);
+            stoke_sampler_destroy(s);
+            free(keep);
+        }
+    }
+    tabulate = 0;
+    stoke__feistel_simd = 1;
+}
+
+/* The AVX2 lanes (fills of 16 or more without the table, where the build and the CPU have AVX2)
+ * give the walk's indices: whole RANDOM epochs of sizes around the lane count and with much
+ * cycle walking, in batches around one and two groups of lanes (the refill, its last sweep and
+ * the groups after it); then every kind of test_fill_equals_index both ways. */
+static void test_fill_avx2_equals_walk(void **state)
+{
+    (void)state;
+    stoke__feistel_simd = 1;
+    if (!stoke__feistel_simd_in_use())
+        print_message("note: no AVX2 lanes on this build and CPU: the walk alone\n");
+    static const uint64_t sizes[] = {
+        2, 5, 8, 9, 15, 16, 17, 63, 65, 100, 4097, 100003, (1u << 18) + 1};
     static const size_t batches[] = {1000, 16, 17, 31, 32, 33, 47, 48, 49, 256};
     for (size_t z = 0; z < STOKE__ARRAY_LEN(sizes); z++) {
         cfg c = {.kind = STOKE_SAMPLER_RANDOM};
@@ -222,39 +258,35 @@ static void test_fill_simd_equals_scalar(void **state)
         stoke_sampler *s = make(&c, sizes[z], &keep);
         stoke__feistel_simd = 0;
         uint64_t *ref = order_by_fill(s, 5, 1, 1000);
-        for (int path = 1; path <= best; path++) {
-            stoke__feistel_simd = path;
-            assert_int_equal(stoke__feistel_simd_in_use(), path);
-            for (size_t k = 0; k < STOKE__ARRAY_LEN(batches); k++) {
-                if (sizes[z] > 5000 && k > 0 && batches[k] != 256)
-                    continue; /* the big sizes: the two batch sizes that matter for speed */
-                uint64_t *a = order_by_fill(s, 5, 1, batches[k]);
-                for (uint64_t i = 0; i < sizes[z]; i++)
-                    if (a[i] != ref[i])
-                        fail_msg("n %llu, batch %zu, position %llu: path %d %llu, scalar %llu",
-                                 (unsigned long long)sizes[z], batches[k], (unsigned long long)i,
-                                 path, (unsigned long long)a[i], (unsigned long long)ref[i]);
-                free(a);
-            }
+        stoke__feistel_simd = 1;
+        for (size_t k = 0; k < STOKE__ARRAY_LEN(batches); k++) {
+            if (sizes[z] > 5000 && k > 0 && batches[k] != 256)
+                continue; /* the big sizes: the two batch sizes that matter for speed */
+            uint64_t *a = order_by_fill(s, 5, 1, batches[k]);
+            for (uint64_t i = 0; i < sizes[z]; i++)
+                if (a[i] != ref[i])
+                    fail_msg("n %llu, batch %zu, position %llu: lanes %llu, walk %llu",
+                             (unsigned long long)sizes[z], batches[k], (unsigned long long)i,
+                             (unsigned long long)a[i], (unsigned long long)ref[i]);
+            free(a);
         }
         free(ref);
         stoke_sampler_destroy(s);
         free(keep);
     }
-    for (int path = 0; path <= best; path++) {
-        stoke__feistel_simd = path;
+    for (int way = 0; way <= 1; way++) {
+        stoke__feistel_simd = way;
         test_fill_equals_index(NULL);
     }
-    stoke__feistel_simd = 3;
+    stoke__feistel_simd = 1;
 }
 
 static void test_golden_orders(void **state);
 
 /* A tabulated permutation (stoke__sampler_epoch_tabulate, what a loader's threads fill from)
  * gives the same indices: which contexts get a table, then every kind and size of
- * test_fill_equals_index, the lanes' edges (batches around 8 and 64 over much cycle walking),
- * the largest tabulated size (2^24: 12 bits per half) and the golden orders, all tabulated.
- * Sizes within 1/8 below their domain (1000, 2^24) take the plain walk, the others the lanes. */
+ * test_fill_equals_index, batches of several sizes over much cycle walking, the largest
+ * tabulated size (2^24: 12 bits per half) and the golden orders, all tabulated. */
 static void test_fill_table_equals_index(void **state)
 {
     static const struct {
@@ -723,7 +755,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fill_equals_index),
-        cmocka_unit_test(test_fill_simd_equals_scalar),
+        cmocka_unit_test(test_fill_walk_equals_index),
+        cmocka_unit_test(test_fill_avx2_equals_walk),
         cmocka_unit_test(test_fill_table_equals_index),
         cmocka_unit_test(test_full_epoch_hash),
         cmocka_unit_test(test_golden_orders),

@@ -208,14 +208,12 @@ int stoke__sampler_epoch_tabulate(stoke__sampler_epoch *e, uint16_t *tab, size_t
  * Expected O(count) time (O(1) per position: no position needs an earlier one). */
 int stoke__sampler_fill(const stoke_sampler *s, const stoke__sampler_epoch *e, uint64_t pos0,
                         size_t count, uint64_t *out);
-/* stoke__sampler_fill computes a batch of RANDOM (and shuffled SUBSET) positions from a context
- * stoke__sampler_epoch_tabulate filled with the tabulated lanes, whatever stoke__feistel_simd
- * says; from any other context with the fastest path this build has on this CPU, at most
- * stoke__feistel_simd: 0 the scalar walk, 1 the refilled lanes (sampler.c), 2 the lanes compiled
- * for AVX2, 3 eight at a time with AVX-512 (x86-64 with AVX512F and AVX512DQ).  Batches under 16
- * take the scalar walk.  Every path gives the same indices; tests lower stoke__feistel_simd to
- * compare them, and tabulate to compare the table.  stoke__feistel_simd_in_use says which path
- * a fill of 16 or more from an untabulated context takes now. */
+/* stoke__sampler_fill walks a batch of RANDOM (and shuffled SUBSET) positions together, from a
+ * context stoke__sampler_epoch_tabulate filled over the table; from any other context (over 2^24
+ * rows) with the multiplies, 16 lanes at a time compiled for AVX2 for a batch of 16 or more when
+ * the build and the CPU have it and stoke__feistel_simd is not 0 (tests set it to 0 to compare
+ * the walk).  Every way gives the same indices.  stoke__feistel_simd_in_use says whether such a
+ * batch takes the AVX2 lanes now. */
 extern int stoke__feistel_simd;
 int stoke__feistel_simd_in_use(void);
 /* stoke_permute's network: derive once, apply many times (same images as stoke_permute). */
@@ -226,7 +224,7 @@ uint64_t stoke__feistel_apply(const stoke__feistel *f, uint64_t x);
  * batch_indices).  A batch of up to STOKE__AHEAD_RUN samples is not computed alone: its run
  * reaches as far as the batches this thread makes in a row (seq_end), at most STOKE__AHEAD_RUN
  * positions, so that batch size 1 takes its indices from one fill of many positions (the
- * sampler's lanes take 16 at a time) rather than one scalar walk per batch.  Two runs: the
+ * sampler walks a fill's values together) rather than one walk per batch.  Two runs: the
  * look-ahead for batch seq + 1 may start a new run before batch seq, still in the other one,
  * is made (a new run replaces the one that does not hold the position before its first).  The
  * epoch's keys are derived once per (seed, epoch), not once per batch, and its permutation

@@ -89,7 +89,7 @@ static inline void feistel_tab_rows(const stoke__feistel *f, feistel_rows t)
 /* One pass of a tabulated network: each round's value is the one before last xor the table's at
  * the last (l, r = r, l ^ F(r) written as a chain), so that only two values are live.  In 32
  * bits (a tabulated network has at most STOKE__FEISTEL_TAB_HALF bits per half: values under
- * 2^24), with a pointer to each round's row: the plain walk below took 4.7 ns per index in 64
+ * 2^24), with a pointer to each round's row: a walk over 10^6 rows took 4.7 ns per index in 64
  * bits indexing the table by round, 3.7 so. */
 static inline uint32_t feistel_pass_tab(const feistel_rows t, unsigned h, uint32_t m, uint32_t y)
 {
@@ -101,6 +101,18 @@ static inline uint32_t feistel_pass_tab(const feistel_rows t, unsigned h, uint32
     return (i << h) | j;
 }
 
+/* One pass of the network, its round function computed: twelve 64-bit multiplies. */
+static inline uint64_t feistel_pass_mul(const stoke__feistel *f, uint64_t y)
+{
+    uint64_t l = (y >> f->half) & f->mask, r = y & f->mask;
+    for (int i = 0; i < STOKE__FEISTEL_ROUNDS; i++) {
+        uint64_t t = l ^ (mix64(r ^ f->rk[i]) & f->mask);
+        l = r;
+        r = t;
+    }
+    return (l << f->half) | r;
+}
+
 /* One pass of the network over the power-of-two domain (the caller walks the cycle). */
 static inline uint64_t feistel_pass(const stoke__feistel *f, uint64_t y)
 {
@@ -109,13 +121,7 @@ static inline uint64_t feistel_pass(const stoke__feistel *f, uint64_t y)
         feistel_tab_rows(f, t);
         return feistel_pass_tab(t, f->half, (uint32_t)f->mask, (uint32_t)y);
     }
-    uint64_t l = (y >> f->half) & f->mask, r = y & f->mask;
-    for (int i = 0; i < STOKE__FEISTEL_ROUNDS; i++) {
-        uint64_t t = l ^ (mix64(r ^ f->rk[i]) & f->mask);
-        l = r;
-        r = t;
-    }
-    return (l << f->half) | r;
+    return feistel_pass_mul(f, y);
 }
 
 static inline uint64_t feistel_apply(const stoke__feistel *f, uint64_t x)
@@ -134,44 +140,72 @@ uint64_t stoke__feistel_apply(const stoke__feistel *f, uint64_t x)
     return feistel_apply(f, x);
 }
 
-/* v[i] = image of v[i] (each < f->n) for i < count, scalar: four values per step, whose first
- * passes are independent, so they overlap in the pipeline; the cycle walks then finish one by
- * one. */
-static void feistel_apply_all_scalar(const stoke__feistel *f, uint64_t *v, size_t count)
+/* ---- a batch at once: the cycle walks in sweeps --------------------------------------------- *
+ *
+ * v[i] = image of v[i] (each < f->n) for i < count.  Every value of a chunk takes one pass; the
+ * ones still outside [0, n) are listed and take the next pass together, and so on until none is
+ * left.  The passes of one sweep are independent, so the CPU overlaps them (the table's loads,
+ * or the network's multiplies), and nothing branches on a value being done: each is written to
+ * the list and the count advances only for those outside.  A domain up to 4n, where most values
+ * need more than one pass (2.6 on average for n = 10^5), so costs no mispredicted branches, and
+ * a domain just above n (10^6 in 2^20) little more than the one pass.  With the table it replaced
+ * a plain walk and 4 or 8 register lanes (as fast as the faster of them up to 2^24 rows, or
+ * faster over sparse domains); without it, a scalar walk of four values at a time, 16 refilled
+ * lanes in the baseline build and eight at a time with AVX-512 (docs/loader.md, "Sampling
+ * order").  Fills without a table take the AVX2 lanes below where the CPU has AVX2. */
+#define WALK_CHUNK 256
+
+static inline __attribute__((always_inline)) void
+feistel_walk_all(const stoke__feistel *f, uint64_t *v, size_t count, const int tabulated)
 {
-    size_t i = 0;
-    for (; i + 4 <= count; i += 4) {
-        uint64_t a = feistel_pass(f, v[i]), b = feistel_pass(f, v[i + 1]);
-        uint64_t c = feistel_pass(f, v[i + 2]), d = feistel_pass(f, v[i + 3]);
-        while (a >= f->n)
-            a = feistel_pass(f, a);
-        while (b >= f->n)
-            b = feistel_pass(f, b);
-        while (c >= f->n)
-            c = feistel_pass(f, c);
-        while (d >= f->n)
-            d = feistel_pass(f, d);
-        v[i] = a;
-        v[i + 1] = b;
-        v[i + 2] = c;
-        v[i + 3] = d;
+    const uint64_t n = f->n;
+    const unsigned h = f->half;
+    const uint32_t m = (uint32_t)f->mask;
+    feistel_rows t = {0};
+    if (tabulated)
+        feistel_tab_rows(f, t);
+    uint16_t left[WALK_CHUNK]; /* positions in the chunk of the values still outside [0, n) */
+    for (size_t c0 = 0; c0 < count; c0 += WALK_CHUNK) {
+        uint64_t *w = v + c0;
+        size_t len = count - c0 < WALK_CHUNK ? count - c0 : WALK_CHUNK, k = 0;
+        for (size_t i = 0; i < len; i++) {
+            uint64_t z =
+                tabulated ? feistel_pass_tab(t, h, m, (uint32_t)w[i]) : feistel_pass_mul(f, w[i]);
+            w[i] = z;
+            left[k] = (uint16_t)i;
+            k += z >= n;
+        }
+        while (k) {
+            size_t todo = k;
+            k = 0;
+            for (size_t j = 0; j < todo; j++) {
+                size_t i = left[j];
+                uint64_t z = tabulated ? feistel_pass_tab(t, h, m, (uint32_t)w[i])
+                                       : feistel_pass_mul(f, w[i]);
+                w[i] = z;
+                left[k] = (uint16_t)i;
+                k += z >= n;
+            }
+        }
     }
-    for (; i < count; i++)
-        v[i] = feistel_apply(f, v[i]);
 }
 
-/* ---- many values at once: lanes refilled as they finish ----------------------------------- *
+/* ---- over 2^24 rows, with AVX2: lanes refilled as they finish ------------------------------ *
  *
- * The scalar form above keeps four network passes in flight, but the cycle walk then goes on
- * one value at a time (with a domain up to 4n most values need more than one pass: 2.6 on
- * average for n = 10^5), each pass 12 dependent multiplies.  Here FEISTEL_LANES values are
- * walked together, the network written round by round across the lanes, so that the CPU has
- * independent multiplies to overlap and the compiler can vectorize the rounds; a lane whose
- * value reached [0, n) stores it and takes the next input at once (selects, no branch), so no
- * lane waits for the slowest.  The last lanes finish together.  A batch of 256 over 10^5 rows:
- * 26 instead of 69 ns per index (AVX2 build of the rounds), 1024 over 10^6: 8.4 instead of 17
- * (AMD EPYC, no AVX-512).  The same images as the scalar walk. */
-#define FEISTEL_LANES 16
+ * Without a table (a dataset of more than 2^24 rows: see stoke__sampler_epoch_tabulate) a pass is
+ * twelve 64-bit multiplies, and on x86-64 with AVX2 FEISTEL_LANES values walk the network
+ * together, written round by round across the lanes so that the rounds vectorize (four lanes to
+ * a register); a lane whose value reached [0, n) stores it and takes the next input at once
+ * (selects, no branch), so no lane waits for the slowest, and the last lanes finish together.
+ * The same images as the walk.  Kept when the other vector paths went, because a vector path
+ * pays end to end there: over 4 x 10^7 rows, 16-byte rows in batches of 1024, 2 workers, 24.1
+ * M/s with the AVX-512 path this replaced against 15.4 with the computed walk alone (process CPU
+ * 43 against 57 ns per sample), 256-byte rows in batches of 256 10.7 against 7.9 M/s; these
+ * lanes are as fast end to end as AVX-512 was, and run on more CPUs (docs/bench.md, "The
+ * sampler cut").  stoke__feistel_simd 0 turns them off (tests). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(STOKE_NO_SIMD)
+#define STOKE__FEISTEL_AVX2 1
+#define FEISTEL_LANES       16
 
 /* A lane after a pass: its value *y is stored at its position v[*at] (every pass's value is,
  * the final one last); one in [0, n) is done, and the lane takes the next input v[*next] at
@@ -268,173 +302,25 @@ static inline __attribute__((always_inline)) void feistel_lanes_body(const stoke
     }
 }
 
-static void feistel_apply_all_lanes(const stoke__feistel *f, uint64_t *v, size_t count)
-{
-    feistel_lanes_body(f, v, count);
-}
-
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(STOKE_NO_SIMD)
-/* The same compiled for AVX2 (the rounds vectorize four lanes to a register). */
-#define STOKE__FEISTEL_AVX2 1
-__attribute__((target("avx2"))) static void feistel_apply_all_lanes_avx2(const stoke__feistel *f,
-                                                                         uint64_t *v, size_t count)
+__attribute__((target("avx2"))) static void feistel_apply_all_avx2(const stoke__feistel *f,
+                                                                   uint64_t *v, size_t count)
 {
     feistel_lanes_body(f, v, count);
 }
 #endif
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(STOKE_NO_SIMD)
-/* The same with AVX-512 (x86-64 CPUs that have AVX512F and AVX512DQ, for the 64-bit multiply):
- * eight values per pass, the network written once with GCC's vector extensions.  A lane whose
- * image is outside [0, n) takes another pass with the others until all eight are in (a select,
- * so lanes already done keep their value): the same images as the scalar walk.  A batch of
- * 1024 indices: 4.8 instead of 13.9 ns per index over 10^6 rows, 37 instead of 64 over 10^5
- * (more cycle walking); 256-byte rows with 2 workers: about 10% more samples per second. */
-#define STOKE__FEISTEL_SIMD 1
-typedef uint64_t v8u64 __attribute__((vector_size(64)));
+int stoke__feistel_simd = 1;
 
-__attribute__((target("avx512f,avx512dq"))) static inline v8u64 mix64_v8(v8u64 x)
-{
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-
-__attribute__((target("avx512f,avx512dq"))) static inline v8u64
-feistel_pass_v8(const stoke__feistel *f, v8u64 y)
-{
-    v8u64 l = (y >> f->half) & f->mask, r = y & f->mask;
-    for (int i = 0; i < STOKE__FEISTEL_ROUNDS; i++) {
-        v8u64 t = l ^ (mix64_v8(r ^ f->rk[i]) & f->mask);
-        l = r;
-        r = t;
-    }
-    return (l << f->half) | r;
-}
-
-__attribute__((target("avx512f,avx512dq"))) static void
-feistel_apply_all_avx512(const stoke__feistel *f, uint64_t *v, size_t count)
-{
-    size_t i = 0;
-    for (; i + 8 <= count; i += 8) {
-        v8u64 y;
-        memcpy(&y, v + i, sizeof(y));
-        y = feistel_pass_v8(f, y);
-        for (;;) {
-            v8u64 out = (v8u64)(y >= f->n); /* all ones in lanes still outside [0, n) */
-            uint64_t any = 0;
-            for (int k = 0; k < 8; k++)
-                any |= out[k];
-            if (!any)
-                break;
-            y = (feistel_pass_v8(f, y) & out) | (y & ~out);
-        }
-        memcpy(v + i, &y, sizeof(y));
-    }
-    feistel_apply_all_scalar(f, v + i, count - i);
-}
-#endif
-
-/* ---- a tabulated network: lanes in registers ------------------------------------------------ *
- *
- * With the round function a load, a pass is six dependent loads: values walked together,
- * refilled as they finish as above, keep the loads of the others in flight.  Lanes in
- * registers, not arrays: the arrays' loads and stores cost more than the rounds.  8 lanes for
- * fills of TAB_LANES_MANY or more, 4 below (8 lanes drain slowly: their last values walk one by
- * one).  Over 10^6 rows, 5.4 instead of 8.5 ns per index for a batch of 1024 (the AVX2 lanes;
- * 4 lanes 6.3), 5.4 instead of 11 for a run of 64; over 10^5 rows (2.6 passes per index), 14
- * instead of 20 for 256 and 27 instead of 56 for a run of 16 (8 lanes: 34) (AMD EPYC, no
- * AVX-512). */
-#define TAB_LANES_MANY 64
-
-/* v[i] = image of v[i] for i < count (each v[i] < f->n), `lanes` (at most 8) values at a time. */
-static inline __attribute__((always_inline)) void
-feistel_tab_lanes(const stoke__feistel *f, uint64_t *v, size_t count, const int lanes)
-{
-    feistel_rows t;
-    feistel_tab_rows(f, t);
-    const unsigned h = f->half;
-    const uint32_t m = (uint32_t)f->mask;
-    const uint64_t n = f->n;
-    size_t next = 0;
-    if (count >= 2 * (size_t)lanes) {
-        uint64_t y[8];
-        size_t at[8];
-        for (int k = 0; k < lanes; k++) {
-            y[k] = v[k];
-            at[k] = (size_t)k;
-        }
-        next = (size_t)lanes;
-        while (next + (size_t)lanes <= count) {
-            for (int k = 0; k < lanes; k++)
-                y[k] = feistel_pass_tab(t, h, m, (uint32_t)y[k]);
-            for (int k = 0; k < lanes; k++)
-                lane_refill(v, n, &y[k], &at[k], &next);
-        }
-        for (int k = 0; k < lanes; k++) {
-            uint32_t z = feistel_pass_tab(t, h, m, (uint32_t)y[k]);
-            while (z >= n)
-                z = feistel_pass_tab(t, h, m, z);
-            v[at[k]] = z;
-        }
-    }
-    feistel_apply_all_scalar(f, v + next, count - next);
-}
-
-/* A domain at most 1/TAB_FULL_SHARE larger than n: almost every value is in [0, n) after one
- * pass, so the values are walked one by one in a plain loop.  Its iterations are independent,
- * so the CPU overlaps their loads by itself, and the rare second pass is a branch it mostly
- * predicts; the lanes' refill selects cost more than they save.  A fill of 1024 over 10^6 rows
- * (a domain 1.05 n): 3.7 ns per index, 5.7 with the lanes.  Over 3 10^6 rows (1.4 n) the lanes
- * are faster (8.4 against 12.7). */
-#define TAB_FULL_SHARE 8
-
-static void feistel_tab_walk(const stoke__feistel *f, uint64_t *v, size_t count)
-{
-    feistel_rows t;
-    feistel_tab_rows(f, t);
-    const unsigned h = f->half;
-    const uint32_t m = (uint32_t)f->mask, n = (uint32_t)f->n;
-    for (size_t i = 0; i < count; i++) {
-        uint32_t z = feistel_pass_tab(t, h, m, (uint32_t)v[i]);
-        while (__builtin_expect(z >= n, 0))
-            z = feistel_pass_tab(t, h, m, z);
-        v[i] = z;
-    }
-}
-
-static void feistel_apply_all_tab(const stoke__feistel *f, uint64_t *v, size_t count)
-{
-    uint64_t domain = (uint64_t)1 << (2 * f->half); /* half <= STOKE__FEISTEL_TAB_HALF */
-    if (domain - f->n <= f->n / TAB_FULL_SHARE)
-        feistel_tab_walk(f, v, count);
-    else if (count >= TAB_LANES_MANY)
-        feistel_tab_lanes(f, v, count, 8);
-    else
-        feistel_tab_lanes(f, v, count, 4);
-}
-
-int stoke__feistel_simd = 3;
-
-/* The fastest path this build has on this CPU, less one (stoke__feistel_simd's numbering): 2
- * AVX-512, 1 the lanes compiled for AVX2, 0 the lanes of the baseline build.  Asked once. */
+/* 1 when this build has the AVX2 lanes and this CPU has AVX2.  Asked once. */
 static int feistel_cpu(void)
 {
     static int cpu = -1;
     int has = __atomic_load_n(&cpu, __ATOMIC_RELAXED);
     if (has < 0) {
         has = 0;
-#if defined(STOKE__FEISTEL_SIMD) || defined(STOKE__FEISTEL_AVX2)
-        __builtin_cpu_init();
-#endif
 #ifdef STOKE__FEISTEL_AVX2
-        if (__builtin_cpu_supports("avx2"))
-            has = 1;
-#endif
-#ifdef STOKE__FEISTEL_SIMD
-        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq"))
-            has = 2;
+        __builtin_cpu_init();
+        has = __builtin_cpu_supports("avx2") ? 1 : 0;
 #endif
         __atomic_store_n(&cpu, has, __ATOMIC_RELAXED);
     }
@@ -443,8 +329,7 @@ static int feistel_cpu(void)
 
 int stoke__feistel_simd_in_use(void)
 {
-    int most = __atomic_load_n(&stoke__feistel_simd, __ATOMIC_RELAXED), best = 1 + feistel_cpu();
-    return most < 0 ? 0 : most < best ? most : best;
+    return __atomic_load_n(&stoke__feistel_simd, __ATOMIC_RELAXED) > 0 && feistel_cpu();
 }
 
 static void feistel_apply_all(const stoke__feistel *f, uint64_t *v, size_t count)
@@ -452,20 +337,16 @@ static void feistel_apply_all(const stoke__feistel *f, uint64_t *v, size_t count
     if (f->n <= 1)
         return;
     if (f->tab) {
-        feistel_apply_all_tab(f, v, count);
+        feistel_walk_all(f, v, count, 1);
         return;
     }
-    int path = count < FEISTEL_LANES ? 0 : stoke__feistel_simd_in_use();
-    switch (path) {
-#ifdef STOKE__FEISTEL_SIMD
-    case 3: feistel_apply_all_avx512(f, v, count); return;
-#endif
 #ifdef STOKE__FEISTEL_AVX2
-    case 2: feistel_apply_all_lanes_avx2(f, v, count); return;
-#endif
-    case 1: feistel_apply_all_lanes(f, v, count); return;
-    default: feistel_apply_all_scalar(f, v, count); return;
+    if (count >= FEISTEL_LANES && stoke__feistel_simd_in_use()) {
+        feistel_apply_all_avx2(f, v, count);
+        return;
     }
+#endif
+    feistel_walk_all(f, v, count, 0);
 }
 
 uint64_t stoke_permute(uint64_t x, uint64_t n, uint64_t key)
