@@ -259,7 +259,8 @@ static void test_ragged_truncation(void **state)
         rds r;
         stoke_dataset ds;
         r_make(&r, &ds, collate, 8, 1);
-        stoke_loader_opts o = r_opts(2, STOKE_WORKER_THREADS);
+        stoke_loader_opts o =
+            r_opts(collate ? 2 : 0, collate ? STOKE_WORKER_PROCESSES : STOKE_WORKER_THREADS);
         stoke_loader *l;
         assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
         unsigned char seen[RN] = {0};
@@ -271,6 +272,13 @@ static void test_ragged_truncation(void **state)
             stoke_batch_release(b);
         }
         assert_int_equal(got, RN);
+        uint64_t cut = 0;
+        for (uint64_t i = 0; i < RN; i++)
+            cut += tok_len(i) > 8;
+        stoke_loader_stats st = {.size = sizeof(st)};
+        assert_int_equal(stoke_loader_get_stats(l, &st), STOKE_OK);
+        assert_true(cut > 0);
+        assert_int_equal(st.truncated_samples, cut);
         stoke_loader_destroy(l);
     }
     /* no truncate: the first long sample fails the epoch, naming the field */

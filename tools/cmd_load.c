@@ -473,8 +473,10 @@ static void print_json_bad(const load_run *r)
     printf(", \"on_error\": ");
     cli_json_str(stdout, r->a->on_error ? r->a->on_error : "error");
     printf(", \"bad_samples\": %" PRIu64 ", \"skipped_samples\": %" PRIu64
-           ", \"replaced_samples\": %" PRIu64 ", \"quarantine\": [",
-           r->st.bad_samples, r->st.skipped_samples, r->st.replaced_samples);
+           ", \"replaced_samples\": %" PRIu64 ", \"truncated_samples\": %" PRIu64
+           ", \"quarantine\": [",
+           r->st.bad_samples, r->st.skipped_samples, r->st.replaced_samples,
+           r->st.truncated_samples);
     for (uint64_t i = 0; r->l && i < r->st.quarantined; i++) {
         stoke_bad_sample q;
         if (stoke_loader_quarantine(r->l, (size_t)i, &q) != STOKE_OK)

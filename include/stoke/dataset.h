@@ -91,7 +91,7 @@ typedef enum stoke_collate {
 /* One field of a sample.  A ragged field (shape[0] == STOKE_DIM_VAR) has a length per sample,
  * at most max_len units of shape[1..ndim-1]; get/read/next write up to max_len units and report
  * the sample's length in len[f].  A longer sample is cut to max_len when `truncate` is set
- * (its true length reported: the loader counts it), else it is a bad sample (STOKE_ELIMIT,
+ * (its true length reported: stoke_loader_stats counts such samples), else it is a bad sample (STOKE_ELIMIT,
  * under opts.on_error).  max_len is required: batch buffers are allocated, and pinned, once at
  * create and cannot grow in the middle of an epoch. */
 typedef struct stoke_field {

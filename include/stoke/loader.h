@@ -306,6 +306,9 @@ typedef struct stoke_loader_stats {
     /* ---- appended: process workers ---- */
     uint64_t worker_restarts; /* worker processes that died and were replaced (a crash, a
                                  kill); 0 in thread mode */
+    /* ---- appended: ragged fields ---- */
+    uint64_t truncated_samples; /* delivered samples a ragged field of which was longer than
+                                   its max_len and cut to it (stoke_field.truncate) */
 } stoke_loader_stats;
 
 /* worker_mode = STOKE_WORKER_PROCESSES: the process id of worker `worker`'s child process, or -1

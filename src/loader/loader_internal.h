@@ -138,6 +138,7 @@ struct stoke_batch {
     uint64_t k;          /* ITERABLE: the producing worker's batch number */
     int copied;          /* device mode: the copy was queued */
     int dev_failed;      /* device mode: a wait or read reported a failure (counted once) */
+    uint32_t truncated;  /* samples with a ragged field cut to max_len */
     stoke__bad_list bad; /* the producer's, then (mu) the consumer's: bad samples met */
     uint64_t err_index;
     stoke_device_buffer *dbuf;
@@ -441,7 +442,7 @@ struct stoke_loader {
     stoke__autotune autotune; /* (mu) auto: the hill climb over nact (autotune.c) */
     /* statistics (mu) */
     uint64_t st_samples, st_batches, st_bytes, st_pinned, st_pageable, st_dcopies, st_dbytes;
-    uint64_t st_derrors, st_assisted;
+    uint64_t st_derrors, st_assisted, st_truncated;
     uint64_t st_helped; /* (mu) of st_assisted, those made while a worker made the one needed */
     uint64_t st_work_wakes; /* (mu) broadcasts on work_cv by wake_workers (tests) */
     uint64_t st_wait_ns, st_busy_ns;

@@ -36,6 +36,7 @@ static void delivered(stoke_loader *l, stoke_batch *b)
     }
     l->st_batches++;
     l->st_samples += b->count;
+    l->st_truncated += b->truncated;
     l->st_bytes += b->bytes;
     if (b->pinned)
         l->st_pinned++;

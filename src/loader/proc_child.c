@@ -188,6 +188,7 @@ static void child_main(stoke_loader *l, int wid, int fd, pid_t zygote)
             m.bytes = b->bytes;
             m.err_index = b->err_index;
             m.end = b->end;
+            m.truncated = b->truncated;
             memcpy(m.err_msg, b->err_msg, sizeof(m.err_msg));
         }
         m.kind = M_DONE;

@@ -494,6 +494,7 @@ static int exchange(stoke_loader *l, stoke__worker *w, int wid, const wreq *req,
     b->bytes = (size_t)m.bytes;
     b->err_index = m.err_index;
     b->end = m.end;
+    b->truncated = m.truncated;
     memcpy(b->err_msg, m.err_msg, sizeof(b->err_msg));
     b->err_msg[sizeof(b->err_msg) - 1] = '\0';
     return X_DONE;

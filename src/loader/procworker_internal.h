@@ -78,7 +78,8 @@ enum { M_BAD = 1, M_DONE = 2 };
 typedef struct wmsg {
     int32_t kind, status;
     uint64_t count, bytes, err_index;
-    int32_t end, pad;
+    int32_t end;
+    uint32_t truncated;
     char err_msg[256];
     stoke__bad bad;
 } wmsg;

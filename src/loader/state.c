@@ -207,6 +207,7 @@ int stoke_loader_get_stats(const stoke_loader *l, stoke_loader_stats *out)
     s.workers_active = (uint64_t)m->nact;
     stoke__autotune_stats(&m->autotune, &s);
     s.assisted_batches = m->st_assisted;
+    s.truncated_samples = m->st_truncated;
     stoke__bad_stats(m, &s);
     stoke__loader_unlock(m);
     s.buffers = (uint64_t)l->nbuf;

@@ -165,9 +165,10 @@ static void point_slots(const stoke_loader *l, const stoke_batch *b, size_t j0, 
 
 /* A sample's ragged lengths (len[f]) into slot j of b: STOKE_OK; a length below 0, or past
  * max_len without truncate, STOKE_ELIMIT / STOKE_EDATA with msg set (a bad sample). */
-static int take_lengths(const stoke_loader *l, const stoke_batch *b, size_t j, const int64_t *len,
+static int take_lengths(const stoke_loader *l, stoke_batch *b, size_t j, const int64_t *len,
                         char *msg, size_t msg_len)
 {
+    int cut = 0;
     for (int r = 0; r < l->nragged; r++) {
         const stoke_field *fd = &l->fields[l->rg[r].field];
         int64_t n = len[l->rg[r].field];
@@ -183,8 +184,10 @@ static int take_lengths(const stoke_loader *l, const stoke_batch *b, size_t j, c
                        fd->name, (long long)n, (long long)fd->max_len);
             return STOKE_ELIMIT;
         }
+        cut |= n > fd->max_len;
         stoke__ragged_aux(l, b->host->mem, r)[1 + j] = n < fd->max_len ? n : fd->max_len;
     }
+    b->truncated += (uint32_t)cut;
     return STOKE_OK;
 }
 
@@ -417,6 +420,8 @@ void stoke__loader_batch_start(stoke_loader *l, stoke_batch *b, int wid, uint64_
     b->end = 0;
     if (b->bad.n)
         b->bad.n = 0;
+    if (b->truncated)
+        b->truncated = 0;
     b->pinned = b->host->pinned;
 }
 
