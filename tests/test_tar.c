@@ -875,6 +875,96 @@ static void test_loader_workers_ranks(void **state)
         assert_int_equal(seen[i], 1);
 }
 
+/* ragged=txt / packed=txt: .txt members of 0 to 40 bytes through the loader (1 and 2 workers),
+ * each sample's bytes and length exact, padded with zeros to the batch's longest or packed with
+ * offsets; max_len is the longest member; a .cls or unknown field is refused; without the option
+ * the sizes must agree, as before. */
+static void txt_of(int i, char *out, size_t *n)
+{
+    *n = (size_t)((i * 11) % 41); /* 0 .. 40 */
+    for (size_t k = 0; k < *n; k++)
+        out[k] = (char)('a' + (i + (int)k) % 26);
+}
+
+static void test_ragged_members(void **state)
+{
+    (void)state;
+    const char *dir = scratch("ragged");
+    char path[1200], name[64], txt[64], args[1400];
+    enum { RN = 37 };
+    tw w;
+    tw_open(&w, pathf(path, sizeof(path), dir, "r.tar"));
+    for (int i = 0; i < RN; i++) {
+        size_t n;
+        txt_of(i, txt, &n);
+        snprintf(name, sizeof(name), "s%03d.txt", i);
+        tw_file(&w, name, txt, n);
+        snprintf(name, sizeof(name), "s%03d.cls", i);
+        char cls[16];
+        snprintf(cls, sizeof(cls), "%d", i);
+        tw_str(&w, name, cls);
+    }
+    tw_end(&w);
+    stoke_dataset ds;
+    snprintf(args, sizeof(args), "%s,fields=txt:cls", path);
+    assert_int_equal(open_tar(args, &ds), STOKE_EFORMAT); /* sizes differ: one size needed */
+    snprintf(args, sizeof(args), "%s,fields=txt:cls,ragged=cls", path);
+    assert_int_equal(open_tar(args, &ds), STOKE_EINVAL);
+    assert_non_null(strstr(stoke_last_error(), "not a raw field"));
+    snprintf(args, sizeof(args), "%s,fields=txt:cls,packed=json", path);
+    assert_int_equal(open_tar(args, &ds), STOKE_EINVAL);
+    assert_non_null(strstr(stoke_last_error(), "not a field"));
+    for (int pack = 0; pack < 2; pack++)
+        for (int workers = 1; workers <= 2; workers++) {
+            snprintf(args, sizeof(args), "%s,fields=txt:cls,%s=txt", path,
+                     pack ? "packed" : "ragged");
+            assert_int_equal(open_tar(args, &ds), STOKE_OK);
+            assert_int_equal(ds.fields[0].shape[0], STOKE_DIM_VAR);
+            assert_int_equal(ds.fields[0].max_len, 40);
+            assert_int_equal(ds.fields[0].collate, pack ? STOKE_COLLATE_PACK : STOKE_COLLATE_PAD);
+            stoke_loader_opts o;
+            stoke_loader_opts_init(&o);
+            o.batch_size = 5;
+            o.num_workers = workers;
+            o.shuffle = 1;
+            o.pin_memory = 0;
+            stoke_loader *l;
+            assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+            stoke_batch *b;
+            int seen[RN] = {0};
+            while (stoke_loader_next(l, &b) == STOKE_OK) {
+                size_t c = stoke_batch_count(b);
+                const unsigned char *d = stoke_batch_data(b, 0);
+                const int64_t *len = stoke_batch_lengths(b, 0), *off = stoke_batch_offsets(b, 0);
+                const int64_t *cls = stoke_batch_data(b, 1);
+                int64_t shape[2];
+                int nd;
+                assert_int_equal(stoke_batch_shape(b, 0, shape, 2, &nd), STOKE_OK);
+                int64_t longest = 0;
+                for (size_t j = 0; j < c; j++)
+                    longest = len[j] > longest ? len[j] : longest;
+                assert_int_equal(shape[pack ? 0 : 1], pack ? off[c] : longest);
+                for (size_t j = 0; j < c; j++) {
+                    int i = (int)cls[j];
+                    assert_int_equal((int)stoke_batch_indices(b)[j], i); /* key order */
+                    seen[i]++;
+                    size_t n;
+                    txt_of(i, txt, &n);
+                    assert_int_equal(len[j], (int64_t)n);
+                    const unsigned char *p = pack ? d + off[j] : d + j * (size_t)longest;
+                    assert_memory_equal(p, txt, n);
+                    for (int64_t k = (int64_t)n; !pack && k < longest; k++)
+                        assert_int_equal(p[k], 0);
+                }
+                stoke_batch_release(b);
+            }
+            for (int i = 0; i < RN; i++)
+                assert_int_equal(seen[i], 1);
+            stoke_loader_destroy(l);
+            stoke_dataset_close(&ds);
+        }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -884,6 +974,7 @@ int main(void)
         cmocka_unit_test(test_field_errors),    cmocka_unit_test(test_truncated),
         cmocka_unit_test(test_corrupt_headers), cmocka_unit_test(test_parse_block),
         cmocka_unit_test(test_shard_lists),     cmocka_unit_test(test_loader_workers_ranks),
+        cmocka_unit_test(test_ragged_members),
     };
     return tu_exit_status(cmocka_run_group_tests(tests, NULL, NULL));
 }

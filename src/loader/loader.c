@@ -334,9 +334,10 @@ static int copy_fields(stoke_loader *l, const stoke_dataset *ds)
     l->fields = calloc((size_t)nf, sizeof(*l->fields));
     l->shapes = calloc(ndims ? ndims : 1, sizeof(*l->shapes));
     l->off = calloc((size_t)nf, sizeof(*l->off));
+    l->step = calloc((size_t)nf, sizeof(*l->step));
     l->rix = calloc((size_t)nf, sizeof(*l->rix));
     l->rg = calloc((size_t)nf, sizeof(*l->rg));
-    if (!l->fields || !l->shapes || !l->off || !l->rix || !l->rg)
+    if (!l->fields || !l->shapes || !l->off || !l->step || !l->rix || !l->rg)
         return stoke__loader_fail(l, STOKE_ENOMEM, "loader: out of memory for %d fields", nf);
     int64_t *sh = l->shapes;
     for (int f = 0; f < nf; f++) {
@@ -362,6 +363,7 @@ static int copy_fields(stoke_loader *l, const stoke_dataset *ds)
         if (!fd->bytes && !empty_dim)
             return stoke__loader_fail(l, STOKE_EINVAL, "loader: dataset %s: field %d has no size",
                                       ds->name, f);
+        l->step[f] = fd->bytes;
         l->rix[f] = -1;
         if (fd->ndim && fd->shape[0] == STOKE_DIM_VAR) {
             stoke__ragged *r = &l->rg[l->nragged];
@@ -835,6 +837,7 @@ void stoke_loader_destroy(stoke_loader *l)
     free(l->fields);
     free(l->shapes);
     free(l->off);
+    free(l->step);
     free(l->rix);
     free(l->rg);
     free(l->bat);

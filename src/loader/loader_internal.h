@@ -344,7 +344,8 @@ struct stoke_loader {
     stoke_dataset ds;    /* ds.fields points at `fields` */
     stoke_field *fields; /* ds.nfields copies; names in place, shapes in `shapes` */
     int64_t *shapes;
-    size_t *off; /* where each field starts in a batch buffer */
+    size_t *off;  /* where each field starts in a batch buffer */
+    size_t *step; /* each field's bytes per sample (fields[f].bytes, side by side) */
     /* Ragged fields (dataset.h): rg[r] for the r-th; rix[f] is f's r, or -1.  Each has in the
      * buffer at rg[r].aux: int64 extent (PAD: the padded length L; PACK: the sum), int64
      * lengths[cap], PACK: int64 offsets[cap + 1] (stoke__ragged_*, worker.c). */
@@ -616,8 +617,6 @@ void stoke__loader_notify(stoke_loader *l);
  * it, it must look at the state again before sleeping (a change made after the spin ended and
  * before `mu` was taken again wakes nobody). */
 void stoke__loader_spin(stoke_loader *l, _Atomic uint64_t *counter, uint64_t budget);
-stoke_batch *stoke__loader_dispatch(stoke_loader *l, stoke__producer *p, uint64_t *gen,
-                                    uint64_t *seed, uint64_t *epoch);
 /* (mu) The producer loop's one turn: dispatches a group of batches (at least one: the caller
  * saw one could be), makes them without `mu` and hands them back (no wake-up: a worker signals
  * done_cv after it).  p: a worker thread's producer, or l->caller.
@@ -674,7 +673,14 @@ static inline int64_t *stoke__ragged_aux(const stoke_loader *l, const unsigned c
 /* worker.c: the one point where a batch is full: collates its ragged fields (padding or
  * packing, lengths and offsets), sets b->bytes.  Runs in the producer (a child process for
  * process workers), before any device copy. */
-void stoke__loader_finish(stoke_loader *l, stoke_batch *b);
+void stoke__loader_finish_ragged(stoke_loader *l, stoke_batch *b);
+static inline void stoke__loader_finish(stoke_loader *l, stoke_batch *b)
+{
+    if (l->nragged && b->status == STOKE_OK)
+        stoke__loader_finish_ragged(l, b);
+    else
+        b->bytes = b->count * l->sample_bytes;
+}
 /* The extent / lengths / offsets words of ragged field r of a delivered batch: in its buffer,
  * or (device mode) the copy in b->rmeta.  batch.c. */
 const int64_t *stoke__batch_ragged(const stoke_batch *b, int r);

@@ -153,11 +153,19 @@ static int batch_indices(stoke_loader *l, stoke_batch *b, stoke__ahead *a, uint6
 static void point_slots(const stoke_loader *l, const stoke_batch *b, size_t j0, size_t n,
                         void **dst, int64_t *len)
 {
-    const int nf = l->ds.nfields;
+    const size_t nf = (size_t)l->ds.nfields;
     unsigned char *mem = b->host->mem;
-    for (size_t k = 0; k < n; k++)
-        for (int f = 0; f < nf; f++)
-            dst[k * (size_t)nf + (size_t)f] = mem + l->off[f] + (j0 + k) * l->fields[f].bytes;
+    const size_t *step = l->step;
+    if (n == 1) { /* a sample at a time (get, next): its slot of each field */
+        for (size_t f = 0; f < nf; f++)
+            dst[f] = mem + l->off[f] + j0 * step[f];
+    } else {
+        for (size_t f = 0; f < nf; f++) { /* field by field: base and stride loaded once */
+            unsigned char *p = mem + l->off[f] + j0 * step[f];
+            for (size_t k = 0; k < n; k++, p += step[f])
+                dst[k * nf + f] = p;
+        }
+    }
     for (int r = 0; len && r < l->nragged; r++)
         for (size_t k = 0; k < n; k++)
             len[k * (size_t)nf + (size_t)l->rg[r].field] = l->fields[l->rg[r].field].max_len;
@@ -389,12 +397,8 @@ static size_t collate_ragged(const stoke_loader *l, stoke_batch *b, int r)
     return n * row;
 }
 
-void stoke__loader_finish(stoke_loader *l, stoke_batch *b)
+void stoke__loader_finish_ragged(stoke_loader *l, stoke_batch *b)
 {
-    if (!l->nragged || b->status != STOKE_OK) {
-        b->bytes = b->count * l->sample_bytes;
-        return;
-    }
     size_t bytes = 0;
     for (int f = 0; f < l->ds.nfields; f++)
         if (l->rix[f] < 0)
@@ -541,8 +545,8 @@ void stoke__loader_notify(stoke_loader *l)
 }
 
 /* (mu) Takes the next batch for producer p (it could dispatch).  May drop `mu` briefly. */
-stoke_batch *stoke__loader_dispatch(stoke_loader *l, stoke__producer *p, uint64_t *gen,
-                                    uint64_t *seed, uint64_t *epoch)
+static stoke_batch *dispatch(stoke_loader *l, stoke__producer *p, uint64_t *gen, uint64_t *seed,
+                             uint64_t *epoch)
 {
     stoke__worker *w = p->share;
     STOKE__LOADER_ASSERT_MU(l);
@@ -734,7 +738,7 @@ int stoke__loader_make_group(stoke_loader *l, stoke__producer *p, uint64_t *cloc
      * dispatch may drop it there (take_slot, waiting for an old copy) */
     STOKE__LOADER_ASSERT(want == 1 || !l->device_mode);
     do /* one gen, seed and epoch for all: `mu` is held throughout */
-        b[n++] = stoke__loader_dispatch(l, p, &gen, &seed, &epoch);
+        b[n++] = dispatch(l, p, &gen, &seed, &epoch);
     while (n < want && (w ? can_dispatch(l, w) : consumer_can_dispatch(l)));
     stoke__loader_unlock(l);
     /* the batches it makes in a row: the group's (their seqs follow each other), or every one
@@ -756,6 +760,10 @@ int stoke__loader_make_group(stoke_loader *l, stoke__producer *p, uint64_t *cloc
     if (clock)
         *clock = t1;
     stoke__loader_lock(l);
+    if (n == 1) { /* (no division for the common case) */
+        complete_quiet(l, b[0], gen, took);
+        return 1;
+    }
     for (int i = 0; i < n; i++) /* the last takes the division's remainder */
         complete_quiet(l, b[i], gen, took / (uint64_t)n + (i == n - 1 ? took % (uint64_t)n : 0));
     return n;

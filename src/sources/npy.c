@@ -348,6 +348,8 @@ static int npy_read(void *user, const uint64_t *indices, size_t count, void *con
     const npy_ds *ds = user;
     const int nf = ds->nfiles;
     (void)len;
+    if (count <= 1) /* one slot: a batch of one */
+        return stoke__npy_get_batch(user, indices, count, dst, worker, msg, msg_len, err_index);
     int one_batch = 1;
     for (size_t j = 1; one_batch && j < count; j++)
         for (int k = 0; k < nf; k++) {
