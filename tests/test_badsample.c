@@ -47,14 +47,15 @@ static int bds_get(void *user, uint64_t index, void *const dst[], int64_t lens[]
     return b->inner.get(b->inner.user, index, dst, lens, worker, msg, msg_len);
 }
 
-static int bds_get_batch(void *user, const uint64_t *idx, size_t count, void *const dst[],
-                         int64_t lens[], int worker, char *msg, size_t msg_len, uint64_t *err_index)
+static int bds_get_batch(void *user, const uint64_t *idx, size_t count, const stoke_slots *dst,
+                         int worker, char *msg, size_t msg_len, uint64_t *err_index)
 {
     bds *b = user;
     atomic_fetch_add(&b->batch_calls, 1);
     for (size_t j = 0; j < count; j++) {
-        int rc =
-            bds_get(user, idx[j], &dst[j * (size_t)b->inner.nfields], lens, worker, msg, msg_len);
+        void *d[TU_FIELDS];
+        stoke_slots_sample(dst, b->inner.nfields, b->inner.fields, j, d);
+        int rc = bds_get(user, idx[j], d, NULL, worker, msg, msg_len);
         if (rc) {
             *err_index = idx[j];
             return rc;

@@ -25,6 +25,7 @@ typedef struct tds {
     /* tds_get_scattered (the dataset's read): every call; those of 2 samples or more, the
      * samples they carried, the most in one call */
     atomic_int read_calls, scatter_calls, scatter_samples, scatter_max;
+    const stoke_field *fields; /* the dataset's (for read()'s slots) */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int gate_open;
@@ -81,8 +82,8 @@ static int tds_get(void *user, uint64_t index, void *const dst[], int64_t lens[]
 
 /* read() by tds_get sample by sample (its fail and slow hooks apply), counted. */
 static inline int tds_get_scattered(void *user, const uint64_t *idx, size_t count,
-                                    void *const dst[], int64_t lens[], int worker, char *msg,
-                                    size_t msg_len, uint64_t *err_index)
+                                    const stoke_slots *dst, int worker, char *msg, size_t msg_len,
+                                    uint64_t *err_index)
 {
     tds *t = user;
     atomic_fetch_add(&t->read_calls, 1);
@@ -94,7 +95,9 @@ static inline int tds_get_scattered(void *user, const uint64_t *idx, size_t coun
     while ((int)count > most && !atomic_compare_exchange_weak(&t->scatter_max, &most, (int)count))
         ;
     for (size_t j = 0; j < count; j++) {
-        int rc = tds_get(user, idx[j], &dst[j * 2], lens, worker, msg, msg_len);
+        void *d[2];
+        stoke_slots_sample(dst, 2, t->fields, j, d);
+        int rc = tds_get(user, idx[j], d, NULL, worker, msg, msg_len);
         if (rc != STOKE_OK) {
             *err_index = idx[j];
             return rc;
@@ -138,6 +141,7 @@ static inline void tds_make(tds *t, stoke_dataset *ds, uint64_t n)
     ds->length = tds_length;
     ds->get = tds_get;
     ds->worker_init = tds_worker_init;
+    t->fields = ds->fields;
 }
 
 static inline void tds_free(tds *t)

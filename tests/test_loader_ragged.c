@@ -39,6 +39,7 @@ static float box_val(uint64_t i, int64_t k, int c)
 
 typedef struct rds {
     atomic_int gets, reads;
+    const stoke_field *fields;
     int fail_long; /* get() of a sample longer than this: fails with STOKE_EDATA (0: never) */
 } rds;
 
@@ -76,13 +77,17 @@ static int r_get(void *user, uint64_t index, void *const dst[], int64_t lens[], 
 }
 
 /* read(): get() per sample, with the lengths at len[j * 3 + f]. */
-static int r_read(void *user, const uint64_t *idx, size_t count, void *const dst[],
-                  int64_t lens[], int worker, char *msg, size_t msg_len, uint64_t *err_index)
+static int r_read(void *user, const uint64_t *idx, size_t count, const stoke_slots *dst,
+                  int worker, char *msg, size_t msg_len, uint64_t *err_index)
 {
     rds *r = user;
     atomic_fetch_add(&r->reads, 1);
+    assert_int_equal(dst->nruns, 1); /* a batch: one run */
+    assert_non_null(dst->len);
     for (size_t j = 0; j < count; j++) {
-        int rc = r_get(user, idx[j], &dst[j * 3], &lens[j * 3], worker, msg, msg_len);
+        void *d[3];
+        stoke_slots_sample(dst, 3, r->fields, j, d);
+        int rc = r_get(user, idx[j], d, &dst->len[j * 3], worker, msg, msg_len);
         if (rc != STOKE_OK) {
             *err_index = idx[j];
             return rc;
@@ -118,8 +123,11 @@ static void r_make(rds *r, stoke_dataset *ds, int tok_collate, int64_t tok_max, 
     f[1].collate = STOKE_COLLATE_PACK;
     snprintf(f[2].name, sizeof(f[2].name), "label");
     f[2].dtype = STOKE_DTYPE_I64;
+    for (int k = 0; k < 3; k++) /* bytes: what read()'s slots step by */
+        assert_int_equal(stoke_field_finish(&f[k]), STOKE_OK);
     ds->length = r_length;
     ds->get = r_get;
+    r->fields = ds->fields;
 }
 
 /* Checks batch b against the reference: tok collated as `collate` (max_len tok_max, truncation

@@ -213,22 +213,22 @@ static void test_scattered_identical(void **state)
                 dst[2 * j + 1] = &lab[n - 1 - j];
             }
             uint64_t err = 0;
-            assert_int_equal(ds.read(ds.user, idx, n, dst, NULL, 1, msg, sizeof(msg), &err),
+            assert_int_equal(tu_read_each(&ds, idx, n, dst, 1, msg, sizeof(msg), &err),
                              STOKE_OK);
             for (size_t j = 0; j < n; j++)
                 check_batch(&idx[j], 1, d + (n - 1 - j) * ROW, &lab[n - 1 - j]);
         }
         uint64_t err = 0, bad[3] = {5, 6, ROWS + 4};
-        assert_int_equal(ds.read(ds.user, bad, 0, dst, NULL, 0, msg, sizeof(msg), &err),
+        assert_int_equal(tu_read_each(&ds, bad, 0, dst, 0, msg, sizeof(msg), &err),
                          STOKE_OK); /* no samples: nothing read, not even the bad index */
         int64_t keep = 42;
         void *three[6] = {d, NULL, d + ROW, &keep, d + 2 * ROW, &lab[0]};
         lab[0] = 0;
-        assert_int_equal(ds.read(ds.user, bad, 2, three, NULL, 0, msg, sizeof(msg), &err),
+        assert_int_equal(tu_read_each(&ds, bad, 2, three, 0, msg, sizeof(msg), &err),
                          STOKE_OK);
         assert_int_equal(keep, g_labels[6]);
         check_batch(&bad[0], 1, d, NULL);
-        assert_int_equal(ds.read(ds.user, bad, 3, three, NULL, 0, msg, sizeof(msg), &err),
+        assert_int_equal(tu_read_each(&ds, bad, 3, three, 0, msg, sizeof(msg), &err),
                          STOKE_ERANGE);
         assert_int_equal(err, ROWS + 4);
         assert_non_null(strstr(msg, "index 1004 out of range"));
@@ -249,7 +249,7 @@ static void test_scattered_identical(void **state)
         for (int j = 0; j < 6; j++)
             six[j] = d + (size_t)j * ROW;
         char msg[256] = "";
-        assert_int_equal(ds.read(ds.user, some, 6, six, NULL, 0, msg, sizeof(msg), &err),
+        assert_int_equal(tu_read_each(&ds, some, 6, six, 0, msg, sizeof(msg), &err),
                          STOKE_EIO);
         assert_int_equal(err, 500);
         assert_non_null(strstr(msg, "sample 500:"));

@@ -89,13 +89,14 @@ static int pds_get(void *user, uint64_t index, void *const dst[], int64_t lens[]
     return p->inner.get(p->inner.user, index, dst, lens, worker, msg, msg_len);
 }
 
-static int pds_get_batch(void *user, const uint64_t *idx, size_t count, void *const dst[],
-                         int64_t lens[], int worker, char *msg, size_t msg_len, uint64_t *err_index)
+static int pds_get_batch(void *user, const uint64_t *idx, size_t count, const stoke_slots *dst,
+                         int worker, char *msg, size_t msg_len, uint64_t *err_index)
 {
     pds *p = user;
     for (size_t j = 0; j < count; j++) {
-        int rc =
-            pds_get(user, idx[j], &dst[j * (size_t)p->inner.nfields], lens, worker, msg, msg_len);
+        void *d[TU_FIELDS];
+        stoke_slots_sample(dst, p->inner.nfields, p->inner.fields, j, d);
+        int rc = pds_get(user, idx[j], d, NULL, worker, msg, msg_len);
         if (rc) {
             *err_index = idx[j];
             return rc;

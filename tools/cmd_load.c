@@ -473,10 +473,8 @@ static void print_json_bad(const load_run *r)
     printf(", \"on_error\": ");
     cli_json_str(stdout, r->a->on_error ? r->a->on_error : "error");
     printf(", \"bad_samples\": %" PRIu64 ", \"skipped_samples\": %" PRIu64
-           ", \"replaced_samples\": %" PRIu64 ", \"truncated_samples\": %" PRIu64
-           ", \"quarantine\": [",
-           r->st.bad_samples, r->st.skipped_samples, r->st.replaced_samples,
-           r->st.truncated_samples);
+           ", \"replaced_samples\": %" PRIu64 ", \"quarantine\": [",
+           r->st.bad_samples, r->st.skipped_samples, r->st.replaced_samples);
     for (uint64_t i = 0; r->l && i < r->st.quarantined; i++) {
         stoke_bad_sample q;
         if (stoke_loader_quarantine(r->l, (size_t)i, &q) != STOKE_OK)
@@ -492,7 +490,7 @@ static void print_json_bad(const load_run *r)
             printf(", \"replacement\": %" PRIu64, q.replacement);
         printf("}");
     }
-    printf("]");
+    printf("], \"truncated_samples\": %" PRIu64, r->st.truncated_samples);
 }
 
 static void print_json(const load_run *r, const char *content_src, const char *why,

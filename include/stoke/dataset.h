@@ -139,6 +139,25 @@ typedef struct stoke_hint {
     size_t count;            /* NEXT */
 } stoke_hint;
 
+/* Where a read() writes: the call's samples in runs, each run's slots one after the other.
+ * Run r holds samples [start[r], start[r + 1]) of the call; field f of its k-th sample goes to
+ * base[r * nfields + f] + k * fields[f].bytes (base NULL: skip that field of the run).  The
+ * loader passes one run for a batch (a source can then merge neighbouring rows into one read)
+ * and one run per batch for a group of small batches.  len: for ragged fields, sample j's
+ * length goes to len[j * nfields + f] (preset to max_len, the room); NULL when no field is
+ * ragged. */
+typedef struct stoke_slots {
+    size_t nruns;
+    const size_t *start; /* nruns + 1 entries: start[0] = 0, start[nruns] = count */
+    void *const *base;   /* nruns * nfields */
+    int64_t *len;
+} stoke_slots;
+
+/* The slots of sample j of a read() into dst[0 .. nfields - 1] (NULL for a skipped field), for
+ * a read() that works sample by sample.  fields: the dataset's.  Thread-safe. */
+STOKE_API void stoke_slots_sample(const stoke_slots *s, int nfields, const stoke_field *fields,
+                                  size_t j, void **dst);
+
 /* The largest batch whose next batch is named to the dataset's hint (STOKE_HINT_NEXT). */
 #define STOKE_DATASET_PREFETCH_MAX 8
 
@@ -157,17 +176,14 @@ typedef struct stoke_dataset {
      * its first dimension; the loader preset it to max_len). */
     int (*get)(void *user, uint64_t index, void *const dst[], int64_t len[], int worker, char *msg,
                size_t msg_len);
-    /* MAP, optional: write `count` samples at once, sample indices[j] field f to
-     * dst[j * nfields + f] (NULL: skip that field), its length, for a ragged field, to
-     * len[j * nfields + f] (len NULL when no field is ragged).  The slots of one batch lie one
-     * after the other (slot j + 1 of field f at dst[j * nfields + f] + fields[f].bytes), so a
-     * source can merge a run of neighbouring indices into one read; a group of small batches
-     * spans several buffers.  On an error it returns the negative code, writes the message
+    /* MAP, optional: write `count` samples at once, sample indices[j] into its slots in *dst
+     * (stoke_slots: runs of slots one after the other, so that a source can merge neighbouring
+     * indices into one read, and the ragged lengths).  On an error it returns the negative code, writes the message
      * into msg (the loader adds the worker) and the failing sample's dataset index into
      * *err_index; the slots' contents are then unspecified, and the loader calls get() sample by
      * sample to find and handle the bad one (opts.on_error).  get() must still be set.
      * Thread-safety as get(). */
-    int (*read)(void *user, const uint64_t *indices, size_t count, void *const dst[], int64_t len[],
+    int (*read)(void *user, const uint64_t *indices, size_t count, const stoke_slots *dst,
                 int worker, char *msg, size_t msg_len, uint64_t *err_index);
     /* ITERABLE: write the next sample of this worker's share into dst[f] (len as get()), its
      * index into *index; STOKE_EEND when the share is exhausted. */

@@ -88,3 +88,21 @@ int stoke_field_finish(stoke_field *field)
     field->bytes = bytes;
     return STOKE_OK;
 }
+
+void stoke_slots_sample(const stoke_slots *s, int nfields, const stoke_field *fields, size_t j,
+                        void **dst)
+{
+    size_t lo = 0, hi = s->nruns; /* the run holding j: start[lo] <= j < start[lo + 1] */
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (s->start[mid] <= j)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    size_t k = j - s->start[lo];
+    for (int f = 0; f < nfields; f++) {
+        unsigned char *b = s->base[lo * (size_t)nfields + (size_t)f];
+        dst[f] = b ? b + k * fields[f].bytes : NULL;
+    }
+}

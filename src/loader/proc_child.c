@@ -75,13 +75,13 @@ static int w_get(void *user, uint64_t index, void *const dst[], int64_t len[], i
     return rc;
 }
 
-static int w_read(void *user, const uint64_t *indices, size_t count, void *const dst[],
-                  int64_t len[], int worker, char *msg, size_t msg_len, uint64_t *err_index)
+static int w_read(void *user, const uint64_t *indices, size_t count, const stoke_slots *dst,
+                  int worker, char *msg, size_t msg_len, uint64_t *err_index)
 {
     (void)user;
     atomic_store(&cw.ctl->in_batch, 1);
     busy(count ? indices[0] : UINT64_MAX);
-    int rc = cw.ds.read(cw.ds.user, indices, count, dst, len, worker, msg, msg_len, err_index);
+    int rc = cw.ds.read(cw.ds.user, indices, count, dst, worker, msg, msg_len, err_index);
     idle();
     return rc;
 }

@@ -148,27 +148,25 @@ static int batch_indices(stoke_loader *l, stoke_batch *b, stoke__ahead *a, uint6
     return b->status;
 }
 
-/* Points dst[k * nf + f] at slot j0 + k of batch b, for n slots; presets the ragged lengths
- * len[k * nf + f] to max_len (what the slot has room for). */
-static void point_slots(const stoke_loader *l, const stoke_batch *b, size_t j0, size_t n,
-                        void **dst, int64_t *len)
+/* Points dst[f] at slot j of batch b, each field's (a sample's slots; with j 0, the base of the
+ * batch's run of slots). */
+static inline void point_slots(const stoke_loader *l, const stoke_batch *b, size_t j, void **dst)
 {
     const size_t nf = (size_t)l->ds.nfields;
     unsigned char *mem = b->host->mem;
-    const size_t *step = l->step;
-    if (n == 1) { /* a sample at a time (get, next): its slot of each field */
-        for (size_t f = 0; f < nf; f++)
-            dst[f] = mem + l->off[f] + j0 * step[f];
-    } else {
-        for (size_t f = 0; f < nf; f++) { /* field by field: base and stride loaded once */
-            unsigned char *p = mem + l->off[f] + j0 * step[f];
-            for (size_t k = 0; k < n; k++, p += step[f])
-                dst[k * nf + f] = p;
-        }
-    }
-    for (int r = 0; len && r < l->nragged; r++)
+    for (size_t f = 0; f < nf; f++)
+        dst[f] = mem + l->off[f] + j * l->step[f];
+}
+
+/* Presets the ragged lengths of n samples, len[k * nfields + f], to max_len (the room). */
+static void preset_lengths(const stoke_loader *l, int64_t *len, size_t n)
+{
+    const size_t nf = (size_t)l->ds.nfields;
+    for (int r = 0; r < l->nragged; r++) {
+        int f = l->rg[r].field;
         for (size_t k = 0; k < n; k++)
-            len[k * (size_t)nf + (size_t)l->rg[r].field] = l->fields[l->rg[r].field].max_len;
+            len[k * nf + (size_t)f] = l->fields[f].max_len;
+    }
 }
 
 /* A sample's ragged lengths (len[f]) into slot j of b: STOKE_OK; a length below 0, or past
@@ -205,7 +203,9 @@ int stoke__loader_one_sample(stoke_loader *l, stoke_batch *b, stoke__producer *p
                              uint64_t *idx, char *msg, size_t msg_len)
 {
     stoke__ahead *a = &p->ahead;
-    point_slots(l, b, j, 1, a->dst, a->len);
+    point_slots(l, b, j, a->dst);
+    if (l->nragged)
+        preset_lengths(l, a->len, 1);
     msg[0] = '\0';
     uint64_t t0 = busy_begin(l, p->w, l->iterable ? UINT64_MAX : *idx);
     int rc = l->iterable
@@ -256,13 +256,16 @@ static void fill_read(stoke_loader *l, stoke_batch *b, stoke__producer *p)
     if (!n)
         return;
     stoke__ahead *a = &p->ahead;
-    point_slots(l, b, 0, n, a->dst, a->len);
+    point_slots(l, b, 0, a->dst); /* one run: the batch's slots */
+    if (l->nragged)
+        preset_lengths(l, a->len, n);
+    size_t start[2] = {0, n};
+    stoke_slots slots = {1, start, a->dst, l->nragged ? a->len : NULL};
     char msg[256];
     msg[0] = '\0';
     uint64_t err_index = b->indices[0];
     uint64_t t0 = busy_begin(l, p->w, b->indices[0]);
-    int rc =
-        l->ds.read(l->ds.user, b->indices, n, a->dst, a->len, p->wid, msg, sizeof(msg), &err_index);
+    int rc = l->ds.read(l->ds.user, b->indices, n, &slots, p->wid, msg, sizeof(msg), &err_index);
     rc = busy_end(l, p->w, t0, rc, msg, sizeof(msg));
     const int nf = l->ds.nfields;
     for (size_t j = 0; rc == STOKE_OK && l->nragged && j < n; j++)
@@ -710,20 +713,23 @@ static int make_scattered(stoke_loader *l, stoke_batch *const *b, int n, int wid
         total <= STOKE__AHEAD_RUN ? ahead_indices(l, a, b[0]->seq, total, seed, epoch) : NULL;
     if (!run)
         return STOKE_ERANGE;
-    void **dst = a->dst; /* nscratch >= STOKE__AHEAD_RUN samples */
-    size_t j = 0;
+    void **base = a->dst; /* a run per batch: n <= CLAIM_MAX <= nscratch */
+    size_t start[CLAIM_MAX + 1], j = 0;
     for (int i = 0; i < n; i++) {
         stoke_batch *x = b[i];
         stoke__loader_batch_start(l, x, wid, epoch);
         memcpy(x->indices, run + j, x->count * sizeof(*run));
-        point_slots(l, x, 0, x->count, dst + j * (size_t)nf, NULL);
+        point_slots(l, x, 0, base + (size_t)i * (size_t)nf);
+        start[i] = j;
         j += x->count;
         stoke__loader_finish(l, x); /* (no ragged field here: plan.scatter) */
     }
+    start[n] = j;
+    stoke_slots slots = {(size_t)n, start, base, NULL};
     char msg[256];
     msg[0] = '\0';
     uint64_t err_index = run[0];
-    return l->ds.read(l->ds.user, run, total, dst, NULL, wid, msg, sizeof(msg), &err_index);
+    return l->ds.read(l->ds.user, run, total, &slots, wid, msg, sizeof(msg), &err_index);
 }
 
 int stoke__loader_make_group(stoke_loader *l, stoke__producer *p, uint64_t *clock)

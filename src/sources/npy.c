@@ -339,29 +339,33 @@ static void fill_field(stoke_field *fl, const char *name, const npy_file *f, int
     fl->bytes = f->row_bytes;
 }
 
-/* The dataset's read(): the slots of one batch (each field's rows one after the other) go to
- * get_batch, which merges runs of neighbouring rows; a group of small batches to
- * get_scattered. */
-static int npy_read(void *user, const uint64_t *indices, size_t count, void *const dst[],
-                    int64_t len[], int worker, char *msg, size_t msg_len, uint64_t *err_index)
+/* The dataset's read(): one run of slots (a batch) goes to get_batch, which merges runs of
+ * neighbouring rows; a group of small batches (a run each) to get_scattered. */
+static int npy_read(void *user, const uint64_t *indices, size_t count, const stoke_slots *dst,
+                    int worker, char *msg, size_t msg_len, uint64_t *err_index)
 {
     const npy_ds *ds = user;
-    const int nf = ds->nfiles;
-    (void)len;
-    if (count <= 1) /* one slot: a batch of one */
-        return stoke__npy_get_batch(user, indices, count, dst, worker, msg, msg_len, err_index);
-    int one_batch = 1;
-    for (size_t j = 1; one_batch && j < count; j++)
-        for (int k = 0; k < nf; k++) {
-            const unsigned char *p0 = dst[k], *pj = dst[j * (size_t)nf + (size_t)k];
-            if (p0 ? pj != p0 + j * ds->f[k].row_bytes : pj != NULL) {
-                one_batch = 0;
-                break;
+    if (dst->nruns <= 1) /* one batch's slots */
+        return stoke__npy_get_batch(user, indices, count, dst->base, worker, msg, msg_len,
+                                    err_index);
+    /* a group of small batches: each sample's slots, for the scattered copy */
+    const size_t nf = (size_t)ds->nfiles;
+    void *small[128], **each = count * nf <= 128 ? small : malloc(count * nf * sizeof(*each));
+    if (!each) {
+        stoke__fmt(msg, msg_len, "npy %s: out of memory", ds->f[0].path);
+        *err_index = count ? indices[0] : 0;
+        return STOKE_ENOMEM;
+    }
+    for (size_t r = 0; r < dst->nruns; r++)
+        for (size_t j = dst->start[r]; j < dst->start[r + 1]; j++)
+            for (size_t k = 0; k < nf; k++) {
+                unsigned char *b = dst->base[r * nf + k];
+                each[j * nf + k] = b ? b + (j - dst->start[r]) * ds->f[k].row_bytes : NULL;
             }
-        }
-    if (one_batch)
-        return stoke__npy_get_batch(user, indices, count, dst, worker, msg, msg_len, err_index);
-    return stoke__npy_get_scattered(user, indices, count, dst, worker, msg, msg_len, err_index);
+    int rc = stoke__npy_get_scattered(user, indices, count, each, worker, msg, msg_len, err_index);
+    if (each != small)
+        free(each);
+    return rc;
 }
 
 static void npy_hint(void *user, const stoke_hint *h)

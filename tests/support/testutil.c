@@ -472,15 +472,21 @@ stoke_field *tu_fields_of(stoke_dataset *ds)
 int tu_read_batch(stoke_dataset *ds, const uint64_t *idx, size_t n, void *const base[], int worker,
                   char *msg, size_t msg_len, uint64_t *err_index)
 {
-    int nf = ds->nfields;
-    void **dst = calloc(n * (size_t)nf + 1, sizeof(*dst));
-    if (!dst)
+    size_t start[2] = {0, n};
+    stoke_slots s = {1, start, base, NULL};
+    return ds->read(ds->user, idx, n, &s, worker, msg, msg_len, err_index);
+}
+
+int tu_read_each(stoke_dataset *ds, const uint64_t *idx, size_t n, void *const dst[], int worker,
+                 char *msg, size_t msg_len, uint64_t *err_index)
+{
+    size_t *start = calloc(n + 1, sizeof(*start));
+    if (!start)
         abort();
-    for (size_t j = 0; j < n; j++)
-        for (int f = 0; f < nf; f++)
-            dst[j * (size_t)nf + (size_t)f] =
-                base[f] ? (unsigned char *)base[f] + j * ds->fields[f].bytes : NULL;
-    int rc = ds->read(ds->user, idx, n, dst, NULL, worker, msg, msg_len, err_index);
-    free(dst);
+    for (size_t j = 0; j <= n; j++)
+        start[j] = j;
+    stoke_slots s = {n, start, dst, NULL};
+    int rc = ds->read(ds->user, idx, n, &s, worker, msg, msg_len, err_index);
+    free(start);
     return rc;
 }

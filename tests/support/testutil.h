@@ -126,5 +126,9 @@ struct stoke_field *tu_fields_of(struct stoke_dataset *ds);
  * as the loader lays a batch out. */
 int tu_read_batch(struct stoke_dataset *ds, const uint64_t *idx, size_t n, void *const base[],
                   int worker, char *msg, size_t msg_len, uint64_t *err_index);
+/* ds->read with each sample in slots of its own: field f of sample j at dst[j * nfields + f]
+ * (n runs of one). */
+int tu_read_each(struct stoke_dataset *ds, const uint64_t *idx, size_t n, void *const dst[],
+                 int worker, char *msg, size_t msg_len, uint64_t *err_index);
 
 #endif
