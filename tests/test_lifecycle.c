@@ -325,56 +325,16 @@ static void test_device(void **state)
     tu_use_none();
 }
 
-/* ITERABLE: worker w of W yields the i < n with i % W == w; a share that ends on a batch
- * boundary completes an empty batch (FILLING -> FREE). */
-typedef struct itds {
-    uint64_t n;
-    uint64_t cursor[16];
-} itds;
-
-static int it_next(void *user, int worker, int num_workers, void *const dst[], int64_t lens[],
-                   uint64_t *index, char *msg, size_t msg_len)
-{
-    itds *t = user;
-    uint64_t shards = num_workers ? (uint64_t)num_workers : 1;
-    uint64_t i = (uint64_t)worker + t->cursor[worker] * shards;
-    if (i >= t->n)
-        return STOKE_EEND;
-    t->cursor[worker]++;
-    unsigned char *d = dst[0];
-    for (size_t k = 0; k < DS_BYTES; k++)
-        d[k] = tds_byte(i, k);
-    int64_t label = (int64_t)i;
-    memcpy(dst[1], &label, sizeof(label));
-    *index = i;
-    return STOKE_OK;
-}
-
-static int it_reset(void *user, uint64_t epoch)
-{
-    itds *t = user;
-    memset(t->cursor, 0, sizeof(t->cursor));
-    return STOKE_OK;
-}
-
+/* ITERABLE (test_loader_ds.h, itds): a share that ends on a batch boundary completes an empty
+ * batch (FILLING -> FREE). */
 static void test_iterable(void **state)
 {
     (void)state;
     for (int workers = 0; workers <= 2; workers += 2) {
         for (int in_order = 0; in_order < 2; in_order++) {
-            tds dummy;
             itds t;
             stoke_dataset ds;
-            tds_make(&dummy, &ds, 0); /* the field layout */
-            memset(&t, 0, sizeof(t));
-            t.n = 128; /* shares of 64 (2 workers): a multiple of the batch size */
-            ds.kind = STOKE_DATASET_ITERABLE;
-            ds.user = &t;
-            ds.length = NULL;
-            ds.get = NULL;
-            ds.worker_init = NULL;
-            ds.next = it_next;
-            ds.set_epoch = it_reset;
+            it_make(&t, &ds, 128); /* shares of 64 (2 workers): a multiple of the batch size */
             stoke_loader_opts o = opts(workers, in_order, 8);
             o.shuffle = 0;
             stoke_loader *l;
@@ -384,7 +344,6 @@ static void test_iterable(void **state)
                 assert_int_equal(stoke_loader_set_epoch(l, (uint64_t)epoch + 1), STOKE_OK);
             }
             stoke_loader_destroy(l);
-            tds_free(&dummy);
         }
     }
 }

@@ -6,57 +6,6 @@
 
 #include "test_loader_ds.h"
 
-/* ---- iterable: worker w of W yields the indices i < n with i % W == w, in increasing order -- */
-
-typedef struct itds {
-    uint64_t n;
-    uint64_t cursor[16]; /* per worker: touched only by that worker (or by reset, quiesced) */
-    atomic_int resets;
-    uint64_t last_reset_epoch;
-} itds;
-
-static int it_next(void *user, int worker, int num_workers, void *const dst[], int64_t lens[],
-                   uint64_t *index, char *msg, size_t msg_len)
-{
-    itds *t = user;
-    uint64_t shards = num_workers ? (uint64_t)num_workers : 1;
-    uint64_t i = (uint64_t)worker + t->cursor[worker] * shards;
-    if (i >= t->n)
-        return STOKE_EEND;
-    t->cursor[worker]++;
-    unsigned char *d = dst[0];
-    for (size_t k = 0; k < DS_BYTES; k++)
-        d[k] = tds_byte(i, k);
-    int64_t label = (int64_t)i;
-    memcpy(dst[1], &label, sizeof(label));
-    *index = i;
-    return STOKE_OK;
-}
-
-static int it_reset(void *user, uint64_t epoch)
-{
-    itds *t = user;
-    memset(t->cursor, 0, sizeof(t->cursor));
-    t->last_reset_epoch = epoch;
-    atomic_fetch_add(&t->resets, 1);
-    return STOKE_OK;
-}
-
-static void it_make(itds *t, stoke_dataset *ds, uint64_t n)
-{
-    static tds dummy;
-    tds_make(&dummy, ds, 0); /* the field layout */
-    memset(t, 0, sizeof(*t));
-    t->n = n;
-    ds->kind = STOKE_DATASET_ITERABLE;
-    ds->user = t;
-    ds->length = NULL;
-    ds->get = NULL;
-    ds->worker_init = NULL;
-    ds->next = it_next;
-    ds->set_epoch = it_reset;
-}
-
 /* One epoch: checks the round-robin layout; returns samples and fills seen[]. */
 static uint64_t it_epoch(stoke_loader *l, int workers, size_t bs, unsigned char *seen)
 {
