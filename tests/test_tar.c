@@ -915,7 +915,7 @@ static void test_ragged_members(void **state)
     stoke_dataset_close(&ds);
     snprintf(args, sizeof(args), "%s,fields=txt:cls,ragged=cls", path);
     assert_int_equal(open_tar(args, &ds), STOKE_EINVAL);
-    assert_non_null(strstr(stoke_last_error(), "not a raw field"));
+    assert_non_null(strstr(stoke_last_error(), "neither raw nor .npy"));
     snprintf(args, sizeof(args), "%s,fields=txt:cls,packed=json", path);
     assert_int_equal(open_tar(args, &ds), STOKE_EINVAL);
     assert_non_null(strstr(stoke_last_error(), "not a field"));
@@ -970,6 +970,87 @@ static void test_ragged_members(void **state)
         }
 }
 
+/* packed=npy: token arrays (.npy, int32, (n, 2)) of 0 to 6 rows, through the loader: each
+ * sample's rows and length exact, big-endian members swapped; max_len from the members' sizes;
+ * a member whose second dimension differs is the sample's error. */
+static void test_ragged_npy(void **state)
+{
+    (void)state;
+    const char *dir = scratch("ragged_npy");
+    char path[1200], name[64], args[1400], shape[32];
+    enum { RN = 20 };
+    tw w;
+    tw_open(&w, pathf(path, sizeof(path), dir, "t.tar"));
+    for (int i = 0; i < RN; i++) {
+        int rows = (i * 5) % 7; /* 0 .. 6 */
+        int32_t v[12];
+        unsigned char m[512];
+        size_t n;
+        for (int k = 0; k < 2 * rows; k++)
+            v[k] = i * 100 + k;
+        int big = i % 3 == 0;
+        for (int k = 0; big && k < 2 * rows; k++)
+            v[k] = (int32_t)__builtin_bswap32((uint32_t)v[k]);
+        snprintf(shape, sizeof(shape), "(%d, 2)", rows);
+        npy_bytes(m, &n, big ? ">i4" : "<i4", shape, v, (size_t)rows * 8);
+        snprintf(name, sizeof(name), "s%03d.npy", i);
+        tw_file(&w, name, m, n);
+    }
+    tw_end(&w);
+    stoke_dataset ds;
+    snprintf(args, sizeof(args), "%s,packed=npy", path);
+    assert_int_equal(open_tar(args, &ds), STOKE_OK);
+    assert_int_equal(ds.fields[0].ndim, 2);
+    assert_int_equal(ds.fields[0].shape[0], STOKE_DIM_VAR);
+    assert_int_equal(ds.fields[0].shape[1], 2);
+    assert_true(ds.fields[0].max_len >= 6);
+    stoke_loader_opts o;
+    stoke_loader_opts_init(&o);
+    o.batch_size = 6;
+    o.num_workers = 2;
+    o.pin_memory = 0;
+    stoke_loader *l;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    stoke_batch *b;
+    size_t got = 0;
+    while (stoke_loader_next(l, &b) == STOKE_OK) {
+        const int32_t *d = stoke_batch_data(b, 0);
+        const int64_t *len = stoke_batch_lengths(b, 0), *off = stoke_batch_offsets(b, 0);
+        for (size_t j = 0; j < stoke_batch_count(b); j++) {
+            int i = (int)stoke_batch_indices(b)[j];
+            assert_int_equal(len[j], (i * 5) % 7);
+            for (int64_t k = 0; k < 2 * len[j]; k++)
+                assert_int_equal(d[off[j] * 2 + k], i * 100 + k);
+            got++;
+        }
+        stoke_batch_release(b);
+    }
+    assert_int_equal(got, RN);
+    stoke_loader_destroy(l);
+    stoke_dataset_close(&ds);
+    /* another second dimension: that sample fails, naming it */
+    tw_open(&w, pathf(path, sizeof(path), dir, "u.tar"));
+    int32_t v[6] = {1, 2, 3, 4, 5, 6};
+    unsigned char m[512];
+    size_t n;
+    npy_bytes(m, &n, "<i4", "(3, 2)", v, 24);
+    tw_file(&w, "a.npy", m, n);
+    npy_bytes(m, &n, "<i4", "(2, 3)", v, 24);
+    tw_file(&w, "b.npy", m, n);
+    tw_end(&w);
+    snprintf(args, sizeof(args), "%s,ragged=npy", path);
+    assert_int_equal(open_tar(args, &ds), STOKE_OK);
+    unsigned char buf[512];
+    int64_t lens[1];
+    void *dst[1] = {buf};
+    char msg[512] = "";
+    assert_int_equal(ds.get(ds.user, 0, dst, lens, 0, msg, sizeof(msg)), STOKE_OK);
+    assert_int_equal(lens[0], 3);
+    assert_int_equal(ds.get(ds.user, 1, dst, lens, 0, msg, sizeof(msg)), STOKE_EFORMAT);
+    assert_non_null(strstr(msg, "but for the first dimension"));
+    stoke_dataset_close(&ds);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -979,7 +1060,7 @@ int main(void)
         cmocka_unit_test(test_field_errors),    cmocka_unit_test(test_truncated),
         cmocka_unit_test(test_corrupt_headers), cmocka_unit_test(test_parse_block),
         cmocka_unit_test(test_shard_lists),     cmocka_unit_test(test_loader_workers_ranks),
-        cmocka_unit_test(test_ragged_members),
+        cmocka_unit_test(test_ragged_members),  cmocka_unit_test(test_ragged_npy),
     };
     return tu_exit_status(cmocka_run_group_tests(tests, NULL, NULL));
 }

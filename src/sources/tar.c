@@ -432,12 +432,13 @@ static int mark_ragged(const char *spec, stoke__tar_ds *t, int rg)
         for (int j = 0; j < t->nf && k < 0; j++)
             if (strlen(t->f[j].ext) == n && memcmp(t->f[j].ext, p, n) == 0)
                 k = j;
-        if (k < 0 || t->f[k].kind != STOKE__TAR_RAW)
+        if (k < 0 || (t->f[k].kind != STOKE__TAR_RAW && t->f[k].kind != STOKE__TAR_NPY))
             return stoke__fail(STOKE_EINVAL,
                                "source '%s': %s=%s: '%.*s' is %s (ragged fields are members "
-                               "taken as bytes: .txt, .json, ...)",
+                               "taken as bytes, .txt, .json, ..., or .npy arrays whose first "
+                               "dimension varies)",
                                spec, rg ? "packed" : "ragged", list, (int)n, p,
-                               k < 0 ? "not a field" : "not a raw field");
+                               k < 0 ? "not a field" : "neither raw nor .npy");
         t->f[k].ragged = 1 + (rg ? STOKE_COLLATE_PACK : STOKE_COLLATE_PAD);
         p += n + (p[n] == ':');
     }

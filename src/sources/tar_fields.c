@@ -195,28 +195,40 @@ static int npy_header(const stoke__tar_ds *t, uint64_t i, int k, const stoke__ta
 }
 
 static int read_npy(const stoke__tar_ds *t, uint64_t i, int k, const stoke__tar_loc *L, void *dst,
-                    char *msg, size_t msg_len)
+                    int64_t *len, char *msg, size_t msg_len)
 {
     stoke__npy_header h;
     int rc = npy_header(t, i, k, L, &h, msg, msg_len);
     if (rc)
         return rc;
     const stoke_field *f = &t->fields[k];
+    int ragged = t->f[k].ragged != 0; /* the first dimension may differ */
     /* the byte order may differ (swapped below), not the type */
     int same = h.dtype == f->dtype && h.itemsize == f->itemsize && h.ndim == f->ndim;
-    for (int d = 0; same && d < h.ndim; d++)
+    for (int d = ragged; same && d < h.ndim; d++)
         same = h.shape[d] == f->shape[d];
     if (!same)
         return field_fail(t, i, k, msg, msg_len, STOKE_EFORMAT,
                           "array %s of %d dimension(s) differs from the first sample's (dtype "
-                          "%s, %d dimension(s)): every sample needs the same dtype and shape",
-                          h.descr, h.ndim, t->f[k].npy_descr, f->ndim);
-    int e = pread_exact(t->shards[t->shard_of[i]].fd, dst, f->bytes, L->off + h.data_offset);
+                          "%s, %d dimension(s)): every sample needs the same dtype and shape%s",
+                          h.descr, h.ndim, t->f[k].npy_descr, f->ndim,
+                          ragged ? " but for the first dimension" : "");
+    size_t bytes = f->bytes;
+    if (ragged) { /* at most max_len rows: an upper bound from the member's size */
+        size_t unit = f->bytes / (size_t)f->max_len;
+        if (h.shape[0] > f->max_len)
+            return field_fail(t, i, k, msg, msg_len, STOKE_EFORMAT,
+                              "%lld rows, more than the field's max_len %lld",
+                              (long long)h.shape[0], (long long)f->max_len);
+        bytes = (size_t)h.shape[0] * unit;
+        *len = h.shape[0];
+    }
+    int e = pread_exact(t->shards[t->shard_of[i]].fd, dst, bytes, L->off + h.data_offset);
     if (e)
         return read_fail(t, i, k, e, msg, msg_len);
     if (h.swap) {
         unsigned char *p = dst;
-        for (size_t o = 0; o + h.swap <= f->bytes; o += h.swap)
+        for (size_t o = 0; o + h.swap <= bytes; o += h.swap)
             for (size_t a = 0, b = h.swap - 1; a < b; a++, b--) {
                 unsigned char c = p[o + a];
                 p[o + a] = p[o + b];
@@ -266,7 +278,7 @@ int stoke__tar_read_field(const stoke__tar_ds *t, uint64_t i, int k, void *dst, 
                           t->f[k].ext);
     switch (t->f[k].kind) {
     case STOKE__TAR_CLS: return read_cls(t, i, k, L, dst, msg, msg_len);
-    case STOKE__TAR_NPY: return read_npy(t, i, k, L, dst, msg, msg_len);
+    case STOKE__TAR_NPY: return read_npy(t, i, k, L, dst, len, msg, msg_len);
     case STOKE__TAR_IMAGE: return read_image(t, i, k, L, dst, msg, msg_len);
     default: break;
     }
@@ -282,6 +294,18 @@ int stoke__tar_read_field(const stoke__tar_ds *t, uint64_t i, int k, void *dst, 
                           L->size, t->fields[k].bytes);
     int e = pread_exact(t->shards[t->shard_of[i]].fd, dst, (size_t)L->size, L->off);
     return e ? read_fail(t, i, k, e, msg, msg_len) : STOKE_OK;
+}
+
+/* The size of field k's largest member (0: none). */
+static uint64_t longest_member(const stoke__tar_ds *t, int k)
+{
+    uint64_t most = 0;
+    for (uint64_t i = 0; i < t->n; i++) {
+        const stoke__tar_loc *M = &t->loc[i * (uint64_t)t->nf + (uint64_t)k];
+        if (M->off != UINT64_MAX && M->size > most)
+            most = M->size;
+    }
+    return most;
 }
 
 int stoke__tar_describe_field(stoke__tar_ds *t, int k, const char *spec)
@@ -314,6 +338,21 @@ int stoke__tar_describe_field(stoke__tar_ds *t, int k, const char *spec)
         f->ndim = h.ndim;
         memcpy(t->shapes[k], h.shape, sizeof(int64_t) * (size_t)h.ndim);
         stoke__strlcpy(t->f[k].npy_descr, h.descr, sizeof(t->f[k].npy_descr));
+        if (t->f[k].ragged) { /* rows vary: as many as the longest member could hold */
+            if (h.ndim < 1)
+                return stoke__fail(STOKE_EINVAL,
+                                   "source '%s': .npy field '%s' is a scalar: a ragged field "
+                                   "needs a first dimension",
+                                   spec, t->f[k].ext);
+            uint64_t unit = h.itemsize, most = longest_member(t, k);
+            for (int d = 1; d < h.ndim; d++)
+                unit *= (uint64_t)h.shape[d];
+            /* the data of a member follows at least its 10-byte preamble */
+            uint64_t rows = unit && most > 10 ? (most - 10) / unit : 1;
+            t->shapes[k][0] = STOKE_DIM_VAR;
+            f->max_len = rows > 0 ? (int64_t)rows : 1;
+            f->collate = t->f[k].ragged - 1;
+        }
         break;
     }
     case STOKE__TAR_IMAGE: {
@@ -337,14 +376,9 @@ int stoke__tar_describe_field(stoke__tar_ds *t, int k, const char *spec)
         f->ndim = 1;
         t->shapes[k][0] = (int64_t)L->size;
         if (t->f[k].ragged) { /* as long as the longest member */
-            uint64_t most = 1;
-            for (uint64_t i = 0; i < t->n; i++) {
-                const stoke__tar_loc *M = &t->loc[i * (uint64_t)t->nf + (uint64_t)k];
-                if (M->off != UINT64_MAX && M->size > most)
-                    most = M->size;
-            }
+            uint64_t most = longest_member(t, k);
             t->shapes[k][0] = STOKE_DIM_VAR;
-            f->max_len = (int64_t)most;
+            f->max_len = most ? (int64_t)most : 1;
             f->collate = t->f[k].ragged - 1;
         }
         break;
