@@ -77,8 +77,8 @@ static int r_get(void *user, uint64_t index, void *const dst[], int64_t lens[], 
 }
 
 /* read(): get() per sample, with the lengths at len[j * 3 + f]. */
-static int r_read(void *user, const uint64_t *idx, size_t count, const stoke_slots *dst,
-                  int worker, char *msg, size_t msg_len, uint64_t *err_index)
+static int r_read(void *user, const uint64_t *idx, size_t count, const stoke_slots *dst, int worker,
+                  char *msg, size_t msg_len, uint64_t *err_index)
 {
     rds *r = user;
     atomic_fetch_add(&r->reads, 1);
@@ -361,6 +361,92 @@ static void test_ragged_device(void **state)
     tu_use_none();
 }
 
+/* ---- pad values of every dtype ------------------------------------------------------------
+ * Field f: a ragged field of dtype pads[f].dtype, sample i of length i + 1 (1 or 2) filled
+ * with 0x11 bytes; in a batch of both, sample 0's second element is the pad value. */
+
+static const struct {
+    int dtype;
+    double pad;
+    unsigned char want[8]; /* little-endian bytes of the pad element */
+} PADS[] = {
+    {STOKE_DTYPE_BOOL, 3.0, {1}},
+    {STOKE_DTYPE_U8, 7.0, {7}},
+    {STOKE_DTYPE_I8, -2.0, {0xfe}},
+    {STOKE_DTYPE_U16, -1.0, {0xff, 0xff}}, /* wraps, as numpy's astype */
+    {STOKE_DTYPE_I16, -3.0, {0xfd, 0xff}},
+    {STOKE_DTYPE_U32, 258.0, {2, 1, 0, 0}},
+    {STOKE_DTYPE_I32, -1.0, {0xff, 0xff, 0xff, 0xff}},
+    {STOKE_DTYPE_U64, 1.0, {1, 0, 0, 0, 0, 0, 0, 0}},
+    {STOKE_DTYPE_I64, -2.0, {0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}},
+    {STOKE_DTYPE_F16, 2.0, {0x00, 0x40}},
+    {STOKE_DTYPE_BF16, 1.0, {0x80, 0x3f}},
+    {STOKE_DTYPE_F32, 1.5, {0x00, 0x00, 0xc0, 0x3f}},
+    {STOKE_DTYPE_F64, -2.25, {0, 0, 0, 0, 0, 0, 0x02, 0xc0}},
+};
+enum { NPAD = sizeof(PADS) / sizeof(PADS[0]) };
+
+static uint64_t pad_length(void *user)
+{
+    (void)user;
+    return 2;
+}
+
+static int pad_get(void *user, uint64_t index, void *const dst[], int64_t lens[], int worker,
+                   char *msg, size_t msg_len)
+{
+    (void)user, (void)worker, (void)msg, (void)msg_len;
+    for (int f = 0; f < NPAD; f++) {
+        lens[f] = (int64_t)index + 1;
+        memset(dst[f], 0x11, (size_t)lens[f] * stoke_dtype_size(PADS[f].dtype));
+    }
+    return STOKE_OK;
+}
+
+static void test_pad_values(void **state)
+{
+    (void)state;
+    static const int one = 1;
+    if (*(const unsigned char *)&one != 1)
+        tu_skip("the expected bytes are little-endian");
+    stoke_dataset ds;
+    stoke_dataset_init(&ds);
+    ds.kind = STOKE_DATASET_MAP;
+    snprintf(ds.name, sizeof(ds.name), "pads");
+    ds.nfields = NPAD;
+    for (int f = 0; f < NPAD; f++) {
+        stoke_field *fd = &TU_F(&ds)[f];
+        snprintf(fd->name, sizeof(fd->name), "%s", stoke_dtype_name(PADS[f].dtype));
+        fd->dtype = PADS[f].dtype;
+        fd->ndim = 1;
+        TU_SHAPE(&ds, f)[0] = STOKE_DIM_VAR;
+        fd->max_len = 4;
+        fd->pad_value = PADS[f].pad;
+    }
+    ds.length = pad_length;
+    ds.get = pad_get;
+    stoke_loader_opts o = r_opts(0, STOKE_WORKER_THREADS);
+    o.batch_size = 2;
+    o.shuffle = 0;
+    stoke_loader *l;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    stoke_batch *b;
+    assert_int_equal(stoke_loader_next(l, &b), STOKE_OK);
+    for (int f = 0; f < NPAD; f++) {
+        size_t is = stoke_dtype_size(PADS[f].dtype);
+        const unsigned char *d = stoke_batch_data(b, f);
+        assert_int_equal(stoke_batch_field_bytes(b, f), 4 * is); /* [2, 2] */
+        for (size_t k = 0; k < is; k++) {
+            assert_int_equal(d[k], 0x11);                 /* sample 0's one element */
+            assert_int_equal(d[is + k], PADS[f].want[k]); /* its pad */
+            assert_int_equal(d[2 * is + k], 0x11);        /* sample 1's two */
+            assert_int_equal(d[3 * is + k], 0x11);
+        }
+    }
+    stoke_batch_release(b);
+    stoke_loader_destroy(l);
+}
+
 /* ---- 64 fields -------------------------------------------------------------------------- */
 
 enum { NF = 64 };
@@ -429,7 +515,7 @@ static void test_size_tag(void **state)
     r_make(&r, &ds, STOKE_COLLATE_PAD, 16, 0);
     stoke_loader_opts o = r_opts(0, STOKE_WORKER_THREADS);
     stoke_loader *l = (stoke_loader *)&o; /* set to NULL on failure */
-    ds.size = 0; /* a struct never initialized */
+    ds.size = 0;                          /* a struct never initialized */
     assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_EINVAL);
     assert_null(l);
     assert_non_null(strstr(stoke_last_error(), "dataset 'ragged' has size 0"));
@@ -594,6 +680,7 @@ int main(void)
         cmocka_unit_test(test_ragged_modes),  cmocka_unit_test(test_ragged_truncation),
         cmocka_unit_test(test_ragged_device), cmocka_unit_test(test_64_fields),
         cmocka_unit_test(test_size_tag),      cmocka_unit_test(test_fork_hooks),
+        cmocka_unit_test(test_pad_values),
     };
     return tu_exit_status(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -289,64 +289,44 @@ static void fill_pad(unsigned char *p, size_t n, const stoke_field *fd)
     double v = fd->pad_value;
     size_t is = fd->itemsize;
     memset(one, 0, sizeof(one));
+    /* integers through int64 (a negative pad in an unsigned type wraps, as numpy's astype) */
+    uint64_t u = (uint64_t)(int64_t)v;
+    uint8_t u1 = (uint8_t)u;
+    uint16_t u2 = (uint16_t)u;
+    uint32_t u4 = (uint32_t)u;
+    float x = (float)v;
     switch (fd->dtype) {
     case STOKE_DTYPE_BOOL: one[0] = v != 0.0; break;
-    case STOKE_DTYPE_U8: one[0] = (uint8_t)v; break;
-    case STOKE_DTYPE_I8: {
-        int8_t x = (int8_t)v;
-        memcpy(one, &x, 1);
-    } break;
-    case STOKE_DTYPE_U16: {
-        uint16_t x = (uint16_t)v;
-        memcpy(one, &x, 2);
-    } break;
-    case STOKE_DTYPE_I16: {
-        int16_t x = (int16_t)v;
-        memcpy(one, &x, 2);
-    } break;
-    case STOKE_DTYPE_U32: {
-        uint32_t x = (uint32_t)v;
-        memcpy(one, &x, 4);
-    } break;
-    case STOKE_DTYPE_I32: {
-        int32_t x = (int32_t)v;
-        memcpy(one, &x, 4);
-    } break;
-    case STOKE_DTYPE_U64: {
-        uint64_t x = (uint64_t)v;
-        memcpy(one, &x, 8);
-    } break;
-    case STOKE_DTYPE_I64: {
-        int64_t x = (int64_t)v;
-        memcpy(one, &x, 8);
-    } break;
+    case STOKE_DTYPE_U8:
+    case STOKE_DTYPE_I8:
+    case STOKE_DTYPE_U16:
+    case STOKE_DTYPE_I16:
+    case STOKE_DTYPE_U32:
+    case STOKE_DTYPE_I32:
+    case STOKE_DTYPE_U64:
+    case STOKE_DTYPE_I64:
+        memcpy(one, is == 1 ? (void *)&u1 : is == 2 ? (void *)&u2 : is == 4 ? (void *)&u4 : &u, is);
+        break;
     case STOKE_DTYPE_F32:
-    case STOKE_DTYPE_C64: {
-        float x = (float)v;
-        memcpy(one, &x, 4);
-    } break;
+    case STOKE_DTYPE_C64: memcpy(one, &x, 4); break; /* complex: the real part */
     case STOKE_DTYPE_F64:
     case STOKE_DTYPE_C128: memcpy(one, &v, 8); break;
     case STOKE_DTYPE_F16:
-    case STOKE_DTYPE_BF16: {
-        float x = (float)v; /* bf16: the top half; f16: exact for 0 and small integers */
-        uint32_t u;
-        memcpy(&u, &x, 4);
-        uint16_t h = (uint16_t)(u >> 16);
-        if (fd->dtype == STOKE_DTYPE_F16) {
-            uint32_t e = (u >> 23) & 0xff, m = u & 0x7fffff, sgn = (u >> 16) & 0x8000;
-            h = (uint16_t)(x == 0.0f ? sgn
-                           : e < 113 ? sgn
-                           : e > 142 ? (sgn | 0x7c00)
-                                     : (sgn | ((e - 112) << 10) | (m >> 13)));
-        }
-        memcpy(one, &h, 2);
+    case STOKE_DTYPE_BF16: { /* bf16: the float's top half; f16: exact for small integers */
+        uint32_t w;
+        memcpy(&w, &x, 4);
+        uint32_t e = (w >> 23) & 0xff, m = w & 0x7fffff, sgn = (w >> 16) & 0x8000;
+        u2 = fd->dtype == STOKE_DTYPE_BF16 ? (uint16_t)(w >> 16)
+             : e < 113                     ? (uint16_t)sgn
+             : e > 142                     ? (uint16_t)(sgn | 0x7c00)
+                                           : (uint16_t)(sgn | ((e - 112) << 10) | (m >> 13));
+        memcpy(one, &u2, 2);
     } break;
-    default:
-        one[0] = (unsigned char)v;
+    default: /* RAW: bytes */
+        one[0] = (unsigned char)u;
+        n *= is;
         is = 1;
-        n *= fd->itemsize;
-        break; /* RAW: bytes */
+        break;
     }
     int zero = 1;
     for (size_t i = 0; i < is; i++)
