@@ -10,8 +10,8 @@
  *   STOKE_EEND; each worker iterates its own share, sharded by (worker, num_workers) as with
  *   PyTorch's IterableDataset).
  * - Reads: get() writes one sample, the simple form every MAP dataset has; read() (optional)
- *   writes many at once, each into slots of its own, so a source can keep many reads in flight,
- *   merge neighbours or overlap cache misses.  The loader calls read() for a batch, or for a
+ *   writes many at once into runs of slots (stoke_slots: a batch is one run), so a source can
+ *   keep many reads in flight, merge neighbours or overlap cache misses.  The loader calls read() for a batch, or for a
  *   group of small batches, and falls back to get() per sample to find and handle a bad one.
  * - One epoch notification, set_epoch(); one hint call, hint(), for what the loader knows of
  *   its future accesses (the sampler's pattern, the next samples); fork hooks for datasets that
