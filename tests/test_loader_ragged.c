@@ -40,7 +40,8 @@ static float box_val(uint64_t i, int64_t k, int c)
 typedef struct rds {
     atomic_int gets, reads;
     const stoke_field *fields;
-    int fail_long; /* get() of a sample longer than this: fails with STOKE_EDATA (0: never) */
+    int fail_long;   /* get() of a sample longer than this: fails with STOKE_EDATA (0: never) */
+    uint64_t neg_at; /* get() of this sample reports tok's length as -1 (UINT64_MAX: none) */
 } rds;
 
 static uint64_t r_length(void *user)
@@ -64,7 +65,7 @@ static int r_get(void *user, uint64_t index, void *const dst[], int64_t lens[], 
     int32_t *t = dst[0];
     for (int64_t k = 0; k < n && k < room; k++)
         t[k] = (int32_t)(index * 1000 + (uint64_t)k);
-    lens[0] = n;
+    lens[0] = index == r->neg_at ? -1 : n;
     int64_t m = box_len(index);
     float *b = dst[1];
     for (int64_t k = 0; k < m && k < lens[1]; k++)
@@ -128,6 +129,7 @@ static void r_make(rds *r, stoke_dataset *ds, int tok_collate, int64_t tok_max, 
     ds->length = r_length;
     ds->get = r_get;
     r->fields = ds->fields;
+    r->neg_at = UINT64_MAX;
 }
 
 /* Checks batch b against the reference: tok collated as `collate` (max_len tok_max, truncation
@@ -536,8 +538,66 @@ static void test_size_tag(void **state)
     ds.nfields = 0;
     assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_EINVAL);
     ds.nfields = 3;
+    TU_F(&ds)[2].bytes = 9; /* a size its dtype and shape do not make */
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_EINVAL);
+    assert_non_null(strstr(stoke_last_error(), "says 9 bytes per sample, its dtype and shape "
+                                               "make 8"));
+    TU_F(&ds)[2].bytes = 8;
     assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
     stoke_loader_destroy(l);
+}
+
+/* A length below 0 is a bad sample naming the field (STOKE_EDATA); under on_error=skip with
+ * read(), a batch with a bad length is read again sample by sample, and the samples cut to
+ * max_len are counted once (not again for those taken before the bad one). */
+static void test_ragged_bad_lengths(void **state)
+{
+    (void)state;
+    rds r;
+    stoke_dataset ds;
+    r_make(&r, &ds, STOKE_COLLATE_PAD, 16, 0);
+    r.neg_at = 4;
+    stoke_loader_opts o = r_opts(0, STOKE_WORKER_THREADS);
+    o.shuffle = 0;
+    stoke_loader *l;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    stoke_batch *b;
+    int rc;
+    while ((rc = stoke_loader_next(l, &b)) == STOKE_OK)
+        stoke_batch_release(b);
+    assert_int_equal(rc, STOKE_EDATA);
+    assert_non_null(strstr(stoke_loader_last_error(l), "sample 4 "));
+    assert_non_null(strstr(stoke_loader_last_error(l), "field 'tok': the sample reported "
+                                                       "length -1"));
+    stoke_loader_destroy(l);
+
+    for (int workers = 0; workers <= 2; workers += 2) {
+        r_make(&r, &ds, STOKE_COLLATE_PACK, 8, 1);
+        ds.read = r_read;
+        /* in order, batch 1 is samples 5..9 of lengths 9, 3, 10, 4, 11: 5 and 7 are cut, then
+         * 9 reports -1 after read() returned (its lengths are taken then) */
+        r.neg_at = 9;
+        o = r_opts(workers, STOKE_WORKER_THREADS);
+        o.shuffle = 0;
+        assert_int_equal(stoke_on_error_parse("skip", &o), STOKE_OK);
+        assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+        uint64_t want = RN - 1, cut = 0, got = 0;
+        for (uint64_t i = 0; i < RN; i++)
+            cut += tok_len(i) > 8 && i != 9;
+        unsigned char seen[RN] = {0};
+        while (stoke_loader_next(l, &b) == STOKE_OK) {
+            check_batch(b, STOKE_COLLATE_PACK, 8, NULL, seen);
+            got += stoke_batch_count(b);
+            stoke_batch_release(b);
+        }
+        assert_int_equal(got, want);
+        stoke_loader_stats st = {.size = sizeof(st)};
+        assert_int_equal(stoke_loader_get_stats(l, &st), STOKE_OK);
+        assert_true(atomic_load(&r.reads) > 0);
+        assert_int_equal(st.skipped_samples, RN - want);
+        assert_int_equal(st.truncated_samples, cut);
+        stoke_loader_destroy(l);
+    }
 }
 
 /* ---- fork hooks ---------------------------------------------------------------------------
@@ -684,7 +744,7 @@ int main(void)
         cmocka_unit_test(test_ragged_modes),  cmocka_unit_test(test_ragged_truncation),
         cmocka_unit_test(test_ragged_device), cmocka_unit_test(test_64_fields),
         cmocka_unit_test(test_size_tag),      cmocka_unit_test(test_fork_hooks),
-        cmocka_unit_test(test_pad_values),
+        cmocka_unit_test(test_pad_values),    cmocka_unit_test(test_ragged_bad_lengths),
     };
     return tu_exit_status(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -1,5 +1,6 @@
 /* The batch handle: accessors, device reads, and release. */
 #include <pthread.h>
+#include <string.h>
 
 #include "common/internal.h"
 #include "loader/loader_internal.h"
@@ -49,7 +50,15 @@ const int64_t *stoke__batch_ragged(const stoke_batch *b, int r)
     const stoke_loader *l = b->l;
     if (b->host)
         return stoke__ragged_aux(l, b->host->mem, r);
-    return b->rmeta ? b->rmeta + (size_t)r * (2 + 2 * l->cap) : NULL;
+    return b->rmeta ? b->rmeta + (size_t)r * STOKE__RMETA_WORDS(l) : NULL;
+}
+
+void stoke__batch_keep_ragged(stoke_batch *b)
+{
+    const stoke_loader *l = b->l;
+    for (int r = 0; r < l->nragged; r++)
+        memcpy(b->rmeta + (size_t)r * STOKE__RMETA_WORDS(l), stoke__ragged_aux(l, b->host->mem, r),
+               stoke__ragged_words(l, r) * sizeof(int64_t));
 }
 
 size_t stoke__batch_field_bytes(const stoke_batch *b, int f)

@@ -303,11 +303,10 @@ static int size_buffers(stoke_loader *l)
         l->off[f] = off;
         off = align_up(off + l->cap * l->fields[f].bytes, 256);
     }
-    for (int r = 0; r < l->nragged; r++) { /* extent, lengths, PACK: offsets */
-        int pack = l->fields[l->rg[r].field].collate == STOKE_COLLATE_PACK;
-        size_t words = add_sz(add_sz(1, l->cap, &ok), pack ? l->cap + 1 : 0, &ok);
+    for (int r = 0; r < l->nragged; r++) { /* (cap fits: the indices of a batch did) */
         l->rg[r].aux = off;
-        off = align_up(add_sz(off, mul_sz(words, sizeof(int64_t), &ok), &ok), 256);
+        off = align_up(add_sz(off, mul_sz(stoke__ragged_words(l, r), sizeof(int64_t), &ok), &ok),
+                       256);
     }
     if (!ok)
         return stoke__loader_fail(l, STOKE_ERANGE, "loader: batch_size %zu is too large", bs);

@@ -444,7 +444,7 @@ struct stoke_loader {
     /* statistics (mu) */
     uint64_t st_samples, st_batches, st_bytes, st_pinned, st_pageable, st_dcopies, st_dbytes;
     uint64_t st_derrors, st_assisted, st_truncated;
-    uint64_t st_helped; /* (mu) of st_assisted, those made while a worker made the one needed */
+    uint64_t st_helped;     /* (mu) of st_assisted, those made while a worker made the one needed */
     uint64_t st_work_wakes; /* (mu) broadcasts on work_cv by wake_workers (tests) */
     uint64_t st_wait_ns, st_busy_ns;
     stoke__hist wait_hist;
@@ -669,6 +669,14 @@ static inline int64_t *stoke__ragged_aux(const stoke_loader *l, const unsigned c
 {
     return (int64_t *)(void *)(mem + l->rg[r].aux);
 }
+/* How many int64 words ragged field r's aux holds (1 + cap, PACK: 2 + 2 cap); a batch's device
+ * mode copy (b->rmeta) keeps each field's at a stride of the most, STOKE__RMETA_WORDS. */
+static inline size_t stoke__ragged_words(const stoke_loader *l, int r)
+{
+    int pack = l->fields[l->rg[r].field].collate == STOKE_COLLATE_PACK;
+    return pack ? 2 + 2 * l->cap : 1 + l->cap;
+}
+#define STOKE__RMETA_WORDS(l) (2 + 2 * (l)->cap)
 
 /* worker.c: the one point where a batch is full: collates its ragged fields (padding or
  * packing, lengths and offsets), sets b->bytes.  Runs in the producer (a child process for
@@ -684,6 +692,9 @@ static inline void stoke__loader_finish(stoke_loader *l, stoke_batch *b)
 /* The extent / lengths / offsets words of ragged field r of a delivered batch: in its buffer,
  * or (device mode) the copy in b->rmeta.  batch.c. */
 const int64_t *stoke__batch_ragged(const stoke_batch *b, int r);
+/* Device mode, a filled batch: its ragged fields' words into b->rmeta, before its staging slot
+ * goes back to the pool while the batch is held.  batch.c. */
+void stoke__batch_keep_ragged(stoke_batch *b);
 /* Bytes of field f in batch b (ragged: as collated).  batch.c. */
 size_t stoke__batch_field_bytes(const stoke_batch *b, int f);
 

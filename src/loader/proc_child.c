@@ -131,7 +131,6 @@ static void child_main(stoke_loader *l, int wid, int fd, pid_t zygote)
 {
     wrap_dataset(l, &l->proc->ctl[wid]);
     l->caller.wid = wid; /* this process's producer: its copy of the caller's, for worker wid */
-    l->caller.w = NULL;
     int init_rc = STOKE_OK;
     if (cw.ds.worker_init) {
         init_rc = cw.ds.worker_init(cw.ds.user, wid, l->nworkers);

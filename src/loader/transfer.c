@@ -54,7 +54,8 @@ int stoke__loader_setup_device(stoke_loader *l)
         if (rc == STOKE_OK)
             rc = stoke_event_create(l->stream, &l->slots[i].ev);
         if (rc == STOKE_OK && l->nragged &&
-            !(l->bat[i].rmeta = calloc((size_t)l->nragged * (2 + 2 * l->cap), sizeof(int64_t))))
+            !(l->bat[i].rmeta =
+                  calloc((size_t)l->nragged * STOKE__RMETA_WORDS(l), sizeof(int64_t))))
             rc = stoke__fail(STOKE_ENOMEM, "out of memory");
         if (rc != STOKE_OK)
             return stoke__loader_fail(l, rc, "loader: device '%s': batch buffer %d of %d: %s",

@@ -272,6 +272,7 @@ static void fill_read(stoke_loader *l, stoke_batch *b, stoke__producer *p)
         if ((rc = take_lengths(l, b, j, a->len + j * (size_t)nf, msg, sizeof(msg))) != STOKE_OK)
             err_index = b->indices[j];
     if (rc != STOKE_OK && l->o.on_error != STOKE_ON_ERROR_ERROR && rc != STOKE_ETIMEDOUT) {
+        b->truncated = 0;      /* counted again, sample by sample */
         fill_samples(l, b, p); /* find the bad samples one by one */
         return;
     }
@@ -578,11 +579,8 @@ static void make_batch(stoke_loader *l, stoke_batch *b, stoke__producer *p, uint
     else
         stoke__loader_fill_batch(l, b, p, seed, epoch, b->seq);
     if (l->device_mode && b->status == STOKE_OK && b->count) {
-        for (int r = 0; r < l->nragged; r++) /* the slot goes back before the batch is held */
-            memcpy(b->rmeta + (size_t)r * (2 + 2 * l->cap), stoke__ragged_aux(l, b->host->mem, r),
-                   (l->fields[l->rg[r].field].collate == STOKE_COLLATE_PACK ? 2 + 2 * l->cap
-                                                                            : 1 + l->cap) *
-                       sizeof(int64_t));
+        if (l->nragged) /* the slot goes back before the batch is held */
+            stoke__batch_keep_ragged(b);
         stoke__loader_copy_batch(l, b);
     }
 }

@@ -221,7 +221,8 @@ static int read_npy(const stoke__tar_ds *t, uint64_t i, int k, const stoke__tar_
                               "%lld rows, more than the field's max_len %lld",
                               (long long)h.shape[0], (long long)f->max_len);
         bytes = (size_t)h.shape[0] * unit;
-        *len = h.shape[0];
+        if (len)
+            *len = h.shape[0];
     }
     int e = pread_exact(t->shards[t->shard_of[i]].fd, dst, bytes, L->off + h.data_offset);
     if (e)
@@ -283,7 +284,8 @@ int stoke__tar_read_field(const stoke__tar_ds *t, uint64_t i, int k, void *dst, 
     default: break;
     }
     if (t->f[k].ragged) { /* at most max_len, the largest member (the index's) */
-        *len = (int64_t)L->size;
+        if (len)
+            *len = (int64_t)L->size;
         int e = pread_exact(t->shards[t->shard_of[i]].fd, dst, (size_t)L->size, L->off);
         return e ? read_fail(t, i, k, e, msg, msg_len) : STOKE_OK;
     }
