@@ -205,6 +205,19 @@ static void check_batch(stoke_batch *b, int collate, int64_t tok_max, void *cons
     }
 }
 
+/* The rest of an epoch of l: every batch checked (check_batch), released; the samples. */
+static size_t r_epoch(stoke_loader *l, int collate, int64_t tok_max, unsigned char *seen)
+{
+    stoke_batch *b;
+    size_t got = 0;
+    while (stoke_loader_next(l, &b) == STOKE_OK) {
+        check_batch(b, collate, tok_max, NULL, seen);
+        got += stoke_batch_count(b);
+        stoke_batch_release(b);
+    }
+    return got;
+}
+
 static stoke_loader_opts r_opts(int workers, int mode)
 {
     stoke_loader_opts o;
@@ -274,14 +287,7 @@ static void test_ragged_truncation(void **state)
         stoke_loader *l;
         assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
         unsigned char seen[RN] = {0};
-        stoke_batch *b;
-        size_t got = 0;
-        while (stoke_loader_next(l, &b) == STOKE_OK) {
-            check_batch(b, collate, 8, NULL, seen);
-            got += stoke_batch_count(b);
-            stoke_batch_release(b);
-        }
-        assert_int_equal(got, RN);
+        assert_int_equal(r_epoch(l, collate, 8, seen), RN);
         uint64_t cut = 0;
         for (uint64_t i = 0; i < RN; i++)
             cut += tok_len(i) > 8;
@@ -313,16 +319,11 @@ static void test_ragged_truncation(void **state)
     assert_int_equal(stoke_on_error_parse("skip", &o), STOKE_OK);
     o.num_workers = 2;
     assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
-    size_t got = 0, want = 0;
+    size_t want = 0;
     for (uint64_t i = 0; i < RN; i++)
         want += tok_len(i) <= 8;
     unsigned char seen[RN] = {0};
-    while (stoke_loader_next(l, &b) == STOKE_OK) {
-        check_batch(b, STOKE_COLLATE_PAD, 8, NULL, seen);
-        got += stoke_batch_count(b);
-        stoke_batch_release(b);
-    }
-    assert_int_equal(got, want);
+    assert_int_equal(r_epoch(l, STOKE_COLLATE_PAD, 8, seen), want);
     stoke_loader_stats st = {.size = sizeof(st)};
     assert_int_equal(stoke_loader_get_stats(l, &st), STOKE_OK);
     assert_int_equal(st.skipped_samples, RN - want);
@@ -581,16 +582,11 @@ static void test_ragged_bad_lengths(void **state)
         o.shuffle = 0;
         assert_int_equal(stoke_on_error_parse("skip", &o), STOKE_OK);
         assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
-        uint64_t want = RN - 1, cut = 0, got = 0;
+        uint64_t want = RN - 1, cut = 0;
         for (uint64_t i = 0; i < RN; i++)
             cut += tok_len(i) > 8 && i != 9;
         unsigned char seen[RN] = {0};
-        while (stoke_loader_next(l, &b) == STOKE_OK) {
-            check_batch(b, STOKE_COLLATE_PACK, 8, NULL, seen);
-            got += stoke_batch_count(b);
-            stoke_batch_release(b);
-        }
-        assert_int_equal(got, want);
+        assert_int_equal(r_epoch(l, STOKE_COLLATE_PACK, 8, seen), want);
         stoke_loader_stats st = {.size = sizeof(st)};
         assert_int_equal(stoke_loader_get_stats(l, &st), STOKE_OK);
         assert_true(atomic_load(&r.reads) > 0);
@@ -658,14 +654,7 @@ static void test_fork_hooks(void **state)
     stoke_loader_opts o = r_opts(2, STOKE_WORKER_PROCESSES);
     stoke_loader *l;
     assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
-    stoke_batch *b;
-    size_t got = 0;
-    while (stoke_loader_next(l, &b) == STOKE_OK) {
-        check_batch(b, STOKE_COLLATE_PACK, 16, NULL, NULL);
-        got += stoke_batch_count(b);
-        stoke_batch_release(b);
-    }
-    assert_int_equal(got, RN);
+    assert_int_equal(r_epoch(l, STOKE_COLLATE_PACK, 16, NULL), RN);
     stoke_loader_destroy(l);
     int n = atomic_load(&g_fk->n), me = (int)getpid();
     assert_true(n < 4096);
