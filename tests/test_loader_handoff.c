@@ -295,7 +295,7 @@ static void test_worker_error(void **state)
     }
 }
 
-/* A loader of batch size 1 over *t (n samples, shuffled) whose dataset has get_scattered (when
+/* A loader of batch size 1 over *t (n samples, shuffled) whose dataset has read() (when
  * `scattered`), without worker_init; o adjusted by the caller first. */
 static stoke_loader *scatter_loader(tds *t, stoke_dataset *ds, uint64_t n, int scattered,
                                     stoke_loader_opts o)
@@ -674,8 +674,7 @@ typedef struct climb {
 
 /* One period of the climb as stoke_loader_next runs it (stoke__autotune_delivered): the step,
  * then the new active count. */
-static int period_solo(climb *l, double tput, double wait, double assisted, double cpu,
-                       double solo)
+static int period_solo(climb *l, double tput, double wait, double assisted, double cpu, double solo)
 {
     stoke__autotune_period p = {tput, wait, assisted, cpu, solo};
     int n = stoke__autotune_step(&l->a, l->nact, l->nact_min, l->nworkers, &p);
@@ -724,10 +723,10 @@ static void test_auto_rule(void **state)
     assert_int_equal(period(l, 121, 0.30, 0.0), 1); /* gained < 5%: undone, held 2 */
     assert_int_equal(period(l, 121, 0.30, 0.0), 1);
     assert_int_equal(period(l, 121, 0.30, 0.0), 1);
-    assert_int_equal(period(l, 121, 0.30, 0.0), 0);  /* adding failed last: the other way */
-    assert_int_equal(period(l, 100, 0.30, 0.0), 1);  /* lost: undone */
+    assert_int_equal(period(l, 121, 0.30, 0.0), 0); /* adding failed last: the other way */
+    assert_int_equal(period(l, 100, 0.30, 0.0), 1); /* lost: undone */
     l->a.hold = 0;
-    assert_int_equal(period(l, 100, 0.01, 0.0), 0);  /* never waits: one fewer */
+    assert_int_equal(period(l, 100, 0.01, 0.0), 0); /* never waits: one fewer */
     l->a.hold = 0;
     l->a.last = 0;
     l->nact = 2;

@@ -184,11 +184,11 @@ static void test_modes_identical(void **state)
     free_case(idx, d, lab, p, lp);
 }
 
-/* get_scattered in every mode: 64 shuffled samples (runs mixed in), each into buffers of its
- * own (the labels file is big-endian: io=mmap swaps each row), the bytes and labels right; no
- * samples is STOKE_OK; a NULL slot is left alone; an index past the end is STOKE_ERANGE naming
- * it.  A file cut short
- * after open: mmap and pread fail with STOKE_EIO naming the first sample past the cut. */
+/* read() with a run of slots per sample (its scattered path) in every mode: 64 shuffled samples
+ * (runs mixed in), each into buffers of its own (the labels file is big-endian: io=mmap swaps each
+ * row), the bytes and labels right; no samples is STOKE_OK; a NULL slot is left alone; an index
+ * past the end is STOKE_ERANGE naming it.  A file cut short after open: mmap and pread fail with
+ * STOKE_EIO naming the first sample past the cut. */
 static void test_scattered_identical(void **state)
 {
     const char *p = tmp("scat.npy"), *lp = tmp("scat-labels.npy");
@@ -213,8 +213,7 @@ static void test_scattered_identical(void **state)
                 dst[2 * j + 1] = &lab[n - 1 - j];
             }
             uint64_t err = 0;
-            assert_int_equal(tu_read_each(&ds, idx, n, dst, 1, msg, sizeof(msg), &err),
-                             STOKE_OK);
+            assert_int_equal(tu_read_each(&ds, idx, n, dst, 1, msg, sizeof(msg), &err), STOKE_OK);
             for (size_t j = 0; j < n; j++)
                 check_batch(&idx[j], 1, d + (n - 1 - j) * ROW, &lab[n - 1 - j]);
         }
@@ -224,12 +223,10 @@ static void test_scattered_identical(void **state)
         int64_t keep = 42;
         void *three[6] = {d, NULL, d + ROW, &keep, d + 2 * ROW, &lab[0]};
         lab[0] = 0;
-        assert_int_equal(tu_read_each(&ds, bad, 2, three, 0, msg, sizeof(msg), &err),
-                         STOKE_OK);
+        assert_int_equal(tu_read_each(&ds, bad, 2, three, 0, msg, sizeof(msg), &err), STOKE_OK);
         assert_int_equal(keep, g_labels[6]);
         check_batch(&bad[0], 1, d, NULL);
-        assert_int_equal(tu_read_each(&ds, bad, 3, three, 0, msg, sizeof(msg), &err),
-                         STOKE_ERANGE);
+        assert_int_equal(tu_read_each(&ds, bad, 3, three, 0, msg, sizeof(msg), &err), STOKE_ERANGE);
         assert_int_equal(err, ROWS + 4);
         assert_non_null(strstr(msg, "index 1004 out of range"));
         stoke_dataset_close(&ds);
@@ -249,8 +246,7 @@ static void test_scattered_identical(void **state)
         for (int j = 0; j < 6; j++)
             six[j] = d + (size_t)j * ROW;
         char msg[256] = "";
-        assert_int_equal(tu_read_each(&ds, some, 6, six, 0, msg, sizeof(msg), &err),
-                         STOKE_EIO);
+        assert_int_equal(tu_read_each(&ds, some, 6, six, 0, msg, sizeof(msg), &err), STOKE_EIO);
         assert_int_equal(err, 500);
         assert_non_null(strstr(msg, "sample 500:"));
         assert_non_null(strstr(msg, "file changed while loading"));

@@ -661,7 +661,8 @@ static void test_cli(void **state)
     assert_non_null(strstr(err, "--worker-mode=forks: expected threads or processes"));
 }
 
-/* MAP_VAR: sample i is (i % 17) + 1 bytes (i * 31 + k) & 0xff; sh->crash applies too. */
+/* A ragged field, packed: sample i is (i % 17) + 1 bytes (i * 31 + k) & 0xff; sh->crash applies
+ * too. */
 typedef struct vds {
     unsigned char buf[32];
 } vds;

@@ -230,7 +230,7 @@ uint64_t stoke__feistel_apply(const stoke__feistel *f, uint64_t x);
  * is made (a new run replaces the one that does not hold the position before its first).  The
  * epoch's keys are derived once per (seed, epoch), not once per batch, and its permutation
  * tabulated when it is small enough (stoke__sampler_epoch_tabulate).  Each thread has its own
- * (the caller's thread: caller_ahead; a process worker: its copy of it). */
+ * (the caller's thread: l->caller.ahead; a process worker: its copy of it). */
 #define STOKE__AHEAD_RUN 64
 /* Runs filled, by every thread of the process (relaxed; tests count them). */
 extern _Atomic uint64_t stoke__ahead_fills;

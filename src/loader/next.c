@@ -252,8 +252,8 @@ static int assist_wanted(const stoke_loader *l)
 
 /* (mu) Makes batches in the caller's thread (assist_wanted said why: 1 or 2): a group of them
  * when batches take a few microseconds, as a worker takes (stoke__loader_make_group), so that
- * it takes `mu` twice per group and its indices come from one run of the sampler's lanes
- * rather than a walk per batch; the batch it waited for may then come a group (about 20 us of
+ * it takes `mu` twice per group and its indices come from one fill of the sampler rather
+ * than a walk per batch; the batch it waited for may then come a group (about 20 us of
  * work) later. */
 static void assist(stoke_loader *l, int why)
 {

@@ -152,7 +152,8 @@ int stoke__npy_run_failed(const stoke__npy_ds *ds, const uint64_t *idx, const st
 void stoke__npy_prefetch(void *user, const uint64_t *idx, size_t count);
 int stoke__npy_get_batch(void *user, const uint64_t *indices, size_t count, void *const dst[],
                          int worker, char *msg, size_t msg_len, uint64_t *err_index);
-/* The dataset's get_scattered: io=mmap copies the rows under one guard per file, rows
+/* read()'s scattered path (several runs of slots, each sample's slot at dst[j * nf + k]):
+ * io=mmap copies the rows under one guard per file, rows
  * PREFETCH_AHEAD ahead prefetched (a byte-swapped file's rows then swapped in place); the other
  * modes, and block-shuffle slots, read each sample as a get_batch of one. */
 int stoke__npy_get_scattered(void *user, const uint64_t *indices, size_t count, void *const dst[],
