@@ -205,17 +205,30 @@ static void check_batch(stoke_batch *b, int collate, int64_t tok_max, void *cons
     }
 }
 
-/* The rest of an epoch of l: every batch checked (check_batch), released; the samples. */
+/* The rest of an epoch of l, to its end (STOKE_EEND): every batch checked (check_batch),
+ * released; the samples. */
 static size_t r_epoch(stoke_loader *l, int collate, int64_t tok_max, unsigned char *seen)
 {
     stoke_batch *b;
     size_t got = 0;
-    while (stoke_loader_next(l, &b) == STOKE_OK) {
+    int rc;
+    while ((rc = stoke_loader_next(l, &b)) == STOKE_OK) {
         check_batch(b, collate, tok_max, NULL, seen);
         got += stoke_batch_count(b);
         stoke_batch_release(b);
     }
+    assert_int_equal(rc, STOKE_EEND);
     return got;
+}
+
+/* Takes and releases batches of l until one does not come: its status. */
+static int r_until_error(stoke_loader *l)
+{
+    stoke_batch *b;
+    int rc;
+    while ((rc = stoke_loader_next(l, &b)) == STOKE_OK)
+        stoke_batch_release(b);
+    return rc;
 }
 
 static stoke_loader_opts r_opts(int workers, int mode)
@@ -255,16 +268,7 @@ static void test_ragged_modes(void **state)
                 assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
                 for (int e = 0; e < 2; e++) {
                     unsigned char seen[RN] = {0};
-                    stoke_batch *b;
-                    int rc;
-                    size_t got = 0;
-                    while ((rc = stoke_loader_next(l, &b)) == STOKE_OK) {
-                        check_batch(b, collate, 16, NULL, seen);
-                        got += stoke_batch_count(b);
-                        stoke_batch_release(b);
-                    }
-                    assert_int_equal(rc, STOKE_EEND);
-                    assert_int_equal(got, RN);
+                    assert_int_equal(r_epoch(l, collate, 16, seen), RN);
                     assert_int_equal(stoke_loader_next_epoch(l), STOKE_OK);
                 }
                 stoke_loader_destroy(l);
@@ -305,13 +309,8 @@ static void test_ragged_truncation(void **state)
     o.shuffle = 0;
     stoke_loader *l;
     assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
-    stoke_batch *b;
-    int rc;
-    while ((rc = stoke_loader_next(l, &b)) == STOKE_OK)
-        stoke_batch_release(b);
-    assert_int_equal(rc, STOKE_ELIMIT);
-    /* sample 4 is the first with tok_len 28 % 13 = 2... the first over 8: i = 3 (21 % 13 = 8
-     * is not over), i = 5 (35 % 13 = 9) */
+    assert_int_equal(r_until_error(l), STOKE_ELIMIT);
+    /* the first sample longer than 8 in order: 5 (tok_len 35 % 13 = 9) */
     assert_non_null(strstr(stoke_loader_last_error(l), "sample 5 "));
     assert_non_null(strstr(stoke_loader_last_error(l), "field 'tok': 9 units, more than"));
     stoke_loader_destroy(l);
@@ -562,11 +561,7 @@ static void test_ragged_bad_lengths(void **state)
     o.shuffle = 0;
     stoke_loader *l;
     assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
-    stoke_batch *b;
-    int rc;
-    while ((rc = stoke_loader_next(l, &b)) == STOKE_OK)
-        stoke_batch_release(b);
-    assert_int_equal(rc, STOKE_EDATA);
+    assert_int_equal(r_until_error(l), STOKE_EDATA);
     assert_non_null(strstr(stoke_loader_last_error(l), "sample 4 "));
     assert_non_null(strstr(stoke_loader_last_error(l), "field 'tok': the sample reported "
                                                        "length -1"));
