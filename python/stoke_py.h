@@ -68,6 +68,13 @@ extern PyObject *StokeThreadsWarning;
 /* module.c */
 int stoke_py_flush_warnings(void);
 PyObject *stoke_py_raise(PyObject *type, int code, const char *msg, long long sample);
+/* Makes the library's log messages Python warnings (the module's sink; cli.c lends the default
+ * stderr sink to the CLI and installs this one again). */
+void stoke_py_log_install(void);
+
+/* cli.c: _cli_main (python -m stoke) and build_features (stoke.build_info) */
+PyObject *stoke_py_cli_main(PyObject *self, PyObject *args);
+PyObject *stoke_py_build_features(PyObject *self, PyObject *unused);
 
 /* batch.c */
 PyObject *stoke_py_batch_new(LoaderObject *loader, stoke_batch *b);

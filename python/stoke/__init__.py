@@ -22,9 +22,10 @@ import weakref as _weakref
 
 from . import _stoke
 from ._stoke import Batch, Field, LoaderError, StokeError, ThreadsWarning
+from ._info import build_info
 
 __all__ = ["DataLoader", "Batch", "Field", "LoaderError", "StokeError", "ThreadsWarning",
-           "devices", "accelerator", "pinned_stats", "empty_cache", "version"]
+           "devices", "accelerator", "pinned_stats", "empty_cache", "version", "build_info"]
 
 version = __version__ = _stoke.version
 _live = _weakref.WeakSet()
