@@ -496,6 +496,12 @@ static PyObject *loader_get_dataset_len(PyObject *obj, void *unused)
     return PyLong_FromUnsignedLongLong(self->ds.length(self->ds.user));
 }
 
+static PyObject *loader_get_outstanding(PyObject *obj, void *unused)
+{
+    (void)unused;
+    return PyLong_FromSsize_t(((LoaderObject *)obj)->outstanding);
+}
+
 static PyMethodDef loader_methods[] = {
     {"set_epoch", loader_set_epoch, METH_O, "Starts `epoch` from its beginning."},
     {"_save_state", loader_save_state, METH_NOARGS, "(version, seed, epoch, cursor)"},
@@ -511,6 +517,8 @@ static PyGetSetDef loader_getset[] = {
     {"world_size", loader_get_world_size, NULL, "Number of ranks (1 when not distributed).", NULL},
     {"pinned_backend", loader_get_pinned_backend, NULL, "Backend batches are pinned for.", NULL},
     {"dataset_len", loader_get_dataset_len, NULL, "Samples in the dataset.", NULL},
+    {"_outstanding", loader_get_outstanding, NULL, "Batches delivered and not yet released.",
+     NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
 static PySequenceMethods loader_as_sequence = {.sq_length = loader_len};

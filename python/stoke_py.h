@@ -61,6 +61,7 @@ extern PyTypeObject StokeLoader_Type;
 extern PyTypeObject StokeBatch_Type;
 extern PyTypeObject StokeField_Type;
 extern PyTypeObject StokeIter_Type;
+extern PyTypeObject StokePinBuf_Type;
 extern PyObject *StokeError;
 extern PyObject *StokeLoaderError;
 extern PyObject *StokeThreadsWarning;

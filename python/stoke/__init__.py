@@ -360,6 +360,7 @@ class DataLoader(_stoke.Loader):
         decode = self._writer.decode
         ended = set()  # an iterable dataset in worker processes: the exhausted workers
         end = _dropin_end()
+        limit = max(2, int(self.stats()["buffers"]) - 1)
         while True:
             try:
                 b = next(it)
@@ -369,8 +370,13 @@ class DataLoader(_stoke.Loader):
                 exc = self._writer.reraise(e)
                 if exc is not None:
                     raise exc from e
+                self._writer.name_batch(e)
                 raise
-            out = decode(b)
+            if self._outstanding >= limit:  # the caller holds the pool: copy this one out
+                out = self._writer.decode_copy(b)
+            else:
+                out = decode(b)
+            del b
             if type(out) is end:
                 ended.add(out.worker)
                 if len(ended) >= self.num_workers:
