@@ -86,6 +86,22 @@ def _seed_of(generator):
     return int(generator.initial_seed()) % 2**63  # not a draw: the generator's state is the user's
 
 
+_threads_warned = []
+
+
+def _warn_threads(dataset, n):
+    if _threads_warned:
+        return
+    _threads_warned.append(1)
+    import warnings
+    warnings.warn(
+        "stoke: the Python dataset %s runs on %d worker threads of one interpreter "
+        "(worker_mode='threads'): Python code runs one thread at a time and they share its "
+        "global state (the torch, NumPy and random RNGs; get_worker_info() is None), unlike "
+        "worker processes (the default)" % (type(dataset).__name__, n), ThreadsWarning,
+        stacklevel=4)
+
+
 def _dropin_end():
     from ._dropin import _End
     return _End
@@ -312,6 +328,8 @@ class DataLoader(_stoke.Loader):
         if pin_memory is None:
             pin_memory = pin_memory_device is not None or _stoke.accelerator() is not None
         processes = worker_mode == "processes" and num_workers > 0
+        if not processes and num_workers >= 2:
+            _warn_threads(dataset, num_workers)
         w = _dropin._Writer(self, dataset, iterable, batch_size, drop_last, sampler,
                             batch_sampler, shuffle, _index(seed, "seed"), generator, collate_fn,
                             worker_init_fn, num_workers, processes, bool(persistent_workers),
