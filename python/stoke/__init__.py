@@ -170,7 +170,8 @@ class DataLoader(_stoke.Loader):
         pad={"input_ids": 0} pads those ragged leaves to the batch's longest (with
         pad_to_multiple_of, max_length, and a "<name>_lengths" tensor beside a dict entry);
         max_batch_bytes: one batch's pinned block (None: twice the largest of the first
-        batches, measured in a forked child).
+        batches, measured in a forked child); structure: for a source string, "list" yields
+        [data, label, ...] tensors and "dict" {field: tensor} instead of stoke.Batch.
 
     Iterating delivers one epoch.  The first iteration (and the one after set_epoch or
     load_state_dict) continues from the current position; any other starts the next epoch.
@@ -183,11 +184,12 @@ class DataLoader(_stoke.Loader):
                  pin_memory_device=None, in_order=True, seed=None, device=None,
                  distributed=False, rank=None, world_size=None, worker_mode=None, arena=None,
                  pad=None, pad_to_multiple_of=None, max_length=None, return_lengths=True,
-                 max_batch_bytes=None, source=None):
+                 max_batch_bytes=None, structure=None, source=None):
         if source is not None:  # the keyword of stoke 0.1
             dataset = source
         is_source = isinstance(dataset, (str, _os.PathLike))
         self._writer = None
+        self._structure = None
         if not is_source:
             return self._init_python(
                 dataset, 1 if batch_size is _UNSET else batch_size, shuffle, sampler,
@@ -204,6 +206,11 @@ class DataLoader(_stoke.Loader):
                                 "samples are stoke's own (docs/python.md)" % name)
         if batch_size is _UNSET:
             batch_size = 1
+        if structure not in (None, "batch", "list", "dict"):
+            raise ValueError("stoke: structure must be 'batch' (stoke.Batch objects), 'list' "
+                             "([data, label, ...] tensors, as default_collate gives for tuple "
+                             "samples) or 'dict' ({field name: tensor}), not %r" % (structure,))
+        self._structure = None if structure == "batch" else structure
         if seed is None:
             seed = _seed_of(generator)
         if num_workers is None:
@@ -371,8 +378,27 @@ class DataLoader(_stoke.Loader):
 
     def __iter__(self):
         if self._writer is None:
+            if self._structure:
+                return self._fields(super().__iter__())
             return super().__iter__()
         return self._batches(super().__iter__())
+
+    def _fields(self, it):
+        """A source string's batches as torch's structure: each field a tensor viewing the
+        batch (torch.from_dlpack; NumPy arrays without torch)."""
+        try:
+            import torch
+            conv = torch.from_dlpack
+        except ImportError:
+            import numpy
+            conv = numpy.from_dlpack
+        as_dict = self._structure == "dict"
+        for b in it:
+            names = b.keys()
+            if as_dict:
+                yield {n: conv(b[n]) for n in names}
+            else:
+                yield [conv(b[n]) for n in names]
 
     def _batches(self, it):
         decode = self._writer.decode
