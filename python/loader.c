@@ -30,10 +30,16 @@ static DLDevice dl_device_of(const char *spec)
     return (DLDevice){kDLExtDev, id};
 }
 
-static int open_dataset(LoaderObject *self, const char *source, PyObject *dataset)
+static int open_dataset(LoaderObject *self, const char *source, PyObject *dataset,
+                        PyObject *writer)
 {
-    if (dataset && dataset != Py_None)
-        return stoke_pyds_open(dataset, &self->ds, &self->py);
+    if (writer && writer != Py_None)
+        return stoke_pywriter_open(writer, &self->ds);
+    if (dataset && dataset != Py_None) {
+        PyErr_SetString(PyExc_TypeError, "stoke: a Python dataset goes through stoke.DataLoader "
+                                         "(it wraps it in a batch writer)");
+        return -1;
+    }
     if (!source) {
         PyErr_SetString(PyExc_TypeError, "stoke: give a source string or a dataset");
         return -1;
@@ -94,27 +100,6 @@ static int int_in_range(PyObject *v, const char *name, unsigned long long hi,
     return 0;
 }
 
-/* The ThreadsWarning, once per process, for a Python dataset on more than one thread.  0, or
- * -1 when warnings are errors. */
-static int warn_threads(const LoaderObject *self, int num_workers)
-{
-    static int warned; /* GIL */
-    if (!self->py || warned || (num_workers < 2 && num_workers != STOKE_LOADER_WORKERS_AUTO))
-        return 0;
-    warned = 1;
-    char n[32];
-    snprintf(n, sizeof(n), "%d", num_workers);
-    return PyErr_WarnFormat(
-        StokeThreadsWarning, 2,
-        "stoke: the Python dataset %s runs on %s worker threads of one interpreter: they share "
-        "its global state (the torch, NumPy and random global RNGs), unlike torch's worker "
-        "processes. Each __getitem__ runs alone (a dataset reseeding a global RNG per item, "
-        "like FakeData, gives exactly dataset[i]), but draws from a global RNG without "
-        "reseeding depend on thread timing; num_workers=0 or 1 is reproducible "
-        "(docs/python.md, \"Python datasets\")",
-        self->ds.name, num_workers == STOKE_LOADER_WORKERS_AUTO ? "several (auto)" : n);
-}
-
 static int loader_init(PyObject *obj, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"source",
@@ -136,20 +121,21 @@ static int loader_init(PyObject *obj, PyObject *args, PyObject *kw)
                              "in_order",
                              "worker_mode",
                              "arena",
+                             "writer",
                              NULL};
     LoaderObject *self = (LoaderObject *)obj;
     const char *source = NULL, *pin_dev = NULL, *device = NULL, *mode = NULL, *arena = NULL;
-    PyObject *dataset = NULL, *seed_obj = NULL, *timeout_obj = NULL;
+    PyObject *dataset = NULL, *seed_obj = NULL, *timeout_obj = NULL, *writer = NULL;
     stoke_loader_opts o;
     stoke_loader_opts_init(&o);
     Py_ssize_t batch_size = 1;
     unsigned long long seed = 0, timeout_ms = 0;
     long long rank = -1, world_size = 0;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kw, "|zO$npOippzipOzpLLpzz:Loader", kwlist, &source, &dataset, &batch_size,
+            args, kw, "|zO$npOippzipOzpLLpzzO:Loader", kwlist, &source, &dataset, &batch_size,
             &o.shuffle, &seed_obj, &o.num_workers, &o.drop_last, &o.pin_memory, &pin_dev,
             &o.prefetch_factor, &o.persistent_workers, &timeout_obj, &device,
-            &o.sampler.distributed, &rank, &world_size, &o.in_order, &mode, &arena))
+            &o.sampler.distributed, &rank, &world_size, &o.in_order, &mode, &arena, &writer))
         return -1;
     /* no silent wrap-around: seed=-1 is not 2^64 - 1, nor 2^64 zero */
     if ((seed_obj && int_in_range(seed_obj, "seed", UINT64_MAX, &seed, "0 .. 2**64 - 1") < 0) ||
@@ -164,7 +150,7 @@ static int loader_init(PyObject *obj, PyObject *args, PyObject *kw)
         return -1;
     }
     if (mode && strcmp(mode, "processes") == 0) {
-        if (dataset && dataset != Py_None) { /* a child would need its own interpreter state */
+        if (dataset && dataset != Py_None) { /* stoke.DataLoader wraps it in a writer */
             PyErr_SetString(PyExc_ValueError,
                             "stoke: worker_mode='processes' takes a source string; a Python "
                             "dataset runs on worker threads");
@@ -192,7 +178,7 @@ static int loader_init(PyObject *obj, PyObject *args, PyObject *kw)
     o.arena = arena; /* NULL: $STOKE_ARENA */
     o.sampler.rank = rank;
     o.sampler.world_size = world_size;
-    if (open_dataset(self, source, dataset) < 0)
+    if (open_dataset(self, source, dataset, writer) < 0)
         return -1;
     int rc = find_rank(self, &o);
     if (rc == 0) {
@@ -204,13 +190,10 @@ static int loader_init(PyObject *obj, PyObject *args, PyObject *kw)
         else if (rc != STOKE_OK)
             rc = raise_status(rc, stoke_last_error());
     }
-    if (rc == 0)
-        rc = warn_threads(self, o.num_workers);
     if (rc != 0) {
         stoke_loader_destroy(self->l);
         self->l = NULL;
         stoke_dataset_close(&self->ds);
-        self->py = NULL;
         return -1;
     }
     self->device_mode = device != NULL;
@@ -230,7 +213,6 @@ static void loader_close(LoaderObject *self)
         PyEval_RestoreThread(ts);
     }
     stoke_dataset_close(&self->ds);
-    self->py = NULL;
 }
 
 static void loader_dealloc(PyObject *obj)
@@ -284,12 +266,9 @@ static void leave(LoaderObject *self)
 static PyObject *raise_loader_error(LoaderObject *self, int rc)
 {
     const char *err = stoke_loader_last_error(self->l);
-    if (stoke_pyds_reraise(self->py, err))
-        return NULL;
     const char *s = strstr(err, "sample ");
     unsigned long long idx;
     long long sample = s && sscanf(s, "sample %llu", &idx) == 1 ? (long long)idx : -1;
-    stoke_pyds_clear(self->py);
     return stoke_py_raise(StokeLoaderError, rc, *err ? err : stoke_last_error(), sample);
 }
 
@@ -492,6 +471,12 @@ static PyObject *loader_get_dataset_len(PyObject *obj, void *unused)
     return PyLong_FromUnsignedLongLong(self->ds.length(self->ds.user));
 }
 
+static PyObject *loader_get_outstanding(PyObject *obj, void *unused)
+{
+    (void)unused;
+    return PyLong_FromSsize_t(((LoaderObject *)obj)->outstanding);
+}
+
 static PyMethodDef loader_methods[] = {
     {"set_epoch", loader_set_epoch, METH_O, "Starts `epoch` from its beginning."},
     {"_save_state", loader_save_state, METH_NOARGS, "(version, seed, epoch, cursor)"},
@@ -507,6 +492,8 @@ static PyGetSetDef loader_getset[] = {
     {"world_size", loader_get_world_size, NULL, "Number of ranks (1 when not distributed).", NULL},
     {"pinned_backend", loader_get_pinned_backend, NULL, "Backend batches are pinned for.", NULL},
     {"dataset_len", loader_get_dataset_len, NULL, "Samples in the dataset.", NULL},
+    {"_outstanding", loader_get_outstanding, NULL, "Batches delivered and not yet released.",
+     NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
 static PySequenceMethods loader_as_sequence = {.sq_length = loader_len};
