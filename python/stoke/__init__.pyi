@@ -101,54 +101,88 @@ class _LoaderState(TypedDict):
 class DataLoader(Generic[_T_co]):
     """torch.utils.data.DataLoader's arguments (and behaviour) plus stoke's own keywords.
     A source string ("npy:...", "images:...", "tar:...", "synthetic:...") or a path yields
-    stoke.Batch; a Python dataset yields what torch's DataLoader yields for it."""
+    stoke.Batch (or, with structure="list"/"dict", tensors); a Python dataset yields what
+    torch's DataLoader yields for it.  (Generic in the stub only: annotate a variable as
+    "stoke.DataLoader[stoke.Batch]" in quotes or under `from __future__ import annotations`.)"""
 
+    dataset: Any
     batch_size: int | None
     num_workers: int
     drop_last: bool
     device: str | None
 
+    # A source string: sampler, batch_sampler, collate_fn, worker_init_fn and pad apply to
+    # Python datasets only (TypeError); device= ("cuda:1" or a torch.device) to source strings
+    # only (ValueError with a Python dataset).  (A str is also a _MapDataset to a type checker,
+    # so a source string with collate_fn= is not caught before it runs.)
     @overload
     def __init__(self: "DataLoader[Batch]", dataset: str | os.PathLike[str],
                  batch_size: int | None = 1, shuffle: bool | None = None,
-                 sampler: Iterable[int] | None = None,
-                 batch_sampler: Iterable[Sequence[int]] | None = None, num_workers: int = 0,
-                 collate_fn: Callable[[list[Any]], Any] | None = None,
+                 sampler: None = None,
+                 batch_sampler: None = None,
+                 num_workers: int | None = None,
+                 collate_fn: None = None,
                  pin_memory: bool | None = None, drop_last: bool = False, timeout: float = 0,
-                 worker_init_fn: Callable[[int], object] | None = None,
-                 multiprocessing_context: str | Any | None = None,
-                 generator: Any | None = None,  # torch.Generator
-                 *, prefetch_factor: int | None = None, persistent_workers: bool = False,
-                 pin_memory_device: str = "", in_order: bool = True,
+                 worker_init_fn: None = None,
+                 multiprocessing_context: str | Any | None = None,  # "fork" or a context
+                 generator: Any | None = None,  # a torch.Generator
+                 *, prefetch_factor: int | None = None, persistent_workers: bool | None = None,
+                 pin_memory_device: str | None = None, in_order: bool = True,
                  seed: int | None = None,
-                 device: str | Any | None = None,  # "cuda", "cuda:1" or a torch.device
+                 device: str | Any | None = None,
                  distributed: bool = False, rank: int | None = None,
                  world_size: int | None = None,
                  worker_mode: Literal["threads", "processes"] | None = None,
-                 pad: Mapping[str, int | float] | None = None,
+                 arena: str | None = None,
+                 pad: None = None,
                  pad_to_multiple_of: int | None = None, max_length: int | None = None,
                  return_lengths: bool = True, max_batch_bytes: int | None = None,
-                 arena: str | None = None) -> None: ...
+                 structure: Literal["batch"] | None = None) -> None: ...
+    @overload
+    def __init__(self: "DataLoader[Any]", dataset: str | os.PathLike[str],
+                 batch_size: int | None = 1, shuffle: bool | None = None,
+                 sampler: None = None,
+                 batch_sampler: None = None,
+                 num_workers: int | None = None,
+                 collate_fn: None = None,
+                 pin_memory: bool | None = None, drop_last: bool = False, timeout: float = 0,
+                 worker_init_fn: None = None,
+                 multiprocessing_context: str | Any | None = None,  # "fork" or a context
+                 generator: Any | None = None,  # a torch.Generator
+                 *, prefetch_factor: int | None = None, persistent_workers: bool | None = None,
+                 pin_memory_device: str | None = None, in_order: bool = True,
+                 seed: int | None = None,
+                 device: str | Any | None = None,
+                 distributed: bool = False, rank: int | None = None,
+                 world_size: int | None = None,
+                 worker_mode: Literal["threads", "processes"] | None = None,
+                 arena: str | None = None,
+                 pad: None = None,
+                 pad_to_multiple_of: int | None = None, max_length: int | None = None,
+                 return_lengths: bool = True, max_batch_bytes: int | None = None,
+                 structure: Literal["list", "dict"]) -> None: ...
     @overload
     def __init__(self: "DataLoader[Any]", dataset: _MapDataset | Iterable[Any],
                  batch_size: int | None = 1, shuffle: bool | None = None,
                  sampler: Iterable[int] | None = None,
-                 batch_sampler: Iterable[Sequence[int]] | None = None, num_workers: int = 0,
+                 batch_sampler: Iterable[Sequence[int]] | None = None,
+                 num_workers: int | None = None,
                  collate_fn: Callable[[list[Any]], Any] | None = None,
                  pin_memory: bool | None = None, drop_last: bool = False, timeout: float = 0,
                  worker_init_fn: Callable[[int], object] | None = None,
-                 multiprocessing_context: str | Any | None = None,
-                 generator: Any | None = None,
-                 *, prefetch_factor: int | None = None, persistent_workers: bool = False,
-                 pin_memory_device: str = "", in_order: bool = True,
-                 seed: int | None = None, device: str | Any | None = None,
+                 multiprocessing_context: str | Any | None = None,  # "fork" or a context
+                 generator: Any | None = None,  # a torch.Generator
+                 *, prefetch_factor: int | None = None, persistent_workers: bool | None = None,
+                 pin_memory_device: str | None = None, in_order: bool = True,
+                 seed: int | None = None,
+                 device: None = None,
                  distributed: bool = False, rank: int | None = None,
                  world_size: int | None = None,
                  worker_mode: Literal["threads", "processes"] | None = None,
+                 arena: str | None = None,
                  pad: Mapping[str, int | float] | None = None,
                  pad_to_multiple_of: int | None = None, max_length: int | None = None,
-                 return_lengths: bool = True, max_batch_bytes: int | None = None,
-                 arena: str | None = None) -> None: ...
+                 return_lengths: bool = True, max_batch_bytes: int | None = None) -> None: ...
 
     def __iter__(self) -> Iterator[_T_co]: ...
     def __len__(self) -> int: ...

@@ -30,9 +30,7 @@ def train() -> int:
                               num_workers=4, drop_last=True, seed=0, pin_memory=True,
                               device="cuda", prefetch_factor=2, persistent_workers=True,
                               in_order=False, distributed=True, rank=0, world_size=2,
-                              worker_mode="processes", pad={"input_ids": 0, "labels": -100},
-                              pad_to_multiple_of=8, max_length=512, return_lengths=True,
-                              max_batch_bytes=1 << 20, timeout=5.0)
+                              worker_mode="processes", timeout=5.0)
     for epoch in range(2):
         loader.set_epoch(epoch)
         for batch in loader:  # a stoke.Batch: the source is a string
@@ -57,9 +55,16 @@ def train() -> int:
     torch_like = stoke.DataLoader(Squares(), batch_size=10, shuffle=True, num_workers=2,
                                   collate_fn=collate, worker_init_fn=init_worker,
                                   multiprocessing_context="fork", generator=None,
-                                  pin_memory_device="", sampler=None, batch_sampler=None)
+                                  pin_memory_device="", sampler=None, batch_sampler=None,
+                                  pad={"input_ids": 0, "labels": -100}, pad_to_multiple_of=8,
+                                  max_length=512, return_lengths=True, max_batch_bytes=1 << 20)
     for sample_batch in torch_like:  # what torch's DataLoader would yield: Any
         seen += len(sample_batch)
+    as_dicts = stoke.DataLoader("synthetic:1000", batch_size=50, structure="dict")
+    for fields in as_dicts:  # {"data": tensor, "label": tensor}: Any
+        seen += len(fields)
+    as_batches = stoke.DataLoader("synthetic:1000", structure="batch", arena="auto")
+    seen += sum(len(b) for b in as_batches)
     return seen
 
 
