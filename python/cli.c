@@ -38,13 +38,12 @@ PyObject *stoke_py_cli_main(PyObject *self, PyObject *args)
         }
         argv[i + 1] = (char *)s; /* cli_run reorders argv, never writes the strings */
     }
-    int status;
-    Py_BEGIN_ALLOW_THREADS
+    PyThreadState *ts = PyEval_SaveThread();
     stoke_log_set_callback(NULL, NULL); /* the CLI's messages: on stderr, as it prints them */
     clearerr(stdout);
-    status = cli_check_output(cli_run((int)n + 1, argv));
+    int status = cli_check_output(cli_run((int)n + 1, argv));
     stoke_py_log_install();
-    Py_END_ALLOW_THREADS
+    PyEval_RestoreThread(ts);
     free(argv);
     Py_DECREF(t);
     return PyLong_FromLong(status);
