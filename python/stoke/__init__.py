@@ -79,12 +79,16 @@ def _index(value, name):
 
 
 def _seed_of(generator):
-    """The shuffle's seed: drawn from `generator` (a torch.Generator) as torch's RandomSampler
-    draws its own, else 0 (stoke's shuffle is keyed by (seed, epoch))."""
+    """The shuffle's seed: `generator`'s initial seed (a torch.Generator), else 0 (stoke's
+    shuffle is keyed by (seed, epoch))."""
     if generator is None:
         return 0
-    import torch
-    return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item()) % 2**63
+    return int(generator.initial_seed()) % 2**63  # not a draw: the generator's state is the user's
+
+
+def _dropin_end():
+    from ._dropin import _End
+    return _End
 
 
 def _is_iterable_dataset(ds):
@@ -354,6 +358,8 @@ class DataLoader(_stoke.Loader):
 
     def _batches(self, it):
         decode = self._writer.decode
+        ended = set()  # an iterable dataset in worker processes: the exhausted workers
+        end = _dropin_end()
         while True:
             try:
                 b = next(it)
@@ -364,7 +370,13 @@ class DataLoader(_stoke.Loader):
                 if exc is not None:
                     raise exc from e
                 raise
-            yield decode(b)
+            out = decode(b)
+            if type(out) is end:
+                ended.add(out.worker)
+                if len(ended) >= self.num_workers:
+                    return
+                continue
+            yield out
 
     def __len__(self):
         if self._writer is not None and self._iterable:

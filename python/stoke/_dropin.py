@@ -41,6 +41,15 @@ except ImportError:
 
 MAGIC = 0x3142544B4F5453      # "STOKTB1": a batch
 MAGIC_OVER = 0x3142564F4F5453  # "STOOVB1": the batch did not fit; bytes needed follow
+MAGIC_END = 0x3142444E4F5453   # "STONDB1": this worker's iterator is exhausted; its id follows
+
+
+class _End:
+    """decode()'s answer for an END block: the worker whose iterator is exhausted."""
+    __slots__ = ("worker",)
+
+    def __init__(self, worker):
+        self.worker = worker
 HDR = 64
 MAILBOX = 1 << 16
 _NP_KINDS = "biufc"  # numeric and bool arrays go into the block; others are pickled
@@ -326,29 +335,44 @@ def _convert(x):
 # ---- the plan: the epoch's batches, seeds and error mailboxes, shared with the workers -----
 
 class _Plan:
-    H_EPOCH, H_NBATCH, H_SEED, H_NIDX = 0, 1, 2, 3
+    """Shared with the workers (made before they fork): a header, the mailboxes and the
+    epoch's batch offsets in one anonymous shared mapping; the indices in a memfd that grows
+    (a worker maps it again when the header says it grew)."""
+    H_EPOCH, H_NBATCH, H_SEED, H_NIDX, H_IDXCAP = 0, 1, 2, 3, 4
 
     def __init__(self, nbatches, nidx, nmail):
         self.nbatches = max(nbatches, 0)
-        self.nidx = nidx
         self.nmail = nmail
         self.off_mail = 4096
         self.off_offs = self.off_mail + nmail * MAILBOX
-        self.off_idx = self.off_offs + 8 * (self.nbatches + 1)
-        size = self.off_idx + 8 * max(nidx, 1)
+        size = self.off_offs + 8 * (self.nbatches + 1)
         self.mm = mmap.mmap(-1, size)  # MAP_SHARED | MAP_ANONYMOUS: the forked workers see it
         self.head = np.frombuffer(self.mm, dtype=np.int64, count=8, offset=0)
         self.offs = np.frombuffer(self.mm, dtype=np.int64, count=self.nbatches + 1,
                                   offset=self.off_offs)
-        self.idx = np.frombuffer(self.mm, dtype=np.int64, count=max(nidx, 1), offset=self.off_idx)
+        self.fd = os.memfd_create("stoke-plan", os.MFD_CLOEXEC)
+        self.idx_mm = None
+        self._map_idx(max(nidx, 512))
+
+    def _map_idx(self, n):
+        if self.idx_mm is not None:
+            self.idx = None
+            self.idx_mm.close()
+        if os.fstat(self.fd).st_size < 8 * n:
+            os.ftruncate(self.fd, 8 * n)
+        self.idx_mm = mmap.mmap(self.fd, 8 * n)
+        self.idx = np.frombuffer(self.idx_mm, dtype=np.int64, count=n)
+        self.head[self.H_IDXCAP] = n
 
     def write(self, epoch, batches, base_seed):
         n = sum(len(b) for b in batches)
-        if len(batches) != self.nbatches or n > self.nidx:
+        if len(batches) != self.nbatches:
             raise ValueError(
-                "stoke: the sampler gave %d batches (%d indices) for epoch %d, the first epoch "
-                "%d (%d): a stoke.DataLoader keeps the number of batches per epoch"
-                % (len(batches), n, epoch, self.nbatches, self.nidx))
+                "stoke: the sampler gave %d batches for epoch %d, its length says %d: a "
+                "stoke.DataLoader keeps the number of batches per epoch"
+                % (len(batches), epoch, self.nbatches))
+        if n > len(self.idx):
+            self._map_idx(max(n, 2 * len(self.idx)))
         pos = 0
         for i, b in enumerate(batches):
             self.offs[i] = pos
@@ -360,6 +384,8 @@ class _Plan:
         self.head[self.H_NIDX] = pos
 
     def batch(self, i):
+        if self.head[self.H_IDXCAP] != len(self.idx):  # a worker: the consumer grew it
+            self._map_idx(int(self.head[self.H_IDXCAP]))
         return self.idx[self.offs[i]:self.offs[i + 1]]
 
     def base_seed(self):
@@ -419,24 +445,49 @@ class _Writer:
         self.seeded_epoch = None
         self.iters = {}
         self.iter_lock = threading.Lock()
-        self.pending = None       # epoch 0's batches, computed before the loader existed
         self.warned_over = False
         self.plan = None
         self.nbatches = -1
         self.blob_bytes = 0
-        if not iterable:
-            first = self.batches(0)
-            self.pending = first
-            self.nbatches = len(first)
+        self.iter_map = iterable and processes
+        if self.iter_map:
+            # The C loader's worker processes take MAP datasets: batch i is then the next
+            # batch of whichever worker's iterator fills it, and an exhausted worker answers
+            # with an END block; the epoch ends when every worker has sent one.
+            try:
+                n = len(dataset)
+                bs = batch_size or 1
+                self.nbatches = -(-n // bs) + 2 * num_workers + 1
+            except TypeError:
+                self.nbatches = 1 << 24
+            nidx = 0
+        elif not iterable:
+            self.nbatches, nidx = self.count()
             if self.nbatches == 0:
                 raise ValueError("stoke: the dataset gives no batch (length %d, batch_size %s, "
                                  "drop_last %s)" % (len(dataset), batch_size, drop_last))
-            nidx = sum(len(b) for b in first)
         else:
             nidx = 0
         self.plan = _Plan(self.nbatches, nidx, num_workers + 1)
 
     # -- the epoch's batches (consumer's process) --
+
+    def count(self):
+        """Batches per epoch and indices, from the lengths (torch's len(loader)), without
+        iterating the sampler: its draws happen when an epoch starts, as torch's do."""
+        if self.batch_sampler is not None:
+            n = len(self.batch_sampler)
+            return n, n * 8
+        if self.sampler is not None:
+            n = len(self.sampler)
+        else:
+            n = len(self.dataset)
+            if self.world > 1:
+                n = -(-n // self.world)
+        bs = self.batch_size
+        if bs is None:
+            return n, n
+        return (n // bs if self.drop_last else -(-n // bs)), n
 
     def sample_order(self, epoch):
         if self.sampler is not None:
@@ -481,11 +532,8 @@ class _Writer:
                     with self.iter_lock:
                         self.iters.clear()
                 else:
-                    batches = self.pending if (self.pending is not None and epoch == 0) \
-                        else self.batches(epoch)
-                    self.pending = None
-                    self.plan.write(epoch, batches, seed)
-            else:
+                    self.plan.write(epoch, self.batches(epoch), seed)
+            elif epoch != self.seeded_epoch:
                 self.start_worker_epoch(epoch)
             return None
         except Exception as e:  # noqa: BLE001 - reported through the loader
@@ -493,6 +541,12 @@ class _Writer:
             return "%s: %s" % (type(e).__name__, e)
 
     def worker_init(self, worker, num_workers):
+        if self.worker >= 0:  # a worker process, before its first batch
+            try:
+                self.start_worker_epoch(int(self.plan.head[_Plan.H_EPOCH]))
+            except Exception as e:  # noqa: BLE001
+                self.keep_error(-1, e, None, self.worker)
+                return "worker_init_fn: %s: %s" % (type(e).__name__, e)
         return None
 
     def fork_child(self, worker):
@@ -552,6 +606,12 @@ class _Writer:
         return block.finish(self.collator(block, samples))
 
     def fill(self, i, worker, view):
+        if self.iter_map:
+            r = self.next_fill(worker, view)
+            if r == 0:
+                struct.pack_into("<QQ", view, 0, MAGIC_END, self.worker)
+                return 16
+            return r[0] if isinstance(r, tuple) else r
         where = [None]
         indices = None
         try:
@@ -620,6 +680,8 @@ class _Writer:
         field = b[0]
         view = memoryview(field).cast("B")
         magic, a, n = struct.unpack_from("<QQQ", view, 0)
+        if magic == MAGIC_END:
+            return _End(a)
         if magic == MAGIC_OVER:
             return self.rebuild(b, a)
         if magic != MAGIC:
@@ -711,7 +773,7 @@ def _probe(w):
                         break
                     need = max(need, n)
             else:
-                batches = w.pending
+                batches = w.batches(0)
                 for b in batches[:3] + batches[-1:]:
                     need = max(need, _probe_one(w, b))
             os.write(wfd, str(need).encode())
