@@ -411,7 +411,7 @@ def run_one(a, group, side, workers, variant, n, folder):
 
 def configs(group, cases, workers):
     """The configurations of a group that the chosen cases need: (key, side, workers, variant)."""
-    out = [("torch_w%d" % workers, "torch", workers, ""), ("torch_w0", "torch", 0, "")]
+    out = [("torch_w%d" % w, "torch", w, "") for w in sorted({workers, 0}, reverse=True)]
     for case in cases:
         g, variant = CASES[case]
         if g == group:
@@ -556,8 +556,8 @@ def main():
         t2, t0, s = best[tw], best["torch_w0"], best[sk]
         tb = max([x for x in (t2, t0) if "error" not in x], key=lambda x: x["samples_per_s"],
                  default={"error": "torch failed"})
-        for label, b in ((tw.replace("_w", " w="), t2), ("torch w=0", t0),
-                         (sk.replace("_w", " w="), s)):
+        rows = [(tw.replace("_w", " w="), t2)] + ([("torch w=0", t0)] if a.workers else [])
+        for label, b in rows + [(sk.replace("_w", " w="), s)]:
             say("%-12s %-16s %s" % (c if label.startswith("torch w=%d" % a.workers) else "",
                                     label, fmt_cell(b)))
         r2, rb = ratio(s, t2), ratio(s, tb)
