@@ -446,6 +446,7 @@ class _Writer:
         self.iters = {}
         self.iter_lock = threading.Lock()
         self.warned_over = False
+        self.warned_copy = False
         self.plan = None
         self.nbatches = -1
         self.blob_bytes = 0
@@ -691,6 +692,26 @@ class _Writer:
         u8 = torch.from_dlpack(field).view(-1) if torch is not None else None
         return _BlockUnpickler(io.BytesIO(view[a:a + n]), u8, view).load()
 
+    def decode_copy(self, b):
+        """decode(), from a copy of the block in memory of its own (pinned from stoke's pool
+        when it can, else ordinary, with one warning), so that the loader gets its buffer
+        back: the caller holds every other one (list(loader), the last N batches)."""
+        view = memoryview(b[0]).cast("B")
+        magic, a, n = struct.unpack_from("<QQQ", view, 0)
+        if magic != MAGIC:
+            return self.decode(b)
+        from . import _stoke
+        buf = _stoke.PinnedBuffer(a + n)
+        if not buf.pinned and b.is_pinned and not self.warned_copy:
+            self.warned_copy = True
+            warnings.warn("stoke: the batches held exceed the pinned memory stoke may use: "
+                          "further held batches are in ordinary memory", RuntimeWarning,
+                          stacklevel=3)
+        dst = memoryview(buf).cast("B")
+        dst[:a + n] = view[:a + n]
+        u8 = torch.frombuffer(buf, dtype=torch.uint8) if torch is not None else None
+        return _BlockUnpickler(io.BytesIO(dst[a:a + n]), u8, dst).load()
+
     def rebuild(self, b, need):
         """A batch too large for its block: made again here, in ordinary memory."""
         i = int(np.asarray(b.indices)[0])
@@ -709,6 +730,18 @@ class _Writer:
         _, a, n = struct.unpack_from("<QQQ", view, 0)
         u8 = torch.frombuffer(buf, dtype=torch.uint8) if torch is not None else None
         return _BlockUnpickler(io.BytesIO(view[a:a + n]), u8, view).load()
+
+    def name_batch(self, err):
+        """A note naming the dataset indices of the failing batch (the loader's "sample" is
+        the batch's number in the epoch)."""
+        i = getattr(err, "sample", None)
+        if i is None or self.iterable or not hasattr(err, "add_note"):
+            return
+        try:
+            idx = self.plan.batch(int(i)).tolist()
+        except Exception:  # noqa: BLE001
+            return
+        err.add_note("stoke: batch %d of the epoch: dataset indices %s" % (int(i), idx))
 
     def reraise(self, err):
         """The dataset's exception behind a loader error, if a fill kept one."""
