@@ -170,8 +170,8 @@ class DataLoader(_stoke.Loader):
         rank, world_size, worker_mode ("processes" or "threads"), arena (docs/python.md);
         pad={"input_ids": 0} pads those ragged leaves to the batch's longest (with
         pad_to_multiple_of, max_length, and a "<name>_lengths" tensor beside a dict entry);
-        max_batch_bytes: one batch's pinned block (None: twice the largest of the first
-        batches, measured in a forked child); structure: for a source string, "list" yields
+        max_batch_bytes: one batch's pinned block (None: twice the first batch's size plus
+        256 KiB, measured in a forked child); structure: for a source string, "list" yields
         [data, label, ...] tensors and "dict" {field: tensor} instead of stoke.Batch.
 
     Iterating delivers one epoch.  The first iteration (and the one after set_epoch or

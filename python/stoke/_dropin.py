@@ -674,6 +674,11 @@ class _Writer:
         if max_batch_bytes:
             self.blob_bytes = int(max_batch_bytes)
             return
+        if self.tensors is not None and self.collate_fn is None and not self.collator.pad:
+            bs = self.batch_size or 1  # rows of in-memory tensors: the size is known
+            need = HDR + sum(_align(bs * t[0].numel() * t.element_size()) for t in self.tensors)
+            self.blob_bytes = (need + (64 << 10) + 4095) & ~4095
+            return
         need = _probe(self)
         self.blob_bytes = max(4096, (need * 2 + (256 << 10) + 4095) & ~4095)
 
@@ -783,7 +788,7 @@ def _tensor_rows(dataset):
 
 
 def _probe(w):
-    """The bytes of the first batches, made in a forked child so that the dataset's state in
+    """The bytes of the first batch, made in a forked child so that the dataset's state in
     this process (files opened lazily by __getitem__, an iterator) stays as the user left it,
     as torch's main process never calls the dataset either."""
     r, wfd = os.pipe()
@@ -800,15 +805,9 @@ def _probe(w):
             need = 0
             if w.iterable:
                 w.iters.clear()
-                for _ in range(3):
-                    n = _probe_one(w, None)
-                    if not n:
-                        break
-                    need = max(need, n)
+                need = _probe_one(w, None)
             else:
-                batches = w.batches(0)
-                for b in batches[:3] + batches[-1:]:
-                    need = max(need, _probe_one(w, b))
+                need = _probe_one(w, w.batches(0)[0])
             os.write(wfd, str(need).encode())
         except BaseException as e:  # noqa: BLE001
             os.write(wfd, ("E" + pickle.dumps((e, traceback.format_exc())).hex()).encode())
