@@ -39,7 +39,7 @@ static int cmd_version(int argc, char **argv)
     return 0;
 }
 
-/* cli.h.  A --json before the command ("stoke --json devices") is moved
+/* Runs one command line (cli.h).  A --json before the command ("stoke --json devices") is moved
  * after it, where the command looks for it; with --json and no command, or an unknown one, the
  * error is one JSON object too. */
 int cli_run(int argc, char **argv)
