@@ -217,9 +217,6 @@ int stoke__sampler_fill(const stoke_sampler *s, const stoke__sampler_epoch *e, u
  * batch takes the AVX2 lanes now. */
 extern int stoke__feistel_simd;
 int stoke__feistel_simd_in_use(void);
-/* stoke_permute's network: derive once, apply many times (same images as stoke_permute). */
-void stoke__feistel_init(stoke__feistel *f, uint64_t n, uint64_t key);
-uint64_t stoke__feistel_apply(const stoke__feistel *f, uint64_t x);
 
 /* The indices a thread computes ahead of its batches (worker.c, stoke__loader_look_ahead and
  * batch_indices).  A batch of up to STOKE__AHEAD_RUN samples is not computed alone: its run

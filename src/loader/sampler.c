@@ -44,7 +44,8 @@ uint64_t stoke__epoch_key(uint64_t seed, uint64_t epoch)
 
 /* ---- the keyed Feistel permutation ----------------------------------------------------------- */
 
-void stoke__feistel_init(stoke__feistel *f, uint64_t n, uint64_t key)
+/* stoke_permute's network over [0, n) keyed by `key`, derived once. */
+static void feistel_init(stoke__feistel *f, uint64_t n, uint64_t key)
 {
     /* The domain: the smallest power of two with an even number of bits (at least 2) >= n. */
     unsigned bits = 0;
@@ -133,11 +134,6 @@ static inline uint64_t feistel_apply(const stoke__feistel *f, uint64_t x)
         y = feistel_pass(f, y);
     while (y >= f->n);
     return y;
-}
-
-uint64_t stoke__feistel_apply(const stoke__feistel *f, uint64_t x)
-{
-    return feistel_apply(f, x);
 }
 
 /* ---- a batch at once: the cycle walks in sweeps --------------------------------------------- *
@@ -354,7 +350,7 @@ uint64_t stoke_permute(uint64_t x, uint64_t n, uint64_t key)
     if (n <= 1 || x >= n)
         return x;
     stoke__feistel f;
-    stoke__feistel_init(&f, n, key);
+    feistel_init(&f, n, key);
     return feistel_apply(&f, x);
 }
 
@@ -618,7 +614,7 @@ static void block_window_enter(const stoke_sampler *s, const stoke__sampler_epoc
     bw->slot0 = j0;
     bw->start = start;
     bw->tail_local = e->tail_slot >= j0 && e->tail_slot < j1 ? e->tail_slot - j0 : UINT64_MAX;
-    stoke__feistel_init(&bw->mix, end - start, mix64(e->key ^ mix64(w ^ 0x2545f4914f6cdd1dull)));
+    feistel_init(&bw->mix, end - start, mix64(e->key ^ mix64(w ^ 0x2545f4914f6cdd1dull)));
     bw->have = 0;
 }
 
@@ -696,10 +692,10 @@ int stoke__sampler_epoch_init(stoke__sampler_epoch *e, const stoke_sampler *s, u
     e->epoch = epoch;
     e->key = stoke__epoch_key(seed, epoch);
     switch (s->kind) {
-    case STOKE_SAMPLER_RANDOM: stoke__feistel_init(&e->perm, s->n, e->key); break;
-    case STOKE_SAMPLER_SUBSET: stoke__feistel_init(&e->perm, s->base_len, e->key); break;
+    case STOKE_SAMPLER_RANDOM: feistel_init(&e->perm, s->n, e->key); break;
+    case STOKE_SAMPLER_SUBSET: feistel_init(&e->perm, s->base_len, e->key); break;
     case STOKE_SAMPLER_BLOCK:
-        stoke__feistel_init(&e->perm, s->nfull, e->key);
+        feistel_init(&e->perm, s->nfull, e->key);
         e->tail_slot =
             s->tail_rows ? mix64(e->key ^ 0x9fb21c651e98df25ull) % s->nblocks : s->nblocks;
         break;
