@@ -28,18 +28,25 @@ int stoke__bad_validate(stoke_loader *l)
     return STOKE_OK;
 }
 
-static int push(stoke_batch *b, uint64_t idx, int rc, int action, const char *msg)
+stoke__bad *stoke__bad_append(stoke_batch *b)
 {
     stoke__bad_list *bl = &b->bad;
     if (bl->n == bl->cap) {
         size_t cap = bl->cap ? bl->cap * 2 : 4;
         stoke__bad *v = realloc(bl->v, cap * sizeof(*v));
         if (!v)
-            return STOKE_ENOMEM;
+            return NULL;
         bl->v = v;
         bl->cap = cap;
     }
-    stoke__bad *e = &bl->v[bl->n++];
+    return &bl->v[bl->n++];
+}
+
+static int push(stoke_batch *b, uint64_t idx, int rc, int action, const char *msg)
+{
+    stoke__bad *e = stoke__bad_append(b);
+    if (!e)
+        return STOKE_ENOMEM;
     e->index = idx;
     e->replacement = UINT64_MAX;
     e->code = rc > 0 ? STOKE_EDATA : rc;

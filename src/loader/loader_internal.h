@@ -641,6 +641,8 @@ int stoke__bad_sample(stoke_loader *l, stoke_batch *b, stoke__producer *p, size_
                       uint64_t *idx, int rc, char *msg, size_t msg_len);
 /* Producer: records the failure of sample idx without a policy (the batch fails). */
 void stoke__bad_note(stoke_batch *b, uint64_t idx, int rc, const char *msg);
+/* Producer: a new entry at the end of b->bad, or NULL (out of memory: not listed). */
+stoke__bad *stoke__bad_append(stoke_batch *b);
 /* (mu) Consumer, for each batch taken from the done list: moves b->bad to the quarantine and the
  * counts, and fails a good batch that takes the epoch past the budget. */
 void stoke__bad_account(stoke_loader *l, stoke_batch *b);
@@ -695,6 +697,9 @@ void stoke__batch_keep_ragged(stoke_batch *b);
 /* Bytes of field f in batch b (ragged: as collated).  batch.c. */
 size_t stoke__batch_field_bytes(const stoke_batch *b, int f);
 
+/* worker.c: batch b failed (status rc, a positive one as STOKE_EDATA) at dataset index or
+ * sampler position `where`, with msg (or the code's text when msg is empty); no samples. */
+void stoke__batch_failed(stoke_batch *b, int rc, uint64_t where, const char *msg);
 /* worker.c: fills batch `seq` into b->host (b owned by the caller; sets status and errors). */
 void stoke__loader_fill_batch(stoke_loader *l, stoke_batch *b, stoke__producer *p, uint64_t seed,
                               uint64_t epoch, uint64_t seq);

@@ -423,29 +423,6 @@ static void reap(stoke_loader *l, int wid, int kill_it, char *msg, size_t len)
     }
 }
 
-static void fail_batch(stoke_batch *b, int rc, uint64_t where, const char *msg)
-{
-    b->status = rc > 0 ? STOKE_EDATA : rc;
-    b->err_index = where;
-    stoke__strlcpy(b->err_msg, msg[0] ? msg : stoke_strerror(b->status), sizeof(b->err_msg));
-    b->count = 0;
-    b->bytes = 0;
-}
-
-static void add_bad(stoke_batch *b, const stoke__bad *e)
-{
-    stoke__bad_list *bl = &b->bad;
-    if (bl->n == bl->cap) {
-        size_t cap = bl->cap ? bl->cap * 2 : 4;
-        stoke__bad *v = realloc(bl->v, cap * sizeof(*v));
-        if (!v)
-            return;
-        bl->v = v;
-        bl->cap = cap;
-    }
-    bl->v[bl->n++] = *e;
-}
-
 enum { X_DONE = 0, X_DEAD = 1, X_STOPPED = 2 };
 
 /* Sends the request to worker wid's child and takes its reply into b.  While waiting, copies
@@ -482,7 +459,9 @@ static int exchange(stoke_loader *l, stoke__worker *w, int wid, const wreq *req,
         if (n != (ssize_t)sizeof(m))
             return X_DEAD;
         if (m.kind == M_BAD) {
-            add_bad(b, &m.bad);
+            stoke__bad *e = stoke__bad_append(b);
+            if (e)
+                *e = m.bad;
             continue;
         }
         break;
@@ -527,7 +506,7 @@ static int after_crash(stoke_loader *l, stoke_batch *b, int wid, wreq *req, cons
         char m[256];
         stoke__fmt(m, sizeof(m), "%.150s; worker processes restarted more than %d times this epoch",
                    why, RESTARTS_MAX);
-        fail_batch(b, STOKE_ELIMIT, where, m);
+        stoke__batch_failed(b, STOKE_ELIMIT, where, m);
         return STOKE_ELIMIT;
     }
     if (idx == UINT64_MAX)
@@ -538,7 +517,7 @@ static int after_crash(stoke_loader *l, stoke_batch *b, int wid, wreq *req, cons
     }
     if (l->o.on_error == STOKE_ON_ERROR_ERROR) {
         stoke__bad_note(b, idx, STOKE_EDATA, why);
-        fail_batch(b, STOKE_EDATA, idx, why);
+        stoke__batch_failed(b, STOKE_EDATA, idx, why);
         return STOKE_EDATA;
     }
     if (req->npoison == POISON_MAX) {
@@ -546,7 +525,7 @@ static int after_crash(stoke_loader *l, stoke_batch *b, int wid, wreq *req, cons
         stoke__fmt(m, sizeof(m), "%.150s (more than %d crashing samples in one batch)", why,
                    POISON_MAX);
         stoke__bad_note(b, idx, STOKE_EDATA, m);
-        fail_batch(b, STOKE_EDATA, idx, m);
+        stoke__batch_failed(b, STOKE_EDATA, idx, m);
         return STOKE_EDATA;
     }
     req->poison[req->npoison] = idx;
@@ -566,7 +545,7 @@ void stoke__proc_fill(stoke_loader *l, stoke_batch *b, stoke__producer *pr, uint
     wreq *req = calloc(1, sizeof(*req));
     char msg[256] = "";
     if (!req) {
-        fail_batch(b, STOKE_ENOMEM, first, "out of memory");
+        stoke__batch_failed(b, STOKE_ENOMEM, first, "out of memory");
         return;
     }
     req->bi = (int32_t)(b - l->bat);
@@ -577,7 +556,7 @@ void stoke__proc_fill(stoke_loader *l, stoke_batch *b, stoke__producer *pr, uint
     for (;;) {
         int rc = p->w[wid].fd < 0 ? spawn(l, wid, msg, sizeof(msg)) : STOKE_OK;
         if (rc != STOKE_OK) {
-            fail_batch(b, rc, first, msg);
+            stoke__batch_failed(b, rc, first, msg);
             break;
         }
         atomic_store(&p->ctl[wid].index, UINT64_MAX);
@@ -589,7 +568,7 @@ void stoke__proc_fill(stoke_loader *l, stoke_batch *b, stoke__producer *pr, uint
         if (w)
             atomic_store(&w->busy_since, 0);
         if (x == X_STOPPED) {
-            fail_batch(b, STOKE_ECANCELED, first, "the loader is being destroyed");
+            stoke__batch_failed(b, STOKE_ECANCELED, first, "the loader is being destroyed");
             break;
         }
         stoke__log(STOKE_LOG_WARN, "loader: worker %d: %s", wid, msg);

@@ -52,13 +52,13 @@ static inline int busy_end(const stoke_loader *l, stoke__worker *w, uint64_t t0,
     return rc;
 }
 
-/* Records the failure of batch b (status rc, a positive one as STOKE_EDATA) at dataset index
- * or sampler position `where`, with msg (or the code's text when msg is empty). */
-static void batch_failed(stoke_batch *b, int rc, uint64_t where, const char *msg)
+void stoke__batch_failed(stoke_batch *b, int rc, uint64_t where, const char *msg)
 {
     b->status = rc > 0 ? STOKE_EDATA : rc;
     b->err_index = where;
     stoke__strlcpy(b->err_msg, msg[0] ? msg : stoke_strerror(b->status), sizeof(b->err_msg));
+    b->count = 0;
+    b->bytes = 0;
 }
 
 /* The keys of (seed, epoch) for this thread, with the permutation's table where it has one
@@ -142,9 +142,8 @@ static int batch_indices(stoke_loader *l, stoke_batch *b, stoke__ahead *a, uint6
     for (; j < b->count; j++)
         if ((prc = stoke_sampler_index(l->sampler, seed, epoch, pos0 + j, &b->indices[j])) != 0)
             break;
-    batch_failed(b, prc != STOKE_OK ? prc : rc, pos0 + (j < b->count ? j : 0),
-                 "sampler position out of range");
-    b->count = 0;
+    stoke__batch_failed(b, prc != STOKE_OK ? prc : rc, pos0 + (j < b->count ? j : 0),
+                        "sampler position out of range");
     return b->status;
 }
 
@@ -238,8 +237,8 @@ static void fill_samples(stoke_loader *l, stoke_batch *b, stoke__producer *p)
         if (rc == STOKE__BAD_SKIPPED)
             continue;
         if (rc != STOKE_OK) {
-            batch_failed(b, rc, got, msg);
-            break;
+            stoke__batch_failed(b, rc, got, msg);
+            return;
         }
         idx[out++] = got;
     }
@@ -278,8 +277,7 @@ static void fill_read(stoke_loader *l, stoke_batch *b, stoke__producer *p)
     }
     if (rc != STOKE_OK) {
         stoke__bad_note(b, err_index, rc, msg);
-        batch_failed(b, rc, err_index, msg);
-        b->count = 0;
+        stoke__batch_failed(b, rc, err_index, msg);
     }
 }
 
@@ -420,10 +418,8 @@ void stoke__loader_fill_batch(stoke_loader *l, stoke_batch *b, stoke__producer *
 {
     b->seq = seq;
     stoke__loader_batch_start(l, b, p->wid, epoch);
-    if (!l->iterable && batch_indices(l, b, &p->ahead, seed, epoch, seq) != STOKE_OK) {
-        b->bytes = 0;
+    if (!l->iterable && batch_indices(l, b, &p->ahead, seed, epoch, seq) != STOKE_OK)
         return;
-    }
     if (!l->iterable && l->ds.read)
         fill_read(l, b, p);
     else
