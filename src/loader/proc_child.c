@@ -29,7 +29,7 @@
 /* ---- the child: the dataset wrapped to publish what it loads and to fail poisoned samples -- */
 
 static struct {
-    stoke_dataset ds; /* the real one */
+    stoke_dataset ds; /* the real one (the wrappers take its `user` as it is) */
     proc_ctl *ctl;
     const wreq *req;
 } cw;
@@ -57,20 +57,13 @@ static void idle(void)
     atomic_store(&cw.ctl->in_batch, 0);
 }
 
-static uint64_t w_length(void *user)
-{
-    (void)user;
-    return cw.ds.length(cw.ds.user);
-}
-
 static int w_get(void *user, uint64_t index, void *const dst[], int64_t len[], int worker,
                  char *msg, size_t msg_len)
 {
-    (void)user;
     if (poisoned(index, msg, msg_len))
         return STOKE_EDATA;
     busy(index);
-    int rc = cw.ds.get(cw.ds.user, index, dst, len, worker, msg, msg_len);
+    int rc = cw.ds.get(user, index, dst, len, worker, msg, msg_len);
     idle();
     return rc;
 }
@@ -78,10 +71,9 @@ static int w_get(void *user, uint64_t index, void *const dst[], int64_t len[], i
 static int w_read(void *user, const uint64_t *indices, size_t count, const stoke_slots *dst,
                   int worker, char *msg, size_t msg_len, uint64_t *err_index)
 {
-    (void)user;
     atomic_store(&cw.ctl->in_batch, 1);
     busy(count ? indices[0] : UINT64_MAX);
-    int rc = cw.ds.read(cw.ds.user, indices, count, dst, worker, msg, msg_len, err_index);
+    int rc = cw.ds.read(user, indices, count, dst, worker, msg, msg_len, err_index);
     idle();
     return rc;
 }
@@ -90,9 +82,7 @@ static void wrap_dataset(stoke_loader *l, proc_ctl *ctl)
 {
     cw.ds = l->ds;
     cw.ctl = ctl;
-    l->ds.user = &cw;
-    l->ds.length = cw.ds.length ? w_length : NULL;
-    l->ds.get = cw.ds.get ? w_get : NULL;
+    l->ds.get = w_get; /* (MAP: required) */
     l->ds.read = cw.ds.read ? w_read : NULL;
     idle();
 }
@@ -131,12 +121,8 @@ static void child_main(stoke_loader *l, int wid, int fd, pid_t zygote)
 {
     wrap_dataset(l, &l->proc->ctl[wid]);
     l->caller.wid = wid; /* this process's producer: its copy of the caller's, for worker wid */
-    int init_rc = STOKE_OK;
-    if (cw.ds.worker_init) {
-        init_rc = cw.ds.worker_init(cw.ds.user, wid, l->nworkers);
-        if (init_rc > 0)
-            init_rc = STOKE_EDATA;
-    }
+    int init_rc = l->ds.worker_init ? l->ds.worker_init(l->ds.user, wid, l->nworkers) : STOKE_OK;
+    init_rc = init_rc > 0 ? STOKE_EDATA : init_rc;
     static wreq req;
     wmsg m;
     /* the epoch this process's copy of the dataset was set to: create set it before the zygote
@@ -153,25 +139,22 @@ static void child_main(stoke_loader *l, int wid, int fd, pid_t zygote)
             l->ds.read = NULL;
         memset(&m, 0, sizeof(m));
         int rc = init_rc;
-        if (rc == STOKE_OK && cw.ds.set_epoch && (!epoch_set || epoch != req.epoch)) {
-            rc = cw.ds.set_epoch(cw.ds.user, req.epoch);
+        if (rc != STOKE_OK) {
+            stoke__fmt(m.err_msg, sizeof(m.err_msg), "worker_init failed in worker process %d (%s)",
+                       (int)getpid(), stoke_err_name(rc));
+        } else if (l->ds.set_epoch && (!epoch_set || epoch != req.epoch)) {
+            rc = l->ds.set_epoch(l->ds.user, req.epoch);
             rc = rc > 0 ? STOKE_EDATA : rc;
             epoch_set = rc == STOKE_OK;
             epoch = req.epoch;
-            if (rc != STOKE_OK) {
-                m.status = rc;
-                m.err_index = UINT64_MAX;
-                stoke__fmt(m.err_msg, sizeof(m.err_msg),
-                           "set_epoch(%" PRIu64 ") of dataset %s failed in worker process %d (%s)",
-                           req.epoch, cw.ds.name, (int)getpid(), stoke_err_name(rc));
-            }
+            stoke__fmt(m.err_msg, sizeof(m.err_msg),
+                       "set_epoch(%" PRIu64 ") of dataset %s failed in worker process %d (%s)",
+                       req.epoch, l->ds.name, (int)getpid(), stoke_err_name(rc));
         }
-        if (init_rc != STOKE_OK) {
-            m.status = init_rc;
+        if (rc != STOKE_OK) {
+            m.status = rc;
             m.err_index = UINT64_MAX;
-            stoke__fmt(m.err_msg, sizeof(m.err_msg), "worker_init failed in worker process %d (%s)",
-                       (int)getpid(), stoke_err_name(init_rc));
-        } else if (rc == STOKE_OK) {
+        } else {
             cw.req = &req;
             l->caller.ahead.seq_end = req.seq + 1; /* batches come one request at a time */
             stoke__loader_fill_batch(l, b, &l->caller, req.seed, req.epoch, req.seq);
@@ -186,7 +169,6 @@ static void child_main(stoke_loader *l, int wid, int fd, pid_t zygote)
             m.count = b->count;
             m.bytes = b->bytes;
             m.err_index = b->err_index;
-            m.end = b->end;
             m.truncated = b->truncated;
             memcpy(m.err_msg, b->err_msg, sizeof(m.err_msg));
         }
@@ -197,17 +179,6 @@ static void child_main(stoke_loader *l, int wid, int fd, pid_t zygote)
 }
 
 /* ---- the zygote ------------------------------------------------------------------------- */
-
-static int send_fd(int sock, const void *p, size_t n, int fd)
-{
-    return stoke__sendmsg_fd(sock, p, n, fd) == (ssize_t)n ? 0 : -1;
-}
-
-ssize_t stoke__proc_recv_fd(int sock, void *p, size_t n, int *fd)
-{
-    *fd = -1;
-    return stoke__recvmsg_fd(sock, p, n, fd);
-}
 
 void stoke__proc_sleep_ms(long ms)
 {
@@ -248,7 +219,7 @@ static void zygote_spawn(stoke_loader *l, int zfd, const zreq *q, pid_t *pids, i
     int sv[2] = {-1, -1};
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
         rep.err = errno;
-        send_fd(zfd, &rep, sizeof(rep), -1);
+        (void)stoke__sendmsg_fd(zfd, &rep, sizeof(rep), -1);
         return;
     }
     pid_t zygote = getpid();
@@ -273,7 +244,7 @@ static void zygote_spawn(stoke_loader *l, int zfd, const zreq *q, pid_t *pids, i
     close(sv[1]);
     if (pid < 0) {
         rep.err = errno;
-        send_fd(zfd, &rep, sizeof(rep), -1);
+        (void)stoke__sendmsg_fd(zfd, &rep, sizeof(rep), -1);
     } else {
         rep.pid = (int32_t)pid;
         for (int i = 0; i < npids; i++)
@@ -281,7 +252,7 @@ static void zygote_spawn(stoke_loader *l, int zfd, const zreq *q, pid_t *pids, i
                 pids[i] = pid;
                 break;
             }
-        send_fd(zfd, &rep, sizeof(rep), sv[0]);
+        (void)stoke__sendmsg_fd(zfd, &rep, sizeof(rep), sv[0]);
     }
     close(sv[0]);
 }
@@ -353,7 +324,7 @@ void stoke__zygote_main(stoke_loader *l, int zfd, pid_t loader)
                 if (pids[i] == q.pid)
                     pids[i] = -1;
             if (q.op == Z_REAP)
-                send_fd(zfd, &rep, sizeof(rep), -1);
+                (void)stoke__sendmsg_fd(zfd, &rep, sizeof(rep), -1);
         } else if (q.op == Z_EXIT) {
             break;
         }

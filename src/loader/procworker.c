@@ -58,6 +58,7 @@
 
 #include "common/internal.h"
 #include "ipc/arena_internal.h"
+#include "ipc/ipc_internal.h"
 #include "loader/loader_internal.h"
 #include "loader/procworker_internal.h"
 #include "stoke/arena.h"
@@ -160,47 +161,37 @@ static size_t align_page(size_t v)
     return (v + 4095u) & ~(size_t)4095u;
 }
 
-static int use_shared(stoke_loader *l, stoke__proc *p, size_t per, void *m);
-
-/* The shared mapping: per batch handle its buffer (ragged lengths included) and indices; the
- * control records. */
+/* The shared mapping (an anonymous memfd, or an allocation of the node-wide arena, which is
+ * shared and pinned already), carved into: per batch handle its buffer (ragged lengths
+ * included) and indices; the control records. */
 static int map_shared(stoke_loader *l, stoke__proc *p)
 {
     size_t idx_bytes = align_page(l->cap * sizeof(uint64_t));
     size_t per = align_page(l->buf_bytes) + idx_bytes;
     size_t ctl_bytes = align_page((size_t)l->nworkers * sizeof(proc_ctl));
     p->shm_len = per * (size_t)l->nbuf + ctl_bytes;
-    if (l->arena) /* the node-wide arena: shared (and pinned) already */
-        return use_shared(l, p, per, NULL);
-    int fd = memfd_create("stoke-batches", MFD_CLOEXEC);
-    if (fd < 0)
-        return stoke__loader_fail(l, STOKE_ENOMEM, "loader: memfd_create failed: %s",
-                                  strerror(errno));
     void *m = MAP_FAILED;
-    if (ftruncate(fd, (off_t)p->shm_len) == 0)
-        m = mmap(NULL, p->shm_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    int e = errno;
-    close(fd);
-    if (m == MAP_FAILED)
-        return stoke__loader_fail(l, STOKE_ENOMEM,
-                                  "loader: cannot map %zu bytes of shared batch buffers: %s",
-                                  p->shm_len, strerror(e));
-    return use_shared(l, p, per, m);
-}
-
-/* Carves the shared mapping `m` (NULL: an allocation of the arena) into the batches' buffers,
- * index and offset arrays, and the control records. */
-static int use_shared(stoke_loader *l, stoke__proc *p, size_t per, void *m)
-{
-    if (!m) {
+    if (l->arena) {
         int rc = stoke_arena_alloc(l->arena, p->shm_len, &m);
         if (rc != STOKE_OK)
             return stoke__loader_fail(l, rc, "loader: shared batch buffers: %s",
                                       stoke_last_error());
         p->from_arena = 1;
-    } else if (l->alloc_kind != STOKE__ALLOC_PAGEABLE &&
-               stoke_pin_register(m, p->shm_len) == STOKE_OK) {
-        p->registered = 1;
+    } else {
+        int fd = memfd_create("stoke-batches", MFD_CLOEXEC);
+        if (fd < 0)
+            return stoke__loader_fail(l, STOKE_ENOMEM, "loader: memfd_create failed: %s",
+                                      strerror(errno));
+        if (ftruncate(fd, (off_t)p->shm_len) == 0)
+            m = mmap(NULL, p->shm_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        int e = errno;
+        close(fd);
+        if (m == MAP_FAILED)
+            return stoke__loader_fail(l, STOKE_ENOMEM,
+                                      "loader: cannot map %zu bytes of shared batch buffers: %s",
+                                      p->shm_len, strerror(e));
+        p->registered =
+            l->alloc_kind != STOKE__ALLOC_PAGEABLE && stoke_pin_register(m, p->shm_len) == STOKE_OK;
     }
     p->shm = m;
     for (int i = 0; i < l->nbuf; i++) {
@@ -248,9 +239,7 @@ int stoke__proc_create(stoke_loader *l)
         p->w[i].fd = -1;
         atomic_store(&p->w[i].pid, -1);
     }
-    for (int i = 0; i < l->nbuf; i++) /* the index arrays live in the shared mapping */
-        l->bat[i].l = l;
-    int rc = map_shared(l, p);
+    int rc = map_shared(l, p); /* the buffers and the index arrays */
     if (rc != STOKE_OK)
         return rc;
     int sv[2];
@@ -315,7 +304,7 @@ static int zygote_call(stoke__proc *p, zreq *q, zrep *rep, int *fd, char *msg, s
             break;
         }
         int got = -1;
-        if (pr < 0 || stoke__proc_recv_fd(zfd, rep, sizeof(*rep), &got) != (ssize_t)sizeof(*rep)) {
+        if (pr < 0 || stoke__recvmsg_fd(zfd, rep, sizeof(*rep), &got) != (ssize_t)sizeof(*rep)) {
             if (got >= 0)
                 close(got);
             rc = STOKE_ENOMEM;
@@ -472,7 +461,6 @@ static int exchange(stoke_loader *l, stoke__worker *w, int wid, const wreq *req,
     b->count = (size_t)m.count;
     b->bytes = (size_t)m.bytes;
     b->err_index = m.err_index;
-    b->end = m.end;
     b->truncated = m.truncated;
     memcpy(b->err_msg, m.err_msg, sizeof(b->err_msg));
     b->err_msg[sizeof(b->err_msg) - 1] = '\0';
@@ -631,11 +619,10 @@ void stoke__proc_destroy(stoke_loader *l)
             stoke_pin_unregister(p->shm);
         munmap(p->shm, p->shm_len);
     }
-    for (int i = 0; l->bat && i < l->nbuf; i++) {
+    for (int i = 0; l->bat && i < l->nbuf; i++) { /* (slots: allocated with bat) */
         l->bat[i].indices = NULL;
-    }
-    for (int i = 0; l->slots && i < l->nbuf; i++)
         l->slots[i].mem = NULL;
+    }
     if (!foreign) { /* a forked copy may hold them locked */
         pthread_mutex_destroy(&p->zmu);
         pthread_mutex_destroy(&p->rmu);
