@@ -499,50 +499,40 @@ extern int stoke__test_break;
 #define STOKE__TEST_BROKEN() 0
 #endif
 
+#ifdef STOKE_CHECK_INVARIANTS
+#define STOKE__MU_TAKEN(l)                                                                         \
+    atomic_store_explicit(&(l)->mu_owner, stoke__loader_me(), memory_order_relaxed)
+#define STOKE__MU_RELEASING(l)                                                                     \
+    (STOKE__LOADER_ASSERT_MU(l), stoke__loader_check(l),                                         \
+     atomic_store_explicit(&(l)->mu_owner, 0, memory_order_relaxed))
+#else
+#define STOKE__MU_TAKEN(l)     ((void)0)
+#define STOKE__MU_RELEASING(l) ((void)0)
+#endif
+
 static inline void stoke__loader_lock(stoke_loader *l)
 {
     pthread_mutex_lock(&l->mu);
-#ifdef STOKE_CHECK_INVARIANTS
-    atomic_store_explicit(&l->mu_owner, stoke__loader_me(), memory_order_relaxed);
-#endif
+    STOKE__MU_TAKEN(l);
 }
 
 static inline void stoke__loader_unlock(stoke_loader *l)
 {
-#ifdef STOKE_CHECK_INVARIANTS
-    STOKE__LOADER_ASSERT_MU(l);
-    stoke__loader_check(l);
-    atomic_store_explicit(&l->mu_owner, 0, memory_order_relaxed);
-#endif
+    STOKE__MU_RELEASING(l);
     pthread_mutex_unlock(&l->mu);
 }
 
-/* pthread_cond_wait on `mu` (which it releases meanwhile). */
-static inline void stoke__loader_wait(stoke_loader *l, pthread_cond_t *cv)
+/* pthread_cond_wait on `mu` (which it releases meanwhile); until a CLOCK_MONOTONIC time when
+ * `until` is not NULL (done_cv's clock). */
+static inline void stoke__loader_wait(stoke_loader *l, pthread_cond_t *cv,
+                                      const struct timespec *until)
 {
-#ifdef STOKE_CHECK_INVARIANTS
-    STOKE__LOADER_ASSERT_MU(l);
-    stoke__loader_check(l);
-    atomic_store_explicit(&l->mu_owner, 0, memory_order_relaxed);
-#endif
-    pthread_cond_wait(cv, &l->mu);
-#ifdef STOKE_CHECK_INVARIANTS
-    atomic_store_explicit(&l->mu_owner, stoke__loader_me(), memory_order_relaxed);
-#endif
-}
-
-static inline void stoke__loader_timedwait(stoke_loader *l, pthread_cond_t *cv,
-                                           const struct timespec *until)
-{
-#ifdef STOKE_CHECK_INVARIANTS
-    STOKE__LOADER_ASSERT_MU(l);
-    stoke__loader_check(l);
-    atomic_store_explicit(&l->mu_owner, 0, memory_order_relaxed);
-#endif
-    pthread_cond_timedwait(cv, &l->mu, until);
-#ifdef STOKE_CHECK_INVARIANTS
-    atomic_store_explicit(&l->mu_owner, stoke__loader_me(), memory_order_relaxed);
-#endif
+    STOKE__MU_RELEASING(l);
+    if (until)
+        pthread_cond_timedwait(cv, &l->mu, until);
+    else
+        pthread_cond_wait(cv, &l->mu);
+    STOKE__MU_TAKEN(l);
 }
 
 /* A transition of b from state `from` to `to` (the table above struct stoke_batch). */
@@ -584,6 +574,9 @@ int stoke__loader_setup_device(stoke_loader *l);
 int stoke__loader_device_failed(stoke_loader *l, stoke_batch *b, int rc, const char *op,
                                 const char *prep);
 void stoke__loader_copy_batch(stoke_loader *l, stoke_batch *b);
+/* (mu) Device mode: b's staging slot, if it has one, leaves b: into the copy FIFO when a copy
+ * from it was queued (it is reused once the copy's event completed), else onto free_s. */
+void stoke__loader_drop_slot(stoke_loader *l, stoke_batch *b);
 /* (mu) Gives b, FILLING, DONE or RELEASED, back to the pools (FREE). */
 void stoke__loader_recycle(stoke_loader *l, stoke_batch *b);
 /* (mu) Takes back the batches released since the last call (see `released`); wakes workers
@@ -607,13 +600,15 @@ void stoke__loader_batch_start(stoke_loader *l, stoke_batch *b, int wid, uint64_
 void stoke__loader_wake_workers(stoke_loader *l, int force);
 /* (mu) Tells a consumer spinning or waiting in next() that something changed. */
 void stoke__loader_notify(stoke_loader *l);
-/* (mu) The spin before a sleep, for the consumer (on `events`) and the workers (on
- * `work_events`): drops `mu`, spins until *counter changes or `budget` ns passed (the clock
- * read every 32 turns; each turn a pause, or a yield when the loader's threads outnumber the
- * CPUs), takes `mu` again.  The caller decides whether a spin is worth it and how long; after
- * it, it must look at the state again before sleeping (a change made after the spin ended and
- * before `mu` was taken again wakes nobody). */
-void stoke__loader_spin(stoke_loader *l, _Atomic uint64_t *counter, uint64_t budget);
+/* (mu) The spin before a sleep, for the consumer (on `events`, while a batch is being made)
+ * and the workers (on `work_events`, for the consumer to take a batch): when batches take only
+ * microseconds (a batch arrives sooner than a sleeping thread wakes up), drops `mu`, spins
+ * until *counter changes or twice a batch's average time passed (at most 20 us; the clock read
+ * every 32 turns; each turn a pause, or a yield when the loader's threads outnumber the CPUs),
+ * takes `mu` again.  The caller decides whether a spin is worth it; after it, it must look at
+ * the state again before sleeping (a change made after the spin ended and before `mu` was
+ * taken again wakes nobody). */
+void stoke__loader_spin(stoke_loader *l, _Atomic uint64_t *counter);
 /* (mu) The producer loop's one turn: dispatches a group of batches (at least one: the caller
  * saw one could be), makes them without `mu` and hands them back (no wake-up: a worker signals
  * done_cv after it).  p: a worker thread's producer, or l->caller.

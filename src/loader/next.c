@@ -140,6 +140,14 @@ static int timed_out_worker(stoke_loader *l, uint64_t now, uint64_t *deadline)
     return -1;
 }
 
+static int all_held(stoke_loader *l)
+{
+    return stoke__loader_fail(l, STOKE_ELIMIT,
+                              "loader: all %d batch buffers are held by the caller; release "
+                              "batches",
+                              l->nbuf);
+}
+
 /* No workers: produces the next batch in the caller's thread.  Returns STOKE_OK with `mu` held
  * and *bp taken from the done list, or a status (EEND, an error) without `mu`.  *clock: the
  * time next() was called; on STOKE_OK, the time the batch was made (no second clock read). */
@@ -166,10 +174,7 @@ static int next_inline(stoke_loader *l, stoke_batch **bp, uint64_t *clock)
         }
         if (!l->nfree && !stoke__loader_reclaim(l)) {
             stoke__loader_unlock(l);
-            return stoke__loader_fail(l, STOKE_ELIMIT,
-                                      "loader: all %d batch buffers are held by the caller; "
-                                      "release batches",
-                                      l->nbuf);
+            return all_held(l);
         }
         stoke__loader_make_group(l, &l->caller, clock); /* one batch: claim_size */
         *bp = take_done(l); /* the batch just made: nothing else is in flight */
@@ -199,7 +204,7 @@ static int wait_status(stoke_loader *l)
 static int wait_done(stoke_loader *l)
 {
     if (!l->o.timeout_ms) {
-        stoke__loader_wait(l, &l->done_cv);
+        stoke__loader_wait(l, &l->done_cv, NULL);
         return STOKE_OK;
     }
     uint64_t now = stoke__now_ns(), deadline;
@@ -220,7 +225,7 @@ static int wait_done(stoke_loader *l)
     struct timespec ts;
     ts.tv_sec = (time_t)(deadline / 1000000000u);
     ts.tv_nsec = (long)(deadline % 1000000000u);
-    stoke__loader_timedwait(l, &l->done_cv, &ts);
+    stoke__loader_wait(l, &l->done_cv, &ts);
     return STOKE_OK;
 }
 
@@ -248,32 +253,6 @@ static int assist_wanted(const stoke_loader *l)
     /* no help under a timeout: the consumer stays free to see a worker's sample overrun it */
     int help = l->plan.help && l->outstanding < l->window;
     return help ? 2 : 0;
-}
-
-/* (mu) Makes batches in the caller's thread (assist_wanted said why: 1 or 2): a group of them
- * when batches take a few microseconds, as a worker takes (stoke__loader_make_group), so that
- * it takes `mu` twice per group and its indices come from one fill of the sampler rather
- * than a walk per batch; the batch it waited for may then come a group (about 20 us of
- * work) later. */
-static void assist(stoke_loader *l, int why)
-{
-    int n = stoke__loader_make_group(l, &l->caller, NULL);
-    l->st_assisted += (uint64_t)n;
-    if (why == 2)
-        l->st_helped += (uint64_t)n;
-}
-
-/* (mu) Threaded: before sleeping, spins (without `mu`) while a batch is being made, for at most
- * twice the time a batch takes on average and never over 20 us: a batch of a few microseconds
- * arrives sooner than a sleeping thread wakes up.  Returns with `mu` held. */
-static void spin_for_event(stoke_loader *l)
-{
-    uint64_t budget = 2 * l->busy_avg;
-    if (budget > 20000u)
-        budget = 20000u;
-    if (l->filling == 0 || budget < 200u)
-        return;
-    stoke__loader_spin(l, &l->events, budget);
 }
 
 /* Workers: waits for the next deliverable batch.  Returns as next_inline does.  *t0: 0 on
@@ -309,21 +288,21 @@ static int next_threaded(stoke_loader *l, stoke_batch **bp, uint64_t *t0)
         if (l->held >= l->nbuf || (!l->nfree && l->filling == 0)) {
             if (stoke__loader_reclaim(l))
                 continue;
-            rc = stoke__loader_fail(l, STOKE_ELIMIT,
-                                    "loader: all %d batch buffers are held by the caller; "
-                                    "release batches",
-                                    l->nbuf);
+            rc = all_held(l);
             break;
         }
         int why = assist_wanted(l);
-        if (why) {
-            assist(l, why);
+        if (why) { /* a group when batches are tiny, as a worker takes (make_group) */
+            int n = stoke__loader_make_group(l, &l->caller, NULL);
+            l->st_assisted += (uint64_t)n;
+            l->st_helped += why == 2 ? (uint64_t)n : 0;
             spun = 0;
             continue;
         }
         if (!spun) { /* then look again: the spin may have missed a change made under mu */
             spun = 1;
-            spin_for_event(l);
+            if (l->filling) /* while a batch is being made */
+                stoke__loader_spin(l, &l->events);
             continue;
         }
         stoke__loader_wake_workers(l, 1); /* nobody may sleep while work waits */

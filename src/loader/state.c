@@ -71,7 +71,7 @@ static void quiesce(stoke_loader *l)
     l->quiesce = 1;
     stoke__loader_abandon(l);
     while (l->filling > 0)
-        stoke__loader_wait(l, &l->done_cv);
+        stoke__loader_wait(l, &l->done_cv, NULL);
 }
 
 /* Consumer: moves to (seed, epoch, cursor); the dataset's set_epoch is told (an ITERABLE one

@@ -111,6 +111,25 @@ int stoke__loader_device_failed(stoke_loader *l, stoke_batch *b, int rc, const c
                               stoke_err_name(rc));
 }
 
+void stoke__loader_drop_slot(stoke_loader *l, stoke_batch *b)
+{
+    stoke__slot *s = b->host;
+    if (!s)
+        return;
+    b->host = NULL;
+    s->next = NULL;
+    if (b->copied) {
+        if (l->copy_tail)
+            l->copy_tail->next = s;
+        else
+            l->copy_head = s;
+        l->copy_tail = s;
+    } else {
+        s->next = l->free_s;
+        l->free_s = s;
+    }
+}
+
 /* (mu) Gives b (and in device mode its slot) back to the pools. */
 void stoke__loader_recycle(stoke_loader *l, stoke_batch *b)
 {
@@ -118,21 +137,8 @@ void stoke__loader_recycle(stoke_loader *l, stoke_batch *b)
     int st = atomic_load_explicit(&b->state, memory_order_relaxed);
     STOKE__LOADER_ASSERT(st == STOKE__B_FILLING || st == STOKE__B_DONE || st == STOKE__B_RELEASED);
     stoke__batch_move(b, st, STOKE__B_FREE);
-    if (l->device_mode && b->host) {
-        stoke__slot *s = b->host;
-        b->host = NULL;
-        s->next = NULL;
-        if (b->copied) {
-            if (l->copy_tail)
-                l->copy_tail->next = s;
-            else
-                l->copy_head = s;
-            l->copy_tail = s;
-        } else {
-            s->next = l->free_s;
-            l->free_s = s;
-        }
-    }
+    if (l->device_mode)
+        stoke__loader_drop_slot(l, b);
     l->free_v[l->nfree++] = b;
 }
 

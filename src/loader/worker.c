@@ -441,16 +441,8 @@ static void complete_quiet(stoke_loader *l, stoke_batch *b, uint64_t gen, uint64
     if (b->gen != gen)
         b->gen = gen;
     atomic_fetch_add_explicit(&l->events, 1, memory_order_release);
-    if (l->device_mode && b->host && b->copied) {
-        stoke__slot *s = b->host;
-        b->host = NULL;
-        s->next = NULL;
-        if (l->copy_tail)
-            l->copy_tail->next = s;
-        else
-            l->copy_head = s;
-        l->copy_tail = s;
-    }
+    if (l->device_mode && b->copied)
+        stoke__loader_drop_slot(l, b);
     if (gen != l->gen) {
         stoke__loader_recycle(l, b);
         stoke__loader_wake_workers(l, 1);
@@ -480,13 +472,14 @@ static void complete_quiet(stoke_loader *l, stoke_batch *b, uint64_t gen, uint64
     l->done_tail = &b->next;
 }
 
+/* (mu) Whether worker w (NULL: the caller's thread, MAP) may take a batch now. */
 static int can_dispatch(const stoke_loader *l, const stoke__worker *w)
 {
     if (l->ended || l->init_failed || !l->nfree || l->quiesce)
         return 0;
     if (l->iterable)
         return !w->exhausted && w->outstanding < l->prefetch;
-    return l->next_dispatch < l->nbatches && l->outstanding < l->window && w->id < l->nact;
+    return l->next_dispatch < l->nbatches && l->outstanding < l->window && (!w || w->id < l->nact);
 }
 
 /* (mu) Wakes the workers waiting for work when one of them could take some.  Unless `force`,
@@ -591,49 +584,31 @@ static inline void cpu_relax(void)
 #endif
 }
 
-/* One turn of a spin loop that waits for another loader thread: a pause, or sched_yield when
- * `crowded` (the loader's threads outnumber the cores it may run on, so the thread waited for
- * may be waiting for this core: a pause would hold it for nothing).  On 2 cores with 2 workers
- * and the consumer, yielding took batch size 1 from about 0.83x to 1.03x of 0 workers (4
- * alternating runs; docs/loader.md, "Hand-off"). */
-static inline void spin_turn(int crowded)
+void stoke__loader_spin(stoke_loader *l, _Atomic uint64_t *counter)
 {
-    if (crowded)
-        sched_yield();
-    else
-        cpu_relax();
-}
-
-void stoke__loader_spin(stoke_loader *l, _Atomic uint64_t *counter, uint64_t budget)
-{
+    uint64_t budget = 2 * l->busy_avg < 20000u ? 2 * l->busy_avg : 20000u;
+    if (budget < 200u)
+        return;
     uint64_t seen = atomic_load_explicit(counter, memory_order_relaxed);
     int crowded = l->nact + 1 > l->ncpu;
     stoke__loader_unlock(l);
     uint64_t t0 = stoke__now_ns();
     for (unsigned i = 1;; i++) {
-        spin_turn(crowded);
+        /* a pause, or sched_yield when the loader's threads outnumber the cores it may run on
+         * (the thread waited for may be waiting for this core: a pause would hold it for
+         * nothing).  On 2 cores with 2 workers and the consumer, yielding took batch size 1
+         * from about 0.83x to 1.03x of 0 workers (4 alternating runs; docs/loader.md,
+         * "Hand-off"). */
+        if (crowded)
+            sched_yield();
+        else
+            cpu_relax();
         if (atomic_load_explicit(counter, memory_order_acquire) != seen)
             break;
         if ((i & 31) == 0 && stoke__now_ns() - t0 > budget)
             break;
     }
     stoke__loader_lock(l);
-}
-
-/* (mu) Before a worker sleeps for lack of work: when batches take only microseconds and this
- * worker is given work, spins (without `mu`) up to twice a batch's time (at most 20 us) for the
- * consumer to take a batch, so that it does not have to wake the worker.  Returns with `mu`
- * held; the caller must look at the state again before sleeping (a change made after the spin
- * ended and before `mu` was taken again wakes nobody). */
-static void spin_for_work(stoke_loader *l, const stoke__worker *w)
-{
-    uint64_t budget = 2 * l->busy_avg;
-    if (budget > 20000u)
-        budget = 20000u;
-    if (l->iterable || w->id >= l->nact || l->ended || l->quiesce || budget < 200u ||
-        l->next_dispatch >= l->nbatches)
-        return;
-    stoke__loader_spin(l, &l->work_events, budget);
 }
 
 /* How many batches a worker thread (or the caller's thread making batches in next()) takes
@@ -661,14 +636,6 @@ static int claim_size(const stoke_loader *l)
     if (n > CLAIM_MAX)
         n = CLAIM_MAX;
     return n ? (int)n : 1;
-}
-
-/* (mu) The caller's thread may take one more batch for its group (next.c, assist_wanted's
- * conditions less the reason). */
-static int consumer_can_dispatch(const stoke_loader *l)
-{
-    return !l->ended && !l->init_failed && l->nfree && !l->quiesce &&
-           l->next_dispatch < l->nbatches && l->outstanding < l->window;
 }
 
 /* Makes the n > 1 dispatched batches b[] of a group with one read() call (docs/loader.md,
@@ -719,7 +686,7 @@ int stoke__loader_make_group(stoke_loader *l, stoke__producer *p, uint64_t *cloc
     STOKE__LOADER_ASSERT(want == 1 || !l->device_mode);
     do /* one gen, seed and epoch for all: `mu` is held throughout */
         b[n++] = dispatch(l, p, &gen, &seed, &epoch);
-    while (n < want && (w ? can_dispatch(l, w) : consumer_can_dispatch(l)));
+    while (n < want && can_dispatch(l, w)); /* (a group: MAP) */
     stoke__loader_unlock(l);
     /* the batches it makes in a row: the group's (their seqs follow each other), or every one
      * when the caller's thread makes them all (0 workers) */
@@ -774,7 +741,10 @@ static void *worker_main(void *arg)
         int spun = 0;
         while (!l->quit && !can_dispatch(l, w)) {
             if (!spun++) { /* then look again: a change may come just after the spin */
-                spin_for_work(l, w);
+                /* for the consumer to take a batch, when this worker is given work */
+                if (!l->iterable && w->id < l->nact && !l->ended && !l->quiesce &&
+                    l->next_dispatch < l->nbatches)
+                    stoke__loader_spin(l, &l->work_events);
                 continue;
             }
             int counted;
@@ -782,7 +752,7 @@ static void *worker_main(void *arg)
                 continue;
             l->work_sleepers++;
             w->sleeping = 1;
-            stoke__loader_wait(l, &l->work_cv);
+            stoke__loader_wait(l, &l->work_cv, NULL);
             stoke__loader_sleep_done(l, counted);
             if (w->sleeping) { /* not woken by wake_workers (another broadcast, spurious) */
                 w->sleeping = 0;
