@@ -28,22 +28,13 @@ void stoke_loader_opts_init(stoke_loader_opts *o)
 {
     if (!o)
         return;
-    memset(o, 0, sizeof(*o));
+    memset(o, 0, sizeof(*o)); /* every other default is 0 (loader.h) */
     o->size = sizeof(*o);
     o->batch_size = 1;
-    o->num_workers = 0;
     o->prefetch_factor = 2;
     o->in_order = 1;
-    o->drop_last = 0;
-    o->shuffle = 0;
-    o->seed = 0;
-    o->epoch = 0;
     o->pin_memory = 1;
-    o->pin_memory_device = NULL;
-    o->timeout_ms = 0;
-    o->persistent_workers = 0;
     stoke_sampler_opts_init(&o->sampler);
-    o->device = NULL;
     o->on_error = STOKE_ON_ERROR_ERROR;
     o->max_bad = UINT64_MAX;
     o->max_bad_fraction = 1.0;
@@ -79,28 +70,20 @@ static int slot_alloc(stoke_loader *l, stoke__slot *s)
     void *p = NULL;
     int rc = STOKE_OK;
     switch (l->alloc_kind) {
-    case STOKE__ALLOC_POOL:
-        rc = stoke_pinned_alloc(l->buf_bytes, &p);
-        if (rc == STOKE_OK)
-            s->pinned = stoke_is_pinned(p);
-        break;
-    case STOKE__ALLOC_ARENA:
-        rc = stoke_arena_alloc(l->arena, l->buf_bytes, &p);
-        if (rc == STOKE_OK)
-            s->pinned = stoke_is_pinned(p);
-        break;
+    case STOKE__ALLOC_POOL: rc = stoke_pinned_alloc(l->buf_bytes, &p); break;
+    case STOKE__ALLOC_ARENA: rc = stoke_arena_alloc(l->arena, l->buf_bytes, &p); break;
     case STOKE__ALLOC_BACKEND: /* another backend or device: still the pinned layer's block */
         rc = stoke__pinned_alloc_on(l->pin_vt, l->pin_dev, l->buf_bytes, &p);
-        if (rc == STOKE_OK)
-            s->pinned = stoke_is_pinned(p);
         break;
     default: /* pageable: resident from creation (stoke__resident_alloc) */
         if (!(p = stoke__resident_alloc(l->buf_bytes)))
             rc = stoke__fail(STOKE_ENOMEM, "cannot allocate %zu bytes", l->buf_bytes);
+        s->mem = p;
         s->pinned = 0;
-        break;
+        return rc;
     }
     s->mem = p;
+    s->pinned = rc == STOKE_OK && stoke_is_pinned(p);
     return rc;
 }
 
@@ -257,23 +240,21 @@ current:
     return STOKE_OK;
 }
 
-/* a * b, or 0 with *ok cleared when it does not fit in size_t. */
+/* a * b and a + b, or 0 with *ok cleared when they do not fit in size_t. */
 static size_t mul_sz(size_t a, size_t b, int *ok)
 {
-    if (a && b > SIZE_MAX / a) {
-        *ok = 0;
-        return 0;
-    }
-    return a * b;
+    size_t r;
+    int over = __builtin_mul_overflow(a, b, &r);
+    *ok &= !over;
+    return over ? 0 : r;
 }
 
 static size_t add_sz(size_t a, size_t b, int *ok)
 {
-    if (b > SIZE_MAX - a) {
-        *ok = 0;
-        return 0;
-    }
-    return a + b;
+    size_t r;
+    int over = __builtin_add_overflow(a, b, &r);
+    *ok &= !over;
+    return over ? 0 : r;
 }
 
 /* Sizes one batch buffer for l->cap samples and the field offsets in it.  A batch of the full
@@ -321,15 +302,9 @@ static int size_buffers(stoke_loader *l)
 static int copy_fields(stoke_loader *l, const stoke_dataset *ds)
 {
     int nf = ds->nfields;
-    size_t ndims = 0;
-    for (int f = 0; f < nf; f++) {
-        const stoke_field *src = &ds->fields[f];
-        if (src->ndim < 0 || (src->ndim > 0 && !src->shape))
-            return stoke__loader_fail(
-                l, STOKE_EINVAL, "loader: dataset %s: field %d ('%.64s') has ndim %d%s", ds->name,
-                f, src->name, src->ndim, src->ndim < 0 ? "" : " and no shape");
-        ndims += (size_t)src->ndim;
-    }
+    size_t ndims = 0; /* (a negative ndim: stoke_field_finish refuses it below) */
+    for (int f = 0; f < nf; f++)
+        ndims += ds->fields[f].ndim > 0 ? (size_t)ds->fields[f].ndim : 0;
     l->fields = calloc((size_t)nf, sizeof(*l->fields));
     l->shapes = calloc(ndims ? ndims : 1, sizeof(*l->shapes));
     l->off = calloc((size_t)nf, sizeof(*l->off));
@@ -343,6 +318,10 @@ static int copy_fields(stoke_loader *l, const stoke_dataset *ds)
         stoke_field *fd = &l->fields[f];
         *fd = ds->fields[f];
         fd->name[sizeof(fd->name) - 1] = '\0';
+        size_t given = fd->bytes;
+        if (stoke_field_finish(fd) != STOKE_OK) /* (on the caller's shape, checked there) */
+            return stoke__loader_fail(l, STOKE_EINVAL, "loader: dataset %s: field %d: %s", ds->name,
+                                      f, stoke_last_error());
         if (fd->ndim)
             memcpy(sh, fd->shape, (size_t)fd->ndim * sizeof(*sh));
         fd->shape = fd->ndim ? sh : NULL;
@@ -350,10 +329,6 @@ static int copy_fields(stoke_loader *l, const stoke_dataset *ds)
         int empty_dim = 0; /* a shape with a 0 dimension: a legal sample of 0 bytes */
         for (int d = 0; d < fd->ndim; d++)
             empty_dim |= fd->shape[d] == 0;
-        size_t given = fd->bytes;
-        if (stoke_field_finish(fd) != STOKE_OK)
-            return stoke__loader_fail(l, STOKE_EINVAL, "loader: dataset %s: field %d: %s", ds->name,
-                                      f, stoke_last_error());
         if (given && given != fd->bytes)
             return stoke__loader_fail(l, STOKE_EINVAL,
                                       "loader: dataset %s: field %d ('%s') says %zu bytes per "

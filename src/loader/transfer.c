@@ -21,8 +21,7 @@ int stoke__loader_setup_device(stoke_loader *l)
     if (rc == STOKE_EINVAL || rc == STOKE_ERANGE)
         return rc;
     if (rc != STOKE_OK)
-        return stoke__loader_fail(l, rc, "loader: device '%s': %s", l->o.device,
-                                  stoke_last_error());
+        goto fail;
     int have_cur = stoke__accel_current(&cur, &cdev, NULL) == STOKE_OK;
     if (index >= 0 && index != (have_cur && cur == vt ? cdev : 0)) {
         if (!have_cur || cur != vt)
@@ -31,22 +30,17 @@ int stoke__loader_setup_device(stoke_loader *l)
                 "loader: device '%s': a device index other than 0 needs %s to be the chosen "
                 "accelerator",
                 l->o.device, vt->name);
-        rc = stoke_device_set(index);
-        if (rc != STOKE_OK)
-            return stoke__loader_fail(l, rc, "loader: device '%s': %s", l->o.device,
-                                      stoke_last_error());
+        if ((rc = stoke_device_set(index)) != STOKE_OK)
+            goto fail;
         rc = stoke_stream_create(vt->name, &l->stream);
         stoke_device_set(cdev);
     } else {
         rc = stoke_stream_create(vt->name, &l->stream);
     }
+    if (rc == STOKE_OK)
+        rc = stoke_event_create(l->stream, &l->read_ev);
     if (rc != STOKE_OK)
-        return stoke__loader_fail(l, rc, "loader: device '%s': %s", l->o.device,
-                                  stoke_last_error());
-    rc = stoke_event_create(l->stream, &l->read_ev);
-    if (rc != STOKE_OK)
-        return stoke__loader_fail(l, rc, "loader: device '%s': %s", l->o.device,
-                                  stoke_last_error());
+        goto fail;
     for (int i = 0; i < l->nbuf; i++) {
         rc = stoke_device_buffer_create(l->stream, l->buf_bytes, &l->bat[i].dbuf);
         if (rc == STOKE_OK)
@@ -63,6 +57,8 @@ int stoke__loader_setup_device(stoke_loader *l)
     }
     l->device_mode = 1;
     return STOKE_OK;
+fail:
+    return stoke__loader_fail(l, rc, "loader: device '%s': %s", l->o.device, stoke_last_error());
 }
 
 /* Device mode: queues the copy of a filled batch; the slot's event marks when it may be reused. */
