@@ -618,15 +618,10 @@ static void block_window_enter(const stoke_sampler *s, const stoke__sampler_epoc
     bw->have = 0;
 }
 
-/* The index at global position g (< n).  bw: the caller's cache across calls (NULL: none). */
+/* The index at global position g (< n).  bw: the caller's cache across calls. */
 static uint64_t block_index(const stoke_sampler *s, const stoke__sampler_epoch *e, uint64_t g,
                             block_window *bw)
 {
-    block_window local;
-    if (!bw) {
-        bw = &local;
-        bw->w = UINT64_MAX;
-    }
     uint64_t span = s->bwin * s->brows, w = g / span;
     /* The short block, if in an earlier window, pulls this window's start back by < B <= span. */
     if ((w + 1) * s->bwin < s->nblocks && slot_start(s, e, (w + 1) * s->bwin) <= g)
@@ -648,35 +643,6 @@ static uint64_t block_index(const stoke_sampler *s, const stoke__sampler_epoch *
         id = slot_block(s, e, bw->slot0 + k);
     }
     return id * s->brows + within;
-}
-
-int stoke_sampler_index(const stoke_sampler *s, uint64_t seed, uint64_t epoch, uint64_t pos,
-                        uint64_t *out)
-{
-    if (!s || !out)
-        return STOKE_EINVAL;
-    if (pos >= s->len)
-        return STOKE_ERANGE;
-    uint64_t g = pos;
-    if (s->distributed) /* rank's stride, padded by repeating the order from its start */
-        g = (s->rank + pos * s->world) % s->base_len;
-    uint64_t key = stoke__epoch_key(seed, epoch);
-    switch (s->kind) {
-    case STOKE_SAMPLER_SEQUENTIAL: *out = g; break;
-    case STOKE_SAMPLER_RANDOM: *out = stoke_permute(g, s->n, key); break;
-    case STOKE_SAMPLER_SUBSET:
-        *out = s->indices[s->shuffle ? stoke_permute(g, s->base_len, key) : g];
-        break;
-    case STOKE_SAMPLER_WEIGHTED: *out = weighted_draw(s, key, g); break;
-    case STOKE_SAMPLER_BLOCK: {
-        stoke__sampler_epoch e;
-        stoke__sampler_epoch_init(&e, s, seed, epoch);
-        *out = block_index(s, &e, g, NULL);
-        break;
-    }
-    default: return STOKE_EINVAL;
-    }
-    return STOKE_OK;
 }
 
 /* ---- a batch at once ------------------------------------------------------------------------- */
@@ -763,4 +729,15 @@ int stoke__sampler_fill(const stoke_sampler *s, const stoke__sampler_epoch *e, u
     default: return STOKE_EINVAL;
     }
     return STOKE_OK;
+}
+
+/* One position: the fill of one (the keys derived for it alone). */
+int stoke_sampler_index(const stoke_sampler *s, uint64_t seed, uint64_t epoch, uint64_t pos,
+                        uint64_t *out)
+{
+    stoke__sampler_epoch e;
+    if (!s || !out)
+        return STOKE_EINVAL;
+    stoke__sampler_epoch_init(&e, s, seed, epoch);
+    return stoke__sampler_fill(s, &e, pos, 1, out);
 }

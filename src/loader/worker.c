@@ -121,8 +121,7 @@ static const uint64_t *ahead_indices(const stoke_loader *l, stoke__ahead *a, uin
 
 /* MAP: the dataset indices of batch seq's b->count samples into b->indices, all at
  * once, from this thread's runs (see stoke__ahead) for small batches.  Returns STOKE_OK, or
- * fails the batch (count 0) at the first position the sampler refuses, with the message
- * "sampler position out of range" as per-sample indexing did. */
+ * fails the batch when the sampler refuses. */
 static int batch_indices(stoke_loader *l, stoke_batch *b, stoke__ahead *a, uint64_t seed,
                          uint64_t epoch, uint64_t seq)
 {
@@ -135,16 +134,9 @@ static int batch_indices(stoke_loader *l, stoke_batch *b, stoke__ahead *a, uint6
     const stoke__sampler_epoch *ep = ahead_epoch(l, a, seed, epoch);
     uint64_t pos0 = seq * l->o.batch_size;
     int rc = stoke__sampler_fill(l->sampler, ep, pos0, b->count, b->indices);
-    if (rc == STOKE_OK)
-        return STOKE_OK;
-    size_t j = 0; /* the failing position: the first one stoke_sampler_index refuses */
-    int prc = STOKE_OK;
-    for (; j < b->count; j++)
-        if ((prc = stoke_sampler_index(l->sampler, seed, epoch, pos0 + j, &b->indices[j])) != 0)
-            break;
-    stoke__batch_failed(b, prc != STOKE_OK ? prc : rc, pos0 + (j < b->count ? j : 0),
-                        "sampler position out of range");
-    return b->status;
+    if (rc != STOKE_OK) /* (never: an epoch's batches lie within the sampler's length) */
+        stoke__batch_failed(b, rc, pos0, "sampler position out of range");
+    return rc;
 }
 
 /* Points dst[f] at slot j of batch b, each field's (a sample's slots; with j 0, the base of the
