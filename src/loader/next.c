@@ -107,15 +107,13 @@ static int batch_error(stoke_loader *l, stoke_batch *b)
 {
     int rc = b->status;
     const char *who = l->nworkers && b->worker == l->nworkers ? " (the caller's thread)" : "";
-    if (names_sample(b->err_msg, b->err_index) && names_dataset(b->err_msg, l->ds.name))
-        stoke__loader_fail(l, rc, "worker %d%s: %s (%s)", b->worker, who, b->err_msg,
-                           stoke_err_name(rc));
-    else if (names_sample(b->err_msg, b->err_index))
-        stoke__loader_fail(l, rc, "worker %d%s: %s: %s (%s)", b->worker, who, l->ds.name,
-                           b->err_msg, stoke_err_name(rc));
-    else
-        stoke__loader_fail(l, rc, "worker %d%s: sample %" PRIu64 " of %s: %s (%s)", b->worker, who,
-                           b->err_index, l->ds.name, b->err_msg, stoke_err_name(rc));
+    char ctx[sizeof(l->ds.name) + 64] = ""; /* what the message does not name */
+    if (!names_sample(b->err_msg, b->err_index))
+        stoke__fmt(ctx, sizeof(ctx), "sample %" PRIu64 " of %s: ", b->err_index, l->ds.name);
+    else if (!names_dataset(b->err_msg, l->ds.name))
+        stoke__fmt(ctx, sizeof(ctx), "%s: ", l->ds.name);
+    stoke__loader_fail(l, rc, "worker %d%s: %s%s (%s)", b->worker, who, ctx, b->err_msg,
+                       stoke_err_name(rc));
     stoke__loader_recycle(l, b);
     l->outstanding--;
     stoke__loader_abandon(l);

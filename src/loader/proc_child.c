@@ -180,7 +180,7 @@ static void child_main(stoke_loader *l, int wid, int fd, pid_t zygote)
 
 /* ---- the zygote ------------------------------------------------------------------------- */
 
-void stoke__proc_sleep_ms(long ms)
+static void sleep_ms(long ms)
 {
     struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
@@ -257,13 +257,11 @@ static void zygote_spawn(stoke_loader *l, int zfd, const zreq *q, pid_t *pids, i
     close(sv[0]);
 }
 
-/* REAP: waits for `pid` (SIGKILLed first when asked); one that has not exited 2 s after its
- * socket closed is SIGKILLed.  0 or an errno. */
-static int zygote_reap(pid_t pid, int kill_it, int *st)
+int stoke__proc_reap(pid_t pid, int kill_it, uint64_t grace_ns, int *st)
 {
     if (kill_it)
         kill(pid, SIGKILL);
-    uint64_t deadline = stoke__now_ns() + 2000000000u; /* 2 s of time, not of polls */
+    uint64_t deadline = stoke__now_ns() + grace_ns; /* time, not a number of polls */
     for (int killed = kill_it;;) {
         pid_t r = waitpid(pid, st, killed ? 0 : WNOHANG);
         if (r == pid)
@@ -274,7 +272,7 @@ static int zygote_reap(pid_t pid, int kill_it, int *st)
             kill(pid, SIGKILL);
             killed = 1;
         } else if (r == 0) {
-            stoke__proc_sleep_ms(1);
+            sleep_ms(1);
         }
     }
 }
@@ -318,7 +316,8 @@ void stoke__zygote_main(stoke_loader *l, int zfd, pid_t loader)
         } else if (q.op == Z_REAP || q.op == Z_FORGET) {
             zrep rep = {.pid = q.pid, .seq = q.seq};
             int st = 0;
-            rep.err = zygote_reap(q.pid, q.kill || q.op == Z_FORGET, &st);
+            /* a child not gone 2 s after its socket closed is SIGKILLed */
+            rep.err = stoke__proc_reap(q.pid, q.kill || q.op == Z_FORGET, 2000000000u, &st);
             rep.status = st;
             for (int i = 0; i < npids; i++)
                 if (pids[i] == q.pid)

@@ -431,7 +431,7 @@ static int exchange(stoke_loader *l, stoke__worker *w, int wid, const wreq *req,
         struct pollfd pfd = {.fd = fd, .events = POLLIN};
         int pr = poll(&pfd, 1, POLL_MS);
         if (pr == 0 || (pr < 0 && errno == EINTR)) {
-            if (l->o.timeout_ms && w) {
+            if (l->o.timeout_ms) {
                 atomic_store(&w->busy_index, atomic_load(&c->index));
                 atomic_store(&w->busy_since, atomic_load(&c->since));
             }
@@ -455,8 +455,7 @@ static int exchange(stoke_loader *l, stoke__worker *w, int wid, const wreq *req,
         }
         break;
     }
-    if (w)
-        atomic_store(&w->busy_since, 0);
+    atomic_store(&w->busy_since, 0);
     b->status = m.status;
     b->count = (size_t)m.count;
     b->bytes = (size_t)m.bytes;
@@ -526,44 +525,38 @@ void stoke__proc_fill(stoke_loader *l, stoke_batch *b, stoke__producer *pr, uint
                       uint64_t epoch)
 {
     stoke__proc *p = l->proc;
-    stoke__worker *w = pr->w; /* the thread standing in for worker wid's child */
+    stoke__worker *w = pr->w; /* the thread standing in for worker wid's child (never the
+                                 caller's: the plan has no assist with processes) */
     int wid = pr->wid;
     uint64_t first = b->seq * l->o.batch_size;
+    STOKE__LOADER_ASSERT(w != NULL);
     stoke__loader_batch_start(l, b, wid, epoch);
-    wreq *req = calloc(1, sizeof(*req));
+    wreq req = {.bi = (int32_t)(b - l->bat), .si = (int32_t)(b->host - l->slots)};
+    req.seq = b->seq;
+    req.seed = seed;
+    req.epoch = epoch;
     char msg[256] = "";
-    if (!req) {
-        stoke__batch_failed(b, STOKE_ENOMEM, first, "out of memory");
-        return;
-    }
-    req->bi = (int32_t)(b - l->bat);
-    req->si = (int32_t)(b->host - l->slots);
-    req->seq = b->seq;
-    req->seed = seed;
-    req->epoch = epoch;
     for (;;) {
         int rc = p->w[wid].fd < 0 ? spawn(l, wid, msg, sizeof(msg)) : STOKE_OK;
         if (rc != STOKE_OK) {
             stoke__batch_failed(b, rc, first, msg);
-            break;
+            return;
         }
         atomic_store(&p->ctl[wid].index, UINT64_MAX);
         atomic_store(&p->ctl[wid].in_batch, 0);
-        int x = exchange(l, w, wid, req, b);
+        int x = exchange(l, w, wid, &req, b);
         if (x == X_DONE)
-            break;
+            return;
         reap(l, wid, x == X_STOPPED, msg, sizeof(msg));
-        if (w)
-            atomic_store(&w->busy_since, 0);
+        atomic_store(&w->busy_since, 0);
         if (x == X_STOPPED) {
             stoke__batch_failed(b, STOKE_ECANCELED, first, "the loader is being destroyed");
-            break;
+            return;
         }
         stoke__log(STOKE_LOG_WARN, "loader: worker %d: %s", wid, msg);
-        if (after_crash(l, b, wid, req, msg) != STOKE_OK)
-            break;
+        if (after_crash(l, b, wid, &req, msg) != STOKE_OK)
+            return;
     }
-    free(req);
 }
 
 void stoke__proc_stopping(stoke_loader *l)
@@ -599,19 +592,8 @@ void stoke__proc_destroy(stoke_loader *l)
         p->shm = NULL;
         p->zpid = -1;
     }
-    if (p->zpid > 0) {
-        int done = 0;
-        for (int t = 0; t < 500 && !done; t++) {
-            pid_t r = waitpid(p->zpid, NULL, WNOHANG);
-            done = r == p->zpid || (r < 0 && errno != EINTR);
-            if (!done)
-                stoke__proc_sleep_ms(10);
-        }
-        if (!done) {
-            kill(p->zpid, SIGKILL);
-            waitpid(p->zpid, NULL, 0);
-        }
-    }
+    if (p->zpid > 0)
+        (void)stoke__proc_reap(p->zpid, 0, 5000000000u, NULL);
     if (p->shm && p->from_arena) {
         stoke_arena_free(l->arena, p->shm);
     } else if (p->shm) {

@@ -140,24 +140,18 @@ static int batch_indices(stoke_loader *l, stoke_batch *b, stoke__ahead *a, uint6
 }
 
 /* Points dst[f] at slot j of batch b, each field's (a sample's slots; with j 0, the base of the
- * batch's run of slots). */
-static inline void point_slots(const stoke_loader *l, const stoke_batch *b, size_t j, void **dst)
+ * batch's run of slots), and presets the ragged lengths of n samples there, len[k * nfields +
+ * f], to max_len (the room). */
+static inline void point_slots(const stoke_loader *l, const stoke_batch *b, size_t j, void **dst,
+                               int64_t *len, size_t n)
 {
     const size_t nf = (size_t)l->ds.nfields;
     unsigned char *mem = b->host->mem;
     for (size_t f = 0; f < nf; f++)
         dst[f] = mem + l->off[f] + j * l->step[f];
-}
-
-/* Presets the ragged lengths of n samples, len[k * nfields + f], to max_len (the room). */
-static void preset_lengths(const stoke_loader *l, int64_t *len, size_t n)
-{
-    const size_t nf = (size_t)l->ds.nfields;
-    for (int r = 0; r < l->nragged; r++) {
-        int f = l->rg[r].field;
-        for (size_t k = 0; k < n; k++)
-            len[k * nf + (size_t)f] = l->fields[f].max_len;
-    }
+    for (int r = 0; r < l->nragged; r++)
+        for (size_t k = 0, f = (size_t)l->rg[r].field; k < n; k++)
+            len[k * nf + f] = l->fields[f].max_len;
 }
 
 /* A sample's ragged lengths (len[f]) into slot j of b: STOKE_OK; a length below 0, or past
@@ -194,9 +188,7 @@ int stoke__loader_one_sample(stoke_loader *l, stoke_batch *b, stoke__producer *p
                              uint64_t *idx, char *msg, size_t msg_len)
 {
     stoke__ahead *a = &p->ahead;
-    point_slots(l, b, j, a->dst);
-    if (l->nragged)
-        preset_lengths(l, a->len, 1);
+    point_slots(l, b, j, a->dst, a->len, 1);
     msg[0] = '\0';
     uint64_t t0 = busy_begin(l, p->w, l->iterable ? UINT64_MAX : *idx);
     int rc = l->iterable
@@ -247,9 +239,7 @@ static void fill_read(stoke_loader *l, stoke_batch *b, stoke__producer *p)
     if (!n)
         return;
     stoke__ahead *a = &p->ahead;
-    point_slots(l, b, 0, a->dst); /* one run: the batch's slots */
-    if (l->nragged)
-        preset_lengths(l, a->len, n);
+    point_slots(l, b, 0, a->dst, a->len, n); /* one run: the batch's slots */
     size_t start[2] = {0, n};
     stoke_slots slots = {1, start, a->dst, l->nragged ? a->len : NULL};
     char msg[256];
@@ -423,19 +413,17 @@ void stoke__loader_fill_batch(stoke_loader *l, stoke_batch *b, stoke__producer *
  * device mode the staging slot leaves the batch here: it waits in the copy FIFO until its copy's
  * event completes, whatever the consumer does with the batch.  Bumps `events`; the caller
  * signals done_cv (stoke__loader_notify, or once for a group: worker_main). */
-static void complete_quiet(stoke_loader *l, stoke_batch *b, uint64_t gen, uint64_t busy_ns)
+static void complete_quiet(stoke_loader *l, stoke_batch *b, uint64_t busy_ns)
 {
     STOKE__LOADER_ASSERT_MU(l);
     STOKE__LOADER_ASSERT(l->filling > 0);
     l->st_busy_ns += busy_ns;
     l->busy_avg = l->busy_avg ? (l->busy_avg * 7 + busy_ns) / 8 : busy_ns;
     l->filling--;
-    if (b->gen != gen)
-        b->gen = gen;
     atomic_fetch_add_explicit(&l->events, 1, memory_order_release);
     if (l->device_mode && b->copied)
         stoke__loader_drop_slot(l, b);
-    if (gen != l->gen) {
+    if (b->gen != l->gen) { /* (dispatch gave it the run's gen) */
         stoke__loader_recycle(l, b);
         stoke__loader_wake_workers(l, 1);
         return;
@@ -510,7 +498,7 @@ void stoke__loader_notify(stoke_loader *l)
 }
 
 /* (mu) Takes the next batch for producer p (it could dispatch).  May drop `mu` briefly. */
-static stoke_batch *dispatch(stoke_loader *l, stoke__producer *p, uint64_t *gen, uint64_t *seed,
+static stoke_batch *dispatch(stoke_loader *l, stoke__producer *p, uint64_t *seed,
                              uint64_t *epoch)
 {
     stoke__worker *w = p->share;
@@ -527,7 +515,6 @@ static stoke_batch *dispatch(stoke_loader *l, stoke__producer *p, uint64_t *gen,
     } else {
         b->seq = l->next_dispatch++;
     }
-    *gen = l->gen;
     *seed = l->seed;
     *epoch = l->epoch;
     l->outstanding++;
@@ -652,7 +639,7 @@ static int make_scattered(stoke_loader *l, stoke_batch *const *b, int n, int wid
         stoke_batch *x = b[i];
         stoke__loader_batch_start(l, x, wid, epoch);
         memcpy(x->indices, run + j, x->count * sizeof(*run));
-        point_slots(l, x, 0, base + (size_t)i * (size_t)nf);
+        point_slots(l, x, 0, base + (size_t)i * (size_t)nf, NULL, 0); /* (no ragged field) */
         start[i] = j;
         j += x->count;
         stoke__loader_finish(l, x); /* (no ragged field here: plan.scatter) */
@@ -667,7 +654,7 @@ static int make_scattered(stoke_loader *l, stoke_batch *const *b, int n, int wid
 
 int stoke__loader_make_group(stoke_loader *l, stoke__producer *p, uint64_t *clock)
 {
-    uint64_t gen, seed, epoch;
+    uint64_t seed, epoch;
     stoke_batch *b[CLAIM_MAX];
     stoke__ahead *a = &p->ahead;
     stoke__worker *w = p->w;
@@ -677,7 +664,7 @@ int stoke__loader_make_group(stoke_loader *l, stoke__producer *p, uint64_t *cloc
      * dispatch may drop it there (take_slot, waiting for an old copy) */
     STOKE__LOADER_ASSERT(want == 1 || !l->device_mode);
     do /* one gen, seed and epoch for all: `mu` is held throughout */
-        b[n++] = dispatch(l, p, &gen, &seed, &epoch);
+        b[n++] = dispatch(l, p, &seed, &epoch);
     while (n < want && can_dispatch(l, w)); /* (a group: MAP) */
     stoke__loader_unlock(l);
     /* the batches it makes in a row: the group's (their seqs follow each other), or every one
@@ -700,11 +687,11 @@ int stoke__loader_make_group(stoke_loader *l, stoke__producer *p, uint64_t *cloc
         *clock = t1;
     stoke__loader_lock(l);
     if (n == 1) { /* (no division for the common case) */
-        complete_quiet(l, b[0], gen, took);
+        complete_quiet(l, b[0], took);
         return 1;
     }
     for (int i = 0; i < n; i++) /* the last takes the division's remainder */
-        complete_quiet(l, b[i], gen, took / (uint64_t)n + (i == n - 1 ? took % (uint64_t)n : 0));
+        complete_quiet(l, b[i], took / (uint64_t)n + (i == n - 1 ? took % (uint64_t)n : 0));
     return n;
 }
 
