@@ -8,8 +8,6 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdarg.h>
-#include <stdatomic.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>

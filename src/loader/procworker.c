@@ -41,19 +41,16 @@
  * ordinary policy skips or replaces it) and the batch is re-run by a replacement child. */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <inttypes.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "common/internal.h"

@@ -1,7 +1,6 @@
 /* The loader's device transfer: the stream, device buffers and events, the asynchronous copy of a
  * filled batch, and the return of staging slots (the copy FIFO) to the pools. */
 #include <pthread.h>
-#include <stdio.h>
 #include <stdlib.h>
 
 #include "common/internal.h"
