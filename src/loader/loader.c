@@ -158,9 +158,7 @@ void stoke__loader_batch_desc(const stoke_loader *l, const stoke_batch *b, char 
 /* Decides where batches live; logs the warnings of the pin semantics.  Sets l->err on error. */
 static int choose_pinning(stoke_loader *l)
 {
-    const stoke_loader_opts *o = &l->o;
-    l->alloc_kind = STOKE__ALLOC_PAGEABLE;
-    l->pin_backend[0] = '\0';
+    const stoke_loader_opts *o = &l->o; /* (l: calloc'd, pageable and no pin_backend) */
     if (o->pin_memory_device) {
         char name[64];
         int index;
@@ -179,8 +177,7 @@ static int choose_pinning(stoke_loader *l)
     }
     const stoke_backend *cur = NULL;
     int cdev = 0;
-    const char *why = NULL;
-    int crc = stoke__accel_current(&cur, &cdev, &why);
+    int crc = stoke__accel_current(&cur, &cdev, NULL);
     if (crc != STOKE_OK && crc != STOKE_ENODEV)
         return stoke__loader_fail(l, crc, "loader: %s", stoke_last_error());
     const char *want = o->pin_memory_device ? o->pin_memory_device : o->device;
@@ -594,22 +591,19 @@ static int size_loader(stoke_loader *l)
  * where they would be pinned for the current accelerator (or not at all, with none). */
 static int open_arena(stoke_loader *l)
 {
-    const char *spec = l->o.arena; /* NULL for a caller built against the shorter struct */
-    int explicit = spec != NULL;
+    const char *spec = l->o.arena; /* NULL: $STOKE_ARENA decides */
     uint64_t page = 4096, idx = (l->cap + 1) * sizeof(uint64_t);
     uint64_t need =
         (uint64_t)l->nbuf * (l->buf_bytes + 2 * ((idx + page - 1) / page * page)) + 16 * page;
     stoke_arena *a = NULL;
     if (!l->o.pin_memory) {
-        if (explicit && spec[0])
+        if (spec && spec[0])
             stoke__log(STOKE_LOG_WARN, "loader: arena '%s' has no effect because pin_memory is off",
                        spec);
         return STOKE_OK;
     }
     if (l->alloc_kind == STOKE__ALLOC_BACKEND) {
-        if (!spec)
-            return STOKE_OK; /* $STOKE_ARENA: not for a loader pinning for another device */
-        if (!spec[0])
+        if (!spec || !spec[0]) /* ($STOKE_ARENA: not for a loader pinning for another device) */
             return STOKE_OK;
         return stoke__loader_fail(l, STOKE_EINVAL,
                                   "loader: arena '%s' is pinned for the current accelerator, but "

@@ -408,8 +408,7 @@ struct stoke_loader {
     /* (mu) MAP in order: completed batches by seq, ready[seq & ready_mask], instead of the done
      * list (next() takes batch `prefix` without walking past the others: a walk touched one
      * batch's cache line per batch completed out of turn).  The seqs in flight lie in [prefix,
-     * prefix + window), fewer than the ring's slots, so no two share one; a batch that would
-     * still goes to the done list, which next() looks at too.  NULL otherwise. */
+     * prefix + window), fewer than the ring's slots, so no two share one.  NULL otherwise. */
     stoke_batch **ready;
     uint64_t ready_mask;
     uint64_t seed, epoch, gen; /* (mu) */

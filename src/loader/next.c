@@ -60,14 +60,10 @@ static stoke_batch *take_done(stoke_loader *l)
         l->prefix++;
     }
     if (l->ready) { /* MAP in order: batch prefix, if it came */
-        stoke_batch **slot = &l->ready[l->prefix & l->ready_mask];
-        stoke_batch *b = *slot;
-        if (b && b->seq == l->prefix) {
-            *slot = NULL;
-            return b;
-        }
-        if (!l->done) /* else a batch whose slot was taken when it came (never, see ready) */
-            return NULL;
+        stoke_batch **slot = &l->ready[l->prefix & l->ready_mask], *b = *slot;
+        STOKE__LOADER_ASSERT(!b || b->seq == l->prefix);
+        *slot = NULL;
+        return b;
     }
     for (stoke_batch **pp = &l->done; *pp; pp = &(*pp)->next) {
         stoke_batch *b = *pp;

@@ -278,16 +278,6 @@ static void fill_pad(unsigned char *p, size_t n, const stoke_field *fd)
     float x = (float)v;
     switch (fd->dtype) {
     case STOKE_DTYPE_BOOL: one[0] = v != 0.0; break;
-    case STOKE_DTYPE_U8:
-    case STOKE_DTYPE_I8:
-    case STOKE_DTYPE_U16:
-    case STOKE_DTYPE_I16:
-    case STOKE_DTYPE_U32:
-    case STOKE_DTYPE_I32:
-    case STOKE_DTYPE_U64:
-    case STOKE_DTYPE_I64:
-        memcpy(one, is == 1 ? (void *)&u1 : is == 2 ? (void *)&u2 : is == 4 ? (void *)&u4 : &u, is);
-        break;
     case STOKE_DTYPE_F32:
     case STOKE_DTYPE_C64: memcpy(one, &x, 4); break; /* complex: the real part */
     case STOKE_DTYPE_F64:
@@ -303,10 +293,13 @@ static void fill_pad(unsigned char *p, size_t n, const stoke_field *fd)
                                            : (uint16_t)(sgn | ((e - 112) << 10) | (m >> 13));
         memcpy(one, &u2, 2);
     } break;
-    default: /* RAW: bytes */
+    case STOKE_DTYPE_RAW: /* bytes */
         one[0] = (unsigned char)u;
         n *= is;
         is = 1;
+        break;
+    default: /* the integers (dtypes are checked at create) */
+        memcpy(one, is == 1 ? (void *)&u1 : is == 2 ? (void *)&u2 : is == 4 ? (void *)&u4 : &u, is);
         break;
     }
     int zero = 1;
@@ -442,9 +435,9 @@ static void complete_quiet(stoke_loader *l, stoke_batch *b, uint64_t busy_ns)
         }
     }
     stoke__batch_move(b, STOKE__B_FILLING, STOKE__B_DONE);
-    stoke_batch **slot = l->ready ? &l->ready[b->seq & l->ready_mask] : NULL;
-    if (slot && !*slot) {
-        *slot = b;
+    if (l->ready) { /* (no two seqs in flight share a slot: see `ready`) */
+        STOKE__LOADER_ASSERT(!l->ready[b->seq & l->ready_mask]);
+        l->ready[b->seq & l->ready_mask] = b;
         return;
     }
     b->next = NULL;
