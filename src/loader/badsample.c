@@ -188,12 +188,12 @@ void stoke__bad_account(stoke_loader *l, stoke_batch *b)
     const stoke__bad *over = NULL;
     for (size_t i = 0; i < b->bad.n; i++) {
         const stoke__bad *e = &b->bad.v[i];
-        l->st_bad++;
+        l->st.bad_samples++;
         quarantine(l, b, e);
         if (e->action == STOKE_ON_ERROR_ERROR)
             continue;
-        l->st_skipped += e->action == STOKE_ON_ERROR_SKIP;
-        l->st_replaced += e->action == STOKE_ON_ERROR_REPLACE;
+        l->st.skipped_samples += e->action == STOKE_ON_ERROR_SKIP;
+        l->st.replaced_samples += e->action == STOKE_ON_ERROR_REPLACE;
         l->bad_epoch++;
         if (l->bad_epoch > budget(l, l->bad_epoch_samples + l->bad_epoch) && !over)
             over = e;
@@ -214,14 +214,6 @@ void stoke__bad_account(stoke_loader *l, stoke_batch *b)
                "too many bad samples: %" PRIu64 " this epoch, "
                "the budget is %s; the last one: %s",
                l->bad_epoch, lim, over->msg);
-}
-
-void stoke__bad_stats(const stoke_loader *l, stoke_loader_stats *s)
-{
-    s->bad_samples = l->st_bad;
-    s->skipped_samples = l->st_skipped;
-    s->replaced_samples = l->st_replaced;
-    s->quarantined = l->nquar;
 }
 
 void stoke__bad_destroy(stoke_loader *l)

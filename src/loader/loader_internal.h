@@ -437,10 +437,10 @@ struct stoke_loader {
     /* Bumped (release) with `mu` held whenever workers might find work: they spin on it. */
     _Atomic uint64_t work_events;
     stoke__autotune autotune; /* (mu) auto: the hill climb over nact (autotune.c) */
-    /* statistics (mu) */
-    uint64_t st_samples, st_batches, st_bytes, st_pinned, st_pageable, st_dcopies, st_dbytes;
-    uint64_t st_derrors, st_assisted, st_truncated;
-    uint64_t st_helped;     /* (mu) of st_assisted, those made while a worker made the one needed */
+    /* statistics (mu): the counts of stoke_loader_stats (get_stats fills in the rest) */
+    stoke_loader_stats st;
+    uint64_t st_helped;     /* (mu) of st.assisted_batches, those made while a worker made the
+                               one needed */
     uint64_t st_work_wakes; /* (mu) broadcasts on work_cv by wake_workers (tests) */
     uint64_t st_wait_ns, st_busy_ns;
     stoke__hist wait_hist;
@@ -452,7 +452,6 @@ struct stoke_loader {
     size_t nquar, quar_cap;
     uint64_t bad_gen;                      /* the gen the per-epoch counts below belong to */
     uint64_t bad_epoch, bad_epoch_samples; /* handled bad samples / delivered samples this run */
-    uint64_t st_bad, st_skipped, st_replaced;
     struct stoke__proc *proc; /* worker_mode processes (procworker.c); NULL for threads */
     unsigned fork_gen;        /* stoke__fork_gen() at create */
     int pid;                  /* the process that created it */
@@ -640,8 +639,6 @@ stoke__bad *stoke__bad_append(stoke_batch *b);
 /* (mu) Consumer, for each batch taken from the done list: moves b->bad to the quarantine and the
  * counts, and fails a good batch that takes the epoch past the budget. */
 void stoke__bad_account(stoke_loader *l, stoke_batch *b);
-/* (mu) Copies the counts into the stats. */
-void stoke__bad_stats(const stoke_loader *l, stoke_loader_stats *s);
 /* Frees the batches' lists and the quarantine (destroy). */
 void stoke__bad_destroy(stoke_loader *l);
 /* worker.c: one sample into slot j (see worker.c). */

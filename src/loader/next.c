@@ -34,17 +34,17 @@ static void delivered(stoke_loader *l, stoke_batch *b)
         while (l->prefix < l->nbatches && (l->bits[l->prefix / 8] >> (l->prefix % 8)) & 1u)
             l->prefix++;
     }
-    l->st_batches++;
-    l->st_samples += b->count;
-    l->st_truncated += b->truncated;
-    l->st_bytes += b->bytes;
+    l->st.batches++;
+    l->st.samples += b->count;
+    l->st.truncated_samples += b->truncated;
+    l->st.bytes += b->bytes;
     if (b->pinned)
-        l->st_pinned++;
+        l->st.pinned_batches++;
     else
-        l->st_pageable++;
+        l->st.pageable_batches++;
     if (l->device_mode) {
-        l->st_dcopies++;
-        l->st_dbytes += b->bytes;
+        l->st.device_copies++;
+        l->st.device_bytes += b->bytes;
     }
     stoke__loader_wake_workers(l, 0);
 }
@@ -288,7 +288,7 @@ static int next_threaded(stoke_loader *l, stoke_batch **bp, uint64_t *t0)
         int why = assist_wanted(l);
         if (why) { /* a group when batches are tiny, as a worker takes (make_group) */
             int n = stoke__loader_make_group(l, &l->caller, NULL);
-            l->st_assisted += (uint64_t)n;
+            l->st.assisted_batches += (uint64_t)n;
             l->st_helped += why == 2 ? (uint64_t)n : 0;
             spun = 0;
             continue;

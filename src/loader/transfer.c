@@ -98,7 +98,7 @@ int stoke__loader_device_failed(stoke_loader *l, stoke_batch *b, int rc, const c
     stoke__loader_lock(l);
     if (!b->dev_failed) {
         b->dev_failed = 1;
-        l->st_derrors++;
+        l->st.device_errors++;
     }
     stoke__loader_unlock(l);
     return stoke__loader_fail(l, rc, "loader: %s %s %s device %s failed: %s (%s)", op, what, prep,
