@@ -136,22 +136,13 @@ void stoke__loader_check(stoke_loader *l)
 {
     checker c = {l, 0};
     atomic_fetch_add_explicit(&stoke__loader_checks, 1, memory_order_relaxed);
-    if (!l->bat || !l->free_v || !l->nbuf)
-        return; /* create failed before the batches existed */
-    /* create failed after allocating them, before fill_pools: nothing free, nothing out (once
-     * filled, a FREE batch is always in free_v, so this is never a running loader) */
-    if (!l->nfree && !l->filling && !l->held && !l->done && state_of(&l->bat[0]) == STOKE__B_FREE &&
-        !l->bat[0].host && !l->free_s)
-        return;
-    unsigned char small[512], *where = small;
+    /* (l's create got as far as the pools: the destroy of a failed one takes no lock) */
+    unsigned char small[512] = {0}, *where = small;
     size_t need = 2 * (size_t)l->nbuf; /* batches, then slots */
     if (need > sizeof(small) && !(where = calloc(need, 1))) {
         fprintf(stderr, "stoke: loader check: out of memory, skipped\n");
         return;
     }
-    if (where == small)
-        for (size_t i = 0; i < need; i++)
-            small[i] = 0;
     /* the containers */
     if (l->nfree < 0 || l->nfree > l->nbuf)
         broken(&c, "nfree %d is outside [0, %d]", l->nfree, l->nbuf);

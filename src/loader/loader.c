@@ -398,7 +398,6 @@ static stoke_loader *loader_new(const stoke_loader_opts *o, const stoke_dataset 
     pthread_cond_init(&l->work_cv, NULL);
     cond_init_mono(&l->done_cv);
     l->done_tail = &l->done;
-    l->sync_ready = 1;
     l->fork_gen = stoke__fork_gen();
     l->pid = (int)getpid();
     return l;
@@ -743,6 +742,7 @@ int stoke_loader_create(const stoke_loader_opts *o, stoke_dataset *ds, stoke_loa
         return rc;
     }
     fill_pools(l);
+    l->created = 1;
     l->seed = l->o.seed;
     stoke__loader_lock(l); /* (mu) for set_position; no other thread yet, the check runs */
     stoke__loader_set_position(l, l->o.epoch, 0);
@@ -767,7 +767,7 @@ void stoke_loader_destroy(stoke_loader *l)
     stoke__saved_error saved;
     stoke__error_save(&saved);
     int forked = stoke__loader_forked(l);
-    if (l->sync_ready && !forked) {
+    if (l->created && !forked) {
         stoke__loader_lock(l);
         stoke__loader_abandon(l);
         stoke__loader_unlock(l);

@@ -446,7 +446,7 @@ struct stoke_loader {
     stoke__hist wait_hist;
 
     char err[1024]; /* consumer only */
-    int sync_ready; /* consumer only: mu and the conditions exist */
+    int created;    /* consumer only: create got as far as the pools (destroy stops it) */
     /* bad samples (badsample.c), all (mu) */
     stoke_bad_sample *quar; /* the quarantine */
     size_t nquar, quar_cap;

@@ -213,44 +213,40 @@ static void zygote_spawn(stoke_loader *l, int zfd, const zreq *q, pid_t *pids, i
 {
     zrep rep = {.pid = -1, .seq = q->seq};
     int sv[2] = {-1, -1};
+    pid_t zygote = getpid(), pid = -1;
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
         rep.err = errno;
-        (void)stoke__sendmsg_fd(zfd, &rep, sizeof(rep), -1);
-        return;
-    }
-    pid_t zygote = getpid();
-    if (l->ds.fork_prepare)
-        l->ds.fork_prepare(l->ds.user);
-    pid_t pid = fork();
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != zygote)
-            _exit(0);
-        sigaction(ZSIG, &z_old_action, NULL);
-        sigprocmask(SIG_SETMASK, &z_old_mask, NULL);
-        close(zfd);
-        close(sv[0]);
-        if (l->ds.fork_child)
-            l->ds.fork_child(l->ds.user, q->worker);
-        child_main(l, q->worker, sv[1], zygote);
-        _exit(0);
-    }
-    if (l->ds.fork_parent)
-        l->ds.fork_parent(l->ds.user);
-    close(sv[1]);
-    if (pid < 0) {
-        rep.err = errno;
-        (void)stoke__sendmsg_fd(zfd, &rep, sizeof(rep), -1);
     } else {
-        rep.pid = (int32_t)pid;
-        for (int i = 0; i < npids; i++)
-            if (pids[i] <= 0) {
-                pids[i] = pid;
-                break;
-            }
-        (void)stoke__sendmsg_fd(zfd, &rep, sizeof(rep), sv[0]);
+        if (l->ds.fork_prepare)
+            l->ds.fork_prepare(l->ds.user);
+        pid = fork();
+        if (pid == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            if (getppid() != zygote)
+                _exit(0);
+            sigaction(ZSIG, &z_old_action, NULL);
+            sigprocmask(SIG_SETMASK, &z_old_mask, NULL);
+            close(zfd);
+            close(sv[0]);
+            if (l->ds.fork_child)
+                l->ds.fork_child(l->ds.user, q->worker);
+            child_main(l, q->worker, sv[1], zygote);
+            _exit(0);
+        }
+        rep.err = pid < 0 ? errno : 0; /* (before the hook, which may change errno) */
+        if (l->ds.fork_parent)
+            l->ds.fork_parent(l->ds.user);
+        close(sv[1]);
     }
-    close(sv[0]);
+    for (int i = 0; pid > 0 && i < npids; i++)
+        if (pids[i] <= 0) {
+            pids[i] = pid;
+            break;
+        }
+    rep.pid = pid > 0 ? (int32_t)pid : -1;
+    (void)stoke__sendmsg_fd(zfd, &rep, sizeof(rep), pid > 0 ? sv[0] : -1);
+    if (sv[0] >= 0)
+        close(sv[0]);
 }
 
 int stoke__proc_reap(pid_t pid, int kill_it, uint64_t grace_ns, int *st)

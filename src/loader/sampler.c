@@ -514,12 +514,7 @@ int stoke_sampler_create(const stoke_sampler_opts *o, uint64_t dataset_len, stok
             goto fail;
         }
         s->distributed = 1;
-        if (o->drop_last)
-            s->len = s->base_len / s->world;
-        else
-            s->len = (s->base_len + s->world - 1) / s->world;
-        if (s->base_len == 0)
-            s->len = 0;
+        s->len = (s->base_len + (o->drop_last ? 0 : s->world - 1)) / s->world;
     }
     *out = s;
     return STOKE_OK;
