@@ -233,7 +233,7 @@ static int wait_done(stoke_loader *l)
  * that is not starved never waits, so never helps.  Not with a timeout (timeout_ms): the consumer
  * stays free to watch the workers' samples.  3 KB rows, batch 256, 2 workers on 2 cores, 6
  * alternating runs: median 2.8 -> 3.85 M samples/s.  Batches under 20 us were first left to the
- * spin (spin_for_event): on 2 cores that spin is a sched_yield loop beside two busy workers, and
+ * consumer's spin: on 2 cores that spin is a sched_yield loop beside two busy workers, and
  * helping instead took batch size 1 with 1 worker from 1.36 to 2.67 M/s, with 2 from 2.1 to 2.6,
  * batch 4 with 2 workers from 2.2 to 3.9, batch 16 from 3.6 to 5.1 (3 KB rows, medians of 3
  * alternating runs; batch 64 the same).  Such batches are made with worker id nworkers. */
