@@ -501,7 +501,7 @@ extern int stoke__test_break;
 #define STOKE__MU_TAKEN(l)                                                                         \
     atomic_store_explicit(&(l)->mu_owner, stoke__loader_me(), memory_order_relaxed)
 #define STOKE__MU_RELEASING(l)                                                                     \
-    (STOKE__LOADER_ASSERT_MU(l), stoke__loader_check(l),                                         \
+    (STOKE__LOADER_ASSERT_MU(l), stoke__loader_check(l),                                           \
      atomic_store_explicit(&(l)->mu_owner, 0, memory_order_relaxed))
 #else
 #define STOKE__MU_TAKEN(l)     ((void)0)

@@ -491,8 +491,7 @@ void stoke__loader_notify(stoke_loader *l)
 }
 
 /* (mu) Takes the next batch for producer p (it could dispatch).  May drop `mu` briefly. */
-static stoke_batch *dispatch(stoke_loader *l, stoke__producer *p, uint64_t *seed,
-                             uint64_t *epoch)
+static stoke_batch *dispatch(stoke_loader *l, stoke__producer *p, uint64_t *seed, uint64_t *epoch)
 {
     stoke__worker *w = p->share;
     STOKE__LOADER_ASSERT_MU(l);
