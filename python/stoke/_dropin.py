@@ -260,7 +260,7 @@ class _Collator:
         if isinstance(elem, int):
             return torch.tensor(batch) if torch is not None else np.array(batch)
         if isinstance(elem, (str, bytes)):
-            return list(batch)
+            return batch  # as default_collate: the list, or a column of a tuple sample
         if isinstance(elem, _abc.Mapping):
             out = {}
             for key in elem:
@@ -276,13 +276,13 @@ class _Collator:
             except TypeError:
                 return out
         if _is_namedtuple(elem):
-            return type(elem)(*(self._unpad(self.collate(block, list(s), _sub(path, i)))
+            return type(elem)(*(self._unpad(self.collate(block, s, _sub(path, i)))
                                 for i, s in enumerate(zip(*batch))))
         if isinstance(elem, _abc.Sequence):
             n = len(elem)
             if any(len(e) != n for e in batch):
                 raise RuntimeError("each element in list of batch should be of equal size")
-            cols = [self._unpad(self.collate(block, list(s), _sub(path, i)))
+            cols = [self._unpad(self.collate(block, s, _sub(path, i)))
                     for i, s in enumerate(zip(*batch))]
             if isinstance(elem, tuple):
                 return cols
@@ -290,7 +290,7 @@ class _Collator:
                 return type(elem)(cols)
             except TypeError:
                 return cols
-        return list(batch)  # None and other objects: passed through as a list
+        return batch  # None and other objects: passed through (torch raises a TypeError)
 
     @staticmethod
     def _unpad(v):
@@ -314,6 +314,8 @@ def _convert(x):
     if torch is None:
         return x
     if np is not None and isinstance(x, np.ndarray) and x.dtype.kind in _NP_KINDS:
+        return torch.as_tensor(x)
+    if np is not None and isinstance(x, (np.number, np.bool_)):
         return torch.as_tensor(x)
     if isinstance(x, _abc.Mapping):
         try:
@@ -445,6 +447,7 @@ class _Writer:
         self.seeded_epoch = None
         self.iters = {}
         self.iter_lock = threading.Lock()
+        self.fill_lock = threading.Lock()
         self.warned_over = False
         self.warned_copy = False
         self.plan = None
@@ -589,6 +592,7 @@ class _Writer:
         for j in indices:
             where[0] = j
             out.append(self.dataset[j])
+        where[0] = None  # collate's errors are the batch's, not its last sample's
         return out
 
     def write(self, block, samples, indices):
@@ -607,6 +611,14 @@ class _Writer:
         return block.finish(self.collator(block, samples))
 
     def fill(self, i, worker, view):
+        if not self.processes and self.num_workers > 1:
+            # Worker threads share the interpreter's globals (RNGs): one batch at a time, so
+            # that a dataset reseeding a global RNG per item delivers exactly ds[i].
+            with self.fill_lock:
+                return self.fill_one(i, worker, view)
+        return self.fill_one(i, worker, view)
+
+    def fill_one(self, i, worker, view):
         if self.iter_map:
             r = self.next_fill(worker, view)
             if r == 0:
@@ -663,6 +675,7 @@ class _Writer:
         tb = traceback.format_exc()
         try:
             payload = pickle.dumps((e, tb, index, os.getpid(), worker))
+            pickle.loads(payload)  # an __init__ with other arguments than args fails here
         except Exception:  # noqa: BLE001 - an exception that does not pickle
             payload = pickle.dumps((RuntimeError("%s: %s" % (type(e).__name__, e)), tb, index,
                                     os.getpid(), worker))
@@ -756,7 +769,10 @@ class _Writer:
             data = self.plan.mail_take(-1)
         if data is None:
             return None
-        exc, tb, index, pid, worker = pickle.loads(data)
+        try:
+            exc, tb, index, pid, worker = pickle.loads(data)
+        except Exception:  # noqa: BLE001 - checked by the worker; a class that changed since
+            return None
         where = "in stoke worker %d (pid %d)" % (worker, pid) if pid != os.getpid() else \
             "in the loading thread"
         note = "%s, batch %s%s:\n%s" % (
@@ -787,6 +803,9 @@ def _tensor_rows(dataset):
     return ts
 
 
+_PROBE_FALLBACK = 8 << 20
+
+
 def _probe(w):
     """The bytes of the first batch, made in a forked child so that the dataset's state in
     this process (files opened lazily by __getitem__, an iterator) stays as the user left it,
@@ -797,11 +816,11 @@ def _probe(w):
         code = 0
         try:
             os.close(r)
-            w.worker = 0 if w.iterable else -3
-            if w.iterable and torch is not None:
-                from torch.utils.data._utils import worker as tw
-                tw._worker_info = tw.WorkerInfo(id=0, num_workers=max(w.num_workers, 1),
-                                                seed=0, dataset=w.dataset)
+            if w.processes:  # as worker 0 would run it: get_worker_info(), worker_init_fn
+                w.worker = 0
+                w.start_worker_epoch(0)
+            else:
+                w.worker = -3
             need = 0
             if w.iterable:
                 w.iters.clear()
@@ -824,13 +843,11 @@ def _probe(w):
     os.close(r)
     os.waitpid(pid, 0)
     text = b"".join(chunks).decode()
-    if text.startswith("E"):
-        exc, tb = pickle.loads(bytes.fromhex(text[1:]))
-        if hasattr(exc, "add_note"):
-            exc.add_note("while stoke measured the first batches (a forked child):\n" + tb)
-        raise exc
-    if not text:
-        raise RuntimeError("stoke: measuring the first batches failed (the child died)")
+    if text.startswith("E") or not text:
+        # The first batch fails (a bad sample, a worker_init_fn that needs more than worker
+        # 0's start): the iteration will raise it, naming the sample, as torch does; the block
+        # gets a size that fits most batches.
+        return _PROBE_FALLBACK
     return int(text)
 
 
