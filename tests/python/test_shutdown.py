@@ -1,6 +1,7 @@
 """A process that leaves a DataLoader over a Python dataset mid-epoch (workers calling
 __getitem__: worker processes, the default, or worker_mode="threads") exits cleanly: exit code
-0, nothing on stderr, within the time limit; threads are stopped before the interpreter
+0, nothing on stderr (the one ThreadsWarning of 2 worker threads is caught and checked),
+within the time limit; threads are stopped before the interpreter
 finalizes, and no worker process outlives it."""
 import ctypes
 import os
@@ -12,7 +13,7 @@ import stoke_testlib as T
 
 T.need("numpy", "torch")
 CHILD = r"""
-import sys, time, numpy as np, stoke
+import sys, time, warnings, numpy as np, stoke
 class Slow:
     def __len__(self): return 10000
     def __getitem__(self, i):
@@ -20,10 +21,14 @@ class Slow:
         return np.full(4, i, dtype=np.int64)
 mode, workers = sys.argv[1], sys.argv[2]
 keep = []
+warned = []
 for persistent in (False, True):
-    loader = stoke.DataLoader(Slow(), batch_size=4, num_workers=2, pin_memory=False,
-                              persistent_workers=persistent, prefetch_factor=4,
-                              worker_mode=workers)
+    with warnings.catch_warnings(record=True) as w:  # 2 threads: a ThreadsWarning, not stderr
+        warnings.simplefilter("always")
+        loader = stoke.DataLoader(Slow(), batch_size=4, num_workers=2, pin_memory=False,
+                                  persistent_workers=persistent, prefetch_factor=4,
+                                  worker_mode=workers)
+    warned += [x.category for x in w]
     it = iter(loader)
     b = next(it)
     assert b[:, 0].tolist() == [0, 1, 2, 3] and b.shape == (4, 4), b
@@ -31,6 +36,7 @@ for persistent in (False, True):
     assert b[:, 0].tolist() == [4, 5, 6, 7], b
     keep.append((loader, it, b) if mode == "batch" else (loader, it))
     del b
+assert warned == ([stoke.ThreadsWarning] if workers == "threads" else []), warned
 if mode == "del":
     keep.clear()
 print("leaving", flush=True)
