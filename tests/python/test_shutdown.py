@@ -1,8 +1,8 @@
 """A process that leaves a DataLoader over a Python dataset mid-epoch (workers calling
 __getitem__: worker processes, the default, or worker_mode="threads") exits cleanly: exit code
 0, nothing on stderr (the one ThreadsWarning of 2 worker threads is caught and checked),
-within the time limit; threads are stopped before the interpreter
-finalizes, and no worker process outlives it."""
+within the time limit; threads are stopped before the interpreter finalizes, and no worker
+process outlives it."""
 import ctypes
 import os
 import subprocess
