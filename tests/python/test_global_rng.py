@@ -1,13 +1,15 @@
 """A Python dataset that reseeds torch's global RNG per item (torch.manual_seed(i) then draws,
 as torchvision's FakeData does) delivers exactly ds[i] for every sample -- what
 torch.utils.data.DataLoader delivers for it -- with 2 worker processes (each its own RNG), 2
-worker threads (__getitem__ calls run one at a time: before, 24-210 of 512 labels differed,
-the threads' seed-and-draw sequences interleaving) and in the caller's thread.  Where
-__getitem__ runs: in worker processes only (never this process, not even at construction);
-with worker_mode="threads" and num_workers=1 in one thread that is not the caller's; with
-num_workers=0 in the caller's thread."""
+and 3 worker threads (__getitem__ calls run one at a time: before, 24-210 of 512 labels
+differed, the threads' seed-and-draw sequences interleaving) and in the caller's thread.
+Threads sharing the interpreter give one stoke.ThreadsWarning per process (2 or more threads;
+none for processes, one thread or none).  Where __getitem__ runs: in worker processes only
+(never this process, not even at construction); with worker_mode="threads" and num_workers=1
+in one thread that is not the caller's; with num_workers=0 in the caller's thread."""
 import os
 import threading
+import warnings
 
 import stoke_testlib as T
 
@@ -68,9 +70,22 @@ def check_exact(ds, **kw):
 
 
 FAILED = []  # every mode is checked before the test fails
-for kw in MODES:
-    check_exact(Reseeding(), **kw)
-    check_exact(FakeDataLike(), **kw)
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    # no ThreadsWarning for processes, one thread or the caller's thread ...
+    for kw in ({"num_workers": 2}, {"num_workers": 1, "worker_mode": "threads"},
+               {"num_workers": 0, "worker_mode": "threads"}):
+        stoke.DataLoader(Reseeding(), batch_size=8, pin_memory=False, **kw)
+    T.check(not [x for x in w if issubclass(x.category, stoke.ThreadsWarning)],
+            "a ThreadsWarning without 2 threads: %s" % [str(x.message) for x in w])
+    for kw in MODES:
+        check_exact(Reseeding(), **kw)
+        check_exact(FakeDataLike(), **kw)
+# ... one in the process for 2 or more threads, at the first such loader
+mine = [str(x.message) for x in w if issubclass(x.category, stoke.ThreadsWarning)]
+T.check(len(mine) == 1, "ThreadsWarnings: %s" % mine)
+T.check(issubclass(stoke.ThreadsWarning, RuntimeWarning), "not a RuntimeWarning")
+T.check("Reseeding" in mine[0] and "2 worker threads" in mine[0], mine[0])
 
 
 class Where:
