@@ -51,7 +51,9 @@ class _End:
     def __init__(self, worker):
         self.worker = worker
 HDR = 64
-MAILBOX = 1 << 16
+MAILBOX = 1 << 16                   # a worker's mailbox: MAIL_ENTRIES failures
+MAIL_ENTRIES = 4
+MAIL_ENTRY = MAILBOX // MAIL_ENTRIES
 _NP_KINDS = "biufc"  # numeric and bool arrays go into the block; others are pickled
 
 
@@ -394,21 +396,31 @@ class _Plan:
         return int(self.head[self.H_SEED])
 
     def mail_put(self, worker, batch, payload):
+        """Keeps a failure for the consumer in one of the worker's MAIL_ENTRIES entries, the
+        first free one: a worker goes on loading after a failure, and the consumer wants the
+        first (in-order) one, so a full mailbox keeps what it has."""
         slot = min(max(worker, 0), self.nmail - 1)
-        off = self.off_mail + slot * MAILBOX
-        payload = payload[:MAILBOX - 16]
-        self.mm[off + 16:off + 16 + len(payload)] = payload
-        struct.pack_into("<QQ", self.mm, off, batch + 1, len(payload))
+        for k in range(MAIL_ENTRIES):
+            off = self.off_mail + slot * MAILBOX + k * MAIL_ENTRY
+            if struct.unpack_from("<Q", self.mm, off)[0] == 0:
+                self.mm[off + 16:off + 16 + len(payload)] = payload
+                struct.pack_into("<QQ", self.mm, off, batch + 1, len(payload))
+                return
 
     def mail_take(self, batch):
         for slot in range(self.nmail):
-            off = self.off_mail + slot * MAILBOX
-            b1, n = struct.unpack_from("<QQ", self.mm, off)
-            if b1 == batch + 1 and n:
-                data = bytes(self.mm[off + 16:off + 16 + n])
-                struct.pack_into("<QQ", self.mm, off, 0, 0)
-                return data
+            for k in range(MAIL_ENTRIES):
+                off = self.off_mail + slot * MAILBOX + k * MAIL_ENTRY
+                b1, n = struct.unpack_from("<QQ", self.mm, off)
+                if b1 == batch + 1 and n:
+                    data = bytes(self.mm[off + 16:off + 16 + n])
+                    struct.pack_into("<QQ", self.mm, off, 0, 0)
+                    return data
         return None
+
+    def mail_clear(self):
+        """At an epoch's start (no worker is loading): failures nobody took are stale."""
+        self.mm[self.off_mail:self.off_offs] = bytes(self.off_offs - self.off_mail)
 
 
 def _permutation(n, seed, epoch):
@@ -529,6 +541,7 @@ class _Writer:
     def set_epoch(self, epoch, _unused=0):
         try:
             if self.worker == -2:
+                self.plan.mail_clear()
                 seed = self.base_seed_for()
                 if self.iterable:
                     self.plan.head[_Plan.H_EPOCH] = epoch
@@ -673,12 +686,16 @@ class _Writer:
 
     def keep_error(self, i, e, index, worker=0):
         tb = traceback.format_exc()
+        if len(tb) > MAIL_ENTRY // 2:
+            tb = "...\n" + tb[-(MAIL_ENTRY // 2):]
         try:
             payload = pickle.dumps((e, tb, index, os.getpid(), worker))
             pickle.loads(payload)  # an __init__ with other arguments than args fails here
         except Exception:  # noqa: BLE001 - an exception that does not pickle
-            payload = pickle.dumps((RuntimeError("%s: %s" % (type(e).__name__, e)), tb, index,
-                                    os.getpid(), worker))
+            payload = b""
+        if not payload or len(payload) > MAIL_ENTRY - 16:
+            text = ("%s: %s" % (type(e).__name__, e))[:MAIL_ENTRY // 4]
+            payload = pickle.dumps((RuntimeError(text), tb, index, os.getpid(), worker))
         self.plan.mail_put(worker if worker >= 0 else 0, i, payload)
 
     # -- the consumer's side --

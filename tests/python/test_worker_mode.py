@@ -60,7 +60,9 @@ for (pi, pd, pl), (ti, td, tl) in zip(proc, thr):
 class Rows:
     """Each sample: (index, pid, worker id, the worker's seed, the row).  In a worker process
     (get_worker_info() set) the first sample waits until every worker has reached its own
-    first sample: a worker that ran alone would break the barrier after 30 s."""
+    first sample: a worker that ran alone would break the barrier after 30 s.  (The loaders
+    below pass max_batch_bytes: without it, construction measures the first batch in a forked
+    child of its own, whose first sample would wait at the barrier alone.)"""
 
     def __init__(self, barrier=None):
         self.barrier = barrier
@@ -93,7 +95,8 @@ ref = [[t.clone() for t in b] for b in TorchLoader(Rows(), batch_size=16)]
 ME = os.getpid()
 for kw in ({"num_workers": 2}, {"num_workers": 2, "worker_mode": "processes"}):
     barrier = multiprocessing.get_context("fork").Barrier(2, timeout=30)
-    got, during = py_batches(Rows(barrier), generator=torch.Generator().manual_seed(7), **kw)
+    got, during = py_batches(Rows(barrier), generator=torch.Generator().manual_seed(7),
+                             max_batch_bytes=1 << 20, **kw)
     T.check(during > 0, "%s: no child process while loading" % kw)
     T.check(children() == 0, "%s: %d child processes left after the loader" % (kw, children()))
     T.check(len(got) == len(ref) == 10, "%s: batches %d" % (kw, len(got)))
