@@ -26,6 +26,7 @@ lock = threading.Lock()
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body are two writes: no 40 ms delayed ACK
 
     def log_message(self, fmt, *args):
         sys.stdout.write("%s %s\n" % (self.headers.get("Range"), fmt % args))

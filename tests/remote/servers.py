@@ -39,11 +39,11 @@ def wait_port(port, proc, what, timeout=20.0):
 
 
 class Server:
-    def __init__(self, proc, port, logs):
-        self.proc, self.port, self.logs = proc, port, logs
+    def __init__(self, proc, port, logs, scheme="http"):
+        self.proc, self.port, self.logs, self.scheme = proc, port, logs, scheme
 
     def url(self, path=""):
-        return "http://127.0.0.1:%d/%s" % (self.port, path.lstrip("/"))
+        return "%s://127.0.0.1:%d/%s" % (self.scheme, self.port, path.lstrip("/"))
 
     def log(self):
         out = ""
@@ -80,15 +80,32 @@ http {{
     keepalive_requests 100000;
     default_type application/octet-stream;
     server {{
-        listen 127.0.0.1:{port};
+        listen 127.0.0.1:{port}{tls};
         root {root};
     }}
 }}
 """
 
+TLS = """ ssl;
+        ssl_certificate {cert};
+        ssl_certificate_key {key}"""
 
-def start_nginx(root, prefix):
-    """nginx as the current user, in the foreground, serving root on a free port."""
+
+def make_cert(workdir):
+    """A self-signed certificate for 127.0.0.1 (openssl): (cert.pem, key.pem)."""
+    exe = shutil.which("openssl")
+    if not exe:
+        raise Unavailable("openssl is not installed")
+    cert, key = os.path.join(workdir, "cert.pem"), os.path.join(workdir, "key.pem")
+    subprocess.run([exe, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", key, "-out", cert], check=True, capture_output=True)
+    return cert, key
+
+
+def start_nginx(root, prefix, tls=None):
+    """nginx as the current user, in the foreground, serving root on a free port; https with
+    tls=(cert, key)."""
     exe = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx")
                                     else None)
     if not exe:
@@ -98,12 +115,14 @@ def start_nginx(root, prefix):
         port = free_port()
         conf = os.path.join(prefix, "nginx.conf")
         with open(conf, "w") as f:
-            f.write(NGINX_CONF.format(prefix=prefix, port=port, root=os.path.abspath(root)))
+            f.write(NGINX_CONF.format(prefix=prefix, port=port, root=os.path.abspath(root),
+                                      tls=TLS.format(cert=tls[0], key=tls[1]) if tls else ""))
         log = open(os.path.join(prefix, "stderr.log"), "w")
         proc = subprocess.Popen([exe, "-p", prefix, "-c", conf, "-e", prefix + "/error.log"],
                                 stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         if wait_port(port, proc, "nginx"):
-            return Server(proc, port, [os.path.join(prefix, "error.log")])
+            return Server(proc, port, [os.path.join(prefix, "error.log")],
+                          "https" if tls else "http")
         proc.wait()  # the port was taken in between: another one
     raise Unavailable("nginx did not start: %s" % open(os.path.join(prefix, "stderr.log")).read())
 
