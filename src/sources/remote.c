@@ -549,7 +549,8 @@ static size_t on_body(char *data, size_t size, size_t nmemb, void *ctx)
     return len;
 }
 
-/* The S3 error's <Code> and <Message> (or the start of any other body) into out. */
+/* The S3 error's <Code> and <Message>, an HTML page's <title>, or the start of any other body,
+ * into out (": text"; "" when there is none). */
 static void error_text(const xfer *x, char *out, size_t n)
 {
     out[0] = 0;
@@ -559,6 +560,11 @@ static void error_text(const xfer *x, char *out, size_t n)
         if (ce)
             stoke__fmt(out, n, ": %.*s%s%.*s", (int)(ce - c - 6), c + 6, me ? ": " : "",
                        me ? (int)(me - m - 9) : 0, me ? m + 9 : "");
+        return;
+    }
+    const char *t = strstr(x->err, "<title>"), *te = t ? strstr(t, "</title>") : NULL;
+    if (te) { /* an HTML error page: its title */
+        stoke__fmt(out, n, ": %.*s", (int)(te - t - 7), t + 7);
         return;
     }
     size_t k = 0;
