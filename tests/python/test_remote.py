@@ -77,6 +77,9 @@ try:
     # --- equal to the local shards: 0 and 2 workers, shuffled, two ranks -------------------
     same_as_local(base, root, "nginx", "--workers", "0")
     same_as_local(base, root, "nginx", "--workers", "2", "--shuffle", "--seed", "11")
+    # worker processes: each drops the handles it inherited (fork hooks) and connects anew
+    same_as_local(base, root, "nginx, worker processes", "--workers", "2", "--shuffle",
+                  "--worker-mode=processes", orders=ORDERS[1:2])
     for rank in ("0", "1"):  # both runs, local and remote, as rank R of 2
         os.environ.update(RANK=rank, WORLD_SIZE="2")
         same_as_local(base, root, "nginx rank " + rank, "--workers", "2", "--shuffle",
