@@ -221,11 +221,30 @@ RS_AVX2 static void h_avx2(const stoke__rs_plan *p, const uint8_t *src, uint8_t 
                                  5, 6, 8, 9, 10, 12, 13, 14, 3, 7, 11, 15);
         gather = _mm256_setr_epi32(0, 1, 2, 4, 5, 6, 3, 7);
     }
+    const __m256i pick2 = _mm256_setr_epi8(6, -1, 9, -1, 7, -1, 10, -1, 8, -1, 11, -1, -1, -1, -1,
+                                           -1, 6, -1, 9, -1, 7, -1, 10, -1, 8, -1, 11, -1, -1, -1,
+                                           -1, -1);
     const __m256i *w = (const __m256i *)(const void *)p->hw;
     for (int g = 0; g < groups; g++) {
         const int32_t *off = p->hoff + 8 * g;
         __m256i acc[4] = {half, half, half, half};
-        for (int q = 0; q < pairs; q++, w += 4) {
+        int q = 0;
+        /* two pairs (4 taps, 12 bytes) from one 16-byte load per pixel */
+        for (; q + 1 < pairs; q += 2, w += 8) {
+            const size_t t = 6 * (size_t)q;
+            for (int j = 0; j < 4; j++) {
+                __m128i lo = _mm_loadu_si128((const __m128i *)(const void *)(src + off[j] + t));
+                __m128i hi =
+                    _mm_loadu_si128((const __m128i *)(const void *)(src + off[j + 4] + t));
+                __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+                __m256i s0 = _mm256_madd_epi16(_mm256_shuffle_epi8(v, pick),
+                                               _mm256_loadu_si256(w + j));
+                __m256i s1 = _mm256_madd_epi16(_mm256_shuffle_epi8(v, pick2),
+                                               _mm256_loadu_si256(w + 4 + j));
+                acc[j] = _mm256_add_epi32(acc[j], _mm256_add_epi32(s0, s1));
+            }
+        }
+        if (q < pairs) { /* the last pair: an 8-byte load */
             const size_t t = 6 * (size_t)q;
             for (int j = 0; j < 4; j++) {
                 __m128i lo = _mm_loadl_epi64((const __m128i *)(const void *)(src + off[j] + t));
@@ -235,6 +254,7 @@ RS_AVX2 static void h_avx2(const stoke__rs_plan *p, const uint8_t *src, uint8_t 
                 v = _mm256_shuffle_epi8(v, pick);
                 acc[j] = _mm256_add_epi32(acc[j], _mm256_madd_epi16(v, _mm256_loadu_si256(w + j)));
             }
+            w += 4;
         }
         for (int j = 0; j < 4; j++)
             acc[j] = _mm256_srai_epi32(acc[j], STOKE__RS_BITS);
