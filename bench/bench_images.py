@@ -23,7 +23,12 @@
    children; for torchvision, of its Python process and its workers): on a shared machine
    the CPU-second figure is the one that does not depend on what else runs.  Target: >= 400.
 4. Also f32 normalized output (dtype=f32,mean=..,std=..) against ToTensor()+Normalize(...).
-5. The same JPEGs packed as WebDataset tar shards (500 samples a shard, members NNNNNN.jpg and
+5. The decoder's limit: build/bench/bench_decode (bench/bench_decode.c) decodes the same files
+   with libjpeg-turbo alone at stoke's DCT scale, column crop and rows (the train crops of
+   epoch 0, seed 0: the ones `stoke load` decodes), one thread, from memory, no resampling;
+   stoke's images per CPU-second as a fraction of that (target >= 0.8), and the probe's own
+   figure for stoke's decode + resample on one thread (no loader, no file reads).
+6. The same JPEGs packed as WebDataset tar shards (500 samples a shard, members NNNNNN.jpg and
    NNNNNN.cls in the folder's canonical order, written once with Python's tarfile, ustar):
      stoke load tar:WORKDIR/shards/shard-{000000..00000K}.tar,fields=jpg:cls,train,size=224 ...
 
@@ -169,6 +174,17 @@ def run_torch(root, workers, batch, f32):
     return js["images"] / js["seconds"], js["images"] / cpu
 
 
+def run_probe(build, spec, repeat):
+    """The decode-only limit (bench/bench_decode.c) as its JSON, or None without the probe."""
+    probe = os.path.join(build, "bench", "bench_decode")
+    if not os.access(probe, os.X_OK):
+        return None
+    out = subprocess.run([probe, spec, str(repeat)], check=False, capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"bench_decode failed: {out.stderr}")
+    return json.loads(out.stdout)
+
+
 def best(fn, repeat):
     """Best wall rate and best CPU rate over `repeat` runs after a warm-up run."""
     fn()  # warm-up: page cache, imports
@@ -242,6 +258,23 @@ def main():
     print(f"  per core (target >= 400): {res['stoke_u8_1worker']:.0f} images/s with 1 worker; "
           f"{res['stoke_u8_1worker_per_cpu_s']:.0f} images per CPU-second (1 worker), "
           f"{res['stoke_u8_per_cpu_s']:.0f} ({a.workers} workers)")
+    probe = run_probe(a.build, spec_u8, a.repeat)
+    if probe is None:
+        print(f"  (no decode-limit probe at {a.build}/bench/bench_decode: build it)")
+    else:
+        lim = probe["decode_only_per_cpu_s"]
+        res["decode_only_per_cpu_s"] = lim
+        res["stoke_decode_1thread_per_cpu_s"] = probe["stoke_decode_per_cpu_s"]
+        res["fraction_of_decode_limit"] = res["stoke_u8_per_cpu_s"] / lim
+        print(f"  decoder limit (libjpeg-turbo alone, stoke's DCT scale, crop and rows, 1 thread): "
+              f"{lim:.0f} images per CPU-second")
+        print(f"  stoke u8 per CPU-second / decoder limit (target >= 0.8): "
+              f"{res['fraction_of_decode_limit']:.2f}; stoke's decode + resample alone: "
+              f"{probe['stoke_decode_per_cpu_s']:.0f} ({probe['stoke_decode_per_cpu_s'] / lim:.2f})")
+        if not a.skip_f32:
+            res["fraction_of_decode_limit_f32"] = res["stoke_f32_per_cpu_s"] / lim
+            print(f"  stoke f32 per CPU-second / decoder limit: "
+                  f"{res['fraction_of_decode_limit_f32']:.2f}")
     out = a.out or os.path.join(
         a.workdir, "bench_images_noise.json" if a.noise else "bench_images.json")
     with open(out, "w") as f:
