@@ -87,7 +87,8 @@ int main(int argc, char **argv)
     const size_t n = (size_t)ds.length(ds.user);
     unsigned char **data = calloc(n, sizeof(*data));
     size_t *len = calloc(n, sizeof(*len));
-    const size_t out_bytes = (size_t)o.size * (size_t)o.size * 3 * (o.dtype == STOKE_DTYPE_F32 ? 4 : 1);
+    const size_t out_bytes =
+        (size_t)o.size * (size_t)o.size * 3 * (o.dtype == STOKE_DTYPE_F32 ? 4 : 1);
     void *out = malloc(out_bytes);
     if (!data || !len || !out)
         return 1;

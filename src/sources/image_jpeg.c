@@ -3,10 +3,11 @@
  * One decode: read the header; take the crop box in source pixels (image.c); pick the largest
  * DCT-domain reduction M/8 that keeps the box at least `size` pixels on both sides; start the
  * decompressor, restrict it to the box's columns (jpeg_crop_scanline), skip the rows above the
- * box (jpeg_skip_scanlines), read the box's rows only, resampling each horizontally as it
- * arrives, and stop there (rows below the box are never decoded); then resample vertically and
- * write the rows into the sample's slot.  libjpeg errors, and the warnings that mean corrupt or
- * missing image data, come back through a setjmp error manager: never exit(). */
+ * box (jpeg_skip_scanlines), read the rows the filter needs and hand each to the resampler as
+ * it arrives (image_resample.c: output rows go into the sample's slot as soon as they can be
+ * made), and stop there (rows below are never decoded).  libjpeg errors, and the warnings
+ * that mean corrupt or missing image data, come back through a setjmp error manager: never
+ * exit(). */
 #include <stddef.h>
 #include <stdint.h>
 
@@ -256,8 +257,7 @@ static int run(dec *d, const stoke__image_opts *o, const unsigned char *data, si
         jpeg_crop_scanline(ci, &xoff, &cw); /* widens to iMCU boundaries */
     }
     if (stoke__rs_plan_cols(&d->rs, bx, bw, x0, x1, (int)xoff, c.flip) != 0 ||
-        !(d->line = calloc((size_t)ci->output_width * (size_t)ci->output_components +
-                               d->rs.src_pad,
+        !(d->line = calloc((size_t)ci->output_width * (size_t)ci->output_components + d->rs.src_pad,
                            1))) {
         stoke__fmt(msg, msg_len, "out of memory decoding a %dx%d image", W, H);
         return STOKE_ENOMEM;

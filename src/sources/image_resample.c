@@ -192,12 +192,14 @@ static void h_table(stoke__rs_plan *p, int groups)
         for (int q = 0; q < p->pairs; q++)
             for (int j = 0; j < 8; j++) {
                 int i = 8 * g + j;
-                int16_t *v = p->hw + (((size_t)g * (size_t)p->pairs + (size_t)q) * 4 +
-                                      (size_t)(j & 3)) * 16 + (j >> 2) * 8;
+                int16_t *v =
+                    p->hw +
+                    (((size_t)g * (size_t)p->pairs + (size_t)q) * 4 + (size_t)(j & 3)) * 16 +
+                    (j >> 2) * 8;
                 for (int t = 0; t < 2; t++) {
                     int k = 2 * q + t;
-                    int16_t w = i < a->out && k < a->n[i] ? a->w[(size_t)i * (size_t)a->taps + k]
-                                                          : 0;
+                    int16_t w =
+                        i < a->out && k < a->n[i] ? a->w[(size_t)i * (size_t)a->taps + k] : 0;
                     v[t] = v[2 + t] = v[4 + t] = w;
                 }
                 v[6] = v[7] = 0;
@@ -213,17 +215,17 @@ RS_AVX2 static void h_avx2(const stoke__rs_plan *p, const uint8_t *src, uint8_t 
     const size_t seg = p->seg;
     __m256i order, gather;
     if (seg) { /* bytes (r g b 0) x 4 per lane -> r0-3 g0-3 b0-3; dwords -> R0-7 G0-7 B0-7 */
-        order = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15, 0, 4, 8,
-                                 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+        order = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15, 0, 4, 8, 12,
+                                 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
         gather = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     } else { /* -> (r g b) x 4 per lane; dwords -> 24 bytes of 8 pixels */
         order = _mm256_setr_epi8(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, 3, 7, 11, 15, 0, 1, 2, 4,
                                  5, 6, 8, 9, 10, 12, 13, 14, 3, 7, 11, 15);
         gather = _mm256_setr_epi32(0, 1, 2, 4, 5, 6, 3, 7);
     }
-    const __m256i pick2 = _mm256_setr_epi8(6, -1, 9, -1, 7, -1, 10, -1, 8, -1, 11, -1, -1, -1, -1,
-                                           -1, 6, -1, 9, -1, 7, -1, 10, -1, 8, -1, 11, -1, -1, -1,
-                                           -1, -1);
+    const __m256i pick2 =
+        _mm256_setr_epi8(6, -1, 9, -1, 7, -1, 10, -1, 8, -1, 11, -1, -1, -1, -1, -1, 6, -1, 9, -1,
+                         7, -1, 10, -1, 8, -1, 11, -1, -1, -1, -1, -1);
     const __m256i *w = (const __m256i *)(const void *)p->hw;
     for (int g = 0; g < groups; g++) {
         const int32_t *off = p->hoff + 8 * g;
@@ -234,13 +236,12 @@ RS_AVX2 static void h_avx2(const stoke__rs_plan *p, const uint8_t *src, uint8_t 
             const size_t t = 6 * (size_t)q;
             for (int j = 0; j < 4; j++) {
                 __m128i lo = _mm_loadu_si128((const __m128i *)(const void *)(src + off[j] + t));
-                __m128i hi =
-                    _mm_loadu_si128((const __m128i *)(const void *)(src + off[j + 4] + t));
+                __m128i hi = _mm_loadu_si128((const __m128i *)(const void *)(src + off[j + 4] + t));
                 __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
-                __m256i s0 = _mm256_madd_epi16(_mm256_shuffle_epi8(v, pick),
-                                               _mm256_loadu_si256(w + j));
-                __m256i s1 = _mm256_madd_epi16(_mm256_shuffle_epi8(v, pick2),
-                                               _mm256_loadu_si256(w + 4 + j));
+                __m256i s0 =
+                    _mm256_madd_epi16(_mm256_shuffle_epi8(v, pick), _mm256_loadu_si256(w + j));
+                __m256i s1 =
+                    _mm256_madd_epi16(_mm256_shuffle_epi8(v, pick2), _mm256_loadu_si256(w + 4 + j));
                 acc[j] = _mm256_add_epi32(acc[j], _mm256_add_epi32(s0, s1));
             }
         }
@@ -248,8 +249,7 @@ RS_AVX2 static void h_avx2(const stoke__rs_plan *p, const uint8_t *src, uint8_t 
             const size_t t = 6 * (size_t)q;
             for (int j = 0; j < 4; j++) {
                 __m128i lo = _mm_loadl_epi64((const __m128i *)(const void *)(src + off[j] + t));
-                __m128i hi =
-                    _mm_loadl_epi64((const __m128i *)(const void *)(src + off[j + 4] + t));
+                __m128i hi = _mm_loadl_epi64((const __m128i *)(const void *)(src + off[j + 4] + t));
                 __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
                 v = _mm256_shuffle_epi8(v, pick);
                 acc[j] = _mm256_add_epi32(acc[j], _mm256_madd_epi16(v, _mm256_loadu_si256(w + j)));
@@ -389,8 +389,7 @@ size_t stoke__rs_plan_bytes(const stoke__rs_plan *p)
            s * (size_t)(p->ay.taps + 8) * 4;
 }
 
-int stoke__rs_plan_cols(stoke__rs_plan *p, double bx, double bw, int x0, int x1, int xoff,
-                        int flip)
+int stoke__rs_plan_cols(stoke__rs_plan *p, double bx, double bw, int x0, int x1, int xoff, int flip)
 {
     const stoke__image_opts *o = p->o;
     const size_t s = (size_t)p->size;
@@ -456,10 +455,10 @@ static void emit(stoke__rs_plan *p, int y, void *dst)
     const size_t len = o->chw ? s : 3 * s;
     for (int c = 0; c < segs; c++) {
         const size_t off = (size_t)c * p->seg;
-        uint8_t *u = o->dtype == STOKE_DTYPE_U8
-                         ? (uint8_t *)dst + (o->chw ? (size_t)c * plane + (size_t)y * s
-                                                    : (size_t)y * 3 * s)
-                         : p->tmp;
+        uint8_t *u =
+            o->dtype == STOKE_DTYPE_U8
+                ? (uint8_t *)dst + (o->chw ? (size_t)c * plane + (size_t)y * s : (size_t)y * 3 * s)
+                : p->tmp;
 #ifdef RS_X86
         if (p->simd)
             v_avx2(rp, pw, n, off, len, u);
@@ -467,8 +466,8 @@ static void emit(stoke__rs_plan *p, int y, void *dst)
 #endif
             v_scalar(rp, w, n, off, len, u);
         if (o->dtype == STOKE_DTYPE_F32) {
-            float *f = (float *)dst + (o->chw ? (size_t)c * plane + (size_t)y * s
-                                              : (size_t)y * 3 * s);
+            float *f =
+                (float *)dst + (o->chw ? (size_t)c * plane + (size_t)y * s : (size_t)y * 3 * s);
             const size_t at = o->chw ? (size_t)c * s : 0;
 #ifdef RS_X86
             if (p->simd)
