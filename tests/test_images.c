@@ -553,6 +553,76 @@ static void test_layouts_and_dtypes(void **state)
     free(jpg);
 }
 
+/* The AVX2 kernels (where this CPU has them) and the portable ones give the same bytes: sizes
+ * that are and are not multiples of the kernels' groups (8 pixels, 32 bytes), shrinking and
+ * enlarging (tiny and large images), every layout and dtype, flips (train), CMYK and gray. */
+static void test_kernels_agree(void **state)
+{
+    write_cases();
+    const int sizes[] = {1, 13, 61, 224};
+    enum { SMAX = 224 * 224 * 3 };
+    float *a = malloc(SMAX * sizeof(float)), *b = malloc(SMAX * sizeof(float));
+    assert_non_null(a);
+    assert_non_null(b);
+    int differ = 0;
+    for (size_t i = 0; i < STOKE__ARRAY_LEN(CASES); i++) {
+        char rel[256];
+        size_t len;
+        stoke__fmt(rel, sizeof(rel), "cases/%s", CASES[i].name);
+        unsigned char *jpg = read_bytes(rel, &len);
+        for (size_t s = 0; s < STOKE__ARRAY_LEN(sizes); s++)
+            for (int v = 0; v < 8; v++) {
+                stoke__image_opts o;
+                stoke__image_opts_init(&o);
+                o.size = sizes[s];
+                o.train = v & 1;
+                o.chw = (v >> 1) & 1;
+                o.dtype = v & 4 ? STOKE_DTYPE_F32 : STOKE_DTYPE_U8;
+                o.seed = 3;
+                const size_t bytes = (size_t)o.size * (size_t)o.size * 3 * (v & 4 ? 4 : 1);
+                for (uint64_t idx = 0; idx < 3; idx++) {
+                    memset(a, 0xA5, bytes);
+                    memset(b, 0x5A, bytes);
+                    o.kernel = STOKE__RS_AUTO;
+                    decode_ok(&o, jpg, len, 0, idx, a);
+                    o.kernel = STOKE__RS_SCALAR;
+                    decode_ok(&o, jpg, len, 0, idx, b);
+                    if (memcmp(a, b, bytes) != 0)
+                        fail_msg("%s size %d variant %d index %llu: the kernels differ",
+                                 CASES[i].name, o.size, v, (unsigned long long)idx);
+                    differ += memcmp(a, b, bytes) != 0;
+                }
+            }
+        free(jpg);
+    }
+    assert_int_equal(differ, 0);
+    free(a);
+    free(b);
+}
+
+/* decode_only (the probe of bench/bench_decode.c) decodes and writes nothing; a corrupt file
+ * still fails. */
+static void test_decode_only(void **state)
+{
+    write_cases();
+    size_t len;
+    unsigned char *jpg = read_bytes("cases/large.jpg", &len);
+    stoke__image_opts o;
+    stoke__image_opts_init(&o);
+    o.train = 1;
+    o.decode_only = 1;
+    static unsigned char dst[224 * 224 * 3];
+    memset(dst, 0x77, sizeof(dst));
+    for (uint64_t idx = 0; idx < 4; idx++)
+        decode_ok(&o, jpg, len, 0, idx, dst);
+    for (size_t i = 0; i < sizeof(dst); i++)
+        assert_int_equal(dst[i], 0x77);
+    char msg[256] = "";
+    assert_int_equal(stoke__image_decode(&o, jpg, len / 3, 0, 0, dst, msg, sizeof(msg)),
+                     STOKE_EFORMAT);
+    free(jpg);
+}
+
 /* Seeded corruptions of valid files (bytes changed, cut short, a marker's length broken): each
  * decode succeeds or fails with STOKE_EFORMAT / STOKE_ELIMIT and a message; never a crash, an
  * exit() or (under the sanitizers) a bad access. */
@@ -1443,6 +1513,8 @@ int main(void)
         cmocka_unit_test(test_tiny),
         cmocka_unit_test(test_corruptions),
         cmocka_unit_test(test_layouts_and_dtypes),
+        cmocka_unit_test(test_kernels_agree),
+        cmocka_unit_test(test_decode_only),
         cmocka_unit_test(test_folder_order_and_labels),
         cmocka_unit_test(test_train_workers_and_epochs),
         cmocka_unit_test(test_spec_options),

@@ -28,6 +28,9 @@ typedef struct stoke__image_opts {
     float mean[3], std[3];
     uint64_t seed;       /* augmentation seed */
     uint64_t max_decode; /* bytes one decode may use (default STOKE__IMAGE_DECODE_MAX) */
+    int kernel;          /* resampler kernels: 0 the fastest here, 1 portable C (tests) */
+    int decode_only;     /* 1: decode the rows a sample needs and write nothing (the probe of
+                            bench/bench_decode.c); dst is not touched */
 } stoke__image_opts;
 
 /* 1 when this build has libjpeg (otherwise stoke__image_decode returns STOKE_ENOTSUP). */

@@ -4,7 +4,10 @@
  * The filter is a triangle (linear interpolation when enlarging) whose support is stretched by
  * the shrink factor when shrinking, so every source pixel under an output pixel contributes
  * (area-like antialiasing, as PIL's BILINEAR resize).  Weights are Q14 fixed point; the passes
- * work on 8-bit RGB with an 8-bit intermediate, rounding to nearest. */
+ * work on 8-bit RGB with an 8-bit intermediate, rounding to nearest.  The horizontal pass runs
+ * on each decoded row as it arrives, into a ring of intermediate rows laid out as the output
+ * (planar for CHW, interleaved for HWC, already mirrored when flipped); each output row is made
+ * as soon as its last source row is in, and written straight into the sample's slot. */
 #ifndef STOKE_SOURCES_IMAGE_INTERNAL_H
 #define STOKE_SOURCES_IMAGE_INTERNAL_H
 
@@ -30,19 +33,49 @@ int stoke__rs_axis_init(stoke__rs_axis *a, double b0, double blen, int lo, int h
                         int out);
 void stoke__rs_axis_free(stoke__rs_axis *a);
 
-/* Horizontal pass of one RGB row (src: buffer of source samples) into a->out RGB pixels. */
-void stoke__rs_row(const stoke__rs_axis *a, const uint8_t *src, uint8_t *dst);
-/* Vertical pass for output row y: rows is the intermediate (row r at rows + r * stride), acc a
- * scratch of `width` ints; writes `width` bytes to dst. */
-void stoke__rs_col(const stoke__rs_axis *a, int y, const uint8_t *rows, size_t stride, size_t width,
-                   int32_t *acc, uint8_t *dst);
+/* Kernels of stoke__rs_plan: STOKE__RS_AUTO picks the fastest this CPU runs (AVX2 on x86-64
+ * when it has it), STOKE__RS_SCALAR the portable C ones (same bytes; tests compare them). */
+enum { STOKE__RS_AUTO = 0, STOKE__RS_SCALAR = 1 };
 
-/* Writes output row y (size RGB pixels, HWC order in `row`) into the sample at dst in the
- * layout and dtype of o, mirrored when flip.  lut: 3 x 256 floats (f32 only). */
-void stoke__image_store_row(const stoke__image_opts *o, const uint8_t *row, int y, int flip,
-                            const float *lut, void *dst);
-/* The f32 table of o: lut[c * 256 + v] = (v / 255 - mean[c]) / std[c] (or v / 255). */
-void stoke__image_lut(const stoke__image_opts *o, float *lut);
+/* One decode's resampling of the box's rows into a size x size sample: made in two steps,
+ * stoke__rs_plan_rows (the vertical axis: how many source rows it reads, and keeps) and,
+ * once the decoder's column crop is known, stoke__rs_plan_cols; then stoke__rs_push for each
+ * source row in order.  Everything it holds is freed by stoke__rs_plan_free. */
+typedef struct stoke__rs_plan {
+    const stoke__image_opts *o;
+    int size, simd;
+    stoke__rs_axis ax, ay; /* ax in output order: mirrored when flipped */
+    int *need;             /* output row y can be made once need[y] source rows are in */
+    int nread;             /* source rows read in all (need[size - 1]) */
+    int ring;              /* intermediate rows kept */
+    int pairs;             /* horizontal taps per output pixel / 2 */
+    int32_t *hoff;         /* per output pixel (groups of 8): byte offset of its first tap */
+    int16_t *hw;           /* horizontal weights in the kernel's layout */
+    size_t seg;            /* planar: bytes from one channel's segment to the next; else 0 */
+    size_t rowb;           /* bytes of one intermediate row, padding included */
+    size_t src_pad;        /* bytes past a source row's end the horizontal pass may read */
+    uint8_t *rows;         /* ring of `ring` intermediate rows */
+    uint8_t *tmp;          /* f32: one u8 output row */
+    float *fa, *fb;        /* f32: value i of a row is u8 * fa[i] + fb[i] */
+    const uint8_t **rp;    /* one output row's source rows (ring + 1) */
+    int32_t *pw;           /* its weights as (w_k, w_k+1) word pairs */
+    int in, y;             /* source rows pushed, output rows made */
+} stoke__rs_plan;
+
+/* The vertical step: the box [by, by + bh) of decoded rows, rows y0 .. y1 - 1 readable (y0 is
+ * the first row pushed).  kernel: STOKE__RS_AUTO or STOKE__RS_SCALAR.  0, or -1 (no memory). */
+int stoke__rs_plan_rows(stoke__rs_plan *p, const stoke__image_opts *o, int kernel, double by,
+                        double bh, int y0, int y1);
+/* The horizontal step: the box [bx, bx + bw), columns x0 .. x1 - 1 readable, xoff the decoded
+ * column of a source row's first pixel; mirrored when flip.  0, or -1 (no memory). */
+int stoke__rs_plan_cols(stoke__rs_plan *p, double bx, double bw, int x0, int x1, int xoff,
+                        int flip);
+/* Bytes of working memory a plan of these sizes holds (for the decode-memory estimate). */
+size_t stoke__rs_plan_bytes(const stoke__rs_plan *p);
+/* Takes the next source row (RGB, readable for p->src_pad bytes past its last pixel) and
+ * writes every output row it completes into the sample at dst. */
+void stoke__rs_push(stoke__rs_plan *p, const uint8_t *src, void *dst);
+void stoke__rs_plan_free(stoke__rs_plan *p);
 
 /* ---- image.c ---- */
 /* The crop box in source pixels (fractional for eval) and whether to mirror it. */

@@ -3,10 +3,11 @@
  * One decode: read the header; take the crop box in source pixels (image.c); pick the largest
  * DCT-domain reduction M/8 that keeps the box at least `size` pixels on both sides; start the
  * decompressor, restrict it to the box's columns (jpeg_crop_scanline), skip the rows above the
- * box (jpeg_skip_scanlines), read the box's rows only, resampling each horizontally as it
- * arrives, and stop there (rows below the box are never decoded); then resample vertically and
- * write the rows into the sample's slot.  libjpeg errors, and the warnings that mean corrupt or
- * missing image data, come back through a setjmp error manager: never exit(). */
+ * box (jpeg_skip_scanlines), read the rows the filter needs and hand each to the resampler as
+ * it arrives (image_resample.c: output rows go into the sample's slot as soon as they can be
+ * made), and stop there (rows below are never decoded).  libjpeg errors, and the warnings
+ * that mean corrupt or missing image data, come back through a setjmp error manager: never
+ * exit(). */
 #include <stddef.h>
 #include <stdint.h>
 
@@ -61,11 +62,8 @@ typedef struct dec {
     struct jpeg_decompress_struct cinfo;
     jerr err;
     int created;
-    stoke__rs_axis ax, ay;
-    uint8_t *line; /* one decoded scanline (3 or 4 bytes per pixel) */
-    uint8_t *rows; /* the horizontally resampled rows: size * 3 bytes each */
-    int32_t *acc;  /* vertical accumulator: size * 3 */
-    uint8_t *out;  /* one output row, RGB */
+    stoke__rs_plan rs;
+    uint8_t *line; /* one decoded scanline (3 or 4 bytes per pixel, and the resampler's pad) */
 } dec;
 
 static void on_error_exit(j_common_ptr c)
@@ -102,12 +100,8 @@ static void dec_free(dec *d)
 {
     if (d->created)
         jpeg_destroy_decompress(&d->cinfo); /* also abandons a decode stopped early */
-    stoke__rs_axis_free(&d->ax);
-    stoke__rs_axis_free(&d->ay);
+    stoke__rs_plan_free(&d->rs);
     free(d->line);
-    free(d->rows);
-    free(d->acc);
-    free(d->out);
 }
 
 /* The smallest M in 1..8 with the box, scaled by M/8, at least `size` on both sides. */
@@ -163,8 +157,8 @@ static int set_color(dec *d, int *cmyk, char *msg, size_t msg_len)
  * coefficient of the image until its last scan (2 bytes each, whatever the output scale: 3
  * bytes per pixel at 4:2:0, 6 at 4:4:4); every JPEG needs a few rows of each component at
  * the output scale (libjpeg's strips; counted generously: 4 iMCU rows); and this decoder the
- * output line and `nrows` resampled rows of `rowb` bytes. */
-static uint64_t decode_bytes(j_decompress_ptr ci, size_t nrows, size_t rowb)
+ * output line and the resampler's `rs` bytes (its ring of rows and tables). */
+static uint64_t decode_bytes(j_decompress_ptr ci, size_t rs)
 {
     uint64_t b = 0;
     if (jpeg_has_multiple_scans(ci))
@@ -179,7 +173,7 @@ static uint64_t decode_bytes(j_decompress_ptr ci, size_t nrows, size_t rowb)
     const uint64_t ow = ci->output_width, comps = (uint64_t)ci->num_components;
     b += ow * comps * 4 * (uint64_t)ci->max_v_samp_factor * (uint64_t)ci->scale_num;
     b += ow * (uint64_t)ci->output_components;
-    b += (uint64_t)nrows * rowb;
+    b += (uint64_t)rs;
     return b;
 }
 
@@ -237,8 +231,11 @@ static int run(dec *d, const stoke__image_opts *o, const unsigned char *data, si
         x1 = x0 + 1 <= ow ? x0 + 1 : ow, x0 = x1 - 1;
     if (y1 <= y0)
         y1 = y0 + 1 <= oh ? y0 + 1 : oh, y0 = y1 - 1;
-    const size_t nrows = (size_t)(y1 - y0), rowb = (size_t)size * 3;
-    const uint64_t need = decode_bytes(ci, nrows, rowb);
+    if (stoke__rs_plan_rows(&d->rs, o, o->kernel, by, bh, y0, y1) != 0) {
+        stoke__fmt(msg, msg_len, "out of memory decoding a %dx%d image", W, H);
+        return STOKE_ENOMEM;
+    }
+    const uint64_t need = decode_bytes(ci, stoke__rs_plan_bytes(&d->rs));
     if (need > o->max_decode) {
         char b[32];
         stoke__fmt(msg, msg_len,
@@ -259,13 +256,9 @@ static int run(dec *d, const stoke__image_opts *o, const unsigned char *data, si
         cw = (JDIMENSION)(x1 - x0);
         jpeg_crop_scanline(ci, &xoff, &cw); /* widens to iMCU boundaries */
     }
-    d->line = malloc((size_t)ci->output_width * (size_t)ci->output_components);
-    d->rows = malloc(nrows * rowb);
-    d->acc = malloc(rowb * sizeof(int32_t));
-    d->out = malloc(rowb);
-    if (!d->line || !d->rows || !d->acc || !d->out ||
-        stoke__rs_axis_init(&d->ax, bx, bw, x0, x1, (int)xoff, size) != 0 ||
-        stoke__rs_axis_init(&d->ay, by, bh, y0, y1, y0, size) != 0) {
+    if (stoke__rs_plan_cols(&d->rs, bx, bw, x0, x1, (int)xoff, c.flip) != 0 ||
+        !(d->line = calloc((size_t)ci->output_width * (size_t)ci->output_components + d->rs.src_pad,
+                           1))) {
         stoke__fmt(msg, msg_len, "out of memory decoding a %dx%d image", W, H);
         return STOKE_ENOMEM;
     }
@@ -273,23 +266,17 @@ static int run(dec *d, const stoke__image_opts *o, const unsigned char *data, si
         stoke__fmt(msg, msg_len, "could not skip to row %d", y0);
         return STOKE_EFORMAT;
     }
-    for (size_t r = 0; r < nrows; r++) {
+    /* the rows the vertical pass reads (rows below them are never decoded) */
+    for (int r = 0; r < d->rs.nread; r++) {
         JSAMPROW row = d->line;
         if (jpeg_read_scanlines(ci, &row, 1) != 1) {
-            stoke__fmt(msg, msg_len, "corrupt JPEG: row %zu of %d could not be read",
-                       (size_t)y0 + r, oh);
+            stoke__fmt(msg, msg_len, "corrupt JPEG: row %d of %d could not be read", y0 + r, oh);
             return STOKE_EFORMAT;
         }
         if (cmyk)
             cmyk_to_rgb(d->line, ci->output_width, inverted);
-        stoke__rs_row(&d->ax, d->line, d->rows + r * rowb);
-    }
-    float lut[3 * 256];
-    if (o->dtype == STOKE_DTYPE_F32)
-        stoke__image_lut(o, lut);
-    for (int y = 0; y < size; y++) {
-        stoke__rs_col(&d->ay, y, d->rows, rowb, rowb, d->acc, d->out);
-        stoke__image_store_row(o, d->out, y, c.flip, lut, dst);
+        if (!o->decode_only)
+            stoke__rs_push(&d->rs, d->line, dst);
     }
     return STOKE_OK;
 }
