@@ -30,8 +30,11 @@ static DLDevice dl_device_of(const char *spec)
     return (DLDevice){kDLExtDev, id};
 }
 
-static int open_dataset(LoaderObject *self, const char *source, PyObject *dataset)
+static int open_dataset(LoaderObject *self, const char *source, PyObject *dataset,
+                        PyObject *writer)
 {
+    if (writer && writer != Py_None)
+        return stoke_pywriter_open(writer, &self->ds);
     if (dataset && dataset != Py_None)
         return stoke_pyds_open(dataset, &self->ds, &self->py);
     if (!source) {
@@ -136,20 +139,21 @@ static int loader_init(PyObject *obj, PyObject *args, PyObject *kw)
                              "in_order",
                              "worker_mode",
                              "arena",
+                             "writer",
                              NULL};
     LoaderObject *self = (LoaderObject *)obj;
     const char *source = NULL, *pin_dev = NULL, *device = NULL, *mode = NULL, *arena = NULL;
-    PyObject *dataset = NULL, *seed_obj = NULL, *timeout_obj = NULL;
+    PyObject *dataset = NULL, *seed_obj = NULL, *timeout_obj = NULL, *writer = NULL;
     stoke_loader_opts o;
     stoke_loader_opts_init(&o);
     Py_ssize_t batch_size = 1;
     unsigned long long seed = 0, timeout_ms = 0;
     long long rank = -1, world_size = 0;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kw, "|zO$npOippzipOzpLLpzz:Loader", kwlist, &source, &dataset, &batch_size,
+            args, kw, "|zO$npOippzipOzpLLpzzO:Loader", kwlist, &source, &dataset, &batch_size,
             &o.shuffle, &seed_obj, &o.num_workers, &o.drop_last, &o.pin_memory, &pin_dev,
             &o.prefetch_factor, &o.persistent_workers, &timeout_obj, &device,
-            &o.sampler.distributed, &rank, &world_size, &o.in_order, &mode, &arena))
+            &o.sampler.distributed, &rank, &world_size, &o.in_order, &mode, &arena, &writer))
         return -1;
     /* no silent wrap-around: seed=-1 is not 2^64 - 1, nor 2^64 zero */
     if ((seed_obj && int_in_range(seed_obj, "seed", UINT64_MAX, &seed, "0 .. 2**64 - 1") < 0) ||
@@ -164,7 +168,7 @@ static int loader_init(PyObject *obj, PyObject *args, PyObject *kw)
         return -1;
     }
     if (mode && strcmp(mode, "processes") == 0) {
-        if (dataset && dataset != Py_None) { /* a child would need its own interpreter state */
+        if (dataset && dataset != Py_None) { /* stoke.DataLoader wraps it in a writer */
             PyErr_SetString(PyExc_ValueError,
                             "stoke: worker_mode='processes' takes a source string; a Python "
                             "dataset runs on worker threads");
@@ -192,7 +196,7 @@ static int loader_init(PyObject *obj, PyObject *args, PyObject *kw)
     o.arena = arena; /* NULL: $STOKE_ARENA */
     o.sampler.rank = rank;
     o.sampler.world_size = world_size;
-    if (open_dataset(self, source, dataset) < 0)
+    if (open_dataset(self, source, dataset, writer) < 0)
         return -1;
     int rc = find_rank(self, &o);
     if (rc == 0) {

@@ -333,6 +333,22 @@ static int finalizing(void)
 #endif
 }
 
+int stoke_pyds_enter(char *msg, size_t msg_len)
+{
+    atomic_fetch_add(&inflight, 1); /* before the check: stoke_pyds_stop_all waits for it */
+    if (atomic_load(&stopped) || finalizing()) {
+        atomic_fetch_sub(&inflight, 1);
+        snprintf(msg, msg_len, "the Python interpreter is exiting: the dataset is not called");
+        return -1;
+    }
+    return 0;
+}
+
+void stoke_pyds_leave(void)
+{
+    atomic_fetch_sub(&inflight, 1);
+}
+
 static int pyds_get(void *user, uint64_t index, void *const dst[], int64_t len[], int worker,
                     char *msg, size_t msg_len)
 {
@@ -342,11 +358,8 @@ static int pyds_get(void *user, uint64_t index, void *const dst[], int64_t len[]
     (void)worker;
     (void)len;
     pthread_mutex_lock(&p->call_lock);
-    atomic_fetch_add(&inflight, 1); /* before the check: stoke_pyds_stop_all waits for it */
-    if (atomic_load(&stopped) || finalizing()) {
-        atomic_fetch_sub(&inflight, 1);
+    if (stoke_pyds_enter(msg, msg_len) != 0) {
         pthread_mutex_unlock(&p->call_lock);
-        snprintf(msg, msg_len, "the Python interpreter is exiting: __getitem__ is not called");
         return STOKE_ECANCELED;
     }
     PyGILState_STATE g = PyGILState_Ensure();
@@ -363,7 +376,7 @@ static int pyds_get(void *user, uint64_t index, void *const dst[], int64_t len[]
         }
     }
     PyGILState_Release(g);
-    atomic_fetch_sub(&inflight, 1);
+    stoke_pyds_leave();
     pthread_mutex_unlock(&p->call_lock);
     return n > 0 ? STOKE_OK : STOKE_EDATA;
 }

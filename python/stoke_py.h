@@ -83,6 +83,16 @@ void stoke_pyds_clear(stoke_pyds *p);
  * makes every later one fail at once (STOKE_ECANCELED) without touching Python, so no worker
  * thread runs Python while the interpreter finalizes.  For good: the process is exiting. */
 void stoke_pyds_stop_all(void);
+/* Around every call into Python from a loader thread: 0 (go on; stoke_pyds_leave after it) or -1
+ * with why in msg when the interpreter is exiting (do not touch Python). */
+int stoke_pyds_enter(char *msg, size_t msg_len);
+void stoke_pyds_leave(void);
+
+/* pywriter.c: the batch writer of stoke/_dropin.py (its attributes nbatches, blob_bytes, name
+ * and methods fill, next_fill, worker_init, set_epoch, fork_child) as a stoke_dataset.  0, or
+ * -1 with a Python exception set. */
+typedef struct stoke_pywriter stoke_pywriter;
+int stoke_pywriter_open(PyObject *obj, stoke_dataset *ds);
 
 /* Maps a stoke dtype to a buffer format and a DLPack dtype.  Returns 0, -1 for an unknown one. */
 int stoke_py_dtype(int dtype, size_t itemsize, const char **format, DLDataType *dl);

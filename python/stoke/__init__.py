@@ -78,6 +78,35 @@ def _index(value, name):
         raise TypeError("stoke: %s must be an integer, not %r" % (name, value))
 
 
+def _seed_of(generator):
+    """The shuffle's seed: `generator`'s initial seed (a torch.Generator), else 0 (stoke's
+    shuffle is keyed by (seed, epoch))."""
+    if generator is None:
+        return 0
+    return int(generator.initial_seed()) % 2**63  # not a draw: the generator's state is the user's
+
+
+def _dropin_end():
+    from ._dropin import _End
+    return _End
+
+
+def _is_iterable_dataset(ds):
+    try:
+        from torch.utils.data import IterableDataset
+    except ImportError:
+        return not hasattr(ds, "__len__")
+    return isinstance(ds, IterableDataset)
+
+
+def _env_rank_world():
+    r = int(_os.environ.get("RANK", _os.environ.get("OMPI_COMM_WORLD_RANK",
+                                                    _os.environ.get("SLURM_PROCID", 0))))
+    w = int(_os.environ.get("WORLD_SIZE", _os.environ.get("OMPI_COMM_WORLD_SIZE",
+                                                          _os.environ.get("SLURM_NTASKS", 1))))
+    return r, w
+
+
 def _rank_world(rank, world_size):
     """The C loader's (rank, world_size): -1 / 0 mean "from the environment", so explicit
     negatives must not reach it (rank=-2 would silently be the environment's rank)."""
@@ -92,37 +121,75 @@ def _rank_world(rank, world_size):
     return r, w
 
 
+_UNSET = object()
+
+
+def _start_method(ctx):
+    if ctx is None:
+        return "fork"
+    if isinstance(ctx, str):
+        return ctx
+    get = getattr(ctx, "get_start_method", None)
+    return get() if get else str(ctx)
+
+
 class DataLoader(_stoke.Loader):
-    """An iterable over batches, with torch.utils.data.DataLoader's argument names.
+    """torch.utils.data.DataLoader's constructor and iteration, batches in pinned memory.
 
-    source: a source string as for `stoke load` ("npy:PATH,labels=L.npy", "synthetic:N,...")
-        or a map-style dataset (__len__, __getitem__ returning a NumPy array, or a tuple of
-        them, of fixed shape; called from stoke's worker threads with the GIL held).
-    num_workers: worker threads (not processes); None picks min(4, cores - 1).  A Python
-        dataset on more than one thread: a stoke.ThreadsWarning (once), see docs/python.md.
-    pin_memory: None (default): pin when there is an accelerator (or device= /
-        pin_memory_device= names one), silently not otherwise; True: pin, warning when
-        nothing can pin; False: ordinary memory.
-    persistent_workers: keep the threads between epochs (None: when num_workers > 0).
-    timeout: seconds a sample may take (0: no limit).
-    device: "cuda", "cuda:1", ... (or a torch.device): every batch is also copied to that
-        device asynchronously; the batch's DLPack tensor is then the device buffer.
-    distributed: load this rank's share (DistributedSampler's split and padding); rank and
-        world_size from the arguments, else torchrun's RANK/WORLD_SIZE, Open MPI or Slurm.
-    in_order: False delivers batches as they complete.
-    worker_mode: "threads" (default) or "processes" (source strings only): each worker loads in
-        a child process, so a sample that crashes it is a bad sample, not a crash of the job.
-    arena: "name[:size]": batch buffers from the node-wide pinned arena `name`, shared with the
-        job's other processes ("auto": the job's; None: $STOKE_ARENA; "": none; docs/ipc.md).
+    dataset: a Python dataset (map-style: __len__ and __getitem__, optionally __getitems__;
+        or an iterable: __iter__) -- iterating yields what torch's DataLoader yields for it
+        and collate_fn (the same nested tuples/lists/dicts, tensors, lists of str), each
+        tensor a view of the batch's pinned memory; or a source string as for `stoke load`
+        ("npy:PATH,labels=L.npy", "images:DIR,...", "tar:...") -- iterating yields stoke.Batch.
+    batch_size, shuffle, sampler, batch_sampler, drop_last, collate_fn, worker_init_fn,
+        generator, timeout, prefetch_factor, persistent_workers, in_order: torch's meaning.
+    num_workers: worker processes for a Python dataset (forked: __getitem__, collate_fn and
+        worker_init_fn run in parallel; get_worker_info() works there), 0 loads in the
+        caller's thread; worker threads for a source string (None: min(4, cores - 1)).
+    pin_memory: None (default): pin when there is an accelerator, silently not otherwise;
+        True: pin, warning when nothing can pin; False: ordinary memory.
+    multiprocessing_context: None or "fork" ("spawn" and "forkserver" are not supported).
+    stoke's own: seed (of the shuffle; default from generator or 0), device, distributed,
+        rank, world_size, worker_mode ("processes" or "threads"), arena (docs/python.md);
+        pad={"input_ids": 0} pads those ragged leaves to the batch's longest (with
+        pad_to_multiple_of, max_length, and a "<name>_lengths" tensor beside a dict entry);
+        max_batch_bytes: one batch's pinned block (None: twice the largest of the first
+        batches, measured in a forked child).
 
-    Iterating it delivers one epoch.  The first iteration (and the one after set_epoch or
+    Iterating delivers one epoch.  The first iteration (and the one after set_epoch or
     load_state_dict) continues from the current position; any other starts the next epoch.
     """
 
-    def __init__(self, source, batch_size=1, shuffle=False, seed=0, num_workers=None,
-                 drop_last=False, pin_memory=None, prefetch_factor=None, persistent_workers=None,
-                 timeout=0, device=None, distributed=False, rank=None, world_size=None,
-                 pin_memory_device=None, in_order=True, worker_mode="threads", arena=None):
+    def __init__(self, dataset, batch_size=_UNSET, shuffle=None, sampler=None,
+                 batch_sampler=None, num_workers=None, collate_fn=None, pin_memory=None,
+                 drop_last=False, timeout=0, worker_init_fn=None, multiprocessing_context=None,
+                 generator=None, *, prefetch_factor=None, persistent_workers=None,
+                 pin_memory_device=None, in_order=True, seed=None, device=None,
+                 distributed=False, rank=None, world_size=None, worker_mode=None, arena=None,
+                 pad=None, pad_to_multiple_of=None, max_length=None, return_lengths=True,
+                 max_batch_bytes=None, source=None):
+        if source is not None:  # the keyword of stoke 0.1
+            dataset = source
+        is_source = isinstance(dataset, (str, _os.PathLike))
+        self._writer = None
+        if not is_source:
+            return self._init_python(
+                dataset, 1 if batch_size is _UNSET else batch_size, shuffle, sampler,
+                batch_sampler, 0 if num_workers is None else num_workers, collate_fn,
+                pin_memory, drop_last, timeout, worker_init_fn, multiprocessing_context,
+                generator, prefetch_factor, persistent_workers, pin_memory_device, in_order,
+                seed, device, distributed, rank, world_size, worker_mode, arena, pad,
+                pad_to_multiple_of, max_length, return_lengths, max_batch_bytes)
+        for name, v in (("sampler", sampler), ("batch_sampler", batch_sampler),
+                        ("collate_fn", collate_fn), ("worker_init_fn", worker_init_fn),
+                        ("pad", pad)):
+            if v is not None:
+                raise TypeError("stoke: %s= applies to a Python dataset; a source string's "
+                                "samples are stoke's own (docs/python.md)" % name)
+        if batch_size is _UNSET:
+            batch_size = 1
+        if seed is None:
+            seed = _seed_of(generator)
         if num_workers is None:
             num_workers = _default_workers()
         if persistent_workers is None:
@@ -142,11 +209,11 @@ class DataLoader(_stoke.Loader):
                           or _stoke.accelerator() is not None)
         rank, world_size = _rank_world(rank, world_size)
         timeout_ms = _timeout_ms(timeout)
-        spec = source if isinstance(source, (str, _os.PathLike)) else None
-        if isinstance(spec, _os.PathLike) or (spec is not None and spec.endswith(".npy")
+        spec = dataset
+        if isinstance(spec, _os.PathLike) or (spec.endswith(".npy")
                                               and ":" not in spec.split(",")[0]):
             spec = "npy:" + _os.fspath(spec)
-        super().__init__(spec, None if spec is not None else source,
+        super().__init__(spec, None,
                          batch_size=int(batch_size), shuffle=bool(shuffle),
                          seed=_index(seed, "seed"),
                          num_workers=int(num_workers), drop_last=bool(drop_last),
@@ -155,13 +222,169 @@ class DataLoader(_stoke.Loader):
                          persistent_workers=bool(persistent_workers),
                          timeout_ms=timeout_ms, device=device,
                          distributed=bool(distributed), rank=rank, world_size=world_size,
-                         in_order=bool(in_order), worker_mode=str(worker_mode),
+                         in_order=bool(in_order), worker_mode=str(worker_mode or "threads"),
                          arena=None if arena is None else str(arena))
+        self.dataset = dataset
         self.batch_size = int(batch_size)
         self.num_workers = int(num_workers)
         self.drop_last = bool(drop_last)
         self.device = device
         _live.add(self)
+
+    def _init_python(self, dataset, batch_size, shuffle, sampler, batch_sampler, num_workers,
+                     collate_fn, pin_memory, drop_last, timeout, worker_init_fn, mp_context,
+                     generator, prefetch_factor, persistent_workers, pin_memory_device,
+                     in_order, seed, device, distributed, rank, world_size, worker_mode, arena,
+                     pad, pad_to_multiple_of, max_length, return_lengths, max_batch_bytes):
+        from . import _dropin
+        num_workers = _index(num_workers, "num_workers")
+        if num_workers < 0:
+            raise ValueError("num_workers option should be non-negative; "
+                             "use num_workers=0 to disable multiprocessing.")
+        if timeout < 0:
+            raise ValueError("timeout option should be non-negative")
+        if num_workers == 0 and prefetch_factor is not None and prefetch_factor != 2:
+            raise ValueError("prefetch_factor option could only be specified in "
+                             "multiprocessing.let num_workers > 0 to enable multiprocessing, "
+                             "otherwise set prefetch_factor to None.")
+        if persistent_workers and num_workers == 0:
+            raise ValueError("persistent_workers option needs num_workers > 0")
+        iterable = not hasattr(dataset, "__getitem__") or (
+            hasattr(dataset, "__iter__") and _is_iterable_dataset(dataset))
+        if iterable:
+            if shuffle not in (None, False):
+                raise ValueError("DataLoader with IterableDataset: expected unspecified "
+                                 "shuffle option, but got shuffle=%s" % (shuffle,))
+            if sampler is not None:
+                raise ValueError("DataLoader with IterableDataset: expected unspecified "
+                                 "sampler option, but got sampler=%s" % (sampler,))
+            if batch_sampler is not None:
+                raise ValueError("DataLoader with IterableDataset: expected unspecified "
+                                 "batch_sampler option, but got batch_sampler=%s"
+                                 % (batch_sampler,))
+        if sampler is not None and shuffle:
+            raise ValueError("sampler option is mutually exclusive with shuffle")
+        if batch_sampler is not None:
+            if batch_size != 1 or shuffle or sampler is not None or drop_last:
+                raise ValueError("batch_sampler option is mutually exclusive with batch_size, "
+                                 "shuffle, sampler, and drop_last")
+            batch_size = None
+        elif batch_size is None and drop_last:
+            raise ValueError("batch_size=None option disables auto-batching and is mutually "
+                             "exclusive with drop_last")
+        if batch_size is not None:
+            batch_size = _index(batch_size, "batch_size")
+            if batch_size < 1:
+                raise ValueError("batch_size should be a positive integer value, but got "
+                                 "batch_size=%d" % batch_size)
+        method = _start_method(mp_context)
+        if method != "fork":
+            raise ValueError("stoke: multiprocessing_context=%r: stoke's workers are forked "
+                             "(their batches go to memory mapped before the fork); use None "
+                             "or 'fork'" % (method,))
+        if device is not None:
+            raise ValueError("stoke: device= takes a source string; with a Python dataset "
+                             "move the pinned batch with .to(device, non_blocking=True)")
+        if worker_mode is None:
+            worker_mode = "processes" if num_workers > 0 else "threads"
+        if worker_mode not in ("processes", "threads"):
+            raise ValueError("stoke: worker_mode must be 'processes' or 'threads', not %r"
+                             % (worker_mode,))
+        if pad is not None and collate_fn is not None:
+            raise ValueError("stoke: pad= is the built-in collation; with a collate_fn, pad "
+                             "inside it")
+        if pad is not None and not isinstance(pad, dict):
+            raise TypeError("stoke: pad= maps a leaf's name to its pad value, e.g. "
+                            "{'input_ids': 0}")
+        if seed is None:
+            seed = _seed_of(generator)
+        if persistent_workers is None:
+            persistent_workers = False
+        if rank is not None or world_size is not None:
+            distributed = True
+        rank, world_size = _rank_world(rank, world_size)
+        if distributed and (rank < 0 or world_size < 1):
+            rank, world_size = _env_rank_world()
+        if not distributed:
+            rank, world_size = 0, 1
+        if pin_memory_device == "":
+            pin_memory_device = None
+        if pin_memory is None:
+            pin_memory = pin_memory_device is not None or _stoke.accelerator() is not None
+        processes = worker_mode == "processes" and num_workers > 0
+        w = _dropin._Writer(self, dataset, iterable, batch_size, drop_last, sampler,
+                            batch_sampler, shuffle, _index(seed, "seed"), generator, collate_fn,
+                            worker_init_fn, num_workers, processes, bool(persistent_workers),
+                            pad, pad_to_multiple_of, max_length, bool(return_lengths),
+                            rank, world_size)
+        w.measure(max_batch_bytes)
+        self._writer = w
+        try:
+            super().__init__(None, None, writer=w, batch_size=1, shuffle=False, seed=0,
+                             num_workers=num_workers, drop_last=False,
+                             pin_memory=bool(pin_memory), pin_memory_device=pin_memory_device,
+                             prefetch_factor=int(prefetch_factor or 0),
+                             persistent_workers=bool(persistent_workers) or num_workers > 0,
+                             timeout_ms=_timeout_ms(timeout), device=None,
+                             distributed=False, rank=-1, world_size=0,
+                             in_order=bool(in_order),
+                             worker_mode="processes" if processes else "threads",
+                             arena=None if arena is None else str(arena))
+        except StokeError as e:
+            exc = w.reraise(e)
+            if exc is not None:
+                raise exc from e
+            raise
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.drop_last = drop_last
+        self.sampler = sampler
+        self.batch_sampler = batch_sampler
+        self.collate_fn = collate_fn
+        self.generator = generator
+        self.timeout = timeout
+        self.worker_init_fn = worker_init_fn
+        self.pin_memory = bool(pin_memory)
+        self.persistent_workers = bool(persistent_workers)
+        self.device = None
+        self._iterable = iterable
+        _live.add(self)
+
+    def __iter__(self):
+        if self._writer is None:
+            return super().__iter__()
+        return self._batches(super().__iter__())
+
+    def _batches(self, it):
+        decode = self._writer.decode
+        ended = set()  # an iterable dataset in worker processes: the exhausted workers
+        end = _dropin_end()
+        while True:
+            try:
+                b = next(it)
+            except StopIteration:
+                return
+            except StokeError as e:
+                exc = self._writer.reraise(e)
+                if exc is not None:
+                    raise exc from e
+                raise
+            out = decode(b)
+            if type(out) is end:
+                ended.add(out.worker)
+                if len(ended) >= self.num_workers:
+                    return
+                continue
+            yield out
+
+    def __len__(self):
+        if self._writer is not None and self._iterable:
+            n = len(self.dataset)  # TypeError when the dataset has no length, as torch
+            if self.batch_size is None:
+                return n
+            return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+        return super().__len__()
 
     def state_dict(self):
         """The position (StatefulDataLoader's convention): a loader given it by

@@ -1,0 +1,838 @@
+"""stoke.DataLoader over a Python dataset: torch.utils.data.DataLoader's behaviour, stoke's memory.
+
+The C loader runs a *batch writer* (python/pywriter.c): its "sample" i is batch i of the epoch,
+one block of `blob_bytes` in the loader's pinned batch memory.  `_Writer.fill` (in a forked
+worker process, a worker thread, or the caller's thread with num_workers=0) fetches the batch's
+samples, collates them straight into the block, and pickles the batch's structure after the
+data with every tensor and array replaced by a reference to its bytes in the block.  The
+consumer's `decode` unpickles that structure with each reference turned into a torch.Tensor
+(a NumPy array where it was one, or where torch is missing) viewing the block: no copy after
+the worker's.
+
+Block layout: a 64-byte header (magic, pickle offset, pickle length, or an overflow record),
+the leaves' bytes from offset 64 each aligned to 64, then the pickle.
+
+The plan (`_Plan`) is a shared anonymous mapping made before the workers fork: the epoch's
+batches (dataset indices and offsets, written by the consumer's process in the loader's
+set_epoch hook, before any worker fetches a sample of that epoch), the epoch's base seed, and
+one mailbox per worker where a failing fill leaves its pickled exception and traceback.
+"""
+import collections.abc as _abc
+import io
+import mmap
+import os
+import pickle
+import random
+import signal
+import struct
+import sys
+import threading
+import traceback
+import warnings
+
+try:
+    import numpy as np
+except ImportError:  # pragma: no cover - numpy is a dependency of the extension's users
+    np = None
+try:
+    import torch
+except ImportError:
+    torch = None
+
+MAGIC = 0x3142544B4F5453      # "STOKTB1": a batch
+MAGIC_OVER = 0x3142564F4F5453  # "STOOVB1": the batch did not fit; bytes needed follow
+MAGIC_END = 0x3142444E4F5453   # "STONDB1": this worker's iterator is exhausted; its id follows
+
+
+class _End:
+    """decode()'s answer for an END block: the worker whose iterator is exhausted."""
+    __slots__ = ("worker",)
+
+    def __init__(self, worker):
+        self.worker = worker
+HDR = 64
+MAILBOX = 1 << 16
+_NP_KINDS = "biufc"  # numeric and bool arrays go into the block; others are pickled
+
+
+class _Overflow(Exception):
+    def __init__(self, need):
+        super().__init__(need)
+        self.need = need
+
+
+def _align(n):
+    return (n + 63) & ~63
+
+
+# ---- the block: leaves written into it, the structure pickled after them ---------------------
+
+class _Block:
+    """A worker's writer into one batch block (a writable memoryview of the pinned slot)."""
+
+    def __init__(self, view):
+        self.view = view
+        self.cap = len(view)
+        self.off = HDR
+        self.u8 = torch.frombuffer(view, dtype=torch.uint8) if torch is not None else None
+        self.base = self.u8.data_ptr() if torch is not None else None
+
+    def take(self, nbytes):
+        off = self.off
+        end = off + nbytes
+        if end > self.cap:
+            raise _Overflow(end)
+        self.off = _align(end)
+        return off
+
+    def tensor(self, dtype, shape):
+        """A new tensor in the block (torch)."""
+        n = 1
+        for d in shape:
+            n *= d
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        off = self.take(n * itemsize)
+        return self.u8[off:off + n * itemsize].view(dtype).view(tuple(shape))
+
+    def array(self, dtype, shape):
+        """A new NumPy array in the block."""
+        dtype = np.dtype(dtype)
+        n = 1
+        for d in shape:
+            n *= d
+        off = self.take(n * dtype.itemsize)
+        return np.frombuffer(self.view, dtype=dtype, count=n, offset=off).reshape(shape)
+
+    def ref_tensor(self, t):
+        """A persistent id of tensor t: its place in the block, copied there if it is not."""
+        if t.device.type != "cpu" or t.layout != torch.strided or t.is_quantized:
+            return None
+        if t.requires_grad:
+            t = t.detach()
+        p = t.data_ptr()
+        nbytes = t.numel() * t.element_size()
+        if (t.is_contiguous() and self.base <= p and p + nbytes <= self.base + self.cap
+                and (t.numel() == 0 or p >= self.base + HDR)):
+            off = p - self.base
+        else:
+            dst = self.tensor(t.dtype, t.shape)
+            dst.copy_(t)
+            off = dst.data_ptr() - self.base if t.numel() else 0
+        return ("t", off, str(t.dtype)[6:], tuple(t.shape))
+
+    def ref_array(self, a):
+        if a.dtype.kind not in _NP_KINDS or a.dtype.hasobject:
+            return None
+        dst = self.array(a.dtype, a.shape)
+        dst[...] = a
+        off = dst.__array_interface__["data"][0] - _addr(self.view) if a.size else 0
+        return ("n", off, a.dtype.str, a.shape)
+
+    def finish(self, obj):
+        """Pickles obj (its tensors and arrays as references) after the data; the header."""
+        f = io.BytesIO()
+        _BlockPickler(f, self).dump(obj)
+        data = f.getbuffer()
+        off = self.off
+        if off + len(data) > self.cap:
+            raise _Overflow(off + len(data))
+        self.view[off:off + len(data)] = data
+        struct.pack_into("<QQQ", self.view, 0, MAGIC, off, len(data))
+        return off + len(data)
+
+
+def _addr(view):
+    return np.frombuffer(view, dtype=np.uint8).__array_interface__["data"][0]
+
+
+class _BlockPickler(pickle.Pickler):
+    def __init__(self, f, block):
+        super().__init__(f, protocol=pickle.HIGHEST_PROTOCOL)
+        self.block = block
+
+    def persistent_id(self, obj):
+        if torch is not None and isinstance(obj, torch.Tensor):
+            return self.block.ref_tensor(obj)
+        if np is not None and type(obj) is np.ndarray:
+            return self.block.ref_array(obj)
+        return None
+
+
+class _BlockUnpickler(pickle.Unpickler):
+    def __init__(self, f, u8, view):
+        super().__init__(f)
+        self.u8 = u8
+        self.view = view
+
+    def persistent_load(self, pid):
+        kind, off, dtype, shape = pid
+        if kind == "t":
+            dt = getattr(torch, dtype)
+            n = 1
+            for d in shape:
+                n *= d
+            size = torch.empty((), dtype=dt).element_size()
+            return self.u8[off:off + n * size].view(dt).view(shape)
+        dt = np.dtype(dtype)
+        n = 1
+        for d in shape:
+            n *= d
+        return np.frombuffer(self.view, dtype=dt, count=n, offset=off).reshape(shape)
+
+
+# ---- torch's default_collate, writing into the block ----------------------------------------
+
+def _is_namedtuple(x):
+    return isinstance(x, tuple) and hasattr(x, "_fields")
+
+
+class _Collator:
+    """default_collate's rules (torch.utils.data._utils.collate), the stacked tensors written
+    straight into the block; leaves named in `pad` are padded to the batch's longest."""
+
+    def __init__(self, pad, multiple_of, max_length, return_lengths):
+        self.pad = dict(pad or {})
+        self.multiple_of = multiple_of
+        self.max_length = max_length
+        self.return_lengths = return_lengths
+        self.used = set()
+
+    def __call__(self, block, batch):
+        return self.collate(block, batch, "")
+
+    def _max_len(self, path):
+        m = self.max_length
+        if isinstance(m, dict):
+            return m.get(path)
+        return m
+
+    def pad_leaf(self, block, batch, path):
+        ts = [torch.as_tensor(x) for x in batch]
+        rest = tuple(ts[0].shape[1:])
+        for t in ts:
+            if t.dim() < 1 or tuple(t.shape[1:]) != rest or t.dtype != ts[0].dtype:
+                raise RuntimeError(
+                    "stoke: pad[%r]: samples must have the same dtype and the same shape after "
+                    "the first dimension (%s %s, then %s %s)"
+                    % (path, ts[0].dtype, tuple(ts[0].shape), t.dtype, tuple(t.shape)))
+        lengths = [t.shape[0] for t in ts]
+        cap = self._max_len(path)
+        if cap is not None:
+            lengths = [min(n, cap) for n in lengths]
+        L = max(lengths) if lengths else 0
+        if self.multiple_of:
+            L = -(-L // self.multiple_of) * self.multiple_of
+            if cap is not None:
+                L = min(L, max(cap, max(lengths)))
+        out = block.tensor(ts[0].dtype, (len(ts), L) + rest)
+        out.fill_(self.pad[path])
+        for i, (t, n) in enumerate(zip(ts, lengths)):
+            out[i, :n].copy_(t[:n])
+        lens = block.tensor(torch.int64, (len(ts),))
+        lens.copy_(torch.tensor(lengths, dtype=torch.int64))
+        return out, lens
+
+    def collate(self, block, batch, path):
+        elem = batch[0]
+        if path in self.pad and torch is not None:
+            self.used.add(path)
+            out, lens = self.pad_leaf(block, batch, path)
+            return _Padded(out, lens) if self.return_lengths else out
+        if torch is not None and isinstance(elem, torch.Tensor):
+            out = block.tensor(elem.dtype, (len(batch),) + tuple(elem.shape))
+            torch.stack(batch, 0, out=out)
+            return out
+        if np is not None and isinstance(elem, np.ndarray):
+            if elem.dtype.kind not in _NP_KINDS or elem.dtype.hasobject:
+                return list(batch)
+            if torch is not None:
+                return self.collate(block, [torch.as_tensor(b) for b in batch], path)
+            out = block.array(elem.dtype, (len(batch),) + elem.shape)
+            np.stack(batch, out=out)
+            return out
+        if np is not None and isinstance(elem, (np.number, np.bool_)):
+            if torch is not None:
+                return torch.as_tensor(np.array(batch))
+            return np.array(batch)
+        if isinstance(elem, float):
+            return torch.tensor(batch, dtype=torch.float64) if torch is not None else \
+                np.array(batch, dtype=np.float64)
+        if isinstance(elem, int):
+            return torch.tensor(batch) if torch is not None else np.array(batch)
+        if isinstance(elem, (str, bytes)):
+            return list(batch)
+        if isinstance(elem, _abc.Mapping):
+            out = {}
+            for key in elem:
+                sub = path + "." + str(key) if path else str(key)
+                v = self.collate(block, [d[key] for d in batch], sub)
+                if isinstance(v, _Padded):
+                    out[key] = v.out
+                    out[str(key) + "_lengths"] = v.lengths
+                else:
+                    out[key] = v
+            try:
+                return type(elem)(out)
+            except TypeError:
+                return out
+        if _is_namedtuple(elem):
+            return type(elem)(*(self._unpad(self.collate(block, list(s), _sub(path, i)))
+                                for i, s in enumerate(zip(*batch))))
+        if isinstance(elem, _abc.Sequence):
+            n = len(elem)
+            if any(len(e) != n for e in batch):
+                raise RuntimeError("each element in list of batch should be of equal size")
+            cols = [self._unpad(self.collate(block, list(s), _sub(path, i)))
+                    for i, s in enumerate(zip(*batch))]
+            if isinstance(elem, tuple):
+                return cols
+            try:
+                return type(elem)(cols)
+            except TypeError:
+                return cols
+        return list(batch)  # None and other objects: passed through as a list
+
+    @staticmethod
+    def _unpad(v):
+        return (v.out, v.lengths) if isinstance(v, _Padded) else v
+
+
+def _sub(path, i):
+    return path + "." + str(i) if path else str(i)
+
+
+class _Padded:
+    __slots__ = ("out", "lengths")
+
+    def __init__(self, out, lengths):
+        self.out = out
+        self.lengths = lengths
+
+
+def _convert(x):
+    """default_convert (batch_size=None): arrays become tensors, the rest stays."""
+    if torch is None:
+        return x
+    if np is not None and isinstance(x, np.ndarray) and x.dtype.kind in _NP_KINDS:
+        return torch.as_tensor(x)
+    if isinstance(x, _abc.Mapping):
+        try:
+            return type(x)({k: _convert(v) for k, v in x.items()})
+        except TypeError:
+            return {k: _convert(v) for k, v in x.items()}
+    if _is_namedtuple(x):
+        return type(x)(*(_convert(v) for v in x))
+    if isinstance(x, tuple):
+        return [_convert(v) for v in x]
+    if isinstance(x, _abc.Sequence) and not isinstance(x, (str, bytes)):
+        try:
+            return type(x)([_convert(v) for v in x])
+        except TypeError:
+            return [_convert(v) for v in x]
+    return x
+
+
+# ---- the plan: the epoch's batches, seeds and error mailboxes, shared with the workers -----
+
+class _Plan:
+    """Shared with the workers (made before they fork): a header, the mailboxes and the
+    epoch's batch offsets in one anonymous shared mapping; the indices in a memfd that grows
+    (a worker maps it again when the header says it grew)."""
+    H_EPOCH, H_NBATCH, H_SEED, H_NIDX, H_IDXCAP = 0, 1, 2, 3, 4
+
+    def __init__(self, nbatches, nidx, nmail):
+        self.nbatches = max(nbatches, 0)
+        self.nmail = nmail
+        self.off_mail = 4096
+        self.off_offs = self.off_mail + nmail * MAILBOX
+        size = self.off_offs + 8 * (self.nbatches + 1)
+        self.mm = mmap.mmap(-1, size)  # MAP_SHARED | MAP_ANONYMOUS: the forked workers see it
+        self.head = np.frombuffer(self.mm, dtype=np.int64, count=8, offset=0)
+        self.offs = np.frombuffer(self.mm, dtype=np.int64, count=self.nbatches + 1,
+                                  offset=self.off_offs)
+        self.fd = os.memfd_create("stoke-plan", os.MFD_CLOEXEC)
+        self.idx_mm = None
+        self._map_idx(max(nidx, 512))
+
+    def _map_idx(self, n):
+        if self.idx_mm is not None:
+            self.idx = None
+            self.idx_mm.close()
+        if os.fstat(self.fd).st_size < 8 * n:
+            os.ftruncate(self.fd, 8 * n)
+        self.idx_mm = mmap.mmap(self.fd, 8 * n)
+        self.idx = np.frombuffer(self.idx_mm, dtype=np.int64, count=n)
+        self.head[self.H_IDXCAP] = n
+
+    def write(self, epoch, batches, base_seed):
+        n = sum(len(b) for b in batches)
+        if len(batches) != self.nbatches:
+            raise ValueError(
+                "stoke: the sampler gave %d batches for epoch %d, its length says %d: a "
+                "stoke.DataLoader keeps the number of batches per epoch"
+                % (len(batches), epoch, self.nbatches))
+        if n > len(self.idx):
+            self._map_idx(max(n, 2 * len(self.idx)))
+        pos = 0
+        for i, b in enumerate(batches):
+            self.offs[i] = pos
+            self.idx[pos:pos + len(b)] = b
+            pos += len(b)
+        self.offs[len(batches)] = pos
+        self.head[self.H_EPOCH] = epoch
+        self.head[self.H_SEED] = base_seed
+        self.head[self.H_NIDX] = pos
+
+    def batch(self, i):
+        if self.head[self.H_IDXCAP] != len(self.idx):  # a worker: the consumer grew it
+            self._map_idx(int(self.head[self.H_IDXCAP]))
+        return self.idx[self.offs[i]:self.offs[i + 1]]
+
+    def base_seed(self):
+        return int(self.head[self.H_SEED])
+
+    def mail_put(self, worker, batch, payload):
+        slot = min(max(worker, 0), self.nmail - 1)
+        off = self.off_mail + slot * MAILBOX
+        payload = payload[:MAILBOX - 16]
+        self.mm[off + 16:off + 16 + len(payload)] = payload
+        struct.pack_into("<QQ", self.mm, off, batch + 1, len(payload))
+
+    def mail_take(self, batch):
+        for slot in range(self.nmail):
+            off = self.off_mail + slot * MAILBOX
+            b1, n = struct.unpack_from("<QQ", self.mm, off)
+            if b1 == batch + 1 and n:
+                data = bytes(self.mm[off + 16:off + 16 + n])
+                struct.pack_into("<QQ", self.mm, off, 0, 0)
+                return data
+        return None
+
+
+def _permutation(n, seed, epoch):
+    """stoke's shuffle without a sampler: a permutation keyed by (seed, epoch), independent of
+    the workers (a restored position recomputes it)."""
+    rng = np.random.Generator(np.random.PCG64([seed & (2**64 - 1), epoch]))
+    return rng.permutation(n)
+
+
+# ---- the writer the C loader calls ------------------------------------------------------------
+
+class _Writer:
+    def __init__(self, dl, dataset, iterable, batch_size, drop_last, sampler, batch_sampler,
+                 shuffle, seed, generator, collate_fn, worker_init_fn, num_workers, processes,
+                 persistent, pad, pad_to_multiple_of, max_length, return_lengths, rank, world):
+        self.dataset = dataset
+        self.iterable = iterable
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.sampler = sampler
+        self.batch_sampler = batch_sampler
+        self.shuffle = shuffle
+        self.seed = seed
+        self.generator = generator
+        self.collate_fn = collate_fn
+        self.collator = _Collator(pad, pad_to_multiple_of, max_length, return_lengths)
+        self.worker_init_fn = worker_init_fn
+        self.num_workers = num_workers
+        self.processes = processes
+        self.persistent = persistent
+        self.rank, self.world = rank, world
+        self.name = "python:" + type(dataset).__name__
+        self.getitems = getattr(dataset, "__getitems__", None)
+        self.tensors = _tensor_rows(dataset)
+        self.worker = -2          # -2: the consumer's process; -1: the zygote; >= 0: a worker
+        self.seeded_epoch = None
+        self.iters = {}
+        self.iter_lock = threading.Lock()
+        self.warned_over = False
+        self.plan = None
+        self.nbatches = -1
+        self.blob_bytes = 0
+        self.iter_map = iterable and processes
+        if self.iter_map:
+            # The C loader's worker processes take MAP datasets: batch i is then the next
+            # batch of whichever worker's iterator fills it, and an exhausted worker answers
+            # with an END block; the epoch ends when every worker has sent one.
+            try:
+                n = len(dataset)
+                bs = batch_size or 1
+                self.nbatches = -(-n // bs) + 2 * num_workers + 1
+            except TypeError:
+                self.nbatches = 1 << 24
+            nidx = 0
+        elif not iterable:
+            self.nbatches, nidx = self.count()
+            if self.nbatches == 0:
+                raise ValueError("stoke: the dataset gives no batch (length %d, batch_size %s, "
+                                 "drop_last %s)" % (len(dataset), batch_size, drop_last))
+        else:
+            nidx = 0
+        self.plan = _Plan(self.nbatches, nidx, num_workers + 1)
+
+    # -- the epoch's batches (consumer's process) --
+
+    def count(self):
+        """Batches per epoch and indices, from the lengths (torch's len(loader)), without
+        iterating the sampler: its draws happen when an epoch starts, as torch's do."""
+        if self.batch_sampler is not None:
+            n = len(self.batch_sampler)
+            return n, n * 8
+        if self.sampler is not None:
+            n = len(self.sampler)
+        else:
+            n = len(self.dataset)
+            if self.world > 1:
+                n = -(-n // self.world)
+        bs = self.batch_size
+        if bs is None:
+            return n, n
+        return (n // bs if self.drop_last else -(-n // bs)), n
+
+    def sample_order(self, epoch):
+        if self.sampler is not None:
+            return [int(i) for i in self.sampler]
+        n = len(self.dataset)
+        order = _permutation(n, self.seed, epoch) if self.shuffle else np.arange(n)
+        if self.world > 1:  # DistributedSampler's split: padded to a multiple of the ranks
+            per = -(-n // self.world)
+            total = per * self.world
+            if total > n:
+                order = np.concatenate([order, order[:total - n]])
+            order = order[self.rank:total:self.world]
+        return order.tolist()
+
+    def batches(self, epoch):
+        if self.batch_sampler is not None:
+            return [[int(i) for i in b] for b in self.batch_sampler]
+        order = self.sample_order(epoch)
+        bs = self.batch_size
+        if bs is None:
+            return [[i] for i in order]
+        out = [order[i:i + bs] for i in range(0, len(order), bs)]
+        if out and self.drop_last and len(out[-1]) < bs:
+            out.pop()
+        return out
+
+    def base_seed_for(self):
+        if torch is not None:
+            return int(torch.empty((), dtype=torch.int64).random_(generator=self.generator)
+                       .item())
+        return random.getrandbits(63)
+
+    # -- hooks called by the C loader --
+
+    def set_epoch(self, epoch, _unused=0):
+        try:
+            if self.worker == -2:
+                seed = self.base_seed_for()
+                if self.iterable:
+                    self.plan.head[_Plan.H_EPOCH] = epoch
+                    self.plan.head[_Plan.H_SEED] = seed
+                    with self.iter_lock:
+                        self.iters.clear()
+                else:
+                    self.plan.write(epoch, self.batches(epoch), seed)
+            elif epoch != self.seeded_epoch:
+                self.start_worker_epoch(epoch)
+            return None
+        except Exception as e:  # noqa: BLE001 - reported through the loader
+            self.keep_error(-1, e, None)
+            return "%s: %s" % (type(e).__name__, e)
+
+    def worker_init(self, worker, num_workers):
+        if self.worker >= 0:  # a worker process, before its first batch
+            try:
+                self.start_worker_epoch(int(self.plan.head[_Plan.H_EPOCH]))
+            except Exception as e:  # noqa: BLE001
+                self.keep_error(-1, e, None, self.worker)
+                return "worker_init_fn: %s: %s" % (type(e).__name__, e)
+        return None
+
+    def fork_child(self, worker):
+        self.worker = worker
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the consumer's to handle
+        if worker >= 0 and torch is not None:
+            torch.set_num_threads(1)  # as torch's workers: one intra-op thread each
+
+    def start_worker_epoch(self, epoch):
+        """In a worker process, before its first batch of an epoch: torch's worker set-up
+        (seeds, get_worker_info, worker_init_fn) once, or every epoch when the workers are not
+        persistent (torch starts new ones each epoch)."""
+        if self.seeded_epoch is None or not self.persistent:
+            base = self.plan.base_seed()
+            seed = base + self.worker
+            random.seed(seed)
+            if torch is not None:
+                torch.manual_seed(seed)
+                from torch.utils.data._utils import worker as tw
+                if np is not None:
+                    np.random.seed(tw._generate_state(base, self.worker))
+                tw._worker_info = tw.WorkerInfo(id=self.worker, num_workers=self.num_workers,
+                                                seed=seed, dataset=self.dataset)
+            elif np is not None:
+                np.random.seed(seed & 0xFFFFFFFF)
+            if self.worker_init_fn is not None:
+                self.worker_init_fn(self.worker)
+        self.seeded_epoch = epoch
+        self.iters.clear()
+
+    # -- making a batch --
+
+    def fetch(self, indices, where):
+        if self.tensors is not None and self.collate_fn is None and not self.collator.pad:
+            return None
+        if self.getitems is not None:
+            return self.getitems(indices)
+        out = []
+        for j in indices:
+            where[0] = j
+            out.append(self.dataset[j])
+        return out
+
+    def write(self, block, samples, indices):
+        if self.tensors is not None and samples is None:  # rows of in-memory tensors
+            idx = torch.as_tensor(indices, dtype=torch.int64)
+            outs = []
+            for t in self.tensors:
+                o = block.tensor(t.dtype, (len(indices),) + tuple(t.shape[1:]))
+                torch.index_select(t, 0, idx, out=o)
+                outs.append(o)
+            return block.finish(outs)
+        if self.collate_fn is not None:
+            return block.finish(self.collate_fn(samples))
+        if self.batch_size is None and self.batch_sampler is None:
+            return block.finish(_convert(samples[0]))
+        return block.finish(self.collator(block, samples))
+
+    def fill(self, i, worker, view):
+        if self.iter_map:
+            r = self.next_fill(worker, view)
+            if r == 0:
+                struct.pack_into("<QQ", view, 0, MAGIC_END, self.worker)
+                return 16
+            return r[0] if isinstance(r, tuple) else r
+        where = [None]
+        indices = None
+        try:
+            indices = self.plan.batch(i).tolist()
+            samples = self.fetch(indices, where)
+            return self.write(_Block(view), samples, indices)
+        except _Overflow as o:
+            struct.pack_into("<QQ", view, 0, MAGIC_OVER, o.need)
+            return 16
+        except Exception as e:  # noqa: BLE001 - the consumer re-raises it
+            return self.fail(i, worker, e, where[0])
+
+    def next_fill(self, worker, view):
+        key = worker if self.worker >= 0 else 0  # threads share one iterator: each sample once
+        try:
+            with self.iter_lock:
+                it = self.iters.get(key)
+                if it is None:
+                    it = self.iters[key] = iter(self.dataset)
+                samples = []
+                n = self.batch_size or 1
+                for s in it:
+                    samples.append(s)
+                    if len(samples) == n:
+                        break
+            if not samples or (self.drop_last and len(samples) < n):
+                return 0
+            block = _Block(view)
+            if self.collate_fn is not None:
+                used = block.finish(self.collate_fn(samples))
+            elif self.batch_size is None:
+                used = block.finish(_convert(samples[0]))
+            else:
+                used = block.finish(self.collator(block, samples))
+            return (used, 0)
+        except _Overflow as o:
+            return ("stoke: a batch of the iterable dataset needs %d bytes, its block holds %d: "
+                    "pass max_batch_bytes=%d or more" % (o.need, len(view), 2 * o.need))
+        except Exception as e:  # noqa: BLE001
+            return self.fail(-1, worker, e, None)
+
+    def fail(self, i, worker, e, index):
+        self.keep_error(i, e, index, worker)
+        what = "%s: %s" % (type(e).__name__, e)
+        return what if index is None else "%s (dataset index %d)" % (what, index)
+
+    def keep_error(self, i, e, index, worker=0):
+        tb = traceback.format_exc()
+        try:
+            payload = pickle.dumps((e, tb, index, os.getpid(), worker))
+        except Exception:  # noqa: BLE001 - an exception that does not pickle
+            payload = pickle.dumps((RuntimeError("%s: %s" % (type(e).__name__, e)), tb, index,
+                                    os.getpid(), worker))
+        self.plan.mail_put(worker if worker >= 0 else 0, i, payload)
+
+    # -- the consumer's side --
+
+    def measure(self, max_batch_bytes):
+        if max_batch_bytes:
+            self.blob_bytes = int(max_batch_bytes)
+            return
+        need = _probe(self)
+        self.blob_bytes = max(4096, (need * 2 + (256 << 10) + 4095) & ~4095)
+
+    def decode(self, b):
+        field = b[0]
+        view = memoryview(field).cast("B")
+        magic, a, n = struct.unpack_from("<QQQ", view, 0)
+        if magic == MAGIC_END:
+            return _End(a)
+        if magic == MAGIC_OVER:
+            return self.rebuild(b, a)
+        if magic != MAGIC:
+            raise RuntimeError("stoke: batch %d's block has no batch (magic %#x)"
+                               % (b.indices_list()[0] if hasattr(b, "indices_list") else -1,
+                                  magic))
+        u8 = torch.from_dlpack(field).view(-1) if torch is not None else None
+        return _BlockUnpickler(io.BytesIO(view[a:a + n]), u8, view).load()
+
+    def rebuild(self, b, need):
+        """A batch too large for its block: made again here, in ordinary memory."""
+        i = int(np.asarray(b.indices)[0])
+        if not self.warned_over:
+            self.warned_over = True
+            warnings.warn("stoke: batch %d needs %d bytes, more than a block (%d): such batches "
+                          "are made in the main process, in ordinary memory; pass "
+                          "max_batch_bytes=%d to keep them pinned and in the workers"
+                          % (i, need, self.blob_bytes, 2 * need), RuntimeWarning, stacklevel=3)
+        indices = self.plan.batch(i).tolist()
+        samples = self.fetch(indices, [None])
+        buf = bytearray(_align(need) + (1 << 20))
+        block = _Block(memoryview(buf))
+        self.write(block, samples, indices)
+        view = memoryview(buf)
+        _, a, n = struct.unpack_from("<QQQ", view, 0)
+        u8 = torch.frombuffer(buf, dtype=torch.uint8) if torch is not None else None
+        return _BlockUnpickler(io.BytesIO(view[a:a + n]), u8, view).load()
+
+    def reraise(self, err):
+        """The dataset's exception behind a loader error, if a fill kept one."""
+        batch = getattr(err, "sample", None)
+        data = self.plan.mail_take(batch if batch is not None else -1)
+        if data is None and batch is not None:
+            data = self.plan.mail_take(-1)
+        if data is None:
+            return None
+        exc, tb, index, pid, worker = pickle.loads(data)
+        where = "in stoke worker %d (pid %d)" % (worker, pid) if pid != os.getpid() else \
+            "in the loading thread"
+        note = "%s, batch %s%s:\n%s" % (
+            where, batch, "" if index is None else ", dataset index %d" % index, tb.rstrip())
+        if hasattr(exc, "add_note"):
+            exc.add_note(note)
+        else:  # Python < 3.11: the traceback text in the message
+            try:
+                exc.args = (("%s\n%s" % (exc.args[0], note)),) + tuple(exc.args[1:]) \
+                    if exc.args else (note,)
+            except Exception:  # noqa: BLE001
+                pass
+        return exc
+
+
+def _tensor_rows(dataset):
+    """The tensors of a torch TensorDataset (samples are their rows): served by one
+    index_select per tensor and batch, without a Python call per sample."""
+    if torch is None or type(dataset).__name__ != "TensorDataset":
+        return None
+    ts = getattr(dataset, "tensors", None)
+    if not isinstance(ts, tuple) or not ts or not all(isinstance(t, torch.Tensor) and
+                                                       t.device.type == "cpu" for t in ts):
+        return None
+    from torch.utils.data import TensorDataset
+    if type(dataset) is not TensorDataset:
+        return None
+    return ts
+
+
+def _probe(w):
+    """The bytes of the first batches, made in a forked child so that the dataset's state in
+    this process (files opened lazily by __getitem__, an iterator) stays as the user left it,
+    as torch's main process never calls the dataset either."""
+    r, wfd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 0
+        try:
+            os.close(r)
+            w.worker = 0 if w.iterable else -3
+            if w.iterable and torch is not None:
+                from torch.utils.data._utils import worker as tw
+                tw._worker_info = tw.WorkerInfo(id=0, num_workers=max(w.num_workers, 1),
+                                                seed=0, dataset=w.dataset)
+            need = 0
+            if w.iterable:
+                w.iters.clear()
+                for _ in range(3):
+                    n = _probe_one(w, None)
+                    if not n:
+                        break
+                    need = max(need, n)
+            else:
+                batches = w.batches(0)
+                for b in batches[:3] + batches[-1:]:
+                    need = max(need, _probe_one(w, b))
+            os.write(wfd, str(need).encode())
+        except BaseException as e:  # noqa: BLE001
+            os.write(wfd, ("E" + pickle.dumps((e, traceback.format_exc())).hex()).encode())
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(wfd)
+    chunks = []
+    while True:
+        c = os.read(r, 1 << 16)
+        if not c:
+            break
+        chunks.append(c)
+    os.close(r)
+    os.waitpid(pid, 0)
+    text = b"".join(chunks).decode()
+    if text.startswith("E"):
+        exc, tb = pickle.loads(bytes.fromhex(text[1:]))
+        if hasattr(exc, "add_note"):
+            exc.add_note("while stoke measured the first batches (a forked child):\n" + tb)
+        raise exc
+    if not text:
+        raise RuntimeError("stoke: measuring the first batches failed (the child died)")
+    return int(text)
+
+
+def _probe_one(w, indices):
+    size = 1 << 20
+    while True:
+        buf = bytearray(size)
+        try:
+            block = _Block(memoryview(buf))
+            if indices is None:
+                return w.next_fill_probe(block)
+            samples = w.fetch(list(indices), [None])
+            return w.write(block, samples, list(indices))
+        except _Overflow as o:
+            size = _align(o.need) * 2
+
+
+def _next_fill_probe(self, block):
+    it = self.iters.get(0)
+    if it is None:
+        it = self.iters[0] = iter(self.dataset)
+    samples = []
+    n = self.batch_size or 1
+    for s in it:
+        samples.append(s)
+        if len(samples) == n:
+            break
+    if not samples:
+        return 0
+    if self.collate_fn is not None:
+        return block.finish(self.collate_fn(samples))
+    if self.batch_size is None:
+        return block.finish(_convert(samples[0]))
+    return block.finish(self.collator(block, samples))
+
+
+_Writer.next_fill_probe = _next_fill_probe
