@@ -86,7 +86,8 @@ def tokens_builtin_padding():
     """pad={"input_ids": 0, "labels": -100} (no Python collate) gives what the padding
     collate_fn gives: input_ids, labels and label as torch collates them, padded to the
     batch's longest (or max_length, truncating; or a multiple), and the lengths as one more
-    field; return_lengths=False: only the sample's fields."""
+    field ("<name>_lengths" beside each padded entry); return_lengths=False: only the
+    sample's fields."""
     pad = {"input_ids": 0, "labels": -100}
     for workers, extra in ((0, {}), (2, {}), (2, {"max_length": 10}),
                            (1, {"pad_to_multiple_of": 8})):
@@ -98,19 +99,19 @@ def tokens_builtin_padding():
         check_len(ref, got, what)
         r, s = epoch(ref), epoch(got)
         T.check(len(r) == len(s), "%s: %d batches, torch %d" % (what, len(s), len(r)))
-        names = set()
         for k, ((rb, rlen), sb) in enumerate(zip(r, s)):
             T.check(isinstance(sb, dict), "%s: batch %s" % (what, L.describe(sb)))
             for key in ("input_ids", "labels", "label"):
                 T.check(key in sb, "%s: batch %d has no %r: %s" % (what, k, key, L.describe(sb)))
                 L.same(rb[key], sb[key], "%s: batch %d[%r]" % (what, k, key))
             more = [n for n in sb if n not in rb]
-            T.check(more and all(isinstance(sb[n], torch.Tensor) and sb[n].shape == rlen.shape
+            T.check(sorted(more) == sorted(f + "_lengths" for f in pad),
+                    "%s: batch %d: fields %s beside the sample's (want %s)" % (
+                        what, k, more, [f + "_lengths" for f in pad]))
+            T.check(all(isinstance(sb[n], torch.Tensor) and sb[n].shape == rlen.shape
                                  and torch.equal(sb[n].to(torch.int64), rlen) for n in more),
                     "%s: batch %d: fields beyond the sample's %s should be the lengths %s"
                     % (what, k, L.describe({n: sb[n] for n in more}), rlen.tolist()))
-            names.update(more)
-        print("  %s: lengths as %s" % (what, sorted(names)))
     got = L.Loader(TokenDicts(), batch_size=8, pad=pad, return_lengths=False)
     for b in got:
         T.check(list(b) == ["input_ids", "labels", "label"], "return_lengths=False: %s" % list(b))
@@ -299,13 +300,15 @@ def custom_batch_type():
         ref, got = pair(Rows(), batch_size=4, collate_fn=Pair, num_workers=workers,
                         pin_memory=False)
         check_len(ref, got, what)
-        r, s = list(ref), list(got)
-        T.check(len(r) == len(s), "%s: %d batches, torch %d" % (what, len(s), len(r)))
-        for k, (a, b) in enumerate(zip(r, s)):
+        r = list(ref)
+        n = 0
+        for k, (a, b) in enumerate(zip(r, got)):  # compared as they come
             T.check(type(b) is Pair, "%s: batch %d is a %s" % (what, k, type(b).__name__))
             L.same(a.inp, b.inp, "%s: batch %d .inp" % (what, k))
             L.same(a.tgt, b.tgt, "%s: batch %d .tgt" % (what, k))
             T.check(b.pinned == 0, "%s: pin_memory() called %d times" % (what, b.pinned))
+            n += 1
+        T.check(n == len(r) == 12, "%s: %d batches, torch %d" % (what, n, len(r)))
 
 
 L.run_cases()

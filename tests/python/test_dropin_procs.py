@@ -15,7 +15,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 import traceback
 
@@ -25,22 +24,18 @@ import dropin_lib as L  # noqa: E402
 from dropin_lib import case, check_sequential, epoch, no_children_within  # noqa: E402
 
 torch = L.torch
-from torch.utils.data import Dataset  # noqa: E402
+from torch.utils.data import Dataset, get_worker_info  # noqa: E402
 
 PARENT = os.getpid()
 # orphans of the subprocesses (exited parents' workers) are re-parented to this process
 ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
 signal.signal(signal.SIGINT, signal.default_int_handler)
 
-# the parent's torch thread pool runs before any loader exists (first case)
-torch.set_num_threads(2)
-_a = torch.randn(256, 256)
-T.check(float((_a @ _a).sum()) == float((_a @ _a).sum()), "matmul")
-_ = (torch.arange(400_000) % 7).sum()
 
-
-def in_child():
-    return os.getpid() != PARENT
+def in_worker():
+    """In a worker process (not in the caller, nor in stoke's measuring of the first batches
+    when the loader is made): get_worker_info() is set there, as in torch's workers."""
+    return os.getpid() != PARENT and get_worker_info() is not None
 
 
 def rows(n):
@@ -75,39 +70,32 @@ def fresh_epoch_works(what):
     gc.collect()
 
 
-class TorchOps(Dataset):
-    """Torch ops inside __getitem__ (a matmul, a large elementwise op and a reduction), exact
-    in any thread count."""
-
-    def __len__(self):
-        return 48
-
-    def __getitem__(self, i):
-        g = torch.Generator().manual_seed(i)
-        m = torch.randint(-8, 8, (96, 96), generator=g).to(torch.float64)
-        big = (torch.arange(300_000) * (i + 1)) % 97
-        return (m @ m.T).sum(dim=0), big.sum(), torch.get_num_threads()
+POOL = r"""
+import torch
+torch.set_num_threads(2)  # the parent's intra-op pool runs before the loader's children exist
+a = torch.randn(256, 256)
+assert torch.equal(a @ a, a @ a)
+(torch.arange(400_000) % 7).sum()
+import dropin_child as C
+C.torch_ops_epochs()
+assert torch.get_num_threads() == 2 and torch.equal(a @ a, a @ a)
+print("CHILDREN", C.children(), flush=True)
+"""
 
 
 @case
 def torch_pool_started_before():
-    ds = TorchOps()
-    want = [ds[i] for i in range(len(ds))]
-    for workers in (2, 1):
-        what = "torch ops in workers=%d after the parent's pool started" % workers
-        loader = L.Loader(ds, batch_size=6, num_workers=workers)
-        got = epoch(loader)
-        T.check(len(got) == 8, "%s: %d batches" % (what, len(got)))
-        for k, b in enumerate(got):
-            T.check(torch.equal(b[0], torch.stack([w[0] for w in want[6 * k:6 * k + 6]])),
-                    "%s: matmul rows of batch %d" % (what, k))
-            T.check(torch.equal(b[1], torch.stack([w[1] for w in want[6 * k:6 * k + 6]])),
-                    "%s: sums of batch %d" % (what, k))
-        del loader
-        gc.collect()
-        no_children_within(15, what)
-    T.check(torch.get_num_threads() == 2, "parent threads %d" % torch.get_num_threads())
-    T.check(torch.equal(_a @ _a, _a @ _a), "the parent's matmul after the workers")
+    """A parent whose torch thread pool ran before the loader: workers running torch ops
+    (a matmul, a large elementwise op) deliver the right batches, and do not hang."""
+    what = "torch ops in workers after the parent's pool started"
+    p = script(POOL)
+    with Cleans(p, what):
+        out, err = finish(p, 90)
+        T.check(p.returncode is not None, "%s: hung (90 s); the script said %r, stderr:\n%s" % (
+            what, out, err[-3000:]))
+        T.check(p.returncode == 0, "%s: exit %d, stderr:\n%s" % (what, p.returncode,
+                                                                 err[-3000:]))
+        T.check("CHILDREN []" in out, "%s: %r" % (what, out))
 
 
 # --- exceptions -----------------------------------------------------------------------------
@@ -152,7 +140,7 @@ def getitem_raises():
             T.check("row 13 is corrupt" in str(e), "%s: message %r" % (what, str(e)))
             T.check("decode_row_badly" in text and "__getitem__" in text,
                     "%s: the child's traceback is not attached:\n%s" % (what, text))
-            T.check(re.search(r"sample\D{0,20}\b13\b", text),
+            T.check(re.search(r"(sample|index)\D{0,20}\b13\b", text),
                     "%s: the sample index is not named:\n%s" % (what, text))
         except Exception as e:
             raise AssertionError("%s: %s instead of BadRow:\n%s" % (what, type(e).__name__,
@@ -190,7 +178,7 @@ class Dying(Rows):
         self.sig, self.pidfile = sig, pidfile
 
     def __getitem__(self, i):
-        if i == 37 and in_child():
+        if i == 37 and in_worker():
             with open(self.pidfile, "w") as f:
                 f.write(str(os.getpid()))
             os.kill(os.getpid(), self.sig)
@@ -225,6 +213,9 @@ def killed_child(sig):
         T.check(any(w in msg for w in SIGNAL_WORDS[sig]), "%s: the message does not name the "
                 "signal (%s): %r" % (what, "/".join(SIGNAL_WORDS[sig]), msg))
         T.check(37 not in delivered, "%s: sample 37 delivered" % what)
+        named = [int(n) for n in re.findall(r"\bsample (\d+)", msg)]
+        T.check(all(n == 37 for n in named), "%s: the message names sample(s) %s, the worker "
+                "died on sample 37 (batch 9): %r" % (what, named, msg))
         print("  %s: %s after %.1f s, %d samples delivered: %s" % (
             what, type(e).__name__, took, len(delivered), msg.splitlines()[0][:200]))
     del loader, b
@@ -246,49 +237,57 @@ def child_sigsegv():
 
 # --- SIGINT ---------------------------------------------------------------------------------
 
-class Stalls(Rows):
-    """Samples from 40 on never come (a minute each): the caller waits on the loader."""
+SIGINT_SELF = r"""
+import faulthandler, gc, os, signal, threading, time
+import dropin_child as C
+faulthandler.dump_traceback_later(45, exit=True)  # a loop that never sees the signal: stacks
+loader = C.stalling_loader()
+sent = []
 
-    def __init__(self):
-        super().__init__(400)
+def interrupt():
+    sent.append(time.monotonic())
+    os.kill(os.getpid(), signal.SIGINT)
 
-    def __getitem__(self, i):
-        if i >= 40 and in_child():
-            time.sleep(60)
-        return super().__getitem__(i)
+timer = threading.Timer(0.5, interrupt)
+try:
+    for k, b in enumerate(loader):
+        assert b[0].tolist() == [4 * k + j for j in range(4)], b[0]
+        if k == 2:
+            timer.start()
+    print("ENDED", flush=True)
+except KeyboardInterrupt:
+    print("INTERRUPTED after %d batches, %.1f s after the signal" % (
+        k, time.monotonic() - sent[0]), flush=True)
+faulthandler.cancel_dump_traceback_later()
+del loader, b
+gc.collect()
+deadline = time.monotonic() + 20
+while C.children() and time.monotonic() < deadline:
+    time.sleep(0.05)
+print("CHILDREN", C.children(), flush=True)
+"""
 
 
 @case
 def sigint_to_this_process():
-    """SIGINT sent (from a thread) while the caller waits for a batch: KeyboardInterrupt in
-    the loop, promptly, and the children gone after the loader."""
+    """SIGINT sent to the caller (from a thread) while it waits for a batch that does not
+    come: KeyboardInterrupt in the loop (within 45 s), and the children gone after the
+    loader."""
     what = "SIGINT while waiting for a batch"
-    loader = L.Loader(Stalls(), batch_size=4, num_workers=2)
-    got, sent, b = [], [], None
-
-    def interrupt():
-        sent.append(time.monotonic())
-        os.kill(os.getpid(), signal.SIGINT)
-
-    try:
-        for k, b in enumerate(loader):
-            got.append(b)
-            if k == 2:
-                threading.Timer(0.5, interrupt).start()
-        T.check(False, "%s: the epoch ended" % what)
-    except KeyboardInterrupt:
-        T.check(sent, "%s: KeyboardInterrupt before the signal" % what)
-        took = time.monotonic() - sent[0]
-        T.check(took < 20, "%s: KeyboardInterrupt %.1f s after the signal" % (what, took))
-    check_rows(got, len(got) * 4, what + " (batches before)")
-    del loader, got, b
-    gc.collect()
-    no_children_within(20, what)
+    p = script(SIGINT_SELF)
+    with Cleans(p, what):
+        out, err = finish(p, 90)
+        T.check("INTERRUPTED" in out, "%s: no KeyboardInterrupt in the loop (exit %s); stdout "
+                "%r, stderr:\n%s" % (what, p.returncode, out, err[-3000:]))
+        T.check(p.returncode == 0 and "CHILDREN []" in out, "%s: exit %s, stdout %r, stderr:"
+                "\n%s" % (what, p.returncode, out, err[-3000:]))
+        print("  " + out.splitlines()[0])
 
 
 CTRL_C = r"""
-import gc, time
+import faulthandler, gc, time
 import dropin_child as C
+faulthandler.dump_traceback_later(45, exit=True)  # a loop that never sees the signal: stacks
 loader = C.stalling_loader()
 try:
     for k, b in enumerate(loader):
@@ -297,6 +296,7 @@ try:
     print("ENDED", flush=True)
 except KeyboardInterrupt:
     print("INTERRUPTED", flush=True)
+faulthandler.cancel_dump_traceback_later()
 del loader, b
 gc.collect()
 deadline = time.monotonic() + 20
@@ -323,6 +323,39 @@ def script(code):
     """Starts code in a fresh interpreter (same environment: PYTHONPATH) in its own session."""
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def finish(p, timeout):
+    """p's output once it ended; after `timeout` its session is killed and p.returncode is
+    left None (hung)."""
+    try:
+        return p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, err = p.communicate()
+        p.returncode = None
+        return out, err
+
+
+class Cleans:
+    """with Cleans(p, what): the checks of script p's case; afterwards (also when a check
+    failed) nothing of p may be left (nothing_left_of), reaped either way."""
+
+    def __init__(self, p, what, seconds=10):
+        self.p, self.what, self.seconds = p, what, seconds
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, value, tb):
+        if kind is None:
+            nothing_left_of(self.p, self.seconds, self.what)
+            return False
+        try:
+            nothing_left_of(self.p, self.seconds, self.what)
+        except AssertionError as e:
+            print("  and: %s" % e)
+        return False
 
 
 def nothing_left_of(p, seconds, what):
@@ -355,21 +388,19 @@ def ctrl_c_process_group():
     The caller gets KeyboardInterrupt, the workers print no tracebacks, none is left."""
     what = "SIGINT to the process group"
     p = script(CTRL_C)
-    line = p.stdout.readline()
-    T.check(line.strip() == "READY", "%s: the script said %r; stderr %s" % (
-        what, line, p.stderr.read() if p.poll() is not None else ""))
-    os.killpg(p.pid, signal.SIGINT)
-    try:
-        out, err = p.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        p.communicate()
-        raise AssertionError("%s: the script hung after SIGINT" % what)
-    T.check(p.returncode == 0, "%s: exit %d, stderr:\n%s" % (what, p.returncode, err[-3000:]))
-    T.check("INTERRUPTED" in out, "%s: no KeyboardInterrupt in the loop: %r" % (what, out))
-    T.check("CHILDREN []" in out, "%s: children left in the script: %r" % (what, out))
-    T.check("Traceback" not in err, "%s: tracebacks on stderr:\n%s" % (what, err[-3000:]))
-    nothing_left_of(p, 10, what)
+    with Cleans(p, what):
+        line = p.stdout.readline()
+        if line.strip() == "READY":
+            os.killpg(p.pid, signal.SIGINT)
+        out, err = finish(p, 90)
+        T.check(line.strip() == "READY", "%s: the script said %r; stderr %s" % (
+            what, line, err[-3000:]))
+        T.check("INTERRUPTED" in out, "%s: no KeyboardInterrupt in the loop (exit %s); stdout "
+                "%r, stderr:\n%s" % (what, p.returncode, out, err[-3000:]))
+        T.check(p.returncode == 0, "%s: exit %s, stderr:\n%s" % (what, p.returncode,
+                                                                 err[-3000:]))
+        T.check("CHILDREN []" in out, "%s: children left in the script: %r" % (what, out))
+        T.check("Traceback" not in err, "%s: tracebacks on stderr:\n%s" % (what, err[-3000:]))
 
 
 # --- epochs, lifetimes ----------------------------------------------------------------------
@@ -456,19 +487,35 @@ def interpreter_exit_with_live_loaders():
                     ("raise ValueError('the script failed')", 1)):
         what = "exit mid-epoch by %r" % (how or "the end of the script")
         p = script(EXIT % how)
-        try:
-            out, err = p.communicate(timeout=90)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.communicate()
-            raise AssertionError("%s: the interpreter hung at exit" % what)
-        T.check("EXITING" in out, "%s: the script did not run: %s" % (what, err[-3000:]))
-        T.check(p.returncode == rc, "%s: exit %d (want %d), stderr:\n%s" % (
-            what, p.returncode, rc, err[-3000:]))
-        tb = err.count("Traceback")
-        T.check(tb == (1 if "ValueError" in how else 0) and "terminate called" not in err
-                and "Fatal" not in err, "%s: stderr:\n%s" % (what, err[-3000:]))
-        nothing_left_of(p, 10, what)
+        with Cleans(p, what):
+            out, err = finish(p, 90)
+            T.check("EXITING" in out, "%s: the script did not run: %s" % (what, err[-3000:]))
+            T.check(p.returncode is not None, "%s: the interpreter hung at exit (90 s): %s" % (
+                what, err[-3000:]))
+            T.check(p.returncode == rc, "%s: exit %d (want %d), stderr:\n%s" % (
+                what, p.returncode, rc, err[-3000:]))
+            tb = err.count("Traceback")
+            T.check(tb == (1 if "ValueError" in how else 0) and "terminate called" not in err
+                    and "Fatal" not in err, "%s: stderr:\n%s" % (what, err[-3000:]))
+
+
+
+@case
+def caller_dies_abruptly():
+    """A caller that dies without running any exit code -- os._exit(0), or SIGKILL (the OOM
+    killer) -- mid-epoch: its workers do not outlive it (torch's workers watch their parent)
+    beyond 15 s."""
+    for how in ("import os; os._exit(0)", "import time; time.sleep(120)"):
+        what = "the caller ended by %s" % ("os._exit(0)" if "_exit" in how else "SIGKILL")
+        p = script(EXIT % how)
+        with Cleans(p, what, 15):
+            line = p.stdout.readline()
+            if "sleep" in how:
+                os.kill(p.pid, signal.SIGKILL)
+            out, err = finish(p, 60)
+            T.check(line.strip() == "EXITING", "%s: the script said %r, stderr:\n%s" % (
+                what, line, err[-3000:]))
+            T.check(p.returncode is not None, "%s: the script did not end" % what)
 
 
 L.run_cases(timeout=150)
