@@ -35,8 +35,11 @@ static int open_dataset(LoaderObject *self, const char *source, PyObject *datase
 {
     if (writer && writer != Py_None)
         return stoke_pywriter_open(writer, &self->ds);
-    if (dataset && dataset != Py_None)
-        return stoke_pyds_open(dataset, &self->ds, &self->py);
+    if (dataset && dataset != Py_None) {
+        PyErr_SetString(PyExc_TypeError, "stoke: a Python dataset goes through stoke.DataLoader "
+                                         "(it wraps it in a batch writer)");
+        return -1;
+    }
     if (!source) {
         PyErr_SetString(PyExc_TypeError, "stoke: give a source string or a dataset");
         return -1;
@@ -95,27 +98,6 @@ static int int_in_range(PyObject *v, const char *name, unsigned long long hi,
         return -1;
     *out = u;
     return 0;
-}
-
-/* The ThreadsWarning, once per process, for a Python dataset on more than one thread.  0, or
- * -1 when warnings are errors. */
-static int warn_threads(const LoaderObject *self, int num_workers)
-{
-    static int warned; /* GIL */
-    if (!self->py || warned || (num_workers < 2 && num_workers != STOKE_LOADER_WORKERS_AUTO))
-        return 0;
-    warned = 1;
-    char n[32];
-    snprintf(n, sizeof(n), "%d", num_workers);
-    return PyErr_WarnFormat(
-        StokeThreadsWarning, 2,
-        "stoke: the Python dataset %s runs on %s worker threads of one interpreter: they share "
-        "its global state (the torch, NumPy and random global RNGs), unlike torch's worker "
-        "processes. Each __getitem__ runs alone (a dataset reseeding a global RNG per item, "
-        "like FakeData, gives exactly dataset[i]), but draws from a global RNG without "
-        "reseeding depend on thread timing; num_workers=0 or 1 is reproducible "
-        "(docs/python.md, \"Python datasets\")",
-        self->ds.name, num_workers == STOKE_LOADER_WORKERS_AUTO ? "several (auto)" : n);
 }
 
 static int loader_init(PyObject *obj, PyObject *args, PyObject *kw)
@@ -208,13 +190,10 @@ static int loader_init(PyObject *obj, PyObject *args, PyObject *kw)
         else if (rc != STOKE_OK)
             rc = raise_status(rc, stoke_last_error());
     }
-    if (rc == 0)
-        rc = warn_threads(self, o.num_workers);
     if (rc != 0) {
         stoke_loader_destroy(self->l);
         self->l = NULL;
         stoke_dataset_close(&self->ds);
-        self->py = NULL;
         return -1;
     }
     self->device_mode = device != NULL;
@@ -234,7 +213,6 @@ static void loader_close(LoaderObject *self)
         PyEval_RestoreThread(ts);
     }
     stoke_dataset_close(&self->ds);
-    self->py = NULL;
 }
 
 static void loader_dealloc(PyObject *obj)
@@ -288,12 +266,9 @@ static void leave(LoaderObject *self)
 static PyObject *raise_loader_error(LoaderObject *self, int rc)
 {
     const char *err = stoke_loader_last_error(self->l);
-    if (stoke_pyds_reraise(self->py, err))
-        return NULL;
     const char *s = strstr(err, "sample ");
     unsigned long long idx;
     long long sample = s && sscanf(s, "sample %llu", &idx) == 1 ? (long long)idx : -1;
-    stoke_pyds_clear(self->py);
     return stoke_py_raise(StokeLoaderError, rc, *err ? err : stoke_last_error(), sample);
 }
 
@@ -496,6 +471,12 @@ static PyObject *loader_get_dataset_len(PyObject *obj, void *unused)
     return PyLong_FromUnsignedLongLong(self->ds.length(self->ds.user));
 }
 
+static PyObject *loader_get_outstanding(PyObject *obj, void *unused)
+{
+    (void)unused;
+    return PyLong_FromSsize_t(((LoaderObject *)obj)->outstanding);
+}
+
 static PyMethodDef loader_methods[] = {
     {"set_epoch", loader_set_epoch, METH_O, "Starts `epoch` from its beginning."},
     {"_save_state", loader_save_state, METH_NOARGS, "(version, seed, epoch, cursor)"},
@@ -511,6 +492,8 @@ static PyGetSetDef loader_getset[] = {
     {"world_size", loader_get_world_size, NULL, "Number of ranks (1 when not distributed).", NULL},
     {"pinned_backend", loader_get_pinned_backend, NULL, "Backend batches are pinned for.", NULL},
     {"dataset_len", loader_get_dataset_len, NULL, "Samples in the dataset.", NULL},
+    {"_outstanding", loader_get_outstanding, NULL, "Batches delivered and not yet released.",
+     NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
 static PySequenceMethods loader_as_sequence = {.sq_length = loader_len};

@@ -51,6 +51,11 @@ static int already_seen(const char msg[MSG_LEN])
     return 0;
 }
 
+void stoke_py_log_install(void)
+{
+    stoke_log_set_callback(log_sink, NULL);
+}
+
 int stoke_py_flush_warnings(void)
 {
     if (!atomic_load_explicit(&pending, memory_order_relaxed))
@@ -208,6 +213,9 @@ static PyMethodDef module_methods[] = {
     {"pinned_stats_json", py_pinned_stats_json, METH_NOARGS, "The pinned allocator's counters."},
     {"empty_cache", py_empty_cache, METH_NOARGS, "Releases every idle cached pinned block."},
     {"flush_warnings", py_flush_warnings, METH_NOARGS, "Issues queued library warnings."},
+    {"build_features", stoke_py_build_features, METH_NOARGS,
+     "What the loaded libstoke was built with, as a dict."},
+    {"_cli_main", stoke_py_cli_main, METH_VARARGS, "Runs the stoke CLI; returns its status."},
     {"_stop_python_datasets", py_stop_python_datasets, METH_NOARGS,
      "For the exit hook: no Python dataset is called from now on."},
     {NULL, NULL, 0, NULL}};
@@ -256,10 +264,11 @@ PyMODINIT_FUNC PyInit__stoke(void)
         add_type(m, &StokeLoader_Type, "Loader") < 0 ||
         add_type(m, &StokeBatch_Type, "Batch") < 0 || add_type(m, &StokeField_Type, "Field") < 0 ||
         add_type(m, &StokeIter_Type, "LoaderIterator") < 0 ||
+        add_type(m, &StokePinBuf_Type, "PinnedBuffer") < 0 ||
         PyModule_AddStringConstant(m, "version", stoke_version_string()) < 0) {
         Py_DECREF(m);
         return NULL;
     }
-    stoke_log_set_callback(log_sink, NULL);
+    stoke_py_log_install();
     return m;
 }

@@ -19,12 +19,10 @@
 #include "dlpack.h"
 #include "stoke/stoke.h"
 
-typedef struct stoke_pyds stoke_pyds;
 
 typedef struct {
     PyObject_HEAD stoke_loader *l;
     stoke_dataset ds;
-    stoke_pyds *py;     /* the Python dataset behind ds, or NULL for a source string */
     int fresh;          /* 1: the next iter() continues from the current position */
     int device_mode;    /* batches are copied to a device */
     DLDevice dl_device; /* what __dlpack_device__ reports for the batches */
@@ -61,6 +59,7 @@ extern PyTypeObject StokeLoader_Type;
 extern PyTypeObject StokeBatch_Type;
 extern PyTypeObject StokeField_Type;
 extern PyTypeObject StokeIter_Type;
+extern PyTypeObject StokePinBuf_Type;
 extern PyObject *StokeError;
 extern PyObject *StokeLoaderError;
 extern PyObject *StokeThreadsWarning;
@@ -68,17 +67,18 @@ extern PyObject *StokeThreadsWarning;
 /* module.c */
 int stoke_py_flush_warnings(void);
 PyObject *stoke_py_raise(PyObject *type, int code, const char *msg, long long sample);
+/* Makes the library's log messages Python warnings (the module's sink; cli.c lends the default
+ * stderr sink to the CLI and installs this one again). */
+void stoke_py_log_install(void);
+
+/* cli.c: _cli_main (python -m stoke) and build_features (stoke.build_info) */
+PyObject *stoke_py_cli_main(PyObject *self, PyObject *args);
+PyObject *stoke_py_build_features(PyObject *self, PyObject *unused);
 
 /* batch.c */
 PyObject *stoke_py_batch_new(LoaderObject *loader, stoke_batch *b);
 
-/* pyds.c: a Python map-style dataset as a stoke_dataset (kind MAP).  Returns 0, or -1 with a
- * Python exception set. */
-int stoke_pyds_open(PyObject *obj, stoke_dataset *ds, stoke_pyds **out);
-/* Raises the exception saved for the failing sample named in `err` (the loader's last error),
- * with a note naming the sample.  Returns 1 when it raised one, 0 when none was saved. */
-int stoke_pyds_reraise(stoke_pyds *p, const char *err);
-void stoke_pyds_clear(stoke_pyds *p);
+/* pyexit.c */
 /* For the exit hook (GIL held): waits for the calls into Python datasets in progress, then
  * makes every later one fail at once (STOKE_ECANCELED) without touching Python, so no worker
  * thread runs Python while the interpreter finalizes.  For good: the process is exiting. */

@@ -3,7 +3,7 @@
 # As root it runs apt-get itself, with sudo it uses sudo, otherwise it prints the command and
 # stops.  Optional: STOKE_DEPS_EXTRA="python3-torch python3-numpy python3-torchvision" for the benchmarks.
 set -eu
-need="libcmocka-dev pkg-config pocl-opencl-icd ocl-icd-libopencl1 clang libclang-rt-dev liburing-dev libjpeg62-turbo-dev python3-dev python3-numpy python3-torch python3-torchvision openmpi-bin"
+need="libcmocka-dev pkg-config pocl-opencl-icd ocl-icd-libopencl1 clang libclang-rt-dev liburing-dev libjpeg62-turbo-dev python3-dev python3-numpy python3-torch python3-torchvision openmpi-bin python3-venv python3-build python3-mypy"
 extra="${STOKE_DEPS_EXTRA:-}"
 missing=""
 for p in $need $extra; do

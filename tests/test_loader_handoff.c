@@ -656,7 +656,7 @@ static void test_idle_workers_left_asleep(void **state)
     assert_int_equal(rc, STOKE_EEND);
     assert_int_equal(k, N);
     pthread_mutex_lock(&l->mu);
-    uint64_t wakes = l->st_work_wakes - wakes0, assisted = l->st_assisted;
+    uint64_t wakes = l->st_work_wakes - wakes0, assisted = l->st.assisted_batches;
     pthread_mutex_unlock(&l->mu);
     if (wakes > 10)
         fail_msg("%llu wake-ups of idle workers in %llu batches (%llu made by the caller)",

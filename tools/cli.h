@@ -7,6 +7,11 @@
 #include <stdint.h>
 #include <stdio.h>
 
+/* Runs one command line: argv[0] is the program ("stoke"), argv[1] the command (a --json before
+ * it is moved after it; argv is reordered in place).  Returns the exit status (0, 1, 2); the
+ * caller then checks the output (cli_check_output).  stoke.c. */
+int cli_run(int argc, char **argv);
+
 /* Commands: argv[0] is the command name.  Return the process exit status: 0, 1 for a failure,
  * 2 for a usage error.  main() checks that stdout was written (cli_check_output). */
 int cmd_devices(int argc, char **argv);

@@ -1,6 +1,6 @@
-/* stoke — command-line entry point. */
+/* stoke — the command dispatcher: cli_run() runs one command line (main.c for the executable,
+ * python/cli.c for `python -m stoke`). */
 #include <stdio.h>
-#include <unistd.h>
 
 #include "cli.h"
 #include "stoke/stoke.h"
@@ -39,10 +39,10 @@ static int cmd_version(int argc, char **argv)
     return 0;
 }
 
-/* Runs the command argv[1].  A --json before the command ("stoke --json devices") is moved
+/* Runs one command line (cli.h).  A --json before the command ("stoke --json devices") is moved
  * after it, where the command looks for it; with --json and no command, or an unknown one, the
  * error is one JSON object too. */
-static int run(int argc, char **argv)
+int cli_run(int argc, char **argv)
 {
     int k = 1;
     while (k < argc && cli_is(argv[k], "--json"))
@@ -77,16 +77,4 @@ static int run(int argc, char **argv)
     if (!c.json)
         usage(stderr);
     return cli_fail(&c, 2, "unknown command '%s' (stoke --help lists them)", cmd);
-}
-
-/* Every command's output is checked here, once: a lost write (a full disk, a closed stdout) is a
- * failure, never exit status 0. */
-int main(int argc, char **argv)
-{
-    /* Not a terminal: stdout keeps up to 64 KiB (help, JSON) until the final flush, so a failing
-     * write (a full disk) is met there, where its reason is still in errno. */
-    static char outbuf[1 << 16];
-    if (!isatty(STDOUT_FILENO))
-        setvbuf(stdout, outbuf, _IOFBF, sizeof(outbuf));
-    return cli_check_output(run(argc, argv));
 }

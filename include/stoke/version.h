@@ -23,6 +23,20 @@ extern "C" {
 STOKE_API int stoke_version(void);
 STOKE_API const char *stoke_version_string(void);
 
+/* The optional parts built into the loaded library, each present when the build machine had
+ * its library at configure time (CMake says which it found):
+ * STOKE_FEATURE_LIBURING  the npy source's io=uring (liburing)
+ * STOKE_FEATURE_LIBJPEG   the images: source and .jpg members of tar: shards (libjpeg-turbo)
+ * STOKE_FEATURE_CHECK     the loader's lifecycle check (STOKE_CHECK_INVARIANTS; Debug builds)
+ * Bits are never renumbered; new ones are appended. */
+#define STOKE_FEATURE_LIBURING 0x1u
+#define STOKE_FEATURE_LIBJPEG  0x2u
+#define STOKE_FEATURE_CHECK    0x4u
+
+/* Returns the STOKE_FEATURE_* bits of the loaded library, OR'ed together.  Thread-safe, cannot
+ * fail. */
+STOKE_API unsigned stoke_build_features(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -22,9 +22,10 @@ import weakref as _weakref
 
 from . import _stoke
 from ._stoke import Batch, Field, LoaderError, StokeError, ThreadsWarning
+from ._info import build_info
 
 __all__ = ["DataLoader", "Batch", "Field", "LoaderError", "StokeError", "ThreadsWarning",
-           "devices", "accelerator", "pinned_stats", "empty_cache", "version"]
+           "devices", "accelerator", "pinned_stats", "empty_cache", "version", "build_info"]
 
 version = __version__ = _stoke.version
 _live = _weakref.WeakSet()
@@ -84,6 +85,22 @@ def _seed_of(generator):
     if generator is None:
         return 0
     return int(generator.initial_seed()) % 2**63  # not a draw: the generator's state is the user's
+
+
+_threads_warned = []
+
+
+def _warn_threads(dataset, n):
+    if _threads_warned:
+        return
+    _threads_warned.append(1)
+    import warnings
+    warnings.warn(
+        "stoke: the Python dataset %s runs on %d worker threads of one interpreter "
+        "(worker_mode='threads'): Python code runs one thread at a time and they share its "
+        "global state (the torch, NumPy and random RNGs; get_worker_info() is None), unlike "
+        "worker processes (the default)" % (type(dataset).__name__, n), ThreadsWarning,
+        stacklevel=4)
 
 
 def _dropin_end():
@@ -153,8 +170,9 @@ class DataLoader(_stoke.Loader):
         rank, world_size, worker_mode ("processes" or "threads"), arena (docs/python.md);
         pad={"input_ids": 0} pads those ragged leaves to the batch's longest (with
         pad_to_multiple_of, max_length, and a "<name>_lengths" tensor beside a dict entry);
-        max_batch_bytes: one batch's pinned block (None: twice the largest of the first
-        batches, measured in a forked child).
+        max_batch_bytes: one batch's pinned block (None: twice the first batch's size plus
+        256 KiB, measured in a forked child); structure: for a source string, "list" yields
+        [data, label, ...] tensors and "dict" {field: tensor} instead of stoke.Batch.
 
     Iterating delivers one epoch.  The first iteration (and the one after set_epoch or
     load_state_dict) continues from the current position; any other starts the next epoch.
@@ -167,11 +185,12 @@ class DataLoader(_stoke.Loader):
                  pin_memory_device=None, in_order=True, seed=None, device=None,
                  distributed=False, rank=None, world_size=None, worker_mode=None, arena=None,
                  pad=None, pad_to_multiple_of=None, max_length=None, return_lengths=True,
-                 max_batch_bytes=None, source=None):
+                 max_batch_bytes=None, structure=None, source=None):
         if source is not None:  # the keyword of stoke 0.1
             dataset = source
         is_source = isinstance(dataset, (str, _os.PathLike))
         self._writer = None
+        self._structure = None
         if not is_source:
             return self._init_python(
                 dataset, 1 if batch_size is _UNSET else batch_size, shuffle, sampler,
@@ -188,6 +207,11 @@ class DataLoader(_stoke.Loader):
                                 "samples are stoke's own (docs/python.md)" % name)
         if batch_size is _UNSET:
             batch_size = 1
+        if structure not in (None, "batch", "list", "dict"):
+            raise ValueError("stoke: structure must be 'batch' (stoke.Batch objects), 'list' "
+                             "([data, label, ...] tensors, as default_collate gives for tuple "
+                             "samples) or 'dict' ({field name: tensor}), not %r" % (structure,))
+        self._structure = None if structure == "batch" else structure
         if seed is None:
             seed = _seed_of(generator)
         if num_workers is None:
@@ -312,6 +336,8 @@ class DataLoader(_stoke.Loader):
         if pin_memory is None:
             pin_memory = pin_memory_device is not None or _stoke.accelerator() is not None
         processes = worker_mode == "processes" and num_workers > 0
+        if not processes and num_workers >= 2:
+            _warn_threads(dataset, num_workers)
         w = _dropin._Writer(self, dataset, iterable, batch_size, drop_last, sampler,
                             batch_sampler, shuffle, _index(seed, "seed"), generator, collate_fn,
                             worker_init_fn, num_workers, processes, bool(persistent_workers),
@@ -353,13 +379,33 @@ class DataLoader(_stoke.Loader):
 
     def __iter__(self):
         if self._writer is None:
+            if self._structure:
+                return self._fields(super().__iter__())
             return super().__iter__()
         return self._batches(super().__iter__())
+
+    def _fields(self, it):
+        """A source string's batches as torch's structure: each field a tensor viewing the
+        batch (torch.from_dlpack; NumPy arrays without torch)."""
+        try:
+            import torch
+            conv = torch.from_dlpack
+        except ImportError:
+            import numpy
+            conv = numpy.from_dlpack
+        as_dict = self._structure == "dict"
+        for b in it:
+            names = b.keys()
+            if as_dict:
+                yield {n: conv(b[n]) for n in names}
+            else:
+                yield [conv(b[n]) for n in names]
 
     def _batches(self, it):
         decode = self._writer.decode
         ended = set()  # an iterable dataset in worker processes: the exhausted workers
         end = _dropin_end()
+        limit = max(2, int(self.stats()["buffers"]) - 1)
         while True:
             try:
                 b = next(it)
@@ -369,8 +415,13 @@ class DataLoader(_stoke.Loader):
                 exc = self._writer.reraise(e)
                 if exc is not None:
                     raise exc from e
+                self._writer.name_batch(e)
                 raise
-            out = decode(b)
+            if self._outstanding >= limit:  # the caller holds the pool: copy this one out
+                out = self._writer.decode_copy(b)
+            else:
+                out = decode(b)
+            del b
             if type(out) is end:
                 ended.add(out.worker)
                 if len(ended) >= self.num_workers:

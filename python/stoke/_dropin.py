@@ -446,6 +446,7 @@ class _Writer:
         self.iters = {}
         self.iter_lock = threading.Lock()
         self.warned_over = False
+        self.warned_copy = False
         self.plan = None
         self.nbatches = -1
         self.blob_bytes = 0
@@ -673,6 +674,11 @@ class _Writer:
         if max_batch_bytes:
             self.blob_bytes = int(max_batch_bytes)
             return
+        if self.tensors is not None and self.collate_fn is None and not self.collator.pad:
+            bs = self.batch_size or 1  # rows of in-memory tensors: the size is known
+            need = HDR + sum(_align(bs * t[0].numel() * t.element_size()) for t in self.tensors)
+            self.blob_bytes = (need + (64 << 10) + 4095) & ~4095
+            return
         need = _probe(self)
         self.blob_bytes = max(4096, (need * 2 + (256 << 10) + 4095) & ~4095)
 
@@ -690,6 +696,26 @@ class _Writer:
                                   magic))
         u8 = torch.from_dlpack(field).view(-1) if torch is not None else None
         return _BlockUnpickler(io.BytesIO(view[a:a + n]), u8, view).load()
+
+    def decode_copy(self, b):
+        """decode(), from a copy of the block in memory of its own (pinned from stoke's pool
+        when it can, else ordinary, with one warning), so that the loader gets its buffer
+        back: the caller holds every other one (list(loader), the last N batches)."""
+        view = memoryview(b[0]).cast("B")
+        magic, a, n = struct.unpack_from("<QQQ", view, 0)
+        if magic != MAGIC:
+            return self.decode(b)
+        from . import _stoke
+        buf = _stoke.PinnedBuffer(a + n)
+        if not buf.pinned and b.is_pinned and not self.warned_copy:
+            self.warned_copy = True
+            warnings.warn("stoke: the batches held exceed the pinned memory stoke may use: "
+                          "further held batches are in ordinary memory", RuntimeWarning,
+                          stacklevel=3)
+        dst = memoryview(buf).cast("B")
+        dst[:a + n] = view[:a + n]
+        u8 = torch.frombuffer(buf, dtype=torch.uint8) if torch is not None else None
+        return _BlockUnpickler(io.BytesIO(dst[a:a + n]), u8, dst).load()
 
     def rebuild(self, b, need):
         """A batch too large for its block: made again here, in ordinary memory."""
@@ -709,6 +735,18 @@ class _Writer:
         _, a, n = struct.unpack_from("<QQQ", view, 0)
         u8 = torch.frombuffer(buf, dtype=torch.uint8) if torch is not None else None
         return _BlockUnpickler(io.BytesIO(view[a:a + n]), u8, view).load()
+
+    def name_batch(self, err):
+        """A note naming the dataset indices of the failing batch (the loader's "sample" is
+        the batch's number in the epoch)."""
+        i = getattr(err, "sample", None)
+        if i is None or self.iterable or not hasattr(err, "add_note"):
+            return
+        try:
+            idx = self.plan.batch(int(i)).tolist()
+        except Exception:  # noqa: BLE001
+            return
+        err.add_note("stoke: batch %d of the epoch: dataset indices %s" % (int(i), idx))
 
     def reraise(self, err):
         """The dataset's exception behind a loader error, if a fill kept one."""
@@ -750,7 +788,7 @@ def _tensor_rows(dataset):
 
 
 def _probe(w):
-    """The bytes of the first batches, made in a forked child so that the dataset's state in
+    """The bytes of the first batch, made in a forked child so that the dataset's state in
     this process (files opened lazily by __getitem__, an iterator) stays as the user left it,
     as torch's main process never calls the dataset either."""
     r, wfd = os.pipe()
@@ -767,15 +805,9 @@ def _probe(w):
             need = 0
             if w.iterable:
                 w.iters.clear()
-                for _ in range(3):
-                    n = _probe_one(w, None)
-                    if not n:
-                        break
-                    need = max(need, n)
+                need = _probe_one(w, None)
             else:
-                batches = w.batches(0)
-                for b in batches[:3] + batches[-1:]:
-                    need = max(need, _probe_one(w, b))
+                need = _probe_one(w, w.batches(0)[0])
             os.write(wfd, str(need).encode())
         except BaseException as e:  # noqa: BLE001
             os.write(wfd, ("E" + pickle.dumps((e, traceback.format_exc())).hex()).encode())

@@ -9,3 +9,18 @@ const char *stoke_version_string(void)
 {
     return STOKE_VERSION_STRING;
 }
+
+unsigned stoke_build_features(void)
+{
+    unsigned f = 0;
+#ifdef STOKE_HAVE_LIBURING
+    f |= STOKE_FEATURE_LIBURING;
+#endif
+#ifdef STOKE_HAVE_LIBJPEG
+    f |= STOKE_FEATURE_LIBJPEG;
+#endif
+#ifdef STOKE_CHECK_INVARIANTS
+    f |= STOKE_FEATURE_CHECK;
+#endif
+    return f;
+}

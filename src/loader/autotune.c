@@ -110,7 +110,7 @@ void stoke__autotune_clock(stoke_loader *l, uint64_t now)
     /* the batches the caller's thread made because nobody was making them: those it made
      * while helping a worker say nothing about hand-offs */
     uint64_t helped = l->st_helped - a->helped0;
-    p.assisted_frac = (double)(l->st_assisted - a->assisted0 - helped) / (double)a->batches;
+    p.assisted_frac = (double)(l->st.assisted_batches - a->assisted0 - helped) / (double)a->batches;
     uint64_t cpu = process_cpu_ns();
     int usable = l->nact + 1 < l->ncpu ? l->nact + 1 : l->ncpu;
     p.cpu_share = cpu > a->cpu0 ? (double)(cpu - a->cpu0) / (double)span / usable : 0.0;
@@ -127,7 +127,7 @@ void stoke__autotune_clock(stoke_loader *l, uint64_t now)
     }
     a->t0 = now;
     a->cpu0 = cpu;
-    a->assisted0 = l->st_assisted;
+    a->assisted0 = l->st.assisted_batches;
     a->helped0 = l->st_helped;
     a->batches = 0;
     a->wait_ns = 0;

@@ -28,18 +28,25 @@ int stoke__bad_validate(stoke_loader *l)
     return STOKE_OK;
 }
 
-static int push(stoke_batch *b, uint64_t idx, int rc, int action, const char *msg)
+stoke__bad *stoke__bad_append(stoke_batch *b)
 {
     stoke__bad_list *bl = &b->bad;
     if (bl->n == bl->cap) {
         size_t cap = bl->cap ? bl->cap * 2 : 4;
         stoke__bad *v = realloc(bl->v, cap * sizeof(*v));
         if (!v)
-            return STOKE_ENOMEM;
+            return NULL;
         bl->v = v;
         bl->cap = cap;
     }
-    stoke__bad *e = &bl->v[bl->n++];
+    return &bl->v[bl->n++];
+}
+
+static int push(stoke_batch *b, uint64_t idx, int rc, int action, const char *msg)
+{
+    stoke__bad *e = stoke__bad_append(b);
+    if (!e)
+        return STOKE_ENOMEM;
     e->index = idx;
     e->replacement = UINT64_MAX;
     e->code = rc > 0 ? STOKE_EDATA : rc;
@@ -181,12 +188,12 @@ void stoke__bad_account(stoke_loader *l, stoke_batch *b)
     const stoke__bad *over = NULL;
     for (size_t i = 0; i < b->bad.n; i++) {
         const stoke__bad *e = &b->bad.v[i];
-        l->st_bad++;
+        l->st.bad_samples++;
         quarantine(l, b, e);
         if (e->action == STOKE_ON_ERROR_ERROR)
             continue;
-        l->st_skipped += e->action == STOKE_ON_ERROR_SKIP;
-        l->st_replaced += e->action == STOKE_ON_ERROR_REPLACE;
+        l->st.skipped_samples += e->action == STOKE_ON_ERROR_SKIP;
+        l->st.replaced_samples += e->action == STOKE_ON_ERROR_REPLACE;
         l->bad_epoch++;
         if (l->bad_epoch > budget(l, l->bad_epoch_samples + l->bad_epoch) && !over)
             over = e;
@@ -207,14 +214,6 @@ void stoke__bad_account(stoke_loader *l, stoke_batch *b)
                "too many bad samples: %" PRIu64 " this epoch, "
                "the budget is %s; the last one: %s",
                l->bad_epoch, lim, over->msg);
-}
-
-void stoke__bad_stats(const stoke_loader *l, stoke_loader_stats *s)
-{
-    s->bad_samples = l->st_bad;
-    s->skipped_samples = l->st_skipped;
-    s->replaced_samples = l->st_replaced;
-    s->quarantined = l->nquar;
 }
 
 void stoke__bad_destroy(stoke_loader *l)

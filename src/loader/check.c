@@ -65,22 +65,31 @@ static const char *name_of(int st)
     return st >= 0 && st < (int)STOKE__ARRAY_LEN(state_name) ? state_name[st] : "(no state)";
 }
 
-/* Records batch b as found in container `in` (its name: what): b must be one of l's, found
- * once, in the state the container holds. */
+/* Records entry p of `kind` (l's batches, or its staging slots: base, each `size` bytes) as
+ * found in container `in` (its name: what): p must be one of them, found once.  Its number, or
+ * -1 when it is none of them. */
+static long record(checker *c, unsigned char *where, const void *p, const void *base, size_t size,
+                   int in, const char *kind, const char *what)
+{
+    const char *at = p, *b0 = base;
+    if (at < b0 || at >= b0 + size * (size_t)c->l->nbuf) {
+        broken(c, "%s holds %p, which is no %s of the loader's %d", what, p, kind, c->l->nbuf);
+        return -1;
+    }
+    size_t i = (size_t)(at - b0) / size;
+    if (where[i])
+        broken(c, "%s %zu is in %s and in another container (%d)", kind, i, what, where[i]);
+    where[i] = (unsigned char)in;
+    return (long)i;
+}
+
+/* Records batch b as found in container `in`, which holds batches in state `want`. */
 static void found(checker *c, unsigned char *where, const stoke_batch *b, int in, int want,
                   const char *what)
 {
-    const stoke_loader *l = c->l;
-    if (b < l->bat || b >= l->bat + l->nbuf) {
-        broken(c, "%s holds %p, not one of the %d batches", what, (const void *)b, l->nbuf);
-        return;
-    }
-    size_t i = (size_t)(b - l->bat);
-    if (where[i])
-        broken(c, "batch %zu is in %s and in another container (%d)", i, what, where[i]);
-    where[i] = (unsigned char)in;
-    if (state_of(b) != want)
-        broken(c, "batch %zu is in %s in state %s, not %s", i, what, name_of(state_of(b)),
+    long i = record(c, where, b, c->l->bat, sizeof(*b), in, "batch", what);
+    if (i >= 0 && state_of(b) != want)
+        broken(c, "batch %ld is in %s in state %s, not %s", i, what, name_of(state_of(b)),
                name_of(want));
 }
 
@@ -88,15 +97,7 @@ static void found(checker *c, unsigned char *where, const stoke_batch *b, int in
 static void found_slot(checker *c, unsigned char *where, const stoke__slot *s, int in,
                        const char *what)
 {
-    const stoke_loader *l = c->l;
-    if (s < l->slots || s >= l->slots + l->nbuf) {
-        broken(c, "%s holds %p, not one of the %d staging slots", what, (const void *)s, l->nbuf);
-        return;
-    }
-    size_t i = (size_t)(s - l->slots);
-    if (where[i])
-        broken(c, "staging slot %zu is in %s and elsewhere (%d)", i, what, where[i]);
-    where[i] = (unsigned char)in;
+    (void)record(c, where, s, c->l->slots, sizeof(*s), in, "staging slot", what);
 }
 
 /* Device mode: every staging slot in free_s, the copy FIFO or one batch's host. */
@@ -135,22 +136,13 @@ void stoke__loader_check(stoke_loader *l)
 {
     checker c = {l, 0};
     atomic_fetch_add_explicit(&stoke__loader_checks, 1, memory_order_relaxed);
-    if (!l->bat || !l->free_v || !l->nbuf)
-        return; /* create failed before the batches existed */
-    /* create failed after allocating them, before fill_pools: nothing free, nothing out (once
-     * filled, a FREE batch is always in free_v, so this is never a running loader) */
-    if (!l->nfree && !l->filling && !l->held && !l->done && state_of(&l->bat[0]) == STOKE__B_FREE &&
-        !l->bat[0].host && !l->free_s)
-        return;
-    unsigned char small[512], *where = small;
+    /* (l's create got as far as the pools: the destroy of a failed one takes no lock) */
+    unsigned char small[512] = {0}, *where = small;
     size_t need = 2 * (size_t)l->nbuf; /* batches, then slots */
     if (need > sizeof(small) && !(where = calloc(need, 1))) {
         fprintf(stderr, "stoke: loader check: out of memory, skipped\n");
         return;
     }
-    if (where == small)
-        for (size_t i = 0; i < need; i++)
-            small[i] = 0;
     /* the containers */
     if (l->nfree < 0 || l->nfree > l->nbuf)
         broken(&c, "nfree %d is outside [0, %d]", l->nfree, l->nbuf);

@@ -22,18 +22,19 @@ static const dtype_info DTYPES[] = {
     [STOKE_DTYPE_C64] = {"c64", 8}, [STOKE_DTYPE_C128] = {"c128", 16},
 };
 
+static int dtype_known(int dtype)
+{
+    return dtype >= 0 && (size_t)dtype < STOKE__ARRAY_LEN(DTYPES);
+}
+
 const char *stoke_dtype_name(int dtype)
 {
-    if (dtype < 0 || (size_t)dtype >= STOKE__ARRAY_LEN(DTYPES))
-        return "unknown";
-    return DTYPES[dtype].name;
+    return dtype_known(dtype) ? DTYPES[dtype].name : "unknown";
 }
 
 size_t stoke_dtype_size(int dtype)
 {
-    if (dtype < 0 || (size_t)dtype >= STOKE__ARRAY_LEN(DTYPES))
-        return 0;
-    return DTYPES[dtype].size;
+    return dtype_known(dtype) ? DTYPES[dtype].size : 0;
 }
 
 void stoke_dataset_init(stoke_dataset *ds)
@@ -58,7 +59,7 @@ int stoke_field_finish(stoke_field *field)
     if (!field)
         return stoke__fail(STOKE_EINVAL, "field: NULL");
     const char *name = field->name;
-    if (field->dtype < 0 || (size_t)field->dtype >= STOKE__ARRAY_LEN(DTYPES))
+    if (!dtype_known(field->dtype))
         return stoke__fail(STOKE_EINVAL, "field '%.64s': unknown dtype %d", name, field->dtype);
     if (field->dtype != STOKE_DTYPE_RAW)
         field->itemsize = DTYPES[field->dtype].size;

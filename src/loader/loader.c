@@ -8,8 +8,6 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdarg.h>
-#include <stdatomic.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -28,22 +26,13 @@ void stoke_loader_opts_init(stoke_loader_opts *o)
 {
     if (!o)
         return;
-    memset(o, 0, sizeof(*o));
+    memset(o, 0, sizeof(*o)); /* every other default is 0 (loader.h) */
     o->size = sizeof(*o);
     o->batch_size = 1;
-    o->num_workers = 0;
     o->prefetch_factor = 2;
     o->in_order = 1;
-    o->drop_last = 0;
-    o->shuffle = 0;
-    o->seed = 0;
-    o->epoch = 0;
     o->pin_memory = 1;
-    o->pin_memory_device = NULL;
-    o->timeout_ms = 0;
-    o->persistent_workers = 0;
     stoke_sampler_opts_init(&o->sampler);
-    o->device = NULL;
     o->on_error = STOKE_ON_ERROR_ERROR;
     o->max_bad = UINT64_MAX;
     o->max_bad_fraction = 1.0;
@@ -79,28 +68,20 @@ static int slot_alloc(stoke_loader *l, stoke__slot *s)
     void *p = NULL;
     int rc = STOKE_OK;
     switch (l->alloc_kind) {
-    case STOKE__ALLOC_POOL:
-        rc = stoke_pinned_alloc(l->buf_bytes, &p);
-        if (rc == STOKE_OK)
-            s->pinned = stoke_is_pinned(p);
-        break;
-    case STOKE__ALLOC_ARENA:
-        rc = stoke_arena_alloc(l->arena, l->buf_bytes, &p);
-        if (rc == STOKE_OK)
-            s->pinned = stoke_is_pinned(p);
-        break;
+    case STOKE__ALLOC_POOL: rc = stoke_pinned_alloc(l->buf_bytes, &p); break;
+    case STOKE__ALLOC_ARENA: rc = stoke_arena_alloc(l->arena, l->buf_bytes, &p); break;
     case STOKE__ALLOC_BACKEND: /* another backend or device: still the pinned layer's block */
         rc = stoke__pinned_alloc_on(l->pin_vt, l->pin_dev, l->buf_bytes, &p);
-        if (rc == STOKE_OK)
-            s->pinned = stoke_is_pinned(p);
         break;
     default: /* pageable: resident from creation (stoke__resident_alloc) */
         if (!(p = stoke__resident_alloc(l->buf_bytes)))
             rc = stoke__fail(STOKE_ENOMEM, "cannot allocate %zu bytes", l->buf_bytes);
+        s->mem = p;
         s->pinned = 0;
-        break;
+        return rc;
     }
     s->mem = p;
+    s->pinned = rc == STOKE_OK && stoke_is_pinned(p);
     return rc;
 }
 
@@ -177,9 +158,7 @@ void stoke__loader_batch_desc(const stoke_loader *l, const stoke_batch *b, char 
 /* Decides where batches live; logs the warnings of the pin semantics.  Sets l->err on error. */
 static int choose_pinning(stoke_loader *l)
 {
-    const stoke_loader_opts *o = &l->o;
-    l->alloc_kind = STOKE__ALLOC_PAGEABLE;
-    l->pin_backend[0] = '\0';
+    const stoke_loader_opts *o = &l->o; /* (l: calloc'd, pageable and no pin_backend) */
     if (o->pin_memory_device) {
         char name[64];
         int index;
@@ -198,8 +177,7 @@ static int choose_pinning(stoke_loader *l)
     }
     const stoke_backend *cur = NULL;
     int cdev = 0;
-    const char *why = NULL;
-    int crc = stoke__accel_current(&cur, &cdev, &why);
+    int crc = stoke__accel_current(&cur, &cdev, NULL);
     if (crc != STOKE_OK && crc != STOKE_ENODEV)
         return stoke__loader_fail(l, crc, "loader: %s", stoke_last_error());
     const char *want = o->pin_memory_device ? o->pin_memory_device : o->device;
@@ -257,23 +235,21 @@ current:
     return STOKE_OK;
 }
 
-/* a * b, or 0 with *ok cleared when it does not fit in size_t. */
+/* a * b and a + b, or 0 with *ok cleared when they do not fit in size_t. */
 static size_t mul_sz(size_t a, size_t b, int *ok)
 {
-    if (a && b > SIZE_MAX / a) {
-        *ok = 0;
-        return 0;
-    }
-    return a * b;
+    size_t r;
+    int over = __builtin_mul_overflow(a, b, &r);
+    *ok &= !over;
+    return over ? 0 : r;
 }
 
 static size_t add_sz(size_t a, size_t b, int *ok)
 {
-    if (b > SIZE_MAX - a) {
-        *ok = 0;
-        return 0;
-    }
-    return a + b;
+    size_t r;
+    int over = __builtin_add_overflow(a, b, &r);
+    *ok &= !over;
+    return over ? 0 : r;
 }
 
 /* Sizes one batch buffer for l->cap samples and the field offsets in it.  A batch of the full
@@ -321,15 +297,9 @@ static int size_buffers(stoke_loader *l)
 static int copy_fields(stoke_loader *l, const stoke_dataset *ds)
 {
     int nf = ds->nfields;
-    size_t ndims = 0;
-    for (int f = 0; f < nf; f++) {
-        const stoke_field *src = &ds->fields[f];
-        if (src->ndim < 0 || (src->ndim > 0 && !src->shape))
-            return stoke__loader_fail(
-                l, STOKE_EINVAL, "loader: dataset %s: field %d ('%.64s') has ndim %d%s", ds->name,
-                f, src->name, src->ndim, src->ndim < 0 ? "" : " and no shape");
-        ndims += (size_t)src->ndim;
-    }
+    size_t ndims = 0; /* (a negative ndim: stoke_field_finish refuses it below) */
+    for (int f = 0; f < nf; f++)
+        ndims += ds->fields[f].ndim > 0 ? (size_t)ds->fields[f].ndim : 0;
     l->fields = calloc((size_t)nf, sizeof(*l->fields));
     l->shapes = calloc(ndims ? ndims : 1, sizeof(*l->shapes));
     l->off = calloc((size_t)nf, sizeof(*l->off));
@@ -343,6 +313,10 @@ static int copy_fields(stoke_loader *l, const stoke_dataset *ds)
         stoke_field *fd = &l->fields[f];
         *fd = ds->fields[f];
         fd->name[sizeof(fd->name) - 1] = '\0';
+        size_t given = fd->bytes;
+        if (stoke_field_finish(fd) != STOKE_OK) /* (on the caller's shape, checked there) */
+            return stoke__loader_fail(l, STOKE_EINVAL, "loader: dataset %s: field %d: %s", ds->name,
+                                      f, stoke_last_error());
         if (fd->ndim)
             memcpy(sh, fd->shape, (size_t)fd->ndim * sizeof(*sh));
         fd->shape = fd->ndim ? sh : NULL;
@@ -350,10 +324,6 @@ static int copy_fields(stoke_loader *l, const stoke_dataset *ds)
         int empty_dim = 0; /* a shape with a 0 dimension: a legal sample of 0 bytes */
         for (int d = 0; d < fd->ndim; d++)
             empty_dim |= fd->shape[d] == 0;
-        size_t given = fd->bytes;
-        if (stoke_field_finish(fd) != STOKE_OK)
-            return stoke__loader_fail(l, STOKE_EINVAL, "loader: dataset %s: field %d: %s", ds->name,
-                                      f, stoke_last_error());
         if (given && given != fd->bytes)
             return stoke__loader_fail(l, STOKE_EINVAL,
                                       "loader: dataset %s: field %d ('%s') says %zu bytes per "
@@ -428,7 +398,6 @@ static stoke_loader *loader_new(const stoke_loader_opts *o, const stoke_dataset 
     pthread_cond_init(&l->work_cv, NULL);
     cond_init_mono(&l->done_cv);
     l->done_tail = &l->done;
-    l->sync_ready = 1;
     l->fork_gen = stoke__fork_gen();
     l->pid = (int)getpid();
     return l;
@@ -621,22 +590,19 @@ static int size_loader(stoke_loader *l)
  * where they would be pinned for the current accelerator (or not at all, with none). */
 static int open_arena(stoke_loader *l)
 {
-    const char *spec = l->o.arena; /* NULL for a caller built against the shorter struct */
-    int explicit = spec != NULL;
+    const char *spec = l->o.arena; /* NULL: $STOKE_ARENA decides */
     uint64_t page = 4096, idx = (l->cap + 1) * sizeof(uint64_t);
     uint64_t need =
         (uint64_t)l->nbuf * (l->buf_bytes + 2 * ((idx + page - 1) / page * page)) + 16 * page;
     stoke_arena *a = NULL;
     if (!l->o.pin_memory) {
-        if (explicit && spec[0])
+        if (spec && spec[0])
             stoke__log(STOKE_LOG_WARN, "loader: arena '%s' has no effect because pin_memory is off",
                        spec);
         return STOKE_OK;
     }
     if (l->alloc_kind == STOKE__ALLOC_BACKEND) {
-        if (!spec)
-            return STOKE_OK; /* $STOKE_ARENA: not for a loader pinning for another device */
-        if (!spec[0])
+        if (!spec || !spec[0]) /* ($STOKE_ARENA: not for a loader pinning for another device) */
             return STOKE_OK;
         return stoke__loader_fail(l, STOKE_EINVAL,
                                   "loader: arena '%s' is pinned for the current accelerator, but "
@@ -776,6 +742,7 @@ int stoke_loader_create(const stoke_loader_opts *o, stoke_dataset *ds, stoke_loa
         return rc;
     }
     fill_pools(l);
+    l->created = 1;
     l->seed = l->o.seed;
     stoke__loader_lock(l); /* (mu) for set_position; no other thread yet, the check runs */
     stoke__loader_set_position(l, l->o.epoch, 0);
@@ -800,7 +767,7 @@ void stoke_loader_destroy(stoke_loader *l)
     stoke__saved_error saved;
     stoke__error_save(&saved);
     int forked = stoke__loader_forked(l);
-    if (l->sync_ready && !forked) {
+    if (l->created && !forked) {
         stoke__loader_lock(l);
         stoke__loader_abandon(l);
         stoke__loader_unlock(l);

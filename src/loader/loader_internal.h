@@ -217,9 +217,6 @@ int stoke__sampler_fill(const stoke_sampler *s, const stoke__sampler_epoch *e, u
  * batch takes the AVX2 lanes now. */
 extern int stoke__feistel_simd;
 int stoke__feistel_simd_in_use(void);
-/* stoke_permute's network: derive once, apply many times (same images as stoke_permute). */
-void stoke__feistel_init(stoke__feistel *f, uint64_t n, uint64_t key);
-uint64_t stoke__feistel_apply(const stoke__feistel *f, uint64_t x);
 
 /* The indices a thread computes ahead of its batches (worker.c, stoke__loader_look_ahead and
  * batch_indices).  A batch of up to STOKE__AHEAD_RUN samples is not computed alone: its run
@@ -411,8 +408,7 @@ struct stoke_loader {
     /* (mu) MAP in order: completed batches by seq, ready[seq & ready_mask], instead of the done
      * list (next() takes batch `prefix` without walking past the others: a walk touched one
      * batch's cache line per batch completed out of turn).  The seqs in flight lie in [prefix,
-     * prefix + window), fewer than the ring's slots, so no two share one; a batch that would
-     * still goes to the done list, which next() looks at too.  NULL otherwise. */
+     * prefix + window), fewer than the ring's slots, so no two share one.  NULL otherwise. */
     stoke_batch **ready;
     uint64_t ready_mask;
     uint64_t seed, epoch, gen; /* (mu) */
@@ -441,22 +437,21 @@ struct stoke_loader {
     /* Bumped (release) with `mu` held whenever workers might find work: they spin on it. */
     _Atomic uint64_t work_events;
     stoke__autotune autotune; /* (mu) auto: the hill climb over nact (autotune.c) */
-    /* statistics (mu) */
-    uint64_t st_samples, st_batches, st_bytes, st_pinned, st_pageable, st_dcopies, st_dbytes;
-    uint64_t st_derrors, st_assisted, st_truncated;
-    uint64_t st_helped;     /* (mu) of st_assisted, those made while a worker made the one needed */
+    /* statistics (mu): the counts of stoke_loader_stats (get_stats fills in the rest) */
+    stoke_loader_stats st;
+    uint64_t st_helped;     /* (mu) of st.assisted_batches, those made while a worker made the
+                               one needed */
     uint64_t st_work_wakes; /* (mu) broadcasts on work_cv by wake_workers (tests) */
     uint64_t st_wait_ns, st_busy_ns;
     stoke__hist wait_hist;
 
     char err[1024]; /* consumer only */
-    int sync_ready; /* consumer only: mu and the conditions exist */
+    int created;    /* consumer only: create got as far as the pools (destroy stops it) */
     /* bad samples (badsample.c), all (mu) */
     stoke_bad_sample *quar; /* the quarantine */
     size_t nquar, quar_cap;
     uint64_t bad_gen;                      /* the gen the per-epoch counts below belong to */
     uint64_t bad_epoch, bad_epoch_samples; /* handled bad samples / delivered samples this run */
-    uint64_t st_bad, st_skipped, st_replaced;
     struct stoke__proc *proc; /* worker_mode processes (procworker.c); NULL for threads */
     unsigned fork_gen;        /* stoke__fork_gen() at create */
     int pid;                  /* the process that created it */
@@ -502,50 +497,40 @@ extern int stoke__test_break;
 #define STOKE__TEST_BROKEN() 0
 #endif
 
+#ifdef STOKE_CHECK_INVARIANTS
+#define STOKE__MU_TAKEN(l)                                                                         \
+    atomic_store_explicit(&(l)->mu_owner, stoke__loader_me(), memory_order_relaxed)
+#define STOKE__MU_RELEASING(l)                                                                     \
+    (STOKE__LOADER_ASSERT_MU(l), stoke__loader_check(l),                                           \
+     atomic_store_explicit(&(l)->mu_owner, 0, memory_order_relaxed))
+#else
+#define STOKE__MU_TAKEN(l)     ((void)0)
+#define STOKE__MU_RELEASING(l) ((void)0)
+#endif
+
 static inline void stoke__loader_lock(stoke_loader *l)
 {
     pthread_mutex_lock(&l->mu);
-#ifdef STOKE_CHECK_INVARIANTS
-    atomic_store_explicit(&l->mu_owner, stoke__loader_me(), memory_order_relaxed);
-#endif
+    STOKE__MU_TAKEN(l);
 }
 
 static inline void stoke__loader_unlock(stoke_loader *l)
 {
-#ifdef STOKE_CHECK_INVARIANTS
-    STOKE__LOADER_ASSERT_MU(l);
-    stoke__loader_check(l);
-    atomic_store_explicit(&l->mu_owner, 0, memory_order_relaxed);
-#endif
+    STOKE__MU_RELEASING(l);
     pthread_mutex_unlock(&l->mu);
 }
 
-/* pthread_cond_wait on `mu` (which it releases meanwhile). */
-static inline void stoke__loader_wait(stoke_loader *l, pthread_cond_t *cv)
+/* pthread_cond_wait on `mu` (which it releases meanwhile); until a CLOCK_MONOTONIC time when
+ * `until` is not NULL (done_cv's clock). */
+static inline void stoke__loader_wait(stoke_loader *l, pthread_cond_t *cv,
+                                      const struct timespec *until)
 {
-#ifdef STOKE_CHECK_INVARIANTS
-    STOKE__LOADER_ASSERT_MU(l);
-    stoke__loader_check(l);
-    atomic_store_explicit(&l->mu_owner, 0, memory_order_relaxed);
-#endif
-    pthread_cond_wait(cv, &l->mu);
-#ifdef STOKE_CHECK_INVARIANTS
-    atomic_store_explicit(&l->mu_owner, stoke__loader_me(), memory_order_relaxed);
-#endif
-}
-
-static inline void stoke__loader_timedwait(stoke_loader *l, pthread_cond_t *cv,
-                                           const struct timespec *until)
-{
-#ifdef STOKE_CHECK_INVARIANTS
-    STOKE__LOADER_ASSERT_MU(l);
-    stoke__loader_check(l);
-    atomic_store_explicit(&l->mu_owner, 0, memory_order_relaxed);
-#endif
-    pthread_cond_timedwait(cv, &l->mu, until);
-#ifdef STOKE_CHECK_INVARIANTS
-    atomic_store_explicit(&l->mu_owner, stoke__loader_me(), memory_order_relaxed);
-#endif
+    STOKE__MU_RELEASING(l);
+    if (until)
+        pthread_cond_timedwait(cv, &l->mu, until);
+    else
+        pthread_cond_wait(cv, &l->mu);
+    STOKE__MU_TAKEN(l);
 }
 
 /* A transition of b from state `from` to `to` (the table above struct stoke_batch). */
@@ -587,6 +572,9 @@ int stoke__loader_setup_device(stoke_loader *l);
 int stoke__loader_device_failed(stoke_loader *l, stoke_batch *b, int rc, const char *op,
                                 const char *prep);
 void stoke__loader_copy_batch(stoke_loader *l, stoke_batch *b);
+/* (mu) Device mode: b's staging slot, if it has one, leaves b: into the copy FIFO when a copy
+ * from it was queued (it is reused once the copy's event completed), else onto free_s. */
+void stoke__loader_drop_slot(stoke_loader *l, stoke_batch *b);
 /* (mu) Gives b, FILLING, DONE or RELEASED, back to the pools (FREE). */
 void stoke__loader_recycle(stoke_loader *l, stoke_batch *b);
 /* (mu) Takes back the batches released since the last call (see `released`); wakes workers
@@ -610,13 +598,15 @@ void stoke__loader_batch_start(stoke_loader *l, stoke_batch *b, int wid, uint64_
 void stoke__loader_wake_workers(stoke_loader *l, int force);
 /* (mu) Tells a consumer spinning or waiting in next() that something changed. */
 void stoke__loader_notify(stoke_loader *l);
-/* (mu) The spin before a sleep, for the consumer (on `events`) and the workers (on
- * `work_events`): drops `mu`, spins until *counter changes or `budget` ns passed (the clock
- * read every 32 turns; each turn a pause, or a yield when the loader's threads outnumber the
- * CPUs), takes `mu` again.  The caller decides whether a spin is worth it and how long; after
- * it, it must look at the state again before sleeping (a change made after the spin ended and
- * before `mu` was taken again wakes nobody). */
-void stoke__loader_spin(stoke_loader *l, _Atomic uint64_t *counter, uint64_t budget);
+/* (mu) The spin before a sleep, for the consumer (on `events`, while a batch is being made)
+ * and the workers (on `work_events`, for the consumer to take a batch): when batches take only
+ * microseconds (a batch arrives sooner than a sleeping thread wakes up), drops `mu`, spins
+ * until *counter changes or twice a batch's average time passed (at most 20 us; the clock read
+ * every 32 turns; each turn a pause, or a yield when the loader's threads outnumber the CPUs),
+ * takes `mu` again.  The caller decides whether a spin is worth it; after it, it must look at
+ * the state again before sleeping (a change made after the spin ended and before `mu` was
+ * taken again wakes nobody). */
+void stoke__loader_spin(stoke_loader *l, _Atomic uint64_t *counter);
 /* (mu) The producer loop's one turn: dispatches a group of batches (at least one: the caller
  * saw one could be), makes them without `mu` and hands them back (no wake-up: a worker signals
  * done_cv after it).  p: a worker thread's producer, or l->caller.
@@ -644,11 +634,11 @@ int stoke__bad_sample(stoke_loader *l, stoke_batch *b, stoke__producer *p, size_
                       uint64_t *idx, int rc, char *msg, size_t msg_len);
 /* Producer: records the failure of sample idx without a policy (the batch fails). */
 void stoke__bad_note(stoke_batch *b, uint64_t idx, int rc, const char *msg);
+/* Producer: a new entry at the end of b->bad, or NULL (out of memory: not listed). */
+stoke__bad *stoke__bad_append(stoke_batch *b);
 /* (mu) Consumer, for each batch taken from the done list: moves b->bad to the quarantine and the
  * counts, and fails a good batch that takes the epoch past the budget. */
 void stoke__bad_account(stoke_loader *l, stoke_batch *b);
-/* (mu) Copies the counts into the stats. */
-void stoke__bad_stats(const stoke_loader *l, stoke_loader_stats *s);
 /* Frees the batches' lists and the quarantine (destroy). */
 void stoke__bad_destroy(stoke_loader *l);
 /* worker.c: one sample into slot j (see worker.c). */
@@ -698,6 +688,9 @@ void stoke__batch_keep_ragged(stoke_batch *b);
 /* Bytes of field f in batch b (ragged: as collated).  batch.c. */
 size_t stoke__batch_field_bytes(const stoke_batch *b, int f);
 
+/* worker.c: batch b failed (status rc, a positive one as STOKE_EDATA) at dataset index or
+ * sampler position `where`, with msg (or the code's text when msg is empty); no samples. */
+void stoke__batch_failed(stoke_batch *b, int rc, uint64_t where, const char *msg);
 /* worker.c: fills batch `seq` into b->host (b owned by the caller; sets status and errors). */
 void stoke__loader_fill_batch(stoke_loader *l, stoke_batch *b, stoke__producer *p, uint64_t seed,
                               uint64_t epoch, uint64_t seq);

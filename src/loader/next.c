@@ -34,17 +34,17 @@ static void delivered(stoke_loader *l, stoke_batch *b)
         while (l->prefix < l->nbatches && (l->bits[l->prefix / 8] >> (l->prefix % 8)) & 1u)
             l->prefix++;
     }
-    l->st_batches++;
-    l->st_samples += b->count;
-    l->st_truncated += b->truncated;
-    l->st_bytes += b->bytes;
+    l->st.batches++;
+    l->st.samples += b->count;
+    l->st.truncated_samples += b->truncated;
+    l->st.bytes += b->bytes;
     if (b->pinned)
-        l->st_pinned++;
+        l->st.pinned_batches++;
     else
-        l->st_pageable++;
+        l->st.pageable_batches++;
     if (l->device_mode) {
-        l->st_dcopies++;
-        l->st_dbytes += b->bytes;
+        l->st.device_copies++;
+        l->st.device_bytes += b->bytes;
     }
     stoke__loader_wake_workers(l, 0);
 }
@@ -60,14 +60,10 @@ static stoke_batch *take_done(stoke_loader *l)
         l->prefix++;
     }
     if (l->ready) { /* MAP in order: batch prefix, if it came */
-        stoke_batch **slot = &l->ready[l->prefix & l->ready_mask];
-        stoke_batch *b = *slot;
-        if (b && b->seq == l->prefix) {
-            *slot = NULL;
-            return b;
-        }
-        if (!l->done) /* else a batch whose slot was taken when it came (never, see ready) */
-            return NULL;
+        stoke_batch **slot = &l->ready[l->prefix & l->ready_mask], *b = *slot;
+        STOKE__LOADER_ASSERT(!b || b->seq == l->prefix);
+        *slot = NULL;
+        return b;
     }
     for (stoke_batch **pp = &l->done; *pp; pp = &(*pp)->next) {
         stoke_batch *b = *pp;
@@ -107,15 +103,13 @@ static int batch_error(stoke_loader *l, stoke_batch *b)
 {
     int rc = b->status;
     const char *who = l->nworkers && b->worker == l->nworkers ? " (the caller's thread)" : "";
-    if (names_sample(b->err_msg, b->err_index) && names_dataset(b->err_msg, l->ds.name))
-        stoke__loader_fail(l, rc, "worker %d%s: %s (%s)", b->worker, who, b->err_msg,
-                           stoke_err_name(rc));
-    else if (names_sample(b->err_msg, b->err_index))
-        stoke__loader_fail(l, rc, "worker %d%s: %s: %s (%s)", b->worker, who, l->ds.name,
-                           b->err_msg, stoke_err_name(rc));
-    else
-        stoke__loader_fail(l, rc, "worker %d%s: sample %" PRIu64 " of %s: %s (%s)", b->worker, who,
-                           b->err_index, l->ds.name, b->err_msg, stoke_err_name(rc));
+    char ctx[sizeof(l->ds.name) + 64] = ""; /* what the message does not name */
+    if (!names_sample(b->err_msg, b->err_index))
+        stoke__fmt(ctx, sizeof(ctx), "sample %" PRIu64 " of %s: ", b->err_index, l->ds.name);
+    else if (!names_dataset(b->err_msg, l->ds.name))
+        stoke__fmt(ctx, sizeof(ctx), "%s: ", l->ds.name);
+    stoke__loader_fail(l, rc, "worker %d%s: %s%s (%s)", b->worker, who, ctx, b->err_msg,
+                       stoke_err_name(rc));
     stoke__loader_recycle(l, b);
     l->outstanding--;
     stoke__loader_abandon(l);
@@ -138,6 +132,14 @@ static int timed_out_worker(stoke_loader *l, uint64_t now, uint64_t *deadline)
             *deadline = t + lim + 1000000u;
     }
     return -1;
+}
+
+static int all_held(stoke_loader *l)
+{
+    return stoke__loader_fail(l, STOKE_ELIMIT,
+                              "loader: all %d batch buffers are held by the caller; release "
+                              "batches",
+                              l->nbuf);
 }
 
 /* No workers: produces the next batch in the caller's thread.  Returns STOKE_OK with `mu` held
@@ -166,10 +168,7 @@ static int next_inline(stoke_loader *l, stoke_batch **bp, uint64_t *clock)
         }
         if (!l->nfree && !stoke__loader_reclaim(l)) {
             stoke__loader_unlock(l);
-            return stoke__loader_fail(l, STOKE_ELIMIT,
-                                      "loader: all %d batch buffers are held by the caller; "
-                                      "release batches",
-                                      l->nbuf);
+            return all_held(l);
         }
         stoke__loader_make_group(l, &l->caller, clock); /* one batch: claim_size */
         *bp = take_done(l); /* the batch just made: nothing else is in flight */
@@ -199,7 +198,7 @@ static int wait_status(stoke_loader *l)
 static int wait_done(stoke_loader *l)
 {
     if (!l->o.timeout_ms) {
-        stoke__loader_wait(l, &l->done_cv);
+        stoke__loader_wait(l, &l->done_cv, NULL);
         return STOKE_OK;
     }
     uint64_t now = stoke__now_ns(), deadline;
@@ -220,7 +219,7 @@ static int wait_done(stoke_loader *l)
     struct timespec ts;
     ts.tv_sec = (time_t)(deadline / 1000000000u);
     ts.tv_nsec = (long)(deadline % 1000000000u);
-    stoke__loader_timedwait(l, &l->done_cv, &ts);
+    stoke__loader_wait(l, &l->done_cv, &ts);
     return STOKE_OK;
 }
 
@@ -234,7 +233,7 @@ static int wait_done(stoke_loader *l)
  * that is not starved never waits, so never helps.  Not with a timeout (timeout_ms): the consumer
  * stays free to watch the workers' samples.  3 KB rows, batch 256, 2 workers on 2 cores, 6
  * alternating runs: median 2.8 -> 3.85 M samples/s.  Batches under 20 us were first left to the
- * spin (spin_for_event): on 2 cores that spin is a sched_yield loop beside two busy workers, and
+ * consumer's spin: on 2 cores that spin is a sched_yield loop beside two busy workers, and
  * helping instead took batch size 1 with 1 worker from 1.36 to 2.67 M/s, with 2 from 2.1 to 2.6,
  * batch 4 with 2 workers from 2.2 to 3.9, batch 16 from 3.6 to 5.1 (3 KB rows, medians of 3
  * alternating runs; batch 64 the same).  Such batches are made with worker id nworkers. */
@@ -248,32 +247,6 @@ static int assist_wanted(const stoke_loader *l)
     /* no help under a timeout: the consumer stays free to see a worker's sample overrun it */
     int help = l->plan.help && l->outstanding < l->window;
     return help ? 2 : 0;
-}
-
-/* (mu) Makes batches in the caller's thread (assist_wanted said why: 1 or 2): a group of them
- * when batches take a few microseconds, as a worker takes (stoke__loader_make_group), so that
- * it takes `mu` twice per group and its indices come from one fill of the sampler rather
- * than a walk per batch; the batch it waited for may then come a group (about 20 us of
- * work) later. */
-static void assist(stoke_loader *l, int why)
-{
-    int n = stoke__loader_make_group(l, &l->caller, NULL);
-    l->st_assisted += (uint64_t)n;
-    if (why == 2)
-        l->st_helped += (uint64_t)n;
-}
-
-/* (mu) Threaded: before sleeping, spins (without `mu`) while a batch is being made, for at most
- * twice the time a batch takes on average and never over 20 us: a batch of a few microseconds
- * arrives sooner than a sleeping thread wakes up.  Returns with `mu` held. */
-static void spin_for_event(stoke_loader *l)
-{
-    uint64_t budget = 2 * l->busy_avg;
-    if (budget > 20000u)
-        budget = 20000u;
-    if (l->filling == 0 || budget < 200u)
-        return;
-    stoke__loader_spin(l, &l->events, budget);
 }
 
 /* Workers: waits for the next deliverable batch.  Returns as next_inline does.  *t0: 0 on
@@ -309,21 +282,21 @@ static int next_threaded(stoke_loader *l, stoke_batch **bp, uint64_t *t0)
         if (l->held >= l->nbuf || (!l->nfree && l->filling == 0)) {
             if (stoke__loader_reclaim(l))
                 continue;
-            rc = stoke__loader_fail(l, STOKE_ELIMIT,
-                                    "loader: all %d batch buffers are held by the caller; "
-                                    "release batches",
-                                    l->nbuf);
+            rc = all_held(l);
             break;
         }
         int why = assist_wanted(l);
-        if (why) {
-            assist(l, why);
+        if (why) { /* a group when batches are tiny, as a worker takes (make_group) */
+            int n = stoke__loader_make_group(l, &l->caller, NULL);
+            l->st.assisted_batches += (uint64_t)n;
+            l->st_helped += why == 2 ? (uint64_t)n : 0;
             spun = 0;
             continue;
         }
         if (!spun) { /* then look again: the spin may have missed a change made under mu */
             spun = 1;
-            spin_for_event(l);
+            if (l->filling) /* while a batch is being made */
+                stoke__loader_spin(l, &l->events);
             continue;
         }
         stoke__loader_wake_workers(l, 1); /* nobody may sleep while work waits */

@@ -6,17 +6,13 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <poll.h>
-#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/types.h>
-#include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -29,7 +25,7 @@
 /* ---- the child: the dataset wrapped to publish what it loads and to fail poisoned samples -- */
 
 static struct {
-    stoke_dataset ds; /* the real one */
+    stoke_dataset ds; /* the real one (the wrappers take its `user` as it is) */
     proc_ctl *ctl;
     const wreq *req;
 } cw;
@@ -57,20 +53,13 @@ static void idle(void)
     atomic_store(&cw.ctl->in_batch, 0);
 }
 
-static uint64_t w_length(void *user)
-{
-    (void)user;
-    return cw.ds.length(cw.ds.user);
-}
-
 static int w_get(void *user, uint64_t index, void *const dst[], int64_t len[], int worker,
                  char *msg, size_t msg_len)
 {
-    (void)user;
     if (poisoned(index, msg, msg_len))
         return STOKE_EDATA;
     busy(index);
-    int rc = cw.ds.get(cw.ds.user, index, dst, len, worker, msg, msg_len);
+    int rc = cw.ds.get(user, index, dst, len, worker, msg, msg_len);
     idle();
     return rc;
 }
@@ -78,10 +67,9 @@ static int w_get(void *user, uint64_t index, void *const dst[], int64_t len[], i
 static int w_read(void *user, const uint64_t *indices, size_t count, const stoke_slots *dst,
                   int worker, char *msg, size_t msg_len, uint64_t *err_index)
 {
-    (void)user;
     atomic_store(&cw.ctl->in_batch, 1);
     busy(count ? indices[0] : UINT64_MAX);
-    int rc = cw.ds.read(cw.ds.user, indices, count, dst, worker, msg, msg_len, err_index);
+    int rc = cw.ds.read(user, indices, count, dst, worker, msg, msg_len, err_index);
     idle();
     return rc;
 }
@@ -90,9 +78,7 @@ static void wrap_dataset(stoke_loader *l, proc_ctl *ctl)
 {
     cw.ds = l->ds;
     cw.ctl = ctl;
-    l->ds.user = &cw;
-    l->ds.length = cw.ds.length ? w_length : NULL;
-    l->ds.get = cw.ds.get ? w_get : NULL;
+    l->ds.get = w_get; /* (MAP: required) */
     l->ds.read = cw.ds.read ? w_read : NULL;
     idle();
 }
@@ -131,12 +117,8 @@ static void child_main(stoke_loader *l, int wid, int fd, pid_t zygote)
 {
     wrap_dataset(l, &l->proc->ctl[wid]);
     l->caller.wid = wid; /* this process's producer: its copy of the caller's, for worker wid */
-    int init_rc = STOKE_OK;
-    if (cw.ds.worker_init) {
-        init_rc = cw.ds.worker_init(cw.ds.user, wid, l->nworkers);
-        if (init_rc > 0)
-            init_rc = STOKE_EDATA;
-    }
+    int init_rc = l->ds.worker_init ? l->ds.worker_init(l->ds.user, wid, l->nworkers) : STOKE_OK;
+    init_rc = init_rc > 0 ? STOKE_EDATA : init_rc;
     static wreq req;
     wmsg m;
     /* the epoch this process's copy of the dataset was set to: create set it before the zygote
@@ -153,25 +135,22 @@ static void child_main(stoke_loader *l, int wid, int fd, pid_t zygote)
             l->ds.read = NULL;
         memset(&m, 0, sizeof(m));
         int rc = init_rc;
-        if (rc == STOKE_OK && cw.ds.set_epoch && (!epoch_set || epoch != req.epoch)) {
-            rc = cw.ds.set_epoch(cw.ds.user, req.epoch);
+        if (rc != STOKE_OK) {
+            stoke__fmt(m.err_msg, sizeof(m.err_msg), "worker_init failed in worker process %d (%s)",
+                       (int)getpid(), stoke_err_name(rc));
+        } else if (l->ds.set_epoch && (!epoch_set || epoch != req.epoch)) {
+            rc = l->ds.set_epoch(l->ds.user, req.epoch);
             rc = rc > 0 ? STOKE_EDATA : rc;
             epoch_set = rc == STOKE_OK;
             epoch = req.epoch;
-            if (rc != STOKE_OK) {
-                m.status = rc;
-                m.err_index = UINT64_MAX;
-                stoke__fmt(m.err_msg, sizeof(m.err_msg),
-                           "set_epoch(%" PRIu64 ") of dataset %s failed in worker process %d (%s)",
-                           req.epoch, cw.ds.name, (int)getpid(), stoke_err_name(rc));
-            }
+            stoke__fmt(m.err_msg, sizeof(m.err_msg),
+                       "set_epoch(%" PRIu64 ") of dataset %s failed in worker process %d (%s)",
+                       req.epoch, l->ds.name, (int)getpid(), stoke_err_name(rc));
         }
-        if (init_rc != STOKE_OK) {
-            m.status = init_rc;
+        if (rc != STOKE_OK) {
+            m.status = rc;
             m.err_index = UINT64_MAX;
-            stoke__fmt(m.err_msg, sizeof(m.err_msg), "worker_init failed in worker process %d (%s)",
-                       (int)getpid(), stoke_err_name(init_rc));
-        } else if (rc == STOKE_OK) {
+        } else {
             cw.req = &req;
             l->caller.ahead.seq_end = req.seq + 1; /* batches come one request at a time */
             stoke__loader_fill_batch(l, b, &l->caller, req.seed, req.epoch, req.seq);
@@ -186,7 +165,6 @@ static void child_main(stoke_loader *l, int wid, int fd, pid_t zygote)
             m.count = b->count;
             m.bytes = b->bytes;
             m.err_index = b->err_index;
-            m.end = b->end;
             m.truncated = b->truncated;
             memcpy(m.err_msg, b->err_msg, sizeof(m.err_msg));
         }
@@ -198,18 +176,7 @@ static void child_main(stoke_loader *l, int wid, int fd, pid_t zygote)
 
 /* ---- the zygote ------------------------------------------------------------------------- */
 
-static int send_fd(int sock, const void *p, size_t n, int fd)
-{
-    return stoke__sendmsg_fd(sock, p, n, fd) == (ssize_t)n ? 0 : -1;
-}
-
-ssize_t stoke__proc_recv_fd(int sock, void *p, size_t n, int *fd)
-{
-    *fd = -1;
-    return stoke__recvmsg_fd(sock, p, n, fd);
-}
-
-void stoke__proc_sleep_ms(long ms)
+static void sleep_ms(long ms)
 {
     struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
@@ -246,53 +213,47 @@ static void zygote_spawn(stoke_loader *l, int zfd, const zreq *q, pid_t *pids, i
 {
     zrep rep = {.pid = -1, .seq = q->seq};
     int sv[2] = {-1, -1};
+    pid_t zygote = getpid(), pid = -1;
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
         rep.err = errno;
-        send_fd(zfd, &rep, sizeof(rep), -1);
-        return;
-    }
-    pid_t zygote = getpid();
-    if (l->ds.fork_prepare)
-        l->ds.fork_prepare(l->ds.user);
-    pid_t pid = fork();
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != zygote)
-            _exit(0);
-        sigaction(ZSIG, &z_old_action, NULL);
-        sigprocmask(SIG_SETMASK, &z_old_mask, NULL);
-        close(zfd);
-        close(sv[0]);
-        if (l->ds.fork_child)
-            l->ds.fork_child(l->ds.user, q->worker);
-        child_main(l, q->worker, sv[1], zygote);
-        _exit(0);
-    }
-    if (l->ds.fork_parent)
-        l->ds.fork_parent(l->ds.user);
-    close(sv[1]);
-    if (pid < 0) {
-        rep.err = errno;
-        send_fd(zfd, &rep, sizeof(rep), -1);
     } else {
-        rep.pid = (int32_t)pid;
-        for (int i = 0; i < npids; i++)
-            if (pids[i] <= 0) {
-                pids[i] = pid;
-                break;
-            }
-        send_fd(zfd, &rep, sizeof(rep), sv[0]);
+        if (l->ds.fork_prepare)
+            l->ds.fork_prepare(l->ds.user);
+        pid = fork();
+        if (pid == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            if (getppid() != zygote)
+                _exit(0);
+            sigaction(ZSIG, &z_old_action, NULL);
+            sigprocmask(SIG_SETMASK, &z_old_mask, NULL);
+            close(zfd);
+            close(sv[0]);
+            if (l->ds.fork_child)
+                l->ds.fork_child(l->ds.user, q->worker);
+            child_main(l, q->worker, sv[1], zygote);
+            _exit(0);
+        }
+        rep.err = pid < 0 ? errno : 0; /* (before the hook, which may change errno) */
+        if (l->ds.fork_parent)
+            l->ds.fork_parent(l->ds.user);
+        close(sv[1]);
     }
-    close(sv[0]);
+    for (int i = 0; pid > 0 && i < npids; i++)
+        if (pids[i] <= 0) {
+            pids[i] = pid;
+            break;
+        }
+    rep.pid = pid > 0 ? (int32_t)pid : -1;
+    (void)stoke__sendmsg_fd(zfd, &rep, sizeof(rep), pid > 0 ? sv[0] : -1);
+    if (sv[0] >= 0)
+        close(sv[0]);
 }
 
-/* REAP: waits for `pid` (SIGKILLed first when asked); one that has not exited 2 s after its
- * socket closed is SIGKILLed.  0 or an errno. */
-static int zygote_reap(pid_t pid, int kill_it, int *st)
+int stoke__proc_reap(pid_t pid, int kill_it, uint64_t grace_ns, int *st)
 {
     if (kill_it)
         kill(pid, SIGKILL);
-    uint64_t deadline = stoke__now_ns() + 2000000000u; /* 2 s of time, not of polls */
+    uint64_t deadline = stoke__now_ns() + grace_ns; /* time, not a number of polls */
     for (int killed = kill_it;;) {
         pid_t r = waitpid(pid, st, killed ? 0 : WNOHANG);
         if (r == pid)
@@ -303,7 +264,7 @@ static int zygote_reap(pid_t pid, int kill_it, int *st)
             kill(pid, SIGKILL);
             killed = 1;
         } else if (r == 0) {
-            stoke__proc_sleep_ms(1);
+            sleep_ms(1);
         }
     }
 }
@@ -347,13 +308,14 @@ void stoke__zygote_main(stoke_loader *l, int zfd, pid_t loader)
         } else if (q.op == Z_REAP || q.op == Z_FORGET) {
             zrep rep = {.pid = q.pid, .seq = q.seq};
             int st = 0;
-            rep.err = zygote_reap(q.pid, q.kill || q.op == Z_FORGET, &st);
+            /* a child not gone 2 s after its socket closed is SIGKILLed */
+            rep.err = stoke__proc_reap(q.pid, q.kill || q.op == Z_FORGET, 2000000000u, &st);
             rep.status = st;
             for (int i = 0; i < npids; i++)
                 if (pids[i] == q.pid)
                     pids[i] = -1;
             if (q.op == Z_REAP)
-                send_fd(zfd, &rep, sizeof(rep), -1);
+                (void)stoke__sendmsg_fd(zfd, &rep, sizeof(rep), -1);
         } else if (q.op == Z_EXIT) {
             break;
         }

@@ -41,23 +41,21 @@
  * ordinary policy skips or replaces it) and the batch is re-run by a replacement child. */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <inttypes.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "common/internal.h"
 #include "ipc/arena_internal.h"
+#include "ipc/ipc_internal.h"
 #include "loader/loader_internal.h"
 #include "loader/procworker_internal.h"
 #include "stoke/arena.h"
@@ -160,47 +158,37 @@ static size_t align_page(size_t v)
     return (v + 4095u) & ~(size_t)4095u;
 }
 
-static int use_shared(stoke_loader *l, stoke__proc *p, size_t per, void *m);
-
-/* The shared mapping: per batch handle its buffer (ragged lengths included) and indices; the
- * control records. */
+/* The shared mapping (an anonymous memfd, or an allocation of the node-wide arena, which is
+ * shared and pinned already), carved into: per batch handle its buffer (ragged lengths
+ * included) and indices; the control records. */
 static int map_shared(stoke_loader *l, stoke__proc *p)
 {
     size_t idx_bytes = align_page(l->cap * sizeof(uint64_t));
     size_t per = align_page(l->buf_bytes) + idx_bytes;
     size_t ctl_bytes = align_page((size_t)l->nworkers * sizeof(proc_ctl));
     p->shm_len = per * (size_t)l->nbuf + ctl_bytes;
-    if (l->arena) /* the node-wide arena: shared (and pinned) already */
-        return use_shared(l, p, per, NULL);
-    int fd = memfd_create("stoke-batches", MFD_CLOEXEC);
-    if (fd < 0)
-        return stoke__loader_fail(l, STOKE_ENOMEM, "loader: memfd_create failed: %s",
-                                  strerror(errno));
     void *m = MAP_FAILED;
-    if (ftruncate(fd, (off_t)p->shm_len) == 0)
-        m = mmap(NULL, p->shm_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    int e = errno;
-    close(fd);
-    if (m == MAP_FAILED)
-        return stoke__loader_fail(l, STOKE_ENOMEM,
-                                  "loader: cannot map %zu bytes of shared batch buffers: %s",
-                                  p->shm_len, strerror(e));
-    return use_shared(l, p, per, m);
-}
-
-/* Carves the shared mapping `m` (NULL: an allocation of the arena) into the batches' buffers,
- * index and offset arrays, and the control records. */
-static int use_shared(stoke_loader *l, stoke__proc *p, size_t per, void *m)
-{
-    if (!m) {
+    if (l->arena) {
         int rc = stoke_arena_alloc(l->arena, p->shm_len, &m);
         if (rc != STOKE_OK)
             return stoke__loader_fail(l, rc, "loader: shared batch buffers: %s",
                                       stoke_last_error());
         p->from_arena = 1;
-    } else if (l->alloc_kind != STOKE__ALLOC_PAGEABLE &&
-               stoke_pin_register(m, p->shm_len) == STOKE_OK) {
-        p->registered = 1;
+    } else {
+        int fd = memfd_create("stoke-batches", MFD_CLOEXEC);
+        if (fd < 0)
+            return stoke__loader_fail(l, STOKE_ENOMEM, "loader: memfd_create failed: %s",
+                                      strerror(errno));
+        if (ftruncate(fd, (off_t)p->shm_len) == 0)
+            m = mmap(NULL, p->shm_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        int e = errno;
+        close(fd);
+        if (m == MAP_FAILED)
+            return stoke__loader_fail(l, STOKE_ENOMEM,
+                                      "loader: cannot map %zu bytes of shared batch buffers: %s",
+                                      p->shm_len, strerror(e));
+        p->registered =
+            l->alloc_kind != STOKE__ALLOC_PAGEABLE && stoke_pin_register(m, p->shm_len) == STOKE_OK;
     }
     p->shm = m;
     for (int i = 0; i < l->nbuf; i++) {
@@ -248,9 +236,7 @@ int stoke__proc_create(stoke_loader *l)
         p->w[i].fd = -1;
         atomic_store(&p->w[i].pid, -1);
     }
-    for (int i = 0; i < l->nbuf; i++) /* the index arrays live in the shared mapping */
-        l->bat[i].l = l;
-    int rc = map_shared(l, p);
+    int rc = map_shared(l, p); /* the buffers and the index arrays */
     if (rc != STOKE_OK)
         return rc;
     int sv[2];
@@ -315,7 +301,7 @@ static int zygote_call(stoke__proc *p, zreq *q, zrep *rep, int *fd, char *msg, s
             break;
         }
         int got = -1;
-        if (pr < 0 || stoke__proc_recv_fd(zfd, rep, sizeof(*rep), &got) != (ssize_t)sizeof(*rep)) {
+        if (pr < 0 || stoke__recvmsg_fd(zfd, rep, sizeof(*rep), &got) != (ssize_t)sizeof(*rep)) {
             if (got >= 0)
                 close(got);
             rc = STOKE_ENOMEM;
@@ -423,29 +409,6 @@ static void reap(stoke_loader *l, int wid, int kill_it, char *msg, size_t len)
     }
 }
 
-static void fail_batch(stoke_batch *b, int rc, uint64_t where, const char *msg)
-{
-    b->status = rc > 0 ? STOKE_EDATA : rc;
-    b->err_index = where;
-    stoke__strlcpy(b->err_msg, msg[0] ? msg : stoke_strerror(b->status), sizeof(b->err_msg));
-    b->count = 0;
-    b->bytes = 0;
-}
-
-static void add_bad(stoke_batch *b, const stoke__bad *e)
-{
-    stoke__bad_list *bl = &b->bad;
-    if (bl->n == bl->cap) {
-        size_t cap = bl->cap ? bl->cap * 2 : 4;
-        stoke__bad *v = realloc(bl->v, cap * sizeof(*v));
-        if (!v)
-            return;
-        bl->v = v;
-        bl->cap = cap;
-    }
-    bl->v[bl->n++] = *e;
-}
-
 enum { X_DONE = 0, X_DEAD = 1, X_STOPPED = 2 };
 
 /* Sends the request to worker wid's child and takes its reply into b.  While waiting, copies
@@ -465,7 +428,7 @@ static int exchange(stoke_loader *l, stoke__worker *w, int wid, const wreq *req,
         struct pollfd pfd = {.fd = fd, .events = POLLIN};
         int pr = poll(&pfd, 1, POLL_MS);
         if (pr == 0 || (pr < 0 && errno == EINTR)) {
-            if (l->o.timeout_ms && w) {
+            if (l->o.timeout_ms) {
                 atomic_store(&w->busy_index, atomic_load(&c->index));
                 atomic_store(&w->busy_since, atomic_load(&c->since));
             }
@@ -482,18 +445,18 @@ static int exchange(stoke_loader *l, stoke__worker *w, int wid, const wreq *req,
         if (n != (ssize_t)sizeof(m))
             return X_DEAD;
         if (m.kind == M_BAD) {
-            add_bad(b, &m.bad);
+            stoke__bad *e = stoke__bad_append(b);
+            if (e)
+                *e = m.bad;
             continue;
         }
         break;
     }
-    if (w)
-        atomic_store(&w->busy_since, 0);
+    atomic_store(&w->busy_since, 0);
     b->status = m.status;
     b->count = (size_t)m.count;
     b->bytes = (size_t)m.bytes;
     b->err_index = m.err_index;
-    b->end = m.end;
     b->truncated = m.truncated;
     memcpy(b->err_msg, m.err_msg, sizeof(b->err_msg));
     b->err_msg[sizeof(b->err_msg) - 1] = '\0';
@@ -527,7 +490,7 @@ static int after_crash(stoke_loader *l, stoke_batch *b, int wid, wreq *req, cons
         char m[256];
         stoke__fmt(m, sizeof(m), "%.150s; worker processes restarted more than %d times this epoch",
                    why, RESTARTS_MAX);
-        fail_batch(b, STOKE_ELIMIT, where, m);
+        stoke__batch_failed(b, STOKE_ELIMIT, where, m);
         return STOKE_ELIMIT;
     }
     if (idx == UINT64_MAX)
@@ -538,7 +501,7 @@ static int after_crash(stoke_loader *l, stoke_batch *b, int wid, wreq *req, cons
     }
     if (l->o.on_error == STOKE_ON_ERROR_ERROR) {
         stoke__bad_note(b, idx, STOKE_EDATA, why);
-        fail_batch(b, STOKE_EDATA, idx, why);
+        stoke__batch_failed(b, STOKE_EDATA, idx, why);
         return STOKE_EDATA;
     }
     if (req->npoison == POISON_MAX) {
@@ -546,7 +509,7 @@ static int after_crash(stoke_loader *l, stoke_batch *b, int wid, wreq *req, cons
         stoke__fmt(m, sizeof(m), "%.150s (more than %d crashing samples in one batch)", why,
                    POISON_MAX);
         stoke__bad_note(b, idx, STOKE_EDATA, m);
-        fail_batch(b, STOKE_EDATA, idx, m);
+        stoke__batch_failed(b, STOKE_EDATA, idx, m);
         return STOKE_EDATA;
     }
     req->poison[req->npoison] = idx;
@@ -559,44 +522,38 @@ void stoke__proc_fill(stoke_loader *l, stoke_batch *b, stoke__producer *pr, uint
                       uint64_t epoch)
 {
     stoke__proc *p = l->proc;
-    stoke__worker *w = pr->w; /* the thread standing in for worker wid's child */
+    stoke__worker *w = pr->w; /* the thread standing in for worker wid's child (never the
+                                 caller's: the plan has no assist with processes) */
     int wid = pr->wid;
     uint64_t first = b->seq * l->o.batch_size;
+    STOKE__LOADER_ASSERT(w != NULL);
     stoke__loader_batch_start(l, b, wid, epoch);
-    wreq *req = calloc(1, sizeof(*req));
+    wreq req = {.bi = (int32_t)(b - l->bat), .si = (int32_t)(b->host - l->slots)};
+    req.seq = b->seq;
+    req.seed = seed;
+    req.epoch = epoch;
     char msg[256] = "";
-    if (!req) {
-        fail_batch(b, STOKE_ENOMEM, first, "out of memory");
-        return;
-    }
-    req->bi = (int32_t)(b - l->bat);
-    req->si = (int32_t)(b->host - l->slots);
-    req->seq = b->seq;
-    req->seed = seed;
-    req->epoch = epoch;
     for (;;) {
         int rc = p->w[wid].fd < 0 ? spawn(l, wid, msg, sizeof(msg)) : STOKE_OK;
         if (rc != STOKE_OK) {
-            fail_batch(b, rc, first, msg);
-            break;
+            stoke__batch_failed(b, rc, first, msg);
+            return;
         }
         atomic_store(&p->ctl[wid].index, UINT64_MAX);
         atomic_store(&p->ctl[wid].in_batch, 0);
-        int x = exchange(l, w, wid, req, b);
+        int x = exchange(l, w, wid, &req, b);
         if (x == X_DONE)
-            break;
+            return;
         reap(l, wid, x == X_STOPPED, msg, sizeof(msg));
-        if (w)
-            atomic_store(&w->busy_since, 0);
+        atomic_store(&w->busy_since, 0);
         if (x == X_STOPPED) {
-            fail_batch(b, STOKE_ECANCELED, first, "the loader is being destroyed");
-            break;
+            stoke__batch_failed(b, STOKE_ECANCELED, first, "the loader is being destroyed");
+            return;
         }
         stoke__log(STOKE_LOG_WARN, "loader: worker %d: %s", wid, msg);
-        if (after_crash(l, b, wid, req, msg) != STOKE_OK)
-            break;
+        if (after_crash(l, b, wid, &req, msg) != STOKE_OK)
+            return;
     }
-    free(req);
 }
 
 void stoke__proc_stopping(stoke_loader *l)
@@ -632,19 +589,8 @@ void stoke__proc_destroy(stoke_loader *l)
         p->shm = NULL;
         p->zpid = -1;
     }
-    if (p->zpid > 0) {
-        int done = 0;
-        for (int t = 0; t < 500 && !done; t++) {
-            pid_t r = waitpid(p->zpid, NULL, WNOHANG);
-            done = r == p->zpid || (r < 0 && errno != EINTR);
-            if (!done)
-                stoke__proc_sleep_ms(10);
-        }
-        if (!done) {
-            kill(p->zpid, SIGKILL);
-            waitpid(p->zpid, NULL, 0);
-        }
-    }
+    if (p->zpid > 0)
+        (void)stoke__proc_reap(p->zpid, 0, 5000000000u, NULL);
     if (p->shm && p->from_arena) {
         stoke_arena_free(l->arena, p->shm);
     } else if (p->shm) {
@@ -652,11 +598,10 @@ void stoke__proc_destroy(stoke_loader *l)
             stoke_pin_unregister(p->shm);
         munmap(p->shm, p->shm_len);
     }
-    for (int i = 0; l->bat && i < l->nbuf; i++) {
+    for (int i = 0; l->bat && i < l->nbuf; i++) { /* (slots: allocated with bat) */
         l->bat[i].indices = NULL;
-    }
-    for (int i = 0; l->slots && i < l->nbuf; i++)
         l->slots[i].mem = NULL;
+    }
     if (!foreign) { /* a forked copy may hold them locked */
         pthread_mutex_destroy(&p->zmu);
         pthread_mutex_destroy(&p->rmu);

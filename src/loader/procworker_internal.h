@@ -78,8 +78,7 @@ enum { M_BAD = 1, M_DONE = 2 };
 typedef struct wmsg {
     int32_t kind, status;
     uint64_t count, bytes, err_index;
-    int32_t end;
-    uint32_t truncated;
+    uint32_t truncated, pad;
     char err_msg[256];
     stoke__bad bad;
 } wmsg;
@@ -88,7 +87,8 @@ typedef struct wmsg {
 void stoke__zygote_main(stoke_loader *l, int zfd, pid_t loader);
 int stoke__proc_send_all(int fd, const void *p, size_t n);
 ssize_t stoke__proc_recv_msg(int fd, void *p, size_t n);
-ssize_t stoke__proc_recv_fd(int sock, void *p, size_t n, int *fd);
-void stoke__proc_sleep_ms(long ms);
+/* Waits for child `pid` (SIGKILLed first when kill_it), SIGKILLing it once grace_ns passed;
+ * its wait status into *st (may be NULL).  0, or an errno. */
+int stoke__proc_reap(pid_t pid, int kill_it, uint64_t grace_ns, int *st);
 
 #endif

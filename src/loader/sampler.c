@@ -44,7 +44,8 @@ uint64_t stoke__epoch_key(uint64_t seed, uint64_t epoch)
 
 /* ---- the keyed Feistel permutation ----------------------------------------------------------- */
 
-void stoke__feistel_init(stoke__feistel *f, uint64_t n, uint64_t key)
+/* stoke_permute's network over [0, n) keyed by `key`, derived once. */
+static void feistel_init(stoke__feistel *f, uint64_t n, uint64_t key)
 {
     /* The domain: the smallest power of two with an even number of bits (at least 2) >= n. */
     unsigned bits = 0;
@@ -133,11 +134,6 @@ static inline uint64_t feistel_apply(const stoke__feistel *f, uint64_t x)
         y = feistel_pass(f, y);
     while (y >= f->n);
     return y;
-}
-
-uint64_t stoke__feistel_apply(const stoke__feistel *f, uint64_t x)
-{
-    return feistel_apply(f, x);
 }
 
 /* ---- a batch at once: the cycle walks in sweeps --------------------------------------------- *
@@ -354,7 +350,7 @@ uint64_t stoke_permute(uint64_t x, uint64_t n, uint64_t key)
     if (n <= 1 || x >= n)
         return x;
     stoke__feistel f;
-    stoke__feistel_init(&f, n, key);
+    feistel_init(&f, n, key);
     return feistel_apply(&f, x);
 }
 
@@ -518,12 +514,7 @@ int stoke_sampler_create(const stoke_sampler_opts *o, uint64_t dataset_len, stok
             goto fail;
         }
         s->distributed = 1;
-        if (o->drop_last)
-            s->len = s->base_len / s->world;
-        else
-            s->len = (s->base_len + s->world - 1) / s->world;
-        if (s->base_len == 0)
-            s->len = 0;
+        s->len = (s->base_len + (o->drop_last ? 0 : s->world - 1)) / s->world;
     }
     *out = s;
     return STOKE_OK;
@@ -618,19 +609,14 @@ static void block_window_enter(const stoke_sampler *s, const stoke__sampler_epoc
     bw->slot0 = j0;
     bw->start = start;
     bw->tail_local = e->tail_slot >= j0 && e->tail_slot < j1 ? e->tail_slot - j0 : UINT64_MAX;
-    stoke__feistel_init(&bw->mix, end - start, mix64(e->key ^ mix64(w ^ 0x2545f4914f6cdd1dull)));
+    feistel_init(&bw->mix, end - start, mix64(e->key ^ mix64(w ^ 0x2545f4914f6cdd1dull)));
     bw->have = 0;
 }
 
-/* The index at global position g (< n).  bw: the caller's cache across calls (NULL: none). */
+/* The index at global position g (< n).  bw: the caller's cache across calls. */
 static uint64_t block_index(const stoke_sampler *s, const stoke__sampler_epoch *e, uint64_t g,
                             block_window *bw)
 {
-    block_window local;
-    if (!bw) {
-        bw = &local;
-        bw->w = UINT64_MAX;
-    }
     uint64_t span = s->bwin * s->brows, w = g / span;
     /* The short block, if in an earlier window, pulls this window's start back by < B <= span. */
     if ((w + 1) * s->bwin < s->nblocks && slot_start(s, e, (w + 1) * s->bwin) <= g)
@@ -654,35 +640,6 @@ static uint64_t block_index(const stoke_sampler *s, const stoke__sampler_epoch *
     return id * s->brows + within;
 }
 
-int stoke_sampler_index(const stoke_sampler *s, uint64_t seed, uint64_t epoch, uint64_t pos,
-                        uint64_t *out)
-{
-    if (!s || !out)
-        return STOKE_EINVAL;
-    if (pos >= s->len)
-        return STOKE_ERANGE;
-    uint64_t g = pos;
-    if (s->distributed) /* rank's stride, padded by repeating the order from its start */
-        g = (s->rank + pos * s->world) % s->base_len;
-    uint64_t key = stoke__epoch_key(seed, epoch);
-    switch (s->kind) {
-    case STOKE_SAMPLER_SEQUENTIAL: *out = g; break;
-    case STOKE_SAMPLER_RANDOM: *out = stoke_permute(g, s->n, key); break;
-    case STOKE_SAMPLER_SUBSET:
-        *out = s->indices[s->shuffle ? stoke_permute(g, s->base_len, key) : g];
-        break;
-    case STOKE_SAMPLER_WEIGHTED: *out = weighted_draw(s, key, g); break;
-    case STOKE_SAMPLER_BLOCK: {
-        stoke__sampler_epoch e;
-        stoke__sampler_epoch_init(&e, s, seed, epoch);
-        *out = block_index(s, &e, g, NULL);
-        break;
-    }
-    default: return STOKE_EINVAL;
-    }
-    return STOKE_OK;
-}
-
 /* ---- a batch at once ------------------------------------------------------------------------- */
 
 int stoke__sampler_epoch_init(stoke__sampler_epoch *e, const stoke_sampler *s, uint64_t seed,
@@ -696,10 +653,10 @@ int stoke__sampler_epoch_init(stoke__sampler_epoch *e, const stoke_sampler *s, u
     e->epoch = epoch;
     e->key = stoke__epoch_key(seed, epoch);
     switch (s->kind) {
-    case STOKE_SAMPLER_RANDOM: stoke__feistel_init(&e->perm, s->n, e->key); break;
-    case STOKE_SAMPLER_SUBSET: stoke__feistel_init(&e->perm, s->base_len, e->key); break;
+    case STOKE_SAMPLER_RANDOM: feistel_init(&e->perm, s->n, e->key); break;
+    case STOKE_SAMPLER_SUBSET: feistel_init(&e->perm, s->base_len, e->key); break;
     case STOKE_SAMPLER_BLOCK:
-        stoke__feistel_init(&e->perm, s->nfull, e->key);
+        feistel_init(&e->perm, s->nfull, e->key);
         e->tail_slot =
             s->tail_rows ? mix64(e->key ^ 0x9fb21c651e98df25ull) % s->nblocks : s->nblocks;
         break;
@@ -767,4 +724,15 @@ int stoke__sampler_fill(const stoke_sampler *s, const stoke__sampler_epoch *e, u
     default: return STOKE_EINVAL;
     }
     return STOKE_OK;
+}
+
+/* One position: the fill of one (the keys derived for it alone). */
+int stoke_sampler_index(const stoke_sampler *s, uint64_t seed, uint64_t epoch, uint64_t pos,
+                        uint64_t *out)
+{
+    stoke__sampler_epoch e;
+    if (!s || !out)
+        return STOKE_EINVAL;
+    stoke__sampler_epoch_init(&e, s, seed, epoch);
+    return stoke__sampler_fill(s, &e, pos, 1, out);
 }

@@ -71,7 +71,7 @@ static void quiesce(stoke_loader *l)
     l->quiesce = 1;
     stoke__loader_abandon(l);
     while (l->filling > 0)
-        stoke__loader_wait(l, &l->done_cv);
+        stoke__loader_wait(l, &l->done_cv, NULL);
 }
 
 /* Consumer: moves to (seed, epoch, cursor); the dataset's set_epoch is told (an ITERABLE one
@@ -186,18 +186,8 @@ int stoke_loader_get_stats(const stoke_loader *l, stoke_loader_stats *out)
     stoke_loader *m = (stoke_loader *)l;
     if (stoke__loader_foreign(l)) /* before mu: a fork's copy may hold it locked */
         return stoke__loader_forked_fail(m);
-    stoke_loader_stats s;
-    memset(&s, 0, sizeof(s));
-    s.size = sizeof(s);
     stoke__loader_lock(m);
-    s.samples = m->st_samples;
-    s.batches = m->st_batches;
-    s.bytes = m->st_bytes;
-    s.pinned_batches = m->st_pinned;
-    s.pageable_batches = m->st_pageable;
-    s.device_copies = m->st_dcopies;
-    s.device_bytes = m->st_dbytes;
-    s.device_errors = m->st_derrors;
+    stoke_loader_stats s = m->st; /* the counts (size: the caller's, below); the rest here */
     s.wait_s = (double)m->st_wait_ns / 1e9;
     s.wait_p50_s = (double)stoke__hist_quantile(&m->wait_hist, 0.50) / 1e9;
     s.wait_p99_s = (double)stoke__hist_quantile(&m->wait_hist, 0.99) / 1e9;
@@ -206,9 +196,7 @@ int stoke_loader_get_stats(const stoke_loader *l, stoke_loader_stats *out)
     s.workers_auto = (uint64_t)m->auto_workers;
     s.workers_active = (uint64_t)m->nact;
     stoke__autotune_stats(&m->autotune, &s);
-    s.assisted_batches = m->st_assisted;
-    s.truncated_samples = m->st_truncated;
-    stoke__bad_stats(m, &s);
+    s.quarantined = m->nquar;
     stoke__loader_unlock(m);
     s.buffers = (uint64_t)l->nbuf;
     s.buffer_bytes = l->buf_bytes;

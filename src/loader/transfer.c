@@ -1,7 +1,6 @@
 /* The loader's device transfer: the stream, device buffers and events, the asynchronous copy of a
  * filled batch, and the return of staging slots (the copy FIFO) to the pools. */
 #include <pthread.h>
-#include <stdio.h>
 #include <stdlib.h>
 
 #include "common/internal.h"
@@ -21,8 +20,7 @@ int stoke__loader_setup_device(stoke_loader *l)
     if (rc == STOKE_EINVAL || rc == STOKE_ERANGE)
         return rc;
     if (rc != STOKE_OK)
-        return stoke__loader_fail(l, rc, "loader: device '%s': %s", l->o.device,
-                                  stoke_last_error());
+        goto fail;
     int have_cur = stoke__accel_current(&cur, &cdev, NULL) == STOKE_OK;
     if (index >= 0 && index != (have_cur && cur == vt ? cdev : 0)) {
         if (!have_cur || cur != vt)
@@ -31,22 +29,17 @@ int stoke__loader_setup_device(stoke_loader *l)
                 "loader: device '%s': a device index other than 0 needs %s to be the chosen "
                 "accelerator",
                 l->o.device, vt->name);
-        rc = stoke_device_set(index);
-        if (rc != STOKE_OK)
-            return stoke__loader_fail(l, rc, "loader: device '%s': %s", l->o.device,
-                                      stoke_last_error());
+        if ((rc = stoke_device_set(index)) != STOKE_OK)
+            goto fail;
         rc = stoke_stream_create(vt->name, &l->stream);
         stoke_device_set(cdev);
     } else {
         rc = stoke_stream_create(vt->name, &l->stream);
     }
+    if (rc == STOKE_OK)
+        rc = stoke_event_create(l->stream, &l->read_ev);
     if (rc != STOKE_OK)
-        return stoke__loader_fail(l, rc, "loader: device '%s': %s", l->o.device,
-                                  stoke_last_error());
-    rc = stoke_event_create(l->stream, &l->read_ev);
-    if (rc != STOKE_OK)
-        return stoke__loader_fail(l, rc, "loader: device '%s': %s", l->o.device,
-                                  stoke_last_error());
+        goto fail;
     for (int i = 0; i < l->nbuf; i++) {
         rc = stoke_device_buffer_create(l->stream, l->buf_bytes, &l->bat[i].dbuf);
         if (rc == STOKE_OK)
@@ -63,6 +56,8 @@ int stoke__loader_setup_device(stoke_loader *l)
     }
     l->device_mode = 1;
     return STOKE_OK;
+fail:
+    return stoke__loader_fail(l, rc, "loader: device '%s': %s", l->o.device, stoke_last_error());
 }
 
 /* Device mode: queues the copy of a filled batch; the slot's event marks when it may be reused. */
@@ -103,12 +98,31 @@ int stoke__loader_device_failed(stoke_loader *l, stoke_batch *b, int rc, const c
     stoke__loader_lock(l);
     if (!b->dev_failed) {
         b->dev_failed = 1;
-        l->st_derrors++;
+        l->st.device_errors++;
     }
     stoke__loader_unlock(l);
     return stoke__loader_fail(l, rc, "loader: %s %s %s device %s failed: %s (%s)", op, what, prep,
                               l->o.device, detail[0] ? detail : stoke_strerror(rc),
                               stoke_err_name(rc));
+}
+
+void stoke__loader_drop_slot(stoke_loader *l, stoke_batch *b)
+{
+    stoke__slot *s = b->host;
+    if (!s)
+        return;
+    b->host = NULL;
+    s->next = NULL;
+    if (b->copied) {
+        if (l->copy_tail)
+            l->copy_tail->next = s;
+        else
+            l->copy_head = s;
+        l->copy_tail = s;
+    } else {
+        s->next = l->free_s;
+        l->free_s = s;
+    }
 }
 
 /* (mu) Gives b (and in device mode its slot) back to the pools. */
@@ -118,21 +132,8 @@ void stoke__loader_recycle(stoke_loader *l, stoke_batch *b)
     int st = atomic_load_explicit(&b->state, memory_order_relaxed);
     STOKE__LOADER_ASSERT(st == STOKE__B_FILLING || st == STOKE__B_DONE || st == STOKE__B_RELEASED);
     stoke__batch_move(b, st, STOKE__B_FREE);
-    if (l->device_mode && b->host) {
-        stoke__slot *s = b->host;
-        b->host = NULL;
-        s->next = NULL;
-        if (b->copied) {
-            if (l->copy_tail)
-                l->copy_tail->next = s;
-            else
-                l->copy_head = s;
-            l->copy_tail = s;
-        } else {
-            s->next = l->free_s;
-            l->free_s = s;
-        }
-    }
+    if (l->device_mode)
+        stoke__loader_drop_slot(l, b);
     l->free_v[l->nfree++] = b;
 }
 

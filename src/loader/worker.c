@@ -52,13 +52,13 @@ static inline int busy_end(const stoke_loader *l, stoke__worker *w, uint64_t t0,
     return rc;
 }
 
-/* Records the failure of batch b (status rc, a positive one as STOKE_EDATA) at dataset index
- * or sampler position `where`, with msg (or the code's text when msg is empty). */
-static void batch_failed(stoke_batch *b, int rc, uint64_t where, const char *msg)
+void stoke__batch_failed(stoke_batch *b, int rc, uint64_t where, const char *msg)
 {
     b->status = rc > 0 ? STOKE_EDATA : rc;
     b->err_index = where;
     stoke__strlcpy(b->err_msg, msg[0] ? msg : stoke_strerror(b->status), sizeof(b->err_msg));
+    b->count = 0;
+    b->bytes = 0;
 }
 
 /* The keys of (seed, epoch) for this thread, with the permutation's table where it has one
@@ -121,8 +121,7 @@ static const uint64_t *ahead_indices(const stoke_loader *l, stoke__ahead *a, uin
 
 /* MAP: the dataset indices of batch seq's b->count samples into b->indices, all at
  * once, from this thread's runs (see stoke__ahead) for small batches.  Returns STOKE_OK, or
- * fails the batch (count 0) at the first position the sampler refuses, with the message
- * "sampler position out of range" as per-sample indexing did. */
+ * fails the batch when the sampler refuses. */
 static int batch_indices(stoke_loader *l, stoke_batch *b, stoke__ahead *a, uint64_t seed,
                          uint64_t epoch, uint64_t seq)
 {
@@ -135,38 +134,24 @@ static int batch_indices(stoke_loader *l, stoke_batch *b, stoke__ahead *a, uint6
     const stoke__sampler_epoch *ep = ahead_epoch(l, a, seed, epoch);
     uint64_t pos0 = seq * l->o.batch_size;
     int rc = stoke__sampler_fill(l->sampler, ep, pos0, b->count, b->indices);
-    if (rc == STOKE_OK)
-        return STOKE_OK;
-    size_t j = 0; /* the failing position: the first one stoke_sampler_index refuses */
-    int prc = STOKE_OK;
-    for (; j < b->count; j++)
-        if ((prc = stoke_sampler_index(l->sampler, seed, epoch, pos0 + j, &b->indices[j])) != 0)
-            break;
-    batch_failed(b, prc != STOKE_OK ? prc : rc, pos0 + (j < b->count ? j : 0),
-                 "sampler position out of range");
-    b->count = 0;
-    return b->status;
+    if (rc != STOKE_OK) /* (never: an epoch's batches lie within the sampler's length) */
+        stoke__batch_failed(b, rc, pos0, "sampler position out of range");
+    return rc;
 }
 
 /* Points dst[f] at slot j of batch b, each field's (a sample's slots; with j 0, the base of the
- * batch's run of slots). */
-static inline void point_slots(const stoke_loader *l, const stoke_batch *b, size_t j, void **dst)
+ * batch's run of slots), and presets the ragged lengths of n samples there, len[k * nfields +
+ * f], to max_len (the room). */
+static inline void point_slots(const stoke_loader *l, const stoke_batch *b, size_t j, void **dst,
+                               int64_t *len, size_t n)
 {
     const size_t nf = (size_t)l->ds.nfields;
     unsigned char *mem = b->host->mem;
     for (size_t f = 0; f < nf; f++)
         dst[f] = mem + l->off[f] + j * l->step[f];
-}
-
-/* Presets the ragged lengths of n samples, len[k * nfields + f], to max_len (the room). */
-static void preset_lengths(const stoke_loader *l, int64_t *len, size_t n)
-{
-    const size_t nf = (size_t)l->ds.nfields;
-    for (int r = 0; r < l->nragged; r++) {
-        int f = l->rg[r].field;
-        for (size_t k = 0; k < n; k++)
-            len[k * nf + (size_t)f] = l->fields[f].max_len;
-    }
+    for (int r = 0; r < l->nragged; r++)
+        for (size_t k = 0, f = (size_t)l->rg[r].field; k < n; k++)
+            len[k * nf + f] = l->fields[f].max_len;
 }
 
 /* A sample's ragged lengths (len[f]) into slot j of b: STOKE_OK; a length below 0, or past
@@ -203,9 +188,7 @@ int stoke__loader_one_sample(stoke_loader *l, stoke_batch *b, stoke__producer *p
                              uint64_t *idx, char *msg, size_t msg_len)
 {
     stoke__ahead *a = &p->ahead;
-    point_slots(l, b, j, a->dst);
-    if (l->nragged)
-        preset_lengths(l, a->len, 1);
+    point_slots(l, b, j, a->dst, a->len, 1);
     msg[0] = '\0';
     uint64_t t0 = busy_begin(l, p->w, l->iterable ? UINT64_MAX : *idx);
     int rc = l->iterable
@@ -238,8 +221,8 @@ static void fill_samples(stoke_loader *l, stoke_batch *b, stoke__producer *p)
         if (rc == STOKE__BAD_SKIPPED)
             continue;
         if (rc != STOKE_OK) {
-            batch_failed(b, rc, got, msg);
-            break;
+            stoke__batch_failed(b, rc, got, msg);
+            return;
         }
         idx[out++] = got;
     }
@@ -256,9 +239,7 @@ static void fill_read(stoke_loader *l, stoke_batch *b, stoke__producer *p)
     if (!n)
         return;
     stoke__ahead *a = &p->ahead;
-    point_slots(l, b, 0, a->dst); /* one run: the batch's slots */
-    if (l->nragged)
-        preset_lengths(l, a->len, n);
+    point_slots(l, b, 0, a->dst, a->len, n); /* one run: the batch's slots */
     size_t start[2] = {0, n};
     stoke_slots slots = {1, start, a->dst, l->nragged ? a->len : NULL};
     char msg[256];
@@ -278,8 +259,7 @@ static void fill_read(stoke_loader *l, stoke_batch *b, stoke__producer *p)
     }
     if (rc != STOKE_OK) {
         stoke__bad_note(b, err_index, rc, msg);
-        batch_failed(b, rc, err_index, msg);
-        b->count = 0;
+        stoke__batch_failed(b, rc, err_index, msg);
     }
 }
 
@@ -298,16 +278,6 @@ static void fill_pad(unsigned char *p, size_t n, const stoke_field *fd)
     float x = (float)v;
     switch (fd->dtype) {
     case STOKE_DTYPE_BOOL: one[0] = v != 0.0; break;
-    case STOKE_DTYPE_U8:
-    case STOKE_DTYPE_I8:
-    case STOKE_DTYPE_U16:
-    case STOKE_DTYPE_I16:
-    case STOKE_DTYPE_U32:
-    case STOKE_DTYPE_I32:
-    case STOKE_DTYPE_U64:
-    case STOKE_DTYPE_I64:
-        memcpy(one, is == 1 ? (void *)&u1 : is == 2 ? (void *)&u2 : is == 4 ? (void *)&u4 : &u, is);
-        break;
     case STOKE_DTYPE_F32:
     case STOKE_DTYPE_C64: memcpy(one, &x, 4); break; /* complex: the real part */
     case STOKE_DTYPE_F64:
@@ -323,10 +293,13 @@ static void fill_pad(unsigned char *p, size_t n, const stoke_field *fd)
                                            : (uint16_t)(sgn | ((e - 112) << 10) | (m >> 13));
         memcpy(one, &u2, 2);
     } break;
-    default: /* RAW: bytes */
+    case STOKE_DTYPE_RAW: /* bytes */
         one[0] = (unsigned char)u;
         n *= is;
         is = 1;
+        break;
+    default: /* the integers (dtypes are checked at create) */
+        memcpy(one, is == 1 ? (void *)&u1 : is == 2 ? (void *)&u2 : is == 4 ? (void *)&u4 : &u, is);
         break;
     }
     int zero = 1;
@@ -420,10 +393,8 @@ void stoke__loader_fill_batch(stoke_loader *l, stoke_batch *b, stoke__producer *
 {
     b->seq = seq;
     stoke__loader_batch_start(l, b, p->wid, epoch);
-    if (!l->iterable && batch_indices(l, b, &p->ahead, seed, epoch, seq) != STOKE_OK) {
-        b->bytes = 0;
+    if (!l->iterable && batch_indices(l, b, &p->ahead, seed, epoch, seq) != STOKE_OK)
         return;
-    }
     if (!l->iterable && l->ds.read)
         fill_read(l, b, p);
     else
@@ -435,27 +406,17 @@ void stoke__loader_fill_batch(stoke_loader *l, stoke_batch *b, stoke__producer *
  * device mode the staging slot leaves the batch here: it waits in the copy FIFO until its copy's
  * event completes, whatever the consumer does with the batch.  Bumps `events`; the caller
  * signals done_cv (stoke__loader_notify, or once for a group: worker_main). */
-static void complete_quiet(stoke_loader *l, stoke_batch *b, uint64_t gen, uint64_t busy_ns)
+static void complete_quiet(stoke_loader *l, stoke_batch *b, uint64_t busy_ns)
 {
     STOKE__LOADER_ASSERT_MU(l);
     STOKE__LOADER_ASSERT(l->filling > 0);
     l->st_busy_ns += busy_ns;
     l->busy_avg = l->busy_avg ? (l->busy_avg * 7 + busy_ns) / 8 : busy_ns;
     l->filling--;
-    if (b->gen != gen)
-        b->gen = gen;
     atomic_fetch_add_explicit(&l->events, 1, memory_order_release);
-    if (l->device_mode && b->host && b->copied) {
-        stoke__slot *s = b->host;
-        b->host = NULL;
-        s->next = NULL;
-        if (l->copy_tail)
-            l->copy_tail->next = s;
-        else
-            l->copy_head = s;
-        l->copy_tail = s;
-    }
-    if (gen != l->gen) {
+    if (l->device_mode && b->copied)
+        stoke__loader_drop_slot(l, b);
+    if (b->gen != l->gen) { /* (dispatch gave it the run's gen) */
         stoke__loader_recycle(l, b);
         stoke__loader_wake_workers(l, 1);
         return;
@@ -474,9 +435,9 @@ static void complete_quiet(stoke_loader *l, stoke_batch *b, uint64_t gen, uint64
         }
     }
     stoke__batch_move(b, STOKE__B_FILLING, STOKE__B_DONE);
-    stoke_batch **slot = l->ready ? &l->ready[b->seq & l->ready_mask] : NULL;
-    if (slot && !*slot) {
-        *slot = b;
+    if (l->ready) { /* (no two seqs in flight share a slot: see `ready`) */
+        STOKE__LOADER_ASSERT(!l->ready[b->seq & l->ready_mask]);
+        l->ready[b->seq & l->ready_mask] = b;
         return;
     }
     b->next = NULL;
@@ -484,13 +445,14 @@ static void complete_quiet(stoke_loader *l, stoke_batch *b, uint64_t gen, uint64
     l->done_tail = &b->next;
 }
 
+/* (mu) Whether worker w (NULL: the caller's thread, MAP) may take a batch now. */
 static int can_dispatch(const stoke_loader *l, const stoke__worker *w)
 {
     if (l->ended || l->init_failed || !l->nfree || l->quiesce)
         return 0;
     if (l->iterable)
         return !w->exhausted && w->outstanding < l->prefetch;
-    return l->next_dispatch < l->nbatches && l->outstanding < l->window && w->id < l->nact;
+    return l->next_dispatch < l->nbatches && l->outstanding < l->window && (!w || w->id < l->nact);
 }
 
 /* (mu) Wakes the workers waiting for work when one of them could take some.  Unless `force`,
@@ -529,8 +491,7 @@ void stoke__loader_notify(stoke_loader *l)
 }
 
 /* (mu) Takes the next batch for producer p (it could dispatch).  May drop `mu` briefly. */
-static stoke_batch *dispatch(stoke_loader *l, stoke__producer *p, uint64_t *gen, uint64_t *seed,
-                             uint64_t *epoch)
+static stoke_batch *dispatch(stoke_loader *l, stoke__producer *p, uint64_t *seed, uint64_t *epoch)
 {
     stoke__worker *w = p->share;
     STOKE__LOADER_ASSERT_MU(l);
@@ -546,7 +507,6 @@ static stoke_batch *dispatch(stoke_loader *l, stoke__producer *p, uint64_t *gen,
     } else {
         b->seq = l->next_dispatch++;
     }
-    *gen = l->gen;
     *seed = l->seed;
     *epoch = l->epoch;
     l->outstanding++;
@@ -595,49 +555,31 @@ static inline void cpu_relax(void)
 #endif
 }
 
-/* One turn of a spin loop that waits for another loader thread: a pause, or sched_yield when
- * `crowded` (the loader's threads outnumber the cores it may run on, so the thread waited for
- * may be waiting for this core: a pause would hold it for nothing).  On 2 cores with 2 workers
- * and the consumer, yielding took batch size 1 from about 0.83x to 1.03x of 0 workers (4
- * alternating runs; docs/loader.md, "Hand-off"). */
-static inline void spin_turn(int crowded)
+void stoke__loader_spin(stoke_loader *l, _Atomic uint64_t *counter)
 {
-    if (crowded)
-        sched_yield();
-    else
-        cpu_relax();
-}
-
-void stoke__loader_spin(stoke_loader *l, _Atomic uint64_t *counter, uint64_t budget)
-{
+    uint64_t budget = 2 * l->busy_avg < 20000u ? 2 * l->busy_avg : 20000u;
+    if (budget < 200u)
+        return;
     uint64_t seen = atomic_load_explicit(counter, memory_order_relaxed);
     int crowded = l->nact + 1 > l->ncpu;
     stoke__loader_unlock(l);
     uint64_t t0 = stoke__now_ns();
     for (unsigned i = 1;; i++) {
-        spin_turn(crowded);
+        /* a pause, or sched_yield when the loader's threads outnumber the cores it may run on
+         * (the thread waited for may be waiting for this core: a pause would hold it for
+         * nothing).  On 2 cores with 2 workers and the consumer, yielding took batch size 1
+         * from about 0.83x to 1.03x of 0 workers (4 alternating runs; docs/loader.md,
+         * "Hand-off"). */
+        if (crowded)
+            sched_yield();
+        else
+            cpu_relax();
         if (atomic_load_explicit(counter, memory_order_acquire) != seen)
             break;
         if ((i & 31) == 0 && stoke__now_ns() - t0 > budget)
             break;
     }
     stoke__loader_lock(l);
-}
-
-/* (mu) Before a worker sleeps for lack of work: when batches take only microseconds and this
- * worker is given work, spins (without `mu`) up to twice a batch's time (at most 20 us) for the
- * consumer to take a batch, so that it does not have to wake the worker.  Returns with `mu`
- * held; the caller must look at the state again before sleeping (a change made after the spin
- * ended and before `mu` was taken again wakes nobody). */
-static void spin_for_work(stoke_loader *l, const stoke__worker *w)
-{
-    uint64_t budget = 2 * l->busy_avg;
-    if (budget > 20000u)
-        budget = 20000u;
-    if (l->iterable || w->id >= l->nact || l->ended || l->quiesce || budget < 200u ||
-        l->next_dispatch >= l->nbatches)
-        return;
-    stoke__loader_spin(l, &l->work_events, budget);
 }
 
 /* How many batches a worker thread (or the caller's thread making batches in next()) takes
@@ -667,14 +609,6 @@ static int claim_size(const stoke_loader *l)
     return n ? (int)n : 1;
 }
 
-/* (mu) The caller's thread may take one more batch for its group (next.c, assist_wanted's
- * conditions less the reason). */
-static int consumer_can_dispatch(const stoke_loader *l)
-{
-    return !l->ended && !l->init_failed && l->nfree && !l->quiesce &&
-           l->next_dispatch < l->nbatches && l->outstanding < l->window;
-}
-
 /* Makes the n > 1 dispatched batches b[] of a group with one read() call (docs/loader.md,
  * "Hand-off"), their indices taken from the group's run: STOKE_OK, or not (the run or the call
  * failed), and the caller makes them one by one, which reports the failing sample as a batch of
@@ -697,7 +631,7 @@ static int make_scattered(stoke_loader *l, stoke_batch *const *b, int n, int wid
         stoke_batch *x = b[i];
         stoke__loader_batch_start(l, x, wid, epoch);
         memcpy(x->indices, run + j, x->count * sizeof(*run));
-        point_slots(l, x, 0, base + (size_t)i * (size_t)nf);
+        point_slots(l, x, 0, base + (size_t)i * (size_t)nf, NULL, 0); /* (no ragged field) */
         start[i] = j;
         j += x->count;
         stoke__loader_finish(l, x); /* (no ragged field here: plan.scatter) */
@@ -712,7 +646,7 @@ static int make_scattered(stoke_loader *l, stoke_batch *const *b, int n, int wid
 
 int stoke__loader_make_group(stoke_loader *l, stoke__producer *p, uint64_t *clock)
 {
-    uint64_t gen, seed, epoch;
+    uint64_t seed, epoch;
     stoke_batch *b[CLAIM_MAX];
     stoke__ahead *a = &p->ahead;
     stoke__worker *w = p->w;
@@ -722,8 +656,8 @@ int stoke__loader_make_group(stoke_loader *l, stoke__producer *p, uint64_t *cloc
      * dispatch may drop it there (take_slot, waiting for an old copy) */
     STOKE__LOADER_ASSERT(want == 1 || !l->device_mode);
     do /* one gen, seed and epoch for all: `mu` is held throughout */
-        b[n++] = dispatch(l, p, &gen, &seed, &epoch);
-    while (n < want && (w ? can_dispatch(l, w) : consumer_can_dispatch(l)));
+        b[n++] = dispatch(l, p, &seed, &epoch);
+    while (n < want && can_dispatch(l, w)); /* (a group: MAP) */
     stoke__loader_unlock(l);
     /* the batches it makes in a row: the group's (their seqs follow each other), or every one
      * when the caller's thread makes them all (0 workers) */
@@ -745,11 +679,11 @@ int stoke__loader_make_group(stoke_loader *l, stoke__producer *p, uint64_t *cloc
         *clock = t1;
     stoke__loader_lock(l);
     if (n == 1) { /* (no division for the common case) */
-        complete_quiet(l, b[0], gen, took);
+        complete_quiet(l, b[0], took);
         return 1;
     }
     for (int i = 0; i < n; i++) /* the last takes the division's remainder */
-        complete_quiet(l, b[i], gen, took / (uint64_t)n + (i == n - 1 ? took % (uint64_t)n : 0));
+        complete_quiet(l, b[i], took / (uint64_t)n + (i == n - 1 ? took % (uint64_t)n : 0));
     return n;
 }
 
@@ -778,7 +712,10 @@ static void *worker_main(void *arg)
         int spun = 0;
         while (!l->quit && !can_dispatch(l, w)) {
             if (!spun++) { /* then look again: a change may come just after the spin */
-                spin_for_work(l, w);
+                /* for the consumer to take a batch, when this worker is given work */
+                if (!l->iterable && w->id < l->nact && !l->ended && !l->quiesce &&
+                    l->next_dispatch < l->nbatches)
+                    stoke__loader_spin(l, &l->work_events);
                 continue;
             }
             int counted;
@@ -786,7 +723,7 @@ static void *worker_main(void *arg)
                 continue;
             l->work_sleepers++;
             w->sleeping = 1;
-            stoke__loader_wait(l, &l->work_cv);
+            stoke__loader_wait(l, &l->work_cv, NULL);
             stoke__loader_sleep_done(l, counted);
             if (w->sleeping) { /* not woken by wake_workers (another broadcast, spurious) */
                 w->sleeping = 0;
