@@ -1,15 +1,16 @@
-"""stoke.DataLoader against torch.utils.data.DataLoader (issue 27), differential, part 3: torchvision
-datasets with PIL transforms -- FakeData with the ImageNet train transforms (RandomResizedCrop,
-RandomHorizontalFlip, ToTensor, Normalize) and an ImageFolder over generated JPEGs with
-deterministic transforms (Resize, CenterCrop, ToTensor).
+"""stoke.DataLoader against torch.utils.data.DataLoader (issue 27), differential, part 3:
+torchvision datasets with PIL transforms -- FakeData with the ImageNet train transforms
+(RandomResizedCrop, RandomHorizontalFlip, ToTensor, Normalize) and an ImageFolder over generated
+JPEGs with deterministic transforms (Resize, CenterCrop, ToTensor).
 
-The random transforms draw from torch's global RNG, which each loader seeds and consumes its own
-way (torch draws its base seed from it; workers are seeded base_seed + id), so their values are
-compared exactly only through a wrapper that seeds torch and `random` from the sample index;
-without it: structure, dtypes, shapes, the normalized range, the labels, and augmentations that
-change from epoch to epoch."""
+The random transforms draw from torch's global RNG: their values are compared exactly through a
+wrapper that seeds torch and `random` from the sample index (any loader's RNG use), and after
+torch.manual_seed where stoke draws from the RNG as torch does (the base seed of each epoch when
+its iteration starts); otherwise structure, dtypes, shapes, the normalized range, the labels,
+and augmentations that change from epoch to epoch."""
 import os
 import random
+import time
 
 import stoke_testlib as T
 
@@ -21,7 +22,7 @@ from PIL import Image  # noqa: E402
 from torchvision import datasets, transforms  # noqa: E402
 
 torch = L.torch
-from torch.utils.data import Dataset  # noqa: E402
+from torch.utils.data import Dataset, get_worker_info  # noqa: E402
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 TRAIN = transforms.Compose([transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(),
@@ -69,6 +70,53 @@ def check_normalized(batches, what):
                 "%s: batch %d outside the normalized range" % (what, k))
 
 
+class SlowFirst(Dataset):
+    """Sample 0 takes 0.5 s in a worker: the other worker is free first (torch still deals
+    batch 2 to worker 0, round-robin, whatever the timing)."""
+
+    def __init__(self, ds):
+        self.ds = ds
+
+    def __len__(self):
+        return len(self.ds)
+
+    def __getitem__(self, i):
+        if i == 0 and get_worker_info() is not None:
+            time.sleep(0.5)
+        return self.ds[i]
+
+
+@case
+def fakedata_train_transforms_global_seed():
+    """torch.manual_seed(s) and the random transforms left to the loaders' RNG: torch draws
+    each epoch's base seed from the global RNG when its iteration starts (0 workers: the
+    samples then draw from it; workers: seeded base_seed + id, batch k in worker k %
+    num_workers), so a loader drawing as torch's gives torch's augmentations, epoch after
+    epoch -- with the seed set before the loader is made, and after it (before the loop, as
+    training scripts do)."""
+    ds = SlowFirst(fake())
+    bad = []
+    for workers in (0, 2):
+        for when in ("before", "after"):
+            what = "manual_seed %s the loader is made, workers=%d" % (when, workers)
+            out = []
+            for make in (L.TorchLoader, L.Loader):
+                if when == "before":
+                    torch.manual_seed(123)
+                loader = make(ds, batch_size=8, num_workers=workers)
+                if when == "after":
+                    torch.manual_seed(123)
+                out.append([epoch(loader) for _ in range(2)])
+                del loader
+            for e in range(2):
+                try:
+                    check_sequential(out[0][e], out[1][e], "%s, epoch %d" % (what, e))
+                except AssertionError as x:
+                    bad.append(str(x))
+    T.check(not bad, "augmentations differ from torch's after torch.manual_seed:\n  " +
+            "\n  ".join(bad))
+
+
 @case
 def fakedata_train_transforms_random():
     """The transforms left to the loaders' RNG: torch's structure, dtypes, shapes, labels and
@@ -77,11 +125,11 @@ def fakedata_train_transforms_random():
     labels = torch.tensor([int(ds[i][1]) for i in range(len(ds))])
     for workers in (0, 2):
         what = "FakeData train transforms workers=%d" % workers
-        torch.manual_seed(123)
-        ref, got = pair(ds, batch_size=8, num_workers=workers)
-        check_len(ref, got, what)
+        ref = L.TorchLoader(ds, batch_size=8, num_workers=workers)
         r = epoch(ref)
         torch.manual_seed(123)
+        got = L.Loader(ds, batch_size=8, num_workers=workers)
+        check_len(ref, got, what)
         s1, s2 = epoch(got), epoch(got)
         for s in (s1, s2):
             T.check(len(s) == len(r) == 3, "%s: %d batches, torch %d" % (what, len(s), len(r)))

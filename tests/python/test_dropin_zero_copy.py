@@ -3,8 +3,8 @@ batches come from the pinned pool: every tensor of a yielded batch -- a tuple fr
 default_collate, a dict from a collate_fn, a custom batch type's attributes -- views one block
 of pinned memory (one storage per batch, the leaves at distinct places inside it, blocks of
 held batches apart), the pinned allocator's bytes (in use and registered) cover the held
-blocks, nothing fell back to pageable memory, and the values are the dataset's.  A custom batch type's pin_memory()
-is called once per batch, as torch does when it pins."""
+blocks, nothing fell back to pageable memory, and the values are the dataset's.  A custom batch
+type's pin_memory() is called once per batch, as torch does when it pins."""
 import gc
 
 import stoke_testlib as T
@@ -93,7 +93,8 @@ def default_collate_batches():
 
 
 def dict_collate(batch):
-    return {"x": torch.stack([s[0] for s in batch]), "meta": {"y": torch.tensor([s[1] for s in batch])},
+    return {"x": torch.stack([s[0] for s in batch]),
+            "meta": {"y": torch.tensor([s[1] for s in batch])},
             "z": torch.cat([s[2] for s in batch])}
 
 
