@@ -4,12 +4,12 @@
 
 #include "stoke/export.h"
 
-#define STOKE_VERSION_MAJOR 0
-#define STOKE_VERSION_MINOR 1
-#define STOKE_VERSION_PATCH 0
+#define STOKE_VERSION_MAJOR  0
+#define STOKE_VERSION_MINOR  1
+#define STOKE_VERSION_PATCH  0
 #define STOKE_VERSION_STRING "0.1.0"
 /* One integer that compares in release order: MAJOR*10000 + MINOR*100 + PATCH. */
-#define STOKE_VERSION_NUMBER \
+#define STOKE_VERSION_NUMBER                                                                       \
     (STOKE_VERSION_MAJOR * 10000 + STOKE_VERSION_MINOR * 100 + STOKE_VERSION_PATCH)
 
 #ifdef __cplusplus
@@ -27,11 +27,13 @@ STOKE_API const char *stoke_version_string(void);
  * its library at configure time (CMake says which it found):
  * STOKE_FEATURE_LIBURING  the npy source's io=uring (liburing)
  * STOKE_FEATURE_LIBJPEG   the images: source and .jpg members of tar: shards (libjpeg-turbo)
+ * STOKE_FEATURE_LIBCURL   remote shards: tar:http(s)://... and tar:s3://... (libcurl)
  * STOKE_FEATURE_CHECK     the loader's lifecycle check (STOKE_CHECK_INVARIANTS; Debug builds)
  * Bits are never renumbered; new ones are appended. */
 #define STOKE_FEATURE_LIBURING 0x1u
 #define STOKE_FEATURE_LIBJPEG  0x2u
 #define STOKE_FEATURE_CHECK    0x4u
+#define STOKE_FEATURE_LIBCURL  0x8u
 
 /* Returns the STOKE_FEATURE_* bits of the loaded library, OR'ed together.  Thread-safe, cannot
  * fail. */

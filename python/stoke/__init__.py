@@ -139,6 +139,7 @@ def _rank_world(rank, world_size):
 
 
 _UNSET = object()
+_BIG_BLOCK = 16 << 20  # a Python dataset's batch of this size or more: prefetch 1 per worker
 
 
 def _start_method(ctx):
@@ -346,6 +347,8 @@ class DataLoader(_stoke.Loader):
         w.measure(max_batch_bytes)
         self._writer = w
         try:
+            if prefetch_factor is None and w.blob_bytes >= _BIG_BLOCK and num_workers > 0:
+                prefetch_factor = 1  # big batches: fewer in flight, less memory than torch's
             super().__init__(None, None, writer=w, batch_size=1, shuffle=False, seed=0,
                              num_workers=num_workers, drop_last=False,
                              pin_memory=bool(pin_memory), pin_memory_device=pin_memory_device,

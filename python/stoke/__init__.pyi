@@ -223,6 +223,7 @@ class _BuildInfo(TypedDict):
     version: str
     liburing: bool
     libjpeg: bool
+    libcurl: bool
     check_invariants: bool
     simdev_plugin: str | None
 

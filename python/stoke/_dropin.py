@@ -51,7 +51,9 @@ class _End:
     def __init__(self, worker):
         self.worker = worker
 HDR = 64
-MAILBOX = 1 << 16
+MAILBOX = 1 << 16                   # a worker's mailbox: MAIL_ENTRIES failures
+MAIL_ENTRIES = 4
+MAIL_ENTRY = MAILBOX // MAIL_ENTRIES
 _NP_KINDS = "biufc"  # numeric and bool arrays go into the block; others are pickled
 
 
@@ -74,6 +76,7 @@ class _Block:
         self.view = view
         self.cap = len(view)
         self.off = HDR
+        self.pickled = 0
         self.u8 = torch.frombuffer(view, dtype=torch.uint8) if torch is not None else None
         self.base = self.u8.data_ptr() if torch is not None else None
 
@@ -138,6 +141,7 @@ class _Block:
             raise _Overflow(off + len(data))
         self.view[off:off + len(data)] = data
         struct.pack_into("<QQQ", self.view, 0, MAGIC, off, len(data))
+        self.pickled = len(data)
         return off + len(data)
 
 
@@ -260,7 +264,7 @@ class _Collator:
         if isinstance(elem, int):
             return torch.tensor(batch) if torch is not None else np.array(batch)
         if isinstance(elem, (str, bytes)):
-            return list(batch)
+            return batch  # as default_collate: the list, or a column of a tuple sample
         if isinstance(elem, _abc.Mapping):
             out = {}
             for key in elem:
@@ -276,13 +280,13 @@ class _Collator:
             except TypeError:
                 return out
         if _is_namedtuple(elem):
-            return type(elem)(*(self._unpad(self.collate(block, list(s), _sub(path, i)))
+            return type(elem)(*(self._unpad(self.collate(block, s, _sub(path, i)))
                                 for i, s in enumerate(zip(*batch))))
         if isinstance(elem, _abc.Sequence):
             n = len(elem)
             if any(len(e) != n for e in batch):
                 raise RuntimeError("each element in list of batch should be of equal size")
-            cols = [self._unpad(self.collate(block, list(s), _sub(path, i)))
+            cols = [self._unpad(self.collate(block, s, _sub(path, i)))
                     for i, s in enumerate(zip(*batch))]
             if isinstance(elem, tuple):
                 return cols
@@ -290,7 +294,7 @@ class _Collator:
                 return type(elem)(cols)
             except TypeError:
                 return cols
-        return list(batch)  # None and other objects: passed through as a list
+        return batch  # None and other objects: passed through (torch raises a TypeError)
 
     @staticmethod
     def _unpad(v):
@@ -314,6 +318,8 @@ def _convert(x):
     if torch is None:
         return x
     if np is not None and isinstance(x, np.ndarray) and x.dtype.kind in _NP_KINDS:
+        return torch.as_tensor(x)
+    if np is not None and isinstance(x, (np.number, np.bool_)):
         return torch.as_tensor(x)
     if isinstance(x, _abc.Mapping):
         try:
@@ -392,21 +398,31 @@ class _Plan:
         return int(self.head[self.H_SEED])
 
     def mail_put(self, worker, batch, payload):
+        """Keeps a failure for the consumer in one of the worker's MAIL_ENTRIES entries, the
+        first free one: a worker goes on loading after a failure, and the consumer wants the
+        first (in-order) one, so a full mailbox keeps what it has."""
         slot = min(max(worker, 0), self.nmail - 1)
-        off = self.off_mail + slot * MAILBOX
-        payload = payload[:MAILBOX - 16]
-        self.mm[off + 16:off + 16 + len(payload)] = payload
-        struct.pack_into("<QQ", self.mm, off, batch + 1, len(payload))
+        for k in range(MAIL_ENTRIES):
+            off = self.off_mail + slot * MAILBOX + k * MAIL_ENTRY
+            if struct.unpack_from("<Q", self.mm, off)[0] == 0:
+                self.mm[off + 16:off + 16 + len(payload)] = payload
+                struct.pack_into("<QQ", self.mm, off, batch + 1, len(payload))
+                return
 
     def mail_take(self, batch):
         for slot in range(self.nmail):
-            off = self.off_mail + slot * MAILBOX
-            b1, n = struct.unpack_from("<QQ", self.mm, off)
-            if b1 == batch + 1 and n:
-                data = bytes(self.mm[off + 16:off + 16 + n])
-                struct.pack_into("<QQ", self.mm, off, 0, 0)
-                return data
+            for k in range(MAIL_ENTRIES):
+                off = self.off_mail + slot * MAILBOX + k * MAIL_ENTRY
+                b1, n = struct.unpack_from("<QQ", self.mm, off)
+                if b1 == batch + 1 and n:
+                    data = bytes(self.mm[off + 16:off + 16 + n])
+                    struct.pack_into("<QQ", self.mm, off, 0, 0)
+                    return data
         return None
+
+    def mail_clear(self):
+        """At an epoch's start (no worker is loading): failures nobody took are stale."""
+        self.mm[self.off_mail:self.off_offs] = bytes(self.off_offs - self.off_mail)
 
 
 def _permutation(n, seed, epoch):
@@ -445,6 +461,7 @@ class _Writer:
         self.seeded_epoch = None
         self.iters = {}
         self.iter_lock = threading.Lock()
+        self.fill_lock = threading.Lock()
         self.warned_over = False
         self.warned_copy = False
         self.plan = None
@@ -526,6 +543,7 @@ class _Writer:
     def set_epoch(self, epoch, _unused=0):
         try:
             if self.worker == -2:
+                self.plan.mail_clear()
                 seed = self.base_seed_for()
                 if self.iterable:
                     self.plan.head[_Plan.H_EPOCH] = epoch
@@ -589,6 +607,7 @@ class _Writer:
         for j in indices:
             where[0] = j
             out.append(self.dataset[j])
+        where[0] = None  # collate's errors are the batch's, not its last sample's
         return out
 
     def write(self, block, samples, indices):
@@ -607,6 +626,14 @@ class _Writer:
         return block.finish(self.collator(block, samples))
 
     def fill(self, i, worker, view):
+        if not self.processes and self.num_workers > 1:
+            # Worker threads share the interpreter's globals (RNGs): one batch at a time, so
+            # that a dataset reseeding a global RNG per item delivers exactly ds[i].
+            with self.fill_lock:
+                return self.fill_one(i, worker, view)
+        return self.fill_one(i, worker, view)
+
+    def fill_one(self, i, worker, view):
         if self.iter_map:
             r = self.next_fill(worker, view)
             if r == 0:
@@ -661,11 +688,16 @@ class _Writer:
 
     def keep_error(self, i, e, index, worker=0):
         tb = traceback.format_exc()
+        if len(tb) > MAIL_ENTRY // 2:
+            tb = "...\n" + tb[-(MAIL_ENTRY // 2):]
         try:
             payload = pickle.dumps((e, tb, index, os.getpid(), worker))
+            pickle.loads(payload)  # an __init__ with other arguments than args fails here
         except Exception:  # noqa: BLE001 - an exception that does not pickle
-            payload = pickle.dumps((RuntimeError("%s: %s" % (type(e).__name__, e)), tb, index,
-                                    os.getpid(), worker))
+            payload = b""
+        if not payload or len(payload) > MAIL_ENTRY - 16:
+            text = ("%s: %s" % (type(e).__name__, e))[:MAIL_ENTRY // 4]
+            payload = pickle.dumps((RuntimeError(text), tb, index, os.getpid(), worker))
         self.plan.mail_put(worker if worker >= 0 else 0, i, payload)
 
     # -- the consumer's side --
@@ -680,7 +712,11 @@ class _Writer:
             self.blob_bytes = (need + (64 << 10) + 4095) & ~4095
             return
         need = _probe(self)
-        self.blob_bytes = max(4096, (need * 2 + (256 << 10) + 4095) & ~4095)
+        if need < 0:  # exact: fixed shapes under default_collate
+            need = -need
+            self.blob_bytes = (need + need // 4 + (64 << 10) + 4095) & ~4095
+        else:
+            self.blob_bytes = max(4096, (need * 2 + (256 << 10) + 4095) & ~4095)
 
     def decode(self, b):
         field = b[0]
@@ -756,7 +792,10 @@ class _Writer:
             data = self.plan.mail_take(-1)
         if data is None:
             return None
-        exc, tb, index, pid, worker = pickle.loads(data)
+        try:
+            exc, tb, index, pid, worker = pickle.loads(data)
+        except Exception:  # noqa: BLE001 - checked by the worker; a class that changed since
+            return None
         where = "in stoke worker %d (pid %d)" % (worker, pid) if pid != os.getpid() else \
             "in the loading thread"
         note = "%s, batch %s%s:\n%s" % (
@@ -787,6 +826,9 @@ def _tensor_rows(dataset):
     return ts
 
 
+_PROBE_FALLBACK = 8 << 20
+
+
 def _probe(w):
     """The bytes of the first batch, made in a forked child so that the dataset's state in
     this process (files opened lazily by __getitem__, an iterator) stays as the user left it,
@@ -797,15 +839,24 @@ def _probe(w):
         code = 0
         try:
             os.close(r)
-            w.worker = 0 if w.iterable else -3
-            if w.iterable and torch is not None:
-                from torch.utils.data._utils import worker as tw
-                tw._worker_info = tw.WorkerInfo(id=0, num_workers=max(w.num_workers, 1),
-                                                seed=0, dataset=w.dataset)
+            if w.processes:  # as worker 0 would run it: get_worker_info(), worker_init_fn
+                w.worker = 0
+                w.start_worker_epoch(0)
+            else:
+                w.worker = -3
             need = 0
             if w.iterable:
                 w.iters.clear()
                 need = _probe_one(w, None)
+            elif (w.collate_fn is None and not w.collator.pad and w.batch_size
+                  and w.getitems is None):
+                # default_collate of fixed shapes: one sample tells the batch's size (its
+                # leaves times the batch size, plus each sample's pickled part: str leaves)
+                idx = w.batches(0)[0]
+                one = w.fetch(idx[:1], [None])
+                n1, p1 = _probe_size(w, one, idx[:1])
+                nb, _ = _probe_size(w, one * len(idx), idx)
+                need = -(nb + len(idx) * p1)  # negative: exact, a small margin will do
             else:
                 need = _probe_one(w, w.batches(0)[0])
             os.write(wfd, str(need).encode())
@@ -824,14 +875,23 @@ def _probe(w):
     os.close(r)
     os.waitpid(pid, 0)
     text = b"".join(chunks).decode()
-    if text.startswith("E"):
-        exc, tb = pickle.loads(bytes.fromhex(text[1:]))
-        if hasattr(exc, "add_note"):
-            exc.add_note("while stoke measured the first batches (a forked child):\n" + tb)
-        raise exc
-    if not text:
-        raise RuntimeError("stoke: measuring the first batches failed (the child died)")
+    if text.startswith("E") or not text:
+        # The first batch fails (a bad sample, a worker_init_fn that needs more than worker
+        # 0's start): the iteration will raise it, naming the sample, as torch does; the block
+        # gets a size that fits most batches.
+        return _PROBE_FALLBACK
     return int(text)
+
+
+def _probe_size(w, samples, indices):
+    """(bytes used, bytes of the pickle) of a block made of these samples."""
+    size = 1 << 20
+    while True:
+        block = _Block(memoryview(bytearray(size)))
+        try:
+            return w.write(block, samples, list(indices)), block.pickled
+        except _Overflow as o:
+            size = _align(o.need) * 2
 
 
 def _probe_one(w, indices):

@@ -7,27 +7,41 @@
 #include <stdint.h>
 
 /* X(ID, "NAME", "description for messages") */
-#define STOKE_ENV_MAP(X)                                                                 \
-    X(LOG, "STOKE_LOG", "log level: error, warn, info, debug, trace")                  \
-    X(ACCELERATOR, "STOKE_ACCELERATOR", "explicit accelerator name[:index]")           \
-    X(PLUGIN_PATH, "STOKE_PLUGIN_PATH", "colon-separated plugin files or directories") \
-    X(PINNED, "STOKE_PINNED", "0 disables pinning")                                    \
-    X(PINNED_LIMIT, "STOKE_PINNED_LIMIT", "cap on pinned bytes (K/M/G)")               \
-    X(CUDA_LIBRARY, "STOKE_CUDA_LIBRARY", "path of the CUDA driver library")           \
-    X(OPENCL_LIBRARY, "STOKE_OPENCL_LIBRARY", "path of the OpenCL ICD loader")         \
-    X(HIP_LIBRARY, "STOKE_HIP_LIBRARY", "path of the HIP runtime library")            \
-    X(RANK, "RANK", "torchrun rank")                                                   \
-    X(WORLD_SIZE, "WORLD_SIZE", "torchrun world size")                                 \
-    X(OMPI_RANK, "OMPI_COMM_WORLD_RANK", "Open MPI rank")                              \
-    X(OMPI_SIZE, "OMPI_COMM_WORLD_SIZE", "Open MPI world size")                        \
-    X(SLURM_RANK, "SLURM_PROCID", "Slurm rank")                                        \
-    X(SLURM_SIZE, "SLURM_NTASKS", "Slurm world size")                                 \
-    X(ARENA, "STOKE_ARENA", "loader batches from the shared arena name[:size]")        \
-    X(TORCHELASTIC_RUN_ID, "TORCHELASTIC_RUN_ID", "torchrun job id (arena name)")      \
-    X(SLURM_JOB_ID, "SLURM_JOB_ID", "Slurm job id (arena name)")                       \
-    X(SLURM_STEP_ID, "SLURM_STEP_ID", "Slurm step id (arena name)")                    \
-    X(OMPI_JOBID, "OMPI_MCA_ess_base_jobid", "Open MPI job id (arena name)")           \
-    X(LOCAL_WORLD_SIZE, "LOCAL_WORLD_SIZE", "torchrun processes on this node")
+#define STOKE_ENV_MAP(X)                                                                           \
+    X(LOG, "STOKE_LOG", "log level: error, warn, info, debug, trace")                              \
+    X(ACCELERATOR, "STOKE_ACCELERATOR", "explicit accelerator name[:index]")                       \
+    X(PLUGIN_PATH, "STOKE_PLUGIN_PATH", "colon-separated plugin files or directories")             \
+    X(PINNED, "STOKE_PINNED", "0 disables pinning")                                                \
+    X(PINNED_LIMIT, "STOKE_PINNED_LIMIT", "cap on pinned bytes (K/M/G)")                           \
+    X(CUDA_LIBRARY, "STOKE_CUDA_LIBRARY", "path of the CUDA driver library")                       \
+    X(OPENCL_LIBRARY, "STOKE_OPENCL_LIBRARY", "path of the OpenCL ICD loader")                     \
+    X(HIP_LIBRARY, "STOKE_HIP_LIBRARY", "path of the HIP runtime library")                         \
+    X(RANK, "RANK", "torchrun rank")                                                               \
+    X(WORLD_SIZE, "WORLD_SIZE", "torchrun world size")                                             \
+    X(OMPI_RANK, "OMPI_COMM_WORLD_RANK", "Open MPI rank")                                          \
+    X(OMPI_SIZE, "OMPI_COMM_WORLD_SIZE", "Open MPI world size")                                    \
+    X(SLURM_RANK, "SLURM_PROCID", "Slurm rank")                                                    \
+    X(SLURM_SIZE, "SLURM_NTASKS", "Slurm world size")                                              \
+    X(ARENA, "STOKE_ARENA", "loader batches from the shared arena name[:size]")                    \
+    X(TORCHELASTIC_RUN_ID, "TORCHELASTIC_RUN_ID", "torchrun job id (arena name)")                  \
+    X(SLURM_JOB_ID, "SLURM_JOB_ID", "Slurm job id (arena name)")                                   \
+    X(SLURM_STEP_ID, "SLURM_STEP_ID", "Slurm step id (arena name)")                                \
+    X(OMPI_JOBID, "OMPI_MCA_ess_base_jobid", "Open MPI job id (arena name)")                       \
+    X(LOCAL_WORLD_SIZE, "LOCAL_WORLD_SIZE", "torchrun processes on this node")                     \
+    X(REMOTE_RETRIES, "STOKE_REMOTE_RETRIES", "retries of a failed remote read")                   \
+    X(REMOTE_TIMEOUT, "STOKE_REMOTE_TIMEOUT", "seconds a remote read may stall")                   \
+    X(CA_BUNDLE, "STOKE_CA_BUNDLE", "CA certificates for https (PEM file)")                        \
+    X(AWS_ACCESS_KEY_ID, "AWS_ACCESS_KEY_ID", "S3 access key")                                     \
+    X(AWS_SECRET_ACCESS_KEY, "AWS_SECRET_ACCESS_KEY", "S3 secret key")                             \
+    X(AWS_SESSION_TOKEN, "AWS_SESSION_TOKEN", "S3 session token")                                  \
+    X(AWS_REGION, "AWS_REGION", "S3 region")                                                       \
+    X(AWS_DEFAULT_REGION, "AWS_DEFAULT_REGION", "S3 region (older name)")                          \
+    X(AWS_PROFILE, "AWS_PROFILE", "profile of the AWS credentials and config files")               \
+    X(AWS_ENDPOINT_URL, "AWS_ENDPOINT_URL", "S3-compatible endpoint (path-style)")                 \
+    X(AWS_ENDPOINT_URL_S3, "AWS_ENDPOINT_URL_S3", "S3 endpoint, before AWS_ENDPOINT_URL")          \
+    X(AWS_CREDENTIALS_FILE, "AWS_SHARED_CREDENTIALS_FILE", "AWS credentials file")                 \
+    X(AWS_CONFIG_FILE, "AWS_CONFIG_FILE", "AWS config file")                                       \
+    X(HOME, "HOME", "home directory (~/.aws)")
 
 typedef enum stoke_env_id {
 #define STOKE__ENV_ENUM(id, name, desc) STOKE_ENV_##id,

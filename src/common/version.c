@@ -19,6 +19,9 @@ unsigned stoke_build_features(void)
 #ifdef STOKE_HAVE_LIBJPEG
     f |= STOKE_FEATURE_LIBJPEG;
 #endif
+#ifdef STOKE_HAVE_LIBCURL
+    f |= STOKE_FEATURE_LIBCURL;
+#endif
 #ifdef STOKE_CHECK_INVARIANTS
     f |= STOKE_FEATURE_CHECK;
 #endif

@@ -20,6 +20,7 @@
 
 #include "common/internal.h"
 #include "sources/regular.h"
+#include "sources/remote.h"
 #include "sources/tar_header.h"
 #include "sources/tar_internal.h"
 #include "stoke/sources.h"
@@ -65,10 +66,11 @@ static int has_glob(const char *s)
     return strpbrk(s, "*?[") != NULL;
 }
 
-/* A pattern without braces: glob(3) (sorted) or the literal path. */
+/* A pattern without braces: glob(3) (sorted) or the literal path; a URL as it is (a remote
+ * store is not listed, and '?' starts its query). */
 static int add_paths(const char *spec, const char *pat, strvec *out)
 {
-    if (!has_glob(pat))
+    if (!has_glob(pat) || stoke__remote_is_url(pat))
         return strvec_push(out, pat, strlen(pat)) ? stoke__fail(STOKE_ENOMEM,
                                                                 "source '%s': "
                                                                 "too many shards or out of "
@@ -240,6 +242,87 @@ static int same_key(const member *a, const member *b)
            memcmp(a->path, b->path, a->key_len) == 0;
 }
 
+/* ---- remote shards ------------------------------------------------------------------------- */
+
+/* The walk over a remote shard reads its headers through a window of the file fetched with one
+ * range request: members smaller than the window cost no request of their own. */
+#define REMOTE_WINDOW ((size_t)1 << 20)
+
+typedef struct rwin {
+    stoke__tar_ds *t;
+    stoke__tar_shard *s;
+    char *buf;
+    size_t cap, len; /* buf holds the file's [start, start + len) */
+    uint64_t start;
+    char why[512]; /* a failed fetch's reason */
+} rwin;
+
+/* Fetches [off, off + max(n, window)) into the window. */
+static int rwin_fetch(rwin *w, size_t n, uint64_t off, uint64_t *total)
+{
+    size_t want = n > REMOTE_WINDOW ? n : REMOTE_WINDOW;
+    if (want > w->cap) {
+        char *b = realloc(w->buf, want);
+        if (!b) {
+            stoke__fmt(w->why, sizeof(w->why), "out of memory for a window of %zu bytes", want);
+            return STOKE_ENOMEM;
+        }
+        w->buf = b;
+        w->cap = want;
+    }
+    w->len = 0;
+    w->start = off;
+    size_t got = 0;
+    int rc = stoke__remote_read(w->t->pool, 0, &w->s->rf, w->buf, want, off, &got, total, w->why,
+                                sizeof(w->why));
+    if (!rc)
+        w->len = got;
+    return rc;
+}
+
+static int read_remote(void *ctx, void *buf, size_t n, uint64_t off, size_t *got)
+{
+    rwin *w = ctx;
+    if (off < w->start || off + n > w->start + w->len) {
+        int rc = rwin_fetch(w, n, off, NULL);
+        if (rc)
+            return rc == STOKE_ENOMEM ? -ENOMEM : -EIO;
+    }
+    size_t have = off >= w->start + w->len ? 0 : (size_t)(w->start + w->len - off);
+    *got = n < have ? n : have;
+    memcpy(buf, w->buf + (off - w->start), *got);
+    return 0;
+}
+
+/* Opens remote shard s (the pool made by the first): its size comes with the first window. */
+static int open_remote(const char *spec, stoke__tar_ds *t, stoke__tar_shard *s, rwin *w)
+{
+    char why[512];
+    int rc = t->pool ? STOKE_OK : stoke__remote_pool_create(&t->pool, why, sizeof(why));
+    if (!rc)
+        rc = stoke__remote_file_init(t->pool, s->path, &s->rf, why, sizeof(why));
+    if (rc)
+        return stoke__fail(rc, "source '%s': %s", spec, why);
+    char *shown = strdup(s->rf.url); /* messages name the URL without credentials */
+    if (!shown)
+        return stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);
+    free(s->path);
+    s->path = shown;
+    s->remote = 1;
+    *w = (rwin){.t = t, .s = s, .buf = w->buf, .cap = w->cap};
+    uint64_t total = UINT64_MAX;
+    rc = rwin_fetch(w, REMOTE_WINDOW, 0, &total);
+    if (rc)
+        return stoke__fail(rc, "source '%s': %s", spec, w->why);
+    if (total == UINT64_MAX)
+        return stoke__fail(STOKE_EIO,
+                           "source '%s': GET %s: the server did not say the file's size "
+                           "(no Content-Range: range requests are needed)",
+                           spec, s->path);
+    s->size = total;
+    return STOKE_OK;
+}
+
 static int open_shard(const char *spec, stoke__tar_shard *s)
 {
     struct stat st;
@@ -257,22 +340,29 @@ static int open_shard(const char *spec, stoke__tar_shard *s)
 /* Opens and walks every shard, collecting the members into *sc. */
 static int scan_shards(const char *spec, stoke__tar_ds *t, scan *sc)
 {
-    for (int i = 0; i < t->nshards; i++) {
+    rwin w = {0};
+    int rc = STOKE_OK;
+    for (int i = 0; i < t->nshards && !rc; i++) {
         stoke__tar_shard *s = &t->shards[i];
-        int rc = open_shard(spec, s);
+        int remote = stoke__remote_is_url(s->path);
+        rc = remote ? open_remote(spec, t, s, &w) : open_shard(spec, s);
         if (rc)
-            return rc;
+            break;
         char err[512];
         uint64_t at = 0;
         sc->shard = (uint32_t)i;
-        rc = stoke__tar_walk(s->size, read_shard, s, on_member, sc, err, sizeof(err), &at);
-        if (rc == STOKE_ENOMEM)
-            return stoke__fail(rc, "source '%s': tar %s: out of memory", spec, s->path);
-        if (rc)
-            return stoke__fail(rc, "source '%s': tar %s: at byte %" PRIu64 ": %s", spec, s->path,
-                               at, err);
+        rc = stoke__tar_walk(s->size, remote ? read_remote : read_shard, remote ? (void *)&w : s,
+                             on_member, sc, err, sizeof(err), &at);
+        if (rc == STOKE_EIO && remote && w.why[0])
+            rc = stoke__fail(rc, "source '%s': %s", spec, w.why);
+        else if (rc == STOKE_ENOMEM)
+            rc = stoke__fail(rc, "source '%s': tar %s: out of memory", spec, s->path);
+        else if (rc)
+            rc = stoke__fail(rc, "source '%s': tar %s: at byte %" PRIu64 ": %s", spec, s->path, at,
+                             err);
     }
-    return STOKE_OK;
+    free(w.buf);
+    return rc;
 }
 
 /* Without fields=: the extensions of the first sample, in member order. */
@@ -356,7 +446,9 @@ static void tar_close(void *user)
         if (t->shards[i].fd >= 0)
             close(t->shards[i].fd);
         free(t->shards[i].path);
+        stoke__remote_file_free(&t->shards[i].rf);
     }
+    stoke__remote_pool_destroy(t->pool);
     free(t->shards);
     free(t->shard_of);
     free(t->key_at);
@@ -368,6 +460,22 @@ static void tar_close(void *user)
     free(t);
 }
 
+static void tar_fork_prepare(void *user)
+{
+    stoke__remote_pool_fork_prepare(((stoke__tar_ds *)user)->pool);
+}
+
+static void tar_fork_parent(void *user)
+{
+    stoke__remote_pool_fork_parent(((stoke__tar_ds *)user)->pool);
+}
+
+static void tar_fork_child(void *user, int worker)
+{
+    (void)worker;
+    stoke__remote_pool_fork_child(((stoke__tar_ds *)user)->pool);
+}
+
 static uint64_t tar_length(void *user)
 {
     return ((const stoke__tar_ds *)user)->n;
@@ -376,7 +484,6 @@ static uint64_t tar_length(void *user)
 static int tar_get(void *user, uint64_t index, void *const dst[], int64_t len[], int worker,
                    char *msg, size_t msg_len)
 {
-    (void)worker;
     const stoke__tar_ds *t = user;
     if (index >= t->n) {
         stoke__fmt(msg, msg_len, "tar: sample %" PRIu64 " past the end (%" PRIu64 " samples)",
@@ -386,7 +493,8 @@ static int tar_get(void *user, uint64_t index, void *const dst[], int64_t len[],
     for (int k = 0; k < t->nf; k++) {
         if (!dst[k])
             continue;
-        int rc = stoke__tar_read_field(t, index, k, dst[k], len ? &len[k] : NULL, msg, msg_len);
+        int rc =
+            stoke__tar_read_field(t, index, k, dst[k], len ? &len[k] : NULL, worker, msg, msg_len);
         if (rc)
             return rc;
     }
@@ -580,6 +688,11 @@ int stoke_tar_open(const char *args, stoke_dataset *out)
     out->get = tar_get;
     out->set_epoch = stoke__tar_set_epoch; /* .jpg fields' train crops depend on the epoch */
     out->close = tar_close;
+    if (t->pool) { /* a forked worker opens connections of its own */
+        out->fork_prepare = tar_fork_prepare;
+        out->fork_parent = tar_fork_parent;
+        out->fork_child = tar_fork_child;
+    }
     stoke__log(STOKE_LOG_DEBUG, "%s: %d shard(s), %" PRIu64 " samples, %d field(s)", spec,
                t->nshards, t->n, t->nf);
     return STOKE_OK;

@@ -85,7 +85,7 @@ static int field_fail(const stoke__tar_ds *t, uint64_t i, int k, char *msg, size
             hdr = t->loc[i * (uint64_t)t->nf + (uint64_t)j].hdr;
             break;
         }
-    char why[256];
+    char why[640];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(why, sizeof(why), fmt, ap);
@@ -121,6 +121,24 @@ static int read_fail(const stoke__tar_ds *t, uint64_t i, int k, int e, char *msg
     return field_fail(t, i, k, msg, msg_len, STOKE_EIO, "read failed: %s", strerror(-e));
 }
 
+/* Reads exactly n bytes at off of sample i's shard (pread, or a remote shard's range read
+ * through the pool's slot of `worker`): STOKE_OK, or the error in msg. */
+static int shard_read(const stoke__tar_ds *t, uint64_t i, int k, void *buf, size_t n, uint64_t off,
+                      int worker, char *msg, size_t msg_len)
+{
+    const stoke__tar_shard *s = &t->shards[t->shard_of[i]];
+    if (!s->remote) {
+        int e = pread_exact(s->fd, buf, n, off);
+        return e ? read_fail(t, i, k, e, msg, msg_len) : STOKE_OK;
+    }
+    char why[512];
+    size_t got = 0;
+    int rc = stoke__remote_read(t->pool, worker, &s->rf, buf, n, off, &got, NULL, why, sizeof(why));
+    if (rc)
+        return field_fail(t, i, k, msg, msg_len, STOKE_EIO, "%s", why);
+    return got < n ? read_fail(t, i, k, -ENODATA, msg, msg_len) : STOKE_OK;
+}
+
 /* .cls: optional spaces, a decimal integer (optional sign), optional spaces / newline. */
 static int parse_cls(const char *s, size_t n, int64_t *out)
 {
@@ -146,15 +164,15 @@ static int parse_cls(const char *s, size_t n, int64_t *out)
 }
 
 static int read_cls(const stoke__tar_ds *t, uint64_t i, int k, const stoke__tar_loc *L, void *dst,
-                    char *msg, size_t msg_len)
+                    int worker, char *msg, size_t msg_len)
 {
     char buf[64];
     if (L->size >= sizeof(buf) || L->size == 0)
         return field_fail(t, i, k, msg, msg_len, STOKE_EFORMAT,
                           "a .cls member of %" PRIu64 " bytes is not a class number", L->size);
-    int e = pread_exact(t->shards[t->shard_of[i]].fd, buf, (size_t)L->size, L->off);
-    if (e)
-        return read_fail(t, i, k, e, msg, msg_len);
+    int rc = shard_read(t, i, k, buf, (size_t)L->size, L->off, worker, msg, msg_len);
+    if (rc)
+        return rc;
     int64_t v;
     if (parse_cls(buf, (size_t)L->size, &v) != 0)
         return field_fail(t, i, k, msg, msg_len, STOKE_EFORMAT,
@@ -165,14 +183,13 @@ static int read_cls(const stoke__tar_ds *t, uint64_t i, int k, const stoke__tar_
 
 /* Reads and parses the .npy header of member L into *h. */
 static int npy_header(const stoke__tar_ds *t, uint64_t i, int k, const stoke__tar_loc *L,
-                      stoke__npy_header *h, char *msg, size_t msg_len)
+                      stoke__npy_header *h, int worker, char *msg, size_t msg_len)
 {
-    int fd = t->shards[t->shard_of[i]].fd;
     unsigned char pre[12];
     size_t np = L->size < sizeof(pre) ? (size_t)L->size : sizeof(pre);
-    int e = pread_exact(fd, pre, np, L->off);
-    if (e)
-        return read_fail(t, i, k, e, msg, msg_len);
+    int rc = shard_read(t, i, k, pre, np, L->off, worker, msg, msg_len);
+    if (rc)
+        return rc;
     size_t need = np;
     if (np == sizeof(pre) && memcmp(pre, "\x93NUMPY", 6) == 0)
         need = pre[6] == 1 ? 10u + (pre[8] | (size_t)pre[9] << 8)
@@ -185,9 +202,8 @@ static int npy_header(const stoke__tar_ds *t, uint64_t i, int k, const stoke__ta
     unsigned char *buf = malloc(need ? need : 1);
     if (!buf)
         return field_fail(t, i, k, msg, msg_len, STOKE_ENOMEM, "out of memory");
-    e = pread_exact(fd, buf, need, L->off);
     char why[200];
-    int rc = e ? read_fail(t, i, k, e, msg, msg_len) : STOKE_OK;
+    rc = shard_read(t, i, k, buf, need, L->off, worker, msg, msg_len);
     if (!rc && stoke__npy_parse_header(buf, need, L->size, h, why, sizeof(why)) != 0)
         rc = field_fail(t, i, k, msg, msg_len, STOKE_EFORMAT, "bad .npy member: %s", why);
     free(buf);
@@ -195,10 +211,10 @@ static int npy_header(const stoke__tar_ds *t, uint64_t i, int k, const stoke__ta
 }
 
 static int read_npy(const stoke__tar_ds *t, uint64_t i, int k, const stoke__tar_loc *L, void *dst,
-                    int64_t *len, char *msg, size_t msg_len)
+                    int64_t *len, int worker, char *msg, size_t msg_len)
 {
     stoke__npy_header h;
-    int rc = npy_header(t, i, k, L, &h, msg, msg_len);
+    int rc = npy_header(t, i, k, L, &h, worker, msg, msg_len);
     if (rc)
         return rc;
     const stoke_field *f = &t->fields[k];
@@ -224,9 +240,9 @@ static int read_npy(const stoke__tar_ds *t, uint64_t i, int k, const stoke__tar_
         if (len)
             *len = h.shape[0];
     }
-    int e = pread_exact(t->shards[t->shard_of[i]].fd, dst, bytes, L->off + h.data_offset);
-    if (e)
-        return read_fail(t, i, k, e, msg, msg_len);
+    rc = shard_read(t, i, k, dst, bytes, L->off + h.data_offset, worker, msg, msg_len);
+    if (rc)
+        return rc;
     if (h.swap) {
         unsigned char *p = dst;
         for (size_t o = 0; o + h.swap <= bytes; o += h.swap)
@@ -240,7 +256,7 @@ static int read_npy(const stoke__tar_ds *t, uint64_t i, int k, const stoke__tar_
 }
 
 static int read_image(const stoke__tar_ds *t, uint64_t i, int k, const stoke__tar_loc *L, void *dst,
-                      char *msg, size_t msg_len)
+                      int worker, char *msg, size_t msg_len)
 {
     const stoke__tar_image_hook *hk = stoke__tar_image_hook_get();
     if (!hk)
@@ -254,11 +270,8 @@ static int read_image(const stoke__tar_ds *t, uint64_t i, int k, const stoke__ta
     void *buf = malloc(L->size ? (size_t)L->size : 1);
     if (!buf)
         return field_fail(t, i, k, msg, msg_len, STOKE_ENOMEM, "out of memory");
-    int e = pread_exact(t->shards[t->shard_of[i]].fd, buf, (size_t)L->size, L->off);
-    int rc;
-    if (e) {
-        rc = read_fail(t, i, k, e, msg, msg_len);
-    } else {
+    int rc = shard_read(t, i, k, buf, (size_t)L->size, L->off, worker, msg, msg_len);
+    if (!rc) {
         char why[200] = "";
         uint64_t ep = atomic_load_explicit(&((stoke__tar_ds *)t)->epoch, memory_order_relaxed);
         rc = hk->decode(t->image_opts, buf, (size_t)L->size, ep, i, dst, why, sizeof(why));
@@ -271,31 +284,29 @@ static int read_image(const stoke__tar_ds *t, uint64_t i, int k, const stoke__ta
 }
 
 int stoke__tar_read_field(const stoke__tar_ds *t, uint64_t i, int k, void *dst, int64_t *len,
-                          char *msg, size_t msg_len)
+                          int worker, char *msg, size_t msg_len)
 {
     const stoke__tar_loc *L = &t->loc[i * (uint64_t)t->nf + (uint64_t)k];
     if (L->off == UINT64_MAX)
         return field_fail(t, i, k, msg, msg_len, STOKE_EDATA, "the sample has no '%s' member",
                           t->f[k].ext);
     switch (t->f[k].kind) {
-    case STOKE__TAR_CLS: return read_cls(t, i, k, L, dst, msg, msg_len);
-    case STOKE__TAR_NPY: return read_npy(t, i, k, L, dst, len, msg, msg_len);
-    case STOKE__TAR_IMAGE: return read_image(t, i, k, L, dst, msg, msg_len);
+    case STOKE__TAR_CLS: return read_cls(t, i, k, L, dst, worker, msg, msg_len);
+    case STOKE__TAR_NPY: return read_npy(t, i, k, L, dst, len, worker, msg, msg_len);
+    case STOKE__TAR_IMAGE: return read_image(t, i, k, L, dst, worker, msg, msg_len);
     default: break;
     }
     if (t->f[k].ragged) { /* at most max_len, the largest member (the index's) */
         if (len)
             *len = (int64_t)L->size;
-        int e = pread_exact(t->shards[t->shard_of[i]].fd, dst, (size_t)L->size, L->off);
-        return e ? read_fail(t, i, k, e, msg, msg_len) : STOKE_OK;
+        return shard_read(t, i, k, dst, (size_t)L->size, L->off, worker, msg, msg_len);
     }
     if (L->size != t->fields[k].bytes)
         return field_fail(t, i, k, msg, msg_len, STOKE_EFORMAT,
                           "member of %" PRIu64 " bytes, but the field has %zu (the size of the "
                           "first sample's): raw fields need one size",
                           L->size, t->fields[k].bytes);
-    int e = pread_exact(t->shards[t->shard_of[i]].fd, dst, (size_t)L->size, L->off);
-    return e ? read_fail(t, i, k, e, msg, msg_len) : STOKE_OK;
+    return shard_read(t, i, k, dst, (size_t)L->size, L->off, worker, msg, msg_len);
 }
 
 /* The size of field k's largest member (0: none). */
@@ -332,7 +343,7 @@ int stoke__tar_describe_field(stoke__tar_ds *t, int k, const char *spec)
         break;
     case STOKE__TAR_NPY: {
         stoke__npy_header h;
-        int rc = npy_header(t, first, k, L, &h, msg, sizeof(msg));
+        int rc = npy_header(t, first, k, L, &h, 0, msg, sizeof(msg));
         if (rc)
             return stoke__fail(rc, "source '%s': %s", spec, msg);
         f->dtype = h.dtype;

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "sources/npy_header.h"
+#include "sources/remote.h"
 #include "stoke/dataset.h"
 
 /* How a field's member turns into the sample's bytes. */
@@ -55,9 +56,11 @@ typedef struct stoke__tar_field {
 #define STOKE__TAR_MAX_FIELDS 64
 
 typedef struct stoke__tar_shard {
-    char *path;
-    int fd;
+    char *path; /* for messages: the path, or the URL without credentials */
+    int fd;     /* -1 for a remote shard */
     uint64_t size;
+    int remote; /* 1: read through rf and the dataset's pool (remote.h) */
+    stoke__remote_file rf;
 } stoke__tar_shard;
 
 typedef struct stoke__tar_ds {
@@ -67,21 +70,22 @@ typedef struct stoke__tar_ds {
     stoke__tar_field f[STOKE__TAR_MAX_FIELDS];
     stoke_field fields[STOKE__TAR_MAX_FIELDS];
     int64_t shapes[STOKE__TAR_MAX_FIELDS][STOKE__NPY_MAX_NDIM]; /* fields[k].shape */
-    char *ragged_opt[2];    /* the ragged= and packed= lists, until the fields are known */
-    uint64_t n;             /* samples */
-    uint32_t *shard_of;     /* n */
-    uint64_t *key_at;       /* n: offset of the sample's key in keys */
-    stoke__tar_loc *loc;    /* n * nf */
-    char *keys;             /* NUL-separated keys */
-    void *image_opts;       /* the hook's options block (NULL without image fields) */
-    _Atomic uint64_t epoch; /* for the image hook's random choices */
+    char *ragged_opt[2];      /* the ragged= and packed= lists, until the fields are known */
+    uint64_t n;               /* samples */
+    uint32_t *shard_of;       /* n */
+    uint64_t *key_at;         /* n: offset of the sample's key in keys */
+    stoke__tar_loc *loc;      /* n * nf */
+    char *keys;               /* NUL-separated keys */
+    void *image_opts;         /* the hook's options block (NULL without image fields) */
+    stoke__remote_pool *pool; /* connections of the remote shards (NULL: all local) */
+    _Atomic uint64_t epoch;   /* for the image hook's random choices */
 } stoke__tar_ds;
 
 /* Reads field k of sample i into dst (fields[k].bytes; a ragged field: the member, its size
- * into *len).  Returns STOKE_OK, or the error with msg "tar SHARD@OFFSET: sample 'KEY' field
- * 'EXT': reason". */
+ * into *len); a remote shard through the pool's slot of `worker`.  Returns STOKE_OK, or the
+ * error with msg "tar SHARD@OFFSET: sample 'KEY' field 'EXT': reason". */
 int stoke__tar_read_field(const stoke__tar_ds *t, uint64_t i, int k, void *dst, int64_t *len,
-                          char *msg, size_t msg_len);
+                          int worker, char *msg, size_t msg_len);
 /* Fills t->fields[k] from the first sample that has field k (reading its member for NPY). */
 int stoke__tar_describe_field(stoke__tar_ds *t, int k, const char *spec);
 /* The dataset's set_epoch (for the image hook's augmentation): stores the epoch. */

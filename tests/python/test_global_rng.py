@@ -1,14 +1,21 @@
 """A Python dataset that reseeds torch's global RNG per item (torch.manual_seed(i) then draws,
-as torchvision's FakeData does) delivers exactly ds[i] for every sample with 2 worker threads:
-__getitem__ calls (with the conversion and copy) run one at a time.  (Before: 24-210 of 512
-labels differed, the threads' seed-and-draw sequences interleaving.)  A Python dataset on more
-than one thread gives one stoke.ThreadsWarning per process; on one thread none."""
+as torchvision's FakeData does) delivers exactly ds[i] for every sample -- what
+torch.utils.data.DataLoader delivers for it -- with 2 worker processes (each its own RNG), 2
+and 3 worker threads (__getitem__ calls run one at a time: before, 24-210 of 512 labels
+differed, the threads' seed-and-draw sequences interleaving) and in the caller's thread.
+Threads sharing the interpreter give one stoke.ThreadsWarning per process (2 or more threads;
+none for processes, one thread or none).  Where __getitem__ runs: in worker processes only
+(never this process, not even at construction); with worker_mode="threads" and num_workers=1
+in one thread that is not the caller's; with num_workers=0 in the caller's thread."""
+import os
 import threading
 import warnings
 
 import stoke_testlib as T
 
 np, torch = T.need("numpy", "torch")
+from torch.utils.data import DataLoader as TorchLoader  # noqa: E402
+
 import stoke  # noqa: E402
 
 N = 512
@@ -43,41 +50,48 @@ class FakeDataLike:
         return img, target
 
 
-def check_exact(ds):
-    loaded = {}
-    loader = stoke.DataLoader(ds, batch_size=8, num_workers=2, pin_memory=False)
-    for b in loader:
-        idx = np.from_dlpack(b.indices).copy()
-        x = torch.from_dlpack(b["data"]).clone()
-        y = torch.from_dlpack(b["label"]).clone()
-        for k, i in enumerate(idx):
-            loaded[int(i)] = (x[k], y[k])
-        del b
-    T.check(sorted(loaded) == list(range(N)), "indices delivered: %d" % len(loaded))
-    bad = [i for i in range(N)
-           if not (torch.equal(loaded[i][0], ds[i][0]) and torch.equal(loaded[i][1], ds[i][1]))]
-    T.check(not bad, "%s: %d of %d samples differ from ds[i], e.g. %s"
-            % (type(ds).__name__, len(bad), N, bad[:8]))
+MODES = ({"num_workers": 2}, {"num_workers": 2, "worker_mode": "threads"},
+         {"num_workers": 3, "worker_mode": "threads"}, {"num_workers": 0})
 
 
+def check_exact(ds, **kw):
+    ref = [[t.clone() for t in b] for b in TorchLoader(ds, batch_size=8)]
+    T.check(all(torch.equal(ref[k][0][j], ds[8 * k + j][0]) for k in (0, 63) for j in range(8)),
+            "torch's batches are not ds[i]")
+    loader = stoke.DataLoader(ds, batch_size=8, pin_memory=False, **kw)
+    got = [[t.clone() for t in b] for b in loader]
+    T.check(len(got) == len(ref) == N // 8, "%s: batches %d" % (kw, len(got)))
+    bad = [8 * k + j for k in range(len(ref)) for j in range(8)
+           if not (torch.equal(got[k][0][j], ref[k][0][j])
+                   and torch.equal(got[k][1][j], ref[k][1][j]))]
+    if bad:
+        FAILED.append("%s %s: %d of %d samples differ from ds[i], e.g. %s"
+                      % (type(ds).__name__, kw, len(bad), N, bad[:8]))
+
+
+FAILED = []  # every mode is checked before the test fails
 with warnings.catch_warnings(record=True) as w:
     warnings.simplefilter("always")
-    one = stoke.DataLoader(Reseeding(), batch_size=8, num_workers=1, pin_memory=False)
+    # no ThreadsWarning for processes, one thread or the caller's thread ...
+    for kw in ({"num_workers": 2}, {"num_workers": 1, "worker_mode": "threads"},
+               {"num_workers": 0, "worker_mode": "threads"}):
+        stoke.DataLoader(Reseeding(), batch_size=8, pin_memory=False, **kw)
     T.check(not [x for x in w if issubclass(x.category, stoke.ThreadsWarning)],
-            "a warning for one thread: %s" % [str(x.message) for x in w])
-    check_exact(Reseeding())
-    check_exact(FakeDataLike())
-    stoke.DataLoader(FakeDataLike(), batch_size=8, num_workers=3, pin_memory=False)
+            "a ThreadsWarning without 2 threads: %s" % [str(x.message) for x in w])
+    for kw in MODES:
+        check_exact(Reseeding(), **kw)
+        check_exact(FakeDataLike(), **kw)
+# ... one in the process for 2 or more threads, at the first such loader
 mine = [str(x.message) for x in w if issubclass(x.category, stoke.ThreadsWarning)]
 T.check(len(mine) == 1, "ThreadsWarnings: %s" % mine)
 T.check(issubclass(stoke.ThreadsWarning, RuntimeWarning), "not a RuntimeWarning")
-T.check("python:Reseeding" in mine[0] and "2 worker threads" in mine[0], mine[0])
-del one
+T.check("Reseeding" in mine[0] and "2 worker threads" in mine[0], mine[0])
 
 
-# num_workers=1: one thread calls __getitem__ (the loader does not also call it from the
-# consumer's thread), so even unseeded global-RNG draws come in one order; 0: the caller's
-class Threads:
+class Where:
+    """Each sample is (index, pid, thread ident) of the __getitem__ call; this process's calls
+    are also recorded in `idents`."""
+
     def __init__(self):
         self.idents = set()
 
@@ -85,21 +99,31 @@ class Threads:
         return 256
 
     def __getitem__(self, i):
-        self.idents.add(threading.get_ident())
-        return np.full(2, i, dtype=np.int64)
+        if os.getpid() == ME:
+            self.idents.add(threading.get_ident())
+        return i, os.getpid(), threading.get_ident()
 
 
-for workers in (0, 1):
-    ds = Threads()
-    loader = stoke.DataLoader(ds, batch_size=1, num_workers=workers, pin_memory=False)
-    ds.idents.clear()  # construction read ds[0] in this thread
-    n = 0
-    for b in loader:
-        n += len(b)
-        del b
-    T.check(n == 256, "samples %d" % n)
-    main = threading.get_ident() in ds.idents
-    T.check(len(ds.idents) == 1 and main == (workers == 0),
-            "num_workers=%d: __getitem__ ran on %d thread(s), main thread %s"
-            % (workers, len(ds.idents), main))
+ME = os.getpid()
+MAIN = threading.get_ident()
+for kw in ({"num_workers": 2}, {"num_workers": 1, "worker_mode": "threads"},
+           {"num_workers": 0}):
+    ds = Where()
+    loader = stoke.DataLoader(ds, batch_size=4, pin_memory=False, **kw)
+    T.check(not ds.idents, "%s: construction called __getitem__ in this process" % kw)
+    idx, pids, tids = [], set(), set()
+    for i, pid, tid in loader:
+        idx += i.tolist()
+        pids.update(pid.tolist())
+        tids.update(tid.tolist())
+    T.check(idx == list(range(256)), "%s: indices %s" % (kw, idx[:16]))
+    if kw.get("worker_mode") is None and kw["num_workers"] > 0:
+        T.check(ME not in pids and 1 <= len(pids) <= 2 and not ds.idents,
+                "%s: __getitem__ in pids %s (this one %d)" % (kw, pids, ME))
+    else:
+        T.check(pids == {ME} and tids == ds.idents and len(tids) == 1
+                and (MAIN in tids) == (kw["num_workers"] == 0),
+                "%s: __getitem__ ran in pids %s on %d thread(s), main thread %s"
+                % (kw, pids, len(tids), MAIN in tids))
+T.check(not FAILED, "\n  ".join(["samples that are not ds[i]:"] + FAILED))
 print("ok")

@@ -1,45 +1,89 @@
-"""A process that leaves a DataLoader over a Python dataset mid-epoch (worker threads calling
-__getitem__) exits cleanly: the threads are stopped before the interpreter finalizes."""
+"""A process that leaves a DataLoader over a Python dataset mid-epoch (workers calling
+__getitem__: worker processes, the default, or worker_mode="threads") exits cleanly: exit code
+0, nothing on stderr (the one ThreadsWarning of 2 worker threads is caught and checked),
+within the time limit; threads are stopped before the interpreter finalizes, and no worker
+process outlives it."""
+import ctypes
 import os
 import subprocess
 import sys
+import time
 
 import stoke_testlib as T
 
-T.need("numpy")
+T.need("numpy", "torch")
 CHILD = r"""
-import sys, time, numpy as np, stoke
+import sys, time, warnings, numpy as np, stoke
 class Slow:
     def __len__(self): return 10000
     def __getitem__(self, i):
         time.sleep(0.001)
         return np.full(4, i, dtype=np.int64)
+mode, workers = sys.argv[1], sys.argv[2]
 keep = []
+warned = []
 for persistent in (False, True):
-    loader = stoke.DataLoader(Slow(), batch_size=4, num_workers=2, pin_memory=False,
-                              persistent_workers=persistent, prefetch_factor=4)
+    with warnings.catch_warnings(record=True) as w:  # 2 threads: a ThreadsWarning, not stderr
+        warnings.simplefilter("always")
+        loader = stoke.DataLoader(Slow(), batch_size=4, num_workers=2, pin_memory=False,
+                                  persistent_workers=persistent, prefetch_factor=4,
+                                  worker_mode=workers)
+    warned += [x.category for x in w]
     it = iter(loader)
     b = next(it)
-    assert list(memoryview(b.indices)) == [0, 1, 2, 3]
-    keep.append((loader, it, b) if sys.argv[1] == "batch" else (loader, it))
+    assert b[:, 0].tolist() == [0, 1, 2, 3] and b.shape == (4, 4), b
+    b = next(it)
+    assert b[:, 0].tolist() == [4, 5, 6, 7], b
+    keep.append((loader, it, b) if mode == "batch" else (loader, it))
     del b
-if sys.argv[1] == "del":
+assert warned == ([stoke.ThreadsWarning] if workers == "threads" else []), warned
+if mode == "del":
     keep.clear()
 print("leaving", flush=True)
 """
-# exit:  loaders mid-epoch left to the exit hook, no batch alive: it destroys them (their
-#        threads joined: under TSan a thread left unjoined is reported as a leak)
+ME = os.getpid()
+# a worker process whose parent exited is re-parented here, where it is seen
+ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+
+def children():
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open("/proc/%s/stat" % pid) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == ME:  # state, ppid, ...
+            if fields[0] == "Z":
+                os.waitpid(int(pid), 0)  # an exited orphan: reaped
+            else:
+                out.append(int(pid))
+    return out
+
+
+# exit:  loaders mid-epoch left to the exit hook, no batch alive: it destroys them (threads
+#        joined: under TSan a thread left unjoined is reported as a leak; workers ended)
 # del:   loaders destroyed by the program mid-epoch
-# batch: a batch still alive at exit: the hook only stops the epoch (threads of persistent
-#        workers stay, idle: TSan's leak report is off for this case)
-for mode in ("exit", "del", "batch"):
-    env = dict(os.environ)
-    if mode == "batch" and "TSAN_OPTIONS" in env:
-        env["TSAN_OPTIONS"] += ":report_thread_leaks=0"
-    r = subprocess.run([sys.executable, "-c", CHILD, mode], capture_output=True, text=True,
-                       timeout=120, env=env)
-    T.check(r.returncode == 0 and "leaving" in r.stdout,
-            "%s: exit %d: %s %s" % (mode, r.returncode, r.stdout, r.stderr))
-    T.check("Fatal" not in r.stderr and "Traceback" not in r.stderr and "WARNING" not in r.stderr,
-            "%s: %s" % (mode, r.stderr))
+# batch: a batch (a tensor viewing pinned memory) still alive at exit: the hook only stops the
+#        epoch (threads of persistent workers stay, idle: TSan's leak report is off for this
+#        case)
+for workers in ("processes", "threads"):
+    for mode in ("exit", "del", "batch"):
+        env = dict(os.environ)
+        if mode == "batch" and "TSAN_OPTIONS" in env:
+            env["TSAN_OPTIONS"] += ":report_thread_leaks=0"
+        what = "%s/%s" % (workers, mode)
+        r = subprocess.run([sys.executable, "-c", CHILD, mode, workers], capture_output=True,
+                           text=True, timeout=120, env=env)
+        T.check(r.returncode == 0 and "leaving" in r.stdout,
+                "%s: exit %d: %s %s" % (what, r.returncode, r.stdout, r.stderr))
+        T.check(not r.stderr.strip(), "%s: stderr: %s" % (what, r.stderr))
+        end = time.monotonic() + 10
+        left = children()
+        while left and time.monotonic() < end:
+            time.sleep(0.05)
+            left = children()
+        T.check(not left, "%s: %d process(es) outlived the program by 10 s: %s"
+                % (what, len(left), left))
 print("ok")

@@ -1,0 +1,755 @@
+/* Remote files through libcurl (remote.h): byte-range GETs with keep-alive per worker slot,
+ * retries with backoff, S3 through AWS Signature V4 (CURLOPT_AWS_SIGV4). */
+#define _GNU_SOURCE
+#include "sources/remote.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include "common/env.h"
+#include "common/internal.h"
+
+int stoke__remote_is_url(const char *path)
+{
+    return path && (strncasecmp(path, "http://", 7) == 0 || strncasecmp(path, "https://", 8) == 0 ||
+                    strncasecmp(path, "s3://", 5) == 0);
+}
+
+/* `url` without a "user:password@" part, for messages (malloc'd; NULL when out of memory). */
+static char *redact(const char *url)
+{
+    const char *p = strstr(url, "://");
+    if (!p)
+        return strdup(url);
+    p += 3;
+    size_t auth = strcspn(p, "/?#");
+    const char *at = memchr(p, '@', auth);
+    if (!at)
+        return strdup(url);
+    char *out = malloc(strlen(url) + 1);
+    if (out)
+        sprintf(out, "%.*s%s", (int)(p - url), url, at + 1);
+    return out;
+}
+
+void stoke__remote_file_free(stoke__remote_file *f)
+{
+    if (!f)
+        return;
+    free(f->url);
+    free(f->req);
+    memset(f, 0, sizeof(*f));
+}
+
+#ifndef STOKE_HAVE_LIBCURL
+
+int stoke__remote_pool_create(stoke__remote_pool **out, char *why, size_t why_len)
+{
+    *out = NULL;
+    stoke__fmt(why, why_len,
+               "stoke was built without libcurl (Debian libcurl4-openssl-dev): http://, "
+               "https:// and s3:// sources are not available");
+    return STOKE_ENOTSUP;
+}
+void stoke__remote_pool_destroy(stoke__remote_pool *p)
+{
+    (void)p;
+}
+void stoke__remote_pool_fork_prepare(stoke__remote_pool *p)
+{
+    (void)p;
+}
+void stoke__remote_pool_fork_parent(stoke__remote_pool *p)
+{
+    (void)p;
+}
+void stoke__remote_pool_fork_child(stoke__remote_pool *p)
+{
+    (void)p;
+}
+void stoke__remote_pool_stats(const stoke__remote_pool *p, stoke__remote_stats *out)
+{
+    (void)p;
+    memset(out, 0, sizeof(*out));
+}
+int stoke__remote_file_init(const stoke__remote_pool *p, const char *url, stoke__remote_file *f,
+                            char *why, size_t why_len)
+{
+    (void)p;
+    (void)url;
+    memset(f, 0, sizeof(*f));
+    return stoke__remote_pool_create(NULL, why, why_len);
+}
+int stoke__remote_read(stoke__remote_pool *p, int slot, const stoke__remote_file *f, void *buf,
+                       size_t n, uint64_t off, size_t *got, uint64_t *total, char *why,
+                       size_t why_len)
+{
+    (void)p, (void)slot, (void)f, (void)buf, (void)n, (void)off, (void)total;
+    *got = 0;
+    return stoke__remote_pool_create(NULL, why, why_len);
+}
+
+#else /* STOKE_HAVE_LIBCURL */
+
+#include <curl/curl.h>
+
+#include "stoke/version.h"
+
+#define STR_(x)         #x
+#define STR(x)          STR_(x)
+#define SLOTS           64
+#define BACKOFF_BASE_MS 100u   /* the first retry waits 50..100 ms, each next one twice that */
+#define BACKOFF_CAP_MS  10000u /* ... up to 5..10 s */
+#define DEFAULT_RETRIES 6u
+#define DEFAULT_TIMEOUT 30u /* seconds without a byte before a try is abandoned */
+/* SHA-256 of an empty body: what a GET signs as its payload (S3 wants the header). */
+#define EMPTY_SHA256    "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+
+typedef struct slot {
+    pthread_mutex_t lock; /* held for a whole read: guards h and err */
+    CURL *h;              /* NULL until the slot's first read */
+    char err[CURL_ERROR_SIZE];
+} slot;
+
+struct stoke__remote_pool {
+    slot s[SLOTS];
+    unsigned retries;
+    long timeout_s;
+    char *ca_bundle;
+    /* S3, from the environment and ~/.aws at create: */
+    char region[64];
+    char *endpoint;             /* AWS_ENDPOINT_URL(_S3) without a trailing '/'; NULL: AWS */
+    char *userpwd;              /* "key:secret"; NULL: unsigned requests */
+    struct curl_slist *s3_hdrs; /* x-amz-content-sha256 (and x-amz-security-token) */
+    char sigv4[96];             /* "aws:amz:REGION:s3" */
+    _Atomic uint64_t requests, retries_done, bytes;
+};
+
+static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
+static CURLcode curl_init_rc;
+static void curl_init(void)
+{
+    curl_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
+}
+
+/* ---- settings: environment and the AWS files ---------------------------------------------- */
+
+static char *trim(char *s)
+{
+    while (isspace((unsigned char)*s))
+        s++;
+    size_t n = strlen(s);
+    while (n && isspace((unsigned char)s[n - 1]))
+        s[--n] = 0;
+    return s;
+}
+
+/* The value of `key` in section [section] of an INI file (AWS's credentials and config files):
+ * malloc'd, or NULL. */
+static char *ini_get(const char *path, const char *section, const char *key)
+{
+    FILE *f = path ? fopen(path, "re") : NULL;
+    if (!f)
+        return NULL;
+    char line[4096];
+    int in = 0;
+    char *out = NULL;
+    while (!out && fgets(line, sizeof(line), f)) {
+        char *p = trim(line);
+        if (!*p || *p == '#' || *p == ';')
+            continue;
+        if (*p == '[') {
+            char *e = strchr(p, ']');
+            if (e) {
+                *e = 0;
+                in = strcmp(trim(p + 1), section) == 0;
+            }
+            continue;
+        }
+        char *eq = strchr(p, '=');
+        if (!in || !eq)
+            continue;
+        *eq = 0;
+        if (strcmp(trim(p), key) == 0)
+            out = strdup(trim(eq + 1));
+    }
+    fclose(f);
+    return out;
+}
+
+/* AWS_SHARED_CREDENTIALS_FILE / AWS_CONFIG_FILE, else ~/.aws/NAME (malloc'd or NULL). */
+static char *aws_file(stoke_env_id id, const char *name)
+{
+    const char *v = stoke__env_str(id), *home = stoke__env_str(STOKE_ENV_HOME);
+    if (v)
+        return strdup(v);
+    if (!home)
+        return NULL;
+    char *p = NULL;
+    return asprintf(&p, "%s/.aws/%s", home, name) < 0 ? NULL : p;
+}
+
+/* Credentials and region: the environment first, then the profile (AWS_PROFILE or "default")
+ * of the credentials and config files, as the AWS tools do. */
+static int s3_settings(stoke__remote_pool *p, char *why, size_t why_len)
+{
+    const char *profile = stoke__env_str(STOKE_ENV_AWS_PROFILE);
+    const char *prof = profile ? profile : "default";
+    char *cred = aws_file(STOKE_ENV_AWS_CREDENTIALS_FILE, "credentials");
+    char *conf = aws_file(STOKE_ENV_AWS_CONFIG_FILE, "config");
+    char conf_sec[256];
+    stoke__fmt(conf_sec, sizeof(conf_sec), profile ? "profile %s" : "%s", prof);
+    if (profile && strcmp(profile, "default") == 0)
+        stoke__strlcpy(conf_sec, "default", sizeof(conf_sec));
+
+    const char *ek = stoke__env_str(STOKE_ENV_AWS_ACCESS_KEY_ID);
+    const char *es = stoke__env_str(STOKE_ENV_AWS_SECRET_ACCESS_KEY);
+    char *key = NULL, *secret = NULL, *token = NULL, *region = NULL;
+    if (ek && es) {
+        key = strdup(ek);
+        secret = strdup(es);
+        const char *t = stoke__env_str(STOKE_ENV_AWS_SESSION_TOKEN);
+        token = t ? strdup(t) : NULL;
+    } else {
+        key = ini_get(cred, prof, "aws_access_key_id");
+        secret = ini_get(cred, prof, "aws_secret_access_key");
+        token = ini_get(cred, prof, "aws_session_token");
+        if (!key || !secret) { /* the config file may hold them too */
+            free(key);
+            free(secret);
+            free(token);
+            key = ini_get(conf, conf_sec, "aws_access_key_id");
+            secret = ini_get(conf, conf_sec, "aws_secret_access_key");
+            token = ini_get(conf, conf_sec, "aws_session_token");
+        }
+    }
+    const char *er = stoke__env_str(STOKE_ENV_AWS_REGION);
+    if (!er)
+        er = stoke__env_str(STOKE_ENV_AWS_DEFAULT_REGION);
+    region = er ? strdup(er) : ini_get(conf, conf_sec, "region");
+    int rc = STOKE_OK;
+    if (profile && !(key && secret) && !ek)
+        rc = STOKE_EINVAL, stoke__fmt(why, why_len,
+                                      "AWS_PROFILE=%s: no aws_access_key_id and "
+                                      "aws_secret_access_key for it in %s",
+                                      profile, cred ? cred : "~/.aws/credentials");
+    stoke__strlcpy(p->region, region && *region ? region : "us-east-1", sizeof(p->region));
+    for (const char *c = p->region; !rc && *c; c++)
+        if (!isalnum((unsigned char)*c) && *c != '-')
+            rc = STOKE_EINVAL, stoke__fmt(why, why_len, "bad AWS region '%s'", p->region);
+    stoke__fmt(p->sigv4, sizeof(p->sigv4), "aws:amz:%s:s3", p->region);
+    if (!rc && key && secret && *key && *secret) {
+        if (asprintf(&p->userpwd, "%s:%s", key, secret) < 0)
+            p->userpwd = NULL, rc = STOKE_ENOMEM;
+    }
+    p->s3_hdrs = curl_slist_append(NULL, "x-amz-content-sha256: " EMPTY_SHA256);
+    if (!p->s3_hdrs)
+        rc = STOKE_ENOMEM;
+    if (!rc && token && *token) {
+        char *h = NULL;
+        struct curl_slist *l = NULL;
+        if (asprintf(&h, "x-amz-security-token: %s", token) < 0 ||
+            !(l = curl_slist_append(p->s3_hdrs, h)))
+            rc = STOKE_ENOMEM;
+        else
+            p->s3_hdrs = l;
+        if (h)
+            explicit_bzero(h, strlen(h));
+        free(h);
+    }
+    if (rc == STOKE_ENOMEM)
+        stoke__fmt(why, why_len, "out of memory");
+    if (secret)
+        explicit_bzero(secret, strlen(secret));
+    free(key);
+    free(secret);
+    free(token);
+    free(region);
+    free(cred);
+    free(conf);
+    return rc;
+}
+
+static int env_number(stoke_env_id id, uint64_t dflt, uint64_t max)
+{
+    uint64_t v;
+    if (!stoke__env_u64(id, &v))
+        return (int)dflt;
+    if (v > max) {
+        stoke__log(STOKE_LOG_WARN, "%s=%" PRIu64 " is more than %" PRIu64 ": using %" PRIu64,
+                   stoke__env_name(id), v, max, max);
+        v = max;
+    }
+    return (int)v;
+}
+
+int stoke__remote_pool_create(stoke__remote_pool **out, char *why, size_t why_len)
+{
+    *out = NULL;
+    pthread_once(&curl_once, curl_init);
+    if (curl_init_rc != CURLE_OK) {
+        stoke__fmt(why, why_len, "libcurl's global init failed: %s",
+                   curl_easy_strerror(curl_init_rc));
+        return STOKE_EIO;
+    }
+    stoke__remote_pool *p = calloc(1, sizeof(*p));
+    if (!p) {
+        stoke__fmt(why, why_len, "out of memory");
+        return STOKE_ENOMEM;
+    }
+    for (int i = 0; i < SLOTS; i++)
+        pthread_mutex_init(&p->s[i].lock, NULL);
+    p->retries = (unsigned)env_number(STOKE_ENV_REMOTE_RETRIES, DEFAULT_RETRIES, 100);
+    p->timeout_s = env_number(STOKE_ENV_REMOTE_TIMEOUT, DEFAULT_TIMEOUT, 86400);
+    if (p->timeout_s < 1)
+        p->timeout_s = 1;
+    const char *ca = stoke__env_str(STOKE_ENV_CA_BUNDLE);
+    const char *ep = stoke__env_str(STOKE_ENV_AWS_ENDPOINT_URL_S3);
+    if (!ep)
+        ep = stoke__env_str(STOKE_ENV_AWS_ENDPOINT_URL);
+    int rc = STOKE_OK;
+    if ((ca && !(p->ca_bundle = strdup(ca))) || (ep && !(p->endpoint = strdup(ep)))) {
+        stoke__fmt(why, why_len, "out of memory");
+        rc = STOKE_ENOMEM;
+    }
+    if (!rc && p->endpoint) {
+        size_t n = strlen(p->endpoint);
+        while (n && p->endpoint[n - 1] == '/')
+            p->endpoint[--n] = 0;
+        if (strncasecmp(p->endpoint, "http://", 7) != 0 &&
+            strncasecmp(p->endpoint, "https://", 8) != 0) {
+            stoke__fmt(why, why_len, "AWS_ENDPOINT_URL '%s' is not an http:// or https:// URL",
+                       p->endpoint);
+            rc = STOKE_EINVAL;
+        }
+    }
+    if (!rc)
+        rc = s3_settings(p, why, why_len);
+    if (rc) {
+        stoke__remote_pool_destroy(p);
+        return rc;
+    }
+    *out = p;
+    return STOKE_OK;
+}
+
+void stoke__remote_pool_stats(const stoke__remote_pool *p, stoke__remote_stats *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (!p)
+        return;
+    out->requests = atomic_load(&((stoke__remote_pool *)p)->requests);
+    out->retries = atomic_load(&((stoke__remote_pool *)p)->retries_done);
+    out->bytes = atomic_load(&((stoke__remote_pool *)p)->bytes);
+}
+
+void stoke__remote_pool_destroy(stoke__remote_pool *p)
+{
+    if (!p)
+        return;
+    stoke__remote_stats st;
+    stoke__remote_pool_stats(p, &st);
+    if (st.requests)
+        stoke__log(STOKE_LOG_DEBUG,
+                   "remote: %" PRIu64 " request(s), %" PRIu64 " retr%s, %" PRIu64 " bytes",
+                   st.requests, st.retries, st.retries == 1 ? "y" : "ies", st.bytes);
+    for (int i = 0; i < SLOTS; i++) {
+        if (p->s[i].h)
+            curl_easy_cleanup(p->s[i].h);
+        pthread_mutex_destroy(&p->s[i].lock);
+    }
+    if (p->userpwd)
+        explicit_bzero(p->userpwd, strlen(p->userpwd));
+    free(p->userpwd);
+    curl_slist_free_all(p->s3_hdrs); /* the token's header: libcurl frees, cannot be cleared */
+    free(p->endpoint);
+    free(p->ca_bundle);
+    free(p);
+}
+
+void stoke__remote_pool_fork_prepare(stoke__remote_pool *p)
+{
+    for (int i = 0; p && i < SLOTS; i++)
+        pthread_mutex_lock(&p->s[i].lock);
+}
+
+void stoke__remote_pool_fork_parent(stoke__remote_pool *p)
+{
+    for (int i = 0; p && i < SLOTS; i++)
+        pthread_mutex_unlock(&p->s[i].lock);
+}
+
+void stoke__remote_pool_fork_child(stoke__remote_pool *p)
+{
+    for (int i = 0; p && i < SLOTS; i++) {
+        p->s[i].h = NULL; /* the parent's connections: left alone, never closed here */
+        pthread_mutex_unlock(&p->s[i].lock);
+    }
+}
+
+/* ---- URLs --------------------------------------------------------------------------------- */
+
+/* Appends s percent-encoded (all but unreserved characters and '/') to out at *len. */
+static void path_encode(char *out, size_t *len, const char *s)
+{
+    static const char hex[] = "0123456789ABCDEF";
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~' || c == '/') {
+            out[(*len)++] = (char)c;
+        } else {
+            out[(*len)++] = '%';
+            out[(*len)++] = hex[c >> 4];
+            out[(*len)++] = hex[c & 15];
+        }
+    }
+    out[*len] = 0;
+}
+
+int stoke__remote_file_init(const stoke__remote_pool *p, const char *url, stoke__remote_file *f,
+                            char *why, size_t why_len)
+{
+    memset(f, 0, sizeof(*f));
+    f->url = redact(url);
+    if (!f->url)
+        goto oom;
+    if (strncasecmp(url, "s3://", 5) != 0) {
+        if (!(f->req = strdup(url)))
+            goto oom;
+        return STOKE_OK;
+    }
+    f->s3 = 1;
+    const char *b = url + 5, *slash = strchr(b, '/');
+    size_t blen = slash ? (size_t)(slash - b) : strlen(b);
+    int ok = blen >= 1 && blen <= 255 && slash && slash[1];
+    for (size_t i = 0; ok && i < blen; i++)
+        ok = isalnum((unsigned char)b[i]) || b[i] == '-' || b[i] == '.' || b[i] == '_';
+    if (!ok) {
+        stoke__fmt(why, why_len, "'%s' is not s3://BUCKET/KEY", f->url);
+        return STOKE_EINVAL;
+    }
+    const char *key = slash + 1;
+    size_t cap = strlen(url) * 3 + (p->endpoint ? strlen(p->endpoint) : 0) + 128;
+    if (!(f->req = malloc(cap)))
+        goto oom;
+    int n;
+    if (p->endpoint) /* S3-compatible stores: path-style */
+        n = snprintf(f->req, cap, "%s/%.*s/", p->endpoint, (int)blen, b);
+    else if (memchr(b, '.', blen)) /* a dotted bucket fails the wildcard certificate */
+        n = snprintf(f->req, cap, "https://s3.%s.amazonaws.com/%.*s/", p->region, (int)blen, b);
+    else
+        n = snprintf(f->req, cap, "https://%.*s.s3.%s.amazonaws.com/", (int)blen, b, p->region);
+    size_t len = (size_t)n;
+    path_encode(f->req, &len, key);
+    return STOKE_OK;
+oom:
+    stoke__fmt(why, why_len, "out of memory");
+    return STOKE_ENOMEM;
+}
+
+/* ---- one read ----------------------------------------------------------------------------- */
+
+typedef struct xfer {
+    CURL *h;
+    char *buf;      /* the destination: n bytes for the file's [off, off + n) */
+    size_t n, got;  /* got: bytes of buf filled, from buf[0] */
+    uint64_t off;   /* file offset of buf[0] */
+    uint64_t pos;   /* file offset of the next body byte */
+    long status;    /* of the final response (after redirects) */
+    int body;       /* the body started: pos is set */
+    int enough;     /* stopped on purpose: buf is full (a 200 sends the whole file) */
+    int bad_range;  /* the body started past the byte asked for */
+    uint64_t total; /* the file's size, when has_total */
+    int has_total;
+    uint64_t cr_start; /* Content-Range's first byte, when has_cr */
+    int has_cr;
+    long retry_after; /* seconds; -1 when absent */
+    char err[512];    /* the start of an error response's body */
+    size_t errlen;
+} xfer;
+
+static size_t on_header(char *data, size_t size, size_t nmemb, void *ctx)
+{
+    xfer *x = ctx;
+    size_t len = size * nmemb;
+    char line[256];
+    size_t n = len < sizeof(line) - 1 ? len : sizeof(line) - 1;
+    memcpy(line, data, n);
+    line[n] = 0;
+    if (strncmp(line, "HTTP/", 5) == 0) { /* a new response (a redirect's, an interim one) */
+        x->has_cr = 0;
+        x->retry_after = -1;
+        return len;
+    }
+    unsigned long long a, b, t;
+    if (strncasecmp(line, "content-range:", 14) == 0) {
+        const char *v = line + 14;
+        while (*v == ' ')
+            v++;
+        if (sscanf(v, "bytes %llu-%llu/%llu", &a, &b, &t) == 3) {
+            x->cr_start = a;
+            x->has_cr = 1;
+            x->total = t;
+            x->has_total = 1;
+        } else if (sscanf(v, "bytes */%llu", &t) == 1) {
+            x->total = t;
+            x->has_total = 1;
+        }
+    } else if (strncasecmp(line, "retry-after:", 12) == 0) {
+        if (sscanf(line + 12, " %llu", &a) == 1)
+            x->retry_after = a > 3600 ? 3600 : (long)a;
+    }
+    return len;
+}
+
+static size_t on_body(char *data, size_t size, size_t nmemb, void *ctx)
+{
+    xfer *x = ctx;
+    size_t len = size * nmemb;
+    if (!x->body) {
+        x->body = 1;
+        curl_easy_getinfo(x->h, CURLINFO_RESPONSE_CODE, &x->status);
+        x->pos = x->status == 206 ? (x->has_cr ? x->cr_start : x->off + x->got) : 0;
+    }
+    if (x->status != 200 && x->status != 206) { /* keep the start of the error's text */
+        size_t k = sizeof(x->err) - 1 - x->errlen;
+        k = len < k ? len : k;
+        memcpy(x->err + x->errlen, data, k);
+        x->errlen += k;
+        x->err[x->errlen] = 0;
+        return len;
+    }
+    uint64_t from = x->off + x->got; /* the next byte wanted */
+    if (x->got == x->n) {
+        x->enough = 1;
+        return 0;
+    }
+    if (x->pos > from) {
+        x->bad_range = 1;
+        return 0;
+    }
+    if (x->pos + len <= from) { /* before what is wanted (a 200 from the start) */
+        x->pos += len;
+        return len;
+    }
+    size_t skip = (size_t)(from - x->pos), take = len - skip;
+    if (take > x->n - x->got)
+        take = x->n - x->got;
+    memcpy(x->buf + x->got, data + skip, take);
+    x->got += take;
+    x->pos += len;
+    return len;
+}
+
+/* The S3 error's <Code> and <Message>, an HTML page's <title>, or the start of any other body,
+ * into out (": text"; "" when there is none). */
+static void error_text(const xfer *x, char *out, size_t n)
+{
+    out[0] = 0;
+    const char *c = strstr(x->err, "<Code>"), *m = strstr(x->err, "<Message>");
+    if (c) {
+        const char *ce = strstr(c, "</Code>"), *me = m ? strstr(m, "</Message>") : NULL;
+        if (ce)
+            stoke__fmt(out, n, ": %.*s%s%.*s", (int)(ce - c - 6), c + 6, me ? ": " : "",
+                       me ? (int)(me - m - 9) : 0, me ? m + 9 : "");
+        return;
+    }
+    const char *t = strstr(x->err, "<title>"), *te = t ? strstr(t, "</title>") : NULL;
+    if (te) { /* an HTML error page: its title */
+        stoke__fmt(out, n, ": %.*s", (int)(te - t - 7), t + 7);
+        return;
+    }
+    size_t k = 0;
+    char text[160];
+    for (size_t i = 0; i < x->errlen && k + 1 < sizeof(text); i++) /* one line of printable */
+        if (isprint((unsigned char)x->err[i]))
+            text[k++] = x->err[i];
+        else if (k && text[k - 1] != ' ')
+            text[k++] = ' ';
+    text[k] = 0;
+    if (k)
+        stoke__fmt(out, n, ": %s", trim(text));
+}
+
+static int retryable_curl(CURLcode c)
+{
+    switch (c) {
+    case CURLE_COULDNT_RESOLVE_HOST:
+    case CURLE_COULDNT_CONNECT:
+    case CURLE_OPERATION_TIMEDOUT:
+    case CURLE_SEND_ERROR:
+    case CURLE_RECV_ERROR:
+    case CURLE_PARTIAL_FILE:
+    case CURLE_GOT_NOTHING:
+    case CURLE_SSL_CONNECT_ERROR:
+    case CURLE_HTTP2:
+    case CURLE_HTTP2_STREAM: return 1;
+    default: return 0;
+    }
+}
+
+static int retryable_status(long s)
+{
+    return s == 408 || s == 429 || s == 500 || s == 502 || s == 503 || s == 504;
+}
+
+static CURL *handle_new(const stoke__remote_pool *p, slot *s)
+{
+    CURL *h = curl_easy_init();
+    if (!h)
+        return NULL;
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L); /* no SIGALRM from DNS timeouts in threads */
+    curl_easy_setopt(h, CURLOPT_ERRORBUFFER, s->err);
+    curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 1L);
+    curl_easy_setopt(h, CURLOPT_MAXREDIRS, 5L);
+#if LIBCURL_VERSION_NUM >= 0x075500
+    curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(h, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+#endif
+    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT, p->timeout_s < 10 ? p->timeout_s : 10L);
+    curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L); /* a stall: no byte for timeout_s */
+    curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, p->timeout_s);
+    curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
+    curl_easy_setopt(h, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_2TLS);
+    curl_easy_setopt(h, CURLOPT_USERAGENT,
+                     "stoke/" STR(STOKE_VERSION_MAJOR) "." STR(STOKE_VERSION_MINOR) "." STR(
+                         STOKE_VERSION_PATCH));
+    if (p->ca_bundle)
+        curl_easy_setopt(h, CURLOPT_CAINFO, p->ca_bundle);
+    curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
+    return h;
+}
+
+static void backoff(unsigned attempt, long retry_after_s, uint64_t *rng)
+{
+    uint64_t ms = BACKOFF_BASE_MS << (attempt < 16 ? attempt : 16);
+    if (ms > BACKOFF_CAP_MS)
+        ms = BACKOFF_CAP_MS;
+    *rng ^= *rng << 13, *rng ^= *rng >> 7, *rng ^= *rng << 17; /* xorshift64 */
+    ms = ms / 2 + *rng % (ms / 2 + 1);                         /* jitter: [ms/2, ms] */
+    if (retry_after_s > 0 && (uint64_t)retry_after_s * 1000 > ms)
+        ms = (uint64_t)retry_after_s * 1000 > 60000 ? 60000 : (uint64_t)retry_after_s * 1000;
+    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+/* One try: GET of [off + got, off + n) appended to x.  Returns 0 (done: full, or the file
+ * ended), 1 (retry), or a negative code with why set. */
+static int try_once(stoke__remote_pool *p, CURL *h, const stoke__remote_file *f, xfer *x,
+                    const char *serr, char *why, size_t why_len)
+{
+    char range[64];
+    stoke__fmt(range, sizeof(range), "%" PRIu64 "-%" PRIu64, x->off + x->got, x->off + x->n - 1);
+    x->body = x->enough = x->bad_range = x->has_cr = 0;
+    x->status = 0;
+    x->errlen = 0;
+    x->err[0] = 0;
+    x->retry_after = -1;
+    curl_easy_setopt(h, CURLOPT_URL, f->req);
+    curl_easy_setopt(h, CURLOPT_RANGE, range);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, x);
+    curl_easy_setopt(h, CURLOPT_HEADERDATA, x);
+    int sign = f->s3 && p->userpwd;
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, f->s3 ? p->s3_hdrs : NULL);
+    curl_easy_setopt(h, CURLOPT_USERPWD, sign ? p->userpwd : NULL);
+    curl_easy_setopt(h, CURLOPT_AWS_SIGV4, sign ? p->sigv4 : NULL);
+    if (!sign)
+        curl_easy_setopt(h, CURLOPT_HTTPAUTH, (long)CURLAUTH_BASIC);
+    size_t before = x->got;
+    CURLcode c = curl_easy_perform(h);
+    atomic_fetch_add(&p->requests, 1);
+    atomic_fetch_add(&p->bytes, (uint64_t)(x->got - before));
+    long st = 0;
+    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &st);
+    if (x->enough && c == CURLE_WRITE_ERROR)
+        c = CURLE_OK;
+    if (x->bad_range) {
+        stoke__fmt(why, why_len,
+                   "GET %s: the server sent bytes from %" PRIu64 " for a range "
+                   "from %" PRIu64,
+                   f->url, x->pos, x->off + before);
+        return STOKE_EIO;
+    }
+    if (c == CURLE_OK && st == 416) { /* the range starts at or past the end */
+        if (!x->has_total)
+            x->total = x->off + x->got, x->has_total = 1;
+        return 0;
+    }
+    if (c == CURLE_OK && (st == 200 || st == 206)) {
+        if (st == 200 && !x->enough) /* the whole file came: it ends here */
+            x->total = x->pos, x->has_total = 1;
+        uint64_t end = x->off + x->n;
+        if (x->has_total && x->total < end)
+            end = x->total;
+        if (x->off + x->got >= end)
+            return 0;
+        stoke__fmt(why, why_len, "GET %s: HTTP %ld: the body ended at byte %" PRIu64 " of %" PRIu64,
+                   f->url, st, x->off + x->got, end);
+        return 1; /* a short body: continue from there */
+    }
+    if (c == CURLE_OK) {
+        char text[384];
+        error_text(x, text, sizeof(text));
+        stoke__fmt(why, why_len, "GET %s: HTTP %ld%s", f->url, st, text);
+        if (retryable_status(st))
+            return 1;
+        return st == 404 || st == 410 ? STOKE_ENOENT : STOKE_EIO;
+    }
+    stoke__fmt(why, why_len, "GET %s: %s%s%s", f->url, curl_easy_strerror(c), serr[0] ? ": " : "",
+               serr);
+    if (st && st != 200 && st != 206)
+        stoke__fmt(why, why_len, "GET %s: HTTP %ld: %s", f->url, st, curl_easy_strerror(c));
+    return retryable_curl(c) ? 1 : STOKE_EIO;
+}
+
+int stoke__remote_read(stoke__remote_pool *p, int slot_i, const stoke__remote_file *f, void *buf,
+                       size_t n, uint64_t off, size_t *got, uint64_t *total, char *why,
+                       size_t why_len)
+{
+    *got = 0;
+    if (n == 0)
+        return STOKE_OK;
+    slot *s = &p->s[(unsigned)slot_i % SLOTS];
+    pthread_mutex_lock(&s->lock);
+    if (!s->h && !(s->h = handle_new(p, s))) {
+        pthread_mutex_unlock(&s->lock);
+        stoke__fmt(why, why_len, "GET %s: cannot create a libcurl handle", f->url);
+        return STOKE_ENOMEM;
+    }
+    xfer x = {.h = s->h, .buf = buf, .n = n, .off = off};
+    uint64_t rng = stoke__now_ns() ^ ((uint64_t)(uintptr_t)s * 0x9E3779B97F4A7C15u) ^ off;
+    rng |= 1;
+    int rc;
+    for (unsigned attempt = 0;; attempt++) {
+        s->err[0] = 0;
+        rc = try_once(p, s->h, f, &x, s->err, why, why_len);
+        if (rc != 1)
+            break;
+        if (attempt >= p->retries) {
+            size_t l = strlen(why);
+            stoke__fmt(why + l, why_len - l, " (after %u tries)", attempt + 1);
+            rc = STOKE_EIO;
+            break;
+        }
+        atomic_fetch_add(&p->retries_done, 1);
+        stoke__log(STOKE_LOG_DEBUG, "remote: %s; retry %u of %u", why, attempt + 1, p->retries);
+        backoff(attempt, x.retry_after, &rng);
+    }
+    pthread_mutex_unlock(&s->lock);
+    *got = x.got;
+    if (rc == STOKE_OK && total && x.has_total)
+        *total = x.total;
+    return rc;
+}
+
+#endif /* STOKE_HAVE_LIBCURL */

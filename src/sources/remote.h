@@ -1,0 +1,69 @@
+/* Private to the built-in sources: files behind http://, https:// and s3:// URLs, read by byte
+ * range through libcurl (remote.c).  See docs/sources.md, "Remote shards".
+ *
+ * A pool holds the connections: one libcurl handle per slot (a worker: slot = worker % 64),
+ * created by the slot's first read and kept, so that consecutive reads of one worker reuse its
+ * connection (HTTP keep-alive), and the settings read from the environment once, at create
+ * (S3 credentials, region and endpoint, retries, timeout).  A read retries what can pass
+ * (timeouts, refused or reset connections, 408/429/5xx, a body cut short: continued from the
+ * byte it stopped at) with exponential backoff and jitter.  Credentials never appear in a
+ * message or a log line.
+ *
+ * Built without libcurl, stoke__remote_pool_create fails with STOKE_ENOTSUP naming the
+ * library; stoke__remote_is_url still recognises the schemes, so the sources refuse such a
+ * path with that message rather than "no such file". */
+#ifndef STOKE_SOURCES_REMOTE_H
+#define STOKE_SOURCES_REMOTE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* 1 when path starts with http://, https:// or s3:// (any case), else 0. */
+int stoke__remote_is_url(const char *path);
+
+typedef struct stoke__remote_pool stoke__remote_pool;
+
+/* Creates a pool: 0 and *out, or STOKE_ENOTSUP (built without libcurl), STOKE_ENOMEM,
+ * STOKE_EINVAL (a bad setting in the environment), with why set.  Thread-safe. */
+int stoke__remote_pool_create(stoke__remote_pool **out, char *why, size_t why_len);
+/* Frees the handles (closing their connections).  NULL does nothing.  No read may run. */
+void stoke__remote_pool_destroy(stoke__remote_pool *p);
+/* Fork hooks (dataset.h): prepare takes every slot's lock, parent releases them, child
+ * releases them and drops the handles without closing them (their sockets and TLS state are
+ * the parent's): the child's first read opens its own connection. */
+void stoke__remote_pool_fork_prepare(stoke__remote_pool *p);
+void stoke__remote_pool_fork_parent(stoke__remote_pool *p);
+void stoke__remote_pool_fork_child(stoke__remote_pool *p);
+
+/* Counters of a pool since create (atomics, read without a lock). */
+typedef struct stoke__remote_stats {
+    uint64_t requests, retries, bytes;
+} stoke__remote_stats;
+void stoke__remote_pool_stats(const stoke__remote_pool *p, stoke__remote_stats *out);
+
+/* One remote file: `url` as written (for messages, with any user:password@ removed), and what
+ * is requested (an s3:// URL becomes the endpoint's, signed). */
+typedef struct stoke__remote_file {
+    char *url;
+    char *req;
+    int s3;
+} stoke__remote_file;
+
+/* Fills *f for `url`: 0, or STOKE_EINVAL (not a URL we read: "s3://" without a bucket, ...),
+ * STOKE_ENOMEM, with why set.  Free with stoke__remote_file_free (also after a failure). */
+int stoke__remote_file_init(const stoke__remote_pool *p, const char *url, stoke__remote_file *f,
+                            char *why, size_t why_len);
+void stoke__remote_file_free(stoke__remote_file *f);
+
+/* Reads n bytes at off into buf through slot `slot` (any int; taken modulo the slots): 0, with
+ * *got = n, or fewer only where the file ends (*got may be 0 past the end); *total (may be
+ * NULL) gets the file's size when the server said it (Content-Range), else is left alone.
+ * Errors, after the retries, with why = "GET URL: reason" (the HTTP status and the server's
+ * error code, or libcurl's reason): STOKE_ENOENT for 404 and 410, STOKE_EIO for the rest
+ * (401 and 403 included: the message has the store's reason).  Thread-safe; reads of one slot
+ * are serialised by its lock. */
+int stoke__remote_read(stoke__remote_pool *p, int slot, const stoke__remote_file *f, void *buf,
+                       size_t n, uint64_t off, size_t *got, uint64_t *total, char *why,
+                       size_t why_len);
+
+#endif

@@ -1,0 +1,160 @@
+"""Remote tar shards over HTTP (docs/sources.md, "Remote shards"), against real servers on
+127.0.0.1 started here: nginx (Debian nginx-light) serving generated shards, the same nginx
+with TLS, and tests/remote/fault_server.py injecting faults.  Every remote run is compared with
+the same shards read from disk through the CLI: samples, content_hash (field 0: each field
+comes first in one of the runs), order_hash and index_sum.  Skips (77) when nginx or the
+build's libcurl is missing, saying why.  STOKE_TEST_TIMES=1 prints each CLI run's time."""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import time
+
+import stoke_testlib as T
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "remote"))
+import servers as S  # noqa: E402
+
+CLI = os.environ.get("STOKE_CLI")
+if not CLI or not os.path.exists(CLI):
+    T.skip("the stoke CLI was not built (STOKE_CLI)")
+FEATURES = os.environ.get("STOKE_BUILD_FEATURES")
+NSHARDS = 4
+RANGE = "shard-{000000..%06d}.tar" % (NSHARDS - 1)
+ORDERS = ["bin:cls:txt", "txt:bin:cls", "cls:txt:bin"]  # each field first once: all bytes
+
+
+def load(spec, *args, env=None):
+    e = dict(os.environ, **(env or {}))
+    t0 = time.monotonic()
+    p = subprocess.run([CLI, "load", spec, "--json", "--batch-size", "5", "--no-pin-memory"]
+                       + list(args), capture_output=True, text=True, env=e, timeout=120)
+    if os.environ.get("STOKE_TEST_TIMES"):
+        print("%.2f s  %s %s" % (time.monotonic() - t0, spec, " ".join(args)))
+    try:
+        out = json.loads(p.stdout)
+    except ValueError:
+        raise AssertionError("%s: not JSON: %r %r" % (spec, p.stdout, p.stderr))
+    return p.returncode, out, p.stderr
+
+
+def summary(out):
+    return {k: out[k] for k in ("samples", "content_hash", "order_hash", "index_sum")}
+
+
+def same_as_local(base, local_root, what, *args, env=None, orders=ORDERS, samples=NSHARDS * 12):
+    for fields in orders:
+        opts = ",fields=%s,ragged=txt" % fields
+        rc_l, loc, _ = load("tar:%s/%s%s" % (local_root, RANGE, opts), *args)
+        rc_r, rem, err = load("tar:%s%s%s" % (base, RANGE, opts), *args, env=env)
+        T.check(rc_l == 0 and loc["samples"] == samples, "local run: %s" % loc)
+        T.check(rc_r == 0, "%s, fields=%s: failed: %s %s" % (what, fields, rem.get("error"), err))
+        T.check(summary(rem) == summary(loc), "%s, fields=%s %s: remote %s, local %s"
+                % (what, fields, args, summary(rem), summary(loc)))
+
+
+work = T.tmpdir()
+root = os.path.join(work, "root")
+paths, offsets = S.make_shards(root, nshards=NSHARDS)
+first = "tar:http://127.0.0.1:1/" + RANGE
+
+if FEATURES is not None and "libcurl" not in FEATURES.split(","):
+    rc, out, err = load(first)
+    T.check(rc == 1 and "built without libcurl (Debian libcurl4-openssl-dev)" in out["error"],
+            "without libcurl: %s %s" % (out, err))
+    T.skip("built without libcurl (checked: tar:http:// is refused naming the library)")
+
+try:
+    ng = S.start_nginx(root, os.path.join(work, "nginx"))
+except S.Unavailable as e:
+    T.skip(str(e))
+servers = [ng]
+try:
+    base = ng.url("")
+    # --- equal to the local shards: 0 and 2 workers, shuffled, two ranks -------------------
+    same_as_local(base, root, "nginx", "--workers", "0")
+    same_as_local(base, root, "nginx", "--workers", "2", "--shuffle", "--seed", "11")
+    # worker processes: each drops the handles it inherited (fork hooks) and connects anew
+    same_as_local(base, root, "nginx, worker processes", "--workers", "2", "--shuffle",
+                  "--worker-mode=processes", orders=ORDERS[1:2])
+    for rank in ("0", "1"):  # both runs, local and remote, as rank R of 2
+        os.environ.update(RANK=rank, WORLD_SIZE="2")
+        same_as_local(base, root, "nginx rank " + rank, "--workers", "2", "--shuffle",
+                      "--distributed", orders=ORDERS[:1], samples=NSHARDS * 6)
+    del os.environ["RANK"], os.environ["WORLD_SIZE"]
+
+    # --- keep-alive: one connection per worker slot, not one per request ---------------------
+    before = len(S.access_log(os.path.join(work, "nginx")))
+    rc, out, err = load("tar:%s%s,fields=txt:bin:cls,ragged=txt" % (base, RANGE), "--workers",
+                        "2")
+    rows = S.access_log(os.path.join(work, "nginx"))[before:]
+    conns = {r[0] for r in rows}
+    T.check(rc == 0 and len(rows) >= NSHARDS * 12 * 3, "requests: %d (%s)" % (len(rows), err))
+    T.check(len(conns) <= 4, "%d requests on %d connections: no keep-alive" % (len(rows),
+                                                                                len(conns)))
+    T.check(all(r[2] == 206 and r[3].startswith("bytes=") for r in rows),
+            "not all range requests answered 206: %s" % [r for r in rows if r[2] != 206][:3])
+
+    # --- a missing shard: the open fails naming the URL and the status ------------------------
+    url4 = base + "shard-000004.tar"
+    rc, out, err = load("tar:%sshard-{000000..000004}.tar" % base)
+    T.check(rc == 1 and url4 in out["error"] and "HTTP 404" in out["error"],
+            "a missing shard: %s" % out["error"])
+
+    # --- TLS: verified by default, trusted with STOKE_CA_BUNDLE -------------------------------
+    try:
+        cert, key = S.make_cert(work)
+        tls = S.start_nginx(root, os.path.join(work, "nginx-tls"), tls=(cert, key))
+        servers.append(tls)
+    except (S.Unavailable, subprocess.CalledProcessError) as e:
+        print("TLS part not run:", e)
+        tls = None
+    if tls:
+        rc, out, err = load("tar:%s%s" % (tls.url(""), RANGE))
+        T.check(rc == 1 and "certificate" in out["error"].lower(),
+                "a self-signed server was not refused: %s" % out)
+        same_as_local(tls.url(""), root, "https", "--workers", "2", orders=ORDERS[:1],
+                      env={"STOKE_CA_BUNDLE": cert})
+
+    # --- faults (fault_server.py): retried, resumed, or a bad sample --------------------------
+    fs = S.start_fault_server(root, work)
+    servers.append(fs)
+    fast = {"STOKE_LOG": "debug"}
+    for mode in ("503/2", "cut/1", "reset/1"):
+        same_as_local(fs.url(mode + "/"), root, mode, "--workers", "2", orders=ORDERS[:1],
+                      env=fast)
+    stats = json.loads(subprocess.run(["curl", "-s", fs.url("__stats")], capture_output=True,
+                                      text=True).stdout) if shutil.which("curl") else None
+    if stats is not None:
+        for s in range(NSHARDS):
+            n = stats.get("/503/2/shard-%06d.tar" % s, 0)
+            T.check(n >= 3, "shard %d: %d requests through 503/2 (2 refused, then served)" % (s, n))
+    # (counted per path: cut/3 is a fresh one) the first 3 answers of each shard cut short
+    rc, out, err = load("tar:%s%s,fields=txt:bin:cls,ragged=txt" % (fs.url("cut/3/"), RANGE),
+                        "--workers", "0", env=fast)
+    m = re.search(r"remote: (\d+) request\(s\), (\d+) retr", err)
+    T.check(rc == 0 and m and int(m.group(2)) >= 3 * NSHARDS,
+            "cut/3: retries %s: %s" % (m and m.groups(), err[-2000:]))
+
+    # a member that always fails: the sample's error names the URL and the status; skip goes on
+    off = offsets[1]["s001_003.txt"]
+    bad = fs.url("failat/%d/" % off)
+    env = {"STOKE_REMOTE_RETRIES": "2"}
+    rc, out, err = load("tar:%s%s,fields=txt:bin:cls,ragged=txt" % (bad, RANGE), "--workers", "2",
+                        env=env)
+    T.check(rc == 1 and bad + "shard-000001.tar" in out["error"] and "HTTP 500" in out["error"]
+            and "after 3 tries" in out["error"], "a failing member: %s" % out["error"])
+    rc, out, err = load("tar:%s%s,fields=txt:bin:cls,ragged=txt" % (bad, RANGE), "--workers", "2",
+                        "--on-error=skip", env=env)
+    T.check(rc == 0 and out["samples"] == NSHARDS * 12 - 1 and out["skipped_samples"] == 1,
+            "on_error=skip: %s" % {k: out.get(k) for k in ("samples", "skipped_samples", "error")})
+    q = json.dumps(out["quarantine"])
+    T.check("shard-000001.tar" in q and "HTTP 500" in q and "InternalError" in q,
+            "quarantine: %s" % q)
+finally:
+    for s in servers:
+        s.stop()
+print("remote over http: ok")
