@@ -137,12 +137,16 @@ check_installed "$wpy" "$wsite"
 mkdir "$tmp/tests" "$tmp/run" "$tmp/test-tmp"
 cp -r "$root"/tests/python/*.py "$root/tests/python/typing" "$tmp/tests/"
 simdev=$("$wpy" -c 'import stoke; print(stoke.build_info()["simdev_plugin"])')
-# Not here: the exit, launcher and lifetime tests (process exits, torchrun, mpirun), slow and
-# about processes rather than the package; python_* runs them against the build tree.
+# Not here: the exit, launcher, lifetime and drop-in process tests (process exits, torchrun,
+# mpirun, killed workers, signals, a mount namespace), slow and about processes rather than
+# the package; python_* runs them against the build tree.
 passed=0 skipped=""
 for t in "$tmp"/tests/test_*.py; do
     name=$(basename "$t" .py)
-    case "$name" in test_exit_torch | test_torchrun | test_mpirun | test_lifetime) continue ;; esac
+    case "$name" in
+    test_exit_torch | test_torchrun | test_mpirun | test_lifetime | test_dropin_procs | \
+        test_dropin_shm) continue ;;
+    esac
     rc=0
     (cd "$tmp/run" && env PYTHONPATH="$tmp/tests" STOKE_SIMDEV_PLUGIN="$simdev" \
         STOKE_TEST_TMP="$tmp/test-tmp" STOKE_PLUGIN_PATH= STOKE_ACCELERATOR= OMP_NUM_THREADS=1 \

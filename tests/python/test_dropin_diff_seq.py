@@ -1,0 +1,314 @@
+"""stoke.DataLoader against torch.utils.data.DataLoader (issue 27), differential, part 2: variable
+shapes and samplers -- token sequences padded by a user collate_fn (pad_sequence) and by stoke's
+built-in padding (pad=, compared to the collate_fn's result, with the lengths), an
+IterableDataset sharding itself by get_worker_info() (worker_init_fn, torch's seed rule), a
+WeightedRandomSampler and a RandomSampler with seeded generators, a bucketing batch_sampler (a
+list of index lists, and a user class), a custom batch type with a pin_memory() method; 0, 1
+and 2 workers."""
+import random
+
+import stoke_testlib as T
+
+import dropin_lib as L  # noqa: E402
+from dropin_lib import case, check_len, check_multiset, check_sequential, epoch, pair  # noqa: E402
+
+torch = L.torch
+from torch.nn.utils.rnn import pad_sequence  # noqa: E402
+from torch.utils.data import (Dataset, IterableDataset, RandomSampler, Sampler,  # noqa: E402
+                              WeightedRandomSampler, get_worker_info)
+
+
+def seq_len(i):
+    return 1 + (i * 7) % 23
+
+
+class Tokens(Dataset):
+    """Token sequences of 1..23 int64 ids and a label."""
+
+    def __len__(self):
+        return 100
+
+    def __getitem__(self, i):
+        return torch.arange(seq_len(i), dtype=torch.int64) + 1000 * i, i % 3
+
+
+def pad_collate(batch):
+    seqs, labels = zip(*batch)
+    return (pad_sequence(seqs, batch_first=True, padding_value=0),
+            torch.tensor([len(s) for s in seqs]), torch.tensor(labels))
+
+
+def padded_samples(b):
+    """A padded batch's samples without the padding (its width depends on the batch)."""
+    ids, lengths, labels = b
+    return [(tuple(ids[i, :n].tolist()), int(labels[i])) for i, n in enumerate(lengths.tolist())]
+
+
+@case
+def tokens_pad_collate_fn():
+    for workers in (0, 1, 2):
+        what = "pad collate_fn workers=%d" % workers
+        ref, got = pair(Tokens(), batch_size=8, collate_fn=pad_collate, num_workers=workers)
+        check_len(ref, got, what)
+        check_sequential(epoch(ref), epoch(got), what)
+    what = "pad collate_fn shuffled workers=2"
+    ref, got = pair(Tokens(), batch_size=8, shuffle=True, collate_fn=pad_collate, num_workers=2)
+    check_multiset(epoch(ref), epoch(got), what, key=padded_samples, ragged=True)
+
+
+class TokenDicts(Dataset):
+    def __len__(self):
+        return 100
+
+    def __getitem__(self, i):
+        ids = torch.arange(seq_len(i), dtype=torch.int64) + 1000 * i
+        return {"input_ids": ids, "labels": ids + 1, "label": i % 3}
+
+
+def dict_pad_collate(max_length=None, multiple=None):
+    def collate(batch):
+        ids = [b["input_ids"][:max_length] for b in batch]
+        labels = [b["labels"][:max_length] for b in batch]
+        out = {"input_ids": pad_sequence(ids, batch_first=True, padding_value=0),
+               "labels": pad_sequence(labels, batch_first=True, padding_value=-100),
+               "label": torch.tensor([b["label"] for b in batch])}
+        width = out["input_ids"].shape[1]
+        if multiple and width % multiple:
+            extra = multiple - width % multiple
+            out["input_ids"] = torch.nn.functional.pad(out["input_ids"], (0, extra), value=0)
+            out["labels"] = torch.nn.functional.pad(out["labels"], (0, extra), value=-100)
+        return out, torch.tensor([len(x) for x in ids])
+    return collate
+
+
+@case
+def tokens_builtin_padding():
+    """pad={"input_ids": 0, "labels": -100} (no Python collate) gives what the padding
+    collate_fn gives: input_ids, labels and label as torch collates them, padded to the
+    batch's longest (or max_length, truncating; or a multiple), and the lengths as one more
+    field ("<name>_lengths" beside each padded entry); return_lengths=False: only the
+    sample's fields."""
+    pad = {"input_ids": 0, "labels": -100}
+    for workers, extra in ((0, {}), (2, {}), (2, {"max_length": 10}),
+                           (1, {"pad_to_multiple_of": 8})):
+        what = "built-in padding workers=%d %s" % (workers, extra)
+        ref = L.TorchLoader(TokenDicts(), batch_size=8, num_workers=workers,
+                            collate_fn=dict_pad_collate(extra.get("max_length"),
+                                                        extra.get("pad_to_multiple_of")))
+        got = L.Loader(TokenDicts(), batch_size=8, num_workers=workers, pad=pad, **extra)
+        check_len(ref, got, what)
+        r, s = epoch(ref), epoch(got)
+        T.check(len(r) == len(s), "%s: %d batches, torch %d" % (what, len(s), len(r)))
+        for k, ((rb, rlen), sb) in enumerate(zip(r, s)):
+            T.check(isinstance(sb, dict), "%s: batch %s" % (what, L.describe(sb)))
+            for key in ("input_ids", "labels", "label"):
+                T.check(key in sb, "%s: batch %d has no %r: %s" % (what, k, key, L.describe(sb)))
+                L.same(rb[key], sb[key], "%s: batch %d[%r]" % (what, k, key))
+            more = [n for n in sb if n not in rb]
+            T.check(sorted(more) == sorted(f + "_lengths" for f in pad),
+                    "%s: batch %d: fields %s beside the sample's (want %s)" % (
+                        what, k, more, [f + "_lengths" for f in pad]))
+            T.check(all(isinstance(sb[n], torch.Tensor) and sb[n].shape == rlen.shape
+                                 and torch.equal(sb[n].to(torch.int64), rlen) for n in more),
+                    "%s: batch %d: fields beyond the sample's %s should be the lengths %s"
+                    % (what, k, L.describe({n: sb[n] for n in more}), rlen.tolist()))
+    got = L.Loader(TokenDicts(), batch_size=8, pad=pad, return_lengths=False)
+    for b in got:
+        T.check(list(b) == ["input_ids", "labels", "label"], "return_lengths=False: %s" % list(b))
+
+
+# --- an IterableDataset that shards itself --------------------------------------------------
+
+MARK = 0
+
+
+def mark_worker(wid):
+    global MARK
+    MARK = 100 + wid
+
+
+class Stream(IterableDataset):
+    """Yields 0..n-1, each worker its share (i % num_workers == id), with what the worker
+    saw: its id, num_workers, its seed (as a str: 64 bits), whether torch's RNG was seeded with
+    it, and the worker_init_fn's mark."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        info = get_worker_info()
+        wid, nw = (info.id, info.num_workers) if info else (0, 1)
+        seeded = info is None or torch.initial_seed() == info.seed
+        seed = str(info.seed) if info else "-"
+        for i in range(wid, self.n, nw):
+            yield {"x": torch.tensor([i, i * i]), "worker": wid, "num_workers": nw,
+                   "seed": seed, "seeded": seeded, "mark": MARK}
+
+
+class SizedStream(Stream):
+    def __len__(self):
+        return self.n
+
+
+def batch_sets(b):
+    return [tuple(sorted(b["x"][:, 0].tolist()))]
+
+
+@case
+def iterable_sharded():
+    """Each worker iterates its own copy: the samples are torch's (each once), torch's batches
+    (a worker's samples, batched in the worker), get_worker_info() and worker_init_fn work,
+    seeds follow torch's rule (torch seeded with info.seed; base_seed + worker id)."""
+    for workers in (0, 1, 2):
+        what = "IterableDataset workers=%d" % workers
+        ref, got = pair(Stream(37), batch_size=5, num_workers=workers,
+                        worker_init_fn=mark_worker)
+        check_len(ref, got, what)
+        r, s = epoch(ref), epoch(got)
+        check_multiset(r, s, what, key=lambda b: [
+            (x, w, n, ok, m) for x, w, n, ok, m in zip(
+                b["x"][:, 0].tolist(), b["worker"].tolist(), b["num_workers"].tolist(),
+                b["seeded"].tolist(), b["mark"].tolist())])
+        check_multiset(r, s, what + " (batches)", key=batch_sets)
+        xs = sorted(x for b in s for x in b["x"][:, 0].tolist())
+        T.check(xs == list(range(37)), "%s: samples %s" % (what, xs))
+        T.check(all(b["seeded"].all() for b in s), "%s: torch not seeded with info.seed" % what)
+        if workers == 2:
+            seeds = {}
+            for b in s:
+                for w, sd in zip(b["worker"].tolist(), b["seed"]):
+                    seeds.setdefault(w, set()).add(int(sd))
+            T.check(len(seeds[0]) == 1 and len(seeds[1]) == 1, "%s: seeds %s" % (what, seeds))
+            T.check(seeds[1].pop() - seeds[0].pop() == 1, "%s: seeds not base + id" % what)
+    what = "sized IterableDataset workers=2"
+    ref, got = pair(SizedStream(37), batch_size=5, num_workers=2)
+    check_len(ref, got, what)
+
+
+# --- samplers -------------------------------------------------------------------------------
+
+class Index(Dataset):
+    def __len__(self):
+        return 60
+
+    def __getitem__(self, i):
+        return i, torch.full((3,), float(i))
+
+
+@case
+def weighted_random_sampler():
+    """The same WeightedRandomSampler (same weights, same generator seed) on both sides: the
+    same indices drawn, epoch after epoch, in the sampler's order."""
+    weights = [1.0 + (i % 5) for i in range(60)]
+    for workers in (0, 2):
+        what = "WeightedRandomSampler workers=%d" % workers
+        samplers = [WeightedRandomSampler(weights, 150, replacement=True,
+                                          generator=torch.Generator().manual_seed(9))
+                    for _ in range(2)]
+        ref = L.TorchLoader(Index(), batch_size=16, sampler=samplers[0], num_workers=workers)
+        got = L.Loader(Index(), batch_size=16, sampler=samplers[1], num_workers=workers)
+        check_len(ref, got, what)
+        for e in range(2):
+            r, s = epoch(ref), epoch(got)
+            check_multiset(r, s, "%s epoch %d" % (what, e))
+            check_sequential(r, s, "%s epoch %d (the sampler's order)" % (what, e))
+
+
+@case
+def random_sampler_generator():
+    """A RandomSampler with a seeded generator passed as sampler=: torch's order."""
+    for workers in (0, 2):
+        what = "RandomSampler(generator) workers=%d" % workers
+        ref = L.TorchLoader(Index(), batch_size=7, num_workers=workers, sampler=RandomSampler(
+            Index(), generator=torch.Generator().manual_seed(4)))
+        got = L.Loader(Index(), batch_size=7, num_workers=workers, sampler=RandomSampler(
+            Index(), generator=torch.Generator().manual_seed(4)))
+        check_len(ref, got, what)
+        check_sequential(epoch(ref), epoch(got), what)
+
+
+def buckets():
+    """Bucketing: indices sorted by length, cut into batches of 3..9, the batches shuffled."""
+    order = sorted(range(100), key=lambda i: (seq_len(i), i))
+    rng = random.Random(3)
+    out, k = [], 0
+    while k < len(order):
+        n = rng.randint(3, 9)
+        out.append(order[k:k + n])
+        k += n
+    rng.shuffle(out)
+    return out
+
+
+class BucketSampler(Sampler):
+    def __init__(self, batches):
+        self.batches = batches
+
+    def __iter__(self):
+        return iter(self.batches)
+
+    def __len__(self):
+        return len(self.batches)
+
+
+@case
+def bucketing_batch_sampler():
+    plan = buckets()
+    for workers in (0, 2):
+        for name, bs in (("list", plan), ("Sampler", BucketSampler(plan))):
+            what = "batch_sampler %s workers=%d" % (name, workers)
+            ref, got = pair(Tokens(), batch_sampler=bs, collate_fn=pad_collate,
+                            num_workers=workers)
+            check_len(ref, got, what)
+            T.check(len(got) == len(plan), "%s: len %d" % (what, len(got)))
+            r, s = epoch(ref), epoch(got)
+            check_sequential(r, s, what)
+            for k, b in enumerate(s):
+                T.check(b[2].tolist() == [i % 3 for i in plan[k]], "%s: batch %d" % (what, k))
+
+
+# --- a custom batch type -------------------------------------------------------------------
+
+class Pair:
+    """A batch type as in torch's docs: built by collate_fn, with a pin_memory() method."""
+
+    def __init__(self, samples):
+        inp, tgt = zip(*samples)
+        self.inp = torch.stack(inp)
+        self.tgt = torch.tensor(tgt)
+        self.pinned = 0
+
+    def pin_memory(self):
+        self.pinned += 1
+        return self
+
+
+class Rows(Dataset):
+    def __len__(self):
+        return 45
+
+    def __getitem__(self, i):
+        return torch.arange(12, dtype=torch.float32).reshape(3, 4) + i, i % 4
+
+
+@case
+def custom_batch_type():
+    """collate_fn returning a custom batch type: the caller gets that type with its tensors'
+    values (pin_memory() is not called: pin_memory=False, as torch)."""
+    for workers in (0, 2):
+        what = "custom batch workers=%d" % workers
+        ref, got = pair(Rows(), batch_size=4, collate_fn=Pair, num_workers=workers,
+                        pin_memory=False)
+        check_len(ref, got, what)
+        r = list(ref)
+        n = 0
+        for k, (a, b) in enumerate(zip(r, got)):  # compared as they come
+            T.check(type(b) is Pair, "%s: batch %d is a %s" % (what, k, type(b).__name__))
+            L.same(a.inp, b.inp, "%s: batch %d .inp" % (what, k))
+            L.same(a.tgt, b.tgt, "%s: batch %d .tgt" % (what, k))
+            T.check(b.pinned == 0, "%s: pin_memory() called %d times" % (what, b.pinned))
+            n += 1
+        T.check(n == len(r) == 12, "%s: %d batches, torch %d" % (what, n, len(r)))
+
+
+L.run_cases()

@@ -1,0 +1,530 @@
+"""stoke.DataLoader's process workers for Python datasets (issue 27): a parent whose torch thread
+pool was started first, __getitem__ and collate_fn raising (the type, the traceback and the
+index reach the caller), a child killed by SIGKILL or SIGSEGV mid-epoch (the message names the
+pid and the signal; no hang, no child left), SIGINT during iteration (sent to this process,
+and Ctrl-C as a terminal sends it, to the whole process group), breaking out mid-epoch then
+iterating again, `del loader` while its tensors are held, interpreter exit with live loaders.
+
+Every case ends with no child process of this one left (this process is a child subreaper, so
+orphaned grandchildren of the subprocesses are seen too); a hung case dumps the stacks and
+fails (dropin_lib's watchdog)."""
+import ctypes
+import gc
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import traceback
+
+import stoke_testlib as T
+
+# Under the library's ASan the runtime catches SIGSEGV itself (the worker would exit with status
+# 1, not die by the signal): off for this test, before the runtime starts (forks inherit it).
+asan = os.environ.get("ASAN_OPTIONS")
+if asan is not None and "handle_segv=0" not in asan:
+    env = dict(os.environ, ASAN_OPTIONS=asan + ":handle_segv=0")
+    os.execve(sys.executable, [sys.executable] + sys.argv, env)
+
+import dropin_lib as L  # noqa: E402
+from dropin_lib import case, check_sequential, epoch, no_children_within  # noqa: E402
+
+torch = L.torch
+from torch.utils.data import Dataset, get_worker_info  # noqa: E402
+
+PARENT = os.getpid()
+# orphans of the subprocesses (exited parents' workers) are re-parented to this process
+ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def in_worker():
+    """In a worker process (not in the caller, nor in stoke's measuring of the first batches
+    when the loader is made): get_worker_info() is set there, as in torch's workers."""
+    return os.getpid() != PARENT and get_worker_info() is not None
+
+
+def rows(n):
+    return [(i, torch.arange(6, dtype=torch.float32) + 10 * i) for i in range(n)]
+
+
+class Rows(Dataset):
+    def __init__(self, n=64):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return i, torch.arange(6, dtype=torch.float32) + 10 * i
+
+
+def check_rows(batches, n, what):
+    """Batches of Rows: every index once, in order, each row its index's."""
+    idx = [i for b in batches for i in b[0].tolist()]
+    T.check(idx == list(range(n)), "%s: indices %s" % (what, idx[:20]))
+    for b in batches:
+        want = b[0].to(torch.float32).view(-1, 1) * 10 + torch.arange(6, dtype=torch.float32)
+        T.check(torch.equal(b[1], want), "%s: rows differ at %s" % (what, b[0].tolist()))
+
+
+def fresh_epoch_works(what):
+    """After a failure: a new loader with process workers runs a full, correct epoch."""
+    loader = L.Loader(Rows(40), batch_size=8, num_workers=2)
+    check_rows(epoch(loader), 40, what + ", then a new loader")
+    del loader
+    gc.collect()
+
+
+POOL = r"""
+import faulthandler
+faulthandler.dump_traceback_later(50, exit=True)  # a hang: the stacks on stderr
+import torch
+torch.set_num_threads(2)  # the parent's intra-op pool runs before the loader's children exist
+a = torch.randn(256, 256)
+assert torch.equal(a @ a, a @ a)
+(torch.arange(400_000) % 7).sum()
+import dropin_child as C
+C.torch_ops_epochs()
+assert torch.get_num_threads() == 2 and torch.equal(a @ a, a @ a)
+print("CHILDREN", C.children(), flush=True)
+"""
+
+
+@case
+def torch_pool_started_before():
+    """A parent whose torch thread pool ran before the loader: workers running torch ops
+    (a matmul, a large elementwise op) deliver the right batches, and do not hang."""
+    what = "torch ops in workers after the parent's pool started"
+    p = script(POOL)
+    with Cleans(p, what):
+        out, err = finish(p, 90)
+        T.check("Timeout" not in err and p.returncode is not None, "%s: hung (50 s); the script "
+                "said %r, stderr:\n%s" % (what, out, err[-3000:]))
+        T.check(p.returncode == 0, "%s: exit %d, stderr:\n%s" % (what, p.returncode,
+                                                                 err[-3000:]))
+        T.check("CHILDREN []" in out, "%s: %r" % (what, out))
+
+
+# --- exceptions -----------------------------------------------------------------------------
+
+class BadRow(Exception):
+    pass
+
+
+def decode_row_badly(i):
+    raise BadRow("row %d is corrupt" % i)
+
+
+class Raising(Rows):
+    def __getitem__(self, i):
+        if i == 13:
+            decode_row_badly(i)
+        return super().__getitem__(i)
+
+
+def collate_explodes(batch):
+    if any(i == 21 for i, _ in batch):
+        raise KeyError("no collate for 21")
+    return torch.tensor([i for i, _ in batch]), torch.stack([r for _, r in batch])
+
+
+def full_text(e):
+    return "".join(traceback.format_exception(type(e), e, e.__traceback__))
+
+
+@case
+def getitem_raises():
+    """The same type reaches the caller, with the child's traceback text (the raising
+    function named) and the sample index."""
+    for workers in (1, 2):
+        what = "__getitem__ raising, workers=%d" % workers
+        loader = L.Loader(Raising(), batch_size=4, num_workers=workers)
+        try:
+            epoch(loader)
+            T.check(False, "%s: no exception" % what)
+        except BadRow as e:
+            text = full_text(e)
+            T.check("row 13 is corrupt" in str(e), "%s: message %r" % (what, str(e)))
+            T.check("decode_row_badly" in text and "__getitem__" in text,
+                    "%s: the child's traceback is not attached:\n%s" % (what, text))
+            T.check(re.search(r"(sample|index)\D{0,20}\b13\b", text),
+                    "%s: the sample index is not named:\n%s" % (what, text))
+        except Exception as e:
+            raise AssertionError("%s: %s instead of BadRow:\n%s" % (what, type(e).__name__,
+                                                                     full_text(e)))
+        del loader
+        gc.collect()
+        no_children_within(15, what)
+
+
+@case
+def collate_fn_raises():
+    what = "collate_fn raising, workers=2"
+    loader = L.Loader(Rows(), batch_size=4, num_workers=2, collate_fn=collate_explodes)
+    try:
+        epoch(loader)
+        T.check(False, "%s: no exception" % what)
+    except KeyError as e:
+        text = full_text(e)
+        T.check("collate_explodes" in text, "%s: no child traceback:\n%s" % (what, text))
+    except Exception as e:
+        raise AssertionError("%s: %s instead of KeyError:\n%s" % (what, type(e).__name__,
+                                                                   full_text(e)))
+    del loader
+    gc.collect()
+    no_children_within(15, what)
+
+
+# --- children that die ----------------------------------------------------------------------
+
+class Dying(Rows):
+    """Sample 37's worker kills itself with `sig` (writing its pid first)."""
+
+    def __init__(self, sig, pidfile):
+        super().__init__(64)
+        self.sig, self.pidfile = sig, pidfile
+
+    def __getitem__(self, i):
+        if i == 37 and in_worker():
+            with open(self.pidfile, "w") as f:
+                f.write(str(os.getpid()))
+            os.kill(os.getpid(), self.sig)
+            time.sleep(30)
+        return super().__getitem__(i)
+
+
+SIGNAL_WORDS = {signal.SIGKILL: ("SIGKILL", "Killed", "signal 9"),
+                signal.SIGSEGV: ("SIGSEGV", "Segmentation fault", "signal 11")}
+
+
+def killed_child(sig):
+    name = signal.Signals(sig).name
+    pidfile = os.path.join(T.tmpdir(), "victim.pid")
+    what = "a worker killed by %s mid-epoch" % name
+    loader = L.Loader(Dying(sig, pidfile), batch_size=4, num_workers=2)
+    delivered, b = [], None
+    start = time.monotonic()
+    try:
+        for b in loader:
+            delivered.extend(b[0].tolist())
+        T.check(False, "%s: the epoch ended without an error (%d samples)" % (
+            what, len(delivered)))
+    except RuntimeError as e:
+        took = time.monotonic() - start
+        T.check(os.path.exists(pidfile), "%s: sample 37 never ran in a child" % what)
+        with open(pidfile) as f:
+            pid = f.read()
+        msg = str(e)
+        T.check(re.search(r"\b%s\b" % pid, msg), "%s: the message does not name pid %s: %r"
+                % (what, pid, msg))
+        T.check(any(w in msg for w in SIGNAL_WORDS[sig]), "%s: the message does not name the "
+                "signal (%s): %r" % (what, "/".join(SIGNAL_WORDS[sig]), msg))
+        T.check(37 not in delivered, "%s: sample 37 delivered" % what)
+        named = [int(n) for n in re.findall(r"\bsample (\d+)", msg)]
+        T.check(all(n == 37 for n in named), "%s: the message names sample(s) %s, the worker "
+                "died on sample 37 (batch 9): %r" % (what, named, msg))
+        print("  %s: %s after %.1f s, %d samples delivered: %s" % (
+            what, type(e).__name__, took, len(delivered), msg.splitlines()[0][:200]))
+    del loader, b
+    gc.collect()
+    no_children_within(15, what)
+    fresh_epoch_works(what)
+    no_children_within(15, what)
+
+
+@case
+def child_sigkill():
+    killed_child(signal.SIGKILL)
+
+
+@case
+def child_sigsegv():
+    killed_child(signal.SIGSEGV)
+
+
+# --- SIGINT ---------------------------------------------------------------------------------
+
+SIGINT_SELF = r"""
+import faulthandler, gc, os, signal, threading, time
+import dropin_child as C
+faulthandler.dump_traceback_later(45, exit=True)  # a loop that never sees the signal: stacks
+loader = C.stalling_loader()
+sent = []
+
+def interrupt():
+    sent.append(time.monotonic())
+    os.kill(os.getpid(), signal.SIGINT)
+
+timer = threading.Timer(0.5, interrupt)
+try:
+    for k, b in enumerate(loader):
+        assert b[0].tolist() == [4 * k + j for j in range(4)], b[0]
+        if k == 2:
+            timer.start()
+    print("ENDED", flush=True)
+except KeyboardInterrupt:
+    print("INTERRUPTED after %d batches, %.1f s after the signal" % (
+        k, time.monotonic() - sent[0]), flush=True)
+faulthandler.cancel_dump_traceback_later()
+del loader, b
+gc.collect()
+deadline = time.monotonic() + 20
+while C.children() and time.monotonic() < deadline:
+    time.sleep(0.05)
+print("CHILDREN", C.children(), flush=True)
+"""
+
+
+@case
+def sigint_to_this_process():
+    """SIGINT sent to the caller (from a thread) while it waits for a batch that does not
+    come: KeyboardInterrupt in the loop (within 45 s), and the children gone after the
+    loader."""
+    what = "SIGINT while waiting for a batch"
+    p = script(SIGINT_SELF)
+    with Cleans(p, what):
+        out, err = finish(p, 90)
+        T.check("INTERRUPTED" in out, "%s: no KeyboardInterrupt in the loop (exit %s); stdout "
+                "%r, stderr:\n%s" % (what, p.returncode, out, err[-3000:]))
+        T.check(p.returncode == 0 and "CHILDREN []" in out, "%s: exit %s, stdout %r, stderr:"
+                "\n%s" % (what, p.returncode, out, err[-3000:]))
+        print("  " + out.splitlines()[0])
+
+
+CTRL_C = r"""
+import faulthandler, gc, time
+import dropin_child as C
+faulthandler.dump_traceback_later(45, exit=True)  # a loop that never sees the signal: stacks
+loader = C.stalling_loader()
+try:
+    for k, b in enumerate(loader):
+        if k == 2:
+            print("READY", flush=True)
+    print("ENDED", flush=True)
+except KeyboardInterrupt:
+    print("INTERRUPTED", flush=True)
+faulthandler.cancel_dump_traceback_later()
+del loader, b
+gc.collect()
+deadline = time.monotonic() + 20
+while C.children() and time.monotonic() < deadline:
+    time.sleep(0.05)
+print("CHILDREN", C.children(), flush=True)
+"""
+
+
+def session_members(sid):
+    out = []
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open("/proc/%s/stat" % p) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[3]) == sid:  # state ppid pgrp session
+                out.append(int(p))
+        except (OSError, IndexError, ValueError):
+            pass
+    return out
+
+
+def script(code):
+    """Starts code in a fresh interpreter (same environment: PYTHONPATH) in its own session."""
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def finish(p, timeout):
+    """p's output once it ended; after `timeout` its session is killed and p.returncode is
+    left None (hung)."""
+    try:
+        return p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, err = p.communicate()
+        p.returncode = None
+        return out, err
+
+
+class Cleans:
+    """with Cleans(p, what): the checks of script p's case; afterwards (also when a check
+    failed) nothing of p may be left (nothing_left_of), reaped either way."""
+
+    def __init__(self, p, what, seconds=10):
+        self.p, self.what, self.seconds = p, what, seconds
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, value, tb):
+        if kind is None:
+            nothing_left_of(self.p, self.seconds, self.what)
+            return False
+        try:
+            nothing_left_of(self.p, self.seconds, self.what)
+        except AssertionError as e:
+            print("  and: %s" % e)
+        return False
+
+
+def nothing_left_of(p, seconds, what):
+    """Waits up to `seconds` for no process in p's session and no child here (reaping the
+    orphans re-parented to this subreaper once they exit); fails naming what is left."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0] > 0:
+                pass
+        except ChildProcessError:
+            pass
+        left = sorted(set(session_members(p.pid)) | set(L.children()))
+        if not left:
+            return
+        if time.monotonic() > deadline:
+            for pid in left:  # not to leak them into the next cases
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            raise AssertionError("%s: processes left %.0f s after the script's exit: %s" % (
+                what, seconds, left))
+        time.sleep(0.05)
+
+
+@case
+def ctrl_c_process_group():
+    """Ctrl-C at a terminal: SIGINT to the whole process group (the caller and its workers).
+    The caller gets KeyboardInterrupt, the workers print no tracebacks, none is left."""
+    what = "SIGINT to the process group"
+    p = script(CTRL_C)
+    with Cleans(p, what):
+        line = p.stdout.readline()
+        if line.strip() == "READY":
+            os.killpg(p.pid, signal.SIGINT)
+        out, err = finish(p, 90)
+        T.check(line.strip() == "READY", "%s: the script said %r; stderr %s" % (
+            what, line, err[-3000:]))
+        T.check("INTERRUPTED" in out, "%s: no KeyboardInterrupt in the loop (exit %s); stdout "
+                "%r, stderr:\n%s" % (what, p.returncode, out, err[-3000:]))
+        T.check(p.returncode == 0, "%s: exit %s, stderr:\n%s" % (what, p.returncode,
+                                                                 err[-3000:]))
+        T.check("CHILDREN []" in out, "%s: children left in the script: %r" % (what, out))
+        T.check("Traceback" not in err, "%s: tracebacks on stderr:\n%s" % (what, err[-3000:]))
+
+
+# --- epochs, lifetimes ----------------------------------------------------------------------
+
+@case
+def break_then_iterate_again():
+    """A break mid-epoch, then a new `for`: a full, correct epoch (torch's: a new iterator is a
+    new epoch), twice; sequential, shuffled and with persistent workers."""
+    ds = Rows(100)
+    ref = epoch(L.TorchLoader(ds, batch_size=8))
+    for kw in ({}, {"persistent_workers": True}, {"shuffle": True}):
+        what = "break then iterate again %s" % kw
+        loader = L.Loader(ds, batch_size=8, num_workers=2, **kw)
+        for k, b in enumerate(loader):
+            if k == 3:
+                break
+        del b
+        for e in range(2):
+            got = epoch(loader)
+            if kw.get("shuffle"):
+                L.check_multiset(ref, got, "%s epoch %d" % (what, e))
+            else:
+                check_sequential(ref, got, "%s epoch %d" % (what, e))
+                check_rows(got, 100, what)
+        del loader
+        gc.collect()
+        no_children_within(15, what)
+
+
+@case
+def del_loader_holding_tensors():
+    """Tensors of batches held past `del loader` (and past the end of its workers, and another
+    loader's epoch that reuses memory) keep their values."""
+    what = "del loader while holding tensors"
+    loader = L.Loader(Rows(200), batch_size=8, num_workers=2)
+    held = []
+    for k, b in enumerate(loader):
+        if k in (0, 5, 9):
+            held.append(b)
+        if k == 12:
+            break
+    held.append(next(iter(loader)))
+    del loader, b
+    gc.collect()
+    check_rows(held[:1], 8, what)
+    T.check(held[1][0].tolist() == list(range(40, 48)), "%s: %s" % (what, held[1][0].tolist()))
+    for b in held:
+        check_rows([(b[0] - b[0][0], b[1] - 10 * b[0][0].to(torch.float32))], 8, what)
+    snap = [L.snapshot(b) for b in held]
+    other = L.Loader(Rows(300), batch_size=8, num_workers=2)
+    check_rows(epoch(other), 300, what + ", the next loader")
+    del other
+    gc.collect()
+    for a, b in zip(snap, held):
+        L.same(a, b, what + ": after another loader's epoch")
+    print("  %s: %d child processes while its batches are held" % (what, len(L.children())))
+    del held, a, b
+    gc.collect()
+    no_children_within(15, what + ", then the batches released")
+
+
+EXIT = r"""
+import sys
+import dropin_child as C
+a = C.loader()
+it = iter(a)
+b = next(it)
+x = b[1]                    # a tensor held at exit
+c = C.loader(persistent_workers=True)
+for k, d in enumerate(c):
+    if k == 3:
+        break
+print("EXITING", flush=True)
+%s
+"""
+
+
+@case
+def interpreter_exit_with_live_loaders():
+    """An interpreter that ends mid-epoch with two live loaders (an iterator in progress, a
+    batch and a tensor held; persistent workers after a break): exit code as the script's,
+    no hang, no process left in its session or re-parented here."""
+    for how, rc in (("sys.exit(0)", 0), ("", 0), ("raise SystemExit(3)", 3),
+                    ("raise ValueError('the script failed')", 1)):
+        what = "exit mid-epoch by %r" % (how or "the end of the script")
+        p = script(EXIT % how)
+        with Cleans(p, what):
+            out, err = finish(p, 90)
+            T.check("EXITING" in out, "%s: the script did not run: %s" % (what, err[-3000:]))
+            T.check(p.returncode is not None, "%s: the interpreter hung at exit (90 s): %s" % (
+                what, err[-3000:]))
+            T.check(p.returncode == rc, "%s: exit %d (want %d), stderr:\n%s" % (
+                what, p.returncode, rc, err[-3000:]))
+            tb = err.count("Traceback")
+            T.check(tb == (1 if "ValueError" in how else 0) and "terminate called" not in err
+                    and "Fatal" not in err, "%s: stderr:\n%s" % (what, err[-3000:]))
+
+
+
+@case
+def caller_dies_abruptly():
+    """A caller that dies without running any exit code -- os._exit(0), or SIGKILL (the OOM
+    killer) -- mid-epoch: its workers do not outlive it (torch's workers watch their parent)
+    beyond 15 s."""
+    for how in ("import os; os._exit(0)", "import time; time.sleep(120)"):
+        what = "the caller ended by %s" % ("os._exit(0)" if "_exit" in how else "SIGKILL")
+        p = script(EXIT % how)
+        with Cleans(p, what, 15):
+            line = p.stdout.readline()
+            if "sleep" in how:
+                os.kill(p.pid, signal.SIGKILL)
+            out, err = finish(p, 60)
+            T.check(line.strip() == "EXITING", "%s: the script said %r, stderr:\n%s" % (
+                what, line, err[-3000:]))
+            T.check(p.returncode is not None, "%s: the script did not end" % what)
+
+
+L.run_cases(timeout=150)

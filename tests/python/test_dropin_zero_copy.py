@@ -1,0 +1,148 @@
+"""Zero copy for a Python dataset (issue 27), on the simulated accelerator (simdev) so that
+batches come from the pinned pool: every tensor of a yielded batch -- a tuple from
+default_collate, a dict from a collate_fn, a custom batch type's attributes -- views one block
+of pinned memory (one storage per batch, the leaves at distinct places inside it, blocks of
+held batches apart), the pinned allocator's bytes (in use and registered) cover the held
+blocks, nothing fell back to pageable memory, and the values are the dataset's.  A custom batch
+type's pin_memory() is called once per batch, as torch does when it pins."""
+import gc
+
+import stoke_testlib as T
+
+T.use_simdev()
+import dropin_lib as L  # noqa: E402
+from dropin_lib import case  # noqa: E402
+
+torch, stoke = L.torch, L.stoke
+from torch.utils.data import Dataset  # noqa: E402
+
+
+class Samples(Dataset):
+    def __len__(self):
+        return 96
+
+    def __getitem__(self, i):
+        return (torch.arange(3 * 16 * 16, dtype=torch.float32).view(3, 16, 16) + i,
+                i, torch.full((5,), i, dtype=torch.int16))
+
+
+def storage(t):
+    s = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
+    return s.data_ptr(), s.nbytes()
+
+
+def check_one_block(tensors, what):
+    """All tensors view one storage (the batch's block), at distinct non-overlapping places
+    inside it; returns the block (base, nbytes)."""
+    blocks = {storage(t) for t in tensors}
+    T.check(len(blocks) == 1, "%s: the batch's tensors view %d storages: %s" % (
+        what, len(blocks), sorted(blocks)))
+    base, size = blocks.pop()
+    spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in tensors)
+    for lo, hi in spans:
+        T.check(base <= lo and hi <= base + size, "%s: a tensor at [%#x, %#x) outside its block "
+                "[%#x, %#x)" % (what, lo, hi, base, base + size))
+    for (a, b), (c, d) in zip(spans, spans[1:]):
+        T.check(b <= c, "%s: tensors overlap: [%#x, %#x) and [%#x, %#x)" % (what, a, b, c, d))
+    return base, size
+
+
+def pinned_bytes(stats):
+    """Pinned memory: the pool's blocks in use and memory registered with the backend (the
+    process workers' shared blocks)."""
+    return stats["bytes_in_use"] + stats["registered_bytes"]
+
+
+@case
+def default_collate_batches():
+    for workers in (0, 2):
+        what = "tuple batches workers=%d" % workers
+        before = stoke.pinned_stats()
+        loader = L.Loader(Samples(), batch_size=8, num_workers=workers, pin_memory=True)
+        held, n = [], 0  # the last 3 batches (fewer than the pool's blocks)
+        for k, b in enumerate(loader):
+            x, y, z = b
+            T.check(all(type(t) is torch.Tensor for t in b), "%s: %s" % (what, L.describe(b)))
+            block = check_one_block([x, y, z], "%s batch %d" % (what, k))
+            want = torch.stack([Samples()[i][0] for i in range(8 * k, 8 * k + 8)])
+            T.check(torch.equal(x, want) and y.tolist() == list(range(8 * k, 8 * k + 8))
+                    and torch.equal(z[:, 0], y.to(torch.int16)), "%s: values of batch %d" % (
+                        what, k))
+            held = held[-2:] + [(b, block)]
+            spans = sorted(blk for _, blk in held)
+            for (a, m), (c, _) in zip(spans, spans[1:]):
+                T.check(a + m <= c, "%s: held batches' blocks overlap: %#x+%d, %#x" % (
+                    what, a, m, c))
+            n += 1
+        T.check(n == 12, "%s: %d batches" % (what, n))
+        blocks = [blk for _, blk in held]
+        now = stoke.pinned_stats()
+        held_bytes = sum(n for _, n in blocks)
+        T.check(pinned_bytes(now) - pinned_bytes(before) >= held_bytes,
+                "%s: pinned bytes (in use + registered) %d -> %d while %d batches of %d bytes "
+                "are held" % (what, pinned_bytes(before), pinned_bytes(now), len(held),
+                              blocks[0][1]))
+        for (b, _), w in zip(held, (9, 10, 11)):
+            T.check(b[1].tolist() == list(range(8 * w, 8 * w + 8)), "%s: held batch %d" % (what, w))
+        T.check(now["pageable_fallbacks"] == before["pageable_fallbacks"],
+                "%s: %d pageable fallbacks" % (what, now["pageable_fallbacks"]))
+        print("  %s: blocks of %d bytes, pinned bytes (in use + registered) %d -> %d" % (
+            what, blocks[0][1], pinned_bytes(before), pinned_bytes(now)))
+        del held, b, x, y, z, loader
+        gc.collect()
+
+
+def dict_collate(batch):
+    return {"x": torch.stack([s[0] for s in batch]),
+            "meta": {"y": torch.tensor([s[1] for s in batch])},
+            "z": torch.cat([s[2] for s in batch])}
+
+
+class Pair:
+    def __init__(self, batch):
+        self.inp = torch.stack([s[0] for s in batch])
+        self.tgt = torch.tensor([s[1] for s in batch])
+        self.pinned = 0
+
+    def pin_memory(self):
+        self.pinned += 1
+        return self
+
+
+@case
+def collate_fn_output():
+    """A collate_fn's output (a dict, a custom batch type) is written once into the block."""
+    what = "collate_fn dict workers=2"
+    loader = L.Loader(Samples(), batch_size=8, num_workers=2, pin_memory=True,
+                      collate_fn=dict_collate)
+    for k, b in enumerate(loader):
+        check_one_block([b["x"], b["meta"]["y"], b["z"]], "%s batch %d" % (what, k))
+        T.check(b["meta"]["y"].tolist() == list(range(8 * k, 8 * k + 8)), "%s: %d" % (what, k))
+    what = "custom batch type workers=2"
+    loader = L.Loader(Samples(), batch_size=8, num_workers=2, pin_memory=True, collate_fn=Pair)
+    n = 0
+    for k, b in enumerate(loader):
+        T.check(type(b) is Pair, "%s: a %s" % (what, type(b).__name__))
+        check_one_block([b.inp, b.tgt], "%s batch %d" % (what, k))
+        T.check(b.tgt.tolist() == list(range(8 * k, 8 * k + 8)), "%s: batch %d" % (what, k))
+        T.check(b.pinned == 1, "%s: pin_memory() called %d times (torch: once when pinning)" % (
+            what, b.pinned))
+        n += 1
+    T.check(n == 12, "%s: %d batches" % (what, n))
+
+
+@case
+def memory_flat_over_epochs():
+    """Batches released as they come: the pinned bytes in use do not grow from epoch to
+    epoch."""
+    loader = L.Loader(Samples(), batch_size=8, num_workers=2, pin_memory=True, shuffle=True)
+    use = []
+    for e in range(4):
+        n = sum(len(b[1]) for b in loader)
+        T.check(n == 96, "epoch %d: %d samples" % (e, n))
+        gc.collect()
+        use.append(pinned_bytes(stoke.pinned_stats()))
+    T.check(use[3] <= use[1], "pinned bytes grow over epochs: %s" % use)
+
+
+L.run_cases()
