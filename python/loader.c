@@ -100,6 +100,18 @@ static int int_in_range(PyObject *v, const char *name, unsigned long long hi,
     return 0;
 }
 
+/* The loader's `interrupted` hook: runs the Python signal handlers while next() waits, so
+ * that Ctrl-C (SIGINT to this process) raises KeyboardInterrupt there however long the batch
+ * takes.  The exception stays set for next_locked. */
+static int py_interrupted(void *user)
+{
+    (void)user;
+    PyGILState_STATE g = PyGILState_Ensure();
+    int stop = PyErr_CheckSignals() < 0;
+    PyGILState_Release(g);
+    return stop;
+}
+
 static int loader_init(PyObject *obj, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"source",
@@ -122,6 +134,7 @@ static int loader_init(PyObject *obj, PyObject *args, PyObject *kw)
                              "worker_mode",
                              "arena",
                              "writer",
+                             "round_robin",
                              NULL};
     LoaderObject *self = (LoaderObject *)obj;
     const char *source = NULL, *pin_dev = NULL, *device = NULL, *mode = NULL, *arena = NULL;
@@ -132,10 +145,11 @@ static int loader_init(PyObject *obj, PyObject *args, PyObject *kw)
     unsigned long long seed = 0, timeout_ms = 0;
     long long rank = -1, world_size = 0;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kw, "|zO$npOippzipOzpLLpzzO:Loader", kwlist, &source, &dataset, &batch_size,
+            args, kw, "|zO$npOippzipOzpLLpzzOp:Loader", kwlist, &source, &dataset, &batch_size,
             &o.shuffle, &seed_obj, &o.num_workers, &o.drop_last, &o.pin_memory, &pin_dev,
             &o.prefetch_factor, &o.persistent_workers, &timeout_obj, &device,
-            &o.sampler.distributed, &rank, &world_size, &o.in_order, &mode, &arena, &writer))
+            &o.sampler.distributed, &rank, &world_size, &o.in_order, &mode, &arena, &writer,
+            &o.round_robin))
         return -1;
     /* no silent wrap-around: seed=-1 is not 2^64 - 1, nor 2^64 zero */
     if ((seed_obj && int_in_range(seed_obj, "seed", UINT64_MAX, &seed, "0 .. 2**64 - 1") < 0) ||
@@ -171,6 +185,7 @@ static int loader_init(PyObject *obj, PyObject *args, PyObject *kw)
         return -1;
     }
     o.batch_size = (size_t)batch_size;
+    o.interrupted = py_interrupted;
     o.seed = seed;
     o.timeout_ms = (uint32_t)timeout_ms;
     o.pin_memory_device = pin_dev;
@@ -309,8 +324,8 @@ static PyObject *next_locked(LoaderObject *self)
     PyThreadState *ts = PyEval_SaveThread();
     rc = stoke_loader_next(self->l, &b);
     PyEval_RestoreThread(ts);
-    if (stoke_py_flush_warnings() < 0) {
-        stoke_batch_release(b);
+    if (stoke_py_flush_warnings() < 0 || (rc == STOKE_ECANCELED && PyErr_Occurred())) {
+        stoke_batch_release(b); /* (NULL when interrupted: a signal handler raised) */
         return NULL;
     }
     if (rc == STOKE_OK)

@@ -73,6 +73,16 @@ typedef struct stoke_loader_opts {
     int in_order;                  /* 1 (default): deliver batches in sampler order; 0: as they
                                       complete */
     int drop_last;                 /* 1: drop the last batch when it is partial.  Default 0. */
+    /* Optional: called about every 100 ms by a stoke_loader_next that waits for workers
+     * (without the loader's lock held); nonzero makes that call return STOKE_ECANCELED, the
+     * epoch going on (the next call continues it).  For a consumer that must see signals while
+     * it waits: Python's Ctrl-C. */
+    int (*interrupted)(void *user);
+    void *interrupted_user;
+    int round_robin;               /* 1: batch k of an epoch is made by worker k % num_workers
+                                      (torch's assignment: a worker's RNG stream gives the same
+                                      batches run to run); MAP datasets with num_workers >= 1.
+                                      Default 0: the next free worker takes the next batch. */
     int shuffle;                   /* 1: random order keyed by (seed, epoch): a SEQUENTIAL sampler
                                       becomes RANDOM, a SUBSET one is visited in random order.
                                       Default 0. */

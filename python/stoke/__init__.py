@@ -192,6 +192,7 @@ class DataLoader(_stoke.Loader):
         is_source = isinstance(dataset, (str, _os.PathLike))
         self._writer = None
         self._structure = None
+        self._first_iter = False
         if not is_source:
             return self._init_python(
                 dataset, 1 if batch_size is _UNSET else batch_size, shuffle, sampler,
@@ -345,6 +346,7 @@ class DataLoader(_stoke.Loader):
                             pad, pad_to_multiple_of, max_length, bool(return_lengths),
                             rank, world_size)
         w.measure(max_batch_bytes)
+        w.pin = bool(pin_memory)
         self._writer = w
         try:
             if prefetch_factor is None and w.blob_bytes >= _BIG_BLOCK and num_workers > 0:
@@ -358,7 +360,8 @@ class DataLoader(_stoke.Loader):
                              distributed=False, rank=-1, world_size=0,
                              in_order=bool(in_order),
                              worker_mode="processes" if processes else "threads",
-                             arena=None if arena is None else str(arena))
+                             arena=None if arena is None else str(arena),
+                             round_robin=processes)  # torch's batch k -> worker k % n
         except StokeError as e:
             exc = w.reraise(e)
             if exc is not None:
@@ -378,6 +381,7 @@ class DataLoader(_stoke.Loader):
         self.persistent_workers = bool(persistent_workers)
         self.device = None
         self._iterable = iterable
+        self._first_iter = True
         _live.add(self)
 
     def __iter__(self):
@@ -385,7 +389,22 @@ class DataLoader(_stoke.Loader):
             if self._structure:
                 return self._fields(super().__iter__())
             return super().__iter__()
+        if self._first_iter:
+            self._first_iter = False
+            if self._writer.rng_moved():
+                # torch draws the workers' base seed when iteration starts: the RNG was seeded
+                # (or drawn from) since construction, so epoch 0 starts again with a new draw
+                self._writer.redraw()
+                super().set_epoch(self.epoch)
         return self._batches(super().__iter__())
+
+    def set_epoch(self, epoch):
+        self._first_iter = False
+        return super().set_epoch(epoch)
+
+    def load_state_dict(self, state):
+        self._first_iter = False
+        return self._load_state(state)
 
     def _fields(self, it):
         """A source string's batches as torch's structure: each field a tensor viewing the
@@ -446,7 +465,7 @@ class DataLoader(_stoke.Loader):
         version, seed, epoch, cursor = self._save_state()
         return {"version": version, "seed": seed, "epoch": epoch, "batches_yielded": cursor}
 
-    def load_state_dict(self, state):
+    def _load_state(self, state):
         self._restore_state(int(state["version"]), int(state["seed"]), int(state["epoch"]),
                             int(state["batches_yielded"]))
 

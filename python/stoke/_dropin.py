@@ -23,6 +23,7 @@ import mmap
 import os
 import pickle
 import random
+import re
 import signal
 import struct
 import sys
@@ -354,6 +355,7 @@ class _Plan:
         size = self.off_offs + 8 * (self.nbatches + 1)
         self.mm = mmap.mmap(-1, size)  # MAP_SHARED | MAP_ANONYMOUS: the forked workers see it
         self.head = np.frombuffer(self.mm, dtype=np.int64, count=8, offset=0)
+        self.cur = np.frombuffer(self.mm, dtype=np.int64, count=min(nmail, 448), offset=512)
         self.offs = np.frombuffer(self.mm, dtype=np.int64, count=self.nbatches + 1,
                                   offset=self.off_offs)
         self.fd = os.memfd_create("stoke-plan", os.MFD_CLOEXEC)
@@ -457,13 +459,19 @@ class _Writer:
         self.name = "python:" + type(dataset).__name__
         self.getitems = getattr(dataset, "__getitems__", None)
         self.tensors = _tensor_rows(dataset)
+        self.rows_path = (self.tensors is not None and collate_fn is None and not pad
+                          and not (batch_size is None and batch_sampler is None))
         self.worker = -2          # -2: the consumer's process; -1: the zygote; >= 0: a worker
         self.seeded_epoch = None
+        self.seeded_base = None
+        self.rng_after = None     # the RNG's state after the construction's base-seed draw
+        self.reseed_only = False  # the next set_epoch hook draws the seed, keeps the batches
         self.iters = {}
         self.iter_lock = threading.Lock()
         self.fill_lock = threading.Lock()
         self.warned_over = False
         self.warned_copy = False
+        self.pin = False          # the loader's pin_memory: a custom batch's pin_memory() is called
         self.plan = None
         self.nbatches = -1
         self.blob_bytes = 0
@@ -538,6 +546,27 @@ class _Writer:
                        .item())
         return random.getrandbits(63)
 
+    def rng_state(self):
+        g = self.generator
+        return g.get_state() if g is not None else torch.get_rng_state()
+
+    def redraw(self):
+        """Before the first iteration, when rng_moved(): the next set_epoch hook draws the base
+        seed again; the epoch's batches are made again only when the sampler draws from the
+        global RNG too (a sampler with a generator of its own was iterated already)."""
+        s = self.batch_sampler if self.batch_sampler is not None else self.sampler
+        s = getattr(s, "sampler", s)
+        uses_global = s is not None and getattr(s, "generator", False) is None
+        self.reseed_only = not uses_global
+
+    def rng_moved(self):
+        """Whether the RNG the base seed is drawn from changed since the last draw: torch draws
+        it when iteration starts; a script that seeds after making the loader must see its
+        seed's augmentations (the consumer then draws again, the workers reseed)."""
+        if torch is None or self.rng_after is None:
+            return False
+        return not torch.equal(self.rng_after, self.rng_state())
+
     # -- hooks called by the C loader --
 
     def set_epoch(self, epoch, _unused=0):
@@ -550,9 +579,14 @@ class _Writer:
                     self.plan.head[_Plan.H_SEED] = seed
                     with self.iter_lock:
                         self.iters.clear()
+                elif self.reseed_only:  # epoch 0 again with a new seed, the same batches
+                    self.reseed_only = False
+                    self.plan.head[_Plan.H_SEED] = seed
                 else:
                     self.plan.write(epoch, self.batches(epoch), seed)
-            elif epoch != self.seeded_epoch:
+                if torch is not None:  # after the sampler's draws too
+                    self.rng_after = self.rng_state()
+            elif (epoch, self.plan.base_seed()) != (self.seeded_epoch, self.seeded_base):
                 self.start_worker_epoch(epoch)
             return None
         except Exception as e:  # noqa: BLE001 - reported through the loader
@@ -578,8 +612,10 @@ class _Writer:
         """In a worker process, before its first batch of an epoch: torch's worker set-up
         (seeds, get_worker_info, worker_init_fn) once, or every epoch when the workers are not
         persistent (torch starts new ones each epoch)."""
-        if self.seeded_epoch is None or not self.persistent:
-            base = self.plan.base_seed()
+        base = self.plan.base_seed()
+        if (self.seeded_epoch is None or not self.persistent
+                or (epoch == self.seeded_epoch and base != self.seeded_base)):
+            self.seeded_base = base
             seed = base + self.worker
             random.seed(seed)
             if torch is not None:
@@ -599,19 +635,22 @@ class _Writer:
     # -- making a batch --
 
     def fetch(self, indices, where):
-        if self.tensors is not None and self.collate_fn is None and not self.collator.pad:
+        if self.rows_path:
             return None
         if self.getitems is not None:
             return self.getitems(indices)
         out = []
+        cur = self.plan.cur if self.worker >= 0 else None
         for j in indices:
             where[0] = j
+            if cur is not None:  # a worker that dies names the sample it was on
+                cur[self.worker] = j
             out.append(self.dataset[j])
         where[0] = None  # collate's errors are the batch's, not its last sample's
         return out
 
     def write(self, block, samples, indices):
-        if self.tensors is not None and samples is None:  # rows of in-memory tensors
+        if self.rows_path:  # rows of in-memory tensors
             idx = torch.as_tensor(indices, dtype=torch.int64)
             outs = []
             for t in self.tensors:
@@ -634,6 +673,10 @@ class _Writer:
         return self.fill_one(i, worker, view)
 
     def fill_one(self, i, worker, view):
+        if (self.worker >= 0 and self.seeded_epoch is not None
+                and int(self.plan.head[_Plan.H_SEED]) != self.seeded_base
+                and int(self.plan.head[_Plan.H_EPOCH]) == self.seeded_epoch):
+            self.start_worker_epoch(self.seeded_epoch)  # the epoch restarted with a new seed
         if self.iter_map:
             r = self.next_fill(worker, view)
             if r == 0:
@@ -706,7 +749,7 @@ class _Writer:
         if max_batch_bytes:
             self.blob_bytes = int(max_batch_bytes)
             return
-        if self.tensors is not None and self.collate_fn is None and not self.collator.pad:
+        if self.rows_path:
             bs = self.batch_size or 1  # rows of in-memory tensors: the size is known
             need = HDR + sum(_align(bs * t[0].numel() * t.element_size()) for t in self.tensors)
             self.blob_bytes = (need + (64 << 10) + 4095) & ~4095
@@ -731,7 +774,10 @@ class _Writer:
                                % (b.indices_list()[0] if hasattr(b, "indices_list") else -1,
                                   magic))
         u8 = torch.from_dlpack(field).view(-1) if torch is not None else None
-        return _BlockUnpickler(io.BytesIO(view[a:a + n]), u8, view).load()
+        out = _BlockUnpickler(io.BytesIO(view[a:a + n]), u8, view).load()
+        if self.collate_fn is not None and self.pin and b.is_pinned:
+            out = _pin_custom(out)
+        return out
 
     def decode_copy(self, b):
         """decode(), from a copy of the block in memory of its own (pinned from stoke's pool
@@ -773,9 +819,20 @@ class _Writer:
         return _BlockUnpickler(io.BytesIO(view[a:a + n]), u8, view).load()
 
     def name_batch(self, err):
-        """A note naming the dataset indices of the failing batch (the loader's "sample" is
-        the batch's number in the epoch)."""
+        """The loader's "sample" is the batch's number in the epoch: the message says batch,
+        names the dataset index a dead worker was on, and a note lists the batch's indices."""
         i = getattr(err, "sample", None)
+        msg = str(err)
+        m = re.search(r"worker (\d+): sample (\d+) of", msg)
+        if m and not self.iterable:
+            w, k = int(m.group(1)), int(m.group(2))
+            what = "batch %d" % k
+            if "killed by" in msg or "exited" in msg:
+                j = int(self.plan.cur[w]) if w < len(self.plan.cur) else -1
+                if j >= 0 and j in self.plan.batch(k).tolist():
+                    what += " (dataset index %d)" % j
+                    err.sample = j
+            err.args = (msg[:m.start(2) - 7] + what + msg[m.end(2):],) + tuple(err.args[1:])
         if i is None or self.iterable or not hasattr(err, "add_note"):
             return
         try:
@@ -811,6 +868,28 @@ class _Writer:
         return exc
 
 
+def _pin_custom(x):
+    """torch's pinning of a collate_fn's output, for what stoke does not pin itself: an object
+    with a pin_memory() method (a custom batch type) has it called once, as torch's pin thread
+    does; its tensors are already in the pinned block, so a pin_memory() that pins them finds
+    them pinned (no copy where the accelerator knows the block)."""
+    if torch is not None and isinstance(x, torch.Tensor):
+        return x
+    if isinstance(x, (str, bytes)) or x is None:
+        return x
+    if isinstance(x, dict):
+        return {k: _pin_custom(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_pin_custom(v) for v in x]
+    if _is_namedtuple(x):
+        return type(x)(*(_pin_custom(v) for v in x))
+    if isinstance(x, tuple):
+        return tuple(_pin_custom(v) for v in x)
+    if callable(getattr(x, "pin_memory", None)):
+        return x.pin_memory()
+    return x
+
+
 def _tensor_rows(dataset):
     """The tensors of a torch TensorDataset (samples are their rows): served by one
     index_select per tensor and batch, without a Python call per sample."""
@@ -839,6 +918,8 @@ def _probe(w):
         code = 0
         try:
             os.close(r)
+            if torch is not None:
+                torch.set_num_threads(1)  # the parent's intra-op pool is not in this fork
             if w.processes:  # as worker 0 would run it: get_worker_info(), worker_init_fn
                 w.worker = 0
                 w.start_worker_epoch(0)

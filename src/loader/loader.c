@@ -436,6 +436,10 @@ static int validate(stoke_loader *l)
                                   "loader: batch_size must be >= 1, num_workers in 0..1024 or "
                                   "STOKE_LOADER_WORKERS_AUTO, prefetch_factor in 1..4096 or "
                                   "STOKE_LOADER_PREFETCH_AUTO");
+    if (l->o.round_robin && auto_w)
+        return stoke__loader_fail(l, STOKE_EINVAL,
+                                  "loader: round_robin needs a fixed num_workers (batch k is "
+                                  "worker k %% num_workers's), not STOKE_LOADER_WORKERS_AUTO");
     /* per worker; with STOKE_LOADER_PREFETCH_AUTO 2, and the plan may deepen the window */
     l->prefetch = l->o.prefetch_factor ? l->o.prefetch_factor : 2;
     if ((rc = stoke__bad_validate(l)) != STOKE_OK)
@@ -498,7 +502,7 @@ static void choose_workers(stoke_loader *l)
  *                                                                tiny batches per hold of mu
  *   scatter      group, dataset read(), no ragged field, no      a group's samples in one
  *                timeout                                         read() call
- *   assist       MAP, threads, no worker_init                    the caller's thread makes the
+ *   assist       MAP, threads, no worker_init, not round_robin   the caller's thread makes the
  *                                                                batch it needs when nobody is
  *   help         assist, no timeout                              ... and the next one while a
  *                                                                worker makes the one it needs
@@ -527,7 +531,7 @@ static void plan_loader(stoke_loader *l)
     int host = !l->o.device, timed = l->o.timeout_ms != 0;
     p->group = map && threads && host;
     p->scatter = p->group && l->ds.read && !l->nragged && !timed;
-    p->assist = map && threads && !l->ds.worker_init;
+    p->assist = map && threads && !l->ds.worker_init && !l->o.round_robin;
     p->help = p->assist && !timed;
     p->hint_next = map && l->o.batch_size <= STOKE_DATASET_PREFETCH_MAX && l->ds.hint;
     p->timed = timed;

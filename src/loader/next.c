@@ -197,6 +197,15 @@ static int wait_status(stoke_loader *l)
  * Returns STOKE_OK after a wake-up, STOKE_ETIMEDOUT. */
 static int wait_done(stoke_loader *l)
 {
+    if (!l->o.timeout_ms && l->o.interrupted) { /* a slice, then the consumer's own check */
+        uint64_t until = stoke__now_ns() + 100000000u;
+        struct timespec ts = {(time_t)(until / 1000000000u), (long)(until % 1000000000u)};
+        stoke__loader_wait(l, &l->done_cv, &ts);
+        stoke__loader_unlock(l);
+        int stop = l->o.interrupted(l->o.interrupted_user);
+        stoke__loader_lock(l);
+        return stop ? STOKE_ECANCELED : STOKE_OK;
+    }
     if (!l->o.timeout_ms) {
         stoke__loader_wait(l, &l->done_cv, NULL);
         return STOKE_OK;

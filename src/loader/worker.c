@@ -452,7 +452,11 @@ static int can_dispatch(const stoke_loader *l, const stoke__worker *w)
         return 0;
     if (l->iterable)
         return !w->exhausted && w->outstanding < l->prefetch;
-    return l->next_dispatch < l->nbatches && l->outstanding < l->window && (!w || w->id < l->nact);
+    if (l->next_dispatch >= l->nbatches || l->outstanding >= l->window)
+        return 0;
+    if (l->o.round_robin) /* batch k is worker k % nact's; never the caller's */
+        return w && l->next_dispatch % (uint64_t)l->nact == (uint64_t)w->id;
+    return !w || w->id < l->nact;
 }
 
 /* (mu) Wakes the workers waiting for work when one of them could take some.  Unless `force`,
