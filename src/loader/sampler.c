@@ -48,9 +48,7 @@ uint64_t stoke__epoch_key(uint64_t seed, uint64_t epoch)
 static void feistel_init(stoke__feistel *f, uint64_t n, uint64_t key)
 {
     /* The domain: the smallest power of two with an even number of bits (at least 2) >= n. */
-    unsigned bits = 0;
-    while (bits < 64 && (n - 1) >> bits)
-        bits++;
+    unsigned bits = n > 1 ? 64 - (unsigned)__builtin_clzll(n - 1) : 0;
     if (bits & 1)
         bits++;
     if (bits < 2)
