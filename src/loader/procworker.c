@@ -357,22 +357,6 @@ static int spawn(stoke_loader *l, int wid, char *msg, size_t len)
     return STOKE_OK;
 }
 
-static const char *sig_abbrev(int sig)
-{
-    switch (sig) {
-    case SIGSEGV: return "SIGSEGV";
-    case SIGKILL: return "SIGKILL";
-    case SIGABRT: return "SIGABRT";
-    case SIGBUS: return "SIGBUS";
-    case SIGFPE: return "SIGFPE";
-    case SIGILL: return "SIGILL";
-    case SIGTERM: return "SIGTERM";
-    case SIGINT: return "SIGINT";
-    case SIGPIPE: return "SIGPIPE";
-    default: return NULL;
-    }
-}
-
 /* Closes worker wid's socket, reaps its child through the zygote (SIGKILL first when `kill`)
  * and describes how it ended into msg. */
 static void reap(stoke_loader *l, int wid, int kill_it, char *msg, size_t len)
@@ -396,13 +380,12 @@ static void reap(stoke_loader *l, int wid, int kill_it, char *msg, size_t len)
     int st = rep.status;
     if (WIFSIGNALED(st)) {
         int sig = WTERMSIG(st);
-        const char *ab = sig_abbrev(sig);
-        char num[24];
-        if (!ab) {
-            stoke__fmt(num, sizeof(num), "signal %d", sig);
-            ab = num;
-        }
-        stoke__fmt(msg, len, "worker process %d killed by %s (%s)", pid, ab, strsignal(sig));
+        char name[24]; /* SIGSEGV, or signal 34 (glibc names no real-time signal) */
+        if (sigabbrev_np(sig))
+            stoke__fmt(name, sizeof(name), "SIG%s", sigabbrev_np(sig));
+        else
+            stoke__fmt(name, sizeof(name), "signal %d", sig);
+        stoke__fmt(msg, len, "worker process %d killed by %s (%s)", pid, name, strsignal(sig));
     } else {
         stoke__fmt(msg, len, "worker process %d exited with status %d", pid,
                    WIFEXITED(st) ? WEXITSTATUS(st) : -1);
