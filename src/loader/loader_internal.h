@@ -421,10 +421,9 @@ struct stoke_loader {
     int filling;               /* (mu) batches being produced (any gen) */
     int held;                  /* (mu) delivered, not released */
     int ended;                 /* (mu) EEND until a new epoch */
-    int running;               /* (mu) worker threads started */
+    int running;               /* (mu) worker threads started (0 workers: worker_init done) */
     int quit;                  /* (mu) workers must exit */
     int init_failed;           /* (mu) a worker_init failed (status) */
-    int caller_inited;         /* consumer only: worker_init done in the caller's thread */
     stoke__producer caller;    /* the caller's thread (and a process worker's child) */
     int quiesce;               /* (mu) set_epoch is waiting for batches in production */
     int nact;                  /* (mu) workers given work: ids below it (= nworkers unless auto) */

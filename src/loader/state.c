@@ -82,10 +82,8 @@ static int reposition(stoke_loader *l, uint64_t seed, uint64_t epoch, uint64_t c
         return stoke__loader_forked_fail(l);
     quiesce(l);
     stoke__loader_unlock(l);
-    if (!l->o.persistent_workers) {
+    if (!l->o.persistent_workers)
         stoke__loader_stop_workers(l);
-        l->caller_inited = 0;
-    }
     int rc = STOKE_OK;
     if (l->ds.set_epoch)
         rc = l->ds.set_epoch(l->ds.user, epoch);

@@ -743,11 +743,16 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
-/* Consumer: starts the worker threads if they are not running. */
+/* Consumer: starts the worker threads if they are not running; with 0 workers, calls the
+ * dataset's worker_init in the caller's thread (which makes every batch) instead. */
 int stoke__loader_start_workers(stoke_loader *l)
 {
-    if (l->running || l->nworkers == 0)
+    if (l->running)
         return STOKE_OK;
+    int rc = l->nworkers || !l->ds.worker_init ? STOKE_OK : l->ds.worker_init(l->ds.user, 0, 0);
+    if (rc != STOKE_OK)
+        return stoke__loader_fail(l, rc < 0 ? rc : STOKE_EDATA, "loader: worker_init failed (%s)",
+                                  stoke_err_name(rc));
     l->quit = 0;
     for (int i = 0; i < l->nworkers; i++) {
         stoke__worker *w = &l->w[i];
