@@ -102,25 +102,15 @@ static int reposition(stoke_loader *l, uint64_t seed, uint64_t epoch, uint64_t c
     return STOKE_OK;
 }
 
+/* The seed and the epoch change only in the consumer's calls (reposition): read without `mu`. */
 int stoke_loader_set_epoch(stoke_loader *l, uint64_t epoch)
 {
-    if (!l)
-        return STOKE_EINVAL;
-    if (stoke__loader_foreign(l)) /* before mu: a fork's copy may hold it locked */
-        return stoke__loader_forked_fail(l);
-    stoke__loader_lock(l);
-    uint64_t seed = l->seed;
-    stoke__loader_unlock(l);
-    return reposition(l, seed, epoch, 0);
+    return l ? reposition(l, l->seed, epoch, 0) : STOKE_EINVAL;
 }
 
 int stoke_loader_next_epoch(stoke_loader *l)
 {
-    if (!l)
-        return STOKE_EINVAL;
-    if (stoke__loader_foreign(l))
-        return stoke__loader_forked_fail(l);
-    return stoke_loader_set_epoch(l, stoke_loader_epoch(l) + 1);
+    return l ? reposition(l, l->seed, l->epoch + 1, 0) : STOKE_EINVAL;
 }
 
 uint64_t stoke_loader_epoch(const stoke_loader *l)
