@@ -14,6 +14,12 @@
 #include "stoke/device.h"
 #include "stoke/loader.h"
 
+/* v rounded up to a multiple of a. */
+static inline size_t stoke__align_up(size_t v, size_t a)
+{
+    return (v + a - 1) / a * a;
+}
+
 /* splitmix64 finalizer (a bijection of 64-bit integers). */
 uint64_t stoke__mix64(uint64_t x);
 /* The key of every random choice in epoch `epoch` under `seed`. */

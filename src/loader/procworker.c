@@ -153,19 +153,14 @@ static void list_proc(stoke__proc *p, int on)
 
 /* ---- the parent ------------------------------------------------------------------------- */
 
-static size_t align_page(size_t v)
-{
-    return (v + 4095u) & ~(size_t)4095u;
-}
-
 /* The shared mapping (an anonymous memfd, or an allocation of the node-wide arena, which is
  * shared and pinned already), carved into: per batch handle its buffer (ragged lengths
  * included) and indices; the control records. */
 static int map_shared(stoke_loader *l, stoke__proc *p)
 {
-    size_t idx_bytes = align_page(l->cap * sizeof(uint64_t));
-    size_t per = align_page(l->buf_bytes) + idx_bytes;
-    size_t ctl_bytes = align_page((size_t)l->nworkers * sizeof(proc_ctl));
+    size_t idx_bytes = stoke__align_up(l->cap * sizeof(uint64_t), 4096);
+    size_t per = stoke__align_up(l->buf_bytes, 4096) + idx_bytes;
+    size_t ctl_bytes = stoke__align_up((size_t)l->nworkers * sizeof(proc_ctl), 4096);
     p->shm_len = per * (size_t)l->nbuf + ctl_bytes;
     void *m = MAP_FAILED;
     if (l->arena) {
@@ -196,7 +191,7 @@ static int map_shared(stoke_loader *l, stoke__proc *p)
         l->slots[i].mem = base;
         l->slots[i].pinned = (p->registered || p->from_arena) && stoke_is_pinned(base);
         l->bat[i].l = l;
-        l->bat[i].indices = (uint64_t *)(base + align_page(l->buf_bytes));
+        l->bat[i].indices = (uint64_t *)(base + stoke__align_up(l->buf_bytes, 4096));
     }
     p->ctl = (proc_ctl *)(p->shm + per * (size_t)l->nbuf);
     for (int i = 0; i < l->nworkers; i++)
