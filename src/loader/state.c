@@ -102,7 +102,8 @@ static int reposition(stoke_loader *l, uint64_t seed, uint64_t epoch, uint64_t c
     return STOKE_OK;
 }
 
-/* The seed and the epoch change only in the consumer's calls (reposition): read without `mu`. */
+/* The seed and the epoch change only in the consumer's calls (reposition), under `mu`: the
+ * consumer reads them without it. */
 int stoke_loader_set_epoch(stoke_loader *l, uint64_t epoch)
 {
     return l ? reposition(l, l->seed, epoch, 0) : STOKE_EINVAL;
@@ -117,7 +118,7 @@ uint64_t stoke_loader_epoch(const stoke_loader *l)
 {
     if (!l)
         return 0;
-    stoke_loader *m = (stoke_loader *)l;
+    stoke_loader *m = (stoke_loader *)l; /* under `mu`: Python's `epoch` reads it from any thread */
     stoke__loader_lock(m);
     uint64_t e = m->epoch;
     stoke__loader_unlock(m);
@@ -137,14 +138,12 @@ int stoke_loader_save_state(const stoke_loader *l, stoke_loader_state *out)
     memset(out, 0, sizeof(*out));
     if (l->iterable)
         return stoke__fail(STOKE_ENOTSUP, "loader: an iterable dataset has no restorable position");
-    if (stoke__loader_foreign(l)) /* before mu: a fork's copy may hold it locked */
+    if (stoke__loader_foreign(l))
         return stoke__loader_forked_fail(m);
     out->version = STOKE_LOADER_STATE_VERSION;
-    stoke__loader_lock(m);
-    out->seed = m->seed;
-    out->epoch = m->epoch;
-    out->cursor = m->prefix;
-    stoke__loader_unlock(m);
+    out->seed = l->seed; /* all three change only in the consumer's calls: read without `mu` */
+    out->epoch = l->epoch;
+    out->cursor = l->prefix;
     return STOKE_OK;
 }
 
