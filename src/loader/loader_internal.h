@@ -619,6 +619,7 @@ void stoke__loader_spin(stoke_loader *l, _Atomic uint64_t *counter);
  * otherwise.  Returns with `mu` held, the number of batches made. */
 int stoke__loader_make_group(stoke_loader *l, stoke__producer *p, uint64_t *clock);
 int stoke__loader_start_workers(stoke_loader *l);
+/* Consumer, without `mu`: asks the workers to exit and joins them (nothing if none run). */
 void stoke__loader_stop_workers(stoke_loader *l);
 /* Producer, before making a batch: when batches are small and the dataset has prefetch,
  * computes the indices of batch `seq` (the one this thread makes next) into *a and names them
