@@ -47,11 +47,6 @@ int stoke__loader_fail(stoke_loader *l, int code, const char *fmt, ...)
     return stoke__fail(code, "%s", l->err);
 }
 
-static size_t align_up(size_t v, size_t a)
-{
-    return (v + a - 1) / a * a;
-}
-
 static void cond_init_mono(pthread_cond_t *c)
 {
     pthread_condattr_t a;
@@ -277,16 +272,16 @@ static int size_buffers(stoke_loader *l)
     size_t off = 0;
     for (int f = 0; f < l->ds.nfields; f++) {
         l->off[f] = off;
-        off = align_up(off + l->cap * l->fields[f].bytes, 256);
+        off = stoke__align_up(off + l->cap * l->fields[f].bytes, 256);
     }
     for (int r = 0; r < l->nragged; r++) { /* (cap fits: the indices of a batch did) */
         l->rg[r].aux = off;
-        off = align_up(add_sz(off, mul_sz(stoke__ragged_words(l, r), sizeof(int64_t), &ok), &ok),
-                       256);
+        off = stoke__align_up(
+            add_sz(off, mul_sz(stoke__ragged_words(l, r), sizeof(int64_t), &ok), &ok), 256);
     }
     if (!ok)
         return stoke__loader_fail(l, STOKE_ERANGE, "loader: batch_size %zu is too large", bs);
-    l->buf_bytes = align_up(off, 4096);
+    l->buf_bytes = stoke__align_up(off, 4096);
     return STOKE_OK;
 }
 
@@ -595,9 +590,8 @@ static int size_loader(stoke_loader *l)
 static int open_arena(stoke_loader *l)
 {
     const char *spec = l->o.arena; /* NULL: $STOKE_ARENA decides */
-    uint64_t page = 4096, idx = (l->cap + 1) * sizeof(uint64_t);
-    uint64_t need =
-        (uint64_t)l->nbuf * (l->buf_bytes + 2 * ((idx + page - 1) / page * page)) + 16 * page;
+    size_t idx = stoke__align_up((l->cap + 1) * sizeof(uint64_t), 4096);
+    uint64_t need = (uint64_t)l->nbuf * (l->buf_bytes + 2 * idx) + 16 * 4096;
     stoke_arena *a = NULL;
     if (!l->o.pin_memory) {
         if (spec && spec[0])

@@ -14,6 +14,12 @@
 #include "stoke/device.h"
 #include "stoke/loader.h"
 
+/* v rounded up to a multiple of a. */
+static inline size_t stoke__align_up(size_t v, size_t a)
+{
+    return (v + a - 1) / a * a;
+}
+
 /* splitmix64 finalizer (a bijection of 64-bit integers). */
 uint64_t stoke__mix64(uint64_t x);
 /* The key of every random choice in epoch `epoch` under `seed`. */
@@ -421,10 +427,9 @@ struct stoke_loader {
     int filling;               /* (mu) batches being produced (any gen) */
     int held;                  /* (mu) delivered, not released */
     int ended;                 /* (mu) EEND until a new epoch */
-    int running;               /* (mu) worker threads started */
+    int running;               /* (mu) worker threads started (0 workers: worker_init done) */
     int quit;                  /* (mu) workers must exit */
     int init_failed;           /* (mu) a worker_init failed (status) */
-    int caller_inited;         /* consumer only: worker_init done in the caller's thread */
     stoke__producer caller;    /* the caller's thread (and a process worker's child) */
     int quiesce;               /* (mu) set_epoch is waiting for batches in production */
     int nact;                  /* (mu) workers given work: ids below it (= nworkers unless auto) */
@@ -614,6 +619,7 @@ void stoke__loader_spin(stoke_loader *l, _Atomic uint64_t *counter);
  * otherwise.  Returns with `mu` held, the number of batches made. */
 int stoke__loader_make_group(stoke_loader *l, stoke__producer *p, uint64_t *clock);
 int stoke__loader_start_workers(stoke_loader *l);
+/* Consumer, without `mu`: asks the workers to exit and joins them (nothing if none run). */
 void stoke__loader_stop_workers(stoke_loader *l);
 /* Producer, before making a batch: when batches are small and the dataset has prefetch,
  * computes the indices of batch `seq` (the one this thread makes next) into *a and names them

@@ -142,42 +142,7 @@ static int all_held(stoke_loader *l)
                               l->nbuf);
 }
 
-/* No workers: produces the next batch in the caller's thread.  Returns STOKE_OK with `mu` held
- * and *bp taken from the done list, or a status (EEND, an error) without `mu`.  *clock: the
- * time next() was called; on STOKE_OK, the time the batch was made (no second clock read). */
-static int next_inline(stoke_loader *l, stoke_batch **bp, uint64_t *clock)
-{
-    stoke__loader_lock(l);
-    stoke__loader_reclaim(l);
-    /* worker_init once, before the first batch, without `mu` (one lock per batch otherwise) */
-    if (l->ds.worker_init && !l->caller_inited && !stoke__loader_epoch_over(l)) {
-        stoke__loader_unlock(l);
-        int rc = l->ds.worker_init(l->ds.user, 0, 0);
-        if (rc != STOKE_OK)
-            return stoke__loader_fail(l, rc < 0 ? rc : STOKE_EDATA,
-                                      "loader: worker_init failed (%s)", stoke_err_name(rc));
-        l->caller_inited = 1;
-        *clock = stoke__now_ns(); /* worker_init is not a batch's time */
-        stoke__loader_lock(l);
-    }
-    for (;;) { /* more than once only when an iterable share ends on a batch boundary */
-        if (stoke__loader_epoch_over(l)) {
-            l->ended = 1;
-            stoke__loader_unlock(l);
-            return STOKE_EEND;
-        }
-        if (!l->nfree && !stoke__loader_reclaim(l)) {
-            stoke__loader_unlock(l);
-            return all_held(l);
-        }
-        stoke__loader_make_group(l, &l->caller, clock); /* one batch: claim_size */
-        *bp = take_done(l); /* the batch just made: nothing else is in flight */
-        if (*bp)
-            return STOKE_OK;
-    }
-}
-
-/* (mu) Threaded: the status that stops the wait for a batch, or STOKE_OK to keep waiting. */
+/* (mu) The status that stops the wait for a batch, or STOKE_OK to keep waiting. */
 static int wait_status(stoke_loader *l)
 {
     if (l->ended)
@@ -193,7 +158,7 @@ static int wait_status(stoke_loader *l)
     return STOKE_OK;
 }
 
-/* (mu) Threaded: waits for a completion, or fails the epoch when a sample passed the timeout.
+/* (mu) Workers: waits for a completion, or fails the epoch when a sample passed the timeout.
  * Returns STOKE_OK after a wake-up, STOKE_ETIMEDOUT. */
 static int wait_done(stoke_loader *l)
 {
@@ -232,22 +197,26 @@ static int wait_done(stoke_loader *l)
     return STOKE_OK;
 }
 
-/* (mu) Threaded, MAP: 1 when the caller's thread should make a batch itself rather than wait: the
- * batch it needs next is not being made by anybody (in order: the next batch to deliver has not
- * been handed out; out of order: no batch is being made at all), so waiting would cost a worker's
- * wake-up and the whole batch.  2 ("help") when a worker is making the batch it needs: it makes the
- * next batch not handed out yet (within the reorder window) instead of spinning or sleeping, so a
- * consumer starved for data adds its own core to the workers'.  It may take the batch it waited for
- * up to one batch (a group of tiny ones, see assist) later than a sleeper would have; a consumer
- * that is not starved never waits, so never helps.  Not with a timeout (timeout_ms): the consumer
- * stays free to watch the workers' samples.  3 KB rows, batch 256, 2 workers on 2 cores, 6
- * alternating runs: median 2.8 -> 3.85 M samples/s.  Batches under 20 us were first left to the
- * consumer's spin: on 2 cores that spin is a sched_yield loop beside two busy workers, and
- * helping instead took batch size 1 with 1 worker from 1.36 to 2.67 M/s, with 2 from 2.1 to 2.6,
- * batch 4 with 2 workers from 2.2 to 3.9, batch 16 from 3.6 to 5.1 (3 KB rows, medians of 3
- * alternating runs; batch 64 the same).  Such batches are made with worker id nworkers. */
+/* (mu) 1 with 0 workers: the caller's thread makes every batch (the wait loop saw that the epoch
+ * goes on and a batch is free).  With workers, MAP: 1 when the caller's thread should make a
+ * batch itself rather than wait: the batch it needs next is not being made by anybody (in order:
+ * the next batch to deliver has not been handed out; out of order: no batch is being made at all),
+ * so waiting would cost a worker's wake-up and the whole batch.  2 ("help") when a worker is making
+ * the batch it needs: it makes the next batch not handed out yet (within the reorder window)
+ * instead of spinning or sleeping, so a consumer starved for data adds its own core to the
+ * workers'.  It may take the batch it waited for up to one batch (a group of tiny ones, see assist)
+ * later than a sleeper would have; a consumer that is not starved never waits, so never helps.  Not
+ * with a timeout (timeout_ms): the consumer stays free to watch the workers' samples.  3 KB rows,
+ * batch 256, 2 workers on 2 cores, 6 alternating runs: median 2.8 -> 3.85 M samples/s.  Batches
+ * under 20 us were first left to the consumer's spin: on 2 cores that spin is a sched_yield loop
+ * beside two busy workers, and helping instead took batch size 1 with 1 worker from 1.36 to 2.67
+ * M/s, with 2 from 2.1 to 2.6, batch 4 with 2 workers from 2.2 to 3.9, batch 16 from 3.6 to 5.1 (3
+ * KB rows, medians of 3 alternating runs; batch 64 the same).  Such batches are made with worker id
+ * nworkers. */
 static int assist_wanted(const stoke_loader *l)
 {
+    if (l->plan.caller_all)
+        return 1;
     if (!l->plan.assist || l->ended || l->init_failed || !l->nfree || l->quiesce ||
         l->next_dispatch >= l->nbatches)
         return 0;
@@ -258,20 +227,19 @@ static int assist_wanted(const stoke_loader *l)
     return help ? 2 : 0;
 }
 
-/* Workers: waits for the next deliverable batch.  Returns as next_inline does.  *t0: 0 on
- * entry; set to the time the wait began when the batch was not there at once (a batch that
- * was ready costs no clock read). */
-static int next_threaded(stoke_loader *l, stoke_batch **bp, uint64_t *t0)
+/* Waits for the next deliverable batch, or makes it in the caller's thread (every batch with 0
+ * workers).  Returns STOKE_OK with `mu` held and *bp taken from the done list, or a status
+ * (EEND, an error) without `mu`.  *t0: 0 on entry; set to the time the wait began when the
+ * batch was not there at once (a batch that was ready costs no clock read).  *made: the time
+ * the caller's thread finished making a batch, when nothing happened after it (the delivery's
+ * time without a clock read), else 0. */
+static int next_batch(stoke_loader *l, stoke_batch **bp, uint64_t *t0, uint64_t *made)
 {
     stoke__loader_lock(l);
-    if (l->ended) {
-        stoke__loader_unlock(l);
-        return STOKE_EEND;
-    }
     int rc;
-    if (!l->running) { /* (the caller's own state) starting the workers is waited for */
+    if (!l->running && !l->ended) { /* (the caller's own state) starting them is waited for */
         stoke__loader_unlock(l);
-        *t0 = stoke__now_ns();
+        *t0 = l->nworkers ? stoke__now_ns() : 0; /* (worker_init is not a batch's time) */
         if ((rc = stoke__loader_start_workers(l)) != STOKE_OK)
             return rc;
         stoke__loader_lock(l);
@@ -279,10 +247,11 @@ static int next_threaded(stoke_loader *l, stoke_batch **bp, uint64_t *t0)
     stoke__loader_reclaim(l);
     int spun = 0;
     while ((rc = wait_status(l)) == STOKE_OK) {
-        if ((*bp = take_done(l)) != NULL)
+        /* (with 0 workers a batch is done only just after the caller's thread made it, below) */
+        if (!l->plan.caller_all && (*bp = take_done(l)) != NULL)
             return STOKE_OK;
         if (!*t0)
-            *t0 = stoke__now_ns();
+            *t0 = *made = stoke__now_ns();
         if (stoke__loader_epoch_over(l)) {
             l->ended = 1;
             rc = STOKE_EEND;
@@ -296,12 +265,15 @@ static int next_threaded(stoke_loader *l, stoke_batch **bp, uint64_t *t0)
         }
         int why = assist_wanted(l);
         if (why) { /* a group when batches are tiny, as a worker takes (make_group) */
-            int n = stoke__loader_make_group(l, &l->caller, NULL);
-            l->st.assisted_batches += (uint64_t)n;
+            int n = stoke__loader_make_group(l, &l->caller, made);
+            l->st.assisted_batches += l->plan.caller_all ? 0 : (uint64_t)n;
             l->st_helped += why == 2 ? (uint64_t)n : 0;
+            if (l->plan.caller_all && (*bp = take_done(l)) != NULL)
+                return STOKE_OK; /* (none: an ITERABLE share ended on a batch boundary) */
             spun = 0;
             continue;
         }
+        *made = 0;   /* a spin or a wait: the time is read again */
         if (!spun) { /* then look again: the spin may have missed a change made under mu */
             spun = 1;
             if (l->filling) /* while a batch is being made */
@@ -331,11 +303,11 @@ int stoke_loader_next(stoke_loader *l, stoke_batch **out)
     *out = NULL;
     if (stoke__loader_foreign(l))
         return stoke__loader_forked_fail(l);
-    /* the wait: from the call (no workers: to the batch's end, read once by produce), or with
-     * workers from the moment the batch was not there; a ready batch costs no clock read */
-    uint64_t t0 = l->nworkers == 0 ? stoke__now_ns() : 0, clock = t0;
+    /* the wait: from the moment the batch was not there (a ready batch costs no clock read) to
+     * its delivery, or to the end of the caller's thread's making it */
+    uint64_t t0 = 0, made = 0;
     stoke_batch *b = NULL;
-    int rc = l->nworkers == 0 ? next_inline(l, &b, &clock) : next_threaded(l, &b, &t0);
+    int rc = next_batch(l, &b, &t0, &made);
     if (rc != STOKE_OK)
         return rc;
     /* (mu) held, b taken from the done list */
@@ -346,7 +318,7 @@ int stoke_loader_next(stoke_loader *l, stoke_batch **out)
         return rc;
     }
     delivered(l, b);
-    uint64_t now = l->nworkers == 0 ? clock : t0 ? stoke__now_ns() : 0;
+    uint64_t now = made ? made : t0 ? stoke__now_ns() : 0;
     uint64_t waited = t0 ? now - t0 : 0;
     l->st_wait_ns += waited;
     stoke__hist_add(&l->wait_hist, waited);

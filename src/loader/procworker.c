@@ -153,19 +153,14 @@ static void list_proc(stoke__proc *p, int on)
 
 /* ---- the parent ------------------------------------------------------------------------- */
 
-static size_t align_page(size_t v)
-{
-    return (v + 4095u) & ~(size_t)4095u;
-}
-
 /* The shared mapping (an anonymous memfd, or an allocation of the node-wide arena, which is
  * shared and pinned already), carved into: per batch handle its buffer (ragged lengths
  * included) and indices; the control records. */
 static int map_shared(stoke_loader *l, stoke__proc *p)
 {
-    size_t idx_bytes = align_page(l->cap * sizeof(uint64_t));
-    size_t per = align_page(l->buf_bytes) + idx_bytes;
-    size_t ctl_bytes = align_page((size_t)l->nworkers * sizeof(proc_ctl));
+    size_t idx_bytes = stoke__align_up(l->cap * sizeof(uint64_t), 4096);
+    size_t per = stoke__align_up(l->buf_bytes, 4096) + idx_bytes;
+    size_t ctl_bytes = stoke__align_up((size_t)l->nworkers * sizeof(proc_ctl), 4096);
     p->shm_len = per * (size_t)l->nbuf + ctl_bytes;
     void *m = MAP_FAILED;
     if (l->arena) {
@@ -196,7 +191,7 @@ static int map_shared(stoke_loader *l, stoke__proc *p)
         l->slots[i].mem = base;
         l->slots[i].pinned = (p->registered || p->from_arena) && stoke_is_pinned(base);
         l->bat[i].l = l;
-        l->bat[i].indices = (uint64_t *)(base + align_page(l->buf_bytes));
+        l->bat[i].indices = (uint64_t *)(base + stoke__align_up(l->buf_bytes, 4096));
     }
     p->ctl = (proc_ctl *)(p->shm + per * (size_t)l->nbuf);
     for (int i = 0; i < l->nworkers; i++)
@@ -357,22 +352,6 @@ static int spawn(stoke_loader *l, int wid, char *msg, size_t len)
     return STOKE_OK;
 }
 
-static const char *sig_abbrev(int sig)
-{
-    switch (sig) {
-    case SIGSEGV: return "SIGSEGV";
-    case SIGKILL: return "SIGKILL";
-    case SIGABRT: return "SIGABRT";
-    case SIGBUS: return "SIGBUS";
-    case SIGFPE: return "SIGFPE";
-    case SIGILL: return "SIGILL";
-    case SIGTERM: return "SIGTERM";
-    case SIGINT: return "SIGINT";
-    case SIGPIPE: return "SIGPIPE";
-    default: return NULL;
-    }
-}
-
 /* Closes worker wid's socket, reaps its child through the zygote (SIGKILL first when `kill`)
  * and describes how it ended into msg. */
 static void reap(stoke_loader *l, int wid, int kill_it, char *msg, size_t len)
@@ -396,13 +375,12 @@ static void reap(stoke_loader *l, int wid, int kill_it, char *msg, size_t len)
     int st = rep.status;
     if (WIFSIGNALED(st)) {
         int sig = WTERMSIG(st);
-        const char *ab = sig_abbrev(sig);
-        char num[24];
-        if (!ab) {
-            stoke__fmt(num, sizeof(num), "signal %d", sig);
-            ab = num;
-        }
-        stoke__fmt(msg, len, "worker process %d killed by %s (%s)", pid, ab, strsignal(sig));
+        char name[24]; /* SIGSEGV, or signal 34 (glibc names no real-time signal) */
+        if (sigabbrev_np(sig))
+            stoke__fmt(name, sizeof(name), "SIG%s", sigabbrev_np(sig));
+        else
+            stoke__fmt(name, sizeof(name), "signal %d", sig);
+        stoke__fmt(msg, len, "worker process %d killed by %s (%s)", pid, name, strsignal(sig));
     } else {
         stoke__fmt(msg, len, "worker process %d exited with status %d", pid,
                    WIFEXITED(st) ? WEXITSTATUS(st) : -1);

@@ -48,9 +48,7 @@ uint64_t stoke__epoch_key(uint64_t seed, uint64_t epoch)
 static void feistel_init(stoke__feistel *f, uint64_t n, uint64_t key)
 {
     /* The domain: the smallest power of two with an even number of bits (at least 2) >= n. */
-    unsigned bits = 0;
-    while (bits < 64 && (n - 1) >> bits)
-        bits++;
+    unsigned bits = n > 1 ? 64 - (unsigned)__builtin_clzll(n - 1) : 0;
     if (bits & 1)
         bits++;
     if (bits < 2)
@@ -307,42 +305,30 @@ __attribute__((target("avx2"))) static void feistel_apply_all_avx2(const stoke__
 
 int stoke__feistel_simd = 1;
 
-/* 1 when this build has the AVX2 lanes and this CPU has AVX2.  Asked once. */
-static int feistel_cpu(void)
-{
-    static int cpu = -1;
-    int has = __atomic_load_n(&cpu, __ATOMIC_RELAXED);
-    if (has < 0) {
-        has = 0;
-#ifdef STOKE__FEISTEL_AVX2
-        __builtin_cpu_init();
-        has = __builtin_cpu_supports("avx2") ? 1 : 0;
-#endif
-        __atomic_store_n(&cpu, has, __ATOMIC_RELAXED);
-    }
-    return has;
-}
-
+/* 1 when this build has the AVX2 lanes, the CPU has AVX2 (libgcc asks it once, when the library
+ * is loaded) and stoke__feistel_simd is not 0. */
 int stoke__feistel_simd_in_use(void)
 {
-    return __atomic_load_n(&stoke__feistel_simd, __ATOMIC_RELAXED) > 0 && feistel_cpu();
+#ifdef STOKE__FEISTEL_AVX2
+    return __atomic_load_n(&stoke__feistel_simd, __ATOMIC_RELAXED) > 0 &&
+           __builtin_cpu_supports("avx2");
+#else
+    return 0;
+#endif
 }
 
 static void feistel_apply_all(const stoke__feistel *f, uint64_t *v, size_t count)
 {
     if (f->n <= 1)
         return;
-    if (f->tab) {
+    if (f->tab)
         feistel_walk_all(f, v, count, 1);
-        return;
-    }
 #ifdef STOKE__FEISTEL_AVX2
-    if (count >= FEISTEL_LANES && stoke__feistel_simd_in_use()) {
+    else if (count >= FEISTEL_LANES && stoke__feistel_simd_in_use())
         feistel_apply_all_avx2(f, v, count);
-        return;
-    }
 #endif
-    feistel_walk_all(f, v, count, 0);
+    else
+        feistel_walk_all(f, v, count, 0);
 }
 
 uint64_t stoke_permute(uint64_t x, uint64_t n, uint64_t key)

@@ -82,10 +82,8 @@ static int reposition(stoke_loader *l, uint64_t seed, uint64_t epoch, uint64_t c
         return stoke__loader_forked_fail(l);
     quiesce(l);
     stoke__loader_unlock(l);
-    if (!l->o.persistent_workers) {
+    if (!l->o.persistent_workers)
         stoke__loader_stop_workers(l);
-        l->caller_inited = 0;
-    }
     int rc = STOKE_OK;
     if (l->ds.set_epoch)
         rc = l->ds.set_epoch(l->ds.user, epoch);
@@ -104,32 +102,23 @@ static int reposition(stoke_loader *l, uint64_t seed, uint64_t epoch, uint64_t c
     return STOKE_OK;
 }
 
+/* The seed and the epoch change only in the consumer's calls (reposition), under `mu`: the
+ * consumer reads them without it. */
 int stoke_loader_set_epoch(stoke_loader *l, uint64_t epoch)
 {
-    if (!l)
-        return STOKE_EINVAL;
-    if (stoke__loader_foreign(l)) /* before mu: a fork's copy may hold it locked */
-        return stoke__loader_forked_fail(l);
-    stoke__loader_lock(l);
-    uint64_t seed = l->seed;
-    stoke__loader_unlock(l);
-    return reposition(l, seed, epoch, 0);
+    return l ? reposition(l, l->seed, epoch, 0) : STOKE_EINVAL;
 }
 
 int stoke_loader_next_epoch(stoke_loader *l)
 {
-    if (!l)
-        return STOKE_EINVAL;
-    if (stoke__loader_foreign(l))
-        return stoke__loader_forked_fail(l);
-    return stoke_loader_set_epoch(l, stoke_loader_epoch(l) + 1);
+    return l ? reposition(l, l->seed, l->epoch + 1, 0) : STOKE_EINVAL;
 }
 
 uint64_t stoke_loader_epoch(const stoke_loader *l)
 {
     if (!l)
         return 0;
-    stoke_loader *m = (stoke_loader *)l;
+    stoke_loader *m = (stoke_loader *)l; /* under `mu`: Python's `epoch` reads it from any thread */
     stoke__loader_lock(m);
     uint64_t e = m->epoch;
     stoke__loader_unlock(m);
@@ -149,14 +138,12 @@ int stoke_loader_save_state(const stoke_loader *l, stoke_loader_state *out)
     memset(out, 0, sizeof(*out));
     if (l->iterable)
         return stoke__fail(STOKE_ENOTSUP, "loader: an iterable dataset has no restorable position");
-    if (stoke__loader_foreign(l)) /* before mu: a fork's copy may hold it locked */
+    if (stoke__loader_foreign(l))
         return stoke__loader_forked_fail(m);
     out->version = STOKE_LOADER_STATE_VERSION;
-    stoke__loader_lock(m);
-    out->seed = m->seed;
-    out->epoch = m->epoch;
-    out->cursor = m->prefix;
-    stoke__loader_unlock(m);
+    out->seed = l->seed; /* all three change only in the consumer's calls: read without `mu` */
+    out->epoch = l->epoch;
+    out->cursor = l->prefix;
     return STOKE_OK;
 }
 

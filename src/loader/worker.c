@@ -747,24 +747,39 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
-/* Consumer: starts the worker threads if they are not running. */
+/* Consumer, without `mu`: asks the workers to exit and joins the first n. */
+static void join_workers(stoke_loader *l, int n)
+{
+    stoke__loader_lock(l);
+    l->quit = 1;
+    pthread_cond_broadcast(&l->work_cv);
+    stoke__loader_unlock(l);
+    for (int i = 0; i < n; i++)
+        pthread_join(l->w[i].th, NULL);
+    stoke__loader_lock(l);
+    l->quit = 0;
+    l->running = 0;
+    l->init_failed = 0;
+    stoke__loader_unlock(l);
+}
+
+/* Consumer: starts the worker threads if they are not running; with 0 workers, calls the
+ * dataset's worker_init in the caller's thread (which makes every batch) instead. */
 int stoke__loader_start_workers(stoke_loader *l)
 {
-    if (l->running || l->nworkers == 0)
+    if (l->running)
         return STOKE_OK;
+    int rc = l->nworkers || !l->ds.worker_init ? STOKE_OK : l->ds.worker_init(l->ds.user, 0, 0);
+    if (rc != STOKE_OK)
+        return stoke__loader_fail(l, rc < 0 ? rc : STOKE_EDATA, "loader: worker_init failed (%s)",
+                                  stoke_err_name(rc));
     l->quit = 0;
     for (int i = 0; i < l->nworkers; i++) {
         stoke__worker *w = &l->w[i];
         atomic_store(&w->busy_since, 0);
         int e = pthread_create(&w->th, NULL, worker_main, w);
         if (e) {
-            stoke__loader_lock(l);
-            l->quit = 1;
-            pthread_cond_broadcast(&l->work_cv);
-            stoke__loader_unlock(l);
-            for (int j = 0; j < i; j++)
-                pthread_join(l->w[j].th, NULL);
-            l->quit = 0;
+            join_workers(l, i);
             return stoke__loader_fail(l, STOKE_ENOMEM, "loader: cannot start worker %d: %s", i,
                                       strerror(e));
         }
@@ -773,20 +788,8 @@ int stoke__loader_start_workers(stoke_loader *l)
     return STOKE_OK;
 }
 
-/* Consumer, without `mu`: asks the workers to exit and joins them. */
 void stoke__loader_stop_workers(stoke_loader *l)
 {
-    if (!l->running)
-        return;
-    stoke__loader_lock(l);
-    l->quit = 1;
-    pthread_cond_broadcast(&l->work_cv);
-    stoke__loader_unlock(l);
-    for (int i = 0; i < l->nworkers; i++)
-        pthread_join(l->w[i].th, NULL);
-    stoke__loader_lock(l);
-    l->quit = 0;
-    l->running = 0;
-    l->init_failed = 0;
-    stoke__loader_unlock(l);
+    if (l->running)
+        join_workers(l, l->nworkers);
 }
