@@ -26,6 +26,14 @@ def need(*modules):
     return out[0] if len(out) == 1 else out
 
 
+def no_forked_python_under_tsan():
+    """Skips (exit 77) under ThreadSanitizer: the test needs worker processes forked from this
+    multithreaded interpreter that run Python and torch (STOKE_PY_TSAN says why)."""
+    why = os.environ.get("STOKE_PY_TSAN")
+    if why:
+        skip(why)
+
+
 def use_simdev():
     """Makes the simulated accelerator (the simdev plugin) the current one, so that batches
     come from the pinned pool.  Must run before stoke's first call."""

@@ -10,6 +10,8 @@ import collections
 
 import stoke_testlib as T
 
+T.no_forked_python_under_tsan()
+
 np = T.need("numpy")
 import dropin_lib as L  # noqa: E402
 from dropin_lib import case, check_len, check_multiset, check_sequential, epoch, pair  # noqa: E402

@@ -9,6 +9,8 @@ import random
 
 import stoke_testlib as T
 
+T.no_forked_python_under_tsan()
+
 import dropin_lib as L  # noqa: E402
 from dropin_lib import case, check_len, check_multiset, check_sequential, epoch, pair  # noqa: E402
 

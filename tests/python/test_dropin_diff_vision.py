@@ -14,6 +14,8 @@ import time
 
 import stoke_testlib as T
 
+T.no_forked_python_under_tsan()
+
 np = T.need("numpy")
 torchvision = T.need("torchvision")
 import dropin_lib as L  # noqa: E402

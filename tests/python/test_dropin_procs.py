@@ -20,6 +20,8 @@ import traceback
 
 import stoke_testlib as T
 
+T.no_forked_python_under_tsan()
+
 # Under the library's ASan the runtime catches SIGSEGV itself (the worker would exit with status
 # 1, not die by the signal): off for this test, before the runtime starts (forks inherit it).
 asan = os.environ.get("ASAN_OPTIONS")

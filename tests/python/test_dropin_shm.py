@@ -10,6 +10,8 @@ import sys
 
 import stoke_testlib as T
 
+T.no_forked_python_under_tsan()
+
 SIZE = 64 << 20
 
 if sys.argv[1:] != ["--inner"]:

@@ -9,6 +9,8 @@ import gc
 
 import stoke_testlib as T
 
+T.no_forked_python_under_tsan()
+
 T.use_simdev()
 import dropin_lib as L  # noqa: E402
 from dropin_lib import case  # noqa: E402

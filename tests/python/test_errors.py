@@ -11,6 +11,8 @@ import warnings
 
 import stoke_testlib as T
 
+T.no_forked_python_under_tsan()
+
 np, torch = T.need("numpy", "torch")
 import stoke  # noqa: E402
 

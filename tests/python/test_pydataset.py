@@ -7,6 +7,8 @@ function of the seed and the epoch).  Unshuffled, the rows and labels equal the 
 from .npy by the C source."""
 import stoke_testlib as T
 
+T.no_forked_python_under_tsan()
+
 np, torch = T.need("numpy", "torch")
 from torch.utils.data import DataLoader as TorchLoader, RandomSampler  # noqa: E402
 

@@ -60,7 +60,7 @@ try:
         r = subprocess.run(["curl", "-sS", "-f", "--aws-sigv4", "aws:amz:us-east-1:s3", "--user",
                             "S3RVER:S3RVER", "-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD",
                             "-T", p, srv.url("shards/train/" + os.path.basename(p))],
-                           capture_output=True, text=True)
+                           capture_output=True, text=True, env=S.server_env())
         T.check(r.returncode == 0, "upload of %s: %s" % (p, r.stderr))
     secret = "S3RVER-secret-not-to-be-printed"
     creds = {"AWS_ENDPOINT_URL": srv.url(""), "AWS_ACCESS_KEY_ID": "S3RVER",

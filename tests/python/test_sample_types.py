@@ -13,6 +13,8 @@ import re
 
 import stoke_testlib as T
 
+T.no_forked_python_under_tsan()
+
 np, torch = T.need("numpy", "torch")
 from torch.utils.data import DataLoader as TorchLoader  # noqa: E402
 

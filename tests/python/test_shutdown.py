@@ -11,6 +11,8 @@ import time
 
 import stoke_testlib as T
 
+T.no_forked_python_under_tsan()
+
 T.need("numpy", "torch")
 CHILD = r"""
 import sys, time, warnings, numpy as np, stoke

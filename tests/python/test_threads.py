@@ -14,6 +14,8 @@ import time
 
 import stoke_testlib as T
 
+T.no_forked_python_under_tsan()
+
 np = T.need("numpy")
 T.need("torch")
 import stoke  # noqa: E402

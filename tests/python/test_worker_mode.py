@@ -11,6 +11,8 @@ import os
 
 import stoke_testlib as T
 
+T.no_forked_python_under_tsan()
+
 np, torch = T.need("numpy", "torch")
 from torch.utils.data import DataLoader as TorchLoader, get_worker_info  # noqa: E402
 

@@ -119,7 +119,8 @@ def start_nginx(root, prefix, tls=None):
                                       tls=TLS.format(cert=tls[0], key=tls[1]) if tls else ""))
         log = open(os.path.join(prefix, "stderr.log"), "w")
         proc = subprocess.Popen([exe, "-p", prefix, "-c", conf, "-e", prefix + "/error.log"],
-                                stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+                                stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+                                env=server_env())
         if wait_port(port, proc, "nginx"):
             return Server(proc, port, [os.path.join(prefix, "error.log")],
                           "https" if tls else "http")
@@ -138,13 +139,22 @@ def access_log(prefix):
     return rows
 
 
+def server_env():
+    """The servers' environment: without the sanitizer runtime the test's python was started
+    with (LD_PRELOAD of libtsan/libasan into nginx or node hangs or kills them)."""
+    env = dict(os.environ)
+    for k in ("LD_PRELOAD", "TSAN_OPTIONS", "ASAN_OPTIONS", "UBSAN_OPTIONS"):
+        env.pop(k, None)
+    return env
+
+
 def start_fault_server(root, workdir):
     """fault_server.py (tests/remote) serving root; its modes are in that file's docstring."""
     port_file = os.path.join(workdir, "fault.port")
     log = os.path.join(workdir, "fault.log")
     proc = subprocess.Popen([sys.executable, os.path.join(HERE, "fault_server.py"), root,
                              port_file], stdout=open(log, "w"), stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL)
+                            stdin=subprocess.DEVNULL, env=server_env())
     end = time.monotonic() + 20
     while not os.path.exists(port_file) or not open(port_file).read().endswith("\n"):
         if proc.poll() is not None or time.monotonic() > end:
@@ -169,7 +179,8 @@ def start_s3rver(workdir, bucket):
         port = free_port()
         proc = subprocess.Popen([node, js, "-d", data, "-a", "127.0.0.1", "-p", str(port),
                                  "--configure-bucket", bucket], stdout=open(log, "w"),
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=server_env())
         if wait_port(port, proc, "s3rver"):
             return Server(proc, port, [log])
         proc.wait()
