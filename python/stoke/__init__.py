@@ -312,7 +312,11 @@ class DataLoader(_stoke.Loader):
             raise ValueError("stoke: device= takes a source string; with a Python dataset "
                              "move the pinned batch with .to(device, non_blocking=True)")
         if worker_mode is None:
-            worker_mode = "processes" if num_workers > 0 else "threads"
+            # a TensorDataset's batches are index_selects, which run without the GIL: threads
+            # serve them with no fork (no zygote, no copy of the process); else processes
+            rows = (_dropin._tensor_rows(dataset) is not None and collate_fn is None
+                    and pad is None and batch_size is not None)
+            worker_mode = "processes" if num_workers > 0 and not rows else "threads"
         if worker_mode not in ("processes", "threads"):
             raise ValueError("stoke: worker_mode must be 'processes' or 'threads', not %r"
                              % (worker_mode,))
@@ -338,7 +342,7 @@ class DataLoader(_stoke.Loader):
         if pin_memory is None:
             pin_memory = pin_memory_device is not None or _stoke.accelerator() is not None
         processes = worker_mode == "processes" and num_workers > 0
-        if not processes and num_workers >= 2:
+        if not processes and num_workers >= 2 and _dropin._tensor_rows(dataset) is None:
             _warn_threads(dataset, num_workers)
         w = _dropin._Writer(self, dataset, iterable, batch_size, drop_last, sampler,
                             batch_sampler, shuffle, _index(seed, "seed"), generator, collate_fn,

@@ -665,7 +665,7 @@ class _Writer:
         return block.finish(self.collator(block, samples))
 
     def fill(self, i, worker, view):
-        if not self.processes and self.num_workers > 1:
+        if not self.processes and self.num_workers > 1 and not self.rows_path:
             # Worker threads share the interpreter's globals (RNGs): one batch at a time, so
             # that a dataset reseeding a global RNG per item delivers exactly ds[i].
             with self.fill_lock:
