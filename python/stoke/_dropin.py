@@ -695,29 +695,40 @@ class _Writer:
         except Exception as e:  # noqa: BLE001 - the consumer re-raises it
             return self.fail(i, worker, e, where[0])
 
+    def next_samples(self, key):
+        """The next batch's samples from iterator `key` (this worker's own copy of the dataset
+        iterated; threads share key 0), [] at its end or, with drop_last, at a short batch."""
+        with self.iter_lock:
+            it = self.iters.get(key)
+            if it is None:
+                it = self.iters[key] = iter(self.dataset)
+            samples = []
+            n = self.batch_size or 1
+            for s in it:
+                samples.append(s)
+                if len(samples) == n:
+                    break
+        return [] if self.drop_last and len(samples) < n else samples
+
+    def write_samples(self, block, samples):
+        """An iterable's batch into the block: collate_fn, default_convert or default_collate."""
+        if self.collate_fn is not None:
+            return block.finish(self.collate_fn(samples))
+        if self.batch_size is None:
+            return block.finish(_convert(samples[0]))
+        return block.finish(self.collator(block, samples))
+
+    def next_fill_probe(self, block):
+        samples = self.next_samples(0)
+        return self.write_samples(block, samples) if samples else 0
+
     def next_fill(self, worker, view):
         key = worker if self.worker >= 0 else 0  # threads share one iterator: each sample once
         try:
-            with self.iter_lock:
-                it = self.iters.get(key)
-                if it is None:
-                    it = self.iters[key] = iter(self.dataset)
-                samples = []
-                n = self.batch_size or 1
-                for s in it:
-                    samples.append(s)
-                    if len(samples) == n:
-                        break
-            if not samples or (self.drop_last and len(samples) < n):
+            samples = self.next_samples(key)
+            if not samples:
                 return 0
-            block = _Block(view)
-            if self.collate_fn is not None:
-                used = block.finish(self.collate_fn(samples))
-            elif self.batch_size is None:
-                used = block.finish(_convert(samples[0]))
-            else:
-                used = block.finish(self.collator(block, samples))
-            return (used, 0)
+            return (self.write_samples(_Block(view), samples), 0)
         except _Overflow as o:
             return ("stoke: a batch of the iterable dataset needs %d bytes, its block holds %d: "
                     "pass max_batch_bytes=%d or more" % (o.need, len(view), 2 * o.need))
@@ -988,24 +999,3 @@ def _probe_one(w, indices):
         except _Overflow as o:
             size = _align(o.need) * 2
 
-
-def _next_fill_probe(self, block):
-    it = self.iters.get(0)
-    if it is None:
-        it = self.iters[0] = iter(self.dataset)
-    samples = []
-    n = self.batch_size or 1
-    for s in it:
-        samples.append(s)
-        if len(samples) == n:
-            break
-    if not samples:
-        return 0
-    if self.collate_fn is not None:
-        return block.finish(self.collate_fn(samples))
-    if self.batch_size is None:
-        return block.finish(_convert(samples[0]))
-    return block.finish(self.collator(block, samples))
-
-
-_Writer.next_fill_probe = _next_fill_probe
