@@ -164,12 +164,6 @@ static int loader_init(PyObject *obj, PyObject *args, PyObject *kw)
         return -1;
     }
     if (mode && strcmp(mode, "processes") == 0) {
-        if (dataset && dataset != Py_None) { /* stoke.DataLoader wraps it in a writer */
-            PyErr_SetString(PyExc_ValueError,
-                            "stoke: worker_mode='processes' takes a source string; a Python "
-                            "dataset runs on worker threads");
-            return -1;
-        }
         o.worker_mode = STOKE_WORKER_PROCESSES;
     } else if (mode && strcmp(mode, "threads") != 0) {
         PyErr_Format(PyExc_ValueError,

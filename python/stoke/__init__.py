@@ -344,7 +344,7 @@ class DataLoader(_stoke.Loader):
         processes = worker_mode == "processes" and num_workers > 0
         if not processes and num_workers >= 2 and _dropin._tensor_rows(dataset) is None:
             _warn_threads(dataset, num_workers)
-        w = _dropin._Writer(self, dataset, iterable, batch_size, drop_last, sampler,
+        w = _dropin._Writer(dataset, iterable, batch_size, drop_last, sampler,
                             batch_sampler, shuffle, _index(seed, "seed"), generator, collate_fn,
                             worker_init_fn, num_workers, processes, bool(persistent_workers),
                             pad, pad_to_multiple_of, max_length, bool(return_lengths),

@@ -99,13 +99,13 @@ class _Block:
         return self.u8[off:off + n * itemsize].view(dtype).view(tuple(shape))
 
     def array(self, dtype, shape):
-        """A new NumPy array in the block."""
+        """A new NumPy array in the block, and its offset."""
         dtype = np.dtype(dtype)
         n = 1
         for d in shape:
             n *= d
         off = self.take(n * dtype.itemsize)
-        return np.frombuffer(self.view, dtype=dtype, count=n, offset=off).reshape(shape)
+        return np.frombuffer(self.view, dtype=dtype, count=n, offset=off).reshape(shape), off
 
     def ref_tensor(self, t):
         """A persistent id of tensor t: its place in the block, copied there if it is not."""
@@ -127,9 +127,8 @@ class _Block:
     def ref_array(self, a):
         if a.dtype.kind not in _NP_KINDS or a.dtype.hasobject:
             return None
-        dst = self.array(a.dtype, a.shape)
+        dst, off = self.array(a.dtype, a.shape)
         dst[...] = a
-        off = dst.__array_interface__["data"][0] - _addr(self.view) if a.size else 0
         return ("n", off, a.dtype.str, a.shape)
 
     def finish(self, obj):
@@ -144,10 +143,6 @@ class _Block:
         struct.pack_into("<QQQ", self.view, 0, MAGIC, off, len(data))
         self.pickled = len(data)
         return off + len(data)
-
-
-def _addr(view):
-    return np.frombuffer(view, dtype=np.uint8).__array_interface__["data"][0]
 
 
 class _BlockPickler(pickle.Pickler):
@@ -252,7 +247,7 @@ class _Collator:
                 return list(batch)
             if torch is not None:
                 return self.collate(block, [torch.as_tensor(b) for b in batch], path)
-            out = block.array(elem.dtype, (len(batch),) + elem.shape)
+            out = block.array(elem.dtype, (len(batch),) + elem.shape)[0]
             np.stack(batch, out=out)
             return out
         if np is not None and isinstance(elem, (np.number, np.bool_)):
@@ -437,7 +432,7 @@ def _permutation(n, seed, epoch):
 # ---- the writer the C loader calls ------------------------------------------------------------
 
 class _Writer:
-    def __init__(self, dl, dataset, iterable, batch_size, drop_last, sampler, batch_sampler,
+    def __init__(self, dataset, iterable, batch_size, drop_last, sampler, batch_sampler,
                  shuffle, seed, generator, collate_fn, worker_init_fn, num_workers, processes,
                  persistent, pad, pad_to_multiple_of, max_length, return_lengths, rank, world):
         self.dataset = dataset
@@ -773,20 +768,24 @@ class _Writer:
             self.blob_bytes = max(4096, (need * 2 + (256 << 10) + 4095) & ~4095)
 
     def decode(self, b):
-        field = b[0]
-        view = memoryview(field).cast("B")
+        view = memoryview(b[0]).cast("B")
         magic, a, n = struct.unpack_from("<QQQ", view, 0)
         if magic == MAGIC_END:
             return _End(a)
         if magic == MAGIC_OVER:
             return self.rebuild(b, a)
         if magic != MAGIC:
-            raise RuntimeError("stoke: batch %d's block has no batch (magic %#x)"
-                               % (b.indices_list()[0] if hasattr(b, "indices_list") else -1,
-                                  magic))
-        u8 = torch.from_dlpack(field).view(-1) if torch is not None else None
+            raise RuntimeError("stoke: batch %d's block holds no batch (magic %#x)"
+                               % (int(np.asarray(b.indices)[0]), magic))
+        u8 = torch.from_dlpack(b[0]).view(-1) if torch is not None else None
+        return self.load(view, u8, b.is_pinned)
+
+    def load(self, view, u8, pinned):
+        """The batch in a block (view; u8 its torch uint8 tensor, or None): its structure
+        unpickled, each tensor a view of the block."""
+        _, a, n = struct.unpack_from("<QQQ", view, 0)
         out = _BlockUnpickler(io.BytesIO(view[a:a + n]), u8, view).load()
-        if self.collate_fn is not None and self.pin and b.is_pinned:
+        if self.collate_fn is not None and self.pin and pinned:
             out = _pin_custom(out)
         return out
 
@@ -808,7 +807,7 @@ class _Writer:
         dst = memoryview(buf).cast("B")
         dst[:a + n] = view[:a + n]
         u8 = torch.frombuffer(buf, dtype=torch.uint8) if torch is not None else None
-        return _BlockUnpickler(io.BytesIO(dst[a:a + n]), u8, dst).load()
+        return self.load(dst, u8, buf.pinned)
 
     def rebuild(self, b, need):
         """A batch too large for its block: made again here, in ordinary memory."""
@@ -820,14 +819,10 @@ class _Writer:
                           "max_batch_bytes=%d to keep them pinned and in the workers"
                           % (i, need, self.blob_bytes, 2 * need), RuntimeWarning, stacklevel=3)
         indices = self.plan.batch(i).tolist()
-        samples = self.fetch(indices, [None])
         buf = bytearray(_align(need) + (1 << 20))
-        block = _Block(memoryview(buf))
-        self.write(block, samples, indices)
-        view = memoryview(buf)
-        _, a, n = struct.unpack_from("<QQQ", view, 0)
+        self.write(_Block(memoryview(buf)), self.fetch(indices, [None]), indices)
         u8 = torch.frombuffer(buf, dtype=torch.uint8) if torch is not None else None
-        return _BlockUnpickler(io.BytesIO(view[a:a + n]), u8, view).load()
+        return self.load(memoryview(buf), u8, False)
 
     def name_batch(self, err):
         """The loader's "sample" is the batch's number in the epoch: the message says batch,
@@ -975,27 +970,27 @@ def _probe(w):
     return int(text)
 
 
-def _probe_size(w, samples, indices):
-    """(bytes used, bytes of the pickle) of a block made of these samples."""
+def _probe_block(make):
+    """make(block) on blocks of ordinary memory, doubled until the batch fits."""
     size = 1 << 20
     while True:
         block = _Block(memoryview(bytearray(size)))
         try:
-            return w.write(block, samples, list(indices)), block.pickled
+            return make(block), block
         except _Overflow as o:
             size = _align(o.need) * 2
+
+
+def _probe_size(w, samples, indices):
+    """(bytes used, bytes of the pickle) of a block made of these samples."""
+    used, block = _probe_block(lambda blk: w.write(blk, samples, list(indices)))
+    return used, block.pickled
 
 
 def _probe_one(w, indices):
-    size = 1 << 20
-    while True:
-        buf = bytearray(size)
-        try:
-            block = _Block(memoryview(buf))
-            if indices is None:
-                return w.next_fill_probe(block)
-            samples = w.fetch(list(indices), [None])
-            return w.write(block, samples, list(indices))
-        except _Overflow as o:
-            size = _align(o.need) * 2
+    """The bytes of the batch of these indices (None: an iterable's next batch)."""
+    if indices is None:  # a retry measures the following batch: close enough for a size
+        return _probe_block(w.next_fill_probe)[0]
+    samples = w.fetch(list(indices), [None])
+    return _probe_size(w, samples, indices)[0]
 
