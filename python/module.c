@@ -216,6 +216,8 @@ static PyMethodDef module_methods[] = {
     {"build_features", stoke_py_build_features, METH_NOARGS,
      "What the loaded libstoke was built with, as a dict."},
     {"_cli_main", stoke_py_cli_main, METH_VARARGS, "Runs the stoke CLI; returns its status."},
+    {"_pad_rows", stoke_py_pad_rows, METH_VARARGS,
+     "The built-in padding's copy of the drop-in DataLoader (private)."},
     {"_stop_python_datasets", py_stop_python_datasets, METH_NOARGS,
      "For the exit hook: no Python dataset is called from now on."},
     {NULL, NULL, 0, NULL}};

@@ -183,6 +183,52 @@ static void pyw_close(void *user)
     free(w);
 }
 
+/* _stoke._pad_rows(dst, offset, width, row_bytes, ptrs, lens, pad): the built-in padding's
+ * copy (stoke/_dropin.py _Collator.pad_leaf).  Sample i's first min(lens[i], width) rows of
+ * row_bytes bytes, read at address ptrs[i] (a contiguous CPU tensor's data_ptr(), which the
+ * caller holds and has checked: dtype, shape after the first dimension, contiguity), go to
+ * dst[offset + i * width * row_bytes ...]; the rest of its width is the pad pattern (one element,
+ * repeated).  The destination is bounds-checked; the sources are the caller's to vouch for. */
+PyObject *stoke_py_pad_rows(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_buffer dst, pad;
+    Py_ssize_t off, width, row;
+    PyObject *ptrs, *lens;
+    if (!PyArg_ParseTuple(args, "w*nnnOOy*:_pad_rows", &dst, &off, &width, &row, &ptrs, &lens,
+                          &pad))
+        return NULL;
+    PyObject *res = NULL;
+    Py_ssize_t n = PyList_Check(ptrs) && PyList_Check(lens) ? PyList_GET_SIZE(ptrs) : -1;
+    if (n < 0 || PyList_GET_SIZE(lens) != n || off < 0 || width < 0 || row < 0 ||
+        pad.len < 1 || row % pad.len != 0 ||
+        (width && row && n > (dst.len - off) / width / row) || off > dst.len) {
+        PyErr_SetString(PyExc_ValueError, "stoke: _pad_rows: bad arguments");
+        goto out;
+    }
+    char *d = (char *)dst.buf + off;
+    for (Py_ssize_t i = 0; i < n; i++, d += width * row) {
+        const char *src = PyLong_AsVoidPtr(PyList_GET_ITEM(ptrs, i));
+        Py_ssize_t len = PyLong_AsSsize_t(PyList_GET_ITEM(lens, i));
+        if (PyErr_Occurred())
+            goto out;
+        Py_ssize_t keep = len < 0 ? 0 : len < width ? len : width;
+        if (keep)
+            memcpy(d, src, (size_t)(keep * row));
+        char *p = d + keep * row, *end = d + width * row;
+        if (pad.len == 1 || !memcmp(pad.buf, (const char *)pad.buf + 1, (size_t)pad.len - 1))
+            memset(p, *(const char *)pad.buf, (size_t)(end - p)); /* every byte alike: 0, -1 */
+        else
+            for (; p < end; p += pad.len)
+                memcpy(p, pad.buf, (size_t)pad.len);
+    }
+    res = Py_NewRef(Py_None);
+out:
+    PyBuffer_Release(&dst);
+    PyBuffer_Release(&pad);
+    return res;
+}
+
 int stoke_pywriter_open(PyObject *obj, stoke_dataset *ds)
 {
     long long nbatches = 0, blob = 0;

@@ -93,6 +93,7 @@ void stoke_pyds_leave(void);
  * -1 with a Python exception set. */
 typedef struct stoke_pywriter stoke_pywriter;
 int stoke_pywriter_open(PyObject *obj, stoke_dataset *ds);
+PyObject *stoke_py_pad_rows(PyObject *self, PyObject *args);
 
 /* Maps a stoke dtype to a buffer format and a DLPack dtype.  Returns 0, -1 for an unknown one. */
 int stoke_py_dtype(int dtype, size_t itemsize, const char **format, DLDataType *dl);

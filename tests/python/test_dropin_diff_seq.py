@@ -119,6 +119,43 @@ def tokens_builtin_padding():
         T.check(list(b) == ["input_ids", "labels", "label"], "return_lengths=False: %s" % list(b))
 
 
+class Frames(Dataset):
+    """Ragged float rows of 3 values: 1..9 frames a sample; every third sample is a
+    non-contiguous view (a transposed tensor), which takes the general copy path."""
+
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        n = 1 + (i * 5) % 9
+        x = torch.arange(n * 3, dtype=torch.float32).reshape(n, 3) + 0.25 * i
+        if i % 3 == 0:
+            x = x.t().contiguous().t()
+        return {"frames": x, "id": i}
+
+
+@case
+def builtin_padding_rows():
+    """pad= on samples of shape (n, 3) float32 with a pad value whose bytes differ (-1.5),
+    contiguous and not: equal to pad_sequence's output for 0 and 2 workers, with and without
+    max_length (truncation)."""
+    for workers, cap in ((0, None), (2, None), (2, 4)):
+        what = "built-in padding of float rows workers=%d max_length=%s" % (workers, cap)
+        got = L.Loader(Frames(), batch_size=6, num_workers=workers, pad={"frames": -1.5},
+                       max_length=cap)
+        n = 0
+        for b in got:
+            ids = b["id"].tolist()
+            rows = [Frames()[i]["frames"][:cap] for i in ids]
+            want = pad_sequence(rows, batch_first=True, padding_value=-1.5)
+            T.check(b["frames"].shape == want.shape and torch.equal(b["frames"], want),
+                    "%s: ids %s: %s, want %s" % (what, ids, b["frames"], want))
+            T.check(b["frames_lengths"].tolist() == [len(r) for r in rows],
+                    "%s: lengths %s" % (what, b["frames_lengths"].tolist()))
+            n += len(ids)
+        T.check(n == 40, "%s: %d samples" % (what, n))
+
+
 # --- an IterableDataset that shards itself --------------------------------------------------
 
 MARK = 0
