@@ -42,6 +42,7 @@ except ImportError:
 
 from . import _stoke
 
+_ROW_BYTES = 64 << 10  # a sample's bytes from which the row-streaming fetch pays (_Writer.row)
 MAGIC = 0x3142544B4F5453      # "STOKTB1": a batch
 MAGIC_OVER = 0x3142564F4F5453  # "STOOVB1": the batch did not fit; bytes needed follow
 MAGIC_END = 0x3142444E4F5453   # "STONDB1": this worker's iterator is exhausted; its id follows
@@ -254,6 +255,14 @@ class _Collator:
 
     def collate(self, block, batch, path):
         elem = batch[0]
+        if type(elem) is _Row:
+            out = elem.out
+            if len(batch) == len(out) and all(type(b) is _Row and b.out is out for b in batch):
+                return out  # stacked already, a row as each sample came
+            # a sample's leaf did not fit its row: torch's stack (its casts, or its error)
+            batch = [b.out[b.k] if type(b) is _Row else b for b in batch]
+            out.copy_(torch.stack(batch, 0, out=torch.empty(0, dtype=out.dtype)))
+            return out
         if path in self.pad and torch is not None:
             self.used.add(path)
             out, lens = self.pad_leaf(block, batch, path)
@@ -327,6 +336,16 @@ class _Padded:
     def __init__(self, out, lengths):
         self.out = out
         self.lengths = lengths
+
+
+class _Row:
+    """Sample k's tensor leaf, already copied into row k of the batch tensor `out` in the
+    block (the row-streaming fetch, _Writer.rows): collate returns `out` for a column of them."""
+    __slots__ = ("out", "k")
+
+    def __init__(self, out, k):
+        self.out = out
+        self.k = k
 
 
 def _convert(x):
@@ -487,6 +506,7 @@ class _Writer:
         self.warned_over = False
         self.warned_copy = False
         self.pin = False          # the loader's pin_memory: a custom batch's pin_memory() is called
+        self.rows = False         # samples' tensors copied into the block as they come (measure)
         self.plan = None
         self.nbatches = -1
         self.blob_bytes = 0
@@ -649,20 +669,51 @@ class _Writer:
 
     # -- making a batch --
 
-    def fetch(self, indices, where):
+    def fetch(self, indices, where, block=None):
         if self.rows_path:
             return None
         if self.getitems is not None:
             return self.getitems(indices)
         out = []
         cur = self.plan.cur if self.worker >= 0 else None
-        for j in indices:
+        outs = {} if self.rows and block is not None else None  # path: the batch's tensor
+        n = len(indices)
+        for k, j in enumerate(indices):
             where[0] = j
             if cur is not None:  # a worker that dies names the sample it was on
                 cur[self.worker] = j
-            out.append(self.dataset[j])
+            x = self.dataset[j]
+            out.append(x if outs is None else self.row(block, outs, x, "", k, n))
         where[0] = None  # collate's errors are the batch's, not its last sample's
         return out
+
+    def row(self, block, outs, x, path, k, n):
+        """Sample k with its tensor leaves copied into row k of the batch's tensors in the
+        block (made at k == 0) and replaced by _Row marks, so that a worker holds one sample's
+        tensors at a time, not the batch's twice (measure() turns this on for big samples of
+        fixed shapes).  A leaf that does not fit its row (another shape or dtype than sample
+        0's) stays as it is: collate then stacks the column as torch would, or raises its
+        error.  Containers are made again with their own type; one that cannot be is kept."""
+        if type(x) is torch.Tensor:
+            out = outs.get(path) if k else None
+            if k == 0 and x.layout == torch.strided and x.device.type == "cpu":
+                out = outs[path] = block.tensor(x.dtype, (n,) + tuple(x.shape))
+            if out is None or out.dtype != x.dtype or out.shape[1:] != x.shape:
+                return x
+            out[k].copy_(x)
+            return _Row(out, k)
+        try:
+            if isinstance(x, _abc.Mapping):
+                return type(x)({key: self.row(block, outs, v, path + "." + str(key), k, n)
+                                for key, v in x.items()})
+            if _is_namedtuple(x):
+                return type(x)(*(self.row(block, outs, v, _sub(path, i), k, n)
+                                 for i, v in enumerate(x)))
+            if isinstance(x, (tuple, list)):
+                return type(x)(self.row(block, outs, v, _sub(path, i), k, n) for i, v in enumerate(x))
+        except TypeError:  # a container that its type cannot make from our items
+            pass
+        return x
 
     def write(self, block, samples, indices):
         if self.rows_path:  # rows of in-memory tensors
@@ -702,8 +753,9 @@ class _Writer:
         indices = None
         try:
             indices = self.plan.batch(i).tolist()
-            samples = self.fetch(indices, where)
-            return self.write(_Block(view), samples, indices)
+            block = _Block(view)
+            samples = self.fetch(indices, where, block)
+            return self.write(block, samples, indices)
         except _Overflow as o:
             struct.pack_into("<QQ", view, 0, MAGIC_OVER, o.need)
             return 16
@@ -783,6 +835,8 @@ class _Writer:
         need = _probe(self)
         if need < 0:  # exact: fixed shapes under default_collate
             need = -need
+            # big samples (images): each one's tensors go to their rows as it comes
+            self.rows = torch is not None and need >= _ROW_BYTES * (self.batch_size or 1)
             self.blob_bytes = (need + need // 4 + (64 << 10) + 4095) & ~4095
         else:
             self.blob_bytes = max(4096, (need * 2 + (256 << 10) + 4095) & ~4095)
