@@ -349,7 +349,9 @@ class DataLoader(_stoke.Loader):
                             worker_init_fn, num_workers, processes, bool(persistent_workers),
                             pad, pad_to_multiple_of, max_length, bool(return_lengths),
                             rank, world_size)
-        w.measure(max_batch_bytes)
+        # the accelerator is found (a child probes OpenCL drivers) while the probe's child
+        # makes the first batch: the two forks overlap
+        w.measure(max_batch_bytes, _stoke.accelerator if pin_memory else None)
         w.pin = bool(pin_memory)
         self._writer = w
         try:

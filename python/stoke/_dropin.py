@@ -407,23 +407,34 @@ class _Plan:
         self.head[self.H_IDXCAP] = n
 
     def write(self, epoch, batches, base_seed):
-        n = sum(len(b) for b in batches)
-        if len(batches) != self.nbatches:
+        """The epoch's batches: a list of index lists, or (order, batch_size, drop_last) for
+        an order cut into batches (no sampler: written without a Python list)."""
+        if isinstance(batches, tuple):
+            order, bs, drop_last = batches
+            nb = len(order) // bs if drop_last else -(-len(order) // bs)
+            n = min(len(order), nb * bs)
+        else:
+            nb, n = len(batches), sum(len(b) for b in batches)
+        if nb != self.nbatches:
             raise ValueError(
                 "stoke: the sampler gave %d batches for epoch %d, its length says %d: a "
                 "stoke.DataLoader keeps the number of batches per epoch"
-                % (len(batches), epoch, self.nbatches))
+                % (nb, epoch, self.nbatches))
         if n > len(self.idx):
             self._map_idx(max(n, 2 * len(self.idx)))
-        pos = 0
-        for i, b in enumerate(batches):
-            self.offs[i] = pos
-            self.idx[pos:pos + len(b)] = b
-            pos += len(b)
-        self.offs[len(batches)] = pos
+        if isinstance(batches, tuple):
+            self.idx[:n] = order[:n]
+            self.offs[:nb + 1] = np.minimum(np.arange(nb + 1, dtype=np.int64) * bs, n)
+        else:
+            pos = 0
+            for i, b in enumerate(batches):
+                self.offs[i] = pos
+                self.idx[pos:pos + len(b)] = b
+                pos += len(b)
+            self.offs[nb] = pos
         self.head[self.H_EPOCH] = epoch
         self.head[self.H_SEED] = base_seed
-        self.head[self.H_NIDX] = pos
+        self.head[self.H_NIDX] = n
 
     def batch(self, i):
         if self.head[self.H_IDXCAP] != len(self.idx):  # a worker: the consumer grew it
@@ -551,6 +562,7 @@ class _Writer:
         return (n // bs if self.drop_last else -(-n // bs)), n
 
     def sample_order(self, epoch):
+        """The epoch's dataset indices in order: a list (a sampler's) or an int64 array."""
         if self.sampler is not None:
             return [int(i) for i in self.sampler]
         n = len(self.dataset)
@@ -561,19 +573,28 @@ class _Writer:
             if total > n:
                 order = np.concatenate([order, order[:total - n]])
             order = order[self.rank:total:self.world]
-        return order.tolist()
+        return order
 
     def batches(self, epoch):
+        """The epoch's batches for _Plan.write: lists of indices, or (order, batch_size,
+        drop_last) without a sampler."""
         if self.batch_sampler is not None:
             return [[int(i) for i in b] for b in self.batch_sampler]
         order = self.sample_order(epoch)
         bs = self.batch_size
+        if self.sampler is None and bs is not None:
+            return order, bs, self.drop_last
+        order = list(order) if self.sampler is not None else order.tolist()
         if bs is None:
             return [[i] for i in order]
         out = [order[i:i + bs] for i in range(0, len(order), bs)]
         if out and self.drop_last and len(out[-1]) < bs:
             out.pop()
         return out
+
+    def first_batch(self):
+        b = self.batches(0)
+        return b[0][:b[1]].tolist() if isinstance(b, tuple) else b[0]
 
     def base_seed_for(self):
         if torch is not None:
@@ -823,7 +844,7 @@ class _Writer:
 
     # -- the consumer's side --
 
-    def measure(self, max_batch_bytes):
+    def measure(self, max_batch_bytes, meanwhile=None):
         if max_batch_bytes:
             self.blob_bytes = int(max_batch_bytes)
             return
@@ -832,7 +853,7 @@ class _Writer:
             need = HDR + sum(_align(bs * t[0].numel() * t.element_size()) for t in self.tensors)
             self.blob_bytes = (need + (64 << 10) + 4095) & ~4095
             return
-        need = _probe(self)
+        need = _probe(self, meanwhile)
         if need < 0:  # exact: fixed shapes under default_collate
             need = -need
             # big samples (images): each one's tensors go to their rows as it comes
@@ -987,10 +1008,11 @@ def _tensor_rows(dataset):
 _PROBE_FALLBACK = 8 << 20
 
 
-def _probe(w):
+def _probe(w, meanwhile=None):
     """The bytes of the first batch, made in a forked child so that the dataset's state in
     this process (files opened lazily by __getitem__, an iterator) stays as the user left it,
-    as torch's main process never calls the dataset either."""
+    as torch's main process never calls the dataset either.  meanwhile() runs in this process
+    while the child works (the accelerator's discovery, which forks a child of its own)."""
     r, wfd = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child
@@ -1012,13 +1034,13 @@ def _probe(w):
                   and w.getitems is None):
                 # default_collate of fixed shapes: one sample tells the batch's size (its
                 # leaves times the batch size, plus each sample's pickled part: str leaves)
-                idx = w.batches(0)[0]
+                idx = w.first_batch()
                 one = w.fetch(idx[:1], [None])
                 n1, p1 = _probe_size(w, one, idx[:1])
                 nb, _ = _probe_size(w, one * len(idx), idx)
                 need = -(nb + len(idx) * p1)  # negative: exact, a small margin will do
             else:
-                need = _probe_one(w, w.batches(0)[0])
+                need = _probe_one(w, w.first_batch())
             os.write(wfd, str(need).encode())
         except BaseException as e:  # noqa: BLE001
             os.write(wfd, ("E" + pickle.dumps((e, traceback.format_exc())).hex()).encode())
@@ -1026,6 +1048,11 @@ def _probe(w):
         finally:
             os._exit(code)
     os.close(wfd)
+    if meanwhile is not None:
+        try:
+            meanwhile()
+        except Exception:  # noqa: BLE001 - the loader's creation reports it again
+            pass
     chunks = []
     while True:
         c = os.read(r, 1 << 16)
