@@ -135,9 +135,11 @@ static int loader_init(PyObject *obj, PyObject *args, PyObject *kw)
                              "arena",
                              "writer",
                              "round_robin",
+                             "on_error",
                              NULL};
     LoaderObject *self = (LoaderObject *)obj;
     const char *source = NULL, *pin_dev = NULL, *device = NULL, *mode = NULL, *arena = NULL;
+    const char *on_error = NULL;
     PyObject *dataset = NULL, *seed_obj = NULL, *timeout_obj = NULL, *writer = NULL;
     stoke_loader_opts o;
     stoke_loader_opts_init(&o);
@@ -145,12 +147,16 @@ static int loader_init(PyObject *obj, PyObject *args, PyObject *kw)
     unsigned long long seed = 0, timeout_ms = 0;
     long long rank = -1, world_size = 0;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kw, "|zO$npOippzipOzpLLpzzOp:Loader", kwlist, &source, &dataset, &batch_size,
+            args, kw, "|zO$npOippzipOzpLLpzzOpz:Loader", kwlist, &source, &dataset, &batch_size,
             &o.shuffle, &seed_obj, &o.num_workers, &o.drop_last, &o.pin_memory, &pin_dev,
             &o.prefetch_factor, &o.persistent_workers, &timeout_obj, &device,
             &o.sampler.distributed, &rank, &world_size, &o.in_order, &mode, &arena, &writer,
-            &o.round_robin))
+            &o.round_robin, &on_error))
         return -1;
+    if (on_error && stoke_on_error_parse(on_error, &o) != STOKE_OK) {
+        PyErr_Format(PyExc_ValueError, "stoke: on_error: %s", stoke_last_error());
+        return -1;
+    }
     /* no silent wrap-around: seed=-1 is not 2^64 - 1, nor 2^64 zero */
     if ((seed_obj && int_in_range(seed_obj, "seed", UINT64_MAX, &seed, "0 .. 2**64 - 1") < 0) ||
         (timeout_obj && int_in_range(timeout_obj, "timeout_ms", UINT32_MAX, &timeout_ms,
@@ -432,13 +438,43 @@ static PyObject *loader_stats(PyObject *obj, PyObject *unused)
     stoke_loader_stats s = {.size = sizeof(s)}; /* thread-safe */
     stoke_loader_get_stats(self->l, &s);
     return Py_BuildValue(
-        "{s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:d,s:d,s:d,s:K,s:K}", "samples",
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:d,s:d,s:d,s:K,s:K,s:K,s:K,s:K,s:K}", "samples",
         (unsigned long long)s.samples, "batches", (unsigned long long)s.batches, "bytes",
         (unsigned long long)s.bytes, "pinned_batches", (unsigned long long)s.pinned_batches,
         "pageable_batches", (unsigned long long)s.pageable_batches, "device_copies",
         (unsigned long long)s.device_copies, "wait_s", s.wait_s, "wait_p50_s", s.wait_p50_s,
         "wait_p99_s", s.wait_p99_s, "worker_busy_s", s.worker_busy_s, "buffers",
-        (unsigned long long)s.buffers, "buffer_bytes", (unsigned long long)s.buffer_bytes);
+        (unsigned long long)s.buffers, "buffer_bytes", (unsigned long long)s.buffer_bytes,
+        "bad_samples", (unsigned long long)s.bad_samples, "skipped_samples",
+        (unsigned long long)s.skipped_samples, "replaced_samples",
+        (unsigned long long)s.replaced_samples, "worker_restarts",
+        (unsigned long long)s.worker_restarts);
+}
+
+/* The quarantine's entries from `start` on, as dicts (stoke_loader_quarantine). */
+static PyObject *loader_quarantine(PyObject *obj, PyObject *args)
+{
+    LoaderObject *self = (LoaderObject *)obj;
+    Py_ssize_t start = 0;
+    if (check(self) < 0 || !PyArg_ParseTuple(args, "|n:quarantine", &start))
+        return NULL;
+    static const char *const actions[] = {"error", "skip", "replace"};
+    PyObject *out = PyList_New(0);
+    stoke_bad_sample e;
+    for (size_t i = start > 0 ? (size_t)start : 0;
+         out && stoke_loader_quarantine(self->l, i, &e) == STOKE_OK; i++) {
+        PyObject *rep = e.replacement == UINT64_MAX ? Py_NewRef(Py_None)
+                                                    : PyLong_FromUnsignedLongLong(e.replacement);
+        PyObject *d = Py_BuildValue(
+            "{s:K,s:K,s:i,s:s,s:N,s:s,s:s}", "index", (unsigned long long)e.index, "epoch",
+            (unsigned long long)e.epoch, "code", e.code, "action",
+            actions[e.action >= 0 && e.action <= 2 ? e.action : 0], "replacement", rep,
+            "source", e.source, "reason", e.reason);
+        if (!d || PyList_Append(out, d) < 0)
+            Py_CLEAR(out);
+        Py_XDECREF(d);
+    }
+    return out;
 }
 
 static Py_ssize_t loader_len(PyObject *obj)
@@ -491,6 +527,8 @@ static PyMethodDef loader_methods[] = {
     {"_save_state", loader_save_state, METH_NOARGS, "(version, seed, epoch, cursor)"},
     {"_restore_state", loader_restore_state, METH_VARARGS, "Moves to a saved position."},
     {"stats", loader_stats, METH_NOARGS, "The loader's counters."},
+    {"quarantine", loader_quarantine, METH_VARARGS,
+     "The bad samples (on_error), from entry `start` on, as dicts."},
     {"_close_if_idle", loader_close_if_idle, METH_NOARGS,
      "Destroys the loader now unless a batch is alive; returns whether it did."},
     {NULL, NULL, 0, NULL}};

@@ -17,6 +17,7 @@ import atexit as _atexit
 import json as _json
 import math as _math
 import os as _os
+import warnings as _warnings
 from operator import index as _operator_index
 import weakref as _weakref
 
@@ -173,7 +174,12 @@ class DataLoader(_stoke.Loader):
         pad_to_multiple_of, max_length, and a "<name>_lengths" tensor beside a dict entry);
         max_batch_bytes: one batch's pinned block (None: twice the first batch's size plus
         256 KiB, measured in a forked child); structure: for a source string, "list" yields
-        [data, label, ...] tensors and "dict" {field: tensor} instead of stoke.Batch.
+        [data, label, ...] tensors and "dict" {field: tensor} instead of stoke.Batch;
+        on_error: "error" (default), "skip", "replace" (with ":N" or ":P%" budgets, as
+        `stoke load --on-error`): a bad sample of a source string, or a batch of a Python
+        dataset in which __getitem__/collate raised or whose worker died, is dropped or
+        replaced (stats() counts, quarantine() lists them; for a Python dataset one
+        RuntimeWarning each).
 
     Iterating delivers one epoch.  The first iteration (and the one after set_epoch or
     load_state_dict) continues from the current position; any other starts the next epoch.
@@ -186,7 +192,7 @@ class DataLoader(_stoke.Loader):
                  pin_memory_device=None, in_order=True, seed=None, device=None,
                  distributed=False, rank=None, world_size=None, worker_mode=None, arena=None,
                  pad=None, pad_to_multiple_of=None, max_length=None, return_lengths=True,
-                 max_batch_bytes=None, structure=None, source=None):
+                 max_batch_bytes=None, structure=None, on_error=None, source=None):
         if source is not None:  # the keyword of stoke 0.1
             dataset = source
         is_source = isinstance(dataset, (str, _os.PathLike))
@@ -200,7 +206,7 @@ class DataLoader(_stoke.Loader):
                 pin_memory, drop_last, timeout, worker_init_fn, multiprocessing_context,
                 generator, prefetch_factor, persistent_workers, pin_memory_device, in_order,
                 seed, device, distributed, rank, world_size, worker_mode, arena, pad,
-                pad_to_multiple_of, max_length, return_lengths, max_batch_bytes)
+                pad_to_multiple_of, max_length, return_lengths, max_batch_bytes, on_error)
         for name, v in (("sampler", sampler), ("batch_sampler", batch_sampler),
                         ("collate_fn", collate_fn), ("worker_init_fn", worker_init_fn),
                         ("pad", pad)):
@@ -249,7 +255,8 @@ class DataLoader(_stoke.Loader):
                          timeout_ms=timeout_ms, device=device,
                          distributed=bool(distributed), rank=rank, world_size=world_size,
                          in_order=bool(in_order), worker_mode=str(worker_mode or "threads"),
-                         arena=None if arena is None else str(arena))
+                         arena=None if arena is None else str(arena),
+                         on_error=None if on_error is None else str(on_error))
         self.dataset = dataset
         self.batch_size = int(batch_size)
         self.num_workers = int(num_workers)
@@ -261,7 +268,8 @@ class DataLoader(_stoke.Loader):
                      collate_fn, pin_memory, drop_last, timeout, worker_init_fn, mp_context,
                      generator, prefetch_factor, persistent_workers, pin_memory_device,
                      in_order, seed, device, distributed, rank, world_size, worker_mode, arena,
-                     pad, pad_to_multiple_of, max_length, return_lengths, max_batch_bytes):
+                     pad, pad_to_multiple_of, max_length, return_lengths, max_batch_bytes,
+                     on_error):
         from . import _dropin
         num_workers = _index(num_workers, "num_workers")
         if num_workers < 0:
@@ -354,6 +362,8 @@ class DataLoader(_stoke.Loader):
         w.measure(max_batch_bytes, _stoke.accelerator if pin_memory else None)
         w.pin = bool(pin_memory)
         self._writer = w
+        self._on_error = on_error if on_error not in (None, "error") else None
+        self._bad_seen = 0
         try:
             if prefetch_factor is None and w.blob_bytes >= _BIG_BLOCK and num_workers > 0:
                 prefetch_factor = 1  # big batches: fewer in flight, less memory than torch's
@@ -367,7 +377,8 @@ class DataLoader(_stoke.Loader):
                              in_order=bool(in_order),
                              worker_mode="processes" if processes else "threads",
                              arena=None if arena is None else str(arena),
-                             round_robin=processes)  # torch's batch k -> worker k % n
+                             round_robin=processes,  # torch's batch k -> worker k % n
+                             on_error=None if on_error is None else str(on_error))
         except StokeError as e:
             exc = w.reraise(e)
             if exc is not None:
@@ -450,12 +461,29 @@ class DataLoader(_stoke.Loader):
             else:
                 out = decode(b)
             del b
+            if self._on_error:
+                self._warn_bad()
+            if out is None:  # a batch that on_error skipped
+                continue
             if type(out) is end:
                 ended.add(out.worker)
                 if len(ended) >= self.num_workers:
                     return
                 continue
             yield out
+
+    def _warn_bad(self):
+        """One RuntimeWarning per batch that on_error skipped or replaced (a Python dataset's
+        bad "sample" is a whole batch: an exception in it, or its worker's death)."""
+        for e in self.quarantine(self._bad_seen):
+            self._bad_seen += 1
+            what = "skipped" if e["action"] == "skip" else "replaced by batch %s" % (
+                e["replacement"],)
+            _warnings.warn("stoke: batch %d of epoch %d %s (on_error=%r): %s" % (
+                e["index"], e["epoch"], what, self._on_error,
+                e["reason"] if e["source"].startswith("python:") else
+                "%s: %s" % (e["source"], e["reason"])), RuntimeWarning,
+                stacklevel=3)
 
     def __len__(self):
         if self._writer is not None and self._iterable:

@@ -89,6 +89,20 @@ class _LoaderStats(TypedDict):
     worker_busy_s: float
     buffers: int
     buffer_bytes: int
+    bad_samples: int
+    skipped_samples: int
+    replaced_samples: int
+    worker_restarts: int
+
+
+class _BadSample(TypedDict):
+    index: int
+    epoch: int
+    code: int
+    action: Literal["error", "skip", "replace"]
+    replacement: int | None
+    source: str
+    reason: str
 
 
 class _LoaderState(TypedDict):
@@ -137,7 +151,8 @@ class DataLoader(Generic[_T_co]):
                  pad: None = None,
                  pad_to_multiple_of: int | None = None, max_length: int | None = None,
                  return_lengths: bool = True, max_batch_bytes: int | None = None,
-                 structure: Literal["batch"] | None = None) -> None: ...
+                 structure: Literal["batch"] | None = None,
+                 on_error: str | None = None) -> None: ...
     @overload
     def __init__(self: "DataLoader[Any]", dataset: str | os.PathLike[str],
                  batch_size: int | None = 1, shuffle: bool | None = None,
@@ -160,7 +175,7 @@ class DataLoader(Generic[_T_co]):
                  pad: None = None,
                  pad_to_multiple_of: int | None = None, max_length: int | None = None,
                  return_lengths: bool = True, max_batch_bytes: int | None = None,
-                 structure: Literal["list", "dict"]) -> None: ...
+                 structure: Literal["list", "dict"], on_error: str | None = None) -> None: ...
     @overload
     def __init__(self: "DataLoader[Any]", dataset: _MapDataset | Iterable[Any],
                  batch_size: int | None = 1, shuffle: bool | None = None,
@@ -182,7 +197,8 @@ class DataLoader(Generic[_T_co]):
                  arena: str | None = None,
                  pad: Mapping[str, int | float] | None = None,
                  pad_to_multiple_of: int | None = None, max_length: int | None = None,
-                 return_lengths: bool = True, max_batch_bytes: int | None = None) -> None: ...
+                 return_lengths: bool = True, max_batch_bytes: int | None = None,
+                 on_error: str | None = None) -> None: ...
 
     def __iter__(self) -> Iterator[_T_co]: ...
     def __len__(self) -> int: ...
@@ -190,6 +206,7 @@ class DataLoader(Generic[_T_co]):
     def state_dict(self) -> _LoaderState: ...
     def load_state_dict(self, state: Mapping[str, Any], /) -> None: ...
     def stats(self) -> _LoaderStats: ...
+    def quarantine(self, start: int = 0, /) -> list[_BadSample]: ...
     @property
     def epoch(self) -> int: ...
     @property

@@ -863,6 +863,8 @@ class _Writer:
             self.blob_bytes = max(4096, (need * 2 + (256 << 10) + 4095) & ~4095)
 
     def decode(self, b):
+        if len(b) == 0:  # its one sample (this batch) skipped under on_error
+            return None
         view = memoryview(b[0]).cast("B")
         magic, a, n = struct.unpack_from("<QQQ", view, 0)
         if magic == MAGIC_END:
@@ -888,6 +890,8 @@ class _Writer:
         """decode(), from a copy of the block in memory of its own (pinned from stoke's pool
         when it can, else ordinary, with one warning), so that the loader gets its buffer
         back: the caller holds every other one (list(loader), the last N batches)."""
+        if len(b) == 0:
+            return None
         view = memoryview(b[0]).cast("B")
         magic, a, n = struct.unpack_from("<QQQ", view, 0)
         if magic != MAGIC:
