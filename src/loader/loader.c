@@ -503,7 +503,9 @@ static void choose_workers(stoke_loader *l)
  *                                                                worker makes the one it needs
  *   hint_next    MAP, batch_size <= STOKE_DATASET_PREFETCH_MAX,  a producer names its next
  *                dataset hint()                                  batch's samples to the dataset
- *   timed        timeout_ms                                      busy marks per sample / batch
+ *   marks        timeout_ms, or process workers                  busy marks per dataset call
+ *                                                                (a child's: its crashes name
+ *                                                                their sample)
  *   caller_all   0 workers                                       the caller's thread makes every
  *                                                                batch (its look-ahead spans them)
  *   deep_window  prefetch_factor auto, workers, threads, MAP,    the reorder window grows to
@@ -529,7 +531,7 @@ static void plan_loader(stoke_loader *l)
     p->assist = map && threads && !l->ds.worker_init && !l->o.round_robin;
     p->help = p->assist && !timed;
     p->hint_next = map && l->o.batch_size <= STOKE_DATASET_PREFETCH_MAX && l->ds.hint;
-    p->timed = timed;
+    p->marks = timed || !threads;
     p->caller_all = l->nworkers == 0;
     p->deep_window = l->o.prefetch_factor == STOKE_LOADER_PREFETCH_AUTO && l->nworkers && map &&
                      threads && l->buf_bytes < STOKE__SMALL_WINDOW_BYTES / 4;
@@ -648,6 +650,7 @@ static int allocate(stoke_loader *l)
         w->id = i;
         w->p.wid = i;
         w->p.w = w;
+        w->p.busy = &w->busy;
         w->p.share = w;
     }
     l->caller.wid = l->nworkers;

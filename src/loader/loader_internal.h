@@ -261,7 +261,7 @@ typedef struct stoke__plan {
     unsigned assist : 1;      /* the caller's thread makes the batch it needs */
     unsigned help : 1;        /* ... and helps while a worker makes it */
     unsigned hint_next : 1;   /* the next batch's samples named to the dataset */
-    unsigned timed : 1;       /* opts.timeout_ms: busy marks */
+    unsigned marks : 1;       /* busy marks (stoke__busy): timeout_ms, process workers */
     unsigned caller_all : 1;  /* 0 workers: the caller's thread makes every batch */
     unsigned deep_window : 1; /* the reorder window deepened for small batches */
 } stoke__plan;
@@ -276,9 +276,21 @@ typedef struct stoke__plan {
  *   (next.c);
  * - a process worker's child: its copy of l->caller, wid its worker's (proc_child.c), filling
  *   the batches its parent's thread claimed for it. */
+/* What a producer is loading, where plan.marks says (worker.c, busy_begin): for the consumer's
+ * timeout check (next.c, timed_out_worker: it reads `since`, then `index`), and from a process
+ * worker's child, in memory it shares with the parent, for the parent to name the sample a
+ * crash was on (procworker.c, after_crash). */
+typedef struct stoke__busy {
+    _Atomic uint64_t index; /* dataset index (UINT64_MAX: an ITERABLE sample) */
+    _Atomic uint64_t since; /* start of that dataset call (ns); 0: none in progress */
+    _Atomic int in_batch;   /* the call is read() (index: its first sample) */
+} stoke__busy;
+
 typedef struct stoke__producer {
     int wid;                     /* the dataset's worker argument */
     struct stoke__worker *w;     /* a worker thread's record, or NULL */
+    stoke__busy *busy;           /* its busy marks: a worker's (a process worker's: its child's,
+                                    shared), a child's; NULL: the caller's thread */
     struct stoke__worker *share; /* ITERABLE: whose share it makes (dispatch) */
     stoke__ahead ahead;          /* its look-ahead and scratch */
 } stoke__producer;
@@ -288,8 +300,7 @@ typedef struct stoke__worker {
     stoke__producer p;
     int id;
     pthread_t th;
-    _Atomic uint64_t busy_since; /* start of the sample in progress (ns), 0 when idle */
-    _Atomic uint64_t busy_index; /* its dataset index */
+    stoke__busy busy; /* a worker thread's marks (p.busy) */
     /* ITERABLE (mu): this worker's batch number, end of its share, batches in flight */
     uint64_t k_next, end_at;
     int exhausted, outstanding;

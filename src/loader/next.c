@@ -123,7 +123,7 @@ static int timed_out_worker(stoke_loader *l, uint64_t now, uint64_t *deadline)
     uint64_t lim = (uint64_t)l->o.timeout_ms * 1000000u;
     *deadline = now + lim;
     for (int i = 0; i < l->nworkers; i++) {
-        uint64_t t = atomic_load(&l->w[i].busy_since);
+        uint64_t t = atomic_load(&l->w[i].p.busy->since);
         if (!t)
             continue;
         if (now > t && now - t > lim)
@@ -179,7 +179,7 @@ static int wait_done(stoke_loader *l)
     int w = timed_out_worker(l, now, &deadline);
     if (w >= 0) {
         char what[48] = "its next sample";
-        uint64_t idx = atomic_load(&l->w[w].busy_index);
+        uint64_t idx = atomic_load(&l->w[w].p.busy->index);
         if (!l->iterable)
             stoke__fmt(what, sizeof(what), "sample %" PRIu64, idx);
         int rc = stoke__loader_fail(l, STOKE_ETIMEDOUT,

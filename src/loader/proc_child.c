@@ -1,6 +1,6 @@
 /* Process workers: the code that runs in the other processes - the zygote, which forks worker
- * children on request, and a child's loop, which fills the batches it is sent with the
- * dataset wrapped to publish what it loads.  The parent's side, the protocol and the
+ * children on request, and a child's loop, which fills the batches it is sent through the fill
+ * pipeline, its busy marks in shared memory.  The parent's side, the protocol and the
  * lifetimes: procworker.c. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -22,65 +22,22 @@
 #include "loader/loader_internal.h"
 #include "loader/procworker_internal.h"
 
-/* ---- the child: the dataset wrapped to publish what it loads and to fail poisoned samples -- */
+/* ---- the child: the dataset's get() wrapped to fail poisoned samples ---------------------- */
 
 static struct {
-    stoke_dataset ds; /* the real one (the wrappers take its `user` as it is) */
-    proc_ctl *ctl;
+    int (*get)(void *, uint64_t, void *const[], int64_t[], int, char *, size_t); /* the dataset's */
     const wreq *req;
 } cw;
-
-static int poisoned(uint64_t idx, char *msg, size_t msg_len)
-{
-    for (uint32_t k = 0; cw.req && k < cw.req->npoison; k++)
-        if (cw.req->poison[k] == idx) {
-            stoke__strlcpy(msg, cw.req->pmsg[k], msg_len);
-            return 1;
-        }
-    return 0;
-}
-
-static void busy(uint64_t idx)
-{
-    atomic_store(&cw.ctl->index, idx);
-    atomic_store(&cw.ctl->since, stoke__now_ns());
-}
-
-static void idle(void)
-{
-    atomic_store(&cw.ctl->since, 0);
-    atomic_store(&cw.ctl->index, UINT64_MAX);
-    atomic_store(&cw.ctl->in_batch, 0);
-}
 
 static int w_get(void *user, uint64_t index, void *const dst[], int64_t len[], int worker,
                  char *msg, size_t msg_len)
 {
-    if (poisoned(index, msg, msg_len))
-        return STOKE_EDATA;
-    busy(index);
-    int rc = cw.ds.get(user, index, dst, len, worker, msg, msg_len);
-    idle();
-    return rc;
-}
-
-static int w_read(void *user, const uint64_t *indices, size_t count, const stoke_slots *dst,
-                  int worker, char *msg, size_t msg_len, uint64_t *err_index)
-{
-    atomic_store(&cw.ctl->in_batch, 1);
-    busy(count ? indices[0] : UINT64_MAX);
-    int rc = cw.ds.read(user, indices, count, dst, worker, msg, msg_len, err_index);
-    idle();
-    return rc;
-}
-
-static void wrap_dataset(stoke_loader *l, proc_ctl *ctl)
-{
-    cw.ds = l->ds;
-    cw.ctl = ctl;
-    l->ds.get = w_get; /* (MAP: required) */
-    l->ds.read = cw.ds.read ? w_read : NULL;
-    idle();
+    for (uint32_t k = 0; cw.req && k < cw.req->npoison; k++)
+        if (cw.req->poison[k] == index) {
+            stoke__strlcpy(msg, cw.req->pmsg[k], msg_len);
+            return STOKE_EDATA;
+        }
+    return cw.get(user, index, dst, len, worker, msg, msg_len);
 }
 
 int stoke__proc_send_all(int fd, const void *p, size_t n)
@@ -115,8 +72,10 @@ static int loader_alive(int fd, pid_t zygote)
 /* The child's loop: one batch per request; exits (without atexit handlers) on EOF. */
 static void child_main(stoke_loader *l, int wid, int fd, pid_t zygote)
 {
-    wrap_dataset(l, &l->proc->ctl[wid]);
+    cw.get = l->ds.get; /* (MAP: required) */
+    l->ds.get = w_get;
     l->caller.wid = wid; /* this process's producer: its copy of the caller's, for worker wid */
+    l->caller.busy = &l->proc->ctl[wid]; /* its marks, which the parent reads (plan.marks) */
     int init_rc = l->ds.worker_init ? l->ds.worker_init(l->ds.user, wid, l->nworkers) : STOKE_OK;
     init_rc = init_rc > 0 ? STOKE_EDATA : init_rc;
     static wreq req;

@@ -9,7 +9,8 @@
  * hand-off, ordering); only the filling of a batch (stoke__proc_fill) is sent to worker w's
  * child, which runs the same fill code (bad-sample policy included) on its forked copy of the
  * loader and writes the samples straight into the shared buffer.  The child publishes the
- * dataset index it is loading in a shared control record, so a crash names its sample.
+ * dataset index it is loading in its busy marks (stoke__busy), in shared memory, so a crash names
+ * its sample.
  *
  * Messages (SOCK_SEQPACKET, one struct per message):
  *   parent -> zygote: zreq {SPAWN, worker} -> zrep {pid, err} + the parent's socket end;
@@ -155,12 +156,12 @@ static void list_proc(stoke__proc *p, int on)
 
 /* The shared mapping (an anonymous memfd, or an allocation of the node-wide arena, which is
  * shared and pinned already), carved into: per batch handle its buffer (ragged lengths
- * included) and indices; the control records. */
+ * included) and indices; the children's busy marks. */
 static int map_shared(stoke_loader *l, stoke__proc *p)
 {
     size_t idx_bytes = stoke__align_up(l->cap * sizeof(uint64_t), 4096);
     size_t per = stoke__align_up(l->buf_bytes, 4096) + idx_bytes;
-    size_t ctl_bytes = stoke__align_up((size_t)l->nworkers * sizeof(proc_ctl), 4096);
+    size_t ctl_bytes = stoke__align_up((size_t)l->nworkers * sizeof(stoke__busy), 4096);
     p->shm_len = per * (size_t)l->nbuf + ctl_bytes;
     void *m = MAP_FAILED;
     if (l->arena) {
@@ -193,9 +194,11 @@ static int map_shared(stoke_loader *l, stoke__proc *p)
         l->bat[i].l = l;
         l->bat[i].indices = (uint64_t *)(base + stoke__align_up(l->buf_bytes, 4096));
     }
-    p->ctl = (proc_ctl *)(p->shm + per * (size_t)l->nbuf);
-    for (int i = 0; i < l->nworkers; i++)
-        atomic_store(&p->ctl[i].index, UINT64_MAX);
+    p->ctl = (stoke__busy *)(p->shm + per * (size_t)l->nbuf);
+    for (int i = 0; i < l->nworkers; i++) { /* the consumer's timeout check reads the child's */
+        atomic_store(&p->ctl[i].since, 0);
+        l->w[i].p.busy = &p->ctl[i];
+    }
     return STOKE_OK;
 }
 
@@ -389,13 +392,11 @@ static void reap(stoke_loader *l, int wid, int kill_it, char *msg, size_t len)
 
 enum { X_DONE = 0, X_DEAD = 1, X_STOPPED = 2 };
 
-/* Sends the request to worker wid's child and takes its reply into b.  While waiting, copies
- * the child's busy mark to the worker's (for the consumer's timeout check); when destroy is
- * stopping the loader, a child still busy after STOP_GRACE_NS is SIGKILLed. */
-static int exchange(stoke_loader *l, stoke__worker *w, int wid, const wreq *req, stoke_batch *b)
+/* Sends the request to worker wid's child and takes its reply into b.  When destroy is stopping
+ * the loader, a child still busy after STOP_GRACE_NS is SIGKILLed. */
+static int exchange(stoke_loader *l, int wid, const wreq *req, stoke_batch *b)
 {
     stoke__proc *p = l->proc;
-    proc_ctl *c = &p->ctl[wid];
     int fd = p->w[wid].fd;
     b->bad.n = 0;
     if (stoke__proc_send_all(fd, req, sizeof(*req)) != 0)
@@ -406,10 +407,6 @@ static int exchange(stoke_loader *l, stoke__worker *w, int wid, const wreq *req,
         struct pollfd pfd = {.fd = fd, .events = POLLIN};
         int pr = poll(&pfd, 1, POLL_MS);
         if (pr == 0 || (pr < 0 && errno == EINTR)) {
-            if (l->o.timeout_ms) {
-                atomic_store(&w->busy_index, atomic_load(&c->index));
-                atomic_store(&w->busy_since, atomic_load(&c->since));
-            }
             if (atomic_load(&p->stopping)) {
                 uint64_t now = stoke__now_ns();
                 if (!stop_t0)
@@ -430,7 +427,6 @@ static int exchange(stoke_loader *l, stoke__worker *w, int wid, const wreq *req,
         }
         break;
     }
-    atomic_store(&w->busy_since, 0);
     b->status = m.status;
     b->count = (size_t)m.count;
     b->bytes = (size_t)m.bytes;
@@ -457,12 +453,14 @@ static int count_restart(stoke_loader *l, uint64_t epoch)
 }
 
 /* After worker wid's child died while making b: STOKE_OK to run the batch again (req updated),
- * or the batch's failure status (b failed). */
+ * or the batch's failure status (b failed).  Clears the child's busy mark, which names the
+ * dataset call it died in, if any. */
 static int after_crash(stoke_loader *l, stoke_batch *b, int wid, wreq *req, const char *why)
 {
-    proc_ctl *c = &l->proc->ctl[wid];
-    uint64_t idx = atomic_load(&c->index);
+    stoke__busy *c = &l->proc->ctl[wid];
+    uint64_t idx = atomic_load(&c->since) ? atomic_load(&c->index) : UINT64_MAX;
     int in_batch = atomic_load(&c->in_batch);
+    atomic_store(&c->since, 0);
     uint64_t where = idx != UINT64_MAX ? idx : b->seq * l->o.batch_size;
     if (count_restart(l, b->epoch) != STOKE_OK) {
         char m[256];
@@ -500,11 +498,9 @@ void stoke__proc_fill(stoke_loader *l, stoke_batch *b, stoke__producer *pr, uint
                       uint64_t epoch)
 {
     stoke__proc *p = l->proc;
-    stoke__worker *w = pr->w; /* the thread standing in for worker wid's child (never the
-                                 caller's: the plan has no assist with processes) */
-    int wid = pr->wid;
+    int wid = pr->wid; /* a worker thread's (never the caller's: no assist with processes) */
     uint64_t first = b->seq * l->o.batch_size;
-    STOKE__LOADER_ASSERT(w != NULL);
+    STOKE__LOADER_ASSERT(pr->w != NULL);
     stoke__loader_batch_start(l, b, wid, epoch);
     wreq req = {.bi = (int32_t)(b - l->bat), .si = (int32_t)(b->host - l->slots)};
     req.seq = b->seq;
@@ -517,13 +513,10 @@ void stoke__proc_fill(stoke_loader *l, stoke_batch *b, stoke__producer *pr, uint
             stoke__batch_failed(b, rc, first, msg);
             return;
         }
-        atomic_store(&p->ctl[wid].index, UINT64_MAX);
-        atomic_store(&p->ctl[wid].in_batch, 0);
-        int x = exchange(l, w, wid, &req, b);
+        int x = exchange(l, wid, &req, b);
         if (x == X_DONE)
             return;
         reap(l, wid, x == X_STOPPED, msg, sizeof(msg));
-        atomic_store(&w->busy_since, 0);
         if (x == X_STOPPED) {
             stoke__batch_failed(b, STOKE_ECANCELED, first, "the loader is being destroyed");
             return;

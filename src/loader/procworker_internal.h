@@ -20,13 +20,6 @@
 #define ZYGOTE_MS     5000        /* the longest wait for the zygote's reply */
 #define ZSIG          SIGHUP      /* the zygote's parent-death signal (it only wakes the zygote) */
 
-/* Shared with the children: what each is loading. */
-typedef struct proc_ctl {
-    _Atomic uint64_t index; /* dataset index in a get; UINT64_MAX: none */
-    _Atomic uint64_t since; /* stoke__now_ns() at its start; 0: idle */
-    _Atomic int in_batch;   /* inside read (index: its first sample) */
-} proc_ctl;
-
 typedef struct proc_w {
     _Atomic int fd;  /* the parent's end of the child's socket; -1: no child (atomic: the fork
                         handler reads it) */
@@ -36,10 +29,10 @@ typedef struct proc_w {
 struct stoke__proc {
     unsigned char *shm;
     size_t shm_len;
-    int registered; /* stoke_pin_register succeeded */
-    int from_arena; /* shm is an allocation of l->arena (not mapped here) */
-    proc_ctl *ctl;  /* nworkers, in shm */
-    proc_w *w;      /* nworkers */
+    int registered;   /* stoke_pin_register succeeded */
+    int from_arena;   /* shm is an allocation of l->arena (not mapped here) */
+    stoke__busy *ctl; /* nworkers, in shm: each child's busy marks (its worker's p.busy) */
+    proc_w *w;        /* nworkers */
     pid_t zpid;
     _Atomic int zfd;
     uint32_t zseq;       /* (zmu) the number of the last request to the zygote */

@@ -19,32 +19,34 @@ static size_t batch_count(const stoke_loader *l, uint64_t seq)
     return left < l->o.batch_size ? (size_t)left : l->o.batch_size;
 }
 
-/* Timeout bookkeeping, only when a timeout is set (o.timeout_ms): with workers, publishes that
- * worker w is busy with dataset index `idx` (UINT64_MAX: an ITERABLE sample) since now, for
- * the consumer's check (loader.c, timed_out_worker: it reads busy_since, then busy_index);
- * returns the start time.  0 without a timeout: no clock read, no store. */
-static inline uint64_t busy_begin(const stoke_loader *l, stoke__worker *w, uint64_t idx)
+/* Busy marks, only where the plan has them (timeout_ms, process workers): publishes that
+ * producer p is in a dataset call for index `idx` (UINT64_MAX: an ITERABLE sample; in_batch:
+ * read(), idx its first) since now (stoke__busy); returns the start time.  0 without marks: no
+ * clock read, no store. */
+static inline uint64_t busy_begin(const stoke_loader *l, stoke__producer *p, uint64_t idx,
+                                  int in_batch)
 {
-    if (!l->plan.timed)
+    if (!l->plan.marks)
         return 0;
     uint64_t t0 = stoke__now_ns();
-    if (w) {
-        atomic_store_explicit(&w->busy_index, idx, memory_order_relaxed);
-        atomic_store_explicit(&w->busy_since, t0, memory_order_release);
+    if (p->busy) {
+        atomic_store_explicit(&p->busy->index, idx, memory_order_relaxed);
+        atomic_store_explicit(&p->busy->in_batch, in_batch, memory_order_relaxed);
+        atomic_store_explicit(&p->busy->since, t0, memory_order_release);
     }
     return t0;
 }
 
-/* Ends what busy_begin started: clears the worker's busy mark, or, in the caller's thread
- * (w NULL), turns a success that took longer than the timeout into STOKE_ETIMEDOUT (with the
- * message in msg).  Returns the status. */
-static inline int busy_end(const stoke_loader *l, stoke__worker *w, uint64_t t0, int rc, char *msg,
-                           size_t msg_len)
+/* Ends what busy_begin started: clears p's busy mark, or, in the caller's thread (no marks),
+ * turns a success that took longer than the timeout into STOKE_ETIMEDOUT (with the message in
+ * msg).  Returns the status. */
+static inline int busy_end(const stoke_loader *l, stoke__producer *p, uint64_t t0, int rc,
+                           char *msg, size_t msg_len)
 {
-    if (!l->plan.timed)
+    if (!l->plan.marks)
         return rc;
-    if (w) {
-        atomic_store_explicit(&w->busy_since, 0, memory_order_release);
+    if (p->busy) {
+        atomic_store_explicit(&p->busy->since, 0, memory_order_release);
     } else if (rc == STOKE_OK && stoke__now_ns() - t0 > (uint64_t)l->o.timeout_ms * 1000000u) {
         rc = STOKE_ETIMEDOUT;
         stoke__fmt(msg, msg_len, "took longer than the timeout of %u ms", l->o.timeout_ms);
@@ -190,11 +192,11 @@ int stoke__loader_one_sample(stoke_loader *l, stoke_batch *b, stoke__producer *p
     stoke__ahead *a = &p->ahead;
     point_slots(l, b, j, a->dst, a->len, 1);
     msg[0] = '\0';
-    uint64_t t0 = busy_begin(l, p->w, l->iterable ? UINT64_MAX : *idx);
+    uint64_t t0 = busy_begin(l, p, l->iterable ? UINT64_MAX : *idx, 0);
     int rc = l->iterable
                  ? l->ds.next(l->ds.user, p->wid, l->nworkers, a->dst, a->len, idx, msg, msg_len)
                  : l->ds.get(l->ds.user, *idx, a->dst, a->len, p->wid, msg, msg_len);
-    rc = busy_end(l, p->w, t0, rc, msg, msg_len);
+    rc = busy_end(l, p, t0, rc, msg, msg_len);
     if (rc == STOKE_OK && l->nragged)
         rc = take_lengths(l, b, j, a->len, msg, msg_len);
     return rc;
@@ -245,9 +247,9 @@ static void fill_read(stoke_loader *l, stoke_batch *b, stoke__producer *p)
     char msg[256];
     msg[0] = '\0';
     uint64_t err_index = b->indices[0];
-    uint64_t t0 = busy_begin(l, p->w, b->indices[0]);
+    uint64_t t0 = busy_begin(l, p, b->indices[0], 1);
     int rc = l->ds.read(l->ds.user, b->indices, n, &slots, p->wid, msg, sizeof(msg), &err_index);
-    rc = busy_end(l, p->w, t0, rc, msg, sizeof(msg));
+    rc = busy_end(l, p, t0, rc, msg, sizeof(msg));
     const int nf = l->ds.nfields;
     for (size_t j = 0; rc == STOKE_OK && l->nragged && j < n; j++)
         if ((rc = take_lengths(l, b, j, a->len + j * (size_t)nf, msg, sizeof(msg))) != STOKE_OK)
@@ -776,7 +778,7 @@ int stoke__loader_start_workers(stoke_loader *l)
     l->quit = 0;
     for (int i = 0; i < l->nworkers; i++) {
         stoke__worker *w = &l->w[i];
-        atomic_store(&w->busy_since, 0);
+        atomic_store(&w->p.busy->since, 0);
         int e = pthread_create(&w->th, NULL, worker_main, w);
         if (e) {
             join_workers(l, i);
