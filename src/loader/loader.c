@@ -47,15 +47,6 @@ int stoke__loader_fail(stoke_loader *l, int code, const char *fmt, ...)
     return stoke__fail(code, "%s", l->err);
 }
 
-static void cond_init_mono(pthread_cond_t *c)
-{
-    pthread_condattr_t a;
-    pthread_condattr_init(&a);
-    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
-    pthread_cond_init(c, &a);
-    pthread_condattr_destroy(&a);
-}
-
 /* ---- memory ------------------------------------------------------------------------------- */
 
 static int slot_alloc(stoke_loader *l, stoke__slot *s)
@@ -391,7 +382,11 @@ static stoke_loader *loader_new(const stoke_loader_opts *o, const stoke_dataset 
     pthread_mutexattr_destroy(&ma);
     pthread_mutex_init(&l->stream_mu, NULL);
     pthread_cond_init(&l->work_cv, NULL);
-    cond_init_mono(&l->done_cv);
+    pthread_condattr_t ca; /* done_cv's waits are until CLOCK_MONOTONIC times */
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&l->done_cv, &ca);
+    pthread_condattr_destroy(&ca);
     l->done_tail = &l->done;
     l->fork_gen = stoke__fork_gen();
     l->pid = (int)getpid();
@@ -437,8 +432,12 @@ static int validate(stoke_loader *l)
                                   "worker k %% num_workers's), not STOKE_LOADER_WORKERS_AUTO");
     /* per worker; with STOKE_LOADER_PREFETCH_AUTO 2, and the plan may deepen the window */
     l->prefetch = l->o.prefetch_factor ? l->o.prefetch_factor : 2;
-    if ((rc = stoke__bad_validate(l)) != STOKE_OK)
-        return rc;
+    if (l->o.on_error < STOKE_ON_ERROR_ERROR || l->o.on_error > STOKE_ON_ERROR_REPLACE)
+        return stoke__loader_fail(
+            l, STOKE_EINVAL, "loader: unknown on_error %d (error, skip, replace)", l->o.on_error);
+    if (!(l->o.max_bad_fraction >= 0.0 && l->o.max_bad_fraction <= 1.0))
+        return stoke__loader_fail(l, STOKE_EINVAL, "loader: max_bad_fraction %g is not in 0..1",
+                                  l->o.max_bad_fraction);
     return check_dataset(l, &l->ds);
 }
 
@@ -778,11 +777,11 @@ void stoke_loader_destroy(stoke_loader *l)
     stoke__proc_destroy(l); /* before the buffers below: it unmaps the shared ones */
     if (l->stream && !forked)
         stoke_stream_synchronize(l->stream);
-    stoke__bad_destroy(l);
     for (int i = 0; l->bat && i < l->nbuf; i++) {
         if (l->bat[i].indices != l->bat[i].idx_inline)
             free(l->bat[i].indices);
         free(l->bat[i].rmeta);
+        free(l->bat[i].bad.v);
         if (!forked) {
             stoke_device_buffer_destroy(l->bat[i].dbuf);
             stoke_event_destroy(l->bat[i].ev);
@@ -813,6 +812,7 @@ void stoke_loader_destroy(stoke_loader *l)
     free(l->bits);
     free(l->free_v);
     free(l->ready);
+    free(l->quar);
     if (!forked) {
         pthread_cond_destroy(&l->work_cv);
         pthread_cond_destroy(&l->done_cv);

@@ -179,7 +179,7 @@ typedef struct stoke__feistel {
     uint64_t mask; /* (1 << half) - 1 */
     unsigned half; /* bits of each half */
     uint64_t rk[STOKE__FEISTEL_ROUNDS];
-    /* NULL, or the round function tabulated (stoke__feistel_tabulate): tab[(i << half) | r] =
+    /* NULL, or the round function tabulated (stoke__sampler_epoch_tabulate): tab[(i << half) | r] =
      * mix64(r ^ rk[i]) & mask for every round i and every half r.  A pass is then six loads
      * instead of twelve 64-bit multiplies; the images are the same. */
     const uint16_t *tab;
@@ -347,8 +347,6 @@ int stoke__autotune_step(stoke__autotune *a, int n, int lo, int hi,
 static inline void stoke__autotune_delivered(stoke_loader *l, uint64_t now, uint64_t waited);
 /* Its part past the count: the clock, and a period's end. */
 void stoke__autotune_clock(stoke_loader *l, uint64_t now);
-/* (mu) workers_active_min / max and workers_changes into *s. */
-void stoke__autotune_stats(const stoke__autotune *a, stoke_loader_stats *s);
 
 struct stoke_loader {
     /* Immutable after create. */
@@ -641,8 +639,6 @@ void stoke__loader_look_ahead(stoke_loader *l, stoke__producer *p, uint64_t seq,
 /* badsample.c: the bad-sample policy (opts.on_error), see docs/loader.md.
  * Returned by stoke__bad_sample when the sample was dropped. */
 #define STOKE__BAD_SKIPPED 1
-/* create: checks the options (STOKE_EINVAL with l->err). */
-int stoke__bad_validate(stoke_loader *l);
 /* Producer: sample `*idx` (dataset index; ITERABLE: as next() gave it) of batch b, slot `slot`,
  * failed with rc / msg.  Records it in b->bad and applies the policy: returns rc (ERROR, or an
  * error no policy handles: ETIMEDOUT, ENOMEM), STOKE__BAD_SKIPPED, or STOKE_OK with the slot
@@ -656,8 +652,6 @@ stoke__bad *stoke__bad_append(stoke_batch *b);
 /* (mu) Consumer, for each batch taken from the done list: moves b->bad to the quarantine and the
  * counts, and fails a good batch that takes the epoch past the budget. */
 void stoke__bad_account(stoke_loader *l, stoke_batch *b);
-/* Frees the batches' lists and the quarantine (destroy). */
-void stoke__bad_destroy(stoke_loader *l);
 /* worker.c: one sample into slot j (see worker.c). */
 int stoke__loader_one_sample(stoke_loader *l, stoke_batch *b, stoke__producer *p, size_t j,
                              uint64_t *idx, char *msg, size_t msg_len);

@@ -134,14 +134,6 @@ static int timed_out_worker(stoke_loader *l, uint64_t now, uint64_t *deadline)
     return -1;
 }
 
-static int all_held(stoke_loader *l)
-{
-    return stoke__loader_fail(l, STOKE_ELIMIT,
-                              "loader: all %d batch buffers are held by the caller; release "
-                              "batches",
-                              l->nbuf);
-}
-
 /* (mu) The status that stops the wait for a batch, or STOKE_OK to keep waiting. */
 static int wait_status(stoke_loader *l)
 {
@@ -260,7 +252,10 @@ static int next_batch(stoke_loader *l, stoke_batch **bp, uint64_t *t0, uint64_t 
         if (l->held >= l->nbuf || (!l->nfree && l->filling == 0)) {
             if (stoke__loader_reclaim(l))
                 continue;
-            rc = all_held(l);
+            rc = stoke__loader_fail(l, STOKE_ELIMIT,
+                                    "loader: all %d batch buffers are held by the caller; release "
+                                    "batches",
+                                    l->nbuf);
             break;
         }
         int why = assist_wanted(l);

@@ -61,21 +61,6 @@ static void feistel_init(stoke__feistel *f, uint64_t n, uint64_t key)
     f->tab = NULL;
 }
 
-/* The round function of every half value, round by round (see stoke__feistel.tab): 1, or 0 when
- * the network is too wide for the table or len is short. */
-static int feistel_tabulate(stoke__feistel *f, uint16_t *tab, size_t len)
-{
-    if (f->n <= 1 || f->half > STOKE__FEISTEL_TAB_HALF ||
-        len < ((size_t)STOKE__FEISTEL_ROUNDS << f->half))
-        return 0;
-    const size_t w = (size_t)1 << f->half;
-    for (int i = 0; i < STOKE__FEISTEL_ROUNDS; i++)
-        for (size_t r = 0; r < w; r++)
-            tab[((size_t)i << f->half) | r] = (uint16_t)(mix64(r ^ f->rk[i]) & f->mask);
-    f->tab = tab;
-    return 1;
-}
-
 /* The rows of f's table, one per round: t[i][r] = the round function of round i at r. */
 typedef const uint16_t *feistel_rows[STOKE__FEISTEL_ROUNDS];
 
@@ -639,14 +624,24 @@ int stoke__sampler_epoch_init(stoke__sampler_epoch *e, const stoke_sampler *s, u
     return STOKE_OK;
 }
 
+/* The round function of every half value, round by round (see stoke__feistel.tab). */
 int stoke__sampler_epoch_tabulate(stoke__sampler_epoch *e, uint16_t *tab, size_t len)
 {
     if (!e || !e->s || !tab)
         return 0;
     const stoke_sampler *s = e->s;
+    stoke__feistel *f = &e->perm;
     int perm = s->kind == STOKE_SAMPLER_RANDOM || s->kind == STOKE_SAMPLER_BLOCK ||
                (s->kind == STOKE_SAMPLER_SUBSET && s->shuffle);
-    return perm && feistel_tabulate(&e->perm, tab, len);
+    if (!perm || f->n <= 1 || f->half > STOKE__FEISTEL_TAB_HALF ||
+        len < ((size_t)STOKE__FEISTEL_ROUNDS << f->half))
+        return 0;
+    const size_t w = (size_t)1 << f->half;
+    for (int i = 0; i < STOKE__FEISTEL_ROUNDS; i++)
+        for (size_t r = 0; r < w; r++)
+            tab[((size_t)i << f->half) | r] = (uint16_t)(mix64(r ^ f->rk[i]) & f->mask);
+    f->tab = tab;
+    return 1;
 }
 
 /* out[i] = the unsharded epoch position of this rank's position pos0 + i (all < s->len). */

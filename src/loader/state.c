@@ -182,7 +182,9 @@ int stoke_loader_get_stats(const stoke_loader *l, stoke_loader_stats *out)
     s.workers = (uint64_t)m->nworkers;
     s.workers_auto = (uint64_t)m->auto_workers;
     s.workers_active = (uint64_t)m->nact;
-    stoke__autotune_stats(&m->autotune, &s);
+    s.workers_active_min = (uint64_t)m->autotune.lo;
+    s.workers_active_max = (uint64_t)m->autotune.hi;
+    s.workers_changes = m->autotune.changes;
     s.quarantined = m->nquar;
     stoke__loader_unlock(m);
     s.buffers = (uint64_t)l->nbuf;
