@@ -224,7 +224,7 @@ int stoke__sampler_fill(const stoke_sampler *s, const stoke__sampler_epoch *e, u
 extern int stoke__feistel_simd;
 int stoke__feistel_simd_in_use(void);
 
-/* The indices a thread computes ahead of its batches (worker.c, stoke__loader_look_ahead and
+/* The indices a thread computes ahead of its batches (worker.c, look_ahead and
  * batch_indices).  A batch of up to STOKE__AHEAD_RUN samples is not computed alone: its run
  * reaches as far as the batches this thread makes in a row (seq_end), at most STOKE__AHEAD_RUN
  * positions, so that batch size 1 takes its indices from one fill of many positions (the
@@ -268,7 +268,7 @@ typedef struct stoke__plan {
 
 /* A producer: what makes batches, all through one loop (worker.c, stoke__loader_make_group:
  * claim k >= 1 batches under `mu`, fill them without it, complete them under it) and one fill
- * pipeline (stoke__loader_fill_batch ... stoke__loader_finish).  Three kinds, one struct:
+ * pipeline (stoke__loader_fill_batch ... finish_batch).  Three kinds, one struct:
  * - a worker thread: l->w[i].p, wid i, w its record (the busy marks the consumer's timeout
  *   reads; ITERABLE: its share);
  * - the caller's thread: l->caller, wid nworkers, w NULL (it times its own samples): every
@@ -630,11 +630,6 @@ int stoke__loader_make_group(stoke_loader *l, stoke__producer *p, uint64_t *cloc
 int stoke__loader_start_workers(stoke_loader *l);
 /* Consumer, without `mu`: asks the workers to exit and joins them (nothing if none run). */
 void stoke__loader_stop_workers(stoke_loader *l);
-/* Producer, before making a batch: when batches are small and the dataset has prefetch,
- * computes the indices of batch `seq` (the one this thread makes next) into *a and names them
- * to the dataset.  Does nothing otherwise. */
-void stoke__loader_look_ahead(stoke_loader *l, stoke__producer *p, uint64_t seq, uint64_t seed,
-                              uint64_t epoch);
 
 /* badsample.c: the bad-sample policy (opts.on_error), see docs/loader.md.
  * Returned by stoke__bad_sample when the sample was dropped. */
@@ -658,7 +653,7 @@ int stoke__loader_one_sample(stoke_loader *l, stoke_batch *b, stoke__producer *p
 
 /* A ragged field of the loader (dataset.h): samples are written at the stride of max_len
  * units, lengths recorded per slot, and the batch collated once it is full (worker.c,
- * stoke__loader_finish). */
+ * finish_batch). */
 typedef struct stoke__ragged {
     int field;
     size_t unit; /* bytes of one unit of the variable dimension */
@@ -679,17 +674,6 @@ static inline size_t stoke__ragged_words(const stoke_loader *l, int r)
 }
 #define STOKE__RMETA_WORDS(l) (2 + 2 * (l)->cap)
 
-/* worker.c: the one point where a batch is full: collates its ragged fields (padding or
- * packing, lengths and offsets), sets b->bytes.  Runs in the producer (a child process for
- * process workers), before any device copy. */
-void stoke__loader_finish_ragged(stoke_loader *l, stoke_batch *b);
-static inline void stoke__loader_finish(stoke_loader *l, stoke_batch *b)
-{
-    if (l->nragged && b->status == STOKE_OK)
-        stoke__loader_finish_ragged(l, b);
-    else
-        b->bytes = b->count * l->sample_bytes;
-}
 /* The extent / lengths / offsets words of ragged field r of a delivered batch: in its buffer,
  * or (device mode) the copy in b->rmeta.  batch.c. */
 const int64_t *stoke__batch_ragged(const stoke_batch *b, int r);

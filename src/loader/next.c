@@ -150,25 +150,13 @@ static int wait_status(stoke_loader *l)
     return STOKE_OK;
 }
 
-/* (mu) Workers: waits for a completion, or fails the epoch when a sample passed the timeout.
- * Returns STOKE_OK after a wake-up, STOKE_ETIMEDOUT. */
+/* (mu) Workers: waits for a completion (with opts.interrupted, at most 100 ms, then asks it), or
+ * fails the epoch when a sample passed the timeout.  Returns STOKE_OK after a wake-up,
+ * STOKE_ETIMEDOUT, STOKE_ECANCELED (interrupted). */
 static int wait_done(stoke_loader *l)
 {
-    if (!l->o.timeout_ms && l->o.interrupted) { /* a slice, then the consumer's own check */
-        uint64_t until = stoke__now_ns() + 100000000u;
-        struct timespec ts = {(time_t)(until / 1000000000u), (long)(until % 1000000000u)};
-        stoke__loader_wait(l, &l->done_cv, &ts);
-        stoke__loader_unlock(l);
-        int stop = l->o.interrupted(l->o.interrupted_user);
-        stoke__loader_lock(l);
-        return stop ? STOKE_ECANCELED : STOKE_OK;
-    }
-    if (!l->o.timeout_ms) {
-        stoke__loader_wait(l, &l->done_cv, NULL);
-        return STOKE_OK;
-    }
-    uint64_t now = stoke__now_ns(), deadline;
-    int w = timed_out_worker(l, now, &deadline);
+    uint64_t now = stoke__now_ns(), deadline = 0; /* 0: none */
+    int w = l->o.timeout_ms ? timed_out_worker(l, now, &deadline) : -1;
     if (w >= 0) {
         char what[48] = "its next sample";
         uint64_t idx = atomic_load(&l->w[w].p.busy->index);
@@ -182,11 +170,16 @@ static int wait_done(stoke_loader *l)
         l->ended = 1;
         return rc;
     }
-    struct timespec ts;
-    ts.tv_sec = (time_t)(deadline / 1000000000u);
-    ts.tv_nsec = (long)(deadline % 1000000000u);
-    stoke__loader_wait(l, &l->done_cv, &ts);
-    return STOKE_OK;
+    if (l->o.interrupted && (!deadline || deadline > now + 100000000u))
+        deadline = now + 100000000u; /* a slice, then the consumer's own check */
+    struct timespec ts = {(time_t)(deadline / 1000000000u), (long)(deadline % 1000000000u)};
+    stoke__loader_wait(l, &l->done_cv, deadline ? &ts : NULL);
+    if (!l->o.interrupted)
+        return STOKE_OK;
+    stoke__loader_unlock(l);
+    int stop = l->o.interrupted(l->o.interrupted_user);
+    stoke__loader_lock(l);
+    return stop ? STOKE_ECANCELED : STOKE_OK;
 }
 
 /* (mu) 1 with 0 workers: the caller's thread makes every batch (the wait loop saw that the epoch

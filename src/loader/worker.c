@@ -356,8 +356,15 @@ static size_t collate_ragged(const stoke_loader *l, stoke_batch *b, int r)
     return n * row;
 }
 
-void stoke__loader_finish_ragged(stoke_loader *l, stoke_batch *b)
+/* The one point where a batch is full: collates its ragged fields (padding or packing, lengths
+ * and offsets), sets b->bytes.  Runs in the producer (a child process for process workers),
+ * before any device copy. */
+static inline void finish_batch(stoke_loader *l, stoke_batch *b)
 {
+    if (!l->nragged || b->status != STOKE_OK) {
+        b->bytes = b->count * l->sample_bytes;
+        return;
+    }
     size_t bytes = 0;
     for (int f = 0; f < l->ds.nfields; f++)
         if (l->rix[f] < 0)
@@ -389,7 +396,7 @@ void stoke__loader_batch_start(stoke_loader *l, stoke_batch *b, int wid, uint64_
 }
 
 /* The fill pipeline: indices, the dataset's reads (read() for the batch, else get()/next() per
- * sample, bad samples through the policy), then stoke__loader_finish. */
+ * sample, bad samples through the policy), then finish_batch. */
 void stoke__loader_fill_batch(stoke_loader *l, stoke_batch *b, stoke__producer *p, uint64_t seed,
                               uint64_t epoch, uint64_t seq)
 {
@@ -401,7 +408,7 @@ void stoke__loader_fill_batch(stoke_loader *l, stoke_batch *b, stoke__producer *
         fill_read(l, b, p);
     else
         fill_samples(l, b, p);
-    stoke__loader_finish(l, b);
+    finish_batch(l, b);
 }
 
 /* (mu) Hands a finished batch to the consumer, or recycles it if its epoch was abandoned.  In
@@ -522,8 +529,11 @@ static stoke_batch *dispatch(stoke_loader *l, stoke__producer *p, uint64_t *seed
     return b;
 }
 
-void stoke__loader_look_ahead(stoke_loader *l, stoke__producer *p, uint64_t seq, uint64_t seed,
-                              uint64_t epoch)
+/* Producer, before making a batch: when batches are small and the dataset has a hint, computes
+ * the indices of batch `seq` (the one this thread makes next) into its look-ahead and names them
+ * to the dataset.  Does nothing otherwise. */
+static void look_ahead(stoke_loader *l, stoke__producer *p, uint64_t seq, uint64_t seed,
+                       uint64_t epoch)
 {
     stoke__ahead *a = &p->ahead;
     if (!l->plan.hint_next || seq >= l->nbatches)
@@ -640,7 +650,7 @@ static int make_scattered(stoke_loader *l, stoke_batch *const *b, int n, int wid
         point_slots(l, x, 0, base + (size_t)i * (size_t)nf, NULL, 0); /* (no ragged field) */
         start[i] = j;
         j += x->count;
-        stoke__loader_finish(l, x); /* (no ragged field here: plan.scatter) */
+        finish_batch(l, x); /* (no ragged field here: plan.scatter) */
     }
     start[n] = j;
     stoke_slots slots = {(size_t)n, start, base, NULL};
@@ -677,7 +687,7 @@ int stoke__loader_make_group(stoke_loader *l, stoke__producer *p, uint64_t *cloc
         n > 1 && l->plan.scatter && make_scattered(l, b, n, wid, seed, epoch, a) == STOKE_OK;
     for (int i = 0; i < n && !one_call; i++) {
         if (b[i]->seq + 1 < a->seq_end) /* the next batch this producer makes */
-            stoke__loader_look_ahead(l, p, b[i]->seq + 1, seed, epoch);
+            look_ahead(l, p, b[i]->seq + 1, seed, epoch);
         make_batch(l, b[i], p, seed, epoch);
     }
     uint64_t t1 = stoke__now_ns(), took = t1 - t0;
