@@ -497,9 +497,16 @@ uintptr_t stoke__loader_me(void);
 #define STOKE__LOADER_ASSERT_MU(l)                                                                 \
     STOKE__LOADER_ASSERT(atomic_load_explicit(&(l)->mu_owner, memory_order_relaxed) ==             \
                          stoke__loader_me())
+#define STOKE__MU_TAKEN(l)                                                                         \
+    atomic_store_explicit(&(l)->mu_owner, stoke__loader_me(), memory_order_relaxed)
+#define STOKE__MU_RELEASING(l)                                                                     \
+    (STOKE__LOADER_ASSERT_MU(l), stoke__loader_check(l),                                           \
+     atomic_store_explicit(&(l)->mu_owner, 0, memory_order_relaxed))
 #else
 #define STOKE__LOADER_ASSERT(cond) ((void)0)
 #define STOKE__LOADER_ASSERT_MU(l) ((void)0)
+#define STOKE__MU_TAKEN(l)         ((void)0)
+#define STOKE__MU_RELEASING(l)     ((void)0)
 #endif
 
 /* STOKE_TEST_BREAK_TRANSITION (tests/test_lifecycle.c only): while stoke__test_break is set,
@@ -509,17 +516,6 @@ extern int stoke__test_break;
 #define STOKE__TEST_BROKEN() (stoke__test_break != 0)
 #else
 #define STOKE__TEST_BROKEN() 0
-#endif
-
-#ifdef STOKE_CHECK_INVARIANTS
-#define STOKE__MU_TAKEN(l)                                                                         \
-    atomic_store_explicit(&(l)->mu_owner, stoke__loader_me(), memory_order_relaxed)
-#define STOKE__MU_RELEASING(l)                                                                     \
-    (STOKE__LOADER_ASSERT_MU(l), stoke__loader_check(l),                                           \
-     atomic_store_explicit(&(l)->mu_owner, 0, memory_order_relaxed))
-#else
-#define STOKE__MU_TAKEN(l)     ((void)0)
-#define STOKE__MU_RELEASING(l) ((void)0)
 #endif
 
 static inline void stoke__loader_lock(stoke_loader *l)
