@@ -99,8 +99,7 @@ int stoke__bad_sample(stoke_loader *l, stoke_batch *b, stoke__producer *p, size_
     }
     if (l->iterable)
         action = STOKE_ON_ERROR_SKIP;
-    uint64_t bad = *idx;
-    if (push(b, bad, rc, action, msg) != STOKE_OK)
+    if (push(b, *idx, rc, action, msg) != STOKE_OK)
         return rc;
     if (action == STOKE_ON_ERROR_SKIP)
         return STOKE__BAD_SKIPPED;

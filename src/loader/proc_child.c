@@ -135,13 +135,6 @@ static void child_main(stoke_loader *l, int wid, int fd, pid_t zygote)
 
 /* ---- the zygote ------------------------------------------------------------------------- */
 
-static void sleep_ms(long ms)
-{
-    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-    }
-}
-
 /* The disposition and mask of ZSIG the zygote found (its children get them back). */
 static struct sigaction z_old_action;
 static sigset_t z_old_mask;
@@ -222,8 +215,8 @@ int stoke__proc_reap(pid_t pid, int kill_it, uint64_t grace_ns, int *st)
         if (r == 0 && stoke__now_ns() >= deadline) {
             kill(pid, SIGKILL);
             killed = 1;
-        } else if (r == 0) {
-            sleep_ms(1);
+        } else if (r == 0) { /* 1 ms (a signal cuts it short: the loop looks again) */
+            nanosleep(&(struct timespec){.tv_nsec = 1000000}, NULL);
         }
     }
 }

@@ -475,23 +475,20 @@ static int after_crash(stoke_loader *l, stoke_batch *b, int wid, wreq *req, cons
         req->flags |= F_NO_READ; /* find the sample: again, one get() at a time */
         return STOKE_OK;
     }
-    if (l->o.on_error == STOKE_ON_ERROR_ERROR) {
-        stoke__bad_note(b, idx, STOKE_EDATA, why);
-        stoke__batch_failed(b, STOKE_EDATA, idx, why);
-        return STOKE_EDATA;
+    if (l->o.on_error != STOKE_ON_ERROR_ERROR && req->npoison < POISON_MAX) {
+        req->poison[req->npoison] = idx;
+        stoke__strlcpy(req->pmsg[req->npoison++], why, sizeof(req->pmsg[0]));
+        return STOKE_OK;
     }
-    if (req->npoison == POISON_MAX) {
-        char m[256];
+    char m[256]; /* the sample fails its batch: on_error ERROR, or too many crashes */
+    if (l->o.on_error == STOKE_ON_ERROR_ERROR)
+        stoke__strlcpy(m, why, sizeof(m));
+    else
         stoke__fmt(m, sizeof(m), "%.150s (more than %d crashing samples in one batch)", why,
                    POISON_MAX);
-        stoke__bad_note(b, idx, STOKE_EDATA, m);
-        stoke__batch_failed(b, STOKE_EDATA, idx, m);
-        return STOKE_EDATA;
-    }
-    req->poison[req->npoison] = idx;
-    stoke__strlcpy(req->pmsg[req->npoison], why, sizeof(req->pmsg[0]));
-    req->npoison++;
-    return STOKE_OK;
+    stoke__bad_note(b, idx, STOKE_EDATA, m);
+    stoke__batch_failed(b, STOKE_EDATA, idx, m);
+    return STOKE_EDATA;
 }
 
 void stoke__proc_fill(stoke_loader *l, stoke_batch *b, stoke__producer *pr, uint64_t seed,
