@@ -89,11 +89,8 @@ const int64_t *stoke_batch_lengths(const stoke_batch *b, int field)
 
 const int64_t *stoke_batch_offsets(const stoke_batch *b, int field)
 {
-    if (!field_ok(b, field) || b->l->rix[field] < 0 ||
-        b->l->fields[field].collate != STOKE_COLLATE_PACK)
-        return NULL;
-    const int64_t *aux = stoke__batch_ragged(b, b->l->rix[field]);
-    return aux ? aux + 1 + b->l->cap : NULL;
+    const int64_t *len = stoke_batch_lengths(b, field); /* the offsets follow the lengths */
+    return len && b->l->fields[field].collate == STOKE_COLLATE_PACK ? len + b->l->cap : NULL;
 }
 
 int stoke_batch_ndim(const stoke_batch *b, int field)

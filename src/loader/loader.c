@@ -62,12 +62,10 @@ static int slot_alloc(stoke_loader *l, stoke__slot *s)
     default: /* pageable: resident from creation (stoke__resident_alloc) */
         if (!(p = stoke__resident_alloc(l->buf_bytes)))
             rc = stoke__fail(STOKE_ENOMEM, "cannot allocate %zu bytes", l->buf_bytes);
-        s->mem = p;
-        s->pinned = 0;
-        return rc;
+        break;
     }
     s->mem = p;
-    s->pinned = rc == STOKE_OK && stoke_is_pinned(p);
+    s->pinned = rc == STOKE_OK && l->alloc_kind != STOKE__ALLOC_PAGEABLE && stoke_is_pinned(p);
     return rc;
 }
 
@@ -646,7 +644,6 @@ static int allocate(stoke_loader *l)
     for (int i = 0; i < l->nw1; i++) {
         stoke__worker *w = &l->w[i];
         w->l = l;
-        w->id = i;
         w->p.wid = i;
         w->p.w = w;
         w->p.busy = &w->busy;

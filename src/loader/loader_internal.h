@@ -298,7 +298,6 @@ typedef struct stoke__producer {
 typedef struct stoke__worker {
     stoke_loader *l;
     stoke__producer p;
-    int id;
     pthread_t th;
     stoke__busy busy; /* a worker thread's marks (p.busy) */
     /* ITERABLE (mu): this worker's batch number, end of its share, batches in flight */

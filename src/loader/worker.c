@@ -425,12 +425,8 @@ static void complete_quiet(stoke_loader *l, stoke_batch *b, uint64_t busy_ns)
     atomic_fetch_add_explicit(&l->events, 1, memory_order_release);
     if (l->device_mode && b->copied)
         stoke__loader_drop_slot(l, b);
-    if (b->gen != l->gen) { /* (dispatch gave it the run's gen) */
-        stoke__loader_recycle(l, b);
-        stoke__loader_wake_workers(l, 1);
-        return;
-    }
-    if (l->iterable && b->status == STOKE_OK && b->end) {
+    int drop = b->gen != l->gen; /* (dispatch gave it the run's gen) */
+    if (!drop && l->iterable && b->status == STOKE_OK && b->end) {
         stoke__worker *w = &l->w[b->worker];
         int keep = b->count && !(l->o.drop_last && b->count < l->o.batch_size);
         w->exhausted = 1;
@@ -438,10 +434,13 @@ static void complete_quiet(stoke_loader *l, stoke_batch *b, uint64_t busy_ns)
         if (!keep) { /* nothing to deliver: the share ended on a batch boundary or was dropped */
             w->outstanding--;
             l->outstanding--;
-            stoke__loader_recycle(l, b);
-            stoke__loader_wake_workers(l, 1);
-            return;
+            drop = 1;
         }
+    }
+    if (drop) {
+        stoke__loader_recycle(l, b);
+        stoke__loader_wake_workers(l, 1);
+        return;
     }
     stoke__batch_move(b, STOKE__B_FILLING, STOKE__B_DONE);
     if (l->ready) { /* (no two seqs in flight share a slot: see `ready`) */
@@ -464,8 +463,8 @@ static int can_dispatch(const stoke_loader *l, const stoke__worker *w)
     if (l->next_dispatch >= l->nbatches || l->outstanding >= l->window)
         return 0;
     if (l->o.round_robin) /* batch k is worker k % nact's; never the caller's */
-        return w && l->next_dispatch % (uint64_t)l->nact == (uint64_t)w->id;
-    return !w || w->id < l->nact;
+        return w && l->next_dispatch % (uint64_t)l->nact == (uint64_t)w->p.wid;
+    return !w || w->p.wid < l->nact;
 }
 
 /* (mu) Wakes the workers waiting for work when one of them could take some.  Unless `force`,
@@ -515,7 +514,7 @@ static stoke_batch *dispatch(stoke_loader *l, stoke__producer *p, uint64_t *seed
         b->gen = l->gen;
     if (l->iterable) {
         b->k = w->k_next++;
-        b->seq = b->k * (uint64_t)l->nw1 + (uint64_t)w->id;
+        b->seq = b->k * (uint64_t)l->nw1 + (uint64_t)w->p.wid;
         w->outstanding++;
     } else {
         b->seq = l->next_dispatch++;
@@ -708,17 +707,17 @@ static void *worker_main(void *arg)
     stoke__worker *w = arg;
     stoke_loader *l = w->l;
     char name[16];
-    snprintf(name, sizeof(name), "stoke-w%d", w->id);
+    snprintf(name, sizeof(name), "stoke-w%d", w->p.wid);
     stoke__thread_name(name);
     if (l->ds.worker_init && !l->proc) { /* process mode: in the child */
-        int rc = l->ds.worker_init(l->ds.user, w->id, l->nworkers);
+        int rc = l->ds.worker_init(l->ds.user, w->p.wid, l->nworkers);
         if (rc != STOKE_OK) {
             stoke__loader_lock(l);
             if (!l->init_failed)
                 l->init_failed = rc < 0 ? rc : STOKE_EDATA;
             stoke__loader_notify(l);
             stoke__loader_unlock(l);
-            stoke__log(STOKE_LOG_DEBUG, "loader: worker_init of worker %d failed (%s)", w->id,
+            stoke__log(STOKE_LOG_DEBUG, "loader: worker_init of worker %d failed (%s)", w->p.wid,
                        stoke_err_name(rc));
             return NULL;
         }
@@ -729,7 +728,7 @@ static void *worker_main(void *arg)
         while (!l->quit && !can_dispatch(l, w)) {
             if (!spun++) { /* then look again: a change may come just after the spin */
                 /* for the consumer to take a batch, when this worker is given work */
-                if (!l->iterable && w->id < l->nact && !l->ended && !l->quiesce &&
+                if (!l->iterable && w->p.wid < l->nact && !l->ended && !l->quiesce &&
                     l->next_dispatch < l->nbatches)
                     stoke__loader_spin(l, &l->work_events);
                 continue;
