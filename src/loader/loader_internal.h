@@ -274,7 +274,7 @@ typedef struct stoke__plan {
  * - the caller's thread: l->caller, wid nworkers, w NULL (it times its own samples): every
  *   batch with 0 workers (ITERABLE: the one share, l->w[0]'s), else the batches it assists with
  *   (next.c);
- * - a process worker's child: its copy of l->caller, wid its worker's (proc_child.c), filling
+ * - a process worker's child: its copy of l->caller, wid its worker's (procworker.c), filling
  *   the batches its parent's thread claimed for it. */
 /* What a producer is loading, where plan.marks says (worker.c, busy_begin): for the consumer's
  * timeout check (next.c, timed_out_worker: it reads `since`, then `index`), and from a process
