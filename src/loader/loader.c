@@ -263,11 +263,8 @@ static int size_buffers(stoke_loader *l)
         l->off[f] = off;
         off = stoke__align_up(off + l->cap * l->fields[f].bytes, 256);
     }
-    for (int r = 0; r < l->nragged; r++) { /* (cap fits: the indices of a batch did) */
-        l->rg[r].aux = off;
-        off = stoke__align_up(
-            add_sz(off, mul_sz(stoke__ragged_words(l, r), sizeof(int64_t), &ok), &ok), 256);
-    }
+    /* each batch's ragged words (b->rmeta; 2 + 2 cap fits: the indices of a batch did) */
+    (void)mul_sz(mul_sz((size_t)l->nragged, STOKE__RMETA_WORDS(l), &ok), sizeof(int64_t), &ok);
     if (!ok)
         return stoke__loader_fail(l, STOKE_ERANGE, "loader: batch_size %zu is too large", bs);
     l->buf_bytes = stoke__align_up(off, 4096);
@@ -589,7 +586,8 @@ static int size_loader(stoke_loader *l)
 static int open_arena(stoke_loader *l)
 {
     const char *spec = l->o.arena; /* NULL: $STOKE_ARENA decides */
-    size_t idx = stoke__align_up((l->cap + 1) * sizeof(uint64_t), 4096);
+    size_t idx = /* process workers: a batch's indices and ragged words are shared too */
+        stoke__align_up((l->cap + 1 + (size_t)l->nragged * STOKE__RMETA_WORDS(l)) * 8, 4096);
     uint64_t need = (uint64_t)l->nbuf * (l->buf_bytes + 2 * idx) + 16 * 4096;
     stoke_arena *a = NULL;
     if (!l->o.pin_memory) {
@@ -673,9 +671,13 @@ static int allocate(stoke_loader *l)
         b->l = l;
         b->indices =
             l->cap <= STOKE__BATCH_INLINE ? b->idx_inline : calloc(l->cap, sizeof(uint64_t));
-        if (!b->indices)
-            return stoke__loader_fail(
-                l, STOKE_ENOMEM, "loader: out of memory for the indices of %zu samples", l->cap);
+        if (l->nragged)
+            b->rmeta = calloc((size_t)l->nragged * STOKE__RMETA_WORDS(l), sizeof(int64_t));
+        if (!b->indices || (l->nragged && !b->rmeta))
+            return stoke__loader_fail(l, STOKE_ENOMEM,
+                                      "loader: out of memory for the indices (and ragged lengths) "
+                                      "of %zu samples",
+                                      l->cap);
         if ((rc = slot_alloc(l, &l->slots[i])) != STOKE_OK)
             return stoke__loader_fail(l, rc, "loader: batch buffer %d of %d: %s", i + 1, l->nbuf,
                                       stoke_last_error());

@@ -149,8 +149,9 @@ struct stoke_batch {
     uint64_t err_index;
     stoke_device_buffer *dbuf;
     stoke_event *ev; /* device mode: the consumer's copy-complete event */
-    /* device mode with ragged fields: each one's extent, lengths and offsets (2 + 2 cap words
-     * apiece), saved from the buffer before the slot goes back to the pool */
+    /* ragged fields: each one's extent, lengths and offsets (stoke__ragged_meta), host memory
+     * of the batch's own (not in its buffer: a device mode batch keeps them after its staging
+     * slot went back; process workers: in the shared mapping, written by the child) */
     int64_t *rmeta;
     /* On a line of its own: every release writes it (the released stack) from the consumer's
      * thread, and beside epoch and host it took from the producers' caches the line they read
@@ -357,9 +358,9 @@ struct stoke_loader {
     int64_t *shapes;
     size_t *off;  /* where each field starts in a batch buffer */
     size_t *step; /* each field's bytes per sample (fields[f].bytes, side by side) */
-    /* Ragged fields (dataset.h): rg[r] for the r-th; rix[f] is f's r, or -1.  Each has in the
-     * buffer at rg[r].aux: int64 extent (PAD: the padded length L; PACK: the sum), int64
-     * lengths[cap], PACK: int64 offsets[cap + 1] (stoke__ragged_*, worker.c). */
+    /* Ragged fields (dataset.h): rg[r] for the r-th; rix[f] is f's r, or -1.  Each batch has
+     * for each one in b->rmeta: int64 extent (PAD: the padded length L; PACK: the sum), int64
+     * lengths[cap], PACK: int64 offsets[cap + 1] (stoke__ragged_meta, worker.c). */
     struct stoke__ragged *rg;
     int *rix;
     int nragged;
@@ -652,29 +653,14 @@ int stoke__loader_one_sample(stoke_loader *l, stoke_batch *b, stoke__producer *p
 typedef struct stoke__ragged {
     int field;
     size_t unit; /* bytes of one unit of the variable dimension */
-    size_t aux;  /* buffer offset of: extent, lengths[cap], PACK: offsets[cap + 1] (int64) */
 } stoke__ragged;
-/* The int64 words at a ragged field's aux: [0] the extent, [1 .. cap] the lengths, then the
- * offsets (PACK). */
-static inline int64_t *stoke__ragged_aux(const stoke_loader *l, const unsigned char *mem, int r)
-{
-    return (int64_t *)(void *)(mem + l->rg[r].aux);
-}
-/* How many int64 words ragged field r's aux holds (1 + cap, PACK: 2 + 2 cap); a batch's device
- * mode copy (b->rmeta) keeps each field's at a stride of the most, STOKE__RMETA_WORDS. */
-static inline size_t stoke__ragged_words(const stoke_loader *l, int r)
-{
-    int pack = l->fields[l->rg[r].field].collate == STOKE_COLLATE_PACK;
-    return pack ? 2 + 2 * l->cap : 1 + l->cap;
-}
+/* The int64 words of ragged field r of batch b, STOKE__RMETA_WORDS apiece in b->rmeta: [0] the
+ * extent, [1 .. cap] the lengths, then (PACK) the offsets, cap + 1. */
 #define STOKE__RMETA_WORDS(l) (2 + 2 * (l)->cap)
-
-/* The extent / lengths / offsets words of ragged field r of a delivered batch: in its buffer,
- * or (device mode) the copy in b->rmeta.  batch.c. */
-const int64_t *stoke__batch_ragged(const stoke_batch *b, int r);
-/* Device mode, a filled batch: its ragged fields' words into b->rmeta, before its staging slot
- * goes back to the pool while the batch is held.  batch.c. */
-void stoke__batch_keep_ragged(stoke_batch *b);
+static inline int64_t *stoke__ragged_meta(const stoke_batch *b, int r)
+{
+    return b->rmeta + (size_t)r * STOKE__RMETA_WORDS(b->l);
+}
 /* Bytes of field f in batch b (ragged: as collated).  batch.c. */
 size_t stoke__batch_field_bytes(const stoke_batch *b, int f);
 

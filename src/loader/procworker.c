@@ -480,11 +480,12 @@ static void stoke__zygote_main(stoke_loader *l, int zfd, pid_t loader)
 /* ---- the parent ------------------------------------------------------------------------- */
 
 /* The shared mapping (an anonymous memfd, or an allocation of the node-wide arena, which is
- * shared and pinned already), carved into: per batch handle its buffer (ragged lengths
- * included) and indices; the children's busy marks. */
+ * shared and pinned already), carved into: per batch handle its buffer, its indices and its
+ * ragged fields' words (b->rmeta); the children's busy marks. */
 static int map_shared(stoke_loader *l, stoke__proc *p)
 {
-    size_t idx_bytes = stoke__align_up(l->cap * sizeof(uint64_t), 4096);
+    size_t words = l->cap + (size_t)l->nragged * STOKE__RMETA_WORDS(l);
+    size_t idx_bytes = stoke__align_up(words * sizeof(uint64_t), 4096);
     size_t per = stoke__align_up(l->buf_bytes, 4096) + idx_bytes;
     size_t ctl_bytes = stoke__align_up((size_t)l->nworkers * sizeof(stoke__busy), 4096);
     p->shm_len = per * (size_t)l->nbuf + ctl_bytes;
@@ -518,6 +519,7 @@ static int map_shared(stoke_loader *l, stoke__proc *p)
         l->slots[i].pinned = (p->registered || p->from_arena) && stoke_is_pinned(base);
         l->bat[i].l = l;
         l->bat[i].indices = (uint64_t *)(base + stoke__align_up(l->buf_bytes, 4096));
+        l->bat[i].rmeta = l->nragged ? (int64_t *)(l->bat[i].indices + l->cap) : NULL;
     }
     p->ctl = (stoke__busy *)(p->shm + per * (size_t)l->nbuf);
     for (int i = 0; i < l->nworkers; i++) { /* the consumer's timeout check reads the child's */
@@ -893,6 +895,7 @@ void stoke__proc_destroy(stoke_loader *l)
     }
     for (int i = 0; l->bat && i < l->nbuf; i++) { /* (slots: allocated with bat) */
         l->bat[i].indices = NULL;
+        l->bat[i].rmeta = NULL;
         l->slots[i].mem = NULL;
     }
     if (!foreign) { /* a forked copy may hold them locked */

@@ -178,7 +178,7 @@ static int take_lengths(const stoke_loader *l, stoke_batch *b, size_t j, const i
             return STOKE_ELIMIT;
         }
         cut |= n > fd->max_len;
-        stoke__ragged_aux(l, b->host->mem, r)[1 + j] = n < fd->max_len ? n : fd->max_len;
+        stoke__ragged_meta(b, r)[1 + j] = n < fd->max_len ? n : fd->max_len;
     }
     b->truncated += (uint32_t)cut;
     return STOKE_OK;
@@ -324,7 +324,7 @@ static size_t collate_ragged(const stoke_loader *l, stoke_batch *b, int r)
     const stoke__ragged *rg = &l->rg[r];
     const stoke_field *fd = &l->fields[rg->field];
     unsigned char *base = b->host->mem + l->off[rg->field];
-    int64_t *aux = stoke__ragged_aux(l, b->host->mem, r), *len = aux + 1;
+    int64_t *aux = stoke__ragged_meta(b, r), *len = aux + 1;
     size_t n = b->count, unit = rg->unit, stride = (size_t)fd->max_len * unit;
     if (fd->collate == STOKE_COLLATE_PACK) {
         int64_t *offs = aux + 1 + l->cap;
@@ -553,11 +553,8 @@ static void make_batch(stoke_loader *l, stoke_batch *b, stoke__producer *p, uint
         stoke__proc_fill(l, b, p, seed, epoch); /* in worker p->wid's child process */
     else
         stoke__loader_fill_batch(l, b, p, seed, epoch, b->seq);
-    if (l->device_mode && b->status == STOKE_OK && b->count) {
-        if (l->nragged) /* the slot goes back before the batch is held */
-            stoke__batch_keep_ragged(b);
+    if (l->device_mode && b->status == STOKE_OK && b->count)
         stoke__loader_copy_batch(l, b);
-    }
 }
 
 /* A pause for spin loops. */
