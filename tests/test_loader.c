@@ -283,6 +283,45 @@ static void test_timeout(void **state)
     tds_free(&t);
 }
 
+/* opts.interrupted is asked while next() waits also when a timeout is set (the wait's slices
+ * end at the earlier of 100 ms and the samples' deadline): nonzero returns STOKE_ECANCELED, and
+ * the epoch goes on at the next call. */
+static int interrupted_calls, interrupt_armed;
+static int interrupt_now(void *user)
+{
+    (void)user;
+    interrupted_calls += interrupt_armed;
+    return interrupt_armed;
+}
+
+static void test_interrupted_with_timeout(void **state)
+{
+    tds t;
+    stoke_dataset ds;
+    tds_make(&t, &ds, 64);
+    t.slow_index = 5;
+    stoke_loader_opts o = base_opts(4, 1);
+    o.timeout_ms = 60000; /* never reached: the gate opens first */
+    o.interrupted = interrupt_now;
+    interrupted_calls = interrupt_armed = 0;
+    stoke_loader *l;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    stoke_batch *b;
+    assert_int_equal(stoke_loader_next(l, &b), STOKE_OK); /* batch 0 */
+    stoke_batch_release(b);
+    interrupt_armed = 1;
+    assert_int_equal(stoke_loader_next(l, &b), STOKE_ECANCELED); /* sample 5 waits */
+    assert_true(interrupted_calls >= 1);
+    interrupt_armed = 0;
+    tds_open_gate(&t);
+    assert_int_equal(stoke_loader_next(l, &b), STOKE_OK); /* the epoch went on */
+    assert_int_equal(stoke_batch_seq(b), 1);
+    assert_true(tds_batch_ok(b));
+    stoke_batch_release(b);
+    stoke_loader_destroy(l);
+    tds_free(&t);
+}
+
 static void test_sample_error(void **state)
 {
     static const int workers[] = {0, 3};
@@ -684,14 +723,23 @@ static void test_error_message_shape(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_sequential_order),      cmocka_unit_test(test_shuffle_epochs),
-        cmocka_unit_test(test_same_seed_any_workers), cmocka_unit_test(test_drop_last),
-        cmocka_unit_test(test_out_of_order),          cmocka_unit_test(test_timeout),
-        cmocka_unit_test(test_sample_error),          cmocka_unit_test(test_early_destroy),
-        cmocka_unit_test(test_persistent_workers),    cmocka_unit_test(test_save_restore),
-        cmocka_unit_test(test_held_buffers_limit),    cmocka_unit_test(test_set_epoch_mid_epoch),
-        cmocka_unit_test(test_bad_options),           cmocka_unit_test(test_buffer_sizing),
-        cmocka_unit_test(test_error_message_shape),   cmocka_unit_test(test_upfront_bytes_bounded),
+        cmocka_unit_test(test_sequential_order),
+        cmocka_unit_test(test_shuffle_epochs),
+        cmocka_unit_test(test_same_seed_any_workers),
+        cmocka_unit_test(test_drop_last),
+        cmocka_unit_test(test_out_of_order),
+        cmocka_unit_test(test_timeout),
+        cmocka_unit_test(test_interrupted_with_timeout),
+        cmocka_unit_test(test_sample_error),
+        cmocka_unit_test(test_early_destroy),
+        cmocka_unit_test(test_persistent_workers),
+        cmocka_unit_test(test_save_restore),
+        cmocka_unit_test(test_held_buffers_limit),
+        cmocka_unit_test(test_set_epoch_mid_epoch),
+        cmocka_unit_test(test_bad_options),
+        cmocka_unit_test(test_buffer_sizing),
+        cmocka_unit_test(test_error_message_shape),
+        cmocka_unit_test(test_upfront_bytes_bounded),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -132,10 +132,3 @@ void stoke__autotune_clock(stoke_loader *l, uint64_t now)
     a->batches = 0;
     a->wait_ns = 0;
 }
-
-void stoke__autotune_stats(const stoke__autotune *a, stoke_loader_stats *s)
-{
-    s->workers_active_min = (uint64_t)a->lo;
-    s->workers_active_max = (uint64_t)a->hi;
-    s->workers_changes = a->changes;
-}

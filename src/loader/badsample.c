@@ -14,20 +14,6 @@
 #include "common/internal.h"
 #include "loader/loader_internal.h"
 
-int stoke__bad_validate(stoke_loader *l)
-{
-    const stoke_loader_opts *o = &l->o;
-    if (o->on_error < STOKE_ON_ERROR_ERROR || o->on_error > STOKE_ON_ERROR_REPLACE)
-        return stoke__loader_fail(l, STOKE_EINVAL,
-                                  "loader: unknown on_error %d (error, skip, "
-                                  "replace)",
-                                  o->on_error);
-    if (!(o->max_bad_fraction >= 0.0 && o->max_bad_fraction <= 1.0))
-        return stoke__loader_fail(l, STOKE_EINVAL, "loader: max_bad_fraction %g is not in 0..1",
-                                  o->max_bad_fraction);
-    return STOKE_OK;
-}
-
 stoke__bad *stoke__bad_append(stoke_batch *b)
 {
     stoke__bad_list *bl = &b->bad;
@@ -113,8 +99,7 @@ int stoke__bad_sample(stoke_loader *l, stoke_batch *b, stoke__producer *p, size_
     }
     if (l->iterable)
         action = STOKE_ON_ERROR_SKIP;
-    uint64_t bad = *idx;
-    if (push(b, bad, rc, action, msg) != STOKE_OK)
+    if (push(b, *idx, rc, action, msg) != STOKE_OK)
         return rc;
     if (action == STOKE_ON_ERROR_SKIP)
         return STOKE__BAD_SKIPPED;
@@ -214,15 +199,6 @@ void stoke__bad_account(stoke_loader *l, stoke_batch *b)
                "too many bad samples: %" PRIu64 " this epoch, "
                "the budget is %s; the last one: %s",
                l->bad_epoch, lim, over->msg);
-}
-
-void stoke__bad_destroy(stoke_loader *l)
-{
-    if (l->bat)
-        for (int i = 0; i < l->nbuf; i++)
-            free(l->bat[i].bad.v);
-    free(l->quar);
-    l->quar = NULL;
 }
 
 int stoke_loader_quarantine(const stoke_loader *l, size_t i, stoke_bad_sample *out)

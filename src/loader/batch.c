@@ -1,6 +1,5 @@
 /* The batch handle: accessors, device reads, and release. */
 #include <pthread.h>
-#include <string.h>
 
 #include "common/internal.h"
 #include "loader/loader_internal.h"
@@ -45,32 +44,14 @@ void *stoke_batch_data(const stoke_batch *b, int field)
     return b->host->mem + b->l->off[field];
 }
 
-const int64_t *stoke__batch_ragged(const stoke_batch *b, int r)
-{
-    const stoke_loader *l = b->l;
-    if (b->host)
-        return stoke__ragged_aux(l, b->host->mem, r);
-    return b->rmeta ? b->rmeta + (size_t)r * STOKE__RMETA_WORDS(l) : NULL;
-}
-
-void stoke__batch_keep_ragged(stoke_batch *b)
-{
-    const stoke_loader *l = b->l;
-    for (int r = 0; r < l->nragged; r++)
-        memcpy(b->rmeta + (size_t)r * STOKE__RMETA_WORDS(l), stoke__ragged_aux(l, b->host->mem, r),
-               stoke__ragged_words(l, r) * sizeof(int64_t));
-}
-
 size_t stoke__batch_field_bytes(const stoke_batch *b, int f)
 {
     const stoke_loader *l = b->l;
     int r = l->rix[f];
-    if (r < 0)
+    if (r < 0 || !b->count)
         return b->count * l->fields[f].bytes;
-    const int64_t *aux = stoke__batch_ragged(b, r);
-    if (!aux || !b->count)
-        return 0;
-    size_t units = (size_t)aux[0] * (l->fields[f].collate == STOKE_COLLATE_PACK ? 1 : b->count);
+    size_t units = (size_t)stoke__ragged_meta(b, r)[0] *
+                   (l->fields[f].collate == STOKE_COLLATE_PACK ? 1 : b->count);
     return units * l->rg[r].unit;
 }
 
@@ -83,17 +64,13 @@ const int64_t *stoke_batch_lengths(const stoke_batch *b, int field)
 {
     if (!field_ok(b, field) || b->l->rix[field] < 0)
         return NULL;
-    const int64_t *aux = stoke__batch_ragged(b, b->l->rix[field]);
-    return aux ? aux + 1 : NULL;
+    return stoke__ragged_meta(b, b->l->rix[field]) + 1;
 }
 
 const int64_t *stoke_batch_offsets(const stoke_batch *b, int field)
 {
-    if (!field_ok(b, field) || b->l->rix[field] < 0 ||
-        b->l->fields[field].collate != STOKE_COLLATE_PACK)
-        return NULL;
-    const int64_t *aux = stoke__batch_ragged(b, b->l->rix[field]);
-    return aux ? aux + 1 + b->l->cap : NULL;
+    const int64_t *len = stoke_batch_lengths(b, field); /* the offsets follow the lengths */
+    return len && b->l->fields[field].collate == STOKE_COLLATE_PACK ? len + b->l->cap : NULL;
 }
 
 int stoke_batch_ndim(const stoke_batch *b, int field)
@@ -138,8 +115,7 @@ int stoke_batch_shape(const stoke_batch *b, int field, int64_t *shape, int max, 
                            "array %d",
                            fd->name, n, max);
     }
-    const int64_t *aux = r >= 0 ? stoke__batch_ragged(b, r) : NULL;
-    int64_t ext = aux && b->count ? aux[0] : 0;
+    int64_t ext = r >= 0 && b->count ? stoke__ragged_meta(b, r)[0] : 0;
     int d0 = 0;
     if (r < 0 || fd->collate == STOKE_COLLATE_PAD)
         shape[d0++] = (int64_t)b->count;

@@ -47,15 +47,6 @@ int stoke__loader_fail(stoke_loader *l, int code, const char *fmt, ...)
     return stoke__fail(code, "%s", l->err);
 }
 
-static void cond_init_mono(pthread_cond_t *c)
-{
-    pthread_condattr_t a;
-    pthread_condattr_init(&a);
-    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
-    pthread_cond_init(c, &a);
-    pthread_condattr_destroy(&a);
-}
-
 /* ---- memory ------------------------------------------------------------------------------- */
 
 static int slot_alloc(stoke_loader *l, stoke__slot *s)
@@ -71,12 +62,10 @@ static int slot_alloc(stoke_loader *l, stoke__slot *s)
     default: /* pageable: resident from creation (stoke__resident_alloc) */
         if (!(p = stoke__resident_alloc(l->buf_bytes)))
             rc = stoke__fail(STOKE_ENOMEM, "cannot allocate %zu bytes", l->buf_bytes);
-        s->mem = p;
-        s->pinned = 0;
-        return rc;
+        break;
     }
     s->mem = p;
-    s->pinned = rc == STOKE_OK && stoke_is_pinned(p);
+    s->pinned = rc == STOKE_OK && l->alloc_kind != STOKE__ALLOC_PAGEABLE && stoke_is_pinned(p);
     return rc;
 }
 
@@ -274,11 +263,8 @@ static int size_buffers(stoke_loader *l)
         l->off[f] = off;
         off = stoke__align_up(off + l->cap * l->fields[f].bytes, 256);
     }
-    for (int r = 0; r < l->nragged; r++) { /* (cap fits: the indices of a batch did) */
-        l->rg[r].aux = off;
-        off = stoke__align_up(
-            add_sz(off, mul_sz(stoke__ragged_words(l, r), sizeof(int64_t), &ok), &ok), 256);
-    }
+    /* each batch's ragged words (b->rmeta; 2 + 2 cap fits: the indices of a batch did) */
+    (void)mul_sz(mul_sz((size_t)l->nragged, STOKE__RMETA_WORDS(l), &ok), sizeof(int64_t), &ok);
     if (!ok)
         return stoke__loader_fail(l, STOKE_ERANGE, "loader: batch_size %zu is too large", bs);
     l->buf_bytes = stoke__align_up(off, 4096);
@@ -391,7 +377,11 @@ static stoke_loader *loader_new(const stoke_loader_opts *o, const stoke_dataset 
     pthread_mutexattr_destroy(&ma);
     pthread_mutex_init(&l->stream_mu, NULL);
     pthread_cond_init(&l->work_cv, NULL);
-    cond_init_mono(&l->done_cv);
+    pthread_condattr_t ca; /* done_cv's waits are until CLOCK_MONOTONIC times */
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&l->done_cv, &ca);
+    pthread_condattr_destroy(&ca);
     l->done_tail = &l->done;
     l->fork_gen = stoke__fork_gen();
     l->pid = (int)getpid();
@@ -437,8 +427,12 @@ static int validate(stoke_loader *l)
                                   "worker k %% num_workers's), not STOKE_LOADER_WORKERS_AUTO");
     /* per worker; with STOKE_LOADER_PREFETCH_AUTO 2, and the plan may deepen the window */
     l->prefetch = l->o.prefetch_factor ? l->o.prefetch_factor : 2;
-    if ((rc = stoke__bad_validate(l)) != STOKE_OK)
-        return rc;
+    if (l->o.on_error < STOKE_ON_ERROR_ERROR || l->o.on_error > STOKE_ON_ERROR_REPLACE)
+        return stoke__loader_fail(
+            l, STOKE_EINVAL, "loader: unknown on_error %d (error, skip, replace)", l->o.on_error);
+    if (!(l->o.max_bad_fraction >= 0.0 && l->o.max_bad_fraction <= 1.0))
+        return stoke__loader_fail(l, STOKE_EINVAL, "loader: max_bad_fraction %g is not in 0..1",
+                                  l->o.max_bad_fraction);
     return check_dataset(l, &l->ds);
 }
 
@@ -503,7 +497,9 @@ static void choose_workers(stoke_loader *l)
  *                                                                worker makes the one it needs
  *   hint_next    MAP, batch_size <= STOKE_DATASET_PREFETCH_MAX,  a producer names its next
  *                dataset hint()                                  batch's samples to the dataset
- *   timed        timeout_ms                                      busy marks per sample / batch
+ *   marks        timeout_ms, or process workers                  busy marks per dataset call
+ *                                                                (a child's: its crashes name
+ *                                                                their sample)
  *   caller_all   0 workers                                       the caller's thread makes every
  *                                                                batch (its look-ahead spans them)
  *   deep_window  prefetch_factor auto, workers, threads, MAP,    the reorder window grows to
@@ -529,7 +525,7 @@ static void plan_loader(stoke_loader *l)
     p->assist = map && threads && !l->ds.worker_init && !l->o.round_robin;
     p->help = p->assist && !timed;
     p->hint_next = map && l->o.batch_size <= STOKE_DATASET_PREFETCH_MAX && l->ds.hint;
-    p->timed = timed;
+    p->marks = timed || !threads;
     p->caller_all = l->nworkers == 0;
     p->deep_window = l->o.prefetch_factor == STOKE_LOADER_PREFETCH_AUTO && l->nworkers && map &&
                      threads && l->buf_bytes < STOKE__SMALL_WINDOW_BYTES / 4;
@@ -590,7 +586,8 @@ static int size_loader(stoke_loader *l)
 static int open_arena(stoke_loader *l)
 {
     const char *spec = l->o.arena; /* NULL: $STOKE_ARENA decides */
-    size_t idx = stoke__align_up((l->cap + 1) * sizeof(uint64_t), 4096);
+    size_t idx = /* process workers: a batch's indices and ragged words are shared too */
+        stoke__align_up((l->cap + 1 + (size_t)l->nragged * STOKE__RMETA_WORDS(l)) * 8, 4096);
     uint64_t need = (uint64_t)l->nbuf * (l->buf_bytes + 2 * idx) + 16 * 4096;
     stoke_arena *a = NULL;
     if (!l->o.pin_memory) {
@@ -645,9 +642,9 @@ static int allocate(stoke_loader *l)
     for (int i = 0; i < l->nw1; i++) {
         stoke__worker *w = &l->w[i];
         w->l = l;
-        w->id = i;
         w->p.wid = i;
         w->p.w = w;
+        w->p.busy = &w->busy;
         w->p.share = w;
     }
     l->caller.wid = l->nworkers;
@@ -674,9 +671,13 @@ static int allocate(stoke_loader *l)
         b->l = l;
         b->indices =
             l->cap <= STOKE__BATCH_INLINE ? b->idx_inline : calloc(l->cap, sizeof(uint64_t));
-        if (!b->indices)
-            return stoke__loader_fail(
-                l, STOKE_ENOMEM, "loader: out of memory for the indices of %zu samples", l->cap);
+        if (l->nragged)
+            b->rmeta = calloc((size_t)l->nragged * STOKE__RMETA_WORDS(l), sizeof(int64_t));
+        if (!b->indices || (l->nragged && !b->rmeta))
+            return stoke__loader_fail(l, STOKE_ENOMEM,
+                                      "loader: out of memory for the indices (and ragged lengths) "
+                                      "of %zu samples",
+                                      l->cap);
         if ((rc = slot_alloc(l, &l->slots[i])) != STOKE_OK)
             return stoke__loader_fail(l, rc, "loader: batch buffer %d of %d: %s", i + 1, l->nbuf,
                                       stoke_last_error());
@@ -775,11 +776,11 @@ void stoke_loader_destroy(stoke_loader *l)
     stoke__proc_destroy(l); /* before the buffers below: it unmaps the shared ones */
     if (l->stream && !forked)
         stoke_stream_synchronize(l->stream);
-    stoke__bad_destroy(l);
     for (int i = 0; l->bat && i < l->nbuf; i++) {
         if (l->bat[i].indices != l->bat[i].idx_inline)
             free(l->bat[i].indices);
         free(l->bat[i].rmeta);
+        free(l->bat[i].bad.v);
         if (!forked) {
             stoke_device_buffer_destroy(l->bat[i].dbuf);
             stoke_event_destroy(l->bat[i].ev);
@@ -810,6 +811,7 @@ void stoke_loader_destroy(stoke_loader *l)
     free(l->bits);
     free(l->free_v);
     free(l->ready);
+    free(l->quar);
     if (!forked) {
         pthread_cond_destroy(&l->work_cv);
         pthread_cond_destroy(&l->done_cv);

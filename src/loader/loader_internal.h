@@ -149,8 +149,9 @@ struct stoke_batch {
     uint64_t err_index;
     stoke_device_buffer *dbuf;
     stoke_event *ev; /* device mode: the consumer's copy-complete event */
-    /* device mode with ragged fields: each one's extent, lengths and offsets (2 + 2 cap words
-     * apiece), saved from the buffer before the slot goes back to the pool */
+    /* ragged fields: each one's extent, lengths and offsets (stoke__ragged_meta), host memory
+     * of the batch's own (not in its buffer: a device mode batch keeps them after its staging
+     * slot went back; process workers: in the shared mapping, written by the child) */
     int64_t *rmeta;
     /* On a line of its own: every release writes it (the released stack) from the consumer's
      * thread, and beside epoch and host it took from the producers' caches the line they read
@@ -179,7 +180,7 @@ typedef struct stoke__feistel {
     uint64_t mask; /* (1 << half) - 1 */
     unsigned half; /* bits of each half */
     uint64_t rk[STOKE__FEISTEL_ROUNDS];
-    /* NULL, or the round function tabulated (stoke__feistel_tabulate): tab[(i << half) | r] =
+    /* NULL, or the round function tabulated (stoke__sampler_epoch_tabulate): tab[(i << half) | r] =
      * mix64(r ^ rk[i]) & mask for every round i and every half r.  A pass is then six loads
      * instead of twelve 64-bit multiplies; the images are the same. */
     const uint16_t *tab;
@@ -224,7 +225,7 @@ int stoke__sampler_fill(const stoke_sampler *s, const stoke__sampler_epoch *e, u
 extern int stoke__feistel_simd;
 int stoke__feistel_simd_in_use(void);
 
-/* The indices a thread computes ahead of its batches (worker.c, stoke__loader_look_ahead and
+/* The indices a thread computes ahead of its batches (worker.c, look_ahead and
  * batch_indices).  A batch of up to STOKE__AHEAD_RUN samples is not computed alone: its run
  * reaches as far as the batches this thread makes in a row (seq_end), at most STOKE__AHEAD_RUN
  * positions, so that batch size 1 takes its indices from one fill of many positions (the
@@ -261,24 +262,36 @@ typedef struct stoke__plan {
     unsigned assist : 1;      /* the caller's thread makes the batch it needs */
     unsigned help : 1;        /* ... and helps while a worker makes it */
     unsigned hint_next : 1;   /* the next batch's samples named to the dataset */
-    unsigned timed : 1;       /* opts.timeout_ms: busy marks */
+    unsigned marks : 1;       /* busy marks (stoke__busy): timeout_ms, process workers */
     unsigned caller_all : 1;  /* 0 workers: the caller's thread makes every batch */
     unsigned deep_window : 1; /* the reorder window deepened for small batches */
 } stoke__plan;
 
 /* A producer: what makes batches, all through one loop (worker.c, stoke__loader_make_group:
  * claim k >= 1 batches under `mu`, fill them without it, complete them under it) and one fill
- * pipeline (stoke__loader_fill_batch ... stoke__loader_finish).  Three kinds, one struct:
+ * pipeline (stoke__loader_fill_batch ... finish_batch).  Three kinds, one struct:
  * - a worker thread: l->w[i].p, wid i, w its record (the busy marks the consumer's timeout
  *   reads; ITERABLE: its share);
  * - the caller's thread: l->caller, wid nworkers, w NULL (it times its own samples): every
  *   batch with 0 workers (ITERABLE: the one share, l->w[0]'s), else the batches it assists with
  *   (next.c);
- * - a process worker's child: its copy of l->caller, wid its worker's (proc_child.c), filling
+ * - a process worker's child: its copy of l->caller, wid its worker's (procworker.c), filling
  *   the batches its parent's thread claimed for it. */
+/* What a producer is loading, where plan.marks says (worker.c, busy_begin): for the consumer's
+ * timeout check (next.c, timed_out_worker: it reads `since`, then `index`), and from a process
+ * worker's child, in memory it shares with the parent, for the parent to name the sample a
+ * crash was on (procworker.c, after_crash). */
+typedef struct stoke__busy {
+    _Atomic uint64_t index; /* dataset index (UINT64_MAX: an ITERABLE sample) */
+    _Atomic uint64_t since; /* start of that dataset call (ns); 0: none in progress */
+    _Atomic int in_batch;   /* the call is read() (index: its first sample) */
+} stoke__busy;
+
 typedef struct stoke__producer {
     int wid;                     /* the dataset's worker argument */
     struct stoke__worker *w;     /* a worker thread's record, or NULL */
+    stoke__busy *busy;           /* its busy marks: a worker's (a process worker's: its child's,
+                                    shared), a child's; NULL: the caller's thread */
     struct stoke__worker *share; /* ITERABLE: whose share it makes (dispatch) */
     stoke__ahead ahead;          /* its look-ahead and scratch */
 } stoke__producer;
@@ -286,10 +299,8 @@ typedef struct stoke__producer {
 typedef struct stoke__worker {
     stoke_loader *l;
     stoke__producer p;
-    int id;
     pthread_t th;
-    _Atomic uint64_t busy_since; /* start of the sample in progress (ns), 0 when idle */
-    _Atomic uint64_t busy_index; /* its dataset index */
+    stoke__busy busy; /* a worker thread's marks (p.busy) */
     /* ITERABLE (mu): this worker's batch number, end of its share, batches in flight */
     uint64_t k_next, end_at;
     int exhausted, outstanding;
@@ -336,8 +347,6 @@ int stoke__autotune_step(stoke__autotune *a, int n, int lo, int hi,
 static inline void stoke__autotune_delivered(stoke_loader *l, uint64_t now, uint64_t waited);
 /* Its part past the count: the clock, and a period's end. */
 void stoke__autotune_clock(stoke_loader *l, uint64_t now);
-/* (mu) workers_active_min / max and workers_changes into *s. */
-void stoke__autotune_stats(const stoke__autotune *a, stoke_loader_stats *s);
 
 struct stoke_loader {
     /* Immutable after create. */
@@ -349,9 +358,9 @@ struct stoke_loader {
     int64_t *shapes;
     size_t *off;  /* where each field starts in a batch buffer */
     size_t *step; /* each field's bytes per sample (fields[f].bytes, side by side) */
-    /* Ragged fields (dataset.h): rg[r] for the r-th; rix[f] is f's r, or -1.  Each has in the
-     * buffer at rg[r].aux: int64 extent (PAD: the padded length L; PACK: the sum), int64
-     * lengths[cap], PACK: int64 offsets[cap + 1] (stoke__ragged_*, worker.c). */
+    /* Ragged fields (dataset.h): rg[r] for the r-th; rix[f] is f's r, or -1.  Each batch has
+     * for each one in b->rmeta: int64 extent (PAD: the padded length L; PACK: the sum), int64
+     * lengths[cap], PACK: int64 offsets[cap + 1] (stoke__ragged_meta, worker.c). */
     struct stoke__ragged *rg;
     int *rix;
     int nragged;
@@ -488,9 +497,16 @@ uintptr_t stoke__loader_me(void);
 #define STOKE__LOADER_ASSERT_MU(l)                                                                 \
     STOKE__LOADER_ASSERT(atomic_load_explicit(&(l)->mu_owner, memory_order_relaxed) ==             \
                          stoke__loader_me())
+#define STOKE__MU_TAKEN(l)                                                                         \
+    atomic_store_explicit(&(l)->mu_owner, stoke__loader_me(), memory_order_relaxed)
+#define STOKE__MU_RELEASING(l)                                                                     \
+    (STOKE__LOADER_ASSERT_MU(l), stoke__loader_check(l),                                           \
+     atomic_store_explicit(&(l)->mu_owner, 0, memory_order_relaxed))
 #else
 #define STOKE__LOADER_ASSERT(cond) ((void)0)
 #define STOKE__LOADER_ASSERT_MU(l) ((void)0)
+#define STOKE__MU_TAKEN(l)         ((void)0)
+#define STOKE__MU_RELEASING(l)     ((void)0)
 #endif
 
 /* STOKE_TEST_BREAK_TRANSITION (tests/test_lifecycle.c only): while stoke__test_break is set,
@@ -500,17 +516,6 @@ extern int stoke__test_break;
 #define STOKE__TEST_BROKEN() (stoke__test_break != 0)
 #else
 #define STOKE__TEST_BROKEN() 0
-#endif
-
-#ifdef STOKE_CHECK_INVARIANTS
-#define STOKE__MU_TAKEN(l)                                                                         \
-    atomic_store_explicit(&(l)->mu_owner, stoke__loader_me(), memory_order_relaxed)
-#define STOKE__MU_RELEASING(l)                                                                     \
-    (STOKE__LOADER_ASSERT_MU(l), stoke__loader_check(l),                                           \
-     atomic_store_explicit(&(l)->mu_owner, 0, memory_order_relaxed))
-#else
-#define STOKE__MU_TAKEN(l)     ((void)0)
-#define STOKE__MU_RELEASING(l) ((void)0)
 #endif
 
 static inline void stoke__loader_lock(stoke_loader *l)
@@ -621,17 +626,10 @@ int stoke__loader_make_group(stoke_loader *l, stoke__producer *p, uint64_t *cloc
 int stoke__loader_start_workers(stoke_loader *l);
 /* Consumer, without `mu`: asks the workers to exit and joins them (nothing if none run). */
 void stoke__loader_stop_workers(stoke_loader *l);
-/* Producer, before making a batch: when batches are small and the dataset has prefetch,
- * computes the indices of batch `seq` (the one this thread makes next) into *a and names them
- * to the dataset.  Does nothing otherwise. */
-void stoke__loader_look_ahead(stoke_loader *l, stoke__producer *p, uint64_t seq, uint64_t seed,
-                              uint64_t epoch);
 
 /* badsample.c: the bad-sample policy (opts.on_error), see docs/loader.md.
  * Returned by stoke__bad_sample when the sample was dropped. */
 #define STOKE__BAD_SKIPPED 1
-/* create: checks the options (STOKE_EINVAL with l->err). */
-int stoke__bad_validate(stoke_loader *l);
 /* Producer: sample `*idx` (dataset index; ITERABLE: as next() gave it) of batch b, slot `slot`,
  * failed with rc / msg.  Records it in b->bad and applies the policy: returns rc (ERROR, or an
  * error no policy handles: ETIMEDOUT, ENOMEM), STOKE__BAD_SKIPPED, or STOKE_OK with the slot
@@ -645,52 +643,24 @@ stoke__bad *stoke__bad_append(stoke_batch *b);
 /* (mu) Consumer, for each batch taken from the done list: moves b->bad to the quarantine and the
  * counts, and fails a good batch that takes the epoch past the budget. */
 void stoke__bad_account(stoke_loader *l, stoke_batch *b);
-/* Frees the batches' lists and the quarantine (destroy). */
-void stoke__bad_destroy(stoke_loader *l);
 /* worker.c: one sample into slot j (see worker.c). */
 int stoke__loader_one_sample(stoke_loader *l, stoke_batch *b, stoke__producer *p, size_t j,
                              uint64_t *idx, char *msg, size_t msg_len);
 
 /* A ragged field of the loader (dataset.h): samples are written at the stride of max_len
  * units, lengths recorded per slot, and the batch collated once it is full (worker.c,
- * stoke__loader_finish). */
+ * finish_batch). */
 typedef struct stoke__ragged {
     int field;
     size_t unit; /* bytes of one unit of the variable dimension */
-    size_t aux;  /* buffer offset of: extent, lengths[cap], PACK: offsets[cap + 1] (int64) */
 } stoke__ragged;
-/* The int64 words at a ragged field's aux: [0] the extent, [1 .. cap] the lengths, then the
- * offsets (PACK). */
-static inline int64_t *stoke__ragged_aux(const stoke_loader *l, const unsigned char *mem, int r)
-{
-    return (int64_t *)(void *)(mem + l->rg[r].aux);
-}
-/* How many int64 words ragged field r's aux holds (1 + cap, PACK: 2 + 2 cap); a batch's device
- * mode copy (b->rmeta) keeps each field's at a stride of the most, STOKE__RMETA_WORDS. */
-static inline size_t stoke__ragged_words(const stoke_loader *l, int r)
-{
-    int pack = l->fields[l->rg[r].field].collate == STOKE_COLLATE_PACK;
-    return pack ? 2 + 2 * l->cap : 1 + l->cap;
-}
+/* The int64 words of ragged field r of batch b, STOKE__RMETA_WORDS apiece in b->rmeta: [0] the
+ * extent, [1 .. cap] the lengths, then (PACK) the offsets, cap + 1. */
 #define STOKE__RMETA_WORDS(l) (2 + 2 * (l)->cap)
-
-/* worker.c: the one point where a batch is full: collates its ragged fields (padding or
- * packing, lengths and offsets), sets b->bytes.  Runs in the producer (a child process for
- * process workers), before any device copy. */
-void stoke__loader_finish_ragged(stoke_loader *l, stoke_batch *b);
-static inline void stoke__loader_finish(stoke_loader *l, stoke_batch *b)
+static inline int64_t *stoke__ragged_meta(const stoke_batch *b, int r)
 {
-    if (l->nragged && b->status == STOKE_OK)
-        stoke__loader_finish_ragged(l, b);
-    else
-        b->bytes = b->count * l->sample_bytes;
+    return b->rmeta + (size_t)r * STOKE__RMETA_WORDS(b->l);
 }
-/* The extent / lengths / offsets words of ragged field r of a delivered batch: in its buffer,
- * or (device mode) the copy in b->rmeta.  batch.c. */
-const int64_t *stoke__batch_ragged(const stoke_batch *b, int r);
-/* Device mode, a filled batch: its ragged fields' words into b->rmeta, before its staging slot
- * goes back to the pool while the batch is held.  batch.c. */
-void stoke__batch_keep_ragged(stoke_batch *b);
 /* Bytes of field f in batch b (ragged: as collated).  batch.c. */
 size_t stoke__batch_field_bytes(const stoke_batch *b, int f);
 

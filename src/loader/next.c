@@ -123,7 +123,7 @@ static int timed_out_worker(stoke_loader *l, uint64_t now, uint64_t *deadline)
     uint64_t lim = (uint64_t)l->o.timeout_ms * 1000000u;
     *deadline = now + lim;
     for (int i = 0; i < l->nworkers; i++) {
-        uint64_t t = atomic_load(&l->w[i].busy_since);
+        uint64_t t = atomic_load(&l->w[i].p.busy->since);
         if (!t)
             continue;
         if (now > t && now - t > lim)
@@ -132,14 +132,6 @@ static int timed_out_worker(stoke_loader *l, uint64_t now, uint64_t *deadline)
             *deadline = t + lim + 1000000u;
     }
     return -1;
-}
-
-static int all_held(stoke_loader *l)
-{
-    return stoke__loader_fail(l, STOKE_ELIMIT,
-                              "loader: all %d batch buffers are held by the caller; release "
-                              "batches",
-                              l->nbuf);
 }
 
 /* (mu) The status that stops the wait for a batch, or STOKE_OK to keep waiting. */
@@ -158,28 +150,16 @@ static int wait_status(stoke_loader *l)
     return STOKE_OK;
 }
 
-/* (mu) Workers: waits for a completion, or fails the epoch when a sample passed the timeout.
- * Returns STOKE_OK after a wake-up, STOKE_ETIMEDOUT. */
+/* (mu) Workers: waits for a completion (with opts.interrupted, at most 100 ms, then asks it), or
+ * fails the epoch when a sample passed the timeout.  Returns STOKE_OK after a wake-up,
+ * STOKE_ETIMEDOUT, STOKE_ECANCELED (interrupted). */
 static int wait_done(stoke_loader *l)
 {
-    if (!l->o.timeout_ms && l->o.interrupted) { /* a slice, then the consumer's own check */
-        uint64_t until = stoke__now_ns() + 100000000u;
-        struct timespec ts = {(time_t)(until / 1000000000u), (long)(until % 1000000000u)};
-        stoke__loader_wait(l, &l->done_cv, &ts);
-        stoke__loader_unlock(l);
-        int stop = l->o.interrupted(l->o.interrupted_user);
-        stoke__loader_lock(l);
-        return stop ? STOKE_ECANCELED : STOKE_OK;
-    }
-    if (!l->o.timeout_ms) {
-        stoke__loader_wait(l, &l->done_cv, NULL);
-        return STOKE_OK;
-    }
-    uint64_t now = stoke__now_ns(), deadline;
-    int w = timed_out_worker(l, now, &deadline);
+    uint64_t now = stoke__now_ns(), deadline = 0; /* 0: none */
+    int w = l->o.timeout_ms ? timed_out_worker(l, now, &deadline) : -1;
     if (w >= 0) {
         char what[48] = "its next sample";
-        uint64_t idx = atomic_load(&l->w[w].busy_index);
+        uint64_t idx = atomic_load(&l->w[w].p.busy->index);
         if (!l->iterable)
             stoke__fmt(what, sizeof(what), "sample %" PRIu64, idx);
         int rc = stoke__loader_fail(l, STOKE_ETIMEDOUT,
@@ -190,11 +170,16 @@ static int wait_done(stoke_loader *l)
         l->ended = 1;
         return rc;
     }
-    struct timespec ts;
-    ts.tv_sec = (time_t)(deadline / 1000000000u);
-    ts.tv_nsec = (long)(deadline % 1000000000u);
-    stoke__loader_wait(l, &l->done_cv, &ts);
-    return STOKE_OK;
+    if (l->o.interrupted && (!deadline || deadline > now + 100000000u))
+        deadline = now + 100000000u; /* a slice, then the consumer's own check */
+    struct timespec ts = {(time_t)(deadline / 1000000000u), (long)(deadline % 1000000000u)};
+    stoke__loader_wait(l, &l->done_cv, deadline ? &ts : NULL);
+    if (!l->o.interrupted)
+        return STOKE_OK;
+    stoke__loader_unlock(l);
+    int stop = l->o.interrupted(l->o.interrupted_user);
+    stoke__loader_lock(l);
+    return stop ? STOKE_ECANCELED : STOKE_OK;
 }
 
 /* (mu) 1 with 0 workers: the caller's thread makes every batch (the wait loop saw that the epoch
@@ -260,7 +245,10 @@ static int next_batch(stoke_loader *l, stoke_batch **bp, uint64_t *t0, uint64_t 
         if (l->held >= l->nbuf || (!l->nfree && l->filling == 0)) {
             if (stoke__loader_reclaim(l))
                 continue;
-            rc = all_held(l);
+            rc = stoke__loader_fail(l, STOKE_ELIMIT,
+                                    "loader: all %d batch buffers are held by the caller; release "
+                                    "batches",
+                                    l->nbuf);
             break;
         }
         int why = assist_wanted(l);

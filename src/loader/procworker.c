@@ -9,7 +9,8 @@
  * hand-off, ordering); only the filling of a batch (stoke__proc_fill) is sent to worker w's
  * child, which runs the same fill code (bad-sample policy included) on its forked copy of the
  * loader and writes the samples straight into the shared buffer.  The child publishes the
- * dataset index it is loading in a shared control record, so a crash names its sample.
+ * dataset index it is loading in its busy marks (stoke__busy), in shared memory, so a crash names
+ * its sample.
  *
  * Messages (SOCK_SEQPACKET, one struct per message):
  *   parent -> zygote: zreq {SPAWN, worker} -> zrep {pid, err} + the parent's socket end;
@@ -41,6 +42,7 @@
  * ordinary policy skips or replaces it) and the batch is re-run by a replacement child. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <inttypes.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -48,18 +50,82 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/internal.h"
 #include "ipc/arena_internal.h"
 #include "ipc/ipc_internal.h"
 #include "loader/loader_internal.h"
-#include "loader/procworker_internal.h"
 #include "stoke/arena.h"
 #include "stoke/pinned.h"
+
+#define POISON_MAX    16          /* crashing samples one batch may skip or replace */
+#define RESTARTS_MAX  100         /* worker process restarts per epoch */
+#define POLL_MS       50          /* every wait for a child is a poll of at most this */
+#define STOP_GRACE_NS 2000000000u /* destroy: a child busy longer than this is SIGKILLed */
+#define ZYGOTE_MS     5000        /* the longest wait for the zygote's reply */
+#define ZSIG          SIGHUP      /* the zygote's parent-death signal (it only wakes the zygote) */
+
+typedef struct proc_w {
+    _Atomic int fd;  /* the parent's end of the child's socket; -1: no child (atomic: the fork
+                        handler reads it) */
+    _Atomic int pid; /* the child; -1: none (read by stoke_loader_worker_pid) */
+} proc_w;
+
+struct stoke__proc {
+    unsigned char *shm;
+    size_t shm_len;
+    int registered;   /* stoke_pin_register succeeded */
+    int from_arena;   /* shm is an allocation of l->arena (not mapped here) */
+    stoke__busy *ctl; /* nworkers, in shm: each child's busy marks (its worker's p.busy) */
+    proc_w *w;        /* nworkers */
+    pid_t zpid;
+    _Atomic int zfd;
+    uint32_t zseq;       /* (zmu) the number of the last request to the zygote */
+    pthread_mutex_t zmu; /* serializes request/reply on zfd; then `rmu` never inside it */
+    pthread_mutex_t rmu; /* restarts, cap_epoch, cap_n */
+    uint64_t restarts, cap_epoch, cap_n;
+    _Atomic int stopping;
+    int nw;                   /* entries of w */
+    int listed;               /* in the list of live ones (fork_mu) */
+    struct stoke__proc *next; /* that list (fork_mu) */
+};
+
+/* SPAWN and REAP are answered; FORGET (kill and reap a child whose SPAWN reply came too late)
+ * and EXIT (destroy: end now, whoever else holds the socket) are not. */
+enum { Z_SPAWN = 1, Z_REAP = 2, Z_FORGET = 3, Z_EXIT = 4 };
+typedef struct zreq {
+    int32_t op, worker;
+    int32_t pid, kill; /* REAP: SIGKILL it first */
+    uint32_t seq, pad;
+} zreq;
+typedef struct zrep {
+    int32_t pid, err, status;
+    uint32_t seq; /* the request's */
+} zrep;
+
+enum { F_NO_READ = 1 };
+typedef struct wreq {
+    int32_t bi, si;
+    uint32_t flags, npoison;
+    uint64_t seq, seed, epoch;
+    uint64_t poison[POISON_MAX];
+    char pmsg[POISON_MAX][112];
+} wreq;
+
+enum { M_BAD = 1, M_DONE = 2 };
+typedef struct wmsg {
+    int32_t kind, status;
+    uint64_t count, bytes, err_index;
+    uint32_t truncated, pad;
+    char err_msg[256];
+    stoke__bad bad;
+} wmsg;
 
 /* ---- forks: the live loaders' descriptors, closed in every forked process --------------- */
 
@@ -151,16 +217,277 @@ static void list_proc(stoke__proc *p, int on)
     pthread_mutex_unlock(&fork_mu);
 }
 
+/* The code that runs in the other processes: a child's loop, which fills the batches it is sent
+ * through the fill pipeline (its busy marks in shared memory), and the zygote, which forks
+ * children on request; then the parent's side. */
+
+/* ---- the child: the dataset's get() wrapped to fail poisoned samples ---------------------- */
+
+static struct {
+    int (*get)(void *, uint64_t, void *const[], int64_t[], int, char *, size_t); /* the dataset's */
+    const wreq *req;
+} cw;
+
+static int w_get(void *user, uint64_t index, void *const dst[], int64_t len[], int worker,
+                 char *msg, size_t msg_len)
+{
+    for (uint32_t k = 0; cw.req && k < cw.req->npoison; k++)
+        if (cw.req->poison[k] == index) {
+            stoke__strlcpy(msg, cw.req->pmsg[k], msg_len);
+            return STOKE_EDATA;
+        }
+    return cw.get(user, index, dst, len, worker, msg, msg_len);
+}
+
+static int stoke__proc_send_all(int fd, const void *p, size_t n)
+{
+    ssize_t r;
+    do
+        r = send(fd, p, n, MSG_NOSIGNAL);
+    while (r < 0 && errno == EINTR);
+    return r == (ssize_t)n ? 0 : -1;
+}
+
+static ssize_t stoke__proc_recv_msg(int fd, void *p, size_t n)
+{
+    ssize_t r;
+    do
+        r = recv(fd, p, n, 0);
+    while (r < 0 && errno == EINTR);
+    return r;
+}
+
+/* Before a batch: the zygote is still this child's parent and the loader still holds the other
+ * end of its socket (a child of a loader that died must not write into its buffers, which may
+ * belong to another process by now: an arena's chunks). */
+static int loader_alive(int fd, pid_t zygote)
+{
+    if (getppid() != zygote)
+        return 0;
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    return poll(&pfd, 1, 0) >= 0 && !(pfd.revents & (POLLHUP | POLLERR | POLLNVAL));
+}
+
+/* The child's loop: one batch per request; exits (without atexit handlers) on EOF. */
+static void child_main(stoke_loader *l, int wid, int fd, pid_t zygote)
+{
+    cw.get = l->ds.get; /* (MAP: required) */
+    l->ds.get = w_get;
+    l->caller.wid = wid; /* this process's producer: its copy of the caller's, for worker wid */
+    l->caller.busy = &l->proc->ctl[wid]; /* its marks, which the parent reads (plan.marks) */
+    int init_rc = l->ds.worker_init ? l->ds.worker_init(l->ds.user, wid, l->nworkers) : STOKE_OK;
+    init_rc = init_rc > 0 ? STOKE_EDATA : init_rc;
+    static wreq req;
+    wmsg m;
+    /* the epoch this process's copy of the dataset was set to: create set it before the zygote
+     * was forked; the parent's later calls reach only the parent's copy */
+    int epoch_set = 1;
+    uint64_t epoch = l->o.epoch;
+    for (;;) {
+        ssize_t n = stoke__proc_recv_msg(fd, &req, sizeof(req));
+        if (n != (ssize_t)sizeof(req) || !loader_alive(fd, zygote))
+            _exit(0);
+        stoke_batch *b = &l->bat[req.bi];
+        b->host = &l->slots[req.si];
+        if (req.flags & F_NO_READ)
+            l->ds.read = NULL;
+        memset(&m, 0, sizeof(m));
+        int rc = init_rc;
+        if (rc != STOKE_OK) {
+            stoke__fmt(m.err_msg, sizeof(m.err_msg), "worker_init failed in worker process %d (%s)",
+                       (int)getpid(), stoke_err_name(rc));
+        } else if (l->ds.set_epoch && (!epoch_set || epoch != req.epoch)) {
+            rc = l->ds.set_epoch(l->ds.user, req.epoch);
+            rc = rc > 0 ? STOKE_EDATA : rc;
+            epoch_set = rc == STOKE_OK;
+            epoch = req.epoch;
+            stoke__fmt(m.err_msg, sizeof(m.err_msg),
+                       "set_epoch(%" PRIu64 ") of dataset %s failed in worker process %d (%s)",
+                       req.epoch, l->ds.name, (int)getpid(), stoke_err_name(rc));
+        }
+        if (rc != STOKE_OK) {
+            m.status = rc;
+            m.err_index = UINT64_MAX;
+        } else {
+            cw.req = &req;
+            l->caller.ahead.seq_end = req.seq + 1; /* batches come one request at a time */
+            stoke__loader_fill_batch(l, b, &l->caller, req.seed, req.epoch, req.seq);
+            cw.req = NULL;
+            m.kind = M_BAD;
+            for (size_t i = 0; i < b->bad.n; i++) {
+                m.bad = b->bad.v[i];
+                if (stoke__proc_send_all(fd, &m, sizeof(m)))
+                    _exit(0);
+            }
+            m.status = b->status;
+            m.count = b->count;
+            m.bytes = b->bytes;
+            m.err_index = b->err_index;
+            m.truncated = b->truncated;
+            memcpy(m.err_msg, b->err_msg, sizeof(m.err_msg));
+        }
+        m.kind = M_DONE;
+        if (stoke__proc_send_all(fd, &m, sizeof(m)))
+            _exit(0);
+    }
+}
+
+/* ---- the zygote ------------------------------------------------------------------------- */
+
+/* The disposition and mask of ZSIG the zygote found (its children get them back). */
+static struct sigaction z_old_action;
+static sigset_t z_old_mask;
+
+static void z_wake(int sig)
+{
+    (void)sig; /* only interrupts ppoll: the loop then looks at getppid() */
+}
+
+/* The end of the zygote: at EOF (destroy closed its socket, or the loader's process is dying:
+ * its descriptors close before its parent-death signal is sent, and getppid() cannot tell yet)
+ * or when its parent is no longer the loader's process.  Its children are SIGKILLed at once: at
+ * destroy they are idle (a busy one was killed already), and a child of a dead loader must not
+ * go on writing into buffers that may belong to another process by now (an arena's chunks). */
+static void zygote_end(pid_t *pids, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (pids[i] > 0)
+            kill(pids[i], SIGKILL);
+    for (int i = 0; i < n; i++)
+        if (pids[i] > 0)
+            while (waitpid(pids[i], NULL, 0) < 0 && errno == EINTR) {
+            }
+    _exit(0);
+}
+
+static void zygote_spawn(stoke_loader *l, int zfd, const zreq *q, pid_t *pids, int npids)
+{
+    zrep rep = {.pid = -1, .seq = q->seq};
+    int sv[2] = {-1, -1};
+    pid_t zygote = getpid(), pid = -1;
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
+        rep.err = errno;
+    } else {
+        if (l->ds.fork_prepare)
+            l->ds.fork_prepare(l->ds.user);
+        pid = fork();
+        if (pid == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            if (getppid() != zygote)
+                _exit(0);
+            sigaction(ZSIG, &z_old_action, NULL);
+            sigprocmask(SIG_SETMASK, &z_old_mask, NULL);
+            close(zfd);
+            close(sv[0]);
+            if (l->ds.fork_child)
+                l->ds.fork_child(l->ds.user, q->worker);
+            child_main(l, q->worker, sv[1], zygote);
+            _exit(0);
+        }
+        rep.err = pid < 0 ? errno : 0; /* (before the hook, which may change errno) */
+        if (l->ds.fork_parent)
+            l->ds.fork_parent(l->ds.user);
+        close(sv[1]);
+    }
+    for (int i = 0; pid > 0 && i < npids; i++)
+        if (pids[i] <= 0) {
+            pids[i] = pid;
+            break;
+        }
+    rep.pid = pid > 0 ? (int32_t)pid : -1;
+    (void)stoke__sendmsg_fd(zfd, &rep, sizeof(rep), pid > 0 ? sv[0] : -1);
+    if (sv[0] >= 0)
+        close(sv[0]);
+}
+
+/* Waits for child `pid` (SIGKILLed first when kill_it), SIGKILLing it once grace_ns passed;
+ * its wait status into *st (may be NULL).  0, or an errno. */
+static int stoke__proc_reap(pid_t pid, int kill_it, uint64_t grace_ns, int *st)
+{
+    if (kill_it)
+        kill(pid, SIGKILL);
+    uint64_t deadline = stoke__now_ns() + grace_ns; /* time, not a number of polls */
+    for (int killed = kill_it;;) {
+        pid_t r = waitpid(pid, st, killed ? 0 : WNOHANG);
+        if (r == pid)
+            return 0;
+        if (r < 0 && errno != EINTR)
+            return errno;
+        if (r == 0 && stoke__now_ns() >= deadline) {
+            kill(pid, SIGKILL);
+            killed = 1;
+        } else if (r == 0) { /* 1 ms (a signal cuts it short: the loop looks again) */
+            nanosleep(&(struct timespec){.tv_nsec = 1000000}, NULL);
+        }
+    }
+}
+
+/* The zygote's loop (never returns). */
+static void stoke__zygote_main(stoke_loader *l, int zfd, pid_t loader)
+{
+    /* A worker is replaced only after its predecessor was reaped: at most one live child per
+     * worker, plus room for one being reaped. */
+    signal(SIGCHLD, SIG_DFL); /* the caller may ignore it, which would reap for us */
+    int npids = 2 * l->nworkers + 2;
+    pid_t *pids = calloc((size_t)npids, sizeof(pid_t));
+    if (!pids)
+        _exit(1);
+    /* ZSIG stays blocked but in ppoll, so its wake-up is never lost between the check of
+     * getppid() and the wait. */
+    sigset_t zs, wait_mask;
+    sigemptyset(&zs);
+    sigaddset(&zs, ZSIG);
+    sigprocmask(SIG_BLOCK, &zs, &z_old_mask);
+    wait_mask = z_old_mask;
+    sigdelset(&wait_mask, ZSIG);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = z_wake;
+    sigemptyset(&sa.sa_mask);
+    sigaction(ZSIG, &sa, &z_old_action);
+    prctl(PR_SET_PDEATHSIG, ZSIG);
+    zreq q;
+    for (;;) {
+        if (getppid() != loader) /* also the race: the loader died before prctl */
+            zygote_end(pids, npids);
+        struct pollfd pfd = {.fd = zfd, .events = POLLIN};
+        int pr = ppoll(&pfd, 1, NULL, &wait_mask);
+        if (pr < 0 && errno == EINTR)
+            continue;
+        ssize_t n = pr < 0 ? -1 : stoke__proc_recv_msg(zfd, &q, sizeof(q));
+        if (n != (ssize_t)sizeof(q))
+            break;
+        if (q.op == Z_SPAWN) {
+            zygote_spawn(l, zfd, &q, pids, npids);
+        } else if (q.op == Z_REAP || q.op == Z_FORGET) {
+            zrep rep = {.pid = q.pid, .seq = q.seq};
+            int st = 0;
+            /* a child not gone 2 s after its socket closed is SIGKILLed */
+            rep.err = stoke__proc_reap(q.pid, q.kill || q.op == Z_FORGET, 2000000000u, &st);
+            rep.status = st;
+            for (int i = 0; i < npids; i++)
+                if (pids[i] == q.pid)
+                    pids[i] = -1;
+            if (q.op == Z_REAP)
+                (void)stoke__sendmsg_fd(zfd, &rep, sizeof(rep), -1);
+        } else if (q.op == Z_EXIT) {
+            break;
+        }
+    }
+    zygote_end(pids, npids);
+}
+
 /* ---- the parent ------------------------------------------------------------------------- */
 
 /* The shared mapping (an anonymous memfd, or an allocation of the node-wide arena, which is
- * shared and pinned already), carved into: per batch handle its buffer (ragged lengths
- * included) and indices; the control records. */
+ * shared and pinned already), carved into: per batch handle its buffer, its indices and its
+ * ragged fields' words (b->rmeta); the children's busy marks. */
 static int map_shared(stoke_loader *l, stoke__proc *p)
 {
-    size_t idx_bytes = stoke__align_up(l->cap * sizeof(uint64_t), 4096);
+    size_t words = l->cap + (size_t)l->nragged * STOKE__RMETA_WORDS(l);
+    size_t idx_bytes = stoke__align_up(words * sizeof(uint64_t), 4096);
     size_t per = stoke__align_up(l->buf_bytes, 4096) + idx_bytes;
-    size_t ctl_bytes = stoke__align_up((size_t)l->nworkers * sizeof(proc_ctl), 4096);
+    size_t ctl_bytes = stoke__align_up((size_t)l->nworkers * sizeof(stoke__busy), 4096);
     p->shm_len = per * (size_t)l->nbuf + ctl_bytes;
     void *m = MAP_FAILED;
     if (l->arena) {
@@ -192,10 +519,13 @@ static int map_shared(stoke_loader *l, stoke__proc *p)
         l->slots[i].pinned = (p->registered || p->from_arena) && stoke_is_pinned(base);
         l->bat[i].l = l;
         l->bat[i].indices = (uint64_t *)(base + stoke__align_up(l->buf_bytes, 4096));
+        l->bat[i].rmeta = l->nragged ? (int64_t *)(l->bat[i].indices + l->cap) : NULL;
     }
-    p->ctl = (proc_ctl *)(p->shm + per * (size_t)l->nbuf);
-    for (int i = 0; i < l->nworkers; i++)
-        atomic_store(&p->ctl[i].index, UINT64_MAX);
+    p->ctl = (stoke__busy *)(p->shm + per * (size_t)l->nbuf);
+    for (int i = 0; i < l->nworkers; i++) { /* the consumer's timeout check reads the child's */
+        atomic_store(&p->ctl[i].since, 0);
+        l->w[i].p.busy = &p->ctl[i];
+    }
     return STOKE_OK;
 }
 
@@ -389,13 +719,11 @@ static void reap(stoke_loader *l, int wid, int kill_it, char *msg, size_t len)
 
 enum { X_DONE = 0, X_DEAD = 1, X_STOPPED = 2 };
 
-/* Sends the request to worker wid's child and takes its reply into b.  While waiting, copies
- * the child's busy mark to the worker's (for the consumer's timeout check); when destroy is
- * stopping the loader, a child still busy after STOP_GRACE_NS is SIGKILLed. */
-static int exchange(stoke_loader *l, stoke__worker *w, int wid, const wreq *req, stoke_batch *b)
+/* Sends the request to worker wid's child and takes its reply into b.  When destroy is stopping
+ * the loader, a child still busy after STOP_GRACE_NS is SIGKILLed. */
+static int exchange(stoke_loader *l, int wid, const wreq *req, stoke_batch *b)
 {
     stoke__proc *p = l->proc;
-    proc_ctl *c = &p->ctl[wid];
     int fd = p->w[wid].fd;
     b->bad.n = 0;
     if (stoke__proc_send_all(fd, req, sizeof(*req)) != 0)
@@ -406,10 +734,6 @@ static int exchange(stoke_loader *l, stoke__worker *w, int wid, const wreq *req,
         struct pollfd pfd = {.fd = fd, .events = POLLIN};
         int pr = poll(&pfd, 1, POLL_MS);
         if (pr == 0 || (pr < 0 && errno == EINTR)) {
-            if (l->o.timeout_ms) {
-                atomic_store(&w->busy_index, atomic_load(&c->index));
-                atomic_store(&w->busy_since, atomic_load(&c->since));
-            }
             if (atomic_load(&p->stopping)) {
                 uint64_t now = stoke__now_ns();
                 if (!stop_t0)
@@ -430,7 +754,6 @@ static int exchange(stoke_loader *l, stoke__worker *w, int wid, const wreq *req,
         }
         break;
     }
-    atomic_store(&w->busy_since, 0);
     b->status = m.status;
     b->count = (size_t)m.count;
     b->bytes = (size_t)m.bytes;
@@ -457,12 +780,14 @@ static int count_restart(stoke_loader *l, uint64_t epoch)
 }
 
 /* After worker wid's child died while making b: STOKE_OK to run the batch again (req updated),
- * or the batch's failure status (b failed). */
+ * or the batch's failure status (b failed).  Clears the child's busy mark, which names the
+ * dataset call it died in, if any. */
 static int after_crash(stoke_loader *l, stoke_batch *b, int wid, wreq *req, const char *why)
 {
-    proc_ctl *c = &l->proc->ctl[wid];
-    uint64_t idx = atomic_load(&c->index);
+    stoke__busy *c = &l->proc->ctl[wid];
+    uint64_t idx = atomic_load(&c->since) ? atomic_load(&c->index) : UINT64_MAX;
     int in_batch = atomic_load(&c->in_batch);
+    atomic_store(&c->since, 0);
     uint64_t where = idx != UINT64_MAX ? idx : b->seq * l->o.batch_size;
     if (count_restart(l, b->epoch) != STOKE_OK) {
         char m[256];
@@ -477,34 +802,29 @@ static int after_crash(stoke_loader *l, stoke_batch *b, int wid, wreq *req, cons
         req->flags |= F_NO_READ; /* find the sample: again, one get() at a time */
         return STOKE_OK;
     }
-    if (l->o.on_error == STOKE_ON_ERROR_ERROR) {
-        stoke__bad_note(b, idx, STOKE_EDATA, why);
-        stoke__batch_failed(b, STOKE_EDATA, idx, why);
-        return STOKE_EDATA;
+    if (l->o.on_error != STOKE_ON_ERROR_ERROR && req->npoison < POISON_MAX) {
+        req->poison[req->npoison] = idx;
+        stoke__strlcpy(req->pmsg[req->npoison++], why, sizeof(req->pmsg[0]));
+        return STOKE_OK;
     }
-    if (req->npoison == POISON_MAX) {
-        char m[256];
+    char m[256]; /* the sample fails its batch: on_error ERROR, or too many crashes */
+    if (l->o.on_error == STOKE_ON_ERROR_ERROR)
+        stoke__strlcpy(m, why, sizeof(m));
+    else
         stoke__fmt(m, sizeof(m), "%.150s (more than %d crashing samples in one batch)", why,
                    POISON_MAX);
-        stoke__bad_note(b, idx, STOKE_EDATA, m);
-        stoke__batch_failed(b, STOKE_EDATA, idx, m);
-        return STOKE_EDATA;
-    }
-    req->poison[req->npoison] = idx;
-    stoke__strlcpy(req->pmsg[req->npoison], why, sizeof(req->pmsg[0]));
-    req->npoison++;
-    return STOKE_OK;
+    stoke__bad_note(b, idx, STOKE_EDATA, m);
+    stoke__batch_failed(b, STOKE_EDATA, idx, m);
+    return STOKE_EDATA;
 }
 
 void stoke__proc_fill(stoke_loader *l, stoke_batch *b, stoke__producer *pr, uint64_t seed,
                       uint64_t epoch)
 {
     stoke__proc *p = l->proc;
-    stoke__worker *w = pr->w; /* the thread standing in for worker wid's child (never the
-                                 caller's: the plan has no assist with processes) */
-    int wid = pr->wid;
+    int wid = pr->wid; /* a worker thread's (never the caller's: no assist with processes) */
     uint64_t first = b->seq * l->o.batch_size;
-    STOKE__LOADER_ASSERT(w != NULL);
+    STOKE__LOADER_ASSERT(pr->w != NULL);
     stoke__loader_batch_start(l, b, wid, epoch);
     wreq req = {.bi = (int32_t)(b - l->bat), .si = (int32_t)(b->host - l->slots)};
     req.seq = b->seq;
@@ -517,13 +837,10 @@ void stoke__proc_fill(stoke_loader *l, stoke_batch *b, stoke__producer *pr, uint
             stoke__batch_failed(b, rc, first, msg);
             return;
         }
-        atomic_store(&p->ctl[wid].index, UINT64_MAX);
-        atomic_store(&p->ctl[wid].in_batch, 0);
-        int x = exchange(l, w, wid, &req, b);
+        int x = exchange(l, wid, &req, b);
         if (x == X_DONE)
             return;
         reap(l, wid, x == X_STOPPED, msg, sizeof(msg));
-        atomic_store(&w->busy_since, 0);
         if (x == X_STOPPED) {
             stoke__batch_failed(b, STOKE_ECANCELED, first, "the loader is being destroyed");
             return;
@@ -578,6 +895,7 @@ void stoke__proc_destroy(stoke_loader *l)
     }
     for (int i = 0; l->bat && i < l->nbuf; i++) { /* (slots: allocated with bat) */
         l->bat[i].indices = NULL;
+        l->bat[i].rmeta = NULL;
         l->slots[i].mem = NULL;
     }
     if (!foreign) { /* a forked copy may hold them locked */

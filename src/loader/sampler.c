@@ -61,21 +61,6 @@ static void feistel_init(stoke__feistel *f, uint64_t n, uint64_t key)
     f->tab = NULL;
 }
 
-/* The round function of every half value, round by round (see stoke__feistel.tab): 1, or 0 when
- * the network is too wide for the table or len is short. */
-static int feistel_tabulate(stoke__feistel *f, uint16_t *tab, size_t len)
-{
-    if (f->n <= 1 || f->half > STOKE__FEISTEL_TAB_HALF ||
-        len < ((size_t)STOKE__FEISTEL_ROUNDS << f->half))
-        return 0;
-    const size_t w = (size_t)1 << f->half;
-    for (int i = 0; i < STOKE__FEISTEL_ROUNDS; i++)
-        for (size_t r = 0; r < w; r++)
-            tab[((size_t)i << f->half) | r] = (uint16_t)(mix64(r ^ f->rk[i]) & f->mask);
-    f->tab = tab;
-    return 1;
-}
-
 /* The rows of f's table, one per round: t[i][r] = the round function of round i at r. */
 typedef const uint16_t *feistel_rows[STOKE__FEISTEL_ROUNDS];
 
@@ -399,6 +384,87 @@ static int block_setup(stoke_sampler *s, const stoke_sampler_opts *o, uint64_t n
     return STOKE_OK;
 }
 
+/* The kind's state and this rank's share of the epoch, checked, into the zeroed s. */
+static int sampler_setup(stoke_sampler *s, const stoke_sampler_opts *o, uint64_t dataset_len)
+{
+    s->kind = o->kind;
+    s->n = dataset_len;
+    switch (o->kind) {
+    case STOKE_SAMPLER_SEQUENTIAL:
+    case STOKE_SAMPLER_RANDOM: s->base_len = dataset_len; break;
+    case STOKE_SAMPLER_SUBSET:
+        if (o->num_indices && !o->indices)
+            return stoke__fail(STOKE_EINVAL, "subset sampler: indices is NULL");
+        s->indices = malloc((o->num_indices ? o->num_indices : 1) * sizeof(uint64_t));
+        if (!s->indices)
+            return STOKE_ENOMEM;
+        for (size_t i = 0; i < o->num_indices; i++) {
+            if (o->indices[i] >= dataset_len)
+                return stoke__fail(STOKE_EINVAL,
+                                   "subset sampler: index %" PRIu64 " (entry %zu) is out of range "
+                                   "for a dataset of %" PRIu64 " samples",
+                                   o->indices[i], i, dataset_len);
+            s->indices[i] = o->indices[i];
+        }
+        s->shuffle = o->shuffle ? 1 : 0;
+        s->base_len = o->num_indices;
+        break;
+    case STOKE_SAMPLER_WEIGHTED: {
+        if (!o->weights || o->num_weights != dataset_len || dataset_len == 0)
+            return stoke__fail(STOKE_EINVAL,
+                               "weighted sampler: need one weight per sample (%zu weights for "
+                               "%" PRIu64 " samples)",
+                               o->weights ? o->num_weights : 0, dataset_len);
+        if (!(s->cdf = malloc(o->num_weights * sizeof(double))))
+            return STOKE_ENOMEM;
+        double sum = 0;
+        for (size_t i = 0; i < o->num_weights; i++) {
+            double w = o->weights[i];
+            if (!(w >= 0) || w > 1e300) /* also rejects NaN */
+                return stoke__fail(STOKE_EINVAL,
+                                   "weighted sampler: weight %zu is not a finite "
+                                   "non-negative number",
+                                   i);
+            sum += w;
+            s->cdf[i] = sum;
+        }
+        if (!(sum > 0))
+            return stoke__fail(STOKE_EINVAL, "weighted sampler: the weights sum to 0");
+        s->base_len = o->num_samples ? o->num_samples : o->num_weights;
+        break;
+    }
+    case STOKE_SAMPLER_BLOCK: {
+        int rc = block_setup(s, o, dataset_len);
+        if (rc != STOKE_OK)
+            return rc;
+        break;
+    }
+    default: return stoke__fail(STOKE_EINVAL, "sampler: unknown kind %d", o->kind);
+    }
+    s->rank = 0;
+    s->world = 1;
+    s->len = s->base_len;
+    if (!o->distributed)
+        return STOKE_OK;
+    uint64_t er = 0, ew = 1;
+    int from_env = 0;
+    if (o->rank < 0 || o->world_size <= 0) {
+        from_env = dist_from_env(&er, &ew);
+        if (from_env < 0)
+            return from_env;
+    }
+    s->rank = o->rank >= 0 ? (uint64_t)o->rank : er;
+    s->world = o->world_size > 0 ? (uint64_t)o->world_size : ew;
+    if (s->world == 0 || s->rank >= s->world)
+        return stoke__fail(STOKE_EINVAL,
+                           "distributed sampler: rank %" PRIu64 " is not below world size %" PRIu64
+                           "%s",
+                           s->rank, s->world, from_env ? " (from the environment)" : "");
+    s->distributed = 1;
+    s->len = (s->base_len + (o->drop_last ? 0 : s->world - 1)) / s->world;
+    return STOKE_OK;
+}
+
 int stoke_sampler_create(const stoke_sampler_opts *o, uint64_t dataset_len, stoke_sampler **out)
 {
     if (!o || !out)
@@ -407,106 +473,13 @@ int stoke_sampler_create(const stoke_sampler_opts *o, uint64_t dataset_len, stok
     stoke_sampler *s = calloc(1, sizeof(*s));
     if (!s)
         return STOKE_ENOMEM;
-    s->kind = o->kind;
-    s->n = dataset_len;
-    int rc = STOKE_OK;
-    switch (o->kind) {
-    case STOKE_SAMPLER_SEQUENTIAL:
-    case STOKE_SAMPLER_RANDOM: s->base_len = dataset_len; break;
-    case STOKE_SAMPLER_SUBSET:
-        if (o->num_indices && !o->indices) {
-            rc = stoke__fail(STOKE_EINVAL, "subset sampler: indices is NULL");
-            goto fail;
-        }
-        s->indices = malloc((o->num_indices ? o->num_indices : 1) * sizeof(uint64_t));
-        if (!s->indices) {
-            rc = STOKE_ENOMEM;
-            goto fail;
-        }
-        for (size_t i = 0; i < o->num_indices; i++) {
-            if (o->indices[i] >= dataset_len) {
-                rc = stoke__fail(STOKE_EINVAL,
-                                 "subset sampler: index %" PRIu64 " (entry %zu) is out of range "
-                                 "for a dataset of %" PRIu64 " samples",
-                                 o->indices[i], i, dataset_len);
-                goto fail;
-            }
-            s->indices[i] = o->indices[i];
-        }
-        s->shuffle = o->shuffle ? 1 : 0;
-        s->base_len = o->num_indices;
-        break;
-    case STOKE_SAMPLER_WEIGHTED: {
-        if (!o->weights || o->num_weights != dataset_len || dataset_len == 0) {
-            rc =
-                stoke__fail(STOKE_EINVAL,
-                            "weighted sampler: need one weight per sample (%zu weights for %" PRIu64
-                            " samples)",
-                            o->weights ? o->num_weights : 0, dataset_len);
-            goto fail;
-        }
-        s->cdf = malloc(o->num_weights * sizeof(double));
-        if (!s->cdf) {
-            rc = STOKE_ENOMEM;
-            goto fail;
-        }
-        double sum = 0;
-        for (size_t i = 0; i < o->num_weights; i++) {
-            double w = o->weights[i];
-            if (!(w >= 0) || w > 1e300) { /* also rejects NaN */
-                rc = stoke__fail(STOKE_EINVAL,
-                                 "weighted sampler: weight %zu is not a finite "
-                                 "non-negative number",
-                                 i);
-                goto fail;
-            }
-            sum += w;
-            s->cdf[i] = sum;
-        }
-        if (!(sum > 0)) {
-            rc = stoke__fail(STOKE_EINVAL, "weighted sampler: the weights sum to 0");
-            goto fail;
-        }
-        s->base_len = o->num_samples ? o->num_samples : o->num_weights;
-        break;
-    }
-    case STOKE_SAMPLER_BLOCK:
-        if ((rc = block_setup(s, o, dataset_len)) != STOKE_OK)
-            goto fail;
-        break;
-    default: rc = stoke__fail(STOKE_EINVAL, "sampler: unknown kind %d", o->kind); goto fail;
-    }
-
-    s->rank = 0;
-    s->world = 1;
-    s->len = s->base_len;
-    if (o->distributed) {
-        uint64_t er = 0, ew = 1;
-        int from_env = 0;
-        if (o->rank < 0 || o->world_size <= 0) {
-            from_env = dist_from_env(&er, &ew);
-            if (from_env < 0) {
-                rc = from_env;
-                goto fail;
-            }
-        }
-        s->rank = o->rank >= 0 ? (uint64_t)o->rank : er;
-        s->world = o->world_size > 0 ? (uint64_t)o->world_size : ew;
-        if (s->world == 0 || s->rank >= s->world) {
-            rc = stoke__fail(STOKE_EINVAL,
-                             "distributed sampler: rank %" PRIu64
-                             " is not below world size %" PRIu64 "%s",
-                             s->rank, s->world, from_env ? " (from the environment)" : "");
-            goto fail;
-        }
-        s->distributed = 1;
-        s->len = (s->base_len + (o->drop_last ? 0 : s->world - 1)) / s->world;
+    int rc = sampler_setup(s, o, dataset_len);
+    if (rc != STOKE_OK) {
+        stoke_sampler_destroy(s);
+        return rc;
     }
     *out = s;
     return STOKE_OK;
-fail:
-    stoke_sampler_destroy(s);
-    return rc;
 }
 
 void stoke_sampler_destroy(stoke_sampler *s)
@@ -651,14 +624,24 @@ int stoke__sampler_epoch_init(stoke__sampler_epoch *e, const stoke_sampler *s, u
     return STOKE_OK;
 }
 
+/* The round function of every half value, round by round (see stoke__feistel.tab). */
 int stoke__sampler_epoch_tabulate(stoke__sampler_epoch *e, uint16_t *tab, size_t len)
 {
     if (!e || !e->s || !tab)
         return 0;
     const stoke_sampler *s = e->s;
+    stoke__feistel *f = &e->perm;
     int perm = s->kind == STOKE_SAMPLER_RANDOM || s->kind == STOKE_SAMPLER_BLOCK ||
                (s->kind == STOKE_SAMPLER_SUBSET && s->shuffle);
-    return perm && feistel_tabulate(&e->perm, tab, len);
+    if (!perm || f->n <= 1 || f->half > STOKE__FEISTEL_TAB_HALF ||
+        len < ((size_t)STOKE__FEISTEL_ROUNDS << f->half))
+        return 0;
+    const size_t w = (size_t)1 << f->half;
+    for (int i = 0; i < STOKE__FEISTEL_ROUNDS; i++)
+        for (size_t r = 0; r < w; r++)
+            tab[((size_t)i << f->half) | r] = (uint16_t)(mix64(r ^ f->rk[i]) & f->mask);
+    f->tab = tab;
+    return 1;
 }
 
 /* out[i] = the unsharded epoch position of this rank's position pos0 + i (all < s->len). */

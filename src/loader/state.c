@@ -63,24 +63,19 @@ void stoke__loader_set_position(stoke_loader *l, uint64_t epoch, uint64_t cursor
         memset(l->bits, 0, (size_t)((l->nbatches + 7) / 8));
 }
 
-/* Consumer: stops dispatching, abandons the run and waits until no batch is being produced, so
- * that nothing calls the dataset.  Returns with `mu` held and `quiesce` set. */
-static void quiesce(stoke_loader *l)
-{
-    stoke__loader_lock(l);
-    l->quiesce = 1;
-    stoke__loader_abandon(l);
-    while (l->filling > 0)
-        stoke__loader_wait(l, &l->done_cv, NULL);
-}
-
 /* Consumer: moves to (seed, epoch, cursor); the dataset's set_epoch is told (an ITERABLE one
  * restarts there). */
 static int reposition(stoke_loader *l, uint64_t seed, uint64_t epoch, uint64_t cursor)
 {
     if (stoke__loader_foreign(l))
         return stoke__loader_forked_fail(l);
-    quiesce(l);
+    /* stop dispatching, abandon the run, wait until no batch is being produced: nothing calls
+     * the dataset */
+    stoke__loader_lock(l);
+    l->quiesce = 1;
+    stoke__loader_abandon(l);
+    while (l->filling > 0)
+        stoke__loader_wait(l, &l->done_cv, NULL);
     stoke__loader_unlock(l);
     if (!l->o.persistent_workers)
         stoke__loader_stop_workers(l);
@@ -182,7 +177,9 @@ int stoke_loader_get_stats(const stoke_loader *l, stoke_loader_stats *out)
     s.workers = (uint64_t)m->nworkers;
     s.workers_auto = (uint64_t)m->auto_workers;
     s.workers_active = (uint64_t)m->nact;
-    stoke__autotune_stats(&m->autotune, &s);
+    s.workers_active_min = (uint64_t)m->autotune.lo;
+    s.workers_active_max = (uint64_t)m->autotune.hi;
+    s.workers_changes = m->autotune.changes;
     s.quarantined = m->nquar;
     stoke__loader_unlock(m);
     s.buffers = (uint64_t)l->nbuf;

@@ -46,10 +46,6 @@ int stoke__loader_setup_device(stoke_loader *l)
             rc = stoke_event_create(l->stream, &l->bat[i].ev);
         if (rc == STOKE_OK)
             rc = stoke_event_create(l->stream, &l->slots[i].ev);
-        if (rc == STOKE_OK && l->nragged &&
-            !(l->bat[i].rmeta =
-                  calloc((size_t)l->nragged * STOKE__RMETA_WORDS(l), sizeof(int64_t))))
-            rc = stoke__fail(STOKE_ENOMEM, "out of memory");
         if (rc != STOKE_OK)
             return stoke__loader_fail(l, rc, "loader: device '%s': batch buffer %d of %d: %s",
                                       l->o.device, i + 1, l->nbuf, stoke_last_error());

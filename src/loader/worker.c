@@ -19,32 +19,34 @@ static size_t batch_count(const stoke_loader *l, uint64_t seq)
     return left < l->o.batch_size ? (size_t)left : l->o.batch_size;
 }
 
-/* Timeout bookkeeping, only when a timeout is set (o.timeout_ms): with workers, publishes that
- * worker w is busy with dataset index `idx` (UINT64_MAX: an ITERABLE sample) since now, for
- * the consumer's check (loader.c, timed_out_worker: it reads busy_since, then busy_index);
- * returns the start time.  0 without a timeout: no clock read, no store. */
-static inline uint64_t busy_begin(const stoke_loader *l, stoke__worker *w, uint64_t idx)
+/* Busy marks, only where the plan has them (timeout_ms, process workers): publishes that
+ * producer p is in a dataset call for index `idx` (UINT64_MAX: an ITERABLE sample; in_batch:
+ * read(), idx its first) since now (stoke__busy); returns the start time.  0 without marks: no
+ * clock read, no store. */
+static inline uint64_t busy_begin(const stoke_loader *l, stoke__producer *p, uint64_t idx,
+                                  int in_batch)
 {
-    if (!l->plan.timed)
+    if (!l->plan.marks)
         return 0;
     uint64_t t0 = stoke__now_ns();
-    if (w) {
-        atomic_store_explicit(&w->busy_index, idx, memory_order_relaxed);
-        atomic_store_explicit(&w->busy_since, t0, memory_order_release);
+    if (p->busy) {
+        atomic_store_explicit(&p->busy->index, idx, memory_order_relaxed);
+        atomic_store_explicit(&p->busy->in_batch, in_batch, memory_order_relaxed);
+        atomic_store_explicit(&p->busy->since, t0, memory_order_release);
     }
     return t0;
 }
 
-/* Ends what busy_begin started: clears the worker's busy mark, or, in the caller's thread
- * (w NULL), turns a success that took longer than the timeout into STOKE_ETIMEDOUT (with the
- * message in msg).  Returns the status. */
-static inline int busy_end(const stoke_loader *l, stoke__worker *w, uint64_t t0, int rc, char *msg,
-                           size_t msg_len)
+/* Ends what busy_begin started: clears p's busy mark, or, in the caller's thread (no marks),
+ * turns a success that took longer than the timeout into STOKE_ETIMEDOUT (with the message in
+ * msg).  Returns the status. */
+static inline int busy_end(const stoke_loader *l, stoke__producer *p, uint64_t t0, int rc,
+                           char *msg, size_t msg_len)
 {
-    if (!l->plan.timed)
+    if (!l->plan.marks)
         return rc;
-    if (w) {
-        atomic_store_explicit(&w->busy_since, 0, memory_order_release);
+    if (p->busy) {
+        atomic_store_explicit(&p->busy->since, 0, memory_order_release);
     } else if (rc == STOKE_OK && stoke__now_ns() - t0 > (uint64_t)l->o.timeout_ms * 1000000u) {
         rc = STOKE_ETIMEDOUT;
         stoke__fmt(msg, msg_len, "took longer than the timeout of %u ms", l->o.timeout_ms);
@@ -176,7 +178,7 @@ static int take_lengths(const stoke_loader *l, stoke_batch *b, size_t j, const i
             return STOKE_ELIMIT;
         }
         cut |= n > fd->max_len;
-        stoke__ragged_aux(l, b->host->mem, r)[1 + j] = n < fd->max_len ? n : fd->max_len;
+        stoke__ragged_meta(b, r)[1 + j] = n < fd->max_len ? n : fd->max_len;
     }
     b->truncated += (uint32_t)cut;
     return STOKE_OK;
@@ -190,11 +192,11 @@ int stoke__loader_one_sample(stoke_loader *l, stoke_batch *b, stoke__producer *p
     stoke__ahead *a = &p->ahead;
     point_slots(l, b, j, a->dst, a->len, 1);
     msg[0] = '\0';
-    uint64_t t0 = busy_begin(l, p->w, l->iterable ? UINT64_MAX : *idx);
+    uint64_t t0 = busy_begin(l, p, l->iterable ? UINT64_MAX : *idx, 0);
     int rc = l->iterable
                  ? l->ds.next(l->ds.user, p->wid, l->nworkers, a->dst, a->len, idx, msg, msg_len)
                  : l->ds.get(l->ds.user, *idx, a->dst, a->len, p->wid, msg, msg_len);
-    rc = busy_end(l, p->w, t0, rc, msg, msg_len);
+    rc = busy_end(l, p, t0, rc, msg, msg_len);
     if (rc == STOKE_OK && l->nragged)
         rc = take_lengths(l, b, j, a->len, msg, msg_len);
     return rc;
@@ -245,9 +247,9 @@ static void fill_read(stoke_loader *l, stoke_batch *b, stoke__producer *p)
     char msg[256];
     msg[0] = '\0';
     uint64_t err_index = b->indices[0];
-    uint64_t t0 = busy_begin(l, p->w, b->indices[0]);
+    uint64_t t0 = busy_begin(l, p, b->indices[0], 1);
     int rc = l->ds.read(l->ds.user, b->indices, n, &slots, p->wid, msg, sizeof(msg), &err_index);
-    rc = busy_end(l, p->w, t0, rc, msg, sizeof(msg));
+    rc = busy_end(l, p, t0, rc, msg, sizeof(msg));
     const int nf = l->ds.nfields;
     for (size_t j = 0; rc == STOKE_OK && l->nragged && j < n; j++)
         if ((rc = take_lengths(l, b, j, a->len + j * (size_t)nf, msg, sizeof(msg))) != STOKE_OK)
@@ -322,7 +324,7 @@ static size_t collate_ragged(const stoke_loader *l, stoke_batch *b, int r)
     const stoke__ragged *rg = &l->rg[r];
     const stoke_field *fd = &l->fields[rg->field];
     unsigned char *base = b->host->mem + l->off[rg->field];
-    int64_t *aux = stoke__ragged_aux(l, b->host->mem, r), *len = aux + 1;
+    int64_t *aux = stoke__ragged_meta(b, r), *len = aux + 1;
     size_t n = b->count, unit = rg->unit, stride = (size_t)fd->max_len * unit;
     if (fd->collate == STOKE_COLLATE_PACK) {
         int64_t *offs = aux + 1 + l->cap;
@@ -354,8 +356,15 @@ static size_t collate_ragged(const stoke_loader *l, stoke_batch *b, int r)
     return n * row;
 }
 
-void stoke__loader_finish_ragged(stoke_loader *l, stoke_batch *b)
+/* The one point where a batch is full: collates its ragged fields (padding or packing, lengths
+ * and offsets), sets b->bytes.  Runs in the producer (a child process for process workers),
+ * before any device copy. */
+static inline void finish_batch(stoke_loader *l, stoke_batch *b)
 {
+    if (!l->nragged || b->status != STOKE_OK) {
+        b->bytes = b->count * l->sample_bytes;
+        return;
+    }
     size_t bytes = 0;
     for (int f = 0; f < l->ds.nfields; f++)
         if (l->rix[f] < 0)
@@ -387,7 +396,7 @@ void stoke__loader_batch_start(stoke_loader *l, stoke_batch *b, int wid, uint64_
 }
 
 /* The fill pipeline: indices, the dataset's reads (read() for the batch, else get()/next() per
- * sample, bad samples through the policy), then stoke__loader_finish. */
+ * sample, bad samples through the policy), then finish_batch. */
 void stoke__loader_fill_batch(stoke_loader *l, stoke_batch *b, stoke__producer *p, uint64_t seed,
                               uint64_t epoch, uint64_t seq)
 {
@@ -399,7 +408,7 @@ void stoke__loader_fill_batch(stoke_loader *l, stoke_batch *b, stoke__producer *
         fill_read(l, b, p);
     else
         fill_samples(l, b, p);
-    stoke__loader_finish(l, b);
+    finish_batch(l, b);
 }
 
 /* (mu) Hands a finished batch to the consumer, or recycles it if its epoch was abandoned.  In
@@ -416,12 +425,8 @@ static void complete_quiet(stoke_loader *l, stoke_batch *b, uint64_t busy_ns)
     atomic_fetch_add_explicit(&l->events, 1, memory_order_release);
     if (l->device_mode && b->copied)
         stoke__loader_drop_slot(l, b);
-    if (b->gen != l->gen) { /* (dispatch gave it the run's gen) */
-        stoke__loader_recycle(l, b);
-        stoke__loader_wake_workers(l, 1);
-        return;
-    }
-    if (l->iterable && b->status == STOKE_OK && b->end) {
+    int drop = b->gen != l->gen; /* (dispatch gave it the run's gen) */
+    if (!drop && l->iterable && b->status == STOKE_OK && b->end) {
         stoke__worker *w = &l->w[b->worker];
         int keep = b->count && !(l->o.drop_last && b->count < l->o.batch_size);
         w->exhausted = 1;
@@ -429,10 +434,13 @@ static void complete_quiet(stoke_loader *l, stoke_batch *b, uint64_t busy_ns)
         if (!keep) { /* nothing to deliver: the share ended on a batch boundary or was dropped */
             w->outstanding--;
             l->outstanding--;
-            stoke__loader_recycle(l, b);
-            stoke__loader_wake_workers(l, 1);
-            return;
+            drop = 1;
         }
+    }
+    if (drop) {
+        stoke__loader_recycle(l, b);
+        stoke__loader_wake_workers(l, 1);
+        return;
     }
     stoke__batch_move(b, STOKE__B_FILLING, STOKE__B_DONE);
     if (l->ready) { /* (no two seqs in flight share a slot: see `ready`) */
@@ -455,8 +463,8 @@ static int can_dispatch(const stoke_loader *l, const stoke__worker *w)
     if (l->next_dispatch >= l->nbatches || l->outstanding >= l->window)
         return 0;
     if (l->o.round_robin) /* batch k is worker k % nact's; never the caller's */
-        return w && l->next_dispatch % (uint64_t)l->nact == (uint64_t)w->id;
-    return !w || w->id < l->nact;
+        return w && l->next_dispatch % (uint64_t)l->nact == (uint64_t)w->p.wid;
+    return !w || w->p.wid < l->nact;
 }
 
 /* (mu) Wakes the workers waiting for work when one of them could take some.  Unless `force`,
@@ -506,7 +514,7 @@ static stoke_batch *dispatch(stoke_loader *l, stoke__producer *p, uint64_t *seed
         b->gen = l->gen;
     if (l->iterable) {
         b->k = w->k_next++;
-        b->seq = b->k * (uint64_t)l->nw1 + (uint64_t)w->id;
+        b->seq = b->k * (uint64_t)l->nw1 + (uint64_t)w->p.wid;
         w->outstanding++;
     } else {
         b->seq = l->next_dispatch++;
@@ -520,8 +528,11 @@ static stoke_batch *dispatch(stoke_loader *l, stoke__producer *p, uint64_t *seed
     return b;
 }
 
-void stoke__loader_look_ahead(stoke_loader *l, stoke__producer *p, uint64_t seq, uint64_t seed,
-                              uint64_t epoch)
+/* Producer, before making a batch: when batches are small and the dataset has a hint, computes
+ * the indices of batch `seq` (the one this thread makes next) into its look-ahead and names them
+ * to the dataset.  Does nothing otherwise. */
+static void look_ahead(stoke_loader *l, stoke__producer *p, uint64_t seq, uint64_t seed,
+                       uint64_t epoch)
 {
     stoke__ahead *a = &p->ahead;
     if (!l->plan.hint_next || seq >= l->nbatches)
@@ -542,11 +553,8 @@ static void make_batch(stoke_loader *l, stoke_batch *b, stoke__producer *p, uint
         stoke__proc_fill(l, b, p, seed, epoch); /* in worker p->wid's child process */
     else
         stoke__loader_fill_batch(l, b, p, seed, epoch, b->seq);
-    if (l->device_mode && b->status == STOKE_OK && b->count) {
-        if (l->nragged) /* the slot goes back before the batch is held */
-            stoke__batch_keep_ragged(b);
+    if (l->device_mode && b->status == STOKE_OK && b->count)
         stoke__loader_copy_batch(l, b);
-    }
 }
 
 /* A pause for spin loops. */
@@ -638,7 +646,7 @@ static int make_scattered(stoke_loader *l, stoke_batch *const *b, int n, int wid
         point_slots(l, x, 0, base + (size_t)i * (size_t)nf, NULL, 0); /* (no ragged field) */
         start[i] = j;
         j += x->count;
-        stoke__loader_finish(l, x); /* (no ragged field here: plan.scatter) */
+        finish_batch(l, x); /* (no ragged field here: plan.scatter) */
     }
     start[n] = j;
     stoke_slots slots = {(size_t)n, start, base, NULL};
@@ -675,7 +683,7 @@ int stoke__loader_make_group(stoke_loader *l, stoke__producer *p, uint64_t *cloc
         n > 1 && l->plan.scatter && make_scattered(l, b, n, wid, seed, epoch, a) == STOKE_OK;
     for (int i = 0; i < n && !one_call; i++) {
         if (b[i]->seq + 1 < a->seq_end) /* the next batch this producer makes */
-            stoke__loader_look_ahead(l, p, b[i]->seq + 1, seed, epoch);
+            look_ahead(l, p, b[i]->seq + 1, seed, epoch);
         make_batch(l, b[i], p, seed, epoch);
     }
     uint64_t t1 = stoke__now_ns(), took = t1 - t0;
@@ -696,17 +704,17 @@ static void *worker_main(void *arg)
     stoke__worker *w = arg;
     stoke_loader *l = w->l;
     char name[16];
-    snprintf(name, sizeof(name), "stoke-w%d", w->id);
+    snprintf(name, sizeof(name), "stoke-w%d", w->p.wid);
     stoke__thread_name(name);
     if (l->ds.worker_init && !l->proc) { /* process mode: in the child */
-        int rc = l->ds.worker_init(l->ds.user, w->id, l->nworkers);
+        int rc = l->ds.worker_init(l->ds.user, w->p.wid, l->nworkers);
         if (rc != STOKE_OK) {
             stoke__loader_lock(l);
             if (!l->init_failed)
                 l->init_failed = rc < 0 ? rc : STOKE_EDATA;
             stoke__loader_notify(l);
             stoke__loader_unlock(l);
-            stoke__log(STOKE_LOG_DEBUG, "loader: worker_init of worker %d failed (%s)", w->id,
+            stoke__log(STOKE_LOG_DEBUG, "loader: worker_init of worker %d failed (%s)", w->p.wid,
                        stoke_err_name(rc));
             return NULL;
         }
@@ -717,7 +725,7 @@ static void *worker_main(void *arg)
         while (!l->quit && !can_dispatch(l, w)) {
             if (!spun++) { /* then look again: a change may come just after the spin */
                 /* for the consumer to take a batch, when this worker is given work */
-                if (!l->iterable && w->id < l->nact && !l->ended && !l->quiesce &&
+                if (!l->iterable && w->p.wid < l->nact && !l->ended && !l->quiesce &&
                     l->next_dispatch < l->nbatches)
                     stoke__loader_spin(l, &l->work_events);
                 continue;
@@ -776,7 +784,7 @@ int stoke__loader_start_workers(stoke_loader *l)
     l->quit = 0;
     for (int i = 0; i < l->nworkers; i++) {
         stoke__worker *w = &l->w[i];
-        atomic_store(&w->busy_since, 0);
+        atomic_store(&w->p.busy->since, 0);
         int e = pthread_create(&w->th, NULL, worker_main, w);
         if (e) {
             join_workers(l, i);
