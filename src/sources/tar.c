@@ -283,6 +283,11 @@ static int rwin_fetch(rwin *w, size_t n, uint64_t off, uint64_t *total)
 static int read_remote(void *ctx, void *buf, size_t n, uint64_t off, size_t *got)
 {
     rwin *w = ctx;
+    if (w->t->cache) { /* the shard's local copy (cache.h), through slot 0 */
+        int rc = stoke__cache_read(w->t->cache, w->t->pool, 0, &w->s->rf, w->s->size, buf, n, off,
+                                   got, NULL, w->why, sizeof(w->why));
+        return rc == STOKE_OK ? 0 : rc == STOKE_ENOMEM ? -ENOMEM : -EIO;
+    }
     if (off < w->start || off + n > w->start + w->len) {
         int rc = rwin_fetch(w, n, off, NULL);
         if (rc)
@@ -294,11 +299,17 @@ static int read_remote(void *ctx, void *buf, size_t n, uint64_t off, size_t *got
     return 0;
 }
 
-/* Opens remote shard s (the pool made by the first): its size comes with the first window. */
+/* Opens remote shard s (the pool, and the cache when STOKE_CACHE_DIR is set, made by the
+ * first): its size comes with the first window, or the local copy (downloaded if missing). */
 static int open_remote(const char *spec, stoke__tar_ds *t, stoke__tar_shard *s, rwin *w)
 {
     char why[512];
-    int rc = t->pool ? STOKE_OK : stoke__remote_pool_create(&t->pool, why, sizeof(why));
+    int rc = STOKE_OK;
+    if (!t->pool) {
+        rc = stoke__remote_pool_create(&t->pool, why, sizeof(why));
+        if (!rc)
+            rc = stoke__cache_create(&t->cache, why, sizeof(why));
+    }
     if (!rc)
         rc = stoke__remote_file_init(t->pool, s->path, &s->rf, why, sizeof(why));
     if (rc)
@@ -311,7 +322,13 @@ static int open_remote(const char *spec, stoke__tar_ds *t, stoke__tar_shard *s, 
     s->remote = 1;
     *w = (rwin){.t = t, .s = s, .buf = w->buf, .cap = w->cap};
     uint64_t total = UINT64_MAX;
-    rc = rwin_fetch(w, REMOTE_WINDOW, 0, &total);
+    if (t->cache) {
+        size_t got;
+        rc = stoke__cache_read(t->cache, t->pool, 0, &s->rf, 0, NULL, 0, 0, &got, &total, w->why,
+                               sizeof(w->why));
+    } else {
+        rc = rwin_fetch(w, REMOTE_WINDOW, 0, &total);
+    }
     if (rc)
         return stoke__fail(rc, "source '%s': %s", spec, w->why);
     if (total == UINT64_MAX)
@@ -448,6 +465,7 @@ static void tar_close(void *user)
         free(t->shards[i].path);
         stoke__remote_file_free(&t->shards[i].rf);
     }
+    stoke__cache_destroy(t->cache);
     stoke__remote_pool_destroy(t->pool);
     free(t->shards);
     free(t->shard_of);
@@ -462,18 +480,21 @@ static void tar_close(void *user)
 
 static void tar_fork_prepare(void *user)
 {
+    stoke__cache_fork_prepare(((stoke__tar_ds *)user)->cache);
     stoke__remote_pool_fork_prepare(((stoke__tar_ds *)user)->pool);
 }
 
 static void tar_fork_parent(void *user)
 {
     stoke__remote_pool_fork_parent(((stoke__tar_ds *)user)->pool);
+    stoke__cache_fork_parent(((stoke__tar_ds *)user)->cache);
 }
 
 static void tar_fork_child(void *user, int worker)
 {
     (void)worker;
     stoke__remote_pool_fork_child(((stoke__tar_ds *)user)->pool);
+    stoke__cache_fork_child(((stoke__tar_ds *)user)->cache);
 }
 
 static uint64_t tar_length(void *user)

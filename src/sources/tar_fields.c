@@ -122,7 +122,8 @@ static int read_fail(const stoke__tar_ds *t, uint64_t i, int k, int e, char *msg
 }
 
 /* Reads exactly n bytes at off of sample i's shard (pread, or a remote shard's range read
- * through the pool's slot of `worker`): STOKE_OK, or the error in msg. */
+ * through the pool's slot of `worker`, or its local copy in the cache): STOKE_OK, or the error
+ * in msg. */
 static int shard_read(const stoke__tar_ds *t, uint64_t i, int k, void *buf, size_t n, uint64_t off,
                       int worker, char *msg, size_t msg_len)
 {
@@ -133,7 +134,10 @@ static int shard_read(const stoke__tar_ds *t, uint64_t i, int k, void *buf, size
     }
     char why[512];
     size_t got = 0;
-    int rc = stoke__remote_read(t->pool, worker, &s->rf, buf, n, off, &got, NULL, why, sizeof(why));
+    int rc = t->cache ? stoke__cache_read(t->cache, t->pool, worker, &s->rf, s->size, buf, n, off,
+                                          &got, NULL, why, sizeof(why))
+                      : stoke__remote_read(t->pool, worker, &s->rf, buf, n, off, &got, NULL, why,
+                                           sizeof(why));
     if (rc)
         return field_fail(t, i, k, msg, msg_len, STOKE_EIO, "%s", why);
     return got < n ? read_fail(t, i, k, -ENODATA, msg, msg_len) : STOKE_OK;

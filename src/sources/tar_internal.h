@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "sources/cache.h"
 #include "sources/npy_header.h"
 #include "sources/remote.h"
 #include "stoke/dataset.h"
@@ -78,6 +79,7 @@ typedef struct stoke__tar_ds {
     char *keys;               /* NUL-separated keys */
     void *image_opts;         /* the hook's options block (NULL without image fields) */
     stoke__remote_pool *pool; /* connections of the remote shards (NULL: all local) */
+    stoke__cache *cache;      /* STOKE_CACHE_DIR: remote shards read from local copies */
     _Atomic uint64_t epoch;   /* for the image hook's random choices */
 } stoke__tar_ds;
 

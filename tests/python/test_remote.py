@@ -11,12 +11,13 @@ import shutil
 import subprocess
 import sys
 
-import time
-
 import stoke_testlib as T
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "remote"))
 import servers as S  # noqa: E402
+
+import runs as R  # noqa: E402
+from runs import load  # noqa: E402
 
 CLI = os.environ.get("STOKE_CLI")
 if not CLI or not os.path.exists(CLI):
@@ -24,36 +25,12 @@ if not CLI or not os.path.exists(CLI):
 FEATURES = os.environ.get("STOKE_BUILD_FEATURES")
 NSHARDS = 4
 RANGE = "shard-{000000..%06d}.tar" % (NSHARDS - 1)
-ORDERS = ["bin:cls:txt", "txt:bin:cls", "cls:txt:bin"]  # each field first once: all bytes
-
-
-def load(spec, *args, env=None):
-    e = dict(os.environ, **(env or {}))
-    t0 = time.monotonic()
-    p = subprocess.run([CLI, "load", spec, "--json", "--batch-size", "5", "--no-pin-memory"]
-                       + list(args), capture_output=True, text=True, env=e, timeout=120)
-    if os.environ.get("STOKE_TEST_TIMES"):
-        print("%.2f s  %s %s" % (time.monotonic() - t0, spec, " ".join(args)))
-    try:
-        out = json.loads(p.stdout)
-    except ValueError:
-        raise AssertionError("%s: not JSON: %r %r" % (spec, p.stdout, p.stderr))
-    return p.returncode, out, p.stderr
-
-
-def summary(out):
-    return {k: out[k] for k in ("samples", "content_hash", "order_hash", "index_sum")}
+ORDERS = R.ORDERS
 
 
 def same_as_local(base, local_root, what, *args, env=None, orders=ORDERS, samples=NSHARDS * 12):
-    for fields in orders:
-        opts = ",fields=%s,ragged=txt" % fields
-        rc_l, loc, _ = load("tar:%s/%s%s" % (local_root, RANGE, opts), *args)
-        rc_r, rem, err = load("tar:%s%s%s" % (base, RANGE, opts), *args, env=env)
-        T.check(rc_l == 0 and loc["samples"] == samples, "local run: %s" % loc)
-        T.check(rc_r == 0, "%s, fields=%s: failed: %s %s" % (what, fields, rem.get("error"), err))
-        T.check(summary(rem) == summary(loc), "%s, fields=%s %s: remote %s, local %s"
-                % (what, fields, args, summary(rem), summary(loc)))
+    R.same_as_local(base, local_root, RANGE, what, *args, env=env, orders=orders,
+                    samples=samples)
 
 
 work = T.tmpdir()
