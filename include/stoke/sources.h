@@ -208,6 +208,28 @@ STOKE_API int stoke_npy_block_staged(const stoke_dataset *ds, uint64_t *blocks, 
  * message reads "tar SHARD@OFFSET: sample 'KEY' field 'EXT': reason".  Every shard stays open
  * until stoke_dataset_close.  Thread-safe; get() too. */
 STOKE_API int stoke_tar_open(const char *args, stoke_dataset *out);
+
+/* Counters of a tar dataset's remote shards (docs/sources.md, "Remote shards"), since open:
+ * the open's requests included, and those of worker processes forked from this one. */
+typedef struct stoke_remote_stats {
+    uint32_t size;            /* set by the caller to sizeof(stoke_remote_stats) */
+    uint32_t cached;          /* 1: the shards are read through the cache (STOKE_CACHE_DIR) */
+    uint64_t shards;          /* remote shards of the dataset (0: all local) */
+    uint64_t requests;        /* HTTP requests made (each try of a retried one counts) */
+    uint64_t retries;         /* of those, tries again after a failure */
+    uint64_t bytes;           /* body bytes received */
+    double network_wait_s;    /* threads' time in requests and in others' downloads, summed */
+    uint64_t cache_hits;      /* shards opened from the cache */
+    uint64_t cache_misses;    /* shards downloaded into the cache */
+    uint64_t cache_evictions; /* copies this dataset removed to stay under the cap */
+    uint64_t cache_bytes;     /* bytes downloaded into the cache */
+} stoke_remote_stats;
+
+/* Fills *out (at most out->size bytes of it; fields past that are left alone) for a tar
+ * dataset: STOKE_OK (all counters 0 and shards 0 when every shard is local), or STOKE_EINVAL
+ * for NULL arguments, out->size 0 or a dataset that is not an open tar dataset.  Thread-safe. */
+STOKE_API int stoke_tar_remote_stats(const stoke_dataset *ds, stoke_remote_stats *out);
+
 /* ---- images ---------------------------------------------------------------------------------
  * DIR/<class>/.../<file>.jpg|.jpeg (extensions in any case; subdirectories of a class count):
  * the class directories sorted by name (byte order) are labels 0..C-1; each class's files

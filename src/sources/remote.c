@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -121,6 +122,10 @@ int stoke__remote_fetch(stoke__remote_pool *p, int slot, const stoke__remote_fil
 /* SHA-256 of an empty body: what a GET signs as its payload (S3 wants the header). */
 #define EMPTY_SHA256    "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
 
+typedef struct counters {
+    _Atomic uint64_t requests, retries_done, bytes, wait_ns;
+} counters;
+
 typedef struct slot {
     pthread_mutex_t lock; /* held for a whole read: guards h and err */
     CURL *h;              /* NULL until the slot's first read */
@@ -138,7 +143,7 @@ struct stoke__remote_pool {
     char *userpwd;              /* "key:secret"; NULL: unsigned requests */
     struct curl_slist *s3_hdrs; /* x-amz-content-sha256 (and x-amz-security-token) */
     char sigv4[96];             /* "aws:amz:REGION:s3" */
-    _Atomic uint64_t requests, retries_done, bytes, wait_ns;
+    counters *n; /* a shared mapping: a forked worker's requests are counted in the parent */
 };
 
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
@@ -315,6 +320,13 @@ int stoke__remote_pool_create(stoke__remote_pool **out, char *why, size_t why_le
     }
     for (int i = 0; i < SLOTS; i++)
         pthread_mutex_init(&p->s[i].lock, NULL);
+    p->n = mmap(NULL, sizeof(*p->n), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (p->n == MAP_FAILED) {
+        p->n = NULL;
+        stoke__fmt(why, why_len, "out of memory (a shared page for the counters)");
+        stoke__remote_pool_destroy(p);
+        return STOKE_ENOMEM;
+    }
     p->retries = (unsigned)env_number(STOKE_ENV_REMOTE_RETRIES, DEFAULT_RETRIES, 100);
     p->timeout_s = env_number(STOKE_ENV_REMOTE_TIMEOUT, DEFAULT_TIMEOUT, 86400);
     if (p->timeout_s < 1)
@@ -352,12 +364,12 @@ int stoke__remote_pool_create(stoke__remote_pool **out, char *why, size_t why_le
 void stoke__remote_pool_stats(const stoke__remote_pool *p, stoke__remote_stats *out)
 {
     memset(out, 0, sizeof(*out));
-    if (!p)
+    if (!p || !p->n)
         return;
-    out->requests = atomic_load(&((stoke__remote_pool *)p)->requests);
-    out->retries = atomic_load(&((stoke__remote_pool *)p)->retries_done);
-    out->bytes = atomic_load(&((stoke__remote_pool *)p)->bytes);
-    out->wait_ns = atomic_load(&((stoke__remote_pool *)p)->wait_ns);
+    out->requests = atomic_load(&p->n->requests);
+    out->retries = atomic_load(&p->n->retries_done);
+    out->bytes = atomic_load(&p->n->bytes);
+    out->wait_ns = atomic_load(&p->n->wait_ns);
 }
 
 void stoke__remote_pool_destroy(stoke__remote_pool *p)
@@ -381,6 +393,8 @@ void stoke__remote_pool_destroy(stoke__remote_pool *p)
     curl_slist_free_all(p->s3_hdrs); /* the token's header: libcurl frees, cannot be cleared */
     free(p->endpoint);
     free(p->ca_bundle);
+    if (p->n)
+        munmap(p->n, sizeof(*p->n));
     free(p);
 }
 
@@ -696,8 +710,8 @@ static int try_once(stoke__remote_pool *p, CURL *h, const stoke__remote_file *f,
         curl_easy_setopt(h, CURLOPT_HTTPAUTH, (long)CURLAUTH_BASIC);
     size_t before = x->got;
     CURLcode c = curl_easy_perform(h);
-    atomic_fetch_add(&p->requests, 1);
-    atomic_fetch_add(&p->bytes, (uint64_t)(x->got - before));
+    atomic_fetch_add(&p->n->requests, 1);
+    atomic_fetch_add(&p->n->bytes, (uint64_t)(x->got - before));
     long st = 0;
     curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &st);
     if (x->werr) {
@@ -773,12 +787,12 @@ static int transfer(stoke__remote_pool *p, int slot_i, const stoke__remote_file 
             rc = STOKE_EIO;
             break;
         }
-        atomic_fetch_add(&p->retries_done, 1);
+        atomic_fetch_add(&p->n->retries_done, 1);
         stoke__log(STOKE_LOG_DEBUG, "remote: %s; retry %u of %u", why, attempt + 1, p->retries);
         backoff(attempt, x->retry_after, &rng);
     }
     pthread_mutex_unlock(&s->lock);
-    atomic_fetch_add(&p->wait_ns, stoke__now_ns() - t0);
+    atomic_fetch_add(&p->n->wait_ns, stoke__now_ns() - t0);
     return rc;
 }
 

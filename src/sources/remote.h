@@ -35,7 +35,8 @@ void stoke__remote_pool_fork_prepare(stoke__remote_pool *p);
 void stoke__remote_pool_fork_parent(stoke__remote_pool *p);
 void stoke__remote_pool_fork_child(stoke__remote_pool *p);
 
-/* Counters of a pool since create (atomics, read without a lock). */
+/* Counters of a pool since create, its forked workers' included (atomics in a shared
+ * mapping, read without a lock). */
 typedef struct stoke__remote_stats {
     uint64_t requests, retries, bytes;
     uint64_t wait_ns; /* time in reads and fetches, waiting for a slot's lock included */

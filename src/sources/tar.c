@@ -522,6 +522,33 @@ static int tar_get(void *user, uint64_t index, void *const dst[], int64_t len[],
     return STOKE_OK;
 }
 
+int stoke_tar_remote_stats(const stoke_dataset *ds, stoke_remote_stats *out)
+{
+    if (!ds || ds->get != tar_get || !ds->user || !out || out->size == 0)
+        return stoke__fail(STOKE_EINVAL,
+                           "stoke_tar_remote_stats: not an open tar dataset, or NULL output");
+    const stoke__tar_ds *t = ds->user;
+    stoke_remote_stats s = {.cached = t->cache != NULL};
+    for (int i = 0; i < t->nshards; i++)
+        s.shards += (uint64_t)t->shards[i].remote;
+    stoke__remote_stats r;
+    stoke__cache_stats c;
+    stoke__remote_pool_stats(t->pool, &r);
+    stoke__cache_stats_get(t->cache, &c);
+    s.requests = r.requests;
+    s.retries = r.retries;
+    s.bytes = r.bytes;
+    s.network_wait_s = (double)(r.wait_ns + c.wait_ns) / 1e9;
+    s.cache_hits = c.hits;
+    s.cache_misses = c.misses;
+    s.cache_evictions = c.evictions;
+    s.cache_bytes = c.bytes;
+    uint32_t keep = out->size;
+    memcpy(out, &s, keep < sizeof(s) ? keep : sizeof(s));
+    out->size = keep;
+    return STOKE_OK;
+}
+
 /* Splits "a:b:c" into the fields. */
 static int parse_fields(const char *spec, stoke__tar_ds *t, const char *val)
 {

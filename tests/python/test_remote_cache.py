@@ -70,9 +70,16 @@ try:
     # --- through the cache, equal to the local shards ------------------------------------------
     mark = len(S.access_log(ngdir))
     env = cache_env("c1")
-    R.same_as_local(base, root, RANGE, "cache, 0 workers", "--workers", "0", env=env,
-                    samples=NSHARDS * 12)
+    first = R.same_as_local(base, root, RANGE, "cache, 0 workers", "--workers", "0", env=env,
+                            samples=NSHARDS * 12)
     rows = requests_since(mark)
+    rem = first[0]["remote"]
+    T.check(rem["shards"] == NSHARDS and rem["requests"] == NSHARDS and rem["cache"]["misses"]
+            == NSHARDS and rem["cache"]["bytes"] == sum(map(os.path.getsize, paths))
+            and rem["bytes"] == rem["cache"]["bytes"], "first run's counters: %s" % rem)
+    T.check(all(r["remote"]["requests"] == 0 and r["remote"]["cache"]["misses"] == 0 and
+                r["remote"]["cache"]["hits"] >= NSHARDS for r in first[1:]),
+            "the runs after it: %s" % [r["remote"] for r in first[1:]])
     T.check(len(rows) == NSHARDS and all(r[2] == 206 and r[3] == "bytes=0-" for r in rows),
             "the first runs downloaded each shard once, whole: %s" % rows)
     check_copies(env["STOKE_CACHE_DIR"], "c1")
@@ -89,6 +96,15 @@ try:
                         "--worker-mode=processes", env=cache_env("c1p"), orders=R.ORDERS[:1])
         T.check(len(requests_since(mark)) == NSHARDS,
                 "worker processes: %s" % requests_since(mark))
+        # worker processes that download (a cap of one shard): their counts reach the parent
+        mark = len(S.access_log(ngdir))
+        rc, out, err = R.load("tar:%s%s%s" % (base, RANGE, OPTS), "--workers", "2",
+                              "--worker-mode=processes", "--no-hash",
+                              env=cache_env("c1q", STOKE_CACHE_LIMIT=str(biggest)))
+        rem, n = out.get("remote") or {}, len(requests_since(mark))
+        T.check(rc == 0 and n > NSHARDS and rem["requests"] == n and rem["cache"]["misses"] == n
+                and rem["cache"]["evictions"] > 0,
+                "worker processes downloading: %d requests at the server, %s %s" % (n, rem, err))
     else:
         print("not run under TSan: the worker-process cases (%s)" % os.environ["STOKE_PY_TSAN"])
     # a second run: everything from the cache, not one request
@@ -96,6 +112,9 @@ try:
     rc, out, err = R.load("tar:%s%s%s" % (base, RANGE, OPTS), "--workers", "2", env=env)
     T.check(rc == 0 and out["samples"] == NSHARDS * 12, "second run: %s %s" % (out, err))
     T.check(requests_since(mark) == [], "second run: requests %s" % requests_since(mark))
+    rem = out["remote"]
+    T.check(rem["requests"] == 0 and rem["bytes"] == 0 and rem["cache"]["misses"] == 0 and
+            rem["cache"]["hits"] >= NSHARDS, "second run's counters: %s" % rem)
 
     # --- two processes at once: each shard downloaded once -------------------------------------
     mark = len(S.access_log(ngdir))
@@ -137,8 +156,9 @@ try:
     t.start()
     mark = len(S.access_log(ngdir))
     try:
-        R.same_as_local(base, root, RANGE, "cache over its cap", "--workers", "0",
-                        env=cache_env("c3", STOKE_CACHE_LIMIT=str(cap)), orders=R.ORDERS[:1])
+        over = R.same_as_local(base, root, RANGE, "cache over its cap", "--workers", "0",
+                               env=cache_env("c3", STOKE_CACHE_LIMIT=str(cap)),
+                               orders=R.ORDERS[:1])
     finally:
         done.set()
         t.join()
@@ -149,6 +169,7 @@ try:
     T.check(len(requests_since(mark)) > NSHARDS,
             "cap %d: %d downloads: nothing was evicted" % (cap, len(requests_since(mark))))
     check_copies(cdir, "c3")
+    T.check(over[0]["remote"]["cache"]["evictions"] > 0, "cap: %s" % over[0]["remote"])
     print("cap %d: %d downloads, %d bytes at the peak, %d left" % (
         cap, len(requests_since(mark)), peak[0], left))
 
@@ -199,8 +220,11 @@ try:
     T.check(copies(cdir) == {}, "a failed download left %s" % os.listdir(cdir))
     # cut short twice: continued by range from the byte it stopped at, the copy whole
     url = fs.url("cut/2/")
-    R.same_as_local(url, root, RANGE, "downloads cut short", "--workers", "2",
-                    env=cache_env("c6"), orders=R.ORDERS[:1])
+    cut = R.same_as_local(url, root, RANGE, "downloads cut short", "--workers", "2",
+                          env=cache_env("c6"), orders=R.ORDERS[:1])
+    rem = cut[0]["remote"]
+    T.check(rem["retries"] == 2 * NSHARDS and rem["requests"] == 3 * NSHARDS and
+            rem["cache"]["misses"] == NSHARDS, "cut/2: %s" % rem)
     check_copies(os.path.join(work, "c6"), "c6")
     log = fs.log()
     T.check(any(("bytes=%d-" % (os.path.getsize(paths[0]) // 2)) in line for line in

@@ -51,8 +51,8 @@ def same_as_local(base, local_root, rng, what, *args, env=None, orders=ORDERS, s
         opts = ",fields=%s,ragged=txt" % fields
         rc_l, loc, _ = load("tar:%s/%s%s" % (local_root, rng, opts), *args)
         rc_r, rem, err = load("tar:%s%s%s" % (base, rng, opts), *args, env=env)
-        T.check(rc_l == 0 and (samples is None or loc["samples"] == samples),
-                "local run: %s" % loc)
+        T.check(rc_l == 0 and (samples is None or loc["samples"] == samples)
+                and loc["remote"] is None, "local run: %s" % loc)
         T.check(rc_r == 0, "%s, fields=%s: failed: %s %s" % (what, fields, rem.get("error"), err))
         T.check(summary(rem) == summary(loc), "%s, fields=%s %s: remote %s, local %s"
                 % (what, fields, args, summary(rem), summary(loc)))
