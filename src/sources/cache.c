@@ -480,7 +480,8 @@ static int make_dirs(const char *dir)
     return e;
 }
 
-uint64_t stoke__cache_limit(int *dflt)
+/* STOKE_CACHE_LIMIT, else 0 with *dflt = 1 (the default cap: default_cap). */
+static uint64_t cache_limit(int *dflt)
 {
     uint64_t v = 0;
     int set = stoke__env_size(STOKE_ENV_CACHE_LIMIT, &v);
@@ -516,7 +517,7 @@ int stoke__cache_create(stoke__cache **out, char *why, size_t why_len)
         return e;
     }
     int dflt;
-    c->limit = stoke__cache_limit(&dflt);
+    c->limit = cache_limit(&dflt);
     for (int i = 0; i < SLOTS; i++) {
         pthread_mutex_init(&c->h[i].lock, NULL);
         c->h[i].fd = -1;
@@ -588,60 +589,73 @@ void stoke__cache_stats_get(const stoke__cache *c, stoke__cache_stats *out)
 
 /* ---- listing and clearing a directory (stoke cache ls / clear) ---------------------------- */
 
-static int open_dir(const char *dir, char *why, size_t why_len)
+/* The directory `dir` (NULL: STOKE_CACHE_DIR) opened: its fd, or the error, recorded. */
+static int open_dir(const char *fn, const char **dir)
 {
-    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (!*dir)
+        *dir = stoke__env_str(STOKE_ENV_CACHE_DIR);
+    if (!*dir)
+        return stoke__fail(STOKE_EINVAL,
+                           "%s: no cache directory given, and STOKE_CACHE_DIR is not set", fn);
+    int dfd = open(*dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd < 0) {
         int e = errno;
-        stoke__fmt(why, why_len, "cache %s: %s", dir, strerror(e));
-        return e == ENOENT ? STOKE_ENOENT : STOKE_EIO;
+        return stoke__fail(e == ENOENT ? STOKE_ENOENT : STOKE_EIO, "cache %s: %s", *dir,
+                           strerror(e));
     }
     return dfd;
 }
 
-int stoke__cache_list(const char *dir, int (*fn)(void *ctx, const stoke__cache_entry *e), void *ctx,
-                      uint64_t *total, uint64_t *partial, char *why, size_t why_len)
+int stoke_cache_list(const char *dir, int (*fn)(void *ctx, const stoke_cache_entry *e), void *ctx,
+                     stoke_cache_info *info)
 {
-    int dfd = open_dir(dir, why, why_len);
+    if (info && info->size == 0)
+        return stoke__fail(STOKE_EINVAL, "stoke_cache_list: info->size is 0");
+    int dfd = open_dir("stoke_cache_list", &dir);
     if (dfd < 0)
         return dfd;
     listing l = {0};
     int e = scan(dfd, &l, 0), rc = STOKE_OK;
-    if (e) {
-        stoke__fmt(why, why_len, "cache %s: %s", dir, strerror(-e));
-        rc = e == -ENOMEM ? STOKE_ENOMEM : STOKE_EIO;
-    }
+    if (e)
+        rc =
+            stoke__fail(e == -ENOMEM ? STOKE_ENOMEM : STOKE_EIO, "cache %s: %s", dir, strerror(-e));
     qsort(l.e, l.n, sizeof(*l.e), by_atime);
-    for (size_t i = 0; !rc && i < l.n; i++) {
+    for (size_t i = 0; !rc && fn && i < l.n; i++) {
         int fd = openat(dfd, l.e[i].name, O_RDONLY | O_CLOEXEC);
         int busy = fd >= 0 && flock_retry(fd, LOCK_EX | LOCK_NB) != 0;
         if (fd >= 0)
             close(fd);
-        stoke__cache_entry ce = {l.e[i].name, l.e[i].size, l.e[i].atime_ns / 1000000000, busy};
+        stoke_cache_entry ce = {l.e[i].name, l.e[i].size, l.e[i].atime_ns / 1000000000, busy};
         rc = fn(ctx, &ce);
     }
-    if (total)
-        *total = l.total;
-    if (partial)
-        *partial = l.partial;
+    if (info && !e) {
+        int dflt;
+        stoke_cache_info in = {.entries = l.n, .bytes = l.total, .partial_bytes = l.partial};
+        in.limit = cache_limit(&dflt);
+        in.limit_default = (uint32_t)dflt;
+        if (dflt)
+            in.limit = default_cap(dfd, l.total + l.partial);
+        stoke__strlcpy(in.dir, dir, sizeof(in.dir));
+        uint32_t keep = info->size;
+        memcpy(info, &in, keep < sizeof(in) ? keep : sizeof(in));
+        info->size = keep;
+    }
     free(l.e);
     close(dfd);
     return rc;
 }
 
-int stoke__cache_clear(const char *dir, uint64_t *removed, uint64_t *kept, char *why,
-                       size_t why_len)
+int stoke_cache_clear(const char *dir, uint64_t *removed, uint64_t *kept)
 {
-    int dfd = open_dir(dir, why, why_len);
+    int dfd = open_dir("stoke_cache_clear", &dir);
     if (dfd < 0)
         return dfd;
     int g = dir_lock(dfd);
     listing l = {0};
     int e = g < 0 ? g : scan(dfd, &l, 1), rc = STOKE_OK;
-    if (e) {
-        stoke__fmt(why, why_len, "cache %s: %s", dir, strerror(-e));
-        rc = e == -ENOMEM ? STOKE_ENOMEM : STOKE_EIO;
-    }
+    if (e)
+        rc =
+            stoke__fail(e == -ENOMEM ? STOKE_ENOMEM : STOKE_EIO, "cache %s: %s", dir, strerror(-e));
     uint64_t gone = 0;
     for (size_t i = 0; !rc && i < l.n; i++)
         gone += (uint64_t)evict(dfd, l.e[i].name);

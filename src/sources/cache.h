@@ -14,6 +14,8 @@
  * shared flock on the copy it has open: eviction (least recently used first, by the access
  * time a reader sets) removes only copies it can lock exclusively.
  *
+ * stoke_cache_list and stoke_cache_clear (sources.h) read and empty such a directory.
+ *
  * Each cache object keeps, per worker slot (slot % 64), the copy that slot read last open, so
  * that consecutive reads of one file cost a pread. */
 #ifndef STOKE_SOURCES_CACHE_H
@@ -23,6 +25,7 @@
 #include <stdint.h>
 
 #include "sources/remote.h"
+#include "stoke/sources.h"
 
 typedef struct stoke__cache stoke__cache;
 
@@ -61,26 +64,5 @@ typedef struct stoke__cache_stats {
     uint64_t wait_ns;   /* time waiting for another process's download of a file */
 } stoke__cache_stats;
 void stoke__cache_stats_get(const stoke__cache *c, stoke__cache_stats *out);
-
-/* One complete copy in directory dir, for listing. */
-typedef struct stoke__cache_entry {
-    const char *name; /* HASH-BASE */
-    uint64_t size;
-    int64_t atime_s; /* last read (seconds since the epoch) */
-    int in_use;      /* a process holds it open */
-} stoke__cache_entry;
-/* Calls fn for each complete copy in dir (in directory order); *total gets their bytes and
- * *partial the bytes of downloads in progress.  0, or STOKE_ENOENT / STOKE_EIO (dir cannot be
- * read) with why set, or fn's nonzero return. */
-int stoke__cache_list(const char *dir, int (*fn)(void *ctx, const stoke__cache_entry *e), void *ctx,
-                      uint64_t *total, uint64_t *partial, char *why, size_t why_len);
-/* Removes every copy and lock of dir not in use, and the temporary files of downloads whose
- * process is gone.  *removed / *kept (may be NULL) get the counts of copies.  0, or as
- * stoke__cache_list. */
-int stoke__cache_clear(const char *dir, uint64_t *removed, uint64_t *kept, char *why,
-                       size_t why_len);
-/* The cap a cache in dir has: STOKE_CACHE_LIMIT, else 0 (*dflt = 1: the default, what keeps
- * a tenth of dir's file system free). */
-uint64_t stoke__cache_limit(int *dflt);
 
 #endif

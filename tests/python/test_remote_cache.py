@@ -115,6 +115,13 @@ try:
     rem = out["remote"]
     T.check(rem["requests"] == 0 and rem["bytes"] == 0 and rem["cache"]["misses"] == 0 and
             rem["cache"]["hits"] >= NSHARDS, "second run's counters: %s" % rem)
+    # stoke cache ls lists what the runs left
+    p = subprocess.run([CLI, "cache", "ls", env["STOKE_CACHE_DIR"], "--json"],
+                       capture_output=True, text=True, timeout=60)
+    ls = json.loads(p.stdout)
+    T.check(p.returncode == 0 and ls["count"] == NSHARDS and sorted(
+        e["name"][33:] for e in ls["entries"]) == sorted(digest) and ls["bytes"] == sum(
+        map(os.path.getsize, paths)) and ls["partial_bytes"] == 0, "cache ls: %s" % ls)
 
     # --- two processes at once: each shard downloaded once -------------------------------------
     mark = len(S.access_log(ngdir))
