@@ -290,7 +290,8 @@ static void make_room(stoke__cache *c, uint64_t need)
     uint64_t have = l.total + l.partial;
     uint64_t cap = c->limit ? c->limit : default_cap(c->dfd, have);
     if (!e && have + need > cap) {
-        qsort(l.e, l.n, sizeof(*l.e), by_atime);
+        if (l.n)
+            qsort(l.e, l.n, sizeof(*l.e), by_atime);
         for (size_t i = 0; i < l.n && have + need > cap; i++)
             if (evict(c->dfd, l.e[i].name)) {
                 have -= l.e[i].size;
@@ -619,7 +620,8 @@ int stoke_cache_list(const char *dir, int (*fn)(void *ctx, const stoke_cache_ent
     if (e)
         rc =
             stoke__fail(e == -ENOMEM ? STOKE_ENOMEM : STOKE_EIO, "cache %s: %s", dir, strerror(-e));
-    qsort(l.e, l.n, sizeof(*l.e), by_atime);
+    if (l.n)
+        qsort(l.e, l.n, sizeof(*l.e), by_atime);
     for (size_t i = 0; !rc && fn && i < l.n; i++) {
         int fd = openat(dfd, l.e[i].name, O_RDONLY | O_CLOEXEC);
         int busy = fd >= 0 && flock_retry(fd, LOCK_EX | LOCK_NB) != 0;
