@@ -511,15 +511,14 @@ static int tar_get(void *user, uint64_t index, void *const dst[], int64_t len[],
                    index, t->n);
         return STOKE_ERANGE;
     }
-    for (int k = 0; k < t->nf; k++) {
-        if (!dst[k])
-            continue;
-        int rc =
-            stoke__tar_read_field(t, index, k, dst[k], len ? &len[k] : NULL, worker, msg, msg_len);
-        if (rc)
-            return rc;
-    }
-    return STOKE_OK;
+    stoke__tar_io io = {.worker = worker};
+    int rc = stoke__tar_fetch_sample(t, index, dst, &io, msg, msg_len);
+    for (int k = 0; k < t->nf && !rc; k++)
+        if (dst[k])
+            rc =
+                stoke__tar_read_field(t, index, k, dst[k], len ? &len[k] : NULL, &io, msg, msg_len);
+    free((void *)io.win);
+    return rc;
 }
 
 int stoke_tar_remote_stats(const stoke_dataset *ds, stoke_remote_stats *out)
