@@ -180,6 +180,13 @@ try:
     print("cap %d: %d downloads, %d bytes at the peak, %d left" % (
         cap, len(requests_since(mark)), peak[0], left))
 
+    # --- a cache directory that cannot be one: the open fails naming it ------------------------
+    notdir = os.path.join(work, "a-file")
+    open(notdir, "w").close()
+    rc, out, err = R.load("tar:%s%s%s" % (base, RANGE, OPTS), env={"STOKE_CACHE_DIR": notdir})
+    T.check(rc == 1 and "STOKE_CACHE_DIR=%s: Not a directory" % notdir in out["error"],
+            "a file as STOKE_CACHE_DIR: %s" % out["error"])
+
     # --- faults: fault_server.py -----------------------------------------------------------------
     fs = S.start_fault_server(root, work)
     servers.append(fs)
