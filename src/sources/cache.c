@@ -345,7 +345,7 @@ static int download(stoke__cache *c, stoke__remote_pool *p, int slot, const stok
     }
     stoke__log(STOKE_LOG_DEBUG, "cache %s: downloading %s into %s", c->dir, f->url, nm->data);
     int rc = stoke__remote_fetch(p, slot, f, fd, expect, size, why, why_len);
-    struct stat st;
+    struct stat st = {0};
     if (!rc && (fstat(fd, &st) != 0 || (uint64_t)st.st_size != *size)) {
         stoke__fmt(why, why_len, "cache %s: %s holds %lld bytes of the %" PRIu64 " of %s", c->dir,
                    nm->part, (long long)st.st_size, *size, f->url);
