@@ -496,7 +496,7 @@ static void print_json_bad(const load_run *r)
 }
 
 /* "remote": the remote shards' counters after the timed pass (the open's included), or null
- * for another source; its "cache" null when STOKE_CACHE_DIR is not in use. */
+ * for another source; the cache_* ones 0 when "cached" is false (no STOKE_CACHE_DIR). */
 static void print_json_remote(const load_run *r)
 {
     const stoke_remote_stats *m = &r->remote;
@@ -507,12 +507,10 @@ static void print_json_remote(const load_run *r)
     printf(", \"remote\": {\"shards\": %" PRIu64 ", \"requests\": %" PRIu64
            ", \"retries\": %" PRIu64 ", \"bytes\": %" PRIu64 ", \"network_wait_s\": %.6f",
            m->shards, m->requests, m->retries, m->bytes, m->network_wait_s);
-    if (m->cached)
-        printf(", \"cache\": {\"hits\": %" PRIu64 ", \"misses\": %" PRIu64
-               ", \"evictions\": %" PRIu64 ", \"bytes\": %" PRIu64 "}}",
-               m->cache_hits, m->cache_misses, m->cache_evictions, m->cache_bytes);
-    else
-        printf(", \"cache\": null}");
+    printf(", \"cached\": %s, \"cache_hits\": %" PRIu64 ", \"cache_misses\": %" PRIu64
+           ", \"cache_evictions\": %" PRIu64 ", \"cache_bytes\": %" PRIu64 "}",
+           m->cached ? "true" : "false", m->cache_hits, m->cache_misses, m->cache_evictions,
+           m->cache_bytes);
 }
 
 static void print_json(const load_run *r, const char *content_src, const char *why,

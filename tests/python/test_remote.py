@@ -78,7 +78,8 @@ try:
     rows = S.access_log(os.path.join(work, "nginx"))[before:]
     conns = {r[0] for r in rows}
     rem = out["remote"]
-    T.check(rem and rem["shards"] == NSHARDS and rem["cache"] is None and rem["retries"] == 0
+    T.check(rem and rem["shards"] == NSHARDS and rem["cached"] is False
+            and rem["cache_misses"] == 0 and rem["retries"] == 0
             and 0 < rem["requests"] <= len(rows) and rem["bytes"] > 0
             and rem["network_wait_s"] > 0, "counters: %s" % rem)
     T.check(rc == 0 and len(rows) >= NSHARDS * 12 * 2, "requests: %d (%s)" % (len(rows), err))

@@ -74,11 +74,11 @@ try:
                             samples=NSHARDS * 12)
     rows = requests_since(mark)
     rem = first[0]["remote"]
-    T.check(rem["shards"] == NSHARDS and rem["requests"] == NSHARDS and rem["cache"]["misses"]
-            == NSHARDS and rem["cache"]["bytes"] == sum(map(os.path.getsize, paths))
-            and rem["bytes"] == rem["cache"]["bytes"], "first run's counters: %s" % rem)
-    T.check(all(r["remote"]["requests"] == 0 and r["remote"]["cache"]["misses"] == 0 and
-                r["remote"]["cache"]["hits"] >= NSHARDS for r in first[1:]),
+    T.check(rem["shards"] == NSHARDS and rem["cached"] is True and rem["requests"] == NSHARDS
+            and rem["cache_misses"] == NSHARDS and rem["cache_bytes"] == sum(map(os.path.getsize, paths))
+            and rem["bytes"] == rem["cache_bytes"], "first run's counters: %s" % rem)
+    T.check(all(r["remote"]["requests"] == 0 and r["remote"]["cache_misses"] == 0 and
+                r["remote"]["cache_hits"] >= NSHARDS for r in first[1:]),
             "the runs after it: %s" % [r["remote"] for r in first[1:]])
     T.check(len(rows) == NSHARDS and all(r[2] == 206 and r[3] == "bytes=0-" for r in rows),
             "the first runs downloaded each shard once, whole: %s" % rows)
@@ -102,8 +102,8 @@ try:
                               "--worker-mode=processes", "--no-hash",
                               env=cache_env("c1q", STOKE_CACHE_LIMIT=str(biggest)))
         rem, n = out.get("remote") or {}, len(requests_since(mark))
-        T.check(rc == 0 and n > NSHARDS and rem["requests"] == n and rem["cache"]["misses"] == n
-                and rem["cache"]["evictions"] > 0,
+        T.check(rc == 0 and n > NSHARDS and rem["requests"] == n and rem["cache_misses"] == n
+                and rem["cache_evictions"] > 0,
                 "worker processes downloading: %d requests at the server, %s %s" % (n, rem, err))
     else:
         print("not run under TSan: the worker-process cases (%s)" % os.environ["STOKE_PY_TSAN"])
@@ -113,8 +113,8 @@ try:
     T.check(rc == 0 and out["samples"] == NSHARDS * 12, "second run: %s %s" % (out, err))
     T.check(requests_since(mark) == [], "second run: requests %s" % requests_since(mark))
     rem = out["remote"]
-    T.check(rem["requests"] == 0 and rem["bytes"] == 0 and rem["cache"]["misses"] == 0 and
-            rem["cache"]["hits"] >= NSHARDS, "second run's counters: %s" % rem)
+    T.check(rem["requests"] == 0 and rem["bytes"] == 0 and rem["cache_misses"] == 0 and
+            rem["cache_hits"] >= NSHARDS, "second run's counters: %s" % rem)
     # stoke cache ls lists what the runs left
     p = subprocess.run([CLI, "cache", "ls", env["STOKE_CACHE_DIR"], "--json"],
                        capture_output=True, text=True, timeout=60)
@@ -176,7 +176,7 @@ try:
     T.check(len(requests_since(mark)) > NSHARDS,
             "cap %d: %d downloads: nothing was evicted" % (cap, len(requests_since(mark))))
     check_copies(cdir, "c3")
-    T.check(over[0]["remote"]["cache"]["evictions"] > 0, "cap: %s" % over[0]["remote"])
+    T.check(over[0]["remote"]["cache_evictions"] > 0, "cap: %s" % over[0]["remote"])
     print("cap %d: %d downloads, %d bytes at the peak, %d left" % (
         cap, len(requests_since(mark)), peak[0], left))
 
@@ -238,7 +238,7 @@ try:
                           env=cache_env("c6"), orders=R.ORDERS[:1])
     rem = cut[0]["remote"]
     T.check(rem["retries"] == 2 * NSHARDS and rem["requests"] == 3 * NSHARDS and
-            rem["cache"]["misses"] == NSHARDS, "cut/2: %s" % rem)
+            rem["cache_misses"] == NSHARDS, "cut/2: %s" % rem)
     check_copies(os.path.join(work, "c6"), "c6")
     log = fs.log()
     T.check(any(("bytes=%d-" % (os.path.getsize(paths[0]) // 2)) in line for line in
