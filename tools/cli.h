@@ -17,6 +17,7 @@ int cli_run(int argc, char **argv);
 int cmd_devices(int argc, char **argv);
 int cmd_load(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_cache(int argc, char **argv);
 int bench_pinned(int argc, char **argv); /* bench_pinned.c */
 int bench_copy(int argc, char **argv);   /* bench_copy.c */
 
@@ -41,8 +42,7 @@ int cli_fail_rc(const cli_cmd *c, int status, const char *what, int rc);
  * "NAME=VALUE".  Returns 1 with *value set (and *i moved onto a separate value); 0 when argv[*i]
  * is not that option; -1 after reporting "NAME needs a value" (cli_fail, the caller exits with
  * status 2) when the value is missing, empty or looks like another option ("--json"). */
-int cli_opt(const cli_cmd *c, int argc, char **argv, int *i, const char *name,
-            const char **value);
+int cli_opt(const cli_cmd *c, int argc, char **argv, int *i, const char *name, const char **value);
 /* Parses the value `v` of option `name` as a decimal integer in [min, max] into *out.  Returns
  * 0; -1 after reporting (cli_fail) why it is not one. */
 int cli_u64(const cli_cmd *c, const char *name, const char *v, uint64_t min, uint64_t max,

@@ -418,6 +418,8 @@ static void timed_pass(load_run *r)
     stoke_loader_get_stats(r->l, &r->st);
     r->staged_ok =
         stoke_npy_block_staged(&r->ds, &r->staged[0], &r->staged[1], &r->staged[2]) == STOKE_OK;
+    r->remote.size = sizeof(r->remote);
+    r->remote_ok = stoke_tar_remote_stats(&r->ds, &r->remote) == STOKE_OK && r->remote.shards;
     if (r->bar)
         fputc('\n', stderr);
 }
@@ -493,6 +495,24 @@ static void print_json_bad(const load_run *r)
     printf("], \"truncated_samples\": %" PRIu64, r->st.truncated_samples);
 }
 
+/* "remote": the remote shards' counters after the timed pass (the open's included), or null
+ * for another source; the cache_* ones 0 when "cached" is false (no STOKE_CACHE_DIR). */
+static void print_json_remote(const load_run *r)
+{
+    const stoke_remote_stats *m = &r->remote;
+    if (!r->remote_ok) {
+        printf(", \"remote\": null");
+        return;
+    }
+    printf(", \"remote\": {\"shards\": %" PRIu64 ", \"requests\": %" PRIu64
+           ", \"retries\": %" PRIu64 ", \"bytes\": %" PRIu64 ", \"network_wait_s\": %.6f",
+           m->shards, m->requests, m->retries, m->bytes, m->network_wait_s);
+    printf(", \"cached\": %s, \"cache_hits\": %" PRIu64 ", \"cache_misses\": %" PRIu64
+           ", \"cache_evictions\": %" PRIu64 ", \"cache_bytes\": %" PRIu64 "}",
+           m->cached ? "true" : "false", m->cache_hits, m->cache_misses, m->cache_evictions,
+           m->cache_bytes);
+}
+
 static void print_json(const load_run *r, const char *content_src, const char *why,
                        const char *accel, const char *pinned_for, double secs)
 {
@@ -538,6 +558,7 @@ static void print_json(const load_run *r, const char *content_src, const char *w
     printf(", \"device_copies\": %" PRIu64 ", \"device_errors\": %" PRIu64 ", \"verified\": %s",
            st->device_copies, st->device_errors, a->verify && !r->status ? "true" : "false");
     print_json_bad(r);
+    print_json_remote(r);
     printf(", \"worker_mode\": \"%s\", \"worker_restarts\": %" PRIu64,
            a->procs ? "processes" : "threads", st->worker_restarts);
     printf(", \"buffers\": %" PRIu64 ", \"buffer_bytes\": %" PRIu64 "}\n", st->buffers,
@@ -582,6 +603,17 @@ static void print_text(const load_run *r, const char *content_src, const char *w
     else
         printf("none (%s)", why);
     printf(", order_hash 0x%016" PRIx64 "\n", r->order);
+    if (r->remote_ok) {
+        const stoke_remote_stats *m = &r->remote;
+        printf("  remote: %" PRIu64 " shards, %" PRIu64 " requests (%" PRIu64
+               " retries), %.1f MB received, %.3f s waiting on the network",
+               m->shards, m->requests, m->retries, (double)m->bytes / 1e6, m->network_wait_s);
+        if (m->cached)
+            printf(
+                "; cache: %" PRIu64 " hits, %" PRIu64 " downloads (%.1f MB), %" PRIu64 " evictions",
+                m->cache_hits, m->cache_misses, (double)m->cache_bytes / 1e6, m->cache_evictions);
+        printf("\n");
+    }
     if (st->bad_samples || a->on_error)
         printf("  bad samples: %" PRIu64 " (%" PRIu64 " skipped, %" PRIu64 " replaced; "
                "on-error %s)\n",

@@ -54,8 +54,10 @@ typedef struct load_run {
     delivered seen;
     uint64_t batches, samples, index_sum, order, content;
     uint64_t t0, t1, hash_ns;
-    int staged_ok;      /* the npy source's block buffers after the timed pass: */
-    uint64_t staged[3]; /* blocks read whole, of those with O_DIRECT, rows served */
+    int staged_ok;             /* the npy source's block buffers after the timed pass: */
+    uint64_t staged[3];        /* blocks read whole, of those with O_DIRECT, rows served */
+    int remote_ok;             /* a tar source with remote shards: */
+    stoke_remote_stats remote; /* its counters after the timed pass */
     int status, hash_pass;
     uint64_t hashed, hashed_sum; /* the hash pass, of whole epochs: samples hashed, index sum */
     char hash_why[512];          /* not empty: content_hash is null, for this reason */

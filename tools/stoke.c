@@ -7,19 +7,21 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: stoke COMMAND [options]\n"
-            "\n"
-            "commands:\n"
-            "  devices [--json] [--accelerator NAME[:INDEX]]\n"
-            "          the chosen accelerator and every backend considered\n"
-            "  load [SOURCE] [options] [--json]\n"
-            "          run the data loader (SOURCE: synthetic[:N] or npy:PATH); --help for options\n"
-            "  bench pinned|copy [--json]\n"
-            "          micro-benchmarks of the pinned allocator and of host-to-device copies\n"
-            "  version [--json]\n"
-            "\n"
-            "environment: STOKE_ACCELERATOR, STOKE_PLUGIN_PATH, STOKE_LOG, ... (see README)\n");
+    fprintf(
+        f, "usage: stoke COMMAND [options]\n"
+           "\n"
+           "commands:\n"
+           "  devices [--json] [--accelerator NAME[:INDEX]]\n"
+           "          the chosen accelerator and every backend considered\n"
+           "  load [SOURCE] [options] [--json]\n"
+           "          run the data loader (SOURCE: synthetic[:N] or npy:PATH); --help for options\n"
+           "  cache ls|clear [DIR] [--json]\n"
+           "          the local cache of remote shards (STOKE_CACHE_DIR): list, or empty\n"
+           "  bench pinned|copy [--json]\n"
+           "          micro-benchmarks of the pinned allocator and of host-to-device copies\n"
+           "  version [--json]\n"
+           "\n"
+           "environment: STOKE_ACCELERATOR, STOKE_PLUGIN_PATH, STOKE_LOG, ... (see README)\n");
 }
 
 /* stoke version [--json]: "stoke X.Y.Z", or {"version": "X.Y.Z"}. */
@@ -66,6 +68,8 @@ int cli_run(int argc, char **argv)
         return cmd_devices(argc - 1, argv + 1);
     if (cli_is(cmd, "load"))
         return cmd_load(argc - 1, argv + 1);
+    if (cli_is(cmd, "cache"))
+        return cmd_cache(argc - 1, argv + 1);
     if (cli_is(cmd, "bench"))
         return cmd_bench(argc - 1, argv + 1);
     if (cli_is(cmd, "version") || cli_is(cmd, "--version"))

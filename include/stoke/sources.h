@@ -208,6 +208,65 @@ STOKE_API int stoke_npy_block_staged(const stoke_dataset *ds, uint64_t *blocks, 
  * message reads "tar SHARD@OFFSET: sample 'KEY' field 'EXT': reason".  Every shard stays open
  * until stoke_dataset_close.  Thread-safe; get() too. */
 STOKE_API int stoke_tar_open(const char *args, stoke_dataset *out);
+
+/* Counters of a tar dataset's remote shards (docs/sources.md, "Remote shards"), since open:
+ * the open's requests included, and those of worker processes forked from this one. */
+typedef struct stoke_remote_stats {
+    uint32_t size;            /* set by the caller to sizeof(stoke_remote_stats) */
+    uint32_t cached;          /* 1: the shards are read through the cache (STOKE_CACHE_DIR) */
+    uint64_t shards;          /* remote shards of the dataset (0: all local) */
+    uint64_t requests;        /* HTTP requests made (each try of a retried one counts) */
+    uint64_t retries;         /* of those, tries again after a failure */
+    uint64_t bytes;           /* body bytes received */
+    double network_wait_s;    /* threads' time in requests and in others' downloads, summed */
+    uint64_t cache_hits;      /* shards opened from the cache */
+    uint64_t cache_misses;    /* shards downloaded into the cache */
+    uint64_t cache_evictions; /* copies this dataset removed to stay under the cap */
+    uint64_t cache_bytes;     /* bytes downloaded into the cache */
+} stoke_remote_stats;
+
+/* Fills *out (at most out->size bytes of it; fields past that are left alone) for a tar
+ * dataset: STOKE_OK (all counters 0 and shards 0 when every shard is local), or STOKE_EINVAL
+ * for NULL arguments, out->size 0 or a dataset that is not an open tar dataset.  Thread-safe. */
+STOKE_API int stoke_tar_remote_stats(const stoke_dataset *ds, stoke_remote_stats *out);
+
+/* ---- the cache of remote shards -------------------------------------------------------------
+ * STOKE_CACHE_DIR holds whole copies of remote shards, shared by the processes of a node
+ * (docs/sources.md, "The cache").  These read and empty such a directory; `dir` NULL means
+ * STOKE_CACHE_DIR (STOKE_EINVAL when it is not set). */
+
+/* One complete copy (the pointer is valid during the callback only). */
+typedef struct stoke_cache_entry {
+    const char *name; /* its file name in the directory: HASH-BASE (BASE: the URL's last part) */
+    uint64_t bytes;
+    int64_t atime; /* last read, seconds since the epoch (eviction removes the oldest) */
+    int in_use;    /* a process has it open: eviction and clear leave it */
+} stoke_cache_entry;
+
+typedef struct stoke_cache_info {
+    uint32_t size;          /* set by the caller to sizeof(stoke_cache_info) */
+    uint32_t limit_default; /* 1: STOKE_CACHE_LIMIT unset or 0 (limit computed, below) */
+    uint64_t limit;         /* the cap in bytes (the default's value now) */
+    uint64_t entries;       /* complete copies */
+    uint64_t bytes;         /* their bytes */
+    uint64_t partial_bytes; /* downloads in progress (.part files) */
+    char dir[1024];         /* the directory listed */
+} stoke_cache_info;
+
+/* Calls fn (may be NULL) for each complete copy in dir, least recently read first; a nonzero
+ * return of fn stops the listing and is returned.  *info (may be NULL; at most info->size
+ * bytes written) gets the totals and the cap.  Returns STOKE_OK, STOKE_EINVAL (no directory,
+ * info->size 0), STOKE_ENOENT (dir does not exist), STOKE_EIO (it cannot be read), with
+ * stoke_last_error() set.  Writes nothing.  Thread-safe. */
+STOKE_API int stoke_cache_list(const char *dir, int (*fn)(void *ctx, const stoke_cache_entry *e),
+                               void *ctx, stoke_cache_info *info);
+
+/* Removes every copy of dir that no process has open, the lock files no process holds and
+ * the temporary files of downloads whose process is gone; copies in use stay.  *removed and
+ * *kept (may be NULL) get the counts of copies.  Returns as stoke_cache_list.  Safe while
+ * other processes use the cache (they download again what they need).  Thread-safe. */
+STOKE_API int stoke_cache_clear(const char *dir, uint64_t *removed, uint64_t *kept);
+
 /* ---- images ---------------------------------------------------------------------------------
  * DIR/<class>/.../<file>.jpg|.jpeg (extensions in any case; subdirectories of a class count):
  * the class directories sorted by name (byte order) are labels 0..C-1; each class's files

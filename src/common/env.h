@@ -31,6 +31,8 @@
     X(REMOTE_RETRIES, "STOKE_REMOTE_RETRIES", "retries of a failed remote read")                   \
     X(REMOTE_TIMEOUT, "STOKE_REMOTE_TIMEOUT", "seconds a remote read may stall")                   \
     X(CA_BUNDLE, "STOKE_CA_BUNDLE", "CA certificates for https (PEM file)")                        \
+    X(CACHE_DIR, "STOKE_CACHE_DIR", "directory of the local cache of remote shards")               \
+    X(CACHE_LIMIT, "STOKE_CACHE_LIMIT", "size cap of the remote-shard cache (K/M/G/T)")            \
     X(AWS_ACCESS_KEY_ID, "AWS_ACCESS_KEY_ID", "S3 access key")                                     \
     X(AWS_SECRET_ACCESS_KEY, "AWS_SECRET_ACCESS_KEY", "S3 secret key")                             \
     X(AWS_SESSION_TOKEN, "AWS_SESSION_TOKEN", "S3 session token")                                  \

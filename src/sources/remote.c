@@ -12,7 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/env.h"
 #include "common/internal.h"
@@ -96,6 +98,13 @@ int stoke__remote_read(stoke__remote_pool *p, int slot, const stoke__remote_file
     *got = 0;
     return stoke__remote_pool_create(NULL, why, why_len);
 }
+int stoke__remote_fetch(stoke__remote_pool *p, int slot, const stoke__remote_file *f, int fd,
+                        uint64_t expect, uint64_t *size, char *why, size_t why_len)
+{
+    (void)p, (void)slot, (void)f, (void)fd, (void)expect;
+    *size = 0;
+    return stoke__remote_pool_create(NULL, why, why_len);
+}
 
 #else /* STOKE_HAVE_LIBCURL */
 
@@ -112,6 +121,10 @@ int stoke__remote_read(stoke__remote_pool *p, int slot, const stoke__remote_file
 #define DEFAULT_TIMEOUT 30u /* seconds without a byte before a try is abandoned */
 /* SHA-256 of an empty body: what a GET signs as its payload (S3 wants the header). */
 #define EMPTY_SHA256    "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+
+typedef struct counters {
+    _Atomic uint64_t requests, retries_done, bytes, wait_ns;
+} counters;
 
 typedef struct slot {
     pthread_mutex_t lock; /* held for a whole read: guards h and err */
@@ -130,7 +143,7 @@ struct stoke__remote_pool {
     char *userpwd;              /* "key:secret"; NULL: unsigned requests */
     struct curl_slist *s3_hdrs; /* x-amz-content-sha256 (and x-amz-security-token) */
     char sigv4[96];             /* "aws:amz:REGION:s3" */
-    _Atomic uint64_t requests, retries_done, bytes;
+    counters *n; /* a shared mapping: a forked worker's requests are counted in the parent */
 };
 
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
@@ -307,6 +320,13 @@ int stoke__remote_pool_create(stoke__remote_pool **out, char *why, size_t why_le
     }
     for (int i = 0; i < SLOTS; i++)
         pthread_mutex_init(&p->s[i].lock, NULL);
+    p->n = mmap(NULL, sizeof(*p->n), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (p->n == MAP_FAILED) {
+        p->n = NULL;
+        stoke__fmt(why, why_len, "out of memory (a shared page for the counters)");
+        stoke__remote_pool_destroy(p);
+        return STOKE_ENOMEM;
+    }
     p->retries = (unsigned)env_number(STOKE_ENV_REMOTE_RETRIES, DEFAULT_RETRIES, 100);
     p->timeout_s = env_number(STOKE_ENV_REMOTE_TIMEOUT, DEFAULT_TIMEOUT, 86400);
     if (p->timeout_s < 1)
@@ -344,11 +364,12 @@ int stoke__remote_pool_create(stoke__remote_pool **out, char *why, size_t why_le
 void stoke__remote_pool_stats(const stoke__remote_pool *p, stoke__remote_stats *out)
 {
     memset(out, 0, sizeof(*out));
-    if (!p)
+    if (!p || !p->n)
         return;
-    out->requests = atomic_load(&((stoke__remote_pool *)p)->requests);
-    out->retries = atomic_load(&((stoke__remote_pool *)p)->retries_done);
-    out->bytes = atomic_load(&((stoke__remote_pool *)p)->bytes);
+    out->requests = atomic_load(&p->n->requests);
+    out->retries = atomic_load(&p->n->retries_done);
+    out->bytes = atomic_load(&p->n->bytes);
+    out->wait_ns = atomic_load(&p->n->wait_ns);
 }
 
 void stoke__remote_pool_destroy(stoke__remote_pool *p)
@@ -372,6 +393,8 @@ void stoke__remote_pool_destroy(stoke__remote_pool *p)
     curl_slist_free_all(p->s3_hdrs); /* the token's header: libcurl frees, cannot be cleared */
     free(p->endpoint);
     free(p->ca_bundle);
+    if (p->n)
+        munmap(p->n, sizeof(*p->n));
     free(p);
 }
 
@@ -460,6 +483,8 @@ oom:
 typedef struct xfer {
     CURL *h;
     char *buf;      /* the destination: n bytes for the file's [off, off + n) */
+    int fd;         /* or, when >= 0, this file: byte off + i written at i (pwrite) */
+    int werr;       /* errno of a failed write to fd */
     size_t n, got;  /* got: bytes of buf filled, from buf[0] */
     uint64_t off;   /* file offset of buf[0] */
     uint64_t pos;   /* file offset of the next body byte */
@@ -543,7 +568,21 @@ static size_t on_body(char *data, size_t size, size_t nmemb, void *ctx)
     size_t skip = (size_t)(from - x->pos), take = len - skip;
     if (take > x->n - x->got)
         take = x->n - x->got;
-    memcpy(x->buf + x->got, data + skip, take);
+    if (x->fd < 0) {
+        memcpy(x->buf + x->got, data + skip, take);
+    } else {
+        for (size_t w = 0; w < take;) { /* a short write continues; an error stops the body */
+            ssize_t r = pwrite(x->fd, data + skip + w, take - w, (off_t)(x->got + w));
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r <= 0) {
+                x->werr = r < 0 ? errno : EIO;
+                x->got += w;
+                return 0;
+            }
+            w += (size_t)r;
+        }
+    }
     x->got += take;
     x->pos += len;
     return len;
@@ -649,7 +688,11 @@ static int try_once(stoke__remote_pool *p, CURL *h, const stoke__remote_file *f,
                     const char *serr, char *why, size_t why_len)
 {
     char range[64];
-    stoke__fmt(range, sizeof(range), "%" PRIu64 "-%" PRIu64, x->off + x->got, x->off + x->n - 1);
+    if (x->n == SIZE_MAX) /* the whole file, its size not known yet */
+        stoke__fmt(range, sizeof(range), "%" PRIu64 "-", x->off + x->got);
+    else
+        stoke__fmt(range, sizeof(range), "%" PRIu64 "-%" PRIu64, x->off + x->got,
+                   x->off + x->n - 1);
     x->body = x->enough = x->bad_range = x->has_cr = 0;
     x->status = 0;
     x->errlen = 0;
@@ -667,10 +710,15 @@ static int try_once(stoke__remote_pool *p, CURL *h, const stoke__remote_file *f,
         curl_easy_setopt(h, CURLOPT_HTTPAUTH, (long)CURLAUTH_BASIC);
     size_t before = x->got;
     CURLcode c = curl_easy_perform(h);
-    atomic_fetch_add(&p->requests, 1);
-    atomic_fetch_add(&p->bytes, (uint64_t)(x->got - before));
+    atomic_fetch_add(&p->n->requests, 1);
+    atomic_fetch_add(&p->n->bytes, (uint64_t)(x->got - before));
     long st = 0;
     curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &st);
+    if (x->werr) {
+        stoke__fmt(why, why_len, "GET %s: writing the download failed at byte %zu: %s", f->url,
+                   x->got, strerror(x->werr));
+        return STOKE_EIO;
+    }
     if (x->enough && c == CURLE_WRITE_ERROR)
         c = CURLE_OK;
     if (x->bad_range) {
@@ -688,7 +736,7 @@ static int try_once(stoke__remote_pool *p, CURL *h, const stoke__remote_file *f,
     if (c == CURLE_OK && (st == 200 || st == 206)) {
         if (st == 200 && !x->enough) /* the whole file came: it ends here */
             x->total = x->pos, x->has_total = 1;
-        uint64_t end = x->off + x->n;
+        uint64_t end = x->n == SIZE_MAX ? UINT64_MAX : x->off + x->n;
         if (x->has_total && x->total < end)
             end = x->total;
         if (x->off + x->got >= end)
@@ -712,27 +760,25 @@ static int try_once(stoke__remote_pool *p, CURL *h, const stoke__remote_file *f,
     return retryable_curl(c) ? 1 : STOKE_EIO;
 }
 
-int stoke__remote_read(stoke__remote_pool *p, int slot_i, const stoke__remote_file *f, void *buf,
-                       size_t n, uint64_t off, size_t *got, uint64_t *total, char *why,
-                       size_t why_len)
+/* The tries of one transfer x through slot slot_i: 0, or the error with why set. */
+static int transfer(stoke__remote_pool *p, int slot_i, const stoke__remote_file *f, xfer *x,
+                    char *why, size_t why_len)
 {
-    *got = 0;
-    if (n == 0)
-        return STOKE_OK;
     slot *s = &p->s[(unsigned)slot_i % SLOTS];
+    uint64_t t0 = stoke__now_ns();
     pthread_mutex_lock(&s->lock);
     if (!s->h && !(s->h = handle_new(p, s))) {
         pthread_mutex_unlock(&s->lock);
         stoke__fmt(why, why_len, "GET %s: cannot create a libcurl handle", f->url);
         return STOKE_ENOMEM;
     }
-    xfer x = {.h = s->h, .buf = buf, .n = n, .off = off};
-    uint64_t rng = stoke__now_ns() ^ ((uint64_t)(uintptr_t)s * 0x9E3779B97F4A7C15u) ^ off;
+    x->h = s->h;
+    uint64_t rng = stoke__now_ns() ^ ((uint64_t)(uintptr_t)s * 0x9E3779B97F4A7C15u) ^ x->off;
     rng |= 1;
     int rc;
     for (unsigned attempt = 0;; attempt++) {
         s->err[0] = 0;
-        rc = try_once(p, s->h, f, &x, s->err, why, why_len);
+        rc = try_once(p, s->h, f, x, s->err, why, why_len);
         if (rc != 1)
             break;
         if (attempt >= p->retries) {
@@ -741,15 +787,49 @@ int stoke__remote_read(stoke__remote_pool *p, int slot_i, const stoke__remote_fi
             rc = STOKE_EIO;
             break;
         }
-        atomic_fetch_add(&p->retries_done, 1);
+        atomic_fetch_add(&p->n->retries_done, 1);
         stoke__log(STOKE_LOG_DEBUG, "remote: %s; retry %u of %u", why, attempt + 1, p->retries);
-        backoff(attempt, x.retry_after, &rng);
+        backoff(attempt, x->retry_after, &rng);
     }
     pthread_mutex_unlock(&s->lock);
+    atomic_fetch_add(&p->n->wait_ns, stoke__now_ns() - t0);
+    return rc;
+}
+
+int stoke__remote_read(stoke__remote_pool *p, int slot_i, const stoke__remote_file *f, void *buf,
+                       size_t n, uint64_t off, size_t *got, uint64_t *total, char *why,
+                       size_t why_len)
+{
+    *got = 0;
+    if (n == 0)
+        return STOKE_OK;
+    xfer x = {.buf = buf, .fd = -1, .n = n, .off = off};
+    int rc = transfer(p, slot_i, f, &x, why, why_len);
     *got = x.got;
     if (rc == STOKE_OK && total && x.has_total)
         *total = x.total;
     return rc;
+}
+
+int stoke__remote_fetch(stoke__remote_pool *p, int slot_i, const stoke__remote_file *f, int fd,
+                        uint64_t expect, uint64_t *size, char *why, size_t why_len)
+{
+    *size = 0;
+    xfer x = {.fd = fd, .n = expect ? (size_t)expect : SIZE_MAX};
+    int rc = transfer(p, slot_i, f, &x, why, why_len);
+    if (rc)
+        return rc;
+    uint64_t total = x.has_total ? x.total : x.got;
+    if ((expect && total != expect) || x.got != total) {
+        stoke__fmt(why, why_len,
+                   "GET %s: the file is %" PRIu64 " bytes%s, %" PRIu64 " came (%" PRIu64
+                   " expected)",
+                   f->url, total, x.has_total ? "" : " (no Content-Range)", (uint64_t)x.got,
+                   expect ? expect : total);
+        return STOKE_EIO;
+    }
+    *size = x.got;
+    return STOKE_OK;
 }
 
 #endif /* STOKE_HAVE_LIBCURL */

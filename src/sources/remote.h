@@ -35,9 +35,11 @@ void stoke__remote_pool_fork_prepare(stoke__remote_pool *p);
 void stoke__remote_pool_fork_parent(stoke__remote_pool *p);
 void stoke__remote_pool_fork_child(stoke__remote_pool *p);
 
-/* Counters of a pool since create (atomics, read without a lock). */
+/* Counters of a pool since create, its forked workers' included (atomics in a shared
+ * mapping, read without a lock). */
 typedef struct stoke__remote_stats {
     uint64_t requests, retries, bytes;
+    uint64_t wait_ns; /* time in reads and fetches, waiting for a slot's lock included */
 } stoke__remote_stats;
 void stoke__remote_pool_stats(const stoke__remote_pool *p, stoke__remote_stats *out);
 
@@ -65,5 +67,15 @@ void stoke__remote_file_free(stoke__remote_file *f);
 int stoke__remote_read(stoke__remote_pool *p, int slot, const stoke__remote_file *f, void *buf,
                        size_t n, uint64_t off, size_t *got, uint64_t *total, char *why,
                        size_t why_len);
+
+/* Downloads the whole of f into fd (byte i written at offset i, pwrite) through slot `slot`,
+ * with the retries of a read (a body cut short is continued by range from its first missing
+ * byte).  expect: the size the file must have, 0 when not known.  Returns 0 with *size = the
+ * bytes written, which are the file's size as the server said it (Content-Range, or the
+ * length of a 200's body) and `expect` when given; errors as stoke__remote_read, and
+ * STOKE_EIO when the size differs ("the file is N bytes, M came") or a write to fd failed.
+ * Writes nothing past the file's size; fd's size is the caller's.  Thread-safe. */
+int stoke__remote_fetch(stoke__remote_pool *p, int slot, const stoke__remote_file *f, int fd,
+                        uint64_t expect, uint64_t *size, char *why, size_t why_len);
 
 #endif

@@ -283,6 +283,11 @@ static int rwin_fetch(rwin *w, size_t n, uint64_t off, uint64_t *total)
 static int read_remote(void *ctx, void *buf, size_t n, uint64_t off, size_t *got)
 {
     rwin *w = ctx;
+    if (w->t->cache) { /* the shard's local copy (cache.h), through slot 0 */
+        int rc = stoke__cache_read(w->t->cache, w->t->pool, 0, &w->s->rf, w->s->size, buf, n, off,
+                                   got, NULL, w->why, sizeof(w->why));
+        return rc == STOKE_OK ? 0 : rc == STOKE_ENOMEM ? -ENOMEM : -EIO;
+    }
     if (off < w->start || off + n > w->start + w->len) {
         int rc = rwin_fetch(w, n, off, NULL);
         if (rc)
@@ -294,11 +299,17 @@ static int read_remote(void *ctx, void *buf, size_t n, uint64_t off, size_t *got
     return 0;
 }
 
-/* Opens remote shard s (the pool made by the first): its size comes with the first window. */
+/* Opens remote shard s (the pool, and the cache when STOKE_CACHE_DIR is set, made by the
+ * first): its size comes with the first window, or the local copy (downloaded if missing). */
 static int open_remote(const char *spec, stoke__tar_ds *t, stoke__tar_shard *s, rwin *w)
 {
     char why[512];
-    int rc = t->pool ? STOKE_OK : stoke__remote_pool_create(&t->pool, why, sizeof(why));
+    int rc = STOKE_OK;
+    if (!t->pool) {
+        rc = stoke__remote_pool_create(&t->pool, why, sizeof(why));
+        if (!rc)
+            rc = stoke__cache_create(&t->cache, why, sizeof(why));
+    }
     if (!rc)
         rc = stoke__remote_file_init(t->pool, s->path, &s->rf, why, sizeof(why));
     if (rc)
@@ -311,7 +322,13 @@ static int open_remote(const char *spec, stoke__tar_ds *t, stoke__tar_shard *s, 
     s->remote = 1;
     *w = (rwin){.t = t, .s = s, .buf = w->buf, .cap = w->cap};
     uint64_t total = UINT64_MAX;
-    rc = rwin_fetch(w, REMOTE_WINDOW, 0, &total);
+    if (t->cache) {
+        size_t got;
+        rc = stoke__cache_read(t->cache, t->pool, 0, &s->rf, 0, NULL, 0, 0, &got, &total, w->why,
+                               sizeof(w->why));
+    } else {
+        rc = rwin_fetch(w, REMOTE_WINDOW, 0, &total);
+    }
     if (rc)
         return stoke__fail(rc, "source '%s': %s", spec, w->why);
     if (total == UINT64_MAX)
@@ -448,6 +465,7 @@ static void tar_close(void *user)
         free(t->shards[i].path);
         stoke__remote_file_free(&t->shards[i].rf);
     }
+    stoke__cache_destroy(t->cache);
     stoke__remote_pool_destroy(t->pool);
     free(t->shards);
     free(t->shard_of);
@@ -462,18 +480,21 @@ static void tar_close(void *user)
 
 static void tar_fork_prepare(void *user)
 {
+    stoke__cache_fork_prepare(((stoke__tar_ds *)user)->cache);
     stoke__remote_pool_fork_prepare(((stoke__tar_ds *)user)->pool);
 }
 
 static void tar_fork_parent(void *user)
 {
     stoke__remote_pool_fork_parent(((stoke__tar_ds *)user)->pool);
+    stoke__cache_fork_parent(((stoke__tar_ds *)user)->cache);
 }
 
 static void tar_fork_child(void *user, int worker)
 {
     (void)worker;
     stoke__remote_pool_fork_child(((stoke__tar_ds *)user)->pool);
+    stoke__cache_fork_child(((stoke__tar_ds *)user)->cache);
 }
 
 static uint64_t tar_length(void *user)
@@ -490,14 +511,40 @@ static int tar_get(void *user, uint64_t index, void *const dst[], int64_t len[],
                    index, t->n);
         return STOKE_ERANGE;
     }
-    for (int k = 0; k < t->nf; k++) {
-        if (!dst[k])
-            continue;
-        int rc =
-            stoke__tar_read_field(t, index, k, dst[k], len ? &len[k] : NULL, worker, msg, msg_len);
-        if (rc)
-            return rc;
-    }
+    stoke__tar_io io = {.worker = worker};
+    int rc = stoke__tar_fetch_sample(t, index, dst, &io, msg, msg_len);
+    for (int k = 0; k < t->nf && !rc; k++)
+        if (dst[k])
+            rc =
+                stoke__tar_read_field(t, index, k, dst[k], len ? &len[k] : NULL, &io, msg, msg_len);
+    free((void *)io.win);
+    return rc;
+}
+
+int stoke_tar_remote_stats(const stoke_dataset *ds, stoke_remote_stats *out)
+{
+    if (!ds || ds->get != tar_get || !ds->user || !out || out->size == 0)
+        return stoke__fail(STOKE_EINVAL,
+                           "stoke_tar_remote_stats: not an open tar dataset, or NULL output");
+    const stoke__tar_ds *t = ds->user;
+    stoke_remote_stats s = {.cached = t->cache != NULL};
+    for (int i = 0; i < t->nshards; i++)
+        s.shards += (uint64_t)t->shards[i].remote;
+    stoke__remote_stats r;
+    stoke__cache_stats c;
+    stoke__remote_pool_stats(t->pool, &r);
+    stoke__cache_stats_get(t->cache, &c);
+    s.requests = r.requests;
+    s.retries = r.retries;
+    s.bytes = r.bytes;
+    s.network_wait_s = (double)(r.wait_ns + c.wait_ns) / 1e9;
+    s.cache_hits = c.hits;
+    s.cache_misses = c.misses;
+    s.cache_evictions = c.evictions;
+    s.cache_bytes = c.bytes;
+    uint32_t keep = out->size;
+    memcpy(out, &s, keep < sizeof(s) ? keep : sizeof(s));
+    out->size = keep;
     return STOKE_OK;
 }
 

@@ -121,22 +121,75 @@ static int read_fail(const stoke__tar_ds *t, uint64_t i, int k, int e, char *msg
     return field_fail(t, i, k, msg, msg_len, STOKE_EIO, "read failed: %s", strerror(-e));
 }
 
-/* Reads exactly n bytes at off of sample i's shard (pread, or a remote shard's range read
- * through the pool's slot of `worker`): STOKE_OK, or the error in msg. */
+/* Reads exactly n bytes at off of sample i's shard (pread, or for a remote shard: from io's
+ * window when it holds them, else a range read through the pool's slot of io->worker, or the
+ * local copy in the cache): STOKE_OK, or the error in msg. */
 static int shard_read(const stoke__tar_ds *t, uint64_t i, int k, void *buf, size_t n, uint64_t off,
-                      int worker, char *msg, size_t msg_len)
+                      const stoke__tar_io *io, char *msg, size_t msg_len)
 {
     const stoke__tar_shard *s = &t->shards[t->shard_of[i]];
     if (!s->remote) {
         int e = pread_exact(s->fd, buf, n, off);
         return e ? read_fail(t, i, k, e, msg, msg_len) : STOKE_OK;
     }
+    if (io->win && off >= io->win_off && off - io->win_off <= io->win_len &&
+        n <= io->win_len - (off - io->win_off)) {
+        memcpy(buf, io->win + (off - io->win_off), n);
+        return STOKE_OK;
+    }
+    int worker = io->worker;
     char why[512];
     size_t got = 0;
-    int rc = stoke__remote_read(t->pool, worker, &s->rf, buf, n, off, &got, NULL, why, sizeof(why));
+    int rc = t->cache ? stoke__cache_read(t->cache, t->pool, worker, &s->rf, s->size, buf, n, off,
+                                          &got, NULL, why, sizeof(why))
+                      : stoke__remote_read(t->pool, worker, &s->rf, buf, n, off, &got, NULL, why,
+                                           sizeof(why));
     if (rc)
         return field_fail(t, i, k, msg, msg_len, STOKE_EIO, "%s", why);
     return got < n ? read_fail(t, i, k, -ENODATA, msg, msg_len) : STOKE_OK;
+}
+
+/* A sample's window: at most this many bytes, of which at most COALESCE_GAP not asked for
+ * (headers, padding, members of fields not read). */
+#define COALESCE_MAX ((uint64_t)8 << 20)
+#define COALESCE_GAP ((uint64_t)64 << 10)
+
+int stoke__tar_fetch_sample(const stoke__tar_ds *t, uint64_t i, void *const dst[],
+                            stoke__tar_io *io, char *msg, size_t msg_len)
+{
+    const stoke__tar_shard *s = &t->shards[t->shard_of[i]];
+    if (!s->remote || t->cache)
+        return STOKE_OK;
+    uint64_t lo = UINT64_MAX, hi = 0, want = 0;
+    int n = 0, first = 0;
+    for (int k = 0; k < t->nf; k++) {
+        const stoke__tar_loc *L = &t->loc[i * (uint64_t)t->nf + (uint64_t)k];
+        if (!dst[k] || L->off == UINT64_MAX)
+            continue;
+        n++;
+        want += L->size;
+        if (L->off < lo)
+            lo = L->off, first = k;
+        if (L->off + L->size > hi)
+            hi = L->off + L->size;
+    }
+    if (n < 2 || hi - lo > COALESCE_MAX || hi - lo > want + COALESCE_GAP)
+        return STOKE_OK;
+    char *buf = malloc((size_t)(hi - lo));
+    if (!buf) /* a request per field instead */
+        return STOKE_OK;
+    char why[512];
+    size_t got = 0;
+    int rc = stoke__remote_read(t->pool, io->worker, &s->rf, buf, (size_t)(hi - lo), lo, &got, NULL,
+                                why, sizeof(why));
+    if (rc) {
+        free(buf);
+        return field_fail(t, i, first, msg, msg_len, STOKE_EIO, "%s", why);
+    }
+    io->win = buf; /* a read past got (the shard shrank) goes to the server and fails there */
+    io->win_off = lo;
+    io->win_len = got;
+    return STOKE_OK;
 }
 
 /* .cls: optional spaces, a decimal integer (optional sign), optional spaces / newline. */
@@ -164,13 +217,13 @@ static int parse_cls(const char *s, size_t n, int64_t *out)
 }
 
 static int read_cls(const stoke__tar_ds *t, uint64_t i, int k, const stoke__tar_loc *L, void *dst,
-                    int worker, char *msg, size_t msg_len)
+                    const stoke__tar_io *io, char *msg, size_t msg_len)
 {
     char buf[64];
     if (L->size >= sizeof(buf) || L->size == 0)
         return field_fail(t, i, k, msg, msg_len, STOKE_EFORMAT,
                           "a .cls member of %" PRIu64 " bytes is not a class number", L->size);
-    int rc = shard_read(t, i, k, buf, (size_t)L->size, L->off, worker, msg, msg_len);
+    int rc = shard_read(t, i, k, buf, (size_t)L->size, L->off, io, msg, msg_len);
     if (rc)
         return rc;
     int64_t v;
@@ -183,11 +236,11 @@ static int read_cls(const stoke__tar_ds *t, uint64_t i, int k, const stoke__tar_
 
 /* Reads and parses the .npy header of member L into *h. */
 static int npy_header(const stoke__tar_ds *t, uint64_t i, int k, const stoke__tar_loc *L,
-                      stoke__npy_header *h, int worker, char *msg, size_t msg_len)
+                      stoke__npy_header *h, const stoke__tar_io *io, char *msg, size_t msg_len)
 {
     unsigned char pre[12];
     size_t np = L->size < sizeof(pre) ? (size_t)L->size : sizeof(pre);
-    int rc = shard_read(t, i, k, pre, np, L->off, worker, msg, msg_len);
+    int rc = shard_read(t, i, k, pre, np, L->off, io, msg, msg_len);
     if (rc)
         return rc;
     size_t need = np;
@@ -203,7 +256,7 @@ static int npy_header(const stoke__tar_ds *t, uint64_t i, int k, const stoke__ta
     if (!buf)
         return field_fail(t, i, k, msg, msg_len, STOKE_ENOMEM, "out of memory");
     char why[200];
-    rc = shard_read(t, i, k, buf, need, L->off, worker, msg, msg_len);
+    rc = shard_read(t, i, k, buf, need, L->off, io, msg, msg_len);
     if (!rc && stoke__npy_parse_header(buf, need, L->size, h, why, sizeof(why)) != 0)
         rc = field_fail(t, i, k, msg, msg_len, STOKE_EFORMAT, "bad .npy member: %s", why);
     free(buf);
@@ -211,10 +264,10 @@ static int npy_header(const stoke__tar_ds *t, uint64_t i, int k, const stoke__ta
 }
 
 static int read_npy(const stoke__tar_ds *t, uint64_t i, int k, const stoke__tar_loc *L, void *dst,
-                    int64_t *len, int worker, char *msg, size_t msg_len)
+                    int64_t *len, const stoke__tar_io *io, char *msg, size_t msg_len)
 {
     stoke__npy_header h;
-    int rc = npy_header(t, i, k, L, &h, worker, msg, msg_len);
+    int rc = npy_header(t, i, k, L, &h, io, msg, msg_len);
     if (rc)
         return rc;
     const stoke_field *f = &t->fields[k];
@@ -240,7 +293,7 @@ static int read_npy(const stoke__tar_ds *t, uint64_t i, int k, const stoke__tar_
         if (len)
             *len = h.shape[0];
     }
-    rc = shard_read(t, i, k, dst, bytes, L->off + h.data_offset, worker, msg, msg_len);
+    rc = shard_read(t, i, k, dst, bytes, L->off + h.data_offset, io, msg, msg_len);
     if (rc)
         return rc;
     if (h.swap) {
@@ -256,7 +309,7 @@ static int read_npy(const stoke__tar_ds *t, uint64_t i, int k, const stoke__tar_
 }
 
 static int read_image(const stoke__tar_ds *t, uint64_t i, int k, const stoke__tar_loc *L, void *dst,
-                      int worker, char *msg, size_t msg_len)
+                      const stoke__tar_io *io, char *msg, size_t msg_len)
 {
     const stoke__tar_image_hook *hk = stoke__tar_image_hook_get();
     if (!hk)
@@ -270,7 +323,7 @@ static int read_image(const stoke__tar_ds *t, uint64_t i, int k, const stoke__ta
     void *buf = malloc(L->size ? (size_t)L->size : 1);
     if (!buf)
         return field_fail(t, i, k, msg, msg_len, STOKE_ENOMEM, "out of memory");
-    int rc = shard_read(t, i, k, buf, (size_t)L->size, L->off, worker, msg, msg_len);
+    int rc = shard_read(t, i, k, buf, (size_t)L->size, L->off, io, msg, msg_len);
     if (!rc) {
         char why[200] = "";
         uint64_t ep = atomic_load_explicit(&((stoke__tar_ds *)t)->epoch, memory_order_relaxed);
@@ -284,29 +337,29 @@ static int read_image(const stoke__tar_ds *t, uint64_t i, int k, const stoke__ta
 }
 
 int stoke__tar_read_field(const stoke__tar_ds *t, uint64_t i, int k, void *dst, int64_t *len,
-                          int worker, char *msg, size_t msg_len)
+                          const stoke__tar_io *io, char *msg, size_t msg_len)
 {
     const stoke__tar_loc *L = &t->loc[i * (uint64_t)t->nf + (uint64_t)k];
     if (L->off == UINT64_MAX)
         return field_fail(t, i, k, msg, msg_len, STOKE_EDATA, "the sample has no '%s' member",
                           t->f[k].ext);
     switch (t->f[k].kind) {
-    case STOKE__TAR_CLS: return read_cls(t, i, k, L, dst, worker, msg, msg_len);
-    case STOKE__TAR_NPY: return read_npy(t, i, k, L, dst, len, worker, msg, msg_len);
-    case STOKE__TAR_IMAGE: return read_image(t, i, k, L, dst, worker, msg, msg_len);
+    case STOKE__TAR_CLS: return read_cls(t, i, k, L, dst, io, msg, msg_len);
+    case STOKE__TAR_NPY: return read_npy(t, i, k, L, dst, len, io, msg, msg_len);
+    case STOKE__TAR_IMAGE: return read_image(t, i, k, L, dst, io, msg, msg_len);
     default: break;
     }
     if (t->f[k].ragged) { /* at most max_len, the largest member (the index's) */
         if (len)
             *len = (int64_t)L->size;
-        return shard_read(t, i, k, dst, (size_t)L->size, L->off, worker, msg, msg_len);
+        return shard_read(t, i, k, dst, (size_t)L->size, L->off, io, msg, msg_len);
     }
     if (L->size != t->fields[k].bytes)
         return field_fail(t, i, k, msg, msg_len, STOKE_EFORMAT,
                           "member of %" PRIu64 " bytes, but the field has %zu (the size of the "
                           "first sample's): raw fields need one size",
                           L->size, t->fields[k].bytes);
-    return shard_read(t, i, k, dst, (size_t)L->size, L->off, worker, msg, msg_len);
+    return shard_read(t, i, k, dst, (size_t)L->size, L->off, io, msg, msg_len);
 }
 
 /* The size of field k's largest member (0: none). */
@@ -343,7 +396,7 @@ int stoke__tar_describe_field(stoke__tar_ds *t, int k, const char *spec)
         break;
     case STOKE__TAR_NPY: {
         stoke__npy_header h;
-        int rc = npy_header(t, first, k, L, &h, 0, msg, sizeof(msg));
+        int rc = npy_header(t, first, k, L, &h, &(stoke__tar_io){0}, msg, sizeof(msg));
         if (rc)
             return stoke__fail(rc, "source '%s': %s", spec, msg);
         f->dtype = h.dtype;

@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "sources/cache.h"
 #include "sources/npy_header.h"
 #include "sources/remote.h"
 #include "stoke/dataset.h"
@@ -78,14 +79,33 @@ typedef struct stoke__tar_ds {
     char *keys;               /* NUL-separated keys */
     void *image_opts;         /* the hook's options block (NULL without image fields) */
     stoke__remote_pool *pool; /* connections of the remote shards (NULL: all local) */
+    stoke__cache *cache;      /* STOKE_CACHE_DIR: remote shards read from local copies */
     _Atomic uint64_t epoch;   /* for the image hook's random choices */
 } stoke__tar_ds;
 
+/* How one get() reads a remote shard: the pool's slot, and the bytes of the sample already
+ * fetched by one range request (tar.c, fetch_sample), which reads inside it take from there. */
+typedef struct stoke__tar_io {
+    int worker;
+    const char *win; /* the shard's bytes [win_off, win_off + win_len); NULL: none */
+    uint64_t win_off;
+    size_t win_len;
+} stoke__tar_io;
+
+/* For a remote shard read by range (no cache): fetches the members of sample i's fields
+ * that get() will read (dst[k] not NULL) with one range request into a window of io
+ * (malloc'd: the caller frees io->win), when there are two or more and the bytes between them
+ * that are not asked for are few (coalescing: one request per sample, not one per field).
+ * Returns STOKE_OK (also when it fetched nothing), or the request's error with msg as
+ * stoke__tar_read_field's, naming the sample's first member read. */
+int stoke__tar_fetch_sample(const stoke__tar_ds *t, uint64_t i, void *const dst[],
+                            stoke__tar_io *io, char *msg, size_t msg_len);
 /* Reads field k of sample i into dst (fields[k].bytes; a ragged field: the member, its size
- * into *len); a remote shard through the pool's slot of `worker`.  Returns STOKE_OK, or the
- * error with msg "tar SHARD@OFFSET: sample 'KEY' field 'EXT': reason". */
+ * into *len); a remote shard from io's window, or through the pool's slot of io->worker.
+ * Returns STOKE_OK, or the error with msg "tar SHARD@OFFSET: sample 'KEY' field 'EXT':
+ * reason". */
 int stoke__tar_read_field(const stoke__tar_ds *t, uint64_t i, int k, void *dst, int64_t *len,
-                          int worker, char *msg, size_t msg_len);
+                          const stoke__tar_io *io, char *msg, size_t msg_len);
 /* Fills t->fields[k] from the first sample that has field k (reading its member for NPY). */
 int stoke__tar_describe_field(stoke__tar_ds *t, int k, const char *spec);
 /* The dataset's set_epoch (for the image hook's augmentation): stores the epoch. */

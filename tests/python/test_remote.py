@@ -10,13 +10,15 @@ import re
 import shutil
 import subprocess
 import sys
-
-import time
+import tarfile
 
 import stoke_testlib as T
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "remote"))
 import servers as S  # noqa: E402
+
+import runs as R  # noqa: E402
+from runs import load  # noqa: E402
 
 CLI = os.environ.get("STOKE_CLI")
 if not CLI or not os.path.exists(CLI):
@@ -24,41 +26,21 @@ if not CLI or not os.path.exists(CLI):
 FEATURES = os.environ.get("STOKE_BUILD_FEATURES")
 NSHARDS = 4
 RANGE = "shard-{000000..%06d}.tar" % (NSHARDS - 1)
-ORDERS = ["bin:cls:txt", "txt:bin:cls", "cls:txt:bin"]  # each field first once: all bytes
-
-
-def load(spec, *args, env=None):
-    e = dict(os.environ, **(env or {}))
-    t0 = time.monotonic()
-    p = subprocess.run([CLI, "load", spec, "--json", "--batch-size", "5", "--no-pin-memory"]
-                       + list(args), capture_output=True, text=True, env=e, timeout=120)
-    if os.environ.get("STOKE_TEST_TIMES"):
-        print("%.2f s  %s %s" % (time.monotonic() - t0, spec, " ".join(args)))
-    try:
-        out = json.loads(p.stdout)
-    except ValueError:
-        raise AssertionError("%s: not JSON: %r %r" % (spec, p.stdout, p.stderr))
-    return p.returncode, out, p.stderr
-
-
-def summary(out):
-    return {k: out[k] for k in ("samples", "content_hash", "order_hash", "index_sum")}
+ORDERS = R.ORDERS
 
 
 def same_as_local(base, local_root, what, *args, env=None, orders=ORDERS, samples=NSHARDS * 12):
-    for fields in orders:
-        opts = ",fields=%s,ragged=txt" % fields
-        rc_l, loc, _ = load("tar:%s/%s%s" % (local_root, RANGE, opts), *args)
-        rc_r, rem, err = load("tar:%s%s%s" % (base, RANGE, opts), *args, env=env)
-        T.check(rc_l == 0 and loc["samples"] == samples, "local run: %s" % loc)
-        T.check(rc_r == 0, "%s, fields=%s: failed: %s %s" % (what, fields, rem.get("error"), err))
-        T.check(summary(rem) == summary(loc), "%s, fields=%s %s: remote %s, local %s"
-                % (what, fields, args, summary(rem), summary(loc)))
+    R.same_as_local(base, local_root, RANGE, what, *args, env=env, orders=orders,
+                    samples=samples)
 
 
 work = T.tmpdir()
 root = os.path.join(work, "root")
 paths, offsets = S.make_shards(root, nshards=NSHARDS)
+sizes = []  # per shard, {key: size of its .txt member}
+for p in paths:
+    with tarfile.open(p) as tf:
+        sizes.append({m.name[:-4]: m.size for m in tf.getmembers() if m.name.endswith(".txt")})
 first = "tar:http://127.0.0.1:1/" + RANGE
 
 if FEATURES is not None and "libcurl" not in FEATURES.split(","):
@@ -95,7 +77,27 @@ try:
                         "2")
     rows = S.access_log(os.path.join(work, "nginx"))[before:]
     conns = {r[0] for r in rows}
-    T.check(rc == 0 and len(rows) >= NSHARDS * 12 * 3, "requests: %d (%s)" % (len(rows), err))
+    rem = out["remote"]
+    T.check(rem and rem["shards"] == NSHARDS and rem["cached"] is False
+            and rem["cache_misses"] == 0 and rem["retries"] == 0
+            and 0 < rem["requests"] <= len(rows) and rem["bytes"] > 0
+            and rem["network_wait_s"] > 0, "counters: %s" % rem)
+    T.check(rc == 0 and len(rows) >= NSHARDS * 12 * 2, "requests: %d (%s)" % (len(rows), err))
+    # coalescing: each sample's three members in one request (timed pass and hash pass), never
+    # a request of its own for the cls or txt member
+    starts = {}
+    for r in rows:
+        a, b = r[3][len("bytes="):].split("-")
+        starts.setdefault(r[4], []).append((int(a), int(b)))
+    for sh in range(NSHARDS):
+        got = starts.get("/shard-%06d.tar" % sh, [])
+        for i in range(12):
+            key = "s%03d_%03d" % (sh, i)
+            whole = (offsets[sh][key + ".bin"], offsets[sh][key + ".txt"] + sizes[sh][key] - 1)
+            T.check(got.count(whole) == 2, "shard %d sample %d: %s not requested twice" % (
+                sh, i, whole))
+            T.check(not any(a in (offsets[sh][key + ".cls"], offsets[sh][key + ".txt"])
+                            for a, _ in got), "shard %d sample %d: a member on its own" % (sh, i))
     T.check(len(conns) <= 4, "%d requests on %d connections: no keep-alive" % (len(rows),
                                                                                 len(conns)))
     T.check(all(r[2] == 206 and r[3].startswith("bytes=") for r in rows),
@@ -144,7 +146,7 @@ try:
             "cut/3: retries %s: %s" % (m and m.groups(), err[-2000:]))
 
     # a member that always fails: the sample's error names the URL and the status; skip goes on
-    off = offsets[1]["s001_003.txt"]
+    off = offsets[1]["s001_003.bin"]  # where the sample's one request starts
     bad = fs.url("failat/%d/" % off)
     env = {"STOKE_REMOTE_RETRIES": "2"}
     rc, out, err = load("tar:%s%s,fields=txt:bin:cls,ragged=txt" % (bad, RANGE), "--workers", "2",

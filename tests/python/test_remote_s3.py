@@ -15,14 +15,10 @@ import sys
 import stoke_testlib as T
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "remote"))
+import runs as R  # noqa: E402
 import servers as S  # noqa: E402
 
-CLI = os.environ.get("STOKE_CLI")
-if not CLI or not os.path.exists(CLI):
-    T.skip("the stoke CLI was not built (STOKE_CLI)")
-FEATURES = os.environ.get("STOKE_BUILD_FEATURES")
-if FEATURES is not None and "libcurl" not in FEATURES.split(","):
-    T.skip("built without libcurl (test_remote.py checks the refusal)")
+CLI = R.need_cli_and_libcurl()
 if not shutil.which("curl"):
     T.skip("the curl tool is needed to fill the bucket")
 NSHARDS = 3

@@ -9,6 +9,8 @@ serves ROOT with Range requests and keep-alive; writes its port to PORT_FILE.  A
     cut/N       the first N requests for PATH send half of the body (the full Content-Length
                 announced), then close the connection
     reset/N     the first N requests for PATH close the connection without an answer
+    stall/N     the first N requests for PATH send half of the body, then nothing for 60 s (a
+                download caught half way)
     failat/OFF  every request whose range starts at byte OFF answers 500 (a sample that cannot
                 be read however often it is tried)
 GET /__stats answers {"/MODE/ARG/PATH": requests, ...} as JSON."""
@@ -17,6 +19,7 @@ import os
 import re
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 ROOT = os.path.abspath(sys.argv[1])
@@ -79,9 +82,11 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Range", "bytes %d-%d/%d" % (start, end, size))
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        if mode == "cut" and n <= arg:
+        if mode in ("cut", "stall") and n <= arg:
             self.wfile.write(body[: len(body) // 2])
             self.wfile.flush()
+            if mode == "stall":
+                time.sleep(60)
             self.close_connection = True
             return
         self.wfile.write(body)

@@ -1,0 +1,682 @@
+/* The local cache of remote files (cache.h): whole-file downloads into STOKE_CACHE_DIR, one
+ * per file across the processes of a node (flock), least recently used copies evicted under
+ * STOKE_CACHE_LIMIT. */
+#define _GNU_SOURCE
+#include "sources/cache.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include "common/env.h"
+#include "common/internal.h"
+
+#define SLOTS     64
+#define HEXLEN    32
+#define BASE_MAX  96
+#define NAME_MAX_ (HEXLEN + 1 + BASE_MAX)
+#define DIR_LOCK  "stoke-cache.lock"
+
+typedef struct held {
+    pthread_mutex_t lock;        /* held for a whole read: guards f, fd and size */
+    const stoke__remote_file *f; /* the file fd is the copy of; NULL: none */
+    int fd;                      /* -1, or the copy, flock'ed shared */
+    uint64_t size;
+} held;
+
+typedef struct counters {
+    _Atomic uint64_t hits, misses, evictions, bytes, wait_ns;
+} counters;
+
+struct stoke__cache {
+    char *dir;
+    int dfd;        /* the directory: every name is opened relative to it */
+    uint64_t limit; /* 0: keep a tenth of the file system free */
+    counters *n;    /* a shared mapping: a forked worker's counts reach the parent */
+    held h[SLOTS];
+};
+
+/* ---- names -------------------------------------------------------------------------------- */
+
+typedef struct names {
+    char hex[HEXLEN + 1];
+    char data[NAME_MAX_ + 1]; /* HASH-BASE */
+    char part[HEXLEN + 6];    /* HASH.part */
+    char lock[HEXLEN + 6];    /* HASH.lock */
+} names;
+
+static uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9u;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBu;
+    return z ^ (z >> 31);
+}
+
+/* The names of f's files: the hash of its URL without credentials (an s3:// URL: the request
+ * URL, which has the endpoint and no credentials either) and the URL's last path segment. */
+static void names_of(const stoke__remote_file *f, names *nm)
+{
+    const char *key = f->s3 ? f->req : f->url;
+    uint64_t a = 0xcbf29ce484222325u, b = 0x9E3779B97F4A7C15u;
+    size_t len = strlen(key);
+    for (size_t i = 0; i < len; i++) {
+        unsigned char ch = (unsigned char)key[i];
+        a = (a ^ ch) * 0x100000001b3u; /* FNV-1a, and an independent second lane */
+        b = mix64(b ^ ch ^ ((uint64_t)i << 8));
+    }
+    a = mix64(a ^ len);
+    b = mix64(b ^ a);
+    snprintf(nm->hex, sizeof(nm->hex), "%016" PRIx64 "%016" PRIx64, a, b);
+    const char *u = f->url, *seg = u;
+    size_t ulen = strcspn(u, "?#");
+    for (size_t i = 0; i < ulen; i++)
+        if (u[i] == '/')
+            seg = u + i + 1;
+    char base[BASE_MAX];
+    size_t bl = 0;
+    for (const char *s = seg; s < u + ulen && bl + 1 < sizeof(base); s++) {
+        char ch = *s;
+        int ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+                 ch == '.' || ch == '_' || ch == '-';
+        base[bl++] = ok ? ch : '_';
+    }
+    base[bl] = 0;
+    snprintf(nm->data, sizeof(nm->data), "%s-%s", nm->hex, bl ? base : "file");
+    snprintf(nm->part, sizeof(nm->part), "%s.part", nm->hex);
+    snprintf(nm->lock, sizeof(nm->lock), "%s.lock", nm->hex);
+}
+
+enum { K_OTHER, K_DATA, K_PART, K_LOCK };
+
+static int kind_of(const char *name)
+{
+    for (int i = 0; i < HEXLEN; i++)
+        if (!((name[i] >= '0' && name[i] <= '9') || (name[i] >= 'a' && name[i] <= 'f')))
+            return K_OTHER;
+    if (name[HEXLEN] == '-' && name[HEXLEN + 1])
+        return K_DATA;
+    if (strcmp(name + HEXLEN, ".part") == 0)
+        return K_PART;
+    if (strcmp(name + HEXLEN, ".lock") == 0)
+        return K_LOCK;
+    return K_OTHER;
+}
+
+/* ---- locks -------------------------------------------------------------------------------- */
+
+static int flock_retry(int fd, int op)
+{
+    int r;
+    while ((r = flock(fd, op)) != 0 && errno == EINTR) {
+    }
+    return r ? -errno : 0;
+}
+
+/* Locks lock file `name` exclusively (creating it): 0 and *out, -EWOULDBLOCK (nonblock, held
+ * by another), or -errno.  A lock file can be removed by an eviction (which holds it while it
+ * unlinks it): a lock taken on a file that is no longer the one under that name is dropped
+ * and taken again, so two processes never hold "the" lock of one name at once. */
+static int lock_name(int dfd, const char *name, int nonblock, int *out)
+{
+    for (;;) {
+        int fd = openat(dfd, name, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        if (fd < 0)
+            return -errno;
+        int e = flock_retry(fd, LOCK_EX | (nonblock ? LOCK_NB : 0));
+        struct stat a, b;
+        if (!e && fstat(fd, &a) == 0 && fstatat(dfd, name, &b, 0) == 0 && a.st_ino == b.st_ino &&
+            a.st_dev == b.st_dev) {
+            *out = fd;
+            return 0;
+        }
+        close(fd);
+        if (e)
+            return e;
+    }
+}
+
+/* Releases lock fd of `name`, removing the file first (safe while held: see lock_name), so
+ * that lock files exist only while they are used. */
+static void unlock_name(int dfd, const char *name, int fd)
+{
+    unlinkat(dfd, name, 0);
+    close(fd);
+}
+
+/* Removes lock file `name` when no one holds it. */
+static void drop_lock_file(int dfd, const char *name)
+{
+    int fd;
+    if (lock_name(dfd, name, 1, &fd) == 0)
+        unlock_name(dfd, name, fd);
+}
+
+/* ---- the directory: scan, evict, clear ---------------------------------------------------- */
+
+typedef struct ent {
+    char name[NAME_MAX_ + 1];
+    uint64_t size;
+    int64_t atime_ns;
+} ent;
+
+typedef struct listing {
+    ent *e; /* the complete copies */
+    size_t n, cap;
+    uint64_t total, partial;
+} listing;
+
+/* Lists dfd's copies into *l; with clean, removes the temporary files of downloads no process
+ * runs (their lock is free: the process died), else counts them in l->partial. */
+static int scan(int dfd, listing *l, int clean)
+{
+    int fd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d) {
+        int e = errno;
+        if (fd >= 0)
+            close(fd);
+        return -e;
+    }
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        int k = kind_of(de->d_name);
+        struct stat st;
+        if (k == K_OTHER || k == K_LOCK || strlen(de->d_name) > NAME_MAX_ ||
+            fstatat(dfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode))
+            continue;
+        if (k == K_PART) {
+            char lk[HEXLEN + 6];
+            snprintf(lk, sizeof(lk), "%.*s.lock", HEXLEN, de->d_name);
+            int lfd;
+            if (clean && lock_name(dfd, lk, 1, &lfd) == 0) { /* nobody downloads it */
+                unlinkat(dfd, de->d_name, 0);
+                unlock_name(dfd, lk, lfd);
+            } else {
+                l->partial += (uint64_t)st.st_size;
+            }
+            continue;
+        }
+        if (l->n == l->cap) {
+            size_t cap = l->cap ? 2 * l->cap : 64;
+            ent *e = realloc(l->e, cap * sizeof(*e));
+            if (!e) {
+                closedir(d);
+                return -ENOMEM;
+            }
+            l->e = e;
+            l->cap = cap;
+        }
+        ent *e = &l->e[l->n++];
+        stoke__strlcpy(e->name, de->d_name, sizeof(e->name));
+        e->size = (uint64_t)st.st_size;
+        e->atime_ns = (int64_t)st.st_atim.tv_sec * 1000000000 + st.st_atim.tv_nsec;
+        l->total += e->size;
+    }
+    closedir(d);
+    return 0;
+}
+
+static int by_atime(const void *a, const void *b)
+{
+    const ent *x = a, *y = b;
+    return x->atime_ns < y->atime_ns ? -1 : x->atime_ns > y->atime_ns;
+}
+
+/* Removes copy `name` unless a reader holds it: 1 removed, 0 in use or gone. */
+static int evict(int dfd, const char *name)
+{
+    int fd = openat(dfd, name, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    int done = 0;
+    if (flock_retry(fd, LOCK_EX | LOCK_NB) == 0) {
+        done = unlinkat(dfd, name, 0) == 0;
+        char lk[HEXLEN + 6];
+        snprintf(lk, sizeof(lk), "%.*s.lock", HEXLEN, name);
+        drop_lock_file(dfd, lk);
+    }
+    close(fd);
+    return done;
+}
+
+/* Takes the directory's eviction lock: its fd, or -errno. */
+static int dir_lock(int dfd)
+{
+    int g = openat(dfd, DIR_LOCK, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (g < 0)
+        return -errno;
+    int e = flock_retry(g, LOCK_EX);
+    if (e) {
+        close(g);
+        return e;
+    }
+    return g;
+}
+
+/* The default cap: what the copies may grow to while a tenth of the file system stays free. */
+static uint64_t default_cap(int dfd, uint64_t total)
+{
+    struct statvfs v;
+    if (fstatvfs(dfd, &v) != 0)
+        return UINT64_MAX;
+    uint64_t avail = (uint64_t)v.f_bavail * v.f_frsize, fs = (uint64_t)v.f_blocks * v.f_frsize;
+    return total + avail > fs / 10 ? total + avail - fs / 10 : 0;
+}
+
+/* Evicts least recently used copies not in use until they and `need` more bytes fit under
+ * the cap (or nothing more can go).  Failures only log: a cache over its cap still works. */
+static void make_room(stoke__cache *c, uint64_t need)
+{
+    int g = dir_lock(c->dfd);
+    if (g < 0) {
+        stoke__log(STOKE_LOG_WARN, "cache %s: cannot lock %s: %s", c->dir, DIR_LOCK, strerror(-g));
+        return;
+    }
+    listing l = {0};
+    int e = scan(c->dfd, &l, 1);
+    if (e)
+        stoke__log(STOKE_LOG_WARN, "cache %s: cannot list it: %s", c->dir, strerror(-e));
+    uint64_t have = l.total + l.partial;
+    uint64_t cap = c->limit ? c->limit : default_cap(c->dfd, have);
+    if (!e && have + need > cap) {
+        if (l.n)
+            qsort(l.e, l.n, sizeof(*l.e), by_atime);
+        for (size_t i = 0; i < l.n && have + need > cap; i++)
+            if (evict(c->dfd, l.e[i].name)) {
+                have -= l.e[i].size;
+                atomic_fetch_add(&c->n->evictions, 1);
+                stoke__log(STOKE_LOG_DEBUG, "cache %s: evicted %s (%" PRIu64 " bytes)", c->dir,
+                           l.e[i].name, l.e[i].size);
+            }
+    }
+    free(l.e);
+    close(g);
+}
+
+/* ---- one file ----------------------------------------------------------------------------- */
+
+/* Opens the complete copy, locked shared: its fd (and *size), -ENOENT, or -errno.  A copy
+ * evicted between the open and the lock (no link left) counts as missing. */
+static int open_copy(const stoke__cache *c, const names *nm, uint64_t *size)
+{
+    for (int i = 0; i < 16; i++) {
+        int fd = openat(c->dfd, nm->data, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+            return -errno;
+        struct stat st;
+        int e = flock_retry(fd, LOCK_SH);
+        if (!e && fstat(fd, &st) == 0 && st.st_nlink > 0) {
+            *size = (uint64_t)st.st_size;
+            /* the access time orders the eviction: set it, whatever the mount's atime rule */
+            const struct timespec ts[2] = {{0, UTIME_NOW}, {0, UTIME_OMIT}};
+            futimens(fd, ts);
+            return fd;
+        }
+        close(fd);
+        if (e)
+            return e;
+    }
+    return -ENOENT;
+}
+
+/* Downloads f into HASH.part and renames it HASH-BASE once complete (the caller holds
+ * HASH.lock): 0 with *out the copy, locked shared, or the error. */
+static int download(stoke__cache *c, stoke__remote_pool *p, int slot, const stoke__remote_file *f,
+                    const names *nm, uint64_t expect, int *out, uint64_t *size, char *why,
+                    size_t why_len)
+{
+    make_room(c, expect);
+    int fd = openat(c->dfd, nm->part, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        stoke__fmt(why, why_len, "cache %s: cannot create %s for %s: %s", c->dir, nm->part, f->url,
+                   strerror(errno));
+        return STOKE_EIO;
+    }
+    stoke__log(STOKE_LOG_DEBUG, "cache %s: downloading %s into %s", c->dir, f->url, nm->data);
+    int rc = stoke__remote_fetch(p, slot, f, fd, expect, size, why, why_len);
+    struct stat st = {0};
+    if (!rc && (fstat(fd, &st) != 0 || (uint64_t)st.st_size != *size)) {
+        stoke__fmt(why, why_len, "cache %s: %s holds %lld bytes of the %" PRIu64 " of %s", c->dir,
+                   nm->part, (long long)st.st_size, *size, f->url);
+        rc = STOKE_EIO;
+    }
+    int e = rc ? 0 : flock_retry(fd, LOCK_SH); /* in use from the moment it has its name */
+    if (!rc && (e || renameat(c->dfd, nm->part, c->dfd, nm->data) != 0)) {
+        stoke__fmt(why, why_len, "cache %s: cannot %s %s: %s", c->dir, e ? "lock" : "rename",
+                   nm->part, strerror(e ? -e : errno));
+        rc = STOKE_EIO;
+    }
+    if (rc) {
+        unlinkat(c->dfd, nm->part, 0);
+        close(fd);
+        return rc;
+    }
+    atomic_fetch_add(&c->n->misses, 1);
+    atomic_fetch_add(&c->n->bytes, *size);
+    if (!expect) /* its size is known now */
+        make_room(c, 0);
+    *out = fd;
+    return STOKE_OK;
+}
+
+/* The copy of f, locked shared: from the cache, or downloaded. */
+static int acquire(stoke__cache *c, stoke__remote_pool *p, int slot, const stoke__remote_file *f,
+                   uint64_t expect, int *out, uint64_t *size, char *why, size_t why_len)
+{
+    names nm;
+    names_of(f, &nm);
+    int fd = open_copy(c, &nm, size);
+    if (fd >= 0 && (!expect || *size == expect)) {
+        atomic_fetch_add(&c->n->hits, 1);
+        *out = fd;
+        return STOKE_OK;
+    }
+    if (fd >= 0)
+        close(fd);
+    else if (fd != -ENOENT) {
+        stoke__fmt(why, why_len, "cache %s: cannot open %s: %s", c->dir, nm.data, strerror(-fd));
+        return STOKE_EIO;
+    }
+    uint64_t t0 = stoke__now_ns();
+    int lk, e = lock_name(c->dfd, nm.lock, 0, &lk);
+    if (e) {
+        stoke__fmt(why, why_len, "cache %s: cannot lock %s: %s", c->dir, nm.lock, strerror(-e));
+        return STOKE_EIO;
+    }
+    fd = open_copy(c, &nm, size); /* another process may have finished it meanwhile */
+    if (fd >= 0 && (!expect || *size == expect)) {
+        atomic_fetch_add(&c->n->wait_ns, stoke__now_ns() - t0);
+        atomic_fetch_add(&c->n->hits, 1);
+        unlock_name(c->dfd, nm.lock, lk);
+        *out = fd;
+        return STOKE_OK;
+    }
+    if (fd >= 0) { /* a copy of another size than the index was made from: replaced */
+        stoke__log(STOKE_LOG_WARN,
+                   "cache %s: %s is %" PRIu64 " bytes, %" PRIu64 " expected: downloading %s again",
+                   c->dir, nm.data, *size, expect, f->url);
+        close(fd);
+        unlinkat(c->dfd, nm.data, 0);
+    }
+    int rc = download(c, p, slot, f, &nm, expect, out, size, why, why_len);
+    unlock_name(c->dfd, nm.lock, lk);
+    return rc;
+}
+
+int stoke__cache_read(stoke__cache *c, stoke__remote_pool *p, int slot, const stoke__remote_file *f,
+                      uint64_t expect, void *buf, size_t n, uint64_t off, size_t *got,
+                      uint64_t *size, char *why, size_t why_len)
+{
+    held *h = &c->h[(unsigned)slot % SLOTS];
+    *got = 0;
+    pthread_mutex_lock(&h->lock);
+    int rc = STOKE_OK;
+    if (h->f != f || h->fd < 0) {
+        if (h->fd >= 0) /* the copy read before: no longer in use by this slot */
+            close(h->fd);
+        h->fd = -1;
+        h->f = NULL;
+        int fd;
+        uint64_t sz;
+        rc = acquire(c, p, slot, f, expect, &fd, &sz, why, why_len);
+        if (!rc) {
+            h->f = f;
+            h->fd = fd;
+            h->size = sz;
+        }
+    }
+    size_t done = 0;
+    while (!rc && done < n && off + done < h->size) {
+        ssize_t r = pread(h->fd, (char *)buf + done, n - done, (off_t)(off + done));
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            stoke__fmt(why, why_len, "cache %s: reading the copy of %s: %s", c->dir, f->url,
+                       strerror(errno));
+            rc = STOKE_EIO;
+        }
+        if (r <= 0)
+            break;
+        done += (size_t)r;
+    }
+    if (!rc && size)
+        *size = h->size;
+    pthread_mutex_unlock(&h->lock);
+    *got = done;
+    return rc;
+}
+
+/* ---- the object --------------------------------------------------------------------------- */
+
+/* mkdir -p */
+static int make_dirs(const char *dir)
+{
+    char *p = strdup(dir);
+    if (!p)
+        return -ENOMEM;
+    for (char *s = p + 1; *s; s++) {
+        if (*s != '/')
+            continue;
+        *s = 0;
+        if (mkdir(p, 0777) != 0 && errno != EEXIST) {
+            int e = errno;
+            free(p);
+            return -e;
+        }
+        *s = '/';
+    }
+    int e = mkdir(p, 0777) != 0 && errno != EEXIST ? -errno : 0;
+    free(p);
+    return e;
+}
+
+/* STOKE_CACHE_LIMIT, else 0 with *dflt = 1 (the default cap: default_cap). */
+static uint64_t cache_limit(int *dflt)
+{
+    uint64_t v = 0;
+    int set = stoke__env_size(STOKE_ENV_CACHE_LIMIT, &v);
+    *dflt = !set || v == 0;
+    return *dflt ? 0 : v;
+}
+
+int stoke__cache_create(stoke__cache **out, char *why, size_t why_len)
+{
+    *out = NULL;
+    const char *dir = stoke__env_str(STOKE_ENV_CACHE_DIR);
+    if (!dir)
+        return STOKE_OK;
+    int e = make_dirs(dir);
+    stoke__cache *c = e ? NULL : calloc(1, sizeof(*c));
+    if (!c) {
+        stoke__fmt(why, why_len, "STOKE_CACHE_DIR=%s: %s", dir, e ? strerror(-e) : "out of memory");
+        return e == -ENOMEM || !e ? STOKE_ENOMEM : STOKE_EIO;
+    }
+    c->dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int oerr = errno;
+    c->dir = strdup(dir);
+    c->n = mmap(NULL, sizeof(*c->n), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (c->dfd < 0 || !c->dir || c->n == MAP_FAILED) {
+        stoke__fmt(why, why_len, "STOKE_CACHE_DIR=%s: %s", dir,
+                   c->dfd < 0 ? strerror(oerr) : "out of memory");
+        if (c->n == MAP_FAILED)
+            c->n = NULL;
+        e = c->dfd < 0 ? STOKE_EIO : STOKE_ENOMEM;
+        for (int i = 0; i < SLOTS; i++) /* destroy's view of the slots */
+            c->h[i].fd = -1, pthread_mutex_init(&c->h[i].lock, NULL);
+        stoke__cache_destroy(c);
+        return e;
+    }
+    int dflt;
+    c->limit = cache_limit(&dflt);
+    for (int i = 0; i < SLOTS; i++) {
+        pthread_mutex_init(&c->h[i].lock, NULL);
+        c->h[i].fd = -1;
+    }
+    stoke__log(STOKE_LOG_DEBUG, "cache %s: limit %s%" PRIu64 " bytes", dir,
+               dflt ? "(a tenth of the file system kept free) " : "", c->limit);
+    *out = c;
+    return STOKE_OK;
+}
+
+void stoke__cache_destroy(stoke__cache *c)
+{
+    if (!c)
+        return;
+    stoke__cache_stats st;
+    stoke__cache_stats_get(c, &st);
+    if (st.hits || st.misses)
+        stoke__log(STOKE_LOG_DEBUG,
+                   "cache %s: %" PRIu64 " hit(s), %" PRIu64 " download(s) of %" PRIu64
+                   " bytes, %" PRIu64 " eviction(s)",
+                   c->dir, st.hits, st.misses, st.bytes, st.evictions);
+    for (int i = 0; i < SLOTS; i++) {
+        if (c->h[i].fd >= 0)
+            close(c->h[i].fd);
+        pthread_mutex_destroy(&c->h[i].lock);
+    }
+    if (c->dfd >= 0)
+        close(c->dfd);
+    if (c->n)
+        munmap(c->n, sizeof(*c->n));
+    free(c->dir);
+    free(c);
+}
+
+void stoke__cache_fork_prepare(stoke__cache *c)
+{
+    for (int i = 0; c && i < SLOTS; i++)
+        pthread_mutex_lock(&c->h[i].lock);
+}
+
+void stoke__cache_fork_parent(stoke__cache *c)
+{
+    for (int i = 0; c && i < SLOTS; i++)
+        pthread_mutex_unlock(&c->h[i].lock);
+}
+
+void stoke__cache_fork_child(stoke__cache *c)
+{
+    for (int i = 0; c && i < SLOTS; i++) {
+        if (c->h[i].fd >= 0) /* the parent's stays open and locked in the parent */
+            close(c->h[i].fd);
+        c->h[i].fd = -1;
+        c->h[i].f = NULL;
+        pthread_mutex_unlock(&c->h[i].lock);
+    }
+}
+
+void stoke__cache_stats_get(const stoke__cache *c, stoke__cache_stats *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (!c || !c->n)
+        return;
+    out->hits = atomic_load(&c->n->hits);
+    out->misses = atomic_load(&c->n->misses);
+    out->evictions = atomic_load(&c->n->evictions);
+    out->bytes = atomic_load(&c->n->bytes);
+    out->wait_ns = atomic_load(&c->n->wait_ns);
+}
+
+/* ---- listing and clearing a directory (stoke cache ls / clear) ---------------------------- */
+
+/* The directory `dir` (NULL: STOKE_CACHE_DIR) opened: its fd, or the error, recorded. */
+static int open_dir(const char *fn, const char **dir)
+{
+    if (!*dir)
+        *dir = stoke__env_str(STOKE_ENV_CACHE_DIR);
+    if (!*dir)
+        return stoke__fail(STOKE_EINVAL,
+                           "%s: no cache directory given, and STOKE_CACHE_DIR is not set", fn);
+    int dfd = open(*dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) {
+        int e = errno;
+        return stoke__fail(e == ENOENT ? STOKE_ENOENT : STOKE_EIO, "cache %s: %s", *dir,
+                           strerror(e));
+    }
+    return dfd;
+}
+
+int stoke_cache_list(const char *dir, int (*fn)(void *ctx, const stoke_cache_entry *e), void *ctx,
+                     stoke_cache_info *info)
+{
+    if (info && info->size == 0)
+        return stoke__fail(STOKE_EINVAL, "stoke_cache_list: info->size is 0");
+    int dfd = open_dir("stoke_cache_list", &dir);
+    if (dfd < 0)
+        return dfd;
+    listing l = {0};
+    int e = scan(dfd, &l, 0), rc = STOKE_OK;
+    if (e)
+        rc =
+            stoke__fail(e == -ENOMEM ? STOKE_ENOMEM : STOKE_EIO, "cache %s: %s", dir, strerror(-e));
+    if (l.n)
+        qsort(l.e, l.n, sizeof(*l.e), by_atime);
+    for (size_t i = 0; !rc && fn && i < l.n; i++) {
+        int fd = openat(dfd, l.e[i].name, O_RDONLY | O_CLOEXEC);
+        int busy = fd >= 0 && flock_retry(fd, LOCK_EX | LOCK_NB) != 0;
+        if (fd >= 0)
+            close(fd);
+        stoke_cache_entry ce = {l.e[i].name, l.e[i].size, l.e[i].atime_ns / 1000000000, busy};
+        rc = fn(ctx, &ce);
+    }
+    if (info && !e) {
+        int dflt;
+        stoke_cache_info in = {.entries = l.n, .bytes = l.total, .partial_bytes = l.partial};
+        in.limit = cache_limit(&dflt);
+        in.limit_default = (uint32_t)dflt;
+        if (dflt)
+            in.limit = default_cap(dfd, l.total + l.partial);
+        stoke__strlcpy(in.dir, dir, sizeof(in.dir));
+        uint32_t keep = info->size;
+        memcpy(info, &in, keep < sizeof(in) ? keep : sizeof(in));
+        info->size = keep;
+    }
+    free(l.e);
+    close(dfd);
+    return rc;
+}
+
+int stoke_cache_clear(const char *dir, uint64_t *removed, uint64_t *kept)
+{
+    int dfd = open_dir("stoke_cache_clear", &dir);
+    if (dfd < 0)
+        return dfd;
+    int g = dir_lock(dfd);
+    listing l = {0};
+    int e = g < 0 ? g : scan(dfd, &l, 1), rc = STOKE_OK;
+    if (e)
+        rc =
+            stoke__fail(e == -ENOMEM ? STOKE_ENOMEM : STOKE_EIO, "cache %s: %s", dir, strerror(-e));
+    uint64_t gone = 0;
+    for (size_t i = 0; !rc && i < l.n; i++)
+        gone += (uint64_t)evict(dfd, l.e[i].name);
+    int fd = rc ? -1 : openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (fd >= 0 && !d)
+        close(fd);
+    for (struct dirent *de; d && (de = readdir(d)) != NULL;) /* locks left by killed runs */
+        if (kind_of(de->d_name) == K_LOCK)
+            drop_lock_file(dfd, de->d_name);
+    if (d)
+        closedir(d);
+    if (removed)
+        *removed = gone;
+    if (kept)
+        *kept = l.n - gone;
+    free(l.e);
+    if (g >= 0)
+        close(g);
+    close(dfd);
+    return rc;
+}

@@ -1,0 +1,60 @@
+"""`stoke load` runs for the remote-shard tests (tests/python/test_remote*.py): one run as
+(returncode, the --json object, stderr), and the comparison of a remote run with the same
+shards read from disk."""
+import json
+import os
+import subprocess
+import time
+
+import stoke_testlib as T
+
+CLI = os.environ.get("STOKE_CLI")
+ORDERS = ["bin:cls:txt", "txt:bin:cls", "cls:txt:bin"]  # each field first once: all bytes
+CACHE_ENV = ("STOKE_CACHE_DIR", "STOKE_CACHE_LIMIT")  # a run has them only when env gives them
+
+
+def need_cli_and_libcurl():
+    """Returns the CLI's path, or skips (77): the CLI was not built, or was built without
+    libcurl (test_remote.py checks that refusal)."""
+    if not CLI or not os.path.exists(CLI):
+        T.skip("the stoke CLI was not built (STOKE_CLI)")
+    features = os.environ.get("STOKE_BUILD_FEATURES")
+    if features is not None and "libcurl" not in features.split(","):
+        T.skip("built without libcurl (test_remote.py checks the refusal)")
+    return CLI
+
+
+def load(spec, *args, env=None, timeout=120):
+    e = {k: v for k, v in os.environ.items() if k not in CACHE_ENV}
+    e.update(env or {})
+    t0 = time.monotonic()
+    p = subprocess.run([CLI, "load", spec, "--json", "--batch-size", "5", "--no-pin-memory"]
+                       + list(args), capture_output=True, text=True, env=e, timeout=timeout)
+    if os.environ.get("STOKE_TEST_TIMES"):
+        print("%.2f s  %s %s" % (time.monotonic() - t0, spec, " ".join(args)))
+    try:
+        out = json.loads(p.stdout)
+    except ValueError:
+        raise AssertionError("%s: not JSON: %r %r" % (spec, p.stdout, p.stderr))
+    return p.returncode, out, p.stderr
+
+
+def summary(out):
+    return {k: out[k] for k in ("samples", "content_hash", "order_hash", "index_sum")}
+
+
+def same_as_local(base, local_root, rng, what, *args, env=None, orders=ORDERS, samples=None):
+    """Runs tar:BASE+RNG and tar:LOCAL_ROOT/RNG with each field order and the same arguments:
+    the same samples, content hash, order hash and index sum.  Returns the remote runs."""
+    runs = []
+    for fields in orders:
+        opts = ",fields=%s,ragged=txt" % fields
+        rc_l, loc, _ = load("tar:%s/%s%s" % (local_root, rng, opts), *args)
+        rc_r, rem, err = load("tar:%s%s%s" % (base, rng, opts), *args, env=env)
+        T.check(rc_l == 0 and (samples is None or loc["samples"] == samples)
+                and loc["remote"] is None, "local run: %s" % loc)
+        T.check(rc_r == 0, "%s, fields=%s: failed: %s %s" % (what, fields, rem.get("error"), err))
+        T.check(summary(rem) == summary(loc), "%s, fields=%s %s: remote %s, local %s"
+                % (what, fields, args, summary(rem), summary(loc)))
+        runs.append(rem)
+    return runs

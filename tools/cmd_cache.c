@@ -1,0 +1,125 @@
+/* stoke cache ls|clear [DIR] [--json]: the local cache of remote shards (STOKE_CACHE_DIR, or
+ * DIR): its copies, their sizes and the total against the cap; or empties it of every copy no
+ * process has open.  docs/cli.md, "stoke cache". */
+#include <inttypes.h>
+#include <stdio.h>
+#include <time.h>
+
+#include "cli.h"
+#include "stoke/stoke.h"
+
+static const char use[] = "usage: stoke cache ls|clear [DIR] [--json]\n"
+                          "  ls     the shards in the cache, least recently read first, and the\n"
+                          "         total against STOKE_CACHE_LIMIT\n"
+                          "  clear  remove every shard no process has open\n"
+                          "  DIR    the cache directory (default: STOKE_CACHE_DIR)\n";
+
+typedef struct ls_ctx {
+    int json;
+    uint64_t n;
+} ls_ctx;
+
+static int print_entry(void *ctx, const stoke_cache_entry *e)
+{
+    ls_ctx *c = ctx;
+    if (c->json) {
+        printf("%s{\"name\": ", c->n ? ", " : "");
+        cli_json_str(stdout, e->name);
+        printf(", \"bytes\": %" PRIu64 ", \"atime\": %" PRId64 ", \"in_use\": %s}", e->bytes,
+               e->atime, e->in_use ? "true" : "false");
+    } else {
+        char when[32] = "?";
+        time_t t = (time_t)e->atime;
+        struct tm tm;
+        if (gmtime_r(&t, &tm))
+            strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", &tm);
+        printf("  %14" PRIu64 "  %s UTC  %-6s  %s\n", e->bytes, when, e->in_use ? "in use" : "",
+               e->name);
+    }
+    c->n++;
+    return 0;
+}
+
+static int cache_ls(const cli_cmd *c, const char *dir)
+{
+    stoke_cache_info info = {.size = sizeof(info)};
+    ls_ctx ctx = {c->json, 0};
+    /* the totals first (the text header), then the entries */
+    int rc = stoke_cache_list(dir, NULL, NULL, &info);
+    if (rc != STOKE_OK)
+        return cli_fail_rc(c, 1, "ls", rc);
+    if (c->json) {
+        printf("{\"ok\": true, \"dir\": ");
+        cli_json_str(stdout, info.dir);
+        printf(", \"entries\": [");
+    } else {
+        printf("cache %s: %" PRIu64 " shard%s, %.1f MB of a %.1f MB cap (%s)", info.dir,
+               info.entries, info.entries == 1 ? "" : "s", (double)info.bytes / 1e6,
+               (double)info.limit / 1e6,
+               info.limit_default ? "default: a tenth of the file system kept free"
+                                  : "STOKE_CACHE_LIMIT");
+        if (info.partial_bytes)
+            printf("; %.1f MB being downloaded", (double)info.partial_bytes / 1e6);
+        printf("\n");
+    }
+    rc = stoke_cache_list(info.dir, print_entry, &ctx, NULL);
+    if (c->json && rc == STOKE_OK)
+        printf("], \"count\": %" PRIu64 ", \"bytes\": %" PRIu64 ", \"partial_bytes\": %" PRIu64
+               ", \"limit\": %" PRIu64 ", \"limit_default\": %s}\n",
+               ctx.n, info.bytes, info.partial_bytes, info.limit,
+               info.limit_default ? "true" : "false");
+    if (rc != STOKE_OK) /* the directory went away between the two calls */
+        return cli_fail_rc(c, 1, "ls", rc);
+    return 0;
+}
+
+static int cache_clear(const cli_cmd *c, const char *dir)
+{
+    stoke_cache_info info = {.size = sizeof(info)};
+    uint64_t removed = 0, kept = 0;
+    int rc = stoke_cache_list(dir, NULL, NULL, &info); /* the directory's name, for the output */
+    if (rc == STOKE_OK)
+        rc = stoke_cache_clear(info.dir, &removed, &kept);
+    if (rc != STOKE_OK)
+        return cli_fail_rc(c, 1, "clear", rc);
+    if (c->json) {
+        printf("{\"ok\": true, \"dir\": ");
+        cli_json_str(stdout, info.dir);
+        printf(", \"removed\": %" PRIu64 ", \"kept\": %" PRIu64 "}\n", removed, kept);
+    } else {
+        printf("cache %s: %" PRIu64 " shard%s removed, %" PRIu64 " in use kept\n", info.dir,
+               removed, removed == 1 ? "" : "s", kept);
+    }
+    return 0;
+}
+
+int cmd_cache(int argc, char **argv)
+{
+    cli_cmd c = {"cache", cli_has_json(argc, argv)};
+    const char *sub = NULL, *dir = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (cli_is(argv[i], "--json"))
+            continue;
+        if (cli_is(argv[i], "--help") || cli_is(argv[i], "-h")) {
+            fputs(use, stdout);
+            return 0;
+        }
+        if (argv[i][0] == '-')
+            return cli_fail(&c, 2, "unknown option '%s' (only --json)", argv[i]);
+        if (!sub)
+            sub = argv[i];
+        else if (!dir)
+            dir = argv[i];
+        else
+            return cli_fail(&c, 2, "unexpected argument '%s'", argv[i]);
+    }
+    if (sub && cli_is(sub, "ls"))
+        return cache_ls(&c, dir);
+    if (sub && cli_is(sub, "clear"))
+        return cache_clear(&c, dir);
+    if (!c.json)
+        fputs(use, stderr);
+    if (!sub)
+        return cli_fail(&c, 2, "no subcommand (ls or clear)");
+    return cli_fail(&c, 2, "unknown subcommand '%s' (ls or clear)", sub);
+}
