@@ -24,10 +24,12 @@ import os
 import pickle
 import random
 import re
+import select
 import signal
 import struct
 import sys
 import threading
+import time
 import traceback
 import warnings
 
@@ -1010,6 +1012,7 @@ def _tensor_rows(dataset):
 
 
 _PROBE_FALLBACK = 8 << 20
+_PROBE_TIMEOUT_S = 60  # the probe's child answers within this, or it is killed (the fallback)
 
 
 def _probe(w, meanwhile=None):
@@ -1058,13 +1061,31 @@ def _probe(w, meanwhile=None):
         except Exception:  # noqa: BLE001 - the loader's creation reports it again
             pass
     chunks = []
+    deadline = time.monotonic() + _PROBE_TIMEOUT_S
+    poller = select.poll()
+    poller.register(r, select.POLLIN)
+    late = False
     while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not poller.poll(int(left * 1000) + 1):
+            late = time.monotonic() >= deadline
+            if late:
+                break
+            continue
         c = os.read(r, 1 << 16)
         if not c:
             break
         chunks.append(c)
     os.close(r)
+    if late:  # a child that hangs (a lock held by another thread at the fork): not waited for
+        os.kill(pid, signal.SIGKILL)
+        warnings.warn("stoke: measuring the first batch in a forked child took over %d s; it "
+                      "was stopped and the batch block is %d bytes (pass max_batch_bytes= to "
+                      "set it)" % (_PROBE_TIMEOUT_S, _PROBE_FALLBACK), RuntimeWarning,
+                      stacklevel=4)
     os.waitpid(pid, 0)
+    if late:
+        return _PROBE_FALLBACK
     text = b"".join(chunks).decode()
     if text.startswith("E") or not text:
         # The first batch fails (a bad sample, a worker_init_fn that needs more than worker

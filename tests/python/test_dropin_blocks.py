@@ -56,4 +56,38 @@ try:
     T.check(False, "structure='tuple' accepted")
 except ValueError as e:
     T.check("structure must be" in str(e), str(e))
+
+
+class SlowInChild:
+    """Sample i = tensor([i]); in any process but this one __getitem__ never returns (a child
+    forked while another thread held a lock it needs would hang the same way)."""
+    main = None
+
+    def __len__(self):
+        return 10
+
+    def __getitem__(self, i):
+        import os
+        import time
+        while os.getpid() != SlowInChild.main:
+            time.sleep(1)
+        return torch.tensor([i])
+
+
+import os  # noqa: E402
+import time  # noqa: E402
+from stoke import _dropin  # noqa: E402
+
+SlowInChild.main = os.getpid()
+_dropin._PROBE_TIMEOUT_S = 1
+t0 = time.monotonic()
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    loader = stoke.DataLoader(SlowInChild(), batch_size=4)
+slow = [str(x.message) for x in w if "measuring the first batch" in str(x.message)]
+T.check(len(slow) == 1 and "max_batch_bytes" in slow[0], "a hung probe: warnings %s" % slow)
+T.check(time.monotonic() - t0 < 30, "a hung probe held the constructor %.0f s"
+        % (time.monotonic() - t0))
+got = [b.view(-1).tolist() for b in loader]
+T.check(got == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]], "after a hung probe: %s" % got)
 print("ok")
