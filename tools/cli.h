@@ -18,6 +18,7 @@ int cmd_devices(int argc, char **argv);
 int cmd_load(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_cache(int argc, char **argv);
+int cmd_index(int argc, char **argv);
 int bench_pinned(int argc, char **argv); /* bench_pinned.c */
 int bench_copy(int argc, char **argv);   /* bench_copy.c */
 
