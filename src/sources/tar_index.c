@@ -47,7 +47,7 @@ static int write_all(int fd, const char *p, size_t n)
 int stoke__tar_index_write(const char *path, uint64_t shard_size, stoke__tar_read_fn read,
                            void *read_ctx, uint64_t *members, char *why, size_t why_len)
 {
-    char *body = NULL, *head = NULL, *idx = NULL, *tmp = NULL;
+    char *body = NULL, *idx = NULL, *tmp = NULL;
     size_t body_len = 0;
     wctx w = {open_memstream(&body, &body_len), 0};
     if (!w.f) {
@@ -63,16 +63,18 @@ int stoke__tar_index_write(const char *path, uint64_t shard_size, stoke__tar_rea
         stoke__fmt(why, why_len, "tar %s: out of memory", path);
     else if (rc)
         stoke__fmt(why, why_len, "tar %s: at byte %" PRIu64 ": %s", path, at, err);
-    int head_len = -1;
+    char head[96];
+    int head_len =
+        snprintf(head, sizeof(head), MAGIC "shard-bytes %" PRIu64 "\nmembers %" PRIu64 "\n",
+                 shard_size, w.n);
+    size_t plen = strlen(path);
+    if (!rc && ((idx = malloc(plen + 5)) == NULL || (tmp = malloc(plen + 40)) == NULL)) {
+        stoke__fmt(why, why_len, "tar %s: out of memory", path);
+        rc = STOKE_ENOMEM;
+    }
     if (!rc) {
-        head_len = asprintf(&head, MAGIC "shard-bytes %" PRIu64 "\nmembers %" PRIu64 "\n",
-                            shard_size, w.n);
-        if (head_len < 0 || asprintf(&idx, "%s.idx", path) < 0 ||
-            asprintf(&tmp, "%s.idx.tmp.%ld", path, (long)getpid()) < 0) {
-            head = head_len < 0 ? NULL : head;
-            stoke__fmt(why, why_len, "tar %s: out of memory", path);
-            rc = STOKE_ENOMEM;
-        }
+        snprintf(idx, plen + 5, "%s.idx", path);
+        snprintf(tmp, plen + 40, "%s.idx.tmp.%ld", path, (long)getpid());
     }
     if (!rc) {
         int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
@@ -99,7 +101,6 @@ int stoke__tar_index_write(const char *path, uint64_t shard_size, stoke__tar_rea
     if (!rc && members)
         *members = w.n;
     free(body);
-    free(head);
     free(idx);
     free(tmp);
     return rc;
