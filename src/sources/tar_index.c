@@ -164,7 +164,7 @@ int stoke__tar_index_parse(const char *buf, size_t len, uint64_t *shard_size,
     r.line++;
     if (word(&r, "members ") != 0 || num(&r, '\n', &count) != 0)
         BAD("expected 'members COUNT'");
-    if (count > size / (2 * STOKE__TAR_BLOCK))
+    if (count > size / STOKE__TAR_BLOCK) /* a member is a header block at least */
         BAD("%" PRIu64 " members cannot fit in %" PRIu64 " bytes", count, size);
     path = malloc(STOKE__TAR_PATH_MAX + 1);
     if (!path) {

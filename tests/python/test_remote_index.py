@@ -5,12 +5,13 @@ walking the shard in 1 MiB windows, with the same samples as the local source; w
 (404) it walks the shard as before, saying nothing; a stale index (the shard rewritten after
 indexing: another size) fails the sample's read naming the index; a malformed one fails the
 open naming it.  Skips (77) when nginx or the build's libcurl is missing."""
-import glob
+import io
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
 
 import stoke_testlib as T
 
@@ -116,6 +117,21 @@ try:
     T.check(rc == 0 and rows and rows[0][4] == "/root/shard-000000.tar.idx?v=1"
             and rows[0][2] == 206 and not window_reads(rows),
             "a query string: %s %s" % (rows[:2], out.get("error")))
+
+    # many small members (an empty one per sample): more members than kilobytes
+    dense = os.path.join(work, "dense")
+    os.makedirs(dense)
+    with tarfile.open(os.path.join(dense, "d.tar"), "w", format=tarfile.USTAR_FORMAT) as t:
+        for i in range(40):
+            for ext, data in (("cls", b"%d\n" % i), ("empty", b"")):
+                ti = tarfile.TarInfo("k%03d.%s" % (i, ext))
+                ti.size = len(data)
+                t.addfile(ti, io.BytesIO(data))
+    T.check(index("tar:%s/d.tar" % dense)[0] == 0, "stoke index of d.tar")
+    rc_l, loc, _ = load("tar:%s/d.tar,fields=cls" % dense)
+    rc, rem, err = load("tar:%sd.tar,fields=cls" % ng.url("dense/"))
+    T.check(rc_l == 0 and rc == 0 and loc["samples"] == 40 and R.summary(rem) == R.summary(loc),
+            "dense shard: %s %s" % (rem.get("error"), R.summary(loc)))
 
     # --- without indexes: a 404 per shard, then the walk, silently --------------------------
     pbase = ng.url("plain/")
