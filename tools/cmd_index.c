@@ -39,20 +39,10 @@ static int on_shard(void *ctx, const char *shard, uint64_t bytes, uint64_t membe
 int cmd_index(int argc, char **argv)
 {
     cli_cmd c = {"index", cli_has_json(argc, argv)};
-    const char *src = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (cli_is(argv[i], "--json"))
-            continue;
-        if (cli_is(argv[i], "--help") || cli_is(argv[i], "-h")) {
-            fputs(use, stdout);
-            return 0;
-        }
-        if (argv[i][0] == '-')
-            return cli_fail(&c, 2, "unknown option '%s' (only --json)", argv[i]);
-        if (src)
-            return cli_fail(&c, 2, "unexpected argument '%s'", argv[i]);
-        src = argv[i];
-    }
+    const char *src;
+    int st = cli_words(&c, argc, argv, use, &src, 1);
+    if (st >= 0)
+        return st;
     if (!src) {
         if (!c.json)
             fputs(use, stderr);
