@@ -83,6 +83,27 @@ int cli_fail(const cli_cmd *c, int status, const char *fmt, ...)
     return report(c, status, msg);
 }
 
+int cli_words(const cli_cmd *c, int argc, char **argv, const char *use, const char **words, int max)
+{
+    int n = 0;
+    for (int k = 0; k < max; k++)
+        words[k] = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (cli_is(argv[i], "--json"))
+            continue;
+        if (cli_is(argv[i], "--help") || cli_is(argv[i], "-h")) {
+            fputs(use, stdout);
+            return 0;
+        }
+        if (argv[i][0] == '-')
+            return cli_fail(c, 2, "unknown option '%s' (only --json)", argv[i]);
+        if (n == max)
+            return cli_fail(c, 2, "unexpected argument '%s'", argv[i]);
+        words[n++] = argv[i];
+    }
+    return -1;
+}
+
 int cli_fail_rc(const cli_cmd *c, int status, const char *what, int rc)
 {
     const char *detail = stoke_last_error();

@@ -18,6 +18,7 @@ int cmd_devices(int argc, char **argv);
 int cmd_load(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_cache(int argc, char **argv);
+int cmd_index(int argc, char **argv);
 int bench_pinned(int argc, char **argv); /* bench_pinned.c */
 int bench_copy(int argc, char **argv);   /* bench_copy.c */
 
@@ -35,6 +36,12 @@ int cli_has_json(int argc, char **argv);
  * {"ok": false, "error": "MESSAGE"} on stdout.  Returns `status`. */
 int cli_fail(const cli_cmd *c, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* The arguments of a command taking only --json and at most `max` words: the words into
+ * words[0 .. max) (NULL where absent); --help / -h print `use` on stdout.  Returns -1 to go on,
+ * or the exit status to return now: 0 after --help, 2 (reported) for an unknown option or a
+ * word too many. */
+int cli_words(const cli_cmd *c, int argc, char **argv, const char *use, const char **words,
+              int max);
 /* cli_fail with "WHAT: DETAIL", DETAIL being stoke_last_error() or, when that is empty,
  * stoke_strerror(rc).  Returns `status`. */
 int cli_fail_rc(const cli_cmd *c, int status, const char *what, int rc);

@@ -96,23 +96,11 @@ static int cache_clear(const cli_cmd *c, const char *dir)
 int cmd_cache(int argc, char **argv)
 {
     cli_cmd c = {"cache", cli_has_json(argc, argv)};
-    const char *sub = NULL, *dir = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (cli_is(argv[i], "--json"))
-            continue;
-        if (cli_is(argv[i], "--help") || cli_is(argv[i], "-h")) {
-            fputs(use, stdout);
-            return 0;
-        }
-        if (argv[i][0] == '-')
-            return cli_fail(&c, 2, "unknown option '%s' (only --json)", argv[i]);
-        if (!sub)
-            sub = argv[i];
-        else if (!dir)
-            dir = argv[i];
-        else
-            return cli_fail(&c, 2, "unexpected argument '%s'", argv[i]);
-    }
+    const char *w[2];
+    int st = cli_words(&c, argc, argv, use, w, 2);
+    if (st >= 0)
+        return st;
+    const char *sub = w[0], *dir = w[1];
     if (sub && cli_is(sub, "ls"))
         return cache_ls(&c, dir);
     if (sub && cli_is(sub, "clear"))

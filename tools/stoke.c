@@ -17,6 +17,8 @@ static void usage(FILE *f)
            "          run the data loader (SOURCE: synthetic[:N] or npy:PATH); --help for options\n"
            "  cache ls|clear [DIR] [--json]\n"
            "          the local cache of remote shards (STOKE_CACHE_DIR): list, or empty\n"
+           "  index tar:PATTERN [--json]\n"
+           "          write a sidecar index SHARD.idx next to every local tar shard\n"
            "  bench pinned|copy [--json]\n"
            "          micro-benchmarks of the pinned allocator and of host-to-device copies\n"
            "  version [--json]\n"
@@ -70,6 +72,8 @@ int cli_run(int argc, char **argv)
         return cmd_load(argc - 1, argv + 1);
     if (cli_is(cmd, "cache"))
         return cmd_cache(argc - 1, argv + 1);
+    if (cli_is(cmd, "index"))
+        return cmd_index(argc - 1, argv + 1);
     if (cli_is(cmd, "bench"))
         return cmd_bench(argc - 1, argv + 1);
     if (cli_is(cmd, "version") || cli_is(cmd, "--version"))

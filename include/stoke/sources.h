@@ -230,6 +230,17 @@ typedef struct stoke_remote_stats {
  * for NULL arguments, out->size 0 or a dataset that is not an open tar dataset.  Thread-safe. */
 STOKE_API int stoke_tar_remote_stats(const stoke_dataset *ds, stoke_remote_stats *out);
 
+/* Sidecar indexes (docs/sources.md, "Sidecar indexes"): for every local shard of `pattern`
+ * (tar:PATTERN's pattern: braces and globs, no options), walks its member headers and writes
+ * SHARD.idx next to it (atomically: a temporary name, then rename), which a remote tar source
+ * fetches in one request instead of walking the shard.  fn (may be NULL) is called after each
+ * shard with its path, size and member count; non-zero stops (STOKE_ECANCELED).  Returns
+ * STOKE_OK, or the first shard's error (a URL: STOKE_EINVAL; a corrupt tar: STOKE_EFORMAT;
+ * the index not written: STOKE_EIO), with the message in stoke_last_error(). */
+typedef int (*stoke_tar_index_fn)(void *ctx, const char *shard, uint64_t shard_bytes,
+                                  uint64_t members);
+STOKE_API int stoke_tar_write_index(const char *pattern, stoke_tar_index_fn fn, void *ctx);
+
 /* ---- the cache of remote shards -------------------------------------------------------------
  * STOKE_CACHE_DIR holds whole copies of remote shards, shared by the processes of a node
  * (docs/sources.md, "The cache").  These read and empty such a directory; `dir` NULL means

@@ -22,6 +22,7 @@
 #include "sources/regular.h"
 #include "sources/remote.h"
 #include "sources/tar_header.h"
+#include "sources/tar_index.h"
 #include "sources/tar_internal.h"
 #include "stoke/sources.h"
 
@@ -299,12 +300,112 @@ static int read_remote(void *ctx, void *buf, size_t n, uint64_t off, size_t *got
     return 0;
 }
 
+/* URL + ".idx", before its query string if any ("https://h/a.tar?x=1" -> "/a.tar.idx?x=1"):
+ * malloc'd, or NULL. */
+static char *index_url(const char *url)
+{
+    size_t q = stoke__remote_is_url(url) && strncmp(url, "s3://", 5) != 0 ? strcspn(url, "?")
+                                                                          : strlen(url);
+    char *u = malloc(strlen(url) + 5);
+    if (u)
+        sprintf(u, "%.*s.idx%s", (int)q, url, url + q);
+    return u;
+}
+
+/* Fetches the whole of remote file f through slot 0 (one request when it is at most a window):
+ * 0 with *buf (malloc'd) and *len, or remote_read's error with why. */
+static int fetch_whole(stoke__tar_ds *t, const stoke__remote_file *f, char **buf, size_t *len,
+                       char *why, size_t why_len)
+{
+    size_t cap = REMOTE_WINDOW, n = 0;
+    uint64_t total = UINT64_MAX;
+    char *b = NULL;
+    for (;;) {
+        char *nb = realloc(b, cap);
+        if (!nb) {
+            free(b);
+            stoke__fmt(why, why_len, "GET %s: out of memory for %zu bytes", f->url, cap);
+            return STOKE_ENOMEM;
+        }
+        b = nb;
+        size_t got = 0;
+        int rc = stoke__remote_read(t->pool, 0, f, b + n, cap - n, n, &got, &total, why, why_len);
+        if (rc) {
+            free(b);
+            return rc;
+        }
+        n += got;
+        if (n < cap || (total != UINT64_MAX && n >= total))
+            break;
+        if (cap >= STOKE__TAR_INDEX_MAX) {
+            free(b);
+            stoke__fmt(why, why_len, "GET %s: more than %zu bytes: not an index", f->url, cap);
+            return STOKE_EFORMAT;
+        }
+        cap = total != UINT64_MAX && total > cap && total <= STOKE__TAR_INDEX_MAX ? (size_t)total
+                                                                                  : cap * 2;
+    }
+    *buf = b;
+    *len = n;
+    return STOKE_OK;
+}
+
+/* Reads remote shard s's sidecar index URL.idx (docs/sources.md, "Sidecar indexes") into sc:
+ * 1 when it was there (s->size and s->idx_url set), 0 when the server has none (404: the
+ * shard is walked), or an error naming the index (a malformed one, a failed request). */
+static int open_index(const char *spec, stoke__tar_ds *t, stoke__tar_shard *s, const char *url,
+                      scan *sc)
+{
+    char why[512];
+    stoke__remote_file f = {0};
+    char *iu = index_url(url), *buf = NULL;
+    size_t len = 0;
+    int rc = iu ? stoke__remote_file_init(t->pool, iu, &f, why, sizeof(why)) : STOKE_ENOMEM;
+    free(iu);
+    if (rc) {
+        stoke__remote_file_free(&f);
+        return rc == STOKE_ENOMEM ? stoke__fail(rc, "source '%s': out of memory", spec)
+                                  : stoke__fail(rc, "source '%s': %s", spec, why);
+    }
+    rc = fetch_whole(t, &f, &buf, &len, why, sizeof(why));
+    if (rc == STOKE_ENOENT) {
+        stoke__log(STOKE_LOG_DEBUG, "%s: no index at %s: walking the shard", spec, f.url);
+        stoke__remote_file_free(&f);
+        return 0;
+    }
+    if (rc) {
+        rc = stoke__fail(rc, "source '%s': index of %s: %s", spec, s->path, why);
+        stoke__remote_file_free(&f);
+        return rc;
+    }
+    uint64_t size = 0;
+    rc = stoke__tar_index_parse(buf, len, &size, on_member, sc, why, sizeof(why));
+    free(buf);
+    if (rc == STOKE_EFORMAT)
+        rc = stoke__fail(rc,
+                         "source '%s': index %s: %s (write it again with `stoke index`, or "
+                         "remove it)",
+                         spec, f.url, why);
+    else if (rc)
+        rc = stoke__fail(rc, "source '%s': index %s: %s", spec, f.url, why);
+    if (!rc) {
+        s->size = size;
+        s->idx_url = f.url;
+        f.url = NULL;
+    }
+    stoke__remote_file_free(&f);
+    return rc ? rc : 1;
+}
+
 /* Opens remote shard s (the pool, and the cache when STOKE_CACHE_DIR is set, made by the
- * first): its size comes with the first window, or the local copy (downloaded if missing). */
-static int open_remote(const char *spec, stoke__tar_ds *t, stoke__tar_shard *s, rwin *w)
+ * first): its size comes with its sidecar index (without a cache: then *indexed = 1 and its
+ * members are in sc), the first window, or the local copy (downloaded if missing). */
+static int open_remote(const char *spec, stoke__tar_ds *t, stoke__tar_shard *s, rwin *w, scan *sc,
+                       int *indexed)
 {
     char why[512];
     int rc = STOKE_OK;
+    *indexed = 0;
     if (!t->pool) {
         rc = stoke__remote_pool_create(&t->pool, why, sizeof(why));
         if (!rc)
@@ -317,9 +418,17 @@ static int open_remote(const char *spec, stoke__tar_ds *t, stoke__tar_shard *s, 
     char *shown = strdup(s->rf.url); /* messages name the URL without credentials */
     if (!shown)
         return stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);
-    free(s->path);
+    char *given = s->path; /* with any credentials: the index's URL is made from it */
     s->path = shown;
     s->remote = 1;
+    rc = t->cache ? 0 : open_index(spec, t, s, given, sc);
+    free(given);
+    if (rc < 0)
+        return rc;
+    if (rc > 0) {
+        *indexed = 1;
+        return STOKE_OK;
+    }
     *w = (rwin){.t = t, .s = s, .buf = w->buf, .cap = w->cap};
     uint64_t total = UINT64_MAX;
     if (t->cache) {
@@ -361,13 +470,13 @@ static int scan_shards(const char *spec, stoke__tar_ds *t, scan *sc)
     int rc = STOKE_OK;
     for (int i = 0; i < t->nshards && !rc; i++) {
         stoke__tar_shard *s = &t->shards[i];
-        int remote = stoke__remote_is_url(s->path);
-        rc = remote ? open_remote(spec, t, s, &w) : open_shard(spec, s);
-        if (rc)
-            break;
+        int remote = stoke__remote_is_url(s->path), indexed = 0;
+        sc->shard = (uint32_t)i;
+        rc = remote ? open_remote(spec, t, s, &w, sc, &indexed) : open_shard(spec, s);
+        if (rc || indexed)
+            continue;
         char err[512];
         uint64_t at = 0;
-        sc->shard = (uint32_t)i;
         rc = stoke__tar_walk(s->size, remote ? read_remote : read_shard, remote ? (void *)&w : s,
                              on_member, sc, err, sizeof(err), &at);
         if (rc == STOKE_EIO && remote && w.why[0])
@@ -463,6 +572,7 @@ static void tar_close(void *user)
         if (t->shards[i].fd >= 0)
             close(t->shards[i].fd);
         free(t->shards[i].path);
+        free(t->shards[i].idx_url);
         stoke__remote_file_free(&t->shards[i].rf);
     }
     stoke__cache_destroy(t->cache);
@@ -702,6 +812,38 @@ static int tar_open(const char *spec, const char *args, stoke__tar_ds *t, scan *
     strvec_free(&shards);
     free(pat);
     free(opts);
+    return rc;
+}
+
+int stoke_tar_write_index(const char *pattern, stoke_tar_index_fn fn, void *ctx)
+{
+    if (!pattern || !*pattern)
+        return stoke__fail(STOKE_EINVAL, "stoke_tar_write_index: no shard pattern");
+    char spec[128];
+    stoke__fmt(spec, sizeof(spec), "tar:%s", pattern);
+    strvec shards = {0};
+    int rc = expand(spec, pattern, &shards, 0);
+    for (size_t i = 0; i < shards.n && !rc; i++) {
+        stoke__tar_shard s = {.path = shards.v[i], .fd = -1};
+        if (stoke__remote_is_url(s.path)) {
+            rc = stoke__fail(STOKE_EINVAL,
+                             "source '%s': %s is remote: index the shards where they are "
+                             "files, then copy the .idx files next to them",
+                             spec, s.path);
+            break;
+        }
+        if ((rc = open_shard(spec, &s)) != 0)
+            break;
+        char why[640];
+        uint64_t members = 0;
+        rc = stoke__tar_index_write(s.path, s.size, read_shard, &s, &members, why, sizeof(why));
+        close(s.fd);
+        if (rc)
+            rc = stoke__fail(rc, "source '%s': %s", spec, why);
+        else if (fn && fn(ctx, s.path, s.size, members) != 0)
+            rc = stoke__fail(STOKE_ECANCELED, "source '%s': stopped by the callback", spec);
+    }
+    strvec_free(&shards);
     return rc;
 }
 

@@ -121,6 +121,19 @@ static int read_fail(const stoke__tar_ds *t, uint64_t i, int k, int e, char *msg
     return field_fail(t, i, k, msg, msg_len, STOKE_EIO, "read failed: %s", strerror(-e));
 }
 
+/* A shard whose members came from its sidecar index: the size the server says now must be
+ * the index's, else the offsets are another file's (STOKE_EIO with why). */
+static int index_stale(const stoke__tar_shard *s, uint64_t total, char *why, size_t why_len)
+{
+    if (!s->idx_url || total == UINT64_MAX || total == s->size)
+        return STOKE_OK;
+    stoke__fmt(why, why_len,
+               "index %s is stale: the shard is %" PRIu64 " bytes, not %" PRIu64
+               " (run `stoke index` again)",
+               s->idx_url, total, s->size);
+    return STOKE_EIO;
+}
+
 /* Reads exactly n bytes at off of sample i's shard (pread, or for a remote shard: from io's
  * window when it holds them, else a range read through the pool's slot of io->worker, or the
  * local copy in the cache): STOKE_OK, or the error in msg. */
@@ -140,10 +153,13 @@ static int shard_read(const stoke__tar_ds *t, uint64_t i, int k, void *buf, size
     int worker = io->worker;
     char why[512];
     size_t got = 0;
+    uint64_t total = UINT64_MAX;
     int rc = t->cache ? stoke__cache_read(t->cache, t->pool, worker, &s->rf, s->size, buf, n, off,
                                           &got, NULL, why, sizeof(why))
-                      : stoke__remote_read(t->pool, worker, &s->rf, buf, n, off, &got, NULL, why,
+                      : stoke__remote_read(t->pool, worker, &s->rf, buf, n, off, &got, &total, why,
                                            sizeof(why));
+    if (!rc)
+        rc = index_stale(s, total, why, sizeof(why));
     if (rc)
         return field_fail(t, i, k, msg, msg_len, STOKE_EIO, "%s", why);
     return got < n ? read_fail(t, i, k, -ENODATA, msg, msg_len) : STOKE_OK;
@@ -180,8 +196,11 @@ int stoke__tar_fetch_sample(const stoke__tar_ds *t, uint64_t i, void *const dst[
         return STOKE_OK;
     char why[512];
     size_t got = 0;
-    int rc = stoke__remote_read(t->pool, io->worker, &s->rf, buf, (size_t)(hi - lo), lo, &got, NULL,
-                                why, sizeof(why));
+    uint64_t total = UINT64_MAX;
+    int rc = stoke__remote_read(t->pool, io->worker, &s->rf, buf, (size_t)(hi - lo), lo, &got,
+                                &total, why, sizeof(why));
+    if (!rc)
+        rc = index_stale(s, total, why, sizeof(why));
     if (rc) {
         free(buf);
         return field_fail(t, i, first, msg, msg_len, STOKE_EIO, "%s", why);

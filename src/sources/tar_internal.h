@@ -62,6 +62,7 @@ typedef struct stoke__tar_shard {
     uint64_t size;
     int remote; /* 1: read through rf and the dataset's pool (remote.h) */
     stoke__remote_file rf;
+    char *idx_url; /* the sidecar index its members came from (URL without credentials), or NULL */
 } stoke__tar_shard;
 
 typedef struct stoke__tar_ds {

@@ -76,11 +76,16 @@ try:
     rc, out, err = load("tar:%s%s,fields=txt:bin:cls,ragged=txt" % (base, RANGE), "--workers",
                         "2")
     rows = S.access_log(os.path.join(work, "nginx"))[before:]
+    # no sidecar index here (test_remote_index.py): one 404 for each shard's URL.idx at open
+    idx = [r for r in rows if r[4].endswith(".idx")]
+    T.check(sorted(r[4] for r in idx) == ["/shard-%06d.tar.idx" % i for i in range(NSHARDS)]
+            and all(r[2] == 404 for r in idx), "index requests: %s" % idx)
+    rows = [r for r in rows if not r[4].endswith(".idx")]
     conns = {r[0] for r in rows}
     rem = out["remote"]
     T.check(rem and rem["shards"] == NSHARDS and rem["cached"] is False
             and rem["cache_misses"] == 0 and rem["retries"] == 0
-            and 0 < rem["requests"] <= len(rows) and rem["bytes"] > 0
+            and 0 < rem["requests"] <= len(rows) + len(idx) and rem["bytes"] > 0
             and rem["network_wait_s"] > 0, "counters: %s" % rem)
     T.check(rc == 0 and len(rows) >= NSHARDS * 12 * 2, "requests: %d (%s)" % (len(rows), err))
     # coalescing: each sample's three members in one request (timed pass and hash pass), never

@@ -72,6 +72,25 @@ try:
     OPTS = ",fields=txt:bin:cls,ragged=txt"
     local = summary(load("tar:%s/%s%s" % (root, RANGE, OPTS), {})[1])
 
+    # sidecar indexes (test_remote_index.py): KEY.idx is another key, signed as any
+    r = subprocess.run([os.environ["STOKE_CLI"], "index", "tar:%s/%s" % (root, RANGE)],
+                       capture_output=True, text=True)
+    T.check(r.returncode == 0, "stoke index: %s" % r.stderr)
+    for p in paths:
+        for f in (p, p + ".idx"):
+            r = subprocess.run(["curl", "-sS", "-f", "--aws-sigv4", "aws:amz:us-east-1:s3",
+                                "--user", "S3RVER:S3RVER", "-H",
+                                "x-amz-content-sha256: UNSIGNED-PAYLOAD", "-T", f,
+                                srv.url("shards/indexed/" + os.path.basename(f))],
+                               capture_output=True, text=True, env=S.server_env())
+            T.check(r.returncode == 0, "upload of %s: %s" % (f, r.stderr))
+    rc, walked, err = load("tar:s3://shards/train/%s%s" % (RANGE, OPTS), creds)
+    rc2, indexed, err2 = load("tar:s3://shards/indexed/%s%s" % (RANGE, OPTS), creds)
+    T.check(rc == 0 and rc2 == 0 and summary(indexed) == local
+            and indexed["remote"]["requests"] < walked["remote"]["requests"],
+            "s3 with indexes: %s (%s), without %s" % (indexed.get("remote"),
+                                                     indexed.get("error"), walked.get("remote")))
+
     # the store's refusal comes back with its code, the key's secret never
     bad = dict(creds, AWS_ACCESS_KEY_ID="NOSUCHKEY")
     rc, out, err = load("tar:s3://shards/train/%s" % RANGE, bad)

@@ -1,0 +1,206 @@
+/* Sidecar indexes of tar shards: writing one from a walk over a local shard, and parsing one
+ * (the format: tar_index.h). */
+#define _GNU_SOURCE
+#include "sources/tar_index.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/internal.h"
+
+#define MAGIC "stoke-tar-index 1\n"
+
+typedef struct wctx {
+    FILE *f;
+    uint64_t n;
+} wctx;
+
+static int put_member(void *ctx, const char *path, uint64_t hdr, uint64_t off, uint64_t size)
+{
+    wctx *w = ctx;
+    if (fprintf(w->f, "%" PRIu64 " %" PRIu64 " %" PRIu64 " %zu %s\n", hdr, off, size, strlen(path),
+                path) < 0)
+        return STOKE_ENOMEM;
+    w->n++;
+    return 0;
+}
+
+static int write_all(int fd, const char *p, size_t n)
+{
+    while (n) {
+        ssize_t r = write(fd, p, n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            return -errno;
+        p += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+int stoke__tar_index_write(const char *path, uint64_t shard_size, stoke__tar_read_fn read,
+                           void *read_ctx, uint64_t *members, char *why, size_t why_len)
+{
+    char *body = NULL, *idx = NULL, *tmp = NULL;
+    size_t body_len = 0;
+    wctx w = {open_memstream(&body, &body_len), 0};
+    if (!w.f) {
+        stoke__fmt(why, why_len, "tar %s: out of memory", path);
+        return STOKE_ENOMEM;
+    }
+    char err[512] = "";
+    uint64_t at = 0;
+    int rc = stoke__tar_walk(shard_size, read, read_ctx, put_member, &w, err, sizeof(err), &at);
+    if (fclose(w.f) != 0 && !rc)
+        rc = STOKE_ENOMEM;
+    if (rc == STOKE_ENOMEM)
+        stoke__fmt(why, why_len, "tar %s: out of memory", path);
+    else if (rc)
+        stoke__fmt(why, why_len, "tar %s: at byte %" PRIu64 ": %s", path, at, err);
+    char head[96];
+    int head_len =
+        snprintf(head, sizeof(head), MAGIC "shard-bytes %" PRIu64 "\nmembers %" PRIu64 "\n",
+                 shard_size, w.n);
+    size_t plen = strlen(path);
+    if (!rc && ((idx = malloc(plen + 5)) == NULL || (tmp = malloc(plen + 40)) == NULL)) {
+        stoke__fmt(why, why_len, "tar %s: out of memory", path);
+        rc = STOKE_ENOMEM;
+    }
+    if (!rc) {
+        snprintf(idx, plen + 5, "%s.idx", path);
+        snprintf(tmp, plen + 40, "%s.idx.tmp.%ld", path, (long)getpid());
+    }
+    if (!rc) {
+        int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+        int e = fd < 0 ? -errno : 0;
+        if (!e)
+            e = write_all(fd, head, (size_t)head_len);
+        if (!e)
+            e = write_all(fd, body ? body : "", body_len);
+        if (!e)
+            e = write_all(fd, "end\n", 4);
+        if (!e && fsync(fd) != 0)
+            e = -errno;
+        if (fd >= 0 && close(fd) != 0 && !e)
+            e = -errno;
+        if (!e && rename(tmp, idx) != 0)
+            e = -errno;
+        if (e) {
+            if (fd >= 0)
+                unlink(tmp);
+            stoke__fmt(why, why_len, "index %s: %s", idx, strerror(-e));
+            rc = STOKE_EIO;
+        }
+    }
+    if (!rc && members)
+        *members = w.n;
+    free(body);
+    free(idx);
+    free(tmp);
+    return rc;
+}
+
+/* ---- parsing ------------------------------------------------------------------------------ */
+
+typedef struct rd {
+    const char *p, *end;
+    uint64_t line;
+} rd;
+
+/* A decimal number (at most 19 digits) followed by `sep`: 0, or -1. */
+static int num(rd *r, char sep, uint64_t *out)
+{
+    uint64_t v = 0;
+    int d = 0;
+    while (r->p < r->end && *r->p >= '0' && *r->p <= '9' && d < 19) {
+        v = v * 10 + (uint64_t)(*r->p++ - '0');
+        d++;
+    }
+    if (!d || r->p >= r->end || *r->p != sep)
+        return -1;
+    r->p++;
+    *out = v;
+    return 0;
+}
+
+static int word(rd *r, const char *w)
+{
+    size_t n = strlen(w);
+    if ((size_t)(r->end - r->p) < n || memcmp(r->p, w, n) != 0)
+        return -1;
+    r->p += n;
+    return 0;
+}
+
+#define BAD(...)                                                                                   \
+    do {                                                                                           \
+        char m_[256];                                                                              \
+        stoke__fmt(m_, sizeof(m_), __VA_ARGS__);                                                   \
+        stoke__fmt(why, why_len, "line %" PRIu64 ": %s", r.line, m_);                              \
+        free(path);                                                                                \
+        return STOKE_EFORMAT;                                                                      \
+    } while (0)
+
+int stoke__tar_index_parse(const char *buf, size_t len, uint64_t *shard_size,
+                           stoke__tar_member_fn member, void *ctx, char *why, size_t why_len)
+{
+    rd r = {buf, buf + len, 1};
+    char *path = NULL;
+    uint64_t size = 0, count = 0;
+    if (word(&r, "stoke-tar-index ") != 0)
+        BAD("not a stoke tar index (it starts with 'stoke-tar-index 1')");
+    uint64_t version;
+    if (num(&r, '\n', &version) != 0 || version != 1)
+        BAD("not version 1 of the format (the one this build reads)");
+    r.line++;
+    if (word(&r, "shard-bytes ") != 0 || num(&r, '\n', &size) != 0)
+        BAD("expected 'shard-bytes SIZE'");
+    r.line++;
+    if (word(&r, "members ") != 0 || num(&r, '\n', &count) != 0)
+        BAD("expected 'members COUNT'");
+    if (count > size / STOKE__TAR_BLOCK) /* a member is a header block at least */
+        BAD("%" PRIu64 " members cannot fit in %" PRIu64 " bytes", count, size);
+    path = malloc(STOKE__TAR_PATH_MAX + 1);
+    if (!path) {
+        stoke__fmt(why, why_len, "out of memory");
+        return STOKE_ENOMEM;
+    }
+    uint64_t next = 0; /* the first byte a member's header may start at */
+    for (uint64_t i = 0; i < count; i++) {
+        r.line++;
+        uint64_t hdr, off, sz, plen;
+        if (num(&r, ' ', &hdr) || num(&r, ' ', &off) || num(&r, ' ', &sz) || num(&r, ' ', &plen))
+            BAD("expected 'HDR DATA SIZE LEN PATH' (member %" PRIu64 " of %" PRIu64 ")", i + 1,
+                count);
+        if (plen == 0 || plen > STOKE__TAR_PATH_MAX || (uint64_t)(r.end - r.p) < plen + 1 ||
+            r.p[plen] != '\n' || memchr(r.p, 0, (size_t)plen))
+            BAD("a path of %" PRIu64 " bytes does not fit the line", plen);
+        if (hdr < next || hdr % STOKE__TAR_BLOCK || off <= hdr || off % STOKE__TAR_BLOCK ||
+            off > size || sz > size - off)
+            BAD("member at %" PRIu64 " (data %" PRIu64 ", %" PRIu64 " bytes) does not fit a "
+                "tar of %" PRIu64 " bytes after the member before",
+                hdr, off, sz, size);
+        next = off + sz;
+        memcpy(path, r.p, (size_t)plen);
+        path[plen] = 0;
+        r.p += plen + 1;
+        int rc = member(ctx, path, hdr, off, sz);
+        if (rc) {
+            free(path);
+            stoke__fmt(why, why_len, "out of memory");
+            return rc;
+        }
+    }
+    r.line++;
+    if (word(&r, "end\n") != 0 || r.p != r.end)
+        BAD("expected 'end' and the end of the file (after %" PRIu64 " members)", count);
+    free(path);
+    *shard_size = size;
+    return STOKE_OK;
+}

@@ -1,0 +1,34 @@
+/* Sidecar indexes of tar shards (tar_index.c; docs/sources.md, "Sidecar indexes"): SHARD.idx
+ * holds the shard's size and, per regular-file member, its path, header offset, data offset and
+ * size, so that opening a remote shard costs one request instead of a walk over the shard.
+ *
+ * Format, version 1 (text, ASCII decimal numbers, '\n' ends every line):
+ *   stoke-tar-index 1
+ *   shard-bytes SIZE
+ *   members COUNT
+ *   HDR DATA SIZE LEN PATH      (COUNT lines: PATH is LEN bytes, any but NUL, '\n' included)
+ *   end
+ * Members in archive order (HDR increasing, each past the one before). */
+#ifndef STOKE_SOURCES_TAR_INDEX_H
+#define STOKE_SOURCES_TAR_INDEX_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sources/tar_header.h"
+
+/* The longest index we fetch or parse. */
+#define STOKE__TAR_INDEX_MAX ((size_t)1 << 30)
+
+/* Walks the local shard `path` (shard_size bytes, read through read/read_ctx) and writes
+ * path + ".idx" atomically (a temporary name in the same directory, fsync, rename): 0 with
+ * *members, or an error code with why (naming the file).  */
+int stoke__tar_index_write(const char *path, uint64_t shard_size, stoke__tar_read_fn read,
+                           void *read_ctx, uint64_t *members, char *why, size_t why_len);
+
+/* Parses an index of len bytes: 0 with *shard_size, calling member for each member (in
+ * order); STOKE_EFORMAT with why ("line N: ...", no name) for a malformed one; member's code. */
+int stoke__tar_index_parse(const char *buf, size_t len, uint64_t *shard_size,
+                           stoke__tar_member_fn member, void *ctx, char *why, size_t why_len);
+
+#endif

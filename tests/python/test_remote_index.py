@@ -1,0 +1,192 @@
+"""Sidecar indexes of remote tar shards (docs/sources.md, "Sidecar indexes"; docs/cli.md,
+"stoke index"), against nginx on 127.0.0.1 started here: `stoke index` writes SHARD.idx next to
+each local shard; a remote tar source fetches URL.idx (one request per shard) instead of
+walking the shard in 1 MiB windows, with the same samples as the local source; without an index
+(404) it walks the shard as before, saying nothing; a stale index (the shard rewritten after
+indexing: another size) fails the sample's read naming the index; a malformed one fails the
+open naming it.  Skips (77) when nginx or the build's libcurl is missing."""
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+
+import stoke_testlib as T
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "remote"))
+import servers as S  # noqa: E402
+
+import runs as R  # noqa: E402
+from runs import load  # noqa: E402
+
+CLI = R.need_cli_and_libcurl()
+NSHARDS = 3
+RANGE = "shard-{000000..%06d}.tar" % (NSHARDS - 1)
+WINDOW = 1 << 20  # the tar source's window when it walks a remote shard
+
+
+def index(spec, *args):
+    p = subprocess.run([CLI, "index", spec] + list(args), capture_output=True, text=True,
+                       timeout=120)
+    return p.returncode, p.stdout, p.stderr
+
+
+def same_as_local(base, root, what, *args):
+    R.same_as_local(base, root, RANGE, what, *args, orders=R.ORDERS[:2],
+                    samples=NSHARDS * 12)
+
+
+def window_reads(rows):
+    """Requests of a shard (not its index) for a whole window: the walk's."""
+    out = []
+    for r in rows:
+        if r[4].endswith(".tar") and r[3].startswith("bytes="):
+            a, b = r[3][len("bytes="):].split("-")
+            if b and int(b) - int(a) + 1 == WINDOW:
+                out.append(r)
+    return out
+
+
+work = T.tmpdir()
+root = os.path.join(work, "root")    # indexed
+plain = os.path.join(work, "plain")  # the same shards without indexes
+S.make_shards(root, nshards=NSHARDS)
+shutil.copytree(root, plain)
+
+# --- stoke index: one SHARD.idx per shard, atomically (no temporary left) -------------------
+rc, out, err = index("tar:%s/%s" % (root, RANGE), "--json")
+T.check(rc == 0, "stoke index: %s %s" % (out, err))
+res = json.loads(out)
+T.check(res["ok"] is True and res["count"] == NSHARDS and res["members"] == NSHARDS * 12 * 3
+        and [os.path.basename(s["shard"]) for s in res["shards"]]
+        == ["shard-%06d.tar" % i for i in range(NSHARDS)]
+        and all(s["members"] == 36 and s["bytes"] == os.path.getsize(s["shard"])
+                for s in res["shards"]), "stoke index --json: %s" % res)
+T.check(sorted(os.listdir(root)) == sorted(["shard-%06d.tar" % i for i in range(NSHARDS)]
+                                           + ["shard-%06d.tar.idx" % i for i in range(NSHARDS)]),
+        "files after stoke index: %s" % os.listdir(root))
+with open(os.path.join(root, "shard-000000.tar.idx"), "rb") as f:
+    head = f.read().split(b"\n")
+T.check(head[0] == b"stoke-tar-index 1"
+        and head[1] == b"shard-bytes %d" % os.path.getsize(os.path.join(root, "shard-000000.tar"))
+        and head[2] == b"members 36" and head[-2] == b"end" and head[-1] == b"",
+        "index format: %r" % head[:4])
+rc, out2, err = index("tar:%s/%s" % (root, RANGE))  # text; indexing again replaces them
+T.check(rc == 0 and "3 shards indexed, 108 members" in out2, "stoke index: %r %r" % (out2, err))
+# refusals: a URL, options, a corrupt shard, nothing matching
+rc, out, err = index("tar:http://127.0.0.1:1/a.tar", "--json")
+T.check(rc == 1 and "is remote" in json.loads(out)["error"], "a URL: %s %s" % (out, err))
+rc, out, err = index("tar:%s/%s,fields=txt" % (root, RANGE))
+T.check(rc == 2 and "no options" in err, "options: %s %s" % (out, err))
+bad = os.path.join(work, "bad")
+os.makedirs(bad)
+with open(os.path.join(bad, "x.tar"), "wb") as f:
+    f.write(b"not a tar" * 200)
+rc, out, err = index("tar:%s/x.tar" % bad, "--json")
+T.check(rc == 1 and "x.tar" in json.loads(out)["error"] and os.listdir(bad) == ["x.tar"],
+        "a corrupt shard: %s %s %s" % (out, err, os.listdir(bad)))
+rc, out, err = index("tar:%s/none-*.tar" % bad)
+T.check(rc == 1 and "no file matches" in err, "no match: %s %s" % (out, err))
+
+try:
+    ng = S.start_nginx(work, os.path.join(work, "nginx"))
+except S.Unavailable as e:
+    T.skip(str(e))
+ngdir = os.path.join(work, "nginx")
+try:
+    base = ng.url("root/")
+    # --- with indexes: equal to the local source, 0 and 2 workers ---------------------------
+    same_as_local(base, root, "indexed", "--workers", "0")
+    same_as_local(base, root, "indexed", "--workers", "2", "--shuffle", "--seed", "5")
+    # one request per shard for its index, and no window of a shard read at open
+    mark = len(S.access_log(ngdir))
+    rc, out, err = load("tar:%s%s,fields=bin" % (base, RANGE), "--workers", "0", "--epochs", "1")
+    rows = S.access_log(ngdir)[mark:]
+    idx = [r for r in rows if r[4].endswith(".idx")]
+    T.check(rc == 0 and sorted(r[4] for r in idx)
+            == ["/root/shard-%06d.tar.idx" % i for i in range(NSHARDS)]
+            and all(r[2] == 206 for r in idx), "index requests: %s (%s)" % (idx, err))
+    T.check(not window_reads(rows), "window reads with an index: %s" % window_reads(rows)[:3])
+    T.check(".idx" not in err, "stderr: %s" % err)
+    # the URL's query string stays after .idx
+    mark = len(S.access_log(ngdir))
+    rc, out, err = load("tar:%sshard-000000.tar?v=1,fields=bin" % base, "--workers", "0")
+    rows = S.access_log(ngdir)[mark:]
+    T.check(rc == 0 and rows and rows[0][4] == "/root/shard-000000.tar.idx?v=1"
+            and rows[0][2] == 206 and not window_reads(rows),
+            "a query string: %s %s" % (rows[:2], out.get("error")))
+
+    # many small members (an empty one per sample): more members than kilobytes
+    dense = os.path.join(work, "dense")
+    os.makedirs(dense)
+    with tarfile.open(os.path.join(dense, "d.tar"), "w", format=tarfile.USTAR_FORMAT) as t:
+        for i in range(40):
+            for ext, data in (("cls", b"%d\n" % i), ("empty", b"")):
+                ti = tarfile.TarInfo("k%03d.%s" % (i, ext))
+                ti.size = len(data)
+                t.addfile(ti, io.BytesIO(data))
+    T.check(index("tar:%s/d.tar" % dense)[0] == 0, "stoke index of d.tar")
+    rc_l, loc, _ = load("tar:%s/d.tar,fields=cls" % dense)
+    rc, rem, err = load("tar:%sd.tar,fields=cls" % ng.url("dense/"))
+    T.check(rc_l == 0 and rc == 0 and loc["samples"] == 40 and R.summary(rem) == R.summary(loc),
+            "dense shard: %s %s" % (rem.get("error"), R.summary(loc)))
+
+    # --- without indexes: a 404 per shard, then the walk, silently --------------------------
+    pbase = ng.url("plain/")
+    same_as_local(pbase, plain, "not indexed", "--workers", "2", "--shuffle")
+    mark = len(S.access_log(ngdir))
+    rc, out, err = load("tar:%s%s,fields=bin" % (pbase, RANGE), "--workers", "0")
+    rows = S.access_log(ngdir)[mark:]
+    idx = [r for r in rows if r[4].endswith(".idx")]
+    T.check(rc == 0 and sorted(r[4] for r in idx)
+            == ["/plain/shard-%06d.tar.idx" % i for i in range(NSHARDS)]
+            and all(r[2] == 404 for r in idx), "404s: %s (%s)" % (idx, err))
+    T.check({r[4] for r in window_reads(rows)}
+            == {"/plain/shard-%06d.tar" % i for i in range(NSHARDS)},
+            "no walk without an index: %s" % rows[:6])
+    T.check("idx" not in err and "warn" not in err.lower(), "stderr without an index: %s" % err)
+
+    # --- a stale index: shard 1 rewritten after indexing (another size) ---------------------
+    stale = os.path.join(work, "stale")
+    shutil.copytree(root, stale)
+    size_before = os.path.getsize(os.path.join(stale, "shard-000001.tar"))
+    tmp = os.path.join(work, "other")
+    others, _ = S.make_shards(tmp, nshards=2, seed=99)
+    shutil.copy(others[1], os.path.join(stale, "shard-000001.tar"))
+    T.check(os.path.getsize(os.path.join(stale, "shard-000001.tar")) != size_before,
+            "the rewritten shard has the same size")
+    sbase = ng.url("stale/")
+    rc, out, err = load("tar:%s%s,fields=bin:txt,ragged=txt" % (sbase, RANGE), "--workers", "2")
+    T.check(rc == 1 and sbase + "shard-000001.tar.idx" in out["error"]
+            and "stale" in out["error"] and "stoke index" in out["error"],
+            "a stale index: %s %s" % (out.get("error"), err))
+    # indexed again: right again
+    rc, _, err = index("tar:%s/shard-000001.tar" % stale)
+    T.check(rc == 0, "index again: %s" % err)
+    rc, out, err = load("tar:%s%s,fields=bin:txt,ragged=txt" % (sbase, RANGE), "--workers", "2")
+    T.check(rc == 0 and out["samples"] == NSHARDS * 12, "re-indexed: %s" % out.get("error"))
+
+    # --- malformed indexes: the open fails naming the index ---------------------------------
+    mal = os.path.join(work, "mal")
+    shutil.copytree(root, mal)
+    mbase = ng.url("mal/")
+    good = open(os.path.join(root, "shard-000002.tar.idx"), "rb").read()
+    cases = [(b"garbage\n", "line 1"),
+             (good.replace(b"stoke-tar-index 1", b"stoke-tar-index 7"), "version 1"),
+             (good[:-4], "expected 'end'"),  # cut short
+             (good + b"more\n", "expected 'end'"),
+             (good.replace(b"members 36", b"members 37"), "line 40"),
+             (b"\n".join(good.split(b"\n")[:3] + [b"1 0 5 3 a.b"]
+                         + good.split(b"\n")[4:]), "does not fit")]
+    for body, want in cases:
+        with open(os.path.join(mal, "shard-000002.tar.idx"), "wb") as f:
+            f.write(body)
+        rc, out, err = load("tar:%s%s" % (mbase, RANGE), "--workers", "0")
+        T.check(rc == 1 and mbase + "shard-000002.tar.idx" in out["error"]
+                and want in out["error"], "malformed (%s): %s" % (want, out.get("error")))
+    print("ok: indexes written, used (%d shards), 404s walked, stale and malformed refused"
+          % NSHARDS)
+finally:
+    ng.stop()

@@ -1,0 +1,74 @@
+/* stoke index tar:PATTERN [--json]: writes a sidecar index SHARD.idx next to every local shard
+ * (stoke_tar_write_index), which a remote tar source fetches in one request instead of walking
+ * the shard.  docs/cli.md, "stoke index". */
+#define _GNU_SOURCE
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "stoke/stoke.h"
+
+static const char use[] = "usage: stoke index tar:PATTERN [--json]\n"
+                          "  writes SHARD.idx next to every shard of PATTERN (local files):\n"
+                          "  its size and its members' names, offsets and sizes, read by a\n"
+                          "  remote tar: source in one request instead of walking the shard\n";
+
+typedef struct idx_ctx {
+    FILE *json; /* --json: the shards' entries, printed once all went well */
+    uint64_t n, members, bytes;
+} idx_ctx;
+
+static int on_shard(void *ctx, const char *shard, uint64_t bytes, uint64_t members)
+{
+    idx_ctx *c = ctx;
+    if (c->json) {
+        fprintf(c->json, "%s{\"shard\": ", c->n ? ", " : "");
+        cli_json_str(c->json, shard);
+        fprintf(c->json, ", \"bytes\": %" PRIu64 ", \"members\": %" PRIu64 "}", bytes, members);
+    } else {
+        printf("%s.idx: %" PRIu64 " members, shard %" PRIu64 " bytes\n", shard, members, bytes);
+    }
+    c->n++;
+    c->members += members;
+    c->bytes += bytes;
+    return 0;
+}
+
+int cmd_index(int argc, char **argv)
+{
+    cli_cmd c = {"index", cli_has_json(argc, argv)};
+    const char *src;
+    int st = cli_words(&c, argc, argv, use, &src, 1);
+    if (st >= 0)
+        return st;
+    if (!src) {
+        if (!c.json)
+            fputs(use, stderr);
+        return cli_fail(&c, 2, "no source (tar:PATTERN)");
+    }
+    if (strncmp(src, "tar:", 4) != 0 || !src[4] || strchr(src + 4, ','))
+        return cli_fail(&c, 2, "'%s': expected tar:PATTERN (shards only, no options)", src);
+    char *entries = NULL;
+    size_t entries_len = 0;
+    idx_ctx ctx = {c.json ? open_memstream(&entries, &entries_len) : NULL, 0, 0, 0};
+    if (c.json && !ctx.json)
+        return cli_fail(&c, 1, "out of memory");
+    int rc = stoke_tar_write_index(src + 4, on_shard, &ctx);
+    if (ctx.json)
+        fclose(ctx.json);
+    if (rc != STOKE_OK) {
+        free(entries);
+        return cli_fail_rc(&c, 1, "index", rc);
+    }
+    if (c.json)
+        printf("{\"ok\": true, \"shards\": [%s], \"count\": %" PRIu64 ", \"members\": %" PRIu64
+               ", \"bytes\": %" PRIu64 "}\n",
+               entries ? entries : "", ctx.n, ctx.members, ctx.bytes);
+    else
+        printf("%" PRIu64 " shard%s indexed, %" PRIu64 " members\n", ctx.n, ctx.n == 1 ? "" : "s",
+               ctx.members);
+    free(entries);
+    return 0;
+}
