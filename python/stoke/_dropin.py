@@ -721,8 +721,9 @@ class _Writer:
             out = outs.get(path) if k else None
             if k == 0 and x.layout == torch.strided and x.device.type == "cpu":
                 out = outs[path] = block.tensor(x.dtype, (n,) + tuple(x.shape))
-            if out is None or out.dtype != x.dtype or out.shape[1:] != x.shape:
-                return x
+            if (out is None or out.dtype != x.dtype or out.shape[1:] != x.shape
+                    or x.layout != torch.strided or x.device.type != "cpu"):
+                return x  # collate stacks this column as torch would, or raises its error
             out[k].copy_(x)
             return _Row(out, k)
         try:

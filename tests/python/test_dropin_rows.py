@@ -15,10 +15,10 @@ Meta = collections.namedtuple("Meta", "label name")
 
 class Images:
     """3x96x96 float32 images (110 KiB), a small tensor, a namedtuple of an int and a str, and
-    a float; sample `bad` (if any) has a 3x96x95 image."""
+    a float; sample `bad` (if any) has a 3x96x95 image, sample `sparse` a sparse one."""
 
-    def __init__(self, n=40, bad=None):
-        self.n, self.bad = n, bad
+    def __init__(self, n=40, bad=None, sparse=None):
+        self.n, self.bad, self.sparse = n, bad, sparse
 
     def __len__(self):
         return self.n
@@ -26,6 +26,8 @@ class Images:
     def __getitem__(self, i):
         w = 95 if i == self.bad else 96
         img = torch.arange(3 * 96 * w, dtype=torch.float32).reshape(3, 96, w) * 0.5 + i
+        if i == self.sparse:
+            img = img.to_sparse()
         return {"img": img, "meta": Meta(i % 5, "s%d" % i),
                 "extra": [torch.tensor([i, -i, 2 * i, 7], dtype=torch.int16), i * 0.5]}
 
@@ -71,4 +73,20 @@ for workers in workers_list:
         notes = " ".join(getattr(e, "__notes__", []))
         T.check(str(e) == want and "batch 1" in notes,
                 "workers=%d: %s [%s] (torch: %s)" % (workers, e, notes, want))
+
+# A later sample's tensor of another layout (or device) is not copied into its row: the column
+# is stacked as torch stacks it, which raises torch's own error (its kernel's name differs:
+# torch at 0 workers stacks without out=).
+try:
+    list(torch.utils.data.DataLoader(Images(sparse=9), batch_size=6))
+    T.check(False, "torch stacked a sparse image with dense ones")
+except Exception as e:
+    want = (type(e), str(e)[:len("Could not run 'aten::")])
+for workers in workers_list:
+    try:
+        list(stoke.DataLoader(Images(sparse=9), batch_size=6, num_workers=workers))
+        T.check(False, "workers=%d: a sparse image was copied into a dense batch" % workers)
+    except Exception as e:
+        got = (type(e), str(e)[:len("Could not run 'aten::")])
+        T.check(got == want, "workers=%d: %r (torch: %r)" % (workers, got, want))
 print("ok")
