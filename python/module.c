@@ -267,6 +267,7 @@ PyMODINIT_FUNC PyInit__stoke(void)
         add_type(m, &StokeBatch_Type, "Batch") < 0 || add_type(m, &StokeField_Type, "Field") < 0 ||
         add_type(m, &StokeIter_Type, "LoaderIterator") < 0 ||
         add_type(m, &StokePinBuf_Type, "PinnedBuffer") < 0 ||
+        PyModule_AddIntConstant(m, "QUARANTINE_MAX", STOKE_QUARANTINE_MAX) < 0 ||
         PyModule_AddStringConstant(m, "version", stoke_version_string()) < 0) {
         Py_DECREF(m);
         return NULL;

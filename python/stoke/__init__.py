@@ -364,6 +364,7 @@ class DataLoader(_stoke.Loader):
         self._writer = w
         self._on_error = on_error if on_error not in (None, "error") else None
         self._bad_seen = 0
+        self._bad_full = False
         try:
             if prefetch_factor is None and w.blob_bytes >= _BIG_BLOCK and num_workers > 0:
                 prefetch_factor = 1  # big batches: fewer in flight, less memory than torch's
@@ -484,6 +485,13 @@ class DataLoader(_stoke.Loader):
                 e["reason"] if e["source"].startswith("python:") else
                 "%s: %s" % (e["source"], e["reason"])), RuntimeWarning,
                 stacklevel=3)
+        if (self._bad_seen >= _stoke.QUARANTINE_MAX and not self._bad_full
+                and self.stats()["bad_samples"] > self._bad_seen):
+            self._bad_full = True  # the quarantine keeps no more entries: say so once
+            _warnings.warn("stoke: more than %d batches were skipped or replaced (on_error=%r): "
+                           "the later ones are counted in stats() but not warned about one by "
+                           "one" % (_stoke.QUARANTINE_MAX, self._on_error), RuntimeWarning,
+                           stacklevel=3)
 
     def __len__(self):
         if self._writer is not None and self._iterable:
