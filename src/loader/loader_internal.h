@@ -684,7 +684,6 @@ void stoke__proc_fill(stoke_loader *l, stoke_batch *b, stoke__producer *p, uint6
 void stoke__proc_stopping(stoke_loader *l);
 /* destroy, after the threads were joined: ends and reaps every process, unmaps the buffers. */
 void stoke__proc_destroy(stoke_loader *l);
-uint64_t stoke__proc_restarts(const stoke_loader *l);
 /* Forks (procworker.c): the number of forks this process descends from since the first
  * create (a pthread_atfork child handler counts them and closes every live loader's sockets in
  * the child); whether l was created by another process (forked: this one is a fork of it, l's

@@ -184,7 +184,6 @@ int stoke_loader_get_stats(const stoke_loader *l, stoke_loader_stats *out)
     stoke__loader_unlock(m);
     s.buffers = (uint64_t)l->nbuf;
     s.buffer_bytes = l->buf_bytes;
-    s.worker_restarts = stoke__proc_restarts(l);
     size_t n = out->size < sizeof(s) ? out->size : sizeof(s);
     uint32_t keep = out->size;
     memcpy(out, &s, n);
