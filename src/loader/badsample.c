@@ -16,16 +16,15 @@
 
 stoke__bad *stoke__bad_append(stoke_batch *b)
 {
-    stoke__bad_list *bl = &b->bad;
-    if (bl->n == bl->cap) {
-        size_t cap = bl->cap ? bl->cap * 2 : 4;
-        stoke__bad *v = realloc(bl->v, cap * sizeof(*v));
+    if (b->bad.n == b->bad.cap) {
+        size_t cap = b->bad.cap ? b->bad.cap * 2 : 4;
+        stoke__bad *v = realloc(b->bad.v, cap * sizeof(*v));
         if (!v)
             return NULL;
-        bl->v = v;
-        bl->cap = cap;
+        b->bad.v = v;
+        b->bad.cap = cap;
     }
-    return &bl->v[bl->n++];
+    return &b->bad.v[b->bad.n++];
 }
 
 static int push(stoke_batch *b, uint64_t idx, int rc, int action, const char *msg)
@@ -68,12 +67,9 @@ static int replace(stoke_loader *l, stoke_batch *b, stoke__producer *p, size_t s
             return STOKE_OK;
         }
     }
-    size_t used = strlen(msg);
-    if (used + 1 < msg_len)
-        stoke__fmt(msg + used, msg_len - used,
-                   " (and none of its %d replacement candidates "
-                   "loaded)",
-                   STOKE_REPLACE_TRIES);
+    size_t used = strlen(msg); /* (< msg_len: at most the room for the terminator is left) */
+    stoke__fmt(msg + used, msg_len - used, " (and none of its %d replacement candidates loaded)",
+               STOKE_REPLACE_TRIES);
     return STOKE_EDATA;
 }
 
@@ -92,9 +88,8 @@ int stoke__bad_sample(stoke_loader *l, stoke_batch *b, stoke__producer *p, size_
     if (b->bad.n >= l->o.batch_size) {
         stoke__bad_note(b, *idx, rc, msg);
         size_t used = strlen(msg);
-        if (used + 1 < msg_len)
-            stoke__fmt(msg + used, msg_len - used, " (more than %zu bad samples in one batch)",
-                       l->o.batch_size);
+        stoke__fmt(msg + used, msg_len - used, " (more than %zu bad samples in one batch)",
+                   l->o.batch_size);
         return rc;
     }
     if (l->iterable)
@@ -223,39 +218,27 @@ int stoke_on_error_parse(const char *spec, stoke_loader_opts *o)
 {
     if (!spec || !o)
         return stoke__fail(STOKE_EINVAL, "stoke_on_error_parse: NULL argument");
-    int action;
-    const char *rest;
-    if (strcmp(spec, "error") == 0) {
-        o->on_error = STOKE_ON_ERROR_ERROR;
-        return STOKE_OK;
-    }
+    int action = STOKE_ON_ERROR_ERROR, ok = strcmp(spec, "error") == 0;
+    const char *rest = "";
     if (strncmp(spec, "skip", 4) == 0)
-        action = STOKE_ON_ERROR_SKIP, rest = spec + 4;
+        action = STOKE_ON_ERROR_SKIP, rest = spec + 4, ok = 1;
     else if (strncmp(spec, "replace", 7) == 0)
-        action = STOKE_ON_ERROR_REPLACE, rest = spec + 7;
-    else
-        return stoke__fail(STOKE_EINVAL,
-                           "on_error '%s': expected error, skip[:N|:P%%] or "
-                           "replace[:N|:P%%]",
-                           spec);
+        action = STOKE_ON_ERROR_REPLACE, rest = spec + 7, ok = 1;
     uint64_t n = UINT64_MAX;
     double frac = 1.0;
-    if (*rest) {
-        size_t len = strlen(rest);
+    size_t len = strlen(rest);
+    if (ok && len > 0 && (rest[0] != ':' || len < 2)) {
+        ok = 0;
+    } else if (ok && len > 0 && rest[len - 1] == '%') { /* P%: a decimal 0..100 */
         char *end = NULL;
-        if (rest[0] != ':' || len < 2)
-            return stoke__fail(STOKE_EINVAL, "on_error '%s': expected %.*s:N or %.*s:P%%", spec,
-                               (int)(rest - spec), spec, (int)(rest - spec), spec);
-        if (rest[len - 1] == '%') {
-            double p = strtod(rest + 1, &end);
-            if (end != rest + len - 1 || rest[1] < '0' || rest[1] > '9' ||
-                !(p >= 0.0 && p <= 100.0))
-                return stoke__fail(STOKE_EINVAL, "on_error '%s': the share must be 0..100%%", spec);
-            frac = p / 100.0;
-        } else if (stoke__parse_u64(rest + 1, &n) != 0) {
-            return stoke__fail(STOKE_EINVAL, "on_error '%s': '%s' is not a count", spec, rest + 1);
-        }
+        frac = strtod(rest + 1, &end) / 100.0;
+        ok = end == rest + len - 1 && rest[1] >= '0' && rest[1] <= '9' && frac <= 1.0;
+    } else if (ok && len > 0) {
+        ok = stoke__parse_u64(rest + 1, &n) == 0;
     }
+    if (!ok)
+        return stoke__fail(STOKE_EINVAL,
+                           "on_error '%s': expected error, skip[:N|:P%%] or replace[:N|:P%%]", spec);
     o->on_error = action;
     o->max_bad = n;
     o->max_bad_fraction = frac;

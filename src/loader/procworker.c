@@ -272,6 +272,7 @@ static void child_main(stoke_loader *l, int wid, int fd, pid_t zygote)
     init_rc = init_rc > 0 ? STOKE_EDATA : init_rc;
     static wreq req;
     wmsg m;
+    char why[256];
     /* the epoch this process's copy of the dataset was set to: create set it before the zygote
      * was forked; the parent's later calls reach only the parent's copy */
     int epoch_set = 1;
@@ -282,44 +283,45 @@ static void child_main(stoke_loader *l, int wid, int fd, pid_t zygote)
             _exit(0);
         stoke_batch *b = &l->bat[req.bi];
         b->host = &l->slots[req.si];
+        b->seq = req.seq;
         if (req.flags & F_NO_READ)
             l->ds.read = NULL;
-        memset(&m, 0, sizeof(m));
         int rc = init_rc;
         if (rc != STOKE_OK) {
-            stoke__fmt(m.err_msg, sizeof(m.err_msg), "worker_init failed in worker process %d (%s)",
+            stoke__fmt(why, sizeof(why), "worker_init failed in worker process %d (%s)",
                        (int)getpid(), stoke_err_name(rc));
         } else if (l->ds.set_epoch && (!epoch_set || epoch != req.epoch)) {
             rc = l->ds.set_epoch(l->ds.user, req.epoch);
             rc = rc > 0 ? STOKE_EDATA : rc;
             epoch_set = rc == STOKE_OK;
             epoch = req.epoch;
-            stoke__fmt(m.err_msg, sizeof(m.err_msg),
+            stoke__fmt(why, sizeof(why),
                        "set_epoch(%" PRIu64 ") of dataset %s failed in worker process %d (%s)",
                        req.epoch, l->ds.name, (int)getpid(), stoke_err_name(rc));
         }
-        if (rc != STOKE_OK) {
-            m.status = rc;
-            m.err_index = UINT64_MAX;
+        if (rc != STOKE_OK) { /* the batch fails, with no sample */
+            stoke__loader_batch_start(l, b, wid, req.epoch);
+            stoke__batch_failed(b, rc, UINT64_MAX, why);
         } else {
             cw.req = &req;
             l->caller.ahead.seq_end = req.seq + 1; /* batches come one request at a time */
             stoke__loader_fill_batch(l, b, &l->caller, req.seed, req.epoch, req.seq);
             cw.req = NULL;
-            m.kind = M_BAD;
-            for (size_t i = 0; i < b->bad.n; i++) {
-                m.bad = b->bad.v[i];
-                if (send_all(fd, &m, sizeof(m)))
-                    _exit(0);
-            }
-            m.status = b->status;
-            m.count = b->count;
-            m.bytes = b->bytes;
-            m.err_index = b->err_index;
-            m.truncated = b->truncated;
-            memcpy(m.err_msg, b->err_msg, sizeof(m.err_msg));
+        }
+        memset(&m, 0, sizeof(m));
+        m.kind = M_BAD;
+        for (size_t i = 0; i < b->bad.n; i++) {
+            m.bad = b->bad.v[i];
+            if (send_all(fd, &m, sizeof(m)))
+                _exit(0);
         }
         m.kind = M_DONE;
+        m.status = b->status;
+        m.count = b->count;
+        m.bytes = b->bytes;
+        m.err_index = b->err_index;
+        m.truncated = b->truncated;
+        memcpy(m.err_msg, b->err_msg, sizeof(m.err_msg));
         if (send_all(fd, &m, sizeof(m)))
             _exit(0);
     }
@@ -583,12 +585,8 @@ static int zygote_call(stoke__proc *p, zreq *q, zrep *rep, int *fd, char *msg, s
     pthread_mutex_lock(&p->zmu);
     q->seq = ++p->zseq;
     int zfd = p->zfd, rc = STOKE_OK;
-    ssize_t sr = -1;
-    if (zfd >= 0) {
-        do /* no wait here: one request at a time leaves room in the socket */
-            sr = send(zfd, q, sizeof(*q), MSG_NOSIGNAL | MSG_DONTWAIT);
-        while (sr < 0 && errno == EINTR);
-    }
+    /* no wait here (nor EINTR): one request at a time leaves room in the socket */
+    ssize_t sr = zfd >= 0 ? send(zfd, q, sizeof(*q), MSG_NOSIGNAL | MSG_DONTWAIT) : -1;
     if (sr != (ssize_t)sizeof(*q))
         rc = zfd >= 0 && sr < 0 && errno == EAGAIN ? STOKE_ETIMEDOUT : STOKE_ENOMEM;
     uint64_t deadline = stoke__now_ns() + (uint64_t)ZYGOTE_MS * 1000000u;
@@ -804,10 +802,8 @@ void stoke__proc_fill(stoke_loader *l, stoke_batch *b, stoke__producer *pr, uint
     uint64_t first = b->seq * l->o.batch_size;
     STOKE__LOADER_ASSERT(pr->w != NULL);
     stoke__loader_batch_start(l, b, wid, epoch);
-    wreq req = {.bi = (int32_t)(b - l->bat), .si = (int32_t)(b->host - l->slots)};
-    req.seq = b->seq;
-    req.seed = seed;
-    req.epoch = epoch;
+    wreq req = {.bi = (int32_t)(b - l->bat), .si = (int32_t)(b->host - l->slots), .seq = b->seq,
+                .seed = seed, .epoch = epoch};
     char msg[256] = "";
     for (;;) {
         int rc = p->w[wid].fd < 0 ? spawn(l, wid, msg, sizeof(msg)) : STOKE_OK;

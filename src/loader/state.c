@@ -91,8 +91,7 @@ static int reposition(stoke_loader *l, uint64_t seed, uint64_t epoch, uint64_t c
     l->err[0] = '\0';
     if (rc != STOKE_OK)
         return stoke__loader_fail(l, rc < 0 ? rc : STOKE_EDATA,
-                                  "loader: set_epoch(%" PRIu64 ") of dataset %s "
-                                  "failed (%s)",
+                                  "loader: set_epoch(%" PRIu64 ") of dataset %s failed (%s)",
                                   epoch, l->ds.name, stoke_err_name(rc));
     return STOKE_OK;
 }
@@ -155,8 +154,7 @@ int stoke_loader_restore_state(stoke_loader *l, const stoke_loader_state *st)
     if (st->cursor > l->nbatches)
         return stoke__loader_fail(l, STOKE_EINVAL,
                                   "loader state: cursor %" PRIu64 " is past the %" PRIu64
-                                  " batches of an "
-                                  "epoch",
+                                  " batches of an epoch",
                                   st->cursor, l->nbatches);
     return reposition(l, st->seed, st->epoch, st->cursor);
 }
