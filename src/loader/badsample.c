@@ -45,13 +45,6 @@ void stoke__bad_note(stoke_batch *b, uint64_t idx, int rc, const char *msg)
     (void)push(b, idx, rc, STOKE_ON_ERROR_ERROR, msg); /* out of memory: the error still stands */
 }
 
-/* Candidate k for replacing sample `bad` of a dataset of n samples. */
-static uint64_t candidate(uint64_t seed, uint64_t bad, unsigned k, uint64_t n)
-{
-    uint64_t h = stoke__mix64(seed ^ stoke__mix64(bad * 0x9E3779B97F4A7C15u + k + 1));
-    return h % n;
-}
-
 /* REPLACE: loads the first candidate that works into the slot; STOKE_OK with *idx set. */
 static int replace(stoke_loader *l, stoke_batch *b, stoke__producer *p, size_t slot, uint64_t *idx,
                    char *msg, size_t msg_len)
@@ -59,7 +52,8 @@ static int replace(stoke_loader *l, stoke_batch *b, stoke__producer *p, size_t s
     uint64_t n = l->ds.length ? l->ds.length(l->ds.user) : 0;
     char tmp[256];
     for (unsigned k = 0; k < STOKE_REPLACE_TRIES && n > 1; k++) {
-        uint64_t r = candidate(l->o.seed, *idx, k, n);
+        /* candidate k for sample *idx: a hash of (seed, index, k) */
+        uint64_t r = stoke__mix64(l->o.seed ^ stoke__mix64(*idx * 0x9E3779B97F4A7C15u + k + 1)) % n;
         if (r == *idx)
             continue;
         if (stoke__loader_one_sample(l, b, p, slot, &r, tmp, sizeof(tmp)) == STOKE_OK) {
@@ -118,22 +112,6 @@ static uint64_t budget(const stoke_loader *l, uint64_t seen)
     return b < l->o.max_bad ? b : l->o.max_bad;
 }
 
-/* "npy /x.npy: sample 3: bad" -> source "npy /x.npy", reason "sample 3: bad". */
-static void split(const stoke_loader *l, const char *msg, stoke_bad_sample *q)
-{
-    const char *c = strstr(msg, ": ");
-    if (!c) {
-        stoke__strlcpy(q->source, l->ds.name, sizeof(q->source));
-        stoke__strlcpy(q->reason, msg, sizeof(q->reason));
-        return;
-    }
-    size_t n =
-        (size_t)(c - msg) < sizeof(q->source) - 1 ? (size_t)(c - msg) : sizeof(q->source) - 1;
-    memcpy(q->source, msg, n);
-    q->source[n] = 0;
-    stoke__strlcpy(q->reason, c + 2, sizeof(q->reason));
-}
-
 static void quarantine(stoke_loader *l, const stoke_batch *b, const stoke__bad *e)
 {
     if (l->nquar == STOKE_QUARANTINE_MAX)
@@ -147,13 +125,18 @@ static void quarantine(stoke_loader *l, const stoke_batch *b, const stoke__bad *
         l->quar_cap = cap;
     }
     stoke_bad_sample *q = &l->quar[l->nquar++];
-    memset(q, 0, sizeof(*q));
-    q->index = e->index;
-    q->epoch = b->epoch;
-    q->code = e->code;
-    q->action = e->action;
-    q->replacement = e->replacement;
-    split(l, e->msg, q);
+    *q = (stoke_bad_sample){.index = e->index,
+                            .epoch = b->epoch,
+                            .code = e->code,
+                            .action = e->action,
+                            .replacement = e->replacement};
+    /* "npy /x.npy: sample 3: bad" -> source "npy /x.npy", reason "sample 3: bad" */
+    const char *c = strstr(e->msg, ": ");
+    if (c)
+        stoke__fmt(q->source, sizeof(q->source), "%.*s", (int)(c - e->msg), e->msg);
+    else
+        stoke__strlcpy(q->source, l->ds.name, sizeof(q->source));
+    stoke__strlcpy(q->reason, c ? c + 2 : e->msg, sizeof(q->reason));
 }
 
 void stoke__bad_account(stoke_loader *l, stoke_batch *b)
@@ -237,8 +220,8 @@ int stoke_on_error_parse(const char *spec, stoke_loader_opts *o)
         ok = stoke__parse_u64(rest + 1, &n) == 0;
     }
     if (!ok)
-        return stoke__fail(STOKE_EINVAL,
-                           "on_error '%s': expected error, skip[:N|:P%%] or replace[:N|:P%%]", spec);
+        return stoke__fail(
+            STOKE_EINVAL, "on_error '%s': expected error, skip[:N|:P%%] or replace[:N|:P%%]", spec);
     o->on_error = action;
     o->max_bad = n;
     o->max_bad_fraction = frac;

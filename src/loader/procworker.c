@@ -250,17 +250,6 @@ static ssize_t recv_msg(int fd, void *p, size_t n)
     return r;
 }
 
-/* Before a batch: the zygote is still this child's parent and the loader still holds the other
- * end of its socket (a child of a loader that died must not write into its buffers, which may
- * belong to another process by now: an arena's chunks). */
-static int loader_alive(int fd, pid_t zygote)
-{
-    if (getppid() != zygote)
-        return 0;
-    struct pollfd pfd = {.fd = fd, .events = POLLIN};
-    return poll(&pfd, 1, 0) >= 0 && !(pfd.revents & (POLLHUP | POLLERR | POLLNVAL));
-}
-
 /* The child's loop: one batch per request; exits (without atexit handlers) on EOF. */
 static void child_main(stoke_loader *l, int wid, int fd, pid_t zygote)
 {
@@ -279,7 +268,12 @@ static void child_main(stoke_loader *l, int wid, int fd, pid_t zygote)
     uint64_t epoch = l->o.epoch;
     for (;;) {
         ssize_t n = recv_msg(fd, &req, sizeof(req));
-        if (n != (ssize_t)sizeof(req) || !loader_alive(fd, zygote))
+        /* before a batch: the zygote is still this child's parent and the loader still holds
+         * the other end of its socket (a child of a loader that died must not write into its
+         * buffers, which may belong to another process by now: an arena's chunks) */
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        if (n != (ssize_t)sizeof(req) || getppid() != zygote || poll(&pfd, 1, 0) < 0 ||
+            (pfd.revents & (POLLHUP | POLLERR | POLLNVAL)))
             _exit(0);
         stoke_batch *b = &l->bat[req.bi];
         b->host = &l->slots[req.si];
@@ -540,7 +534,7 @@ int stoke__proc_create(stoke_loader *l)
         p->w[i].fd = -1;
         atomic_store(&p->w[i].pid, -1);
     }
-    list_proc(p, 1); /* (its descriptors are -1 until they are made) */
+    list_proc(p, 1);           /* its descriptors are -1 until they are made */
     int rc = map_shared(l, p); /* the buffers and the index arrays */
     if (rc != STOKE_OK)
         return rc;
@@ -739,33 +733,26 @@ static int exchange(stoke_loader *l, int wid, const wreq *req, stoke_batch *b)
     return X_DONE;
 }
 
-/* Counts a restart (in the statistics); STOKE_OK, or STOKE_ELIMIT past RESTARTS_MAX in this
- * epoch. */
-static int count_restart(stoke_loader *l, uint64_t epoch)
-{
-    stoke__proc *p = l->proc;
-    stoke__loader_lock(l);
-    l->st.worker_restarts++;
-    if (p->cap_epoch != epoch) {
-        p->cap_epoch = epoch;
-        p->cap_n = 0;
-    }
-    int over = ++p->cap_n > RESTARTS_MAX;
-    stoke__loader_unlock(l);
-    return over ? STOKE_ELIMIT : STOKE_OK;
-}
-
 /* After worker wid's child died while making b: STOKE_OK to run the batch again (req updated),
  * or the batch's failure status (b failed).  Clears the child's busy mark, which names the
  * dataset call it died in, if any. */
 static int after_crash(stoke_loader *l, stoke_batch *b, int wid, wreq *req, const char *why)
 {
-    stoke__busy *c = &l->proc->ctl[wid];
+    stoke__proc *p = l->proc;
+    stoke__busy *c = &p->ctl[wid];
     uint64_t idx = atomic_load(&c->since) ? atomic_load(&c->index) : UINT64_MAX;
     int in_batch = atomic_load(&c->in_batch);
     atomic_store(&c->since, 0);
     uint64_t where = idx != UINT64_MAX ? idx : b->seq * l->o.batch_size;
-    if (count_restart(l, b->epoch) != STOKE_OK) {
+    stoke__loader_lock(l); /* the restart, counted; past RESTARTS_MAX in this epoch, no more */
+    l->st.worker_restarts++;
+    if (p->cap_epoch != b->epoch) {
+        p->cap_epoch = b->epoch;
+        p->cap_n = 0;
+    }
+    int over = ++p->cap_n > RESTARTS_MAX;
+    stoke__loader_unlock(l);
+    if (over) {
         char m[256];
         stoke__fmt(m, sizeof(m), "%.150s; worker processes restarted more than %d times this epoch",
                    why, RESTARTS_MAX);
@@ -802,8 +789,10 @@ void stoke__proc_fill(stoke_loader *l, stoke_batch *b, stoke__producer *pr, uint
     uint64_t first = b->seq * l->o.batch_size;
     STOKE__LOADER_ASSERT(pr->w != NULL);
     stoke__loader_batch_start(l, b, wid, epoch);
-    wreq req = {.bi = (int32_t)(b - l->bat), .si = (int32_t)(b->host - l->slots), .seq = b->seq,
-                .seed = seed, .epoch = epoch};
+    wreq req = {.bi = (int32_t)(b - l->bat), .si = (int32_t)(b->host - l->slots)};
+    req.seq = b->seq;
+    req.seed = seed;
+    req.epoch = epoch;
     char msg[256] = "";
     for (;;) {
         int rc = p->w[wid].fd < 0 ? spawn(l, wid, msg, sizeof(msg)) : STOKE_OK;

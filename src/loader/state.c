@@ -91,8 +91,8 @@ static int reposition(stoke_loader *l, uint64_t seed, uint64_t epoch, uint64_t c
     l->err[0] = '\0';
     if (rc != STOKE_OK)
         return stoke__loader_fail(l, rc < 0 ? rc : STOKE_EDATA,
-                                  "loader: set_epoch(%" PRIu64 ") of dataset %s failed (%s)",
-                                  epoch, l->ds.name, stoke_err_name(rc));
+                                  "loader: set_epoch(%" PRIu64 ") of dataset %s failed (%s)", epoch,
+                                  l->ds.name, stoke_err_name(rc));
     return STOKE_OK;
 }
 
