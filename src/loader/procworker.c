@@ -412,9 +412,7 @@ static void stoke__zygote_main(stoke_loader *l, int zfd, pid_t loader)
     sigprocmask(SIG_BLOCK, &zs, &z_old_mask);
     wait_mask = z_old_mask;
     sigdelset(&wait_mask, ZSIG);
-    struct sigaction sa;
-    memset(&sa, 0, sizeof(sa));
-    sa.sa_handler = z_wake;
+    struct sigaction sa = {.sa_handler = z_wake};
     sigemptyset(&sa.sa_mask);
     sigaction(ZSIG, &sa, &z_old_action);
     prctl(PR_SET_PDEATHSIG, ZSIG);
