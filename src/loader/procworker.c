@@ -567,13 +567,12 @@ int stoke__proc_create(stoke_loader *l)
     return STOKE_OK;
 }
 
-/* One request to the zygote and its reply (with a descriptor for SPAWN), within ZYGOTE_MS.
- * STOKE_OK; STOKE_ETIMEDOUT (a zygote that is stopped or stuck) or STOKE_ENOMEM (gone: no
- * process can be started, as when fork fails), with why in msg. */
+/* One request to the zygote and its reply (with a descriptor for SPAWN into *fd, which the
+ * caller set to -1), within ZYGOTE_MS.  STOKE_OK; STOKE_ETIMEDOUT (a zygote that is stopped or
+ * stuck) or STOKE_ENOMEM (gone: no process can be started, as when fork fails), with why in
+ * msg. */
 static int zygote_call(stoke__proc *p, zreq *q, zrep *rep, int *fd, char *msg, size_t len)
 {
-    if (fd)
-        *fd = -1;
     pthread_mutex_lock(&p->zmu);
     q->seq = ++p->zseq;
     int zfd = p->zfd, rc = STOKE_OK;

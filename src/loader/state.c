@@ -128,12 +128,11 @@ int stoke_loader_save_state(const stoke_loader *l, stoke_loader_state *out)
 {
     if (!l || !out)
         return STOKE_EINVAL;
-    stoke_loader *m = (stoke_loader *)l;
     memset(out, 0, sizeof(*out));
     if (l->iterable)
         return stoke__fail(STOKE_ENOTSUP, "loader: an iterable dataset has no restorable position");
     if (stoke__loader_foreign(l))
-        return stoke__loader_forked_fail(m);
+        return stoke__loader_forked_fail((stoke_loader *)l);
     out->version = STOKE_LOADER_STATE_VERSION;
     out->seed = l->seed; /* all three change only in the consumer's calls: read without `mu` */
     out->epoch = l->epoch;
