@@ -654,9 +654,7 @@ static void reap(stoke_loader *l, int wid, int kill_it, char *msg, size_t len)
 {
     stoke__proc *p = l->proc;
     int pid = atomic_load(&p->w[wid].pid);
-    if (p->w[wid].fd >= 0)
-        close(p->w[wid].fd);
-    p->w[wid].fd = -1;
+    close_fd(&p->w[wid].fd);
     atomic_store(&p->w[wid].pid, -1);
     if (pid <= 0)
         return;
@@ -700,25 +698,20 @@ static int exchange(stoke_loader *l, int wid, const wreq *req, stoke_batch *b)
         struct pollfd pfd = {.fd = fd, .events = POLLIN};
         int pr = poll(&pfd, 1, POLL_MS);
         if (pr == 0 || (pr < 0 && errno == EINTR)) {
-            if (atomic_load(&p->stopping)) {
-                uint64_t now = stoke__now_ns();
-                if (!stop_t0)
-                    stop_t0 = now;
-                else if (now - stop_t0 > STOP_GRACE_NS)
-                    return X_STOPPED;
-            }
+            if (!stop_t0 && atomic_load(&p->stopping)) /* (stopping stays set) */
+                stop_t0 = stoke__now_ns();
+            else if (stop_t0 && stoke__now_ns() - stop_t0 > STOP_GRACE_NS)
+                return X_STOPPED;
             continue;
         }
         ssize_t n = recv_msg(fd, &m, sizeof(m));
         if (n != (ssize_t)sizeof(m))
             return X_DEAD;
-        if (m.kind == M_BAD) {
-            stoke__bad *e = stoke__bad_append(b);
-            if (e)
-                *e = m.bad;
-            continue;
-        }
-        break;
+        if (m.kind != M_BAD)
+            break;
+        stoke__bad *e = stoke__bad_append(b);
+        if (e)
+            *e = m.bad;
     }
     b->status = m.status;
     b->count = (size_t)m.count;
