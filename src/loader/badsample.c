@@ -16,16 +16,15 @@
 
 stoke__bad *stoke__bad_append(stoke_batch *b)
 {
-    stoke__bad_list *bl = &b->bad;
-    if (bl->n == bl->cap) {
-        size_t cap = bl->cap ? bl->cap * 2 : 4;
-        stoke__bad *v = realloc(bl->v, cap * sizeof(*v));
+    if (b->bad.n == b->bad.cap) {
+        size_t cap = b->bad.cap ? b->bad.cap * 2 : 4;
+        stoke__bad *v = realloc(b->bad.v, cap * sizeof(*v));
         if (!v)
             return NULL;
-        bl->v = v;
-        bl->cap = cap;
+        b->bad.v = v;
+        b->bad.cap = cap;
     }
-    return &bl->v[bl->n++];
+    return &b->bad.v[b->bad.n++];
 }
 
 static int push(stoke_batch *b, uint64_t idx, int rc, int action, const char *msg)
@@ -46,13 +45,6 @@ void stoke__bad_note(stoke_batch *b, uint64_t idx, int rc, const char *msg)
     (void)push(b, idx, rc, STOKE_ON_ERROR_ERROR, msg); /* out of memory: the error still stands */
 }
 
-/* Candidate k for replacing sample `bad` of a dataset of n samples. */
-static uint64_t candidate(uint64_t seed, uint64_t bad, unsigned k, uint64_t n)
-{
-    uint64_t h = stoke__mix64(seed ^ stoke__mix64(bad * 0x9E3779B97F4A7C15u + k + 1));
-    return h % n;
-}
-
 /* REPLACE: loads the first candidate that works into the slot; STOKE_OK with *idx set. */
 static int replace(stoke_loader *l, stoke_batch *b, stoke__producer *p, size_t slot, uint64_t *idx,
                    char *msg, size_t msg_len)
@@ -60,7 +52,8 @@ static int replace(stoke_loader *l, stoke_batch *b, stoke__producer *p, size_t s
     uint64_t n = l->ds.length ? l->ds.length(l->ds.user) : 0;
     char tmp[256];
     for (unsigned k = 0; k < STOKE_REPLACE_TRIES && n > 1; k++) {
-        uint64_t r = candidate(l->o.seed, *idx, k, n);
+        /* candidate k for sample *idx: a hash of (seed, index, k) */
+        uint64_t r = stoke__mix64(l->o.seed ^ stoke__mix64(*idx * 0x9E3779B97F4A7C15u + k + 1)) % n;
         if (r == *idx)
             continue;
         if (stoke__loader_one_sample(l, b, p, slot, &r, tmp, sizeof(tmp)) == STOKE_OK) {
@@ -68,12 +61,9 @@ static int replace(stoke_loader *l, stoke_batch *b, stoke__producer *p, size_t s
             return STOKE_OK;
         }
     }
-    size_t used = strlen(msg);
-    if (used + 1 < msg_len)
-        stoke__fmt(msg + used, msg_len - used,
-                   " (and none of its %d replacement candidates "
-                   "loaded)",
-                   STOKE_REPLACE_TRIES);
+    size_t used = strlen(msg); /* (< msg_len: at most the room for the terminator is left) */
+    stoke__fmt(msg + used, msg_len - used, " (and none of its %d replacement candidates loaded)",
+               STOKE_REPLACE_TRIES);
     return STOKE_EDATA;
 }
 
@@ -92,9 +82,8 @@ int stoke__bad_sample(stoke_loader *l, stoke_batch *b, stoke__producer *p, size_
     if (b->bad.n >= l->o.batch_size) {
         stoke__bad_note(b, *idx, rc, msg);
         size_t used = strlen(msg);
-        if (used + 1 < msg_len)
-            stoke__fmt(msg + used, msg_len - used, " (more than %zu bad samples in one batch)",
-                       l->o.batch_size);
+        stoke__fmt(msg + used, msg_len - used, " (more than %zu bad samples in one batch)",
+                   l->o.batch_size);
         return rc;
     }
     if (l->iterable)
@@ -123,22 +112,6 @@ static uint64_t budget(const stoke_loader *l, uint64_t seen)
     return b < l->o.max_bad ? b : l->o.max_bad;
 }
 
-/* "npy /x.npy: sample 3: bad" -> source "npy /x.npy", reason "sample 3: bad". */
-static void split(const stoke_loader *l, const char *msg, stoke_bad_sample *q)
-{
-    const char *c = strstr(msg, ": ");
-    if (!c) {
-        stoke__strlcpy(q->source, l->ds.name, sizeof(q->source));
-        stoke__strlcpy(q->reason, msg, sizeof(q->reason));
-        return;
-    }
-    size_t n =
-        (size_t)(c - msg) < sizeof(q->source) - 1 ? (size_t)(c - msg) : sizeof(q->source) - 1;
-    memcpy(q->source, msg, n);
-    q->source[n] = 0;
-    stoke__strlcpy(q->reason, c + 2, sizeof(q->reason));
-}
-
 static void quarantine(stoke_loader *l, const stoke_batch *b, const stoke__bad *e)
 {
     if (l->nquar == STOKE_QUARANTINE_MAX)
@@ -152,13 +125,18 @@ static void quarantine(stoke_loader *l, const stoke_batch *b, const stoke__bad *
         l->quar_cap = cap;
     }
     stoke_bad_sample *q = &l->quar[l->nquar++];
-    memset(q, 0, sizeof(*q));
-    q->index = e->index;
-    q->epoch = b->epoch;
-    q->code = e->code;
-    q->action = e->action;
-    q->replacement = e->replacement;
-    split(l, e->msg, q);
+    *q = (stoke_bad_sample){.index = e->index,
+                            .epoch = b->epoch,
+                            .code = e->code,
+                            .action = e->action,
+                            .replacement = e->replacement};
+    /* "npy /x.npy: sample 3: bad" -> source "npy /x.npy", reason "sample 3: bad" */
+    const char *c = strstr(e->msg, ": ");
+    if (c)
+        stoke__fmt(q->source, sizeof(q->source), "%.*s", (int)(c - e->msg), e->msg);
+    else
+        stoke__strlcpy(q->source, l->ds.name, sizeof(q->source));
+    stoke__strlcpy(q->reason, c ? c + 2 : e->msg, sizeof(q->reason));
 }
 
 void stoke__bad_account(stoke_loader *l, stoke_batch *b)
@@ -223,39 +201,27 @@ int stoke_on_error_parse(const char *spec, stoke_loader_opts *o)
 {
     if (!spec || !o)
         return stoke__fail(STOKE_EINVAL, "stoke_on_error_parse: NULL argument");
-    int action;
-    const char *rest;
-    if (strcmp(spec, "error") == 0) {
-        o->on_error = STOKE_ON_ERROR_ERROR;
-        return STOKE_OK;
-    }
+    int action = STOKE_ON_ERROR_ERROR, ok = strcmp(spec, "error") == 0;
+    const char *rest = "";
     if (strncmp(spec, "skip", 4) == 0)
-        action = STOKE_ON_ERROR_SKIP, rest = spec + 4;
+        action = STOKE_ON_ERROR_SKIP, rest = spec + 4, ok = 1;
     else if (strncmp(spec, "replace", 7) == 0)
-        action = STOKE_ON_ERROR_REPLACE, rest = spec + 7;
-    else
-        return stoke__fail(STOKE_EINVAL,
-                           "on_error '%s': expected error, skip[:N|:P%%] or "
-                           "replace[:N|:P%%]",
-                           spec);
+        action = STOKE_ON_ERROR_REPLACE, rest = spec + 7, ok = 1;
     uint64_t n = UINT64_MAX;
     double frac = 1.0;
-    if (*rest) {
-        size_t len = strlen(rest);
+    size_t len = strlen(rest);
+    if (ok && len > 0 && (rest[0] != ':' || len < 2)) {
+        ok = 0;
+    } else if (ok && len > 0 && rest[len - 1] == '%') { /* P%: a decimal 0..100 */
         char *end = NULL;
-        if (rest[0] != ':' || len < 2)
-            return stoke__fail(STOKE_EINVAL, "on_error '%s': expected %.*s:N or %.*s:P%%", spec,
-                               (int)(rest - spec), spec, (int)(rest - spec), spec);
-        if (rest[len - 1] == '%') {
-            double p = strtod(rest + 1, &end);
-            if (end != rest + len - 1 || rest[1] < '0' || rest[1] > '9' ||
-                !(p >= 0.0 && p <= 100.0))
-                return stoke__fail(STOKE_EINVAL, "on_error '%s': the share must be 0..100%%", spec);
-            frac = p / 100.0;
-        } else if (stoke__parse_u64(rest + 1, &n) != 0) {
-            return stoke__fail(STOKE_EINVAL, "on_error '%s': '%s' is not a count", spec, rest + 1);
-        }
+        frac = strtod(rest + 1, &end) / 100.0;
+        ok = end == rest + len - 1 && rest[1] >= '0' && rest[1] <= '9' && frac <= 1.0;
+    } else if (ok && len > 0) {
+        ok = stoke__parse_u64(rest + 1, &n) == 0;
     }
+    if (!ok)
+        return stoke__fail(
+            STOKE_EINVAL, "on_error '%s': expected error, skip[:N|:P%%] or replace[:N|:P%%]", spec);
     o->on_error = action;
     o->max_bad = n;
     o->max_bad_fraction = frac;

@@ -93,23 +93,17 @@ static void found(checker *c, unsigned char *where, const stoke_batch *b, int in
                name_of(want));
 }
 
-/* Records staging slot s (device mode) as found in `in`. */
-static void found_slot(checker *c, unsigned char *where, const stoke__slot *s, int in,
-                       const char *what)
-{
-    (void)record(c, where, s, c->l->slots, sizeof(*s), in, "staging slot", what);
-}
-
 /* Device mode: every staging slot in free_s, the copy FIFO or one batch's host. */
 static void check_slots(checker *c, unsigned char *where)
 {
     stoke_loader *l = c->l;
-    int n = 0, nfree = 0, ncopy = 0, nbat = 0;
-    for (const stoke__slot *s = l->free_s; s && n <= l->nbuf; s = s->next, n++, nfree++)
-        found_slot(c, where, s, S_FREE, "free_s");
+    const size_t size = sizeof(stoke__slot);
+    int nfree = 0, ncopy = 0, nbat = 0;
+    for (const stoke__slot *s = l->free_s; s && nfree <= l->nbuf; s = s->next, nfree++)
+        record(c, where, s, l->slots, size, S_FREE, "staging slot", "free_s");
     const stoke__slot *last = NULL;
-    for (const stoke__slot *s = l->copy_head; s && n <= l->nbuf; s = s->next, n++, ncopy++) {
-        found_slot(c, where, s, S_COPY, "the copy FIFO");
+    for (const stoke__slot *s = l->copy_head; s && ncopy <= l->nbuf; s = s->next, ncopy++) {
+        record(c, where, s, l->slots, size, S_COPY, "staging slot", "the copy FIFO");
         last = s;
     }
     if (l->copy_tail != last)
@@ -118,7 +112,7 @@ static void check_slots(checker *c, unsigned char *where)
         const stoke_batch *b = &l->bat[i];
         int st = state_of(b);
         if (b->host) {
-            found_slot(c, where, b->host, S_BATCH, "a batch's host");
+            record(c, where, b->host, l->slots, size, S_BATCH, "staging slot", "a batch's host");
             nbat++;
         }
         if ((st == STOKE__B_FREE && b->host) || (st == STOKE__B_FILLING && !b->host))
@@ -126,10 +120,8 @@ static void check_slots(checker *c, unsigned char *where)
                    b->host ? "has" : "has no");
     }
     if (nfree + ncopy + nbat != l->nbuf)
-        broken(c,
-               "device mode: %d staging slots free + %d in the copy FIFO + %d with batches "
-               "!= %d",
-               nfree, ncopy, nbat, l->nbuf);
+        broken(c, "device mode: %d staging slots free + %d copying + %d with batches != %d", nfree,
+               ncopy, nbat, l->nbuf);
 }
 
 void stoke__loader_check(stoke_loader *l)

@@ -16,9 +16,7 @@ static uint64_t bucket_mid(unsigned b)
     if (b < 16)
         return b;
     unsigned e = (b - 16u) / 8u + 4u, sub = (b - 16u) % 8u;
-    uint64_t lo = (8ull + sub) << (e - 3);
-    uint64_t width = 1ull << (e - 3);
-    return lo + width / 2;
+    return (2 * (8ull + sub) + 1) << (e - 4); /* (8 + sub) << (e - 3), plus half the width */
 }
 
 void stoke__hist_add(stoke__hist *h, uint64_t ns)

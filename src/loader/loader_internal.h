@@ -65,11 +65,6 @@ typedef struct stoke__bad {
     char msg[256];
 } stoke__bad;
 
-typedef struct stoke__bad_list {
-    stoke__bad *v;
-    size_t n, cap;
-} stoke__bad_list;
-
 /* Host memory of one batch. */
 typedef struct stoke__slot {
     unsigned char *mem;
@@ -141,11 +136,14 @@ struct stoke_batch {
     stoke_loader *l;
     stoke__slot *host; /* host mode: always this batch's slot; device mode: while filling */
     uint64_t epoch, gen;
-    uint64_t k;          /* ITERABLE: the producing worker's batch number */
-    int copied;          /* device mode: the copy was queued */
-    int dev_failed;      /* device mode: a wait or read reported a failure (counted once) */
-    uint32_t truncated;  /* samples with a ragged field cut to max_len */
-    stoke__bad_list bad; /* the producer's, then (mu) the consumer's: bad samples met */
+    uint64_t k;         /* ITERABLE: the producing worker's batch number */
+    int copied;         /* device mode: the copy was queued */
+    int dev_failed;     /* device mode: a wait or read reported a failure (counted once) */
+    uint32_t truncated; /* samples with a ragged field cut to max_len */
+    struct {
+        stoke__bad *v;
+        size_t n, cap;
+    } bad; /* the producer's, then (mu) the consumer's: bad samples met */
     uint64_t err_index;
     stoke_device_buffer *dbuf;
     stoke_event *ev; /* device mode: the consumer's copy-complete event */
@@ -339,13 +337,8 @@ void stoke__autotune_init(stoke__autotune *a, int nact);
  * *a: tests drive it with made-up periods. */
 int stoke__autotune_step(stoke__autotune *a, int n, int lo, int hi,
                          const stoke__autotune_period *p);
-/* (mu) Consumer: a batch was delivered after `waited` ns in next(), which read the clock (now)
- * when it waited; 0 when the batch was ready (the clock is then read, for batches under 2 us
- * to make only every 16th delivery).  At a period's end, steps and applies the new count to
- * l->nact (waking workers).  Inline below the loader's struct: at batch size 1 a call for each
- * delivery cost about 18 instructions more than the count it makes 15 times in 16. */
-static inline void stoke__autotune_delivered(stoke_loader *l, uint64_t now, uint64_t waited);
-/* Its part past the count: the clock, and a period's end. */
+/* The part of stoke__autotune_delivered (below the loader's struct) past the count: the clock,
+ * and a period's end. */
 void stoke__autotune_clock(stoke_loader *l, uint64_t now);
 
 struct stoke_loader {
@@ -551,6 +544,11 @@ static inline void stoke__batch_move(stoke_batch *b, int from, int to)
     atomic_store_explicit(&b->state, (unsigned char)to, memory_order_relaxed);
 }
 
+/* (mu) Consumer (autotune.c): a batch was delivered after `waited` ns in next(), which read the
+ * clock (now) when it waited; 0 when the batch was ready (the clock is then read, for batches
+ * under 2 us to make only every 16th delivery).  At a period's end, steps and applies the new
+ * count to l->nact (waking workers).  Inline: at batch size 1 a call for each delivery cost
+ * about 18 instructions more than the count it makes 15 times in 16. */
 static inline void stoke__autotune_delivered(stoke_loader *l, uint64_t now, uint64_t waited)
 {
     stoke__autotune *a = &l->autotune;
@@ -684,7 +682,6 @@ void stoke__proc_fill(stoke_loader *l, stoke_batch *b, stoke__producer *p, uint6
 void stoke__proc_stopping(stoke_loader *l);
 /* destroy, after the threads were joined: ends and reaps every process, unmaps the buffers. */
 void stoke__proc_destroy(stoke_loader *l);
-uint64_t stoke__proc_restarts(const stoke_loader *l);
 /* Forks (procworker.c): the number of forks this process descends from since the first
  * create (a pthread_atfork child handler counts them and closes every live loader's sockets in
  * the child); whether l was created by another process (forked: this one is a fork of it, l's

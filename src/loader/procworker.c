@@ -83,17 +83,15 @@ struct stoke__proc {
     int registered;   /* stoke_pin_register succeeded */
     int from_arena;   /* shm is an allocation of l->arena (not mapped here) */
     stoke__busy *ctl; /* nworkers, in shm: each child's busy marks (its worker's p.busy) */
-    proc_w *w;        /* nworkers */
     pid_t zpid;
     _Atomic int zfd;
     uint32_t zseq;       /* (zmu) the number of the last request to the zygote */
-    pthread_mutex_t zmu; /* serializes request/reply on zfd; then `rmu` never inside it */
-    pthread_mutex_t rmu; /* restarts, cap_epoch, cap_n */
-    uint64_t restarts, cap_epoch, cap_n;
+    pthread_mutex_t zmu; /* serializes request/reply on zfd; then the loader's `mu` never in it */
+    uint64_t cap_epoch, cap_n; /* (the loader's mu) restarts in epoch cap_epoch */
     _Atomic int stopping;
+    struct stoke__proc *next; /* the list of live ones (fork_mu), from create to destroy */
     int nw;                   /* entries of w */
-    int listed;               /* in the list of live ones (fork_mu) */
-    struct stoke__proc *next; /* that list (fork_mu) */
+    proc_w w[];               /* nworkers */
 };
 
 /* SPAWN and REAP are answered; FORGET (kill and reap a child whose SPAWN reply came too late)
@@ -203,16 +201,14 @@ int stoke__loader_forked_fail(stoke_loader *l)
 static void list_proc(stoke__proc *p, int on)
 {
     pthread_mutex_lock(&fork_mu);
-    if (on && !p->listed) {
+    if (on) {
         p->next = fork_list;
         fork_list = p;
-        p->listed = 1;
-    } else if (!on && p->listed) {
+    } else {
         stoke__proc **pp = &fork_list;
         while (*pp != p)
             pp = &(*pp)->next;
         *pp = p->next;
-        p->listed = 0;
     }
     pthread_mutex_unlock(&fork_mu);
 }
@@ -239,33 +235,19 @@ static int w_get(void *user, uint64_t index, void *const dst[], int64_t len[], i
     return cw.get(user, index, dst, len, worker, msg, msg_len);
 }
 
-static int stoke__proc_send_all(int fd, const void *p, size_t n)
+/* One message of n bytes to fd (no descriptor): 0, or -1 when it did not go. */
+static int send_all(int fd, const void *p, size_t n)
 {
-    ssize_t r;
-    do
-        r = send(fd, p, n, MSG_NOSIGNAL);
-    while (r < 0 && errno == EINTR);
-    return r == (ssize_t)n ? 0 : -1;
+    return stoke__sendmsg_fd(fd, p, n, -1) == (ssize_t)n ? 0 : -1;
 }
 
-static ssize_t stoke__proc_recv_msg(int fd, void *p, size_t n)
+static ssize_t recv_msg(int fd, void *p, size_t n)
 {
     ssize_t r;
     do
         r = recv(fd, p, n, 0);
     while (r < 0 && errno == EINTR);
     return r;
-}
-
-/* Before a batch: the zygote is still this child's parent and the loader still holds the other
- * end of its socket (a child of a loader that died must not write into its buffers, which may
- * belong to another process by now: an arena's chunks). */
-static int loader_alive(int fd, pid_t zygote)
-{
-    if (getppid() != zygote)
-        return 0;
-    struct pollfd pfd = {.fd = fd, .events = POLLIN};
-    return poll(&pfd, 1, 0) >= 0 && !(pfd.revents & (POLLHUP | POLLERR | POLLNVAL));
 }
 
 /* The child's loop: one batch per request; exits (without atexit handlers) on EOF. */
@@ -279,55 +261,62 @@ static void child_main(stoke_loader *l, int wid, int fd, pid_t zygote)
     init_rc = init_rc > 0 ? STOKE_EDATA : init_rc;
     static wreq req;
     wmsg m;
+    char why[256];
     /* the epoch this process's copy of the dataset was set to: create set it before the zygote
      * was forked; the parent's later calls reach only the parent's copy */
     int epoch_set = 1;
     uint64_t epoch = l->o.epoch;
     for (;;) {
-        ssize_t n = stoke__proc_recv_msg(fd, &req, sizeof(req));
-        if (n != (ssize_t)sizeof(req) || !loader_alive(fd, zygote))
+        ssize_t n = recv_msg(fd, &req, sizeof(req));
+        /* before a batch: the zygote is still this child's parent and the loader still holds
+         * the other end of its socket (a child of a loader that died must not write into its
+         * buffers, which may belong to another process by now: an arena's chunks) */
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        if (n != (ssize_t)sizeof(req) || getppid() != zygote || poll(&pfd, 1, 0) < 0 ||
+            (pfd.revents & (POLLHUP | POLLERR | POLLNVAL)))
             _exit(0);
         stoke_batch *b = &l->bat[req.bi];
         b->host = &l->slots[req.si];
+        b->seq = req.seq;
         if (req.flags & F_NO_READ)
             l->ds.read = NULL;
-        memset(&m, 0, sizeof(m));
         int rc = init_rc;
         if (rc != STOKE_OK) {
-            stoke__fmt(m.err_msg, sizeof(m.err_msg), "worker_init failed in worker process %d (%s)",
+            stoke__fmt(why, sizeof(why), "worker_init failed in worker process %d (%s)",
                        (int)getpid(), stoke_err_name(rc));
         } else if (l->ds.set_epoch && (!epoch_set || epoch != req.epoch)) {
             rc = l->ds.set_epoch(l->ds.user, req.epoch);
             rc = rc > 0 ? STOKE_EDATA : rc;
             epoch_set = rc == STOKE_OK;
             epoch = req.epoch;
-            stoke__fmt(m.err_msg, sizeof(m.err_msg),
+            stoke__fmt(why, sizeof(why),
                        "set_epoch(%" PRIu64 ") of dataset %s failed in worker process %d (%s)",
                        req.epoch, l->ds.name, (int)getpid(), stoke_err_name(rc));
         }
-        if (rc != STOKE_OK) {
-            m.status = rc;
-            m.err_index = UINT64_MAX;
+        if (rc != STOKE_OK) { /* the batch fails, with no sample */
+            stoke__loader_batch_start(l, b, wid, req.epoch);
+            stoke__batch_failed(b, rc, UINT64_MAX, why);
         } else {
             cw.req = &req;
             l->caller.ahead.seq_end = req.seq + 1; /* batches come one request at a time */
             stoke__loader_fill_batch(l, b, &l->caller, req.seed, req.epoch, req.seq);
             cw.req = NULL;
-            m.kind = M_BAD;
-            for (size_t i = 0; i < b->bad.n; i++) {
-                m.bad = b->bad.v[i];
-                if (stoke__proc_send_all(fd, &m, sizeof(m)))
-                    _exit(0);
-            }
-            m.status = b->status;
-            m.count = b->count;
-            m.bytes = b->bytes;
-            m.err_index = b->err_index;
-            m.truncated = b->truncated;
-            memcpy(m.err_msg, b->err_msg, sizeof(m.err_msg));
+        }
+        memset(&m, 0, sizeof(m));
+        m.kind = M_BAD;
+        for (size_t i = 0; i < b->bad.n; i++) {
+            m.bad = b->bad.v[i];
+            if (send_all(fd, &m, sizeof(m)))
+                _exit(0);
         }
         m.kind = M_DONE;
-        if (stoke__proc_send_all(fd, &m, sizeof(m)))
+        m.status = b->status;
+        m.count = b->count;
+        m.bytes = b->bytes;
+        m.err_index = b->err_index;
+        m.truncated = b->truncated;
+        memcpy(m.err_msg, b->err_msg, sizeof(m.err_msg));
+        if (send_all(fd, &m, sizeof(m)))
             _exit(0);
     }
 }
@@ -341,23 +330,6 @@ static sigset_t z_old_mask;
 static void z_wake(int sig)
 {
     (void)sig; /* only interrupts ppoll: the loop then looks at getppid() */
-}
-
-/* The end of the zygote: at EOF (destroy closed its socket, or the loader's process is dying:
- * its descriptors close before its parent-death signal is sent, and getppid() cannot tell yet)
- * or when its parent is no longer the loader's process.  Its children are SIGKILLed at once: at
- * destroy they are idle (a busy one was killed already), and a child of a dead loader must not
- * go on writing into buffers that may belong to another process by now (an arena's chunks). */
-static void zygote_end(pid_t *pids, int n)
-{
-    for (int i = 0; i < n; i++)
-        if (pids[i] > 0)
-            kill(pids[i], SIGKILL);
-    for (int i = 0; i < n; i++)
-        if (pids[i] > 0)
-            while (waitpid(pids[i], NULL, 0) < 0 && errno == EINTR) {
-            }
-    _exit(0);
 }
 
 static void zygote_spawn(stoke_loader *l, int zfd, const zreq *q, pid_t *pids, int npids)
@@ -440,31 +412,25 @@ static void stoke__zygote_main(stoke_loader *l, int zfd, pid_t loader)
     sigprocmask(SIG_BLOCK, &zs, &z_old_mask);
     wait_mask = z_old_mask;
     sigdelset(&wait_mask, ZSIG);
-    struct sigaction sa;
-    memset(&sa, 0, sizeof(sa));
-    sa.sa_handler = z_wake;
+    struct sigaction sa = {.sa_handler = z_wake};
     sigemptyset(&sa.sa_mask);
     sigaction(ZSIG, &sa, &z_old_action);
     prctl(PR_SET_PDEATHSIG, ZSIG);
     zreq q;
-    for (;;) {
-        if (getppid() != loader) /* also the race: the loader died before prctl */
-            zygote_end(pids, npids);
+    while (getppid() == loader) { /* also the race: the loader died before prctl */
         struct pollfd pfd = {.fd = zfd, .events = POLLIN};
         int pr = ppoll(&pfd, 1, NULL, &wait_mask);
         if (pr < 0 && errno == EINTR)
             continue;
-        ssize_t n = pr < 0 ? -1 : stoke__proc_recv_msg(zfd, &q, sizeof(q));
+        ssize_t n = pr < 0 ? -1 : recv_msg(zfd, &q, sizeof(q));
         if (n != (ssize_t)sizeof(q))
             break;
         if (q.op == Z_SPAWN) {
             zygote_spawn(l, zfd, &q, pids, npids);
         } else if (q.op == Z_REAP || q.op == Z_FORGET) {
             zrep rep = {.pid = q.pid, .seq = q.seq};
-            int st = 0;
             /* a child not gone 2 s after its socket closed is SIGKILLed */
-            rep.err = stoke__proc_reap(q.pid, q.kill || q.op == Z_FORGET, 2000000000u, &st);
-            rep.status = st;
+            rep.err = stoke__proc_reap(q.pid, q.kill || q.op == Z_FORGET, 2000000000u, &rep.status);
             for (int i = 0; i < npids; i++)
                 if (pids[i] == q.pid)
                     pids[i] = -1;
@@ -474,7 +440,16 @@ static void stoke__zygote_main(stoke_loader *l, int zfd, pid_t loader)
             break;
         }
     }
-    zygote_end(pids, npids);
+    /* The end: at EOF (destroy closed its socket, or the loader's process is dying: its
+     * descriptors close before its parent-death signal is sent, and getppid() cannot tell yet)
+     * or when its parent is no longer the loader's process.  Its children are SIGKILLed at once:
+     * at destroy they are idle (a busy one was killed already), and a child of a dead loader
+     * must not go on writing into buffers that may belong to another process by now (an arena's
+     * chunks). */
+    for (int i = 0; i < npids; i++)
+        if (pids[i] > 0)
+            (void)stoke__proc_reap(pids[i], 1, 0, NULL);
+    _exit(0);
 }
 
 /* ---- the parent ------------------------------------------------------------------------- */
@@ -544,23 +519,20 @@ int stoke__proc_create(stoke_loader *l)
     if (l->nworkers < 1)
         return stoke__loader_fail(l, STOKE_EINVAL,
                                   "loader: worker_mode processes needs num_workers >= 1");
-    stoke__proc *p = calloc(1, sizeof(*p));
+    stoke__proc *p = calloc(1, sizeof(*p) + (size_t)l->nworkers * sizeof(proc_w));
     if (!p)
         return stoke__loader_fail(l, STOKE_ENOMEM, "loader: out of memory");
     l->proc = p;
     p->zfd = -1;
     p->zpid = -1;
     pthread_mutex_init(&p->zmu, NULL);
-    pthread_mutex_init(&p->rmu, NULL);
     p->cap_epoch = UINT64_MAX;
-    p->w = calloc((size_t)l->nworkers, sizeof(*p->w));
-    if (!p->w)
-        return stoke__loader_fail(l, STOKE_ENOMEM, "loader: out of memory");
     p->nw = l->nworkers;
     for (int i = 0; i < l->nworkers; i++) {
         p->w[i].fd = -1;
         atomic_store(&p->w[i].pid, -1);
     }
+    list_proc(p, 1);           /* its descriptors are -1 until they are made */
     int rc = map_shared(l, p); /* the buffers and the index arrays */
     if (rc != STOKE_OK)
         return rc;
@@ -592,26 +564,20 @@ int stoke__proc_create(stoke_loader *l)
     if (l->arena && stoke__arena_add_writer(l->arena, pid) != STOKE_OK) /* see arena_alloc.c */
         stoke__log(STOKE_LOG_WARN, "loader: %s", stoke_last_error());
     p->zfd = sv[0];
-    list_proc(p, 1);
     return STOKE_OK;
 }
 
-/* One request to the zygote and its reply (with a descriptor for SPAWN), within ZYGOTE_MS.
- * STOKE_OK; STOKE_ETIMEDOUT (a zygote that is stopped or stuck) or STOKE_ENOMEM (gone: no
- * process can be started, as when fork fails), with why in msg. */
+/* One request to the zygote and its reply (with a descriptor for SPAWN into *fd, which the
+ * caller set to -1), within ZYGOTE_MS.  STOKE_OK; STOKE_ETIMEDOUT (a zygote that is stopped or
+ * stuck) or STOKE_ENOMEM (gone: no process can be started, as when fork fails), with why in
+ * msg. */
 static int zygote_call(stoke__proc *p, zreq *q, zrep *rep, int *fd, char *msg, size_t len)
 {
-    if (fd)
-        *fd = -1;
     pthread_mutex_lock(&p->zmu);
     q->seq = ++p->zseq;
     int zfd = p->zfd, rc = STOKE_OK;
-    ssize_t sr = -1;
-    if (zfd >= 0) {
-        do /* no wait here: one request at a time leaves room in the socket */
-            sr = send(zfd, q, sizeof(*q), MSG_NOSIGNAL | MSG_DONTWAIT);
-        while (sr < 0 && errno == EINTR);
-    }
+    /* no wait here (nor EINTR): one request at a time leaves room in the socket */
+    ssize_t sr = zfd >= 0 ? send(zfd, q, sizeof(*q), MSG_NOSIGNAL | MSG_DONTWAIT) : -1;
     if (sr != (ssize_t)sizeof(*q))
         rc = zfd >= 0 && sr < 0 && errno == EAGAIN ? STOKE_ETIMEDOUT : STOKE_ENOMEM;
     uint64_t deadline = stoke__now_ns() + (uint64_t)ZYGOTE_MS * 1000000u;
@@ -688,9 +654,7 @@ static void reap(stoke_loader *l, int wid, int kill_it, char *msg, size_t len)
 {
     stoke__proc *p = l->proc;
     int pid = atomic_load(&p->w[wid].pid);
-    if (p->w[wid].fd >= 0)
-        close(p->w[wid].fd);
-    p->w[wid].fd = -1;
+    close_fd(&p->w[wid].fd);
     atomic_store(&p->w[wid].pid, -1);
     if (pid <= 0)
         return;
@@ -726,7 +690,7 @@ static int exchange(stoke_loader *l, int wid, const wreq *req, stoke_batch *b)
     stoke__proc *p = l->proc;
     int fd = p->w[wid].fd;
     b->bad.n = 0;
-    if (stoke__proc_send_all(fd, req, sizeof(*req)) != 0)
+    if (send_all(fd, req, sizeof(*req)) != 0)
         return X_DEAD;
     uint64_t stop_t0 = 0;
     wmsg m;
@@ -734,25 +698,20 @@ static int exchange(stoke_loader *l, int wid, const wreq *req, stoke_batch *b)
         struct pollfd pfd = {.fd = fd, .events = POLLIN};
         int pr = poll(&pfd, 1, POLL_MS);
         if (pr == 0 || (pr < 0 && errno == EINTR)) {
-            if (atomic_load(&p->stopping)) {
-                uint64_t now = stoke__now_ns();
-                if (!stop_t0)
-                    stop_t0 = now;
-                else if (now - stop_t0 > STOP_GRACE_NS)
-                    return X_STOPPED;
-            }
+            if (!stop_t0 && atomic_load(&p->stopping)) /* (stopping stays set) */
+                stop_t0 = stoke__now_ns();
+            else if (stop_t0 && stoke__now_ns() - stop_t0 > STOP_GRACE_NS)
+                return X_STOPPED;
             continue;
         }
-        ssize_t n = stoke__proc_recv_msg(fd, &m, sizeof(m));
+        ssize_t n = recv_msg(fd, &m, sizeof(m));
         if (n != (ssize_t)sizeof(m))
             return X_DEAD;
-        if (m.kind == M_BAD) {
-            stoke__bad *e = stoke__bad_append(b);
-            if (e)
-                *e = m.bad;
-            continue;
-        }
-        break;
+        if (m.kind != M_BAD)
+            break;
+        stoke__bad *e = stoke__bad_append(b);
+        if (e)
+            *e = m.bad;
     }
     b->status = m.status;
     b->count = (size_t)m.count;
@@ -764,32 +723,26 @@ static int exchange(stoke_loader *l, int wid, const wreq *req, stoke_batch *b)
     return X_DONE;
 }
 
-/* Counts a restart; STOKE_OK, or STOKE_ELIMIT past RESTARTS_MAX in this epoch. */
-static int count_restart(stoke_loader *l, uint64_t epoch)
-{
-    stoke__proc *p = l->proc;
-    pthread_mutex_lock(&p->rmu);
-    p->restarts++;
-    if (p->cap_epoch != epoch) {
-        p->cap_epoch = epoch;
-        p->cap_n = 0;
-    }
-    int over = ++p->cap_n > RESTARTS_MAX;
-    pthread_mutex_unlock(&p->rmu);
-    return over ? STOKE_ELIMIT : STOKE_OK;
-}
-
 /* After worker wid's child died while making b: STOKE_OK to run the batch again (req updated),
  * or the batch's failure status (b failed).  Clears the child's busy mark, which names the
  * dataset call it died in, if any. */
 static int after_crash(stoke_loader *l, stoke_batch *b, int wid, wreq *req, const char *why)
 {
-    stoke__busy *c = &l->proc->ctl[wid];
+    stoke__proc *p = l->proc;
+    stoke__busy *c = &p->ctl[wid];
     uint64_t idx = atomic_load(&c->since) ? atomic_load(&c->index) : UINT64_MAX;
     int in_batch = atomic_load(&c->in_batch);
     atomic_store(&c->since, 0);
     uint64_t where = idx != UINT64_MAX ? idx : b->seq * l->o.batch_size;
-    if (count_restart(l, b->epoch) != STOKE_OK) {
+    stoke__loader_lock(l); /* the restart, counted; past RESTARTS_MAX in this epoch, no more */
+    l->st.worker_restarts++;
+    if (p->cap_epoch != b->epoch) {
+        p->cap_epoch = b->epoch;
+        p->cap_n = 0;
+    }
+    int over = ++p->cap_n > RESTARTS_MAX;
+    stoke__loader_unlock(l);
+    if (over) {
         char m[256];
         stoke__fmt(m, sizeof(m), "%.150s; worker processes restarted more than %d times this epoch",
                    why, RESTARTS_MAX);
@@ -869,7 +822,7 @@ void stoke__proc_destroy(stoke_loader *l)
         return;
     int foreign = stoke__loader_forked(l);
     list_proc(p, 0);
-    for (int i = 0; p->w && i < l->nworkers; i++) {
+    for (int i = 0; i < l->nworkers; i++) {
         close_fd(&p->w[i].fd);
         atomic_store(&p->w[i].pid, -1);
     }
@@ -898,23 +851,10 @@ void stoke__proc_destroy(stoke_loader *l)
         l->bat[i].rmeta = NULL;
         l->slots[i].mem = NULL;
     }
-    if (!foreign) { /* a forked copy may hold them locked */
+    if (!foreign) /* a forked copy may hold it locked */
         pthread_mutex_destroy(&p->zmu);
-        pthread_mutex_destroy(&p->rmu);
-    }
-    free(p->w);
     free(p);
     l->proc = NULL;
-}
-
-uint64_t stoke__proc_restarts(const stoke_loader *l)
-{
-    if (!l->proc)
-        return 0;
-    pthread_mutex_lock(&l->proc->rmu);
-    uint64_t n = l->proc->restarts;
-    pthread_mutex_unlock(&l->proc->rmu);
-    return n;
 }
 
 int stoke_loader_worker_pid(const stoke_loader *l, int worker)

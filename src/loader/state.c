@@ -91,9 +91,8 @@ static int reposition(stoke_loader *l, uint64_t seed, uint64_t epoch, uint64_t c
     l->err[0] = '\0';
     if (rc != STOKE_OK)
         return stoke__loader_fail(l, rc < 0 ? rc : STOKE_EDATA,
-                                  "loader: set_epoch(%" PRIu64 ") of dataset %s "
-                                  "failed (%s)",
-                                  epoch, l->ds.name, stoke_err_name(rc));
+                                  "loader: set_epoch(%" PRIu64 ") of dataset %s failed (%s)", epoch,
+                                  l->ds.name, stoke_err_name(rc));
     return STOKE_OK;
 }
 
@@ -129,12 +128,11 @@ int stoke_loader_save_state(const stoke_loader *l, stoke_loader_state *out)
 {
     if (!l || !out)
         return STOKE_EINVAL;
-    stoke_loader *m = (stoke_loader *)l;
     memset(out, 0, sizeof(*out));
     if (l->iterable)
         return stoke__fail(STOKE_ENOTSUP, "loader: an iterable dataset has no restorable position");
     if (stoke__loader_foreign(l))
-        return stoke__loader_forked_fail(m);
+        return stoke__loader_forked_fail((stoke_loader *)l);
     out->version = STOKE_LOADER_STATE_VERSION;
     out->seed = l->seed; /* all three change only in the consumer's calls: read without `mu` */
     out->epoch = l->epoch;
@@ -155,8 +153,7 @@ int stoke_loader_restore_state(stoke_loader *l, const stoke_loader_state *st)
     if (st->cursor > l->nbatches)
         return stoke__loader_fail(l, STOKE_EINVAL,
                                   "loader state: cursor %" PRIu64 " is past the %" PRIu64
-                                  " batches of an "
-                                  "epoch",
+                                  " batches of an epoch",
                                   st->cursor, l->nbatches);
     return reposition(l, st->seed, st->epoch, st->cursor);
 }
@@ -184,7 +181,6 @@ int stoke_loader_get_stats(const stoke_loader *l, stoke_loader_stats *out)
     stoke__loader_unlock(m);
     s.buffers = (uint64_t)l->nbuf;
     s.buffer_bytes = l->buf_bytes;
-    s.worker_restarts = stoke__proc_restarts(l);
     size_t n = out->size < sizeof(s) ? out->size : sizeof(s);
     uint32_t keep = out->size;
     memcpy(out, &s, n);

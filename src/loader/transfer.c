@@ -21,21 +21,19 @@ int stoke__loader_setup_device(stoke_loader *l)
         return rc;
     if (rc != STOKE_OK)
         goto fail;
-    int have_cur = stoke__accel_current(&cur, &cdev, NULL) == STOKE_OK;
-    if (index >= 0 && index != (have_cur && cur == vt ? cdev : 0)) {
-        if (!have_cur || cur != vt)
-            return stoke__loader_fail(
-                l, STOKE_ENOTSUP,
-                "loader: device '%s': a device index other than 0 needs %s to be the chosen "
-                "accelerator",
-                l->o.device, vt->name);
-        if ((rc = stoke_device_set(index)) != STOKE_OK)
-            goto fail;
-        rc = stoke_stream_create(vt->name, &l->stream);
+    int chosen = stoke__accel_current(&cur, &cdev, NULL) == STOKE_OK && cur == vt;
+    int other = index >= 0 && index != (chosen ? cdev : 0); /* the stream on device `index` */
+    if (other && !chosen)
+        return stoke__loader_fail(
+            l, STOKE_ENOTSUP,
+            "loader: device '%s': a device index other than 0 needs %s to be the chosen "
+            "accelerator",
+            l->o.device, vt->name);
+    if (other && (rc = stoke_device_set(index)) != STOKE_OK)
+        goto fail;
+    rc = stoke_stream_create(vt->name, &l->stream);
+    if (other)
         stoke_device_set(cdev);
-    } else {
-        rc = stoke_stream_create(vt->name, &l->stream);
-    }
     if (rc == STOKE_OK)
         rc = stoke_event_create(l->stream, &l->read_ev);
     if (rc != STOKE_OK)
