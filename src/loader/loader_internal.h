@@ -250,7 +250,7 @@ typedef struct stoke__ahead {
     uint16_t tab[STOKE__FEISTEL_TAB_LEN]; /* ep's round table, when it has one */
     /* The producer's scratch for the dataset's calls (allocated at create): dst[j * nfields +
      * f] the slots, len[j * nfields + f] the ragged lengths (NULL without ragged fields), for
-     * up to l->nscratch samples (a batch, or a group's samples). */
+     * up to max(l->cap, STOKE__AHEAD_RUN) samples (a batch, or a group's samples). */
     void **dst;
     int64_t *len;
 } stoke__ahead;
@@ -264,7 +264,6 @@ typedef struct stoke__plan {
     unsigned hint_next : 1;   /* the next batch's samples named to the dataset */
     unsigned marks : 1;       /* busy marks (stoke__busy): timeout_ms, process workers */
     unsigned caller_all : 1;  /* 0 workers: the caller's thread makes every batch */
-    unsigned deep_window : 1; /* the reorder window deepened for small batches */
 } stoke__plan;
 
 /* A producer: what makes batches, all through one loop (worker.c, stoke__loader_make_group:
@@ -364,7 +363,6 @@ struct stoke_loader {
     struct stoke__ragged *rg;
     int *rix;
     int nragged;
-    size_t nscratch;     /* samples a producer's scratch (stoke__ahead dst / len) holds */
     size_t buf_bytes;    /* one batch buffer */
     int prefetch;        /* batches in flight per worker (prefetch_factor; 2 for auto) */
     stoke__plan plan;    /* the fast paths that apply (loader.c, plan_loader) */

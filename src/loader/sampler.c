@@ -97,24 +97,17 @@ static inline uint64_t feistel_pass_mul(const stoke__feistel *f, uint64_t y)
     return (l << f->half) | r;
 }
 
-/* One pass of the network over the power-of-two domain (the caller walks the cycle). */
-static inline uint64_t feistel_pass(const stoke__feistel *f, uint64_t y)
-{
-    if (f->tab) {
-        feistel_rows t;
-        feistel_tab_rows(f, t);
-        return feistel_pass_tab(t, f->half, (uint32_t)f->mask, (uint32_t)y);
-    }
-    return feistel_pass_mul(f, y);
-}
-
 static inline uint64_t feistel_apply(const stoke__feistel *f, uint64_t x)
 {
     if (f->n <= 1 || x >= f->n)
         return x;
+    feistel_rows t;
+    if (f->tab)
+        feistel_tab_rows(f, t);
     uint64_t y = x;
-    do /* cycle walking: the domain is < 4n, so a few rounds on average */
-        y = feistel_pass(f, y);
+    do /* cycle walking over the power-of-two domain (< 4n): a few passes on average */
+        y = f->tab ? feistel_pass_tab(t, f->half, (uint32_t)f->mask, (uint32_t)y)
+                   : feistel_pass_mul(f, y);
     while (y >= f->n);
     return y;
 }
@@ -359,31 +352,6 @@ static int dist_from_env(uint64_t *rank, uint64_t *world)
 #define BLOCK_MAX_PARAM (1ull << 48)
 #define BLOCK_MAX_LEN   (1ull << 62)
 
-/* BLOCK: the block geometry.  With block_rows and block_window <= 2^48 and at most 2^62 rows,
- * no product below (slot * rows, window * blocks * rows) can overflow. */
-static int block_setup(stoke_sampler *s, const stoke_sampler_opts *o, uint64_t n)
-{
-    uint64_t rows = o->block_rows ? o->block_rows : STOKE_SAMPLER_BLOCK_ROWS_DEFAULT;
-    uint64_t win = o->block_window ? o->block_window : STOKE_SAMPLER_BLOCK_WINDOW_DEFAULT;
-    if (rows > BLOCK_MAX_PARAM || win > BLOCK_MAX_PARAM)
-        return stoke__fail(STOKE_EINVAL,
-                           "block sampler: block_rows (%" PRIu64 ") and block_window (%" PRIu64
-                           ") must be at most 2^48",
-                           rows, win);
-    if (n > BLOCK_MAX_LEN)
-        return stoke__fail(STOKE_EINVAL,
-                           "block sampler: a dataset of %" PRIu64 " rows is over 2^62", n);
-    if (n && rows > n)
-        rows = n; /* one block, the same order */
-    s->brows = rows;
-    s->nfull = n / rows;
-    s->tail_rows = n % rows;
-    s->nblocks = s->nfull + (s->tail_rows != 0);
-    s->bwin = win < s->nblocks ? win : (s->nblocks ? s->nblocks : 1);
-    s->base_len = n;
-    return STOKE_OK;
-}
-
 /* The kind's state and this rank's share of the epoch, checked, into the zeroed s. */
 static int sampler_setup(stoke_sampler *s, const stoke_sampler_opts *o, uint64_t dataset_len)
 {
@@ -434,9 +402,27 @@ static int sampler_setup(stoke_sampler *s, const stoke_sampler_opts *o, uint64_t
         break;
     }
     case STOKE_SAMPLER_BLOCK: {
-        int rc = block_setup(s, o, dataset_len);
-        if (rc != STOKE_OK)
-            return rc;
+        /* the block geometry: with block_rows and block_window <= 2^48 and at most 2^62 rows, no
+         * product below (slot * rows, window * blocks * rows) can overflow */
+        uint64_t rows = o->block_rows ? o->block_rows : STOKE_SAMPLER_BLOCK_ROWS_DEFAULT;
+        uint64_t win = o->block_window ? o->block_window : STOKE_SAMPLER_BLOCK_WINDOW_DEFAULT;
+        if (rows > BLOCK_MAX_PARAM || win > BLOCK_MAX_PARAM)
+            return stoke__fail(STOKE_EINVAL,
+                               "block sampler: block_rows (%" PRIu64 ") and block_window (%" PRIu64
+                               ") must be at most 2^48",
+                               rows, win);
+        if (dataset_len > BLOCK_MAX_LEN)
+            return stoke__fail(STOKE_EINVAL,
+                               "block sampler: a dataset of %" PRIu64 " rows is over 2^62",
+                               dataset_len);
+        if (dataset_len && rows > dataset_len)
+            rows = dataset_len; /* one block, the same order */
+        s->brows = rows;
+        s->nfull = dataset_len / rows;
+        s->tail_rows = dataset_len % rows;
+        s->nblocks = s->nfull + (s->tail_rows != 0);
+        s->bwin = win < s->nblocks ? win : (s->nblocks ? s->nblocks : 1);
+        s->base_len = dataset_len;
         break;
     }
     default: return stoke__fail(STOKE_EINVAL, "sampler: unknown kind %d", o->kind);
@@ -613,7 +599,10 @@ int stoke__sampler_epoch_init(stoke__sampler_epoch *e, const stoke_sampler *s, u
     e->key = stoke__epoch_key(seed, epoch);
     switch (s->kind) {
     case STOKE_SAMPLER_RANDOM: feistel_init(&e->perm, s->n, e->key); break;
-    case STOKE_SAMPLER_SUBSET: feistel_init(&e->perm, s->base_len, e->key); break;
+    case STOKE_SAMPLER_SUBSET: /* only a shuffled one has a permutation (n 0: none) */
+        if (s->shuffle)
+            feistel_init(&e->perm, s->base_len, e->key);
+        break;
     case STOKE_SAMPLER_BLOCK:
         feistel_init(&e->perm, s->nfull, e->key);
         e->tail_slot =
@@ -627,13 +616,10 @@ int stoke__sampler_epoch_init(stoke__sampler_epoch *e, const stoke_sampler *s, u
 /* The round function of every half value, round by round (see stoke__feistel.tab). */
 int stoke__sampler_epoch_tabulate(stoke__sampler_epoch *e, uint16_t *tab, size_t len)
 {
-    if (!e || !e->s || !tab)
+    if (!e || !tab)
         return 0;
-    const stoke_sampler *s = e->s;
-    stoke__feistel *f = &e->perm;
-    int perm = s->kind == STOKE_SAMPLER_RANDOM || s->kind == STOKE_SAMPLER_BLOCK ||
-               (s->kind == STOKE_SAMPLER_SUBSET && s->shuffle);
-    if (!perm || f->n <= 1 || f->half > STOKE__FEISTEL_TAB_HALF ||
+    stoke__feistel *f = &e->perm; /* (n 0 for the kinds without a permutation) */
+    if (f->n <= 1 || f->half > STOKE__FEISTEL_TAB_HALF ||
         len < ((size_t)STOKE__FEISTEL_ROUNDS << f->half))
         return 0;
     const size_t w = (size_t)1 << f->half;

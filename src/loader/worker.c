@@ -545,18 +545,6 @@ static void look_ahead(stoke_loader *l, stoke__producer *p, uint64_t seq, uint64
     }
 }
 
-/* Makes a dispatched batch, without `mu` and without a clock read. */
-static void make_batch(stoke_loader *l, stoke_batch *b, stoke__producer *p, uint64_t seed,
-                       uint64_t epoch)
-{
-    if (l->proc)
-        stoke__proc_fill(l, b, p, seed, epoch); /* in worker p->wid's child process */
-    else
-        stoke__loader_fill_batch(l, b, p, seed, epoch, b->seq);
-    if (l->device_mode && b->status == STOKE_OK && b->count)
-        stoke__loader_copy_batch(l, b);
-}
-
 /* A pause for spin loops. */
 static inline void cpu_relax(void)
 {
@@ -637,7 +625,7 @@ static int make_scattered(stoke_loader *l, stoke_batch *const *b, int n, int wid
         total <= STOKE__AHEAD_RUN ? ahead_indices(l, a, b[0]->seq, total, seed, epoch) : NULL;
     if (!run)
         return STOKE_ERANGE;
-    void **base = a->dst; /* a run per batch: n <= CLAIM_MAX <= nscratch */
+    void **base = a->dst; /* a run per batch: n <= CLAIM_MAX <= STOKE__AHEAD_RUN */
     size_t start[CLAIM_MAX + 1], j = 0;
     for (int i = 0; i < n; i++) {
         stoke_batch *x = b[i];
@@ -684,7 +672,12 @@ int stoke__loader_make_group(stoke_loader *l, stoke__producer *p, uint64_t *cloc
     for (int i = 0; i < n && !one_call; i++) {
         if (b[i]->seq + 1 < a->seq_end) /* the next batch this producer makes */
             look_ahead(l, p, b[i]->seq + 1, seed, epoch);
-        make_batch(l, b[i], p, seed, epoch);
+        if (l->proc)
+            stoke__proc_fill(l, b[i], p, seed, epoch); /* in worker p->wid's child process */
+        else
+            stoke__loader_fill_batch(l, b[i], p, seed, epoch, b[i]->seq);
+        if (l->device_mode && b[i]->status == STOKE_OK && b[i]->count)
+            stoke__loader_copy_batch(l, b[i]);
     }
     uint64_t t1 = stoke__now_ns(), took = t1 - t0;
     if (clock)
