@@ -229,9 +229,8 @@ int stoke__feistel_simd_in_use(void);
  * batch_indices).  A batch of up to STOKE__AHEAD_RUN samples is not computed alone: its run
  * reaches as far as the batches this thread makes in a row (seq_end), at most STOKE__AHEAD_RUN
  * positions, so that batch size 1 takes its indices from one fill of many positions (the
- * sampler walks a fill's values together) rather than one walk per batch.  Two runs: the
- * look-ahead for batch seq + 1 may start a new run before batch seq, still in the other one,
- * is made (a new run replaces the one that does not hold the position before its first).  The
+ * sampler walks a fill's values together) rather than one walk per batch.  One run: the
+ * look-ahead for batch seq + 1 comes once batch seq's indices left it (fill_batch).  The
  * epoch's keys are derived once per (seed, epoch), not once per batch, and its permutation
  * tabulated when it is small enough (stoke__sampler_epoch_tabulate).  Each thread has its own
  * (the caller's thread: l->caller.ahead; a process worker: its copy of it). */
@@ -244,7 +243,7 @@ typedef struct stoke__ahead_run {
     uint64_t idx[STOKE__AHEAD_RUN];
 } stoke__ahead_run;
 typedef struct stoke__ahead {
-    stoke__ahead_run run[2];
+    stoke__ahead_run run;
     uint64_t seq_end;        /* the batches this thread makes in a row end before this seq */
     stoke__sampler_epoch ep; /* the keys of the (seed, epoch) it names (zeroed: none) */
     uint16_t tab[STOKE__FEISTEL_TAB_LEN]; /* ep's round table, when it has one */
