@@ -417,21 +417,6 @@ static int check_upfront_bytes(stoke_loader *l)
         l->cap, l->sample_bytes);
 }
 
-/* The worker count: num_workers, or for STOKE_LOADER_WORKERS_AUTO one per online core up to
- * STOKE_LOADER_WORKERS_AUTO_MAX, all given work at first (autotune.c varies that).  The caller's
- * thread may make batches itself ("assist") for MAP datasets without worker_init, which promises
- * one call per thread before its samples; an ITERABLE dataset's shares are fixed per worker. */
-/* CPUs the calling thread may run on (its affinity mask: taskset, cgroup cpusets), else those
- * online; at least 1. */
-static int cpus_usable(void)
-{
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0)
-        return CPU_COUNT(&set);
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 ? (int)n : 1;
-}
-
 /* The plan: which of the loader's fast paths apply, decided here once from the options and
  * the dataset; the hot paths test l->plan, not the modes.  docs/loader.md, "The plan".
  *
@@ -519,10 +504,19 @@ static int size_loader(stoke_loader *l)
         l->nsamples = l->nbatches * l->o.batch_size;
     if ((rc = size_buffers(l)) != STOKE_OK)
         return rc;
-    /* the worker count (see cpus_usable) */
+    /* The worker count: num_workers, or for STOKE_LOADER_WORKERS_AUTO one per CPU the calling
+     * thread may run on (its affinity mask: taskset, cgroup cpusets; else those online) up to
+     * STOKE_LOADER_WORKERS_AUTO_MAX, all given work at first (autotune.c varies that).  The
+     * caller's thread may make batches itself ("assist") for MAP datasets without worker_init,
+     * which promises one call per thread before its samples; an ITERABLE dataset's shares are
+     * fixed per worker. */
+    cpu_set_t set;
+    long ncpu = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
+    if (ncpu <= 0)
+        ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    l->ncpu = ncpu > 0 ? (int)ncpu : 1;
     l->auto_workers = l->o.num_workers == STOKE_LOADER_WORKERS_AUTO;
     l->nworkers = l->o.num_workers;
-    l->ncpu = cpus_usable();
     if (l->auto_workers)
         l->nworkers =
             l->ncpu < STOKE_LOADER_WORKERS_AUTO_MAX ? l->ncpu : STOKE_LOADER_WORKERS_AUTO_MAX;

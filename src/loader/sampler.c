@@ -311,8 +311,6 @@ static void feistel_apply_all(const stoke__feistel *f, uint64_t *v, size_t count
 
 uint64_t stoke_permute(uint64_t x, uint64_t n, uint64_t key)
 {
-    if (n <= 1 || x >= n)
-        return x;
     stoke__feistel f;
     feistel_init(&f, n, key);
     return feistel_apply(&f, x);
@@ -325,7 +323,6 @@ void stoke_sampler_opts_init(stoke_sampler_opts *o)
     memset(o, 0, sizeof(*o));
     o->kind = STOKE_SAMPLER_SEQUENTIAL;
     o->rank = -1;
-    o->world_size = 0;
 }
 
 /* Rank and world size from the first pair of variables that is set. */
@@ -608,7 +605,6 @@ int stoke__sampler_epoch_init(stoke__sampler_epoch *e, const stoke_sampler *s, u
         e->tail_slot =
             s->tail_rows ? mix64(e->key ^ 0x9fb21c651e98df25ull) % s->nblocks : s->nblocks;
         break;
-    default: break;
     }
     return STOKE_OK;
 }
@@ -676,7 +672,6 @@ int stoke__sampler_fill(const stoke_sampler *s, const stoke__sampler_epoch *e, u
             out[i] = block_index(s, e, out[i], &bw);
         break;
     }
-    default: return STOKE_EINVAL;
     }
     return STOKE_OK;
 }

@@ -651,8 +651,6 @@ int stoke__loader_make_group(stoke_loader *l, stoke__producer *p, uint64_t *cloc
     /* the batches it makes in a row: the group's (their seqs follow each other), or every one
      * when the caller's thread makes them all (0 workers) */
     a->seq_end = l->plan.caller_all && !w ? l->nbatches : b[n - 1]->seq + 1;
-    if (n > 1 && !l->iterable && l->o.batch_size <= STOKE__AHEAD_RUN) /* one run for all */
-        (void)ahead_indices(l, a, b[0]->seq, batch_count(l, b[0]->seq), seed, epoch);
     /* the clock is read around the group, not after each batch (a read is about 30 ns here, a
      * tenth of a batch of one 3 KB row): each batch is counted the group's average */
     uint64_t t0 = clock && *clock ? *clock : stoke__now_ns();
