@@ -276,7 +276,7 @@ typedef struct stoke__plan {
  * - a process worker's child: its copy of l->caller, wid its worker's (procworker.c), filling
  *   the batches its parent's thread claimed for it. */
 /* What a producer is loading, where plan.marks says (worker.c, busy_begin): for the consumer's
- * timeout check (next.c, timed_out_worker: it reads `since`, then `index`), and from a process
+ * timeout check (next.c, wait_done: it reads `since`, then `index`), and from a process
  * worker's child, in memory it shares with the parent, for the parent to name the sample a
  * crash was on (procworker.c, after_crash). */
 typedef struct stoke__busy {
