@@ -97,17 +97,24 @@ static inline uint64_t feistel_pass_mul(const stoke__feistel *f, uint64_t y)
     return (l << f->half) | r;
 }
 
+/* One pass of the network over the power-of-two domain (the caller walks the cycle). */
+static inline uint64_t feistel_pass(const stoke__feistel *f, uint64_t y)
+{
+    if (f->tab) {
+        feistel_rows t;
+        feistel_tab_rows(f, t);
+        return feistel_pass_tab(t, f->half, (uint32_t)f->mask, (uint32_t)y);
+    }
+    return feistel_pass_mul(f, y);
+}
+
 static inline uint64_t feistel_apply(const stoke__feistel *f, uint64_t x)
 {
     if (f->n <= 1 || x >= f->n)
         return x;
-    feistel_rows t;
-    if (f->tab)
-        feistel_tab_rows(f, t);
     uint64_t y = x;
-    do /* cycle walking over the power-of-two domain (< 4n): a few passes on average */
-        y = f->tab ? feistel_pass_tab(t, f->half, (uint32_t)f->mask, (uint32_t)y)
-                   : feistel_pass_mul(f, y);
+    do /* cycle walking: the domain is < 4n, so a few rounds on average */
+        y = feistel_pass(f, y);
     while (y >= f->n);
     return y;
 }
