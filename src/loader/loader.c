@@ -150,8 +150,8 @@ static int choose_pinning(stoke_loader *l)
     if (crc != STOKE_OK && crc != STOKE_ENODEV)
         return stoke__loader_fail(l, crc, "loader: %s", stoke_last_error());
     int rc = !want ? STOKE_OK
-                   : stoke__loader_resolve_spec(l, pdev ? "pin_memory_device" : "device", want,
-                                                &vt, &index);
+                   : stoke__loader_resolve_spec(l, pdev ? "pin_memory_device" : "device", want, &vt,
+                                                &index);
     if (rc == STOKE_EINVAL || rc == STOKE_ERANGE)
         return rc;
     if (rc != STOKE_OK && !pdev)

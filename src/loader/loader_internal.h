@@ -256,13 +256,13 @@ typedef struct stoke__ahead {
 
 /* The fast paths that apply, decided once at create (loader.c, plan_loader: the table). */
 typedef struct stoke__plan {
-    unsigned group : 1;       /* claims of up to 16 tiny batches per hold of mu */
-    unsigned scatter : 1;     /* a group's samples in one read() */
-    unsigned assist : 1;      /* the caller's thread makes the batch it needs */
-    unsigned help : 1;        /* ... and helps while a worker makes it */
-    unsigned hint_next : 1;   /* the next batch's samples named to the dataset */
-    unsigned marks : 1;       /* busy marks (stoke__busy): timeout_ms, process workers */
-    unsigned caller_all : 1;  /* 0 workers: the caller's thread makes every batch */
+    unsigned group : 1;      /* claims of up to 16 tiny batches per hold of mu */
+    unsigned scatter : 1;    /* a group's samples in one read() */
+    unsigned assist : 1;     /* the caller's thread makes the batch it needs */
+    unsigned help : 1;       /* ... and helps while a worker makes it */
+    unsigned hint_next : 1;  /* the next batch's samples named to the dataset */
+    unsigned marks : 1;      /* busy marks (stoke__busy): timeout_ms, process workers */
+    unsigned caller_all : 1; /* 0 workers: the caller's thread makes every batch */
 } stoke__plan;
 
 /* A producer: what makes batches, all through one loop (worker.c, stoke__loader_make_group:
