@@ -259,21 +259,16 @@ static int copy_fields(stoke_loader *l, const stoke_dataset *ds)
         if (stoke_field_finish(fd) != STOKE_OK) /* (on the caller's shape, checked there) */
             return stoke__loader_fail(l, STOKE_EINVAL, "loader: dataset %s: field %d: %s", ds->name,
                                       f, stoke_last_error());
+        /* (fd->bytes is 0 only for a shape with a 0 dimension: a legal sample of 0 bytes) */
         if (fd->ndim)
             memcpy(sh, fd->shape, (size_t)fd->ndim * sizeof(*sh));
         fd->shape = fd->ndim ? sh : NULL;
         sh += fd->ndim;
-        int empty_dim = 0; /* a shape with a 0 dimension: a legal sample of 0 bytes */
-        for (int d = 0; d < fd->ndim; d++)
-            empty_dim |= fd->shape[d] == 0;
         if (given && given != fd->bytes)
             return stoke__loader_fail(l, STOKE_EINVAL,
                                       "loader: dataset %s: field %d ('%s') says %zu bytes per "
                                       "sample, its dtype and shape make %zu",
                                       ds->name, f, fd->name, given, fd->bytes);
-        if (!fd->bytes && !empty_dim)
-            return stoke__loader_fail(l, STOKE_EINVAL, "loader: dataset %s: field %d has no size",
-                                      ds->name, f);
         l->step[f] = fd->bytes;
         l->rix[f] = -1;
         if (fd->ndim && fd->shape[0] == STOKE_DIM_VAR) {
