@@ -100,9 +100,7 @@ static int check_field(const stoke_batch *b, int field, const void *out, const c
 
 int stoke_batch_shape(const stoke_batch *b, int field, int64_t *shape, int max, int *ndim)
 {
-    int rc = check_field(b, field, shape, "stoke_batch_shape");
-    if (rc == STOKE_OK && !ndim)
-        rc = stoke__fail(STOKE_EINVAL, "stoke_batch_shape: NULL argument");
+    int rc = check_field(b, field, ndim ? shape : NULL, "stoke_batch_shape");
     if (rc != STOKE_OK)
         return rc;
     const stoke_loader *l = b->l;

@@ -69,21 +69,6 @@ static int slot_alloc(stoke_loader *l, stoke__slot *s)
     return rc;
 }
 
-static void slot_free(stoke_loader *l, stoke__slot *s)
-{
-    if (s->mem) {
-        switch (l->alloc_kind) {
-        case STOKE__ALLOC_POOL:
-        case STOKE__ALLOC_BACKEND: stoke_pinned_free(s->mem); break;
-        case STOKE__ALLOC_ARENA: stoke_arena_free(l->arena, s->mem); break;
-        default: stoke__resident_free(s->mem, l->buf_bytes); break;
-        }
-    }
-    s->mem = NULL;
-    stoke_event_destroy(s->ev);
-    s->ev = NULL;
-}
-
 int stoke__loader_resolve_spec(stoke_loader *l, const char *what, const char *spec,
                                const stoke_backend **vt, int *index)
 {
@@ -143,72 +128,65 @@ void stoke__loader_batch_desc(const stoke_loader *l, const stoke_batch *b, char 
 static int choose_pinning(stoke_loader *l)
 {
     const stoke_loader_opts *o = &l->o; /* (l: calloc'd, pageable and no pin_backend) */
-    if (o->pin_memory_device) {
+    const char *pdev = o->pin_memory_device, *want = pdev ? pdev : o->device;
+    if (pdev) {
         char name[64];
         int index;
-        if (stoke__parse_accel_spec(o->pin_memory_device, name, sizeof(name), &index) != STOKE_OK)
+        if (stoke__parse_accel_spec(pdev, name, sizeof(name), &index) != STOKE_OK)
             return stoke__loader_fail(l, STOKE_EINVAL,
                                       "loader: pin_memory_device '%s' is not of the form "
                                       "name[:index] (e.g. \"simdev\", \"cuda:1\")",
-                                      o->pin_memory_device);
+                                      pdev);
     }
     if (!o->pin_memory) {
-        if (o->pin_memory_device)
+        if (pdev)
             stoke__log(STOKE_LOG_WARN,
-                       "pin_memory_device '%s' has no effect because pin_memory is off",
-                       o->pin_memory_device);
+                       "pin_memory_device '%s' has no effect because pin_memory is off", pdev);
         return STOKE_OK;
     }
-    const stoke_backend *cur = NULL;
-    int cdev = 0;
+    const stoke_backend *cur = NULL, *vt = NULL;
+    int cdev = 0, index = -1;
     int crc = stoke__accel_current(&cur, &cdev, NULL);
     if (crc != STOKE_OK && crc != STOKE_ENODEV)
         return stoke__loader_fail(l, crc, "loader: %s", stoke_last_error());
-    const char *want = o->pin_memory_device ? o->pin_memory_device : o->device;
-    if (want) {
-        const char *what = o->pin_memory_device ? "pin_memory_device" : "device";
-        const stoke_backend *vt = NULL;
-        int index = -1;
-        char detail[384];
-        int rc = stoke__loader_resolve_spec(l, what, want, &vt, &index);
-        if (rc == STOKE_EINVAL || rc == STOKE_ERANGE)
-            return rc;
-        if (rc != STOKE_OK && !o->pin_memory_device)
-            return stoke__loader_fail(l, rc, "loader: device '%s': %s", want, stoke_last_error());
-        if (rc == STOKE_OK && !(vt->caps & STOKE_CAP_PINNED_ALLOC)) {
-            /* the cpu fallback: its "pinned" memory is ordinary memory */
-            if (!o->pin_memory_device)
-                goto current; /* device transfer to it: pin for the accelerator, if any */
-            stoke__fmt(detail, sizeof(detail), "the %s backend pins nothing", vt->name);
-            rc = STOKE_ENODEV;
-        } else if (rc == STOKE_OK) {
-            if (vt == cur && (index < 0 || index == cdev)) {
-                l->alloc_kind = STOKE__ALLOC_POOL;
-            } else {
-                l->alloc_kind = STOKE__ALLOC_BACKEND;
-                l->pin_vt = vt;
-                l->pin_dev = index < 0 ? 0 : index;
-            }
-            stoke__strlcpy(l->pin_backend, vt->name, sizeof(l->pin_backend));
-            return STOKE_OK;
-        } else {
-            stoke__strlcpy(detail, stoke_last_error(), sizeof(detail));
+    int rc = !want ? STOKE_OK
+                   : stoke__loader_resolve_spec(l, pdev ? "pin_memory_device" : "device", want, &vt,
+                                                &index);
+    if (rc == STOKE_EINVAL || rc == STOKE_ERANGE)
+        return rc;
+    if (rc != STOKE_OK && !pdev)
+        return stoke__loader_fail(l, rc, "loader: device '%s': %s", want, stoke_last_error());
+    if (vt && rc == STOKE_OK && (vt->caps & STOKE_CAP_PINNED_ALLOC)) {
+        l->alloc_kind = STOKE__ALLOC_POOL;
+        if (vt != cur || (index >= 0 && index != cdev)) {
+            l->alloc_kind = STOKE__ALLOC_BACKEND;
+            l->pin_vt = vt;
+            l->pin_dev = index < 0 ? 0 : index;
         }
-        /* pin_memory_device names a backend that cannot pin: warn, then as if unset */
-        if (crc == STOKE_OK) {
-            stoke__log(STOKE_LOG_WARN,
-                       "pin_memory_device '%s' is not available (%s); pinning for the current "
-                       "accelerator %s instead",
-                       want, detail, cur->name);
-        } else {
+        stoke__strlcpy(l->pin_backend, vt->name, sizeof(l->pin_backend));
+        return STOKE_OK;
+    }
+    /* device: a backend that pins nothing (the cpu fallback: its "pinned" memory is ordinary
+     * memory) pins for the current accelerator, if any; pin_memory_device: a backend that cannot
+     * pin warns, then as if unset */
+    if (pdev) {
+        char detail[384];
+        if (rc == STOKE_OK)
+            stoke__fmt(detail, sizeof(detail), "the %s backend pins nothing", vt->name);
+        else
+            stoke__strlcpy(detail, stoke_last_error(), sizeof(detail));
+        if (crc != STOKE_OK) {
             stoke__log(STOKE_LOG_WARN,
                        "pin_memory_device '%s' is not available (%s); batches will not be "
                        "pinned",
                        want, detail);
             return STOKE_OK;
         }
+        stoke__log(STOKE_LOG_WARN,
+                   "pin_memory_device '%s' is not available (%s); pinning for the current "
+                   "accelerator %s instead",
+                   want, detail, cur->name);
     }
-current:
     if (crc == STOKE_OK) {
         l->alloc_kind = STOKE__ALLOC_POOL;
         stoke__strlcpy(l->pin_backend, cur->name, sizeof(l->pin_backend));
@@ -219,38 +197,21 @@ current:
     return STOKE_OK;
 }
 
-/* a * b and a + b, or 0 with *ok cleared when they do not fit in size_t. */
-static size_t mul_sz(size_t a, size_t b, int *ok)
-{
-    size_t r;
-    int over = __builtin_mul_overflow(a, b, &r);
-    *ok &= !over;
-    return over ? 0 : r;
-}
-
-static size_t add_sz(size_t a, size_t b, int *ok)
-{
-    size_t r;
-    int over = __builtin_add_overflow(a, b, &r);
-    *ok &= !over;
-    return over ? 0 : r;
-}
-
 /* Sizes one batch buffer for l->cap samples and the field offsets in it.  A batch of the full
- * batch_size must be representable (indices, every field, the alignment): STOKE_ERANGE
- * otherwise, so a nonsensical batch_size fails the same way whatever the dataset's length. */
+ * batch_size must be representable (indices, every field, the alignment: batch_size x (8 +
+ * sample_bytes) and some 256 bytes per field): STOKE_ERANGE otherwise, so a nonsensical
+ * batch_size fails the same way whatever the dataset's length. */
 static int size_buffers(stoke_loader *l)
 {
-    size_t bs = l->o.batch_size;
-    int ok = 1;
-    size_t nominal = add_sz(mul_sz(bs, sizeof(uint64_t), &ok), sizeof(uint64_t), &ok);
-    l->sample_bytes = 0;
-    for (int f = 0; f < l->ds.nfields; f++) {
-        l->sample_bytes = add_sz(l->sample_bytes, l->fields[f].bytes, &ok);
-        nominal = add_sz(nominal, add_sz(mul_sz(bs, l->fields[f].bytes, &ok), 256, &ok), &ok);
-    }
-    nominal = add_sz(nominal, 4096, &ok);
-    if (!ok)
+    size_t bs = l->o.batch_size, sb = 0, nominal;
+    int over = 0;
+    for (int f = 0; f < l->ds.nfields; f++)
+        over |= __builtin_add_overflow(sb, l->fields[f].bytes, &sb);
+    l->sample_bytes = sb;
+    over |= __builtin_add_overflow(sb, sizeof(uint64_t), &nominal) ||
+            __builtin_mul_overflow(nominal, bs, &nominal) ||
+            __builtin_add_overflow(nominal, 4096 + 8 + 256 * (size_t)l->ds.nfields, &nominal);
+    if (over)
         return stoke__loader_fail(l, STOKE_ERANGE,
                                   "loader: batch_size %zu is too large: a batch of %zu samples "
                                   "of %zu bytes does not fit in the address space",
@@ -264,8 +225,8 @@ static int size_buffers(stoke_loader *l)
         off = stoke__align_up(off + l->cap * l->fields[f].bytes, 256);
     }
     /* each batch's ragged words (b->rmeta; 2 + 2 cap fits: the indices of a batch did) */
-    (void)mul_sz(mul_sz((size_t)l->nragged, STOKE__RMETA_WORDS(l), &ok), sizeof(int64_t), &ok);
-    if (!ok)
+    size_t rmeta;
+    if (__builtin_mul_overflow((size_t)l->nragged * sizeof(int64_t), STOKE__RMETA_WORDS(l), &rmeta))
         return stoke__loader_fail(l, STOKE_ERANGE, "loader: batch_size %zu is too large", bs);
     l->buf_bytes = stoke__align_up(off, 4096);
     return STOKE_OK;
@@ -298,21 +259,16 @@ static int copy_fields(stoke_loader *l, const stoke_dataset *ds)
         if (stoke_field_finish(fd) != STOKE_OK) /* (on the caller's shape, checked there) */
             return stoke__loader_fail(l, STOKE_EINVAL, "loader: dataset %s: field %d: %s", ds->name,
                                       f, stoke_last_error());
+        /* (fd->bytes is 0 only for a shape with a 0 dimension: a legal sample of 0 bytes) */
         if (fd->ndim)
             memcpy(sh, fd->shape, (size_t)fd->ndim * sizeof(*sh));
         fd->shape = fd->ndim ? sh : NULL;
         sh += fd->ndim;
-        int empty_dim = 0; /* a shape with a 0 dimension: a legal sample of 0 bytes */
-        for (int d = 0; d < fd->ndim; d++)
-            empty_dim |= fd->shape[d] == 0;
         if (given && given != fd->bytes)
             return stoke__loader_fail(l, STOKE_EINVAL,
                                       "loader: dataset %s: field %d ('%s') says %zu bytes per "
                                       "sample, its dtype and shape make %zu",
                                       ds->name, f, fd->name, given, fd->bytes);
-        if (!fd->bytes && !empty_dim)
-            return stoke__loader_fail(l, STOKE_EINVAL, "loader: dataset %s: field %d has no size",
-                                      ds->name, f);
         l->step[f] = fd->bytes;
         l->rix[f] = -1;
         if (fd->ndim && fd->shape[0] == STOKE_DIM_VAR) {
@@ -456,33 +412,6 @@ static int check_upfront_bytes(stoke_loader *l)
         l->cap, l->sample_bytes);
 }
 
-/* The worker count: num_workers, or for STOKE_LOADER_WORKERS_AUTO one per online core up to
- * STOKE_LOADER_WORKERS_AUTO_MAX, all given work at first (autotune.c varies that).  The caller's
- * thread may make batches itself ("assist") for MAP datasets without worker_init, which promises
- * one call per thread before its samples; an ITERABLE dataset's shares are fixed per worker. */
-/* CPUs the calling thread may run on (its affinity mask: taskset, cgroup cpusets), else those
- * online; at least 1. */
-static int cpus_usable(void)
-{
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0)
-        return CPU_COUNT(&set);
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 ? (int)n : 1;
-}
-
-static void choose_workers(stoke_loader *l)
-{
-    l->auto_workers = l->o.num_workers == STOKE_LOADER_WORKERS_AUTO;
-    l->nworkers = l->o.num_workers;
-    l->ncpu = cpus_usable();
-    if (l->auto_workers)
-        l->nworkers =
-            l->ncpu < STOKE_LOADER_WORKERS_AUTO_MAX ? l->ncpu : STOKE_LOADER_WORKERS_AUTO_MAX;
-    l->nact = l->nworkers;
-    stoke__autotune_init(&l->autotune, l->nact);
-}
-
 /* The plan: which of the loader's fast paths apply, decided here once from the options and
  * the dataset; the hot paths test l->plan, not the modes.  docs/loader.md, "The plan".
  *
@@ -527,10 +456,9 @@ static void plan_loader(stoke_loader *l)
     p->hint_next = map && l->o.batch_size <= STOKE_DATASET_PREFETCH_MAX && l->ds.hint;
     p->marks = timed || !threads;
     p->caller_all = l->nworkers == 0;
-    p->deep_window = l->o.prefetch_factor == STOKE_LOADER_PREFETCH_AUTO && l->nworkers && map &&
-                     threads && l->buf_bytes < STOKE__SMALL_WINDOW_BYTES / 4;
     l->window = l->prefetch * l->nw1;
-    if (p->deep_window) {
+    if (l->o.prefetch_factor == STOKE_LOADER_PREFETCH_AUTO && l->nworkers && map && threads &&
+        l->buf_bytes < STOKE__SMALL_WINDOW_BYTES / 4) { /* the deep window */
         uint64_t deep = STOKE__SMALL_WINDOW_BYTES / l->buf_bytes;
         deep = deep < STOKE__SMALL_WINDOW ? deep : STOKE__SMALL_WINDOW;
         l->window = deep > (uint64_t)l->window ? (int)deep : l->window;
@@ -571,7 +499,24 @@ static int size_loader(stoke_loader *l)
         l->nsamples = l->nbatches * l->o.batch_size;
     if ((rc = size_buffers(l)) != STOKE_OK)
         return rc;
-    choose_workers(l);
+    /* The worker count: num_workers, or for STOKE_LOADER_WORKERS_AUTO one per CPU the calling
+     * thread may run on (its affinity mask: taskset, cgroup cpusets; else those online) up to
+     * STOKE_LOADER_WORKERS_AUTO_MAX, all given work at first (autotune.c varies that).  The
+     * caller's thread may make batches itself ("assist") for MAP datasets without worker_init,
+     * which promises one call per thread before its samples; an ITERABLE dataset's shares are
+     * fixed per worker. */
+    cpu_set_t set;
+    long ncpu = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
+    if (ncpu <= 0)
+        ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    l->ncpu = ncpu > 0 ? (int)ncpu : 1;
+    l->auto_workers = l->o.num_workers == STOKE_LOADER_WORKERS_AUTO;
+    l->nworkers = l->o.num_workers;
+    if (l->auto_workers)
+        l->nworkers =
+            l->ncpu < STOKE_LOADER_WORKERS_AUTO_MAX ? l->ncpu : STOKE_LOADER_WORKERS_AUTO_MAX;
+    l->nact = l->nworkers;
+    stoke__autotune_init(&l->autotune, l->nact);
     l->nw1 = l->nworkers ? l->nworkers : 1;
     plan_loader(l);
     uint64_t nbuf = (uint64_t)l->window + 2;
@@ -650,8 +595,7 @@ static int allocate(stoke_loader *l)
     l->caller.wid = l->nworkers;
     l->caller.share = &l->w[0]; /* ITERABLE with 0 workers: the one share */
     /* each producer's scratch: the slots of a batch or of a group's samples */
-    l->nscratch = l->cap > STOKE__AHEAD_RUN ? l->cap : STOKE__AHEAD_RUN;
-    size_t nsc = l->nscratch * (size_t)l->ds.nfields;
+    size_t nsc = (l->cap > STOKE__AHEAD_RUN ? l->cap : STOKE__AHEAD_RUN) * (size_t)l->ds.nfields;
     for (int i = 0; i <= l->nw1; i++) {
         stoke__ahead *a = i < l->nw1 ? &l->w[i].p.ahead : &l->caller.ahead;
         a->dst = calloc(nsc, sizeof(*a->dst));
@@ -683,21 +627,6 @@ static int allocate(stoke_loader *l)
                                       stoke_last_error());
     }
     return STOKE_OK;
-}
-
-/* Last step of create: every batch (device mode: every staging slot) into its free list. */
-static void fill_pools(stoke_loader *l)
-{
-    for (int i = l->nbuf - 1; i >= 0; i--) {
-        stoke_batch *b = &l->bat[i];
-        if (l->device_mode) {
-            l->slots[i].next = l->free_s;
-            l->free_s = &l->slots[i];
-        } else {
-            b->host = &l->slots[i];
-        }
-        l->free_v[l->nfree++] = b;
-    }
 }
 
 int stoke_loader_create(const stoke_loader_opts *o, stoke_dataset *ds, stoke_loader **out)
@@ -740,7 +669,15 @@ int stoke_loader_create(const stoke_loader_opts *o, stoke_dataset *ds, stoke_loa
         stoke_loader_destroy(l); /* keeps the last error */
         return rc;
     }
-    fill_pools(l);
+    for (int i = l->nbuf - 1; i >= 0; i--) { /* every batch (device mode: slot) free */
+        if (l->device_mode) {
+            l->slots[i].next = l->free_s;
+            l->free_s = &l->slots[i];
+        } else {
+            l->bat[i].host = &l->slots[i];
+        }
+        l->free_v[l->nfree++] = &l->bat[i];
+    }
     l->created = 1;
     l->seed = l->o.seed;
     stoke__loader_lock(l); /* (mu) for set_position; no other thread yet, the check runs */
@@ -787,8 +724,16 @@ void stoke_loader_destroy(stoke_loader *l)
         }
     }
     if (!forked) {
-        for (int i = 0; l->slots && i < l->nbuf; i++)
-            slot_free(l, &l->slots[i]);
+        for (int i = 0; l->slots && i < l->nbuf; i++) {
+            void *mem = l->slots[i].mem;
+            if (l->alloc_kind == STOKE__ALLOC_ARENA)
+                stoke_arena_free(l->arena, mem);
+            else if (l->alloc_kind != STOKE__ALLOC_PAGEABLE)
+                stoke_pinned_free(mem);
+            else
+                stoke__resident_free(mem, l->buf_bytes);
+            stoke_event_destroy(l->slots[i].ev);
+        }
         stoke_arena_close(l->arena);
         stoke_event_destroy(l->read_ev);
         stoke_stream_destroy(l->stream);

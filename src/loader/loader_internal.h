@@ -227,9 +227,8 @@ int stoke__feistel_simd_in_use(void);
  * batch_indices).  A batch of up to STOKE__AHEAD_RUN samples is not computed alone: its run
  * reaches as far as the batches this thread makes in a row (seq_end), at most STOKE__AHEAD_RUN
  * positions, so that batch size 1 takes its indices from one fill of many positions (the
- * sampler walks a fill's values together) rather than one walk per batch.  Two runs: the
- * look-ahead for batch seq + 1 may start a new run before batch seq, still in the other one,
- * is made (a new run replaces the one that does not hold the position before its first).  The
+ * sampler walks a fill's values together) rather than one walk per batch.  One run: the
+ * look-ahead for batch seq + 1 comes once batch seq's indices left it (fill_batch).  The
  * epoch's keys are derived once per (seed, epoch), not once per batch, and its permutation
  * tabulated when it is small enough (stoke__sampler_epoch_tabulate).  Each thread has its own
  * (the caller's thread: l->caller.ahead; a process worker: its copy of it). */
@@ -242,27 +241,26 @@ typedef struct stoke__ahead_run {
     uint64_t idx[STOKE__AHEAD_RUN];
 } stoke__ahead_run;
 typedef struct stoke__ahead {
-    stoke__ahead_run run[2];
+    stoke__ahead_run run;
     uint64_t seq_end;        /* the batches this thread makes in a row end before this seq */
     stoke__sampler_epoch ep; /* the keys of the (seed, epoch) it names (zeroed: none) */
     uint16_t tab[STOKE__FEISTEL_TAB_LEN]; /* ep's round table, when it has one */
     /* The producer's scratch for the dataset's calls (allocated at create): dst[j * nfields +
      * f] the slots, len[j * nfields + f] the ragged lengths (NULL without ragged fields), for
-     * up to l->nscratch samples (a batch, or a group's samples). */
+     * up to max(l->cap, STOKE__AHEAD_RUN) samples (a batch, or a group's samples). */
     void **dst;
     int64_t *len;
 } stoke__ahead;
 
 /* The fast paths that apply, decided once at create (loader.c, plan_loader: the table). */
 typedef struct stoke__plan {
-    unsigned group : 1;       /* claims of up to 16 tiny batches per hold of mu */
-    unsigned scatter : 1;     /* a group's samples in one read() */
-    unsigned assist : 1;      /* the caller's thread makes the batch it needs */
-    unsigned help : 1;        /* ... and helps while a worker makes it */
-    unsigned hint_next : 1;   /* the next batch's samples named to the dataset */
-    unsigned marks : 1;       /* busy marks (stoke__busy): timeout_ms, process workers */
-    unsigned caller_all : 1;  /* 0 workers: the caller's thread makes every batch */
-    unsigned deep_window : 1; /* the reorder window deepened for small batches */
+    unsigned group : 1;      /* claims of up to 16 tiny batches per hold of mu */
+    unsigned scatter : 1;    /* a group's samples in one read() */
+    unsigned assist : 1;     /* the caller's thread makes the batch it needs */
+    unsigned help : 1;       /* ... and helps while a worker makes it */
+    unsigned hint_next : 1;  /* the next batch's samples named to the dataset */
+    unsigned marks : 1;      /* busy marks (stoke__busy): timeout_ms, process workers */
+    unsigned caller_all : 1; /* 0 workers: the caller's thread makes every batch */
 } stoke__plan;
 
 /* A producer: what makes batches, all through one loop (worker.c, stoke__loader_make_group:
@@ -276,7 +274,7 @@ typedef struct stoke__plan {
  * - a process worker's child: its copy of l->caller, wid its worker's (procworker.c), filling
  *   the batches its parent's thread claimed for it. */
 /* What a producer is loading, where plan.marks says (worker.c, busy_begin): for the consumer's
- * timeout check (next.c, timed_out_worker: it reads `since`, then `index`), and from a process
+ * timeout check (next.c, wait_done: it reads `since`, then `index`), and from a process
  * worker's child, in memory it shares with the parent, for the parent to name the sample a
  * crash was on (procworker.c, after_crash). */
 typedef struct stoke__busy {
@@ -357,7 +355,6 @@ struct stoke_loader {
     struct stoke__ragged *rg;
     int *rix;
     int nragged;
-    size_t nscratch;     /* samples a producer's scratch (stoke__ahead dst / len) holds */
     size_t buf_bytes;    /* one batch buffer */
     int prefetch;        /* batches in flight per worker (prefetch_factor; 2 for auto) */
     stoke__plan plan;    /* the fast paths that apply (loader.c, plan_loader) */

@@ -117,23 +117,6 @@ static int batch_error(stoke_loader *l, stoke_batch *b)
     return rc;
 }
 
-/* (mu) A worker whose sample has run longer than the timeout, or -1. */
-static int timed_out_worker(stoke_loader *l, uint64_t now, uint64_t *deadline)
-{
-    uint64_t lim = (uint64_t)l->o.timeout_ms * 1000000u;
-    *deadline = now + lim;
-    for (int i = 0; i < l->nworkers; i++) {
-        uint64_t t = atomic_load(&l->w[i].p.busy->since);
-        if (!t)
-            continue;
-        if (now > t && now - t > lim)
-            return i;
-        if (t + lim + 1000000u < *deadline)
-            *deadline = t + lim + 1000000u;
-    }
-    return -1;
-}
-
 /* (mu) The status that stops the wait for a batch, or STOKE_OK to keep waiting. */
 static int wait_status(stoke_loader *l)
 {
@@ -155,8 +138,16 @@ static int wait_status(stoke_loader *l)
  * STOKE_ETIMEDOUT, STOKE_ECANCELED (interrupted). */
 static int wait_done(stoke_loader *l)
 {
-    uint64_t now = stoke__now_ns(), deadline = 0; /* 0: none */
-    int w = l->o.timeout_ms ? timed_out_worker(l, now, &deadline) : -1;
+    uint64_t lim = (uint64_t)l->o.timeout_ms * 1000000u, now = stoke__now_ns();
+    uint64_t deadline = lim ? now + lim : 0; /* 0: none */
+    int w = -1; /* a worker whose sample has run longer than the timeout */
+    for (int i = 0; lim && w < 0 && i < l->nworkers; i++) {
+        uint64_t t = atomic_load(&l->w[i].p.busy->since);
+        if (t && now > t && now - t > lim)
+            w = i;
+        else if (t && t + lim + 1000000u < deadline)
+            deadline = t + lim + 1000000u;
+    }
     if (w >= 0) {
         char what[48] = "its next sample";
         uint64_t idx = atomic_load(&l->w[w].p.busy->index);

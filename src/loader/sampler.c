@@ -318,8 +318,6 @@ static void feistel_apply_all(const stoke__feistel *f, uint64_t *v, size_t count
 
 uint64_t stoke_permute(uint64_t x, uint64_t n, uint64_t key)
 {
-    if (n <= 1 || x >= n)
-        return x;
     stoke__feistel f;
     feistel_init(&f, n, key);
     return feistel_apply(&f, x);
@@ -332,7 +330,6 @@ void stoke_sampler_opts_init(stoke_sampler_opts *o)
     memset(o, 0, sizeof(*o));
     o->kind = STOKE_SAMPLER_SEQUENTIAL;
     o->rank = -1;
-    o->world_size = 0;
 }
 
 /* Rank and world size from the first pair of variables that is set. */
@@ -358,31 +355,6 @@ static int dist_from_env(uint64_t *rank, uint64_t *world)
 
 #define BLOCK_MAX_PARAM (1ull << 48)
 #define BLOCK_MAX_LEN   (1ull << 62)
-
-/* BLOCK: the block geometry.  With block_rows and block_window <= 2^48 and at most 2^62 rows,
- * no product below (slot * rows, window * blocks * rows) can overflow. */
-static int block_setup(stoke_sampler *s, const stoke_sampler_opts *o, uint64_t n)
-{
-    uint64_t rows = o->block_rows ? o->block_rows : STOKE_SAMPLER_BLOCK_ROWS_DEFAULT;
-    uint64_t win = o->block_window ? o->block_window : STOKE_SAMPLER_BLOCK_WINDOW_DEFAULT;
-    if (rows > BLOCK_MAX_PARAM || win > BLOCK_MAX_PARAM)
-        return stoke__fail(STOKE_EINVAL,
-                           "block sampler: block_rows (%" PRIu64 ") and block_window (%" PRIu64
-                           ") must be at most 2^48",
-                           rows, win);
-    if (n > BLOCK_MAX_LEN)
-        return stoke__fail(STOKE_EINVAL,
-                           "block sampler: a dataset of %" PRIu64 " rows is over 2^62", n);
-    if (n && rows > n)
-        rows = n; /* one block, the same order */
-    s->brows = rows;
-    s->nfull = n / rows;
-    s->tail_rows = n % rows;
-    s->nblocks = s->nfull + (s->tail_rows != 0);
-    s->bwin = win < s->nblocks ? win : (s->nblocks ? s->nblocks : 1);
-    s->base_len = n;
-    return STOKE_OK;
-}
 
 /* The kind's state and this rank's share of the epoch, checked, into the zeroed s. */
 static int sampler_setup(stoke_sampler *s, const stoke_sampler_opts *o, uint64_t dataset_len)
@@ -434,9 +406,27 @@ static int sampler_setup(stoke_sampler *s, const stoke_sampler_opts *o, uint64_t
         break;
     }
     case STOKE_SAMPLER_BLOCK: {
-        int rc = block_setup(s, o, dataset_len);
-        if (rc != STOKE_OK)
-            return rc;
+        /* the block geometry: with block_rows and block_window <= 2^48 and at most 2^62 rows, no
+         * product below (slot * rows, window * blocks * rows) can overflow */
+        uint64_t rows = o->block_rows ? o->block_rows : STOKE_SAMPLER_BLOCK_ROWS_DEFAULT;
+        uint64_t win = o->block_window ? o->block_window : STOKE_SAMPLER_BLOCK_WINDOW_DEFAULT;
+        if (rows > BLOCK_MAX_PARAM || win > BLOCK_MAX_PARAM)
+            return stoke__fail(STOKE_EINVAL,
+                               "block sampler: block_rows (%" PRIu64 ") and block_window (%" PRIu64
+                               ") must be at most 2^48",
+                               rows, win);
+        if (dataset_len > BLOCK_MAX_LEN)
+            return stoke__fail(STOKE_EINVAL,
+                               "block sampler: a dataset of %" PRIu64 " rows is over 2^62",
+                               dataset_len);
+        if (dataset_len && rows > dataset_len)
+            rows = dataset_len; /* one block, the same order */
+        s->brows = rows;
+        s->nfull = dataset_len / rows;
+        s->tail_rows = dataset_len % rows;
+        s->nblocks = s->nfull + (s->tail_rows != 0);
+        s->bwin = win < s->nblocks ? win : (s->nblocks ? s->nblocks : 1);
+        s->base_len = dataset_len;
         break;
     }
     default: return stoke__fail(STOKE_EINVAL, "sampler: unknown kind %d", o->kind);
@@ -613,13 +603,15 @@ int stoke__sampler_epoch_init(stoke__sampler_epoch *e, const stoke_sampler *s, u
     e->key = stoke__epoch_key(seed, epoch);
     switch (s->kind) {
     case STOKE_SAMPLER_RANDOM: feistel_init(&e->perm, s->n, e->key); break;
-    case STOKE_SAMPLER_SUBSET: feistel_init(&e->perm, s->base_len, e->key); break;
+    case STOKE_SAMPLER_SUBSET: /* only a shuffled one has a permutation (n 0: none) */
+        if (s->shuffle)
+            feistel_init(&e->perm, s->base_len, e->key);
+        break;
     case STOKE_SAMPLER_BLOCK:
         feistel_init(&e->perm, s->nfull, e->key);
         e->tail_slot =
             s->tail_rows ? mix64(e->key ^ 0x9fb21c651e98df25ull) % s->nblocks : s->nblocks;
         break;
-    default: break;
     }
     return STOKE_OK;
 }
@@ -627,13 +619,10 @@ int stoke__sampler_epoch_init(stoke__sampler_epoch *e, const stoke_sampler *s, u
 /* The round function of every half value, round by round (see stoke__feistel.tab). */
 int stoke__sampler_epoch_tabulate(stoke__sampler_epoch *e, uint16_t *tab, size_t len)
 {
-    if (!e || !e->s || !tab)
+    if (!e || !tab)
         return 0;
-    const stoke_sampler *s = e->s;
-    stoke__feistel *f = &e->perm;
-    int perm = s->kind == STOKE_SAMPLER_RANDOM || s->kind == STOKE_SAMPLER_BLOCK ||
-               (s->kind == STOKE_SAMPLER_SUBSET && s->shuffle);
-    if (!perm || f->n <= 1 || f->half > STOKE__FEISTEL_TAB_HALF ||
+    stoke__feistel *f = &e->perm; /* (n 0 for the kinds without a permutation) */
+    if (f->n <= 1 || f->half > STOKE__FEISTEL_TAB_HALF ||
         len < ((size_t)STOKE__FEISTEL_ROUNDS << f->half))
         return 0;
     const size_t w = (size_t)1 << f->half;
@@ -690,7 +679,6 @@ int stoke__sampler_fill(const stoke_sampler *s, const stoke__sampler_epoch *e, u
             out[i] = block_index(s, e, out[i], &bw);
         break;
     }
-    default: return STOKE_EINVAL;
     }
     return STOKE_OK;
 }

@@ -80,35 +80,22 @@ static const stoke__sampler_epoch *ahead_epoch(const stoke_loader *l, stoke__ahe
 
 _Atomic uint64_t stoke__ahead_fills;
 
-/* The indices of batch seq (n samples, at most STOKE__AHEAD_RUN) from this thread's runs,
- * filling a new run from its first position when neither holds them (see stoke__ahead).  NULL
- * when the sampler refuses: the caller computes them alone and reports the error. */
+/* The indices of batch seq (n samples, at most STOKE__AHEAD_RUN) from this thread's run,
+ * filling a new run from its first position when the run does not hold them (see
+ * stoke__ahead).  NULL when the sampler refuses: the caller computes them alone and reports the
+ * error. */
 static const uint64_t *ahead_indices(const stoke_loader *l, stoke__ahead *a, uint64_t seq, size_t n,
                                      uint64_t seed, uint64_t epoch)
 {
     uint64_t pos = seq * l->o.batch_size;
-    for (int i = 0; i < 2; i++) {
-        const stoke__ahead_run *r = &a->run[i];
-        if (r->n >= n && r->seed == seed && r->epoch == epoch && pos >= r->pos0 &&
-            pos - r->pos0 <= r->n - n)
-            return r->idx + (pos - r->pos0);
-    }
-    /* a new run, over the batches this thread makes in a row, in place of the run that does not
-     * hold the position before (the batch the thread makes now, when the look-ahead asks for
-     * the next one), else of the run that ends first */
+    stoke__ahead_run *r = &a->run;
+    if (r->n >= n && r->seed == seed && r->epoch == epoch && pos >= r->pos0 &&
+        pos - r->pos0 <= r->n - n)
+        return r->idx + (pos - r->pos0);
+    /* a new run, over the batches this thread makes in a row */
     uint64_t end = a->seq_end > seq ? a->seq_end : seq + 1;
     uint64_t last = end < l->nbatches ? end * l->o.batch_size : l->nsamples;
     uint64_t m = last - pos < STOKE__AHEAD_RUN ? last - pos : STOKE__AHEAD_RUN;
-    int hold[2];
-    uint64_t ends[2];
-    for (int i = 0; i < 2; i++) {
-        const stoke__ahead_run *q = &a->run[i];
-        int valid = q->n && q->seed == seed && q->epoch == epoch;
-        hold[i] = valid && pos > q->pos0 && pos - q->pos0 <= q->n;
-        ends[i] = valid ? q->pos0 + q->n : 0;
-    }
-    int drop = hold[0] != hold[1] ? hold[0] : ends[0] > ends[1];
-    stoke__ahead_run *r = &a->run[drop];
     const stoke__sampler_epoch *ep = ahead_epoch(l, a, seed, epoch);
     r->n = 0;
     if (m < n || stoke__sampler_fill(l->sampler, ep, pos, (size_t)m, r->idx) != STOKE_OK)
@@ -395,6 +382,24 @@ void stoke__loader_batch_start(stoke_loader *l, stoke_batch *b, int wid, uint64_
     b->pinned = b->host->pinned;
 }
 
+/* Producer, once batch seq - 1's indices are taken: when batches are small and the dataset has
+ * a hint, computes the indices of batch `seq` (the one this thread makes next, within the
+ * batches it makes in a row) into its look-ahead and names them to the dataset.  Does nothing
+ * otherwise (a process worker's child: it makes one batch per request). */
+static void look_ahead(stoke_loader *l, stoke__producer *p, uint64_t seq, uint64_t seed,
+                       uint64_t epoch)
+{
+    stoke__ahead *a = &p->ahead;
+    if (!l->plan.hint_next || seq >= a->seq_end)
+        return;
+    size_t n = batch_count(l, seq);
+    const uint64_t *idx = n ? ahead_indices(l, a, seq, n, seed, epoch) : NULL;
+    if (idx) { /* else fill_batch computes them again and reports what failed */
+        stoke_hint h = {.kind = STOKE_HINT_NEXT, .indices = idx, .count = n};
+        l->ds.hint(l->ds.user, &h);
+    }
+}
+
 /* The fill pipeline: indices, the dataset's reads (read() for the batch, else get()/next() per
  * sample, bad samples through the policy), then finish_batch. */
 void stoke__loader_fill_batch(stoke_loader *l, stoke_batch *b, stoke__producer *p, uint64_t seed,
@@ -404,6 +409,7 @@ void stoke__loader_fill_batch(stoke_loader *l, stoke_batch *b, stoke__producer *
     stoke__loader_batch_start(l, b, p->wid, epoch);
     if (!l->iterable && batch_indices(l, b, &p->ahead, seed, epoch, seq) != STOKE_OK)
         return;
+    look_ahead(l, p, seq + 1, seed, epoch); /* (after b's indices left the run) */
     if (!l->iterable && l->ds.read)
         fill_read(l, b, p);
     else
@@ -528,35 +534,6 @@ static stoke_batch *dispatch(stoke_loader *l, stoke__producer *p, uint64_t *seed
     return b;
 }
 
-/* Producer, before making a batch: when batches are small and the dataset has a hint, computes
- * the indices of batch `seq` (the one this thread makes next) into its look-ahead and names them
- * to the dataset.  Does nothing otherwise. */
-static void look_ahead(stoke_loader *l, stoke__producer *p, uint64_t seq, uint64_t seed,
-                       uint64_t epoch)
-{
-    stoke__ahead *a = &p->ahead;
-    if (!l->plan.hint_next || seq >= l->nbatches)
-        return;
-    size_t n = batch_count(l, seq);
-    const uint64_t *idx = n ? ahead_indices(l, a, seq, n, seed, epoch) : NULL;
-    if (idx) { /* else fill_batch computes them again and reports what failed */
-        stoke_hint h = {.kind = STOKE_HINT_NEXT, .indices = idx, .count = n};
-        l->ds.hint(l->ds.user, &h);
-    }
-}
-
-/* Makes a dispatched batch, without `mu` and without a clock read. */
-static void make_batch(stoke_loader *l, stoke_batch *b, stoke__producer *p, uint64_t seed,
-                       uint64_t epoch)
-{
-    if (l->proc)
-        stoke__proc_fill(l, b, p, seed, epoch); /* in worker p->wid's child process */
-    else
-        stoke__loader_fill_batch(l, b, p, seed, epoch, b->seq);
-    if (l->device_mode && b->status == STOKE_OK && b->count)
-        stoke__loader_copy_batch(l, b);
-}
-
 /* A pause for spin loops. */
 static inline void cpu_relax(void)
 {
@@ -637,7 +614,7 @@ static int make_scattered(stoke_loader *l, stoke_batch *const *b, int n, int wid
         total <= STOKE__AHEAD_RUN ? ahead_indices(l, a, b[0]->seq, total, seed, epoch) : NULL;
     if (!run)
         return STOKE_ERANGE;
-    void **base = a->dst; /* a run per batch: n <= CLAIM_MAX <= nscratch */
+    void **base = a->dst; /* a run per batch: n <= CLAIM_MAX <= STOKE__AHEAD_RUN */
     size_t start[CLAIM_MAX + 1], j = 0;
     for (int i = 0; i < n; i++) {
         stoke_batch *x = b[i];
@@ -674,17 +651,18 @@ int stoke__loader_make_group(stoke_loader *l, stoke__producer *p, uint64_t *cloc
     /* the batches it makes in a row: the group's (their seqs follow each other), or every one
      * when the caller's thread makes them all (0 workers) */
     a->seq_end = l->plan.caller_all && !w ? l->nbatches : b[n - 1]->seq + 1;
-    if (n > 1 && !l->iterable && l->o.batch_size <= STOKE__AHEAD_RUN) /* one run for all */
-        (void)ahead_indices(l, a, b[0]->seq, batch_count(l, b[0]->seq), seed, epoch);
     /* the clock is read around the group, not after each batch (a read is about 30 ns here, a
      * tenth of a batch of one 3 KB row): each batch is counted the group's average */
     uint64_t t0 = clock && *clock ? *clock : stoke__now_ns();
     int one_call =
         n > 1 && l->plan.scatter && make_scattered(l, b, n, wid, seed, epoch, a) == STOKE_OK;
     for (int i = 0; i < n && !one_call; i++) {
-        if (b[i]->seq + 1 < a->seq_end) /* the next batch this producer makes */
-            look_ahead(l, p, b[i]->seq + 1, seed, epoch);
-        make_batch(l, b[i], p, seed, epoch);
+        if (l->proc)
+            stoke__proc_fill(l, b[i], p, seed, epoch); /* in worker p->wid's child process */
+        else
+            stoke__loader_fill_batch(l, b[i], p, seed, epoch, b[i]->seq);
+        if (l->device_mode && b[i]->status == STOKE_OK && b[i]->count)
+            stoke__loader_copy_batch(l, b[i]);
     }
     uint64_t t1 = stoke__now_ns(), took = t1 - t0;
     if (clock)
