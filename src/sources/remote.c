@@ -114,7 +114,8 @@ int stoke__remote_fetch(stoke__remote_pool *p, int slot, const stoke__remote_fil
 
 #define STR_(x)         #x
 #define STR(x)          STR_(x)
-#define SLOTS           64
+#define FG_SLOTS        64                        /* slots of the workers: slot % 64 */
+#define SLOTS           (FG_SLOTS + STOKE__REMOTE_BG_MAX) /* then the background downloaders' */
 #define BACKOFF_BASE_MS 100u   /* the first retry waits 50..100 ms, each next one twice that */
 #define BACKOFF_CAP_MS  10000u /* ... up to 5..10 s */
 #define DEFAULT_RETRIES 6u
@@ -760,11 +761,20 @@ static int try_once(stoke__remote_pool *p, CURL *h, const stoke__remote_file *f,
     return retryable_curl(c) ? 1 : STOKE_EIO;
 }
 
+/* The slot of slot_i: a worker's (>= 0) among the first FG_SLOTS, a background downloader's
+ * (STOKE__REMOTE_BG(k) < 0) after them. */
+static slot *slot_of(stoke__remote_pool *p, int slot_i)
+{
+    if (slot_i >= 0)
+        return &p->s[(unsigned)slot_i % FG_SLOTS];
+    return &p->s[FG_SLOTS + (unsigned)(-1 - (long)slot_i) % STOKE__REMOTE_BG_MAX];
+}
+
 /* The tries of one transfer x through slot slot_i: 0, or the error with why set. */
 static int transfer(stoke__remote_pool *p, int slot_i, const stoke__remote_file *f, xfer *x,
                     char *why, size_t why_len)
 {
-    slot *s = &p->s[(unsigned)slot_i % SLOTS];
+    slot *s = slot_of(p, slot_i);
     uint64_t t0 = stoke__now_ns();
     pthread_mutex_lock(&s->lock);
     if (!s->h && !(s->h = handle_new(p, s))) {
@@ -792,7 +802,8 @@ static int transfer(stoke__remote_pool *p, int slot_i, const stoke__remote_file 
         backoff(attempt, x->retry_after, &rng);
     }
     pthread_mutex_unlock(&s->lock);
-    atomic_fetch_add(&p->n->wait_ns, stoke__now_ns() - t0);
+    if (slot_i >= 0) /* a background download is no one's wait */
+        atomic_fetch_add(&p->n->wait_ns, stoke__now_ns() - t0);
     return rc;
 }
 

@@ -1,8 +1,9 @@
 /* Private to the built-in sources: files behind http://, https:// and s3:// URLs, read by byte
  * range through libcurl (remote.c).  See docs/sources.md, "Remote shards".
  *
- * A pool holds the connections: one libcurl handle per slot (a worker: slot = worker % 64),
- * created by the slot's first read and kept, so that consecutive reads of one worker reuse its
+ * A pool holds the connections: one libcurl handle per slot (a worker: slot = worker % 64; a
+ * background downloader of the cache: STOKE__REMOTE_BG(k), k < STOKE__REMOTE_BG_MAX), created by
+ * the slot's first read and kept, so that consecutive reads of one worker reuse its
  * connection (HTTP keep-alive), and the settings read from the environment once, at create
  * (S3 credentials, region and endpoint, retries, timeout).  A read retries what can pass
  * (timeouts, refused or reset connections, 408/429/5xx, a body cut short: continued from the
@@ -23,6 +24,12 @@ int stoke__remote_is_url(const char *path);
 
 typedef struct stoke__remote_pool stoke__remote_pool;
 
+/* The slots of background transfers (cache.c's downloaders): slot STOKE__REMOTE_BG(k) for
+ * k in [0, STOKE__REMOTE_BG_MAX), apart from the workers' slots.  Their time is not counted in
+ * wait_ns (no one waits on them). */
+#define STOKE__REMOTE_BG_MAX 64
+#define STOKE__REMOTE_BG(k)  (-1 - (int)(k))
+
 /* Creates a pool: 0 and *out, or STOKE_ENOTSUP (built without libcurl), STOKE_ENOMEM,
  * STOKE_EINVAL (a bad setting in the environment), with why set.  Thread-safe. */
 int stoke__remote_pool_create(stoke__remote_pool **out, char *why, size_t why_len);
@@ -39,7 +46,8 @@ void stoke__remote_pool_fork_child(stoke__remote_pool *p);
  * mapping, read without a lock). */
 typedef struct stoke__remote_stats {
     uint64_t requests, retries, bytes;
-    uint64_t wait_ns; /* time in reads and fetches, waiting for a slot's lock included */
+    uint64_t wait_ns; /* time in reads and fetches of the workers' slots, waiting for a slot's
+                         lock included */
 } stoke__remote_stats;
 void stoke__remote_pool_stats(const stoke__remote_pool *p, stoke__remote_stats *out);
 
@@ -57,7 +65,8 @@ int stoke__remote_file_init(const stoke__remote_pool *p, const char *url, stoke_
                             char *why, size_t why_len);
 void stoke__remote_file_free(stoke__remote_file *f);
 
-/* Reads n bytes at off into buf through slot `slot` (any int; taken modulo the slots): 0, with
+/* Reads n bytes at off into buf through slot `slot` (a worker's, any int >= 0, taken modulo 64;
+ * or STOKE__REMOTE_BG(k)): 0, with
  * *got = n, or fewer only where the file ends (*got may be 0 past the end); *total (may be
  * NULL) gets the file's size when the server said it (Content-Range), else is left alone.
  * Errors, after the retries, with why = "GET URL: reason" (the HTTP status and the server's

@@ -397,31 +397,96 @@ static int open_index(const char *spec, stoke__tar_ds *t, stoke__tar_shard *s, c
     return rc ? rc : 1;
 }
 
-/* Opens remote shard s (the pool, and the cache when STOKE_CACHE_DIR is set, made by the
- * first): its size comes with its sidecar index (without a cache: then *indexed = 1 and its
- * members are in sc), the first window, or the local copy (downloaded if missing). */
+/* The pool, and the cache when STOKE_CACHE_DIR is set, made once. */
+static int remote_pool(const char *spec, stoke__tar_ds *t)
+{
+    if (t->pool)
+        return STOKE_OK;
+    char why[512];
+    int rc = stoke__remote_pool_create(&t->pool, why, sizeof(why));
+    if (!rc)
+        rc = stoke__cache_create(&t->cache, why, sizeof(why));
+    if (rc) {
+        stoke__remote_pool_destroy(t->pool);
+        t->pool = NULL;
+        return stoke__fail(rc, "source '%s': %s", spec, why);
+    }
+    return STOKE_OK;
+}
+
+/* Makes remote shard s's request (the pool, and the cache when STOKE_CACHE_DIR is set, made
+ * by the first); s->path becomes the URL without credentials, *given (malloc'd, may be NULL
+ * when not wanted) the URL as written.  Nothing changes on a failure. */
+static int remote_init(const char *spec, stoke__tar_ds *t, stoke__tar_shard *s, char **given)
+{
+    char why[512];
+    int rc = remote_pool(spec, t);
+    if (rc)
+        return rc;
+    rc = stoke__remote_file_init(t->pool, s->path, &s->rf, why, sizeof(why));
+    if (rc) {
+        stoke__remote_file_free(&s->rf);
+        return stoke__fail(rc, "source '%s': %s", spec, why);
+    }
+    char *shown = strdup(s->rf.url); /* messages name the URL without credentials */
+    if (!shown) {
+        stoke__remote_file_free(&s->rf);
+        return stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);
+    }
+    if (given)
+        *given = s->path;
+    else
+        free(s->path);
+    s->path = shown;
+    s->remote = 1;
+    return STOKE_OK;
+}
+
+/* With a cache: every remote shard's request made, and their order given to the cache, so
+ * that the download of a shard has the next ones downloaded meanwhile (read-ahead), at open
+ * and during the epochs.  Without a cache (or no remote shard) nothing is done. */
+static int remote_order(const char *spec, stoke__tar_ds *t)
+{
+    int first = 0;
+    while (first < t->nshards && !stoke__remote_is_url(t->shards[first].path))
+        first++;
+    if (first == t->nshards)
+        return STOKE_OK;
+    int rc = remote_pool(spec, t);
+    if (rc || !t->cache) /* without a cache the shards' requests are made as they are opened */
+        return rc;
+    const stoke__remote_file **f = calloc((size_t)t->nshards, sizeof(*f));
+    if (!f)
+        return stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);
+    size_t n = 0;
+    for (int i = first; i < t->nshards && !rc; i++) {
+        stoke__tar_shard *s = &t->shards[i];
+        if (!s->remote && stoke__remote_is_url(s->path))
+            rc = remote_init(spec, t, s, NULL);
+        if (!rc && s->remote)
+            f[n++] = &s->rf;
+    }
+    if (!rc && stoke__cache_set_order(t->cache, f, NULL, n) != STOKE_OK)
+        rc = stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);
+    free(f);
+    return rc;
+}
+
+/* Opens remote shard s: its size comes with its sidecar index (without a cache: then
+ * *indexed = 1 and its members are in sc), the first window, or the local copy (downloaded if
+ * missing). */
 static int open_remote(const char *spec, stoke__tar_ds *t, stoke__tar_shard *s, rwin *w, scan *sc,
                        int *indexed)
 {
-    char why[512];
     int rc = STOKE_OK;
     *indexed = 0;
-    if (!t->pool) {
-        rc = stoke__remote_pool_create(&t->pool, why, sizeof(why));
-        if (!rc)
-            rc = stoke__cache_create(&t->cache, why, sizeof(why));
+    char *given = NULL; /* with any credentials: the index's URL is made from it */
+    if (!s->remote) {
+        rc = remote_init(spec, t, s, &given);
+        if (rc)
+            return rc;
     }
-    if (!rc)
-        rc = stoke__remote_file_init(t->pool, s->path, &s->rf, why, sizeof(why));
-    if (rc)
-        return stoke__fail(rc, "source '%s': %s", spec, why);
-    char *shown = strdup(s->rf.url); /* messages name the URL without credentials */
-    if (!shown)
-        return stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);
-    char *given = s->path; /* with any credentials: the index's URL is made from it */
-    s->path = shown;
-    s->remote = 1;
-    rc = t->cache ? 0 : open_index(spec, t, s, given, sc);
+    rc = t->cache || !given ? 0 : open_index(spec, t, s, given, sc);
     free(given);
     if (rc < 0)
         return rc;
@@ -467,7 +532,7 @@ static int open_shard(const char *spec, stoke__tar_shard *s)
 static int scan_shards(const char *spec, stoke__tar_ds *t, scan *sc)
 {
     rwin w = {0};
-    int rc = STOKE_OK;
+    int rc = remote_order(spec, t);
     for (int i = 0; i < t->nshards && !rc; i++) {
         stoke__tar_shard *s = &t->shards[i];
         int remote = stoke__remote_is_url(s->path), indexed = 0;
@@ -568,6 +633,8 @@ static void tar_close(void *user)
     stoke__tar_ds *t = user;
     if (!t)
         return;
+    stoke__cache_destroy(t->cache); /* first: its downloaders read the shards' rf */
+    t->cache = NULL;
     for (int i = 0; i < t->nshards; i++) {
         if (t->shards[i].fd >= 0)
             close(t->shards[i].fd);
@@ -575,7 +642,6 @@ static void tar_close(void *user)
         free(t->shards[i].idx_url);
         stoke__remote_file_free(&t->shards[i].rf);
     }
-    stoke__cache_destroy(t->cache);
     stoke__remote_pool_destroy(t->pool);
     free(t->shards);
     free(t->shard_of);
