@@ -243,6 +243,35 @@ try:
     log = fs.log()
     T.check(any(("bytes=%d-" % (os.path.getsize(paths[0]) // 2)) in line for line in
                 log.splitlines()), "no download was resumed by range: %s" % log[-2000:])
+    # parallel downloads through faults: every sample once, every copy whole, nothing partial
+    for mode in ("reset/1/", "503/2/", "cut/1/"):
+        name = "c7" + mode.split("/")[0]
+        R.same_as_local(fs.url(mode), root, RANGE, "parallel downloads, %s" % mode, "--workers",
+                        "1", env=cache_env(name, STOKE_REMOTE_CONNECTIONS="4"),
+                        orders=R.ORDERS[:1])
+        cdir = os.path.join(work, name)
+        T.check(sorted(check_copies(cdir, name)) == sorted(digest) and
+                not any(n.endswith(".part") for n in os.listdir(cdir)),
+                "%s: %s" % (mode, os.listdir(cdir)))
+
+    # the downloads overlap: a server limited per connection (limit_rate), a cold cache; nginx's
+    # times of each request show how many ran at once (no timing is asserted, only overlap)
+    sdir = os.path.join(work, "nginx-slow")
+    slow = S.start_nginx(root, sdir, extra="limit_rate 4m;")
+    servers.append(slow)
+    for conns, workers, mode, want in (("3", "0", "threads", 3), ("0", "0", "threads", 1),
+                                       ("3", "2", "processes", 3)):
+        mark = len(S.timings(sdir))
+        what = "STOKE_REMOTE_CONNECTIONS=%s, %s worker %s" % (conns, workers, mode)
+        R.same_as_local(slow.url(""), root, RANGE, what, "--workers", workers,
+                        "--worker-mode=" + mode, orders=R.ORDERS[:1],
+                        env=cache_env("c8-%s-%s" % (conns, mode), STOKE_REMOTE_CONNECTIONS=conns))
+        rows = [r for r in S.timings(sdir)[mark:] if r[4].endswith(".tar")]
+        T.check(sorted(r[4] for r in rows) == sorted("/" + n for n in digest),
+                "%s: each shard fetched once: %s" % (what, rows))
+        most = S.most_at_once(rows)
+        T.check(most == want if want == 1 else most >= want,
+                "%s: %d downloads at once (%d wanted): %s" % (what, most, want, rows))
 finally:
     for s in servers:
         s.stop()
