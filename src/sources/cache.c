@@ -17,6 +17,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/env.h"
@@ -401,7 +402,12 @@ static int download(stoke__cache *c, stoke__remote_pool *p, int slot, const stok
                     size_t why_len)
 {
     int bg = slot < 0; /* a background download: made only where it evicts nothing */
-    uint64_t need = expect ? expect : atomic_load(&c->largest); /* 0: not known yet */
+    uint64_t need = expect ? expect : atomic_load(&c->largest);
+    for (int i = 0; bg && !need && i < 1000; i++) { /* the first shard's headers say it soon */
+        const struct timespec ms5 = {0, 5000000};
+        nanosleep(&ms5, NULL);
+        need = atomic_load(&c->largest);
+    }
     int fd;
     if (bg) {
         fd = reserve(c, nm, need);
@@ -419,7 +425,7 @@ static int download(stoke__cache *c, stoke__remote_pool *p, int slot, const stok
         return STOKE_EIO;
     }
     stoke__log(STOKE_LOG_DEBUG, "cache %s: downloading %s into %s", c->dir, f->url, nm->data);
-    int rc = stoke__remote_fetch(p, slot, f, fd, expect, size, why, why_len);
+    int rc = stoke__remote_fetch(p, slot, f, fd, expect, &c->largest, size, why, why_len);
     if (!rc && bg && !expect && ftruncate(fd, (off_t)*size) != 0) { /* reserved at a guess */
         stoke__fmt(why, why_len, "cache %s: cannot size %s: %s", c->dir, nm->part, strerror(errno));
         rc = STOKE_EIO;

@@ -99,9 +99,10 @@ int stoke__remote_read(stoke__remote_pool *p, int slot, const stoke__remote_file
     return stoke__remote_pool_create(NULL, why, why_len);
 }
 int stoke__remote_fetch(stoke__remote_pool *p, int slot, const stoke__remote_file *f, int fd,
-                        uint64_t expect, uint64_t *size, char *why, size_t why_len)
+                        uint64_t expect, _Atomic uint64_t *seen, uint64_t *size, char *why,
+                        size_t why_len)
 {
-    (void)p, (void)slot, (void)f, (void)fd, (void)expect;
+    (void)p, (void)slot, (void)f, (void)fd, (void)expect, (void)seen;
     *size = 0;
     return stoke__remote_pool_create(NULL, why, why_len);
 }
@@ -498,6 +499,8 @@ typedef struct xfer {
     uint64_t cr_start; /* Content-Range's first byte, when has_cr */
     int has_cr;
     long retry_after; /* seconds; -1 when absent */
+    _Atomic uint64_t *seen; /* when not NULL: raised to the file's size as soon as a header
+                               says it */
     char err[512];    /* the start of an error response's body */
     size_t errlen;
 } xfer;
@@ -525,6 +528,9 @@ static size_t on_header(char *data, size_t size, size_t nmemb, void *ctx)
             x->has_cr = 1;
             x->total = t;
             x->has_total = 1;
+            uint64_t cur = x->seen ? atomic_load(x->seen) : UINT64_MAX;
+            while (cur < t && !atomic_compare_exchange_weak(x->seen, &cur, (uint64_t)t)) {
+            }
         } else if (sscanf(v, "bytes */%llu", &t) == 1) {
             x->total = t;
             x->has_total = 1;
@@ -823,10 +829,11 @@ int stoke__remote_read(stoke__remote_pool *p, int slot_i, const stoke__remote_fi
 }
 
 int stoke__remote_fetch(stoke__remote_pool *p, int slot_i, const stoke__remote_file *f, int fd,
-                        uint64_t expect, uint64_t *size, char *why, size_t why_len)
+                        uint64_t expect, _Atomic uint64_t *seen, uint64_t *size, char *why,
+                        size_t why_len)
 {
     *size = 0;
-    xfer x = {.fd = fd, .n = expect ? (size_t)expect : SIZE_MAX};
+    xfer x = {.fd = fd, .n = expect ? (size_t)expect : SIZE_MAX, .seen = seen};
     int rc = transfer(p, slot_i, f, &x, why, why_len);
     if (rc)
         return rc;

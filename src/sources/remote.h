@@ -17,6 +17,7 @@
 #define STOKE_SOURCES_REMOTE_H
 
 #include <stddef.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 /* 1 when path starts with http://, https:// or s3:// (any case), else 0. */
@@ -83,8 +84,11 @@ int stoke__remote_read(stoke__remote_pool *p, int slot, const stoke__remote_file
  * bytes written, which are the file's size as the server said it (Content-Range, or the
  * length of a 200's body) and `expect` when given; errors as stoke__remote_read, and
  * STOKE_EIO when the size differs ("the file is N bytes, M came") or a write to fd failed.
- * Writes nothing past the file's size; fd's size is the caller's.  Thread-safe. */
+ * Writes nothing past the file's size; fd's size is the caller's.  seen (may be NULL): raised
+ * (atomic max) to the file's size as soon as a response's header says it, before the body
+ * (cache.c sizes its read-ahead from it).  Thread-safe. */
 int stoke__remote_fetch(stoke__remote_pool *p, int slot, const stoke__remote_file *f, int fd,
-                        uint64_t expect, uint64_t *size, char *why, size_t why_len);
+                        uint64_t expect, _Atomic uint64_t *seen, uint64_t *size, char *why,
+                        size_t why_len);
 
 #endif
