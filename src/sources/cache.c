@@ -558,7 +558,6 @@ int stoke__cache_read(stoke__cache *c, stoke__remote_pool *p, int slot, const st
 
 /* ---- background downloads ------------------------------------------------------------------ */
 
-#define DEFAULT_CONNECTIONS 8
 
 typedef struct dl_arg {
     stoke__cache *c;
@@ -769,7 +768,7 @@ int stoke__cache_create(stoke__cache **out, char *why, size_t why_len)
     }
     int dflt;
     c->limit = cache_limit(&dflt);
-    uint64_t conn = DEFAULT_CONNECTIONS;
+    uint64_t conn = STOKE__REMOTE_CONNECTIONS_DEFAULT;
     if (stoke__env_u64(STOKE_ENV_REMOTE_CONNECTIONS, &conn) && conn > STOKE__REMOTE_BG_MAX) {
         stoke__log(STOKE_LOG_WARN, "STOKE_REMOTE_CONNECTIONS=%" PRIu64 " is more than %d: using %d",
                    conn, STOKE__REMOTE_BG_MAX, STOKE__REMOTE_BG_MAX);

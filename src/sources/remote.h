@@ -30,6 +30,9 @@ typedef struct stoke__remote_pool stoke__remote_pool;
  * wait_ns (no one waits on them). */
 #define STOKE__REMOTE_BG_MAX 64
 #define STOKE__REMOTE_BG(k)  (-1 - (int)(k))
+/* STOKE_REMOTE_CONNECTIONS when unset: requests at once of a read_many, downloads at once of
+ * a cache's read-ahead. */
+#define STOKE__REMOTE_CONNECTIONS_DEFAULT 8
 
 /* Creates a pool: 0 and *out, or STOKE_ENOTSUP (built without libcurl), STOKE_ENOMEM,
  * STOKE_EINVAL (a bad setting in the environment), with why set.  Thread-safe. */
@@ -77,6 +80,27 @@ void stoke__remote_file_free(stoke__remote_file *f);
 int stoke__remote_read(stoke__remote_pool *p, int slot, const stoke__remote_file *f, void *buf,
                        size_t n, uint64_t off, size_t *got, uint64_t *total, char *why,
                        size_t why_len);
+
+/* One range read of a read_many: [off, off + n) of f into buf; got and total (UINT64_MAX
+ * when the server did not say) are set by the call. */
+typedef struct stoke__remote_req {
+    const stoke__remote_file *f;
+    void *buf;
+    size_t n;
+    uint64_t off;
+    size_t got;
+    uint64_t total;
+} stoke__remote_req;
+
+/* The reads r[0 .. n) through slot `slot` (as stoke__remote_read's), up to
+ * STOKE_REMOTE_CONNECTIONS (default 8; 0 or 1: one at a time) at once on connections of
+ * their own (a libcurl multi handle of the slot): the first try of each runs in parallel, the
+ * tries after a failure that can pass run one at a time after them, with the backoff of a
+ * read.  Returns 0 with every r[j].got and total set as a read's; or the error of the first
+ * request found failing, *failed its j, why as a read's (the others' got are then partial).
+ * Thread-safe; calls on one slot are serialised. */
+int stoke__remote_read_many(stoke__remote_pool *p, int slot, stoke__remote_req *r, size_t n,
+                            size_t *failed, char *why, size_t why_len);
 
 /* Downloads the whole of f into fd (byte i written at offset i, pwrite) through slot `slot`,
  * with the retries of a read (a body cut short is continued by range from its first missing

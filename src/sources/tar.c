@@ -678,22 +678,67 @@ static uint64_t tar_length(void *user)
     return ((const stoke__tar_ds *)user)->n;
 }
 
-static int tar_get(void *user, uint64_t index, void *const dst[], int64_t len[], int worker,
-                   char *msg, size_t msg_len)
+/* Sample index into dst (len: its ragged lengths, or NULL), the members from io's window when
+ * it has one, else fetched as get() does. */
+static int read_sample(const stoke__tar_ds *t, uint64_t index, void *const dst[], int64_t len[],
+                       stoke__tar_io *io, char *msg, size_t msg_len)
 {
-    const stoke__tar_ds *t = user;
     if (index >= t->n) {
         stoke__fmt(msg, msg_len, "tar: sample %" PRIu64 " past the end (%" PRIu64 " samples)",
                    index, t->n);
         return STOKE_ERANGE;
     }
-    stoke__tar_io io = {.worker = worker};
-    int rc = stoke__tar_fetch_sample(t, index, dst, &io, msg, msg_len);
+    int rc = io->win ? STOKE_OK : stoke__tar_fetch_sample(t, index, dst, io, msg, msg_len);
     for (int k = 0; k < t->nf && !rc; k++)
         if (dst[k])
-            rc =
-                stoke__tar_read_field(t, index, k, dst[k], len ? &len[k] : NULL, &io, msg, msg_len);
+            rc = stoke__tar_read_field(t, index, k, dst[k], len ? &len[k] : NULL, io, msg, msg_len);
+    return rc;
+}
+
+static int tar_get(void *user, uint64_t index, void *const dst[], int64_t len[], int worker,
+                   char *msg, size_t msg_len)
+{
+    stoke__tar_io io = {.worker = worker};
+    int rc = read_sample(user, index, dst, len, &io, msg, msg_len);
     free((void *)io.win);
+    return rc;
+}
+
+/* read(), for a source with remote shards read by range: the batch's requests in flight
+ * together (stoke__tar_fetch_batch), then each sample as get() reads it. */
+static int tar_read(void *user, const uint64_t *indices, size_t count, const stoke_slots *slots,
+                    int worker, char *msg, size_t msg_len, uint64_t *err_index)
+{
+    const stoke__tar_ds *t = user;
+    size_t nf = (size_t)t->nf;
+    void **dst = calloc(count * nf + 1, sizeof(*dst));
+    stoke__tar_io *io = calloc(count + 1, sizeof(*io));
+    int rc = STOKE_OK;
+    if (!dst || !io) {
+        free(dst);
+        free(io);
+        stoke__fmt(msg, msg_len, "tar: out of memory for a batch of %zu", count);
+        *err_index = count ? indices[0] : 0;
+        return STOKE_ENOMEM;
+    }
+    for (size_t j = 0; j < count; j++) {
+        stoke_slots_sample(slots, t->nf, t->fields, j, dst + j * nf);
+        io[j].worker = worker;
+    }
+    size_t bad = count;
+    rc = stoke__tar_fetch_batch(t, indices, count, dst, io, msg, msg_len, &bad);
+    if (rc)
+        *err_index = indices[bad < count ? bad : 0];
+    for (size_t j = 0; j < count && !rc; j++) {
+        rc = read_sample(t, indices[j], dst + j * nf, slots->len ? slots->len + j * nf : NULL,
+                         &io[j], msg, msg_len);
+        if (rc)
+            *err_index = indices[j];
+    }
+    for (size_t j = 0; j < count; j++)
+        free((void *)io[j].win);
+    free(io);
+    free(dst);
     return rc;
 }
 
@@ -943,6 +988,8 @@ int stoke_tar_open(const char *args, stoke_dataset *out)
     out->get = tar_get;
     out->set_epoch = stoke__tar_set_epoch; /* .jpg fields' train crops depend on the epoch */
     out->close = tar_close;
+    if (t->pool && !t->cache) /* range reads: a batch's requests in flight together */
+        out->read = tar_read;
     if (t->pool) { /* a forked worker opens connections of its own */
         out->fork_prepare = tar_fork_prepare;
         out->fork_parent = tar_fork_parent;

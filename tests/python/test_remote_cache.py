@@ -266,12 +266,12 @@ try:
         R.same_as_local(slow.url(""), root, RANGE, what, "--workers", workers,
                         "--worker-mode=" + mode, orders=R.ORDERS[:1],
                         env=cache_env("c8-%s-%s" % (conns, mode), STOKE_REMOTE_CONNECTIONS=conns))
-        rows = [r for r in S.timings(sdir)[mark:] if r[4].endswith(".tar")]
-        T.check(sorted(r[4] for r in rows) == sorted("/" + n for n in digest),
-                "%s: each shard fetched once: %s" % (what, rows))
-        most = S.most_at_once(rows)
+        trows = [r for r in S.timings(sdir)[mark:] if r[4].endswith(".tar")]
+        T.check(sorted(r[4] for r in trows) == sorted("/" + n for n in digest),
+                "%s: each shard fetched once: %s" % (what, trows))
+        most = S.most_at_once(trows)
         T.check(most == want if want == 1 else most >= want,
-                "%s: %d downloads at once (%d wanted): %s" % (what, most, want, rows))
+                "%s: %d downloads at once (%d wanted): %s" % (what, most, want, trows))
 finally:
     for s in servers:
         s.stop()
