@@ -885,8 +885,13 @@ static int multi_ready(const stoke__remote_pool *p, slot *s, int k)
     if (!s->mu && !(s->mu = calloc(1, sizeof(*s->mu))))
         return STOKE_ENOMEM;
     multi *mu = s->mu;
-    if (!mu->m && !(mu->m = curl_multi_init()))
-        return STOKE_ENOMEM;
+    if (!mu->m) {
+        if (!(mu->m = curl_multi_init()))
+            return STOKE_ENOMEM;
+        /* keep the connections between batches (the default cap follows the handles added,
+         * none between two batches) */
+        curl_multi_setopt(mu->m, CURLMOPT_MAXCONNECTS, (long)STOKE__REMOTE_BG_MAX);
+    }
     while (mu->n < k) {
         CURL *h = handle_new(p, s);
         if (!h)
