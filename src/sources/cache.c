@@ -513,6 +513,19 @@ static int acquire(stoke__cache *c, stoke__remote_pool *p, int slot, const stoke
     return rc;
 }
 
+int stoke__cache_has(stoke__cache *c, const stoke__remote_file *f)
+{
+    names nm;
+    names_of(f, &nm);
+    uint64_t size;
+    int fd = open_copy(c, &nm, 0, &size);
+    if (fd < 0)
+        return 0;
+    close(fd);
+    note_size(c, size);
+    return 1;
+}
+
 int stoke__cache_read(stoke__cache *c, stoke__remote_pool *p, int slot, const stoke__remote_file *f,
                       uint64_t expect, void *buf, size_t n, uint64_t off, size_t *got,
                       uint64_t *size, char *why, size_t why_len)

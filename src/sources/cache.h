@@ -57,6 +57,9 @@ int stoke__cache_read(stoke__cache *c, stoke__remote_pool *p, int slot, const st
                       uint64_t expect, void *buf, size_t n, uint64_t off, size_t *got,
                       uint64_t *size, char *why, size_t why_len);
 
+/* 1 when the cache has a complete copy of f (of any size), else 0.  Thread-safe. */
+int stoke__cache_has(stoke__cache *c, const stoke__remote_file *f);
+
 /* Reads ahead: queues downloads of f[0 .. n) (expect[i]: as stoke__cache_read's; expect may
  * be NULL) for background threads, STOKE_REMOTE_CONNECTIONS of them (default 8; 0: none),
  * each with its own connection (slot STOKE__REMOTE_BG(k) of pool p), started by the first

@@ -353,19 +353,19 @@ static int fetch_whole(stoke__tar_ds *t, const stoke__remote_file *f, char **buf
 /* Reads remote shard s's sidecar index URL.idx (docs/sources.md, "Sidecar indexes") into sc:
  * 1 when it was there (s->size and s->idx_url set), 0 when the server has none (404: the
  * shard is walked), or an error naming the index (a malformed one, a failed request). */
-static int open_index(const char *spec, stoke__tar_ds *t, stoke__tar_shard *s, const char *url,
-                      scan *sc)
+static int open_index(const char *spec, stoke__tar_ds *t, stoke__tar_shard *s, scan *sc)
 {
     char why[512];
-    stoke__remote_file f = {0};
-    char *iu = index_url(url), *buf = NULL;
+    /* the shard's request and URL with ".idx": what stoke__remote_file_init makes of the
+     * given URL + ".idx" (an s3:// key is percent-encoded, ".idx" unchanged) */
+    stoke__remote_file f = {.url = index_url(s->rf.url), .req = index_url(s->rf.req),
+                            .s3 = s->rf.s3};
+    char *buf = NULL;
     size_t len = 0;
-    int rc = iu ? stoke__remote_file_init(t->pool, iu, &f, why, sizeof(why)) : STOKE_ENOMEM;
-    free(iu);
-    if (rc) {
+    int rc;
+    if (!f.url || !f.req) {
         stoke__remote_file_free(&f);
-        return rc == STOKE_ENOMEM ? stoke__fail(rc, "source '%s': out of memory", spec)
-                                  : stoke__fail(rc, "source '%s': %s", spec, why);
+        return stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);
     }
     rc = fetch_whole(t, &f, &buf, &len, why, sizeof(why));
     if (rc == STOKE_ENOENT) {
@@ -415,9 +415,9 @@ static int remote_pool(const char *spec, stoke__tar_ds *t)
 }
 
 /* Makes remote shard s's request (the pool, and the cache when STOKE_CACHE_DIR is set, made
- * by the first); s->path becomes the URL without credentials, *given (malloc'd, may be NULL
- * when not wanted) the URL as written.  Nothing changes on a failure. */
-static int remote_init(const char *spec, stoke__tar_ds *t, stoke__tar_shard *s, char **given)
+ * by the first); s->path becomes the URL without credentials.  Nothing changes on a
+ * failure. */
+static int remote_init(const char *spec, stoke__tar_ds *t, stoke__tar_shard *s)
 {
     char why[512];
     int rc = remote_pool(spec, t);
@@ -433,10 +433,7 @@ static int remote_init(const char *spec, stoke__tar_ds *t, stoke__tar_shard *s, 
         stoke__remote_file_free(&s->rf);
         return stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);
     }
-    if (given)
-        *given = s->path;
-    else
-        free(s->path);
+    free(s->path);
     s->path = shown;
     s->remote = 1;
     return STOKE_OK;
@@ -462,7 +459,7 @@ static int remote_order(const char *spec, stoke__tar_ds *t)
     for (int i = first; i < t->nshards && !rc; i++) {
         stoke__tar_shard *s = &t->shards[i];
         if (!s->remote && stoke__remote_is_url(s->path))
-            rc = remote_init(spec, t, s, NULL);
+            rc = remote_init(spec, t, s);
         if (!rc && s->remote)
             f[n++] = &s->rf;
     }
@@ -472,22 +469,20 @@ static int remote_order(const char *spec, stoke__tar_ds *t)
     return rc;
 }
 
-/* Opens remote shard s: its size comes with its sidecar index (without a cache: then
- * *indexed = 1 and its members are in sc), the first window, or the local copy (downloaded if
- * missing). */
+/* Opens remote shard s: its size comes with its sidecar index (then *indexed = 1 and its
+ * members are in sc; with a cache, asked for only when the cache has no copy of the shard,
+ * which is walked), the first window, or the local copy (downloaded if missing). */
 static int open_remote(const char *spec, stoke__tar_ds *t, stoke__tar_shard *s, rwin *w, scan *sc,
                        int *indexed)
 {
     int rc = STOKE_OK;
     *indexed = 0;
-    char *given = NULL; /* with any credentials: the index's URL is made from it */
     if (!s->remote) {
-        rc = remote_init(spec, t, s, &given);
+        rc = remote_init(spec, t, s);
         if (rc)
             return rc;
     }
-    rc = t->cache || !given ? 0 : open_index(spec, t, s, given, sc);
-    free(given);
+    rc = t->cache && stoke__cache_has(t->cache, &s->rf) ? 0 : open_index(spec, t, s, sc);
     if (rc < 0)
         return rc;
     if (rc > 0) {

@@ -57,7 +57,15 @@ def check_copies(d, what):
 
 
 def requests_since(mark):
-    return S.access_log(ngdir)[mark:]
+    """nginx's requests for shards since mark (not the sidecar indexes .idx: there are none
+    here; a shard not in the cache has its URL.idx asked for at open, answered 404)."""
+    return [r for r in S.access_log(ngdir)[mark:] if not r[4].endswith(".idx")]
+
+
+def index_asks(mark):
+    rows = [r for r in S.access_log(ngdir)[mark:] if r[4].endswith(".idx")]
+    T.check(all(r[2] == 404 for r in rows), "index requests: %s" % rows)
+    return len(rows)
 
 
 try:
@@ -74,7 +82,12 @@ try:
                             samples=NSHARDS * 12)
     rows = requests_since(mark)
     rem = first[0]["remote"]
-    T.check(rem["shards"] == NSHARDS and rem["cached"] is True and rem["requests"] == NSHARDS
+    # one index request per shard not in the cache when the open reaches it (the read-ahead
+    # may have brought the later ones already)
+    asks = index_asks(mark)
+    T.check(1 <= asks <= NSHARDS, "index requests: %d" % asks)
+    T.check(rem["shards"] == NSHARDS and rem["cached"] is True
+            and rem["requests"] == NSHARDS + asks
             and rem["cache_misses"] == NSHARDS and rem["cache_bytes"] == sum(map(os.path.getsize, paths))
             and rem["bytes"] == rem["cache_bytes"], "first run's counters: %s" % rem)
     T.check(all(r["remote"]["requests"] == 0 and r["remote"]["cache_misses"] == 0 and
@@ -102,7 +115,8 @@ try:
                               "--worker-mode=processes", "--no-hash",
                               env=cache_env("c1q", STOKE_CACHE_LIMIT=str(biggest)))
         rem, n = out.get("remote") or {}, len(requests_since(mark))
-        T.check(rc == 0 and n > NSHARDS and rem["requests"] == n and rem["cache_misses"] == n
+        T.check(rc == 0 and n > NSHARDS and rem["requests"] == n + index_asks(mark)
+                and rem["cache_misses"] == n
                 and rem["cache_evictions"] > 0,
                 "worker processes downloading: %d requests at the server, %s %s" % (n, rem, err))
     else:
@@ -237,7 +251,8 @@ try:
     cut = R.same_as_local(url, root, RANGE, "downloads cut short", "--workers", "2",
                           env=cache_env("c6"), orders=R.ORDERS[:1])
     rem = cut[0]["remote"]
-    T.check(rem["retries"] == 2 * NSHARDS and rem["requests"] == 3 * NSHARDS and
+    T.check(rem["retries"] == 2 * NSHARDS and 3 * NSHARDS < rem["requests"] <= 4 * NSHARDS
+            and
             rem["cache_misses"] == NSHARDS, "cut/2: %s" % rem)
     check_copies(os.path.join(work, "c6"), "c6")
     log = fs.log()
