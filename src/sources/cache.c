@@ -204,6 +204,7 @@ typedef struct listing {
     ent *e; /* the complete copies */
     size_t n, cap;
     uint64_t total, partial;
+    size_t parts; /* downloads in progress (their .part files) */
 } listing;
 
 /* Lists dfd's copies into *l; with clean, removes the temporary files of downloads no process
@@ -234,6 +235,7 @@ static int scan(int dfd, listing *l, int clean)
                 unlock_name(dfd, lk, lfd);
             } else {
                 l->partial += (uint64_t)st.st_size;
+                l->parts++;
             }
             continue;
         }
@@ -336,7 +338,7 @@ static void make_room(stoke__cache *c, uint64_t need)
 
 /* A background download's temporary copy: HASH.part created, at its expected size (so that
  * the scans of other downloads count it), only when it fits under the cap beside the copies
- * there without evicting anything (a download ahead of its reads never takes the place of a
+ * and the downloads in progress (at their full size) without evicting anything (a download ahead of its reads never takes the place of a
  * copy: it could be one about to be read).  Its fd, or -1. */
 static int reserve(stoke__cache *c, const names *nm, uint64_t need)
 {
@@ -345,7 +347,9 @@ static int reserve(stoke__cache *c, const names *nm, uint64_t need)
         return -1;
     listing l = {0};
     int e = scan(c->dfd, &l, 1), fd = -1;
-    uint64_t have = l.total + l.partial;
+    /* the downloads in progress at their full size (a .part grows; one of unknown size counts
+     * as the largest shard seen) */
+    uint64_t have = l.total + l.partial + (uint64_t)l.parts * atomic_load(&c->largest);
     uint64_t cap = c->limit ? c->limit : default_cap(c->dfd, have);
     free(l.e);
     if (!e && need && have + need <= cap) {
@@ -865,6 +869,9 @@ void stoke__cache_fork_child(stoke__cache *c)
 {
     if (c) { /* no thread crossed the fork; the parent's queue stays the parent's */
         downloader *d = &c->d;
+        /* and none starts here: a worker process ends with _exit, which would cut a download
+         * short (a request made, not counted, its .part left for a later scan) */
+        c->connections = 0;
         d->nth = d->running = 0;
         d->head = d->len = 0;
         pthread_cond_init(&d->work, NULL);

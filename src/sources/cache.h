@@ -40,7 +40,8 @@ void stoke__cache_destroy(stoke__cache *c);
  * eviction is half done in the child), parent releases them, child releases them and closes
  * the copies it inherited (the parent's stay open, and locked, in the parent).  prepare also
  * waits for the background downloads running to end (the queued ones wait); the child has
- * none running or queued. */
+ * none running or queued, and starts none (no read-ahead in a forked worker: it ends with
+ * _exit, which would cut its downloads short). */
 void stoke__cache_fork_prepare(stoke__cache *c);
 void stoke__cache_fork_parent(stoke__cache *c);
 void stoke__cache_fork_child(stoke__cache *c);
