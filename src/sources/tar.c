@@ -441,8 +441,10 @@ static int remote_init(const char *spec, stoke__tar_ds *t, stoke__tar_shard *s)
 
 /* With a cache: every remote shard's request made, and their order given to the cache, so
  * that the download of a shard has the next ones downloaded meanwhile (read-ahead), at open
- * and during the epochs.  Without a cache (or no remote shard) nothing is done. */
-static int remote_order(const char *spec, stoke__tar_ds *t)
+ * and during the epochs; with sized, once the shards are open, with their sizes (the
+ * read-ahead's downloads are then checked against them).  Without a cache (or no remote
+ * shard) nothing is done. */
+static int remote_order(const char *spec, stoke__tar_ds *t, int sized)
 {
     int first = 0;
     while (first < t->nshards && !stoke__remote_is_url(t->shards[first].path))
@@ -453,19 +455,26 @@ static int remote_order(const char *spec, stoke__tar_ds *t)
     if (rc || !t->cache) /* without a cache the shards' requests are made as they are opened */
         return rc;
     const stoke__remote_file **f = calloc((size_t)t->nshards, sizeof(*f));
-    if (!f)
+    uint64_t *size = calloc((size_t)t->nshards, sizeof(*size));
+    if (!f || !size) {
+        free(f);
+        free(size);
         return stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);
+    }
     size_t n = 0;
     for (int i = first; i < t->nshards && !rc; i++) {
         stoke__tar_shard *s = &t->shards[i];
         if (!s->remote && stoke__remote_is_url(s->path))
             rc = remote_init(spec, t, s);
-        if (!rc && s->remote)
+        if (!rc && s->remote) {
+            size[n] = sized ? s->size : 0;
             f[n++] = &s->rf;
+        }
     }
-    if (!rc && stoke__cache_set_order(t->cache, f, NULL, n) != STOKE_OK)
+    if (!rc && stoke__cache_set_order(t->cache, f, size, n) != STOKE_OK)
         rc = stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);
     free(f);
+    free(size);
     return rc;
 }
 
@@ -527,7 +536,7 @@ static int open_shard(const char *spec, stoke__tar_shard *s)
 static int scan_shards(const char *spec, stoke__tar_ds *t, scan *sc)
 {
     rwin w = {0};
-    int rc = remote_order(spec, t);
+    int rc = remote_order(spec, t, 0);
     for (int i = 0; i < t->nshards && !rc; i++) {
         stoke__tar_shard *s = &t->shards[i];
         int remote = stoke__remote_is_url(s->path), indexed = 0;
@@ -548,6 +557,8 @@ static int scan_shards(const char *spec, stoke__tar_ds *t, scan *sc)
                              err);
     }
     free(w.buf);
+    if (!rc && t->cache) /* the sizes known now: the read-ahead checks its downloads */
+        rc = remote_order(spec, t, 1);
     return rc;
 }
 
