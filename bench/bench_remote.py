@@ -17,7 +17,9 @@ remote source that is part of the cost):
                   downloaded into it); skipped by a stoke without the cache
   http cached     the same again, the cache filled by the previous run
   limited         nginx with `limit_rate RATE` per connection (a store that caps each
-                  connection) with range reads and with the cache, against the peer: `curl`
+                  connection) with range reads, with the cache, and with range reads of
+                  shards that have sidecar indexes (`stoke index`: the open reads no
+                  headers; the .idx files are removed after), against the peer: `curl`
                   fetching the shards one after another (WebDataset's pipe:curl model), and
                   against connections x RATE (connections: the distinct connections in nginx's
                   access log)
@@ -182,14 +184,8 @@ def main():
                                                        dict(os.environ, STOKE_CACHE_DIR=cache)))
         finally:
             nginx.stop()
-        servers_conf = servers.NGINX_CONF
-        servers.NGINX_CONF = servers_conf.replace(
-            "keepalive_requests 100000;", "keepalive_requests 100000;\n    limit_rate %s;" % a.rate)
         prefix = os.path.join(tmp, "nginx-limited")
-        try:
-            lim = servers.start_nginx(data, prefix)
-        finally:
-            servers.NGINX_CONF = servers_conf
+        lim = servers.start_nginx(data, prefix, extra="limit_rate %s;" % a.rate)
         try:
             per = rate_bytes(a.rate)
             n, secs = run_curl(lambda s: lim.url("shard-%06d.tar" % s), a.shards)
@@ -199,14 +195,31 @@ def main():
             configs = [("limited: stoke range reads", None)]
             if res.get("http cached"):
                 configs.append(("limited: stoke cache", "cache"))
+            configs.append(("limited: range reads, sidecar idx", "index"))
             for name, env in configs:
+                if env == "index":  # `stoke index` beside the shards, removed after the run
+                    p = subprocess.run([cli, "index", "tar:%s/%s" % (data, pattern)],
+                                       capture_output=True, text=True)
+                    if p.returncode != 0:
+                        print("  %-34s (no stoke index: %s)" % (name, p.stderr.strip()[-200:]),
+                              file=out)
+                        continue
+                    env = None
+                    indexed = True
+                else:
+                    indexed = False
                 if env:
                     c = os.path.join(tmp, "cache-limited")
                     shutil.rmtree(c, ignore_errors=True)
                     os.makedirs(c)
                     env = dict(os.environ, STOKE_CACHE_DIR=c)
                 open(os.path.join(prefix, "access.log"), "w").close()
-                r = run_stoke(cli, "tar:" + lim.url(pattern), a.workers, env)
+                try:
+                    r = run_stoke(cli, "tar:" + lim.url(pattern), a.workers, env)
+                finally:
+                    for f in os.listdir(data) if indexed else []:
+                        if f.endswith(".idx"):
+                            os.remove(os.path.join(data, f))
                 if not r.get("ok"):
                     print("  %-34s ERROR: %s" % (name, r.get("error")), file=out)
                     continue

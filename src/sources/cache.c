@@ -17,6 +17,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/env.h"
@@ -39,12 +40,41 @@ typedef struct counters {
     _Atomic uint64_t hits, misses, evictions, bytes, wait_ns;
 } counters;
 
+/* A download asked for ahead of its reads (stoke__cache_prefetch). */
+typedef struct job {
+    const stoke__remote_file *f;
+    uint64_t expect;
+} job;
+
+/* The background downloaders: threads started by the first prefetch (and again after a fork,
+ * in the child), each with its own slot of the pool, taking jobs from a queue. */
+typedef struct downloader {
+    pthread_mutex_t lock;  /* guards all below */
+    pthread_cond_t work;   /* a job was queued, or stop */
+    pthread_cond_t idle;   /* a job ended */
+    stoke__remote_pool *p; /* the pool of the queued jobs */
+    job q[STOKE__CACHE_QUEUE_MAX];
+    size_t head, len;                          /* q[head .. head + len) (mod the size) */
+    job run[STOKE__REMOTE_BG_MAX];             /* the jobs running, f NULL where none */
+    int running;                               /* of them */
+    pthread_t th[STOKE__REMOTE_BG_MAX];
+    int nth, stop;
+    int ready; /* lock and conditions initialised */
+    const stoke__remote_file **order; /* the files in the order their reads come (set_order) */
+    uint64_t *order_expect;
+    size_t norder;
+} downloader;
+
 struct stoke__cache {
     char *dir;
-    int dfd;        /* the directory: every name is opened relative to it */
-    uint64_t limit; /* 0: keep a tenth of the file system free */
-    counters *n;    /* a shared mapping: a forked worker's counts reach the parent */
+    int dfd;         /* the directory: every name is opened relative to it */
+    uint64_t limit;  /* 0: keep a tenth of the file system free */
+    int connections; /* background downloads at once (STOKE_REMOTE_CONNECTIONS) */
+    _Atomic uint64_t largest; /* the largest copy this object opened or made: the room a
+                                 download of a file of unknown size is assumed to need */
+    counters *n;     /* a shared mapping: a forked worker's counts reach the parent */
     held h[SLOTS];
+    downloader d;
 };
 
 /* ---- names -------------------------------------------------------------------------------- */
@@ -174,6 +204,7 @@ typedef struct listing {
     ent *e; /* the complete copies */
     size_t n, cap;
     uint64_t total, partial;
+    size_t parts; /* downloads in progress (their .part files) */
 } listing;
 
 /* Lists dfd's copies into *l; with clean, removes the temporary files of downloads no process
@@ -204,6 +235,7 @@ static int scan(int dfd, listing *l, int clean)
                 unlock_name(dfd, lk, lfd);
             } else {
                 l->partial += (uint64_t)st.st_size;
+                l->parts++;
             }
             continue;
         }
@@ -304,11 +336,46 @@ static void make_room(stoke__cache *c, uint64_t need)
     close(g);
 }
 
+/* A background download's temporary copy: HASH.part created, at its expected size (so that
+ * the scans of other downloads count it), only when it fits under the cap beside the copies
+ * and the downloads in progress (at their full size) without evicting anything (a download ahead of its reads never takes the place of a
+ * copy: it could be one about to be read).  Its fd, or -1. */
+static int reserve(stoke__cache *c, const names *nm, uint64_t need)
+{
+    int g = dir_lock(c->dfd);
+    if (g < 0)
+        return -1;
+    listing l = {0};
+    int e = scan(c->dfd, &l, 1), fd = -1;
+    /* the downloads in progress at their full size (a .part grows; one of unknown size counts
+     * as the largest shard seen) */
+    uint64_t have = l.total + l.partial + (uint64_t)l.parts * atomic_load(&c->largest);
+    uint64_t cap = c->limit ? c->limit : default_cap(c->dfd, have);
+    free(l.e);
+    if (!e && need && have + need <= cap) {
+        fd = openat(c->dfd, nm->part, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fd >= 0 && ftruncate(fd, (off_t)need) != 0) {
+            unlinkat(c->dfd, nm->part, 0);
+            close(fd);
+            fd = -1;
+        }
+    }
+    close(g);
+    return fd;
+}
+
+static void note_size(stoke__cache *c, uint64_t size)
+{
+    uint64_t cur = atomic_load(&c->largest);
+    while (size > cur && !atomic_compare_exchange_weak(&c->largest, &cur, size)) {
+    }
+}
+
 /* ---- one file ----------------------------------------------------------------------------- */
 
 /* Opens the complete copy, locked shared: its fd (and *size), -ENOENT, or -errno.  A copy
  * evicted between the open and the lock (no link left) counts as missing. */
-static int open_copy(const stoke__cache *c, const names *nm, uint64_t *size)
+static int open_copy(const stoke__cache *c, const names *nm, int touch, uint64_t *size)
 {
     for (int i = 0; i < 16; i++) {
         int fd = openat(c->dfd, nm->data, O_RDONLY | O_CLOEXEC);
@@ -318,9 +385,11 @@ static int open_copy(const stoke__cache *c, const names *nm, uint64_t *size)
         int e = flock_retry(fd, LOCK_SH);
         if (!e && fstat(fd, &st) == 0 && st.st_nlink > 0) {
             *size = (uint64_t)st.st_size;
-            /* the access time orders the eviction: set it, whatever the mount's atime rule */
+            /* the access time orders the eviction: set it, whatever the mount's atime rule
+             * (not for a read-ahead's look: the copy is not read) */
             const struct timespec ts[2] = {{0, UTIME_NOW}, {0, UTIME_OMIT}};
-            futimens(fd, ts);
+            if (touch)
+                futimens(fd, ts);
             return fd;
         }
         close(fd);
@@ -336,15 +405,35 @@ static int download(stoke__cache *c, stoke__remote_pool *p, int slot, const stok
                     const names *nm, uint64_t expect, int *out, uint64_t *size, char *why,
                     size_t why_len)
 {
-    make_room(c, expect);
-    int fd = openat(c->dfd, nm->part, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int bg = slot < 0; /* a background download: made only where it evicts nothing */
+    uint64_t need = expect ? expect : atomic_load(&c->largest);
+    for (int i = 0; bg && !need && i < 1000; i++) { /* the first shard's headers say it soon */
+        const struct timespec ms5 = {0, 5000000};
+        nanosleep(&ms5, NULL);
+        need = atomic_load(&c->largest);
+    }
+    int fd;
+    if (bg) {
+        fd = reserve(c, nm, need);
+        if (fd < 0) {
+            stoke__fmt(why, why_len, "cache %s: no room for %s without evicting", c->dir, f->url);
+            return STOKE_EBUSY;
+        }
+    } else {
+        make_room(c, expect);
+        fd = openat(c->dfd, nm->part, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    }
     if (fd < 0) {
         stoke__fmt(why, why_len, "cache %s: cannot create %s for %s: %s", c->dir, nm->part, f->url,
                    strerror(errno));
         return STOKE_EIO;
     }
     stoke__log(STOKE_LOG_DEBUG, "cache %s: downloading %s into %s", c->dir, f->url, nm->data);
-    int rc = stoke__remote_fetch(p, slot, f, fd, expect, size, why, why_len);
+    int rc = stoke__remote_fetch(p, slot, f, fd, expect, &c->largest, size, why, why_len);
+    if (!rc && bg && !expect && ftruncate(fd, (off_t)*size) != 0) { /* reserved at a guess */
+        stoke__fmt(why, why_len, "cache %s: cannot size %s: %s", c->dir, nm->part, strerror(errno));
+        rc = STOKE_EIO;
+    }
     struct stat st = {0};
     if (!rc && (fstat(fd, &st) != 0 || (uint64_t)st.st_size != *size)) {
         stoke__fmt(why, why_len, "cache %s: %s holds %lld bytes of the %" PRIu64 " of %s", c->dir,
@@ -364,21 +453,29 @@ static int download(stoke__cache *c, stoke__remote_pool *p, int slot, const stok
     }
     atomic_fetch_add(&c->n->misses, 1);
     atomic_fetch_add(&c->n->bytes, *size);
-    if (!expect) /* its size is known now */
+    note_size(c, *size);
+    if (!expect && (!bg || *size > need)) /* its size is known now (more than reserved) */
         make_room(c, 0);
     *out = fd;
     return STOKE_OK;
 }
 
-/* The copy of f, locked shared: from the cache, or downloaded. */
+static void read_ahead(stoke__cache *c, stoke__remote_pool *p, const stoke__remote_file *f);
+
+/* The copy of f, locked shared: from the cache, or downloaded.  A background downloader
+ * (slot < 0) counts no hit, waits for no other download (STOKE_EBUSY: another process or
+ * thread has it) and evicts nothing (STOKE_EBUSY: no room). */
 static int acquire(stoke__cache *c, stoke__remote_pool *p, int slot, const stoke__remote_file *f,
                    uint64_t expect, int *out, uint64_t *size, char *why, size_t why_len)
 {
+    int bg = slot < 0;
     names nm;
     names_of(f, &nm);
-    int fd = open_copy(c, &nm, size);
+    int fd = open_copy(c, &nm, !bg, size);
     if (fd >= 0 && (!expect || *size == expect)) {
-        atomic_fetch_add(&c->n->hits, 1);
+        if (!bg)
+            atomic_fetch_add(&c->n->hits, 1);
+        note_size(c, *size);
         *out = fd;
         return STOKE_OK;
     }
@@ -388,16 +485,22 @@ static int acquire(stoke__cache *c, stoke__remote_pool *p, int slot, const stoke
         stoke__fmt(why, why_len, "cache %s: cannot open %s: %s", c->dir, nm.data, strerror(-fd));
         return STOKE_EIO;
     }
+    if (!bg) /* a read waits for f: the files after it in the order are fetched meanwhile */
+        read_ahead(c, p, f);
     uint64_t t0 = stoke__now_ns();
-    int lk, e = lock_name(c->dfd, nm.lock, 0, &lk);
+    int lk, e = lock_name(c->dfd, nm.lock, bg, &lk);
+    if (bg && e == -EWOULDBLOCK)
+        return STOKE_EBUSY;
     if (e) {
         stoke__fmt(why, why_len, "cache %s: cannot lock %s: %s", c->dir, nm.lock, strerror(-e));
         return STOKE_EIO;
     }
-    fd = open_copy(c, &nm, size); /* another process may have finished it meanwhile */
+    fd = open_copy(c, &nm, !bg, size); /* another process may have finished it meanwhile */
     if (fd >= 0 && (!expect || *size == expect)) {
-        atomic_fetch_add(&c->n->wait_ns, stoke__now_ns() - t0);
-        atomic_fetch_add(&c->n->hits, 1);
+        if (!bg) {
+            atomic_fetch_add(&c->n->wait_ns, stoke__now_ns() - t0);
+            atomic_fetch_add(&c->n->hits, 1);
+        }
         unlock_name(c->dfd, nm.lock, lk);
         *out = fd;
         return STOKE_OK;
@@ -412,6 +515,19 @@ static int acquire(stoke__cache *c, stoke__remote_pool *p, int slot, const stoke
     int rc = download(c, p, slot, f, &nm, expect, out, size, why, why_len);
     unlock_name(c->dfd, nm.lock, lk);
     return rc;
+}
+
+int stoke__cache_has(stoke__cache *c, const stoke__remote_file *f)
+{
+    names nm;
+    names_of(f, &nm);
+    uint64_t size;
+    int fd = open_copy(c, &nm, 0, &size);
+    if (fd < 0)
+        return 0;
+    close(fd);
+    note_size(c, size);
+    return 1;
 }
 
 int stoke__cache_read(stoke__cache *c, stoke__remote_pool *p, int slot, const stoke__remote_file *f,
@@ -455,6 +571,156 @@ int stoke__cache_read(stoke__cache *c, stoke__remote_pool *p, int slot, const st
     pthread_mutex_unlock(&h->lock);
     *got = done;
     return rc;
+}
+
+/* ---- background downloads ------------------------------------------------------------------ */
+
+
+typedef struct dl_arg {
+    stoke__cache *c;
+    int k; /* the thread's index: its slot of the pool is STOKE__REMOTE_BG(k) */
+} dl_arg;
+
+static int queued(const downloader *d, const stoke__remote_file *f)
+{
+    for (size_t i = 0; i < d->len; i++)
+        if (d->q[(d->head + i) % STOKE__CACHE_QUEUE_MAX].f == f)
+            return 1;
+    for (int k = 0; k < d->nth; k++)
+        if (d->run[k].f == f)
+            return 1;
+    return 0;
+}
+
+static void *dl_main(void *arg)
+{
+    stoke__cache *c = ((dl_arg *)arg)->c;
+    int k = ((dl_arg *)arg)->k;
+    free(arg);
+    downloader *d = &c->d;
+    pthread_mutex_lock(&d->lock);
+    for (;;) {
+        while (!d->stop && d->len == 0)
+            pthread_cond_wait(&d->work, &d->lock);
+        if (d->stop)
+            break;
+        job j = d->q[d->head];
+        d->head = (d->head + 1) % STOKE__CACHE_QUEUE_MAX;
+        d->len--;
+        d->run[k] = j;
+        d->running++;
+        stoke__remote_pool *p = d->p;
+        pthread_mutex_unlock(&d->lock);
+        char why[512] = "";
+        int fd;
+        uint64_t size;
+        int rc = acquire(c, p, STOKE__REMOTE_BG(k), j.f, j.expect, &fd, &size, why, sizeof(why));
+        if (rc == STOKE_OK)
+            close(fd); /* in the cache now: the reads open it */
+        else if (rc != STOKE_EBUSY) /* the read that needs it tries again and reports */
+            stoke__log(STOKE_LOG_DEBUG, "cache %s: read-ahead of %s: %s", c->dir, j.f->url, why);
+        pthread_mutex_lock(&d->lock);
+        d->run[k].f = NULL;
+        d->running--;
+        pthread_cond_broadcast(&d->idle);
+    }
+    pthread_mutex_unlock(&d->lock);
+    return NULL;
+}
+
+/* Starts the threads missing (d->lock held): at least one, else the jobs wait for the reads. */
+static void dl_start(stoke__cache *c)
+{
+    downloader *d = &c->d;
+    while (d->nth < c->connections) {
+        dl_arg *a = malloc(sizeof(*a));
+        if (!a)
+            break;
+        *a = (dl_arg){c, d->nth};
+        d->run[d->nth].f = NULL;
+        if (pthread_create(&d->th[d->nth], NULL, dl_main, a) != 0) {
+            free(a);
+            break;
+        }
+        d->nth++;
+    }
+}
+
+size_t stoke__cache_prefetch(stoke__cache *c, stoke__remote_pool *p,
+                             const stoke__remote_file *const *f, const uint64_t *expect, size_t n)
+{
+    if (!c || c->connections == 0)
+        return 0;
+    downloader *d = &c->d;
+    size_t added = 0;
+    pthread_mutex_lock(&d->lock);
+    d->p = p;
+    for (size_t i = 0; i < n && d->len < STOKE__CACHE_QUEUE_MAX; i++) {
+        if (!f[i] || queued(d, f[i]))
+            continue;
+        d->q[(d->head + d->len) % STOKE__CACHE_QUEUE_MAX] = (job){f[i], expect ? expect[i] : 0};
+        d->len++;
+        added++;
+    }
+    if (added) {
+        dl_start(c);
+        pthread_cond_broadcast(&d->work);
+    }
+    pthread_mutex_unlock(&d->lock);
+    return added;
+}
+
+int stoke__cache_set_order(stoke__cache *c, const stoke__remote_file *const *f,
+                           const uint64_t *expect, size_t n)
+{
+    if (!c)
+        return STOKE_OK;
+    const stoke__remote_file **nf = n ? malloc(n * sizeof(*nf)) : NULL;
+    uint64_t *ne = n ? calloc(n, sizeof(*ne)) : NULL;
+    if (n && (!nf || !ne)) {
+        free(nf);
+        free(ne);
+        return STOKE_ENOMEM;
+    }
+    for (size_t i = 0; i < n; i++) {
+        nf[i] = f[i];
+        ne[i] = expect ? expect[i] : 0;
+    }
+    pthread_mutex_lock(&c->d.lock);
+    free(c->d.order);
+    free(c->d.order_expect);
+    c->d.order = nf;
+    c->d.order_expect = ne;
+    c->d.norder = n;
+    pthread_mutex_unlock(&c->d.lock);
+    return STOKE_OK;
+}
+
+/* Queues the `connections` files after f in the order (set_order), when f is in it. */
+static void read_ahead(stoke__cache *c, stoke__remote_pool *p, const stoke__remote_file *f)
+{
+    downloader *d = &c->d;
+    const stoke__remote_file *next[STOKE__REMOTE_BG_MAX];
+    uint64_t exp[STOKE__REMOTE_BG_MAX];
+    size_t k = 0;
+    pthread_mutex_lock(&d->lock);
+    for (size_t i = 0; i < d->norder; i++) {
+        if (d->order[i] != f)
+            continue;
+        for (size_t j = i + 1; j < d->norder && k < (size_t)c->connections; j++, k++) {
+            next[k] = d->order[j];
+            exp[k] = d->order_expect[j];
+        }
+        break;
+    }
+    pthread_mutex_unlock(&d->lock);
+    if (k)
+        stoke__cache_prefetch(c, p, next, exp, k);
+}
+
+int stoke__cache_connections(const stoke__cache *c)
+{
+    return c ? c->connections : 0;
 }
 
 /* ---- the object --------------------------------------------------------------------------- */
@@ -519,6 +785,17 @@ int stoke__cache_create(stoke__cache **out, char *why, size_t why_len)
     }
     int dflt;
     c->limit = cache_limit(&dflt);
+    uint64_t conn = STOKE__REMOTE_CONNECTIONS_DEFAULT;
+    if (stoke__env_u64(STOKE_ENV_REMOTE_CONNECTIONS, &conn) && conn > STOKE__REMOTE_BG_MAX) {
+        stoke__log(STOKE_LOG_WARN, "STOKE_REMOTE_CONNECTIONS=%" PRIu64 " is more than %d: using %d",
+                   conn, STOKE__REMOTE_BG_MAX, STOKE__REMOTE_BG_MAX);
+        conn = STOKE__REMOTE_BG_MAX;
+    }
+    c->connections = (int)conn;
+    pthread_mutex_init(&c->d.lock, NULL);
+    pthread_cond_init(&c->d.work, NULL);
+    pthread_cond_init(&c->d.idle, NULL);
+    c->d.ready = 1;
     for (int i = 0; i < SLOTS; i++) {
         pthread_mutex_init(&c->h[i].lock, NULL);
         c->h[i].fd = -1;
@@ -540,6 +817,20 @@ void stoke__cache_destroy(stoke__cache *c)
                    "cache %s: %" PRIu64 " hit(s), %" PRIu64 " download(s) of %" PRIu64
                    " bytes, %" PRIu64 " eviction(s)",
                    c->dir, st.hits, st.misses, st.bytes, st.evictions);
+    if (c->d.ready) { /* the downloads running end; those queued are dropped */
+        pthread_mutex_lock(&c->d.lock);
+        c->d.stop = 1;
+        c->d.len = 0;
+        pthread_cond_broadcast(&c->d.work);
+        pthread_mutex_unlock(&c->d.lock);
+        for (int k = 0; k < c->d.nth; k++)
+            pthread_join(c->d.th[k], NULL);
+        pthread_mutex_destroy(&c->d.lock);
+        pthread_cond_destroy(&c->d.work);
+        pthread_cond_destroy(&c->d.idle);
+    }
+    free(c->d.order);
+    free(c->d.order_expect);
     for (int i = 0; i < SLOTS; i++) {
         if (c->h[i].fd >= 0)
             close(c->h[i].fd);
@@ -557,16 +848,36 @@ void stoke__cache_fork_prepare(stoke__cache *c)
 {
     for (int i = 0; c && i < SLOTS; i++)
         pthread_mutex_lock(&c->h[i].lock);
+    if (!c)
+        return;
+    /* no download half done in the child: its lock file and temporary copy would stay the
+     * child's too (an fd shared with it keeps the flock) */
+    pthread_mutex_lock(&c->d.lock);
+    while (c->d.running)
+        pthread_cond_wait(&c->d.idle, &c->d.lock);
 }
 
 void stoke__cache_fork_parent(stoke__cache *c)
 {
+    if (c)
+        pthread_mutex_unlock(&c->d.lock);
     for (int i = 0; c && i < SLOTS; i++)
         pthread_mutex_unlock(&c->h[i].lock);
 }
 
 void stoke__cache_fork_child(stoke__cache *c)
 {
+    if (c) { /* no thread crossed the fork; the parent's queue stays the parent's */
+        downloader *d = &c->d;
+        /* and none starts here: a worker process ends with _exit, which would cut a download
+         * short (a request made, not counted, its .part left for a later scan) */
+        c->connections = 0;
+        d->nth = d->running = 0;
+        d->head = d->len = 0;
+        pthread_cond_init(&d->work, NULL);
+        pthread_cond_init(&d->idle, NULL);
+        pthread_mutex_unlock(&d->lock);
+    }
     for (int i = 0; c && i < SLOTS; i++) {
         if (c->h[i].fd >= 0) /* the parent's stays open and locked in the parent */
             close(c->h[i].fd);

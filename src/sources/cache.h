@@ -33,11 +33,15 @@ typedef struct stoke__cache stoke__cache;
  * *out NULL when STOKE_CACHE_DIR is unset or empty; 0 and *out; or STOKE_EIO (the directory
  * cannot be made or opened), STOKE_ENOMEM, with why set. */
 int stoke__cache_create(stoke__cache **out, char *why, size_t why_len);
-/* Closes the copies held open.  NULL does nothing.  No read may run. */
+/* Stops the background downloads (waiting for those running to end, dropping the queued
+ * ones), closes the copies held open.  NULL does nothing.  No read may run. */
 void stoke__cache_destroy(stoke__cache *c);
 /* Fork hooks, as the pool's: prepare takes every slot's lock (so no download, lock file or
  * eviction is half done in the child), parent releases them, child releases them and closes
- * the copies it inherited (the parent's stay open, and locked, in the parent). */
+ * the copies it inherited (the parent's stay open, and locked, in the parent).  prepare also
+ * waits for the background downloads running to end (the queued ones wait); the child has
+ * none running or queued, and starts none (no read-ahead in a forked worker: it ends with
+ * _exit, which would cut its downloads short). */
 void stoke__cache_fork_prepare(stoke__cache *c);
 void stoke__cache_fork_parent(stoke__cache *c);
 void stoke__cache_fork_child(stoke__cache *c);
@@ -53,6 +57,32 @@ void stoke__cache_fork_child(stoke__cache *c);
 int stoke__cache_read(stoke__cache *c, stoke__remote_pool *p, int slot, const stoke__remote_file *f,
                       uint64_t expect, void *buf, size_t n, uint64_t off, size_t *got,
                       uint64_t *size, char *why, size_t why_len);
+
+/* 1 when the cache has a complete copy of f (of any size), else 0.  Thread-safe. */
+int stoke__cache_has(stoke__cache *c, const stoke__remote_file *f);
+
+/* Reads ahead: queues downloads of f[0 .. n) (expect[i]: as stoke__cache_read's; expect may
+ * be NULL) for background threads, STOKE_REMOTE_CONNECTIONS of them (default 8; 0: none),
+ * each with its own connection (slot STOKE__REMOTE_BG(k) of pool p), started by the first
+ * call.  A file already queued or downloading is not queued again; at most
+ * STOKE__CACHE_QUEUE_MAX wait.  A background download follows the rules of a read's (lock
+ * file, temporary name, length check, one download per node) but never waits for another
+ * process's download of the file and never evicts: a file that does not fit under the cap
+ * beside the copies there is left to the read that needs it (its size, when not given, is
+ * taken as the largest copy seen).  Failures are left to the reads too (logged at debug).
+ * Returns the jobs queued.  Thread-safe; never blocks on the network.  p must outlive c. */
+#define STOKE__CACHE_QUEUE_MAX 256
+size_t stoke__cache_prefetch(stoke__cache *c, stoke__remote_pool *p,
+                             const stoke__remote_file *const *f, const uint64_t *expect, size_t n);
+/* The order the reads of files are expected in (the shards of a source): a read that finds
+ * no complete copy of f[i] (it downloads it, or waits for it) queues f[i + 1 ..] up to
+ * STOKE_REMOTE_CONNECTIONS of them (stoke__cache_prefetch), so that the downloads of the next
+ * files overlap it.  The pointers are kept (they must outlive c, or the next set_order);
+ * expect as prefetch's.  STOKE_OK or STOKE_ENOMEM.  Thread-safe. */
+int stoke__cache_set_order(stoke__cache *c, const stoke__remote_file *const *f,
+                           const uint64_t *expect, size_t n);
+/* The background downloads at once (STOKE_REMOTE_CONNECTIONS); 0 for NULL. */
+int stoke__cache_connections(const stoke__cache *c);
 
 /* Counters of a cache object since create, its forked workers' included. */
 typedef struct stoke__cache_stats {

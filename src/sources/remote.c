@@ -99,10 +99,21 @@ int stoke__remote_read(stoke__remote_pool *p, int slot, const stoke__remote_file
     return stoke__remote_pool_create(NULL, why, why_len);
 }
 int stoke__remote_fetch(stoke__remote_pool *p, int slot, const stoke__remote_file *f, int fd,
-                        uint64_t expect, uint64_t *size, char *why, size_t why_len)
+                        uint64_t expect, _Atomic uint64_t *seen, uint64_t *size, char *why,
+                        size_t why_len)
 {
-    (void)p, (void)slot, (void)f, (void)fd, (void)expect;
+    (void)p, (void)slot, (void)f, (void)fd, (void)expect, (void)seen;
     *size = 0;
+    return stoke__remote_pool_create(NULL, why, why_len);
+}
+
+int stoke__remote_read_many(stoke__remote_pool *p, int slot, stoke__remote_req *r, size_t n,
+                            size_t *failed, char *why, size_t why_len)
+{
+    (void)p, (void)slot, (void)r;
+    *failed = 0;
+    if (n == 0)
+        return STOKE_OK;
     return stoke__remote_pool_create(NULL, why, why_len);
 }
 
@@ -114,7 +125,8 @@ int stoke__remote_fetch(stoke__remote_pool *p, int slot, const stoke__remote_fil
 
 #define STR_(x)         #x
 #define STR(x)          STR_(x)
-#define SLOTS           64
+#define FG_SLOTS        64                        /* slots of the workers: slot % 64 */
+#define SLOTS           (FG_SLOTS + STOKE__REMOTE_BG_MAX) /* then the background downloaders' */
 #define BACKOFF_BASE_MS 100u   /* the first retry waits 50..100 ms, each next one twice that */
 #define BACKOFF_CAP_MS  10000u /* ... up to 5..10 s */
 #define DEFAULT_RETRIES 6u
@@ -126,14 +138,24 @@ typedef struct counters {
     _Atomic uint64_t requests, retries_done, bytes, wait_ns;
 } counters;
 
+/* A slot's handles for several requests at once (read_many), made by its first. */
+typedef struct multi {
+    CURLM *m;
+    int n;                           /* handles */
+    CURL *h[STOKE__REMOTE_BG_MAX];   /* their error texts: err[i] */
+    char err[STOKE__REMOTE_BG_MAX][CURL_ERROR_SIZE];
+} multi;
+
 typedef struct slot {
-    pthread_mutex_t lock; /* held for a whole read: guards h and err */
+    pthread_mutex_t lock; /* held for a whole read: guards h, err and mu */
     CURL *h;              /* NULL until the slot's first read */
     char err[CURL_ERROR_SIZE];
+    multi *mu;            /* NULL until the slot's first read_many of two or more */
 } slot;
 
 struct stoke__remote_pool {
     slot s[SLOTS];
+    int connections; /* requests at once of a read_many (STOKE_REMOTE_CONNECTIONS) */
     unsigned retries;
     long timeout_s;
     char *ca_bundle;
@@ -328,6 +350,8 @@ int stoke__remote_pool_create(stoke__remote_pool **out, char *why, size_t why_le
         return STOKE_ENOMEM;
     }
     p->retries = (unsigned)env_number(STOKE_ENV_REMOTE_RETRIES, DEFAULT_RETRIES, 100);
+    p->connections = env_number(STOKE_ENV_REMOTE_CONNECTIONS, STOKE__REMOTE_CONNECTIONS_DEFAULT,
+                                STOKE__REMOTE_BG_MAX);
     p->timeout_s = env_number(STOKE_ENV_REMOTE_TIMEOUT, DEFAULT_TIMEOUT, 86400);
     if (p->timeout_s < 1)
         p->timeout_s = 1;
@@ -385,6 +409,12 @@ void stoke__remote_pool_destroy(stoke__remote_pool *p)
     for (int i = 0; i < SLOTS; i++) {
         if (p->s[i].h)
             curl_easy_cleanup(p->s[i].h);
+        multi *mu = p->s[i].mu;
+        for (int k = 0; mu && k < mu->n; k++)
+            curl_easy_cleanup(mu->h[k]);
+        if (mu && mu->m)
+            curl_multi_cleanup(mu->m);
+        free(mu);
         pthread_mutex_destroy(&p->s[i].lock);
     }
     if (p->userpwd)
@@ -414,6 +444,7 @@ void stoke__remote_pool_fork_child(stoke__remote_pool *p)
 {
     for (int i = 0; p && i < SLOTS; i++) {
         p->s[i].h = NULL; /* the parent's connections: left alone, never closed here */
+        p->s[i].mu = NULL;
         pthread_mutex_unlock(&p->s[i].lock);
     }
 }
@@ -497,8 +528,11 @@ typedef struct xfer {
     uint64_t cr_start; /* Content-Range's first byte, when has_cr */
     int has_cr;
     long retry_after; /* seconds; -1 when absent */
+    _Atomic uint64_t *seen; /* when not NULL: raised to the file's size as soon as a header
+                               says it */
     char err[512];    /* the start of an error response's body */
     size_t errlen;
+    size_t before;    /* got when the try began */
 } xfer;
 
 static size_t on_header(char *data, size_t size, size_t nmemb, void *ctx)
@@ -524,6 +558,9 @@ static size_t on_header(char *data, size_t size, size_t nmemb, void *ctx)
             x->has_cr = 1;
             x->total = t;
             x->has_total = 1;
+            uint64_t cur = x->seen ? atomic_load(x->seen) : UINT64_MAX;
+            while (cur < t && !atomic_compare_exchange_weak(x->seen, &cur, (uint64_t)t)) {
+            }
         } else if (sscanf(v, "bytes */%llu", &t) == 1) {
             x->total = t;
             x->has_total = 1;
@@ -682,12 +719,12 @@ static void backoff(unsigned attempt, long retry_after_s, uint64_t *rng)
     }
 }
 
-/* One try: GET of [off + got, off + n) appended to x.  Returns 0 (done: full, or the file
- * ended), 1 (retry), or a negative code with why set. */
-static int try_once(stoke__remote_pool *p, CURL *h, const stoke__remote_file *f, xfer *x,
-                    const char *serr, char *why, size_t why_len)
+/* The request of one try of x on h (x->h = h), before it runs. */
+static void try_begin(stoke__remote_pool *p, CURL *h, const stoke__remote_file *f, xfer *x)
 {
     char range[64];
+    x->h = h;
+    x->before = x->got;
     if (x->n == SIZE_MAX) /* the whole file, its size not known yet */
         stoke__fmt(range, sizeof(range), "%" PRIu64 "-", x->off + x->got);
     else
@@ -708,8 +745,15 @@ static int try_once(stoke__remote_pool *p, CURL *h, const stoke__remote_file *f,
     curl_easy_setopt(h, CURLOPT_AWS_SIGV4, sign ? p->sigv4 : NULL);
     if (!sign)
         curl_easy_setopt(h, CURLOPT_HTTPAUTH, (long)CURLAUTH_BASIC);
-    size_t before = x->got;
-    CURLcode c = curl_easy_perform(h);
+}
+
+/* The outcome of a try of x that ended with c: 0 (done: full, or the file ended), 1 (retry),
+ * or a negative code with why set. */
+static int try_end(stoke__remote_pool *p, const stoke__remote_file *f, xfer *x, CURLcode c,
+                   const char *serr, char *why, size_t why_len)
+{
+    CURL *h = x->h;
+    size_t before = x->before;
     atomic_fetch_add(&p->n->requests, 1);
     atomic_fetch_add(&p->n->bytes, (uint64_t)(x->got - before));
     long st = 0;
@@ -760,38 +804,216 @@ static int try_once(stoke__remote_pool *p, CURL *h, const stoke__remote_file *f,
     return retryable_curl(c) ? 1 : STOKE_EIO;
 }
 
-/* The tries of one transfer x through slot slot_i: 0, or the error with why set. */
-static int transfer(stoke__remote_pool *p, int slot_i, const stoke__remote_file *f, xfer *x,
-                    char *why, size_t why_len)
+/* One try: GET of [off + got, off + n) appended to x.  Returns as try_end: 0 (done: full, or
+ * the file ended), 1 (retry), or a negative code with why set. */
+static int try_once(stoke__remote_pool *p, CURL *h, const stoke__remote_file *f, xfer *x,
+                    const char *serr, char *why, size_t why_len)
 {
-    slot *s = &p->s[(unsigned)slot_i % SLOTS];
-    uint64_t t0 = stoke__now_ns();
-    pthread_mutex_lock(&s->lock);
-    if (!s->h && !(s->h = handle_new(p, s))) {
-        pthread_mutex_unlock(&s->lock);
-        stoke__fmt(why, why_len, "GET %s: cannot create a libcurl handle", f->url);
-        return STOKE_ENOMEM;
-    }
-    x->h = s->h;
+    try_begin(p, h, f, x);
+    return try_end(p, f, x, curl_easy_perform(h), serr, why, why_len);
+}
+
+/* The slot of slot_i: a worker's (>= 0) among the first FG_SLOTS, a background downloader's
+ * (STOKE__REMOTE_BG(k) < 0) after them. */
+static slot *slot_of(stoke__remote_pool *p, int slot_i)
+{
+    if (slot_i >= 0)
+        return &p->s[(unsigned)slot_i % FG_SLOTS];
+    return &p->s[FG_SLOTS + (unsigned)(-1 - (long)slot_i) % STOKE__REMOTE_BG_MAX];
+}
+
+#define TRY_NOW 2 /* retry_loop: no try made yet */
+
+/* The tries of transfer x on slot s's handle (s->lock held), from try `attempt` whose outcome
+ * is rc (TRY_NOW: not made yet; 1: to retry): 0, or the error with why set. */
+static int retry_loop(stoke__remote_pool *p, slot *s, const stoke__remote_file *f, xfer *x,
+                      unsigned attempt, int rc, char *why, size_t why_len)
+{
     uint64_t rng = stoke__now_ns() ^ ((uint64_t)(uintptr_t)s * 0x9E3779B97F4A7C15u) ^ x->off;
     rng |= 1;
-    int rc;
-    for (unsigned attempt = 0;; attempt++) {
-        s->err[0] = 0;
-        rc = try_once(p, s->h, f, x, s->err, why, why_len);
+    for (;; attempt++) {
+        if (rc == TRY_NOW) {
+            s->err[0] = 0;
+            rc = try_once(p, s->h, f, x, s->err, why, why_len);
+        }
         if (rc != 1)
-            break;
+            return rc;
         if (attempt >= p->retries) {
             size_t l = strlen(why);
             stoke__fmt(why + l, why_len - l, " (after %u tries)", attempt + 1);
-            rc = STOKE_EIO;
-            break;
+            return STOKE_EIO;
         }
         atomic_fetch_add(&p->n->retries_done, 1);
         stoke__log(STOKE_LOG_DEBUG, "remote: %s; retry %u of %u", why, attempt + 1, p->retries);
         backoff(attempt, x->retry_after, &rng);
+        rc = TRY_NOW;
+    }
+}
+
+/* Slot slot_i locked, with its handle: the slot, or NULL (STOKE_ENOMEM, why set). */
+static slot *slot_take(stoke__remote_pool *p, int slot_i, const stoke__remote_file *f, char *why,
+                       size_t why_len)
+{
+    slot *s = slot_of(p, slot_i);
+    pthread_mutex_lock(&s->lock);
+    if (!s->h && !(s->h = handle_new(p, s))) {
+        pthread_mutex_unlock(&s->lock);
+        stoke__fmt(why, why_len, "GET %s: cannot create a libcurl handle", f->url);
+        return NULL;
+    }
+    return s;
+}
+
+/* The tries of one transfer x through slot slot_i: 0, or the error with why set. */
+static int transfer(stoke__remote_pool *p, int slot_i, const stoke__remote_file *f, xfer *x,
+                    char *why, size_t why_len)
+{
+    uint64_t t0 = stoke__now_ns();
+    slot *s = slot_take(p, slot_i, f, why, why_len);
+    if (!s)
+        return STOKE_ENOMEM;
+    int rc = retry_loop(p, s, f, x, 0, TRY_NOW, why, why_len);
+    pthread_mutex_unlock(&s->lock);
+    if (slot_i >= 0) /* a background download is no one's wait */
+        atomic_fetch_add(&p->n->wait_ns, stoke__now_ns() - t0);
+    return rc;
+}
+
+/* Slot s's multi handle with k easy handles (s->lock held): 0, or STOKE_ENOMEM. */
+static int multi_ready(const stoke__remote_pool *p, slot *s, int k)
+{
+    if (!s->mu && !(s->mu = calloc(1, sizeof(*s->mu))))
+        return STOKE_ENOMEM;
+    multi *mu = s->mu;
+    if (!mu->m) {
+        if (!(mu->m = curl_multi_init()))
+            return STOKE_ENOMEM;
+        /* keep the connections between batches (the default cap follows the handles added,
+         * none between two batches) */
+        curl_multi_setopt(mu->m, CURLMOPT_MAXCONNECTS, (long)STOKE__REMOTE_BG_MAX);
+    }
+    while (mu->n < k) {
+        CURL *h = handle_new(p, s);
+        if (!h)
+            return STOKE_ENOMEM;
+        curl_easy_setopt(h, CURLOPT_ERRORBUFFER, mu->err[mu->n]);
+        mu->h[mu->n++] = h;
+    }
+    return STOKE_OK;
+}
+
+int stoke__remote_read_many(stoke__remote_pool *p, int slot_i, stoke__remote_req *r, size_t n,
+                            size_t *failed, char *why, size_t why_len)
+{
+    *failed = n;
+    for (size_t j = 0; j < n; j++)
+        r[j].got = 0, r[j].total = UINT64_MAX;
+    if (n == 0)
+        return STOKE_OK;
+    uint64_t t0 = stoke__now_ns();
+    slot *s = slot_take(p, slot_i, r[0].f, why, why_len);
+    if (!s) {
+        *failed = 0;
+        return STOKE_ENOMEM;
+    }
+    xfer *x = calloc(n, sizeof(*x));
+    int k = p->connections < 1 ? 1 : p->connections;
+    if (k > (int)n)
+        k = (int)n;
+    int rc = x && (k < 2 || multi_ready(p, s, k) == STOKE_OK) ? STOKE_OK : STOKE_ENOMEM;
+    if (rc) {
+        stoke__fmt(why, why_len, "GET %s: out of memory for %zu requests", r[0].f->url, n);
+        *failed = 0;
+    }
+    for (size_t j = 0; x && j < n; j++)
+        x[j] = (xfer){.buf = r[j].buf, .fd = -1, .n = r[j].n, .off = r[j].off};
+    /* the first try of each, k at once on the multi handle; a try to repeat is left for after
+     * (marked by retry[j]), tried again on the slot's own handle with the usual backoff */
+    unsigned char *retry = rc ? NULL : calloc(n, 1);
+    if (!rc && !retry) {
+        rc = STOKE_ENOMEM;
+        *failed = 0;
+        stoke__fmt(why, why_len, "out of memory");
+    }
+    size_t next = 0;
+    if (!rc && k >= 2) {
+        multi *mu = s->mu;
+        size_t on[STOKE__REMOTE_BG_MAX]; /* the request on handle i, n when idle */
+        int active = 0;
+        for (int i = 0; i < k; i++)
+            on[i] = n;
+        while (!rc) {
+            for (int i = 0; i < k && next < n; i++) {
+                if (on[i] != n)
+                    continue;
+                try_begin(p, mu->h[i], r[next].f, &x[next]);
+                if (r[next].n == 0) { /* nothing to ask for */
+                    next++;
+                    continue;
+                }
+                mu->err[i][0] = 0;
+                if (curl_multi_add_handle(mu->m, mu->h[i]) != CURLM_OK) {
+                    retry[next++] = 2; /* tried alone below */
+                    continue;
+                }
+                on[i] = next++;
+                active++;
+            }
+            if (!active)
+                break;
+            int still = 0;
+            CURLMcode mc = curl_multi_perform(mu->m, &still);
+            CURLMsg *m;
+            int q;
+            while (mc == CURLM_OK && (m = curl_multi_info_read(mu->m, &q)) != NULL) {
+                if (m->msg != CURLMSG_DONE)
+                    continue;
+                int i = 0;
+                while (i < k - 1 && mu->h[i] != m->easy_handle)
+                    i++;
+                CURLcode c = m->data.result;
+                curl_multi_remove_handle(mu->m, mu->h[i]);
+                size_t j = on[i];
+                on[i] = n;
+                active--;
+                int t = try_end(p, r[j].f, &x[j], c, mu->err[i], why, why_len);
+                if (t == 1)
+                    retry[j] = 1;
+                else if (t < 0 && !rc)
+                    rc = t, *failed = j;
+            }
+            if (mc != CURLM_OK && !rc) {
+                stoke__fmt(why, why_len, "GET %s: %s", r[0].f->url, curl_multi_strerror(mc));
+                rc = STOKE_EIO;
+                *failed = 0;
+            }
+            if (!rc && still)
+                curl_multi_poll(mu->m, NULL, 0, 1000, NULL);
+        }
+        for (int i = 0; i < k; i++) /* after an error: the others stop */
+            if (on[i] != n)
+                curl_multi_remove_handle(mu->m, mu->h[i]);
+    }
+    for (size_t j = 0; !rc && j < n; j++) { /* the rest one at a time: without a multi handle,
+                                               retries */
+        int t = 0;
+        if (j >= next && r[j].n)
+            t = retry_loop(p, s, r[j].f, &x[j], 0, TRY_NOW, why, why_len);
+        else if (retry[j] == 2)
+            t = retry_loop(p, s, r[j].f, &x[j], 0, TRY_NOW, why, why_len);
+        else if (retry[j] == 1)
+            t = retry_loop(p, s, r[j].f, &x[j], 0, 1, why, why_len);
+        if (t < 0)
+            rc = t, *failed = j;
+    }
+    for (size_t j = 0; x && j < n; j++) {
+        r[j].got = x[j].got;
+        if (x[j].has_total)
+            r[j].total = x[j].total;
     }
     pthread_mutex_unlock(&s->lock);
+    free(retry);
+    free(x);
     atomic_fetch_add(&p->n->wait_ns, stoke__now_ns() - t0);
     return rc;
 }
@@ -812,10 +1034,11 @@ int stoke__remote_read(stoke__remote_pool *p, int slot_i, const stoke__remote_fi
 }
 
 int stoke__remote_fetch(stoke__remote_pool *p, int slot_i, const stoke__remote_file *f, int fd,
-                        uint64_t expect, uint64_t *size, char *why, size_t why_len)
+                        uint64_t expect, _Atomic uint64_t *seen, uint64_t *size, char *why,
+                        size_t why_len)
 {
     *size = 0;
-    xfer x = {.fd = fd, .n = expect ? (size_t)expect : SIZE_MAX};
+    xfer x = {.fd = fd, .n = expect ? (size_t)expect : SIZE_MAX, .seen = seen};
     int rc = transfer(p, slot_i, f, &x, why, why_len);
     if (rc)
         return rc;

@@ -1,8 +1,9 @@
 /* Private to the built-in sources: files behind http://, https:// and s3:// URLs, read by byte
  * range through libcurl (remote.c).  See docs/sources.md, "Remote shards".
  *
- * A pool holds the connections: one libcurl handle per slot (a worker: slot = worker % 64),
- * created by the slot's first read and kept, so that consecutive reads of one worker reuse its
+ * A pool holds the connections: one libcurl handle per slot (a worker: slot = worker % 64; a
+ * background downloader of the cache: STOKE__REMOTE_BG(k), k < STOKE__REMOTE_BG_MAX), created by
+ * the slot's first read and kept, so that consecutive reads of one worker reuse its
  * connection (HTTP keep-alive), and the settings read from the environment once, at create
  * (S3 credentials, region and endpoint, retries, timeout).  A read retries what can pass
  * (timeouts, refused or reset connections, 408/429/5xx, a body cut short: continued from the
@@ -16,12 +17,22 @@
 #define STOKE_SOURCES_REMOTE_H
 
 #include <stddef.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 /* 1 when path starts with http://, https:// or s3:// (any case), else 0. */
 int stoke__remote_is_url(const char *path);
 
 typedef struct stoke__remote_pool stoke__remote_pool;
+
+/* The slots of background transfers (cache.c's downloaders): slot STOKE__REMOTE_BG(k) for
+ * k in [0, STOKE__REMOTE_BG_MAX), apart from the workers' slots.  Their time is not counted in
+ * wait_ns (no one waits on them). */
+#define STOKE__REMOTE_BG_MAX 64
+#define STOKE__REMOTE_BG(k)  (-1 - (int)(k))
+/* STOKE_REMOTE_CONNECTIONS when unset: requests at once of a read_many, downloads at once of
+ * a cache's read-ahead. */
+#define STOKE__REMOTE_CONNECTIONS_DEFAULT 8
 
 /* Creates a pool: 0 and *out, or STOKE_ENOTSUP (built without libcurl), STOKE_ENOMEM,
  * STOKE_EINVAL (a bad setting in the environment), with why set.  Thread-safe. */
@@ -39,7 +50,8 @@ void stoke__remote_pool_fork_child(stoke__remote_pool *p);
  * mapping, read without a lock). */
 typedef struct stoke__remote_stats {
     uint64_t requests, retries, bytes;
-    uint64_t wait_ns; /* time in reads and fetches, waiting for a slot's lock included */
+    uint64_t wait_ns; /* time in reads and fetches of the workers' slots, waiting for a slot's
+                         lock included */
 } stoke__remote_stats;
 void stoke__remote_pool_stats(const stoke__remote_pool *p, stoke__remote_stats *out);
 
@@ -57,7 +69,8 @@ int stoke__remote_file_init(const stoke__remote_pool *p, const char *url, stoke_
                             char *why, size_t why_len);
 void stoke__remote_file_free(stoke__remote_file *f);
 
-/* Reads n bytes at off into buf through slot `slot` (any int; taken modulo the slots): 0, with
+/* Reads n bytes at off into buf through slot `slot` (a worker's, any int >= 0, taken modulo 64;
+ * or STOKE__REMOTE_BG(k)): 0, with
  * *got = n, or fewer only where the file ends (*got may be 0 past the end); *total (may be
  * NULL) gets the file's size when the server said it (Content-Range), else is left alone.
  * Errors, after the retries, with why = "GET URL: reason" (the HTTP status and the server's
@@ -68,14 +81,38 @@ int stoke__remote_read(stoke__remote_pool *p, int slot, const stoke__remote_file
                        size_t n, uint64_t off, size_t *got, uint64_t *total, char *why,
                        size_t why_len);
 
+/* One range read of a read_many: [off, off + n) of f into buf; got and total (UINT64_MAX
+ * when the server did not say) are set by the call. */
+typedef struct stoke__remote_req {
+    const stoke__remote_file *f;
+    void *buf;
+    size_t n;
+    uint64_t off;
+    size_t got;
+    uint64_t total;
+} stoke__remote_req;
+
+/* The reads r[0 .. n) through slot `slot` (as stoke__remote_read's), up to
+ * STOKE_REMOTE_CONNECTIONS (default 8; 0 or 1: one at a time) at once on connections of
+ * their own (a libcurl multi handle of the slot): the first try of each runs in parallel, the
+ * tries after a failure that can pass run one at a time after them, with the backoff of a
+ * read.  Returns 0 with every r[j].got and total set as a read's; or the error of the first
+ * request found failing, *failed its j, why as a read's (the others' got are then partial).
+ * Thread-safe; calls on one slot are serialised. */
+int stoke__remote_read_many(stoke__remote_pool *p, int slot, stoke__remote_req *r, size_t n,
+                            size_t *failed, char *why, size_t why_len);
+
 /* Downloads the whole of f into fd (byte i written at offset i, pwrite) through slot `slot`,
  * with the retries of a read (a body cut short is continued by range from its first missing
  * byte).  expect: the size the file must have, 0 when not known.  Returns 0 with *size = the
  * bytes written, which are the file's size as the server said it (Content-Range, or the
  * length of a 200's body) and `expect` when given; errors as stoke__remote_read, and
  * STOKE_EIO when the size differs ("the file is N bytes, M came") or a write to fd failed.
- * Writes nothing past the file's size; fd's size is the caller's.  Thread-safe. */
+ * Writes nothing past the file's size; fd's size is the caller's.  seen (may be NULL): raised
+ * (atomic max) to the file's size as soon as a response's header says it, before the body
+ * (cache.c sizes its read-ahead from it).  Thread-safe. */
 int stoke__remote_fetch(stoke__remote_pool *p, int slot, const stoke__remote_file *f, int fd,
-                        uint64_t expect, uint64_t *size, char *why, size_t why_len);
+                        uint64_t expect, _Atomic uint64_t *seen, uint64_t *size, char *why,
+                        size_t why_len);
 
 #endif

@@ -353,19 +353,19 @@ static int fetch_whole(stoke__tar_ds *t, const stoke__remote_file *f, char **buf
 /* Reads remote shard s's sidecar index URL.idx (docs/sources.md, "Sidecar indexes") into sc:
  * 1 when it was there (s->size and s->idx_url set), 0 when the server has none (404: the
  * shard is walked), or an error naming the index (a malformed one, a failed request). */
-static int open_index(const char *spec, stoke__tar_ds *t, stoke__tar_shard *s, const char *url,
-                      scan *sc)
+static int open_index(const char *spec, stoke__tar_ds *t, stoke__tar_shard *s, scan *sc)
 {
     char why[512];
-    stoke__remote_file f = {0};
-    char *iu = index_url(url), *buf = NULL;
+    /* the shard's request and URL with ".idx": what stoke__remote_file_init makes of the
+     * given URL + ".idx" (an s3:// key is percent-encoded, ".idx" unchanged) */
+    stoke__remote_file f = {.url = index_url(s->rf.url), .req = index_url(s->rf.req),
+                            .s3 = s->rf.s3};
+    char *buf = NULL;
     size_t len = 0;
-    int rc = iu ? stoke__remote_file_init(t->pool, iu, &f, why, sizeof(why)) : STOKE_ENOMEM;
-    free(iu);
-    if (rc) {
+    int rc;
+    if (!f.url || !f.req) {
         stoke__remote_file_free(&f);
-        return rc == STOKE_ENOMEM ? stoke__fail(rc, "source '%s': out of memory", spec)
-                                  : stoke__fail(rc, "source '%s': %s", spec, why);
+        return stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);
     }
     rc = fetch_whole(t, &f, &buf, &len, why, sizeof(why));
     if (rc == STOKE_ENOENT) {
@@ -397,32 +397,101 @@ static int open_index(const char *spec, stoke__tar_ds *t, stoke__tar_shard *s, c
     return rc ? rc : 1;
 }
 
-/* Opens remote shard s (the pool, and the cache when STOKE_CACHE_DIR is set, made by the
- * first): its size comes with its sidecar index (without a cache: then *indexed = 1 and its
- * members are in sc), the first window, or the local copy (downloaded if missing). */
+/* The pool, and the cache when STOKE_CACHE_DIR is set, made once. */
+static int remote_pool(const char *spec, stoke__tar_ds *t)
+{
+    if (t->pool)
+        return STOKE_OK;
+    char why[512];
+    int rc = stoke__remote_pool_create(&t->pool, why, sizeof(why));
+    if (!rc)
+        rc = stoke__cache_create(&t->cache, why, sizeof(why));
+    if (rc) {
+        stoke__remote_pool_destroy(t->pool);
+        t->pool = NULL;
+        return stoke__fail(rc, "source '%s': %s", spec, why);
+    }
+    return STOKE_OK;
+}
+
+/* Makes remote shard s's request (the pool, and the cache when STOKE_CACHE_DIR is set, made
+ * by the first); s->path becomes the URL without credentials.  Nothing changes on a
+ * failure. */
+static int remote_init(const char *spec, stoke__tar_ds *t, stoke__tar_shard *s)
+{
+    char why[512];
+    int rc = remote_pool(spec, t);
+    if (rc)
+        return rc;
+    rc = stoke__remote_file_init(t->pool, s->path, &s->rf, why, sizeof(why));
+    if (rc) {
+        stoke__remote_file_free(&s->rf);
+        return stoke__fail(rc, "source '%s': %s", spec, why);
+    }
+    char *shown = strdup(s->rf.url); /* messages name the URL without credentials */
+    if (!shown) {
+        stoke__remote_file_free(&s->rf);
+        return stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);
+    }
+    free(s->path);
+    s->path = shown;
+    s->remote = 1;
+    return STOKE_OK;
+}
+
+/* With a cache: every remote shard's request made, and their order given to the cache, so
+ * that the download of a shard has the next ones downloaded meanwhile (read-ahead), at open
+ * and during the epochs; with sized, once the shards are open, with their sizes (the
+ * read-ahead's downloads are then checked against them).  Without a cache (or no remote
+ * shard) nothing is done. */
+static int remote_order(const char *spec, stoke__tar_ds *t, int sized)
+{
+    int first = 0;
+    while (first < t->nshards && !stoke__remote_is_url(t->shards[first].path))
+        first++;
+    if (first == t->nshards)
+        return STOKE_OK;
+    int rc = remote_pool(spec, t);
+    if (rc || !t->cache) /* without a cache the shards' requests are made as they are opened */
+        return rc;
+    const stoke__remote_file **f = calloc((size_t)t->nshards, sizeof(*f));
+    uint64_t *size = calloc((size_t)t->nshards, sizeof(*size));
+    if (!f || !size) {
+        free(f);
+        free(size);
+        return stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);
+    }
+    size_t n = 0;
+    for (int i = first; i < t->nshards && !rc; i++) {
+        stoke__tar_shard *s = &t->shards[i];
+        if (!s->remote && stoke__remote_is_url(s->path))
+            rc = remote_init(spec, t, s);
+        if (!rc && s->remote) {
+            size[n] = sized ? s->size : 0;
+            f[n++] = &s->rf;
+        }
+    }
+    if (!rc && stoke__cache_set_order(t->cache, f, size, n) != STOKE_OK)
+        rc = stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);
+    free(f);
+    free(size);
+    return rc;
+}
+
+/* Opens remote shard s: its size comes with its sidecar index (then *indexed = 1 and its
+ * members are in sc; with a cache, asked for only when the cache has no copy of the shard,
+ * which is walked), the first window, or the local copy (downloaded if missing). */
 static int open_remote(const char *spec, stoke__tar_ds *t, stoke__tar_shard *s, rwin *w, scan *sc,
                        int *indexed)
 {
-    char why[512];
     int rc = STOKE_OK;
     *indexed = 0;
-    if (!t->pool) {
-        rc = stoke__remote_pool_create(&t->pool, why, sizeof(why));
-        if (!rc)
-            rc = stoke__cache_create(&t->cache, why, sizeof(why));
+    if (!s->remote) {
+        rc = remote_init(spec, t, s);
+        if (rc)
+            return rc;
     }
-    if (!rc)
-        rc = stoke__remote_file_init(t->pool, s->path, &s->rf, why, sizeof(why));
-    if (rc)
-        return stoke__fail(rc, "source '%s': %s", spec, why);
-    char *shown = strdup(s->rf.url); /* messages name the URL without credentials */
-    if (!shown)
-        return stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);
-    char *given = s->path; /* with any credentials: the index's URL is made from it */
-    s->path = shown;
-    s->remote = 1;
-    rc = t->cache ? 0 : open_index(spec, t, s, given, sc);
-    free(given);
+    rc = t->cache && stoke__cache_has(t->cache, &s->rf) ? 0 : open_index(spec, t, s, sc);
     if (rc < 0)
         return rc;
     if (rc > 0) {
@@ -467,7 +536,7 @@ static int open_shard(const char *spec, stoke__tar_shard *s)
 static int scan_shards(const char *spec, stoke__tar_ds *t, scan *sc)
 {
     rwin w = {0};
-    int rc = STOKE_OK;
+    int rc = remote_order(spec, t, 0);
     for (int i = 0; i < t->nshards && !rc; i++) {
         stoke__tar_shard *s = &t->shards[i];
         int remote = stoke__remote_is_url(s->path), indexed = 0;
@@ -488,6 +557,8 @@ static int scan_shards(const char *spec, stoke__tar_ds *t, scan *sc)
                              err);
     }
     free(w.buf);
+    if (!rc && t->cache) /* the sizes known now: the read-ahead checks its downloads */
+        rc = remote_order(spec, t, 1);
     return rc;
 }
 
@@ -568,6 +639,8 @@ static void tar_close(void *user)
     stoke__tar_ds *t = user;
     if (!t)
         return;
+    stoke__cache_destroy(t->cache); /* first: its downloaders read the shards' rf */
+    t->cache = NULL;
     for (int i = 0; i < t->nshards; i++) {
         if (t->shards[i].fd >= 0)
             close(t->shards[i].fd);
@@ -575,7 +648,6 @@ static void tar_close(void *user)
         free(t->shards[i].idx_url);
         stoke__remote_file_free(&t->shards[i].rf);
     }
-    stoke__cache_destroy(t->cache);
     stoke__remote_pool_destroy(t->pool);
     free(t->shards);
     free(t->shard_of);
@@ -612,22 +684,67 @@ static uint64_t tar_length(void *user)
     return ((const stoke__tar_ds *)user)->n;
 }
 
-static int tar_get(void *user, uint64_t index, void *const dst[], int64_t len[], int worker,
-                   char *msg, size_t msg_len)
+/* Sample index into dst (len: its ragged lengths, or NULL), the members from io's window when
+ * it has one, else fetched as get() does. */
+static int read_sample(const stoke__tar_ds *t, uint64_t index, void *const dst[], int64_t len[],
+                       stoke__tar_io *io, char *msg, size_t msg_len)
 {
-    const stoke__tar_ds *t = user;
     if (index >= t->n) {
         stoke__fmt(msg, msg_len, "tar: sample %" PRIu64 " past the end (%" PRIu64 " samples)",
                    index, t->n);
         return STOKE_ERANGE;
     }
-    stoke__tar_io io = {.worker = worker};
-    int rc = stoke__tar_fetch_sample(t, index, dst, &io, msg, msg_len);
+    int rc = io->win ? STOKE_OK : stoke__tar_fetch_sample(t, index, dst, io, msg, msg_len);
     for (int k = 0; k < t->nf && !rc; k++)
         if (dst[k])
-            rc =
-                stoke__tar_read_field(t, index, k, dst[k], len ? &len[k] : NULL, &io, msg, msg_len);
+            rc = stoke__tar_read_field(t, index, k, dst[k], len ? &len[k] : NULL, io, msg, msg_len);
+    return rc;
+}
+
+static int tar_get(void *user, uint64_t index, void *const dst[], int64_t len[], int worker,
+                   char *msg, size_t msg_len)
+{
+    stoke__tar_io io = {.worker = worker};
+    int rc = read_sample(user, index, dst, len, &io, msg, msg_len);
     free((void *)io.win);
+    return rc;
+}
+
+/* read(), for a source with remote shards read by range: the batch's requests in flight
+ * together (stoke__tar_fetch_batch), then each sample as get() reads it. */
+static int tar_read(void *user, const uint64_t *indices, size_t count, const stoke_slots *slots,
+                    int worker, char *msg, size_t msg_len, uint64_t *err_index)
+{
+    const stoke__tar_ds *t = user;
+    size_t nf = (size_t)t->nf;
+    void **dst = calloc(count * nf + 1, sizeof(*dst));
+    stoke__tar_io *io = calloc(count + 1, sizeof(*io));
+    int rc = STOKE_OK;
+    if (!dst || !io) {
+        free(dst);
+        free(io);
+        stoke__fmt(msg, msg_len, "tar: out of memory for a batch of %zu", count);
+        *err_index = count ? indices[0] : 0;
+        return STOKE_ENOMEM;
+    }
+    for (size_t j = 0; j < count; j++) {
+        stoke_slots_sample(slots, t->nf, t->fields, j, dst + j * nf);
+        io[j].worker = worker;
+    }
+    size_t bad = count;
+    rc = stoke__tar_fetch_batch(t, indices, count, dst, io, msg, msg_len, &bad);
+    if (rc)
+        *err_index = indices[bad < count ? bad : 0];
+    for (size_t j = 0; j < count && !rc; j++) {
+        rc = read_sample(t, indices[j], dst + j * nf, slots->len ? slots->len + j * nf : NULL,
+                         &io[j], msg, msg_len);
+        if (rc)
+            *err_index = indices[j];
+    }
+    for (size_t j = 0; j < count; j++)
+        free((void *)io[j].win);
+    free(io);
+    free(dst);
     return rc;
 }
 
@@ -877,6 +994,8 @@ int stoke_tar_open(const char *args, stoke_dataset *out)
     out->get = tar_get;
     out->set_epoch = stoke__tar_set_epoch; /* .jpg fields' train crops depend on the epoch */
     out->close = tar_close;
+    if (t->pool && !t->cache) /* range reads: a batch's requests in flight together */
+        out->read = tar_read;
     if (t->pool) { /* a forked worker opens connections of its own */
         out->fork_prepare = tar_fork_prepare;
         out->fork_parent = tar_fork_parent;

@@ -170,12 +170,12 @@ static int shard_read(const stoke__tar_ds *t, uint64_t i, int k, void *buf, size
 #define COALESCE_MAX ((uint64_t)8 << 20)
 #define COALESCE_GAP ((uint64_t)64 << 10)
 
-int stoke__tar_fetch_sample(const stoke__tar_ds *t, uint64_t i, void *const dst[],
-                            stoke__tar_io *io, char *msg, size_t msg_len)
+/* The bytes [*lo, *hi) of sample i's members that get() reads (dst[k] not NULL) in one request,
+ * *first the field of the lowest: 1 when they are worth one request (two or more close
+ * together; with single, one is enough), else 0. */
+static int sample_span(const stoke__tar_ds *t, uint64_t i, void *const dst[], int single,
+                       uint64_t *lo_, uint64_t *hi_, int *first_)
 {
-    const stoke__tar_shard *s = &t->shards[t->shard_of[i]];
-    if (!s->remote || t->cache)
-        return STOKE_OK;
     uint64_t lo = UINT64_MAX, hi = 0, want = 0;
     int n = 0, first = 0;
     for (int k = 0; k < t->nf; k++) {
@@ -189,7 +189,18 @@ int stoke__tar_fetch_sample(const stoke__tar_ds *t, uint64_t i, void *const dst[
         if (L->off + L->size > hi)
             hi = L->off + L->size;
     }
-    if (n < 2 || hi - lo > COALESCE_MAX || hi - lo > want + COALESCE_GAP)
+    *lo_ = lo, *hi_ = hi, *first_ = first;
+    return n >= (single ? 1 : 2) && hi > lo && hi - lo <= COALESCE_MAX &&
+           hi - lo <= want + COALESCE_GAP;
+}
+
+int stoke__tar_fetch_sample(const stoke__tar_ds *t, uint64_t i, void *const dst[],
+                            stoke__tar_io *io, char *msg, size_t msg_len)
+{
+    const stoke__tar_shard *s = &t->shards[t->shard_of[i]];
+    uint64_t lo, hi;
+    int first;
+    if (!s->remote || t->cache || !sample_span(t, i, dst, 0, &lo, &hi, &first))
         return STOKE_OK;
     char *buf = malloc((size_t)(hi - lo));
     if (!buf) /* a request per field instead */
@@ -209,6 +220,60 @@ int stoke__tar_fetch_sample(const stoke__tar_ds *t, uint64_t i, void *const dst[
     io->win_off = lo;
     io->win_len = got;
     return STOKE_OK;
+}
+
+int stoke__tar_fetch_batch(const stoke__tar_ds *t, const uint64_t *idx, size_t count,
+                           void *const *dst, stoke__tar_io *io, char *msg, size_t msg_len,
+                           size_t *bad)
+{
+    *bad = count;
+    stoke__remote_req *r = calloc(count ? count : 1, sizeof(*r));
+    size_t *of = calloc(count ? count : 1, sizeof(*of)); /* r[m] is sample of[m]'s */
+    int *firsts = calloc(count ? count : 1, sizeof(*firsts));
+    size_t m = 0;
+    for (size_t j = 0; r && of && firsts && j < count; j++) {
+        uint64_t i = idx[j], lo, hi;
+        if (i >= t->n)
+            continue;
+        const stoke__tar_shard *s = &t->shards[t->shard_of[i]];
+        if (!s->remote || t->cache ||
+            !sample_span(t, i, dst + j * (size_t)t->nf, 1, &lo, &hi, &firsts[m]))
+            continue;
+        char *buf = malloc((size_t)(hi - lo));
+        if (!buf)
+            continue; /* read field by field by get's path */
+        r[m] = (stoke__remote_req){.f = &s->rf, .buf = buf, .n = (size_t)(hi - lo), .off = lo};
+        of[m++] = j;
+    }
+    int rc = STOKE_OK;
+    if (m) {
+        char why[512];
+        size_t failed = m;
+        rc = stoke__remote_read_many(t->pool, io[0].worker, r, m, &failed, why, sizeof(why));
+        for (size_t q = 0; !rc && q < m; q++) {
+            rc = index_stale(&t->shards[t->shard_of[idx[of[q]]]], r[q].total, why, sizeof(why));
+            if (rc)
+                failed = q;
+        }
+        if (rc) {
+            size_t q = failed < m ? failed : 0;
+            *bad = of[q];
+            rc = field_fail(t, idx[of[q]], firsts[q], msg, msg_len, STOKE_EIO, "%s", why);
+        }
+        for (size_t q = 0; q < m; q++) {
+            if (rc) {
+                free(r[q].buf);
+                continue;
+            }
+            io[of[q]].win = r[q].buf; /* freed by the caller */
+            io[of[q]].win_off = r[q].off;
+            io[of[q]].win_len = r[q].got;
+        }
+    }
+    free(r);
+    free(of);
+    free(firsts);
+    return rc;
 }
 
 /* .cls: optional spaces, a decimal integer (optional sign), optional spaces / newline. */

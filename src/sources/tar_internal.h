@@ -101,6 +101,16 @@ typedef struct stoke__tar_io {
  * stoke__tar_read_field's, naming the sample's first member read. */
 int stoke__tar_fetch_sample(const stoke__tar_ds *t, uint64_t i, void *const dst[],
                             stoke__tar_io *io, char *msg, size_t msg_len);
+/* For a batch of samples idx[0 .. count) (read()): the windows of every sample of a remote
+ * shard read by range (no cache), its members that dst[j * nf + k] asks for in one request
+ * each even when there is only one, fetched together with stoke__remote_read_many (several
+ * requests in flight) through the slot of io[0].worker, into io[j] (the caller frees each
+ * io[j].win).  Samples that are local, cached, out of range or whose members are far apart
+ * get no window (read as get() reads them).  STOKE_OK, or the first failing request's error
+ * with msg as stoke__tar_read_field's and *bad its j (no window is then left). */
+int stoke__tar_fetch_batch(const stoke__tar_ds *t, const uint64_t *idx, size_t count,
+                           void *const *dst, stoke__tar_io *io, char *msg, size_t msg_len,
+                           size_t *bad);
 /* Reads field k of sample i into dst (fields[k].bytes; a ragged field: the member, its size
  * into *len); a remote shard from io's window, or through the pool's slot of io->worker.
  * Returns STOKE_OK, or the error with msg "tar SHARD@OFFSET: sample 'KEY' field 'EXT':

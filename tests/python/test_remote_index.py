@@ -110,6 +110,24 @@ try:
             and all(r[2] == 206 for r in idx), "index requests: %s (%s)" % (idx, err))
     T.check(not window_reads(rows), "window reads with an index: %s" % window_reads(rows)[:3])
     T.check(".idx" not in err, "stderr: %s" % err)
+    # with the cache (STOKE_CACHE_DIR): the open takes the members from the indexes and
+    # downloads nothing; the loads download each shard once, whole, in parallel, with the same
+    # samples; a second run asks for nothing (not even the indexes)
+    cenv = {"STOKE_CACHE_DIR": os.path.join(work, "cache")}
+    mark = len(S.access_log(ngdir))
+    R.same_as_local(base, root, RANGE, "indexed, cache", "--workers", "2", "--shuffle",
+                    orders=R.ORDERS[:1], samples=NSHARDS * 12, env=cenv)
+    rows = S.access_log(ngdir)[mark:]
+    idx = [r for r in rows if r[4].endswith(".idx")]
+    tars = [r for r in rows if r[4].endswith(".tar")]
+    T.check(len(idx) == NSHARDS and all(r[2] == 206 for r in idx)
+            and sorted(r[4] for r in tars) == ["/root/shard-%06d.tar" % i for i in range(NSHARDS)]
+            and all(r[3].startswith("bytes=0-") for r in tars) and not window_reads(rows),
+            "indexed, cache: %s" % rows)
+    mark = len(S.access_log(ngdir))
+    rc, out, err = load("tar:%s%s,fields=bin" % (base, RANGE), "--workers", "2", env=cenv)
+    T.check(rc == 0 and S.access_log(ngdir)[mark:] == [] and out["remote"]["requests"] == 0,
+            "indexed, cached: %s %s" % (S.access_log(ngdir)[mark:], out.get("remote")))
     # the URL's query string stays after .idx
     mark = len(S.access_log(ngdir))
     rc, out, err = load("tar:%sshard-000000.tar?v=1,fields=bin" % base, "--workers", "0")

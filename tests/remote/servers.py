@@ -72,12 +72,14 @@ events {{ worker_connections 256; }}
 http {{
     log_format stoke '$connection $connection_requests $status "$http_range" $request_uri';
     access_log {prefix}/access.log stoke;
+    log_format timing '$msec $request_time $connection $status $request_uri';
+    access_log {prefix}/timing.log timing;
     client_body_temp_path {prefix}/tmp/body;
     proxy_temp_path {prefix}/tmp/proxy;
     fastcgi_temp_path {prefix}/tmp/fastcgi;
     uwsgi_temp_path {prefix}/tmp/uwsgi;
     scgi_temp_path {prefix}/tmp/scgi;
-    keepalive_requests 100000;
+    keepalive_requests 100000;{extra}
     default_type application/octet-stream;
     server {{
         listen 127.0.0.1:{port}{tls};
@@ -103,9 +105,9 @@ def make_cert(workdir):
     return cert, key
 
 
-def start_nginx(root, prefix, tls=None):
+def start_nginx(root, prefix, tls=None, extra=""):
     """nginx as the current user, in the foreground, serving root on a free port; https with
-    tls=(cert, key)."""
+    tls=(cert, key); extra: more directives of the http block ("limit_rate 2m;")."""
     exe = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx")
                                     else None)
     if not exe:
@@ -116,7 +118,8 @@ def start_nginx(root, prefix, tls=None):
         conf = os.path.join(prefix, "nginx.conf")
         with open(conf, "w") as f:
             f.write(NGINX_CONF.format(prefix=prefix, port=port, root=os.path.abspath(root),
-                                      tls=TLS.format(cert=tls[0], key=tls[1]) if tls else ""))
+                                      tls=TLS.format(cert=tls[0], key=tls[1]) if tls else "",
+                                      extra=("\n    " + extra) if extra else ""))
         log = open(os.path.join(prefix, "stderr.log"), "w")
         proc = subprocess.Popen([exe, "-p", prefix, "-c", conf, "-e", prefix + "/error.log"],
                                 stdout=log, stderr=log, stdin=subprocess.DEVNULL,
@@ -137,6 +140,30 @@ def access_log(prefix):
             rng, uri = rest.rsplit(" ", 1)
             rows.append((int(c), int(n), int(st), rng.strip('"'), uri.strip()))
     return rows
+
+
+def timings(prefix):
+    """nginx's requests as (start, end, connection, status, uri) tuples, times in seconds
+    (millisecond resolution): when each request was received and its answer was sent."""
+    rows = []
+    with open(os.path.join(prefix, "timing.log")) as f:
+        for line in f:
+            end, took, c, st, uri = line.split()
+            rows.append((float(end) - float(took), float(end), int(c), int(st), uri))
+    return rows
+
+
+def most_at_once(rows, slack=0.003):
+    """The most of rows' (start, end, ...) intervals that overlap at one instant, each shortened
+    by `slack` seconds at its start (the log's times are rounded to the millisecond: one request
+    after another on a connection can seem to overlap by one)."""
+    ev = sorted([(min(r[0] + slack, r[1]), 1) for r in rows] + [(r[1], -1) for r in rows],
+                key=lambda e: (e[0], e[1]))
+    cur = best = 0
+    for _, d in ev:
+        cur += d
+        best = max(best, cur)
+    return best
 
 
 def server_env():
