@@ -653,13 +653,8 @@ int stoke_loader_create(const stoke_loader_opts *o, stoke_dataset *ds, stoke_loa
     if (rc == STOKE_OK)
         rc = size_loader(l);
     /* before allocate forks a zygote: process workers start from the dataset as set here */
-    if (rc == STOKE_OK && l->ds.set_epoch &&
-        (rc = l->ds.set_epoch(l->ds.user, l->o.epoch)) != STOKE_OK) {
-        rc = rc < 0 ? rc : STOKE_EDATA;
-        stoke__fmt(l->err, sizeof(l->err),
-                   "loader: set_epoch(%" PRIu64 ") of dataset %s failed (%s)", l->o.epoch,
-                   l->ds.name, stoke_err_name(rc));
-    }
+    if (rc == STOKE_OK)
+        rc = stoke__loader_dataset_epoch(l, l->o.epoch);
     if (rc == STOKE_OK)
         rc = allocate(l);
     if (rc == STOKE_OK && l->o.device)

@@ -694,5 +694,6 @@ int stoke__loader_forked_fail(stoke_loader *l);
 void stoke__loader_abandon(stoke_loader *l);
 int stoke__loader_epoch_over(const stoke_loader *l);
 void stoke__loader_set_position(stoke_loader *l, uint64_t epoch, uint64_t cursor);
+int stoke__loader_dataset_epoch(stoke_loader *l, uint64_t epoch);
 
 #endif

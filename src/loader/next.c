@@ -38,14 +38,7 @@ static void delivered(stoke_loader *l, stoke_batch *b)
     l->st.samples += b->count;
     l->st.truncated_samples += b->truncated;
     l->st.bytes += b->bytes;
-    if (b->pinned)
-        l->st.pinned_batches++;
-    else
-        l->st.pageable_batches++;
-    if (l->device_mode) {
-        l->st.device_copies++;
-        l->st.device_bytes += b->bytes;
-    }
+    l->st.pinned_batches += b->pinned; /* (pageable and device counts: get_stats) */
     stoke__loader_wake_workers(l, 0);
 }
 
@@ -97,6 +90,14 @@ static int names_dataset(const char *msg, const char *name)
     return *what && strstr(msg, what) != NULL;
 }
 
+/* (mu) Ends the run on failure rc (l->err says why): abandons it; returns rc. */
+static int end_failed(stoke_loader *l, int rc)
+{
+    stoke__loader_abandon(l);
+    l->ended = 1;
+    return rc;
+}
+
 /* (mu) Ends the epoch with the error of batch b (recycled): the worker, the sample and the
  * dataset, each named once. */
 static int batch_error(stoke_loader *l, stoke_batch *b)
@@ -112,9 +113,7 @@ static int batch_error(stoke_loader *l, stoke_batch *b)
                        stoke_err_name(rc));
     stoke__loader_recycle(l, b);
     l->outstanding--;
-    stoke__loader_abandon(l);
-    l->ended = 1;
-    return rc;
+    return end_failed(l, rc);
 }
 
 /* (mu) The status that stops the wait for a batch, or STOKE_OK to keep waiting. */
@@ -122,14 +121,10 @@ static int wait_status(stoke_loader *l)
 {
     if (l->ended)
         return STOKE_EEND;
-    if (l->init_failed) {
-        int rc =
-            stoke__loader_fail(l, l->init_failed, "loader: a worker_init of dataset %s failed (%s)",
-                               l->ds.name, stoke_err_name(l->init_failed));
-        stoke__loader_abandon(l);
-        l->ended = 1;
-        return rc;
-    }
+    if (l->init_failed)
+        return end_failed(l, stoke__loader_fail(l, l->init_failed,
+                                                "loader: a worker_init of dataset %s failed (%s)",
+                                                l->ds.name, stoke_err_name(l->init_failed)));
     return STOKE_OK;
 }
 
@@ -153,13 +148,10 @@ static int wait_done(stoke_loader *l)
         uint64_t idx = atomic_load(&l->w[w].p.busy->index);
         if (!l->iterable)
             stoke__fmt(what, sizeof(what), "sample %" PRIu64, idx);
-        int rc = stoke__loader_fail(l, STOKE_ETIMEDOUT,
-                                    "worker %d: %s of %s took longer than the timeout of %u ms "
-                                    "(STOKE_ETIMEDOUT)",
-                                    w, what, l->ds.name, l->o.timeout_ms);
-        stoke__loader_abandon(l);
-        l->ended = 1;
-        return rc;
+        return end_failed(l, stoke__loader_fail(l, STOKE_ETIMEDOUT,
+                                                "worker %d: %s of %s took longer than the timeout "
+                                                "of %u ms (STOKE_ETIMEDOUT)",
+                                                w, what, l->ds.name, l->o.timeout_ms));
     }
     if (l->o.interrupted && (!deadline || deadline > now + 100000000u))
         deadline = now + 100000000u; /* a slice, then the consumer's own check */

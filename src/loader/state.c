@@ -79,21 +79,26 @@ static int reposition(stoke_loader *l, uint64_t seed, uint64_t epoch, uint64_t c
     stoke__loader_unlock(l);
     if (!l->o.persistent_workers)
         stoke__loader_stop_workers(l);
-    int rc = STOKE_OK;
-    if (l->ds.set_epoch)
-        rc = l->ds.set_epoch(l->ds.user, epoch);
+    l->err[0] = '\0';
+    int rc = stoke__loader_dataset_epoch(l, epoch);
     stoke__loader_lock(l);
     l->seed = seed;
     stoke__loader_set_position(l, epoch, cursor);
     l->quiesce = 0;
     pthread_cond_broadcast(&l->work_cv);
     stoke__loader_unlock(l);
-    l->err[0] = '\0';
-    if (rc != STOKE_OK)
-        return stoke__loader_fail(l, rc < 0 ? rc : STOKE_EDATA,
-                                  "loader: set_epoch(%" PRIu64 ") of dataset %s failed (%s)", epoch,
-                                  l->ds.name, stoke_err_name(rc));
-    return STOKE_OK;
+    return rc;
+}
+
+/* Tells the dataset's set_epoch, if any: STOKE_OK, or its failure (l->err says so). */
+int stoke__loader_dataset_epoch(stoke_loader *l, uint64_t epoch)
+{
+    int rc = l->ds.set_epoch ? l->ds.set_epoch(l->ds.user, epoch) : STOKE_OK;
+    if (rc == STOKE_OK)
+        return STOKE_OK;
+    rc = rc < 0 ? rc : STOKE_EDATA;
+    return stoke__loader_fail(l, rc, "loader: set_epoch(%" PRIu64 ") of dataset %s failed (%s)",
+                              epoch, l->ds.name, stoke_err_name(rc));
 }
 
 /* The seed and the epoch change only in the consumer's calls (reposition), under `mu`: the
@@ -167,6 +172,9 @@ int stoke_loader_get_stats(const stoke_loader *l, stoke_loader_stats *out)
         return stoke__loader_forked_fail(m);
     stoke__loader_lock(m);
     stoke_loader_stats s = m->st; /* the counts (size: the caller's, below); the rest here */
+    s.pageable_batches = s.batches - s.pinned_batches; /* every delivered batch is one of two */
+    s.device_copies = m->device_mode ? s.batches : 0;  /* device mode copies every batch */
+    s.device_bytes = m->device_mode ? s.bytes : 0;
     s.wait_s = (double)m->st_wait_ns / 1e9;
     s.wait_p50_s = (double)stoke__hist_quantile(&m->wait_hist, 0.50) / 1e9;
     s.wait_p99_s = (double)stoke__hist_quantile(&m->wait_hist, 0.99) / 1e9;
