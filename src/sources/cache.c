@@ -59,7 +59,9 @@ typedef struct downloader {
     int running;                               /* of them */
     pthread_t th[STOKE__REMOTE_BG_MAX];
     int nth, stop;
-    int ready; /* lock and conditions initialised */
+    int paused; /* a fork is being prepared: no job starts */
+    pid_t pid;  /* the process the threads run in (a fork the hooks did not see has none) */
+    int ready;  /* lock and conditions initialised */
     const stoke__remote_file **order; /* the files in the order their reads come (set_order) */
     uint64_t *order_expect;
     size_t norder;
@@ -204,7 +206,9 @@ typedef struct listing {
     ent *e; /* the complete copies */
     size_t n, cap;
     uint64_t total, partial;
-    size_t parts; /* downloads in progress (their .part files) */
+    uint64_t floor;     /* in: a .part counts as at least this (the size a download may reach) */
+    uint64_t part_disk; /* the bytes the .part files hold on disk (a reserved one is sparse) */
+    size_t parts;       /* downloads in progress (their .part files) */
 } listing;
 
 /* Lists dfd's copies into *l; with clean, removes the temporary files of downloads no process
@@ -234,7 +238,9 @@ static int scan(int dfd, listing *l, int clean)
                 unlinkat(dfd, de->d_name, 0);
                 unlock_name(dfd, lk, lfd);
             } else {
-                l->partial += (uint64_t)st.st_size;
+                uint64_t sz = (uint64_t)st.st_size;
+                l->partial += sz > l->floor ? sz : l->floor;
+                l->part_disk += (uint64_t)st.st_blocks * 512u;
                 l->parts++;
             }
             continue;
@@ -321,7 +327,10 @@ static void make_room(stoke__cache *c, uint64_t need)
         stoke__log(STOKE_LOG_WARN, "cache %s: cannot list it: %s", c->dir, strerror(-e));
     uint64_t have = l.total + l.partial;
     uint64_t cap = c->limit ? c->limit : default_cap(c->dfd, have);
-    if (!e && have + need > cap) {
+    if (!e && need > cap)
+        stoke__log(STOKE_LOG_WARN, "cache %s: a file of %" PRIu64 " bytes is over the cap (%" PRIu64
+                   "): nothing evicted for it", c->dir, need, cap);
+    else if (!e && have + need > cap) {
         if (l.n)
             qsort(l.e, l.n, sizeof(*l.e), by_atime);
         for (size_t i = 0; i < l.n && have + need > cap; i++)
@@ -345,14 +354,15 @@ static int reserve(stoke__cache *c, const names *nm, uint64_t need)
     int g = dir_lock(c->dfd);
     if (g < 0)
         return -1;
-    listing l = {0};
-    int e = scan(c->dfd, &l, 1), fd = -1;
     /* the downloads in progress at their full size (a .part grows; one of unknown size counts
-     * as the largest shard seen) */
-    uint64_t have = l.total + l.partial + (uint64_t)l.parts * atomic_load(&c->largest);
-    uint64_t cap = c->limit ? c->limit : default_cap(c->dfd, have);
+     * as the largest shard seen); the default cap from what is on disk, where a reserved .part
+     * is sparse: its unwritten rest is not yet out of the free space */
+    listing l = {.floor = atomic_load(&c->largest)};
+    int e = scan(c->dfd, &l, 1), fd = -1;
+    uint64_t have = l.total + l.partial;
+    uint64_t cap = c->limit ? c->limit : default_cap(c->dfd, l.total + l.part_disk);
     free(l.e);
-    if (!e && need && have + need <= cap) {
+    if (!e && need && need <= cap && have <= cap - need) {
         fd = openat(c->dfd, nm->part, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
         if (fd >= 0 && ftruncate(fd, (off_t)need) != 0) {
             unlinkat(c->dfd, nm->part, 0);
@@ -362,6 +372,20 @@ static int reserve(stoke__cache *c, const names *nm, uint64_t need)
     }
     close(g);
     return fd;
+}
+
+/* Whether the copies and the downloads in progress fit under the cap. */
+static int fits(stoke__cache *c)
+{
+    int g = dir_lock(c->dfd);
+    if (g < 0)
+        return 0;
+    listing l = {.floor = 0};
+    int e = scan(c->dfd, &l, 0);
+    uint64_t cap = c->limit ? c->limit : default_cap(c->dfd, l.total + l.part_disk);
+    free(l.e);
+    close(g);
+    return !e && l.total + l.partial <= cap;
 }
 
 static void note_size(stoke__cache *c, uint64_t size)
@@ -407,7 +431,8 @@ static int download(stoke__cache *c, stoke__remote_pool *p, int slot, const stok
 {
     int bg = slot < 0; /* a background download: made only where it evicts nothing */
     uint64_t need = expect ? expect : atomic_load(&c->largest);
-    for (int i = 0; bg && !need && i < 1000; i++) { /* the first shard's headers say it soon */
+    for (int i = 0; bg && !need && i < 1000 && !__atomic_load_n(&c->d.stop, __ATOMIC_RELAXED);
+         i++) { /* the first shard's headers say it soon; the cache's close stops the wait */
         const struct timespec ms5 = {0, 5000000};
         nanosleep(&ms5, NULL);
         need = atomic_load(&c->largest);
@@ -434,6 +459,11 @@ static int download(stoke__cache *c, stoke__remote_pool *p, int slot, const stok
         stoke__fmt(why, why_len, "cache %s: cannot size %s: %s", c->dir, nm->part, strerror(errno));
         rc = STOKE_EIO;
     }
+    if (!rc && bg && *size > need && !fits(c)) { /* bigger than reserved: never evict for it */
+        stoke__fmt(why, why_len, "cache %s: %s has %" PRIu64 " bytes, more than the %" PRIu64
+                   " reserved, and no room without evicting", c->dir, f->url, *size, need);
+        rc = STOKE_EBUSY;
+    }
     struct stat st = {0};
     if (!rc && (fstat(fd, &st) != 0 || (uint64_t)st.st_size != *size)) {
         stoke__fmt(why, why_len, "cache %s: %s holds %lld bytes of the %" PRIu64 " of %s", c->dir,
@@ -454,7 +484,7 @@ static int download(stoke__cache *c, stoke__remote_pool *p, int slot, const stok
     atomic_fetch_add(&c->n->misses, 1);
     atomic_fetch_add(&c->n->bytes, *size);
     note_size(c, *size);
-    if (!expect && (!bg || *size > need)) /* its size is known now (more than reserved) */
+    if (!expect && !bg) /* its size is known now */
         make_room(c, 0);
     *out = fd;
     return STOKE_OK;
@@ -600,7 +630,7 @@ static void *dl_main(void *arg)
     downloader *d = &c->d;
     pthread_mutex_lock(&d->lock);
     for (;;) {
-        while (!d->stop && d->len == 0)
+        while (!d->stop && (d->len == 0 || d->paused))
             pthread_cond_wait(&d->work, &d->lock);
         if (d->stop)
             break;
@@ -628,10 +658,19 @@ static void *dl_main(void *arg)
     return NULL;
 }
 
+/* Whether this process is a fork the hooks did not see, of one whose threads had started: its
+ * downloader's threads are not here, and its lock may have been held at the fork. */
+static int foreign(const downloader *d)
+{
+    return __atomic_load_n(&d->nth, __ATOMIC_RELAXED) > 0 &&
+           __atomic_load_n(&d->pid, __ATOMIC_RELAXED) != getpid();
+}
+
 /* Starts the threads missing (d->lock held): at least one, else the jobs wait for the reads. */
 static void dl_start(stoke__cache *c)
 {
     downloader *d = &c->d;
+    __atomic_store_n(&d->pid, getpid(), __ATOMIC_RELAXED);
     while (d->nth < c->connections) {
         dl_arg *a = malloc(sizeof(*a));
         if (!a)
@@ -642,14 +681,14 @@ static void dl_start(stoke__cache *c)
             free(a);
             break;
         }
-        d->nth++;
+        __atomic_store_n(&d->nth, d->nth + 1, __ATOMIC_RELAXED); /* foreign() reads it unlocked */
     }
 }
 
 size_t stoke__cache_prefetch(stoke__cache *c, stoke__remote_pool *p,
                              const stoke__remote_file *const *f, const uint64_t *expect, size_t n)
 {
-    if (!c || c->connections == 0)
+    if (!c || c->connections == 0 || foreign(&c->d))
         return 0;
     downloader *d = &c->d;
     size_t added = 0;
@@ -817,9 +856,9 @@ void stoke__cache_destroy(stoke__cache *c)
                    "cache %s: %" PRIu64 " hit(s), %" PRIu64 " download(s) of %" PRIu64
                    " bytes, %" PRIu64 " eviction(s)",
                    c->dir, st.hits, st.misses, st.bytes, st.evictions);
-    if (c->d.ready) { /* the downloads running end; those queued are dropped */
+    if (c->d.ready && !foreign(&c->d)) { /* the downloads running end; the queued are dropped */
         pthread_mutex_lock(&c->d.lock);
-        c->d.stop = 1;
+        __atomic_store_n(&c->d.stop, 1, __ATOMIC_RELAXED);
         c->d.len = 0;
         pthread_cond_broadcast(&c->d.work);
         pthread_mutex_unlock(&c->d.lock);
@@ -853,14 +892,18 @@ void stoke__cache_fork_prepare(stoke__cache *c)
     /* no download half done in the child: its lock file and temporary copy would stay the
      * child's too (an fd shared with it keeps the flock) */
     pthread_mutex_lock(&c->d.lock);
+    c->d.paused = 1; /* the running end, the queued wait for the parent's hook */
     while (c->d.running)
         pthread_cond_wait(&c->d.idle, &c->d.lock);
 }
 
 void stoke__cache_fork_parent(stoke__cache *c)
 {
-    if (c)
+    if (c) {
+        c->d.paused = 0;
+        pthread_cond_broadcast(&c->d.work);
         pthread_mutex_unlock(&c->d.lock);
+    }
     for (int i = 0; c && i < SLOTS; i++)
         pthread_mutex_unlock(&c->h[i].lock);
 }
@@ -872,7 +915,7 @@ void stoke__cache_fork_child(stoke__cache *c)
         /* and none starts here: a worker process ends with _exit, which would cut a download
          * short (a request made, not counted, its .part left for a later scan) */
         c->connections = 0;
-        d->nth = d->running = 0;
+        d->nth = d->running = d->paused = 0;
         d->head = d->len = 0;
         pthread_cond_init(&d->work, NULL);
         pthread_cond_init(&d->idle, NULL);

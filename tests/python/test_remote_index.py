@@ -186,6 +186,27 @@ try:
     rc, out, err = load("tar:%s%s,fields=bin:txt,ragged=txt" % (sbase, RANGE), "--workers", "2")
     T.check(rc == 0 and out["samples"] == NSHARDS * 12, "re-indexed: %s" % out.get("error"))
 
+    # --- an index whose shard-bytes is absurd, with the cache: the download of that shard
+    # fails, and nothing is evicted to make room for it (the other copies stay) -------------
+    huge = os.path.join(work, "huge")
+    shutil.copytree(root, huge)
+    ipath = os.path.join(huge, "shard-000001.tar.idx")
+    body = open(ipath, "rb").read()
+    size1 = os.path.getsize(os.path.join(huge, "shard-000001.tar"))
+    T.check(b"shard-bytes %d\n" % size1 in body, "index head: %r" % body[:80])
+    with open(ipath, "wb") as f:
+        f.write(body.replace(b"shard-bytes %d\n" % size1, b"shard-bytes 999999999999999\n"))
+    henv = {"STOKE_CACHE_DIR": os.path.join(work, "hcache")}
+    rc, out, err = load("tar:%s%s,fields=bin:cls" % (base, RANGE), "--workers", "0", env=henv)
+    kept = sorted(n for n in os.listdir(henv["STOKE_CACHE_DIR"]) if len(n) > 33 and n[32] == "-")
+    T.check(rc == 0 and len(kept) == NSHARDS, "the cache filled: %s %s" % (kept, out.get("error")))
+    rc, out, err = load("tar:%s%s,fields=bin:cls" % (ng.url("huge/"), RANGE), "--workers", "0",
+                        env=henv)
+    T.check(rc == 1 and "shard-000001.tar" in out["error"], "absurd size: %s" % out.get("error"))
+    now = sorted(n for n in os.listdir(henv["STOKE_CACHE_DIR"]) if len(n) > 33 and n[32] == "-")
+    T.check(set(kept) <= set(now), "copies evicted for a shard of 10^15 bytes: %s -> %s"
+            % (kept, now))
+
     # --- malformed indexes: the open fails naming the index ---------------------------------
     mal = os.path.join(work, "mal")
     shutil.copytree(root, mal)

@@ -1,0 +1,77 @@
+"""A fork that stoke's hooks do not see (the user's os.fork()) of a process whose shard cache
+has started its background downloaders (STOKE_REMOTE_CONNECTIONS): the child's loader refuses
+to be used (LoaderError) and its close neither joins threads that are not in it (that hung for
+ever) nor takes the downloader's lock; the parent reads on and every batch equals the local
+shards'.  Skips (77) without nginx or libcurl, and under TSan
+(a fork of a multithreaded process that goes on running)."""
+import os
+import signal
+import sys
+import time
+
+import stoke_testlib as T
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "remote"))
+import runs as R  # noqa: E402
+import servers as S  # noqa: E402
+
+R.need_cli_and_libcurl()
+if os.environ.get("STOKE_PY_TSAN"):
+    T.skip(os.environ["STOKE_PY_TSAN"])
+import stoke  # noqa: E402
+
+RANGE = "shard-{000000..000003}.tar"
+OPTS = ",fields=bin:cls"
+work = T.tmpdir()
+root = os.path.join(work, "root")
+S.make_shards(root, nshards=4)
+os.environ["STOKE_CACHE_DIR"] = os.path.join(work, "cache")
+os.environ["STOKE_REMOTE_CONNECTIONS"] = "3"
+
+
+def batches(it):
+    return [(b[0].numpy().tobytes(), b[1].numpy().tobytes()) for b in it]
+
+
+want = batches(stoke.DataLoader("tar:" + os.path.join(root, RANGE) + OPTS, batch_size=4,
+                                structure="list"))
+srv = S.start_nginx(root, os.path.join(work, "nginx"), extra="limit_rate 2m;")
+try:
+    loader = stoke.DataLoader("tar:" + srv.url(RANGE) + OPTS, batch_size=4, structure="list")
+    it = iter(loader)
+    first = batches([next(it)])  # shard 0 read: shards 1.. are being downloaded behind it
+    pid = os.fork()
+    if pid == 0:
+        code = 3
+        try:
+            try:
+                batches(it)
+                code = 4
+            except stoke.LoaderError as e:  # a forked child cannot use it, and says so
+                code = 0 if "forked child cannot use it" in str(e) else 5
+            del it, loader
+        except BaseException:
+            import traceback
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    status = None
+    deadline = time.monotonic() + 60
+    while status is None and time.monotonic() < deadline:
+        done, st = os.waitpid(pid, os.WNOHANG)
+        if done:
+            status = st
+        else:
+            time.sleep(0.05)
+    if status is None:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        T.check(False, "the forked child did not end in 60 s (its close waited for the parent's "
+                       "downloader threads)")
+    T.check(os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0,
+            "the forked child: status %r (3: an exception, 4: it read batches, 5: another error)" % status)
+    T.check(first + batches(it) == want, "the parent's batches differ from the local shards'")
+    del it, loader
+finally:
+    srv.stop()
+print("remote cache across a fork the hooks do not see: ok")
