@@ -353,6 +353,11 @@ static void progress(const load_run *r, uint64_t now)
         fprintf(stderr, "\r[%s] %" PRIu64 "/%" PRIu64 " batches  %.0f samples/s ", bar, r->batches,
                 r->total, rate);
     }
+    stoke_remote_stats net = {.size = sizeof(net)};
+    if (stoke_tar_remote_stats(&r->ds, &net) == STOKE_OK && net.shards)
+        fprintf(stderr,
+                " network %.1f MB, %" PRIu64 " requests, %" PRIu64 " retries, %.1f s waited ",
+                (double)net.bytes / 1e6, net.requests, net.retries, net.network_wait_s);
     fflush(stderr);
 }
 

@@ -56,6 +56,30 @@ except S.Unavailable as e:
 servers = [ng]
 try:
     base = ng.url("")
+    # --- the progress bar (on a terminal only) shows the network's counters ---------------
+    import pty
+    mfd, sfd = pty.openpty()
+    p = subprocess.Popen([CLI, "load", "tar:%s%s,fields=bin:cls" % (base, RANGE), "--no-hash",
+                          "--batch-size", "4", "--no-pin-memory"], stdout=subprocess.DEVNULL,
+                         stderr=sfd, env={k: v for k, v in os.environ.items()
+                                          if k not in R.CACHE_ENV})
+    os.close(sfd)
+    tty = b""
+    while True:
+        try:
+            chunk = os.read(mfd, 4096)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        tty += chunk
+    os.close(mfd)
+    T.check(p.wait(timeout=60) == 0, "stoke load on a terminal: %r" % tty[-300:])
+    bars = re.findall(rb"network ([0-9.]+) MB, ([0-9]+) requests, ([0-9]+) retries, "
+                      rb"[0-9.]+ s waited", tty)
+    T.check(bars and float(bars[-1][0]) > 0 and int(bars[-1][1]) >= NSHARDS
+            and int(bars[-1][2]) == 0, "the progress bar's network counters: %r" % tty[-400:])
+
     # --- equal to the local shards: 0 and 2 workers, shuffled, two ranks -------------------
     same_as_local(base, root, "nginx", "--workers", "0")
     same_as_local(base, root, "nginx", "--workers", "2", "--shuffle", "--seed", "11")
