@@ -454,7 +454,8 @@ static int download(stoke__cache *c, stoke__remote_pool *p, int slot, const stok
         return STOKE_EIO;
     }
     stoke__log(STOKE_LOG_DEBUG, "cache %s: downloading %s into %s", c->dir, f->url, nm->data);
-    int rc = stoke__remote_fetch(p, slot, f, fd, expect, &c->largest, size, why, why_len);
+    int rc = stoke__remote_fetch(p, slot, f, fd, expect, &c->largest, bg ? &c->d.stop : NULL,
+                                 size, why, why_len);
     if (!rc && bg && !expect && ftruncate(fd, (off_t)*size) != 0) { /* reserved at a guess */
         stoke__fmt(why, why_len, "cache %s: cannot size %s: %s", c->dir, nm->part, strerror(errno));
         rc = STOKE_EIO;

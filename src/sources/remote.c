@@ -99,10 +99,10 @@ int stoke__remote_read(stoke__remote_pool *p, int slot, const stoke__remote_file
     return stoke__remote_pool_create(NULL, why, why_len);
 }
 int stoke__remote_fetch(stoke__remote_pool *p, int slot, const stoke__remote_file *f, int fd,
-                        uint64_t expect, _Atomic uint64_t *seen, uint64_t *size, char *why,
-                        size_t why_len)
+                        uint64_t expect, _Atomic uint64_t *seen, const int *stop, uint64_t *size,
+                        char *why, size_t why_len)
 {
-    (void)p, (void)slot, (void)f, (void)fd, (void)expect, (void)seen;
+    (void)p, (void)slot, (void)f, (void)fd, (void)expect, (void)seen, (void)stop;
     *size = 0;
     return stoke__remote_pool_create(NULL, why, why_len);
 }
@@ -530,6 +530,7 @@ typedef struct xfer {
     long retry_after; /* seconds; -1 when absent */
     _Atomic uint64_t *seen; /* when not NULL: raised to the file's size as soon as a header
                                says it */
+    const int *stop;        /* when not NULL and nonzero: give up (stoke__remote_fetch) */
     char err[512];    /* the start of an error response's body */
     size_t errlen;
     size_t before;    /* got when the try began */
@@ -705,7 +706,20 @@ static CURL *handle_new(const stoke__remote_pool *p, slot *s)
     return h;
 }
 
-static void backoff(unsigned attempt, long retry_after_s, uint64_t *rng)
+static int stopped(const xfer *x)
+{
+    return x->stop && __atomic_load_n(x->stop, __ATOMIC_RELAXED);
+}
+
+static int on_progress(void *user, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal,
+                       curl_off_t ulnow)
+{
+    (void)dltotal, (void)dlnow, (void)ultotal, (void)ulnow;
+    return stopped(user); /* nonzero: libcurl ends the transfer (CURLE_ABORTED_BY_CALLBACK) */
+}
+
+/* Sleeps before retry `attempt` (in 50 ms steps when x can be stopped, to see it). */
+static void backoff(unsigned attempt, long retry_after_s, uint64_t *rng, const xfer *x)
 {
     uint64_t ms = BACKOFF_BASE_MS << (attempt < 16 ? attempt : 16);
     if (ms > BACKOFF_CAP_MS)
@@ -714,8 +728,11 @@ static void backoff(unsigned attempt, long retry_after_s, uint64_t *rng)
     ms = ms / 2 + *rng % (ms / 2 + 1);                         /* jitter: [ms/2, ms] */
     if (retry_after_s > 0 && (uint64_t)retry_after_s * 1000 > ms)
         ms = (uint64_t)retry_after_s * 1000 > 60000 ? 60000 : (uint64_t)retry_after_s * 1000;
-    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    for (uint64_t step; ms && !stopped(x); ms -= step) {
+        step = x->stop && ms > 50 ? 50 : ms;
+        struct timespec ts = {(time_t)(step / 1000), (long)(step % 1000) * 1000000L};
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+        }
     }
 }
 
@@ -739,6 +756,9 @@ static void try_begin(stoke__remote_pool *p, CURL *h, const stoke__remote_file *
     curl_easy_setopt(h, CURLOPT_RANGE, range);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, x);
     curl_easy_setopt(h, CURLOPT_HEADERDATA, x);
+    curl_easy_setopt(h, CURLOPT_NOPROGRESS, x->stop ? 0L : 1L);
+    curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, x->stop ? on_progress : NULL);
+    curl_easy_setopt(h, CURLOPT_XFERINFODATA, x);
     int sign = f->s3 && p->userpwd;
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, f->s3 ? p->s3_hdrs : NULL);
     curl_easy_setopt(h, CURLOPT_USERPWD, sign ? p->userpwd : NULL);
@@ -836,8 +856,12 @@ static int retry_loop(stoke__remote_pool *p, slot *s, const stoke__remote_file *
             s->err[0] = 0;
             rc = try_once(p, s->h, f, x, s->err, why, why_len);
         }
-        if (rc != 1)
+        if (rc != 1 && !(rc < 0 && stopped(x)))
             return rc;
+        if (stopped(x)) {
+            stoke__fmt(why, why_len, "GET %s: stopped (the dataset is closing)", f->url);
+            return STOKE_EIO;
+        }
         if (attempt >= p->retries) {
             size_t l = strlen(why);
             stoke__fmt(why + l, why_len - l, " (after %u tries)", attempt + 1);
@@ -845,7 +869,7 @@ static int retry_loop(stoke__remote_pool *p, slot *s, const stoke__remote_file *
         }
         atomic_fetch_add(&p->n->retries_done, 1);
         stoke__log(STOKE_LOG_DEBUG, "remote: %s; retry %u of %u", why, attempt + 1, p->retries);
-        backoff(attempt, x->retry_after, &rng);
+        backoff(attempt, x->retry_after, &rng, x);
         rc = TRY_NOW;
     }
 }
@@ -1034,11 +1058,11 @@ int stoke__remote_read(stoke__remote_pool *p, int slot_i, const stoke__remote_fi
 }
 
 int stoke__remote_fetch(stoke__remote_pool *p, int slot_i, const stoke__remote_file *f, int fd,
-                        uint64_t expect, _Atomic uint64_t *seen, uint64_t *size, char *why,
-                        size_t why_len)
+                        uint64_t expect, _Atomic uint64_t *seen, const int *stop, uint64_t *size,
+                        char *why, size_t why_len)
 {
     *size = 0;
-    xfer x = {.fd = fd, .n = expect ? (size_t)expect : SIZE_MAX, .seen = seen};
+    xfer x = {.fd = fd, .n = expect ? (size_t)expect : SIZE_MAX, .seen = seen, .stop = stop};
     int rc = transfer(p, slot_i, f, &x, why, why_len);
     if (rc)
         return rc;

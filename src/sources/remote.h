@@ -110,9 +110,11 @@ int stoke__remote_read_many(stoke__remote_pool *p, int slot, stoke__remote_req *
  * STOKE_EIO when the size differs ("the file is N bytes, M came") or a write to fd failed.
  * Writes nothing past the file's size; fd's size is the caller's.  seen (may be NULL): raised
  * (atomic max) to the file's size as soon as a response's header says it, before the body
- * (cache.c sizes its read-ahead from it).  Thread-safe. */
+ * (cache.c sizes its read-ahead from it).  stop (may be NULL): when it turns nonzero (atomic
+ * store) the transfer and its retries end within about 50 ms with STOKE_EIO ("stopped").
+ * Thread-safe. */
 int stoke__remote_fetch(stoke__remote_pool *p, int slot, const stoke__remote_file *f, int fd,
-                        uint64_t expect, _Atomic uint64_t *seen, uint64_t *size, char *why,
-                        size_t why_len);
+                        uint64_t expect, _Atomic uint64_t *seen, const int *stop, uint64_t *size,
+                        char *why, size_t why_len);
 
 #endif
