@@ -686,7 +686,9 @@ static void dl_start(stoke__cache *c)
     }
 }
 
-size_t stoke__cache_prefetch(stoke__cache *c, stoke__remote_pool *p,
+/* Queues downloads of f[0 .. n) for the background threads (cache.h, stoke__cache_set_order:
+ * they never wait for another process's download and never evict).  The jobs queued. */
+static size_t cache_prefetch(stoke__cache *c, stoke__remote_pool *p,
                              const stoke__remote_file *const *f, const uint64_t *expect, size_t n)
 {
     if (!c || c->connections == 0 || foreign(&c->d))
@@ -755,12 +757,7 @@ static void read_ahead(stoke__cache *c, stoke__remote_pool *p, const stoke__remo
     }
     pthread_mutex_unlock(&d->lock);
     if (k)
-        stoke__cache_prefetch(c, p, next, exp, k);
-}
-
-int stoke__cache_connections(const stoke__cache *c)
-{
-    return c ? c->connections : 0;
+        cache_prefetch(c, p, next, exp, k);
 }
 
 /* ---- the object --------------------------------------------------------------------------- */

@@ -61,8 +61,8 @@ int stoke__cache_read(stoke__cache *c, stoke__remote_pool *p, int slot, const st
 /* 1 when the cache has a complete copy of f (of any size), else 0.  Thread-safe. */
 int stoke__cache_has(stoke__cache *c, const stoke__remote_file *f);
 
-/* Reads ahead: queues downloads of f[0 .. n) (expect[i]: as stoke__cache_read's; expect may
- * be NULL) for background threads, STOKE_REMOTE_CONNECTIONS of them (default 8; 0: none),
+/* Read-ahead (set_order below): downloads queued (expect[i]: as stoke__cache_read's) for
+ * background threads, STOKE_REMOTE_CONNECTIONS of them (default 8; 0: none),
  * each with its own connection (slot STOKE__REMOTE_BG(k) of pool p), started by the first
  * call.  A file already queued or downloading is not queued again; at most
  * STOKE__CACHE_QUEUE_MAX wait.  A background download follows the rules of a read's (lock
@@ -70,19 +70,15 @@ int stoke__cache_has(stoke__cache *c, const stoke__remote_file *f);
  * process's download of the file and never evicts: a file that does not fit under the cap
  * beside the copies there is left to the read that needs it (its size, when not given, is
  * taken as the largest copy seen).  Failures are left to the reads too (logged at debug).
- * Returns the jobs queued.  Thread-safe; never blocks on the network.  p must outlive c. */
+ * Queueing never blocks on the network; the pool must outlive c. */
 #define STOKE__CACHE_QUEUE_MAX 256
-size_t stoke__cache_prefetch(stoke__cache *c, stoke__remote_pool *p,
-                             const stoke__remote_file *const *f, const uint64_t *expect, size_t n);
 /* The order the reads of files are expected in (the shards of a source): a read that finds
  * no complete copy of f[i] (it downloads it, or waits for it) queues f[i + 1 ..] up to
- * STOKE_REMOTE_CONNECTIONS of them (stoke__cache_prefetch), so that the downloads of the next
+ * STOKE_REMOTE_CONNECTIONS of them for background threads, so that the downloads of the next
  * files overlap it.  The pointers are kept (they must outlive c, or the next set_order);
- * expect as prefetch's.  STOKE_OK or STOKE_ENOMEM.  Thread-safe. */
+ * expect as stoke__cache_read's (may be NULL).  STOKE_OK or STOKE_ENOMEM.  Thread-safe. */
 int stoke__cache_set_order(stoke__cache *c, const stoke__remote_file *const *f,
                            const uint64_t *expect, size_t n);
-/* The background downloads at once (STOKE_REMOTE_CONNECTIONS); 0 for NULL. */
-int stoke__cache_connections(const stoke__cache *c);
 
 /* Counters of a cache object since create, its forked workers' included. */
 typedef struct stoke__cache_stats {
