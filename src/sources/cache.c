@@ -312,25 +312,44 @@ static uint64_t default_cap(int dfd, uint64_t total)
     return total + avail > fs / 10 ? total + avail - fs / 10 : 0;
 }
 
-/* Evicts least recently used copies not in use until they and `need` more bytes fit under
- * the cap (or nothing more can go).  Failures only log: a cache over its cap still works. */
-static void make_room(stoke__cache *c, uint64_t need)
+/* What room() does beside measuring. */
+typedef enum room_mode {
+    ROOM_EVICT,   /* a read's download: evict until it fits (never for one over the cap) */
+    ROOM_RESERVE, /* a background download: only when it fits without evicting */
+    ROOM_CHECK    /* neither: does what is there fit */
+} room_mode;
+
+/* The one accounting of the cap, under stoke-cache.lock: the copies, the downloads in progress
+ * (a .part counts as at least the largest file seen: it grows to about that; one reserved
+ * counts at its full size) and `need` more bytes, against the cap (STOKE_CACHE_LIMIT, or
+ * default_cap from what is on disk: a reserved .part is sparse, its unwritten rest not yet out
+ * of the free space).  ROOM_EVICT removes least recently used copies not in use until they fit
+ * (or nothing more can go; failures only log: a cache over its cap still works), ROOM_RESERVE
+ * evicts nothing and ROOM_CHECK neither cleans nor counts a floor.  With nm, HASH.part is
+ * created under the same lock, at size `need` (so that every later scan counts it in full):
+ * by ROOM_EVICT always (at size 0 when need is 0 or over the cap), by ROOM_RESERVE only when
+ * it fits (and need is not 0).  Returns the .part's fd, or -1 (errno set); without nm, 1 when
+ * it fits, else 0. */
+static int room(stoke__cache *c, const names *nm, uint64_t need, room_mode mode)
 {
     int g = dir_lock(c->dfd);
-    if (g < 0) {
+    if (g < 0 && mode == ROOM_EVICT)
         stoke__log(STOKE_LOG_WARN, "cache %s: cannot lock %s: %s", c->dir, DIR_LOCK, strerror(-g));
-        return;
-    }
-    listing l = {0};
-    int e = scan(c->dfd, &l, 1);
-    if (e)
+    listing l = {.floor = mode == ROOM_CHECK ? 0 : atomic_load(&c->largest)};
+    int e = g < 0 ? g : scan(c->dfd, &l, mode != ROOM_CHECK);
+    if (e && mode == ROOM_EVICT && g >= 0)
         stoke__log(STOKE_LOG_WARN, "cache %s: cannot list it: %s", c->dir, strerror(-e));
     uint64_t have = l.total + l.partial;
-    uint64_t cap = c->limit ? c->limit : default_cap(c->dfd, have);
-    if (!e && need > cap)
-        stoke__log(STOKE_LOG_WARN, "cache %s: a file of %" PRIu64 " bytes is over the cap (%" PRIu64
-                   "): nothing evicted for it", c->dir, need, cap);
-    else if (!e && have + need > cap) {
+    uint64_t cap = c->limit ? c->limit : default_cap(c->dfd, l.total + l.part_disk);
+    int over = need > cap, fit = !e && !over && have <= cap - need;
+    if (mode == ROOM_RESERVE && !need) /* nothing to reserve by: no guess of its size yet */
+        fit = 0;
+    if (!e && mode == ROOM_EVICT && over)
+        stoke__log(STOKE_LOG_WARN,
+                   "cache %s: a file of %" PRIu64 " bytes is over the cap (%" PRIu64
+                   "): nothing evicted for it",
+                   c->dir, need, cap);
+    else if (!e && mode == ROOM_EVICT && !fit) {
         if (l.n)
             qsort(l.e, l.n, sizeof(*l.e), by_atime);
         for (size_t i = 0; i < l.n && have + need > cap; i++)
@@ -342,50 +361,23 @@ static void make_room(stoke__cache *c, uint64_t need)
             }
     }
     free(l.e);
-    close(g);
-}
-
-/* A background download's temporary copy: HASH.part created, at its expected size (so that
- * the scans of other downloads count it), only when it fits under the cap beside the copies
- * and the downloads in progress (at their full size) without evicting anything (a download ahead of its reads never takes the place of a
- * copy: it could be one about to be read).  Its fd, or -1. */
-static int reserve(stoke__cache *c, const names *nm, uint64_t need)
-{
-    int g = dir_lock(c->dfd);
-    if (g < 0)
-        return -1;
-    /* the downloads in progress at their full size (a .part grows; one of unknown size counts
-     * as the largest shard seen); the default cap from what is on disk, where a reserved .part
-     * is sparse: its unwritten rest is not yet out of the free space */
-    listing l = {.floor = atomic_load(&c->largest)};
-    int e = scan(c->dfd, &l, 1), fd = -1;
-    uint64_t have = l.total + l.partial;
-    uint64_t cap = c->limit ? c->limit : default_cap(c->dfd, l.total + l.part_disk);
-    free(l.e);
-    if (!e && need && need <= cap && have <= cap - need) {
+    int fd = -1;
+    if (nm && (mode == ROOM_EVICT || fit)) {
         fd = openat(c->dfd, nm->part, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (fd >= 0 && ftruncate(fd, (off_t)need) != 0) {
+        uint64_t at = mode == ROOM_EVICT && over ? 0 : need;
+        if (fd >= 0 && at && ftruncate(fd, (off_t)at) != 0) {
+            int keep = errno;
             unlinkat(c->dfd, nm->part, 0);
             close(fd);
             fd = -1;
+            errno = keep;
         }
+    } else if (nm) {
+        errno = EBUSY;
     }
-    close(g);
-    return fd;
-}
-
-/* Whether the copies and the downloads in progress fit under the cap. */
-static int fits(stoke__cache *c)
-{
-    int g = dir_lock(c->dfd);
-    if (g < 0)
-        return 0;
-    listing l = {.floor = 0};
-    int e = scan(c->dfd, &l, 0);
-    uint64_t cap = c->limit ? c->limit : default_cap(c->dfd, l.total + l.part_disk);
-    free(l.e);
-    close(g);
-    return !e && l.total + l.partial <= cap;
+    if (g >= 0)
+        close(g);
+    return nm ? fd : fit;
 }
 
 static void note_size(stoke__cache *c, uint64_t size)
@@ -423,6 +415,8 @@ static int open_copy(const stoke__cache *c, const names *nm, int touch, uint64_t
     return -ENOENT;
 }
 
+static void read_ahead(stoke__cache *c, stoke__remote_pool *p, const stoke__remote_file *f);
+
 /* Downloads f into HASH.part and renames it HASH-BASE once complete (the caller holds
  * HASH.lock): 0 with *out the copy, locked shared, or the error. */
 static int download(stoke__cache *c, stoke__remote_pool *p, int slot, const stoke__remote_file *f,
@@ -437,22 +431,20 @@ static int download(stoke__cache *c, stoke__remote_pool *p, int slot, const stok
         nanosleep(&ms5, NULL);
         need = atomic_load(&c->largest);
     }
-    int fd;
-    if (bg) {
-        fd = reserve(c, nm, need);
-        if (fd < 0) {
-            stoke__fmt(why, why_len, "cache %s: no room for %s without evicting", c->dir, f->url);
-            return STOKE_EBUSY;
-        }
-    } else {
-        make_room(c, expect);
-        fd = openat(c->dfd, nm->part, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    /* a read's download is reserved at its size when known (as a background one always is):
+     * downloads started after it count it in full, not as the few bytes it has so far */
+    int fd = room(c, nm, bg ? need : expect, bg ? ROOM_RESERVE : ROOM_EVICT);
+    if (fd < 0 && bg) {
+        stoke__fmt(why, why_len, "cache %s: no room for %s without evicting", c->dir, f->url);
+        return STOKE_EBUSY;
     }
     if (fd < 0) {
         stoke__fmt(why, why_len, "cache %s: cannot create %s for %s: %s", c->dir, nm->part, f->url,
                    strerror(errno));
         return STOKE_EIO;
     }
+    if (!bg) /* after the room taken above: the read-ahead gets what is left of the cap */
+        read_ahead(c, p, f);
     stoke__log(STOKE_LOG_DEBUG, "cache %s: downloading %s into %s", c->dir, f->url, nm->data);
     int rc = stoke__remote_fetch(p, slot, f, fd, expect, &c->largest, bg ? &c->d.stop : NULL,
                                  size, why, why_len);
@@ -460,7 +452,7 @@ static int download(stoke__cache *c, stoke__remote_pool *p, int slot, const stok
         stoke__fmt(why, why_len, "cache %s: cannot size %s: %s", c->dir, nm->part, strerror(errno));
         rc = STOKE_EIO;
     }
-    if (!rc && bg && *size > need && !fits(c)) { /* bigger than reserved: never evict for it */
+    if (!rc && bg && *size > need && !room(c, NULL, 0, ROOM_CHECK)) { /* bigger than reserved: never evict for it */
         stoke__fmt(why, why_len, "cache %s: %s has %" PRIu64 " bytes, more than the %" PRIu64
                    " reserved, and no room without evicting", c->dir, f->url, *size, need);
         rc = STOKE_EBUSY;
@@ -472,9 +464,19 @@ static int download(stoke__cache *c, stoke__remote_pool *p, int slot, const stok
         rc = STOKE_EIO;
     }
     int e = rc ? 0 : flock_retry(fd, LOCK_SH); /* in use from the moment it has its name */
-    if (!rc && (e || renameat(c->dfd, nm->part, c->dfd, nm->data) != 0)) {
-        stoke__fmt(why, why_len, "cache %s: cannot %s %s: %s", c->dir, e ? "lock" : "rename",
-                   nm->part, strerror(e ? -e : errno));
+    const char *step = "lock";
+    if (!rc && !e) {
+        step = "rename";
+        /* renamed under stoke-cache.lock: a scan running beside a rename may see neither
+         * name (readdir's order is the names' hashes), and would count the room as free */
+        int g = dir_lock(c->dfd);
+        e = renameat(c->dfd, nm->part, c->dfd, nm->data) != 0 ? -errno : 0;
+        if (g >= 0)
+            close(g);
+    }
+    if (!rc && e) {
+        stoke__fmt(why, why_len, "cache %s: cannot %s %s: %s", c->dir, step, nm->part,
+                   strerror(-e));
         rc = STOKE_EIO;
     }
     if (rc) {
@@ -486,12 +488,10 @@ static int download(stoke__cache *c, stoke__remote_pool *p, int slot, const stok
     atomic_fetch_add(&c->n->bytes, *size);
     note_size(c, *size);
     if (!expect && !bg) /* its size is known now */
-        make_room(c, 0);
+        room(c, NULL, 0, ROOM_EVICT);
     *out = fd;
     return STOKE_OK;
 }
-
-static void read_ahead(stoke__cache *c, stoke__remote_pool *p, const stoke__remote_file *f);
 
 /* The copy of f, locked shared: from the cache, or downloaded.  A background downloader
  * (slot < 0) counts no hit, waits for no other download (STOKE_EBUSY: another process or
@@ -516,12 +516,16 @@ static int acquire(stoke__cache *c, stoke__remote_pool *p, int slot, const stoke
         stoke__fmt(why, why_len, "cache %s: cannot open %s: %s", c->dir, nm.data, strerror(-fd));
         return STOKE_EIO;
     }
-    if (!bg) /* a read waits for f: the files after it in the order are fetched meanwhile */
-        read_ahead(c, p, f);
+    /* a read waits for f: the files after it in the order are fetched meanwhile (queued once
+     * this read's own download has its room, in download(), or here when another has f) */
     uint64_t t0 = stoke__now_ns();
-    int lk, e = lock_name(c->dfd, nm.lock, bg, &lk);
+    int lk, e = lock_name(c->dfd, nm.lock, 1, &lk);
     if (bg && e == -EWOULDBLOCK)
         return STOKE_EBUSY;
+    if (e == -EWOULDBLOCK) {
+        read_ahead(c, p, f);
+        e = lock_name(c->dfd, nm.lock, 0, &lk);
+    }
     if (e) {
         stoke__fmt(why, why_len, "cache %s: cannot lock %s: %s", c->dir, nm.lock, strerror(-e));
         return STOKE_EIO;
