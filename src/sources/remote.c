@@ -42,6 +42,28 @@ static char *redact(const char *url)
     return out;
 }
 
+void stoke__remote_redact(char *out, size_t n, const char *s)
+{
+    size_t k = 0;
+    while (*s && k + 1 < n) {
+        if (s[0] == ':' && s[1] == '/' && s[2] == '/') { /* copy "://", skip any user info */
+            for (int i = 0; i < 3 && k + 1 < n; i++)
+                out[k++] = *s++;
+            size_t auth = strcspn(s, "/?#,");
+            const char *at = NULL;
+            for (size_t i = 0; i < auth; i++)
+                if (s[i] == '@')
+                    at = s + i;
+            if (at)
+                s = at + 1;
+            continue;
+        }
+        out[k++] = *s++;
+    }
+    if (n)
+        out[k] = 0;
+}
+
 void stoke__remote_file_free(stoke__remote_file *f)
 {
     if (!f)
@@ -131,6 +153,7 @@ int stoke__remote_read_many(stoke__remote_pool *p, int slot, stoke__remote_req *
 #define BACKOFF_CAP_MS  10000u /* ... up to 5..10 s */
 #define DEFAULT_RETRIES 6u
 #define DEFAULT_TIMEOUT 30u /* seconds without a byte before a try is abandoned */
+#define MSG_MAX         512 /* a request's message in a read_many */
 /* SHA-256 of an empty body: what a GET signs as its payload (S3 wants the header). */
 #define EMPTY_SHA256    "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
 
@@ -817,10 +840,12 @@ static int try_end(stoke__remote_pool *p, const stoke__remote_file *f, xfer *x, 
             return 1;
         return st == 404 || st == 410 ? STOKE_ENOENT : STOKE_EIO;
     }
-    stoke__fmt(why, why_len, "GET %s: %s%s%s", f->url, curl_easy_strerror(c), serr[0] ? ": " : "",
-               serr);
-    if (st && st != 200 && st != 206)
-        stoke__fmt(why, why_len, "GET %s: HTTP %ld: %s", f->url, st, curl_easy_strerror(c));
+    if (st && st != 200 && st != 206) /* the status and curl's reason, both */
+        stoke__fmt(why, why_len, "GET %s: HTTP %ld: %s%s%s", f->url, st, curl_easy_strerror(c),
+                   serr[0] ? ": " : "", serr);
+    else
+        stoke__fmt(why, why_len, "GET %s: %s%s%s", f->url, curl_easy_strerror(c),
+                   serr[0] ? ": " : "", serr);
     return retryable_curl(c) ? 1 : STOKE_EIO;
 }
 
@@ -941,10 +966,13 @@ int stoke__remote_read_many(stoke__remote_pool *p, int slot_i, stoke__remote_req
         return STOKE_ENOMEM;
     }
     xfer *x = calloc(n, sizeof(*x));
+    /* each request's own message: a request that ends after the failing one (in the same
+     * round, or retried later) must not overwrite the failing one's */
+    char(*msg)[MSG_MAX] = calloc(n, sizeof(*msg));
     int k = p->connections < 1 ? 1 : p->connections;
     if (k > (int)n)
         k = (int)n;
-    int rc = x && (k < 2 || multi_ready(p, s, k) == STOKE_OK) ? STOKE_OK : STOKE_ENOMEM;
+    int rc = x && msg && (k < 2 || multi_ready(p, s, k) == STOKE_OK) ? STOKE_OK : STOKE_ENOMEM;
     if (rc) {
         stoke__fmt(why, why_len, "GET %s: out of memory for %zu requests", r[0].f->url, n);
         *failed = 0;
@@ -1000,16 +1028,21 @@ int stoke__remote_read_many(stoke__remote_pool *p, int slot_i, stoke__remote_req
                 size_t j = on[i];
                 on[i] = n;
                 active--;
-                int t = try_end(p, r[j].f, &x[j], c, mu->err[i], why, why_len);
+                int t = try_end(p, r[j].f, &x[j], c, mu->err[i], msg[j], sizeof(msg[j]));
                 if (t == 1)
                     retry[j] = 1;
                 else if (t < 0 && !rc)
                     rc = t, *failed = j;
             }
             if (mc != CURLM_OK && !rc) {
-                stoke__fmt(why, why_len, "GET %s: %s", r[0].f->url, curl_multi_strerror(mc));
+                size_t j = 0; /* the error is the round's: named after a request in flight */
+                for (int i = k - 1; i >= 0; i--)
+                    if (on[i] != n)
+                        j = on[i];
+                stoke__fmt(msg[j], sizeof(msg[j]), "GET %s: %s", r[j].f->url,
+                           curl_multi_strerror(mc));
                 rc = STOKE_EIO;
-                *failed = 0;
+                *failed = j;
             }
             if (!rc && still)
                 curl_multi_poll(mu->m, NULL, 0, 1000, NULL);
@@ -1020,16 +1053,16 @@ int stoke__remote_read_many(stoke__remote_pool *p, int slot_i, stoke__remote_req
     }
     for (size_t j = 0; !rc && j < n; j++) { /* the rest one at a time: without a multi handle,
                                                retries */
-        int t = 0;
-        if (j >= next && r[j].n)
-            t = retry_loop(p, s, r[j].f, &x[j], 0, TRY_NOW, why, why_len);
-        else if (retry[j] == 2)
-            t = retry_loop(p, s, r[j].f, &x[j], 0, TRY_NOW, why, why_len);
+        int t = 0; /* retry_loop from a try to repeat starts from its message (its tries) */
+        if ((j >= next && r[j].n) || retry[j] == 2)
+            t = retry_loop(p, s, r[j].f, &x[j], 0, TRY_NOW, msg[j], sizeof(msg[j]));
         else if (retry[j] == 1)
-            t = retry_loop(p, s, r[j].f, &x[j], 0, 1, why, why_len);
+            t = retry_loop(p, s, r[j].f, &x[j], 0, 1, msg[j], sizeof(msg[j]));
         if (t < 0)
             rc = t, *failed = j;
     }
+    if (rc && msg && *failed < n && msg[*failed][0]) /* the failing request's own message */
+        stoke__fmt(why, why_len, "%s", msg[*failed]);
     for (size_t j = 0; x && j < n; j++) {
         r[j].got = x[j].got;
         if (x[j].has_total)
@@ -1037,6 +1070,7 @@ int stoke__remote_read_many(stoke__remote_pool *p, int slot_i, stoke__remote_req
     }
     pthread_mutex_unlock(&s->lock);
     free(retry);
+    free(msg);
     free(x);
     atomic_fetch_add(&p->n->wait_ns, stoke__now_ns() - t0);
     return rc;

@@ -23,6 +23,10 @@
 /* 1 when path starts with http://, https:// or s3:// (any case), else 0. */
 int stoke__remote_is_url(const char *path);
 
+/* s for messages, into out (n bytes, truncated as snprintf): every "scheme://user:password@"
+ * in it (a spec may hold several URLs) without its "user:password@".  Thread-safe. */
+void stoke__remote_redact(char *out, size_t n, const char *s);
+
 typedef struct stoke__remote_pool stoke__remote_pool;
 
 /* The slots of background transfers (cache.c's downloaders): slot STOKE__REMOTE_BG(k) for
@@ -97,7 +101,9 @@ typedef struct stoke__remote_req {
  * their own (a libcurl multi handle of the slot): the first try of each runs in parallel, the
  * tries after a failure that can pass run one at a time after them, with the backoff of a
  * read.  Returns 0 with every r[j].got and total set as a read's; or the error of the first
- * request found failing, *failed its j, why as a read's (the others' got are then partial).
+ * request found failing for good, as a read's (STOKE_ENOENT for 404 and 410, ...), *failed its
+ * j, why that request's own message (its URL, the HTTP status, the server's or libcurl's
+ * reason: requests that end after it do not replace it); the others' got are then partial.
  * Thread-safe; calls on one slot are serialised. */
 int stoke__remote_read_many(stoke__remote_pool *p, int slot, stoke__remote_req *r, size_t n,
                             size_t *failed, char *why, size_t why_len);

@@ -971,8 +971,9 @@ int stoke_tar_open(const char *args, stoke_dataset *out)
     stoke_dataset_init(out);
     if (!args || !*args)
         return stoke__fail(STOKE_EINVAL, "tar: no shard pattern (tar:PATTERN)");
-    char spec[128];
-    stoke__fmt(spec, sizeof(spec), "tar:%s", args);
+    char spec[128]; /* for messages and the dataset's name: without credentials */
+    memcpy(spec, "tar:", 4);
+    stoke__remote_redact(spec + 4, sizeof(spec) - 4, args);
     stoke__tar_ds *t = calloc(1, sizeof(*t));
     if (!t)
         return stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);

@@ -160,8 +160,8 @@ static int shard_read(const stoke__tar_ds *t, uint64_t i, int k, void *buf, size
                                            sizeof(why));
     if (!rc)
         rc = index_stale(s, total, why, sizeof(why));
-    if (rc)
-        return field_fail(t, i, k, msg, msg_len, STOKE_EIO, "%s", why);
+    if (rc) /* the request's code: STOKE_ENOENT for a shard gone (404, 410), else STOKE_EIO */
+        return field_fail(t, i, k, msg, msg_len, rc, "%s", why);
     return got < n ? read_fail(t, i, k, -ENODATA, msg, msg_len) : STOKE_OK;
 }
 
@@ -214,7 +214,7 @@ int stoke__tar_fetch_sample(const stoke__tar_ds *t, uint64_t i, void *const dst[
         rc = index_stale(s, total, why, sizeof(why));
     if (rc) {
         free(buf);
-        return field_fail(t, i, first, msg, msg_len, STOKE_EIO, "%s", why);
+        return field_fail(t, i, first, msg, msg_len, rc, "%s", why);
     }
     io->win = buf; /* a read past got (the shard shrank) goes to the server and fails there */
     io->win_off = lo;
@@ -258,7 +258,7 @@ int stoke__tar_fetch_batch(const stoke__tar_ds *t, const uint64_t *idx, size_t c
         if (rc) {
             size_t q = failed < m ? failed : 0;
             *bad = of[q];
-            rc = field_fail(t, idx[of[q]], firsts[q], msg, msg_len, STOKE_EIO, "%s", why);
+            rc = field_fail(t, idx[of[q]], firsts[q], msg, msg_len, rc, "%s", why);
         }
         for (size_t q = 0; q < m; q++) {
             if (rc) {

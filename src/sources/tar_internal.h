@@ -114,7 +114,8 @@ int stoke__tar_fetch_batch(const stoke__tar_ds *t, const uint64_t *idx, size_t c
 /* Reads field k of sample i into dst (fields[k].bytes; a ragged field: the member, its size
  * into *len); a remote shard from io's window, or through the pool's slot of io->worker.
  * Returns STOKE_OK, or the error with msg "tar SHARD@OFFSET: sample 'KEY' field 'EXT':
- * reason". */
+ * reason"; a remote read's failure keeps the request's code (STOKE_ENOENT: the shard is gone,
+ * HTTP 404 or 410; else STOKE_EIO). */
 int stoke__tar_read_field(const stoke__tar_ds *t, uint64_t i, int k, void *dst, int64_t *len,
                           const stoke__tar_io *io, char *msg, size_t msg_len);
 /* Fills t->fields[k] from the first sample that has field k (reading its member for NPY). */

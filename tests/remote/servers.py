@@ -83,7 +83,7 @@ http {{
     default_type application/octet-stream;
     server {{
         listen 127.0.0.1:{port}{tls};
-        root {root};
+        root {root};{locations}
     }}
 }}
 """
@@ -105,9 +105,10 @@ def make_cert(workdir):
     return cert, key
 
 
-def start_nginx(root, prefix, tls=None, extra=""):
+def start_nginx(root, prefix, tls=None, extra="", locations=""):
     """nginx as the current user, in the foreground, serving root on a free port; https with
-    tls=(cert, key); extra: more directives of the http block ("limit_rate 2m;")."""
+    tls=(cert, key); extra: more directives of the http block ("limit_rate 2m;"); locations:
+    more of the server block ("location = /a.tar { return 403; }")."""
     exe = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx")
                                     else None)
     if not exe:
@@ -119,7 +120,9 @@ def start_nginx(root, prefix, tls=None, extra=""):
         with open(conf, "w") as f:
             f.write(NGINX_CONF.format(prefix=prefix, port=port, root=os.path.abspath(root),
                                       tls=TLS.format(cert=tls[0], key=tls[1]) if tls else "",
-                                      extra=("\n    " + extra) if extra else ""))
+                                      extra=("\n    " + extra) if extra else "",
+                                      locations=("\n        " + locations) if locations
+                                      else ""))
         log = open(os.path.join(prefix, "stderr.log"), "w")
         proc = subprocess.Popen([exe, "-p", prefix, "-c", conf, "-e", prefix + "/error.log"],
                                 stdout=log, stderr=log, stdin=subprocess.DEVNULL,
