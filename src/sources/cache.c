@@ -452,7 +452,8 @@ static int download(stoke__cache *c, stoke__remote_pool *p, int slot, const stok
         stoke__fmt(why, why_len, "cache %s: cannot size %s: %s", c->dir, nm->part, strerror(errno));
         rc = STOKE_EIO;
     }
-    if (!rc && bg && *size > need && !room(c, NULL, 0, ROOM_CHECK)) { /* bigger than reserved: never evict for it */
+    /* bigger than reserved: never evicted for */
+    if (!rc && bg && *size > need && !room(c, NULL, 0, ROOM_CHECK)) {
         stoke__fmt(why, why_len, "cache %s: %s has %" PRIu64 " bytes, more than the %" PRIu64
                    " reserved, and no room without evicting", c->dir, f->url, *size, need);
         rc = STOKE_EBUSY;

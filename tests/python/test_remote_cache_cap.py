@@ -140,7 +140,7 @@ try:
             % (order, sorted(held(d2)), new, out["remote"]))
     print("2. evicted %s, kept %s" % (order[:2], sorted(held(d2))))
 
-    # --- 3. a copy held open by a reader is not evicted ---------------------------------------------
+    # --- 3. a copy held open by a reader is not evicted ---------------------------------------
     d3 = cdir("c3")
     reader = subprocess.Popen(
         [sys.executable, "-c", """
