@@ -12,8 +12,9 @@ its structure, references in place of tensors, stays in `_Writer.live` under a t
 block's header holds (MAGIC_LIVE).  Without workers, the block size is measured on batch 0
 made at construction, which the first fill delivers (`measure_here`).
 
-Block layout: a 64-byte header (magic, pickle offset, pickle length, or an overflow record),
-the leaves' bytes from offset 64 each aligned to 64, then the pickle.
+Block layout: a 64-byte header (magic, pickle offset, pickle length; MAGIC_LIVE, token, the
+data's end; or an overflow record), the leaves' bytes from offset 64 each aligned to 64, then
+the pickle.
 
 The plan (`_Plan`) is a shared anonymous mapping made before the workers fork: the epoch's
 batches (dataset indices and offsets, written by the consumer's process in the loader's
@@ -100,6 +101,14 @@ class _Ref:
         self.kind, self.off, self.nbytes, self.dtype, self.shape = kind, off, nbytes, dtype, shape
 
 
+class _Named:
+    """A namedtuple of a kept structure: its type and its fields' structures."""
+    __slots__ = ("type", "items")
+
+    def __init__(self, type_, items):
+        self.type, self.items = type_, items
+
+
 _PLAIN = (str, bytes, int, float, bool, type(None))
 
 
@@ -177,7 +186,7 @@ class _Block:
             try:
                 shape = self.shape(obj)
             except _NotLive:
-                self.off = off  # (the copies it made are left unused)
+                self.off = off  # (the pickle copies what it needs again)
             else:
                 token = next(_tokens)
                 self.live[token] = shape
@@ -195,7 +204,6 @@ class _Block:
         struct.pack_into("<QQQ", self.view, 0, MAGIC, off, len(data))
         self.pickled = len(data)
         return off + len(data)
-
 
     def shape(self, x):
         """obj's structure with each tensor and array a _Ref to its bytes in the block (copied
@@ -221,8 +229,8 @@ class _Block:
             return {k: self.shape(v) for k, v in x.items()}
         if t is tuple:
             return tuple(self.shape(v) for v in x)
-        if _is_namedtuple(x):
-            return t(*(self.shape(v) for v in x))
+        if _is_namedtuple(x):  # made when loaded, from the loaded fields (as unpickling)
+            return _Named(t, [self.shape(v) for v in x])
         raise _NotLive
 
 
@@ -254,7 +262,7 @@ def _load_live(x, u8, view):
         return {k: _load_live(v, u8, view) for k, v in x.items()}
     if t is tuple:
         return tuple(_load_live(v, u8, view) for v in x)
-    return t(*(_load_live(v, u8, view) for v in x))  # a namedtuple
+    return x.type(*(_load_live(v, u8, view) for v in x.items))  # _Named
 
 
 class _BlockPickler(pickle.Pickler):
@@ -1088,8 +1096,8 @@ class _Writer:
         unpickled, or the one this process kept (MAGIC_LIVE), each tensor a view of the block."""
         magic, a, n = struct.unpack_from("<QQQ", view, 0)
         if magic == MAGIC_LIVE:
-            shape = self.live.pop(a, None) if self.live is not None else None
-            if shape is None:
+            shape = self.live.pop(a, _End) if self.live is not None else _End
+            if shape is _End:  # (a collate_fn may return None)
                 raise RuntimeError("stoke: a batch's structure is not kept in this process "
                                    "(token %d)" % a)
             out = _load_live(shape, u8, view)
