@@ -2,7 +2,8 @@
 """stoke.DataLoader as a drop-in for torch.utils.data.DataLoader (issue 27's benchmark).
 
     /usr/bin/python3 bench/bench_dropin.py [--build build] [--cases tensor,dict,...]
-        [--repeat 3] [--workers 2] [--quick] [--workdir DIR] [--json [FILE]]
+        [--repeat 3] [--workers 2] [--batch-size B] [--samples N]
+        [--quick] [--workdir DIR] [--json [FILE]]
 
 The same dataset object (a class defined here, its data made in memory from a fixed seed) and
 the same arguments go to torch.utils.data.DataLoader(..., pin_memory=True) and to
@@ -45,8 +46,12 @@ counts), which must agree between torch and stoke.  Per run:
                   PSS just before the constructor (the interpreter, torch and the dataset)
 Rounds: --repeat rounds per case, the order of the configurations reversed every other round
 (alternating torch and stoke); the best rate and the lowest CPU per sample count, and the
-highest peak PSS (the worst).  A configuration that fails (a stoke without the drop-in
-DataLoader, an argument it refuses) prints its error in its cell; the others go on.
+highest peak PSS (the worst).  Each group also prints every configuration's median rate and
+its range over the rounds, and the ratio of the medians stoke / torch (the figures to quote
+on a busy machine).  --batch-size B and --samples N replace every case's batch size and
+samples per epoch (small batches: --workers 0 --batch-size 8 shows the fixed costs per loader
+and per batch).  A configuration that fails (a stoke without the drop-in DataLoader, an
+argument it refuses) prints its error in its cell; the others go on.
 
 Prints a table with the ratios stoke / torch at --workers and stoke / torch's best, against
 issue 27's targets; --json writes every run and figure as JSON (to FILE, or with no FILE to
@@ -440,6 +445,22 @@ def best_of(runs):
             "failed_runs": len(runs) - len(ok)}
 
 
+def median_range(runs):
+    rates = sorted(r["samples_per_s"] for r in runs if "error" not in r)
+    if not rates:
+        return None
+    k = len(rates)
+    med = rates[k // 2] if k % 2 else (rates[k // 2 - 1] + rates[k // 2]) / 2
+    return {"median": med, "min": rates[0], "max": rates[-1], "runs": k}
+
+
+def round_ratios(a, b):
+    """(lowest, highest) of stoke / torch within each round (runs side by side)."""
+    r = [x["samples_per_s"] / y["samples_per_s"] for x, y in zip(a, b)
+         if "error" not in x and "error" not in y]
+    return (min(r), max(r)) if r else (float("nan"), float("nan"))
+
+
 def fmt_cell(b):
     if "error" in b:
         return "ERROR: " + b["error"]
@@ -472,6 +493,10 @@ def main():
     ap.add_argument("--cases", default=",".join(CASES), help="comma list of " + ",".join(CASES))
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--batch-size", type=int, default=None, dest="batch_all",
+                    help="every case's batch size (default: the case's own)")
+    ap.add_argument("--samples", type=int, default=None, dest="n_all",
+                    help="every case's samples per epoch (default: the case's own)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes, one round: a smoke test")
     ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "stoke_bench_dropin"),
                     help="where the JPEG folder is generated (once)")
@@ -501,7 +526,12 @@ def main():
     bad = [c for c in cases if c not in CASES]
     if bad:
         sys.exit("unknown case(s) %s; the cases: %s" % (",".join(bad), ",".join(CASES)))
-    sizes = QUICK if a.quick else FULL
+    sizes = dict(QUICK if a.quick else FULL)
+    if a.n_all:
+        sizes = {g: a.n_all for g in sizes}
+    if a.batch_all:
+        for g in BATCH:
+            BATCH[g] = a.batch_all
     repeat = 1 if a.quick else a.repeat
     skipped = {}
     if any(CASES[c][0] in VISION for c in cases):
@@ -544,7 +574,18 @@ def main():
                 say("  round %d %-20s %s" % (r + 1, key, "%.0f samples/s" % js["samples_per_s"]
                                              if "error" not in js else "ERROR: " + js["error"]))
         best = {k: best_of(v) for k, v in runs.items()}
-        res["groups"][g] = {"runs": runs, "best": best}
+        spread = {k: median_range(v) for k, v in runs.items()}
+        for key, m in spread.items():
+            if m:
+                say("  %-22s median %.0f samples/s, range %.0f-%.0f (%d runs)"
+                    % (key, m["median"], m["min"], m["max"], m["runs"]))
+        tk = "torch_w%d" % a.workers
+        for key, m in spread.items():
+            if key.startswith("stoke") and m and spread.get(tk):
+                say("  %-22s median / %s median: %.2fx (ratio range over rounds %.2f-%.2f)"
+                    % (key, tk, m["median"] / spread[tk]["median"],
+                       *round_ratios(runs[key], runs[tk])))
+        res["groups"][g] = {"runs": runs, "best": best, "median": spread}
 
     tw = "torch_w%d" % a.workers
     say("\n%-12s %-16s %11s %10s %9s %9s %7s %7s" % ("case", "loader", "samples/s", "CPU us/s.",

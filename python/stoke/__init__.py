@@ -173,7 +173,8 @@ class DataLoader(_stoke.Loader):
         pad={"input_ids": 0} pads those ragged leaves to the batch's longest (with
         pad_to_multiple_of, max_length, and a "<name>_lengths" tensor beside a dict entry);
         max_batch_bytes: one batch's pinned block (None: twice the first batch's size plus
-        256 KiB, measured in a forked child); structure: for a source string, "list" yields
+        256 KiB, measured at construction: in a forked child with workers; with num_workers=0
+        batch 0 is made here and delivered first); structure: for a source string, "list" yields
         [data, label, ...] tensors and "dict" {field: tensor} instead of stoke.Batch;
         on_error: "error" (default), "skip", "replace" (with ":N" or ":P%" budgets, as
         `stoke load --on-error`): a bad sample of a source string, or a batch of a Python
@@ -358,7 +359,7 @@ class DataLoader(_stoke.Loader):
                             pad, pad_to_multiple_of, max_length, bool(return_lengths),
                             rank, world_size)
         # the accelerator is found (a child probes OpenCL drivers) while the probe's child
-        # makes the first batch: the two forks overlap
+        # makes the first batch: the two forks overlap (num_workers=0: no probe child)
         w.measure(max_batch_bytes, _stoke.accelerator if pin_memory else None)
         w.pin = bool(pin_memory)
         self._writer = w
@@ -409,6 +410,7 @@ class DataLoader(_stoke.Loader):
             return super().__iter__()
         if self._first_iter:
             self._first_iter = False
+            self._writer.first_iteration()
             if self._writer.rng_moved():
                 # torch draws the workers' base seed when iteration starts: the RNG was seeded
                 # (or drawn from) since construction, so epoch 0 starts again with a new draw

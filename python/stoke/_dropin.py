@@ -7,10 +7,14 @@ samples, collates them straight into the block, and pickles the batch's structur
 data with every tensor and array replaced by a reference to its bytes in the block.  The
 consumer's `decode` unpickles that structure with each reference turned into a torch.Tensor
 (a NumPy array where it was one, or where torch is missing) viewing the block: no copy after
-the worker's.
+the worker's.  A batch made in the consumer's process (no worker processes) is not pickled:
+its structure, references in place of tensors, stays in `_Writer.live` under a token that the
+block's header holds (MAGIC_LIVE).  Without workers, the block size is measured on batch 0
+made at construction, which the first fill delivers (`measure_here`).
 
-Block layout: a 64-byte header (magic, pickle offset, pickle length, or an overflow record),
-the leaves' bytes from offset 64 each aligned to 64, then the pickle.
+Block layout: a 64-byte header (magic, pickle offset, pickle length; MAGIC_LIVE, token, the
+data's end; or an overflow record), the leaves' bytes from offset 64 each aligned to 64, then
+the pickle.
 
 The plan (`_Plan`) is a shared anonymous mapping made before the workers fork: the epoch's
 batches (dataset indices and offsets, written by the consumer's process in the loader's
@@ -19,6 +23,7 @@ one mailbox per worker where a failing fill leaves its pickled exception and tra
 """
 import collections.abc as _abc
 import io
+import itertools
 import mmap
 import os
 import pickle
@@ -48,6 +53,7 @@ _ROW_BYTES = 64 << 10  # a sample's bytes from which the row-streaming fetch pay
 MAGIC = 0x3142544B4F5453      # "STOKTB1": a batch
 MAGIC_OVER = 0x3142564F4F5453  # "STOOVB1": the batch did not fit; bytes needed follow
 MAGIC_END = 0x3142444E4F5453   # "STONDB1": this worker's iterator is exhausted; its id follows
+MAGIC_LIVE = 0x31424C4F4F5453  # "STOOLB1": a batch whose structure this process keeps (token, end)
 
 
 class _End:
@@ -73,16 +79,50 @@ def _align(n):
     return (n + 63) & ~63
 
 
+_ITEMSIZE = {}
+
+
+def _itemsize(dtype):
+    n = _ITEMSIZE.get(dtype)
+    if n is None:
+        n = _ITEMSIZE[dtype] = torch.empty((), dtype=dtype).element_size()
+    return n
+
+
+class _NotLive(Exception):
+    """A batch's structure holds an object that _Block.shape does not rebuild: it is pickled."""
+
+
+class _Ref:
+    """A tensor (kind "t") or NumPy array ("n") of a kept structure: its place in the block."""
+    __slots__ = ("kind", "off", "nbytes", "dtype", "shape")
+
+    def __init__(self, kind, off, nbytes, dtype, shape):
+        self.kind, self.off, self.nbytes, self.dtype, self.shape = kind, off, nbytes, dtype, shape
+
+
+class _Named:
+    """A namedtuple of a kept structure: its type and its fields' structures."""
+    __slots__ = ("type", "items")
+
+    def __init__(self, type_, items):
+        self.type, self.items = type_, items
+
+
+_PLAIN = (str, bytes, int, float, bool, type(None))
+
+
 # ---- the block: leaves written into it, the structure pickled after them ---------------------
 
 class _Block:
     """A worker's writer into one batch block (a writable memoryview of the pinned slot)."""
 
-    def __init__(self, view):
+    def __init__(self, view, live=None):
         self.view = view
         self.cap = len(view)
         self.off = HDR
         self.pickled = 0
+        self.live = live  # the writer's kept structures: the batch is decoded in this process
         self.u8 = torch.frombuffer(view, dtype=torch.uint8) if torch is not None else None
         self.base = self.u8.data_ptr() if torch is not None else None
 
@@ -99,7 +139,7 @@ class _Block:
         n = 1
         for d in shape:
             n *= d
-        itemsize = torch.empty((), dtype=dtype).element_size()
+        itemsize = _itemsize(dtype)
         off = self.take(n * itemsize)
         return self.u8[off:off + n * itemsize].view(dtype).view(tuple(shape))
 
@@ -137,7 +177,23 @@ class _Block:
         return ("n", off, a.dtype.str, a.shape)
 
     def finish(self, obj):
-        """Pickles obj (its tensors and arrays as references) after the data; the header."""
+        """Pickles obj (its tensors and arrays as references) after the data; the header.
+        With `live` (the batch is made and decoded in the same process: no worker processes)
+        the structure is kept in that dict instead, under a token the header holds, unless it
+        holds an object that shape() does not rebuild."""
+        if self.live is not None:
+            off = self.off
+            try:
+                shape = self.shape(obj)
+            except _NotLive:
+                self.off = off  # (the pickle copies what it needs again)
+            else:
+                token = next(_tokens)
+                self.live[token] = shape
+                if len(self.live) > _LIVE_MAX:  # batches made but never decoded (an epoch
+                    _forget_oldest(self.live)   # left mid-way): their structures go
+                struct.pack_into("<QQQ", self.view, 0, MAGIC_LIVE, token, self.off)
+                return self.off
         f = io.BytesIO()
         _BlockPickler(f, self).dump(obj)
         data = f.getbuffer()
@@ -148,6 +204,65 @@ class _Block:
         struct.pack_into("<QQQ", self.view, 0, MAGIC, off, len(data))
         self.pickled = len(data)
         return off + len(data)
+
+    def shape(self, x):
+        """obj's structure with each tensor and array a _Ref to its bytes in the block (copied
+        there if they are not), for _load_live; _NotLive for what pickling would treat
+        otherwise than this rebuilds (a subclass, a custom batch type, an object array)."""
+        t = type(x)
+        if t in _PLAIN:
+            return x
+        if torch is not None and t is torch.Tensor:
+            r = self.ref_tensor(x)
+            if r is None:
+                raise _NotLive
+            n = x.numel() * x.element_size()
+            return _Ref("t", r[1], n, x.dtype, r[3])
+        if np is not None and t is np.ndarray:
+            r = self.ref_array(x)
+            if r is None:
+                raise _NotLive
+            return _Ref("n", r[1], x.nbytes, x.dtype, r[3])
+        if t is list:
+            return [self.shape(v) for v in x]
+        if t is dict:
+            return {k: self.shape(v) for k, v in x.items()}
+        if t is tuple:
+            return tuple(self.shape(v) for v in x)
+        if _is_namedtuple(x):  # made when loaded, from the loaded fields (as unpickling)
+            return _Named(t, [self.shape(v) for v in x])
+        raise _NotLive
+
+
+_tokens = itertools.count(1)
+_LIVE_MAX = 1024  # kept structures; more than the batches any loader has made and not decoded
+
+
+def _forget_oldest(live):
+    try:
+        for k in list(itertools.islice(live, len(live) - _LIVE_MAX // 2)):
+            live.pop(k, None)
+    except RuntimeError:  # changed by another thread meanwhile: next time
+        pass
+
+
+def _load_live(x, u8, view):
+    """A kept structure (_Block.shape) with each _Ref a tensor (array) viewing the block."""
+    t = type(x)
+    if t is _Ref:
+        if x.kind == "t":
+            return u8[x.off:x.off + x.nbytes].view(x.dtype).view(x.shape)
+        return np.frombuffer(view, dtype=x.dtype, count=x.nbytes // x.dtype.itemsize,
+                             offset=x.off).reshape(x.shape)
+    if t in _PLAIN:
+        return x
+    if t is list:
+        return [_load_live(v, u8, view) for v in x]
+    if t is dict:
+        return {k: _load_live(v, u8, view) for k, v in x.items()}
+    if t is tuple:
+        return tuple(_load_live(v, u8, view) for v in x)
+    return x.type(*(_load_live(v, u8, view) for v in x.items))  # _Named
 
 
 class _BlockPickler(pickle.Pickler):
@@ -521,6 +636,10 @@ class _Writer:
         self.pin = False          # the loader's pin_memory: a custom batch's pin_memory() is called
         self.rows = False         # samples' tensors copied into the block as they come (measure)
         self.plan = None
+        # batches made in this process (no worker processes) keep their structure here
+        self.live = None if processes else {}
+        self.kept = None          # batch 0 made by measure() in this process (_Kept)
+        self.preplanned = False   # measure() wrote epoch 0's plan: the creation's hook keeps it
         self.nbatches = -1
         self.blob_bytes = 0
         self.iter_map = iterable and processes
@@ -630,6 +749,14 @@ class _Writer:
     def set_epoch(self, epoch, _unused=0):
         try:
             if self.worker == -2:
+                if self.preplanned and epoch == 0:  # the creation's: measure() planned epoch 0
+                    self.preplanned = False
+                    if torch is not None:
+                        self.rng_after = self.rng_state()
+                    return None
+                self.preplanned = False
+                if self.kept is not None:  # batch 0 of the plan measure() made is not wanted
+                    self.drop_kept()
                 self.plan.mail_clear()
                 seed = self.base_seed_for()
                 if self.iterable:
@@ -773,11 +900,16 @@ class _Writer:
                 struct.pack_into("<QQ", view, 0, MAGIC_END, self.worker)
                 return 16
             return r[0] if isinstance(r, tuple) else r
+        if self.kept is not None:
+            k, self.kept = self.kept, None
+            if i == 0 and int(self.plan.head[_Plan.H_EPOCH]) == 0:
+                return self.fill_kept(k, i, worker, view)
+            self.live.pop(k.token, None)
         where = [None]
         indices = None
         try:
             indices = self.plan.batch(i).tolist()
-            block = _Block(view)
+            block = _Block(view, self.live)
             samples = self.fetch(indices, where, block)
             return self.write(block, samples, indices)
         except _Overflow as o:
@@ -785,6 +917,21 @@ class _Writer:
             return 16
         except Exception as e:  # noqa: BLE001 - the consumer re-raises it
             return self.fail(i, worker, e, where[0])
+
+    def fill_kept(self, k, i, worker, view):
+        """Batch 0 as measure() made it (its bytes copied into the slot; its structure stays
+        kept under the same token), or its failure raised as it would be now."""
+        if k.error is not None:
+            try:
+                raise k.error
+            except Exception as e:  # noqa: BLE001 - the consumer re-raises it
+                return self.fail(i, worker, e, k.index)
+        if k.used > len(view):  # (max_batch_bytes is not measured: cannot happen)
+            self.live.pop(k.token, None)
+            struct.pack_into("<QQ", view, 0, MAGIC_OVER, k.used)
+            return 16
+        view[:k.used] = k.block.view[:k.used]
+        return k.used
 
     def next_samples(self, key):
         """The next batch's samples from iterator `key` (this worker's own copy of the dataset
@@ -819,7 +966,7 @@ class _Writer:
             samples = self.next_samples(key)
             if not samples:
                 return 0
-            return (self.write_samples(_Block(view), samples), 0)
+            return (self.write_samples(_Block(view, self.live), samples), 0)
         except _Overflow as o:
             return ("stoke: a batch of the iterable dataset needs %d bytes, its block holds %d: "
                     "pass max_batch_bytes=%d or more" % (o.need, len(view), 2 * o.need))
@@ -856,7 +1003,15 @@ class _Writer:
             need = HDR + sum(_align(bs * t[0].numel() * t.element_size()) for t in self.tensors)
             self.blob_bytes = (need + (64 << 10) + 4095) & ~4095
             return
-        need = _probe(self, meanwhile)
+        if self.num_workers == 0 and not self.iterable:
+            need = self.measure_here()
+            if meanwhile is not None:
+                try:
+                    meanwhile()
+                except Exception:  # noqa: BLE001 - the loader's creation reports it again
+                    pass
+        else:
+            need = _probe(self, meanwhile)
         if need < 0:  # exact: fixed shapes under default_collate
             need = -need
             # big samples (images): each one's tensors go to their rows as it comes
@@ -864,6 +1019,62 @@ class _Writer:
             self.blob_bytes = (need + need // 4 + (64 << 10) + 4095) & ~4095
         else:
             self.blob_bytes = max(4096, (need * 2 + (256 << 10) + 4095) & ~4095)
+
+    def measure_here(self):
+        """measure() without workers: batch 0 made here, now, and kept for the first fill (no
+        child, no sample fetched twice).  First what the loader's creation does next in its
+        set_epoch hook (the base seed's draw, the sampler's iteration: the hook then keeps
+        them), so that __getitem__ and collate_fn draw from the RNGs where they would in
+        torch's first next().  Returns the bytes as _probe does."""
+        try:
+            seed = self.base_seed_for()
+            self.plan.write(0, self.batches(0), seed)
+        except Exception:  # noqa: BLE001 - the hook meets it again and reports it
+            return _PROBE_FALLBACK
+        self.preplanned = True
+        k = _Kept(_rng_states())
+        indices = self.plan.batch(0).tolist()
+        where = [None]
+        try:
+            samples = self.fetch(indices, where)
+            if self.collate_fn is not None:  # called once, however many blocks it takes
+                out = self.collate_fn(samples)
+                k.used, k.block = _probe_block(lambda blk: blk.finish(out), self.live)
+            else:
+                k.used, k.block = _probe_block(lambda blk: self.write(blk, samples, indices),
+                                               self.live)
+        except Exception as e:  # noqa: BLE001 - the first fill raises it, as torch's next()
+            k.error, k.index = e, where[0]
+        k.after = _rng_states()
+        if k.block is not None and struct.unpack_from("<Q", k.block.view, 0)[0] == MAGIC_LIVE:
+            k.token = struct.unpack_from("<Q", k.block.view, 8)[0]
+        self.kept = k
+        if k.error is not None:
+            return _PROBE_FALLBACK
+        if (self.collate_fn is None and not self.collator.pad and self.batch_size
+                and self.getitems is None):
+            return -(k.used + k.block.pickled)  # exact (a pickle's worth of margin)
+        return k.used
+
+    def first_iteration(self):
+        """At the first iteration: batch 0 made at construction is delivered only if no RNG
+        moved since (a script that seeds after making the loader gets its seed's batch 0)."""
+        k = self.kept
+        if k is not None and not all(_same_rng(a, b) for a, b in zip(_rng_states(), k.after)):
+            self.drop_kept()
+
+    def drop_kept(self):
+        """Batch 0 made at construction is not delivered: each RNG its making drew from that
+        nobody moved since goes back to where it was before (the batch made again draws as
+        torch's first next() would)."""
+        k, self.kept = self.kept, None
+        self.live.pop(k.token, None)
+        moved = self.rng_moved()
+        for j, (now, after) in enumerate(zip(_rng_states(), k.after)):
+            if _same_rng(now, after):
+                _set_rng(j, k.before[j])
+        if torch is not None and not moved:
+            self.rng_after = self.rng_state()
 
     def decode(self, b):
         if len(b) == 0:  # its one sample (this batch) skipped under on_error
@@ -874,7 +1085,7 @@ class _Writer:
             return _End(a)
         if magic == MAGIC_OVER:
             return self.rebuild(b, a)
-        if magic != MAGIC:
+        if magic != MAGIC and magic != MAGIC_LIVE:
             raise RuntimeError("stoke: batch %d's block holds no batch (magic %#x)"
                                % (int(np.asarray(b.indices)[0]), magic))
         u8 = torch.from_dlpack(b[0]).view(-1) if torch is not None else None
@@ -882,9 +1093,16 @@ class _Writer:
 
     def load(self, view, u8, pinned):
         """The batch in a block (view; u8 its torch uint8 tensor, or None): its structure
-        unpickled, each tensor a view of the block."""
-        _, a, n = struct.unpack_from("<QQQ", view, 0)
-        out = _BlockUnpickler(io.BytesIO(view[a:a + n]), u8, view).load()
+        unpickled, or the one this process kept (MAGIC_LIVE), each tensor a view of the block."""
+        magic, a, n = struct.unpack_from("<QQQ", view, 0)
+        if magic == MAGIC_LIVE:
+            shape = self.live.pop(a, _End) if self.live is not None else _End
+            if shape is _End:  # (a collate_fn may return None)
+                raise RuntimeError("stoke: a batch's structure is not kept in this process "
+                                   "(token %d)" % a)
+            out = _load_live(shape, u8, view)
+        else:
+            out = _BlockUnpickler(io.BytesIO(view[a:a + n]), u8, view).load()
         if self.collate_fn is not None and self.pin and pinned:
             out = _pin_custom(out)
         return out
@@ -897,7 +1115,9 @@ class _Writer:
             return None
         view = memoryview(b[0]).cast("B")
         magic, a, n = struct.unpack_from("<QQQ", view, 0)
-        if magic != MAGIC:
+        if magic == MAGIC_LIVE:
+            a = 0  # n: the data's end
+        elif magic != MAGIC:
             return self.decode(b)
         buf = _stoke.PinnedBuffer(a + n)
         if not buf.pinned and b.is_pinned and not self.warned_copy:
@@ -921,7 +1141,7 @@ class _Writer:
                           % (i, need, self.blob_bytes, 2 * need), RuntimeWarning, stacklevel=3)
         indices = self.plan.batch(i).tolist()
         buf = bytearray(_align(need) + (1 << 20))
-        self.write(_Block(memoryview(buf)), self.fetch(indices, [None]), indices)
+        self.write(_Block(memoryview(buf), self.live), self.fetch(indices, [None]), indices)
         u8 = torch.frombuffer(buf, dtype=torch.uint8) if torch is not None else None
         return self.load(memoryview(buf), u8, False)
 
@@ -1012,6 +1232,44 @@ def _tensor_rows(dataset):
     return ts
 
 
+class _Kept:
+    """Batch 0 made by measure_here(): its block (ordinary memory) and bytes used, or the
+    exception and dataset index of its failure; the RNG states before and after making it."""
+    __slots__ = ("before", "after", "block", "used", "token", "error", "index")
+
+    def __init__(self, before):
+        self.before, self.after = before, None
+        self.block, self.used, self.token = None, 0, None
+        self.error, self.index = None, None
+
+
+def _rng_states():
+    """The global RNGs a dataset draws from: torch's, Python's random, NumPy's."""
+    return (torch.get_rng_state() if torch is not None else None, random.getstate(),
+            np.random.get_state() if np is not None else None)
+
+
+def _same_rng(a, b):
+    if a is None or b is None:
+        return a is b
+    if torch is not None and isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    if np is not None and isinstance(a, tuple) and len(a) == 5 and isinstance(a[1], np.ndarray):
+        return a[0] == b[0] and a[2:] == b[2:] and np.array_equal(a[1], b[1])
+    return a == b
+
+
+def _set_rng(j, state):
+    if state is None:
+        return
+    if j == 0:
+        torch.set_rng_state(state)
+    elif j == 1:
+        random.setstate(state)
+    else:
+        np.random.set_state(state)
+
+
 _PROBE_FALLBACK = 8 << 20
 _PROBE_TIMEOUT_S = 60  # the probe's child answers within this, or it is killed (the fallback)
 
@@ -1096,11 +1354,11 @@ def _probe(w, meanwhile=None):
     return int(text)
 
 
-def _probe_block(make):
+def _probe_block(make, live=None):
     """make(block) on blocks of ordinary memory, doubled until the batch fits."""
     size = 1 << 20
     while True:
-        block = _Block(memoryview(bytearray(size)))
+        block = _Block(memoryview(bytearray(size)), live)
         try:
             return make(block), block
         except _Overflow as o:

@@ -80,14 +80,20 @@ from stoke import _dropin  # noqa: E402
 
 SlowInChild.main = os.getpid()
 _dropin._PROBE_TIMEOUT_S = 1
-t0 = time.monotonic()
-with warnings.catch_warnings(record=True) as w:
-    warnings.simplefilter("always")
-    loader = stoke.DataLoader(SlowInChild(), batch_size=4)
-slow = [str(x.message) for x in w if "measuring the first batch" in str(x.message)]
-T.check(len(slow) == 1 and "max_batch_bytes" in slow[0], "a hung probe: warnings %s" % slow)
-T.check(time.monotonic() - t0 < 30, "a hung probe held the constructor %.0f s"
-        % (time.monotonic() - t0))
-got = [b.view(-1).tolist() for b in loader]
-T.check(got == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]], "after a hung probe: %s" % got)
+# with workers the first batch is measured in a forked child (one worker thread here, so that
+# the batches themselves are made in this process); with none, here: no child to hang
+for kw, probed in (({"num_workers": 1, "worker_mode": "threads"}, True),
+                   ({"num_workers": 0}, False)):
+    t0 = time.monotonic()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        loader = stoke.DataLoader(SlowInChild(), batch_size=4, **kw)
+    slow = [str(x.message) for x in w if "measuring the first batch" in str(x.message)]
+    T.check(len(slow) == int(probed) and all("max_batch_bytes" in m for m in slow),
+            "%s: a hung probe: warnings %s" % (kw, slow))
+    T.check(time.monotonic() - t0 < 30,
+            "%s: the constructor took %.1f s" % (kw, time.monotonic() - t0))
+    got = [b.view(-1).tolist() for b in loader]
+    T.check(got == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]], "%s: after the probe: %s" % (kw, got))
+    del loader
 print("ok")

@@ -6,7 +6,8 @@ differed, the threads' seed-and-draw sequences interleaving) and in the caller's
 Threads sharing the interpreter give one stoke.ThreadsWarning per process (2 or more threads;
 none for processes, one thread or none).  Where __getitem__ runs: in worker processes only
 (never this process, not even at construction); with worker_mode="threads" and num_workers=1
-in one thread that is not the caller's; with num_workers=0 in the caller's thread."""
+in one thread that is not the caller's; with num_workers=0 in the caller's thread, batch 0's
+samples at construction (kept for the first next(), each sample fetched once an epoch)."""
 import os
 import threading
 import warnings
@@ -94,6 +95,7 @@ class Where:
 
     def __init__(self):
         self.idents = set()
+        self.calls = []
 
     def __len__(self):
         return 256
@@ -101,6 +103,7 @@ class Where:
     def __getitem__(self, i):
         if os.getpid() == ME:
             self.idents.add(threading.get_ident())
+            self.calls.append(i)
         return i, os.getpid(), threading.get_ident()
 
 
@@ -110,13 +113,21 @@ for kw in ({"num_workers": 2}, {"num_workers": 1, "worker_mode": "threads"},
            {"num_workers": 0}):
     ds = Where()
     loader = stoke.DataLoader(ds, batch_size=4, pin_memory=False, **kw)
-    T.check(not ds.idents, "%s: construction called __getitem__ in this process" % kw)
+    if kw["num_workers"]:
+        T.check(not ds.idents, "%s: construction called __getitem__ in this process" % kw)
+    else:  # batch 0, in this thread (torch's first next() would), kept for the iteration
+        T.check(ds.idents == {MAIN} and ds.calls == [0, 1, 2, 3],
+                "%s: construction's __getitem__ calls %s, threads %s" % (kw, ds.calls,
+                                                                        ds.idents))
     idx, pids, tids = [], set(), set()
     for i, pid, tid in loader:
         idx += i.tolist()
         pids.update(pid.tolist())
         tids.update(tid.tolist())
     T.check(idx == list(range(256)), "%s: indices %s" % (kw, idx[:16]))
+    if kw["num_workers"] == 0:
+        T.check(ds.calls == list(range(256)), "%s: __getitem__ calls %s (each index once)"
+                % (kw, ds.calls[:16]))
     if kw.get("worker_mode") is None and kw["num_workers"] > 0:
         T.check(ME not in pids and 1 <= len(pids) <= 2 and not ds.idents,
                 "%s: __getitem__ in pids %s (this one %d)" % (kw, pids, ME))
