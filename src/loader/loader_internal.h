@@ -289,6 +289,7 @@ typedef struct stoke__producer {
     stoke__busy *busy;           /* its busy marks: a worker's (a process worker's: its child's,
                                     shared), a child's; NULL: the caller's thread */
     struct stoke__worker *share; /* ITERABLE: whose share it makes (dispatch) */
+    uint64_t seed, epoch;        /* of the batches it makes now (dispatch sets them) */
     stoke__ahead ahead;          /* its look-ahead and scratch */
 } stoke__producer;
 
@@ -595,9 +596,9 @@ void stoke__loader_sleep_done(stoke_loader *l, int counted);
 void stoke__loader_take_slot(stoke_loader *l, stoke_batch *b);
 
 /* worker.c */
-/* Resets b's production fields (status, count for its seq, worker, flags) before batch b->seq
- * of `epoch` is made by worker wid. */
-void stoke__loader_batch_start(stoke_loader *l, stoke_batch *b, int wid, uint64_t epoch);
+/* Resets b's production fields (status, count for its seq, worker, flags) before producer p
+ * makes batch b->seq of p->epoch. */
+void stoke__loader_batch_start(stoke_loader *l, stoke_batch *b, const stoke__producer *p);
 /* (mu) Wakes workers waiting for work, if any wait and (unless `force`) the window is half
  * empty. */
 void stoke__loader_wake_workers(stoke_loader *l, int force);
@@ -662,9 +663,9 @@ size_t stoke__batch_field_bytes(const stoke_batch *b, int f);
 /* worker.c: batch b failed (status rc, a positive one as STOKE_EDATA) at dataset index or
  * sampler position `where`, with msg (or the code's text when msg is empty); no samples. */
 void stoke__batch_failed(stoke_batch *b, int rc, uint64_t where, const char *msg);
-/* worker.c: fills batch `seq` into b->host (b owned by the caller; sets status and errors). */
-void stoke__loader_fill_batch(stoke_loader *l, stoke_batch *b, stoke__producer *p, uint64_t seed,
-                              uint64_t epoch, uint64_t seq);
+/* worker.c: fills batch b->seq of (p->seed, p->epoch) into b->host (b owned by the caller; sets
+ * status and errors). */
+void stoke__loader_fill_batch(stoke_loader *l, stoke_batch *b, stoke__producer *p);
 
 /* procworker.c: process workers (docs/loader.md, "Process workers"). */
 typedef struct stoke__proc stoke__proc;
@@ -673,8 +674,7 @@ typedef struct stoke__proc stoke__proc;
  * failure. */
 int stoke__proc_create(stoke_loader *l);
 /* Producer (a worker thread): what fill_batch does, in worker wid's child process. */
-void stoke__proc_fill(stoke_loader *l, stoke_batch *b, stoke__producer *p, uint64_t seed,
-                      uint64_t epoch);
+void stoke__proc_fill(stoke_loader *l, stoke_batch *b, stoke__producer *p);
 /* destroy: before the worker threads are joined (a child stuck in a sample gets SIGKILLed). */
 void stoke__proc_stopping(stoke_loader *l);
 /* destroy, after the threads were joined: ends and reaps every process, unmaps the buffers. */

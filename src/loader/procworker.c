@@ -278,6 +278,8 @@ static void child_main(stoke_loader *l, int wid, int fd, pid_t zygote)
         stoke_batch *b = &l->bat[req.bi];
         b->host = &l->slots[req.si];
         b->seq = req.seq;
+        l->caller.seed = req.seed;
+        l->caller.epoch = req.epoch;
         if (req.flags & F_NO_READ)
             l->ds.read = NULL;
         int rc = init_rc;
@@ -294,12 +296,12 @@ static void child_main(stoke_loader *l, int wid, int fd, pid_t zygote)
                        req.epoch, l->ds.name, (int)getpid(), stoke_err_name(rc));
         }
         if (rc != STOKE_OK) { /* the batch fails, with no sample */
-            stoke__loader_batch_start(l, b, wid, req.epoch);
+            stoke__loader_batch_start(l, b, &l->caller);
             stoke__batch_failed(b, rc, UINT64_MAX, why);
         } else {
             cw.req = &req;
             l->caller.ahead.seq_end = req.seq + 1; /* batches come one request at a time */
-            stoke__loader_fill_batch(l, b, &l->caller, req.seed, req.epoch, req.seq);
+            stoke__loader_fill_batch(l, b, &l->caller);
             cw.req = NULL;
         }
         memset(&m, 0, sizeof(m));
@@ -771,18 +773,17 @@ static int after_crash(stoke_loader *l, stoke_batch *b, int wid, wreq *req, cons
     return STOKE_EDATA;
 }
 
-void stoke__proc_fill(stoke_loader *l, stoke_batch *b, stoke__producer *pr, uint64_t seed,
-                      uint64_t epoch)
+void stoke__proc_fill(stoke_loader *l, stoke_batch *b, stoke__producer *pr)
 {
     stoke__proc *p = l->proc;
     int wid = pr->wid; /* a worker thread's (never the caller's: no assist with processes) */
     uint64_t first = b->seq * l->o.batch_size;
     STOKE__LOADER_ASSERT(pr->w != NULL);
-    stoke__loader_batch_start(l, b, wid, epoch);
+    stoke__loader_batch_start(l, b, pr);
     wreq req = {.bi = (int32_t)(b - l->bat), .si = (int32_t)(b->host - l->slots)};
     req.seq = b->seq;
-    req.seed = seed;
-    req.epoch = epoch;
+    req.seed = pr->seed;
+    req.epoch = pr->epoch;
     char msg[256] = "";
     for (;;) {
         int rc = p->w[wid].fd < 0 ? spawn(l, wid, msg, sizeof(msg)) : STOKE_OK;
