@@ -20,10 +20,14 @@ static inline size_t stoke__align_up(size_t v, size_t a)
     return (v + a - 1) / a * a;
 }
 
-/* splitmix64 finalizer (a bijection of 64-bit integers). */
-uint64_t stoke__mix64(uint64_t x);
-/* The key of every random choice in epoch `epoch` under `seed`. */
-uint64_t stoke__epoch_key(uint64_t seed, uint64_t epoch);
+/* splitmix64's finalizer: a bijection of 64-bit integers with good avalanche. */
+static inline uint64_t stoke__mix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
 
 /* Wait-time histogram: log-linear buckets (8 per power of two), about 6% resolution. */
 #define STOKE__HIST_BUCKETS 520
@@ -193,7 +197,7 @@ typedef struct stoke__feistel {
 typedef struct stoke__sampler_epoch {
     const stoke_sampler *s; /* the sampler it was made for */
     uint64_t seed, epoch;   /* as given (a caller may compare them to decide to remake it) */
-    uint64_t key;           /* stoke__epoch_key(seed, epoch) */
+    uint64_t key;           /* the key of every random choice in (seed, epoch) */
     stoke__feistel perm;    /* RANDOM, shuffled SUBSET: the epoch order; BLOCK: the full blocks */
     uint64_t tail_slot;     /* BLOCK: where the short last block goes (number of blocks: none) */
 } stoke__sampler_epoch;
