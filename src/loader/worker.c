@@ -586,10 +586,8 @@ static int claim_size(const stoke_loader *l)
     if (n >= CLAIM_MAX / 2) /* a whole group: one fill of the sampler for its indices */
         n = CLAIM_MAX;
     uint64_t share = l->window / (4 * (uint64_t)(l->nact > 0 ? l->nact : 1));
-    if (n > share)
+    if (n > share) /* (n is CLAIM_MAX at most already) */
         n = share;
-    if (n > CLAIM_MAX)
-        n = CLAIM_MAX;
     return n ? (int)n : 1;
 }
 
