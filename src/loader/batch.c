@@ -50,9 +50,10 @@ size_t stoke__batch_field_bytes(const stoke_batch *b, int f)
     int r = l->rix[f];
     if (r < 0 || !b->count)
         return b->count * l->fields[f].bytes;
-    size_t units = (size_t)stoke__ragged_meta(b, r)[0] *
-                   (l->fields[f].collate == STOKE_COLLATE_PACK ? 1 : b->count);
-    return units * l->rg[r].unit;
+    const stoke_field *fd = &l->fields[f];
+    size_t units =
+        (size_t)stoke__ragged_meta(b, r)[0] * (fd->collate == STOKE_COLLATE_PACK ? 1 : b->count);
+    return units * (fd->bytes / (size_t)fd->max_len); /* the bytes of a unit */
 }
 
 size_t stoke_batch_field_bytes(const stoke_batch *b, int field)

@@ -272,9 +272,7 @@ static int copy_fields(stoke_loader *l, const stoke_dataset *ds)
         l->step[f] = fd->bytes;
         l->rix[f] = -1;
         if (fd->ndim && fd->shape[0] == STOKE_DIM_VAR) {
-            stoke__ragged *r = &l->rg[l->nragged];
-            r->field = f;
-            r->unit = fd->bytes / (size_t)fd->max_len;
+            l->rg[l->nragged] = f;
             l->rix[f] = l->nragged++;
         }
     }

@@ -354,10 +354,10 @@ struct stoke_loader {
     int64_t *shapes;
     size_t *off;  /* where each field starts in a batch buffer */
     size_t *step; /* each field's bytes per sample (fields[f].bytes, side by side) */
-    /* Ragged fields (dataset.h): rg[r] for the r-th; rix[f] is f's r, or -1.  Each batch has
+    /* Ragged fields (dataset.h): rg[r] is the r-th's field; rix[f] is f's r, or -1.  Each batch has
      * for each one in b->rmeta: int64 extent (PAD: the padded length L; PACK: the sum), int64
      * lengths[cap], PACK: int64 offsets[cap + 1] (stoke__ragged_meta, worker.c). */
-    struct stoke__ragged *rg;
+    int *rg;
     int *rix;
     int nragged;
     size_t buf_bytes;    /* one batch buffer */
@@ -648,12 +648,8 @@ int stoke__loader_one_sample(stoke_loader *l, stoke_batch *b, stoke__producer *p
                              uint64_t *idx, char *msg, size_t msg_len);
 
 /* A ragged field of the loader (dataset.h): samples are written at the stride of max_len
- * units, lengths recorded per slot, and the batch collated once it is full (worker.c,
- * finish_batch). */
-typedef struct stoke__ragged {
-    int field;
-    size_t unit; /* bytes of one unit of the variable dimension */
-} stoke__ragged;
+ * units (a unit: the field's bytes / max_len), lengths recorded per slot, and the batch collated
+ * once it is full (worker.c, finish_batch). */
 /* The int64 words of ragged field r of batch b, STOKE__RMETA_WORDS apiece in b->rmeta: [0] the
  * extent, [1 .. cap] the lengths, then (PACK) the offsets, cap + 1. */
 #define STOKE__RMETA_WORDS(l) (2 + 2 * (l)->cap)

@@ -139,7 +139,7 @@ static inline void point_slots(const stoke_loader *l, const stoke_batch *b, size
     for (size_t f = 0; f < nf; f++)
         dst[f] = mem + l->off[f] + j * l->step[f];
     for (int r = 0; r < l->nragged; r++)
-        for (size_t k = 0, f = (size_t)l->rg[r].field; k < n; k++)
+        for (size_t k = 0, f = (size_t)l->rg[r]; k < n; k++)
             len[k * nf + f] = l->fields[f].max_len;
 }
 
@@ -150,8 +150,8 @@ static int take_lengths(const stoke_loader *l, stoke_batch *b, size_t j, const i
 {
     int cut = 0;
     for (int r = 0; r < l->nragged; r++) {
-        const stoke_field *fd = &l->fields[l->rg[r].field];
-        int64_t n = len[l->rg[r].field];
+        const stoke_field *fd = &l->fields[l->rg[r]];
+        int64_t n = len[l->rg[r]];
         if (n < 0) {
             stoke__fmt(msg, msg_len, "field '%s': the sample reported length %lld", fd->name,
                        (long long)n);
@@ -308,11 +308,10 @@ static void fill_pad(unsigned char *p, size_t n, const stoke_field *fd)
  * (slot j's new place is at or below its old), in slot order: memmove is enough. */
 static size_t collate_ragged(const stoke_loader *l, stoke_batch *b, int r)
 {
-    const stoke__ragged *rg = &l->rg[r];
-    const stoke_field *fd = &l->fields[rg->field];
-    unsigned char *base = b->host->mem + l->off[rg->field];
+    const stoke_field *fd = &l->fields[l->rg[r]];
+    unsigned char *base = b->host->mem + l->off[l->rg[r]];
     int64_t *aux = stoke__ragged_meta(b, r), *len = aux + 1;
-    size_t n = b->count, unit = rg->unit, stride = (size_t)fd->max_len * unit;
+    size_t n = b->count, stride = fd->bytes, unit = stride / (size_t)fd->max_len;
     if (fd->collate == STOKE_COLLATE_PACK) {
         int64_t *offs = aux + 1 + l->cap;
         int64_t at = 0;
