@@ -394,10 +394,8 @@ static int validate(stoke_loader *l)
  * total exceeds physical memory, naming the options behind it. */
 static int check_upfront_bytes(stoke_loader *l)
 {
-    uint64_t phys = stoke__physical_memory();
-    uint64_t n = (uint64_t)l->nbuf, each = l->buf_bytes;
-    int overflow = each && n > UINT64_MAX / each;
-    uint64_t total = overflow ? UINT64_MAX : n * each;
+    uint64_t phys = stoke__physical_memory(), total;
+    int overflow = __builtin_mul_overflow((uint64_t)l->nbuf, (uint64_t)l->buf_bytes, &total);
     if (!phys || (!overflow && total <= phys))
         return STOKE_OK;
     return stoke__loader_fail(
@@ -406,8 +404,8 @@ static int check_upfront_bytes(stoke_loader *l)
         " bytes of physical memory: buffers = num_workers %d x prefetch_factor %d + 2 (at most "
         "batches per epoch + 2), each holding batch_size %zu samples of %zu bytes; lower "
         "num_workers, prefetch_factor or batch_size",
-        l->nbuf, l->buf_bytes, overflow ? "more than " : "", total, phys, l->nw1, l->prefetch,
-        l->cap, l->sample_bytes);
+        l->nbuf, l->buf_bytes, overflow ? "more than " : "", overflow ? UINT64_MAX : total, phys,
+        l->nw1, l->prefetch, l->cap, l->sample_bytes);
 }
 
 /* The plan: which of the loader's fast paths apply, decided here once from the options and
