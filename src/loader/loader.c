@@ -242,15 +242,15 @@ static int copy_fields(stoke_loader *l, const stoke_dataset *ds)
     size_t ndims = 0; /* (a negative ndim: stoke_field_finish refuses it below) */
     for (int f = 0; f < nf; f++)
         ndims += ds->fields[f].ndim > 0 ? (size_t)ds->fields[f].ndim : 0;
-    l->fields = calloc((size_t)nf, sizeof(*l->fields));
-    l->shapes = calloc(ndims ? ndims : 1, sizeof(*l->shapes));
+    /* the fields, then their shapes (int64_t: sizeof(stoke_field) is a multiple of 8) */
+    l->fields = calloc(1, (size_t)nf * sizeof(*l->fields) + ndims * sizeof(int64_t));
     l->off = calloc((size_t)nf, sizeof(*l->off));
     l->step = calloc((size_t)nf, sizeof(*l->step));
     l->rix = calloc((size_t)nf, sizeof(*l->rix));
     l->rg = calloc((size_t)nf, sizeof(*l->rg));
-    if (!l->fields || !l->shapes || !l->off || !l->step || !l->rix || !l->rg)
+    if (!l->fields || !l->off || !l->step || !l->rix || !l->rg)
         return stoke__loader_fail(l, STOKE_ENOMEM, "loader: out of memory for %d fields", nf);
-    int64_t *sh = l->shapes;
+    int64_t *sh = (int64_t *)(l->fields + nf);
     for (int f = 0; f < nf; f++) {
         stoke_field *fd = &l->fields[f];
         *fd = ds->fields[f];
@@ -736,7 +736,6 @@ void stoke_loader_destroy(stoke_loader *l)
         free(a->len);
     }
     free(l->fields);
-    free(l->shapes);
     free(l->off);
     free(l->step);
     free(l->rix);

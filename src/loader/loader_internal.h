@@ -350,10 +350,9 @@ struct stoke_loader {
     char device_spec[64];
     char pin_spec[64];
     stoke_dataset ds;    /* ds.fields points at `fields` */
-    stoke_field *fields; /* ds.nfields copies; names in place, shapes in `shapes` */
-    int64_t *shapes;
-    size_t *off;  /* where each field starts in a batch buffer */
-    size_t *step; /* each field's bytes per sample (fields[f].bytes, side by side) */
+    stoke_field *fields; /* ds.nfields copies; names in place, then the shapes (one block) */
+    size_t *off;         /* where each field starts in a batch buffer */
+    size_t *step;        /* each field's bytes per sample (fields[f].bytes, side by side) */
     /* Ragged fields (dataset.h): rg[r] is the r-th's field; rix[f] is f's r, or -1.  Each batch has
      * for each one in b->rmeta: int64 extent (PAD: the padded length L; PACK: the sum), int64
      * lengths[cap], PACK: int64 offsets[cap + 1] (stoke__ragged_meta, worker.c). */
