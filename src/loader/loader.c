@@ -480,12 +480,11 @@ static int size_loader(stoke_loader *l)
         return stoke__loader_fail(l, rc, "loader: %s", stoke_last_error());
     l->nsamples = stoke_sampler_length(l->sampler);
     if (!l->iterable && ds->hint) { /* before a zygote forks */
-        int blk = so.kind == STOKE_SAMPLER_BLOCK;
         stoke_hint h = {.kind = STOKE_HINT_ORDER, .sampler_kind = so.kind};
-        h.block_rows = !blk ? 0 : so.block_rows ? so.block_rows : STOKE_SAMPLER_BLOCK_ROWS_DEFAULT;
-        h.block_window = !blk              ? 0
-                         : so.block_window ? so.block_window
-                                           : STOKE_SAMPLER_BLOCK_WINDOW_DEFAULT;
+        if (so.kind == STOKE_SAMPLER_BLOCK) { /* the values in use (else 0) */
+            h.block_rows = so.block_rows ? so.block_rows : STOKE_SAMPLER_BLOCK_ROWS_DEFAULT;
+            h.block_window = so.block_window ? so.block_window : STOKE_SAMPLER_BLOCK_WINDOW_DEFAULT;
+        }
         ds->hint(ds->user, &h);
     }
     l->nbatches = l->nsamples / l->o.batch_size; /* no overflow with a huge batch_size */
