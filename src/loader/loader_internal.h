@@ -602,6 +602,8 @@ void stoke__loader_take_slot(stoke_loader *l, stoke_batch *b);
 /* Resets b's production fields (status, count for its seq, worker, flags) before producer p
  * makes batch b->seq of p->epoch. */
 void stoke__loader_batch_start(stoke_loader *l, stoke_batch *b, const stoke__producer *p);
+/* (mu) Whether worker w (NULL: the caller's thread, MAP) may take a batch now. */
+int stoke__loader_can_dispatch(const stoke_loader *l, const stoke__worker *w);
 /* (mu) Wakes workers waiting for work, if any wait and (unless `force`) the window is half
  * empty. */
 void stoke__loader_wake_workers(stoke_loader *l, int force);

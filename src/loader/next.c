@@ -185,14 +185,12 @@ static int assist_wanted(const stoke_loader *l)
 {
     if (l->plan.caller_all)
         return 1;
-    if (!l->plan.assist || l->ended || l->init_failed || !l->nfree || l->quiesce ||
-        l->next_dispatch >= l->nbatches)
+    if (!l->plan.assist || !stoke__loader_can_dispatch(l, NULL))
         return 0;
     if (l->o.in_order ? l->next_dispatch == l->prefix : l->filling == 0)
         return 1;
     /* no help under a timeout: the consumer stays free to see a worker's sample overrun it */
-    int help = l->plan.help && l->outstanding < l->window;
-    return help ? 2 : 0;
+    return l->plan.help ? 2 : 0;
 }
 
 /* Waits for the next deliverable batch, or makes it in the caller's thread (every batch with 0

@@ -453,8 +453,7 @@ static void complete_quiet(stoke_loader *l, stoke_batch *b, uint64_t busy_ns)
     l->done_tail = &b->next;
 }
 
-/* (mu) Whether worker w (NULL: the caller's thread, MAP) may take a batch now. */
-static int can_dispatch(const stoke_loader *l, const stoke__worker *w)
+int stoke__loader_can_dispatch(const stoke_loader *l, const stoke__worker *w)
 {
     if (l->ended || l->init_failed || !l->nfree || l->quiesce)
         return 0;
@@ -634,7 +633,7 @@ int stoke__loader_make_group(stoke_loader *l, stoke__producer *p, uint64_t *cloc
     STOKE__LOADER_ASSERT(want == 1 || !l->device_mode);
     do /* one gen, seed and epoch for all: `mu` is held throughout */
         b[n++] = dispatch(l, p);
-    while (n < want && can_dispatch(l, w)); /* (a group: MAP) */
+    while (n < want && stoke__loader_can_dispatch(l, w)); /* (a group: MAP) */
     stoke__loader_unlock(l);
     /* the batches it makes in a row: the group's (their seqs follow each other), or every one
      * when the caller's thread makes them all (0 workers) */
@@ -687,7 +686,7 @@ static void *worker_main(void *arg)
     stoke__loader_lock(l);
     for (;;) {
         int spun = 0;
-        while (!l->quit && !can_dispatch(l, w)) {
+        while (!l->quit && !stoke__loader_can_dispatch(l, w)) {
             if (!spun++) { /* then look again: a change may come just after the spin */
                 /* for the consumer to take a batch, when this worker is given work */
                 if (!l->iterable && w->p.wid < l->nact && !l->ended && !l->quiesce &&
