@@ -703,27 +703,26 @@ void stoke_loader_destroy(stoke_loader *l)
     stoke__proc_destroy(l); /* before the buffers below: it unmaps the shared ones */
     if (l->stream && !forked)
         stoke_stream_synchronize(l->stream);
-    for (int i = 0; l->bat && i < l->nbuf; i++) {
-        if (l->bat[i].indices != l->bat[i].idx_inline)
-            free(l->bat[i].indices);
-        free(l->bat[i].rmeta);
-        free(l->bat[i].bad.v);
-        if (!forked) {
-            stoke_device_buffer_destroy(l->bat[i].dbuf);
-            stoke_event_destroy(l->bat[i].ev);
-        }
+    for (int i = 0; l->bat && l->slots && i < l->nbuf; i++) { /* (allocated together) */
+        stoke_batch *b = &l->bat[i];
+        stoke__slot *s = &l->slots[i];
+        if (b->indices != b->idx_inline)
+            free(b->indices);
+        free(b->rmeta);
+        free(b->bad.v);
+        if (forked) /* the device objects and the buffers are the creator's */
+            continue;
+        stoke_device_buffer_destroy(b->dbuf);
+        stoke_event_destroy(b->ev);
+        if (l->alloc_kind == STOKE__ALLOC_ARENA)
+            stoke_arena_free(l->arena, s->mem);
+        else if (l->alloc_kind != STOKE__ALLOC_PAGEABLE)
+            stoke_pinned_free(s->mem);
+        else
+            stoke__resident_free(s->mem, l->buf_bytes);
+        stoke_event_destroy(s->ev);
     }
     if (!forked) {
-        for (int i = 0; l->slots && i < l->nbuf; i++) {
-            void *mem = l->slots[i].mem;
-            if (l->alloc_kind == STOKE__ALLOC_ARENA)
-                stoke_arena_free(l->arena, mem);
-            else if (l->alloc_kind != STOKE__ALLOC_PAGEABLE)
-                stoke_pinned_free(mem);
-            else
-                stoke__resident_free(mem, l->buf_bytes);
-            stoke_event_destroy(l->slots[i].ev);
-        }
         stoke_arena_close(l->arena);
         stoke_event_destroy(l->read_ev);
         stoke_stream_destroy(l->stream);
