@@ -585,10 +585,8 @@ static int allocate(stoke_loader *l)
         w->p.wid = i;
         w->p.w = w;
         w->p.busy = &w->busy;
-        w->p.share = w;
     }
     l->caller.wid = l->nworkers;
-    l->caller.share = &l->w[0]; /* ITERABLE with 0 workers: the one share */
     /* each producer's scratch: the slots of a batch or of a group's samples */
     size_t nsc = (l->cap > STOKE__AHEAD_RUN ? l->cap : STOKE__AHEAD_RUN) * (size_t)l->ds.nfields;
     for (int i = 0; i <= l->nw1; i++) {

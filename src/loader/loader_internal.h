@@ -288,13 +288,12 @@ typedef struct stoke__busy {
 } stoke__busy;
 
 typedef struct stoke__producer {
-    int wid;                     /* the dataset's worker argument */
-    struct stoke__worker *w;     /* a worker thread's record, or NULL */
-    stoke__busy *busy;           /* its busy marks: a worker's (a process worker's: its child's,
-                                    shared), a child's; NULL: the caller's thread */
-    struct stoke__worker *share; /* ITERABLE: whose share it makes (dispatch) */
-    uint64_t seed, epoch;        /* of the batches it makes now (dispatch sets them) */
-    stoke__ahead ahead;          /* its look-ahead and scratch */
+    int wid;                 /* the dataset's worker argument */
+    struct stoke__worker *w; /* a worker thread's record (ITERABLE: its share), or NULL */
+    stoke__busy *busy;       /* its busy marks: a worker's (a process worker's: its child's,
+                                shared), a child's; NULL: the caller's thread */
+    uint64_t seed, epoch;    /* of the batches it makes now (dispatch sets them) */
+    stoke__ahead ahead;      /* its look-ahead and scratch */
 } stoke__producer;
 
 typedef struct stoke__worker {

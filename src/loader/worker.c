@@ -504,7 +504,7 @@ void stoke__loader_notify(stoke_loader *l)
 /* (mu) Takes the next batch for producer p (it could dispatch).  May drop `mu` briefly. */
 static stoke_batch *dispatch(stoke_loader *l, stoke__producer *p)
 {
-    stoke__worker *w = p->share;
+    stoke__worker *w = p->w ? p->w : &l->w[0]; /* ITERABLE: the share it makes (0 workers: one) */
     STOKE__LOADER_ASSERT_MU(l);
     STOKE__LOADER_ASSERT(l->nfree > 0);
     stoke_batch *b = l->free_v[--l->nfree];
