@@ -140,7 +140,6 @@ struct stoke_batch {
     stoke_loader *l;
     stoke__slot *host; /* host mode: always this batch's slot; device mode: while filling */
     uint64_t epoch, gen;
-    uint64_t k;         /* ITERABLE: the producing worker's batch number */
     int copied;         /* device mode: the copy was queued */
     int dev_failed;     /* device mode: a wait or read reported a failure (counted once) */
     uint32_t truncated; /* samples with a ragged field cut to max_len */

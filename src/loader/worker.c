@@ -430,7 +430,8 @@ static void complete_quiet(stoke_loader *l, stoke_batch *b, uint64_t busy_ns)
         stoke__worker *w = &l->w[b->worker];
         int keep = b->count && !(l->o.drop_last && b->count < l->o.batch_size);
         w->exhausted = 1;
-        w->end_at = keep ? b->k + 1 : b->k;
+        uint64_t k = b->seq / (uint64_t)l->nw1; /* the worker's batch number (dispatch) */
+        w->end_at = keep ? k + 1 : k;
         if (!keep) { /* nothing to deliver: the share ended on a batch boundary or was dropped */
             w->outstanding--;
             l->outstanding--;
@@ -512,8 +513,7 @@ static stoke_batch *dispatch(stoke_loader *l, stoke__producer *p)
     if (b->gen != l->gen) /* its run: the check counts it in `outstanding` while it is current */
         b->gen = l->gen;
     if (l->iterable) {
-        b->k = w->k_next++;
-        b->seq = b->k * (uint64_t)l->nw1 + (uint64_t)w->p.wid;
+        b->seq = w->k_next++ * (uint64_t)l->nw1 + (uint64_t)w->p.wid;
         w->outstanding++;
     } else {
         b->seq = l->next_dispatch++;
