@@ -300,9 +300,10 @@ typedef struct stoke__worker {
     stoke__producer p;
     pthread_t th;
     stoke__busy busy; /* a worker thread's marks (p.busy) */
-    /* ITERABLE (mu): this worker's batch number, end of its share, batches in flight */
+    /* ITERABLE (mu): this worker's next batch number, the number its share ended at
+     * (UINT64_MAX: not ended), its batches in flight */
     uint64_t k_next, end_at;
-    int exhausted, outstanding;
+    int outstanding;
     int sleeping; /* (mu) waiting on work_cv, not yet woken by wake_workers */
 } stoke__worker;
 

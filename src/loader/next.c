@@ -48,7 +48,7 @@ static stoke_batch *take_done(stoke_loader *l)
     /* ITERABLE in order: skip the seqs of workers whose share ended before them. */
     while (l->iterable && l->o.in_order && !stoke__loader_epoch_over(l)) {
         const stoke__worker *w = &l->w[l->prefix % (uint64_t)l->nw1];
-        if (!w->exhausted || l->prefix / (uint64_t)l->nw1 < w->end_at)
+        if (l->prefix / (uint64_t)l->nw1 < w->end_at)
             break;
         l->prefix++;
     }

@@ -39,7 +39,7 @@ int stoke__loader_epoch_over(const stoke_loader *l)
     if (!l->iterable)
         return l->ndelivered >= l->nbatches - l->start_cursor;
     for (int i = 0; i < l->nw1; i++)
-        if (!l->w[i].exhausted)
+        if (l->w[i].end_at == UINT64_MAX)
             return 0;
     return l->outstanding == 0;
 }
@@ -56,8 +56,7 @@ void stoke__loader_set_position(stoke_loader *l, uint64_t epoch, uint64_t cursor
     l->ended = 0;
     for (int i = 0; l->iterable && i < l->nw1; i++) {
         l->w[i].k_next = 0;
-        l->w[i].end_at = 0;
-        l->w[i].exhausted = 0;
+        l->w[i].end_at = UINT64_MAX;
     }
     if (l->bits)
         memset(l->bits, 0, (size_t)((l->nbatches + 7) / 8));

@@ -429,7 +429,6 @@ static void complete_quiet(stoke_loader *l, stoke_batch *b, uint64_t busy_ns)
     if (!drop && l->iterable && b->status == STOKE_OK && b->end) {
         stoke__worker *w = &l->w[b->worker];
         int keep = b->count && !(l->o.drop_last && b->count < l->o.batch_size);
-        w->exhausted = 1;
         uint64_t k = b->seq / (uint64_t)l->nw1; /* the worker's batch number (dispatch) */
         w->end_at = keep ? k + 1 : k;
         if (!keep) { /* nothing to deliver: the share ended on a batch boundary or was dropped */
@@ -459,7 +458,7 @@ int stoke__loader_can_dispatch(const stoke_loader *l, const stoke__worker *w)
     if (l->ended || l->init_failed || !l->nfree || l->quiesce)
         return 0;
     if (l->iterable)
-        return !w->exhausted && w->outstanding < l->prefetch;
+        return w->end_at == UINT64_MAX && w->outstanding < l->prefetch;
     if (l->next_dispatch >= l->nbatches || l->outstanding >= l->window)
         return 0;
     if (l->o.round_robin) /* batch k is worker k % nact's; never the caller's */
