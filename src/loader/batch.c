@@ -153,6 +153,25 @@ stoke_event *stoke_batch_device_event(const stoke_batch *b)
     return b && b->l->device_mode ? b->ev : NULL;
 }
 
+/* A device wait or read of b failed with `rc`: sets the loader's last error ("loader: <op>
+ * batch 2 of epoch 0 (sample indices 20..29) <prep> device simdev failed: ...") and counts the
+ * batch once in device_errors; returns rc. */
+static int device_failed(stoke_loader *l, stoke_batch *b, int rc, const char *op, const char *prep)
+{
+    char what[160], detail[512]; /* the backend's whole reason (an asynchronous copy's, too) */
+    stoke__loader_batch_desc(l, b, what, sizeof(what));
+    stoke__shorten(detail, sizeof(detail), stoke_last_error());
+    stoke__loader_lock(l);
+    if (!b->dev_failed) {
+        b->dev_failed = 1;
+        l->st.device_errors++;
+    }
+    stoke__loader_unlock(l);
+    return stoke__loader_fail(l, rc, "loader: %s %s %s device %s failed: %s (%s)", op, what, prep,
+                              l->o.device, detail[0] ? detail : stoke_strerror(rc),
+                              stoke_err_name(rc));
+}
+
 int stoke_batch_device_wait(stoke_batch *b)
 {
     if (!b)
@@ -161,7 +180,7 @@ int stoke_batch_device_wait(stoke_batch *b)
         return stoke__fail(STOKE_ESTATE, "batch: device transfer is off");
     int rc = stoke_event_synchronize(b->ev);
     if (rc != STOKE_OK)
-        return stoke__loader_device_failed(b->l, b, rc, "the copy of", "to");
+        return device_failed(b->l, b, rc, "the copy of", "to");
     return STOKE_OK;
 }
 
@@ -186,7 +205,7 @@ int stoke_batch_device_read(stoke_batch *b, int field, void *dst)
     if (rc != STOKE_OK) {
         char op[64];
         stoke__fmt(op, sizeof(op), "reading field %d of", field);
-        return stoke__loader_device_failed(l, b, rc, op, "from");
+        return device_failed(l, b, rc, op, "from");
     }
     return STOKE_OK;
 }

@@ -574,11 +574,6 @@ void stoke__loader_batch_desc(const stoke_loader *l, const stoke_batch *b, char 
 
 /* transfer.c */
 int stoke__loader_setup_device(stoke_loader *l);
-/* Consumer: a device wait or read of b failed with `rc`: sets the loader's last error ("loader:
- * <op> batch 2 of epoch 0 (sample indices 20..29) <prep> device simdev failed: ...") and counts
- * the batch once in device_errors; returns rc. */
-int stoke__loader_device_failed(stoke_loader *l, stoke_batch *b, int rc, const char *op,
-                                const char *prep);
 void stoke__loader_copy_batch(stoke_loader *l, stoke_batch *b);
 /* (mu) Device mode: b's staging slot, if it has one, leaves b: into the copy FIFO when a copy
  * from it was queued (it is reused once the copy's event completed), else onto free_s. */
@@ -692,7 +687,6 @@ int stoke__loader_forked_fail(stoke_loader *l);
 
 /* state.c */
 void stoke__loader_abandon(stoke_loader *l);
-int stoke__loader_epoch_over(const stoke_loader *l);
 void stoke__loader_set_position(stoke_loader *l, uint64_t epoch, uint64_t cursor);
 int stoke__loader_dataset_epoch(stoke_loader *l, uint64_t epoch);
 

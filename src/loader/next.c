@@ -42,11 +42,24 @@ static void delivered(stoke_loader *l, stoke_batch *b)
     stoke__loader_wake_workers(l, 0);
 }
 
+/* (mu) 1 when the current epoch has nothing more to deliver. */
+static int epoch_over(const stoke_loader *l)
+{
+    if (l->ended)
+        return 1;
+    if (!l->iterable)
+        return l->ndelivered >= l->nbatches - l->start_cursor;
+    for (int i = 0; i < l->nw1; i++)
+        if (l->w[i].end_at == UINT64_MAX)
+            return 0;
+    return l->outstanding == 0;
+}
+
 /* (mu) The batch the consumer may take now, removed from the done list, or NULL. */
 static stoke_batch *take_done(stoke_loader *l)
 {
     /* ITERABLE in order: skip the seqs of workers whose share ended before them. */
-    while (l->iterable && l->o.in_order && !stoke__loader_epoch_over(l)) {
+    while (l->iterable && l->o.in_order && !epoch_over(l)) {
         const stoke__worker *w = &l->w[l->prefix % (uint64_t)l->nw1];
         if (l->prefix / (uint64_t)l->nw1 < w->end_at)
             break;
@@ -218,7 +231,7 @@ static int next_batch(stoke_loader *l, stoke_batch **bp, uint64_t *t0, uint64_t 
             return STOKE_OK;
         if (!*t0)
             *t0 = *made = stoke__now_ns();
-        if (stoke__loader_epoch_over(l)) {
+        if (epoch_over(l)) {
             l->ended = 1;
             rc = STOKE_EEND;
             break;

@@ -31,19 +31,6 @@ void stoke__loader_abandon(stoke_loader *l)
     pthread_cond_broadcast(&l->work_cv);
 }
 
-/* (mu) 1 when the current epoch has nothing more to deliver. */
-int stoke__loader_epoch_over(const stoke_loader *l)
-{
-    if (l->ended)
-        return 1;
-    if (!l->iterable)
-        return l->ndelivered >= l->nbatches - l->start_cursor;
-    for (int i = 0; i < l->nw1; i++)
-        if (l->w[i].end_at == UINT64_MAX)
-            return 0;
-    return l->outstanding == 0;
-}
-
 /* (mu) Moves to (epoch, cursor). */
 void stoke__loader_set_position(stoke_loader *l, uint64_t epoch, uint64_t cursor)
 {

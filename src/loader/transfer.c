@@ -83,23 +83,6 @@ void stoke__loader_copy_batch(stoke_loader *l, stoke_batch *b)
     }
 }
 
-int stoke__loader_device_failed(stoke_loader *l, stoke_batch *b, int rc, const char *op,
-                                const char *prep)
-{
-    char what[160], detail[512]; /* the backend's whole reason (an asynchronous copy's, too) */
-    stoke__loader_batch_desc(l, b, what, sizeof(what));
-    stoke__shorten(detail, sizeof(detail), stoke_last_error());
-    stoke__loader_lock(l);
-    if (!b->dev_failed) {
-        b->dev_failed = 1;
-        l->st.device_errors++;
-    }
-    stoke__loader_unlock(l);
-    return stoke__loader_fail(l, rc, "loader: %s %s %s device %s failed: %s (%s)", op, what, prep,
-                              l->o.device, detail[0] ? detail : stoke_strerror(rc),
-                              stoke_err_name(rc));
-}
-
 void stoke__loader_drop_slot(stoke_loader *l, stoke_batch *b)
 {
     stoke__slot *s = b->host;
