@@ -242,15 +242,16 @@ static int copy_fields(stoke_loader *l, const stoke_dataset *ds)
     size_t ndims = 0; /* (a negative ndim: stoke_field_finish refuses it below) */
     for (int f = 0; f < nf; f++)
         ndims += ds->fields[f].ndim > 0 ? (size_t)ds->fields[f].ndim : 0;
-    /* the fields, then their shapes (int64_t: sizeof(stoke_field) is a multiple of 8) */
-    l->fields = calloc(1, (size_t)nf * sizeof(*l->fields) + ndims * sizeof(int64_t));
-    l->off = calloc((size_t)nf, sizeof(*l->off));
-    l->step = calloc((size_t)nf, sizeof(*l->step));
-    l->rix = calloc((size_t)nf, sizeof(*l->rix));
-    l->rg = calloc((size_t)nf, sizeof(*l->rg));
-    if (!l->fields || !l->off || !l->step || !l->rix || !l->rg)
+    /* One block, in this order: fields, off, step, the shapes, rix, rg (each array's start is
+     * aligned for its type: sizeof(stoke_field) is a multiple of 8, the int arrays come last). */
+    size_t per_field = sizeof(stoke_field) + 2 * sizeof(size_t) + 2 * sizeof(int);
+    if (!(l->fields = calloc(1, (size_t)nf * per_field + ndims * sizeof(int64_t))))
         return stoke__loader_fail(l, STOKE_ENOMEM, "loader: out of memory for %d fields", nf);
-    int64_t *sh = (int64_t *)(l->fields + nf);
+    l->off = (size_t *)(l->fields + nf);
+    l->step = l->off + nf;
+    int64_t *sh = (int64_t *)(l->step + nf);
+    l->rix = (int *)(sh + ndims);
+    l->rg = l->rix + nf;
     for (int f = 0; f < nf; f++) {
         stoke_field *fd = &l->fields[f];
         *fd = ds->fields[f];
@@ -731,11 +732,7 @@ void stoke_loader_destroy(stoke_loader *l)
         free(a->dst);
         free(a->len);
     }
-    free(l->fields);
-    free(l->off);
-    free(l->step);
-    free(l->rix);
-    free(l->rg);
+    free(l->fields); /* (with off, step, rix and rg) */
     free(l->bat);
     free(l->slots);
     free(l->w);

@@ -349,7 +349,8 @@ struct stoke_loader {
     char device_spec[64];
     char pin_spec[64];
     stoke_dataset ds;    /* ds.fields points at `fields` */
-    stoke_field *fields; /* ds.nfields copies; names in place, then the shapes (one block) */
+    stoke_field *fields; /* ds.nfields copies; names in place (one block with the shapes and
+                            the four arrays below: copy_fields) */
     size_t *off;         /* where each field starts in a batch buffer */
     size_t *step;        /* each field's bytes per sample (fields[f].bytes, side by side) */
     /* Ragged fields (dataset.h): rg[r] is the r-th's field; rix[f] is f's r, or -1.  Each batch has
