@@ -18,9 +18,8 @@ struct stoke_sampler {
     /* BLOCK: rows per block, blocks per window (at most nblocks), full blocks, rows of the short
      * last block (0: none), blocks in all */
     uint64_t brows, bwin, nfull, tail_rows, nblocks;
-    int distributed;
-    uint64_t rank, world;
-    uint64_t len; /* positions for this rank */
+    uint64_t rank, world; /* 0 and 1 unless distributed */
+    uint64_t len;         /* positions for this rank */
 };
 
 /* ---- the keyed Feistel permutation ----------------------------------------------------------- */
@@ -431,7 +430,6 @@ static int sampler_setup(stoke_sampler *s, const stoke_sampler_opts *o, uint64_t
                            "distributed sampler: rank %" PRIu64 " is not below world size %" PRIu64
                            "%s",
                            s->rank, s->world, from_env ? " (from the environment)" : "");
-    s->distributed = 1;
     s->len = (s->base_len + (o->drop_last ? 0 : s->world - 1)) / s->world;
     return STOKE_OK;
 }
@@ -618,7 +616,7 @@ int stoke__sampler_epoch_tabulate(stoke__sampler_epoch *e, uint16_t *tab, size_t
 /* out[i] = the unsharded epoch position of this rank's position pos0 + i (all < s->len). */
 static void fill_positions(const stoke_sampler *s, uint64_t pos0, size_t count, uint64_t *out)
 {
-    if (!s->distributed) {
+    if (s->world == 1) { /* (one rank, distributed or not: the positions as they are) */
         for (size_t i = 0; i < count; i++)
             out[i] = pos0 + i;
         return;
