@@ -175,10 +175,8 @@ int stoke_loader_get_stats(const stoke_loader *l, stoke_loader_stats *out)
     stoke__loader_unlock(m);
     s.buffers = (uint64_t)l->nbuf;
     s.buffer_bytes = l->buf_bytes;
-    size_t n = out->size < sizeof(s) ? out->size : sizeof(s);
-    uint32_t keep = out->size;
-    memcpy(out, &s, n);
-    out->size = keep;
+    s.size = out->size; /* the caller's, and as much of s as it has room for */
+    memcpy(out, &s, out->size < sizeof(s) ? out->size : sizeof(s));
     return STOKE_OK;
 }
 
