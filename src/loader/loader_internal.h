@@ -238,13 +238,12 @@ int stoke__feistel_simd_in_use(void);
 #define STOKE__AHEAD_RUN 64
 /* Runs filled, by every thread of the process (relaxed; tests count them). */
 extern _Atomic uint64_t stoke__ahead_fills;
-typedef struct stoke__ahead_run {
-    uint64_t seed, epoch, pos0; /* positions pos0 .. pos0 + n - 1 of (seed, epoch) */
-    size_t n;                   /* 0: empty */
-    uint64_t idx[STOKE__AHEAD_RUN];
-} stoke__ahead_run;
 typedef struct stoke__ahead {
-    stoke__ahead_run run;
+    /* the run: positions pos0 .. pos0 + n - 1 of ep's (seed, epoch) (n 0: empty; emptied when
+     * ep is derived again) */
+    uint64_t pos0;
+    size_t n;
+    uint64_t idx[STOKE__AHEAD_RUN];
     uint64_t seq_end;        /* the batches this thread makes in a row end before this seq */
     stoke__sampler_epoch ep; /* the keys of the (seed, epoch) it names (zeroed: none) */
     uint16_t tab[STOKE__FEISTEL_TAB_LEN]; /* ep's round table, when it has one */

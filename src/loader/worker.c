@@ -72,6 +72,7 @@ static const stoke__sampler_epoch *ahead_epoch(const stoke_loader *l, stoke__pro
     stoke__ahead *a = &p->ahead;
     stoke__sampler_epoch *ep = &a->ep;
     if (ep->s != l->sampler || ep->seed != p->seed || ep->epoch != p->epoch) {
+        a->n = 0; /* the run was of the old keys */
         (void)stoke__sampler_epoch_init(ep, l->sampler, p->seed, p->epoch);
         (void)stoke__sampler_epoch_tabulate(ep, a->tab, STOKE__ARRAY_LEN(a->tab));
     }
@@ -89,24 +90,21 @@ static const uint64_t *ahead_indices(const stoke_loader *l, stoke__producer *p, 
 {
     uint64_t pos = seq * l->o.batch_size;
     stoke__ahead *a = &p->ahead;
-    stoke__ahead_run *r = &a->run;
-    if (r->n >= n && r->seed == p->seed && r->epoch == p->epoch && pos >= r->pos0 &&
-        pos - r->pos0 <= r->n - n)
-        return r->idx + (pos - r->pos0);
+    if (a->n >= n && a->ep.seed == p->seed && a->ep.epoch == p->epoch && pos >= a->pos0 &&
+        pos - a->pos0 <= a->n - n) /* (a run is of ep's sampler: ahead_epoch made both) */
+        return a->idx + (pos - a->pos0);
     /* a new run, over the batches this thread makes in a row */
     uint64_t end = a->seq_end > seq ? a->seq_end : seq + 1;
     uint64_t last = end < l->nbatches ? end * l->o.batch_size : l->nsamples;
     uint64_t m = last - pos < STOKE__AHEAD_RUN ? last - pos : STOKE__AHEAD_RUN;
     const stoke__sampler_epoch *ep = ahead_epoch(l, p);
-    r->n = 0;
-    if (m < n || stoke__sampler_fill(l->sampler, ep, pos, (size_t)m, r->idx) != STOKE_OK)
+    a->n = 0;
+    if (m < n || stoke__sampler_fill(l->sampler, ep, pos, (size_t)m, a->idx) != STOKE_OK)
         return NULL;
-    r->seed = p->seed;
-    r->epoch = p->epoch;
-    r->pos0 = pos;
-    r->n = (size_t)m;
+    a->pos0 = pos;
+    a->n = (size_t)m;
     atomic_fetch_add_explicit(&stoke__ahead_fills, 1, memory_order_relaxed);
-    return r->idx;
+    return a->idx;
 }
 
 /* MAP: the dataset indices of batch b->seq's b->count samples into b->indices, all at
