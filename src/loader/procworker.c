@@ -87,7 +87,7 @@ struct stoke__proc {
     _Atomic int zfd;
     uint32_t zseq;       /* (zmu) the number of the last request to the zygote */
     pthread_mutex_t zmu; /* serializes request/reply on zfd; then the loader's `mu` never in it */
-    uint64_t cap_epoch, cap_n; /* (the loader's mu) restarts in epoch cap_epoch */
+    uint64_t cap_epoch, cap_n; /* (the loader's mu) restarts in epoch cap_epoch (0 in 0 at first) */
     _Atomic int stopping;
     struct stoke__proc *next; /* the list of live ones (fork_mu), from create to destroy */
     int nw;                   /* entries of w */
@@ -528,7 +528,6 @@ int stoke__proc_create(stoke_loader *l)
     p->zfd = -1;
     p->zpid = -1;
     pthread_mutex_init(&p->zmu, NULL);
-    p->cap_epoch = UINT64_MAX;
     p->nw = l->nworkers;
     for (int i = 0; i < l->nworkers; i++) {
         p->w[i].fd = -1;
