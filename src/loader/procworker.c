@@ -221,15 +221,15 @@ static void list_proc(stoke__proc *p, int on)
 
 static struct {
     int (*get)(void *, uint64_t, void *const[], int64_t[], int, char *, size_t); /* the dataset's */
-    const wreq *req;
+    wreq req; /* the batch being made, with its poisoned samples */
 } cw;
 
 static int w_get(void *user, uint64_t index, void *const dst[], int64_t len[], int worker,
                  char *msg, size_t msg_len)
 {
-    for (uint32_t k = 0; cw.req && k < cw.req->npoison; k++)
-        if (cw.req->poison[k] == index) {
-            stoke__strlcpy(msg, cw.req->pmsg[k], msg_len);
+    for (uint32_t k = 0; k < cw.req.npoison; k++)
+        if (cw.req.poison[k] == index) {
+            stoke__strlcpy(msg, cw.req.pmsg[k], msg_len);
             return STOKE_EDATA;
         }
     return cw.get(user, index, dst, len, worker, msg, msg_len);
@@ -259,7 +259,7 @@ static void child_main(stoke_loader *l, int wid, int fd, pid_t zygote)
     l->caller.busy = &l->proc->ctl[wid]; /* its marks, which the parent reads (plan.marks) */
     int init_rc = l->ds.worker_init ? l->ds.worker_init(l->ds.user, wid, l->nworkers) : STOKE_OK;
     init_rc = init_rc > 0 ? STOKE_EDATA : init_rc;
-    static wreq req;
+    wreq *const req = &cw.req;
     wmsg m;
     char why[256];
     /* the epoch this process's copy of the dataset was set to: create set it before the zygote
@@ -267,42 +267,40 @@ static void child_main(stoke_loader *l, int wid, int fd, pid_t zygote)
     int epoch_set = 1;
     uint64_t epoch = l->o.epoch;
     for (;;) {
-        ssize_t n = recv_msg(fd, &req, sizeof(req));
+        ssize_t n = recv_msg(fd, req, sizeof(*req));
         /* before a batch: the zygote is still this child's parent and the loader still holds
          * the other end of its socket (a child of a loader that died must not write into its
          * buffers, which may belong to another process by now: an arena's chunks) */
         struct pollfd pfd = {.fd = fd, .events = POLLIN};
-        if (n != (ssize_t)sizeof(req) || getppid() != zygote || poll(&pfd, 1, 0) < 0 ||
+        if (n != (ssize_t)sizeof(*req) || getppid() != zygote || poll(&pfd, 1, 0) < 0 ||
             (pfd.revents & (POLLHUP | POLLERR | POLLNVAL)))
             _exit(0);
-        stoke_batch *b = &l->bat[req.bi];
-        b->host = &l->slots[req.si];
-        b->seq = req.seq;
-        l->caller.seed = req.seed;
-        l->caller.epoch = req.epoch;
-        if (req.flags & F_NO_READ)
+        stoke_batch *b = &l->bat[req->bi];
+        b->host = &l->slots[req->si];
+        b->seq = req->seq;
+        l->caller.seed = req->seed;
+        l->caller.epoch = req->epoch;
+        if (req->flags & F_NO_READ)
             l->ds.read = NULL;
         int rc = init_rc;
         if (rc != STOKE_OK) {
             stoke__fmt(why, sizeof(why), "worker_init failed in worker process %d (%s)",
                        (int)getpid(), stoke_err_name(rc));
-        } else if (l->ds.set_epoch && (!epoch_set || epoch != req.epoch)) {
-            rc = l->ds.set_epoch(l->ds.user, req.epoch);
+        } else if (l->ds.set_epoch && (!epoch_set || epoch != req->epoch)) {
+            rc = l->ds.set_epoch(l->ds.user, req->epoch);
             rc = rc > 0 ? STOKE_EDATA : rc;
             epoch_set = rc == STOKE_OK;
-            epoch = req.epoch;
+            epoch = req->epoch;
             stoke__fmt(why, sizeof(why),
                        "set_epoch(%" PRIu64 ") of dataset %s failed in worker process %d (%s)",
-                       req.epoch, l->ds.name, (int)getpid(), stoke_err_name(rc));
+                       req->epoch, l->ds.name, (int)getpid(), stoke_err_name(rc));
         }
         if (rc != STOKE_OK) { /* the batch fails, with no sample */
             stoke__loader_batch_start(l, b, &l->caller);
             stoke__batch_failed(b, rc, UINT64_MAX, why);
         } else {
-            cw.req = &req;
-            l->caller.ahead.seq_end = req.seq + 1; /* batches come one request at a time */
+            l->caller.ahead.seq_end = req->seq + 1; /* batches come one request at a time */
             stoke__loader_fill_batch(l, b, &l->caller);
-            cw.req = NULL;
         }
         memset(&m, 0, sizeof(m));
         m.kind = M_BAD;
