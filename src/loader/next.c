@@ -78,8 +78,7 @@ static stoke_batch *take_done(stoke_loader *l)
         *pp = b->next;
         if (l->done_tail == &b->next)
             l->done_tail = pp;
-        b->next = NULL;
-        return b;
+        return b; /* (its next: written again before it is read, by release or complete) */
     }
     return NULL;
 }
