@@ -460,7 +460,8 @@ static void plan_loader(stoke_loader *l)
         deep = deep < STOKE__SMALL_WINDOW ? deep : STOKE__SMALL_WINDOW;
         l->window = deep > (uint64_t)l->window ? (int)deep : l->window;
     }
-    l->nact_min = !l->auto_workers || !map ? l->nworkers : p->assist ? 0 : 1;
+    int auto_w = l->o.num_workers == STOKE_LOADER_WORKERS_AUTO;
+    l->nact_min = !auto_w || !map ? l->nworkers : p->assist ? 0 : 1;
 }
 
 /* Step 2 of create: the sampler, the epoch's batches, the buffer size and count. */
@@ -506,9 +507,8 @@ static int size_loader(stoke_loader *l)
     if (ncpu <= 0)
         ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     l->ncpu = ncpu > 0 ? (int)ncpu : 1;
-    l->auto_workers = l->o.num_workers == STOKE_LOADER_WORKERS_AUTO;
     l->nworkers = l->o.num_workers;
-    if (l->auto_workers)
+    if (l->o.num_workers == STOKE_LOADER_WORKERS_AUTO)
         l->nworkers =
             l->ncpu < STOKE_LOADER_WORKERS_AUTO_MAX ? l->ncpu : STOKE_LOADER_WORKERS_AUTO_MAX;
     l->nact = l->nworkers;

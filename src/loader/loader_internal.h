@@ -367,13 +367,12 @@ struct stoke_loader {
     stoke_sampler *sampler;
     uint64_t nsamples; /* positions per epoch */
     uint64_t nbatches;
-    int nworkers;     /* worker threads (num_workers, or the auto count) */
-    int ncpu;         /* CPUs this process may run on (affinity), at create */
-    int nw1;          /* max(1, nworkers): producers of an ITERABLE dataset */
-    int auto_workers; /* num_workers was STOKE_LOADER_WORKERS_AUTO */
-    int nact_min;     /* auto: lowest active count (0 with plan.assist) */
-    int iterable;     /* dataset kind ITERABLE */
-    int window;       /* batches dispatched and not yet delivered, at most */
+    int nworkers; /* worker threads (num_workers, or the auto count) */
+    int ncpu;     /* CPUs this process may run on (affinity), at create */
+    int nw1;      /* max(1, nworkers): producers of an ITERABLE dataset */
+    int nact_min; /* auto: lowest active count (0 with plan.assist) */
+    int iterable; /* dataset kind ITERABLE */
+    int window;   /* batches dispatched and not yet delivered, at most */
     int nbuf;
     int alloc_kind;
     const stoke_backend *pin_vt; /* STOKE__ALLOC_BACKEND: batches are pinned for this backend

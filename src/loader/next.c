@@ -303,7 +303,7 @@ int stoke_loader_next(stoke_loader *l, stoke_batch **out)
     uint64_t waited = t0 ? now - t0 : 0;
     l->st_wait_ns += waited;
     stoke__hist_add(&l->wait_hist, waited);
-    if (l->auto_workers && !l->iterable)
+    if (l->o.num_workers == STOKE_LOADER_WORKERS_AUTO && !l->iterable)
         stoke__autotune_delivered(l, now, waited);
     stoke__loader_unlock(l);
     *out = b;

@@ -166,7 +166,7 @@ int stoke_loader_get_stats(const stoke_loader *l, stoke_loader_stats *out)
     s.wait_p99_s = (double)stoke__hist_quantile(&m->wait_hist, 0.99) / 1e9;
     s.worker_busy_s = (double)m->st_busy_ns / 1e9;
     s.workers = (uint64_t)m->nworkers;
-    s.workers_auto = (uint64_t)m->auto_workers;
+    s.workers_auto = m->o.num_workers == STOKE_LOADER_WORKERS_AUTO;
     s.workers_active = (uint64_t)m->nact;
     s.workers_active_min = (uint64_t)m->autotune.lo;
     s.workers_active_max = (uint64_t)m->autotune.hi;
