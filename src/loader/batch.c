@@ -39,7 +39,7 @@ static int field_ok(const stoke_batch *b, int f)
 
 void *stoke_batch_data(const stoke_batch *b, int field)
 {
-    if (!field_ok(b, field) || b->l->device_mode || !b->host)
+    if (!field_ok(b, field) || b->l->o.device || !b->host)
         return NULL;
     return b->host->mem + b->l->off[field];
 }
@@ -140,7 +140,7 @@ int stoke_batch_is_pinned(const stoke_batch *b)
 
 stoke_device_buffer *stoke_batch_device_buffer(const stoke_batch *b)
 {
-    return b && b->l->device_mode ? b->dbuf : NULL;
+    return b && b->l->o.device ? b->dbuf : NULL;
 }
 
 size_t stoke_batch_device_offset(const stoke_batch *b, int field)
@@ -150,7 +150,7 @@ size_t stoke_batch_device_offset(const stoke_batch *b, int field)
 
 stoke_event *stoke_batch_device_event(const stoke_batch *b)
 {
-    return b && b->l->device_mode ? b->ev : NULL;
+    return b && b->l->o.device ? b->ev : NULL;
 }
 
 /* A device wait or read of b failed with `rc`: sets the loader's last error ("loader: <op>
@@ -176,7 +176,7 @@ int stoke_batch_device_wait(stoke_batch *b)
 {
     if (!b)
         return stoke__fail(STOKE_EINVAL, "stoke_batch_device_wait: NULL batch");
-    if (!b->l->device_mode)
+    if (!b->l->o.device)
         return stoke__fail(STOKE_ESTATE, "batch: device transfer is off");
     int rc = stoke_event_synchronize(b->ev);
     if (rc != STOKE_OK)
@@ -190,7 +190,7 @@ int stoke_batch_device_read(stoke_batch *b, int field, void *dst)
     if (rc != STOKE_OK)
         return rc;
     stoke_loader *l = b->l;
-    if (!l->device_mode)
+    if (!l->o.device)
         return stoke__fail(STOKE_ESTATE, "batch: device transfer is off");
     size_t n = stoke_batch_field_bytes(b, field);
     if (!n)

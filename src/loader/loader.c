@@ -659,7 +659,7 @@ int stoke_loader_create(const stoke_loader_opts *o, stoke_dataset *ds, stoke_loa
         return rc;
     }
     for (int i = l->nbuf - 1; i >= 0; i--) { /* every batch (device mode: slot) free */
-        if (l->device_mode) {
+        if (l->o.device) {
             l->slots[i].next = l->free_s;
             l->free_s = &l->slots[i];
         } else {

@@ -344,7 +344,8 @@ void stoke__autotune_clock(stoke_loader *l, uint64_t now);
 
 struct stoke_loader {
     /* Immutable after create. */
-    stoke_loader_opts o; /* o.device / o.pin_memory_device point at the copies below */
+    stoke_loader_opts o; /* o.device / o.pin_memory_device point at the copies below; o.device
+                            set: device mode, every batch is copied to it (transfer.c) */
     char device_spec[64];
     char pin_spec[64];
     stoke_dataset ds;    /* ds.fields points at `fields` */
@@ -380,7 +381,6 @@ struct stoke_loader {
     struct stoke_arena *arena;   /* STOKE__ALLOC_ARENA: the node-wide arena (arena.c) */
     int pin_dev;
     char pin_backend[32]; /* "" when not pinned */
-    int device_mode;
     stoke_stream *stream;
     stoke_event *read_ev;
     pthread_mutex_t stream_mu;

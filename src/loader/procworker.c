@@ -187,7 +187,7 @@ int stoke__loader_forked(const stoke_loader *l)
 int stoke__loader_foreign(const stoke_loader *l)
 {
     return stoke__loader_forked(l) &&
-           (l->nworkers > 0 || l->proc || l->device_mode || l->arena || l->pin_backend[0]);
+           (l->nworkers > 0 || l->proc || l->o.device || l->arena || l->pin_backend[0]);
 }
 
 int stoke__loader_forked_fail(stoke_loader *l)

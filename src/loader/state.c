@@ -159,8 +159,8 @@ int stoke_loader_get_stats(const stoke_loader *l, stoke_loader_stats *out)
     stoke__loader_lock(m);
     stoke_loader_stats s = m->st; /* the counts (size: the caller's, below); the rest here */
     s.pageable_batches = s.batches - s.pinned_batches; /* every delivered batch is one of two */
-    s.device_copies = m->device_mode ? s.batches : 0;  /* device mode copies every batch */
-    s.device_bytes = m->device_mode ? s.bytes : 0;
+    s.device_copies = m->o.device ? s.batches : 0;     /* device mode copies every batch */
+    s.device_bytes = m->o.device ? s.bytes : 0;
     s.wait_s = (double)m->st_wait_ns / 1e9;
     s.wait_p50_s = (double)stoke__hist_quantile(&m->wait_hist, 0.50) / 1e9;
     s.wait_p99_s = (double)stoke__hist_quantile(&m->wait_hist, 0.99) / 1e9;

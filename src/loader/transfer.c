@@ -48,7 +48,6 @@ int stoke__loader_setup_device(stoke_loader *l)
             return stoke__loader_fail(l, rc, "loader: device '%s': batch buffer %d of %d: %s",
                                       l->o.device, i + 1, l->nbuf, stoke_last_error());
     }
-    l->device_mode = 1;
     return STOKE_OK;
 fail:
     return stoke__loader_fail(l, rc, "loader: device '%s': %s", l->o.device, stoke_last_error());
@@ -109,7 +108,7 @@ void stoke__loader_recycle(stoke_loader *l, stoke_batch *b)
     int st = atomic_load_explicit(&b->state, memory_order_relaxed);
     STOKE__LOADER_ASSERT(st == STOKE__B_FILLING || st == STOKE__B_DONE || st == STOKE__B_RELEASED);
     stoke__batch_move(b, st, STOKE__B_FREE);
-    if (l->device_mode)
+    if (l->o.device)
         stoke__loader_drop_slot(l, b);
     l->free_v[l->nfree++] = b;
 }

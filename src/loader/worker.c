@@ -421,7 +421,7 @@ static void complete_quiet(stoke_loader *l, stoke_batch *b, uint64_t busy_ns)
     l->busy_avg = l->busy_avg ? (l->busy_avg * 7 + busy_ns) / 8 : busy_ns;
     l->filling--;
     atomic_fetch_add_explicit(&l->events, 1, memory_order_release);
-    if (l->device_mode && b->copied)
+    if (l->o.device && b->copied)
         stoke__loader_drop_slot(l, b);
     int drop = b->gen != l->gen; /* (dispatch gave it the run's gen) */
     if (!drop && l->iterable && b->status == STOKE_OK && b->end) {
@@ -519,7 +519,7 @@ static stoke_batch *dispatch(stoke_loader *l, stoke__producer *p)
     p->epoch = l->epoch;
     l->outstanding++;
     l->filling++;
-    if (l->device_mode) /* drops `mu` when it waits for a copy: make_group counts on 1 */
+    if (l->o.device) /* drops `mu` when it waits for a copy: make_group counts on 1 */
         stoke__loader_take_slot(l, b);
     return b;
 }
@@ -627,7 +627,7 @@ int stoke__loader_make_group(stoke_loader *l, stoke__producer *p, uint64_t *cloc
     STOKE__LOADER_ASSERT_MU(l);
     /* `mu` is held throughout the group only because a group in device mode is one batch:
      * dispatch may drop it there (take_slot, waiting for an old copy) */
-    STOKE__LOADER_ASSERT(want == 1 || !l->device_mode);
+    STOKE__LOADER_ASSERT(want == 1 || !l->o.device);
     do /* one gen, seed and epoch for all: `mu` is held throughout */
         b[n++] = dispatch(l, p);
     while (n < want && stoke__loader_can_dispatch(l, w)); /* (a group: MAP) */
@@ -644,7 +644,7 @@ int stoke__loader_make_group(stoke_loader *l, stoke__producer *p, uint64_t *cloc
             stoke__proc_fill(l, b[i], p); /* in worker p->wid's child process */
         else
             stoke__loader_fill_batch(l, b[i], p);
-        if (l->device_mode && b[i]->status == STOKE_OK && b[i]->count)
+        if (l->o.device && b[i]->status == STOKE_OK && b[i]->count)
             stoke__loader_copy_batch(l, b[i]);
     }
     uint64_t t1 = stoke__now_ns(), took = t1 - t0;
