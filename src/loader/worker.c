@@ -593,7 +593,6 @@ static int claim_size(const stoke_loader *l)
  * names the sample in progress) and the group's samples fit one run. */
 static int make_scattered(stoke_loader *l, stoke_batch *const *b, int n, stoke__producer *p)
 {
-    const int nf = l->ds.nfields;
     size_t total = 0;
     for (int i = 0; i < n; i++)
         total += batch_count(l, b[i]->seq);
@@ -606,10 +605,10 @@ static int make_scattered(stoke_loader *l, stoke_batch *const *b, int n, stoke__
         stoke_batch *x = b[i];
         stoke__loader_batch_start(l, x, p);
         memcpy(x->indices, run + j, x->count * sizeof(*run));
-        point_slots(l, x, 0, base + (size_t)i * (size_t)nf, NULL, 0); /* (no ragged field) */
+        point_slots(l, x, 0, base + (size_t)i * (size_t)l->ds.nfields, NULL, 0);
         start[i] = j;
         j += x->count;
-        finish_batch(l, x); /* (no ragged field here: plan.scatter) */
+        finish_batch(l, x); /* (no ragged field here, plan.scatter: no lengths, no collation) */
     }
     start[n] = j;
     stoke_slots slots = {(size_t)n, start, base, NULL};
