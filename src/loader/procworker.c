@@ -717,8 +717,7 @@ static int exchange(stoke_loader *l, int wid, const wreq *req, stoke_batch *b)
     b->bytes = (size_t)m.bytes;
     b->err_index = m.err_index;
     b->truncated = m.truncated;
-    memcpy(b->err_msg, m.err_msg, sizeof(b->err_msg));
-    b->err_msg[sizeof(b->err_msg) - 1] = '\0';
+    stoke__fmt(b->err_msg, sizeof(b->err_msg), "%.*s", (int)sizeof(m.err_msg) - 1, m.err_msg);
     return X_DONE;
 }
 
@@ -741,8 +740,8 @@ static int after_crash(stoke_loader *l, stoke_batch *b, int wid, wreq *req, cons
     }
     int over = ++p->cap_n > RESTARTS_MAX;
     stoke__loader_unlock(l);
+    char m[256];
     if (over) {
-        char m[256];
         stoke__fmt(m, sizeof(m), "%.150s; worker processes restarted more than %d times this epoch",
                    why, RESTARTS_MAX);
         stoke__batch_failed(b, STOKE_ELIMIT, where, m);
@@ -759,14 +758,12 @@ static int after_crash(stoke_loader *l, stoke_batch *b, int wid, wreq *req, cons
         stoke__strlcpy(req->pmsg[req->npoison++], why, sizeof(req->pmsg[0]));
         return STOKE_OK;
     }
-    char m[256]; /* the sample fails its batch: on_error ERROR, or too many crashes */
-    if (l->o.on_error == STOKE_ON_ERROR_ERROR)
-        stoke__strlcpy(m, why, sizeof(m));
-    else
-        stoke__fmt(m, sizeof(m), "%.150s (more than %d crashing samples in one batch)", why,
-                   POISON_MAX);
-    stoke__bad_note(b, idx, STOKE_EDATA, m);
-    stoke__batch_failed(b, STOKE_EDATA, idx, m);
+    /* the sample fails its batch: on_error ERROR, or too many crashes */
+    stoke__fmt(m, sizeof(m), "%.150s (more than %d crashing samples in one batch)", why,
+               POISON_MAX);
+    const char *msg = l->o.on_error == STOKE_ON_ERROR_ERROR ? why : m;
+    stoke__bad_note(b, idx, STOKE_EDATA, msg);
+    stoke__batch_failed(b, STOKE_EDATA, idx, msg);
     return STOKE_EDATA;
 }
 
