@@ -652,9 +652,8 @@ static int spawn(stoke_loader *l, int wid, char *msg, size_t len)
 static void reap(stoke_loader *l, int wid, int kill_it, char *msg, size_t len)
 {
     stoke__proc *p = l->proc;
-    int pid = atomic_load(&p->w[wid].pid);
+    int pid = atomic_exchange(&p->w[wid].pid, -1);
     close_fd(&p->w[wid].fd);
-    atomic_store(&p->w[wid].pid, -1);
     if (pid <= 0)
         return;
     zreq q = {.op = Z_REAP, .pid = pid, .kill = kill_it};
