@@ -741,7 +741,6 @@ int stoke__loader_start_workers(stoke_loader *l)
     if (rc != STOKE_OK)
         return stoke__loader_fail(l, rc < 0 ? rc : STOKE_EDATA, "loader: worker_init failed (%s)",
                                   stoke_err_name(rc));
-    l->quit = 0;
     for (int i = 0; i < l->nworkers; i++) {
         stoke__worker *w = &l->w[i];
         atomic_store(&w->p.busy->since, 0);
