@@ -427,8 +427,8 @@ static void complete_quiet(stoke_loader *l, stoke_batch *b, uint64_t busy_ns)
     if (!drop && l->iterable && b->status == STOKE_OK && b->end) {
         stoke__worker *w = &l->w[b->worker];
         int keep = b->count && !(l->o.drop_last && b->count < l->o.batch_size);
-        uint64_t k = b->seq / (uint64_t)l->nw1; /* the worker's batch number (dispatch) */
-        w->end_at = keep ? k + 1 : k;
+        /* its batch number in the share (dispatch), and past it when it is delivered */
+        w->end_at = b->seq / (uint64_t)l->nw1 + (uint64_t)keep;
         if (!keep) { /* nothing to deliver: the share ended on a batch boundary or was dropped */
             w->outstanding--;
             l->outstanding--;
