@@ -157,12 +157,10 @@ static int choose_pinning(stoke_loader *l)
     if (rc != STOKE_OK && !pdev)
         return stoke__loader_fail(l, rc, "loader: device '%s': %s", want, stoke_last_error());
     if (vt && rc == STOKE_OK && (vt->caps & STOKE_CAP_PINNED_ALLOC)) {
-        l->alloc_kind = STOKE__ALLOC_POOL;
-        if (vt != cur || (index >= 0 && index != cdev)) {
-            l->alloc_kind = STOKE__ALLOC_BACKEND;
-            l->pin_vt = vt;
-            l->pin_dev = index < 0 ? 0 : index;
-        }
+        int other = vt != cur || (index >= 0 && index != cdev); /* than the current one */
+        l->alloc_kind = other ? STOKE__ALLOC_BACKEND : STOKE__ALLOC_POOL;
+        l->pin_vt = vt;
+        l->pin_dev = index < 0 ? 0 : index;
         stoke__strlcpy(l->pin_backend, vt->name, sizeof(l->pin_backend));
         return STOKE_OK;
     }
