@@ -550,9 +550,9 @@ int stoke__proc_create(stoke_loader *l)
         stoke__zygote_main(l, sv[1], self);
         _exit(0);
     }
+    int e = errno; /* (before the hook, which may change it) */
     if (l->ds.fork_parent)
         l->ds.fork_parent(l->ds.user);
-    int e = errno;
     close(sv[1]);
     if (pid < 0) {
         close(sv[0]);
