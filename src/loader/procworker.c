@@ -768,7 +768,6 @@ static int after_crash(stoke_loader *l, stoke_batch *b, int wid, wreq *req, cons
 
 void stoke__proc_fill(stoke_loader *l, stoke_batch *b, stoke__producer *pr)
 {
-    stoke__proc *p = l->proc;
     int wid = pr->wid; /* a worker thread's (never the caller's: no assist with processes) */
     uint64_t first = b->seq * l->o.batch_size;
     STOKE__LOADER_ASSERT(pr->w != NULL);
@@ -779,7 +778,7 @@ void stoke__proc_fill(stoke_loader *l, stoke_batch *b, stoke__producer *pr)
     req.epoch = pr->epoch;
     char msg[256] = "";
     for (;;) {
-        int rc = p->w[wid].fd < 0 ? spawn(l, wid, msg, sizeof(msg)) : STOKE_OK;
+        int rc = l->proc->w[wid].fd < 0 ? spawn(l, wid, msg, sizeof(msg)) : STOKE_OK;
         if (rc != STOKE_OK) {
             stoke__batch_failed(b, rc, first, msg);
             return;

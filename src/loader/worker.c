@@ -383,8 +383,7 @@ void stoke__loader_batch_start(stoke_loader *l, stoke_batch *b, const stoke__pro
  * otherwise (a process worker's child: it makes one batch per request). */
 static void look_ahead(stoke_loader *l, stoke__producer *p, uint64_t seq)
 {
-    stoke__ahead *a = &p->ahead;
-    if (!l->plan.hint_next || seq >= a->seq_end)
+    if (!l->plan.hint_next || seq >= p->ahead.seq_end)
         return;
     size_t n = batch_count(l, seq);
     const uint64_t *idx = n ? ahead_indices(l, p, seq, n) : NULL;
