@@ -299,7 +299,7 @@ static void test_device(void **state)
             o.device = "simdev";
             stoke_loader *l;
             assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
-            assert_true(l->device_mode);
+            assert_non_null(l->stream); /* device mode: the copies' stream was made */
             for (int epoch = 0; epoch < 2; epoch++) {
                 tu_seen seen;
                 tu_seen_init(&seen, N);

@@ -39,7 +39,7 @@ static int field_ok(const stoke_batch *b, int f)
 
 void *stoke_batch_data(const stoke_batch *b, int field)
 {
-    if (!field_ok(b, field) || b->l->device_mode || !b->host)
+    if (!field_ok(b, field) || b->l->o.device || !b->host)
         return NULL;
     return b->host->mem + b->l->off[field];
 }
@@ -50,9 +50,10 @@ size_t stoke__batch_field_bytes(const stoke_batch *b, int f)
     int r = l->rix[f];
     if (r < 0 || !b->count)
         return b->count * l->fields[f].bytes;
-    size_t units = (size_t)stoke__ragged_meta(b, r)[0] *
-                   (l->fields[f].collate == STOKE_COLLATE_PACK ? 1 : b->count);
-    return units * l->rg[r].unit;
+    const stoke_field *fd = &l->fields[f];
+    size_t units =
+        (size_t)stoke__ragged_meta(b, r)[0] * (fd->collate == STOKE_COLLATE_PACK ? 1 : b->count);
+    return units * (fd->bytes / (size_t)fd->max_len); /* the bytes of a unit */
 }
 
 size_t stoke_batch_field_bytes(const stoke_batch *b, int field)
@@ -139,7 +140,7 @@ int stoke_batch_is_pinned(const stoke_batch *b)
 
 stoke_device_buffer *stoke_batch_device_buffer(const stoke_batch *b)
 {
-    return b && b->l->device_mode ? b->dbuf : NULL;
+    return b && b->l->o.device ? b->dbuf : NULL;
 }
 
 size_t stoke_batch_device_offset(const stoke_batch *b, int field)
@@ -149,18 +150,37 @@ size_t stoke_batch_device_offset(const stoke_batch *b, int field)
 
 stoke_event *stoke_batch_device_event(const stoke_batch *b)
 {
-    return b && b->l->device_mode ? b->ev : NULL;
+    return b && b->l->o.device ? b->ev : NULL;
+}
+
+/* A device wait or read of b failed with `rc`: sets the loader's last error ("loader: <op>
+ * batch 2 of epoch 0 (sample indices 20..29) <prep> device simdev failed: ...") and counts the
+ * batch once in device_errors; returns rc. */
+static int device_failed(stoke_loader *l, stoke_batch *b, int rc, const char *op, const char *prep)
+{
+    char what[160], detail[512]; /* the backend's whole reason (an asynchronous copy's, too) */
+    stoke__loader_batch_desc(l, b, what, sizeof(what));
+    stoke__shorten(detail, sizeof(detail), stoke_last_error());
+    stoke__loader_lock(l);
+    if (!b->dev_failed) {
+        b->dev_failed = 1;
+        l->st.device_errors++;
+    }
+    stoke__loader_unlock(l);
+    return stoke__loader_fail(l, rc, "loader: %s %s %s device %s failed: %s (%s)", op, what, prep,
+                              l->o.device, detail[0] ? detail : stoke_strerror(rc),
+                              stoke_err_name(rc));
 }
 
 int stoke_batch_device_wait(stoke_batch *b)
 {
     if (!b)
         return stoke__fail(STOKE_EINVAL, "stoke_batch_device_wait: NULL batch");
-    if (!b->l->device_mode)
+    if (!b->l->o.device)
         return stoke__fail(STOKE_ESTATE, "batch: device transfer is off");
     int rc = stoke_event_synchronize(b->ev);
     if (rc != STOKE_OK)
-        return stoke__loader_device_failed(b->l, b, rc, "the copy of", "to");
+        return device_failed(b->l, b, rc, "the copy of", "to");
     return STOKE_OK;
 }
 
@@ -170,7 +190,7 @@ int stoke_batch_device_read(stoke_batch *b, int field, void *dst)
     if (rc != STOKE_OK)
         return rc;
     stoke_loader *l = b->l;
-    if (!l->device_mode)
+    if (!l->o.device)
         return stoke__fail(STOKE_ESTATE, "batch: device transfer is off");
     size_t n = stoke_batch_field_bytes(b, field);
     if (!n)
@@ -185,7 +205,7 @@ int stoke_batch_device_read(stoke_batch *b, int field, void *dst)
     if (rc != STOKE_OK) {
         char op[64];
         stoke__fmt(op, sizeof(op), "reading field %d of", field);
-        return stoke__loader_device_failed(l, b, rc, op, "from");
+        return device_failed(l, b, rc, op, "from");
     }
     return STOKE_OK;
 }
@@ -221,8 +241,7 @@ int stoke__loader_reclaim(stoke_loader *l)
     if (!atomic_load_explicit(&l->released, memory_order_seq_cst))
         return 0;
     stoke_batch *b = atomic_exchange_explicit(&l->released, NULL, memory_order_seq_cst);
-    if (!b)
-        return 0;
+    STOKE__LOADER_ASSERT(b != NULL); /* only this, under `mu`, takes from the stack */
     int none_free = !l->nfree, n = 0;
     while (b) {
         stoke_batch *next = b->next;

@@ -171,7 +171,7 @@ void stoke__loader_check(stoke_loader *l)
     for (int i = 0; i < l->nbuf; i++) {
         const stoke_batch *b = &l->bat[i];
         int st = state_of(b);
-        if (!l->device_mode && !b->host)
+        if (!l->o.device && !b->host)
             broken(&c, "host mode: batch %d has no buffer", i);
         if (where[i])
             continue;
@@ -206,7 +206,7 @@ void stoke__loader_check(stoke_loader *l)
             broken(&c, "the workers' outstanding add up to %d, the loader's is %d", sum,
                    l->outstanding);
     }
-    if (l->device_mode && l->slots)
+    if (l->o.device && l->slots)
         check_slots(&c, where + l->nbuf);
     if (where != small)
         free(where);

@@ -157,12 +157,10 @@ static int choose_pinning(stoke_loader *l)
     if (rc != STOKE_OK && !pdev)
         return stoke__loader_fail(l, rc, "loader: device '%s': %s", want, stoke_last_error());
     if (vt && rc == STOKE_OK && (vt->caps & STOKE_CAP_PINNED_ALLOC)) {
-        l->alloc_kind = STOKE__ALLOC_POOL;
-        if (vt != cur || (index >= 0 && index != cdev)) {
-            l->alloc_kind = STOKE__ALLOC_BACKEND;
-            l->pin_vt = vt;
-            l->pin_dev = index < 0 ? 0 : index;
-        }
+        int other = vt != cur || (index >= 0 && index != cdev); /* than the current one */
+        l->alloc_kind = other ? STOKE__ALLOC_BACKEND : STOKE__ALLOC_POOL;
+        l->pin_vt = vt;
+        l->pin_dev = index < 0 ? 0 : index;
         stoke__strlcpy(l->pin_backend, vt->name, sizeof(l->pin_backend));
         return STOKE_OK;
     }
@@ -242,15 +240,16 @@ static int copy_fields(stoke_loader *l, const stoke_dataset *ds)
     size_t ndims = 0; /* (a negative ndim: stoke_field_finish refuses it below) */
     for (int f = 0; f < nf; f++)
         ndims += ds->fields[f].ndim > 0 ? (size_t)ds->fields[f].ndim : 0;
-    l->fields = calloc((size_t)nf, sizeof(*l->fields));
-    l->shapes = calloc(ndims ? ndims : 1, sizeof(*l->shapes));
-    l->off = calloc((size_t)nf, sizeof(*l->off));
-    l->step = calloc((size_t)nf, sizeof(*l->step));
-    l->rix = calloc((size_t)nf, sizeof(*l->rix));
-    l->rg = calloc((size_t)nf, sizeof(*l->rg));
-    if (!l->fields || !l->shapes || !l->off || !l->step || !l->rix || !l->rg)
+    /* One block, in this order: fields, off, step, the shapes, rix, rg (each array's start is
+     * aligned for its type: sizeof(stoke_field) is a multiple of 8, the int arrays come last). */
+    size_t per_field = sizeof(stoke_field) + 2 * sizeof(size_t) + 2 * sizeof(int);
+    if (!(l->fields = calloc(1, (size_t)nf * per_field + ndims * sizeof(int64_t))))
         return stoke__loader_fail(l, STOKE_ENOMEM, "loader: out of memory for %d fields", nf);
-    int64_t *sh = l->shapes;
+    l->off = (size_t *)(l->fields + nf);
+    l->step = l->off + nf;
+    int64_t *sh = (int64_t *)(l->step + nf);
+    l->rix = (int *)(sh + ndims);
+    l->rg = l->rix + nf;
     for (int f = 0; f < nf; f++) {
         stoke_field *fd = &l->fields[f];
         *fd = ds->fields[f];
@@ -272,9 +271,7 @@ static int copy_fields(stoke_loader *l, const stoke_dataset *ds)
         l->step[f] = fd->bytes;
         l->rix[f] = -1;
         if (fd->ndim && fd->shape[0] == STOKE_DIM_VAR) {
-            stoke__ragged *r = &l->rg[l->nragged];
-            r->field = f;
-            r->unit = fd->bytes / (size_t)fd->max_len;
+            l->rg[l->nragged] = f;
             l->rix[f] = l->nragged++;
         }
     }
@@ -396,10 +393,8 @@ static int validate(stoke_loader *l)
  * total exceeds physical memory, naming the options behind it. */
 static int check_upfront_bytes(stoke_loader *l)
 {
-    uint64_t phys = stoke__physical_memory();
-    uint64_t n = (uint64_t)l->nbuf, each = l->buf_bytes;
-    int overflow = each && n > UINT64_MAX / each;
-    uint64_t total = overflow ? UINT64_MAX : n * each;
+    uint64_t phys = stoke__physical_memory(), total;
+    int overflow = __builtin_mul_overflow((uint64_t)l->nbuf, (uint64_t)l->buf_bytes, &total);
     if (!phys || (!overflow && total <= phys))
         return STOKE_OK;
     return stoke__loader_fail(
@@ -408,8 +403,8 @@ static int check_upfront_bytes(stoke_loader *l)
         " bytes of physical memory: buffers = num_workers %d x prefetch_factor %d + 2 (at most "
         "batches per epoch + 2), each holding batch_size %zu samples of %zu bytes; lower "
         "num_workers, prefetch_factor or batch_size",
-        l->nbuf, l->buf_bytes, overflow ? "more than " : "", total, phys, l->nw1, l->prefetch,
-        l->cap, l->sample_bytes);
+        l->nbuf, l->buf_bytes, overflow ? "more than " : "", overflow ? UINT64_MAX : total, phys,
+        l->nw1, l->prefetch, l->cap, l->sample_bytes);
 }
 
 /* The plan: which of the loader's fast paths apply, decided here once from the options and
@@ -463,7 +458,8 @@ static void plan_loader(stoke_loader *l)
         deep = deep < STOKE__SMALL_WINDOW ? deep : STOKE__SMALL_WINDOW;
         l->window = deep > (uint64_t)l->window ? (int)deep : l->window;
     }
-    l->nact_min = !l->auto_workers || !map ? l->nworkers : p->assist ? 0 : 1;
+    int auto_w = l->o.num_workers == STOKE_LOADER_WORKERS_AUTO;
+    l->nact_min = !auto_w || !map ? l->nworkers : p->assist ? 0 : 1;
 }
 
 /* Step 2 of create: the sampler, the epoch's batches, the buffer size and count. */
@@ -484,12 +480,11 @@ static int size_loader(stoke_loader *l)
         return stoke__loader_fail(l, rc, "loader: %s", stoke_last_error());
     l->nsamples = stoke_sampler_length(l->sampler);
     if (!l->iterable && ds->hint) { /* before a zygote forks */
-        int blk = so.kind == STOKE_SAMPLER_BLOCK;
         stoke_hint h = {.kind = STOKE_HINT_ORDER, .sampler_kind = so.kind};
-        h.block_rows = !blk ? 0 : so.block_rows ? so.block_rows : STOKE_SAMPLER_BLOCK_ROWS_DEFAULT;
-        h.block_window = !blk              ? 0
-                         : so.block_window ? so.block_window
-                                           : STOKE_SAMPLER_BLOCK_WINDOW_DEFAULT;
+        if (so.kind == STOKE_SAMPLER_BLOCK) { /* the values in use (else 0) */
+            h.block_rows = so.block_rows ? so.block_rows : STOKE_SAMPLER_BLOCK_ROWS_DEFAULT;
+            h.block_window = so.block_window ? so.block_window : STOKE_SAMPLER_BLOCK_WINDOW_DEFAULT;
+        }
         ds->hint(ds->user, &h);
     }
     l->nbatches = l->nsamples / l->o.batch_size; /* no overflow with a huge batch_size */
@@ -510,9 +505,8 @@ static int size_loader(stoke_loader *l)
     if (ncpu <= 0)
         ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     l->ncpu = ncpu > 0 ? (int)ncpu : 1;
-    l->auto_workers = l->o.num_workers == STOKE_LOADER_WORKERS_AUTO;
     l->nworkers = l->o.num_workers;
-    if (l->auto_workers)
+    if (l->o.num_workers == STOKE_LOADER_WORKERS_AUTO)
         l->nworkers =
             l->ncpu < STOKE_LOADER_WORKERS_AUTO_MAX ? l->ncpu : STOKE_LOADER_WORKERS_AUTO_MAX;
     l->nact = l->nworkers;
@@ -590,10 +584,8 @@ static int allocate(stoke_loader *l)
         w->p.wid = i;
         w->p.w = w;
         w->p.busy = &w->busy;
-        w->p.share = w;
     }
     l->caller.wid = l->nworkers;
-    l->caller.share = &l->w[0]; /* ITERABLE with 0 workers: the one share */
     /* each producer's scratch: the slots of a batch or of a group's samples */
     size_t nsc = (l->cap > STOKE__AHEAD_RUN ? l->cap : STOKE__AHEAD_RUN) * (size_t)l->ds.nfields;
     for (int i = 0; i <= l->nw1; i++) {
@@ -665,7 +657,7 @@ int stoke_loader_create(const stoke_loader_opts *o, stoke_dataset *ds, stoke_loa
         return rc;
     }
     for (int i = l->nbuf - 1; i >= 0; i--) { /* every batch (device mode: slot) free */
-        if (l->device_mode) {
+        if (l->o.device) {
             l->slots[i].next = l->free_s;
             l->free_s = &l->slots[i];
         } else {
@@ -708,27 +700,26 @@ void stoke_loader_destroy(stoke_loader *l)
     stoke__proc_destroy(l); /* before the buffers below: it unmaps the shared ones */
     if (l->stream && !forked)
         stoke_stream_synchronize(l->stream);
-    for (int i = 0; l->bat && i < l->nbuf; i++) {
-        if (l->bat[i].indices != l->bat[i].idx_inline)
-            free(l->bat[i].indices);
-        free(l->bat[i].rmeta);
-        free(l->bat[i].bad.v);
-        if (!forked) {
-            stoke_device_buffer_destroy(l->bat[i].dbuf);
-            stoke_event_destroy(l->bat[i].ev);
-        }
+    for (int i = 0; l->bat && l->slots && i < l->nbuf; i++) { /* (allocated together) */
+        stoke_batch *b = &l->bat[i];
+        stoke__slot *s = &l->slots[i];
+        if (b->indices != b->idx_inline)
+            free(b->indices);
+        free(b->rmeta);
+        free(b->bad.v);
+        if (forked) /* the device objects and the buffers are the creator's */
+            continue;
+        stoke_device_buffer_destroy(b->dbuf);
+        stoke_event_destroy(b->ev);
+        if (l->alloc_kind == STOKE__ALLOC_ARENA)
+            stoke_arena_free(l->arena, s->mem);
+        else if (l->alloc_kind != STOKE__ALLOC_PAGEABLE)
+            stoke_pinned_free(s->mem);
+        else
+            stoke__resident_free(s->mem, l->buf_bytes);
+        stoke_event_destroy(s->ev);
     }
     if (!forked) {
-        for (int i = 0; l->slots && i < l->nbuf; i++) {
-            void *mem = l->slots[i].mem;
-            if (l->alloc_kind == STOKE__ALLOC_ARENA)
-                stoke_arena_free(l->arena, mem);
-            else if (l->alloc_kind != STOKE__ALLOC_PAGEABLE)
-                stoke_pinned_free(mem);
-            else
-                stoke__resident_free(mem, l->buf_bytes);
-            stoke_event_destroy(l->slots[i].ev);
-        }
         stoke_arena_close(l->arena);
         stoke_event_destroy(l->read_ev);
         stoke_stream_destroy(l->stream);
@@ -739,12 +730,7 @@ void stoke_loader_destroy(stoke_loader *l)
         free(a->dst);
         free(a->len);
     }
-    free(l->fields);
-    free(l->shapes);
-    free(l->off);
-    free(l->step);
-    free(l->rix);
-    free(l->rg);
+    free(l->fields); /* (with off, step, rix and rg) */
     free(l->bat);
     free(l->slots);
     free(l->w);

@@ -20,10 +20,14 @@ static inline size_t stoke__align_up(size_t v, size_t a)
     return (v + a - 1) / a * a;
 }
 
-/* splitmix64 finalizer (a bijection of 64-bit integers). */
-uint64_t stoke__mix64(uint64_t x);
-/* The key of every random choice in epoch `epoch` under `seed`. */
-uint64_t stoke__epoch_key(uint64_t seed, uint64_t epoch);
+/* splitmix64's finalizer: a bijection of 64-bit integers with good avalanche. */
+static inline uint64_t stoke__mix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
 
 /* Wait-time histogram: log-linear buckets (8 per power of two), about 6% resolution. */
 #define STOKE__HIST_BUCKETS 520
@@ -136,7 +140,6 @@ struct stoke_batch {
     stoke_loader *l;
     stoke__slot *host; /* host mode: always this batch's slot; device mode: while filling */
     uint64_t epoch, gen;
-    uint64_t k;         /* ITERABLE: the producing worker's batch number */
     int copied;         /* device mode: the copy was queued */
     int dev_failed;     /* device mode: a wait or read reported a failure (counted once) */
     uint32_t truncated; /* samples with a ragged field cut to max_len */
@@ -193,7 +196,7 @@ typedef struct stoke__feistel {
 typedef struct stoke__sampler_epoch {
     const stoke_sampler *s; /* the sampler it was made for */
     uint64_t seed, epoch;   /* as given (a caller may compare them to decide to remake it) */
-    uint64_t key;           /* stoke__epoch_key(seed, epoch) */
+    uint64_t key;           /* the key of every random choice in (seed, epoch) */
     stoke__feistel perm;    /* RANDOM, shuffled SUBSET: the epoch order; BLOCK: the full blocks */
     uint64_t tail_slot;     /* BLOCK: where the short last block goes (number of blocks: none) */
 } stoke__sampler_epoch;
@@ -235,13 +238,12 @@ int stoke__feistel_simd_in_use(void);
 #define STOKE__AHEAD_RUN 64
 /* Runs filled, by every thread of the process (relaxed; tests count them). */
 extern _Atomic uint64_t stoke__ahead_fills;
-typedef struct stoke__ahead_run {
-    uint64_t seed, epoch, pos0; /* positions pos0 .. pos0 + n - 1 of (seed, epoch) */
-    size_t n;                   /* 0: empty */
-    uint64_t idx[STOKE__AHEAD_RUN];
-} stoke__ahead_run;
 typedef struct stoke__ahead {
-    stoke__ahead_run run;
+    /* the run: positions pos0 .. pos0 + n - 1 of ep's (seed, epoch) (n 0: empty; emptied when
+     * ep is derived again) */
+    uint64_t pos0;
+    size_t n;
+    uint64_t idx[STOKE__AHEAD_RUN];
     uint64_t seq_end;        /* the batches this thread makes in a row end before this seq */
     stoke__sampler_epoch ep; /* the keys of the (seed, epoch) it names (zeroed: none) */
     uint16_t tab[STOKE__FEISTEL_TAB_LEN]; /* ep's round table, when it has one */
@@ -284,12 +286,12 @@ typedef struct stoke__busy {
 } stoke__busy;
 
 typedef struct stoke__producer {
-    int wid;                     /* the dataset's worker argument */
-    struct stoke__worker *w;     /* a worker thread's record, or NULL */
-    stoke__busy *busy;           /* its busy marks: a worker's (a process worker's: its child's,
-                                    shared), a child's; NULL: the caller's thread */
-    struct stoke__worker *share; /* ITERABLE: whose share it makes (dispatch) */
-    stoke__ahead ahead;          /* its look-ahead and scratch */
+    int wid;                 /* the dataset's worker argument */
+    struct stoke__worker *w; /* a worker thread's record (ITERABLE: its share), or NULL */
+    stoke__busy *busy;       /* its busy marks: a worker's (a process worker's: its child's,
+                                shared), a child's; NULL: the caller's thread */
+    uint64_t seed, epoch;    /* of the batches it makes now (dispatch sets them) */
+    stoke__ahead ahead;      /* its look-ahead and scratch */
 } stoke__producer;
 
 typedef struct stoke__worker {
@@ -297,9 +299,10 @@ typedef struct stoke__worker {
     stoke__producer p;
     pthread_t th;
     stoke__busy busy; /* a worker thread's marks (p.busy) */
-    /* ITERABLE (mu): this worker's batch number, end of its share, batches in flight */
+    /* ITERABLE (mu): this worker's next batch number, the number its share ended at
+     * (UINT64_MAX: not ended), its batches in flight */
     uint64_t k_next, end_at;
-    int exhausted, outstanding;
+    int outstanding;
     int sleeping; /* (mu) waiting on work_cv, not yet woken by wake_workers */
 } stoke__worker;
 
@@ -341,18 +344,19 @@ void stoke__autotune_clock(stoke_loader *l, uint64_t now);
 
 struct stoke_loader {
     /* Immutable after create. */
-    stoke_loader_opts o; /* o.device / o.pin_memory_device point at the copies below */
+    stoke_loader_opts o; /* o.device / o.pin_memory_device point at the copies below; o.device
+                            set: device mode, every batch is copied to it (transfer.c) */
     char device_spec[64];
     char pin_spec[64];
     stoke_dataset ds;    /* ds.fields points at `fields` */
-    stoke_field *fields; /* ds.nfields copies; names in place, shapes in `shapes` */
-    int64_t *shapes;
-    size_t *off;  /* where each field starts in a batch buffer */
-    size_t *step; /* each field's bytes per sample (fields[f].bytes, side by side) */
-    /* Ragged fields (dataset.h): rg[r] for the r-th; rix[f] is f's r, or -1.  Each batch has
+    stoke_field *fields; /* ds.nfields copies; names in place (one block with the shapes and
+                            the four arrays below: copy_fields) */
+    size_t *off;         /* where each field starts in a batch buffer */
+    size_t *step;        /* each field's bytes per sample (fields[f].bytes, side by side) */
+    /* Ragged fields (dataset.h): rg[r] is the r-th's field; rix[f] is f's r, or -1.  Each batch has
      * for each one in b->rmeta: int64 extent (PAD: the padded length L; PACK: the sum), int64
      * lengths[cap], PACK: int64 offsets[cap + 1] (stoke__ragged_meta, worker.c). */
-    struct stoke__ragged *rg;
+    int *rg;
     int *rix;
     int nragged;
     size_t buf_bytes;    /* one batch buffer */
@@ -364,13 +368,12 @@ struct stoke_loader {
     stoke_sampler *sampler;
     uint64_t nsamples; /* positions per epoch */
     uint64_t nbatches;
-    int nworkers;     /* worker threads (num_workers, or the auto count) */
-    int ncpu;         /* CPUs this process may run on (affinity), at create */
-    int nw1;          /* max(1, nworkers): producers of an ITERABLE dataset */
-    int auto_workers; /* num_workers was STOKE_LOADER_WORKERS_AUTO */
-    int nact_min;     /* auto: lowest active count (0 with plan.assist) */
-    int iterable;     /* dataset kind ITERABLE */
-    int window;       /* batches dispatched and not yet delivered, at most */
+    int nworkers; /* worker threads (num_workers, or the auto count) */
+    int ncpu;     /* CPUs this process may run on (affinity), at create */
+    int nw1;      /* max(1, nworkers): producers of an ITERABLE dataset */
+    int nact_min; /* auto: lowest active count (0 with plan.assist) */
+    int iterable; /* dataset kind ITERABLE */
+    int window;   /* batches dispatched and not yet delivered, at most */
     int nbuf;
     int alloc_kind;
     const stoke_backend *pin_vt; /* STOKE__ALLOC_BACKEND: batches are pinned for this backend
@@ -378,7 +381,6 @@ struct stoke_loader {
     struct stoke_arena *arena;   /* STOKE__ALLOC_ARENA: the node-wide arena (arena.c) */
     int pin_dev;
     char pin_backend[32]; /* "" when not pinned */
-    int device_mode;
     stoke_stream *stream;
     stoke_event *read_ev;
     pthread_mutex_t stream_mu;
@@ -571,11 +573,6 @@ void stoke__loader_batch_desc(const stoke_loader *l, const stoke_batch *b, char 
 
 /* transfer.c */
 int stoke__loader_setup_device(stoke_loader *l);
-/* Consumer: a device wait or read of b failed with `rc`: sets the loader's last error ("loader:
- * <op> batch 2 of epoch 0 (sample indices 20..29) <prep> device simdev failed: ...") and counts
- * the batch once in device_errors; returns rc. */
-int stoke__loader_device_failed(stoke_loader *l, stoke_batch *b, int rc, const char *op,
-                                const char *prep);
 void stoke__loader_copy_batch(stoke_loader *l, stoke_batch *b);
 /* (mu) Device mode: b's staging slot, if it has one, leaves b: into the copy FIFO when a copy
  * from it was queued (it is reused once the copy's event completed), else onto free_s. */
@@ -595,9 +592,11 @@ void stoke__loader_sleep_done(stoke_loader *l, int counted);
 void stoke__loader_take_slot(stoke_loader *l, stoke_batch *b);
 
 /* worker.c */
-/* Resets b's production fields (status, count for its seq, worker, flags) before batch b->seq
- * of `epoch` is made by worker wid. */
-void stoke__loader_batch_start(stoke_loader *l, stoke_batch *b, int wid, uint64_t epoch);
+/* Resets b's production fields (status, count for its seq, worker, flags) before producer p
+ * makes batch b->seq of p->epoch. */
+void stoke__loader_batch_start(stoke_loader *l, stoke_batch *b, const stoke__producer *p);
+/* (mu) Whether worker w (NULL: the caller's thread, MAP) may take a batch now. */
+int stoke__loader_can_dispatch(const stoke_loader *l, const stoke__worker *w);
 /* (mu) Wakes workers waiting for work, if any wait and (unless `force`) the window is half
  * empty. */
 void stoke__loader_wake_workers(stoke_loader *l, int force);
@@ -643,12 +642,8 @@ int stoke__loader_one_sample(stoke_loader *l, stoke_batch *b, stoke__producer *p
                              uint64_t *idx, char *msg, size_t msg_len);
 
 /* A ragged field of the loader (dataset.h): samples are written at the stride of max_len
- * units, lengths recorded per slot, and the batch collated once it is full (worker.c,
- * finish_batch). */
-typedef struct stoke__ragged {
-    int field;
-    size_t unit; /* bytes of one unit of the variable dimension */
-} stoke__ragged;
+ * units (a unit: the field's bytes / max_len), lengths recorded per slot, and the batch collated
+ * once it is full (worker.c, finish_batch). */
 /* The int64 words of ragged field r of batch b, STOKE__RMETA_WORDS apiece in b->rmeta: [0] the
  * extent, [1 .. cap] the lengths, then (PACK) the offsets, cap + 1. */
 #define STOKE__RMETA_WORDS(l) (2 + 2 * (l)->cap)
@@ -662,9 +657,9 @@ size_t stoke__batch_field_bytes(const stoke_batch *b, int f);
 /* worker.c: batch b failed (status rc, a positive one as STOKE_EDATA) at dataset index or
  * sampler position `where`, with msg (or the code's text when msg is empty); no samples. */
 void stoke__batch_failed(stoke_batch *b, int rc, uint64_t where, const char *msg);
-/* worker.c: fills batch `seq` into b->host (b owned by the caller; sets status and errors). */
-void stoke__loader_fill_batch(stoke_loader *l, stoke_batch *b, stoke__producer *p, uint64_t seed,
-                              uint64_t epoch, uint64_t seq);
+/* worker.c: fills batch b->seq of (p->seed, p->epoch) into b->host (b owned by the caller; sets
+ * status and errors). */
+void stoke__loader_fill_batch(stoke_loader *l, stoke_batch *b, stoke__producer *p);
 
 /* procworker.c: process workers (docs/loader.md, "Process workers"). */
 typedef struct stoke__proc stoke__proc;
@@ -673,8 +668,7 @@ typedef struct stoke__proc stoke__proc;
  * failure. */
 int stoke__proc_create(stoke_loader *l);
 /* Producer (a worker thread): what fill_batch does, in worker wid's child process. */
-void stoke__proc_fill(stoke_loader *l, stoke_batch *b, stoke__producer *p, uint64_t seed,
-                      uint64_t epoch);
+void stoke__proc_fill(stoke_loader *l, stoke_batch *b, stoke__producer *p);
 /* destroy: before the worker threads are joined (a child stuck in a sample gets SIGKILLed). */
 void stoke__proc_stopping(stoke_loader *l);
 /* destroy, after the threads were joined: ends and reaps every process, unmaps the buffers. */
@@ -692,7 +686,6 @@ int stoke__loader_forked_fail(stoke_loader *l);
 
 /* state.c */
 void stoke__loader_abandon(stoke_loader *l);
-int stoke__loader_epoch_over(const stoke_loader *l);
 void stoke__loader_set_position(stoke_loader *l, uint64_t epoch, uint64_t cursor);
 int stoke__loader_dataset_epoch(stoke_loader *l, uint64_t epoch);
 

@@ -42,13 +42,26 @@ static void delivered(stoke_loader *l, stoke_batch *b)
     stoke__loader_wake_workers(l, 0);
 }
 
+/* (mu) 1 when the current epoch has nothing more to deliver. */
+static int epoch_over(const stoke_loader *l)
+{
+    if (l->ended)
+        return 1;
+    if (!l->iterable)
+        return l->ndelivered >= l->nbatches - l->start_cursor;
+    for (int i = 0; i < l->nw1; i++)
+        if (l->w[i].end_at == UINT64_MAX)
+            return 0;
+    return l->outstanding == 0;
+}
+
 /* (mu) The batch the consumer may take now, removed from the done list, or NULL. */
 static stoke_batch *take_done(stoke_loader *l)
 {
     /* ITERABLE in order: skip the seqs of workers whose share ended before them. */
-    while (l->iterable && l->o.in_order && !stoke__loader_epoch_over(l)) {
+    while (l->iterable && l->o.in_order && !epoch_over(l)) {
         const stoke__worker *w = &l->w[l->prefix % (uint64_t)l->nw1];
-        if (!w->exhausted || l->prefix / (uint64_t)l->nw1 < w->end_at)
+        if (l->prefix / (uint64_t)l->nw1 < w->end_at)
             break;
         l->prefix++;
     }
@@ -65,8 +78,7 @@ static stoke_batch *take_done(stoke_loader *l)
         *pp = b->next;
         if (l->done_tail == &b->next)
             l->done_tail = pp;
-        b->next = NULL;
-        return b;
+        return b; /* (its next: written again before it is read, by release or complete) */
     }
     return NULL;
 }
@@ -185,14 +197,12 @@ static int assist_wanted(const stoke_loader *l)
 {
     if (l->plan.caller_all)
         return 1;
-    if (!l->plan.assist || l->ended || l->init_failed || !l->nfree || l->quiesce ||
-        l->next_dispatch >= l->nbatches)
+    if (!l->plan.assist || !stoke__loader_can_dispatch(l, NULL))
         return 0;
     if (l->o.in_order ? l->next_dispatch == l->prefix : l->filling == 0)
         return 1;
     /* no help under a timeout: the consumer stays free to see a worker's sample overrun it */
-    int help = l->plan.help && l->outstanding < l->window;
-    return help ? 2 : 0;
+    return l->plan.help ? 2 : 0;
 }
 
 /* Waits for the next deliverable batch, or makes it in the caller's thread (every batch with 0
@@ -220,7 +230,7 @@ static int next_batch(stoke_loader *l, stoke_batch **bp, uint64_t *t0, uint64_t 
             return STOKE_OK;
         if (!*t0)
             *t0 = *made = stoke__now_ns();
-        if (stoke__loader_epoch_over(l)) {
+        if (epoch_over(l)) {
             l->ended = 1;
             rc = STOKE_EEND;
             break;
@@ -293,7 +303,7 @@ int stoke_loader_next(stoke_loader *l, stoke_batch **out)
     uint64_t waited = t0 ? now - t0 : 0;
     l->st_wait_ns += waited;
     stoke__hist_add(&l->wait_hist, waited);
-    if (l->auto_workers && !l->iterable)
+    if (l->o.num_workers == STOKE_LOADER_WORKERS_AUTO && !l->iterable)
         stoke__autotune_delivered(l, now, waited);
     stoke__loader_unlock(l);
     *out = b;

@@ -87,7 +87,7 @@ struct stoke__proc {
     _Atomic int zfd;
     uint32_t zseq;       /* (zmu) the number of the last request to the zygote */
     pthread_mutex_t zmu; /* serializes request/reply on zfd; then the loader's `mu` never in it */
-    uint64_t cap_epoch, cap_n; /* (the loader's mu) restarts in epoch cap_epoch */
+    uint64_t cap_epoch, cap_n; /* (the loader's mu) restarts in epoch cap_epoch (0 in 0 at first) */
     _Atomic int stopping;
     struct stoke__proc *next; /* the list of live ones (fork_mu), from create to destroy */
     int nw;                   /* entries of w */
@@ -187,7 +187,7 @@ int stoke__loader_forked(const stoke_loader *l)
 int stoke__loader_foreign(const stoke_loader *l)
 {
     return stoke__loader_forked(l) &&
-           (l->nworkers > 0 || l->proc || l->device_mode || l->arena || l->pin_backend[0]);
+           (l->nworkers > 0 || l->proc || l->o.device || l->arena || l->pin_backend[0]);
 }
 
 int stoke__loader_forked_fail(stoke_loader *l)
@@ -221,15 +221,15 @@ static void list_proc(stoke__proc *p, int on)
 
 static struct {
     int (*get)(void *, uint64_t, void *const[], int64_t[], int, char *, size_t); /* the dataset's */
-    const wreq *req;
+    wreq req; /* the batch being made, with its poisoned samples */
 } cw;
 
 static int w_get(void *user, uint64_t index, void *const dst[], int64_t len[], int worker,
                  char *msg, size_t msg_len)
 {
-    for (uint32_t k = 0; cw.req && k < cw.req->npoison; k++)
-        if (cw.req->poison[k] == index) {
-            stoke__strlcpy(msg, cw.req->pmsg[k], msg_len);
+    for (uint32_t k = 0; k < cw.req.npoison; k++)
+        if (cw.req.poison[k] == index) {
+            stoke__strlcpy(msg, cw.req.pmsg[k], msg_len);
             return STOKE_EDATA;
         }
     return cw.get(user, index, dst, len, worker, msg, msg_len);
@@ -259,7 +259,7 @@ static void child_main(stoke_loader *l, int wid, int fd, pid_t zygote)
     l->caller.busy = &l->proc->ctl[wid]; /* its marks, which the parent reads (plan.marks) */
     int init_rc = l->ds.worker_init ? l->ds.worker_init(l->ds.user, wid, l->nworkers) : STOKE_OK;
     init_rc = init_rc > 0 ? STOKE_EDATA : init_rc;
-    static wreq req;
+    wreq *const req = &cw.req;
     wmsg m;
     char why[256];
     /* the epoch this process's copy of the dataset was set to: create set it before the zygote
@@ -267,40 +267,40 @@ static void child_main(stoke_loader *l, int wid, int fd, pid_t zygote)
     int epoch_set = 1;
     uint64_t epoch = l->o.epoch;
     for (;;) {
-        ssize_t n = recv_msg(fd, &req, sizeof(req));
+        ssize_t n = recv_msg(fd, req, sizeof(*req));
         /* before a batch: the zygote is still this child's parent and the loader still holds
          * the other end of its socket (a child of a loader that died must not write into its
          * buffers, which may belong to another process by now: an arena's chunks) */
         struct pollfd pfd = {.fd = fd, .events = POLLIN};
-        if (n != (ssize_t)sizeof(req) || getppid() != zygote || poll(&pfd, 1, 0) < 0 ||
+        if (n != (ssize_t)sizeof(*req) || getppid() != zygote || poll(&pfd, 1, 0) < 0 ||
             (pfd.revents & (POLLHUP | POLLERR | POLLNVAL)))
             _exit(0);
-        stoke_batch *b = &l->bat[req.bi];
-        b->host = &l->slots[req.si];
-        b->seq = req.seq;
-        if (req.flags & F_NO_READ)
+        stoke_batch *b = &l->bat[req->bi];
+        b->host = &l->slots[req->si];
+        b->seq = req->seq;
+        l->caller.seed = req->seed;
+        l->caller.epoch = req->epoch;
+        if (req->flags & F_NO_READ)
             l->ds.read = NULL;
         int rc = init_rc;
         if (rc != STOKE_OK) {
             stoke__fmt(why, sizeof(why), "worker_init failed in worker process %d (%s)",
                        (int)getpid(), stoke_err_name(rc));
-        } else if (l->ds.set_epoch && (!epoch_set || epoch != req.epoch)) {
-            rc = l->ds.set_epoch(l->ds.user, req.epoch);
+        } else if (l->ds.set_epoch && (!epoch_set || epoch != req->epoch)) {
+            rc = l->ds.set_epoch(l->ds.user, req->epoch);
             rc = rc > 0 ? STOKE_EDATA : rc;
             epoch_set = rc == STOKE_OK;
-            epoch = req.epoch;
+            epoch = req->epoch;
             stoke__fmt(why, sizeof(why),
                        "set_epoch(%" PRIu64 ") of dataset %s failed in worker process %d (%s)",
-                       req.epoch, l->ds.name, (int)getpid(), stoke_err_name(rc));
+                       req->epoch, l->ds.name, (int)getpid(), stoke_err_name(rc));
         }
         if (rc != STOKE_OK) { /* the batch fails, with no sample */
-            stoke__loader_batch_start(l, b, wid, req.epoch);
+            stoke__loader_batch_start(l, b, &l->caller);
             stoke__batch_failed(b, rc, UINT64_MAX, why);
         } else {
-            cw.req = &req;
-            l->caller.ahead.seq_end = req.seq + 1; /* batches come one request at a time */
-            stoke__loader_fill_batch(l, b, &l->caller, req.seed, req.epoch, req.seq);
-            cw.req = NULL;
+            l->caller.ahead.seq_end = req->seq + 1; /* batches come one request at a time */
+            stoke__loader_fill_batch(l, b, &l->caller);
         }
         memset(&m, 0, sizeof(m));
         m.kind = M_BAD;
@@ -526,7 +526,6 @@ int stoke__proc_create(stoke_loader *l)
     p->zfd = -1;
     p->zpid = -1;
     pthread_mutex_init(&p->zmu, NULL);
-    p->cap_epoch = UINT64_MAX;
     p->nw = l->nworkers;
     for (int i = 0; i < l->nworkers; i++) {
         p->w[i].fd = -1;
@@ -551,9 +550,9 @@ int stoke__proc_create(stoke_loader *l)
         stoke__zygote_main(l, sv[1], self);
         _exit(0);
     }
+    int e = errno; /* (before the hook, which may change it) */
     if (l->ds.fork_parent)
         l->ds.fork_parent(l->ds.user);
-    int e = errno;
     close(sv[1]);
     if (pid < 0) {
         close(sv[0]);
@@ -653,9 +652,8 @@ static int spawn(stoke_loader *l, int wid, char *msg, size_t len)
 static void reap(stoke_loader *l, int wid, int kill_it, char *msg, size_t len)
 {
     stoke__proc *p = l->proc;
-    int pid = atomic_load(&p->w[wid].pid);
+    int pid = atomic_exchange(&p->w[wid].pid, -1);
     close_fd(&p->w[wid].fd);
-    atomic_store(&p->w[wid].pid, -1);
     if (pid <= 0)
         return;
     zreq q = {.op = Z_REAP, .pid = pid, .kill = kill_it};
@@ -718,8 +716,7 @@ static int exchange(stoke_loader *l, int wid, const wreq *req, stoke_batch *b)
     b->bytes = (size_t)m.bytes;
     b->err_index = m.err_index;
     b->truncated = m.truncated;
-    memcpy(b->err_msg, m.err_msg, sizeof(b->err_msg));
-    b->err_msg[sizeof(b->err_msg) - 1] = '\0';
+    stoke__fmt(b->err_msg, sizeof(b->err_msg), "%.*s", (int)sizeof(m.err_msg) - 1, m.err_msg);
     return X_DONE;
 }
 
@@ -742,8 +739,8 @@ static int after_crash(stoke_loader *l, stoke_batch *b, int wid, wreq *req, cons
     }
     int over = ++p->cap_n > RESTARTS_MAX;
     stoke__loader_unlock(l);
+    char m[256];
     if (over) {
-        char m[256];
         stoke__fmt(m, sizeof(m), "%.150s; worker processes restarted more than %d times this epoch",
                    why, RESTARTS_MAX);
         stoke__batch_failed(b, STOKE_ELIMIT, where, m);
@@ -760,32 +757,28 @@ static int after_crash(stoke_loader *l, stoke_batch *b, int wid, wreq *req, cons
         stoke__strlcpy(req->pmsg[req->npoison++], why, sizeof(req->pmsg[0]));
         return STOKE_OK;
     }
-    char m[256]; /* the sample fails its batch: on_error ERROR, or too many crashes */
-    if (l->o.on_error == STOKE_ON_ERROR_ERROR)
-        stoke__strlcpy(m, why, sizeof(m));
-    else
-        stoke__fmt(m, sizeof(m), "%.150s (more than %d crashing samples in one batch)", why,
-                   POISON_MAX);
-    stoke__bad_note(b, idx, STOKE_EDATA, m);
-    stoke__batch_failed(b, STOKE_EDATA, idx, m);
+    /* the sample fails its batch: on_error ERROR, or too many crashes */
+    stoke__fmt(m, sizeof(m), "%.150s (more than %d crashing samples in one batch)", why,
+               POISON_MAX);
+    const char *msg = l->o.on_error == STOKE_ON_ERROR_ERROR ? why : m;
+    stoke__bad_note(b, idx, STOKE_EDATA, msg);
+    stoke__batch_failed(b, STOKE_EDATA, idx, msg);
     return STOKE_EDATA;
 }
 
-void stoke__proc_fill(stoke_loader *l, stoke_batch *b, stoke__producer *pr, uint64_t seed,
-                      uint64_t epoch)
+void stoke__proc_fill(stoke_loader *l, stoke_batch *b, stoke__producer *pr)
 {
-    stoke__proc *p = l->proc;
     int wid = pr->wid; /* a worker thread's (never the caller's: no assist with processes) */
     uint64_t first = b->seq * l->o.batch_size;
     STOKE__LOADER_ASSERT(pr->w != NULL);
-    stoke__loader_batch_start(l, b, wid, epoch);
+    stoke__loader_batch_start(l, b, pr);
     wreq req = {.bi = (int32_t)(b - l->bat), .si = (int32_t)(b->host - l->slots)};
     req.seq = b->seq;
-    req.seed = seed;
-    req.epoch = epoch;
+    req.seed = pr->seed;
+    req.epoch = pr->epoch;
     char msg[256] = "";
     for (;;) {
-        int rc = p->w[wid].fd < 0 ? spawn(l, wid, msg, sizeof(msg)) : STOKE_OK;
+        int rc = l->proc->w[wid].fd < 0 ? spawn(l, wid, msg, sizeof(msg)) : STOKE_OK;
         if (rc != STOKE_OK) {
             stoke__batch_failed(b, rc, first, msg);
             return;

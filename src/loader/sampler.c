@@ -18,29 +18,9 @@ struct stoke_sampler {
     /* BLOCK: rows per block, blocks per window (at most nblocks), full blocks, rows of the short
      * last block (0: none), blocks in all */
     uint64_t brows, bwin, nfull, tail_rows, nblocks;
-    int distributed;
-    uint64_t rank, world;
-    uint64_t len; /* positions for this rank */
+    uint64_t rank, world; /* 0 and 1 unless distributed */
+    uint64_t len;         /* positions for this rank */
 };
-
-static inline uint64_t mix64(uint64_t x)
-{
-    /* splitmix64's finalizer: a bijection with good avalanche. */
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-
-uint64_t stoke__mix64(uint64_t x)
-{
-    return mix64(x);
-}
-
-uint64_t stoke__epoch_key(uint64_t seed, uint64_t epoch)
-{
-    return mix64(seed ^ mix64(epoch ^ 0x5851f42d4c957f2dull));
-}
 
 /* ---- the keyed Feistel permutation ----------------------------------------------------------- */
 
@@ -57,7 +37,7 @@ static void feistel_init(stoke__feistel *f, uint64_t n, uint64_t key)
     f->half = bits / 2;
     f->mask = (1ull << f->half) - 1; /* half <= 32 */
     for (int r = 0; r < STOKE__FEISTEL_ROUNDS; r++)
-        f->rk[r] = mix64(key + 0x632be59bd9b4e019ull * (uint64_t)(r + 1));
+        f->rk[r] = stoke__mix64(key + 0x632be59bd9b4e019ull * (uint64_t)(r + 1));
     f->tab = NULL;
 }
 
@@ -90,7 +70,7 @@ static inline uint64_t feistel_pass_mul(const stoke__feistel *f, uint64_t y)
 {
     uint64_t l = (y >> f->half) & f->mask, r = y & f->mask;
     for (int i = 0; i < STOKE__FEISTEL_ROUNDS; i++) {
-        uint64_t t = l ^ (mix64(r ^ f->rk[i]) & f->mask);
+        uint64_t t = l ^ (stoke__mix64(r ^ f->rk[i]) & f->mask);
         l = r;
         r = t;
     }
@@ -214,7 +194,7 @@ static inline __attribute__((always_inline)) void feistel_pass_lanes(const stoke
     for (int i = 0; i < STOKE__FEISTEL_ROUNDS; i++) {
         const uint64_t rk = f->rk[i];
         for (int k = 0; k < FEISTEL_LANES; k++) {
-            uint64_t t = l[k] ^ (mix64(r[k] ^ rk) & m);
+            uint64_t t = l[k] ^ (stoke__mix64(r[k] ^ rk) & m);
             l[k] = r[k];
             r[k] = t;
         }
@@ -450,7 +430,6 @@ static int sampler_setup(stoke_sampler *s, const stoke_sampler_opts *o, uint64_t
                            "distributed sampler: rank %" PRIu64 " is not below world size %" PRIu64
                            "%s",
                            s->rank, s->world, from_env ? " (from the environment)" : "");
-    s->distributed = 1;
     s->len = (s->base_len + (o->drop_last ? 0 : s->world - 1)) / s->world;
     return STOKE_OK;
 }
@@ -500,7 +479,7 @@ int64_t stoke_sampler_world_size(const stoke_sampler *s)
 static inline uint64_t weighted_draw(const stoke_sampler *s, uint64_t key, uint64_t g)
 {
     double total = s->cdf[s->n - 1];
-    double u = (double)(mix64(key ^ mix64(g)) >> 11) * 0x1.0p-53 * total;
+    double u = (double)(stoke__mix64(key ^ stoke__mix64(g)) >> 11) * 0x1.0p-53 * total;
     uint64_t lo = 0, hi = s->n - 1; /* first i with cdf[i] > u */
     while (lo < hi) {
         uint64_t mid = lo + (hi - lo) / 2;
@@ -558,7 +537,8 @@ static void block_window_enter(const stoke_sampler *s, const stoke__sampler_epoc
     bw->slot0 = j0;
     bw->start = start;
     bw->tail_local = e->tail_slot >= j0 && e->tail_slot < j1 ? e->tail_slot - j0 : UINT64_MAX;
-    feistel_init(&bw->mix, end - start, mix64(e->key ^ mix64(w ^ 0x2545f4914f6cdd1dull)));
+    feistel_init(&bw->mix, end - start,
+                 stoke__mix64(e->key ^ stoke__mix64(w ^ 0x2545f4914f6cdd1dull)));
     bw->have = 0;
 }
 
@@ -600,7 +580,7 @@ int stoke__sampler_epoch_init(stoke__sampler_epoch *e, const stoke_sampler *s, u
     e->s = s;
     e->seed = seed;
     e->epoch = epoch;
-    e->key = stoke__epoch_key(seed, epoch);
+    e->key = stoke__mix64(seed ^ stoke__mix64(epoch ^ 0x5851f42d4c957f2dull));
     switch (s->kind) {
     case STOKE_SAMPLER_RANDOM: feistel_init(&e->perm, s->n, e->key); break;
     case STOKE_SAMPLER_SUBSET: /* only a shuffled one has a permutation (n 0: none) */
@@ -610,7 +590,7 @@ int stoke__sampler_epoch_init(stoke__sampler_epoch *e, const stoke_sampler *s, u
     case STOKE_SAMPLER_BLOCK:
         feistel_init(&e->perm, s->nfull, e->key);
         e->tail_slot =
-            s->tail_rows ? mix64(e->key ^ 0x9fb21c651e98df25ull) % s->nblocks : s->nblocks;
+            s->tail_rows ? stoke__mix64(e->key ^ 0x9fb21c651e98df25ull) % s->nblocks : s->nblocks;
         break;
     }
     return STOKE_OK;
@@ -628,7 +608,7 @@ int stoke__sampler_epoch_tabulate(stoke__sampler_epoch *e, uint16_t *tab, size_t
     const size_t w = (size_t)1 << f->half;
     for (int i = 0; i < STOKE__FEISTEL_ROUNDS; i++)
         for (size_t r = 0; r < w; r++)
-            tab[((size_t)i << f->half) | r] = (uint16_t)(mix64(r ^ f->rk[i]) & f->mask);
+            tab[((size_t)i << f->half) | r] = (uint16_t)(stoke__mix64(r ^ f->rk[i]) & f->mask);
     f->tab = tab;
     return 1;
 }
@@ -636,7 +616,7 @@ int stoke__sampler_epoch_tabulate(stoke__sampler_epoch *e, uint16_t *tab, size_t
 /* out[i] = the unsharded epoch position of this rank's position pos0 + i (all < s->len). */
 static void fill_positions(const stoke_sampler *s, uint64_t pos0, size_t count, uint64_t *out)
 {
-    if (!s->distributed) {
+    if (s->world == 1) { /* (one rank, distributed or not: the positions as they are) */
         for (size_t i = 0; i < count; i++)
             out[i] = pos0 + i;
         return;

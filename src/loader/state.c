@@ -31,19 +31,6 @@ void stoke__loader_abandon(stoke_loader *l)
     pthread_cond_broadcast(&l->work_cv);
 }
 
-/* (mu) 1 when the current epoch has nothing more to deliver. */
-int stoke__loader_epoch_over(const stoke_loader *l)
-{
-    if (l->ended)
-        return 1;
-    if (!l->iterable)
-        return l->ndelivered >= l->nbatches - l->start_cursor;
-    for (int i = 0; i < l->nw1; i++)
-        if (!l->w[i].exhausted)
-            return 0;
-    return l->outstanding == 0;
-}
-
 /* (mu) Moves to (epoch, cursor). */
 void stoke__loader_set_position(stoke_loader *l, uint64_t epoch, uint64_t cursor)
 {
@@ -56,8 +43,7 @@ void stoke__loader_set_position(stoke_loader *l, uint64_t epoch, uint64_t cursor
     l->ended = 0;
     for (int i = 0; l->iterable && i < l->nw1; i++) {
         l->w[i].k_next = 0;
-        l->w[i].end_at = 0;
-        l->w[i].exhausted = 0;
+        l->w[i].end_at = UINT64_MAX;
     }
     if (l->bits)
         memset(l->bits, 0, (size_t)((l->nbatches + 7) / 8));
@@ -173,14 +159,14 @@ int stoke_loader_get_stats(const stoke_loader *l, stoke_loader_stats *out)
     stoke__loader_lock(m);
     stoke_loader_stats s = m->st; /* the counts (size: the caller's, below); the rest here */
     s.pageable_batches = s.batches - s.pinned_batches; /* every delivered batch is one of two */
-    s.device_copies = m->device_mode ? s.batches : 0;  /* device mode copies every batch */
-    s.device_bytes = m->device_mode ? s.bytes : 0;
+    s.device_copies = m->o.device ? s.batches : 0;     /* device mode copies every batch */
+    s.device_bytes = m->o.device ? s.bytes : 0;
     s.wait_s = (double)m->st_wait_ns / 1e9;
     s.wait_p50_s = (double)stoke__hist_quantile(&m->wait_hist, 0.50) / 1e9;
     s.wait_p99_s = (double)stoke__hist_quantile(&m->wait_hist, 0.99) / 1e9;
     s.worker_busy_s = (double)m->st_busy_ns / 1e9;
     s.workers = (uint64_t)m->nworkers;
-    s.workers_auto = (uint64_t)m->auto_workers;
+    s.workers_auto = m->o.num_workers == STOKE_LOADER_WORKERS_AUTO;
     s.workers_active = (uint64_t)m->nact;
     s.workers_active_min = (uint64_t)m->autotune.lo;
     s.workers_active_max = (uint64_t)m->autotune.hi;
@@ -189,10 +175,8 @@ int stoke_loader_get_stats(const stoke_loader *l, stoke_loader_stats *out)
     stoke__loader_unlock(m);
     s.buffers = (uint64_t)l->nbuf;
     s.buffer_bytes = l->buf_bytes;
-    size_t n = out->size < sizeof(s) ? out->size : sizeof(s);
-    uint32_t keep = out->size;
-    memcpy(out, &s, n);
-    out->size = keep;
+    s.size = out->size; /* the caller's, and as much of s as it has room for */
+    memcpy(out, &s, out->size < sizeof(s) ? out->size : sizeof(s));
     return STOKE_OK;
 }
 

@@ -48,7 +48,6 @@ int stoke__loader_setup_device(stoke_loader *l)
             return stoke__loader_fail(l, rc, "loader: device '%s': batch buffer %d of %d: %s",
                                       l->o.device, i + 1, l->nbuf, stoke_last_error());
     }
-    l->device_mode = 1;
     return STOKE_OK;
 fail:
     return stoke__loader_fail(l, rc, "loader: device '%s': %s", l->o.device, stoke_last_error());
@@ -83,23 +82,6 @@ void stoke__loader_copy_batch(stoke_loader *l, stoke_batch *b)
     }
 }
 
-int stoke__loader_device_failed(stoke_loader *l, stoke_batch *b, int rc, const char *op,
-                                const char *prep)
-{
-    char what[160], detail[512]; /* the backend's whole reason (an asynchronous copy's, too) */
-    stoke__loader_batch_desc(l, b, what, sizeof(what));
-    stoke__shorten(detail, sizeof(detail), stoke_last_error());
-    stoke__loader_lock(l);
-    if (!b->dev_failed) {
-        b->dev_failed = 1;
-        l->st.device_errors++;
-    }
-    stoke__loader_unlock(l);
-    return stoke__loader_fail(l, rc, "loader: %s %s %s device %s failed: %s (%s)", op, what, prep,
-                              l->o.device, detail[0] ? detail : stoke_strerror(rc),
-                              stoke_err_name(rc));
-}
-
 void stoke__loader_drop_slot(stoke_loader *l, stoke_batch *b)
 {
     stoke__slot *s = b->host;
@@ -126,7 +108,7 @@ void stoke__loader_recycle(stoke_loader *l, stoke_batch *b)
     int st = atomic_load_explicit(&b->state, memory_order_relaxed);
     STOKE__LOADER_ASSERT(st == STOKE__B_FILLING || st == STOKE__B_DONE || st == STOKE__B_RELEASED);
     stoke__batch_move(b, st, STOKE__B_FREE);
-    if (l->device_mode)
+    if (l->o.device)
         stoke__loader_drop_slot(l, b);
     l->free_v[l->nfree++] = b;
 }

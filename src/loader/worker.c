@@ -67,12 +67,13 @@ void stoke__batch_failed(stoke_batch *b, int rc, uint64_t where, const char *msg
  * (stoke__sampler_epoch_tabulate), derived again only when they change (a zeroed
  * context names no sampler; the init fails only for a NULL argument, and a fill from a context
  * it did not make is STOKE_EINVAL). */
-static const stoke__sampler_epoch *ahead_epoch(const stoke_loader *l, stoke__ahead *a,
-                                               uint64_t seed, uint64_t epoch)
+static const stoke__sampler_epoch *ahead_epoch(const stoke_loader *l, stoke__producer *p)
 {
+    stoke__ahead *a = &p->ahead;
     stoke__sampler_epoch *ep = &a->ep;
-    if (ep->s != l->sampler || ep->seed != seed || ep->epoch != epoch) {
-        (void)stoke__sampler_epoch_init(ep, l->sampler, seed, epoch);
+    if (ep->s != l->sampler || ep->seed != p->seed || ep->epoch != p->epoch) {
+        a->n = 0; /* the run was of the old keys */
+        (void)stoke__sampler_epoch_init(ep, l->sampler, p->seed, p->epoch);
         (void)stoke__sampler_epoch_tabulate(ep, a->tab, STOKE__ARRAY_LEN(a->tab));
     }
     return ep;
@@ -84,44 +85,41 @@ _Atomic uint64_t stoke__ahead_fills;
  * filling a new run from its first position when the run does not hold them (see
  * stoke__ahead).  NULL when the sampler refuses: the caller computes them alone and reports the
  * error. */
-static const uint64_t *ahead_indices(const stoke_loader *l, stoke__ahead *a, uint64_t seq, size_t n,
-                                     uint64_t seed, uint64_t epoch)
+static const uint64_t *ahead_indices(const stoke_loader *l, stoke__producer *p, uint64_t seq,
+                                     size_t n)
 {
     uint64_t pos = seq * l->o.batch_size;
-    stoke__ahead_run *r = &a->run;
-    if (r->n >= n && r->seed == seed && r->epoch == epoch && pos >= r->pos0 &&
-        pos - r->pos0 <= r->n - n)
-        return r->idx + (pos - r->pos0);
+    stoke__ahead *a = &p->ahead;
+    if (a->n >= n && a->ep.seed == p->seed && a->ep.epoch == p->epoch && pos >= a->pos0 &&
+        pos - a->pos0 <= a->n - n) /* (a run is of ep's sampler: ahead_epoch made both) */
+        return a->idx + (pos - a->pos0);
     /* a new run, over the batches this thread makes in a row */
     uint64_t end = a->seq_end > seq ? a->seq_end : seq + 1;
     uint64_t last = end < l->nbatches ? end * l->o.batch_size : l->nsamples;
     uint64_t m = last - pos < STOKE__AHEAD_RUN ? last - pos : STOKE__AHEAD_RUN;
-    const stoke__sampler_epoch *ep = ahead_epoch(l, a, seed, epoch);
-    r->n = 0;
-    if (m < n || stoke__sampler_fill(l->sampler, ep, pos, (size_t)m, r->idx) != STOKE_OK)
+    const stoke__sampler_epoch *ep = ahead_epoch(l, p);
+    a->n = 0;
+    if (m < n || stoke__sampler_fill(l->sampler, ep, pos, (size_t)m, a->idx) != STOKE_OK)
         return NULL;
-    r->seed = seed;
-    r->epoch = epoch;
-    r->pos0 = pos;
-    r->n = (size_t)m;
+    a->pos0 = pos;
+    a->n = (size_t)m;
     atomic_fetch_add_explicit(&stoke__ahead_fills, 1, memory_order_relaxed);
-    return r->idx;
+    return a->idx;
 }
 
-/* MAP: the dataset indices of batch seq's b->count samples into b->indices, all at
+/* MAP: the dataset indices of batch b->seq's b->count samples into b->indices, all at
  * once, from this thread's runs (see stoke__ahead) for small batches.  Returns STOKE_OK, or
  * fails the batch when the sampler refuses. */
-static int batch_indices(stoke_loader *l, stoke_batch *b, stoke__ahead *a, uint64_t seed,
-                         uint64_t epoch, uint64_t seq)
+static int batch_indices(stoke_loader *l, stoke_batch *b, stoke__producer *p)
 {
     const uint64_t *run =
-        b->count <= STOKE__AHEAD_RUN ? ahead_indices(l, a, seq, b->count, seed, epoch) : NULL;
+        b->count <= STOKE__AHEAD_RUN ? ahead_indices(l, p, b->seq, b->count) : NULL;
     if (run) {
         memcpy(b->indices, run, b->count * sizeof(*run));
         return STOKE_OK;
     }
-    const stoke__sampler_epoch *ep = ahead_epoch(l, a, seed, epoch);
-    uint64_t pos0 = seq * l->o.batch_size;
+    const stoke__sampler_epoch *ep = ahead_epoch(l, p);
+    uint64_t pos0 = b->seq * l->o.batch_size;
     int rc = stoke__sampler_fill(l->sampler, ep, pos0, b->count, b->indices);
     if (rc != STOKE_OK) /* (never: an epoch's batches lie within the sampler's length) */
         stoke__batch_failed(b, rc, pos0, "sampler position out of range");
@@ -139,7 +137,7 @@ static inline void point_slots(const stoke_loader *l, const stoke_batch *b, size
     for (size_t f = 0; f < nf; f++)
         dst[f] = mem + l->off[f] + j * l->step[f];
     for (int r = 0; r < l->nragged; r++)
-        for (size_t k = 0, f = (size_t)l->rg[r].field; k < n; k++)
+        for (size_t k = 0, f = (size_t)l->rg[r]; k < n; k++)
             len[k * nf + f] = l->fields[f].max_len;
 }
 
@@ -150,8 +148,8 @@ static int take_lengths(const stoke_loader *l, stoke_batch *b, size_t j, const i
 {
     int cut = 0;
     for (int r = 0; r < l->nragged; r++) {
-        const stoke_field *fd = &l->fields[l->rg[r].field];
-        int64_t n = len[l->rg[r].field];
+        const stoke_field *fd = &l->fields[l->rg[r]];
+        int64_t n = len[l->rg[r]];
         if (n < 0) {
             stoke__fmt(msg, msg_len, "field '%s': the sample reported length %lld", fd->name,
                        (long long)n);
@@ -308,11 +306,10 @@ static void fill_pad(unsigned char *p, size_t n, const stoke_field *fd)
  * (slot j's new place is at or below its old), in slot order: memmove is enough. */
 static size_t collate_ragged(const stoke_loader *l, stoke_batch *b, int r)
 {
-    const stoke__ragged *rg = &l->rg[r];
-    const stoke_field *fd = &l->fields[rg->field];
-    unsigned char *base = b->host->mem + l->off[rg->field];
+    const stoke_field *fd = &l->fields[l->rg[r]];
+    unsigned char *base = b->host->mem + l->off[l->rg[r]];
     int64_t *aux = stoke__ragged_meta(b, r), *len = aux + 1;
-    size_t n = b->count, unit = rg->unit, stride = (size_t)fd->max_len * unit;
+    size_t n = b->count, stride = fd->bytes, unit = stride / (size_t)fd->max_len;
     if (fd->collate == STOKE_COLLATE_PACK) {
         int64_t *offs = aux + 1 + l->cap;
         int64_t at = 0;
@@ -361,15 +358,13 @@ static inline void finish_batch(stoke_loader *l, stoke_batch *b)
     b->bytes = bytes;
 }
 
-/* Writes batch `seq` into b->host; the caller owns b.  Sets b->status and the error fields
- * (ITERABLE: b->end when the worker's share ended). */
-void stoke__loader_batch_start(stoke_loader *l, stoke_batch *b, int wid, uint64_t epoch)
+void stoke__loader_batch_start(stoke_loader *l, stoke_batch *b, const stoke__producer *p)
 {
-    if (b->epoch != epoch) /* (the batch's first cache line only is written for every batch) */
-        b->epoch = epoch;
+    if (b->epoch != p->epoch) /* (the batch's first cache line only is written for every batch) */
+        b->epoch = p->epoch;
     b->count = l->iterable ? l->o.batch_size : batch_count(l, b->seq);
     b->status = STOKE_OK;
-    b->worker = wid;
+    b->worker = p->wid;
     if (b->copied)
         b->copied = 0;
     if (b->dev_failed)
@@ -386,14 +381,12 @@ void stoke__loader_batch_start(stoke_loader *l, stoke_batch *b, int wid, uint64_
  * a hint, computes the indices of batch `seq` (the one this thread makes next, within the
  * batches it makes in a row) into its look-ahead and names them to the dataset.  Does nothing
  * otherwise (a process worker's child: it makes one batch per request). */
-static void look_ahead(stoke_loader *l, stoke__producer *p, uint64_t seq, uint64_t seed,
-                       uint64_t epoch)
+static void look_ahead(stoke_loader *l, stoke__producer *p, uint64_t seq)
 {
-    stoke__ahead *a = &p->ahead;
-    if (!l->plan.hint_next || seq >= a->seq_end)
+    if (!l->plan.hint_next || seq >= p->ahead.seq_end)
         return;
     size_t n = batch_count(l, seq);
-    const uint64_t *idx = n ? ahead_indices(l, a, seq, n, seed, epoch) : NULL;
+    const uint64_t *idx = n ? ahead_indices(l, p, seq, n) : NULL;
     if (idx) { /* else fill_batch computes them again and reports what failed */
         stoke_hint h = {.kind = STOKE_HINT_NEXT, .indices = idx, .count = n};
         l->ds.hint(l->ds.user, &h);
@@ -402,14 +395,12 @@ static void look_ahead(stoke_loader *l, stoke__producer *p, uint64_t seq, uint64
 
 /* The fill pipeline: indices, the dataset's reads (read() for the batch, else get()/next() per
  * sample, bad samples through the policy), then finish_batch. */
-void stoke__loader_fill_batch(stoke_loader *l, stoke_batch *b, stoke__producer *p, uint64_t seed,
-                              uint64_t epoch, uint64_t seq)
+void stoke__loader_fill_batch(stoke_loader *l, stoke_batch *b, stoke__producer *p)
 {
-    b->seq = seq;
-    stoke__loader_batch_start(l, b, p->wid, epoch);
-    if (!l->iterable && batch_indices(l, b, &p->ahead, seed, epoch, seq) != STOKE_OK)
+    stoke__loader_batch_start(l, b, p);
+    if (!l->iterable && batch_indices(l, b, p) != STOKE_OK)
         return;
-    look_ahead(l, p, seq + 1, seed, epoch); /* (after b's indices left the run) */
+    look_ahead(l, p, b->seq + 1); /* (after b's indices left the run) */
     if (!l->iterable && l->ds.read)
         fill_read(l, b, p);
     else
@@ -429,14 +420,14 @@ static void complete_quiet(stoke_loader *l, stoke_batch *b, uint64_t busy_ns)
     l->busy_avg = l->busy_avg ? (l->busy_avg * 7 + busy_ns) / 8 : busy_ns;
     l->filling--;
     atomic_fetch_add_explicit(&l->events, 1, memory_order_release);
-    if (l->device_mode && b->copied)
+    if (l->o.device && b->copied)
         stoke__loader_drop_slot(l, b);
     int drop = b->gen != l->gen; /* (dispatch gave it the run's gen) */
     if (!drop && l->iterable && b->status == STOKE_OK && b->end) {
         stoke__worker *w = &l->w[b->worker];
         int keep = b->count && !(l->o.drop_last && b->count < l->o.batch_size);
-        w->exhausted = 1;
-        w->end_at = keep ? b->k + 1 : b->k;
+        /* its batch number in the share (dispatch), and past it when it is delivered */
+        w->end_at = b->seq / (uint64_t)l->nw1 + (uint64_t)keep;
         if (!keep) { /* nothing to deliver: the share ended on a batch boundary or was dropped */
             w->outstanding--;
             l->outstanding--;
@@ -459,13 +450,12 @@ static void complete_quiet(stoke_loader *l, stoke_batch *b, uint64_t busy_ns)
     l->done_tail = &b->next;
 }
 
-/* (mu) Whether worker w (NULL: the caller's thread, MAP) may take a batch now. */
-static int can_dispatch(const stoke_loader *l, const stoke__worker *w)
+int stoke__loader_can_dispatch(const stoke_loader *l, const stoke__worker *w)
 {
     if (l->ended || l->init_failed || !l->nfree || l->quiesce)
         return 0;
     if (l->iterable)
-        return !w->exhausted && w->outstanding < l->prefetch;
+        return w->end_at == UINT64_MAX && w->outstanding < l->prefetch;
     if (l->next_dispatch >= l->nbatches || l->outstanding >= l->window)
         return 0;
     if (l->o.round_robin) /* batch k is worker k % nact's; never the caller's */
@@ -509,9 +499,9 @@ void stoke__loader_notify(stoke_loader *l)
 }
 
 /* (mu) Takes the next batch for producer p (it could dispatch).  May drop `mu` briefly. */
-static stoke_batch *dispatch(stoke_loader *l, stoke__producer *p, uint64_t *seed, uint64_t *epoch)
+static stoke_batch *dispatch(stoke_loader *l, stoke__producer *p)
 {
-    stoke__worker *w = p->share;
+    stoke__worker *w = p->w ? p->w : &l->w[0]; /* ITERABLE: the share it makes (0 workers: one) */
     STOKE__LOADER_ASSERT_MU(l);
     STOKE__LOADER_ASSERT(l->nfree > 0);
     stoke_batch *b = l->free_v[--l->nfree];
@@ -519,17 +509,16 @@ static stoke_batch *dispatch(stoke_loader *l, stoke__producer *p, uint64_t *seed
     if (b->gen != l->gen) /* its run: the check counts it in `outstanding` while it is current */
         b->gen = l->gen;
     if (l->iterable) {
-        b->k = w->k_next++;
-        b->seq = b->k * (uint64_t)l->nw1 + (uint64_t)w->p.wid;
+        b->seq = w->k_next++ * (uint64_t)l->nw1 + (uint64_t)w->p.wid;
         w->outstanding++;
     } else {
         b->seq = l->next_dispatch++;
     }
-    *seed = l->seed;
-    *epoch = l->epoch;
+    p->seed = l->seed;
+    p->epoch = l->epoch;
     l->outstanding++;
     l->filling++;
-    if (l->device_mode) /* drops `mu` when it waits for a copy: make_group counts on 1 */
+    if (l->o.device) /* drops `mu` when it waits for a copy: make_group counts on 1 */
         stoke__loader_take_slot(l, b);
     return b;
 }
@@ -591,10 +580,8 @@ static int claim_size(const stoke_loader *l)
     if (n >= CLAIM_MAX / 2) /* a whole group: one fill of the sampler for its indices */
         n = CLAIM_MAX;
     uint64_t share = l->window / (4 * (uint64_t)(l->nact > 0 ? l->nact : 1));
-    if (n > share)
+    if (n > share) /* (n is CLAIM_MAX at most already) */
         n = share;
-    if (n > CLAIM_MAX)
-        n = CLAIM_MAX;
     return n ? (int)n : 1;
 }
 
@@ -603,65 +590,59 @@ static int claim_size(const stoke_loader *l)
  * failed), and the caller makes them one by one, which reports the failing sample as a batch of
  * its own would and applies on_error.  Only where l->plan.scatter says (no timeout_ms: a timeout
  * names the sample in progress) and the group's samples fit one run. */
-static int make_scattered(stoke_loader *l, stoke_batch *const *b, int n, int wid, uint64_t seed,
-                          uint64_t epoch, stoke__ahead *a)
+static int make_scattered(stoke_loader *l, stoke_batch *const *b, int n, stoke__producer *p)
 {
-    const int nf = l->ds.nfields;
     size_t total = 0;
     for (int i = 0; i < n; i++)
         total += batch_count(l, b[i]->seq);
-    const uint64_t *run =
-        total <= STOKE__AHEAD_RUN ? ahead_indices(l, a, b[0]->seq, total, seed, epoch) : NULL;
+    const uint64_t *run = total <= STOKE__AHEAD_RUN ? ahead_indices(l, p, b[0]->seq, total) : NULL;
     if (!run)
         return STOKE_ERANGE;
-    void **base = a->dst; /* a run per batch: n <= CLAIM_MAX <= STOKE__AHEAD_RUN */
+    void **base = p->ahead.dst; /* a run per batch: n <= CLAIM_MAX <= STOKE__AHEAD_RUN */
     size_t start[CLAIM_MAX + 1], j = 0;
     for (int i = 0; i < n; i++) {
         stoke_batch *x = b[i];
-        stoke__loader_batch_start(l, x, wid, epoch);
+        stoke__loader_batch_start(l, x, p);
         memcpy(x->indices, run + j, x->count * sizeof(*run));
-        point_slots(l, x, 0, base + (size_t)i * (size_t)nf, NULL, 0); /* (no ragged field) */
+        point_slots(l, x, 0, base + (size_t)i * (size_t)l->ds.nfields, NULL, 0);
         start[i] = j;
         j += x->count;
-        finish_batch(l, x); /* (no ragged field here: plan.scatter) */
+        finish_batch(l, x); /* (no ragged field here, plan.scatter: no lengths, no collation) */
     }
     start[n] = j;
     stoke_slots slots = {(size_t)n, start, base, NULL};
     char msg[256];
     msg[0] = '\0';
     uint64_t err_index = run[0];
-    return l->ds.read(l->ds.user, run, total, &slots, wid, msg, sizeof(msg), &err_index);
+    return l->ds.read(l->ds.user, run, total, &slots, p->wid, msg, sizeof(msg), &err_index);
 }
 
 int stoke__loader_make_group(stoke_loader *l, stoke__producer *p, uint64_t *clock)
 {
-    uint64_t seed, epoch;
     stoke_batch *b[CLAIM_MAX];
-    stoke__ahead *a = &p->ahead;
     stoke__worker *w = p->w;
-    int wid = p->wid, want = claim_size(l), n = 0;
+    int want = claim_size(l), n = 0;
     STOKE__LOADER_ASSERT_MU(l);
     /* `mu` is held throughout the group only because a group in device mode is one batch:
      * dispatch may drop it there (take_slot, waiting for an old copy) */
-    STOKE__LOADER_ASSERT(want == 1 || !l->device_mode);
+    STOKE__LOADER_ASSERT(want == 1 || !l->o.device);
     do /* one gen, seed and epoch for all: `mu` is held throughout */
-        b[n++] = dispatch(l, p, &seed, &epoch);
-    while (n < want && can_dispatch(l, w)); /* (a group: MAP) */
+        b[n++] = dispatch(l, p);
+    while (n < want && stoke__loader_can_dispatch(l, w)); /* (a group: MAP) */
     stoke__loader_unlock(l);
     /* the batches it makes in a row: the group's (their seqs follow each other), or every one
      * when the caller's thread makes them all (0 workers) */
-    a->seq_end = l->plan.caller_all && !w ? l->nbatches : b[n - 1]->seq + 1;
+    p->ahead.seq_end = l->plan.caller_all && !w ? l->nbatches : b[n - 1]->seq + 1;
     /* the clock is read around the group, not after each batch (a read is about 30 ns here, a
      * tenth of a batch of one 3 KB row): each batch is counted the group's average */
     uint64_t t0 = clock && *clock ? *clock : stoke__now_ns();
-    int one_call =
-        n > 1 && l->plan.scatter && make_scattered(l, b, n, wid, seed, epoch, a) == STOKE_OK;
+    int one_call = n > 1 && l->plan.scatter && make_scattered(l, b, n, p) == STOKE_OK;
     for (int i = 0; i < n && !one_call; i++) {
         if (l->proc)
-            stoke__proc_fill(l, b[i], p, seed, epoch); /* in worker p->wid's child process */
+            stoke__proc_fill(l, b[i], p); /* in worker p->wid's child process */
         else
-            stoke__loader_fill_batch(l, b[i], p, seed, epoch, b[i]->seq);
-        if (l->device_mode && b[i]->status == STOKE_OK && b[i]->count)
+            stoke__loader_fill_batch(l, b[i], p);
+        if (l->o.device && b[i]->status == STOKE_OK && b[i]->count)
             stoke__loader_copy_batch(l, b[i]);
     }
     uint64_t t1 = stoke__now_ns(), took = t1 - t0;
@@ -700,7 +681,7 @@ static void *worker_main(void *arg)
     stoke__loader_lock(l);
     for (;;) {
         int spun = 0;
-        while (!l->quit && !can_dispatch(l, w)) {
+        while (!l->quit && !stoke__loader_can_dispatch(l, w)) {
             if (!spun++) { /* then look again: a change may come just after the spin */
                 /* for the consumer to take a batch, when this worker is given work */
                 if (!l->iterable && w->p.wid < l->nact && !l->ended && !l->quiesce &&
@@ -759,7 +740,6 @@ int stoke__loader_start_workers(stoke_loader *l)
     if (rc != STOKE_OK)
         return stoke__loader_fail(l, rc < 0 ? rc : STOKE_EDATA, "loader: worker_init failed (%s)",
                                   stoke_err_name(rc));
-    l->quit = 0;
     for (int i = 0; i < l->nworkers; i++) {
         stoke__worker *w = &l->w[i];
         atomic_store(&w->p.busy->since, 0);
