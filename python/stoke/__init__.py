@@ -383,9 +383,12 @@ class DataLoader(_stoke.Loader):
                              on_error=None if on_error is None else str(on_error))
         except StokeError as e:
             exc = w.reraise(e)
-            if exc is not None:
-                raise exc from e
-            raise
+            try:
+                if exc is not None:
+                    raise exc from e
+                raise
+            finally:  # no cycle exc -> traceback -> this frame -> exc: see _batches
+                exc = None
         self.dataset = dataset
         self.batch_size = batch_size
         self.num_workers = num_workers
@@ -454,11 +457,18 @@ class DataLoader(_stoke.Loader):
             except StopIteration:
                 return
             except StokeError as e:
+                # exc is cleared on the way out: a cycle (exc -> traceback -> this frame -> exc)
+                # left the failed loader to the cyclic collector, which may run on one of the
+                # loader's own worker threads, and a loader destroyed there freed the slot its
+                # fill was still writing (a crash seen in test_errors)
                 exc = self._writer.reraise(e)
-                if exc is not None:
-                    raise exc from e
-                self._writer.name_batch(e)
-                raise
+                try:
+                    if exc is not None:
+                        raise exc from e
+                    self._writer.name_batch(e)
+                    raise
+                finally:
+                    exc = None
             if self._outstanding >= limit:  # the caller holds the pool: copy this one out
                 out = self._writer.decode_copy(b)
             else:

@@ -4,6 +4,7 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/internal.h"
@@ -721,8 +722,15 @@ static void join_workers(stoke_loader *l, int n)
     l->quit = 1;
     pthread_cond_broadcast(&l->work_cv);
     stoke__loader_unlock(l);
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
+        /* a loader destroyed from inside its own dataset call (a garbage collector running a
+         * finalizer on a worker) would free the slot this thread is filling: stop here instead */
+        if (pthread_equal(l->w[i].th, pthread_self())) {
+            fprintf(stderr, "stoke: loader destroyed on its own worker thread %d; aborting\n", i);
+            abort();
+        }
         pthread_join(l->w[i].th, NULL);
+    }
     stoke__loader_lock(l);
     l->quit = 0;
     l->running = 0;
