@@ -275,11 +275,13 @@ static int run(dec *d, const stoke__image_opts *o, const unsigned char *data, si
         stoke__fmt(msg, msg_len, "could not skip to row %d", y0);
         return STOKE_EFORMAT;
     }
-    /* the padding the resampler reads (weight 0) is defined */
-    memset(d->line, 0, d->pitch * READ_ROWS);
+    /* the padding the resampler reads (with weight 0) is defined */
+    const size_t used = (size_t)ci->output_width * (size_t)ci->output_components;
     JSAMPROW rows[READ_ROWS];
-    for (int i = 0; i < READ_ROWS; i++)
+    for (int i = 0; i < READ_ROWS; i++) {
         rows[i] = d->line + (size_t)i * d->pitch;
+        memset(rows[i] + used, 0, d->pitch - used);
+    }
     /* the rows the vertical pass reads (rows below them are never decoded) */
     for (int r = 0; r < d->rs.nread;) {
         const int want = d->rs.nread - r < READ_ROWS ? d->rs.nread - r : READ_ROWS;

@@ -44,8 +44,9 @@ void stoke__rs_axis_free(stoke__rs_axis *a)
 static void quantize(const double *wd, int n, double sum, int16_t *w)
 {
     int total = 0, big = 0;
+    const double to_q = (1 << STOKE__RS_BITS) / sum;
     for (int k = 0; k < n; k++) {
-        w[k] = (int16_t)lround(wd[k] / sum * (1 << STOKE__RS_BITS));
+        w[k] = (int16_t)(wd[k] * to_q + 0.5); /* wd[k] >= 0: rounds half up, as lround */
         total += w[k];
         if (w[k] > w[big])
             big = k;
@@ -60,6 +61,7 @@ int stoke__rs_axis_init(stoke__rs_axis *a, double b0, double blen, int lo, int h
     double scale = blen / out;
     double fs = scale > 1.0 ? scale : 1.0; /* filter stretch when shrinking */
     double support = fs;                   /* the triangle's radius is 1 */
+    const double inv_fs = 1.0 / fs;
     int taps = (int)ceil(support) * 2 + 2;
     if (taps > hi - lo)
         taps = hi - lo;
@@ -89,7 +91,7 @@ int stoke__rs_axis_init(stoke__rs_axis *a, double b0, double blen, int lo, int h
         }
         double sum = 0;
         for (int x = x0; x < x1; x++)
-            sum += wd[x - x0] = triangle((x + 0.5 - center) / fs);
+            sum += wd[x - x0] = triangle((x + 0.5 - center) * inv_fs);
         if (sum <= 0) { /* no tap under the filter (rounding at an edge): the nearest one */
             int nearest = (int)floor(center);
             x0 = nearest < lo ? lo : nearest >= hi ? hi - 1 : nearest;
