@@ -165,7 +165,7 @@ static int set_color(dec *d, int *cmyk, char *msg, size_t msg_len)
  * coefficient of the image until its last scan (2 bytes each, whatever the output scale: 3
  * bytes per pixel at 4:2:0, 6 at 4:4:4); every JPEG needs a few rows of each component at
  * the output scale (libjpeg's strips; counted generously: 4 iMCU rows); and this decoder the
- * output line and the resampler's `rs` bytes (its ring of rows and tables). */
+ * READ_ROWS output lines and the resampler's `rs` bytes (its ring of rows and tables). */
 static uint64_t decode_bytes(j_decompress_ptr ci, size_t rs)
 {
     uint64_t b = 0;
@@ -180,7 +180,7 @@ static uint64_t decode_bytes(j_decompress_ptr ci, size_t rs)
         }
     const uint64_t ow = ci->output_width, comps = (uint64_t)ci->num_components;
     b += ow * comps * 4 * (uint64_t)ci->max_v_samp_factor * (uint64_t)ci->scale_num;
-    b += (ow * (uint64_t)ci->output_components + 64) * READ_ROWS;
+    b += (ow * (uint64_t)ci->output_components + 128) * READ_ROWS; /* lines, pad, alignment */
     b += (uint64_t)rs;
     return b;
 }
@@ -264,10 +264,13 @@ static int run(dec *d, const stoke__image_opts *o, const unsigned char *data, si
         cw = (JDIMENSION)(x1 - x0);
         jpeg_crop_scanline(ci, &xoff, &cw); /* widens to iMCU boundaries */
     }
-    d->pitch = ((size_t)ci->output_width * (size_t)ci->output_components + d->rs.src_pad + 63) &
-               ~(size_t)63;
-    if (stoke__rs_plan_cols(&d->rs, bx, bw, x0, x1, (int)xoff, c.flip) != 0 ||
-        !(d->line = aligned_alloc(64, d->pitch * READ_ROWS))) {
+    int ok = stoke__rs_plan_cols(&d->rs, bx, bw, x0, x1, (int)xoff, c.flip) == 0;
+    if (ok) { /* src_pad is known now */
+        const size_t bytes = (size_t)ci->output_width * (size_t)ci->output_components;
+        d->pitch = (bytes + d->rs.src_pad + 63) & ~(size_t)63;
+        ok = (d->line = aligned_alloc(64, d->pitch * READ_ROWS)) != NULL;
+    }
+    if (!ok) {
         stoke__fmt(msg, msg_len, "out of memory decoding a %dx%d image", W, H);
         return STOKE_ENOMEM;
     }
