@@ -9,8 +9,9 @@ shards have sidecar indexes, so the open succeeds and the failures come in the e
 Under on_error=error the batches before the bad shard arrive (equal to the local ones) and then
 stoke.LoaderError has the code, the sample and a message naming the URL and the HTTP status
 (and nginx's reason); under on_error=skip the samples of the good shards all arrive, equal to
-the local ones, and the quarantine lists every bad sample with its code and reason.  The
-password of a URL never appears.  Skips (77) without nginx or libcurl."""
+the local ones, and the quarantine lists every bad sample with its code and reason; `stoke load
+--json` fails with the code ("error_code", "error_name").  The password of a URL never
+appears.  Skips (77) without nginx or libcurl."""
 import os
 import subprocess
 import sys
@@ -51,6 +52,9 @@ def rows(batches):
 
 want = {k: rows(stoke.DataLoader("tar:%s/shard-%06d.tar%s" % (local, k, OPTS), batch_size=4,
                                   structure="list")) for k in (0, 2)}
+rc, out, _ = R.load("tar:%s/shard-000000.tar%s" % (local, OPTS))
+T.check(rc == 0 and out["ok"] is True and out["error"] is None and out["error_code"] is None
+        and out["error_name"] is None, "a run that passes: %s" % out)
 
 try:
     ng = S.start_nginx(root, os.path.join(work, "nginx"), locations=LOCATIONS)
@@ -101,6 +105,13 @@ try:
                     and more in e["reason"] and "s3cr3t" not in e["reason"] + e["source"],
                     "%s, skip: a quarantine entry: %s" % (sub, e))
         print("%s: %s; skip: %d samples, %d quarantined" % (sub, msg, len(got), len(q)))
+        # --- the CLI: `stoke load --json` fails with the code's number and name in the summary
+        rc, out, _ = R.load(spec, "--workers", "0")
+        T.check(rc == 1 and out["ok"] is False and out["error_code"] == code
+                and out["error_name"] == {ENOENT: "STOKE_ENOENT", EIO: "STOKE_EIO"}[code]
+                and ("GET %s: %s" % (bad_url, status)) in out["error"],
+                "%s: stoke load --json: exit %d, %s" % (sub, rc, {k: out.get(k) for k in (
+                    "ok", "error", "error_code", "error_name")}))
 
     # --- one batch with requests failing two ways at once (shuffled: 404s and 500s in flight
     # together): the error is the one that fails for good (404, not retried), with its own URL
