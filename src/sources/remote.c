@@ -137,7 +137,6 @@ int stoke__remote_read_many(stoke__remote_pool *p, int slot, stoke__remote_req *
 #define BACKOFF_CAP_MS  10000u /* ... up to 5..10 s */
 #define DEFAULT_RETRIES 6u
 #define DEFAULT_TIMEOUT 30u /* seconds without a byte before a try is abandoned */
-#define MSG_MAX         512 /* a request's message in a read_many */
 
 typedef struct counters {
     _Atomic uint64_t requests, retries_done, bytes, wait_ns;
@@ -596,17 +595,17 @@ static int try_end(stoke__remote_pool *p, const stoke__remote_file *f, xfer *x, 
     long st = 0;
     curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &st);
     if (x->werr) {
-        stoke__fmt(why, why_len, "GET %s: writing the download failed at byte %zu: %s", f->url,
-                   x->got, strerror(x->werr));
+        stoke__fmt_short(why, why_len, "GET %s: writing the download failed at byte %zu: %s",
+                         f->url, x->got, strerror(x->werr));
         return STOKE_EIO;
     }
     if (x->enough && c == CURLE_WRITE_ERROR)
         c = CURLE_OK;
     if (x->bad_range) {
-        stoke__fmt(why, why_len,
-                   "GET %s: the server sent bytes from %" PRIu64 " for a range "
-                   "from %" PRIu64,
-                   f->url, x->pos, x->off + before);
+        stoke__fmt_short(why, why_len,
+                         "GET %s: the server sent bytes from %" PRIu64 " for a range "
+                         "from %" PRIu64,
+                         f->url, x->pos, x->off + before);
         return STOKE_EIO;
     }
     if (c == CURLE_OK && st == 416) { /* the range starts at or past the end */
@@ -622,24 +621,25 @@ static int try_end(stoke__remote_pool *p, const stoke__remote_file *f, xfer *x, 
             end = x->total;
         if (x->off + x->got >= end)
             return 0;
-        stoke__fmt(why, why_len, "GET %s: HTTP %ld: the body ended at byte %" PRIu64 " of %" PRIu64,
-                   f->url, st, x->off + x->got, end);
+        stoke__fmt_short(why, why_len,
+                         "GET %s: HTTP %ld: the body ended at byte %" PRIu64 " of %" PRIu64,
+                         f->url, st, x->off + x->got, end);
         return 1; /* a short body: continue from there */
     }
     if (c == CURLE_OK) {
         char text[384];
         error_text(x, text, sizeof(text));
-        stoke__fmt(why, why_len, "GET %s: HTTP %ld%s", f->url, st, text);
+        stoke__fmt_short(why, why_len, "GET %s: HTTP %ld%s", f->url, st, text);
         if (retryable_status(st))
             return 1;
         return st == 404 || st == 410 ? STOKE_ENOENT : STOKE_EIO;
     }
     if (st && st != 200 && st != 206) /* the status and curl's reason, both */
-        stoke__fmt(why, why_len, "GET %s: HTTP %ld: %s%s%s", f->url, st, curl_easy_strerror(c),
-                   serr[0] ? ": " : "", serr);
+        stoke__fmt_short(why, why_len, "GET %s: HTTP %ld: %s%s%s", f->url, st,
+                         curl_easy_strerror(c), serr[0] ? ": " : "", serr);
     else
-        stoke__fmt(why, why_len, "GET %s: %s%s%s", f->url, curl_easy_strerror(c),
-                   serr[0] ? ": " : "", serr);
+        stoke__fmt_short(why, why_len, "GET %s: %s%s%s", f->url, curl_easy_strerror(c),
+                         serr[0] ? ": " : "", serr);
     return retryable_curl(c) ? 1 : STOKE_EIO;
 }
 
@@ -678,7 +678,7 @@ static int retry_loop(stoke__remote_pool *p, slot *s, const stoke__remote_file *
         if (rc != 1 && !(rc < 0 && stopped(x)))
             return rc;
         if (stopped(x)) {
-            stoke__fmt(why, why_len, "GET %s: stopped (the dataset is closing)", f->url);
+            stoke__fmt_short(why, why_len, "GET %s: stopped (the dataset is closing)", f->url);
             return STOKE_EIO;
         }
         if (attempt >= p->retries) {
@@ -701,7 +701,7 @@ static slot *slot_take(stoke__remote_pool *p, int slot_i, const stoke__remote_fi
     pthread_mutex_lock(&s->lock);
     if (!s->h && !(s->h = handle_new(p, s))) {
         pthread_mutex_unlock(&s->lock);
-        stoke__fmt(why, why_len, "GET %s: cannot create a libcurl handle", f->url);
+        stoke__fmt_short(why, why_len, "GET %s: cannot create a libcurl handle", f->url);
         return NULL;
     }
     return s;
@@ -762,13 +762,13 @@ int stoke__remote_read_many(stoke__remote_pool *p, int slot_i, stoke__remote_req
     xfer *x = calloc(n, sizeof(*x));
     /* each request's own message: a request that ends after the failing one (in the same
      * round, or retried later) must not overwrite the failing one's */
-    char(*msg)[MSG_MAX] = calloc(n, sizeof(*msg));
+    char(*msg)[STOKE__MSG_MAX] = calloc(n, sizeof(*msg));
     int k = p->connections < 1 ? 1 : p->connections;
     if (k > (int)n)
         k = (int)n;
     int rc = x && msg && (k < 2 || multi_ready(p, s, k) == STOKE_OK) ? STOKE_OK : STOKE_ENOMEM;
     if (rc) {
-        stoke__fmt(why, why_len, "GET %s: out of memory for %zu requests", r[0].f->url, n);
+        stoke__fmt_short(why, why_len, "GET %s: out of memory for %zu requests", r[0].f->url, n);
         *failed = 0;
     }
     for (size_t j = 0; x && j < n; j++)
@@ -833,8 +833,8 @@ int stoke__remote_read_many(stoke__remote_pool *p, int slot_i, stoke__remote_req
                 for (int i = k - 1; i >= 0; i--)
                     if (on[i] != n)
                         j = on[i];
-                stoke__fmt(msg[j], sizeof(msg[j]), "GET %s: %s", r[j].f->url,
-                           curl_multi_strerror(mc));
+                stoke__fmt_short(msg[j], sizeof(msg[j]), "GET %s: %s", r[j].f->url,
+                                 curl_multi_strerror(mc));
                 rc = STOKE_EIO;
                 *failed = j;
             }
@@ -856,7 +856,7 @@ int stoke__remote_read_many(stoke__remote_pool *p, int slot_i, stoke__remote_req
             rc = t, *failed = j;
     }
     if (rc && msg && *failed < n && msg[*failed][0]) /* the failing request's own message */
-        stoke__fmt(why, why_len, "%s", msg[*failed]);
+        stoke__shorten(why, why_len, msg[*failed]); /* its end: the status and reason */
     for (size_t j = 0; x && j < n; j++) {
         r[j].got = x[j].got;
         if (x[j].has_total)
@@ -896,11 +896,11 @@ int stoke__remote_fetch(stoke__remote_pool *p, int slot_i, const stoke__remote_f
         return rc;
     uint64_t total = x.has_total ? x.total : x.got;
     if ((expect && total != expect) || x.got != total) {
-        stoke__fmt(why, why_len,
-                   "GET %s: the file is %" PRIu64 " bytes%s, %" PRIu64 " came (%" PRIu64
-                   " expected)",
-                   f->url, total, x.has_total ? "" : " (no Content-Range)", (uint64_t)x.got,
-                   expect ? expect : total);
+        stoke__fmt_short(why, why_len,
+                         "GET %s: the file is %" PRIu64 " bytes%s, %" PRIu64 " came (%" PRIu64
+                         " expected)",
+                         f->url, total, x.has_total ? "" : " (no Content-Range)", (uint64_t)x.got,
+                         expect ? expect : total);
         return STOKE_EIO;
     }
     *size = x.got;

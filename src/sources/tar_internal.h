@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/internal.h"
 #include "sources/cache.h"
 #include "sources/npy_header.h"
 #include "sources/remote.h"
@@ -134,7 +135,7 @@ typedef struct stoke__tar_rwin {
     char *buf;       /* the caller frees it after the last shard */
     size_t cap, len; /* buf holds the file's [start, start + len) */
     uint64_t start;
-    char why[512]; /* a failed fetch's reason */
+    char why[STOKE__MSG_MAX]; /* a failed fetch's reason */
 } stoke__tar_rwin;
 
 /* Opens remote shard s (its request made first, with the dataset's pool and cache when the

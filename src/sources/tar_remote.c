@@ -119,7 +119,7 @@ static int fetch_whole(stoke__tar_ds *t, const stoke__remote_file *f, char **buf
 static int open_index(const char *spec, stoke__tar_ds *t, stoke__tar_shard *s,
                       stoke__tar_member_fn member, void *ctx)
 {
-    char why[512];
+    char why[STOKE__MSG_MAX];
     /* the shard's request and URL with ".idx": what stoke__remote_file_init makes of the
      * given URL + ".idx" (an s3:// key is percent-encoded, ".idx" unchanged) */
     stoke__remote_file f = {
@@ -166,7 +166,7 @@ static int remote_pool(const char *spec, stoke__tar_ds *t)
 {
     if (t->pool)
         return STOKE_OK;
-    char why[512];
+    char why[STOKE__MSG_MAX];
     int rc = stoke__remote_pool_create(&t->pool, why, sizeof(why));
     if (!rc)
         rc = stoke__cache_create(&t->cache, why, sizeof(why));
@@ -183,7 +183,7 @@ static int remote_pool(const char *spec, stoke__tar_ds *t)
  * failure. */
 static int remote_init(const char *spec, stoke__tar_ds *t, stoke__tar_shard *s)
 {
-    char why[512];
+    char why[STOKE__MSG_MAX];
     int rc = remote_pool(spec, t);
     if (rc)
         return rc;
