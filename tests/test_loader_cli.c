@@ -80,7 +80,9 @@ static const char *plug_env(void)
     return plug;
 }
 
-/* Start-up errors: the message on stderr, {"ok": false, "error": ...} on stdout with --json. */
+/* Start-up errors: the message on stderr, {"ok": false, "error": ...} on stdout with --json;
+ * a failure of the library's with its code after the message ("error_code", "error_name"), a
+ * usage error without. */
 static void test_json_startup_errors(void **state)
 {
     const char *env[] = {plug_env(), "STOKE_ACCELERATOR=", "STOKE_SIMDEV_FAIL_COPY=", NULL};
@@ -88,29 +90,37 @@ static void test_json_startup_errors(void **state)
         const char *args[8];
         int status;
         const char *msg;
+        const char *code; /* the end of the object of a library failure; NULL: a usage error */
     } ecase;
     static const ecase cases[] = {
-        {{"npy:/nonexistent/x.npy", "--json"}, 1, "/nonexistent/x.npy"},
-        {{"--device", "simdev:7", "--json"}, 1, "simdev has 2 device(s), no device 7"},
-        {{"--pin-memory-device", "simdev:7", "--json"}, 1, "simdev has 2 device(s), no device 7"},
-        {{"--pin-memory-device", "simdev:", "--json"}, 1, "'simdev:' is not of the form name[:index]"},
-        {{"--device", "simdev:-1", "--json"}, 1, "'simdev:-1' is not of the form name[:index]"},
-        {{"--device", "nosuch", "--json"}, 1, "unknown backend 'nosuch'"},
+        {{"npy:/nonexistent/x.npy", "--json"}, 1, "/nonexistent/x.npy",
+         "\", \"error_code\": -3, \"error_name\": \"STOKE_ENOENT\"}\n"},
+        {{"--device", "simdev:7", "--json"}, 1, "simdev has 2 device(s), no device 7",
+         "\", \"error_code\": -17, \"error_name\": \"STOKE_ERANGE\"}\n"},
+        {{"--pin-memory-device", "simdev:7", "--json"}, 1, "simdev has 2 device(s), no device 7",
+         "\", \"error_code\": -17, \"error_name\": \"STOKE_ERANGE\"}\n"},
+        {{"--pin-memory-device", "simdev:", "--json"}, 1, "'simdev:' is not of the form name[:index]",
+         "\", \"error_code\": -1, \"error_name\": \"STOKE_EINVAL\"}\n"},
+        {{"--device", "simdev:-1", "--json"}, 1, "'simdev:-1' is not of the form name[:index]",
+         "\", \"error_code\": -1, \"error_name\": \"STOKE_EINVAL\"}\n"},
+        {{"--device", "nosuch", "--json"}, 1, "unknown backend 'nosuch'",
+         "\", \"error_code\": -3, \"error_name\": \"STOKE_ENOENT\"}\n"},
         {{"synthetic:10", "--batch-size", "18446744073709551615", "--json"}, 1,
-         "batch_size 18446744073709551615 is too large"},
-        {{"--json", "--bogus"}, 2, "unknown option '--bogus'"},
+         "batch_size 18446744073709551615 is too large",
+         "\", \"error_code\": -17, \"error_name\": \"STOKE_ERANGE\"}\n"},
+        {{"--json", "--bogus"}, 2, "unknown option '--bogus'", NULL},
         {{"--seed", "99999999999999999999999", "--json"}, 2,
-         "--seed: 99999999999999999999999 is too large (at most 18446744073709551615)"},
-        {{"--batch-size", "18446744073709551616", "--json"}, 2, "--batch-size: 18446744073709551616 is too large"},
-        {{"--batch-size", "0", "--json"}, 2, "--batch-size must be at least 1 (got 0)"},
-        {{"--prefetch", "0", "--json"}, 2, "--prefetch must be at least 1 (got 0)"},
-        {{"--workers", "2000", "--json"}, 2, "--workers: 2000 is too large (at most 1024)"},
-        {{"--epochs", "0", "--json"}, 2, "--epochs must be at least 1 (got 0)"},
-        {{"--limit", "-3", "--json"}, 2, "--limit: '-3' is not a non-negative integer"},
-        {{"--seed", "12x", "--json"}, 2, "--seed: '12x' is not a non-negative integer"},
-        {{"--json", "--seed"}, 2, "--seed needs a value"},
-        {{"synthetic:5", "npy:a.npy", "--json"}, 2, "only one SOURCE (got 'synthetic:5' and 'npy:a.npy')"},
-        {{"--verify", "--json"}, 2, "--verify needs --device"},
+         "--seed: 99999999999999999999999 is too large (at most 18446744073709551615)", NULL},
+        {{"--batch-size", "18446744073709551616", "--json"}, 2, "--batch-size: 18446744073709551616 is too large", NULL},
+        {{"--batch-size", "0", "--json"}, 2, "--batch-size must be at least 1 (got 0)", NULL},
+        {{"--prefetch", "0", "--json"}, 2, "--prefetch must be at least 1 (got 0)", NULL},
+        {{"--workers", "2000", "--json"}, 2, "--workers: 2000 is too large (at most 1024)", NULL},
+        {{"--epochs", "0", "--json"}, 2, "--epochs must be at least 1 (got 0)", NULL},
+        {{"--limit", "-3", "--json"}, 2, "--limit: '-3' is not a non-negative integer", NULL},
+        {{"--seed", "12x", "--json"}, 2, "--seed: '12x' is not a non-negative integer", NULL},
+        {{"--json", "--seed"}, 2, "--seed needs a value", NULL},
+        {{"synthetic:5", "npy:a.npy", "--json"}, 2, "only one SOURCE (got 'synthetic:5' and 'npy:a.npy')", NULL},
+        {{"--verify", "--json"}, 2, "--verify needs --device", NULL},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         const ecase *c = &cases[i];
@@ -121,6 +131,11 @@ static void test_json_startup_errors(void **state)
         expect_one_object(out);
         if (strncmp(out, "{\"ok\": false, \"error\": \"", 24) != 0 || !strstr(out, c->msg))
             fail_msg("case %zu: stdout %s lacks %s", i, out, c->msg);
+        size_t lo = strlen(out), lc = c->code ? strlen(c->code) : 0;
+        if (c->code ? lo < lc || strcmp(out + lo - lc, c->code) != 0
+                    : strstr(out, "error_code") != NULL)
+            fail_msg("case %zu: stdout %s does not end with %s", i, out,
+                     c->code ? c->code : "the message (a usage error has no code)");
         if (!strstr(err, c->msg))
             fail_msg("case %zu: stderr %s lacks %s", i, err, c->msg);
     }

@@ -60,7 +60,8 @@ static void put_escaped(FILE *f, const char *s)
     }
 }
 
-static int report(const cli_cmd *c, int status, const char *msg)
+/* code: the library's status code of the failure (< 0), or 0 for none (a usage error). */
+static int report(const cli_cmd *c, int status, int code, const char *msg)
 {
     fprintf(stderr, "stoke%s%s: ", *c->name ? " " : "", c->name); /* "" : no command */
     put_escaped(stderr, msg);
@@ -68,6 +69,8 @@ static int report(const cli_cmd *c, int status, const char *msg)
     if (c->json) {
         printf("{\"ok\": false, \"error\": ");
         cli_json_str(stdout, msg);
+        if (code < 0)
+            printf(", \"error_code\": %d, \"error_name\": \"%s\"", code, stoke_err_name(code));
         printf("}\n");
     }
     return status;
@@ -80,7 +83,17 @@ int cli_fail(const cli_cmd *c, int status, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
-    return report(c, status, msg);
+    return report(c, status, 0, msg);
+}
+
+int cli_fail_code(const cli_cmd *c, int status, int code, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    return report(c, status, code, msg);
 }
 
 int cli_words(const cli_cmd *c, int argc, char **argv, const char *use, const char **words, int max)
@@ -107,8 +120,8 @@ int cli_words(const cli_cmd *c, int argc, char **argv, const char *use, const ch
 int cli_fail_rc(const cli_cmd *c, int status, const char *what, int rc)
 {
     const char *detail = stoke_last_error();
-    return cli_fail(c, status, "%s: %s", what,
-                    detail && *detail ? detail : stoke_strerror(rc));
+    return cli_fail_code(c, status, rc, "%s: %s", what,
+                         detail && *detail ? detail : stoke_strerror(rc));
 }
 
 int cli_opt(const cli_cmd *c, int argc, char **argv, int *i, const char *name,

@@ -36,14 +36,18 @@ int cli_has_json(int argc, char **argv);
  * {"ok": false, "error": "MESSAGE"} on stdout.  Returns `status`. */
 int cli_fail(const cli_cmd *c, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* cli_fail of a failure the library reported with status `code` (< 0): the object has
+ * "error_code": CODE, "error_name": "STOKE_E..." after "error" as well.  Returns `status`. */
+int cli_fail_code(const cli_cmd *c, int status, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 /* The arguments of a command taking only --json and at most `max` words: the words into
  * words[0 .. max) (NULL where absent); --help / -h print `use` on stdout.  Returns -1 to go on,
  * or the exit status to return now: 0 after --help, 2 (reported) for an unknown option or a
  * word too many. */
 int cli_words(const cli_cmd *c, int argc, char **argv, const char *use, const char **words,
               int max);
-/* cli_fail with "WHAT: DETAIL", DETAIL being stoke_last_error() or, when that is empty,
- * stoke_strerror(rc).  Returns `status`. */
+/* cli_fail_code(rc) with "WHAT: DETAIL", DETAIL being stoke_last_error() or, when that is
+ * empty, stoke_strerror(rc).  Returns `status`. */
 int cli_fail_rc(const cli_cmd *c, int status, const char *what, int rc);
 /* Matches option `name` ("--size"), which takes a value, at argv[*i]: given as "NAME VALUE" or
  * "NAME=VALUE".  Returns 1 with *value set (and *i moved onto a separate value); 0 when argv[*i]

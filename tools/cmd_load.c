@@ -22,8 +22,10 @@
  * content_hash is not computed (null).
  *
  * Errors: a message on stderr and, with --json, one {"ok": false, "error": ...} object on
- * stdout (start-up errors) or the summary with "ok": false and "error" (errors once loading
- * started); the exit status is 2 for usage errors, 1 for others. */
+ * stdout (start-up errors; with "error_code" and "error_name", the library's STOKE_E* status,
+ * when the library failed) or the summary with "ok": false, "error", "error_code" and
+ * "error_name" (errors once loading started; null when it succeeded); the exit status is 2 for
+ * usage errors, 1 for others. */
 #include <inttypes.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -104,8 +106,10 @@ static void usage(FILE *f)
         "--verify: not computed (null).  null too when the run failed or with --no-hash.\n"
         "order_hash: FNV-1a over the delivered indices, one 64-bit word each.\n"
         "index_sum: the sum of the delivered indices.  With --json, any error prints\n"
-        "{\"ok\": false, \"error\": \"...\"} on stdout as well as the message on stderr; the exit\n"
-        "status is 2 for a usage error, 1 for any other error (a failed write to stdout too).\n");
+        "{\"ok\": false, \"error\": \"...\"} on stdout as well as the message on stderr, with\n"
+        "\"error_code\" and \"error_name\" (the library's status: -4, \"STOKE_EIO\") when the\n"
+        "library failed; the exit status is 2 for a usage error, 1 for any other error (a\n"
+        "failed write to stdout too).\n");
 }
 
 /* Parses the KIND of --shuffle=KIND into a->order and the block sizes.  0, or -1 after
@@ -256,6 +260,7 @@ static void run_failed(load_run *r, int rc)
     snprintf(r->err, sizeof(r->err), "%s", msg && *msg ? msg : stoke_strerror(rc));
     fprintf(stderr, "%sstoke load: %s\n", r->bar ? "\n" : "", r->err);
     r->status = 1;
+    r->code = rc;
 }
 
 static void keep_indices(delivered *d, const uint64_t *idx, size_t n)
@@ -286,9 +291,9 @@ static int open_loader(const load_args *a, load_run *r)
 {
     const cli_cmd *c = &a->cmd;
     int rc = stoke_source_open(a->source, &r->ds);
-    if (rc != STOKE_OK)
-        return cli_fail(c, 1, "%s", /* the library's message names the source or file */
-                        *stoke_last_error() ? stoke_last_error() : stoke_strerror(rc));
+    if (rc != STOKE_OK) /* the library's message names the source or file */
+        return cli_fail_code(c, 1, rc, "%s",
+                             *stoke_last_error() ? stoke_last_error() : stoke_strerror(rc));
     stoke_loader_opts o;
     stoke_loader_opts_init(&o);
     o.batch_size = (size_t)a->batch;
@@ -314,7 +319,8 @@ static int open_loader(const load_args *a, load_run *r)
     o.arena = a->arena;
     rc = stoke_loader_create(&o, &r->ds, &r->l);
     if (rc != STOKE_OK)
-        return cli_fail(c, 1, "%s", *stoke_last_error() ? stoke_last_error() : stoke_strerror(rc));
+        return cli_fail_code(c, 1, rc, "%s",
+                             *stoke_last_error() ? stoke_last_error() : stoke_strerror(rc));
     uint64_t per_epoch = stoke_loader_num_batches(r->l);
     /* an iterable source does not know its length: run until the epochs end */
     r->total =
@@ -525,6 +531,11 @@ static void print_json(const load_run *r, const char *content_src, const char *w
     const stoke_loader_stats *st = &r->st;
     printf("{\"ok\": %s", r->status ? "false" : "true");
     json_str_or_null("error", r->status ? r->err : NULL);
+    if (r->status)
+        printf(", \"error_code\": %d", r->code);
+    else
+        printf(", \"error_code\": null");
+    json_str_or_null("error_name", r->status ? stoke_err_name(r->code) : NULL);
     json_str_or_null("source", a->source);
     printf(", \"samples\": %" PRIu64 ", \"batches\": %" PRIu64 ", \"seconds\": %.6f", r->samples,
            r->batches, secs);

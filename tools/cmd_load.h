@@ -59,6 +59,7 @@ typedef struct load_run {
     int remote_ok;             /* a tar source with remote shards: */
     stoke_remote_stats remote; /* its counters after the timed pass */
     int status, hash_pass;
+    int code; /* status 1: the library's code of the failure (STOKE_E...) */
     uint64_t hashed, hashed_sum; /* the hash pass, of whole epochs: samples hashed, index sum */
     char hash_why[512];          /* not empty: content_hash is null, for this reason */
     char err[1024];

@@ -44,8 +44,13 @@ void stoke__clear_error(void);
  *     ...cleanup...
  *     stoke__error_restore(&saved);
  * so the message of the failure that led there survives. */
+/* The room of a message: the thread's last error, and the buffers a failure's message passes
+ * through on its way there (a source's read, a sample's failure in a batch, a bad sample):
+ * enough for a message naming a long URL or path twice and ending with its reason. */
+#define STOKE__MSG_MAX 1024
+
 typedef struct stoke__saved_error {
-    char msg[1024];
+    char msg[STOKE__MSG_MAX];
 } stoke__saved_error;
 void stoke__error_save(stoke__saved_error *s);
 void stoke__error_restore(const stoke__saved_error *s);
@@ -59,6 +64,8 @@ char *stoke__shorten(char *dst, size_t n, const char *src);
 /* vsnprintf into dst (n bytes) that shortens a message too long for it as stoke__shorten does.
  * An argument must not point into dst. */
 char *stoke__vfmt_short(char *dst, size_t n, const char *fmt, va_list ap);
+/* stoke__vfmt_short's variadic form. */
+char *stoke__fmt_short(char *dst, size_t n, const char *fmt, ...) STOKE__PRINTF(3, 4);
 
 /* Monotonic clock in nanoseconds. */
 uint64_t stoke__now_ns(void);

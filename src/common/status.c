@@ -29,7 +29,7 @@ const char *stoke_err_name(int code)
     return "STOKE_UNKNOWN";
 }
 
-#define LAST_ERROR_MAX 1024
+#define LAST_ERROR_MAX STOKE__MSG_MAX
 static _Thread_local char last_error[LAST_ERROR_MAX];
 _Static_assert(sizeof(((stoke__saved_error *)0)->msg) == LAST_ERROR_MAX,
                "a saved error holds the whole last-error string");
@@ -149,5 +149,14 @@ char *stoke__vfmt_short(char *dst, size_t n, const char *fmt, va_list ap)
         }
     }
     va_end(ap2);
+    return dst;
+}
+
+char *stoke__fmt_short(char *dst, size_t n, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    stoke__vfmt_short(dst, n, fmt, ap);
+    va_end(ap);
     return dst;
 }

@@ -50,7 +50,7 @@ static int replace(stoke_loader *l, stoke_batch *b, stoke__producer *p, size_t s
                    char *msg, size_t msg_len)
 {
     uint64_t n = l->ds.length ? l->ds.length(l->ds.user) : 0;
-    char tmp[256];
+    char tmp[STOKE__MSG_MAX];
     for (unsigned k = 0; k < STOKE_REPLACE_TRIES && n > 1; k++) {
         /* candidate k for sample *idx: a hash of (seed, index, k) */
         uint64_t r = stoke__mix64(l->o.seed ^ stoke__mix64(*idx * 0x9E3779B97F4A7C15u + k + 1)) % n;
@@ -136,7 +136,7 @@ static void quarantine(stoke_loader *l, const stoke_batch *b, const stoke__bad *
         stoke__fmt(q->source, sizeof(q->source), "%.*s", (int)(c - e->msg), e->msg);
     else
         stoke__strlcpy(q->source, l->ds.name, sizeof(q->source));
-    stoke__strlcpy(q->reason, c ? c + 2 : e->msg, sizeof(q->reason));
+    stoke__shorten(q->reason, sizeof(q->reason), c ? c + 2 : e->msg); /* its end: the reason */
 }
 
 void stoke__bad_account(stoke_loader *l, stoke_batch *b)

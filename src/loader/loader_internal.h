@@ -66,7 +66,7 @@ typedef struct stoke__bad {
     uint64_t replacement; /* UINT64_MAX: none */
     int code;
     int action; /* stoke_on_error */
-    char msg[256];
+    char msg[STOKE__MSG_MAX];
 } stoke__bad;
 
 /* Host memory of one batch. */
@@ -158,7 +158,7 @@ struct stoke_batch {
      * thread, and beside epoch and host it took from the producers' caches the line they read
      * for every batch. */
     _Alignas(STOKE__LINE) struct stoke_batch *next;
-    char err_msg[256];
+    char err_msg[STOKE__MSG_MAX];
 };
 
 /* ---- sampler.c: a batch's indices at once ----------------------------------------------------

@@ -121,7 +121,7 @@ typedef struct wmsg {
     int32_t kind, status;
     uint64_t count, bytes, err_index;
     uint32_t truncated, pad;
-    char err_msg[256];
+    char err_msg[STOKE__MSG_MAX];
     stoke__bad bad;
 } wmsg;
 

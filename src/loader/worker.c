@@ -195,7 +195,7 @@ int stoke__loader_one_sample(stoke_loader *l, stoke_batch *b, stoke__producer *p
 static void fill_samples(stoke_loader *l, stoke_batch *b, stoke__producer *p)
 {
     uint64_t *idx = b->indices;
-    char msg[256];
+    char msg[STOKE__MSG_MAX];
     size_t out = 0; /* the slot; pos: the batch position read (they differ after a skip) */
     for (size_t pos = 0; l->iterable ? out < b->count : pos < b->count; pos++) {
         uint64_t got = l->iterable ? 0 : idx[pos];
@@ -230,7 +230,7 @@ static void fill_read(stoke_loader *l, stoke_batch *b, stoke__producer *p)
     point_slots(l, b, 0, a->dst, a->len, n); /* one run: the batch's slots */
     size_t start[2] = {0, n};
     stoke_slots slots = {1, start, a->dst, l->nragged ? a->len : NULL};
-    char msg[256];
+    char msg[STOKE__MSG_MAX];
     msg[0] = '\0';
     uint64_t err_index = b->indices[0];
     uint64_t t0 = busy_begin(l, p, b->indices[0], 1);
@@ -612,7 +612,7 @@ static int make_scattered(stoke_loader *l, stoke_batch *const *b, int n, stoke__
     }
     start[n] = j;
     stoke_slots slots = {(size_t)n, start, base, NULL};
-    char msg[256];
+    char msg[STOKE__MSG_MAX];
     msg[0] = '\0';
     uint64_t err_index = run[0];
     return l->ds.read(l->ds.user, run, total, &slots, p->wid, msg, sizeof(msg), &err_index);

@@ -1,6 +1,7 @@
 /* The local cache of remote files (cache.h): whole-file downloads into STOKE_CACHE_DIR, one
  * per file across the processes of a node (flock), least recently used copies evicted under
- * STOKE_CACHE_LIMIT. */
+ * STOKE_CACHE_LIMIT.  The read-ahead (background downloads of the next files) is
+ * cache_ahead.c's. */
 #define _GNU_SOURCE
 #include "sources/cache.h"
 
@@ -22,62 +23,12 @@
 
 #include "common/env.h"
 #include "common/internal.h"
+#include "sources/cache_internal.h"
 
-#define SLOTS     64
 #define HEXLEN    32
 #define BASE_MAX  96
 #define NAME_MAX_ (HEXLEN + 1 + BASE_MAX)
 #define DIR_LOCK  "stoke-cache.lock"
-
-typedef struct held {
-    pthread_mutex_t lock;        /* held for a whole read: guards f, fd and size */
-    const stoke__remote_file *f; /* the file fd is the copy of; NULL: none */
-    int fd;                      /* -1, or the copy, flock'ed shared */
-    uint64_t size;
-} held;
-
-typedef struct counters {
-    _Atomic uint64_t hits, misses, evictions, bytes, wait_ns;
-} counters;
-
-/* A download asked for ahead of its reads (stoke__cache_prefetch). */
-typedef struct job {
-    const stoke__remote_file *f;
-    uint64_t expect;
-} job;
-
-/* The background downloaders: threads started by the first prefetch (and again after a fork,
- * in the child), each with its own slot of the pool, taking jobs from a queue. */
-typedef struct downloader {
-    pthread_mutex_t lock;  /* guards all below */
-    pthread_cond_t work;   /* a job was queued, or stop */
-    pthread_cond_t idle;   /* a job ended */
-    stoke__remote_pool *p; /* the pool of the queued jobs */
-    job q[STOKE__CACHE_QUEUE_MAX];
-    size_t head, len;                          /* q[head .. head + len) (mod the size) */
-    job run[STOKE__REMOTE_BG_MAX];             /* the jobs running, f NULL where none */
-    int running;                               /* of them */
-    pthread_t th[STOKE__REMOTE_BG_MAX];
-    int nth, stop;
-    int paused; /* a fork is being prepared: no job starts */
-    pid_t pid;  /* the process the threads run in (a fork the hooks did not see has none) */
-    int ready;  /* lock and conditions initialised */
-    const stoke__remote_file **order; /* the files in the order their reads come (set_order) */
-    uint64_t *order_expect;
-    size_t norder;
-} downloader;
-
-struct stoke__cache {
-    char *dir;
-    int dfd;         /* the directory: every name is opened relative to it */
-    uint64_t limit;  /* 0: keep a tenth of the file system free */
-    int connections; /* background downloads at once (STOKE_REMOTE_CONNECTIONS) */
-    _Atomic uint64_t largest; /* the largest copy this object opened or made: the room a
-                                 download of a file of unknown size is assumed to need */
-    counters *n;     /* a shared mapping: a forked worker's counts reach the parent */
-    held h[SLOTS];
-    downloader d;
-};
 
 /* ---- names -------------------------------------------------------------------------------- */
 
@@ -415,8 +366,6 @@ static int open_copy(const stoke__cache *c, const names *nm, int touch, uint64_t
     return -ENOENT;
 }
 
-static void read_ahead(stoke__cache *c, stoke__remote_pool *p, const stoke__remote_file *f);
-
 /* Downloads f into HASH.part and renames it HASH-BASE once complete (the caller holds
  * HASH.lock): 0 with *out the copy, locked shared, or the error. */
 static int download(stoke__cache *c, stoke__remote_pool *p, int slot, const stoke__remote_file *f,
@@ -444,7 +393,7 @@ static int download(stoke__cache *c, stoke__remote_pool *p, int slot, const stok
         return STOKE_EIO;
     }
     if (!bg) /* after the room taken above: the read-ahead gets what is left of the cap */
-        read_ahead(c, p, f);
+        stoke__cache_ahead(c, p, f);
     stoke__log(STOKE_LOG_DEBUG, "cache %s: downloading %s into %s", c->dir, f->url, nm->data);
     int rc = stoke__remote_fetch(p, slot, f, fd, expect, &c->largest, bg ? &c->d.stop : NULL,
                                  size, why, why_len);
@@ -494,11 +443,9 @@ static int download(stoke__cache *c, stoke__remote_pool *p, int slot, const stok
     return STOKE_OK;
 }
 
-/* The copy of f, locked shared: from the cache, or downloaded.  A background downloader
- * (slot < 0) counts no hit, waits for no other download (STOKE_EBUSY: another process or
- * thread has it) and evicts nothing (STOKE_EBUSY: no room). */
-static int acquire(stoke__cache *c, stoke__remote_pool *p, int slot, const stoke__remote_file *f,
-                   uint64_t expect, int *out, uint64_t *size, char *why, size_t why_len)
+int stoke__cache_acquire(stoke__cache *c, stoke__remote_pool *p, int slot,
+                         const stoke__remote_file *f, uint64_t expect, int *out, uint64_t *size,
+                         char *why, size_t why_len)
 {
     int bg = slot < 0;
     names nm;
@@ -524,7 +471,7 @@ static int acquire(stoke__cache *c, stoke__remote_pool *p, int slot, const stoke
     if (bg && e == -EWOULDBLOCK)
         return STOKE_EBUSY;
     if (e == -EWOULDBLOCK) {
-        read_ahead(c, p, f);
+        stoke__cache_ahead(c, p, f);
         e = lock_name(c->dfd, nm.lock, 0, &lk);
     }
     if (e) {
@@ -570,7 +517,7 @@ int stoke__cache_read(stoke__cache *c, stoke__remote_pool *p, int slot, const st
                       uint64_t expect, void *buf, size_t n, uint64_t off, size_t *got,
                       uint64_t *size, char *why, size_t why_len)
 {
-    held *h = &c->h[(unsigned)slot % SLOTS];
+    stoke__cache_held *h = &c->h[(unsigned)slot % STOKE__CACHE_SLOTS];
     *got = 0;
     pthread_mutex_lock(&h->lock);
     int rc = STOKE_OK;
@@ -581,7 +528,7 @@ int stoke__cache_read(stoke__cache *c, stoke__remote_pool *p, int slot, const st
         h->f = NULL;
         int fd;
         uint64_t sz;
-        rc = acquire(c, p, slot, f, expect, &fd, &sz, why, why_len);
+        rc = stoke__cache_acquire(c, p, slot, f, expect, &fd, &sz, why, why_len);
         if (!rc) {
             h->f = f;
             h->fd = fd;
@@ -607,162 +554,6 @@ int stoke__cache_read(stoke__cache *c, stoke__remote_pool *p, int slot, const st
     pthread_mutex_unlock(&h->lock);
     *got = done;
     return rc;
-}
-
-/* ---- background downloads ------------------------------------------------------------------ */
-
-
-typedef struct dl_arg {
-    stoke__cache *c;
-    int k; /* the thread's index: its slot of the pool is STOKE__REMOTE_BG(k) */
-} dl_arg;
-
-static int queued(const downloader *d, const stoke__remote_file *f)
-{
-    for (size_t i = 0; i < d->len; i++)
-        if (d->q[(d->head + i) % STOKE__CACHE_QUEUE_MAX].f == f)
-            return 1;
-    for (int k = 0; k < d->nth; k++)
-        if (d->run[k].f == f)
-            return 1;
-    return 0;
-}
-
-static void *dl_main(void *arg)
-{
-    stoke__cache *c = ((dl_arg *)arg)->c;
-    int k = ((dl_arg *)arg)->k;
-    free(arg);
-    downloader *d = &c->d;
-    pthread_mutex_lock(&d->lock);
-    for (;;) {
-        while (!d->stop && (d->len == 0 || d->paused))
-            pthread_cond_wait(&d->work, &d->lock);
-        if (d->stop)
-            break;
-        job j = d->q[d->head];
-        d->head = (d->head + 1) % STOKE__CACHE_QUEUE_MAX;
-        d->len--;
-        d->run[k] = j;
-        d->running++;
-        stoke__remote_pool *p = d->p;
-        pthread_mutex_unlock(&d->lock);
-        char why[512] = "";
-        int fd;
-        uint64_t size;
-        int rc = acquire(c, p, STOKE__REMOTE_BG(k), j.f, j.expect, &fd, &size, why, sizeof(why));
-        if (rc == STOKE_OK)
-            close(fd); /* in the cache now: the reads open it */
-        else if (rc != STOKE_EBUSY) /* the read that needs it tries again and reports */
-            stoke__log(STOKE_LOG_DEBUG, "cache %s: read-ahead of %s: %s", c->dir, j.f->url, why);
-        pthread_mutex_lock(&d->lock);
-        d->run[k].f = NULL;
-        d->running--;
-        pthread_cond_broadcast(&d->idle);
-    }
-    pthread_mutex_unlock(&d->lock);
-    return NULL;
-}
-
-/* Whether this process is a fork the hooks did not see, of one whose threads had started: its
- * downloader's threads are not here, and its lock may have been held at the fork. */
-static int foreign(const downloader *d)
-{
-    return __atomic_load_n(&d->nth, __ATOMIC_RELAXED) > 0 &&
-           __atomic_load_n(&d->pid, __ATOMIC_RELAXED) != getpid();
-}
-
-/* Starts the threads missing (d->lock held): at least one, else the jobs wait for the reads. */
-static void dl_start(stoke__cache *c)
-{
-    downloader *d = &c->d;
-    __atomic_store_n(&d->pid, getpid(), __ATOMIC_RELAXED);
-    while (d->nth < c->connections) {
-        dl_arg *a = malloc(sizeof(*a));
-        if (!a)
-            break;
-        *a = (dl_arg){c, d->nth};
-        d->run[d->nth].f = NULL;
-        if (pthread_create(&d->th[d->nth], NULL, dl_main, a) != 0) {
-            free(a);
-            break;
-        }
-        __atomic_store_n(&d->nth, d->nth + 1, __ATOMIC_RELAXED); /* foreign() reads it unlocked */
-    }
-}
-
-/* Queues downloads of f[0 .. n) for the background threads (cache.h, stoke__cache_set_order:
- * they never wait for another process's download and never evict).  The jobs queued. */
-static size_t cache_prefetch(stoke__cache *c, stoke__remote_pool *p,
-                             const stoke__remote_file *const *f, const uint64_t *expect, size_t n)
-{
-    if (!c || c->connections == 0 || foreign(&c->d))
-        return 0;
-    downloader *d = &c->d;
-    size_t added = 0;
-    pthread_mutex_lock(&d->lock);
-    d->p = p;
-    for (size_t i = 0; i < n && d->len < STOKE__CACHE_QUEUE_MAX; i++) {
-        if (!f[i] || queued(d, f[i]))
-            continue;
-        d->q[(d->head + d->len) % STOKE__CACHE_QUEUE_MAX] = (job){f[i], expect ? expect[i] : 0};
-        d->len++;
-        added++;
-    }
-    if (added) {
-        dl_start(c);
-        pthread_cond_broadcast(&d->work);
-    }
-    pthread_mutex_unlock(&d->lock);
-    return added;
-}
-
-int stoke__cache_set_order(stoke__cache *c, const stoke__remote_file *const *f,
-                           const uint64_t *expect, size_t n)
-{
-    if (!c)
-        return STOKE_OK;
-    const stoke__remote_file **nf = n ? malloc(n * sizeof(*nf)) : NULL;
-    uint64_t *ne = n ? calloc(n, sizeof(*ne)) : NULL;
-    if (n && (!nf || !ne)) {
-        free(nf);
-        free(ne);
-        return STOKE_ENOMEM;
-    }
-    for (size_t i = 0; i < n; i++) {
-        nf[i] = f[i];
-        ne[i] = expect ? expect[i] : 0;
-    }
-    pthread_mutex_lock(&c->d.lock);
-    free(c->d.order);
-    free(c->d.order_expect);
-    c->d.order = nf;
-    c->d.order_expect = ne;
-    c->d.norder = n;
-    pthread_mutex_unlock(&c->d.lock);
-    return STOKE_OK;
-}
-
-/* Queues the `connections` files after f in the order (set_order), when f is in it. */
-static void read_ahead(stoke__cache *c, stoke__remote_pool *p, const stoke__remote_file *f)
-{
-    downloader *d = &c->d;
-    const stoke__remote_file *next[STOKE__REMOTE_BG_MAX];
-    uint64_t exp[STOKE__REMOTE_BG_MAX];
-    size_t k = 0;
-    pthread_mutex_lock(&d->lock);
-    for (size_t i = 0; i < d->norder; i++) {
-        if (d->order[i] != f)
-            continue;
-        for (size_t j = i + 1; j < d->norder && k < (size_t)c->connections; j++, k++) {
-            next[k] = d->order[j];
-            exp[k] = d->order_expect[j];
-        }
-        break;
-    }
-    pthread_mutex_unlock(&d->lock);
-    if (k)
-        cache_prefetch(c, p, next, exp, k);
 }
 
 /* ---- the object --------------------------------------------------------------------------- */
@@ -820,7 +611,7 @@ int stoke__cache_create(stoke__cache **out, char *why, size_t why_len)
         if (c->n == MAP_FAILED)
             c->n = NULL;
         e = c->dfd < 0 ? STOKE_EIO : STOKE_ENOMEM;
-        for (int i = 0; i < SLOTS; i++) /* destroy's view of the slots */
+        for (int i = 0; i < STOKE__CACHE_SLOTS; i++) /* destroy's view of the slots */
             c->h[i].fd = -1, pthread_mutex_init(&c->h[i].lock, NULL);
         stoke__cache_destroy(c);
         return e;
@@ -834,11 +625,8 @@ int stoke__cache_create(stoke__cache **out, char *why, size_t why_len)
         conn = STOKE__REMOTE_BG_MAX;
     }
     c->connections = (int)conn;
-    pthread_mutex_init(&c->d.lock, NULL);
-    pthread_cond_init(&c->d.work, NULL);
-    pthread_cond_init(&c->d.idle, NULL);
-    c->d.ready = 1;
-    for (int i = 0; i < SLOTS; i++) {
+    stoke__cache_ahead_init(c);
+    for (int i = 0; i < STOKE__CACHE_SLOTS; i++) {
         pthread_mutex_init(&c->h[i].lock, NULL);
         c->h[i].fd = -1;
     }
@@ -859,21 +647,8 @@ void stoke__cache_destroy(stoke__cache *c)
                    "cache %s: %" PRIu64 " hit(s), %" PRIu64 " download(s) of %" PRIu64
                    " bytes, %" PRIu64 " eviction(s)",
                    c->dir, st.hits, st.misses, st.bytes, st.evictions);
-    if (c->d.ready && !foreign(&c->d)) { /* the downloads running end; the queued are dropped */
-        pthread_mutex_lock(&c->d.lock);
-        __atomic_store_n(&c->d.stop, 1, __ATOMIC_RELAXED);
-        c->d.len = 0;
-        pthread_cond_broadcast(&c->d.work);
-        pthread_mutex_unlock(&c->d.lock);
-        for (int k = 0; k < c->d.nth; k++)
-            pthread_join(c->d.th[k], NULL);
-        pthread_mutex_destroy(&c->d.lock);
-        pthread_cond_destroy(&c->d.work);
-        pthread_cond_destroy(&c->d.idle);
-    }
-    free(c->d.order);
-    free(c->d.order_expect);
-    for (int i = 0; i < SLOTS; i++) {
+    stoke__cache_ahead_destroy(c);
+    for (int i = 0; i < STOKE__CACHE_SLOTS; i++) {
         if (c->h[i].fd >= 0)
             close(c->h[i].fd);
         pthread_mutex_destroy(&c->h[i].lock);
@@ -888,43 +663,25 @@ void stoke__cache_destroy(stoke__cache *c)
 
 void stoke__cache_fork_prepare(stoke__cache *c)
 {
-    for (int i = 0; c && i < SLOTS; i++)
+    for (int i = 0; c && i < STOKE__CACHE_SLOTS; i++)
         pthread_mutex_lock(&c->h[i].lock);
-    if (!c)
-        return;
-    /* no download half done in the child: its lock file and temporary copy would stay the
-     * child's too (an fd shared with it keeps the flock) */
-    pthread_mutex_lock(&c->d.lock);
-    c->d.paused = 1; /* the running end, the queued wait for the parent's hook */
-    while (c->d.running)
-        pthread_cond_wait(&c->d.idle, &c->d.lock);
+    if (c) /* after the slots: no download half done in the child */
+        stoke__cache_ahead_fork_prepare(c);
 }
 
 void stoke__cache_fork_parent(stoke__cache *c)
 {
-    if (c) {
-        c->d.paused = 0;
-        pthread_cond_broadcast(&c->d.work);
-        pthread_mutex_unlock(&c->d.lock);
-    }
-    for (int i = 0; c && i < SLOTS; i++)
+    if (c)
+        stoke__cache_ahead_fork_parent(c);
+    for (int i = 0; c && i < STOKE__CACHE_SLOTS; i++)
         pthread_mutex_unlock(&c->h[i].lock);
 }
 
 void stoke__cache_fork_child(stoke__cache *c)
 {
-    if (c) { /* no thread crossed the fork; the parent's queue stays the parent's */
-        downloader *d = &c->d;
-        /* and none starts here: a worker process ends with _exit, which would cut a download
-         * short (a request made, not counted, its .part left for a later scan) */
-        c->connections = 0;
-        d->nth = d->running = d->paused = 0;
-        d->head = d->len = 0;
-        pthread_cond_init(&d->work, NULL);
-        pthread_cond_init(&d->idle, NULL);
-        pthread_mutex_unlock(&d->lock);
-    }
-    for (int i = 0; c && i < SLOTS; i++) {
+    if (c)
+        stoke__cache_ahead_fork_child(c);
+    for (int i = 0; c && i < STOKE__CACHE_SLOTS; i++) {
         if (c->h[i].fd >= 0) /* the parent's stays open and locked in the parent */
             close(c->h[i].fd);
         c->h[i].fd = -1;

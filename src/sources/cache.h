@@ -1,6 +1,6 @@
-/* Private to the built-in sources: the local cache of remote files (cache.c), shared by the
- * processes of a node through the file system.  See docs/sources.md, "Remote shards", "The
- * cache".
+/* Private to the built-in sources: the local cache of remote files (cache.c; its read-ahead:
+ * cache_ahead.c), shared by the processes of a node through the file system.  See
+ * docs/sources.md, "Remote shards", "The cache".
  *
  * With STOKE_CACHE_DIR set, a remote file is downloaded whole into that directory (through
  * stoke__remote_fetch) and read from there; the copy is reused by every later reader, in this

@@ -1,5 +1,7 @@
-/* Remote files through libcurl (remote.h): byte-range GETs with keep-alive per worker slot,
- * retries with backoff, S3 through AWS Signature V4 (CURLOPT_AWS_SIGV4). */
+/* Remote files through libcurl (remote.h): the pool and its slots, and the request engine:
+ * byte-range GETs with keep-alive per worker slot, several at once through a slot's multi
+ * handle (read_many), whole-file fetches, retries with backoff.  S3's settings, URLs and
+ * Signature V4 are remote_aws.c's. */
 #define _GNU_SOURCE
 #include "sources/remote.h"
 
@@ -23,23 +25,6 @@ int stoke__remote_is_url(const char *path)
 {
     return path && (strncasecmp(path, "http://", 7) == 0 || strncasecmp(path, "https://", 8) == 0 ||
                     strncasecmp(path, "s3://", 5) == 0);
-}
-
-/* `url` without a "user:password@" part, for messages (malloc'd; NULL when out of memory). */
-static char *redact(const char *url)
-{
-    const char *p = strstr(url, "://");
-    if (!p)
-        return strdup(url);
-    p += 3;
-    size_t auth = strcspn(p, "/?#");
-    const char *at = memchr(p, '@', auth);
-    if (!at)
-        return strdup(url);
-    char *out = malloc(strlen(url) + 1);
-    if (out)
-        sprintf(out, "%.*s%s", (int)(p - url), url, at + 1);
-    return out;
 }
 
 void stoke__remote_redact(char *out, size_t n, const char *s)
@@ -141,8 +126,7 @@ int stoke__remote_read_many(stoke__remote_pool *p, int slot, stoke__remote_req *
 
 #else /* STOKE_HAVE_LIBCURL */
 
-#include <curl/curl.h>
-
+#include "sources/remote_internal.h"
 #include "stoke/version.h"
 
 #define STR_(x)         #x
@@ -153,9 +137,6 @@ int stoke__remote_read_many(stoke__remote_pool *p, int slot, stoke__remote_req *
 #define BACKOFF_CAP_MS  10000u /* ... up to 5..10 s */
 #define DEFAULT_RETRIES 6u
 #define DEFAULT_TIMEOUT 30u /* seconds without a byte before a try is abandoned */
-#define MSG_MAX         512 /* a request's message in a read_many */
-/* SHA-256 of an empty body: what a GET signs as its payload (S3 wants the header). */
-#define EMPTY_SHA256    "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
 
 typedef struct counters {
     _Atomic uint64_t requests, retries_done, bytes, wait_ns;
@@ -182,12 +163,7 @@ struct stoke__remote_pool {
     unsigned retries;
     long timeout_s;
     char *ca_bundle;
-    /* S3, from the environment and ~/.aws at create: */
-    char region[64];
-    char *endpoint;             /* AWS_ENDPOINT_URL(_S3) without a trailing '/'; NULL: AWS */
-    char *userpwd;              /* "key:secret"; NULL: unsigned requests */
-    struct curl_slist *s3_hdrs; /* x-amz-content-sha256 (and x-amz-security-token) */
-    char sigv4[96];             /* "aws:amz:REGION:s3" */
+    stoke__remote_aws aws; /* S3, from the environment and ~/.aws at create */
     counters *n; /* a shared mapping: a forked worker's requests are counted in the parent */
 };
 
@@ -196,144 +172,6 @@ static CURLcode curl_init_rc;
 static void curl_init(void)
 {
     curl_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
-}
-
-/* ---- settings: environment and the AWS files ---------------------------------------------- */
-
-static char *trim(char *s)
-{
-    while (isspace((unsigned char)*s))
-        s++;
-    size_t n = strlen(s);
-    while (n && isspace((unsigned char)s[n - 1]))
-        s[--n] = 0;
-    return s;
-}
-
-/* The value of `key` in section [section] of an INI file (AWS's credentials and config files):
- * malloc'd, or NULL. */
-static char *ini_get(const char *path, const char *section, const char *key)
-{
-    FILE *f = path ? fopen(path, "re") : NULL;
-    if (!f)
-        return NULL;
-    char line[4096];
-    int in = 0;
-    char *out = NULL;
-    while (!out && fgets(line, sizeof(line), f)) {
-        char *p = trim(line);
-        if (!*p || *p == '#' || *p == ';')
-            continue;
-        if (*p == '[') {
-            char *e = strchr(p, ']');
-            if (e) {
-                *e = 0;
-                in = strcmp(trim(p + 1), section) == 0;
-            }
-            continue;
-        }
-        char *eq = strchr(p, '=');
-        if (!in || !eq)
-            continue;
-        *eq = 0;
-        if (strcmp(trim(p), key) == 0)
-            out = strdup(trim(eq + 1));
-    }
-    fclose(f);
-    return out;
-}
-
-/* AWS_SHARED_CREDENTIALS_FILE / AWS_CONFIG_FILE, else ~/.aws/NAME (malloc'd or NULL). */
-static char *aws_file(stoke_env_id id, const char *name)
-{
-    const char *v = stoke__env_str(id), *home = stoke__env_str(STOKE_ENV_HOME);
-    if (v)
-        return strdup(v);
-    if (!home)
-        return NULL;
-    char *p = NULL;
-    return asprintf(&p, "%s/.aws/%s", home, name) < 0 ? NULL : p;
-}
-
-/* Credentials and region: the environment first, then the profile (AWS_PROFILE or "default")
- * of the credentials and config files, as the AWS tools do. */
-static int s3_settings(stoke__remote_pool *p, char *why, size_t why_len)
-{
-    const char *profile = stoke__env_str(STOKE_ENV_AWS_PROFILE);
-    const char *prof = profile ? profile : "default";
-    char *cred = aws_file(STOKE_ENV_AWS_CREDENTIALS_FILE, "credentials");
-    char *conf = aws_file(STOKE_ENV_AWS_CONFIG_FILE, "config");
-    char conf_sec[256];
-    stoke__fmt(conf_sec, sizeof(conf_sec), profile ? "profile %s" : "%s", prof);
-    if (profile && strcmp(profile, "default") == 0)
-        stoke__strlcpy(conf_sec, "default", sizeof(conf_sec));
-
-    const char *ek = stoke__env_str(STOKE_ENV_AWS_ACCESS_KEY_ID);
-    const char *es = stoke__env_str(STOKE_ENV_AWS_SECRET_ACCESS_KEY);
-    char *key = NULL, *secret = NULL, *token = NULL, *region = NULL;
-    if (ek && es) {
-        key = strdup(ek);
-        secret = strdup(es);
-        const char *t = stoke__env_str(STOKE_ENV_AWS_SESSION_TOKEN);
-        token = t ? strdup(t) : NULL;
-    } else {
-        key = ini_get(cred, prof, "aws_access_key_id");
-        secret = ini_get(cred, prof, "aws_secret_access_key");
-        token = ini_get(cred, prof, "aws_session_token");
-        if (!key || !secret) { /* the config file may hold them too */
-            free(key);
-            free(secret);
-            free(token);
-            key = ini_get(conf, conf_sec, "aws_access_key_id");
-            secret = ini_get(conf, conf_sec, "aws_secret_access_key");
-            token = ini_get(conf, conf_sec, "aws_session_token");
-        }
-    }
-    const char *er = stoke__env_str(STOKE_ENV_AWS_REGION);
-    if (!er)
-        er = stoke__env_str(STOKE_ENV_AWS_DEFAULT_REGION);
-    region = er ? strdup(er) : ini_get(conf, conf_sec, "region");
-    int rc = STOKE_OK;
-    if (profile && !(key && secret) && !ek)
-        rc = STOKE_EINVAL, stoke__fmt(why, why_len,
-                                      "AWS_PROFILE=%s: no aws_access_key_id and "
-                                      "aws_secret_access_key for it in %s",
-                                      profile, cred ? cred : "~/.aws/credentials");
-    stoke__strlcpy(p->region, region && *region ? region : "us-east-1", sizeof(p->region));
-    for (const char *c = p->region; !rc && *c; c++)
-        if (!isalnum((unsigned char)*c) && *c != '-')
-            rc = STOKE_EINVAL, stoke__fmt(why, why_len, "bad AWS region '%s'", p->region);
-    stoke__fmt(p->sigv4, sizeof(p->sigv4), "aws:amz:%s:s3", p->region);
-    if (!rc && key && secret && *key && *secret) {
-        if (asprintf(&p->userpwd, "%s:%s", key, secret) < 0)
-            p->userpwd = NULL, rc = STOKE_ENOMEM;
-    }
-    p->s3_hdrs = curl_slist_append(NULL, "x-amz-content-sha256: " EMPTY_SHA256);
-    if (!p->s3_hdrs)
-        rc = STOKE_ENOMEM;
-    if (!rc && token && *token) {
-        char *h = NULL;
-        struct curl_slist *l = NULL;
-        if (asprintf(&h, "x-amz-security-token: %s", token) < 0 ||
-            !(l = curl_slist_append(p->s3_hdrs, h)))
-            rc = STOKE_ENOMEM;
-        else
-            p->s3_hdrs = l;
-        if (h)
-            explicit_bzero(h, strlen(h));
-        free(h);
-    }
-    if (rc == STOKE_ENOMEM)
-        stoke__fmt(why, why_len, "out of memory");
-    if (secret)
-        explicit_bzero(secret, strlen(secret));
-    free(key);
-    free(secret);
-    free(token);
-    free(region);
-    free(cred);
-    free(conf);
-    return rc;
 }
 
 static int env_number(stoke_env_id id, uint64_t dflt, uint64_t max)
@@ -379,27 +217,13 @@ int stoke__remote_pool_create(stoke__remote_pool **out, char *why, size_t why_le
     if (p->timeout_s < 1)
         p->timeout_s = 1;
     const char *ca = stoke__env_str(STOKE_ENV_CA_BUNDLE);
-    const char *ep = stoke__env_str(STOKE_ENV_AWS_ENDPOINT_URL_S3);
-    if (!ep)
-        ep = stoke__env_str(STOKE_ENV_AWS_ENDPOINT_URL);
     int rc = STOKE_OK;
-    if ((ca && !(p->ca_bundle = strdup(ca))) || (ep && !(p->endpoint = strdup(ep)))) {
+    if (ca && !(p->ca_bundle = strdup(ca))) {
         stoke__fmt(why, why_len, "out of memory");
         rc = STOKE_ENOMEM;
     }
-    if (!rc && p->endpoint) {
-        size_t n = strlen(p->endpoint);
-        while (n && p->endpoint[n - 1] == '/')
-            p->endpoint[--n] = 0;
-        if (strncasecmp(p->endpoint, "http://", 7) != 0 &&
-            strncasecmp(p->endpoint, "https://", 8) != 0) {
-            stoke__fmt(why, why_len, "AWS_ENDPOINT_URL '%s' is not an http:// or https:// URL",
-                       p->endpoint);
-            rc = STOKE_EINVAL;
-        }
-    }
     if (!rc)
-        rc = s3_settings(p, why, why_len);
+        rc = stoke__remote_aws_init(&p->aws, why, why_len);
     if (rc) {
         stoke__remote_pool_destroy(p);
         return rc;
@@ -440,11 +264,7 @@ void stoke__remote_pool_destroy(stoke__remote_pool *p)
         free(mu);
         pthread_mutex_destroy(&p->s[i].lock);
     }
-    if (p->userpwd)
-        explicit_bzero(p->userpwd, strlen(p->userpwd));
-    free(p->userpwd);
-    curl_slist_free_all(p->s3_hdrs); /* the token's header: libcurl frees, cannot be cleared */
-    free(p->endpoint);
+    stoke__remote_aws_free(&p->aws);
     free(p->ca_bundle);
     if (p->n)
         munmap(p->n, sizeof(*p->n));
@@ -474,21 +294,21 @@ void stoke__remote_pool_fork_child(stoke__remote_pool *p)
 
 /* ---- URLs --------------------------------------------------------------------------------- */
 
-/* Appends s percent-encoded (all but unreserved characters and '/') to out at *len. */
-static void path_encode(char *out, size_t *len, const char *s)
+/* `url` without a "user:password@" part, for messages (malloc'd; NULL when out of memory). */
+static char *redact(const char *url)
 {
-    static const char hex[] = "0123456789ABCDEF";
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~' || c == '/') {
-            out[(*len)++] = (char)c;
-        } else {
-            out[(*len)++] = '%';
-            out[(*len)++] = hex[c >> 4];
-            out[(*len)++] = hex[c & 15];
-        }
-    }
-    out[*len] = 0;
+    const char *p = strstr(url, "://");
+    if (!p)
+        return strdup(url);
+    p += 3;
+    size_t auth = strcspn(p, "/?#");
+    const char *at = memchr(p, '@', auth);
+    if (!at)
+        return strdup(url);
+    char *out = malloc(strlen(url) + 1);
+    if (out)
+        sprintf(out, "%.*s%s", (int)(p - url), url, at + 1);
+    return out;
 }
 
 int stoke__remote_file_init(const stoke__remote_pool *p, const char *url, stoke__remote_file *f,
@@ -504,29 +324,7 @@ int stoke__remote_file_init(const stoke__remote_pool *p, const char *url, stoke_
         return STOKE_OK;
     }
     f->s3 = 1;
-    const char *b = url + 5, *slash = strchr(b, '/');
-    size_t blen = slash ? (size_t)(slash - b) : strlen(b);
-    int ok = blen >= 1 && blen <= 255 && slash && slash[1];
-    for (size_t i = 0; ok && i < blen; i++)
-        ok = isalnum((unsigned char)b[i]) || b[i] == '-' || b[i] == '.' || b[i] == '_';
-    if (!ok) {
-        stoke__fmt(why, why_len, "'%s' is not s3://BUCKET/KEY", f->url);
-        return STOKE_EINVAL;
-    }
-    const char *key = slash + 1;
-    size_t cap = strlen(url) * 3 + (p->endpoint ? strlen(p->endpoint) : 0) + 128;
-    if (!(f->req = malloc(cap)))
-        goto oom;
-    int n;
-    if (p->endpoint) /* S3-compatible stores: path-style */
-        n = snprintf(f->req, cap, "%s/%.*s/", p->endpoint, (int)blen, b);
-    else if (memchr(b, '.', blen)) /* a dotted bucket fails the wildcard certificate */
-        n = snprintf(f->req, cap, "https://s3.%s.amazonaws.com/%.*s/", p->region, (int)blen, b);
-    else
-        n = snprintf(f->req, cap, "https://%.*s.s3.%s.amazonaws.com/", (int)blen, b, p->region);
-    size_t len = (size_t)n;
-    path_encode(f->req, &len, key);
-    return STOKE_OK;
+    return stoke__remote_aws_url(&p->aws, url, f->url, &f->req, why, why_len);
 oom:
     stoke__fmt(why, why_len, "out of memory");
     return STOKE_ENOMEM;
@@ -676,7 +474,7 @@ static void error_text(const xfer *x, char *out, size_t n)
             text[k++] = ' ';
     text[k] = 0;
     if (k)
-        stoke__fmt(out, n, ": %s", trim(text));
+        stoke__fmt(out, n, ": %s", stoke__remote_trim(text));
 }
 
 static int retryable_curl(CURLcode c)
@@ -782,12 +580,7 @@ static void try_begin(stoke__remote_pool *p, CURL *h, const stoke__remote_file *
     curl_easy_setopt(h, CURLOPT_NOPROGRESS, x->stop ? 0L : 1L);
     curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, x->stop ? on_progress : NULL);
     curl_easy_setopt(h, CURLOPT_XFERINFODATA, x);
-    int sign = f->s3 && p->userpwd;
-    curl_easy_setopt(h, CURLOPT_HTTPHEADER, f->s3 ? p->s3_hdrs : NULL);
-    curl_easy_setopt(h, CURLOPT_USERPWD, sign ? p->userpwd : NULL);
-    curl_easy_setopt(h, CURLOPT_AWS_SIGV4, sign ? p->sigv4 : NULL);
-    if (!sign)
-        curl_easy_setopt(h, CURLOPT_HTTPAUTH, (long)CURLAUTH_BASIC);
+    stoke__remote_aws_sign(&p->aws, h, f->s3);
 }
 
 /* The outcome of a try of x that ended with c: 0 (done: full, or the file ended), 1 (retry),
@@ -802,17 +595,17 @@ static int try_end(stoke__remote_pool *p, const stoke__remote_file *f, xfer *x, 
     long st = 0;
     curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &st);
     if (x->werr) {
-        stoke__fmt(why, why_len, "GET %s: writing the download failed at byte %zu: %s", f->url,
-                   x->got, strerror(x->werr));
+        stoke__fmt_short(why, why_len, "GET %s: writing the download failed at byte %zu: %s",
+                         f->url, x->got, strerror(x->werr));
         return STOKE_EIO;
     }
     if (x->enough && c == CURLE_WRITE_ERROR)
         c = CURLE_OK;
     if (x->bad_range) {
-        stoke__fmt(why, why_len,
-                   "GET %s: the server sent bytes from %" PRIu64 " for a range "
-                   "from %" PRIu64,
-                   f->url, x->pos, x->off + before);
+        stoke__fmt_short(why, why_len,
+                         "GET %s: the server sent bytes from %" PRIu64 " for a range "
+                         "from %" PRIu64,
+                         f->url, x->pos, x->off + before);
         return STOKE_EIO;
     }
     if (c == CURLE_OK && st == 416) { /* the range starts at or past the end */
@@ -828,24 +621,25 @@ static int try_end(stoke__remote_pool *p, const stoke__remote_file *f, xfer *x, 
             end = x->total;
         if (x->off + x->got >= end)
             return 0;
-        stoke__fmt(why, why_len, "GET %s: HTTP %ld: the body ended at byte %" PRIu64 " of %" PRIu64,
-                   f->url, st, x->off + x->got, end);
+        stoke__fmt_short(why, why_len,
+                         "GET %s: HTTP %ld: the body ended at byte %" PRIu64 " of %" PRIu64,
+                         f->url, st, x->off + x->got, end);
         return 1; /* a short body: continue from there */
     }
     if (c == CURLE_OK) {
         char text[384];
         error_text(x, text, sizeof(text));
-        stoke__fmt(why, why_len, "GET %s: HTTP %ld%s", f->url, st, text);
+        stoke__fmt_short(why, why_len, "GET %s: HTTP %ld%s", f->url, st, text);
         if (retryable_status(st))
             return 1;
         return st == 404 || st == 410 ? STOKE_ENOENT : STOKE_EIO;
     }
     if (st && st != 200 && st != 206) /* the status and curl's reason, both */
-        stoke__fmt(why, why_len, "GET %s: HTTP %ld: %s%s%s", f->url, st, curl_easy_strerror(c),
-                   serr[0] ? ": " : "", serr);
+        stoke__fmt_short(why, why_len, "GET %s: HTTP %ld: %s%s%s", f->url, st,
+                         curl_easy_strerror(c), serr[0] ? ": " : "", serr);
     else
-        stoke__fmt(why, why_len, "GET %s: %s%s%s", f->url, curl_easy_strerror(c),
-                   serr[0] ? ": " : "", serr);
+        stoke__fmt_short(why, why_len, "GET %s: %s%s%s", f->url, curl_easy_strerror(c),
+                         serr[0] ? ": " : "", serr);
     return retryable_curl(c) ? 1 : STOKE_EIO;
 }
 
@@ -884,7 +678,7 @@ static int retry_loop(stoke__remote_pool *p, slot *s, const stoke__remote_file *
         if (rc != 1 && !(rc < 0 && stopped(x)))
             return rc;
         if (stopped(x)) {
-            stoke__fmt(why, why_len, "GET %s: stopped (the dataset is closing)", f->url);
+            stoke__fmt_short(why, why_len, "GET %s: stopped (the dataset is closing)", f->url);
             return STOKE_EIO;
         }
         if (attempt >= p->retries) {
@@ -907,7 +701,7 @@ static slot *slot_take(stoke__remote_pool *p, int slot_i, const stoke__remote_fi
     pthread_mutex_lock(&s->lock);
     if (!s->h && !(s->h = handle_new(p, s))) {
         pthread_mutex_unlock(&s->lock);
-        stoke__fmt(why, why_len, "GET %s: cannot create a libcurl handle", f->url);
+        stoke__fmt_short(why, why_len, "GET %s: cannot create a libcurl handle", f->url);
         return NULL;
     }
     return s;
@@ -968,13 +762,13 @@ int stoke__remote_read_many(stoke__remote_pool *p, int slot_i, stoke__remote_req
     xfer *x = calloc(n, sizeof(*x));
     /* each request's own message: a request that ends after the failing one (in the same
      * round, or retried later) must not overwrite the failing one's */
-    char(*msg)[MSG_MAX] = calloc(n, sizeof(*msg));
+    char(*msg)[STOKE__MSG_MAX] = calloc(n, sizeof(*msg));
     int k = p->connections < 1 ? 1 : p->connections;
     if (k > (int)n)
         k = (int)n;
     int rc = x && msg && (k < 2 || multi_ready(p, s, k) == STOKE_OK) ? STOKE_OK : STOKE_ENOMEM;
     if (rc) {
-        stoke__fmt(why, why_len, "GET %s: out of memory for %zu requests", r[0].f->url, n);
+        stoke__fmt_short(why, why_len, "GET %s: out of memory for %zu requests", r[0].f->url, n);
         *failed = 0;
     }
     for (size_t j = 0; x && j < n; j++)
@@ -1039,8 +833,8 @@ int stoke__remote_read_many(stoke__remote_pool *p, int slot_i, stoke__remote_req
                 for (int i = k - 1; i >= 0; i--)
                     if (on[i] != n)
                         j = on[i];
-                stoke__fmt(msg[j], sizeof(msg[j]), "GET %s: %s", r[j].f->url,
-                           curl_multi_strerror(mc));
+                stoke__fmt_short(msg[j], sizeof(msg[j]), "GET %s: %s", r[j].f->url,
+                                 curl_multi_strerror(mc));
                 rc = STOKE_EIO;
                 *failed = j;
             }
@@ -1062,7 +856,7 @@ int stoke__remote_read_many(stoke__remote_pool *p, int slot_i, stoke__remote_req
             rc = t, *failed = j;
     }
     if (rc && msg && *failed < n && msg[*failed][0]) /* the failing request's own message */
-        stoke__fmt(why, why_len, "%s", msg[*failed]);
+        stoke__shorten(why, why_len, msg[*failed]); /* its end: the status and reason */
     for (size_t j = 0; x && j < n; j++) {
         r[j].got = x[j].got;
         if (x[j].has_total)
@@ -1102,11 +896,11 @@ int stoke__remote_fetch(stoke__remote_pool *p, int slot_i, const stoke__remote_f
         return rc;
     uint64_t total = x.has_total ? x.total : x.got;
     if ((expect && total != expect) || x.got != total) {
-        stoke__fmt(why, why_len,
-                   "GET %s: the file is %" PRIu64 " bytes%s, %" PRIu64 " came (%" PRIu64
-                   " expected)",
-                   f->url, total, x.has_total ? "" : " (no Content-Range)", (uint64_t)x.got,
-                   expect ? expect : total);
+        stoke__fmt_short(why, why_len,
+                         "GET %s: the file is %" PRIu64 " bytes%s, %" PRIu64 " came (%" PRIu64
+                         " expected)",
+                         f->url, total, x.has_total ? "" : " (no Content-Range)", (uint64_t)x.got,
+                         expect ? expect : total);
         return STOKE_EIO;
     }
     *size = x.got;

@@ -1,5 +1,6 @@
 /* Private to the built-in sources: files behind http://, https:// and s3:// URLs, read by byte
- * range through libcurl (remote.c).  See docs/sources.md, "Remote shards".
+ * range through libcurl (remote.c; S3's settings and signing: remote_aws.c).  See
+ * docs/sources.md, "Remote shards".
  *
  * A pool holds the connections: one libcurl handle per slot (a worker: slot = worker % 64; a
  * background downloader of the cache: STOKE__REMOTE_BG(k), k < STOKE__REMOTE_BG_MAX), created by

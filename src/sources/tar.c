@@ -3,8 +3,9 @@
  * Open: the spec's shard pattern is expanded (brace ranges and lists, then glob(3)), every
  * shard's member headers are walked (tar_header.c; data is skipped, never read) and members
  * sharing a key -- the path up to the first dot of its base name, consecutive in one shard --
- * become one sample, its fields by extension.  The index (sample -> shard, and per field the
- * member's offset and size) is the canonical order: shard order, then member order.
+ * become one sample, its fields by extension (a remote shard: tar_remote.c, which may fetch
+ * its sidecar index instead).  The index (sample -> shard, and per field the member's offset
+ * and size) is the canonical order: shard order, then member order.
  * get() preads the members of one sample (tar_fields.c); it reads only the immutable index, so
  * workers call it concurrently without a lock.  Everything is freed by the close callback. */
 #define _GNU_SOURCE
@@ -243,281 +244,6 @@ static int same_key(const member *a, const member *b)
            memcmp(a->path, b->path, a->key_len) == 0;
 }
 
-/* ---- remote shards ------------------------------------------------------------------------- */
-
-/* The walk over a remote shard reads its headers through a window of the file fetched with one
- * range request: members smaller than the window cost no request of their own. */
-#define REMOTE_WINDOW ((size_t)1 << 20)
-
-typedef struct rwin {
-    stoke__tar_ds *t;
-    stoke__tar_shard *s;
-    char *buf;
-    size_t cap, len; /* buf holds the file's [start, start + len) */
-    uint64_t start;
-    char why[512]; /* a failed fetch's reason */
-} rwin;
-
-/* Fetches [off, off + max(n, window)) into the window. */
-static int rwin_fetch(rwin *w, size_t n, uint64_t off, uint64_t *total)
-{
-    size_t want = n > REMOTE_WINDOW ? n : REMOTE_WINDOW;
-    if (want > w->cap) {
-        char *b = realloc(w->buf, want);
-        if (!b) {
-            stoke__fmt(w->why, sizeof(w->why), "out of memory for a window of %zu bytes", want);
-            return STOKE_ENOMEM;
-        }
-        w->buf = b;
-        w->cap = want;
-    }
-    w->len = 0;
-    w->start = off;
-    size_t got = 0;
-    int rc = stoke__remote_read(w->t->pool, 0, &w->s->rf, w->buf, want, off, &got, total, w->why,
-                                sizeof(w->why));
-    if (!rc)
-        w->len = got;
-    return rc;
-}
-
-static int read_remote(void *ctx, void *buf, size_t n, uint64_t off, size_t *got)
-{
-    rwin *w = ctx;
-    if (w->t->cache) { /* the shard's local copy (cache.h), through slot 0 */
-        int rc = stoke__cache_read(w->t->cache, w->t->pool, 0, &w->s->rf, w->s->size, buf, n, off,
-                                   got, NULL, w->why, sizeof(w->why));
-        return rc == STOKE_OK ? 0 : rc == STOKE_ENOMEM ? -ENOMEM : -EIO;
-    }
-    if (off < w->start || off + n > w->start + w->len) {
-        int rc = rwin_fetch(w, n, off, NULL);
-        if (rc)
-            return rc == STOKE_ENOMEM ? -ENOMEM : -EIO;
-    }
-    size_t have = off >= w->start + w->len ? 0 : (size_t)(w->start + w->len - off);
-    *got = n < have ? n : have;
-    memcpy(buf, w->buf + (off - w->start), *got);
-    return 0;
-}
-
-/* URL + ".idx", before its query string if any ("https://h/a.tar?x=1" -> "/a.tar.idx?x=1"):
- * malloc'd, or NULL. */
-static char *index_url(const char *url)
-{
-    size_t q = stoke__remote_is_url(url) && strncmp(url, "s3://", 5) != 0 ? strcspn(url, "?")
-                                                                          : strlen(url);
-    char *u = malloc(strlen(url) + 5);
-    if (u)
-        sprintf(u, "%.*s.idx%s", (int)q, url, url + q);
-    return u;
-}
-
-/* Fetches the whole of remote file f through slot 0 (one request when it is at most a window):
- * 0 with *buf (malloc'd) and *len, or remote_read's error with why. */
-static int fetch_whole(stoke__tar_ds *t, const stoke__remote_file *f, char **buf, size_t *len,
-                       char *why, size_t why_len)
-{
-    size_t cap = REMOTE_WINDOW, n = 0;
-    uint64_t total = UINT64_MAX;
-    char *b = NULL;
-    for (;;) {
-        char *nb = realloc(b, cap);
-        if (!nb) {
-            free(b);
-            stoke__fmt(why, why_len, "GET %s: out of memory for %zu bytes", f->url, cap);
-            return STOKE_ENOMEM;
-        }
-        b = nb;
-        size_t got = 0;
-        int rc = stoke__remote_read(t->pool, 0, f, b + n, cap - n, n, &got, &total, why, why_len);
-        if (rc) {
-            free(b);
-            return rc;
-        }
-        n += got;
-        if (n < cap || (total != UINT64_MAX && n >= total))
-            break;
-        if (cap >= STOKE__TAR_INDEX_MAX) {
-            free(b);
-            stoke__fmt(why, why_len, "GET %s: more than %zu bytes: not an index", f->url, cap);
-            return STOKE_EFORMAT;
-        }
-        cap = total != UINT64_MAX && total > cap && total <= STOKE__TAR_INDEX_MAX ? (size_t)total
-                                                                                  : cap * 2;
-    }
-    *buf = b;
-    *len = n;
-    return STOKE_OK;
-}
-
-/* Reads remote shard s's sidecar index URL.idx (docs/sources.md, "Sidecar indexes") into sc:
- * 1 when it was there (s->size and s->idx_url set), 0 when the server has none (404: the
- * shard is walked), or an error naming the index (a malformed one, a failed request). */
-static int open_index(const char *spec, stoke__tar_ds *t, stoke__tar_shard *s, scan *sc)
-{
-    char why[512];
-    /* the shard's request and URL with ".idx": what stoke__remote_file_init makes of the
-     * given URL + ".idx" (an s3:// key is percent-encoded, ".idx" unchanged) */
-    stoke__remote_file f = {.url = index_url(s->rf.url), .req = index_url(s->rf.req),
-                            .s3 = s->rf.s3};
-    char *buf = NULL;
-    size_t len = 0;
-    int rc;
-    if (!f.url || !f.req) {
-        stoke__remote_file_free(&f);
-        return stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);
-    }
-    rc = fetch_whole(t, &f, &buf, &len, why, sizeof(why));
-    if (rc == STOKE_ENOENT) {
-        stoke__log(STOKE_LOG_DEBUG, "%s: no index at %s: walking the shard", spec, f.url);
-        stoke__remote_file_free(&f);
-        return 0;
-    }
-    if (rc) {
-        rc = stoke__fail(rc, "source '%s': index of %s: %s", spec, s->path, why);
-        stoke__remote_file_free(&f);
-        return rc;
-    }
-    uint64_t size = 0;
-    rc = stoke__tar_index_parse(buf, len, &size, on_member, sc, why, sizeof(why));
-    free(buf);
-    if (rc == STOKE_EFORMAT)
-        rc = stoke__fail(rc,
-                         "source '%s': index %s: %s (write it again with `stoke index`, or "
-                         "remove it)",
-                         spec, f.url, why);
-    else if (rc)
-        rc = stoke__fail(rc, "source '%s': index %s: %s", spec, f.url, why);
-    if (!rc) {
-        s->size = size;
-        s->idx_url = f.url;
-        f.url = NULL;
-    }
-    stoke__remote_file_free(&f);
-    return rc ? rc : 1;
-}
-
-/* The pool, and the cache when STOKE_CACHE_DIR is set, made once. */
-static int remote_pool(const char *spec, stoke__tar_ds *t)
-{
-    if (t->pool)
-        return STOKE_OK;
-    char why[512];
-    int rc = stoke__remote_pool_create(&t->pool, why, sizeof(why));
-    if (!rc)
-        rc = stoke__cache_create(&t->cache, why, sizeof(why));
-    if (rc) {
-        stoke__remote_pool_destroy(t->pool);
-        t->pool = NULL;
-        return stoke__fail(rc, "source '%s': %s", spec, why);
-    }
-    return STOKE_OK;
-}
-
-/* Makes remote shard s's request (the pool, and the cache when STOKE_CACHE_DIR is set, made
- * by the first); s->path becomes the URL without credentials.  Nothing changes on a
- * failure. */
-static int remote_init(const char *spec, stoke__tar_ds *t, stoke__tar_shard *s)
-{
-    char why[512];
-    int rc = remote_pool(spec, t);
-    if (rc)
-        return rc;
-    rc = stoke__remote_file_init(t->pool, s->path, &s->rf, why, sizeof(why));
-    if (rc) {
-        stoke__remote_file_free(&s->rf);
-        return stoke__fail(rc, "source '%s': %s", spec, why);
-    }
-    char *shown = strdup(s->rf.url); /* messages name the URL without credentials */
-    if (!shown) {
-        stoke__remote_file_free(&s->rf);
-        return stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);
-    }
-    free(s->path);
-    s->path = shown;
-    s->remote = 1;
-    return STOKE_OK;
-}
-
-/* With a cache: every remote shard's request made, and their order given to the cache, so
- * that the download of a shard has the next ones downloaded meanwhile (read-ahead), at open
- * and during the epochs; with sized, once the shards are open, with their sizes (the
- * read-ahead's downloads are then checked against them).  Without a cache (or no remote
- * shard) nothing is done. */
-static int remote_order(const char *spec, stoke__tar_ds *t, int sized)
-{
-    int first = 0;
-    while (first < t->nshards && !stoke__remote_is_url(t->shards[first].path))
-        first++;
-    if (first == t->nshards)
-        return STOKE_OK;
-    int rc = remote_pool(spec, t);
-    if (rc || !t->cache) /* without a cache the shards' requests are made as they are opened */
-        return rc;
-    const stoke__remote_file **f = calloc((size_t)t->nshards, sizeof(*f));
-    uint64_t *size = calloc((size_t)t->nshards, sizeof(*size));
-    if (!f || !size) {
-        free(f);
-        free(size);
-        return stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);
-    }
-    size_t n = 0;
-    for (int i = first; i < t->nshards && !rc; i++) {
-        stoke__tar_shard *s = &t->shards[i];
-        if (!s->remote && stoke__remote_is_url(s->path))
-            rc = remote_init(spec, t, s);
-        if (!rc && s->remote) {
-            size[n] = sized ? s->size : 0;
-            f[n++] = &s->rf;
-        }
-    }
-    if (!rc && stoke__cache_set_order(t->cache, f, size, n) != STOKE_OK)
-        rc = stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);
-    free(f);
-    free(size);
-    return rc;
-}
-
-/* Opens remote shard s: its size comes with its sidecar index (then *indexed = 1 and its
- * members are in sc; with a cache, asked for only when the cache has no copy of the shard,
- * which is walked), the first window, or the local copy (downloaded if missing). */
-static int open_remote(const char *spec, stoke__tar_ds *t, stoke__tar_shard *s, rwin *w, scan *sc,
-                       int *indexed)
-{
-    int rc = STOKE_OK;
-    *indexed = 0;
-    if (!s->remote) {
-        rc = remote_init(spec, t, s);
-        if (rc)
-            return rc;
-    }
-    rc = t->cache && stoke__cache_has(t->cache, &s->rf) ? 0 : open_index(spec, t, s, sc);
-    if (rc < 0)
-        return rc;
-    if (rc > 0) {
-        *indexed = 1;
-        return STOKE_OK;
-    }
-    *w = (rwin){.t = t, .s = s, .buf = w->buf, .cap = w->cap};
-    uint64_t total = UINT64_MAX;
-    if (t->cache) {
-        size_t got;
-        rc = stoke__cache_read(t->cache, t->pool, 0, &s->rf, 0, NULL, 0, 0, &got, &total, w->why,
-                               sizeof(w->why));
-    } else {
-        rc = rwin_fetch(w, REMOTE_WINDOW, 0, &total);
-    }
-    if (rc)
-        return stoke__fail(rc, "source '%s': %s", spec, w->why);
-    if (total == UINT64_MAX)
-        return stoke__fail(STOKE_EIO,
-                           "source '%s': GET %s: the server did not say the file's size "
-                           "(no Content-Range: range requests are needed)",
-                           spec, s->path);
-    s->size = total;
-    return STOKE_OK;
-}
-
 static int open_shard(const char *spec, stoke__tar_shard *s)
 {
     struct stat st;
@@ -535,19 +261,20 @@ static int open_shard(const char *spec, stoke__tar_shard *s)
 /* Opens and walks every shard, collecting the members into *sc. */
 static int scan_shards(const char *spec, stoke__tar_ds *t, scan *sc)
 {
-    rwin w = {0};
-    int rc = remote_order(spec, t, 0);
+    stoke__tar_rwin w = {0};
+    int rc = stoke__tar_remote_order(spec, t, 0);
     for (int i = 0; i < t->nshards && !rc; i++) {
         stoke__tar_shard *s = &t->shards[i];
         int remote = stoke__remote_is_url(s->path), indexed = 0;
         sc->shard = (uint32_t)i;
-        rc = remote ? open_remote(spec, t, s, &w, sc, &indexed) : open_shard(spec, s);
+        rc = remote ? stoke__tar_open_remote(spec, t, s, &w, on_member, sc, &indexed)
+                    : open_shard(spec, s);
         if (rc || indexed)
             continue;
         char err[512];
         uint64_t at = 0;
-        rc = stoke__tar_walk(s->size, remote ? read_remote : read_shard, remote ? (void *)&w : s,
-                             on_member, sc, err, sizeof(err), &at);
+        rc = stoke__tar_walk(s->size, remote ? stoke__tar_read_remote : read_shard,
+                             remote ? (void *)&w : s, on_member, sc, err, sizeof(err), &at);
         if (rc == STOKE_EIO && remote && w.why[0])
             rc = stoke__fail(rc, "source '%s': %s", spec, w.why);
         else if (rc == STOKE_ENOMEM)
@@ -558,7 +285,7 @@ static int scan_shards(const char *spec, stoke__tar_ds *t, scan *sc)
     }
     free(w.buf);
     if (!rc && t->cache) /* the sizes known now: the read-ahead checks its downloads */
-        rc = remote_order(spec, t, 1);
+        rc = stoke__tar_remote_order(spec, t, 1);
     return rc;
 }
 

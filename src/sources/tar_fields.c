@@ -85,13 +85,14 @@ static int field_fail(const stoke__tar_ds *t, uint64_t i, int k, char *msg, size
             hdr = t->loc[i * (uint64_t)t->nf + (uint64_t)j].hdr;
             break;
         }
-    char why[640];
+    char why[STOKE__MSG_MAX];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(why, sizeof(why), fmt, ap);
+    stoke__vfmt_short(why, sizeof(why), fmt, ap);
     va_end(ap);
-    stoke__fmt(msg, msg_len, "tar %s@%" PRIu64 ": sample '%s' field '%s': %s",
-               t->shards[t->shard_of[i]].path, hdr, t->keys + t->key_at[i], t->f[k].ext, why);
+    stoke__fmt_short(msg, msg_len, "tar %s@%" PRIu64 ": sample '%s' field '%s': %s",
+                     t->shards[t->shard_of[i]].path, hdr, t->keys + t->key_at[i], t->f[k].ext,
+                     why);
     return code;
 }
 
@@ -151,7 +152,7 @@ static int shard_read(const stoke__tar_ds *t, uint64_t i, int k, void *buf, size
         return STOKE_OK;
     }
     int worker = io->worker;
-    char why[512];
+    char why[STOKE__MSG_MAX];
     size_t got = 0;
     uint64_t total = UINT64_MAX;
     int rc = t->cache ? stoke__cache_read(t->cache, t->pool, worker, &s->rf, s->size, buf, n, off,
@@ -205,7 +206,7 @@ int stoke__tar_fetch_sample(const stoke__tar_ds *t, uint64_t i, void *const dst[
     char *buf = malloc((size_t)(hi - lo));
     if (!buf) /* a request per field instead */
         return STOKE_OK;
-    char why[512];
+    char why[STOKE__MSG_MAX];
     size_t got = 0;
     uint64_t total = UINT64_MAX;
     int rc = stoke__remote_read(t->pool, io->worker, &s->rf, buf, (size_t)(hi - lo), lo, &got,
@@ -247,7 +248,7 @@ int stoke__tar_fetch_batch(const stoke__tar_ds *t, const uint64_t *idx, size_t c
     }
     int rc = STOKE_OK;
     if (m) {
-        char why[512];
+        char why[STOKE__MSG_MAX];
         size_t failed = m;
         rc = stoke__remote_read_many(t->pool, io[0].worker, r, m, &failed, why, sizeof(why));
         for (size_t q = 0; !rc && q < m; q++) {

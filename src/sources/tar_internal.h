@@ -1,5 +1,5 @@
-/* Private to the tar source (tar.c: spec, shards, index; tar_fields.c: field kinds and the
- * decoder hook).  See docs/sources.md, "tar". */
+/* Private to the tar source (tar.c: spec, shards, index; tar_remote.c: remote shards at open;
+ * tar_fields.c: field kinds and the decoder hook).  See docs/sources.md, "tar". */
 #ifndef STOKE_TAR_INTERNAL_H
 #define STOKE_TAR_INTERNAL_H
 
@@ -7,9 +7,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/internal.h"
 #include "sources/cache.h"
 #include "sources/npy_header.h"
 #include "sources/remote.h"
+#include "sources/tar_header.h"
 #include "stoke/dataset.h"
 
 /* How a field's member turns into the sample's bytes. */
@@ -122,5 +124,36 @@ int stoke__tar_read_field(const stoke__tar_ds *t, uint64_t i, int k, void *dst, 
 int stoke__tar_describe_field(stoke__tar_ds *t, int k, const char *spec);
 /* The dataset's set_epoch (for the image hook's augmentation): stores the epoch. */
 int stoke__tar_set_epoch(void *user, uint64_t epoch);
+
+/* ---- tar_remote.c: remote shards at open ---- */
+
+/* The window a walk over a remote shard reads its headers through (one range request for
+ * many members), or, with a cache, the context of reads of the shard's local copy. */
+typedef struct stoke__tar_rwin {
+    stoke__tar_ds *t;
+    stoke__tar_shard *s;
+    char *buf;       /* the caller frees it after the last shard */
+    size_t cap, len; /* buf holds the file's [start, start + len) */
+    uint64_t start;
+    char why[STOKE__MSG_MAX]; /* a failed fetch's reason */
+} stoke__tar_rwin;
+
+/* Opens remote shard s (its request made first, with the dataset's pool and cache when the
+ * first): its size comes with its sidecar index (then *indexed = 1 and its members went to
+ * member(ctx, ...); with a cache, asked for only when the cache has no copy of the shard,
+ * which is walked), else the first window, or the local copy (downloaded if missing), into
+ * *w for the walk (w->buf reused).  STOKE_OK, or the error, recorded, naming the shard. */
+int stoke__tar_open_remote(const char *spec, stoke__tar_ds *t, stoke__tar_shard *s,
+                           stoke__tar_rwin *w, stoke__tar_member_fn member, void *ctx,
+                           int *indexed);
+/* The walk's read (stoke__tar_read_fn) of a remote shard opened into ctx (a stoke__tar_rwin):
+ * 0, or -ENOMEM / -EIO with the reason in the window's why. */
+int stoke__tar_read_remote(void *ctx, void *buf, size_t n, uint64_t off, size_t *got);
+/* With a cache: every remote shard's request made, and their order given to the cache, so
+ * that the download of a shard has the next ones downloaded meanwhile (read-ahead), at open
+ * and during the epochs; with sized, once the shards are open, with their sizes (the
+ * read-ahead's downloads are then checked against them).  Without a cache (or no remote
+ * shard) nothing is done.  STOKE_OK, or the error, recorded. */
+int stoke__tar_remote_order(const char *spec, stoke__tar_ds *t, int sized);
 
 #endif

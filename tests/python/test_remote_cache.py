@@ -21,17 +21,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import runs as R  # noqa: E402
 import servers as S  # noqa: E402
 
-CLI = R.need_cli_and_libcurl()
 NSHARDS = 4
-RANGE = "shard-{000000..%06d}.tar" % (NSHARDS - 1)
 OPTS = ",fields=txt:bin:cls,ragged=txt"
-
-work = T.tmpdir()
-root = os.path.join(work, "root")
-paths, _ = S.make_shards(root, nshards=NSHARDS)
+SU = R.setup(NSHARDS)
+CLI, work, root, paths, RANGE, ngdir, ng = (SU.cli, SU.work, SU.root, SU.paths, SU.rng, SU.ngdir,
+                                            SU.ng)
 digest = {os.path.basename(p): hashlib.sha256(open(p, "rb").read()).hexdigest() for p in paths}
 biggest = max(os.path.getsize(p) for p in paths)
-ngdir = os.path.join(work, "nginx")
 
 
 def cache_env(name, **more):
@@ -68,10 +64,6 @@ def index_asks(mark):
     return len(rows)
 
 
-try:
-    ng = S.start_nginx(root, ngdir)
-except S.Unavailable as e:
-    T.skip(str(e))
 servers = [ng]
 try:
     base = ng.url("")

@@ -25,21 +25,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import runs as R  # noqa: E402
 import servers as S  # noqa: E402
 
-CLI = R.need_cli_and_libcurl()
 TSAN = os.environ.get("STOKE_PY_TSAN")
 NSHARDS = 6
-RANGE = "shard-{000000..%06d}.tar" % (NSHARDS - 1)
 OPTS = ",fields=bin:cls:txt,ragged=txt"
-
-work = T.tmpdir()
-root = os.path.join(work, "root")
-paths, _ = S.make_shards(root, nshards=NSHARDS)
+SU = R.setup(NSHARDS, index=True)
+CLI, work, root, paths, RANGE, ngdir, ng = (SU.cli, SU.work, SU.root, SU.paths, SU.rng, SU.ngdir,
+                                            SU.ng)
 size = {os.path.basename(p): os.path.getsize(p) for p in paths}
 names = sorted(size)
-p = subprocess.run([CLI, "index", "tar:" + os.path.join(root, RANGE)], capture_output=True,
-                   text=True, timeout=120)
-T.check(p.returncode == 0, "stoke index: %s" % p.stderr)
-ngdir = os.path.join(work, "nginx")
 
 
 def cdir(name):
@@ -73,10 +66,6 @@ def load_one(base, name, env, *args):
     return out
 
 
-try:
-    ng = S.start_nginx(root, ngdir)
-except S.Unavailable as e:
-    T.skip(str(e))
 servers = [ng]
 try:
     base = ng.url("")

@@ -9,8 +9,10 @@ shards have sidecar indexes, so the open succeeds and the failures come in the e
 Under on_error=error the batches before the bad shard arrive (equal to the local ones) and then
 stoke.LoaderError has the code, the sample and a message naming the URL and the HTTP status
 (and nginx's reason); under on_error=skip the samples of the good shards all arrive, equal to
-the local ones, and the quarantine lists every bad sample with its code and reason.  The
-password of a URL never appears.  Skips (77) without nginx or libcurl."""
+the local ones, and the quarantine lists every bad sample with its code and reason; `stoke load
+--json` fails with the code ("error_code", "error_name").  Under a path of 304 characters the
+messages (CLI, LoaderError, quarantine) still end with the URL's request and its HTTP status.
+The password of a URL never appears.  Skips (77) without nginx or libcurl."""
 import os
 import subprocess
 import sys
@@ -38,6 +40,16 @@ for sub in "abcd":
                        capture_output=True, text=True, timeout=120)
     T.check(p.returncode == 0, "stoke index: %s" % p.stderr)
 local = os.path.join(root, "a")  # every directory has the same shards (make_shards' seed)
+# e/: the shards under a path of 304 characters (a long S3 key's URL), shard 1 gone (its index
+# stays: it fails in the epoch) and shard 2 gone with no index (it fails at open)
+LONG = "/".join(["k" * 60] * 5)
+S.make_shards(os.path.join(root, "e", LONG), nshards=3)
+p = subprocess.run([CLI, "index", "tar:%s/e/%s/shard-{000000..000001}.tar" % (root, LONG)],
+                   capture_output=True, text=True, timeout=120)
+T.check(p.returncode == 0, "stoke index: %s" % p.stderr)
+for k in (1, 2):
+    os.rename(os.path.join(root, "e", LONG, "shard-%06d.tar" % k),
+              os.path.join(work, "gone-e%d.tar" % k))
 os.rename(os.path.join(root, "a", "shard-000001.tar"), os.path.join(work, "gone-a.tar"))
 os.rename(os.path.join(root, "d", "shard-000001.tar"), os.path.join(work, "gone-d.tar"))
 LOCATIONS = ("location = /b/shard-000001.tar { return 403; } "
@@ -51,6 +63,9 @@ def rows(batches):
 
 want = {k: rows(stoke.DataLoader("tar:%s/shard-%06d.tar%s" % (local, k, OPTS), batch_size=4,
                                   structure="list")) for k in (0, 2)}
+rc, out, _ = R.load("tar:%s/shard-000000.tar%s" % (local, OPTS))
+T.check(rc == 0 and out["ok"] is True and out["error"] is None and out["error_code"] is None
+        and out["error_name"] is None, "a run that passes: %s" % out)
 
 try:
     ng = S.start_nginx(root, os.path.join(work, "nginx"), locations=LOCATIONS)
@@ -101,6 +116,13 @@ try:
                     and more in e["reason"] and "s3cr3t" not in e["reason"] + e["source"],
                     "%s, skip: a quarantine entry: %s" % (sub, e))
         print("%s: %s; skip: %d samples, %d quarantined" % (sub, msg, len(got), len(q)))
+        # --- the CLI: `stoke load --json` fails with the code's number and name in the summary
+        rc, out, _ = R.load(spec, "--workers", "0")
+        T.check(rc == 1 and out["ok"] is False and out["error_code"] == code
+                and out["error_name"] == {ENOENT: "STOKE_ENOENT", EIO: "STOKE_EIO"}[code]
+                and ("GET %s: %s" % (bad_url, status)) in out["error"],
+                "%s: stoke load --json: exit %d, %s" % (sub, rc, {k: out.get(k) for k in (
+                    "ok", "error", "error_code", "error_name")}))
 
     # --- one batch with requests failing two ways at once (shuffled: 404s and 500s in flight
     # together): the error is the one that fails for good (404, not retried), with its own URL
@@ -120,6 +142,35 @@ try:
                     "d: code %s, sample %s: %s" % (e.code_name, e.sample, msg))
         del it
     print("d: %s" % msg)
+
+    # --- a long URL: every message keeps its end, the URL's whole request line and status
+    long_base = "%se/%s/" % (base, LONG)
+    for shards, bad, when in (("{000000..000001}", 1, "in the epoch"), ("000002", 2, "at open")):
+        spec = "tar:%sshard-%s.tar%s" % (long_base, shards, OPTS)
+        want_end = "GET %sshard-%06d.tar: HTTP 404: 404 Not Found" % (long_base, bad)
+        rc, out, err = R.load(spec, "--workers", "0")
+        T.check(rc == 1 and out["error_code"] == ENOENT and want_end in out["error"]
+                and out["error"].split(want_end)[1] in ("", " (STOKE_ENOENT)")
+                and want_end in err, "long URL, %s: stoke load: %s" % (when, out["error"]))
+        try:
+            for b in stoke.DataLoader(spec, batch_size=4, structure="list", num_workers=0):
+                pass
+            T.check(False, "long URL, %s: loaded" % when)
+        except stoke.StokeError as e:  # at open: StokeError; in the epoch: LoaderError
+            text = str(e)
+            text = text[:-len(" (STOKE_ENOENT)")] if text.endswith(" (STOKE_ENOENT)") else text
+            T.check(getattr(e, "code", ENOENT) == ENOENT and text.endswith(want_end),
+                    "long URL, %s: %s: %s" % (when, type(e).__name__, e))
+        print("long URL (%d characters), %s: %d-character message ends with: %s"
+              % (len(long_base), when, len(out["error"]), out["error"][-60:]))
+    loader = stoke.DataLoader("tar:%sshard-{000000..000001}.tar%s" % (long_base, OPTS),
+                              batch_size=4, structure="list", num_workers=2, on_error="skip")
+    got = rows(list(loader))
+    q = loader.quarantine()
+    want_end = "GET %sshard-000001.tar: HTTP 404: 404 Not Found" % long_base
+    T.check(got == want[0] and len(q) == PER
+            and all(e["code"] == ENOENT and e["reason"].endswith(want_end) for e in q),
+            "long URL, skip: %d samples, quarantine %s" % (len(got), q[:1]))
 finally:
     ng.stop()
 print("remote shards failing mid-epoch: ok")

@@ -1,6 +1,6 @@
-"""`stoke load` runs for the remote-shard tests (tests/python/test_remote*.py): one run as
-(returncode, the --json object, stderr), and the comparison of a remote run with the same
-shards read from disk."""
+"""`stoke load` runs for the remote-shard tests (tests/python/test_remote*.py): the opening
+they share (setup: shards served by nginx), one run as (returncode, the --json object, stderr),
+and the comparison of a remote run with the same shards read from disk."""
 import json
 import os
 import subprocess
@@ -22,6 +22,38 @@ def need_cli_and_libcurl():
     if features is not None and "libcurl" not in features.split(","):
         T.skip("built without libcurl (test_remote.py checks the refusal)")
     return CLI
+
+
+class Setup:
+    """What setup() made: cli (the CLI's path), work (the test's directory), root (the shards'
+    directory, nginx's root), paths (the shards, in order), rng (their pattern,
+    "shard-{000000..N-1}.tar"), ngdir (nginx's prefix: its logs) and ng (nginx, serving root)."""
+
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+def setup(nshards, index=False):
+    """The opening of the cache tests: the CLI with libcurl (else a skip, 77), nshards shards
+    (servers.make_shards) in root under a new test directory, their sidecar indexes written with
+    `stoke index` when index, and nginx serving root (else a skip saying why).  The caller stops
+    setup().ng."""
+    import servers as S  # tests/remote, beside this file
+    cli = need_cli_and_libcurl()
+    work = T.tmpdir()
+    root = os.path.join(work, "root")
+    paths, _ = S.make_shards(root, nshards=nshards)
+    rng = "shard-{000000..%06d}.tar" % (nshards - 1)
+    if index:
+        p = subprocess.run([cli, "index", "tar:" + os.path.join(root, rng)], capture_output=True,
+                           text=True, timeout=120)
+        T.check(p.returncode == 0, "stoke index: %s" % p.stderr)
+    ngdir = os.path.join(work, "nginx")
+    try:
+        ng = S.start_nginx(root, ngdir)
+    except S.Unavailable as e:
+        T.skip(str(e))
+    return Setup(cli=cli, work=work, root=root, paths=paths, rng=rng, ngdir=ngdir, ng=ng)
 
 
 def load(spec, *args, env=None, timeout=120):
