@@ -757,6 +757,10 @@ class _Writer:
                 self.preplanned = False
                 if self.kept is not None:  # batch 0 of the plan measure() made is not wanted
                     self.drop_kept()
+                if self.live:
+                    # the loader abandoned the run (no fill is in progress: it waits for them
+                    # before this hook): the batches made and never decoded never will be
+                    self.live.clear()
                 self.plan.mail_clear()
                 seed = self.base_seed_for()
                 if self.iterable:
@@ -922,10 +926,15 @@ class _Writer:
         """Batch 0 as measure() made it (its bytes copied into the slot; its structure stays
         kept under the same token), or its failure raised as it would be now."""
         if k.error is not None:
+            # taken out of k: k -> error -> its traceback -> measure_here's frame -> k was a
+            # cycle, and the traceback holds batch 0's probe block (_probe_block's frame)
+            err, k.error = k.error, None
             try:
-                raise k.error
+                raise err
             except Exception as e:  # noqa: BLE001 - the consumer re-raises it
                 return self.fail(i, worker, e, k.index)
+            finally:
+                err = None  # (err -> traceback -> this frame -> err)
         if k.used > len(view):  # (max_batch_bytes is not measured: cannot happen)
             self.live.pop(k.token, None)
             struct.pack_into("<QQ", view, 0, MAGIC_OVER, k.used)
@@ -1069,6 +1078,7 @@ class _Writer:
         torch's first next() would)."""
         k, self.kept = self.kept, None
         self.live.pop(k.token, None)
+        k.error = None  # (a cycle through its traceback: fill_kept)
         moved = self.rng_moved()
         for j, (now, after) in enumerate(zip(_rng_states(), k.after)):
             if _same_rng(now, after):
