@@ -62,6 +62,10 @@ class _End:
 
     def __init__(self, worker):
         self.worker = worker
+
+
+class _Skipped:
+    """decode()'s answer for a batch that on_error skipped (None is a batch: a collate_fn's)."""
 HDR = 64
 MAILBOX = 1 << 16                   # a worker's mailbox: MAIL_ENTRIES failures
 MAIL_ENTRIES = 4
@@ -880,7 +884,7 @@ class _Writer:
                 outs.append(o)
             return block.finish(outs)
         if self.collate_fn is not None:
-            return block.finish(self.collate_fn(samples))
+            return block.finish(self.collate(samples))
         if self.batch_size is None and self.batch_sampler is None:
             return block.finish(_convert(samples[0]))
         return block.finish(self.collator(block, samples))
@@ -960,10 +964,17 @@ class _Writer:
     def write_samples(self, block, samples):
         """An iterable's batch into the block: collate_fn, default_convert or default_collate."""
         if self.collate_fn is not None:
-            return block.finish(self.collate_fn(samples))
+            return block.finish(self.collate(samples))
         if self.batch_size is None:
             return block.finish(_convert(samples[0]))
         return block.finish(self.collator(block, samples))
+
+    def collate(self, samples):
+        """The user's collate_fn on the batch's samples; without automatic batching
+        (batch_size=None, no batch_sampler) on its one sample, as torch calls it."""
+        if self.batch_size is None and self.batch_sampler is None:
+            return self.collate_fn(samples[0])
+        return self.collate_fn(samples)
 
     def next_fill_probe(self, block):
         samples = self.next_samples(0)
@@ -1047,7 +1058,7 @@ class _Writer:
         try:
             samples = self.fetch(indices, where)
             if self.collate_fn is not None:  # called once, however many blocks it takes
-                out = self.collate_fn(samples)
+                out = self.collate(samples)
                 k.used, k.block = _probe_block(lambda blk: blk.finish(out), self.live)
             else:
                 k.used, k.block = _probe_block(lambda blk: self.write(blk, samples, indices),
@@ -1088,7 +1099,7 @@ class _Writer:
 
     def decode(self, b):
         if len(b) == 0:  # its one sample (this batch) skipped under on_error
-            return None
+            return _Skipped
         view = memoryview(b[0]).cast("B")
         magic, a, n = struct.unpack_from("<QQQ", view, 0)
         if magic == MAGIC_END:
@@ -1122,7 +1133,7 @@ class _Writer:
         when it can, else ordinary, with one warning), so that the loader gets its buffer
         back: the caller holds every other one (list(loader), the last N batches)."""
         if len(b) == 0:
-            return None
+            return _Skipped
         view = memoryview(b[0]).cast("B")
         magic, a, n = struct.unpack_from("<QQQ", view, 0)
         if magic == MAGIC_LIVE:
