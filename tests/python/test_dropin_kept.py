@@ -70,17 +70,19 @@ _dropin._probe_block = orig_probe
 
 # -- 2. structures of batches made and never decoded --
 class Gated:
-    """Sample i is i; in epochs >= 1 (after `open` is cleared) fills wait for `open`."""
+    """Sample i is i; once `open` is cleared, fills wait for it."""
 
     def __init__(self):
         self.open = threading.Event()
         self.open.set()
+        self.timeouts = 0
 
     def __len__(self):
         return 256
 
     def __getitem__(self, i):
-        self.open.wait(30)
+        if not self.open.wait(30):
+            self.timeouts += 1
         return np.full(2, i, dtype=np.int64)
 
 
@@ -101,7 +103,15 @@ for restart in ("set_epoch", "iter"):
     first = next(it)
     T.check(first.tolist() == [[i, i] for i in range(4)], "%s: batch 0 %s" % (restart, first))
     wait_live(w, 4, restart)  # prefetched, never decoded
-    ds.open.clear()  # the next run's fills wait: what live holds after the restart is exact
+    hook = w.set_epoch
+
+    def closing_hook(epoch, unused=0):
+        # called by the restart once no fill is in progress: the next run's fills wait, so
+        # what live holds after the restart is exact
+        ds.open.clear()
+        return hook(epoch, unused)
+
+    w.set_epoch = closing_hook
     if restart == "set_epoch":
         loader.set_epoch(1)
         it = iter(loader)
@@ -114,5 +124,6 @@ for restart in ("set_epoch", "iter"):
     T.check(got == list(range(256)), "%s: the next epoch's samples are wrong" % restart)
     T.check(len(w.live) == 0, "%s: %d structures kept after a full epoch" % (restart,
                                                                             len(w.live)))
+    T.check(ds.timeouts == 0, "%s: %d fills waited 30 s for the gate" % (restart, ds.timeouts))
     del it, loader, first
 print("ok (live)")
