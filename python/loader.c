@@ -217,17 +217,85 @@ static int loader_init(PyObject *obj, PyObject *args, PyObject *kw)
     return 0;
 }
 
-static void loader_close(LoaderObject *self)
+/* Loaders whose destroy was deferred: freed on a thread inside a call of a Python dataset (the
+ * cyclic GC runs on whichever thread allocates, one of the loader's own workers too), which
+ * may not join the loader's threads.  The main thread destroys them in a pending call, or the
+ * exit hook does (stoke_py_reap_loaders).  List and counters: GIL. */
+typedef struct deferred {
+    struct deferred *next;
+    stoke_loader *l;
+    stoke_dataset ds;
+} deferred;
+static deferred *to_reap;
+static int reap_scheduled;
+static long long n_deferred, n_reaped;
+
+/* Destroys l (NULL: none) and closes ds.  GIL held; not on a thread inside a dataset call. */
+static void destroy_now(stoke_loader *l, stoke_dataset *ds)
 {
-    if (self->l) {
-        stoke_loader *l = self->l;
-        self->l = NULL;
+    if (l) {
         /* without the GIL: workers may be waiting for it (a Python dataset) */
         PyThreadState *ts = PyEval_SaveThread();
         stoke_loader_destroy(l);
         PyEval_RestoreThread(ts);
     }
-    stoke_dataset_close(&self->ds);
+    stoke_dataset_close(ds);
+}
+
+void stoke_py_reap_loaders(void)
+{
+    reap_scheduled = 0;
+    while (to_reap) {
+        deferred *d = to_reap;
+        to_reap = d->next; /* unlinked first: closing the dataset runs Python code */
+        destroy_now(d->l, &d->ds);
+        free(d);
+        n_reaped++;
+    }
+}
+
+static int reap_pending(void *unused)
+{
+    (void)unused;
+    stoke_py_reap_loaders();
+    return 0;
+}
+
+/* Hands l and ds to the main thread.  Without memory for the record it leaks them (a message
+ * says so) rather than join from here: the library would abort. */
+static void defer_destroy(stoke_loader *l, stoke_dataset *ds)
+{
+    deferred *d = malloc(sizeof(*d));
+    if (!d) {
+        fprintf(stderr, "stoke: out of memory: a loader freed on a worker thread is leaked\n");
+        return;
+    }
+    d->l = l;
+    d->ds = *ds;
+    memset(ds, 0, sizeof(*ds));
+    d->next = to_reap;
+    to_reap = d;
+    n_deferred++;
+    /* a full queue (-1): a later deferral or the exit hook reaps it */
+    if (!reap_scheduled && Py_AddPendingCall(reap_pending, NULL) == 0)
+        reap_scheduled = 1;
+}
+
+static void loader_close(LoaderObject *self)
+{
+    stoke_loader *l = self->l;
+    self->l = NULL;
+    if (l && stoke_pyds_in_call())
+        defer_destroy(l, &self->ds);
+    else
+        destroy_now(l, &self->ds);
+}
+
+PyObject *stoke_py_reap_stats(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    return Py_BuildValue("LL", n_deferred, n_reaped);
 }
 
 static void loader_dealloc(PyObject *obj)

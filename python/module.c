@@ -204,6 +204,7 @@ static PyObject *py_flush_warnings(PyObject *self, PyObject *unused)
 static PyObject *py_stop_python_datasets(PyObject *self, PyObject *unused)
 {
     stoke_pyds_stop_all();
+    stoke_py_reap_loaders(); /* the pending call may not run any more */
     Py_RETURN_NONE;
 }
 
@@ -220,6 +221,8 @@ static PyMethodDef module_methods[] = {
      "The built-in padding's copy of the drop-in DataLoader (private)."},
     {"_stop_python_datasets", py_stop_python_datasets, METH_NOARGS,
      "For the exit hook: no Python dataset is called from now on."},
+    {"_reap_stats", stoke_py_reap_stats, METH_NOARGS,
+     "(loaders whose destroy was deferred, loaders those destroyed): for tests."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module_def = {

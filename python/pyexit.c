@@ -10,9 +10,11 @@
 
 #include "stoke_py.h"
 
-/* `stopped` set once, `inflight` the get() calls past their check of it. */
+/* `stopped` set once, `inflight` the get() calls past their check of it; `depth`: this
+ * thread's calls in progress (a loader freed there may not join its threads: loader.c). */
 static atomic_int stopped;
 static atomic_int inflight;
+static _Thread_local int depth;
 
 static int finalizing(void)
 {
@@ -31,12 +33,19 @@ int stoke_pyds_enter(char *msg, size_t msg_len)
         snprintf(msg, msg_len, "the Python interpreter is exiting: the dataset is not called");
         return -1;
     }
+    depth++;
     return 0;
 }
 
 void stoke_pyds_leave(void)
 {
+    depth--;
     atomic_fetch_sub(&inflight, 1);
+}
+
+int stoke_pyds_in_call(void)
+{
+    return depth > 0;
 }
 
 void stoke_pyds_stop_all(void)

@@ -87,6 +87,14 @@ void stoke_pyds_stop_all(void);
  * with why in msg when the interpreter is exiting (do not touch Python). */
 int stoke_pyds_enter(char *msg, size_t msg_len);
 void stoke_pyds_leave(void);
+/* Whether this thread is inside such a call (it may be one of a loader's own workers). */
+int stoke_pyds_in_call(void);
+
+/* loader.c: destroys the loaders freed on a thread inside a Python dataset's call (deferred:
+ * such a thread may be one of the loader's own workers).  GIL held, on a thread that may join
+ * them (the main thread's pending call, the exit hook).  _reap_stats (deferred, destroyed). */
+void stoke_py_reap_loaders(void);
+PyObject *stoke_py_reap_stats(PyObject *self, PyObject *unused);
 
 /* pywriter.c: the batch writer of stoke/_dropin.py (its attributes nbatches, blob_bytes, name
  * and methods fill, next_fill, worker_init, set_epoch, fork_child) as a stoke_dataset.  0, or

@@ -105,8 +105,8 @@ def _warn_threads(dataset, n):
 
 
 def _dropin_end():
-    from ._dropin import _End
-    return _End
+    from ._dropin import _End, _Skipped
+    return _End, _Skipped
 
 
 def _is_iterable_dataset(ds):
@@ -449,7 +449,7 @@ class DataLoader(_stoke.Loader):
     def _batches(self, it):
         decode = self._writer.decode
         ended = set()  # an iterable dataset in worker processes: the exhausted workers
-        end = _dropin_end()
+        end, skipped = _dropin_end()
         limit = max(2, int(self.stats()["buffers"]) - 1)
         while True:
             try:
@@ -476,7 +476,7 @@ class DataLoader(_stoke.Loader):
             del b
             if self._on_error:
                 self._warn_bad()
-            if out is None:  # a batch that on_error skipped
+            if out is skipped:  # a batch that on_error skipped (None is a collate_fn's batch)
                 continue
             if type(out) is end:
                 ended.add(out.worker)

@@ -62,6 +62,10 @@ class _End:
 
     def __init__(self, worker):
         self.worker = worker
+
+
+class _Skipped:
+    """decode()'s answer for a batch that on_error skipped (None is a batch: a collate_fn's)."""
 HDR = 64
 MAILBOX = 1 << 16                   # a worker's mailbox: MAIL_ENTRIES failures
 MAIL_ENTRIES = 4
@@ -757,6 +761,10 @@ class _Writer:
                 self.preplanned = False
                 if self.kept is not None:  # batch 0 of the plan measure() made is not wanted
                     self.drop_kept()
+                if self.live:
+                    # the loader abandoned the run (no fill is in progress: it waits for them
+                    # before this hook): the batches made and never decoded never will be
+                    self.live.clear()
                 self.plan.mail_clear()
                 seed = self.base_seed_for()
                 if self.iterable:
@@ -876,7 +884,7 @@ class _Writer:
                 outs.append(o)
             return block.finish(outs)
         if self.collate_fn is not None:
-            return block.finish(self.collate_fn(samples))
+            return block.finish(self.collate(samples))
         if self.batch_size is None and self.batch_sampler is None:
             return block.finish(_convert(samples[0]))
         return block.finish(self.collator(block, samples))
@@ -922,10 +930,15 @@ class _Writer:
         """Batch 0 as measure() made it (its bytes copied into the slot; its structure stays
         kept under the same token), or its failure raised as it would be now."""
         if k.error is not None:
+            # taken out of k: k -> error -> its traceback -> measure_here's frame -> k was a
+            # cycle, and the traceback holds batch 0's probe block (_probe_block's frame)
+            err, k.error = k.error, None
             try:
-                raise k.error
+                raise err
             except Exception as e:  # noqa: BLE001 - the consumer re-raises it
                 return self.fail(i, worker, e, k.index)
+            finally:
+                err = None  # (err -> traceback -> this frame -> err)
         if k.used > len(view):  # (max_batch_bytes is not measured: cannot happen)
             self.live.pop(k.token, None)
             struct.pack_into("<QQ", view, 0, MAGIC_OVER, k.used)
@@ -951,10 +964,17 @@ class _Writer:
     def write_samples(self, block, samples):
         """An iterable's batch into the block: collate_fn, default_convert or default_collate."""
         if self.collate_fn is not None:
-            return block.finish(self.collate_fn(samples))
+            return block.finish(self.collate(samples))
         if self.batch_size is None:
             return block.finish(_convert(samples[0]))
         return block.finish(self.collator(block, samples))
+
+    def collate(self, samples):
+        """The user's collate_fn on the batch's samples; without automatic batching
+        (batch_size=None, no batch_sampler) on its one sample, as torch calls it."""
+        if self.batch_size is None and self.batch_sampler is None:
+            return self.collate_fn(samples[0])
+        return self.collate_fn(samples)
 
     def next_fill_probe(self, block):
         samples = self.next_samples(0)
@@ -1038,7 +1058,7 @@ class _Writer:
         try:
             samples = self.fetch(indices, where)
             if self.collate_fn is not None:  # called once, however many blocks it takes
-                out = self.collate_fn(samples)
+                out = self.collate(samples)
                 k.used, k.block = _probe_block(lambda blk: blk.finish(out), self.live)
             else:
                 k.used, k.block = _probe_block(lambda blk: self.write(blk, samples, indices),
@@ -1069,6 +1089,7 @@ class _Writer:
         torch's first next() would)."""
         k, self.kept = self.kept, None
         self.live.pop(k.token, None)
+        k.error = None  # (a cycle through its traceback: fill_kept)
         moved = self.rng_moved()
         for j, (now, after) in enumerate(zip(_rng_states(), k.after)):
             if _same_rng(now, after):
@@ -1078,7 +1099,7 @@ class _Writer:
 
     def decode(self, b):
         if len(b) == 0:  # its one sample (this batch) skipped under on_error
-            return None
+            return _Skipped
         view = memoryview(b[0]).cast("B")
         magic, a, n = struct.unpack_from("<QQQ", view, 0)
         if magic == MAGIC_END:
@@ -1112,7 +1133,7 @@ class _Writer:
         when it can, else ordinary, with one warning), so that the loader gets its buffer
         back: the caller holds every other one (list(loader), the last N batches)."""
         if len(b) == 0:
-            return None
+            return _Skipped
         view = memoryview(b[0]).cast("B")
         magic, a, n = struct.unpack_from("<QQQ", view, 0)
         if magic == MAGIC_LIVE:

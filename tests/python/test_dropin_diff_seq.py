@@ -350,4 +350,51 @@ def custom_batch_type():
         T.check(n == len(r) == 12, "%s: %d batches, torch %d" % (what, n, len(r)))
 
 
+def none_for_some(samples):
+    """collate_fn returning None for the batches holding a multiple of 5: torch yields None."""
+    if any(int(x[0][0, 0]) % 5 == 0 for x in samples):  # (sample i's x[0][0, 0] is i)
+        return None
+    return torch.stack([x[0] for x in samples]), torch.tensor([x[1] for x in samples])
+
+
+def none_for_one(sample):
+    """A per-sample collate_fn (batch_size=None): None for a multiple of 5, else a dict."""
+    x, k = sample
+    return None if int(x[0, 0]) % 5 == 0 else {"x": x * 2, "k": k}
+
+
+class Count(IterableDataset):
+    def __iter__(self):
+        return iter(range(23))
+
+
+@case
+def collate_fn_returns_none():
+    """A collate_fn's None is a batch, yielded as torch yields it (not taken for a batch that
+    on_error skipped); with batch_size=None torch calls collate_fn on each sample."""
+    for workers in (0, 1, 2):
+        for mode in ("processes", "threads"):
+            kw = {"worker_mode": mode}
+            if mode == "threads" and workers == 0:
+                continue
+            what = "None batches workers=%d %s" % (workers, mode)
+            ref, got = pair(Rows(), stoke_kw=kw, batch_size=3, collate_fn=none_for_some,
+                            num_workers=workers)
+            check_len(ref, got, what)
+            r, g = epoch(ref), epoch(got)
+            T.check(sum(b is None for b in r) == 9, "%s: torch gave %d None" % (
+                what, sum(b is None for b in r)))
+            check_sequential(r, g, what)
+            what = "per-sample collate_fn workers=%d %s" % (workers, mode)
+            ref, got = pair(Rows(), stoke_kw=kw, batch_size=None, collate_fn=none_for_one,
+                            num_workers=workers)
+            check_len(ref, got, what)
+            check_sequential(epoch(ref), epoch(got), what)
+            if workers <= 1:  # an iterable's stream is each worker's: one worker keeps the order
+                what = "iterable per-sample collate_fn workers=%d %s" % (workers, mode)
+                ref, got = pair(Count(), stoke_kw=kw, batch_size=None, num_workers=workers,
+                                collate_fn=lambda i: None if i % 5 == 0 else [i])
+                check_sequential(epoch(ref), epoch(got), what)
+
+
 L.run_cases()
