@@ -354,7 +354,9 @@ static void progress(const load_run *r, uint64_t now)
                 r->total, rate);
     }
     stoke_remote_stats net = {.size = sizeof(net)};
-    if (stoke_tar_remote_stats(&r->ds, &net) == STOKE_OK && net.shards)
+    if ((stoke_tar_remote_stats(&r->ds, &net) == STOKE_OK ||
+         stoke_npy_remote_stats(&r->ds, &net) == STOKE_OK) &&
+        net.shards)
         fprintf(stderr,
                 " network %.1f MB, %" PRIu64 " requests, %" PRIu64 " retries, %.1f s waited ",
                 (double)net.bytes / 1e6, net.requests, net.retries, net.network_wait_s);
@@ -424,7 +426,9 @@ static void timed_pass(load_run *r)
     r->staged_ok =
         stoke_npy_block_staged(&r->ds, &r->staged[0], &r->staged[1], &r->staged[2]) == STOKE_OK;
     r->remote.size = sizeof(r->remote);
-    r->remote_ok = stoke_tar_remote_stats(&r->ds, &r->remote) == STOKE_OK && r->remote.shards;
+    r->remote_ok = (stoke_tar_remote_stats(&r->ds, &r->remote) == STOKE_OK ||
+                    stoke_npy_remote_stats(&r->ds, &r->remote) == STOKE_OK) &&
+                   r->remote.shards;
     if (r->bar)
         fputc('\n', stderr);
 }
