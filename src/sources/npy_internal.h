@@ -72,10 +72,10 @@ typedef struct stoke__npy_stage stoke__npy_stage; /* npy_stage.c */
 
 typedef struct stoke__npy_ds {
     int io;     /* the mode in use: MMAP, PREAD, URING or REMOTE (auto resolved at open) */
-    stoke__remote_pool *pool; /* IO_REMOTE: the connections (slot = worker), else NULL */
     int direct; /* staged blocks not in the page cache are read with O_DIRECT (resolved) */
     int nfiles; /* 1 (data) or 2 (data, labels) */
     stoke__npy_file f[2];
+    stoke__remote_pool *pool; /* IO_REMOTE: the connections (slot = worker), else NULL */
     /* IO_URING: created by the first get_batch() of each worker, freed by close. */
     _Atomic(struct stoke__npy_ring *) rings[STOKE__NPY_RINGS];
     atomic_int ring_warned; /* one warning when a worker's ring cannot be created */

@@ -71,8 +71,8 @@ static int check_answer(const stoke__npy_file *f, uint64_t index, uint64_t at, s
 {
     char why[128];
     if (total != UINT64_MAX && total != f->size) {
-        stoke__fmt(why, sizeof(why), "now %llu bytes, %llu when opened",
-                   (unsigned long long)total, (unsigned long long)f->size);
+        stoke__fmt(why, sizeof(why), "now %llu bytes, %llu when opened", (unsigned long long)total,
+                   (unsigned long long)f->size);
         return stoke__npy_changed(f, index, msg, msg_len, why);
     }
     if (got != want) {
@@ -89,8 +89,8 @@ int stoke__npy_remote_row(const stoke__npy_ds *ds, const stoke__npy_file *f, uin
     char why[WHY_MAX];
     size_t got = 0;
     uint64_t total = UINT64_MAX;
-    int rc = stoke__remote_read(ds->pool, worker, &f->rf, dst, f->row_bytes, at, &got, &total,
-                                why, sizeof(why));
+    int rc = stoke__remote_read(ds->pool, worker, &f->rf, dst, f->row_bytes, at, &got, &total, why,
+                                sizeof(why));
     if (rc) {
         stoke__fmt(msg, msg_len, "npy %s: sample %llu: %s", f->path, (unsigned long long)index,
                    why);
