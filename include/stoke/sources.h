@@ -102,7 +102,10 @@ STOKE_API void stoke_synthetic_fill(uint64_t seed, uint64_t index, void *dst, si
  * STOKE_NPY_IO_MMAP (also when io=auto chose it) the process gets a SIGBUS handler that turns
  * a fault in a copy from the mapping into that error and chains every other SIGBUS to the
  * previous disposition (see docs/sources.md).  A shape with a 0 dimension after the first,
- * (N, 0, ...), is N samples of 0 bytes. */
+ * (N, 0, ...), is N samples of 0 bytes.  URLs (STOKE_NPY_IO_REMOTE): a 404 or 410 is
+ * STOKE_ENOENT, another failed request STOKE_EIO, both naming the URL (without any
+ * user:password@), the HTTP status and the reason; an answer whose size differs from the one
+ * at open, or a body cut short, is "file changed while loading"; without libcurl STOKE_ENOTSUP. */
 
 typedef enum stoke_npy_io {
     STOKE_NPY_IO_MMAP = 0,  /* map the file: get() is one memcpy from the mapping */

@@ -12,7 +12,10 @@
  * in every I/O mode, never a crash: IO_MMAP copies under the SIGBUS guard of fault_guard.h (a
  * page past a new end of file faults), IO_PREAD and IO_URING see a short read, and all compare
  * the file's size and mtime with those seen at open every STOKE__NPY_STAT_EVERY samples (batches:
- * STOKE__NPY_STAT_EVERY_BATCH; see docs/sources.md). */
+ * STOKE__NPY_STAT_EVERY_BATCH; see docs/sources.md).
+ *
+ * A URL is IO_REMOTE (npy_remote.c): no fd and no mapping; the dataset owns a remote pool, whose
+ * fork hooks it exports, and every read is a range request checked against the size at open. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
