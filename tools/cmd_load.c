@@ -45,6 +45,7 @@ static void usage(FILE *f)
         "                             [,delay=I:US] (sample I takes US microseconds longer)\n"
         "                           npy:PATH[,labels=LABELS.npy][,io=auto|mmap|pread|uring]\n"
         "                             [,direct=auto|on|off] (block shuffle: O_DIRECT reads)\n"
+        "                             PATH may be an http(s):// or s3:// URL (io=remote)\n"
         "                           tar:PATTERN[,fields=EXT:EXT] (shards: {000..099}, globs)\n"
         "                           images:DIR[,size=224][,train|eval][,layout=chw|hwc]\n"
         "                             [,dtype=u8|f32][,mean=R:G:B,std=R:G:B][,seed=N]\n"

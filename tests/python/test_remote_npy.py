@@ -76,6 +76,7 @@ def same_as_local(what, *args):
                                                           rem.get("error"), err[-800:]))
         T.check(R.summary(rem) == R.summary(loc), "%s %s%s %s: remote %s, local %s" % (
             what, name, labels, args, R.summary(rem), R.summary(loc)))
+        T.check(rem.get("io") == "remote", "%s: io %r" % (what, rem.get("io")))
         T.check(rem["remote"] and rem["remote"]["shards"] == (2 if labels else 1)
                 and rem["remote"]["requests"] > 0, "counters: %s" % rem["remote"])
         runs.append(rem)
@@ -88,6 +89,9 @@ try:
         same_as_local("workers 1", "--workers", "1", "--batch-size", bs)
         same_as_local("workers 2, shuffled", "--workers", "2", "--shuffle", "--seed", "7",
                       "--batch-size", bs)
+    # a block shuffle: the rows of a block in one request per batch (no block read-ahead)
+    same_as_local("block shuffle", "--workers", "2", "--shuffle=block:10:4", "--seed", "5",
+                  "--batch-size", "37")
     if not os.environ.get("STOKE_PY_TSAN"):  # TSan's lock detector: not across this fork
         same_as_local("worker processes", "--workers", "2", "--shuffle", "--seed", "3",
                       "--worker-mode=processes", "--batch-size", "37")
