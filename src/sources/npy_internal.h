@@ -177,8 +177,9 @@ int stoke__npy_remote_head(stoke__npy_file *f, const char *url, stoke__remote_po
  * worker's slot.  STOKE_OK, or an error with msg ("npy URL: sample I: ..."). */
 int stoke__npy_remote_row(const stoke__npy_ds *ds, const stoke__npy_file *f, uint64_t index,
                           uint64_t at, void *dst, int worker, char *msg, size_t msg_len);
-/* get_batch() of IO_REMOTE: one range request per run of consecutive rows (stoke__npy_runs),
- * the batch's requests in flight together (stoke__remote_read_many).  Same contract as
+/* get_batch() of IO_REMOTE: the rows sorted by index, one range request per run of rows
+ * consecutive in the file (wherever their slots are), the batch's requests in flight together
+ * (stoke__remote_read_many).  Same contract as
  * get_batch (no byte swap: the caller's). */
 int stoke__npy_batch_remote(const stoke__npy_ds *ds, const uint64_t *idx, size_t count,
                             void *const dst[], int worker, char *msg, size_t msg_len,

@@ -117,6 +117,16 @@ try:
             T.check(rows[1][3] == "bytes=128-%d" % (128 + 37 * ROW - 1),
                     "a batch's request: %s" % (rows[1],))
 
+    # a block shuffle's batch mixes a few blocks: the rows of each block that it holds, in
+    # whatever slots, come in one request (sorted by index, read into a bounce buffer)
+    before = len(S.access_log(log_dir))
+    rc, out, err = load("npy:" + ng.url("x.npy"), "--workers", "0", "--batch-size", "37",
+                        "--shuffle=block:10:4", "--seed", "1", "--no-hash")
+    rows = S.access_log(log_dir)[before:]
+    T.check(rc == 0 and out["samples"] == N and len(rows) == out["remote"]["requests"]
+            and len(rows) <= 1 + N // 3, "block shuffle: %d requests for %d samples (%s)" % (
+                len(rows), N, out.get("error")))
+
     # --- errors ------------------------------------------------------------------------------
     rc, out, err = load("npy:" + ng.url("missing.npy"))
     T.check(rc == 1 and ng.url("missing.npy") in out["error"] and "HTTP 404" in out["error"],
