@@ -668,8 +668,8 @@ static void test_error_message_shape(void **state)
     const char *a1[] = {tu_cli_path(), "load", "npy:/nonexistent-dir/x.npy,io=foo", NULL};
     assert_int_equal(tu_run(a1, env, out, sizeof(out), err, sizeof(err)), 1);
     assert_string_equal(err, "stoke load: source 'npy:/nonexistent-dir/x.npy,io=foo': bad option "
-                             "'io=foo' (io=auto, io=mmap, io=pread, io=uring, direct=auto, "
-                             "direct=on or direct=off)\n");
+                             "'io=foo' (io=auto, io=mmap, io=pread, io=uring, io=remote, "
+                             "direct=auto, direct=on or direct=off)\n");
     const char *a2[] = {tu_cli_path(), "load", "npy:/nonexistent-dir/x.npy", NULL};
     assert_int_equal(tu_run(a2, env, out, sizeof(out), err, sizeof(err)), 1);
     assert_string_equal(err, "stoke load: npy /nonexistent-dir/x.npy: cannot open: No such file "
@@ -683,7 +683,7 @@ static void test_error_message_shape(void **state)
     const char *a3[] = {tu_cli_path(), "load", spec, NULL};
     assert_int_equal(tu_run(a3, env, out, sizeof(out), err, sizeof(err)), 1);
     const char *tail = "pp,io=foo': bad option 'io=foo' (io=auto, io=mmap, io=pread, io=uring, "
-                       "direct=auto, direct=on or direct=off)\n";
+                       "io=remote, direct=auto, direct=on or direct=off)\n";
     assert_true(strlen(err) < 1100);
     assert_memory_equal(err, "stoke load: source 'npy:/ppp", 28);
     assert_string_equal(err + strlen(err) - strlen(tail), tail);

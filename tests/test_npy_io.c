@@ -543,7 +543,20 @@ static void test_spec_io(void **state)
     stoke_dataset ds;
     assert_int_equal(stoke_source_open("npy:/x.npy,io=fast", &ds), STOKE_EINVAL);
     assert_non_null(strstr(stoke_last_error(), "io=auto, io=mmap, io=pread, io=uring, "
-                                               "direct=auto, direct=on or direct=off"));
+                                               "io=remote, direct=auto, direct=on or direct=off"));
+    /* io=remote: URLs only, and a URL with io=remote (or auto) only: refused before any request */
+    assert_string_equal(stoke_npy_io_name(STOKE_NPY_IO_REMOTE), "remote");
+    char url_spec[600];
+    snprintf(url_spec, sizeof(url_spec), "npy:%s,io=remote", p);
+    assert_int_equal(stoke_source_open(url_spec, &ds), STOKE_EINVAL);
+    assert_non_null(strstr(stoke_last_error(), "io=remote reads http://"));
+    assert_int_equal(stoke_source_open("npy:http://u:pw@127.0.0.1:1/x.npy,io=mmap", &ds),
+                     STOKE_EINVAL);
+    assert_non_null(strstr(stoke_last_error(), "io=mmap reads local files only"));
+    assert_null(strstr(stoke_last_error(), "pw@"));
+    snprintf(url_spec, sizeof(url_spec), "npy:http://127.0.0.1:1/x.npy,labels=%s", p);
+    assert_int_equal(stoke_source_open(url_spec, &ds), STOKE_EINVAL);
+    assert_non_null(strstr(stoke_last_error(), "both be URLs or both local files"));
     /* direct=: each value by name, with and after io= (a bad one refused like io=) */
     static const char *const dv[] = {",direct=auto", ",direct=on", ",direct=off",
                                      ",io=pread,direct=on", ",direct=off,io=pread"};

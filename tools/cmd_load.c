@@ -47,6 +47,7 @@ static void usage(FILE *f)
         "                             [,delay=I:US] (sample I takes US microseconds longer)\n"
         "                           npy:PATH[,labels=LABELS.npy][,io=auto|mmap|pread|uring]\n"
         "                             [,direct=auto|on|off] (block shuffle: O_DIRECT reads)\n"
+        "                             PATH may be an http(s):// or s3:// URL (io=remote)\n"
         "                           tar:PATTERN[,fields=EXT:EXT] (shards: {000..099}, globs)\n"
         "                           images:DIR[,size=224][,train|eval][,layout=chw|hwc]\n"
         "                             [,dtype=u8|f32][,mean=R:G:B,std=R:G:B][,seed=N]\n"
@@ -360,7 +361,9 @@ static void progress(const load_run *r, uint64_t now)
                 r->total, rate);
     }
     stoke_remote_stats net = {.size = sizeof(net)};
-    if (stoke_tar_remote_stats(&r->ds, &net) == STOKE_OK && net.shards)
+    if ((stoke_tar_remote_stats(&r->ds, &net) == STOKE_OK ||
+         stoke_npy_remote_stats(&r->ds, &net) == STOKE_OK) &&
+        net.shards)
         fprintf(stderr,
                 " network %.1f MB, %" PRIu64 " requests, %" PRIu64 " retries, %.1f s waited ",
                 (double)net.bytes / 1e6, net.requests, net.retries, net.network_wait_s);
@@ -430,7 +433,9 @@ static void timed_pass(load_run *r)
     r->staged_ok =
         stoke_npy_block_staged(&r->ds, &r->staged[0], &r->staged[1], &r->staged[2]) == STOKE_OK;
     r->remote.size = sizeof(r->remote);
-    r->remote_ok = stoke_tar_remote_stats(&r->ds, &r->remote) == STOKE_OK && r->remote.shards;
+    r->remote_ok = (stoke_tar_remote_stats(&r->ds, &r->remote) == STOKE_OK ||
+                    stoke_npy_remote_stats(&r->ds, &r->remote) == STOKE_OK) &&
+                   r->remote.shards;
     if (r->bar)
         fputc('\n', stderr);
 }

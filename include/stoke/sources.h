@@ -9,10 +9,11 @@
  *   synthetic[:N][,shape=3x32x32][,seed=S][,classes=C][,dtype=u8]
  *       N samples (default 50000) of deterministic bytes; classes=C adds a "label" field (i64,
  *       index % C).  Example: "synthetic:100000,shape=3x224x224".
- *   npy:PATH[,labels=LABELS.npy][,io=auto|mmap|pread|uring]
+ *   npy:PATH[,labels=LABELS.npy][,io=auto|mmap|pread|uring|remote]
  *       rows of a .npy file are the samples (field "data"); labels adds a field "label" from a
  *       1-D or (N,1) .npy with the same N; io picks the I/O mode (stoke_npy_io below, default
- *       auto).  A comma belongs to PATH unless it starts one of the options above.
+ *       auto).  PATH may be an http://, https:// or s3:// URL (io=remote: docs/sources.md,
+ *       "Remote data").  A comma belongs to PATH unless it starts one of the options above.
  *   tar:PATTERN[,fields=EXT:EXT...][,image options]
  *       WebDataset tar shards (stoke_tar_open below).  PATTERN ends at the first comma outside
  *       braces.  Example: "tar:/data/train-{000000..000099}.tar,fields=npy:cls".
@@ -101,7 +102,10 @@ STOKE_API void stoke_synthetic_fill(uint64_t seed, uint64_t index, void *dst, si
  * STOKE_NPY_IO_MMAP (also when io=auto chose it) the process gets a SIGBUS handler that turns
  * a fault in a copy from the mapping into that error and chains every other SIGBUS to the
  * previous disposition (see docs/sources.md).  A shape with a 0 dimension after the first,
- * (N, 0, ...), is N samples of 0 bytes. */
+ * (N, 0, ...), is N samples of 0 bytes.  URLs (STOKE_NPY_IO_REMOTE): a 404 or 410 is
+ * STOKE_ENOENT, another failed request STOKE_EIO, both naming the URL (without any
+ * user:password@), the HTTP status and the reason; an answer whose size differs from the one
+ * at open, or a body cut short, is "file changed while loading"; without libcurl STOKE_ENOTSUP. */
 
 typedef enum stoke_npy_io {
     STOKE_NPY_IO_MMAP = 0,  /* map the file: get() is one memcpy from the mapping */
@@ -110,9 +114,12 @@ typedef enum stoke_npy_io {
     STOKE_NPY_IO_URING = 2, /* io_uring: get_batch() keeps up to STOKE_NPY_URING_DEPTH reads in
                                flight per worker, straight into the slots (built with liburing
                                only: stoke_npy_io_available) */
-    STOKE_NPY_IO_AUTO = 3   /* the default: at open, MMAP when the data file is in the page
-                               cache (mincore of a sample of its pages), else URING when
-                               available, else PREAD (docs/sources.md: the rule) */
+    STOKE_NPY_IO_AUTO = 3,  /* the default: at open, REMOTE for a URL; for a local file MMAP
+                               when it is in the page cache (mincore of a sample of its pages),
+                               else URING when available, else PREAD (docs/sources.md) */
+    STOKE_NPY_IO_REMOTE = 4 /* http://, https:// and s3:// URLs (data and labels both): HTTP
+                               range requests, one per sample, one per run of consecutive rows
+                               of a batch (built with libcurl only, else STOKE_ENOTSUP) */
 } stoke_npy_io;
 
 /* How a block shuffle reads the blocks that are not in the page cache with io=pread or
@@ -229,6 +236,10 @@ typedef struct stoke_remote_stats {
  * dataset: STOKE_OK (all counters 0 and shards 0 when every shard is local), or STOKE_EINVAL
  * for NULL arguments, out->size 0 or a dataset that is not an open tar dataset.  Thread-safe. */
 STOKE_API int stoke_tar_remote_stats(const stoke_dataset *ds, stoke_remote_stats *out);
+/* The same counters for an npy dataset read with io=remote: shards is the number of remote
+ * files (1, or 2 with labels; 0 for local files, with every counter 0), the cache fields 0.
+ * STOKE_OK, or STOKE_EINVAL as above for a dataset that is not an open npy dataset. */
+STOKE_API int stoke_npy_remote_stats(const stoke_dataset *ds, stoke_remote_stats *out);
 
 /* Sidecar indexes (docs/sources.md, "Sidecar indexes"): for every local shard of `pattern`
  * (tar:PATTERN's pattern: braces and globs, no options), walks its member headers and writes

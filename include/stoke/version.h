@@ -27,7 +27,7 @@ STOKE_API const char *stoke_version_string(void);
  * its library at configure time (CMake says which it found):
  * STOKE_FEATURE_LIBURING  the npy source's io=uring (liburing)
  * STOKE_FEATURE_LIBJPEG   the images: source and .jpg members of tar: shards (libjpeg-turbo)
- * STOKE_FEATURE_LIBCURL   remote shards: tar:http(s)://... and tar:s3://... (libcurl)
+ * STOKE_FEATURE_LIBCURL   remote data: tar:http(s)://..., tar:s3://..., npy: URLs (libcurl)
  * STOKE_FEATURE_CHECK     the loader's lifecycle check (STOKE_CHECK_INVARIANTS; Debug builds)
  * Bits are never renumbered; new ones are appended. */
 #define STOKE_FEATURE_LIBURING 0x1u

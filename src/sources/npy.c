@@ -12,7 +12,10 @@
  * in every I/O mode, never a crash: IO_MMAP copies under the SIGBUS guard of fault_guard.h (a
  * page past a new end of file faults), IO_PREAD and IO_URING see a short read, and all compare
  * the file's size and mtime with those seen at open every STOKE__NPY_STAT_EVERY samples (batches:
- * STOKE__NPY_STAT_EVERY_BATCH; see docs/sources.md). */
+ * STOKE__NPY_STAT_EVERY_BATCH; see docs/sources.md).
+ *
+ * A URL is IO_REMOTE (npy_remote.c): no fd and no mapping; the dataset owns a remote pool, whose
+ * fork hooks it exports, and every read is a range request checked against the size at open. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -29,6 +32,7 @@
 #include "sources/npy_header.h"
 #include "sources/npy_internal.h"
 #include "sources/regular.h"
+#include "sources/remote.h"
 #include "stoke/sources.h"
 
 /* io=auto maps the file when at least this share (in %) of the sampled pages is resident. */
@@ -48,6 +52,7 @@ static void npy_file_close(npy_file *f)
     if (f->fd >= 0)
         close(f->fd);
     free(f->path);
+    stoke__remote_file_free(&f->rf);
     memset(f, 0, sizeof(*f));
     f->fd = -1;
 }
@@ -110,28 +115,44 @@ static void read_hint(const npy_file *f)
         stoke__log(STOKE_LOG_DEBUG, "npy %s: posix_fadvise(RANDOM): %s", f->path, strerror(e));
 }
 
-static int npy_file_open(npy_file *f, const char *path, int io)
+/* The first min(size, STOKE__NPY_PREFIX_MAX) bytes of local file f (opened): 0 with *head
+ * (malloc'd) and *got, or an error with the message set. */
+static int local_head(npy_file *f, unsigned char **head, size_t *got)
+{
+    size_t want = f->size < STOKE__NPY_PREFIX_MAX ? (size_t)f->size : STOKE__NPY_PREFIX_MAX;
+    *head = malloc(want ? want : 1);
+    if (!*head)
+        return stoke__fail(STOKE_ENOMEM, "npy %s: out of memory", f->path);
+    int e = stoke__npy_read_full(f->fd, *head, want, 0, got);
+    if (e) {
+        free(*head);
+        *head = NULL;
+        return stoke__fail(STOKE_EIO, "npy %s: cannot read: %s", f->path, strerror(-e));
+    }
+    return STOKE_OK;
+}
+
+/* Opens `path` for mode io: a URL (io is IO_REMOTE then) through *pool (made when NULL). */
+static int npy_file_open(npy_file *f, const char *path, int io, stoke__remote_pool **pool)
 {
     memset(f, 0, sizeof(*f));
     f->fd = -1;
-    f->path = strdup(path);
+    char shown[4096]; /* for messages: a URL without user:password@ */
+    stoke__remote_redact(shown, sizeof(shown), path);
+    f->path = strdup(shown);
     if (!f->path)
-        return stoke__fail(STOKE_ENOMEM, "npy %s: out of memory", path);
-    int rc = open_regular(f, path);
+        return stoke__fail(STOKE_ENOMEM, "npy %s: out of memory", shown);
+    const char *given = path; /* what is opened: credentials included */
+    path = f->path;
+    unsigned char *head = NULL;
+    size_t got = 0;
+    int rc = io == STOKE_NPY_IO_REMOTE ? stoke__npy_remote_head(f, given, pool, &head, &got)
+                                       : open_regular(f, given);
+    if (!rc && !head)
+        rc = local_head(f, &head, &got);
     if (rc)
         return rc;
     uint64_t size = f->size;
-
-    size_t want = size < STOKE__NPY_PREFIX_MAX ? (size_t)size : STOKE__NPY_PREFIX_MAX;
-    unsigned char *head = malloc(want ? want : 1);
-    if (!head)
-        return stoke__fail(STOKE_ENOMEM, "npy %s: out of memory", path);
-    size_t got = 0;
-    int e = stoke__npy_read_full(f->fd, head, want, 0, &got);
-    if (e) {
-        free(head);
-        return stoke__fail(STOKE_EIO, "npy %s: cannot read: %s", path, strerror(-e));
-    }
     char why[256];
     rc = stoke__npy_parse_header(head, got, size, &f->h, why, sizeof(why));
     free(head);
@@ -284,7 +305,6 @@ static int npy_get(void *user, uint64_t index, void *const dst[], int64_t len[],
                    char *msg, size_t msg_len)
 {
     (void)len;
-    (void)worker;
     const npy_ds *ds = user;
     if (index >= ds->f[0].rows) {
         stoke__fmt(msg, msg_len, "npy %s: index %llu out of range (%llu rows)", ds->f[0].path,
@@ -303,6 +323,9 @@ static int npy_get(void *user, uint64_t index, void *const dst[], int64_t len[],
         uint64_t at = f->h.data_offset + index * (uint64_t)f->row_bytes;
         switch (ds->io) {
         case STOKE_NPY_IO_MMAP: rc = read_row_mmap(f, index, at, dst[k], msg, msg_len); break;
+        case STOKE_NPY_IO_REMOTE:
+            rc = stoke__npy_remote_row(ds, f, index, at, dst[k], worker, msg, msg_len);
+            break;
         default: rc = read_row_pread(f, index, at, dst[k], msg, msg_len); break;
         }
         if (rc)
@@ -322,7 +345,25 @@ static void npy_close(void *user)
     stoke__npy_stages_free(ds);
     for (int k = 0; k < 2; k++)
         npy_file_close(&ds->f[k]);
+    stoke__remote_pool_destroy(ds->pool);
     free(ds);
+}
+
+/* Fork hooks of io=remote: a worker process opens connections of its own (remote.h). */
+static void npy_fork_prepare(void *user)
+{
+    stoke__remote_pool_fork_prepare(((npy_ds *)user)->pool);
+}
+
+static void npy_fork_parent(void *user)
+{
+    stoke__remote_pool_fork_parent(((npy_ds *)user)->pool);
+}
+
+static void npy_fork_child(void *user, int worker)
+{
+    (void)worker;
+    stoke__remote_pool_fork_child(((npy_ds *)user)->pool);
 }
 
 static void fill_field(stoke_field *fl, const char *name, const npy_file *f, int scalar)
@@ -370,6 +411,8 @@ static int npy_read(void *user, const uint64_t *indices, size_t count, const sto
 
 static void npy_hint(void *user, const stoke_hint *h)
 {
+    if (((const npy_ds *)user)->io == STOKE_NPY_IO_REMOTE)
+        return; /* no block read-ahead or prefetch over the network (yet) */
     if (h->kind == STOKE_HINT_ORDER)
         stoke__npy_access_hint(user, h->sampler_kind, h->block_rows, h->block_window);
     else if (h->kind == STOKE_HINT_NEXT)
@@ -397,32 +440,54 @@ int stoke_npy_open_opts(const char *path, const stoke_npy_opts *opts, stoke_data
         stoke_npy_opts_init(&def);
         opts = &def;
     }
+    char shown[256]; /* for messages: a URL without user:password@ */
+    stoke__remote_redact(shown, sizeof(shown), path);
     if (opts->size < offsetof(stoke_npy_opts, io) + sizeof(opts->io))
         return stoke__fail(STOKE_EINVAL,
                            "npy %s: opts->size %u is too small for stoke_npy_opts (call "
                            "stoke_npy_opts_init)",
-                           path, (unsigned)opts->size);
-    if (opts->io < STOKE_NPY_IO_MMAP || opts->io > STOKE_NPY_IO_AUTO)
-        return stoke__fail(STOKE_EINVAL, "npy %s: unknown io mode %d", path, opts->io);
+                           shown, (unsigned)opts->size);
+    if (opts->io < STOKE_NPY_IO_MMAP || opts->io > STOKE_NPY_IO_REMOTE)
+        return stoke__fail(STOKE_EINVAL, "npy %s: unknown io mode %d", shown, opts->io);
+    const char *lp = opts->labels_path;
+    int url = stoke__remote_is_url(path);
+    if (url && opts->io != STOKE_NPY_IO_AUTO && opts->io != STOKE_NPY_IO_REMOTE)
+        return stoke__fail(STOKE_EINVAL,
+                           "npy %s: io=%s reads local files only: a URL is read by HTTP range "
+                           "requests (io=remote, what io=auto picks for it)",
+                           shown, stoke_npy_io_name(opts->io));
+    if (!url && opts->io == STOKE_NPY_IO_REMOTE)
+        return stoke__fail(STOKE_EINVAL,
+                           "npy %s: io=remote reads http://, https:// and s3:// URLs, not local "
+                           "files",
+                           shown);
+    if (lp && *lp && stoke__remote_is_url(lp) != url) {
+        char lshown[256];
+        stoke__remote_redact(lshown, sizeof(lshown), lp);
+        return stoke__fail(STOKE_EINVAL,
+                           "npy %s: labels %s: the data and the labels must both be URLs or both "
+                           "local files",
+                           shown, lshown);
+    }
     int direct = opts->size >= offsetof(stoke_npy_opts, direct) + sizeof(opts->direct)
                      ? opts->direct
                      : STOKE_NPY_DIRECT_AUTO;
     if (direct < STOKE_NPY_DIRECT_AUTO || direct > STOKE_NPY_DIRECT_OFF)
-        return stoke__fail(STOKE_EINVAL, "npy %s: unknown direct mode %d", path, direct);
+        return stoke__fail(STOKE_EINVAL, "npy %s: unknown direct mode %d", shown, direct);
     if (opts->io == STOKE_NPY_IO_URING && stoke_npy_io_available(STOKE_NPY_IO_URING) != STOKE_OK) {
         char why[256];
         stoke__strlcpy(why, stoke_last_error(), sizeof(why));
-        return stoke__fail(STOKE_ENOTSUP, "npy %s: %s", path, why);
+        return stoke__fail(STOKE_ENOTSUP, "npy %s: %s", shown, why);
     }
 
     npy_ds *ds = calloc(1, sizeof(*ds));
     if (!ds)
-        return stoke__fail(STOKE_ENOMEM, "npy %s: out of memory", path);
+        return stoke__fail(STOKE_ENOMEM, "npy %s: out of memory", shown);
     ds->f[0].fd = ds->f[1].fd = -1;
-    int rc = npy_file_open(&ds->f[0], path, opts->io);
+    ds->io = url ? STOKE_NPY_IO_REMOTE : opts->io;
+    int rc = npy_file_open(&ds->f[0], path, ds->io, &ds->pool);
     if (rc)
         goto fail;
-    ds->io = opts->io;
     if (direct == STOKE_NPY_DIRECT_AUTO) {
         uint64_t phys = stoke__physical_memory();
         direct = phys && ds->f[0].size > phys / 2 ? STOKE_NPY_DIRECT_ON : STOKE_NPY_DIRECT_OFF;
@@ -438,9 +503,8 @@ int stoke_npy_open_opts(const char *path, const stoke_npy_opts *opts, stoke_data
         }
     }
     ds->nfiles = 1;
-    const char *lp = opts->labels_path;
     if (lp && *lp) {
-        rc = npy_file_open(&ds->f[1], lp, ds->io);
+        rc = npy_file_open(&ds->f[1], lp, ds->io, &ds->pool);
         if (rc)
             goto fail;
         ds->nfiles = 2;
@@ -453,12 +517,12 @@ int stoke_npy_open_opts(const char *path, const stoke_npy_opts *opts, stoke_data
             rc = stoke__fail(STOKE_EINVAL,
                              "npy %s: labels must be 1-D (N,) or (N, 1), this file has %d "
                              "dimension%s %s",
-                             lp, lh->ndim, lh->ndim == 1 ? "" : "s", shape);
+                             ds->f[1].path, lh->ndim, lh->ndim == 1 ? "" : "s", shape);
             goto fail;
         }
         if (ds->f[1].rows != ds->f[0].rows) {
-            rc = stoke__fail(STOKE_EINVAL, "npy %s: labels have %llu rows but data %s has %llu", lp,
-                             (unsigned long long)ds->f[1].rows, path,
+            rc = stoke__fail(STOKE_EINVAL, "npy %s: labels have %llu rows but data %s has %llu",
+                             ds->f[1].path, (unsigned long long)ds->f[1].rows, ds->f[0].path,
                              (unsigned long long)ds->f[0].rows);
             goto fail;
         }
@@ -472,7 +536,7 @@ int stoke_npy_open_opts(const char *path, const stoke_npy_opts *opts, stoke_data
     if (ds->nfiles == 2)
         fill_field(&ds->fields[1], "label", &ds->f[1], 1);
     d.fields = ds->fields;
-    stoke__fmt(d.name, sizeof(d.name), "npy:%s", path);
+    stoke__fmt(d.name, sizeof(d.name), "npy:%s", ds->f[0].path);
     d.user = ds;
     d.length = npy_length;
     d.get = npy_get;
@@ -480,8 +544,13 @@ int stoke_npy_open_opts(const char *path, const stoke_npy_opts *opts, stoke_data
     d.close = npy_close;
     d.set_epoch = stoke__npy_set_epoch;
     d.hint = npy_hint;
+    if (ds->pool) { /* a forked worker opens connections of its own */
+        d.fork_prepare = npy_fork_prepare;
+        d.fork_parent = npy_fork_parent;
+        d.fork_child = npy_fork_child;
+    }
     *out = d;
-    stoke__log(STOKE_LOG_DEBUG, "npy %s: v%d.0 '%s' %llu rows of %zu bytes%s, io=%s", path,
+    stoke__log(STOKE_LOG_DEBUG, "npy %s: v%d.0 '%s' %llu rows of %zu bytes%s, io=%s", shown,
                ds->f[0].h.major, ds->f[0].h.descr, (unsigned long long)ds->f[0].rows,
                ds->f[0].row_bytes, ds->f[0].h.swap ? " (byte-swapped)" : "",
                stoke_npy_io_name(ds->io));
@@ -525,6 +594,28 @@ int stoke_npy_block_staged(const stoke_dataset *ds, uint64_t *blocks, uint64_t *
     return STOKE_OK;
 }
 
+int stoke_npy_remote_stats(const stoke_dataset *ds, stoke_remote_stats *out)
+{
+    if (!ds || ds->get != npy_get || !ds->user || !out || out->size == 0)
+        return stoke__fail(STOKE_EINVAL,
+                           "stoke_npy_remote_stats: not an open npy dataset, or NULL output");
+    const npy_ds *d = ds->user;
+    stoke_remote_stats s = {0};
+    for (int k = 0; k < d->nfiles; k++)
+        s.shards += (uint64_t)d->f[k].remote;
+    stoke__remote_stats r = {0};
+    if (d->pool)
+        stoke__remote_pool_stats(d->pool, &r);
+    s.requests = r.requests;
+    s.retries = r.retries;
+    s.bytes = r.bytes;
+    s.network_wait_s = (double)r.wait_ns / 1e9;
+    uint32_t keep = out->size;
+    memcpy(out, &s, keep < sizeof(s) ? keep : sizeof(s));
+    out->size = keep;
+    return STOKE_OK;
+}
+
 const char *stoke_npy_io_name(int io)
 {
     switch (io) {
@@ -532,6 +623,7 @@ const char *stoke_npy_io_name(int io)
     case STOKE_NPY_IO_PREAD: return "pread";
     case STOKE_NPY_IO_URING: return "uring";
     case STOKE_NPY_IO_AUTO: return "auto";
+    case STOKE_NPY_IO_REMOTE: return "remote";
     default: return "unknown";
     }
 }
@@ -540,6 +632,13 @@ int stoke_npy_io_available(int io)
 {
     if (io == STOKE_NPY_IO_MMAP || io == STOKE_NPY_IO_PREAD || io == STOKE_NPY_IO_AUTO)
         return STOKE_OK;
+    if (io == STOKE_NPY_IO_REMOTE) {
+        stoke__remote_pool *p = NULL;
+        char why[256];
+        int e = stoke__remote_pool_create(&p, why, sizeof(why));
+        stoke__remote_pool_destroy(p);
+        return e ? stoke__fail(e, "io=remote is not available: %s", why) : STOKE_OK;
+    }
     if (io != STOKE_NPY_IO_URING)
         return stoke__fail(STOKE_EINVAL, "npy: unknown io mode %d", io);
     if (!stoke__npy_uring_built())

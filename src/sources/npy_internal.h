@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "sources/npy_header.h"
+#include "sources/remote.h"
 #include "stoke/dataset.h"
 
 /* get() of a sample whose index is a multiple of STOKE__NPY_STAT_EVERY fstat()s the file, and
@@ -46,14 +47,16 @@ extern _Atomic uint64_t stoke__npy_willneed;
 #define STOKE__NPY_RINGS 64
 
 typedef struct stoke__npy_file {
-    char *path;
-    int fd;
+    char *path; /* as given; a URL without any user:password@ (stoke__remote_redact) */
+    int fd;     /* -1 for a remote file */
+    int remote; /* IO_REMOTE: read by range through rf and the dataset's pool (npy_remote.c) */
+    stoke__remote_file rf;
     const unsigned char *map; /* IO_MMAP: the whole file */
     size_t map_len;
     stoke__npy_header h;
     uint64_t rows;
     size_t row_bytes;
-    uint64_t size;         /* st_size at open */
+    uint64_t size;         /* st_size at open (remote: Content-Range's total) */
     struct timespec mtime; /* st_mtim at open */
     /* mincore tells the truth about this file's pages: since Linux 5.0 only to its owner, one
      * who may write it, or root (to others it calls every page resident).  cachestat, where it
@@ -68,10 +71,11 @@ struct stoke__npy_ring;                           /* npy_uring.c */
 typedef struct stoke__npy_stage stoke__npy_stage; /* npy_stage.c */
 
 typedef struct stoke__npy_ds {
-    int io;     /* the mode in use: MMAP, PREAD or URING (auto resolved at open) */
+    int io;     /* the mode in use: MMAP, PREAD, URING or REMOTE (auto resolved at open) */
     int direct; /* staged blocks not in the page cache are read with O_DIRECT (resolved) */
     int nfiles; /* 1 (data) or 2 (data, labels) */
     stoke__npy_file f[2];
+    stoke__remote_pool *pool; /* IO_REMOTE: the connections (slot = worker), else NULL */
     /* IO_URING: created by the first get_batch() of each worker, freed by close. */
     _Atomic(struct stoke__npy_ring *) rings[STOKE__NPY_RINGS];
     atomic_int ring_warned; /* one warning when a worker's ring cannot be created */
@@ -161,6 +165,25 @@ int stoke__npy_get_scattered(void *user, const uint64_t *indices, size_t count, 
 /* The pread batch path (npy_batch.c): the fallback of io=uring without a ring. */
 int stoke__npy_batch_pread(const stoke__npy_ds *ds, const uint64_t *idx, size_t count,
                            void *const dst[], char *msg, size_t msg_len, uint64_t *err_index);
+
+/* ---- npy_remote.c ---- */
+/* Fills f's request for URL `url` (the pool made first when *pool is NULL) and reads the first
+ * min(size, STOKE__NPY_PREFIX_MAX) bytes with one range request: 0 with *head (malloc'd),
+ * *got and f->size (the total of the answer's Content-Range), or an error with the message set
+ * (stoke__fail): the pool's STOKE_ENOTSUP without libcurl, STOKE_ENOENT for 404, ... */
+int stoke__npy_remote_head(stoke__npy_file *f, const char *url, stoke__remote_pool **pool,
+                           unsigned char **head, size_t *got);
+/* get() of a remote file: the row of sample `index` at `at` with one range read through the
+ * worker's slot.  STOKE_OK, or an error with msg ("npy URL: sample I: ..."). */
+int stoke__npy_remote_row(const stoke__npy_ds *ds, const stoke__npy_file *f, uint64_t index,
+                          uint64_t at, void *dst, int worker, char *msg, size_t msg_len);
+/* get_batch() of IO_REMOTE: the rows sorted by index, one range request per run of rows
+ * consecutive in the file (wherever their slots are), the batch's requests in flight together
+ * (stoke__remote_read_many).  Same contract as
+ * get_batch (no byte swap: the caller's). */
+int stoke__npy_batch_remote(const stoke__npy_ds *ds, const uint64_t *idx, size_t count,
+                            void *const dst[], int worker, char *msg, size_t msg_len,
+                            uint64_t *err_index);
 
 /* ---- npy_uring.c ---- */
 /* 1 when this build has liburing. */

@@ -137,7 +137,7 @@ static size_t npy_path_len(const char *s)
 
 static int parse_io(const char *s, int *io)
 {
-    for (int m = STOKE_NPY_IO_MMAP; m <= STOKE_NPY_IO_AUTO; m++)
+    for (int m = STOKE_NPY_IO_MMAP; m <= STOKE_NPY_IO_REMOTE; m++)
         if (strcmp(s, stoke_npy_io_name(m)) == 0) {
             *io = m;
             return 0;
@@ -189,7 +189,7 @@ static int open_npy(const char *spec, const char *args, stoke_dataset *out)
         } else {
             rc = stoke__fail(STOKE_EINVAL,
                              "source '%s': bad option '%s' (io=auto, io=mmap, io=pread, "
-                             "io=uring, direct=auto, direct=on or direct=off)",
+                             "io=uring, io=remote, direct=auto, direct=on or direct=off)",
                              spec, opt);
         }
         opt = next;

@@ -9,6 +9,7 @@ what is refused here.  Skips (77) without libcurl, node, s3rver or curl, saying 
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 
@@ -128,6 +129,27 @@ try:
                         {"HOME": home, "AWS_PROFILE": "stoke-test",
                          "AWS_ENDPOINT_URL": srv.url("")})
     T.check(rc == 0 and summary(out) == local, "~/.aws: %s" % out.get("error"))
+
+    # npy:s3:// (test_remote_npy.py has the HTTP cases): one .npy's rows by signed range reads
+    npy = os.path.join(work, "rows.npy")
+    d = "{'descr': '<f4', 'fortran_order': False, 'shape': (40, 6), }"
+    hdr = d + " " * (63 - (10 + len(d)) % 64) + "\n"
+    with open(npy, "wb") as f:
+        f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(hdr)) + hdr.encode()
+                + os.urandom(40 * 24))
+    r = subprocess.run(["curl", "-sS", "-f", "--aws-sigv4", "aws:amz:us-east-1:s3", "--user",
+                        "S3RVER:S3RVER", "-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD", "-T",
+                        npy, srv.url("shards/arrays/rows.npy")],
+                       capture_output=True, text=True, env=S.server_env())
+    T.check(r.returncode == 0, "upload of %s: %s" % (npy, r.stderr))
+    rc_l, loc, _ = load("npy:" + npy, {})
+    rc, rem, err = load("npy:s3://shards/arrays/rows.npy", creds)
+    T.check(rc_l == 0 and loc["samples"] == 40 and rc == 0 and summary(rem) == summary(loc)
+            and rem["remote"]["shards"] == 1,
+            "npy:s3://: %s (%s), local %s" % (summary(rem), rem.get("error"), summary(loc)))
+    rc, out, err = load("npy:s3://shards/arrays/nosuch.npy", creds)
+    T.check(rc == 1 and "HTTP 404" in out["error"] and "s3://shards/arrays/nosuch.npy"
+            in out["error"], "npy:s3:// no such key: %s" % out)
 finally:
     srv.stop()
 print("remote over s3: ok")
