@@ -5,8 +5,10 @@ thread (a pending call), or to the exit hook when the interpreter exits first.  
 a child process: before the deferral, 1 worker aborted ("loader destroyed on its own worker
 thread") and 2 could hang at exit.
 
-Deterministic: every worker blocks in its second batch until the main thread has taken batch 0
-and dropped its references; then the first to wake collects the cycle."""
+Deterministic: every batch after batch 0 blocks (once batch 0's samples were fetched: worker
+threads fill one batch at a time, so a batch blocked before that would hold batch 0 back) until
+the main thread has taken batch 0 and dropped its references; then the first to wake collects
+the cycle."""
 import os
 import subprocess
 import sys
@@ -41,10 +43,15 @@ class DS:
     def __init__(self):
         self.blocked = threading.Event()
         self.dropped = threading.Event()
+        self.first = threading.Event()  # batch 0's samples were all fetched
         self.freed_on = []
     def __len__(self): return 64 * BS
     def __getitem__(self, i):
-        if i >= BS and threading.current_thread() is not main:
+        if i == BS - 1:
+            self.first.set()
+        # worker threads fill one batch at a time (the drop-in's fill lock): a batch blocking
+        # before batch 0 was made would keep batch 0 from being made at all
+        if i >= BS and threading.current_thread() is not main and self.first.is_set():
             self.blocked.set()
             self.dropped.wait(30)
             alive = ref() is not None
