@@ -138,8 +138,8 @@ void stoke__remote_stream_start(stoke__remote_stream *st, const stoke__remote_fi
 {
     (void)st, (void)f;
 }
-int stoke__remote_stream_read(stoke__remote_stream *st, void *buf, size_t n, size_t *got,
-                              char *why, size_t why_len)
+int stoke__remote_stream_read(stoke__remote_stream *st, void *buf, size_t n, size_t *got, char *why,
+                              size_t why_len)
 {
     (void)st, (void)buf, (void)n;
     *got = 0;
@@ -430,12 +430,12 @@ struct stoke__remote_stream {
     char err[CURL_ERROR_SIZE];
     const stoke__remote_file *f; /* NULL: no file started */
     xfer *x;
-    char *q;                /* the queue: q[head, head + len) */
+    char *q; /* the queue: q[head, head + len) */
     size_t cap, head, len;
-    int running;            /* a try of x is in m */
-    int ended;              /* the file came whole */
-    int failed;             /* the file failed for good: every read returns it */
-    unsigned attempt;       /* tries made of this file, less one */
+    int running;      /* a try of x is in m */
+    int ended;        /* the file came whole */
+    int failed;       /* the file failed for good: every read returns it */
+    unsigned attempt; /* tries made of this file, less one */
     uint64_t rng;
 };
 
@@ -1079,8 +1079,8 @@ static int stream_pump(stoke__remote_stream *st, char *why, size_t why_len)
     return STOKE_OK; /* the next round starts the next try, from the first byte missing */
 }
 
-int stoke__remote_stream_read(stoke__remote_stream *st, void *buf, size_t n, size_t *got,
-                              char *why, size_t why_len)
+int stoke__remote_stream_read(stoke__remote_stream *st, void *buf, size_t n, size_t *got, char *why,
+                              size_t why_len)
 {
     *got = 0;
     if (!st->f) {

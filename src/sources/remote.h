@@ -141,8 +141,8 @@ int stoke__remote_stream_create(stoke__remote_pool *p, stoke__remote_stream **ou
 void stoke__remote_stream_start(stoke__remote_stream *st, const stoke__remote_file *f);
 /* The next n bytes of the file into buf: 0 with *got = n, or fewer where the file ends; or the
  * file's error with why set. */
-int stoke__remote_stream_read(stoke__remote_stream *st, void *buf, size_t n, size_t *got,
-                              char *why, size_t why_len);
+int stoke__remote_stream_read(stoke__remote_stream *st, void *buf, size_t n, size_t *got, char *why,
+                              size_t why_len);
 /* Ends the transfer, frees the handles.  NULL does nothing. */
 void stoke__remote_stream_destroy(stoke__remote_stream *st);
 

@@ -260,7 +260,8 @@ static int scan_shards(const char *spec, stoke__tar_ds *t, stoke__tar_scan *sc)
         char err[512];
         uint64_t at = 0;
         rc = stoke__tar_walk(s->size, remote ? stoke__tar_read_remote : read_shard,
-                             remote ? (void *)&w : s, stoke__tar_on_member, sc, err, sizeof(err), &at);
+                             remote ? (void *)&w : s, stoke__tar_on_member, sc, err, sizeof(err),
+                             &at);
         if (rc == STOKE_EIO && remote && w.why[0])
             rc = stoke__fail(rc, "source '%s': %s", spec, w.why);
         else if (rc == STOKE_ENOMEM)
@@ -654,8 +655,10 @@ static int stream_check(const char *spec, stoke__tar_ds *t)
         if (env < 0)
             return env;
         if (w == 0 || w > INT32_MAX || r > INT32_MAX)
-            return stoke__fail(STOKE_EINVAL, "source '%s': world size %" PRIu64 " from the "
-                               "environment is out of range", spec, w);
+            return stoke__fail(STOKE_EINVAL,
+                               "source '%s': world size %" PRIu64 " from the "
+                               "environment is out of range",
+                               spec, w);
         t->rank = (int64_t)r;
         t->world = (int64_t)w;
     }

@@ -206,8 +206,8 @@ static int read_exact(walk *w, void *buf, size_t n, uint64_t off, const char *wh
                          (unsigned long long)off, strerror(-e));
     if (got < n && w->file_size == UINT64_MAX) /* a stream: its size shows only here */
         return walk_fail(w, off, STOKE_EFORMAT,
-                         "truncated: %s at byte %llu is cut short by the end of the file",
-                         what, (unsigned long long)off);
+                         "truncated: %s at byte %llu is cut short by the end of the file", what,
+                         (unsigned long long)off);
     if (got < n)
         return walk_fail(w, off, STOKE_EFORMAT,
                          "truncated: %s at byte %llu is cut short by the "

@@ -31,9 +31,10 @@
 #include "sources/tar_internal.h"
 #include "stoke/sampler.h"
 
-#define MAX_WORKERS 1025          /* the loader's 1024 workers and the caller's thread */
-#define DRAIN_MAX   ((size_t)1 << 20) /* bytes after the end-of-archive block read to keep the
-                                         connection (a tar's padding to its record size) */
+#define MAX_WORKERS 1025 /* the loader's 1024 workers and the caller's thread */
+#define DRAIN_MAX                                                                                  \
+    ((size_t)1 << 20) /* bytes after the end-of-archive block read to keep the                     \
+                         connection (a tar's padding to its record size) */
 
 /* A sample read from a shard, waiting in a shuffle buffer. */
 typedef struct ssample {
@@ -62,10 +63,10 @@ typedef struct sreader {
 } sreader;
 
 typedef struct sworker {
-    uint64_t gen;        /* the generation its epoch state is of (0: none yet) */
-    int nw;              /* the num_workers it was made for */
-    stoke__tar_ds view;  /* t's fields and shards; the index of the sample being read */
-    uint32_t *mine;      /* its shards this epoch, in order */
+    uint64_t gen;       /* the generation its epoch state is of (0: none yet) */
+    int nw;             /* the num_workers it was made for */
+    stoke__tar_ds view; /* t's fields and shards; the index of the sample being read */
+    uint32_t *mine;     /* its shards this epoch, in order */
     size_t nmine, next;
     sreader rd;
     stoke__tar_iter it;
@@ -286,8 +287,8 @@ static int sample_finish(stoke__tar_ds *t, sworker *w, size_t n, uint64_t end, s
     v->shard_of = NULL, v->key_at = NULL, v->loc = NULL, v->keys = NULL;
     int rc = stoke__tar_build_index(t->st->spec, v, &one);
     if (!rc && v->n != 1) /* never: the members share a key */
-        rc = stoke__fail(STOKE_EFORMAT, "tar %s: a sample of %" PRIu64 " keys", w->rd.s->path,
-                         v->n);
+        rc =
+            stoke__fail(STOKE_EFORMAT, "tar %s: a sample of %" PRIu64 " keys", w->rd.s->path, v->n);
     char *blob = rc ? NULL : malloc(end > w->rd.win_off ? (size_t)(end - w->rd.win_off) : 1);
     if (!rc && !blob)
         rc = stoke__fail(STOKE_ENOMEM, "tar %s: out of memory", w->rd.s->path);
@@ -319,8 +320,8 @@ static int sample_finish(stoke__tar_ds *t, sworker *w, size_t n, uint64_t end, s
 
 /* The next sample of w's shards into *out: STOKE_OK; STOKE_EEND when they are all read; or a
  * shard's error with msg and *index (the shard is then left: the next call reads the next). */
-static int pull(stoke__tar_ds *t, sworker *w, int worker, ssample *out, uint64_t *index,
-                char *msg, size_t msg_len)
+static int pull(stoke__tar_ds *t, sworker *w, int worker, ssample *out, uint64_t *index, char *msg,
+                size_t msg_len)
 {
     for (;;) {
         if (!w->in_shard) {
@@ -405,7 +406,8 @@ static int worker_reset(stoke__tar_ds *t, sworker *w, int worker, int nw)
         sample_free(&w->buf[j]);
     w->nbuf = 0;
     uint64_t world = (uint64_t)t->world, slots = world * (uint64_t)nw;
-    uint64_t first = (uint64_t)t->rank + world * (uint64_t)worker, key = order_key(t->seed, st->epoch);
+    uint64_t first = (uint64_t)t->rank + world * (uint64_t)worker,
+             key = order_key(t->seed, st->epoch);
     size_t n = 0;
     for (uint64_t i = first; i < (uint64_t)t->nshards; i += slots)
         n++;

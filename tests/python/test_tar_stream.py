@@ -35,7 +35,8 @@ def epoch(opts="", **kw):
 # --- every sample once per epoch, for 0, 1 and 2 workers, and 2 ranks ------------------------
 for w in (0, 1, 2):
     for e in (0, 1):
-        R.check_stream_epoch(epoch(workers=w, epoch=e), NSHARDS, PER, "workers=%d epoch %d" % (w, e))
+        R.check_stream_epoch(epoch(workers=w, epoch=e), NSHARDS, PER,
+                             "workers=%d epoch %d" % (w, e))
     r0 = epoch(",rank=0,world_size=2", workers=w)
     r1 = epoch(",rank=1,world_size=2", workers=w)
     T.check(not set(r0) & set(r1), "workers=%d: the ranks share samples" % w)
