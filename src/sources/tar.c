@@ -577,6 +577,9 @@ static int stream_option(const char *spec, stoke__tar_ds *t, const char *o, cons
     if (parse_u64(val, &v) != 0 || (which >= 2 && v > INT32_MAX) || (which == 3 && v == 0))
         return stoke__fail(STOKE_EINVAL, "source '%s': %s=%s: not a %s", spec, o, val,
                            which == 3 ? "positive integer" : "non-negative integer");
+    if (which == 0 && v > STOKE__TAR_SHUFFLE_MAX)
+        return stoke__fail(STOKE_EINVAL, "source '%s': shuffle_buffer=%s: at most %d samples",
+                           spec, val, STOKE__TAR_SHUFFLE_MAX);
     if (which == 0)
         t->shuffle_buffer = v;
     else if (which == 1)
@@ -621,10 +624,10 @@ static int parse_options(const char *spec, stoke__tar_ds *t, char *opts)
         int sm = stream_option(spec, t, o, val);
         if (sm < 0)
             return sm;
-        if (sm > 0)
+        if (sm > 0 && strcmp(o, "seed") != 0) /* seed= keys the images' choices too */
             continue;
         char msg[256] = "";
-        int used = hk ? hk->parse_opt(t->image_opts, o, val, msg, sizeof(msg)) : 0;
+        int used = hk ? hk->parse_opt(t->image_opts, o, val, msg, sizeof(msg)) : sm;
         if (used < 0)
             return stoke__fail(STOKE_EINVAL, "source '%s': option '%s': %s", spec, o, msg);
         if (used == 0)

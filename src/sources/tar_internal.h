@@ -125,6 +125,8 @@ int stoke__tar_build_index(const char *spec, stoke__tar_ds *t, const stoke__tar_
 
 /* shuffle_buffer= when not given: samples each worker mixes. */
 #define STOKE__TAR_SHUFFLE_DEFAULT 1000
+/* The largest shuffle_buffer= (samples per worker). */
+#define STOKE__TAR_SHUFFLE_MAX (1 << 24)
 
 struct stoke__tar_io;
 

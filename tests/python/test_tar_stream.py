@@ -90,10 +90,38 @@ for w in ("0", "2"):
 help_text = subprocess.run([CLI, "load", "--help"], capture_output=True, text=True).stdout
 T.check("mode=stream" in help_text and "shuffle_buffer=N" in help_text, "help: no mode=stream")
 
+# --- .npy members (described at open from the first sample's bytes), pax headers ----------------
+import io  # noqa: E402
+import tarfile  # noqa: E402
+
+import numpy  # noqa: E402
+
+npy_root = os.path.join(work, "npy")
+os.makedirs(npy_root)
+rs = numpy.random.RandomState(3)
+for sh in range(3):
+    fmt = tarfile.PAX_FORMAT if sh == 1 else tarfile.USTAR_FORMAT
+    with tarfile.open(os.path.join(npy_root, "n-%d.tar" % sh), "w", format=fmt) as tf:
+        for i in range(9):
+            b = io.BytesIO()
+            numpy.save(b, rs.standard_normal((3, 4)).astype(">f4" if i % 2 else "<f4"))
+            for name, data in (("k%d_%d.npy" % (sh, i), b.getvalue()),
+                               ("k%d_%d.cls" % (sh, i), b"%d" % i)):
+                ti = tarfile.TarInfo(("d/" * 60 if sh == 1 else "") + name)  # 1: a pax path
+                ti.size = len(data)
+                tf.addfile(ti, io.BytesIO(data))
+NPY = "tar:%s/n-{0..2}.tar,fields=npy:cls" % npy_root
+rc_m, m, _ = load(NPY, "--workers", "2")
+rc_s, s, err = load(NPY + ",mode=stream,shuffle_buffer=4", "--workers", "2")
+T.check(rc_m == 0 and rc_s == 0 and m["samples"] == s["samples"] == 27
+        and s["content_hash"] == m["content_hash"], ".npy: stream %s, map %s %s" % (
+            R.summary(s), R.summary(m), err))
+
 # --- refusals -------------------------------------------------------------------------------
 for opts, want in ((",ragged=bin", "not with mode=stream"), (",rank=0", "go together"),
                    (",rank=2,world_size=2", "not below world size"),
-                   (",shuffle_buffer=x", "shuffle_buffer=x"), (",mode=fast", "stream or map")):
+                   (",shuffle_buffer=x", "shuffle_buffer=x"), (",mode=fast", "stream or map"),
+                   (",shuffle_buffer=16777217", "at most")):
     rc, out, _ = load(SRC + opts)
     T.check(rc == 1 and want in out["error"], "%s: %s" % (opts, out))
 rc, out, _ = load(SRC, "--shuffle")
