@@ -441,7 +441,7 @@ struct stoke__remote_stream {
 
 static int queue_append(struct stoke__remote_stream *st, const char *data, size_t n)
 {
-    if (st->head + st->len + n > st->cap) {
+    if (st->head + st->len + n > st->cap && st->head) {
         memmove(st->q, st->q + st->head, st->len);
         st->head = 0;
     }
@@ -1103,7 +1103,8 @@ int stoke__remote_stream_read(stoke__remote_stream *st, void *buf, size_t n, siz
         return rc;
     }
     size_t k = n < st->len ? n : st->len;
-    memcpy(buf, st->q + st->head, k);
+    if (k)
+        memcpy(buf, st->q + st->head, k);
     st->head += k;
     st->len -= k;
     *got = k;

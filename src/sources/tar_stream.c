@@ -185,7 +185,8 @@ static int stream_read(void *ctx, void *buf, size_t n, uint64_t off, size_t *got
     }
     size_t have = r->pos > off ? (size_t)(r->pos - off) : 0;
     *got = have < n ? have : n;
-    memcpy(buf, r->win + (off - r->win_off), *got);
+    if (*got)
+        memcpy(buf, r->win + (off - r->win_off), *got);
     return 0;
 }
 
@@ -193,7 +194,8 @@ static int stream_read(void *ctx, void *buf, size_t n, uint64_t off, size_t *got
 static void window_drop(sreader *r, uint64_t off)
 {
     size_t k = (size_t)(off - r->win_off);
-    memmove(r->win, r->win + k, r->len - k);
+    if (k && r->len > k)
+        memmove(r->win, r->win + k, r->len - k);
     r->len -= k;
     r->win_off = off;
 }
