@@ -124,32 +124,6 @@ int stoke__remote_read_many(stoke__remote_pool *p, int slot, stoke__remote_req *
     return stoke__remote_pool_create(NULL, why, why_len);
 }
 
-struct stoke__remote_stream {
-    int unused;
-};
-int stoke__remote_stream_create(stoke__remote_pool *p, stoke__remote_stream **out, char *why,
-                                size_t why_len)
-{
-    (void)p;
-    *out = NULL;
-    return stoke__remote_pool_create(NULL, why, why_len);
-}
-void stoke__remote_stream_start(stoke__remote_stream *st, const stoke__remote_file *f)
-{
-    (void)st, (void)f;
-}
-int stoke__remote_stream_read(stoke__remote_stream *st, void *buf, size_t n, size_t *got, char *why,
-                              size_t why_len)
-{
-    (void)st, (void)buf, (void)n;
-    *got = 0;
-    return stoke__remote_pool_create(NULL, why, why_len);
-}
-void stoke__remote_stream_destroy(stoke__remote_stream *st)
-{
-    (void)st;
-}
-
 #else /* STOKE_HAVE_LIBCURL */
 
 #include "sources/remote_internal.h"
@@ -157,16 +131,10 @@ void stoke__remote_stream_destroy(stoke__remote_stream *st)
 
 #define STR_(x)         #x
 #define STR(x)          STR_(x)
-#define FG_SLOTS        64                        /* slots of the workers: slot % 64 */
-#define SLOTS           (FG_SLOTS + STOKE__REMOTE_BG_MAX) /* then the background downloaders' */
 #define BACKOFF_BASE_MS 100u   /* the first retry waits 50..100 ms, each next one twice that */
 #define BACKOFF_CAP_MS  10000u /* ... up to 5..10 s */
 #define DEFAULT_RETRIES 6u
 #define DEFAULT_TIMEOUT 30u /* seconds without a byte before a try is abandoned */
-
-typedef struct counters {
-    _Atomic uint64_t requests, retries_done, bytes, wait_ns;
-} counters;
 
 /* A slot's handles for several requests at once (read_many), made by its first. */
 typedef struct multi {
@@ -175,23 +143,6 @@ typedef struct multi {
     CURL *h[STOKE__REMOTE_BG_MAX];   /* their error texts: err[i] */
     char err[STOKE__REMOTE_BG_MAX][CURL_ERROR_SIZE];
 } multi;
-
-typedef struct slot {
-    pthread_mutex_t lock; /* held for a whole read: guards h, err and mu */
-    CURL *h;              /* NULL until the slot's first read */
-    char err[CURL_ERROR_SIZE];
-    multi *mu;            /* NULL until the slot's first read_many of two or more */
-} slot;
-
-struct stoke__remote_pool {
-    slot s[SLOTS];
-    int connections; /* requests at once of a read_many (STOKE_REMOTE_CONNECTIONS) */
-    unsigned retries;
-    long timeout_s;
-    char *ca_bundle;
-    stoke__remote_aws aws; /* S3, from the environment and ~/.aws at create */
-    counters *n; /* a shared mapping: a forked worker's requests are counted in the parent */
-};
 
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
 static CURLcode curl_init_rc;
@@ -358,32 +309,6 @@ oom:
 
 /* ---- one read ----------------------------------------------------------------------------- */
 
-typedef struct xfer {
-    CURL *h;
-    char *buf;      /* the destination: n bytes for the file's [off, off + n) */
-    int fd;         /* or, when >= 0, this file: byte off + i written at i (pwrite) */
-    struct stoke__remote_stream *q; /* or, when not NULL, this stream's queue (appended) */
-    int werr;       /* errno of a failed write to fd */
-    size_t n, got;  /* got: bytes of buf filled, from buf[0] */
-    uint64_t off;   /* file offset of buf[0] */
-    uint64_t pos;   /* file offset of the next body byte */
-    long status;    /* of the final response (after redirects) */
-    int body;       /* the body started: pos is set */
-    int enough;     /* stopped on purpose: buf is full (a 200 sends the whole file) */
-    int bad_range;  /* the body started past the byte asked for */
-    uint64_t total; /* the file's size, when has_total */
-    int has_total;
-    uint64_t cr_start; /* Content-Range's first byte, when has_cr */
-    int has_cr;
-    long retry_after; /* seconds; -1 when absent */
-    _Atomic uint64_t *seen; /* when not NULL: raised to the file's size as soon as a header
-                               says it */
-    const int *stop;        /* when not NULL and nonzero: give up (stoke__remote_fetch) */
-    char err[512];    /* the start of an error response's body */
-    size_t errlen;
-    size_t before;    /* got when the try began */
-} xfer;
-
 static size_t on_header(char *data, size_t size, size_t nmemb, void *ctx)
 {
     xfer *x = ctx;
@@ -421,45 +346,6 @@ static size_t on_header(char *data, size_t size, size_t nmemb, void *ctx)
     return len;
 }
 
-/* A stream (stoke__remote_stream_*): one whole-file GET through a multi handle of its own, read
- * by the caller as the body arrives; bytes received and not yet read wait in the queue. */
-struct stoke__remote_stream {
-    stoke__remote_pool *p;
-    CURLM *m;
-    CURL *h;
-    char err[CURL_ERROR_SIZE];
-    const stoke__remote_file *f; /* NULL: no file started */
-    xfer *x;
-    char *q; /* the queue: q[head, head + len) */
-    size_t cap, head, len;
-    int running;      /* a try of x is in m */
-    int ended;        /* the file came whole */
-    int failed;       /* the file failed for good: every read returns it */
-    unsigned attempt; /* tries made of this file, less one */
-    uint64_t rng;
-};
-
-static int queue_append(struct stoke__remote_stream *st, const char *data, size_t n)
-{
-    if (st->head + st->len + n > st->cap && st->head) {
-        memmove(st->q, st->q + st->head, st->len);
-        st->head = 0;
-    }
-    if (st->len + n > st->cap) {
-        size_t cap = st->cap ? st->cap : (size_t)1 << 16;
-        while (cap < st->len + n)
-            cap *= 2;
-        char *q = realloc(st->q, cap);
-        if (!q)
-            return -1;
-        st->q = q;
-        st->cap = cap;
-    }
-    memcpy(st->q + st->head + st->len, data, n);
-    st->len += n;
-    return 0;
-}
-
 static size_t on_body(char *data, size_t size, size_t nmemb, void *ctx)
 {
     xfer *x = ctx;
@@ -494,7 +380,7 @@ static size_t on_body(char *data, size_t size, size_t nmemb, void *ctx)
     if (take > x->n - x->got)
         take = x->n - x->got;
     if (x->q) {
-        if (queue_append(x->q, data + skip, take) != 0) {
+        if (stoke__remote_stream_append(x->q, data + skip, take) != 0) {
             x->werr = ENOMEM;
             return 0;
         }
@@ -570,7 +456,7 @@ static int retryable_status(long s)
     return s == 408 || s == 429 || s == 500 || s == 502 || s == 503 || s == 504;
 }
 
-static CURL *handle_new(const stoke__remote_pool *p, slot *s)
+CURL *stoke__remote_handle_new(const stoke__remote_pool *p, slot *s)
 {
     CURL *h = curl_easy_init();
     if (!h)
@@ -611,7 +497,7 @@ static int on_progress(void *user, curl_off_t dltotal, curl_off_t dlnow, curl_of
 }
 
 /* Sleeps before retry `attempt` (in 50 ms steps when x can be stopped, to see it). */
-static void backoff(unsigned attempt, long retry_after_s, uint64_t *rng, const xfer *x)
+void stoke__remote_backoff(unsigned attempt, long retry_after_s, uint64_t *rng, const xfer *x)
 {
     uint64_t ms = BACKOFF_BASE_MS << (attempt < 16 ? attempt : 16);
     if (ms > BACKOFF_CAP_MS)
@@ -629,7 +515,7 @@ static void backoff(unsigned attempt, long retry_after_s, uint64_t *rng, const x
 }
 
 /* The request of one try of x on h (x->h = h), before it runs. */
-static void try_begin(stoke__remote_pool *p, CURL *h, const stoke__remote_file *f, xfer *x)
+void stoke__remote_try_begin(stoke__remote_pool *p, CURL *h, const stoke__remote_file *f, xfer *x)
 {
     char range[64];
     x->h = h;
@@ -656,8 +542,8 @@ static void try_begin(stoke__remote_pool *p, CURL *h, const stoke__remote_file *
 
 /* The outcome of a try of x that ended with c: 0 (done: full, or the file ended), 1 (retry),
  * or a negative code with why set. */
-static int try_end(stoke__remote_pool *p, const stoke__remote_file *f, xfer *x, CURLcode c,
-                   const char *serr, char *why, size_t why_len)
+int stoke__remote_try_end(stoke__remote_pool *p, const stoke__remote_file *f, xfer *x, CURLcode c,
+                          const char *serr, char *why, size_t why_len)
 {
     CURL *h = x->h;
     size_t before = x->before;
@@ -719,8 +605,8 @@ static int try_end(stoke__remote_pool *p, const stoke__remote_file *f, xfer *x, 
 static int try_once(stoke__remote_pool *p, CURL *h, const stoke__remote_file *f, xfer *x,
                     const char *serr, char *why, size_t why_len)
 {
-    try_begin(p, h, f, x);
-    return try_end(p, f, x, curl_easy_perform(h), serr, why, why_len);
+    stoke__remote_try_begin(p, h, f, x);
+    return stoke__remote_try_end(p, f, x, curl_easy_perform(h), serr, why, why_len);
 }
 
 /* The slot of slot_i: a worker's (>= 0) among the first FG_SLOTS, a background downloader's
@@ -759,7 +645,7 @@ static int retry_loop(stoke__remote_pool *p, slot *s, const stoke__remote_file *
         }
         atomic_fetch_add(&p->n->retries_done, 1);
         stoke__log(STOKE_LOG_DEBUG, "remote: %s; retry %u of %u", why, attempt + 1, p->retries);
-        backoff(attempt, x->retry_after, &rng, x);
+        stoke__remote_backoff(attempt, x->retry_after, &rng, x);
         rc = TRY_NOW;
     }
 }
@@ -770,7 +656,7 @@ static slot *slot_take(stoke__remote_pool *p, int slot_i, const stoke__remote_fi
 {
     slot *s = slot_of(p, slot_i);
     pthread_mutex_lock(&s->lock);
-    if (!s->h && !(s->h = handle_new(p, s))) {
+    if (!s->h && !(s->h = stoke__remote_handle_new(p, s))) {
         pthread_mutex_unlock(&s->lock);
         stoke__fmt_short(why, why_len, "GET %s: cannot create a libcurl handle", f->url);
         return NULL;
@@ -807,7 +693,7 @@ static int multi_ready(const stoke__remote_pool *p, slot *s, int k)
         curl_multi_setopt(mu->m, CURLMOPT_MAXCONNECTS, (long)STOKE__REMOTE_BG_MAX);
     }
     while (mu->n < k) {
-        CURL *h = handle_new(p, s);
+        CURL *h = stoke__remote_handle_new(p, s);
         if (!h)
             return STOKE_ENOMEM;
         curl_easy_setopt(h, CURLOPT_ERRORBUFFER, mu->err[mu->n]);
@@ -863,7 +749,7 @@ int stoke__remote_read_many(stoke__remote_pool *p, int slot_i, stoke__remote_req
             for (int i = 0; i < k && next < n; i++) {
                 if (on[i] != n)
                     continue;
-                try_begin(p, mu->h[i], r[next].f, &x[next]);
+                stoke__remote_try_begin(p, mu->h[i], r[next].f, &x[next]);
                 if (r[next].n == 0) { /* nothing to ask for */
                     next++;
                     continue;
@@ -893,7 +779,8 @@ int stoke__remote_read_many(stoke__remote_pool *p, int slot_i, stoke__remote_req
                 size_t j = on[i];
                 on[i] = n;
                 active--;
-                int t = try_end(p, r[j].f, &x[j], c, mu->err[i], msg[j], sizeof(msg[j]));
+                int t =
+                    stoke__remote_try_end(p, r[j].f, &x[j], c, mu->err[i], msg[j], sizeof(msg[j]));
                 if (t == 1)
                     retry[j] = 1;
                 else if (t < 0 && !rc)
@@ -976,151 +863,6 @@ int stoke__remote_fetch(stoke__remote_pool *p, int slot_i, const stoke__remote_f
     }
     *size = x.got;
     return STOKE_OK;
-}
-
-/* ---- streams ------------------------------------------------------------------------------ */
-
-int stoke__remote_stream_create(stoke__remote_pool *p, stoke__remote_stream **out, char *why,
-                                size_t why_len)
-{
-    *out = NULL;
-    stoke__remote_stream *st = calloc(1, sizeof(*st));
-    xfer *x = calloc(1, sizeof(*x));
-    CURLM *m = st && x ? curl_multi_init() : NULL;
-    CURL *h = m ? handle_new(p, &(slot){0}) : NULL;
-    if (!h) {
-        if (m)
-            curl_multi_cleanup(m);
-        free(x);
-        free(st);
-        stoke__fmt(why, why_len, "out of memory for a stream (libcurl handles)");
-        return STOKE_ENOMEM;
-    }
-    curl_easy_setopt(h, CURLOPT_ERRORBUFFER, st->err);
-    st->p = p;
-    st->m = m;
-    st->h = h;
-    st->x = x;
-    st->rng = (stoke__now_ns() ^ (uint64_t)(uintptr_t)st * 0x9E3779B97F4A7C15u) | 1;
-    *out = st;
-    return STOKE_OK;
-}
-
-/* Ends the try in flight, if any: counted as a request, with the bytes it brought. */
-static void stream_stop(stoke__remote_stream *st)
-{
-    if (!st->running)
-        return;
-    curl_multi_remove_handle(st->m, st->h);
-    st->running = 0;
-    atomic_fetch_add(&st->p->n->requests, 1);
-    atomic_fetch_add(&st->p->n->bytes, (uint64_t)(st->x->got - st->x->before));
-}
-
-void stoke__remote_stream_start(stoke__remote_stream *st, const stoke__remote_file *f)
-{
-    stream_stop(st);
-    *st->x = (xfer){.fd = -1, .q = st, .n = SIZE_MAX};
-    st->f = f;
-    st->head = st->len = 0;
-    st->ended = st->failed = 0;
-    st->attempt = 0;
-    st->err[0] = 0;
-}
-
-/* One round of the transfer: starts a try when none runs, lets libcurl work (waiting up to a
- * second for the socket), and handles a try that ended: 0 (go on), or the file's error. */
-static int stream_pump(stoke__remote_stream *st, char *why, size_t why_len)
-{
-    stoke__remote_pool *p = st->p;
-    xfer *x = st->x;
-    if (!st->running) {
-        st->err[0] = 0;
-        try_begin(p, st->h, st->f, x);
-        if (curl_multi_add_handle(st->m, st->h) != CURLM_OK) {
-            stoke__fmt_short(why, why_len, "GET %s: libcurl refused the request", st->f->url);
-            return STOKE_EIO;
-        }
-        st->running = 1;
-    }
-    int still = 0, left = 0;
-    curl_multi_perform(st->m, &still);
-    CURLMsg *msg;
-    int done = 0;
-    CURLcode c = CURLE_OK;
-    while ((msg = curl_multi_info_read(st->m, &left)) != NULL)
-        if (msg->msg == CURLMSG_DONE && msg->easy_handle == st->h) {
-            done = 1;
-            c = msg->data.result;
-        }
-    if (!done) {
-        if (still)
-            curl_multi_poll(st->m, NULL, 0, 1000, NULL);
-        return STOKE_OK;
-    }
-    curl_multi_remove_handle(st->m, st->h);
-    st->running = 0;
-    int rc = try_end(p, st->f, x, c, st->err, why, why_len);
-    if (rc == 0) {
-        st->ended = 1;
-        return STOKE_OK;
-    }
-    if (rc < 0)
-        return rc;
-    if (st->attempt >= p->retries) { /* as retry_loop's */
-        size_t l = strlen(why);
-        stoke__fmt(why + l, why_len - l, " (after %u tries)", st->attempt + 1);
-        return STOKE_EIO;
-    }
-    atomic_fetch_add(&p->n->retries_done, 1);
-    stoke__log(STOKE_LOG_DEBUG, "remote: %s; retry %u of %u", why, st->attempt + 1, p->retries);
-    backoff(st->attempt, x->retry_after, &st->rng, x);
-    st->attempt++;
-    return STOKE_OK; /* the next round starts the next try, from the first byte missing */
-}
-
-int stoke__remote_stream_read(stoke__remote_stream *st, void *buf, size_t n, size_t *got, char *why,
-                              size_t why_len)
-{
-    *got = 0;
-    if (!st->f) {
-        stoke__fmt(why, why_len, "stream: no file started");
-        return STOKE_EINVAL;
-    }
-    if (st->failed) {
-        stoke__fmt_short(why, why_len, "%s", st->err[0] ? st->err : "GET failed");
-        return st->failed;
-    }
-    uint64_t t0 = stoke__now_ns();
-    int rc = STOKE_OK;
-    while (st->len < n && !st->ended && rc == STOKE_OK)
-        rc = stream_pump(st, why, why_len);
-    atomic_fetch_add(&st->p->n->wait_ns, stoke__now_ns() - t0);
-    if (rc) { /* sticky: the file's later reads fail the same way */
-        stream_stop(st);
-        st->failed = rc;
-        stoke__fmt_short(st->err, sizeof(st->err), "%s", why);
-        return rc;
-    }
-    size_t k = n < st->len ? n : st->len;
-    if (k)
-        memcpy(buf, st->q + st->head, k);
-    st->head += k;
-    st->len -= k;
-    *got = k;
-    return STOKE_OK;
-}
-
-void stoke__remote_stream_destroy(stoke__remote_stream *st)
-{
-    if (!st)
-        return;
-    stream_stop(st);
-    curl_easy_cleanup(st->h);
-    curl_multi_cleanup(st->m);
-    free(st->q);
-    free(st->x);
-    free(st);
 }
 
 #endif /* STOKE_HAVE_LIBCURL */
