@@ -55,6 +55,10 @@ try:
                  for r in (0, 1)]
         T.check(not set(ranks[0]) & set(ranks[1]), "workers %d: ranks share samples" % w)
         R.check_stream_epoch(ranks[0] + ranks[1], NSHARDS, PER, "http, 2 ranks, workers %d" % w)
+    # an epoch left half way (transfers in flight abandoned): the next one as if it came first
+    left = R.stream_after_abandon("tar:%s%s%s,shuffle_buffer=2" % (base, RNG, OPTS), ids)
+    T.check(left == R.stream_epoch(LOCAL + ",shuffle_buffer=2", ids, epoch=1, workers=2),
+            "epoch 1 after epoch 0 was left half way differs")
     order = R.shard_runs(same_as_local(base, "http", ",shuffle_buffer=0,seed=3", epoch=2))
     T.check(sorted(order) == list(range(NSHARDS)), "shuffle_buffer=0: shards %s" % order)
 

@@ -48,6 +48,10 @@ for w in (0, 2):
     T.check(a == b, "workers=%d: seed 5 epoch 3 twice: two orders" % w)
     T.check(a != epoch(",seed=5", workers=w, epoch=4), "workers=%d: epochs 3 and 4 alike" % w)
     T.check(a != epoch(",seed=6", workers=w, epoch=3), "workers=%d: seeds 5 and 6 alike" % w)
+# an epoch left half way: the next one is as if it came first
+T.check(R.stream_after_abandon(SRC + ",seed=5,shuffle_buffer=2", ids)
+        == epoch(",seed=5,shuffle_buffer=2", workers=2, epoch=1),
+        "epoch 1 after epoch 0 was left half way differs")
 # the shuffle buffer mixes across shards: shards are not delivered whole
 mixed = epoch(",seed=5", epoch=3)
 T.check(any(mixed[k][0] != mixed[k + 1][0] for k in range(PER - 1)),

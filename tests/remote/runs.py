@@ -141,3 +141,16 @@ def shard_runs(got):
         else:
             T.check(got[k - 1][1] == i - 1, "shard %d not in archive order: %s" % (s, got))
     return order
+
+
+def stream_after_abandon(spec, ids, workers=2, batch_size=5):
+    """Epoch 1 of `spec` (as stream_epoch's) read by a loader that left epoch 0 after two
+    batches (its workers' shards half read, their shuffle buffers full): set_epoch restarts."""
+    import stoke
+    dl = stoke.DataLoader(spec, batch_size=batch_size, num_workers=workers, structure="list",
+                          pin_memory=False)
+    it = iter(dl)
+    next(it)
+    next(it)
+    dl.set_epoch(1)
+    return [ids[bytes(row.numpy())] for b in dl for row in b[0]]
