@@ -123,3 +123,23 @@ int stoke__env_u64(stoke_env_id id, uint64_t *out)
 {
     return env_typed(id, parse_u64_v, out, "non-negative integer");
 }
+
+int stoke__env_dist(const char *who, uint64_t *rank, uint64_t *world)
+{
+    static const stoke_env_id pairs[][2] = {{STOKE_ENV_RANK, STOKE_ENV_WORLD_SIZE},
+                                            {STOKE_ENV_OMPI_RANK, STOKE_ENV_OMPI_SIZE},
+                                            {STOKE_ENV_SLURM_RANK, STOKE_ENV_SLURM_SIZE}};
+    for (size_t i = 0; i < STOKE__ARRAY_LEN(pairs); i++) {
+        uint64_t r = 0, w = 0;
+        int hr = stoke__env_u64(pairs[i][0], &r), hw = stoke__env_u64(pairs[i][1], &w);
+        if (!hr && !hw)
+            continue;
+        if (hr != hw)
+            return stoke__fail(STOKE_EINVAL, "%s: %s and %s must both be set", who,
+                               stoke__env_name(pairs[i][0]), stoke__env_name(pairs[i][1]));
+        *rank = r;
+        *world = w;
+        return 1;
+    }
+    return 0;
+}

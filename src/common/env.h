@@ -65,6 +65,11 @@ int stoke__env_size(stoke_env_id id, uint64_t *out);
 /* Non-negative integer: as above. */
 int stoke__env_u64(stoke_env_id id, uint64_t *out);
 
+/* Rank and world size from the first pair of variables that is set (RANK / WORLD_SIZE, Open
+ * MPI's, Slurm's): 1 with *rank and *world set; 0 when none is; STOKE_EINVAL (recorded, naming
+ * `who`) when only one of a pair is. */
+int stoke__env_dist(const char *who, uint64_t *rank, uint64_t *world);
+
 /* Parsers behind them, for options that come from elsewhere (CLI flags).  Return 0 on success,
  * -1 on a malformed value. */
 int stoke__parse_bool(const char *s, int *out);

@@ -312,27 +312,6 @@ void stoke_sampler_opts_init(stoke_sampler_opts *o)
     o->rank = -1;
 }
 
-/* Rank and world size from the first pair of variables that is set. */
-static int dist_from_env(uint64_t *rank, uint64_t *world)
-{
-    static const stoke_env_id pairs[][2] = {{STOKE_ENV_RANK, STOKE_ENV_WORLD_SIZE},
-                                            {STOKE_ENV_OMPI_RANK, STOKE_ENV_OMPI_SIZE},
-                                            {STOKE_ENV_SLURM_RANK, STOKE_ENV_SLURM_SIZE}};
-    for (size_t i = 0; i < STOKE__ARRAY_LEN(pairs); i++) {
-        uint64_t r = 0, w = 0;
-        int hr = stoke__env_u64(pairs[i][0], &r), hw = stoke__env_u64(pairs[i][1], &w);
-        if (!hr && !hw)
-            continue;
-        if (hr != hw)
-            return stoke__fail(STOKE_EINVAL, "distributed sampler: %s and %s must both be set",
-                               stoke__env_name(pairs[i][0]), stoke__env_name(pairs[i][1]));
-        *rank = r;
-        *world = w;
-        return 1;
-    }
-    return 0;
-}
-
 #define BLOCK_MAX_PARAM (1ull << 48)
 #define BLOCK_MAX_LEN   (1ull << 62)
 
@@ -419,7 +398,7 @@ static int sampler_setup(stoke_sampler *s, const stoke_sampler_opts *o, uint64_t
     uint64_t er = 0, ew = 1;
     int from_env = 0;
     if (o->rank < 0 || o->world_size <= 0) {
-        from_env = dist_from_env(&er, &ew);
+        from_env = stoke__env_dist("distributed sampler", &er, &ew);
         if (from_env < 0)
             return from_env;
     }

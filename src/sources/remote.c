@@ -131,16 +131,10 @@ int stoke__remote_read_many(stoke__remote_pool *p, int slot, stoke__remote_req *
 
 #define STR_(x)         #x
 #define STR(x)          STR_(x)
-#define FG_SLOTS        64                        /* slots of the workers: slot % 64 */
-#define SLOTS           (FG_SLOTS + STOKE__REMOTE_BG_MAX) /* then the background downloaders' */
 #define BACKOFF_BASE_MS 100u   /* the first retry waits 50..100 ms, each next one twice that */
 #define BACKOFF_CAP_MS  10000u /* ... up to 5..10 s */
 #define DEFAULT_RETRIES 6u
 #define DEFAULT_TIMEOUT 30u /* seconds without a byte before a try is abandoned */
-
-typedef struct counters {
-    _Atomic uint64_t requests, retries_done, bytes, wait_ns;
-} counters;
 
 /* A slot's handles for several requests at once (read_many), made by its first. */
 typedef struct multi {
@@ -149,23 +143,6 @@ typedef struct multi {
     CURL *h[STOKE__REMOTE_BG_MAX];   /* their error texts: err[i] */
     char err[STOKE__REMOTE_BG_MAX][CURL_ERROR_SIZE];
 } multi;
-
-typedef struct slot {
-    pthread_mutex_t lock; /* held for a whole read: guards h, err and mu */
-    CURL *h;              /* NULL until the slot's first read */
-    char err[CURL_ERROR_SIZE];
-    multi *mu;            /* NULL until the slot's first read_many of two or more */
-} slot;
-
-struct stoke__remote_pool {
-    slot s[SLOTS];
-    int connections; /* requests at once of a read_many (STOKE_REMOTE_CONNECTIONS) */
-    unsigned retries;
-    long timeout_s;
-    char *ca_bundle;
-    stoke__remote_aws aws; /* S3, from the environment and ~/.aws at create */
-    counters *n; /* a shared mapping: a forked worker's requests are counted in the parent */
-};
 
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
 static CURLcode curl_init_rc;
@@ -332,31 +309,6 @@ oom:
 
 /* ---- one read ----------------------------------------------------------------------------- */
 
-typedef struct xfer {
-    CURL *h;
-    char *buf;      /* the destination: n bytes for the file's [off, off + n) */
-    int fd;         /* or, when >= 0, this file: byte off + i written at i (pwrite) */
-    int werr;       /* errno of a failed write to fd */
-    size_t n, got;  /* got: bytes of buf filled, from buf[0] */
-    uint64_t off;   /* file offset of buf[0] */
-    uint64_t pos;   /* file offset of the next body byte */
-    long status;    /* of the final response (after redirects) */
-    int body;       /* the body started: pos is set */
-    int enough;     /* stopped on purpose: buf is full (a 200 sends the whole file) */
-    int bad_range;  /* the body started past the byte asked for */
-    uint64_t total; /* the file's size, when has_total */
-    int has_total;
-    uint64_t cr_start; /* Content-Range's first byte, when has_cr */
-    int has_cr;
-    long retry_after; /* seconds; -1 when absent */
-    _Atomic uint64_t *seen; /* when not NULL: raised to the file's size as soon as a header
-                               says it */
-    const int *stop;        /* when not NULL and nonzero: give up (stoke__remote_fetch) */
-    char err[512];    /* the start of an error response's body */
-    size_t errlen;
-    size_t before;    /* got when the try began */
-} xfer;
-
 static size_t on_header(char *data, size_t size, size_t nmemb, void *ctx)
 {
     xfer *x = ctx;
@@ -427,7 +379,12 @@ static size_t on_body(char *data, size_t size, size_t nmemb, void *ctx)
     size_t skip = (size_t)(from - x->pos), take = len - skip;
     if (take > x->n - x->got)
         take = x->n - x->got;
-    if (x->fd < 0) {
+    if (x->q) {
+        if (stoke__remote_stream_append(x->q, data + skip, take) != 0) {
+            x->werr = ENOMEM;
+            return 0;
+        }
+    } else if (x->fd < 0) {
         memcpy(x->buf + x->got, data + skip, take);
     } else {
         for (size_t w = 0; w < take;) { /* a short write continues; an error stops the body */
@@ -499,7 +456,7 @@ static int retryable_status(long s)
     return s == 408 || s == 429 || s == 500 || s == 502 || s == 503 || s == 504;
 }
 
-static CURL *handle_new(const stoke__remote_pool *p, slot *s)
+CURL *stoke__remote_handle_new(const stoke__remote_pool *p, slot *s)
 {
     CURL *h = curl_easy_init();
     if (!h)
@@ -540,7 +497,7 @@ static int on_progress(void *user, curl_off_t dltotal, curl_off_t dlnow, curl_of
 }
 
 /* Sleeps before retry `attempt` (in 50 ms steps when x can be stopped, to see it). */
-static void backoff(unsigned attempt, long retry_after_s, uint64_t *rng, const xfer *x)
+void stoke__remote_backoff(unsigned attempt, long retry_after_s, uint64_t *rng, const xfer *x)
 {
     uint64_t ms = BACKOFF_BASE_MS << (attempt < 16 ? attempt : 16);
     if (ms > BACKOFF_CAP_MS)
@@ -558,7 +515,7 @@ static void backoff(unsigned attempt, long retry_after_s, uint64_t *rng, const x
 }
 
 /* The request of one try of x on h (x->h = h), before it runs. */
-static void try_begin(stoke__remote_pool *p, CURL *h, const stoke__remote_file *f, xfer *x)
+void stoke__remote_try_begin(stoke__remote_pool *p, CURL *h, const stoke__remote_file *f, xfer *x)
 {
     char range[64];
     x->h = h;
@@ -585,8 +542,8 @@ static void try_begin(stoke__remote_pool *p, CURL *h, const stoke__remote_file *
 
 /* The outcome of a try of x that ended with c: 0 (done: full, or the file ended), 1 (retry),
  * or a negative code with why set. */
-static int try_end(stoke__remote_pool *p, const stoke__remote_file *f, xfer *x, CURLcode c,
-                   const char *serr, char *why, size_t why_len)
+int stoke__remote_try_end(stoke__remote_pool *p, const stoke__remote_file *f, xfer *x, CURLcode c,
+                          const char *serr, char *why, size_t why_len)
 {
     CURL *h = x->h;
     size_t before = x->before;
@@ -648,8 +605,8 @@ static int try_end(stoke__remote_pool *p, const stoke__remote_file *f, xfer *x, 
 static int try_once(stoke__remote_pool *p, CURL *h, const stoke__remote_file *f, xfer *x,
                     const char *serr, char *why, size_t why_len)
 {
-    try_begin(p, h, f, x);
-    return try_end(p, f, x, curl_easy_perform(h), serr, why, why_len);
+    stoke__remote_try_begin(p, h, f, x);
+    return stoke__remote_try_end(p, f, x, curl_easy_perform(h), serr, why, why_len);
 }
 
 /* The slot of slot_i: a worker's (>= 0) among the first FG_SLOTS, a background downloader's
@@ -688,7 +645,7 @@ static int retry_loop(stoke__remote_pool *p, slot *s, const stoke__remote_file *
         }
         atomic_fetch_add(&p->n->retries_done, 1);
         stoke__log(STOKE_LOG_DEBUG, "remote: %s; retry %u of %u", why, attempt + 1, p->retries);
-        backoff(attempt, x->retry_after, &rng, x);
+        stoke__remote_backoff(attempt, x->retry_after, &rng, x);
         rc = TRY_NOW;
     }
 }
@@ -699,7 +656,7 @@ static slot *slot_take(stoke__remote_pool *p, int slot_i, const stoke__remote_fi
 {
     slot *s = slot_of(p, slot_i);
     pthread_mutex_lock(&s->lock);
-    if (!s->h && !(s->h = handle_new(p, s))) {
+    if (!s->h && !(s->h = stoke__remote_handle_new(p, s))) {
         pthread_mutex_unlock(&s->lock);
         stoke__fmt_short(why, why_len, "GET %s: cannot create a libcurl handle", f->url);
         return NULL;
@@ -736,7 +693,7 @@ static int multi_ready(const stoke__remote_pool *p, slot *s, int k)
         curl_multi_setopt(mu->m, CURLMOPT_MAXCONNECTS, (long)STOKE__REMOTE_BG_MAX);
     }
     while (mu->n < k) {
-        CURL *h = handle_new(p, s);
+        CURL *h = stoke__remote_handle_new(p, s);
         if (!h)
             return STOKE_ENOMEM;
         curl_easy_setopt(h, CURLOPT_ERRORBUFFER, mu->err[mu->n]);
@@ -792,7 +749,7 @@ int stoke__remote_read_many(stoke__remote_pool *p, int slot_i, stoke__remote_req
             for (int i = 0; i < k && next < n; i++) {
                 if (on[i] != n)
                     continue;
-                try_begin(p, mu->h[i], r[next].f, &x[next]);
+                stoke__remote_try_begin(p, mu->h[i], r[next].f, &x[next]);
                 if (r[next].n == 0) { /* nothing to ask for */
                     next++;
                     continue;
@@ -822,7 +779,8 @@ int stoke__remote_read_many(stoke__remote_pool *p, int slot_i, stoke__remote_req
                 size_t j = on[i];
                 on[i] = n;
                 active--;
-                int t = try_end(p, r[j].f, &x[j], c, mu->err[i], msg[j], sizeof(msg[j]));
+                int t =
+                    stoke__remote_try_end(p, r[j].f, &x[j], c, mu->err[i], msg[j], sizeof(msg[j]));
                 if (t == 1)
                     retry[j] = 1;
                 else if (t < 0 && !rc)

@@ -124,4 +124,26 @@ int stoke__remote_fetch(stoke__remote_pool *p, int slot, const stoke__remote_fil
                         uint64_t expect, _Atomic uint64_t *seen, const int *stop, uint64_t *size,
                         char *why, size_t why_len);
 
+/* A stream: files read front to back, each with ONE whole-file GET (Range: bytes=0-, so one
+ * request per file when nothing fails) whose body the caller reads as it arrives, through a
+ * libcurl multi handle and connection of the stream's own (kept from file to file: keep-alive).
+ * A try that fails in a way that can pass (as a read's) is retried after the backoff of a read,
+ * continued by range from the first byte not yet received; the file's error after the retries
+ * is a read's ("GET URL: HTTP 404", "... (after N tries)") and every later read of that file
+ * returns it.  Counted in the pool's stats: requests, bytes, retries, and the time read() waits
+ * as wait_ns.  One thread at a time per stream.  Built without libcurl, create fails with
+ * STOKE_ENOTSUP. */
+typedef struct stoke__remote_stream stoke__remote_stream;
+int stoke__remote_stream_create(stoke__remote_pool *p, stoke__remote_stream **out, char *why,
+                                size_t why_len);
+/* Begins file f (which must outlive its reads), abandoning the file read before (its request
+ * ended, its connection closed).  No request is made until the first read. */
+void stoke__remote_stream_start(stoke__remote_stream *st, const stoke__remote_file *f);
+/* The next n bytes of the file into buf: 0 with *got = n, or fewer where the file ends; or the
+ * file's error with why set. */
+int stoke__remote_stream_read(stoke__remote_stream *st, void *buf, size_t n, size_t *got, char *why,
+                              size_t why_len);
+/* Ends the transfer, frees the handles.  NULL does nothing. */
+void stoke__remote_stream_destroy(stoke__remote_stream *st);
+
 #endif

@@ -1,12 +1,16 @@
 /* Private to the remote files: remote.c (the pool, its slots and the request engine: reads,
- * read_many through a libcurl multi handle, whole-file fetches, retries) and remote_aws.c (S3:
+ * read_many through a libcurl multi handle, whole-file fetches, retries), remote_stream.c (files
+ * read front to back as their body arrives, on the engine's tries) and remote_aws.c (S3:
  * credentials, region and endpoint from the environment and ~/.aws, s3:// URLs turned into the
  * endpoint's, Signature V4 signing).  Built with libcurl only.  See remote.h. */
 #ifndef STOKE_SOURCES_REMOTE_INTERNAL_H
 #define STOKE_SOURCES_REMOTE_INTERNAL_H
 
 #include <curl/curl.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "sources/remote.h"
 
@@ -43,5 +47,73 @@ void stoke__remote_aws_sign(const stoke__remote_aws *a, CURL *h, int s3);
 
 /* s without leading and trailing white space (the end cleared in place). */
 char *stoke__remote_trim(char *s);
+
+/* ---- the request engine (remote.c), shared with the streams (remote_stream.c) ---- */
+
+#define FG_SLOTS 64                                /* slots of the workers: slot % 64 */
+#define SLOTS    (FG_SLOTS + STOKE__REMOTE_BG_MAX) /* then the background downloaders' */
+
+typedef struct multi multi; /* remote.c's */
+
+typedef struct counters {
+    _Atomic uint64_t requests, retries_done, bytes, wait_ns;
+} counters;
+
+typedef struct slot {
+    pthread_mutex_t lock; /* held for a whole read: guards h, err and mu */
+    CURL *h;              /* NULL until the slot's first read */
+    char err[CURL_ERROR_SIZE];
+    multi *mu; /* NULL until the slot's first read_many of two or more */
+} slot;
+
+struct stoke__remote_pool {
+    slot s[SLOTS];
+    int connections; /* requests at once of a read_many (STOKE_REMOTE_CONNECTIONS) */
+    unsigned retries;
+    long timeout_s;
+    char *ca_bundle;
+    stoke__remote_aws aws; /* S3, from the environment and ~/.aws at create */
+    counters *n; /* a shared mapping: a forked worker's requests are counted in the parent */
+};
+
+typedef struct xfer {
+    CURL *h;
+    char *buf; /* the destination: n bytes for the file's [off, off + n) */
+    int fd;    /* or, when >= 0, this file: byte off + i written at i (pwrite) */
+    struct stoke__remote_stream *q; /* or, when not NULL, this stream's queue (appended) */
+    int werr;                       /* errno of a failed write to fd */
+    size_t n, got;                  /* got: bytes of buf filled, from buf[0] */
+    uint64_t off;                   /* file offset of buf[0] */
+    uint64_t pos;                   /* file offset of the next body byte */
+    long status;                    /* of the final response (after redirects) */
+    int body;                       /* the body started: pos is set */
+    int enough;     /* stopped on purpose: buf is full (a 200 sends the whole file) */
+    int bad_range;  /* the body started past the byte asked for */
+    uint64_t total; /* the file's size, when has_total */
+    int has_total;
+    uint64_t cr_start; /* Content-Range's first byte, when has_cr */
+    int has_cr;
+    long retry_after;       /* seconds; -1 when absent */
+    _Atomic uint64_t *seen; /* when not NULL: raised to the file's size as soon as a header
+                               says it */
+    const int *stop;        /* when not NULL and nonzero: give up (stoke__remote_fetch) */
+    char err[512];          /* the start of an error response's body */
+    size_t errlen;
+    size_t before; /* got when the try began */
+} xfer;
+
+/* A new easy handle with the pool's settings, its errors into s->err. */
+CURL *stoke__remote_handle_new(const stoke__remote_pool *p, slot *s);
+/* The request of one try of x on h (x->h = h), before it runs: a GET of the bytes from the
+ * first missing one. */
+void stoke__remote_try_begin(stoke__remote_pool *p, CURL *h, const stoke__remote_file *f, xfer *x);
+/* The outcome of a try of x that ended with c (counted): 0 (done: full, or the file ended), 1
+ * (retry), or a negative code with why set. */
+int stoke__remote_try_end(stoke__remote_pool *p, const stoke__remote_file *f, xfer *x, CURLcode c,
+                          const char *serr, char *why, size_t why_len);
+/* Sleeps before retry `attempt` (exponential, jittered, at least the server's Retry-After). */
+void stoke__remote_backoff(unsigned attempt, long retry_after_s, uint64_t *rng, const xfer *x);
+/* A stream's body bytes, from on_body (remote_stream.c): 0, or -1 out of memory. */
+int stoke__remote_stream_append(struct stoke__remote_stream *st, const char *data, size_t n);
 
 #endif

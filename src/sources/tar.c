@@ -19,6 +19,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/env.h"
 #include "common/internal.h"
 #include "sources/regular.h"
 #include "sources/remote.h"
@@ -171,21 +172,6 @@ static int expand(const char *spec, const char *pat, strvec *out, int depth)
 
 /* ---- the index ---------------------------------------------------------------------------- */
 
-typedef struct member {
-    uint32_t shard;
-    uint64_t hdr, off, size;
-    char *path;
-    size_t key_len; /* path[0, key_len) is the key, path + key_len + 1 the extension */
-} member;
-
-typedef struct scan {
-    const char *spec;
-    stoke__tar_shard *sh;
-    uint32_t shard;
-    member *m;
-    size_t n, cap;
-} scan;
-
 static int read_shard(void *ctx, void *buf, size_t n, uint64_t off, size_t *got)
 {
     const stoke__tar_shard *s = ctx;
@@ -204,9 +190,9 @@ static int read_shard(void *ctx, void *buf, size_t n, uint64_t off, size_t *got)
     return 0;
 }
 
-static int on_member(void *ctx, const char *path, uint64_t hdr, uint64_t off, uint64_t size)
+int stoke__tar_on_member(void *ctx, const char *path, uint64_t hdr, uint64_t off, uint64_t size)
 {
-    scan *sc = ctx;
+    stoke__tar_scan *sc = ctx;
     const char *base = strrchr(path, '/');
     base = base ? base + 1 : path;
     const char *dot = strchr(base, '.');
@@ -214,13 +200,13 @@ static int on_member(void *ctx, const char *path, uint64_t hdr, uint64_t off, ui
         return 0;
     if (sc->n == sc->cap) {
         size_t cap = sc->cap ? sc->cap * 2 : 256;
-        member *m = realloc(sc->m, cap * sizeof(*m));
+        stoke__tar_member *m = realloc(sc->m, cap * sizeof(*m));
         if (!m)
             return STOKE_ENOMEM;
         sc->m = m;
         sc->cap = cap;
     }
-    member *m = &sc->m[sc->n];
+    stoke__tar_member *m = &sc->m[sc->n];
     m->path = strdup(path);
     if (!m->path)
         return STOKE_ENOMEM;
@@ -233,12 +219,12 @@ static int on_member(void *ctx, const char *path, uint64_t hdr, uint64_t off, ui
     return 0;
 }
 
-static const char *ext_of(const member *m)
+static const char *ext_of(const stoke__tar_member *m)
 {
     return m->path + m->key_len + 1;
 }
 
-static int same_key(const member *a, const member *b)
+int stoke__tar_same_key(const stoke__tar_member *a, const stoke__tar_member *b)
 {
     return a->shard == b->shard && a->key_len == b->key_len &&
            memcmp(a->path, b->path, a->key_len) == 0;
@@ -259,7 +245,7 @@ static int open_shard(const char *spec, stoke__tar_shard *s)
 }
 
 /* Opens and walks every shard, collecting the members into *sc. */
-static int scan_shards(const char *spec, stoke__tar_ds *t, scan *sc)
+static int scan_shards(const char *spec, stoke__tar_ds *t, stoke__tar_scan *sc)
 {
     stoke__tar_rwin w = {0};
     int rc = stoke__tar_remote_order(spec, t, 0);
@@ -267,14 +253,15 @@ static int scan_shards(const char *spec, stoke__tar_ds *t, scan *sc)
         stoke__tar_shard *s = &t->shards[i];
         int remote = stoke__remote_is_url(s->path), indexed = 0;
         sc->shard = (uint32_t)i;
-        rc = remote ? stoke__tar_open_remote(spec, t, s, &w, on_member, sc, &indexed)
+        rc = remote ? stoke__tar_open_remote(spec, t, s, &w, stoke__tar_on_member, sc, &indexed)
                     : open_shard(spec, s);
         if (rc || indexed)
             continue;
         char err[512];
         uint64_t at = 0;
         rc = stoke__tar_walk(s->size, remote ? stoke__tar_read_remote : read_shard,
-                             remote ? (void *)&w : s, on_member, sc, err, sizeof(err), &at);
+                             remote ? (void *)&w : s, stoke__tar_on_member, sc, err, sizeof(err),
+                             &at);
         if (rc == STOKE_EIO && remote && w.why[0])
             rc = stoke__fail(rc, "source '%s': %s", spec, w.why);
         else if (rc == STOKE_ENOMEM)
@@ -290,9 +277,9 @@ static int scan_shards(const char *spec, stoke__tar_ds *t, scan *sc)
 }
 
 /* Without fields=: the extensions of the first sample, in member order. */
-static int default_fields(const char *spec, stoke__tar_ds *t, const scan *sc)
+static int default_fields(const char *spec, stoke__tar_ds *t, const stoke__tar_scan *sc)
 {
-    for (size_t j = 0; j < sc->n && same_key(&sc->m[0], &sc->m[j]); j++) {
+    for (size_t j = 0; j < sc->n && stoke__tar_same_key(&sc->m[0], &sc->m[j]); j++) {
         if (t->nf == STOKE__TAR_MAX_FIELDS)
             return stoke__fail(STOKE_ELIMIT,
                                "source '%s': the first sample has more than %d "
@@ -312,12 +299,12 @@ static int field_index(const stoke__tar_ds *t, const char *ext)
 }
 
 /* Groups the members into samples: the index arrays and the key pool. */
-static int build_index(const char *spec, stoke__tar_ds *t, const scan *sc)
+int stoke__tar_build_index(const char *spec, stoke__tar_ds *t, const stoke__tar_scan *sc)
 {
     uint64_t n = 0;
     size_t keys = 0;
     for (size_t j = 0; j < sc->n; j++)
-        if (j == 0 || !same_key(&sc->m[j - 1], &sc->m[j])) {
+        if (j == 0 || !stoke__tar_same_key(&sc->m[j - 1], &sc->m[j])) {
             n++;
             keys += sc->m[j].key_len + 1;
         }
@@ -333,8 +320,8 @@ static int build_index(const char *spec, stoke__tar_ds *t, const scan *sc)
     uint64_t i = 0;
     size_t kp = 0;
     for (size_t j = 0; j < sc->n; j++) {
-        const member *m = &sc->m[j];
-        if (j == 0 || !same_key(&sc->m[j - 1], m)) {
+        const stoke__tar_member *m = &sc->m[j];
+        if (j == 0 || !stoke__tar_same_key(&sc->m[j - 1], m)) {
             i = j == 0 ? 0 : i + 1;
             t->shard_of[i] = m->shard;
             t->key_at[i] = kp;
@@ -366,7 +353,8 @@ static void tar_close(void *user)
     stoke__tar_ds *t = user;
     if (!t)
         return;
-    stoke__cache_destroy(t->cache); /* first: its downloaders read the shards' rf */
+    stoke__tar_stream_free(t->st); /* first: its streams and downloaders read the shards' rf */
+    stoke__cache_destroy(t->cache);
     t->cache = NULL;
     for (int i = 0; i < t->nshards; i++) {
         if (t->shards[i].fd >= 0)
@@ -477,7 +465,7 @@ static int tar_read(void *user, const uint64_t *indices, size_t count, const sto
 
 int stoke_tar_remote_stats(const stoke_dataset *ds, stoke_remote_stats *out)
 {
-    if (!ds || ds->get != tar_get || !ds->user || !out || out->size == 0)
+    if (!ds || ds->close != tar_close || !ds->user || !out || out->size == 0)
         return stoke__fail(STOKE_EINVAL,
                            "stoke_tar_remote_stats: not an open tar dataset, or NULL output");
     const stoke__tar_ds *t = ds->user;
@@ -554,7 +542,57 @@ static int mark_ragged(const char *spec, stoke__tar_ds *t, int rg)
     return STOKE_OK;
 }
 
-/* The options after the pattern: fields=, ragged= / packed=, the rest for the image hook. */
+/* A decimal option value into *out: 0, or -1. */
+static int parse_u64(const char *val, uint64_t *out)
+{
+    char *end;
+    if (!*val || *val == '-' || *val == '+')
+        return -1;
+    errno = 0;
+    unsigned long long v = strtoull(val, &end, 10);
+    if (errno || *end)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+/* The streaming mode's options (mode=stream|map, shuffle_buffer=, seed=, rank=, world_size=):
+ * 1 when o is one (set in t), 0 when not, or the error recorded. */
+static int stream_option(const char *spec, stoke__tar_ds *t, const char *o, const char *val)
+{
+    uint64_t v = 0;
+    if (strcmp(o, "mode") == 0) {
+        if (strcmp(val, "stream") != 0 && strcmp(val, "map") != 0)
+            return stoke__fail(STOKE_EINVAL, "source '%s': mode=%s: stream or map", spec, val);
+        t->stream = strcmp(val, "stream") == 0;
+        return 1;
+    }
+    int which = strcmp(o, "shuffle_buffer") == 0 ? 0
+                : strcmp(o, "seed") == 0         ? 1
+                : strcmp(o, "rank") == 0         ? 2
+                : strcmp(o, "world_size") == 0   ? 3
+                                                 : -1;
+    if (which < 0)
+        return 0;
+    if (parse_u64(val, &v) != 0 || (which >= 2 && v > INT32_MAX) || (which == 3 && v == 0))
+        return stoke__fail(STOKE_EINVAL, "source '%s': %s=%s: not a %s", spec, o, val,
+                           which == 3 ? "positive integer" : "non-negative integer");
+    if (which == 0 && v > STOKE__TAR_SHUFFLE_MAX)
+        return stoke__fail(STOKE_EINVAL, "source '%s': shuffle_buffer=%s: at most %d samples",
+                           spec, val, STOKE__TAR_SHUFFLE_MAX);
+    if (which == 0)
+        t->shuffle_buffer = v;
+    else if (which == 1)
+        t->seed = v;
+    else if (which == 2)
+        t->rank = (int64_t)v;
+    else
+        t->world = (int64_t)v;
+    return 1;
+}
+
+/* The options after the pattern: fields=, ragged= / packed=, the streaming mode's, the rest
+ * for the image hook. */
 static int parse_options(const char *spec, stoke__tar_ds *t, char *opts)
 {
     const stoke__tar_image_hook *hk = stoke__tar_image_hook_get();
@@ -583,14 +621,20 @@ static int parse_options(const char *spec, stoke__tar_ds *t, char *opts)
                 return stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);
             continue;
         }
+        int sm = stream_option(spec, t, o, val);
+        if (sm < 0)
+            return sm;
+        if (sm > 0 && strcmp(o, "seed") != 0) /* seed= keys the images' choices too */
+            continue;
         char msg[256] = "";
-        int used = hk ? hk->parse_opt(t->image_opts, o, val, msg, sizeof(msg)) : 0;
+        int used = hk ? hk->parse_opt(t->image_opts, o, val, msg, sizeof(msg)) : sm;
         if (used < 0)
             return stoke__fail(STOKE_EINVAL, "source '%s': option '%s': %s", spec, o, msg);
         if (used == 0)
             return stoke__fail(STOKE_EINVAL,
                                "source '%s': unknown option '%s' (fields=EXT:EXT, "
-                               "ragged=EXT:EXT, packed=EXT:EXT%s)",
+                               "ragged=EXT:EXT, packed=EXT:EXT, mode=stream, shuffle_buffer=N, "
+                               "seed=N, rank=R, world_size=W%s)",
                                spec, o,
                                hk ? ", or an image option"
                                   : "; image options need the images module, not in this build");
@@ -598,7 +642,38 @@ static int parse_options(const char *spec, stoke__tar_ds *t, char *opts)
     return STOKE_OK;
 }
 
-static int tar_open(const char *spec, const char *args, stoke__tar_ds *t, scan *sc)
+/* The streaming mode's options checked, rank and world from the environment when not given. */
+static int stream_check(const char *spec, stoke__tar_ds *t)
+{
+    if (t->ragged_opt[0] || t->ragged_opt[1])
+        return stoke__fail(STOKE_ENOTSUP,
+                           "source '%s': ragged= and packed= need the longest member, known "
+                           "only after reading every shard: not with mode=stream",
+                           spec);
+    if ((t->rank < 0) != (t->world < 0))
+        return stoke__fail(STOKE_EINVAL, "source '%s': rank= and world_size= go together", spec);
+    if (t->rank < 0) {
+        uint64_t r = 0, w = 1;
+        int env = stoke__env_dist(spec, &r, &w);
+        if (env < 0)
+            return env;
+        if (w == 0 || w > INT32_MAX || r > INT32_MAX)
+            return stoke__fail(STOKE_EINVAL,
+                               "source '%s': world size %" PRIu64 " from the "
+                               "environment is out of range",
+                               spec, w);
+        t->rank = (int64_t)r;
+        t->world = (int64_t)w;
+    }
+    if (t->rank >= t->world)
+        return stoke__fail(STOKE_EINVAL,
+                           "source '%s': rank %" PRId64 " is not below world size %" PRId64, spec,
+                           t->rank, t->world);
+    return STOKE_OK;
+}
+
+static int tar_open(const char *spec, const char *args, stoke__tar_ds *t, stoke__tar_scan *sc,
+                    stoke__tar_io *io)
 {
     /* the pattern ends at the first ',' outside braces */
     size_t plen = 0;
@@ -630,7 +705,9 @@ static int tar_open(const char *spec, const char *args, stoke__tar_ds *t, scan *
             shards.v[i] = NULL;
         }
         t->nshards = (int)shards.n;
-        rc = scan_shards(spec, t, sc);
+        rc = t->stream ? stream_check(spec, t) : STOKE_OK;
+        if (!rc)
+            rc = t->stream ? stoke__tar_stream_open(spec, t, sc, io) : scan_shards(spec, t, sc);
     }
     if (!rc && sc->n == 0)
         rc = stoke__fail(STOKE_EFORMAT,
@@ -650,9 +727,9 @@ static int tar_open(const char *spec, const char *args, stoke__tar_ds *t, scan *
     for (int rg = 0; !rc && rg < 2; rg++)
         rc = mark_ragged(spec, t, rg);
     if (!rc)
-        rc = build_index(spec, t, sc);
+        rc = stoke__tar_build_index(spec, t, sc);
     for (int k = 0; !rc && k < t->nf; k++)
-        rc = stoke__tar_describe_field(t, k, spec);
+        rc = stoke__tar_describe_field(t, k, spec, io);
     strvec_free(&shards);
     free(pat);
     free(opts);
@@ -704,8 +781,12 @@ int stoke_tar_open(const char *args, stoke_dataset *out)
     stoke__tar_ds *t = calloc(1, sizeof(*t));
     if (!t)
         return stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);
-    scan sc = {spec, NULL, 0, NULL, 0, 0};
-    int rc = tar_open(spec, args, t, &sc);
+    stoke__tar_scan sc = {spec, NULL, 0, NULL, 0, 0};
+    stoke__tar_io io = {0}; /* mode=stream: the first sample's bytes */
+    t->rank = t->world = -1;
+    t->shuffle_buffer = STOKE__TAR_SHUFFLE_DEFAULT;
+    int rc = tar_open(spec, args, t, &sc, &io);
+    free((void *)io.win);
     for (size_t j = 0; j < sc.n; j++)
         free(sc.m[j].path);
     free(sc.m);
@@ -713,8 +794,18 @@ int stoke_tar_open(const char *args, stoke_dataset *out)
         tar_close(t);
         return rc;
     }
-    out->kind = STOKE_DATASET_MAP;
     stoke__strlcpy(out->name, spec, sizeof(out->name));
+    if (t->stream) {
+        out->user = t;
+        out->nfields = t->nf;
+        out->fields = t->fields;
+        out->close = tar_close;
+        stoke__tar_stream_dataset(t, out);
+        stoke__log(STOKE_LOG_DEBUG, "%s: %d shard(s) streamed, %d field(s)", spec, t->nshards,
+                   t->nf);
+        return STOKE_OK;
+    }
+    out->kind = STOKE_DATASET_MAP;
     out->user = t;
     out->nfields = t->nf;
     out->fields = t->fields;

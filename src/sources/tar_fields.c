@@ -142,14 +142,14 @@ static int shard_read(const stoke__tar_ds *t, uint64_t i, int k, void *buf, size
                       const stoke__tar_io *io, char *msg, size_t msg_len)
 {
     const stoke__tar_shard *s = &t->shards[t->shard_of[i]];
+    if (io->win && off >= io->win_off && off - io->win_off <= io->win_len &&
+        n <= io->win_len - (off - io->win_off)) { /* (a stream's sample: local shards too) */
+        memcpy(buf, io->win + (off - io->win_off), n);
+        return STOKE_OK;
+    }
     if (!s->remote) {
         int e = pread_exact(s->fd, buf, n, off);
         return e ? read_fail(t, i, k, e, msg, msg_len) : STOKE_OK;
-    }
-    if (io->win && off >= io->win_off && off - io->win_off <= io->win_len &&
-        n <= io->win_len - (off - io->win_off)) {
-        memcpy(buf, io->win + (off - io->win_off), n);
-        return STOKE_OK;
     }
     int worker = io->worker;
     char why[STOKE__MSG_MAX];
@@ -412,7 +412,8 @@ static int read_image(const stoke__tar_ds *t, uint64_t i, int k, const stoke__ta
     if (!rc) {
         char why[200] = "";
         uint64_t ep = atomic_load_explicit(&((stoke__tar_ds *)t)->epoch, memory_order_relaxed);
-        rc = hk->decode(t->image_opts, buf, (size_t)L->size, ep, i, dst, why, sizeof(why));
+        rc = hk->decode(t->image_opts, buf, (size_t)L->size, ep, t->index_base + i, dst, why,
+                        sizeof(why));
         if (rc)
             rc = field_fail(t, i, k, msg, msg_len, rc < 0 ? rc : STOKE_EDATA, "%s",
                             why[0] ? why : "cannot decode the image");
@@ -459,8 +460,11 @@ static uint64_t longest_member(const stoke__tar_ds *t, int k)
     return most;
 }
 
-int stoke__tar_describe_field(stoke__tar_ds *t, int k, const char *spec)
+int stoke__tar_describe_field(stoke__tar_ds *t, int k, const char *spec, const stoke__tar_io *io)
 {
+    const stoke__tar_io none = {0};
+    if (!io)
+        io = &none;
     stoke_field *f = &t->fields[k];
     memset(f, 0, sizeof(*f));
     stoke__strlcpy(f->name, t->f[k].ext, sizeof(f->name));
@@ -481,7 +485,7 @@ int stoke__tar_describe_field(stoke__tar_ds *t, int k, const char *spec)
         break;
     case STOKE__TAR_NPY: {
         stoke__npy_header h;
-        int rc = npy_header(t, first, k, L, &h, &(stoke__tar_io){0}, msg, sizeof(msg));
+        int rc = npy_header(t, first, k, L, &h, io, msg, sizeof(msg));
         if (rc)
             return stoke__fail(rc, "source '%s': %s", spec, msg);
         f->dtype = h.dtype;

@@ -204,6 +204,10 @@ static int read_exact(walk *w, void *buf, size_t n, uint64_t off, const char *wh
     if (e < 0)
         return walk_fail(w, off, STOKE_EIO, "read of %zu bytes at byte %llu failed: %s", n,
                          (unsigned long long)off, strerror(-e));
+    if (got < n && w->file_size == UINT64_MAX) /* a stream: its size shows only here */
+        return walk_fail(w, off, STOKE_EFORMAT,
+                         "truncated: %s at byte %llu is cut short by the end of the file", what,
+                         (unsigned long long)off);
     if (got < n)
         return walk_fail(w, off, STOKE_EFORMAT,
                          "truncated: %s at byte %llu is cut short by the "
@@ -296,80 +300,126 @@ static int is_extension(char t)
     return t == 'x' || t == 'g' || t == 'L' || t == 'K';
 }
 
-int stoke__tar_walk(uint64_t file_size, stoke__tar_read_fn read, void *read_ctx,
-                    stoke__tar_member_fn member, void *member_ctx, char *err, size_t err_len,
-                    uint64_t *err_off)
+int stoke__tar_iter_init(stoke__tar_iter *it, uint64_t file_size, stoke__tar_read_fn read,
+                         void *read_ctx, char *err, size_t err_len)
 {
-    walk w = {file_size, read, read_ctx, err, err_len, err_off};
+    memset(it, 0, sizeof(*it));
+    it->file_size = file_size;
+    it->read = read;
+    it->ctx = read_ctx;
+    it->err = err;
+    it->err_len = err_len;
     if (err && err_len)
         err[0] = 0;
-    *err_off = 0;
-    pending *pd = calloc(1, sizeof(*pd));
-    stoke__tar_block *b = malloc(sizeof(*b));
-    int rc = 0;
-    if (!pd || !b) {
-        rc = walk_fail(&w, 0, STOKE_ENOMEM, "out of memory");
-        goto done;
+    it->pd = calloc(1, sizeof(pending));
+    it->b = malloc(sizeof(stoke__tar_block));
+    if (!it->pd || !it->b) {
+        stoke__tar_iter_free(it);
+        return STOKE_ENOMEM;
     }
-    pd->first_hdr = UINT64_MAX;
-    uint64_t off = 0;
+    ((pending *)it->pd)->first_hdr = UINT64_MAX;
+    return 0;
+}
+
+void stoke__tar_iter_free(stoke__tar_iter *it)
+{
+    free(it->pd);
+    free(it->b);
+    it->pd = it->b = NULL;
+}
+
+int stoke__tar_iter_next(stoke__tar_iter *it, const char **path, uint64_t *hdr_off,
+                         uint64_t *data_off, uint64_t *size_out)
+{
+    walk w = {it->file_size, it->read, it->ctx, it->err, it->err_len, &it->err_off};
+    pending *pd = it->pd;
+    stoke__tar_block *b = it->b;
+    uint64_t file_size = it->file_size;
+    if (it->done)
+        return STOKE_EEND;
+    if (it->reported) { /* the member reported last is behind us */
+        memset(pd, 0, sizeof(*pd));
+        pd->first_hdr = UINT64_MAX;
+        it->reported = 0;
+    }
     for (;;) {
+        uint64_t off = it->off;
         unsigned char blk[STOKE__TAR_BLOCK];
-        if (off == file_size) {
-            rc = walk_fail(&w, off, STOKE_EFORMAT,
-                           "truncated: the archive ends at byte %llu "
-                           "without its end-of-archive block",
-                           (unsigned long long)off);
-            break;
-        }
-        if ((rc = read_exact(&w, blk, sizeof(blk), off, "a header")) != 0)
-            break;
+        if (off == file_size)
+            return walk_fail(&w, off, STOKE_EFORMAT,
+                             "truncated: the archive ends at byte %llu "
+                             "without its end-of-archive block",
+                             (unsigned long long)off);
+        int rc = read_exact(&w, blk, sizeof(blk), off, "a header");
+        if (rc)
+            return rc;
         char msg[160];
         rc = stoke__tar_parse_block(blk, b, msg, sizeof(msg));
         if (rc == STOKE_EEND) {
-            rc = pd->first_hdr == UINT64_MAX ? 0
-                                             : walk_fail(&w, off, STOKE_EFORMAT,
-                                                         "the archive ends at byte %llu right "
-                                                         "after an extension header",
-                                                         (unsigned long long)off);
-            break;
+            if (pd->first_hdr != UINT64_MAX)
+                return walk_fail(&w, off, STOKE_EFORMAT,
+                                 "the archive ends at byte %llu right after an extension header",
+                                 (unsigned long long)off);
+            it->done = 1;
+            return STOKE_EEND;
         }
-        if (rc) {
-            rc = walk_fail(&w, off, rc, "%s at byte %llu", msg, (unsigned long long)off);
-            break;
-        }
+        if (rc)
+            return walk_fail(&w, off, rc, "%s at byte %llu", msg, (unsigned long long)off);
         uint64_t data = off + STOKE__TAR_BLOCK;
         if (pd->first_hdr == UINT64_MAX && b->type != 'g') /* 'g' belongs to no member */
             pd->first_hdr = off;
         uint64_t size = (!is_extension(b->type) && pd->has_size) ? pd->size : b->size;
-        if (size > file_size - data) {
-            rc = walk_fail(&w, off, STOKE_EFORMAT,
-                           "truncated: member '%s' at byte %llu has %llu "
-                           "bytes of data but the file ends at byte %llu",
-                           pd->has_path && !is_extension(b->type) ? pd->path : b->name,
-                           (unsigned long long)off, (unsigned long long)size,
-                           (unsigned long long)file_size);
-            break;
-        }
+        if (size > file_size - data)
+            return walk_fail(&w, off, STOKE_EFORMAT,
+                             "truncated: member '%s' at byte %llu has %llu "
+                             "bytes of data but the file ends at byte %llu",
+                             pd->has_path && !is_extension(b->type) ? pd->path : b->name,
+                             (unsigned long long)off, (unsigned long long)size,
+                             (unsigned long long)file_size);
         uint64_t next = data + (size + STOKE__TAR_BLOCK - 1) / STOKE__TAR_BLOCK * STOKE__TAR_BLOCK;
+        it->off = next > file_size ? file_size : next;
         if (is_extension(b->type)) {
             if ((rc = extension(&w, b, off, data, pd)) != 0)
-                break;
+                return rc;
+        } else if (is_regular(b->type)) {
+            *path = pd->has_path ? pd->path : b->name;
+            *hdr_off = pd->first_hdr;
+            *data_off = data;
+            *size_out = size;
+            it->reported = 1;
+            return 0;
         } else {
-            if (is_regular(b->type)) {
-                const char *path = pd->has_path ? pd->path : b->name;
-                if ((rc = member(member_ctx, path, pd->first_hdr, data, size)) != 0) {
-                    *err_off = pd->first_hdr;
-                    break;
-                }
-            }
             memset(pd, 0, sizeof(*pd));
             pd->first_hdr = UINT64_MAX;
         }
-        off = next > file_size ? file_size : next;
     }
-done:
-    free(pd);
-    free(b);
-    return rc;
+}
+
+int stoke__tar_walk(uint64_t file_size, stoke__tar_read_fn read, void *read_ctx,
+                    stoke__tar_member_fn member, void *member_ctx, char *err, size_t err_len,
+                    uint64_t *err_off)
+{
+    stoke__tar_iter it;
+    *err_off = 0;
+    if (stoke__tar_iter_init(&it, file_size, read, read_ctx, err, err_len) != 0) {
+        if (err && err_len)
+            snprintf(err, err_len, "out of memory");
+        return STOKE_ENOMEM;
+    }
+    int rc;
+    for (;;) {
+        const char *path;
+        uint64_t hdr, data, size;
+        rc = stoke__tar_iter_next(&it, &path, &hdr, &data, &size);
+        if (rc) {
+            *err_off = it.err_off;
+            break;
+        }
+        if ((rc = member(member_ctx, path, hdr, data, size)) != 0) {
+            *err_off = hdr;
+            break;
+        }
+    }
+    stoke__tar_iter_free(&it);
+    return rc == STOKE_EEND ? 0 : rc;
 }

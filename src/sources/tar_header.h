@@ -42,6 +42,30 @@ typedef int (*stoke__tar_read_fn)(void *ctx, void *buf, size_t n, uint64_t off, 
 typedef int (*stoke__tar_member_fn)(void *ctx, const char *path, uint64_t hdr_off,
                                     uint64_t data_off, uint64_t size);
 
+/* The walk one member at a time, for a caller that reads each member's data itself before
+ * asking for the next (the tar source's streaming mode reads an archive front to back):
+ * init, then next() until it returns STOKE_EEND (the end-of-archive block) or an error (as the
+ * walk's, err_off where), then free.  file_size may be UINT64_MAX when not known (a stream): the
+ * end of the data is then found by a short read.  init: 0 or STOKE_ENOMEM. */
+typedef struct stoke__tar_iter {
+    uint64_t file_size;
+    stoke__tar_read_fn read;
+    void *ctx;
+    char *err;
+    size_t err_len;
+    uint64_t err_off;
+    uint64_t off; /* the next header */
+    void *pd, *b; /* the walk's pending overrides and header block */
+    int reported, done;
+} stoke__tar_iter;
+int stoke__tar_iter_init(stoke__tar_iter *it, uint64_t file_size, stoke__tar_read_fn read,
+                         void *read_ctx, char *err, size_t err_len);
+/* The next regular-file member: 0 with *path (valid until the next call), the offsets of its
+ * first header and of its data, and its data size; STOKE_EEND at the end; or an error. */
+int stoke__tar_iter_next(stoke__tar_iter *it, const char **path, uint64_t *hdr_off,
+                         uint64_t *data_off, uint64_t *size);
+void stoke__tar_iter_free(stoke__tar_iter *it);
+
 /* Walks an archive of `file_size` bytes from offset 0 to its end-of-archive block, calling
  * `member` for each regular file.  Returns 0; STOKE_EFORMAT for a corrupt or truncated archive
  * (a header cut short, a bad checksum or size field, a member running past the end of the file,

@@ -84,7 +84,62 @@ typedef struct stoke__tar_ds {
     stoke__remote_pool *pool; /* connections of the remote shards (NULL: all local) */
     stoke__cache *cache;      /* STOKE_CACHE_DIR: remote shards read from local copies */
     _Atomic uint64_t epoch;   /* for the image hook's random choices */
+    uint64_t index_base;      /* added to a sample's i for the image hook (a stream's view) */
+    /* mode=stream (tar_stream.c): an ITERABLE dataset */
+    int stream;
+    uint64_t shuffle_buffer; /* samples mixed (shuffle_buffer=; 0 and 1: none) */
+    uint64_t seed;           /* seed= */
+    int64_t rank, world;     /* rank= / world_size=; -1: from the environment, else 0 and 1 */
+    struct stoke__tar_stream *st;
 } stoke__tar_ds;
+
+/* ---- tar.c: the index, shared with the streaming mode ---- */
+
+/* A member of the form KEY.EXT found by a walk (path: malloc'd; path[0, key_len) the key). */
+typedef struct stoke__tar_member {
+    uint32_t shard;
+    uint64_t hdr, off, size;
+    char *path;
+    size_t key_len;
+} stoke__tar_member;
+
+/* The members a walk collected, for stoke__tar_build_index. */
+typedef struct stoke__tar_scan {
+    const char *spec;
+    stoke__tar_shard *sh;
+    uint32_t shard; /* given to the next members */
+    stoke__tar_member *m;
+    size_t n, cap;
+} stoke__tar_scan;
+
+/* A walk's member callback (stoke__tar_member_fn) collecting into ctx, a stoke__tar_scan:
+ * members without KEY.EXT are left out.  0 or STOKE_ENOMEM. */
+int stoke__tar_on_member(void *ctx, const char *path, uint64_t hdr, uint64_t off, uint64_t size);
+/* 1 when a and b are of one sample (one shard, one key). */
+int stoke__tar_same_key(const stoke__tar_member *a, const stoke__tar_member *b);
+/* Groups sc's members into samples: t's index (n, shard_of, key_at, loc, keys: malloc'd, NULL
+ * before), by t's fields.  STOKE_OK, or the error recorded (two members of one field). */
+int stoke__tar_build_index(const char *spec, stoke__tar_ds *t, const stoke__tar_scan *sc);
+
+/* ---- tar_stream.c: mode=stream ---- */
+
+/* shuffle_buffer= when not given: samples each worker mixes. */
+#define STOKE__TAR_SHUFFLE_DEFAULT 1000
+/* The largest shuffle_buffer= (samples per worker). */
+#define STOKE__TAR_SHUFFLE_MAX (1 << 24)
+
+struct stoke__tar_io;
+
+/* Opens the streaming mode on t (spec parsed, shards listed, t->stream set): the remote
+ * shards' requests made (no request sent), and the first sample of the first shard read into
+ * sc (its members) and into a window of its bytes, so that the fields can be described from it
+ * with *io.  STOKE_OK, or the error recorded. */
+int stoke__tar_stream_open(const char *spec, stoke__tar_ds *t, stoke__tar_scan *sc,
+                           struct stoke__tar_io *io);
+/* Fills the ITERABLE dataset's callbacks (next, set_epoch, worker_init) into ds. */
+void stoke__tar_stream_dataset(stoke__tar_ds *t, stoke_dataset *ds);
+/* Frees the streaming state (every worker's stream and shuffle buffer).  NULL does nothing. */
+void stoke__tar_stream_free(struct stoke__tar_stream *st);
 
 /* How one get() reads a remote shard: the pool's slot, and the bytes of the sample already
  * fetched by one range request (tar.c, fetch_sample), which reads inside it take from there. */
@@ -120,8 +175,9 @@ int stoke__tar_fetch_batch(const stoke__tar_ds *t, const uint64_t *idx, size_t c
  * HTTP 404 or 410; else STOKE_EIO). */
 int stoke__tar_read_field(const stoke__tar_ds *t, uint64_t i, int k, void *dst, int64_t *len,
                           const stoke__tar_io *io, char *msg, size_t msg_len);
-/* Fills t->fields[k] from the first sample that has field k (reading its member for NPY). */
-int stoke__tar_describe_field(stoke__tar_ds *t, int k, const char *spec);
+/* Fills t->fields[k] from the first sample that has field k (reading its member for NPY,
+ * through io: NULL for none). */
+int stoke__tar_describe_field(stoke__tar_ds *t, int k, const char *spec, const stoke__tar_io *io);
 /* The dataset's set_epoch (for the image hook's augmentation): stores the epoch. */
 int stoke__tar_set_epoch(void *user, uint64_t epoch);
 
@@ -149,6 +205,10 @@ int stoke__tar_open_remote(const char *spec, stoke__tar_ds *t, stoke__tar_shard 
 /* The walk's read (stoke__tar_read_fn) of a remote shard opened into ctx (a stoke__tar_rwin):
  * 0, or -ENOMEM / -EIO with the reason in the window's why. */
 int stoke__tar_read_remote(void *ctx, void *buf, size_t n, uint64_t off, size_t *got);
+/* Makes remote shard s's request (the dataset's pool, and cache when STOKE_CACHE_DIR is set,
+ * made by the first; no request is sent); s->path becomes the URL without credentials.
+ * STOKE_OK, or the error recorded (nothing changed). */
+int stoke__tar_remote_init(const char *spec, stoke__tar_ds *t, stoke__tar_shard *s);
 /* With a cache: every remote shard's request made, and their order given to the cache, so
  * that the download of a shard has the next ones downloaded meanwhile (read-ahead), at open
  * and during the epochs; with sized, once the shards are open, with their sizes (the

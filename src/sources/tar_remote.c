@@ -181,7 +181,7 @@ static int remote_pool(const char *spec, stoke__tar_ds *t)
 /* Makes remote shard s's request (the pool, and the cache when STOKE_CACHE_DIR is set, made
  * by the first); s->path becomes the URL without credentials.  Nothing changes on a
  * failure. */
-static int remote_init(const char *spec, stoke__tar_ds *t, stoke__tar_shard *s)
+int stoke__tar_remote_init(const char *spec, stoke__tar_ds *t, stoke__tar_shard *s)
 {
     char why[STOKE__MSG_MAX];
     int rc = remote_pool(spec, t);
@@ -224,7 +224,7 @@ int stoke__tar_remote_order(const char *spec, stoke__tar_ds *t, int sized)
     for (int i = first; i < t->nshards && !rc; i++) {
         stoke__tar_shard *s = &t->shards[i];
         if (!s->remote && stoke__remote_is_url(s->path))
-            rc = remote_init(spec, t, s);
+            rc = stoke__tar_remote_init(spec, t, s);
         if (!rc && s->remote) {
             size[n] = sized ? s->size : 0;
             f[n++] = &s->rf;
@@ -243,7 +243,7 @@ int stoke__tar_open_remote(const char *spec, stoke__tar_ds *t, stoke__tar_shard 
     int rc = STOKE_OK;
     *indexed = 0;
     if (!s->remote) {
-        rc = remote_init(spec, t, s);
+        rc = stoke__tar_remote_init(spec, t, s);
         if (rc)
             return rc;
     }

@@ -90,3 +90,67 @@ def same_as_local(base, local_root, rng, what, *args, env=None, orders=ORDERS, s
                 % (what, fields, args, summary(rem), summary(loc)))
         runs.append(rem)
     return runs
+
+
+# ---- the streaming mode (tests/python/test_tar_stream.py, test_remote_stream.py) --------------
+
+def sample_ids(paths):
+    """{the bytes of a sample's .bin member: (shard, position in the shard)} of local shards
+    (make_shards: every .bin is 2000 random bytes, so each identifies its sample)."""
+    import tarfile
+    ids = {}
+    for s, p in enumerate(paths):
+        with tarfile.open(p) as tf:
+            bins = [m for m in tf.getmembers() if m.name.endswith(".bin")]
+            for i, m in enumerate(bins):
+                ids[tf.extractfile(m).read()] = (s, i)
+    return ids
+
+
+def stream_epoch(spec, ids, epoch=0, workers=0, batch_size=5):
+    """The samples of one epoch of source `spec` (Python's stoke.DataLoader, fields=bin:cls
+    expected in spec) as (shard, position) in delivered order; a sample not in ids fails."""
+    import stoke
+    dl = stoke.DataLoader(spec, batch_size=batch_size, num_workers=workers, structure="list",
+                          pin_memory=False)
+    dl.set_epoch(epoch)
+    out = []
+    for b in dl:
+        for row in b[0]:
+            key = bytes(row.numpy())
+            T.check(key in ids, "%s: a sample that is in no shard" % spec)
+            out.append(ids[key])
+    return out
+
+
+def check_stream_epoch(got, nshards, per_shard, what):
+    """got (stream_epoch's) has every sample of the shards exactly once."""
+    want = sorted((s, i) for s in range(nshards) for i in range(per_shard))
+    T.check(sorted(got) == want, "%s: %d samples, %d distinct, %d expected" % (
+        what, len(got), len(set(got)), len(want)))
+
+
+def shard_runs(got):
+    """got (an unshuffled stream_epoch) as its shards in order, checking that each shard's
+    samples come together and in archive order."""
+    order = []
+    for k, (s, i) in enumerate(got):
+        if k == 0 or got[k - 1][0] != s:
+            T.check(s not in order and i == 0, "shard %d comes in pieces: %s" % (s, got))
+            order.append(s)
+        else:
+            T.check(got[k - 1][1] == i - 1, "shard %d not in archive order: %s" % (s, got))
+    return order
+
+
+def stream_after_abandon(spec, ids, workers=2, batch_size=5):
+    """Epoch 1 of `spec` (as stream_epoch's) read by a loader that left epoch 0 after two
+    batches (its workers' shards half read, their shuffle buffers full): set_epoch restarts."""
+    import stoke
+    dl = stoke.DataLoader(spec, batch_size=batch_size, num_workers=workers, structure="list",
+                          pin_memory=False)
+    it = iter(dl)
+    next(it)
+    next(it)
+    dl.set_epoch(1)
+    return [ids[bytes(row.numpy())] for b in dl for row in b[0]]

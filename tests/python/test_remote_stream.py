@@ -1,0 +1,126 @@
+"""The tar source's streaming mode over HTTP (docs/sources.md, "Streaming"), against nginx on
+127.0.0.1 and tests/remote/fault_server.py: the samples of each epoch, in order, equal those of
+the same streaming run over the local files (so also every sample once: test_tar_stream.py checks
+the local runs against the shards) for 0/1/2 workers and 2 ranks; one request per shard per
+epoch (nginx's access log), on connections kept from shard to shard; a missing shard (404) a
+bad sample naming its URL; retried and resumed faults delivering every sample once; the cache.
+Skips (77) without torch, nginx or the build's libcurl, saying why."""
+import json
+import os
+import sys
+
+import stoke_testlib as T
+
+T.need("torch", "stoke")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "remote"))
+import runs as R  # noqa: E402
+import servers as S  # noqa: E402
+from runs import load  # noqa: E402
+
+R.need_cli_and_libcurl()
+NSHARDS, PER = 6, 12
+RNG = "shard-{000000..%06d}.tar" % (NSHARDS - 1)
+OPTS = ",fields=bin:cls,mode=stream"
+work = T.tmpdir()
+root = os.path.join(work, "root")
+paths, _ = S.make_shards(root, nshards=NSHARDS, per_shard=PER, big=60000)
+ids = R.sample_ids(paths)
+LOCAL = "tar:%s/%s%s" % (root, RNG, OPTS)
+ngdir = os.path.join(work, "nginx")
+try:
+    ng = S.start_nginx(root, ngdir)
+except S.Unavailable as e:
+    T.skip(str(e))
+servers = [ng]
+for k in R.CACHE_ENV:
+    os.environ.pop(k, None)
+
+
+def same_as_local(base, what, opts="", **kw):
+    """An epoch of the stream at base equals the local stream's, sample for sample."""
+    loc = R.stream_epoch(LOCAL + opts, ids, **kw)
+    rem = R.stream_epoch("tar:%s%s%s%s" % (base, RNG, OPTS, opts), ids, **kw)
+    T.check(rem == loc, "%s %s %s: remote %s, local %s" % (what, opts, kw, rem, loc))
+    return rem
+
+
+try:
+    base = ng.url("")
+    # --- the samples, in order, as the local stream's: 0/1/2 workers, epochs, 2 ranks --------
+    for w in (0, 1, 2):
+        for e in (0, 1):
+            R.check_stream_epoch(same_as_local(base, "http", workers=w, epoch=e), NSHARDS, PER,
+                                 "http, workers %d, epoch %d" % (w, e))
+        ranks = [same_as_local(base, "http", ",rank=%d,world_size=2" % r, workers=w, epoch=1)
+                 for r in (0, 1)]
+        T.check(not set(ranks[0]) & set(ranks[1]), "workers %d: ranks share samples" % w)
+        R.check_stream_epoch(ranks[0] + ranks[1], NSHARDS, PER, "http, 2 ranks, workers %d" % w)
+    # an epoch left half way (transfers in flight abandoned): the next one as if it came first
+    left = R.stream_after_abandon("tar:%s%s%s,shuffle_buffer=2" % (base, RNG, OPTS), ids)
+    T.check(left == R.stream_epoch(LOCAL + ",shuffle_buffer=2", ids, epoch=1, workers=2),
+            "epoch 1 after epoch 0 was left half way differs")
+    order = R.shard_runs(same_as_local(base, "http", ",shuffle_buffer=0,seed=3", epoch=2))
+    T.check(sorted(order) == list(range(NSHARDS)), "shuffle_buffer=0: shards %s" % order)
+
+    # --- requests: one per shard per epoch (and the open's, of the first shard), whole-file
+    # GETs, on the workers' kept connections; the counters say the same ------------------------
+    mark = len(S.access_log(ngdir))
+    rc, out, err = load("tar:%s%s%s" % (base, RNG, OPTS), "--workers", "2", "--epochs", "2",
+                        "--no-hash")
+    rows = S.access_log(ngdir)[mark:]
+    uris = sorted(r[4] for r in rows)
+    want = sorted(["/shard-%06d.tar" % s for s in range(NSHARDS)] * 2 + ["/shard-000000.tar"])
+    T.check(rc == 0 and out["samples"] == 2 * NSHARDS * PER, "2 epochs: %s %s" % (out, err))
+    T.check(uris == want, "requests of 2 epochs: %s, expected %s" % (uris, want))
+    T.check(all(r[2] == 206 and r[3] == "bytes=0-" for r in rows), "not whole-file: %s" % rows)
+    T.check(len({r[0] for r in rows}) <= 3, "connections not kept: %s" % rows)
+    rem = out["remote"]
+    T.check(rem["requests"] == 2 * NSHARDS + 1 and rem["retries"] == 0
+            and rem["bytes"] >= 2 * sum(os.path.getsize(p) for p in paths)
+            and rem["shards"] == NSHARDS, "counters: %s" % rem)
+    rc_m, m, _ = load("tar:%s/%s,fields=bin:cls" % (root, RNG), "--workers", "2")
+    rc_s, s, err = load("tar:%s%s%s" % (base, RNG, OPTS), "--workers", "2")
+    T.check(rc_m == 0 and rc_s == 0 and s["content_hash"] == m["content_hash"]
+            and s["samples"] == m["samples"], "CLI: stream %s, map %s" % (R.summary(s),
+                                                                           R.summary(m)))
+
+    # --- a missing shard (404): the error names the URL and the status; skip goes on ----------
+    more = "tar:%sshard-{000000..%06d}.tar%s" % (base, NSHARDS, OPTS)
+    url = base + "shard-%06d.tar" % NSHARDS
+    rc, out, _ = load(more, "--workers", "2")
+    T.check(rc == 1 and url in out["error"] and "HTTP 404" in out["error"], "404: %s" % out)
+    rc, out, _ = load(more, "--workers", "2", "--on-error=skip")
+    q = json.dumps(out.get("quarantine"))
+    T.check(rc == 0 and out["samples"] == NSHARDS * PER and out["content_hash"] == m["content_hash"]
+            and url in q and "HTTP 404" in q, "404 skipped: %s %s" % (R.summary(out), q))
+
+    # --- faults: 503s retried, cut bodies and resets resumed by range: every sample once -------
+    fs = S.start_fault_server(root, work)
+    servers.append(fs)
+    for fault in ("503", "cut", "reset"):  # (a fault server counts each path's requests)
+        same_as_local(fs.url(fault + "/1/"), fault + "/1", workers=2, epoch=1)
+        mode = fault + "/2"
+        rc, out, err = load("tar:%s%s%s" % (fs.url(mode + "/"), RNG, OPTS), "--workers", "2",
+                            "--no-hash")
+        T.check(rc == 0 and out["samples"] == NSHARDS * PER
+                and out["remote"]["retries"] >= NSHARDS, "%s: %s %s" % (
+                    mode, {k: out.get(k) for k in ("samples", "remote", "error")}, err[-500:]))
+    # a cut body is continued from its first missing byte, not fetched again
+    resumed = [ln for ln in fs.log().splitlines()
+               if "/cut/2/" in ln and ln.startswith("bytes=") and not ln.startswith("bytes=0-")]
+    T.check(len(resumed) >= NSHARDS, "cut/2: no request resumed by range: %s" % fs.log()[-800:])
+    rc, out, _ = load("tar:%s%s%s" % (fs.url("cut/3/"), RNG, OPTS), "--workers", "2")
+    T.check(rc == 0 and out["content_hash"] == m["content_hash"], "cut/3: %s" % R.summary(out))
+
+    # --- through the cache: the same samples; each shard downloaded once ----------------------
+    os.environ["STOKE_CACHE_DIR"] = os.path.join(work, "cache")
+    same_as_local(base, "cache", workers=2, epoch=1)
+    rc, out, _ = load("tar:%s%s%s" % (base, RNG, OPTS), "--workers", "2",
+                      env={"STOKE_CACHE_DIR": os.path.join(work, "cache2")})
+    T.check(rc == 0 and out["remote"]["cache_misses"] == NSHARDS
+            and out["content_hash"] == m["content_hash"], "cache: %s" % out.get("remote"))
+    del os.environ["STOKE_CACHE_DIR"]
+finally:
+    for srv in servers:
+        srv.stop()
+print("tar streaming over http: ok")

@@ -1,0 +1,159 @@
+"""The tar source's streaming mode over local shards (docs/sources.md, "Streaming"): no server,
+so the mode is tested where nginx is missing (test_remote_stream.py has it over HTTP).  Checks
+every sample once per epoch for 0/1/2 workers and 2 ranks, the order rule (stoke_permute keyed
+by (seed, epoch), position i to rank i % world_size, then worker (i / world_size) % workers),
+the shuffle buffer's determinism, the CLI's hashes against the map-style source, and the
+refusals.  Skips (77) without torch or the CLI."""
+import os
+import subprocess
+import sys
+
+import stoke_testlib as T
+
+T.need("torch", "stoke")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "remote"))
+import servers as S  # noqa: E402
+
+import runs as R  # noqa: E402
+from runs import load  # noqa: E402
+
+CLI = os.environ.get("STOKE_CLI")
+if not CLI or not os.path.exists(CLI):
+    T.skip("the stoke CLI was not built (STOKE_CLI)")
+NSHARDS, PER = 7, 12
+work = T.tmpdir()
+root = os.path.join(work, "root")
+paths, _ = S.make_shards(root, nshards=NSHARDS, per_shard=PER, big=3000)
+ids = R.sample_ids(paths)
+SRC = "tar:%s/shard-{000000..%06d}.tar,fields=bin:cls,mode=stream" % (root, NSHARDS - 1)
+
+
+def epoch(opts="", **kw):
+    return R.stream_epoch(SRC + opts, ids, **kw)
+
+
+# --- every sample once per epoch, for 0, 1 and 2 workers, and 2 ranks ------------------------
+for w in (0, 1, 2):
+    for e in (0, 1):
+        R.check_stream_epoch(epoch(workers=w, epoch=e), NSHARDS, PER,
+                             "workers=%d epoch %d" % (w, e))
+    r0 = epoch(",rank=0,world_size=2", workers=w)
+    r1 = epoch(",rank=1,world_size=2", workers=w)
+    T.check(not set(r0) & set(r1), "workers=%d: the ranks share samples" % w)
+    R.check_stream_epoch(r0 + r1, NSHARDS, PER, "workers=%d, ranks 0 and 1" % w)
+
+# --- determinism: same (seed, epoch) same order; another epoch or seed another ----------------
+for w in (0, 2):
+    a, b = epoch(",seed=5", workers=w, epoch=3), epoch(",seed=5", workers=w, epoch=3)
+    T.check(a == b, "workers=%d: seed 5 epoch 3 twice: two orders" % w)
+    T.check(a != epoch(",seed=5", workers=w, epoch=4), "workers=%d: epochs 3 and 4 alike" % w)
+    T.check(a != epoch(",seed=6", workers=w, epoch=3), "workers=%d: seeds 5 and 6 alike" % w)
+# an epoch left half way: the next one is as if it came first
+T.check(R.stream_after_abandon(SRC + ",seed=5,shuffle_buffer=2", ids)
+        == epoch(",seed=5,shuffle_buffer=2", workers=2, epoch=1),
+        "epoch 1 after epoch 0 was left half way differs")
+# the shuffle buffer mixes across shards: shards are not delivered whole
+mixed = epoch(",seed=5", epoch=3)
+T.check(any(mixed[k][0] != mixed[k + 1][0] for k in range(PER - 1)),
+        "shuffle_buffer (default 1000): the first shard came whole: %s" % mixed[:PER])
+
+# --- shuffle_buffer=0: whole shards in the permuted order, members in archive order ----------
+orders = {}
+for e in (0, 1, 2):
+    got = epoch(",shuffle_buffer=0,seed=9", epoch=e)
+    orders[e] = R.shard_runs(got)
+    T.check(sorted(orders[e]) == list(range(NSHARDS)), "epoch %d: shards %s" % (e, orders[e]))
+T.check(len({tuple(o) for o in orders.values()}) == 3, "3 epochs, not 3 orders: %s" % orders)
+T.check(R.shard_runs(epoch(",shuffle_buffer=1,seed=9", epoch=1)) == orders[1],
+        "shuffle_buffer=1 is not 0")
+# the split: rank r takes positions r, r + 2, ...; within a rank, worker w of 2 takes every
+# other of the rank's shards (one batch per shard: worker k % 2 makes batch k, in order)
+for r in (0, 1):
+    mine = R.shard_runs(epoch(",shuffle_buffer=0,seed=9,rank=%d,world_size=2" % r, epoch=1))
+    T.check(mine == orders[1][r::2], "rank %d: %s, expected %s" % (r, mine, orders[1][r::2]))
+    two = R.shard_runs(epoch(",shuffle_buffer=0,seed=9,rank=%d,world_size=2" % r, epoch=1,
+                             workers=2, batch_size=PER))
+    T.check(two == orders[1][r::2], "rank %d, 2 workers: %s" % (r, two))
+# ranks from the environment, as the distributed sampler reads them
+env_run = subprocess.run([sys.executable, "-c", (
+    "import sys; sys.path.insert(0, %r); import runs as R; "
+    "print(R.shard_runs(R.stream_epoch(%r, R.sample_ids(%r), epoch=1)))") % (
+        os.path.dirname(R.__file__), SRC + ",shuffle_buffer=0,seed=9", paths)],
+    capture_output=True, text=True, env=dict(os.environ, RANK="1", WORLD_SIZE="2"), timeout=120)
+T.check(env_run.returncode == 0 and env_run.stdout.strip() == str(orders[1][1::2]),
+        "RANK=1 WORLD_SIZE=2: %s %s" % (env_run.stdout, env_run.stderr[-500:]))
+
+# --- the CLI: the same samples as the map-style source, its help names the options ----------
+rc_m, m, _ = load("tar:%s/shard-{000000..%06d}.tar,fields=bin:cls" % (root, NSHARDS - 1),
+                  "--workers", "2", "--epochs", "2")
+for w in ("0", "2"):
+    rc_s, s, err = load(SRC, "--workers", w, "--epochs", "2")
+    T.check(rc_m == 0 and rc_s == 0 and s["samples"] == m["samples"] == 2 * NSHARDS * PER
+            and s["content_hash"] == m["content_hash"] and s["remote"] is None,
+            "CLI, workers %s: stream %s, map %s %s" % (w, R.summary(s), R.summary(m), err))
+help_text = subprocess.run([CLI, "load", "--help"], capture_output=True, text=True).stdout
+T.check("mode=stream" in help_text and "shuffle_buffer=N" in help_text, "help: no mode=stream")
+
+# --- .npy members (described at open from the first sample's bytes), pax headers ----------------
+import io  # noqa: E402
+import tarfile  # noqa: E402
+
+import numpy  # noqa: E402
+
+npy_root = os.path.join(work, "npy")
+os.makedirs(npy_root)
+rs = numpy.random.RandomState(3)
+for sh in range(3):
+    fmt = tarfile.PAX_FORMAT if sh == 1 else tarfile.USTAR_FORMAT
+    with tarfile.open(os.path.join(npy_root, "n-%d.tar" % sh), "w", format=fmt) as tf:
+        for i in range(9):
+            b = io.BytesIO()
+            numpy.save(b, rs.standard_normal((3, 4)).astype(">f4" if i % 2 else "<f4"))
+            for name, data in (("k%d_%d.npy" % (sh, i), b.getvalue()),
+                               ("k%d_%d.cls" % (sh, i), b"%d" % i)):
+                ti = tarfile.TarInfo(("d/" * 60 if sh == 1 else "") + name)  # 1: a pax path
+                ti.size = len(data)
+                tf.addfile(ti, io.BytesIO(data))
+NPY = "tar:%s/n-{0..2}.tar,fields=npy:cls" % npy_root
+rc_m, m, _ = load(NPY, "--workers", "2")
+rc_s, s, err = load(NPY + ",mode=stream,shuffle_buffer=4", "--workers", "2")
+T.check(rc_m == 0 and rc_s == 0 and m["samples"] == s["samples"] == 27
+        and s["content_hash"] == m["content_hash"], ".npy: stream %s, map %s %s" % (
+            R.summary(s), R.summary(m), err))
+
+# --- refusals -------------------------------------------------------------------------------
+for opts, want in ((",ragged=bin", "not with mode=stream"), (",rank=0", "go together"),
+                   (",rank=2,world_size=2", "not below world size"),
+                   (",shuffle_buffer=x", "shuffle_buffer=x"), (",mode=fast", "stream or map"),
+                   (",shuffle_buffer=16777217", "at most")):
+    rc, out, _ = load(SRC + opts)
+    T.check(rc == 1 and want in out["error"], "%s: %s" % (opts, out))
+rc, out, _ = load(SRC, "--shuffle")
+T.check(rc == 1 and "shuffle and samplers do not apply" in out["error"], "--shuffle: %s" % out)
+# a mid-epoch position cannot be saved (the loader's rule for ITERABLE datasets)
+import stoke  # noqa: E402
+dl = stoke.DataLoader(SRC, batch_size=5, num_workers=0, pin_memory=False)
+it = iter(dl)
+next(it)
+try:
+    dl.state_dict()
+    T.check(False, "state_dict of a stream mid-epoch did not fail")
+except Exception as e:  # noqa: BLE001 (the binding's error type is not the point)
+    T.check("iterable" in str(e), "state_dict: %s" % e)
+del it, dl
+
+# --- a truncated shard: a bad sample naming it; skip goes on with the next shard -------------
+bad_root = os.path.join(work, "bad")
+os.makedirs(bad_root)
+for i, p in enumerate(paths):
+    data = open(p, "rb").read()
+    open(os.path.join(bad_root, os.path.basename(p)), "wb").write(data[:9000] if i == 2 else data)
+BAD = "tar:%s/shard-{000000..%06d}.tar,fields=bin:cls,mode=stream" % (bad_root, NSHARDS - 1)
+rc, out, _ = load(BAD, "--workers", "2")
+T.check(rc == 1 and "shard-000002.tar" in out["error"] and "truncated" in out["error"],
+        "a truncated shard: %s" % out.get("error"))
+rc, out, _ = load(BAD, "--workers", "2", "--on-error=skip", "--no-hash")
+q = str(out.get("quarantine"))
+T.check(rc == 0 and (NSHARDS - 1) * PER <= out["samples"] < NSHARDS * PER
+        and "shard-000002.tar" in q, "skip: %s" % {k: out.get(k) for k in ("samples", "error")})
+print("tar streaming, local shards: ok")
