@@ -29,11 +29,11 @@ AWS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_R
        "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE")
 
 
-def load(spec, env, *args):
+def load(spec, env, *args, order=("--workers", "2", "--shuffle", "--seed", "5")):
     e = {k: v for k, v in os.environ.items() if k not in AWS}
     e.update(env)
-    p = subprocess.run([CLI, "load", spec, "--json", "--batch-size", "4", "--no-pin-memory",
-                        "--workers", "2", "--shuffle", "--seed", "5"] + list(args),
+    p = subprocess.run([CLI, "load", spec, "--json", "--batch-size", "4", "--no-pin-memory"]
+                       + list(order) + list(args),
                        capture_output=True, text=True, env=e, timeout=120)
     try:
         return p.returncode, json.loads(p.stdout), p.stderr
@@ -91,6 +91,19 @@ try:
             and indexed["remote"]["requests"] < walked["remote"]["requests"],
             "s3 with indexes: %s (%s), without %s" % (indexed.get("remote"),
                                                      indexed.get("error"), walked.get("remote")))
+
+    # the streaming mode over s3://: signed whole-shard GETs, one per shard and epoch (plus the
+    # open's), the same samples in the same order as the local shards streamed
+    for w in ("0", "2"):
+        SOPTS = ",fields=bin:cls,mode=stream,shuffle_buffer=7,seed=3"
+        rc_l, sloc, _ = load("tar:%s/%s%s" % (root, RANGE, SOPTS), {}, order=("--workers", w))
+        rc, srem, err = load("tar:s3://shards/train/%s%s" % (RANGE, SOPTS), creds,
+                             order=("--workers", w))
+        T.check(rc_l == 0 and sloc["samples"] == NSHARDS * 10 and rc == 0
+                and summary(srem) == summary(sloc)
+                and srem["remote"]["requests"] == NSHARDS + 1,
+                "s3 stream, workers %s: %s %s (%s), local %s" % (
+                    w, summary(srem), srem.get("remote"), srem.get("error"), summary(sloc)))
 
     # the store's refusal comes back with its code, the key's secret never
     bad = dict(creds, AWS_ACCESS_KEY_ID="NOSUCHKEY")
