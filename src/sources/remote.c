@@ -62,7 +62,8 @@ void stoke__remote_file_free(stoke__remote_file *f)
 
 int stoke__remote_pool_create(stoke__remote_pool **out, char *why, size_t why_len)
 {
-    *out = NULL;
+    if (out) /* NULL from the other stubs below, for the message */
+        *out = NULL;
     stoke__fmt(why, why_len,
                "stoke was built without libcurl (Debian libcurl4-openssl-dev): http://, "
                "https:// and s3:// sources are not available");
