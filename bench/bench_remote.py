@@ -13,13 +13,16 @@ remote source that is part of the cost):
   local cold      tar:DIR/shard-{...}.tar, the files dropped from the page cache first
                   (posix_fadvise DONTNEED)
   http            tar:http://127.0.0.1:PORT/shard-{...}.tar, range reads (no cache)
+  http stream     the same with mode=stream (each worker GETs its shards whole, one after
+                  another, no cache; docs/sources.md "Streaming")
   http cache cold the same with STOKE_CACHE_DIR set to an empty directory (whole shards
                   downloaded into it); skipped by a stoke without the cache
   http cached     the same again, the cache filled by the previous run
   limited         nginx with `limit_rate RATE` per connection (a store that caps each
                   connection) with range reads, with the cache, and with range reads of
                   shards that have sidecar indexes (`stoke index`: the open reads no
-                  headers; the .idx files are removed after), against the peer: `curl`
+                  headers; the .idx files are removed after), and with mode=stream,
+                  against the peer: `curl`
                   fetching the shards one after another (WebDataset's pipe:curl model), and
                   against connections x RATE (connections: the distinct connections in nginx's
                   access log)
@@ -168,6 +171,7 @@ def main():
         try:
             spec = "tar:" + nginx.url(pattern)
             best("http", lambda: run_stoke(cli, spec, a.workers))
+            best("http stream", lambda: run_stoke(cli, spec + ",mode=stream", a.workers))
             cache = os.path.join(tmp, "cache")
 
             def cold():
@@ -196,7 +200,11 @@ def main():
             if res.get("http cached"):
                 configs.append(("limited: stoke cache", "cache"))
             configs.append(("limited: range reads, sidecar idx", "index"))
+            configs.append(("limited: stoke stream", "stream"))
             for name, env in configs:
+                mode = ""
+                if env == "stream":  # mode=stream: one GET per shard on each worker's connection
+                    env, mode = None, ",mode=stream"
                 if env == "index":  # `stoke index` beside the shards, removed after the run
                     p = subprocess.run([cli, "index", "tar:%s/%s" % (data, pattern)],
                                        capture_output=True, text=True)
@@ -215,7 +223,7 @@ def main():
                     env = dict(os.environ, STOKE_CACHE_DIR=c)
                 open(os.path.join(prefix, "access.log"), "w").close()
                 try:
-                    r = run_stoke(cli, "tar:" + lim.url(pattern), a.workers, env)
+                    r = run_stoke(cli, "tar:" + lim.url(pattern) + mode, a.workers, env)
                 finally:
                     for f in os.listdir(data) if indexed else []:
                         if f.endswith(".idx"):
@@ -237,7 +245,7 @@ def main():
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if base:
-        for name in ("http", "http cache cold", "http cached"):
+        for name in ("http", "http stream", "http cache cold", "http cached"):
             if res.get(name):
                 print("  %-34s %.2f of local cold" % (name, res[name] / base), file=out)
     print("  targets: >= 0.8 of local cold (cache cold), >= 0.95 (cached); limited server "
