@@ -20,10 +20,7 @@ import servers as S  # noqa: E402
 import runs as R  # noqa: E402
 from runs import load  # noqa: E402
 
-CLI = os.environ.get("STOKE_CLI")
-if not CLI or not os.path.exists(CLI):
-    T.skip("the stoke CLI was not built (STOKE_CLI)")
-FEATURES = os.environ.get("STOKE_BUILD_FEATURES")
+CLI = R.need_cli()
 NSHARDS = 4
 RANGE = "shard-{000000..%06d}.tar" % (NSHARDS - 1)
 ORDERS = R.ORDERS
@@ -43,11 +40,7 @@ for p in paths:
         sizes.append({m.name[:-4]: m.size for m in tf.getmembers() if m.name.endswith(".txt")})
 first = "tar:http://127.0.0.1:1/" + RANGE
 
-if FEATURES is not None and "libcurl" not in FEATURES.split(","):
-    rc, out, err = load(first)
-    T.check(rc == 1 and "built without libcurl (Debian libcurl4-openssl-dev)" in out["error"],
-            "without libcurl: %s %s" % (out, err))
-    T.skip("built without libcurl (checked: tar:http:// is refused naming the library)")
+R.refused_without_libcurl(first)
 
 try:
     ng = S.start_nginx(root, os.path.join(work, "nginx"))

@@ -19,10 +19,7 @@ import runs as R  # noqa: E402
 import servers as S  # noqa: E402
 from runs import load  # noqa: E402
 
-CLI = os.environ.get("STOKE_CLI")
-if not CLI or not os.path.exists(CLI):
-    T.skip("the stoke CLI was not built (STOKE_CLI)")
-FEATURES = os.environ.get("STOKE_BUILD_FEATURES")
+CLI = R.need_cli()
 N = 100
 ROW = 3 * 16 * 16  # bytes of a row of x.npy: the file (76,928 bytes) is longer than the open's
 #                    first request (65,548)
@@ -49,11 +46,7 @@ write_npy(os.path.join(root, "f.npy"), ">f4", (N, 5),
 # a header of N rows over the data of N // 2
 write_npy(os.path.join(root, "short.npy"), "|u1", (N, 16), rnd.randbytes(N // 2 * 16))
 
-if FEATURES is not None and "libcurl" not in FEATURES.split(","):
-    rc, out, err = load("npy:http://127.0.0.1:1/x.npy")
-    T.check(rc == 1 and "built without libcurl (Debian libcurl4-openssl-dev)" in out["error"],
-            "without libcurl: %s %s" % (out, err))
-    T.skip("built without libcurl (checked: npy:http:// is refused naming the library)")
+R.refused_without_libcurl("npy:http://127.0.0.1:1/x.npy")
 
 try:
     ng = S.start_nginx(root, os.path.join(work, "nginx"))

@@ -13,15 +13,36 @@ ORDERS = ["bin:cls:txt", "txt:bin:cls", "cls:txt:bin"]  # each field first once:
 CACHE_ENV = ("STOKE_CACHE_DIR", "STOKE_CACHE_LIMIT")  # a run has them only when env gives them
 
 
+def need_cli():
+    """Returns the CLI's path, or skips (77) when it was not built."""
+    if not CLI or not os.path.exists(CLI):
+        T.skip("the stoke CLI was not built (STOKE_CLI)")
+    return CLI
+
+
+def without_libcurl():
+    features = os.environ.get("STOKE_BUILD_FEATURES")
+    return features is not None and "libcurl" not in features.split(",")
+
+
 def need_cli_and_libcurl():
     """Returns the CLI's path, or skips (77): the CLI was not built, or was built without
     libcurl (test_remote.py checks that refusal)."""
-    if not CLI or not os.path.exists(CLI):
-        T.skip("the stoke CLI was not built (STOKE_CLI)")
-    features = os.environ.get("STOKE_BUILD_FEATURES")
-    if features is not None and "libcurl" not in features.split(","):
+    need_cli()
+    if without_libcurl():
         T.skip("built without libcurl (test_remote.py checks the refusal)")
     return CLI
+
+
+def refused_without_libcurl(spec):
+    """In a build without libcurl: checks that `spec` (a URL source) is refused naming the
+    library, then skips (77).  Does nothing in a build with it."""
+    if not without_libcurl():
+        return
+    rc, out, err = load(spec)
+    T.check(rc == 1 and "built without libcurl (Debian libcurl4-openssl-dev)" in out["error"],
+            "without libcurl: %s %s" % (out, err))
+    T.skip("built without libcurl (checked: %s is refused naming the library)" % spec)
 
 
 class Setup:
