@@ -49,14 +49,15 @@ PyObject *stoke_py_cli_main(PyObject *self, PyObject *args)
     return PyLong_FromLong(status);
 }
 
-/* build_features(): {"liburing": bool, "libjpeg": bool, "libcurl": bool, "check_invariants": bool}
- */
+/* build_features(): {"liburing": bool, "libjpeg": bool, "libcurl": bool, "check_invariants": bool,
+ * "zlib": bool} */
 PyObject *stoke_py_build_features(PyObject *self, PyObject *unused)
 {
     unsigned f = stoke_build_features();
-    return Py_BuildValue("{s:O,s:O,s:O,s:O}", "liburing",
+    return Py_BuildValue("{s:O,s:O,s:O,s:O,s:O}", "liburing",
                          f & STOKE_FEATURE_LIBURING ? Py_True : Py_False, "libjpeg",
                          f & STOKE_FEATURE_LIBJPEG ? Py_True : Py_False, "libcurl",
                          f & STOKE_FEATURE_LIBCURL ? Py_True : Py_False, "check_invariants",
-                         f & STOKE_FEATURE_CHECK ? Py_True : Py_False);
+                         f & STOKE_FEATURE_CHECK ? Py_True : Py_False, "zlib",
+                         f & STOKE_FEATURE_ZLIB ? Py_True : Py_False);
 }

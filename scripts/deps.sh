@@ -5,7 +5,7 @@
 # Then the S3 server of the remote-shard tests (s3rver, npm) into tests/remote/node_modules, when
 # npm is there (without it those tests skip, saying why).
 set -eu
-need="libcmocka-dev pkg-config pocl-opencl-icd ocl-icd-libopencl1 clang libclang-rt-dev liburing-dev libjpeg62-turbo-dev libcurl4-openssl-dev nginx-light python3-dev python3-numpy python3-torch python3-torchvision openmpi-bin python3-venv python3-build python3-mypy"
+need="libcmocka-dev pkg-config pocl-opencl-icd ocl-icd-libopencl1 clang libclang-rt-dev liburing-dev libjpeg62-turbo-dev libcurl4-openssl-dev zlib1g-dev nginx-light python3-dev python3-numpy python3-torch python3-torchvision openmpi-bin python3-venv python3-build python3-mypy"
 here=$(cd "$(dirname "$0")/.." && pwd)
 
 # s3rver, pinned by tests/remote/package-lock.json; never fatal: the test skips without it.

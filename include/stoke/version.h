@@ -29,11 +29,13 @@ STOKE_API const char *stoke_version_string(void);
  * STOKE_FEATURE_LIBJPEG   the images: source and .jpg members of tar: shards (libjpeg-turbo)
  * STOKE_FEATURE_LIBCURL   remote data: tar:http(s)://..., tar:s3://..., npy: URLs (libcurl)
  * STOKE_FEATURE_CHECK     the loader's lifecycle check (STOKE_CHECK_INVARIANTS; Debug builds)
+ * STOKE_FEATURE_ZLIB      CRC-32 of shards in sidecar indexes, checked by the shard cache (zlib)
  * Bits are never renumbered; new ones are appended. */
 #define STOKE_FEATURE_LIBURING 0x1u
 #define STOKE_FEATURE_LIBJPEG  0x2u
 #define STOKE_FEATURE_CHECK    0x4u
 #define STOKE_FEATURE_LIBCURL  0x8u
+#define STOKE_FEATURE_ZLIB     0x10u
 
 /* Returns the STOKE_FEATURE_* bits of the loaded library, OR'ed together.  Thread-safe, cannot
  * fail. */

@@ -242,6 +242,7 @@ class _BuildInfo(TypedDict):
     libjpeg: bool
     libcurl: bool
     check_invariants: bool
+    zlib: bool
     simdev_plugin: str | None
 
 

@@ -25,5 +25,8 @@ unsigned stoke_build_features(void)
 #ifdef STOKE_CHECK_INVARIANTS
     f |= STOKE_FEATURE_CHECK;
 #endif
+#ifdef STOKE_HAVE_ZLIB
+    f |= STOKE_FEATURE_ZLIB;
+#endif
     return f;
 }

@@ -24,6 +24,7 @@
 #include "common/env.h"
 #include "common/internal.h"
 #include "sources/cache_internal.h"
+#include "sources/tar_index.h"
 
 #define HEXLEN    32
 #define BASE_MAX  96
@@ -366,6 +367,39 @@ static int open_copy(const stoke__cache *c, const names *nm, int touch, uint64_t
     return -ENOENT;
 }
 
+static int read_fd(void *ctx, void *buf, size_t n, uint64_t off, size_t *got)
+{
+    ssize_t r;
+    do
+        r = pread(*(const int *)ctx, buf, n, (off_t)off);
+    while (r < 0 && errno == EINTR);
+    *got = r > 0 ? (size_t)r : 0;
+    return r < 0 ? -errno : 0;
+}
+
+/* A download's CRC-32 against f's (its sidecar index's): 0, or STOKE_EIO with why naming both
+ * (the .part is then removed; in a build without zlib nothing is checked). */
+static int check_crc(stoke__cache *c, const stoke__remote_file *f, int fd, uint64_t size, char *why,
+                     size_t why_len)
+{
+    uint32_t crc;
+    char err[256];
+    int rc = stoke__crc32_of(read_fd, &fd, size, &crc, err, sizeof(err));
+    if (rc == STOKE_ENOTSUP)
+        return 0;
+    if (rc) {
+        stoke__fmt(why, why_len, "cache %s: reading back %s: %s", c->dir, f->url, err);
+        return STOKE_EIO;
+    }
+    if (crc == f->crc)
+        return 0;
+    stoke__fmt_short(why, why_len,
+                     "GET %s: the download's CRC-32 is %08" PRIx32 ", its index says %08" PRIx32
+                     " (the shard changed after `stoke index`: run it again)",
+                     f->url, crc, f->crc);
+    return STOKE_EIO;
+}
+
 /* Downloads f into HASH.part and renames it HASH-BASE once complete (the caller holds
  * HASH.lock): 0 with *out the copy, locked shared, or the error. */
 static int download(stoke__cache *c, stoke__remote_pool *p, int slot, const stoke__remote_file *f,
@@ -413,6 +447,8 @@ static int download(stoke__cache *c, stoke__remote_pool *p, int slot, const stok
                    nm->part, (long long)st.st_size, *size, f->url);
         rc = STOKE_EIO;
     }
+    if (!rc && f->has_crc)
+        rc = check_crc(c, f, fd, *size, why, why_len);
     int e = rc ? 0 : flock_retry(fd, LOCK_SH); /* in use from the moment it has its name */
     const char *step = "lock";
     if (!rc && !e) {

@@ -66,6 +66,8 @@ typedef struct stoke__remote_file {
     char *url;
     char *req;
     int s3;
+    int has_crc;  /* crc is known (a sidecar index's): the cache checks a download against it */
+    uint32_t crc; /* the file's CRC-32 */
 } stoke__remote_file;
 
 /* Fills *f for `url`: 0, or STOKE_EINVAL (not a URL we read: "s3://" without a bucket, ...),

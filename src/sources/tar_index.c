@@ -11,9 +11,13 @@
 #include <string.h>
 #include <unistd.h>
 
+#ifdef STOKE_HAVE_ZLIB
+#include <zlib.h>
+#endif
+
 #include "common/internal.h"
 
-#define MAGIC "stoke-tar-index 1\n"
+#define MAGIC "stoke-tar-index "
 
 typedef struct wctx {
     FILE *f;
@@ -44,6 +48,41 @@ static int write_all(int fd, const char *p, size_t n)
     return 0;
 }
 
+int stoke__crc32_of(stoke__tar_read_fn read, void *ctx, uint64_t size, uint32_t *crc, char *why,
+                    size_t why_len)
+{
+#ifdef STOKE_HAVE_ZLIB
+    enum { CHUNK = 1 << 20 };
+    unsigned char *buf = malloc(CHUNK);
+    if (!buf) {
+        stoke__fmt(why, why_len, "out of memory");
+        return STOKE_ENOMEM;
+    }
+    uLong c = crc32(0L, Z_NULL, 0);
+    int rc = 0;
+    for (uint64_t at = 0; at < size && !rc;) {
+        size_t want = size - at < CHUNK ? (size_t)(size - at) : CHUNK, got = 0;
+        int e = read(ctx, buf, want, at, &got);
+        if (e < 0 || got == 0) {
+            stoke__fmt(why, why_len, "at byte %" PRIu64 " of %" PRIu64 ": %s", at, size,
+                       e < 0 ? strerror(-e) : "the file ends there");
+            rc = STOKE_EIO;
+            break;
+        }
+        c = crc32(c, buf, (uInt)got);
+        at += got;
+    }
+    free(buf);
+    *crc = (uint32_t)c;
+    return rc;
+#else
+    (void)read, (void)ctx, (void)size;
+    *crc = 0;
+    stoke__fmt(why, why_len, "built without zlib (Debian zlib1g-dev): no CRC-32");
+    return STOKE_ENOTSUP;
+#endif
+}
+
 int stoke__tar_index_write(const char *path, uint64_t shard_size, stoke__tar_read_fn read,
                            void *read_ctx, uint64_t *members, char *why, size_t why_len)
 {
@@ -63,10 +102,20 @@ int stoke__tar_index_write(const char *path, uint64_t shard_size, stoke__tar_rea
         stoke__fmt(why, why_len, "tar %s: out of memory", path);
     else if (rc)
         stoke__fmt(why, why_len, "tar %s: at byte %" PRIu64 ": %s", path, at, err);
-    char head[96];
-    int head_len =
-        snprintf(head, sizeof(head), MAGIC "shard-bytes %" PRIu64 "\nmembers %" PRIu64 "\n",
-                 shard_size, w.n);
+    uint32_t crc = 0;
+    int crc_rc = rc ? rc : stoke__crc32_of(read, read_ctx, shard_size, &crc, err, sizeof(err));
+    if (crc_rc && crc_rc != STOKE_ENOTSUP && !rc) {
+        stoke__fmt(why, why_len, "tar %s: %s", path, err);
+        rc = crc_rc;
+    }
+    char head[128];
+    int head_len = crc_rc ? snprintf(head, sizeof(head),
+                                     MAGIC "1\nshard-bytes %" PRIu64 "\nmembers %" PRIu64 "\n",
+                                     shard_size, w.n)
+                          : snprintf(head, sizeof(head),
+                                     MAGIC "2\nshard-bytes %" PRIu64 "\nshard-crc32 %08" PRIx32
+                                           "\nmembers %" PRIu64 "\n",
+                                     shard_size, crc, w.n);
     size_t plen = strlen(path);
     if (!rc && ((idx = malloc(plen + 5)) == NULL || (tmp = malloc(plen + 40)) == NULL)) {
         stoke__fmt(why, why_len, "tar %s: out of memory", path);
@@ -147,21 +196,49 @@ static int word(rd *r, const char *w)
         return STOKE_EFORMAT;                                                                      \
     } while (0)
 
-int stoke__tar_index_parse(const char *buf, size_t len, uint64_t *shard_size,
+/* 8 lowercase hex digits and '\n': 0, or -1. */
+static int hex32(rd *r, int64_t *out)
+{
+    uint32_t v = 0;
+    for (int i = 0; i < 8; i++, r->p++) {
+        if (r->p >= r->end)
+            return -1;
+        const char c = *r->p;
+        if (c >= '0' && c <= '9')
+            v = v << 4 | (uint32_t)(c - '0');
+        else if (c >= 'a' && c <= 'f')
+            v = v << 4 | (uint32_t)(c - 'a' + 10);
+        else
+            return -1;
+    }
+    if (r->p >= r->end || *r->p != '\n')
+        return -1;
+    r->p++;
+    *out = v;
+    return 0;
+}
+
+int stoke__tar_index_parse(const char *buf, size_t len, uint64_t *shard_size, int64_t *crc,
                            stoke__tar_member_fn member, void *ctx, char *why, size_t why_len)
 {
     rd r = {buf, buf + len, 1};
     char *path = NULL;
     uint64_t size = 0, count = 0;
-    if (word(&r, "stoke-tar-index ") != 0)
-        BAD("not a stoke tar index (it starts with 'stoke-tar-index 1')");
+    int64_t sum = -1;
+    if (word(&r, MAGIC) != 0)
+        BAD("not a stoke tar index (it starts with 'stoke-tar-index 2')");
     uint64_t version;
-    if (num(&r, '\n', &version) != 0 || version != 1)
-        BAD("not version 1 of the format (the one this build reads)");
+    if (num(&r, '\n', &version) != 0 || (version != 1 && version != 2))
+        BAD("not version 1 or 2 of the format (the ones this build reads)");
     r.line++;
     if (word(&r, "shard-bytes ") != 0 || num(&r, '\n', &size) != 0)
         BAD("expected 'shard-bytes SIZE'");
     r.line++;
+    if (version == 2) {
+        if (word(&r, "shard-crc32 ") != 0 || hex32(&r, &sum) != 0)
+            BAD("expected 'shard-crc32 HEX' (8 lowercase hex digits)");
+        r.line++;
+    }
     if (word(&r, "members ") != 0 || num(&r, '\n', &count) != 0)
         BAD("expected 'members COUNT'");
     if (count > size / STOKE__TAR_BLOCK) /* a member is a header block at least */
@@ -202,5 +279,6 @@ int stoke__tar_index_parse(const char *buf, size_t len, uint64_t *shard_size,
         BAD("expected 'end' and the end of the file (after %" PRIu64 " members)", count);
     free(path);
     *shard_size = size;
+    *crc = sum;
     return STOKE_OK;
 }

@@ -143,7 +143,8 @@ static int open_index(const char *spec, stoke__tar_ds *t, stoke__tar_shard *s,
         return rc;
     }
     uint64_t size = 0;
-    rc = stoke__tar_index_parse(buf, len, &size, member, ctx, why, sizeof(why));
+    int64_t crc = -1;
+    rc = stoke__tar_index_parse(buf, len, &size, &crc, member, ctx, why, sizeof(why));
     free(buf);
     if (rc == STOKE_EFORMAT)
         rc = stoke__fail(rc,
@@ -154,6 +155,8 @@ static int open_index(const char *spec, stoke__tar_ds *t, stoke__tar_shard *s,
         rc = stoke__fail(rc, "source '%s': index %s: %s", spec, f.url, why);
     if (!rc) {
         s->size = size;
+        s->rf.has_crc = crc >= 0;
+        s->rf.crc = (uint32_t)(crc >= 0 ? crc : 0);
         s->idx_url = f.url;
         f.url = NULL;
     }

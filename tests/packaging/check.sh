@@ -63,7 +63,7 @@ loader = stoke.DataLoader("synthetic:100,shape=4", batch_size=10, shuffle=True, 
 seen = sorted(i for b in loader for i in memoryview(b.indices).tolist())
 assert seen == list(range(100)), "the load delivered %s" % seen
 info = stoke.build_info()
-on = {k for k in ("liburing", "libjpeg", "libcurl", "check_invariants") if info[k]}
+on = {k for k in ("liburing", "libjpeg", "libcurl", "check_invariants", "zlib") if info[k]}
 if features or os.environ.get("STOKE_BUILD_FEATURES") is not None:
     assert on == set(filter(None, features.split(","))), "built in %s, CMake: %r" % (on, features)
 assert info["simdev_plugin"] and info["simdev_plugin"].startswith(pkg), info

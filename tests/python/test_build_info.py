@@ -14,15 +14,15 @@ import stoke  # noqa: E402
 
 info = stoke.build_info()
 T.check(sorted(info) == ["check_invariants", "libcurl", "libjpeg", "liburing", "simdev_plugin",
-                       "version"],
+                       "version", "zlib"],
         "build_info keys: %s" % sorted(info))
 T.check(info["version"] == stoke.version == stoke.__version__, "versions: %s / %s"
         % (info["version"], stoke.version))
-for k in ("liburing", "libjpeg", "libcurl", "check_invariants"):
+for k in ("liburing", "libjpeg", "libcurl", "check_invariants", "zlib"):
     T.check(isinstance(info[k], bool), "%s is not a bool: %r" % (k, info[k]))
 want = os.environ.get("STOKE_BUILD_FEATURES")
 if want is not None:
-    on = {k for k in ("liburing", "libjpeg", "libcurl", "check_invariants") if info[k]}
+    on = {k for k in ("liburing", "libjpeg", "libcurl", "check_invariants", "zlib") if info[k]}
     T.check(on == set(filter(None, want.split(","))),
             "built in: %s; CMake configured: %r" % (sorted(on), want))
 cli = os.environ.get("STOKE_CLI")

@@ -4,7 +4,10 @@ each local shard; a remote tar source fetches URL.idx (one request per shard) in
 walking the shard in 1 MiB windows, with the same samples as the local source; without an index
 (404) it walks the shard as before, saying nothing; a stale index (the shard rewritten after
 indexing: another size) fails the sample's read naming the index; a malformed one fails the
-open naming it.  Skips (77) when nginx or the build's libcurl is missing."""
+open naming it; with zlib the index carries the shard's CRC-32 (version 2) and the cache
+refuses a download that does not match it (a shard rewritten to the same size), while a
+version 1 index (no checksum) still works.  Skips (77) when nginx or the build's libcurl is
+missing."""
 import io
 import json
 import os
@@ -12,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import zlib
 
 import stoke_testlib as T
 
@@ -22,6 +26,7 @@ import runs as R  # noqa: E402
 from runs import load  # noqa: E402
 
 CLI = R.need_cli_and_libcurl()
+ZLIB = "zlib" in os.environ.get("STOKE_BUILD_FEATURES", "zlib").split(",")
 NSHARDS = 3
 RANGE = "shard-{000000..%06d}.tar" % (NSHARDS - 1)
 WINDOW = 1 << 20  # the tar source's window when it walks a remote shard
@@ -69,8 +74,15 @@ T.check(sorted(os.listdir(root)) == sorted(["shard-%06d.tar" % i for i in range(
         "files after stoke index: %s" % os.listdir(root))
 with open(os.path.join(root, "shard-000000.tar.idx"), "rb") as f:
     head = f.read().split(b"\n")
-T.check(head[0] == b"stoke-tar-index 1"
-        and head[1] == b"shard-bytes %d" % os.path.getsize(os.path.join(root, "shard-000000.tar"))
+with open(os.path.join(root, "shard-000000.tar"), "rb") as f:
+    crc = zlib.crc32(f.read())
+if ZLIB:  # version 2: the shard's CRC-32 after its size
+    T.check(head[0] == b"stoke-tar-index 2" and head[2] == b"shard-crc32 %08x" % crc
+            and head[3] == b"members 36", "index format: %r, crc %08x" % (head[:4], crc))
+    head = head[:2] + head[3:]
+else:
+    T.check(head[0] == b"stoke-tar-index 1", "index format: %r" % head[:4])
+T.check(head[1] == b"shard-bytes %d" % os.path.getsize(os.path.join(root, "shard-000000.tar"))
         and head[2] == b"members 36" and head[-2] == b"end" and head[-1] == b"",
         "index format: %r" % head[:4])
 rc, out2, err = index("tar:%s/%s" % (root, RANGE))  # text; indexing again replaces them
@@ -186,6 +198,40 @@ try:
     rc, out, err = load("tar:%s%s,fields=bin:txt,ragged=txt" % (sbase, RANGE), "--workers", "2")
     T.check(rc == 0 and out["samples"] == NSHARDS * 12, "re-indexed: %s" % out.get("error"))
 
+    # --- a shard rewritten to the same size (one byte of a member's data changed) after
+    # indexing: range reads cannot tell; the cache checks the download's CRC-32 and refuses it,
+    # naming the URL, keeping no copy; a version 1 index (no checksum) still loads ------------
+    same = os.path.join(work, "same")
+    shutil.copytree(root, same)
+    spath = os.path.join(same, "shard-000001.tar")
+    with tarfile.open(spath) as tf:
+        m = next(m for m in tf.getmembers() if m.name.endswith(".bin"))
+    with open(spath, "r+b") as f:
+        f.seek(m.offset_data)
+        b = f.read(1)
+        f.seek(m.offset_data)
+        f.write(bytes([b[0] ^ 0xFF]))
+    senv = {"STOKE_CACHE_DIR": os.path.join(work, "scache")}
+    rc, out, err = load("tar:%s%s,fields=bin:cls" % (ng.url("same/"), RANGE), "--workers", "0",
+                        env=senv)
+    left = os.listdir(senv["STOKE_CACHE_DIR"])
+    if ZLIB:
+        T.check(rc == 1 and ng.url("same/shard-000001.tar") in out["error"]
+                and "CRC-32" in out["error"] and "stoke index" in out["error"]
+                and not any("shard-000001" in n or n.endswith(".part") for n in left),
+                "a same-size rewrite, cache: %s; cache %s" % (out.get("error"), left))
+    else:
+        T.check(rc == 0, "without zlib, nothing is checked: %s" % out.get("error"))
+    idx1 = os.path.join(same, "shard-000001.tar.idx")
+    lines = open(idx1, "rb").read().split(b"\n")
+    if lines[0] == b"stoke-tar-index 2":
+        with open(idx1, "wb") as f:  # the same index as version 1: no checksum
+            f.write(b"\n".join([b"stoke-tar-index 1", lines[1]] + lines[3:]))
+    shutil.rmtree(senv["STOKE_CACHE_DIR"])
+    rc, out, err = load("tar:%s%s,fields=bin:cls" % (ng.url("same/"), RANGE), "--workers", "0",
+                        env=senv)
+    T.check(rc == 0 and out["samples"] == NSHARDS * 12, "version 1 index: %s" % out.get("error"))
+
     # --- an index whose shard-bytes is absurd, with the cache: the download of that shard
     # fails, and nothing is evicted to make room for it (the other copies stay) -------------
     huge = os.path.join(work, "huge")
@@ -212,13 +258,19 @@ try:
     shutil.copytree(root, mal)
     mbase = ng.url("mal/")
     good = open(os.path.join(root, "shard-000002.tar.idx"), "rb").read()
+    glines = good.split(b"\n")
+    first = glines.index(b"members 36") + 1  # the first member's line (0-based)
     cases = [(b"garbage\n", "line 1"),
-             (good.replace(b"stoke-tar-index 1", b"stoke-tar-index 7"), "version 1"),
+             (glines[0][:-1] + b"7" + good[len(glines[0]):], "version 1 or 2"),
              (good[:-4], "expected 'end'"),  # cut short
              (good + b"more\n", "expected 'end'"),
-             (good.replace(b"members 36", b"members 37"), "line 40"),
-             (b"\n".join(good.split(b"\n")[:3] + [b"1 0 5 3 a.b"]
-                         + good.split(b"\n")[4:]), "does not fit")]
+             (good.replace(b"members 36", b"members 37"), "line %d" % (first + 37)),
+             (b"\n".join(glines[:first] + [b"1 0 5 3 a.b"] + glines[first + 1:]),
+              "does not fit")]
+    if glines[0] == b"stoke-tar-index 2":
+        cases += [(good.replace(glines[2], b"shard-crc32 12345"), "expected 'shard-crc32 HEX'"),
+                  (good.replace(glines[2], glines[2].upper()), "expected 'shard-crc32 HEX'"),
+                  (good.replace(glines[2] + b"\n", b""), "expected 'shard-crc32 HEX'")]
     for body, want in cases:
         with open(os.path.join(mal, "shard-000002.tar.idx"), "wb") as f:
             f.write(body)
