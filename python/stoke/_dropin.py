@@ -1386,10 +1386,12 @@ def _probe(w, meanwhile=None):
 
 
 def _probe_block(make, live=None):
-    """make(block) on blocks of ordinary memory, doubled until the batch fits."""
+    """make(block) on blocks of ordinary memory, doubled until the batch fits.  A private
+    anonymous mapping, not a bytearray: only the pages the batch writes are touched (a
+    bytearray of twice an image batch's size was zeroed, page by page, for nothing)."""
     size = 1 << 20
     while True:
-        block = _Block(memoryview(bytearray(size)), live)
+        block = _Block(memoryview(mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)), live)
         try:
             return make(block), block
         except _Overflow as o:
