@@ -158,9 +158,9 @@ static long gc_call(const char *name)
 }
 
 /* The objects the GC tracks are frozen across the fork (gc.freeze(), then gc.unfreeze() in the
- * parent), so a child's collections never walk them: a walk writes every tracked object's GC
- * header, which copied most of the parent's pages into each worker (copy-on-write) and cost a
- * worker ~20% more CPU on small samples.  A child keeps them frozen (cycles among what it
+ * parent: its GC tracks them all again, in the oldest generation), so a child's collections
+ * never walk them: a walk writes every tracked object's GC header, which copies the parent's
+ * pages into the child (copy-on-write).  A child keeps them frozen (cycles among what it
  * inherited are not collected there); a program that froze objects itself is left as it is. */
 static void pyw_fork_prepare(void *user)
 {
