@@ -27,6 +27,7 @@ struct stoke_pywriter {
     stoke_field field;   /* "batch": u8 [blob_bytes] */
     int64_t shape[1];
     PyGILState_STATE fork_gil; /* taken by fork_prepare, released after the fork on both sides */
+    int froze;                 /* fork_prepare froze the GC's objects: fork_parent thaws them */
 };
 
 /* The result of a writer call: -1 (a str: its text in msg), or the int it returned (None: 0).
@@ -144,10 +145,28 @@ static int pyw_set_epoch(void *user, uint64_t epoch)
     return call_hook(user, "set_epoch", "LL", (long long)epoch, 0);
 }
 
+/* gc.<name>(): its int result (get_freeze_count), 0 for None, -1 on failure (cleared). */
+static long gc_call(const char *name)
+{
+    PyObject *gc = PyImport_ImportModule("gc");
+    PyObject *r = gc ? PyObject_CallMethod(gc, name, NULL) : NULL;
+    long v = r == NULL ? -1 : PyLong_Check(r) ? PyLong_AsLong(r) : 0;
+    Py_XDECREF(r);
+    Py_XDECREF(gc);
+    PyErr_Clear();
+    return v;
+}
+
+/* The objects the GC tracks are frozen across the fork (gc.freeze(), then gc.unfreeze() in the
+ * parent: its GC tracks them all again, in the oldest generation), so a child's collections
+ * never walk them: a walk writes every tracked object's GC header, which copies the parent's
+ * pages into the child (copy-on-write).  A child keeps them frozen (cycles among what it
+ * inherited are not collected there); a program that froze objects itself is left as it is. */
 static void pyw_fork_prepare(void *user)
 {
     stoke_pywriter *w = user;
     w->fork_gil = PyGILState_Ensure();
+    w->froze = gc_call("get_freeze_count") == 0 && gc_call("freeze") == 0;
     PyOS_BeforeFork();
 }
 
@@ -155,6 +174,9 @@ static void pyw_fork_parent(void *user)
 {
     stoke_pywriter *w = user;
     PyOS_AfterFork_Parent();
+    if (w->froze)
+        gc_call("unfreeze");
+    w->froze = 0;
     PyGILState_Release(w->fork_gil);
 }
 
@@ -162,6 +184,7 @@ static void pyw_fork_child(void *user, int worker)
 {
     stoke_pywriter *w = user;
     PyOS_AfterFork_Child();
+    w->froze = 0; /* (what the parent froze stays frozen here) */
     PyObject *r = PyObject_CallMethod(w->obj, "fork_child", "i", worker);
     if (!r)
         PyErr_Print();

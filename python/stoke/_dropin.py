@@ -22,6 +22,7 @@ set_epoch hook, before any worker fetches a sample of that epoch), the epoch's b
 one mailbox per worker where a failing fill leaves its pickled exception and traceback.
 """
 import collections.abc as _abc
+import gc
 import io
 import itertools
 import mmap
@@ -1301,7 +1302,16 @@ def _probe(w, meanwhile=None):
     as torch's main process never calls the dataset either.  meanwhile() runs in this process
     while the child works (the accelerator's discovery, which forks a child of its own)."""
     r, wfd = os.pipe()
-    pid = os.fork()
+    # the GC's objects frozen across the fork, as the workers' (python/pywriter.c)
+    froze = gc.get_freeze_count() == 0
+    if froze:
+        gc.freeze()
+    pid = -1
+    try:
+        pid = os.fork()
+    finally:
+        if froze and pid != 0:
+            gc.unfreeze()
     if pid == 0:  # pragma: no cover - the child
         code = 0
         try:
@@ -1376,10 +1386,12 @@ def _probe(w, meanwhile=None):
 
 
 def _probe_block(make, live=None):
-    """make(block) on blocks of ordinary memory, doubled until the batch fits."""
+    """make(block) on blocks of ordinary memory, doubled until the batch fits.  A private
+    anonymous mapping, not a bytearray: only the pages the batch writes are touched (a
+    bytearray of twice an image batch's size was zeroed, page by page, for nothing)."""
     size = 1 << 20
     while True:
-        block = _Block(memoryview(bytearray(size)), live)
+        block = _Block(memoryview(mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)), live)
         try:
             return make(block), block
         except _Overflow as o:

@@ -441,6 +441,49 @@ def break_then_iterate_again():
         no_children_within(15, what)
 
 
+class FreezeCount(Dataset):
+    """Sample i: (i, the frozen objects' count where __getitem__ runs)."""
+
+    def __len__(self):
+        return 32
+
+    def __getitem__(self, i):
+        return i, gc.get_freeze_count()
+
+
+@case
+def gc_frozen_across_forks():
+    """The GC's objects are frozen across stoke's forks (a worker's collections do not copy
+    the parent's pages): the workers see them frozen, the caller's process gets its GC back
+    as it was (nothing frozen), and a caller that froze objects itself keeps its count."""
+    what = "gc.freeze() across the workers' forks"
+    T.check(gc.get_freeze_count() == 0, "%s: frozen before the case" % what)
+    loader = L.Loader(FreezeCount(), batch_size=8, num_workers=2)
+    got = epoch(loader)
+    idx = [i for b in got for i in b[0].tolist()]
+    counts = [c for b in got for c in b[1].tolist()]
+    T.check(idx == list(range(32)), "%s: indices %s" % (what, idx))
+    T.check(all(c > 0 for c in counts), "%s: the workers saw %s frozen" % (what, counts))
+    T.check(gc.get_freeze_count() == 0, "%s: %d objects left frozen in the caller"
+            % (what, gc.get_freeze_count()))
+    del loader, got
+    gc.collect()
+    gc.freeze()  # the caller's own freeze: left as it is
+    mine = gc.get_freeze_count()
+    try:
+        loader = L.Loader(FreezeCount(), batch_size=8, num_workers=2)
+        got = epoch(loader)
+        T.check([i for b in got for i in b[0].tolist()] == list(range(32)),
+                "%s, the caller's own: wrong batches" % what)
+        T.check(gc.get_freeze_count() == mine, "%s, the caller's own: %d frozen, was %d"
+                % (what, gc.get_freeze_count(), mine))
+        del loader, got
+    finally:
+        gc.unfreeze()
+    gc.collect()
+    no_children_within(15, what)
+
+
 @case
 def del_loader_holding_tensors():
     """Tensors of batches held past `del loader` (and past the end of its workers, and another
