@@ -1,7 +1,7 @@
 #!/bin/sh
 # Builds a libFuzzer target with clang and runs it for a bounded time over its committed seed
-# corpus: TARGET npy (default: the .npy header parser, corpus/) or tar (the tar parser,
-# corpus_tar/).  Exits non-zero if the fuzzer finds a crash, a sanitizer
+# corpus: TARGET npy (default: the .npy header parser, corpus/), tar (the tar parser,
+# corpus_tar/) or idx (the sidecar index parser, corpus_idx/).  Exits non-zero if the fuzzer finds a crash, a sanitizer
 # report or a broken invariant (the reproducer is left in BUILD_DIR/fuzz-artifacts/).
 #
 #     tests/fuzz/run.sh BUILD_DIR [SECONDS] [TARGET]     (default 60 s, npy; CC overrides clang)
@@ -16,7 +16,8 @@ target=${3:-npy}
 case $target in
 npy) name=fuzz_npy_header corpus=corpus dict="-dict=$(cd "$(dirname "$0")" && pwd)/npy.dict" maxlen=4096 ;;
 tar) name=fuzz_tar_header corpus=corpus_tar dict= maxlen=16384 ;;
-*) echo "$0: unknown target '$target' (npy or tar)" >&2; exit 2 ;;
+idx) name=fuzz_tar_index corpus=corpus_idx dict= maxlen=4096 ;;
+*) echo "$0: unknown target '$target' (npy, tar or idx)" >&2; exit 2 ;;
 esac
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
