@@ -2,9 +2,9 @@
  * a remote tar source parses whatever URL.idx a server returns.  Built only with -DSTOKE_FUZZ=ON
  * and clang; run by tests/fuzz/run.sh (target idx).  Beyond "no crash, no sanitizer report" it
  * checks the parser's promises: members come in archive order, each inside the shard's size and
- * past the one before, with a path of 1 to STOKE__TAR_PATH_MAX bytes; a parsed index has as
- * many members as it declares and a CRC-32 that is -1 (version 1) or 32 bits; a refusal is
- * STOKE_EFORMAT with a message naming a line. */
+ * past the one before, with a path of 1 to STOKE__TAR_PATH_MAX bytes; a parsed index has a
+ * CRC-32 that is -1 (version 1) or 32 bits; a refusal is STOKE_EFORMAT with a message naming a
+ * line. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
