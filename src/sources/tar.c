@@ -249,10 +249,14 @@ static int scan_shards(const char *spec, stoke__tar_ds *t, stoke__tar_scan *sc)
 {
     stoke__tar_rwin w = {0};
     int rc = stoke__tar_remote_order(spec, t, 0);
+    int ahead = 0; /* indexes fetched ahead up to here; -1: a shard has none, stop */
     for (int i = 0; i < t->nshards && !rc; i++) {
         stoke__tar_shard *s = &t->shards[i];
         int remote = stoke__remote_is_url(s->path), indexed = 0;
         sc->shard = (uint32_t)i;
+        if (ahead >= 0 && ahead <= i && i > 0 && remote && t->shards[i - 1].idx_url)
+            ahead = stoke__tar_index_ahead(spec, t, i) ? i + STOKE__TAR_INDEX_AHEAD
+                                                       : -1; /* i-1 had one */
         rc = remote ? stoke__tar_open_remote(spec, t, s, &w, stoke__tar_on_member, sc, &indexed)
                     : open_shard(spec, s);
         if (rc || indexed)
@@ -361,6 +365,7 @@ static void tar_close(void *user)
             close(t->shards[i].fd);
         free(t->shards[i].path);
         free(t->shards[i].idx_url);
+        free(t->shards[i].idx_ahead);
         stoke__remote_file_free(&t->shards[i].rf);
     }
     stoke__remote_pool_destroy(t->pool);

@@ -65,6 +65,8 @@ typedef struct stoke__tar_shard {
     int remote; /* 1: read through rf and the dataset's pool (remote.h) */
     stoke__remote_file rf;
     char *idx_url; /* the sidecar index its members came from (URL without credentials), or NULL */
+    char *idx_ahead; /* its index, fetched ahead by the open (NULL: none; tar_remote.c) */
+    size_t idx_ahead_len;
 } stoke__tar_shard;
 
 typedef struct stoke__tar_ds {
@@ -193,6 +195,14 @@ typedef struct stoke__tar_rwin {
     uint64_t start;
     char why[STOKE__MSG_MAX]; /* a failed fetch's reason */
 } stoke__tar_rwin;
+
+/* Fetches the sidecar indexes of the remote shards from `from` on, up to
+ * STOKE__TAR_INDEX_AHEAD, in parallel, for
+ * the opens that follow (stoke__tar_open_remote takes them): 1 when they all came, 0 when
+ * there was nothing to fetch or a request failed (a shard without an index: stop fetching
+ * ahead; each shard's open asks on its own, as without this). */
+#define STOKE__TAR_INDEX_AHEAD 64
+int stoke__tar_index_ahead(const char *spec, stoke__tar_ds *t, int from);
 
 /* Opens remote shard s (its request made first, with the dataset's pool and cache when the
  * first): its size comes with its sidecar index (then *indexed = 1 and its members went to

@@ -74,6 +74,11 @@ static char *index_url(const char *url)
     return u;
 }
 
+/* Indexes fetched ahead at once (shards of one open), and the most of each such a fetch reads
+ * (a longer index is fetched again on its own). */
+#define AHEAD_SHARDS STOKE__TAR_INDEX_AHEAD
+#define AHEAD_BYTES  ((size_t)256 << 10)
+
 /* Fetches the whole of remote file f through slot 0 (one request when it is at most a window):
  * 0 with *buf (malloc'd) and *len, or remote_read's error with why. */
 static int fetch_whole(stoke__tar_ds *t, const stoke__remote_file *f, char **buf, size_t *len,
@@ -124,14 +129,17 @@ static int open_index(const char *spec, stoke__tar_ds *t, stoke__tar_shard *s,
      * given URL + ".idx" (an s3:// key is percent-encoded, ".idx" unchanged) */
     stoke__remote_file f = {
         .url = index_url(s->rf.url), .req = index_url(s->rf.req), .s3 = s->rf.s3};
-    char *buf = NULL;
-    size_t len = 0;
-    int rc;
+    char *buf = s->idx_ahead;
+    size_t len = s->idx_ahead_len;
+    int rc = STOKE_OK;
+    s->idx_ahead = NULL;
     if (!f.url || !f.req) {
+        free(buf);
         stoke__remote_file_free(&f);
         return stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);
     }
-    rc = fetch_whole(t, &f, &buf, &len, why, sizeof(why));
+    if (!buf)
+        rc = fetch_whole(t, &f, &buf, &len, why, sizeof(why));
     if (rc == STOKE_ENOENT) {
         stoke__log(STOKE_LOG_DEBUG, "%s: no index at %s: walking the shard", spec, f.url);
         stoke__remote_file_free(&f);
@@ -162,6 +170,60 @@ static int open_index(const char *spec, stoke__tar_ds *t, stoke__tar_shard *s,
     }
     stoke__remote_file_free(&f);
     return rc ? rc : 1;
+}
+
+/* Fetches the sidecar indexes of remote shards [from, from + AHEAD_SHARDS) at once (read_many:
+ * STOKE_REMOTE_CONNECTIONS in flight) into their idx_ahead, so that an open over thousands of
+ * shards waits for a round trip per AHEAD_SHARDS / connections shards, not per shard.  Best
+ * effort: a shard whose index is longer than AHEAD_BYTES, or a batch with a failed request (a
+ * shard without an index: 404), keeps nothing, and open_index asks again on its own (which
+ * reports or walks as it would have); 0 is returned then so the caller stops fetching ahead
+ * (an index is missing: the walks' requests follow). */
+static int index_ahead(const char *spec, stoke__tar_ds *t, int from)
+{
+    stoke__remote_file f[AHEAD_SHARDS];
+    stoke__remote_req r[AHEAD_SHARDS];
+    int at[AHEAD_SHARDS];
+    size_t n = 0;
+    for (int i = from; i < t->nshards && n < AHEAD_SHARDS; i++) {
+        stoke__tar_shard *s = &t->shards[i];
+        if (!s->remote && stoke__remote_is_url(s->path) && stoke__tar_remote_init(spec, t, s))
+            break; /* its open reports it */
+        if (!s->remote || s->idx_ahead || (t->cache && stoke__cache_has(t->cache, &s->rf)))
+            continue;
+        f[n] = (stoke__remote_file){
+            .url = index_url(s->rf.url), .req = index_url(s->rf.req), .s3 = s->rf.s3};
+        r[n] = (stoke__remote_req){.f = &f[n], .buf = malloc(AHEAD_BYTES), .n = AHEAD_BYTES};
+        at[n] = i;
+        n++;
+        if (!f[n - 1].url || !f[n - 1].req || !r[n - 1].buf)
+            break;
+    }
+    int ok = n > 1;
+    for (size_t j = 0; j < n && ok; j++)
+        ok = f[j].url && f[j].req && r[j].buf;
+    size_t failed = 0;
+    char why[STOKE__MSG_MAX];
+    if (ok && stoke__remote_read_many(t->pool, 0, r, n, &failed, why, sizeof(why)) != STOKE_OK) {
+        stoke__log(STOKE_LOG_DEBUG, "tar: indexes fetched ahead: %s: each asked on its own", why);
+        ok = 0;
+    }
+    for (size_t j = 0; j < n; j++) {
+        stoke__tar_shard *s = &t->shards[at[j]];
+        if (ok && (r[j].got < r[j].n || r[j].total == r[j].got)) {
+            s->idx_ahead = r[j].buf;
+            s->idx_ahead_len = r[j].got;
+        } else {
+            free(r[j].buf);
+        }
+        stoke__remote_file_free(&f[j]);
+    }
+    return ok;
+}
+
+int stoke__tar_index_ahead(const char *spec, stoke__tar_ds *t, int from)
+{
+    return t->pool && t->nshards - from > 1 ? index_ahead(spec, t, from) : 0;
 }
 
 /* The pool, and the cache when STOKE_CACHE_DIR is set, made once. */
