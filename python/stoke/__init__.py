@@ -515,13 +515,17 @@ class DataLoader(_stoke.Loader):
 
     def state_dict(self):
         """The position (StatefulDataLoader's convention): a loader given it by
-        load_state_dict delivers exactly the batches this one would deliver next."""
-        version, seed, epoch, cursor = self._save_state()
-        return {"version": version, "seed": seed, "epoch": epoch, "batches_yielded": cursor}
+        load_state_dict delivers exactly the batches this one would deliver next.  An iterable
+        dataset's state also holds "workers" (num_workers + 1: a restore needs the same)."""
+        version, seed, epoch, cursor, workers = self._save_state()
+        st = {"version": version, "seed": seed, "epoch": epoch, "batches_yielded": cursor}
+        if workers:
+            st["workers"] = workers
+        return st
 
     def _load_state(self, state):
         self._restore_state(int(state["version"]), int(state["seed"]), int(state["epoch"]),
-                            int(state["batches_yielded"]))
+                            int(state["batches_yielded"]), int(state.get("workers", 0)))
 
     def __repr__(self):
         return ("stoke.DataLoader(batch_size=%d, num_workers=%d, epoch=%d, rank=%d/%d)"
