@@ -403,6 +403,9 @@ class DataLoader(_stoke.Loader):
         self.persistent_workers = bool(persistent_workers)
         self.device = None
         self._iterable = iterable
+        # an IterableDataset's position is replayable only from one thread's iterator: worker
+        # processes fill the batches of a map-style loader, threads share one iterator
+        self._no_state = iterable and (processes or num_workers >= 2)
         self._first_iter = True
         _live.add(self)
 
@@ -517,6 +520,10 @@ class DataLoader(_stoke.Loader):
         """The position (StatefulDataLoader's convention): a loader given it by
         load_state_dict delivers exactly the batches this one would deliver next.  An iterable
         dataset's state also holds "workers" (num_workers + 1: a restore needs the same)."""
+        if self._writer is not None and self._no_state:
+            raise StokeError("stoke: state_dict of an IterableDataset needs num_workers 0, or 1 "
+                             "with worker_mode='threads' (the position of worker processes, or "
+                             "of threads sharing one iterator, cannot be replayed)")
         version, seed, epoch, cursor, workers = self._save_state()
         st = {"version": version, "seed": seed, "epoch": epoch, "batches_yielded": cursor}
         if workers:
