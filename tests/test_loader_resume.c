@@ -15,7 +15,8 @@
 typedef struct capds {
     itds it;
     uint64_t cap;
-    uint64_t fail; /* this sample fails (DS_NONE: none) */
+    uint64_t fail;    /* this sample fails (DS_NONE: none) */
+    atomic_int reads; /* samples given */
 } capds;
 
 static int cap_next(void *user, int worker, int num_workers, void *const dst[], int64_t lens[],
@@ -29,7 +30,10 @@ static int cap_next(void *user, int worker, int num_workers, void *const dst[], 
         snprintf(msg, msg_len, "sample %llu went bad", (unsigned long long)c->fail);
         return STOKE_EDATA;
     }
-    return it_next(&c->it, worker, num_workers, dst, lens, index, msg, msg_len);
+    int rc = it_next(&c->it, worker, num_workers, dst, lens, index, msg, msg_len);
+    if (rc == STOKE_OK)
+        atomic_fetch_add(&c->reads, 1);
+    return rc;
 }
 
 /* What a run delivered: each batch's seq, count and bytes (indices then both fields). */
@@ -126,7 +130,9 @@ static void test_resume_every_cursor(void **state)
             memset(&full, 0, sizeof(full));
             stoke_loader *l = make(&cd, &ds, W, bs, drop, 1);
             assert_int_equal(stoke_loader_set_epoch(l, 1), STOKE_OK);
+            atomic_store(&cd.reads, 0);
             take(l, &full, SIZE_MAX);
+            int epoch_reads = atomic_load(&cd.reads);
             stoke_loader_destroy(l);
             assert_true(full.nb >= 2);
             for (size_t k = 0; k <= full.nb; k++) {
@@ -151,9 +157,12 @@ static void test_resume_every_cursor(void **state)
                 same_tail(&full, k, &rest, 1);
                 /* the same loader restored again: the same batches */
                 memset(&rest, 0, sizeof(rest));
+                atomic_store(&cd.reads, 0); /* (the epoch ended: no worker reads) */
                 assert_int_equal(stoke_loader_restore_state(l, &st), STOKE_OK);
                 take(l, &rest, SIZE_MAX);
                 same_tail(&full, k, &rest, 1);
+                /* the cost: the skipped samples read again, so an epoch's reads in all */
+                assert_int_equal(atomic_load(&cd.reads), epoch_reads);
                 stoke_loader_destroy(l);
             }
         }
