@@ -27,6 +27,7 @@ static int cap_next(void *user, int worker, int num_workers, void *const dst[], 
         return STOKE_EEND;
     uint64_t shards = num_workers ? (uint64_t)num_workers : 1;
     if ((uint64_t)worker + c->it.cursor[worker] * shards == c->fail) {
+        c->it.cursor[worker]++; /* (once: the worker's next call goes on after it) */
         snprintf(msg, msg_len, "sample %llu went bad", (unsigned long long)c->fail);
         return STOKE_EDATA;
     }
