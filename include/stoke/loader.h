@@ -22,7 +22,7 @@
  * Dataset kinds (dataset.h): MAP (samples written in place, fields of a fixed shape or
  * ragged: stoke_batch_lengths) and ITERABLE (each worker w of W iterates its own share; worker w's
  * k-th batch is delivered as batch k * max(W, 1) + w, PyTorch's round robin; no samplers, no
- * shuffle, no saved position).
+ * shuffle; a saved position is restored by replaying the epoch: stoke_loader_save_state).
  *
  * Threading: one consumer thread at a time may call the functions taking a stoke_loader
  * (next, set_epoch, state, stats...); batches may be released from any thread.  The loader's
