@@ -17,6 +17,7 @@ typedef struct capds {
     uint64_t cap;
     uint64_t fail;    /* this sample fails (DS_NONE: none) */
     atomic_int reads; /* samples given */
+    int persistent;   /* the loaders' persistent_workers */
 } capds;
 
 static int cap_next(void *user, int worker, int num_workers, void *const dst[], int64_t lens[],
@@ -56,9 +57,9 @@ static stoke_loader *make(capds *c, stoke_dataset *ds, int workers, size_t bs, i
     o.drop_last = drop;
     o.in_order = in_order;
     o.prefetch_factor = 3;
+    o.persistent_workers = c->persistent;
     stoke_loader *l;
     assert_int_equal(stoke_loader_create(&o, ds, &l), STOKE_OK);
-    (void)c;
     return l;
 }
 
@@ -123,6 +124,7 @@ static void test_resume_every_cursor(void **state)
             it_make(&cd.it, &ds, cases[c].n);
             cd.cap = cases[c].cap;
             cd.fail = DS_NONE;
+            cd.persistent = (int)(c & 1); /* (so the read count below holds for both) */
             ds.user = &cd;
             ds.next = cap_next;
             int W = cases[c].workers;
@@ -180,6 +182,7 @@ static void test_resume_other_workers(void **state)
     it_make(&cd.it, &ds, 30);
     cd.cap = 99;
     cd.fail = DS_NONE;
+    cd.persistent = 0;
     ds.user = &cd;
     ds.next = cap_next;
     static run a;
@@ -216,6 +219,7 @@ static void test_resume_needs_in_order(void **state)
     it_make(&cd.it, &ds, 30);
     cd.cap = 99;
     cd.fail = DS_NONE;
+    cd.persistent = 0;
     ds.user = &cd;
     ds.next = cap_next;
     static run a;
@@ -241,6 +245,7 @@ static void test_resume_skipped_fails(void **state)
         it_make(&cd.it, &ds, 30);
         cd.cap = 99;
         cd.fail = DS_NONE;
+        cd.persistent = 0;
         ds.user = &cd;
         ds.next = cap_next;
         static run a;
