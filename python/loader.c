@@ -472,8 +472,8 @@ static PyObject *loader_save_state(PyObject *obj, PyObject *unused)
     leave(self);
     if (rc != STOKE_OK)
         return stoke_py_raise(StokeError, rc, stoke_last_error(), -1);
-    return Py_BuildValue("(IKKK)", st.version, (unsigned long long)st.seed,
-                         (unsigned long long)st.epoch, (unsigned long long)st.cursor);
+    return Py_BuildValue("(IKKKI)", st.version, (unsigned long long)st.seed,
+                         (unsigned long long)st.epoch, (unsigned long long)st.cursor, st.workers);
 }
 
 static PyObject *loader_restore_state(PyObject *obj, PyObject *args)
@@ -481,7 +481,8 @@ static PyObject *loader_restore_state(PyObject *obj, PyObject *args)
     LoaderObject *self = (LoaderObject *)obj;
     stoke_loader_state st = {0};
     unsigned long long seed, epoch, cursor;
-    if (!PyArg_ParseTuple(args, "IKKK:_restore_state", &st.version, &seed, &epoch, &cursor) ||
+    if (!PyArg_ParseTuple(args, "IKKK|I:_restore_state", &st.version, &seed, &epoch, &cursor,
+                          &st.workers) ||
         enter(self) < 0)
         return NULL;
     st.seed = seed;
@@ -592,7 +593,7 @@ static PyObject *loader_get_outstanding(PyObject *obj, void *unused)
 
 static PyMethodDef loader_methods[] = {
     {"set_epoch", loader_set_epoch, METH_O, "Starts `epoch` from its beginning."},
-    {"_save_state", loader_save_state, METH_NOARGS, "(version, seed, epoch, cursor)"},
+    {"_save_state", loader_save_state, METH_NOARGS, "(version, seed, epoch, cursor, workers)"},
     {"_restore_state", loader_restore_state, METH_VARARGS, "Moves to a saved position."},
     {"stats", loader_stats, METH_NOARGS, "The loader's counters."},
     {"quarantine", loader_quarantine, METH_VARARGS,

@@ -22,7 +22,7 @@
  * Dataset kinds (dataset.h): MAP (samples written in place, fields of a fixed shape or
  * ragged: stoke_batch_lengths) and ITERABLE (each worker w of W iterates its own share; worker w's
  * k-th batch is delivered as batch k * max(W, 1) + w, PyTorch's round robin; no samplers, no
- * shuffle, no saved position).
+ * shuffle; a saved position is restored by replaying the epoch: stoke_loader_save_state).
  *
  * Threading: one consumer thread at a time may call the functions taking a stoke_loader
  * (next, set_epoch, state, stats...); batches may be released from any thread.  The loader's
@@ -251,7 +251,7 @@ STOKE_API uint64_t stoke_loader_num_batches(const stoke_loader *l);
 #define STOKE_LOADER_STATE_VERSION 1
 typedef struct stoke_loader_state {
     uint32_t version; /* STOKE_LOADER_STATE_VERSION */
-    uint32_t reserved;
+    uint32_t workers; /* ITERABLE: the saving loader's num_workers + 1; MAP: 0 (unchecked) */
     uint64_t seed;
     uint64_t epoch;
     uint64_t cursor; /* batches of the epoch delivered (with in_order = 0: the length of the
@@ -259,15 +259,21 @@ typedef struct stoke_loader_state {
 } stoke_loader_state;
 
 /* Saves the position into *out (caller's memory; zeroed first on every return but EINVAL): a
- * loader restored from it delivers exactly the batches this one would deliver next.  Returns
- * STOKE_OK; STOKE_EINVAL for NULL; STOKE_ENOTSUP for an ITERABLE dataset.  Consumer thread
- * only. */
+ * loader restored from it delivers exactly the batches this one would deliver next.  ITERABLE
+ * datasets: the cursor is the seq after the last batch delivered (batch seq s is worker s %
+ * max(1, num_workers)'s); a restore restarts the epoch (set_epoch) and each worker makes its
+ * batches below the cursor again and discards them (their samples are read again), so the
+ * dataset must give the same samples for the same (epoch, worker, num_workers), and only a
+ * loader with the same num_workers may restore it.  Returns STOKE_OK; STOKE_EINVAL for NULL;
+ * STOKE_ENOTSUP for an ITERABLE dataset with in_order = 0 once the epoch delivered a batch (the
+ * delivered seqs are no prefix).  Consumer thread only. */
 STOKE_API int stoke_loader_save_state(const stoke_loader *l, stoke_loader_state *out);
 
 /* Moves to a saved position (seed, epoch, cursor), abandoning the current one; *st is not kept.
- * Returns STOKE_OK; STOKE_EINVAL for NULL, a wrong version or a cursor past the epoch's end;
- * STOKE_ENOTSUP for an ITERABLE dataset (the position is unchanged on these errors).  The
- * loader's seed becomes st->seed.  Consumer thread only. */
+ * Returns STOKE_OK; STOKE_EINVAL for NULL, a wrong version, a MAP cursor past the epoch's end,
+ * or an ITERABLE state saved with another num_workers (the position is unchanged on these
+ * errors).  An ITERABLE skipped batch that fails when made again is delivered as its error (the
+ * epoch ends).  The loader's seed becomes st->seed.  Consumer thread only. */
 STOKE_API int stoke_loader_restore_state(stoke_loader *l, const stoke_loader_state *st);
 
 /* Counters since create.  "Delivered" means returned by stoke_loader_next with STOKE_OK (what

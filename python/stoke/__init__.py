@@ -403,6 +403,9 @@ class DataLoader(_stoke.Loader):
         self.persistent_workers = bool(persistent_workers)
         self.device = None
         self._iterable = iterable
+        # an IterableDataset's position is replayable only from one thread's iterator: worker
+        # processes fill the batches of a map-style loader, threads share one iterator
+        self._no_state = iterable and (processes or num_workers >= 2)
         self._first_iter = True
         _live.add(self)
 
@@ -515,13 +518,21 @@ class DataLoader(_stoke.Loader):
 
     def state_dict(self):
         """The position (StatefulDataLoader's convention): a loader given it by
-        load_state_dict delivers exactly the batches this one would deliver next."""
-        version, seed, epoch, cursor = self._save_state()
-        return {"version": version, "seed": seed, "epoch": epoch, "batches_yielded": cursor}
+        load_state_dict delivers exactly the batches this one would deliver next.  An iterable
+        dataset's state also holds "workers" (num_workers + 1: a restore needs the same)."""
+        if self._writer is not None and self._no_state:
+            raise StokeError("stoke: state_dict of an IterableDataset needs num_workers 0, or 1 "
+                             "with worker_mode='threads' (the position of worker processes, or "
+                             "of threads sharing one iterator, cannot be replayed)")
+        version, seed, epoch, cursor, workers = self._save_state()
+        st = {"version": version, "seed": seed, "epoch": epoch, "batches_yielded": cursor}
+        if workers:
+            st["workers"] = workers
+        return st
 
     def _load_state(self, state):
         self._restore_state(int(state["version"]), int(state["seed"]), int(state["epoch"]),
-                            int(state["batches_yielded"]))
+                            int(state["batches_yielded"]), int(state.get("workers", 0)))
 
     def __repr__(self):
         return ("stoke.DataLoader(batch_size=%d, num_workers=%d, epoch=%d, rank=%d/%d)"

@@ -105,11 +105,15 @@ class _BadSample(TypedDict):
     reason: str
 
 
-class _LoaderState(TypedDict):
+class _LoaderStateKeys(TypedDict):
     version: int
     seed: int
     epoch: int
     batches_yielded: int
+
+
+class _LoaderState(_LoaderStateKeys, total=False):
+    workers: int  # an iterable dataset's: num_workers + 1
 
 
 class DataLoader(Generic[_T_co]):

@@ -73,8 +73,8 @@ static stoke_batch *take_done(stoke_loader *l)
     }
     for (stoke_batch **pp = &l->done; *pp; pp = &(*pp)->next) {
         stoke_batch *b = *pp;
-        if (l->o.in_order && b->seq != l->prefix)
-            continue;
+        if (l->o.in_order && b->seq != l->prefix && b->seq >= l->start_cursor)
+            continue; /* (below start_cursor: an ITERABLE batch skipped after a restore failed) */
         *pp = b->next;
         if (l->done_tail == &b->next)
             l->done_tail = pp;

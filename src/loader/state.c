@@ -120,11 +120,13 @@ int stoke_loader_save_state(const stoke_loader *l, stoke_loader_state *out)
     if (!l || !out)
         return STOKE_EINVAL;
     memset(out, 0, sizeof(*out));
-    if (l->iterable)
-        return stoke__fail(STOKE_ENOTSUP, "loader: an iterable dataset has no restorable position");
+    if (l->iterable && !l->o.in_order && l->ndelivered)
+        return stoke__fail(STOKE_ENOTSUP, "loader: an iterable dataset's position mid-epoch is "
+                                          "restorable with in_order only");
     if (stoke__loader_foreign(l))
         return stoke__loader_forked_fail((stoke_loader *)l);
     out->version = STOKE_LOADER_STATE_VERSION;
+    out->workers = l->iterable ? (uint32_t)l->nworkers + 1 : 0; /* (fixed after create) */
     out->seed = l->seed; /* all three change only in the consumer's calls: read without `mu` */
     out->epoch = l->epoch;
     out->cursor = l->prefix;
@@ -135,13 +137,15 @@ int stoke_loader_restore_state(stoke_loader *l, const stoke_loader_state *st)
 {
     if (!l || !st)
         return STOKE_EINVAL;
-    if (l->iterable)
-        return stoke__loader_fail(l, STOKE_ENOTSUP,
-                                  "loader: an iterable dataset has no restorable position");
     if (st->version != STOKE_LOADER_STATE_VERSION)
         return stoke__loader_fail(l, STOKE_EINVAL, "loader state: version %u, expected %u",
                                   st->version, STOKE_LOADER_STATE_VERSION);
-    if (st->cursor > l->nbatches)
+    if (l->iterable && st->workers != (uint32_t)l->nworkers + 1)
+        return stoke__loader_fail(l, STOKE_EINVAL,
+                                  "loader state: saved by a loader with %d workers over %s, this "
+                                  "one has %d (an iterable dataset's split depends on them)",
+                                  (int)st->workers - 1, l->ds.name, l->nworkers);
+    if (!l->iterable && st->cursor > l->nbatches)
         return stoke__loader_fail(l, STOKE_EINVAL,
                                   "loader state: cursor %" PRIu64 " is past the %" PRIu64
                                   " batches of an epoch",

@@ -424,12 +424,15 @@ static void complete_quiet(stoke_loader *l, stoke_batch *b, uint64_t busy_ns)
     if (l->o.device && b->copied)
         stoke__loader_drop_slot(l, b);
     int drop = b->gen != l->gen; /* (dispatch gave it the run's gen) */
-    if (!drop && l->iterable && b->status == STOKE_OK && b->end) {
+    if (!drop && l->iterable) {
         stoke__worker *w = &l->w[b->worker];
         int keep = b->count && !(l->o.drop_last && b->count < l->o.batch_size);
-        /* its batch number in the share (dispatch), and past it when it is delivered */
-        w->end_at = b->seq / (uint64_t)l->nw1 + (uint64_t)keep;
-        if (!keep) { /* nothing to deliver: the share ended on a batch boundary or was dropped */
+        if (b->status == STOKE_OK && b->end) /* its number in the share, past it if delivered */
+            w->end_at = b->seq / (uint64_t)l->nw1 + (uint64_t)keep;
+        /* nothing to deliver: the share ended on a batch boundary or was dropped, or the batch
+         * was delivered before a restored cursor (made again only to skip its samples; one
+         * that failed is delivered: its error ends the epoch, see take_done) */
+        if (b->status == STOKE_OK && ((b->end && !keep) || b->seq < l->start_cursor)) {
             w->outstanding--;
             l->outstanding--;
             drop = 1;

@@ -84,6 +84,35 @@ try:
             and s["samples"] == m["samples"], "CLI: stream %s, map %s" % (R.summary(s),
                                                                            R.summary(m)))
 
+    # --- resume mid-epoch (state_dict after 5 batches, a new loader restored): the rest is the
+    # uninterrupted epoch's; the restore reads each worker's shards again from their start, so
+    # the resumed epoch makes one request per shard, as a whole epoch does (+ the open's) -------
+    import stoke
+
+    def mk():
+        return stoke.DataLoader("tar:%s%s%s,seed=5,shuffle_buffer=4" % (base, RNG, OPTS),
+                                batch_size=5, num_workers=2, structure="list", pin_memory=False)
+
+    def samples(batches):
+        return [ids[bytes(row.numpy())] for b in batches for row in b[0]]
+
+    full = samples(mk())
+    a = mk()
+    it = iter(a)
+    head = samples(next(it) for _ in range(5))
+    state = a.state_dict()
+    del it, a
+    mark = len(S.access_log(ngdir))
+    b = mk()
+    b.load_state_dict(state)
+    rest = samples(b)
+    del b
+    rows = S.access_log(ngdir)[mark:]
+    T.check(head + rest == full and len(full) == NSHARDS * PER,
+            "resumed after 5 batches (%s): %s, uninterrupted %s" % (state, head + rest, full))
+    T.check(len(rows) == NSHARDS + 1, "requests of the resumed epoch: %d: %s" % (
+        len(rows), [r[4] for r in rows]))
+
     # --- a missing shard (404): the error names the URL and the status; skip goes on ----------
     more = "tar:%sshard-{000000..%06d}.tar%s" % (base, NSHARDS, OPTS)
     url = base + "shard-%06d.tar" % NSHARDS

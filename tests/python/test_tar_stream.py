@@ -130,17 +130,58 @@ for opts, want in ((",ragged=bin", "not with mode=stream"), (",rank=0", "go toge
     T.check(rc == 1 and want in out["error"], "%s: %s" % (opts, out))
 rc, out, _ = load(SRC, "--shuffle")
 T.check(rc == 1 and "shuffle and samplers do not apply" in out["error"], "--shuffle: %s" % out)
-# a mid-epoch position cannot be saved (the loader's rule for ITERABLE datasets)
+# --- resume mid-epoch (state_dict after k batches, a new loader restored from it): the
+# batches before k and after it are, hash for hash, an uninterrupted epoch's, for every k
+import hashlib  # noqa: E402
+
 import stoke  # noqa: E402
-dl = stoke.DataLoader(SRC, batch_size=5, num_workers=0, pin_memory=False)
+
+RSRC = SRC + ",seed=5,shuffle_buffer=4"
+
+
+def rloader(w):
+    return stoke.DataLoader(RSRC, batch_size=5, num_workers=w, structure="list",
+                            pin_memory=False)
+
+
+def hashes(it, k=None):
+    out = []
+    for b in it:
+        out.append(hashlib.sha256(b"".join(bytes(f.numpy()) for f in b)).hexdigest())
+        if len(out) == k:
+            break
+    return out
+
+
+for w in (0, 1, 2):
+    dl = rloader(w)
+    dl.set_epoch(1)
+    full = hashes(dl)
+    T.check(len(full) >= NSHARDS * PER // 5, "workers=%d: %d batches" % (w, len(full)))
+    for k in range(len(full) + 1):
+        a = rloader(w)
+        a.set_epoch(1)
+        head = hashes(a, k) if k else []
+        state = a.state_dict()
+        del a
+        b = rloader(w)
+        b.load_state_dict(state)
+        got = head + hashes(b)
+        T.check(got == full, "workers=%d, resumed after %d batches (state %s): %d batches, "
+                "first difference at %s" % (w, k, state, len(got), next(
+                    (i for i, (x, y) in enumerate(zip(got, full)) if x != y), "the end")))
+        del b
+# a state saved with 2 workers restored with 1: refused, naming both counts
+dl = rloader(2)
 it = iter(dl)
 next(it)
-try:
-    dl.state_dict()
-    T.check(False, "state_dict of a stream mid-epoch did not fail")
-except Exception as e:  # noqa: BLE001 (the binding's error type is not the point)
-    T.check("iterable" in str(e), "state_dict: %s" % e)
+state = dl.state_dict()
 del it, dl
+try:
+    rloader(1).load_state_dict(state)
+    T.check(False, "a 2-worker state restored into a 1-worker loader")
+except Exception as e:  # noqa: BLE001 (the binding's error type is not the point)
+    T.check("with 2 workers" in str(e) and "has 1" in str(e), "other workers: %s" % e)
 
 # --- a truncated shard: a bad sample naming it; skip goes on with the next shard -------------
 bad_root = os.path.join(work, "bad")
