@@ -38,6 +38,17 @@ static int cap_next(void *user, int worker, int num_workers, void *const dst[], 
     return rc;
 }
 
+/* cd and ds: an ITERABLE dataset of n samples through cap_next (share cap, no failure). */
+static void cap_make(capds *cd, stoke_dataset *ds, uint64_t n, uint64_t cap, int persistent)
+{
+    it_make(&cd->it, ds, n);
+    cd->cap = cap;
+    cd->fail = DS_NONE;
+    cd->persistent = persistent;
+    ds->user = cd;
+    ds->next = cap_next;
+}
+
 /* What a run delivered: each batch's seq, count and bytes (indices then both fields). */
 typedef struct run {
     size_t nb;
@@ -121,12 +132,8 @@ static void test_resume_every_cursor(void **state)
         for (int drop = 0; drop < 2; drop++) {
             capds cd;
             stoke_dataset ds;
-            it_make(&cd.it, &ds, cases[c].n);
-            cd.cap = cases[c].cap;
-            cd.fail = DS_NONE;
-            cd.persistent = (int)(c & 1); /* (so the read count below holds for both) */
-            ds.user = &cd;
-            ds.next = cap_next;
+            /* persistent_workers alternates (so the read count below holds for both) */
+            cap_make(&cd, &ds, cases[c].n, cases[c].cap, (int)(c & 1));
             int W = cases[c].workers;
             size_t bs = cases[c].bs;
             static run full, part, rest;
@@ -179,12 +186,7 @@ static void test_resume_other_workers(void **state)
     (void)state;
     capds cd;
     stoke_dataset ds;
-    it_make(&cd.it, &ds, 30);
-    cd.cap = 99;
-    cd.fail = DS_NONE;
-    cd.persistent = 0;
-    ds.user = &cd;
-    ds.next = cap_next;
+    cap_make(&cd, &ds, 30, 99, 0);
     static run a;
     memset(&a, 0, sizeof(a));
     stoke_loader *l = make(&cd, &ds, 2, 3, 0, 1);
@@ -216,12 +218,7 @@ static void test_resume_needs_in_order(void **state)
     (void)state;
     capds cd;
     stoke_dataset ds;
-    it_make(&cd.it, &ds, 30);
-    cd.cap = 99;
-    cd.fail = DS_NONE;
-    cd.persistent = 0;
-    ds.user = &cd;
-    ds.next = cap_next;
+    cap_make(&cd, &ds, 30, 99, 0);
     static run a;
     memset(&a, 0, sizeof(a));
     stoke_loader *l = make(&cd, &ds, 2, 3, 0, 0);
@@ -242,12 +239,7 @@ static void test_resume_skipped_fails(void **state)
     for (int w = 0; w <= 2; w++) {
         capds cd;
         stoke_dataset ds;
-        it_make(&cd.it, &ds, 30);
-        cd.cap = 99;
-        cd.fail = DS_NONE;
-        cd.persistent = 0;
-        ds.user = &cd;
-        ds.next = cap_next;
+        cap_make(&cd, &ds, 30, 99, 0);
         static run a;
         memset(&a, 0, sizeof(a));
         stoke_loader *l = make(&cd, &ds, w, 3, 0, 1);
