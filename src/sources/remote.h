@@ -129,10 +129,12 @@ int stoke__remote_fetch(stoke__remote_pool *p, int slot, const stoke__remote_fil
  * libcurl multi handle of the stream's own.  Read-ahead: while the caller reads a file, the
  * files it said come next (start's `next`) are requested too, up to STOKE_REMOTE_CONNECTIONS
  * transfers at once in all (0 or 1: one, no read-ahead), each on a connection of its own (kept
- * from file to file: keep-alive); bytes received and not read yet are bounded by
- * STOKE_STREAM_AHEAD (default 64 MiB): past it the transfers ahead are paused (a file read now
- * is paused only while it alone holds more than that and more than the read asks), so a file
- * bigger than the cap still streams.  The transfers progress only inside read() (no thread):
+ * from file to file: keep-alive), bounded by bytes: a file ahead is requested only while the
+ * bytes of the files requested that the caller has not read (the rest of each file, by the
+ * size its response said; before that, the largest size seen) are under STOKE_STREAM_AHEAD
+ * (default 64 MiB), and the transfers ahead are paused while the bytes received and not read
+ * reach it (the file read now is paused only while it alone holds more than that and more
+ * than the read asks): a file bigger than the cap streams alone.  The transfers progress only inside read() (no thread):
  * while the caller waits for the file it reads, and for one non-blocking round per read.
  * A try that fails in a way that can pass (as a read's) is retried after the backoff of a read
  * (without blocking the other transfers), continued by range from the first byte not yet

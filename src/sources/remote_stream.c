@@ -64,6 +64,7 @@ typedef struct stoke__remote_lane {
     xfer x;
     char *q; /* the queue: q[head, head + len) */
     size_t cap, head, len;
+    uint64_t taken; /* bytes read from the queue */
     int running;       /* a try of x is in the multi handle */
     int paused;        /* ... and paused by on_body (stoke__remote_lane_full) */
     int ended;         /* the file came whole */
@@ -84,6 +85,7 @@ struct stoke__remote_stream {
     size_t nnext;
     uint64_t cap;      /* bytes received and not read, in all lanes: the most (STOKE_STREAM_AHEAD) */
     uint64_t buffered; /* ... now */
+    uint64_t largest;  /* the largest file size a response said: a file's guess before its own */
     size_t need;       /* bytes the read in progress asks of ln[0] */
     uint64_t rng;
 };
@@ -171,6 +173,7 @@ static void lane_reset(lane *l, const stoke__remote_file *f)
     l->f = f;
     l->st->buffered -= l->len;
     l->head = l->len = 0;
+    l->taken = 0;
     l->ended = l->failed = 0;
     l->attempt = 0;
     l->retry_at = 0;
@@ -264,13 +267,31 @@ static void lane_done(stoke__remote_stream *st, lane *l, CURLcode c)
     }
 }
 
+/* Bytes l holds or will bring that the reader has not taken: the rest of its file when its
+ * size is known, else a guess (the largest file seen; the whole cap before any). */
+static uint64_t lane_owed(const stoke__remote_stream *st, const lane *l)
+{
+    if (l->ended || l->failed)
+        return l->len;
+    if (l->x.has_total)
+        return l->x.total > l->taken ? l->x.total - l->taken : 0;
+    return st->largest ? st->largest : st->cap;
+}
+
 /* One round of the transfers: lanes added for the files next while the cap allows, tries
  * started where none runs (after their backoff), paused ones resumed where the bytes were read,
  * libcurl let work, the tries that ended handled.  wait: when nothing ended, wait up to a
  * second for a socket (or the next backoff's end). */
 static void stream_pump(stoke__remote_stream *st, int wait)
 {
-    while (st->nl < st->max && (size_t)(st->nl - 1) < st->nnext && st->buffered < st->cap) {
+    uint64_t owed = 0; /* bytes in flight and not read: the cap bounds them */
+    for (int i = 0; i < st->nl; i++) {
+        const lane *l = st->ln[i];
+        if (l->x.has_total && l->x.total > st->largest)
+            st->largest = l->x.total;
+        owed += lane_owed(st, l);
+    }
+    while (st->nl < st->max && (size_t)(st->nl - 1) < st->nnext && owed < st->cap) {
         if (st->nl == st->nalloc) {
             lane *l = lane_new(st);
             if (!l)
@@ -278,6 +299,7 @@ static void stream_pump(stoke__remote_stream *st, int wait)
             st->ln[st->nalloc++] = l;
         }
         lane_reset(st->ln[st->nl], st->next[st->nl - 1]);
+        owed += lane_owed(st, st->ln[st->nl]);
         st->nl++;
     }
     uint64_t now = stoke__now_ns(), soonest = UINT64_MAX;
@@ -355,6 +377,7 @@ int stoke__remote_stream_read(stoke__remote_stream *st, void *buf, size_t n, siz
         memcpy(buf, l->q + l->head, k);
     l->head += k;
     l->len -= k;
+    l->taken += k;
     st->buffered -= k;
     *got = k;
     return STOKE_OK;
