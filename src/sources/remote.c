@@ -367,8 +367,9 @@ static size_t on_body(char *data, size_t size, size_t nmemb, void *ctx)
         x->err[x->errlen] = 0;
         return len;
     }
-    if (x->q && stoke__remote_lane_full(x->q)) /* a stream's bytes ahead are at their cap */
-        return CURL_WRITEFUNC_PAUSE;                /* delivered again once resumed */
+    /* a stream's bytes ahead at their cap: these are delivered again once it resumes */
+    if (x->q && stoke__remote_lane_full(x->q))
+        return CURL_WRITEFUNC_PAUSE;
     uint64_t from = x->off + x->got; /* the next byte wanted */
     if (x->got == x->n) {
         x->enough = 1;

@@ -17,8 +17,8 @@
 #ifndef STOKE_SOURCES_REMOTE_H
 #define STOKE_SOURCES_REMOTE_H
 
-#include <stddef.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 
 /* 1 when path starts with http://, https:// or s3:// (any case), else 0. */
@@ -134,12 +134,12 @@ int stoke__remote_fetch(stoke__remote_pool *p, int slot, const stoke__remote_fil
  * size its response said; before that, the largest size seen) are under STOKE_STREAM_AHEAD
  * (default 64 MiB), and the transfers ahead are paused while the bytes received and not read
  * reach it (the file read now is paused only while it alone holds more than that and more
- * than the read asks): a file bigger than the cap streams alone.  The transfers progress only inside read() (no thread):
- * while the caller waits for the file it reads, and for one non-blocking round per read.
- * A try that fails in a way that can pass (as a read's) is retried after the backoff of a read
- * (without blocking the other transfers), continued by range from the first byte not yet
- * received; the file's error after the retries is a read's ("GET URL: HTTP 404", "... (after
- * N tries)") and every later read of that file returns it.  Counted in the pool's stats:
+ * than the read asks): a file bigger than the cap streams alone.  The transfers progress only
+ * inside read() (no thread): while the caller waits for the file it reads, and for one non-blocking
+ * round per read. A try that fails in a way that can pass (as a read's) is retried after the
+ * backoff of a read (without blocking the other transfers), continued by range from the first byte
+ * not yet received; the file's error after the retries is a read's ("GET URL: HTTP 404", "...
+ * (after N tries)") and every later read of that file returns it.  Counted in the pool's stats:
  * requests, bytes, retries, and the time read() waits as wait_ns.  One thread at a time per
  * stream; a forked process must not use its parent's (its sockets are the parent's).  Built
  * without libcurl, create fails with STOKE_ENOTSUP. */

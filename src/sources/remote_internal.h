@@ -79,18 +79,18 @@ struct stoke__remote_pool {
 
 typedef struct xfer {
     CURL *h;
-    char *buf; /* the destination: n bytes for the file's [off, off + n) */
-    int fd;    /* or, when >= 0, this file: byte off + i written at i (pwrite) */
-    struct stoke__remote_lane *q;   /* or, when not NULL, this stream lane's queue (appended) */
-    int werr;                       /* errno of a failed write to fd */
-    size_t n, got;                  /* got: bytes of buf filled, from buf[0] */
-    uint64_t off;                   /* file offset of buf[0] */
-    uint64_t pos;                   /* file offset of the next body byte */
-    long status;                    /* of the final response (after redirects) */
-    int body;                       /* the body started: pos is set */
-    int enough;     /* stopped on purpose: buf is full (a 200 sends the whole file) */
-    int bad_range;  /* the body started past the byte asked for */
-    uint64_t total; /* the file's size, when has_total */
+    char *buf;                    /* the destination: n bytes for the file's [off, off + n) */
+    int fd;                       /* or, when >= 0, this file: byte off + i written at i (pwrite) */
+    struct stoke__remote_lane *q; /* or, when not NULL, this stream lane's queue (appended) */
+    int werr;                     /* errno of a failed write to fd */
+    size_t n, got;                /* got: bytes of buf filled, from buf[0] */
+    uint64_t off;                 /* file offset of buf[0] */
+    uint64_t pos;                 /* file offset of the next body byte */
+    long status;                  /* of the final response (after redirects) */
+    int body;                     /* the body started: pos is set */
+    int enough;                   /* stopped on purpose: buf is full (a 200 sends the whole file) */
+    int bad_range;                /* the body started past the byte asked for */
+    uint64_t total;               /* the file's size, when has_total */
     int has_total;
     uint64_t cr_start; /* Content-Range's first byte, when has_cr */
     int has_cr;

@@ -59,12 +59,12 @@ void stoke__remote_stream_destroy(stoke__remote_stream *st)
 typedef struct stoke__remote_lane {
     struct stoke__remote_stream *st;
     CURL *h;
-    char err[CURL_ERROR_SIZE];  /* libcurl's reason of the try that ended */
+    char err[CURL_ERROR_SIZE];   /* libcurl's reason of the try that ended */
     const stoke__remote_file *f; /* NULL: idle */
     xfer x;
     char *q; /* the queue: q[head, head + len) */
     size_t cap, head, len;
-    uint64_t taken; /* bytes read from the queue */
+    uint64_t taken;    /* bytes read from the queue */
     int running;       /* a try of x is in the multi handle */
     int paused;        /* ... and paused by on_body (stoke__remote_lane_full) */
     int ended;         /* the file came whole */
@@ -80,10 +80,11 @@ struct stoke__remote_stream {
     stoke__remote_pool *p;
     CURLM *m;
     lane *ln[LANES_MAX];
-    int nl, nalloc, max;
+    int nl, nalloc, max; /* max: transfers running at once (files whose bytes all came and
+                            wait to be read do not count) */
     const stoke__remote_file *const *next; /* the files after ln[0]'s, in order */
     size_t nnext;
-    uint64_t cap;      /* bytes received and not read, in all lanes: the most (STOKE_STREAM_AHEAD) */
+    uint64_t cap; /* bytes received and not read, in all lanes: the most (STOKE_STREAM_AHEAD) */
     uint64_t buffered; /* ... now */
     uint64_t largest;  /* the largest file size a response said: a file's guess before its own */
     size_t need;       /* bytes the read in progress asks of ln[0] */
@@ -285,13 +286,16 @@ static uint64_t lane_owed(const stoke__remote_stream *st, const lane *l)
 static void stream_pump(stoke__remote_stream *st, int wait)
 {
     uint64_t owed = 0; /* bytes in flight and not read: the cap bounds them */
+    int active = 0;    /* transfers not ended: STOKE_REMOTE_CONNECTIONS bounds them */
     for (int i = 0; i < st->nl; i++) {
         const lane *l = st->ln[i];
         if (l->x.has_total && l->x.total > st->largest)
             st->largest = l->x.total;
         owed += lane_owed(st, l);
+        active += !l->ended && !l->failed;
     }
-    while (st->nl < st->max && (size_t)(st->nl - 1) < st->nnext && owed < st->cap) {
+    while (st->max > 1 && active < st->max && st->nl < LANES_MAX && (size_t)(st->nl - 1) < st->nnext &&
+           owed < st->cap) {
         if (st->nl == st->nalloc) {
             lane *l = lane_new(st);
             if (!l)
@@ -300,6 +304,7 @@ static void stream_pump(stoke__remote_stream *st, int wait)
         }
         lane_reset(st->ln[st->nl], st->next[st->nl - 1]);
         owed += lane_owed(st, st->ln[st->nl]);
+        active++;
         st->nl++;
     }
     uint64_t now = stoke__now_ns(), soonest = UINT64_MAX;

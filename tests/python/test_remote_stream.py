@@ -158,6 +158,15 @@ try:
     T.check(rc == 0 and out["remote"]["cache_misses"] == NSHARDS
             and out["content_hash"] == m["content_hash"], "cache: %s" % out.get("remote"))
     del os.environ["STOKE_CACHE_DIR"]
+    # behind limit_rate, a worker's next shards downloaded into the cache while it reads one
+    mark = len(S.timings(sdir))
+    rc, out, _ = load(sspec, "--workers", "1", "--no-hash",
+                      env={"STOKE_CACHE_DIR": os.path.join(work, "cache3")})
+    trows = [r for r in S.timings(sdir)[mark:] if r[4].endswith(".tar")]
+    T.check(rc == 0 and out["samples"] == NSHARDS * PER
+            and out["remote"]["cache_misses"] == NSHARDS, "cache, limited: %s" % out)
+    T.check(sorted(r[4] for r in trows) == ["/shard-%06d.tar" % i for i in range(NSHARDS)]
+            and S.most_at_once(trows) >= 2, "cache, limited: downloads %s" % trows)
 finally:
     for srv in servers:
         srv.stop()
