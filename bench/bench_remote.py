@@ -13,8 +13,9 @@ remote source that is part of the cost):
   local cold      tar:DIR/shard-{...}.tar, the files dropped from the page cache first
                   (posix_fadvise DONTNEED)
   http            tar:http://127.0.0.1:PORT/shard-{...}.tar, range reads (no cache)
-  http stream     the same with mode=stream (each worker GETs its shards whole, one after
-                  another, no cache; docs/sources.md "Streaming")
+  http stream     the same with mode=stream (each worker GETs its shards whole, its next
+                  ones while it reads one: STOKE_REMOTE_CONNECTIONS transfers at once per
+                  worker, STOKE_STREAM_AHEAD bytes; no cache; docs/sources.md "Streaming")
   http cache cold the same with STOKE_CACHE_DIR set to an empty directory (whole shards
                   downloaded into it); skipped by a stoke without the cache
   http cached     the same again, the cache filled by the previous run
@@ -203,7 +204,7 @@ def main():
             configs.append(("limited: stoke stream", "stream"))
             for name, env in configs:
                 mode = ""
-                if env == "stream":  # mode=stream: one GET per shard on each worker's connection
+                if env == "stream":  # mode=stream: one GET per shard, the workers' read-ahead
                     env, mode = None, ",mode=stream"
                 if env == "index":  # `stoke index` beside the shards, removed after the run
                     p = subprocess.run([cli, "index", "tar:%s/%s" % (data, pattern)],

@@ -30,7 +30,8 @@
     X(LOCAL_WORLD_SIZE, "LOCAL_WORLD_SIZE", "torchrun processes on this node")                     \
     X(REMOTE_RETRIES, "STOKE_REMOTE_RETRIES", "retries of a failed remote read")                   \
     X(REMOTE_TIMEOUT, "STOKE_REMOTE_TIMEOUT", "seconds a remote read may stall")                   \
-    X(REMOTE_CONNECTIONS, "STOKE_REMOTE_CONNECTIONS", "cache downloads at once per process")       \
+    X(REMOTE_CONNECTIONS, "STOKE_REMOTE_CONNECTIONS", "remote requests at once (read-ahead)")      \
+    X(STREAM_AHEAD, "STOKE_STREAM_AHEAD", "bytes a streaming worker holds ahead (K/M/G)")          \
     X(CA_BUNDLE, "STOKE_CA_BUNDLE", "CA certificates for https (PEM file)")                        \
     X(CACHE_DIR, "STOKE_CACHE_DIR", "directory of the local cache of remote shards")               \
     X(CACHE_LIMIT, "STOKE_CACHE_LIMIT", "size cap of the remote-shard cache (K/M/G/T)")            \

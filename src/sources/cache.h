@@ -72,6 +72,12 @@ int stoke__cache_has(stoke__cache *c, const stoke__remote_file *f);
  * taken as the largest copy seen).  Failures are left to the reads too (logged at debug).
  * Queueing never blocks on the network; the pool must outlive c. */
 #define STOKE__CACHE_QUEUE_MAX 256
+/* Queues downloads of f[0 .. n) (NULL entries skipped; the first STOKE_REMOTE_CONNECTIONS
+ * only) for the background threads, as above, for a reader that knows its own order (the
+ * streaming mode: a worker's next shards).  Returns
+ * the jobs queued (0 in a forked worker process, or with STOKE_REMOTE_CONNECTIONS=0). */
+size_t stoke__cache_prefetch(stoke__cache *c, stoke__remote_pool *p,
+                             const stoke__remote_file *const *f, const uint64_t *expect, size_t n);
 /* The order the reads of files are expected in (the shards of a source): a read that finds
  * no complete copy of f[i] (it downloads it, or waits for it) queues f[i + 1 ..] up to
  * STOKE_REMOTE_CONNECTIONS of them for background threads, so that the downloads of the next

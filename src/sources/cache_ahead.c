@@ -91,13 +91,13 @@ static void dl_start(stoke__cache *c)
     }
 }
 
-/* Queues downloads of f[0 .. n) for the background threads (cache.h, stoke__cache_set_order:
- * they never wait for another process's download and never evict).  The jobs queued. */
-static size_t cache_prefetch(stoke__cache *c, stoke__remote_pool *p,
+size_t stoke__cache_prefetch(stoke__cache *c, stoke__remote_pool *p,
                              const stoke__remote_file *const *f, const uint64_t *expect, size_t n)
 {
     if (!c || c->connections == 0 || foreign(&c->d))
         return 0;
+    if (n > (size_t)c->connections)
+        n = (size_t)c->connections;
     stoke__cache_downloader *d = &c->d;
     size_t added = 0;
     pthread_mutex_lock(&d->lock);
@@ -162,7 +162,7 @@ void stoke__cache_ahead(stoke__cache *c, stoke__remote_pool *p, const stoke__rem
     }
     pthread_mutex_unlock(&d->lock);
     if (k)
-        cache_prefetch(c, p, next, exp, k);
+        stoke__cache_prefetch(c, p, next, exp, k);
 }
 
 void stoke__cache_ahead_init(stoke__cache *c)

@@ -192,6 +192,9 @@ int stoke__remote_pool_create(stoke__remote_pool **out, char *why, size_t why_le
     p->connections = env_number(STOKE_ENV_REMOTE_CONNECTIONS, STOKE__REMOTE_CONNECTIONS_DEFAULT,
                                 STOKE__REMOTE_BG_MAX);
     p->timeout_s = env_number(STOKE_ENV_REMOTE_TIMEOUT, DEFAULT_TIMEOUT, 86400);
+    uint64_t ahead = STOKE__REMOTE_STREAM_AHEAD_DEFAULT;
+    stoke__env_size(STOKE_ENV_STREAM_AHEAD, &ahead);
+    p->stream_ahead = ahead;
     if (p->timeout_s < 1)
         p->timeout_s = 1;
     const char *ca = stoke__env_str(STOKE_ENV_CA_BUNDLE);
@@ -364,6 +367,9 @@ static size_t on_body(char *data, size_t size, size_t nmemb, void *ctx)
         x->err[x->errlen] = 0;
         return len;
     }
+    /* a stream's bytes ahead at their cap: these are delivered again once it resumes */
+    if (x->q && stoke__remote_lane_full(x->q))
+        return CURL_WRITEFUNC_PAUSE;
     uint64_t from = x->off + x->got; /* the next byte wanted */
     if (x->got == x->n) {
         x->enough = 1;
@@ -381,7 +387,7 @@ static size_t on_body(char *data, size_t size, size_t nmemb, void *ctx)
     if (take > x->n - x->got)
         take = x->n - x->got;
     if (x->q) {
-        if (stoke__remote_stream_append(x->q, data + skip, take) != 0) {
+        if (stoke__remote_lane_append(x->q, data + skip, take) != 0) {
             x->werr = ENOMEM;
             return 0;
         }
@@ -497,8 +503,8 @@ static int on_progress(void *user, curl_off_t dltotal, curl_off_t dlnow, curl_of
     return stopped(user); /* nonzero: libcurl ends the transfer (CURLE_ABORTED_BY_CALLBACK) */
 }
 
-/* Sleeps before retry `attempt` (in 50 ms steps when x can be stopped, to see it). */
-void stoke__remote_backoff(unsigned attempt, long retry_after_s, uint64_t *rng, const xfer *x)
+/* The wait before retry `attempt` (exponential, jittered, at least the server's Retry-After). */
+uint64_t stoke__remote_backoff_ms(unsigned attempt, long retry_after_s, uint64_t *rng)
 {
     uint64_t ms = BACKOFF_BASE_MS << (attempt < 16 ? attempt : 16);
     if (ms > BACKOFF_CAP_MS)
@@ -507,6 +513,13 @@ void stoke__remote_backoff(unsigned attempt, long retry_after_s, uint64_t *rng, 
     ms = ms / 2 + *rng % (ms / 2 + 1);                         /* jitter: [ms/2, ms] */
     if (retry_after_s > 0 && (uint64_t)retry_after_s * 1000 > ms)
         ms = (uint64_t)retry_after_s * 1000 > 60000 ? 60000 : (uint64_t)retry_after_s * 1000;
+    return ms;
+}
+
+/* Sleeps that long (in 50 ms steps when x can be stopped, to see it). */
+void stoke__remote_backoff(unsigned attempt, long retry_after_s, uint64_t *rng, const xfer *x)
+{
+    uint64_t ms = stoke__remote_backoff_ms(attempt, retry_after_s, rng);
     for (uint64_t step; ms && !stopped(x); ms -= step) {
         step = x->stop && ms > 50 ? 50 : ms;
         struct timespec ts = {(time_t)(step / 1000), (long)(step % 1000) * 1000000L};

@@ -17,8 +17,8 @@
 #ifndef STOKE_SOURCES_REMOTE_H
 #define STOKE_SOURCES_REMOTE_H
 
-#include <stddef.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 
 /* 1 when path starts with http://, https:// or s3:// (any case), else 0. */
@@ -128,24 +128,39 @@ int stoke__remote_fetch(stoke__remote_pool *p, int slot, const stoke__remote_fil
 
 /* A stream: files read front to back, each with ONE whole-file GET (Range: bytes=0-, so one
  * request per file when nothing fails) whose body the caller reads as it arrives, through a
- * libcurl multi handle and connection of the stream's own (kept from file to file: keep-alive).
- * A try that fails in a way that can pass (as a read's) is retried after the backoff of a read,
- * continued by range from the first byte not yet received; the file's error after the retries
- * is a read's ("GET URL: HTTP 404", "... (after N tries)") and every later read of that file
- * returns it.  Counted in the pool's stats: requests, bytes, retries, and the time read() waits
- * as wait_ns.  One thread at a time per stream.  Built without libcurl, create fails with
- * STOKE_ENOTSUP. */
+ * libcurl multi handle of the stream's own.  Read-ahead: while the caller reads a file, the
+ * files it said come next (start's `next`) are requested too, up to STOKE_REMOTE_CONNECTIONS
+ * transfers at once in all (0 or 1: one, no read-ahead), each on a connection of its own (kept
+ * from file to file: keep-alive), bounded by bytes: a file ahead is requested only while the
+ * bytes of the files requested that the caller has not read (the rest of each file, by the
+ * size its response said; before that, the largest size seen) are under STOKE_STREAM_AHEAD
+ * (default 64 MiB), and the transfers ahead are paused while the bytes received and not read
+ * reach it (the file read now is paused only while it alone holds more than that and more
+ * than the read asks): a file bigger than the cap streams alone.  The transfers progress only
+ * inside read() (no thread): while the caller waits for the file it reads, and for one non-blocking
+ * round per read. A try that fails in a way that can pass (as a read's) is retried after the
+ * backoff of a read (without blocking the other transfers), continued by range from the first byte
+ * not yet received; the file's error after the retries is a read's ("GET URL: HTTP 404", "...
+ * (after N tries)") and every later read of that file returns it.  Counted in the pool's stats:
+ * requests, bytes, retries, and the time read() waits as wait_ns.  One thread at a time per
+ * stream; a forked process must not use its parent's (its sockets are the parent's).  Built
+ * without libcurl, create fails with STOKE_ENOTSUP. */
 typedef struct stoke__remote_stream stoke__remote_stream;
+#define STOKE__REMOTE_STREAM_AHEAD_DEFAULT ((uint64_t)64 << 20)
 int stoke__remote_stream_create(stoke__remote_pool *p, stoke__remote_stream **out, char *why,
                                 size_t why_len);
-/* Begins file f (which must outlive its reads), abandoning the file read before (its request
- * ended, its connection closed).  No request is made until the first read. */
-void stoke__remote_stream_start(stoke__remote_stream *st, const stoke__remote_file *f);
+/* Begins file f (which must outlive its reads): the transfer of f already running ahead is
+ * kept, the file read before is abandoned (its request ended, its connection closed when its
+ * body was not all read).  next[0 .. nnext): the files that will be started after f, in that
+ * order (the pointers are kept until the next start; next may be NULL when nnext is 0); the
+ * transfers ahead of files not among them are ended.  No request is made until a read. */
+void stoke__remote_stream_start(stoke__remote_stream *st, const stoke__remote_file *f,
+                                const stoke__remote_file *const *next, size_t nnext);
 /* The next n bytes of the file into buf: 0 with *got = n, or fewer where the file ends; or the
  * file's error with why set. */
 int stoke__remote_stream_read(stoke__remote_stream *st, void *buf, size_t n, size_t *got, char *why,
                               size_t why_len);
-/* Ends the transfer, frees the handles.  NULL does nothing. */
+/* Ends the transfers, frees the handles.  NULL does nothing. */
 void stoke__remote_stream_destroy(stoke__remote_stream *st);
 
 #endif

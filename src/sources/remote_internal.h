@@ -71,6 +71,7 @@ struct stoke__remote_pool {
     int connections; /* requests at once of a read_many (STOKE_REMOTE_CONNECTIONS) */
     unsigned retries;
     long timeout_s;
+    uint64_t stream_ahead; /* a stream's bytes received, not read yet (STOKE_STREAM_AHEAD) */
     char *ca_bundle;
     stoke__remote_aws aws; /* S3, from the environment and ~/.aws at create */
     counters *n; /* a shared mapping: a forked worker's requests are counted in the parent */
@@ -78,18 +79,18 @@ struct stoke__remote_pool {
 
 typedef struct xfer {
     CURL *h;
-    char *buf; /* the destination: n bytes for the file's [off, off + n) */
-    int fd;    /* or, when >= 0, this file: byte off + i written at i (pwrite) */
-    struct stoke__remote_stream *q; /* or, when not NULL, this stream's queue (appended) */
-    int werr;                       /* errno of a failed write to fd */
-    size_t n, got;                  /* got: bytes of buf filled, from buf[0] */
-    uint64_t off;                   /* file offset of buf[0] */
-    uint64_t pos;                   /* file offset of the next body byte */
-    long status;                    /* of the final response (after redirects) */
-    int body;                       /* the body started: pos is set */
-    int enough;     /* stopped on purpose: buf is full (a 200 sends the whole file) */
-    int bad_range;  /* the body started past the byte asked for */
-    uint64_t total; /* the file's size, when has_total */
+    char *buf;                    /* the destination: n bytes for the file's [off, off + n) */
+    int fd;                       /* or, when >= 0, this file: byte off + i written at i (pwrite) */
+    struct stoke__remote_lane *q; /* or, when not NULL, this stream lane's queue (appended) */
+    int werr;                     /* errno of a failed write to fd */
+    size_t n, got;                /* got: bytes of buf filled, from buf[0] */
+    uint64_t off;                 /* file offset of buf[0] */
+    uint64_t pos;                 /* file offset of the next body byte */
+    long status;                  /* of the final response (after redirects) */
+    int body;                     /* the body started: pos is set */
+    int enough;                   /* stopped on purpose: buf is full (a 200 sends the whole file) */
+    int bad_range;                /* the body started past the byte asked for */
+    uint64_t total;               /* the file's size, when has_total */
     int has_total;
     uint64_t cr_start; /* Content-Range's first byte, when has_cr */
     int has_cr;
@@ -111,9 +112,15 @@ void stoke__remote_try_begin(stoke__remote_pool *p, CURL *h, const stoke__remote
  * (retry), or a negative code with why set. */
 int stoke__remote_try_end(stoke__remote_pool *p, const stoke__remote_file *f, xfer *x, CURLcode c,
                           const char *serr, char *why, size_t why_len);
-/* Sleeps before retry `attempt` (exponential, jittered, at least the server's Retry-After). */
+/* The wait before retry `attempt`, in ms (exponential, jittered, at least the server's
+ * Retry-After). */
+uint64_t stoke__remote_backoff_ms(unsigned attempt, long retry_after_s, uint64_t *rng);
+/* Sleeps stoke__remote_backoff_ms (in 50 ms steps when x can be stopped, to see it). */
 void stoke__remote_backoff(unsigned attempt, long retry_after_s, uint64_t *rng, const xfer *x);
-/* A stream's body bytes, from on_body (remote_stream.c): 0, or -1 out of memory. */
-int stoke__remote_stream_append(struct stoke__remote_stream *st, const char *data, size_t n);
+/* A stream lane's body bytes, from on_body (remote_stream.c): 0, or -1 out of memory. */
+int stoke__remote_lane_append(struct stoke__remote_lane *l, const char *data, size_t n);
+/* 1 (and l marked paused) when lane l must not take more bytes now (the cap): on_body
+ * pauses the transfer (CURL_WRITEFUNC_PAUSE), the stream resumes it once they are read. */
+int stoke__remote_lane_full(struct stoke__remote_lane *l);
 
 #endif

@@ -7,11 +7,12 @@
  * rank i % world_size and, within the rank, to worker (i / world_size) % num_workers: every
  * shard is read by one (rank, worker) per epoch.  A worker reads its shards one after the
  * other, front to back (tar_header.c's walk one member at a time): a local one with reads, a
- * remote one with one GET through the worker's stream (remote.h) or through the cache's local
- * copy (STOKE_CACHE_DIR).  Members become samples by tar.c's rules (stoke__tar_on_member,
- * stoke__tar_same_key, stoke__tar_build_index) and are read by tar_fields.c from the sample's
- * bytes (a window).  Samples pass through a shuffle buffer of shuffle_buffer samples per worker
- * with an RNG keyed by (seed, epoch, rank, worker).
+ * remote one with one GET through the worker's stream (remote.h), which is told the worker's
+ * next remote shards and fetches them meanwhile (read-ahead), or through the cache's local copy
+ * (STOKE_CACHE_DIR; the next shards queued for the cache's background downloads).  Members become
+ * samples by tar.c's rules (stoke__tar_on_member, stoke__tar_same_key, stoke__tar_build_index) and
+ * are read by tar_fields.c from the sample's bytes (a window).  Samples pass through a shuffle
+ * buffer of shuffle_buffer samples per worker with an RNG keyed by (seed, epoch, rank, worker).
  *
  * State and locking: everything a worker touches is its own (struct sworker, made by its first
  * next()); set_epoch runs while no worker does (dataset.h) and only bumps the generation the
@@ -68,6 +69,8 @@ typedef struct sworker {
     stoke__tar_ds view; /* t's fields and shards; the index of the sample being read */
     uint32_t *mine;     /* its shards this epoch, in order */
     size_t nmine, next;
+    const stoke__remote_file **rfs; /* the remote ones among them, in order: the read-ahead's */
+    size_t nrfs, rstarted;          /* ... and how many were started */
     sreader rd;
     stoke__tar_iter it;
     int in_shard;
@@ -84,7 +87,6 @@ struct stoke__tar_stream {
     char spec[128];
     uint64_t gen, epoch;
     sworker *w[MAX_WORKERS];
-    const stoke__remote_file **order; /* the cache's read-ahead order: this rank's shards */
 };
 
 static uint64_t mix(uint64_t z)
@@ -243,15 +245,23 @@ static int shard_begin(stoke__tar_ds *t, sworker *w, int worker, uint32_t shard,
             return rc;
         }
         size = (uint64_t)st.st_size;
-    } else if (!t->cache) {
-        if (!r->rs) {
-            int rc = stoke__remote_stream_create(t->pool, &r->rs, r->why, sizeof(r->why));
-            if (rc) {
-                stoke__fmt(msg, msg_len, "tar %s: %s", s->path, r->why);
-                return rc;
+    } else {
+        /* the worker's remote shards after this one: fetched meanwhile (read-ahead) */
+        size_t at = w->rstarted < w->nrfs ? ++w->rstarted : w->nrfs;
+        const stoke__remote_file *const *next = at < w->nrfs ? w->rfs + at : NULL;
+        size_t nnext = w->nrfs - at;
+        if (t->cache) {
+            stoke__cache_prefetch(t->cache, t->pool, next, NULL, nnext);
+        } else {
+            if (!r->rs) {
+                int rc = stoke__remote_stream_create(t->pool, &r->rs, r->why, sizeof(r->why));
+                if (rc) {
+                    stoke__fmt(msg, msg_len, "tar %s: %s", s->path, r->why);
+                    return rc;
+                }
             }
+            stoke__remote_stream_start(r->rs, &s->rf, next, nnext);
         }
-        stoke__remote_stream_start(r->rs, &s->rf);
     }
     if (stoke__tar_iter_init(&w->it, size, stream_read, r, w->err, sizeof(w->err)) != 0) {
         if (r->fd >= 0)
@@ -394,6 +404,7 @@ static void worker_free(sworker *w)
     free(w->buf);
     free(w->sc.m);
     free(w->mine);
+    free(w->rfs);
     free(w->rd.win);
     stoke__remote_stream_destroy(w->rd.rs);
     free(w);
@@ -422,6 +433,14 @@ static int worker_reset(stoke__tar_ds *t, sworker *w, int worker, int nw)
         mine[n++] = shard_at(t, key, i);
     w->nmine = n;
     w->next = 0;
+    const stoke__remote_file **rfs = realloc(w->rfs, (n ? n : 1) * sizeof(*rfs));
+    if (!rfs)
+        return STOKE_ENOMEM;
+    w->rfs = rfs;
+    w->nrfs = w->rstarted = 0;
+    for (size_t j = 0; j < n; j++)
+        if (t->shards[mine[j]].remote)
+            rfs[w->nrfs++] = &t->shards[mine[j]].rf;
     w->exhausted = 0;
     w->rng = mix(mix(mix(t->seed) ^ st->epoch) ^ (uint64_t)t->rank) ^ (uint64_t)worker;
     atomic_store_explicit(&w->view.epoch, st->epoch, memory_order_relaxed);
@@ -512,8 +531,8 @@ static int stream_next(void *user, int worker, int num_workers, void *const dst[
     return rc;
 }
 
-/* The epoch about to start: the workers restart with its order; the cache's read-ahead gets
- * this rank's shards in it. */
+/* The epoch about to start: the workers restart with its order (their read-ahead with it: a
+ * worker's next shards, shard_begin). */
 static int stream_set_epoch(void *user, uint64_t epoch)
 {
     stoke__tar_ds *t = user;
@@ -521,16 +540,7 @@ static int stream_set_epoch(void *user, uint64_t epoch)
     stoke__tar_set_epoch(user, epoch);
     st->epoch = epoch;
     st->gen++;
-    if (!t->cache || !st->order)
-        return STOKE_OK;
-    uint64_t key = order_key(t->seed, epoch);
-    size_t n = 0;
-    for (uint64_t i = (uint64_t)t->rank; i < (uint64_t)t->nshards; i += (uint64_t)t->world) {
-        const stoke__tar_shard *s = &t->shards[shard_at(t, key, i)];
-        if (s->remote)
-            st->order[n++] = &s->rf;
-    }
-    return stoke__cache_set_order(t->cache, st->order, NULL, n);
+    return STOKE_OK;
 }
 
 void stoke__tar_stream_dataset(stoke__tar_ds *t, stoke_dataset *ds)
@@ -547,7 +557,6 @@ void stoke__tar_stream_free(struct stoke__tar_stream *st)
         return;
     for (int i = 0; i < MAX_WORKERS; i++)
         worker_free(st->w[i]);
-    free(st->order);
     free(st);
 }
 
@@ -561,14 +570,10 @@ int stoke__tar_stream_open(const char *spec, stoke__tar_ds *t, stoke__tar_scan *
         return stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);
     t->st = st;
     stoke__strlcpy(st->spec, spec, sizeof(st->spec));
-    int rc = STOKE_OK, remote = 0;
+    int rc = STOKE_OK;
     for (int i = 0; i < t->nshards && !rc; i++)
-        if (stoke__remote_is_url(t->shards[i].path)) {
+        if (stoke__remote_is_url(t->shards[i].path))
             rc = stoke__tar_remote_init(spec, t, &t->shards[i]);
-            remote = 1;
-        }
-    if (!rc && remote && t->cache && !(st->order = calloc((size_t)t->nshards, sizeof(*st->order))))
-        rc = stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);
     if (rc)
         return rc;
     /* the first sample of the first shard: its members into sc, its bytes into io's window */

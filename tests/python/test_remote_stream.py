@@ -73,7 +73,10 @@ try:
     T.check(rc == 0 and out["samples"] == 2 * NSHARDS * PER, "2 epochs: %s %s" % (out, err))
     T.check(uris == want, "requests of 2 epochs: %s, expected %s" % (uris, want))
     T.check(all(r[2] == 206 and r[3] == "bytes=0-" for r in rows), "not whole-file: %s" % rows)
-    T.check(len({r[0] for r in rows}) <= 3, "connections not kept: %s" % rows)
+    # each worker's connections (its shard read and the ones ahead: 3 shards) kept: the second
+    # epoch's requests all on connections the first opened
+    T.check(len({r[0] for r in rows}) <= 1 + NSHARDS
+            and sum(1 for r in rows if r[1] >= 2) >= NSHARDS, "connections not kept: %s" % rows)
     rem = out["remote"]
     T.check(rem["requests"] == 2 * NSHARDS + 1 and rem["retries"] == 0
             and rem["bytes"] >= 2 * sum(os.path.getsize(p) for p in paths)
@@ -141,6 +144,41 @@ try:
     rc, out, _ = load("tar:%s%s%s" % (fs.url("cut/3/"), RNG, OPTS), "--workers", "2")
     T.check(rc == 0 and out["content_hash"] == m["content_hash"], "cut/3: %s" % R.summary(out))
 
+    # --- read-ahead: behind a limit per connection (limit_rate), a worker's next shards are
+    # fetched while it reads one (nginx's times of each request: how many ran at once; no
+    # timing asserted); STOKE_REMOTE_CONNECTIONS=0, one at a time; a cap of bytes ahead below a
+    # shard's size, and an epoch left with transfers in flight, the same samples ---------------
+    sdir = os.path.join(work, "nginx-slow")
+    slow = S.start_nginx(root, sdir, extra="limit_rate 4m;")
+    servers.append(slow)
+    sspec = "tar:%s%s%s" % (slow.url(""), RNG, OPTS)
+    cases = [(None, "threads", 3), ("0", "threads", 1)]
+    for conns, mode, want in cases:
+        mark = len(S.timings(sdir))
+        env = {"STOKE_REMOTE_CONNECTIONS": conns} if conns else {}
+        what = "STOKE_REMOTE_CONNECTIONS=%s, 1 worker %s" % (conns, mode)
+        rc, out, err = load(sspec, "--workers", "1", "--epochs", "1", "--worker-mode=" + mode,
+                            env=env)
+        T.check(rc == 0 and out["content_hash"] == m["content_hash"]
+                and out["samples"] == NSHARDS * PER, "%s: %s %s" % (what, out, err[-800:]))
+        trows = [r for r in S.timings(sdir)[mark:] if r[4].endswith(".tar")]
+        # the open's, then each shard once in the timed pass and once in the hash pass
+        T.check(len(trows) == 2 * NSHARDS + 1, "%s: one request per shard: %s" % (what, trows))
+        # the worker's requests (the open's, of the first shard, came before them)
+        most = S.most_at_once(sorted(trows)[1:])
+        T.check(most == want if want == 1 else most >= want,
+                "%s: %d transfers at once (%s wanted): %s" % (what, most, want, trows))
+    # the transfers ahead live in the worker's thread: worker processes are refused
+    rc, out, _ = load(sspec, "--workers", "1", "--worker-mode=processes")
+    T.check(rc == 1 and out.get("error_name") == "STOKE_ENOTSUP"
+            and "worker threads" in out["error"], "processes: %s" % out)
+    os.environ["STOKE_STREAM_AHEAD"] = "64K"  # below a shard's size: paused, resumed
+    same_as_local(slow.url(""), "STOKE_STREAM_AHEAD=64K", workers=1, epoch=1)
+    del os.environ["STOKE_STREAM_AHEAD"]
+    left = R.stream_after_abandon(sspec + ",shuffle_buffer=2", ids)
+    T.check(left == R.stream_epoch(LOCAL + ",shuffle_buffer=2", ids, epoch=1, workers=2),
+            "limit_rate: epoch 1 after epoch 0 was left half way differs")
+
     # --- through the cache: the same samples; each shard downloaded once ----------------------
     os.environ["STOKE_CACHE_DIR"] = os.path.join(work, "cache")
     same_as_local(base, "cache", workers=2, epoch=1)
@@ -149,6 +187,15 @@ try:
     T.check(rc == 0 and out["remote"]["cache_misses"] == NSHARDS
             and out["content_hash"] == m["content_hash"], "cache: %s" % out.get("remote"))
     del os.environ["STOKE_CACHE_DIR"]
+    # behind limit_rate, a worker's next shards downloaded into the cache while it reads one
+    mark = len(S.timings(sdir))
+    rc, out, _ = load(sspec, "--workers", "1", "--no-hash",
+                      env={"STOKE_CACHE_DIR": os.path.join(work, "cache3")})
+    trows = [r for r in S.timings(sdir)[mark:] if r[4].endswith(".tar")]
+    T.check(rc == 0 and out["samples"] == NSHARDS * PER
+            and out["remote"]["cache_misses"] == NSHARDS, "cache, limited: %s" % out)
+    T.check(sorted(r[4] for r in trows) == ["/shard-%06d.tar" % i for i in range(NSHARDS)]
+            and S.most_at_once(trows) >= 2, "cache, limited: downloads %s" % trows)
 finally:
     for srv in servers:
         srv.stop()
