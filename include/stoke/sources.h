@@ -194,8 +194,11 @@ STOKE_API int stoke_npy_block_staged(const stoke_dataset *ds, uint64_t *blocks, 
                                      uint64_t *rows);
 
 /* ---- tar ------------------------------------------------------------------------------------
- * WebDataset shards read as a map-style dataset (docs/sources.md, "tar").  `args` is what
- * follows "tar:" in a spec: PATTERN[,fields=EXT:EXT...][,image options].
+ * WebDataset shards read as a map-style dataset (docs/sources.md, "tar"), or with mode=stream
+ * as an ITERABLE one (docs/sources.md, "Streaming").  `args` is what follows "tar:" in a spec:
+ * PATTERN[,fields=EXT:EXT...][,mode=stream[,shuffle_buffer=N][,seed=S][,rank=R,world_size=W]]
+ * [,image options].  Shards may be http://, https:// or s3:// URLs (with libcurl: else
+ * STOKE_ENOTSUP), read by range requests or through STOKE_CACHE_DIR's cache.
  * PATTERN: shard paths with brace groups ({000000..000099}, zero-padded as written; {a,b}) and
  * glob(3) wildcards, expanded in that order (glob results sorted): the shard order.
  * Archives: POSIX ustar, pax ('x': path and size; 'g' ignored), GNU long names; regular files
@@ -205,7 +208,9 @@ STOKE_API int stoke_npy_block_staged(const stoke_dataset *ds, uint64_t *blocks, 
  * module: STOKE_ENOTSUP at open without it), anything else the raw bytes (u8[size], the size of
  * the first sample's member).  Without fields= the fields are the first sample's extensions in
  * member order.  The canonical index: shard order, then member order.
- * At open every shard's headers are walked (data skipped): STOKE_EFORMAT for a corrupt or
+ * At open every shard's headers are walked (data skipped), or a remote shard's sidecar index
+ * SHARD.idx is read instead; with mode=stream only the first sample of the first shard is read,
+ * and each epoch reads the shards front to back: STOKE_EFORMAT for a corrupt or
  * truncated archive, the message naming the shard and the byte offset; STOKE_ENOENT for a
  * missing shard or a glob without match; STOKE_EINVAL for a bad option.  get() returns
  * STOKE_EDATA for a sample without a member of a field, STOKE_EFORMAT for a member that does
@@ -242,9 +247,10 @@ STOKE_API int stoke_tar_remote_stats(const stoke_dataset *ds, stoke_remote_stats
 STOKE_API int stoke_npy_remote_stats(const stoke_dataset *ds, stoke_remote_stats *out);
 
 /* Sidecar indexes (docs/sources.md, "Sidecar indexes"): for every local shard of `pattern`
- * (tar:PATTERN's pattern: braces and globs, no options), walks its member headers and writes
- * SHARD.idx next to it (atomically: a temporary name, then rename), which a remote tar source
- * fetches in one request instead of walking the shard.  fn (may be NULL) is called after each
+ * (tar:PATTERN's pattern: braces and globs, no options), walks its member headers, reads it
+ * whole for its CRC-32 (with zlib: STOKE_FEATURE_ZLIB; the shard cache checks its downloads
+ * against it) and writes SHARD.idx next to it (atomically: a temporary name, then rename),
+ * which a remote tar source fetches in one request instead of walking the shard.  fn (may be NULL) is called after each
  * shard with its path, size and member count; non-zero stops (STOKE_ECANCELED).  Returns
  * STOKE_OK, or the first shard's error (a URL: STOKE_EINVAL; a corrupt tar: STOKE_EFORMAT;
  * the index not written: STOKE_EIO), with the message in stoke_last_error(). */
