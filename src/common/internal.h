@@ -17,6 +17,15 @@
 
 #define STOKE__ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 
+/* splitmix64's finalizer: a bijection of 64-bit integers with good avalanche. */
+static inline uint64_t stoke__mix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
 /* Logs one line through the current sink if `level` is enabled. */
 void stoke__log(int level, const char *fmt, ...) STOKE__PRINTF(2, 3);
 void stoke__vlog(int level, const char *fmt, va_list ap);

@@ -20,15 +20,6 @@ static inline size_t stoke__align_up(size_t v, size_t a)
     return (v + a - 1) / a * a;
 }
 
-/* splitmix64's finalizer: a bijection of 64-bit integers with good avalanche. */
-static inline uint64_t stoke__mix64(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-
 /* Wait-time histogram: log-linear buckets (8 per power of two), about 6% resolution. */
 #define STOKE__HIST_BUCKETS 520
 typedef struct stoke__hist {

@@ -89,24 +89,16 @@ struct stoke__tar_stream {
     sworker *w[MAX_WORKERS];
 };
 
-static uint64_t mix(uint64_t z)
-{
-    z += 0x9E3779B97F4A7C15u;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9u;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBu;
-    return z ^ (z >> 31);
-}
-
 static uint64_t rng_next(uint64_t *s)
 {
     *s += 0x9E3779B97F4A7C15u;
-    return mix(*s);
+    return stoke__mix64(*s);
 }
 
 /* The key of the shards' order of an epoch. */
 static uint64_t order_key(uint64_t seed, uint64_t epoch)
 {
-    return mix(seed ^ mix(epoch ^ 0x73747265616d0000u)); /* "stream" */
+    return stoke__mix64(seed ^ stoke__mix64(epoch ^ 0x73747265616d0000u)); /* "stream" */
 }
 
 /* Position i of the epoch's shard order. */
@@ -442,7 +434,8 @@ static int worker_reset(stoke__tar_ds *t, sworker *w, int worker, int nw)
         if (t->shards[mine[j]].remote)
             rfs[w->nrfs++] = &t->shards[mine[j]].rf;
     w->exhausted = 0;
-    w->rng = mix(mix(mix(t->seed) ^ st->epoch) ^ (uint64_t)t->rank) ^ (uint64_t)worker;
+    w->rng = stoke__mix64(stoke__mix64(stoke__mix64(t->seed) ^ st->epoch) ^ (uint64_t)t->rank) ^
+             (uint64_t)worker;
     atomic_store_explicit(&w->view.epoch, st->epoch, memory_order_relaxed);
     w->gen = st->gen;
     w->nw = nw;
