@@ -40,10 +40,15 @@ counts), which must agree between torch and stoke.  Per run:
                   its workers are reaped; a child still alive then is added from /proc and
                   reported)
   peak PSS        the largest sum of Pss (/proc/PID/smaps_rollup) over the run's process and
-                  all its descendants, sampled every 50 ms from a thread of the benchmark's
-                  own process (so the sampling's CPU is not charged to the run) between the
-                  constructor and the end of the epoch; "over base" subtracts the process's
-                  PSS just before the constructor (the interpreter, torch and the dataset)
+                  all its descendants, sampled every --pss-interval seconds (0.25) from a
+                  thread of the benchmark's own process at nice 10, between the constructor
+                  and the end of the epoch, and once more at the end with the loader live;
+                  "over base" subtracts the process's PSS just before the constructor (the
+                  interpreter, torch and the dataset).  The sampling's CPU is not charged to
+                  the run, but it shares the 2 cores: one smaps_rollup of a torch process
+                  costs ~6 ms, so sampling 3 processes every 50 ms took ~14% of the machine
+                  from the runs that use both cores (stoke's and torch's 2-worker runs) and
+                  none from torch's 0-worker run, whose idle core it used
 Rounds: --repeat rounds per case, the order of the configurations reversed every other round
 (alternating torch and stoke); the best rate and the lowest CPU per sample count, and the
 highest peak PSS (the worst).  Each group also prints every configuration's median rate and
@@ -351,10 +356,14 @@ def run_one(a, group, side, workers, variant, n, folder):
                 state["peak"] = max(state["peak"], total)
 
         def sample():  # PSS of the run's process tree while the loader is live
+            try:  # below the run's processes when the cores are busy (Linux: per thread)
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+            except (AttributeError, OSError):
+                pass
             while not state["stop"]:
                 if state["on"]:
                     measure()
-                time.sleep(0.05)
+                time.sleep(a.pss_interval)
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
@@ -501,6 +510,8 @@ def main():
     ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "stoke_bench_dropin"),
                     help="where the JPEG folder is generated (once)")
     ap.add_argument("--timeout", type=int, default=300, help="seconds a run may take")
+    ap.add_argument("--pss-interval", type=float, default=0.25,
+                    help="seconds between samples of the runs' PSS (default 0.25)")
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--json", nargs="?", const="-", metavar="FILE",
                     help="write the figures as JSON to FILE (no FILE: stdout, table to stderr)")
@@ -557,7 +568,7 @@ def main():
 
     res = {"machine": {"cpus": os.cpu_count(), "load_at_start": os.getloadavg()[0]},
            "args": {"build": a.build, "repeat": repeat, "workers": a.workers, "quick": a.quick,
-                    "python": a.python}, "sizes": {g: sizes[g] for g in groups},
+                    "python": a.python, "pss_interval": a.pss_interval}, "sizes": {g: sizes[g] for g in groups},
            "skipped": skipped, "groups": {}, "cases": {}}
     say("stoke.DataLoader vs torch.utils.data.DataLoader(pin_memory=True): %d CPUs, load %.1f, "
         "stoke from %s/python, best of %d%s" % (os.cpu_count(), os.getloadavg()[0], a.build,
