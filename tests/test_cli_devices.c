@@ -1,6 +1,9 @@
 /* `stoke devices` as a user runs it: JSON and text, with and without plugins, bad choices. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "stoke/stoke.h"
 #include "testutil.h"
@@ -97,6 +100,76 @@ static void test_simdev_acceptance(void **state)
     assert_non_null(strstr(err, "known backends: simdev, cuda, hip, opencl, cpu"));
 }
 
+/* The automatic OpenCL probe's answer is kept for the boot (STOKE_PROBE_CACHE): the next process
+ * takes it from there instead of probing in a child again, says so at debug level and lists the
+ * same; a file others may write, a truncated one, another environment or STOKE_PROBE_CACHE=0
+ * probe again. */
+static void test_probe_cache(void **state)
+{
+    char dir[512], dirv[600], file[700];
+    tu_tmp_path("probecache", dir, sizeof(dir));
+    mkdir(dir, 0700);
+    snprintf(dirv, sizeof(dirv), "STOKE_PROBE_CACHE=%s", dir);
+    snprintf(file, sizeof(file), "%s/stoke-%u-opencl.probe", dir, (unsigned)geteuid());
+    unlink(file);
+    const char *env[] = {dirv, "STOKE_LOG=debug", "STOKE_PLUGIN_PATH=", "STOKE_ACCELERATOR=",
+                         "STOKE_OPENCL_LIBRARY=", "POCL_DEVICES=", NULL};
+    assert_int_equal(run_devices(env, NULL, NULL), 0);
+    if (strstr(err, "probing in this process"))
+        tu_skip("the OpenCL probe runs in this process here (no child to save): %s", err);
+    if (!strstr(err, "opencl: probed in a child, nothing loaded here"))
+        tu_skip("the OpenCL probe finds a device here (such answers are not kept): %s", err);
+    char listed[sizeof(out)];
+    memcpy(listed, out, sizeof(out));
+    struct stat st;
+    assert_int_equal(stat(file, &st), 0);
+    assert_true(S_ISREG(st.st_mode));
+    assert_int_equal(st.st_mode & 0777, 0600);
+    assert_int_equal(st.st_uid, geteuid());
+
+    assert_int_equal(run_devices(env, NULL, NULL), 0);
+    assert_non_null(strstr(err, "opencl: answered by the probe cache (this boot's"));
+    assert_null(strstr(err, "probed in a child"));
+    assert_string_equal(out, listed);
+
+    /* writable by the group: not read, replaced by a fresh answer (0600 again) */
+    assert_int_equal(chmod(file, 0620), 0);
+    assert_int_equal(run_devices(env, NULL, NULL), 0);
+    assert_non_null(strstr(err, "ignored: not a regular file of uid"));
+    assert_non_null(strstr(err, "opencl: probed in a child"));
+    assert_int_equal(stat(file, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0600);
+
+    /* truncated: probed again */
+    assert_int_equal(truncate(file, 20), 0);
+    assert_int_equal(run_devices(env, NULL, NULL), 0);
+    assert_non_null(strstr(err, "opencl: probed in a child"));
+    assert_string_equal(out, listed);
+
+    /* another value of a variable the drivers read: another key, probed again, then kept */
+    const char *env2[] = {dirv, "STOKE_LOG=debug", "STOKE_PLUGIN_PATH=", "STOKE_ACCELERATOR=",
+                          "STOKE_OPENCL_LIBRARY=", "POCL_DEVICES=pthread", NULL};
+    assert_int_equal(run_devices(env2, NULL, NULL), 0);
+    assert_non_null(strstr(err, "opencl: probed in a child"));
+    assert_int_equal(run_devices(env2, NULL, NULL), 0);
+    assert_non_null(strstr(err, "answered by the probe cache"));
+    assert_int_equal(run_devices(env, NULL, NULL), 0);
+    assert_non_null(strstr(err, "opencl: probed in a child"));
+
+    /* turned off: never read, never written */
+    assert_int_equal(unlink(file), 0);
+    const char *env3[] = {"STOKE_PROBE_CACHE=0", "STOKE_LOG=debug", "STOKE_PLUGIN_PATH=",
+                          "STOKE_ACCELERATOR=", "STOKE_OPENCL_LIBRARY=", "POCL_DEVICES=", NULL};
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(run_devices(env3, NULL, NULL), 0);
+        assert_non_null(strstr(err, "opencl: probed in a child"));
+        assert_null(strstr(err, "probe cache"));
+        assert_string_equal(out, listed);
+    }
+    assert_int_not_equal(stat(file, &st), 0);
+    rmdir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -106,6 +179,7 @@ int main(void)
         cmocka_unit_test(test_unknown_accelerator_fails_listing_known),
         cmocka_unit_test(test_accelerator_option_error_names_the_option),
         cmocka_unit_test(test_simdev_acceptance),
+        cmocka_unit_test(test_probe_cache),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_exit_status(cmocka_run_group_tests(tests, NULL, NULL));
 }

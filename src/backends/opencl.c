@@ -45,6 +45,7 @@
 #include "backends/hostranges.h"
 #include "backends/opencl_api.h"
 #include "backends/opencl_internal.h"
+#include "backends/probe_cache.h"
 #include "common/env.h"
 #include "common/internal.h"
 
@@ -414,6 +415,23 @@ static int thread_count(void)
     return n;
 }
 
+/* The key of an automatic probe's cached answer (probe_cache.c): what loading and enumerating
+ * depends on beyond the machine's drivers and devices, i.e. the variables the ICD loader and the
+ * vendor drivers read and the ICD loader's vendor directory.  0, or -1: not cached. */
+static int probe_key(char *key)
+{
+    static const char *const prefixes[] = {"OCL_", "POCL_", "CL_", "ROCR_", "HSA_", "GPU_",
+                                           "ZE_", "NEO_", "SYCL_", "STOKE_OPENCL_", "LD_LIBRARY_PATH",
+                                           "LD_PRELOAD", NULL};
+    static const char *const parts[] = {"VISIBLE_DEVICES", NULL};
+    if (stoke__probe_key_begin(key, "opencl", sizeof(child_answer)) != 0 ||
+        stoke__probe_key_env(key, prefixes, parts) != 0 ||
+        stoke__probe_key_dir(key, "/etc/OpenCL/vendors") != 0)
+        return -1;
+    const char *v = stoke__env_str(STOKE_ENV_OCL_ICD_VENDORS); /* read by the ICD loader */
+    return v && v[0] == '/' ? stoke__probe_key_dir(key, v) : 0;
+}
+
 /* The reason an automatic probe gives when there are only CPU devices. */
 static void only_cpu_reason(char *reason, size_t reason_len, int ndev, const char *first)
 {
@@ -426,22 +444,30 @@ static void only_cpu_reason(char *reason, size_t reason_len, int ndev, const cha
  * loaded here (a GPU/accelerator device exists, or the child failed). */
 static int settled_by_child(int *rc, char *reason, size_t reason_len)
 {
-    if (OCL_TSAN && thread_count() != 1) {
+    child_answer a;
+    char key[STOKE__PROBE_KEY_MAX];
+    int cached = probe_key(key) == 0 && stoke__probe_cache_get("opencl", key, &a, sizeof(a)) &&
+                 a.magic == OCL_CHILD_MAGIC;
+    if (cached) {
+        a.reason[sizeof(a.reason) - 1] = a.first[sizeof(a.first) - 1] = '\0';
+        a.notes[sizeof(a.notes) - 1] = '\0';
+    } else if (OCL_TSAN && thread_count() != 1) {
         stoke__log(STOKE_LOG_DEBUG, "opencl: probing in this process: under ThreadSanitizer, a "
                    "child forked from a multi-threaded process cannot start threads");
         return 0;
-    }
-    child_answer a;
-    char why[192] = "";
-    int crc = probe_in_child(&a, why, sizeof(why));
-    if (crc == STOKE_ETIMEDOUT) {
-        *rc = STOKE_ENODEV;
-        stoke__fmt(reason, reason_len, "%s; STOKE_ACCELERATOR=opencl probes in this process", why);
-        return 1;
-    }
-    if (crc != STOKE_OK) {
-        stoke__log(STOKE_LOG_DEBUG, "opencl: probing in this process instead: %s", why);
-        return 0;
+    } else {
+        char why[192] = "";
+        int crc = probe_in_child(&a, why, sizeof(why));
+        if (crc == STOKE_ETIMEDOUT) {
+            *rc = STOKE_ENODEV;
+            stoke__fmt(reason, reason_len, "%s; STOKE_ACCELERATOR=opencl probes in this process",
+                       why);
+            return 1;
+        }
+        if (crc != STOKE_OK) {
+            stoke__log(STOKE_LOG_DEBUG, "opencl: probing in this process instead: %s", why);
+            return 0;
+        }
     }
     for (char *line = a.notes, *nl; *line; line = nl + 1) {
         nl = strchr(line, '\n');
@@ -452,6 +478,8 @@ static int settled_by_child(int *rc, char *reason, size_t reason_len)
     }
     if (a.rc == STOKE_OK && a.nfast > 0)
         return 0;
+    if (!cached) /* settled without loading anything here: the same until the machine changes */
+        stoke__probe_cache_put("opencl", key, &a, sizeof(a));
     if (a.rc != STOKE_OK) {
         *rc = a.rc;
         stoke__strlcpy(reason, a.reason, reason_len);
@@ -463,7 +491,9 @@ static int settled_by_child(int *rc, char *reason, size_t reason_len)
         *rc = STOKE_ENODEV;
         only_cpu_reason(reason, reason_len, a.ndev, a.first);
     }
-    stoke__log(STOKE_LOG_DEBUG, "opencl: probed in a child, nothing loaded here: %s", reason);
+    stoke__log(STOKE_LOG_DEBUG, "opencl: %s, nothing loaded here: %s", cached ?
+               "answered by the probe cache (this boot's; STOKE_PROBE_CACHE=0 probes again)" :
+               "probed in a child", reason);
     return 1;
 }
 

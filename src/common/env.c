@@ -1,4 +1,5 @@
 /* The one place libstoke reads its environment.  See env.h and the README's table. */
+#define _GNU_SOURCE
 #include <ctype.h>
 #include <errno.h>
 #include <stdlib.h>
@@ -140,6 +141,51 @@ int stoke__env_dist(const char *who, uint64_t *rank, uint64_t *world)
         *rank = r;
         *world = w;
         return 1;
+    }
+    return 0;
+}
+
+static int env_entry_cmp(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+static int env_name_matches(const char *entry, size_t name_len, const char *const *prefixes,
+                            const char *const *parts)
+{
+    for (const char *const *p = prefixes; p && *p; p++)
+        if (strlen(*p) <= name_len && strncmp(entry, *p, strlen(*p)) == 0)
+            return 1;
+    for (const char *const *p = parts; p && *p; p++)
+        if (memmem(entry, name_len, *p, strlen(*p)))
+            return 1;
+    return 0;
+}
+
+int stoke__env_matching(const char *const *prefixes, const char *const *parts, char *key,
+                        size_t len)
+{
+    extern char **environ;
+    const char *found[256];
+    size_t n = 0;
+    for (char **e = environ; e && *e; e++) {
+        const char *eq = strchr(*e, '=');
+        if (!eq || !env_name_matches(*e, (size_t)(eq - *e), prefixes, parts))
+            continue;
+        if (n == STOKE__ARRAY_LEN(found))
+            return -1;
+        found[n++] = *e;
+    }
+    qsort(found, n, sizeof(found[0]), env_entry_cmp);
+    size_t at = strlen(key);
+    for (size_t i = 0; i < n; i++) {
+        size_t l = strlen(found[i]);
+        if (at + l + 2 > len)
+            return -1;
+        memcpy(key + at, found[i], l);
+        key[at + l] = '\n';
+        at += l + 1;
+        key[at] = '\0';
     }
     return 0;
 }

@@ -35,6 +35,8 @@
     X(CA_BUNDLE, "STOKE_CA_BUNDLE", "CA certificates for https (PEM file)")                        \
     X(CACHE_DIR, "STOKE_CACHE_DIR", "directory of the local cache of remote shards")               \
     X(CACHE_LIMIT, "STOKE_CACHE_LIMIT", "size cap of the remote-shard cache (K/M/G/T)")            \
+    X(PROBE_CACHE, "STOKE_PROBE_CACHE", "directory of the probe answers kept this boot, 0: none")  \
+    X(OCL_ICD_VENDORS, "OCL_ICD_VENDORS", "the OpenCL ICD loader's vendor directory")              \
     X(AWS_ACCESS_KEY_ID, "AWS_ACCESS_KEY_ID", "S3 access key")                                     \
     X(AWS_SECRET_ACCESS_KEY, "AWS_SECRET_ACCESS_KEY", "S3 secret key")                             \
     X(AWS_SESSION_TOKEN, "AWS_SESSION_TOKEN", "S3 session token")                                  \
@@ -70,6 +72,13 @@ int stoke__env_u64(stoke_env_id id, uint64_t *out);
  * MPI's, Slurm's): 1 with *rank and *world set; 0 when none is; STOKE_EINVAL (recorded, naming
  * `who`) when only one of a pair is. */
 int stoke__env_dist(const char *who, uint64_t *rank, uint64_t *world);
+
+/* Appends "NAME=VALUE\n" for every variable of the environment whose name starts with one of
+ * `prefixes` or contains one of `parts` (NULL-terminated lists), in name order, to the string
+ * `key` (`len` bytes with its NUL).  Returns 0, or -1 when they did not all fit (the key is
+ * then unusable).  For fingerprints of what a probe depends on (backends/probe_cache.c). */
+int stoke__env_matching(const char *const *prefixes, const char *const *parts, char *key,
+                        size_t len);
 
 /* Parsers behind them, for options that come from elsewhere (CLI flags).  Return 0 on success,
  * -1 on a malformed value. */
