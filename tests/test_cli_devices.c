@@ -140,6 +140,16 @@ static void test_probe_cache(void **state)
     assert_int_equal(stat(file, &st), 0);
     assert_int_equal(st.st_mode & 0777, 0600);
 
+    /* another user's (root can make one here): not read, replaced */
+    if (geteuid() == 0) {
+        assert_int_equal(chown(file, 65534, 65534), 0);
+        assert_int_equal(run_devices(env, NULL, NULL), 0);
+        assert_non_null(strstr(err, "ignored: not a regular file of uid 0"));
+        assert_non_null(strstr(err, "opencl: probed in a child"));
+        assert_int_equal(stat(file, &st), 0);
+        assert_int_equal(st.st_uid, 0);
+    }
+
     /* truncated: probed again */
     assert_int_equal(truncate(file, 20), 0);
     assert_int_equal(run_devices(env, NULL, NULL), 0);
