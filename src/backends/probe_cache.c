@@ -180,36 +180,6 @@ int stoke__probe_key_env(char *key, const char *const *prefixes, const char *con
     return 0;
 }
 
-static int read_full(int fd, void *buf, size_t n)
-{
-    char *p = buf;
-    while (n > 0) {
-        ssize_t r = read(fd, p, n);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            return -1;
-        p += r;
-        n -= (size_t)r;
-    }
-    return 0;
-}
-
-static int write_full(int fd, const void *buf, size_t n)
-{
-    const char *p = buf;
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return -1;
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
 int stoke__probe_cache_get(const char *backend, const char *key, void *answer, size_t size)
 {
     char path[4096];
@@ -227,7 +197,8 @@ int stoke__probe_cache_get(const char *backend, const char *key, void *answer, s
                    "writable by it alone", backend, path, (unsigned)geteuid());
     } else if ((uint64_t)st.st_size == want) {
         char *buf = malloc(want);
-        if (buf && read_full(fd, buf, want) == 0 && memcmp(buf, MAGIC, sizeof(MAGIC) - 1) == 0 &&
+        size_t got = 0;
+        if (buf && stoke__pread_full(fd, buf, want, 0, &got) == 0 && got == want && memcmp(buf, MAGIC, sizeof(MAGIC) - 1) == 0 &&
             memcmp(buf + sizeof(MAGIC) - 1, key, klen + 1) == 0) {
             memcpy(answer, buf + want - size, size);
             hit = 1;
@@ -252,17 +223,22 @@ void stoke__probe_cache_put(const char *backend, const char *key, const void *an
                    strerror(errno));
         return;
     }
-    int ok = fchmod(fd, 0600) == 0 && write_full(fd, MAGIC, sizeof(MAGIC) - 1) == 0 &&
-             write_full(fd, key, strlen(key) + 1) == 0 && write_full(fd, answer, size) == 0;
-    int err = errno;
-    ok = close(fd) == 0 && ok;
-    if (ok && rename(tmp, path) == 0) {
+    int e = fchmod(fd, 0600) != 0 ? -errno : 0;
+    if (!e)
+        e = stoke__write_all(fd, MAGIC, sizeof(MAGIC) - 1);
+    if (!e)
+        e = stoke__write_all(fd, key, strlen(key) + 1);
+    if (!e)
+        e = stoke__write_all(fd, answer, size);
+    if (close(fd) != 0 && !e)
+        e = -errno;
+    if (!e && rename(tmp, path) != 0)
+        e = -errno;
+    if (!e) {
         stoke__log(STOKE_LOG_DEBUG, "%s: probe answer cached for this boot in %s", backend, path);
         return;
     }
-    if (ok)
-        err = errno;
     unlink(tmp);
     stoke__log(STOKE_LOG_DEBUG, "%s: probe answer not cached: %s: %s", backend, path,
-               strerror(err));
+               strerror(-e));
 }

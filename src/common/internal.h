@@ -26,6 +26,12 @@ static inline uint64_t stoke__mix64(uint64_t x)
     return x ^ (x >> 31);
 }
 
+/* pread()s n bytes at `at` (retrying EINTR and short reads) into buf; *got: bytes read (fewer
+ * at end of file).  Returns 0 or -errno. */
+int stoke__pread_full(int fd, void *buf, size_t n, uint64_t at, size_t *got);
+/* write()s all n bytes (retrying EINTR and short writes).  Returns 0 or -errno. */
+int stoke__write_all(int fd, const void *buf, size_t n);
+
 /* Logs one line through the current sink if `level` is enabled. */
 void stoke__log(int level, const char *fmt, ...) STOKE__PRINTF(2, 3);
 void stoke__vlog(int level, const char *fmt, va_list ap);

@@ -123,7 +123,7 @@ static int local_head(npy_file *f, unsigned char **head, size_t *got)
     *head = malloc(want ? want : 1);
     if (!*head)
         return stoke__fail(STOKE_ENOMEM, "npy %s: out of memory", f->path);
-    int e = stoke__npy_read_full(f->fd, *head, want, 0, got);
+    int e = stoke__pread_full(f->fd, *head, want, 0, got);
     if (e) {
         free(*head);
         *head = NULL;
@@ -295,7 +295,7 @@ static int read_row_pread(const npy_file *f, uint64_t index, uint64_t at, void *
                           size_t msg_len)
 {
     size_t got = 0;
-    int e = stoke__npy_read_full(f->fd, dst, f->row_bytes, at, &got);
+    int e = stoke__pread_full(f->fd, dst, f->row_bytes, at, &got);
     if (e || got != f->row_bytes)
         return stoke__npy_read_failed(f, index, at + got, e, msg, msg_len);
     return STOKE_OK;

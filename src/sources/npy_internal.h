@@ -131,9 +131,6 @@ void stoke__npy_runs_init(stoke__npy_runs *it, const stoke__npy_ds *ds, const ui
 int stoke__npy_runs_next(stoke__npy_runs *it, stoke__npy_run *r);
 
 /* ---- npy_read.c ---- */
-/* pread()s n bytes at `at` (retrying EINTR and short reads) into buf; *got: bytes read (fewer
- * at end of file).  Returns 0 or -errno. */
-int stoke__npy_read_full(int fd, void *buf, size_t n, uint64_t at, size_t *got);
 /* Byte-swaps every `unit`-byte element (2, 4 or 8; other units: nothing) of p[0, n). */
 void stoke__npy_swap(unsigned char *p, size_t n, size_t unit);
 /* Compares f's size and mtime with those seen at open: STOKE_OK, or STOKE_EIO with msg. */

@@ -37,26 +37,6 @@
  * 96 k). */
 #define WILLNEED_MIN ((size_t)64 << 10)
 
-int stoke__npy_read_full(int fd, void *buf, size_t n, uint64_t at, size_t *got)
-{
-    unsigned char *p = buf;
-    size_t done = 0;
-    while (done < n) {
-        ssize_t r = pread(fd, p + done, n - done, (off_t)(at + done));
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0) {
-            *got = done;
-            return -errno;
-        }
-        if (r == 0)
-            break;
-        done += (size_t)r;
-    }
-    *got = done;
-    return 0;
-}
-
 void stoke__npy_swap(unsigned char *p, size_t n, size_t unit)
 {
     for (size_t i = 0; i + unit <= n; i += unit) {
@@ -365,7 +345,7 @@ int stoke__npy_batch_pread(const stoke__npy_ds *ds, const uint64_t *idx, size_t 
     stoke__npy_run r;
     while (stoke__npy_runs_next(&it, &r)) {
         size_t got = 0;
-        int e = stoke__npy_read_full(ds->f[r.k].fd, r.dst, r.len, r.at, &got);
+        int e = stoke__pread_full(ds->f[r.k].fd, r.dst, r.len, r.at, &got);
         if (e || got != r.len)
             return stoke__npy_run_failed(ds, idx, &r, got, e, msg, msg_len, err_index);
     }

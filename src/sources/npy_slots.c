@@ -352,7 +352,7 @@ static int load(const stoke__npy_ds *ds, stoke__npy_slots *S, long i, uint64_t b
             s->skew[k] = 0; /* through the page cache from here on */
             direct = 0;
         }
-        ok = stoke__npy_read_full(f->fd, s->data[k], len, at, &got) == 0 && got == len;
+        ok = stoke__pread_full(f->fd, s->data[k], len, at, &got) == 0 && got == len;
     }
     if (ok)
         atomic_fetch_add_explicit(&S->staged, 1, memory_order_relaxed);

@@ -34,20 +34,6 @@ static int put_member(void *ctx, const char *path, uint64_t hdr, uint64_t off, u
     return 0;
 }
 
-static int write_all(int fd, const char *p, size_t n)
-{
-    while (n) {
-        ssize_t r = write(fd, p, n);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0)
-            return -errno;
-        p += r;
-        n -= (size_t)r;
-    }
-    return 0;
-}
-
 int stoke__crc32_of(stoke__tar_read_fn read, void *ctx, uint64_t size, uint32_t *crc, char *why,
                     size_t why_len)
 {
@@ -129,11 +115,11 @@ int stoke__tar_index_write(const char *path, uint64_t shard_size, stoke__tar_rea
         int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
         int e = fd < 0 ? -errno : 0;
         if (!e)
-            e = write_all(fd, head, (size_t)head_len);
+            e = stoke__write_all(fd, head, (size_t)head_len);
         if (!e)
-            e = write_all(fd, body ? body : "", body_len);
+            e = stoke__write_all(fd, body ? body : "", body_len);
         if (!e)
-            e = write_all(fd, "end\n", 4);
+            e = stoke__write_all(fd, "end\n", 4);
         if (!e && fsync(fd) != 0)
             e = -errno;
         if (fd >= 0 && close(fd) != 0 && !e)
