@@ -333,39 +333,37 @@ class _Collator:
         return m
 
     def pad_leaf(self, block, batch, path):
-        ts = batch if all(type(x) is torch.Tensor for x in batch) else \
-            [torch.as_tensor(x) for x in batch]
-        t0 = ts[0]
-        nd, rest, dtype = t0.dim(), t0.shape[1:], t0.dtype
-        if nd < 1 or any(t.dtype != dtype or t.dim() != nd or t.shape[1:] != rest for t in ts):
-            bad = next(t for t in ts if t.dim() < 1 or t.dtype != dtype or t.shape[1:] != rest)
+        """The leaf's tensors padded into the block (n, L, ...), and their lengths (n,): one C
+        call checks them, copies the rows and writes the padding and the lengths (Python's
+        checks and slices per sample cost several times as much at 32 token sequences a
+        batch); torch copies what it does not take (tensors not contiguous or not on the CPU)."""
+        cap = self._max_len(path)
+        r = None
+        if type(batch[0]) is torch.Tensor:
+            r = self._pad_c(block, batch, path, cap)
+        if r is None:  # not all tensors: as default_collate, each made one
+            batch = [torch.as_tensor(x) for x in batch]
+            r = self._pad_c(block, batch, path, cap)
+        if type(r) is int:
+            t0, bad = batch[0], batch[r]
             raise RuntimeError(
                 "stoke: pad[%r]: samples must have the same dtype and the same shape after "
                 "the first dimension (%s %s, then %s %s)"
-                % (path, dtype, tuple(t0.shape), bad.dtype, tuple(bad.shape)))
-        lengths = [t.shape[0] for t in ts]
-        cap = self._max_len(path)
-        if cap is not None:
-            lengths = [min(n, cap) for n in lengths]
-        L = max(lengths) if lengths else 0
-        if self.multiple_of:
-            L = -(-L // self.multiple_of) * self.multiple_of
-            if cap is not None:
-                L = min(L, max(cap, max(lengths)))
-        out = block.tensor(dtype, (len(ts), L) + tuple(rest))
-        if all(t.is_contiguous() and t.is_cpu for t in ts):
-            # one C call copies the rows and writes the padding (the per-sample slices of
-            # the general path below cost ~5x as much at 32 token sequences a batch)
-            row = out.element_size() * out[0, 0].numel() if L else 0
-            _stoke._pad_rows(block.view, out.data_ptr() - block.base, L, row,
-                               [t.data_ptr() for t in ts], lengths, self._pad_bytes(path, dtype))
-        else:
+                % (path, t0.dtype, tuple(t0.shape), bad.dtype, tuple(bad.shape)))
+        shape, lengths = r
+        out = block.tensor(batch[0].dtype, shape)
+        lens = block.tensor(torch.int64, shape[:1])
+        if lengths is not None:  # not written by _pad_batch
             out.fill_(self.pad[path])
-            for i, (t, n) in enumerate(zip(ts, lengths)):
+            for i, (t, n) in enumerate(zip(batch, lengths)):
                 out[i, :n].copy_(t[:n])
-        lens = block.tensor(torch.int64, (len(ts),))
-        lens.copy_(torch.tensor(lengths, dtype=torch.int64))
+            lens.copy_(torch.tensor(lengths, dtype=torch.int64))
         return out, lens
+
+    def _pad_c(self, block, ts, path, cap):
+        dtype = ts[0].dtype
+        return _stoke._pad_batch(block.view, block.off, ts, torch.Tensor, _itemsize(dtype), cap,
+                                 self.multiple_of or 0, self._pad_bytes(path, dtype))
 
     def _pad_bytes(self, path, dtype):
         key = (path, dtype)
