@@ -296,8 +296,7 @@ class _BlockUnpickler(pickle.Unpickler):
             n = 1
             for d in shape:
                 n *= d
-            size = torch.empty((), dtype=dt).element_size()
-            return self.u8[off:off + n * size].view(dt).view(shape)
+            return self.u8[off:off + n * _itemsize(dt)].view(dt).view(shape)
         dt = np.dtype(dtype)
         n = 1
         for d in shape:
@@ -1099,8 +1098,10 @@ class _Writer:
     def decode(self, b):
         if len(b) == 0:  # its one sample (this batch) skipped under on_error
             return _Skipped
-        view = memoryview(b[0]).cast("B")
-        magic, a, n = struct.unpack_from("<QQQ", view, 0)
+        f = b[0]
+        view = memoryview(f).cast("B")
+        head = struct.unpack_from("<QQQ", view, 0)
+        magic, a = head[0], head[1]
         if magic == MAGIC_END:
             return _End(a)
         if magic == MAGIC_OVER:
@@ -1108,13 +1109,14 @@ class _Writer:
         if magic != MAGIC and magic != MAGIC_LIVE:
             raise RuntimeError("stoke: batch %d's block holds no batch (magic %#x)"
                                % (int(np.asarray(b.indices)[0]), magic))
-        u8 = torch.from_dlpack(b[0]).view(-1) if torch is not None else None
-        return self.load(view, u8, b.is_pinned)
+        u8 = torch.from_dlpack(f).view(-1) if torch is not None else None
+        return self.load(view, u8, b.is_pinned, head)
 
-    def load(self, view, u8, pinned):
-        """The batch in a block (view; u8 its torch uint8 tensor, or None): its structure
-        unpickled, or the one this process kept (MAGIC_LIVE), each tensor a view of the block."""
-        magic, a, n = struct.unpack_from("<QQQ", view, 0)
+    def load(self, view, u8, pinned, head=None):
+        """The batch in a block (view; u8 its torch uint8 tensor, or None; head: its header,
+        if read already): its structure unpickled, or the one this process kept (MAGIC_LIVE),
+        each tensor a view of the block."""
+        magic, a, n = head or struct.unpack_from("<QQQ", view, 0)
         if magic == MAGIC_LIVE:
             shape = self.live.pop(a, _End) if self.live is not None else _End
             if shape is _End:  # (a collate_fn may return None)
