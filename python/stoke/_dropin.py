@@ -509,6 +509,7 @@ class _Plan:
         self.mm = mmap.mmap(-1, size)  # MAP_SHARED | MAP_ANONYMOUS: the forked workers see it
         self.head = np.frombuffer(self.mm, dtype=np.int64, count=8, offset=0)
         self.cur = np.frombuffer(self.mm, dtype=np.int64, count=min(nmail, 448), offset=512)
+        self.cur_mv = memoryview(self.mm)[512:512 + 8 * len(self.cur)].cast("q")  # (writes)
         self.offs = np.frombuffer(self.mm, dtype=np.int64, count=self.nbatches + 1,
                                   offset=self.off_offs)
         self.fd = os.memfd_create("stoke-plan", os.MFD_CLOEXEC)
@@ -831,15 +832,24 @@ class _Writer:
         if self.getitems is not None:
             return self.getitems(indices)
         out = []
-        cur = self.plan.cur if self.worker >= 0 else None
-        outs = {} if self.rows and block is not None else None  # path: the batch's tensor
-        n = len(indices)
-        for k, j in enumerate(indices):
-            where[0] = j
-            if cur is not None:  # a worker that dies names the sample it was on
-                cur[self.worker] = j
-            x = self.dataset[j]
-            out.append(x if outs is None else self.row(block, outs, x, "", k, n))
+        ds, wk = self.dataset, self.worker
+        cur = self.plan.cur_mv if wk >= 0 else None  # a worker that dies names its sample
+        if self.rows and block is not None:
+            outs = {}  # path: the batch's tensor
+            n = len(indices)
+            for k, j in enumerate(indices):
+                where[0] = j
+                if cur is not None:
+                    cur[wk] = j
+                out.append(self.row(block, outs, ds[j], "", k, n))
+        elif cur is not None:
+            for j in indices:
+                where[0] = cur[wk] = j
+                out.append(ds[j])
+        else:
+            for j in indices:
+                where[0] = j
+                out.append(ds[j])
         where[0] = None  # collate's errors are the batch's, not its last sample's
         return out
 
