@@ -365,7 +365,8 @@ PyObject *stoke_py_pad_batch(PyObject *self, PyObject *args)
         Py_ssize_t d = PyLong_AsSsize_t(PyTuple_GET_ITEM(sh0, k));
         if (d == -1 && PyErr_Occurred())
             goto out;
-        row = d >= 0 && (d == 0 || row <= PY_SSIZE_T_MAX / d) ? row * d : -1;
+        if (row >= 0) /* -1: too many bytes (an expanded view): not written here */
+            row = d == 0 ? 0 : d > 0 && row <= PY_SSIZE_T_MAX / d ? row * d : -1;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         int same = pad_same(items[i], d0, sh0, &len[i]);
