@@ -206,47 +206,256 @@ static void pyw_close(void *user)
     free(w);
 }
 
-/* _stoke._pad_rows(dst, offset, width, row_bytes, ptrs, lens, pad): the built-in padding's
- * copy (stoke/_dropin.py _Collator.pad_leaf).  Sample i's first min(lens[i], width) rows of
- * row_bytes bytes, read at address ptrs[i] (a contiguous CPU tensor's data_ptr(), which the
- * caller holds and has checked: dtype, shape after the first dimension, contiguity), go to
- * dst[offset + i * width * row_bytes ...]; the rest of its width is the pad pattern (one element,
- * repeated).  The destination is bounds-checked; the sources are the caller's to vouch for. */
-PyObject *stoke_py_pad_rows(PyObject *self, PyObject *args)
+/* Interned attribute names for stoke_py_pad_batch (GIL held). */
+static PyObject *s_dtype, *s_shape, *s_is_contiguous, *s_is_cpu, *s_data_ptr;
+
+static int pad_names(void)
+{
+    if (s_data_ptr)
+        return 0;
+    s_dtype = PyUnicode_InternFromString("dtype");
+    s_shape = PyUnicode_InternFromString("shape");
+    s_is_contiguous = PyUnicode_InternFromString("is_contiguous");
+    s_is_cpu = PyUnicode_InternFromString("is_cpu");
+    s_data_ptr = s_is_cpu ? PyUnicode_InternFromString("data_ptr") : NULL;
+    return s_data_ptr ? 0 : -1;
+}
+
+/* A tensor's shape as a tuple (torch.Size), a new reference; NULL with an exception set. */
+static PyObject *pad_shape(PyObject *t)
+{
+    PyObject *sh = PyObject_GetAttr(t, s_shape);
+    if (sh && !PyTuple_Check(sh)) {
+        PyErr_SetString(PyExc_TypeError, "stoke: pad: a tensor's shape is not a tuple");
+        Py_CLEAR(sh);
+    }
+    return sh;
+}
+
+/* Whether a.dtype is d and a's shape after its first dimension is rest's (rest: shape 0's).
+ * 1 yes, 0 no, -1 with an exception set; *len: a's first dimension. */
+static int pad_same(PyObject *t, PyObject *d0, PyObject *rest, Py_ssize_t *len)
+{
+    PyObject *d = PyObject_GetAttr(t, s_dtype);
+    if (!d)
+        return -1;
+    int same = PyObject_RichCompareBool(d, d0, Py_EQ);
+    Py_DECREF(d);
+    if (same != 1)
+        return same;
+    PyObject *sh = pad_shape(t);
+    if (!sh)
+        return -1;
+    Py_ssize_t nd = PyTuple_GET_SIZE(sh);
+    same = nd >= 1 && nd == PyTuple_GET_SIZE(rest);
+    for (Py_ssize_t k = 1; same == 1 && k < nd; k++)
+        same = PyObject_RichCompareBool(PyTuple_GET_ITEM(sh, k), PyTuple_GET_ITEM(rest, k), Py_EQ);
+    *len = same == 1 ? PyLong_AsSsize_t(PyTuple_GET_ITEM(sh, 0)) : 0;
+    Py_DECREF(sh);
+    if (same == 1 && *len == -1 && PyErr_Occurred())
+        return -1;
+    return same;
+}
+
+/* Whether t.is_contiguous() and t.is_cpu (1, 0, -1 with an exception set); *ptr its
+ * data_ptr() when they are. */
+static int pad_plain(PyObject *t, const char **ptr)
+{
+    PyObject *r = PyObject_CallMethodNoArgs(t, s_is_contiguous);
+    int ok = r ? PyObject_IsTrue(r) : -1;
+    Py_XDECREF(r);
+    if (ok == 1) {
+        r = PyObject_GetAttr(t, s_is_cpu);
+        ok = r ? PyObject_IsTrue(r) : -1;
+        Py_XDECREF(r);
+    }
+    if (ok == 1) {
+        r = PyObject_CallMethodNoArgs(t, s_data_ptr);
+        *ptr = r ? PyLong_AsVoidPtr(r) : NULL;
+        Py_XDECREF(r);
+        if (!r || (!*ptr && PyErr_Occurred()))
+            ok = -1;
+    }
+    return ok;
+}
+
+/* _stoke._pad_batch(dst, off, batch, tensor_type, itemsize, cap, multiple_of, pad): the
+ * built-in padding of one leaf (stoke/_dropin.py _Collator.pad_leaf) in one call, the checks of
+ * every sample's tensor included.  batch: a sequence of tensors (isinstance of tensor_type) of
+ * one dtype (itemsize bytes an element) and one shape after the first dimension; their lengths
+ * (first dimensions) are capped at cap (None: no cap) and padded to the longest, rounded up to
+ * multiple_of (0: not) but not beyond cap.  Sample i's rows go to dst[off + i * L * row ...],
+ * the rest of its L rows the pad pattern (one element, repeated); then the int64 lengths at the
+ * next 64-byte boundary: the layout of _Block.tensor((n, L) + rest), then _Block.tensor((n,)).
+ * Answers:
+ *   None          an element is not a tensor_type (the caller converts them and calls again);
+ *   an int i      sample i has no dimension, or another dtype or shape after the first
+ *                 dimension than sample 0 (0: sample 0 has no dimension);
+ *   (shape, None) written: shape (n, L) + rest;
+ *   (shape, lengths) not written: a sample's tensor is not contiguous or not on the CPU (the
+ *                 caller copies with torch), or the two do not fit in dst (the caller's
+ *                 _Block.tensor raises its overflow); lengths: the capped lengths, a list.
+ * The checks run in pad_leaf's order: dtype and shape of every sample (the first bad one
+ * answers), then contiguity and device up to the first that is not. */
+PyObject *stoke_py_pad_batch(PyObject *self, PyObject *args)
 {
     (void)self;
     Py_buffer dst, pad;
-    Py_ssize_t off, width, row;
-    PyObject *ptrs, *lens;
-    if (!PyArg_ParseTuple(args, "w*nnnOOy*:_pad_rows", &dst, &off, &width, &row, &ptrs, &lens,
-                          &pad))
+    Py_ssize_t off, itemsize, multiple;
+    PyObject *batch, *type, *capo;
+    if (!PyArg_ParseTuple(args, "w*nOOnOny*:_pad_batch", &dst, &off, &batch, &type, &itemsize,
+                          &capo, &multiple, &pad))
         return NULL;
-    PyObject *res = NULL;
-    Py_ssize_t n = PyList_Check(ptrs) && PyList_Check(lens) ? PyList_GET_SIZE(ptrs) : -1;
-    if (n < 0 || PyList_GET_SIZE(lens) != n || off < 0 || width < 0 || row < 0 ||
-        pad.len < 1 || row % pad.len != 0 ||
-        (width && row && n > (dst.len - off) / width / row) || off > dst.len) {
-        PyErr_SetString(PyExc_ValueError, "stoke: _pad_rows: bad arguments");
+    PyObject *res = NULL, *seq = NULL, *d0 = NULL, *sh0 = NULL, *shape = NULL, *lens = NULL;
+    Py_ssize_t stack_len[64], *len = stack_len;
+    const char *stack_ptr[64], **ptr = stack_ptr;
+    Py_ssize_t cap = -1;
+    if (pad_names() < 0)
+        goto out;
+    if (capo != Py_None) {
+        cap = PyLong_AsSsize_t(capo);
+        if (cap == -1 && PyErr_Occurred())
+            goto out;
+        if (cap < 0) {
+            PyErr_Format(PyExc_ValueError, "stoke: pad: max_length %zd is negative", cap);
+            goto out;
+        }
+    }
+    if (multiple < 0) {
+        PyErr_Format(PyExc_ValueError, "stoke: pad: pad_to_multiple_of %zd is negative", multiple);
         goto out;
     }
-    char *d = (char *)dst.buf + off;
-    for (Py_ssize_t i = 0; i < n; i++, d += width * row) {
-        const char *src = PyLong_AsVoidPtr(PyList_GET_ITEM(ptrs, i));
-        Py_ssize_t len = PyLong_AsSsize_t(PyList_GET_ITEM(lens, i));
-        if (PyErr_Occurred())
+    if (!PyType_Check(type) || off < 0 || off > dst.len || itemsize < 1 || pad.len != itemsize) {
+        PyErr_SetString(PyExc_ValueError, "stoke: _pad_batch: bad arguments");
+        goto out;
+    }
+    seq = PySequence_Fast(batch, "stoke: _pad_batch: the batch is not a sequence");
+    if (!seq)
+        goto out;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    if (n < 1) {
+        PyErr_SetString(PyExc_ValueError, "stoke: _pad_batch: an empty batch");
+        goto out;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!PyObject_TypeCheck(items[i], (PyTypeObject *)type)) {
+            res = Py_NewRef(Py_None);
             goto out;
-        Py_ssize_t keep = len < 0 ? 0 : len < width ? len : width;
+        }
+    if (n > 64) {
+        len = PyMem_Malloc((size_t)n * sizeof(*len));
+        ptr = PyMem_Malloc((size_t)n * sizeof(*ptr));
+        if (!len || !ptr) {
+            PyErr_NoMemory();
+            goto out;
+        }
+    }
+    /* dtype and shape after the first dimension: sample 0's, then each one's */
+    d0 = PyObject_GetAttr(items[0], s_dtype);
+    sh0 = d0 ? pad_shape(items[0]) : NULL;
+    if (!sh0)
+        goto out;
+    if (PyTuple_GET_SIZE(sh0) < 1) {
+        res = PyLong_FromLong(0);
+        goto out;
+    }
+    Py_ssize_t L = 0, row = itemsize;
+    for (Py_ssize_t k = 1; k < PyTuple_GET_SIZE(sh0); k++) {
+        Py_ssize_t d = PyLong_AsSsize_t(PyTuple_GET_ITEM(sh0, k));
+        if (d == -1 && PyErr_Occurred())
+            goto out;
+        if (row >= 0) /* -1: too many bytes (an expanded view): not written here */
+            row = d == 0 ? 0 : d > 0 && row <= PY_SSIZE_T_MAX / d ? row * d : -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int same = pad_same(items[i], d0, sh0, &len[i]);
+        if (same < 0)
+            goto out;
+        if (!same) {
+            res = PyLong_FromSsize_t(i);
+            goto out;
+        }
+        if (cap >= 0 && len[i] > cap)
+            len[i] = cap;
+        if (len[i] > L)
+            L = len[i];
+    }
+    Py_ssize_t longest = L;
+    if (multiple > 0) {
+        L = L % multiple ? (L / multiple + 1) * multiple : L;
+        if (cap >= 0 && L > (cap > longest ? cap : longest))
+            L = cap > longest ? cap : longest;
+    }
+    shape = PyTuple_New(PyTuple_GET_SIZE(sh0) + 1);
+    if (!shape)
+        goto out;
+    PyTuple_SET_ITEM(shape, 0, PyLong_FromSsize_t(n));
+    PyTuple_SET_ITEM(shape, 1, PyLong_FromSsize_t(L));
+    for (Py_ssize_t k = 1; k < PyTuple_GET_SIZE(sh0); k++)
+        PyTuple_SET_ITEM(shape, k + 1, Py_NewRef(PyTuple_GET_ITEM(sh0, k)));
+    if (PyErr_Occurred())
+        goto out;
+    /* contiguous CPU tensors, and room for both: written here */
+    int plain = row >= 0;
+    for (Py_ssize_t i = 0; plain == 1 && i < n; i++)
+        plain = pad_plain(items[i], &ptr[i]);
+    if (plain < 0)
+        goto out;
+    if (row > 0 && L > PY_SSIZE_T_MAX / row)
+        plain = 0;
+    Py_ssize_t width = plain && row && L ? row * L : 0; /* one sample's bytes */
+    size_t room = (size_t)(dst.len - off), out_bytes = 0, lens_at = 0;
+    if (plain && width && (size_t)width > room / (size_t)n)
+        plain = 0;
+    if (plain) {
+        out_bytes = (size_t)n * (size_t)width;
+        lens_at = (out_bytes + 63) & ~(size_t)63; /* _align(), as _Block.take */
+        plain = lens_at <= room && (size_t)n * 8 <= room - lens_at;
+    }
+    if (!plain) {
+        lens = PyList_New(n);
+        for (Py_ssize_t i = 0; lens && i < n; i++) {
+            PyObject *v = PyLong_FromSsize_t(len[i]);
+            if (!v)
+                Py_CLEAR(lens);
+            else
+                PyList_SET_ITEM(lens, i, v);
+        }
+        if (!lens)
+            goto out;
+        res = PyTuple_Pack(2, shape, lens);
+        goto out;
+    }
+    int same_bytes =
+        pad.len == 1 || !memcmp(pad.buf, (const char *)pad.buf + 1, (size_t)pad.len - 1);
+    char *d = (char *)dst.buf + off;
+    for (Py_ssize_t i = 0; i < n; i++, d += width) {
+        size_t keep = (size_t)len[i] * (size_t)row;
         if (keep)
-            memcpy(d, src, (size_t)(keep * row));
-        char *p = d + keep * row, *end = d + width * row;
-        if (pad.len == 1 || !memcmp(pad.buf, (const char *)pad.buf + 1, (size_t)pad.len - 1))
+            memcpy(d, ptr[i], keep);
+        char *p = d + keep, *end = d + width;
+        if (same_bytes)
             memset(p, *(const char *)pad.buf, (size_t)(end - p)); /* every byte alike: 0, -1 */
         else
             for (; p < end; p += pad.len)
                 memcpy(p, pad.buf, (size_t)pad.len);
     }
-    res = Py_NewRef(Py_None);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t v = len[i];
+        memcpy((char *)dst.buf + off + lens_at + (size_t)i * 8, &v, 8);
+    }
+    res = PyTuple_Pack(2, shape, Py_None);
 out:
+    if (len != stack_len)
+        PyMem_Free(len);
+    if (ptr != stack_ptr)
+        PyMem_Free(ptr);
+    Py_XDECREF(lens);
+    Py_XDECREF(shape);
+    Py_XDECREF(sh0);
+    Py_XDECREF(d0);
+    Py_XDECREF(seq);
     PyBuffer_Release(&dst);
     PyBuffer_Release(&pad);
     return res;

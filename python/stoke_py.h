@@ -101,7 +101,7 @@ PyObject *stoke_py_reap_stats(PyObject *self, PyObject *unused);
  * -1 with a Python exception set. */
 typedef struct stoke_pywriter stoke_pywriter;
 int stoke_pywriter_open(PyObject *obj, stoke_dataset *ds);
-PyObject *stoke_py_pad_rows(PyObject *self, PyObject *args);
+PyObject *stoke_py_pad_batch(PyObject *self, PyObject *args);
 
 /* Maps a stoke dtype to a buffer format and a DLPack dtype.  Returns 0, -1 for an unknown one. */
 int stoke_py_dtype(int dtype, size_t itemsize, const char **format, DLDataType *dl);

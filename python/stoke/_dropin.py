@@ -296,8 +296,7 @@ class _BlockUnpickler(pickle.Unpickler):
             n = 1
             for d in shape:
                 n *= d
-            size = torch.empty((), dtype=dt).element_size()
-            return self.u8[off:off + n * size].view(dt).view(shape)
+            return self.u8[off:off + n * _itemsize(dt)].view(dt).view(shape)
         dt = np.dtype(dtype)
         n = 1
         for d in shape:
@@ -333,39 +332,37 @@ class _Collator:
         return m
 
     def pad_leaf(self, block, batch, path):
-        ts = batch if all(type(x) is torch.Tensor for x in batch) else \
-            [torch.as_tensor(x) for x in batch]
-        t0 = ts[0]
-        nd, rest, dtype = t0.dim(), t0.shape[1:], t0.dtype
-        if nd < 1 or any(t.dtype != dtype or t.dim() != nd or t.shape[1:] != rest for t in ts):
-            bad = next(t for t in ts if t.dim() < 1 or t.dtype != dtype or t.shape[1:] != rest)
+        """The leaf's tensors padded into the block (n, L, ...), and their lengths (n,): one C
+        call checks them, copies the rows and writes the padding and the lengths (Python's
+        checks and slices per sample cost several times as much at 32 token sequences a
+        batch); torch copies what it does not take (tensors not contiguous or not on the CPU)."""
+        cap = self._max_len(path)
+        r = None
+        if type(batch[0]) is torch.Tensor:
+            r = self._pad_c(block, batch, path, cap)
+        if r is None:  # not all tensors: as default_collate, each made one
+            batch = [torch.as_tensor(x) for x in batch]
+            r = self._pad_c(block, batch, path, cap)
+        if type(r) is int:
+            t0, bad = batch[0], batch[r]
             raise RuntimeError(
                 "stoke: pad[%r]: samples must have the same dtype and the same shape after "
                 "the first dimension (%s %s, then %s %s)"
-                % (path, dtype, tuple(t0.shape), bad.dtype, tuple(bad.shape)))
-        lengths = [t.shape[0] for t in ts]
-        cap = self._max_len(path)
-        if cap is not None:
-            lengths = [min(n, cap) for n in lengths]
-        L = max(lengths) if lengths else 0
-        if self.multiple_of:
-            L = -(-L // self.multiple_of) * self.multiple_of
-            if cap is not None:
-                L = min(L, max(cap, max(lengths)))
-        out = block.tensor(dtype, (len(ts), L) + tuple(rest))
-        if all(t.is_contiguous() and t.is_cpu for t in ts):
-            # one C call copies the rows and writes the padding (the per-sample slices of
-            # the general path below cost ~5x as much at 32 token sequences a batch)
-            row = out.element_size() * out[0, 0].numel() if L else 0
-            _stoke._pad_rows(block.view, out.data_ptr() - block.base, L, row,
-                               [t.data_ptr() for t in ts], lengths, self._pad_bytes(path, dtype))
-        else:
+                % (path, t0.dtype, tuple(t0.shape), bad.dtype, tuple(bad.shape)))
+        shape, lengths = r
+        out = block.tensor(batch[0].dtype, shape)
+        lens = block.tensor(torch.int64, shape[:1])
+        if lengths is not None:  # not written by _pad_batch
             out.fill_(self.pad[path])
-            for i, (t, n) in enumerate(zip(ts, lengths)):
+            for i, (t, n) in enumerate(zip(batch, lengths)):
                 out[i, :n].copy_(t[:n])
-        lens = block.tensor(torch.int64, (len(ts),))
-        lens.copy_(torch.tensor(lengths, dtype=torch.int64))
+            lens.copy_(torch.tensor(lengths, dtype=torch.int64))
         return out, lens
+
+    def _pad_c(self, block, ts, path, cap):
+        dtype = ts[0].dtype
+        return _stoke._pad_batch(block.view, block.off, ts, torch.Tensor, _itemsize(dtype), cap,
+                                 self.multiple_of or 0, self._pad_bytes(path, dtype))
 
     def _pad_bytes(self, path, dtype):
         key = (path, dtype)
@@ -512,6 +509,7 @@ class _Plan:
         self.mm = mmap.mmap(-1, size)  # MAP_SHARED | MAP_ANONYMOUS: the forked workers see it
         self.head = np.frombuffer(self.mm, dtype=np.int64, count=8, offset=0)
         self.cur = np.frombuffer(self.mm, dtype=np.int64, count=min(nmail, 448), offset=512)
+        self.cur_mv = memoryview(self.mm)[512:512 + 8 * len(self.cur)].cast("q")  # (writes)
         self.offs = np.frombuffer(self.mm, dtype=np.int64, count=self.nbatches + 1,
                                   offset=self.off_offs)
         self.fd = os.memfd_create("stoke-plan", os.MFD_CLOEXEC)
@@ -834,15 +832,24 @@ class _Writer:
         if self.getitems is not None:
             return self.getitems(indices)
         out = []
-        cur = self.plan.cur if self.worker >= 0 else None
-        outs = {} if self.rows and block is not None else None  # path: the batch's tensor
-        n = len(indices)
-        for k, j in enumerate(indices):
-            where[0] = j
-            if cur is not None:  # a worker that dies names the sample it was on
-                cur[self.worker] = j
-            x = self.dataset[j]
-            out.append(x if outs is None else self.row(block, outs, x, "", k, n))
+        ds, wk = self.dataset, self.worker
+        cur = self.plan.cur_mv if wk >= 0 else None  # a worker that dies names its sample
+        if self.rows and block is not None:
+            outs = {}  # path: the batch's tensor
+            n = len(indices)
+            for k, j in enumerate(indices):
+                where[0] = j
+                if cur is not None:
+                    cur[wk] = j
+                out.append(self.row(block, outs, ds[j], "", k, n))
+        elif cur is not None:
+            for j in indices:
+                where[0] = cur[wk] = j
+                out.append(ds[j])
+        else:
+            for j in indices:
+                where[0] = j
+                out.append(ds[j])
         where[0] = None  # collate's errors are the batch's, not its last sample's
         return out
 
@@ -1101,8 +1108,10 @@ class _Writer:
     def decode(self, b):
         if len(b) == 0:  # its one sample (this batch) skipped under on_error
             return _Skipped
-        view = memoryview(b[0]).cast("B")
-        magic, a, n = struct.unpack_from("<QQQ", view, 0)
+        f = b[0]
+        view = memoryview(f).cast("B")
+        head = struct.unpack_from("<QQQ", view, 0)
+        magic, a = head[0], head[1]
         if magic == MAGIC_END:
             return _End(a)
         if magic == MAGIC_OVER:
@@ -1110,13 +1119,14 @@ class _Writer:
         if magic != MAGIC and magic != MAGIC_LIVE:
             raise RuntimeError("stoke: batch %d's block holds no batch (magic %#x)"
                                % (int(np.asarray(b.indices)[0]), magic))
-        u8 = torch.from_dlpack(b[0]).view(-1) if torch is not None else None
-        return self.load(view, u8, b.is_pinned)
+        u8 = torch.from_dlpack(f).view(-1) if torch is not None else None
+        return self.load(view, u8, b.is_pinned, head)
 
-    def load(self, view, u8, pinned):
-        """The batch in a block (view; u8 its torch uint8 tensor, or None): its structure
-        unpickled, or the one this process kept (MAGIC_LIVE), each tensor a view of the block."""
-        magic, a, n = struct.unpack_from("<QQQ", view, 0)
+    def load(self, view, u8, pinned, head=None):
+        """The batch in a block (view; u8 its torch uint8 tensor, or None; head: its header,
+        if read already): its structure unpickled, or the one this process kept (MAGIC_LIVE),
+        each tensor a view of the block."""
+        magic, a, n = head or struct.unpack_from("<QQQ", view, 0)
         if magic == MAGIC_LIVE:
             shape = self.live.pop(a, _End) if self.live is not None else _End
             if shape is _End:  # (a collate_fn may return None)

@@ -6,6 +6,7 @@ WeightedRandomSampler and a RandomSampler with seeded generators, a bucketing ba
 list of index lists, and a user class), a custom batch type with a pin_memory() method; 0, 1
 and 2 workers."""
 import random
+import warnings
 
 import stoke_testlib as T
 
@@ -154,6 +155,97 @@ def builtin_padding_rows():
                     "%s: lengths %s" % (what, b["frames_lengths"].tolist()))
             n += len(ids)
         T.check(n == 40, "%s: %d samples" % (what, n))
+
+
+class Ragged(Dataset):
+    """Samples given as a list: {"x": a leaf, "id": i} (NumPy arrays, lists, tensors, empty)."""
+
+    def __init__(self, leaves):
+        self.leaves = leaves
+
+    def __len__(self):
+        return len(self.leaves)
+
+    def __getitem__(self, i):
+        return {"x": self.leaves[i], "id": i}
+
+
+def padded_want(leaves, ids, value, cap=None, multiple=None):
+    rows = [torch.as_tensor(leaves[i])[:cap] for i in ids]
+    lens = [len(r) for r in rows]
+    width = max(lens)
+    if multiple:
+        width = -(-width // multiple) * multiple
+        if cap is not None:
+            width = min(width, max(cap, max(lens)))
+    rest = rows[0].shape[1:]
+    want = torch.full((len(rows), width) + tuple(rest), value, dtype=rows[0].dtype)
+    for k, r in enumerate(rows):
+        want[k, :len(r)] = r
+    return want, lens
+
+
+def check_padded(leaves, what, value=0, batch_size=4, cap=None, multiple=None, **kw):
+    got = L.Loader(Ragged(leaves), batch_size=batch_size, pad={"x": value}, max_length=cap,
+                   pad_to_multiple_of=multiple, **kw)
+    n = 0
+    for b in got:
+        ids = b["id"].tolist()
+        want, lens = padded_want(leaves, ids, value, cap, multiple)
+        T.check(b["x"].dtype == want.dtype and b["x"].shape == want.shape
+                and torch.equal(b["x"], want), "%s: ids %s: %s, want %s" % (what, ids,
+                                                                            b["x"], want))
+        T.check(b["x_lengths"].tolist() == lens, "%s: ids %s: lengths %s, want %s"
+                % (what, ids, b["x_lengths"].tolist(), lens))
+        n += len(ids)
+    T.check(n == len(leaves), "%s: %d samples" % (what, n))
+
+
+def pad_error(leaves, want, workers=0):
+    got = L.Loader(Ragged(leaves), batch_size=len(leaves), pad={"x": 0}, num_workers=workers)
+    try:
+        for _ in got:
+            pass
+    except RuntimeError as e:
+        T.check(want in str(e), "pad error, workers=%d: %r, want %r in it" % (workers, e, want))
+    else:
+        T.check(False, "pad error, workers=%d: no error, want %r" % (workers, want))
+
+
+@case
+def builtin_padding_edges():
+    """pad= on leaves that are not all tensors (NumPy arrays, lists: converted as torch does),
+    empty sequences, max_length 0 and with pad_to_multiple_of, a batch that outgrows its block
+    (made again in the consumer's process), and samples that cannot be padded together: the
+    error names the leaf and both shapes."""
+    np = T.need("numpy")
+    arrays = [np.arange(n, dtype=np.int32) * 3 + n for n in (3, 0, 5, 1, 7, 2, 0, 4, 6)]
+    mixed = [torch.arange(n, dtype=torch.int64) for n in (2, 3)] + [[7, 8, 9, 10], [1]] + \
+        [torch.arange(n, dtype=torch.int64) - 5 for n in (0, 4, 1)]
+    for workers in (0, 2):
+        check_padded(arrays, "NumPy int32 leaves workers=%d" % workers, value=-7,
+                     num_workers=workers)
+        check_padded(mixed, "tensors and lists workers=%d" % workers, value=3,
+                     num_workers=workers)
+        check_padded(arrays, "max_length=0 workers=%d" % workers, cap=0, num_workers=workers)
+        check_padded(arrays, "max_length=5, multiple 4 workers=%d" % workers, cap=5,
+                     multiple=4, num_workers=workers)
+    # batch 0 small, a later batch far larger than the block measured on it
+    big = [torch.arange(n, dtype=torch.int64) for n in (2, 3, 1, 2, 300000, 5, 1, 1)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        check_padded(big, "a batch larger than its block", value=-1)
+    T.check(any("more than a block" in str(w.message) for w in caught),
+            "a batch larger than its block: warnings %s" % [str(w.message) for w in caught])
+    rows = [torch.zeros(2, 3), torch.zeros(4, 3), torch.zeros(1, 4)]
+    for workers in (0, 2):
+        pad_error(rows, "pad['x']: samples must have the same dtype and the same shape after "
+                  "the first dimension (torch.float32 (2, 3), then torch.float32 (1, 4))",
+                  workers)
+    pad_error([torch.zeros(2), torch.zeros(3, dtype=torch.float64)],
+              "(torch.float32 (2,), then torch.float64 (3,))")
+    pad_error([torch.zeros(2), torch.tensor(5.0)], "(torch.float32 (2,), then torch.float32 ())")
+    pad_error([torch.tensor(5), torch.zeros(3)], "(torch.int64 (), then torch.int64 ())")
 
 
 # --- an IterableDataset that shards itself --------------------------------------------------
