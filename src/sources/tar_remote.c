@@ -5,6 +5,8 @@
  * order given to the cache for its read-ahead.  Reading samples is tar_fields.c's. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,46 +22,12 @@
  * range request: members smaller than the window cost no request of their own. */
 #define REMOTE_WINDOW ((size_t)1 << 20)
 
-/* Fetches [off, off + max(n, window)) into the window. */
-static int rwin_fetch(stoke__tar_rwin *w, size_t n, uint64_t off, uint64_t *total)
-{
-    size_t want = n > REMOTE_WINDOW ? n : REMOTE_WINDOW;
-    if (want > w->cap) {
-        char *b = realloc(w->buf, want);
-        if (!b) {
-            stoke__fmt(w->why, sizeof(w->why), "out of memory for a window of %zu bytes", want);
-            return STOKE_ENOMEM;
-        }
-        w->buf = b;
-        w->cap = want;
-    }
-    w->len = 0;
-    w->start = off;
-    size_t got = 0;
-    int rc = stoke__remote_read(w->t->pool, 0, &w->s->rf, w->buf, want, off, &got, total, w->why,
-                                sizeof(w->why));
-    if (!rc)
-        w->len = got;
-    return rc;
-}
-
 int stoke__tar_read_remote(void *ctx, void *buf, size_t n, uint64_t off, size_t *got)
 {
-    stoke__tar_rwin *w = ctx;
-    if (w->t->cache) { /* the shard's local copy (cache.h), through slot 0 */
-        int rc = stoke__cache_read(w->t->cache, w->t->pool, 0, &w->s->rf, w->s->size, buf, n, off,
-                                   got, NULL, w->why, sizeof(w->why));
-        return rc == STOKE_OK ? 0 : rc == STOKE_ENOMEM ? -ENOMEM : -EIO;
-    }
-    if (off < w->start || off + n > w->start + w->len) {
-        int rc = rwin_fetch(w, n, off, NULL);
-        if (rc)
-            return rc == STOKE_ENOMEM ? -ENOMEM : -EIO;
-    }
-    size_t have = off >= w->start + w->len ? 0 : (size_t)(w->start + w->len - off);
-    *got = n < have ? n : have;
-    memcpy(buf, w->buf + (off - w->start), *got);
-    return 0;
+    stoke__tar_rlocal *w = ctx; /* the shard's local copy (cache.h), through slot 0 */
+    int rc = stoke__cache_read(w->t->cache, w->t->pool, 0, &w->s->rf, w->s->size, buf, n, off,
+                               got, NULL, w->why, sizeof(w->why));
+    return rc == STOKE_OK ? 0 : rc == STOKE_ENOMEM ? -ENOMEM : -EIO;
 }
 
 /* URL + ".idx", before its query string if any ("https://h/a.tar?x=1" -> "/a.tar.idx?x=1"):
@@ -303,10 +271,10 @@ int stoke__tar_remote_order(const char *spec, stoke__tar_ds *t, int sized)
 }
 
 int stoke__tar_open_remote(const char *spec, stoke__tar_ds *t, stoke__tar_shard *s,
-                           stoke__tar_rwin *w, stoke__tar_member_fn member, void *ctx, int *indexed)
+                           stoke__tar_rlocal *w, stoke__tar_member_fn member, void *ctx, int *how)
 {
     int rc = STOKE_OK;
-    *indexed = 0;
+    *how = STOKE__TAR_WALK_LATER;
     if (!s->remote) {
         rc = stoke__tar_remote_init(spec, t, s);
         if (rc)
@@ -316,18 +284,17 @@ int stoke__tar_open_remote(const char *spec, stoke__tar_ds *t, stoke__tar_shard 
     if (rc < 0)
         return rc;
     if (rc > 0) {
-        *indexed = 1;
+        *how = STOKE__TAR_INDEXED;
         return STOKE_OK;
     }
-    *w = (stoke__tar_rwin){.t = t, .s = s, .buf = w->buf, .cap = w->cap};
+    if (!t->cache) /* walked with the others: stoke__tar_walk_remote */
+        return STOKE_OK;
+    *how = STOKE__TAR_WALK_NOW;
+    *w = (stoke__tar_rlocal){.t = t, .s = s};
     uint64_t total = UINT64_MAX;
-    if (t->cache) {
-        size_t got;
-        rc = stoke__cache_read(t->cache, t->pool, 0, &s->rf, 0, NULL, 0, 0, &got, &total, w->why,
-                               sizeof(w->why));
-    } else {
-        rc = rwin_fetch(w, REMOTE_WINDOW, 0, &total);
-    }
+    size_t got;
+    rc = stoke__cache_read(t->cache, t->pool, 0, &s->rf, 0, NULL, 0, 0, &got, &total, w->why,
+                           sizeof(w->why));
     if (rc)
         return stoke__fail(rc, "source '%s': %s", spec, w->why);
     if (total == UINT64_MAX)
@@ -337,4 +304,239 @@ int stoke__tar_open_remote(const char *spec, stoke__tar_ds *t, stoke__tar_shard 
                            spec, s->path);
     s->size = total;
     return STOKE_OK;
+}
+
+/* ---- the walk of many remote shards at once ---------------------------------------------- */
+
+/* Shards walked at once: each has a window (REMOTE_WINDOW, more for a longer extension
+ * header) and a request in each round, STOKE_REMOTE_CONNECTIONS of them in flight. */
+#define WALK_SHARDS 32
+
+/* One shard's walk: its iterator reads from the window, and a read outside it (-EAGAIN) leaves
+ * the range to fetch in `want` for the next round. */
+typedef struct rwalk {
+    int shard;
+    stoke__tar_shard *s;
+    stoke__tar_scan sc; /* its members */
+    stoke__tar_iter it;
+    int started, done;
+    char *buf;
+    size_t cap, len; /* buf holds the file's [start, start + len) */
+    uint64_t start;
+    uint64_t want_off; /* the next request: [want_off, want_off + max(want_n, window)) */
+    size_t want_n;
+    int rc;                   /* the shard's error (recorded when it is the first in order) */
+    char msg[STOKE__MSG_MAX]; /* its message */
+    char err[512];            /* the iterator's */
+} rwalk;
+
+/* The iterator's read (stoke__tar_read_fn): from the window, or -EAGAIN with the range to
+ * fetch (as one read of the shard: up to its end, fewer bytes only there). */
+static int rwalk_read(void *ctx, void *buf, size_t n, uint64_t off, size_t *got)
+{
+    rwalk *r = ctx;
+    uint64_t end = r->start + r->len;
+    if (off >= r->start && off <= end && (off + n <= end || end >= r->s->size)) {
+        size_t have = n < end - off ? n : (size_t)(end - off);
+        memcpy(buf, r->buf + (off - r->start), have);
+        *got = have;
+        return 0;
+    }
+    r->want_off = off;
+    r->want_n = n;
+    return -EAGAIN;
+}
+
+/* Fails walk r with code and the message (the shard's open's, as the one-shard walk words it). */
+static void rwalk_fail(rwalk *r, int code, const char *fmt, ...) STOKE__PRINTF(3, 4);
+static void rwalk_fail(rwalk *r, int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->msg, sizeof(r->msg), fmt, ap);
+    va_end(ap);
+    r->rc = code;
+    r->done = 1;
+}
+
+/* Walks r's shard on from its window until the window lacks bytes (want set), the end, or an
+ * error. */
+static void rwalk_step(const char *spec, rwalk *r)
+{
+    for (;;) {
+        const char *path;
+        uint64_t hdr, data, size;
+        int rc = stoke__tar_iter_next(&r->it, &path, &hdr, &data, &size);
+        if (rc == STOKE_EBUSY)
+            return;
+        if (rc == STOKE_EEND) {
+            r->done = 1;
+            return;
+        }
+        uint64_t at = r->it.err_off;
+        if (!rc && (rc = stoke__tar_on_member(&r->sc, path, hdr, data, size)) != 0)
+            at = hdr;
+        if (rc == STOKE_ENOMEM)
+            rwalk_fail(r, rc, "source '%s': tar %s: out of memory", spec, r->s->path);
+        else if (rc)
+            rwalk_fail(r, rc, "source '%s': tar %s: at byte %" PRIu64 ": %s", spec, r->s->path,
+                       at, r->err);
+        if (rc)
+            return;
+    }
+}
+
+/* The window fetched by request q of walk r: the shard's size from the first, then the walk on. */
+static void rwalk_got(const char *spec, rwalk *r, const stoke__remote_req *q)
+{
+    r->start = q->off;
+    r->len = q->got;
+    if (!r->started) {
+        if (q->total == UINT64_MAX) {
+            rwalk_fail(r, STOKE_EIO,
+                       "source '%s': GET %s: the server did not say the file's size "
+                       "(no Content-Range: range requests are needed)",
+                       spec, r->s->path);
+            return;
+        }
+        r->s->size = q->total;
+        r->started = 1;
+        if (stoke__tar_iter_init(&r->it, r->s->size, rwalk_read, r, r->err, sizeof(r->err)) ||
+            stoke__tar_iter_resumable(&r->it)) {
+            rwalk_fail(r, STOKE_ENOMEM, "source '%s': tar %s: out of memory", spec, r->s->path);
+            return;
+        }
+    }
+    rwalk_step(spec, r);
+}
+
+/* Makes walk r's next request into *q (its window grown to it): 0, or STOKE_ENOMEM (r failed). */
+static int rwalk_request(const char *spec, rwalk *r, stoke__remote_req *q)
+{
+    size_t want = r->want_n > REMOTE_WINDOW ? r->want_n : REMOTE_WINDOW;
+    if (want > r->cap) {
+        char *b = realloc(r->buf, want);
+        if (!b) {
+            rwalk_fail(r, STOKE_ENOMEM, "source '%s': tar %s: out of memory for a window of %zu "
+                       "bytes", spec, r->s->path, want);
+            return STOKE_ENOMEM;
+        }
+        r->buf = b;
+        r->cap = want;
+    }
+    r->len = 0; /* the window is the request's until it is back */
+    *q = (stoke__remote_req){.f = &r->s->rf, .buf = r->buf, .n = want, .off = r->want_off};
+    return STOKE_OK;
+}
+
+static void rwalk_free(rwalk *r)
+{
+    stoke__tar_iter_free(&r->it);
+    free(r->buf);
+    r->buf = NULL;
+    r->cap = 0;
+}
+
+/* Appends the members of walks w[0 .. n) (in shard order) into sc, keeping sc's order by
+ * shard: 0 or STOKE_ENOMEM. */
+static int merge(stoke__tar_scan *sc, rwalk *w, int n)
+{
+    size_t add = 0;
+    for (int k = 0; k < n; k++)
+        add += w[k].sc.n;
+    if (!add)
+        return STOKE_OK;
+    stoke__tar_member *m = malloc((sc->n + add) * sizeof(*m));
+    if (!m)
+        return STOKE_ENOMEM;
+    size_t a = 0, o = 0;
+    for (int k = 0; k < n; k++) {
+        while (a < sc->n && sc->m[a].shard < (uint32_t)w[k].shard)
+            m[o++] = sc->m[a++];
+        memcpy(m + o, w[k].sc.m, w[k].sc.n * sizeof(*m));
+        o += w[k].sc.n;
+        w[k].sc.n = 0; /* the paths are sc's now */
+    }
+    while (a < sc->n)
+        m[o++] = sc->m[a++];
+    free(sc->m);
+    sc->m = m;
+    sc->n = sc->cap = o;
+    return STOKE_OK;
+}
+
+int stoke__tar_walk_remote(const char *spec, stoke__tar_ds *t, const int *which, int n,
+                           stoke__tar_scan *sc)
+{
+    if (n == 0)
+        return STOKE_OK;
+    rwalk *w = calloc((size_t)n, sizeof(*w));
+    stoke__remote_req q[WALK_SHARDS];
+    int at[WALK_SHARDS];
+    if (!w)
+        return stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);
+    for (int k = 0; k < n; k++) {
+        w[k].shard = which[k];
+        w[k].s = &t->shards[which[k]];
+        w[k].sc = (stoke__tar_scan){.spec = spec, .sh = t->shards, .shard = (uint32_t)which[k]};
+        w[k].want_n = REMOTE_WINDOW; /* the first window, from byte 0: the size comes with it */
+    }
+    /* rounds: the next request of each walk in flight (the first `live` not done, before the
+     * first failed one: walks after it are not needed), read together */
+    int first_bad = n, from = 0, rounds = 0;
+    uint64_t requests = 0;
+    for (;;) {
+        size_t k = 0;
+        while (from < n && w[from].done)
+            from++;
+        for (int j = from; j < first_bad && k < WALK_SHARDS; j++) {
+            if (w[j].done)
+                continue;
+            if (rwalk_request(spec, &w[j], &q[k]) != STOKE_OK) {
+                first_bad = j < first_bad ? j : first_bad;
+                continue;
+            }
+            at[k++] = j;
+        }
+        if (k == 0)
+            break;
+        size_t failed = 0;
+        char why[STOKE__MSG_MAX];
+        int rc = stoke__remote_read_many(t->pool, 0, q, k, &failed, why, sizeof(why));
+        rounds++;
+        requests += k;
+        if (rc && failed < k) { /* that shard fails; the others ask again (their windows
+                                   may be partial) */
+            rwalk_fail(&w[at[failed]], rc, "source '%s': %s", spec, why);
+        } else if (rc) { /* out of memory before any request: the first fails */
+            rwalk_fail(&w[at[0]], rc, "source '%s': %s", spec, why);
+        } else {
+            for (size_t j = 0; j < k; j++)
+                rwalk_got(spec, &w[at[j]], &q[j]);
+        }
+        for (size_t j = 0; j < k; j++) {
+            rwalk *r = &w[at[j]];
+            if (r->done)
+                rwalk_free(r);
+            if (r->rc && at[j] < first_bad)
+                first_bad = at[j];
+        }
+    }
+    int rc = STOKE_OK;
+    if (first_bad < n)
+        rc = stoke__fail(w[first_bad].rc, "%s", w[first_bad].msg);
+    else if (merge(sc, w, n) != STOKE_OK)
+        rc = stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);
+    else
+        stoke__log(STOKE_LOG_DEBUG,
+                   "%s: %d shard(s) walked at once: %" PRIu64 " request(s) in %d round(s)", spec,
+                   n, requests, rounds);
+    for (int k = 0; k < n; k++) {
+        rwalk_free(&w[k]);
+        for (size_t j = 0; j < w[k].sc.n; j++)
+            free(w[k].sc.m[j].path);
+        free(w[k].sc.m);
+    }
+    free(w);
+    return rc;
 }
