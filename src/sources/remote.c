@@ -565,6 +565,12 @@ int stoke__remote_try_end(stoke__remote_pool *p, const stoke__remote_file *f, xf
     atomic_fetch_add(&p->n->bytes, (uint64_t)(x->got - before));
     long st = 0;
     curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &st);
+    curl_off_t sent = 0, first = 0, all = 0; /* from the start: connected, first byte, end */
+    curl_easy_getinfo(h, CURLINFO_PRETRANSFER_TIME_T, &sent);
+    curl_easy_getinfo(h, CURLINFO_STARTTRANSFER_TIME_T, &first);
+    curl_easy_getinfo(h, CURLINFO_TOTAL_TIME_T, &all);
+    x->first_us = first > sent ? (uint64_t)(first - sent) : 0;
+    x->total_us = all > sent ? (uint64_t)(all - sent) : 0;
     if (x->werr) {
         stoke__fmt_short(why, why_len, "GET %s: writing the download failed at byte %zu: %s",
                          f->url, x->got, strerror(x->werr));
@@ -721,7 +727,7 @@ int stoke__remote_read_many(stoke__remote_pool *p, int slot_i, stoke__remote_req
 {
     *failed = n;
     for (size_t j = 0; j < n; j++)
-        r[j].got = 0, r[j].total = UINT64_MAX;
+        r[j].got = 0, r[j].total = UINT64_MAX, r[j].first_us = r[j].total_us = 0;
     if (n == 0)
         return STOKE_OK;
     uint64_t t0 = stoke__now_ns();
@@ -831,6 +837,8 @@ int stoke__remote_read_many(stoke__remote_pool *p, int slot_i, stoke__remote_req
         stoke__shorten(why, why_len, msg[*failed]); /* its end: the status and reason */
     for (size_t j = 0; x && j < n; j++) {
         r[j].got = x[j].got;
+        r[j].first_us = x[j].first_us;
+        r[j].total_us = x[j].total_us;
         if (x[j].has_total)
             r[j].total = x[j].total;
     }

@@ -88,8 +88,8 @@ int stoke__remote_read(stoke__remote_pool *p, int slot, const stoke__remote_file
                        size_t n, uint64_t off, size_t *got, uint64_t *total, char *why,
                        size_t why_len);
 
-/* One range read of a read_many: [off, off + n) of f into buf; got and total (UINT64_MAX
- * when the server did not say) are set by the call. */
+/* One range read of a read_many: [off, off + n) of f into buf; got, total (UINT64_MAX when
+ * the server did not say), first_us and total_us are set by the call. */
 typedef struct stoke__remote_req {
     const stoke__remote_file *f;
     void *buf;
@@ -97,6 +97,8 @@ typedef struct stoke__remote_req {
     uint64_t off;
     size_t got;
     uint64_t total;
+    uint64_t first_us, total_us; /* its last try, from the request sent: to the first byte,
+                                    to the end (microseconds, libcurl's times) */
 } stoke__remote_req;
 
 /* The reads r[0 .. n) through slot `slot` (as stoke__remote_read's), up to

@@ -101,6 +101,8 @@ typedef struct xfer {
     char err[512];          /* the start of an error response's body */
     size_t errlen;
     size_t before; /* got when the try began */
+    uint64_t first_us, total_us; /* the last try's µs from its request sent (connected) to its
+                                    first byte, and to its end */
 } xfer;
 
 /* A new easy handle with the pool's settings, its errors into s->err. */

@@ -312,6 +312,63 @@ int stoke__tar_open_remote(const char *spec, stoke__tar_ds *t, stoke__tar_shard 
  * header) and a request in each round, STOKE_REMOTE_CONNECTIONS of them in flight. */
 #define WALK_SHARDS 32
 
+/* The windows after a walk's first: a request costs its latency, which is worth latency x rate
+ * bytes of a connection's transfer; a window of that many bytes reads through members smaller
+ * than that (cheaper than a request of their own) and skips larger ones (cheaper than reading
+ * them), within twice the best of either.  Both measured on the walk's own requests (libcurl's
+ * times): the latency from each round's median time from a request sent to its first byte
+ * (smoothed over the rounds), the rate as the median of a round's bodies of WALK_RATE_BYTES or
+ * more (the first windows', and any later one that long). */
+#define WALK_MIN        ((size_t)4 << 10)
+#define WALK_RATE_BYTES ((size_t)64 << 10)
+
+typedef struct walk_cost {
+    uint64_t latency_us; /* 0: not measured yet */
+    double rate;         /* bytes per microsecond; 0: not measured yet */
+} walk_cost;
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The costs seen in a round of k requests q. */
+static void cost_update(walk_cost *c, const stoke__remote_req *q, size_t k)
+{
+    double lat[WALK_SHARDS], rate[WALK_SHARDS];
+    size_t nl = 0, nr = 0;
+    for (size_t j = 0; j < k; j++) {
+        if (q[j].total_us == 0)
+            continue;
+        lat[nl++] = (double)q[j].first_us;
+        if (q[j].got >= WALK_RATE_BYTES && q[j].total_us > q[j].first_us)
+            rate[nr++] = (double)q[j].got / (double)(q[j].total_us - q[j].first_us);
+    }
+    if (nl) { /* smoothed: a round's median still jumps with the CPUs' load */
+        qsort(lat, nl, sizeof(*lat), cmp_double);
+        uint64_t m = (uint64_t)lat[nl / 2] + 1;
+        c->latency_us = c->latency_us ? (3 * c->latency_us + m) / 4 : m;
+    }
+    if (nr) {
+        qsort(rate, nr, sizeof(*rate), cmp_double);
+        c->rate = rate[nr / 2];
+    }
+}
+
+/* The window of a walk's next request: latency x rate bytes, in whole blocks, within
+ * [WALK_MIN, REMOTE_WINDOW] (REMOTE_WINDOW until both are measured). */
+static size_t cost_window(const walk_cost *c)
+{
+    if (!c->latency_us || c->rate <= 0)
+        return REMOTE_WINDOW;
+    double w = (double)c->latency_us * c->rate;
+    if (w >= (double)REMOTE_WINDOW)
+        return REMOTE_WINDOW;
+    size_t b = (size_t)w / STOKE__TAR_BLOCK * STOKE__TAR_BLOCK;
+    return b < WALK_MIN ? WALK_MIN : b;
+}
+
 /* One shard's walk: its iterator reads from the window, and a read outside it (-EAGAIN) leaves
  * the range to fetch in `want` for the next round. */
 typedef struct rwalk {
@@ -410,10 +467,11 @@ static void rwalk_got(const char *spec, rwalk *r, const stoke__remote_req *q)
     rwalk_step(spec, r);
 }
 
-/* Makes walk r's next request into *q (its window grown to it): 0, or STOKE_ENOMEM (r failed). */
-static int rwalk_request(const char *spec, rwalk *r, stoke__remote_req *q)
+/* Makes walk r's next request into *q, of at least `window` bytes (its buffer grown to it): 0,
+ * or STOKE_ENOMEM (r failed). */
+static int rwalk_request(const char *spec, rwalk *r, size_t window, stoke__remote_req *q)
 {
-    size_t want = r->want_n > REMOTE_WINDOW ? r->want_n : REMOTE_WINDOW;
+    size_t want = r->want_n > window ? r->want_n : window;
     if (want > r->cap) {
         char *b = realloc(r->buf, want);
         if (!b) {
@@ -485,6 +543,7 @@ int stoke__tar_walk_remote(const char *spec, stoke__tar_ds *t, const int *which,
      * first failed one: walks after it are not needed), read together */
     int first_bad = n, from = 0, rounds = 0;
     uint64_t requests = 0;
+    walk_cost cost = {0};
     for (;;) {
         size_t k = 0;
         while (from < n && w[from].done)
@@ -492,7 +551,8 @@ int stoke__tar_walk_remote(const char *spec, stoke__tar_ds *t, const int *which,
         for (int j = from; j < first_bad && k < WALK_SHARDS; j++) {
             if (w[j].done)
                 continue;
-            if (rwalk_request(spec, &w[j], &q[k]) != STOKE_OK) {
+            size_t win = w[j].started ? cost_window(&cost) : REMOTE_WINDOW;
+            if (rwalk_request(spec, &w[j], win, &q[k]) != STOKE_OK) {
                 first_bad = j < first_bad ? j : first_bad;
                 continue;
             }
@@ -511,6 +571,7 @@ int stoke__tar_walk_remote(const char *spec, stoke__tar_ds *t, const int *which,
         } else if (rc) { /* out of memory before any request: the first fails */
             rwalk_fail(&w[at[0]], rc, "source '%s': %s", spec, why);
         } else {
+            cost_update(&cost, q, k);
             for (size_t j = 0; j < k; j++)
                 rwalk_got(spec, &w[at[j]], &q[j]);
         }
@@ -529,8 +590,9 @@ int stoke__tar_walk_remote(const char *spec, stoke__tar_ds *t, const int *which,
         rc = stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);
     else
         stoke__log(STOKE_LOG_DEBUG,
-                   "%s: %d shard(s) walked at once: %" PRIu64 " request(s) in %d round(s)", spec,
-                   n, requests, rounds);
+                   "%s: %d shard(s) walked at once: %" PRIu64 " request(s) in %d round(s), "
+                   "windows of %zu bytes (latency %" PRIu64 " us, %.1f MB/s per connection)",
+                   spec, n, requests, rounds, cost_window(&cost), cost.latency_us, cost.rate);
     for (int k = 0; k < n; k++) {
         rwalk_free(&w[k]);
         for (size_t j = 0; j < w[k].sc.n; j++)
