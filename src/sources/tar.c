@@ -253,14 +253,15 @@ static int scan_shards(const char *spec, stoke__tar_ds *t, stoke__tar_scan *sc)
     int *later = calloc((size_t)t->nshards + 1, sizeof(*later)), nlater = 0;
     int rc = later ? stoke__tar_remote_order(spec, t, 0)
                    : stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);
-    int ahead = 0; /* indexes fetched ahead up to here; -1: a shard has none, stop */
+    int ahead = 0; /* indexes fetched ahead up to here */
     for (int i = 0; i < t->nshards && !rc; i++) {
         stoke__tar_shard *s = &t->shards[i];
         int remote = stoke__remote_is_url(s->path), how = 0;
         sc->shard = (uint32_t)i;
-        if (ahead >= 0 && ahead <= i && i > 0 && remote && t->shards[i - 1].idx_url)
-            ahead = stoke__tar_index_ahead(spec, t, i) ? i + STOKE__TAR_INDEX_AHEAD
-                                                       : -1; /* i-1 had one */
+        if (ahead <= i && remote) {
+            stoke__tar_index_ahead(spec, t, i);
+            ahead = i + STOKE__TAR_INDEX_AHEAD;
+        }
         rc = remote ? stoke__tar_open_remote(spec, t, s, &w, stoke__tar_on_member, sc, &how)
                     : open_shard(spec, s);
         if (!rc && how == STOKE__TAR_WALK_LATER)

@@ -67,6 +67,7 @@ typedef struct stoke__tar_shard {
     char *idx_url; /* the sidecar index its members came from (URL without credentials), or NULL */
     char *idx_ahead; /* its index, fetched ahead by the open (NULL: none; tar_remote.c) */
     size_t idx_ahead_len;
+    int idx_missing; /* its index was asked for ahead: 404 (the shard is walked) */
 } stoke__tar_shard;
 
 typedef struct stoke__tar_ds {
@@ -193,12 +194,11 @@ typedef struct stoke__tar_rlocal {
 } stoke__tar_rlocal;
 
 /* Fetches the sidecar indexes of the remote shards from `from` on, up to
- * STOKE__TAR_INDEX_AHEAD, in parallel, for
- * the opens that follow (stoke__tar_open_remote takes them): 1 when they all came, 0 when
- * there was nothing to fetch or a request failed (a shard without an index: stop fetching
- * ahead; each shard's open asks on its own, as without this). */
+ * STOKE__TAR_INDEX_AHEAD, in parallel, for the opens that follow (stoke__tar_open_remote takes
+ * them, or walks a shard whose index was not found without asking again).  Best effort: a
+ * request that failed otherwise is made again by the shard's open, which reports it. */
 #define STOKE__TAR_INDEX_AHEAD 64
-int stoke__tar_index_ahead(const char *spec, stoke__tar_ds *t, int from);
+void stoke__tar_index_ahead(const char *spec, stoke__tar_ds *t, int from);
 
 /* How stoke__tar_open_remote opened a shard. */
 enum {

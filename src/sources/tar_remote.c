@@ -106,7 +106,9 @@ static int open_index(const char *spec, stoke__tar_ds *t, stoke__tar_shard *s,
         stoke__remote_file_free(&f);
         return stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);
     }
-    if (!buf)
+    if (s->idx_missing) /* a 404 when it was asked for ahead */
+        rc = STOKE_ENOENT;
+    else if (!buf)
         rc = fetch_whole(t, &f, &buf, &len, why, sizeof(why));
     if (rc == STOKE_ENOENT) {
         stoke__log(STOKE_LOG_DEBUG, "%s: no index at %s: walking the shard", spec, f.url);
@@ -140,14 +142,14 @@ static int open_index(const char *spec, stoke__tar_ds *t, stoke__tar_shard *s,
     return rc ? rc : 1;
 }
 
-/* Fetches the sidecar indexes of remote shards [from, from + AHEAD_SHARDS) at once (read_many:
+/* Fetches the sidecar indexes of remote shards [from, from + AHEAD_SHARDS) at once (read_each:
  * STOKE_REMOTE_CONNECTIONS in flight) into their idx_ahead, so that an open over thousands of
- * shards waits for a round trip per AHEAD_SHARDS / connections shards, not per shard.  Best
- * effort: a shard whose index is longer than AHEAD_BYTES, or a batch with a failed request (a
- * shard without an index: 404), keeps nothing, and open_index asks again on its own (which
- * reports or walks as it would have); 0 is returned then so the caller stops fetching ahead
- * (an index is missing: the walks' requests follow). */
-static int index_ahead(const char *spec, stoke__tar_ds *t, int from)
+ * shards waits for a round trip per AHEAD_SHARDS / connections shards, not per shard; a 404
+ * marks the shard's idx_missing (it is walked without asking again).  Best effort: a shard
+ * whose index is longer than AHEAD_BYTES, or whose request failed otherwise, or all of them
+ * when the batch itself failed, keep nothing, and open_index asks again on its own (which
+ * reports or walks as it would have). */
+static void index_ahead(const char *spec, stoke__tar_ds *t, int from)
 {
     stoke__remote_file f[AHEAD_SHARDS];
     stoke__remote_req r[AHEAD_SHARDS];
@@ -157,7 +159,8 @@ static int index_ahead(const char *spec, stoke__tar_ds *t, int from)
         stoke__tar_shard *s = &t->shards[i];
         if (!s->remote && stoke__remote_is_url(s->path) && stoke__tar_remote_init(spec, t, s))
             break; /* its open reports it */
-        if (!s->remote || s->idx_ahead || (t->cache && stoke__cache_has(t->cache, &s->rf)))
+        if (!s->remote || s->idx_ahead || s->idx_missing ||
+            (t->cache && stoke__cache_has(t->cache, &s->rf)))
             continue;
         f[n] = (stoke__remote_file){
             .url = index_url(s->rf.url), .req = index_url(s->rf.req), .s3 = s->rf.s3};
@@ -170,28 +173,28 @@ static int index_ahead(const char *spec, stoke__tar_ds *t, int from)
     int ok = n > 1;
     for (size_t j = 0; j < n && ok; j++)
         ok = f[j].url && f[j].req && r[j].buf;
-    size_t failed = 0;
     char why[STOKE__MSG_MAX];
-    if (ok && stoke__remote_read_many(t->pool, 0, r, n, &failed, why, sizeof(why)) != STOKE_OK) {
+    if (ok && stoke__remote_read_each(t->pool, 0, r, n, why, sizeof(why)) != STOKE_OK) {
         stoke__log(STOKE_LOG_DEBUG, "tar: indexes fetched ahead: %s: each asked on its own", why);
         ok = 0;
     }
     for (size_t j = 0; j < n; j++) {
         stoke__tar_shard *s = &t->shards[at[j]];
-        if (ok && (r[j].got < r[j].n || r[j].total == r[j].got)) {
+        if (ok && !r[j].rc && (r[j].got < r[j].n || r[j].total == r[j].got)) {
             s->idx_ahead = r[j].buf;
             s->idx_ahead_len = r[j].got;
         } else {
+            s->idx_missing = ok && r[j].rc == STOKE_ENOENT;
             free(r[j].buf);
         }
         stoke__remote_file_free(&f[j]);
     }
-    return ok;
 }
 
-int stoke__tar_index_ahead(const char *spec, stoke__tar_ds *t, int from)
+void stoke__tar_index_ahead(const char *spec, stoke__tar_ds *t, int from)
 {
-    return t->pool && t->nshards - from > 1 ? index_ahead(spec, t, from) : 0;
+    if (t->pool && t->nshards - from > 1)
+        index_ahead(spec, t, from);
 }
 
 /* The pool, and the cache when STOKE_CACHE_DIR is set, made once. */
