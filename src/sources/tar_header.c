@@ -356,8 +356,8 @@ static void pending_copy(pending *to, const pending *from)
     to->first_hdr = from->first_hdr;
 }
 
-static int iter_step(stoke__tar_iter *it, const char **path, uint64_t *hdr_off,
-                     uint64_t *data_off, uint64_t *size_out);
+static int iter_step(stoke__tar_iter *it, const char **path, uint64_t *hdr_off, uint64_t *data_off,
+                     uint64_t *size_out);
 
 int stoke__tar_iter_next(stoke__tar_iter *it, const char **path, uint64_t *hdr_off,
                          uint64_t *data_off, uint64_t *size_out)
@@ -377,8 +377,8 @@ int stoke__tar_iter_next(stoke__tar_iter *it, const char **path, uint64_t *hdr_o
     return rc;
 }
 
-static int iter_step(stoke__tar_iter *it, const char **path, uint64_t *hdr_off,
-                     uint64_t *data_off, uint64_t *size_out)
+static int iter_step(stoke__tar_iter *it, const char **path, uint64_t *hdr_off, uint64_t *data_off,
+                     uint64_t *size_out)
 {
     walk w = {it->file_size, it->read, it->ctx, it->err, it->err_len, &it->err_off};
     pending *pd = it->pd;

@@ -25,8 +25,8 @@
 int stoke__tar_read_remote(void *ctx, void *buf, size_t n, uint64_t off, size_t *got)
 {
     stoke__tar_rlocal *w = ctx; /* the shard's local copy (cache.h), through slot 0 */
-    int rc = stoke__cache_read(w->t->cache, w->t->pool, 0, &w->s->rf, w->s->size, buf, n, off,
-                               got, NULL, w->why, sizeof(w->why));
+    int rc = stoke__cache_read(w->t->cache, w->t->pool, 0, &w->s->rf, w->s->size, buf, n, off, got,
+                               NULL, w->why, sizeof(w->why));
     return rc == STOKE_OK ? 0 : rc == STOKE_ENOMEM ? -ENOMEM : -EIO;
 }
 
@@ -439,8 +439,8 @@ static void rwalk_step(const char *spec, rwalk *r)
         if (rc == STOKE_ENOMEM)
             rwalk_fail(r, rc, "source '%s': tar %s: out of memory", spec, r->s->path);
         else if (rc)
-            rwalk_fail(r, rc, "source '%s': tar %s: at byte %" PRIu64 ": %s", spec, r->s->path,
-                       at, r->err);
+            rwalk_fail(r, rc, "source '%s': tar %s: at byte %" PRIu64 ": %s", spec, r->s->path, at,
+                       r->err);
         if (rc)
             return;
     }
@@ -478,8 +478,10 @@ static int rwalk_request(const char *spec, rwalk *r, size_t window, stoke__remot
     if (want > r->cap) {
         char *b = realloc(r->buf, want);
         if (!b) {
-            rwalk_fail(r, STOKE_ENOMEM, "source '%s': tar %s: out of memory for a window of %zu "
-                       "bytes", spec, r->s->path, want);
+            rwalk_fail(r, STOKE_ENOMEM,
+                       "source '%s': tar %s: out of memory for a window of %zu "
+                       "bytes",
+                       spec, r->s->path, want);
             return STOKE_ENOMEM;
         }
         r->buf = b;
@@ -514,7 +516,8 @@ static int merge(stoke__tar_scan *sc, rwalk *w, int n)
     for (int k = 0; k < n; k++) {
         while (a < sc->n && sc->m[a].shard < (uint32_t)w[k].shard)
             m[o++] = sc->m[a++];
-        memcpy(m + o, w[k].sc.m, w[k].sc.n * sizeof(*m));
+        if (w[k].sc.n)
+            memcpy(m + o, w[k].sc.m, w[k].sc.n * sizeof(*m));
         o += w[k].sc.n;
         w[k].sc.n = 0; /* the paths are sc's now */
     }
