@@ -68,8 +68,10 @@ int stoke__tar_iter_next(stoke__tar_iter *it, const char **path, uint64_t *hdr_o
                          uint64_t *data_off, uint64_t *size);
 void stoke__tar_iter_free(stoke__tar_iter *it);
 /* Makes it resumable (after init): a read that returns -EAGAIN makes next() return STOKE_EBUSY
- * with the iterator as it was before that call (nothing reported), to be called again once
- * the read can give the bytes (the remote walk, tar_remote.c, fetches them meanwhile).  0 or
+ * with the iterator as it was before that call (nothing reported; it->off: where the call
+ * starts again), to be called again once the reads can give the bytes from it->off to the end
+ * of the one that waited, all at once (the call reads a member's extension headers again
+ * before its own; the remote walk, tar_remote.c, fetches them meanwhile).  0 or
  * STOKE_ENOMEM. */
 int stoke__tar_iter_resumable(stoke__tar_iter *it);
 

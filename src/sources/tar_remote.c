@@ -470,11 +470,14 @@ static void rwalk_got(const char *spec, rwalk *r, const stoke__remote_req *q)
     rwalk_step(spec, r);
 }
 
-/* Makes walk r's next request into *q, of at least `window` bytes (its buffer grown to it): 0,
- * or STOKE_ENOMEM (r failed). */
+/* Makes walk r's next request into *q: from where its iterator starts again (the member's
+ * first header: its extension headers are read again with it) to the end of the read that
+ * waits, at least `window` bytes (its buffer grown to it): 0, or STOKE_ENOMEM (r failed). */
 static int rwalk_request(const char *spec, rwalk *r, size_t window, stoke__remote_req *q)
 {
-    size_t want = r->want_n > window ? r->want_n : window;
+    uint64_t from = r->started && r->it.off < r->want_off ? r->it.off : r->want_off;
+    size_t want = (size_t)(r->want_off - from) + r->want_n;
+    want = want > window ? want : window;
     if (want > r->cap) {
         char *b = realloc(r->buf, want);
         if (!b) {
@@ -488,7 +491,7 @@ static int rwalk_request(const char *spec, rwalk *r, size_t window, stoke__remot
         r->cap = want;
     }
     r->len = 0; /* the window is the request's until it is back */
-    *q = (stoke__remote_req){.f = &r->s->rf, .buf = r->buf, .n = want, .off = r->want_off};
+    *q = (stoke__remote_req){.f = &r->s->rf, .buf = r->buf, .n = want, .off = from};
     return STOKE_OK;
 }
 
