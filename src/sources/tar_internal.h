@@ -221,8 +221,9 @@ int stoke__tar_read_remote(void *ctx, void *buf, size_t n, uint64_t off, size_t 
 /* Walks the headers of remote shards t->shards[which[0 .. n)] (which increasing; opened as
  * STOKE__TAR_WALK_LATER) at once, their members merged into sc in shard order (sc holds the
  * other shards' members, in shard order), each shard's size set.  Each walk is a chain of
- * range requests of a 1 MiB window (the first from byte 0: the size comes with it, then from
- * the first header outside the window); the next request of up to 32 shards at a time is read
+ * range requests (the first of 1 MiB from byte 0: the size comes with it; then, from the
+ * first header of a member the window did not hold, windows of latency x rate bytes measured
+ * on the walk's requests, 4 KiB to 1 MiB); the next request of up to 32 shards at a time is read
  * in one round through slot 0 (stoke__remote_read_many: STOKE_REMOTE_CONNECTIONS in flight).
  * Returns STOKE_OK, or the error of the first shard in order that failed (recorded, worded as
  * the walk of one shard: the request's "GET URL: ..." or "tar URL: at byte N: ..."); the
