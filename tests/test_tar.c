@@ -296,6 +296,167 @@ static void test_pax_and_gnu(void **state)
     stoke_dataset_close(&ds);
 }
 
+/* The walk one member at a time, made resumable (the remote walk's, tar_remote.c): a read whose
+ * bytes are not in the window returns -EAGAIN and next() STOKE_EBUSY, as before the call; once
+ * the window holds them, next() goes on.  The members and errors equal the plain walk's, for
+ * windows of one block (a pax record or long name read over several calls) and larger. */
+typedef struct mem_tar {
+    const unsigned char *b;
+    size_t n;
+    uint64_t start, len, want; /* the window [start, start + len); want: the end asked for */
+    int waits;
+} mem_tar;
+
+static int mem_read_all(void *ctx, void *buf, size_t n, uint64_t off, size_t *got)
+{
+    const mem_tar *m = ctx;
+    size_t have = off >= m->n ? 0 : m->n - (size_t)off;
+    *got = n < have ? n : have;
+    memcpy(buf, m->b + off, *got);
+    return 0;
+}
+
+static int mem_read_window(void *ctx, void *buf, size_t n, uint64_t off, size_t *got)
+{
+    mem_tar *m = ctx;
+    uint64_t end = m->start + m->len;
+    if (off < m->start || off + n > end) {
+        if (!(end >= m->n && off >= m->start && off <= end)) {
+            m->want = off + n;
+            m->waits++;
+            return -EAGAIN;
+        }
+    }
+    return mem_read_all(ctx, buf, n, off, got);
+}
+
+typedef struct walked {
+    char text[16384];
+    size_t used;
+} walked;
+
+static int walked_member(void *ctx, const char *path, uint64_t hdr, uint64_t data, uint64_t size)
+{
+    walked *w = ctx;
+    w->used += (size_t)snprintf(w->text + w->used, sizeof(w->text) - w->used,
+                                "%s %" PRIu64 " %" PRIu64 " %" PRIu64 ";", path, hdr, data, size);
+    return 0;
+}
+
+/* The resumable walk of m with windows of `win` bytes: its members into *out; returns next()'s
+ * last code (0 for the end), with the error's message and offset. */
+static int walk_resumable(mem_tar *m, size_t win, walked *out, char *err, size_t err_len,
+                          uint64_t *err_off)
+{
+    stoke__tar_iter it;
+    m->start = m->len = 0;
+    m->waits = 0;
+    assert_int_equal(stoke__tar_iter_init(&it, m->n, mem_read_window, m, err, err_len), 0);
+    assert_int_equal(stoke__tar_iter_resumable(&it), 0);
+    int rc;
+    for (;;) {
+        const char *path;
+        uint64_t hdr, data, size;
+        rc = stoke__tar_iter_next(&it, &path, &hdr, &data, &size);
+        if (rc == STOKE_EBUSY) { /* "fetch" from where it starts again, then again */
+            assert_true(m->want > it.off);
+            m->start = it.off;
+            m->len = m->want - it.off > win ? m->want - it.off : win;
+            if (m->start + m->len > m->n)
+                m->len = m->n - m->start;
+            continue;
+        }
+        if (rc)
+            break;
+        walked_member(out, path, hdr, data, size);
+    }
+    *err_off = it.err_off;
+    stoke__tar_iter_free(&it);
+    return rc == STOKE_EEND ? 0 : rc;
+}
+
+static void test_resumable_iter(void **state)
+{
+    (void)state;
+    const char *dir = scratch("tar_resume");
+    char p[1200];
+    tw w;
+    tw_open(&w, pathf(p, sizeof(p), dir, "a.tar"));
+    char longname[400];
+    memset(longname, 'p', 300);
+    strcpy(longname + 300, "/k0.bin");
+    unsigned char big[3000];
+    for (size_t i = 0; i < sizeof(big); i++)
+        big[i] = (unsigned char)(i * 7);
+    tw_pax(&w, longname, (int64_t)sizeof(big));
+    tw_header(&w, "ignored-name.bin", 0, '0', 0);
+    tw_data(&w, big, sizeof(big));
+    tw_header(&w, "PaxHeaders/g", 0, 'g', 0);
+    char gnu[1300];
+    memset(gnu, 'g', 1200); /* a long name over three blocks */
+    strcpy(gnu + 1200, "/k1.bin");
+    tw_header(&w, "././@LongLink", strlen(gnu) + 1, 'L', 0);
+    tw_data(&w, gnu, strlen(gnu) + 1);
+    tw_header(&w, "short-k1.bin", sizeof(big), '0', 1);
+    tw_data(&w, big, sizeof(big));
+    tw_header(&w, "././@LongLink", 200, 'K', 0);
+    tw_data(&w, big, 200);
+    tw_header(&w, "k2.bin", 0, '2', 0);
+    for (int i = 0; i < 20; i++) {
+        char name[32];
+        snprintf(name, sizeof(name), "s%02d.cls", i);
+        tw_file(&w, name, big, (size_t)(i * 97));
+    }
+    tw_end(&w);
+    FILE *f = fopen(p, "rb");
+    assert_non_null(f);
+    static unsigned char bytes[1 << 16];
+    size_t n = fread(bytes, 1, sizeof(bytes), f);
+    fclose(f);
+    assert_true(n > 10000 && n < sizeof(bytes));
+
+    /* the archive, then cut short, then with a bad checksum in the 12th member's header */
+    uint64_t bad_at = 0;
+    for (int variant = 0; variant < 3; variant++) {
+        static unsigned char b[1 << 16];
+        memcpy(b, bytes, n);
+        mem_tar m = {.b = b, .n = n};
+        if (variant == 1)
+            m.n = n - 3000;
+        walked plain = {.used = 0};
+        char perr[512], rerr[512];
+        uint64_t poff = 0, roff = 0;
+        int prc = stoke__tar_walk(m.n, mem_read_all, &m, walked_member, &plain, perr, sizeof(perr),
+                                  &poff);
+        if (variant == 0) {
+            assert_int_equal(prc, 0);
+            assert_non_null(strstr(plain.text, "/k1.bin"));
+            assert_non_null(strstr(plain.text, "s19.cls"));
+            bad_at = strtoull(strstr(plain.text, "s12.cls") + 8, NULL, 10);
+        } else if (variant == 2) {
+            b[bad_at + 1] ^= 0x20;
+            plain.used = 0;
+            prc = stoke__tar_walk(m.n, mem_read_all, &m, walked_member, &plain, perr, sizeof(perr),
+                                  &poff);
+        }
+        if (variant)
+            assert_int_equal(prc, STOKE_EFORMAT);
+        size_t wins[] = {512, 1024, 4096, 1 << 20};
+        for (size_t k = 0; k < sizeof(wins) / sizeof(wins[0]); k++) {
+            walked r = {.used = 0};
+            int rrc = walk_resumable(&m, wins[k], &r, rerr, sizeof(rerr), &roff);
+            assert_int_equal(rrc, prc);
+            assert_string_equal(r.text, plain.text);
+            if (prc) {
+                assert_string_equal(rerr, perr);
+                assert_int_equal(roff, poff);
+            }
+            if (wins[k] == 512) /* a block at a time: a wait for (about) every member */
+                assert_true(m.waits > 20);
+        }
+    }
+}
+
 /* Members past the 8 GiB an octal size field holds (a pax size record; a base-256 size field),
  * in a sparse file: indexed without reading their data; 64-bit offsets in the messages. */
 static void need_sparse_files(const char *dir)
@@ -1061,6 +1222,7 @@ int main(void)
         cmocka_unit_test(test_corrupt_headers), cmocka_unit_test(test_parse_block),
         cmocka_unit_test(test_shard_lists),     cmocka_unit_test(test_loader_workers_ranks),
         cmocka_unit_test(test_ragged_members),  cmocka_unit_test(test_ragged_npy),
+        cmocka_unit_test(test_resumable_iter),
     };
     return tu_exit_status(cmocka_run_group_tests(tests, NULL, NULL));
 }

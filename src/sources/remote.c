@@ -124,6 +124,12 @@ int stoke__remote_read_many(stoke__remote_pool *p, int slot, stoke__remote_req *
         return STOKE_OK;
     return stoke__remote_pool_create(NULL, why, why_len);
 }
+int stoke__remote_read_each(stoke__remote_pool *p, int slot, stoke__remote_req *r, size_t n,
+                            char *why, size_t why_len)
+{
+    size_t failed;
+    return stoke__remote_read_many(p, slot, r, n, &failed, why, why_len);
+}
 
 #else /* STOKE_HAVE_LIBCURL */
 
@@ -565,6 +571,12 @@ int stoke__remote_try_end(stoke__remote_pool *p, const stoke__remote_file *f, xf
     atomic_fetch_add(&p->n->bytes, (uint64_t)(x->got - before));
     long st = 0;
     curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &st);
+    curl_off_t sent = 0, first = 0, all = 0; /* from the start: connected, first byte, end */
+    curl_easy_getinfo(h, CURLINFO_PRETRANSFER_TIME_T, &sent);
+    curl_easy_getinfo(h, CURLINFO_STARTTRANSFER_TIME_T, &first);
+    curl_easy_getinfo(h, CURLINFO_TOTAL_TIME_T, &all);
+    x->first_us = first > sent ? (uint64_t)(first - sent) : 0;
+    x->total_us = all > sent ? (uint64_t)(all - sent) : 0;
     if (x->werr) {
         stoke__fmt_short(why, why_len, "GET %s: writing the download failed at byte %zu: %s",
                          f->url, x->got, strerror(x->werr));
@@ -716,12 +728,14 @@ static int multi_ready(const stoke__remote_pool *p, slot *s, int k)
     return STOKE_OK;
 }
 
-int stoke__remote_read_many(stoke__remote_pool *p, int slot_i, stoke__remote_req *r, size_t n,
-                            size_t *failed, char *why, size_t why_len)
+/* read_many (each 0) and read_each (each 1: a request that fails for good does not end the
+ * others; its code in its rc). */
+static int read_batch(stoke__remote_pool *p, int slot_i, stoke__remote_req *r, size_t n, int each,
+                      size_t *failed, char *why, size_t why_len)
 {
     *failed = n;
     for (size_t j = 0; j < n; j++)
-        r[j].got = 0, r[j].total = UINT64_MAX;
+        r[j].got = 0, r[j].total = UINT64_MAX, r[j].first_us = r[j].total_us = 0, r[j].rc = 0;
     if (n == 0)
         return STOKE_OK;
     uint64_t t0 = stoke__now_ns();
@@ -797,7 +811,9 @@ int stoke__remote_read_many(stoke__remote_pool *p, int slot_i, stoke__remote_req
                     stoke__remote_try_end(p, r[j].f, &x[j], c, mu->err[i], msg[j], sizeof(msg[j]));
                 if (t == 1)
                     retry[j] = 1;
-                else if (t < 0 && !rc)
+                else if (t < 0)
+                    r[j].rc = t;
+                if (t < 0 && !each && !rc)
                     rc = t, *failed = j;
             }
             if (mc != CURLM_OK && !rc) {
@@ -825,12 +841,16 @@ int stoke__remote_read_many(stoke__remote_pool *p, int slot_i, stoke__remote_req
         else if (retry[j] == 1)
             t = retry_loop(p, s, r[j].f, &x[j], 0, 1, msg[j], sizeof(msg[j]));
         if (t < 0)
+            r[j].rc = t;
+        if (t < 0 && !each)
             rc = t, *failed = j;
     }
     if (rc && msg && *failed < n && msg[*failed][0]) /* the failing request's own message */
         stoke__shorten(why, why_len, msg[*failed]); /* its end: the status and reason */
     for (size_t j = 0; x && j < n; j++) {
         r[j].got = x[j].got;
+        r[j].first_us = x[j].first_us;
+        r[j].total_us = x[j].total_us;
         if (x[j].has_total)
             r[j].total = x[j].total;
     }
@@ -840,6 +860,19 @@ int stoke__remote_read_many(stoke__remote_pool *p, int slot_i, stoke__remote_req
     free(x);
     atomic_fetch_add(&p->n->wait_ns, stoke__now_ns() - t0);
     return rc;
+}
+
+int stoke__remote_read_many(stoke__remote_pool *p, int slot_i, stoke__remote_req *r, size_t n,
+                            size_t *failed, char *why, size_t why_len)
+{
+    return read_batch(p, slot_i, r, n, 0, failed, why, why_len);
+}
+
+int stoke__remote_read_each(stoke__remote_pool *p, int slot_i, stoke__remote_req *r, size_t n,
+                            char *why, size_t why_len)
+{
+    size_t failed;
+    return read_batch(p, slot_i, r, n, 1, &failed, why, why_len);
 }
 
 int stoke__remote_read(stoke__remote_pool *p, int slot_i, const stoke__remote_file *f, void *buf,

@@ -88,8 +88,8 @@ int stoke__remote_read(stoke__remote_pool *p, int slot, const stoke__remote_file
                        size_t n, uint64_t off, size_t *got, uint64_t *total, char *why,
                        size_t why_len);
 
-/* One range read of a read_many: [off, off + n) of f into buf; got and total (UINT64_MAX
- * when the server did not say) are set by the call. */
+/* One range read of a read_many: [off, off + n) of f into buf; got, total (UINT64_MAX when
+ * the server did not say), first_us, total_us and rc are set by the call. */
 typedef struct stoke__remote_req {
     const stoke__remote_file *f;
     void *buf;
@@ -97,6 +97,9 @@ typedef struct stoke__remote_req {
     uint64_t off;
     size_t got;
     uint64_t total;
+    uint64_t first_us, total_us; /* its last try, from the request sent: to the first byte,
+                                    to the end (microseconds, libcurl's times) */
+    int rc; /* 0, or its error after the retries, as a read's (STOKE_ENOENT for 404, ...) */
 } stoke__remote_req;
 
 /* The reads r[0 .. n) through slot `slot` (as stoke__remote_read's), up to
@@ -110,6 +113,11 @@ typedef struct stoke__remote_req {
  * Thread-safe; calls on one slot are serialised. */
 int stoke__remote_read_many(stoke__remote_pool *p, int slot, stoke__remote_req *r, size_t n,
                             size_t *failed, char *why, size_t why_len);
+/* As read_many, but a request that fails for good does not end the others: each one's outcome
+ * is its r[j].rc (its message is not kept).  Returns 0, or an error of the whole call
+ * (STOKE_ENOMEM, libcurl's multi handle failing) with why set, every rc then unknown. */
+int stoke__remote_read_each(stoke__remote_pool *p, int slot, stoke__remote_req *r, size_t n,
+                            char *why, size_t why_len);
 
 /* Downloads the whole of f into fd (byte i written at offset i, pwrite) through slot `slot`,
  * with the retries of a read (a body cut short is continued by range from its first missing

@@ -100,7 +100,9 @@ typedef struct xfer {
     const int *stop;        /* when not NULL and nonzero: give up (stoke__remote_fetch) */
     char err[512];          /* the start of an error response's body */
     size_t errlen;
-    size_t before; /* got when the try began */
+    size_t before;               /* got when the try began */
+    uint64_t first_us, total_us; /* the last try's microseconds from its request sent to its
+                                    first byte, and to its end */
 } xfer;
 
 /* A new easy handle with the pool's settings, its errors into s->err. */

@@ -244,22 +244,29 @@ static int open_shard(const char *spec, stoke__tar_shard *s)
     return STOKE_OK;
 }
 
-/* Opens and walks every shard, collecting the members into *sc. */
+/* Opens and walks every shard, collecting the members into *sc: local shards, and remote ones
+ * with a sidecar index or a cache, one after another; remote ones without either walked
+ * together after them (stoke__tar_walk_remote), their members put in shard order. */
 static int scan_shards(const char *spec, stoke__tar_ds *t, stoke__tar_scan *sc)
 {
-    stoke__tar_rwin w = {0};
-    int rc = stoke__tar_remote_order(spec, t, 0);
-    int ahead = 0; /* indexes fetched ahead up to here; -1: a shard has none, stop */
+    stoke__tar_rlocal w = {0};
+    int *later = calloc((size_t)t->nshards + 1, sizeof(*later)), nlater = 0;
+    int rc = later ? stoke__tar_remote_order(spec, t, 0)
+                   : stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);
+    int ahead = 0; /* indexes fetched ahead up to here */
     for (int i = 0; i < t->nshards && !rc; i++) {
         stoke__tar_shard *s = &t->shards[i];
-        int remote = stoke__remote_is_url(s->path), indexed = 0;
+        int remote = stoke__remote_is_url(s->path), how = 0;
         sc->shard = (uint32_t)i;
-        if (ahead >= 0 && ahead <= i && i > 0 && remote && t->shards[i - 1].idx_url)
-            ahead = stoke__tar_index_ahead(spec, t, i) ? i + STOKE__TAR_INDEX_AHEAD
-                                                       : -1; /* i-1 had one */
-        rc = remote ? stoke__tar_open_remote(spec, t, s, &w, stoke__tar_on_member, sc, &indexed)
+        if (ahead <= i && remote) {
+            stoke__tar_index_ahead(spec, t, i);
+            ahead = i + STOKE__TAR_INDEX_AHEAD;
+        }
+        rc = remote ? stoke__tar_open_remote(spec, t, s, &w, stoke__tar_on_member, sc, &how)
                     : open_shard(spec, s);
-        if (rc || indexed)
+        if (!rc && how == STOKE__TAR_WALK_LATER)
+            later[nlater++] = i;
+        if (rc || how == STOKE__TAR_INDEXED || how == STOKE__TAR_WALK_LATER)
             continue;
         char err[512];
         uint64_t at = 0;
@@ -274,7 +281,10 @@ static int scan_shards(const char *spec, stoke__tar_ds *t, stoke__tar_scan *sc)
             rc = stoke__fail(rc, "source '%s': tar %s: at byte %" PRIu64 ": %s", spec, s->path, at,
                              err);
     }
-    free(w.buf);
+    /* the shards left for later come before any that failed: the first failing one's error */
+    int lrc = stoke__tar_walk_remote(spec, t, later, nlater, sc);
+    rc = lrc ? lrc : rc;
+    free(later);
     if (!rc && t->cache) /* the sizes known now: the read-ahead checks its downloads */
         rc = stoke__tar_remote_order(spec, t, 1);
     return rc;

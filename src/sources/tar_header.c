@@ -201,6 +201,8 @@ static int read_exact(walk *w, void *buf, size_t n, uint64_t off, const char *wh
 {
     size_t got = 0;
     int e = w->read(w->ctx, buf, n, off, &got);
+    if (e == -EAGAIN) /* not there yet: a resumable iterator goes back to where it began */
+        return STOKE_EBUSY;
     if (e < 0)
         return walk_fail(w, off, STOKE_EIO, "read of %zu bytes at byte %llu failed: %s", n,
                          (unsigned long long)off, strerror(-e));
@@ -325,11 +327,58 @@ void stoke__tar_iter_free(stoke__tar_iter *it)
 {
     free(it->pd);
     free(it->b);
-    it->pd = it->b = NULL;
+    free(it->mark);
+    it->pd = it->b = it->mark = NULL;
 }
+
+/* What a resumable iterator goes back to: the next header, and the overrides pending. */
+typedef struct mark {
+    uint64_t off;
+    int reported;
+    pending pd;
+} mark;
+
+int stoke__tar_iter_resumable(stoke__tar_iter *it)
+{
+    if (!it->mark && !(it->mark = malloc(sizeof(mark))))
+        return STOKE_ENOMEM;
+    return 0;
+}
+
+/* Copies the pending overrides, of the path only its used bytes. */
+static void pending_copy(pending *to, const pending *from)
+{
+    if (from->has_path)
+        memcpy(to->path, from->path, strlen(from->path) + 1);
+    to->has_path = from->has_path;
+    to->size = from->size;
+    to->has_size = from->has_size;
+    to->first_hdr = from->first_hdr;
+}
+
+static int iter_step(stoke__tar_iter *it, const char **path, uint64_t *hdr_off, uint64_t *data_off,
+                     uint64_t *size_out);
 
 int stoke__tar_iter_next(stoke__tar_iter *it, const char **path, uint64_t *hdr_off,
                          uint64_t *data_off, uint64_t *size_out)
+{
+    mark *m = it->mark;
+    if (!m || it->done)
+        return iter_step(it, path, hdr_off, data_off, size_out);
+    m->off = it->off;
+    m->reported = it->reported;
+    pending_copy(&m->pd, it->pd);
+    int rc = iter_step(it, path, hdr_off, data_off, size_out);
+    if (rc == STOKE_EBUSY) { /* a read must wait: back to where this call began */
+        it->off = m->off;
+        it->reported = m->reported;
+        pending_copy(it->pd, &m->pd);
+    }
+    return rc;
+}
+
+static int iter_step(stoke__tar_iter *it, const char **path, uint64_t *hdr_off, uint64_t *data_off,
+                     uint64_t *size_out)
 {
     walk w = {it->file_size, it->read, it->ctx, it->err, it->err_len, &it->err_off};
     pending *pd = it->pd;

@@ -35,7 +35,8 @@ int stoke__tar_parse_block(const unsigned char blk[STOKE__TAR_BLOCK], stoke__tar
 int stoke__tar_parse_pax(const char *buf, size_t len, char *path, size_t path_len, uint64_t *size,
                          int *has_size, char *err, size_t err_len);
 
-/* Reads n bytes at `off` into buf: 0 and *got (fewer only at end of file), or -errno. */
+/* Reads n bytes at `off` into buf: 0 and *got (fewer only at end of file), or -errno;
+ * -EAGAIN: the bytes are not there yet (a resumable iterator's read, below). */
 typedef int (*stoke__tar_read_fn)(void *ctx, void *buf, size_t n, uint64_t off, size_t *got);
 /* Called for each regular-file member: its path, the byte offset of its (first) header, of its
  * data and the data size.  Returns 0 to go on, or a negative code that stops the walk. */
@@ -57,6 +58,7 @@ typedef struct stoke__tar_iter {
     uint64_t off; /* the next header */
     void *pd, *b; /* the walk's pending overrides and header block */
     int reported, done;
+    void *mark; /* resumable: the state next() started from (NULL: not resumable) */
 } stoke__tar_iter;
 int stoke__tar_iter_init(stoke__tar_iter *it, uint64_t file_size, stoke__tar_read_fn read,
                          void *read_ctx, char *err, size_t err_len);
@@ -65,6 +67,13 @@ int stoke__tar_iter_init(stoke__tar_iter *it, uint64_t file_size, stoke__tar_rea
 int stoke__tar_iter_next(stoke__tar_iter *it, const char **path, uint64_t *hdr_off,
                          uint64_t *data_off, uint64_t *size);
 void stoke__tar_iter_free(stoke__tar_iter *it);
+/* Makes it resumable (after init): a read that returns -EAGAIN makes next() return STOKE_EBUSY
+ * with the iterator as it was before that call (nothing reported; it->off: where the call
+ * starts again), to be called again once the reads can give the bytes from it->off to the end
+ * of the one that waited, all at once (the call reads a member's extension headers again
+ * before its own; the remote walk, tar_remote.c, fetches them meanwhile).  0 or
+ * STOKE_ENOMEM. */
+int stoke__tar_iter_resumable(stoke__tar_iter *it);
 
 /* Walks an archive of `file_size` bytes from offset 0 to its end-of-archive block, calling
  * `member` for each regular file.  Returns 0; STOKE_EFORMAT for a corrupt or truncated archive

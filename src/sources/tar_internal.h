@@ -67,6 +67,7 @@ typedef struct stoke__tar_shard {
     char *idx_url; /* the sidecar index its members came from (URL without credentials), or NULL */
     char *idx_ahead; /* its index, fetched ahead by the open (NULL: none; tar_remote.c) */
     size_t idx_ahead_len;
+    int idx_missing; /* its index was asked for ahead: 404 (the shard is walked) */
 } stoke__tar_shard;
 
 typedef struct stoke__tar_ds {
@@ -185,36 +186,50 @@ int stoke__tar_set_epoch(void *user, uint64_t epoch);
 
 /* ---- tar_remote.c: remote shards at open ---- */
 
-/* The window a walk over a remote shard reads its headers through (one range request for
- * many members), or, with a cache, the context of reads of the shard's local copy. */
-typedef struct stoke__tar_rwin {
+/* The context of a walk's reads of a remote shard's local copy (the cache's). */
+typedef struct stoke__tar_rlocal {
     stoke__tar_ds *t;
     stoke__tar_shard *s;
-    char *buf;       /* the caller frees it after the last shard */
-    size_t cap, len; /* buf holds the file's [start, start + len) */
-    uint64_t start;
-    char why[STOKE__MSG_MAX]; /* a failed fetch's reason */
-} stoke__tar_rwin;
+    char why[STOKE__MSG_MAX]; /* a failed read's reason */
+} stoke__tar_rlocal;
 
 /* Fetches the sidecar indexes of the remote shards from `from` on, up to
- * STOKE__TAR_INDEX_AHEAD, in parallel, for
- * the opens that follow (stoke__tar_open_remote takes them): 1 when they all came, 0 when
- * there was nothing to fetch or a request failed (a shard without an index: stop fetching
- * ahead; each shard's open asks on its own, as without this). */
+ * STOKE__TAR_INDEX_AHEAD, in parallel, for the opens that follow (stoke__tar_open_remote takes
+ * them, or walks a shard whose index was not found without asking again).  Best effort: a
+ * request that failed otherwise is made again by the shard's open, which reports it. */
 #define STOKE__TAR_INDEX_AHEAD 64
-int stoke__tar_index_ahead(const char *spec, stoke__tar_ds *t, int from);
+void stoke__tar_index_ahead(const char *spec, stoke__tar_ds *t, int from);
+
+/* How stoke__tar_open_remote opened a shard. */
+enum {
+    STOKE__TAR_INDEXED = 1, /* from its sidecar index: its members went to member(ctx, ...) */
+    STOKE__TAR_WALK_NOW,    /* the cache's local copy: walk it through *w */
+    STOKE__TAR_WALK_LATER   /* no index, no cache: stoke__tar_walk_remote walks it */
+};
 
 /* Opens remote shard s (its request made first, with the dataset's pool and cache when the
- * first): its size comes with its sidecar index (then *indexed = 1 and its members went to
- * member(ctx, ...); with a cache, asked for only when the cache has no copy of the shard,
- * which is walked), else the first window, or the local copy (downloaded if missing), into
- * *w for the walk (w->buf reused).  STOKE_OK, or the error, recorded, naming the shard. */
+ * first): from its sidecar index when the server has one (with a cache, asked for only when the
+ * cache has no copy of the shard, which is walked), else, with a cache, its local copy
+ * (downloaded if missing) is walked through *w (s->size set), else it is left for
+ * stoke__tar_walk_remote; *how says which.  STOKE_OK, or the error, recorded, naming the
+ * shard. */
 int stoke__tar_open_remote(const char *spec, stoke__tar_ds *t, stoke__tar_shard *s,
-                           stoke__tar_rwin *w, stoke__tar_member_fn member, void *ctx,
-                           int *indexed);
-/* The walk's read (stoke__tar_read_fn) of a remote shard opened into ctx (a stoke__tar_rwin):
- * 0, or -ENOMEM / -EIO with the reason in the window's why. */
+                           stoke__tar_rlocal *w, stoke__tar_member_fn member, void *ctx, int *how);
+/* The walk's read (stoke__tar_read_fn) of a remote shard's local copy opened into ctx (a
+ * stoke__tar_rlocal): 0, or -ENOMEM / -EIO with the reason in its why. */
 int stoke__tar_read_remote(void *ctx, void *buf, size_t n, uint64_t off, size_t *got);
+/* Walks the headers of remote shards t->shards[which[0 .. n)] (which increasing; opened as
+ * STOKE__TAR_WALK_LATER) at once, their members merged into sc in shard order (sc holds the
+ * other shards' members, in shard order), each shard's size set.  Each walk is a chain of
+ * range requests (the first of 1 MiB from byte 0: the size comes with it; then, from the
+ * first header of a member the window did not hold, windows of latency x rate bytes measured
+ * on the walk's requests, 4 KiB to 1 MiB); the next request of up to 32 shards at a time is read
+ * in one round through slot 0 (stoke__remote_read_many: STOKE_REMOTE_CONNECTIONS in flight).
+ * Returns STOKE_OK, or the error of the first shard in order that failed (recorded, worded as
+ * the walk of one shard: the request's "GET URL: ..." or "tar URL: at byte N: ..."); the
+ * shards after it are not walked to their end. */
+int stoke__tar_walk_remote(const char *spec, stoke__tar_ds *t, const int *which, int n,
+                           stoke__tar_scan *sc);
 /* Makes remote shard s's request (the dataset's pool, and cache when STOKE_CACHE_DIR is set,
  * made by the first; no request is sent); s->path becomes the URL without credentials.
  * STOKE_OK, or the error recorded (nothing changed). */

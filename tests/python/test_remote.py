@@ -24,6 +24,7 @@ CLI = R.need_cli()
 NSHARDS = 4
 RANGE = "shard-{000000..%06d}.tar" % (NSHARDS - 1)
 ORDERS = R.ORDERS
+WINDOW = 1 << 20  # the first window of a remote shard's walk (no sidecar index)
 
 
 def same_as_local(base, local_root, what, *args, env=None, orders=ORDERS, samples=NSHARDS * 12):
@@ -93,10 +94,12 @@ try:
     rc, out, err = load("tar:%s%s,fields=txt:bin:cls,ragged=txt" % (base, RANGE), "--workers",
                         "2")
     rows = S.access_log(os.path.join(work, "nginx"))[before:]
-    # no sidecar index here (test_remote_index.py): one 404 for each shard's URL.idx at open
+    # no sidecar index here (test_remote_index.py): one 404 for each shard's URL.idx at open,
+    # asked for at once (a connection each: STOKE_REMOTE_CONNECTIONS is 8)
     idx = [r for r in rows if r[4].endswith(".idx")]
     T.check(sorted(r[4] for r in idx) == ["/shard-%06d.tar.idx" % i for i in range(NSHARDS)]
-            and all(r[2] == 404 for r in idx), "index requests: %s" % idx)
+            and all(r[2] == 404 for r in idx) and len({r[0] for r in idx}) == NSHARDS,
+            "index requests: %s" % idx)
     rows = [r for r in rows if not r[4].endswith(".idx")]
     conns = {r[0] for r in rows}
     rem = out["remote"]
@@ -139,6 +142,36 @@ try:
         most = S.most_at_once(trows)
         T.check(most == want if want == 1 else most >= want - 1,
                 "%s: %d requests at once (%d wanted): %s" % (what, most, want, trows))
+        # the open walks the shards' headers together (no sidecar index): their first windows
+        # (bytes=0-1048575, the access log's rows in the timing log's order) run at once
+        arows = S.access_log(sdir)[mark:]
+        first = [t for t, a in zip(S.timings(sdir)[mark:], arows)
+                 if a[4].endswith(".tar") and a[3] == "bytes=0-%d" % (WINDOW - 1)]
+        most = S.most_at_once(first)
+        T.check(len(first) == NSHARDS * len(ORDERS[:1])
+                and (most == 1 if want == 1 else most >= want - 1),
+                "%s: the walks' first windows, %d at once (%d wanted): %s"
+                % (what, most, want, first))
+    # pax records longer than the walk's windows (4 KiB here: 4 MB/s a connection), members
+    # longer too: a window from the member's pax header to its own header (a window from the
+    # read that waited alone livelocked), the same samples
+    import io
+    import random
+    paxd = os.path.join(root, "pax")
+    os.makedirs(paxd)
+    rnd = random.Random(4)
+    for sh in range(2):
+        with tarfile.open(os.path.join(paxd, "p-%d.tar" % sh), "w",
+                          format=tarfile.PAX_FORMAT) as tf:
+            for i in range(20):  # 1.2 MB: past the first window
+                for ext, data in (("txt", rnd.randbytes(rnd.choice([100, 70000]))),
+                                  ("cls", b"%d" % i)):
+                    ti = tarfile.TarInfo("k%d_%02d.%s" % (sh, i, ext))
+                    ti.size = len(data)
+                    ti.pax_headers = {"comment": "c" * rnd.choice([10, 9000, 30000])}
+                    tf.addfile(ti, io.BytesIO(data))
+    R.same_as_local(slow.url("pax/"), paxd, "p-{0..1}.tar", "long pax records", "--workers", "2",
+                    orders=["txt:cls", "cls:txt"], samples=40)
     T.check(all(r[2] == 206 and r[3].startswith("bytes=") for r in rows),
             "not all range requests answered 206: %s" % [r for r in rows if r[2] != 206][:3])
 
@@ -147,6 +180,67 @@ try:
     rc, out, err = load("tar:%sshard-{000000..000004}.tar" % base)
     T.check(rc == 1 and url4 in out["error"] and "HTTP 404" in out["error"],
             "a missing shard: %s" % out["error"])
+
+    # --- many shards without sidecar indexes, walked together at open ------------------------
+    # 40 small shards (more than the 32 walked at a time), some with a sidecar index among
+    # them: the members in shard order whichever way each shard was opened
+    many = os.path.join(root, "many")
+    S.make_shards(many, nshards=40, per_shard=3, seed=9, big=3000)
+    MANY = "shard-{000000..000039}.tar"
+    idxd = os.path.join(work, "many-idx")
+    shutil.copytree(many, idxd)
+    p = subprocess.run([CLI, "index", "tar:%s/%s" % (idxd, MANY)], capture_output=True,
+                       text=True, timeout=120)
+    T.check(p.returncode == 0, "stoke index: %s" % p.stderr)
+    for i in (0, 5, 6, 7, 20, 33, 39):
+        shutil.copy(os.path.join(idxd, "shard-%06d.tar.idx" % i), many)
+    for w in ("0", "2"):
+        R.same_as_local(base + "many/", many, MANY, "40 shards, 7 indexed, workers " + w,
+                        "--workers", w, "--shuffle", orders=ORDERS[:1], samples=120)
+    for f in os.listdir(many):
+        if f.endswith(".idx"):
+            os.remove(os.path.join(many, f))
+    R.same_as_local(base + "many/", many, MANY, "40 shards, none indexed", "--workers", "2",
+                    orders=ORDERS[1:2], samples=120)
+
+    # a corrupt header found late in its walk (past the first window), a truncated shard and a
+    # missing one after it: the error is the first shard's in order, naming its URL and byte
+    bad = os.path.join(root, "bad")
+    bpaths, _ = S.make_shards(bad, nshards=8, seed=12)
+    with tarfile.open(bpaths[3]) as tf:  # 1.9 MB (seed 12)
+        late = [m.offset for m in tf.getmembers() if m.offset > WINDOW][0]
+    with open(bpaths[3], "r+b") as f:  # a byte of the member's name: a bad checksum
+        f.seek(late + 3)
+        c = f.read(1)
+        f.seek(late + 3)
+        f.write(bytes([c[0] ^ 0x20]))
+    with tarfile.open(bpaths[5]) as tf:
+        cut = [m.offset_data for m in tf.getmembers()][20] + 100
+    os.truncate(bpaths[5], cut)  # the end inside a member's data
+    os.remove(bpaths[6])
+    BAD = "shard-{000000..000007}.tar"
+    rc, out, err = load("tar:%sbad/%s" % (base, BAD), "--workers", "0")
+    want = "tar %sbad/shard-000003.tar: at byte %d: bad header checksum" % (base, late)
+    T.check(rc == 1 and want in out["error"] and out["error_name"] == "STOKE_EFORMAT",
+            "a corrupt header late in shard 3: %s (wanted %r)" % (out.get("error"), want))
+    rc, out, err = load("tar:%sbad/shard-{000004..000007}.tar" % base, "--workers", "2")
+    want = "tar %sbad/shard-000005.tar: at byte" % base
+    T.check(rc == 1 and want in out["error"] and "truncated" in out["error"]
+            and "ends at byte %d" % cut in out["error"],
+            "a truncated shard 5: %s" % out.get("error"))
+    rc, out, err = load("tar:%sbad/shard-{000006..000007}.tar" % base)
+    T.check(rc == 1 and base + "bad/shard-000006.tar" in out["error"]
+            and "HTTP 404" in out["error"] and out["error_name"] == "STOKE_ENOENT",
+            "a missing shard among the walked: %s" % out.get("error"))
+    # a missing shard among many walked: its URL and the 404, also with another after it
+    os.remove(os.path.join(many, "shard-000017.tar"))
+    rc, out, err = load("tar:%smany/%s" % (base, MANY), "--workers", "2")
+    T.check(rc == 1 and "GET %smany/shard-000017.tar: HTTP 404" % base in out["error"]
+            and out["error_name"] == "STOKE_ENOENT", "shard 17 of 40 missing: %s" % out.get("error"))
+    os.remove(os.path.join(many, "shard-000030.tar"))
+    rc, out, err = load("tar:%smany/%s" % (base, MANY), "--workers", "0")
+    T.check(rc == 1 and "GET %smany/shard-000017.tar: HTTP 404" % base in out["error"],
+            "shards 17 and 30 of 40 missing: %s" % out.get("error"))
 
     # --- TLS: verified by default, trusted with STOKE_CA_BUNDLE -------------------------------
     try:
