@@ -257,13 +257,13 @@ static int scan_shards(const char *spec, stoke__tar_ds *t, stoke__tar_scan *sc)
     /* With a cache, a shard without an index is downloaded whole by its open anyway: the
      * indexes are fetched ahead only after a shard that had one, else each is asked alone on the
      * open's connection (fetched ahead, their 404s opened STOKE_REMOTE_CONNECTIONS connections
-     * for nothing beside the downloads' own: 9 -> 17 at bench_remote's limited cache row). */
-    int cached = stoke__env_str(STOKE_ENV_CACHE_DIR) != NULL;
+     * for nothing beside the downloads' own: 9 -> 17 at bench_remote's limited cache row).
+     * stoke__tar_remote_order made the cache, if any, above. */
     for (int i = 0; i < t->nshards && !rc; i++) {
         stoke__tar_shard *s = &t->shards[i];
         int remote = stoke__remote_is_url(s->path), how = 0;
         sc->shard = (uint32_t)i;
-        if (ahead <= i && remote && (!cached || (i > 0 && t->shards[i - 1].idx_url))) {
+        if (ahead <= i && remote && (!t->cache || (i > 0 && t->shards[i - 1].idx_url))) {
             stoke__tar_index_ahead(spec, t, i);
             ahead = i + STOKE__TAR_INDEX_AHEAD;
         }
