@@ -97,18 +97,28 @@ static int name_cmp(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* Appends `dir`'s entries (those starting with `prefix` when not NULL), in name order: their
- * names, and with `with_stat` their size, mtime and inode. */
-static int key_dir(char *key, const char *dir, const char *prefix, int with_stat)
+static int name_matches(const char *name, const char *const *prefixes)
+{
+    if (!prefixes)
+        return 1;
+    for (; *prefixes; prefixes++)
+        if (strncmp(name, *prefixes, strlen(*prefixes)) == 0)
+            return 1;
+    return 0;
+}
+
+/* Appends `dir`'s entries (those starting with one of `prefixes`, a NULL-terminated list, when
+ * not NULL), in name order: their names, and with `with_stat` their size, mtime and inode. */
+static int key_dir(char *key, const char *dir, const char *const *prefixes, int with_stat)
 {
     DIR *d = opendir(dir);
     if (!d)
-        return key_add(key, "%s/%s*: none\n", dir, prefix ? prefix : "");
+        return key_add(key, "%s: none\n", dir);
     char *names[MAX_ENTRIES];
     size_t n = 0;
     int rc = 0;
     for (struct dirent *e; (e = readdir(d)) != NULL;) {
-        if (e->d_name[0] == '.' || (prefix && strncmp(e->d_name, prefix, strlen(prefix)) != 0))
+        if (e->d_name[0] == '.' || !name_matches(e->d_name, prefixes))
             continue;
         if (n == MAX_ENTRIES || !(names[n] = strdup(e->d_name))) {
             rc = -1;
@@ -119,7 +129,7 @@ static int key_dir(char *key, const char *dir, const char *prefix, int with_stat
     closedir(d);
     qsort(names, n, sizeof(names[0]), name_cmp);
     if (rc == 0)
-        rc = key_add(key, "%s/%s*:\n", dir, prefix ? prefix : "");
+        rc = key_add(key, "%s:\n", dir);
     for (size_t i = 0; i < n && rc == 0; i++) {
         char path[4096];
         snprintf(path, sizeof(path), "%s/%s", dir, names[i]);
@@ -153,9 +163,9 @@ int stoke__probe_key_begin(char *key, const char *backend, size_t answer_size)
         rc = key_file(key, self.dli_fname);
     if (rc == 0)
         rc = key_file(key, "/etc/ld.so.cache");
-    static const char *const dev_prefixes[] = {"nvidia", "kfd", "dxg"};
-    for (size_t i = 0; i < STOKE__ARRAY_LEN(dev_prefixes) && rc == 0; i++)
-        rc = key_dir(key, "/dev", dev_prefixes[i], 0);
+    static const char *const gpu_nodes[] = {"nvidia", "kfd", "dxg", NULL};
+    if (rc == 0)
+        rc = key_dir(key, "/dev", gpu_nodes, 0);
     if (rc == 0)
         rc = key_dir(key, "/dev/dri", NULL, 0);
     if (rc == 0)
