@@ -7,7 +7,10 @@
  *   threads), and neither can be unloaded again.  Only when the child finds a GPU/accelerator
  *   device, or on an explicit probe, is the library loaded into this process.  A child that
  *   exits without answering (or no fork) is logged and the probe runs here; one that hangs for
- *   30 s or dies of a signal makes the backend unavailable with that reason.
+ *   30 s or dies of a signal makes the backend unavailable with that reason.  A child's answer
+ *   that settles the probe (nothing loaded here) is kept for the boot and reused by later
+ *   processes instead of a child (probe_cache.c, STOKE_PROBE_CACHE; probe_key says what it
+ *   depends on).
  * - Devices of every platform are enumerated once.  They are indexed GPU/accelerator devices
  *   first, then CPU devices: automatic selection (probe flags 0) exposes only the former, an
  *   explicit choice (STOKE_PROBE_EXPLICIT, e.g. STOKE_ACCELERATOR=opencl) exposes all, so an
