@@ -466,6 +466,15 @@ static void rwalk_got(const char *spec, rwalk *r, const stoke__remote_req *q)
             rwalk_fail(r, STOKE_ENOMEM, "source '%s': tar %s: out of memory", spec, r->s->path);
             return;
         }
+    } else if ((q->total != UINT64_MAX && q->total != r->s->size) ||
+               (q->got < q->n && q->off + q->got < r->s->size)) {
+        /* the file changed under the walk: the same request would come back short forever */
+        rwalk_fail(r, STOKE_EIO,
+                   "source '%s': tar %s: the file changed while its headers were read (%" PRIu64
+                   " bytes, now %s; %zu of %zu bytes at %" PRIu64 ")",
+                   spec, r->s->path, r->s->size,
+                   q->total == UINT64_MAX ? "unknown" : "another size", q->got, q->n, q->off);
+        return;
     }
     rwalk_step(spec, r);
 }

@@ -4,6 +4,7 @@ with TLS, and tests/remote/fault_server.py injecting faults.  Every remote run i
 the same shards read from disk through the CLI: samples, content_hash (field 0: each field
 comes first in one of the runs), order_hash and index_sum.  Skips (77) when nginx or the
 build's libcurl is missing, saying why.  STOKE_TEST_TIMES=1 prints each CLI run's time."""
+import io
 import json
 import os
 import re
@@ -277,6 +278,20 @@ try:
     m = re.search(r"remote: (\d+) request\(s\), (\d+) retr", err)
     T.check(rc == 0 and m and int(m.group(2)) >= 3 * NSHARDS,
             "cut/3: retries %s: %s" % (m and m.groups(), err[-2000:]))
+
+    # a shard that shrinks while the open walks its headers (no sidecar index): an error that
+    # says so and names the URL, not the same short request forever
+    grow = os.path.join(root, "grow")
+    os.makedirs(grow, exist_ok=True)
+    with tarfile.open(os.path.join(grow, "g.tar"), "w", format=tarfile.USTAR_FORMAT) as t:
+        for i in range(40):
+            m = tarfile.TarInfo("k%03d.bin" % i)
+            m.size = 100 << 10
+            t.addfile(m, io.BytesIO(bytes(m.size)))
+    url = fs.url("shrink/1/grow/g.tar")
+    rc, out, err = load("tar:%s,fields=bin" % url, "--workers", "0")
+    T.check(rc == 1 and url in out["error"] and "changed while its headers were read"
+            in out["error"], "a shard that shrank: %s %s" % (out.get("error"), err[-300:]))
 
     # a member that always fails: the sample's error names the URL and the status; skip goes on
     off = offsets[1]["s001_003.bin"]  # where the sample's one request starts

@@ -13,6 +13,8 @@ serves ROOT with Range requests and keep-alive; writes its port to PORT_FILE.  A
                 download caught half way)
     failat/OFF  every request whose range starts at byte OFF answers 500 (a sample that cannot
                 be read however often it is tried)
+    shrink/N    after the first N requests for PATH, PATH is served as if it had half its size
+                (a file replaced by a shorter one while it is read)
 GET /__stats answers {"/MODE/ARG/PATH": requests, ...} as JSON."""
 import json
 import os
@@ -58,6 +60,8 @@ class Handler(BaseHTTPRequestHandler):
         if not os.path.isfile(path):
             return self.answer(404, b"<html>404 Not Found</html>")
         size = os.path.getsize(path)
+        if mode == "shrink" and n > arg:
+            size //= 2
         start, end, status = 0, size - 1, 200
         r = re.match(r"^bytes=(\d+)-(\d*)$", self.headers.get("Range", ""))
         if r:
