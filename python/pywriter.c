@@ -329,7 +329,9 @@ PyObject *stoke_py_pad_batch(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "stoke: _pad_batch: bad arguments");
         goto out;
     }
-    seq = PySequence_Fast(batch, "stoke: _pad_batch: the batch is not a sequence");
+    /* a tuple of its own: attribute reads below can run Python code (tensor subclasses) that
+     * could change a list given here under the borrowed items */
+    seq = PySequence_Tuple(batch);
     if (!seq)
         goto out;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
@@ -383,6 +385,11 @@ PyObject *stoke_py_pad_batch(PyObject *self, PyObject *args)
     }
     Py_ssize_t longest = L;
     if (multiple > 0) {
+        if (L % multiple && L / multiple + 1 > PY_SSIZE_T_MAX / multiple) {
+            PyErr_Format(PyExc_OverflowError, "stoke: pad: pad_to_multiple_of %zd: too large",
+                         multiple);
+            goto out;
+        }
         L = L % multiple ? (L / multiple + 1) * multiple : L;
         if (cap >= 0 && L > (cap > longest ? cap : longest))
             L = cap > longest ? cap : longest;
