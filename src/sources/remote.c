@@ -364,6 +364,8 @@ static size_t on_body(char *data, size_t size, size_t nmemb, void *ctx)
         x->body = 1;
         curl_easy_getinfo(x->h, CURLINFO_RESPONSE_CODE, &x->status);
         x->pos = x->status == 206 ? (x->has_cr ? x->cr_start : x->off + x->got) : 0;
+        if (x->q && x->status == 200) /* ranges ignored: a stream's chunk takes the rest */
+            x->n = SIZE_MAX;
     }
     if (x->status != 200 && x->status != 206) { /* keep the start of the error's text */
         size_t k = sizeof(x->err) - 1 - x->errlen;

@@ -134,36 +134,41 @@ int stoke__remote_fetch(stoke__remote_pool *p, int slot, const stoke__remote_fil
                         uint64_t expect, _Atomic uint64_t *seen, const int *stop, uint64_t *size,
                         char *why, size_t why_len);
 
-/* A stream: files read front to back, each with ONE whole-file GET (Range: bytes=0-, so one
- * request per file when nothing fails) whose body the caller reads as it arrives, through a
- * libcurl multi handle of the stream's own.  Read-ahead: while the caller reads a file, the
- * files it said come next (start's `next`) are requested too, up to STOKE_REMOTE_CONNECTIONS
- * transfers at once in all (0 or 1: one, no read-ahead), each on a connection of its own (kept
- * from file to file: keep-alive), bounded by bytes: a file ahead is requested only while the
- * bytes of the files requested that the caller has not read (the rest of each file, by the
- * size its response said; before that, the largest size seen) are under STOKE_STREAM_AHEAD
- * (default 64 MiB), and the transfers ahead are paused while the bytes received and not read
- * reach it (the file read now is paused only while it alone holds more than that and more
- * than the read asks): a file bigger than the cap streams alone.  The transfers progress only
- * inside read() (no thread): while the caller waits for the file it reads, and for one non-blocking
- * round per read. A try that fails in a way that can pass (as a read's) is retried after the
- * backoff of a read (without blocking the other transfers), continued by range from the first byte
- * not yet received; the file's error after the retries is a read's ("GET URL: HTTP 404", "...
- * (after N tries)") and every later read of that file returns it.  Counted in the pool's stats:
- * requests, bytes, retries, and the time read() waits as wait_ns.  One thread at a time per
- * stream; a forked process must not use its parent's (its sockets are the parent's).  Built
- * without libcurl, create fails with STOKE_ENOTSUP. */
+/* A stream: files read front to back, whose bodies the caller reads as they arrive, through a
+ * libcurl multi handle of the stream's own.  Read-ahead (start's `ahead`, and
+ * STOKE_REMOTE_CONNECTIONS 2 or more): each file is fetched as chunks, range requests of
+ * STOKE_STREAM_AHEAD / (2 x STOKE_REMOTE_CONNECTIONS) bytes (64 KiB to 64 MiB), and while the caller
+ * reads one, the chunks after it (the rest of its file, then those of the files it said come
+ * next, start's `next`) are requested too, up to STOKE_REMOTE_CONNECTIONS transfers at once,
+ * each on a connection of its own (kept from chunk to chunk: keep-alive), bounded by bytes: a
+ * chunk is requested only while the bytes requested that the caller has not read (the rest of
+ * each chunk; of a file's first chunk before its response said the file's size, the whole
+ * chunk) are under STOKE_STREAM_AHEAD (default 64 MiB), and the transfers ahead are paused while
+ * the bytes received and not read reach it.  The chunks of a file after its first are asked for
+ * once a response said the file's size.  Without read-ahead, a file is ONE whole-file GET
+ * (Range: bytes=0-).  A server that ignores ranges (200) sends a chunk's file whole on that
+ * chunk's connection.  The transfers progress only inside read() (no thread): while the caller
+ * waits for the chunk it reads, and for one non-blocking round per read.  A try that fails in a
+ * way that can pass (as a read's) is retried after the backoff of a read (without blocking the
+ * other transfers), continued by range from the first byte not yet received; the file's error
+ * after the retries is a read's ("GET URL: HTTP 404", "... (after N tries)"; a chunk whose
+ * response says another file size than the file's first: "the file changed while it was read")
+ * and every later read of that file returns it.  Counted in the pool's stats: requests, bytes,
+ * retries, and the time read() waits as wait_ns.  One thread at a time per stream; a forked
+ * process must not use its parent's (its sockets are the parent's).  Built without libcurl,
+ * create fails with STOKE_ENOTSUP. */
 typedef struct stoke__remote_stream stoke__remote_stream;
 #define STOKE__REMOTE_STREAM_AHEAD_DEFAULT ((uint64_t)64 << 20)
 int stoke__remote_stream_create(stoke__remote_pool *p, stoke__remote_stream **out, char *why,
                                 size_t why_len);
-/* Begins file f (which must outlive its reads): the transfer of f already running ahead is
- * kept, the file read before is abandoned (its request ended, its connection closed when its
- * body was not all read).  next[0 .. nnext): the files that will be started after f, in that
- * order (the pointers are kept until the next start; next may be NULL when nnext is 0); the
- * transfers ahead of files not among them are ended.  No request is made until a read. */
+/* Begins file f (which must outlive its reads): the transfers of f already running ahead are
+ * kept, the file read before is abandoned (its requests ended, their connections closed when
+ * their bodies were not all read).  next[0 .. nnext): the files that will be started after f, in
+ * that order (the pointers are kept until the next start; next may be NULL when nnext is 0); the
+ * transfers ahead of files not among them are ended.  ahead: 0 reads f with one whole-file GET
+ * and nothing ahead (a caller that reads only f's start).  No request is made until a read. */
 void stoke__remote_stream_start(stoke__remote_stream *st, const stoke__remote_file *f,
-                                const stoke__remote_file *const *next, size_t nnext);
+                                const stoke__remote_file *const *next, size_t nnext, int ahead);
 /* The next n bytes of the file into buf: 0 with *got = n, or fewer where the file ends; or the
  * file's error with why set. */
 int stoke__remote_stream_read(stoke__remote_stream *st, void *buf, size_t n, size_t *got, char *why,

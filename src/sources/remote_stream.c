@@ -1,12 +1,14 @@
-/* Streams (remote.h, stoke__remote_stream_*): files read front to back, each with one
- * whole-file GET through a libcurl multi handle of the stream's own, the body read by the
- * caller as it arrives; the files the caller reads next requested meanwhile (read-ahead), each
- * on a lane (a connection, a queue of the bytes received) of its own; a failed try retried with
- * remote.c's engine (try_begin / try_end / backoff_ms) from the first byte not yet received.
- * Everything runs in the thread that reads (one at a time per stream): no lock. */
+/* Streams (remote.h, stoke__remote_stream_*): files read front to back through a libcurl multi
+ * handle of the stream's own, the body read by the caller as it arrives.  With read-ahead, each
+ * file is fetched as chunks (range requests of a few MiB), each on a lane (a connection, a queue
+ * of the bytes received) of its own: the chunks after the one read, of the file read and of the
+ * files the caller reads next, are requested meanwhile; without it, one whole-file GET.  A failed
+ * try is retried with remote.c's engine (try_begin / try_end / backoff_ms) from the first byte not
+ * yet received.  Everything runs in the thread that reads (one at a time per stream): no lock. */
 #define _GNU_SOURCE
 #include "sources/remote.h"
 
+#include <inttypes.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -32,9 +34,9 @@ int stoke__remote_stream_create(stoke__remote_pool *p, stoke__remote_stream **ou
     return no_curl(why, why_len);
 }
 void stoke__remote_stream_start(stoke__remote_stream *st, const stoke__remote_file *f,
-                                const stoke__remote_file *const *next, size_t nnext)
+                                const stoke__remote_file *const *next, size_t nnext, int ahead)
 {
-    (void)st, (void)f, (void)next, (void)nnext;
+    (void)st, (void)f, (void)next, (void)nnext, (void)ahead;
 }
 int stoke__remote_stream_read(stoke__remote_stream *st, void *buf, size_t n, size_t *got, char *why,
                               size_t why_len)
@@ -53,14 +55,20 @@ void stoke__remote_stream_destroy(stoke__remote_stream *st)
 #include "sources/remote_internal.h"
 
 #define LANES_MAX STOKE__REMOTE_BG_MAX /* STOKE_REMOTE_CONNECTIONS's most */
+#define CHUNK_MIN ((size_t)64 << 10)   /* a chunk: STOKE_STREAM_AHEAD / (2 x connections), */
+#define CHUNK_MAX ((size_t)64 << 20)   /* ... within these */
 
-/* A lane: one file's transfer and the bytes received and not read yet, on a handle (and so a
- * connection) of its own, kept from file to file. */
+/* A lane: one chunk's transfer (bytes [x.off, x.off + x.n) of file f; x.n SIZE_MAX: to the
+ * file's end) and the bytes received and not read yet, on a handle (and so a connection) of its
+ * own, kept from chunk to chunk. */
 typedef struct stoke__remote_lane {
     struct stoke__remote_stream *st;
     CURL *h;
     char err[CURL_ERROR_SIZE];   /* libcurl's reason of the try that ended */
     const stoke__remote_file *f; /* NULL: idle */
+    long fi;                     /* f is the file read (-1) or the stream's next[fi] */
+    uint64_t ftotal;             /* f's size, when fknown (said by this or an earlier chunk) */
+    int fknown;
     xfer x;
     char *q; /* the queue: q[head, head + len) */
     size_t cap, head, len;
@@ -74,14 +82,18 @@ typedef struct stoke__remote_lane {
     char msg[STOKE__MSG_MAX];
 } lane;
 
-/* ln[0] is the lane of the file read (when started), ln[1 .. nl) those of next[0 .. nl - 1),
- * ln[nl .. nalloc) spare lanes (their handles kept for their connections). */
+/* ln[0] is the lane of the chunk read (when started), ln[1 .. nl) those of the chunks after it
+ * in the order they are read (the rest of its file, then next[0]'s, ...: each lane the chunk
+ * after the one before it, lane_after), ln[nl .. nalloc) spare lanes (their handles kept for
+ * their connections). */
 struct stoke__remote_stream {
     stoke__remote_pool *p;
     CURLM *m;
     lane *ln[LANES_MAX];
-    int nl, nalloc, max; /* max: transfers running at once (files whose bytes all came and
+    int nl, nalloc, max; /* max: transfers running at once (chunks whose bytes all came and
                             wait to be read do not count) */
+    size_t chunk;        /* bytes of a chunk; SIZE_MAX: whole files (no read-ahead) */
+    size_t chunk_ahead;  /* ... with read-ahead */
     const stoke__remote_file *const *next; /* the files after ln[0]'s, in order */
     size_t nnext;
     uint64_t cap; /* bytes received and not read, in all lanes: the most (STOKE_STREAM_AHEAD) */
@@ -166,12 +178,16 @@ static void lane_stop(lane *l)
     atomic_fetch_add(&l->st->p->n->bytes, (uint64_t)(l->x.got - l->x.before));
 }
 
-/* l for file f (NULL: idle), its bytes dropped. */
-static void lane_reset(lane *l, const stoke__remote_file *f)
+/* l for bytes [off, off + n) of file f, the file read (fi -1) or next[fi] (f NULL: idle), its
+ * bytes dropped. */
+static void lane_reset(lane *l, const stoke__remote_file *f, long fi, uint64_t off, size_t n)
 {
     lane_stop(l);
-    l->x = (xfer){.fd = -1, .q = l, .n = SIZE_MAX};
+    l->x = (xfer){.fd = -1, .q = l, .off = off, .n = n};
     l->f = f;
+    l->fi = fi;
+    l->ftotal = 0;
+    l->fknown = 0;
     l->st->buffered -= l->len;
     l->head = l->len = 0;
     l->taken = 0;
@@ -202,6 +218,9 @@ int stoke__remote_stream_create(stoke__remote_pool *p, stoke__remote_stream **ou
     st->nalloc = 1;
     st->max = p->connections < 1 ? 1 : p->connections > LANES_MAX ? LANES_MAX : p->connections;
     st->cap = p->stream_ahead ? p->stream_ahead : 1;
+    uint64_t c = st->cap / (2 * (uint64_t)st->max);
+    st->chunk_ahead = c < CHUNK_MIN ? CHUNK_MIN : c > CHUNK_MAX ? CHUNK_MAX : (size_t)c;
+    st->chunk = SIZE_MAX;
     st->rng = (stoke__now_ns() ^ (uint64_t)(uintptr_t)st * 0x9E3779B97F4A7C15u) | 1;
     *out = st;
     return STOKE_OK;
@@ -211,35 +230,108 @@ int stoke__remote_stream_create(stoke__remote_pool *p, stoke__remote_stream **ou
 static void lane_retire(stoke__remote_stream *st, int i)
 {
     lane *l = st->ln[i];
-    lane_reset(l, NULL);
+    lane_reset(l, NULL, 0, 0, SIZE_MAX);
     memmove(&st->ln[i], &st->ln[i + 1], (size_t)(st->nalloc - i - 1) * sizeof(*st->ln));
     st->ln[st->nalloc - 1] = l;
     st->nl--;
 }
 
-void stoke__remote_stream_start(stoke__remote_stream *st, const stoke__remote_file *f,
-                                const stoke__remote_file *const *next, size_t nnext)
+/* f's size as l knows it: 1 and *total, or 0 when no response has said it yet. */
+static int lane_total(lane *l, uint64_t *total)
 {
-    int k = 1; /* f's lane, when its transfer runs ahead */
-    while (k < st->nl && st->ln[k]->f != f)
+    if (!l->fknown && l->x.has_total) {
+        l->fknown = 1;
+        l->ftotal = l->x.total;
+    }
+    *total = l->ftotal;
+    return l->fknown;
+}
+
+/* The chunk read after l's: 1 with *f, *fi, *off (the file read or next[*fi], from *off), 0 when
+ * there is none (l's file ends with it and no file is next), -1 when it is not known yet (l's
+ * file's size is not, and l has not ended).  *same: the chunk is of l's file. */
+static int lane_after(stoke__remote_stream *st, lane *l, const stoke__remote_file **f, long *fi,
+                      uint64_t *off, int *same)
+{
+    uint64_t total, end = l->x.n == SIZE_MAX ? UINT64_MAX : l->x.off + l->x.n;
+    int more; /* l's file goes on after l's chunk */
+    if (end == UINT64_MAX)
+        more = 0;
+    else if (lane_total(l, &total))
+        more = end < total;
+    else if (l->ended)
+        more = l->x.got == l->x.n; /* no size said (Content-Range "bytes A-B/ *"): ask on */
+    else
+        return -1;
+    *same = more;
+    if (more) {
+        *f = l->f, *fi = l->fi, *off = end;
+        return 1;
+    }
+    long k = l->fi + 1;
+    if ((size_t)k >= st->nnext)
+        return 0;
+    *f = st->next[k], *fi = k, *off = 0;
+    return 1;
+}
+
+/* Lane i set to the chunk after lane i - 1's, or a new one when i == nl (the caller checked
+ * that a lane exists).  The chunk's file size comes along when known. */
+static void lane_follow(stoke__remote_stream *st, int i, const stoke__remote_file *f, long fi,
+                        uint64_t off, int same)
+{
+    lane *prev = st->ln[i - 1], *l = st->ln[i];
+    uint64_t total = 0;
+    int known = same && lane_total(prev, &total);
+    size_t n = st->chunk;
+    if (known && n != SIZE_MAX && total - off < n)
+        n = (size_t)(total - off);
+    lane_reset(l, f, fi, off, n);
+    if (known)
+        l->fknown = 1, l->ftotal = total;
+}
+
+/* The lanes after the first kept while each is the chunk after the one before it (their files
+ * renumbered for the stream's next); from the first that is not, they go to the spares. */
+static void lanes_check(stoke__remote_stream *st)
+{
+    for (int i = 1; i < st->nl; i++) {
+        const stoke__remote_file *f;
+        long fi;
+        uint64_t off;
+        int same;
+        lane *l = st->ln[i];
+        if (lane_after(st, st->ln[i - 1], &f, &fi, &off, &same) == 1 && l->f == f &&
+            l->x.off == off) {
+            l->fi = fi;
+            continue;
+        }
+        while (st->nl > i)
+            lane_retire(st, st->nl - 1);
+        break;
+    }
+}
+
+void stoke__remote_stream_start(stoke__remote_stream *st, const stoke__remote_file *f,
+                                const stoke__remote_file *const *next, size_t nnext, int ahead)
+{
+    int k = 1; /* the lane of f's first chunk, when its transfer runs ahead */
+    while (k < st->nl && !(st->ln[k]->f == f && st->ln[k]->x.off == 0))
         k++;
+    st->next = next;
+    st->nnext = nnext;
+    st->chunk = ahead && st->max > 1 ? st->chunk_ahead : SIZE_MAX;
     if (k < st->nl) {
         while (k-- > 0)
             lane_retire(st, 0);
+        st->ln[0]->fi = -1;
+        lanes_check(st); /* the lanes ahead must follow next, in order */
     } else {
         while (st->nl > 1)
             lane_retire(st, st->nl - 1);
-        lane_reset(st->ln[0], f);
+        lane_reset(st->ln[0], f, -1, 0, st->chunk);
         st->nl = 1;
     }
-    st->next = next;
-    st->nnext = nnext;
-    for (int i = 1; i < st->nl; i++) /* the lanes ahead must follow next, in order */
-        if ((size_t)(i - 1) >= nnext || st->ln[i]->f != next[i - 1]) {
-            while (st->nl > i)
-                lane_retire(st, st->nl - 1);
-            break;
-        }
 }
 
 /* A try of l that ended with c. */
@@ -249,7 +341,13 @@ static void lane_done(stoke__remote_stream *st, lane *l, CURLcode c)
     curl_multi_remove_handle(st->m, l->h);
     l->running = l->paused = 0;
     int rc = stoke__remote_try_end(p, l->f, &l->x, c, l->err, l->msg, sizeof(l->msg));
-    if (rc == 0) {
+    if (rc >= 0 && l->fknown && l->x.has_total && l->x.total != l->ftotal) {
+        stoke__fmt_short(l->msg, sizeof(l->msg),
+                         "GET %s: the file changed while it was read (%" PRIu64
+                         " bytes, %" PRIu64 " before)",
+                         l->f->url, l->x.total, l->ftotal);
+        l->failed = STOKE_EIO;
+    } else if (rc == 0) {
         l->ended = 1;
     } else if (rc < 0) {
         l->failed = rc;
@@ -268,15 +366,22 @@ static void lane_done(stoke__remote_stream *st, lane *l, CURLcode c)
     }
 }
 
-/* Bytes l holds or will bring that the reader has not taken: the rest of its file when its
- * size is known, else a guess (the largest file seen; the whole cap before any). */
-static uint64_t lane_owed(const stoke__remote_stream *st, const lane *l)
+/* Bytes l holds or will bring that the reader has not taken: the rest of its chunk (of its
+ * file for a whole-file lane, when its size is known, else a guess: the largest file seen; the
+ * whole cap before any). */
+static uint64_t lane_owed(const stoke__remote_stream *st, lane *l)
 {
     if (l->ended || l->failed)
         return l->len;
-    if (l->x.has_total)
-        return l->x.total > l->taken ? l->x.total - l->taken : 0;
-    return st->largest ? st->largest : st->cap;
+    uint64_t total, span;
+    int known = lane_total(l, &total);
+    if (l->x.n != SIZE_MAX)
+        span = known && total - l->x.off < l->x.n ? total - l->x.off : l->x.n;
+    else if (known)
+        span = total > l->x.off ? total - l->x.off : 0;
+    else
+        span = st->largest ? st->largest : st->cap;
+    return span > l->taken ? span - l->taken : 0;
 }
 
 /* One round of the transfers: lanes added for the files next while the cap allows, tries
@@ -285,24 +390,29 @@ static uint64_t lane_owed(const stoke__remote_stream *st, const lane *l)
  * second for a socket (or the next backoff's end). */
 static void stream_pump(stoke__remote_stream *st, int wait)
 {
+    lanes_check(st); /* a chunk answered with the whole file (200) ends its file's lanes */
     uint64_t owed = 0; /* bytes in flight and not read: the cap bounds them */
     int active = 0;    /* transfers not ended: STOKE_REMOTE_CONNECTIONS bounds them */
     for (int i = 0; i < st->nl; i++) {
-        const lane *l = st->ln[i];
+        lane *l = st->ln[i];
         if (l->x.has_total && l->x.total > st->largest)
             st->largest = l->x.total;
         owed += lane_owed(st, l);
         active += !l->ended && !l->failed;
     }
-    while (st->max > 1 && active < st->max && st->nl < LANES_MAX && (size_t)(st->nl - 1) < st->nnext &&
-           owed < st->cap) {
+    const stoke__remote_file *f;
+    long fi;
+    uint64_t off;
+    int same;
+    while (st->max > 1 && active < st->max && st->nl < LANES_MAX && owed < st->cap &&
+           lane_after(st, st->ln[st->nl - 1], &f, &fi, &off, &same) == 1) {
         if (st->nl == st->nalloc) {
             lane *l = lane_new(st);
             if (!l)
                 break; /* no read-ahead then */
             st->ln[st->nalloc++] = l;
         }
-        lane_reset(st->ln[st->nl], st->next[st->nl - 1]);
+        lane_follow(st, st->nl, f, fi, off, same);
         owed += lane_owed(st, st->ln[st->nl]);
         active++;
         st->nl++;
@@ -356,34 +466,81 @@ static void stream_pump(stoke__remote_stream *st, int wait)
     curl_multi_poll(st->m, NULL, 0, ms, NULL);
 }
 
+/* The chunk read done (ended, all its bytes taken): ln[0] becomes the next chunk of its file.
+ * 0 when the file ends with it. */
+static int lane_advance(stoke__remote_stream *st)
+{
+    const stoke__remote_file *f;
+    long fi;
+    uint64_t off;
+    int same;
+    if (lane_after(st, st->ln[0], &f, &fi, &off, &same) != 1 || !same)
+        return 0;
+    if (st->nl > 1) { /* lanes_check: ln[1] is that chunk */
+        lane_retire(st, 0);
+        return 1;
+    }
+    if (st->nl == st->nalloc) { /* a lane for it, then ln[0]'s to the spares */
+        lane *l = lane_new(st);
+        if (!l) { /* the chunk on ln[0]'s handle */
+            uint64_t total;
+            int known = lane_total(st->ln[0], &total);
+            size_t n = st->chunk;
+            if (known && n != SIZE_MAX && total - off < n)
+                n = (size_t)(total - off);
+            lane_reset(st->ln[0], f, fi, off, n);
+            if (known)
+                st->ln[0]->fknown = 1, st->ln[0]->ftotal = total;
+            return 1;
+        }
+        st->ln[st->nalloc++] = l;
+    }
+    lane_follow(st, 1, f, fi, off, same);
+    st->nl = 2;
+    lane_retire(st, 0);
+    return 1;
+}
+
 int stoke__remote_stream_read(stoke__remote_stream *st, void *buf, size_t n, size_t *got, char *why,
                               size_t why_len)
 {
     *got = 0;
-    lane *l = st->ln[0];
-    if (!l->f) {
+    if (!st->ln[0]->f) {
         stoke__fmt(why, why_len, "stream: no file started");
         return STOKE_EINVAL;
     }
     uint64_t t0 = stoke__now_ns();
-    st->need = n;
+    size_t k = 0; /* bytes given */
     if (st->max > 1) /* the transfers ahead move on while the caller has bytes to read */
         stream_pump(st, 0);
-    while (l->len < n && !l->ended && !l->failed)
+    for (;;) {
+        lane *l = st->ln[0];
+        st->need = n - k;
+        if (l->failed) { /* sticky: the file's later reads fail the same way */
+            lane_stop(l);
+            atomic_fetch_add(&st->p->n->wait_ns, stoke__now_ns() - t0);
+            stoke__fmt_short(why, why_len, "%s", l->msg[0] ? l->msg : "GET failed");
+            return l->failed;
+        }
+        if (l->len >= n - k || (l->ended && l->len)) {
+            size_t c = n - k < l->len ? n - k : l->len;
+            memcpy((char *)buf + k, l->q + l->head, c);
+            l->head += c;
+            l->len -= c;
+            l->taken += c;
+            st->buffered -= c;
+            k += c;
+            if (k == n)
+                break;
+        }
+        if (l->ended && !l->len) {
+            if (!lane_advance(st))
+                break; /* the file ends */
+            continue;
+        }
         stream_pump(st, 1);
-    atomic_fetch_add(&st->p->n->wait_ns, stoke__now_ns() - t0);
-    if (l->failed) { /* sticky: the file's later reads fail the same way */
-        lane_stop(l);
-        stoke__fmt_short(why, why_len, "%s", l->msg[0] ? l->msg : "GET failed");
-        return l->failed;
     }
-    size_t k = n < l->len ? n : l->len;
-    if (k)
-        memcpy(buf, l->q + l->head, k);
-    l->head += k;
-    l->len -= k;
-    l->taken += k;
-    st->buffered -= k;
+    atomic_fetch_add(&st->p->n->wait_ns, stoke__now_ns() - t0);
     *got = k;
     return STOKE_OK;
 }

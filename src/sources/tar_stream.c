@@ -252,7 +252,9 @@ static int shard_begin(stoke__tar_ds *t, sworker *w, int worker, uint32_t shard,
                     return rc;
                 }
             }
-            stoke__remote_stream_start(r->rs, &s->rf, next, nnext);
+            /* the open (no shards of its own) reads only the first sample: one request, no
+               chunks ahead */
+            stoke__remote_stream_start(r->rs, &s->rf, next, nnext, w->nrfs > 0);
         }
     }
     if (stoke__tar_iter_init(&w->it, size, stream_read, r, w->err, sizeof(w->err)) != 0) {

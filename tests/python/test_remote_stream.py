@@ -1,9 +1,12 @@
 """The tar source's streaming mode over HTTP (docs/sources.md, "Streaming"), against nginx on
 127.0.0.1 and tests/remote/fault_server.py: the samples of each epoch, in order, equal those of
 the same streaming run over the local files (so also every sample once: test_tar_stream.py checks
-the local runs against the shards) for 0/1/2 workers and 2 ranks; one request per shard per
-epoch (nginx's access log), on connections kept from shard to shard; a missing shard (404) a
-bad sample naming its URL; retried and resumed faults delivering every sample once; the cache.
+the local runs against the shards) for 0/1/2 workers and 2 ranks; one request per chunk per
+epoch (nginx's access log: a shard smaller than a chunk is one request; shards of several chunks
+asked for exactly once, range by range), on connections kept from chunk to chunk; a missing
+shard (404) a bad sample naming its URL; retried and resumed faults delivering every sample
+once, also in chunks, from a server that ignores ranges, and a shard that shrinks between its
+chunks an error; the cache.
 Skips (77) without torch, nginx or the build's libcurl, saying why."""
 import json
 import os
@@ -62,8 +65,9 @@ try:
     order = R.shard_runs(same_as_local(base, "http", ",shuffle_buffer=0,seed=3", epoch=2))
     T.check(sorted(order) == list(range(NSHARDS)), "shuffle_buffer=0: shards %s" % order)
 
-    # --- requests: one per shard per epoch (and the open's, of the first shard), whole-file
-    # GETs, on the workers' kept connections; the counters say the same ------------------------
+    # --- requests: one per shard per epoch (shards below the default chunk of 4 MiB: each its
+    # first chunk's range), and the open's of the first shard (a whole-file GET), on the
+    # workers' kept connections; the counters say the same ------------------------------------
     mark = len(S.access_log(ngdir))
     rc, out, err = load("tar:%s%s%s" % (base, RNG, OPTS), "--workers", "2", "--epochs", "2",
                         "--no-hash")
@@ -72,7 +76,9 @@ try:
     want = sorted(["/shard-%06d.tar" % s for s in range(NSHARDS)] * 2 + ["/shard-000000.tar"])
     T.check(rc == 0 and out["samples"] == 2 * NSHARDS * PER, "2 epochs: %s %s" % (out, err))
     T.check(uris == want, "requests of 2 epochs: %s, expected %s" % (uris, want))
-    T.check(all(r[2] == 206 and r[3] == "bytes=0-" for r in rows), "not whole-file: %s" % rows)
+    T.check(all(r[2] == 206 for r in rows)
+            and sorted(r[3] for r in rows) == ["bytes=0-"] + ["bytes=0-%d" % ((4 << 20) - 1)] * 2
+            * NSHARDS, "not one chunk per shard and the open's whole-file GET: %s" % rows)
     # each worker's connections (its shard read and the ones ahead: 3 shards) kept: the second
     # epoch's requests all on connections the first opened
     T.check(len({r[0] for r in rows}) <= 1 + NSHARDS
@@ -137,6 +143,34 @@ try:
         T.check(rc == 0 and out["samples"] == NSHARDS * PER
                 and out["remote"]["retries"] >= NSHARDS, "%s: %s %s" % (
                     mode, {k: out.get(k) for k in ("samples", "remote", "error")}, err[-500:]))
+    # --- chunks: a cap of 1 MiB ahead makes 64 KiB chunks (cap / (2 x 8 connections)): each
+    # shard asked for range by range, every byte once; the samples as the local stream's, also
+    # through faults, from a server that ignores ranges (a chunk's 200 takes the whole file), and
+    # a shard that shrinks between its chunks fails (the later chunk's size differs) -----------
+    CH = 64 << 10
+    os.environ["STOKE_STREAM_AHEAD"] = "1M"
+    for w in (0, 2):
+        same_as_local(base, "chunks", workers=w, epoch=1)
+    mark = len(S.access_log(ngdir))
+    rc, out, err = load("tar:%s%s%s" % (base, RNG, OPTS), "--workers", "2", "--no-hash")
+    rows = S.access_log(ngdir)[mark:]
+    want = [("/shard-000000.tar", "bytes=0-")]
+    for p in paths:
+        size = os.path.getsize(p)
+        T.check(size > 3 * CH, "shard %s: %d bytes, not several chunks" % (p, size))
+        want += [("/" + os.path.basename(p), "bytes=%d-%d" % (a, (min(a + CH, size) if a else CH) - 1))
+                 for a in range(0, size, CH)]
+    T.check(rc == 0 and out["samples"] == NSHARDS * PER and all(r[2] == 206 for r in rows)
+            and sorted((r[4], r[3]) for r in rows) == sorted(want),
+            "chunked requests: %s %s, expected %s" % (rows, err[-300:], want))
+    T.check(out["remote"]["requests"] == len(want), "chunks: counters %s" % out["remote"])
+    for fault in ("503/1", "cut/1", "reset/1", "cut/3", "norange/0"):
+        same_as_local(fs.url(fault + "/"), "chunks, " + fault, workers=2, epoch=1)
+    rc, out, _ = load("tar:%s%s%s" % (fs.url("shrink/3/"), RNG, OPTS), "--workers", "2")
+    T.check(rc == 1 and "the file changed while it was read" in out.get("error", "")
+            and fs.url("shrink/3/") in out["error"], "chunks, shrink/3: %s" % out)
+    del os.environ["STOKE_STREAM_AHEAD"]
+
     # a cut body is continued from its first missing byte, not fetched again
     resumed = [ln for ln in fs.log().splitlines()
                if "/cut/2/" in ln and ln.startswith("bytes=") and not ln.startswith("bytes=0-")]

@@ -15,6 +15,7 @@ serves ROOT with Range requests and keep-alive; writes its port to PORT_FILE.  A
                 be read however often it is tried)
     shrink/N    after the first N requests for PATH, PATH is served as if it had half its size
                 (a file replaced by a shorter one while it is read)
+    norange/0   Range ignored: every answer a 200 with the whole file
 GET /__stats answers {"/MODE/ARG/PATH": requests, ...} as JSON."""
 import json
 import os
@@ -64,6 +65,8 @@ class Handler(BaseHTTPRequestHandler):
             size //= 2
         start, end, status = 0, size - 1, 200
         r = re.match(r"^bytes=(\d+)-(\d*)$", self.headers.get("Range", ""))
+        if mode == "norange":
+            r = None
         if r:
             start = int(r.group(1))
             end = min(int(r.group(2)) if r.group(2) else size - 1, size - 1)
