@@ -145,8 +145,8 @@ int stoke__remote_fetch(stoke__remote_pool *p, int slot, const stoke__remote_fil
  * each chunk; of a file's first chunk before its response said the file's size, the whole
  * chunk) are under STOKE_STREAM_AHEAD (default 64 MiB), and the transfers ahead are paused while
  * the bytes received and not read reach it.  The chunks of a file after its first are asked for
- * once a response said the file's size.  Without read-ahead, a file is ONE whole-file GET
- * (Range: bytes=0-).  A server that ignores ranges (200) sends a chunk's file whole on that
+ * once a response said the file's size.  Without read-ahead (STOKE_REMOTE_CONNECTIONS 0 or 1), a
+ * file is ONE whole-file GET (Range: bytes=0-).  A server that ignores ranges (200) sends a chunk's file whole on that
  * chunk's connection.  The transfers progress only inside read() (no thread): while the caller
  * waits for the chunk it reads, and for one non-blocking round per read.  A try that fails in a
  * way that can pass (as a read's) is retried after the backoff of a read (without blocking the
@@ -165,14 +165,20 @@ int stoke__remote_stream_create(stoke__remote_pool *p, stoke__remote_stream **ou
  * kept, the file read before is abandoned (its requests ended, their connections closed when
  * their bodies were not all read).  next[0 .. nnext): the files that will be started after f, in
  * that order (the pointers are kept until the next start; next may be NULL when nnext is 0); the
- * transfers ahead of files not among them are ended.  ahead: 0 reads f with one whole-file GET
- * and nothing ahead (a caller that reads only f's start).  No request is made until a read. */
+ * transfers ahead of files not among them are ended.  ahead: 0 fetches nothing ahead, and f in
+ * chunks that start at 64 KiB and double (a caller that reads only f's start: the open's first
+ * sample, then stoke__remote_stream_finish).  No request is made until a read. */
 void stoke__remote_stream_start(stoke__remote_stream *st, const stoke__remote_file *f,
                                 const stoke__remote_file *const *next, size_t nnext, int ahead);
 /* The next n bytes of the file into buf: 0 with *got = n, or fewer where the file ends; or the
  * file's error with why set. */
 int stoke__remote_stream_read(stoke__remote_stream *st, void *buf, size_t n, size_t *got, char *why,
                               size_t why_len);
+/* Ends the file read and the transfers ahead; the request of the file read is read to its end
+ * when at most `most` bytes of it are still to come (a chunk: without read-ahead), so that its
+ * connection stays open for the stream's next request (another caller's, after a hand-over),
+ * else ended (its connection closed).  The stream can be started again. */
+void stoke__remote_stream_finish(stoke__remote_stream *st, size_t most);
 /* Ends the transfers, frees the handles.  NULL does nothing. */
 void stoke__remote_stream_destroy(stoke__remote_stream *st);
 

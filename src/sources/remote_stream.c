@@ -45,6 +45,10 @@ int stoke__remote_stream_read(stoke__remote_stream *st, void *buf, size_t n, siz
     *got = 0;
     return no_curl(why, why_len);
 }
+void stoke__remote_stream_finish(stoke__remote_stream *st, size_t most)
+{
+    (void)st, (void)most;
+}
 void stoke__remote_stream_destroy(stoke__remote_stream *st)
 {
     (void)st;
@@ -57,6 +61,7 @@ void stoke__remote_stream_destroy(stoke__remote_stream *st)
 #define LANES_MAX STOKE__REMOTE_BG_MAX /* STOKE_REMOTE_CONNECTIONS's most */
 #define CHUNK_MIN ((size_t)64 << 10)   /* a chunk: STOKE_STREAM_AHEAD / (2 x connections), */
 #define CHUNK_MAX ((size_t)64 << 20)   /* ... within these */
+#define CHUNK_FIRST ((size_t)64 << 10) /* without read-ahead: the first chunk, doubled after */
 
 /* A lane: one chunk's transfer (bytes [x.off, x.off + x.n) of file f; x.n SIZE_MAX: to the
  * file's end) and the bytes received and not read yet, on a handle (and so a connection) of its
@@ -92,8 +97,9 @@ struct stoke__remote_stream {
     lane *ln[LANES_MAX];
     int nl, nalloc, max; /* max: transfers running at once (chunks whose bytes all came and
                             wait to be read do not count) */
-    size_t chunk;        /* bytes of a chunk; SIZE_MAX: whole files (no read-ahead) */
-    size_t chunk_ahead;  /* ... with read-ahead */
+    int ahead;           /* chunks after the one read are fetched meanwhile */
+    size_t chunk;        /* bytes of a file's first chunk; SIZE_MAX: whole files */
+    size_t chunk_ahead;  /* ... with read-ahead (then every chunk's); without, the most */
     const stoke__remote_file *const *next; /* the files after ln[0]'s, in order */
     size_t nnext;
     uint64_t cap; /* bytes received and not read, in all lanes: the most (STOKE_STREAM_AHEAD) */
@@ -275,15 +281,17 @@ static int lane_after(stoke__remote_stream *st, lane *l, const stoke__remote_fil
     return 1;
 }
 
-/* Lane i set to the chunk after lane i - 1's, or a new one when i == nl (the caller checked
- * that a lane exists).  The chunk's file size comes along when known. */
-static void lane_follow(stoke__remote_stream *st, int i, const stoke__remote_file *f, long fi,
-                        uint64_t off, int same)
+/* l (which may be prev) set to the chunk after prev's: f from off (as lane_after said).  A chunk
+ * is st->chunk bytes, or, without read-ahead, twice the one before in the same file (up to
+ * chunk_ahead): a caller that reads a file's start makes few requests and drains little. */
+static void lane_follow(stoke__remote_stream *st, lane *prev, lane *l, const stoke__remote_file *f,
+                        long fi, uint64_t off, int same)
 {
-    lane *prev = st->ln[i - 1], *l = st->ln[i];
     uint64_t total = 0;
     int known = same && lane_total(prev, &total);
     size_t n = st->chunk;
+    if (same && !st->ahead && n != SIZE_MAX)
+        n = prev->x.n < st->chunk_ahead / 2 ? prev->x.n * 2 : st->chunk_ahead;
     if (known && n != SIZE_MAX && total - off < n)
         n = (size_t)(total - off);
     lane_reset(l, f, fi, off, n);
@@ -320,7 +328,8 @@ void stoke__remote_stream_start(stoke__remote_stream *st, const stoke__remote_fi
         k++;
     st->next = next;
     st->nnext = nnext;
-    st->chunk = ahead && st->max > 1 ? st->chunk_ahead : SIZE_MAX;
+    st->ahead = ahead && st->max > 1;
+    st->chunk = st->ahead ? st->chunk_ahead : ahead ? SIZE_MAX : CHUNK_FIRST;
     if (k < st->nl) {
         while (k-- > 0)
             lane_retire(st, 0);
@@ -404,7 +413,7 @@ static void stream_pump(stoke__remote_stream *st, int wait)
     long fi;
     uint64_t off;
     int same;
-    while (st->max > 1 && active < st->max && st->nl < LANES_MAX && owed < st->cap &&
+    while (st->ahead && active < st->max && st->nl < LANES_MAX && owed < st->cap &&
            lane_after(st, st->ln[st->nl - 1], &f, &fi, &off, &same) == 1) {
         if (st->nl == st->nalloc) {
             lane *l = lane_new(st);
@@ -412,7 +421,7 @@ static void stream_pump(stoke__remote_stream *st, int wait)
                 break; /* no read-ahead then */
             st->ln[st->nalloc++] = l;
         }
-        lane_follow(st, st->nl, f, fi, off, same);
+        lane_follow(st, st->ln[st->nl - 1], st->ln[st->nl], f, fi, off, same);
         owed += lane_owed(st, st->ln[st->nl]);
         active++;
         st->nl++;
@@ -483,19 +492,12 @@ static int lane_advance(stoke__remote_stream *st)
     if (st->nl == st->nalloc) { /* a lane for it, then ln[0]'s to the spares */
         lane *l = lane_new(st);
         if (!l) { /* the chunk on ln[0]'s handle */
-            uint64_t total;
-            int known = lane_total(st->ln[0], &total);
-            size_t n = st->chunk;
-            if (known && n != SIZE_MAX && total - off < n)
-                n = (size_t)(total - off);
-            lane_reset(st->ln[0], f, fi, off, n);
-            if (known)
-                st->ln[0]->fknown = 1, st->ln[0]->ftotal = total;
+            lane_follow(st, st->ln[0], st->ln[0], f, fi, off, same);
             return 1;
         }
         st->ln[st->nalloc++] = l;
     }
-    lane_follow(st, 1, f, fi, off, same);
+    lane_follow(st, st->ln[0], st->ln[1], f, fi, off, same);
     st->nl = 2;
     lane_retire(st, 0);
     return 1;
@@ -511,7 +513,7 @@ int stoke__remote_stream_read(stoke__remote_stream *st, void *buf, size_t n, siz
     }
     uint64_t t0 = stoke__now_ns();
     size_t k = 0; /* bytes given */
-    if (st->max > 1) /* the transfers ahead move on while the caller has bytes to read */
+    if (st->ahead) /* the transfers ahead move on while the caller has bytes to read */
         stream_pump(st, 0);
     for (;;) {
         lane *l = st->ln[0];
@@ -543,6 +545,17 @@ int stoke__remote_stream_read(stoke__remote_stream *st, void *buf, size_t n, siz
     atomic_fetch_add(&st->p->n->wait_ns, stoke__now_ns() - t0);
     *got = k;
     return STOKE_OK;
+}
+
+void stoke__remote_stream_finish(stoke__remote_stream *st, size_t most)
+{
+    while (st->nl > 1)
+        lane_retire(st, st->nl - 1);
+    lane *l = st->ln[0];
+    if (l->f && !l->ended && !l->failed && l->x.n != SIZE_MAX && lane_owed(st, l) - l->len <= most)
+        while (!l->ended && !l->failed)
+            stream_pump(st, 1);
+    lane_reset(l, NULL, 0, 0, SIZE_MAX); /* a transfer still running ends: its connection too */
 }
 
 void stoke__remote_stream_destroy(stoke__remote_stream *st)

@@ -21,6 +21,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +34,8 @@
 #include "stoke/sampler.h"
 
 #define MAX_WORKERS 1025 /* the loader's 1024 workers and the caller's thread */
+#define OPEN_DRAIN_MAX ((size_t)256 << 10) /* bytes of its last request the open reads to keep its \
+                                              connection */
 #define DRAIN_MAX                                                                                  \
     ((size_t)1 << 20) /* bytes after the end-of-archive block read to keep the                     \
                          connection (a tar's padding to its record size) */
@@ -87,6 +90,10 @@ struct stoke__tar_stream {
     char spec[128];
     uint64_t gen, epoch;
     sworker *w[MAX_WORKERS];
+    /* the open's stream, its connection kept: the first worker stream made in the process that
+       opened takes it (so the open's connection is a worker's first), NULL after */
+    stoke__remote_stream *_Atomic open_rs;
+    pid_t open_pid;
 };
 
 static uint64_t rng_next(uint64_t *s)
@@ -245,6 +252,8 @@ static int shard_begin(stoke__tar_ds *t, sworker *w, int worker, uint32_t shard,
         if (t->cache) {
             stoke__cache_prefetch(t->cache, t->pool, next, NULL, nnext);
         } else {
+            if (!r->rs && getpid() == t->st->open_pid)
+                r->rs = atomic_exchange(&t->st->open_rs, NULL);
             if (!r->rs) {
                 int rc = stoke__remote_stream_create(t->pool, &r->rs, r->why, sizeof(r->why));
                 if (rc) {
@@ -252,8 +261,7 @@ static int shard_begin(stoke__tar_ds *t, sworker *w, int worker, uint32_t shard,
                     return rc;
                 }
             }
-            /* the open (no shards of its own) reads only the first sample: one request, no
-               chunks ahead */
+            /* the open (no shards of its own) reads only the first sample: nothing ahead */
             stoke__remote_stream_start(r->rs, &s->rf, next, nnext, w->nrfs > 0);
         }
     }
@@ -552,6 +560,7 @@ void stoke__tar_stream_free(struct stoke__tar_stream *st)
         return;
     for (int i = 0; i < MAX_WORKERS; i++)
         worker_free(st->w[i]);
+    stoke__remote_stream_destroy(atomic_load(&st->open_rs));
     free(st);
 }
 
@@ -605,6 +614,12 @@ int stoke__tar_stream_open(const char *spec, stoke__tar_ds *t, stoke__tar_scan *
         io->win_off = w->rd.win_off;
         io->win_len = w->rd.len;
         w->rd.win = NULL;
+    }
+    if (!rc && w->rd.rs) { /* its connection kept for the first worker's stream */
+        stoke__remote_stream_finish(w->rd.rs, OPEN_DRAIN_MAX);
+        st->open_pid = getpid();
+        atomic_store(&st->open_rs, w->rd.rs);
+        w->rd.rs = NULL;
     }
     /* w->sc is empty: the members went to sc */
     worker_free(w);
