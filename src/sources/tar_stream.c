@@ -7,16 +7,19 @@
  * rank i % world_size and, within the rank, to worker (i / world_size) % num_workers: every
  * shard is read by one (rank, worker) per epoch.  A worker reads its shards one after the
  * other, front to back (tar_header.c's walk one member at a time): a local one with reads, a
- * remote one with one GET through the worker's stream (remote.h), which is told the worker's
- * next remote shards and fetches them meanwhile (read-ahead), or through the cache's local copy
+ * remote one in chunks (range requests) through the worker's stream (remote.h), which is told
+ * the worker's next remote shards and fetches the chunks after the one read meanwhile
+ * (read-ahead; the open's stream, its connection kept, is the first worker's), or through the
+ * cache's local copy
  * (STOKE_CACHE_DIR; the next shards queued for the cache's background downloads).  Members become
  * samples by tar.c's rules (stoke__tar_on_member, stoke__tar_same_key, stoke__tar_build_index) and
  * are read by tar_fields.c from the sample's bytes (a window).  Samples pass through a shuffle
  * buffer of shuffle_buffer samples per worker with an RNG keyed by (seed, epoch, rank, worker).
  *
  * State and locking: everything a worker touches is its own (struct sworker, made by its first
- * next()); set_epoch runs while no worker does (dataset.h) and only bumps the generation the
- * workers compare theirs with.  Everything is freed by the dataset's close. */
+ * next()), but for the open's stream, which one worker takes (an atomic exchange); set_epoch
+ * runs while no worker does (dataset.h) and only bumps the generation the workers compare theirs
+ * with.  Everything is freed by the dataset's close. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
