@@ -255,7 +255,7 @@ static int lane_total(lane *l, uint64_t *total)
 
 /* The chunk read after l's: 1 with *f, *fi, *off (the file read or next[*fi], from *off), 0 when
  * there is none (l's file ends with it and no file is next), -1 when it is not known yet (l's
- * file's size is not, and l has not ended).  *same: the chunk is of l's file. */
+ * file's size is not, and l has neither ended nor failed).  *same: the chunk is of l's file. */
 static int lane_after(stoke__remote_stream *st, lane *l, const stoke__remote_file **f, long *fi,
                       uint64_t *off, int *same)
 {
@@ -267,6 +267,8 @@ static int lane_after(stoke__remote_stream *st, lane *l, const stoke__remote_fil
         more = end < total;
     else if (l->ended)
         more = l->x.got == l->x.n; /* no size said (Content-Range "bytes A-B/ *"): ask on */
+    else if (l->failed)
+        more = 0; /* its file's reads fail with it: the next file's chunks come next */
     else
         return -1;
     *same = more;
@@ -483,6 +485,7 @@ static int lane_advance(stoke__remote_stream *st)
     long fi;
     uint64_t off;
     int same;
+    lanes_check(st);
     if (lane_after(st, st->ln[0], &f, &fi, &off, &same) != 1 || !same)
         return 0;
     if (st->nl > 1) { /* lanes_check: ln[1] is that chunk */

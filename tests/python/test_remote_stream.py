@@ -131,7 +131,15 @@ try:
     head = samples(next(it) for _ in range(5))
     state = a.state_dict()
     del it, a
-    mark = len(S.access_log(ngdir))
+    # the first loader's transfers in flight end at its close (gc: the loader's cycles), and
+    # nginx logs them then: wait for its log to settle, or they count as the resumed epoch's
+    import gc
+    import time
+    gc.collect()
+    mark, t_end = -1, time.monotonic() + 5
+    while time.monotonic() < t_end and mark != len(S.access_log(ngdir)):
+        mark = len(S.access_log(ngdir))
+        time.sleep(0.2)
     b = mk()
     b.load_state_dict(state)
     rest = samples(b)
