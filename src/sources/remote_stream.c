@@ -58,10 +58,10 @@ void stoke__remote_stream_destroy(stoke__remote_stream *st)
 
 #include "sources/remote_internal.h"
 
-#define LANES_MAX STOKE__REMOTE_BG_MAX /* STOKE_REMOTE_CONNECTIONS's most */
-#define CHUNK_MIN ((size_t)64 << 10)   /* a chunk: STOKE_STREAM_AHEAD / (2 x connections), */
-#define CHUNK_MAX ((size_t)64 << 20)   /* ... within these */
-#define CHUNK_FIRST ((size_t)64 << 10) /* without read-ahead: the first chunk, doubled after */
+#define LANES_MAX   STOKE__REMOTE_BG_MAX /* STOKE_REMOTE_CONNECTIONS's most */
+#define CHUNK_MIN   ((size_t)64 << 10)   /* a chunk: STOKE_STREAM_AHEAD / (2 x connections), */
+#define CHUNK_MAX   ((size_t)64 << 20)   /* ... within these */
+#define CHUNK_FIRST ((size_t)64 << 10)   /* without read-ahead: the first chunk, doubled after */
 
 /* A lane: one chunk's transfer (bytes [x.off, x.off + x.n) of file f; x.n SIZE_MAX: to the
  * file's end) and the bytes received and not read yet, on a handle (and so a connection) of its
@@ -354,8 +354,8 @@ static void lane_done(stoke__remote_stream *st, lane *l, CURLcode c)
     int rc = stoke__remote_try_end(p, l->f, &l->x, c, l->err, l->msg, sizeof(l->msg));
     if (rc >= 0 && l->fknown && l->x.has_total && l->x.total != l->ftotal) {
         stoke__fmt_short(l->msg, sizeof(l->msg),
-                         "GET %s: the file changed while it was read (%" PRIu64
-                         " bytes, %" PRIu64 " before)",
+                         "GET %s: the file changed while it was read (%" PRIu64 " bytes, %" PRIu64
+                         " before)",
                          l->f->url, l->x.total, l->ftotal);
         l->failed = STOKE_EIO;
     } else if (rc == 0) {
@@ -401,7 +401,7 @@ static uint64_t lane_owed(const stoke__remote_stream *st, lane *l)
  * second for a socket (or the next backoff's end). */
 static void stream_pump(stoke__remote_stream *st, int wait)
 {
-    lanes_check(st); /* a chunk answered with the whole file (200) ends its file's lanes */
+    lanes_check(st);   /* a chunk answered with the whole file (200) ends its file's lanes */
     uint64_t owed = 0; /* bytes in flight and not read: the cap bounds them */
     int active = 0;    /* transfers not ended: STOKE_REMOTE_CONNECTIONS bounds them */
     for (int i = 0; i < st->nl; i++) {
@@ -515,7 +515,7 @@ int stoke__remote_stream_read(stoke__remote_stream *st, void *buf, size_t n, siz
         return STOKE_EINVAL;
     }
     uint64_t t0 = stoke__now_ns();
-    size_t k = 0; /* bytes given */
+    size_t k = 0;  /* bytes given */
     if (st->ahead) /* the transfers ahead move on while the caller has bytes to read */
         stream_pump(st, 0);
     for (;;) {

@@ -37,8 +37,8 @@
 #include "stoke/sampler.h"
 
 #define MAX_WORKERS 1025 /* the loader's 1024 workers and the caller's thread */
-#define OPEN_DRAIN_MAX ((size_t)256 << 10) /* bytes of its last request the open reads to keep its \
-                                              connection */
+/* bytes of its last request the open reads to its end, to keep its connection */
+#define OPEN_DRAIN_MAX ((size_t)256 << 10)
 #define DRAIN_MAX                                                                                  \
     ((size_t)1 << 20) /* bytes after the end-of-archive block read to keep the                     \
                          connection (a tar's padding to its record size) */

@@ -192,6 +192,9 @@ try:
             "chunked: %s %s" % (rows, err[-300:]))
     open_and_reuse(rows, want, "chunked")
     T.check(out["remote"]["requests"] == len(rows), "chunks: counters %s" % out["remote"])
+    rc, out, _ = load("tar:%s%s%s" % (base, RNG, OPTS), "--workers", "2")
+    T.check(rc == 0 and out["content_hash"] == m["content_hash"]
+            and out["samples"] == m["samples"], "chunks, CLI: %s" % R.summary(out))
     for fault in ("503/1", "cut/1", "reset/1", "cut/3", "norange/0"):
         same_as_local(fs.url(fault + "/"), "chunks, " + fault, workers=2, epoch=1)
     rc, out, _ = load("tar:%s%s%s" % (fs.url("shrink/3/"), RNG, OPTS), "--workers", "2")
