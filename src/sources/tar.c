@@ -477,7 +477,8 @@ static int tar_read(void *user, const uint64_t *indices, size_t count, const sto
             *err_index = indices[j];
     }
     for (size_t j = 0; j < count; j++)
-        free((void *)io[j].win);
+        if (!io[j].borrowed)
+            free((void *)io[j].win);
     free(io);
     free(dst);
     return rc;

@@ -223,57 +223,115 @@ int stoke__tar_fetch_sample(const stoke__tar_ds *t, uint64_t i, void *const dst[
     return STOKE_OK;
 }
 
+/* A sample of a batch read (fetch_batch): its place j in the batch, its shard, the bytes
+ * [lo, hi) of the members read and the field of the first. */
+typedef struct span {
+    size_t j;
+    int shard, first;
+    uint64_t lo, hi;
+} span;
+
+static int span_order(const void *a_, const void *b_)
+{
+    const span *a = a_, *b = b_;
+    if (a->shard != b->shard)
+        return a->shard < b->shard ? -1 : 1;
+    if (a->lo != b->lo)
+        return a->lo < b->lo ? -1 : 1;
+    return a->j < b->j ? -1 : a->j > b->j;
+}
+
+/* The end of the request that starts at sp[a] (sorted by shard and offset): the neighbours
+ * after it in its shard while each is at most COALESCE_GAP past the bytes before it, the
+ * window stays within COALESCE_MAX and the bytes asked for within share. */
+static size_t span_run(const span *sp, size_t m, size_t a, uint64_t share, uint64_t *hi_)
+{
+    uint64_t lo = sp[a].lo, hi = sp[a].hi, want = hi - lo;
+    size_t b = a + 1;
+    for (; b < m && sp[b].shard == sp[a].shard && sp[b].lo <= hi + COALESCE_GAP; b++) {
+        uint64_t end = sp[b].hi > hi ? sp[b].hi : hi, n = sp[b].hi - sp[b].lo;
+        if (end - lo > COALESCE_MAX || want + n > share)
+            break;
+        hi = end;
+        want += n;
+    }
+    *hi_ = hi;
+    return b;
+}
+
 int stoke__tar_fetch_batch(const stoke__tar_ds *t, const uint64_t *idx, size_t count,
                            void *const *dst, stoke__tar_io *io, char *msg, size_t msg_len,
                            size_t *bad)
 {
     *bad = count;
-    stoke__remote_req *r = calloc(count ? count : 1, sizeof(*r));
-    size_t *of = calloc(count ? count : 1, sizeof(*of)); /* r[m] is sample of[m]'s */
-    int *firsts = calloc(count ? count : 1, sizeof(*firsts));
+    span *sp = calloc(count ? count : 1, sizeof(*sp));
     size_t m = 0;
-    for (size_t j = 0; r && of && firsts && j < count; j++) {
-        uint64_t i = idx[j], lo, hi;
+    uint64_t bytes = 0;
+    for (size_t j = 0; sp && j < count; j++) {
+        uint64_t i = idx[j];
         if (i >= t->n)
             continue;
         const stoke__tar_shard *s = &t->shards[t->shard_of[i]];
+        span v = {.j = j, .shard = t->shard_of[i]};
         if (!s->remote || t->cache ||
-            !sample_span(t, i, dst + j * (size_t)t->nf, 1, &lo, &hi, &firsts[m]))
+            !sample_span(t, i, dst + j * (size_t)t->nf, 1, &v.lo, &v.hi, &v.first))
             continue;
-        char *buf = malloc((size_t)(hi - lo));
-        if (!buf)
-            continue; /* read field by field by get's path */
-        r[m] = (stoke__remote_req){.f = &s->rf, .buf = buf, .n = (size_t)(hi - lo), .off = lo};
-        of[m++] = j;
+        sp[m++] = v;
+        bytes += v.hi - v.lo;
+    }
+    /* requests: runs of neighbours, each about a connection's share of the batch's bytes */
+    stoke__remote_req *r = calloc(m ? m : 1, sizeof(*r));
+    size_t *run = calloc(2 * m + 1, sizeof(*run)); /* request q: sp[run[2q] .. run[2q + 1]) */
+    size_t nr = 0;
+    if (sp && r && run) {
+        const int conns = stoke__remote_pool_connections(t->pool);
+        const uint64_t share = (bytes + (uint64_t)conns - 1) / (uint64_t)conns;
+        qsort(sp, m, sizeof(*sp), span_order);
+        for (size_t a = 0, b; a < m; a = b) {
+            uint64_t hi;
+            b = span_run(sp, m, a, share, &hi);
+            char *buf = malloc((size_t)(hi - sp[a].lo));
+            if (!buf) /* these samples are read field by field by get's path */
+                continue;
+            r[nr] = (stoke__remote_req){.f = &t->shards[sp[a].shard].rf, .buf = buf,
+                                        .n = (size_t)(hi - sp[a].lo), .off = sp[a].lo};
+            run[2 * nr] = a;
+            run[2 * nr++ + 1] = b;
+        }
     }
     int rc = STOKE_OK;
-    if (m) {
+    if (nr) {
         char why[STOKE__MSG_MAX];
-        size_t failed = m;
-        rc = stoke__remote_read_many(t->pool, io[0].worker, r, m, &failed, why, sizeof(why));
-        for (size_t q = 0; !rc && q < m; q++) {
-            rc = index_stale(&t->shards[t->shard_of[idx[of[q]]]], r[q].total, why, sizeof(why));
+        size_t failed = nr;
+        rc = stoke__remote_read_many(t->pool, io[0].worker, r, nr, &failed, why, sizeof(why));
+        for (size_t q = 0; !rc && q < nr; q++) {
+            rc = index_stale(&t->shards[sp[run[2 * q]].shard], r[q].total, why, sizeof(why));
             if (rc)
                 failed = q;
         }
         if (rc) {
-            size_t q = failed < m ? failed : 0;
-            *bad = of[q];
-            rc = field_fail(t, idx[of[q]], firsts[q], msg, msg_len, rc, "%s", why);
+            const span *f = &sp[run[2 * (failed < nr ? failed : 0)]];
+            *bad = f->j;
+            rc = field_fail(t, idx[f->j], f->first, msg, msg_len, rc, "%s", why);
         }
-        for (size_t q = 0; q < m; q++) {
+        for (size_t q = 0; q < nr; q++) {
             if (rc) {
                 free(r[q].buf);
                 continue;
             }
-            io[of[q]].win = r[q].buf; /* freed by the caller */
-            io[of[q]].win_off = r[q].off;
-            io[of[q]].win_len = r[q].got;
+            for (size_t k = run[2 * q]; k < run[2 * q + 1]; k++) {
+                size_t d = (size_t)(sp[k].lo - r[q].off);
+                io[sp[k].j] = (stoke__tar_io){.worker = io[sp[k].j].worker,
+                                              .win = (const char *)r[q].buf + d,
+                                              .win_off = sp[k].lo,
+                                              .win_len = r[q].got > d ? r[q].got - d : 0,
+                                              .borrowed = k != run[2 * q]};
+            }
         }
     }
     free(r);
-    free(of);
-    free(firsts);
+    free(run);
+    free(sp);
     return rc;
 }
 
