@@ -392,6 +392,7 @@ static void tar_close(void *user)
     free(t->image_opts);
     free(t->ragged_opt[0]);
     free(t->ragged_opt[1]);
+    free(t->max_len_opt);
     free(t);
 }
 
@@ -577,6 +578,64 @@ static int parse_u64(const char *val, uint64_t *out)
     return 0;
 }
 
+/* max_len=N (every ragged and packed field) or max_len=EXT:N:EXT:N: the most units (bytes of a
+ * raw member, rows of a .npy one) of a field's member that a sample holds, its slot.  Needed by
+ * each ragged field with mode=stream, which does not know the longest member; with the index
+ * the slot is the smaller of it and the longest.  A longer member is a bad sample (the loader's
+ * length check), or cut to max_len with `truncate` (the loader's truncated_samples). */
+static int mark_max_len(const char *spec, stoke__tar_ds *t)
+{
+    const char *opt = t->max_len_opt, *p = opt;
+    int any = 0;
+    for (int k = 0; k < t->nf; k++)
+        any |= t->f[k].ragged != 0;
+    if ((opt || t->truncate) && !any)
+        return stoke__fail(STOKE_EINVAL, "source '%s': %s is for ragged= and packed= fields",
+                           spec, opt ? "max_len=" : "truncate");
+    if (t->truncate && !opt)
+        return stoke__fail(STOKE_EINVAL, "source '%s': truncate goes with max_len=N", spec);
+    uint64_t v = 0;
+    if (opt && (!*opt || (parse_u64(opt, &v) == 0 && (v == 0 || v > INT32_MAX))))
+        return stoke__fail(STOKE_EINVAL, "source '%s': max_len=%s: a count from 1 to %d", spec,
+                           opt, INT32_MAX);
+    if (opt && parse_u64(opt, &v) == 0) {
+        for (int k = 0; k < t->nf; k++)
+            if (t->f[k].ragged)
+                t->f[k].max_len = (int64_t)v;
+        p = NULL;
+    }
+    while (p && *p) {
+        size_t n = strcspn(p, ":");
+        int k = -1;
+        for (int j = 0; j < t->nf && k < 0; j++)
+            if (t->f[j].ragged && strlen(t->f[j].ext) == n && memcmp(t->f[j].ext, p, n) == 0)
+                k = j;
+        if (k < 0)
+            return stoke__fail(STOKE_EINVAL,
+                               "source '%s': max_len=%s: '%.*s' is not a ragged or packed "
+                               "field (max_len=N, or max_len=EXT:N:EXT:N)",
+                               spec, opt, (int)n, p);
+        p += n + (p[n] == ':');
+        char num[24] = "";
+        size_t m = strcspn(p, ":");
+        if (m < sizeof(num))
+            memcpy(num, p, m);
+        if (!m || m >= sizeof(num) || parse_u64(num, &v) != 0 || v == 0 || v > INT32_MAX)
+            return stoke__fail(STOKE_EINVAL, "source '%s': max_len=%s: field '%s' needs a "
+                               "count from 1 to %d", spec, opt, t->f[k].ext, INT32_MAX);
+        t->f[k].max_len = (int64_t)v;
+        p += m + (p[m] == ':');
+    }
+    for (int k = 0; t->stream && k < t->nf; k++)
+        if (t->f[k].ragged && !t->f[k].max_len)
+            return stoke__fail(STOKE_ENOTSUP,
+                               "source '%s': field '%s' is ragged: with mode=stream give its "
+                               "max_len= (the most bytes, or .npy rows, of its member: the "
+                               "longest is known only after reading every shard)",
+                               spec, t->f[k].ext);
+    return STOKE_OK;
+}
+
 /* The streaming mode's options (mode=stream|map, shuffle_buffer=, seed=, rank=, world_size=):
  * 1 when o is one (set in t), 0 when not, or the error recorded. */
 static int stream_option(const char *spec, stoke__tar_ds *t, const char *o, const char *val)
@@ -642,6 +701,16 @@ static int parse_options(const char *spec, stoke__tar_ds *t, char *opts)
                 return stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);
             continue;
         }
+        if (strcmp(o, "max_len") == 0 || (strcmp(o, "truncate") == 0 && !eq)) {
+            if (*o == 't') {
+                t->truncate = 1;
+                continue;
+            }
+            free(t->max_len_opt);
+            if (!(t->max_len_opt = strdup(val)))
+                return stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);
+            continue;
+        }
         int sm = stream_option(spec, t, o, val);
         if (sm < 0)
             return sm;
@@ -654,7 +723,8 @@ static int parse_options(const char *spec, stoke__tar_ds *t, char *opts)
         if (used == 0)
             return stoke__fail(STOKE_EINVAL,
                                "source '%s': unknown option '%s' (fields=EXT:EXT, "
-                               "ragged=EXT:EXT, packed=EXT:EXT, mode=stream, shuffle_buffer=N, "
+                               "ragged=EXT:EXT, packed=EXT:EXT, max_len=N, truncate, "
+                               "mode=stream, shuffle_buffer=N, "
                                "seed=N, rank=R, world_size=W%s)",
                                spec, o,
                                hk ? ", or an image option"
@@ -666,10 +736,11 @@ static int parse_options(const char *spec, stoke__tar_ds *t, char *opts)
 /* The streaming mode's options checked, rank and world from the environment when not given. */
 static int stream_check(const char *spec, stoke__tar_ds *t)
 {
-    if (t->ragged_opt[0] || t->ragged_opt[1])
+    if ((t->ragged_opt[0] || t->ragged_opt[1]) && !t->max_len_opt)
         return stoke__fail(STOKE_ENOTSUP,
-                           "source '%s': ragged= and packed= need the longest member, known "
-                           "only after reading every shard: not with mode=stream",
+                           "source '%s': ragged= and packed= with mode=stream need max_len=N "
+                           "(the most bytes, or .npy rows, of a member: the longest is known "
+                           "only after reading every shard)",
                            spec);
     if ((t->rank < 0) != (t->world < 0))
         return stoke__fail(STOKE_EINVAL, "source '%s': rank= and world_size= go together", spec);
@@ -747,6 +818,8 @@ static int tar_open(const char *spec, const char *args, stoke__tar_ds *t, stoke_
     }
     for (int rg = 0; !rc && rg < 2; rg++)
         rc = mark_ragged(spec, t, rg);
+    if (!rc)
+        rc = mark_max_len(spec, t);
     if (!rc)
         rc = stoke__tar_build_index(spec, t, sc);
     for (int k = 0; !rc && k < t->nf; k++)

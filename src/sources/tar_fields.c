@@ -426,13 +426,14 @@ static int read_npy(const stoke__tar_ds *t, uint64_t i, int k, const stoke__tar_
                           h.descr, h.ndim, t->f[k].npy_descr, f->ndim,
                           ragged ? " but for the first dimension" : "");
     size_t bytes = f->bytes;
-    if (ragged) { /* at most max_len rows: an upper bound from the member's size */
+    if (ragged) { /* at most max_len rows (the slot): the loader cuts or refuses the rest by
+                     the length, which is the member's */
         size_t unit = f->bytes / (size_t)f->max_len;
-        if (h.shape[0] > f->max_len)
-            return field_fail(t, i, k, msg, msg_len, STOKE_EFORMAT,
+        if (h.shape[0] > f->max_len && !len)
+            return field_fail(t, i, k, msg, msg_len, STOKE_ELIMIT,
                               "%lld rows, more than the field's max_len %lld",
                               (long long)h.shape[0], (long long)f->max_len);
-        bytes = (size_t)h.shape[0] * unit;
+        bytes = (size_t)(h.shape[0] < f->max_len ? h.shape[0] : f->max_len) * unit;
         if (len)
             *len = h.shape[0];
     }
@@ -493,10 +494,17 @@ int stoke__tar_read_field(const stoke__tar_ds *t, uint64_t i, int k, void *dst, 
     case STOKE__TAR_IMAGE: return read_image(t, i, k, L, dst, io, msg, msg_len);
     default: break;
     }
-    if (t->f[k].ragged) { /* at most max_len, the largest member (the index's) */
+    if (t->f[k].ragged) { /* at most max_len bytes (the slot): the loader cuts or refuses the
+                             rest by the length, which is the member's */
+        uint64_t room = (uint64_t)t->fields[k].max_len;
+        if (L->size > room && !len)
+            return field_fail(t, i, k, msg, msg_len, STOKE_ELIMIT,
+                              "member of %" PRIu64 " bytes, more than the field's max_len %" PRIu64,
+                              L->size, room);
         if (len)
             *len = (int64_t)L->size;
-        return shard_read(t, i, k, dst, (size_t)L->size, L->off, io, msg, msg_len);
+        return shard_read(t, i, k, dst, (size_t)(L->size < room ? L->size : room), L->off, io,
+                          msg, msg_len);
     }
     if (L->size != t->fields[k].bytes)
         return field_fail(t, i, k, msg, msg_len, STOKE_EFORMAT,
@@ -516,6 +524,16 @@ static uint64_t longest_member(const stoke__tar_ds *t, int k)
             most = M->size;
     }
     return most;
+}
+
+/* A ragged field's max_len: max_len= where given (mode=stream: as given; with the index: at
+ * most the units the longest member holds, `most`), else `most`; at least 1. */
+static int64_t ragged_room(const stoke__tar_ds *t, int k, uint64_t most)
+{
+    uint64_t room = most;
+    if (t->f[k].max_len && (t->stream || (uint64_t)t->f[k].max_len < most))
+        room = (uint64_t)t->f[k].max_len;
+    return room ? (int64_t)room : 1;
 }
 
 int stoke__tar_describe_field(stoke__tar_ds *t, int k, const char *spec, const stoke__tar_io *io)
@@ -563,8 +581,9 @@ int stoke__tar_describe_field(stoke__tar_ds *t, int k, const char *spec, const s
             /* the data of a member follows at least its 10-byte preamble */
             uint64_t rows = unit && most > 10 ? (most - 10) / unit : 1;
             t->shapes[k][0] = STOKE_DIM_VAR;
-            f->max_len = rows > 0 ? (int64_t)rows : 1;
+            f->max_len = ragged_room(t, k, rows);
             f->collate = t->f[k].ragged - 1;
+            f->truncate = t->truncate;
         }
         break;
     }
@@ -589,10 +608,10 @@ int stoke__tar_describe_field(stoke__tar_ds *t, int k, const char *spec, const s
         f->ndim = 1;
         t->shapes[k][0] = (int64_t)L->size;
         if (t->f[k].ragged) { /* as long as the longest member */
-            uint64_t most = longest_member(t, k);
             t->shapes[k][0] = STOKE_DIM_VAR;
-            f->max_len = most ? (int64_t)most : 1;
+            f->max_len = ragged_room(t, k, longest_member(t, k));
             f->collate = t->f[k].ragged - 1;
+            f->truncate = t->truncate;
         }
         break;
     }

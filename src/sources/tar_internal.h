@@ -52,6 +52,7 @@ typedef struct stoke__tar_field {
     char ext[64];
     int kind;
     int ragged; /* RAW: 0 one size, else 1 + stoke_collate (ragged= / packed= options) */
+    int64_t max_len; /* a ragged field's max_len= (bytes, or .npy rows); 0: the longest member */
     char npy_descr[32];
 } stoke__tar_field;
 
@@ -78,6 +79,8 @@ typedef struct stoke__tar_ds {
     stoke_field fields[STOKE__TAR_MAX_FIELDS];
     int64_t shapes[STOKE__TAR_MAX_FIELDS][STOKE__NPY_MAX_NDIM]; /* fields[k].shape */
     char *ragged_opt[2];      /* the ragged= and packed= lists, until the fields are known */
+    char *max_len_opt;        /* max_len= (N, or EXT:N:EXT:N), until the fields are known */
+    int truncate;             /* `truncate`: a ragged member past max_len is cut, not bad */
     uint64_t n;               /* samples */
     uint32_t *shard_of;       /* n */
     uint64_t *key_at;         /* n: offset of the sample's key in keys */
