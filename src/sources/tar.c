@@ -830,36 +830,112 @@ static int tar_open(const char *spec, const char *args, stoke__tar_ds *t, stoke_
     return rc;
 }
 
-int stoke_tar_write_index(const char *pattern, stoke_tar_index_fn fn, void *ctx)
+/* DIR/NAME.idx for the shard at `path` (a file path or URL: NAME its last path segment, a
+ * URL's query and fragment left out), malloc'd; NULL with *rc set when there is no name. */
+static char *index_path_in(const char *spec, const char *dir, const char *path, int *rc)
+{
+    size_t end = strcspn(path, stoke__remote_is_url(path) ? "?#" : "");
+    size_t start = end;
+    while (start > 0 && path[start - 1] != '/')
+        start--;
+    if (start == end || (end - start == 1 && path[start] == '.')) {
+        *rc = stoke__fail(STOKE_EINVAL, "source '%s': %s: no file name to name its index", spec,
+                          path);
+        return NULL;
+    }
+    size_t n = strlen(dir) + 1 + (end - start) + 5;
+    char *out = malloc(n);
+    if (!out) {
+        *rc = stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);
+        return NULL;
+    }
+    snprintf(out, n, "%s/%.*s.idx", dir, (int)(end - start), path + start);
+    return out;
+}
+
+/* A remote shard into an unlinked file of dir (its descriptor in s->fd, its size in s->size):
+ * one whole-file download with a read's retries, through *pool (created at the first). */
+static int download_shard(const char *spec, const char *dir, stoke__remote_pool **pool,
+                          stoke__tar_shard *s, const char *shown)
+{
+    char why[STOKE__MSG_MAX];
+    int rc = *pool ? STOKE_OK : stoke__remote_pool_create(pool, why, sizeof(why));
+    if (rc)
+        return stoke__fail(rc, "source '%s': %s", spec, why);
+    stoke__remote_file f;
+    rc = stoke__remote_file_init(*pool, s->path, &f, why, sizeof(why));
+    int fd = -1;
+    if (!rc) {
+        fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+        if (fd < 0) {
+            stoke__fmt(why, sizeof(why), "a temporary file in %s: %s", dir, strerror(errno));
+            rc = STOKE_EIO;
+        }
+    }
+    if (!rc)
+        rc = stoke__remote_fetch(*pool, 0, &f, fd, 0, NULL, NULL, &s->size, why, sizeof(why));
+    stoke__remote_file_free(&f);
+    if (rc) {
+        if (fd >= 0)
+            close(fd);
+        return stoke__fail(rc, "source '%s': tar %s: %s", spec, shown, why);
+    }
+    s->fd = fd;
+    return STOKE_OK;
+}
+
+int stoke_tar_write_index_to(const char *pattern, const char *dir, stoke_tar_index_fn fn,
+                             void *ctx)
 {
     if (!pattern || !*pattern)
         return stoke__fail(STOKE_EINVAL, "stoke_tar_write_index: no shard pattern");
-    char spec[128];
-    stoke__fmt(spec, sizeof(spec), "tar:%s", pattern);
+    char spec[128]; /* for messages: without credentials */
+    memcpy(spec, "tar:", 4);
+    stoke__remote_redact(spec + 4, sizeof(spec) - 4, pattern);
+    struct stat st;
+    if (dir && (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)))
+        return stoke__fail(STOKE_EINVAL, "source '%s': %s is not a directory", spec, dir);
     strvec shards = {0};
+    stoke__remote_pool *pool = NULL;
     int rc = expand(spec, pattern, &shards, 0);
     for (size_t i = 0; i < shards.n && !rc; i++) {
         stoke__tar_shard s = {.path = shards.v[i], .fd = -1};
-        if (stoke__remote_is_url(s.path)) {
+        char shown[STOKE__MSG_MAX], *out = NULL;
+        stoke__remote_redact(shown, sizeof(shown), s.path);
+        int remote = stoke__remote_is_url(s.path);
+        if (remote && !dir) {
             rc = stoke__fail(STOKE_EINVAL,
-                             "source '%s': %s is remote: index the shards where they are "
-                             "files, then copy the .idx files next to them",
-                             spec, s.path);
+                             "source '%s': %s is remote: give a directory for its index "
+                             "(stoke index --out DIR), then put DIR's .idx files next to the "
+                             "shards",
+                             spec, shown);
             break;
         }
-        if ((rc = open_shard(spec, &s)) != 0)
+        if (dir && !(out = index_path_in(spec, dir, s.path, &rc)))
             break;
-        char why[640];
-        uint64_t members = 0;
-        rc = stoke__tar_index_write(s.path, s.size, read_shard, &s, &members, why, sizeof(why));
-        close(s.fd);
-        if (rc)
-            rc = stoke__fail(rc, "source '%s': %s", spec, why);
-        else if (fn && fn(ctx, s.path, s.size, members) != 0)
-            rc = stoke__fail(STOKE_ECANCELED, "source '%s': stopped by the callback", spec);
+        rc = remote ? download_shard(spec, dir, &pool, &s, shown) : open_shard(spec, &s);
+        if (!rc) {
+            char why[640];
+            uint64_t members = 0;
+            rc = stoke__tar_index_write(shown, out, s.size, read_shard, &s, &members, why,
+                                        sizeof(why));
+            if (rc)
+                rc = stoke__fail(rc, "source '%s': %s", spec, why);
+            else if (fn && fn(ctx, shown, s.size, members) != 0)
+                rc = stoke__fail(STOKE_ECANCELED, "source '%s': stopped by the callback", spec);
+        }
+        if (s.fd >= 0)
+            close(s.fd);
+        free(out);
     }
+    stoke__remote_pool_destroy(pool);
     strvec_free(&shards);
     return rc;
+}
+
+int stoke_tar_write_index(const char *pattern, stoke_tar_index_fn fn, void *ctx)
+{
+    return stoke_tar_write_index_to(pattern, NULL, fn, ctx);
 }
 
 int stoke_tar_open(const char *args, stoke_dataset *out)
