@@ -1,6 +1,7 @@
-/* stoke index tar:PATTERN [--json]: writes a sidecar index SHARD.idx next to every local shard
- * (stoke_tar_write_index), which a remote tar source fetches in one request instead of walking
- * the shard.  docs/cli.md, "stoke index". */
+/* stoke index tar:PATTERN [--out DIR] [--json]: writes a sidecar index SHARD.idx next to every
+ * local shard (stoke_tar_write_index), or NAME.idx into DIR for every shard, remote ones
+ * included (stoke_tar_write_index_to), which a remote tar source fetches in one request
+ * instead of walking the shard.  docs/cli.md, "stoke index". */
 #define _GNU_SOURCE
 #include <inttypes.h>
 #include <stdio.h>
@@ -10,13 +11,19 @@
 #include "cli.h"
 #include "stoke/stoke.h"
 
-static const char use[] = "usage: stoke index tar:PATTERN [--json]\n"
-                          "  writes SHARD.idx next to every shard of PATTERN (local files):\n"
-                          "  its size and its members' names, offsets and sizes, read by a\n"
-                          "  remote tar: source in one request instead of walking the shard\n";
+static const char use[] =
+    "usage: stoke index tar:PATTERN [--out DIR] [--json]\n"
+    "  writes SHARD.idx next to every shard of PATTERN (local files):\n"
+    "  its size and its members' names, offsets and sizes, read by a\n"
+    "  remote tar: source in one request instead of walking the shard\n"
+    "  --out DIR  writes NAME.idx into DIR instead (NAME: the shard's file\n"
+    "             name); needed for http(s):// and s3:// shards, each then\n"
+    "             downloaded once to index it: upload DIR's .idx files next\n"
+    "             to the shards\n";
 
 typedef struct idx_ctx {
-    FILE *json; /* --json: the shards' entries, printed once all went well */
+    FILE *json;      /* --json: the shards' entries, printed once all went well */
+    const char *dir; /* --out */
     uint64_t n, members, bytes;
 } idx_ctx;
 
@@ -28,7 +35,9 @@ static int on_shard(void *ctx, const char *shard, uint64_t bytes, uint64_t membe
         cli_json_str(c->json, shard);
         fprintf(c->json, ", \"bytes\": %" PRIu64 ", \"members\": %" PRIu64 "}", bytes, members);
     } else {
-        printf("%s.idx: %" PRIu64 " members, shard %" PRIu64 " bytes\n", shard, members, bytes);
+        printf("%s%s: %" PRIu64 " members, shard %" PRIu64 " bytes%s%s%s\n", shard,
+               c->dir ? "" : ".idx", members, bytes, c->dir ? " (its index in " : "",
+               c->dir ? c->dir : "", c->dir ? ")" : "");
     }
     c->n++;
     c->members += members;
@@ -39,10 +48,23 @@ static int on_shard(void *ctx, const char *shard, uint64_t bytes, uint64_t membe
 int cmd_index(int argc, char **argv)
 {
     cli_cmd c = {"index", cli_has_json(argc, argv)};
-    const char *src;
-    int st = cli_words(&c, argc, argv, use, &src, 1);
-    if (st >= 0)
-        return st;
+    const char *src = NULL, *dir = NULL;
+    for (int i = 1; i < argc; i++) {
+        int o = cli_opt(&c, argc, argv, &i, "--out", &dir);
+        if (o < 0)
+            return 2;
+        if (o > 0 || cli_is(argv[i], "--json"))
+            continue;
+        if (cli_is(argv[i], "--help") || cli_is(argv[i], "-h")) {
+            fputs(use, stdout);
+            return 0;
+        }
+        if (argv[i][0] == '-')
+            return cli_fail(&c, 2, "unknown option '%s' (--out DIR, --json)", argv[i]);
+        if (src)
+            return cli_fail(&c, 2, "unexpected argument '%s'", argv[i]);
+        src = argv[i];
+    }
     if (!src) {
         if (!c.json)
             fputs(use, stderr);
@@ -52,10 +74,10 @@ int cmd_index(int argc, char **argv)
         return cli_fail(&c, 2, "'%s': expected tar:PATTERN (shards only, no options)", src);
     char *entries = NULL;
     size_t entries_len = 0;
-    idx_ctx ctx = {c.json ? open_memstream(&entries, &entries_len) : NULL, 0, 0, 0};
+    idx_ctx ctx = {c.json ? open_memstream(&entries, &entries_len) : NULL, dir, 0, 0, 0};
     if (c.json && !ctx.json)
         return cli_fail(&c, 1, "out of memory");
-    int rc = stoke_tar_write_index(src + 4, on_shard, &ctx);
+    int rc = stoke_tar_write_index_to(src + 4, dir, on_shard, &ctx);
     if (ctx.json)
         fclose(ctx.json);
     if (rc != STOKE_OK) {

@@ -71,11 +71,15 @@ const uint64_t *cmd_load_spans(load_run *r, const stoke_batch *b)
     if (!len || !r->spans)
         return NULL;
     size_t n = stoke_batch_count(b), unit = f->bytes / (size_t)f->max_len;
-    int64_t shape[2];
-    int nd = 0;
-    uint64_t row = 0; /* padded: the batch's length L, in bytes */
-    if (!off && stoke_batch_shape(b, 0, shape, 2, &nd) == STOKE_OK && nd == 2)
+    int nd = stoke_batch_ndim(b, 0);
+    int64_t *shape = nd >= 2 ? calloc((size_t)nd, sizeof(*shape)) : NULL;
+    uint64_t row = 0; /* padded: the batch's length L (shape[1], any later dimensions are a
+                         row's unit), in bytes */
+    if (!off && shape && stoke_batch_shape(b, 0, shape, nd, &nd) == STOKE_OK && nd >= 2)
         row = (uint64_t)shape[1] * unit;
+    free(shape);
+    if (!off && !row && n > 1)
+        return NULL; /* (out of memory) the batch's bytes as stacked samples */
     for (size_t i = 0; i < n; i++) {
         r->spans[2 * i] = off ? (uint64_t)off[i] * unit : i * row;
         r->spans[2 * i + 1] = (uint64_t)len[i] * unit;

@@ -257,6 +257,16 @@ STOKE_API int stoke_npy_remote_stats(const stoke_dataset *ds, stoke_remote_stats
 typedef int (*stoke_tar_index_fn)(void *ctx, const char *shard, uint64_t shard_bytes,
                                   uint64_t members);
 STOKE_API int stoke_tar_write_index(const char *pattern, stoke_tar_index_fn fn, void *ctx);
+/* As stoke_tar_write_index, with each index written to DIR/NAME.idx instead (NAME the shard's
+ * file name: a URL's last path segment, its query left out), so that shards already in a
+ * store can be indexed: an http(s):// or s3:// shard (credentials, endpoint and retries as a
+ * remote tar source's) is downloaded once, whole, into an unlinked file of dir, walked and
+ * checksummed there; put the .idx files next to the shards (a store: upload them under the
+ * same prefix).  dir NULL: stoke_tar_write_index (URLs are then STOKE_EINVAL).  fn gets the
+ * shard as a URL without credentials.  Errors as stoke_tar_write_index's, and STOKE_EINVAL
+ * when dir is not a directory, the download's (STOKE_ENOENT for a 404, STOKE_EIO, ...). */
+STOKE_API int stoke_tar_write_index_to(const char *pattern, const char *dir,
+                                       stoke_tar_index_fn fn, void *ctx);
 
 /* ---- the cache of remote shards -------------------------------------------------------------
  * STOKE_CACHE_DIR holds whole copies of remote shards, shared by the processes of a node

@@ -90,6 +90,11 @@ void stoke__remote_pool_stats(const stoke__remote_pool *p, stoke__remote_stats *
     (void)p;
     memset(out, 0, sizeof(*out));
 }
+int stoke__remote_pool_connections(const stoke__remote_pool *p)
+{
+    (void)p;
+    return 1;
+}
 int stoke__remote_file_init(const stoke__remote_pool *p, const char *url, stoke__remote_file *f,
                             char *why, size_t why_len)
 {
@@ -228,6 +233,11 @@ void stoke__remote_pool_stats(const stoke__remote_pool *p, stoke__remote_stats *
     out->retries = atomic_load(&p->n->retries_done);
     out->bytes = atomic_load(&p->n->bytes);
     out->wait_ns = atomic_load(&p->n->wait_ns);
+}
+
+int stoke__remote_pool_connections(const stoke__remote_pool *p)
+{
+    return p->connections < 1 ? 1 : p->connections;
 }
 
 void stoke__remote_pool_destroy(stoke__remote_pool *p)
@@ -750,7 +760,7 @@ static int read_batch(stoke__remote_pool *p, int slot_i, stoke__remote_req *r, s
     /* each request's own message: a request that ends after the failing one (in the same
      * round, or retried later) must not overwrite the failing one's */
     char(*msg)[STOKE__MSG_MAX] = calloc(n, sizeof(*msg));
-    int k = p->connections < 1 ? 1 : p->connections;
+    int k = stoke__remote_pool_connections(p);
     if (k > (int)n)
         k = (int)n;
     int rc = x && msg && (k < 2 || multi_ready(p, s, k) == STOKE_OK) ? STOKE_OK : STOKE_ENOMEM;

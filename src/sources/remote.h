@@ -59,6 +59,9 @@ typedef struct stoke__remote_stats {
                          lock included */
 } stoke__remote_stats;
 void stoke__remote_pool_stats(const stoke__remote_pool *p, stoke__remote_stats *out);
+/* How many requests a read_many of the pool runs at once (STOKE_REMOTE_CONNECTIONS, at least
+ * 1; 1 without libcurl). */
+int stoke__remote_pool_connections(const stoke__remote_pool *p);
 
 /* One remote file: `url` as written (for messages, with any user:password@ removed), and what
  * is requested (an s3:// URL becomes the endpoint's, signed). */

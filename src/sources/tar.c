@@ -392,6 +392,7 @@ static void tar_close(void *user)
     free(t->image_opts);
     free(t->ragged_opt[0]);
     free(t->ragged_opt[1]);
+    free(t->max_len_opt);
     free(t);
 }
 
@@ -477,7 +478,8 @@ static int tar_read(void *user, const uint64_t *indices, size_t count, const sto
             *err_index = indices[j];
     }
     for (size_t j = 0; j < count; j++)
-        free((void *)io[j].win);
+        if (!io[j].borrowed)
+            free((void *)io[j].win);
     free(io);
     free(dst);
     return rc;
@@ -576,6 +578,64 @@ static int parse_u64(const char *val, uint64_t *out)
     return 0;
 }
 
+/* max_len=N (every ragged and packed field) or max_len=EXT:N:EXT:N: the most units (bytes of a
+ * raw member, rows of a .npy one) of a field's member that a sample holds, its slot.  Needed by
+ * each ragged field with mode=stream, which does not know the longest member; with the index
+ * the slot is the smaller of it and the longest.  A longer member is a bad sample (the loader's
+ * length check), or cut to max_len with `truncate` (the loader's truncated_samples). */
+static int mark_max_len(const char *spec, stoke__tar_ds *t)
+{
+    const char *opt = t->max_len_opt, *p = opt;
+    int any = 0;
+    for (int k = 0; k < t->nf; k++)
+        any |= t->f[k].ragged != 0;
+    if ((opt || t->truncate) && !any)
+        return stoke__fail(STOKE_EINVAL, "source '%s': %s is for ragged= and packed= fields",
+                           spec, opt ? "max_len=" : "truncate");
+    if (t->truncate && !opt)
+        return stoke__fail(STOKE_EINVAL, "source '%s': truncate goes with max_len=N", spec);
+    uint64_t v = 0;
+    if (opt && (!*opt || (parse_u64(opt, &v) == 0 && (v == 0 || v > INT32_MAX))))
+        return stoke__fail(STOKE_EINVAL, "source '%s': max_len=%s: a count from 1 to %d", spec,
+                           opt, INT32_MAX);
+    if (opt && parse_u64(opt, &v) == 0) {
+        for (int k = 0; k < t->nf; k++)
+            if (t->f[k].ragged)
+                t->f[k].max_len = (int64_t)v;
+        p = NULL;
+    }
+    while (p && *p) {
+        size_t n = strcspn(p, ":");
+        int k = -1;
+        for (int j = 0; j < t->nf && k < 0; j++)
+            if (t->f[j].ragged && strlen(t->f[j].ext) == n && memcmp(t->f[j].ext, p, n) == 0)
+                k = j;
+        if (k < 0)
+            return stoke__fail(STOKE_EINVAL,
+                               "source '%s': max_len=%s: '%.*s' is not a ragged or packed "
+                               "field (max_len=N, or max_len=EXT:N:EXT:N)",
+                               spec, opt, (int)n, p);
+        p += n + (p[n] == ':');
+        char num[24] = "";
+        size_t m = strcspn(p, ":");
+        if (m < sizeof(num))
+            memcpy(num, p, m);
+        if (!m || m >= sizeof(num) || parse_u64(num, &v) != 0 || v == 0 || v > INT32_MAX)
+            return stoke__fail(STOKE_EINVAL, "source '%s': max_len=%s: field '%s' needs a "
+                               "count from 1 to %d", spec, opt, t->f[k].ext, INT32_MAX);
+        t->f[k].max_len = (int64_t)v;
+        p += m + (p[m] == ':');
+    }
+    for (int k = 0; t->stream && k < t->nf; k++)
+        if (t->f[k].ragged && !t->f[k].max_len)
+            return stoke__fail(STOKE_ENOTSUP,
+                               "source '%s': field '%s' is ragged: with mode=stream give its "
+                               "max_len= (the most bytes, or .npy rows, of its member: the "
+                               "longest is known only after reading every shard)",
+                               spec, t->f[k].ext);
+    return STOKE_OK;
+}
+
 /* The streaming mode's options (mode=stream|map, shuffle_buffer=, seed=, rank=, world_size=):
  * 1 when o is one (set in t), 0 when not, or the error recorded. */
 static int stream_option(const char *spec, stoke__tar_ds *t, const char *o, const char *val)
@@ -641,6 +701,16 @@ static int parse_options(const char *spec, stoke__tar_ds *t, char *opts)
                 return stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);
             continue;
         }
+        if (strcmp(o, "max_len") == 0 || (strcmp(o, "truncate") == 0 && !eq)) {
+            if (*o == 't') {
+                t->truncate = 1;
+                continue;
+            }
+            free(t->max_len_opt);
+            if (!(t->max_len_opt = strdup(val)))
+                return stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);
+            continue;
+        }
         int sm = stream_option(spec, t, o, val);
         if (sm < 0)
             return sm;
@@ -653,7 +723,8 @@ static int parse_options(const char *spec, stoke__tar_ds *t, char *opts)
         if (used == 0)
             return stoke__fail(STOKE_EINVAL,
                                "source '%s': unknown option '%s' (fields=EXT:EXT, "
-                               "ragged=EXT:EXT, packed=EXT:EXT, mode=stream, shuffle_buffer=N, "
+                               "ragged=EXT:EXT, packed=EXT:EXT, max_len=N, truncate, "
+                               "mode=stream, shuffle_buffer=N, "
                                "seed=N, rank=R, world_size=W%s)",
                                spec, o,
                                hk ? ", or an image option"
@@ -665,10 +736,11 @@ static int parse_options(const char *spec, stoke__tar_ds *t, char *opts)
 /* The streaming mode's options checked, rank and world from the environment when not given. */
 static int stream_check(const char *spec, stoke__tar_ds *t)
 {
-    if (t->ragged_opt[0] || t->ragged_opt[1])
+    if ((t->ragged_opt[0] || t->ragged_opt[1]) && !t->max_len_opt)
         return stoke__fail(STOKE_ENOTSUP,
-                           "source '%s': ragged= and packed= need the longest member, known "
-                           "only after reading every shard: not with mode=stream",
+                           "source '%s': ragged= and packed= with mode=stream need max_len=N "
+                           "(the most bytes, or .npy rows, of a member: the longest is known "
+                           "only after reading every shard)",
                            spec);
     if ((t->rank < 0) != (t->world < 0))
         return stoke__fail(STOKE_EINVAL, "source '%s': rank= and world_size= go together", spec);
@@ -747,6 +819,8 @@ static int tar_open(const char *spec, const char *args, stoke__tar_ds *t, stoke_
     for (int rg = 0; !rc && rg < 2; rg++)
         rc = mark_ragged(spec, t, rg);
     if (!rc)
+        rc = mark_max_len(spec, t);
+    if (!rc)
         rc = stoke__tar_build_index(spec, t, sc);
     for (int k = 0; !rc && k < t->nf; k++)
         rc = stoke__tar_describe_field(t, k, spec, io);
@@ -756,36 +830,112 @@ static int tar_open(const char *spec, const char *args, stoke__tar_ds *t, stoke_
     return rc;
 }
 
-int stoke_tar_write_index(const char *pattern, stoke_tar_index_fn fn, void *ctx)
+/* DIR/NAME.idx for the shard at `path` (a file path or URL: NAME its last path segment, a
+ * URL's query and fragment left out), malloc'd; NULL with *rc set when there is no name. */
+static char *index_path_in(const char *spec, const char *dir, const char *path, int *rc)
+{
+    size_t end = strcspn(path, stoke__remote_is_url(path) ? "?#" : "");
+    size_t start = end;
+    while (start > 0 && path[start - 1] != '/')
+        start--;
+    if (start == end || (end - start == 1 && path[start] == '.')) {
+        *rc = stoke__fail(STOKE_EINVAL, "source '%s': %s: no file name to name its index", spec,
+                          path);
+        return NULL;
+    }
+    size_t n = strlen(dir) + 1 + (end - start) + 5;
+    char *out = malloc(n);
+    if (!out) {
+        *rc = stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);
+        return NULL;
+    }
+    snprintf(out, n, "%s/%.*s.idx", dir, (int)(end - start), path + start);
+    return out;
+}
+
+/* A remote shard into an unlinked file of dir (its descriptor in s->fd, its size in s->size):
+ * one whole-file download with a read's retries, through *pool (created at the first). */
+static int download_shard(const char *spec, const char *dir, stoke__remote_pool **pool,
+                          stoke__tar_shard *s, const char *shown)
+{
+    char why[STOKE__MSG_MAX];
+    int rc = *pool ? STOKE_OK : stoke__remote_pool_create(pool, why, sizeof(why));
+    if (rc)
+        return stoke__fail(rc, "source '%s': %s", spec, why);
+    stoke__remote_file f;
+    rc = stoke__remote_file_init(*pool, s->path, &f, why, sizeof(why));
+    int fd = -1;
+    if (!rc) {
+        fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+        if (fd < 0) {
+            stoke__fmt(why, sizeof(why), "a temporary file in %s: %s", dir, strerror(errno));
+            rc = STOKE_EIO;
+        }
+    }
+    if (!rc)
+        rc = stoke__remote_fetch(*pool, 0, &f, fd, 0, NULL, NULL, &s->size, why, sizeof(why));
+    stoke__remote_file_free(&f);
+    if (rc) {
+        if (fd >= 0)
+            close(fd);
+        return stoke__fail(rc, "source '%s': tar %s: %s", spec, shown, why);
+    }
+    s->fd = fd;
+    return STOKE_OK;
+}
+
+int stoke_tar_write_index_to(const char *pattern, const char *dir, stoke_tar_index_fn fn,
+                             void *ctx)
 {
     if (!pattern || !*pattern)
         return stoke__fail(STOKE_EINVAL, "stoke_tar_write_index: no shard pattern");
-    char spec[128];
-    stoke__fmt(spec, sizeof(spec), "tar:%s", pattern);
+    char spec[128]; /* for messages: without credentials */
+    memcpy(spec, "tar:", 4);
+    stoke__remote_redact(spec + 4, sizeof(spec) - 4, pattern);
+    struct stat st;
+    if (dir && (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)))
+        return stoke__fail(STOKE_EINVAL, "source '%s': %s is not a directory", spec, dir);
     strvec shards = {0};
+    stoke__remote_pool *pool = NULL;
     int rc = expand(spec, pattern, &shards, 0);
     for (size_t i = 0; i < shards.n && !rc; i++) {
         stoke__tar_shard s = {.path = shards.v[i], .fd = -1};
-        if (stoke__remote_is_url(s.path)) {
+        char shown[STOKE__MSG_MAX], *out = NULL;
+        stoke__remote_redact(shown, sizeof(shown), s.path);
+        int remote = stoke__remote_is_url(s.path);
+        if (remote && !dir) {
             rc = stoke__fail(STOKE_EINVAL,
-                             "source '%s': %s is remote: index the shards where they are "
-                             "files, then copy the .idx files next to them",
-                             spec, s.path);
+                             "source '%s': %s is remote: give a directory for its index "
+                             "(stoke index --out DIR), then put DIR's .idx files next to the "
+                             "shards",
+                             spec, shown);
             break;
         }
-        if ((rc = open_shard(spec, &s)) != 0)
+        if (dir && !(out = index_path_in(spec, dir, s.path, &rc)))
             break;
-        char why[640];
-        uint64_t members = 0;
-        rc = stoke__tar_index_write(s.path, s.size, read_shard, &s, &members, why, sizeof(why));
-        close(s.fd);
-        if (rc)
-            rc = stoke__fail(rc, "source '%s': %s", spec, why);
-        else if (fn && fn(ctx, s.path, s.size, members) != 0)
-            rc = stoke__fail(STOKE_ECANCELED, "source '%s': stopped by the callback", spec);
+        rc = remote ? download_shard(spec, dir, &pool, &s, shown) : open_shard(spec, &s);
+        if (!rc) {
+            char why[640];
+            uint64_t members = 0;
+            rc = stoke__tar_index_write(shown, out, s.size, read_shard, &s, &members, why,
+                                        sizeof(why));
+            if (rc)
+                rc = stoke__fail(rc, "source '%s': %s", spec, why);
+            else if (fn && fn(ctx, shown, s.size, members) != 0)
+                rc = stoke__fail(STOKE_ECANCELED, "source '%s': stopped by the callback", spec);
+        }
+        if (s.fd >= 0)
+            close(s.fd);
+        free(out);
     }
+    stoke__remote_pool_destroy(pool);
     strvec_free(&shards);
     return rc;
+}
+
+int stoke_tar_write_index(const char *pattern, stoke_tar_index_fn fn, void *ctx)
+{
+    return stoke_tar_write_index_to(pattern, NULL, fn, ctx);
 }
 
 int stoke_tar_open(const char *args, stoke_dataset *out)

@@ -223,57 +223,115 @@ int stoke__tar_fetch_sample(const stoke__tar_ds *t, uint64_t i, void *const dst[
     return STOKE_OK;
 }
 
+/* A sample of a batch read (fetch_batch): its place j in the batch, its shard, the bytes
+ * [lo, hi) of the members read and the field of the first. */
+typedef struct span {
+    size_t j;
+    int shard, first;
+    uint64_t lo, hi;
+} span;
+
+static int span_order(const void *a_, const void *b_)
+{
+    const span *a = a_, *b = b_;
+    if (a->shard != b->shard)
+        return a->shard < b->shard ? -1 : 1;
+    if (a->lo != b->lo)
+        return a->lo < b->lo ? -1 : 1;
+    return a->j < b->j ? -1 : a->j > b->j;
+}
+
+/* The end of the request that starts at sp[a] (sorted by shard and offset): the neighbours
+ * after it in its shard while each is at most COALESCE_GAP past the bytes before it, the
+ * window stays within COALESCE_MAX and the bytes asked for within share. */
+static size_t span_run(const span *sp, size_t m, size_t a, uint64_t share, uint64_t *hi_)
+{
+    uint64_t lo = sp[a].lo, hi = sp[a].hi, want = hi - lo;
+    size_t b = a + 1;
+    for (; b < m && sp[b].shard == sp[a].shard && sp[b].lo <= hi + COALESCE_GAP; b++) {
+        uint64_t end = sp[b].hi > hi ? sp[b].hi : hi, n = sp[b].hi - sp[b].lo;
+        if (end - lo > COALESCE_MAX || want + n > share)
+            break;
+        hi = end;
+        want += n;
+    }
+    *hi_ = hi;
+    return b;
+}
+
 int stoke__tar_fetch_batch(const stoke__tar_ds *t, const uint64_t *idx, size_t count,
                            void *const *dst, stoke__tar_io *io, char *msg, size_t msg_len,
                            size_t *bad)
 {
     *bad = count;
-    stoke__remote_req *r = calloc(count ? count : 1, sizeof(*r));
-    size_t *of = calloc(count ? count : 1, sizeof(*of)); /* r[m] is sample of[m]'s */
-    int *firsts = calloc(count ? count : 1, sizeof(*firsts));
+    span *sp = calloc(count ? count : 1, sizeof(*sp));
     size_t m = 0;
-    for (size_t j = 0; r && of && firsts && j < count; j++) {
-        uint64_t i = idx[j], lo, hi;
+    uint64_t bytes = 0;
+    for (size_t j = 0; sp && j < count; j++) {
+        uint64_t i = idx[j];
         if (i >= t->n)
             continue;
         const stoke__tar_shard *s = &t->shards[t->shard_of[i]];
+        span v = {.j = j, .shard = t->shard_of[i]};
         if (!s->remote || t->cache ||
-            !sample_span(t, i, dst + j * (size_t)t->nf, 1, &lo, &hi, &firsts[m]))
+            !sample_span(t, i, dst + j * (size_t)t->nf, 1, &v.lo, &v.hi, &v.first))
             continue;
-        char *buf = malloc((size_t)(hi - lo));
-        if (!buf)
-            continue; /* read field by field by get's path */
-        r[m] = (stoke__remote_req){.f = &s->rf, .buf = buf, .n = (size_t)(hi - lo), .off = lo};
-        of[m++] = j;
+        sp[m++] = v;
+        bytes += v.hi - v.lo;
+    }
+    /* requests: runs of neighbours, each about a connection's share of the batch's bytes */
+    stoke__remote_req *r = calloc(m ? m : 1, sizeof(*r));
+    size_t *run = calloc(2 * m + 1, sizeof(*run)); /* request q: sp[run[2q] .. run[2q + 1]) */
+    size_t nr = 0;
+    if (sp && r && run) {
+        const int conns = stoke__remote_pool_connections(t->pool);
+        const uint64_t share = (bytes + (uint64_t)conns - 1) / (uint64_t)conns;
+        qsort(sp, m, sizeof(*sp), span_order);
+        for (size_t a = 0, b; a < m; a = b) {
+            uint64_t hi;
+            b = span_run(sp, m, a, share, &hi);
+            char *buf = malloc((size_t)(hi - sp[a].lo));
+            if (!buf) /* these samples are read field by field by get's path */
+                continue;
+            r[nr] = (stoke__remote_req){.f = &t->shards[sp[a].shard].rf, .buf = buf,
+                                        .n = (size_t)(hi - sp[a].lo), .off = sp[a].lo};
+            run[2 * nr] = a;
+            run[2 * nr++ + 1] = b;
+        }
     }
     int rc = STOKE_OK;
-    if (m) {
+    if (nr) {
         char why[STOKE__MSG_MAX];
-        size_t failed = m;
-        rc = stoke__remote_read_many(t->pool, io[0].worker, r, m, &failed, why, sizeof(why));
-        for (size_t q = 0; !rc && q < m; q++) {
-            rc = index_stale(&t->shards[t->shard_of[idx[of[q]]]], r[q].total, why, sizeof(why));
+        size_t failed = nr;
+        rc = stoke__remote_read_many(t->pool, io[0].worker, r, nr, &failed, why, sizeof(why));
+        for (size_t q = 0; !rc && q < nr; q++) {
+            rc = index_stale(&t->shards[sp[run[2 * q]].shard], r[q].total, why, sizeof(why));
             if (rc)
                 failed = q;
         }
         if (rc) {
-            size_t q = failed < m ? failed : 0;
-            *bad = of[q];
-            rc = field_fail(t, idx[of[q]], firsts[q], msg, msg_len, rc, "%s", why);
+            const span *f = &sp[run[2 * (failed < nr ? failed : 0)]];
+            *bad = f->j;
+            rc = field_fail(t, idx[f->j], f->first, msg, msg_len, rc, "%s", why);
         }
-        for (size_t q = 0; q < m; q++) {
+        for (size_t q = 0; q < nr; q++) {
             if (rc) {
                 free(r[q].buf);
                 continue;
             }
-            io[of[q]].win = r[q].buf; /* freed by the caller */
-            io[of[q]].win_off = r[q].off;
-            io[of[q]].win_len = r[q].got;
+            for (size_t k = run[2 * q]; k < run[2 * q + 1]; k++) {
+                size_t d = (size_t)(sp[k].lo - r[q].off);
+                io[sp[k].j] = (stoke__tar_io){.worker = io[sp[k].j].worker,
+                                              .win = (const char *)r[q].buf + d,
+                                              .win_off = sp[k].lo,
+                                              .win_len = r[q].got > d ? r[q].got - d : 0,
+                                              .borrowed = k != run[2 * q]};
+            }
         }
     }
     free(r);
-    free(of);
-    free(firsts);
+    free(run);
+    free(sp);
     return rc;
 }
 
@@ -368,13 +426,14 @@ static int read_npy(const stoke__tar_ds *t, uint64_t i, int k, const stoke__tar_
                           h.descr, h.ndim, t->f[k].npy_descr, f->ndim,
                           ragged ? " but for the first dimension" : "");
     size_t bytes = f->bytes;
-    if (ragged) { /* at most max_len rows: an upper bound from the member's size */
+    if (ragged) { /* at most max_len rows (the slot): the loader cuts or refuses the rest by
+                     the length, which is the member's */
         size_t unit = f->bytes / (size_t)f->max_len;
-        if (h.shape[0] > f->max_len)
-            return field_fail(t, i, k, msg, msg_len, STOKE_EFORMAT,
+        if (h.shape[0] > f->max_len && !len)
+            return field_fail(t, i, k, msg, msg_len, STOKE_ELIMIT,
                               "%lld rows, more than the field's max_len %lld",
                               (long long)h.shape[0], (long long)f->max_len);
-        bytes = (size_t)h.shape[0] * unit;
+        bytes = (size_t)(h.shape[0] < f->max_len ? h.shape[0] : f->max_len) * unit;
         if (len)
             *len = h.shape[0];
     }
@@ -435,10 +494,17 @@ int stoke__tar_read_field(const stoke__tar_ds *t, uint64_t i, int k, void *dst, 
     case STOKE__TAR_IMAGE: return read_image(t, i, k, L, dst, io, msg, msg_len);
     default: break;
     }
-    if (t->f[k].ragged) { /* at most max_len, the largest member (the index's) */
+    if (t->f[k].ragged) { /* at most max_len bytes (the slot): the loader cuts or refuses the
+                             rest by the length, which is the member's */
+        uint64_t room = (uint64_t)t->fields[k].max_len;
+        if (L->size > room && !len)
+            return field_fail(t, i, k, msg, msg_len, STOKE_ELIMIT,
+                              "member of %" PRIu64 " bytes, more than the field's max_len %" PRIu64,
+                              L->size, room);
         if (len)
             *len = (int64_t)L->size;
-        return shard_read(t, i, k, dst, (size_t)L->size, L->off, io, msg, msg_len);
+        return shard_read(t, i, k, dst, (size_t)(L->size < room ? L->size : room), L->off, io,
+                          msg, msg_len);
     }
     if (L->size != t->fields[k].bytes)
         return field_fail(t, i, k, msg, msg_len, STOKE_EFORMAT,
@@ -458,6 +524,16 @@ static uint64_t longest_member(const stoke__tar_ds *t, int k)
             most = M->size;
     }
     return most;
+}
+
+/* A ragged field's max_len: max_len= where given (mode=stream: as given; with the index: at
+ * most the units the longest member holds, `most`), else `most`; at least 1. */
+static int64_t ragged_room(const stoke__tar_ds *t, int k, uint64_t most)
+{
+    uint64_t room = most;
+    if (t->f[k].max_len && (t->stream || (uint64_t)t->f[k].max_len < most))
+        room = (uint64_t)t->f[k].max_len;
+    return room ? (int64_t)room : 1;
 }
 
 int stoke__tar_describe_field(stoke__tar_ds *t, int k, const char *spec, const stoke__tar_io *io)
@@ -505,8 +581,9 @@ int stoke__tar_describe_field(stoke__tar_ds *t, int k, const char *spec, const s
             /* the data of a member follows at least its 10-byte preamble */
             uint64_t rows = unit && most > 10 ? (most - 10) / unit : 1;
             t->shapes[k][0] = STOKE_DIM_VAR;
-            f->max_len = rows > 0 ? (int64_t)rows : 1;
+            f->max_len = ragged_room(t, k, rows);
             f->collate = t->f[k].ragged - 1;
+            f->truncate = t->truncate;
         }
         break;
     }
@@ -531,10 +608,10 @@ int stoke__tar_describe_field(stoke__tar_ds *t, int k, const char *spec, const s
         f->ndim = 1;
         t->shapes[k][0] = (int64_t)L->size;
         if (t->f[k].ragged) { /* as long as the longest member */
-            uint64_t most = longest_member(t, k);
             t->shapes[k][0] = STOKE_DIM_VAR;
-            f->max_len = most ? (int64_t)most : 1;
+            f->max_len = ragged_room(t, k, longest_member(t, k));
             f->collate = t->f[k].ragged - 1;
+            f->truncate = t->truncate;
         }
         break;
     }

@@ -69,8 +69,9 @@ int stoke__crc32_of(stoke__tar_read_fn read, void *ctx, uint64_t size, uint32_t 
 #endif
 }
 
-int stoke__tar_index_write(const char *path, uint64_t shard_size, stoke__tar_read_fn read,
-                           void *read_ctx, uint64_t *members, char *why, size_t why_len)
+int stoke__tar_index_write(const char *path, const char *out, uint64_t shard_size,
+                           stoke__tar_read_fn read, void *read_ctx, uint64_t *members, char *why,
+                           size_t why_len)
 {
     char *body = NULL, *idx = NULL, *tmp = NULL;
     size_t body_len = 0;
@@ -102,14 +103,14 @@ int stoke__tar_index_write(const char *path, uint64_t shard_size, stoke__tar_rea
                                      MAGIC "2\nshard-bytes %" PRIu64 "\nshard-crc32 %08" PRIx32
                                            "\nmembers %" PRIu64 "\n",
                                      shard_size, crc, w.n);
-    size_t plen = strlen(path);
-    if (!rc && ((idx = malloc(plen + 5)) == NULL || (tmp = malloc(plen + 40)) == NULL)) {
+    size_t plen = strlen(out ? out : path) + 4;
+    if (!rc && ((idx = malloc(plen + 1)) == NULL || (tmp = malloc(plen + 40)) == NULL)) {
         stoke__fmt(why, why_len, "tar %s: out of memory", path);
         rc = STOKE_ENOMEM;
     }
     if (!rc) {
-        snprintf(idx, plen + 5, "%s.idx", path);
-        snprintf(tmp, plen + 40, "%s.idx.tmp.%ld", path, (long)getpid());
+        snprintf(idx, plen + 1, "%s%s", out ? out : path, out ? "" : ".idx");
+        snprintf(tmp, plen + 40, "%s.tmp.%ld", idx, (long)getpid());
     }
     if (!rc) {
         int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);

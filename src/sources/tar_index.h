@@ -22,10 +22,12 @@
 /* The longest index we fetch or parse. */
 #define STOKE__TAR_INDEX_MAX ((size_t)1 << 30)
 
-/* Walks the local shard `path` (shard_size bytes, read through read/read_ctx), reads it whole
- * for its CRC-32 (with zlib) and writes path + ".idx" atomically (a temporary name in the same
- * directory, fsync, rename): 0 with *members, or an error code with why (naming the file).  */
-int stoke__tar_index_write(const char *path, uint64_t shard_size, stoke__tar_read_fn read,
+/* Walks the shard `path` (for messages; shard_size bytes, read through read/read_ctx), reads it
+ * whole for its CRC-32 (with zlib) and writes the index to `out` (NULL: path + ".idx")
+ * atomically (a temporary name in the same directory, fsync, rename): 0 with *members, or an
+ * error code with why (naming the file).  */
+int stoke__tar_index_write(const char *path, const char *out, uint64_t shard_size,
+                           stoke__tar_read_fn read,
                            void *read_ctx, uint64_t *members, char *why, size_t why_len);
 
 /* Parses an index of len bytes: 0 with *shard_size and *crc (the shard's CRC-32, or -1 for a

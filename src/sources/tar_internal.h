@@ -52,6 +52,7 @@ typedef struct stoke__tar_field {
     char ext[64];
     int kind;
     int ragged; /* RAW: 0 one size, else 1 + stoke_collate (ragged= / packed= options) */
+    int64_t max_len; /* a ragged field's max_len= (bytes, or .npy rows); 0: the longest member */
     char npy_descr[32];
 } stoke__tar_field;
 
@@ -78,6 +79,8 @@ typedef struct stoke__tar_ds {
     stoke_field fields[STOKE__TAR_MAX_FIELDS];
     int64_t shapes[STOKE__TAR_MAX_FIELDS][STOKE__NPY_MAX_NDIM]; /* fields[k].shape */
     char *ragged_opt[2];      /* the ragged= and packed= lists, until the fields are known */
+    char *max_len_opt;        /* max_len= (N, or EXT:N:EXT:N), until the fields are known */
+    int truncate;             /* `truncate`: a ragged member past max_len is cut, not bad */
     uint64_t n;               /* samples */
     uint32_t *shard_of;       /* n */
     uint64_t *key_at;         /* n: offset of the sample's key in keys */
@@ -151,6 +154,7 @@ typedef struct stoke__tar_io {
     const char *win; /* the shard's bytes [win_off, win_off + win_len); NULL: none */
     uint64_t win_off;
     size_t win_len;
+    int borrowed; /* win is inside another io's window of the batch (not to be freed) */
 } stoke__tar_io;
 
 /* For a remote shard read by range (no cache): fetches the members of sample i's fields
@@ -162,12 +166,15 @@ typedef struct stoke__tar_io {
 int stoke__tar_fetch_sample(const stoke__tar_ds *t, uint64_t i, void *const dst[],
                             stoke__tar_io *io, char *msg, size_t msg_len);
 /* For a batch of samples idx[0 .. count) (read()): the windows of every sample of a remote
- * shard read by range (no cache), its members that dst[j * nf + k] asks for in one request
- * each even when there is only one, fetched together with stoke__remote_read_many (several
- * requests in flight) through the slot of io[0].worker, into io[j] (the caller frees each
- * io[j].win).  Samples that are local, cached, out of range or whose members are far apart
- * get no window (read as get() reads them).  STOKE_OK, or the first failing request's error
- * with msg as stoke__tar_read_field's and *bad its j (no window is then left). */
+ * shard read by range (no cache), its members that dst[j * nf + k] asks for, fetched together
+ * with stoke__remote_read_many (several requests in flight) through the slot of io[0].worker,
+ * into io[j].  Neighbouring samples of one shard (at most COALESCE_GAP apart) share a request
+ * while it stays within the batch's bytes / STOKE_REMOTE_CONNECTIONS (so that every connection
+ * still has a request) and COALESCE_MAX: the first of them owns the window, the others borrow
+ * it (io[j].borrowed; the caller frees each io[j].win that is not borrowed, after the batch).
+ * Samples that are local, cached, out of range or whose members are far apart get no window
+ * (read as get() reads them).  STOKE_OK, or the first failing request's error with msg as
+ * stoke__tar_read_field's and *bad the j of its first sample (no window is then left). */
 int stoke__tar_fetch_batch(const stoke__tar_ds *t, const uint64_t *idx, size_t count,
                            void *const *dst, stoke__tar_io *io, char *msg, size_t msg_len,
                            size_t *bad);

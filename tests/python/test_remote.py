@@ -129,6 +129,47 @@ try:
     T.check(len(rows) >= 4 * len(conns),
             "%d requests on %d connections: no keep-alive" % (len(rows), len(conns)))
 
+    # --- neighbours share a request: a batch's samples next to each other in a shard go in
+    # requests of about the batch's bytes / STOKE_REMOTE_CONNECTIONS each (whole samples, in
+    # the shard's order); with one connection, a shard's batch is one request -----------------
+    def span(sh, i):  # sample i of shard sh: its first byte (.bin) and last (.txt)
+        key = "s%03d_%03d" % (sh, i)
+        return offsets[sh][key + ".bin"], offsets[sh][key + ".txt"] + sizes[sh][key] - 1
+
+    for conns_env in ("0", "3"):
+        mark = len(S.access_log(os.path.join(work, "nginx")))
+        what = "neighbours, STOKE_REMOTE_CONNECTIONS=" + conns_env
+        # batch 12, sequential: each batch is one shard's 12 samples (timed pass, hash pass)
+        same_as_local(base, root, what, "--workers", "0", "--batch-size", "12",
+                      orders=ORDERS[:1], env={"STOKE_REMOTE_CONNECTIONS": conns_env})
+        nrows = S.access_log(os.path.join(work, "nginx"))[mark:]
+        for sh in range(NSHARDS):
+            spans = [span(sh, i) for i in range(12)]
+            firsts = [a for a, _ in spans]
+            got = sorted(tuple(int(x) for x in r[3][len("bytes="):].split("-")) for r in nrows
+                         if r[4] == "/shard-%06d.tar" % sh and r[3].startswith("bytes=")
+                         and int(r[3][len("bytes="):].split("-")[0]) in firsts)
+            # each request: samples a..b-1 whole; together, every sample twice (two passes)
+            runs = []
+            for lo, hi in got:
+                a = firsts.index(lo)
+                b = next((k + 1 for k in range(a, 12) if spans[k][1] == hi), None)
+                T.check(b is not None, "%s: shard %d: bytes=%d-%d ends inside a sample"
+                        % (what, sh, lo, hi))
+                runs.append((a, b))
+            cover = sorted(k for a, b in runs for k in range(a, b or a))
+            T.check(cover == sorted(list(range(12)) * 2),
+                    "%s: shard %d: the requests' samples %s" % (what, sh, runs))
+            if conns_env == "0":
+                T.check(runs == [(0, 12), (0, 12)], "%s: shard %d: %s, not one request a pass"
+                        % (what, sh, runs))
+            else:  # 3 or more a pass, some of them with neighbours
+                n = sum(spans[k][1] - spans[k][0] + 1 for k in range(12))
+                T.check(6 <= len(runs) < 24 and all(
+                    b - a == 1 or sum(spans[k][1] - spans[k][0] + 1 for k in range(a, b))
+                    <= -(-n // 3) for a, b in runs),
+                        "%s: shard %d: requests of samples %s (bytes %d)" % (what, sh, runs, n))
+
     # --- a batch's requests in flight together: nginx limited per connection, the request times
     # of its log show how many ran at once (no timing is asserted, only overlap) --------------
     sdir = os.path.join(work, "nginx-slow")

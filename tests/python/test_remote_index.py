@@ -109,6 +109,34 @@ except S.Unavailable as e:
 ngdir = os.path.join(work, "nginx")
 try:
     base = ng.url("root/")
+    # --- stoke index --out DIR of shards already on the server: one download each, the same
+    # bytes as the local shards' indexes, no temporary left; a 404 names the URL -------------
+    outd = os.path.join(work, "fromhttp")
+    os.makedirs(outd)
+    mark = len(S.access_log(ngdir))
+    rc, out, err = index("tar:%s%s" % (ng.url("plain/"), RANGE), "--out", outd, "--json")
+    rows = S.access_log(ngdir)[mark:]
+    res = json.loads(out)
+    T.check(rc == 0 and res["count"] == NSHARDS and res["members"] == NSHARDS * 36
+            and [s["shard"] for s in res["shards"]]
+            == [ng.url("plain/shard-%06d.tar" % i) for i in range(NSHARDS)]
+            and sorted(os.listdir(outd)) == ["shard-%06d.tar.idx" % i for i in range(NSHARDS)],
+            "stoke index --out of URLs: %s %s %s" % (res, err, os.listdir(outd)))
+    for i in range(NSHARDS):
+        with open(os.path.join(outd, "shard-%06d.tar.idx" % i), "rb") as a, \
+                open(os.path.join(root, "shard-%06d.tar.idx" % i), "rb") as b:
+            T.check(a.read() == b.read(), "shard %d: the index from HTTP differs from the "
+                    "local one" % i)
+    T.check(sorted(r[4] for r in rows) == ["/plain/shard-%06d.tar" % i for i in range(NSHARDS)]
+            and all(r[2] in (200, 206) for r in rows), "downloads: %s" % rows)
+    rc, out, err = index("tar:%s" % ng.url("plain/shard-000009.tar"), "--out", outd, "--json")
+    T.check(rc == 1 and "404" in json.loads(out)["error"]
+            and "plain/shard-000009.tar" in json.loads(out)["error"]
+            and len(os.listdir(outd)) == NSHARDS, "a 404: %s %s" % (out, os.listdir(outd)))
+    rc, out, err = index("tar:%s" % ng.url("plain/shard-000000.tar"), "--out",
+                         os.path.join(outd, "shard-000000.tar.idx"), "--json")
+    T.check(rc == 1 and "is not a directory" in json.loads(out)["error"],
+            "--out a file: %s" % out)
     # --- with indexes: equal to the local source, 0 and 2 workers ---------------------------
     same_as_local(base, root, "indexed", "--workers", "0")
     same_as_local(base, root, "indexed", "--workers", "2", "--shuffle", "--seed", "5")

@@ -85,6 +85,19 @@ try:
                                 srv.url("shards/indexed/" + os.path.basename(f))],
                                capture_output=True, text=True, env=S.server_env())
             T.check(r.returncode == 0, "upload of %s: %s" % (f, r.stderr))
+    # stoke index --out of the shards in the bucket (signed downloads): the local indexes' bytes
+    outd = os.path.join(work, "idx-from-s3")
+    os.makedirs(outd)
+    e = {k: v for k, v in os.environ.items() if k not in AWS}
+    e.update(creds)
+    r = subprocess.run([os.environ["STOKE_CLI"], "index", "tar:s3://shards/train/" + RANGE,
+                        "--out", outd], capture_output=True, text=True, env=e, timeout=120)
+    T.check(r.returncode == 0 and "3 shards indexed" in r.stdout,
+            "stoke index of s3:// shards: %s %s" % (r.stdout, r.stderr))
+    for p in paths:
+        with open(p + ".idx", "rb") as a, open(os.path.join(outd, os.path.basename(p) + ".idx"),
+                                               "rb") as b:
+            T.check(a.read() == b.read(), "%s: the index from s3 differs" % p)
     rc, walked, err = load("tar:s3://shards/train/%s%s" % (RANGE, OPTS), creds)
     rc2, indexed, err2 = load("tar:s3://shards/indexed/%s%s" % (RANGE, OPTS), creds)
     T.check(rc == 0 and rc2 == 0 and summary(indexed) == local

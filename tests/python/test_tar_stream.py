@@ -121,8 +121,55 @@ T.check(rc_m == 0 and rc_s == 0 and m["samples"] == s["samples"] == 27
         and s["content_hash"] == m["content_hash"], ".npy: stream %s, map %s %s" % (
             R.summary(s), R.summary(m), err))
 
+# --- ragged fields: max_len= is the slot (the longest member is not known to a stream), a
+# longer member a bad sample, or cut with `truncate`; the same samples as the index's ---------
+import tarfile  # noqa: E402
+
+txt = []
+for p in paths:
+    with tarfile.open(p) as tf:
+        txt += [m.size for m in tf.getmembers() if m.name.endswith(".txt")]
+TXT = "tar:%s/shard-{000000..%06d}.tar,fields=txt:bin,ragged=txt" % (root, NSHARDS - 1)
+rc_m, m, _ = load(TXT, "--workers", "2")  # map: max_len is the longest member, from the index
+cut = sorted(txt)[len(txt) // 2]
+over = sum(n > cut for n in txt)
+rc_c, c, _ = load(TXT + ",max_len=%d,truncate" % cut, "--workers", "2")
+T.check(rc_m == 0 and rc_c == 0 and m["truncated_samples"] == 0 and c["samples"] == len(txt)
+        and c["truncated_samples"] == over > 0 and c["content_hash"] != m["content_hash"],
+        "map, max_len=%d: %s / %s" % (cut, R.summary(c), R.summary(m)))
+for w in ("0", "2"):
+    rc_s, s, err = load(TXT + ",mode=stream,max_len=%d" % max(txt), "--workers", w)
+    T.check(rc_s == 0 and R.summary(s)["samples"] == len(txt)
+            and s["content_hash"] == m["content_hash"] and s["truncated_samples"] == 0,
+            "stream, ragged=txt, max_len=longest, %s workers: %s %s" % (w, R.summary(s), err))
+    rc_s, s, err = load(TXT + ",mode=stream,max_len=txt:%d,truncate,shuffle_buffer=4" % cut,
+                        "--workers", w)
+    T.check(rc_s == 0 and s["truncated_samples"] == over and s["content_hash"] == c["content_hash"],
+            "stream, max_len=txt:%d,truncate, %s workers: %s %s" % (cut, w, R.summary(s), err))
+    rc_s, s, err = load(TXT + ",mode=stream,max_len=%d" % cut, "--workers", w)
+    T.check(rc_s == 1 and "more than its max_len %d" % cut in s["error"],
+            "stream, max_len=%d, a longer member: %s" % (cut, s))
+    few = sorted(txt)[-5]  # 4 longer: skipped (a batch of 5 fails with more than 5 bad)
+    rc_s, s, err = load(TXT + ",mode=stream,max_len=%d" % few, "--workers", w, "--on-error",
+                        "skip")
+    T.check(rc_s == 0 and s["samples"] == len(txt) - 4 and s["skipped_samples"] == 4,
+            "stream, max_len=%d, on_error=skip: %s %s" % (few, R.summary(s), err))
+rc, out, _ = load(TXT + ",truncate")
+T.check(rc == 1 and "truncate goes with max_len=N" in out["error"], "truncate alone: %s" % out)
+# a .npy field ragged in its first dimension (3 rows each): rows are the units
+rc_s, s, err = load(NPY + ",ragged=npy,mode=stream,max_len=npy:3", "--workers", "2")
+T.check(rc_s == 0 and s["samples"] == 27 and s["content_hash"] == m_npy_ragged["content_hash"]
+        if (m_npy_ragged := load(NPY + ",ragged=npy", "--workers", "2")[1]) else False,
+        ".npy ragged, stream, max_len=3: %s / %s %s" % (R.summary(s), m_npy_ragged, err))
+rc_s, s, err = load(NPY + ",ragged=npy,mode=stream,max_len=2,truncate", "--workers", "2")
+T.check(rc_s == 0 and s["samples"] == 27 and s["truncated_samples"] == 27,
+        ".npy ragged, stream, max_len=2,truncate: %s %s" % (R.summary(s), err))
+
 # --- refusals -------------------------------------------------------------------------------
-for opts, want in ((",ragged=bin", "not with mode=stream"), (",rank=0", "go together"),
+for opts, want in ((",ragged=bin", "need max_len=N"), (",rank=0", "go together"),
+                   (",ragged=bin,max_len=0", "a count from 1"),
+                   (",ragged=bin,max_len=cls:5", "'cls' is not a ragged or packed field"),
+                   (",max_len=5", "is for ragged= and packed= fields"),
                    (",rank=2,world_size=2", "not below world size"),
                    (",shuffle_buffer=x", "shuffle_buffer=x"), (",mode=fast", "stream or map"),
                    (",shuffle_buffer=16777217", "at most")):
