@@ -105,8 +105,10 @@ try:
             "s3 with indexes: %s (%s), without %s" % (indexed.get("remote"),
                                                      indexed.get("error"), walked.get("remote")))
 
-    # the streaming mode over s3://: signed whole-shard GETs, one per shard and epoch (plus the
-    # open's), the same samples in the same order as the local shards streamed
+    # the streaming mode over s3://: signed GETs, one per shard and epoch (each below the default
+    # chunk of 4 MiB), plus the open's of shard 0's start (64 KiB, then doubling to the first
+    # sample's end: at most 3 for its 300 KB at most), the same samples in the same order as the
+    # local shards streamed
     for w in ("0", "2"):
         SOPTS = ",fields=bin:cls,mode=stream,shuffle_buffer=7,seed=3"
         rc_l, sloc, _ = load("tar:%s/%s%s" % (root, RANGE, SOPTS), {}, order=("--workers", w))
@@ -114,7 +116,7 @@ try:
                              order=("--workers", w))
         T.check(rc_l == 0 and sloc["samples"] == NSHARDS * 10 and rc == 0
                 and summary(srem) == summary(sloc)
-                and srem["remote"]["requests"] == NSHARDS + 1,
+                and NSHARDS + 1 <= srem["remote"]["requests"] <= NSHARDS + 3,
                 "s3 stream, workers %s: %s %s (%s), local %s" % (
                     w, summary(srem), srem.get("remote"), srem.get("error"), summary(sloc)))
 
