@@ -487,6 +487,9 @@ class DataLoader(_stoke.Loader):
                     return
                 continue
             yield out
+            # not kept while the next batch is awaited: a caller that dropped its batch has
+            # given its buffer back, and a worker may take it instead of another one
+            out = None
 
     def _warn_bad(self):
         """One RuntimeWarning per batch that on_error skipped or replaced (a Python dataset's
