@@ -71,4 +71,5 @@ def epoch(keep):
 
 
 epoch(keep=False)
+epoch(keep=True)
 print("ok")
