@@ -478,31 +478,42 @@ static void test_save_restore(void **state)
     tds_free(&t);
 }
 
+/* prefetch_factor 1 and held_buffers h (default 2): 1 + h buffers, all of which the caller may
+ * hold; one more next() is STOKE_ELIMIT until one is released. */
 static void test_held_buffers_limit(void **state)
 {
     static const int workers[] = {0, 1};
-    for (size_t w = 0; w < 2; w++) {
-        tds t;
-        stoke_dataset ds;
-        tds_make(&t, &ds, 100);
-        stoke_loader_opts o = base_opts(2, workers[w]);
-        o.prefetch_factor = 1;
-        stoke_loader *l;
-        assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
-        stoke_batch *held[3];
-        for (int i = 0; i < 3; i++)
-            assert_int_equal(stoke_loader_next(l, &held[i]), STOKE_OK);
-        stoke_batch *b;
-        assert_int_equal(stoke_loader_next(l, &b), STOKE_ELIMIT);
-        stoke_batch_release(held[0]);
-        assert_int_equal(stoke_loader_next(l, &b), STOKE_OK);
-        assert_int_equal(stoke_batch_seq(b), 3);
-        assert_true(tds_batch_ok(held[1]) && tds_batch_ok(held[2]) && tds_batch_ok(b));
-        stoke_batch_release(b);
-        stoke_batch_release(held[1]);
-        stoke_batch_release(held[2]);
-        stoke_loader_destroy(l);
-        tds_free(&t);
+    for (int h = 1; h <= 2; h++) {
+        for (size_t w = 0; w < 2; w++) {
+            tds t;
+            stoke_dataset ds;
+            tds_make(&t, &ds, 100);
+            stoke_loader_opts o = base_opts(2, workers[w]);
+            o.prefetch_factor = 1;
+            if (h != 2)
+                o.held_buffers = h;
+            stoke_loader *l;
+            assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+            stoke_loader_stats st = {.size = sizeof(st)};
+            assert_int_equal(stoke_loader_get_stats(l, &st), STOKE_OK);
+            assert_int_equal(st.buffers, 1 + h);
+            stoke_batch *held[3];
+            for (int i = 0; i <= h; i++)
+                assert_int_equal(stoke_loader_next(l, &held[i]), STOKE_OK);
+            stoke_batch *b;
+            assert_int_equal(stoke_loader_next(l, &b), STOKE_ELIMIT);
+            stoke_batch_release(held[0]);
+            assert_int_equal(stoke_loader_next(l, &b), STOKE_OK);
+            assert_int_equal(stoke_batch_seq(b), h + 1);
+            assert_true(tds_batch_ok(b));
+            stoke_batch_release(b);
+            for (int i = 1; i <= h; i++) {
+                assert_true(tds_batch_ok(held[i]));
+                stoke_batch_release(held[i]);
+            }
+            stoke_loader_destroy(l);
+            tds_free(&t);
+        }
     }
 }
 
@@ -556,6 +567,12 @@ static void test_bad_options(void **state)
     o.prefetch_factor = 1 << 30;
     assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_EINVAL);
     assert_non_null(strstr(stoke_last_error(), "prefetch_factor in 1..4096"));
+    o = base_opts(4, 1);
+    o.held_buffers = 0;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_EINVAL);
+    assert_non_null(strstr(stoke_last_error(), "held_buffers in 1..4096"));
+    o.held_buffers = 4097;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_EINVAL);
     o = base_opts(4, 1);
     ds.get = NULL;
     assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_EINVAL);

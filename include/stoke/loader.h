@@ -135,6 +135,9 @@ typedef struct stoke_loader_opts {
                           if set; "": no arena.  Only with pinning for the current
                           accelerator (pin_memory_device or device naming another:
                           STOKE_EINVAL at create) */
+    /* ---- appended: the buffers beyond the reorder window (docs/loader.md, "Memory") ---- */
+    int held_buffers; /* batches the consumer may hold without stalling a worker, 1..4096;
+                         default 2 */
 } stoke_loader_opts;
 
 /* stoke_loader_opts.worker_mode. */
@@ -173,8 +176,8 @@ STOKE_API void stoke_loader_opts_init(stoke_loader_opts *o);
  * and the callbacks must stay valid until stoke_loader_destroy, and the caller closes the
  * dataset (stoke_dataset_close) after that.
  * Allocates every batch buffer now, in the calling thread, pinned as described above:
- * prefetch_factor * max(1, num_workers) + 2 buffers (fewer for a short epoch; more for small
- * batches with STOKE_LOADER_PREFETCH_AUTO), each sized for
+ * prefetch_factor * max(1, num_workers) + held_buffers buffers (fewer for a short epoch; more
+ * for small batches with STOKE_LOADER_PREFETCH_AUTO), each sized for
  * min(batch_size, samples per epoch for this rank) samples of a MAP dataset (so a
  * huge batch_size over a tiny dataset costs only the dataset's size), batch_size samples of an
  * ITERABLE one.  Worker threads start at the first stoke_loader_next.
@@ -183,11 +186,12 @@ STOKE_API void stoke_loader_opts_init(stoke_loader_opts *o);
  * - STOKE_EINVAL: NULL argument, options not initialized (o->size 0 or larger than this
  *   header's struct), batch_size 0, num_workers outside 0..1024 (and not
  *   STOKE_LOADER_WORKERS_AUTO), prefetch_factor outside
- *   1..4096 (and not STOKE_LOADER_PREFETCH_AUTO), a bad dataset (size not this library's
- *   sizeof(stoke_dataset), unknown kind, no callbacks, no field, a field without a size or a
- *   ragged field without max_len, see stoke_field_finish), shuffle or a non-sequential /
- * distributed sampler with an ITERABLE dataset, bad sampler options (see stoke_sampler_create), a
- *   `device` or `pin_memory_device` longer than 63 characters or not of the form name[:index];
+ *   1..4096 (and not STOKE_LOADER_PREFETCH_AUTO), held_buffers outside 1..4096, a bad dataset
+ *   (size not this library's sizeof(stoke_dataset), unknown kind, no callbacks, no field, a
+ *   field without a size or a ragged field without max_len, see stoke_field_finish), shuffle
+ *   or a non-sequential / distributed sampler with an ITERABLE dataset, bad sampler options
+ *   (see stoke_sampler_create), a `device` or `pin_memory_device` longer than 63 characters or
+ *   not of the form name[:index];
  * - STOKE_ERANGE: batch_size so large that a batch of batch_size samples overflows size_t; a
  *   `device` / `pin_memory_device` index the backend does not have ("simdev has 2 device(s),
  *   no device 7");

@@ -140,7 +140,8 @@ def _rank_world(rank, world_size):
 
 
 _UNSET = object()
-_BIG_BLOCK = 16 << 20  # a Python dataset's batch of this size or more: prefetch 1 per worker
+_BIG_BLOCK = 16 << 20  # a Python dataset's batch of this size or more: prefetch 1 per worker,
+# and one buffer beyond them for the caller's batch (docs/python.md)
 
 
 def _start_method(ctx):
@@ -367,8 +368,12 @@ class DataLoader(_stoke.Loader):
         self._bad_seen = 0
         self._bad_full = False
         try:
-            if prefetch_factor is None and w.blob_bytes >= _BIG_BLOCK and num_workers > 0:
+            big = w.blob_bytes >= _BIG_BLOCK and num_workers > 0
+            if prefetch_factor is None and big:
                 prefetch_factor = 1  # big batches: fewer in flight, less memory than torch's
+            # the caller's batch: one buffer, not two, when each is big (a worker given its next
+            # batch while the caller still holds the previous one waits until it is dropped)
+            self._held = 1 if big else 2
             super().__init__(None, None, writer=w, batch_size=1, shuffle=False, seed=0,
                              num_workers=num_workers, drop_last=False,
                              pin_memory=bool(pin_memory), pin_memory_device=pin_memory_device,
@@ -380,7 +385,8 @@ class DataLoader(_stoke.Loader):
                              worker_mode="processes" if processes else "threads",
                              arena=None if arena is None else str(arena),
                              round_robin=processes,  # torch's batch k -> worker k % n
-                             on_error=None if on_error is None else str(on_error))
+                             on_error=None if on_error is None else str(on_error),
+                             held_buffers=self._held)
         except StokeError as e:
             exc = w.reraise(e)
             try:
@@ -453,7 +459,8 @@ class DataLoader(_stoke.Loader):
         decode = self._writer.decode
         ended = set()  # an iterable dataset in worker processes: the exhausted workers
         end, skipped = _dropin_end()
-        limit = max(2, int(self.stats()["buffers"]) - 1)
+        # the caller holds all the buffers but the workers' last one: copy this one out
+        limit = max(2, int(self.stats()["buffers"]) - self._held + 1)
         while True:
             try:
                 b = next(it)
@@ -472,7 +479,7 @@ class DataLoader(_stoke.Loader):
                     raise
                 finally:
                     exc = None
-            if self._outstanding >= limit:  # the caller holds the pool: copy this one out
+            if self._outstanding >= limit:
                 out = self._writer.decode_copy(b)
             else:
                 out = decode(b)
@@ -487,6 +494,9 @@ class DataLoader(_stoke.Loader):
                     return
                 continue
             yield out
+            # not kept while the next batch is awaited: a caller that dropped its batch has
+            # given its buffer back, and a worker may take it instead of another one
+            out = None
 
     def _warn_bad(self):
         """One RuntimeWarning per batch that on_error skipped or replaced (a Python dataset's

@@ -36,6 +36,7 @@ void stoke_loader_opts_init(stoke_loader_opts *o)
     o->on_error = STOKE_ON_ERROR_ERROR;
     o->max_bad = UINT64_MAX;
     o->max_bad_fraction = 1.0;
+    o->held_buffers = 2;
 }
 
 int stoke__loader_fail(stoke_loader *l, int code, const char *fmt, ...)
@@ -369,11 +370,12 @@ static int validate(stoke_loader *l)
     /* The bounds keep prefetch_factor * workers (the reorder window) far from INT_MAX. */
     int auto_w = l->o.num_workers == STOKE_LOADER_WORKERS_AUTO;
     if (l->o.batch_size == 0 || (!auto_w && (l->o.num_workers < 0 || l->o.num_workers > 1024)) ||
-        l->o.prefetch_factor < 0 || l->o.prefetch_factor > 4096)
+        l->o.prefetch_factor < 0 || l->o.prefetch_factor > 4096 || l->o.held_buffers < 1 ||
+        l->o.held_buffers > 4096)
         return stoke__loader_fail(l, STOKE_EINVAL,
                                   "loader: batch_size must be >= 1, num_workers in 0..1024 or "
                                   "STOKE_LOADER_WORKERS_AUTO, prefetch_factor in 1..4096 or "
-                                  "STOKE_LOADER_PREFETCH_AUTO");
+                                  "STOKE_LOADER_PREFETCH_AUTO, held_buffers in 1..4096");
     if (l->o.round_robin && auto_w)
         return stoke__loader_fail(l, STOKE_EINVAL,
                                   "loader: round_robin needs a fixed num_workers (batch k is "
@@ -400,11 +402,11 @@ static int check_upfront_bytes(stoke_loader *l)
     return stoke__loader_fail(
         l, STOKE_ENOMEM,
         "loader: %d batch buffers of %zu bytes (%s%" PRIu64 " bytes in all) exceed the %" PRIu64
-        " bytes of physical memory: buffers = num_workers %d x prefetch_factor %d + 2 (at most "
-        "batches per epoch + 2), each holding batch_size %zu samples of %zu bytes; lower "
+        " bytes of physical memory: buffers = num_workers %d x prefetch_factor %d + %d (at most "
+        "batches per epoch + %d), each holding batch_size %zu samples of %zu bytes; lower "
         "num_workers, prefetch_factor or batch_size",
         l->nbuf, l->buf_bytes, overflow ? "more than " : "", overflow ? UINT64_MAX : total, phys,
-        l->nw1, l->prefetch, l->cap, l->sample_bytes);
+        l->nw1, l->prefetch, l->o.held_buffers, l->o.held_buffers, l->cap, l->sample_bytes);
 }
 
 /* The plan: which of the loader's fast paths apply, decided here once from the options and
@@ -513,9 +515,10 @@ static int size_loader(stoke_loader *l)
     stoke__autotune_init(&l->autotune, l->nact);
     l->nw1 = l->nworkers ? l->nworkers : 1;
     plan_loader(l);
-    uint64_t nbuf = (uint64_t)l->window + 2;
-    if (!l->iterable && nbuf > l->nbatches + 2)
-        nbuf = l->nbatches + 2;
+    uint64_t held = (uint64_t)l->o.held_buffers; /* the consumer's, beyond the window */
+    uint64_t nbuf = (uint64_t)l->window + held;
+    if (!l->iterable && nbuf > l->nbatches + held)
+        nbuf = l->nbatches + held;
     l->nbuf = (int)nbuf;
     return check_upfront_bytes(l);
 }
