@@ -129,6 +129,7 @@ class _Named:
 _PLAIN = (str, bytes, int, float, bool, type(None))
 _FAST_MAX = 32          # skeletons a writer sends as MAGIC_FAST; new ones after that are pickled
 _SKELETON_MAX = 4096    # bytes: a larger skeleton is pickled (its leaves are many, or its keys)
+_SKELETON_DEPTH = 32    # containers nested deeper are pickled
 
 
 class _Slot:
@@ -151,17 +152,11 @@ class _SkeletonPickler(pickle.Pickler):
 
 
 class _SkeletonUnpickler(pickle.Unpickler):
-    def __init__(self, f):
-        super().__init__(f)
-        self.slots = []
-
     def persistent_load(self, pid):
         kind, dtype, ndim, at = pid
         if kind not in ("t", "n") or type(ndim) is not int or type(at) is not int or ndim < 0:
             raise pickle.UnpicklingError("stoke: a bad leaf in a batch's skeleton: %r" % (pid,))
-        slot = _Slot(kind, dtype, ndim, at)
-        self.slots.append(slot)
-        return slot
+        return _Slot(kind, dtype, ndim, at)
 
 
 class _Builders:
@@ -187,8 +182,7 @@ class _Builders:
 
     @staticmethod
     def compile(key):
-        u = _SkeletonUnpickler(io.BytesIO(key))
-        tmpl = u.load()
+        tmpl = _SkeletonUnpickler(io.BytesIO(key)).load()
         consts = []   # dict keys, namedtuple types, dtypes
         views = {}    # torch dtype: the local name of the block's view as that dtype
         entries = 0
@@ -392,9 +386,10 @@ class _Block:
         self.pickled = nt + len(skel)
         return end
 
-    def skeleton(self, x, ints):
+    def skeleton(self, x, ints, depth=0):
         """x's structure with each tensor (array) a _Slot, its offset and shape appended to
-        ints; _NotLive where finish_fast does not apply."""
+        ints; _NotLive where finish_fast does not apply (also containers nested deeper than
+        _SKELETON_DEPTH: the consumer's builder is one expression)."""
         t = type(x)
         if torch is not None and t is torch.Tensor:
             r = self.ref_tensor(x)
@@ -415,14 +410,17 @@ class _Block:
             ints.append(r[1])
             ints.extend(r[3])
             return slot
+        depth += 1
+        if depth > _SKELETON_DEPTH:
+            raise _NotLive
         if t is list:
-            return [self.skeleton(v, ints) for v in x]
+            return [self.skeleton(v, ints, depth) for v in x]
         if t is dict:
-            return {k: self.skeleton(v, ints) for k, v in x.items()}
+            return {k: self.skeleton(v, ints, depth) for k, v in x.items()}
         if t is tuple:
-            return tuple(self.skeleton(v, ints) for v in x)
+            return tuple(self.skeleton(v, ints, depth) for v in x)
         if _is_namedtuple(x):
-            return t(*(self.skeleton(v, ints) for v in x))
+            return t(*(self.skeleton(v, ints, depth) for v in x))
         raise _NotLive
 
     def shape(self, x):

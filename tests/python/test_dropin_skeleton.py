@@ -2,7 +2,7 @@
 every dtype, 0-d and empty tensors, NumPy arrays, namedtuples and nesting come out equal to the
 collate_fn's own output (0 and 2 workers) through the compiled builders; a structure that
 changes every batch (its dict keys) stops being sent as a skeleton after _FAST_MAX of them and
-the consumer's compiled builders stay bounded; a tensor kept from a batch keeps its block: its
+the consumer's compiled builders stay bounded; a structure nested too deep is pickled; a tensor kept from a batch keeps its block: its
 values stay while the loader reuses its other blocks."""
 import collections
 import gc
@@ -129,6 +129,20 @@ for workers, loader, k in run(keyed, "changing keys", n=nb, batch_size=1):
             "changing keys workers=%d: %d builders kept" % (workers,
                                                             len(loader._writer.builders.cache)))
 print("ok (changing structures)")
+
+
+# nested deeper than a builder's expression takes: pickled, the same values
+def deep(batch):
+    x = torch.tensor(batch)
+    for _ in range(_dropin._SKELETON_DEPTH + 8):
+        x = [x]
+    return x
+
+
+for workers, loader, k in run(deep, "deep nesting"):
+    T.check(built[0] == 0, "deep nesting workers=%d: %d batches through a builder"
+            % (workers, built[0]))
+print("ok (deep)")
 
 
 # a kept tensor keeps its block while the loader goes on through the others
