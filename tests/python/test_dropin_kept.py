@@ -103,7 +103,8 @@ for restart in ("set_epoch", "iter"):
     it = iter(loader)
     first = next(it)
     T.check(first[0].tolist() == [[i, i] for i in range(4)]
-            and list(first[1]) == ["s%d" % i for i in range(4)], "%s: batch 0 %s" % (restart, first))
+            and list(first[1]) == ["s%d" % i for i in range(4)],
+            "%s: batch 0 %s" % (restart, first))
     wait_live(w, 4, restart)  # prefetched, never decoded
     hook = w.set_epoch
 

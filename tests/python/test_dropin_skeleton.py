@@ -2,8 +2,8 @@
 every dtype, 0-d and empty tensors, NumPy arrays, namedtuples and nesting come out equal to the
 collate_fn's own output (0 and 2 workers) through the compiled builders; a structure that
 changes every batch (its dict keys) stops being sent as a skeleton after _FAST_MAX of them and
-the consumer's compiled builders stay bounded; a structure nested too deep is pickled; a tensor kept from a batch keeps its block: its
-values stay while the loader reuses its other blocks."""
+the consumer's compiled builders stay bounded; a structure nested too deep is pickled; a tensor
+kept from a batch keeps its block: its values stay while the loader reuses its other blocks."""
 import collections
 import gc
 
