@@ -161,8 +161,9 @@ class _SkeletonUnpickler(pickle.Unpickler):
 
 class _Builders:
     """The consumer's compiled skeletons, by their bytes: each a function (block view, table
-    offset) -> the batch, its tensors views of one uint8 tensor over the block (one storage
-    a batch), made by as_strided on one view of it per dtype; its arrays np.frombuffer.
+    offset) -> the batch, its tensors views of one tensor over the block (one storage a batch:
+    torch.frombuffer as the batch's one dtype, or as uint8 viewed once per dtype), made by
+    as_strided; its arrays np.frombuffer.
     Compiled once per structure: the generated code names only its own locals, the table's
     entries and constants held in lists (dict keys, namedtuple types, dtypes), never text
     taken from the block."""
@@ -231,16 +232,20 @@ class _Builders:
 
         expr = gen(tmpl)
         lines = ["def build(v, toff):", "    T = UNPACK(v, toff)"]
-        if views:
+        if len(views) == 1:  # the block as that dtype, directly (one storage all the same)
+            (dt, name), = views.items()
+            lines.append("    %s = FB(v, dtype=%s, count=len(v) // %d)"
+                         % (name, const(dt), _itemsize(dt)))
+        elif views:
             lines.append("    u8 = FB(v, dtype=U8)")
             lines.append("    n = len(v)")
-        for dt, name in views.items():
-            isz = _itemsize(dt)
-            if isz == 1:
-                lines.append("    %s = u8.view(%s)" % (name, const(dt)))
-            else:
-                lines.append("    %s = (u8 if n %% %d == 0 else u8[:n - n %% %d]).view(%s)"
-                             % (name, isz, isz, const(dt)))
+            for dt, name in views.items():
+                isz = _itemsize(dt)
+                if isz == 1:
+                    lines.append("    %s = u8.view(%s)" % (name, const(dt)))
+                else:
+                    lines.append("    %s = (u8 if n %% %d == 0 else u8[:n - n %% %d]).view(%s)"
+                                 % (name, isz, isz, const(dt)))
         lines.append("    return " + expr)
         ns = {"C": consts, "UNPACK": struct.Struct("<%dq" % entries).unpack_from,
               "NPFB": np.frombuffer if np is not None else None,
