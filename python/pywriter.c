@@ -282,9 +282,9 @@ static int pad_call_true(PyObject *t, PyObject *name)
 /* Whether t's bytes are its values, in order, in host memory: t is exactly the tensor type
  * (a subclass may keep its data elsewhere or read it otherwise: __torch_dispatch__ wrappers
  * have no data pointer), contiguous, on the CPU, without the negative bit (a lazy negation)
- * nor, for complex dtypes (complex: 1), the conjugate bit.  1, 0, -1 with an exception set;
+ * nor, for complex dtypes (cx: 1), the conjugate bit.  1, 0, -1 with an exception set;
  * *ptr its data_ptr() when it is. */
-static int pad_plain(PyObject *t, PyTypeObject *type, int complex, const char **ptr)
+static int pad_plain(PyObject *t, PyTypeObject *type, int cx, const char **ptr)
 {
     if (!Py_IS_TYPE(t, type))
         return 0;
@@ -298,7 +298,7 @@ static int pad_plain(PyObject *t, PyTypeObject *type, int complex, const char **
         ok = pad_call_true(t, s_is_neg);
         ok = ok < 0 ? -1 : !ok;
     }
-    if (ok == 1 && complex) {
+    if (ok == 1 && cx) {
         ok = pad_call_true(t, s_is_conj);
         ok = ok < 0 ? -1 : !ok;
     }
@@ -454,14 +454,14 @@ PyObject *stoke_py_pad_batch(PyObject *self, PyObject *args)
     if (PyErr_Occurred())
         goto out;
     /* contiguous CPU tensors, and room for both: written here */
-    PyObject *cx = PyObject_GetAttr(d0, s_is_complex);
-    int complex = cx ? PyObject_IsTrue(cx) : -1;
-    Py_XDECREF(cx);
-    if (complex < 0)
+    PyObject *cxo = PyObject_GetAttr(d0, s_is_complex);
+    int is_cx = cxo ? PyObject_IsTrue(cxo) : -1;
+    Py_XDECREF(cxo);
+    if (is_cx < 0)
         goto out;
     int plain = row >= 0;
     for (Py_ssize_t i = 0; plain == 1 && i < n; i++)
-        plain = pad_plain(items[i], (PyTypeObject *)type, complex, &ptr[i]);
+        plain = pad_plain(items[i], (PyTypeObject *)type, is_cx, &ptr[i]);
     if (plain < 0)
         goto out;
     if (row > 0 && L > PY_SSIZE_T_MAX / row)
