@@ -206,19 +206,32 @@ static void pyw_close(void *user)
     free(w);
 }
 
-/* Interned attribute names for stoke_py_pad_batch (GIL held). */
-static PyObject *s_dtype, *s_shape, *s_is_contiguous, *s_is_cpu, *s_data_ptr;
+/* Interned attribute names for stoke_py_pad_batch (GIL held): all made, or none kept. */
+static PyObject *s_dtype, *s_shape, *s_is_contiguous, *s_is_cpu, *s_data_ptr, *s_is_conj,
+    *s_is_neg, *s_is_complex, *s_element_size;
 
 static int pad_names(void)
 {
-    if (s_data_ptr)
+    if (s_element_size)
         return 0;
-    s_dtype = PyUnicode_InternFromString("dtype");
-    s_shape = PyUnicode_InternFromString("shape");
-    s_is_contiguous = PyUnicode_InternFromString("is_contiguous");
-    s_is_cpu = PyUnicode_InternFromString("is_cpu");
-    s_data_ptr = s_is_cpu ? PyUnicode_InternFromString("data_ptr") : NULL;
-    return s_data_ptr ? 0 : -1;
+    PyObject **names[] = {&s_dtype,   &s_shape,   &s_is_contiguous, &s_is_cpu,
+                          &s_data_ptr, &s_is_conj, &s_is_neg,       &s_is_complex,
+                          &s_element_size};
+    static const char *const text[] = {"dtype",    "shape",   "is_contiguous", "is_cpu",
+                                       "data_ptr", "is_conj", "is_neg",        "is_complex",
+                                       "element_size"};
+    size_t n = sizeof(names) / sizeof(names[0]);
+    for (size_t i = 0; i < n; i++) {
+        if (*names[i])
+            continue;
+        *names[i] = PyUnicode_InternFromString(text[i]);
+        if (!*names[i]) {
+            for (size_t j = 0; j < i; j++) /* none kept: the next call makes them again */
+                Py_CLEAR(*names[j]);
+            return -1;
+        }
+    }
+    return 0;
 }
 
 /* A tensor's shape as a tuple (torch.Size), a new reference; NULL with an exception set. */
@@ -257,20 +270,40 @@ static int pad_same(PyObject *t, PyObject *d0, PyObject *rest, Py_ssize_t *len)
     return same;
 }
 
-/* Whether t.is_contiguous() and t.is_cpu (1, 0, -1 with an exception set); *ptr its
- * data_ptr() when they are. */
-static int pad_plain(PyObject *t, const char **ptr)
+/* A method's answer as a truth value: 1, 0, -1 with an exception set. */
+static int pad_call_true(PyObject *t, PyObject *name)
 {
-    PyObject *r = PyObject_CallMethodNoArgs(t, s_is_contiguous);
+    PyObject *r = PyObject_CallMethodNoArgs(t, name);
     int ok = r ? PyObject_IsTrue(r) : -1;
     Py_XDECREF(r);
+    return ok;
+}
+
+/* Whether t's bytes are its values, in order, in host memory: t is exactly the tensor type
+ * (a subclass may keep its data elsewhere or read it otherwise: __torch_dispatch__ wrappers
+ * have no data pointer), contiguous, on the CPU, without the negative bit (a lazy negation)
+ * nor, for complex dtypes (cx: 1), the conjugate bit.  1, 0, -1 with an exception set;
+ * *ptr its data_ptr() when it is. */
+static int pad_plain(PyObject *t, PyTypeObject *type, int cx, const char **ptr)
+{
+    if (!Py_IS_TYPE(t, type))
+        return 0;
+    int ok = pad_call_true(t, s_is_contiguous);
     if (ok == 1) {
-        r = PyObject_GetAttr(t, s_is_cpu);
+        PyObject *r = PyObject_GetAttr(t, s_is_cpu);
         ok = r ? PyObject_IsTrue(r) : -1;
         Py_XDECREF(r);
     }
     if (ok == 1) {
-        r = PyObject_CallMethodNoArgs(t, s_data_ptr);
+        ok = pad_call_true(t, s_is_neg);
+        ok = ok < 0 ? -1 : !ok;
+    }
+    if (ok == 1 && cx) {
+        ok = pad_call_true(t, s_is_conj);
+        ok = ok < 0 ? -1 : !ok;
+    }
+    if (ok == 1) {
+        PyObject *r = PyObject_CallMethodNoArgs(t, s_data_ptr);
         *ptr = r ? PyLong_AsVoidPtr(r) : NULL;
         Py_XDECREF(r);
         if (!r || (!*ptr && PyErr_Occurred()))
@@ -292,11 +325,13 @@ static int pad_plain(PyObject *t, const char **ptr)
  *   an int i      sample i has no dimension, or another dtype or shape after the first
  *                 dimension than sample 0 (0: sample 0 has no dimension);
  *   (shape, None) written: shape (n, L) + rest;
- *   (shape, lengths) not written: a sample's tensor is not contiguous or not on the CPU (the
- *                 caller copies with torch), or the two do not fit in dst (the caller's
- *                 _Block.tensor raises its overflow); lengths: the capped lengths, a list.
+ *   (shape, lengths) not written: a sample's tensor is not one whose bytes are its values
+ *                 (pad_plain: a subclass, not contiguous, not on the CPU, a negative or
+ *                 conjugate view; the caller copies with torch), or the two do not fit in dst
+ *                 (the caller's _Block.tensor raises its overflow); lengths: the capped
+ *                 lengths, a list.
  * The checks run in pad_leaf's order: dtype and shape of every sample (the first bad one
- * answers), then contiguity and device up to the first that is not. */
+ * answers; sample 0's are read once), then pad_plain's up to the first that is not. */
 PyObject *stoke_py_pad_batch(PyObject *self, PyObject *args)
 {
     (void)self;
@@ -362,6 +397,18 @@ PyObject *stoke_py_pad_batch(PyObject *self, PyObject *args)
         res = PyLong_FromLong(0);
         goto out;
     }
+    /* the copy's sizes come from itemsize: it must be the dtype's (every sample's, checked
+     * below) */
+    PyObject *es = PyObject_CallMethodNoArgs(items[0], s_element_size);
+    Py_ssize_t esize = es ? PyLong_AsSsize_t(es) : -1;
+    Py_XDECREF(es);
+    if (esize == -1 && PyErr_Occurred())
+        goto out;
+    if (esize != itemsize) {
+        PyErr_Format(PyExc_ValueError, "stoke: _pad_batch: itemsize %zd, the dtype's is %zd",
+                     itemsize, esize);
+        goto out;
+    }
     Py_ssize_t L = 0, row = itemsize;
     for (Py_ssize_t k = 1; k < PyTuple_GET_SIZE(sh0); k++) {
         Py_ssize_t d = PyLong_AsSsize_t(PyTuple_GET_ITEM(sh0, k));
@@ -370,8 +417,11 @@ PyObject *stoke_py_pad_batch(PyObject *self, PyObject *args)
         if (row >= 0) /* -1: too many bytes (an expanded view): not written here */
             row = d == 0 ? 0 : d > 0 && row <= PY_SSIZE_T_MAX / d ? row * d : -1;
     }
+    len[0] = PyLong_AsSsize_t(PyTuple_GET_ITEM(sh0, 0)); /* sample 0: read above */
+    if (len[0] == -1 && PyErr_Occurred())
+        goto out;
     for (Py_ssize_t i = 0; i < n; i++) {
-        int same = pad_same(items[i], d0, sh0, &len[i]);
+        int same = i == 0 ? 1 : pad_same(items[i], d0, sh0, &len[i]);
         if (same < 0)
             goto out;
         if (!same) {
@@ -404,9 +454,14 @@ PyObject *stoke_py_pad_batch(PyObject *self, PyObject *args)
     if (PyErr_Occurred())
         goto out;
     /* contiguous CPU tensors, and room for both: written here */
+    PyObject *cxo = PyObject_GetAttr(d0, s_is_complex);
+    int is_cx = cxo ? PyObject_IsTrue(cxo) : -1;
+    Py_XDECREF(cxo);
+    if (is_cx < 0)
+        goto out;
     int plain = row >= 0;
     for (Py_ssize_t i = 0; plain == 1 && i < n; i++)
-        plain = pad_plain(items[i], &ptr[i]);
+        plain = pad_plain(items[i], (PyTypeObject *)type, is_cx, &ptr[i]);
     if (plain < 0)
         goto out;
     if (row > 0 && L > PY_SSIZE_T_MAX / row)

@@ -12,9 +12,17 @@ its structure, references in place of tensors, stays in `_Writer.live` under a t
 block's header holds (MAGIC_LIVE).  Without workers, the block size is measured on batch 0
 made at construction, which the first fill delivers (`measure_here`).
 
-Block layout: a 64-byte header (magic, pickle offset, pickle length; MAGIC_LIVE, token, the
-data's end; or an overflow record), the leaves' bytes from offset 64 each aligned to 64, then
-the pickle.
+Block layout: a 64-byte header (magic, pickle offset, pickle length; MAGIC_FAST, skeleton
+offset, skeleton length, table offset, table entries; MAGIC_LIVE, token, the data's end; or an
+overflow record), the leaves' bytes from offset 64 each aligned to 64, then the pickle (or the
+table and the skeleton).
+
+A batch of containers (dict, list, tuple, namedtuple) and tensors or arrays only goes as
+MAGIC_FAST (_Block.finish_fast): the skeleton is the structure pickled with each leaf a slot
+(kind, dtype, dimensions, its place in the table), the same bytes for every batch of the same
+structure; the table holds each leaf's offset and shape as int64s.  The consumer compiles a
+skeleton once into a function that makes the batch's tensors from the table (_Builders), and
+finds it again by the skeleton's bytes.
 
 The plan (`_Plan`) is a shared anonymous mapping made before the workers fork: the epoch's
 batches (dataset indices and offsets, written by the consumer's process in the loader's
@@ -55,6 +63,10 @@ MAGIC = 0x3142544B4F5453      # "STOKTB1": a batch
 MAGIC_OVER = 0x3142564F4F5453  # "STOOVB1": the batch did not fit; bytes needed follow
 MAGIC_END = 0x3142444E4F5453   # "STONDB1": this worker's iterator is exhausted; its id follows
 MAGIC_LIVE = 0x31424C4F4F5453  # "STOOLB1": a batch whose structure this process keeps (token, end)
+MAGIC_FAST = 0x3142534B4F5453  # "STOKSB1": a batch as a skeleton and a table of its leaves
+
+
+_HEAD = struct.Struct("<QQQQQ").unpack_from  # a block's header: magic and 4 words
 
 
 class _End:
@@ -115,6 +127,132 @@ class _Named:
 
 
 _PLAIN = (str, bytes, int, float, bool, type(None))
+_FAST_MAX = 32          # skeletons a writer sends as MAGIC_FAST; new ones after that are pickled
+_SKELETON_MAX = 4096    # bytes: a larger skeleton is pickled (its leaves are many, or its keys)
+_SKELETON_DEPTH = 32    # containers nested deeper are pickled
+
+
+class _Slot:
+    """A leaf of a MAGIC_FAST skeleton: kind "t" (tensor) or "n" (array), the dtype's name
+    (torch's without "torch.", NumPy's dtype.str), dimensions, its first entry in the table."""
+    __slots__ = ("kind", "dtype", "ndim", "at")
+
+    def __init__(self, kind, dtype, ndim, at):
+        self.kind, self.dtype, self.ndim, self.at = kind, dtype, ndim, at
+
+
+class _SkeletonPickler(pickle.Pickler):
+    def __init__(self, f):
+        super().__init__(f, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def persistent_id(self, obj):
+        if type(obj) is _Slot:
+            return (obj.kind, obj.dtype, obj.ndim, obj.at)
+        return None
+
+
+class _SkeletonUnpickler(pickle.Unpickler):
+    def persistent_load(self, pid):
+        kind, dtype, ndim, at = pid
+        if kind not in ("t", "n") or type(ndim) is not int or type(at) is not int or ndim < 0:
+            raise pickle.UnpicklingError("stoke: a bad leaf in a batch's skeleton: %r" % (pid,))
+        return _Slot(kind, dtype, ndim, at)
+
+
+class _Builders:
+    """The consumer's compiled skeletons, by their bytes: each a function (block view, table
+    offset) -> the batch, its tensors views of one tensor over the block (one storage a batch:
+    torch.frombuffer as the batch's one dtype, or as uint8 viewed once per dtype), made by
+    as_strided; its arrays np.frombuffer.
+    Compiled once per structure: the generated code names only its own locals, the table's
+    entries and constants held in lists (dict keys, namedtuple types, dtypes), never text
+    taken from the block."""
+    MAX = 2 * _FAST_MAX  # per worker at most _FAST_MAX: more are from changing structures
+
+    def __init__(self):
+        self.cache = {}
+
+    def get(self, view, a, n):
+        key = bytes(view[a:a + n])
+        fn = self.cache.get(key)
+        if fn is None:
+            if len(self.cache) >= self.MAX:
+                self.cache.clear()
+            fn = self.cache[key] = self.compile(key)
+        return fn
+
+    @staticmethod
+    def compile(key):
+        tmpl = _SkeletonUnpickler(io.BytesIO(key)).load()
+        consts = []   # dict keys, namedtuple types, dtypes
+        views = {}    # torch dtype: the local name of the block's view as that dtype
+        entries = 0
+
+        def const(v):
+            consts.append(v)
+            return "C[%d]" % (len(consts) - 1)
+
+        def leaf(x):
+            nonlocal entries
+            j = x.at
+            dims = ["T[%d]" % (j + 1 + k) for k in range(x.ndim)]
+            entries = max(entries, j + 1 + x.ndim)
+            size = "(" + "".join(d + ", " for d in dims) + ")"
+            if x.kind == "t":
+                if torch is None:
+                    raise RuntimeError("stoke: a batch holds tensors and torch is not importable")
+                dt = getattr(torch, x.dtype, None)
+                if not isinstance(dt, torch.dtype):
+                    raise pickle.UnpicklingError("stoke: a bad dtype in a batch: %r" % x.dtype)
+                v = views.get(dt)
+                if v is None:
+                    v = views[dt] = "V%d" % len(views)
+                strides = []
+                for k in range(x.ndim):
+                    strides.append("*".join(dims[k + 1:]) or "1")
+                stride = "(" + "".join(st + ", " for st in strides) + ")"
+                return "%s.as_strided(%s, %s, T[%d])" % (v, size, stride, j)
+            count = "*".join(dims) or "1"
+            return "NPFB(v, dtype=%s, count=%s, offset=T[%d]).reshape(%s)" % (
+                const(np.dtype(x.dtype)), count, j, size)
+
+        def gen(x):
+            t = type(x)
+            if t is _Slot:
+                return leaf(x)
+            if t is list:
+                return "[" + "".join(gen(e) + ", " for e in x) + "]"
+            if t is tuple:
+                return "(" + "".join(gen(e) + ", " for e in x) + ")"
+            if t is dict:
+                return "{" + "".join("%s: %s, " % (const(k), gen(e)) for k, e in x.items()) + "}"
+            if _is_namedtuple(x):
+                return "%s(%s)" % (const(t), "".join(gen(e) + ", " for e in x))
+            raise pickle.UnpicklingError("stoke: a batch's skeleton holds a %s" % t.__name__)
+
+        expr = gen(tmpl)
+        lines = ["def build(v, toff):", "    T = UNPACK(v, toff)"]
+        if len(views) == 1:  # the block as that dtype, directly (one storage all the same)
+            (dt, name), = views.items()
+            lines.append("    %s = FB(v, dtype=%s, count=len(v) // %d)"
+                         % (name, const(dt), _itemsize(dt)))
+        elif views:
+            lines.append("    u8 = FB(v, dtype=U8)")
+            lines.append("    n = len(v)")
+            for dt, name in views.items():
+                isz = _itemsize(dt)
+                if isz == 1:
+                    lines.append("    %s = u8.view(%s)" % (name, const(dt)))
+                else:
+                    lines.append("    %s = (u8 if n %% %d == 0 else u8[:n - n %% %d]).view(%s)"
+                                 % (name, isz, isz, const(dt)))
+        lines.append("    return " + expr)
+        ns = {"C": consts, "UNPACK": struct.Struct("<%dq" % entries).unpack_from,
+              "NPFB": np.frombuffer if np is not None else None,
+              "FB": torch.frombuffer if torch is not None else None,
+              "U8": torch.uint8 if torch is not None else None}
+        exec(compile("\n".join(lines), "<stoke batch builder>", "exec"), ns)
+        return ns["build"]
 
 
 # ---- the block: leaves written into it, the structure pickled after them ---------------------
@@ -122,7 +260,7 @@ _PLAIN = (str, bytes, int, float, bool, type(None))
 class _Block:
     """A worker's writer into one batch block (a writable memoryview of the pinned slot)."""
 
-    def __init__(self, view, live=None):
+    def __init__(self, view, live=None, fast=None):
         self.view = view
         self.cap = len(view)
         self.off = HDR
@@ -130,6 +268,7 @@ class _Block:
         self.live = live  # the writer's kept structures: the batch is decoded in this process
         self.u8 = torch.frombuffer(view, dtype=torch.uint8) if torch is not None else None
         self.base = self.u8.data_ptr() if torch is not None else None
+        self.fast = fast  # the writer's skeletons seen (_Block.finish_fast); None: not used
 
     def take(self, nbytes):
         off = self.off
@@ -185,7 +324,14 @@ class _Block:
         """Pickles obj (its tensors and arrays as references) after the data; the header.
         With `live` (the batch is made and decoded in the same process: no worker processes)
         the structure is kept in that dict instead, under a token the header holds, unless it
-        holds an object that shape() does not rebuild."""
+        holds an object that shape() does not rebuild.  A structure of containers and
+        tensors (arrays) only goes as MAGIC_FAST, in both cases (finish_fast)."""
+        if self.fast is not None:
+            off = self.off
+            try:
+                return self.finish_fast(obj)
+            except _NotLive:
+                self.off = off  # (what was copied is copied again below)
         if self.live is not None:
             off = self.off
             try:
@@ -209,6 +355,78 @@ class _Block:
         struct.pack_into("<QQQ", self.view, 0, MAGIC, off, len(data))
         self.pickled = len(data)
         return off + len(data)
+
+    def finish_fast(self, obj):
+        """finish() as MAGIC_FAST: the table of the leaves' offsets (in elements for a tensor,
+        in bytes for an array) and shapes, then the skeleton; _NotLive for a structure with
+        anything else than containers and tensors (arrays), or once this writer has seen
+        _FAST_MAX skeletons (the consumer compiles each one: a structure that changes from
+        batch to batch, its dict keys say, is pickled instead)."""
+        ints = []
+        tmpl = self.skeleton(obj, ints)
+        f = io.BytesIO()
+        try:
+            _SkeletonPickler(f).dump(tmpl)
+        except (pickle.PicklingError, TypeError, AttributeError) as e:  # a local namedtuple
+            raise _NotLive from e
+        skel = f.getbuffer()
+        seen = self.fast
+        if len(seen) >= _FAST_MAX:
+            key = bytes(skel)
+            if key not in seen:
+                raise _NotLive
+        elif len(skel) <= _SKELETON_MAX:
+            seen.add(bytes(skel))
+        else:
+            raise _NotLive
+        toff = self.off
+        nt = 8 * len(ints)
+        end = toff + nt + len(skel)
+        if end > self.cap:
+            raise _Overflow(end)
+        struct.pack_into("<%dq" % len(ints), self.view, toff, *ints)
+        self.view[toff + nt:end] = skel
+        struct.pack_into("<QQQQQ", self.view, 0, MAGIC_FAST, toff + nt, len(skel), toff,
+                         len(ints))
+        self.pickled = nt + len(skel)
+        return end
+
+    def skeleton(self, x, ints, depth=0):
+        """x's structure with each tensor (array) a _Slot, its offset and shape appended to
+        ints; _NotLive where finish_fast does not apply (also containers nested deeper than
+        _SKELETON_DEPTH: the consumer's builder is one expression)."""
+        t = type(x)
+        if torch is not None and t is torch.Tensor:
+            r = self.ref_tensor(x)
+            if r is None:
+                raise _NotLive
+            isz = x.element_size()
+            if r[1] % isz:  # (a view at an odd place of the block: the pickle takes it)
+                raise _NotLive
+            slot = _Slot("t", r[2], len(r[3]), len(ints))
+            ints.append(r[1] // isz)
+            ints.extend(r[3])
+            return slot
+        if np is not None and t is np.ndarray:
+            r = self.ref_array(x)
+            if r is None:
+                raise _NotLive
+            slot = _Slot("n", r[2], len(r[3]), len(ints))
+            ints.append(r[1])
+            ints.extend(r[3])
+            return slot
+        depth += 1
+        if depth > _SKELETON_DEPTH:
+            raise _NotLive
+        if t is list:
+            return [self.skeleton(v, ints, depth) for v in x]
+        if t is dict:
+            return {k: self.skeleton(v, ints, depth) for k, v in x.items()}
+        if t is tuple:
+            return tuple(self.skeleton(v, ints, depth) for v in x)
+        if _is_namedtuple(x):
+            return t(*(self.skeleton(v, ints, depth) for v in x))
+        raise _NotLive
 
     def shape(self, x):
         """obj's structure with each tensor and array a _Ref to its bytes in the block (copied
@@ -641,6 +859,8 @@ class _Writer:
         self.plan = None
         # batches made in this process (no worker processes) keep their structure here
         self.live = None if processes else {}
+        self.fast = set()  # skeletons this process's fills sent (_Block.finish_fast)
+        self.builders = _Builders()  # the consumer's compiled skeletons
         self.kept = None          # batch 0 made by measure() in this process (_Kept)
         self.preplanned = False   # measure() wrote epoch 0's plan: the creation's hook keeps it
         self.nbatches = -1
@@ -925,7 +1145,7 @@ class _Writer:
         indices = None
         try:
             indices = self.plan.batch(i).tolist()
-            block = _Block(view, self.live)
+            block = _Block(view, self.live, self.fast)
             samples = self.fetch(indices, where, block)
             return self.write(block, samples, indices)
         except _Overflow as o:
@@ -994,7 +1214,7 @@ class _Writer:
             samples = self.next_samples(key)
             if not samples:
                 return 0
-            return (self.write_samples(_Block(view, self.live), samples), 0)
+            return (self.write_samples(_Block(view, self.live, self.fast), samples), 0)
         except _Overflow as o:
             return ("stoke: a batch of the iterable dataset needs %d bytes, its block holds %d: "
                     "pass max_batch_bytes=%d or more" % (o.need, len(view), 2 * o.need))
@@ -1108,33 +1328,36 @@ class _Writer:
     def decode(self, b):
         if len(b) == 0:  # its one sample (this batch) skipped under on_error
             return _Skipped
-        f = b[0]
-        view = memoryview(f).cast("B")
-        head = struct.unpack_from("<QQQ", view, 0)
+        view = memoryview(b[0]).cast("B")
+        head = _HEAD(view, 0)
         magic, a = head[0], head[1]
         if magic == MAGIC_END:
             return _End(a)
         if magic == MAGIC_OVER:
             return self.rebuild(b, a)
-        if magic != MAGIC and magic != MAGIC_LIVE:
+        if magic != MAGIC_FAST and magic != MAGIC and magic != MAGIC_LIVE:
             raise RuntimeError("stoke: batch %d's block holds no batch (magic %#x)"
                                % (int(np.asarray(b.indices)[0]), magic))
-        u8 = torch.from_dlpack(f).view(-1) if torch is not None else None
-        return self.load(view, u8, b.is_pinned, head)
+        return self.load(view, b.is_pinned, head)
 
-    def load(self, view, u8, pinned, head=None):
-        """The batch in a block (view; u8 its torch uint8 tensor, or None; head: its header,
-        if read already): its structure unpickled, or the one this process kept (MAGIC_LIVE),
-        each tensor a view of the block."""
-        magic, a, n = head or struct.unpack_from("<QQQ", view, 0)
-        if magic == MAGIC_LIVE:
-            shape = self.live.pop(a, _End) if self.live is not None else _End
-            if shape is _End:  # (a collate_fn may return None)
-                raise RuntimeError("stoke: a batch's structure is not kept in this process "
-                                   "(token %d)" % a)
-            out = _load_live(shape, u8, view)
+    def load(self, view, pinned, head=None):
+        """The batch in a block (view; head: its header, if read already): its skeleton's
+        compiled builder run on its table (MAGIC_FAST), its structure unpickled, or the one
+        this process kept (MAGIC_LIVE), each tensor a view of the block (one uint8 tensor over
+        it: torch.frombuffer holds the view, which holds the batch)."""
+        magic, a, n, toff, entries = head or _HEAD(view, 0)
+        if magic == MAGIC_FAST:
+            out = self.builders.get(view, a, n)(view, toff)
         else:
-            out = _BlockUnpickler(io.BytesIO(view[a:a + n]), u8, view).load()
+            u8 = torch.frombuffer(view, dtype=torch.uint8) if torch is not None else None
+            if magic == MAGIC_LIVE:
+                shape = self.live.pop(a, _End) if self.live is not None else _End
+                if shape is _End:  # (a collate_fn may return None)
+                    raise RuntimeError("stoke: a batch's structure is not kept in this process "
+                                       "(token %d)" % a)
+                out = _load_live(shape, u8, view)
+            else:
+                out = _BlockUnpickler(io.BytesIO(view[a:a + n]), u8, view).load()
         if self.collate_fn is not None and self.pin and pinned:
             out = _pin_custom(out)
         return out
@@ -1146,10 +1369,11 @@ class _Writer:
         if len(b) == 0:
             return _Skipped
         view = memoryview(b[0]).cast("B")
-        magic, a, n = struct.unpack_from("<QQQ", view, 0)
+        head = _HEAD(view, 0)
+        magic, a, n = head[0], head[1], head[2]
         if magic == MAGIC_LIVE:
             a = 0  # n: the data's end
-        elif magic != MAGIC:
+        elif magic != MAGIC and magic != MAGIC_FAST:  # (MAGIC_FAST: the skeleton is last)
             return self.decode(b)
         buf = _stoke.PinnedBuffer(a + n)
         if not buf.pinned and b.is_pinned and not self.warned_copy:
@@ -1159,8 +1383,7 @@ class _Writer:
                           stacklevel=3)
         dst = memoryview(buf).cast("B")
         dst[:a + n] = view[:a + n]
-        u8 = torch.frombuffer(buf, dtype=torch.uint8) if torch is not None else None
-        return self.load(dst, u8, buf.pinned)
+        return self.load(dst, buf.pinned, head)
 
     def rebuild(self, b, need):
         """A batch too large for its block: made again here, in ordinary memory."""
@@ -1173,9 +1396,9 @@ class _Writer:
                           % (i, need, self.blob_bytes, 2 * need), RuntimeWarning, stacklevel=3)
         indices = self.plan.batch(i).tolist()
         buf = bytearray(_align(need) + (1 << 20))
-        self.write(_Block(memoryview(buf), self.live), self.fetch(indices, [None]), indices)
-        u8 = torch.frombuffer(buf, dtype=torch.uint8) if torch is not None else None
-        return self.load(memoryview(buf), u8, False)
+        self.write(_Block(memoryview(buf), self.live, self.fast), self.fetch(indices, [None]),
+                   indices)
+        return self.load(memoryview(buf), False)
 
     def name_batch(self, err):
         """The loader's "sample" is the batch's number in the epoch: the message says batch,
@@ -1396,7 +1619,8 @@ def _probe(w, meanwhile=None):
 
 
 def _probe_block(make, live=None):
-    """make(block) on blocks of ordinary memory, doubled until the batch fits.  A private
+    """make(block) on blocks of ordinary memory, doubled until the batch fits (kept as MAGIC_LIVE
+    or pickled, not MAGIC_FAST: a pickle is the larger, its size the safer measure).  A private
     anonymous mapping, not a bytearray: only the pages the batch writes are touched (a
     bytearray of twice an image batch's size was zeroed, page by page, for nothing)."""
     size = 1 << 20

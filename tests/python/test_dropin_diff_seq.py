@@ -248,6 +248,52 @@ def builtin_padding_edges():
     pad_error([torch.tensor(5), torch.zeros(3)], "(torch.int64 (), then torch.int64 ())")
 
 
+class Wrapped(torch.Tensor):
+    """A tensor subclass holding its data in another tensor (__torch_dispatch__ unwraps it), as
+    wrapper subclasses do: it has no data pointer of its own (data_ptr() is 0)."""
+
+    @staticmethod
+    def __new__(cls, inner):
+        return torch.Tensor._make_wrapper_subclass(cls, inner.shape, dtype=inner.dtype,
+                                                   device=inner.device, strides=inner.stride())
+
+    def __init__(self, inner):
+        self.data_ = inner
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        from torch.utils._pytree import tree_map
+        def unwrap(x):
+            return x.data_ if isinstance(x, Wrapped) else x
+        return func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs or {}))
+
+
+@case
+def builtin_padding_views():
+    """pad= on tensors whose bytes are not their values: conjugate views of complex samples
+    (z.conj(): contiguous, the conjugation a bit), negative views, and a wrapper subclass whose
+    data is another tensor's; the values are torch's (the samples' values, resolved), as with
+    plain tensors beside them."""
+    z = [(torch.arange(n, dtype=torch.float32) + 1j * (torch.arange(n) + 10)).to(
+        torch.complex64) for n in (3, 1, 4, 2, 5, 0)]
+    conj = [t.conj() for t in z]
+    T.check(all(t.is_conj() and t.is_contiguous() for t in conj), "conj views")
+    neg = [torch._neg_view(torch.arange(n, dtype=torch.float64) + 1) for n in (2, 4, 1, 3)]
+    T.check(all(t.is_neg() and t.is_contiguous() for t in neg), "neg views")
+    wrapped = [Wrapped(torch.arange(n, dtype=torch.int64) + 7) for n in (4, 2, 3, 1)]
+    mixed = [conj[0], z[1], conj[2], z[3]]
+    for workers in (0, 2):
+        check_padded(conj, "conjugate views workers=%d" % workers, value=-1,
+                     num_workers=workers)
+        check_padded(mixed, "conjugate views and plain workers=%d" % workers, value=2,
+                     num_workers=workers)
+        check_padded(neg, "negative views workers=%d" % workers, value=0.5, num_workers=workers)
+        check_padded(wrapped, "a wrapper subclass workers=%d" % workers, value=9,
+                     num_workers=workers)
+
+
 # --- an IterableDataset that shards itself --------------------------------------------------
 
 MARK = 0

@@ -4,7 +4,8 @@
    first next() raises its error (or set_epoch drops it).
    Once the caller handled it, batch 0's probe block is freed at once (no cycle through the
    kept error's traceback left for the cyclic GC).
-2. Worker threads prefetch batches whose structures wait in _Writer.live until decoded:
+2. Worker threads prefetch batches whose structures wait in _Writer.live until decoded (a
+   structure with a string: one of containers and tensors only goes in the block, MAGIC_FAST):
    set_epoch and a new iterator (which abandon the run) drop those never decoded, and a full
    epoch leaves nothing behind."""
 import gc
@@ -70,7 +71,7 @@ _dropin._probe_block = orig_probe
 
 # -- 2. structures of batches made and never decoded --
 class Gated:
-    """Sample i is i; once `open` is cleared, fills wait for it."""
+    """Sample i is (i, its name); once `open` is cleared, fills wait for it."""
 
     def __init__(self):
         self.open = threading.Event()
@@ -83,7 +84,7 @@ class Gated:
     def __getitem__(self, i):
         if not self.open.wait(30):
             self.timeouts += 1
-        return np.full(2, i, dtype=np.int64)
+        return np.full(2, i, dtype=np.int64), "s%d" % i
 
 
 def wait_live(writer, n, what):
@@ -101,7 +102,9 @@ for restart in ("set_epoch", "iter"):
     w = loader._writer
     it = iter(loader)
     first = next(it)
-    T.check(first.tolist() == [[i, i] for i in range(4)], "%s: batch 0 %s" % (restart, first))
+    T.check(first[0].tolist() == [[i, i] for i in range(4)]
+            and list(first[1]) == ["s%d" % i for i in range(4)],
+            "%s: batch 0 %s" % (restart, first))
     wait_live(w, 4, restart)  # prefetched, never decoded
     hook = w.set_epoch
 
@@ -120,7 +123,7 @@ for restart in ("set_epoch", "iter"):
     T.check(len(w.live) == 0, "%s: %d structures of abandoned batches kept"
             % (restart, len(w.live)))
     ds.open.set()
-    got = sorted(int(x) for b in it for x in b[:, 0])
+    got = sorted(int(x) for b in it for x in b[0][:, 0])
     T.check(got == list(range(256)), "%s: the next epoch's samples are wrong" % restart)
     T.check(len(w.live) == 0, "%s: %d structures kept after a full epoch" % (restart,
                                                                             len(w.live)))
