@@ -1,6 +1,7 @@
 """The package's bytecode is compiled at build time (python/CMakeLists.txt, stoke_python_pyc):
-every module of the stoke package has a checked-hash .pyc in __pycache__ whose hash is its
-source's, and a process that cannot write bytecode (PYTHONDONTWRITEBYTECODE) loads each module
+every module of the stoke package has a .pyc in __pycache__ that is its source's (the build's:
+checked-hash, the source's hash; an installed wheel's: pip's, the source's mtime and size), and
+a process that cannot write bytecode (PYTHONDONTWRITEBYTECODE) loads each module
 from it instead of compiling the source again (12 ms of a DataLoader's constructor for
 _dropin.py).  Skips (77) when the extension is not built."""
 import glob
@@ -23,10 +24,15 @@ for src in sources:
     with open(src, "rb") as f:
         want = importlib.util.source_hash(f.read())
     flags = int.from_bytes(head[4:8], "little")
-    # flags 0b11: hash-based, checked (the source may change after the build: it is checked)
-    T.check(head[:4] == importlib.util.MAGIC_NUMBER and flags == 3 and head[8:16] == want,
-            "%s: magic %r flags %d hash %r, source hash %r" % (pyc, head[:4], flags, head[8:16],
-                                                              want))
+    st = os.stat(src)
+    # the build's: flags 0b11, hash-based and checked (the source may change after the build);
+    # pip's (a wheel's install compiles its own): flags 0, the source's mtime and size
+    valid = head[8:16] == want if flags == 3 else flags == 0 and (
+        int.from_bytes(head[8:12], "little") == int(st.st_mtime) & 0xFFFFFFFF
+        and int.from_bytes(head[12:16], "little") == st.st_size & 0xFFFFFFFF)
+    T.check(head[:4] == importlib.util.MAGIC_NUMBER and valid,
+            "%s: magic %r flags %d stamp %r, source hash %r" % (pyc, head[:4], flags, head[8:16],
+                                                               want))
 
 env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
 p = subprocess.run([sys.executable, "-v", "-c", "import stoke, stoke._dropin, stoke.__main__"],
