@@ -169,8 +169,8 @@ int stoke__tar_fetch_sample(const stoke__tar_ds *t, uint64_t i, void *const dst[
  * shard read by range (no cache), its members that dst[j * nf + k] asks for, fetched together
  * with stoke__remote_read_many (several requests in flight) through the slot of io[0].worker,
  * into io[j].  Neighbouring samples of one shard (at most COALESCE_GAP apart) share a request
- * while it stays within the batch's bytes / STOKE_REMOTE_CONNECTIONS (so that every connection
- * still has a request) and COALESCE_MAX: the first of them owns the window, the others borrow
+ * until it holds about the batch's bytes / (4 x STOKE_REMOTE_CONNECTIONS) (so that every
+ * connection still has a few) or COALESCE_MAX: the first of them owns the window, the others borrow
  * it (io[j].borrowed; the caller frees each io[j].win that is not borrowed, after the batch).
  * Samples that are local, cached, out of range or whose members are far apart get no window
  * (read as get() reads them).  STOKE_OK, or the first failing request's error with msg as
