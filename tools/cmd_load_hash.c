@@ -71,15 +71,18 @@ const uint64_t *cmd_load_spans(load_run *r, const stoke_batch *b)
     if (!len || !r->spans)
         return NULL;
     size_t n = stoke_batch_count(b), unit = f->bytes / (size_t)f->max_len;
+    /* padded: the batch's length L (shape[1]; any later dimensions are a row's unit), in bytes;
+     * the shape asked for whole (a smaller room is STOKE_ERANGE), on the stack but for fields of
+     * more dimensions than a .npy may have */
+    int64_t small[65], *shape = small;
     int nd = stoke_batch_ndim(b, 0);
-    int64_t *shape = nd >= 2 ? calloc((size_t)nd, sizeof(*shape)) : NULL;
-    uint64_t row = 0; /* padded: the batch's length L (shape[1], any later dimensions are a
-                         row's unit), in bytes */
-    if (!off && shape && stoke_batch_shape(b, 0, shape, nd, &nd) == STOKE_OK && nd >= 2)
-        row = (uint64_t)shape[1] * unit;
-    free(shape);
-    if (!off && !row && n > 1)
+    if (nd > (int)(sizeof(small) / sizeof(small[0])) && !(shape = malloc((size_t)nd * sizeof(*shape))))
         return NULL; /* (out of memory) the batch's bytes as stacked samples */
+    uint64_t row = 0;
+    if (!off && nd >= 2 && stoke_batch_shape(b, 0, shape, nd, &nd) == STOKE_OK)
+        row = (uint64_t)shape[1] * unit;
+    if (shape != small)
+        free(shape);
     for (size_t i = 0; i < n; i++) {
         r->spans[2 * i] = off ? (uint64_t)off[i] * unit : i * row;
         r->spans[2 * i + 1] = (uint64_t)len[i] * unit;

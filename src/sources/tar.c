@@ -540,6 +540,16 @@ static int parse_fields(const char *spec, stoke__tar_ds *t, const char *val)
     }
 }
 
+/* The field whose extension is the n bytes at p (ragged ones only when `ragged`), or -1. */
+static int field_named(const stoke__tar_ds *t, const char *p, size_t n, int ragged)
+{
+    for (int j = 0; j < t->nf; j++)
+        if ((!ragged || t->f[j].ragged) && strlen(t->f[j].ext) == n &&
+            memcmp(t->f[j].ext, p, n) == 0)
+            return j;
+    return -1;
+}
+
 /* ragged=EXT:EXT (rg 0) and packed=EXT:EXT (rg 1): those raw fields vary in length, collated
  * padded with zeros or packed (dataset.h, ragged fields). */
 static int mark_ragged(const char *spec, stoke__tar_ds *t, int rg)
@@ -547,10 +557,7 @@ static int mark_ragged(const char *spec, stoke__tar_ds *t, int rg)
     const char *list = t->ragged_opt[rg], *p = list;
     while (p && *p) {
         size_t n = strcspn(p, ":");
-        int k = -1;
-        for (int j = 0; j < t->nf && k < 0; j++)
-            if (strlen(t->f[j].ext) == n && memcmp(t->f[j].ext, p, n) == 0)
-                k = j;
+        int k = field_named(t, p, n, 0);
         if (k < 0 || (t->f[k].kind != STOKE__TAR_RAW && t->f[k].kind != STOKE__TAR_NPY))
             return stoke__fail(STOKE_EINVAL,
                                "source '%s': %s=%s: '%.*s' is %s (ragged fields are members "
@@ -595,10 +602,11 @@ static int mark_max_len(const char *spec, stoke__tar_ds *t)
     if (t->truncate && !opt)
         return stoke__fail(STOKE_EINVAL, "source '%s': truncate goes with max_len=N", spec);
     uint64_t v = 0;
-    if (opt && (!*opt || (parse_u64(opt, &v) == 0 && (v == 0 || v > INT32_MAX))))
+    int bare = opt && parse_u64(opt, &v) == 0; /* max_len=N */
+    if (opt && (!*opt || (bare && (v == 0 || v > INT32_MAX))))
         return stoke__fail(STOKE_EINVAL, "source '%s': max_len=%s: a count from 1 to %d", spec,
                            opt, INT32_MAX);
-    if (opt && parse_u64(opt, &v) == 0) {
+    if (bare) {
         for (int k = 0; k < t->nf; k++)
             if (t->f[k].ragged)
                 t->f[k].max_len = (int64_t)v;
@@ -606,10 +614,7 @@ static int mark_max_len(const char *spec, stoke__tar_ds *t)
     }
     while (p && *p) {
         size_t n = strcspn(p, ":");
-        int k = -1;
-        for (int j = 0; j < t->nf && k < 0; j++)
-            if (t->f[j].ragged && strlen(t->f[j].ext) == n && memcmp(t->f[j].ext, p, n) == 0)
-                k = j;
+        int k = field_named(t, p, n, 1);
         if (k < 0)
             return stoke__fail(STOKE_EINVAL,
                                "source '%s': max_len=%s: '%.*s' is not a ragged or packed "
@@ -701,11 +706,11 @@ static int parse_options(const char *spec, stoke__tar_ds *t, char *opts)
                 return stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);
             continue;
         }
-        if (strcmp(o, "max_len") == 0 || (strcmp(o, "truncate") == 0 && !eq)) {
-            if (*o == 't') {
-                t->truncate = 1;
-                continue;
-            }
+        if (strcmp(o, "truncate") == 0 && !eq) {
+            t->truncate = 1;
+            continue;
+        }
+        if (strcmp(o, "max_len") == 0) {
             free(t->max_len_opt);
             if (!(t->max_len_opt = strdup(val)))
                 return stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);
