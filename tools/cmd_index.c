@@ -11,15 +11,14 @@
 #include "cli.h"
 #include "stoke/stoke.h"
 
-static const char use[] =
-    "usage: stoke index tar:PATTERN [--out DIR] [--json]\n"
-    "  writes SHARD.idx next to every shard of PATTERN (local files):\n"
-    "  its size and its members' names, offsets and sizes, read by a\n"
-    "  remote tar: source in one request instead of walking the shard\n"
-    "  --out DIR  writes NAME.idx into DIR instead (NAME: the shard's file\n"
-    "             name); needed for http(s):// and s3:// shards, each then\n"
-    "             downloaded once to index it: upload DIR's .idx files next\n"
-    "             to the shards\n";
+static const char use[] = "usage: stoke index tar:PATTERN [--out DIR] [--json]\n"
+                          "  writes SHARD.idx next to every shard of PATTERN (local files):\n"
+                          "  its size and its members' names, offsets and sizes, read by a\n"
+                          "  remote tar: source in one request instead of walking the shard\n"
+                          "  --out DIR  writes NAME.idx into DIR instead (NAME: the shard's file\n"
+                          "             name); needed for http(s):// and s3:// shards, each then\n"
+                          "             downloaded once to index it: upload DIR's .idx files next\n"
+                          "             to the shards\n";
 
 typedef struct idx_ctx {
     FILE *json;      /* --json: the shards' entries, printed once all went well */

@@ -76,7 +76,8 @@ const uint64_t *cmd_load_spans(load_run *r, const stoke_batch *b)
      * more dimensions than a .npy may have */
     int64_t small[65], *shape = small;
     int nd = stoke_batch_ndim(b, 0);
-    if (nd > (int)(sizeof(small) / sizeof(small[0])) && !(shape = malloc((size_t)nd * sizeof(*shape))))
+    if (nd > (int)(sizeof(small) / sizeof(small[0])) &&
+        !(shape = malloc((size_t)nd * sizeof(*shape))))
         return NULL; /* (out of memory) the batch's bytes as stacked samples */
     uint64_t row = 0;
     if (!off && nd >= 2 && stoke_batch_shape(b, 0, shape, nd, &nd) == STOKE_OK)

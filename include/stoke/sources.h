@@ -265,8 +265,8 @@ STOKE_API int stoke_tar_write_index(const char *pattern, stoke_tar_index_fn fn, 
  * same prefix).  dir NULL: stoke_tar_write_index (URLs are then STOKE_EINVAL).  fn gets the
  * shard as a URL without credentials.  Errors as stoke_tar_write_index's, and STOKE_EINVAL
  * when dir is not a directory, the download's (STOKE_ENOENT for a 404, STOKE_EIO, ...). */
-STOKE_API int stoke_tar_write_index_to(const char *pattern, const char *dir,
-                                       stoke_tar_index_fn fn, void *ctx);
+STOKE_API int stoke_tar_write_index_to(const char *pattern, const char *dir, stoke_tar_index_fn fn,
+                                       void *ctx);
 
 /* ---- the cache of remote shards -------------------------------------------------------------
  * STOKE_CACHE_DIR holds whole copies of remote shards, shared by the processes of a node

@@ -597,15 +597,15 @@ static int mark_max_len(const char *spec, stoke__tar_ds *t)
     for (int k = 0; k < t->nf; k++)
         any |= t->f[k].ragged != 0;
     if ((opt || t->truncate) && !any)
-        return stoke__fail(STOKE_EINVAL, "source '%s': %s is for ragged= and packed= fields",
-                           spec, opt ? "max_len=" : "truncate");
+        return stoke__fail(STOKE_EINVAL, "source '%s': %s is for ragged= and packed= fields", spec,
+                           opt ? "max_len=" : "truncate");
     if (t->truncate && !opt)
         return stoke__fail(STOKE_EINVAL, "source '%s': truncate goes with max_len=N", spec);
     uint64_t v = 0;
     int bare = opt && parse_u64(opt, &v) == 0; /* max_len=N */
     if (opt && (!*opt || (bare && (v == 0 || v > INT32_MAX))))
-        return stoke__fail(STOKE_EINVAL, "source '%s': max_len=%s: a count from 1 to %d", spec,
-                           opt, INT32_MAX);
+        return stoke__fail(STOKE_EINVAL, "source '%s': max_len=%s: a count from 1 to %d", spec, opt,
+                           INT32_MAX);
     if (bare) {
         for (int k = 0; k < t->nf; k++)
             if (t->f[k].ragged)
@@ -626,8 +626,10 @@ static int mark_max_len(const char *spec, stoke__tar_ds *t)
         if (m < sizeof(num))
             memcpy(num, p, m);
         if (!m || m >= sizeof(num) || parse_u64(num, &v) != 0 || v == 0 || v > INT32_MAX)
-            return stoke__fail(STOKE_EINVAL, "source '%s': max_len=%s: field '%s' needs a "
-                               "count from 1 to %d", spec, opt, t->f[k].ext, INT32_MAX);
+            return stoke__fail(STOKE_EINVAL,
+                               "source '%s': max_len=%s: field '%s' needs a "
+                               "count from 1 to %d",
+                               spec, opt, t->f[k].ext, INT32_MAX);
         t->f[k].max_len = (int64_t)v;
         p += m + (p[m] == ':');
     }
@@ -889,8 +891,7 @@ static int download_shard(const char *spec, const char *dir, stoke__remote_pool 
     return STOKE_OK;
 }
 
-int stoke_tar_write_index_to(const char *pattern, const char *dir, stoke_tar_index_fn fn,
-                             void *ctx)
+int stoke_tar_write_index_to(const char *pattern, const char *dir, stoke_tar_index_fn fn, void *ctx)
 {
     if (!pattern || !*pattern)
         return stoke__fail(STOKE_EINVAL, "stoke_tar_write_index: no shard pattern");

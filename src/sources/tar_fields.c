@@ -301,8 +301,10 @@ int stoke__tar_fetch_batch(const stoke__tar_ds *t, const uint64_t *idx, size_t c
             char *buf = malloc((size_t)(hi - sp[a].lo));
             if (!buf) /* these samples are read field by field by get's path */
                 continue;
-            r[nr] = (stoke__remote_req){.f = &t->shards[sp[a].shard].rf, .buf = buf,
-                                        .n = (size_t)(hi - sp[a].lo), .off = sp[a].lo};
+            r[nr] = (stoke__remote_req){.f = &t->shards[sp[a].shard].rf,
+                                        .buf = buf,
+                                        .n = (size_t)(hi - sp[a].lo),
+                                        .off = sp[a].lo};
             run[2 * nr] = a;
             run[2 * nr++ + 1] = b;
         }
@@ -511,8 +513,8 @@ int stoke__tar_read_field(const stoke__tar_ds *t, uint64_t i, int k, void *dst, 
                               L->size, room);
         if (len)
             *len = (int64_t)L->size;
-        return shard_read(t, i, k, dst, (size_t)(L->size < room ? L->size : room), L->off, io,
-                          msg, msg_len);
+        return shard_read(t, i, k, dst, (size_t)(L->size < room ? L->size : room), L->off, io, msg,
+                          msg_len);
     }
     if (L->size != t->fields[k].bytes)
         return field_fail(t, i, k, msg, msg_len, STOKE_EFORMAT,

@@ -27,8 +27,8 @@
  * atomically (a temporary name in the same directory, fsync, rename): 0 with *members, or an
  * error code with why (naming the file).  */
 int stoke__tar_index_write(const char *path, const char *out, uint64_t shard_size,
-                           stoke__tar_read_fn read,
-                           void *read_ctx, uint64_t *members, char *why, size_t why_len);
+                           stoke__tar_read_fn read, void *read_ctx, uint64_t *members, char *why,
+                           size_t why_len);
 
 /* Parses an index of len bytes: 0 with *shard_size and *crc (the shard's CRC-32, or -1 for a
  * version 1 index), calling member for each member (in order); STOKE_EFORMAT with why ("line
