@@ -75,6 +75,10 @@ struct stoke__remote_pool {
     char *ca_bundle;
     stoke__remote_aws aws; /* S3, from the environment and ~/.aws at create */
     counters *n; /* a shared mapping: a forked worker's requests are counted in the parent */
+    struct fetcher *fe; /* the whole-file fetches' shared transfers (remote_fetch.c); NULL until
+                           the first fetch */
+    pthread_mutex_t fe_lock; /* guards fe and what it holds (its locking rules: remote_fetch.c) */
+    pthread_cond_t fe_cond;  /* a fetch ended, or the transfers have no driver */
 };
 
 typedef struct xfer {
@@ -104,6 +108,14 @@ typedef struct xfer {
     uint64_t first_us, total_us; /* the last try's microseconds from its request sent to its
                                     first byte, and to its end */
 } xfer;
+
+/* Slot slot_i (as stoke__remote_read's) locked, with its handle: the slot, or NULL
+ * (STOKE_ENOMEM, why set naming f). */
+slot *stoke__remote_slot_take(stoke__remote_pool *p, int slot_i, const stoke__remote_file *f,
+                              char *why, size_t why_len);
+/* remote_fetch.c: the fetches' transfers freed (destroy), or dropped without closing their
+ * connections, which are the parent's (a fork's child). */
+void stoke__remote_fetcher_free(stoke__remote_pool *p, int child);
 
 /* A new easy handle with the pool's settings, its errors into s->err. */
 CURL *stoke__remote_handle_new(const stoke__remote_pool *p, slot *s);
