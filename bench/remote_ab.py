@@ -1,5 +1,5 @@
 """A/B of two stoke CLIs on bench_remote.py's shards, alternating, rounds x rows: behind nginx
-`limit_rate` (mode=stream; the cache) and on loopback (mode=stream), with 16 parallel curls as
+`limit_rate` (mode=stream; the cache) and on loopback (mode=stream; the cache), with 16 parallel curls as
 what the machine serves on 16 limited connections.  Each run a whole `stoke load` process;
 connections and requests counted from nginx's access log; medians and ranges at the end.
 
@@ -37,7 +37,7 @@ lim = servers.start_nginx(data, lp, extra="limit_rate 20m;")
 un = servers.start_nginx(data, up)
 clis = {"a": args.a, "b": args.b}
 rows = [("lim stream", lim, lp, ",mode=stream", False), ("lim cache", lim, lp, "", True),
-        ("loop stream", un, up, ",mode=stream", False)]
+        ("loop stream", un, up, ",mode=stream", False), ("loop cache", un, up, "", True)]
 want = args.rows.split(",")
 res = {}
 try:

@@ -277,10 +277,14 @@ void stoke__remote_pool_fork_prepare(stoke__remote_pool *p)
 {
     for (int i = 0; p && i < SLOTS; i++)
         pthread_mutex_lock(&p->s[i].lock);
+    if (p) /* after the slots: no fetch runs, its lanes are idle */
+        pthread_mutex_lock(&p->fe_lock);
 }
 
 void stoke__remote_pool_fork_parent(stoke__remote_pool *p)
 {
+    if (p)
+        pthread_mutex_unlock(&p->fe_lock);
     for (int i = 0; p && i < SLOTS; i++)
         pthread_mutex_unlock(&p->s[i].lock);
 }
@@ -359,8 +363,11 @@ static size_t on_header(char *data, size_t size, size_t nmemb, void *ctx)
             x->has_cr = 1;
             x->total = t;
             x->has_total = 1;
-            uint64_t cur = x->seen ? atomic_load(x->seen) : UINT64_MAX;
-            while (cur < t && !atomic_compare_exchange_weak(x->seen, &cur, (uint64_t)t)) {
+            for (int k = 0; k < 2; k++) {
+                _Atomic uint64_t *to = k ? x->seen2 : x->seen;
+                uint64_t cur = to ? atomic_load(to) : UINT64_MAX;
+                while (cur < t && !atomic_compare_exchange_weak(to, &cur, (uint64_t)t)) {
+                }
             }
         } else if (sscanf(v, "bytes */%llu", &t) == 1) {
             x->total = t;
@@ -707,6 +714,12 @@ slot *stoke__remote_slot_take(stoke__remote_pool *p, int slot_i, const stoke__re
         return NULL;
     }
     return s;
+}
+
+int stoke__remote_tries(stoke__remote_pool *p, slot *s, const stoke__remote_file *f, xfer *x,
+                        char *why, size_t why_len)
+{
+    return retry_loop(p, s, f, x, 0, TRY_NOW, why, why_len);
 }
 
 /* The tries of one transfer x through slot slot_i: 0, or the error with why set. */

@@ -78,7 +78,7 @@ struct stoke__remote_pool {
     struct fetcher *fe; /* the whole-file fetches' shared transfers (remote_fetch.c); NULL until
                            the first fetch */
     pthread_mutex_t fe_lock; /* guards fe and what it holds (its locking rules: remote_fetch.c) */
-    pthread_cond_t fe_cond;  /* a fetch ended, or the transfers have no driver */
+    pthread_cond_t fe_cond;  /* a fetch ended */
 };
 
 typedef struct xfer {
@@ -101,6 +101,7 @@ typedef struct xfer {
     long retry_after;       /* seconds; -1 when absent */
     _Atomic uint64_t *seen; /* when not NULL: raised to the file's size as soon as a header
                                says it */
+    _Atomic uint64_t *seen2; /* ... and this one too */
     const int *stop;        /* when not NULL and nonzero: give up (stoke__remote_fetch) */
     char err[512];          /* the start of an error response's body */
     size_t errlen;
@@ -113,6 +114,10 @@ typedef struct xfer {
  * (STOKE_ENOMEM, why set naming f). */
 slot *stoke__remote_slot_take(stoke__remote_pool *p, int slot_i, const stoke__remote_file *f,
                               char *why, size_t why_len);
+/* The tries of transfer x on slot s's handle (s->lock held, or s a thread's own), with the
+ * retries and backoff of a read: 0, or the error with why set. */
+int stoke__remote_tries(stoke__remote_pool *p, slot *s, const stoke__remote_file *f, xfer *x,
+                        char *why, size_t why_len);
 /* remote_fetch.c: the fetches' transfers freed (destroy), or dropped without closing their
  * connections, which are the parent's (a fork's child). */
 void stoke__remote_fetcher_free(stoke__remote_pool *p, int child);
