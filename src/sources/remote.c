@@ -703,8 +703,8 @@ static int retry_loop(stoke__remote_pool *p, slot *s, const stoke__remote_file *
     }
 }
 
-slot *stoke__remote_slot_take(stoke__remote_pool *p, int slot_i, const stoke__remote_file *f, char *why,
-                       size_t why_len)
+slot *stoke__remote_slot_take(stoke__remote_pool *p, int slot_i, const stoke__remote_file *f,
+                              char *why, size_t why_len)
 {
     slot *s = slot_of(p, slot_i);
     pthread_mutex_lock(&s->lock);

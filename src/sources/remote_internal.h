@@ -74,7 +74,7 @@ struct stoke__remote_pool {
     uint64_t stream_ahead; /* a stream's bytes received, not read yet (STOKE_STREAM_AHEAD) */
     char *ca_bundle;
     stoke__remote_aws aws; /* S3, from the environment and ~/.aws at create */
-    counters *n; /* a shared mapping: a forked worker's requests are counted in the parent */
+    counters *n;        /* a shared mapping: a forked worker's requests are counted in the parent */
     struct fetcher *fe; /* the whole-file fetches' shared transfers (remote_fetch.c); NULL until
                            the first fetch */
     pthread_mutex_t fe_lock; /* guards fe and what it holds (its locking rules: remote_fetch.c) */
@@ -98,12 +98,12 @@ typedef struct xfer {
     int has_total;
     uint64_t cr_start; /* Content-Range's first byte, when has_cr */
     int has_cr;
-    long retry_after;       /* seconds; -1 when absent */
-    _Atomic uint64_t *seen; /* when not NULL: raised to the file's size as soon as a header
-                               says it */
+    long retry_after;        /* seconds; -1 when absent */
+    _Atomic uint64_t *seen;  /* when not NULL: raised to the file's size as soon as a header
+                                says it */
     _Atomic uint64_t *seen2; /* ... and this one too */
-    const int *stop;        /* when not NULL and nonzero: give up (stoke__remote_fetch) */
-    char err[512];          /* the start of an error response's body */
+    const int *stop;         /* when not NULL and nonzero: give up (stoke__remote_fetch) */
+    char err[512];           /* the start of an error response's body */
     size_t errlen;
     size_t before;               /* got when the try began */
     uint64_t first_us, total_us; /* the last try's microseconds from its request sent to its
