@@ -192,6 +192,8 @@ int stoke__remote_pool_create(stoke__remote_pool **out, char *why, size_t why_le
     }
     for (int i = 0; i < SLOTS; i++)
         pthread_mutex_init(&p->s[i].lock, NULL);
+    pthread_mutex_init(&p->fe_lock, NULL);
+    pthread_cond_init(&p->fe_cond, NULL);
     p->n = mmap(NULL, sizeof(*p->n), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (p->n == MAP_FAILED) {
         p->n = NULL;
@@ -261,6 +263,9 @@ void stoke__remote_pool_destroy(stoke__remote_pool *p)
         free(mu);
         pthread_mutex_destroy(&p->s[i].lock);
     }
+    stoke__remote_fetcher_free(p, 0);
+    pthread_mutex_destroy(&p->fe_lock);
+    pthread_cond_destroy(&p->fe_cond);
     stoke__remote_aws_free(&p->aws);
     free(p->ca_bundle);
     if (p->n)
@@ -272,10 +277,14 @@ void stoke__remote_pool_fork_prepare(stoke__remote_pool *p)
 {
     for (int i = 0; p && i < SLOTS; i++)
         pthread_mutex_lock(&p->s[i].lock);
+    if (p) /* after the slots: no fetch runs, its lanes are idle */
+        pthread_mutex_lock(&p->fe_lock);
 }
 
 void stoke__remote_pool_fork_parent(stoke__remote_pool *p)
 {
+    if (p)
+        pthread_mutex_unlock(&p->fe_lock);
     for (int i = 0; p && i < SLOTS; i++)
         pthread_mutex_unlock(&p->s[i].lock);
 }
@@ -287,6 +296,8 @@ void stoke__remote_pool_fork_child(stoke__remote_pool *p)
         p->s[i].mu = NULL;
         pthread_mutex_unlock(&p->s[i].lock);
     }
+    if (p) /* no fetch runs (prepare took every slot): the transfers are idle, the parent's */
+        stoke__remote_fetcher_free(p, 1);
 }
 
 /* ---- URLs --------------------------------------------------------------------------------- */
@@ -352,8 +363,11 @@ static size_t on_header(char *data, size_t size, size_t nmemb, void *ctx)
             x->has_cr = 1;
             x->total = t;
             x->has_total = 1;
-            uint64_t cur = x->seen ? atomic_load(x->seen) : UINT64_MAX;
-            while (cur < t && !atomic_compare_exchange_weak(x->seen, &cur, (uint64_t)t)) {
+            for (int k = 0; k < 2; k++) {
+                _Atomic uint64_t *to = k ? x->seen2 : x->seen;
+                uint64_t cur = to ? atomic_load(to) : UINT64_MAX;
+                while (cur < t && !atomic_compare_exchange_weak(to, &cur, (uint64_t)t)) {
+                }
             }
         } else if (sscanf(v, "bytes */%llu", &t) == 1) {
             x->total = t;
@@ -374,7 +388,8 @@ static size_t on_body(char *data, size_t size, size_t nmemb, void *ctx)
         x->body = 1;
         curl_easy_getinfo(x->h, CURLINFO_RESPONSE_CODE, &x->status);
         x->pos = x->status == 206 ? (x->has_cr ? x->cr_start : x->off + x->got) : 0;
-        if (x->q && x->status == 200) /* ranges ignored: a stream's chunk takes the rest */
+        /* ranges ignored: a stream's chunk, or a fetch's first chunk, takes the whole body */
+        if ((x->q || (x->fd >= 0 && x->off == 0)) && x->status == 200)
             x->n = SIZE_MAX;
     }
     if (x->status != 200 && x->status != 206) { /* keep the start of the error's text */
@@ -413,7 +428,7 @@ static size_t on_body(char *data, size_t size, size_t nmemb, void *ctx)
         memcpy(x->buf + x->got, data + skip, take);
     } else {
         for (size_t w = 0; w < take;) { /* a short write continues; an error stops the body */
-            ssize_t r = pwrite(x->fd, data + skip + w, take - w, (off_t)(x->got + w));
+            ssize_t r = pwrite(x->fd, data + skip + w, take - w, (off_t)(from + w));
             if (r < 0 && errno == EINTR)
                 continue;
             if (r <= 0) {
@@ -688,9 +703,8 @@ static int retry_loop(stoke__remote_pool *p, slot *s, const stoke__remote_file *
     }
 }
 
-/* Slot slot_i locked, with its handle: the slot, or NULL (STOKE_ENOMEM, why set). */
-static slot *slot_take(stoke__remote_pool *p, int slot_i, const stoke__remote_file *f, char *why,
-                       size_t why_len)
+slot *stoke__remote_slot_take(stoke__remote_pool *p, int slot_i, const stoke__remote_file *f,
+                              char *why, size_t why_len)
 {
     slot *s = slot_of(p, slot_i);
     pthread_mutex_lock(&s->lock);
@@ -702,12 +716,18 @@ static slot *slot_take(stoke__remote_pool *p, int slot_i, const stoke__remote_fi
     return s;
 }
 
+int stoke__remote_tries(stoke__remote_pool *p, slot *s, const stoke__remote_file *f, xfer *x,
+                        char *why, size_t why_len)
+{
+    return retry_loop(p, s, f, x, 0, TRY_NOW, why, why_len);
+}
+
 /* The tries of one transfer x through slot slot_i: 0, or the error with why set. */
 static int transfer(stoke__remote_pool *p, int slot_i, const stoke__remote_file *f, xfer *x,
                     char *why, size_t why_len)
 {
     uint64_t t0 = stoke__now_ns();
-    slot *s = slot_take(p, slot_i, f, why, why_len);
+    slot *s = stoke__remote_slot_take(p, slot_i, f, why, why_len);
     if (!s)
         return STOKE_ENOMEM;
     int rc = retry_loop(p, s, f, x, 0, TRY_NOW, why, why_len);
@@ -751,7 +771,7 @@ static int read_batch(stoke__remote_pool *p, int slot_i, stoke__remote_req *r, s
     if (n == 0)
         return STOKE_OK;
     uint64_t t0 = stoke__now_ns();
-    slot *s = slot_take(p, slot_i, r[0].f, why, why_len);
+    slot *s = stoke__remote_slot_take(p, slot_i, r[0].f, why, why_len);
     if (!s) {
         *failed = 0;
         return STOKE_ENOMEM;
@@ -900,28 +920,6 @@ int stoke__remote_read(stoke__remote_pool *p, int slot_i, const stoke__remote_fi
     if (rc == STOKE_OK && total && x.has_total)
         *total = x.total;
     return rc;
-}
-
-int stoke__remote_fetch(stoke__remote_pool *p, int slot_i, const stoke__remote_file *f, int fd,
-                        uint64_t expect, _Atomic uint64_t *seen, const int *stop, uint64_t *size,
-                        char *why, size_t why_len)
-{
-    *size = 0;
-    xfer x = {.fd = fd, .n = expect ? (size_t)expect : SIZE_MAX, .seen = seen, .stop = stop};
-    int rc = transfer(p, slot_i, f, &x, why, why_len);
-    if (rc)
-        return rc;
-    uint64_t total = x.has_total ? x.total : x.got;
-    if ((expect && total != expect) || x.got != total) {
-        stoke__fmt_short(why, why_len,
-                         "GET %s: the file is %" PRIu64 " bytes%s, %" PRIu64 " came (%" PRIu64
-                         " expected)",
-                         f->url, total, x.has_total ? "" : " (no Content-Range)", (uint64_t)x.got,
-                         expect ? expect : total);
-        return STOKE_EIO;
-    }
-    *size = x.got;
-    return STOKE_OK;
 }
 
 #endif /* STOKE_HAVE_LIBCURL */

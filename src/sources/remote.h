@@ -2,10 +2,12 @@
  * range through libcurl (remote.c; S3's settings and signing: remote_aws.c).  See
  * docs/sources.md, "Remote shards".
  *
- * A pool holds the connections: one libcurl handle per slot (a worker: slot = worker % 64; a
- * background downloader of the cache: STOKE__REMOTE_BG(k), k < STOKE__REMOTE_BG_MAX), created by
- * the slot's first read and kept, so that consecutive reads of one worker reuse its
- * connection (HTTP keep-alive), and the settings read from the environment once, at create
+ * A pool holds the connections: its whole-file fetches' (remote_fetch.c: threads with a
+ * handle each, started by the first fetch, joined by destroy), and one libcurl handle per
+ * slot (a worker: slot = worker % 64; a background downloader of the cache:
+ * STOKE__REMOTE_BG(k), k < STOKE__REMOTE_BG_MAX), created by the slot's first read and kept,
+ * so that consecutive reads of one worker reuse its connection (HTTP keep-alive), and the
+ * settings read from the environment once, at create
  * (S3 credentials, region and endpoint, retries, timeout).  A read retries what can pass
  * (timeouts, refused or reset connections, 408/429/5xx, a body cut short: continued from the
  * byte it stopped at) with exponential backoff and jitter.  Credentials never appear in a
@@ -122,17 +124,24 @@ int stoke__remote_read_many(stoke__remote_pool *p, int slot, stoke__remote_req *
 int stoke__remote_read_each(stoke__remote_pool *p, int slot, stoke__remote_req *r, size_t n,
                             char *why, size_t why_len);
 
-/* Downloads the whole of f into fd (byte i written at offset i, pwrite) through slot `slot`,
- * with the retries of a read (a body cut short is continued by range from its first missing
- * byte).  expect: the size the file must have, 0 when not known.  Returns 0 with *size = the
+/* Downloads the whole of f into fd (byte i written at offset i, pwrite), waiting in slot
+ * `slot` (held for the call), as chunks (range requests of STOKE_STREAM_AHEAD / (2 x
+ * STOKE_REMOTE_CONNECTIONS) bytes, 64 KiB to 64 MiB) fetched by the pool's
+ * STOKE_REMOTE_CONNECTIONS download threads, each with a connection of its own, which serve
+ * every fetch of the pool in progress (a worker slot's first); the first chunk alone, the
+ * others once its response said the size; a 200 (ranges ignored) to the first is the whole
+ * file.  With STOKE_REMOTE_CONNECTIONS 0 or 1, one request (Range: bytes=0-).  Each chunk has
+ * the retries of a read (a body cut short is continued by range from its first missing byte).
+ * expect: the size the file must have, 0 when not known.  Returns 0 with *size = the
  * bytes written, which are the file's size as the server said it (Content-Range, or the
  * length of a 200's body) and `expect` when given; errors as stoke__remote_read, and
  * STOKE_EIO when the size differs ("the file is N bytes, M came") or a write to fd failed.
  * Writes nothing past the file's size; fd's size is the caller's.  seen (may be NULL): raised
  * (atomic max) to the file's size as soon as a response's header says it, before the body
  * (cache.c sizes its read-ahead from it).  stop (may be NULL): when it turns nonzero (atomic
- * store) the transfer and its retries end within about 50 ms with STOKE_EIO ("stopped").
- * Thread-safe. */
+ * store) the transfers and their retries end within about 50 ms with STOKE_EIO ("stopped").
+ * Thread-safe.  A different size said by two chunks' responses: STOKE_EIO ("the file changed
+ * while it was read"). */
 int stoke__remote_fetch(stoke__remote_pool *p, int slot, const stoke__remote_file *f, int fd,
                         uint64_t expect, _Atomic uint64_t *seen, const int *stop, uint64_t *size,
                         char *why, size_t why_len);

@@ -74,7 +74,11 @@ struct stoke__remote_pool {
     uint64_t stream_ahead; /* a stream's bytes received, not read yet (STOKE_STREAM_AHEAD) */
     char *ca_bundle;
     stoke__remote_aws aws; /* S3, from the environment and ~/.aws at create */
-    counters *n; /* a shared mapping: a forked worker's requests are counted in the parent */
+    counters *n;        /* a shared mapping: a forked worker's requests are counted in the parent */
+    struct fetcher *fe; /* the whole-file fetches' shared transfers (remote_fetch.c); NULL until
+                           the first fetch */
+    pthread_mutex_t fe_lock; /* guards fe and what it holds (its locking rules: remote_fetch.c) */
+    pthread_cond_t fe_cond;  /* a fetch ended */
 };
 
 typedef struct xfer {
@@ -94,16 +98,29 @@ typedef struct xfer {
     int has_total;
     uint64_t cr_start; /* Content-Range's first byte, when has_cr */
     int has_cr;
-    long retry_after;       /* seconds; -1 when absent */
-    _Atomic uint64_t *seen; /* when not NULL: raised to the file's size as soon as a header
-                               says it */
-    const int *stop;        /* when not NULL and nonzero: give up (stoke__remote_fetch) */
-    char err[512];          /* the start of an error response's body */
+    long retry_after;        /* seconds; -1 when absent */
+    _Atomic uint64_t *seen;  /* when not NULL: raised to the file's size as soon as a header
+                                says it */
+    _Atomic uint64_t *seen2; /* ... and this one too */
+    const int *stop;         /* when not NULL and nonzero: give up (stoke__remote_fetch) */
+    char err[512];           /* the start of an error response's body */
     size_t errlen;
     size_t before;               /* got when the try began */
     uint64_t first_us, total_us; /* the last try's microseconds from its request sent to its
                                     first byte, and to its end */
 } xfer;
+
+/* Slot slot_i (as stoke__remote_read's) locked, with its handle: the slot, or NULL
+ * (STOKE_ENOMEM, why set naming f). */
+slot *stoke__remote_slot_take(stoke__remote_pool *p, int slot_i, const stoke__remote_file *f,
+                              char *why, size_t why_len);
+/* The tries of transfer x on slot s's handle (s->lock held, or s a thread's own), with the
+ * retries and backoff of a read: 0, or the error with why set. */
+int stoke__remote_tries(stoke__remote_pool *p, slot *s, const stoke__remote_file *f, xfer *x,
+                        char *why, size_t why_len);
+/* remote_fetch.c: the fetches' transfers freed (destroy), or dropped without closing their
+ * connections, which are the parent's (a fork's child). */
+void stoke__remote_fetcher_free(stoke__remote_pool *p, int child);
 
 /* A new easy handle with the pool's settings, its errors into s->err. */
 CURL *stoke__remote_handle_new(const stoke__remote_pool *p, slot *s);

@@ -1,0 +1,357 @@
+/* Whole-file fetches (remote.h, stoke__remote_fetch): a file downloaded into an fd as chunks,
+ * range requests of STOKE_STREAM_AHEAD / (2 x STOKE_REMOTE_CONNECTIONS) bytes (as a stream's),
+ * written at their offsets (pwrite).  The chunks of every fetch of a pool in progress (the
+ * cache's reader and its background downloaders, each waiting in its own thread) are served by
+ * one set of STOKE_REMOTE_CONNECTIONS lanes: threads of the pool, each with a libcurl handle
+ * (and so a connection, kept from chunk to chunk whichever fetch it serves).  So the pool's
+ * connections for fetches stay that many, and they stay busy while any fetch has a chunk left,
+ * the last shard's tail included.  Fetches are served in the order they came, a worker's (one
+ * waits on it) before the background ones.  A try that fails in a way that can pass is retried
+ * with the backoff of a read, from the chunk's first missing byte (remote.c's tries).  With 0
+ * or 1 connections a file is one request (Range: bytes=0-).
+ *
+ * Locking: p->fe_lock guards the fetcher and its jobs; p->fe_cond is signalled when a job may
+ * be over (its thread looks), fetcher.work when a chunk may be ready (a lane looks).  A lane
+ * runs its chunk without the lock.  A fetch holds its slot's lock throughout
+ * (stoke__remote_slot_take): the pool's fork hook, which takes every slot and then fe_lock,
+ * so finds no fetch running and the lanes idle; the child has no lane (no thread crossed the
+ * fork) and drops the fetcher. */
+#define _GNU_SOURCE
+#include "sources/remote.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/internal.h"
+
+#ifdef STOKE_HAVE_LIBCURL
+
+#include "sources/remote_internal.h"
+
+#define LANES_MAX STOKE__REMOTE_BG_MAX
+#define CHUNK_MIN ((uint64_t)64 << 10) /* as a stream's chunks */
+#define CHUNK_MAX ((uint64_t)64 << 20)
+
+/* One fetch: a file into fd, its chunks [0, next) handed to lanes so far. */
+typedef struct fjob {
+    const stoke__remote_file *f;
+    int fd;
+    _Atomic uint64_t *seen;
+    const int *stop;
+    _Atomic uint64_t said; /* the size a 206's header said (raised by the lane's on_header) */
+    uint64_t total;        /* the file's size, when known */
+    int known;
+    int ranged;       /* a 206 said the size: the chunks after the first may go */
+    uint64_t next;    /* the first byte no lane was given (UINT64_MAX: the whole file was) */
+    uint64_t written; /* bytes of the chunks that ended */
+    int nrun;         /* lanes on this job */
+    int fg;           /* a worker's (someone waits on it): served before the background's */
+    int rc;           /* its error (the first), with msg */
+    char msg[STOKE__MSG_MAX];
+    struct fjob *link; /* the jobs in the order they are served */
+} fjob;
+
+typedef struct fetcher fetcher;
+
+/* A lane: a thread of the pool with its handle (in s). */
+typedef struct flane {
+    stoke__remote_pool *p;
+    fetcher *fe;
+    slot s;
+    pthread_t th;
+} flane;
+
+struct fetcher {
+    flane ln[LANES_MAX];
+    int nl;         /* lanes running (connections at most) */
+    uint64_t chunk; /* a chunk's bytes; UINT64_MAX: whole files (one request each) */
+    fjob *jobs;
+    pthread_cond_t work; /* a chunk may be ready, or quit */
+    int quit;
+    pid_t pid; /* the process the lanes run in */
+};
+
+static int job_stopped(const fjob *j)
+{
+    return j->stop && __atomic_load_n(j->stop, __ATOMIC_RELAXED);
+}
+
+static void job_fail(fjob *j, int rc, const char *msg)
+{
+    if (j->rc)
+        return;
+    j->rc = rc;
+    stoke__shorten(j->msg, sizeof(j->msg), msg);
+}
+
+/* Whether j has no lane and no chunk left: its outcome is final. */
+static int job_over(const fjob *j)
+{
+    if (j->nrun)
+        return 0;
+    return j->rc || job_stopped(j) || (j->known && j->next >= j->total);
+}
+
+/* Whether a lane may find a chunk once a running first chunk's header says its file's size. */
+static int awaiting_size(const fetcher *fe)
+{
+    for (const fjob *j = fe->jobs; j; j = j->link)
+        if (!j->known && j->nrun && j->next && j->next != UINT64_MAX && !j->rc)
+            return 1;
+    return 0;
+}
+
+/* The size f's 206 responses said, from a chunk that ended (x) or a header (j->said). */
+static void job_learn(fjob *j, uint64_t total)
+{
+    if (j->rc)
+        return;
+    if (!j->known) {
+        j->known = 1, j->total = total;
+    } else if (total != j->total) {
+        char msg[STOKE__MSG_MAX];
+        stoke__fmt_short(msg, sizeof(msg),
+                         "GET %s: the file changed while it was read (%" PRIu64 " bytes, %" PRIu64
+                         " before)",
+                         j->f->url, total, j->total);
+        job_fail(j, STOKE_EIO, msg);
+        return;
+    }
+    j->ranged = 1;
+}
+
+/* The next chunk to fetch, of the first job (in order) that has one: 1 with *jo, *off, *n. */
+static int next_chunk(fetcher *fe, fjob **jo, uint64_t *off, uint64_t *n)
+{
+    for (fjob *j = fe->jobs; j; j = j->link) {
+        if (j->rc || job_stopped(j) || j->next == UINT64_MAX)
+            continue;
+        uint64_t said = atomic_load(&j->said);
+        if (!j->known && said)
+            job_learn(j, said);
+        if (j->next == 0) { /* the first chunk: its response says whether ranges are served */
+            *n = fe->chunk;
+        } else if (j->known && j->ranged) {
+            if (j->next >= j->total)
+                continue;
+            *n = j->total - j->next < fe->chunk ? j->total - j->next : fe->chunk;
+        } else if (!j->known && !j->nrun) {
+            *n = fe->chunk; /* 206s without the size: one chunk after the other */
+        } else {
+            continue;
+        }
+        *jo = j;
+        *off = j->next;
+        return 1;
+    }
+    return 0;
+}
+
+/* A chunk of j that ended (fe_lock held): rc and msg its tries' outcome, x its transfer. */
+static void chunk_done(fjob *j, const xfer *x, int rc, const char *msg)
+{
+    if (rc) {
+        job_fail(j, rc, msg);
+        return;
+    }
+    if (x->has_total && x->has_cr)
+        job_learn(j, x->total);
+    j->written += x->got;
+    if (!j->known && x->has_total) { /* a 200: the whole file came; or a 416 */
+        j->known = 1;
+        j->total = x->total;
+    } else if (!j->known && x->got < x->n) { /* no size said: the file ended here */
+        j->known = 1;
+        j->total = x->off + x->got;
+    }
+    if (j->known && (!j->ranged || j->next > j->total)) /* a 200 brought it all */
+        j->next = j->total;
+}
+
+static void *lane_main(void *arg)
+{
+    flane *l = arg;
+    stoke__remote_pool *p = l->p;
+    fetcher *fe = l->fe;
+    char name[16];
+    snprintf(name, sizeof(name), "stoke-fetch%d", (int)(l - fe->ln));
+    pthread_setname_np(pthread_self(), name);
+    pthread_mutex_lock(&p->fe_lock);
+    while (!fe->quit) {
+        fjob *j;
+        uint64_t off, n;
+        if (!next_chunk(fe, &j, &off, &n)) {
+            if (awaiting_size(fe)) { /* a first chunk's header will say it: look again soon */
+                struct timespec ts;
+                clock_gettime(CLOCK_REALTIME, &ts);
+                ts.tv_nsec += 2000000;
+                if (ts.tv_nsec >= 1000000000)
+                    ts.tv_sec++, ts.tv_nsec -= 1000000000;
+                pthread_cond_timedwait(&fe->work, &p->fe_lock, &ts);
+            } else {
+                pthread_cond_wait(&fe->work, &p->fe_lock);
+            }
+            continue;
+        }
+        j->nrun++;
+        j->next = n == UINT64_MAX ? UINT64_MAX : off + n;
+        xfer x = {.fd = j->fd,
+                  .off = off,
+                  .n = n == UINT64_MAX ? SIZE_MAX : (size_t)n,
+                  .seen = j->seen,
+                  .seen2 = &j->said,
+                  .stop = j->stop};
+        pthread_mutex_unlock(&p->fe_lock);
+        char msg[STOKE__MSG_MAX] = "";
+        int rc = stoke__remote_tries(p, &l->s, j->f, &x, msg, sizeof(msg));
+        pthread_mutex_lock(&p->fe_lock);
+        chunk_done(j, &x, rc, msg);
+        j->nrun--;
+        if (job_over(j))
+            pthread_cond_broadcast(&p->fe_cond);
+        pthread_cond_broadcast(&fe->work); /* its size, or the end of a chunk, may free others */
+    }
+    pthread_mutex_unlock(&p->fe_lock);
+    return NULL;
+}
+
+void stoke__remote_fetcher_free(stoke__remote_pool *p, int child)
+{
+    fetcher *fe = p->fe;
+    p->fe = NULL;
+    if (child) { /* its lanes are not here, its handles' connections are the parent's */
+        pthread_mutex_init(&p->fe_lock, NULL);
+        pthread_cond_init(&p->fe_cond, NULL);
+        return;
+    }
+    if (!fe)
+        return;
+    if (fe->pid != getpid()) /* a fork the hooks did not see: the lanes are not here */
+        return;
+    pthread_mutex_lock(&p->fe_lock);
+    fe->quit = 1;
+    pthread_cond_broadcast(&fe->work);
+    pthread_mutex_unlock(&p->fe_lock);
+    for (int i = 0; i < fe->nl; i++) {
+        pthread_join(fe->ln[i].th, NULL);
+        curl_easy_cleanup(fe->ln[i].s.h);
+    }
+    pthread_cond_destroy(&fe->work);
+    free(fe);
+}
+
+/* The pool's fetcher, made by the first fetch (fe_lock held): it, or NULL (out of memory, or
+ * no thread could start). */
+static fetcher *fetcher_get(stoke__remote_pool *p)
+{
+    if (p->fe && p->fe->pid == getpid())
+        return p->fe;
+    p->fe = NULL; /* a fork the hooks did not see: the parent's, left alone */
+    fetcher *fe = calloc(1, sizeof(*fe));
+    if (!fe)
+        return NULL;
+    pthread_cond_init(&fe->work, NULL);
+    fe->pid = getpid();
+    int k = stoke__remote_pool_connections(p);
+    k = k > LANES_MAX ? LANES_MAX : k;
+    if (k < 2) {
+        fe->chunk = UINT64_MAX;
+    } else {
+        uint64_t c = (p->stream_ahead ? p->stream_ahead : 1) / (2 * (uint64_t)k);
+        fe->chunk = c < CHUNK_MIN ? CHUNK_MIN : c > CHUNK_MAX ? CHUNK_MAX : c;
+    }
+    for (int i = 0; i < k; i++) {
+        flane *l = &fe->ln[i];
+        l->p = p;
+        l->fe = fe;
+        if (!(l->s.h = stoke__remote_handle_new(p, &l->s)))
+            break;
+        if (pthread_create(&l->th, NULL, lane_main, l) != 0) {
+            curl_easy_cleanup(l->s.h);
+            break;
+        }
+        fe->nl++;
+    }
+    if (fe->nl == 0) {
+        pthread_cond_destroy(&fe->work);
+        free(fe);
+        return NULL;
+    }
+    p->fe = fe;
+    return fe;
+}
+
+int stoke__remote_fetch(stoke__remote_pool *p, int slot_i, const stoke__remote_file *f, int fd,
+                        uint64_t expect, _Atomic uint64_t *seen, const int *stop, uint64_t *size,
+                        char *why, size_t why_len)
+{
+    *size = 0;
+    uint64_t t0 = stoke__now_ns();
+    slot *s = stoke__remote_slot_take(p, slot_i, f, why, why_len);
+    if (!s)
+        return STOKE_ENOMEM;
+    fjob j = {.f = f, .fd = fd, .seen = seen, .stop = stop, .fg = slot_i >= 0};
+    pthread_mutex_lock(&p->fe_lock);
+    fetcher *fe = fetcher_get(p);
+    int rc = STOKE_OK;
+    if (!fe) {
+        stoke__fmt_short(why, why_len, "GET %s: out of memory for its transfers", f->url);
+        rc = STOKE_ENOMEM;
+    } else {
+        fjob **at = &fe->jobs;
+        while (*at && (slot_i < 0 || (*at)->fg))
+            at = &(*at)->link;
+        j.link = *at;
+        *at = &j;
+        pthread_cond_broadcast(&fe->work);
+        while (!job_over(&j)) {
+            if (!stop) {
+                pthread_cond_wait(&p->fe_cond, &p->fe_lock);
+                continue;
+            }
+            struct timespec ts; /* a stop is set without a signal: seen within 50 ms */
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 50000000;
+            if (ts.tv_nsec >= 1000000000)
+                ts.tv_sec++, ts.tv_nsec -= 1000000000;
+            pthread_cond_timedwait(&p->fe_cond, &p->fe_lock, &ts);
+        }
+        for (fjob **q = &fe->jobs; *q; q = &(*q)->link)
+            if (*q == &j) {
+                *q = j.link;
+                break;
+            }
+    }
+    pthread_mutex_unlock(&p->fe_lock);
+    pthread_mutex_unlock(&s->lock);
+    if (slot_i >= 0) /* a background download is no one's wait */
+        atomic_fetch_add(&p->n->wait_ns, stoke__now_ns() - t0);
+    if (rc)
+        return rc;
+    if (!j.rc && job_stopped(&j)) {
+        j.rc = STOKE_EIO;
+        stoke__fmt_short(j.msg, sizeof(j.msg), "GET %s: stopped (the dataset is closing)", f->url);
+    }
+    if (j.rc) {
+        stoke__shorten(why, why_len, j.msg);
+        return j.rc;
+    }
+    if ((expect && j.total != expect) || j.written != j.total) {
+        stoke__fmt_short(why, why_len,
+                         "GET %s: the file is %" PRIu64 " bytes, %" PRIu64 " came (%" PRIu64
+                         " expected)",
+                         f->url, j.total, j.written, expect ? expect : j.total);
+        return STOKE_EIO;
+    }
+    *size = j.total;
+    return STOKE_OK;
+}
+
+#endif /* STOKE_HAVE_LIBCURL */
