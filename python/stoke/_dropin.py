@@ -1623,14 +1623,13 @@ def _probe(w, meanwhile=None):
                       "was stopped and the batch block is %d bytes (pass max_batch_bytes= to "
                       "set it)" % (_PROBE_TIMEOUT_S, _PROBE_FALLBACK), RuntimeWarning,
                       stacklevel=4)
-    if late:
-        os.waitpid(pid, 0)
-        return _PROBE_FALLBACK, None
     try:
-        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+        if os.waitpid(pid, 0 if late else os.WNOHANG)[0] == pid:
             pid = None
-    except ChildProcessError:  # reaped by someone else
+    except ChildProcessError:  # reaped by someone else (SIGCHLD ignored: by the kernel)
         pid = None
+    if late:
+        return _PROBE_FALLBACK, None
     text = b"".join(chunks).decode()
     if text.startswith("E") or not text:
         # The first batch fails (a bad sample, a worker_init_fn that needs more than worker
