@@ -1,4 +1,5 @@
 /* `stoke devices` as a user runs it: JSON and text, with and without plugins, bad choices. */
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -100,6 +101,50 @@ static void test_simdev_acceptance(void **state)
     assert_non_null(strstr(err, "known backends: simdev, cuda, hip, opencl, cpu"));
 }
 
+/* Removes dir's probe cache files (a failed earlier run's). */
+static void clear_probe_files(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *e;
+    char p[1200];
+    while ((e = readdir(d)))
+        if (strncmp(e->d_name, "stoke-", 6) == 0) {
+            snprintf(p, sizeof(p), "%s/%s", dir, e->d_name);
+            unlink(p);
+        }
+    closedir(d);
+}
+
+/* The file a run's debug output says it cached its answer in, into file (len bytes). */
+static void cached_file(char *file, size_t len)
+{
+    static const char said[] = "probe answer cached for this boot in ";
+    const char *named = strstr(err, said);
+    assert_non_null(named);
+    named += strlen(said);
+    snprintf(file, len, "%.*s", (int)strcspn(named, "\n"), named);
+}
+
+/* A copy of file src at dst (mode 0700); 0 or -1. */
+static int copy_file(const char *src, const char *dst)
+{
+    FILE *in = fopen(src, "rb"), *o = in ? fopen(dst, "wb") : NULL;
+    char buf[1 << 16];
+    size_t n;
+    int rc = in && o ? 0 : -1;
+    while (rc == 0 && (n = fread(buf, 1, sizeof(buf), in)) > 0)
+        rc = fwrite(buf, 1, n, o) == n ? 0 : -1;
+    if (in && ferror(in))
+        rc = -1;
+    if (o && fclose(o) != 0)
+        rc = -1;
+    if (in)
+        fclose(in);
+    return rc == 0 ? chmod(dst, 0700) : -1;
+}
+
 /* The automatic OpenCL probe's answer is kept for the boot (STOKE_PROBE_CACHE): the next process
  * takes it from there instead of probing in a child again, says so at debug level and lists the
  * same; a file others may write, a truncated one, another environment or STOKE_PROBE_CACHE=0
@@ -110,8 +155,7 @@ static void test_probe_cache(void **state)
     tu_tmp_path("probecache", dir, sizeof(dir));
     mkdir(dir, 0700);
     snprintf(dirv, sizeof(dirv), "STOKE_PROBE_CACHE=%s", dir);
-    snprintf(file, sizeof(file), "%s/stoke-%u-opencl.probe", dir, (unsigned)geteuid());
-    unlink(file);
+    clear_probe_files(dir);
     const char *env[] = {dirv, "STOKE_LOG=debug", "STOKE_PLUGIN_PATH=", "STOKE_ACCELERATOR=",
                          "STOKE_OPENCL_LIBRARY=", "POCL_DEVICES=", NULL};
     assert_int_equal(run_devices(env, NULL, NULL), 0);
@@ -121,6 +165,15 @@ static void test_probe_cache(void **state)
         tu_skip("the OpenCL probe finds a device here (such answers are not kept): %s", err);
     char listed[sizeof(out)];
     memcpy(listed, out, sizeof(out));
+    /* the file: named in the debug line, in the directory, one per library path
+     * ("stoke-UID-opencl-HASH.probe", HASH 16 hex digits) */
+    cached_file(file, sizeof(file));
+    char prefix[600];
+    snprintf(prefix, sizeof(prefix), "%s/stoke-%u-opencl-", dir, (unsigned)geteuid());
+    assert_int_equal(strncmp(file, prefix, strlen(prefix)), 0);
+    assert_int_equal(strlen(file), strlen(prefix) + 16 + strlen(".probe"));
+    assert_int_equal(strspn(file + strlen(prefix), "0123456789abcdef"), 16);
+    assert_string_equal(file + strlen(prefix) + 16, ".probe");
     struct stat st;
     assert_int_equal(stat(file, &st), 0);
     assert_true(S_ISREG(st.st_mode));
@@ -165,6 +218,35 @@ static void test_probe_cache(void **state)
     assert_non_null(strstr(err, "answered by the probe cache"));
     assert_int_equal(run_devices(env, NULL, NULL), 0);
     assert_non_null(strstr(err, "opencl: probed in a child"));
+
+    /* a copy of the library in another place keeps its own answer: neither replaces the other's
+     * (each process of the one was a miss for the other) */
+    char lib[700], libdir[700], copy[800], ldp[800], file2[700];
+    snprintf(lib, sizeof(lib), "%s", tu_cli_path());
+    char *slash = strrchr(lib, '/');
+    assert_non_null(slash);
+    snprintf(slash + 1, sizeof(lib) - (size_t)(slash + 1 - lib), "libstoke.so.0");
+    snprintf(libdir, sizeof(libdir), "%s/lib2", dir);
+    mkdir(libdir, 0700);
+    snprintf(copy, sizeof(copy), "%s/libstoke.so.0", libdir);
+    assert_int_equal(copy_file(lib, copy), 0);
+    snprintf(ldp, sizeof(ldp), "LD_LIBRARY_PATH=%s", libdir);
+    const char *env4[] = {dirv, "STOKE_LOG=debug", "STOKE_PLUGIN_PATH=", "STOKE_ACCELERATOR=",
+                          "STOKE_OPENCL_LIBRARY=", "POCL_DEVICES=", ldp, NULL};
+    assert_int_equal(run_devices(env, NULL, NULL), 0); /* this library's answer, kept */
+    assert_non_null(strstr(err, "answered by the probe cache"));
+    assert_int_equal(run_devices(env4, NULL, NULL), 0);
+    assert_non_null(strstr(err, "opencl: probed in a child"));
+    cached_file(file2, sizeof(file2));
+    assert_string_not_equal(file2, file);
+    assert_int_equal(run_devices(env, NULL, NULL), 0);
+    assert_non_null(strstr(err, "answered by the probe cache"));
+    assert_int_equal(run_devices(env4, NULL, NULL), 0);
+    assert_non_null(strstr(err, "answered by the probe cache"));
+    assert_string_equal(out, listed);
+    assert_int_equal(unlink(file2), 0);
+    assert_int_equal(unlink(copy), 0);
+    assert_int_equal(rmdir(libdir), 0);
 
     /* turned off: never read, never written */
     assert_int_equal(unlink(file), 0);

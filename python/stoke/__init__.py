@@ -395,6 +395,8 @@ class DataLoader(_stoke.Loader):
                 raise
             finally:  # no cycle exc -> traceback -> this frame -> exc: see _batches
                 exc = None
+        finally:  # measure()'s child exited while the loader was made
+            w.reap_probe()
         self.dataset = dataset
         self.batch_size = batch_size
         self.num_workers = num_workers

@@ -865,6 +865,7 @@ class _Writer:
         self.preplanned = False   # measure() wrote epoch 0's plan: the creation's hook keeps it
         self.nbatches = -1
         self.blob_bytes = 0
+        self.probe_pid = None     # measure()'s child, answered and exiting: reap_probe() reaps it
         self.iter_map = iterable and processes
         if self.iter_map:
             # The C loader's worker processes take MAP datasets: batch i is then the next
@@ -1259,7 +1260,7 @@ class _Writer:
                 except Exception:  # noqa: BLE001 - the loader's creation reports it again
                     pass
         else:
-            need = _probe(self, meanwhile)
+            need, self.probe_pid = _probe(self, meanwhile)
         if need < 0:  # exact: fixed shapes under default_collate
             need = -need
             # big samples (images): each one's tensors go to their rows as it comes
@@ -1267,6 +1268,17 @@ class _Writer:
             self.blob_bytes = (need + need // 4 + (64 << 10) + 4095) & ~4095
         else:
             self.blob_bytes = max(4096, (need * 2 + (256 << 10) + 4095) & ~4095)
+
+    def reap_probe(self):
+        """Reaps measure()'s child (_probe), which answered before its exit: the loader's
+        creation ran meanwhile instead of waiting for that exit (the unmapping of a forked
+        interpreter with torch: ~8 ms)."""
+        pid, self.probe_pid = self.probe_pid, None
+        if pid is not None:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:  # reaped by someone else (a SIGCHLD handler, os.wait())
+                pass
 
     def measure_here(self):
         """measure() without workers: batch 0 made here, now, and kept for the first fill (no
@@ -1533,7 +1545,9 @@ def _probe(w, meanwhile=None):
     """The bytes of the first batch, made in a forked child so that the dataset's state in
     this process (files opened lazily by __getitem__, an iterator) stays as the user left it,
     as torch's main process never calls the dataset either.  meanwhile() runs in this process
-    while the child works (the accelerator's discovery, which forks a child of its own)."""
+    while the child works (the accelerator's discovery, which forks a child of its own).
+    Returns (bytes, pid): pid is the child, which closed its end of the pipe after answering
+    and may still be exiting (None: reaped here); the caller reaps it (_Writer.reap_probe)."""
     r, wfd = os.pipe()
     # the GC's objects frozen across the fork, as the workers' (python/pywriter.c)
     froze = gc.get_freeze_count() == 0
@@ -1576,7 +1590,10 @@ def _probe(w, meanwhile=None):
             os.write(wfd, ("E" + pickle.dumps((e, traceback.format_exc())).hex()).encode())
             code = 1
         finally:
-            os._exit(code)
+            try:  # the answer is complete: EOF now, not after this process's unmapping
+                os.close(wfd)
+            finally:
+                os._exit(code)
     os.close(wfd)
     if meanwhile is not None:
         try:
@@ -1606,16 +1623,20 @@ def _probe(w, meanwhile=None):
                       "was stopped and the batch block is %d bytes (pass max_batch_bytes= to "
                       "set it)" % (_PROBE_TIMEOUT_S, _PROBE_FALLBACK), RuntimeWarning,
                       stacklevel=4)
-    os.waitpid(pid, 0)
+    try:
+        if os.waitpid(pid, 0 if late else os.WNOHANG)[0] == pid:
+            pid = None
+    except ChildProcessError:  # reaped by someone else (SIGCHLD ignored: by the kernel)
+        pid = None
     if late:
-        return _PROBE_FALLBACK
+        return _PROBE_FALLBACK, None
     text = b"".join(chunks).decode()
     if text.startswith("E") or not text:
         # The first batch fails (a bad sample, a worker_init_fn that needs more than worker
         # 0's start): the iteration will raise it, naming the sample, as torch does; the block
         # gets a size that fits most batches.
-        return _PROBE_FALLBACK
-    return int(text)
+        return _PROBE_FALLBACK, pid
+    return int(text), pid
 
 
 def _probe_block(make, live=None):

@@ -5,8 +5,9 @@
  *   60-90 ms, in every process (each rank, each `stoke` command, each Python process's first
  *   DataLoader).  The answer depends on the installed drivers and the devices present, which do
  *   not change under a running system without leaving a trace, so it is kept in one file per
- *   user and backend, "stoke-UID-BACKEND.probe" in STOKE_PROBE_CACHE (default /tmp; "0" turns
- *   the cache off, "1" is the default), under a key that names everything it depends on:
+ *   user, backend and library path, "stoke-UID-BACKEND-LIB.probe" (cache_path) in
+ *   STOKE_PROBE_CACHE (default /tmp; "0" turns the cache off, "1" is the default), under a key
+ *   that names everything it depends on:
  *   - the library's version and file (size, mtime, inode), the answer's size, the user, the boot
  *     (/proc/sys/kernel/random/boot_id);
  *   - the dynamic linker's cache (/etc/ld.so.cache: installing a driver package runs ldconfig),
@@ -58,12 +59,23 @@ static const char *cache_dir(void)
     return d;
 }
 
+/* The file of this library's answers: "stoke-UID-BACKEND-LIB.probe", LIB 16 hex digits of a
+ * hash (FNV-1a) of the library's path, so that libraries installed in different places (a
+ * build tree next to an installed copy, two virtual environments) each keep their answer instead
+ * of replacing each other's at every process (each a miss for the other: a probe of 60-120 ms
+ * each time).  A rebuild in the same place replaces its own file. */
 static int cache_path(char *path, size_t len, const char *backend)
 {
     const char *d = cache_dir();
     if (!d)
         return -1;
-    int n = snprintf(path, len, "%s/stoke-%u-%s.probe", d, (unsigned)geteuid(), backend);
+    uint64_t h = 0xcbf29ce484222325ull;
+    Dl_info self;
+    if (dladdr(&self_anchor, &self) && self.dli_fname)
+        for (const unsigned char *c = (const unsigned char *)self.dli_fname; *c; c++)
+            h = (h ^ *c) * 0x100000001b3ull;
+    int n = snprintf(path, len, "%s/stoke-%u-%s-%016llx.probe", d, (unsigned)geteuid(), backend,
+                     (unsigned long long)h);
     return n > 0 && (size_t)n < len ? 0 : -1;
 }
 

@@ -179,6 +179,52 @@ def collate_fn_raises():
     no_children_within(15, what)
 
 
+def zombies():
+    """This process's children that exited and are not reaped."""
+    out = []
+    for c in L.children():
+        try:
+            with open("/proc/%d/stat" % c) as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    out.append(c)
+        except OSError:
+            pass
+    return out
+
+
+@case
+def probe_child_reaped():
+    """The child that measures the first batch when the loader is made (it answers before its
+    exit, which the loader's creation overlaps) is reaped by the end of the constructor: no
+    zombie is left; also with SIGCHLD ignored (the kernel reaps it first), and for pad=."""
+    ref = epoch(torch.utils.data.DataLoader(Rows(), batch_size=4))
+    for ignore in (False, True):
+        for pad in (None, {"1": -1}):
+            what = "the probe's child, SIGCHLD %s, pad=%r" % (
+                "ignored" if ignore else "default", pad)
+            old = signal.signal(signal.SIGCHLD, signal.SIG_IGN if ignore else signal.SIG_DFL)
+            try:
+                kw = {"pad": pad} if pad else {}
+                loader = L.Loader(Rows(), batch_size=4, num_workers=2, **kw)
+                T.check(zombies() == [], "%s: zombies after the constructor: %r" % (
+                    what, zombies()))
+                got = epoch(loader)
+            finally:
+                signal.signal(signal.SIGCHLD, old)
+            if pad is None:
+                check_sequential(ref, got, what)
+            else:
+                # (padded, lengths): the rows are all of one length, so torch's stack
+                T.check(len(got) == len(ref), "%s: %d batches" % (what, len(got)))
+                for k, (g, r) in enumerate(zip(got, ref)):
+                    T.check(torch.equal(g[0], r[0]) and torch.equal(g[1][0], r[1])
+                            and g[1][1].tolist() == [6] * len(r[0]),
+                            "%s: batch %d: %r, torch %r" % (what, k, g, r))
+            del loader
+            gc.collect()
+            no_children_within(15, what)
+
+
 # --- children that die ----------------------------------------------------------------------
 
 class Dying(Rows):
