@@ -127,6 +127,21 @@ int stoke__tar_same_key(const stoke__tar_member *a, const stoke__tar_member *b);
  * before), by t's fields.  STOKE_OK, or the error recorded (two members of one field). */
 int stoke__tar_build_index(const char *spec, stoke__tar_ds *t, const stoke__tar_scan *sc);
 
+/* ---- tar_options.c: the options after the pattern ---- */
+
+/* The field with extension ext, or -1. */
+int stoke__tar_field_index(const stoke__tar_ds *t, const char *ext);
+/* The options after the pattern (opts, modified; NULL: none): fields=, ragged= / packed=,
+ * max_len=, truncate, the streaming mode's, the rest for the image hook.  STOKE_OK or the error
+ * recorded, naming spec and the option. */
+int stoke__tar_parse_options(const char *spec, stoke__tar_ds *t, char *opts);
+/* mode=stream's options checked; rank and world from the environment when not given. */
+int stoke__tar_stream_check(const char *spec, stoke__tar_ds *t);
+/* ragged= (rg 0) / packed= (rg 1) applied to t's fields, once their kinds are known. */
+int stoke__tar_mark_ragged(const char *spec, stoke__tar_ds *t, int rg);
+/* max_len= applied to t's ragged and packed fields (tar_options.c has the rule). */
+int stoke__tar_mark_max_len(const char *spec, stoke__tar_ds *t);
+
 /* ---- tar_stream.c: mode=stream ---- */
 
 /* shuffle_buffer= when not given: samples each worker mixes. */
