@@ -368,6 +368,8 @@ static size_t on_header(char *data, size_t size, size_t nmemb, void *ctx)
                 uint64_t cur = to ? atomic_load(to) : UINT64_MAX;
                 while (cur < t && !atomic_compare_exchange_weak(to, &cur, (uint64_t)t)) {
                 }
+                if (k && cur < t && x->said)
+                    x->said(x->said_ctx);
             }
         } else if (sscanf(v, "bytes */%llu", &t) == 1) {
             x->total = t;

@@ -99,15 +99,6 @@ static int job_over(const fjob *j)
     return j->rc || job_stopped(j) || (j->known && j->next >= j->total);
 }
 
-/* Whether a lane may find a chunk once a running first chunk's header says its file's size. */
-static int awaiting_size(const fetcher *fe)
-{
-    for (const fjob *j = fe->jobs; j; j = j->link)
-        if (!j->known && j->nrun && j->next && j->next != UINT64_MAX && !j->rc)
-            return 1;
-    return 0;
-}
-
 /* The size f's 206 responses said, from a chunk that ended (x) or a header (j->said). */
 static void job_learn(fjob *j, uint64_t total)
 {
@@ -175,6 +166,16 @@ static void chunk_done(fjob *j, const xfer *x, int rc, const char *msg)
         j->next = j->total;
 }
 
+/* A first chunk's header said its file's size (xfer.said, in the lane that runs it, without
+ * fe_lock): the lanes waiting for its next chunks look again. */
+static void lane_said(void *ctx)
+{
+    flane *l = ctx;
+    pthread_mutex_lock(&l->p->fe_lock);
+    pthread_cond_broadcast(&l->fe->work);
+    pthread_mutex_unlock(&l->p->fe_lock);
+}
+
 static void *lane_main(void *arg)
 {
     flane *l = arg;
@@ -188,16 +189,7 @@ static void *lane_main(void *arg)
         fjob *j;
         uint64_t off, n;
         if (!next_chunk(fe, &j, &off, &n)) {
-            if (awaiting_size(fe)) { /* a first chunk's header will say it: look again soon */
-                struct timespec ts;
-                clock_gettime(CLOCK_REALTIME, &ts);
-                ts.tv_nsec += 2000000;
-                if (ts.tv_nsec >= 1000000000)
-                    ts.tv_sec++, ts.tv_nsec -= 1000000000;
-                pthread_cond_timedwait(&fe->work, &p->fe_lock, &ts);
-            } else {
-                pthread_cond_wait(&fe->work, &p->fe_lock);
-            }
+            pthread_cond_wait(&fe->work, &p->fe_lock); /* a chunk's end, or a size said */
             continue;
         }
         j->nrun++;
@@ -207,6 +199,8 @@ static void *lane_main(void *arg)
                   .n = n == UINT64_MAX ? SIZE_MAX : (size_t)n,
                   .seen = j->seen,
                   .seen2 = &j->said,
+                  .said = lane_said,
+                  .said_ctx = l,
                   .stop = j->stop};
         pthread_mutex_unlock(&p->fe_lock);
         char msg[STOKE__MSG_MAX] = "";

@@ -102,8 +102,11 @@ typedef struct xfer {
     _Atomic uint64_t *seen;  /* when not NULL: raised to the file's size as soon as a header
                                 says it */
     _Atomic uint64_t *seen2; /* ... and this one too */
-    const int *stop;         /* when not NULL and nonzero: give up (stoke__remote_fetch) */
-    char err[512];           /* the start of an error response's body */
+    void (*said)(void *ctx); /* when not NULL: called after a header raised seen2 (no lock
+                                held: stoke__remote_fetch's lanes wake on it) */
+    void *said_ctx;
+    const int *stop; /* when not NULL and nonzero: give up (stoke__remote_fetch) */
+    char err[512];   /* the start of an error response's body */
     size_t errlen;
     size_t before;               /* got when the try began */
     uint64_t first_us, total_us; /* the last try's microseconds from its request sent to its
