@@ -11,8 +11,8 @@
  * or 1 connections a file is one request (Range: bytes=0-).  The first lane takes the handle of
  * the slot whose fetch made the lanes (the open's: its connection, which asked for the sidecar
  * indexes, carries chunks from then on), and the process's reads after it (stoke__remote_read:
- * the open's index asks) run on the lanes too, first served, each whole on one lane: the
- * process's connections are the lanes' and no more.
+ * the open's index asks) run on the lanes too (with 2 connections or more: chunks), first
+ * served, each whole on one lane: the process's connections are the lanes' and no more.
  *
  * Locking: p->fe_lock guards the fetcher and its jobs; p->fe_cond is signalled when a job may
  * be over (its thread looks), fetcher.work when a chunk may be ready (a lane looks).  A lane
@@ -377,7 +377,8 @@ int stoke__remote_lanes_read(stoke__remote_pool *p, int slot_i, const stoke__rem
                              xfer *x, int *rc, char *why, size_t why_len)
 {
     pthread_mutex_lock(&p->fe_lock);
-    int lanes = p->fe && p->fe->pid == getpid();
+    /* with one connection a lane's request is a whole file: a read would wait for it */
+    int lanes = p->fe && p->fe->pid == getpid() && p->fe->chunk != UINT64_MAX;
     pthread_mutex_unlock(&p->fe_lock);
     if (!lanes)
         return 0;
