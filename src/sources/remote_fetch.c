@@ -16,10 +16,10 @@
  *
  * Locking: p->fe_lock guards the fetcher and its jobs; p->fe_cond is signalled when a job may
  * be over (its thread looks), fetcher.work when a chunk may be ready (a lane looks).  A lane
- * runs its chunk without the lock.  A fetch holds its slot's lock throughout
- * (stoke__remote_slot_take): the pool's fork hook, which takes every slot and then fe_lock,
- * so finds no fetch running and the lanes idle; the child has no lane (no thread crossed the
- * fork) and drops the fetcher. */
+ * runs its chunk without the lock.  A fetch (and a read on the lanes) holds its slot's lock
+ * throughout (stoke__remote_slot_take): the pool's fork hook, which takes every slot and then
+ * fe_lock, so finds no fetch or read running and the lanes idle; the child has no lane (no thread
+ * crossed the fork) and drops the fetcher. */
 #define _GNU_SOURCE
 #include "sources/remote.h"
 
