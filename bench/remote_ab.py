@@ -1,6 +1,7 @@
 """A/B of two stoke CLIs on bench_remote.py's shards, alternating, rounds x rows: behind nginx
 `limit_rate` (mode=stream; the cache) and on loopback (mode=stream; the cache), with 16 parallel curls as
-what the machine serves on 16 limited connections.  Each run a whole `stoke load` process;
+what the machine serves on 16 limited connections (row curl; curl8: 8 curls, 2 shards each on one
+connection, as the cache's 8 download connections).  Each run a whole `stoke load` process;
 connections and requests counted from nginx's access log; medians and ranges at the end.
 
     python3 bench/remote_ab.py --a BUILD_A/stoke --b BUILD_B/stoke [--rounds 3] [--rows ROW,...]
@@ -43,6 +44,16 @@ want = args.rows.split(",")
 res = {}
 try:
     for rnd in range(args.rounds):
+        if "curl8" in want:  # 8 connections, 2 shards each one after another: the cache's 8
+            t = time.perf_counter()  # download connections' work, what the machine serves them
+            ps = [subprocess.Popen(["curl", "-s", "-o", "/dev/null", "-o", "/dev/null",
+                                    lim.url("shard-%06d.tar" % i), lim.url("shard-%06d.tar" % (i + 8))])
+                  for i in range(8)]
+            for q in ps:
+                q.wait()
+            mbs = total / (time.perf_counter() - t) / 1e6
+            res.setdefault(("curl x8", "-"), []).append((mbs, mbs / (8 * RATE), 8, 16))
+            print("r%d curl x8 %7.1f MB/s ratio %.2f" % (rnd, mbs, mbs / (8 * RATE)), flush=True)
         if "curl" in want:
             t = time.perf_counter()
             ps = [subprocess.Popen(["curl", "-s", "-o", "/dev/null",

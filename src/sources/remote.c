@@ -729,11 +729,14 @@ static int transfer(stoke__remote_pool *p, int slot_i, const stoke__remote_file 
                     char *why, size_t why_len)
 {
     uint64_t t0 = stoke__now_ns();
-    slot *s = stoke__remote_slot_take(p, slot_i, f, why, why_len);
-    if (!s)
-        return STOKE_ENOMEM;
-    int rc = retry_loop(p, s, f, x, 0, TRY_NOW, why, why_len);
-    pthread_mutex_unlock(&s->lock);
+    int rc;
+    if (!stoke__remote_lanes_read(p, slot_i, f, x, &rc, why, why_len)) {
+        slot *s = stoke__remote_slot_take(p, slot_i, f, why, why_len);
+        if (!s)
+            return STOKE_ENOMEM;
+        rc = retry_loop(p, s, f, x, 0, TRY_NOW, why, why_len);
+        pthread_mutex_unlock(&s->lock);
+    }
     if (slot_i >= 0) /* a background download is no one's wait */
         atomic_fetch_add(&p->n->wait_ns, stoke__now_ns() - t0);
     return rc;

@@ -87,8 +87,10 @@ void stoke__remote_file_free(stoke__remote_file *f);
  * NULL) gets the file's size when the server said it (Content-Range), else is left alone.
  * Errors, after the retries, with why = "GET URL: reason" (the HTTP status and the server's
  * error code, or libcurl's reason): STOKE_ENOENT for 404 and 410, STOKE_EIO for the rest
- * (401 and 403 included: the message has the store's reason).  Thread-safe; reads of one slot
- * are serialised by its lock. */
+ * (401 and 403 included: the message has the store's reason).  In a process where a fetch
+ * (stoke__remote_fetch) started the pool's download threads (2 or more), the read runs on one of
+ * them (on its connection), before their chunks waiting.  Thread-safe; reads of one slot are
+ * serialised by its lock. */
 int stoke__remote_read(stoke__remote_pool *p, int slot, const stoke__remote_file *f, void *buf,
                        size_t n, uint64_t off, size_t *got, uint64_t *total, char *why,
                        size_t why_len);

@@ -8,14 +8,18 @@
  * the last shard's tail included.  Fetches are served in the order they came, a worker's (one
  * waits on it) before the background ones.  A try that fails in a way that can pass is retried
  * with the backoff of a read, from the chunk's first missing byte (remote.c's tries).  With 0
- * or 1 connections a file is one request (Range: bytes=0-).
+ * or 1 connections a file is one request (Range: bytes=0-).  The first lane takes the handle of
+ * the slot whose fetch made the lanes (the open's: its connection, which asked for the sidecar
+ * indexes, carries chunks from then on), and the process's reads after it (stoke__remote_read:
+ * the open's index asks) run on the lanes too (with 2 connections or more: chunks), first
+ * served, each whole on one lane: the process's connections are the lanes' and no more.
  *
  * Locking: p->fe_lock guards the fetcher and its jobs; p->fe_cond is signalled when a job may
  * be over (its thread looks), fetcher.work when a chunk may be ready (a lane looks).  A lane
- * runs its chunk without the lock.  A fetch holds its slot's lock throughout
- * (stoke__remote_slot_take): the pool's fork hook, which takes every slot and then fe_lock,
- * so finds no fetch running and the lanes idle; the child has no lane (no thread crossed the
- * fork) and drops the fetcher. */
+ * runs its chunk without the lock.  A fetch (and a read on the lanes) holds its slot's lock
+ * throughout (stoke__remote_slot_take): the pool's fork hook, which takes every slot and then
+ * fe_lock, so finds no fetch or read running and the lanes idle; the child has no lane (no thread
+ * crossed the fork) and drops the fetcher. */
 #define _GNU_SOURCE
 #include "sources/remote.h"
 
@@ -53,6 +57,7 @@ typedef struct fjob {
     uint64_t written; /* bytes of the chunks that ended */
     int nrun;         /* lanes on this job */
     int fg;           /* a worker's (someone waits on it): served before the background's */
+    xfer *rd;         /* a read (stoke__remote_lanes_read): this one transfer on one lane */
     int rc;           /* its error (the first), with msg */
     char msg[STOKE__MSG_MAX];
     struct fjob *link; /* the jobs in the order they are served */
@@ -85,7 +90,7 @@ static int job_stopped(const fjob *j)
 
 static void job_fail(fjob *j, int rc, const char *msg)
 {
-    if (j->rc)
+    if (j->rc || !rc)
         return;
     j->rc = rc;
     stoke__shorten(j->msg, sizeof(j->msg), msg);
@@ -96,6 +101,8 @@ static int job_over(const fjob *j)
 {
     if (j->nrun)
         return 0;
+    if (j->rd) /* taken (next = UINT64_MAX) and ended */
+        return j->next == UINT64_MAX;
     return j->rc || job_stopped(j) || (j->known && j->next >= j->total);
 }
 
@@ -124,6 +131,12 @@ static int next_chunk(fetcher *fe, fjob **jo, uint64_t *off, uint64_t *n)
     for (fjob *j = fe->jobs; j; j = j->link) {
         if (j->rc || job_stopped(j) || j->next == UINT64_MAX)
             continue;
+        if (j->rd) { /* a read: whole, at once */
+            *jo = j;
+            *off = j->rd->off;
+            *n = UINT64_MAX;
+            return 1;
+        }
         uint64_t said = atomic_load(&j->said);
         if (!j->known && said)
             job_learn(j, said);
@@ -204,9 +217,12 @@ static void *lane_main(void *arg)
                   .stop = j->stop};
         pthread_mutex_unlock(&p->fe_lock);
         char msg[STOKE__MSG_MAX] = "";
-        int rc = stoke__remote_tries(p, &l->s, j->f, &x, msg, sizeof(msg));
+        int rc = stoke__remote_tries(p, &l->s, j->f, j->rd ? j->rd : &x, msg, sizeof(msg));
         pthread_mutex_lock(&p->fe_lock);
-        chunk_done(j, &x, rc, msg);
+        if (j->rd)
+            job_fail(j, rc, msg); /* nothing when rc is 0 */
+        else
+            chunk_done(j, &x, rc, msg);
         j->nrun--;
         if (job_over(j))
             pthread_cond_broadcast(&p->fe_cond);
@@ -241,9 +257,11 @@ void stoke__remote_fetcher_free(stoke__remote_pool *p, int child)
     free(fe);
 }
 
-/* The pool's fetcher, made by the first fetch (fe_lock held): it, or NULL (out of memory, or
- * no thread could start). */
-static fetcher *fetcher_get(stoke__remote_pool *p)
+/* The pool's fetcher, made by the first fetch (fe_lock held), through slot s (locked): it, or
+ * NULL (out of memory, or no thread could start).  Its first lane takes s's handle, and with it
+ * the connection of s's reads before (the open's): the process opens no more connections than
+ * lanes for its fetches and the reads after them (stoke__remote_lanes_read). */
+static fetcher *fetcher_get(stoke__remote_pool *p, slot *s)
 {
     if (p->fe && p->fe->pid == getpid())
         return p->fe;
@@ -265,12 +283,19 @@ static fetcher *fetcher_get(stoke__remote_pool *p)
         flane *l = &fe->ln[i];
         l->p = p;
         l->fe = fe;
-        if (!(l->s.h = stoke__remote_handle_new(p, &l->s)))
-            break;
-        if (pthread_create(&l->th, NULL, lane_main, l) != 0) {
-            curl_easy_cleanup(l->s.h);
+        if (i == 0 && s->h) {
+            l->s.h = s->h;
+            curl_easy_setopt(l->s.h, CURLOPT_ERRORBUFFER, l->s.err);
+        } else if (!(l->s.h = stoke__remote_handle_new(p, &l->s))) {
             break;
         }
+        if (pthread_create(&l->th, NULL, lane_main, l) != 0) {
+            if (l->s.h != s->h)
+                curl_easy_cleanup(l->s.h);
+            break;
+        }
+        if (l->s.h == s->h)
+            s->h = NULL; /* the slot's next handle is made by its next take */
         fe->nl++;
     }
     if (fe->nl == 0) {
@@ -293,7 +318,7 @@ int stoke__remote_fetch(stoke__remote_pool *p, int slot_i, const stoke__remote_f
         return STOKE_ENOMEM;
     fjob j = {.f = f, .fd = fd, .seen = seen, .stop = stop, .fg = slot_i >= 0};
     pthread_mutex_lock(&p->fe_lock);
-    fetcher *fe = fetcher_get(p);
+    fetcher *fe = fetcher_get(p, s);
     int rc = STOKE_OK;
     if (!fe) {
         stoke__fmt_short(why, why_len, "GET %s: out of memory for its transfers", f->url);
@@ -346,6 +371,41 @@ int stoke__remote_fetch(stoke__remote_pool *p, int slot_i, const stoke__remote_f
     }
     *size = j.total;
     return STOKE_OK;
+}
+
+int stoke__remote_lanes_read(stoke__remote_pool *p, int slot_i, const stoke__remote_file *f,
+                             xfer *x, int *rc, char *why, size_t why_len)
+{
+    pthread_mutex_lock(&p->fe_lock);
+    /* with one connection a lane's request is a whole file: a read would wait for it */
+    int lanes = p->fe && p->fe->pid == getpid() && p->fe->chunk != UINT64_MAX;
+    pthread_mutex_unlock(&p->fe_lock);
+    if (!lanes)
+        return 0;
+    slot *s = stoke__remote_slot_take(p, slot_i, f, why, why_len); /* as a fetch: the fork hook */
+    if (!s) {
+        *rc = STOKE_ENOMEM;
+        return 1;
+    }
+    fjob j = {.f = f, .fd = -1, .rd = x, .fg = 1};
+    pthread_mutex_lock(&p->fe_lock);
+    fetcher *fe = p->fe; /* still there: only destroy and a fork's child drop it */
+    j.link = fe->jobs;   /* the first served: a read is short, and someone waits on it */
+    fe->jobs = &j;
+    pthread_cond_broadcast(&fe->work);
+    while (!job_over(&j))
+        pthread_cond_wait(&p->fe_cond, &p->fe_lock);
+    for (fjob **q = &fe->jobs; *q; q = &(*q)->link)
+        if (*q == &j) {
+            *q = j.link;
+            break;
+        }
+    pthread_mutex_unlock(&p->fe_lock);
+    pthread_mutex_unlock(&s->lock);
+    *rc = j.rc;
+    if (j.rc)
+        stoke__shorten(why, why_len, j.msg);
+    return 1;
 }
 
 #endif /* STOKE_HAVE_LIBCURL */

@@ -121,6 +121,12 @@ slot *stoke__remote_slot_take(stoke__remote_pool *p, int slot_i, const stoke__re
  * retries and backoff of a read: 0, or the error with why set. */
 int stoke__remote_tries(stoke__remote_pool *p, slot *s, const stoke__remote_file *f, xfer *x,
                         char *why, size_t why_len);
+/* Read x (a transfer into x->buf) on a lane of the pool's fetches when this process has them
+ * (remote_fetch.c), in slot slot_i (held for the call, as a fetch), before every chunk waiting:
+ * 1 with *rc (0, or the error with why set), or 0 when there are no lanes, or one fetching
+ * whole files (the caller reads on its slot's handle).  So a process with fetches opens no connection besides the lanes'. */
+int stoke__remote_lanes_read(stoke__remote_pool *p, int slot_i, const stoke__remote_file *f,
+                             xfer *x, int *rc, char *why, size_t why_len);
 /* remote_fetch.c: the fetches' transfers freed (destroy), or dropped without closing their
  * connections, which are the parent's (a fork's child). */
 void stoke__remote_fetcher_free(stoke__remote_pool *p, int child);

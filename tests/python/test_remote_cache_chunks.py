@@ -3,7 +3,8 @@ and STOKE_REMOTE_CONNECTIONS=8 a chunk is 64 KiB, so each ~1.8 MB shard is fetch
 range requests on the pool's connections at once, written at their offsets into the .part.
 Against nginx and tests/remote/fault_server.py on 127.0.0.1: the samples equal the local
 shards'; nginx's log shows each chunk's range asked once, the ranges tiling each shard, on at
-most STOKE_REMOTE_CONNECTIONS connections; two processes at once still download each chunk once;
+most STOKE_REMOTE_CONNECTIONS connections, the open's own (its sidecar-index asks) among them and
+no other; two processes at once still download each chunk once;
 503s, cuts, resets and a server that ignores ranges (norange: one 200 per shard, its whole body
 taken) give every sample once and leave no .part; a download killed by SIGKILL half way leaves
 nothing a later run uses.  Skips (77) without nginx or libcurl."""
@@ -75,6 +76,18 @@ try:
     check_tiling(rows, "cold cache")
     conns = {r[0] for r in rows}
     T.check(len(conns) <= 8, "the chunks came on %d connections (8 at most)" % len(conns))
+    # the open's sidecar-index asks (404 here) and the chunks share the 8 connections: the
+    # open's first connection is handed to a download lane, its later asks run on the lanes
+    every = S.access_log(ngdir)[mark:]
+    idx = [r for r in every if r[4].endswith(".tar.idx")]
+    T.check(1 <= len(idx) <= NSHARDS and all(r[2] == 404 for r in idx),  # a shard in the
+            "index asks: %s (a 404 per shard at most)" % idx)  # cache already is not asked
+    T.check({r[0] for r in every} == conns, "connections: %s, those that carried chunks: %s" % (
+        sorted({r[0] for r in every}), sorted(conns)))
+    T.check(every[0][4].endswith(".tar.idx") and
+            sum(r[0] == every[0][0] for r in rows) >= 2,
+            "the open's connection %s (its first request %s) carried %d chunk(s)" % (
+                every[0][0], every[0][4], sum(r[0] == every[0][0] for r in rows)))
     rem = first[0]["remote"]
     T.check(rem["cache_misses"] == NSHARDS and rem["cache_bytes"] == sum(size.values()),
             "counters: %s" % rem)
