@@ -20,17 +20,18 @@ remote source that is part of the cost):
                   downloaded into it); skipped by a stoke without the cache
   http cached     the same again, the cache filled by the previous run
   limited         nginx with `limit_rate RATE` per connection (a store that caps each
-                  connection) with range reads, with the cache, and with range reads of
-                  shards that have sidecar indexes (`stoke index`: the open reads no
-                  headers; the .idx files are removed after), and with mode=stream,
-                  against the peer: `curl`
-                  fetching the shards one after another (WebDataset's pipe:curl model), and
-                  against connections x RATE (connections: the distinct connections in nginx's
-                  access log)
+                  connection) with range reads, with the cache, with range reads of shards
+                  that have sidecar indexes (`stoke index`: the open reads no headers; the
+                  .idx files are removed after), and with mode=stream, against the peer:
+                  `curl` fetching the shards one after another (WebDataset's pipe:curl
+                  model), and against connections x RATE (connections: the distinct
+                  connections in nginx's access log)
 
 Per configuration the best of --repeat runs: MB/s of shard data (the shards' total size over
 the wall time) and the ratio to "local cold" (targets: >= 0.8 cold, >= 0.95 cached); for the
-limited server the ratio to the curl peer and to connections x RATE (target >= 0.8 of it).
+limited server (one run each) the ratio to the curl peer and to connections x RATE (target
+>= 0.8 of it), and what as many plain curls at once (at most one per shard) reach of the same
+connections x RATE right after: the server's own ceiling on this machine.
 Loopback only: it measures stoke's overheads (requests, round trips, copies), not a network.
 """
 import argparse
@@ -112,6 +113,21 @@ def run_curl(url_of, nshards):
         if p.wait() != 0:
             raise RuntimeError("curl %s failed" % url_of(s))
     return n, time.perf_counter() - t0
+
+
+def run_curls(url_of, nshards, k):
+    """What the server delivers on k connections: k curls at once, curl i fetching shards i,
+    i + k, ... one after another on its one connection (to /dev/null).  Seconds."""
+    t0 = time.perf_counter()
+    ps = []
+    for i in range(min(k, nshards)):
+        cmd = ["curl", "-sf"]
+        for sh in range(i, nshards, k):
+            cmd += ["-o", "/dev/null", url_of(sh)]
+        ps.append(subprocess.Popen(cmd))
+    if any(q.wait() != 0 for q in ps):
+        raise RuntimeError("curl failed")
+    return time.perf_counter() - t0
 
 
 def rate_bytes(text):
@@ -235,10 +251,15 @@ def main():
                 conns = connections(prefix)
                 mbps = total / r["wall_s"] / 1e6
                 cap = conns * per / 1e6
-                res[name] = {"mb_s": mbps, "connections": conns, "cap_mb_s": cap, "run": r}
+                # the server's own ceiling on as many connections, right after: plain curls
+                ceil = total / run_curls(lambda s: lim.url("shard-%06d.tar" % s), a.shards,
+                                         conns) / 1e6
+                res[name] = {"mb_s": mbps, "connections": conns, "cap_mb_s": cap, "run": r,
+                             "curls_mb_s": ceil}
                 print("  %-34s %8.1f MB/s  (%.2f s; %d connections x %s = %.1f MB/s: %.2f; "
-                      "curl %.2fx)" % (name, mbps, r["wall_s"], conns, a.rate, cap, mbps / cap,
-                                       mbps / res["curl"]), file=out, flush=True)
+                      "curl %.2fx; %d curls at once: %.2f)"
+                      % (name, mbps, r["wall_s"], conns, a.rate, cap, mbps / cap,
+                         mbps / res["curl"], min(conns, a.shards), ceil / cap), file=out, flush=True)
         finally:
             lim.stop()
     except servers.Unavailable as e:
