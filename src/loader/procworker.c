@@ -51,6 +51,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -71,10 +72,31 @@
 #define ZYGOTE_MS     5000        /* the longest wait for the zygote's reply */
 #define ZSIG          SIGHUP      /* the zygote's parent-death signal (it only wakes the zygote) */
 
+/* A request in flight to a worker's child (the parent's side). */
+typedef struct proc_req {
+    stoke_batch *b;
+    uint64_t seed, epoch, t0; /* t0: when it was dispatched */
+    int sent;                 /* sent to the current child (the sent ones come first) */
+} proc_req;
+
+typedef struct wreq { /* parent -> child: a batch */
+    int32_t bi, si;
+    uint32_t flags, npoison;
+    uint64_t seq, seed, epoch;
+    uint64_t poison[POISON_MAX];
+    char pmsg[POISON_MAX][112];
+} wreq;
+
 typedef struct proc_w {
-    _Atomic int fd;  /* the parent's end of the child's socket; -1: no child (atomic: the fork
-                        handler reads it) */
-    _Atomic int pid; /* the child; -1: none (read by stoke_loader_worker_pid) */
+    _Atomic int fd;   /* the parent's end of the child's socket; -1: no child (atomic: the fork
+                         handler reads it) */
+    _Atomic int pid;  /* the child; -1: none (read by stoke_loader_worker_pid) */
+    _Atomic int wake; /* an eventfd: work to dispatch for a worker waiting on its child */
+    /* the worker thread's alone: its requests in flight, oldest first (a ring of p->depth) */
+    proc_req *q;
+    int head, n;
+    wreq req;                 /* the oldest's request, with its crash state */
+    uint64_t last_t, stop_t0; /* when the last reply was taken; when destroy was first seen */
 } proc_w;
 
 struct stoke__proc {
@@ -89,6 +111,8 @@ struct stoke__proc {
     pthread_mutex_t zmu; /* serializes request/reply on zfd; then the loader's `mu` never in it */
     uint64_t cap_epoch, cap_n; /* (the loader's mu) restarts in epoch cap_epoch (0 in 0 at first) */
     _Atomic int stopping;
+    int depth;       /* requests in flight per worker, at most: prefetch_factor */
+    proc_req *ring;  /* nworkers x depth: the workers' q */
     struct stoke__proc *next; /* the list of live ones (fork_mu), from create to destroy */
     int nw;                   /* entries of w */
     proc_w w[];               /* nworkers */
@@ -108,13 +132,6 @@ typedef struct zrep {
 } zrep;
 
 enum { F_NO_READ = 1 };
-typedef struct wreq {
-    int32_t bi, si;
-    uint32_t flags, npoison;
-    uint64_t seq, seed, epoch;
-    uint64_t poison[POISON_MAX];
-    char pmsg[POISON_MAX][112];
-} wreq;
 
 enum { M_BAD = 1, M_DONE = 2 };
 typedef struct wmsg {
@@ -156,8 +173,10 @@ static void fork_child(void)
 {
     atomic_fetch_add(&fork_gen, 1);
     for (stoke__proc *p = fork_list; p; p = p->next) {
-        for (int i = 0; i < p->nw; i++)
+        for (int i = 0; i < p->nw; i++) {
             close_fd(&p->w[i].fd);
+            close_fd(&p->w[i].wake);
+        }
         close_fd(&p->zfd);
     }
     pthread_mutex_unlock(&fork_mu);
@@ -529,12 +548,24 @@ int stoke__proc_create(stoke_loader *l)
     p->nw = l->nworkers;
     for (int i = 0; i < l->nworkers; i++) {
         p->w[i].fd = -1;
+        p->w[i].wake = -1;
         atomic_store(&p->w[i].pid, -1);
     }
     list_proc(p, 1);           /* its descriptors are -1 until they are made */
     int rc = map_shared(l, p); /* the buffers and the index arrays */
     if (rc != STOKE_OK)
         return rc;
+    p->depth = l->prefetch < l->nbuf ? l->prefetch : l->nbuf; /* (both at least 1) */
+    p->ring = calloc((size_t)l->nworkers * (size_t)p->depth, sizeof(proc_req));
+    if (!p->ring)
+        return stoke__loader_fail(l, STOKE_ENOMEM, "loader: out of memory");
+    for (int i = 0; i < l->nworkers; i++) { /* (in the zygote, the fork handler closes them) */
+        p->w[i].q = p->ring + (size_t)i * (size_t)p->depth;
+        p->w[i].wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (p->w[i].wake < 0)
+            return stoke__loader_fail(l, STOKE_ENOMEM, "loader: eventfd failed: %s",
+                                      strerror(errno));
+    }
     int sv[2];
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
         return stoke__loader_fail(l, STOKE_ENOMEM, "loader: socketpair failed: %s",
@@ -679,27 +710,81 @@ static void reap(stoke_loader *l, int wid, int kill_it, char *msg, size_t len)
     }
 }
 
-enum { X_DONE = 0, X_DEAD = 1, X_STOPPED = 2 };
+enum { X_DONE = 0, X_DEAD = 1, X_STOPPED = 2, X_WOKEN = 3 };
 
-/* Sends the request to worker wid's child and takes its reply into b.  When destroy is stopping
- * the loader, a child still busy after STOP_GRACE_NS is SIGKILLed. */
-static int exchange(stoke_loader *l, int wid, const wreq *req, stoke_batch *b)
+/* The request of worker w's oldest batch in flight into w->req (no crash yet). */
+static void head_req(stoke_loader *l, proc_w *w)
+{
+    const proc_req *r = &w->q[w->head];
+    memset(&w->req, 0, offsetof(wreq, poison));
+    w->req.bi = (int32_t)(r->b - l->bat);
+    w->req.si = (int32_t)(r->b->host - l->slots);
+    w->req.seq = r->b->seq;
+    w->req.seed = r->seed;
+    w->req.epoch = r->epoch;
+}
+
+/* Sends worker wid's requests not yet sent to its child, oldest first (the oldest's is w->req),
+ * without waiting: a full socket leaves the rest for later.  0, or -1: the child is gone. */
+static int pump(stoke_loader *l, proc_w *w)
+{
+    int fd = w->fd, depth = l->proc->depth;
+    for (int i = 0; i < w->n; i++) {
+        proc_req *r = &w->q[(w->head + i) % depth];
+        if (r->sent)
+            continue;
+        wreq younger;
+        const wreq *req = &w->req;
+        if (i) { /* never started: no crash state */
+            memset(&younger, 0, offsetof(wreq, poison));
+            younger.bi = (int32_t)(r->b - l->bat);
+            younger.si = (int32_t)(r->b->host - l->slots);
+            younger.seq = r->b->seq;
+            younger.seed = r->seed;
+            younger.epoch = r->epoch;
+            req = &younger;
+        }
+        ssize_t n;
+        do
+            n = send(fd, req, sizeof(*req), MSG_NOSIGNAL | MSG_DONTWAIT);
+        while (n < 0 && errno == EINTR);
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return 0;
+        if (n != (ssize_t)sizeof(*req))
+            return -1;
+        r->sent = 1;
+    }
+    return 0;
+}
+
+/* Takes the reply to worker wid's oldest request into b, sending the requests left unsent as
+ * the socket makes room.  With `wakeable`, returns X_WOKEN when the worker's eventfd is written
+ * (stoke__proc_wake) before the reply came.  When destroy is stopping the loader, a child still
+ * busy STOP_GRACE_NS after the worker first saw it is SIGKILLed (X_STOPPED). */
+static int receive(stoke_loader *l, proc_w *w, stoke_batch *b, int wakeable)
 {
     stoke__proc *p = l->proc;
-    int fd = p->w[wid].fd;
+    int fd = w->fd;
     b->bad.n = 0;
-    if (send_all(fd, req, sizeof(*req)) != 0)
-        return X_DEAD;
-    uint64_t stop_t0 = 0;
     wmsg m;
     for (;;) {
-        struct pollfd pfd = {.fd = fd, .events = POLLIN};
-        int pr = poll(&pfd, 1, POLL_MS);
+        int unsent = !w->q[(w->head + w->n - 1) % p->depth].sent;
+        struct pollfd pfd[2] = {{.fd = fd, .events = (short)(POLLIN | (unsent ? POLLOUT : 0))},
+                                {.fd = w->wake, .events = POLLIN}};
+        int pr = poll(pfd, wakeable ? 2 : 1, POLL_MS);
         if (pr == 0 || (pr < 0 && errno == EINTR)) {
-            if (!stop_t0 && atomic_load(&p->stopping)) /* (stopping stays set) */
-                stop_t0 = stoke__now_ns();
-            else if (stop_t0 && stoke__now_ns() - stop_t0 > STOP_GRACE_NS)
+            if (!w->stop_t0 && atomic_load(&p->stopping)) /* (stopping stays set) */
+                w->stop_t0 = stoke__now_ns();
+            else if (w->stop_t0 && stoke__now_ns() - w->stop_t0 > STOP_GRACE_NS)
                 return X_STOPPED;
+            continue;
+        }
+        if (pr > 0 && !(pfd[0].revents & ~POLLOUT)) { /* room to send, or woken */
+            if ((pfd[0].revents & POLLOUT) && pump(l, w) != 0)
+                return X_DEAD;
+            uint64_t v;
+            if (wakeable && (pfd[1].revents & POLLIN) && read(w->wake, &v, sizeof(v)) > 0)
+                return X_WOKEN;
             continue;
         }
         ssize_t n = recv_msg(fd, &m, sizeof(m));
@@ -766,35 +851,91 @@ static int after_crash(stoke_loader *l, stoke_batch *b, int wid, wreq *req, cons
     return STOKE_EDATA;
 }
 
-void stoke__proc_fill(stoke_loader *l, stoke_batch *b, stoke__producer *pr)
+int stoke__proc_room(const stoke_loader *l, int wid)
 {
-    int wid = pr->wid; /* a worker thread's (never the caller's: no assist with processes) */
-    uint64_t first = b->seq * l->o.batch_size;
-    STOKE__LOADER_ASSERT(pr->w != NULL);
+    return l->proc->depth - l->proc->w[wid].n;
+}
+
+int stoke__proc_in_flight(const stoke_loader *l, int wid)
+{
+    return l->proc->w[wid].n;
+}
+
+void stoke__proc_send(stoke_loader *l, stoke_batch *b, stoke__producer *pr)
+{
+    stoke__proc *p = l->proc;
+    proc_w *w = &p->w[pr->wid]; /* a worker thread's (never the caller's: no assist) */
+    STOKE__LOADER_ASSERT(pr->w != NULL && w->n < p->depth);
     stoke__loader_batch_start(l, b, pr);
-    wreq req = {.bi = (int32_t)(b - l->bat), .si = (int32_t)(b->host - l->slots)};
-    req.seq = b->seq;
-    req.seed = pr->seed;
-    req.epoch = pr->epoch;
+    proc_req *r = &w->q[(w->head + w->n++) % p->depth];
+    *r = (proc_req){.b = b, .seed = pr->seed, .epoch = pr->epoch, .t0 = stoke__now_ns()};
+    if (w->n == 1)
+        head_req(l, w);
+    if (w->fd >= 0) /* else the wait starts a child; a failed send shows there too */
+        (void)pump(l, w);
+}
+
+/* (mu) Wakes the process workers waiting on their child that could dispatch now. */
+void stoke__proc_wake(stoke_loader *l)
+{
+    for (int i = 0; i < l->nact; i++) {
+        stoke__worker *x = &l->w[i];
+        if (x->polling && stoke__loader_can_dispatch(l, x)) {
+            x->polling = 0;
+            (void)eventfd_write(l->proc->w[i].wake, 1);
+        }
+    }
+}
+
+stoke_batch *stoke__proc_take(stoke_loader *l, stoke__producer *pr, int wakeable,
+                              uint64_t *busy_ns)
+{
+    stoke__proc *p = l->proc;
+    int wid = pr->wid;
+    proc_w *w = &p->w[wid];
+    STOKE__LOADER_ASSERT(w->n > 0);
+    proc_req *r = &w->q[w->head];
+    stoke_batch *b = r->b;
+    uint64_t first = b->seq * l->o.batch_size;
     char msg[256] = "";
     for (;;) {
-        int rc = l->proc->w[wid].fd < 0 ? spawn(l, wid, msg, sizeof(msg)) : STOKE_OK;
+        int rc = STOKE_OK;
+        if (w->fd < 0 && atomic_load(&p->stopping)) { /* no new child at destroy */
+            rc = STOKE_ECANCELED;
+            stoke__strlcpy(msg, "the loader is being destroyed", sizeof(msg));
+        } else if (w->fd < 0) {
+            rc = spawn(l, wid, msg, sizeof(msg));
+        }
         if (rc != STOKE_OK) {
             stoke__batch_failed(b, rc, first, msg);
-            return;
+            break;
         }
-        int x = exchange(l, wid, &req, b);
+        int x = pump(l, w) == 0 ? receive(l, w, b, wakeable) : X_DEAD;
+        if (x == X_WOKEN)
+            return NULL;
         if (x == X_DONE)
-            return;
+            break;
+        /* the child died (or was killed) on the oldest request: replies come in order */
         reap(l, wid, x == X_STOPPED, msg, sizeof(msg));
+        for (int i = 0; i < w->n; i++) /* the next child gets them all again */
+            w->q[(w->head + i) % p->depth].sent = 0;
         if (x == X_STOPPED) {
             stoke__batch_failed(b, STOKE_ECANCELED, first, "the loader is being destroyed");
-            return;
+            break;
         }
         stoke__log(STOKE_LOG_WARN, "loader: worker %d: %s", wid, msg);
-        if (after_crash(l, b, wid, &req, msg) != STOKE_OK)
-            return;
+        if (after_crash(l, b, wid, &w->req, msg) != STOKE_OK)
+            break;
     }
+    if (l->o.device && b->status == STOKE_OK && b->count)
+        stoke__loader_copy_batch(l, b);
+    uint64_t now = stoke__now_ns(), t0 = r->t0 > w->last_t ? r->t0 : w->last_t;
+    *busy_ns = now - t0; /* since it was dispatched, or since the reply before it */
+    w->last_t = now;
+    w->head = (w->head + 1) % p->depth;
+    if (--w->n)
+        head_req(l, w);
+    return b;
 }
 
 void stoke__proc_stopping(stoke_loader *l)
@@ -817,6 +958,7 @@ void stoke__proc_destroy(stoke_loader *l)
     list_proc(p, 0);
     for (int i = 0; i < l->nworkers; i++) {
         close_fd(&p->w[i].fd);
+        close_fd(&p->w[i].wake);
         atomic_store(&p->w[i].pid, -1);
     }
     if (!foreign && p->zfd >= 0) { /* not only EOF: a fork may still hold the socket */
@@ -846,6 +988,7 @@ void stoke__proc_destroy(stoke_loader *l)
     }
     if (!foreign) /* a forked copy may hold it locked */
         pthread_mutex_destroy(&p->zmu);
+    free(p->ring);
     free(p);
     l->proc = NULL;
 }
