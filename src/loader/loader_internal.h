@@ -669,8 +669,7 @@ int stoke__proc_create(stoke_loader *l);
 int stoke__proc_room(const stoke_loader *l, int wid);
 int stoke__proc_in_flight(const stoke_loader *l, int wid);
 void stoke__proc_send(stoke_loader *l, stoke_batch *b, stoke__producer *p);
-stoke_batch *stoke__proc_take(stoke_loader *l, stoke__producer *p, int wakeable,
-                              uint64_t *busy_ns);
+stoke_batch *stoke__proc_take(stoke_loader *l, stoke__producer *p, int wakeable, uint64_t *busy_ns);
 void stoke__proc_wake(stoke_loader *l);
 /* destroy: before the worker threads are joined (a child stuck in a sample gets SIGKILLed). */
 void stoke__proc_stopping(stoke_loader *l);
