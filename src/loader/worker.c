@@ -665,8 +665,8 @@ int stoke__loader_make_group(stoke_loader *l, stoke__producer *p, uint64_t *cloc
 /* (mu) Process workers: worker w sends its child a request for each batch it may dispatch, up
  * to prefetch_factor in flight, then completes the oldest when its reply came (the child has
  * the next one queued meanwhile: it never waits for this thread between two batches).  While it
- * waits with room for another request, it is `polling`: stoke__proc_wake (from wake_workers,
- * or from a worker whose dispatch made it w's turn) sends it back to dispatch.  Returns the
+ * waits with room for another request, it is `polling`: stoke__proc_wake (from wake_workers:
+ * the consumer's, or a worker's whose dispatch made it w's turn) sends it back to dispatch.  Returns the
  * batches completed: 1, or 0 when none was in flight and none could be dispatched. */
 static int make_piped(stoke_loader *l, stoke__worker *w)
 {
@@ -681,7 +681,7 @@ static int make_piped(stoke_loader *l, stoke__worker *w)
             sent = 1;
         }
         if (sent && l->o.round_robin) /* the next batch may be a waiting worker's */
-            stoke__proc_wake(l);
+            stoke__loader_wake_workers(l, 1);
         if (!stoke__proc_in_flight(l, p->wid))
             return 0;
         w->polling = !l->quit && stoke__proc_room(l, p->wid) > 0;
