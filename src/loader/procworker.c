@@ -448,7 +448,8 @@ static int pump(stoke_loader *l, proc_w *w)
 
 /* Takes the reply to worker wid's oldest request into b, sending the requests left unsent as
  * the socket makes room.  With `wakeable`, returns X_WOKEN when the worker's eventfd is written
- * (stoke__proc_wake) before the reply came.  When destroy is stopping the loader, a child still
+ * (stoke__proc_wake) before the reply began (once a BAD message of b was read, the wake waits
+ * for the next call: b's messages are taken in one call).  When destroy is stopping the loader, a child still
  * busy STOP_GRACE_NS after the worker first saw it is SIGKILLed (X_STOPPED). */
 static int receive(stoke_loader *l, proc_w *w, stoke_batch *b, int wakeable)
 {
@@ -456,11 +457,12 @@ static int receive(stoke_loader *l, proc_w *w, stoke_batch *b, int wakeable)
     int fd = w->fd;
     b->bad.n = 0;
     wmsg m;
+    int got = 0; /* a message of b was read */
     for (;;) {
         int unsent = !w->q[(w->head + w->n - 1) % p->depth].sent;
         struct pollfd pfd[2] = {{.fd = fd, .events = (short)(POLLIN | (unsent ? POLLOUT : 0))},
                                 {.fd = w->wake, .events = POLLIN}};
-        int pr = poll(pfd, wakeable ? 2 : 1, POLL_MS);
+        int pr = poll(pfd, wakeable && !got ? 2 : 1, POLL_MS);
         if (pr == 0 || (pr < 0 && errno == EINTR)) {
             if (!w->stop_t0 && atomic_load(&p->stopping)) /* (stopping stays set) */
                 w->stop_t0 = stoke__now_ns();
@@ -481,6 +483,7 @@ static int receive(stoke_loader *l, proc_w *w, stoke_batch *b, int wakeable)
             return X_DEAD;
         if (m.kind != M_BAD)
             break;
+        got = 1;
         stoke__bad *e = stoke__bad_append(b);
         if (e)
             *e = m.bad;
