@@ -3,9 +3,10 @@
  * (one worker; two with round_robin, the drop-in's setting); with prefetch_factor 1 it never
  * has; a child that crashes on the first of two requests in flight loses no sample and repeats
  * none (on_error skip: the second request is sent again to the replacement) or names the sample
- * (on_error error); destroy with two requests in flight, the child busy or stuck in a sample,
- * neither hangs nor leaves a process or a descriptor.  The child looks at its own socket: the
- * one SOCK_SEQPACKET descriptor it has.  Every test runs under alarm(): a hang fails. */
+ * (on_error error); bad samples' messages are all counted; destroy with two requests in flight, the
+ * child busy or stuck in a sample, neither hangs nor leaves a process or a descriptor.  The child
+ * looks at its own socket: the one SOCK_SEQPACKET descriptor it has.  Every test runs under
+ * alarm(): a hang fails. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
@@ -42,6 +43,7 @@ typedef struct shared {
     uint64_t crash;        /* raise(SIGSEGV) here once the next request is queued (or not) */
     uint64_t slow_from;    /* samples from here on take 20 ms each */
     uint64_t hang;         /* publish the pid and wait to be killed here */
+    int bad_mod;           /* samples with index % bad_mod == 3 fail (STOKE_EDATA); 0: none */
     _Atomic int hang_pid;  /* the child hanging at `hang` */
     _Atomic int crash_q;   /* Q_YES / Q_NO: at the crash, the next request was queued or not */
     _Atomic int socks_bad; /* a child that had not exactly one SOCK_SEQPACKET descriptor */
@@ -118,6 +120,10 @@ static int pds_get(void *user, uint64_t index, void *const dst[], int64_t lens[]
         }
         if (index >= sh->slow_from)
             sleep_ms(20);
+        if (sh->bad_mod && index % (uint64_t)sh->bad_mod == 3) {
+            snprintf(msg, msg_len, "bad sample %" PRIu64, index);
+            return STOKE_EDATA;
+        }
     }
     return p->inner.get(p->inner.user, index, dst, lens, worker, msg, msg_len);
 }
@@ -364,6 +370,30 @@ static void test_crash_first_of_two(void **state)
         }
 }
 
+/* Bad samples (a failing get(), not a crash) with two requests in flight: each batch's BAD
+ * messages come before its DONE, and every one is counted, in each worker layout. */
+static void test_bad_samples_in_flight(void **state)
+{
+    (void)state;
+    for (int workers = 1; workers <= 2; workers++)
+        for (int rr = 0; rr <= 1; rr++) {
+            reset_shared(0);
+            sh->bad_mod = 5;
+            static run r;
+            run_epoch("skip", workers, 2, rr, 0, &r);
+            assert_int_equal(r.rc, STOKE_EEND);
+            uint64_t bad = 0;
+            for (int i = 0; i < N; i++) {
+                assert_int_equal(r.seen[i], i % 5 == 3 ? 0 : 1);
+                bad += i % 5 == 3;
+            }
+            assert_int_equal(r.n, N - bad);
+            assert_int_equal(r.st.bad_samples, bad);
+            assert_int_equal(r.st.skipped_samples, bad);
+            assert_int_equal(r.st.worker_restarts, 0);
+        }
+}
+
 /* Destroy after two batches, with two requests in flight to batch 2's child (2 and the next),
  * busy (20 ms samples) or stuck in batch 2 (killed after the grace).  Returns; no process, no
  * descriptor left. */
@@ -424,6 +454,7 @@ int main(void)
         cmocka_unit_test_setup(test_second_request_queued, setup),
         cmocka_unit_test_setup(test_prefetch_one, setup),
         cmocka_unit_test_setup(test_crash_first_of_two, setup),
+        cmocka_unit_test_setup(test_bad_samples_in_flight, setup),
         cmocka_unit_test_setup(test_destroy_two_in_flight, setup),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
