@@ -449,8 +449,8 @@ static int pump(stoke_loader *l, proc_w *w)
 /* Takes the reply to worker wid's oldest request into b, sending the requests left unsent as
  * the socket makes room.  With `wakeable`, returns X_WOKEN when the worker's eventfd is written
  * (stoke__proc_wake) before the reply began (once a BAD message of b was read, the wake waits
- * for the next call: b's messages are taken in one call).  When destroy is stopping the loader, a child still
- * busy STOP_GRACE_NS after the worker first saw it is SIGKILLed (X_STOPPED). */
+ * for the next call: b's messages are taken in one call).  When destroy is stopping the loader, a
+ * child still busy STOP_GRACE_NS after the worker first saw it is SIGKILLed (X_STOPPED). */
 static int receive(stoke_loader *l, proc_w *w, stoke_batch *b, int wakeable)
 {
     stoke__proc *p = l->proc;
