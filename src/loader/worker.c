@@ -665,10 +665,10 @@ int stoke__loader_make_group(stoke_loader *l, stoke__producer *p, uint64_t *cloc
 /* (mu) Process workers: worker w sends its child a request for each batch it may dispatch, up
  * to prefetch_factor in flight, then completes the oldest when its reply came (the child has
  * the next one queued meanwhile, where the window allowed it: it does not wait for this thread
- * between two batches).  While it
- * waits with room for another request, it is `polling`: stoke__proc_wake (from wake_workers:
- * the consumer's, or a worker's whose dispatch made it w's turn) sends it back to dispatch. Returns
- * the batches completed: 1, or 0 when none was in flight and none could be dispatched. */
+ * between two batches).  While it waits with room for another request, it is `polling`:
+ * stoke__proc_wake (from wake_workers: the consumer's, or a worker's whose dispatch made it w's
+ * turn) sends it back to dispatch.  Returns the batches completed: 1, or 0 when none was in
+ * flight and none could be dispatched. */
 static int make_piped(stoke_loader *l, stoke__worker *w)
 {
     stoke__producer *p = &w->p;
