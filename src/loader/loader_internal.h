@@ -295,6 +295,7 @@ typedef struct stoke__worker {
     uint64_t k_next, end_at;
     int outstanding;
     int sleeping; /* (mu) waiting on work_cv, not yet woken by wake_workers */
+    int polling;  /* (mu) process workers: waiting on its child, with room for a request */
 } stoke__worker;
 
 /* ---- autotune.c: num_workers = auto (docs/loader.md, "Auto workers") ------------------------
@@ -658,8 +659,18 @@ typedef struct stoke__proc stoke__proc;
  * puts the batch buffers and index arrays in shared memory, forks the zygote.  l->err set on
  * failure. */
 int stoke__proc_create(stoke_loader *l);
-/* Producer (a worker thread): what fill_batch does, in worker wid's child process. */
-void stoke__proc_fill(stoke_loader *l, stoke_batch *b, stoke__producer *p);
+/* Producer (worker thread p->wid), requests in flight to its child, oldest first, at most
+ * prefetch_factor: room for more (room) and how many (in_flight); send: batch b, just
+ * dispatched, is filled by the child (what fill_batch does) after the ones before it; take:
+ * waits for the oldest's reply and returns its batch, filled (or failed) and copied to the
+ * device, with its busy time; NULL when `wakeable` and stoke__proc_wake woke it first.  A child
+ * that dies is replaced (on the oldest request: its crash is that batch's; the others are sent
+ * again).  wake (mu): wakes the workers waiting in take that could dispatch now. */
+int stoke__proc_room(const stoke_loader *l, int wid);
+int stoke__proc_in_flight(const stoke_loader *l, int wid);
+void stoke__proc_send(stoke_loader *l, stoke_batch *b, stoke__producer *p);
+stoke_batch *stoke__proc_take(stoke_loader *l, stoke__producer *p, int wakeable, uint64_t *busy_ns);
+void stoke__proc_wake(stoke_loader *l);
 /* destroy: before the worker threads are joined (a child stuck in a sample gets SIGKILLed). */
 void stoke__proc_stopping(stoke_loader *l);
 /* destroy, after the threads were joined: ends and reaps every process, unmaps the buffers. */

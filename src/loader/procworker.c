@@ -5,12 +5,14 @@
  * offset arrays) are put in one shared mapping of an anonymous memfd, and one single-threaded
  * "zygote" process is forked.  The zygote forks worker children on request (so a replacement is
  * never forked from the multithreaded parent) and passes each child's socket to the parent with
- * SCM_RIGHTS; it also reaps them.  The parent's worker threads stay as they are (dispatch,
- * hand-off, ordering); only the filling of a batch (stoke__proc_fill) is sent to worker w's
- * child, which runs the same fill code (bad-sample policy included) on its forked copy of the
- * loader and writes the samples straight into the shared buffer.  The child publishes the
- * dataset index it is loading in its busy marks (stoke__busy), in shared memory, so a crash names
- * its sample.
+ * SCM_RIGHTS; it also reaps them (procchild.c: the zygote and the children's loop).  The
+ * parent's worker threads dispatch, hand off and order as with threads; only the filling of a
+ * batch is a request to worker w's child, which runs the same fill code (bad-sample policy
+ * included) on its forked copy of the loader and writes the samples straight into the shared
+ * buffer.  Worker thread w keeps up to prefetch_factor requests in flight to its child (`depth`;
+ * stoke__proc_send, stoke__proc_take), so the child never waits for the thread between two
+ * batches; replies come in request order.  The child publishes the dataset index it is loading
+ * in its busy marks (stoke__busy), in shared memory, so a crash names its sample.
  *
  * Messages (SOCK_SEQPACKET, one struct per message):
  *   parent -> zygote: zreq {SPAWN, worker} -> zrep {pid, err} + the parent's socket end;
@@ -36,10 +38,12 @@
  * process (a zygote of another loader, a fork of the user's) and counts forks, so a loader used
  * from a process that did not create it fails at once (stoke__loader_foreign; a loader of
  * the caller's thread alone keeps working there).
- * A child that dies (EOF on its socket) is reaped through the zygote; its crash is the failure
- * of the sample it was on: with on_error = error the batch fails, otherwise the sample is
- * "poisoned" (a replacement child's dataset calls fail for it with the crash message, so the
- * ordinary policy skips or replaces it) and the batch is re-run by a replacement child. */
+ * A child that dies (EOF on its socket) is reaped through the zygote; it died on its worker's
+ * oldest request in flight (the younger ones, not started, are sent again to the replacement),
+ * and its crash is the failure of the sample it was on: with on_error = error the batch fails,
+ * otherwise the sample is "poisoned" (a replacement child's dataset calls fail for it with the
+ * crash message, so the ordinary policy skips or replaces it) and the batch is re-run by a
+ * replacement child. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <inttypes.h>
@@ -49,6 +53,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -61,69 +66,9 @@
 #include "ipc/arena_internal.h"
 #include "ipc/ipc_internal.h"
 #include "loader/loader_internal.h"
+#include "loader/proc_internal.h"
 #include "stoke/arena.h"
 #include "stoke/pinned.h"
-
-#define POISON_MAX    16          /* crashing samples one batch may skip or replace */
-#define RESTARTS_MAX  100         /* worker process restarts per epoch */
-#define POLL_MS       50          /* every wait for a child is a poll of at most this */
-#define STOP_GRACE_NS 2000000000u /* destroy: a child busy longer than this is SIGKILLed */
-#define ZYGOTE_MS     5000        /* the longest wait for the zygote's reply */
-#define ZSIG          SIGHUP      /* the zygote's parent-death signal (it only wakes the zygote) */
-
-typedef struct proc_w {
-    _Atomic int fd;  /* the parent's end of the child's socket; -1: no child (atomic: the fork
-                        handler reads it) */
-    _Atomic int pid; /* the child; -1: none (read by stoke_loader_worker_pid) */
-} proc_w;
-
-struct stoke__proc {
-    unsigned char *shm;
-    size_t shm_len;
-    int registered;   /* stoke_pin_register succeeded */
-    int from_arena;   /* shm is an allocation of l->arena (not mapped here) */
-    stoke__busy *ctl; /* nworkers, in shm: each child's busy marks (its worker's p.busy) */
-    pid_t zpid;
-    _Atomic int zfd;
-    uint32_t zseq;       /* (zmu) the number of the last request to the zygote */
-    pthread_mutex_t zmu; /* serializes request/reply on zfd; then the loader's `mu` never in it */
-    uint64_t cap_epoch, cap_n; /* (the loader's mu) restarts in epoch cap_epoch (0 in 0 at first) */
-    _Atomic int stopping;
-    struct stoke__proc *next; /* the list of live ones (fork_mu), from create to destroy */
-    int nw;                   /* entries of w */
-    proc_w w[];               /* nworkers */
-};
-
-/* SPAWN and REAP are answered; FORGET (kill and reap a child whose SPAWN reply came too late)
- * and EXIT (destroy: end now, whoever else holds the socket) are not. */
-enum { Z_SPAWN = 1, Z_REAP = 2, Z_FORGET = 3, Z_EXIT = 4 };
-typedef struct zreq {
-    int32_t op, worker;
-    int32_t pid, kill; /* REAP: SIGKILL it first */
-    uint32_t seq, pad;
-} zreq;
-typedef struct zrep {
-    int32_t pid, err, status;
-    uint32_t seq; /* the request's */
-} zrep;
-
-enum { F_NO_READ = 1 };
-typedef struct wreq {
-    int32_t bi, si;
-    uint32_t flags, npoison;
-    uint64_t seq, seed, epoch;
-    uint64_t poison[POISON_MAX];
-    char pmsg[POISON_MAX][112];
-} wreq;
-
-enum { M_BAD = 1, M_DONE = 2 };
-typedef struct wmsg {
-    int32_t kind, status;
-    uint64_t count, bytes, err_index;
-    uint32_t truncated, pad;
-    char err_msg[STOKE__MSG_MAX];
-    stoke__bad bad;
-} wmsg;
 
 /* ---- forks: the live loaders' descriptors, closed in every forked process --------------- */
 
@@ -156,8 +101,10 @@ static void fork_child(void)
 {
     atomic_fetch_add(&fork_gen, 1);
     for (stoke__proc *p = fork_list; p; p = p->next) {
-        for (int i = 0; i < p->nw; i++)
+        for (int i = 0; i < p->nw; i++) {
             close_fd(&p->w[i].fd);
+            close_fd(&p->w[i].wake);
+        }
         close_fd(&p->zfd);
     }
     pthread_mutex_unlock(&fork_mu);
@@ -211,245 +158,6 @@ static void list_proc(stoke__proc *p, int on)
         *pp = p->next;
     }
     pthread_mutex_unlock(&fork_mu);
-}
-
-/* The code that runs in the other processes: a child's loop, which fills the batches it is sent
- * through the fill pipeline (its busy marks in shared memory), and the zygote, which forks
- * children on request; then the parent's side. */
-
-/* ---- the child: the dataset's get() wrapped to fail poisoned samples ---------------------- */
-
-static struct {
-    int (*get)(void *, uint64_t, void *const[], int64_t[], int, char *, size_t); /* the dataset's */
-    wreq req; /* the batch being made, with its poisoned samples */
-} cw;
-
-static int w_get(void *user, uint64_t index, void *const dst[], int64_t len[], int worker,
-                 char *msg, size_t msg_len)
-{
-    for (uint32_t k = 0; k < cw.req.npoison; k++)
-        if (cw.req.poison[k] == index) {
-            stoke__strlcpy(msg, cw.req.pmsg[k], msg_len);
-            return STOKE_EDATA;
-        }
-    return cw.get(user, index, dst, len, worker, msg, msg_len);
-}
-
-/* One message of n bytes to fd (no descriptor): 0, or -1 when it did not go. */
-static int send_all(int fd, const void *p, size_t n)
-{
-    return stoke__sendmsg_fd(fd, p, n, -1) == (ssize_t)n ? 0 : -1;
-}
-
-static ssize_t recv_msg(int fd, void *p, size_t n)
-{
-    ssize_t r;
-    do
-        r = recv(fd, p, n, 0);
-    while (r < 0 && errno == EINTR);
-    return r;
-}
-
-/* The child's loop: one batch per request; exits (without atexit handlers) on EOF. */
-static void child_main(stoke_loader *l, int wid, int fd, pid_t zygote)
-{
-    cw.get = l->ds.get; /* (MAP: required) */
-    l->ds.get = w_get;
-    l->caller.wid = wid; /* this process's producer: its copy of the caller's, for worker wid */
-    l->caller.busy = &l->proc->ctl[wid]; /* its marks, which the parent reads (plan.marks) */
-    int init_rc = l->ds.worker_init ? l->ds.worker_init(l->ds.user, wid, l->nworkers) : STOKE_OK;
-    init_rc = init_rc > 0 ? STOKE_EDATA : init_rc;
-    wreq *const req = &cw.req;
-    wmsg m;
-    char why[256];
-    /* the epoch this process's copy of the dataset was set to: create set it before the zygote
-     * was forked; the parent's later calls reach only the parent's copy */
-    int epoch_set = 1;
-    uint64_t epoch = l->o.epoch;
-    for (;;) {
-        ssize_t n = recv_msg(fd, req, sizeof(*req));
-        /* before a batch: the zygote is still this child's parent and the loader still holds
-         * the other end of its socket (a child of a loader that died must not write into its
-         * buffers, which may belong to another process by now: an arena's chunks) */
-        struct pollfd pfd = {.fd = fd, .events = POLLIN};
-        if (n != (ssize_t)sizeof(*req) || getppid() != zygote || poll(&pfd, 1, 0) < 0 ||
-            (pfd.revents & (POLLHUP | POLLERR | POLLNVAL)))
-            _exit(0);
-        stoke_batch *b = &l->bat[req->bi];
-        b->host = &l->slots[req->si];
-        b->seq = req->seq;
-        l->caller.seed = req->seed;
-        l->caller.epoch = req->epoch;
-        if (req->flags & F_NO_READ)
-            l->ds.read = NULL;
-        int rc = init_rc;
-        if (rc != STOKE_OK) {
-            stoke__fmt(why, sizeof(why), "worker_init failed in worker process %d (%s)",
-                       (int)getpid(), stoke_err_name(rc));
-        } else if (l->ds.set_epoch && (!epoch_set || epoch != req->epoch)) {
-            rc = l->ds.set_epoch(l->ds.user, req->epoch);
-            rc = rc > 0 ? STOKE_EDATA : rc;
-            epoch_set = rc == STOKE_OK;
-            epoch = req->epoch;
-            stoke__fmt(why, sizeof(why),
-                       "set_epoch(%" PRIu64 ") of dataset %s failed in worker process %d (%s)",
-                       req->epoch, l->ds.name, (int)getpid(), stoke_err_name(rc));
-        }
-        if (rc != STOKE_OK) { /* the batch fails, with no sample */
-            stoke__loader_batch_start(l, b, &l->caller);
-            stoke__batch_failed(b, rc, UINT64_MAX, why);
-        } else {
-            l->caller.ahead.seq_end = req->seq + 1; /* batches come one request at a time */
-            stoke__loader_fill_batch(l, b, &l->caller);
-        }
-        memset(&m, 0, sizeof(m));
-        m.kind = M_BAD;
-        for (size_t i = 0; i < b->bad.n; i++) {
-            m.bad = b->bad.v[i];
-            if (send_all(fd, &m, sizeof(m)))
-                _exit(0);
-        }
-        m.kind = M_DONE;
-        m.status = b->status;
-        m.count = b->count;
-        m.bytes = b->bytes;
-        m.err_index = b->err_index;
-        m.truncated = b->truncated;
-        memcpy(m.err_msg, b->err_msg, sizeof(m.err_msg));
-        if (send_all(fd, &m, sizeof(m)))
-            _exit(0);
-    }
-}
-
-/* ---- the zygote ------------------------------------------------------------------------- */
-
-/* The disposition and mask of ZSIG the zygote found (its children get them back). */
-static struct sigaction z_old_action;
-static sigset_t z_old_mask;
-
-static void z_wake(int sig)
-{
-    (void)sig; /* only interrupts ppoll: the loop then looks at getppid() */
-}
-
-static void zygote_spawn(stoke_loader *l, int zfd, const zreq *q, pid_t *pids, int npids)
-{
-    zrep rep = {.pid = -1, .seq = q->seq};
-    int sv[2] = {-1, -1};
-    pid_t zygote = getpid(), pid = -1;
-    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
-        rep.err = errno;
-    } else {
-        if (l->ds.fork_prepare)
-            l->ds.fork_prepare(l->ds.user);
-        pid = fork();
-        if (pid == 0) {
-            prctl(PR_SET_PDEATHSIG, SIGKILL);
-            if (getppid() != zygote)
-                _exit(0);
-            sigaction(ZSIG, &z_old_action, NULL);
-            sigprocmask(SIG_SETMASK, &z_old_mask, NULL);
-            close(zfd);
-            close(sv[0]);
-            if (l->ds.fork_child)
-                l->ds.fork_child(l->ds.user, q->worker);
-            child_main(l, q->worker, sv[1], zygote);
-            _exit(0);
-        }
-        rep.err = pid < 0 ? errno : 0; /* (before the hook, which may change errno) */
-        if (l->ds.fork_parent)
-            l->ds.fork_parent(l->ds.user);
-        close(sv[1]);
-    }
-    for (int i = 0; pid > 0 && i < npids; i++)
-        if (pids[i] <= 0) {
-            pids[i] = pid;
-            break;
-        }
-    rep.pid = pid > 0 ? (int32_t)pid : -1;
-    (void)stoke__sendmsg_fd(zfd, &rep, sizeof(rep), pid > 0 ? sv[0] : -1);
-    if (sv[0] >= 0)
-        close(sv[0]);
-}
-
-/* Waits for child `pid` (SIGKILLed first when kill_it), SIGKILLing it once grace_ns passed;
- * its wait status into *st (may be NULL).  0, or an errno. */
-static int stoke__proc_reap(pid_t pid, int kill_it, uint64_t grace_ns, int *st)
-{
-    if (kill_it)
-        kill(pid, SIGKILL);
-    uint64_t deadline = stoke__now_ns() + grace_ns; /* time, not a number of polls */
-    for (int killed = kill_it;;) {
-        pid_t r = waitpid(pid, st, killed ? 0 : WNOHANG);
-        if (r == pid)
-            return 0;
-        if (r < 0 && errno != EINTR)
-            return errno;
-        if (r == 0 && stoke__now_ns() >= deadline) {
-            kill(pid, SIGKILL);
-            killed = 1;
-        } else if (r == 0) { /* 1 ms (a signal cuts it short: the loop looks again) */
-            nanosleep(&(struct timespec){.tv_nsec = 1000000}, NULL);
-        }
-    }
-}
-
-/* The zygote's loop (never returns). */
-static void stoke__zygote_main(stoke_loader *l, int zfd, pid_t loader)
-{
-    /* A worker is replaced only after its predecessor was reaped: at most one live child per
-     * worker, plus room for one being reaped. */
-    signal(SIGCHLD, SIG_DFL); /* the caller may ignore it, which would reap for us */
-    int npids = 2 * l->nworkers + 2;
-    pid_t *pids = calloc((size_t)npids, sizeof(pid_t));
-    if (!pids)
-        _exit(1);
-    /* ZSIG stays blocked but in ppoll, so its wake-up is never lost between the check of
-     * getppid() and the wait. */
-    sigset_t zs, wait_mask;
-    sigemptyset(&zs);
-    sigaddset(&zs, ZSIG);
-    sigprocmask(SIG_BLOCK, &zs, &z_old_mask);
-    wait_mask = z_old_mask;
-    sigdelset(&wait_mask, ZSIG);
-    struct sigaction sa = {.sa_handler = z_wake};
-    sigemptyset(&sa.sa_mask);
-    sigaction(ZSIG, &sa, &z_old_action);
-    prctl(PR_SET_PDEATHSIG, ZSIG);
-    zreq q;
-    while (getppid() == loader) { /* also the race: the loader died before prctl */
-        struct pollfd pfd = {.fd = zfd, .events = POLLIN};
-        int pr = ppoll(&pfd, 1, NULL, &wait_mask);
-        if (pr < 0 && errno == EINTR)
-            continue;
-        ssize_t n = pr < 0 ? -1 : recv_msg(zfd, &q, sizeof(q));
-        if (n != (ssize_t)sizeof(q))
-            break;
-        if (q.op == Z_SPAWN) {
-            zygote_spawn(l, zfd, &q, pids, npids);
-        } else if (q.op == Z_REAP || q.op == Z_FORGET) {
-            zrep rep = {.pid = q.pid, .seq = q.seq};
-            /* a child not gone 2 s after its socket closed is SIGKILLed */
-            rep.err = stoke__proc_reap(q.pid, q.kill || q.op == Z_FORGET, 2000000000u, &rep.status);
-            for (int i = 0; i < npids; i++)
-                if (pids[i] == q.pid)
-                    pids[i] = -1;
-            if (q.op == Z_REAP)
-                (void)stoke__sendmsg_fd(zfd, &rep, sizeof(rep), -1);
-        } else if (q.op == Z_EXIT) {
-            break;
-        }
-    }
-    /* The end: at EOF (destroy closed its socket, or the loader's process is dying: its
-     * descriptors close before its parent-death signal is sent, and getppid() cannot tell yet)
-     * or when its parent is no longer the loader's process.  Its children are SIGKILLed at once:
-     * at destroy they are idle (a busy one was killed already), and a child of a dead loader
-     * must not go on writing into buffers that may belong to another process by now (an arena's
-     * chunks). */
-    for (int i = 0; i < npids; i++)
-        if (pids[i] > 0)
-            (void)stoke__proc_reap(pids[i], 1, 0, NULL);
-    _exit(0);
 }
 
 /* ---- the parent ------------------------------------------------------------------------- */
@@ -529,12 +237,24 @@ int stoke__proc_create(stoke_loader *l)
     p->nw = l->nworkers;
     for (int i = 0; i < l->nworkers; i++) {
         p->w[i].fd = -1;
+        p->w[i].wake = -1;
         atomic_store(&p->w[i].pid, -1);
     }
     list_proc(p, 1);           /* its descriptors are -1 until they are made */
     int rc = map_shared(l, p); /* the buffers and the index arrays */
     if (rc != STOKE_OK)
         return rc;
+    p->depth = l->prefetch < l->nbuf ? l->prefetch : l->nbuf; /* (both at least 1) */
+    p->ring = calloc((size_t)l->nworkers * (size_t)p->depth, sizeof(proc_req));
+    if (!p->ring)
+        return stoke__loader_fail(l, STOKE_ENOMEM, "loader: out of memory");
+    for (int i = 0; i < l->nworkers; i++) { /* (in the zygote, the fork handler closes them) */
+        p->w[i].q = p->ring + (size_t)i * (size_t)p->depth;
+        p->w[i].wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (p->w[i].wake < 0)
+            return stoke__loader_fail(l, STOKE_ENOMEM, "loader: eventfd failed: %s",
+                                      strerror(errno));
+    }
     int sv[2];
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
         return stoke__loader_fail(l, STOKE_ENOMEM, "loader: socketpair failed: %s",
@@ -679,34 +399,91 @@ static void reap(stoke_loader *l, int wid, int kill_it, char *msg, size_t len)
     }
 }
 
-enum { X_DONE = 0, X_DEAD = 1, X_STOPPED = 2 };
+enum { X_DONE = 0, X_DEAD = 1, X_STOPPED = 2, X_WOKEN = 3 };
 
-/* Sends the request to worker wid's child and takes its reply into b.  When destroy is stopping
- * the loader, a child still busy after STOP_GRACE_NS is SIGKILLed. */
-static int exchange(stoke_loader *l, int wid, const wreq *req, stoke_batch *b)
+/* The request of worker w's oldest batch in flight into w->req (no crash yet). */
+static void head_req(stoke_loader *l, proc_w *w)
+{
+    const proc_req *r = &w->q[w->head];
+    memset(&w->req, 0, offsetof(wreq, poison));
+    w->req.bi = (int32_t)(r->b - l->bat);
+    w->req.si = (int32_t)(r->b->host - l->slots);
+    w->req.seq = r->b->seq;
+    w->req.seed = r->seed;
+    w->req.epoch = r->epoch;
+}
+
+/* Sends worker wid's requests not yet sent to its child, oldest first (the oldest's is w->req),
+ * without waiting: a full socket leaves the rest for later.  0, or -1: the child is gone. */
+static int pump(stoke_loader *l, proc_w *w)
+{
+    int fd = w->fd, depth = l->proc->depth;
+    for (int i = 0; i < w->n; i++) {
+        proc_req *r = &w->q[(w->head + i) % depth];
+        if (r->sent)
+            continue;
+        wreq younger;
+        const wreq *req = &w->req;
+        if (i) { /* never started: no crash state */
+            memset(&younger, 0, offsetof(wreq, poison));
+            younger.bi = (int32_t)(r->b - l->bat);
+            younger.si = (int32_t)(r->b->host - l->slots);
+            younger.seq = r->b->seq;
+            younger.seed = r->seed;
+            younger.epoch = r->epoch;
+            req = &younger;
+        }
+        ssize_t n;
+        do
+            n = send(fd, req, sizeof(*req), MSG_NOSIGNAL | MSG_DONTWAIT);
+        while (n < 0 && errno == EINTR);
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return 0;
+        if (n != (ssize_t)sizeof(*req))
+            return -1;
+        r->sent = 1;
+    }
+    return 0;
+}
+
+/* Takes the reply to worker wid's oldest request into b, sending the requests left unsent as
+ * the socket makes room.  With `wakeable`, returns X_WOKEN when the worker's eventfd is written
+ * (stoke__proc_wake) before the reply began (once a BAD message of b was read, the wake waits
+ * for the next call: b's messages are taken in one call).  When destroy is stopping the loader, a
+ * child still busy STOP_GRACE_NS after the worker first saw it is SIGKILLed (X_STOPPED). */
+static int receive(stoke_loader *l, proc_w *w, stoke_batch *b, int wakeable)
 {
     stoke__proc *p = l->proc;
-    int fd = p->w[wid].fd;
+    int fd = w->fd;
     b->bad.n = 0;
-    if (send_all(fd, req, sizeof(*req)) != 0)
-        return X_DEAD;
-    uint64_t stop_t0 = 0;
     wmsg m;
+    int got = 0; /* a message of b was read */
     for (;;) {
-        struct pollfd pfd = {.fd = fd, .events = POLLIN};
-        int pr = poll(&pfd, 1, POLL_MS);
+        int unsent = !w->q[(w->head + w->n - 1) % p->depth].sent;
+        struct pollfd pfd[2] = {{.fd = fd, .events = (short)(POLLIN | (unsent ? POLLOUT : 0))},
+                                {.fd = w->wake, .events = POLLIN}};
+        int pr = poll(pfd, wakeable && !got ? 2 : 1, POLL_MS);
         if (pr == 0 || (pr < 0 && errno == EINTR)) {
-            if (!stop_t0 && atomic_load(&p->stopping)) /* (stopping stays set) */
-                stop_t0 = stoke__now_ns();
-            else if (stop_t0 && stoke__now_ns() - stop_t0 > STOP_GRACE_NS)
+            if (!w->stop_t0 && atomic_load(&p->stopping)) /* (stopping stays set) */
+                w->stop_t0 = stoke__now_ns();
+            else if (w->stop_t0 && stoke__now_ns() - w->stop_t0 > STOP_GRACE_NS)
                 return X_STOPPED;
             continue;
         }
-        ssize_t n = recv_msg(fd, &m, sizeof(m));
+        if (pr > 0 && !(pfd[0].revents & ~POLLOUT)) { /* room to send, or woken */
+            if ((pfd[0].revents & POLLOUT) && pump(l, w) != 0)
+                return X_DEAD;
+            uint64_t v;
+            if (wakeable && (pfd[1].revents & POLLIN) && read(w->wake, &v, sizeof(v)) > 0)
+                return X_WOKEN;
+            continue;
+        }
+        ssize_t n = stoke__proc_recv(fd, &m, sizeof(m));
         if (n != (ssize_t)sizeof(m))
             return X_DEAD;
         if (m.kind != M_BAD)
             break;
+        got = 1;
         stoke__bad *e = stoke__bad_append(b);
         if (e)
             *e = m.bad;
@@ -766,35 +543,90 @@ static int after_crash(stoke_loader *l, stoke_batch *b, int wid, wreq *req, cons
     return STOKE_EDATA;
 }
 
-void stoke__proc_fill(stoke_loader *l, stoke_batch *b, stoke__producer *pr)
+int stoke__proc_room(const stoke_loader *l, int wid)
 {
-    int wid = pr->wid; /* a worker thread's (never the caller's: no assist with processes) */
-    uint64_t first = b->seq * l->o.batch_size;
-    STOKE__LOADER_ASSERT(pr->w != NULL);
+    return l->proc->depth - l->proc->w[wid].n;
+}
+
+int stoke__proc_in_flight(const stoke_loader *l, int wid)
+{
+    return l->proc->w[wid].n;
+}
+
+void stoke__proc_send(stoke_loader *l, stoke_batch *b, stoke__producer *pr)
+{
+    stoke__proc *p = l->proc;
+    proc_w *w = &p->w[pr->wid]; /* a worker thread's (never the caller's: no assist) */
+    STOKE__LOADER_ASSERT(pr->w != NULL && w->n < p->depth);
     stoke__loader_batch_start(l, b, pr);
-    wreq req = {.bi = (int32_t)(b - l->bat), .si = (int32_t)(b->host - l->slots)};
-    req.seq = b->seq;
-    req.seed = pr->seed;
-    req.epoch = pr->epoch;
+    proc_req *r = &w->q[(w->head + w->n++) % p->depth];
+    *r = (proc_req){.b = b, .seed = pr->seed, .epoch = pr->epoch, .t0 = stoke__now_ns()};
+    if (w->n == 1)
+        head_req(l, w);
+    if (w->fd >= 0) /* else the wait starts a child; a failed send shows there too */
+        (void)pump(l, w);
+}
+
+/* (mu) Wakes the process workers waiting on their child that could dispatch now. */
+void stoke__proc_wake(stoke_loader *l)
+{
+    for (int i = 0; i < l->nact; i++) {
+        stoke__worker *x = &l->w[i];
+        if (x->polling && stoke__loader_can_dispatch(l, x)) {
+            x->polling = 0;
+            (void)eventfd_write(l->proc->w[i].wake, 1);
+        }
+    }
+}
+
+stoke_batch *stoke__proc_take(stoke_loader *l, stoke__producer *pr, int wakeable, uint64_t *busy_ns)
+{
+    stoke__proc *p = l->proc;
+    int wid = pr->wid;
+    proc_w *w = &p->w[wid];
+    STOKE__LOADER_ASSERT(w->n > 0);
+    proc_req *r = &w->q[w->head];
+    stoke_batch *b = r->b;
+    uint64_t first = b->seq * l->o.batch_size;
     char msg[256] = "";
     for (;;) {
-        int rc = l->proc->w[wid].fd < 0 ? spawn(l, wid, msg, sizeof(msg)) : STOKE_OK;
+        int rc = STOKE_OK;
+        if (w->fd < 0 && atomic_load(&p->stopping)) { /* no new child at destroy */
+            rc = STOKE_ECANCELED;
+            stoke__strlcpy(msg, "the loader is being destroyed", sizeof(msg));
+        } else if (w->fd < 0) {
+            rc = spawn(l, wid, msg, sizeof(msg));
+        }
         if (rc != STOKE_OK) {
             stoke__batch_failed(b, rc, first, msg);
-            return;
+            break;
         }
-        int x = exchange(l, wid, &req, b);
+        int x = pump(l, w) == 0 ? receive(l, w, b, wakeable) : X_DEAD;
+        if (x == X_WOKEN)
+            return NULL;
         if (x == X_DONE)
-            return;
+            break;
+        /* the child died (or was killed) on the oldest request: replies come in order */
         reap(l, wid, x == X_STOPPED, msg, sizeof(msg));
+        for (int i = 0; i < w->n; i++) /* the next child gets them all again */
+            w->q[(w->head + i) % p->depth].sent = 0;
         if (x == X_STOPPED) {
             stoke__batch_failed(b, STOKE_ECANCELED, first, "the loader is being destroyed");
-            return;
+            break;
         }
         stoke__log(STOKE_LOG_WARN, "loader: worker %d: %s", wid, msg);
-        if (after_crash(l, b, wid, &req, msg) != STOKE_OK)
-            return;
+        if (after_crash(l, b, wid, &w->req, msg) != STOKE_OK)
+            break;
     }
+    if (l->o.device && b->status == STOKE_OK && b->count)
+        stoke__loader_copy_batch(l, b);
+    uint64_t now = stoke__now_ns(), t0 = r->t0 > w->last_t ? r->t0 : w->last_t;
+    *busy_ns = now - t0; /* since it was dispatched, or since the reply before it */
+    w->last_t = now;
+    w->head = (w->head + 1) % p->depth;
+    if (--w->n)
+        head_req(l, w);
+    return b;
 }
 
 void stoke__proc_stopping(stoke_loader *l)
@@ -817,6 +649,7 @@ void stoke__proc_destroy(stoke_loader *l)
     list_proc(p, 0);
     for (int i = 0; i < l->nworkers; i++) {
         close_fd(&p->w[i].fd);
+        close_fd(&p->w[i].wake);
         atomic_store(&p->w[i].pid, -1);
     }
     if (!foreign && p->zfd >= 0) { /* not only EOF: a fork may still hold the socket */
@@ -846,6 +679,7 @@ void stoke__proc_destroy(stoke_loader *l)
     }
     if (!foreign) /* a forked copy may hold it locked */
         pthread_mutex_destroy(&p->zmu);
+    free(p->ring);
     free(p);
     l->proc = NULL;
 }

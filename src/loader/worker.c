@@ -480,6 +480,8 @@ int stoke__loader_can_dispatch(const stoke_loader *l, const stoke__worker *w)
 void stoke__loader_wake_workers(stoke_loader *l, int force)
 {
     atomic_fetch_add_explicit(&l->work_events, 1, memory_order_release);
+    if (l->proc) /* those waiting on their child, with room for another request */
+        stoke__proc_wake(l);
     if (!l->work_sleepers)
         return;
     if (!force && !l->iterable && l->outstanding > l->window / 2)
@@ -641,11 +643,9 @@ int stoke__loader_make_group(stoke_loader *l, stoke__producer *p, uint64_t *cloc
      * tenth of a batch of one 3 KB row): each batch is counted the group's average */
     uint64_t t0 = clock && *clock ? *clock : stoke__now_ns();
     int one_call = n > 1 && l->plan.scatter && make_scattered(l, b, n, p) == STOKE_OK;
+    STOKE__LOADER_ASSERT(!l->proc); /* (make_piped) */
     for (int i = 0; i < n && !one_call; i++) {
-        if (l->proc)
-            stoke__proc_fill(l, b[i], p); /* in worker p->wid's child process */
-        else
-            stoke__loader_fill_batch(l, b[i], p);
+        stoke__loader_fill_batch(l, b[i], p);
         if (l->o.device && b[i]->status == STOKE_OK && b[i]->count)
             stoke__loader_copy_batch(l, b[i]);
     }
@@ -660,6 +660,43 @@ int stoke__loader_make_group(stoke_loader *l, stoke__producer *p, uint64_t *cloc
     for (int i = 0; i < n; i++) /* the last takes the division's remainder */
         complete_quiet(l, b[i], took / (uint64_t)n + (i == n - 1 ? took % (uint64_t)n : 0));
     return n;
+}
+
+/* (mu) Process workers: worker w sends its child a request for each batch it may dispatch, up
+ * to prefetch_factor in flight, then completes the oldest when its reply came (the child has
+ * the next one queued meanwhile, where the window allowed it: it does not wait for this thread
+ * between two batches).  While it waits with room for another request, it is `polling`:
+ * stoke__proc_wake (from wake_workers: the consumer's, or a worker's whose dispatch made it w's
+ * turn) sends it back to dispatch.  Returns the batches completed: 1, or 0 when none was in
+ * flight and none could be dispatched. */
+static int make_piped(stoke_loader *l, stoke__worker *w)
+{
+    stoke__producer *p = &w->p;
+    for (;;) {
+        int sent = 0;
+        while (!l->quit && stoke__proc_room(l, p->wid) > 0 && stoke__loader_can_dispatch(l, w)) {
+            stoke_batch *b = dispatch(l, p);
+            stoke__loader_unlock(l);
+            stoke__proc_send(l, b, p); /* in worker p->wid's child process */
+            stoke__loader_lock(l);
+            sent = 1;
+        }
+        if (sent && l->o.round_robin) /* the next batch may be a waiting worker's */
+            stoke__loader_wake_workers(l, 1);
+        if (!stoke__proc_in_flight(l, p->wid))
+            return 0;
+        w->polling = !l->quit && stoke__proc_room(l, p->wid) > 0;
+        int wakeable = w->polling;
+        stoke__loader_unlock(l);
+        uint64_t took = 0;
+        stoke_batch *b = stoke__proc_take(l, p, wakeable, &took);
+        stoke__loader_lock(l);
+        w->polling = 0;
+        if (b) {
+            complete_quiet(l, b, took);
+            return 1;
+        }
+    }
 }
 
 static void *worker_main(void *arg)
@@ -685,7 +722,8 @@ static void *worker_main(void *arg)
     stoke__loader_lock(l);
     for (;;) {
         int spun = 0;
-        while (!l->quit && !stoke__loader_can_dispatch(l, w)) {
+        while (!l->quit && !stoke__loader_can_dispatch(l, w) &&
+               !(l->proc && stoke__proc_in_flight(l, w->p.wid))) {
             if (!spun++) { /* then look again: a change may come just after the spin */
                 /* for the consumer to take a batch, when this worker is given work */
                 if (!l->iterable && w->p.wid < l->nact && !l->ended && !l->quiesce &&
@@ -705,9 +743,12 @@ static void *worker_main(void *arg)
                 l->work_sleepers--;
             }
         }
-        if (l->quit)
-            break;
-        stoke__loader_make_group(l, &w->p, NULL);
+        if (l->quit && !(l->proc && stoke__proc_in_flight(l, w->p.wid)))
+            break; /* (a process worker's requests in flight are completed first) */
+        if (l->proc)
+            make_piped(l, w);
+        else
+            stoke__loader_make_group(l, &w->p, NULL);
         /* one wake-up for the group, after `mu` is free: a consumer woken while this thread
          * still holds it would only sleep again on the mutex */
         stoke__loader_unlock(l);

@@ -1,0 +1,463 @@
+/* Process workers' requests in flight (docs/loader.md, "Process workers"): with prefetch_factor
+ * 2 a child has its next batch's request queued on its socket while it makes the current one
+ * (one worker; two with round_robin, the drop-in's setting); with prefetch_factor 1 it never
+ * has; a child that crashes on the first of two requests in flight loses no sample and repeats
+ * none (on_error skip: the second request is sent again to the replacement) or names the sample
+ * (on_error error); bad samples' messages are all counted; destroy with two requests in flight, the
+ * child busy or stuck in a sample, neither hangs nor leaves a process or a descriptor.  The child
+ * looks at its own socket: the one SOCK_SEQPACKET descriptor it has.  Every test runs under
+ * alarm(): a hang fails. */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "stoke/stoke.h"
+#include "testutil.h"
+
+#define N     96
+#define BS    8
+#define NB    (N / BS)
+#define SB    12 /* data bytes per sample */
+#define Q_NO  1  /* queued[k]: batch k's child saw no next request within wait_ms */
+#define Q_YES 2  /* queued[k]: it saw one */
+
+/* Shared with the worker processes (an anonymous MAP_SHARED page made before any loader). */
+typedef struct shared {
+    pid_t parent;
+    int wait_ms;           /* at a batch's first sample: the longest wait for the next request */
+    int last_from;         /* batches from here on look without waiting (none comes after them) */
+    uint64_t crash;        /* raise(SIGSEGV) here once the next request is queued (or not) */
+    uint64_t slow_from;    /* samples from here on take 20 ms each */
+    uint64_t hang;         /* publish the pid and wait to be killed here */
+    int bad_mod;           /* samples with index % bad_mod == 3 fail (STOKE_EDATA); 0: none */
+    _Atomic int hang_pid;  /* the child hanging at `hang` */
+    _Atomic int crash_q;   /* Q_YES / Q_NO: at the crash, the next request was queued or not */
+    _Atomic int socks_bad; /* a child that had not exactly one SOCK_SEQPACKET descriptor */
+    _Atomic int queued[NB];
+} shared;
+
+static shared *sh;
+
+typedef struct pds {
+    stoke_dataset inner;
+} pds;
+
+static uint64_t pds_length(void *user)
+{
+    (void)user;
+    return N;
+}
+
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* In a child: its socket to the parent, the one SOCK_SEQPACKET descriptor (-1: not exactly
+ * one). */
+static int own_socket(void)
+{
+    int found = -1, n = 0;
+    for (int fd = 0; fd < 256; fd++) {
+        int type = 0;
+        socklen_t len = sizeof(type);
+        if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) == 0 && type == SOCK_SEQPACKET) {
+            found = fd;
+            n++;
+        }
+    }
+    return n == 1 ? found : -1;
+}
+
+/* In a child: Q_YES when a request is waiting on its socket within wait_ms (0 ms in the last
+ * batches), else Q_NO. */
+static int next_queued(uint64_t batch)
+{
+    int fd = own_socket();
+    if (fd < 0) {
+        atomic_store(&sh->socks_bad, 1);
+        return Q_NO;
+    }
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    int r;
+    do
+        r = poll(&p, 1, batch >= (uint64_t)sh->last_from ? 0 : sh->wait_ms);
+    while (r < 0 && errno == EINTR);
+    return r == 1 && (p.revents & POLLIN) ? Q_YES : Q_NO;
+}
+
+static int pds_get(void *user, uint64_t index, void *const dst[], int64_t lens[], int worker,
+                   char *msg, size_t msg_len)
+{
+    pds *p = user;
+    if (getpid() != sh->parent) {
+        if (index % BS == 0 && index / BS < NB)
+            atomic_store(&sh->queued[index / BS], next_queued(index / BS));
+        if (index == sh->crash) {
+            atomic_store(&sh->crash_q, next_queued(index / BS));
+            signal(SIGSEGV, SIG_DFL); /* not a sanitizer's report: the plain crash */
+            raise(SIGSEGV);
+        }
+        if (index == sh->hang) {
+            atomic_store(&sh->hang_pid, (int)getpid());
+            for (;;)
+                sleep_ms(10); /* until destroy kills this process */
+        }
+        if (index >= sh->slow_from)
+            sleep_ms(20);
+        if (sh->bad_mod && index % (uint64_t)sh->bad_mod == 3) {
+            snprintf(msg, msg_len, "bad sample %" PRIu64, index);
+            return STOKE_EDATA;
+        }
+    }
+    return p->inner.get(p->inner.user, index, dst, lens, worker, msg, msg_len);
+}
+
+static int pds_read(void *user, const uint64_t *idx, size_t count, const stoke_slots *dst,
+                    int worker, char *msg, size_t msg_len, uint64_t *err_index)
+{
+    pds *p = user;
+    for (size_t j = 0; j < count; j++) {
+        void *d[TU_FIELDS];
+        stoke_slots_sample(dst, p->inner.nfields, p->inner.fields, j, d);
+        int rc = pds_get(user, idx[j], d, NULL, worker, msg, msg_len);
+        if (rc) {
+            *err_index = idx[j];
+            return rc;
+        }
+    }
+    return STOKE_OK;
+}
+
+static void pds_open(pds *p, int with_read, stoke_dataset *ds)
+{
+    memset(p, 0, sizeof(*p));
+    stoke_synthetic_opts so;
+    stoke_synthetic_opts_init(&so);
+    so.length = N;
+    so.ndim = 1;
+    so.shape[0] = SB;
+    so.classes = 1u << 30; /* label = index */
+    assert_int_equal(stoke_synthetic_open(&so, &p->inner), STOKE_OK);
+    stoke_dataset_init(ds);
+    ds->kind = STOKE_DATASET_MAP;
+    snprintf(ds->name, sizeof(ds->name), "pds");
+    ds->user = p;
+    ds->nfields = p->inner.nfields;
+    ds->fields = p->inner.fields;
+    ds->length = pds_length;
+    ds->get = pds_get;
+    if (with_read)
+        ds->read = pds_read;
+}
+
+static void pds_close(pds *p, stoke_dataset *ds)
+{
+    stoke_dataset_close(ds);
+    stoke_dataset_close(&p->inner);
+}
+
+static int count_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    assert_non_null(d);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+static void reset_shared(int wait_ms)
+{
+    memset(sh, 0, sizeof(*sh));
+    sh->parent = getpid();
+    sh->wait_ms = wait_ms;
+    sh->last_from = NB;
+    sh->crash = UINT64_MAX;
+    sh->slow_from = UINT64_MAX;
+    sh->hang = UINT64_MAX;
+}
+
+static int gone(int pid)
+{
+    return kill(pid, 0) == -1 && errno == ESRCH;
+}
+
+static void assert_no_children(void)
+{
+    assert_int_equal(waitpid(-1, NULL, WNOHANG), -1);
+    assert_int_equal(errno, ECHILD);
+}
+
+typedef struct run {
+    int rc;
+    char err[1024];
+    uint64_t n, nbatches;
+    int seen[N]; /* deliveries of each sample */
+    stoke_loader_stats st;
+    int pids[64];
+    int npids;
+} run;
+
+static void note_pids(const stoke_loader *l, int workers, run *r)
+{
+    for (int w = 0; w < workers; w++) {
+        int pid = stoke_loader_worker_pid(l, w);
+        int known = pid <= 0;
+        for (int k = 0; k < r->npids && !known; k++)
+            known = r->pids[k] == pid;
+        if (!known && r->npids < 64)
+            r->pids[r->npids++] = pid;
+    }
+}
+
+/* Takes up to `stop_after` batches; checks every slot's bytes against its index. */
+static void take(stoke_loader *l, int workers, run *r, uint64_t stop_after)
+{
+    stoke_batch *bt;
+    while (r->nbatches < stop_after && (r->rc = stoke_loader_next(l, &bt)) == STOKE_OK) {
+        note_pids(l, workers, r);
+        size_t c = stoke_batch_count(bt);
+        const unsigned char *data = stoke_batch_data(bt, 0);
+        const int64_t *label = stoke_batch_data(bt, 1);
+        for (size_t j = 0; j < c; j++) {
+            uint64_t i = stoke_batch_indices(bt)[j];
+            assert_true(i < N);
+            assert_int_equal(label[j], (int64_t)i);
+            unsigned char want[SB];
+            stoke_synthetic_fill(0, i, want, sizeof(want));
+            assert_memory_equal(data + j * SB, want, SB);
+            r->seen[i]++;
+            r->n++;
+        }
+        r->nbatches++;
+        stoke_batch_release(bt);
+    }
+    snprintf(r->err, sizeof(r->err), "%s", stoke_loader_last_error(l));
+    r->st.size = sizeof(r->st);
+    assert_int_equal(stoke_loader_get_stats(l, &r->st), STOKE_OK);
+}
+
+static void opts(stoke_loader_opts *o, const char *policy, int workers, int prefetch, int rr)
+{
+    stoke_loader_opts_init(o);
+    assert_int_equal(stoke_on_error_parse(policy, o), STOKE_OK);
+    o->batch_size = BS;
+    o->num_workers = workers;
+    o->prefetch_factor = prefetch;
+    o->round_robin = rr;
+    o->seed = 3;
+    o->pin_memory = 0;
+    o->worker_mode = STOKE_WORKER_PROCESSES;
+}
+
+/* One epoch from a new loader; destroy; no process and no descriptor left. */
+static void run_epoch(const char *policy, int workers, int prefetch, int rr, int with_read, run *r)
+{
+    int fds = count_fds();
+    pds p;
+    stoke_dataset ds;
+    pds_open(&p, with_read, &ds);
+    stoke_loader_opts o;
+    opts(&o, policy, workers, prefetch, rr);
+    stoke_loader *l;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    memset(r, 0, sizeof(*r));
+    take(l, workers, r, UINT64_MAX);
+    stoke_loader_destroy(l);
+    pds_close(&p, &ds);
+    for (int k = 0; k < r->npids; k++)
+        assert_true(gone(r->pids[k]));
+    assert_no_children();
+    assert_int_equal(count_fds(), fds);
+}
+
+/* prefetch_factor 2: every batch but each worker's last has its child's next request queued
+ * while the child makes it.  One worker, and two with round_robin (batch k is worker k % 2's:
+ * a worker waiting on its child is woken when its turn to dispatch comes). */
+static void test_second_request_queued(void **state)
+{
+    (void)state;
+    for (int workers = 1; workers <= 2; workers++)
+        for (int rd = 0; rd <= 1; rd++) {
+            reset_shared(5000);
+            sh->last_from = NB - workers;
+            static run r;
+            run_epoch("error", workers, 2, workers == 2, rd, &r);
+            assert_int_equal(r.rc, STOKE_EEND);
+            assert_int_equal(r.n, N);
+            assert_int_equal(r.st.worker_restarts, 0);
+            assert_int_equal(atomic_load(&sh->socks_bad), 0);
+            for (int k = 0; k < NB - workers; k++)
+                if (atomic_load(&sh->queued[k]) != Q_YES)
+                    fail_msg("workers %d, read %d: batch %d's child had no next request "
+                             "queued (%d)",
+                             workers, rd, k, atomic_load(&sh->queued[k]));
+            for (int k = NB - workers; k < NB; k++) /* each worker's last: nothing after it */
+                assert_int_equal(atomic_load(&sh->queued[k]), Q_NO);
+        }
+}
+
+/* prefetch_factor 1: one request in flight; the child never has another queued. */
+static void test_prefetch_one(void **state)
+{
+    (void)state;
+    for (int workers = 1; workers <= 2; workers++) {
+        reset_shared(100);
+        static run r;
+        run_epoch("error", workers, 1, workers == 2, 0, &r);
+        assert_int_equal(r.rc, STOKE_EEND);
+        assert_int_equal(r.n, N);
+        assert_int_equal(atomic_load(&sh->socks_bad), 0);
+        for (int k = 0; k < NB; k++)
+            assert_int_equal(atomic_load(&sh->queued[k]), Q_NO);
+    }
+}
+
+/* A crash in the first of two requests in flight (the child waits for the second before it
+ * crashes): with skip, every other sample exactly once, in order, and the second request's
+ * batch made by the replacement; with error, the sample named and the batches before it
+ * delivered. */
+static void test_crash_first_of_two(void **state)
+{
+    (void)state;
+    for (int workers = 1; workers <= 2; workers++)
+        for (int rd = 0; rd <= 1; rd++) {
+            reset_shared(5000);
+            sh->crash = 21; /* batch 2 */
+            sh->last_from = NB - workers;
+            static run r;
+            run_epoch("skip", workers, 2, workers == 2, rd, &r);
+            assert_int_equal(atomic_load(&sh->crash_q), Q_YES);
+            assert_int_equal(r.rc, STOKE_EEND);
+            assert_int_equal(r.n, N - 1);
+            for (int i = 0; i < N; i++)
+                assert_int_equal(r.seen[i], i == 21 ? 0 : 1);
+            assert_int_equal(r.nbatches, NB);
+            /* read(): the crash is in a batch call; a second child finds the sample */
+            assert_int_equal(r.st.worker_restarts, rd ? 2 : 1);
+            assert_int_equal(r.st.skipped_samples, 1);
+
+            reset_shared(5000);
+            sh->crash = 21;
+            sh->last_from = NB - workers;
+            run_epoch("error", workers, 2, workers == 2, rd, &r);
+            assert_int_equal(atomic_load(&sh->crash_q), Q_YES);
+            assert_int_equal(r.rc, STOKE_EDATA);
+            if (!strstr(r.err, "sample 21 of pds: worker process ") ||
+                !strstr(r.err, "killed by SIGSEGV"))
+                fail_msg("workers %d, read %d: '%s'", workers, rd, r.err);
+            assert_int_equal(r.n, 16); /* batches 0 and 1 */
+            for (int i = 0; i < 16; i++)
+                assert_int_equal(r.seen[i], 1);
+        }
+}
+
+/* Bad samples (a failing get(), not a crash) with two requests in flight: each batch's BAD
+ * messages come before its DONE, and every one is counted, in each worker layout. */
+static void test_bad_samples_in_flight(void **state)
+{
+    (void)state;
+    for (int workers = 1; workers <= 2; workers++)
+        for (int rr = 0; rr <= 1; rr++) {
+            reset_shared(0);
+            sh->bad_mod = 5;
+            static run r;
+            run_epoch("skip", workers, 2, rr, 0, &r);
+            assert_int_equal(r.rc, STOKE_EEND);
+            uint64_t bad = 0;
+            for (int i = 0; i < N; i++) {
+                assert_int_equal(r.seen[i], i % 5 == 3 ? 0 : 1);
+                bad += i % 5 == 3;
+            }
+            assert_int_equal(r.n, N - bad);
+            assert_int_equal(r.st.bad_samples, bad);
+            assert_int_equal(r.st.skipped_samples, bad);
+            assert_int_equal(r.st.worker_restarts, 0);
+        }
+}
+
+/* Destroy after two batches, with two requests in flight to batch 2's child (2 and the next),
+ * busy (20 ms samples) or stuck in batch 2 (killed after the grace).  Returns; no process, no
+ * descriptor left. */
+static void test_destroy_two_in_flight(void **state)
+{
+    (void)state;
+    int fds = count_fds();
+    for (int hang = 0; hang <= 1; hang++)
+        for (int workers = 1; workers <= 2; workers++) {
+            reset_shared(5000);
+            sh->slow_from = 2 * BS;
+            sh->hang = hang ? 2 * BS + 1 : UINT64_MAX; /* in batch 2 */
+            pds p;
+            stoke_dataset ds;
+            pds_open(&p, 0, &ds);
+            stoke_loader_opts o;
+            opts(&o, "skip", workers, 2, workers == 2);
+            stoke_loader *l;
+            assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+            static run r;
+            memset(&r, 0, sizeof(r));
+            take(l, workers, &r, 2);
+            assert_int_equal(r.nbatches, 2);
+            /* batch 2's child (worker 0) has its next request queued */
+            while (atomic_load(&sh->queued[2]) == 0)
+                sleep_ms(1);
+            assert_int_equal(atomic_load(&sh->queued[2]), Q_YES);
+            while (hang && atomic_load(&sh->hang_pid) == 0)
+                sleep_ms(1);
+            note_pids(l, workers, &r);
+            assert_true(r.npids >= 1);
+            stoke_loader_destroy(l);
+            pds_close(&p, &ds);
+            for (int k = 0; k < r.npids; k++)
+                assert_true(gone(r.pids[k]));
+            if (hang)
+                assert_true(gone(atomic_load(&sh->hang_pid)));
+            assert_no_children();
+            assert_int_equal(count_fds(), fds);
+        }
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    alarm(120); /* per test: a hang fails the run */
+    return 0;
+}
+
+int main(void)
+{
+    struct rlimit nocore = {0, 0};
+    setrlimit(RLIMIT_CORE, &nocore); /* the crashing children leave no core files */
+    sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (sh == MAP_FAILED)
+        return 1;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup(test_second_request_queued, setup),
+        cmocka_unit_test_setup(test_prefetch_one, setup),
+        cmocka_unit_test_setup(test_crash_first_of_two, setup),
+        cmocka_unit_test_setup(test_bad_samples_in_flight, setup),
+        cmocka_unit_test_setup(test_destroy_two_in_flight, setup),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    munmap(sh, sizeof(*sh));
+    return tu_exit_status(rc);
+}
