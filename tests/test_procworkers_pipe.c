@@ -43,6 +43,8 @@ typedef struct shared {
     uint64_t crash;        /* raise(SIGSEGV) here once the next request is queued (or not) */
     uint64_t slow_from;    /* samples from here on take 20 ms each */
     uint64_t hang;         /* publish the pid and wait to be killed here */
+    uint64_t hold;         /* wait here until `destroying`, then 300 ms more */
+    _Atomic int destroying; /* the test is about to destroy the loader */
     int bad_mod;           /* samples with index % bad_mod == 3 fail (STOKE_EDATA); 0: none */
     _Atomic int hang_pid;  /* the child hanging at `hang` */
     _Atomic int crash_q;   /* Q_YES / Q_NO: at the crash, the next request was queued or not */
@@ -117,6 +119,11 @@ static int pds_get(void *user, uint64_t index, void *const dst[], int64_t lens[]
             atomic_store(&sh->hang_pid, (int)getpid());
             for (;;)
                 sleep_ms(10); /* until destroy kills this process */
+        }
+        if (index == sh->hold) {
+            while (!atomic_load(&sh->destroying))
+                sleep_ms(1);
+            sleep_ms(300); /* destroy has begun by now: its stop marks are set */
         }
         if (index >= sh->slow_from)
             sleep_ms(20);
@@ -193,6 +200,7 @@ static void reset_shared(int wait_ms)
     sh->crash = UINT64_MAX;
     sh->slow_from = UINT64_MAX;
     sh->hang = UINT64_MAX;
+    sh->hold = UINT64_MAX;
 }
 
 static int gone(int pid)
@@ -395,8 +403,9 @@ static void test_bad_samples_in_flight(void **state)
 }
 
 /* Destroy after two batches, with two requests in flight to batch 2's child (2 and the next),
- * busy (20 ms samples) or stuck in batch 2 (killed after the grace).  Returns; no process, no
- * descriptor left. */
+ * busy (20 ms samples; batch 2 held until destroy began) or stuck in batch 2 (killed after the
+ * grace).  Returns; no process, no descriptor left; a busy child does not start the batch queued
+ * behind its current one. */
 static void test_destroy_two_in_flight(void **state)
 {
     (void)state;
@@ -406,6 +415,7 @@ static void test_destroy_two_in_flight(void **state)
             reset_shared(5000);
             sh->slow_from = 2 * BS;
             sh->hang = hang ? 2 * BS + 1 : UINT64_MAX; /* in batch 2 */
+            sh->hold = hang ? UINT64_MAX : 2 * BS;
             pds p;
             stoke_dataset ds;
             pds_open(&p, 0, &ds);
@@ -425,7 +435,11 @@ static void test_destroy_two_in_flight(void **state)
                 sleep_ms(1);
             note_pids(l, workers, &r);
             assert_true(r.npids >= 1);
+            atomic_store(&sh->destroying, 1);
             stoke_loader_destroy(l);
+            /* the request queued behind batch 2 (worker 0's next) was answered, not made */
+            if (!hang)
+                assert_int_equal(atomic_load(&sh->queued[2 + workers]), 0);
             pds_close(&p, &ds);
             for (int k = 0; k < r.npids; k++)
                 assert_true(gone(r.pids[k]));

@@ -274,6 +274,7 @@ typedef struct stoke__busy {
     _Atomic uint64_t index; /* dataset index (UINT64_MAX: an ITERABLE sample) */
     _Atomic uint64_t since; /* start of that dataset call (ns); 0: none in progress */
     _Atomic int in_batch;   /* the call is read() (index: its first sample) */
+    _Atomic int stop;       /* process workers: destroy began, the child starts no batch more */
 } stoke__busy;
 
 typedef struct stoke__producer {

@@ -87,7 +87,10 @@ static void child_main(stoke_loader *l, int wid, int fd, pid_t zygote)
         if (req->flags & F_NO_READ)
             l->ds.read = NULL;
         int rc = init_rc;
-        if (rc != STOKE_OK) {
+        if (atomic_load(&l->proc->ctl[wid].stop)) { /* destroy: a request queued behind */
+            rc = STOKE_ECANCELED;
+            stoke__fmt(why, sizeof(why), "the loader is being destroyed");
+        } else if (rc != STOKE_OK) {
             stoke__fmt(why, sizeof(why), "worker_init failed in worker process %d (%s)",
                        (int)getpid(), stoke_err_name(rc));
         } else if (l->ds.set_epoch && (!epoch_set || epoch != req->epoch)) {

@@ -207,6 +207,7 @@ static int map_shared(stoke_loader *l, stoke__proc *p)
     p->ctl = (stoke__busy *)(p->shm + per * (size_t)l->nbuf);
     for (int i = 0; i < l->nworkers; i++) { /* the consumer's timeout check reads the child's */
         atomic_store(&p->ctl[i].since, 0);
+        atomic_store(&p->ctl[i].stop, 0); /* (an arena's memory may be a reused chunk's) */
         l->w[i].p.busy = &p->ctl[i];
     }
     return STOKE_OK;
@@ -631,8 +632,13 @@ stoke_batch *stoke__proc_take(stoke_loader *l, stoke__producer *pr, int wakeable
 
 void stoke__proc_stopping(stoke_loader *l)
 {
-    if (l->proc)
-        atomic_store(&l->proc->stopping, 1);
+    if (!l->proc)
+        return;
+    atomic_store(&l->proc->stopping, 1);
+    /* the requests queued behind a child's current batch are answered at once, not made: an
+     * early exit waits for one batch a child, not prefetch_factor */
+    for (int i = 0; i < l->nworkers; i++)
+        atomic_store(&l->proc->ctl[i].stop, 1);
 }
 
 /* After the worker threads were joined: closes every child's socket (they exit on EOF), then
