@@ -7,6 +7,8 @@
 #   4. the loader to the device: stoke load ... --device cuda --verify must give the host path's
 #      content_hash, for synthetic data and for a .npy file; the same through a node-wide arena
 #      shared by two processes; Python's DLPack and is_pinned
+#   5. the drop-in DataLoader from a parent with CUDA initialized: process workers' batches
+#      equal torch's and pinned for CUDA (tests/gpu/dropin_cuda.py)
 # and prints one table.  Takes about a minute (build included); every step has a time limit.
 #
 #   tests/gpu/run.sh                    # BUILD=build-gpu, BACKEND=cuda
@@ -44,8 +46,24 @@ echo "stoke GPU checks ($BACKEND) in $BUILD; details in $LOG"
 command -v nvidia-smi >/dev/null 2>&1 &&
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >>"$LOG" 2>&1
 
+# The interpreter that has torch (on a GPU machine's image, often not /usr/bin/python3): the
+# extension is built for it.  cmocka, where the machine has none and pkg-config cannot find
+# one, from $ROOT/.gpu-deps/usr (Debian's libcmocka0 and libcmocka-dev unpacked there with
+# dpkg -x, carried beside the tree: docs/development.md, "GPU checks").
+PY=${PYTHON:-}
+if [ -z "$PY" ]; then
+    for p in "$(command -v python3)" /usr/bin/python3; do
+        if [ -n "$p" ] && "$p" -c "import torch" 2>/dev/null; then PY=$p; break; fi
+    done
+    PY=${PY:-/usr/bin/python3}
+fi
+CONF=""
+[ -d "$ROOT/.gpu-deps/usr" ] && CONF="-DCMAKE_PREFIX_PATH=$ROOT/.gpu-deps/usr"
+
 # 0. build ----------------------------------------------------------------------------------
-if step configure 120 cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release &&
+# shellcheck disable=SC2086 # CONF is empty or one word
+if step configure 120 cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release \
+    -DPython3_EXECUTABLE="$PY" $CONF &&
     step build 240 cmake --build "$BUILD" -j "$JOBS"; then
     row build PASS "Release, $JOBS jobs"
 else
@@ -154,8 +172,8 @@ fi
 
 # Python (issue 10): a device batch through torch.from_dlpack (values equal the .npy rows), and a
 # host batch pinned for CUDA seen by torch as pinned, at the batch's own address.
-if [ -d "$BUILD/python/stoke" ] && [ -f "$npy" ] && /usr/bin/python3 -c "import torch, numpy" 2>/dev/null; then
-    out=$(PYTHONPATH="$BUILD/python" /usr/bin/python3 - "$npy" 2>&1 <<'EOF'
+if [ -d "$BUILD/python/stoke" ] && [ -f "$npy" ] && "$PY" -c "import torch, numpy" 2>/dev/null; then
+    out=$(PYTHONPATH="$BUILD/python" "$PY" - "$npy" 2>&1 <<'EOF'
 import sys, numpy as np, torch, stoke
 x = np.load(sys.argv[1], mmap_mode="r")
 ok = torch.cuda.is_available()
@@ -180,6 +198,31 @@ EOF
     esac
 else
     row "python dlpack + is_pinned" FAIL "no Python package, npy file or torch"
+fi
+
+# The drop-in DataLoader (issue 27): from a parent that initialized CUDA and torch's thread
+# pool, process workers' batches equal torch's DataLoader's and are pinned for CUDA (torch's
+# is_pinned), copied to the GPU asynchronously and back equal (tests/gpu/dropin_cuda.py).
+if [ -d "$BUILD/python/stoke" ] && "$PY" -c "import torch" 2>/dev/null; then
+    echo "=== dropin_cuda.py" >>"$LOG"
+    dry=""
+    [ "$BACKEND" = cuda ] || dry=--cpu # the comparisons without the GPU
+    # shellcheck disable=SC2086 # dry is empty or one word
+    # STOKE_ACCELERATOR unset: the drop-in pins for the accelerator stoke picks by itself
+    out=$(env -u STOKE_ACCELERATOR PYTHONPATH="$BUILD/python" timeout 300 "$PY" \
+        "$ROOT/tests/gpu/dropin_cuda.py" $dry 2>&1)
+    rc=$?
+    echo "$out" >>"$LOG"
+    for c in setup tensor dict pad collate epochs; do
+        line=$(printf '%s\n' "$out" | grep -E "^(ok|FAIL) $c " | head -n 1)
+        case "$line" in
+        ok*) row "dropin $c" PASS "${line#ok "$c" }" ;;
+        FAIL*) row "dropin $c" FAIL "${line#FAIL "$c" }" ;;
+        *) row "dropin $c" FAIL "no result (exit $rc): $(printf '%s' "$out" | tail -n 2 | tr '\n' ' ')" ;;
+        esac
+    done
+else
+    row "dropin" FAIL "no Python package (python3-dev for $PY?) or no torch"
 fi
 
 printf '\n%-28s %-5s %s\n' CHECK RESULT DETAIL
