@@ -1,9 +1,12 @@
 /* _stoke: module functions, exceptions, and the log sink that turns the library's warnings into
  * Python UserWarnings (each distinct message once per process, as the library itself warns). */
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <unistd.h>
 
 #include "stoke_py.h"
 
@@ -208,11 +211,30 @@ static PyObject *py_stop_python_datasets(PyObject *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+/* _die_with_parent(ppid), in a child the drop-in forked itself (the first batch's probe): the
+ * kernel kills it when its parent dies, as the workers are (src/loader/procchild.c), so a child
+ * stuck in the dataset never outlives a parent that was killed, holding its pipes open.  A
+ * parent already gone (getppid() no longer ppid) ends the child now. */
+static PyObject *py_die_with_parent(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    long ppid = PyLong_AsLong(arg);
+    if (ppid == -1 && PyErr_Occurred())
+        return NULL;
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    if ((long)getppid() != ppid)
+        _exit(1);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
     {"devices", py_devices, METH_NOARGS, "Backends stoke considered, as dicts."},
     {"accelerator", py_accelerator, METH_NOARGS, "The chosen accelerator as a dict, or None."},
     {"pinned_stats_json", py_pinned_stats_json, METH_NOARGS, "The pinned allocator's counters."},
     {"empty_cache", py_empty_cache, METH_NOARGS, "Releases every idle cached pinned block."},
+    {"_die_with_parent", py_die_with_parent, METH_O,
+     "In a forked child: killed (SIGKILL) when the parent whose pid is given dies."},
     {"flush_warnings", py_flush_warnings, METH_NOARGS, "Issues queued library warnings."},
     {"build_features", stoke_py_build_features, METH_NOARGS,
      "What the loaded libstoke was built with, as a dict."},

@@ -1018,8 +1018,8 @@ class _Writer:
     def fork_child(self, worker):
         self.worker = worker
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the consumer's to handle
-        if worker >= 0 and torch is not None:
-            torch.set_num_threads(1)  # as torch's workers: one intra-op thread each
+        if worker >= 0:
+            _one_intraop_thread()  # as torch's workers: one intra-op thread each
 
     def start_worker_epoch(self, epoch):
         """In a worker process, before its first batch of an epoch: torch's worker set-up
@@ -1537,6 +1537,16 @@ def _set_rng(j, state):
         np.random.set_state(state)
 
 
+def _one_intraop_thread():
+    """In a forked child: torch's intra-op threads set to one, as torch's workers do, unless
+    they already are one (OMP_NUM_THREADS=1, a parent that set it): set_num_threads() creates
+    a thread pool, a thread this child need not start.  (Under AddressSanitizer, a thread
+    started in a child forked from a threaded parent could wait forever on a lock of the
+    sanitizer's allocator copied locked by the fork: the probe's child hung so in the tests.)"""
+    if torch is not None and torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
+
+
 _PROBE_FALLBACK = 8 << 20
 _PROBE_TIMEOUT_S = 60  # the probe's child answers within this, or it is killed (the fallback)
 
@@ -1553,7 +1563,7 @@ def _probe(w, meanwhile=None):
     froze = gc.get_freeze_count() == 0
     if froze:
         gc.freeze()
-    pid = -1
+    pid, parent = -1, os.getpid()
     try:
         pid = os.fork()
     finally:
@@ -1563,8 +1573,8 @@ def _probe(w, meanwhile=None):
         code = 0
         try:
             os.close(r)
-            if torch is not None:
-                torch.set_num_threads(1)  # the parent's intra-op pool is not in this fork
+            _stoke._die_with_parent(parent)  # never outlives a parent killed meanwhile
+            _one_intraop_thread()  # the parent's intra-op pool is not in this fork
             if w.processes:  # as worker 0 would run it: get_worker_info(), worker_init_fn
                 w.worker = 0
                 w.start_worker_epoch(0)

@@ -12,6 +12,7 @@ import ctypes
 import gc
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -342,9 +343,10 @@ def sigint_to_this_process():
 
 
 CTRL_C = r"""
-import faulthandler, gc, time
+import faulthandler, gc, signal, time
 import dropin_child as C
 faulthandler.dump_traceback_later(45, exit=True)  # a loop that never sees the signal: stacks
+faulthandler.register(signal.SIGUSR1, all_threads=True)  # first_line's report of a hang
 loader = C.stalling_loader()
 try:
     for k, b in enumerate(loader):
@@ -380,6 +382,45 @@ def script(code):
     """Starts code in a fresh interpreter (same environment: PYTHONPATH) in its own session."""
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def proc_line(pid):
+    """One line on process pid for a hang's report: state, parent, kernel wait, command."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        with open("/proc/%d/wchan" % pid) as f:
+            wchan = f.read()
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            cmd = f.read().replace(b"\0", b" ")[:80].decode(errors="replace")
+    except OSError as e:
+        return "%d: %s" % (pid, e)
+    return "%d: state %s ppid %s wchan %s: %s" % (pid, fields[0], fields[1], wchan, cmd)
+
+
+def first_line(p, seconds):
+    """The script's first line of output, waited for at most `seconds`.  On a timeout (or an
+    end of output without one) the script's session is asked for its Python stacks (SIGUSR1:
+    the scripts register faulthandler for it; a worker without the handler dies of it), and
+    the line is "" with a report of every process still in the session appended: the case
+    fails naming what hung instead of hanging the suite."""
+    fd = p.stdout.fileno()
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLHUP)
+    if poller.poll(int(seconds * 1000)):
+        line = p.stdout.readline()
+        if line:
+            return line, ""
+    members = session_members(p.pid)
+    report = ["no first line within %.0f s (exit %s); in the session:" % (seconds, p.poll())]
+    report += ["  " + proc_line(pid) for pid in members]
+    for pid in members:
+        try:
+            os.kill(pid, signal.SIGUSR1)
+        except OSError:
+            pass
+    time.sleep(2)
+    return "", "\n".join(report)
 
 
 def finish(p, timeout):
@@ -446,12 +487,12 @@ def ctrl_c_process_group():
     what = "SIGINT to the process group"
     p = script(CTRL_C)
     with Cleans(p, what):
-        line = p.stdout.readline()
+        line, hung = first_line(p, 60)
         if line.strip() == "READY":
             os.killpg(p.pid, signal.SIGINT)
-        out, err = finish(p, 90)
-        T.check(line.strip() == "READY", "%s: the script said %r; stderr %s" % (
-            what, line, err[-3000:]))
+        out, err = finish(p, 90 if not hung else 1)
+        T.check(line.strip() == "READY", "%s: the script said %r; %s\nstderr %s" % (
+            what, line, hung, err[-6000:]))
         T.check("INTERRUPTED" in out, "%s: no KeyboardInterrupt in the loop (exit %s); stdout "
                 "%r, stderr:\n%s" % (what, p.returncode, out, err[-3000:]))
         T.check(p.returncode == 0, "%s: exit %s, stderr:\n%s" % (what, p.returncode,
