@@ -58,7 +58,14 @@ if [ -z "$PY" ]; then
     PY=${PY:-/usr/bin/python3}
 fi
 CONF=""
-[ -d "$ROOT/.gpu-deps/usr" ] && CONF="-DCMAKE_PREFIX_PATH=$ROOT/.gpu-deps/usr"
+if [ -d "$ROOT/.gpu-deps/usr" ]; then
+    CONF="-DCMAKE_PREFIX_PATH=$ROOT/.gpu-deps/usr"
+    # pkg-config looks there too (CMake adds the prefix path to its search): Debian's .pc file
+    # names /usr, rewritten to where the files are
+    for pc in "$ROOT"/.gpu-deps/usr/lib/*/pkgconfig/cmocka.pc; do
+        [ -f "$pc" ] && sed -i "s|-L/usr/|-L$ROOT/.gpu-deps/usr/|; s|-I/usr/|-I$ROOT/.gpu-deps/usr/|" "$pc"
+    done
+fi
 
 # 0. build ----------------------------------------------------------------------------------
 # shellcheck disable=SC2086 # CONF is empty or one word
@@ -87,17 +94,20 @@ fi
 if [ -d "$BUILD/tests" ]; then
     for t in test_cuda_mock test_cuda_gpu; do
         out=$(cd "$BUILD" && timeout 120 ctest -R "^$t\$" -V 2>&1)
+        rc=$? # ctest's status, not its wording (which changes between versions)
         echo "$out" >>"$LOG"
-        if ! printf '%s' "$out" | grep -q "tests passed, 0 tests failed"; then
-            row "$t" FAIL "see $LOG"
+        if [ "$rc" != 0 ]; then
+            row "$t" FAIL "ctest exit $rc: see $LOG"
         elif printf '%s' "$out" | grep -q "SKIPPED"; then
             if [ "$BACKEND" = cuda ]; then
                 row "$t" FAIL "skipped: no usable GPU"
             else
                 row "$t" PASS "skipped ($BACKEND dry run)"
             fi
-        else
+        elif printf '%s' "$out" | grep -q "\[  PASSED  \]"; then
             row "$t" PASS "$(printf '%s' "$out" | grep -c '\[       OK \]') test(s)"
+        else
+            row "$t" FAIL "no cmocka summary: see $LOG"
         fi
     done
 else
