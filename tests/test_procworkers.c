@@ -57,12 +57,6 @@ static uint64_t pds_length(void *user)
     return N;
 }
 
-static void sleep_ms(long ms)
-{
-    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 static int pds_get(void *user, uint64_t index, void *const dst[], int64_t lens[], int worker,
                    char *msg, size_t msg_len)
 {
@@ -75,14 +69,14 @@ static int pds_get(void *user, uint64_t index, void *const dst[], int64_t lens[]
         if (index == sh->hang) {
             atomic_store(&sh->hang_pid, (int)getpid());
             for (;;)
-                sleep_ms(10); /* until the test kills this process */
+                tu_sleep_ms(10); /* until the test kills this process */
         }
         if (index == sh->slow) {
             atomic_store(&sh->z_pid, (int)getppid());
             atomic_store(&sh->w_pid, (int)getpid());
             while (!atomic_load(&sh->p_killed))
-                sleep_ms(1);
-            sleep_ms(3000);                     /* as long as the test waits for its death */
+                tu_sleep_ms(1);
+            tu_sleep_ms(3000);                  /* as long as the test waits for its death */
             atomic_store(&sh->orphan_wrote, 1); /* would write into the dead loader's buffer */
         }
     }
@@ -147,18 +141,6 @@ static void pds_open(pds *p, int with_batch, int with_init, stoke_dataset *ds)
         ds->worker_init = pds_worker_init;
 }
 
-static int count_fds(void)
-{
-    DIR *d = opendir("/proc/self/fd");
-    assert_non_null(d);
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL)
-        n += e->d_name[0] != '.';
-    closedir(d);
-    return n;
-}
-
 static void reset_shared(void)
 {
     sh->parent = getpid();
@@ -175,18 +157,6 @@ static void reset_shared(void)
     atomic_store(&sh->init_workers, 0);
 }
 
-static int gone(int pid)
-{
-    return kill(pid, 0) == -1 && errno == ESRCH;
-}
-
-/* No child of this process is left (the zygote reaped included). */
-static void assert_no_children(void)
-{
-    assert_int_equal(waitpid(-1, NULL, WNOHANG), -1);
-    assert_int_equal(errno, ECHILD);
-}
-
 typedef struct run {
     int rc;
     char err[1024];
@@ -200,25 +170,13 @@ typedef struct run {
     int npids;
 } run;
 
-static void note_pids(const stoke_loader *l, int workers, run *r)
-{
-    for (int w = 0; w < workers; w++) {
-        int pid = stoke_loader_worker_pid(l, w);
-        int known = pid <= 0;
-        for (int k = 0; k < r->npids && !known; k++)
-            known = r->pids[k] == pid;
-        if (!known && r->npids < 64)
-            r->pids[r->npids++] = pid;
-    }
-}
-
 /* Takes batches until next() stops (or `stop_after` batches); checks every slot against the
  * synthetic sample its index names. */
 static void take(stoke_loader *l, int workers, run *r, uint64_t stop_after)
 {
     stoke_batch *bt;
     while (r->nbatches < stop_after && (r->rc = stoke_loader_next(l, &bt)) == STOKE_OK) {
-        note_pids(l, workers, r);
+        tu_note_worker_pids(l, workers, r->pids, &r->npids, 64);
         size_t c = stoke_batch_count(bt);
         const unsigned char *data = stoke_batch_data(bt, 0);
         const int64_t *label = stoke_batch_data(bt, 1);
@@ -261,7 +219,7 @@ static void opts(stoke_loader_opts *o, const char *policy, int mode, int workers
 static void run_epoch(const char *policy, int mode, int workers, int shuffle, int with_batch,
                       run *r)
 {
-    int fds = count_fds();
+    int fds = tu_count_fds_to("");
     pds p;
     stoke_dataset ds;
     pds_open(&p, with_batch, 0, &ds);
@@ -276,9 +234,9 @@ static void run_epoch(const char *policy, int mode, int workers, int shuffle, in
     stoke_dataset_close(&ds);
     stoke_dataset_close(&p.inner);
     for (int k = 0; k < r->npids; k++)
-        assert_true(gone(r->pids[k]));
-    assert_no_children();
-    assert_int_equal(count_fds(), fds);
+        assert_true(tu_pid_gone(r->pids[k]));
+    tu_assert_no_children();
+    assert_int_equal(tu_count_fds_to(""), fds);
 }
 
 static void test_same_as_threads(void **state)
@@ -314,7 +272,7 @@ static void check_crash_msg(const char *msg, const char *sig, uint64_t idx)
         fail_msg("no '%s' in '%s'", want, msg);
     int pid = atoi(at + strlen(want));
     assert_true(pid > 0);
-    assert_true(gone(pid));
+    assert_true(tu_pid_gone(pid));
     char killed[64];
     snprintf(killed, sizeof(killed), "%d killed by %s (", pid, sig);
     assert_non_null(strstr(msg, killed));
@@ -392,14 +350,14 @@ static void *killer(void *arg)
     (void)arg;
     int pid;
     while ((pid = atomic_load(&sh->hang_pid)) == 0)
-        sleep_ms(1);
+        tu_sleep_ms(1);
     kill(pid, SIGKILL);
     return NULL;
 }
 
 static void kill9_epoch(const char *policy, run *r, int *hung)
 {
-    int fds = count_fds();
+    int fds = tu_count_fds_to("");
     reset_shared();
     sh->hang = 37;
     pds p;
@@ -419,11 +377,11 @@ static void kill9_epoch(const char *policy, run *r, int *hung)
     stoke_loader_destroy(l);
     stoke_dataset_close(&ds);
     stoke_dataset_close(&p.inner);
-    assert_true(gone(*hung));
+    assert_true(tu_pid_gone(*hung));
     for (int k = 0; k < r->npids; k++)
-        assert_true(gone(r->pids[k]));
-    assert_no_children();
-    assert_int_equal(count_fds(), fds);
+        assert_true(tu_pid_gone(r->pids[k]));
+    tu_assert_no_children();
+    assert_int_equal(tu_count_fds_to(""), fds);
 }
 
 static void test_kill9(void **state)
@@ -451,7 +409,7 @@ static void test_kill9(void **state)
 static void kill_idle(int workers)
 {
     reset_shared();
-    int fds = count_fds();
+    int fds = tu_count_fds_to("");
     pds p;
     stoke_dataset ds;
     pds_open(&p, 0, 1, &ds);
@@ -489,15 +447,15 @@ static void kill_idle(int workers)
         assert_int_equal(init, 1);
         assert_int_equal(atomic_load(&sh->init_calls), 2);
     }
-    note_pids(l, workers, &r);
+    tu_note_worker_pids(l, workers, r.pids, &r.npids, 64);
     stoke_loader_destroy(l);
     stoke_dataset_close(&ds);
     stoke_dataset_close(&p.inner);
-    assert_true(gone(old));
+    assert_true(tu_pid_gone(old));
     for (int k = 0; k < r.npids; k++)
-        assert_true(gone(r.pids[k]));
-    assert_no_children();
-    assert_int_equal(count_fds(), fds);
+        assert_true(tu_pid_gone(r.pids[k]));
+    tu_assert_no_children();
+    assert_int_equal(tu_count_fds_to(""), fds);
 }
 
 /* A child killed while idle (between batches): the next batch goes to a replacement, nothing is
@@ -513,7 +471,7 @@ static void test_destroy_mid_epoch(void **state)
 {
     (void)state;
     reset_shared();
-    int fds = count_fds();
+    int fds = tu_count_fds_to("");
     for (int hang = 0; hang <= 1; hang++) {
         pds p;
         stoke_dataset ds;
@@ -529,18 +487,18 @@ static void test_destroy_mid_epoch(void **state)
         take(l, 2, &r, 2);
         assert_int_equal(r.nbatches, 2);
         while (hang && atomic_load(&sh->hang_pid) == 0)
-            sleep_ms(1);
-        note_pids(l, 2, &r);
+            tu_sleep_ms(1);
+        tu_note_worker_pids(l, 2, r.pids, &r.npids, 64);
         assert_true(r.npids >= 1);
         stoke_loader_destroy(l);
         stoke_dataset_close(&ds);
         stoke_dataset_close(&p.inner);
         for (int k = 0; k < r.npids; k++)
-            assert_true(gone(r.pids[k]));
+            assert_true(tu_pid_gone(r.pids[k]));
         if (hang)
-            assert_true(gone(atomic_load(&sh->hang_pid)));
-        assert_no_children();
-        assert_int_equal(count_fds(), fds);
+            assert_true(tu_pid_gone(atomic_load(&sh->hang_pid)));
+        tu_assert_no_children();
+        assert_int_equal(tu_count_fds_to(""), fds);
     }
 }
 
@@ -548,7 +506,7 @@ static void test_invalid(void **state)
 {
     (void)state;
     reset_shared();
-    int fds = count_fds();
+    int fds = tu_count_fds_to("");
     pds p;
     stoke_dataset ds;
     pds_open(&p, 0, 0, &ds);
@@ -574,8 +532,8 @@ static void test_invalid(void **state)
     stoke_loader_destroy(l);
     stoke_dataset_close(&ds);
     stoke_dataset_close(&p.inner);
-    assert_no_children();
-    assert_int_equal(count_fds(), fds);
+    tu_assert_no_children();
+    assert_int_equal(tu_count_fds_to(""), fds);
 }
 
 /* Pinned through stoke_pin_register of the shared mapping (simdev), and device mode: the
@@ -585,7 +543,7 @@ static void test_pinned_device(void **state)
     (void)state;
     reset_shared();
     tu_use_simdev();
-    int fds = count_fds();
+    int fds = tu_count_fds_to("");
     for (int dev = 0; dev <= 1; dev++) {
         pds p;
         stoke_dataset ds;
@@ -621,10 +579,10 @@ static void test_pinned_device(void **state)
         stoke_loader_destroy(l);
         stoke_dataset_close(&ds);
         stoke_dataset_close(&p.inner);
-        assert_no_children();
+        tu_assert_no_children();
     }
     tu_use_none();
-    assert_int_equal(count_fds(), fds);
+    assert_int_equal(tu_count_fds_to(""), fds);
 }
 
 /* stoke load --worker-mode: the JSON fields; the same content and order as threads. */
@@ -731,7 +689,7 @@ static size_t var_epoch(int mode, const char *policy, int workers, unsigned char
     }
     assert_int_equal(rc, STOKE_EEND);
     stoke_loader_destroy(l);
-    assert_no_children();
+    tu_assert_no_children();
     return used;
 }
 
@@ -763,7 +721,7 @@ static void test_timeout(void **state)
     (void)state;
     reset_shared();
     sh->hang = 30;
-    int fds = count_fds();
+    int fds = tu_count_fds_to("");
     pds p;
     stoke_dataset ds;
     pds_open(&p, 0, 0, &ds);
@@ -784,9 +742,9 @@ static void test_timeout(void **state)
     stoke_loader_destroy(l);
     stoke_dataset_close(&ds);
     stoke_dataset_close(&p.inner);
-    assert_true(gone(hung));
-    assert_no_children();
-    assert_int_equal(count_fds(), fds);
+    assert_true(tu_pid_gone(hung));
+    tu_assert_no_children();
+    assert_int_equal(tu_count_fds_to(""), fds);
 }
 
 /* ---- issue 25: epochs, death of the loader, a stopped zygote, forks, several loaders ---- */
@@ -802,7 +760,7 @@ static uint64_t ms_since(const struct timespec *t0)
 /* Gone, or a zombie (its parent, maybe an init that does not reap, has yet to): it runs no more. */
 static int dead(int pid)
 {
-    if (gone(pid))
+    if (tu_pid_gone(pid))
         return 1;
     char path[64], buf[256];
     snprintf(path, sizeof(path), "/proc/%d/stat", pid);
@@ -819,7 +777,7 @@ static int dead(int pid)
 static int wait_dead(int pid, int ms)
 {
     for (int t = 0; t < ms && !dead(pid); t += 5)
-        sleep_ms(5);
+        tu_sleep_ms(5);
     return dead(pid);
 }
 
@@ -928,7 +886,7 @@ static void test_epoch(void **state)
             for (int i = 0; i < N; i++)
                 assert_memory_not_equal(p[1][i], p[0][i], SB);
         }
-    assert_no_children();
+    tu_assert_no_children();
 }
 
 /* The loader's process (a fork of the test) is SIGKILLed while its worker child is in a sample
@@ -968,7 +926,7 @@ static void orphan_case(int with_fork)
     }
     int z = 0, w = 0, s = 0;
     for (int t = 0; t < 20000 && (!z || !w || (with_fork && !s)); t += 5) {
-        sleep_ms(5);
+        tu_sleep_ms(5);
         z = atomic_load(&sh->z_pid);
         w = atomic_load(&sh->w_pid);
         s = atomic_load(&sh->s_pid);
@@ -992,7 +950,7 @@ static void orphan_case(int with_fork)
     assert_int_equal(atomic_load(&sh->orphan_wrote), 0);
     if (with_fork)
         assert_true(s_alive); /* although the fork was still alive */
-    assert_no_children();
+    tu_assert_no_children();
 }
 
 static void test_dies_with_loader(void **state)
@@ -1009,7 +967,7 @@ static void test_zygote_stopped(void **state)
 {
     (void)state;
     reset_shared();
-    int fds = count_fds();
+    int fds = tu_count_fds_to("");
     pds p;
     stoke_dataset ds;
     pds_open(&p, 0, 0, &ds);
@@ -1045,14 +1003,14 @@ static void test_zygote_stopped(void **state)
      * not left a zombie of the zygote: the worker alone remains */
     int nk = 0;
     for (int t = 0; t < 600 && (nk = children_of(z, kids, 4)) != 1; t++)
-        sleep_ms(5);
+        tu_sleep_ms(5);
     assert_int_equal(nk, 1);
     stoke_loader_destroy(l);
     stoke_dataset_close(&ds);
     stoke_dataset_close(&p.inner);
     assert_true(dead(z));
-    assert_no_children();
-    assert_int_equal(count_fds(), fds);
+    tu_assert_no_children();
+    assert_int_equal(tu_count_fds_to(""), fds);
 }
 
 /* fork() after iterating: the child's calls fail at once, its destroy leaves the parent's
@@ -1061,7 +1019,7 @@ static void test_fork_child(void **state)
 {
     (void)state;
     reset_shared();
-    int fds = count_fds();
+    int fds = tu_count_fds_to("");
     pds p;
     stoke_dataset ds;
     pds_open(&p, 0, 0, &ds);
@@ -1108,7 +1066,7 @@ static void test_fork_child(void **state)
         fail_msg("forked child: %s %d", WIFEXITED(st) ? "exit status" : "signal",
                  WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
     for (int k = 0; k < r.npids; k++)
-        assert_false(gone(r.pids[k])); /* the child's destroy left them alone */
+        assert_false(tu_pid_gone(r.pids[k])); /* the child's destroy left them alone */
     take(l, 2, &r, UINT64_MAX);
     assert_int_equal(r.rc, STOKE_EEND);
     assert_int_equal(r.n, N);
@@ -1116,9 +1074,9 @@ static void test_fork_child(void **state)
     stoke_dataset_close(&ds);
     stoke_dataset_close(&p.inner);
     for (int k = 0; k < r.npids; k++)
-        assert_true(gone(r.pids[k]));
-    assert_no_children();
-    assert_int_equal(count_fds(), fds);
+        assert_true(tu_pid_gone(r.pids[k]));
+    tu_assert_no_children();
+    assert_int_equal(tu_count_fds_to(""), fds);
 }
 
 /* Several live loaders destroyed in creation order: none waits for a later one's zygote to let
@@ -1127,7 +1085,7 @@ static void test_several_loaders(void **state)
 {
     (void)state;
     reset_shared();
-    int fds = count_fds();
+    int fds = tu_count_fds_to("");
     enum { NL = 4 };
     static pds p[NL];
     stoke_dataset ds[NL];
@@ -1151,8 +1109,8 @@ static void test_several_loaders(void **state)
         stoke_dataset_close(&ds[i]);
         stoke_dataset_close(&p[i].inner);
     }
-    assert_no_children();
-    assert_int_equal(count_fds(), fds);
+    tu_assert_no_children();
+    assert_int_equal(tu_count_fds_to(""), fds);
 }
 
 /* A process forked without the fork handlers (the raw system call) holds every socket of the
@@ -1189,7 +1147,7 @@ static void test_destroy_socket_held(void **state)
         fail_msg("destroy took %" PRIu64 " ms with the sockets held by a fork", took);
     stoke_dataset_close(&ds);
     stoke_dataset_close(&p.inner);
-    assert_no_children();
+    tu_assert_no_children();
 }
 
 static int setup(void **state)

@@ -38,17 +38,17 @@
 /* Shared with the worker processes (an anonymous MAP_SHARED page made before any loader). */
 typedef struct shared {
     pid_t parent;
-    int wait_ms;           /* at a batch's first sample: the longest wait for the next request */
-    int last_from;         /* batches from here on look without waiting (none comes after them) */
-    uint64_t crash;        /* raise(SIGSEGV) here once the next request is queued (or not) */
-    uint64_t slow_from;    /* samples from here on take 20 ms each */
-    uint64_t hang;         /* publish the pid and wait to be killed here */
-    uint64_t hold;         /* wait here until `destroying`, then 300 ms more */
+    int wait_ms;            /* at a batch's first sample: the longest wait for the next request */
+    int last_from;          /* batches from here on look without waiting (none comes after them) */
+    uint64_t crash;         /* raise(SIGSEGV) here once the next request is queued (or not) */
+    uint64_t slow_from;     /* samples from here on take 20 ms each */
+    uint64_t hang;          /* publish the pid and wait to be killed here */
+    uint64_t hold;          /* wait here until `destroying`, then 300 ms more */
     _Atomic int destroying; /* the test is about to destroy the loader */
-    int bad_mod;           /* samples with index % bad_mod == 3 fail (STOKE_EDATA); 0: none */
-    _Atomic int hang_pid;  /* the child hanging at `hang` */
-    _Atomic int crash_q;   /* Q_YES / Q_NO: at the crash, the next request was queued or not */
-    _Atomic int socks_bad; /* a child that had not exactly one SOCK_SEQPACKET descriptor */
+    int bad_mod;            /* samples with index % bad_mod == 3 fail (STOKE_EDATA); 0: none */
+    _Atomic int hang_pid;   /* the child hanging at `hang` */
+    _Atomic int crash_q;    /* Q_YES / Q_NO: at the crash, the next request was queued or not */
+    _Atomic int socks_bad;  /* a child that had not exactly one SOCK_SEQPACKET descriptor */
     _Atomic int queued[NB];
 } shared;
 
@@ -62,12 +62,6 @@ static uint64_t pds_length(void *user)
 {
     (void)user;
     return N;
-}
-
-static void sleep_ms(long ms)
-{
-    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
 }
 
 /* In a child: its socket to the parent, the one SOCK_SEQPACKET descriptor (-1: not exactly
@@ -118,15 +112,15 @@ static int pds_get(void *user, uint64_t index, void *const dst[], int64_t lens[]
         if (index == sh->hang) {
             atomic_store(&sh->hang_pid, (int)getpid());
             for (;;)
-                sleep_ms(10); /* until destroy kills this process */
+                tu_sleep_ms(10); /* until destroy kills this process */
         }
         if (index == sh->hold) {
             while (!atomic_load(&sh->destroying))
-                sleep_ms(1);
-            sleep_ms(300); /* destroy has begun by now: its stop marks are set */
+                tu_sleep_ms(1);
+            tu_sleep_ms(300); /* destroy has begun by now: its stop marks are set */
         }
         if (index >= sh->slow_from)
-            sleep_ms(20);
+            tu_sleep_ms(20);
         if (sh->bad_mod && index % (uint64_t)sh->bad_mod == 3) {
             snprintf(msg, msg_len, "bad sample %" PRIu64, index);
             return STOKE_EDATA;
@@ -179,18 +173,6 @@ static void pds_close(pds *p, stoke_dataset *ds)
     stoke_dataset_close(&p->inner);
 }
 
-static int count_fds(void)
-{
-    DIR *d = opendir("/proc/self/fd");
-    assert_non_null(d);
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL)
-        n += e->d_name[0] != '.';
-    closedir(d);
-    return n;
-}
-
 static void reset_shared(int wait_ms)
 {
     memset(sh, 0, sizeof(*sh));
@@ -203,17 +185,6 @@ static void reset_shared(int wait_ms)
     sh->hold = UINT64_MAX;
 }
 
-static int gone(int pid)
-{
-    return kill(pid, 0) == -1 && errno == ESRCH;
-}
-
-static void assert_no_children(void)
-{
-    assert_int_equal(waitpid(-1, NULL, WNOHANG), -1);
-    assert_int_equal(errno, ECHILD);
-}
-
 typedef struct run {
     int rc;
     char err[1024];
@@ -224,24 +195,12 @@ typedef struct run {
     int npids;
 } run;
 
-static void note_pids(const stoke_loader *l, int workers, run *r)
-{
-    for (int w = 0; w < workers; w++) {
-        int pid = stoke_loader_worker_pid(l, w);
-        int known = pid <= 0;
-        for (int k = 0; k < r->npids && !known; k++)
-            known = r->pids[k] == pid;
-        if (!known && r->npids < 64)
-            r->pids[r->npids++] = pid;
-    }
-}
-
 /* Takes up to `stop_after` batches; checks every slot's bytes against its index. */
 static void take(stoke_loader *l, int workers, run *r, uint64_t stop_after)
 {
     stoke_batch *bt;
     while (r->nbatches < stop_after && (r->rc = stoke_loader_next(l, &bt)) == STOKE_OK) {
-        note_pids(l, workers, r);
+        tu_note_worker_pids(l, workers, r->pids, &r->npids, 64);
         size_t c = stoke_batch_count(bt);
         const unsigned char *data = stoke_batch_data(bt, 0);
         const int64_t *label = stoke_batch_data(bt, 1);
@@ -279,7 +238,7 @@ static void opts(stoke_loader_opts *o, const char *policy, int workers, int pref
 /* One epoch from a new loader; destroy; no process and no descriptor left. */
 static void run_epoch(const char *policy, int workers, int prefetch, int rr, int with_read, run *r)
 {
-    int fds = count_fds();
+    int fds = tu_count_fds_to("");
     pds p;
     stoke_dataset ds;
     pds_open(&p, with_read, &ds);
@@ -292,9 +251,9 @@ static void run_epoch(const char *policy, int workers, int prefetch, int rr, int
     stoke_loader_destroy(l);
     pds_close(&p, &ds);
     for (int k = 0; k < r->npids; k++)
-        assert_true(gone(r->pids[k]));
-    assert_no_children();
-    assert_int_equal(count_fds(), fds);
+        assert_true(tu_pid_gone(r->pids[k]));
+    tu_assert_no_children();
+    assert_int_equal(tu_count_fds_to(""), fds);
 }
 
 /* prefetch_factor 2: every batch but each worker's last has its child's next request queued
@@ -409,7 +368,7 @@ static void test_bad_samples_in_flight(void **state)
 static void test_destroy_two_in_flight(void **state)
 {
     (void)state;
-    int fds = count_fds();
+    int fds = tu_count_fds_to("");
     for (int hang = 0; hang <= 1; hang++)
         for (int workers = 1; workers <= 2; workers++) {
             reset_shared(5000);
@@ -429,11 +388,11 @@ static void test_destroy_two_in_flight(void **state)
             assert_int_equal(r.nbatches, 2);
             /* batch 2's child (worker 0) has its next request queued */
             while (atomic_load(&sh->queued[2]) == 0)
-                sleep_ms(1);
+                tu_sleep_ms(1);
             assert_int_equal(atomic_load(&sh->queued[2]), Q_YES);
             while (hang && atomic_load(&sh->hang_pid) == 0)
-                sleep_ms(1);
-            note_pids(l, workers, &r);
+                tu_sleep_ms(1);
+            tu_note_worker_pids(l, workers, r.pids, &r.npids, 64);
             assert_true(r.npids >= 1);
             atomic_store(&sh->destroying, 1);
             stoke_loader_destroy(l);
@@ -442,11 +401,11 @@ static void test_destroy_two_in_flight(void **state)
                 assert_int_equal(atomic_load(&sh->queued[2 + workers]), 0);
             pds_close(&p, &ds);
             for (int k = 0; k < r.npids; k++)
-                assert_true(gone(r.pids[k]));
+                assert_true(tu_pid_gone(r.pids[k]));
             if (hang)
-                assert_true(gone(atomic_load(&sh->hang_pid)));
-            assert_no_children();
-            assert_int_equal(count_fds(), fds);
+                assert_true(tu_pid_gone(atomic_load(&sh->hang_pid)));
+            tu_assert_no_children();
+            assert_int_equal(tu_count_fds_to(""), fds);
         }
 }
 

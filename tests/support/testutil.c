@@ -3,13 +3,16 @@
 
 #include <dirent.h>
 #include <dlfcn.h>
+#include <errno.h>
 #include <limits.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "registry/registry.h"
 #include "stoke/stoke.h"
@@ -429,6 +432,35 @@ int tu_count_fds_to(const char *what)
     }
     closedir(d);
     return n;
+}
+
+int tu_pid_gone(int pid)
+{
+    return kill(pid, 0) == -1 && errno == ESRCH;
+}
+
+void tu_assert_no_children(void)
+{
+    assert_int_equal(waitpid(-1, NULL, WNOHANG), -1);
+    assert_int_equal(errno, ECHILD);
+}
+
+void tu_note_worker_pids(const struct stoke_loader *l, int workers, int *pids, int *npids, int cap)
+{
+    for (int w = 0; w < workers; w++) {
+        int pid = stoke_loader_worker_pid(l, w);
+        int known = pid <= 0;
+        for (int k = 0; k < *npids && !known; k++)
+            known = pids[k] == pid;
+        if (!known && *npids < cap)
+            pids[(*npids)++] = pid;
+    }
+}
+
+void tu_sleep_ms(long ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
 }
 
 int tu_count_unix_names(const char *what)

@@ -108,6 +108,14 @@ int tu_evict(const char *path);
 /* Descriptors of this process whose target contains `what` (e.g. "memfd:simdev"); -1 when
  * /proc/self/fd cannot be read. */
 int tu_count_fds_to(const char *what);
+/* Processes: pid no longer exists (reaped or never was); no child of this process is left
+ * (asserted: waitpid fails with ECHILD); the pids of a loader's `workers` process workers now
+ * added to pids[*npids..cap) where not there yet (0 and negative pids: none running). */
+struct stoke_loader;
+int tu_pid_gone(int pid);
+void tu_assert_no_children(void);
+void tu_note_worker_pids(const struct stoke_loader *l, int workers, int *pids, int *npids, int cap);
+void tu_sleep_ms(long ms);
 /* Lines of /proc/net/unix (bound Unix socket names of any process) that contain `what`. */
 int tu_count_unix_names(const char *what);
 
