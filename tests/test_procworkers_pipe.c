@@ -25,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "loader/proc_internal.h" /* wreq: what __wrap_send recognizes */
 #include "stoke/stoke.h"
 #include "testutil.h"
 
@@ -50,6 +51,10 @@ typedef struct shared {
     _Atomic int crash_q;    /* Q_YES / Q_NO: at the crash, the next request was queued or not */
     _Atomic int socks_bad;  /* a child that had not exactly one SOCK_SEQPACKET descriptor */
     _Atomic int queued[NB];
+    /* test_send_fails_reply_queued: __wrap_send's trap on the request of batch 2 */
+    _Atomic int trap_armed, trap_in, trap_fired, b1_done, victim, reply_queued, peer_closed;
+    _Atomic int trap_late; /* the child waited for the trap in vain */
+    _Atomic int made[N];   /* get() calls of each sample in the children */
 } shared;
 
 static shared *sh;
@@ -102,6 +107,17 @@ static int pds_get(void *user, uint64_t index, void *const dst[], int64_t lens[]
 {
     pds *p = user;
     if (getpid() != sh->parent) {
+        atomic_fetch_add(&sh->made[index], 1);
+        if (atomic_load(&sh->trap_armed) && index == BS) { /* batch 1 waits for the trap */
+            int ms = 0;
+            while (!atomic_load(&sh->trap_in) && ms++ < 5000)
+                tu_sleep_ms(1);
+            atomic_store(&sh->trap_late, !atomic_load(&sh->trap_in));
+        }
+        if (atomic_load(&sh->trap_armed) && index == 2 * BS - 1) {
+            atomic_store(&sh->victim, (int)getpid());
+            atomic_store(&sh->b1_done, 1);
+        }
         if (index % BS == 0 && index / BS < NB)
             atomic_store(&sh->queued[index / BS], next_queued(index / BS));
         if (index == sh->crash) {
@@ -409,6 +425,61 @@ static void test_destroy_two_in_flight(void **state)
         }
 }
 
+/* Linked with -Wl,--wrap=send (test_procworkers_pipe.cmake): the library's send() comes here.
+ * Armed, the parent's request for batch 2 is held until the child has made batch 1 (its reply
+ * queued on the socket, unread) and was killed, its end closed: the send then fails (EPIPE)
+ * with a reply waiting, the case a failed send must not be taken for the child's death in. */
+ssize_t __real_send(int fd, const void *buf, size_t len, int flags);
+ssize_t __wrap_send(int fd, const void *buf, size_t len, int flags);
+ssize_t __wrap_send(int fd, const void *buf, size_t len, int flags)
+{
+    if (sh && getpid() == sh->parent && len == sizeof(wreq) && atomic_load(&sh->trap_armed) &&
+        ((const wreq *)buf)->seq == 2 && !atomic_exchange(&sh->trap_fired, 1)) {
+        atomic_store(&sh->trap_in, 1); /* batch 1 goes on */
+        for (int ms = 0; !atomic_load(&sh->b1_done) && ms < 5000; ms++)
+            tu_sleep_ms(1);
+        struct pollfd pf = {.fd = fd, .events = POLLIN};
+        atomic_store(&sh->reply_queued, poll(&pf, 1, 5000) == 1 && (pf.revents & POLLIN));
+        if (atomic_load(&sh->victim) > 0)
+            kill(atomic_load(&sh->victim), SIGKILL);
+        for (int ms = 0; ms < 5000 && !atomic_load(&sh->peer_closed); ms++) {
+            pf.revents = 0; /* (POLLIN stays set: the queued reply) */
+            atomic_store(&sh->peer_closed, poll(&pf, 1, 0) == 1 && (pf.revents & POLLHUP));
+            tu_sleep_ms(1);
+        }
+    }
+    return __real_send(fd, buf, len, flags);
+}
+
+/* A send that fails while the child's reply to an older request waits on the socket (the child
+ * made batch 1, then died idle, before the worker thread read the reply; the send of batch 2
+ * fails): batch 1 comes from that reply, not made again by the replacement; batch 2 goes to the
+ * replacement; every sample made once, delivered once, nothing blamed. */
+static void test_send_fails_reply_queued(void **state)
+{
+    (void)state;
+    reset_shared(0);
+    atomic_store(&sh->trap_armed, 1);
+    run *r = calloc(1, sizeof(*r));
+    assert_non_null(r);
+    run_epoch("error", 1, 2, 0, 0, r);
+    assert_int_equal(atomic_load(&sh->trap_fired), 1);
+    assert_int_equal(atomic_load(&sh->trap_late), 0);
+    assert_int_equal(atomic_load(&sh->reply_queued), 1); /* the reply to batch 1 waited */
+    assert_int_equal(atomic_load(&sh->peer_closed), 1);  /* the send met a closed end */
+    assert_int_equal(r->rc, STOKE_EEND);
+    assert_int_equal(r->n, N);
+    for (int i = 0; i < N; i++) {
+        if (r->seen[i] != 1 || atomic_load(&sh->made[i]) != 1)
+            fail_msg("sample %d delivered %d times, made %d times (batch 1 made again: its "
+                     "queued reply was dropped when the send failed)",
+                     i, r->seen[i], atomic_load(&sh->made[i]));
+    }
+    assert_int_equal(r->st.worker_restarts, 1);
+    assert_int_equal(r->st.bad_samples, 0);
+    free(r);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -429,6 +500,7 @@ int main(void)
         cmocka_unit_test_setup(test_crash_first_of_two, setup),
         cmocka_unit_test_setup(test_bad_samples_in_flight, setup),
         cmocka_unit_test_setup(test_destroy_two_in_flight, setup),
+        cmocka_unit_test_setup(test_send_fails_reply_queued, setup),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     munmap(sh, sizeof(*sh));

@@ -41,6 +41,8 @@ typedef struct proc_w {
     proc_req *q;
     int head, n;
     wreq req;                 /* the oldest's request, with its crash state */
+    int send_closed;          /* a send failed: the child closed its end (died); the replies it
+                                 sent before are still read, then its end of file */
     uint64_t last_t, stop_t0; /* when the last reply was taken; when destroy was first seen */
 } proc_w;
 

@@ -362,6 +362,7 @@ static int spawn(stoke_loader *l, int wid, char *msg, size_t len)
         return rc;
     }
     p->w[wid].fd = fd;
+    p->w[wid].send_closed = 0;
     if (l->arena && stoke__arena_add_writer(l->arena, rep.pid) != STOKE_OK) /* before its work */
         stoke__log(STOKE_LOG_WARN, "loader: %s", stoke_last_error());
     atomic_store(&p->w[wid].pid, rep.pid);
@@ -415,18 +416,22 @@ static void head_req(stoke_loader *l, proc_w *w)
 }
 
 /* Sends worker wid's requests not yet sent to its child, oldest first (the oldest's is w->req),
- * without waiting: a full socket leaves the rest for later.  0, or -1: the child is gone. */
-static int pump(stoke_loader *l, proc_w *w)
+ * without waiting: a full socket (or a transient lack of buffers) leaves the rest for later.  A
+ * send that fails otherwise means the child closed its end, but not that its replies are lost:
+ * those it sent before dying wait in the socket, and receive() takes them before the end of
+ * file that tells the death (a failed send is no death certificate: taking it as one would
+ * make a batch already made again, and blame its crash on a sample of another batch). */
+static void pump(stoke_loader *l, proc_w *w)
 {
     int fd = w->fd, depth = l->proc->depth;
-    for (int i = 0; i < w->n; i++) {
+    for (int i = 0; i < w->n && !w->send_closed; i++) {
         proc_req *r = &w->q[(w->head + i) % depth];
         if (r->sent)
             continue;
         wreq younger;
         const wreq *req = &w->req;
-        if (i) { /* never started: no crash state */
-            memset(&younger, 0, offsetof(wreq, poison));
+        if (i) { /* never started: no crash state (and no poison: all of it zeroed) */
+            memset(&younger, 0, sizeof(younger));
             younger.bi = (int32_t)(r->b - l->bat);
             younger.si = (int32_t)(r->b->host - l->slots);
             younger.seq = r->b->seq;
@@ -438,13 +443,15 @@ static int pump(stoke_loader *l, proc_w *w)
         do
             n = send(fd, req, sizeof(*req), MSG_NOSIGNAL | MSG_DONTWAIT);
         while (n < 0 && errno == EINTR);
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-            return 0;
-        if (n != (ssize_t)sizeof(*req))
-            return -1;
+        if (n < 0 &&
+            (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS || errno == ENOMEM))
+            return;
+        if (n != (ssize_t)sizeof(*req)) {
+            w->send_closed = 1;
+            return;
+        }
         r->sent = 1;
     }
-    return 0;
 }
 
 /* Takes the reply to worker wid's oldest request into b, sending the requests left unsent as
@@ -459,8 +466,11 @@ static int receive(stoke_loader *l, proc_w *w, stoke_batch *b, int wakeable)
     b->bad.n = 0;
     wmsg m;
     int got = 0; /* a message of b was read */
+    /* b's request never reached the child, which closed its end: nothing will answer it */
+    if (w->send_closed && !w->q[w->head].sent)
+        return X_DEAD;
     for (;;) {
-        int unsent = !w->q[(w->head + w->n - 1) % p->depth].sent;
+        int unsent = !w->send_closed && !w->q[(w->head + w->n - 1) % p->depth].sent;
         struct pollfd pfd[2] = {{.fd = fd, .events = (short)(POLLIN | (unsent ? POLLOUT : 0))},
                                 {.fd = w->wake, .events = POLLIN}};
         int pr = poll(pfd, wakeable && !got ? 2 : 1, POLL_MS);
@@ -472,8 +482,8 @@ static int receive(stoke_loader *l, proc_w *w, stoke_batch *b, int wakeable)
             continue;
         }
         if (pr > 0 && !(pfd[0].revents & ~POLLOUT)) { /* room to send, or woken */
-            if ((pfd[0].revents & POLLOUT) && pump(l, w) != 0)
-                return X_DEAD;
+            if (pfd[0].revents & POLLOUT)
+                pump(l, w);
             uint64_t v;
             if (wakeable && (pfd[1].revents & POLLIN) && read(w->wake, &v, sizeof(v)) > 0)
                 return X_WOKEN;
@@ -564,8 +574,8 @@ void stoke__proc_send(stoke_loader *l, stoke_batch *b, stoke__producer *pr)
     *r = (proc_req){.b = b, .seed = pr->seed, .epoch = pr->epoch, .t0 = stoke__now_ns()};
     if (w->n == 1)
         head_req(l, w);
-    if (w->fd >= 0) /* else the wait starts a child; a failed send shows there too */
-        (void)pump(l, w);
+    if (w->fd >= 0) /* else the wait starts a child */
+        pump(l, w);
 }
 
 /* (mu) Wakes the process workers waiting on their child that could dispatch now. */
@@ -602,7 +612,8 @@ stoke_batch *stoke__proc_take(stoke_loader *l, stoke__producer *pr, int wakeable
             stoke__batch_failed(b, rc, first, msg);
             break;
         }
-        int x = pump(l, w) == 0 ? receive(l, w, b, wakeable) : X_DEAD;
+        pump(l, w);
+        int x = receive(l, w, b, wakeable);
         if (x == X_WOKEN)
             return NULL;
         if (x == X_DONE)
