@@ -292,6 +292,8 @@ static fetcher *fetcher_get(stoke__remote_pool *p, slot *s)
         if (pthread_create(&l->th, NULL, lane_main, l) != 0) {
             if (l->s.h != s->h)
                 curl_easy_cleanup(l->s.h);
+            else /* the slot keeps its handle: its errors go to its own buffer, not into fe */
+                curl_easy_setopt(s->h, CURLOPT_ERRORBUFFER, s->err);
             break;
         }
         if (l->s.h == s->h)
