@@ -763,13 +763,6 @@ static int in_sleep(pid_t pid)
     return nr == SYS_clock_nanosleep;
 }
 
-static void msleep(long ms)
-{
-    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0)
-        ;
-}
-
 #define KILL_DELAY_MS 1000
 typedef struct killer_arg {
     int pass;          /* 1: kill the worker in sample 0 of the timed pass, 2: of the hash pass */
@@ -786,12 +779,12 @@ static void *killer(void *p)
         pid_t w = find_worker();
         if (w > 0 && in_sleep(w)) {
             if (k->pass == 2)
-                msleep(KILL_DELAY_MS * 3 / 2);
+                tu_sleep_ms(KILL_DELAY_MS * 3 / 2);
             if (in_sleep(w) && kill(w, SIGKILL) == 0)
                 atomic_store(&k->killed, 1);
             return NULL;
         }
-        msleep(2);
+        tu_sleep_ms(2);
     }
     return NULL;
 }

@@ -27,6 +27,22 @@ def loader(**kw):
     return L.Loader(Rows(400), batch_size=4, num_workers=2, **kw)
 
 
+class StuckInChildren(torch.utils.data.Dataset):
+    """Samples that never come from any child process (the constructor's probe included)."""
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        if os.getpid() != PARENT:
+            time.sleep(600)
+        return i
+
+
+def probe_stuck_loader():
+    return L.Loader(StuckInChildren(), batch_size=4, num_workers=2)
+
+
 def stalling_loader():
     return L.Loader(Rows(400, stall_from=40), batch_size=4, num_workers=2)
 

@@ -399,8 +399,8 @@ def proc_line(pid):
 
 
 def first_line(p, seconds):
-    """The script's first line of output, waited for at most `seconds`.  On a timeout (or an
-    end of output without one) the script's session is asked for its Python stacks (SIGUSR1:
+    """The script's first line of output, waited for at most `seconds`.  Without one (the time
+    passed, or the output ended) the script's session is asked for its Python stacks (SIGUSR1:
     the scripts register faulthandler for it; a worker without the handler dies of it), and
     the line is "" with a report of every process still in the session appended: the case
     fails naming what hung instead of hanging the suite."""
@@ -412,7 +412,7 @@ def first_line(p, seconds):
         if line:
             return line, ""
     members = session_members(p.pid)
-    report = ["no first line within %.0f s (exit %s); in the session:" % (seconds, p.poll())]
+    report = ["no first line (%.0f s at most; exit %s); in the session:" % (seconds, p.poll())]
     report += ["  " + proc_line(pid) for pid in members]
     for pid in members:
         try:
@@ -641,6 +641,38 @@ def interpreter_exit_with_live_loaders():
 
 
 
+PROBE_KILL = r"""
+import dropin_child as C
+print("START", flush=True)
+loader = C.probe_stuck_loader()
+print("BUILT", flush=True)
+"""
+
+
+@case
+def caller_killed_while_measuring():
+    """A caller SIGKILLed inside the constructor while the child that measures the first batch
+    is stuck in __getitem__: that child does not outlive it (it would hold the caller's pipes
+    open forever), nor does any other."""
+    what = "SIGKILL while the first batch is measured"
+    p = script(PROBE_KILL)
+    with Cleans(p, what, 15):
+        line, hung = first_line(p, 60)
+        deadline = time.monotonic() + 30
+        while len(session_members(p.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)  # the constructor's child, stuck in the dataset
+        children = len(session_members(p.pid)) - 1
+        time.sleep(0.5)
+        os.kill(p.pid, signal.SIGKILL)
+        out, err = finish(p, 30)
+        T.check(line.strip() == "START", "%s: the script said %r; %s\nstderr:\n%s" % (
+            what, line, hung, err[-3000:]))
+        T.check(children >= 1 and "BUILT" not in out, "%s: no child stuck in the constructor "
+                "(%d children; stdout %r)" % (what, children, out))
+        T.check(p.returncode is not None, "%s: the caller's output stayed open after its death "
+                "(a child holds it)" % what)
+
+
 @case
 def caller_dies_abruptly():
     """A caller that dies without running any exit code -- os._exit(0), or SIGKILL (the OOM
@@ -650,12 +682,12 @@ def caller_dies_abruptly():
         what = "the caller ended by %s" % ("os._exit(0)" if "_exit" in how else "SIGKILL")
         p = script(EXIT % how)
         with Cleans(p, what, 15):
-            line = p.stdout.readline()
+            line, hung = first_line(p, 60)
             if "sleep" in how:
                 os.kill(p.pid, signal.SIGKILL)
-            out, err = finish(p, 60)
-            T.check(line.strip() == "EXITING", "%s: the script said %r, stderr:\n%s" % (
-                what, line, err[-3000:]))
+            out, err = finish(p, 60 if not hung else 1)
+            T.check(line.strip() == "EXITING", "%s: the script said %r; %s\nstderr:\n%s" % (
+                what, line, hung, err[-3000:]))
             T.check(p.returncode is not None, "%s: the script did not end" % what)
 
 

@@ -460,7 +460,8 @@ void tu_note_worker_pids(const struct stoke_loader *l, int workers, int *pids, i
 void tu_sleep_ms(long ms)
 {
     struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ; /* the rest of it after a signal */
 }
 
 int tu_count_unix_names(const char *what)

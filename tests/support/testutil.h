@@ -115,7 +115,7 @@ struct stoke_loader;
 int tu_pid_gone(int pid);
 void tu_assert_no_children(void);
 void tu_note_worker_pids(const struct stoke_loader *l, int workers, int *pids, int *npids, int cap);
-void tu_sleep_ms(long ms);
+void tu_sleep_ms(long ms); /* the whole time, signals or not */
 /* Lines of /proc/net/unix (bound Unix socket names of any process) that contain `what`. */
 int tu_count_unix_names(const char *what);
 
