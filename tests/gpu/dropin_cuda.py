@@ -17,6 +17,7 @@ Prints one line per check ("ok NAME detail" or "FAIL NAME why") and exits 1 on a
     PYTHONPATH=build/python /usr/bin/python3 tests/gpu/dropin_cuda.py --cpu   # dry run here:
         the same comparisons, without the GPU, pinning and the copies
 """
+import os
 import sys
 
 import torch
@@ -25,6 +26,9 @@ from torch.utils.data import DataLoader as TorchLoader
 from torch.utils.data import Dataset, TensorDataset
 
 import stoke
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+import dropin_lib as L  # noqa: E402 - the drop-in tests' comparisons
 
 FAILED = []
 CPU = "--cpu" in sys.argv
@@ -45,23 +49,17 @@ def report(name, ok, detail):
 
 
 def leaves(x):
-    if isinstance(x, torch.Tensor):
-        return [x]
-    if isinstance(x, dict):
-        return [t for v in x.values() for t in leaves(v)]
-    if isinstance(x, (list, tuple)):
-        return [t for v in x for t in leaves(v)]
-    return []
+    """The batch's tensors (dropin_lib.leaves also keeps lists of strings)."""
+    return [t for t in L.leaves(x) if isinstance(t, torch.Tensor)]
 
 
 def same(a, b):
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(map(same, a, b))
-    return a == b
+    """dropin_lib.same's comparison (structure, dtypes, shapes, values) as a bool."""
+    try:
+        L.same(b, a)
+    except AssertionError:
+        return False
+    return True
 
 
 def to_gpu_and_back(batch):
