@@ -45,7 +45,7 @@ typedef struct shared {
     uint64_t slow_from;     /* samples from here on take 20 ms each */
     uint64_t hang;          /* publish the pid and wait to be killed here */
     uint64_t hold;          /* wait here until `destroying`, then 300 ms more */
-    _Atomic int destroying; /* the test is about to destroy the loader */
+    _Atomic int destroying; /* the test is about to destroy (or reposition) the loader */
     int bad_mod;            /* samples with index % bad_mod == 3 fail (STOKE_EDATA); 0: none */
     _Atomic int hang_pid;   /* the child hanging at `hang` */
     _Atomic int crash_q;    /* Q_YES / Q_NO: at the crash, the next request was queued or not */
@@ -55,12 +55,15 @@ typedef struct shared {
     _Atomic int trap_armed, trap_in, trap_fired, b1_done, victim, reply_queued, peer_closed;
     _Atomic int trap_late; /* the child waited for the trap in vain */
     _Atomic int made[N];   /* get() calls of each sample in the children */
+    _Atomic int made_e[2][N]; /* the same, by the epoch the child's dataset copy was set to */
+    _Atomic int reads[NB];    /* read() calls in the children, by the batch of their first index */
 } shared;
 
 static shared *sh;
 
 typedef struct pds {
     stoke_dataset inner;
+    uint64_t epoch; /* set_epoch's (each process its copy) */
 } pds;
 
 static uint64_t pds_length(void *user)
@@ -108,6 +111,8 @@ static int pds_get(void *user, uint64_t index, void *const dst[], int64_t lens[]
     pds *p = user;
     if (getpid() != sh->parent) {
         atomic_fetch_add(&sh->made[index], 1);
+        if (p->epoch < 2)
+            atomic_fetch_add(&sh->made_e[p->epoch][index], 1);
         if (atomic_load(&sh->trap_armed) && index == BS) { /* batch 1 waits for the trap */
             int ms = 0;
             while (!atomic_load(&sh->trap_in) && ms++ < 5000)
@@ -149,6 +154,8 @@ static int pds_read(void *user, const uint64_t *idx, size_t count, const stoke_s
                     int worker, char *msg, size_t msg_len, uint64_t *err_index)
 {
     pds *p = user;
+    if (getpid() != sh->parent && count && idx[0] / BS < NB)
+        atomic_fetch_add(&sh->reads[idx[0] / BS], 1);
     for (size_t j = 0; j < count; j++) {
         void *d[TU_FIELDS];
         stoke_slots_sample(dst, p->inner.nfields, p->inner.fields, j, d);
@@ -158,6 +165,12 @@ static int pds_read(void *user, const uint64_t *idx, size_t count, const stoke_s
             return rc;
         }
     }
+    return STOKE_OK;
+}
+
+static int pds_set_epoch(void *user, uint64_t epoch)
+{
+    ((pds *)user)->epoch = epoch;
     return STOKE_OK;
 }
 
@@ -179,6 +192,7 @@ static void pds_open(pds *p, int with_read, stoke_dataset *ds)
     ds->fields = p->inner.fields;
     ds->length = pds_length;
     ds->get = pds_get;
+    ds->set_epoch = pds_set_epoch;
     if (with_read)
         ds->read = pds_read;
 }
@@ -337,6 +351,12 @@ static void test_crash_first_of_two(void **state)
             /* read(): the crash is in a batch call; a second child finds the sample */
             assert_int_equal(r.st.worker_restarts, rd ? 2 : 1);
             assert_int_equal(r.st.skipped_samples, 1);
+            /* with read(): one call a batch, the crashed one's included (its reruns make it one
+             * get() at a time); the replacement makes the batches after it with read() again */
+            for (int k = 0; k < NB; k++)
+                if (atomic_load(&sh->reads[k]) != rd)
+                    fail_msg("workers %d, read %d: batch %d made with %d read() calls", workers,
+                             rd, k, atomic_load(&sh->reads[k]));
 
             reset_shared(5000);
             sh->crash = 21;
@@ -425,6 +445,66 @@ static void test_destroy_two_in_flight(void **state)
         }
 }
 
+/* A reposition (set_epoch) after two batches, with two requests in flight to batch 2's child
+ * (batch 2 held until the reposition began, 20 ms samples from there on), with and without
+ * persistent workers: no batch of the abandoned run is started after it (the request queued
+ * behind batch 2 is answered, not made: the wait is one batch a child), and the next epoch has
+ * every sample, made once. */
+static void test_reposition_two_in_flight(void **state)
+{
+    (void)state;
+    for (int persistent = 0; persistent <= 1; persistent++)
+        for (int workers = 1; workers <= 2; workers++) {
+            reset_shared(5000);
+            sh->slow_from = 2 * BS;
+            sh->hold = 2 * BS;
+            pds p;
+            stoke_dataset ds;
+            pds_open(&p, 0, &ds);
+            stoke_loader_opts o;
+            opts(&o, "error", workers, 2, workers == 2);
+            o.persistent_workers = persistent;
+            stoke_loader *l;
+            assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+            static run r;
+            memset(&r, 0, sizeof(r));
+            take(l, workers, &r, 2);
+            assert_int_equal(r.nbatches, 2);
+            while (atomic_load(&sh->queued[2]) == 0)
+                tu_sleep_ms(1);
+            assert_int_equal(atomic_load(&sh->queued[2]), Q_YES);
+            atomic_store(&sh->destroying, 1);
+            assert_int_equal(stoke_loader_set_epoch(l, 1), STOKE_OK);
+            /* epoch 0 after the reposition: batch 2 (held) was made whole; with two workers
+             * batch 3, the other child's, whole if that child had started it (else not at all);
+             * nothing after them */
+            for (int i = 2 * BS; i < 3 * BS; i++)
+                assert_int_equal(atomic_load(&sh->made_e[0][i]), 1);
+            for (int i = 3 * BS; i < (2 + workers) * BS; i++)
+                assert_int_equal(atomic_load(&sh->made_e[0][i]),
+                                 atomic_load(&sh->made_e[0][3 * BS]));
+            for (int i = (2 + workers) * BS; i < N; i++)
+                if (atomic_load(&sh->made_e[0][i]) != 0)
+                    fail_msg("persistent %d, workers %d: sample %d (batch %d) of the abandoned "
+                             "epoch was made after the reposition",
+                             persistent, workers, i, i / BS);
+            memset(&r, 0, sizeof(r));
+            take(l, workers, &r, UINT64_MAX);
+            assert_int_equal(r.rc, STOKE_EEND);
+            assert_int_equal(r.n, N);
+            for (int i = 0; i < N; i++) {
+                assert_int_equal(r.seen[i], 1);
+                assert_int_equal(atomic_load(&sh->made_e[1][i]), 1);
+            }
+            assert_int_equal(r.st.worker_restarts, 0);
+            stoke_loader_destroy(l);
+            pds_close(&p, &ds);
+            for (int k = 0; k < r.npids; k++)
+                assert_true(tu_pid_gone(r.pids[k]));
+            tu_assert_no_children();
+        }
+}
+
 /* Linked with -Wl,--wrap=send (test_procworkers_pipe.cmake): the library's send() comes here.
  * Armed, the parent's request for batch 2 is held until the child has made batch 1 (its reply
  * queued on the socket, unread) and was killed, its end closed: the send then fails (EPIPE)
@@ -500,6 +580,7 @@ int main(void)
         cmocka_unit_test_setup(test_crash_first_of_two, setup),
         cmocka_unit_test_setup(test_bad_samples_in_flight, setup),
         cmocka_unit_test_setup(test_destroy_two_in_flight, setup),
+        cmocka_unit_test_setup(test_reposition_two_in_flight, setup),
         cmocka_unit_test_setup(test_send_fails_reply_queued, setup),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

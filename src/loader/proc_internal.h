@@ -28,6 +28,7 @@ typedef struct wreq { /* parent -> child: a batch */
     int32_t bi, si;
     uint32_t flags, npoison;
     uint64_t seq, seed, epoch;
+    uint64_t gen; /* the batch's run (b->gen): made only while it is the loader's (ctl gen) */
     uint64_t poison[POISON_MAX];
     char pmsg[POISON_MAX][112];
 } wreq;

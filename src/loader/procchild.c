@@ -59,6 +59,10 @@ static void child_main(stoke_loader *l, int wid, int fd, pid_t zygote)
 {
     cw.get = l->ds.get; /* (MAP: required) */
     l->ds.get = w_get;
+    /* the dataset's batch call: off for a request that reruns a crashed batch to find its
+     * sample (F_NO_READ: one get() at a time), on again for the requests after it */
+    int (*const read)(void *, const uint64_t *, size_t, const stoke_slots *, int, char *, size_t,
+                      uint64_t *) = l->ds.read;
     l->caller.wid = wid; /* this process's producer: its copy of the caller's, for worker wid */
     l->caller.busy = &l->proc->ctl[wid]; /* its marks, which the parent reads (plan.marks) */
     int init_rc = l->ds.worker_init ? l->ds.worker_init(l->ds.user, wid, l->nworkers) : STOKE_OK;
@@ -84,12 +88,14 @@ static void child_main(stoke_loader *l, int wid, int fd, pid_t zygote)
         b->seq = req->seq;
         l->caller.seed = req->seed;
         l->caller.epoch = req->epoch;
-        if (req->flags & F_NO_READ)
-            l->ds.read = NULL;
+        l->ds.read = req->flags & F_NO_READ ? NULL : read;
         int rc = init_rc;
         if (atomic_load(&l->proc->ctl[wid].stop)) { /* destroy: a request queued behind */
             rc = STOKE_ECANCELED;
             stoke__fmt(why, sizeof(why), "the loader is being destroyed");
+        } else if (req->gen != atomic_load(&l->proc->ctl[wid].gen)) { /* its run was abandoned */
+            rc = STOKE_ECANCELED;
+            stoke__fmt(why, sizeof(why), "its run was abandoned (a reposition, or an error)");
         } else if (rc != STOKE_OK) {
             stoke__fmt(why, sizeof(why), "worker_init failed in worker process %d (%s)",
                        (int)getpid(), stoke_err_name(rc));

@@ -208,6 +208,7 @@ static int map_shared(stoke_loader *l, stoke__proc *p)
     for (int i = 0; i < l->nworkers; i++) { /* the consumer's timeout check reads the child's */
         atomic_store(&p->ctl[i].since, 0);
         atomic_store(&p->ctl[i].stop, 0); /* (an arena's memory may be a reused chunk's) */
+        atomic_store(&p->ctl[i].gen, l->gen);
         l->w[i].p.busy = &p->ctl[i];
     }
     return STOKE_OK;
@@ -413,6 +414,7 @@ static void head_req(stoke_loader *l, proc_w *w)
     w->req.seq = r->b->seq;
     w->req.seed = r->seed;
     w->req.epoch = r->epoch;
+    w->req.gen = r->b->gen; /* (set at dispatch, unchanged while FILLING) */
 }
 
 /* Sends worker wid's requests not yet sent to its child, oldest first (the oldest's is w->req),
@@ -437,6 +439,7 @@ static void pump(stoke_loader *l, proc_w *w)
             younger.seq = r->b->seq;
             younger.seed = r->seed;
             younger.epoch = r->epoch;
+            younger.gen = r->b->gen;
             req = &younger;
         }
         ssize_t n;
@@ -639,6 +642,16 @@ stoke_batch *stoke__proc_take(stoke_loader *l, stoke__producer *pr, int wakeable
     if (--w->n)
         head_req(l, w);
     return b;
+}
+
+void stoke__proc_abandoned(stoke_loader *l)
+{
+    STOKE__LOADER_ASSERT_MU(l);
+    /* the requests of the abandoned run that a child has not started are answered at once,
+     * not made: a reposition (set_epoch, a new iteration after a break) or an error waits for
+     * one batch a child, not prefetch_factor */
+    for (int i = 0; l->proc && l->proc->ctl && i < l->nworkers; i++)
+        atomic_store(&l->proc->ctl[i].gen, l->gen);
 }
 
 void stoke__proc_stopping(stoke_loader *l)

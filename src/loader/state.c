@@ -14,6 +14,7 @@ void stoke__loader_abandon(stoke_loader *l)
     STOKE__LOADER_ASSERT_MU(l);
     stoke__loader_reclaim(l);
     l->gen++;
+    stoke__proc_abandoned(l); /* process workers: their children start no batch of the old run */
     while (l->done) {
         stoke_batch *b = l->done;
         l->done = b->next;
