@@ -1,12 +1,14 @@
-/* Process workers' requests in flight (docs/loader.md, "Process workers"): with prefetch_factor
- * 2 a child has its next batch's request queued on its socket while it makes the current one
- * (one worker; two with round_robin, the drop-in's setting); with prefetch_factor 1 it never
- * has; a child that crashes on the first of two requests in flight loses no sample and repeats
- * none (on_error skip: the second request is sent again to the replacement) or names the sample
- * (on_error error); bad samples' messages are all counted; destroy with two requests in flight, the
- * child busy or stuck in a sample, neither hangs nor leaves a process or a descriptor.  The child
- * looks at its own socket: the one SOCK_SEQPACKET descriptor it has.  Every test runs under
- * alarm(): a hang fails. */
+/* Process workers' requests in flight (docs/loader.md, "Process workers"): with prefetch_factor 2
+ * a child has its next batch's request queued on its socket while it makes the current one (one
+ * worker; two with round_robin, the drop-in's setting); with prefetch_factor 1 it never has; a
+ * child that crashes on the first of two requests in flight loses no sample and repeats none
+ * (on_error skip: the second request is sent again to the replacement) or names the sample
+ * (on_error error), and the batches after it are made with read() again; bad samples' messages are
+ * all counted; destroy with two requests in flight, the child busy or stuck in a sample, neither
+ * hangs nor leaves a process or a descriptor; a reposition makes no batch of the abandoned run
+ * after the ones under way (a crash there is not run again); a read() that crashes on every batch
+ * costs one restart a worker. The child looks at its own socket: the one SOCK_SEQPACKET descriptor
+ * it has. Every test runs under alarm(): a hang fails. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
@@ -44,17 +46,19 @@ typedef struct shared {
     uint64_t crash;         /* raise(SIGSEGV) here once the next request is queued (or not) */
     uint64_t slow_from;     /* samples from here on take 20 ms each */
     uint64_t hang;          /* publish the pid and wait to be killed here */
-    uint64_t hold;          /* wait here until `destroying`, then 300 ms more */
+    uint64_t hold, hold2;   /* wait here until `destroying`, then 300 ms more */
     _Atomic int destroying; /* the test is about to destroy (or reposition) the loader */
     int bad_mod;            /* samples with index % bad_mod == 3 fail (STOKE_EDATA); 0: none */
+    int read_crash;         /* every read() in a child raises SIGSEGV (get() does not) */
+    _Atomic int crash_held; /* `hold` raises SIGSEGV once released (once) */
     _Atomic int hang_pid;   /* the child hanging at `hang` */
     _Atomic int crash_q;    /* Q_YES / Q_NO: at the crash, the next request was queued or not */
     _Atomic int socks_bad;  /* a child that had not exactly one SOCK_SEQPACKET descriptor */
     _Atomic int queued[NB];
     /* test_send_fails_reply_queued: __wrap_send's trap on the request of batch 2 */
     _Atomic int trap_armed, trap_in, trap_fired, b1_done, victim, reply_queued, peer_closed;
-    _Atomic int trap_late; /* the child waited for the trap in vain */
-    _Atomic int made[N];   /* get() calls of each sample in the children */
+    _Atomic int trap_late;    /* the child waited for the trap in vain */
+    _Atomic int made[N];      /* get() calls of each sample in the children */
     _Atomic int made_e[2][N]; /* the same, by the epoch the child's dataset copy was set to */
     _Atomic int reads[NB];    /* read() calls in the children, by the batch of their first index */
 } shared;
@@ -135,10 +139,14 @@ static int pds_get(void *user, uint64_t index, void *const dst[], int64_t lens[]
             for (;;)
                 tu_sleep_ms(10); /* until destroy kills this process */
         }
-        if (index == sh->hold) {
+        if (index == sh->hold || index == sh->hold2) {
             while (!atomic_load(&sh->destroying))
                 tu_sleep_ms(1);
-            tu_sleep_ms(300); /* destroy has begun by now: its stop marks are set */
+            tu_sleep_ms(300); /* destroy or the reposition has begun by now */
+            if (index == sh->hold && atomic_exchange(&sh->crash_held, 0)) {
+                signal(SIGSEGV, SIG_DFL);
+                raise(SIGSEGV);
+            }
         }
         if (index >= sh->slow_from)
             tu_sleep_ms(20);
@@ -156,6 +164,10 @@ static int pds_read(void *user, const uint64_t *idx, size_t count, const stoke_s
     pds *p = user;
     if (getpid() != sh->parent && count && idx[0] / BS < NB)
         atomic_fetch_add(&sh->reads[idx[0] / BS], 1);
+    if (getpid() != sh->parent && sh->read_crash) {
+        signal(SIGSEGV, SIG_DFL);
+        raise(SIGSEGV);
+    }
     for (size_t j = 0; j < count; j++) {
         void *d[TU_FIELDS];
         stoke_slots_sample(dst, p->inner.nfields, p->inner.fields, j, d);
@@ -213,6 +225,7 @@ static void reset_shared(int wait_ms)
     sh->slow_from = UINT64_MAX;
     sh->hang = UINT64_MAX;
     sh->hold = UINT64_MAX;
+    sh->hold2 = UINT64_MAX;
 }
 
 typedef struct run {
@@ -355,8 +368,8 @@ static void test_crash_first_of_two(void **state)
              * get() at a time); the replacement makes the batches after it with read() again */
             for (int k = 0; k < NB; k++)
                 if (atomic_load(&sh->reads[k]) != rd)
-                    fail_msg("workers %d, read %d: batch %d made with %d read() calls", workers,
-                             rd, k, atomic_load(&sh->reads[k]));
+                    fail_msg("workers %d, read %d: batch %d made with %d read() calls", workers, rd,
+                             k, atomic_load(&sh->reads[k]));
 
             reset_shared(5000);
             sh->crash = 21;
@@ -397,6 +410,29 @@ static void test_bad_samples_in_flight(void **state)
         }
 }
 
+/* A loader of prefetch_factor 2 (round_robin with two workers) over a new pds, once two batches
+ * were taken into r and the children of batch 2 (worker 0's) and, with two workers, batch 3
+ * (worker 1's) have their next request queued. */
+static stoke_loader *two_then_queued(pds *p, stoke_dataset *ds, const char *policy, int workers,
+                                     int persistent, run *r)
+{
+    pds_open(p, 0, ds);
+    stoke_loader_opts o;
+    opts(&o, policy, workers, 2, workers == 2);
+    o.persistent_workers = persistent;
+    stoke_loader *l;
+    assert_int_equal(stoke_loader_create(&o, ds, &l), STOKE_OK);
+    memset(r, 0, sizeof(*r));
+    take(l, workers, r, 2);
+    assert_int_equal(r->nbatches, 2);
+    for (int k = 2; k < 2 + workers; k++) { /* (two workers: batch 3's child too, worker 1's) */
+        while (atomic_load(&sh->queued[k]) == 0)
+            tu_sleep_ms(1);
+        assert_int_equal(atomic_load(&sh->queued[k]), Q_YES);
+    }
+    return l;
+}
+
 /* Destroy after two batches, with two requests in flight to batch 2's child (2 and the next),
  * busy (20 ms samples; batch 2 held until destroy began) or stuck in batch 2 (killed after the
  * grace).  Returns; no process, no descriptor left; a busy child does not start the batch queued
@@ -413,19 +449,8 @@ static void test_destroy_two_in_flight(void **state)
             sh->hold = hang ? UINT64_MAX : 2 * BS;
             pds p;
             stoke_dataset ds;
-            pds_open(&p, 0, &ds);
-            stoke_loader_opts o;
-            opts(&o, "skip", workers, 2, workers == 2);
-            stoke_loader *l;
-            assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
             static run r;
-            memset(&r, 0, sizeof(r));
-            take(l, workers, &r, 2);
-            assert_int_equal(r.nbatches, 2);
-            /* batch 2's child (worker 0) has its next request queued */
-            while (atomic_load(&sh->queued[2]) == 0)
-                tu_sleep_ms(1);
-            assert_int_equal(atomic_load(&sh->queued[2]), Q_YES);
+            stoke_loader *l = two_then_queued(&p, &ds, "skip", workers, 0, &r);
             while (hang && atomic_load(&sh->hang_pid) == 0)
                 tu_sleep_ms(1);
             tu_note_worker_pids(l, workers, r.pids, &r.npids, 64);
@@ -446,63 +471,80 @@ static void test_destroy_two_in_flight(void **state)
 }
 
 /* A reposition (set_epoch) after two batches, with two requests in flight to batch 2's child
- * (batch 2 held until the reposition began, 20 ms samples from there on), with and without
+ * (batches 2 and 3 held until the reposition began, 20 ms samples from there on), with and without
  * persistent workers: no batch of the abandoned run is started after it (the request queued
  * behind batch 2 is answered, not made: the wait is one batch a child), and the next epoch has
  * every sample, made once. */
 static void test_reposition_two_in_flight(void **state)
 {
     (void)state;
-    for (int persistent = 0; persistent <= 1; persistent++)
-        for (int workers = 1; workers <= 2; workers++) {
-            reset_shared(5000);
-            sh->slow_from = 2 * BS;
-            sh->hold = 2 * BS;
-            pds p;
-            stoke_dataset ds;
-            pds_open(&p, 0, &ds);
-            stoke_loader_opts o;
-            opts(&o, "error", workers, 2, workers == 2);
-            o.persistent_workers = persistent;
-            stoke_loader *l;
-            assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
-            static run r;
-            memset(&r, 0, sizeof(r));
-            take(l, workers, &r, 2);
-            assert_int_equal(r.nbatches, 2);
-            while (atomic_load(&sh->queued[2]) == 0)
-                tu_sleep_ms(1);
-            assert_int_equal(atomic_load(&sh->queued[2]), Q_YES);
-            atomic_store(&sh->destroying, 1);
-            assert_int_equal(stoke_loader_set_epoch(l, 1), STOKE_OK);
-            /* epoch 0 after the reposition: batch 2 (held) was made whole; with two workers
-             * batch 3, the other child's, whole if that child had started it (else not at all);
-             * nothing after them */
-            for (int i = 2 * BS; i < 3 * BS; i++)
-                assert_int_equal(atomic_load(&sh->made_e[0][i]), 1);
-            for (int i = 3 * BS; i < (2 + workers) * BS; i++)
-                assert_int_equal(atomic_load(&sh->made_e[0][i]),
-                                 atomic_load(&sh->made_e[0][3 * BS]));
-            for (int i = (2 + workers) * BS; i < N; i++)
-                if (atomic_load(&sh->made_e[0][i]) != 0)
-                    fail_msg("persistent %d, workers %d: sample %d (batch %d) of the abandoned "
-                             "epoch was made after the reposition",
-                             persistent, workers, i, i / BS);
-            memset(&r, 0, sizeof(r));
-            take(l, workers, &r, UINT64_MAX);
-            assert_int_equal(r.rc, STOKE_EEND);
-            assert_int_equal(r.n, N);
-            for (int i = 0; i < N; i++) {
-                assert_int_equal(r.seen[i], 1);
-                assert_int_equal(atomic_load(&sh->made_e[1][i]), 1);
-            }
-            assert_int_equal(r.st.worker_restarts, 0);
-            stoke_loader_destroy(l);
-            pds_close(&p, &ds);
-            for (int k = 0; k < r.npids; k++)
-                assert_true(tu_pid_gone(r.pids[k]));
-            tu_assert_no_children();
+    for (int v = 0; v < 8; v++) {
+        int persistent = v & 1, workers = 1 + (v >> 1 & 1), crash = v >> 2;
+        reset_shared(5000);
+        sh->slow_from = 2 * BS;
+        sh->hold = 2 * BS;
+        sh->hold2 = 3 * BS; /* two workers: the other child's next (batch 5) waits too */
+        sh->crash_held = crash;
+        pds p;
+        stoke_dataset ds;
+        static run r;
+        stoke_loader *l = two_then_queued(&p, &ds, "error", workers, persistent, &r);
+        atomic_store(&sh->destroying, 1);
+        assert_int_equal(stoke_loader_set_epoch(l, 1), STOKE_OK);
+        /* epoch 0 after the reposition: batch 2 (unless it crashed at its first sample)
+         * and, with two workers, batch 3 (held, under way in each child) were made whole;
+         * nothing after them */
+        for (int i = 2 * BS; i < (2 + workers) * BS; i++)
+            assert_int_equal(atomic_load(&sh->made_e[0][i]), !crash || i == 2 * BS || i >= 3 * BS);
+        for (int i = (2 + workers) * BS; i < N; i++)
+            if (atomic_load(&sh->made_e[0][i]) != 0)
+                fail_msg("persistent %d, workers %d, crash %d: sample %d (batch %d) of the "
+                         "abandoned epoch was made after the reposition",
+                         persistent, workers, crash, i, i / BS);
+        memset(&r, 0, sizeof(r));
+        take(l, workers, &r, UINT64_MAX);
+        assert_int_equal(r.rc, STOKE_EEND);
+        assert_int_equal(r.n, N);
+        for (int i = 0; i < N; i++) {
+            assert_int_equal(r.seen[i], 1);
+            assert_int_equal(atomic_load(&sh->made_e[1][i]), 1);
         }
+        /* a crash on the abandoned batch is not run again: no restart, no sample blamed */
+        assert_int_equal(r.st.worker_restarts, 0);
+        assert_int_equal(r.st.bad_samples, 0);
+        stoke_loader_destroy(l);
+        pds_close(&p, &ds);
+        for (int k = 0; k < r.npids; k++)
+            assert_true(tu_pid_gone(r.pids[k]));
+        tu_assert_no_children();
+    }
+}
+
+/* A dataset whose read() crashes on every batch in the children (not a sample's fault: get()
+ * one sample at a time makes each batch): each worker's first batch finds it out (one restart),
+ * and its batches are then made with get(), queued ones included: one restart a worker, no
+ * sample blamed, every sample delivered once. */
+static void test_read_always_crashes(void **state)
+{
+    (void)state;
+    for (int workers = 1; workers <= 2; workers++) {
+        reset_shared(0);
+        sh->read_crash = 1;
+        static run r;
+        run_epoch("skip", workers, 2, workers == 2, 1, &r);
+        assert_int_equal(r.rc, STOKE_EEND);
+        assert_int_equal(r.n, N);
+        for (int i = 0; i < N; i++)
+            assert_int_equal(r.seen[i], 1);
+        assert_int_equal(r.st.bad_samples, 0);
+        if (r.st.worker_restarts != (uint64_t)workers)
+            fail_msg("workers %d: %" PRIu64 " restarts, not one a worker", workers,
+                     r.st.worker_restarts);
+        int reads = 0;
+        for (int k = 0; k < NB; k++)
+            reads += atomic_load(&sh->reads[k]);
+        assert_int_equal(reads, workers); /* each worker's first batch */
+    }
 }
 
 /* Linked with -Wl,--wrap=send (test_procworkers_pipe.cmake): the library's send() comes here.
@@ -581,6 +623,7 @@ int main(void)
         cmocka_unit_test_setup(test_bad_samples_in_flight, setup),
         cmocka_unit_test_setup(test_destroy_two_in_flight, setup),
         cmocka_unit_test_setup(test_reposition_two_in_flight, setup),
+        cmocka_unit_test_setup(test_read_always_crashes, setup),
         cmocka_unit_test_setup(test_send_fails_reply_queued, setup),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

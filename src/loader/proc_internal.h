@@ -22,6 +22,7 @@ typedef struct proc_req {
     stoke_batch *b;
     uint64_t seed, epoch, t0; /* t0: when it was dispatched */
     int sent;                 /* sent to the current child (the sent ones come first) */
+    uint32_t flags;           /* its request's flags, as sent (or to be sent) */
 } proc_req;
 
 typedef struct wreq { /* parent -> child: a batch */
@@ -44,6 +45,8 @@ typedef struct proc_w {
     wreq req;                 /* the oldest's request, with its crash state */
     int send_closed;          /* a send failed: the child closed its end (died); the replies it
                                  sent before are still read, then its end of file */
+    int no_read;              /* a read() crash that was no sample's (get() one at a time made
+                                 the batch): this worker's batches are made with get() */
     uint64_t last_t, stop_t0; /* when the last reply was taken; when destroy was first seen */
 } proc_w;
 
@@ -79,7 +82,9 @@ typedef struct zrep {
     uint32_t seq; /* the request's */
 } zrep;
 
-enum { F_NO_READ = 1 };
+/* F_NO_READ: the child makes the batch with get(), one sample at a time; F_READ_CRASHED (the
+ * parent's, ignored by the child): the batch's read() crashed, the rerun looks for the sample */
+enum { F_NO_READ = 1, F_READ_CRASHED = 2 };
 
 enum { M_BAD = 1, M_DONE = 2 };
 typedef struct wmsg {

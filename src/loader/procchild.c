@@ -61,8 +61,8 @@ static void child_main(stoke_loader *l, int wid, int fd, pid_t zygote)
     l->ds.get = w_get;
     /* the dataset's batch call: off for a request that reruns a crashed batch to find its
      * sample (F_NO_READ: one get() at a time), on again for the requests after it */
-    int (*const read)(void *, const uint64_t *, size_t, const stoke_slots *, int, char *, size_t,
-                      uint64_t *) = l->ds.read;
+    int (*const ds_read)(void *, const uint64_t *, size_t, const stoke_slots *, int, char *, size_t,
+                         uint64_t *) = l->ds.read;
     l->caller.wid = wid; /* this process's producer: its copy of the caller's, for worker wid */
     l->caller.busy = &l->proc->ctl[wid]; /* its marks, which the parent reads (plan.marks) */
     int init_rc = l->ds.worker_init ? l->ds.worker_init(l->ds.user, wid, l->nworkers) : STOKE_OK;
@@ -88,7 +88,7 @@ static void child_main(stoke_loader *l, int wid, int fd, pid_t zygote)
         b->seq = req->seq;
         l->caller.seed = req->seed;
         l->caller.epoch = req->epoch;
-        l->ds.read = req->flags & F_NO_READ ? NULL : read;
+        l->ds.read = req->flags & F_NO_READ ? NULL : ds_read;
         int rc = init_rc;
         if (atomic_load(&l->proc->ctl[wid].stop)) { /* destroy: a request queued behind */
             rc = STOKE_ECANCELED;

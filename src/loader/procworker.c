@@ -22,7 +22,9 @@
  *                     and reaped: zreq {FORGET, pid}).  zreq {EXIT} (destroy) or EOF: the
  *                     zygote SIGKILLs its children (idle at destroy; a dead loader's must
  *                     stop at once), reaps them and exits.
- *   parent -> child:  wreq (a batch: handle, slot, seq, seed, epoch, flags, poisoned samples);
+ *   parent -> child:  wreq (a batch: handle, slot, seq, seed, epoch, its run's gen, flags,
+ *                     poisoned samples); a request whose gen is not the run in the child's
+ *                     busy marks (stoke__proc_abandoned) is answered ECANCELED, not made;
  *                     the child calls the dataset's set_epoch when the epoch is not the one its
  *                     copy of the dataset was last set to (create's call, made before the
  *                     zygote forks, then its own: the parent's later calls reach only the
@@ -409,6 +411,7 @@ static void head_req(stoke_loader *l, proc_w *w)
 {
     const proc_req *r = &w->q[w->head];
     memset(&w->req, 0, offsetof(wreq, poison));
+    w->req.flags = r->flags;
     w->req.bi = (int32_t)(r->b - l->bat);
     w->req.si = (int32_t)(r->b->host - l->slots);
     w->req.seq = r->b->seq;
@@ -433,7 +436,12 @@ static void pump(stoke_loader *l, proc_w *w)
         wreq younger;
         const wreq *req = &w->req;
         if (i) { /* never started: no crash state (and no poison: all of it zeroed) */
+            /* with get() while the oldest looks for the sample its read() crashed on: a read()
+             * that crashes on every batch costs one restart, not one a batch */
+            r->flags =
+                w->no_read || ((w->req.flags & F_READ_CRASHED) && !w->req.npoison) ? F_NO_READ : 0;
             memset(&younger, 0, sizeof(younger));
+            younger.flags = r->flags;
             younger.bi = (int32_t)(r->b - l->bat);
             younger.si = (int32_t)(r->b->host - l->slots);
             younger.seq = r->b->seq;
@@ -540,10 +548,11 @@ static int after_crash(stoke_loader *l, stoke_batch *b, int wid, wreq *req, cons
     if (idx == UINT64_MAX)
         return STOKE_OK; /* not in a dataset call (killed from outside): run the batch again */
     if (in_batch && !(req->flags & F_NO_READ)) {
-        req->flags |= F_NO_READ; /* find the sample: again, one get() at a time */
+        req->flags |= F_NO_READ | F_READ_CRASHED; /* find the sample: one get() at a time */
         return STOKE_OK;
     }
     if (l->o.on_error != STOKE_ON_ERROR_ERROR && req->npoison < POISON_MAX) {
+        req->flags |= F_NO_READ; /* only get() fails the poisoned samples (w_get) */
         req->poison[req->npoison] = idx;
         stoke__strlcpy(req->pmsg[req->npoison++], why, sizeof(req->pmsg[0]));
         return STOKE_OK;
@@ -574,7 +583,11 @@ void stoke__proc_send(stoke_loader *l, stoke_batch *b, stoke__producer *pr)
     STOKE__LOADER_ASSERT(pr->w != NULL && w->n < p->depth);
     stoke__loader_batch_start(l, b, pr);
     proc_req *r = &w->q[(w->head + w->n++) % p->depth];
-    *r = (proc_req){.b = b, .seed = pr->seed, .epoch = pr->epoch, .t0 = stoke__now_ns()};
+    *r = (proc_req){.b = b,
+                    .seed = pr->seed,
+                    .epoch = pr->epoch,
+                    .t0 = stoke__now_ns(),
+                    .flags = w->no_read ? F_NO_READ : 0};
     if (w->n == 1)
         head_req(l, w);
     if (w->fd >= 0) /* else the wait starts a child */
@@ -605,9 +618,14 @@ stoke_batch *stoke__proc_take(stoke_loader *l, stoke__producer *pr, int wakeable
     char msg[256] = "";
     for (;;) {
         int rc = STOKE_OK;
+        /* (b->gen: set at dispatch, unchanged while FILLING; ctl gen: stoke__proc_abandoned) */
+        int abandoned = b->gen != atomic_load(&p->ctl[wid].gen);
         if (w->fd < 0 && atomic_load(&p->stopping)) { /* no new child at destroy */
             rc = STOKE_ECANCELED;
             stoke__strlcpy(msg, "the loader is being destroyed", sizeof(msg));
+        } else if (w->fd < 0 && abandoned) { /* nor to answer that a batch is not wanted */
+            rc = STOKE_ECANCELED;
+            stoke__strlcpy(msg, "its run was abandoned", sizeof(msg));
         } else if (w->fd < 0) {
             rc = spawn(l, wid, msg, sizeof(msg));
         }
@@ -630,8 +648,23 @@ stoke_batch *stoke__proc_take(stoke_loader *l, stoke__producer *pr, int wakeable
             break;
         }
         stoke__log(STOKE_LOG_WARN, "loader: worker %d: %s", wid, msg);
+        if (b->gen != atomic_load(&p->ctl[wid].gen)) { /* not run again: nobody wants it */
+            atomic_store(&p->ctl[wid].since, 0);
+            stoke__batch_failed(b, STOKE_ECANCELED, first, "its run was abandoned");
+            break;
+        }
         if (after_crash(l, b, wid, &w->req, msg) != STOKE_OK)
             break;
+    }
+    if ((w->req.flags & F_READ_CRASHED) && !w->req.npoison && !w->no_read &&
+        b->status == STOKE_OK) {
+        /* its read() crashed, get() one sample at a time did not: read() is what crashes */
+        w->no_read = 1;
+        stoke__log(STOKE_LOG_WARN,
+                   "loader: worker %d: dataset %s's read() crashed on batch %" PRIu64
+                   " where get() one sample at a time did not: this worker makes its batches "
+                   "with get() from now on",
+                   wid, l->ds.name, b->seq);
     }
     if (l->o.device && b->status == STOKE_OK && b->count)
         stoke__loader_copy_batch(l, b);

@@ -418,7 +418,8 @@ static void complete_quiet(stoke_loader *l, stoke_batch *b, uint64_t busy_ns)
     STOKE__LOADER_ASSERT_MU(l);
     STOKE__LOADER_ASSERT(l->filling > 0);
     l->st_busy_ns += busy_ns;
-    l->busy_avg = l->busy_avg ? (l->busy_avg * 7 + busy_ns) / 8 : busy_ns;
+    if (b->gen == l->gen) /* (an abandoned run's may have been answered without being made) */
+        l->busy_avg = l->busy_avg ? (l->busy_avg * 7 + busy_ns) / 8 : busy_ns;
     l->filling--;
     atomic_fetch_add_explicit(&l->events, 1, memory_order_release);
     if (l->o.device && b->copied)
