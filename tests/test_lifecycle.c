@@ -246,6 +246,53 @@ static void test_set_epoch_mid_epoch(void **state)
     tds_free(&t);
 }
 
+/* A reposition stops the batches of the run it abandons between two samples: the worker held
+ * in sample 16 (batch 2 of 8) by the gate, opened 300 ms after set_epoch began, makes no sample
+ * after it (nor batch 3, which its group may hold); the new epoch runs whole. */
+static _Atomic int gets_at_set_epoch;
+static int record_gets(void *user, uint64_t epoch)
+{
+    (void)epoch;
+    atomic_store(&gets_at_set_epoch, atomic_load(&((tds *)user)->gets));
+    return STOKE_OK;
+}
+
+static void *open_gate_later(void *arg)
+{
+    tu_sleep_ms(300);
+    tds_open_gate(arg);
+    return NULL;
+}
+
+static void test_set_epoch_stops_between_samples(void **state)
+{
+    (void)state;
+    for (int persistent = 0; persistent <= 1; persistent++) {
+        tds t;
+        stoke_dataset ds;
+        tds_make(&t, &ds, 64);
+        t.slow_index = 16;
+        ds.set_epoch = record_gets;
+        stoke_loader_opts o = opts(1, 1, 8);
+        o.shuffle = 0;
+        o.persistent_workers = persistent;
+        stoke_loader *l;
+        assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+        tds_skip(l, 2);
+        while (atomic_load(&t.gets) < 17) /* the worker is in sample 16 */
+            tu_sleep_ms(1);
+        pthread_t th;
+        assert_int_equal(pthread_create(&th, NULL, open_gate_later, &t), 0);
+        assert_int_equal(stoke_loader_set_epoch(l, 1), STOKE_OK);
+        pthread_join(th, NULL);
+        /* samples 0..16 (the reposition's wait ends after 16), not 17.. */
+        assert_int_equal(atomic_load(&gets_at_set_epoch), 17);
+        run_epoch(l, REL_AT_ONCE, 64, 1);
+        stoke_loader_destroy(l);
+        tds_free(&t);
+    }
+}
+
 /* A failing sample ends the epoch (the batch goes DONE -> FREE, the run is abandoned); the next
  * epoch runs whole. */
 static void test_failed_batch(void **state)
@@ -436,6 +483,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_states),
         cmocka_unit_test(test_map_modes),
         cmocka_unit_test(test_set_epoch_mid_epoch),
+        cmocka_unit_test(test_set_epoch_stops_between_samples),
         cmocka_unit_test(test_failed_batch),
         cmocka_unit_test(test_device),
         cmocka_unit_test(test_iterable),

@@ -275,8 +275,9 @@ typedef struct stoke__busy {
     _Atomic uint64_t since; /* start of that dataset call (ns); 0: none in progress */
     _Atomic int in_batch;   /* the call is read() (index: its first sample) */
     _Atomic int stop;       /* process workers: destroy began, the child starts no batch more */
-    _Atomic uint64_t gen;   /* process workers: the loader's run (l->gen) since its last abandon:
-                               a request of an older run is answered, not made */
+    _Atomic uint64_t gen;   /* the loader's run (l->gen), written by abandon: a batch of another
+                               run stops between two samples (fill_samples), and a process
+                               worker's request of another run is answered, not made */
 } stoke__busy;
 
 typedef struct stoke__producer {
@@ -674,9 +675,6 @@ int stoke__proc_in_flight(const stoke_loader *l, int wid);
 void stoke__proc_send(stoke_loader *l, stoke_batch *b, stoke__producer *p);
 stoke_batch *stoke__proc_take(stoke_loader *l, stoke__producer *p, int wakeable, uint64_t *busy_ns);
 void stoke__proc_wake(stoke_loader *l);
-/* (mu) abandon, after l->gen moved: the children answer the older runs' requests they have not
- * started without making them (none when l has no process workers). */
-void stoke__proc_abandoned(stoke_loader *l);
 /* destroy: before the worker threads are joined (a child stuck in a sample gets SIGKILLed). */
 void stoke__proc_stopping(stoke_loader *l);
 /* destroy, after the threads were joined: ends and reaps every process, unmaps the buffers. */

@@ -86,6 +86,7 @@ static void child_main(stoke_loader *l, int wid, int fd, pid_t zygote)
         stoke_batch *b = &l->bat[req->bi];
         b->host = &l->slots[req->si];
         b->seq = req->seq;
+        b->gen = req->gen; /* (this process's copy of b: the parent's gen is in the request) */
         l->caller.seed = req->seed;
         l->caller.epoch = req->epoch;
         l->ds.read = req->flags & F_NO_READ ? NULL : ds_read;

@@ -24,7 +24,7 @@
  *                     stop at once), reaps them and exits.
  *   parent -> child:  wreq (a batch: handle, slot, seq, seed, epoch, its run's gen, flags,
  *                     poisoned samples); a request whose gen is not the run in the child's
- *                     busy marks (stoke__proc_abandoned) is answered ECANCELED, not made;
+ *                     busy marks (stoke__loader_abandon) is answered ECANCELED, not made;
  *                     the child calls the dataset's set_epoch when the epoch is not the one its
  *                     copy of the dataset was last set to (create's call, made before the
  *                     zygote forks, then its own: the parent's later calls reach only the
@@ -618,7 +618,7 @@ stoke_batch *stoke__proc_take(stoke_loader *l, stoke__producer *pr, int wakeable
     char msg[256] = "";
     for (;;) {
         int rc = STOKE_OK;
-        /* (b->gen: set at dispatch, unchanged while FILLING; ctl gen: stoke__proc_abandoned) */
+        /* (b->gen: set at dispatch, unchanged while FILLING; ctl gen: stoke__loader_abandon) */
         int abandoned = b->gen != atomic_load(&p->ctl[wid].gen);
         if (w->fd < 0 && atomic_load(&p->stopping)) { /* no new child at destroy */
             rc = STOKE_ECANCELED;
@@ -675,16 +675,6 @@ stoke_batch *stoke__proc_take(stoke_loader *l, stoke__producer *pr, int wakeable
     if (--w->n)
         head_req(l, w);
     return b;
-}
-
-void stoke__proc_abandoned(stoke_loader *l)
-{
-    STOKE__LOADER_ASSERT_MU(l);
-    /* the requests of the abandoned run that a child has not started are answered at once,
-     * not made: a reposition (set_epoch, a new iteration after a break) or an error waits for
-     * one batch a child, not prefetch_factor */
-    for (int i = 0; l->proc && l->proc->ctl && i < l->nworkers; i++)
-        atomic_store(&l->proc->ctl[i].gen, l->gen);
 }
 
 void stoke__proc_stopping(stoke_loader *l)

@@ -14,7 +14,13 @@ void stoke__loader_abandon(stoke_loader *l)
     STOKE__LOADER_ASSERT_MU(l);
     stoke__loader_reclaim(l);
     l->gen++;
-    stoke__proc_abandoned(l); /* process workers: their children start no batch of the old run */
+    /* into every worker's busy marks (a process worker's are its child's, shared): a batch of
+     * the old run stops between two samples, and a child answers the requests of the old run
+     * it has not started without making them.  The marks, not a field of the loader: each
+     * producer reads its own line between samples, which nothing else writes per sample. */
+    for (int i = 0; l->w && i < l->nw1; i++)
+        if (l->w[i].p.busy)
+            atomic_store_explicit(&l->w[i].p.busy->gen, l->gen, memory_order_relaxed);
     while (l->done) {
         stoke_batch *b = l->done;
         l->done = b->next;
