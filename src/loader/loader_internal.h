@@ -280,6 +280,15 @@ typedef struct stoke__busy {
                                worker's request of another run is answered, not made */
 } stoke__busy;
 
+/* Whether a batch of run `gen` is no longer wanted, by the producer's busy marks m: its run was
+ * abandoned (a reposition, an error that ended the epoch, destroy: stoke__loader_abandon), or
+ * destroy began (a process worker's `stop`).  Read between two samples and before a request. */
+static inline int stoke__run_abandoned(stoke__busy *m, uint64_t gen)
+{
+    return atomic_load_explicit(&m->gen, memory_order_relaxed) != gen ||
+           atomic_load_explicit(&m->stop, memory_order_relaxed);
+}
+
 typedef struct stoke__producer {
     int wid;                 /* the dataset's worker argument */
     struct stoke__worker *w; /* a worker thread's record (ITERABLE: its share), or NULL */

@@ -91,12 +91,9 @@ static void child_main(stoke_loader *l, int wid, int fd, pid_t zygote)
         l->caller.epoch = req->epoch;
         l->ds.read = req->flags & F_NO_READ ? NULL : ds_read;
         int rc = init_rc;
-        if (atomic_load(&l->proc->ctl[wid].stop)) { /* destroy: a request queued behind */
+        if (stoke__run_abandoned(&l->proc->ctl[wid], req->gen)) { /* queued behind, not wanted */
             rc = STOKE_ECANCELED;
-            stoke__fmt(why, sizeof(why), "the loader is being destroyed");
-        } else if (req->gen != atomic_load(&l->proc->ctl[wid].gen)) { /* its run was abandoned */
-            rc = STOKE_ECANCELED;
-            stoke__fmt(why, sizeof(why), "its run was abandoned (a reposition, or an error)");
+            stoke__fmt(why, sizeof(why), "its run was abandoned (a reposition, an error, destroy)");
         } else if (rc != STOKE_OK) {
             stoke__fmt(why, sizeof(why), "worker_init failed in worker process %d (%s)",
                        (int)getpid(), stoke_err_name(rc));

@@ -618,12 +618,11 @@ stoke_batch *stoke__proc_take(stoke_loader *l, stoke__producer *pr, int wakeable
     char msg[256] = "";
     for (;;) {
         int rc = STOKE_OK;
-        /* (b->gen: set at dispatch, unchanged while FILLING; ctl gen: stoke__loader_abandon) */
-        int abandoned = b->gen != atomic_load(&p->ctl[wid].gen);
         if (w->fd < 0 && atomic_load(&p->stopping)) { /* no new child at destroy */
             rc = STOKE_ECANCELED;
             stoke__strlcpy(msg, "the loader is being destroyed", sizeof(msg));
-        } else if (w->fd < 0 && abandoned) { /* nor to answer that a batch is not wanted */
+        } else if (w->fd < 0 && stoke__run_abandoned(&p->ctl[wid], b->gen)) {
+            /* nor to answer that a batch is not wanted (b->gen: unchanged while FILLING) */
             rc = STOKE_ECANCELED;
             stoke__strlcpy(msg, "its run was abandoned", sizeof(msg));
         } else if (w->fd < 0) {
@@ -648,7 +647,7 @@ stoke_batch *stoke__proc_take(stoke_loader *l, stoke__producer *pr, int wakeable
             break;
         }
         stoke__log(STOKE_LOG_WARN, "loader: worker %d: %s", wid, msg);
-        if (b->gen != atomic_load(&p->ctl[wid].gen)) { /* not run again: nobody wants it */
+        if (stoke__run_abandoned(&p->ctl[wid], b->gen)) { /* not run again: nobody wants it */
             atomic_store(&p->ctl[wid].since, 0);
             stoke__batch_failed(b, STOKE_ECANCELED, first, "its run was abandoned");
             break;

@@ -192,24 +192,15 @@ int stoke__loader_one_sample(stoke_loader *l, stoke_batch *b, stoke__producer *p
  * policy (badsample.c): skipped ones leave no slot (the rest move up), replaced ones change
  * their index.  MAP reads b->indices; ITERABLE fills them, and sets b->end when the worker's
  * share ended.  Sets b->count to the samples written. */
-/* Whether b's run was abandoned (a reposition, an error that ended the epoch, destroy): its
- * producer stops between two samples (the batch is recycled, never delivered).  The producer's
- * busy marks say (stoke__loader_abandon; a process worker's child: shared with the parent, which
- * also sets `stop` at destroy).  The caller's thread has none: nothing abandons a run while it
- * makes a batch. */
-static int run_abandoned(const stoke__producer *p, const stoke_batch *b)
-{
-    return p->busy && (atomic_load_explicit(&p->busy->gen, memory_order_relaxed) != b->gen ||
-                       atomic_load_explicit(&p->busy->stop, memory_order_relaxed));
-}
-
 static void fill_samples(stoke_loader *l, stoke_batch *b, stoke__producer *p)
 {
     uint64_t *idx = b->indices;
     char msg[STOKE__MSG_MAX];
     size_t out = 0; /* the slot; pos: the batch position read (they differ after a skip) */
     for (size_t pos = 0; l->iterable ? out < b->count : pos < b->count; pos++) {
-        if (run_abandoned(p, b)) {
+        /* a batch of an abandoned run stops here (recycled, never delivered); the caller's
+         * thread has no marks: nothing abandons a run while it makes a batch */
+        if (p->busy && stoke__run_abandoned(p->busy, b->gen)) {
             stoke__batch_failed(b, STOKE_ECANCELED, l->iterable ? UINT64_MAX : idx[pos],
                                 "its run was abandoned");
             return;
