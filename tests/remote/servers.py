@@ -2,10 +2,13 @@
 (Debian nginx-light) serving a directory, s3rver (npm, installed under tests/remote/node_modules
 by scripts/deps.sh) holding a bucket, and fault_server.py in front of a directory.  Each start_*
 returns a Server (port, stop(), log()) or raises Unavailable with the reason (the test skips)."""
+import http.client
 import os
+import re
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tarfile
@@ -84,6 +87,7 @@ http {{
     server {{
         listen 127.0.0.1:{port}{tls};
         root {root};{locations}
+        location = /.stoke-settle {{ return 204; }}
     }}
 }}
 """
@@ -134,25 +138,66 @@ def start_nginx(root, prefix, tls=None, extra="", locations=""):
     raise Unavailable("nginx did not start: %s" % open(os.path.join(prefix, "stderr.log")).read())
 
 
+SETTLE = "/.stoke-settle"
+_settled = [0]
+
+
+def settle(prefix):
+    """Wait until nginx (of prefix) has logged every request it has answered. nginx logs a
+    request after its last byte is sent, so a client can have the whole answer, and exit, before
+    the line is written: on a busy machine, a log read right after a run can miss the run's last
+    request, or a mark taken before a run count the previous run's last one as this run's. nginx
+    here is one process, one thread: once it has logged a request made after the client had its
+    answers, it has logged those too. (A transfer the client cut off is logged when nginx finds
+    the connection closed, which can be later: wait for those as the caller knows how.)"""
+    conf = open(os.path.join(prefix, "nginx.conf")).read()
+    port = int(re.search(r"listen 127\.0\.0\.1:(\d+)", conf).group(1))
+    _settled[0] += 1
+    uri = "%s?%d.%d" % (SETTLE, os.getpid(), _settled[0])
+    try:
+        if " ssl;" in conf:
+            c = http.client.HTTPSConnection("127.0.0.1", port, timeout=10,
+                                            context=ssl._create_unverified_context())
+        else:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        c.request("GET", uri)
+        c.getresponse().read()
+        c.close()
+    except OSError:
+        return  # nginx has stopped: what it logged is all there is
+    end = time.monotonic() + 10
+    for name in ("access.log", "timing.log"):
+        while uri not in open(os.path.join(prefix, name)).read():
+            if time.monotonic() > end:
+                raise AssertionError("nginx of %s did not log %s within 10 s" % (prefix, uri))
+            time.sleep(0.01)
+
+
 def access_log(prefix):
-    """nginx's access log as (connection, request number on it, status, range, uri) tuples."""
+    """nginx's access log as (connection, request number on it, status, range, uri) tuples,
+    once nginx has logged what it answered (settle)."""
+    settle(prefix)
     rows = []
     with open(os.path.join(prefix, "access.log")) as f:
         for line in f:
             c, n, st, rest = line.split(" ", 3)
             rng, uri = rest.rsplit(" ", 1)
-            rows.append((int(c), int(n), int(st), rng.strip('"'), uri.strip()))
+            if not uri.startswith(SETTLE):
+                rows.append((int(c), int(n), int(st), rng.strip('"'), uri.strip()))
     return rows
 
 
 def timings(prefix):
     """nginx's requests as (start, end, connection, status, uri) tuples, times in seconds
-    (millisecond resolution): when each request was received and its answer was sent."""
+    (millisecond resolution): when each request was received and its answer was sent; once
+    nginx has logged what it answered (settle)."""
+    settle(prefix)
     rows = []
     with open(os.path.join(prefix, "timing.log")) as f:
         for line in f:
             end, took, c, st, uri = line.split()
-            rows.append((float(end) - float(took), float(end), int(c), int(st), uri))
+            if not uri.startswith(SETTLE):
+                rows.append((float(end) - float(took), float(end), int(c), int(st), uri))
     return rows
 
 
