@@ -204,6 +204,11 @@ static PyObject *py_flush_warnings(PyObject *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+static PyObject *py_abandoned(PyObject *self, PyObject *unused)
+{
+    return PyBool_FromLong(stoke_dataset_abandoned());
+}
+
 static PyObject *py_stop_python_datasets(PyObject *self, PyObject *unused)
 {
     stoke_pyds_stop_all();
@@ -241,6 +246,9 @@ static PyMethodDef module_methods[] = {
     {"_cli_main", stoke_py_cli_main, METH_VARARGS, "Runs the stoke CLI; returns its status."},
     {"_pad_batch", stoke_py_pad_batch, METH_VARARGS,
      "The built-in padding of the drop-in DataLoader (private)."},
+    {"_abandoned", py_abandoned, METH_NOARGS,
+     "In a dataset call of a worker: whether its batch is no longer wanted (private; "
+     "stoke_dataset_abandoned)."},
     {"_stop_python_datasets", py_stop_python_datasets, METH_NOARGS,
      "For the exit hook: no Python dataset is called from now on."},
     {"_reap_stats", stoke_py_reap_stats, METH_NOARGS,

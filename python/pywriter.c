@@ -97,6 +97,8 @@ static int pyw_get(void *user, uint64_t index, void *const dst[], int64_t len[],
     block_release(view);
     PyGILState_Release(g);
     stoke_pyds_leave();
+    if (v < 0 && stoke_dataset_abandoned()) /* the batch was given up between two samples */
+        return STOKE_ECANCELED;
     return v < 0 ? STOKE_EDATA : STOKE_OK;
 }
 

@@ -293,6 +293,94 @@ static void test_set_epoch_stops_between_samples(void **state)
     }
 }
 
+/* A dataset that gives a sample up when its batch is no longer wanted: sample give_up_at waits
+ * (20 s at most) until stoke_dataset_abandoned says so; get_gives_up then returns
+ * STOKE_ECANCELED, read_gives_up finishes that sample and gives up before the next. */
+static _Atomic uint64_t give_up_at = DS_NONE;
+static _Atomic int saw_abandoned;
+static int wait_abandoned(uint64_t index)
+{
+    if (index != atomic_load(&give_up_at))
+        return 0;
+    for (int k = 0; k < 20000 && !stoke_dataset_abandoned(); k++)
+        tu_sleep_ms(1);
+    atomic_store(&saw_abandoned, stoke_dataset_abandoned());
+    return 1;
+}
+
+static int get_gives_up(void *user, uint64_t index, void *const dst[], int64_t lens[], int worker,
+                        char *msg, size_t msg_len)
+{
+    int rc = tds_get(user, index, dst, lens, worker, msg, msg_len);
+    if (rc == STOKE_OK && wait_abandoned(index)) {
+        snprintf(msg, msg_len, "gave sample %llu up", (unsigned long long)index);
+        return STOKE_ECANCELED;
+    }
+    return rc;
+}
+
+static int read_gives_up(void *user, const uint64_t *idx, size_t count, const stoke_slots *dst,
+                         int worker, char *msg, size_t msg_len, uint64_t *err_index)
+{
+    tds *t = user;
+    for (size_t j = 0; j < count; j++) {
+        if (stoke_dataset_abandoned()) {
+            snprintf(msg, msg_len, "gave the batch up before sample %llu",
+                     (unsigned long long)idx[j]);
+            *err_index = idx[j];
+            return STOKE_ECANCELED;
+        }
+        void *d[2];
+        stoke_slots_sample(dst, 2, t->fields, j, d);
+        int rc = tds_get(user, idx[j], d, NULL, worker, msg, msg_len);
+        if (rc != STOKE_OK) {
+            *err_index = idx[j];
+            return rc;
+        }
+        wait_abandoned(idx[j]);
+    }
+    return STOKE_OK;
+}
+
+/* A dataset's get() or read() that gives its batch up once stoke_dataset_abandoned says the run
+ * was abandoned (set_epoch, with a worker in sample 16 of batch 2): set_epoch returns when it
+ * did, the sample is not a bad one (on_error replace: no replacement read), nothing of the
+ * batch is read again, and the next epoch runs whole.  Outside a dataset call the answer is 0. */
+static void test_dataset_gives_up(void **state)
+{
+    (void)state;
+    assert_int_equal(stoke_dataset_abandoned(), 0);
+    for (int use_read = 0; use_read <= 1; use_read++) {
+        tds t;
+        stoke_dataset ds;
+        tds_make(&t, &ds, 64);
+        atomic_store(&give_up_at, 16);
+        ds.get = get_gives_up;
+        ds.read = use_read ? read_gives_up : NULL;
+        ds.set_epoch = record_gets;
+        stoke_loader_opts o = opts(1, 1, 8);
+        o.shuffle = 0;
+        assert_int_equal(stoke_on_error_parse("replace", &o), STOKE_OK);
+        atomic_store(&saw_abandoned, 0);
+        stoke_loader *l;
+        assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+        tds_skip(l, 2);
+        while (atomic_load(&t.gets) < 17) /* the worker is in sample 16 */
+            tu_sleep_ms(1);
+        assert_int_equal(stoke_dataset_abandoned(), 0); /* (this thread makes no batch) */
+        assert_int_equal(stoke_loader_set_epoch(l, 1), STOKE_OK);
+        assert_int_equal(atomic_load(&saw_abandoned), 1);
+        assert_int_equal(atomic_load(&gets_at_set_epoch), 17); /* 0..16: no 17.., no replacement */
+        atomic_store(&give_up_at, DS_NONE);
+        run_epoch(l, REL_AT_ONCE, 64, 1);
+        stoke_loader_stats st;
+        assert_int_equal(stoke_loader_get_stats(l, &st), STOKE_OK);
+        assert_int_equal(st.bad_samples, 0);
+        stoke_loader_destroy(l);
+        tds_free(&t);
+    }
+}
+
 /* A failing sample ends the epoch (the batch goes DONE -> FREE, the run is abandoned); the next
  * epoch runs whole. */
 static void test_failed_batch(void **state)
@@ -484,6 +572,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_map_modes),
         cmocka_unit_test(test_set_epoch_mid_epoch),
         cmocka_unit_test(test_set_epoch_stops_between_samples),
+        cmocka_unit_test(test_dataset_gives_up),
         cmocka_unit_test(test_failed_batch),
         cmocka_unit_test(test_device),
         cmocka_unit_test(test_iterable),

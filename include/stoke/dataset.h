@@ -219,6 +219,15 @@ STOKE_API void stoke_dataset_init(stoke_dataset *ds);
 /* Calls ds->close(ds->user) if set and zeroes *ds.  NULL does nothing.  Must not be called while
  * a loader created from the dataset still exists, nor twice concurrently on one dataset. */
 STOKE_API void stoke_dataset_close(stoke_dataset *ds);
+/* From inside a dataset's get(), read() or next() called by a worker (a thread or a process
+ * worker's child): 1 when the batch the call is for is no longer wanted -- its run was abandoned
+ * (stoke_loader_set_epoch, next_epoch or restore_state began, or the epoch ended with an error)
+ * or the loader is being destroyed; 0 otherwise, outside such a call, and in the caller's thread
+ * (num_workers 0: nothing abandons a run while it makes a batch).  A call that takes long (a
+ * read() of a whole batch, a batch of Python samples) may ask it between two samples and then
+ * return STOKE_ECANCELED: the batch is discarded, with no bad sample counted and nothing read
+ * again.  The loader itself asks it between two get()/next() calls.  Two atomic loads. */
+STOKE_API int stoke_dataset_abandoned(void);
 /* Fills field->itemsize (from dtype, overwriting it, unless RAW) and field->bytes from dtype,
  * ndim and shape (a 0 dimension gives 0 bytes; a ragged field counts max_len units).  Returns
  * STOKE_OK; STOKE_EINVAL for field NULL, an unknown dtype, RAW with itemsize 0, a negative

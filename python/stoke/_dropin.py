@@ -86,6 +86,12 @@ MAIL_ENTRY = MAILBOX // MAIL_ENTRIES
 _NP_KINDS = "biufc"  # numeric and bool arrays go into the block; others are pickled
 
 
+class _Abandoned(Exception):
+    """Raised between two samples of a batch nobody wants any more (its run was abandoned: a
+    new iteration, set_epoch, a restored state, an error that ended the epoch, the loader's
+    end): the C loader discards the batch (stoke_dataset_abandoned)."""
+
+
 class _Overflow(Exception):
     def __init__(self, need):
         super().__init__(need)
@@ -1055,22 +1061,31 @@ class _Writer:
         out = []
         ds, wk = self.dataset, self.worker
         cur = self.plan.cur_mv if wk >= 0 else None  # a worker that dies names its sample
+        gone = _stoke._abandoned  # asked before each sample: a batch nobody wants stops there
         if self.rows and block is not None:
             outs = {}  # path: the batch's tensor
             n = len(indices)
             for k, j in enumerate(indices):
+                if gone():
+                    raise _Abandoned()
                 where[0] = j
                 if cur is not None:
                     cur[wk] = j
                 out.append(self.row(block, outs, ds[j], "", k, n))
         elif cur is not None:
             for j in indices:
+                if gone():
+                    raise _Abandoned()
                 where[0] = cur[wk] = j
                 out.append(ds[j])
         else:
             for j in indices:
+                if gone():
+                    raise _Abandoned()
                 where[0] = j
                 out.append(ds[j])
+        if gone():  # (nor collated)
+            raise _Abandoned()
         where[0] = None  # collate's errors are the batch's, not its last sample's
         return out
 
@@ -1152,6 +1167,8 @@ class _Writer:
         except _Overflow as o:
             struct.pack_into("<QQ", view, 0, MAGIC_OVER, o.need)
             return 16
+        except _Abandoned:
+            return "its run was abandoned"  # (pyw_get: STOKE_ECANCELED)
         except Exception as e:  # noqa: BLE001 - the consumer re-raises it
             return self.fail(i, worker, e, where[0])
 

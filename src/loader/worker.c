@@ -211,6 +211,11 @@ static void fill_samples(stoke_loader *l, stoke_batch *b, stoke__producer *p)
             b->end = 1;
             break;
         }
+        if (rc == STOKE_ECANCELED && p->busy && stoke__run_abandoned(p->busy, b->gen)) {
+            /* the dataset gave the sample up (stoke_dataset_abandoned): not a bad sample */
+            stoke__batch_failed(b, STOKE_ECANCELED, got, "its run was abandoned");
+            return;
+        }
         if (rc != STOKE_OK)
             rc = stoke__bad_sample(l, b, p, out, &got, rc, msg, sizeof(msg));
         if (rc == STOKE__BAD_SKIPPED)
@@ -243,6 +248,11 @@ static void fill_read(stoke_loader *l, stoke_batch *b, stoke__producer *p)
     uint64_t t0 = busy_begin(l, p, b->indices[0], 1);
     int rc = l->ds.read(l->ds.user, b->indices, n, &slots, p->wid, msg, sizeof(msg), &err_index);
     rc = busy_end(l, p, t0, rc, msg, sizeof(msg));
+    if (rc == STOKE_ECANCELED && p->busy && stoke__run_abandoned(p->busy, b->gen)) {
+        /* read() gave the batch up (stoke_dataset_abandoned): nothing to find sample by sample */
+        stoke__batch_failed(b, STOKE_ECANCELED, err_index, "its run was abandoned");
+        return;
+    }
     const int nf = l->ds.nfields;
     for (size_t j = 0; rc == STOKE_OK && l->nragged && j < n; j++)
         if ((rc = take_lengths(l, b, j, a->len + j * (size_t)nf, msg, sizeof(msg))) != STOKE_OK)
@@ -401,6 +411,18 @@ static void look_ahead(stoke_loader *l, stoke__producer *p, uint64_t seq)
     }
 }
 
+/* The batch this thread is making, for stoke_dataset_abandoned: its producer's busy marks (NULL:
+ * none is being made, or the caller's thread makes it) and its run. */
+static _Thread_local struct {
+    stoke__busy *marks;
+    uint64_t gen;
+} making;
+
+int stoke_dataset_abandoned(void)
+{
+    return making.marks && stoke__run_abandoned(making.marks, making.gen);
+}
+
 /* The fill pipeline: indices, the dataset's reads (read() for the batch, else get()/next() per
  * sample, bad samples through the policy), then finish_batch. */
 void stoke__loader_fill_batch(stoke_loader *l, stoke_batch *b, stoke__producer *p)
@@ -409,10 +431,13 @@ void stoke__loader_fill_batch(stoke_loader *l, stoke_batch *b, stoke__producer *
     if (!l->iterable && batch_indices(l, b, p) != STOKE_OK)
         return;
     look_ahead(l, p, b->seq + 1); /* (after b's indices left the run) */
+    making.marks = p->busy;
+    making.gen = b->gen;
     if (!l->iterable && l->ds.read)
         fill_read(l, b, p);
     else
         fill_samples(l, b, p);
+    making.marks = NULL;
     finish_batch(l, b);
 }
 
@@ -628,7 +653,11 @@ static int make_scattered(stoke_loader *l, stoke_batch *const *b, int n, stoke__
     char msg[STOKE__MSG_MAX];
     msg[0] = '\0';
     uint64_t err_index = run[0];
-    return l->ds.read(l->ds.user, run, total, &slots, p->wid, msg, sizeof(msg), &err_index);
+    making.marks = p->busy; /* (one run for the group: dispatched under one hold of `mu`) */
+    making.gen = b[0]->gen;
+    int rc = l->ds.read(l->ds.user, run, total, &slots, p->wid, msg, sizeof(msg), &err_index);
+    making.marks = NULL;
+    return rc;
 }
 
 int stoke__loader_make_group(stoke_loader *l, stoke__producer *p, uint64_t *clock)

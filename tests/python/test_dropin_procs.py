@@ -528,6 +528,68 @@ def break_then_iterate_again():
         no_children_within(15, what)
 
 
+class WaitsForTheBreak(Rows):
+    """Rows whose sample `at` (the first time only) waits until its batch is no longer wanted,
+    as the worker sees it (stoke._stoke._abandoned, 20 s at most); every sample a worker makes
+    is logged to `log` ("index"; "SAW" when the wait saw the batch given up)."""
+
+    def __init__(self, n, at, log):
+        super().__init__(n)
+        self.at, self.log = at, log
+
+    def note(self, text):
+        fd = os.open(self.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        os.write(fd, (text + "\n").encode())
+        os.close(fd)
+
+    def __getitem__(self, i):
+        self.note(str(i))
+        if i == self.at and not os.path.exists(self.log + ".waited"):
+            open(self.log + ".waited", "w").close()
+            import stoke._stoke as C
+            end = time.monotonic() + 20
+            while not C._abandoned() and time.monotonic() < end:
+                time.sleep(0.002)
+            if C._abandoned():
+                self.note("SAW")
+        return super().__getitem__(i)
+
+
+@case
+def break_stops_the_batch_between_samples():
+    """A break, then a new `for`, while a worker is in the middle of a batch of slow samples: the
+    worker stops that batch before its next sample (it does not make the rest of a batch
+    nobody wants, nor the batches queued behind it), and the new epoch is whole; with process
+    and thread workers, persistent or not."""
+    ref = epoch(L.TorchLoader(Rows(64), batch_size=8))
+    for kw in ({}, {"persistent_workers": True}, {"worker_mode": "threads"}):
+        what = "break while a worker waits in sample 9 %s" % kw
+        log = os.path.join(T.tmpdir(), "made")
+        ds = WaitsForTheBreak(64, 9, log)
+        loader = L.Loader(ds, batch_size=8, num_workers=1, **kw)
+        for b in loader:
+            end = time.monotonic() + 20
+            while not os.path.exists(log + ".waited") and time.monotonic() < end:
+                time.sleep(0.002)
+            break  # batch 0; the worker is in batch 1 (8..15), waiting in sample 9
+        del b
+        got = epoch(loader)
+        check_sequential(ref, got, what)
+        del loader
+        gc.collect()
+        made = open(log).read().split()
+        T.check("SAW" in made, "%s: the worker never saw its batch given up: %s" % (what, made))
+        counts = {i: made.count(str(i)) for i in range(64)}
+        # 9 made in the batch given up and in the new epoch; 10.. (the rest of that batch and
+        # the batches queued behind it) in the new epoch only (0..7 may also have been made
+        # while the loader measured its batches)
+        again = sorted(i for i in range(10, 64) if counts[i] != 1)
+        T.check(counts[9] >= 2 and not again,
+                "%s: made other than once: %s; sample 9 %d times; all: %s"
+                % (what, {i: counts[i] for i in again}, counts[9], made))
+        no_children_within(15, what)
+
+
 class FreezeCount(Dataset):
     """Sample i: (i, the frozen objects' count where __getitem__ runs)."""
 
