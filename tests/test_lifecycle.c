@@ -294,9 +294,11 @@ static void test_set_epoch_stops_between_samples(void **state)
 }
 
 /* A dataset that gives a sample up when its batch is no longer wanted: sample give_up_at waits
- * (20 s at most) until stoke_dataset_abandoned says so; get_gives_up then returns
- * STOKE_ECANCELED, read_gives_up finishes that sample and gives up before the next. */
+ * (20 s at most) until stoke_dataset_abandoned says so; get_gives_up then returns give_up_rc
+ * (STOKE_ECANCELED; STOKE_EDATA: a sample that fails by itself just then), read_gives_up
+ * finishes that sample and gives up before the next. */
 static _Atomic uint64_t give_up_at = DS_NONE;
+static _Atomic int give_up_rc = STOKE_ECANCELED;
 static _Atomic int saw_abandoned;
 static int wait_abandoned(uint64_t index)
 {
@@ -314,7 +316,7 @@ static int get_gives_up(void *user, uint64_t index, void *const dst[], int64_t l
     int rc = tds_get(user, index, dst, lens, worker, msg, msg_len);
     if (rc == STOKE_OK && wait_abandoned(index)) {
         snprintf(msg, msg_len, "gave sample %llu up", (unsigned long long)index);
-        return STOKE_ECANCELED;
+        return atomic_load(&give_up_rc);
     }
     return rc;
 }
@@ -345,12 +347,16 @@ static int read_gives_up(void *user, const uint64_t *idx, size_t count, const st
 /* A dataset's get() or read() that gives its batch up once stoke_dataset_abandoned says the run
  * was abandoned (set_epoch, with a worker in sample 16 of batch 2): set_epoch returns when it
  * did, the sample is not a bad one (on_error replace: no replacement read), nothing of the
- * batch is read again, and the next epoch runs whole.  Outside a dataset call the answer is 0. */
+ * batch is read again, and the next epoch runs whole; a sample that fails by itself in a batch
+ * nobody wants gets no replacement candidates read either.  Outside a dataset call the answer
+ * is 0. */
 static void test_dataset_gives_up(void **state)
 {
     (void)state;
     assert_int_equal(stoke_dataset_abandoned(), 0);
-    for (int use_read = 0; use_read <= 1; use_read++) {
+    for (int variant = 0; variant < 3; variant++) {
+        int use_read = variant == 1;
+        atomic_store(&give_up_rc, variant == 2 ? STOKE_EDATA : STOKE_ECANCELED);
         tds t;
         stoke_dataset ds;
         tds_make(&t, &ds, 64);

@@ -1056,12 +1056,15 @@ class _Writer:
     def fetch(self, indices, where, block=None):
         if self.rows_path:
             return None
+        gone = _stoke._abandoned  # asked before each sample: a batch nobody wants stops there
         if self.getitems is not None:
-            return self.getitems(indices)
+            out = self.getitems(indices)  # (one call: not cut)
+            if gone():  # (nor collated)
+                raise _Abandoned()
+            return out
         out = []
         ds, wk = self.dataset, self.worker
         cur = self.plan.cur_mv if wk >= 0 else None  # a worker that dies names its sample
-        gone = _stoke._abandoned  # asked before each sample: a batch nobody wants stops there
         if self.rows and block is not None:
             outs = {}  # path: the batch's tensor
             n = len(indices)

@@ -52,6 +52,8 @@ static int replace(stoke_loader *l, stoke_batch *b, stoke__producer *p, size_t s
     uint64_t n = l->ds.length ? l->ds.length(l->ds.user) : 0;
     char tmp[STOKE__MSG_MAX];
     for (unsigned k = 0; k < STOKE_REPLACE_TRIES && n > 1; k++) {
+        if (p->busy && stoke__run_abandoned(p->busy, b->gen))
+            break; /* nobody wants the batch: no more candidates read for it */
         /* candidate k for sample *idx: a hash of (seed, index, k) */
         uint64_t r = stoke__mix64(l->o.seed ^ stoke__mix64(*idx * 0x9E3779B97F4A7C15u + k + 1)) % n;
         if (r == *idx)

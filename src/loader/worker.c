@@ -413,10 +413,11 @@ static void look_ahead(stoke_loader *l, stoke__producer *p, uint64_t seq)
 
 /* The batch this thread is making, for stoke_dataset_abandoned: its producer's busy marks (NULL:
  * none is being made, or the caller's thread makes it) and its run. */
-static _Thread_local struct {
+typedef struct making_t {
     stoke__busy *marks;
     uint64_t gen;
-} making;
+} making_t;
+static _Thread_local making_t making;
 
 int stoke_dataset_abandoned(void)
 {
@@ -431,13 +432,14 @@ void stoke__loader_fill_batch(stoke_loader *l, stoke_batch *b, stoke__producer *
     if (!l->iterable && batch_indices(l, b, p) != STOKE_OK)
         return;
     look_ahead(l, p, b->seq + 1); /* (after b's indices left the run) */
+    making_t outer = making;      /* (a dataset that runs a loader of its own inside) */
     making.marks = p->busy;
     making.gen = b->gen;
     if (!l->iterable && l->ds.read)
         fill_read(l, b, p);
     else
         fill_samples(l, b, p);
-    making.marks = NULL;
+    making = outer;
     finish_batch(l, b);
 }
 
@@ -653,10 +655,11 @@ static int make_scattered(stoke_loader *l, stoke_batch *const *b, int n, stoke__
     char msg[STOKE__MSG_MAX];
     msg[0] = '\0';
     uint64_t err_index = run[0];
+    making_t outer = making;
     making.marks = p->busy; /* (one run for the group: dispatched under one hold of `mu`) */
     making.gen = b[0]->gen;
     int rc = l->ds.read(l->ds.user, run, total, &slots, p->wid, msg, sizeof(msg), &err_index);
-    making.marks = NULL;
+    making = outer;
     return rc;
 }
 
@@ -679,7 +682,14 @@ int stoke__loader_make_group(stoke_loader *l, stoke__producer *p, uint64_t *cloc
     /* the clock is read around the group, not after each batch (a read is about 30 ns here, a
      * tenth of a batch of one 3 KB row): each batch is counted the group's average */
     uint64_t t0 = clock && *clock ? *clock : stoke__now_ns();
-    int one_call = n > 1 && l->plan.scatter && make_scattered(l, b, n, p) == STOKE_OK;
+    int rc = n > 1 && l->plan.scatter ? make_scattered(l, b, n, p) : STOKE_ERANGE;
+    int one_call = rc == STOKE_OK;
+    if (rc == STOKE_ECANCELED && p->busy && stoke__run_abandoned(p->busy, b[0]->gen)) {
+        /* the group's read() gave it up (stoke_dataset_abandoned): not read again batch by batch */
+        for (int i = 0; i < n; i++)
+            stoke__batch_failed(b[i], STOKE_ECANCELED, b[i]->indices[0], "its run was abandoned");
+        one_call = 1;
+    }
     STOKE__LOADER_ASSERT(!l->proc); /* (make_piped) */
     for (int i = 0; i < n && !one_call; i++) {
         stoke__loader_fill_batch(l, b[i], p);
