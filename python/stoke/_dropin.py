@@ -1057,15 +1057,12 @@ class _Writer:
         if self.rows_path:
             return None
         gone = _stoke._abandoned  # asked before each sample: a batch nobody wants stops there
-        if self.getitems is not None:
-            out = self.getitems(indices)  # (one call: not cut)
-            if gone():  # (nor collated)
-                raise _Abandoned()
-            return out
-        out = []
         ds, wk = self.dataset, self.worker
         cur = self.plan.cur_mv if wk >= 0 else None  # a worker that dies names its sample
-        if self.rows and block is not None:
+        if self.getitems is not None:
+            out = self.getitems(indices)  # (one call: not cut)
+        elif self.rows and block is not None:
+            out = []
             outs = {}  # path: the batch's tensor
             n = len(indices)
             for k, j in enumerate(indices):
@@ -1076,12 +1073,14 @@ class _Writer:
                     cur[wk] = j
                 out.append(self.row(block, outs, ds[j], "", k, n))
         elif cur is not None:
+            out = []
             for j in indices:
                 if gone():
                     raise _Abandoned()
                 where[0] = cur[wk] = j
                 out.append(ds[j])
         else:
+            out = []
             for j in indices:
                 if gone():
                     raise _Abandoned()

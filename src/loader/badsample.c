@@ -52,7 +52,7 @@ static int replace(stoke_loader *l, stoke_batch *b, stoke__producer *p, size_t s
     uint64_t n = l->ds.length ? l->ds.length(l->ds.user) : 0;
     char tmp[STOKE__MSG_MAX];
     for (unsigned k = 0; k < STOKE_REPLACE_TRIES && n > 1; k++) {
-        if (p->busy && stoke__run_abandoned(p->busy, b->gen))
+        if (stoke__producer_abandoned(p, b))
             break; /* nobody wants the batch: no more candidates read for it */
         /* candidate k for sample *idx: a hash of (seed, index, k) */
         uint64_t r = stoke__mix64(l->o.seed ^ stoke__mix64(*idx * 0x9E3779B97F4A7C15u + k + 1)) % n;
@@ -73,8 +73,9 @@ int stoke__bad_sample(stoke_loader *l, stoke_batch *b, stoke__producer *p, size_
                       uint64_t *idx, int rc, char *msg, size_t msg_len)
 {
     int action = l->o.on_error;
-    if (rc == STOKE_ETIMEDOUT || rc == STOKE_ENOMEM || rc == STOKE_EEND)
-        return rc; /* not the sample's fault */
+    if (rc == STOKE_ETIMEDOUT || rc == STOKE_ENOMEM || rc == STOKE_EEND ||
+        (rc == STOKE_ECANCELED && stoke__producer_abandoned(p, b)))
+        return rc; /* not the sample's fault (nor a sample the dataset gave up: nobody wants it) */
     if (action == STOKE_ON_ERROR_ERROR) {
         stoke__bad_note(b, *idx, rc, msg);
         return rc;

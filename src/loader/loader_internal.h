@@ -298,6 +298,14 @@ typedef struct stoke__producer {
     stoke__ahead ahead;      /* its look-ahead and scratch */
 } stoke__producer;
 
+/* Whether batch b, which producer p makes, is no longer wanted (stoke__run_abandoned on p's
+ * marks); 0 in the caller's thread, which has no marks: nothing abandons a run while it makes a
+ * batch. */
+static inline int stoke__producer_abandoned(const stoke__producer *p, const stoke_batch *b)
+{
+    return p->busy && stoke__run_abandoned(p->busy, b->gen);
+}
+
 typedef struct stoke__worker {
     stoke_loader *l;
     stoke__producer p;

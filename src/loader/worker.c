@@ -198,9 +198,8 @@ static void fill_samples(stoke_loader *l, stoke_batch *b, stoke__producer *p)
     char msg[STOKE__MSG_MAX];
     size_t out = 0; /* the slot; pos: the batch position read (they differ after a skip) */
     for (size_t pos = 0; l->iterable ? out < b->count : pos < b->count; pos++) {
-        /* a batch of an abandoned run stops here (recycled, never delivered); the caller's
-         * thread has no marks: nothing abandons a run while it makes a batch */
-        if (p->busy && stoke__run_abandoned(p->busy, b->gen)) {
+        /* a batch of an abandoned run stops here (recycled, never delivered) */
+        if (stoke__producer_abandoned(p, b)) {
             stoke__batch_failed(b, STOKE_ECANCELED, l->iterable ? UINT64_MAX : idx[pos],
                                 "its run was abandoned");
             return;
@@ -210,11 +209,6 @@ static void fill_samples(stoke_loader *l, stoke_batch *b, stoke__producer *p)
         if (rc == STOKE_EEND && l->iterable) {
             b->end = 1;
             break;
-        }
-        if (rc == STOKE_ECANCELED && p->busy && stoke__run_abandoned(p->busy, b->gen)) {
-            /* the dataset gave the sample up (stoke_dataset_abandoned): not a bad sample */
-            stoke__batch_failed(b, STOKE_ECANCELED, got, "its run was abandoned");
-            return;
         }
         if (rc != STOKE_OK)
             rc = stoke__bad_sample(l, b, p, out, &got, rc, msg, sizeof(msg));
@@ -248,11 +242,6 @@ static void fill_read(stoke_loader *l, stoke_batch *b, stoke__producer *p)
     uint64_t t0 = busy_begin(l, p, b->indices[0], 1);
     int rc = l->ds.read(l->ds.user, b->indices, n, &slots, p->wid, msg, sizeof(msg), &err_index);
     rc = busy_end(l, p, t0, rc, msg, sizeof(msg));
-    if (rc == STOKE_ECANCELED && p->busy && stoke__run_abandoned(p->busy, b->gen)) {
-        /* read() gave the batch up (stoke_dataset_abandoned): nothing to find sample by sample */
-        stoke__batch_failed(b, STOKE_ECANCELED, err_index, "its run was abandoned");
-        return;
-    }
     const int nf = l->ds.nfields;
     for (size_t j = 0; rc == STOKE_OK && l->nragged && j < n; j++)
         if ((rc = take_lengths(l, b, j, a->len + j * (size_t)nf, msg, sizeof(msg))) != STOKE_OK)
@@ -424,22 +413,41 @@ int stoke_dataset_abandoned(void)
     return making.marks && stoke__run_abandoned(making.marks, making.gen);
 }
 
+/* Sets this thread's `making` to run gen by marks (a producer's busy marks), around a dataset
+ * call that makes a batch; returns what it was, for making_end (a dataset that runs a loader of
+ * its own inside its call). */
+static inline making_t making_begin(stoke__busy *marks, uint64_t gen)
+{
+    making_t outer = making;
+    making = (making_t){marks, gen};
+    return outer;
+}
+
+static inline void making_end(making_t outer)
+{
+    making = outer;
+}
+
 /* The fill pipeline: indices, the dataset's reads (read() for the batch, else get()/next() per
- * sample, bad samples through the policy), then finish_batch. */
+ * sample, bad samples through the policy), then finish_batch.  A batch of an abandoned run is
+ * not started (one dispatched just before the abandon, or a group's given up by its read():
+ * make_group makes its batches here again), nor continued after a sample (fill_samples). */
 void stoke__loader_fill_batch(stoke_loader *l, stoke_batch *b, stoke__producer *p)
 {
     stoke__loader_batch_start(l, b, p);
+    if (stoke__producer_abandoned(p, b)) {
+        stoke__batch_failed(b, STOKE_ECANCELED, UINT64_MAX, "its run was abandoned");
+        return;
+    }
     if (!l->iterable && batch_indices(l, b, p) != STOKE_OK)
         return;
     look_ahead(l, p, b->seq + 1); /* (after b's indices left the run) */
-    making_t outer = making;      /* (a dataset that runs a loader of its own inside) */
-    making.marks = p->busy;
-    making.gen = b->gen;
+    making_t outer = making_begin(p->busy, b->gen);
     if (!l->iterable && l->ds.read)
         fill_read(l, b, p);
     else
         fill_samples(l, b, p);
-    making = outer;
+    making_end(outer);
     finish_batch(l, b);
 }
 
@@ -655,11 +663,10 @@ static int make_scattered(stoke_loader *l, stoke_batch *const *b, int n, stoke__
     char msg[STOKE__MSG_MAX];
     msg[0] = '\0';
     uint64_t err_index = run[0];
-    making_t outer = making;
-    making.marks = p->busy; /* (one run for the group: dispatched under one hold of `mu`) */
-    making.gen = b[0]->gen;
+    /* (one run for the group: dispatched under one hold of `mu`) */
+    making_t outer = making_begin(p->busy, b[0]->gen);
     int rc = l->ds.read(l->ds.user, run, total, &slots, p->wid, msg, sizeof(msg), &err_index);
-    making = outer;
+    making_end(outer);
     return rc;
 }
 
@@ -682,14 +689,7 @@ int stoke__loader_make_group(stoke_loader *l, stoke__producer *p, uint64_t *cloc
     /* the clock is read around the group, not after each batch (a read is about 30 ns here, a
      * tenth of a batch of one 3 KB row): each batch is counted the group's average */
     uint64_t t0 = clock && *clock ? *clock : stoke__now_ns();
-    int rc = n > 1 && l->plan.scatter ? make_scattered(l, b, n, p) : STOKE_ERANGE;
-    int one_call = rc == STOKE_OK;
-    if (rc == STOKE_ECANCELED && p->busy && stoke__run_abandoned(p->busy, b[0]->gen)) {
-        /* the group's read() gave it up (stoke_dataset_abandoned): not read again batch by batch */
-        for (int i = 0; i < n; i++)
-            stoke__batch_failed(b[i], STOKE_ECANCELED, b[i]->indices[0], "its run was abandoned");
-        one_call = 1;
-    }
+    int one_call = n > 1 && l->plan.scatter && make_scattered(l, b, n, p) == STOKE_OK;
     STOKE__LOADER_ASSERT(!l->proc); /* (make_piped) */
     for (int i = 0; i < n && !one_call; i++) {
         stoke__loader_fill_batch(l, b[i], p);
