@@ -150,7 +150,8 @@ def settle(prefix):
     here is one process, one thread: once it has logged a request made after the client had its
     answers, it has logged those too. (A transfer the client cut off is logged when nginx finds
     the connection closed, which can be later: wait for those as the caller knows how.)"""
-    conf = open(os.path.join(prefix, "nginx.conf")).read()
+    with open(os.path.join(prefix, "nginx.conf")) as f:
+        conf = f.read()
     port = int(re.search(r"listen 127\.0\.0\.1:(\d+)", conf).group(1))
     _settled[0] += 1
     uri = "%s?%d.%d" % (SETTLE, os.getpid(), _settled[0])
@@ -167,10 +168,15 @@ def settle(prefix):
         return  # nginx has stopped: what it logged is all there is
     end = time.monotonic() + 10
     for name in ("access.log", "timing.log"):
-        while uri not in open(os.path.join(prefix, name)).read():
+        while not _has(os.path.join(prefix, name), uri):
             if time.monotonic() > end:
                 raise AssertionError("nginx of %s did not log %s within 10 s" % (prefix, uri))
             time.sleep(0.01)
+
+
+def _has(path, text):
+    with open(path) as f:
+        return text in f.read()
 
 
 def access_log(prefix):
