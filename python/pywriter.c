@@ -81,6 +81,16 @@ static void block_release(PyObject *view)
     Py_DECREF(view);
 }
 
+/* A fill's or next_fill's status from its result v (< 0: it failed; 0 from next_fill: the
+ * worker's iterator ended).  A failure while the batch is no longer wanted is the batch given
+ * up between two samples (the writer's _Abandoned): STOKE_ECANCELED, not a bad sample. */
+static int fill_status(long long v, int next)
+{
+    if (v < 0)
+        return stoke_dataset_abandoned() ? STOKE_ECANCELED : STOKE_EDATA;
+    return next && v == 0 ? STOKE_EEND : STOKE_OK;
+}
+
 static int pyw_get(void *user, uint64_t index, void *const dst[], int64_t len[], int worker,
                    char *msg, size_t msg_len)
 {
@@ -97,9 +107,7 @@ static int pyw_get(void *user, uint64_t index, void *const dst[], int64_t len[],
     block_release(view);
     PyGILState_Release(g);
     stoke_pyds_leave();
-    if (v < 0 && stoke_dataset_abandoned()) /* the batch was given up between two samples */
-        return STOKE_ECANCELED;
-    return v < 0 ? STOKE_EDATA : STOKE_OK;
+    return fill_status(v, 0);
 }
 
 static int pyw_next(void *user, int worker, int num_workers, void *const dst[], int64_t len[],
@@ -120,7 +128,7 @@ static int pyw_next(void *user, int worker, int num_workers, void *const dst[], 
     block_release(view);
     PyGILState_Release(g);
     stoke_pyds_leave();
-    return v < 0 ? STOKE_EDATA : v == 0 ? STOKE_EEND : STOKE_OK;
+    return fill_status(v, 1);
 }
 
 /* A call of a hook that answers None or an error string. */

@@ -1196,7 +1196,11 @@ class _Writer:
 
     def next_samples(self, key):
         """The next batch's samples from iterator `key` (this worker's own copy of the dataset
-        iterated; threads share key 0), [] at its end or, with drop_last, at a short batch."""
+        iterated; threads share key 0), [] at its end or, with drop_last, at a short batch.
+        A batch nobody wants any more stops before its next sample and is not collated
+        (_Abandoned): the samples it took are lost with the iterator, which the next run
+        makes again (set_epoch's hook, start_worker_epoch)."""
+        gone = _stoke._abandoned
         with self.iter_lock:
             it = self.iters.get(key)
             if it is None:
@@ -1205,8 +1209,10 @@ class _Writer:
             n = self.batch_size or 1
             for s in it:
                 samples.append(s)
-                if len(samples) == n:
+                if len(samples) == n or gone():
                     break
+        if gone():
+            raise _Abandoned()
         return [] if self.drop_last and len(samples) < n else samples
 
     def write_samples(self, block, samples):
@@ -1235,6 +1241,8 @@ class _Writer:
             if not samples:
                 return 0
             return (self.write_samples(_Block(view, self.live, self.fast), samples), 0)
+        except _Abandoned:
+            return "its run was abandoned"  # (pyw_get, pyw_next: STOKE_ECANCELED)
         except _Overflow as o:
             return ("stoke: a batch of the iterable dataset needs %d bytes, its block holds %d: "
                     "pass max_batch_bytes=%d or more" % (o.need, len(view), 2 * o.need))

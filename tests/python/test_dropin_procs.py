@@ -555,17 +555,31 @@ class WaitsForTheBreak(Rows):
         return super().__getitem__(i)
 
 
+class IterWaitsForTheBreak(torch.utils.data.IterableDataset):
+    """WaitsForTheBreak's samples from an IterableDataset: each iterator yields them in order,
+    the sample made (and logged) when the loader asks the iterator for it."""
+
+    def __init__(self, n, at, log):
+        self.rows = WaitsForTheBreak(n, at, log)
+
+    def __iter__(self):
+        return (self.rows[i] for i in range(self.rows.n))
+
+
 @case
 def break_stops_the_batch_between_samples():
     """A break, then a new `for`, while a worker is in the middle of a batch of slow samples: the
     worker stops that batch before its next sample (it does not make the rest of a batch
     nobody wants, nor the batches queued behind it), and the new epoch is whole; with process
-    and thread workers, persistent or not."""
+    and thread workers, persistent or not; a map-style dataset and an IterableDataset (whose
+    worker stops taking samples from its iterator: the new epoch's iterator starts again)."""
     ref = epoch(L.TorchLoader(Rows(64), batch_size=8))
-    for kw in ({}, {"persistent_workers": True}, {"worker_mode": "threads"}):
-        what = "break while a worker waits in sample 9 %s" % kw
+    for kw, kind in [(kw, kind) for kw in ({}, {"persistent_workers": True},
+                                           {"worker_mode": "threads"})
+                     for kind in (WaitsForTheBreak, IterWaitsForTheBreak)]:
+        what = "break while a worker waits in sample 9 of %s %s" % (kind.__name__, kw)
         log = os.path.join(T.tmpdir(), "made")
-        ds = WaitsForTheBreak(64, 9, log)
+        ds = kind(64, 9, log)
         loader = L.Loader(ds, batch_size=8, num_workers=1, **kw)
         for b in loader:
             end = time.monotonic() + 20
