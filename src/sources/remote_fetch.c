@@ -12,7 +12,8 @@
  * the slot whose fetch made the lanes (the open's: its connection, which asked for the sidecar
  * indexes, carries chunks from then on), and the process's reads after it (stoke__remote_read:
  * the open's index asks) run on the lanes too (with 2 connections or more: chunks), first
- * served, each whole on one lane: the process's connections are the lanes' and no more.
+ * served, each whole on one lane: the process's connections are the lanes' and no more.  When no
+ * lane's thread can start, a fetch is made in the thread that asked (fetch_here).
  *
  * Locking: p->fe_lock guards the fetcher and its jobs; p->fe_cond is signalled when a job may
  * be over (its thread looks), fetcher.work when a chunk may be ready (a lane looks).  A lane
@@ -23,6 +24,7 @@
 #define _GNU_SOURCE
 #include "sources/remote.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -258,11 +260,13 @@ void stoke__remote_fetcher_free(stoke__remote_pool *p, int child)
 }
 
 /* The pool's fetcher, made by the first fetch (fe_lock held), through slot s (locked): it, or
- * NULL (out of memory, or no thread could start).  Its first lane takes s's handle, and with it
- * the connection of s's reads before (the open's): the process opens no more connections than
- * lanes for its fetches and the reads after them (stoke__remote_lanes_read). */
-static fetcher *fetcher_get(stoke__remote_pool *p, slot *s)
+ * NULL with *err ENOMEM (out of memory) or pthread_create's error (no lane's thread could
+ * start).  Its first lane takes s's handle, and with it the connection of s's reads before (the
+ * open's): the process opens no more connections than lanes for its fetches and the reads after
+ * them (stoke__remote_lanes_read). */
+static fetcher *fetcher_get(stoke__remote_pool *p, slot *s, int *err)
 {
+    *err = ENOMEM;
     if (p->fe && p->fe->pid == getpid())
         return p->fe;
     p->fe = NULL; /* a fork the hooks did not see: the parent's, left alone */
@@ -289,7 +293,9 @@ static fetcher *fetcher_get(stoke__remote_pool *p, slot *s)
         } else if (!(l->s.h = stoke__remote_handle_new(p, &l->s))) {
             break;
         }
-        if (pthread_create(&l->th, NULL, lane_main, l) != 0) {
+        int e = pthread_create(&l->th, NULL, lane_main, l);
+        if (e != 0) {
+            *err = e;
             if (l->s.h != s->h)
                 curl_easy_cleanup(l->s.h);
             else /* the slot keeps its handle: its errors go to its own buffer, not into fe */
@@ -309,6 +315,29 @@ static fetcher *fetcher_get(stoke__remote_pool *p, slot *s)
     return fe;
 }
 
+/* No lane's thread could start (pthread_create's error err: a limit on a process's threads, a
+ * container's pids.max): the fetch of j made in the thread that asked, as one request on its
+ * slot s (locked) with a read's retries; said once a pool.  A fetch that finds lanes again later
+ * uses them. */
+static void fetch_here(stoke__remote_pool *p, slot *s, fjob *j, int err)
+{
+    if (!atomic_exchange(&p->fe_alone, 1))
+        stoke__log(STOKE_LOG_WARN,
+                   "remote: no thread could start for the downloads' connections (%s): %s is "
+                   "downloaded whole in the thread that wants it, one file at a time",
+                   strerror(err), j->f->url);
+    xfer x = {.fd = j->fd, .n = SIZE_MAX, .seen = j->seen, .stop = j->stop};
+    char msg[STOKE__MSG_MAX] = "";
+    int rc = stoke__remote_tries(p, s, j->f, &x, msg, sizeof(msg));
+    if (rc) {
+        job_fail(j, rc, msg);
+        return;
+    }
+    j->known = 1;
+    j->total = x.has_total ? x.total : x.got;
+    j->written = x.got;
+}
+
 int stoke__remote_fetch(stoke__remote_pool *p, int slot_i, const stoke__remote_file *f, int fd,
                         uint64_t expect, _Atomic uint64_t *seen, const int *stop, uint64_t *size,
                         char *why, size_t why_len)
@@ -320,11 +349,16 @@ int stoke__remote_fetch(stoke__remote_pool *p, int slot_i, const stoke__remote_f
         return STOKE_ENOMEM;
     fjob j = {.f = f, .fd = fd, .seen = seen, .stop = stop, .fg = slot_i >= 0};
     pthread_mutex_lock(&p->fe_lock);
-    fetcher *fe = fetcher_get(p, s);
+    int no_fe;
+    fetcher *fe = fetcher_get(p, s, &no_fe);
     int rc = STOKE_OK;
-    if (!fe) {
+    if (!fe && no_fe == ENOMEM) {
         stoke__fmt_short(why, why_len, "GET %s: out of memory for its transfers", f->url);
         rc = STOKE_ENOMEM;
+    } else if (!fe) {
+        pthread_mutex_unlock(&p->fe_lock); /* (a transfer: other fetches go on meanwhile) */
+        fetch_here(p, s, &j, no_fe);
+        pthread_mutex_lock(&p->fe_lock);
     } else {
         fjob **at = &fe->jobs;
         while (*at && (slot_i < 0 || (*at)->fg))

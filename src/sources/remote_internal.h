@@ -79,6 +79,7 @@ struct stoke__remote_pool {
                            the first fetch */
     pthread_mutex_t fe_lock; /* guards fe and what it holds (its locking rules: remote_fetch.c) */
     pthread_cond_t fe_cond;  /* a fetch ended */
+    _Atomic int fe_alone;    /* no lane could start once: said (remote_fetch.c, fetch_here) */
 };
 
 typedef struct xfer {
