@@ -86,6 +86,9 @@ MAIL_ENTRY = MAILBOX // MAIL_ENTRIES
 _NP_KINDS = "biufc"  # numeric and bool arrays go into the block; others are pickled
 
 
+_END = object()  # an iterator's end (next(it, _END))
+
+
 class _Abandoned(Exception):
     """Raised between two samples of a batch nobody wants any more (its run was abandoned: a
     new iteration, set_epoch, a restored state, an error that ended the epoch, the loader's
@@ -723,6 +726,7 @@ class _Plan:
     epoch's batch offsets in one anonymous shared mapping; the indices in a memfd that grows
     (a worker maps it again when the header says it grew)."""
     H_EPOCH, H_NBATCH, H_SEED, H_NIDX, H_IDXCAP = 0, 1, 2, 3, 4
+    H_RUN = 5  # an iterable's runs: each new one iterates the dataset from its start again
 
     def __init__(self, nbatches, nidx, nmail):
         self.nbatches = max(nbatches, 0)
@@ -873,6 +877,7 @@ class _Writer:
         self.blob_bytes = 0
         self.probe_pid = None     # measure()'s child, answered and exiting: reap_probe() reaps it
         self.iter_map = iterable and processes
+        self.iter_run = 0         # the plan's H_RUN this worker process's iterators are of
         if self.iter_map:
             # The C loader's worker processes take MAP datasets: batch i is then the next
             # batch of whichever worker's iterator fills it, and an exhausted worker answers
@@ -996,6 +1001,7 @@ class _Writer:
                 if self.iterable:
                     self.plan.head[_Plan.H_EPOCH] = epoch
                     self.plan.head[_Plan.H_SEED] = seed
+                    self.plan.head[_Plan.H_RUN] += 1  # (the worker processes' iterators too)
                     with self.iter_lock:
                         self.iters.clear()
                 elif self.reseed_only:  # epoch 0 again with a new seed, the same batches
@@ -1149,6 +1155,10 @@ class _Writer:
                 and int(self.plan.head[_Plan.H_EPOCH]) == self.seeded_epoch):
             self.start_worker_epoch(self.seeded_epoch)  # the epoch restarted with a new seed
         if self.iter_map:
+            run = int(self.plan.head[_Plan.H_RUN])
+            if run != self.iter_run:  # a new run (the same epoch and seed again included)
+                self.iter_run = run
+                self.iters.clear()
             r = self.next_fill(worker, view)
             if r == 0:
                 struct.pack_into("<QQ", view, 0, MAGIC_END, self.worker)
@@ -1207,10 +1217,11 @@ class _Writer:
                 it = self.iters[key] = iter(self.dataset)
             samples = []
             n = self.batch_size or 1
-            for s in it:
-                samples.append(s)
-                if len(samples) == n or gone():
+            while len(samples) < n and not gone():
+                s = next(it, _END)
+                if s is _END:
                     break
+                samples.append(s)
         if gone():
             raise _Abandoned()
         return [] if self.drop_last and len(samples) < n else samples

@@ -604,6 +604,41 @@ def break_stops_the_batch_between_samples():
         no_children_within(15, what)
 
 
+class Shards(torch.utils.data.IterableDataset):
+    """0 .. n-1, each worker its share (get_worker_info), in order."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        wi = get_worker_info()
+        k, m = (wi.id, wi.num_workers) if wi else (0, 1)
+        return iter(range(k, self.n, m))
+
+
+@case
+def iterable_starts_again_with_the_same_epoch_and_seed():
+    """A pass cut short, then the same epoch with the same torch seed again (set_epoch after
+    torch.manual_seed, twice): the second pass iterates the dataset from its start, every
+    sample once; with worker processes (persistent or not) the workers' iterators are made
+    again too, not continued after the samples the first pass's batches took."""
+    for kw in ({}, {"persistent_workers": True}, {"worker_mode": "threads"}):
+        what = "an iterable's epoch 5 twice %s" % kw
+        loader = L.Loader(Shards(40), batch_size=4, num_workers=2, **kw)
+        torch.manual_seed(0)
+        loader.set_epoch(5)
+        for b in loader:
+            break
+        del b
+        torch.manual_seed(0)
+        loader.set_epoch(5)
+        got = sorted(int(x) for b in loader for x in b)
+        T.check(got == list(range(40)), "%s: %d samples %s" % (what, len(got), got))
+        del loader
+        gc.collect()
+        no_children_within(15, what)
+
+
 class FreezeCount(Dataset):
     """Sample i: (i, the frozen objects' count where __getitem__ runs)."""
 
