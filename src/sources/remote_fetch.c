@@ -260,13 +260,12 @@ void stoke__remote_fetcher_free(stoke__remote_pool *p, int child)
 }
 
 /* The pool's fetcher, made by the first fetch (fe_lock held), through slot s (locked): it, or
- * NULL with *err ENOMEM (out of memory) or pthread_create's error (no lane's thread could
- * start).  Its first lane takes s's handle, and with it the connection of s's reads before (the
+ * NULL with *err 0 (out of memory) or pthread_create's error (no lane's thread could start).  Its first lane takes s's handle, and with it the connection of s's reads before (the
  * open's): the process opens no more connections than lanes for its fetches and the reads after
  * them (stoke__remote_lanes_read). */
 static fetcher *fetcher_get(stoke__remote_pool *p, slot *s, int *err)
 {
-    *err = ENOMEM;
+    *err = 0;
     if (p->fe && p->fe->pid == getpid())
         return p->fe;
     p->fe = NULL; /* a fork the hooks did not see: the parent's, left alone */
@@ -323,8 +322,8 @@ static void fetch_here(stoke__remote_pool *p, slot *s, fjob *j, int err)
 {
     if (!atomic_exchange(&p->fe_alone, 1))
         stoke__log(STOKE_LOG_WARN,
-                   "remote: no thread could start for the downloads' connections (%s): %s is "
-                   "downloaded whole in the thread that wants it, one file at a time",
+                   "remote: no thread could start for the downloads' connections (%s): %s, and "
+                   "each download after it, is made whole in the thread that wants it",
                    strerror(err), j->f->url);
     xfer x = {.fd = j->fd, .n = SIZE_MAX, .seen = j->seen, .stop = j->stop};
     char msg[STOKE__MSG_MAX] = "";
@@ -352,7 +351,7 @@ int stoke__remote_fetch(stoke__remote_pool *p, int slot_i, const stoke__remote_f
     int no_fe;
     fetcher *fe = fetcher_get(p, s, &no_fe);
     int rc = STOKE_OK;
-    if (!fe && no_fe == ENOMEM) {
+    if (!fe && !no_fe) {
         stoke__fmt_short(why, why_len, "GET %s: out of memory for its transfers", f->url);
         rc = STOKE_ENOMEM;
     } else if (!fe) {
