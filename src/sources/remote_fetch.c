@@ -260,9 +260,10 @@ void stoke__remote_fetcher_free(stoke__remote_pool *p, int child)
 }
 
 /* The pool's fetcher, made by the first fetch (fe_lock held), through slot s (locked): it, or
- * NULL with *err 0 (out of memory) or pthread_create's error (no lane's thread could start).  Its first lane takes s's handle, and with it the connection of s's reads before (the
- * open's): the process opens no more connections than lanes for its fetches and the reads after
- * them (stoke__remote_lanes_read). */
+ * NULL with *err 0 (out of memory) or pthread_create's error (no lane's thread could start).
+ * Its first lane takes s's handle, and with it the connection of s's reads before (the open's):
+ * the process opens no more connections than lanes for its fetches and the reads after them
+ * (stoke__remote_lanes_read). */
 static fetcher *fetcher_get(stoke__remote_pool *p, slot *s, int *err)
 {
     *err = 0;
@@ -315,9 +316,10 @@ static fetcher *fetcher_get(stoke__remote_pool *p, slot *s, int *err)
 }
 
 /* No lane's thread could start (pthread_create's error err: a limit on a process's threads, a
- * container's pids.max): the fetch of j made in the thread that asked, as one request on its
- * slot s (locked) with a read's retries; said once a pool.  A fetch that finds lanes again later
- * uses them. */
+ * container's pids.max): the fetch of j made in the thread that asked, as a lane with one
+ * connection makes it (one request for the whole file, a read's retries) but on its slot s
+ * (locked); said once a pool.  j is not in the fetcher's jobs: chunk_done needs no fe_lock for
+ * it.  A fetch that finds lanes again later uses them. */
 static void fetch_here(stoke__remote_pool *p, slot *s, fjob *j, int err)
 {
     if (!atomic_exchange(&p->fe_alone, 1))
@@ -328,13 +330,7 @@ static void fetch_here(stoke__remote_pool *p, slot *s, fjob *j, int err)
     xfer x = {.fd = j->fd, .n = SIZE_MAX, .seen = j->seen, .stop = j->stop};
     char msg[STOKE__MSG_MAX] = "";
     int rc = stoke__remote_tries(p, s, j->f, &x, msg, sizeof(msg));
-    if (rc) {
-        job_fail(j, rc, msg);
-        return;
-    }
-    j->known = 1;
-    j->total = x.has_total ? x.total : x.got;
-    j->written = x.got;
+    chunk_done(j, &x, rc, msg);
 }
 
 int stoke__remote_fetch(stoke__remote_pool *p, int slot_i, const stoke__remote_file *f, int fd,
