@@ -1055,7 +1055,6 @@ class _Writer:
             if self.worker_init_fn is not None:
                 self.worker_init_fn(self.worker)
         self.seeded_epoch = epoch
-        self.iters.clear()
 
     # -- making a batch --
 
@@ -1209,7 +1208,8 @@ class _Writer:
         iterated; threads share key 0), [] at its end or, with drop_last, at a short batch.
         A batch nobody wants any more stops before its next sample and is not collated
         (_Abandoned): the samples it took are lost with the iterator, which the next run
-        makes again (set_epoch's hook, start_worker_epoch)."""
+        makes again (set_epoch's hook in this process; in a worker process, fill_one when
+        the plan's H_RUN moved)."""
         gone = _stoke._abandoned
         with self.iter_lock:
             it = self.iters.get(key)
