@@ -205,7 +205,9 @@ static unsigned char *read_bytes(const char *rel, size_t *len)
     return b;
 }
 
-enum kind { K_BASELINE, K_PROGRESSIVE, K_GRAY, K_CMYK, K_444 };
+/* K_H2V1 .. K_H2V4: the luma's blocks per MCU (4:2:2, 4:1:0, and 2x4), with noise in every
+ * channel, so that a chroma sample taken from the wrong column shows */
+enum kind { K_BASELINE, K_PROGRESSIVE, K_GRAY, K_CMYK, K_444, K_H2V1, K_H4V2, K_H2V4 };
 #define CMYK_K 191 /* the stored (Adobe-inverted) K of the CMYK test image */
 
 /* A smooth pattern with features in proportion to the image (so the reference's area filter
@@ -243,16 +245,29 @@ static void write_jpeg(const char *rel, int W, int H, enum kind k, int quality)
         jpeg_simple_progression(&ci);
     if (k == K_444)
         ci.comp_info[0].h_samp_factor = ci.comp_info[0].v_samp_factor = 1;
+    const int noisy = k == K_H2V1 || k == K_H4V2 || k == K_H2V4;
+    if (noisy) {
+        ci.comp_info[0].h_samp_factor = k == K_H4V2 ? 4 : 2;
+        ci.comp_info[0].v_samp_factor = k == K_H2V1 ? 1 : k == K_H4V2 ? 2 : 4;
+    }
     jpeg_start_compress(&ci, TRUE);
     const int nc = ci.input_components;
     unsigned char *row = malloc((size_t)W * (size_t)nc);
     assert_non_null(row);
     for (int y = 0; y < H; y++) {
         for (int x = 0; x < W; x++)
-            for (int c = 0; c < nc; c++)
-                row[x * nc + c] = k == K_GRAY ? pattern(x, y, W, H, 0)
-                                  : c == 3    ? CMYK_K /* Adobe: stored inverted */
-                                              : pattern(x, y, W, H, c);
+            for (int c = 0; c < nc; c++) {
+                int v = k == K_GRAY ? pattern(x, y, W, H, 0)
+                        : c == 3    ? CMYK_K /* Adobe: stored inverted */
+                                    : pattern(x, y, W, H, c);
+                if (noisy) /* +-48, a hash of (x, y, c) */
+                    v += (int)((((uint32_t)x * 73856093u) ^ ((uint32_t)y * 19349663u) ^
+                                ((uint32_t)c * 83492791u)) *
+                                   2654435761u >>
+                               25) -
+                         64;
+                row[x * nc + c] = (unsigned char)(v < 0 ? 0 : v > 255 ? 255 : v);
+            }
         JSAMPROW r = row;
         jpeg_write_scanlines(&ci, &r, 1);
     }
@@ -351,7 +366,9 @@ static void eval_box(int W, int H, int S, double box[4])
         rw = s, rh = (int)((double)s * H / W);
     else
         rh = s, rw = (int)((double)s * W / H);
-    double left = round((rw - S) / 2.0), top = round((rh - S) / 2.0);
+    /* CenterCrop's offsets: Python's round() of half the margin, halves to even */
+    int mx = rw - S, my = rh - S;
+    double left = mx / 2 + (mx % 2 && (mx / 2) % 2), top = my / 2 + (my % 2 && (my / 2) % 2);
     box[0] = left * W / rw, box[1] = top * H / rh;
     box[2] = (double)S * W / rw, box[3] = (double)S * H / rh;
 }
@@ -431,6 +448,77 @@ static void test_eval_matches_reference(void **state)
             free(full);
             free(jpg);
         }
+}
+
+/* The eval box of the commonest photo shapes, where the center crop's margin is odd (Resize(256)
+ * of 500x375 is 341x256: 117 columns to share): torchvision's round() keeps 58 on the left. */
+static void test_eval_center_rounding(void **state)
+{
+    stoke__image_opts o;
+    stoke__image_opts_init(&o);
+    const struct {
+        int W, H, left, top, rw, rh;
+    } cases[] = {{500, 375, 58, 16, 341, 256}, {375, 500, 16, 58, 256, 341},
+                 {640, 480, 58, 16, 341, 256}, {500, 333, 80, 16, 384, 256},
+                 {341, 256, 58, 16, 341, 256}, {343, 256, 60, 16, 343, 256}};
+    for (size_t i = 0; i < STOKE__ARRAY_LEN(cases); i++) {
+        stoke__image_crop c = stoke__image_crop_for(&o, cases[i].W, cases[i].H, 0, 0);
+        assert_true(fabs(c.x - (double)cases[i].left * cases[i].W / cases[i].rw) < 1e-9);
+        assert_true(fabs(c.y - (double)cases[i].top * cases[i].H / cases[i].rh) < 1e-9);
+        assert_true(fabs(c.w - 224.0 * cases[i].W / cases[i].rw) < 1e-9);
+    }
+}
+
+/* Decoding only the crop's columns (jpeg_crop_scanline) gives the bytes of a full-width decode,
+ * for every chroma subsampling and DCT scale: no chroma repeated at the crop's edges (4:2:0,
+ * 4:2:2), and none of libjpeg-turbo's wrong columns at 4:1:0 and luma 2x4 when scaled. */
+static void test_crop_equals_full_width(void **state)
+{
+    mkdirs("sampling");
+    const enum kind kinds[] = {K_BASELINE, K_H2V1, K_H4V2, K_H2V4, K_444, K_PROGRESSIVE};
+    const int sizes[] = {48, 160};
+    unsigned char *a = malloc(160 * 160 * 3), *b = malloc(160 * 160 * 3);
+    assert_non_null(a);
+    assert_non_null(b);
+    int scales[9] = {0};
+    for (size_t k = 0; k < STOKE__ARRAY_LEN(kinds); k++) {
+        write_jpeg("sampling/s.jpg", 600, 450, kinds[k], 92);
+        size_t len;
+        unsigned char *jpg = read_bytes("sampling/s.jpg", &len);
+        for (size_t s = 0; s < STOKE__ARRAY_LEN(sizes); s++)
+            for (int train = 0; train <= 1; train++)
+                for (uint64_t idx = 0; idx < (train ? 24u : 1u); idx++) {
+                    stoke__image_opts o;
+                    stoke__image_opts_init(&o);
+                    o.size = sizes[s];
+                    o.train = train;
+                    o.seed = 5;
+                    const size_t n = (size_t)o.size * (size_t)o.size * 3;
+                    decode_ok(&o, jpg, len, 1, idx, a);
+                    o.full_width = 1;
+                    decode_ok(&o, jpg, len, 1, idx, b);
+                    if (memcmp(a, b, n) != 0) {
+                        size_t at = 0;
+                        while (a[at] == b[at])
+                            at++;
+                        fail_msg("kind %d size %d %s index %llu: the cropped decode differs "
+                                 "from the full width's at byte %zu (%d vs %d)",
+                                 (int)kinds[k], o.size, train ? "train" : "eval",
+                                 (unsigned long long)idx, at, a[at], b[at]);
+                    }
+                    stoke__image_crop c = stoke__image_crop_for(&o, 600, 450, 1, idx);
+                    for (int m = 1; m <= 8; m *= 2) /* the scale dct_scale picks */
+                        if ((c.w * m / 8 >= o.size && c.h * m / 8 >= o.size) || m == 8) {
+                            scales[m]++;
+                            break;
+                        }
+                }
+        free(jpg);
+    }
+    /* the crops covered every DCT scale */
+    assert_true(scales[1] > 0 && scales[2] > 0 && scales[4] > 0 && scales[8] > 0);
+    free(a);
+    free(b);
 }
 
 /* Train crops (RandomResizedCrop + flip, decoded through crop/skip/DCT scaling) against the
@@ -1509,6 +1597,8 @@ int main(void)
         cmocka_unit_test(test_set_epoch_calls),
         cmocka_unit_test(test_options),
         cmocka_unit_test(test_eval_matches_reference),
+        cmocka_unit_test(test_eval_center_rounding),
+        cmocka_unit_test(test_crop_equals_full_width),
         cmocka_unit_test(test_train_matches_reference),
         cmocka_unit_test(test_tiny),
         cmocka_unit_test(test_corruptions),

@@ -220,6 +220,13 @@ static crop train_crop(const stoke__image_opts *o, int W, int H, uint64_t epoch,
     return c;
 }
 
+/* x rounded to the nearest integer, halves to the even one (Python's round()). */
+static double half_even(double x)
+{
+    double r = round(x); /* halves away from zero */
+    return fabs(x - trunc(x)) == 0.5 ? 2.0 * round(x / 2.0) : r;
+}
+
 /* Resize(size / 0.875) (short side; long side truncated, as torchvision) then CenterCrop(size),
  * expressed as the box of source pixels the output covers. */
 static crop eval_crop(const stoke__image_opts *o, int W, int H)
@@ -234,7 +241,8 @@ static crop eval_crop(const stoke__image_opts *o, int W, int H)
         rw = 1;
     if (rh < 1)
         rh = 1;
-    double left = round((rw - o->size) / 2.0), top = round((rh - o->size) / 2.0);
+    /* torchvision's CenterCrop rounds with Python's round(): halves to even (58.5 -> 58) */
+    double left = half_even((rw - o->size) / 2.0), top = half_even((rh - o->size) / 2.0);
     double fx = (double)W / rw, fy = (double)H / rh;
     crop c = {left * fx, top * fy, o->size * fx, o->size * fy, 0};
     return c;

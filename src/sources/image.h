@@ -31,6 +31,8 @@ typedef struct stoke__image_opts {
     int kernel;          /* resampler kernels: 0 the fastest here, 1 portable C (tests) */
     int decode_only;     /* 1: decode the rows a sample needs and write nothing (the probe of
                             bench/bench_decode.c); dst is not touched */
+    int full_width;      /* 1: decode every column, not only the crop's (tests: the output must
+                            be the same) */
 } stoke__image_opts;
 
 /* 1 when this build has libjpeg (otherwise stoke__image_decode returns STOKE_ENOTSUP). */

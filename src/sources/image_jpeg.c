@@ -121,6 +121,37 @@ static int dct_scale(const stoke__image_crop *c, int size)
     return 8;
 }
 
+#if JPEG_LIB_VERSION >= 70
+#define DCT_H(c) ((c)->DCT_h_scaled_size)
+#define DCT_V(c) ((c)->DCT_v_scaled_size)
+#define MIN_DCT_H(ci) ((ci)->min_DCT_h_scaled_size)
+#define MIN_DCT_V(ci) ((ci)->min_DCT_v_scaled_size)
+#else
+#define DCT_H(c) ((c)->DCT_scaled_size)
+#define DCT_V(c) ((c)->DCT_scaled_size)
+#define MIN_DCT_H(ci) ((ci)->min_DCT_scaled_size)
+#define MIN_DCT_V(ci) ((ci)->min_DCT_scaled_size)
+#endif
+
+/* Whether jpeg_crop_scanline gives ci's columns as the full decode does (after
+ * jpeg_calc_output_dimensions).  At a DCT scale below 8/8, libjpeg-turbo makes a subsampled
+ * component's IDCT larger than the luma's to do some of its upsampling; when that does only
+ * part of it (4:1:0, luma 4x2 or 2x4 blocks: a 2x IDCT and 2x upsampling left), libjpeg-turbo
+ * 2.1's cropped rows are wrong from some column on, and read memory it never wrote.  Those
+ * images are decoded at full width. */
+static int crop_ok(j_decompress_ptr ci)
+{
+    for (int k = 0; k < ci->num_components; k++) {
+        const jpeg_component_info *cp = &ci->comp_info[k];
+        const int idct_h = DCT_H(cp) != MIN_DCT_H(ci), idct_v = DCT_V(cp) != MIN_DCT_V(ci);
+        const int up_h = ci->max_h_samp_factor * MIN_DCT_H(ci) != cp->h_samp_factor * DCT_H(cp);
+        const int up_v = ci->max_v_samp_factor * MIN_DCT_V(ci) != cp->v_samp_factor * DCT_V(cp);
+        if ((idct_h || idct_v) && (up_h || up_v))
+            return 0;
+    }
+    return 1;
+}
+
 /* CMYK (or YCCK decoded to CMYK) to RGB in place.  Adobe (Photoshop) files store the inks
  * inverted: 255 is no ink. */
 static void cmyk_to_rgb(uint8_t *p, size_t n, int inverted)
@@ -259,9 +290,13 @@ static int run(dec *d, const stoke__image_opts *o, const unsigned char *data, si
         o->max_decode > (uint64_t)LONG_MAX ? LONG_MAX : (long)o->max_decode;
     jpeg_start_decompress(ci);
     JDIMENSION xoff = 0, cw = (JDIMENSION)ow;
-    if (x0 > 0 || x1 < ow) {
-        xoff = (JDIMENSION)x0;
-        cw = (JDIMENSION)(x1 - x0);
+    if ((x0 > 0 || x1 < ow) && !o->full_width && crop_ok(ci)) {
+        /* one column more on each side than the filter reads: at a crop's edges libjpeg's
+         * fancy upsampling repeats the edge chroma, where the full decode blends in the next
+         * column's */
+        const int c0 = x0 > 0 ? x0 - 1 : 0, c1 = x1 < ow ? x1 + 1 : ow;
+        xoff = (JDIMENSION)c0;
+        cw = (JDIMENSION)(c1 - c0);
         jpeg_crop_scanline(ci, &xoff, &cw); /* widens to iMCU boundaries */
     }
     int ok = stoke__rs_plan_cols(&d->rs, bx, bw, x0, x1, (int)xoff, c.flip) == 0;
