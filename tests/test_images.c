@@ -7,6 +7,7 @@
  * resize of the crop box (a fractional box weighted by overlap), by the mean absolute error. */
 #include "testutil.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -749,7 +750,7 @@ static void test_corruptions(void **state)
                 ok++;
                 continue;
             }
-            if (rc != STOKE_EFORMAT && rc != STOKE_ELIMIT)
+            if (rc != STOKE_EFORMAT && rc != STOKE_ELIMIT && rc != STOKE_ENOTSUP)
                 fail_msg("%s edit %d: %s '%s'", files[f], k, stoke_err_name(rc), msg);
             assert_true(msg[0] != 0);
             failed++;
@@ -759,6 +760,41 @@ static void test_corruptions(void **state)
     }
     assert_true(failed > 20); /* the corruptions are seen */
     assert_true(ok + failed == 240);
+}
+
+/* A well-formed JPEG libjpeg-turbo's 8-bit decoder cannot take is STOKE_ENOTSUP, "unsupported
+ * JPEG", not a corrupt one: 12-bit samples (SOF0's precision byte) and the lossless process
+ * (SOF3). */
+static void test_unsupported_jpeg(void **state)
+{
+    write_cases();
+    size_t len;
+    unsigned char *orig = read_bytes("cases/baseline.jpg", &len);
+    size_t sof = 0;
+    for (size_t i = 2; i + 4 < len && !sof; i++)
+        if (orig[i] == 0xff && orig[i + 1] == 0xc0)
+            sof = i;
+    assert_true(sof > 0);
+    for (int k = 0; k < 2; k++) {
+        unsigned char *buf = malloc(len);
+        assert_non_null(buf);
+        memcpy(buf, orig, len);
+        if (k == 0)
+            buf[sof + 4] = 12; /* the sample precision, after the marker and the length */
+        else
+            buf[sof + 1] = 0xc3;
+        stoke__image_opts o;
+        stoke__image_opts_init(&o);
+        o.size = 32;
+        unsigned char out[32 * 32 * 3];
+        char msg[256] = "";
+        assert_int_equal(stoke__image_decode(&o, buf, len, 0, 0, out, msg, sizeof(msg)),
+                         STOKE_ENOTSUP);
+        assert_non_null(strstr(msg, "unsupported JPEG: "));
+        assert_non_null(strstr(msg, k == 0 ? "precision 12" : "SOF type 0xc3"));
+        free(buf);
+    }
+    free(orig);
 }
 
 static void test_options(void **state)
@@ -894,6 +930,15 @@ static void test_folder_order_and_labels(void **state)
     assert_int_equal(ds.get(ds.user, 7, dst, NULL, 0, msg, sizeof(msg)), STOKE_ERANGE);
     stoke_dataset_close(&ds);
     assert_int_equal(stoke_images_num_classes(&ds), 0);
+    /* names that are only the extension are JPEGs too, as ImageFolder takes them */
+    mkdirs("dotnames/c");
+    write_jpeg("dotnames/c/.jpg", 16, 12, K_BASELINE, 90);
+    write_jpeg("dotnames/c/.JPEG", 16, 12, K_BASELINE, 90);
+    open_dir("dotnames", ",size=8", &ds);
+    assert_int_equal(ds.length(ds.user), 2);
+    assert_string_equal(stoke_images_path(&ds, 0), "c/.JPEG");
+    assert_string_equal(stoke_images_path(&ds, 1), "c/.jpg");
+    stoke_dataset_close(&ds);
 }
 
 /* Sample bytes by index of one epoch read through a loader (shuffled, `workers` threads). */
@@ -1065,6 +1110,33 @@ static void test_tar_jpg_members(void **state)
     }
     stoke_dataset_close(&td);
     stoke_dataset_close(&id);
+    /* the same members with their extensions in capitals (.JPG, .CLS): decoded the same */
+    const char *argv2[64] = {"/bin/tar", "--format=ustar", "-cf", shard, "-C", stage};
+    argc = 6;
+    for (uint64_t i = 0; i < 2 * n; i++) {
+        char from[1024], to[1024];
+        path_in(from, sizeof(from), "tarstage");
+        stoke__fmt(from + strlen(from), sizeof(from) - strlen(from), "/%s", names[i]);
+        for (char *e = strrchr(names[i], '.'); *e; e++)
+            *e = (char)toupper((unsigned char)*e);
+        path_in(to, sizeof(to), "tarstage");
+        stoke__fmt(to + strlen(to), sizeof(to) - strlen(to), "/%s", names[i]);
+        assert_int_equal(rename(from, to), 0);
+        argv2[argc++] = names[i];
+    }
+    argv2[argc] = NULL;
+    if (tu_run(argv2, NULL, out, sizeof(out), err, sizeof(err)) != 0)
+        fail_msg("tar: %s", err);
+    char ispec[1200];
+    stoke__fmt(ispec, sizeof(ispec), "images:%s/tartree,eval,size=24", g_root);
+    stoke__fmt(tspec, sizeof(tspec), "tar:%s,fields=JPG:CLS,eval,size=24", shard);
+    size_t ni, nt, bi, bt;
+    unsigned char *a = load_epoch(ispec, 1, 0, 0, &ni, &bi);
+    unsigned char *b = load_epoch(tspec, 2, 0, 0, &nt, &bt);
+    assert_int_equal(ni, nt);
+    assert_int_equal(bi, bt);
+    assert_memory_equal(a, b, ni * bi);
+    free(a), free(b);
 }
 
 /* One epoch of `spec` under on_error `policy` with `workers`: the indices and the data bytes
@@ -1602,6 +1674,7 @@ int main(void)
         cmocka_unit_test(test_train_matches_reference),
         cmocka_unit_test(test_tiny),
         cmocka_unit_test(test_corruptions),
+        cmocka_unit_test(test_unsupported_jpeg),
         cmocka_unit_test(test_layouts_and_dtypes),
         cmocka_unit_test(test_kernels_agree),
         cmocka_unit_test(test_decode_only),

@@ -81,6 +81,15 @@ static void on_error_exit(j_common_ptr c)
     longjmp(e->jb, 1);
 }
 
+/* libjpeg's errors for a well-formed JPEG this libjpeg cannot decode (12-bit samples, a
+ * lossless or hierarchical process, a feature left out of the build), as opposed to a
+ * malformed one. */
+static int unsupported(int msg_code)
+{
+    return msg_code == JERR_BAD_PRECISION || msg_code == JERR_SOF_UNSUPPORTED ||
+           msg_code == JERR_ARITH_NOTIMPL || msg_code == JERR_NOT_COMPILED;
+}
+
 /* Warnings that mean image data is missing or corrupt end the decode; the others (extraneous
  * bytes between markers, an unknown JFIF revision or Adobe transform, a bad ICC marker) do
  * not change the pixels and are ignored. */
@@ -370,6 +379,9 @@ int stoke__image_decode(const stoke__image_opts *o, const void *jpeg, size_t len
                        (unsigned)d->cinfo.image_width, (unsigned)d->cinfo.image_height,
                        size_word(o->max_decode, b, sizeof(b)));
             rc = STOKE_ELIMIT;
+        } else if (unsupported(d->err.pub.msg_code)) {
+            stoke__fmt(msg, msg_len, "unsupported JPEG: %s", d->err.text);
+            rc = STOKE_ENOTSUP;
         } else {
             stoke__fmt(msg, msg_len, "corrupt JPEG: %s", d->err.text);
             rc = STOKE_EFORMAT;

@@ -87,11 +87,13 @@ static int cmp_str(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
+/* A name ending in .jpg or .jpeg, in any case: ".jpg" itself too, as torchvision's
+ * ImageFolder (has_file_allowed_extension) takes it. */
 static int is_jpeg_name(const char *name)
 {
     size_t n = strlen(name);
-    return (n > 4 && strcasecmp(name + n - 4, ".jpg") == 0) ||
-           (n > 5 && strcasecmp(name + n - 5, ".jpeg") == 0);
+    return (n >= 4 && strcasecmp(name + n - 4, ".jpg") == 0) ||
+           (n >= 5 && strcasecmp(name + n - 5, ".jpeg") == 0);
 }
 
 static int is_other_image_name(const char *name)

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "common/internal.h"
@@ -56,11 +57,12 @@ const stoke__tar_image_hook *stoke__tar_image_hook_get(void)
 
 int stoke__tar_field_kind(const char *ext)
 {
-    if (strcmp(ext, "cls") == 0)
+    /* in any case, as images: matches .JPG files and WebDataset's decoders extensions */
+    if (strcasecmp(ext, "cls") == 0)
         return STOKE__TAR_CLS;
-    if (strcmp(ext, "npy") == 0)
+    if (strcasecmp(ext, "npy") == 0)
         return STOKE__TAR_NPY;
-    if (strcmp(ext, "jpg") == 0 || strcmp(ext, "jpeg") == 0)
+    if (strcasecmp(ext, "jpg") == 0 || strcasecmp(ext, "jpeg") == 0)
         return STOKE__TAR_IMAGE;
     return STOKE__TAR_RAW;
 }

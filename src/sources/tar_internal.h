@@ -39,7 +39,7 @@ typedef struct stoke__tar_image_hook {
 /* The hook in this build, or NULL. */
 const stoke__tar_image_hook *stoke__tar_image_hook_get(void);
 
-/* The kind of a member extension ("jpg", "cls", "npy", "seg.png": RAW). */
+/* The kind of a member extension ("jpg", "JPEG", "cls", "npy", in any case; "seg.png": RAW). */
 int stoke__tar_field_kind(const char *ext);
 
 /* Where one field of one sample lies: data at `off` (size bytes), header at `hdr`; off ==
