@@ -536,10 +536,11 @@ static PyObject *loader_quarantine(PyObject *obj, PyObject *args)
         PyObject *rep = e.replacement == UINT64_MAX ? Py_NewRef(Py_None)
                                                     : PyLong_FromUnsignedLongLong(e.replacement);
         PyObject *d = Py_BuildValue(
-            "{s:K,s:K,s:i,s:s,s:N,s:s,s:s}", "index", (unsigned long long)e.index, "epoch",
+            "{s:K,s:K,s:i,s:s,s:N,s:N,s:N}", "index", (unsigned long long)e.index, "epoch",
             (unsigned long long)e.epoch, "code", e.code, "action",
             actions[e.action >= 0 && e.action <= 2 ? e.action : 0], "replacement", rep,
-            "source", e.source, "reason", e.reason);
+            "source", stoke_py_text(e.source, "surrogateescape"), "reason",
+            stoke_py_text(e.reason, "backslashreplace"));
         if (!d || PyList_Append(out, d) < 0)
             Py_CLEAR(out);
         Py_XDECREF(d);

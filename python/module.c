@@ -82,19 +82,27 @@ int stoke_py_flush_warnings(void)
 
 /* ---- errors ---------------------------------------------------------------------------------- */
 
+PyObject *stoke_py_text(const char *s, const char *errors)
+{
+    return PyUnicode_DecodeUTF8(s, (Py_ssize_t)strlen(s), errors);
+}
+
 /* Raises `type`(msg) with the attributes code, code_name, message and sample (None if < 0). */
 PyObject *stoke_py_raise(PyObject *type, int code, const char *msg, long long sample)
 {
     if (!msg || !*msg)
         msg = stoke_strerror(code);
-    PyObject *exc = PyObject_CallFunction(type, "s", msg);
-    if (!exc)
+    /* a message may quote a file name that is not UTF-8: its bytes as \xNN */
+    PyObject *m = stoke_py_text(msg, "backslashreplace");
+    PyObject *exc = m ? PyObject_CallOneArg(type, m) : NULL;
+    if (!exc) {
+        Py_XDECREF(m);
         return NULL;
+    }
     PyObject *s = sample >= 0 ? PyLong_FromLongLong(sample) : Py_NewRef(Py_None);
     PyObject *c = PyLong_FromLong(code);
     PyObject *n = PyUnicode_FromString(stoke_err_name(code));
-    PyObject *m = PyUnicode_FromString(msg);
-    if (s && c && n && m && PyObject_SetAttrString(exc, "code", c) == 0 &&
+    if (s && c && n && PyObject_SetAttrString(exc, "code", c) == 0 &&
         PyObject_SetAttrString(exc, "code_name", n) == 0 &&
         PyObject_SetAttrString(exc, "message", m) == 0 &&
         PyObject_SetAttrString(exc, "sample", s) == 0)

@@ -67,6 +67,9 @@ extern PyObject *StokeThreadsWarning;
 /* module.c */
 int stoke_py_flush_warnings(void);
 PyObject *stoke_py_raise(PyObject *type, int code, const char *msg, long long sample);
+/* s (NUL-terminated) as a str: UTF-8, its other bytes by the codec error handler `errors`
+ * ("backslashreplace" for messages; "surrogateescape" for paths, as os.fsdecode). */
+PyObject *stoke_py_text(const char *s, const char *errors);
 /* Makes the library's log messages Python warnings (the module's sink; cli.c lends the default
  * stderr sink to the CLI and installs this one again). */
 void stoke_py_log_install(void);

@@ -22,10 +22,39 @@ int cli_has_json(int argc, char **argv)
     return 0;
 }
 
+/* The length of the well-formed UTF-8 sequence at p (1..4), or 0 when p starts none (a stray
+ * continuation byte, a sequence cut short, an overlong form, a surrogate, beyond U+10FFFF). */
+static int utf8_len(const unsigned char *p)
+{
+    if (p[0] < 0x80)
+        return 1;
+    int n = p[0] >= 0xc2 && p[0] <= 0xdf   ? 2
+            : p[0] >= 0xe0 && p[0] <= 0xef ? 3
+            : p[0] >= 0xf0 && p[0] <= 0xf4 ? 4
+                                           : 0;
+    /* the second byte's range is narrower after E0 (overlong), ED (surrogates), F0, F4 */
+    unsigned lo = p[0] == 0xe0 ? 0xa0 : p[0] == 0xf0 ? 0x90 : 0x80;
+    unsigned hi = p[0] == 0xed ? 0x9f : p[0] == 0xf4 ? 0x8f : 0xbf;
+    for (int k = 1; k < n; k++)
+        if (p[k] < (k == 1 ? lo : 0x80) || p[k] > (k == 1 ? hi : 0xbf))
+            return 0; /* also stops at the terminating NUL */
+    return n;
+}
+
 void cli_json_str(FILE *f, const char *s)
 {
     fputc('"', f);
     for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
+        if (*p >= 0x80) {
+            int n = utf8_len(p);
+            if (n) {
+                fwrite(p, 1, (size_t)n, f);
+                p += n - 1;
+            } else { /* not UTF-8 (a file name's raw byte): Python's surrogateescape */
+                fprintf(f, "\\udc%02x", *p);
+            }
+            continue;
+        }
         switch (*p) {
         case '"': fputs("\\\"", f); break;
         case '\\': fputs("\\\\", f); break;

@@ -58,7 +58,9 @@ int cli_opt(const cli_cmd *c, int argc, char **argv, int *i, const char *name, c
  * 0; -1 after reporting (cli_fail) why it is not one. */
 int cli_u64(const cli_cmd *c, const char *name, const char *v, uint64_t min, uint64_t max,
             uint64_t *out);
-/* Writes `s` as a JSON string literal (quotes included). */
+/* Writes `s` as a JSON string literal (quotes included), always valid UTF-8: a byte that is not
+ * part of a UTF-8 sequence (a file name's) becomes \udcXX, as Python's surrogateescape
+ * (json.loads, then os.fsencode, gives the bytes back). */
 void cli_json_str(FILE *f, const char *s);
 /* 1 if `arg` is `name` (e.g. "--json"). */
 int cli_is(const char *arg, const char *name);

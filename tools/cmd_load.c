@@ -241,12 +241,17 @@ static int parse_args(int argc, char **argv, load_args *a)
                 usage(stderr);
             return cli_fail(c, 2, "unknown option '%s' (stoke load --help lists them)", arg);
         }
-        if (a->source)
-            return cli_fail(c, 2, "only one SOURCE (got '%s' and '%s')", a->source, arg);
+        if (a->source) {
+            char other[512];
+            stoke_source_redact(a->shown, sizeof(a->shown), a->source);
+            return cli_fail(c, 2, "only one SOURCE (got '%s' and '%s')", a->shown,
+                            stoke_source_redact(other, sizeof(other), arg));
+        }
         a->source = arg;
     }
     if (!a->source)
         a->source = "synthetic";
+    stoke_source_redact(a->shown, sizeof(a->shown), a->source);
     stoke_loader_opts_init(&a->bad);
     if (a->on_error && stoke_on_error_parse(a->on_error, &a->bad) != STOKE_OK)
         return cli_fail(c, 2, "--on-error=%s: expected error, skip[:N|:P%%] or replace[:N|:P%%]",
@@ -546,7 +551,7 @@ static void print_json(const load_run *r, const char *content_src, const char *w
     else
         printf(", \"error_code\": null");
     json_str_or_null("error_name", r->status ? stoke_err_name(r->code) : NULL);
-    json_str_or_null("source", a->source);
+    json_str_or_null("source", a->shown);
     printf(", \"samples\": %" PRIu64 ", \"batches\": %" PRIu64 ", \"seconds\": %.6f", r->samples,
            r->batches, secs);
     printf(", \"samples_per_s\": %.1f, \"bytes_per_s\": %.1f", (double)r->samples / secs,
@@ -598,7 +603,7 @@ static void print_text(const load_run *r, const char *content_src, const char *w
     const stoke_loader_stats *st = &r->st;
     printf("stoke load %s: %" PRIu64 " samples in %" PRIu64 " batches, %.3f s, %.0f samples/s, "
            "%.1f MB/s%s\n",
-           a->source, r->samples, r->batches, secs, (double)r->samples / secs,
+           a->shown, r->samples, r->batches, secs, (double)r->samples / secs,
            (double)st->bytes / secs / 1e6, r->status ? " (FAILED)" : "");
     printf("  accelerator: %s; pinned for: %s; batches pinned: %" PRIu64 ", pageable: %" PRIu64
            "\n",

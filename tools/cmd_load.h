@@ -19,6 +19,7 @@ enum { ORDER_SEQUENTIAL = 0, ORDER_RANDOM = 1, ORDER_BLOCK = 2 };
 typedef struct load_args {
     cli_cmd cmd;
     const char *source, *pin_dev, *device, *on_error, *worker_mode, *arena;
+    char shown[4200]; /* the source as printed: without credentials (stoke_source_redact) */
     stoke_loader_opts bad; /* --on-error parsed: on_error, max_bad, max_bad_fraction */
     uint64_t batch, workers, prefetch, seed, epochs, limit;
     uint64_t block_rows, block_window; /* ORDER_BLOCK: the sizes (defaults filled in) */

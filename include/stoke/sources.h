@@ -44,6 +44,12 @@ extern "C" {
  * stoke_dataset_init: safe to stoke_dataset_close) unless out was NULL.  Thread-safe. */
 STOKE_API int stoke_source_open(const char *spec, stoke_dataset *out);
 
+/* `spec` as it may be printed or logged, into out (n bytes, NUL-terminated, truncated as
+ * snprintf): every URL in it without its user:password@ and without the values of
+ * signature and token query parameters (a presigned URL's), as in the library's own
+ * messages.  Returns out.  Thread-safe. */
+STOKE_API const char *stoke_source_redact(char *out, size_t n, const char *spec);
+
 /* ---- synthetic ------------------------------------------------------------------------------
  * Sample i's bytes are a pure function of (seed, i): a counter-based mix (splitmix64 of seed,
  * index and word number) generating 8 bytes per step, so any sample can be produced by any

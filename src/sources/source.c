@@ -5,6 +5,7 @@
 #include "common/env.h"
 #include "common/internal.h"
 #include "sources/image.h"
+#include "sources/remote.h"
 #include "stoke/sources.h"
 
 #define SPEC_MAX 4096
@@ -265,6 +266,13 @@ static int open_images(const char *spec, const char *args, stoke_dataset *out)
     }
     free(buf);
     return rc;
+}
+
+const char *stoke_source_redact(char *out, size_t n, const char *spec)
+{
+    if (out && n)
+        stoke__remote_redact(out, n, spec ? spec : "");
+    return out;
 }
 
 int stoke_source_open(const char *spec, stoke_dataset *out)
