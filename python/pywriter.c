@@ -30,9 +30,13 @@ struct stoke_pywriter {
     int froze;                 /* fork_prepare froze the GC's objects: fork_parent thaws them */
 };
 
-/* The result of a writer call: -1 (a str: its text in msg), or the int it returned (None: 0).
- * A raised exception (a bug of the Python layer, which catches the dataset's) is a failure
- * too, its text in msg.  GIL held; steals r. */
+/* A fill's result when the dataset raised a KeyboardInterrupt or SystemExit (bytes: its text):
+ * not a bad sample (fill_status). */
+#define RESULT_INTERRUPTED (-2)
+
+/* The result of a writer call: -1 (a str: its text in msg), RESULT_INTERRUPTED (bytes: its text
+ * in msg), or the int it returned (None: 0).  A raised exception (a bug of the Python layer,
+ * which catches the dataset's) is a failure too, its text in msg.  GIL held; steals r. */
 static long long result_of(PyObject *r, const char *what, char *msg, size_t msg_len)
 {
     long long v = 0;
@@ -53,6 +57,9 @@ static long long result_of(PyObject *r, const char *what, char *msg, size_t msg_
         const char *s = PyUnicode_AsUTF8(r);
         snprintf(msg, msg_len, "%s", s ? s : "?");
         v = -1;
+    } else if (PyBytes_Check(r)) {
+        snprintf(msg, msg_len, "%s", PyBytes_AS_STRING(r));
+        v = RESULT_INTERRUPTED;
     } else if (PyLong_Check(r)) {
         v = PyLong_AsLongLong(r);
     } else if (PyTuple_Check(r) && PyTuple_GET_SIZE(r) == 2) { /* next_fill: (bytes, index) */
@@ -83,9 +90,14 @@ static void block_release(PyObject *view)
 
 /* A fill's or next_fill's status from its result v (< 0: it failed; 0 from next_fill: the
  * worker's iterator ended).  A failure while the batch is no longer wanted is the batch given
- * up between two samples (the writer's _Abandoned): STOKE_ECANCELED, not a bad sample. */
+ * up between two samples (the writer's _Abandoned): STOKE_ECANCELED, not a bad sample.  A
+ * KeyboardInterrupt or SystemExit (RESULT_INTERRUPTED) is STOKE_ECANCELED too: never a bad
+ * sample (src/loader/badsample.c), it ends the epoch with the loader's error (the Python layer
+ * raises the exception itself in its place where it was raised in the caller's process). */
 static int fill_status(long long v, int next)
 {
+    if (v == RESULT_INTERRUPTED)
+        return STOKE_ECANCELED;
     if (v < 0)
         return stoke_dataset_abandoned() ? STOKE_ECANCELED : STOKE_EDATA;
     return next && v == 0 ? STOKE_EEND : STOKE_OK;
@@ -546,7 +558,7 @@ int stoke_pywriter_open(PyObject *obj, stoke_dataset *ds)
     Py_XDECREF(b);
     if (PyErr_Occurred())
         return -1;
-    if (blob < 64 || nbatches == 0) {
+    if (blob < 64) {
         PyErr_Format(PyExc_ValueError, "stoke: writer: blob_bytes %lld, nbatches %lld", blob,
                      nbatches);
         return -1;
@@ -579,7 +591,7 @@ int stoke_pywriter_open(PyObject *obj, stoke_dataset *ds)
     ds->user = w;
     ds->nfields = 1;
     ds->fields = &w->field;
-    if (nbatches > 0) {
+    if (nbatches >= 0) { /* (0: a MAP dataset whose epochs have no batch) */
         ds->length = pyw_length;
         ds->get = pyw_get;
     } else {

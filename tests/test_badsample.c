@@ -35,10 +35,18 @@ static uint64_t bds_length(void *user)
     return N;
 }
 
+/* The index whose get() answers STOKE_ECANCELED, as a Python dataset interrupted by Ctrl-C
+ * does (test_canceled_is_not_bad); UINT64_MAX: none. */
+static uint64_t g_cancel = UINT64_MAX;
+
 static int bds_get(void *user, uint64_t index, void *const dst[], int64_t lens[], int worker,
                    char *msg, size_t msg_len)
 {
     bds *b = user;
+    if (index == g_cancel) {
+        snprintf(msg, msg_len, "interrupted at sample %" PRIu64, index);
+        return STOKE_ECANCELED;
+    }
     if (is_bad(b, index)) {
         snprintf(msg, msg_len, "shard-%" PRIu64 ".bin@%" PRIu64 ": corrupt sample %" PRIu64,
                  index / 10, index * 512, index);
@@ -220,6 +228,29 @@ static void test_skip(void **state)
                 }
             }
     }
+}
+
+/* A get() that answers STOKE_ECANCELED while its batch is still wanted (an interrupt) is no
+ * bad sample: skip and replace end the epoch with it, nothing quarantined. */
+static void test_canceled_is_not_bad(void **state)
+{
+    (void)state;
+    static run r;
+    g_cancel = 20;
+    const char *policies[] = {"skip", "replace", "error"};
+    for (size_t p = 0; p < 3; p++)
+        for (int w = 0; w <= 2; w += 2)
+            for (int gb = 0; gb < 2; gb++) {
+                /* (under error, no bad sample: 13 would end the epoch first) */
+                run_epoch(policies[p], w, 0, gb, BAD, p == 2 ? 0 : 3, &r);
+                assert_int_equal(r.rc, STOKE_ECANCELED);
+                assert_non_null(strstr(r.err, "interrupted at sample 20"));
+                /* the batches before 16..23, none after: 13 and 14 skipped or replaced */
+                assert_int_equal(r.n, p == 0 ? 14 : 16);
+                assert_int_equal(r.st.bad_samples, p == 2 ? 0 : 2);
+                assert_int_equal(r.nq, p == 2 ? 0 : 2);
+            }
+    g_cancel = UINT64_MAX;
 }
 
 /* Past the budget (a count, a share of the epoch): the error, at the batch that crosses it. */
@@ -541,6 +572,7 @@ int main(void)
         cmocka_unit_test(test_skip_budget),        cmocka_unit_test(test_replace),
         cmocka_unit_test(test_parse_and_validate), cmocka_unit_test(test_cli_on_error),
         cmocka_unit_test(test_iterable),           cmocka_unit_test(test_all_bad_batch),
+        cmocka_unit_test(test_canceled_is_not_bad),
     };
     return tu_exit_status(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -226,7 +226,9 @@ STOKE_API void stoke_dataset_close(stoke_dataset *ds);
  * (num_workers 0: nothing abandons a run while it makes a batch).  A call that takes long (a
  * read() of a whole batch, a batch of Python samples) may ask it between two samples and then
  * return STOKE_ECANCELED: the batch is discarded, with no bad sample counted and nothing read
- * again.  The loader itself asks it between two get()/next() calls.  Two atomic loads. */
+ * again.  STOKE_ECANCELED returned while the batch is wanted is an interrupt (Ctrl-C in a
+ * Python dataset): it ends the epoch with that error, and on_error never skips or replaces it.
+ * The loader itself asks it between two get()/next() calls.  Two atomic loads. */
 STOKE_API int stoke_dataset_abandoned(void);
 /* Fills field->itemsize (from dtype, overwriting it, unless RAW) and field->bytes from dtype,
  * ndim and shape (a 0 dimension gives 0 bytes; a ragged field counts max_len units).  Returns

@@ -201,6 +201,7 @@ class DataLoader(_stoke.Loader):
         self._writer = None
         self._structure = None
         self._first_iter = False
+        self._len_called = None
         if not is_source:
             return self._init_python(
                 dataset, 1 if batch_size is _UNSET else batch_size, shuffle, sampler,
@@ -273,6 +274,7 @@ class DataLoader(_stoke.Loader):
                      pad, pad_to_multiple_of, max_length, return_lengths, max_batch_bytes,
                      on_error):
         from . import _dropin
+        user_prefetch_factor = prefetch_factor
         num_workers = _index(num_workers, "num_workers")
         if num_workers < 0:
             raise ValueError("num_workers option should be non-negative; "
@@ -313,6 +315,9 @@ class DataLoader(_stoke.Loader):
             if batch_size < 1:
                 raise ValueError("batch_size should be a positive integer value, but got "
                                  "batch_size=%d" % batch_size)
+        # (made before the loader: torch's errors, RandomSampler's on an empty dataset, first)
+        torch_samplers = _dropin._torch_samplers(dataset, iterable, shuffle, sampler,
+                                                 batch_sampler, batch_size, drop_last, generator)
         method = _start_method(mp_context)
         if method != "fork":
             raise ValueError("stoke: multiprocessing_context=%r: stoke's workers are forked "
@@ -330,6 +335,12 @@ class DataLoader(_stoke.Loader):
         if worker_mode not in ("processes", "threads"):
             raise ValueError("stoke: worker_mode must be 'processes' or 'threads', not %r"
                              % (worker_mode,))
+        # torch's own collation passed explicitly (a loader made again from another's
+        # attributes) is the built-in one: the batch collated straight into the block
+        user_collate_fn = collate_fn
+        if collate_fn is not None and collate_fn is _dropin._torch_collate(
+                batch_size is not None or batch_sampler is not None):
+            collate_fn = None
         if pad is not None and collate_fn is not None:
             raise ValueError("stoke: pad= is the built-in collation; with a collate_fn, pad "
                              "inside it")
@@ -401,9 +412,17 @@ class DataLoader(_stoke.Loader):
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.drop_last = drop_last
-        self.sampler = sampler
-        self.batch_sampler = batch_sampler
-        self.collate_fn = collate_fn
+        # torch's attributes, with torch's meaning: the user's sampler object (its set_epoch
+        # reaches the sampler this loader iterates), else torch's SequentialSampler or
+        # RandomSampler over the dataset (shuffle=True: stoke's own order is its permutation
+        # keyed by (seed, epoch), not that sampler's: docs/python.md), the BatchSampler, torch's
+        # default_collate / default_convert
+        self.sampler, self.batch_sampler = torch_samplers
+        self.collate_fn = user_collate_fn if user_collate_fn is not None else \
+            _dropin._torch_collate(batch_size is not None or batch_sampler is not None)
+        self.prefetch_factor = _dropin._torch_prefetch_factor(user_prefetch_factor, num_workers)
+        self.multiprocessing_context = _dropin._mp_context(mp_context)
+        self.pin_memory_device = pin_memory_device or ""
         self.generator = generator
         self.timeout = timeout
         self.worker_init_fn = worker_init_fn
@@ -430,7 +449,13 @@ class DataLoader(_stoke.Loader):
                 # (or drawn from) since construction, so epoch 0 starts again with a new draw
                 self._writer.redraw()
                 super().set_epoch(self.epoch)
-        return self._batches(super().__iter__())
+            elif not self._writer.planned:
+                # the sampler's order is taken now, as torch's iter() takes it (no batch was
+                # made yet: the workers start at the first next())
+                self._writer.plan_now(self.epoch)
+        # torch's warning on an IterableDataset that yields more than len(loader) said: the
+        # length read by len(loader) before this iteration began (_IterableDataset_len_called)
+        return self._batches(super().__iter__(), self._len_called)
 
     def set_epoch(self, epoch):
         self._first_iter = False
@@ -457,8 +482,9 @@ class DataLoader(_stoke.Loader):
             else:
                 yield [conv(b[n]) for n in names]
 
-    def _batches(self, it):
+    def _batches(self, it, len_called=None):
         decode = self._writer.decode
+        yielded = 0
         ended = set()  # an iterable dataset in worker processes: the exhausted workers
         end, skipped = _dropin_end()
         # the caller holds all the buffers but the workers' last one: copy this one out
@@ -467,12 +493,24 @@ class DataLoader(_stoke.Loader):
             try:
                 b = next(it)
             except StopIteration:
+                if self._writer.iter_map and len(ended) < self.num_workers:
+                    _warnings.warn(
+                        "stoke: the IterableDataset's epoch was cut after %d batches, the most "
+                        "a stoke.DataLoader with worker processes delivers in one epoch (its "
+                        "workers' iterators were not exhausted)" % self._writer.nbatches,
+                        RuntimeWarning, stacklevel=2)
                 return
             except StokeError as e:
                 # exc is cleared on the way out: a cycle (exc -> traceback -> this frame -> exc)
                 # left the failed loader to the cyclic collector, which may run on one of the
                 # loader's own worker threads, and a loader destroyed there freed the slot its
                 # fill was still writing (a crash seen in test_errors)
+                exc = self._writer.take_interrupt()
+                try:
+                    if exc is not None:  # Ctrl-C or sys.exit() in __getitem__: itself, as torch
+                        raise exc from None
+                finally:
+                    exc = None
                 exc = self._writer.reraise(e)
                 try:
                     if exc is not None:
@@ -495,6 +533,17 @@ class DataLoader(_stoke.Loader):
                 if len(ended) >= self.num_workers:
                     return
                 continue
+            yielded += 1
+            if len_called is not None and yielded > len_called:
+                _warnings.warn(  # torch's words (torch.utils.data.dataloader)
+                    "Length of IterableDataset %s was reported to be %d (when accessing "
+                    "len(dataloader)), but %d samples have been fetched. %s"
+                    % (self.dataset, len_called, yielded,
+                       "For multiprocessing data-loading, this could be caused by not "
+                       "properly configuring the IterableDataset replica at each worker. "
+                       "Please see https://pytorch.org/docs/stable/data.html#torch.utils."
+                       "data.IterableDataset for examples." if self.num_workers > 0 else ""),
+                    stacklevel=2)
             yield out
             # not kept while the next batch is awaited: a caller that dropped its batch has
             # given its buffer back, and a worker may take it instead of another one
@@ -522,7 +571,9 @@ class DataLoader(_stoke.Loader):
 
     def __len__(self):
         if self._writer is not None and self._iterable:
-            n = len(self.dataset)  # TypeError when the dataset has no length, as torch
+            # TypeError when the dataset has no length, as torch; it is not the epoch's bound
+            # (the iterators are), only what torch's warning compares with (_batches)
+            n = self._len_called = len(self.dataset)
             if self.batch_size is None:
                 return n
             return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
@@ -547,7 +598,7 @@ class DataLoader(_stoke.Loader):
                             int(state["batches_yielded"]), int(state.get("workers", 0)))
 
     def __repr__(self):
-        return ("stoke.DataLoader(batch_size=%d, num_workers=%d, epoch=%d, rank=%d/%d)"
+        return ("stoke.DataLoader(batch_size=%s, num_workers=%d, epoch=%d, rank=%d/%d)"
                 % (self.batch_size, self.num_workers, self.epoch, self.rank, self.world_size))
 
 

@@ -128,6 +128,14 @@ class DataLoader(Generic[_T_co]):
     num_workers: int
     drop_last: bool
     device: str | None
+    # A Python dataset: torch's attributes, with torch's meaning (the user's sampler and
+    # batch_sampler objects, else torch's SequentialSampler / RandomSampler / BatchSampler;
+    # default_collate or default_convert; a multiprocessing context)
+    sampler: Any
+    batch_sampler: Any
+    collate_fn: Callable[..., Any] | None
+    prefetch_factor: int | None
+    multiprocessing_context: Any
 
     # A source string: sampler, batch_sampler, collate_fn, worker_init_fn and pad apply to
     # Python datasets only (TypeError); device= ("cuda:1" or a torch.device) to source strings

@@ -87,6 +87,17 @@ _NP_KINDS = "biufc"  # numeric and bool arrays go into the block; others are pic
 
 
 _END = object()  # an iterator's end (next(it, _END))
+# An IterableDataset in worker processes: the C loader's batches per epoch (a MAP dataset whose
+# batch i is the next batch of whichever worker fills it); an epoch with more is cut, warning.
+_ITER_BATCHES = 1 << 24
+_INTERRUPTED_END = ": not a bad sample, the epoch ends"  # (_Writer.interrupted's message)
+
+
+class _KeptError:
+    """In a mailbox: the exception is in the writer's kept_errors under this token."""
+
+    def __init__(self, token):
+        self.token = token
 
 
 class _Abandoned(Exception):
@@ -864,6 +875,8 @@ class _Writer:
         self.fill_lock = threading.Lock()
         self.warned_over = False
         self.warned_copy = False
+        self.interrupt = None     # a fill's KeyboardInterrupt or SystemExit (interrupted())
+        self.kept_errors = {}     # exceptions too long for a mailbox, made here (keep_error)
         self.pin = False          # the loader's pin_memory: a custom batch's pin_memory() is called
         self.rows = False         # samples' tensors copied into the block as they come (measure)
         self.plan = None
@@ -877,26 +890,30 @@ class _Writer:
         self.blob_bytes = 0
         self.probe_pid = None     # measure()'s child, answered and exiting: reap_probe() reaps it
         self.iter_map = iterable and processes
+        # A sampler (batch_sampler) object: its order is taken when iteration starts, as
+        # torch's iter() does (sampler.set_epoch() after the loader is made counts), not at
+        # construction: the creation's set_epoch hook leaves the plan to the first iteration
+        # (plan_now), and nothing here iterates it before (measure() forks its probe).  A
+        # list, tuple, range, array or tensor of indices has no state: read at construction.
+        self.defer = not iterable and not self.static_order() and (
+            sampler is not None or batch_sampler is not None)
+        self.planned = True       # False: the first iteration writes the epoch's plan
         self.iter_run = 0         # the plan's H_RUN this worker process's iterators are of
         if self.iter_map:
             # The C loader's worker processes take MAP datasets: batch i is then the next
             # batch of whichever worker's iterator fills it, and an exhausted worker answers
-            # with an END block; the epoch ends when every worker has sent one.
-            try:
-                n = len(dataset)
-                bs = batch_size or 1
-                self.nbatches = -(-n // bs) + 2 * num_workers + 1
-            except TypeError:
-                self.nbatches = 1 << 24
+            # with an END block; the epoch ends when every worker has sent one.  An
+            # IterableDataset's __len__ does not bound the epoch (torch delivers whatever the
+            # iterators yield; its length may be an estimate): _ITER_BATCHES at most, with a
+            # warning when an epoch reaches it (DataLoader._batches).
+            self.nbatches = _ITER_BATCHES
             nidx = 0
         elif not iterable:
-            self.nbatches, nidx = self.count()
-            if self.nbatches == 0:
-                raise ValueError("stoke: the dataset gives no batch (length %d, batch_size %s, "
-                                 "drop_last %s)" % (len(dataset), batch_size, drop_last))
+            self.nbatches, nidx = self.count()  # 0: every epoch is empty, as torch's
         else:
             nidx = 0
-        self.plan = _Plan(self.nbatches, nidx, num_workers + 1)
+        # (the plan's batch offsets are a MAP dataset's: an iterable's batches are not planned)
+        self.plan = _Plan(0 if iterable else self.nbatches, nidx, num_workers + 1)
 
     # -- the epoch's batches (consumer's process) --
 
@@ -948,6 +965,23 @@ class _Writer:
             out.pop()
         return out
 
+    def static_order(self):
+        """Whether the order comes from no sampler, or from one whose iteration has no state
+        (a plain sequence of indices or of index lists)."""
+        s = self.batch_sampler if self.batch_sampler is not None else self.sampler
+        if s is None or type(s) in (list, tuple, range):
+            return True
+        return ((np is not None and type(s) is np.ndarray)
+                or (torch is not None and type(s) is torch.Tensor))
+
+    def plan_now(self, epoch):
+        """At the first iteration, when the creation's hook left the plan to it (defer): the
+        sampler's order of now, under the base seed that hook drew."""
+        self.plan.write(epoch, self.batches(epoch), self.plan.base_seed())
+        self.planned = True
+        if torch is not None:  # (a sampler drawing from the global RNG drew)
+            self.rng_after = self.rng_state()
+
     def first_batch(self):
         b = self.batches(0)
         return b[0][:b[1]].tolist() if isinstance(b, tuple) else b[0]
@@ -969,7 +1003,7 @@ class _Writer:
         s = self.batch_sampler if self.batch_sampler is not None else self.sampler
         s = getattr(s, "sampler", s)
         uses_global = s is not None and getattr(s, "generator", False) is None
-        self.reseed_only = not uses_global
+        self.reseed_only = not uses_global and self.planned
 
     def rng_moved(self):
         """Whether the RNG the base seed is drawn from changed since the last draw: torch draws
@@ -997,6 +1031,7 @@ class _Writer:
                     # before this hook): the batches made and never decoded never will be
                     self.live.clear()
                 self.plan.mail_clear()
+                self.kept_errors.clear()
                 seed = self.base_seed_for()
                 if self.iterable:
                     self.plan.head[_Plan.H_EPOCH] = epoch
@@ -1007,8 +1042,14 @@ class _Writer:
                 elif self.reseed_only:  # epoch 0 again with a new seed, the same batches
                     self.reseed_only = False
                     self.plan.head[_Plan.H_SEED] = seed
+                elif self.defer:  # the creation's: the first iteration reads the sampler
+                    self.defer = False
+                    self.planned = False
+                    self.plan.head[_Plan.H_EPOCH] = epoch
+                    self.plan.head[_Plan.H_SEED] = seed
                 else:
                     self.plan.write(epoch, self.batches(epoch), seed)
+                    self.planned = True
                 if torch is not None:  # after the sampler's draws too
                     self.rng_after = self.rng_state()
             elif (epoch, self.plan.base_seed()) != (self.seeded_epoch, self.seeded_base):
@@ -1182,6 +1223,8 @@ class _Writer:
             return "its run was abandoned"  # (pyw_get: STOKE_ECANCELED)
         except Exception as e:  # noqa: BLE001 - the consumer re-raises it
             return self.fail(i, worker, e, where[0])
+        except BaseException as e:  # noqa: BLE001 - Ctrl-C, sys.exit(): never a bad sample
+            return self.interrupted(e, where[0])
 
     def fill_kept(self, k, i, worker, view):
         """Batch 0 as measure() made it (its bytes copied into the slot; its structure stays
@@ -1259,6 +1302,26 @@ class _Writer:
                     "pass max_batch_bytes=%d or more" % (o.need, len(view), 2 * o.need))
         except Exception as e:  # noqa: BLE001
             return self.fail(-1, worker, e, None)
+        except BaseException as e:  # noqa: BLE001 - Ctrl-C, sys.exit(): never a bad sample
+            return self.interrupted(e, None)
+
+    def interrupted(self, e, index):
+        """A KeyboardInterrupt, SystemExit or GeneratorExit (a BaseException that is not an
+        Exception) raised by the dataset or collate_fn: not a bad sample (on_error does not
+        skip or replace it; bytes are pyw_get's status for that), it ends the epoch.  Raised in
+        this process (num_workers=0, worker threads), the caller re-raises it as it is
+        (DataLoader._batches), as torch's loop does; in a worker process it is the loader's
+        error, as a torch worker's exit is a RuntimeError."""
+        if self.worker < 0:
+            self.interrupt = e
+        what = "%s%s raised by the dataset" % (type(e).__name__, "(%s)" % e if str(e) else "")
+        if index is not None:
+            what += " (dataset index %d)" % index
+        return (what + _INTERRUPTED_END).encode()
+
+    def take_interrupt(self):
+        e, self.interrupt = self.interrupt, None
+        return e
 
     def fail(self, i, worker, e, index):
         self.keep_error(i, e, index, worker)
@@ -1274,6 +1337,21 @@ class _Writer:
             pickle.loads(payload)  # an __init__ with other arguments than args fails here
         except Exception:  # noqa: BLE001 - an exception that does not pickle
             payload = b""
+        if payload and len(payload) > MAIL_ENTRY - 16 and self.worker < 0:
+            # too long for a mailbox (a long message), made in this process: the exception
+            # itself is kept for the consumer (without its traceback, whose frames hold the
+            # batch's block; its text goes in the note as for any other), its type unchanged
+            token = next(_tokens)
+            self.kept_errors[token] = e.with_traceback(None)
+            payload = pickle.dumps((_KeptError(token), tb, index, os.getpid(), worker))
+        elif payload and len(payload) > MAIL_ENTRY - 16:
+            # a worker process's: its message cut, its type kept where it makes one from that
+            text = str(e)[:MAIL_ENTRY // 4] + " ... (message cut by stoke)"
+            try:
+                payload = pickle.dumps((type(e)(text), tb, index, os.getpid(), worker))
+                pickle.loads(payload)
+            except Exception:  # noqa: BLE001 - a constructor with other arguments
+                payload = b""
         if not payload or len(payload) > MAIL_ENTRY - 16:
             text = ("%s: %s" % (type(e).__name__, e))[:MAIL_ENTRY // 4]
             payload = pickle.dumps((RuntimeError(text), tb, index, os.getpid(), worker))
@@ -1285,12 +1363,15 @@ class _Writer:
         if max_batch_bytes:
             self.blob_bytes = int(max_batch_bytes)
             return
+        if self.nbatches == 0:  # no batch to measure, none to hold
+            self.blob_bytes = 4096
+            return
         if self.rows_path:
             bs = self.batch_size or 1  # rows of in-memory tensors: the size is known
             need = HDR + sum(_align(bs * t[0].numel() * t.element_size()) for t in self.tensors)
             self.blob_bytes = (need + (64 << 10) + 4095) & ~4095
             return
-        if self.num_workers == 0 and not self.iterable:
+        if self.num_workers == 0 and not self.iterable and not self.defer:
             need = self.measure_here()
             if meanwhile is not None:
                 try:
@@ -1485,6 +1566,10 @@ class _Writer:
             exc, tb, index, pid, worker = pickle.loads(data)
         except Exception:  # noqa: BLE001 - checked by the worker; a class that changed since
             return None
+        if type(exc) is _KeptError:  # the exception itself, kept in this process
+            exc = self.kept_errors.pop(exc.token, None)
+            if exc is None:
+                return None
         where = "in stoke worker %d (pid %d)" % (worker, pid) if pid != os.getpid() else \
             "in the loading thread"
         note = "%s, batch %s%s:\n%s" % (
@@ -1520,6 +1605,65 @@ def _pin_custom(x):
     if callable(getattr(x, "pin_memory", None)):
         return x.pin_memory()
     return x
+
+
+def _torch_samplers(dataset, iterable, shuffle, sampler, batch_sampler, batch_size, drop_last,
+                    generator):
+    """(loader.sampler, loader.batch_sampler) as torch's DataLoader sets them: the user's
+    objects, else torch's default ones (None without torch)."""
+    if torch is None:
+        return sampler, batch_sampler
+    from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
+    if sampler is None:
+        if iterable:
+            from torch.utils.data.dataloader import _InfiniteConstantSampler
+            sampler = _InfiniteConstantSampler()
+        elif shuffle:
+            sampler = RandomSampler(dataset, generator=generator)
+        else:
+            sampler = SequentialSampler(dataset)
+    if batch_size is not None and batch_sampler is None:
+        batch_sampler = BatchSampler(sampler, batch_size, drop_last)
+    return sampler, batch_sampler
+
+
+def _torch_collate(auto_collation):
+    """torch's default collate_fn: default_collate with automatic batching, else
+    default_convert (None without torch)."""
+    if torch is None:
+        return None
+    from torch.utils.data._utils import collate
+    return collate.default_collate if auto_collation else collate.default_convert
+
+
+_PREFETCH_DEFAULT = []
+
+
+def _torch_prefetch_factor(value, num_workers):
+    """loader.prefetch_factor as torch's: the value given, else torch's default (2; None
+    without workers in torch 2, whose default is None)."""
+    if value is not None:
+        return value
+    if not _PREFETCH_DEFAULT:
+        d = 2
+        if torch is not None:
+            import inspect
+            try:
+                from torch.utils.data import DataLoader
+                d = inspect.signature(DataLoader.__init__).parameters["prefetch_factor"].default
+            except (KeyError, TypeError, ValueError):
+                pass
+        _PREFETCH_DEFAULT.append(d)
+    d = _PREFETCH_DEFAULT[0]
+    return d if d is not None else (2 if num_workers > 0 else None)
+
+
+def _mp_context(ctx):
+    """loader.multiprocessing_context as torch's: a start method's name becomes its context."""
+    if isinstance(ctx, str):
+        import multiprocessing
+        return multiprocessing.get_context(ctx)
+    return ctx
 
 
 def _tensor_rows(dataset):

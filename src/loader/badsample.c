@@ -73,9 +73,11 @@ int stoke__bad_sample(stoke_loader *l, stoke_batch *b, stoke__producer *p, size_
                       uint64_t *idx, int rc, char *msg, size_t msg_len)
 {
     int action = l->o.on_error;
-    if (rc == STOKE_ETIMEDOUT || rc == STOKE_ENOMEM || rc == STOKE_EEND ||
-        (rc == STOKE_ECANCELED && stoke__producer_abandoned(p, b)))
-        return rc; /* not the sample's fault (nor a sample the dataset gave up: nobody wants it) */
+    /* not the sample's fault: a wait, memory, the end; STOKE_ECANCELED a sample the dataset
+     * gave up (nobody wants its batch) or, while the batch is wanted, an interrupt (Ctrl-C in a
+     * Python dataset): it ends the epoch, never skipped or replaced */
+    if (rc == STOKE_ETIMEDOUT || rc == STOKE_ENOMEM || rc == STOKE_EEND || rc == STOKE_ECANCELED)
+        return rc;
     if (action == STOKE_ON_ERROR_ERROR) {
         stoke__bad_note(b, *idx, rc, msg);
         return rc;

@@ -246,13 +246,16 @@ static void fill_read(stoke_loader *l, stoke_batch *b, stoke__producer *p)
     for (size_t j = 0; rc == STOKE_OK && l->nragged && j < n; j++)
         if ((rc = take_lengths(l, b, j, a->len + j * (size_t)nf, msg, sizeof(msg))) != STOKE_OK)
             err_index = b->indices[j];
-    if (rc != STOKE_OK && l->o.on_error != STOKE_ON_ERROR_ERROR && rc != STOKE_ETIMEDOUT) {
+    /* (STOKE_ECANCELED: a batch nobody wants, or an interrupt; no sample's fault) */
+    if (rc != STOKE_OK && l->o.on_error != STOKE_ON_ERROR_ERROR && rc != STOKE_ETIMEDOUT &&
+        rc != STOKE_ECANCELED) {
         b->truncated = 0;      /* counted again, sample by sample */
         fill_samples(l, b, p); /* find the bad samples one by one */
         return;
     }
     if (rc != STOKE_OK) {
-        stoke__bad_note(b, err_index, rc, msg);
+        if (rc != STOKE_ECANCELED)
+            stoke__bad_note(b, err_index, rc, msg);
         stoke__batch_failed(b, rc, err_index, msg);
     }
 }

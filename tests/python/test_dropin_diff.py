@@ -182,4 +182,105 @@ def hold_every_batch():
         del held
 
 
+class Numbers(Dataset):
+    def __len__(self):
+        return 10
+
+    def __getitem__(self, i):
+        return i
+
+
+class Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        return iter(range(10))
+
+
+@case
+def torch_attributes():
+    """loader.sampler, batch_sampler, collate_fn, prefetch_factor, multiprocessing_context as
+    torch's: the user's objects (loader.sampler.set_epoch reaches the sampler iterated), else
+    torch's defaults -- SequentialSampler, RandomSampler (shuffle), BatchSampler, default_collate
+    or default_convert -- with their lengths; default_collate passed explicitly is the
+    built-in collation."""
+    from torch.utils.data import DistributedSampler, default_collate
+    names = ("sampler", "batch_sampler", "collate_fn", "prefetch_factor",
+             "multiprocessing_context", "pin_memory_device", "generator", "timeout")
+    dist = DistributedSampler(Numbers(), num_replicas=2, rank=0)
+    for ds, kw in ((Numbers(), {"batch_size": 3}),
+                   (Numbers(), {"batch_size": 3, "shuffle": True}),
+                   (Numbers(), {"batch_size": 3, "drop_last": True}),
+                   (Numbers(), {"batch_size": 2, "sampler": dist, "num_workers": 2,
+                                "multiprocessing_context": "fork", "prefetch_factor": 3}),
+                   (Numbers(), {"batch_sampler": [[0, 1], [2, 3, 4]]}),
+                   (Numbers(), {"batch_size": None}),
+                   (Numbers(), {"batch_size": 4, "collate_fn": default_collate}),
+                   (Stream(), {"batch_size": 4})):
+        what = "%s %s" % (type(ds).__name__, kw)
+        ref, got = pair(ds, **kw)
+        for name in names:
+            a, b = getattr(ref, name, "<missing>"), getattr(got, name, "<missing>")
+            T.check(type(a) is type(b), "%s: loader.%s is %r, torch's %r" % (what, name, b, a))
+            if name in ("collate_fn", "prefetch_factor", "pin_memory_device", "timeout"):
+                T.check(a == b, "%s: loader.%s is %r, torch's %r" % (what, name, b, a))
+        for name in ("sampler", "batch_sampler"):
+            a, b = getattr(ref, name), getattr(got, name)
+            if name[0] in kw:
+                T.check(b is kw[name], "%s: loader.%s is not the one given" % (what, name))
+            try:
+                n = len(a)
+            except TypeError:  # (torch's sampler of an IterableDataset has no length)
+                n = None
+            if n is not None:
+                T.check(len(b) == n, "%s: len(loader.%s) %d, torch's %d" % (
+                    what, name, len(b), n))
+            for attr in ("batch_size", "drop_last"):
+                T.check(getattr(a, attr, None) == getattr(b, attr, None), "%s: loader.%s.%s" % (
+                    what, name, attr))
+        if "sampler" in kw:
+            T.check(got.batch_sampler.sampler is dist, "%s: batch_sampler.sampler" % what)
+        if "collate_fn" in kw:
+            T.check(got._writer.collate_fn is None, "%s: default_collate not built in" % what)
+        if kw.get("shuffle"):  # stoke's own permutation, not loader.sampler's order
+            check_multiset(epoch(ref), epoch(got), what)
+        else:
+            check_sequential(epoch(ref), epoch(got), what)
+
+
+class Sized(Dataset):
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return i
+
+
+@case
+def zero_batches():
+    """An epoch without a batch (an empty dataset, fewer samples than batch_size with
+    drop_last, an empty sampler or batch_sampler): len(loader) == 0 and empty passes, as
+    torch's, not an error at construction."""
+    for ds, kw in ((Sized(0), {"batch_size": 4}),
+                   (Sized(3), {"batch_size": 4, "drop_last": True}),
+                   (Sized(3), {"batch_size": 4, "drop_last": True, "shuffle": True}),
+                   (Sized(5), {"sampler": [], "batch_size": 2}),
+                   (Sized(5), {"batch_sampler": []}), (Sized(0), {"batch_size": None})):
+        for workers in (0, 2):
+            what = "%s(%d) %s workers=%d" % (type(ds).__name__, ds.n, kw, workers)
+            ref, got = pair(ds, num_workers=workers, **kw)
+            check_len(ref, got, what)
+            for e in range(2):
+                check_sequential(epoch(ref), epoch(got), "%s epoch %d" % (what, e))
+
+
+@case
+def repr_without_batch_size():
+    """repr(loader) with batch_size None (batch_size=None, a batch_sampler)."""
+    for kw in ({"batch_size": None}, {"batch_sampler": [[0, 1], [2]]}, {"batch_size": 2}):
+        text = repr(L.Loader(Sized(3), **kw))
+        T.check("batch_size=%s" % kw.get("batch_size") in text, "%s: %s" % (kw, text))
+
+
 L.run_cases()

@@ -17,8 +17,8 @@ from dropin_lib import case, check_len, check_multiset, check_sequential, epoch,
 
 torch = L.torch
 from torch.nn.utils.rnn import pad_sequence  # noqa: E402
-from torch.utils.data import (Dataset, IterableDataset, RandomSampler, Sampler,  # noqa: E402
-                              WeightedRandomSampler, get_worker_info)
+from torch.utils.data import (Dataset, DistributedSampler, IterableDataset,  # noqa: E402
+                              RandomSampler, Sampler, WeightedRandomSampler, get_worker_info)
 
 
 def seq_len(i):
@@ -362,6 +362,40 @@ def iterable_sharded():
     check_len(ref, got, what)
 
 
+class UnderSized(Stream):
+    """A length that is an estimate: 10, where the stream (sharded per worker) yields n."""
+
+    def __len__(self):
+        return 10
+
+
+def length_warnings(ws):
+    return sum("Length of IterableDataset" in str(w.message) for w in ws)
+
+
+@case
+def iterable_len_does_not_bound_the_epoch():
+    """An IterableDataset whose __len__ says less than it yields: every sample is delivered
+    (the iterators bound the epoch, not the length), with torch's warning per batch past the
+    length only when len(loader) was read before the iteration began."""
+    for workers in (0, 1, 2):
+        what = "IterableDataset len 10 of 100, workers=%d" % workers
+        ref, got = pair(UnderSized(100), batch_size=4, num_workers=workers)
+        r, s = epoch(ref), epoch(got)
+        xs = sorted(x for b in s for x in b["x"][:, 0].tolist())
+        T.check(xs == list(range(100)), "%s: %d samples of 100: %s" % (what, len(xs), xs[:40]))
+        check_multiset(r, s, what, key=batch_sets)
+        counts = []
+        for loader in (ref, got):
+            with warnings.catch_warnings(record=True) as ws:
+                warnings.simplefilter("always")
+                check_len(ref, got, what)  # len(loader) before the pass: torch then warns
+                n = len(list(loader))
+            counts.append((n, length_warnings(ws)))
+        T.check(counts[1] == counts[0] and counts[0][1] > 0,
+                "%s: (batches, length warnings) %s, torch %s" % (what, counts[1], counts[0]))
+
+
 # --- samplers -------------------------------------------------------------------------------
 
 class Index(Dataset):
@@ -370,6 +404,24 @@ class Index(Dataset):
 
     def __getitem__(self, i):
         return i, torch.full((3,), float(i))
+
+
+@case
+def sampler_read_when_iteration_starts():
+    """A sampler's order is taken when the iteration starts, as torch's iter() takes it:
+    DistributedSampler.set_epoch(k) called after the loader is made (resuming at epoch k)
+    gives epoch k's order in the first pass, then each set_epoch its epoch's."""
+    for workers in (0, 2):
+        what = "DistributedSampler.set_epoch after the loader, workers=%d" % workers
+        samplers = [DistributedSampler(Index(), num_replicas=2, rank=1, shuffle=True, seed=3)
+                    for _ in range(2)]
+        ref = L.TorchLoader(Index(), batch_size=8, sampler=samplers[0], num_workers=workers)
+        got = L.Loader(Index(), batch_size=8, sampler=samplers[1], num_workers=workers)
+        check_len(ref, got, what)
+        for e in (5, 6, 6, 2):
+            for s in samplers:
+                s.set_epoch(e)
+            check_sequential(epoch(ref), epoch(got), "%s: epoch %d" % (what, e))
 
 
 @case

@@ -5,6 +5,7 @@ dataset index and the exception or the signal; a budget ("skip:1") ends the epoc
 dataset's exception past it; a bad spec is a ValueError.  stats() counts, quarantine() lists."""
 import os
 import signal
+import time
 import warnings
 
 import stoke_testlib as T
@@ -76,6 +77,56 @@ if not tsan:
     T.check(len(ws) == 1 and "batch 3 of epoch 0 skipped" in ws[0] and "SIGKILL" in ws[0],
             "crash skip: warnings %s" % ws)
     T.check(loader.stats()["worker_restarts"] >= 1, "crash: %s" % loader.stats())
+
+
+
+class Stops(DS):
+    """Sample 13 raises `exc` (a BaseException that is not an Exception), or with "sigint"
+    sends SIGINT to the test's process and waits for its handler: Ctrl-C in __getitem__."""
+
+    def __init__(self, exc):
+        super().__init__()
+        self.exc = exc
+
+    def __getitem__(self, i):
+        if i == 13:
+            if self.exc == "sigint":
+                os.kill(os.getpid(), signal.SIGINT)
+                for _ in range(100):  # (the handler raises KeyboardInterrupt in here)
+                    time.sleep(0.01)
+            else:
+                raise self.exc
+        return super().__getitem__(i)
+
+
+# KeyboardInterrupt (Ctrl-C) and SystemExit (sys.exit()) in __getitem__ are never a bad batch:
+# made in this process they reach the caller as themselves, as torch's; in a worker process they
+# end the epoch with the loader's error (torch: its worker exited, a RuntimeError)
+cases = [(0, "sigint"), (0, KeyboardInterrupt()), (0, SystemExit(3)),
+         (2, SystemExit(3), "threads")]
+if not tsan:
+    cases += [(2, KeyboardInterrupt(), "processes"), (2, SystemExit(3), "processes")]
+for workers, exc, *mode in cases:
+    for policy in (None, "skip", "replace"):
+        what = "%s workers=%d %s on_error=%s" % (exc if exc == "sigint" else type(exc).__name__,
+                                                 workers, mode, policy)
+        kw = {"worker_mode": mode[0]} if mode else {}
+        want = KeyboardInterrupt if exc == "sigint" else type(exc)
+        if mode == ["processes"]:
+            want = stoke.LoaderError
+        got = []
+        try:
+            loader, got, ws = run(Stops(exc), num_workers=workers, on_error=policy, **kw)
+            raised = None
+        except BaseException as e:  # noqa: BLE001
+            raised = e
+        T.check(type(raised) is want, "%s: raised %r, want %s (batches %s)" % (
+            what, raised, want.__name__, got))
+        if want is stoke.LoaderError:
+            T.check(type(exc).__name__ in str(raised) and "dataset index 13" in str(raised)
+                    and raised.code_name == "STOKE_ECANCELED", "%s: %s" % (what, raised))
+        elif exc != "sigint":
+            T.check(raised is exc, "%s: not the exception raised" % what)
 
 try:
     stoke.DataLoader(DS(), batch_size=4, on_error="ignore")

@@ -162,6 +162,43 @@ def getitem_raises():
         no_children_within(15, what)
 
 
+class LongMessage(Dataset):
+    """Sample 13 raises a ValueError whose message (20 000 characters) is longer than a
+    worker's mailbox holds."""
+
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        if i == 13:
+            raise ValueError("bad record: " + "x" * 20000)
+        return i
+
+
+@case
+def long_exception_message():
+    """An exception with a long message keeps its type (torch: the same ValueError): made in
+    this process (num_workers=0, worker threads) it is the exception itself, message whole; from
+    a worker process its message is cut."""
+    for workers, mode in ((0, None), (2, "threads"), (2, "processes")):
+        what = "a 20 KB message, workers=%d %s" % (workers, mode)
+        loader = L.Loader(LongMessage(), batch_size=4, num_workers=workers,
+                          **({"worker_mode": mode} if mode else {}))
+        try:
+            epoch(loader)
+            T.check(False, "%s: no exception" % what)
+        except ValueError as e:
+            T.check(str(e).startswith("bad record: xxx") and (
+                        mode == "processes" or len(str(e)) >= 20012),
+                    "%s: message of %d characters: %r" % (what, len(str(e)), str(e)[:80]))
+        except Exception as e:
+            raise AssertionError("%s: %s instead of ValueError: %s" % (what, type(e).__name__,
+                                                                       str(e)[:200]))
+        del loader
+        gc.collect()
+        no_children_within(15, what)
+
+
 @case
 def collate_fn_raises():
     what = "collate_fn raising, workers=2"
