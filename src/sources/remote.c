@@ -27,26 +27,76 @@ int stoke__remote_is_url(const char *path)
                     strncasecmp(path, "s3://", 5) == 0);
 }
 
-void stoke__remote_redact(char *out, size_t n, const char *s)
+/* 1 when query parameter `key` (len bytes) of a URL holds a secret, by its name in any case: a
+ * presigned URL's signature, credential or session token (S3's X-Amz-Signature,
+ * X-Amz-Credential, X-Amz-Security-Token; GCS's X-Goog-*; CloudFront's Signature; Azure's sig),
+ * or anything named a token, secret, password or key: such a URL is as good as the password. */
+static int secret_param(const char *key, size_t len)
 {
-    size_t k = 0;
-    while (*s && k + 1 < n) {
+    static const char *const whole[] = {"sig", "key", "AWSAccessKeyId"};
+    static const char *const tail[] = {"signature", "credential", "token", "secret", "password"};
+    for (size_t i = 0; i < sizeof(whole) / sizeof(*whole); i++)
+        if (len == strlen(whole[i]) && strncasecmp(key, whole[i], len) == 0)
+            return 1;
+    for (size_t i = 0; i < sizeof(tail) / sizeof(*tail); i++) {
+        size_t t = strlen(tail[i]);
+        if (len >= t && strncasecmp(key + len - t, tail[i], t) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+/* Byte c at out[(*k)++], written when it fits in n with the final 0 (as snprintf). */
+static void put(char *out, size_t n, size_t *k, char c)
+{
+    if (*k + 1 < n)
+        out[*k] = c;
+    ++*k;
+}
+
+size_t stoke__remote_redact(char *out, size_t n, const char *s)
+{
+    size_t k = 0;  /* the bytes of the whole result */
+    int url = 0;   /* in a URL: from its "://" to white space or ',' (a spec's next option) */
+    int param = 0; /* at the start of a query parameter of that URL */
+    while (*s) {
         if (s[0] == ':' && s[1] == '/' && s[2] == '/') { /* copy "://", skip any user info */
-            for (int i = 0; i < 3 && k + 1 < n; i++)
-                out[k++] = *s++;
-            size_t auth = strcspn(s, "/?#,");
+            for (int i = 0; i < 3; i++)
+                put(out, n, &k, *s++);
+            /* curl's host starts after the authority's LAST '@' (a password may hold one) */
+            size_t auth = strcspn(s, "/?#");
             const char *at = NULL;
             for (size_t i = 0; i < auth; i++)
                 if (s[i] == '@')
                     at = s + i;
             if (at)
                 s = at + 1;
+            url = 1, param = 0;
             continue;
         }
-        out[k++] = *s++;
+        if (url && (*s == ',' || isspace((unsigned char)*s))) {
+            url = param = 0;
+        } else if (url && (*s == '?' || *s == '&')) {
+            param = 1;
+        } else if (url && *s == '#') {
+            param = 0;
+        } else if (param) { /* a parameter's name: its value kept, or "***" for a secret */
+            param = 0;
+            size_t key = strcspn(s, "=&#, \t\r\n");
+            if (s[key] == '=' && secret_param(s, key)) {
+                for (size_t i = 0; i <= key; i++)
+                    put(out, n, &k, *s++);
+                s += strcspn(s, "&#, \t\r\n");
+                for (int i = 0; i < 3; i++)
+                    put(out, n, &k, '*');
+                continue;
+            }
+        }
+        put(out, n, &k, *s++);
     }
     if (n)
-        out[k] = 0;
+        out[k < n ? k : n - 1] = 0;
+    return k;
 }
 
 void stoke__remote_file_free(stoke__remote_file *f)
@@ -302,20 +352,13 @@ void stoke__remote_pool_fork_child(stoke__remote_pool *p)
 
 /* ---- URLs --------------------------------------------------------------------------------- */
 
-/* `url` without a "user:password@" part, for messages (malloc'd; NULL when out of memory). */
+/* `url` for messages (stoke__remote_redact's), malloc'd; NULL when out of memory. */
 static char *redact(const char *url)
 {
-    const char *p = strstr(url, "://");
-    if (!p)
-        return strdup(url);
-    p += 3;
-    size_t auth = strcspn(p, "/?#");
-    const char *at = memchr(p, '@', auth);
-    if (!at)
-        return strdup(url);
-    char *out = malloc(strlen(url) + 1);
+    size_t n = stoke__remote_redact(NULL, 0, url) + 1;
+    char *out = malloc(n);
     if (out)
-        sprintf(out, "%.*s%s", (int)(p - url), url, at + 1);
+        stoke__remote_redact(out, n, url);
     return out;
 }
 
@@ -349,7 +392,7 @@ static size_t on_header(char *data, size_t size, size_t nmemb, void *ctx)
     memcpy(line, data, n);
     line[n] = 0;
     if (strncmp(line, "HTTP/", 5) == 0) { /* a new response (a redirect's, an interim one) */
-        x->has_cr = 0;
+        x->has_cr = x->has_clen = x->encoded = 0;
         x->retry_after = -1;
         return len;
     }
@@ -359,7 +402,7 @@ static size_t on_header(char *data, size_t size, size_t nmemb, void *ctx)
         while (*v == ' ')
             v++;
         if (sscanf(v, "bytes %llu-%llu/%llu", &a, &b, &t) == 3) {
-            x->cr_start = a;
+            x->cr_start = a, x->cr_end = b;
             x->has_cr = 1;
             x->total = t;
             x->has_total = 1;
@@ -375,6 +418,14 @@ static size_t on_header(char *data, size_t size, size_t nmemb, void *ctx)
             x->total = t;
             x->has_total = 1;
         }
+    } else if (strncasecmp(line, "content-length:", 15) == 0) {
+        if (sscanf(line + 15, " %llu", &t) == 1)
+            x->clen = t, x->has_clen = 1;
+    } else if (strncasecmp(line, "content-encoding:", 17) == 0) {
+        const char *v = line + 17;
+        while (*v == ' ')
+            v++;
+        x->encoded = strncasecmp(v, "identity", 8) != 0; /* its length is not the file's */
     } else if (strncasecmp(line, "retry-after:", 12) == 0) {
         if (sscanf(line + 12, " %llu", &a) == 1)
             x->retry_after = a > 3600 ? 3600 : (long)a;
@@ -393,6 +444,10 @@ static size_t on_body(char *data, size_t size, size_t nmemb, void *ctx)
         /* ranges ignored: a stream's chunk, or a fetch's first chunk, takes the whole body */
         if ((x->q || (x->fd >= 0 && x->off == 0)) && x->status == 200)
             x->n = SIZE_MAX;
+        /* a server that ignores ranges still says the size (read once n is set: a stream
+         * would ask for the next chunk of a file that comes whole) */
+        if (x->status == 200 && x->has_clen && !x->encoded)
+            x->total = x->clen, x->has_total = 1;
     }
     if (x->status != 200 && x->status != 206) { /* keep the start of the error's text */
         size_t k = sizeof(x->err) - 1 - x->errlen;
@@ -574,7 +629,7 @@ void stoke__remote_try_begin(stoke__remote_pool *p, CURL *h, const stoke__remote
     else
         stoke__fmt(range, sizeof(range), "%" PRIu64 "-%" PRIu64, x->off + x->got,
                    x->off + x->n - 1);
-    x->body = x->enough = x->bad_range = x->has_cr = 0;
+    x->body = x->enough = x->bad_range = x->has_cr = x->capped = 0;
     x->status = 0;
     x->errlen = 0;
     x->err[0] = 0;
@@ -636,6 +691,9 @@ int stoke__remote_try_end(stoke__remote_pool *p, const stoke__remote_file *f, xf
         stoke__fmt_short(why, why_len,
                          "GET %s: HTTP %ld: the body ended at byte %" PRIu64 " of %" PRIu64,
                          f->url, st, x->off + x->got, end);
+        /* the whole answer came (curl checked its length), with bytes, and its Content-Range
+         * said it ends there: the server caps a range's size, not a fault */
+        x->capped = st == 206 && x->has_cr && x->got > before && x->cr_end + 1 == x->pos;
         return 1; /* a short body: continue from there */
     }
     if (c == CURLE_OK) {
@@ -683,7 +741,8 @@ static int retry_loop(stoke__remote_pool *p, slot *s, const stoke__remote_file *
     uint64_t rng = stoke__now_ns() ^ ((uint64_t)(uintptr_t)s * 0x9E3779B97F4A7C15u) ^ x->off;
     rng |= 1;
     for (;; attempt++) {
-        if (rc == TRY_NOW) {
+        /* after a capped answer (progress) the rest is asked for at once, not counted as a try */
+        while (rc == TRY_NOW || (rc == 1 && x->capped && !stopped(x))) {
             s->err[0] = 0;
             rc = try_once(p, s->h, f, x, s->err, why, why_len);
         }

@@ -26,9 +26,14 @@
 /* 1 when path starts with http://, https:// or s3:// (any case), else 0. */
 int stoke__remote_is_url(const char *path);
 
-/* s for messages, into out (n bytes, truncated as snprintf): every "scheme://user:password@"
- * in it (a spec may hold several URLs) without its "user:password@".  Thread-safe. */
-void stoke__remote_redact(char *out, size_t n, const char *s);
+/* s for messages, into out (n bytes, truncated as snprintf; out may be NULL when n is 0):
+ * every "scheme://user:password@" in it (a spec may hold several URLs) without its
+ * "user:password@" (up to the authority's last '@', as curl reads it), and the values of its
+ * URLs' secret query parameters (a presigned URL's X-Amz-Signature, X-Amz-Credential,
+ * X-Amz-Security-Token, ...; any named *signature, *credential, *token, *secret, *password,
+ * sig or key) replaced by "***".  A URL ends at white space or ','.  Returns the length of the
+ * whole result (as snprintf).  Thread-safe. */
+size_t stoke__remote_redact(char *out, size_t n, const char *s);
 
 typedef struct stoke__remote_pool stoke__remote_pool;
 
@@ -65,7 +70,7 @@ void stoke__remote_pool_stats(const stoke__remote_pool *p, stoke__remote_stats *
  * 1; 1 without libcurl). */
 int stoke__remote_pool_connections(const stoke__remote_pool *p);
 
-/* One remote file: `url` as written (for messages, with any user:password@ removed), and what
+/* One remote file: `url` as written (for messages: stoke__remote_redact's), and what
  * is requested (an s3:// URL becomes the endpoint's, signed). */
 typedef struct stoke__remote_file {
     char *url;
@@ -84,7 +89,9 @@ void stoke__remote_file_free(stoke__remote_file *f);
 /* Reads n bytes at off into buf through slot `slot` (a worker's, any int >= 0, taken modulo 64;
  * or STOKE__REMOTE_BG(k)): 0, with
  * *got = n, or fewer only where the file ends (*got may be 0 past the end); *total (may be
- * NULL) gets the file's size when the server said it (Content-Range), else is left alone.
+ * NULL) gets the file's size when the server said it (Content-Range, or the Content-Length of a
+ * 200 to a server that ignores ranges), else is left alone.  A 206 shorter than asked for whose
+ * Content-Range says so (a server that caps a range's size) is continued at once, not retried.
  * Errors, after the retries, with why = "GET URL: reason" (the HTTP status and the server's
  * error code, or libcurl's reason): STOKE_ENOENT for 404 and 410, STOKE_EIO for the rest
  * (401 and 403 included: the message has the store's reason).  In a process where a fetch

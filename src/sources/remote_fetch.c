@@ -142,11 +142,13 @@ static int next_chunk(fetcher *fe, fjob **jo, uint64_t *off, uint64_t *n)
         uint64_t said = atomic_load(&j->said);
         if (!j->known && said)
             job_learn(j, said);
+        /* every byte given: tested before next == 0, which a file of 0 bytes keeps (its
+         * first chunk would be given again, forever) */
+        if (j->known && j->next >= j->total)
+            continue;
         if (j->next == 0) { /* the first chunk: its response says whether ranges are served */
             *n = fe->chunk;
         } else if (j->known && j->ranged) {
-            if (j->next >= j->total)
-                continue;
             *n = j->total - j->next < fe->chunk ? j->total - j->next : fe->chunk;
         } else if (!j->known && !j->nrun) {
             *n = fe->chunk; /* 206s without the size: one chunk after the other */

@@ -97,8 +97,15 @@ typedef struct xfer {
     int bad_range;                /* the body started past the byte asked for */
     uint64_t total;               /* the file's size, when has_total */
     int has_total;
-    uint64_t cr_start; /* Content-Range's first byte, when has_cr */
+    uint64_t cr_start, cr_end; /* Content-Range's first and last bytes, when has_cr */
     int has_cr;
+    /* the last try's 206 was all there but ended before the range asked for (a server that
+     * caps a range's bytes): progress, the rest asked for at once */
+    int capped;
+    /* the response's Content-Length, when has_clen and not encoded (a 200's: the file's size,
+     * for a server that ignores ranges) */
+    uint64_t clen;
+    int has_clen, encoded;
     long retry_after;        /* seconds; -1 when absent */
     _Atomic uint64_t *seen;  /* when not NULL: raised to the file's size as soon as a header
                                 says it */

@@ -362,6 +362,9 @@ static void lane_done(stoke__remote_stream *st, lane *l, CURLcode c)
         l->ended = 1;
     } else if (rc < 0) {
         l->failed = rc;
+    } else if (l->x.capped) { /* progress (as retry_loop's): the rest at once, not a retry */
+        l->retry_at = 0;
+        l->msg[0] = 0;
     } else if (l->attempt >= p->retries) { /* as retry_loop's */
         size_t n = strlen(l->msg);
         stoke__fmt(l->msg + n, sizeof(l->msg) - n, " (after %u tries)", l->attempt + 1);

@@ -124,12 +124,20 @@ static int read_fail(const stoke__tar_ds *t, uint64_t i, int k, int e, char *msg
     return field_fail(t, i, k, msg, msg_len, STOKE_EIO, "read failed: %s", strerror(-e));
 }
 
-/* A shard whose members came from its sidecar index: the size the server says now must be
- * the index's, else the offsets are another file's (STOKE_EIO with why). */
+/* The size the server says now (total; UINT64_MAX: not said) must be the shard's at open (its
+ * sidecar index's, or the one its walk was told), else the offsets are another file's
+ * (STOKE_EIO with why). */
 static int index_stale(const stoke__tar_shard *s, uint64_t total, char *why, size_t why_len)
 {
-    if (!s->idx_url || total == UINT64_MAX || total == s->size)
+    if (total == UINT64_MAX || total == s->size)
         return STOKE_OK;
+    if (!s->idx_url) {
+        stoke__fmt(why, why_len,
+                   "GET %s: the shard changed since the open: it is %" PRIu64
+                   " bytes, not %" PRIu64,
+                   s->rf.url, total, s->size);
+        return STOKE_EIO;
+    }
     stoke__fmt(why, why_len,
                "index %s is stale: the shard is %" PRIu64 " bytes, not %" PRIu64
                " (run `stoke index` again)",
