@@ -42,6 +42,14 @@ static char *index_url(const char *url)
     return u;
 }
 
+/* Whether shard URL `url` (not s3://) has a query: a presigned or otherwise signed URL's
+ * signature covers the shard's path, so the same query on URL.idx is refused by the store (S3:
+ * 403 SignatureDoesNotMatch), and such a failure means no usable index, as a 404 does. */
+static int signed_query(const char *url)
+{
+    return strncmp(url, "s3://", 5) != 0 && strchr(url, '?') != NULL;
+}
+
 /* Indexes fetched ahead at once (shards of one open), and the most of each such a fetch reads
  * (a longer index is fetched again on its own). */
 #define AHEAD_SHARDS STOKE__TAR_INDEX_AHEAD
@@ -115,6 +123,14 @@ static int open_index(const char *spec, stoke__tar_ds *t, stoke__tar_shard *s,
         stoke__remote_file_free(&f);
         return 0;
     }
+    if (rc == STOKE_EIO && signed_query(s->rf.req)) {
+        stoke__log(STOKE_LOG_DEBUG,
+                   "%s: index of %s: %s: walking the shard (the URL's query signs the shard, "
+                   "not its index)",
+                   spec, s->rf.url, why);
+        stoke__remote_file_free(&f);
+        return 0;
+    }
     if (rc) {
         rc = stoke__fail(rc, "source '%s': index of %s: %s", spec, s->path, why);
         stoke__remote_file_free(&f);
@@ -184,7 +200,8 @@ static void index_ahead(const char *spec, stoke__tar_ds *t, int from)
             s->idx_ahead = r[j].buf;
             s->idx_ahead_len = r[j].got;
         } else {
-            s->idx_missing = ok && r[j].rc == STOKE_ENOENT;
+            s->idx_missing = ok && (r[j].rc == STOKE_ENOENT ||
+                                    (r[j].rc == STOKE_EIO && signed_query(s->rf.req)));
             free(r[j].buf);
         }
         stoke__remote_file_free(&f[j]);

@@ -9,6 +9,8 @@ and, for what nginx cannot do, a small server in this test:
     X-Amz-Security-Token and X-Amz-Signature, are in no message and no log line;
   - a server that ignores ranges but says Content-Length (nginx `max_ranges 0`), a shard over
     the walk's 1 MiB window: read as the local shard (it was refused: "did not say the size");
+  - a presigned URL (a query) whose index, asked for with the same query, is refused (S3's 403
+    SignatureDoesNotMatch): the shard is walked, as on a 404 (the open failed);
   - a server that caps a range's bytes (a 206 of at most 100,000 bytes whose Content-Range says
     so): read as the local shard, with no retry (each answer counted as a fault before).
 Skips (77) without nginx or libcurl."""
@@ -87,7 +89,10 @@ capped = None
 try:
     ngdir = os.path.join(work, "nginx")
     try:
-        ng = S.start_nginx(root, ngdir, locations="location = /fail.tar { return 500; }")
+        # (an index asked for with a query: S3's answer to a presigned URL's signature reused)
+        ng = S.start_nginx(root, ngdir, locations="location = /fail.tar { return 500; }\n"
+                           "        location ~ \\.idx$ { if ($args != \"\") { return 403 "
+                           "'<Error><Code>SignatureDoesNotMatch</Code></Error>'; } }")
         servers.append(ng)
         ng0 = S.start_nginx(root, os.path.join(work, "nginx-noranges"), extra="max_ranges 0;")
         servers.append(ng0)
@@ -142,6 +147,19 @@ try:
         T.check(rc == 0 or ("X-Amz-Signature=***" in out["error"]
                             and "X-Amz-Date=20250101T000000Z" in out["error"]),
                 "a presigned URL, %s: %s" % (name, out.get("error")))
+    # its index, asked for with the shard's query, is refused (403): the shard is walked, in
+    # every mode, with the local shard's samples
+    for extra, more in (("", {}), (",mode=stream", {}),
+                        ("", {"STOKE_CACHE_DIR": os.path.join(work, "cache-presigned")})):
+        mark = len(S.access_log(ngdir))
+        rc, out, err = load("tar:" + ng.url("shard-000000.tar") + q + OPTS + extra, env=more)
+        refused = [r for r in S.access_log(ngdir)[mark:]
+                   if r[4].startswith("/shard-000000.tar.idx")]
+        T.check(rc == 0 and out["content_hash"] == local["content_hash"]
+                and out["samples"] == 12, "a presigned URL %s %s: %s %s"
+                % (extra, more, out.get("error"), err[-300:]))
+        T.check(extra or more or (refused and all(r[2] == 403 for r in refused)),
+                "a presigned URL %s %s: its index asked for: %s" % (extra, more, refused))
 
     # --- a server that ignores ranges and says Content-Length: a shard over 1 MiB -------------
     for extra, more in (("", {}), (",mode=stream", {})):
