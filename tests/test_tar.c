@@ -927,6 +927,17 @@ static void test_shard_lists(void **state)
     assert_int_equal(ds.nfields, 1);
     assert_int_equal(ds.length(ds.user), 9 + 8);
     stoke_dataset_close(&ds);
+    /* groups nested in a list, as braceexpand's: shards 5, 1, 11 */
+    snprintf(args, sizeof(args), "%s/train-0000{0{5,1},11}.tar", dir);
+    assert_int_equal(open_tar(args, &ds), STOKE_OK);
+    assert_int_equal(ds.length(ds.user), 9 + 8 + 9);
+    assert_int_equal(get_cls(&ds, 0, 0), 50);
+    assert_int_equal(get_cls(&ds, 9, 0), 10);
+    assert_int_equal(get_cls(&ds, 17, 0), 110);
+    stoke_dataset_close(&ds);
+    snprintf(args, sizeof(args), "%s/train-0000{0{5,1},11.tar", dir);
+    assert_int_equal(open_tar(args, &ds), STOKE_EINVAL);
+    assert_non_null(strstr(stoke_last_error(), "'{' without '}'"));
     /* a glob: sorted */
     snprintf(args, sizeof(args), "%s/train-*.tar", dir);
     assert_int_equal(open_tar(args, &ds), STOKE_OK);

@@ -124,7 +124,34 @@ static int parse_range(const char *s, size_t n, uint64_t *a, uint64_t *b, int *w
     return 0;
 }
 
-/* Expands the first brace group of pat ({A..B} or {x,y,...}), recursively. */
+/* The '}' that closes the '{' at open (groups nest, as braceexpand's), or NULL. */
+static const char *brace_close(const char *open)
+{
+    int depth = 0;
+    for (const char *q = open; *q; q++)
+        if (*q == '{')
+            depth++;
+        else if (*q == '}' && --depth == 0)
+            return q;
+    return NULL;
+}
+
+/* The ',' in [p, end) outside nested braces, or NULL. */
+static const char *list_comma(const char *p, const char *end)
+{
+    int depth = 0;
+    for (; p < end; p++)
+        if (*p == '{')
+            depth++;
+        else if (*p == '}')
+            depth--;
+        else if (*p == ',' && depth == 0)
+            return p;
+    return NULL;
+}
+
+/* Expands the first brace group of pat ({A..B} or {x,y,...}, whose items may hold groups of
+ * their own), recursively. */
 static int expand(const char *spec, const char *pat, strvec *out, int depth)
 {
     const char *open = strchr(pat, '{');
@@ -132,7 +159,7 @@ static int expand(const char *spec, const char *pat, strvec *out, int depth)
         return add_paths(spec, pat, out);
     if (depth > 16)
         return stoke__fail(STOKE_EINVAL, "source '%s': too many brace groups", spec);
-    const char *close = strchr(open, '}');
+    const char *close = brace_close(open);
     if (!close)
         return stoke__fail(STOKE_EINVAL, "source '%s': '{' without '}'", spec);
     size_t pre = (size_t)(open - pat), inner = (size_t)(close - open - 1);
@@ -158,7 +185,7 @@ static int expand(const char *spec, const char *pat, strvec *out, int depth)
     } else {
         const char *p = open + 1;
         for (;;) {
-            const char *c = memchr(p, ',', (size_t)(close - p));
+            const char *c = list_comma(p, close);
             const char *e = c ? c : close;
             snprintf(buf, blen, "%.*s%.*s%s", (int)pre, pat, (int)(e - p), p, rest);
             if ((rc = expand(spec, buf, out, depth + 1)) != 0 || !c)
