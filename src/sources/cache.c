@@ -299,7 +299,7 @@ static int room(stoke__cache *c, const names *nm, uint64_t need, room_mode mode)
     if (!e && mode == ROOM_EVICT && over)
         stoke__log(STOKE_LOG_WARN,
                    "cache %s: a file of %" PRIu64 " bytes is over the cap (%" PRIu64
-                   "): nothing evicted for it",
+                   "): nothing evicted for it before it is downloaded",
                    c->dir, need, cap);
     else if (!e && mode == ROOM_EVICT && !fit) {
         if (l.n)
@@ -473,7 +473,10 @@ static int download(stoke__cache *c, stoke__remote_pool *p, int slot, const stok
     atomic_fetch_add(&c->n->misses, 1);
     atomic_fetch_add(&c->n->bytes, *size);
     note_size(c, *size);
-    if (!expect && !bg) /* its size is known now */
+    /* its size is known now; and a copy over the cap, complete (its size was no index's
+     * claim), evicts every copy not in use: kept alone, else a cap below every shard let the
+     * directory grow without bound */
+    if (!bg && (!expect || !room(c, NULL, 0, ROOM_CHECK)))
         room(c, NULL, 0, ROOM_EVICT);
     *out = fd;
     return STOKE_OK;
