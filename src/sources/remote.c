@@ -426,6 +426,7 @@ static size_t on_header(char *data, size_t size, size_t nmemb, void *ctx)
         while (*v == ' ')
             v++;
         x->encoded = strncasecmp(v, "identity", 8) != 0; /* its length is not the file's */
+        stoke__fmt(x->encoding, sizeof(x->encoding), "%.*s", (int)strcspn(v, " \t\r\n;,"), v);
     } else if (strncasecmp(line, "retry-after:", 12) == 0) {
         if (sscanf(line + 12, " %llu", &a) == 1)
             x->retry_after = a > 3600 ? 3600 : (long)a;
@@ -673,6 +674,14 @@ int stoke__remote_try_end(stoke__remote_pool *p, const stoke__remote_file *f, xf
                          "GET %s: the server sent bytes from %" PRIu64 " for a range "
                          "from %" PRIu64,
                          f->url, x->pos, x->off + before);
+        return STOKE_EIO;
+    }
+    if (x->encoded && (st == 200 || st == 206)) { /* bytes that are not the file's */
+        stoke__fmt_short(why, why_len,
+                         "GET %s: HTTP %ld: the body is Content-Encoding: %s, not the file's "
+                         "bytes (stoke asks for none: store the shards without a "
+                         "Content-Encoding)",
+                         f->url, st, x->encoding);
         return STOKE_EIO;
     }
     if (c == CURLE_OK && st == 416) { /* the range starts at or past the end */

@@ -106,6 +106,7 @@ typedef struct xfer {
      * for a server that ignores ranges) */
     uint64_t clen;
     int has_clen, encoded;
+    char encoding[24]; /* Content-Encoding's value, when encoded */
     long retry_after;        /* seconds; -1 when absent */
     _Atomic uint64_t *seen;  /* when not NULL: raised to the file's size as soon as a header
                                 says it */

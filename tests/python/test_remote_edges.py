@@ -11,6 +11,8 @@ and, for what nginx cannot do, a small server in this test:
     the walk's 1 MiB window: read as the local shard (it was refused: "did not say the size");
   - a presigned URL (a query) whose index, asked for with the same query, is refused (S3's 403
     SignatureDoesNotMatch): the shard is walked, as on a 404 (the open failed);
+  - a body with Content-Encoding: gzip (an object stored encoded): an error naming the encoding
+    (its bytes were parsed as a tar: "bad header checksum");
   - a server that caps a range's bytes (a 206 of at most 100,000 bytes whose Content-Range says
     so): read as the local shard, with no retry (each answer counted as a fault before).
 Skips (77) without nginx or libcurl."""
@@ -42,6 +44,8 @@ T.check(os.path.getsize(paths[0]) > 1 << 20, "the shard must be over the walk's 
 open(os.path.join(root, "empty.tar"), "wb").close()
 os.makedirs(os.path.join(root, "v2"))
 S.make_shards(os.path.join(root, "v2"), nshards=1, seed=99, per_shard=14)  # another, bigger
+os.makedirs(os.path.join(root, "gz"))
+shutil.copy(paths[0], os.path.join(root, "gz", "shard-000000.tar"))
 os.makedirs(os.path.join(root, "chg"))
 shutil.copy(paths[0], os.path.join(root, "chg", "shard-000000.tar"))
 
@@ -92,7 +96,8 @@ try:
         # (an index asked for with a query: S3's answer to a presigned URL's signature reused)
         ng = S.start_nginx(root, ngdir, locations="location = /fail.tar { return 500; }\n"
                            "        location ~ \\.idx$ { if ($args != \"\") { return 403 "
-                           "'<Error><Code>SignatureDoesNotMatch</Code></Error>'; } }")
+                           "'<Error><Code>SignatureDoesNotMatch</Code></Error>'; } }\n"
+                           "        location /gz/ { add_header Content-Encoding gzip; }")
         servers.append(ng)
         ng0 = S.start_nginx(root, os.path.join(work, "nginx-noranges"), extra="max_ranges 0;")
         servers.append(ng0)
@@ -160,6 +165,14 @@ try:
                 % (extra, more, out.get("error"), err[-300:]))
         T.check(extra or more or (refused and all(r[2] == 403 for r in refused)),
                 "a presigned URL %s %s: its index asked for: %s" % (extra, more, refused))
+
+    # --- a body with a Content-Encoding (an object stored gzip'd): an error that says so --------
+    for extra, more in (("", {}), (",mode=stream", {}),
+                        ("", {"STOKE_CACHE_DIR": os.path.join(work, "cache-gz")})):
+        rc, out, err = load("tar:" + ng.url("gz/shard-000000.tar") + OPTS + extra, env=more)
+        T.check(rc == 1 and "Content-Encoding: gzip" in out["error"]
+                and "gz/shard-000000.tar" in out["error"],
+                "a gzip'd body %s %s: %s" % (extra, more, out.get("error")))
 
     # --- a server that ignores ranges and says Content-Length: a shard over 1 MiB -------------
     for extra, more in (("", {}), (",mode=stream", {})):
