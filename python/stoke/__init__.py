@@ -169,7 +169,9 @@ class DataLoader(_stoke.Loader):
     pin_memory: None (default): pin when there is an accelerator, silently not otherwise;
         True: pin, warning when nothing can pin; False: ordinary memory.
     multiprocessing_context: None or "fork" ("spawn" and "forkserver" are not supported).
-    stoke's own: seed (of the shuffle; default from generator or 0), device, distributed,
+    stoke's own: seed (of the shuffle; default: generator's initial seed; for a Python
+        dataset without generator drawn from torch's default generator at every pass, as
+        RandomSampler's, 0 when distributed; for a source string 0), device, distributed,
         rank, world_size, worker_mode ("processes" or "threads"), arena (docs/python.md);
         pad={"input_ids": 0} pads those ragged leaves to the batch's longest (with
         pad_to_multiple_of, max_length, and a "<name>_lengths" tensor beside a dict entry);
@@ -202,6 +204,7 @@ class DataLoader(_stoke.Loader):
         self._structure = None
         self._first_iter = False
         self._len_called = None
+        self._pass = 0  # iter() calls: a pass's iterator raises once a later one started
         if not is_source:
             return self._init_python(
                 dataset, 1 if batch_size is _UNSET else batch_size, shuffle, sampler,
@@ -347,12 +350,20 @@ class DataLoader(_stoke.Loader):
         if pad is not None and not isinstance(pad, dict):
             raise TypeError("stoke: pad= maps a leaf's name to its pad value, e.g. "
                             "{'input_ids': 0}")
-        if seed is None:
-            seed = _seed_of(generator)
         if persistent_workers is None:
             persistent_workers = False
         if rank is not None or world_size is not None:
             distributed = True
+        if seed is not None:
+            seed = _index(seed, "seed")
+            if not 0 <= seed <= 2**64 - 1:
+                raise ValueError("stoke: seed must be in 0 .. 2**64 - 1, not %r" % (seed,))
+        elif generator is not None or distributed:
+            # generator=: its initial seed; distributed: 0, DistributedSampler's default (the
+            # ranks must agree on the permutation, whatever their global RNGs hold)
+            seed = _seed_of(generator)
+        # else None: shuffle=True draws each pass's seed from torch's default generator, as
+        # torch's RandomSampler does (so torch.manual_seed sets the order: _Writer.shuffle_seed)
         rank, world_size = _rank_world(rank, world_size)
         if distributed and (rank < 0 or world_size < 1):
             rank, world_size = _env_rank_world()
@@ -366,7 +377,7 @@ class DataLoader(_stoke.Loader):
         if not processes and num_workers >= 2 and _dropin._tensor_rows(dataset) is None:
             _warn_threads(dataset, num_workers)
         w = _dropin._Writer(dataset, iterable, batch_size, drop_last, sampler,
-                            batch_sampler, shuffle, _index(seed, "seed"), generator, collate_fn,
+                            batch_sampler, shuffle, seed, generator, collate_fn,
                             worker_init_fn, num_workers, processes, bool(persistent_workers),
                             pad, pad_to_multiple_of, max_length, bool(return_lengths),
                             rank, world_size)
@@ -441,21 +452,26 @@ class DataLoader(_stoke.Loader):
             if self._structure:
                 return self._fields(super().__iter__())
             return super().__iter__()
+        w = self._writer
         if self._first_iter:
             self._first_iter = False
-            self._writer.first_iteration()
-            if self._writer.rng_moved():
+            w.first_iteration()
+            if w.rng_moved():
                 # torch draws the workers' base seed when iteration starts: the RNG was seeded
                 # (or drawn from) since construction, so epoch 0 starts again with a new draw
-                self._writer.redraw()
+                w.redraw()
                 super().set_epoch(self.epoch)
-            elif not self._writer.planned:
+            elif not w.planned:
                 # the sampler's order is taken now, as torch's iter() takes it (no batch was
                 # made yet: the workers start at the first next())
-                self._writer.plan_now(self.epoch)
+                w.plan_now(self.epoch)
+        # one pass at a time: a newer iter() supersedes the iterators made before it (_batches)
+        self._pass += 1
+        it = super().__iter__()
+        w.iterating()  # persistent workers: seeded once, with this pass's base seed
         # torch's warning on an IterableDataset that yields more than len(loader) said: the
         # length read by len(loader) before this iteration began (_IterableDataset_len_called)
-        return self._batches(super().__iter__(), self._len_called)
+        return self._batches(it, self._len_called, self._pass)
 
     def set_epoch(self, epoch):
         self._first_iter = False
@@ -482,14 +498,29 @@ class DataLoader(_stoke.Loader):
             else:
                 yield [conv(b[n]) for n in names]
 
-    def _batches(self, it, len_called=None):
+    def _superseded(self):
+        """next() on an iterator that a later iter(loader) superseded: the C loader delivers
+        one pass at a time, and that iterator would go on in the new pass's epoch (zip(loader,
+        loader) would get half the batches, interleaved).  torch's iterators are independent
+        with persistent_workers=False; with persistent_workers=True torch's iter() resets and
+        returns the one iterator, so both names go on in the new pass, as here."""
+        return RuntimeError(
+            "stoke: this iterator of the DataLoader was superseded by a later iter(loader): a "
+            "stoke.DataLoader delivers one pass at a time (the new pass restarted its loader), "
+            "unlike torch's independent iterators. Finish (or drop) one pass before starting the "
+            "next, or iterate two DataLoader objects (zip(loader, loader) needs two)")
+
+    def _batches(self, it, len_called=None, mine=None):
         decode = self._writer.decode
+        check = mine is not None and not self.persistent_workers
         yielded = 0
         ended = set()  # an iterable dataset in worker processes: the exhausted workers
         end, skipped = _dropin_end()
         # the caller holds all the buffers but the workers' last one: copy this one out
         limit = max(2, int(self.stats()["buffers"]) - self._held + 1)
         while True:
+            if check and self._pass != mine:
+                raise self._superseded()
             try:
                 b = next(it)
             except StopIteration:
@@ -588,14 +619,25 @@ class DataLoader(_stoke.Loader):
                              "with worker_mode='threads' (the position of worker processes, or "
                              "of threads sharing one iterator, cannot be replayed)")
         version, seed, epoch, cursor, workers = self._save_state()
+        if self._writer is not None and self._writer.shuffle_drawn():
+            seed = self._writer.epoch_seed  # the seed this epoch's shuffle drew
         st = {"version": version, "seed": seed, "epoch": epoch, "batches_yielded": cursor}
         if workers:
             st["workers"] = workers
         return st
 
     def _load_state(self, state):
-        self._restore_state(int(state["version"]), int(state["seed"]), int(state["epoch"]),
-                            int(state["batches_yielded"]), int(state.get("workers", 0)))
+        seed = int(state["seed"])
+        w = self._writer
+        if w is not None and w.shuffle_drawn():
+            # the saved epoch's shuffle seed, not a new draw (the C loader's own seed is 0)
+            w.restore_seed, seed = seed, 0
+        try:
+            self._restore_state(int(state["version"]), seed, int(state["epoch"]),
+                                int(state["batches_yielded"]), int(state.get("workers", 0)))
+        finally:
+            if w is not None:
+                w.restore_seed = None
 
     def __repr__(self):
         return ("stoke.DataLoader(batch_size=%s, num_workers=%d, epoch=%d, rank=%d/%d)"

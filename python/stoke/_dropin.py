@@ -34,6 +34,7 @@ import gc
 import io
 import itertools
 import mmap
+import operator
 import os
 import pickle
 import random
@@ -544,6 +545,22 @@ class _BlockUnpickler(pickle.Unpickler):
 
 # ---- torch's default_collate, writing into the block ----------------------------------------
 
+def _grad_error(e, tensors):
+    """torch's error for an out= stack of tensors that require grad, made clear; None when
+    none does (e is another error)."""
+    if not any(getattr(t, "requires_grad", False) for t in tensors):
+        return None
+    return RuntimeError(
+        "stoke: the samples' tensors require grad: a stoke.DataLoader writes each batch into its "
+        "(pinned) batch memory, outside autograd, so the batch cannot carry their grad_fn "
+        "(torch's DataLoader stacks them with a grad_fn with num_workers=0, and raises this "
+        "error with workers). Detach them in the dataset (TensorDataset(x.detach()), or "
+        "return t.detach() from __getitem__) (%s)" % (e,))
+
+
+_DTYPE = operator.attrgetter("dtype")
+
+
 def _is_namedtuple(x):
     return isinstance(x, tuple) and hasattr(x, "_fields")
 
@@ -559,6 +576,10 @@ class _Collator:
         self.return_lengths = return_lengths
         self.used = set()
         self.pad_bytes = {}  # (path, dtype): the pad value as one element's bytes
+        # num_workers=0: torch's default_collate stacks with type promotion (float32 and
+        # float64 samples make a float64 batch); in a worker it stacks into a tensor of the
+        # first sample's dtype (out=, casting), and so does stoke there (_Writer sets it)
+        self.promote = False
 
     def __call__(self, block, batch):
         return self.collate(block, batch, "")
@@ -618,7 +639,21 @@ class _Collator:
                 return out  # stacked already, a row as each sample came
             # a sample's leaf did not fit its row: torch's stack (its casts, or its error)
             batch = [b.out[b.k] if type(b) is _Row else b for b in batch]
-            out.copy_(torch.stack(batch, 0, out=torch.empty(0, dtype=out.dtype)))
+            try:
+                if self.promote:  # torch.stack's type promotion, as torch's num_workers=0
+                    res = torch.stack(batch, 0)
+                    if res.requires_grad:
+                        raise RuntimeError("stack(): the result requires grad")
+                    if res.dtype != out.dtype:
+                        out = block.tensor(res.dtype, tuple(res.shape))
+                else:
+                    res = torch.stack(batch, 0, out=torch.empty(0, dtype=out.dtype))
+            except RuntimeError as e:
+                err = _grad_error(e, batch)
+                if err is None:
+                    raise
+                raise err from e
+            out.copy_(res)
             return out
         if path in self.pad and torch is not None:
             self.used.add(path)
@@ -626,7 +661,24 @@ class _Collator:
             return _Padded(out, lens) if self.return_lengths else out
         if torch is not None and isinstance(elem, torch.Tensor):
             out = block.tensor(elem.dtype, (len(batch),) + tuple(elem.shape))
-            torch.stack(batch, 0, out=out)
+            try:
+                torch.stack(batch, 0, out=out)
+                if self.promote:
+                    # mixed dtypes: the promoted one, as torch.stack without out= makes it
+                    # (checked after the stack, which brought the samples into the cache: one
+                    # C-level pass over the column); the batch is stacked again
+                    dts = list(map(_DTYPE, batch))
+                    if dts.count(elem.dtype) != len(dts):
+                        dtype = elem.dtype
+                        for d in set(dts):
+                            dtype = torch.promote_types(dtype, d)
+                        out = block.tensor(dtype, (len(batch),) + tuple(elem.shape))
+                        torch.stack(batch, 0, out=out)
+            except RuntimeError as e:
+                err = _grad_error(e, batch)
+                if err is None:
+                    raise
+                raise err from e
             return out
         if np is not None and isinstance(elem, np.ndarray):
             if elem.dtype.kind not in _NP_KINDS or elem.dtype.hasobject:
@@ -738,6 +790,7 @@ class _Plan:
     (a worker maps it again when the header says it grew)."""
     H_EPOCH, H_NBATCH, H_SEED, H_NIDX, H_IDXCAP = 0, 1, 2, 3, 4
     H_RUN = 5  # an iterable's runs: each new one iterates the dataset from its start again
+    H_LISTS = 6  # 1: each batch is one __getitem__ call with its list of keys (batch_size=None)
 
     def __init__(self, nbatches, nidx, nmail):
         self.nbatches = max(nbatches, 0)
@@ -752,6 +805,7 @@ class _Plan:
         self.offs = np.frombuffer(self.mm, dtype=np.int64, count=self.nbatches + 1,
                                   offset=self.off_offs)
         self.fd = os.memfd_create("stoke-plan", os.MFD_CLOEXEC)
+        self.wrap = 0  # rows of a TensorDataset: negative indices count from this length
         self.idx_mm = None
         self._map_idx(max(nidx, 512))
 
@@ -765,9 +819,10 @@ class _Plan:
         self.idx = np.frombuffer(self.idx_mm, dtype=np.int64, count=n)
         self.head[self.H_IDXCAP] = n
 
-    def write(self, epoch, batches, base_seed):
+    def write(self, epoch, batches, base_seed, lists=False):
         """The epoch's batches: a list of index lists, or (order, batch_size, drop_last) for
-        an order cut into batches (no sampler: written without a Python list)."""
+        an order cut into batches (no sampler: written without a Python list).  lists: each
+        batch is one __getitem__ call with its list of keys (H_LISTS)."""
         if isinstance(batches, tuple):
             order, bs, drop_last = batches
             nb = len(order) // bs if drop_last else -(-len(order) // bs)
@@ -794,6 +849,12 @@ class _Plan:
         self.head[self.H_EPOCH] = epoch
         self.head[self.H_SEED] = base_seed
         self.head[self.H_NIDX] = n
+        self.head[self.H_LISTS] = int(lists)
+        if self.wrap and n:  # a TensorDataset's rows: ds[-1] is the last, as torch's indexing
+            v = self.idx[:n]
+            neg = v < 0
+            if neg.any():
+                v[neg] += self.wrap
 
     def batch(self, i):
         if self.head[self.H_IDXCAP] != len(self.idx):  # a worker: the consumer grew it
@@ -831,6 +892,57 @@ class _Plan:
         self.mm[self.off_mail:self.off_offs] = bytes(self.off_offs - self.off_mail)
 
 
+def _keys(items, what="sampler"):
+    """A sampler's keys as a list of ints: ints (bool included) and NumPy or torch integer
+    scalars (operator.index), as int64 in the plan; anything else (a str, a float) is a
+    TypeError, where torch would pass it to __getitem__ as it is (int() would have made 1.7
+    index 1 and "10" index 10: silently other samples)."""
+    if np is not None and type(items) is np.ndarray and items.dtype.kind in "iub":
+        return items.tolist()
+    if torch is not None and type(items) is torch.Tensor and not (
+            items.is_floating_point() or items.is_complex()):
+        return items.tolist()
+    if type(items) is not list:
+        items = list(items)
+    try:
+        return list(map(operator.index, items))
+    except TypeError:
+        pass
+    for k in items:
+        try:
+            operator.index(k)
+        except TypeError:
+            raise TypeError(
+                "stoke: the %s gave the key %r (%s): a stoke.DataLoader needs integer dataset "
+                "indices (int, or a NumPy or torch integer scalar), which it plans for its "
+                "workers as int64; torch would pass the key to __getitem__ as it is. Give the "
+                "dataset integer positions (a sampler over range(len(ds)), __getitem__(i) "
+                "looking up keys[i])" % (what, k, type(k).__name__)) from None
+    return list(map(operator.index, items))  # (a key that failed only once)
+
+
+def _sampler_len(s, what):
+    """len(sampler): torch makes __len__ optional (only len(loader) needs it); a
+    stoke.DataLoader fixes its batches per epoch at construction, so it needs it."""
+    try:
+        return len(s)
+    except TypeError:
+        if hasattr(type(s), "__len__"):
+            raise
+        raise TypeError(
+            "stoke: the %s (%s) has no __len__: a stoke.DataLoader needs it to fix its batches "
+            "per epoch at construction (it plans them for its workers; torch needs it only for "
+            "len(loader)). Give the %s a __len__ (the number of indices it yields), or pass "
+            "list(%s) for a fixed order" % (what, type(s).__name__, what, what)) from None
+
+
+def _is_key_list(k):
+    """A sampler's item that is a batch of keys (BatchSampler as sampler, batch_size=None:
+    torch passes the list to __getitem__)."""
+    return isinstance(k, (list, tuple)) or (np is not None and isinstance(k, np.ndarray)) or (
+        torch is not None and isinstance(k, torch.Tensor) and k.dim() == 1)
+
+
 def _permutation(n, seed, epoch):
     """stoke's shuffle without a sampler: a permutation keyed by (seed, epoch), independent of
     the workers (a restored position recomputes it)."""
@@ -851,17 +963,24 @@ class _Writer:
         self.sampler = sampler
         self.batch_sampler = batch_sampler
         self.shuffle = shuffle
-        self.seed = seed
+        self.seed = seed          # the shuffle's; None: drawn each pass (shuffle_seed)
+        self.epoch_seed = seed    # the shuffle seed of the epoch planned last
+        self.restore_seed = None  # load_state_dict: the saved epoch's, instead of a draw
+        self.base_fixed = None    # persistent workers: the base seed they were seeded with
         self.generator = generator
         self.collate_fn = collate_fn
         self.collator = _Collator(pad, pad_to_multiple_of, max_length, return_lengths)
+        self.collator.promote = num_workers == 0  # (torch's workers stack into out=)
         self.worker_init_fn = worker_init_fn
         self.num_workers = num_workers
         self.processes = processes
         self.persistent = persistent
         self.rank, self.world = rank, world
         self.name = "python:" + type(dataset).__name__
-        self.getitems = getattr(dataset, "__getitems__", None)
+        # torch calls __getitems__ with automatic batching only (batch_size=None: ds[i])
+        self.getitems = getattr(dataset, "__getitems__", None) if (
+            batch_size is not None or batch_sampler is not None) else None
+        self.keyed = batch_size is None and sampler is not None and batch_sampler is None
         self.tensors = _tensor_rows(dataset)
         self.rows_path = (self.tensors is not None and collate_fn is None and not pad
                           and not (batch_size is None and batch_sampler is None))
@@ -890,6 +1009,7 @@ class _Writer:
         self.blob_bytes = 0
         self.probe_pid = None     # measure()'s child, answered and exiting: reap_probe() reaps it
         self.iter_map = iterable and processes
+        self.lists = False        # batches() of the epoch: each batch one call with its keys
         # A sampler (batch_sampler) object: its order is taken when iteration starts, as
         # torch's iter() does (sampler.set_epoch() after the loader is made counts), not at
         # construction: the creation's set_epoch hook leaves the plan to the first iteration
@@ -914,6 +1034,8 @@ class _Writer:
             nidx = 0
         # (the plan's batch offsets are a MAP dataset's: an iterable's batches are not planned)
         self.plan = _Plan(0 if iterable else self.nbatches, nidx, num_workers + 1)
+        if self.rows_path:
+            self.plan.wrap = len(self.tensors[0])
 
     # -- the epoch's batches (consumer's process) --
 
@@ -921,10 +1043,10 @@ class _Writer:
         """Batches per epoch and indices, from the lengths (torch's len(loader)), without
         iterating the sampler: its draws happen when an epoch starts, as torch's do."""
         if self.batch_sampler is not None:
-            n = len(self.batch_sampler)
+            n = _sampler_len(self.batch_sampler, "batch_sampler")
             return n, n * 8
         if self.sampler is not None:
-            n = len(self.sampler)
+            n = _sampler_len(self.sampler, "sampler")
         else:
             n = len(self.dataset)
             if self.world > 1:
@@ -937,9 +1059,9 @@ class _Writer:
     def sample_order(self, epoch):
         """The epoch's dataset indices in order: a list (a sampler's) or an int64 array."""
         if self.sampler is not None:
-            return [int(i) for i in self.sampler]
+            return _keys(self.sampler)
         n = len(self.dataset)
-        order = _permutation(n, self.seed, epoch) if self.shuffle else np.arange(n)
+        order = _permutation(n, self.shuffle_seed(), epoch) if self.shuffle else np.arange(n)
         if self.world > 1:  # DistributedSampler's split: padded to a multiple of the ranks
             per = -(-n // self.world)
             total = per * self.world
@@ -951,10 +1073,25 @@ class _Writer:
     def batches(self, epoch):
         """The epoch's batches for _Plan.write: lists of indices, or (order, batch_size,
         drop_last) without a sampler."""
+        self.lists = False
         if self.batch_sampler is not None:
-            return [[int(i) for i in b] for b in self.batch_sampler]
-        order = self.sample_order(epoch)
+            return [_keys(b, "batch_sampler") for b in self.batch_sampler]
         bs = self.batch_size
+        if bs is None and self.sampler is not None:
+            items = list(self.sampler)
+            # each item a list of keys (torch's batched read: sampler=BatchSampler(...),
+            # batch_size=None): one __getitem__ call with the list, as torch's (the workers
+            # read H_LISTS); else each item is one key
+            self.lists = lists = bool(items) and _is_key_list(items[0])
+            if lists:
+                for k in items:
+                    if not _is_key_list(k):
+                        raise TypeError("stoke: the sampler mixes lists of keys and single keys "
+                                        "(%r): a stoke.DataLoader takes one or the other in an "
+                                        "epoch" % (k,))
+                return [_keys(k) for k in items]
+            return [[i] for i in _keys(items)]
+        order = self.sample_order(epoch)
         if self.sampler is None and bs is not None:
             return order, bs, self.drop_last
         order = list(order) if self.sampler is not None else order.tolist()
@@ -964,6 +1101,30 @@ class _Writer:
         if out and self.drop_last and len(out[-1]) < bs:
             out.pop()
         return out
+
+    def shuffle_drawn(self):
+        """Whether shuffle=True draws its seed each pass (no seed= nor generator=)."""
+        return self.shuffle and self.seed is None and self.sampler is None
+
+    def shuffle_seed(self):
+        """The seed of this pass's permutation (keyed by (seed, epoch)): seed=, else
+        generator's initial seed, else drawn from torch's default generator, as torch's
+        RandomSampler draws its seed at each pass (after the loader's base seed): so
+        torch.manual_seed(s) sets the order, and the global RNG moves as torch's does."""
+        s = self.seed
+        if s is None:
+            s, self.restore_seed = self.restore_seed, None
+            if s is None:
+                s = (int(torch.empty((), dtype=torch.int64).random_().item())
+                     if torch is not None else random.getrandbits(63))
+        self.epoch_seed = s
+        return s
+
+    def iterating(self):
+        """A pass starts: persistent workers keep the base seed of the first one (torch
+        seeds them and calls worker_init_fn once, and draws no base seed for later passes)."""
+        if self.persistent and self.base_fixed is None and not self.iterable:
+            self.base_fixed = self.plan.base_seed()
 
     def static_order(self):
         """Whether the order comes from no sampler, or from one whose iteration has no state
@@ -977,7 +1138,7 @@ class _Writer:
     def plan_now(self, epoch):
         """At the first iteration, when the creation's hook left the plan to it (defer): the
         sampler's order of now, under the base seed that hook drew."""
-        self.plan.write(epoch, self.batches(epoch), self.plan.base_seed())
+        self.plan.write(epoch, self.batches(epoch), self.plan.base_seed(), self.lists)
         self.planned = True
         if torch is not None:  # (a sampler drawing from the global RNG drew)
             self.rng_after = self.rng_state()
@@ -1002,7 +1163,8 @@ class _Writer:
         global RNG too (a sampler with a generator of its own was iterated already)."""
         s = self.batch_sampler if self.batch_sampler is not None else self.sampler
         s = getattr(s, "sampler", s)
-        uses_global = s is not None and getattr(s, "generator", False) is None
+        uses_global = (s is not None and getattr(s, "generator", False) is None) or (
+            s is None and self.shuffle_drawn())  # (the shuffle draws its seed: shuffle_seed)
         self.reseed_only = not uses_global and self.planned
 
     def rng_moved(self):
@@ -1032,7 +1194,8 @@ class _Writer:
                     self.live.clear()
                 self.plan.mail_clear()
                 self.kept_errors.clear()
-                seed = self.base_seed_for()
+                # persistent workers are seeded once: no new base seed (torch draws none)
+                seed = self.base_fixed if self.base_fixed is not None else self.base_seed_for()
                 if self.iterable:
                     self.plan.head[_Plan.H_EPOCH] = epoch
                     self.plan.head[_Plan.H_SEED] = seed
@@ -1048,7 +1211,7 @@ class _Writer:
                     self.plan.head[_Plan.H_EPOCH] = epoch
                     self.plan.head[_Plan.H_SEED] = seed
                 else:
-                    self.plan.write(epoch, self.batches(epoch), seed)
+                    self.plan.write(epoch, self.batches(epoch), seed, self.lists)
                     self.planned = True
                 if torch is not None:  # after the sampler's draws too
                     self.rng_after = self.rng_state()
@@ -1105,7 +1268,11 @@ class _Writer:
         gone = _stoke._abandoned  # asked before each sample: a batch nobody wants stops there
         ds, wk = self.dataset, self.worker
         cur = self.plan.cur_mv if wk >= 0 else None  # a worker that dies names its sample
-        if self.getitems is not None:
+        if self.keyed and self.plan.head[_Plan.H_LISTS]:
+            # batch_size=None, the sampler's item a list of keys: __getitem__ takes the list
+            where[0] = indices[0] if indices else None
+            out = [ds[list(indices)]]
+        elif self.getitems is not None:
             out = self.getitems(indices)  # (one call: not cut)
         elif self.rows and block is not None:
             out = []
@@ -1149,7 +1316,7 @@ class _Writer:
             if k == 0 and x.layout == torch.strided and x.device.type == "cpu":
                 out = outs[path] = block.tensor(x.dtype, (n,) + tuple(x.shape))
             if (out is None or out.dtype != x.dtype or out.shape[1:] != x.shape
-                    or x.layout != torch.strided or x.device.type != "cpu"):
+                    or x.layout != torch.strided or x.device.type != "cpu" or x.requires_grad):
                 return x  # collate stacks this column as torch would, or raises its error
             out[k].copy_(x)
             return _Row(out, k)
@@ -1172,7 +1339,13 @@ class _Writer:
             outs = []
             for t in self.tensors:
                 o = block.tensor(t.dtype, (len(indices),) + tuple(t.shape[1:]))
-                torch.index_select(t, 0, idx, out=o)
+                try:
+                    torch.index_select(t, 0, idx, out=o)
+                except RuntimeError as e:
+                    err = _grad_error(e, (t,))
+                    if err is None:
+                        raise
+                    raise err from e
                 outs.append(o)
             return block.finish(outs)
         if self.collate_fn is not None:
@@ -1407,7 +1580,7 @@ class _Writer:
         torch's first next().  Returns the bytes as _probe does."""
         try:
             seed = self.base_seed_for()
-            self.plan.write(0, self.batches(0), seed)
+            self.plan.write(0, self.batches(0), seed, self.lists)
         except Exception:  # noqa: BLE001 - the hook meets it again and reports it
             return _PROBE_FALLBACK
         self.preplanned = True

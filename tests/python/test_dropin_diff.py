@@ -283,4 +283,251 @@ def repr_without_batch_size():
         T.check("batch_size=%s" % kw.get("batch_size") in text, "%s: %s" % (kw, text))
 
 
+def raises(exc, fn, text):
+    """fn() raises exc, its message holding text."""
+    try:
+        fn()
+    except exc as e:
+        T.check(text in str(e), "%s raised, without %r: %s" % (exc.__name__, text, e))
+        return e
+    raise AssertionError("%s (%r) was not raised" % (exc.__name__, text))
+
+
+@case
+def two_iterators_at_once():
+    """Two iterators of one loader alive at once: torch's are independent (persistent_workers
+    False); stoke delivers one pass at a time, so the superseded iterator raises a clear
+    RuntimeError instead of going on in the new pass (zip(loader, loader) silently got half the
+    batches, interleaved).  next(iter(loader)) then a for loop still works.  With
+    persistent_workers=True torch's iter() resets and returns its one iterator: both names go
+    on in the new pass, and stoke's do the same."""
+    for workers in (0, 2):
+        loader = L.Loader(Sized(10), batch_size=2, num_workers=workers)
+        try:
+            list(zip(loader, loader))
+        except RuntimeError as e:
+            T.check("superseded" in str(e) and "two DataLoader" in str(e), str(e))
+        else:
+            raise AssertionError("workers=%d: zip(loader, loader) raised nothing" % workers)
+        it1 = iter(loader)
+        T.check(next(it1).tolist() == [0, 1], "workers=%d: it1's first batch" % workers)
+        it2 = iter(loader)
+        T.check(next(it2).tolist() == [0, 1], "workers=%d: it2's first batch" % workers)
+        raises(RuntimeError, lambda: next(it1), "superseded")
+        T.check([b.tolist() for b in it2] == [[2, 3], [4, 5], [6, 7], [8, 9]],
+                "workers=%d: the new pass lost batches" % workers)
+        first = next(iter(loader))  # the common pattern: a look at one batch, then the epochs
+        T.check(first.tolist() == [0, 1], "first batch %s" % first.tolist())
+        for e in range(2):
+            T.check([b.tolist() for b in loader] == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]],
+                    "workers=%d: epoch %d after next(iter(loader))" % (workers, e))
+    ref, got = pair(Sized(10), batch_size=2, num_workers=2, persistent_workers=True)
+    r = [(a.tolist(), b.tolist()) for a, b in zip(ref, ref)]
+    g = [(a.tolist(), b.tolist()) for a, b in zip(got, got)]
+    T.check(r == g, "persistent_workers=True: zip gave %s, torch %s" % (g, r))
+
+
+class MixedDtypes(Dataset):
+    """float32 for sample 0 (and every 4th), float64 for the others."""
+    def __init__(self, shape):
+        self.shape = shape
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return torch.full(self.shape, 1 + 1e-12 * i,
+                          dtype=torch.float32 if i % 4 == 0 else torch.float64)
+
+
+@case
+def mixed_dtypes_promote():
+    """Samples of float32 and float64: torch's default_collate with num_workers=0 stacks them
+    with type promotion (a float64 batch); stoke wrote them into a float32 block (the
+    precision lost).  With workers torch stacks into the first sample's dtype (out=), as
+    stoke does.  Small samples and big ones (the row-streaming path)."""
+    import warnings
+    for shape in ((2,), (3, 64, 64)):
+        for workers in (0, 2):
+            what = "shape %s workers=%d" % (shape, workers)
+            ref, got = pair(MixedDtypes(shape), batch_size=4, num_workers=workers)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # (a float64 batch past the measured block)
+                r, g = epoch(ref), epoch(got)
+            check_sequential(r, g, what)
+            want = torch.float64 if workers == 0 else torch.float32
+            T.check(all(b.dtype == want for b in g), "%s: %s" % (what, [b.dtype for b in g]))
+
+
+class Keyed(Dataset):
+    def __len__(self):
+        return 20
+
+    def __getitem__(self, k):
+        return -k
+
+
+@case
+def sampler_keys_must_be_integers():
+    """A sampler's keys: torch passes any key to __getitem__ as it is; stoke plans int64
+    indices, and int() made "10" index 10 and 1.7 index 1 (other samples, silently): ints,
+    NumPy and torch integer scalars are taken, anything else is a TypeError saying so."""
+    for keys in (["1", "2", "10"], [1.7, 2.2]):
+        raises(TypeError, lambda: epoch(L.Loader(Keyed(), sampler=keys, batch_size=2)),
+                 "integer dataset indices")
+
+    class Strs(torch.utils.data.Sampler):
+        def __init__(self):
+            pass
+
+        def __len__(self):
+            return 2
+
+        def __iter__(self):
+            return iter(["3", "4"])
+
+    raises(TypeError, lambda: epoch(L.Loader(Keyed(), sampler=Strs(), batch_size=2)),
+             "'3' (str)")
+    raises(TypeError, lambda: epoch(L.Loader(Keyed(), batch_sampler=[[1, 2.5]])), "2.5")
+    for keys in ([np.int64(3), np.int32(5)], [torch.tensor(3), torch.tensor(5)],
+                 np.array([3, 5]), torch.tensor([3, 5])):
+        ref, got = pair(Keyed(), sampler=keys, batch_size=2)
+        check_sequential(epoch(ref), epoch(got), "keys %r" % (keys,))
+
+
+class Order(Dataset):
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        return i
+
+
+@case
+def shuffle_follows_manual_seed():
+    """shuffle=True without generator= or seed=: each pass's seed is drawn from torch's
+    default generator, as RandomSampler's (it was 0: every run and every seed of a sweep got
+    the same order).  torch.manual_seed(s) sets the order (the same s, the same order; before
+    or after the loader is made), two seeds give two orders, and the global RNG moves as
+    torch's does (the same torch.rand() after the passes); seed= stays deterministic."""
+    def orders(torch_seed, workers=0, before=True, epochs=2, **kw):
+        if before:
+            torch.manual_seed(torch_seed)
+        loader = L.Loader(Order(), batch_size=8, shuffle=True, num_workers=workers, **kw)
+        if not before:
+            torch.manual_seed(torch_seed)
+        out = [torch.cat(list(loader)).tolist() for _ in range(epochs)]
+        return out, torch.rand(1).item()
+
+    for workers in (0, 2):
+        a, ra = orders(1, workers)
+        b, rb = orders(1, workers)
+        c, _ = orders(2, workers)
+        T.check(a == b and ra == rb, "workers=%d: seed 1 twice gave two orders" % workers)
+        T.check(a[0] != c[0], "workers=%d: seeds 1 and 2 gave the same order" % workers)
+        T.check(a[0] != a[1], "workers=%d: two epochs in the same order" % workers)
+        T.check(orders(1, workers, before=False) == (a, ra),
+                "workers=%d: torch.manual_seed after the loader was made" % workers)
+        for pw in ((False, True) if workers else (False,)):
+            torch.manual_seed(7)
+            ref = L.TorchLoader(Order(), batch_size=8, shuffle=True, num_workers=workers,
+                                persistent_workers=pw)
+            for _ in range(3):
+                list(ref)
+            want = torch.rand(1).item()
+            got = orders(7, workers, epochs=3, persistent_workers=pw)[1]
+            T.check(got == want, "workers=%d persistent=%s: the global RNG after 3 passes: "
+                    "%r, torch's %r" % (workers, pw, got, want))
+    fixed = [orders(s, seed=5)[0] for s in (1, 2)]
+    T.check(fixed[0] == fixed[1], "seed=5: the order changed with torch.manual_seed")
+
+
+@case
+def shuffle_drawn_seed_state():
+    """state_dict() of a shuffle with a drawn seed holds that seed: a loader made under
+    another torch seed restores the same epoch's remaining batches."""
+    torch.manual_seed(3)
+    a = L.Loader(Order(), batch_size=8, shuffle=True)
+    list(a)
+    it = iter(a)
+    next(it)
+    next(it)
+    st = a.state_dict()
+    rest = [b.tolist() for b in it]
+    torch.manual_seed(99)
+    b = L.Loader(Order(), batch_size=8, shuffle=True)
+    b.load_state_dict(st)
+    got = [x.tolist() for x in b]
+    T.check(got == rest, "restored %s, want %s" % (got, rest))
+
+
+@case
+def batch_sampler_as_sampler():
+    """torch's batched read: sampler=BatchSampler(...), batch_size=None passes each list of
+    indices to __getitem__ once (it was a TypeError); 0 and 2 workers."""
+    from torch.utils.data import BatchSampler, SequentialSampler
+
+    class Rows(Dataset):
+        def __len__(self):
+            return 20
+
+        def __getitem__(self, idx):
+            return torch.tensor(idx) * 10
+
+    for workers in (0, 2):
+        sampler = BatchSampler(SequentialSampler(range(20)), 4, False)
+        ref, got = pair(Rows(), sampler=sampler, batch_size=None, num_workers=workers)
+        check_len(ref, got, "workers=%d" % workers)
+        for e in range(2):
+            check_sequential(epoch(ref), epoch(got), "workers=%d epoch %d" % (workers, e))
+
+
+@case
+def sampler_without_len():
+    """torch makes a sampler's __len__ optional; a stoke.DataLoader fixes its batches at
+    construction: a TypeError that says so (it was len()'s bare error)."""
+    class NoLen(torch.utils.data.Sampler):
+        def __init__(self):
+            pass
+
+        def __iter__(self):
+            return iter(range(0, 10, 2))
+
+    raises(TypeError, lambda: L.Loader(Sized(10), sampler=NoLen(), batch_size=2),
+             "has no __len__")
+
+
+@case
+def getitems_without_batching():
+    """batch_size=None: torch calls ds[i], never __getitems__ (stoke called __getitems__([i])
+    and took [0])."""
+    class G(Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return {"x": i}
+
+        def __getitems__(self, idx):
+            return {"x": list(idx)}
+
+    for workers in (0, 2):
+        ref, got = pair(G(), batch_size=None, num_workers=workers)
+        check_sequential(epoch(ref), epoch(got), "workers=%d" % workers)
+
+
+@case
+def tensordataset_negative_and_grad():
+    """A TensorDataset's rows: a negative index counts from the end, as torch's ds[-1] (it was
+    an IndexError); tensors that require grad raise a clear error (the batch is written into
+    stoke's memory, outside autograd) instead of index_select's out= error."""
+    X = torch.arange(20.).reshape(10, 2)
+    for workers in (0, 2):
+        ref, got = pair(TensorDataset(X), sampler=[-1, 3, -10], batch_size=2,
+                        num_workers=workers)
+        check_sequential(epoch(ref), epoch(got), "negative indices workers=%d" % workers)
+    grad = TensorDataset(X.clone().requires_grad_())
+    raises(RuntimeError, lambda: epoch(L.Loader(grad, batch_size=2)), "require grad")
+
+
 L.run_cases()

@@ -839,4 +839,44 @@ def caller_dies_abruptly():
             T.check(p.returncode is not None, "%s: the script did not end" % what)
 
 
+class Seeded(Dataset):
+    """Each sample: its worker's seed, how often worker_init_fn ran there, a torch draw."""
+    def __init__(self):
+        self.inits = 0
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return get_worker_info().seed, self.inits, torch.rand(1).item()
+
+
+def count_init(wid):
+    get_worker_info().dataset.inits += 1
+
+
+@case
+def persistent_workers_seeded_once():
+    """persistent_workers=True: torch seeds each worker and calls worker_init_fn once, at its
+    start, and draws no base seed for later passes; stoke reseeded its workers (a new base
+    seed) and called worker_init_fn at every epoch, so epoch 1's seeds and draws differed from
+    torch's, and so did the global RNG afterwards."""
+    for gen in (True, False):
+        runs = []
+        kw = "generator" if gen else "global RNG"
+        for cls in (L.TorchLoader, L.Loader):
+            torch.manual_seed(11)
+            loader = cls(Seeded(), batch_size=2, num_workers=2, persistent_workers=True,
+                         worker_init_fn=count_init,
+                         generator=torch.Generator().manual_seed(5) if gen else None)
+            got = [[[t.tolist() for t in b] for b in loader] for _ in range(3)]
+            runs.append((got, torch.rand(1).item()))
+            del loader
+        (ref, ref_after), (got, after) = runs
+        for e in range(3):
+            T.check(got[e] == ref[e], "%s epoch %d: %s, torch %s" % (kw, e, got[e], ref[e]))
+        T.check(after == ref_after, "%s: the global RNG after: %r, torch's %r"
+                % (kw, after, ref_after))
+
+
 L.run_cases(timeout=150)
