@@ -283,6 +283,32 @@ static void test_timeout(void **state)
     tds_free(&t);
 }
 
+/* A stuck sample in the batch next() waits for times out with 1 and 2 workers: the caller's
+ * thread does not make that batch itself (it blocked inside get() until the sample returned,
+ * for ever if it never did). */
+static void test_timeout_first_batch(void **state)
+{
+    for (int workers = 1; workers <= 2; workers++) {
+        tds t;
+        stoke_dataset ds;
+        tds_make(&t, &ds, 64);
+        ds.worker_init = NULL; /* (with one the caller's thread never makes a batch) */
+        t.slow_index = 0;
+        stoke_loader_opts o = base_opts(4, workers);
+        o.timeout_ms = 300;
+        stoke_loader *l;
+        assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+        stoke_batch *b;
+        assert_int_equal(stoke_loader_next(l, &b), STOKE_ETIMEDOUT);
+        const char *e = stoke_loader_last_error(l);
+        assert_non_null(strstr(e, "sample 0 "));
+        assert_null(strstr(e, "caller's thread")); /* a worker's sample, timed out while stuck */
+        tds_open_gate(&t);
+        stoke_loader_destroy(l);
+        tds_free(&t);
+    }
+}
+
 /* opts.interrupted is asked while next() waits also when a timeout is set (the wait's slices
  * end at the earlier of 100 ms and the samples' deadline): nonzero returns STOKE_ECANCELED, and
  * the epoch goes on at the next call. */
@@ -746,6 +772,7 @@ int main(void)
         cmocka_unit_test(test_drop_last),
         cmocka_unit_test(test_out_of_order),
         cmocka_unit_test(test_timeout),
+        cmocka_unit_test(test_timeout_first_batch),
         cmocka_unit_test(test_interrupted_with_timeout),
         cmocka_unit_test(test_sample_error),
         cmocka_unit_test(test_early_destroy),

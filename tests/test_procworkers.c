@@ -38,6 +38,7 @@ typedef struct shared {
     _Atomic int hang_pid;     /* the child hanging at `hang` */
     _Atomic int init_calls;   /* worker_init calls (children) */
     _Atomic int init_workers; /* bit w: worker_init(w) was called in a child */
+    int init_fail;            /* in a child: worker_init returns STOKE_EIO */
     uint64_t slow;            /* in a child: publish pids, wait for p_killed, 3 s, orphan_wrote */
     _Atomic int w_pid, z_pid; /* the child at `slow` and its parent (the zygote) */
     _Atomic int s_pid;        /* the sleeping fork of the loader's process (orphans test) */
@@ -106,6 +107,8 @@ static int pds_worker_init(void *user, int worker, int num_workers)
     if (getpid() != sh->parent) {
         atomic_fetch_add(&sh->init_calls, 1);
         atomic_fetch_or(&sh->init_workers, 1 << worker);
+        if (sh->init_fail)
+            return STOKE_EIO;
     }
     return STOKE_OK;
 }
@@ -154,6 +157,7 @@ static void reset_shared(void)
     atomic_store(&sh->p_killed, 0);
     atomic_store(&sh->orphan_wrote, 0);
     atomic_store(&sh->init_calls, 0);
+    sh->init_fail = 0;
     atomic_store(&sh->init_workers, 0);
 }
 
@@ -276,6 +280,40 @@ static void check_crash_msg(const char *msg, const char *sig, uint64_t idx)
     char killed[64];
     snprintf(killed, sizeof(killed), "%d killed by %s (", pid, sig);
     assert_non_null(strstr(msg, killed));
+}
+
+/* A worker_init failing in a worker process ends the epoch with its code, named once, and a
+ * message naming the worker and the dataset, not a sample (it was "sample 18446744073709551615
+ * of pds: ... (STOKE_EIO) (STOKE_EIO)"). */
+static void test_worker_init_fails(void **state)
+{
+    (void)state;
+    reset_shared();
+    sh->init_fail = 1;
+    pds p;
+    stoke_dataset ds;
+    pds_open(&p, 0, 1, &ds);
+    stoke_loader_opts o;
+    opts(&o, "error", STOKE_WORKER_PROCESSES, 2, 0);
+    stoke_loader *l;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    stoke_batch *b;
+    int rc;
+    while ((rc = stoke_loader_next(l, &b)) == STOKE_OK)
+        stoke_batch_release(b);
+    assert_int_equal(rc, STOKE_EIO);
+    const char *e = stoke_loader_last_error(l);
+    assert_non_null(strstr(e, "worker "));
+    assert_non_null(strstr(e, "worker_init of dataset pds failed in worker process "));
+    assert_null(strstr(e, "sample "));
+    const char *code = strstr(e, "(STOKE_EIO)");
+    assert_non_null(code);
+    assert_null(strstr(code + 1, "(STOKE_EIO)")); /* once */
+    stoke_loader_destroy(l);
+    stoke_dataset_close(&ds);
+    stoke_dataset_close(&p.inner);
+    sh->init_fail = 0;
+    tu_assert_no_children();
 }
 
 static void test_crash_error(void **state)
@@ -1166,6 +1204,7 @@ int main(void)
         return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_same_as_threads, setup),
+        cmocka_unit_test_setup(test_worker_init_fails, setup),
         cmocka_unit_test_setup(test_crash_error, setup),
         cmocka_unit_test_setup(test_crash_skip, setup),
         cmocka_unit_test_setup(test_crash_replace, setup),

@@ -98,8 +98,9 @@ typedef struct stoke_loader_opts {
                                       STOKE_EINVAL at create; an index the backend does not
                                       have: STOKE_ERANGE at create */
     uint32_t timeout_ms;           /* a sample taking longer ends the epoch with STOKE_ETIMEDOUT
-                                      (only with num_workers >= 1: samples loaded in the caller's
-                                      thread are never timed out); 0 (default): no limit */
+                                      (with num_workers >= 1 as soon as the limit passes; with
+                                      0, in the caller's thread, once the sample returns); 0
+                                      (default): no limit */
     int persistent_workers;        /* 1: keep the worker threads (and their worker_init) across
                                       epochs; 0 (default): start them for every epoch */
     stoke_sampler_opts sampler;    /* subset / weighted / distributed; default sequential */

@@ -417,9 +417,9 @@ static int check_upfront_bytes(stoke_loader *l)
  *                                                                tiny batches per hold of mu
  *   scatter      group, dataset read(), no ragged field, no      a group's samples in one
  *                timeout                                         read() call
- *   assist       MAP, threads, no worker_init, not round_robin   the caller's thread makes the
- *                                                                batch it needs when nobody is
- *   help         assist, no timeout                              ... and the next one while a
+ *   assist       MAP, threads, no worker_init, not round_robin,  the caller's thread makes the
+ *                no timeout                                      batch it needs when nobody is
+ *   help         assist                                          ... and the next one while a
  *                                                                worker makes the one it needs
  *   hint_next    MAP, batch_size <= STOKE_DATASET_PREFETCH_MAX,  a producer names its next
  *                dataset hint()                                  batch's samples to the dataset
@@ -448,8 +448,9 @@ static void plan_loader(stoke_loader *l)
     int host = !l->o.device, timed = l->o.timeout_ms != 0;
     p->group = map && threads && host;
     p->scatter = p->group && l->ds.read && !l->nragged && !timed;
-    p->assist = map && threads && !l->ds.worker_init && !l->o.round_robin;
-    p->help = p->assist && !timed;
+    /* not under a timeout: a caller's thread inside a stuck get() could not time it out */
+    p->assist = map && threads && !l->ds.worker_init && !l->o.round_robin && !timed;
+    p->help = p->assist;
     p->hint_next = map && l->o.batch_size <= STOKE_DATASET_PREFETCH_MAX && l->ds.hint;
     p->marks = timed || !threads;
     p->caller_all = l->nworkers == 0;

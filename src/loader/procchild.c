@@ -95,16 +95,17 @@ static void child_main(stoke_loader *l, int wid, int fd, pid_t zygote)
             rc = STOKE_ECANCELED;
             stoke__fmt(why, sizeof(why), "its run was abandoned (a reposition, an error, destroy)");
         } else if (rc != STOKE_OK) {
-            stoke__fmt(why, sizeof(why), "worker_init failed in worker process %d (%s)",
-                       (int)getpid(), stoke_err_name(rc));
+            /* (the code is added where the batch's error is reported: next.c batch_error) */
+            stoke__fmt(why, sizeof(why), "worker_init of dataset %s failed in worker process %d",
+                       l->ds.name, (int)getpid());
         } else if (l->ds.set_epoch && (!epoch_set || epoch != req->epoch)) {
             rc = l->ds.set_epoch(l->ds.user, req->epoch);
             rc = rc > 0 ? STOKE_EDATA : rc;
             epoch_set = rc == STOKE_OK;
             epoch = req->epoch;
             stoke__fmt(why, sizeof(why),
-                       "set_epoch(%" PRIu64 ") of dataset %s failed in worker process %d (%s)",
-                       req->epoch, l->ds.name, (int)getpid(), stoke_err_name(rc));
+                       "set_epoch(%" PRIu64 ") of dataset %s failed in worker process %d",
+                       req->epoch, l->ds.name, (int)getpid());
         }
         if (rc != STOKE_OK) { /* the batch fails, with no sample */
             stoke__loader_batch_start(l, b, &l->caller);
