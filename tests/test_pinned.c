@@ -649,6 +649,7 @@ static void test_pinned_injected_alloc_failure(void **state)
     stoke_pinned_stats s = stats();
     assert_int_equal(s.pin_failures, 1);
     assert_int_equal(s.bytes_reserved, MiB);
+    assert_int_equal(s.peak_bytes_reserved, MiB); /* the failed 2 MiB never existed */
     assert_int_equal(s.count_reserved, 1);
     assert_int_equal(s.count_in_use, 1);
     struct stoke_simdev_counters c = tu_simdev_counters();

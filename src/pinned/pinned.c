@@ -433,11 +433,17 @@ static int reserve(uint64_t n)
     } while (!atomic_compare_exchange_weak_explicit(&stoke__pinned.bytes_reserved, &cur, cur + n,
                                                     memory_order_relaxed, memory_order_relaxed));
     PN_ADD(count_reserved, 1);
-    uint64_t now = cur + n, peak = PN_GET(peak_bytes_reserved);
+    return STOKE_OK;
+}
+
+/* Raises the peak to what is reserved now: after the block behind a reservation exists (a
+ * failed allocation gives its reservation back and must not leave its size in the peak). */
+static void note_peak(void)
+{
+    uint64_t now = PN_GET(bytes_reserved), peak = PN_GET(peak_bytes_reserved);
     while (now > peak &&
            !atomic_compare_exchange_weak(&stoke__pinned.peak_bytes_reserved, &peak, now)) {
     }
-    return STOKE_OK;
 }
 
 static void unreserve(uint64_t n)
@@ -582,6 +588,8 @@ static int pin_new(pn_pool *p, int cls, pn_block **out)
         b->kind = PN_STANDIN;
         b->pool = p;
     }
+    if (b->kind != PN_FALLBACK)
+        note_peak();
     b->size = size;
     b->cls = cls;
     atomic_store_explicit(&b->addr, (uintptr_t)mem, memory_order_release);
