@@ -17,8 +17,9 @@ def main(argv=None):
     """Runs one command line (default: sys.argv[1:]) and returns its exit status: 0, 1 for a
     failure, 2 for a usage error.  The command writes to file descriptors 1 and 2."""
     args = sys.argv[1:] if argv is None else list(argv)
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for f in (sys.stdout, sys.stderr):
+        if f is not None:  # (None: the descriptor was closed; the C code reports its writes)
+            f.flush()
     return _stoke._cli_main(args)
 
 

@@ -1,7 +1,7 @@
 """python -m stoke is the stoke CLI: for devices (text and --json, without and with the simdev
 plugin), load (--json over synthetic and .npy sources, through simdev to its device with
 --verify, with --worker-mode=processes), version, help and errors (usage errors, a missing
-file, an unknown command) it prints what the C tool prints and exits with its status.  load's
+file, an unknown command, stdout closed) it prints what the C tool prints and exits with its status.  load's
 timings differ between any two runs; every other field must be equal."""
 import json
 import os
@@ -98,6 +98,17 @@ same(["frobnicate"], want_rc=2)
 same(["load", "--batch-size", "0", "--json"], want_rc=2)
 same(["load", "npy:" + os.path.join(CWD, "missing.npy"), "--json"], want_rc=1)
 same(["load", "--workers"], want_rc=2)
+
+# stdout closed (>&-): the C tool's write error and status, not a Python traceback
+closed = []
+for cmd in ([CLI], [sys.executable, "-m", "stoke"]):
+    p = subprocess.run(cmd + ["version"], cwd=CWD, env=dict(os.environ), stdout=None,
+                       stderr=subprocess.PIPE, text=True, timeout=60,
+                       preexec_fn=lambda: os.close(1))
+    closed.append((p.returncode, p.stderr))
+T.check(all(rc == 1 and err.startswith("stoke: error writing output: ")
+            and "Traceback" not in err for rc, err in closed),
+        "stdout closed: stoke %r, python -m stoke %r" % tuple(closed))
 
 # from Python: the same entry point, returning the status
 from stoke.__main__ import main  # noqa: E402
