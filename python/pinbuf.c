@@ -1,6 +1,6 @@
-/* _stoke.PinnedBuffer(nbytes): a block of stoke's pinned memory (stoke_pinned_alloc: the pinned
- * pool's cache, cap and statistics), or of ordinary memory when the pool cannot give one
- * (`pinned` says which).  Buffer protocol (writable bytes), freed when the last view goes.
+/* _stoke.PinnedBuffer(nbytes, pin=True): a block of stoke's pinned memory (stoke_pinned_alloc:
+ * the pinned pool's cache, cap and statistics), or of ordinary memory when the pool cannot give
+ * one or pin is False (`pinned` says which).  Buffer protocol (writable bytes), freed when the last view goes.
  * stoke.DataLoader copies a batch into one when its caller holds every batch buffer of the
  * loader (list(loader)), so that holding batches never stops the loader. */
 #include <stdlib.h>
@@ -12,13 +12,15 @@ typedef struct {
     PyObject_HEAD void *p;
     Py_ssize_t n;
     int pinned;
+    int own; /* p is this object's malloc'd memory, not the pool's */
 } PinBufObject;
 
 static PyObject *pinbuf_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 {
     Py_ssize_t n;
-    static char *kwlist[] = {"nbytes", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "n:PinnedBuffer", kwlist, &n))
+    int pin = 1;
+    static char *kwlist[] = {"nbytes", "pin", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "n|p:PinnedBuffer", kwlist, &n, &pin))
         return NULL;
     if (n < 1) {
         PyErr_SetString(PyExc_ValueError, "stoke: PinnedBuffer needs nbytes >= 1");
@@ -28,13 +30,16 @@ static PyObject *pinbuf_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     if (!self)
         return NULL;
     self->n = n;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS;
-    rc = stoke_pinned_alloc((size_t)n, &self->p);
-    Py_END_ALLOW_THREADS;
+    int rc = STOKE_ENOTSUP; /* pin=False: ordinary memory, the pool (and its warning) unasked */
+    if (pin) {
+        Py_BEGIN_ALLOW_THREADS;
+        rc = stoke_pinned_alloc((size_t)n, &self->p);
+        Py_END_ALLOW_THREADS;
+    }
     self->pinned = rc == STOKE_OK && stoke_is_pinned(self->p) > 0;
     if (rc != STOKE_OK) {
-        self->p = malloc((size_t)n);
+        self->own = 1; /* (64-byte aligned: tensors of any dtype view it) */
+        self->p = aligned_alloc(64, ((size_t)n + 63) & ~(size_t)63);
         if (!self->p) {
             Py_DECREF(self);
             return PyErr_NoMemory();
@@ -47,8 +52,10 @@ static PyObject *pinbuf_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 static void pinbuf_dealloc(PyObject *obj)
 {
     PinBufObject *self = (PinBufObject *)obj;
-    if (self->p && stoke_pinned_free(self->p) != STOKE_OK)
-        free(self->p); /* not the pool's: the malloc fallback */
+    if (self->p && self->own)
+        free(self->p);
+    else if (self->p)
+        stoke_pinned_free(self->p);
     Py_TYPE(obj)->tp_free(obj);
 }
 
@@ -81,7 +88,8 @@ PyTypeObject StokePinBuf_Type = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "stoke._stoke.PinnedBuffer",
     .tp_basicsize = sizeof(PinBufObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "PinnedBuffer(nbytes): stoke's pinned memory (ordinary when none can be had).",
+    .tp_doc = "PinnedBuffer(nbytes, pin=True): stoke's pinned memory (ordinary with pin=False "
+              "or when none can be had).",
     .tp_new = pinbuf_new,
     .tp_dealloc = pinbuf_dealloc,
     .tp_as_buffer = &pinbuf_as_buffer,

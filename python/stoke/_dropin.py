@@ -1679,7 +1679,9 @@ class _Writer:
             a = 0  # n: the data's end
         elif magic != MAGIC and magic != MAGIC_FAST:  # (MAGIC_FAST: the skeleton is last)
             return self.decode(b)
-        buf = _stoke.PinnedBuffer(a + n)
+        # (a batch that is not pinned: no accelerator, pin_memory=False; its copy is ordinary
+        # memory without a word from the pinned pool, which would warn that it cannot pin)
+        buf = _stoke.PinnedBuffer(a + n, pin=bool(b.is_pinned))
         if not buf.pinned and b.is_pinned and not self.warned_copy:
             self.warned_copy = True
             warnings.warn("stoke: the batches held exceed the pinned memory stoke may use: "

@@ -27,6 +27,16 @@ with warnings.catch_warnings():
     for _ in stoke.DataLoader("synthetic:10,shape=4", batch_size=2, num_workers=2):
         pass
     stoke.DataLoader("synthetic:10,shape=4", pin_memory=False, num_workers=0)
+
+    class Ten:  # a Python dataset whose batches the caller all holds (list(loader)): each is
+        def __len__(self):  # copied out, into ordinary memory with no word from the pinned pool
+            return 20  # (it warned that pinning was not in effect)
+
+        def __getitem__(self, i):
+            return torch.tensor([i])
+    for kw in ({}, {"pin_memory": False}):
+        held = list(stoke.DataLoader(Ten(), batch_size=2, **kw))
+        T.check([int(b[0]) for b in held] == list(range(0, 20, 2)), "held: %s" % held)
     _stoke = stoke._stoke
     _stoke.flush_warnings()  # anything logged in worker threads
 with warnings.catch_warnings(record=True) as w:
