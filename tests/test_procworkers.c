@@ -219,6 +219,18 @@ static void opts(stoke_loader_opts *o, const char *policy, int mode, int workers
     o->worker_mode = mode;
 }
 
+/* A loader of `workers` worker processes over a new pds (with its worker_init when with_init),
+ * on_error error, in order. */
+static stoke_loader *proc_loader(pds *p, stoke_dataset *ds, int with_init, int workers)
+{
+    pds_open(p, 0, with_init, ds);
+    stoke_loader_opts o;
+    opts(&o, "error", STOKE_WORKER_PROCESSES, workers, 0);
+    stoke_loader *l;
+    assert_int_equal(stoke_loader_create(&o, ds, &l), STOKE_OK);
+    return l;
+}
+
 /* One epoch; then destroy and check no process and no descriptor is left. */
 static void run_epoch(const char *policy, int mode, int workers, int shuffle, int with_batch,
                       run *r)
@@ -292,16 +304,11 @@ static void test_worker_init_fails(void **state)
     sh->init_fail = 1;
     pds p;
     stoke_dataset ds;
-    pds_open(&p, 0, 1, &ds);
-    stoke_loader_opts o;
-    opts(&o, "error", STOKE_WORKER_PROCESSES, 2, 0);
-    stoke_loader *l;
-    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
-    stoke_batch *b;
-    int rc;
-    while ((rc = stoke_loader_next(l, &b)) == STOKE_OK)
-        stoke_batch_release(b);
-    assert_int_equal(rc, STOKE_EIO);
+    stoke_loader *l = proc_loader(&p, &ds, 1, 2);
+    static run r;
+    memset(&r, 0, sizeof(r));
+    take(l, 2, &r, UINT64_MAX);
+    assert_int_equal(r.rc, STOKE_EIO);
     const char *e = stoke_loader_last_error(l);
     assert_non_null(strstr(e, "worker "));
     assert_non_null(strstr(e, "worker_init of dataset pds failed in worker process "));
@@ -1160,11 +1167,7 @@ static void test_destroy_socket_held(void **state)
     reset_shared();
     pds p;
     stoke_dataset ds;
-    pds_open(&p, 0, 0, &ds);
-    stoke_loader_opts o;
-    opts(&o, "error", STOKE_WORKER_PROCESSES, 1, 0);
-    stoke_loader *l;
-    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    stoke_loader *l = proc_loader(&p, &ds, 0, 1);
     stoke_batch *b;
     assert_int_equal(stoke_loader_next(l, &b), STOKE_OK); /* its worker exists */
     stoke_batch_release(b);

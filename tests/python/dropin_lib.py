@@ -21,6 +21,19 @@ from torch.utils.data import DataLoader as TorchLoader  # noqa: E402
 _CASES = []
 
 
+class Indices(torch.utils.data.Dataset):
+    """n samples, sample i the int i."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return i
+
+
 def case(fn):
     _CASES.append(fn)
     return fn

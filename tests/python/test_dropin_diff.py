@@ -15,6 +15,7 @@ T.no_forked_python_under_tsan()
 np = T.need("numpy")
 import dropin_lib as L  # noqa: E402
 from dropin_lib import case, check_len, check_multiset, check_sequential, epoch, pair  # noqa: E402
+from dropin_lib import Indices as Sized  # noqa: E402
 
 torch = L.torch
 stoke = L.stoke
@@ -182,14 +183,6 @@ def hold_every_batch():
         del held
 
 
-class Numbers(Dataset):
-    def __len__(self):
-        return 10
-
-    def __getitem__(self, i):
-        return i
-
-
 class Stream(torch.utils.data.IterableDataset):
     def __iter__(self):
         return iter(range(10))
@@ -205,15 +198,15 @@ def torch_attributes():
     from torch.utils.data import DistributedSampler, default_collate
     names = ("sampler", "batch_sampler", "collate_fn", "prefetch_factor",
              "multiprocessing_context", "pin_memory_device", "generator", "timeout")
-    dist = DistributedSampler(Numbers(), num_replicas=2, rank=0)
-    for ds, kw in ((Numbers(), {"batch_size": 3}),
-                   (Numbers(), {"batch_size": 3, "shuffle": True}),
-                   (Numbers(), {"batch_size": 3, "drop_last": True}),
-                   (Numbers(), {"batch_size": 2, "sampler": dist, "num_workers": 2,
+    dist = DistributedSampler(Sized(10), num_replicas=2, rank=0)
+    for ds, kw in ((Sized(10), {"batch_size": 3}),
+                   (Sized(10), {"batch_size": 3, "shuffle": True}),
+                   (Sized(10), {"batch_size": 3, "drop_last": True}),
+                   (Sized(10), {"batch_size": 2, "sampler": dist, "num_workers": 2,
                                 "multiprocessing_context": "fork", "prefetch_factor": 3}),
-                   (Numbers(), {"batch_sampler": [[0, 1], [2, 3, 4]]}),
-                   (Numbers(), {"batch_size": None}),
-                   (Numbers(), {"batch_size": 4, "collate_fn": default_collate}),
+                   (Sized(10), {"batch_sampler": [[0, 1], [2, 3, 4]]}),
+                   (Sized(10), {"batch_size": None}),
+                   (Sized(10), {"batch_size": 4, "collate_fn": default_collate}),
                    (Stream(), {"batch_size": 4})):
         what = "%s %s" % (type(ds).__name__, kw)
         ref, got = pair(ds, **kw)
@@ -244,17 +237,6 @@ def torch_attributes():
             check_multiset(epoch(ref), epoch(got), what)
         else:
             check_sequential(epoch(ref), epoch(got), what)
-
-
-class Sized(Dataset):
-    def __init__(self, n):
-        self.n = n
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        return i
 
 
 @case
@@ -395,14 +377,6 @@ def sampler_keys_must_be_integers():
         check_sequential(epoch(ref), epoch(got), "keys %r" % (keys,))
 
 
-class Order(Dataset):
-    def __len__(self):
-        return 40
-
-    def __getitem__(self, i):
-        return i
-
-
 @case
 def shuffle_follows_manual_seed():
     """shuffle=True without generator= or seed=: each pass's seed is drawn from torch's
@@ -413,7 +387,7 @@ def shuffle_follows_manual_seed():
     def orders(torch_seed, workers=0, before=True, epochs=2, **kw):
         if before:
             torch.manual_seed(torch_seed)
-        loader = L.Loader(Order(), batch_size=8, shuffle=True, num_workers=workers, **kw)
+        loader = L.Loader(Sized(40), batch_size=8, shuffle=True, num_workers=workers, **kw)
         if not before:
             torch.manual_seed(torch_seed)
         out = [torch.cat(list(loader)).tolist() for _ in range(epochs)]
@@ -430,7 +404,7 @@ def shuffle_follows_manual_seed():
                 "workers=%d: torch.manual_seed after the loader was made" % workers)
         for pw in ((False, True) if workers else (False,)):
             torch.manual_seed(7)
-            ref = L.TorchLoader(Order(), batch_size=8, shuffle=True, num_workers=workers,
+            ref = L.TorchLoader(Sized(40), batch_size=8, shuffle=True, num_workers=workers,
                                 persistent_workers=pw)
             for _ in range(3):
                 list(ref)
@@ -447,7 +421,7 @@ def shuffle_drawn_seed_state():
     """state_dict() of a shuffle with a drawn seed holds that seed: a loader made under
     another torch seed restores the same epoch's remaining batches."""
     torch.manual_seed(3)
-    a = L.Loader(Order(), batch_size=8, shuffle=True)
+    a = L.Loader(Sized(40), batch_size=8, shuffle=True)
     list(a)
     it = iter(a)
     next(it)
@@ -455,7 +429,7 @@ def shuffle_drawn_seed_state():
     st = a.state_dict()
     rest = [b.tolist() for b in it]
     torch.manual_seed(99)
-    b = L.Loader(Order(), batch_size=8, shuffle=True)
+    b = L.Loader(Sized(40), batch_size=8, shuffle=True)
     b.load_state_dict(st)
     got = [x.tolist() for x in b]
     T.check(got == rest, "restored %s, want %s" % (got, rest))

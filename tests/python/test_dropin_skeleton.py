@@ -13,6 +13,7 @@ T.no_forked_python_under_tsan()
 
 np, torch = T.need("numpy", "torch")
 import stoke  # noqa: E402
+from dropin_lib import Indices as Index  # noqa: E402
 from stoke import _dropin  # noqa: E402
 
 Pair = collections.namedtuple("Pair", "a b")
@@ -31,17 +32,6 @@ def counting_get(self, view, a, n):
 
 
 _dropin._Builders.get = counting_get
-
-
-class Index:
-    def __init__(self, n):
-        self.n = n
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        return i
 
 
 def many(batch):
