@@ -215,6 +215,7 @@ static int loader_init(PyObject *obj, PyObject *args, PyObject *kw)
     self->device_mode = device != NULL;
     self->dl_device = dl_device_of(device);
     self->fresh = 1;
+    self->persistent = o.persistent_workers;
     return 0;
 }
 
@@ -383,6 +384,7 @@ static PyObject *loader_set_epoch_to(LoaderObject *self, uint64_t epoch, int nex
  * `it = iter(loader); next(it); for b in it:` goes on where `it` was). */
 typedef struct {
     PyObject_HEAD LoaderObject *loader; /* strong reference */
+    uint64_t pass;                      /* the loader's `passes` when this one was made */
 } IterObject;
 
 static PyObject *next_locked(LoaderObject *self)
@@ -407,6 +409,16 @@ static PyObject *next_locked(LoaderObject *self)
 static PyObject *iter_next(PyObject *obj)
 {
     LoaderObject *self = ((IterObject *)obj)->loader;
+    if (!self->persistent && ((IterObject *)obj)->pass != self->passes) {
+        /* (the C loader delivers one pass at a time: this one would go on in the new one's) */
+        PyErr_SetString(PyExc_RuntimeError,
+                        "stoke: this iterator of the DataLoader was superseded by a later "
+                        "iter(loader): a stoke.DataLoader delivers one pass at a time (the new "
+                        "pass restarted its loader), unlike torch's independent iterators. Finish "
+                        "(or drop) one pass before starting the next, or iterate two DataLoader "
+                        "objects (zip(loader, loader) needs two)");
+        return NULL;
+    }
     if (enter(self) < 0)
         return NULL;
     PyObject *r = next_locked(self);
@@ -446,8 +458,10 @@ static PyObject *loader_iter(PyObject *obj)
     }
     self->fresh = 0;
     IterObject *it = PyObject_New(IterObject, &StokeIter_Type);
-    if (it)
+    if (it) {
         it->loader = (LoaderObject *)Py_NewRef(obj);
+        it->pass = ++self->passes;
+    }
     return (PyObject *)it;
 }
 

@@ -303,6 +303,17 @@ def two_iterators_at_once():
         for e in range(2):
             T.check([b.tolist() for b in loader] == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]],
                     "workers=%d: epoch %d after next(iter(loader))" % (workers, e))
+    # a source string's loader too (its iterators are the C loader's own; with workers its
+    # persistent_workers defaults to True, where iterators go on as torch's do)
+    for workers in (0, 2):
+        loader = L.Loader("synthetic:10,shape=4", batch_size=2, num_workers=workers,
+                          persistent_workers=False)
+        it1 = iter(loader)
+        next(it1)
+        it2 = iter(loader)
+        raises(RuntimeError, lambda: next(it1), "superseded")
+        T.check(sum(1 for _ in it2) == 5, "workers=%d: the source's new pass" % workers)
+        raises(RuntimeError, lambda: list(zip(loader, loader)), "superseded")
     ref, got = pair(Sized(10), batch_size=2, num_workers=2, persistent_workers=True)
     r = [(a.tolist(), b.tolist()) for a, b in zip(ref, ref)]
     g = [(a.tolist(), b.tolist()) for a, b in zip(got, got)]
