@@ -117,11 +117,38 @@ def _is_iterable_dataset(ds):
     return isinstance(ds, IterableDataset)
 
 
-def _env_rank_world():
-    r = int(_os.environ.get("RANK", _os.environ.get("OMPI_COMM_WORLD_RANK",
-                                                    _os.environ.get("SLURM_PROCID", 0))))
-    w = int(_os.environ.get("WORLD_SIZE", _os.environ.get("OMPI_COMM_WORLD_SIZE",
-                                                          _os.environ.get("SLURM_NTASKS", 1))))
+def _env_int(names):
+    """The first of the environment variables `names` that is set, as an int (None: none)."""
+    for n in names:
+        v = _os.environ.get(n)
+        if v is not None:
+            try:
+                return int(v)
+            except ValueError:
+                raise ValueError("stoke: %s=%r is not an integer" % (n, v)) from None
+    return None
+
+
+def _env_rank_world(rank, world_size):
+    """(rank, world_size) of a distributed Python dataset: each given one (>= 0, >= 1) kept,
+    the other from the launcher's environment (torchrun's RANK and WORLD_SIZE, Open MPI's,
+    Slurm's); neither anywhere: one process, (0, 1).  One without the other is an error, as
+    for a source string (it silently loaded the whole dataset)."""
+    names = (("RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"),
+             ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"))
+    r = rank if rank >= 0 else _env_int(names[0])
+    w = world_size if world_size >= 1 else _env_int(names[1])
+    if r is None and w is None:
+        return 0, 1
+    if r is None or w is None:
+        raise ValueError("stoke: distributed loading needs a rank and a world size: %s, but no "
+                         "%s (give rank= and world_size=, or set %s)"
+                         % ("rank %d" % r if w is None else "world_size %d" % w,
+                            "world size" if w is None else "rank",
+                            " / ".join(names[1] if w is None else names[0])))
+    if w < 1 or not 0 <= r < w:
+        raise ValueError("stoke: rank %d of world_size %d: the rank must be in 0 .. %d"
+                         % (r, w, w - 1))
     return r, w
 
 
@@ -365,10 +392,11 @@ class DataLoader(_stoke.Loader):
         # else None: shuffle=True draws each pass's seed from torch's default generator, as
         # torch's RandomSampler does (so torch.manual_seed sets the order: _Writer.shuffle_seed)
         rank, world_size = _rank_world(rank, world_size)
-        if distributed and (rank < 0 or world_size < 1):
-            rank, world_size = _env_rank_world()
-        if not distributed:
+        if distributed:
+            rank, world_size = _env_rank_world(rank, world_size)
+        else:
             rank, world_size = 0, 1
+        self._py_rank, self._py_world = rank, world_size
         if pin_memory_device == "":
             pin_memory_device = None
         if pin_memory is None:
@@ -599,6 +627,17 @@ class DataLoader(_stoke.Loader):
                            "the later ones are counted in stats() but not warned about one by "
                            "one" % (_stoke.QUARANTINE_MAX, self._on_error), RuntimeWarning,
                            stacklevel=3)
+
+    # a Python dataset's split is the drop-in's (_dropin._Writer), not the C loader's
+    @property
+    def rank(self):
+        r = getattr(self, "_py_rank", None)
+        return _stoke.Loader.rank.__get__(self) if r is None else r
+
+    @property
+    def world_size(self):
+        w = getattr(self, "_py_world", None)
+        return _stoke.Loader.world_size.__get__(self) if w is None else w
 
     def __len__(self):
         if self._writer is not None and self._iterable:

@@ -515,4 +515,39 @@ def tensordataset_negative_and_grad():
     raises(RuntimeError, lambda: epoch(L.Loader(grad, batch_size=2)), "require grad")
 
 
+
+@case
+def rank_and_world_size():
+    """rank= and world_size= (each, or one beside the launcher's environment) split a Python
+    dataset as torch's DistributedSampler does, and loader.rank / loader.world_size say so
+    (rank= alone was dropped: every rank loaded the whole dataset; and they read 0 / 1).  One
+    without the other anywhere is an error, as for a source string."""
+    import os
+    from torch.utils.data import DistributedSampler
+    saved = {k: os.environ.pop(k) for k in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
+                                            "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID",
+                                            "SLURM_NTASKS") if k in os.environ}
+    try:
+        want = [[int(i) for i in DistributedSampler(Sized(40), num_replicas=4, rank=1,
+                                                    shuffle=False)]]
+        for workers in (0, 2):
+            loader = L.Loader(Sized(40), batch_size=None, rank=1, world_size=4,
+                              num_workers=workers)
+            T.check((loader.rank, loader.world_size) == (1, 4),
+                    "rank, world_size: %s" % ((loader.rank, loader.world_size),))
+            T.check([[int(b) for b in loader]] == want, "rank 1 of 4: %s" % list(loader))
+        raises(ValueError, lambda: L.Loader(Sized(40), batch_size=2, rank=1), "world size")
+        raises(ValueError, lambda: L.Loader(Sized(40), batch_size=2, world_size=4), "rank")
+        os.environ["RANK"], os.environ["WORLD_SIZE"] = "3", "4"
+        loader = L.Loader(Sized(40), batch_size=None, rank=1)  # the argument beats RANK
+        T.check((loader.rank, loader.world_size) == (1, 4) and [[int(b) for b in loader]]
+                == want, "rank=1 with RANK=3 WORLD_SIZE=4: %s" % loader.rank)
+        loader = L.Loader(Sized(40), batch_size=None, distributed=True)
+        T.check((loader.rank, loader.world_size) == (3, 4), "RANK=3: %s" % loader.rank)
+    finally:
+        for k in ("RANK", "WORLD_SIZE"):
+            os.environ.pop(k, None)
+        os.environ.update(saved)
+
+
 L.run_cases()
