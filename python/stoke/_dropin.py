@@ -1711,7 +1711,7 @@ class _Writer:
         names the dataset index a dead worker was on, and a note lists the batch's indices."""
         i = getattr(err, "sample", None)
         msg = str(err)
-        m = re.search(r"worker (\d+): sample (\d+) of", msg)
+        m = _LOADER_SAMPLE.search(msg)
         if m and not self.iterable:
             w, k = int(m.group(1)), int(m.group(2))
             what = "batch %d" % k
@@ -1720,7 +1720,7 @@ class _Writer:
                 if j >= 0 and j in self.plan.batch(k).tolist():
                     what += " (dataset index %d)" % j
                     err.sample = j
-            err.args = (msg[:m.start(2) - 7] + what + msg[m.end(2):],) + tuple(err.args[1:])
+            _say(err, msg, m, what)
         if i is None or self.iterable or not hasattr(err, "add_note"):
             return
         try:
@@ -1745,6 +1745,11 @@ class _Writer:
             exc = self.kept_errors.pop(exc.token, None)
             if exc is None:
                 return None
+        m = _LOADER_SAMPLE.search(str(err))
+        if m and not self.iterable:  # (the loader counted batches: "batch K", the index's)
+            _say(err, str(err), m, "batch %s" % m.group(2))
+            if index is not None:
+                err.sample = index
         where = "in stoke worker %d (pid %d)" % (worker, pid) if pid != os.getpid() else \
             "in the loading thread"
         note = "%s, batch %s%s:\n%s" % (
@@ -1758,6 +1763,15 @@ class _Writer:
             except Exception:  # noqa: BLE001
                 pass
         return exc
+
+
+# "worker W: sample K of" in a loader's error: for a Python dataset K is the batch's number
+_LOADER_SAMPLE = re.compile(r"worker (\d+)(?: \(the caller's thread\))?: sample (\d+) of")
+
+
+def _say(err, msg, m, what):
+    """err's message with m's "sample K" (of _LOADER_SAMPLE) said as `what`."""
+    err.args = (msg[:m.start(2) - 7] + what + msg[m.end(2):],) + tuple(err.args[1:])
 
 
 def _pin_custom(x):

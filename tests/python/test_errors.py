@@ -150,6 +150,11 @@ for make, want_type, message in (
         T.check(("in stoke worker" in text) == (kw.get("worker_mode") is None
                                                 and kw["num_workers"] > 0),
                 "%s: the note names the wrong place: %s" % (what, text[:80]))
+        # the loader's error behind it names the dataset index (it was the batch's number)
+        cause = e.__cause__
+        T.check(isinstance(cause, stoke.LoaderError) and cause.sample == 21
+                and ": batch 5 of " in str(cause),
+                "%s: the cause: %r, %s" % (what, getattr(cause, "sample", cause), cause))
 
 # a sample in the first batch, which stoke makes once at construction (in a forked child) to
 # measure the batch block: the same exception; it must still name the sample
