@@ -216,7 +216,7 @@ class DataLoader(_stoke.Loader):
     load_state_dict) continues from the current position; any other starts the next epoch.
     """
 
-    def __init__(self, dataset, batch_size=_UNSET, shuffle=None, sampler=None,
+    def __init__(self, dataset=None, batch_size=_UNSET, shuffle=None, sampler=None,
                  batch_sampler=None, num_workers=None, collate_fn=None, pin_memory=None,
                  drop_last=False, timeout=0, worker_init_fn=None, multiprocessing_context=None,
                  generator=None, *, prefetch_factor=None, persistent_workers=None,
@@ -226,6 +226,9 @@ class DataLoader(_stoke.Loader):
                  max_batch_bytes=None, structure=None, on_error=None, source=None):
         if source is not None:  # the keyword of stoke 0.1
             dataset = source
+        if dataset is None:
+            raise TypeError("DataLoader() needs a dataset (or a source string: the first "
+                            "argument, or source=)")
         is_source = isinstance(dataset, (str, _os.PathLike))
         self._writer = None
         self._structure = None

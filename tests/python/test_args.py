@@ -54,4 +54,12 @@ T.check(a.state_dict()["seed"] == 2**64 - 1, "seed %r" % a.state_dict()["seed"])
 b = stoke.DataLoader(SRC, num_workers=0, pin_memory=False, rank=3, world_size=4)
 T.check((b.rank, b.world_size) == (3, 4), "rank %d/%d" % (b.rank, b.world_size))
 T.check(len(b) == 3, "rank 3 of 4 of 12 samples: %d batches" % len(b))
+# source= (stoke 0.1's keyword) alone, without the positional dataset; neither: a TypeError
+c = stoke.DataLoader(source=SRC, batch_size=4, num_workers=0, pin_memory=False)
+T.check(sum(1 for _ in c) == len(c) > 0, "source=: %d batches" % len(c))
+try:
+    stoke.DataLoader(batch_size=4)
+    T.check(False, "no dataset: nothing raised")
+except TypeError as e:
+    T.check("needs a dataset" in str(e), str(e))
 print("ok")
