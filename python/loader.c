@@ -618,6 +618,23 @@ static PyMethodDef loader_methods[] = {
      "Destroys the loader now unless a batch is alive; returns whether it did."},
     {NULL, NULL, 0, NULL}};
 
+static PyObject *loader_get_passes_go_on(PyObject *obj, void *unused)
+{
+    return PyBool_FromLong(((LoaderObject *)obj)->persistent);
+}
+
+static int loader_set_passes_go_on(PyObject *obj, PyObject *v, void *unused)
+{
+    int on = v ? PyObject_IsTrue(v) : -1;
+    if (on < 0) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "stoke: _passes_go_on cannot be deleted");
+        return -1;
+    }
+    ((LoaderObject *)obj)->persistent = on;
+    return 0;
+}
+
 static PyGetSetDef loader_getset[] = {
     {"epoch", loader_get_epoch, NULL, "The current epoch.", NULL},
     {"rank", loader_get_rank, NULL, "This process's rank (0 when not distributed).", NULL},
@@ -625,6 +642,10 @@ static PyGetSetDef loader_getset[] = {
     {"pinned_backend", loader_get_pinned_backend, NULL, "Backend batches are pinned for.", NULL},
     {"dataset_len", loader_get_dataset_len, NULL, "Samples in the dataset.", NULL},
     {"_outstanding", loader_get_outstanding, NULL, "Batches delivered and not yet released.",
+     NULL},
+    {"_passes_go_on", loader_get_passes_go_on, loader_set_passes_go_on,
+     "An iterator goes on in a later pass (torch's persistent_workers=True) instead of raising "
+     "that it was superseded; persistent_workers by default.",
      NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 

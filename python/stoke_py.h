@@ -30,8 +30,9 @@ typedef struct {
     Py_ssize_t outstanding; /* Batch objects alive (GIL) */
     int busy;               /* a thread is inside a call on `l` that drops the GIL (GIL) */
     uint64_t passes;        /* iter() calls: an iterator of an earlier one is superseded */
-    int persistent;         /* persistent_workers: iterators are not superseded (torch's iter()
-                               resets its one iterator then) */
+    int persistent;         /* iterators are not superseded (torch's iter() resets its one
+                               iterator with persistent_workers): persistent_workers, or what
+                               the drop-in sets (_passes_go_on: its workers persist anyway) */
 } LoaderObject;
 
 /* The most dimensions a field has in Python (NumPy 2's NPY_MAXDIMS; the C loader has no limit). */

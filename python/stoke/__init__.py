@@ -234,7 +234,6 @@ class DataLoader(_stoke.Loader):
         self._structure = None
         self._first_iter = False
         self._len_called = None
-        self._pass = 0  # iter() calls: a pass's iterator raises once a later one started
         if not is_source:
             return self._init_python(
                 dataset, 1 if batch_size is _UNSET else batch_size, shuffle, sampler,
@@ -440,6 +439,9 @@ class DataLoader(_stoke.Loader):
                              round_robin=processes,  # torch's batch k -> worker k % n
                              on_error=None if on_error is None else str(on_error),
                              held_buffers=self._held)
+            # the user's persistent_workers, not the C loader's (the workers persist anyway):
+            # a superseded iterator raises unless torch's would go on (python/loader.c)
+            self._passes_go_on = bool(persistent_workers)
         except StokeError as e:
             exc = w.reraise(e)
             try:
@@ -496,13 +498,13 @@ class DataLoader(_stoke.Loader):
                 # the sampler's order is taken now, as torch's iter() takes it (no batch was
                 # made yet: the workers start at the first next())
                 w.plan_now(self.epoch)
-        # one pass at a time: a newer iter() supersedes the iterators made before it (_batches)
-        self._pass += 1
+        # one pass at a time: a newer iter() supersedes the iterators made before it (the C
+        # iterator's next() raises then: python/loader.c iter_next)
         it = super().__iter__()
         w.iterating()  # persistent workers: seeded once, with this pass's base seed
         # torch's warning on an IterableDataset that yields more than len(loader) said: the
         # length read by len(loader) before this iteration began (_IterableDataset_len_called)
-        return self._batches(it, self._len_called, self._pass)
+        return self._batches(it, self._len_called)
 
     def set_epoch(self, epoch):
         self._first_iter = False
@@ -529,29 +531,14 @@ class DataLoader(_stoke.Loader):
             else:
                 yield [conv(b[n]) for n in names]
 
-    def _superseded(self):
-        """next() on an iterator that a later iter(loader) superseded: the C loader delivers
-        one pass at a time, and that iterator would go on in the new pass's epoch (zip(loader,
-        loader) would get half the batches, interleaved).  torch's iterators are independent
-        with persistent_workers=False; with persistent_workers=True torch's iter() resets and
-        returns the one iterator, so both names go on in the new pass, as here."""
-        return RuntimeError(
-            "stoke: this iterator of the DataLoader was superseded by a later iter(loader): a "
-            "stoke.DataLoader delivers one pass at a time (the new pass restarted its loader), "
-            "unlike torch's independent iterators. Finish (or drop) one pass before starting the "
-            "next, or iterate two DataLoader objects (zip(loader, loader) needs two)")
-
-    def _batches(self, it, len_called=None, mine=None):
+    def _batches(self, it, len_called=None):
         decode = self._writer.decode
-        check = mine is not None and not self.persistent_workers
         yielded = 0
         ended = set()  # an iterable dataset in worker processes: the exhausted workers
         end, skipped = _dropin_end()
         # the caller holds all the buffers but the workers' last one: copy this one out
         limit = max(2, int(self.stats()["buffers"]) - self._held + 1)
         while True:
-            if check and self._pass != mine:
-                raise self._superseded()
             try:
                 b = next(it)
             except StopIteration:
