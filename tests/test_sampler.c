@@ -232,6 +232,16 @@ static void test_distributed_env(void **state)
     o.world_size = 0;
     tu_env("RANK", "5"); /* rank >= world */
     assert_int_equal(stoke_sampler_create(&o, 100, &s), STOKE_EINVAL);
+    tu_env("RANK", "x"); /* not a number: an error, not ignored (the whole dataset per rank) */
+    assert_int_equal(stoke_sampler_create(&o, 100, &s), STOKE_EINVAL);
+    assert_non_null(strstr(stoke_last_error(), "RANK=x is not a non-negative integer"));
+    tu_env("RANK", "1");
+    tu_env("WORLD_SIZE", "-2");
+    assert_int_equal(stoke_sampler_create(&o, 100, &s), STOKE_EINVAL);
+    assert_non_null(strstr(stoke_last_error(), "WORLD_SIZE=-2 is not"));
+    tu_env("WORLD_SIZE", NULL); /* one of the pair: an error, not the next launcher's pair */
+    assert_int_equal(stoke_sampler_create(&o, 100, &s), STOKE_EINVAL);
+    assert_non_null(strstr(stoke_last_error(), "must both be set (only RANK is)"));
     tu_env("RANK", NULL);
     tu_env("WORLD_SIZE", NULL);
     tu_env("OMPI_COMM_WORLD_RANK", NULL);

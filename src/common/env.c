@@ -131,15 +131,22 @@ int stoke__env_dist(const char *who, uint64_t *rank, uint64_t *world)
                                             {STOKE_ENV_OMPI_RANK, STOKE_ENV_OMPI_SIZE},
                                             {STOKE_ENV_SLURM_RANK, STOKE_ENV_SLURM_SIZE}};
     for (size_t i = 0; i < STOKE__ARRAY_LEN(pairs); i++) {
-        uint64_t r = 0, w = 0;
-        int hr = stoke__env_u64(pairs[i][0], &r), hw = stoke__env_u64(pairs[i][1], &w);
-        if (!hr && !hw)
+        const char *s[2] = {stoke__env_str(pairs[i][0]), stoke__env_str(pairs[i][1])};
+        uint64_t v[2] = {0, 0};
+        if (!s[0] && !s[1])
             continue;
-        if (hr != hw)
-            return stoke__fail(STOKE_EINVAL, "%s: %s and %s must both be set", who,
-                               stoke__env_name(pairs[i][0]), stoke__env_name(pairs[i][1]));
-        *rank = r;
-        *world = w;
+        if (!s[0] || !s[1])
+            return stoke__fail(STOKE_EINVAL, "%s: %s and %s must both be set (only %s is)", who,
+                               stoke__env_name(pairs[i][0]), stoke__env_name(pairs[i][1]),
+                               stoke__env_name(pairs[i][s[0] ? 0 : 1]));
+        /* a value that does not parse is an error, not ignored: ignoring it would load the
+         * whole dataset on every rank */
+        for (int k = 0; k < 2; k++)
+            if (stoke__parse_u64(s[k], &v[k]) != 0)
+                return stoke__fail(STOKE_EINVAL, "%s: %s=%s is not a non-negative integer", who,
+                                   stoke__env_name(pairs[i][k]), s[k]);
+        *rank = v[0];
+        *world = v[1];
         return 1;
     }
     return 0;
