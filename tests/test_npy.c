@@ -394,6 +394,13 @@ static const struct {
      "overflows"},
     {"{'descr': '<f8', 'fortran_order': False, 'shape': (1099511627776, 1099511627776), }", 3,
      "overflows"},
+    /* numpy refuses these too ("array is too big"): a 0 elsewhere does not make them fit */
+    {"{'descr': '|u1', 'fortran_order': False, 'shape': (0, 4611686018427387904, 8), }", 0,
+     "overflows"},
+    {"{'descr': '|u1', 'fortran_order': False, 'shape': (3, 0, 4611686018427387904, 8), }", 0,
+     "overflows"},
+    {"{'descr': '<f8', 'fortran_order': False, 'shape': (3, 0, 1152921504606846976), }", 0,
+     "overflows"},
     {"{'descr': '|u1', 'fortran_order': False, 'shape': (3), }", 3, "not a tuple"},
     {"{'descr': '|u1', 'fortran_order': False, 'shape': [3], }", 3, "must be a tuple"},
     {"{'descr': '|u1', 'fortran_order': False, 'shape': (3,,), }", 3, "malformed"},

@@ -384,21 +384,28 @@ int stoke__npy_parse_header(const void *buf, size_t len, uint64_t file_size,
     if ((rc = parse_descr(&ps, h)))
         return rc;
 
-    uint64_t count = 1;
+    /* numpy's rule: the bytes of the non-zero dimensions must fit in a signed 64-bit size,
+     * even when another dimension is 0 (so a shape numpy cannot make is refused whichever
+     * dimension is 0: (0, 2**62, 8) and (3, 0, 2**62, 8) alike) */
+    uint64_t count = 1, nonzero = h->itemsize ? h->itemsize : 1;
     int overflow = 0;
     for (int i = 0; i < h->ndim; i++) {
         uint64_t d = (uint64_t)h->shape[i];
-        if (d && count > UINT64_MAX / d)
+        if (!d) {
+            count = 0;
+            continue;
+        }
+        if (nonzero > (uint64_t)INT64_MAX / d)
             overflow = 1;
         else
-            count *= d;
-        if (!d)
-            count = 0, overflow = 0;
+            nonzero *= d;
+        count *= d;
     }
     char shape[96];
     format_shape(h, shape, sizeof(shape));
-    if (overflow || (count && h->itemsize > UINT64_MAX / count))
-        return perr(&ps, "shape %s of '%s' overflows 64 bits of bytes", shape, h->descr);
+    if (overflow)
+        return perr(&ps, "shape %s of '%s' overflows 63 bits of bytes (numpy refuses it too)",
+                    shape, h->descr);
     h->count = count;
     h->data_bytes = count * h->itemsize;
     if (h->fortran_order)
