@@ -536,7 +536,7 @@ static void test_cli_on_error(void **state)
         "\"on_error\": \"skip\", \"bad_samples\": 1, \"skipped_samples\": 1, "
         "\"replaced_samples\": 0, \"quarantine\": [{\"index\": 3, \"source\": \"tar %s@6144\", "
         "\"reason\": \"sample 's3' field 'cls': the sample has no 'cls' member\", "
-        "\"action\": \"skipped\"}]",
+        "\"action\": \"skip\"}]",
         path);
     if (!strstr(out, want))
         fail_msg("%s\nwanted %s", out, want);
@@ -548,7 +548,7 @@ static void test_cli_on_error(void **state)
     assert_non_null(strstr(out, "\"samples\": 6,"));
     assert_non_null(
         strstr(out, "\"bad_samples\": 1, \"skipped_samples\": 0, \"replaced_samples\": 1"));
-    assert_non_null(strstr(out, "\"action\": \"replaced\", \"replacement\": "));
+    assert_non_null(strstr(out, "\"action\": \"replace\", \"replacement\": "));
 
     const char *dflt[] = {src, "--json", NULL};
     assert_int_equal(tu_run_cli(env, "load", dflt, out, sizeof(out), err, sizeof(err)), 1);

@@ -511,8 +511,9 @@ static void print_json_bad(const load_run *r)
         cli_json_str(stdout, q.source);
         printf(", \"reason\": ");
         cli_json_str(stdout, q.reason);
-        printf(", \"action\": \"%s\"", q.action == STOKE_ON_ERROR_SKIP      ? "skipped"
-                                       : q.action == STOKE_ON_ERROR_REPLACE ? "replaced"
+        /* the on_error spec's words, as Python's quarantine() gives them */
+        printf(", \"action\": \"%s\"", q.action == STOKE_ON_ERROR_SKIP      ? "skip"
+                                       : q.action == STOKE_ON_ERROR_REPLACE ? "replace"
                                                                             : "error");
         if (q.replacement != UINT64_MAX)
             printf(", \"replacement\": %" PRIu64, q.replacement);
