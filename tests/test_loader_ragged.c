@@ -97,6 +97,14 @@ static int r_read(void *user, const uint64_t *idx, size_t count, const stoke_slo
     return STOKE_OK;
 }
 
+/* The dataset's describe: sample i is at byte 100 * i of "rows.bin". */
+static int r_describe(void *user, uint64_t index, char *buf, size_t n)
+{
+    (void)user;
+    snprintf(buf, n, "rows.bin@%llu", (unsigned long long)(index * 100));
+    return STOKE_OK;
+}
+
 static void r_make(rds *r, stoke_dataset *ds, int tok_collate, int64_t tok_max, int truncate)
 {
     memset(r, 0, sizeof(*r));
@@ -314,6 +322,24 @@ static void test_ragged_truncation(void **state)
     assert_non_null(strstr(stoke_loader_last_error(l), "sample 5 "));
     assert_non_null(strstr(stoke_loader_last_error(l), "field 'tok': 9 units, more than"));
     stoke_loader_destroy(l);
+    /* with describe, the loader's own message says where the sample is, as the dataset's
+     * messages do, and the quarantine's source is that place */
+    ds.describe = r_describe;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    assert_int_equal(r_until_error(l), STOKE_ELIMIT);
+    assert_non_null(strstr(stoke_loader_last_error(l),
+                           "sample 5 of ragged: rows.bin@500: field 'tok': 9 units, more than"));
+    stoke_bad_sample q;
+    assert_int_equal(stoke_loader_quarantine(l, 0, &q), STOKE_OK);
+    assert_string_equal(q.source, "rows.bin@500");
+    stoke_loader_destroy(l);
+    /* a dataset built against the first version of the struct (no describe) is still taken */
+    ds.size = (uint32_t)offsetof(stoke_dataset, describe);
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    assert_int_equal(r_until_error(l), STOKE_ELIMIT);
+    assert_null(strstr(stoke_loader_last_error(l), "rows.bin"));
+    stoke_loader_destroy(l);
+    ds.size = sizeof(ds);
     /* on_error=skip: exactly the samples of length <= 8 arrive */
     assert_int_equal(stoke_on_error_parse("skip", &o), STOKE_OK);
     o.num_workers = 2;
@@ -522,7 +548,7 @@ static void test_size_tag(void **state)
     assert_null(l);
     assert_non_null(strstr(stoke_last_error(), "dataset 'ragged' has size 0"));
     assert_non_null(strstr(stoke_last_error(), "stoke_dataset_init"));
-    ds.size = (uint32_t)sizeof(ds) - 8; /* another header */
+    ds.size = (uint32_t)offsetof(stoke_dataset, describe) - 8; /* neither version's */
     assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_EINVAL);
     assert_non_null(strstr(stoke_last_error(), "built against another version"));
     ds.size = (uint32_t)sizeof(ds);

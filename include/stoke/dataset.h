@@ -212,6 +212,14 @@ typedef struct stoke_dataset {
     void (*fork_child)(void *user, int worker);
     /* Optional: release `user`; called by stoke_dataset_close. */
     void (*close)(void *user);
+    /* Optional: where sample `index` (a get()'s index, or one next() returned) comes from, for
+     * the loader's own messages about it (a ragged field past its max_len): written into buf
+     * as the dataset's messages begin, e.g. "tar /d/shard-3.tar@1536: sample 'a/b07'" --
+     * without ": " at the end.  Returns STOKE_OK, or a negative code (the loader then names
+     * the index).  Called from any worker, as get().  Added after the first version of this
+     * struct: a dataset built against that one (whose size ends before this member) is still
+     * taken, without it. */
+    int (*describe)(void *user, uint64_t index, char *buf, size_t n);
 } stoke_dataset;
 
 /* Zeroes *ds and sets ds->size.  NULL does nothing. */

@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdlib.h>
+#include <stddef.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -320,7 +321,9 @@ static stoke_loader *loader_new(const stoke_loader_opts *o, const stoke_dataset 
         return NULL;
     stoke_loader_opts_init(&l->o);
     memcpy(&l->o, o, o->size);
-    l->ds = *ds; /* its size was checked (stoke_loader_create) */
+    /* its size was checked (stoke_loader_create): a first-version struct has no describe */
+    memset(&l->ds, 0, sizeof(l->ds));
+    memcpy(&l->ds, ds, ds->size);
     l->ds.name[sizeof(l->ds.name) - 1] = '\0';
     pthread_mutexattr_t ma;
     pthread_mutexattr_init(&ma);
@@ -633,9 +636,10 @@ int stoke_loader_create(const stoke_loader_opts *o, stoke_dataset *ds, stoke_loa
     if (o->size == 0 || o->size > sizeof(stoke_loader_opts))
         return stoke__fail(STOKE_EINVAL, "stoke_loader_create: options not initialized with "
                                          "stoke_loader_opts_init");
-    /* One version of the dataset interface so far: its size must be this library's (a struct
-     * never initialized, or built against another header, is named rather than misread). */
-    if (ds->size != sizeof(stoke_dataset))
+    /* Two versions of the dataset interface: this library's, and the first, which ended before
+     * describe (a struct never initialized, or built against another header, is named rather
+     * than misread). */
+    if (ds->size != sizeof(stoke_dataset) && ds->size != offsetof(stoke_dataset, describe))
         return stoke__fail(STOKE_EINVAL,
                            "stoke_loader_create: dataset '%.64s' has size %" PRIu32 ", this "
                            "library's stoke_dataset has %zu: %s",

@@ -117,8 +117,11 @@ static int batch_error(stoke_loader *l, stoke_batch *b)
     int rc = b->status;
     const char *who = l->nworkers && b->worker == l->nworkers ? " (the caller's thread)" : "";
     char ctx[sizeof(l->ds.name) + 64] = ""; /* what the message does not name */
-    /* (UINT64_MAX: no sample's, as a worker_init's or a set_epoch's) */
-    if (b->err_index != UINT64_MAX && !names_sample(b->err_msg, b->err_index))
+    /* (UINT64_MAX: no sample's, as a worker_init's or a set_epoch's; an ITERABLE dataset with
+     * describe says where its sample is, its index is its own: tar's mode=stream packs the
+     * shard and the position into it) */
+    int own = l->iterable && l->ds.describe;
+    if (b->err_index != UINT64_MAX && !own && !names_sample(b->err_msg, b->err_index))
         stoke__fmt(ctx, sizeof(ctx), "sample %" PRIu64 " of %s: ", b->err_index, l->ds.name);
     else if (!names_dataset(b->err_msg, l->ds.name))
         stoke__fmt(ctx, sizeof(ctx), "%s: ", l->ds.name);

@@ -142,25 +142,39 @@ static inline void point_slots(const stoke_loader *l, const stoke_batch *b, size
             len[k * nf + f] = l->fields[f].max_len;
 }
 
-/* A sample's ragged lengths (len[f]) into slot j of b: STOKE_OK; a length below 0, or past
+/* "WHERE: " for the loader's own message about sample idx, as the dataset's messages begin
+ * (its describe), or "" without one. */
+static const char *where_of(const stoke_loader *l, uint64_t idx, char *buf, size_t n)
+{
+    buf[0] = '\0';
+    if (l->ds.describe && l->ds.describe(l->ds.user, idx, buf, n - 2) == STOKE_OK && buf[0])
+        strcat(buf, ": ");
+    else
+        buf[0] = '\0';
+    return buf;
+}
+
+/* Sample idx's ragged lengths (len[f]) into slot j of b: STOKE_OK; a length below 0, or past
  * max_len without truncate, STOKE_ELIMIT / STOKE_EDATA with msg set (a bad sample). */
-static int take_lengths(const stoke_loader *l, stoke_batch *b, size_t j, const int64_t *len,
-                        char *msg, size_t msg_len)
+static int take_lengths(const stoke_loader *l, stoke_batch *b, size_t j, uint64_t idx,
+                        const int64_t *len, char *msg, size_t msg_len)
 {
     int cut = 0;
+    char at[STOKE__MSG_MAX / 2];
     for (int r = 0; r < l->nragged; r++) {
         const stoke_field *fd = &l->fields[l->rg[r]];
         int64_t n = len[l->rg[r]];
         if (n < 0) {
-            stoke__fmt(msg, msg_len, "field '%s': the sample reported length %lld", fd->name,
-                       (long long)n);
+            stoke__fmt(msg, msg_len, "%sfield '%s': the sample reported length %lld",
+                       where_of(l, idx, at, sizeof(at)), fd->name, (long long)n);
             return STOKE_EDATA;
         }
         if (n > fd->max_len && !fd->truncate) {
             stoke__fmt(msg, msg_len,
-                       "field '%s': %lld units, more than its max_len %lld (set truncate to "
+                       "%sfield '%s': %lld units, more than its max_len %lld (set truncate to "
                        "cut such samples)",
-                       fd->name, (long long)n, (long long)fd->max_len);
+                       where_of(l, idx, at, sizeof(at)), fd->name, (long long)n,
+                       (long long)fd->max_len);
             return STOKE_ELIMIT;
         }
         cut |= n > fd->max_len;
@@ -184,7 +198,7 @@ int stoke__loader_one_sample(stoke_loader *l, stoke_batch *b, stoke__producer *p
                  : l->ds.get(l->ds.user, *idx, a->dst, a->len, p->wid, msg, msg_len);
     rc = busy_end(l, p, t0, rc, msg, msg_len);
     if (rc == STOKE_OK && l->nragged)
-        rc = take_lengths(l, b, j, a->len, msg, msg_len);
+        rc = take_lengths(l, b, j, *idx, a->len, msg, msg_len);
     return rc;
 }
 
@@ -244,7 +258,8 @@ static void fill_read(stoke_loader *l, stoke_batch *b, stoke__producer *p)
     rc = busy_end(l, p, t0, rc, msg, sizeof(msg));
     const int nf = l->ds.nfields;
     for (size_t j = 0; rc == STOKE_OK && l->nragged && j < n; j++)
-        if ((rc = take_lengths(l, b, j, a->len + j * (size_t)nf, msg, sizeof(msg))) != STOKE_OK)
+        if ((rc = take_lengths(l, b, j, b->indices[j], a->len + j * (size_t)nf, msg,
+                               sizeof(msg))) != STOKE_OK)
             err_index = b->indices[j];
     /* (STOKE_ECANCELED: a batch nobody wants, or an interrupt; no sample's fault) */
     if (rc != STOKE_OK && l->o.on_error != STOKE_ON_ERROR_ERROR && rc != STOKE_ETIMEDOUT &&

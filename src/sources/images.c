@@ -505,7 +505,7 @@ int stoke_images_open(const char *dir, const stoke_images_opts *opts, stoke_data
         images_close(s);
         return rc;
     }
-    stoke__fmt(ds.name, sizeof(ds.name), "images:%s", dir);
+    stoke__fmt_short(ds.name, sizeof(ds.name), "images:%s", dir);
     ds.kind = STOKE_DATASET_MAP;
     ds.user = s;
     ds.length = images_length;

@@ -536,7 +536,7 @@ int stoke_npy_open_opts(const char *path, const stoke_npy_opts *opts, stoke_data
     if (ds->nfiles == 2)
         fill_field(&ds->fields[1], "label", &ds->f[1], 1);
     d.fields = ds->fields;
-    stoke__fmt(d.name, sizeof(d.name), "npy:%s", ds->f[0].path);
+    stoke__fmt_short(d.name, sizeof(d.name), "npy:%s", ds->f[0].path);
     d.user = ds;
     d.length = npy_length;
     d.get = npy_get;

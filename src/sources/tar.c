@@ -531,13 +531,19 @@ int stoke_tar_remote_stats(const stoke_dataset *ds, stoke_remote_stats *out)
     return STOKE_OK;
 }
 
+/* The length of the shard pattern that starts s: it ends at the first ',' outside braces. */
+static size_t pattern_len(const char *s)
+{
+    size_t n = 0;
+    for (int depth = 0; s[n] && (s[n] != ',' || depth > 0); n++)
+        depth += s[n] == '{' ? 1 : s[n] == '}' ? -1 : 0;
+    return n;
+}
+
 static int tar_open(const char *spec, const char *args, stoke__tar_ds *t, stoke__tar_scan *sc,
                     stoke__tar_io *io)
 {
-    /* the pattern ends at the first ',' outside braces */
-    size_t plen = 0;
-    for (int depth = 0; args[plen] && (args[plen] != ',' || depth > 0); plen++)
-        depth += args[plen] == '{' ? 1 : args[plen] == '}' ? -1 : 0;
+    size_t plen = pattern_len(args);
     char *pat = strndup(args, plen);
     char *opts = args[plen] ? strdup(args + plen + 1) : NULL;
     strvec shards = {0};
@@ -730,7 +736,10 @@ int stoke_tar_open(const char *args, stoke_dataset *out)
         tar_close(t);
         return rc;
     }
-    stoke__strlcpy(out->name, spec, sizeof(out->name));
+    /* the name: the pattern without the options, its middle cut if it is still too long (the
+     * loader's messages name the dataset; the shard's name is at the end) */
+    spec[pattern_len(spec)] = '\0';
+    stoke__shorten(out->name, sizeof(out->name), spec);
     if (t->stream) {
         out->user = t;
         out->nfields = t->nf;
@@ -747,6 +756,7 @@ int stoke_tar_open(const char *args, stoke_dataset *out)
     out->fields = t->fields;
     out->length = tar_length;
     out->get = tar_get;
+    out->describe = stoke__tar_describe;
     out->set_epoch = stoke__tar_set_epoch; /* .jpg fields' train crops depend on the epoch */
     out->close = tar_close;
     if (t->pool && !t->cache) /* range reads: a batch's requests in flight together */

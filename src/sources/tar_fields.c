@@ -74,27 +74,46 @@ int stoke__tar_set_epoch(void *user, uint64_t epoch)
     return 0;
 }
 
+/* "tar SHARD@HDR: sample 'KEY'" of sample i into buf: HDR is field k's member's header, or
+ * (k < 0, or the sample lacks it) the sample's first member's. */
+static void where(const stoke__tar_ds *t, uint64_t i, int k, char *buf, size_t n)
+{
+    const stoke__tar_loc *L = &t->loc[i * (uint64_t)t->nf];
+    uint64_t hdr = L[0].hdr;
+    if (k >= 0 && L[k].off != UINT64_MAX)
+        hdr = L[k].hdr;
+    else
+        for (int j = 0; j < t->nf; j++) /* the sample's first member */
+            if (L[j].off != UINT64_MAX) {
+                hdr = L[j].hdr;
+                break;
+            }
+    stoke__fmt_short(buf, n, "tar %s@%" PRIu64 ": sample '%s'", t->shards[t->shard_of[i]].path,
+                     hdr, t->keys + t->key_at[i]);
+}
+
+int stoke__tar_describe(void *user, uint64_t index, char *buf, size_t n)
+{
+    const stoke__tar_ds *t = user;
+    if (index >= t->n)
+        return STOKE_ERANGE;
+    where(t, index, -1, buf, n);
+    return STOKE_OK;
+}
+
 /* "tar SHARD@HDR: sample 'KEY' field 'EXT': <fmt>" into msg; returns code. */
 static int field_fail(const stoke__tar_ds *t, uint64_t i, int k, char *msg, size_t msg_len,
                       int code, const char *fmt, ...) STOKE__PRINTF(7, 8);
 static int field_fail(const stoke__tar_ds *t, uint64_t i, int k, char *msg, size_t msg_len,
                       int code, const char *fmt, ...)
 {
-    const stoke__tar_loc *L = &t->loc[i * (uint64_t)t->nf + (uint64_t)k];
-    uint64_t hdr = L->off != UINT64_MAX ? L->hdr : t->loc[i * (uint64_t)t->nf].hdr;
-    for (int j = 0; j < t->nf && L->off == UINT64_MAX; j++) /* the sample's first member */
-        if (t->loc[i * (uint64_t)t->nf + (uint64_t)j].off != UINT64_MAX) {
-            hdr = t->loc[i * (uint64_t)t->nf + (uint64_t)j].hdr;
-            break;
-        }
-    char why[STOKE__MSG_MAX];
+    char at[STOKE__MSG_MAX / 2], why[STOKE__MSG_MAX];
+    where(t, i, k, at, sizeof(at));
     va_list ap;
     va_start(ap, fmt);
     stoke__vfmt_short(why, sizeof(why), fmt, ap);
     va_end(ap);
-    stoke__fmt_short(msg, msg_len, "tar %s@%" PRIu64 ": sample '%s' field '%s': %s",
-                     t->shards[t->shard_of[i]].path, hdr, t->keys + t->key_at[i], t->f[k].ext,
-                     why);
+    stoke__fmt_short(msg, msg_len, "%s field '%s': %s", at, t->f[k].ext, why);
     return code;
 }
 

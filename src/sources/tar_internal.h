@@ -131,6 +131,8 @@ int stoke__tar_build_index(const char *spec, stoke__tar_ds *t, const stoke__tar_
 
 /* The field with extension ext, or -1. */
 int stoke__tar_field_index(const stoke__tar_ds *t, const char *ext);
+/* The dataset's describe (dataset.h) of a map-style tar: "tar SHARD@HDR: sample 'KEY'". */
+int stoke__tar_describe(void *user, uint64_t index, char *buf, size_t n);
 /* The options after the pattern (opts, modified; NULL: none): fields=, ragged= / packed=,
  * max_len=, truncate, the streaming mode's, the rest for the image hook.  STOKE_OK or the error
  * recorded, naming spec and the option. */

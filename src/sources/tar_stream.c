@@ -549,10 +549,23 @@ static int stream_set_epoch(void *user, uint64_t epoch)
     return STOKE_OK;
 }
 
+/* The dataset's describe: a sample's index is its shard and its position there (ssample). */
+static int stream_describe(void *user, uint64_t index, char *buf, size_t n)
+{
+    const stoke__tar_ds *t = user;
+    uint64_t shard = index >> 32;
+    if (shard >= (uint64_t)t->nshards)
+        return STOKE_ERANGE;
+    stoke__fmt_short(buf, n, "tar %s: the shard's sample %" PRIu64 " (from 0)",
+                     t->shards[shard].path, index & 0xffffffffu);
+    return STOKE_OK;
+}
+
 void stoke__tar_stream_dataset(stoke__tar_ds *t, stoke_dataset *ds)
 {
     (void)t;
     ds->kind = STOKE_DATASET_ITERABLE;
+    ds->describe = stream_describe;
     ds->next = stream_next;
     ds->set_epoch = stream_set_epoch;
 }

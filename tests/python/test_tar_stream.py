@@ -5,6 +5,7 @@ by (seed, epoch), position i to rank i % world_size, then worker (i / world_size
 the shuffle buffer's determinism, the CLI's hashes against the map-style source, and the
 refusals.  Skips (77) without torch or the CLI."""
 import os
+import re
 import subprocess
 import sys
 
@@ -134,6 +135,10 @@ rc_m, m, _ = load(TXT, "--workers", "2")  # map: max_len is the longest member, 
 cut = sorted(txt)[len(txt) // 2]
 over = sum(n > cut for n in txt)
 rc_c, c, _ = load(TXT + ",max_len=%d,truncate" % cut, "--workers", "2")
+rc_l, lng, _ = load(TXT + ",max_len=%d" % cut, "--workers", "0")  # map: the member, by name
+T.check(rc_l == 1 and re.search(r"tar %s/shard-0+\d+\.tar@\d+: sample '[^']+': field 'txt': \d+ "
+                                "units, more than its max_len" % re.escape(root), lng["error"]),
+        "map, max_len=%d, a longer member: %s" % (cut, lng.get("error")))
 T.check(rc_m == 0 and rc_c == 0 and m["truncated_samples"] == 0 and c["samples"] == len(txt)
         and c["truncated_samples"] == over > 0 and c["content_hash"] != m["content_hash"],
         "map, max_len=%d: %s / %s" % (cut, R.summary(c), R.summary(m)))
@@ -147,7 +152,12 @@ for w in ("0", "2"):
     T.check(rc_s == 0 and s["truncated_samples"] == over and s["content_hash"] == c["content_hash"],
             "stream, max_len=txt:%d,truncate, %s workers: %s %s" % (cut, w, R.summary(s), err))
     rc_s, s, err = load(TXT + ",mode=stream,max_len=%d" % cut, "--workers", w)
-    T.check(rc_s == 1 and "more than its max_len %d" % cut in s["error"],
+    # the message names the shard and the sample's place in it (the dataset's describe), not
+    # the packed shard << 32 | position index; the dataset's name is the pattern, whole
+    T.check(rc_s == 1 and "more than its max_len %d" % cut in s["error"]
+            and re.search(r"tar %s/shard-0+\d+\.tar: the shard's sample \d+ \(from 0\): field "
+                          "'txt'" % re.escape(root), s["error"])
+            and not re.search(r"sample \d{10}", s["error"]) and ",fields" not in s["error"],
             "stream, max_len=%d, a longer member: %s" % (cut, s))
     few = sorted(txt)[-5]  # 4 longer: skipped (a batch of 5 fails with more than 5 bad)
     rc_s, s, err = load(TXT + ",mode=stream,max_len=%d" % few, "--workers", w, "--on-error",
