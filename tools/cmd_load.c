@@ -27,6 +27,7 @@
  * "error_name" (errors once loading started; null when it succeeded); the exit status is 2 for
  * usage errors, 1 for others. */
 #include <inttypes.h>
+#include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -410,10 +411,24 @@ static int take_batch(load_run *r, stoke_batch *b)
     return rc;
 }
 
+/* Ctrl-C while the progress bar is drawn: ends its line, then dies of the signal as before
+ * (the shell's prompt went on after the bar). */
+static void bar_interrupted(int sig)
+{
+    static const char nl = '\n';
+    ssize_t w = write(2, &nl, 1);
+    (void)w;
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
 /* Pass 1, timed: --epochs epochs, at most r->total batches in all. */
 static void timed_pass(load_run *r)
 {
     uint64_t last_bar = 0;
+    struct sigaction old, on_int = {.sa_handler = bar_interrupted};
+    int hooked = r->bar && sigaction(SIGINT, NULL, &old) == 0 && old.sa_handler == SIG_DFL &&
+                 sigaction(SIGINT, &on_int, NULL) == 0;
     r->t0 = cmd_load_now_ns();
     for (uint64_t e = 0; e < r->a->epochs && r->batches < r->total && !r->status; e++) {
         stoke_batch *b;
@@ -446,6 +461,8 @@ static void timed_pass(load_run *r)
     r->remote_ok = (stoke_tar_remote_stats(&r->ds, &r->remote) == STOKE_OK ||
                     stoke_npy_remote_stats(&r->ds, &r->remote) == STOKE_OK) &&
                    r->remote.shards;
+    if (hooked)
+        sigaction(SIGINT, &old, NULL);
     if (r->bar)
         fputc('\n', stderr);
 }

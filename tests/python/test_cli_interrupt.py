@@ -1,0 +1,55 @@
+"""stoke load interrupted by Ctrl-C while its progress bar is drawn (stderr a terminal): the bar's
+line is ended before the process dies of SIGINT, so the shell's prompt starts on a line of its
+own; the exit is still the signal's."""
+import os
+import pty
+import select
+import signal
+import subprocess
+import time
+
+import stoke_testlib as T
+
+CLI = os.environ.get("STOKE_CLI")
+if not CLI or not os.path.exists(CLI):
+    T.skip("the stoke CLI was not built (STOKE_CLI)")
+
+mfd, sfd = pty.openpty()
+p = subprocess.Popen([CLI, "load", "synthetic:50000", "--epochs", "100000", "--workers", "1"],
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=sfd)
+os.close(sfd)
+seen = b""
+
+
+def read_for(secs, until=None):
+    global seen
+    end = time.monotonic() + secs
+    while time.monotonic() < end and not (until and until(seen)):
+        r, _, _ = select.select([mfd], [], [], 0.1)
+        if r:
+            try:
+                chunk = os.read(mfd, 65536)
+            except OSError:  # the other side closed
+                return
+            if not chunk:
+                return
+            seen += chunk
+
+
+try:
+    read_for(60, lambda s: s.count(b"batches") >= 2)  # the bar, drawn more than once
+    T.check(b"\r" in seen and b"samples/s" in seen, "no progress bar: %r" % seen[-300:])
+    p.send_signal(signal.SIGINT)
+    rc = p.wait(timeout=60)
+    read_for(2)
+finally:
+    if p.poll() is None:
+        p.kill()
+        p.wait()
+    os.close(mfd)
+T.check(rc == -signal.SIGINT, "exit: the signal's (got %r)" % rc)
+last = seen.rstrip(b"\0")
+T.check(last.endswith(b"\n") or last.endswith(b"\r\n"),
+        "the bar's line is ended: %r" % last[-120:])
+T.check(last.rfind(b"\n") > last.rfind(b"batches"), "the newline after the bar: %r" % last[-120:])
+print("ok")
