@@ -270,6 +270,7 @@ class DataLoader(_stoke.Loader):
             num_workers = _default_workers()
         if persistent_workers is None:
             persistent_workers = num_workers > 0
+        user_prefetch_factor = prefetch_factor
         if prefetch_factor is None:
             prefetch_factor = 0  # STOKE_LOADER_PREFETCH_AUTO: 2 per worker, deeper for small batches
         if rank is not None or world_size is not None:
@@ -305,6 +306,17 @@ class DataLoader(_stoke.Loader):
         self.num_workers = int(num_workers)
         self.drop_last = bool(drop_last)
         self.device = device
+        # torch's attributes, as given or resolved (a script that logs or checks them runs);
+        # a source string has no torch sampler, collate_fn or worker_init_fn: None
+        self.pin_memory = bool(pin_memory)
+        self.pin_memory_device = pin_memory_device or ""
+        self.persistent_workers = bool(persistent_workers)
+        self.prefetch_factor = (user_prefetch_factor if user_prefetch_factor is not None
+                                else 2 if self.num_workers > 0 else None)
+        self.timeout = timeout
+        self.generator = generator
+        self.sampler = self.batch_sampler = self.collate_fn = self.worker_init_fn = None
+        self.multiprocessing_context = None
         _live.add(self)
 
     def _init_python(self, dataset, batch_size, shuffle, sampler, batch_sampler, num_workers,

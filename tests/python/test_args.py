@@ -62,4 +62,20 @@ try:
     T.check(False, "no dataset: nothing raised")
 except TypeError as e:
     T.check("needs a dataset" in str(e), str(e))
+# a source string has torch's attributes too, as given or resolved (a script that reads
+# loader.persistent_workers or loader.pin_memory ran into AttributeError)
+for kw, want in (({}, dict(persistent_workers=False, prefetch_factor=None, pin_memory=False,
+                           timeout=0, generator=None, sampler=None, batch_sampler=None,
+                           collate_fn=None, worker_init_fn=None, multiprocessing_context=None,
+                           pin_memory_device="")),
+                 (dict(num_workers=2), dict(persistent_workers=True, prefetch_factor=2)),
+                 (dict(num_workers=2, persistent_workers=False, prefetch_factor=3, timeout=5),
+                  dict(persistent_workers=False, prefetch_factor=3, timeout=5))):
+    kw = dict(dict(num_workers=0, pin_memory=False), **kw)
+    loader = stoke.DataLoader(SRC, batch_size=4, **kw)
+    for name, v in want.items():
+        T.check(getattr(loader, name, "<missing>") == v and
+                type(getattr(loader, name, None)) is type(v),
+                "%s: loader.%s is %r, not %r" % (kw, name, getattr(loader, name, "<missing>"), v))
+    del loader
 print("ok")
