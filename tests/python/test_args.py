@@ -78,4 +78,27 @@ for kw, want in (({}, dict(persistent_workers=False, prefetch_factor=None, pin_m
                 type(getattr(loader, name, None)) is type(v),
                 "%s: loader.%s is %r, not %r" % (kw, name, getattr(loader, name, "<missing>"), v))
     del loader
+# _passes_go_on (the drop-in sets it from torch's persistent_workers): a bool to set, not to
+# delete; a value whose truth raises passes that error on and changes nothing
+loader = stoke.DataLoader(SRC, batch_size=4, num_workers=0, pin_memory=False)
+loader._passes_go_on = True
+T.check(loader._passes_go_on is True, "_passes_go_on set: %r" % loader._passes_go_on)
+
+
+class Bad:
+    def __bool__(self):
+        raise ZeroDivisionError("no truth")
+
+
+for how, exc in ((lambda: delattr(loader, "_passes_go_on"), TypeError),
+                 (lambda: setattr(loader, "_passes_go_on", Bad()), ZeroDivisionError)):
+    try:
+        how()
+        T.check(False, "%s: accepted" % exc.__name__)
+    except exc:
+        pass
+    T.check(loader._passes_go_on is True, "_passes_go_on kept: %r" % loader._passes_go_on)
+loader._passes_go_on = 0
+T.check(loader._passes_go_on is False, "_passes_go_on cleared: %r" % loader._passes_go_on)
+del loader
 print("ok")
