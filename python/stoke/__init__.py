@@ -513,14 +513,14 @@ class DataLoader(_stoke.Loader):
                 # torch draws the workers' base seed when iteration starts: the RNG was seeded
                 # (or drawn from) since construction, so epoch 0 starts again with a new draw
                 w.redraw()
-                super().set_epoch(self.epoch)
+                self._epoch_hook(super().set_epoch, self.epoch)
             elif not w.planned:
                 # the sampler's order is taken now, as torch's iter() takes it (no batch was
                 # made yet: the workers start at the first next())
                 w.plan_now(self.epoch)
         # one pass at a time: a newer iter() supersedes the iterators made before it (the C
         # iterator's next() raises then: python/loader.c iter_next)
-        it = super().__iter__()
+        it = self._epoch_hook(super().__iter__)
         w.iterating()  # persistent workers: seeded once, with this pass's base seed
         # torch's warning on an IterableDataset that yields more than len(loader) said: the
         # length read by len(loader) before this iteration began (_IterableDataset_len_called)
@@ -528,7 +528,24 @@ class DataLoader(_stoke.Loader):
 
     def set_epoch(self, epoch):
         self._first_iter = False
-        return super().set_epoch(epoch)
+        if self._writer is None:
+            return super().set_epoch(epoch)
+        return self._epoch_hook(super().set_epoch, epoch)
+
+    def _epoch_hook(self, call, *args):
+        """call(*args) of the C loader, which runs the dataset's set_epoch hook (a new pass
+        plans its batches: the sampler is read): an exception there (a sampler's bad key) is
+        raised as itself, from the loader's error, which only said that set_epoch failed."""
+        try:
+            return call(*args)
+        except StokeError as e:
+            exc = self._writer.reraise(e)
+            try:
+                if exc is not None:
+                    raise exc from e
+                raise
+            finally:
+                exc = None
 
     def load_state_dict(self, state):
         self._first_iter = False

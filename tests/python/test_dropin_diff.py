@@ -382,6 +382,26 @@ def sampler_keys_must_be_integers():
     raises(TypeError, lambda: epoch(L.Loader(Keyed(), sampler=Strs(), batch_size=2)),
              "'3' (str)")
     raises(TypeError, lambda: epoch(L.Loader(Keyed(), batch_sampler=[[1, 2.5]])), "2.5")
+
+    class Later(torch.utils.data.Sampler):  # a bad key first in the second pass
+        def __init__(self):
+            self.passes = 0
+
+        def __len__(self):
+            return 2
+
+        def __iter__(self):
+            self.passes += 1
+            return iter([3, 4] if self.passes == 1 else ["3", "4"])
+
+    # the same TypeError in a later pass and from set_epoch (it was a LoaderError that only
+    # said "set_epoch(1) of dataset python:Keyed failed")
+    for nw in (0, 2):
+        got = L.Loader(Keyed(), sampler=Later(), batch_size=2, num_workers=nw)
+        T.check(len(epoch(got)) == 1, "the first pass")
+        raises(TypeError, lambda: epoch(got), "'3' (str)")
+        raises(TypeError, lambda: got.set_epoch(7), "'3' (str)")
+        del got
     for keys in ([np.int64(3), np.int32(5)], [torch.tensor(3), torch.tensor(5)],
                  np.array([3, 5]), torch.tensor([3, 5])):
         ref, got = pair(Keyed(), sampler=keys, batch_size=2)
