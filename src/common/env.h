@@ -31,6 +31,7 @@
     X(REMOTE_RETRIES, "STOKE_REMOTE_RETRIES", "retries of a failed remote read")                   \
     X(REMOTE_TIMEOUT, "STOKE_REMOTE_TIMEOUT", "seconds a remote read may stall")                   \
     X(REMOTE_CONNECTIONS, "STOKE_REMOTE_CONNECTIONS", "remote requests at once (read-ahead)")      \
+    X(REMOTE_CHECK_VERSION, "STOKE_REMOTE_CHECK_VERSION", "compare remote answers' ETag")          \
     X(STREAM_AHEAD, "STOKE_STREAM_AHEAD", "bytes a streaming worker holds ahead (K/M/G)")          \
     X(CA_BUNDLE, "STOKE_CA_BUNDLE", "CA certificates for https (PEM file)")                        \
     X(CACHE_DIR, "STOKE_CACHE_DIR", "directory of the local cache of remote shards")               \

@@ -30,6 +30,8 @@ int stoke__npy_remote_head(stoke__npy_file *f, const char *url, stoke__remote_po
     if (!*pool && (rc = stoke__remote_pool_create(pool, why, sizeof(why))) != STOKE_OK)
         return stoke__fail(rc, "npy %s: %s", f->path, why);
     rc = stoke__remote_file_init(*pool, url, &f->rf, why, sizeof(why));
+    if (!rc) /* the rows are read at the offsets of this read's header: its version's */
+        rc = stoke__remote_file_pin(&f->rf, why, sizeof(why));
     if (rc)
         return stoke__fail(rc, "npy %s: %s", f->path, why);
     f->remote = 1;
@@ -92,7 +94,9 @@ int stoke__npy_remote_row(const stoke__npy_ds *ds, const stoke__npy_file *f, uin
     uint64_t total = UINT64_MAX;
     int rc = stoke__remote_read(ds->pool, worker, &f->rf, dst, f->row_bytes, at, &got, &total, why,
                                 sizeof(why));
-    if (rc) {
+    /* (a read that failed on another version of the file says its size: a changed one is
+     * check_answer's to word) */
+    if (rc && (total == UINT64_MAX || total == f->size)) {
         stoke__fmt(msg, msg_len, "npy %s: sample %llu: %s", f->path, (unsigned long long)index,
                    why);
         return rc;
@@ -200,6 +204,13 @@ int stoke__npy_batch_remote(const stoke__npy_ds *ds, const uint64_t *idx, size_t
                                 &rq[0].got, &rq[0].total, why, sizeof(why));
     else if (n > 1)
         rc = stoke__remote_read_many(ds->pool, worker, rq, n, &failed, why, sizeof(why));
+    if (rc && failed < n && rq[failed].total != UINT64_MAX &&
+        rq[failed].total != ds->f[g[failed].k].size) { /* the size that changed, as below */
+        *err_index = g[failed].lo;
+        rc = check_answer(&ds->f[g[failed].k], g[failed].lo, rq[failed].off, rq[failed].got,
+                          rq[failed].n, rq[failed].total, msg, msg_len);
+        goto done;
+    }
     if (rc) {
         const group *e = &g[failed < n ? failed : 0];
         *err_index = e->lo;

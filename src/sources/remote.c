@@ -105,7 +105,21 @@ void stoke__remote_file_free(stoke__remote_file *f)
         return;
     free(f->url);
     free(f->req);
+    if (f->tag)
+        free(atomic_load(&f->tag->v));
+    free(f->tag);
     memset(f, 0, sizeof(*f));
+}
+
+int stoke__remote_file_pin(stoke__remote_file *f, char *why, size_t why_len)
+{
+    if (f->tag)
+        return STOKE_OK;
+    if (!(f->tag = calloc(1, sizeof(*f->tag)))) {
+        stoke__fmt(why, why_len, "out of memory");
+        return STOKE_ENOMEM;
+    }
+    return STOKE_OK;
 }
 
 #ifndef STOKE_HAVE_LIBCURL
@@ -188,6 +202,10 @@ int stoke__remote_read_each(stoke__remote_pool *p, int slot, stoke__remote_req *
 
 #else /* STOKE_HAVE_LIBCURL */
 
+/* STOKE_REMOTE_CHECK_VERSION, read at each pool's creation (0: answers' validators are not
+ * compared, for servers whose replicas give one file different ETags; the size still is). */
+static atomic_int check_version = 1;
+
 #include "sources/remote_internal.h"
 #include "stoke/version.h"
 
@@ -251,6 +269,9 @@ int stoke__remote_pool_create(stoke__remote_pool **out, char *why, size_t why_le
         stoke__remote_pool_destroy(p);
         return STOKE_ENOMEM;
     }
+    int check = 1;
+    stoke__env_bool(STOKE_ENV_REMOTE_CHECK_VERSION, &check);
+    atomic_store_explicit(&check_version, check, memory_order_relaxed);
     p->retries = (unsigned)env_number(STOKE_ENV_REMOTE_RETRIES, DEFAULT_RETRIES, 100);
     p->connections = env_number(STOKE_ENV_REMOTE_CONNECTIONS, STOKE__REMOTE_CONNECTIONS_DEFAULT,
                                 STOKE__REMOTE_BG_MAX);
@@ -394,6 +415,7 @@ static size_t on_header(char *data, size_t size, size_t nmemb, void *ctx)
     if (strncmp(line, "HTTP/", 5) == 0) { /* a new response (a redirect's, an interim one) */
         x->has_cr = x->has_clen = x->encoded = 0;
         x->retry_after = -1;
+        x->etag[0] = x->lastmod[0] = 0;
         return len;
     }
     unsigned long long a, b, t;
@@ -430,8 +452,49 @@ static size_t on_header(char *data, size_t size, size_t nmemb, void *ctx)
     } else if (strncasecmp(line, "retry-after:", 12) == 0) {
         if (sscanf(line + 12, " %llu", &a) == 1)
             x->retry_after = a > 3600 ? 3600 : (long)a;
+    } else if (strncasecmp(line, "etag:", 5) == 0) { /* verbatim (a longer one: its start) */
+        stoke__fmt(x->etag, sizeof(x->etag), "%s", stoke__remote_trim(line + 5));
+    } else if (strncasecmp(line, "last-modified:", 14) == 0) {
+        stoke__fmt(x->lastmod, sizeof(x->lastmod), "%s", stoke__remote_trim(line + 14));
     }
     return len;
+}
+
+/* ETag a without a weak one's "W/" (RFC 9110's weak comparison: the same file's bytes may be
+ * said to be weak by one answer and not by another, never another file's). */
+static const char *etag_opaque(const char *a)
+{
+    return strncmp(a, "W/", 2) == 0 ? a + 2 : a;
+}
+
+/* Whether the answer x's headers described is of the version x->tag holds (x->tag not NULL):
+ * the first answer with a validator records its own (remote.h, stoke__remote_tag).  1 when it
+ * is, or cannot be told (no such header; out of memory recording it). */
+static int tag_same(xfer *x)
+{
+    if (!atomic_load_explicit(&check_version, memory_order_relaxed))
+        return 1;
+    char *had = atomic_load(&x->tag->v);
+    if (!had) {
+        const char *v = x->etag[0] ? x->etag : x->lastmod;
+        if (!v[0])
+            return 1;
+        size_t n = strlen(v);
+        char *mine = malloc(n + 2);
+        if (!mine)
+            return 1;
+        mine[0] = x->etag[0] ? 'E' : 'L';
+        memcpy(mine + 1, v, n + 1);
+        if (atomic_compare_exchange_strong(&x->tag->v, &had, mine))
+            return 1;
+        free(mine); /* another answer's came first (had is it now): compared with it */
+    }
+    const char *now = had[0] == 'E' ? x->etag : x->lastmod;
+    if (!now[0])
+        return 1;
+    if (had[0] == 'E')
+        return strcmp(etag_opaque(had + 1), etag_opaque(now)) == 0;
+    return strcmp(had + 1, now) == 0;
 }
 
 static size_t on_body(char *data, size_t size, size_t nmemb, void *ctx)
@@ -449,6 +512,11 @@ static size_t on_body(char *data, size_t size, size_t nmemb, void *ctx)
          * would ask for the next chunk of a file that comes whole) */
         if (x->status == 200 && x->has_clen && !x->encoded)
             x->total = x->clen, x->has_total = 1;
+        /* another version of the file than its first answer's: none of its bytes taken */
+        if (x->tag && (x->status == 200 || x->status == 206) && !tag_same(x)) {
+            x->changed = 1;
+            return 0;
+        }
     }
     if (x->status != 200 && x->status != 206) { /* keep the start of the error's text */
         size_t k = sizeof(x->err) - 1 - x->errlen;
@@ -630,7 +698,8 @@ void stoke__remote_try_begin(stoke__remote_pool *p, CURL *h, const stoke__remote
     else
         stoke__fmt(range, sizeof(range), "%" PRIu64 "-%" PRIu64, x->off + x->got,
                    x->off + x->n - 1);
-    x->body = x->enough = x->bad_range = x->has_cr = x->capped = 0;
+    x->body = x->enough = x->bad_range = x->has_cr = x->capped = x->changed = 0;
+    x->etag[0] = x->lastmod[0] = 0;
     x->status = 0;
     x->errlen = 0;
     x->err[0] = 0;
@@ -665,6 +734,14 @@ int stoke__remote_try_end(stoke__remote_pool *p, const stoke__remote_file *f, xf
     if (x->werr) {
         stoke__fmt_short(why, why_len, "GET %s: writing the download failed at byte %zu: %s",
                          f->url, x->got, strerror(x->werr));
+        return STOKE_EIO;
+    }
+    if (x->changed) { /* not retried: every try would get the new version */
+        const char *had = atomic_load(&x->tag->v);
+        int e = had[0] == 'E';
+        stoke__fmt_short(why, why_len, "GET %s: the file changed %s: its %s is %s, it was %s",
+                         f->url, x->tag->pass ? "while it was read" : "since the open",
+                         e ? "ETag" : "Last-Modified", e ? x->etag : x->lastmod, had + 1);
         return STOKE_EIO;
     }
     if (x->enough && c == CURLE_WRITE_ERROR)
@@ -862,7 +939,7 @@ static int read_batch(stoke__remote_pool *p, int slot_i, stoke__remote_req *r, s
         *failed = 0;
     }
     for (size_t j = 0; x && j < n; j++)
-        x[j] = (xfer){.buf = r[j].buf, .fd = -1, .n = r[j].n, .off = r[j].off};
+        x[j] = (xfer){.buf = r[j].buf, .fd = -1, .n = r[j].n, .off = r[j].off, .tag = r[j].f->tag};
     /* the first try of each, k at once on the multi handle; a try to repeat is left for after
      * (marked by retry[j]), tried again on the slot's own handle with the usual backoff */
     unsigned char *retry = rc ? NULL : calloc(n, 1);
@@ -987,10 +1064,10 @@ int stoke__remote_read(stoke__remote_pool *p, int slot_i, const stoke__remote_fi
     *got = 0;
     if (n == 0)
         return STOKE_OK;
-    xfer x = {.buf = buf, .fd = -1, .n = n, .off = off};
+    xfer x = {.buf = buf, .fd = -1, .n = n, .off = off, .tag = f->tag};
     int rc = transfer(p, slot_i, f, &x, why, why_len);
     *got = x.got;
-    if (rc == STOKE_OK && total && x.has_total)
+    if ((rc == STOKE_OK || x.changed) && total && x.has_total)
         *total = x.total;
     return rc;
 }

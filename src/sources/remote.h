@@ -70,6 +70,19 @@ void stoke__remote_pool_stats(const stoke__remote_pool *p, stoke__remote_stats *
  * 1; 1 without libcurl). */
 int stoke__remote_pool_connections(const stoke__remote_pool *p);
 
+/* A file's validator: the ETag (strong or weak, as the server wrote it) of the first answer
+ * (200 or 206) to a request of it that had one, or without an ETag its Last-Modified.  Every
+ * later answer that carries the same header must repeat it (ETags compared as RFC 9110's weak
+ * comparison: a "W/" aside), else its request fails with STOKE_EIO, before any of its body is
+ * taken: "GET URL: the file changed since the open: its ETag is "b", it was "a"" ("... while it
+ * was read" for a fetch's or a stream's own).  An answer without that header is not checked (a
+ * server that sends neither: nothing is).  v is set once (compare-and-swap), then read without a
+ * lock; a forked process records its own from then on. */
+typedef struct stoke__remote_tag {
+    _Atomic(char *) v; /* NULL until an answer had one: 'E' + the ETag, or 'L' + the date */
+    int pass;          /* words it as one fetch's or stream pass's ("while it was read") */
+} stoke__remote_tag;
+
 /* One remote file: `url` as written (for messages: stoke__remote_redact's), and what
  * is requested (an s3:// URL becomes the endpoint's, signed). */
 typedef struct stoke__remote_file {
@@ -78,6 +91,9 @@ typedef struct stoke__remote_file {
     int s3;
     int has_crc;  /* crc is known (a sidecar index's): the cache checks a download against it */
     uint32_t crc; /* the file's CRC-32 */
+    /* NULL, or the validator every request of the file is checked against from its first
+     * answer on (stoke__remote_file_pin): a file read by offsets known since its open */
+    stoke__remote_tag *tag;
 } stoke__remote_file;
 
 /* Fills *f for `url`: 0, or STOKE_EINVAL (not a URL we read: "s3://" without a bucket, ...),
@@ -85,6 +101,13 @@ typedef struct stoke__remote_file {
 int stoke__remote_file_init(const stoke__remote_pool *p, const char *url, stoke__remote_file *f,
                             char *why, size_t why_len);
 void stoke__remote_file_free(stoke__remote_file *f);
+/* Pins f's validator (stoke__remote_tag): every request of f from now on, reads, read_many's,
+ * fetches and streams, is checked against the ETag (or Last-Modified) of its first answer.
+ * For a file whose bytes are read at offsets learnt once (a shard's walk or index, an .npy's
+ * header): another version of the same size would give other bytes at them.  Unpinned, a
+ * fetch's chunks and a stream's (one pass over the file) are still checked against each other.
+ * 0, or STOKE_ENOMEM with why set. */
+int stoke__remote_file_pin(stoke__remote_file *f, char *why, size_t why_len);
 
 /* Reads n bytes at off into buf through slot `slot` (a worker's, any int >= 0, taken modulo 64;
  * or STOKE__REMOTE_BG(k)): 0, with
@@ -94,16 +117,20 @@ void stoke__remote_file_free(stoke__remote_file *f);
  * Content-Range says so (a server that caps a range's size) is continued at once, not retried.
  * Errors, after the retries, with why = "GET URL: reason" (the HTTP status and the server's
  * error code, or libcurl's reason): STOKE_ENOENT for 404 and 410, STOKE_EIO for the rest
- * (401 and 403 included: the message has the store's reason).  In a process where a fetch
- * (stoke__remote_fetch) started the pool's download threads (2 or more), the read runs on one of
- * them (on its connection), before their chunks waiting.  Thread-safe; reads of one slot are
- * serialised by its lock. */
+ * (401 and 403 included: the message has the store's reason), and STOKE_EIO at once, not
+ * retried, for an answer of another version of the file than f's validator's (stoke__remote_tag:
+ * "the file changed since the open: its ETag is ..."; *total is then set as on success, so that
+ * a caller that knows the file's size can say a size that changed instead).  In a process
+ * where a fetch (stoke__remote_fetch) started the pool's download threads (2 or more), the read
+ * runs on one of them (on its connection), before their chunks waiting.  Thread-safe; reads of
+ * one slot are serialised by its lock. */
 int stoke__remote_read(stoke__remote_pool *p, int slot, const stoke__remote_file *f, void *buf,
                        size_t n, uint64_t off, size_t *got, uint64_t *total, char *why,
                        size_t why_len);
 
 /* One range read of a read_many: [off, off + n) of f into buf; got, total (UINT64_MAX when
- * the server did not say), first_us, total_us and rc are set by the call. */
+ * the server did not say; set for a request that failed too, from its last answer),
+ * first_us, total_us and rc are set by the call. */
 typedef struct stoke__remote_req {
     const stoke__remote_file *f;
     void *buf;
@@ -150,7 +177,10 @@ int stoke__remote_read_each(stoke__remote_pool *p, int slot, stoke__remote_req *
  * (cache.c sizes its read-ahead from it).  stop (may be NULL): when it turns nonzero (atomic
  * store) the transfers and their retries end within about 50 ms with STOKE_EIO ("stopped").
  * Thread-safe.  A different size said by two chunks' responses: STOKE_EIO ("the file changed
- * while it was read"). */
+ * while it was read"); a chunk's answer of another version (stoke__remote_tag) than f's
+ * validator when f is pinned ("the file changed since the open: its ETag is ..."), else than
+ * the fetch's first answer ("the file changed while it was read: its ETag is ..."): STOKE_EIO
+ * too, and nothing more asked for. */
 int stoke__remote_fetch(stoke__remote_pool *p, int slot, const stoke__remote_file *f, int fd,
                         uint64_t expect, _Atomic uint64_t *seen, const int *stop, uint64_t *size,
                         char *why, size_t why_len);
@@ -173,8 +203,10 @@ int stoke__remote_fetch(stoke__remote_pool *p, int slot, const stoke__remote_fil
  * way that can pass (as a read's) is retried after the backoff of a read (without blocking the
  * other transfers), continued by range from the first byte not yet received; the file's error
  * after the retries is a read's ("GET URL: HTTP 404", "... (after N tries)"; a chunk whose
- * response says another file size than the file's first: "the file changed while it was read")
- * and every later read of that file returns it.  Counted in the pool's stats: requests, bytes,
+ * response says another file size than the file's first: "the file changed while it was read";
+ * another ETag or Last-Modified than the first answer of the same pass over the file, or than
+ * f's when it is pinned: stoke__remote_tag's message) and every later read of that file
+ * returns it.  Counted in the pool's stats: requests, bytes,
  * retries, and the time read() waits as wait_ns.  One thread at a time per stream; a forked
  * process must not use its parent's (its sockets are the parent's).  Built without libcurl,
  * create fails with STOKE_ENOTSUP. */

@@ -63,6 +63,8 @@ typedef struct fjob {
     int rc;           /* its error (the first), with msg */
     char msg[STOKE__MSG_MAX];
     struct fjob *link; /* the jobs in the order they are served */
+    /* an unpinned file's validator, which its chunks must all repeat (job_tag) */
+    stoke__remote_tag tag;
 } fjob;
 
 typedef struct fetcher fetcher;
@@ -125,6 +127,13 @@ static void job_learn(fjob *j, uint64_t total)
         return;
     }
     j->ranged = 1;
+}
+
+/* The validator j's chunks are checked against: the file's when it is pinned (the version of
+ * its open), else the fetch's own (the first chunk's answer's). */
+static stoke__remote_tag *job_tag(fjob *j)
+{
+    return j->f->tag ? j->f->tag : &j->tag;
 }
 
 /* The next chunk to fetch, of the first job (in order) that has one: 1 with *jo, *off, *n. */
@@ -218,7 +227,8 @@ static void *lane_main(void *arg)
                   .seen2 = &j->said,
                   .said = lane_said,
                   .said_ctx = l,
-                  .stop = j->stop};
+                  .stop = j->stop,
+                  .tag = job_tag(j)};
         pthread_mutex_unlock(&p->fe_lock);
         char msg[STOKE__MSG_MAX] = "";
         int rc = stoke__remote_tries(p, &l->s, j->f, j->rd ? j->rd : &x, msg, sizeof(msg));
@@ -329,7 +339,7 @@ static void fetch_here(stoke__remote_pool *p, slot *s, fjob *j, int err)
                    "remote: no thread could start for the downloads' connections (%s): %s, and "
                    "each download after it, is made whole in the thread that wants it",
                    strerror(err), j->f->url);
-    xfer x = {.fd = j->fd, .n = SIZE_MAX, .seen = j->seen, .stop = j->stop};
+    xfer x = {.fd = j->fd, .n = SIZE_MAX, .seen = j->seen, .stop = j->stop, .tag = job_tag(j)};
     char msg[STOKE__MSG_MAX] = "";
     int rc = stoke__remote_tries(p, s, j->f, &x, msg, sizeof(msg));
     chunk_done(j, &x, rc, msg);
@@ -344,7 +354,7 @@ int stoke__remote_fetch(stoke__remote_pool *p, int slot_i, const stoke__remote_f
     slot *s = stoke__remote_slot_take(p, slot_i, f, why, why_len);
     if (!s)
         return STOKE_ENOMEM;
-    fjob j = {.f = f, .fd = fd, .seen = seen, .stop = stop, .fg = slot_i >= 0};
+    fjob j = {.f = f, .fd = fd, .seen = seen, .stop = stop, .fg = slot_i >= 0, .tag.pass = 1};
     pthread_mutex_lock(&p->fe_lock);
     int no_fe;
     fetcher *fe = fetcher_get(p, s, &no_fe);
@@ -383,6 +393,8 @@ int stoke__remote_fetch(stoke__remote_pool *p, int slot_i, const stoke__remote_f
     }
     pthread_mutex_unlock(&p->fe_lock);
     pthread_mutex_unlock(&s->lock);
+    /* no lane runs a chunk of j any more */
+    free(atomic_load(&j.tag.v));
     if (slot_i >= 0) /* a background download is no one's wait */
         atomic_fetch_add(&p->n->wait_ns, stoke__now_ns() - t0);
     if (rc)

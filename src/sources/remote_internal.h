@@ -115,7 +115,13 @@ typedef struct xfer {
                                 held: stoke__remote_fetch's lanes wake on it) */
     void *said_ctx;
     const int *stop; /* when not NULL and nonzero: give up (stoke__remote_fetch) */
-    char err[512];   /* the start of an error response's body */
+    /* when not NULL: the file's validator, which this transfer's answers must repeat (or
+     * record: the first); changed: this try's did not (its body is not taken) */
+    stoke__remote_tag *tag;
+    int changed;
+    char etag[160];   /* this try's answer's ETag, verbatim; "" when none */
+    char lastmod[64]; /* ... and its Last-Modified */
+    char err[512];    /* the start of an error response's body */
     size_t errlen;
     size_t before;               /* got when the try began */
     uint64_t first_us, total_us; /* the last try's microseconds from its request sent to its

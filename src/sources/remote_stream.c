@@ -63,6 +63,14 @@ void stoke__remote_stream_destroy(stoke__remote_stream *st)
 #define CHUNK_MAX   ((size_t)64 << 20)   /* ... within these */
 #define CHUNK_FIRST ((size_t)64 << 10)   /* without read-ahead: the first chunk, doubled after */
 
+/* The validator of one pass over a file (remote.h, stoke__remote_tag): shared by the lanes of
+ * its chunks, so that they all come from the version of the first answer (an unpinned file's:
+ * the next pass, a later epoch's, may read another). */
+typedef struct passtag {
+    stoke__remote_tag t;
+    int refs;
+} passtag;
+
 /* A lane: one chunk's transfer (bytes [x.off, x.off + x.n) of file f; x.n SIZE_MAX: to the
  * file's end) and the bytes received and not read yet, on a handle (and so a connection) of its
  * own, kept from chunk to chunk. */
@@ -74,6 +82,7 @@ typedef struct stoke__remote_lane {
     long fi;                     /* f is the file read (-1) or the stream's next[fi] */
     uint64_t ftotal;             /* f's size, when fknown (said by this or an earlier chunk) */
     int fknown;
+    passtag *tag; /* the pass's validator (NULL: f is pinned, or out of memory: f->tag's) */
     xfer x;
     char *q; /* the queue: q[head, head + len) */
     size_t cap, head, len;
@@ -164,10 +173,22 @@ static lane *lane_new(stoke__remote_stream *st)
     return l;
 }
 
+/* Drops l's share of its pass's validator. */
+static void tag_drop(lane *l)
+{
+    passtag *t = l->tag;
+    l->tag = NULL;
+    if (t && --t->refs == 0) {
+        free(atomic_load(&t->t.v));
+        free(t);
+    }
+}
+
 static void lane_free(lane *l)
 {
     if (!l)
         return;
+    tag_drop(l);
     curl_easy_cleanup(l->h);
     free(l->q);
     free(l);
@@ -185,11 +206,19 @@ static void lane_stop(lane *l)
 }
 
 /* l for bytes [off, off + n) of file f, the file read (fi -1) or next[fi] (f NULL: idle), its
- * bytes dropped. */
-static void lane_reset(lane *l, const stoke__remote_file *f, long fi, uint64_t off, size_t n)
+ * bytes dropped; in the pass whose validator is `pass` (NULL: a new pass, f's first chunk). */
+static void lane_reset(lane *l, const stoke__remote_file *f, long fi, uint64_t off, size_t n,
+                       passtag *pass)
 {
     lane_stop(l);
-    l->x = (xfer){.fd = -1, .q = l, .off = off, .n = n};
+    if (pass) /* (before the drop: pass may be l's own) */
+        pass->refs++;
+    tag_drop(l);
+    if (!pass && f && !f->tag && (pass = calloc(1, sizeof(*pass))) != NULL)
+        *pass = (passtag){.t.pass = 1, .refs = 1};
+    l->tag = pass;
+    stoke__remote_tag *want = f && f->tag ? f->tag : pass ? &pass->t : NULL;
+    l->x = (xfer){.fd = -1, .q = l, .off = off, .n = n, .tag = want};
     l->f = f;
     l->fi = fi;
     l->ftotal = 0;
@@ -236,7 +265,7 @@ int stoke__remote_stream_create(stoke__remote_pool *p, stoke__remote_stream **ou
 static void lane_retire(stoke__remote_stream *st, int i)
 {
     lane *l = st->ln[i];
-    lane_reset(l, NULL, 0, 0, SIZE_MAX);
+    lane_reset(l, NULL, 0, 0, SIZE_MAX, NULL);
     memmove(&st->ln[i], &st->ln[i + 1], (size_t)(st->nalloc - i - 1) * sizeof(*st->ln));
     st->ln[st->nalloc - 1] = l;
     st->nl--;
@@ -296,7 +325,7 @@ static void lane_follow(stoke__remote_stream *st, lane *prev, lane *l, const sto
         n = prev->x.n < st->chunk_ahead / 2 ? prev->x.n * 2 : st->chunk_ahead;
     if (known && n != SIZE_MAX && total - off < n)
         n = (size_t)(total - off);
-    lane_reset(l, f, fi, off, n);
+    lane_reset(l, f, fi, off, n, same ? prev->tag : NULL);
     if (known)
         l->fknown = 1, l->ftotal = total;
 }
@@ -340,7 +369,7 @@ void stoke__remote_stream_start(stoke__remote_stream *st, const stoke__remote_fi
     } else {
         while (st->nl > 1)
             lane_retire(st, st->nl - 1);
-        lane_reset(st->ln[0], f, -1, 0, st->chunk);
+        lane_reset(st->ln[0], f, -1, 0, st->chunk, NULL);
         st->nl = 1;
     }
 }
@@ -561,7 +590,8 @@ void stoke__remote_stream_finish(stoke__remote_stream *st, size_t most)
     if (l->f && !l->ended && !l->failed && l->x.n != SIZE_MAX && lane_owed(st, l) - l->len <= most)
         while (!l->ended && !l->failed)
             stream_pump(st, 1);
-    lane_reset(l, NULL, 0, 0, SIZE_MAX); /* a transfer still running ends: its connection too */
+    /* a transfer still running ends: its connection too */
+    lane_reset(l, NULL, 0, 0, SIZE_MAX, NULL);
 }
 
 void stoke__remote_stream_destroy(stoke__remote_stream *st)

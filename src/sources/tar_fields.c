@@ -145,7 +145,9 @@ static int read_fail(const stoke__tar_ds *t, uint64_t i, int k, int e, char *msg
 
 /* The size the server says now (total; UINT64_MAX: not said) must be the shard's at open (its
  * sidecar index's, or the one its walk was told), else the offsets are another file's
- * (STOKE_EIO with why). */
+ * (STOKE_EIO with why).  Checked after a read that failed too (its answer's size is set when
+ * the shard's validator did not match, remote.h): a size says more than an ETag, and a stale
+ * index's message says what to do. */
 static int index_stale(const stoke__tar_shard *s, uint64_t total, char *why, size_t why_len)
 {
     if (total == UINT64_MAX || total == s->size)
@@ -188,8 +190,8 @@ static int shard_read(const stoke__tar_ds *t, uint64_t i, int k, void *buf, size
                                           &got, NULL, why, sizeof(why))
                       : stoke__remote_read(t->pool, worker, &s->rf, buf, n, off, &got, &total, why,
                                            sizeof(why));
-    if (!rc)
-        rc = index_stale(s, total, why, sizeof(why));
+    if (index_stale(s, total, why, sizeof(why)))
+        rc = STOKE_EIO;
     if (rc) /* the request's code: STOKE_ENOENT for a shard gone (404, 410), else STOKE_EIO */
         return field_fail(t, i, k, msg, msg_len, rc, "%s", why);
     return got < n ? read_fail(t, i, k, -ENODATA, msg, msg_len) : STOKE_OK;
@@ -246,8 +248,8 @@ int stoke__tar_fetch_sample(const stoke__tar_ds *t, uint64_t i, void *const dst[
     uint64_t total = UINT64_MAX;
     int rc = stoke__remote_read(t->pool, io->worker, &s->rf, buf, (size_t)(hi - lo), lo, &got,
                                 &total, why, sizeof(why));
-    if (!rc)
-        rc = index_stale(s, total, why, sizeof(why));
+    if (index_stale(s, total, why, sizeof(why)))
+        rc = STOKE_EIO;
     if (rc) {
         free(buf);
         return field_fail(t, i, first, msg, msg_len, rc, "%s", why);
@@ -343,6 +345,8 @@ int stoke__tar_fetch_batch(const stoke__tar_ds *t, const uint64_t *idx, size_t c
         char why[STOKE__MSG_MAX];
         size_t failed = nr;
         rc = stoke__remote_read_many(t->pool, io[0].worker, r, nr, &failed, why, sizeof(why));
+        if (rc && failed < nr) /* its size, when it is another (index_stale) */
+            index_stale(&t->shards[sp[run[2 * failed]].shard], r[failed].total, why, sizeof(why));
         for (size_t q = 0; !rc && q < nr; q++) {
             rc = index_stale(&t->shards[sp[run[2 * q]].shard], r[q].total, why, sizeof(why));
             if (rc)

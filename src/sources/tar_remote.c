@@ -241,6 +241,10 @@ int stoke__tar_remote_init(const char *spec, stoke__tar_ds *t, stoke__tar_shard 
     if (rc)
         return rc;
     rc = stoke__remote_file_init(t->pool, s->path, &s->rf, why, sizeof(why));
+    /* map mode reads at the offsets of the open's walk or index: every read must be of the
+     * version the open saw (mode=stream reads each shard front to back: a pass's own) */
+    if (!rc && !t->stream)
+        rc = stoke__remote_file_pin(&s->rf, why, sizeof(why));
     if (rc) {
         stoke__remote_file_free(&s->rf);
         return stoke__fail(rc, "source '%s': %s", spec, why);

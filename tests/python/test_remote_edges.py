@@ -14,7 +14,14 @@ and, for what nginx cannot do, a small server in this test:
   - a body with Content-Encoding: gzip (an object stored encoded): an error naming the encoding
     (its bytes were parsed as a tar: "bad header checksum");
   - a server that caps a range's bytes (a 206 of at most 100,000 bytes whose Content-Range says
-    so): read as the local shard, with no retry (each answer counted as a fault before).
+    so): read as the local shard, with no retry (each answer counted as a fault before);
+  - validators: a shard rewritten to the SAME size with other bytes (and another mtime: nginx's
+    ETag is "mtime-size") between the open's walk and the epoch: STOKE_EIO "changed since the
+    open" naming the URL, and under on_error=skip no sample of it delivered (the reads took the
+    new file's bytes at the old offsets: other samples, exit 0); and a server whose ETag (or,
+    without one, Last-Modified) changes with every answer: the open's walk, the cache's chunked
+    download (no .part or copy left) and mode=stream's chunks of one pass fail, naming it, while
+    a constant ETag, weak in every other answer, loads as the local shard.
 Skips (77) without nginx or libcurl."""
 import http.server
 import json
@@ -25,6 +32,7 @@ import socketserver
 import subprocess
 import sys
 import threading
+import warnings
 
 import stoke_testlib as T
 
@@ -48,6 +56,8 @@ os.makedirs(os.path.join(root, "gz"))
 shutil.copy(paths[0], os.path.join(root, "gz", "shard-000000.tar"))
 os.makedirs(os.path.join(root, "chg"))
 shutil.copy(paths[0], os.path.join(root, "chg", "shard-000000.tar"))
+os.makedirs(os.path.join(root, "same"))
+shutil.copy(paths[0], os.path.join(root, "same", "shard-000000.tar"))
 
 
 def load(spec, *args, env=None):
@@ -88,8 +98,65 @@ class Capped(http.server.BaseHTTPRequestHandler):
         self.wfile.write(data[a:b + 1])
 
 
+class Validators(http.server.BaseHTTPRequestHandler):
+    """root's files under /MODE/ with ranges and, by MODE, an ETag "same" (weak in every other
+    answer: RFC 9110's weak comparison holds them equal), an ETag that changes with every
+    answer ("etag"), or no ETag and a Last-Modified that does ("lm")."""
+    protocol_version = "HTTP/1.1"
+    answers = [0]
+    lock = threading.Lock()
+
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):
+        mode, _, rest = self.path.lstrip("/").split("?")[0].partition("/")
+        path = os.path.join(root, rest)
+        if mode not in ("same", "etag", "lm") or not os.path.isfile(path):
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        with self.lock:
+            self.answers[0] += 1
+            k = self.answers[0]
+        data = open(path, "rb").read()
+        m = re.match(r"bytes=(\d+)-(\d*)$", self.headers.get("Range", ""))
+        a = int(m.group(1)) if m else 0
+        b = min(int(m.group(2)) if m and m.group(2) else len(data) - 1, len(data) - 1)
+        self.send_response(206)
+        if mode == "same":
+            self.send_header("ETag", ('W/"same"', '"same"')[k % 2])
+        elif mode == "etag":
+            self.send_header("ETag", '"v%d"' % k)
+        else:
+            self.send_header("Last-Modified", self.date_time_string(1700000000 + k))
+        self.send_header("Content-Range", "bytes %d-%d/%d" % (a, b, len(data)))
+        self.send_header("Content-Length", str(b - a + 1))
+        self.end_headers()
+        self.wfile.write(data[a:b + 1])
+
+
+def same_size_other_bytes(path):
+    """path rewritten (renamed over) with every .bin member's data inverted: the same size and
+    headers, other samples; its mtime 10 s later than before (nginx's ETag is "mtime-size")."""
+    import tarfile
+    data = bytearray(open(path, "rb").read())
+    with tarfile.open(path) as t:
+        for m in t.getmembers():
+            if m.name.endswith(".bin"):
+                for i in range(m.offset_data, m.offset_data + m.size):
+                    data[i] ^= 0xFF
+    when = os.stat(path).st_mtime + 10
+    with open(path + ".new", "wb") as f:
+        f.write(data)
+    os.utime(path + ".new", (when, when))
+    os.replace(path + ".new", path)
+
+
 servers = []
 capped = None
+valid = None
 try:
     ngdir = os.path.join(work, "nginx")
     try:
@@ -197,6 +264,38 @@ try:
                 "ranges capped at %d bytes %s %s: %s %s" % (CAP, extra, more, out.get("error"),
                                                             out.get("remote")))
 
+    # --- validators: an ETag (or Last-Modified) that changes from answer to answer ---------
+    valid = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Validators)
+    valid.daemon_threads = True
+    valid.handle_error = lambda *a: None  # a transfer stoke ends: a connection reset
+    threading.Thread(target=valid.serve_forever, daemon=True).start()
+    base = "http://127.0.0.1:%d/" % valid.server_address[1]
+    small = {"STOKE_STREAM_AHEAD": "1M", "STOKE_REMOTE_RETRIES": "1"}  # chunks of 64 KiB
+    for extra, more in (("", {}), (",mode=stream", {}),
+                        ("", {"STOKE_CACHE_DIR": os.path.join(work, "cache-same")})):
+        rc, out, err = load("tar:%ssame/shard-000000.tar%s%s" % (base, OPTS, extra),
+                            env=dict(small, **more))
+        T.check(rc == 0 and out["content_hash"] == local["content_hash"]
+                and out["samples"] == 12, "a constant ETag, weak in every other answer %s %s: "
+                "%s %s" % (extra, more, out.get("error"), err[-300:]))
+    for mode, extra, cache, words in (
+            ("lm", "", None, "changed since the open: its Last-Modified is "),  # the walk's
+            ("etag", "", "cache-etag", "changed since the open: its ETag is \"v"),  # download
+            ("etag", ",mode=stream", None, "changed while it was read: its ETag is \"v"),
+            ("etag", ",mode=stream", "cache-etag-stream", "changed while it was read: its ETag")):
+        env = dict(small)
+        if cache:
+            env["STOKE_CACHE_DIR"] = os.path.join(work, cache)
+        url = "%s%s/shard-000000.tar" % (base, mode)
+        rc, out, err = load("tar:%s%s%s" % (url, OPTS, extra), env=env)
+        T.check(rc == 1 and url in out["error"] and words in out["error"]
+                and "after" not in out["error"],  # not retried
+                "a %s that changes, %s %s: %s %s" % (mode, extra, cache, out.get("error"),
+                                                     err[-300:]))
+        left = [n for n in os.listdir(env["STOKE_CACHE_DIR"]) if n != "stoke-cache.lock"
+                and not n.endswith(".lock")] if cache else []
+        T.check(not left, "a download whose chunks disagree was kept: %s" % left)
+
     # --- a shard rewritten between the open and the epoch (no sidecar index, no cache): last,
     # as it needs src/sources/tar_fields.c's size check (index_stale) for walked shards too ----
     try:
@@ -219,10 +318,57 @@ try:
             err = e
         T.check(err is not None and err.code == EIO and "changed" in str(err) and url in str(err),
                 "a shard rewritten after the open: %r" % ((err and (err.code, str(err))),))
+
+        # --- ... rewritten to the SAME size, other bytes: its ETag (nginx's: mtime-size) says
+        # it (the size check cannot); each batch and each sample read alone (on_error's get)
+        url = ng.url("same/shard-000000.tar")
+        shard = os.path.join(root, "same", "shard-000000.tar")
+        for on_error in (None, "skip"):
+            dl = stoke.DataLoader("tar:" + url + OPTS, batch_size=4, num_workers=0,
+                                  structure="list", pin_memory=False, on_error=on_error)
+            same_size_other_bytes(shard)
+            err, got = None, 0
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # one per batch skipped
+                    for b in dl:
+                        got += len(b[0])
+            except stoke.LoaderError as e:
+                err = e
+            if on_error is None:
+                T.check(err is not None and err.code == EIO and url in str(err)
+                        and "changed since the open: its ETag is" in str(err),
+                        "a shard rewritten to the same size after the open: %r"
+                        % ((err and (err.code, str(err))),))
+            else:
+                T.check(err is None and got == 0, "a shard rewritten to the same size, "
+                        "on_error=skip: %d sample(s) delivered, %r" % (got, err))
+        # mode=stream reads each shard front to back, each epoch: one rewritten after the open
+        # is read as it is now (a pass's chunks are checked against each other, not the open's)
+        dl = stoke.DataLoader("tar:" + url + OPTS + ",mode=stream", batch_size=4, num_workers=0,
+                              structure="list", pin_memory=False)
+        same_size_other_bytes(shard)
+        got = sum(len(b[0]) for b in dl)
+        T.check(got == 12, "mode=stream, a shard rewritten after the open: %d samples" % got)
+        # STOKE_REMOTE_CHECK_VERSION=0 (servers whose replicas differ in ETag): not compared,
+        # the rewritten shard's bytes are read (the size check stays)
+        os.environ["STOKE_REMOTE_CHECK_VERSION"] = "0"
+        try:
+            dl = stoke.DataLoader("tar:" + url + OPTS, batch_size=4, num_workers=0,
+                                  structure="list", pin_memory=False)
+            same_size_other_bytes(shard)
+            got = sum(len(b[0]) for b in dl)
+            T.check(got == 12, "STOKE_REMOTE_CHECK_VERSION=0: %d samples" % got)
+        finally:
+            del os.environ["STOKE_REMOTE_CHECK_VERSION"]
+        del dl
 finally:
     if capped is not None:
         capped.shutdown()
         capped.server_close()
+    if valid is not None:
+        valid.shutdown()
+        valid.server_close()
     for s in servers:
         s.stop()
 print("ok")

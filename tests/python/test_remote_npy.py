@@ -5,12 +5,15 @@ disk through the CLI (samples, content_hash, order_hash, index_sum) for 0, 1 and
 threads, a shuffle, worker processes, batch sizes 1 and 37; nginx's access log shows range
 requests, one per sample with batches of 1 and one per run of consecutive rows with batches of
 37; a missing file names the URL and the status; a file shorter than its header says, and one
-truncated while it is loaded, are errors.  Skips (77) when nginx or the build's libcurl is
-missing, saying why."""
+truncated while it is loaded, are errors, and so is one rewritten to the same size with other
+bytes (and another mtime: nginx's ETag is "mtime-size") after the open: "changed since the
+open", its ETag named (its rows were read from the new file, silently).  Skips (77) when nginx or
+the build's libcurl is missing, saying why."""
 import os
 import random
 import struct
 import sys
+import warnings
 
 import stoke_testlib as T
 
@@ -167,6 +170,33 @@ try:
             err = str(e)
         T.check(err and "file changed while loading" in err and ng.url("cut.npy") in err,
                 "a file truncated while loading: %r" % err)
+
+        # --- rewritten to the same size, other bytes, after the open: the open's ETag (nginx's:
+        # mtime-size) no longer answers; a batch's request and get()'s each fail ---------------
+        same = os.path.join(root, "same.npy")
+        write_npy(same, "|u1", (N, 64), rnd.randbytes(N * 64))
+        for on_error in (None, "skip"):
+            dl = stoke.DataLoader("npy:" + ng.url("same.npy"), batch_size=10, num_workers=0,
+                                  pin_memory=False, on_error=on_error)
+            when = os.stat(same).st_mtime + 10
+            write_npy(same + ".new", "|u1", (N, 64), rnd.randbytes(N * 64))
+            os.utime(same + ".new", (when, when))
+            os.replace(same + ".new", same)
+            err, got = None, 0
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # one per batch skipped
+                    for b in dl:
+                        got += len(memoryview(b.indices))
+            except stoke.LoaderError as e:
+                err = e
+            if on_error is None:
+                T.check(err is not None and err.code == -4 and ng.url("same.npy") in str(err)
+                        and "changed since the open: its ETag is" in str(err),
+                        "a file rewritten to the same size: %r" % ((err and str(err)),))
+            else:
+                T.check(err is None and got == 0, "a file rewritten to the same size, "
+                        "on_error=skip: %d row(s) delivered, %r" % (got, err))
 
         # --- get(): a batch whose request fails for good is read sample by sample (the
         # loader's on_error); fault_server.py's failat/OFF fails every request starting at
