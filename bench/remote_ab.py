@@ -1,5 +1,5 @@
 """A/B of two stoke CLIs on bench_remote.py's shards, alternating, rounds x rows: behind nginx
-`limit_rate` (mode=stream; the cache) and on loopback (mode=stream; the cache), with 16 parallel curls as
+`limit_rate` (mode=stream; the cache; range reads) and on loopback (the same three), with 16 parallel curls as
 what the machine serves on 16 limited connections (row curl; curl8: 8 curls, 2 shards each on one
 connection, as the cache's 8 download connections).  Each run a whole `stoke load` process;
 connections and requests counted from nginx's access log; medians and ranges at the end.
@@ -39,7 +39,8 @@ lim = servers.start_nginx(data, lp, extra="limit_rate 20m;")
 un = servers.start_nginx(data, up)
 clis = {"a": args.a, "b": args.b}
 rows = [("lim stream", lim, lp, ",mode=stream", False), ("lim cache", lim, lp, "", True),
-        ("loop stream", un, up, ",mode=stream", False), ("loop cache", un, up, "", True)]
+        ("loop stream", un, up, ",mode=stream", False), ("loop cache", un, up, "", True),
+        ("loop range", un, up, "", False), ("lim range", lim, lp, "", False)]
 want = args.rows.split(",")
 res = {}
 try:
