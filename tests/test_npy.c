@@ -1064,6 +1064,22 @@ static void test_zero_length_dimension_loader(void **state)
         stoke_loader_destroy(l);
     }
     stoke_dataset_close(&ds);
+    /* without labels a batch is 0 bytes: worker threads with the automatic prefetch sized
+     * their window by dividing by it (SIGFPE) */
+    assert_int_equal(stoke_npy_open(dp, NULL, &ds), STOKE_OK);
+    stoke_loader *l = host_loader(&ds, 3, 2);
+    stoke_batch *b;
+    uint64_t n = 0;
+    int rc;
+    while ((rc = stoke_loader_next(l, &b)) == STOKE_OK) {
+        assert_int_equal(stoke_batch_field_bytes(b, 0), 0);
+        n += stoke_batch_count(b);
+        stoke_batch_release(b);
+    }
+    assert_int_equal(rc, STOKE_EEND);
+    assert_int_equal(n, 10);
+    stoke_loader_destroy(l);
+    stoke_dataset_close(&ds);
     unlink(dp);
     unlink(lp);
 }

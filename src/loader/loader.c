@@ -460,7 +460,8 @@ static void plan_loader(stoke_loader *l)
     l->window = l->prefetch * l->nw1;
     if (l->o.prefetch_factor == STOKE_LOADER_PREFETCH_AUTO && l->nworkers && map && threads &&
         l->buf_bytes < STOKE__SMALL_WINDOW_BYTES / 4) { /* the deep window */
-        uint64_t deep = STOKE__SMALL_WINDOW_BYTES / l->buf_bytes;
+        /* (batches of 0-byte samples, an npy of shape (N, 0): the deepest window) */
+        uint64_t deep = l->buf_bytes ? STOKE__SMALL_WINDOW_BYTES / l->buf_bytes : UINT64_MAX;
         deep = deep < STOKE__SMALL_WINDOW ? deep : STOKE__SMALL_WINDOW;
         l->window = deep > (uint64_t)l->window ? (int)deep : l->window;
     }
