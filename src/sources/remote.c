@@ -202,10 +202,6 @@ int stoke__remote_read_each(stoke__remote_pool *p, int slot, stoke__remote_req *
 
 #else /* STOKE_HAVE_LIBCURL */
 
-/* STOKE_REMOTE_CHECK_VERSION, read at each pool's creation (0: answers' validators are not
- * compared, for servers whose replicas give one file different ETags; the size still is). */
-static atomic_int check_version = 1;
-
 #include "sources/remote_internal.h"
 #include "stoke/version.h"
 
@@ -269,9 +265,8 @@ int stoke__remote_pool_create(stoke__remote_pool **out, char *why, size_t why_le
         stoke__remote_pool_destroy(p);
         return STOKE_ENOMEM;
     }
-    int check = 1;
-    stoke__env_bool(STOKE_ENV_REMOTE_CHECK_VERSION, &check);
-    atomic_store_explicit(&check_version, check, memory_order_relaxed);
+    p->check_version = 1;
+    stoke__env_bool(STOKE_ENV_REMOTE_CHECK_VERSION, &p->check_version);
     p->retries = (unsigned)env_number(STOKE_ENV_REMOTE_RETRIES, DEFAULT_RETRIES, 100);
     p->connections = env_number(STOKE_ENV_REMOTE_CONNECTIONS, STOKE__REMOTE_CONNECTIONS_DEFAULT,
                                 STOKE__REMOTE_BG_MAX);
@@ -404,6 +399,31 @@ oom:
 
 /* ---- one read ----------------------------------------------------------------------------- */
 
+/* A validator header's value v[0 .. n) (spaces and the line's end trimmed): what messages show
+ * into out (n bytes; a longer one's start and "..."), and the 64-bit FNV-1a of all of it --
+ * for an ETag without a weak one's "W/" (RFC 9110's weak comparison: the same file's bytes may
+ * be said to be weak by one answer and not by another, never another file's) -- which is what
+ * answers are compared by, so that ETags of any length compare whole. */
+static uint64_t validator(char *out, size_t out_n, const char *v, size_t n, int etag)
+{
+    while (n && (*v == ' ' || *v == '\t'))
+        v++, n--;
+    while (n && (v[n - 1] == '\r' || v[n - 1] == '\n' || v[n - 1] == ' ' || v[n - 1] == '\t'))
+        n--;
+    if (n < out_n) {
+        memcpy(out, v, n);
+        out[n] = 0;
+    } else {
+        memcpy(out, v, out_n - 4);
+        memcpy(out + out_n - 4, "...", 4);
+    }
+    size_t at = etag && n >= 2 && v[0] == 'W' && v[1] == '/' ? 2 : 0;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = at; i < n; i++)
+        h = (h ^ (unsigned char)v[i]) * 0x100000001b3ull;
+    return h;
+}
+
 static size_t on_header(char *data, size_t size, size_t nmemb, void *ctx)
 {
     xfer *x = ctx;
@@ -452,49 +472,49 @@ static size_t on_header(char *data, size_t size, size_t nmemb, void *ctx)
     } else if (strncasecmp(line, "retry-after:", 12) == 0) {
         if (sscanf(line + 12, " %llu", &a) == 1)
             x->retry_after = a > 3600 ? 3600 : (long)a;
-    } else if (strncasecmp(line, "etag:", 5) == 0) { /* verbatim (a longer one: its start) */
-        stoke__fmt(x->etag, sizeof(x->etag), "%s", stoke__remote_trim(line + 5));
+    } else if (strncasecmp(line, "etag:", 5) == 0) { /* (from data: line may have cut it) */
+        x->etag_hash = validator(x->etag, sizeof(x->etag), data + 5, len - 5, 1);
     } else if (strncasecmp(line, "last-modified:", 14) == 0) {
-        stoke__fmt(x->lastmod, sizeof(x->lastmod), "%s", stoke__remote_trim(line + 14));
+        x->lastmod_hash = validator(x->lastmod, sizeof(x->lastmod), data + 14, len - 14, 0);
     }
     return len;
 }
 
-/* ETag a without a weak one's "W/" (RFC 9110's weak comparison: the same file's bytes may be
- * said to be weak by one answer and not by another, never another file's). */
-static const char *etag_opaque(const char *a)
+/* "K" + 16 hex digits of the hash (validator) + what messages show, of x's ETag (K 'E') or
+ * Last-Modified ('L') into out (TAG_MAX bytes). */
+#define TAG_MAX (18 + sizeof(((xfer *)0)->etag))
+static void tag_text(const xfer *x, int etag, char *out)
 {
-    return strncmp(a, "W/", 2) == 0 ? a + 2 : a;
+    snprintf(out, TAG_MAX, "%c%016" PRIx64 "%s", etag ? 'E' : 'L',
+             etag ? x->etag_hash : x->lastmod_hash, etag ? x->etag : x->lastmod);
 }
 
 /* Whether the answer x's headers described is of the version x->tag holds (x->tag not NULL):
  * the first answer with a validator records its own (remote.h, stoke__remote_tag).  1 when it
- * is, or cannot be told (no such header; out of memory recording it). */
+ * is, or cannot be told (no such header; out of memory recording it; the pool's
+ * STOKE_REMOTE_CHECK_VERSION=0). */
 static int tag_same(xfer *x)
 {
-    if (!atomic_load_explicit(&check_version, memory_order_relaxed))
+    if (!x->check)
         return 1;
     char *had = atomic_load(&x->tag->v);
     if (!had) {
-        const char *v = x->etag[0] ? x->etag : x->lastmod;
-        if (!v[0])
+        if (!x->etag[0] && !x->lastmod[0])
             return 1;
-        size_t n = strlen(v);
-        char *mine = malloc(n + 2);
+        char *mine = malloc(TAG_MAX);
         if (!mine)
             return 1;
-        mine[0] = x->etag[0] ? 'E' : 'L';
-        memcpy(mine + 1, v, n + 1);
+        tag_text(x, x->etag[0] != 0, mine);
         if (atomic_compare_exchange_strong(&x->tag->v, &had, mine))
             return 1;
         free(mine); /* another answer's came first (had is it now): compared with it */
     }
-    const char *now = had[0] == 'E' ? x->etag : x->lastmod;
-    if (!now[0])
+    int etag = had[0] == 'E';
+    if (!(etag ? x->etag : x->lastmod)[0])
         return 1;
-    if (had[0] == 'E')
-        return strcmp(etag_opaque(had + 1), etag_opaque(now)) == 0;
-    return strcmp(had + 1, now) == 0;
+    char now[TAG_MAX];
+    tag_text(x, etag, now);
+    return strncmp(had, now, 17) == 0;
 }
 
 static size_t on_body(char *data, size_t size, size_t nmemb, void *ctx)
@@ -700,6 +720,7 @@ void stoke__remote_try_begin(stoke__remote_pool *p, CURL *h, const stoke__remote
                    x->off + x->n - 1);
     x->body = x->enough = x->bad_range = x->has_cr = x->capped = x->changed = 0;
     x->etag[0] = x->lastmod[0] = 0;
+    x->check = p->check_version; /* (the pool's: each dataset keeps its own setting) */
     x->status = 0;
     x->errlen = 0;
     x->err[0] = 0;
@@ -741,7 +762,7 @@ int stoke__remote_try_end(stoke__remote_pool *p, const stoke__remote_file *f, xf
         int e = had[0] == 'E';
         stoke__fmt_short(why, why_len, "GET %s: the file changed %s: its %s is %s, it was %s",
                          f->url, x->tag->pass ? "while it was read" : "since the open",
-                         e ? "ETag" : "Last-Modified", e ? x->etag : x->lastmod, had + 1);
+                         e ? "ETag" : "Last-Modified", e ? x->etag : x->lastmod, had + 17);
         return STOKE_EIO;
     }
     if (x->enough && c == CURLE_WRITE_ERROR)

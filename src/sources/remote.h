@@ -70,8 +70,9 @@ void stoke__remote_pool_stats(const stoke__remote_pool *p, stoke__remote_stats *
  * 1; 1 without libcurl). */
 int stoke__remote_pool_connections(const stoke__remote_pool *p);
 
-/* A file's validator: the ETag (strong or weak, as the server wrote it) of the first answer
- * (200 or 206) to a request of it that had one, or without an ETag its Last-Modified.  Every
+/* A file's validator: the ETag (strong or weak) of the first answer (200 or 206) to a request
+ * of it that had one, or without an ETag its Last-Modified, compared whole (a 64-bit hash of
+ * it: remote.c, validator) unless the pool's STOKE_REMOTE_CHECK_VERSION is 0.  Every
  * later answer that carries the same header must repeat it (ETags compared as RFC 9110's weak
  * comparison: a "W/" aside), else its request fails with STOKE_EIO, before any of its body is
  * taken: "GET URL: the file changed since the open: its ETag is "b", it was "a"" ("... while it
@@ -79,7 +80,9 @@ int stoke__remote_pool_connections(const stoke__remote_pool *p);
  * server that sends neither: nothing is).  v is set once (compare-and-swap), then read without a
  * lock; a forked process records its own from then on. */
 typedef struct stoke__remote_tag {
-    _Atomic(char *) v; /* NULL until an answer had one: 'E' + the ETag, or 'L' + the date */
+    /* NULL until an answer had one: 'E' (the ETag) or 'L' (the date), its hash in 16 hex
+     * digits, then what messages show of it */
+    _Atomic(char *) v;
     int pass;          /* words it as one fetch's or stream pass's ("while it was read") */
 } stoke__remote_tag;
 

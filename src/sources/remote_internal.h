@@ -70,6 +70,7 @@ struct stoke__remote_pool {
     slot s[SLOTS];
     int connections; /* requests at once of a read_many (STOKE_REMOTE_CONNECTIONS) */
     unsigned retries;
+    int check_version; /* STOKE_REMOTE_CHECK_VERSION at create: validators compared (1) */
     long timeout_s;
     uint64_t stream_ahead; /* a stream's bytes received, not read yet (STOKE_STREAM_AHEAD) */
     char *ca_bundle;
@@ -119,8 +120,10 @@ typedef struct xfer {
      * record: the first); changed: this try's did not (its body is not taken) */
     stoke__remote_tag *tag;
     int changed;
-    char etag[160];   /* this try's answer's ETag, verbatim; "" when none */
+    int check;        /* the pool's STOKE_REMOTE_CHECK_VERSION: compare with tag */
+    char etag[160];   /* this try's answer's ETag as messages show it; "" when none */
     char lastmod[64]; /* ... and its Last-Modified */
+    uint64_t etag_hash, lastmod_hash; /* what they are compared by: the whole value's */
     char err[512];    /* the start of an error response's body */
     size_t errlen;
     size_t before;               /* got when the try began */

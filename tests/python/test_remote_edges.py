@@ -101,7 +101,9 @@ class Capped(http.server.BaseHTTPRequestHandler):
 class Validators(http.server.BaseHTTPRequestHandler):
     """root's files under /MODE/ with ranges and, by MODE, an ETag "same" (weak in every other
     answer: RFC 9110's weak comparison holds them equal), an ETag that changes with every
-    answer ("etag"), or no ETag and a Last-Modified that does ("lm")."""
+    answer ("etag"), or no ETag and a Last-Modified that does ("lm"); ETags of 402 bytes, past
+    what a message shows: the same one, weak in every other answer ("longsame"), or one whose
+    end changes with every answer ("longtail")."""
     protocol_version = "HTTP/1.1"
     answers = [0]
     lock = threading.Lock()
@@ -112,7 +114,7 @@ class Validators(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         mode, _, rest = self.path.lstrip("/").split("?")[0].partition("/")
         path = os.path.join(root, rest)
-        if mode not in ("same", "etag", "lm") or not os.path.isfile(path):
+        if mode not in ("same", "etag", "lm", "longsame", "longtail") or not os.path.isfile(path):
             self.send_response(404)
             self.send_header("Content-Length", "0")
             self.end_headers()
@@ -129,6 +131,10 @@ class Validators(http.server.BaseHTTPRequestHandler):
             self.send_header("ETag", ('W/"same"', '"same"')[k % 2])
         elif mode == "etag":
             self.send_header("ETag", '"v%d"' % k)
+        elif mode == "longsame":
+            self.send_header("ETag", ('W/', '')[k % 2] + '"' + "a" * 400 + '"')
+        elif mode == "longtail":
+            self.send_header("ETag", '"' + "a" * 300 + "v%05d" % k + "a" * 95 + '"')
         else:
             self.send_header("Last-Modified", self.date_time_string(1700000000 + k))
         self.send_header("Content-Range", "bytes %d-%d/%d" % (a, b, len(data)))
@@ -271,9 +277,10 @@ try:
     threading.Thread(target=valid.serve_forever, daemon=True).start()
     base = "http://127.0.0.1:%d/" % valid.server_address[1]
     small = {"STOKE_STREAM_AHEAD": "1M", "STOKE_REMOTE_RETRIES": "1"}  # chunks of 64 KiB
-    for extra, more in (("", {}), (",mode=stream", {}),
-                        ("", {"STOKE_CACHE_DIR": os.path.join(work, "cache-same")})):
-        rc, out, err = load("tar:%ssame/shard-000000.tar%s%s" % (base, OPTS, extra),
+    for mode, extra, more in (("same", "", {}), ("same", ",mode=stream", {}),
+                              ("same", "", {"STOKE_CACHE_DIR": os.path.join(work, "cache-same")}),
+                              ("longsame", "", {}), ("longsame", ",mode=stream", {})):
+        rc, out, err = load("tar:%s%s/shard-000000.tar%s%s" % (base, mode, OPTS, extra),
                             env=dict(small, **more))
         T.check(rc == 0 and out["content_hash"] == local["content_hash"]
                 and out["samples"] == 12, "a constant ETag, weak in every other answer %s %s: "
@@ -281,6 +288,7 @@ try:
     for mode, extra, cache, words in (
             ("lm", "", None, "changed since the open: its Last-Modified is "),  # the walk's
             ("etag", "", "cache-etag", "changed since the open: its ETag is \"v"),  # download
+            ("longtail", "", None, "changed since the open: its ETag is \"aaaa"),  # whole
             ("etag", ",mode=stream", None, "changed while it was read: its ETag is \"v"),
             ("etag", ",mode=stream", "cache-etag-stream", "changed while it was read: its ETag")):
         env = dict(small)
@@ -351,17 +359,28 @@ try:
         got = sum(len(b[0]) for b in dl)
         T.check(got == 12, "mode=stream, a shard rewritten after the open: %d samples" % got)
         # STOKE_REMOTE_CHECK_VERSION=0 (servers whose replicas differ in ETag): not compared,
-        # the rewritten shard's bytes are read (the size check stays)
+        # the rewritten shard's bytes are read (the size check stays); each loader keeps the
+        # setting it was made with (it was one switch for the process: the last one made's)
+        checked = stoke.DataLoader("tar:" + url + OPTS, batch_size=4, num_workers=0,
+                                   structure="list", pin_memory=False)
         os.environ["STOKE_REMOTE_CHECK_VERSION"] = "0"
         try:
             dl = stoke.DataLoader("tar:" + url + OPTS, batch_size=4, num_workers=0,
                                   structure="list", pin_memory=False)
-            same_size_other_bytes(shard)
-            got = sum(len(b[0]) for b in dl)
-            T.check(got == 12, "STOKE_REMOTE_CHECK_VERSION=0: %d samples" % got)
         finally:
             del os.environ["STOKE_REMOTE_CHECK_VERSION"]
-        del dl
+        same_size_other_bytes(shard)
+        got = sum(len(b[0]) for b in dl)
+        T.check(got == 12, "STOKE_REMOTE_CHECK_VERSION=0: %d samples" % got)
+        err = None
+        try:
+            for _ in checked:
+                pass
+        except stoke.LoaderError as e:
+            err = e
+        T.check(err is not None and "changed since the open" in str(err),
+                "the loader made before STOKE_REMOTE_CHECK_VERSION=0 still checks: %r" % err)
+        del dl, checked
 finally:
     if capped is not None:
         capped.shutdown()
