@@ -507,7 +507,8 @@ class DataLoader(_stoke.Loader):
             return super().__iter__()
         w = self._writer
         if self._first_iter:
-            self._first_iter = False
+            # (cleared once its planning is done: a sampler that raises leaves it to the next
+            # iter(), which reads the sampler again, as torch's)
             w.first_iteration()
             if w.rng_moved():
                 # torch draws the workers' base seed when iteration starts: the RNG was seeded
@@ -518,6 +519,13 @@ class DataLoader(_stoke.Loader):
                 # the sampler's order is taken now, as torch's iter() takes it (no batch was
                 # made yet: the workers start at the first next())
                 w.plan_now(self.epoch)
+            self._first_iter = False
+        elif not w.planned and not w.iterable:
+            # the epoch's planning failed (its sampler raised in set_epoch or at the start of
+            # this epoch's pass): the epoch again, its hook reading the sampler again (workers
+            # may have made batches of the last plan since: the new run discards them), never
+            # the last plan's batches delivered as this epoch's
+            self._epoch_hook(super().set_epoch, self.epoch)
         # one pass at a time: a newer iter() supersedes the iterators made before it (the C
         # iterator's next() raises then: python/loader.c iter_next)
         it = self._epoch_hook(super().__iter__)
@@ -539,6 +547,12 @@ class DataLoader(_stoke.Loader):
         try:
             return call(*args)
         except StokeError as e:
+            exc = self._writer.take_interrupt()
+            try:
+                if exc is not None:  # Ctrl-C or sys.exit() in the sampler: itself, as torch
+                    raise exc from None
+            finally:
+                exc = None
             exc = self._writer.reraise(e)
             try:
                 if exc is not None:

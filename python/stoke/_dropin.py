@@ -1211,6 +1211,12 @@ class _Writer:
                     self.plan.head[_Plan.H_EPOCH] = epoch
                     self.plan.head[_Plan.H_SEED] = seed
                 else:
+                    # unplanned until the sampler's batches are written: a sampler that raises
+                    # leaves the epoch for the next iteration to plan again (plan_now), not the
+                    # last epoch's batches to be delivered as this one's
+                    self.planned = False
+                    self.plan.head[_Plan.H_EPOCH] = epoch
+                    self.plan.head[_Plan.H_SEED] = seed
                     self.plan.write(epoch, self.batches(epoch), seed, self.lists)
                     self.planned = True
                 if torch is not None:  # after the sampler's draws too
@@ -1221,6 +1227,8 @@ class _Writer:
         except Exception as e:  # noqa: BLE001 - reported through the loader
             self.keep_error(-1, e, None)
             return "%s: %s" % (type(e).__name__, e)
+        except BaseException as e:  # noqa: BLE001 - Ctrl-C, sys.exit() in a sampler: itself
+            return self.interrupted(e, None)
 
     def worker_init(self, worker, num_workers):
         if self.worker >= 0:  # a worker process, before its first batch

@@ -408,6 +408,65 @@ def sampler_keys_must_be_integers():
         check_sequential(epoch(ref), epoch(got), "keys %r" % (keys,))
 
 
+class Counted(torch.utils.data.Sampler):
+    """Pass k (from 1) yields the 4 keys rotated by k; raises `fail[k]` on the passes in it."""
+
+    def __init__(self, fail):
+        self.passes, self.fail = 0, fail
+
+    def __len__(self):
+        return 4
+
+    def __iter__(self):
+        self.passes += 1
+        if self.passes in self.fail:
+            raise self.fail[self.passes]
+        k = self.passes
+        return iter([(i + k) % 4 for i in range(4)])
+
+
+@case
+def sampler_raising_is_read_again():
+    """A sampler that raises: Ctrl-C and sys.exit() in a later pass come out as themselves, as
+    torch's (they were a LoaderError); a pass whose planning failed reads the sampler again at
+    the next iter(), as torch's iter() does -- after a failed first iter() the next one planned
+    nothing (IndexError), and after a failed set_epoch(e) the pass delivered the last epoch's
+    order without asking the sampler."""
+    for nw in (0, 2):
+        for exc in (KeyboardInterrupt(), SystemExit(3)):
+            ref = torch.utils.data.DataLoader(Keyed(), sampler=Counted({2: exc}), batch_size=2,
+                                              num_workers=nw)
+            got = L.Loader(Keyed(), sampler=Counted({2: exc}), batch_size=2, num_workers=nw)
+            for loader, who in ((ref, "torch"), (got, "stoke")):
+                T.check(len(epoch(loader)) == 2, "%s: the first pass" % who)
+                try:
+                    epoch(loader)
+                    T.check(False, "%s %r: nothing raised" % (who, exc))
+                except BaseException as e:  # noqa: BLE001
+                    T.check(type(e) is type(exc), "%s %r raised %s: %s" % (
+                        who, exc, type(e).__name__, e))
+            del ref, got
+        # the first iter()'s sampler raises: the next iter() reads it again
+        got = L.Loader(Keyed(), sampler=Counted({1: ValueError("pass 1")}), batch_size=2,
+                       num_workers=nw)
+        raises(ValueError, lambda: next(iter(got)), "pass 1")
+        first = next(iter(got))
+        T.check(got.sampler.passes == 2 and first.tolist() == [-2, -3],
+                "after a failed first iter(): %r, sampler passes %d" % (first, got.sampler.passes))
+        del got
+        # a failed set_epoch(e): the next pass asks the sampler again, never replays
+        got = L.Loader(Keyed(), sampler=Counted({2: ValueError("pass 2")}), batch_size=2,
+                       num_workers=nw)
+        e0 = [b.tolist() for b in got]
+        raises(ValueError, lambda: got.set_epoch(5), "pass 2")
+        e5 = [b.tolist() for b in got]
+        T.check(e0 == [[-1, -2], [-3, 0]] and e5 == [[-3, 0], [-1, -2]]
+                and got.sampler.passes == 3,
+                "after a failed set_epoch: %r then %r, sampler passes %d" % (
+                    e0, e5, got.sampler.passes))
+        del got
+
+
 @case
 def shuffle_follows_manual_seed():
     """shuffle=True without generator= or seed=: each pass's seed is drawn from torch's
