@@ -215,10 +215,10 @@ typedef struct stoke_dataset {
     /* Optional: where sample `index` (a get()'s index, or one next() returned) comes from, for
      * the loader's own messages about it (a ragged field past its max_len): written into buf
      * as the dataset's messages begin, e.g. "tar /d/shard-3.tar@1536: sample 'a/b07'" --
-     * without ": " at the end.  Returns STOKE_OK, or a negative code (the loader then names
-     * the index).  Called from any worker, as get().  Added after the first version of this
-     * struct: a dataset built against that one (whose size ends before this member) is still
-     * taken, without it. */
+     * without ": " at the end (the loader terminates buf at n - 1 whatever describe wrote).
+     * Returns STOKE_OK, or a negative code (the loader then names the index).  Called from
+     * any worker, as get().  Appended in version 2 of this struct (size tag: a dataset built
+     * against version 1 is refused, naming the mismatch). */
     int (*describe)(void *user, uint64_t index, char *buf, size_t n);
 } stoke_dataset;
 

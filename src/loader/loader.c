@@ -321,9 +321,7 @@ static stoke_loader *loader_new(const stoke_loader_opts *o, const stoke_dataset 
         return NULL;
     stoke_loader_opts_init(&l->o);
     memcpy(&l->o, o, o->size);
-    /* its size was checked (stoke_loader_create): a first-version struct has no describe */
-    memset(&l->ds, 0, sizeof(l->ds));
-    memcpy(&l->ds, ds, ds->size);
+    l->ds = *ds; /* its size was checked (stoke_loader_create) */
     l->ds.name[sizeof(l->ds.name) - 1] = '\0';
     pthread_mutexattr_t ma;
     pthread_mutexattr_init(&ma);
@@ -637,16 +635,19 @@ int stoke_loader_create(const stoke_loader_opts *o, stoke_dataset *ds, stoke_loa
     if (o->size == 0 || o->size > sizeof(stoke_loader_opts))
         return stoke__fail(STOKE_EINVAL, "stoke_loader_create: options not initialized with "
                                          "stoke_loader_opts_init");
-    /* Two versions of the dataset interface: this library's, and the first, which ended before
-     * describe (a struct never initialized, or built against another header, is named rather
-     * than misread). */
-    if (ds->size != sizeof(stoke_dataset) && ds->size != offsetof(stoke_dataset, describe))
+    /* The dataset interface's size must be this library's: a struct never initialized, or
+     * built against another header (version 1 ended before describe), is named rather than
+     * misread.  Only one size is taken: stoke_dataset_init, a library function, clears this
+     * version's size, so a program built against another could not have called it safely. */
+    if (ds->size != sizeof(stoke_dataset))
         return stoke__fail(STOKE_EINVAL,
                            "stoke_loader_create: dataset '%.64s' has size %" PRIu32 ", this "
                            "library's stoke_dataset has %zu: %s",
                            ds->name, ds->size, sizeof(stoke_dataset),
                            ds->size == 0 ? "initialize it with stoke_dataset_init"
-                                         : "built against another version of stoke/dataset.h");
+                                         : "built against another version of stoke/dataset.h "
+                                           "(this is version 2, which appended describe): "
+                                           "rebuild it against this one");
     stoke_loader *l = loader_new(o, ds);
     if (!l)
         return stoke__fail(STOKE_ENOMEM, "loader: out of memory");

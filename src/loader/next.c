@@ -117,15 +117,30 @@ static int batch_error(stoke_loader *l, stoke_batch *b)
     int rc = b->status;
     const char *who = l->nworkers && b->worker == l->nworkers ? " (the caller's thread)" : "";
     char ctx[sizeof(l->ds.name) + 64] = ""; /* what the message does not name */
-    /* (UINT64_MAX: no sample's, as a worker_init's or a set_epoch's; an ITERABLE dataset with
-     * describe says where its sample is, its index is its own: tar's mode=stream packs the
-     * shard and the position into it) */
-    int own = l->iterable && l->ds.describe;
-    if (b->err_index != UINT64_MAX && !own && !names_sample(b->err_msg, b->err_index))
+    char at[STOKE__MSG_MAX / 2] = "", merged[STOKE__MSG_MAX + sizeof(at)];
+    const char *msg = b->err_msg;
+    /* An ITERABLE dataset's index is its own (tar's mode=stream packs the shard and the
+     * position into it): with describe, the sample is said by where it is instead */
+    int own = l->iterable && l->ds.describe && b->err_index != UINT64_MAX &&
+              l->ds.describe(l->ds.user, b->err_index, at, sizeof(at) - 1) == STOKE_OK;
+    at[sizeof(at) - 1] = '\0';
+    own = own && at[0];
+    if (own && !strstr(msg, at)) {
+        /* "FILE: PLACE" and a message "FILE: why": "FILE: PLACE: why", FILE said once */
+        const char *c = strstr(at, ": ");
+        size_t k = c ? (size_t)(c - at) : 0;
+        if (k && strncmp(msg, at, k) == 0 && strncmp(msg + k, ": ", 2) == 0)
+            stoke__fmt_short(merged, sizeof(merged), "%s: %s", at, msg + k + 2);
+        else
+            stoke__fmt_short(merged, sizeof(merged), "%s: %s", at, msg);
+        msg = merged;
+    }
+    /* (UINT64_MAX: no sample's, as a worker_init's or a set_epoch's) */
+    if (!own && b->err_index != UINT64_MAX && !names_sample(msg, b->err_index))
         stoke__fmt(ctx, sizeof(ctx), "sample %" PRIu64 " of %s: ", b->err_index, l->ds.name);
-    else if (!names_dataset(b->err_msg, l->ds.name))
+    else if (!names_dataset(msg, l->ds.name))
         stoke__fmt(ctx, sizeof(ctx), "%s: ", l->ds.name);
-    stoke__loader_fail(l, rc, "worker %d%s: %s%s (%s)", b->worker, who, ctx, b->err_msg,
+    stoke__loader_fail(l, rc, "worker %d%s: %s%s (%s)", b->worker, who, ctx, msg,
                        stoke_err_name(rc));
     stoke__loader_recycle(l, b);
     l->outstanding--;

@@ -147,7 +147,9 @@ static inline void point_slots(const stoke_loader *l, const stoke_batch *b, size
 static const char *where_of(const stoke_loader *l, uint64_t idx, char *buf, size_t n)
 {
     buf[0] = '\0';
-    if (l->ds.describe && l->ds.describe(l->ds.user, idx, buf, n - 2) == STOKE_OK && buf[0])
+    int ok = l->ds.describe && l->ds.describe(l->ds.user, idx, buf, n - 2) == STOKE_OK;
+    buf[n - 3] = '\0'; /* (a describe that filled buf without a terminator) */
+    if (ok && buf[0])
         strcat(buf, ": ");
     else
         buf[0] = '\0';
