@@ -717,12 +717,17 @@ int stoke_tar_open(const char *args, stoke_dataset *out)
     stoke_dataset_init(out);
     if (!args || !*args)
         return stoke__fail(STOKE_EINVAL, "tar: no shard pattern (tar:PATTERN)");
-    char spec[128]; /* for messages and the dataset's name: without credentials */
+    /* for messages and the dataset's name: without credentials (a redaction may be longer
+     * than what it hides: "***") */
+    size_t spec_n = 3 * strlen(args) + 16;
+    char *spec = malloc(spec_n);
+    stoke__tar_ds *t = spec ? calloc(1, sizeof(*t)) : NULL;
+    if (!t) {
+        free(spec);
+        return stoke__fail(STOKE_ENOMEM, "source 'tar:...': out of memory");
+    }
     memcpy(spec, "tar:", 4);
-    stoke__remote_redact(spec + 4, sizeof(spec) - 4, args);
-    stoke__tar_ds *t = calloc(1, sizeof(*t));
-    if (!t)
-        return stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);
+    stoke__remote_redact(spec + 4, spec_n - 4, args);
     stoke__tar_scan sc = {spec, NULL, 0, NULL, 0, 0};
     stoke__tar_io io = {0}; /* mode=stream: the first sample's bytes */
     t->rank = t->world = -1;
@@ -734,6 +739,7 @@ int stoke_tar_open(const char *args, stoke_dataset *out)
     free(sc.m);
     if (rc) {
         tar_close(t);
+        free(spec);
         return rc;
     }
     /* the name: the pattern without the options, its middle cut if it is still too long (the
@@ -748,6 +754,7 @@ int stoke_tar_open(const char *args, stoke_dataset *out)
         stoke__tar_stream_dataset(t, out);
         stoke__log(STOKE_LOG_DEBUG, "%s: %d shard(s) streamed, %d field(s)", spec, t->nshards,
                    t->nf);
+        free(spec);
         return STOKE_OK;
     }
     out->kind = STOKE_DATASET_MAP;
@@ -768,5 +775,6 @@ int stoke_tar_open(const char *args, stoke_dataset *out)
     }
     stoke__log(STOKE_LOG_DEBUG, "%s: %d shard(s), %" PRIu64 " samples, %d field(s)", spec,
                t->nshards, t->n, t->nf);
+    free(spec);
     return STOKE_OK;
 }

@@ -589,7 +589,7 @@ int stoke__tar_stream_open(const char *spec, stoke__tar_ds *t, stoke__tar_scan *
     if (!st)
         return stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);
     t->st = st;
-    stoke__strlcpy(st->spec, spec, sizeof(st->spec));
+    stoke__shorten(st->spec, sizeof(st->spec), spec); /* (a long one: its middle cut) */
     int rc = STOKE_OK;
     for (int i = 0; i < t->nshards && !rc; i++)
         if (stoke__remote_is_url(t->shards[i].path))

@@ -139,6 +139,13 @@ rc_l, lng, _ = load(TXT + ",max_len=%d" % cut, "--workers", "0")  # map: the mem
 T.check(rc_l == 1 and re.search(r"tar %s/shard-0+\d+\.tar@\d+: sample '[^']+': field 'txt': \d+ "
                                 "units, more than its max_len" % re.escape(root), lng["error"]),
         "map, max_len=%d, a longer member: %s" % (cut, lng.get("error")))
+# a long directory: the dataset's name keeps the pattern's end (its middle cut), not its start
+deep = os.path.join(work, "d" * 150)
+os.symlink(root, deep)
+rc_l, lng, _ = load(TXT.replace(root, deep) + ",max_len=%d" % cut, "--workers", "0")
+T.check(rc_l == 1 and re.search(r"of tar:.* \.\.\. d+/shard-\{0+\.\.0+\d+\}\.tar: tar ",
+                                lng["error"]),
+        "a long pattern's name: %s" % lng.get("error"))
 T.check(rc_m == 0 and rc_c == 0 and m["truncated_samples"] == 0 and c["samples"] == len(txt)
         and c["truncated_samples"] == over > 0 and c["content_hash"] != m["content_hash"],
         "map, max_len=%d: %s / %s" % (cut, R.summary(c), R.summary(m)))
