@@ -118,12 +118,14 @@ def _is_iterable_dataset(ds):
 
 
 def _pin_default(device, pin_memory_device, arena):
-    """pin_memory left at None: on where something asks for pinned batches (a device, a
-    pin_memory_device, an arena: its batches are pinned where there is an accelerator and
-    shared either way), or where there is an accelerator; off, silently, otherwise (torch's
-    default is off).  arena= with it off was ignored with a warning that pin_memory is off."""
-    return (device is not None or pin_memory_device is not None or arena is not None
-            or _stoke.accelerator() is not None)
+    """(pin_memory, arena) for pin_memory left at None: on where a device or a
+    pin_memory_device asks for pinned batches, or where there is an accelerator; off,
+    silently, otherwise (torch's default is off), and then no arena either: the node's pinned
+    arena has nothing to pin (it was passed on, and the loader warned that pin_memory is off,
+    which the user never set)."""
+    on = (device is not None or pin_memory_device is not None
+          or _stoke.accelerator() is not None)
+    return on, arena if on else None
 
 
 def _env_int(names):
@@ -282,7 +284,7 @@ class DataLoader(_stoke.Loader):
         if pin_memory_device == "":
             pin_memory_device = None
         if pin_memory is None:  # torch's default is False: no warning unless asked for
-            pin_memory = _pin_default(device, pin_memory_device, arena)
+            pin_memory, arena = _pin_default(device, pin_memory_device, arena)
         rank, world_size = _rank_world(rank, world_size)
         timeout_ms = _timeout_ms(timeout)
         spec = dataset
@@ -422,7 +424,7 @@ class DataLoader(_stoke.Loader):
         if pin_memory_device == "":
             pin_memory_device = None
         if pin_memory is None:
-            pin_memory = _pin_default(None, pin_memory_device, arena)
+            pin_memory, arena = _pin_default(None, pin_memory_device, arena)
         processes = worker_mode == "processes" and num_workers > 0
         if not processes and num_workers >= 2 and _dropin._tensor_rows(dataset) is None:
             _warn_threads(dataset, num_workers)
