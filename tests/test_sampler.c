@@ -234,11 +234,22 @@ static void test_distributed_env(void **state)
     assert_int_equal(stoke_sampler_create(&o, 100, &s), STOKE_EINVAL);
     tu_env("RANK", "x"); /* not a number: an error, not ignored (the whole dataset per rank) */
     assert_int_equal(stoke_sampler_create(&o, 100, &s), STOKE_EINVAL);
-    assert_non_null(strstr(stoke_last_error(), "RANK=x is not a non-negative integer"));
+    assert_non_null(strstr(stoke_last_error(), "RANK='x' is not a non-negative integer"));
     tu_env("RANK", "1");
     tu_env("WORLD_SIZE", "-2");
     assert_int_equal(stoke_sampler_create(&o, 100, &s), STOKE_EINVAL);
-    assert_non_null(strstr(stoke_last_error(), "WORLD_SIZE=-2 is not"));
+    assert_non_null(strstr(stoke_last_error(), "WORLD_SIZE='-2' is not"));
+    tu_env("WORLD_SIZE", " 4\n"); /* spaces around it, as Python's int() takes it */
+    assert_int_equal(stoke_sampler_create(&o, 100, &s), STOKE_OK);
+    assert_int_equal(stoke_sampler_world_size(s), 4);
+    assert_int_equal(stoke_sampler_length(s), 25);
+    stoke_sampler_destroy(s);
+    /* a world near 2^64: one position per rank (DistributedSampler's padding), not 0 from
+     * an overflowed (len + world - 1) / world */
+    tu_env("WORLD_SIZE", "18446744073709551615");
+    assert_int_equal(stoke_sampler_create(&o, 100, &s), STOKE_OK);
+    assert_int_equal(stoke_sampler_length(s), 1);
+    stoke_sampler_destroy(s);
     tu_env("WORLD_SIZE", NULL); /* one of the pair: an error, not the next launcher's pair */
     assert_int_equal(stoke_sampler_create(&o, 100, &s), STOKE_EINVAL);
     assert_non_null(strstr(stoke_last_error(), "must both be set (only RANK is)"));

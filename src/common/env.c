@@ -133,6 +133,7 @@ int stoke__env_dist(const char *who, uint64_t *rank, uint64_t *world)
     for (size_t i = 0; i < STOKE__ARRAY_LEN(pairs); i++) {
         const char *s[2] = {stoke__env_str(pairs[i][0]), stoke__env_str(pairs[i][1])};
         uint64_t v[2] = {0, 0};
+        char t[2][32]; /* the value without spaces around it, as Python's int() takes it */
         if (!s[0] && !s[1])
             continue;
         if (!s[0] || !s[1])
@@ -141,10 +142,18 @@ int stoke__env_dist(const char *who, uint64_t *rank, uint64_t *world)
                                stoke__env_name(pairs[i][s[0] ? 0 : 1]));
         /* a value that does not parse is an error, not ignored: ignoring it would load the
          * whole dataset on every rank */
-        for (int k = 0; k < 2; k++)
-            if (stoke__parse_u64(s[k], &v[k]) != 0)
-                return stoke__fail(STOKE_EINVAL, "%s: %s=%s is not a non-negative integer", who,
-                                   stoke__env_name(pairs[i][k]), s[k]);
+        for (int k = 0; k < 2; k++) {
+            const char *a = s[k], *e = s[k] + strlen(s[k]);
+            while (a < e && isspace((unsigned char)*a))
+                a++;
+            while (e > a && isspace((unsigned char)e[-1]))
+                e--;
+            int n = (int)(e - a);
+            stoke__fmt(t[k], sizeof(t[k]), "%.*s", n, a);
+            if (n >= (int)sizeof(t[k]) || stoke__parse_u64(t[k], &v[k]) != 0)
+                return stoke__fail(STOKE_EINVAL, "%s: %s='%s' is not a non-negative integer",
+                                   who, stoke__env_name(pairs[i][k]), s[k]);
+        }
         *rank = v[0];
         *world = v[1];
         return 1;

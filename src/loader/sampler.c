@@ -409,7 +409,8 @@ static int sampler_setup(stoke_sampler *s, const stoke_sampler_opts *o, uint64_t
                            "distributed sampler: rank %" PRIu64 " is not below world size %" PRIu64
                            "%s",
                            s->rank, s->world, from_env ? " (from the environment)" : "");
-    s->len = (s->base_len + (o->drop_last ? 0 : s->world - 1)) / s->world;
+    /* (base_len + world - 1) / world without the sum, which a world near 2^64 overflowed */
+    s->len = s->base_len / s->world + (!o->drop_last && s->base_len % s->world != 0);
     return STOKE_OK;
 }
 
