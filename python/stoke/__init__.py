@@ -549,19 +549,31 @@ class DataLoader(_stoke.Loader):
         try:
             return call(*args)
         except StokeError as e:
-            exc = self._writer.take_interrupt()
-            try:
-                if exc is not None:  # Ctrl-C or sys.exit() in the sampler: itself, as torch
-                    raise exc from None
-            finally:
-                exc = None
-            exc = self._writer.reraise(e)
-            try:
-                if exc is not None:
-                    raise exc from e
-                raise
-            finally:
-                exc = None
+            self._raise_dataset_error(e)
+
+    def _raise_dataset_error(self, e, name_batch=False):
+        """Raises, while e (the C loader's StokeError) is handled, what the Python code behind
+        it raised: Ctrl-C or sys.exit() as themselves (as torch's loop does), else the
+        dataset's (or sampler's) exception from e, else e itself (its batch named).  Each
+        exception is cleared on the way out: a cycle (exc -> traceback -> this frame -> exc)
+        left the failed loader to the cyclic collector, which may run on one of the loader's
+        own worker threads, and a loader destroyed there freed the slot its fill was still
+        writing (a crash seen in test_errors)."""
+        exc = self._writer.take_interrupt()
+        try:
+            if exc is not None:
+                raise exc from None
+        finally:
+            exc = None
+        exc = self._writer.reraise(e)
+        try:
+            if exc is not None:
+                raise exc from e
+            if name_batch:
+                self._writer.name_batch(e)
+            raise
+        finally:
+            exc = None
 
     def load_state_dict(self, state):
         self._first_iter = False
@@ -603,24 +615,7 @@ class DataLoader(_stoke.Loader):
                         RuntimeWarning, stacklevel=2)
                 return
             except StokeError as e:
-                # exc is cleared on the way out: a cycle (exc -> traceback -> this frame -> exc)
-                # left the failed loader to the cyclic collector, which may run on one of the
-                # loader's own worker threads, and a loader destroyed there freed the slot its
-                # fill was still writing (a crash seen in test_errors)
-                exc = self._writer.take_interrupt()
-                try:
-                    if exc is not None:  # Ctrl-C or sys.exit() in __getitem__: itself, as torch
-                        raise exc from None
-                finally:
-                    exc = None
-                exc = self._writer.reraise(e)
-                try:
-                    if exc is not None:
-                        raise exc from e
-                    self._writer.name_batch(e)
-                    raise
-                finally:
-                    exc = None
+                self._raise_dataset_error(e, name_batch=True)
             if self._outstanding >= limit:
                 out = self._writer.decode_copy(b)
             else:
