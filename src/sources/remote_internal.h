@@ -131,6 +131,12 @@ typedef struct xfer {
                                     first byte, and to its end */
 } xfer;
 
+/* libcurl's header and body callbacks of a transfer (ctx: its xfer), remote_answer.c: the
+ * answer's status, ranges and validators, and its body taken into x's destination (none of it
+ * when the answer is of another version of the file than x->tag's: x->changed). */
+size_t stoke__remote_on_header(char *data, size_t size, size_t nmemb, void *ctx);
+size_t stoke__remote_on_body(char *data, size_t size, size_t nmemb, void *ctx);
+
 /* Slot slot_i (as stoke__remote_read's) locked, with its handle: the slot, or NULL
  * (STOKE_ENOMEM, why set naming f). */
 slot *stoke__remote_slot_take(stoke__remote_pool *p, int slot_i, const stoke__remote_file *f,
