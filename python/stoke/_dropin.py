@@ -1211,12 +1211,10 @@ class _Writer:
                     self.plan.head[_Plan.H_EPOCH] = epoch
                     self.plan.head[_Plan.H_SEED] = seed
                 else:
-                    # unplanned until the sampler's batches are written: a sampler that raises
-                    # leaves the epoch for the next iteration to plan again (plan_now), not the
-                    # last epoch's batches to be delivered as this one's
+                    # unplanned until the sampler's batches are written: after a sampler that
+                    # raised, the next iter() runs this hook again (DataLoader.__iter__), never
+                    # delivering the last epoch's batches as this one's
                     self.planned = False
-                    self.plan.head[_Plan.H_EPOCH] = epoch
-                    self.plan.head[_Plan.H_SEED] = seed
                     self.plan.write(epoch, self.batches(epoch), seed, self.lists)
                     self.planned = True
                 if torch is not None:  # after the sampler's draws too
