@@ -123,7 +123,7 @@ static int batch_error(stoke_loader *l, stoke_batch *b)
      * position into it): with describe, the sample is said by where it is instead */
     int own = l->iterable && l->ds.describe && b->err_index != UINT64_MAX &&
               l->ds.describe(l->ds.user, b->err_index, at, sizeof(at) - 1) == STOKE_OK;
-    at[sizeof(at) - 1] = '\0';
+    at[sizeof(at) - 2] = '\0'; /* (buf[n - 1] of describe's n, as where_of) */
     own = own && at[0];
     if (own && !strstr(msg, at)) {
         /* "FILE: PLACE" and a message "FILE: why": "FILE: PLACE: why", FILE said once */
