@@ -18,6 +18,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/xattr.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -30,6 +31,8 @@
 #define BASE_MAX  96
 #define NAME_MAX_ (HEXLEN + 1 + BASE_MAX)
 #define DIR_LOCK  "stoke-cache.lock"
+/* a copy's version: the validator its download's answers repeated (keep_version) */
+#define VERSION_ATTR "user.stoke.version"
 
 /* ---- names -------------------------------------------------------------------------------- */
 
@@ -400,6 +403,53 @@ static int check_crc(stoke__cache *c, const stoke__remote_file *f, int fd, uint6
     return STOKE_EIO;
 }
 
+/* Keeps the version a download was of (its answers' validator, remote.h: stoke__remote_tag)
+ * with the copy, in its VERSION_ATTR, before the copy has its name: an open that later walks
+ * the copy reads nothing from the server, and learns its version there (same_version).  Best
+ * effort: a file system without user attributes keeps none (said once, at debug level). */
+static void keep_version(stoke__cache *c, int fd, const stoke__remote_tag *t)
+{
+    const char *v = atomic_load(&t->v);
+    if (v && fsetxattr(fd, VERSION_ATTR, v, strlen(v), 0) != 0 && !atomic_exchange(&c->no_attr, 1))
+        stoke__log(STOKE_LOG_DEBUG,
+                   "cache %s: the copies keep no version (%s: %s): a same-size rewrite of a "
+                   "shard whose copy is walked on disk is not told from its copy",
+                   c->dir, VERSION_ATTR, strerror(errno));
+}
+
+/* Whether the complete copy fd is of f's version, when f is pinned (map mode: the open's
+ * offsets are of one version) and the pool compares them: a file with none yet takes the
+ * copy's (its open walks the copy and asks the server nothing, so a download after the copy's
+ * eviction is compared with it); one with another (the file rewritten, and downloaded again by
+ * another process after an eviction) fails STOKE_EIO with why set.  0 also when the copy keeps
+ * no version. */
+static int same_version(const stoke__cache *c, const stoke__remote_pool *p,
+                        const stoke__remote_file *f, int fd, char *why, size_t why_len)
+{
+    if (!f->tag || !stoke__remote_pool_checks(p))
+        return 0;
+    char v[512];
+    ssize_t n = fgetxattr(fd, VERSION_ATTR, v, sizeof(v) - 1);
+    if (n <= STOKE__REMOTE_TAG_KEY || (v[0] != 'E' && v[0] != 'L'))
+        return 0;
+    v[n] = 0;
+    char *had = atomic_load(&f->tag->v);
+    if (!had) {
+        char *mine = strdup(v);
+        if (!mine || atomic_compare_exchange_strong(&f->tag->v, &had, mine))
+            return 0;
+        free(mine); /* an answer's came first (had is it): compared with it */
+    }
+    if (had[0] != v[0] || strncmp(had, v, STOKE__REMOTE_TAG_KEY) == 0)
+        return 0; /* (an ETag and a date cannot be compared: as an answer without the header) */
+    stoke__fmt_short(why, why_len,
+                     "cache %s: the copy of %s is of another version than the open's (the file "
+                     "changed since the open): its %s is %s, it was %s",
+                     c->dir, f->url, v[0] == 'E' ? "ETag" : "Last-Modified",
+                     v + STOKE__REMOTE_TAG_KEY, had + STOKE__REMOTE_TAG_KEY);
+    return STOKE_EIO;
+}
+
 /* Downloads f into HASH.part and renames it HASH-BASE once complete (the caller holds
  * HASH.lock): 0 with *out the copy, locked shared, or the error. */
 static int download(stoke__cache *c, stoke__remote_pool *p, int slot, const stoke__remote_file *f,
@@ -429,8 +479,17 @@ static int download(stoke__cache *c, stoke__remote_pool *p, int slot, const stok
     if (!bg) /* after the room taken above: the read-ahead gets what is left of the cap */
         stoke__cache_ahead(c, p, f);
     stoke__log(STOKE_LOG_DEBUG, "cache %s: downloading %s into %s", c->dir, f->url, nm->data);
-    int rc = stoke__remote_fetch(p, slot, f, fd, expect, &c->largest, bg ? &c->d.stop : NULL,
-                                 size, why, why_len);
+    /* an unpinned file's download still learns its version, kept with the copy for a later
+     * open in map mode (its chunks are compared with one another, as the fetch's own) */
+    stoke__remote_tag own = {.pass = 1};
+    stoke__remote_file tagged = *f;
+    if (!tagged.tag)
+        tagged.tag = &own;
+    int rc = stoke__remote_fetch(p, slot, &tagged, fd, expect, &c->largest,
+                                 bg ? &c->d.stop : NULL, size, why, why_len);
+    if (!rc)
+        keep_version(c, fd, tagged.tag);
+    free(atomic_load(&own.v));
     if (!rc && bg && !expect && ftruncate(fd, (off_t)*size) != 0) { /* reserved at a guess */
         stoke__fmt(why, why_len, "cache %s: cannot size %s: %s", c->dir, nm->part, strerror(errno));
         rc = STOKE_EIO;
@@ -491,6 +550,11 @@ int stoke__cache_acquire(stoke__cache *c, stoke__remote_pool *p, int slot,
     names_of(f, &nm);
     int fd = open_copy(c, &nm, !bg, size);
     if (fd >= 0 && (!expect || *size == expect)) {
+        int rc = same_version(c, p, f, fd, why, why_len);
+        if (rc) {
+            close(fd);
+            return rc;
+        }
         if (!bg)
             atomic_fetch_add(&c->n->hits, 1);
         note_size(c, *size);
@@ -519,6 +583,12 @@ int stoke__cache_acquire(stoke__cache *c, stoke__remote_pool *p, int slot,
     }
     fd = open_copy(c, &nm, !bg, size); /* another process may have finished it meanwhile */
     if (fd >= 0 && (!expect || *size == expect)) {
+        int rc = same_version(c, p, f, fd, why, why_len);
+        if (rc) {
+            close(fd);
+            unlock_name(c->dfd, nm.lock, lk);
+            return rc;
+        }
         if (!bg) {
             atomic_fetch_add(&c->n->wait_ns, stoke__now_ns() - t0);
             atomic_fetch_add(&c->n->hits, 1);

@@ -61,11 +61,14 @@ struct stoke__cache {
     _Atomic uint64_t largest; /* the largest copy this object opened or made: the room a
                                  download of a file of unknown size is assumed to need */
     stoke__cache_counters *n; /* a shared mapping: a forked worker's counts reach the parent */
+    _Atomic int no_attr;      /* a copy's version could not be kept (said once) */
     stoke__cache_held h[STOKE__CACHE_SLOTS];
     stoke__cache_downloader d;
 };
 
-/* cache.c: the copy of f, locked shared (*out, *size): from the cache, or downloaded.  A
+/* cache.c: the copy of f, locked shared (*out, *size): from the cache, or downloaded (its
+ * version kept with it).  A copy of another version than f's (pinned: the open's) fails
+ * STOKE_EIO; f pinned without one yet takes the copy's.  A
  * background downloader (slot < 0) counts no hit, waits for no other download (STOKE_EBUSY:
  * another process or thread has it) and evicts nothing (STOKE_EBUSY: no room). */
 int stoke__cache_acquire(stoke__cache *c, stoke__remote_pool *p, int slot,

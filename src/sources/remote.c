@@ -160,6 +160,11 @@ int stoke__remote_pool_connections(const stoke__remote_pool *p)
     (void)p;
     return 1;
 }
+int stoke__remote_pool_checks(const stoke__remote_pool *p)
+{
+    (void)p;
+    return 0;
+}
 int stoke__remote_file_init(const stoke__remote_pool *p, const char *url, stoke__remote_file *f,
                             char *why, size_t why_len)
 {
@@ -307,6 +312,11 @@ void stoke__remote_pool_stats(const stoke__remote_pool *p, stoke__remote_stats *
 int stoke__remote_pool_connections(const stoke__remote_pool *p)
 {
     return p->connections < 1 ? 1 : p->connections;
+}
+
+int stoke__remote_pool_checks(const stoke__remote_pool *p)
+{
+    return p->check_version;
 }
 
 void stoke__remote_pool_destroy(stoke__remote_pool *p)
@@ -572,7 +582,7 @@ int stoke__remote_try_end(stoke__remote_pool *p, const stoke__remote_file *f, xf
         int e = had[0] == 'E';
         stoke__fmt_short(why, why_len, "GET %s: the file changed %s: its %s is %s, it was %s",
                          f->url, x->tag->pass ? "while it was read" : "since the open",
-                         e ? "ETag" : "Last-Modified", e ? x->etag : x->lastmod, had + 17);
+                         e ? "ETag" : "Last-Modified", e ? x->etag : x->lastmod, had + STOKE__REMOTE_TAG_KEY);
         return STOKE_EIO;
     }
     if (x->enough && c == CURLE_WRITE_ERROR)

@@ -69,6 +69,9 @@ void stoke__remote_pool_stats(const stoke__remote_pool *p, stoke__remote_stats *
 /* How many requests a read_many of the pool runs at once (STOKE_REMOTE_CONNECTIONS, at least
  * 1; 1 without libcurl). */
 int stoke__remote_pool_connections(const stoke__remote_pool *p);
+/* The pool's STOKE_REMOTE_CHECK_VERSION (read at its creation): 1 when validators are
+ * compared (stoke__remote_tag), 0 when not (and without libcurl). */
+int stoke__remote_pool_checks(const stoke__remote_pool *p);
 
 /* A file's validator: the ETag (strong or weak) of the first answer (200 or 206) to a request
  * of it that had one, or without an ETag its Last-Modified, compared whole (a 64-bit hash of
@@ -81,10 +84,12 @@ int stoke__remote_pool_connections(const stoke__remote_pool *p);
  * lock; a forked process records its own from then on. */
 typedef struct stoke__remote_tag {
     /* NULL until an answer had one: 'E' (the ETag) or 'L' (the date), its hash in 16 hex
-     * digits, then what messages show of it */
+     * digits (the first STOKE__REMOTE_TAG_KEY bytes: two versions are one when these are), then
+     * what messages show of it */
     _Atomic(char *) v;
     int pass;          /* words it as one fetch's or stream pass's ("while it was read") */
 } stoke__remote_tag;
+#define STOKE__REMOTE_TAG_KEY 17
 
 /* One remote file: `url` as written (for messages: stoke__remote_redact's), and what
  * is requested (an s3:// URL becomes the endpoint's, signed). */

@@ -135,7 +135,7 @@ static int tag_same(xfer *x)
         return 1;
     char now[TAG_MAX];
     tag_text(x, etag, now);
-    return strncmp(had, now, 17) == 0;
+    return strncmp(had, now, STOKE__REMOTE_TAG_KEY) == 0;
 }
 
 size_t stoke__remote_on_body(char *data, size_t size, size_t nmemb, void *ctx)

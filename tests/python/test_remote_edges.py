@@ -58,6 +58,8 @@ os.makedirs(os.path.join(root, "chg"))
 shutil.copy(paths[0], os.path.join(root, "chg", "shard-000000.tar"))
 os.makedirs(os.path.join(root, "same"))
 shutil.copy(paths[0], os.path.join(root, "same", "shard-000000.tar"))
+os.makedirs(os.path.join(root, "kept"))
+shutil.copy(paths[0], os.path.join(root, "kept", "shard-000000.tar"))
 
 
 def load(spec, *args, env=None):
@@ -380,6 +382,66 @@ try:
             err = e
         T.check(err is not None and "changed since the open" in str(err),
                 "the loader made before STOKE_REMOTE_CHECK_VERSION=0 still checks: %r" % err)
+
+        # --- the cache: a copy keeps the version its download had (user.stoke.version), so an
+        # open that walks the copy and asks the server nothing knows it: a download after the
+        # copy's eviction, or another process's copy of a rewrite, is compared with it.  Two
+        # worker threads: worker 1 opens the copy by name (worker 0's slot holds the open's)
+        url = ng.url("kept/shard-000000.tar")
+        shard = os.path.join(root, "kept", "shard-000000.tar")
+        cache = os.path.join(work, "cache-kept")
+        os.environ["STOKE_CACHE_DIR"] = cache
+
+        def copies():
+            return [os.path.join(cache, n) for n in os.listdir(cache)
+                    if n.endswith("-shard-000000.tar")]
+
+        def epoch(dl):
+            err, keys = None, []
+            try:
+                for b in dl:
+                    keys += [bytes(x[:8]) for x in b[0]]
+            except stoke.LoaderError as e:
+                err = e
+            return err, sorted(keys)
+
+        def kept_loader():
+            return stoke.DataLoader("tar:" + url + OPTS, batch_size=4, num_workers=2,
+                                    structure="list", pin_memory=False)
+        try:
+            err, first = epoch(kept_loader())  # downloads the copy
+            T.check(err is None and len(first) == 12, "the cache's first run: %r" % err)
+            T.check(len(copies()) == 1 and os.getxattr(copies()[0], "user.stoke.version")[:1]
+                    in (b"E", b"L"), "the copy keeps no version: %s" % copies())
+            # the same version downloaded again after an eviction: no false alarm
+            dl = kept_loader()  # its open walks the copy: no request
+            os.remove(copies()[0])
+            err, again = epoch(dl)
+            T.check(err is None and again == first, "a copy downloaded again, unchanged: %r" % err)
+            # rewritten to the same size, the copy evicted after the open: its download differs
+            dl = kept_loader()
+            same_size_other_bytes(shard)
+            for c in copies():
+                os.remove(c)
+            err, _ = epoch(dl)
+            T.check(err is not None and err.code == EIO and url in str(err)
+                    and "changed since the open: its ETag is" in str(err),
+                    "a copy walked on disk, evicted, the shard rewritten: %r"
+                    % ((err and (err.code, str(err))),))
+            # another process replaced the copy with the rewrite's after this one's open
+            T.check(not copies(), "a download of another version was kept: %s" % copies())
+            dl = kept_loader()  # downloads the copy of the shard as it is now
+            same_size_other_bytes(shard)
+            os.remove(copies()[0])
+            rc, out, err = load("tar:" + url + OPTS, env=dict(os.environ))
+            T.check(rc == 0 and len(copies()) == 1, "the other process's download: %s %s"
+                    % (out.get("error"), err[-300:]))
+            err, _ = epoch(dl)
+            T.check(err is not None and err.code == EIO and url in str(err)
+                    and "is of another version than the open's" in str(err),
+                    "another process's copy of a rewrite: %r" % ((err and (err.code, str(err))),))
+        finally:
+            del os.environ["STOKE_CACHE_DIR"]
         del dl, checked
 finally:
     if capped is not None:
