@@ -2,7 +2,8 @@
 """Remote tar shards against the same shards on local disk (issue 30's benchmark).
 
     python3 bench/bench_remote.py [--build build] [--shards 16] [--per-shard 400]
-        [--sample-kb 40] [--workers 2] [--rate 20m] [--repeat 2] [--json [FILE]]
+        [--sample-kb 40] [--workers 2] [--rate 20m] [--latency 10] [--repeat 2]
+        [--json [FILE]]
 
 nginx (Debian nginx-light, as the tests start it: tests/remote/servers.py) serves generated
 WebDataset shards (KEY.bin of --sample-kb KiB of random bytes + KEY.cls) on 127.0.0.1.  Each
@@ -26,6 +27,11 @@ remote source that is part of the cost):
                   `curl` fetching the shards one after another (WebDataset's pipe:curl
                   model), and against connections x RATE (connections: the distinct
                   connections in nginx's access log)
+  limited +N ms   the same rows again with --latency N ms (default 10) added to each
+                  request's round trip: a proxy in this process (DelayProxy) passes the
+                  requests on N ms after they came and the answers at once (the issue's
+                  "plus added latency"; loopback's own is ~0.1 ms, and this kernel has no
+                  netem); the curl peers go through it too
 
 Per configuration the best of --repeat runs: MB/s of shard data (the shards' total size over
 the wall time) and the ratio to "local cold" (targets: >= 0.8 cold, >= 0.95 cached); for the
@@ -41,10 +47,12 @@ import os
 import random
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -71,6 +79,83 @@ def make_shards(root, nshards, per_shard, sample_bytes):
                     t.addfile(ti, io.BytesIO(data))
         os.rename(p + ".part", p)
     return sum(os.path.getsize(os.path.join(root, "shard-%06d.tar" % s)) for s in range(nshards))
+
+
+class DelayProxy:
+    """127.0.0.1:PORT in front of 127.0.0.1:target: the bytes from the client (the requests)
+    are passed on `delay` seconds after they came, the answers at once (os.splice, no copy
+    through Python): each request's round trip is `delay` longer, as on a network with that
+    latency (loopback's is ~0.1 ms).  One upstream connection per client connection, so nginx's
+    access log still counts the client's connections."""
+
+    def __init__(self, target, delay):
+        self.target, self.delay = target, delay
+        self.ls = socket.socket()
+        self.ls.bind(("127.0.0.1", 0))
+        self.ls.listen(512)
+        self.port = self.ls.getsockname()[1]
+        self.open = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def url(self, path=""):
+        return "http://127.0.0.1:%d/%s" % (self.port, path.lstrip("/"))
+
+    def _accept(self):
+        while True:
+            try:
+                c, _ = self.ls.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(c,), daemon=True).start()
+
+    def _serve(self, c):
+        try:
+            u = socket.create_connection(("127.0.0.1", self.target))
+        except OSError:
+            c.close()
+            return
+        self.open += [c, u]
+        for s in (c, u):
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        threading.Thread(target=self._down, args=(u, c), daemon=True).start()
+        try:
+            while True:
+                b = c.recv(65536)
+                due = time.monotonic() + self.delay
+                if not b:
+                    u.shutdown(socket.SHUT_WR)
+                    return
+                time.sleep(max(0.0, due - time.monotonic()))
+                u.sendall(b)
+        except OSError:
+            for s in (c, u):
+                s.close()
+
+    @staticmethod
+    def _down(u, c):
+        r, w = os.pipe()
+        try:
+            while True:
+                n = os.splice(u.fileno(), w, 1 << 20)
+                if not n:
+                    c.shutdown(socket.SHUT_WR)
+                    return
+                while n:
+                    n -= os.splice(r, c.fileno(), n)
+        except OSError:
+            for s in (c, u):
+                s.close()
+        finally:
+            os.close(r)
+            os.close(w)
+
+    def stop(self):
+        self.ls.close()
+        for s in self.open:
+            try:
+                s.close()
+            except OSError:
+                pass
 
 
 def drop_cache(root):
@@ -150,6 +235,9 @@ def main():
     ap.add_argument("--sample-kb", type=int, default=40)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--rate", default="20m")
+    ap.add_argument("--latency", type=int, default=10,
+                    help="ms added to each request's round trip for the second set of limited "
+                         "rows (DelayProxy; 0: none)")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--json", nargs="?", const="-")
     a = ap.parse_args()
@@ -169,12 +257,12 @@ def main():
         ok = [r for r in runs if r.get("ok", True)]
         res["runs"][name] = runs
         if not ok:
-            print("  %-34s ERROR: %s" % (name, runs[-1].get("error")), file=out)
+            print("  %-40s ERROR: %s" % (name, runs[-1].get("error")), file=out)
             return None
         r = min(ok, key=lambda r: r["wall_s"])
         mbps = total / r["wall_s"] / 1e6
         res[name] = mbps
-        print("  %-34s %8.1f MB/s  (%.2f s)" % (name, mbps, r["wall_s"]), file=out, flush=True)
+        print("  %-40s %8.1f MB/s  (%.2f s)" % (name, mbps, r["wall_s"]), file=out, flush=True)
         return mbps
 
     def local():
@@ -208,58 +296,14 @@ def main():
         prefix = os.path.join(tmp, "nginx-limited")
         lim = servers.start_nginx(data, prefix, extra="limit_rate %s;" % a.rate)
         try:
-            per = rate_bytes(a.rate)
-            n, secs = run_curl(lambda s: lim.url("shard-%06d.tar" % s), a.shards)
-            res["curl"] = n / secs / 1e6
-            print("  %-34s %8.1f MB/s  (%.2f s)" % ("limited: curl one after another",
-                                                    res["curl"], secs), file=out, flush=True)
-            configs = [("limited: stoke range reads", None)]
-            if res.get("http cached"):
-                configs.append(("limited: stoke cache", "cache"))
-            configs.append(("limited: range reads, sidecar idx", "index"))
-            configs.append(("limited: stoke stream", "stream"))
-            for name, env in configs:
-                mode = ""
-                if env == "stream":  # mode=stream: one GET per shard, the workers' read-ahead
-                    env, mode = None, ",mode=stream"
-                if env == "index":  # `stoke index` beside the shards, removed after the run
-                    p = subprocess.run([cli, "index", "tar:%s/%s" % (data, pattern)],
-                                       capture_output=True, text=True)
-                    if p.returncode != 0:
-                        print("  %-34s (no stoke index: %s)" % (name, p.stderr.strip()[-200:]),
-                              file=out)
-                        continue
-                    env = None
-                    indexed = True
-                else:
-                    indexed = False
-                if env:
-                    c = os.path.join(tmp, "cache-limited")
-                    shutil.rmtree(c, ignore_errors=True)
-                    os.makedirs(c)
-                    env = dict(os.environ, STOKE_CACHE_DIR=c)
-                open(os.path.join(prefix, "access.log"), "w").close()
+            for delay in sorted({0, a.latency}):
+                near = DelayProxy(lim.port, delay / 1e3) if delay else None
                 try:
-                    r = run_stoke(cli, "tar:" + lim.url(pattern) + mode, a.workers, env)
+                    limited(a, cli, res, out, data, pattern, total, prefix,
+                            near.url if near else lim.url, delay)
                 finally:
-                    for f in os.listdir(data) if indexed else []:
-                        if f.endswith(".idx"):
-                            os.remove(os.path.join(data, f))
-                if not r.get("ok"):
-                    print("  %-34s ERROR: %s" % (name, r.get("error")), file=out)
-                    continue
-                conns = connections(prefix)
-                mbps = total / r["wall_s"] / 1e6
-                cap = conns * per / 1e6
-                # the server's own ceiling on as many connections, right after: plain curls
-                ceil = total / run_curls(lambda s: lim.url("shard-%06d.tar" % s), a.shards,
-                                         conns) / 1e6
-                res[name] = {"mb_s": mbps, "connections": conns, "cap_mb_s": cap, "run": r,
-                             "curls_mb_s": ceil}
-                print("  %-34s %8.1f MB/s  (%.2f s; %d connections x %s = %.1f MB/s: %.2f; "
-                      "curl %.2fx; %d curls at once: %.2f)"
-                      % (name, mbps, r["wall_s"], conns, a.rate, cap, mbps / cap,
-                         mbps / res["curl"], min(conns, a.shards), ceil / cap), file=out, flush=True)
+                    if near:
+                        near.stop()
         finally:
             lim.stop()
     except servers.Unavailable as e:
@@ -269,7 +313,7 @@ def main():
     if base:
         for name in ("http", "http stream", "http cache cold", "http cached"):
             if res.get(name):
-                print("  %-34s %.2f of local cold" % (name, res[name] / base), file=out)
+                print("  %-40s %.2f of local cold" % (name, res[name] / base), file=out)
     print("  targets: >= 0.8 of local cold (cache cold), >= 0.95 (cached); limited server "
           ">= 0.8 of connections x rate", file=out)
     if a.json:
@@ -279,6 +323,67 @@ def main():
         else:
             with open(a.json, "w") as f:
                 f.write(text)
+
+
+def limited(a, cli, res, out, data, pattern, total, prefix, url_of, delay):
+    """The limited server's rows (nginx at `prefix`, reached at url_of(path)); with delay, each
+    request's round trip `delay` ms longer (DelayProxy), rows named "... +N ms"."""
+    tmp = os.path.dirname(prefix)
+    more = " +%d ms" % delay if delay else ""
+    per = rate_bytes(a.rate)
+    n, secs = run_curl(lambda s: url_of("shard-%06d.tar" % s), a.shards)
+    res["curl" + more] = n / secs / 1e6
+    print("  %-40s %8.1f MB/s  (%.2f s)" % ("limited%s: curl one after another" % more,
+                                            res["curl" + more], secs), file=out,
+          flush=True)
+    configs = [("limited%s: stoke range reads" % more, None)]
+    if res.get("http cached"):
+        configs.append(("limited%s: stoke cache" % more, "cache"))
+    configs.append(("limited%s: sidecar idx" % more, "index"))
+    configs.append(("limited%s: stoke stream" % more, "stream"))
+    for name, env in configs:
+        mode = ""
+        if env == "stream":  # mode=stream: one GET per shard, the workers' read-ahead
+            env, mode = None, ",mode=stream"
+        if env == "index":  # `stoke index` beside the shards, removed after the run
+            p = subprocess.run([cli, "index", "tar:%s/%s" % (data, pattern)],
+                               capture_output=True, text=True)
+            if p.returncode != 0:
+                print("  %-40s (no stoke index: %s)" % (name, p.stderr.strip()[-200:]),
+                      file=out)
+                continue
+            env = None
+            indexed = True
+        else:
+            indexed = False
+        if env:
+            c = os.path.join(tmp, "cache-limited")
+            shutil.rmtree(c, ignore_errors=True)
+            os.makedirs(c)
+            env = dict(os.environ, STOKE_CACHE_DIR=c)
+        open(os.path.join(prefix, "access.log"), "w").close()
+        try:
+            r = run_stoke(cli, "tar:" + url_of(pattern) + mode, a.workers, env)
+        finally:
+            for f in os.listdir(data) if indexed else []:
+                if f.endswith(".idx"):
+                    os.remove(os.path.join(data, f))
+        if not r.get("ok"):
+            print("  %-40s ERROR: %s" % (name, r.get("error")), file=out)
+            continue
+        conns = connections(prefix)
+        mbps = total / r["wall_s"] / 1e6
+        cap = conns * per / 1e6
+        # the server's own ceiling on as many connections, right after: plain curls
+        ceil = total / run_curls(lambda s: url_of("shard-%06d.tar" % s), a.shards,
+                                 conns) / 1e6
+        res[name] = {"mb_s": mbps, "connections": conns, "cap_mb_s": cap, "run": r,
+                     "curls_mb_s": ceil}
+        print("  %-40s %8.1f MB/s  (%.2f s; %d connections x %s = %.1f MB/s: %.2f; "
+              "curl %.2fx; %d curls at once: %.2f)"
+              % (name, mbps, r["wall_s"], conns, a.rate, cap, mbps / cap,
+                 mbps / res["curl" + more], min(conns, a.shards), ceil / cap), file=out,
+              flush=True)
 
 
 if __name__ == "__main__":
