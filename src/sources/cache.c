@@ -405,26 +405,33 @@ static int check_crc(stoke__cache *c, const stoke__remote_file *f, int fd, uint6
 
 /* Keeps the version a download was of (its answers' validator, remote.h: stoke__remote_tag)
  * with the copy, in its VERSION_ATTR, before the copy has its name: an open that later walks
- * the copy reads nothing from the server, and learns its version there (same_version).  Best
- * effort: a file system without user attributes keeps none (said once, at debug level). */
+ * the copy reads nothing from the server, and learns its version there (same_version).  A
+ * download that learnt none (no validator in the answers, STOKE_REMOTE_CHECK_VERSION=0) removes
+ * the attribute: the .part may be a killed download's, truncated, which keeps its attributes.
+ * Best effort: a file system without user attributes keeps none (said once, at debug level). */
 static void keep_version(stoke__cache *c, int fd, const stoke__remote_tag *t)
 {
     const char *v = atomic_load(&t->v);
-    if (v && fsetxattr(fd, VERSION_ATTR, v, strlen(v), 0) != 0 && !atomic_exchange(&c->no_attr, 1))
+    if (!v) {
+        (void)fremovexattr(fd, VERSION_ATTR);
+        return;
+    }
+    if (fsetxattr(fd, VERSION_ATTR, v, strlen(v), 0) != 0 && !atomic_exchange(&c->no_attr, 1))
         stoke__log(STOKE_LOG_DEBUG,
-                   "cache %s: the copies keep no version (%s: %s): a same-size rewrite of a "
-                   "shard whose copy is walked on disk is not told from its copy",
+                   "cache %s: a copy keeps no version (%s: %s): a same-size rewrite of a shard "
+                   "whose copy is walked on disk is not told from the copy",
                    c->dir, VERSION_ATTR, strerror(errno));
 }
 
 /* Whether the complete copy fd is of f's version, when f is pinned (map mode: the open's
  * offsets are of one version) and the pool compares them: a file with none yet takes the
- * copy's (its open walks the copy and asks the server nothing, so a download after the copy's
- * eviction is compared with it); one with another (the file rewritten, and downloaded again by
- * another process after an eviction) fails STOKE_EIO with why set.  0 also when the copy keeps
- * no version. */
+ * copy's when `adopt` (a read: the open walks the copy and asks the server nothing, so a
+ * download after the copy's eviction is compared with it; not a read-ahead's look, before the
+ * open reached the file); one with another (the file rewritten, and downloaded again by another
+ * process after an eviction) fails STOKE_EIO with why set.  0 also when the copy keeps no
+ * version. */
 static int same_version(const stoke__cache *c, const stoke__remote_pool *p,
-                        const stoke__remote_file *f, int fd, char *why, size_t why_len)
+                        const stoke__remote_file *f, int fd, int adopt, char *why, size_t why_len)
 {
     if (!f->tag || !stoke__remote_pool_checks(p))
         return 0;
@@ -434,6 +441,8 @@ static int same_version(const stoke__cache *c, const stoke__remote_pool *p,
         return 0;
     v[n] = 0;
     char *had = atomic_load(&f->tag->v);
+    if (!had && !adopt)
+        return 0;
     if (!had) {
         char *mine = strdup(v);
         if (!mine || atomic_compare_exchange_strong(&f->tag->v, &had, mine))
@@ -485,8 +494,8 @@ static int download(stoke__cache *c, stoke__remote_pool *p, int slot, const stok
     stoke__remote_file tagged = *f;
     if (!tagged.tag)
         tagged.tag = &own;
-    int rc = stoke__remote_fetch(p, slot, &tagged, fd, expect, &c->largest,
-                                 bg ? &c->d.stop : NULL, size, why, why_len);
+    int rc = stoke__remote_fetch(p, slot, &tagged, fd, expect, &c->largest, bg ? &c->d.stop : NULL,
+                                 size, why, why_len);
     if (!rc)
         keep_version(c, fd, tagged.tag);
     free(atomic_load(&own.v));
@@ -550,7 +559,7 @@ int stoke__cache_acquire(stoke__cache *c, stoke__remote_pool *p, int slot,
     names_of(f, &nm);
     int fd = open_copy(c, &nm, !bg, size);
     if (fd >= 0 && (!expect || *size == expect)) {
-        int rc = same_version(c, p, f, fd, why, why_len);
+        int rc = same_version(c, p, f, fd, !bg, why, why_len);
         if (rc) {
             close(fd);
             return rc;
@@ -583,7 +592,7 @@ int stoke__cache_acquire(stoke__cache *c, stoke__remote_pool *p, int slot,
     }
     fd = open_copy(c, &nm, !bg, size); /* another process may have finished it meanwhile */
     if (fd >= 0 && (!expect || *size == expect)) {
-        int rc = same_version(c, p, f, fd, why, why_len);
+        int rc = same_version(c, p, f, fd, !bg, why, why_len);
         if (rc) {
             close(fd);
             unlock_name(c->dfd, nm.lock, lk);

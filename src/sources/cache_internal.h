@@ -67,8 +67,9 @@ struct stoke__cache {
 };
 
 /* cache.c: the copy of f, locked shared (*out, *size): from the cache, or downloaded (its
- * version kept with it).  A copy of another version than f's (pinned: the open's) fails
- * STOKE_EIO; f pinned without one yet takes the copy's.  A
+ * version kept with it).  Where the pool compares versions, a copy of another version than
+ * f's (pinned: the open's) fails STOKE_EIO, and a read of f pinned without one yet takes the
+ * copy's.  A
  * background downloader (slot < 0) counts no hit, waits for no other download (STOKE_EBUSY:
  * another process or thread has it) and evicts nothing (STOKE_EBUSY: no room). */
 int stoke__cache_acquire(stoke__cache *c, stoke__remote_pool *p, int slot,

@@ -582,7 +582,8 @@ int stoke__remote_try_end(stoke__remote_pool *p, const stoke__remote_file *f, xf
         int e = had[0] == 'E';
         stoke__fmt_short(why, why_len, "GET %s: the file changed %s: its %s is %s, it was %s",
                          f->url, x->tag->pass ? "while it was read" : "since the open",
-                         e ? "ETag" : "Last-Modified", e ? x->etag : x->lastmod, had + STOKE__REMOTE_TAG_KEY);
+                         e ? "ETag" : "Last-Modified", e ? x->etag : x->lastmod,
+                         had + STOKE__REMOTE_TAG_KEY);
         return STOKE_EIO;
     }
     if (x->enough && c == CURLE_WRITE_ERROR)

@@ -87,7 +87,7 @@ typedef struct stoke__remote_tag {
      * digits (the first STOKE__REMOTE_TAG_KEY bytes: two versions are one when these are), then
      * what messages show of it */
     _Atomic(char *) v;
-    int pass;          /* words it as one fetch's or stream pass's ("while it was read") */
+    int pass; /* words it as one fetch's or stream pass's ("while it was read") */
 } stoke__remote_tag;
 #define STOKE__REMOTE_TAG_KEY 17
 
