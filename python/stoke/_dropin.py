@@ -936,6 +936,28 @@ def _sampler_len(s, what):
             "list(%s) for a fixed order" % (what, type(s).__name__, what, what)) from None
 
 
+def _one_pass(s, what):
+    """One pass over sampler (batch_sampler) s, as a list: a list, tuple, range, array or tensor
+    as it is; an object's iterator, of which len(s) + 1 items at most are drawn, so that one
+    that yields more than its len() (an infinite sampler, as mmengine's InfiniteSampler: torch's
+    epoch over it never ends) is a ValueError, not a list that grows until memory runs out."""
+    if type(s) in (list, tuple, range) or (np is not None and type(s) is np.ndarray) or (
+            torch is not None and type(s) is torch.Tensor):
+        return s
+    n = _sampler_len(s, what)
+    items = list(itertools.islice(iter(s), n + 1))
+    if len(items) > n:
+        raise ValueError(
+            "stoke: the %s (%s) yields more than its len() of %d in one pass (an infinite "
+            "sampler?): a stoke.DataLoader plans each epoch from one pass over the %s, which "
+            "must end after len(%s) items (torch's DataLoader would iterate it without end, "
+            "with len(loader) from its len()). Make the %s's __iter__ end (its epoch: "
+            "range(len(self)) items, or a finite sampler such as RandomSampler(ds, "
+            "num_samples=N)), and iterate the loader once per epoch"
+            % (what, type(s).__name__, n, what, what, what))
+    return items
+
+
 def _is_key_list(k):
     """A sampler's item that is a batch of keys (BatchSampler as sampler, batch_size=None:
     torch passes the list to __getitem__)."""
@@ -1059,7 +1081,7 @@ class _Writer:
     def sample_order(self, epoch):
         """The epoch's dataset indices in order: a list (a sampler's) or an int64 array."""
         if self.sampler is not None:
-            return _keys(self.sampler)
+            return _keys(_one_pass(self.sampler, "sampler"))
         n = len(self.dataset)
         order = _permutation(n, self.shuffle_seed(), epoch) if self.shuffle else np.arange(n)
         if self.world > 1:  # DistributedSampler's split: padded to a multiple of the ranks
@@ -1075,10 +1097,11 @@ class _Writer:
         drop_last) without a sampler."""
         self.lists = False
         if self.batch_sampler is not None:
-            return [_keys(b, "batch_sampler") for b in self.batch_sampler]
+            return [_keys(b, "batch_sampler")
+                    for b in _one_pass(self.batch_sampler, "batch_sampler")]
         bs = self.batch_size
         if bs is None and self.sampler is not None:
-            items = list(self.sampler)
+            items = list(_one_pass(self.sampler, "sampler"))
             # each item a list of keys (torch's batched read: sampler=BatchSampler(...),
             # batch_size=None): one __getitem__ call with the list, as torch's (the workers
             # read H_LISTS); else each item is one key

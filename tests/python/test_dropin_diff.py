@@ -7,6 +7,8 @@ permutation differs from torch's (shuffle=True).  Map-style datasets here: Tenso
 samples of 9 fields (nested, numbers, bools, NumPy, str), namedtuples, strings; 0, 1 and 2
 workers."""
 import collections
+import itertools
+import time
 
 import stoke_testlib as T
 
@@ -465,6 +467,38 @@ def sampler_raising_is_read_again():
                 "after a failed set_epoch: %r then %r, sampler passes %d" % (
                     e0, e5, got.sampler.passes))
         del got
+
+
+class Endless(torch.utils.data.Sampler):
+    """mmengine's InfiniteSampler's shape: a __len__ (the dataset's), an __iter__ without end;
+    batches=True: lists of 2 keys (a batch_sampler)."""
+
+    def __init__(self, batches=False):
+        self.batches = batches
+
+    def __len__(self):
+        return 4
+
+    def __iter__(self):
+        for i in itertools.count():
+            yield [i % 20, (i + 1) % 20] if self.batches else i % 20
+
+
+@case
+def infinite_sampler_is_an_error():
+    """A sampler (or batch_sampler) that yields more than its len(): torch iterates it without
+    end; stoke plans an epoch from one pass, and list() of it grew until memory ran out (a hang,
+    then the OOM killer).  Now at most len() + 1 items are drawn, and it is a ValueError saying
+    so, for every way a sampler is read."""
+    for nw in (0, 2):
+        for kw in ({"sampler": Endless(), "batch_size": 2},
+                   {"sampler": Endless(), "batch_size": None},
+                   {"batch_sampler": Endless(batches=True)},
+                   {"sampler": Endless(batches=True), "batch_size": None}):
+            t0 = time.monotonic()
+            raises(ValueError, lambda: epoch(L.Loader(Keyed(), num_workers=nw, **kw)),
+                   "yields more than its len() of 4 in one pass")
+            T.check(time.monotonic() - t0 < 60, "%s: no answer for a minute" % kw)
 
 
 @case
