@@ -90,7 +90,7 @@ _NP_KINDS = "biufc"  # numeric and bool arrays go into the block; others are pic
 _END = object()  # an iterator's end (next(it, _END))
 # An IterableDataset in worker processes: the C loader's batches per epoch (a MAP dataset whose
 # batch i is the next batch of whichever worker fills it); an epoch with more is cut, warning.
-_ITER_BATCHES = 1 << 24
+_ITER_BATCHES = 1 << 48  # (9 years at a million batches a second: no cap in practice)
 _INTERRUPTED_END = ": not a bad sample, the epoch ends"  # (_Writer.interrupted's message)
 
 

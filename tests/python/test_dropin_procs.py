@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 import traceback
+import warnings
 
 import stoke_testlib as T
 
@@ -674,6 +675,32 @@ def iterable_starts_again_with_the_same_epoch_and_seed():
         del loader
         gc.collect()
         no_children_within(15, what)
+
+
+@case
+def iterable_epoch_cap_cuts_with_a_warning():
+    """With worker processes an IterableDataset's epoch is at most _dropin._ITER_BATCHES batches
+    (the C loader plans that many): one that yields more is cut there with a RuntimeWarning,
+    every batch before it delivered once.  The cap was 2^24 batches, which a fast loader over an
+    endless stream reaches in an hour or two (its `for` then ended, warned); it is 2^48 now,
+    and is made 6 here to see the cut."""
+    from stoke import _dropin
+    T.check(_dropin._ITER_BATCHES >= 1 << 48, "the cap is %d" % _dropin._ITER_BATCHES)
+    saved, _dropin._ITER_BATCHES = _dropin._ITER_BATCHES, 6
+    try:
+        loader = L.Loader(Shards(400), batch_size=4, num_workers=2)
+    finally:
+        _dropin._ITER_BATCHES = saved
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        got = [int(x) for b in loader for x in b]
+    cut = [str(x.message) for x in w if x.category is RuntimeWarning]
+    T.check(len(got) == 24 and len(set(got)) == 24 and set(got) <= set(range(400)),
+            "the cut epoch: %d samples %s" % (len(got), sorted(got)))
+    T.check(len(cut) == 1 and "cut after 6 batches" in cut[0], "the warning: %s" % cut)
+    del loader
+    gc.collect()
+    no_children_within(15, "the cut epoch")
 
 
 class FreezeCount(Dataset):
