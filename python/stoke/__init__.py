@@ -433,6 +433,8 @@ class DataLoader(_stoke.Loader):
                             worker_init_fn, num_workers, processes, bool(persistent_workers),
                             pad, pad_to_multiple_of, max_length, bool(return_lengths),
                             rank, world_size)
+        if w.iter_map and not in_order:  # (the C loader keeps a bit per batch out of order)
+            w.nbatches = _dropin._ITER_BATCHES_UNORDERED
         # the accelerator is found (a child probes OpenCL drivers) while the probe's child
         # makes the first batch: the two forks overlap (num_workers=0: no probe child)
         w.measure(max_batch_bytes, _stoke.accelerator if pin_memory else None)

@@ -91,6 +91,8 @@ _END = object()  # an iterator's end (next(it, _END))
 # An IterableDataset in worker processes: the C loader's batches per epoch (a MAP dataset whose
 # batch i is the next batch of whichever worker fills it); an epoch with more is cut, warning.
 _ITER_BATCHES = 1 << 48  # (9 years at a million batches a second: no cap in practice)
+# ... with in_order=False, whose C loader keeps one bit per batch of an epoch (2 MiB)
+_ITER_BATCHES_UNORDERED = 1 << 24
 _INTERRUPTED_END = ": not a bad sample, the epoch ends"  # (_Writer.interrupted's message)
 
 
@@ -936,25 +938,25 @@ def _sampler_len(s, what):
             "list(%s) for a fixed order" % (what, type(s).__name__, what, what)) from None
 
 
-def _one_pass(s, what):
+def _one_pass(s, what, most):
     """One pass over sampler (batch_sampler) s, as a list: a list, tuple, range, array or tensor
-    as it is; an object's iterator, of which len(s) + 1 items at most are drawn, so that one
-    that yields more than its len() (an infinite sampler, as mmengine's InfiniteSampler: torch's
-    epoch over it never ends) is a ValueError, not a list that grows until memory runs out."""
+    as it is; an object's iterator, of which `most` + 1 items at most are drawn (most: what the
+    epoch's batches, planned from len(s), can hold), so that one that yields more (an infinite
+    sampler, as mmengine's InfiniteSampler: torch's epoch over it never ends) is a ValueError,
+    not a list that grows until memory runs out.  _Plan.write checks the batches' count."""
     if type(s) in (list, tuple, range) or (np is not None and type(s) is np.ndarray) or (
             torch is not None and type(s) is torch.Tensor):
         return s
-    n = _sampler_len(s, what)
-    items = list(itertools.islice(iter(s), n + 1))
-    if len(items) > n:
+    items = list(itertools.islice(s, most + 1))  # (iter(s) once, as list(s) and torch)
+    if len(items) > most:
         raise ValueError(
-            "stoke: the %s (%s) yields more than its len() of %d in one pass (an infinite "
-            "sampler?): a stoke.DataLoader plans each epoch from one pass over the %s, which "
-            "must end after len(%s) items (torch's DataLoader would iterate it without end, "
-            "with len(loader) from its len()). Make the %s's __iter__ end (its epoch: "
-            "range(len(self)) items, or a finite sampler such as RandomSampler(ds, "
-            "num_samples=N)), and iterate the loader once per epoch"
-            % (what, type(s).__name__, n, what, what, what))
+            "stoke: the %s (%s) yields more than %d items in one pass, more than the epoch's "
+            "batches hold (planned from its len(), %d; an infinite sampler?): a "
+            "stoke.DataLoader plans each epoch from one pass over the %s, which must end "
+            "(torch's DataLoader would iterate it without end). Make the %s's __iter__ end "
+            "after its len() items (one epoch), or use a finite sampler such as "
+            "RandomSampler(ds, num_samples=N), and iterate the loader once per epoch"
+            % (what, type(s).__name__, most, _sampler_len(s, what), what, what))
     return items
 
 
@@ -1081,7 +1083,9 @@ class _Writer:
     def sample_order(self, epoch):
         """The epoch's dataset indices in order: a list (a sampler's) or an int64 array."""
         if self.sampler is not None:
-            return _keys(_one_pass(self.sampler, "sampler"))
+            bs, nb = self.batch_size, self.nbatches  # (the samples nb batches hold, at most)
+            most = nb if bs is None else (nb + 1) * bs - 1 if self.drop_last else nb * bs
+            return _keys(_one_pass(self.sampler, "sampler", most))
         n = len(self.dataset)
         order = _permutation(n, self.shuffle_seed(), epoch) if self.shuffle else np.arange(n)
         if self.world > 1:  # DistributedSampler's split: padded to a multiple of the ranks
@@ -1098,10 +1102,10 @@ class _Writer:
         self.lists = False
         if self.batch_sampler is not None:
             return [_keys(b, "batch_sampler")
-                    for b in _one_pass(self.batch_sampler, "batch_sampler")]
+                    for b in _one_pass(self.batch_sampler, "batch_sampler", self.nbatches)]
         bs = self.batch_size
         if bs is None and self.sampler is not None:
-            items = list(_one_pass(self.sampler, "sampler"))
+            items = list(_one_pass(self.sampler, "sampler", self.nbatches))
             # each item a list of keys (torch's batched read: sampler=BatchSampler(...),
             # batch_size=None): one __getitem__ call with the list, as torch's (the workers
             # read H_LISTS); else each item is one key

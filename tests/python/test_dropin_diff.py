@@ -488,8 +488,9 @@ class Endless(torch.utils.data.Sampler):
 def infinite_sampler_is_an_error():
     """A sampler (or batch_sampler) that yields more than its len(): torch iterates it without
     end; stoke plans an epoch from one pass, and list() of it grew until memory ran out (a hang,
-    then the OOM killer).  Now at most len() + 1 items are drawn, and it is a ValueError saying
-    so, for every way a sampler is read."""
+    then the OOM killer).  Now at most what the epoch's batches hold, plus one, is drawn, and
+    more is a ValueError saying so, for every way a sampler is read; a sampler a little longer
+    than its len() whose items still make len(loader) batches is read as torch reads it."""
     for nw in (0, 2):
         for kw in ({"sampler": Endless(), "batch_size": 2},
                    {"sampler": Endless(), "batch_size": None},
@@ -497,8 +498,46 @@ def infinite_sampler_is_an_error():
                    {"sampler": Endless(batches=True), "batch_size": None}):
             t0 = time.monotonic()
             raises(ValueError, lambda: epoch(L.Loader(Keyed(), num_workers=nw, **kw)),
-                   "yields more than its len() of 4 in one pass")
+                   "items in one pass, more than the epoch's batches hold")
             T.check(time.monotonic() - t0 < 60, "%s: no answer for a minute" % kw)
+
+    class OneMore(torch.utils.data.Sampler):  # len() 10, yields 11: 3 batches of 4 all the same
+        def __init__(self):
+            pass
+
+        def __len__(self):
+            return 10
+
+        def __iter__(self):
+            return iter(range(11))
+
+    class Drawing(torch.utils.data.Sampler):  # an iterator: __iter__ draws, returns itself
+        def __init__(self):
+            self.g, self.draws = torch.Generator().manual_seed(5), 0
+
+        def __len__(self):
+            return 12
+
+        def __iter__(self):
+            self.draws += 1
+            self.order = iter(torch.randperm(12, generator=self.g).tolist())
+            return self
+
+        def __next__(self):
+            return next(self.order)
+
+    # a sampler a little longer than its len() is torch's batches, as before the bound; and
+    # __iter__ is called once a pass (islice(iter(s)) called an iterator's __iter__ twice)
+    for nw in (0, 2):
+        for kw in ({"batch_size": 4}, {"batch_size": 5, "drop_last": True}):
+            ref, got = pair(Keyed(), sampler=OneMore(), num_workers=nw, **kw)
+            check_sequential(epoch(ref), epoch(got), "a sampler one past its len() %s" % kw)
+        ref = L.TorchLoader(Keyed(), sampler=Drawing(), batch_size=12, num_workers=nw)
+        got = L.Loader(Keyed(), sampler=Drawing(), batch_size=12, num_workers=nw)
+        want, have = epoch(ref) + epoch(ref), epoch(got) + epoch(got)
+        check_sequential(want, have, "an iterator sampler, 2 passes")
+        T.check(ref.sampler.draws == got.sampler.draws == 2,
+                "__iter__ calls: torch %d, stoke %d" % (ref.sampler.draws, got.sampler.draws))
 
 
 @case

@@ -682,8 +682,8 @@ def iterable_epoch_cap_cuts_with_a_warning():
     """With worker processes an IterableDataset's epoch is at most _dropin._ITER_BATCHES batches
     (the C loader plans that many): one that yields more is cut there with a RuntimeWarning,
     every batch before it delivered once.  The cap was 2^24 batches, which a fast loader over an
-    endless stream reaches in an hour or two (its `for` then ended, warned); it is 2^48 now,
-    and is made 6 here to see the cut."""
+    endless stream reaches in an hour or two (its `for` then ended, warned); it is 2^48 now
+    (2^24 still with in_order=False), and is made 6 here to see the cut."""
     from stoke import _dropin
     T.check(_dropin._ITER_BATCHES >= 1 << 48, "the cap is %d" % _dropin._ITER_BATCHES)
     saved, _dropin._ITER_BATCHES = _dropin._ITER_BATCHES, 6
@@ -698,6 +698,12 @@ def iterable_epoch_cap_cuts_with_a_warning():
     T.check(len(got) == 24 and len(set(got)) == 24 and set(got) <= set(range(400)),
             "the cut epoch: %d samples %s" % (len(got), sorted(got)))
     T.check(len(cut) == 1 and "cut after 6 batches" in cut[0], "the warning: %s" % cut)
+    del loader
+    # in_order=False: the C loader keeps a bit per batch of the epoch, 2^24 of them (at 2^48
+    # its creation failed: "out of memory for 6 batch handles")
+    loader = L.Loader(Shards(40), batch_size=4, num_workers=2, in_order=False)
+    got = sorted(int(x) for b in loader for x in b)
+    T.check(got == list(range(40)), "in_order=False: %s" % got)
     del loader
     gc.collect()
     no_children_within(15, "the cut epoch")
