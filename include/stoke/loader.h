@@ -76,7 +76,9 @@ typedef struct stoke_loader_opts {
     /* Optional: called about every 100 ms by a stoke_loader_next that waits for workers
      * (without the loader's lock held); nonzero makes that call return STOKE_ECANCELED, the
      * epoch going on (the next call continues it).  For a consumer that must see signals while
-     * it waits: Python's Ctrl-C. */
+     * it waits: Python's Ctrl-C.  A stoke_loader_destroy after such a return, with no batch
+     * delivered since, kills the worker processes (worker_mode processes) busy on a batch at
+     * once, where it otherwise gives each up to 2 s to finish it. */
     int (*interrupted)(void *user);
     void *interrupted_user;
     int round_robin;               /* 1: batch k of an epoch is made by worker k % num_workers

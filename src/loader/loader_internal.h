@@ -466,6 +466,11 @@ struct stoke_loader {
 
     char err[1024]; /* consumer only */
     int created;    /* consumer only: create got as far as the pools (destroy stops it) */
+    /* set by the consumer: its last stoke_loader_next ended STOKE_ECANCELED by
+     * opts.interrupted (Ctrl-C), and none delivered a batch since.  Worker processes busy on a
+     * batch nobody wants (destroy, or its run abandoned: a break, set_epoch) are then killed
+     * at once rather than waited for (procworker.c, receive) */
+    _Atomic int interrupted;
     /* bad samples (badsample.c), all (mu) */
     stoke_bad_sample *quar; /* the quarantine */
     size_t nquar, quar_cap;

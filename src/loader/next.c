@@ -193,6 +193,8 @@ static int wait_done(stoke_loader *l)
     stoke__loader_unlock(l);
     int stop = l->o.interrupted(l->o.interrupted_user);
     stoke__loader_lock(l);
+    if (stop)
+        atomic_store(&l->interrupted, 1);
     return stop ? STOKE_ECANCELED : STOKE_OK;
 }
 
@@ -318,6 +320,7 @@ int stoke_loader_next(stoke_loader *l, stoke_batch **out)
         return rc;
     }
     delivered(l, b);
+    atomic_store_explicit(&l->interrupted, 0, memory_order_relaxed);
     uint64_t now = made ? made : t0 ? stoke__now_ns() : 0;
     uint64_t waited = t0 ? now - t0 : 0;
     l->st_wait_ns += waited;

@@ -13,7 +13,8 @@
 #define POISON_MAX    16          /* crashing samples one batch may skip or replace */
 #define RESTARTS_MAX  100         /* worker process restarts per epoch */
 #define POLL_MS       50          /* every wait for a child is a poll of at most this */
-#define STOP_GRACE_NS 2000000000u /* destroy: a child busy longer than this is SIGKILLed */
+#define STOP_GRACE_NS 2000000000u /* destroy: a child busy longer than this is SIGKILLed (at
+                                     once after an interrupted stoke_loader_next: loader.h) */
 #define ZYGOTE_MS     5000        /* the longest wait for the zygote's reply */
 #define ZSIG          SIGHUP      /* the zygote's parent-death signal (it only wakes the zygote) */
 

@@ -406,6 +406,14 @@ static void reap(stoke_loader *l, int wid, int kill_it, char *msg, size_t len)
 
 enum { X_DONE = 0, X_DEAD = 1, X_STOPPED = 2, X_WOKEN = 3 };
 
+/* Whether worker w's child is busy on a batch (b, its oldest) nobody wants: the loader is
+ * being destroyed, or b's run was abandoned. */
+static int unwanted_for(stoke_loader *l, proc_w *w, const stoke_batch *b)
+{
+    stoke__proc *p = l->proc;
+    return atomic_load(&p->stopping) || stoke__run_abandoned(&p->ctl[w - p->w], b->gen);
+}
+
 /* The request of worker w's oldest batch in flight into w->req (no crash yet). */
 static void head_req(stoke_loader *l, proc_w *w)
 {
@@ -469,12 +477,15 @@ static void pump(stoke_loader *l, proc_w *w)
  * the socket makes room.  With `wakeable`, returns X_WOKEN when the worker's eventfd is written
  * (stoke__proc_wake) before the reply began (once a BAD message of b was read, the wake waits
  * for the next call: b's messages are taken in one call).  When destroy is stopping the loader, a
- * child still busy STOP_GRACE_NS after the worker first saw it is SIGKILLed (X_STOPPED). */
+ * child still busy STOP_GRACE_NS after the worker first saw it is SIGKILLed (X_STOPPED); after
+ * an interrupted stoke_loader_next (l->interrupted), a child busy on a batch nobody wants
+ * (unwanted_for: destroy, or its run abandoned) is killed at once. */
 static int receive(stoke_loader *l, proc_w *w, stoke_batch *b, int wakeable)
 {
     stoke__proc *p = l->proc;
     int fd = w->fd;
     b->bad.n = 0;
+    w->stop_t0 = 0;
     wmsg m;
     int got = 0; /* a message of b was read */
     /* b's request never reached the child, which closed its end: nothing will answer it */
@@ -486,9 +497,17 @@ static int receive(stoke_loader *l, proc_w *w, stoke_batch *b, int wakeable)
                                 {.fd = w->wake, .events = POLLIN}};
         int pr = poll(pfd, wakeable && !got ? 2 : 1, POLL_MS);
         if (pr == 0 || (pr < 0 && errno == EINTR)) {
-            if (!w->stop_t0 && atomic_load(&p->stopping)) /* (stopping stays set) */
-                w->stop_t0 = stoke__now_ns();
-            else if (w->stop_t0 && stoke__now_ns() - w->stop_t0 > STOP_GRACE_NS)
+            if (!unwanted_for(l, w, b))
+                continue;
+            uint64_t now = stoke__now_ns();
+            if (!w->stop_t0)
+                w->stop_t0 = now;
+            /* after Ctrl-C (the caller's wait was interrupted, and it took no batch since):
+             * at once, as torch's workers die of the same SIGINT; the 2 s each was 2 s before
+             * the prompt, and an abandoned run (the exit's set_epoch) waited for its batches
+             * however long they took */
+            if (atomic_load(&l->interrupted) ||
+                (atomic_load(&p->stopping) && now - w->stop_t0 > STOP_GRACE_NS))
                 return X_STOPPED;
             continue;
         }
@@ -643,7 +662,9 @@ stoke_batch *stoke__proc_take(stoke_loader *l, stoke__producer *pr, int wakeable
         for (int i = 0; i < w->n; i++) /* the next child gets them all again */
             w->q[(w->head + i) % p->depth].sent = 0;
         if (x == X_STOPPED) {
-            stoke__batch_failed(b, STOKE_ECANCELED, first, "the loader is being destroyed");
+            stoke__batch_failed(b, STOKE_ECANCELED, first,
+                                atomic_load(&p->stopping) ? "the loader is being destroyed"
+                                                          : "its run was abandoned");
             break;
         }
         stoke__log(STOKE_LOG_WARN, "loader: worker %d: %s", wid, msg);
