@@ -578,8 +578,18 @@ class DataLoader(_stoke.Loader):
             exc = None
 
     def load_state_dict(self, state):
+        self._no_state_here("load_state_dict")
         self._first_iter = False
         return self._load_state(state)
+
+    def _no_state_here(self, what):
+        """An IterableDataset's position in worker processes (or threads sharing an iterator)
+        is neither saved nor restored: a StokeError (a restore took the cursor and ignored it:
+        the whole epoch again, or none, with a false warning that it was cut)."""
+        if self._writer is not None and self._no_state:
+            raise StokeError("stoke: %s of an IterableDataset needs num_workers 0, or 1 "
+                             "with worker_mode='threads' (the position of worker processes, or "
+                             "of threads sharing one iterator, cannot be replayed)" % what)
 
     def _fields(self, it):
         """A source string's batches as torch's structure: each field a tensor viewing the
@@ -693,10 +703,7 @@ class DataLoader(_stoke.Loader):
         """The position (StatefulDataLoader's convention): a loader given it by
         load_state_dict delivers exactly the batches this one would deliver next.  An iterable
         dataset's state also holds "workers" (num_workers + 1: a restore needs the same)."""
-        if self._writer is not None and self._no_state:
-            raise StokeError("stoke: state_dict of an IterableDataset needs num_workers 0, or 1 "
-                             "with worker_mode='threads' (the position of worker processes, or "
-                             "of threads sharing one iterator, cannot be replayed)")
+        self._no_state_here("state_dict")
         version, seed, epoch, cursor, workers = self._save_state()
         if self._writer is not None and self._writer.shuffle_drawn():
             seed = self._writer.epoch_seed  # the seed this epoch's shuffle drew

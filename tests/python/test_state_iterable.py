@@ -2,7 +2,7 @@
 or 1 worker thread, the loader's ITERABLE resume replays the dataset's iterator (the delivered
 batches made again and dropped): the batches before and after the cut are an uninterrupted
 epoch's, for every cut; worker processes (not checked under TSan) and threads sharing one
-iterator refuse state_dict.  Skips (77) without torch."""
+iterator refuse state_dict and load_state_dict.  Skips (77) without torch."""
 import os
 import warnings
 
@@ -66,5 +66,13 @@ with warnings.catch_warnings():
             T.check(False, "%s: state_dict did not refuse" % kw)
         except stoke.StokeError as e:
             T.check("cannot be replayed" in str(e), "%s: %s" % (kw, e))
+        # nor restored: the cursor was taken and ignored (the whole epoch again; at 2^48 none,
+        # with a warning that the epoch was cut)
+        try:
+            a.load_state_dict({"version": 1, "seed": 0, "epoch": 0, "batches_yielded": 5,
+                               "workers": kw["num_workers"] + 1})
+            T.check(False, "%s: load_state_dict did not refuse" % kw)
+        except stoke.StokeError as e:
+            T.check("load_state_dict of an IterableDataset" in str(e), "%s: %s" % (kw, e))
         del a
 print("ok")
