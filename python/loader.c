@@ -607,8 +607,20 @@ static PyObject *loader_get_outstanding(PyObject *obj, void *unused)
     return PyLong_FromSsize_t(((LoaderObject *)obj)->outstanding);
 }
 
+/* stoke_loader_interrupt: the exit after an uncaught KeyboardInterrupt (its Ctrl-C may have
+ * come in the loop's body, outside next()'s wait) does not wait for the worker processes'
+ * batches. */
+static PyObject *loader_interrupt(PyObject *obj, PyObject *unused)
+{
+    (void)unused;
+    stoke_loader_interrupt(((LoaderObject *)obj)->l);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef loader_methods[] = {
     {"set_epoch", loader_set_epoch, METH_O, "Starts `epoch` from its beginning."},
+    {"_interrupt", loader_interrupt, METH_NOARGS,
+     "Marks the loader interrupted (Ctrl-C): busy worker processes are not waited for."},
     {"_save_state", loader_save_state, METH_NOARGS, "(version, seed, epoch, cursor, workers)"},
     {"_restore_state", loader_restore_state, METH_VARARGS, "Moves to a saved position."},
     {"stats", loader_stats, METH_NOARGS, "The loader's counters."},

@@ -76,9 +76,9 @@ typedef struct stoke_loader_opts {
     /* Optional: called about every 100 ms by a stoke_loader_next that waits for workers
      * (without the loader's lock held); nonzero makes that call return STOKE_ECANCELED, the
      * epoch going on (the next call continues it).  For a consumer that must see signals while
-     * it waits: Python's Ctrl-C.  A stoke_loader_destroy after such a return, with no batch
-     * delivered since, kills the worker processes (worker_mode processes) busy on a batch at
-     * once, where it otherwise gives each up to 2 s to finish it. */
+     * it waits: Python's Ctrl-C.  Until a later call delivers a batch, a stoke_loader_destroy
+     * then SIGKILLs worker processes (worker_mode processes) busy on a batch at once, where it
+     * otherwise gives each up to 2 s to finish it. */
     int (*interrupted)(void *user);
     void *interrupted_user;
     int round_robin;               /* 1: batch k of an epoch is made by worker k % num_workers
@@ -220,6 +220,15 @@ STOKE_API int stoke_loader_create(const stoke_loader_opts *o, stoke_dataset *ds,
  * was (a failure being reported survives the cleanup).  Call it from the consumer thread, with
  * no other call on `l` or its batches in progress. */
 STOKE_API void stoke_loader_destroy(stoke_loader *l);
+
+/* Marks l interrupted: the caller is ending (a Ctrl-C it saw anywhere, its exit).  Until a
+ * stoke_loader_next delivers a batch, worker processes (worker_mode processes) busy on a batch
+ * nobody wants are SIGKILLed at once (and replaced when work comes): at stoke_loader_destroy,
+ * which otherwise gives each up to 2 s to finish it, and when the run is abandoned
+ * (stoke_loader_set_epoch, a seek, an error that ends the epoch), which otherwise waits for
+ * their batches.  A replaced child starts afresh (a dataset's worker state, its RNG seeds).
+ * Thread-safe; NULL does nothing. */
+STOKE_API void stoke_loader_interrupt(stoke_loader *l);
 
 /* Delivers the next batch of the current epoch in *out (owned by the caller until
  * stoke_batch_release; *out is NULL on any other return).  Starts the worker threads if they

@@ -14,6 +14,7 @@ __dlpack__/__dlpack_device__ and the buffer protocol; its memory returns to stok
 the last tensor, array or reference viewing it is gone.  docs/python.md has the details.
 """
 import atexit as _atexit
+import sys as _sys
 import json as _json
 import math as _math
 import os as _os
@@ -739,7 +740,13 @@ def _stop_workers():
     # with no batch alive is destroyed (its threads joined); the others abandon the epoch
     # (persistent threads stay, idle or failing at once on a Python dataset).
     _stoke._stop_python_datasets()
+    # an uncaught Ctrl-C (Python printed it, setting sys.last_value, before the atexit hooks):
+    # the workers' batches are not waited for, wherever the KeyboardInterrupt came (the loop's
+    # body too, where next() never saw it)
+    interrupted = isinstance(getattr(_sys, "last_value", None), KeyboardInterrupt)
     for loader in list(_live):
+        if interrupted:
+            loader._interrupt()
         try:
             if not loader._close_if_idle():
                 loader.set_epoch(loader.epoch)

@@ -466,10 +466,10 @@ struct stoke_loader {
 
     char err[1024]; /* consumer only */
     int created;    /* consumer only: create got as far as the pools (destroy stops it) */
-    /* set by the consumer: its last stoke_loader_next ended STOKE_ECANCELED by
-     * opts.interrupted (Ctrl-C), and none delivered a batch since.  Worker processes busy on a
-     * batch nobody wants (destroy, or its run abandoned: a break, set_epoch) are then killed
-     * at once rather than waited for (procworker.c, receive) */
+    /* 1: the consumer's last stoke_loader_next ended STOKE_ECANCELED by opts.interrupted
+     * (Ctrl-C); 2: stoke_loader_interrupt; either until a stoke_loader_next delivers a batch.
+     * Worker processes busy on a batch nobody wants are then killed at once rather than waited
+     * for (procworker.c, receive): at destroy; with 2, when their run is abandoned too */
     _Atomic int interrupted;
     /* bad samples (badsample.c), all (mu) */
     stoke_bad_sample *quar; /* the quarantine */

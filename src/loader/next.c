@@ -193,8 +193,9 @@ static int wait_done(stoke_loader *l)
     stoke__loader_unlock(l);
     int stop = l->o.interrupted(l->o.interrupted_user);
     stoke__loader_lock(l);
-    if (stop)
-        atomic_store(&l->interrupted, 1);
+    int none = 0;
+    if (stop) /* (stoke_loader_interrupt's 2 stays) */
+        atomic_compare_exchange_strong(&l->interrupted, &none, 1);
     return stop ? STOKE_ECANCELED : STOKE_OK;
 }
 

@@ -48,7 +48,8 @@ typedef struct proc_w {
                                  sent before are still read, then its end of file */
     int no_read;              /* a read() crash that was no sample's (get() one at a time made
                                  the batch): this worker's batches are made with get() */
-    uint64_t last_t, stop_t0; /* when the last reply was taken; when destroy was first seen */
+    uint64_t last_t, stop_t0; /* when the last reply was taken; when receive() first saw
+                                 its batch unwanted (destroy, an abandoned run) */
 } proc_w;
 
 struct stoke__proc {

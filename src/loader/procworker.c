@@ -406,12 +406,15 @@ static void reap(stoke_loader *l, int wid, int kill_it, char *msg, size_t len)
 
 enum { X_DONE = 0, X_DEAD = 1, X_STOPPED = 2, X_WOKEN = 3 };
 
-/* Whether worker w's child is busy on a batch (b, its oldest) nobody wants: the loader is
- * being destroyed, or b's run was abandoned. */
+/* Whether worker w's child is busy on a batch (b, its oldest) nobody wants and may be killed
+ * for: the loader is being destroyed, or b's run was abandoned after stoke_loader_interrupt
+ * (interrupted 2; not after the hook's interrupt alone: a caller that goes on keeps its
+ * children, whose RNG streams a new child would start again from their first seeds). */
 static int unwanted_for(stoke_loader *l, proc_w *w, const stoke_batch *b)
 {
     stoke__proc *p = l->proc;
-    return atomic_load(&p->stopping) || stoke__run_abandoned(&p->ctl[w - p->w], b->gen);
+    return atomic_load(&p->stopping) || (atomic_load(&l->interrupted) == 2 &&
+                                         stoke__run_abandoned(&p->ctl[w - p->w], b->gen));
 }
 
 /* The request of worker w's oldest batch in flight into w->req (no crash yet). */
@@ -478,8 +481,8 @@ static void pump(stoke_loader *l, proc_w *w)
  * (stoke__proc_wake) before the reply began (once a BAD message of b was read, the wake waits
  * for the next call: b's messages are taken in one call).  When destroy is stopping the loader, a
  * child still busy STOP_GRACE_NS after the worker first saw it is SIGKILLed (X_STOPPED); after
- * an interrupted stoke_loader_next (l->interrupted), a child busy on a batch nobody wants
- * (unwanted_for: destroy, or its run abandoned) is killed at once. */
+ * an interrupted stoke_loader_next (l->interrupted), at once; after stoke_loader_interrupt, a
+ * child busy on a batch of an abandoned run too (unwanted_for). */
 static int receive(stoke_loader *l, proc_w *w, stoke_batch *b, int wakeable)
 {
     stoke__proc *p = l->proc;
@@ -662,9 +665,15 @@ stoke_batch *stoke__proc_take(stoke_loader *l, stoke__producer *pr, int wakeable
         for (int i = 0; i < w->n; i++) /* the next child gets them all again */
             w->q[(w->head + i) % p->depth].sent = 0;
         if (x == X_STOPPED) {
+            int destroy = atomic_load(&p->stopping);
+            atomic_store(&p->ctl[wid].since, 0); /* (a dead child's: the timeout would see it) */
+            if (!destroy) { /* killed, and replaced by the next take: counted, not capped */
+                stoke__loader_lock(l);
+                l->st.worker_restarts++;
+                stoke__loader_unlock(l);
+            }
             stoke__batch_failed(b, STOKE_ECANCELED, first,
-                                atomic_load(&p->stopping) ? "the loader is being destroyed"
-                                                          : "its run was abandoned");
+                                destroy ? "the loader is being destroyed" : "its run was abandoned");
             break;
         }
         stoke__log(STOKE_LOG_WARN, "loader: worker %d: %s", wid, msg);

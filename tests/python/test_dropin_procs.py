@@ -548,7 +548,7 @@ faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 class Stalls(C.Rows):
     def __getitem__(self, i):
-        if i >= 40 and os.getpid() != C.PARENT:  # a worker's sample that takes a minute
+        if i >= FROM and os.getpid() != C.PARENT:  # a worker's sample that takes a minute
             open("%s.%d" % (MARK, os.getpid()), "w").close()
             time.sleep(60)
         return super().__getitem__(i)
@@ -558,6 +558,7 @@ loader = C.L.Loader(Stalls(400), batch_size=4, num_workers=2)  # alive to the in
 for k, b in enumerate(loader):
     if k == 2:
         print("READY", flush=True)
+        time.sleep(BODY)  # the loop's body: a Ctrl-C there is not next()'s
 """
 
 
@@ -565,30 +566,33 @@ for k, b in enumerate(loader):
 def ctrl_c_uncaught_ends_at_once():
     """Ctrl-C in a script that does not catch it, its loader (and a batch) alive until the
     interpreter's end, the workers inside a minute-long __getitem__: the script ends of the
-    KeyboardInterrupt at once, nothing left.  The exit's hook (set_epoch: the run abandoned)
-    waited for the workers' batches, the whole minute (a hang after Ctrl-C), and a destroy
-    gave each busy worker 2 s; torch's workers die of the same SIGINT."""
-    what = "uncaught Ctrl-C, the workers in a long sample"
-    mark = os.path.join(T.tmpdir(), "stalled")
-    p = script(CTRL_C_UNCAUGHT.replace("(MARK,", "(%r," % mark))
-    with Cleans(p, what):
-        line, hung = first_line(p, 60)
-        deadline = time.monotonic() + 30
-        while not any(n.startswith("stalled.") for n in os.listdir(os.path.dirname(mark))) \
-                and time.monotonic() < deadline:
-            time.sleep(0.02)
-        time.sleep(0.2)  # (the caller back in its wait for the batch)
-        t0 = time.monotonic()
-        if line.strip() == "READY":
-            os.killpg(p.pid, signal.SIGINT)
-        out, err = finish(p, 90 if not hung else 1)
-        took = time.monotonic() - t0
-        T.check(line.strip() == "READY", "%s: the script said %r; %s\nstderr %s" % (
-            what, line, hung, err[-6000:]))
-        T.check(p.returncode == -signal.SIGINT and "KeyboardInterrupt" in err,
-                "%s: exit %s, stderr:\n%s" % (what, p.returncode, err[-3000:]))
-        T.check(took < 1.5, "%s: the script ended %.2f s after the signal (the busy workers' "
-                "batches were waited for)" % (what, took))
+    KeyboardInterrupt at once, nothing left, whether the Ctrl-C came while the loop waited for
+    a batch or in its body.  The exit's hook (set_epoch: the run abandoned) waited for the
+    workers' batches, the whole minute (a hang after Ctrl-C), and a destroy gave each busy
+    worker 2 s; torch's workers die of the same SIGINT."""
+    for start, body, where in ((40, 0, "waiting"), (12, 60, "in the loop's body")):
+        what = "uncaught Ctrl-C %s, the workers in a long sample" % where
+        mark = os.path.join(T.tmpdir(), "stalled")
+        p = script(CTRL_C_UNCAUGHT.replace("(MARK,", "(%r," % mark).replace(
+            "FROM", str(start)).replace("(BODY)", "(%d)" % body))
+        with Cleans(p, what):
+            line, hung = first_line(p, 60)
+            deadline = time.monotonic() + 30
+            while not any(n.startswith("stalled.") for n in os.listdir(os.path.dirname(mark))) \
+                    and time.monotonic() < deadline:
+                time.sleep(0.02)
+            time.sleep(0.2)  # (the caller back in its wait for the batch, or its body)
+            t0 = time.monotonic()
+            if line.strip() == "READY":
+                os.killpg(p.pid, signal.SIGINT)
+            out, err = finish(p, 90 if not hung else 1)
+            took = time.monotonic() - t0
+            T.check(line.strip() == "READY", "%s: the script said %r; %s\nstderr %s" % (
+                what, line, hung, err[-6000:]))
+            T.check(p.returncode == -signal.SIGINT and "KeyboardInterrupt" in err,
+                    "%s: exit %s, stderr:\n%s" % (what, p.returncode, err[-3000:]))
+            T.check(took < 1.5, "%s: the script ended %.2f s after the signal (the busy "
+                    "workers' batches were waited for)" % (what, took))
 
 
 # --- epochs, lifetimes ----------------------------------------------------------------------
