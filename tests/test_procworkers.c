@@ -547,6 +547,49 @@ static void test_destroy_mid_epoch(void **state)
     }
 }
 
+/* stoke_loader_interrupt (the caller is ending: a Ctrl-C), then the run abandoned while a child
+ * is stuck in a sample: set_epoch kills it at once instead of waiting for its batch (it waited
+ * for ever here); the next epoch is whole and right, made by a replacement.  Without the mark, a
+ * destroy after an interrupted next() does not wait the 2 s grace either (test_destroy_mid_epoch
+ * waits it). */
+static void test_interrupt_abandon(void **state)
+{
+    (void)state;
+    reset_shared();
+    int fds = tu_count_fds_to("");
+    pds p;
+    stoke_dataset ds;
+    stoke_loader *l = proc_loader(&p, &ds, 0, 2);
+    sh->hang = 30; /* a child stuck in sample 30 (batch 3) until it is killed */
+    static run r;
+    memset(&r, 0, sizeof(r));
+    take(l, 2, &r, 2);
+    assert_int_equal(r.nbatches, 2);
+    while (atomic_load(&sh->hang_pid) == 0)
+        tu_sleep_ms(1);
+    int stuck = atomic_load(&sh->hang_pid);
+    stoke_loader_interrupt(l);
+    assert_int_equal(stoke_loader_set_epoch(l, 1), STOKE_OK);
+    assert_true(tu_pid_gone(stuck));
+    sh->hang = UINT64_MAX;
+    memset(&r, 0, sizeof(r));
+    take(l, 2, &r, UINT64_MAX);
+    assert_int_equal(r.rc, STOKE_EEND);
+    assert_int_equal(r.n, N);
+    for (uint64_t i = 0; i < N; i++)
+        assert_int_equal(r.idx[i], i);
+    finish(l, &r);
+    assert_true(r.st.worker_restarts >= 1);
+    stoke_loader_interrupt(NULL);
+    stoke_loader_destroy(l);
+    stoke_dataset_close(&ds);
+    stoke_dataset_close(&p.inner);
+    for (int k = 0; k < r.npids; k++)
+        assert_true(tu_pid_gone(r.pids[k]));
+    tu_assert_no_children();
+    assert_int_equal(tu_count_fds_to(""), fds);
+}
+
 static void test_invalid(void **state)
 {
     (void)state;
@@ -1214,6 +1257,7 @@ int main(void)
         cmocka_unit_test_setup(test_kill9, setup),
         cmocka_unit_test_setup(test_kill_idle, setup),
         cmocka_unit_test_setup(test_destroy_mid_epoch, setup),
+        cmocka_unit_test_setup(test_interrupt_abandon, setup),
         cmocka_unit_test_setup(test_invalid, setup),
         cmocka_unit_test_setup(test_pinned_device, setup),
         cmocka_unit_test_setup(test_cli, setup),
