@@ -537,7 +537,7 @@ class DataLoader(_stoke.Loader):
         w.iterating()  # persistent workers: seeded once, with this pass's base seed
         # torch's warning on an IterableDataset that yields more than len(loader) said: the
         # length read by len(loader) before this iteration began (_IterableDataset_len_called)
-        return self._batches(it, self._len_called)
+        return _Pass(self._batches, it, self._len_called)
 
     def set_epoch(self, epoch):
         self._first_iter = False
@@ -609,10 +609,11 @@ class DataLoader(_stoke.Loader):
             else:
                 yield [conv(b[n]) for n in names]
 
-    def _batches(self, it, len_called=None):
+    def _batches(self, it, len_called, st):
+        """The pass's batches from C iterator `it`; st: what the pass counted, kept when the
+        generator is made again (_Pass)."""
         decode = self._writer.decode
-        yielded = 0
-        ended = set()  # an iterable dataset in worker processes: the exhausted workers
+        ended = st["ended"]  # an iterable dataset in worker processes: the exhausted workers
         end, skipped = _dropin_end()
         # the caller holds all the buffers but the workers' last one: copy this one out
         limit = max(2, int(self.stats()["buffers"]) - self._held + 1)
@@ -643,7 +644,8 @@ class DataLoader(_stoke.Loader):
                 if len(ended) >= self.num_workers:
                     return
                 continue
-            yielded += 1
+            st["yielded"] += 1
+            yielded = st["yielded"]
             if len_called is not None and yielded > len_called:
                 _warnings.warn(  # torch's words (torch.utils.data.dataloader)
                     "Length of IterableDataset %s was reported to be %d (when accessing "
@@ -729,6 +731,33 @@ class DataLoader(_stoke.Loader):
     def __repr__(self):
         return ("stoke.DataLoader(batch_size=%s, num_workers=%d, epoch=%d, rank=%d/%d)"
                 % (self.batch_size, self.num_workers, self.epoch, self.rank, self.world_size))
+
+
+class _Pass:
+    """What iter() of a Python dataset's loader returns: the batches of one pass, from a
+    generator (DataLoader._batches) made again over the same C iterator when an exception left
+    it.  A generator is closed by the exception it raises, so a caller that caught one around
+    next(it) (a KeyboardInterrupt: the C iterator goes on where it was; a dataset's error) got
+    StopIteration from then on: the rest of the pass lost, silently.  torch's iterator goes on."""
+
+    __slots__ = ("_make", "_it", "_len", "_st", "_gen")
+
+    def __init__(self, make, it, len_called):
+        self._make, self._it, self._len = make, it, len_called
+        self._st = {"yielded": 0, "ended": set()}
+        self._gen = make(it, len_called, self._st)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        try:
+            return next(self._gen)
+        except StopIteration:
+            raise
+        except BaseException:
+            self._gen = self._make(self._it, self._len, self._st)
+            raise
 
 
 @_atexit.register

@@ -595,6 +595,46 @@ def ctrl_c_uncaught_ends_at_once():
                     "workers' batches were waited for)" % (what, took))
 
 
+class SlowAt20(Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        if i == 20 and get_worker_info() is not None:
+            time.sleep(1.5)  # the caller waits in next() for batch 5
+        return i
+
+
+@case
+def caught_interrupt_around_next_goes_on():
+    """`it = iter(loader)`, a KeyboardInterrupt caught around next(it) (SIGINT while next()
+    waits), then next(it) again: the pass goes on, every sample once, as torch's iterator does.
+    The iterator was a generator, closed by the exception: StopIteration after it, 20 samples
+    of 64 and no error."""
+    import threading
+    for who, make in (("torch", L.TorchLoader), ("stoke", L.Loader)):
+        it = iter(make(SlowAt20(), batch_size=4, num_workers=2))
+        got, caught, timer = [], 0, None
+        while True:
+            try:
+                b = next(it)
+            except KeyboardInterrupt:
+                caught += 1
+                continue
+            except StopIteration:
+                break
+            got += b.tolist()
+            if len(got) == 16 and timer is None:
+                timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+                timer.start()
+        timer.join()
+        T.check(caught == 1 and got == list(range(64)), "%s: %d interrupt(s), %d samples %s"
+                % (who, caught, len(got), got))
+        del it, b  # (a batch alive keeps its loader)
+    gc.collect()
+    no_children_within(15, "a caught interrupt around next()")
+
+
 # --- epochs, lifetimes ----------------------------------------------------------------------
 
 @case
