@@ -611,7 +611,7 @@ class DataLoader(_stoke.Loader):
 
     def _batches(self, it, len_called, st):
         """The pass's batches from C iterator `it`; st: what the pass counted, kept when the
-        generator is made again (_Pass)."""
+        generator is made again (_Pass).  Its warnings' stacklevels count _Pass.__next__."""
         decode = self._writer.decode
         ended = st["ended"]  # an iterable dataset in worker processes: the exhausted workers
         end, skipped = _dropin_end()
@@ -621,12 +621,14 @@ class DataLoader(_stoke.Loader):
             try:
                 b = next(it)
             except StopIteration:
-                if self._writer.iter_map and len(ended) < self.num_workers:
+                # (not after an error, which ended the epoch: _Pass made this generator again)
+                if (self._writer.iter_map and len(ended) < self.num_workers
+                        and not st.get("failed")):
                     _warnings.warn(
                         "stoke: the IterableDataset's epoch was cut after %d batches, the most "
                         "a stoke.DataLoader with worker processes delivers in one epoch (its "
                         "workers' iterators were not exhausted)" % self._writer.nbatches,
-                        RuntimeWarning, stacklevel=2)
+                        RuntimeWarning, stacklevel=3)
                 return
             except StokeError as e:
                 self._raise_dataset_error(e, name_batch=True)
@@ -655,7 +657,7 @@ class DataLoader(_stoke.Loader):
                        "properly configuring the IterableDataset replica at each worker. "
                        "Please see https://pytorch.org/docs/stable/data.html#torch.utils."
                        "data.IterableDataset for examples." if self.num_workers > 0 else ""),
-                    stacklevel=2)
+                    stacklevel=3)
             yield out
             # not kept while the next batch is awaited: a caller that dropped its batch has
             # given its buffer back, and a worker may take it instead of another one
@@ -672,14 +674,14 @@ class DataLoader(_stoke.Loader):
                 e["index"], e["epoch"], what, self._on_error,
                 e["reason"] if e["source"].startswith("python:") else
                 "%s: %s" % (e["source"], e["reason"])), RuntimeWarning,
-                stacklevel=3)
+                stacklevel=4)
         if (self._bad_seen >= _stoke.QUARANTINE_MAX and not self._bad_full
                 and self.stats()["bad_samples"] > self._bad_seen):
             self._bad_full = True  # the quarantine keeps no more entries: say so once
             _warnings.warn("stoke: more than %d batches were skipped or replaced (on_error=%r): "
                            "the later ones are counted in stats() but not warned about one by "
                            "one" % (_stoke.QUARANTINE_MAX, self._on_error), RuntimeWarning,
-                           stacklevel=3)
+                           stacklevel=4)
 
     # a Python dataset's split is the drop-in's (_dropin._Writer), not the C loader's
     @property
@@ -740,7 +742,7 @@ class _Pass:
     next(it) (a KeyboardInterrupt: the C iterator goes on where it was; a dataset's error) got
     StopIteration from then on: the rest of the pass lost, silently.  torch's iterator goes on."""
 
-    __slots__ = ("_make", "_it", "_len", "_st", "_gen")
+    __slots__ = ("_make", "_it", "_len", "_st", "_gen", "__weakref__")
 
     def __init__(self, make, it, len_called):
         self._make, self._it, self._len = make, it, len_called
@@ -755,7 +757,9 @@ class _Pass:
             return next(self._gen)
         except StopIteration:
             raise
-        except BaseException:
+        except BaseException as e:
+            if not isinstance(e, KeyboardInterrupt):  # (a dataset's error ends the epoch)
+                self._st["failed"] = True
             self._gen = self._make(self._it, self._len, self._st)
             raise
 

@@ -635,6 +635,62 @@ def caught_interrupt_around_next_goes_on():
     no_children_within(15, "a caught interrupt around next()")
 
 
+class Raises3(Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        if i == 3:
+            raise ValueError("v")
+        return i
+
+
+class ItRaises5(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        wi = get_worker_info()
+        for i in range(wi.id if wi else 0, 16, wi.num_workers if wi else 1):
+            if i == 5:
+                raise ValueError("bad 5")
+            yield i
+
+
+@case
+def pass_iterator_as_torchs():
+    """What iter(loader) returns (an iterator over a generator it makes again after an
+    exception): on_error's warnings point at the caller's line, not stoke's; it takes a weak
+    reference, as torch's iterator; and after an IterableDataset's error ends the epoch in
+    worker processes, next() ends the pass without a warning that the epoch was cut."""
+    import weakref
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for b in L.Loader(Raises3(), batch_size=2, on_error="skip", num_workers=2):
+            pass
+    del b  # (a batch alive keeps its loader)
+    skipped = [x for x in w if "skipped" in str(x.message)]
+    T.check(len(skipped) == 1 and skipped[0].filename == __file__,
+            "the skip's warning: %s" % [(x.filename, str(x.message)[:60]) for x in w])
+    it = iter(L.Loader(Raises3(), batch_size=2, num_workers=2))
+    T.check(weakref.ref(it)() is it, "no weak reference to the pass")
+    del it
+    it = iter(L.Loader(ItRaises5(), batch_size=2, num_workers=2))
+    got, err = [], None
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        while True:
+            try:
+                got += next(it).tolist()
+            except ValueError as e:
+                err = e
+            except StopIteration:
+                break
+    T.check(err is not None and "bad 5" in str(err), "the dataset's error: %r" % err)
+    T.check(not [x for x in w if "cut" in str(x.message)],
+            "a warning that the epoch was cut: %s" % [str(x.message)[:80] for x in w])
+    del it, err, w
+    gc.collect()
+    no_children_within(15, "the pass's iterator")
+
+
 # --- epochs, lifetimes ----------------------------------------------------------------------
 
 @case
