@@ -440,17 +440,9 @@ static int same_version(const stoke__cache *c, const stoke__remote_pool *p,
     if (n <= STOKE__REMOTE_TAG_KEY || (v[0] != 'E' && v[0] != 'L'))
         return 0;
     v[n] = 0;
-    char *had = atomic_load(&f->tag->v);
-    if (!had && !adopt)
+    const char *had;
+    if (!stoke__remote_tag_differs(f->tag, v, adopt, &had))
         return 0;
-    if (!had) {
-        char *mine = strdup(v);
-        if (!mine || atomic_compare_exchange_strong(&f->tag->v, &had, mine))
-            return 0;
-        free(mine); /* an answer's came first (had is it): compared with it */
-    }
-    if (had[0] != v[0] || strncmp(had, v, STOKE__REMOTE_TAG_KEY) == 0)
-        return 0; /* (an ETag and a date cannot be compared: as an answer without the header) */
     stoke__fmt_short(why, why_len,
                      "cache %s: the copy of %s is of another version than the open's (the file "
                      "changed since the open): its %s is %s, it was %s",

@@ -123,6 +123,20 @@ int stoke__remote_file_pin(stoke__remote_file *f, char *why, size_t why_len)
     return STOKE_OK;
 }
 
+int stoke__remote_tag_differs(stoke__remote_tag *t, const char *v, int adopt, const char **had)
+{
+    char *mine = atomic_load(&t->v);
+    if (!mine) {
+        char *copy = adopt ? strdup(v) : NULL;
+        if (!copy || atomic_compare_exchange_strong(&t->v, &mine, copy))
+            return 0;
+        free(copy); /* another's came first (mine is it now): compared with it */
+    }
+    if (had)
+        *had = mine;
+    return mine[0] == v[0] && strncmp(mine, v, STOKE__REMOTE_TAG_KEY) != 0;
+}
+
 #ifndef STOKE_HAVE_LIBCURL
 
 int stoke__remote_pool_create(stoke__remote_pool **out, char *why, size_t why_len)

@@ -91,6 +91,12 @@ typedef struct stoke__remote_tag {
 } stoke__remote_tag;
 #define STOKE__REMOTE_TAG_KEY 17
 
+/* Validator text v (as stoke__remote_tag.v: 'E' or 'L', the hash, what messages show) against
+ * t's: t without one takes a copy of v when `adopt` (v is the file's first: 0); then 1 when t
+ * holds another version of the same kind (*had: t's text), 0 when the same or when they cannot
+ * be told apart (t has none; an ETag and a date; out of memory taking v). */
+int stoke__remote_tag_differs(stoke__remote_tag *t, const char *v, int adopt, const char **had);
+
 /* One remote file: `url` as written (for messages: stoke__remote_redact's), and what
  * is requested (an s3:// URL becomes the endpoint's, signed). */
 typedef struct stoke__remote_file {

@@ -118,24 +118,13 @@ static int tag_same(xfer *x)
 {
     if (!x->check)
         return 1;
-    char *had = atomic_load(&x->tag->v);
-    if (!had) {
-        if (!x->etag[0] && !x->lastmod[0])
-            return 1;
-        char *mine = malloc(TAG_MAX);
-        if (!mine)
-            return 1;
-        tag_text(x, x->etag[0] != 0, mine);
-        if (atomic_compare_exchange_strong(&x->tag->v, &had, mine))
-            return 1;
-        free(mine); /* another answer's came first (had is it now): compared with it */
-    }
-    int etag = had[0] == 'E';
+    const char *had = atomic_load(&x->tag->v);
+    int etag = had ? had[0] == 'E' : x->etag[0] != 0; /* (the recorded kind, else the ETag) */
     if (!(etag ? x->etag : x->lastmod)[0])
         return 1;
     char now[TAG_MAX];
     tag_text(x, etag, now);
-    return strncmp(had, now, STOKE__REMOTE_TAG_KEY) == 0;
+    return !stoke__remote_tag_differs(x->tag, now, 1, NULL);
 }
 
 size_t stoke__remote_on_body(char *data, size_t size, size_t nmemb, void *ctx)
