@@ -689,16 +689,16 @@ int stoke_loader_create(const stoke_loader_opts *o, stoke_dataset *ds, stoke_loa
     return STOKE_OK;
 }
 
-/* Never changes the calling thread's last error: it runs on create's failure path, after the
- * message that says why.  In a process forked from the creator's, l's threads, worker
- * processes, accelerator objects, pinned and arena memory are the creator's (their state here
- * is a copy, locks maybe held): only this process's descriptors and plain memory go. */
 void stoke_loader_interrupt(stoke_loader *l)
 {
     if (l)
         atomic_store(&l->interrupted, 2);
 }
 
+/* Never changes the calling thread's last error: it runs on create's failure path, after the
+ * message that says why.  In a process forked from the creator's, l's threads, worker
+ * processes, accelerator objects, pinned and arena memory are the creator's (their state here
+ * is a copy, locks maybe held): only this process's descriptors and plain memory go. */
 void stoke_loader_destroy(stoke_loader *l)
 {
     if (!l)

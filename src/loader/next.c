@@ -321,7 +321,8 @@ int stoke_loader_next(stoke_loader *l, stoke_batch **out)
         return rc;
     }
     delivered(l, b);
-    atomic_store_explicit(&l->interrupted, 0, memory_order_relaxed);
+    if (atomic_load_explicit(&l->interrupted, memory_order_relaxed)) /* (no store a batch) */
+        atomic_store_explicit(&l->interrupted, 0, memory_order_relaxed);
     uint64_t now = made ? made : t0 ? stoke__now_ns() : 0;
     uint64_t waited = t0 ? now - t0 : 0;
     l->st_wait_ns += waited;
