@@ -623,7 +623,7 @@ class DataLoader(_stoke.Loader):
             except StopIteration:
                 # (not after an error, which ended the epoch: _Pass made this generator again)
                 if (self._writer.iter_map and len(ended) < self.num_workers
-                        and not st.get("failed")):
+                        and not st["failed"]):
                     _warnings.warn(
                         "stoke: the IterableDataset's epoch was cut after %d batches, the most "
                         "a stoke.DataLoader with worker processes delivers in one epoch (its "
@@ -746,7 +746,7 @@ class _Pass:
 
     def __init__(self, make, it, len_called):
         self._make, self._it, self._len = make, it, len_called
-        self._st = {"yielded": 0, "ended": set()}
+        self._st = {"yielded": 0, "ended": set(), "failed": False}
         self._gen = make(it, len_called, self._st)
 
     def __iter__(self):

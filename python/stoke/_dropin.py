@@ -938,14 +938,20 @@ def _sampler_len(s, what):
             "list(%s) for a fixed order" % (what, type(s).__name__, what, what)) from None
 
 
+def _stateless(s):
+    """A sampler that is a plain sequence of indices (or of index lists): iterating it draws
+    nothing and always ends."""
+    return type(s) in (list, tuple, range) or (np is not None and type(s) is np.ndarray) or (
+        torch is not None and type(s) is torch.Tensor)
+
+
 def _one_pass(s, what, most):
     """One pass over sampler (batch_sampler) s, as a list: a list, tuple, range, array or tensor
     as it is; an object's iterator, of which `most` + 1 items at most are drawn (most: what the
     epoch's batches, planned from len(s), can hold), so that one that yields more (an infinite
     sampler, as mmengine's InfiniteSampler: torch's epoch over it never ends) is a ValueError,
     not a list that grows until memory runs out.  _Plan.write checks the batches' count."""
-    if type(s) in (list, tuple, range) or (np is not None and type(s) is np.ndarray) or (
-            torch is not None and type(s) is torch.Tensor):
+    if _stateless(s):
         return s
     items = list(itertools.islice(s, most + 1))  # (iter(s) once, as list(s) and torch)
     if len(items) > most:
@@ -1083,8 +1089,9 @@ class _Writer:
     def sample_order(self, epoch):
         """The epoch's dataset indices in order: a list (a sampler's) or an int64 array."""
         if self.sampler is not None:
-            bs, nb = self.batch_size, self.nbatches  # (the samples nb batches hold, at most)
-            most = nb if bs is None else (nb + 1) * bs - 1 if self.drop_last else nb * bs
+            # at most the samples the epoch's batches hold (batches(): batch_size is set here)
+            bs, nb = self.batch_size, self.nbatches
+            most = (nb + 1) * bs - 1 if self.drop_last else nb * bs
             return _keys(_one_pass(self.sampler, "sampler", most))
         n = len(self.dataset)
         order = _permutation(n, self.shuffle_seed(), epoch) if self.shuffle else np.arange(n)
@@ -1157,10 +1164,7 @@ class _Writer:
         """Whether the order comes from no sampler, or from one whose iteration has no state
         (a plain sequence of indices or of index lists)."""
         s = self.batch_sampler if self.batch_sampler is not None else self.sampler
-        if s is None or type(s) in (list, tuple, range):
-            return True
-        return ((np is not None and type(s) is np.ndarray)
-                or (torch is not None and type(s) is torch.Tensor))
+        return s is None or _stateless(s)
 
     def plan_now(self, epoch):
         """At the first iteration, when the creation's hook left the plan to it (defer): the
