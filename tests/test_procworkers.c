@@ -231,6 +231,21 @@ static stoke_loader *proc_loader(pds *p, stoke_dataset *ds, int with_init, int w
     return l;
 }
 
+/* Destroys l and closes ds and p, then checks that every child r saw, and `also` (0: none), is
+ * gone, no child is left, and the process has `fds` descriptors again. */
+static void end_loader(stoke_loader *l, stoke_dataset *ds, pds *p, const run *r, int also, int fds)
+{
+    stoke_loader_destroy(l);
+    stoke_dataset_close(ds);
+    stoke_dataset_close(&p->inner);
+    if (also)
+        assert_true(tu_pid_gone(also));
+    for (int k = 0; k < r->npids; k++)
+        assert_true(tu_pid_gone(r->pids[k]));
+    tu_assert_no_children();
+    assert_int_equal(tu_count_fds_to(""), fds);
+}
+
 /* One epoch; then destroy and check no process and no descriptor is left. */
 static void run_epoch(const char *policy, int mode, int workers, int shuffle, int with_batch,
                       run *r)
@@ -246,13 +261,7 @@ static void run_epoch(const char *policy, int mode, int workers, int shuffle, in
     memset(r, 0, sizeof(*r));
     take(l, workers, r, UINT64_MAX);
     finish(l, r);
-    stoke_loader_destroy(l);
-    stoke_dataset_close(&ds);
-    stoke_dataset_close(&p.inner);
-    for (int k = 0; k < r->npids; k++)
-        assert_true(tu_pid_gone(r->pids[k]));
-    tu_assert_no_children();
-    assert_int_equal(tu_count_fds_to(""), fds);
+    end_loader(l, &ds, &p, r, 0, fds);
 }
 
 static void test_same_as_threads(void **state)
@@ -419,14 +428,7 @@ static void kill9_epoch(const char *policy, run *r, int *hung)
     pthread_join(th, NULL);
     *hung = atomic_load(&sh->hang_pid);
     finish(l, r);
-    stoke_loader_destroy(l);
-    stoke_dataset_close(&ds);
-    stoke_dataset_close(&p.inner);
-    assert_true(tu_pid_gone(*hung));
-    for (int k = 0; k < r->npids; k++)
-        assert_true(tu_pid_gone(r->pids[k]));
-    tu_assert_no_children();
-    assert_int_equal(tu_count_fds_to(""), fds);
+    end_loader(l, &ds, &p, r, *hung, fds);
 }
 
 static void test_kill9(void **state)
@@ -493,14 +495,7 @@ static void kill_idle(int workers)
         assert_int_equal(atomic_load(&sh->init_calls), 2);
     }
     tu_note_worker_pids(l, workers, r.pids, &r.npids, 64);
-    stoke_loader_destroy(l);
-    stoke_dataset_close(&ds);
-    stoke_dataset_close(&p.inner);
-    assert_true(tu_pid_gone(old));
-    for (int k = 0; k < r.npids; k++)
-        assert_true(tu_pid_gone(r.pids[k]));
-    tu_assert_no_children();
-    assert_int_equal(tu_count_fds_to(""), fds);
+    end_loader(l, &ds, &p, &r, old, fds);
 }
 
 /* A child killed while idle (between batches): the next batch goes to a replacement, nothing is
@@ -535,15 +530,7 @@ static void test_destroy_mid_epoch(void **state)
             tu_sleep_ms(1);
         tu_note_worker_pids(l, 2, r.pids, &r.npids, 64);
         assert_true(r.npids >= 1);
-        stoke_loader_destroy(l);
-        stoke_dataset_close(&ds);
-        stoke_dataset_close(&p.inner);
-        for (int k = 0; k < r.npids; k++)
-            assert_true(tu_pid_gone(r.pids[k]));
-        if (hang)
-            assert_true(tu_pid_gone(atomic_load(&sh->hang_pid)));
-        tu_assert_no_children();
-        assert_int_equal(tu_count_fds_to(""), fds);
+        end_loader(l, &ds, &p, &r, hang ? atomic_load(&sh->hang_pid) : 0, fds);
     }
 }
 
@@ -581,13 +568,7 @@ static void test_interrupt_abandon(void **state)
     finish(l, &r);
     assert_true(r.st.worker_restarts >= 1);
     stoke_loader_interrupt(NULL);
-    stoke_loader_destroy(l);
-    stoke_dataset_close(&ds);
-    stoke_dataset_close(&p.inner);
-    for (int k = 0; k < r.npids; k++)
-        assert_true(tu_pid_gone(r.pids[k]));
-    tu_assert_no_children();
-    assert_int_equal(tu_count_fds_to(""), fds);
+    end_loader(l, &ds, &p, &r, stuck, fds);
 }
 
 static void test_invalid(void **state)
