@@ -607,9 +607,9 @@ static PyObject *loader_get_outstanding(PyObject *obj, void *unused)
     return PyLong_FromSsize_t(((LoaderObject *)obj)->outstanding);
 }
 
-/* stoke_loader_interrupt: the exit after an uncaught KeyboardInterrupt (its Ctrl-C may have
- * come in the loop's body, outside next()'s wait) does not wait for the worker processes'
- * batches. */
+/* stoke_loader_interrupt: the interpreter's exit (after an uncaught KeyboardInterrupt, whose
+ * Ctrl-C may have come in the loop's body, outside next()'s wait, or not) does not wait for
+ * the worker processes' batches. */
 static PyObject *loader_interrupt(PyObject *obj, PyObject *unused)
 {
     (void)unused;

@@ -595,6 +595,54 @@ def ctrl_c_uncaught_ends_at_once():
                     "workers' batches were waited for)" % (what, took))
 
 
+EXIT_LIVE = r"""
+import faulthandler, os, time
+import dropin_child as C
+faulthandler.dump_traceback_later(45, exit=True)
+
+
+class Stalls(C.Rows):
+    def __getitem__(self, i):
+        if i >= 12 and os.getpid() != C.PARENT:  # a worker's sample that takes a minute
+            open("%s.%d" % (MARK, os.getpid()), "w").close()
+            time.sleep(60)
+        return super().__getitem__(i)
+
+
+loader = C.L.Loader(Stalls(400), batch_size=4, num_workers=2)  # alive to the interpreter's end
+for k, b in enumerate(loader):  # b too
+    if k == 2:
+        break
+deadline = time.monotonic() + 30
+while (sum(n.startswith("stalled.") for n in os.listdir(os.path.dirname(MARK))) < 2
+       and time.monotonic() < deadline):
+    time.sleep(0.02)
+print("EXITING", flush=True)
+"""
+
+
+@case
+def exit_with_live_batch_ends_at_once():
+    """A script that ends (no Ctrl-C) holding its loader and a batch, both workers inside a
+    minute-long __getitem__: the interpreter ends at once, nothing left.  The exit's hook
+    abandoned the epoch and waited for the workers' batches the whole minute; torch's exit
+    terminates its workers (multiprocessing's own hook)."""
+    what = "exit with a batch alive, the workers in a long sample"
+    mark = os.path.join(T.tmpdir(), "stalled")
+    p = script(EXIT_LIVE.replace("(MARK,", "(%r," % mark).replace("(MARK)", "(%r)" % mark))
+    with Cleans(p, what):
+        line, hung = first_line(p, 60)
+        t0 = time.monotonic()
+        out, err = finish(p, 90 if not hung else 1)
+        took = time.monotonic() - t0
+        T.check(line.strip() == "EXITING", "%s: the script said %r; %s\nstderr %s" % (
+            what, line, hung, err[-6000:]))
+        T.check(p.returncode == 0 and "Traceback" not in err,
+                "%s: exit %s, stderr:\n%s" % (what, p.returncode, err[-3000:]))
+        T.check(took < 1.5, "%s: the script ended %.2f s after its last line (the busy "
+                "workers' batches were waited for)" % (what, took))
+
+
 class SlowAt20(Dataset):
     def __len__(self):
         return 64
