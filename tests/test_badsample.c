@@ -97,8 +97,12 @@ static void bds_open(bds *b, int with_batch, const uint64_t *bad, int nbad, stok
         ds->read = bds_get_batch;
 }
 
+/* opts.errors_go_on, and in_order 0, for run_epoch */
+static int g_go_on, g_unordered;
+
 typedef struct run {
     int rc;
+    int nerr, errs[8]; /* the errors an epoch went on after (g_go_on) */
     char err[1024];
     uint64_t n, nbatches;
     uint64_t idx[2 * N];
@@ -124,11 +128,20 @@ static void run_epoch(const char *policy, int workers, int shuffle, int with_bat
     o.shuffle = shuffle;
     o.seed = 5;
     o.pin_memory = 0;
+    o.errors_go_on = g_go_on;
+    o.in_order = !g_unordered;
     stoke_loader *l;
     assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
     memset(r, 0, sizeof(*r));
     stoke_batch *bt;
-    while ((r->rc = stoke_loader_next(l, &bt)) == STOKE_OK) {
+    for (;;) {
+        r->rc = stoke_loader_next(l, &bt);
+        if (r->rc != STOKE_OK && r->rc != STOKE_EEND && g_go_on && r->nerr < 8) {
+            r->errs[r->nerr++] = r->rc;
+            continue;
+        }
+        if (r->rc != STOKE_OK)
+            break;
         size_t c = stoke_batch_count(bt);
         const unsigned char *data = stoke_batch_data(bt, 0);
         const int64_t *label = stoke_batch_data(bt, 1);
@@ -183,6 +196,71 @@ static void test_error_policy(void **state)
         assert_string_equal(r.q[0].source, "shard-1.bin@6656");
         assert_string_equal(r.q[0].reason, "corrupt sample 13");
     }
+}
+
+/* errors_go_on: each failed batch is an error of stoke_loader_next, and the epoch goes on
+ * with the next batch (torch's iterator); every other batch delivered once, in order when
+ * in_order; a second epoch whole.  An interrupt (STOKE_ECANCELED) still ends the epoch. */
+static void test_errors_go_on(void **state)
+{
+    (void)state;
+    static run clean, r;
+    const bds bad3 = {.bad = {13, 14, 50}, .nbad = 3};
+    g_go_on = 1;
+    for (int shuffle = 0; shuffle < 2; shuffle++) {
+        run_epoch("error", 0, shuffle, 0, NULL, 0, &clean);
+        assert_int_equal(clean.rc, STOKE_EEND);
+        assert_int_equal(clean.nerr, 0);
+        /* the clean epoch's order without the batches holding 13, 14 or 50 */
+        uint64_t want[N], nw = 0;
+        int nfail = 0;
+        for (uint64_t k = 0; k < N; k += BS) {
+            int bad = 0;
+            for (uint64_t j = k; j < k + BS && j < N; j++)
+                bad |= is_bad(&bad3, clean.idx[j]);
+            nfail += bad;
+            for (uint64_t j = k; j < k + BS && j < N && !bad; j++)
+                want[nw++] = clean.idx[j];
+        }
+        if (!shuffle)
+            assert_int_equal(nfail, 2); /* 8..15, 48..55 */
+        for (int w = 0; w <= 3; w++)
+            for (int gb = 0; gb < 2; gb++)
+                for (g_unordered = 0; g_unordered < 2; g_unordered++) {
+                    run_epoch("error", w, shuffle, gb, BAD, 3, &r);
+                    assert_int_equal(r.rc, STOKE_EEND);
+                    assert_int_equal(r.nerr, nfail);
+                    for (int k = 0; k < r.nerr; k++)
+                        assert_int_equal(r.errs[k], STOKE_EFORMAT);
+                    assert_int_equal(r.n, nw);
+                    assert_int_equal(r.nbatches, (N + BS - 1) / BS - (uint64_t)nfail);
+                    assert_int_equal(r.st.bad_samples, nfail);
+                    assert_int_equal(r.nq, nfail);
+                    if (!g_unordered) {
+                        assert_memory_equal(r.idx, want, sizeof(uint64_t) * nw);
+                        continue;
+                    }
+                    unsigned char seen[N] = {0}; /* as completed: the same samples, once */
+                    for (uint64_t k = 0; k < r.n; k++) {
+                        assert_true(r.idx[k] < N && !seen[r.idx[k]]);
+                        seen[r.idx[k]] = 1;
+                    }
+                    for (uint64_t k = 0; k < nw; k++)
+                        assert_true(seen[want[k]]);
+                }
+    }
+    g_unordered = 0;
+    /* an interrupt is no bad batch: it still ends the epoch */
+    g_cancel = 20;
+    for (int w = 0; w <= 2; w += 2) {
+        run_epoch("error", w, 0, 0, NULL, 0, &r);
+        assert_int_equal(r.nerr, 1); /* (run_epoch went on: the end came) */
+        assert_int_equal(r.errs[0], STOKE_ECANCELED);
+        assert_int_equal(r.rc, STOKE_EEND);
+        assert_int_equal(r.n, 16);
+    }
+    g_cancel = UINT64_MAX;
+    g_go_on = 0;
 }
 
 /* skip: the bad samples leave their batches, the rest keep their order, whatever the workers,
@@ -572,7 +650,7 @@ int main(void)
         cmocka_unit_test(test_skip_budget),        cmocka_unit_test(test_replace),
         cmocka_unit_test(test_parse_and_validate), cmocka_unit_test(test_cli_on_error),
         cmocka_unit_test(test_iterable),           cmocka_unit_test(test_all_bad_batch),
-        cmocka_unit_test(test_canceled_is_not_bad),
+        cmocka_unit_test(test_canceled_is_not_bad), cmocka_unit_test(test_errors_go_on),
     };
     return tu_exit_status(cmocka_run_group_tests(tests, NULL, NULL));
 }

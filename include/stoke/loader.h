@@ -141,6 +141,12 @@ typedef struct stoke_loader_opts {
     /* ---- appended: the buffers beyond the reorder window (docs/loader.md, "Memory") ---- */
     int held_buffers; /* batches the consumer may hold without stalling a worker, 1..4096;
                          default 2 */
+    /* ---- appended: errors that do not end the epoch ---- */
+    int errors_go_on; /* 1: a batch whose sample failed (on_error ERROR; a worker process's
+                         death) is returned by stoke_loader_next as its error, and the epoch
+                         goes on: the next call delivers the next batch, the failed one counted
+                         as consumed (torch's DataLoader iterator, for a caller that catches
+                         the error); MAP datasets only.  Default 0: the error ends the epoch */
 } stoke_loader_opts;
 
 /* stoke_loader_opts.worker_mode. */

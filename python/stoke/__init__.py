@@ -462,7 +462,10 @@ class DataLoader(_stoke.Loader):
                              arena=None if arena is None else str(arena),
                              round_robin=processes,  # torch's batch k -> worker k % n
                              on_error=None if on_error is None else str(on_error),
-                             held_buffers=self._held)
+                             held_buffers=self._held,
+                             # a caller that catches a dataset's error and calls next() again
+                             # gets the rest of the epoch, as from torch's iterator
+                             errors_go_on=True)
             # the user's persistent_workers, not the C loader's (the workers persist anyway):
             # a superseded iterator raises unless torch's would go on (python/loader.c)
             self._passes_go_on = bool(persistent_workers)

@@ -16,14 +16,10 @@
 
 /* ---- the consumer ------------------------------------------------------------------------- */
 
-/* (mu) Records a delivered batch. */
-static void delivered(stoke_loader *l, stoke_batch *b)
+/* (mu) Counts batch b (taken from the done list) as consumed: the cursor moves past it. */
+static void consumed(stoke_loader *l, const stoke_batch *b)
 {
-    STOKE__LOADER_ASSERT_MU(l);
-    stoke__batch_move(b, STOKE__B_DONE, STOKE__B_HELD);
     l->outstanding--;
-    if (!STOKE__TEST_BROKEN()) /* tests/test_lifecycle.c breaks this one */
-        l->held++;
     l->ndelivered++;
     if (l->iterable)
         l->w[b->worker].outstanding--;
@@ -34,6 +30,16 @@ static void delivered(stoke_loader *l, stoke_batch *b)
         while (l->prefix < l->nbatches && (l->bits[l->prefix / 8] >> (l->prefix % 8)) & 1u)
             l->prefix++;
     }
+}
+
+/* (mu) Records a delivered batch. */
+static void delivered(stoke_loader *l, stoke_batch *b)
+{
+    STOKE__LOADER_ASSERT_MU(l);
+    stoke__batch_move(b, STOKE__B_DONE, STOKE__B_HELD);
+    if (!STOKE__TEST_BROKEN()) /* tests/test_lifecycle.c breaks this one */
+        l->held++;
+    consumed(l, b);
     l->st.batches++;
     l->st.samples += b->count;
     l->st.truncated_samples += b->truncated;
@@ -110,8 +116,8 @@ static int end_failed(stoke_loader *l, int rc)
     return rc;
 }
 
-/* (mu) Ends the epoch with the error of batch b (recycled): the worker, the sample and the
- * dataset, each named once. */
+/* (mu) Returns the error of batch b (recycled): the worker, the sample and the dataset, each
+ * named once.  It ends the epoch, unless opts.errors_go_on lets a MAP epoch go on past b. */
 static int batch_error(stoke_loader *l, stoke_batch *b)
 {
     int rc = b->status;
@@ -142,6 +148,15 @@ static int batch_error(stoke_loader *l, stoke_batch *b)
         stoke__fmt(ctx, sizeof(ctx), "%s: ", l->ds.name);
     stoke__loader_fail(l, rc, "worker %d%s: %s%s (%s)", b->worker, who, ctx, msg,
                        stoke_err_name(rc));
+    /* (not past the on_error budget, whose error is the end the caller asked for; not an
+     * interrupt's or a timeout's: no sample's fault, the batch is not lost for them) */
+    if (l->o.errors_go_on && !l->iterable && l->o.on_error == STOKE_ON_ERROR_ERROR &&
+        rc != STOKE_ECANCELED && rc != STOKE_ETIMEDOUT) {
+        consumed(l, b);
+        stoke__loader_recycle(l, b);
+        stoke__loader_wake_workers(l, 0);
+        return rc;
+    }
     stoke__loader_recycle(l, b);
     l->outstanding--;
     return end_failed(l, rc);
