@@ -1215,6 +1215,96 @@ static void test_destroy_socket_held(void **state)
     tu_assert_no_children();
 }
 
+/* A MAP dataset of CRASHY_N samples (sample i holding pds's i % N) whose even samples crash
+ * their worker process. */
+enum { CRASHY_N = 300 };
+
+static uint64_t crashy_length(void *user)
+{
+    (void)user;
+    return CRASHY_N;
+}
+
+static int crashy_get(void *user, uint64_t index, void *const dst[], int64_t lens[], int worker,
+                      char *msg, size_t msg_len)
+{
+    pds *p = user;
+    if (getpid() != sh->parent && index % 2 == 0) {
+        signal(SIGSEGV, SIG_DFL);
+        raise(SIGSEGV);
+    }
+    return p->inner.get(p->inner.user, index % N, dst, lens, worker, msg, msg_len);
+}
+
+/* opts.errors_go_on with worker processes: a crash's batch is an error and the epoch goes on
+ * (the child replaced) with every other batch; but past 100 restarts in the epoch the cap's
+ * STOKE_ELIMIT ends it, going on or not (it went on, restarting a child for every later crash:
+ * the cap stopped nothing). */
+static void test_crash_go_on(void **state)
+{
+    (void)state;
+    int fds = tu_count_fds_to("");
+    reset_shared();
+    sh->crash = 21;
+    pds p;
+    stoke_dataset ds;
+    stoke_loader *l = proc_loader(&p, &ds, 0, 2);
+    stoke_loader_destroy(l);
+    stoke_loader_opts o;
+    opts(&o, "error", STOKE_WORKER_PROCESSES, 2, 0);
+    o.errors_go_on = 1;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    run r;
+    memset(&r, 0, sizeof(r));
+    take(l, 2, &r, UINT64_MAX);
+    assert_int_equal(r.rc, STOKE_EDATA);
+    check_crash_msg(r.err, "SIGSEGV", 21);
+    take(l, 2, &r, UINT64_MAX); /* the rest: batch 2 (16..23) is the only one missing */
+    assert_int_equal(r.rc, STOKE_EEND);
+    assert_int_equal(r.n, N - BS);
+    for (uint64_t k = 0; k < r.n; k++)
+        assert_int_equal(r.idx[k], k < 2 * BS ? k : k + BS);
+    finish(l, &r);
+    assert_int_equal(r.st.worker_restarts, 1);
+    end_loader(l, &ds, &p, &r, 0, fds);
+
+    /* the cap: 100 crashes go on, the 101st (sample 200) ends the epoch */
+    pds_open(&p, 0, 0, &ds);
+    ds.length = crashy_length;
+    ds.get = crashy_get;
+    opts(&o, "error", STOKE_WORKER_PROCESSES, 2, 0);
+    o.batch_size = 1;
+    o.errors_go_on = 1;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    int nok = 0, nerr = 0, nlimit = 0, rc, last_rc = 0;
+    stoke_batch *b;
+    while ((rc = stoke_loader_next(l, &b)) != STOKE_EEND) {
+        if (rc == STOKE_OK) {
+            assert_int_equal(stoke_batch_indices(b)[0], 2 * (uint64_t)nok + 1);
+            nok++;
+            stoke_batch_release(b);
+            continue;
+        }
+        nerr++;
+        last_rc = rc;
+        if (rc == STOKE_ELIMIT) {
+            nlimit++;
+            assert_non_null(strstr(stoke_loader_last_error(l), "restarted more than 100 times"));
+        }
+        if (nerr > 101)
+            fail_msg("error %d: rc %d: %s", nerr, rc, stoke_loader_last_error(l));
+    }
+    /* The 101st restart is counted when it happens: with two workers running ahead, at sample
+     * 198 or 200 (or a later one). The epoch ends at its batch: each batch before it delivered
+     * (odd) or failed (even) once */
+    assert_int_equal(nlimit, 1);
+    assert_int_equal(last_rc, STOKE_ELIMIT);
+    assert_int_equal(nerr, nok + 1);
+    assert_true(nerr >= 90 && nerr <= 101);
+    memset(&r, 0, sizeof(r));
+    end_loader(l, &ds, &p, &r, 0, fds);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -1250,6 +1340,7 @@ int main(void)
         cmocka_unit_test_setup(test_fork_child, setup),
         cmocka_unit_test_setup(test_several_loaders, setup),
         cmocka_unit_test_setup(test_destroy_socket_held, setup),
+        cmocka_unit_test_setup(test_crash_go_on, setup),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     munmap(sh, sizeof(*sh));

@@ -464,8 +464,10 @@ class DataLoader(_stoke.Loader):
                              on_error=None if on_error is None else str(on_error),
                              held_buffers=self._held,
                              # a caller that catches a dataset's error and calls next() again
-                             # gets the rest of the epoch, as from torch's iterator
-                             errors_go_on=True)
+                             # gets the rest of the epoch, as from torch's iterator; not an
+                             # IterableDataset's (worker processes): a worker's replacement
+                             # after a crash would iterate its share again from the start
+                             errors_go_on=not w.iter_map)
             # the user's persistent_workers, not the C loader's (the workers persist anyway):
             # a superseded iterator raises unless torch's would go on (python/loader.c)
             self._passes_go_on = bool(persistent_workers)
@@ -623,14 +625,21 @@ class DataLoader(_stoke.Loader):
             try:
                 b = next(it)
             except StopIteration:
-                # (not after an error, which ended the epoch: _Pass made this generator again)
-                if (self._writer.iter_map and len(ended) < self.num_workers
-                        and not st["failed"]):
-                    _warnings.warn(
-                        "stoke: the IterableDataset's epoch was cut after %d batches, the most "
-                        "a stoke.DataLoader with worker processes delivers in one epoch (its "
-                        "workers' iterators were not exhausted)" % self._writer.nbatches,
-                        RuntimeWarning, stacklevel=3)
+                if self._writer.iter_map and len(ended) < self.num_workers:
+                    if st["failed"]:  # (an error ended the epoch: _Pass made this generator)
+                        if not st["said"]:
+                            st["said"] = True
+                            _warnings.warn(
+                                "stoke: the IterableDataset's epoch ended at the error raised "
+                                "before: the other worker processes' iterators give no more "
+                                "(torch's go on; on_error='skip' goes on past a failed batch)",
+                                RuntimeWarning, stacklevel=3)
+                    else:
+                        _warnings.warn(
+                            "stoke: the IterableDataset's epoch was cut after %d batches, the "
+                            "most a stoke.DataLoader with worker processes delivers in one "
+                            "epoch (its workers' iterators were not exhausted)"
+                            % self._writer.nbatches, RuntimeWarning, stacklevel=3)
                 return
             except StokeError as e:
                 self._raise_dataset_error(e, name_batch=True)
@@ -748,7 +757,7 @@ class _Pass:
 
     def __init__(self, make, it, len_called):
         self._make, self._it, self._len = make, it, len_called
-        self._st = {"yielded": 0, "ended": set(), "failed": False}
+        self._st = {"yielded": 0, "ended": set(), "failed": False, "said": False}
         self._gen = make(it, len_called, self._st)
 
     def __iter__(self):
@@ -760,7 +769,9 @@ class _Pass:
         except StopIteration:
             raise
         except BaseException as e:
-            if not isinstance(e, KeyboardInterrupt):  # (a dataset's error ends the epoch)
+            # (a dataset's error ends an IterableDataset's epoch in worker processes; a
+            # map-style one's goes on: errors_go_on)
+            if not isinstance(e, KeyboardInterrupt):
                 self._st["failed"] = True
             self._gen = self._make(self._it, self._len, self._st)
             raise

@@ -81,9 +81,12 @@ class _End:
 class _Skipped:
     """decode()'s answer for a batch that on_error skipped (None is a batch: a collate_fn's)."""
 HDR = 64
-MAILBOX = 1 << 16                   # a worker's mailbox: MAIL_ENTRIES failures
-MAIL_ENTRIES = 4
-MAIL_ENTRY = MAILBOX // MAIL_ENTRIES
+# A worker's mailbox: MAIL_ENTRIES failures of batches the consumer has not reached yet (an
+# epoch goes on past a map-style dataset's error: every batch in flight may fail; 4 were lost
+# past the fourth, their exceptions a LoaderError); pages only where written (mail_clear)
+MAIL_ENTRY = 1 << 14
+MAIL_ENTRIES = 16
+MAILBOX = MAIL_ENTRY * MAIL_ENTRIES
 _NP_KINDS = "biufc"  # numeric and bool arrays go into the block; others are pickled
 
 
@@ -873,7 +876,8 @@ class _Plan:
         slot = min(max(worker, 0), self.nmail - 1)
         for k in range(MAIL_ENTRIES):
             off = self.off_mail + slot * MAILBOX + k * MAIL_ENTRY
-            if struct.unpack_from("<Q", self.mm, off)[0] == 0:
+            # free: no length (batch + 1 is 0 for an unnumbered batch, -1, which is kept)
+            if struct.unpack_from("<Q", self.mm, off + 8)[0] == 0:
                 self.mm[off + 16:off + 16 + len(payload)] = payload
                 struct.pack_into("<QQ", self.mm, off, batch + 1, len(payload))
                 return
@@ -890,8 +894,11 @@ class _Plan:
         return None
 
     def mail_clear(self):
-        """At an epoch's start (no worker is loading): failures nobody took are stale."""
-        self.mm[self.off_mail:self.off_offs] = bytes(self.off_offs - self.off_mail)
+        """At an epoch's start (no worker is loading): failures nobody took are stale.  Only
+        the headers written are cleared (not every page of every mailbox)."""
+        for off in range(self.off_mail, self.off_offs, MAIL_ENTRY):
+            if struct.unpack_from("<QQ", self.mm, off) != (0, 0):
+                struct.pack_into("<QQ", self.mm, off, 0, 0)
 
 
 def _keys(items, what="sampler"):
@@ -1409,7 +1416,7 @@ class _Writer:
             if run != self.iter_run:  # a new run (the same epoch and seed again included)
                 self.iter_run = run
                 self.iters.clear()
-            r = self.next_fill(worker, view)
+            r = self.next_fill(worker, view, i)  # (its error mailed under batch i)
             if r == 0:
                 struct.pack_into("<QQ", view, 0, MAGIC_END, self.worker)
                 return 16
@@ -1498,7 +1505,7 @@ class _Writer:
         samples = self.next_samples(0)
         return self.write_samples(block, samples) if samples else 0
 
-    def next_fill(self, worker, view):
+    def next_fill(self, worker, view, i=-1):
         key = worker if self.worker >= 0 else 0  # threads share one iterator: each sample once
         try:
             samples = self.next_samples(key)
@@ -1511,7 +1518,7 @@ class _Writer:
             return ("stoke: a batch of the iterable dataset needs %d bytes, its block holds %d: "
                     "pass max_batch_bytes=%d or more" % (o.need, len(view), 2 * o.need))
         except Exception as e:  # noqa: BLE001
-            return self.fail(-1, worker, e, None)
+            return self.fail(i, worker, e, None)
         except BaseException as e:  # noqa: BLE001 - Ctrl-C, sys.exit(): never a bad sample
             return self.interrupted(e, None)
 

@@ -134,6 +134,8 @@ struct stoke_batch {
     int copied;         /* device mode: the copy was queued */
     int dev_failed;     /* device mode: a wait or read reported a failure (counted once) */
     uint32_t truncated; /* samples with a ragged field cut to max_len */
+    int ends_epoch;     /* its error ends the epoch even with opts.errors_go_on (a process
+                           worker's restart past its cap: procworker.c, after_crash) */
     struct {
         stoke__bad *v;
         size_t n, cap;

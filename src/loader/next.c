@@ -151,7 +151,7 @@ static int batch_error(stoke_loader *l, stoke_batch *b)
     /* (not past the on_error budget, whose error is the end the caller asked for; not an
      * interrupt's or a timeout's: no sample's fault, the batch is not lost for them) */
     if (l->o.errors_go_on && !l->iterable && l->o.on_error == STOKE_ON_ERROR_ERROR &&
-        rc != STOKE_ECANCELED && rc != STOKE_ETIMEDOUT) {
+        rc != STOKE_ECANCELED && rc != STOKE_ETIMEDOUT && !b->ends_epoch) {
         consumed(l, b);
         stoke__loader_recycle(l, b);
         stoke__loader_wake_workers(l, 0);

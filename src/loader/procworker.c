@@ -565,6 +565,7 @@ static int after_crash(stoke_loader *l, stoke_batch *b, int wid, wreq *req, cons
         stoke__fmt(m, sizeof(m), "%.150s; worker processes restarted more than %d times this epoch",
                    why, RESTARTS_MAX);
         stoke__batch_failed(b, STOKE_ELIMIT, where, m);
+        b->ends_epoch = 1; /* a crash loop: the epoch ends, errors_go_on or not */
         return STOKE_ELIMIT;
     }
     if (idx == UINT64_MAX)

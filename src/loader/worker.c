@@ -401,6 +401,8 @@ void stoke__loader_batch_start(stoke_loader *l, stoke_batch *b, const stoke__pro
         b->bad.n = 0;
     if (b->truncated)
         b->truncated = 0;
+    if (b->ends_epoch)
+        b->ends_epoch = 0;
     b->pinned = b->host->pinned;
 }
 
