@@ -740,68 +740,17 @@ def pass_iterator_as_torchs():
 
 
 
-class Raises9And21(Dataset):
+class RaisesAt(Dataset):
+    """range(n), whose samples in `bad` raise ValueError("bad I")."""
+
+    def __init__(self, n, bad):
+        self.n, self.bad = n, bad
+
     def __len__(self):
-        return 32
+        return self.n
 
     def __getitem__(self, i):
-        if i in (9, 21):
-            raise ValueError("bad %d" % i)
-        return i
-
-
-@case
-def caught_dataset_error_goes_on():
-    """A caller that catches a dataset's exception around next(it) and calls next(it) again
-    gets the rest of the epoch, as from torch's iterator: the failed batches' samples missing,
-    every other one once, in order; map-style with 0 and 2 worker processes, threads, and an
-    IterableDataset in worker processes (whose failing worker's generator ends).  stoke ended
-    the epoch at the first error: the next next(it) was StopIteration, 5 batches of 8 lost
-    without a word."""
-    def caught(loader):
-        it, got, errs = iter(loader), [], []
-        while True:
-            try:
-                got.append(next(it).tolist())
-            except ValueError as e:  # (torch's text holds the worker's traceback too)
-                errs.append(re.findall(r"bad \d+", str(e))[-1:])
-            except StopIteration:
-                return got, errs
-    for ds, kw in ((Raises9And21(), {"num_workers": 0}), (Raises9And21(), {"num_workers": 2}),
-                   (ItRaises5(), {"num_workers": 0})):
-        what = "%s %s" % (type(ds).__name__, kw)
-        ref = caught(L.TorchLoader(ds, batch_size=4, **kw))
-        T.check(len(ref[1]) == (2 if isinstance(ds, Raises9And21) else 1)
-                and len(ref[0]) == (6 if isinstance(ds, Raises9And21) else 1),
-                "torch %s: %s" % (what, ref))
-        runs = [("stoke", kw)]
-        if isinstance(ds, Raises9And21) and kw["num_workers"]:
-            runs.append(("stoke threads", dict(kw, worker_mode="threads")))
-        for who, kw2 in runs:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # (threads: ThreadsWarning)
-                got = caught(L.Loader(ds, batch_size=4, **kw2))
-            T.check(got == ref, "%s %s: batches, errors %s; torch's %s" % (who, what, got, ref))
-    # An IterableDataset in worker processes: its epoch ends at the error (a crashed worker's
-    # replacement would iterate its share again: no going on), said once when next() finds it
-    # over; torch's other worker goes on
-    with warnings.catch_warnings(record=True) as w:
-        warnings.simplefilter("always")
-        got = caught(L.Loader(ItRaises5(), batch_size=4, num_workers=2))
-    said = [str(x.message) for x in w if "ended at the error" in str(x.message)]
-    T.check(got == ([[0, 2, 4, 6]], [["bad 5"]]) and len(said) == 1,
-            "IterableDataset in worker processes: %s, warnings %s" % (
-                got, [str(x.message)[:80] for x in w]))
-    gc.collect()
-    no_children_within(15, "a caught dataset error")
-
-
-class Raises8To48(Dataset):
-    def __len__(self):
-        return 64
-
-    def __getitem__(self, i):
-        if 8 <= i < 48:
+        if i in self.bad:
             raise ValueError("bad %d" % i)
         return i
 
@@ -815,6 +764,56 @@ class TwoRaise(torch.utils.data.IterableDataset):
             yield i
 
 
+def caught(loader, late=0):
+    """A loop that catches each exception around next(it) and goes on: (the batches as lists,
+    each exception's type name and its "bad I"), after `late` seconds before the first next()."""
+    it, got, errs = iter(loader), [], []
+    time.sleep(late)
+    while True:
+        try:
+            got.append(next(it).tolist())
+        except StopIteration:
+            return got, errs
+        except Exception as e:  # noqa: BLE001 - its type is what is checked
+            # (torch's text holds the worker's traceback too)
+            errs.append((type(e).__name__, re.findall(r"bad \d+", str(e))[-1:]))
+
+
+@case
+def caught_dataset_error_goes_on():
+    """A caller that catches a dataset's exception around next(it) and calls next(it) again
+    gets the rest of the epoch, as from torch's iterator: the failed batches' samples missing,
+    every other one once, in order; map-style with 0 and 2 worker processes and threads, and
+    an IterableDataset with num_workers=0 (its generator ended by the exception, as torch's).
+    stoke ended the epoch at the first error: the next next(it) was StopIteration, 5 batches
+    of 8 lost without a word.  An IterableDataset in worker processes ends its epoch at the
+    error (a crashed worker's replacement would iterate its share again), said once."""
+    nine = RaisesAt(32, (9, 21))
+    for ds, kw in ((nine, {"num_workers": 0}), (nine, {"num_workers": 2}),
+                   (ItRaises5(), {"num_workers": 0})):
+        what = "%s %s" % (type(ds).__name__, kw)
+        ref = caught(L.TorchLoader(ds, batch_size=4, **kw))
+        T.check(len(ref[1]) == (2 if ds is nine else 1)
+                and len(ref[0]) == (6 if ds is nine else 1), "torch %s: %s" % (what, ref))
+        runs = [("stoke", kw)]
+        if ds is nine and kw["num_workers"]:
+            runs.append(("stoke threads", dict(kw, worker_mode="threads")))
+        for who, kw2 in runs:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # (threads: ThreadsWarning)
+                got = caught(L.Loader(ds, batch_size=4, **kw2))
+            T.check(got == ref, "%s %s: batches, errors %s; torch's %s" % (who, what, got, ref))
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        got = caught(L.Loader(ItRaises5(), batch_size=4, num_workers=2))
+    said = [str(x.message) for x in w if "ended at the error" in str(x.message)]
+    T.check(got == ([[0, 2, 4, 6]], [("ValueError", ["bad 5"])]) and len(said) == 1,
+            "IterableDataset in worker processes: %s, warnings %s" % (
+                got, [str(x.message)[:80] for x in w]))
+    gc.collect()
+    no_children_within(15, "a caught dataset error")
+
+
 @case
 def errors_in_flight_keep_their_type():
     """Ten batches in a row fail while the workers run ahead (prefetch_factor=8, the caller
@@ -822,30 +821,22 @@ def errors_in_flight_keep_their_type():
     order, as torch's.  A worker's mailbox held 4 failures: the later ones were LoaderErrors.
     An IterableDataset's two workers both failing before the caller looks: the error raised is
     the batch's own worker's ("bad 1": batch 1 is worker 1's), not the first in the mailboxes."""
-    def caught(loader):
-        it, got, errs = iter(loader), [], []
-        time.sleep(1.0)  # the workers fail their batches before the caller takes them
-        while True:
-            try:
-                got.append(next(it).tolist())
-            except StopIteration:
-                return got, errs
-            except Exception as e:  # noqa: BLE001 - its type is what is checked
-                errs.append((type(e).__name__, re.findall(r"bad \d+", str(e))[-1:]))
-    ref = caught(L.TorchLoader(Raises8To48(), batch_size=4, num_workers=2, prefetch_factor=8))
+    ds = RaisesAt(64, range(8, 48))
+    ref = caught(L.TorchLoader(ds, batch_size=4, num_workers=2, prefetch_factor=8), late=1.0)
     T.check(len(ref[1]) == 10 and len(ref[0]) == 6, "torch: %s" % (ref,))
     for kw in ({"num_workers": 2}, {"num_workers": 1}, {"num_workers": 2,
                                                         "worker_mode": "threads"}):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # (threads: ThreadsWarning)
-            got = caught(L.Loader(Raises8To48(), batch_size=4, prefetch_factor=8, **kw))
+            got = caught(L.Loader(ds, batch_size=4, prefetch_factor=8, **kw), late=1.0)
         T.check(got == ref, "%s: %s; torch's %s" % (kw, got, ref))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # (the epoch ended at the error: said once)
-        got = caught(L.Loader(TwoRaise(), batch_size=1, num_workers=2))
+        got = caught(L.Loader(TwoRaise(), batch_size=1, num_workers=2), late=1.0)
     T.check(got[1] == [("ValueError", ["bad 1"])], "IterableDataset: %s" % (got,))
     gc.collect()
     no_children_within(15, "errors in flight")
+
 
 # --- epochs, lifetimes ----------------------------------------------------------------------
 
