@@ -432,7 +432,14 @@ class DataLoader(_stoke.Loader):
                             batch_sampler, shuffle, seed, generator, collate_fn,
                             worker_init_fn, num_workers, processes, bool(persistent_workers),
                             pad, pad_to_multiple_of, max_length, bool(return_lengths),
-                            rank, world_size)
+                            rank, world_size,
+                            # the batches a worker may have failed before the caller reaches
+                            # them: the loader's buffers at most (prefetch auto: 256 + held);
+                            # 16 MiB of address space a worker at most (pages where written)
+                            mail_entries=min(1024, 4 + (
+                                prefetch_factor * max(1, num_workers)
+                                if type(prefetch_factor) is int and prefetch_factor > 0
+                                else 256)))
         if w.iter_map and not in_order:  # (the C loader keeps a bit per batch out of order)
             w.nbatches = _dropin._ITER_BATCHES_UNORDERED
         # the accelerator is found (a child probes OpenCL drivers) while the probe's child
@@ -679,6 +686,7 @@ class DataLoader(_stoke.Loader):
         bad "sample" is a whole batch: an exception in it, or its worker's death)."""
         for e in self.quarantine(self._bad_seen):
             self._bad_seen += 1
+            self._writer.drop_mail(int(e["index"]))
             what = "skipped" if e["action"] == "skip" else "replaced by batch %s" % (
                 e["replacement"],)
             _warnings.warn("stoke: batch %d of epoch %d %s (on_error=%r): %s" % (

@@ -81,12 +81,13 @@ class _End:
 class _Skipped:
     """decode()'s answer for a batch that on_error skipped (None is a batch: a collate_fn's)."""
 HDR = 64
-# A worker's mailbox: MAIL_ENTRIES failures of batches the consumer has not reached yet (an
-# epoch goes on past a map-style dataset's error: every batch in flight may fail; 4 were lost
-# past the fourth, their exceptions a LoaderError); pages only where written (mail_clear)
+# A worker's mailbox: the failures of batches the consumer has not reached yet, one entry each
+# (an epoch goes on past a map-style dataset's error: every batch in flight may fail, and a
+# fixed 4 lost the later ones' exceptions: LoaderErrors).  As many entries as a worker may
+# have batches in flight (_Plan), used from the first: its header page counts the entries ever
+# used, and only those are read (a read of an untouched page of the shared mapping allocates it)
 MAIL_ENTRY = 1 << 14
-MAIL_ENTRIES = 16
-MAILBOX = MAIL_ENTRY * MAIL_ENTRIES
+MAIL_ENTRIES = 16  # at least
 _NP_KINDS = "biufc"  # numeric and bool arrays go into the block; others are pickled
 
 
@@ -797,11 +798,13 @@ class _Plan:
     H_RUN = 5  # an iterable's runs: each new one iterates the dataset from its start again
     H_LISTS = 6  # 1: each batch is one __getitem__ call with its list of keys (batch_size=None)
 
-    def __init__(self, nbatches, nidx, nmail):
+    def __init__(self, nbatches, nidx, nmail, entries=MAIL_ENTRIES):
         self.nbatches = max(nbatches, 0)
         self.nmail = nmail
+        self.entries = max(entries, MAIL_ENTRIES)
+        self.mailbox = 4096 + self.entries * MAIL_ENTRY  # (its header page: entries used)
         self.off_mail = 4096
-        self.off_offs = self.off_mail + nmail * MAILBOX
+        self.off_offs = self.off_mail + nmail * self.mailbox
         size = self.off_offs + 8 * (self.nbatches + 1)
         self.mm = mmap.mmap(-1, size)  # MAP_SHARED | MAP_ANONYMOUS: the forked workers see it
         self.head = np.frombuffer(self.mm, dtype=np.int64, count=8, offset=0)
@@ -870,35 +873,45 @@ class _Plan:
         return int(self.head[self.H_SEED])
 
     def mail_put(self, worker, batch, payload):
-        """Keeps a failure for the consumer in one of the worker's MAIL_ENTRIES entries, the
-        first free one: a worker goes on loading after a failure, and the consumer wants the
-        first (in-order) one, so a full mailbox keeps what it has."""
-        slot = min(max(worker, 0), self.nmail - 1)
-        for k in range(MAIL_ENTRIES):
-            off = self.off_mail + slot * MAILBOX + k * MAIL_ENTRY
+        """Keeps a failure for the consumer in a free entry of the worker's mailbox (one
+        writer each: a worker process, thread, or the caller's thread): a worker goes on
+        loading after a failure, and the consumer takes each when it reaches its batch.  A full
+        mailbox keeps what it has (the batch's error is then the loader's, with the text)."""
+        box = self.off_mail + min(max(worker, 0), self.nmail - 1) * self.mailbox
+        used = struct.unpack_from("<Q", self.mm, box)[0]
+        for k in range(min(used + 1, self.entries)):
+            off = box + 4096 + k * MAIL_ENTRY
             # free: no length (batch + 1 is 0 for an unnumbered batch, -1, which is kept)
-            if struct.unpack_from("<Q", self.mm, off + 8)[0] == 0:
+            if k == used or struct.unpack_from("<Q", self.mm, off + 8)[0] == 0:
                 self.mm[off + 16:off + 16 + len(payload)] = payload
                 struct.pack_into("<QQ", self.mm, off, batch + 1, len(payload))
+                if k == used:
+                    struct.pack_into("<Q", self.mm, box, used + 1)  # (after the entry)
                 return
 
-    def mail_take(self, batch):
+    def _used(self):
+        """(offset of each used entry) of every mailbox."""
         for slot in range(self.nmail):
-            for k in range(MAIL_ENTRIES):
-                off = self.off_mail + slot * MAILBOX + k * MAIL_ENTRY
-                b1, n = struct.unpack_from("<QQ", self.mm, off)
-                if b1 == batch + 1 and n:
-                    data = bytes(self.mm[off + 16:off + 16 + n])
-                    struct.pack_into("<QQ", self.mm, off, 0, 0)
-                    return data
+            box = self.off_mail + slot * self.mailbox
+            used = min(struct.unpack_from("<Q", self.mm, box)[0], self.entries)
+            for k in range(used):
+                yield box + 4096 + k * MAIL_ENTRY
+
+    def mail_take(self, batch):
+        for off in self._used():
+            b1, n = struct.unpack_from("<QQ", self.mm, off)
+            if b1 == batch + 1 and n:
+                data = bytes(self.mm[off + 16:off + 16 + n])
+                struct.pack_into("<QQ", self.mm, off, 0, 0)
+                return data
         return None
 
     def mail_clear(self):
-        """At an epoch's start (no worker is loading): failures nobody took are stale.  Only
-        the headers written are cleared (not every page of every mailbox)."""
-        for off in range(self.off_mail, self.off_offs, MAIL_ENTRY):
-            if struct.unpack_from("<QQ", self.mm, off) != (0, 0):
-                struct.pack_into("<QQ", self.mm, off, 0, 0)
+        """At an epoch's start (no worker is loading): failures nobody took are stale."""
+        for off in self._used():
+            struct.pack_into("<QQ", self.mm, off, 0, 0)
+        for slot in range(self.nmail):
+            struct.pack_into("<Q", self.mm, self.off_mail + slot * self.mailbox, 0)
 
 
 def _keys(items, what="sampler"):
@@ -992,7 +1005,8 @@ def _permutation(n, seed, epoch):
 class _Writer:
     def __init__(self, dataset, iterable, batch_size, drop_last, sampler, batch_sampler,
                  shuffle, seed, generator, collate_fn, worker_init_fn, num_workers, processes,
-                 persistent, pad, pad_to_multiple_of, max_length, return_lengths, rank, world):
+                 persistent, pad, pad_to_multiple_of, max_length, return_lengths, rank, world,
+                 mail_entries=MAIL_ENTRIES):
         self.dataset = dataset
         self.iterable = iterable
         self.batch_size = batch_size
@@ -1070,7 +1084,8 @@ class _Writer:
         else:
             nidx = 0
         # (the plan's batch offsets are a MAP dataset's: an iterable's batches are not planned)
-        self.plan = _Plan(0 if iterable else self.nbatches, nidx, num_workers + 1)
+        self.plan = _Plan(0 if iterable else self.nbatches, nidx, num_workers + 1,
+                          mail_entries)
         if self.rows_path:
             self.plan.wrap = len(self.tensors[0])
 
@@ -1772,6 +1787,20 @@ class _Writer:
         except Exception:  # noqa: BLE001
             return
         err.add_note("stoke: batch %d of the epoch: dataset indices %s" % (int(i), idx))
+
+    def drop_mail(self, batch):
+        """A batch that on_error skipped or replaced: its failure, never raised, is taken out
+        of its worker's mailbox (and the exception kept here for it, if any), or the mailbox
+        filled up within the epoch and the budget's error came as a LoaderError."""
+        data = self.plan.mail_take(batch)
+        if data is None or not self.kept_errors:
+            return
+        try:
+            exc = pickle.loads(data)[0]
+        except Exception:  # noqa: BLE001 - as reraise
+            return
+        if type(exc) is _KeptError:
+            self.kept_errors.pop(exc.token, None)
 
     def reraise(self, err):
         """The dataset's exception behind a loader error, if a fill kept one."""

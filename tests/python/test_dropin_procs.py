@@ -824,12 +824,26 @@ def errors_in_flight_keep_their_type():
     ds = RaisesAt(64, range(8, 48))
     ref = caught(L.TorchLoader(ds, batch_size=4, num_workers=2, prefetch_factor=8), late=1.0)
     T.check(len(ref[1]) == 10 and len(ref[0]) == 6, "torch: %s" % (ref,))
-    for kw in ({"num_workers": 2}, {"num_workers": 1}, {"num_workers": 2,
-                                                        "worker_mode": "threads"}):
+    for kw in ({"num_workers": 2, "prefetch_factor": 8}, {"num_workers": 1,
+                                                          "prefetch_factor": 8},
+               {"num_workers": 2, "prefetch_factor": 8, "worker_mode": "threads"}):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # (threads: ThreadsWarning)
-            got = caught(L.Loader(ds, batch_size=4, prefetch_factor=8, **kw), late=1.0)
+            got = caught(L.Loader(ds, batch_size=4, **kw), late=1.0)
         T.check(got == ref, "%s: %s; torch's %s" % (kw, got, ref))
+    # a worker 20 batches ahead, all failed (a mailbox of 16 entries lost 4 exceptions)
+    ds = RaisesAt(96, range(4, 92))
+    kw = {"batch_size": 4, "num_workers": 1, "prefetch_factor": 20}
+    ref = caught(L.TorchLoader(ds, **kw), late=1.0)
+    got = caught(L.Loader(ds, **kw), late=1.0)
+    T.check(got == ref and len(ref[1]) == 22, "prefetch_factor 20: %s; torch's %s" % (got, ref))
+    # on_error="skip:20": the skipped batches' failures are dropped from the mailbox as they
+    # are warned about; past 16 they filled it, and the budget's error was a LoaderError
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (a warning per skipped batch)
+        got = caught(L.Loader(RaisesAt(200, range(200)), batch_size=2, num_workers=1,
+                              on_error="skip:20"))
+    T.check(got == ([], [("ValueError", ["bad 40"])]), "skip:20: %s" % (got,))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # (the epoch ended at the error: said once)
         got = caught(L.Loader(TwoRaise(), batch_size=1, num_workers=2), late=1.0)
