@@ -608,9 +608,8 @@ static PyObject *loader_get_outstanding(PyObject *obj, void *unused)
     return PyLong_FromSsize_t(((LoaderObject *)obj)->outstanding);
 }
 
-/* stoke_loader_interrupt: the interpreter's exit (after an uncaught KeyboardInterrupt, whose
- * Ctrl-C may have come in the loop's body, outside next()'s wait, or not) does not wait for
- * the worker processes' batches. */
+/* stoke_loader_interrupt: at the interpreter's exit (the atexit hook, for every live loader)
+ * the worker processes' batches are not waited for. */
 static PyObject *loader_interrupt(PyObject *obj, PyObject *unused)
 {
     (void)unused;

@@ -200,12 +200,12 @@ static void test_error_policy(void **state)
 
 /* errors_go_on: each failed batch is an error of stoke_loader_next, and the epoch goes on
  * with the next batch (torch's iterator); every other batch delivered once, in order when
- * in_order; a second epoch whole.  An interrupt (STOKE_ECANCELED) still ends the epoch. */
+ * in_order.  An interrupt (STOKE_ECANCELED) still ends the epoch. */
 static void test_errors_go_on(void **state)
 {
     (void)state;
     static run clean, r;
-    const bds bad3 = {.bad = {13, 14, 50}, .nbad = 3};
+    const bds bad3 = {.bad = {BAD[0], BAD[1], BAD[2]}, .nbad = 3}; /* (is_bad's) */
     g_go_on = 1;
     for (int shuffle = 0; shuffle < 2; shuffle++) {
         run_epoch("error", 0, shuffle, 0, NULL, 0, &clean);

@@ -1248,11 +1248,11 @@ static void test_crash_go_on(void **state)
     sh->crash = 21;
     pds p;
     stoke_dataset ds;
-    stoke_loader *l = proc_loader(&p, &ds, 0, 2);
-    stoke_loader_destroy(l);
+    pds_open(&p, 0, 0, &ds);
     stoke_loader_opts o;
     opts(&o, "error", STOKE_WORKER_PROCESSES, 2, 0);
     o.errors_go_on = 1;
+    stoke_loader *l;
     assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
     run r;
     memset(&r, 0, sizeof(r));

@@ -146,7 +146,10 @@ typedef struct stoke_loader_opts {
                          death) is returned by stoke_loader_next as its error, and the epoch
                          goes on: the next call delivers the next batch, the failed one counted
                          as consumed (torch's DataLoader iterator, for a caller that catches
-                         the error); MAP datasets only.  Default 0: the error ends the epoch */
+                         the error); MAP datasets only.  An interrupt (STOKE_ECANCELED), a
+                         timeout, the on_error budget's error and more than 100 worker process
+                         restarts in the epoch still end it.  Default 0: the error ends the
+                         epoch */
 } stoke_loader_opts;
 
 /* stoke_loader_opts.worker_mode. */

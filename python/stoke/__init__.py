@@ -634,13 +634,11 @@ class DataLoader(_stoke.Loader):
             except StopIteration:
                 if self._writer.iter_map and len(ended) < self.num_workers:
                     if st["failed"]:  # (an error ended the epoch: _Pass made this generator)
-                        if not st["said"]:
-                            st["said"] = True
-                            _warnings.warn(
-                                "stoke: the IterableDataset's epoch ended at the error raised "
-                                "before: the other worker processes' iterators give no more "
-                                "(torch's go on; on_error='skip' goes on past a failed batch)",
-                                RuntimeWarning, stacklevel=3)
+                        _warnings.warn(
+                            "stoke: the IterableDataset's epoch ended at the error raised "
+                            "before: the other worker processes' iterators give no more "
+                            "(torch's go on; on_error='skip' goes on past a failed batch)",
+                            RuntimeWarning, stacklevel=3)
                     else:
                         _warnings.warn(
                             "stoke: the IterableDataset's epoch was cut after %d batches, the "
@@ -765,7 +763,7 @@ class _Pass:
 
     def __init__(self, make, it, len_called):
         self._make, self._it, self._len = make, it, len_called
-        self._st = {"yielded": 0, "ended": set(), "failed": False, "said": False}
+        self._st = {"yielded": 0, "ended": set(), "failed": False}
         self._gen = make(it, len_called, self._st)
 
     def __iter__(self):
