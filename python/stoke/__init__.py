@@ -471,10 +471,10 @@ class DataLoader(_stoke.Loader):
                              on_error=None if on_error is None else str(on_error),
                              held_buffers=self._held,
                              # a caller that catches a dataset's error and calls next() again
-                             # gets the rest of the epoch, as from torch's iterator; not an
-                             # IterableDataset's (worker processes): a worker's replacement
-                             # after a crash would iterate its share again from the start
-                             errors_go_on=not w.iter_map)
+                             # gets the rest of the epoch, as from torch's iterator (an
+                             # IterableDataset's worker process goes on calling its iterator;
+                             # one that replaced a dead one ends the epoch: _ITER_LOST)
+                             errors_go_on=True)
             # the user's persistent_workers, not the C loader's (the workers persist anyway):
             # a superseded iterator raises unless torch's would go on (python/loader.c)
             self._passes_go_on = bool(persistent_workers)
@@ -636,8 +636,8 @@ class DataLoader(_stoke.Loader):
                     if st["failed"]:  # (an error ended the epoch: _Pass made this generator)
                         _warnings.warn(
                             "stoke: the IterableDataset's epoch ended at the error raised "
-                            "before: the other worker processes' iterators give no more "
-                            "(torch's go on; on_error='skip' goes on past a failed batch)",
+                            "before (a worker process died: its iterator cannot be resumed): "
+                            "the other worker processes' iterators give no more",
                             RuntimeWarning, stacklevel=3)
                     else:
                         _warnings.warn(
@@ -775,8 +775,8 @@ class _Pass:
         except StopIteration:
             raise
         except BaseException as e:
-            # (a dataset's error ends an IterableDataset's epoch in worker processes; a
-            # map-style one's goes on: errors_go_on)
+            # (a dataset's error does not end the epoch: errors_go_on; a worker process's
+            # death ends an IterableDataset's: _ITER_LOST)
             if not isinstance(e, KeyboardInterrupt):
                 self._st["failed"] = True
             self._gen = self._make(self._it, self._len, self._st)

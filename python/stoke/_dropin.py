@@ -98,6 +98,8 @@ _ITER_BATCHES = 1 << 48  # (9 years at a million batches a second: no cap in pra
 # ... with in_order=False, whose C loader keeps one bit per batch of an epoch (2 MiB)
 _ITER_BATCHES_UNORDERED = 1 << 24
 _INTERRUPTED_END = ": not a bad sample, the epoch ends"  # (_Writer.interrupted's message)
+_ITER_LOST = ("worker process %d replaced one that died in this epoch: the IterableDataset's "
+              "iterator of that worker died with it, and a new one would repeat its samples")
 
 
 class _KeptError:
@@ -897,6 +899,16 @@ class _Plan:
             for k in range(used):
                 yield box + 4096 + k * MAIL_ENTRY
 
+    def began(self, worker, run):
+        """1 if worker process `worker` began iterating in run `run` before: a process before
+        it, which died (its iterator died with it); else marks that it began now.  The word
+        after the entry count in the worker's mailbox header page."""
+        off = self.off_mail + min(max(worker, 0), self.nmail - 1) * self.mailbox + 8
+        if struct.unpack_from("<q", self.mm, off)[0] == run + 1:
+            return 1
+        struct.pack_into("<q", self.mm, off, run + 1)
+        return 0
+
     def mail_take(self, batch):
         for off in self._used():
             b1, n = struct.unpack_from("<QQ", self.mm, off)
@@ -1069,7 +1081,8 @@ class _Writer:
         self.defer = not iterable and not self.static_order() and (
             sampler is not None or batch_sampler is not None)
         self.planned = True       # False: the first iteration writes the epoch's plan
-        self.iter_run = 0         # the plan's H_RUN this worker process's iterators are of
+        self.iter_run = -1        # the plan's H_RUN this worker process's iterators are of
+        self.iter_lost = False    # its run's iterator died with the process before this one
         if self.iter_map:
             # The C loader's worker processes take MAP datasets: batch i is then the next
             # batch of whichever worker's iterator fills it, and an exhausted worker answers
@@ -1431,6 +1444,11 @@ class _Writer:
             if run != self.iter_run:  # a new run (the same epoch and seed again included)
                 self.iter_run = run
                 self.iters.clear()
+                # a process that replaced a dead one mid-run: the share's iterator died with
+                # it, and iterating it again from its start would repeat its samples
+                self.iter_lost = self.worker >= 0 and self.plan.began(self.worker, run)
+            if self.iter_lost:
+                return (_ITER_LOST % (self.worker,) + _INTERRUPTED_END).encode()
             r = self.next_fill(worker, view, i)  # (its error mailed under batch i)
             if r == 0:
                 struct.pack_into("<QQ", view, 0, MAGIC_END, self.worker)
@@ -1771,10 +1789,10 @@ class _Writer:
         i = getattr(err, "sample", None)
         msg = str(err)
         m = _LOADER_SAMPLE.search(msg)
-        if m and not self.iterable:
+        if m and (not self.iterable or self.iter_map):  # (iter_map: C's sample k is batch k)
             w, k = int(m.group(1)), int(m.group(2))
             what = "batch %d" % k
-            if "killed by" in msg or "exited" in msg:
+            if ("killed by" in msg or "exited" in msg) and not self.iterable:
                 j = int(self.plan.cur[w]) if w < len(self.plan.cur) else -1
                 if j >= 0 and j in self.plan.batch(k).tolist():
                     what += " (dataset index %d)" % j
@@ -1819,7 +1837,7 @@ class _Writer:
             if exc is None:
                 return None
         m = _LOADER_SAMPLE.search(str(err))
-        if m and not self.iterable:  # (the loader counted batches: "batch K", the index's)
+        if m and (not self.iterable or self.iter_map):  # (C's sample K is batch K)
             _say(err, str(err), m, "batch %s" % m.group(2))
             if index is not None:
                 err.sample = index
