@@ -30,6 +30,7 @@ set_epoch hook, before any worker fetches a sample of that epoch), the epoch's b
 one mailbox per worker where a failing fill leaves its pickled exception and traceback.
 """
 import collections.abc as _abc
+import copy
 import gc
 import io
 import itertools
@@ -1020,6 +1021,7 @@ class _Writer:
                  persistent, pad, pad_to_multiple_of, max_length, return_lengths, rank, world,
                  mail_entries=MAIL_ENTRIES):
         self.dataset = dataset
+        self.dataset0 = dataset   # a worker's copy as forked (fresh_dataset)
         self.iterable = iterable
         self.batch_size = batch_size
         self.drop_last = drop_last
@@ -1192,7 +1194,7 @@ class _Writer:
     def iterating(self):
         """A pass starts: persistent workers keep the base seed of the first one (torch
         seeds them and calls worker_init_fn once, and draws no base seed for later passes)."""
-        if self.persistent and self.base_fixed is None and not self.iterable:
+        if self.persistent and self.base_fixed is None:
             self.base_fixed = self.plan.base_seed()
 
     def static_order(self):
@@ -1316,6 +1318,8 @@ class _Writer:
         base = self.plan.base_seed()
         if (self.seeded_epoch is None or not self.persistent
                 or (epoch == self.seeded_epoch and base != self.seeded_base)):
+            if not self.persistent:
+                self.fresh_dataset(self.seeded_epoch is None)
             self.seeded_base = base
             seed = base + self.worker
             random.seed(seed)
@@ -1331,6 +1335,27 @@ class _Writer:
             if self.worker_init_fn is not None:
                 self.worker_init_fn(self.worker)
         self.seeded_epoch = epoch
+
+    def fresh_dataset(self, first):
+        """A worker process's pass without persistent workers: torch's workers are new
+        processes each pass, each with the dataset as the caller's, so what worker_init_fn or
+        __iter__ set on a worker's copy before is gone (torch's sharding example narrows
+        dataset.start/end in worker_init_fn: narrowed again, pass 2 lost half of the samples
+        and pass 3 more).  The first pass keeps a shallow copy of the dataset as forked; each
+        later one works on a shallow copy of that (attributes set on it are its own; objects
+        changed in place stay changed); a dataset that does not copy stays as it is."""
+        try:
+            ds = copy.copy(self.dataset if first else self.dataset0)
+        except Exception:  # noqa: BLE001 - kept as it is, as before
+            return
+        if first:
+            self.dataset0 = ds
+            return
+        self.dataset = ds
+        with self.iter_lock:
+            self.iters.clear()
+        if self.getitems is not None:
+            self.getitems = getattr(ds, "__getitems__", None)
 
     # -- making a batch --
 

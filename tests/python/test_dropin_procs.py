@@ -1244,8 +1244,50 @@ class Seeded(Dataset):
         return get_worker_info().seed, self.inits, torch.rand(1).item()
 
 
+class SeededIt(torch.utils.data.IterableDataset):
+    """Seeded's samples from an IterableDataset: 2 per worker."""
+    def __init__(self):
+        self.inits = 0
+
+    def __iter__(self):
+        for _ in range(2):
+            yield get_worker_info().seed, self.inits, torch.rand(1).item()
+
+
 def count_init(wid):
     get_worker_info().dataset.inits += 1
+
+
+class Range(torch.utils.data.IterableDataset):
+    """torch's IterableDataset example: range(start, end), split by shard_init."""
+    def __init__(self, start, end):
+        self.start, self.end = start, end
+
+    def __iter__(self):
+        return iter(range(self.start, self.end))
+
+
+def shard_init(wid):
+    """torch's sharding example: the worker's copy of the dataset narrowed to its share."""
+    wi = get_worker_info()
+    ds = wi.dataset
+    per = -(-(ds.end - ds.start) // wi.num_workers)
+    ds.start, ds.end = ds.start + wid * per, min(ds.start + (wid + 1) * per, ds.end)
+
+
+@case
+def worker_init_fn_on_each_pass_dataset():
+    """torch's sharding example (worker_init_fn narrows the worker's copy of the dataset), 3
+    passes: every sample each pass, as torch's.  Without persistent workers stoke called
+    worker_init_fn again on the copy it had narrowed before: 14, then 7, then 3 of 14."""
+    for pw in (False, True):
+        for cls in (L.TorchLoader, L.Loader):
+            loader = cls(Range(3, 17), batch_size=2, num_workers=2, worker_init_fn=shard_init,
+                         persistent_workers=pw)
+            got = [sorted(x for b in loader for x in b.tolist()) for _ in range(3)]
+            T.check(got == [list(range(3, 17))] * 3, "%s persistent_workers=%s: %s"
+                    % (cls.__name__, pw, got))
+            del loader
 
 
 @case
@@ -1253,13 +1295,18 @@ def persistent_workers_seeded_once():
     """persistent_workers=True: torch seeds each worker and calls worker_init_fn once, at its
     start, and draws no base seed for later passes; stoke reseeded its workers (a new base
     seed) and called worker_init_fn at every epoch, so epoch 1's seeds and draws differed from
-    torch's, and so did the global RNG afterwards."""
-    for gen in (True, False):
+    torch's, and so did the global RNG afterwards (an IterableDataset's until later).  Without
+    persistent workers torch's are new each pass, seeded anew, and worker_init_fn sees the
+    dataset as the caller's (stoke's count went 1, 2, 3)."""
+    for gen, ds, pw in ((True, Seeded, True), (False, Seeded, True), (False, SeededIt, True),
+                        (True, SeededIt, True), (False, Seeded, False),
+                        (False, SeededIt, False)):
         runs = []
-        kw = "generator" if gen else "global RNG"
+        kw = "%s %s persistent_workers=%s" % ("generator" if gen else "global RNG",
+                                              ds.__name__, pw)
         for cls in (L.TorchLoader, L.Loader):
             torch.manual_seed(11)
-            loader = cls(Seeded(), batch_size=2, num_workers=2, persistent_workers=True,
+            loader = cls(ds(), batch_size=2, num_workers=2, persistent_workers=pw,
                          worker_init_fn=count_init,
                          generator=torch.Generator().manual_seed(5) if gen else None)
             got = [[[t.tolist() for t in b] for b in loader] for _ in range(3)]
