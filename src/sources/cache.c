@@ -31,6 +31,10 @@
 #define BASE_MAX  96
 #define NAME_MAX_ (HEXLEN + 1 + BASE_MAX)
 #define DIR_LOCK  "stoke-cache.lock"
+/* Every file of the directory is opened without following a link, and without waiting on a
+ * FIFO: the directory is the caller's own and no one else's to write (private_dir), and
+ * nothing in it is taken for a copy unless it is a regular file (open_copy). */
+#define FILE_FLAGS (O_NOFOLLOW | O_NONBLOCK)
 /* a copy's version: the validator its download's answers repeated (keep_version) */
 #define VERSION_ATTR "user.stoke.version"
 
@@ -50,19 +54,60 @@ static uint64_t mix64(uint64_t z)
     return z ^ (z >> 31);
 }
 
-/* The names of f's files: the hash of its URL without credentials (an s3:// URL: the request
- * URL, which has the endpoint and no credentials either) and the URL's last path segment. */
+/* 1 if query parameter [p, p + n) ("name=value") is a signature's: a presigned URL's
+ * (X-Amz-*, X-Goog-*, S3's v2 Signature/Expires/AWSAccessKeyId, an Azure SAS's), which
+ * changes when the URL is signed again while the file stays the same. */
+static int signing_param(const char *p, size_t n)
+{
+    static const char *const exact[] = {"signature", "expires", "awsaccesskeyid", "sig", "se",
+                                        "st", "sv", "sp", "sr", "spr", "skoid", "sktid", "skt",
+                                        "ske", "sks", "skv"};
+    size_t k = 0;
+    while (k < n && p[k] != '=')
+        k++;
+    if ((k > 6 && strncasecmp(p, "x-amz-", 6) == 0) || (k > 7 && strncasecmp(p, "x-goog-", 7) == 0))
+        return 1;
+    for (size_t i = 0; i < sizeof(exact) / sizeof(exact[0]); i++)
+        if (strlen(exact[i]) == k && strncasecmp(p, exact[i], k) == 0)
+            return 1;
+    return 0;
+}
+
+/* The names of f's files: the hash of the URL it is requested by (an s3:// URL's has the
+ * endpoint), without the user and password before the host and without a presigned URL's
+ * signing parameters (signing_param: the same file signed again is the same copy), and the
+ * URL's last path segment.  Not the URL of messages, whose secret-looking query values are
+ * "***": two URLs that differed only there (?key=shard-000.tar, ?key=shard-001.tar) shared
+ * one copy. */
 static void names_of(const stoke__remote_file *f, names *nm)
 {
-    const char *key = f->s3 ? f->req : f->url;
-    uint64_t a = 0xcbf29ce484222325u, b = 0x9E3779B97F4A7C15u;
+    const char *key = f->req, *host = strstr(key, "://");
     size_t len = strlen(key);
+    unsigned char *skip = calloc(len + 1, 1); /* bytes not hashed (none without memory) */
+    if (skip && host) {
+        host += 3;
+        size_t k = strcspn(host, "/?#");
+        const char *at = memchr(host, '@', k);
+        if (at)
+            memset(skip + (host - key), 1, (size_t)(at + 1 - host));
+    }
+    const char *q = strchr(key, '?');
+    for (const char *p = q ? q + 1 : NULL; skip && p && *p && *p != '#';) {
+        size_t n = strcspn(p, "&#");
+        if (signing_param(p, n))
+            memset(skip + (p - key), 1, n + (p[n] == '&'));
+        p += n + (p[n] == '&');
+    }
+    uint64_t a = 0xcbf29ce484222325u, b = 0x9E3779B97F4A7C15u, m = 0; /* m: bytes hashed */
     for (size_t i = 0; i < len; i++) {
+        if (skip && skip[i])
+            continue;
         unsigned char ch = (unsigned char)key[i];
         a = (a ^ ch) * 0x100000001b3u; /* FNV-1a, and an independent second lane */
-        b = mix64(b ^ ch ^ ((uint64_t)i << 8));
+        b = mix64(b ^ ch ^ (m++ << 8));
     }
-    a = mix64(a ^ len);
+    free(skip);
+    a = mix64(a ^ m);
     b = mix64(b ^ a);
     snprintf(nm->hex, sizeof(nm->hex), "%016" PRIx64 "%016" PRIx64, a, b);
     const char *u = f->url, *seg = u;
@@ -117,7 +162,7 @@ static int flock_retry(int fd, int op)
 static int lock_name(int dfd, const char *name, int nonblock, int *out)
 {
     for (;;) {
-        int fd = openat(dfd, name, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        int fd = openat(dfd, name, O_RDWR | O_CREAT | O_CLOEXEC | FILE_FLAGS, 0600);
         if (fd < 0)
             return -errno;
         int e = flock_retry(fd, LOCK_EX | (nonblock ? LOCK_NB : 0));
@@ -229,7 +274,7 @@ static int by_atime(const void *a, const void *b)
 /* Removes copy `name` unless a reader holds it: 1 removed, 0 in use or gone. */
 static int evict(int dfd, const char *name)
 {
-    int fd = openat(dfd, name, O_RDONLY | O_CLOEXEC);
+    int fd = openat(dfd, name, O_RDONLY | O_CLOEXEC | FILE_FLAGS);
     if (fd < 0)
         return 0;
     int done = 0;
@@ -246,7 +291,7 @@ static int evict(int dfd, const char *name)
 /* Takes the directory's eviction lock: its fd, or -errno. */
 static int dir_lock(int dfd)
 {
-    int g = openat(dfd, DIR_LOCK, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    int g = openat(dfd, DIR_LOCK, O_RDWR | O_CREAT | O_CLOEXEC | FILE_FLAGS, 0600);
     if (g < 0)
         return -errno;
     int e = flock_retry(g, LOCK_EX);
@@ -318,7 +363,7 @@ static int room(stoke__cache *c, const names *nm, uint64_t need, room_mode mode)
     free(l.e);
     int fd = -1;
     if (nm && (mode == ROOM_EVICT || fit)) {
-        fd = openat(c->dfd, nm->part, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        fd = openat(c->dfd, nm->part, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | FILE_FLAGS, 0600);
         uint64_t at = mode == ROOM_EVICT && over ? 0 : need;
         if (fd >= 0 && at && ftruncate(fd, (off_t)at) != 0) {
             int keep = errno;
@@ -349,10 +394,14 @@ static void note_size(stoke__cache *c, uint64_t size)
 static int open_copy(const stoke__cache *c, const names *nm, int touch, uint64_t *size)
 {
     for (int i = 0; i < 16; i++) {
-        int fd = openat(c->dfd, nm->data, O_RDONLY | O_CLOEXEC);
+        int fd = openat(c->dfd, nm->data, O_RDONLY | O_CLOEXEC | FILE_FLAGS);
         if (fd < 0)
             return -errno;
         struct stat st;
+        if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) { /* (the directory is private) */
+            close(fd);
+            return -EINVAL;
+        }
         int e = flock_retry(fd, LOCK_SH);
         if (!e && fstat(fd, &st) == 0 && st.st_nlink > 0) {
             *size = (uint64_t)st.st_size;
@@ -685,9 +734,39 @@ static int make_dirs(const char *dir)
         }
         *s = '/';
     }
-    int e = mkdir(p, 0777) != 0 && errno != EEXIST ? -errno : 0;
+    int e = mkdir(p, 0700) != 0 && errno != EEXIST ? -errno : 0; /* (private_dir) */
     free(p);
     return e;
+}
+
+/* 0 when the directory fd is the caller's own and no one else may write in it, else the error
+ * in why.  Anyone who can put a file in it could have this process read it as a shard (a
+ * forged copy), write the shard's bytes through a link, or hold its locks. */
+static int private_dir(int dfd, const char *dir, char *why, size_t why_len)
+{
+    struct stat st;
+    if (fstat(dfd, &st) != 0) {
+        stoke__fmt(why, why_len, "STOKE_CACHE_DIR=%s: %s", dir, strerror(errno));
+        return STOKE_EIO;
+    }
+    if (st.st_uid != geteuid()) {
+        stoke__fmt(why, why_len,
+                   "STOKE_CACHE_DIR=%s is owned by uid %u, not by this process's (%u): a cache "
+                   "directory must be your own (another user could put files in it that would be "
+                   "read as shards)",
+                   dir, (unsigned)st.st_uid, (unsigned)geteuid());
+        return STOKE_EIO;
+    }
+    if (st.st_mode & (S_IWGRP | S_IWOTH)) {
+        stoke__fmt(why, why_len,
+                   "STOKE_CACHE_DIR=%s is writable by %s (mode %04o): a cache directory must be "
+                   "writable by its owner only (another user could put files in it that would "
+                   "be read as shards): chmod go-w it, or use another",
+                   dir, st.st_mode & S_IWOTH ? "others" : "its group",
+                   (unsigned)(st.st_mode & 07777));
+        return STOKE_EIO;
+    }
+    return 0;
 }
 
 /* STOKE_CACHE_LIMIT, else 0 with *dflt = 1 (the default cap: default_cap). */
@@ -715,12 +794,14 @@ int stoke__cache_create(stoke__cache **out, char *why, size_t why_len)
     int oerr = errno;
     c->dir = strdup(dir);
     c->n = mmap(NULL, sizeof(*c->n), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (c->dfd < 0 || !c->dir || c->n == MAP_FAILED) {
-        stoke__fmt(why, why_len, "STOKE_CACHE_DIR=%s: %s", dir,
-                   c->dfd < 0 ? strerror(oerr) : "out of memory");
+    int priv = c->dfd >= 0 ? private_dir(c->dfd, dir, why, why_len) : 0;
+    if (c->dfd < 0 || priv || !c->dir || c->n == MAP_FAILED) {
+        if (!priv)
+            stoke__fmt(why, why_len, "STOKE_CACHE_DIR=%s: %s", dir,
+                       c->dfd < 0 ? strerror(oerr) : "out of memory");
         if (c->n == MAP_FAILED)
             c->n = NULL;
-        e = c->dfd < 0 ? STOKE_EIO : STOKE_ENOMEM;
+        e = c->dfd < 0 || priv ? STOKE_EIO : STOKE_ENOMEM;
         for (int i = 0; i < STOKE__CACHE_SLOTS; i++) /* destroy's view of the slots */
             c->h[i].fd = -1, pthread_mutex_init(&c->h[i].lock, NULL);
         stoke__cache_destroy(c);
@@ -847,7 +928,7 @@ int stoke_cache_list(const char *dir, int (*fn)(void *ctx, const stoke_cache_ent
     if (l.n)
         qsort(l.e, l.n, sizeof(*l.e), by_atime);
     for (size_t i = 0; !rc && fn && i < l.n; i++) {
-        int fd = openat(dfd, l.e[i].name, O_RDONLY | O_CLOEXEC);
+        int fd = openat(dfd, l.e[i].name, O_RDONLY | O_CLOEXEC | FILE_FLAGS);
         int busy = fd >= 0 && flock_retry(fd, LOCK_EX | LOCK_NB) != 0;
         if (fd >= 0)
             close(fd);

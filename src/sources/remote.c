@@ -641,6 +641,11 @@ int stoke__remote_try_end(stoke__remote_pool *p, const stoke__remote_file *f, xf
     if (c == CURLE_OK) {
         char text[384];
         error_text(x, text, sizeof(text));
+        if (st >= 300 && st < 400 && f->s3 && !text[0]) /* (stoke__remote_aws_sign) */
+            stoke__strlcpy(text, ": a redirect, which an S3 request does not follow (the bucket "
+                                 "is in another region, or behind another endpoint: AWS_REGION, "
+                                 "AWS_ENDPOINT_URL)",
+                           sizeof(text));
         stoke__fmt_short(why, why_len, "GET %s: HTTP %ld%s", f->url, st, text);
         if (retryable_status(st))
             return 1;

@@ -245,6 +245,10 @@ int stoke__remote_aws_url(const stoke__remote_aws *a, const char *url, const cha
 void stoke__remote_aws_sign(const stoke__remote_aws *a, CURL *h, int s3)
 {
     int sign = s3 && a->userpwd;
+    /* An S3 request follows no redirect: libcurl would send the session token's header to
+     * the other host (it drops only its own Authorization), and a SigV4 signature is of the
+     * host it was made for.  The store's 301/307 is an error naming its Endpoint. */
+    curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, s3 ? 0L : 1L);
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, s3 ? a->hdrs : NULL);
     curl_easy_setopt(h, CURLOPT_USERPWD, sign ? a->userpwd : NULL);
     curl_easy_setopt(h, CURLOPT_AWS_SIGV4, sign ? a->sigv4 : NULL);

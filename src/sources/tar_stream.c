@@ -165,7 +165,16 @@ static int stream_read(void *ctx, void *buf, size_t n, uint64_t off, size_t *got
         return -EIO;
     }
     if (off + n > r->pos) {
-        size_t want = (size_t)(off + n - r->pos);
+        uint64_t more = off + n - r->pos;
+        if (off + n < off || more > (SIZE_MAX >> 2) - r->len) { /* (cap doubling: no wrap) */
+            stoke__fmt(r->why, sizeof(r->why),
+                       "tar %s: a member reaching byte %" PRIu64 " (from byte %" PRIu64
+                       "): more than a stream's window holds (a corrupt size in its header?)",
+                       r->s->path, off + n, off);
+            r->rc = STOKE_EFORMAT;
+            return -EINVAL;
+        }
+        size_t want = (size_t)more;
         if (r->len + want > r->cap) {
             size_t cap = r->cap ? r->cap : (size_t)1 << 16;
             while (cap < r->len + want)

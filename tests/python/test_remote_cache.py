@@ -201,6 +201,55 @@ try:
     T.check(rc == 1 and "STOKE_CACHE_DIR=%s: Not a directory" % notdir in out["error"],
             "a file as STOKE_CACHE_DIR: %s" % out["error"])
 
+    # --- a cache directory others can write in is refused: a file put there would be read as a
+    # shard, a link as HASH.part had the shard's bytes written through it (into any file this
+    # process may write), a FIFO as the copy hung the open, a lock held made every load wait
+    one = "shard-000000.tar"
+    spec = "tar:%s%s%s" % (base, one, OPTS)
+    shared = os.path.join(work, "shared")
+    os.mkdir(shared)
+    os.chmod(shared, 0o777)
+    rc, out, err = R.load(spec, env={"STOKE_CACHE_DIR": shared})
+    T.check(rc == 1 and "STOKE_CACHE_DIR=%s is writable by others (mode 0777)" % shared
+            in out["error"], "a world-writable cache directory: %s" % out["error"])
+    if os.geteuid() == 0:  # (root can give it away: another uid's directory)
+        os.chmod(shared, 0o755)
+        os.chown(shared, 65534, 65534)
+        rc, out, err = R.load(spec, env={"STOKE_CACHE_DIR": shared})
+        T.check(rc == 1 and "is owned by uid 65534, not by this process's (0)" in out["error"],
+                "another uid's cache directory: %s" % out["error"])
+    # one it makes is its own only, and so are the copies; links and FIFOs in it are not used
+    own = os.path.join(work, "own", "cache")
+    rc, out, err = R.load(spec, env={"STOKE_CACHE_DIR": own})
+    names = [n for n in os.listdir(own) if n.endswith("-" + one)]
+    T.check(rc == 0 and len(names) == 1 and os.stat(own).st_mode & 0o777 == 0o700
+            and os.stat(os.path.join(own, names[0])).st_mode & 0o777 == 0o600,
+            "a new cache directory: %s %s" % (oct(os.stat(own).st_mode), os.listdir(own)))
+    h = names[0][:32]
+    victim = os.path.join(work, "victim")
+    with open(victim, "w") as f:
+        f.write("not a shard")
+    os.unlink(os.path.join(own, names[0]))
+    os.symlink(victim, os.path.join(own, h + ".part"))
+    rc, out, err = R.load(spec, env={"STOKE_CACHE_DIR": own})
+    T.check(rc == 1 and open(victim).read() == "not a shard",
+            "a link as the .part: written through (%s)" % out.get("error"))
+    os.unlink(os.path.join(own, h + ".part"))
+    os.mkfifo(os.path.join(own, names[0]))
+    rc, out, err = R.load(spec, env={"STOKE_CACHE_DIR": own}, timeout=60)
+    T.check(rc == 1 and names[0] in out["error"], "a FIFO as the copy: %s" % out.get("error"))
+    os.unlink(os.path.join(own, names[0]))
+    # two URLs that differ only in a secret-looking query value ("***" in messages) are two
+    # files: they shared one copy (nginx serves the same file for both: counted in copies);
+    # the same URL signed again (a presigned URL's X-Amz-Signature) is the same copy
+    qdir = os.path.join(work, "query")
+    for q in ("key=a&X-Amz-Signature=1", "key=b&X-Amz-Signature=1", "key=a&X-Amz-Signature=22"):
+        rc, out, err = R.load("tar:%s%s?%s%s" % (base, one, q, OPTS),
+                              env={"STOKE_CACHE_DIR": qdir})
+        T.check(rc == 0, "?%s: %s" % (q, out.get("error")))
+    T.check(len([n for n in os.listdir(qdir) if n[32:33] == "-"]) == 2,
+            "?key=a, ?key=b, ?key=a signed again: copies %s" % os.listdir(qdir))
+
     # --- faults: fault_server.py -----------------------------------------------------------------
     fs = S.start_fault_server(root, work)
     servers.append(fs)

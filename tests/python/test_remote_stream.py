@@ -160,6 +160,23 @@ try:
     T.check(rc == 0 and out["samples"] == NSHARDS * PER and out["content_hash"] == m["content_hash"]
             and url in q and "HTTP 404" in q, "404 skipped: %s %s" % (R.summary(out), q))
 
+    # --- a member whose size is 2^63 - 1 (base-256 in its header): a format error; the
+    # window's doubling wrapped to 0 and the stream spun at 100% CPU for ever ------------------
+    hdr = bytearray(512)
+    hdr[0:5] = b"a.txt"
+    hdr[100:108] = b"0000644\0"
+    hdr[124:136] = b"\x80" + (2 ** 63 - 1).to_bytes(11, "big")
+    hdr[136:148] = b"00000000000\0"
+    hdr[156:157] = b"0"
+    hdr[257:263] = b"ustar\0"
+    hdr[148:156] = b" " * 8
+    hdr[148:156] = b"%06o\0 " % sum(hdr)
+    with open(os.path.join(root, "huge.tar"), "wb") as f:
+        f.write(bytes(hdr) + bytes(2048))
+    rc, out, err = load("tar:%shuge.tar,mode=stream" % base, "--workers", "1", timeout=60)
+    T.check(rc == 1 and "more than a stream's window holds" in out.get("error", ""),
+            "a member of 2^63 - 1 bytes: %s" % out.get("error"))
+
     # --- faults: 503s retried, cut bodies and resets resumed by range: every sample once -------
     fs = S.start_fault_server(root, work)
     servers.append(fs)

@@ -16,6 +16,7 @@ serves ROOT with Range requests and keep-alive; writes its port to PORT_FILE.  A
     shrink/N    after the first N requests for PATH, PATH is served as if it had half its size
                 (a file replaced by a shorter one while it is read)
     norange/0   Range ignored: every answer a 200 with the whole file
+    moved/0     a 307 to /ok/0/PATH on this server (a redirect)
 GET /__stats answers {"/MODE/ARG/PATH": requests, ...} as JSON."""
 import json
 import os
@@ -58,6 +59,8 @@ class Handler(BaseHTTPRequestHandler):
         with lock:
             n = counts[self.path] = counts.get(self.path, 0) + 1
         path = os.path.join(ROOT, rel)
+        if mode == "moved":
+            return self.answer(307, b"", [("Location", "/ok/0/" + rel)])
         if not os.path.isfile(path):
             return self.answer(404, b"<html>404 Not Found</html>")
         size = os.path.getsize(path)
