@@ -99,6 +99,7 @@ _ITER_BATCHES = 1 << 48  # (9 years at a million batches a second: no cap in pra
 # ... with in_order=False, whose C loader keeps one bit per batch of an epoch (2 MiB)
 _ITER_BATCHES_UNORDERED = 1 << 24
 _INTERRUPTED_END = ": not a bad sample, the epoch ends"  # (_Writer.interrupted's message)
+_INIT_FAILED = "worker_init of dataset"  # (the C loader's message for a failed worker_init)
 _ITER_LOST = ("worker process %d replaced one that died in this epoch: the IterableDataset's "
               "iterator of that worker died with it, and a new one would repeat its samples")
 
@@ -525,7 +526,15 @@ class _BlockPickler(pickle.Pickler):
 
     def persistent_id(self, obj):
         if torch is not None and isinstance(obj, torch.Tensor):
-            return self.block.ref_tensor(obj)
+            pid = self.block.ref_tensor(obj)
+            cls = type(obj)
+            if pid is None or (cls is torch.Tensor and not obj.requires_grad):
+                return pid
+            # a subclass (an nn.Parameter, torchvision's tv_tensors with their attributes)
+            # and requires_grad, as torch's workers pickle them: (its attributes pickled
+            # after, their tensors by reference too)
+            state = dict(getattr(obj, "__dict__", {})) if cls is not torch.Tensor else {}
+            return pid + (cls, state, bool(obj.requires_grad))
         if np is not None and type(obj) is np.ndarray:
             return self.block.ref_array(obj)
         return None
@@ -538,13 +547,22 @@ class _BlockUnpickler(pickle.Unpickler):
         self.view = view
 
     def persistent_load(self, pid):
-        kind, off, dtype, shape = pid
+        kind, off, dtype, shape = pid[:4]
         if kind == "t":
             dt = getattr(torch, dtype)
             n = 1
             for d in shape:
                 n *= d
-            return self.u8[off:off + n * _itemsize(dt)].view(dt).view(shape)
+            t = self.u8[off:off + n * _itemsize(dt)].view(dt).view(shape)
+            if len(pid) == 4:
+                return t
+            cls, state, grad = pid[4:]
+            if cls is torch.nn.Parameter:
+                return torch.nn.Parameter(t, requires_grad=grad)
+            if cls is not torch.Tensor:
+                t = t.as_subclass(cls)
+                t.__dict__.update(state)
+            return t.requires_grad_(True) if grad else t
         dt = np.dtype(dtype)
         n = 1
         for d in shape:
@@ -671,7 +689,13 @@ class _Collator:
         if torch is not None and isinstance(elem, torch.Tensor):
             out = block.tensor(elem.dtype, (len(batch),) + tuple(elem.shape))
             try:
-                torch.stack(batch, 0, out=out)
+                try:
+                    torch.stack(batch, 0, out=out)
+                    stacked = True
+                except RuntimeError:
+                    if not self.promote:
+                        raise
+                    stacked = False  # (a float after an int: a cast out= refuses; below)
                 if self.promote:
                     # mixed dtypes: the promoted one, as torch.stack without out= makes it
                     # (checked after the stack, which brought the samples into the cache: one
@@ -683,6 +707,8 @@ class _Collator:
                             dtype = torch.promote_types(dtype, d)
                         out = block.tensor(dtype, (len(batch),) + tuple(elem.shape))
                         torch.stack(batch, 0, out=out)
+                    elif not stacked:
+                        torch.stack(batch, 0, out=out)  # (its error again: not the dtypes)
             except RuntimeError as e:
                 err = _grad_error(e, batch)
                 if err is None:
@@ -1061,6 +1087,7 @@ class _Writer:
         self.warned_copy = False
         self.interrupt = None     # a fill's KeyboardInterrupt or SystemExit (interrupted())
         self.kept_errors = {}     # exceptions too long for a mailbox, made here (keep_error)
+        self.init_failure = None  # a worker_init_fn's exception, as mailed (reraise)
         self.pin = False          # the loader's pin_memory: a custom batch's pin_memory() is called
         self.rows = False         # samples' tensors copied into the block as they come (measure)
         self.plan = None
@@ -1612,10 +1639,12 @@ class _Writer:
             pickle.loads(payload)  # an __init__ with other arguments than args fails here
         except Exception:  # noqa: BLE001 - an exception that does not pickle
             payload = b""
-        if payload and len(payload) > MAIL_ENTRY - 16 and self.worker < 0:
-            # too long for a mailbox (a long message), made in this process: the exception
-            # itself is kept for the consumer (without its traceback, whose frames hold the
-            # batch's block; its text goes in the note as for any other), its type unchanged
+        if (not payload or len(payload) > MAIL_ENTRY - 16) and self.worker < 0:
+            # made in this process, and too long for a mailbox (a long message) or not to be
+            # pickled (an __init__ with other arguments: a RuntimeError with its text, where
+            # torch's num_workers=0 raises it as it is): the exception itself is kept for the
+            # consumer (without its traceback, whose frames hold the batch's block; its text
+            # goes in the note as for any other), its type unchanged
             token = next(_tokens)
             self.kept_errors[token] = e.with_traceback(None)
             payload = pickle.dumps((_KeptError(token), tb, index, os.getpid(), worker))
@@ -1851,6 +1880,12 @@ class _Writer:
         data = self.plan.mail_take(batch if batch is not None else -1)
         if data is None and batch is not None:
             data = self.plan.mail_take(-1)
+        if _INIT_FAILED in str(err):
+            # a worker_init_fn's failure: the loader says it again at every later pass (the
+            # worker is not set up again), whose mailboxes were emptied: raised as it was
+            if data is not None:
+                self.init_failure = data
+            data = self.init_failure
         if data is None:
             return None
         try:

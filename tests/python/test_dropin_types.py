@@ -1,0 +1,128 @@
+"""What a batch and an exception are, as torch's DataLoader gives them (a review as a torch user
+found each different): tensors of mixed dtypes in one column with num_workers=0 (an int then a
+float) make the promoted dtype, not a RuntimeError; a dataset's exception whose __init__ takes
+other arguments (it does not pickle) keeps its type with num_workers=0, not a RuntimeError; a
+collate_fn's tensor subclasses (torchvision's tv_tensors: a subclass with attributes) and
+nn.Parameters come back as themselves, requires_grad kept, not as plain tensors; a
+worker_init_fn's exception is raised as itself at every pass, not only the first (then a
+LoaderError without its type)."""
+import gc
+import os
+
+import stoke_testlib as T
+
+np, torch = T.need("numpy", "torch")
+from torch.utils.data import DataLoader as TorchLoader  # noqa: E402
+
+import stoke  # noqa: E402
+
+PROCS = not os.environ.get("STOKE_PY_TSAN")  # (TSan: no worker processes running torch)
+WORKERS = (0, 2) if PROCS else (0,)
+
+
+def first(cls, ds, **kw):
+    b = next(iter(cls(ds, **kw)))
+    gc.collect()  # (torch's iterator gone before stoke forks: a child would run its __del__)
+    return b
+
+
+# --- mixed dtypes in a column, num_workers=0: torch.stack's promotion ----------------------------
+for name, vals in (("int64 then float32", [torch.tensor(3), torch.tensor(2.5)]),
+                   ("int32[2] then float32[2]", [torch.ones(2, dtype=torch.int32), torch.ones(2)]),
+                   ("NumPy 0-d int then float", [np.array(3), np.array(2.5)]),
+                   ("float32 then float64", [torch.tensor(1.0),
+                                             torch.tensor(2.0, dtype=torch.float64)])):
+    ref = first(TorchLoader, vals, batch_size=2)
+    got = first(stoke.DataLoader, vals, batch_size=2)
+    T.check(got.dtype == ref.dtype and got.tolist() == ref.tolist(),
+            "%s: %s %s, torch's %s %s" % (name, got.dtype, got.tolist(), ref.dtype, ref.tolist()))
+try:  # other shapes are still torch's error
+    first(stoke.DataLoader, [torch.ones(2), torch.ones(3, dtype=torch.int32)], batch_size=2)
+    T.check(False, "shapes 2 and 3 stacked")
+except RuntimeError as e:
+    T.check("size" in str(e), "shapes 2 and 3: %s" % e)
+
+
+# --- an exception that does not pickle, num_workers=0 ------------------------------------------
+class DecodeError(Exception):
+    def __init__(self, path, code):
+        super().__init__("cannot decode %s (%d)" % (path, code))
+        self.path, self.code = path, code
+
+
+class Bad:
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        if i == 2:
+            raise DecodeError("img%d.jpg" % i, 7)
+        return i
+
+
+for cls in (TorchLoader, stoke.DataLoader):
+    try:
+        list(cls(Bad(), batch_size=1))
+        T.check(False, "%s: no error" % cls.__module__)
+    except DecodeError as e:
+        T.check(e.path == "img2.jpg" and e.code == 7, "%s: %r" % (cls.__module__, e))
+
+
+# --- a collate_fn's tensor subclasses and Parameters -------------------------------------------
+class Boxes(torch.Tensor):
+    @staticmethod
+    def __new__(cls, data, canvas_size):
+        t = torch.as_tensor(data).as_subclass(cls)
+        t.canvas_size = canvas_size
+        return t
+
+
+class Det:
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return torch.zeros(3, 4, 4), {"boxes": Boxes([[0.0, 0.0, i, i]], (4, 4)),
+                                      "labels": torch.tensor([i])}
+
+
+def detection_collate(b):
+    return tuple(zip(*b))
+
+
+def parameter_collate(b):
+    return torch.nn.Parameter(torch.full((2,), float(len(b))))
+
+
+for nw in WORKERS:
+    for cls in (TorchLoader, stoke.DataLoader):
+        what = "%s num_workers=%d" % (cls.__module__, nw)
+        imgs, targets = first(cls, Det(), batch_size=2, num_workers=nw,
+                              collate_fn=detection_collate)
+        bx = targets[1]["boxes"]
+        T.check(type(bx) is Boxes and bx.canvas_size == (4, 4) and bx.tolist() == [[0, 0, 1, 1]]
+                and type(targets[1]["labels"]) is torch.Tensor,
+                "%s: %s %s" % (what, type(bx).__name__, getattr(bx, "__dict__", None)))
+        p = first(cls, [0, 1], batch_size=2, num_workers=nw, collate_fn=parameter_collate)
+        T.check(type(p) is torch.nn.Parameter and p.requires_grad and p.tolist() == [2.0, 2.0],
+                "%s: a Parameter: %s %s" % (what, type(p).__name__, p.requires_grad))
+
+
+# --- a worker_init_fn that raises: its exception at every pass -----------------------------------
+def bad_init(w):
+    if w == 1:
+        raise FileNotFoundError("shard-%d.bin missing" % w)
+
+
+if PROCS:  # (torch 1.13's own workers print "can only test a child process" here: its bug)
+    for cls in (TorchLoader, stoke.DataLoader):
+        loader = cls(list(range(8)), batch_size=2, num_workers=2, worker_init_fn=bad_init)
+        for p in range(3):
+            try:
+                list(loader)
+                T.check(False, "%s pass %d: no error" % (cls.__module__, p))
+            except FileNotFoundError as e:
+                T.check("shard-1.bin missing" in str(e), "%s pass %d: %s" % (cls.__module__, p, e))
+        del loader
+        gc.collect()
+print("ok")
