@@ -5,7 +5,8 @@ other arguments (it does not pickle) keeps its type with num_workers=0, not a Ru
 collate_fn's tensor subclasses (torchvision's tv_tensors: a subclass with attributes) and
 nn.Parameters come back as themselves, requires_grad kept, not as plain tensors; a
 worker_init_fn's exception is raised as itself at every pass, not only the first (then a
-LoaderError without its type)."""
+LoaderError without its type); a loop that keeps each batch's labels keeps only them, not a
+copy of each whole batch."""
 import gc
 import os
 
@@ -106,6 +107,31 @@ for nw in WORKERS:
         p = first(cls, [0, 1], batch_size=2, num_workers=nw, collate_fn=parameter_collate)
         T.check(type(p) is torch.nn.Parameter and p.requires_grad and p.tolist() == [2.0, 2.0],
                 "%s: a Parameter: %s %s" % (what, type(p).__name__, p.requires_grad))
+
+
+# --- a loop that keeps a part of each batch keeps only that part ----------------------------------
+class Images:
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return torch.full((3, 64, 64), float(i)), i
+
+
+for nw in WORKERS:
+    loader = stoke.DataLoader(Images(), batch_size=4, num_workers=nw)
+    labels = []
+    for x, y in loader:
+        labels.append(y)
+    del x
+    own = [t.storage().nbytes() for t in labels]  # (torch 1.13: no untyped_storage)
+    buffers = int(loader.stats()["buffers"])
+    # (the first labels view the loader's own buffers, until the caller holds all but one:
+    # each batch after is copied tensor by tensor; the whole block was copied, 196 KiB a label)
+    T.check(torch.cat(labels).tolist() == list(range(64)) and len(own) == 16
+            and all(n == 32 for n in own[buffers:]),
+            "num_workers=%d: the labels kept hold %s bytes (%d buffers)" % (nw, own, buffers))
+    del loader, labels
 
 
 # --- a worker_init_fn that raises: its exception at every pass -----------------------------------
