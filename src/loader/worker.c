@@ -492,6 +492,11 @@ static void complete_quiet(stoke_loader *l, stoke_batch *b, uint64_t busy_ns)
     if (!drop && l->iterable) {
         stoke__worker *w = &l->w[b->worker];
         int keep = b->count && !(l->o.drop_last && b->count < l->o.batch_size);
+        /* a share's last batch that is not delivered: its bad samples are counted here (no
+         * batch carries them to the consumer's accounting: they vanished, the budget unasked);
+         * past the budget it fails, and is delivered as that error */
+        if (b->status == STOKE_OK && b->end && !keep && b->bad.n && b->seq >= l->start_cursor)
+            stoke__bad_account(l, b);
         if (b->status == STOKE_OK && b->end) /* its number in the share, past it if delivered */
             w->end_at = b->seq / (uint64_t)l->nw1 + (uint64_t)keep;
         /* nothing to deliver: the share ended on a batch boundary or was dropped, or the batch

@@ -263,4 +263,23 @@ rc, out, _ = load(BAD, "--workers", "2", "--on-error=skip", "--no-hash")
 q = str(out.get("quarantine"))
 T.check(rc == 0 and (NSHARDS - 1) * PER <= out["samples"] < NSHARDS * PER
         and "shard-000002.tar" in q, "skip: %s" % {k: out.get(k) for k in ("samples", "error")})
+# --- a share whose last samples are bad: counted (quarantine, budget) as in map mode; the batch
+# that would have carried them was dropped with them, uncounted, and skip:0 passed -----------
+import io  # noqa: E402
+import tarfile  # noqa: E402
+
+only = os.path.join(work, "onlybad.tar")
+with tarfile.open(only, "w", format=tarfile.USTAR_FORMAT) as t:
+    for name, data in [("%s.cls" % k, b"7") for k in "abcde"] + [("f.cls", b"notanumber")]:
+        ti = tarfile.TarInfo(name)
+        ti.size = len(data)
+        t.addfile(ti, io.BytesIO(data))
+for mode in ("", ",mode=stream"):
+    rc, out, _ = load("tar:%s%s" % (only, mode), "--on-error=skip", "--no-hash")
+    # (batches of 5: the bad sample alone in the share's last batch)
+    T.check(rc == 0 and out["samples"] == 5 and out["bad_samples"] == 1
+            and "'f'" in str(out.get("quarantine")), "a last bad sample%s: %s" % (mode, out))
+    rc, out, _ = load("tar:%s%s" % (only, mode), "--on-error=skip:0", "--no-hash")
+    T.check(rc == 1 and "too many bad samples" in out["error"],
+            "a last bad sample, skip:0%s: %s" % (mode, out.get("error")))
 print("tar streaming, local shards: ok")
