@@ -65,6 +65,10 @@ typedef struct stoke__npy_file {
     /* IO_MMAP: io=auto found the file resident and filled the mapping's page tables (npy.c,
      * populate): its pages are in, so runs skip MADV_WILLNEED. */
     int populated;
+    /* IO_MMAP: a read faulted (the file is shorter than its mapping): from then on each
+     * mapped read checks its rows' ends against the file's size (stoke__npy_rows_within),
+     * since the rows in the last page past the new end read as zeros, without a fault. */
+    atomic_int shrunk;
 } stoke__npy_file;
 
 struct stoke__npy_ring;                           /* npy_uring.c */
@@ -141,6 +145,11 @@ int stoke__npy_check_unchanged(const stoke__npy_file *f, uint64_t index, char *m
 int stoke__npy_read_failed(const stoke__npy_file *f, uint64_t index, uint64_t end, int err,
                            char *msg, size_t msg_len);
 /* "npy PATH: sample I: file changed while loading (why)" into msg; returns STOKE_EIO. */
+/* IO_MMAP, once f->shrunk: STOKE_OK when rows idx[0, count) all end within the file's size
+ * now, else STOKE_EIO for the first that does not (*err_index, msg); marks f shrunk when
+ * `fault` (a read of its mapping faulted). */
+int stoke__npy_rows_within(const stoke__npy_file *f, const uint64_t *idx, size_t count, int fault,
+                           char *msg, size_t msg_len, uint64_t *err_index);
 int stoke__npy_changed(const stoke__npy_file *f, uint64_t index, char *msg, size_t msg_len,
                        const char *why);
 /* The error of a run that read only `got` of its bytes: EOF (res 0) or -errno (res < 0), for

@@ -67,6 +67,33 @@ int stoke__npy_changed(const stoke__npy_file *f, uint64_t index, char *msg, size
     return STOKE_EIO;
 }
 
+int stoke__npy_rows_within(const stoke__npy_file *f, const uint64_t *idx, size_t count, int fault,
+                           char *msg, size_t msg_len, uint64_t *err_index)
+{
+    if (fault) /* (the one field written after open: atomic, so const elsewhere) */
+        atomic_store_explicit((atomic_int *)&f->shrunk, 1, memory_order_relaxed);
+    if (!atomic_load_explicit(&f->shrunk, memory_order_relaxed) || !count)
+        return STOKE_OK;
+    struct stat st;
+    if (fstat(f->fd, &st) != 0) {
+        *err_index = idx[0];
+        stoke__fmt(msg, msg_len, "npy %s: sample %llu: cannot stat: %s", f->path,
+                   (unsigned long long)idx[0], strerror(errno));
+        return STOKE_EIO;
+    }
+    for (size_t j = 0; j < count; j++) {
+        uint64_t end = f->h.data_offset + (idx[j] + 1) * (uint64_t)f->row_bytes;
+        if (end > (uint64_t)st.st_size) {
+            char why[128];
+            stoke__fmt(why, sizeof(why), "now %llu bytes, %llu when opened: truncated",
+                       (unsigned long long)st.st_size, (unsigned long long)f->size);
+            *err_index = idx[j];
+            return stoke__npy_changed(f, idx[j], msg, msg_len, why);
+        }
+    }
+    return STOKE_OK;
+}
+
 int stoke__npy_check_unchanged(const stoke__npy_file *f, uint64_t index, char *msg, size_t msg_len)
 {
     if (f->remote) /* each answer's Content-Range is checked instead (npy_remote.c) */
@@ -287,6 +314,11 @@ static int mapping_gone(const stoke__npy_file *f, const uint64_t *idx, size_t co
                         const void *fault, char *msg, size_t msg_len, uint64_t *err_index)
 {
     *err_index = fault_row(f, idx, count, fault);
+    int rc = stoke__npy_rows_within(f, idx, count, 1, msg, msg_len, err_index);
+    /* (the first row past the end now, else the faulting one: the file grew back meanwhile) */
+    if (rc != STOKE_OK)
+        return rc;
+    *err_index = fault_row(f, idx, count, fault);
     return stoke__npy_changed(f, *err_index, msg, msg_len, "its mapped pages are gone: truncated");
 }
 
@@ -298,6 +330,9 @@ static int batch_mmap_fields(const stoke__npy_ds *ds, const uint64_t *idx, size_
         const stoke__npy_file *f = &ds->f[k];
         if (!dst[k] || !f->row_bytes)
             continue;
+        int rc = stoke__npy_rows_within(f, idx, count, 0, msg, msg_len, err_index);
+        if (rc != STOKE_OK)
+            return rc;
         gather g;
         stoke__npy_runs_init(&g.it, ds, idx, count, dst);
         g.it.k = k;
