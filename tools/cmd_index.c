@@ -69,7 +69,11 @@ int cmd_index(int argc, char **argv)
             fputs(use, stderr);
         return cli_fail(&c, 2, "no source (tar:PATTERN)");
     }
-    if (strncmp(src, "tar:", 4) != 0 || !src[4] || strchr(src + 4, ','))
+    int depth = 0; /* an option: a ',' outside the pattern's braces ({0,1} is a list) */
+    const char *p = src + 4;
+    for (; *p && (*p != ',' || depth > 0); p++)
+        depth += *p == '{' ? 1 : *p == '}' ? -1 : 0;
+    if (strncmp(src, "tar:", 4) != 0 || !src[4] || *p)
         return cli_fail(&c, 2, "'%s': expected tar:PATTERN (shards only, no options)", src);
     char *entries = NULL;
     size_t entries_len = 0;
