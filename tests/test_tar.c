@@ -800,6 +800,29 @@ static void test_corrupt_headers(void **state)
     expect_open_error(p, STOKE_EFORMAT,
                       "at byte 2048: the archive ends at byte 2048 right after "
                       "an extension header");
+    /* a lone zero block with members after it: they were lost without a word */
+    static const unsigned char zeros[512];
+    tw_open(&w, p);
+    tw_str(&w, "s0.bin", "x");
+    tw_data(&w, zeros, sizeof(zeros));
+    tw_str(&w, "s1.bin", "y");
+    tw_end(&w);
+    expect_open_error(p, STOKE_EFORMAT,
+                      "at byte 1024: the end-of-archive block, and a header after it at byte "
+                      "1536: the members from there would be lost");
+    /* the end, then bytes that are no header (garbage after a tar's end): read as tar does */
+    tw_open(&w, p);
+    tw_str(&w, "s0.bin", "x");
+    tw_end(&w);
+    FILE *g = fopen(p, "ab");
+    assert_non_null(g);
+    for (int i = 0; i < 700; i++)
+        fputc('q', g);
+    fclose(g);
+    stoke_dataset ds;
+    assert_int_equal(stoke_tar_open(p, &ds), STOKE_OK);
+    assert_int_equal(ds.length(ds.user), 1);
+    stoke_dataset_close(&ds);
     /* not a tar file at all */
     FILE *f = fopen(p, "wb");
     assert_non_null(f);

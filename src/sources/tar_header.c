@@ -356,6 +356,34 @@ static void pending_copy(pending *to, const pending *from)
     to->first_hdr = from->first_hdr;
 }
 
+/* After the zero block at `off` (the end of the archive): an error when a header follows within
+ * the record (20 blocks) it ends, where the members after it would be lost without a word (a
+ * lone zero block; archives joined with cat, whose second one starts right after the first's
+ * end); 0 when none does (zeros, other bytes: ignored, as tar does), or the file's size is
+ * not known yet (a stream). */
+static int after_end(walk *w, stoke__tar_block *b, uint64_t off)
+{
+    enum { LOOK = 19 };
+    if (w->file_size == UINT64_MAX || off + STOKE__TAR_BLOCK >= w->file_size)
+        return 0;
+    uint64_t left = w->file_size - off - STOKE__TAR_BLOCK;
+    size_t n = left < LOOK * STOKE__TAR_BLOCK ? (size_t)left / STOKE__TAR_BLOCK * STOKE__TAR_BLOCK
+                                              : LOOK * STOKE__TAR_BLOCK;
+    unsigned char rest[LOOK * STOKE__TAR_BLOCK];
+    int rc = n ? read_exact(w, rest, n, off + STOKE__TAR_BLOCK, "the blocks after its end") : 0;
+    if (rc)
+        return rc;
+    char msg[160];
+    for (size_t k = 0; k < n; k += STOKE__TAR_BLOCK)
+        if (stoke__tar_parse_block(rest + k, b, msg, sizeof(msg)) == 0)
+            return walk_fail(w, off, STOKE_EFORMAT,
+                             "the end-of-archive block, and a header after it at byte %llu: "
+                             "the members from there would be lost (a lone zero block, or "
+                             "archives joined with cat: tar -A joins them into one)",
+                             (unsigned long long)(off + STOKE__TAR_BLOCK + k));
+    return 0;
+}
+
 static int iter_step(stoke__tar_iter *it, const char **path, uint64_t *hdr_off, uint64_t *data_off,
                      uint64_t *size_out);
 
@@ -409,6 +437,8 @@ static int iter_step(stoke__tar_iter *it, const char **path, uint64_t *hdr_off, 
                 return walk_fail(&w, off, STOKE_EFORMAT,
                                  "the archive ends at byte %llu right after an extension header",
                                  (unsigned long long)off);
+            if ((rc = after_end(&w, b, off)) != 0)
+                return rc;
             it->done = 1;
             return STOKE_EEND;
         }
