@@ -636,8 +636,9 @@ class DataLoader(_stoke.Loader):
                     if st["failed"]:  # (an error ended the epoch: _Pass made this generator)
                         _warnings.warn(
                             "stoke: the IterableDataset's epoch ended at the error raised "
-                            "before (a worker process died: its iterator cannot be resumed): "
-                            "the other worker processes' iterators give no more",
+                            "before (an interrupt, a timeout, the on_error budget, or a worker "
+                            "process that died, whose iterator cannot be resumed): the other "
+                            "worker processes' iterators give no more",
                             RuntimeWarning, stacklevel=3)
                     else:
                         _warnings.warn(

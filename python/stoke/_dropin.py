@@ -30,7 +30,6 @@ set_epoch hook, before any worker fetches a sample of that epoch), the epoch's b
 one mailbox per worker where a failing fill leaves its pickled exception and traceback.
 """
 import collections.abc as _abc
-import copy
 import gc
 import io
 import itertools
@@ -528,12 +527,12 @@ class _BlockPickler(pickle.Pickler):
         if torch is not None and isinstance(obj, torch.Tensor):
             pid = self.block.ref_tensor(obj)
             cls = type(obj)
-            if pid is None or (cls is torch.Tensor and not obj.requires_grad):
-                return pid
-            # a subclass (an nn.Parameter, torchvision's tv_tensors with their attributes)
-            # and requires_grad, as torch's workers pickle them: (its attributes pickled
-            # after, their tensors by reference too)
-            state = dict(getattr(obj, "__dict__", {})) if cls is not torch.Tensor else {}
+            if pid is None or cls is torch.Tensor:
+                return pid  # (detached, as on every path: a batch is outside autograd)
+            # a subclass (an nn.Parameter, whose requires_grad is kept; torchvision's
+            # tv_tensors with their attributes), as torch's workers pickle them: (its
+            # attributes pickled after, their tensors by reference too)
+            state = dict(getattr(obj, "__dict__", {}))
             return pid + (cls, state, bool(obj.requires_grad))
         if np is not None and type(obj) is np.ndarray:
             return self.block.ref_array(obj)
@@ -559,10 +558,9 @@ class _BlockUnpickler(pickle.Unpickler):
             cls, state, grad = pid[4:]
             if cls is torch.nn.Parameter:
                 return torch.nn.Parameter(t, requires_grad=grad)
-            if cls is not torch.Tensor:
-                t = t.as_subclass(cls)
-                t.__dict__.update(state)
-            return t.requires_grad_(True) if grad else t
+            t = t.as_subclass(cls)
+            t.__dict__.update(state)
+            return t
         dt = np.dtype(dtype)
         n = 1
         for d in shape:
@@ -956,15 +954,27 @@ class _Plan:
             for k in range(used):
                 yield box + 4096 + k * MAIL_ENTRY
 
+    ITER_FRESH, ITER_LOST, ITER_DONE = 0, 1, 2
+
     def began(self, worker, run):
-        """1 if worker process `worker` began iterating in run `run` before: a process before
-        it, which died (its iterator died with it); else marks that it began now.  The word
-        after the entry count in the worker's mailbox header page."""
+        """Where worker process `worker`'s iterator of run `run` is: ITER_LOST if a process
+        before it began it and died (the iterator died with it), ITER_DONE if one before it
+        exhausted it (it died after: nothing is lost), else ITER_FRESH, marked begun now.
+        The word after the entry count in the worker's mailbox header page: run + 1 begun,
+        -(run + 1) exhausted."""
         off = self.off_mail + min(max(worker, 0), self.nmail - 1) * self.mailbox + 8
-        if struct.unpack_from("<q", self.mm, off)[0] == run + 1:
-            return 1
+        word = struct.unpack_from("<q", self.mm, off)[0]
+        if word == run + 1:
+            return self.ITER_LOST
+        if word == -(run + 1):
+            return self.ITER_DONE
         struct.pack_into("<q", self.mm, off, run + 1)
-        return 0
+        return self.ITER_FRESH
+
+    def exhausted(self, worker, run):
+        """Worker process `worker`'s iterator of run `run` ended (began's ITER_DONE)."""
+        off = self.off_mail + min(max(worker, 0), self.nmail - 1) * self.mailbox + 8
+        struct.pack_into("<q", self.mm, off, -(run + 1))
 
     def mail_take(self, batch):
         for off in self._used():
@@ -1077,7 +1087,7 @@ class _Writer:
                  persistent, pad, pad_to_multiple_of, max_length, return_lengths, rank, world,
                  mail_entries=MAIL_ENTRIES):
         self.dataset = dataset
-        self.dataset0 = dataset   # a worker's copy as forked (fresh_dataset)
+        self.dataset0 = None      # a worker's dataset's attributes as forked (fresh_dataset)
         self.iterable = iterable
         self.batch_size = batch_size
         self.drop_last = drop_last
@@ -1141,7 +1151,7 @@ class _Writer:
             sampler is not None or batch_sampler is not None)
         self.planned = True       # False: the first iteration writes the epoch's plan
         self.iter_run = -1        # the plan's H_RUN this worker process's iterators are of
-        self.iter_lost = False    # its run's iterator died with the process before this one
+        self.iter_at = 0          # its run's iterator: _Plan.ITER_FRESH, LOST or DONE
         if self.iter_map:
             # The C loader's worker processes take MAP datasets: batch i is then the next
             # batch of whichever worker's iterator fills it, and an exhausted worker answers
@@ -1396,23 +1406,22 @@ class _Writer:
     def fresh_dataset(self, first):
         """A worker process's pass without persistent workers: torch's workers are new
         processes each pass, each with the dataset as the caller's, so what worker_init_fn or
-        __iter__ set on a worker's copy before is gone (torch's sharding example narrows
+        __iter__ set on a worker's dataset before is gone (torch's sharding example narrows
         dataset.start/end in worker_init_fn: narrowed again, pass 2 lost half of the samples
-        and pass 3 more).  The first pass keeps a shallow copy of the dataset as forked; each
-        later one works on a shallow copy of that (attributes set on it are its own; objects
-        changed in place stay changed); a dataset that does not copy stays as it is."""
-        try:
-            ds = copy.copy(self.dataset if first else self.dataset0)
-        except Exception:  # noqa: BLE001 - kept as it is, as before
+        and pass 3 more).  The first pass keeps the dataset's attributes (a shallow copy of its
+        __dict__: the dataset itself is not copied, which for an array or a memmap would copy
+        its data, and for a list touch every element's page); each later one sets them back
+        (objects changed in place stay changed; a dataset without a __dict__ has none set)."""
+        attrs = getattr(self.dataset, "__dict__", None)
+        if type(attrs) is not dict:
             return
         if first:
-            self.dataset0 = ds
+            self.dataset0 = dict(attrs)
             return
-        self.dataset = ds
+        attrs.clear()
+        attrs.update(self.dataset0)
         with self.iter_lock:
             self.iters.clear()
-        if self.getitems is not None:
-            self.getitems = getattr(ds, "__getitems__", None)
 
     # -- making a batch --
 
@@ -1527,12 +1536,16 @@ class _Writer:
                 self.iter_run = run
                 self.iters.clear()
                 # a process that replaced a dead one mid-run: the share's iterator died with
-                # it, and iterating it again from its start would repeat its samples
-                self.iter_lost = self.worker >= 0 and self.plan.began(self.worker, run)
-            if self.iter_lost:
+                # it, and iterating it again from its start would repeat its samples (one
+                # that died after its share ended: the share stays ended)
+                self.iter_at = (self.plan.began(self.worker, run) if self.worker >= 0
+                                else _Plan.ITER_FRESH)
+            if self.iter_at == _Plan.ITER_LOST:
                 return (_ITER_LOST % (self.worker,) + _INTERRUPTED_END).encode()
-            r = self.next_fill(worker, view, i)  # (its error mailed under batch i)
-            if r == 0:
+            r = 0 if self.iter_at == _Plan.ITER_DONE else self.next_fill(worker, view, i)
+            if r == 0:  # (its error mailed under batch i, by next_fill)
+                if self.worker >= 0:
+                    self.plan.exhausted(self.worker, run)
                 struct.pack_into("<QQ", view, 0, MAGIC_END, self.worker)
                 return 16
             return r[0] if isinstance(r, tuple) else r

@@ -54,28 +54,64 @@ static uint64_t mix64(uint64_t z)
     return z ^ (z >> 31);
 }
 
-/* 1 if query parameter [p, p + n) ("name=value") is a signature's: a presigned URL's
- * (X-Amz-*, X-Goog-*, S3's v2 Signature/Expires/AWSAccessKeyId, an Azure SAS's), which
- * changes when the URL is signed again while the file stays the same. */
-static int signing_param(const char *p, size_t n)
+/* The presigned URL kinds a query has (sig_kinds), whose parameters change when the URL is
+ * signed again while the file stays the same. */
+enum {
+    SIG_AMZ = 1,   /* X-Amz-Signature: S3's SigV4 (X-Amz-*) */
+    SIG_GOOG = 2,  /* X-Goog-Signature: GCS's V4 (X-Goog-*) */
+    SIG_S3V2 = 4,  /* Signature and AWSAccessKeyId: S3's V2 (Signature, Expires, AWSAccessKeyId) */
+    SIG_AZURE = 8, /* sig and sv: an Azure SAS (sig, se, st, sv, sp, sr, spr, sk*, ...) */
+};
+
+/* 1 if query parameter [p, p + n) ("name=value") is named `name` (any case). */
+static int param_is(const char *p, size_t n, const char *name)
 {
-    static const char *const exact[] = {"signature", "expires", "awsaccesskeyid", "sig", "se",
-                                        "st", "sv", "sp", "sr", "spr", "skoid", "sktid", "skt",
-                                        "ske", "sks", "skv"};
-    size_t k = 0;
-    while (k < n && p[k] != '=')
-        k++;
-    if ((k > 6 && strncasecmp(p, "x-amz-", 6) == 0) || (k > 7 && strncasecmp(p, "x-goog-", 7) == 0))
+    size_t k = strcspn(p, "=&#");
+    return k <= n && strlen(name) == k && strncasecmp(p, name, k) == 0;
+}
+
+static int sig_kinds(const char *q)
+{
+    int kinds = 0, s3 = 0, az = 0;
+    for (const char *p = q; p && *p && *p != '#';) {
+        size_t n = strcspn(p, "&#");
+        kinds |= param_is(p, n, "x-amz-signature") ? SIG_AMZ : 0;
+        kinds |= param_is(p, n, "x-goog-signature") ? SIG_GOOG : 0;
+        s3 |= param_is(p, n, "signature") ? 1 : param_is(p, n, "awsaccesskeyid") ? 2 : 0;
+        az |= param_is(p, n, "sig") ? 1 : param_is(p, n, "sv") ? 2 : 0;
+        p += n + (p[n] == '&');
+    }
+    return kinds | (s3 == 3 ? SIG_S3V2 : 0) | (az == 3 ? SIG_AZURE : 0);
+}
+
+/* 1 if query parameter [p, p + n) is one of the signing parameters of the presigned URL
+ * kinds `kinds`: only those of a kind whose signature the query has, so that a parameter of
+ * the same name that selects content (?sp=train, ?st=0) still names its own copy. */
+static int signing_param(const char *p, size_t n, int kinds)
+{
+    static const char *const s3v2[] = {"signature", "expires", "awsaccesskeyid",
+                                       "x-amz-security-token"};
+    static const char *const azure[] = {"sig", "se", "st", "sv", "sp", "sr", "spr", "si",
+                                        "skoid", "sktid", "skt", "ske", "sks", "skv", "ss",
+                                        "srt", "sdd"};
+    size_t k = strcspn(p, "=&#");
+    if ((kinds & SIG_AMZ) && k > 6 && strncasecmp(p, "x-amz-", 6) == 0)
         return 1;
-    for (size_t i = 0; i < sizeof(exact) / sizeof(exact[0]); i++)
-        if (strlen(exact[i]) == k && strncasecmp(p, exact[i], k) == 0)
+    if ((kinds & SIG_GOOG) && k > 7 && strncasecmp(p, "x-goog-", 7) == 0)
+        return 1;
+    for (size_t i = 0; (kinds & SIG_S3V2) && i < sizeof(s3v2) / sizeof(s3v2[0]); i++)
+        if (param_is(p, n, s3v2[i]))
+            return 1;
+    for (size_t i = 0; (kinds & SIG_AZURE) && i < sizeof(azure) / sizeof(azure[0]); i++)
+        if (param_is(p, n, azure[i]))
             return 1;
     return 0;
 }
 
 /* The names of f's files: the hash of the URL it is requested by (an s3:// URL's has the
  * endpoint), without the user and password before the host and without a presigned URL's
- * signing parameters (signing_param: the same file signed again is the same copy), and the
+ * signing parameters (signing_param, of the kinds whose signature the query holds: the same
+ * file signed again is the same copy), and the
  * URL's last path segment.  Not the URL of messages, whose secret-looking query values are
  * "***": two URLs that differed only there (?key=shard-000.tar, ?key=shard-001.tar) shared
  * one copy. */
@@ -92,9 +128,10 @@ static void names_of(const stoke__remote_file *f, names *nm)
             memset(skip + (host - key), 1, (size_t)(at + 1 - host));
     }
     const char *q = strchr(key, '?');
-    for (const char *p = q ? q + 1 : NULL; skip && p && *p && *p != '#';) {
+    int kinds = q ? sig_kinds(q + 1) : 0;
+    for (const char *p = q && kinds ? q + 1 : NULL; skip && p && *p && *p != '#';) {
         size_t n = strcspn(p, "&#");
-        if (signing_param(p, n))
+        if (signing_param(p, n, kinds))
             memset(skip + (p - key), 1, n + (p[n] == '&'));
         p += n + (p[n] == '&');
     }
@@ -713,6 +750,28 @@ int stoke__cache_read(stoke__cache *c, stoke__remote_pool *p, int slot, const st
     pthread_mutex_unlock(&h->lock);
     *got = done;
     return rc;
+}
+
+int stoke__cache_forget(stoke__cache *c, const stoke__remote_file *f)
+{
+    for (int i = 0; i < STOKE__CACHE_SLOTS; i++) { /* no slot reads the copy any more */
+        stoke__cache_held *h = &c->h[i];
+        pthread_mutex_lock(&h->lock);
+        if (h->f == f && h->fd >= 0) {
+            close(h->fd);
+            h->fd = -1;
+            h->f = NULL;
+        }
+        pthread_mutex_unlock(&h->lock);
+    }
+    names nm;
+    names_of(f, &nm);
+    int lk, e = lock_name(c->dfd, nm.lock, 0, &lk); /* (not beside its download's rename) */
+    if (e)
+        return e;
+    e = unlinkat(c->dfd, nm.data, 0) != 0 && errno != ENOENT ? -errno : 0;
+    unlock_name(c->dfd, nm.lock, lk);
+    return e;
 }
 
 /* ---- the object --------------------------------------------------------------------------- */

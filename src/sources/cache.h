@@ -86,6 +86,12 @@ size_t stoke__cache_prefetch(stoke__cache *c, stoke__remote_pool *p,
 int stoke__cache_set_order(stoke__cache *c, const stoke__remote_file *const *f,
                            const uint64_t *expect, size_t n);
 
+/* Removes f's copy (a copy whose bytes are found bad: a walk of it failed, as a copy that a
+ * power cut left truncated or zero-filled after its rename would), so that the next read
+ * downloads f again; the slots reading it let it go (readers elsewhere keep their open
+ * descriptor).  0 or -errno. */
+int stoke__cache_forget(stoke__cache *c, const stoke__remote_file *f);
+
 /* Counters of a cache object since create, its forked workers' included. */
 typedef struct stoke__cache_stats {
     uint64_t hits;      /* a file opened from the cache (found complete, or completed while

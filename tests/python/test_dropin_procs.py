@@ -860,6 +860,51 @@ def iterable_worker_death_ends_the_epoch():
     no_children_within(15, "an IterableDataset's worker killed")
 
 
+class EndsThenDies(torch.utils.data.IterableDataset):
+    """Worker 0 yields 100 and 101, writes its pid to `pidfile` and ends; worker 1 yields 0..11
+    slowly."""
+
+    def __init__(self, pidfile):
+        self.pidfile = pidfile
+
+    def __iter__(self):
+        if get_worker_info().id == 0:
+            yield from (100, 101)
+            with open(self.pidfile, "w") as f:
+                f.write(str(os.getpid()))
+            return
+        for i in range(12):
+            time.sleep(0.1)
+            yield i
+
+
+@case
+def iterable_worker_death_after_its_share():
+    """A worker process killed after its share ended: nothing of it is lost, so the epoch goes
+    on, every sample once, as torch's (its replacement found the run begun and ended the
+    epoch: 7 of 14 samples)."""
+    pidfile = os.path.join(T.tmpdir(), "ended.pid")
+    it = iter(L.Loader(EndsThenDies(pidfile), batch_size=1, num_workers=2))
+    got, errs, killed = [], [], False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the death's own warning)
+        while True:
+            try:
+                got += next(it).tolist()
+            except StopIteration:
+                break
+            except Exception as e:  # noqa: BLE001 - none is expected
+                errs.append(str(e)[:120])
+            if not killed and len(got) >= 4 and os.path.exists(pidfile):
+                os.kill(int(open(pidfile).read()), signal.SIGKILL)
+                killed = True
+    T.check(killed and not errs and sorted(got) == list(range(12)) + [100, 101],
+            "killed %s: samples %s, errors %s" % (killed, sorted(got), errs))
+    del it
+    gc.collect()
+    no_children_within(15, "an exhausted worker killed")
+
+
 @case
 def errors_in_flight_keep_their_type():
     """Ten batches in a row fail while the workers run ahead (prefetch_factor=8, the caller
