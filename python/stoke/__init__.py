@@ -335,6 +335,8 @@ class DataLoader(_stoke.Loader):
                              "use num_workers=0 to disable multiprocessing.")
         if timeout < 0:
             raise ValueError("timeout option should be non-negative")
+        if prefetch_factor is not None and _index(prefetch_factor, "prefetch_factor") < 0:
+            raise ValueError("prefetch_factor option should be non-negative")  # (torch's)
         if num_workers == 0 and prefetch_factor is not None and prefetch_factor != 2:
             raise ValueError("prefetch_factor option could only be specified in "
                              "multiprocessing.let num_workers > 0 to enable multiprocessing, "
@@ -364,11 +366,15 @@ class DataLoader(_stoke.Loader):
         elif batch_size is None and drop_last:
             raise ValueError("batch_size=None option disables auto-batching and is mutually "
                              "exclusive with drop_last")
-        if batch_size is not None:
-            batch_size = _index(batch_size, "batch_size")
-            if batch_size < 1:
+        if batch_size is not None:  # (torch's BatchSampler: a ValueError, a bool and 2.0 too)
+            try:
+                size = None if type(batch_size) is bool else _operator_index(batch_size)
+            except TypeError:
+                size = None
+            if size is None or size < 1:
                 raise ValueError("batch_size should be a positive integer value, but got "
-                                 "batch_size=%d" % batch_size)
+                                 "batch_size=%s" % (batch_size,))
+            batch_size = size
         # (made before the loader: torch's errors, RandomSampler's on an empty dataset, first)
         torch_samplers = _dropin._torch_samplers(dataset, iterable, shuffle, sampler,
                                                  batch_sampler, batch_size, drop_last, generator)

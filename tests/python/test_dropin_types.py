@@ -109,6 +109,24 @@ for nw in WORKERS:
                 "%s: a Parameter: %s %s" % (what, type(p).__name__, p.requires_grad))
 
 
+# --- arguments that are not what torch takes: torch's error ------------------------------------
+for bad in (2.0, True, 0, "2"):
+    errs = []
+    for cls in (TorchLoader, stoke.DataLoader):
+        try:
+            cls(list(range(8)), batch_size=bad)
+            errs.append(None)
+        except Exception as e:  # noqa: BLE001 - its type and text are compared
+            errs.append((type(e), str(e)))
+    T.check(errs[0] is not None and errs[0] == errs[1],
+            "batch_size=%r: stoke %s, torch %s" % (bad, errs[1], errs[0]))
+try:
+    stoke.DataLoader(list(range(8)), num_workers=2, prefetch_factor=-1)
+    T.check(False, "prefetch_factor=-1 accepted")
+except ValueError as e:
+    T.check("prefetch_factor option should be non-negative" in str(e), "prefetch_factor: %s" % e)
+
+
 # --- a loop that keeps a part of each batch keeps only that part ----------------------------------
 class Images:
     def __len__(self):
