@@ -382,8 +382,8 @@ static void test_truncated_same_error(void **state)
         assert_string_equal(m_uring, want);
         /* mmap: the fault names the sample whose row holds the first page past the cut (row
          * 12 here too: the run's fault is in row 12's last bytes, not in row 10, its first) */
-        assert_non_null(strstr(m_mmap, "file changed while loading (now"));
-        assert_non_null(strstr(m_mmap, "when opened: truncated)"));
+        assert_non_null(strstr(m_mmap, "file changed while loading"));
+        assert_non_null(strstr(m_mmap, "mapped pages are gone"));
         assert_int_equal(e_mmap, want_index[t]);
         snprintf(want, sizeof(want), "sample %llu:", (unsigned long long)want_index[t]);
         assert_non_null(strstr(m_mmap, want));

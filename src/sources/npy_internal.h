@@ -146,8 +146,9 @@ int stoke__npy_read_failed(const stoke__npy_file *f, uint64_t index, uint64_t en
                            char *msg, size_t msg_len);
 /* "npy PATH: sample I: file changed while loading (why)" into msg; returns STOKE_EIO. */
 /* IO_MMAP, once f->shrunk: STOKE_OK when rows idx[0, count) all end within the file's size
- * now, else STOKE_EIO for the first that does not (*err_index, msg); marks f shrunk when
- * `fault` (a read of its mapping faulted). */
+ * now, else STOKE_EIO for the first that does not (*err_index, msg: "now N bytes, M when
+ * opened", or after a `fault` "its mapped pages are gone"); marks f shrunk when `fault` (a
+ * read of its mapping faulted). */
 int stoke__npy_rows_within(const stoke__npy_file *f, const uint64_t *idx, size_t count, int fault,
                            char *msg, size_t msg_len, uint64_t *err_index);
 int stoke__npy_changed(const stoke__npy_file *f, uint64_t index, char *msg, size_t msg_len,

@@ -84,9 +84,10 @@ int stoke__npy_rows_within(const stoke__npy_file *f, const uint64_t *idx, size_t
     for (size_t j = 0; j < count; j++) {
         uint64_t end = f->h.data_offset + (idx[j] + 1) * (uint64_t)f->row_bytes;
         if (end > (uint64_t)st.st_size) {
-            char why[128];
-            stoke__fmt(why, sizeof(why), "now %llu bytes, %llu when opened: truncated",
-                       (unsigned long long)st.st_size, (unsigned long long)f->size);
+            char why[128] = "its mapped pages are gone: truncated"; /* (the fault's read) */
+            if (!fault)
+                stoke__fmt(why, sizeof(why), "now %llu bytes, %llu when opened: truncated",
+                           (unsigned long long)st.st_size, (unsigned long long)f->size);
             *err_index = idx[j];
             return stoke__npy_changed(f, idx[j], msg, msg_len, why);
         }
