@@ -18,12 +18,12 @@ typedef struct {
 
 enum { OWN_HEAP = 1, OWN_MAP = 2 };
 #define MAP_MIN    ((size_t)128 << 10) /* glibc's first mmap threshold */
-#define KEEP_MAPS  16                  /* mappings kept for reuse ... */
-#define KEEP_BYTES ((size_t)256 << 20) /* ... up to this many bytes */
+#define KEEP_MAPS  8                  /* mappings kept for reuse ... */
+#define KEEP_BYTES ((size_t)64 << 20) /* ... up to this many bytes */
 
 /* Large blocks freed, kept for the next ones (under the GIL): a fresh mapping's pages are
  * faulted in and zeroed by the kernel, which made list(loader) of 600 MB 0.31 s instead of the
- * heap's 0.19 (glibc reuses what was freed). */
+ * heap's 0.19 (glibc reuses what was freed); a few are kept, not all (they stay resident). */
 static struct {
     void *p;
     size_t n;

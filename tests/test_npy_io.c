@@ -317,6 +317,16 @@ static void test_loader_identical(void **state)
     unlink(lp);
 }
 
+/* The header's size of make_files's data file. */
+static size_t head_size(void)
+{
+    unsigned char head[256];
+    char dict[128];
+    snprintf(dict, sizeof(dict), "{'descr': '|u1', 'fortran_order': False, 'shape': (%d, %d), }",
+             ROWS, ROW);
+    return tu_npy_head(head, dict);
+}
+
 /* get_batch() of `idx` on a fresh dataset of `io` after the file was cut to `cut` bytes:
  * returns the code; msg and *err receive the error. */
 static int read_truncated(const char *p, int io, size_t cut, const uint64_t *idx, size_t n,
@@ -346,11 +356,7 @@ static void test_truncated_same_error(void **state)
         skip();
     }
     const char *p = tmp("cut.npy");
-    unsigned char head[256];
-    char dict[128];
-    snprintf(dict, sizeof(dict), "{'descr': '|u1', 'fortran_order': False, 'shape': (%d, %d), }",
-             ROWS, ROW);
-    size_t hn = tu_npy_head(head, dict);
+    size_t hn = head_size();
     /* no index is a multiple of 256: the reads notice, not the size check */
     static const uint64_t batches[3][6] = {
         {10, 11, 12, 13, 14, 15}, /* a run: row 12 is cut in the middle */
@@ -399,11 +405,7 @@ static void test_mmap_rows_past_the_end_after_a_fault(void **state)
 {
     (void)state;
     const char *p = tmp("cutpage.npy");
-    unsigned char head[256];
-    char dict[128];
-    snprintf(dict, sizeof(dict), "{'descr': '|u1', 'fortran_order': False, 'shape': (%d, %d), }",
-             ROWS, ROW);
-    size_t hn = tu_npy_head(head, dict);
+    size_t hn = head_size();
     uint64_t r = 2; /* a row wholly inside one page, the file cut just before it */
     while ((hn + r * ROW) / 4096 != (hn + (r + 1) * ROW - 1) / 4096)
         r++;
@@ -422,6 +424,14 @@ static void test_mmap_rows_past_the_end_after_a_fault(void **state)
     assert_int_equal(ds.get(ds.user, r, dst, len, 0, msg, sizeof(msg)), STOKE_EIO);
     assert_non_null(strstr(msg, "file changed while loading (now"));
     assert_int_equal(tu_read_batch(&ds, two, 2, dst, 0, msg, sizeof(msg), &err), STOKE_EIO);
+    assert_int_equal(err, r);
+    /* a group of two batches (two runs: the scattered gather), rows r - 2 and r */
+    uint64_t group[2] = {r - 2, r};
+    size_t start[3] = {0, 1, 2};
+    void *base[2] = {d, d + ROW};
+    stoke_slots runs = {2, start, base, len};
+    err = 0;
+    assert_int_equal(ds.read(ds.user, group, 2, &runs, 0, msg, sizeof(msg), &err), STOKE_EIO);
     assert_int_equal(err, r);
     assert_int_equal(ds.get(ds.user, r - 2, dst, len, 0, msg, sizeof(msg)), STOKE_OK);
     assert_memory_equal(d, g_data + (r - 2) * ROW, ROW); /* (r - 1 ends past the cut too) */

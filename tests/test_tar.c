@@ -770,6 +770,16 @@ static void patch(const char *path, long off, const void *bytes, size_t n)
     assert_int_equal(fclose(f), 0);
 }
 
+/* n bytes 'q' written to path, opened with mode ("wb", "ab"). */
+static void write_q(const char *path, const char *mode, int n)
+{
+    FILE *f = fopen(path, mode);
+    assert_non_null(f);
+    for (int i = 0; i < n; i++)
+        fputc('q', f);
+    assert_int_equal(fclose(f), 0);
+}
+
 static void test_corrupt_headers(void **state)
 {
     (void)state;
@@ -814,21 +824,13 @@ static void test_corrupt_headers(void **state)
     tw_open(&w, p);
     tw_str(&w, "s0.bin", "x");
     tw_end(&w);
-    FILE *g = fopen(p, "ab");
-    assert_non_null(g);
-    for (int i = 0; i < 700; i++)
-        fputc('q', g);
-    fclose(g);
+    write_q(p, "ab", 700);
     stoke_dataset ds;
     assert_int_equal(stoke_tar_open(p, &ds), STOKE_OK);
     assert_int_equal(ds.length(ds.user), 1);
     stoke_dataset_close(&ds);
     /* not a tar file at all */
-    FILE *f = fopen(p, "wb");
-    assert_non_null(f);
-    for (int i = 0; i < 2048; i++)
-        fputc('q', f);
-    fclose(f);
+    write_q(p, "wb", 2048);
     expect_open_error(p, STOKE_EFORMAT, "at byte 0: bad header checksum field");
     pathf(p, sizeof(p), dir, "missing.tar");
     expect_open_error(p, STOKE_ENOENT, "cannot open");

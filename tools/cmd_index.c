@@ -70,7 +70,7 @@ int cmd_index(int argc, char **argv)
         return cli_fail(&c, 2, "no source (tar:PATTERN)");
     }
     int depth = 0; /* an option: a ',' outside the pattern's braces ({0,1} is a list) */
-    const char *p = src + 4;
+    const char *p = strncmp(src, "tar:", 4) == 0 ? src + 4 : "";
     for (; *p && (*p != ',' || depth > 0); p++)
         depth += *p == '{' ? 1 : *p == '}' ? -1 : 0;
     if (strncmp(src, "tar:", 4) != 0 || !src[4] || *p)

@@ -591,6 +591,40 @@ def _is_namedtuple(x):
 
 
 _NOT_LEAVES = object()  # (_copy_leaves: a structure it does not copy leaf by leaf)
+_SMALL_LEAF = 16 << 10  # leaves under this share one buffer of their batch (_LeafBuffers)
+
+
+def _small_bytes(x):
+    """The bytes _LeafBuffers keeps for x's small tensors and arrays (64-byte aligned)."""
+    t = type(x)
+    if t is list or t is tuple or (t is not str and _is_namedtuple(x)):
+        return sum(map(_small_bytes, x))
+    if t is dict:
+        return sum(map(_small_bytes, x.values()))
+    n = (x.numel() * x.element_size() if torch is not None and t is torch.Tensor
+         else x.nbytes if np is not None and t is np.ndarray else _SMALL_LEAF)
+    return _align64(max(n, 1)) if n < _SMALL_LEAF else 0  # (an empty one: a byte)
+
+
+def _align64(n):
+    return (n + 63) & ~63
+
+
+class _LeafBuffers:
+    """The buffers of a held batch's copied leaves: one each for the large ones, and one for
+    all the small ones (a label, a length: a page of the pinned pool each, were they apart)."""
+
+    def __init__(self, writer, pin, small):
+        self.writer, self.pin = writer, pin
+        self.small = memoryview(writer._held_buffer(small, pin)).cast("B") if small else None
+        self.at = 0
+
+    def get(self, nbytes):
+        if nbytes >= _SMALL_LEAF or self.small is None:
+            return self.writer._held_buffer(nbytes, self.pin)
+        part = self.small[self.at:self.at + max(nbytes, 1)]
+        self.at += _align64(max(nbytes, 1))
+        return part
 
 
 def _copy_leaves(x, alloc):
@@ -599,10 +633,16 @@ def _copy_leaves(x, alloc):
     _NOT_LEAVES for anything else (a subclass, an object of the user's)."""
     t = type(x)
     if torch is not None and t is torch.Tensor:
+        if x.device.type != "cpu":
+            return x  # (as ref_tensor: not in the block)
+        if x.layout != torch.strided or x.is_quantized:
+            return x.clone()  # (a sparse tensor's parts may view the block: its own memory)
         nb = x.numel() * x.element_size()
         dst = torch.frombuffer(alloc(nb), dtype=torch.uint8)[:nb].view(x.dtype).view(x.shape)
         return dst.copy_(x)
     if np is not None and t is np.ndarray:
+        if x.dtype.kind not in _NP_KINDS or x.dtype.hasobject:
+            return x  # (as ref_array: pickled, not in the block)
         dst = np.frombuffer(alloc(x.nbytes), dtype=np.uint8)[:x.nbytes].view(x.dtype)
         dst = dst.reshape(x.shape)
         dst[...] = x
@@ -1836,6 +1876,11 @@ class _Writer:
                 out = _load_live(shape, u8, view)
             else:
                 out = _BlockUnpickler(io.BytesIO(view[a:a + n]), u8, view).load()
+                if torch is not None and getattr(torch._utils, "_sparse_tensors_to_validate",
+                                                 None):
+                    # as torch.load: a sparse tensor's unpickling keeps it in a list until it
+                    # is validated, and with it the batch's block (every batch that held one)
+                    torch._utils._validate_loaded_sparse_tensors()
         if self.collate_fn is not None and self.pin and pinned:
             out = _pin_custom(out)
         return out
@@ -1859,9 +1904,13 @@ class _Writer:
             return self.decode(b)
         pin = bool(b.is_pinned)
         if self.collate_fn is None:  # (a collate_fn's output may be anything: copied whole)
-            out = _copy_leaves(self.load(view, pin, head), lambda k: self._held_buffer(k, pin))
-            if out is not _NOT_LEAVES:
-                return out
+            out = self.load(view, pin, head)
+            copied = _copy_leaves(out, _LeafBuffers(self, pin, _small_bytes(out)).get)
+            if copied is not _NOT_LEAVES or magic == MAGIC_LIVE:
+                # (a structure kept in this process loads once: never anything _copy_leaves
+                # refuses, as _load_live makes the same types; it would keep its block)
+                return out if copied is _NOT_LEAVES else copied
+            out = None
         # (a batch that is not pinned: no accelerator, pin_memory=False; its copy is ordinary
         # memory without a word from the pinned pool, which would warn that it cannot pin)
         buf = self._held_buffer(a + n, pin)

@@ -657,6 +657,12 @@ stoke__bad *stoke__bad_append(stoke_batch *b);
 /* (mu) Consumer, for each batch taken from the done list: moves b->bad to the quarantine and the
  * counts, and fails a good batch that takes the epoch past the budget. */
 void stoke__bad_account(stoke_loader *l, stoke_batch *b);
+/* ITERABLE: whether a batch that ends its worker's share is delivered (it has samples, and
+ * drop_last does not drop it as short). */
+static inline int stoke__loader_iter_keeps(const stoke_loader *l, const stoke_batch *b)
+{
+    return b->count && !(l->o.drop_last && b->count < l->o.batch_size);
+}
 /* worker.c: one sample into slot j (see worker.c). */
 int stoke__loader_one_sample(stoke_loader *l, stoke_batch *b, stoke__producer *p, size_t j,
                              uint64_t *idx, char *msg, size_t msg_len);

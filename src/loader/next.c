@@ -325,11 +325,21 @@ int stoke_loader_next(stoke_loader *l, stoke_batch **out)
      * its delivery, or to the end of the caller's thread's making it */
     uint64_t t0 = 0, made = 0;
     stoke_batch *b = NULL;
-    int rc = next_batch(l, &b, &t0, &made);
-    if (rc != STOKE_OK)
-        return rc;
-    /* (mu) held, b taken from the done list */
-    stoke__bad_account(l, b); /* the quarantine; may fail b (past the budget) */
+    int rc;
+    for (;;) {
+        if ((rc = next_batch(l, &b, &t0, &made)) != STOKE_OK)
+            return rc;
+        /* (mu) held, b taken from the done list */
+        stoke__bad_account(l, b); /* the quarantine; may fail b (past the budget) */
+        if (b->status != STOKE_OK || !l->iterable || !b->end || stoke__loader_iter_keeps(l, b))
+            break;
+        /* a share's last batch that only brought its bad samples (complete_quiet): counted,
+         * not delivered */
+        consumed(l, b);
+        stoke__loader_recycle(l, b);
+        stoke__loader_wake_workers(l, 0);
+        stoke__loader_unlock(l);
+    }
     if (b->status != STOKE_OK) {
         rc = batch_error(l, b);
         stoke__loader_unlock(l);

@@ -491,18 +491,18 @@ static void complete_quiet(stoke_loader *l, stoke_batch *b, uint64_t busy_ns)
     int drop = b->gen != l->gen; /* (dispatch gave it the run's gen) */
     if (!drop && l->iterable) {
         stoke__worker *w = &l->w[b->worker];
-        int keep = b->count && !(l->o.drop_last && b->count < l->o.batch_size);
-        /* a share's last batch that is not delivered: its bad samples are counted here (no
-         * batch carries them to the consumer's accounting: they vanished, the budget unasked);
-         * past the budget it fails, and is delivered as that error */
-        if (b->status == STOKE_OK && b->end && !keep && b->bad.n && b->seq >= l->start_cursor)
-            stoke__bad_account(l, b);
-        if (b->status == STOKE_OK && b->end) /* its number in the share, past it if delivered */
-            w->end_at = b->seq / (uint64_t)l->nw1 + (uint64_t)keep;
+        int keep = stoke__loader_iter_keeps(l, b);
+        /* a share's last batch that is not delivered but holds bad samples goes to the
+         * consumer all the same, which counts them in order (budget, quarantine) and drops it
+         * (stoke_loader_next): dropped here, they vanished, the budget unasked */
+        int carry = b->status == STOKE_OK && b->end && !keep && b->bad.n &&
+                    b->seq >= l->start_cursor;
+        if (b->status == STOKE_OK && b->end) /* its number in the share, past it if taken */
+            w->end_at = b->seq / (uint64_t)l->nw1 + (uint64_t)(keep || carry);
         /* nothing to deliver: the share ended on a batch boundary or was dropped, or the batch
          * was delivered before a restored cursor (made again only to skip its samples; one
          * that failed is delivered: its error ends the epoch, see take_done) */
-        if (b->status == STOKE_OK && ((b->end && !keep) || b->seq < l->start_cursor)) {
+        if (b->status == STOKE_OK && ((b->end && !keep && !carry) || b->seq < l->start_cursor)) {
             w->outstanding--;
             l->outstanding--;
             drop = 1;

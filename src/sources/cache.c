@@ -59,7 +59,8 @@ static uint64_t mix64(uint64_t z)
 enum {
     SIG_AMZ = 1,   /* X-Amz-Signature: S3's SigV4 (X-Amz-*) */
     SIG_GOOG = 2,  /* X-Goog-Signature: GCS's V4 (X-Goog-*) */
-    SIG_S3V2 = 4,  /* Signature and AWSAccessKeyId: S3's V2 (Signature, Expires, AWSAccessKeyId) */
+    SIG_V2 = 4,    /* Signature and a key id: S3's V2 (AWSAccessKeyId), GCS's V2 (GoogleAccessId),
+                    * OSS's (OSSAccessKeyId), CloudFront's (Key-Pair-Id; Policy or Expires) */
     SIG_AZURE = 8, /* sig and sv: an Azure SAS (sig, se, st, sv, sp, sr, spr, sk*, ...) */
 };
 
@@ -77,11 +78,15 @@ static int sig_kinds(const char *q)
         size_t n = strcspn(p, "&#");
         kinds |= param_is(p, n, "x-amz-signature") ? SIG_AMZ : 0;
         kinds |= param_is(p, n, "x-goog-signature") ? SIG_GOOG : 0;
-        s3 |= param_is(p, n, "signature") ? 1 : param_is(p, n, "awsaccesskeyid") ? 2 : 0;
+        s3 |= param_is(p, n, "signature") ? 1
+              : param_is(p, n, "awsaccesskeyid") || param_is(p, n, "googleaccessid") ||
+                      param_is(p, n, "ossaccesskeyid") || param_is(p, n, "key-pair-id")
+                  ? 2
+                  : 0;
         az |= param_is(p, n, "sig") ? 1 : param_is(p, n, "sv") ? 2 : 0;
         p += n + (p[n] == '&');
     }
-    return kinds | (s3 == 3 ? SIG_S3V2 : 0) | (az == 3 ? SIG_AZURE : 0);
+    return kinds | (s3 == 3 ? SIG_V2 : 0) | (az == 3 ? SIG_AZURE : 0);
 }
 
 /* 1 if query parameter [p, p + n) is one of the signing parameters of the presigned URL
@@ -89,8 +94,10 @@ static int sig_kinds(const char *q)
  * the same name that selects content (?sp=train, ?st=0) still names its own copy. */
 static int signing_param(const char *p, size_t n, int kinds)
 {
-    static const char *const s3v2[] = {"signature", "expires", "awsaccesskeyid",
-                                       "x-amz-security-token"};
+    static const char *const v2[] = {"signature",      "expires",     "awsaccesskeyid",
+                                     "googleaccessid", "ossaccesskeyid", "key-pair-id",
+                                     "policy",         "x-amz-security-token",
+                                     "security-token"};
     static const char *const azure[] = {"sig", "se", "st", "sv", "sp", "sr", "spr", "si",
                                         "skoid", "sktid", "skt", "ske", "sks", "skv", "ss",
                                         "srt", "sdd"};
@@ -99,8 +106,8 @@ static int signing_param(const char *p, size_t n, int kinds)
         return 1;
     if ((kinds & SIG_GOOG) && k > 7 && strncasecmp(p, "x-goog-", 7) == 0)
         return 1;
-    for (size_t i = 0; (kinds & SIG_S3V2) && i < sizeof(s3v2) / sizeof(s3v2[0]); i++)
-        if (param_is(p, n, s3v2[i]))
+    for (size_t i = 0; (kinds & SIG_V2) && i < sizeof(v2) / sizeof(v2[0]); i++)
+        if (param_is(p, n, v2[i]))
             return 1;
     for (size_t i = 0; (kinds & SIG_AZURE) && i < sizeof(azure) / sizeof(azure[0]); i++)
         if (param_is(p, n, azure[i]))

@@ -474,6 +474,9 @@ int stoke__npy_get_scattered(void *user, const uint64_t *indices, size_t count, 
         const stoke__npy_file *f = &ds->f[k];
         if (!f->row_bytes)
             continue;
+        int rw = stoke__npy_rows_within(f, indices, count, 0, msg, msg_len, err_index);
+        if (rw != STOKE_OK)
+            return rw;
         scatter g = {f, indices, dst, count, nf, (size_t)k};
         const void *fault = NULL;
         if (stoke__guarded_run(gather_scattered, &g, f->map, f->map_len, &fault) != 0)

@@ -281,7 +281,7 @@ static int scan_shards(const char *spec, stoke__tar_ds *t, stoke__tar_scan *sc)
     int rc = later ? stoke__tar_remote_order(spec, t, 0)
                    : stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);
     int ahead = 0;   /* indexes fetched ahead up to here */
-    int retried = 0; /* shard i's copy was downloaded again after its walk failed */
+    int retried = -1; /* the shard whose copy was downloaded again after its walk failed */
     /* With a cache, a shard without an index is downloaded whole by its open anyway: the
      * indexes are fetched ahead only after a shard that had one, else each is asked alone on the
      * open's connection (fetched ahead, their 404s opened STOKE_REMOTE_CONNECTIONS connections
@@ -307,14 +307,16 @@ static int scan_shards(const char *spec, stoke__tar_ds *t, stoke__tar_scan *sc)
         rc = stoke__tar_walk(s->size, remote ? stoke__tar_read_remote : read_shard,
                              remote ? (void *)&w : s, stoke__tar_on_member, sc, err, sizeof(err),
                              &at);
-        if (rc == STOKE_EFORMAT && remote && t->cache && !retried) {
+        if (rc == STOKE_EFORMAT && remote && t->cache && retried != i) {
             /* a copy in the cache (WALK_NOW) that does not walk: downloaded again, once (a
-             * power cut may leave a copy truncated or zero-filled after its rename; every
-             * later open failed on it); a shard that is bad on the server fails again */
+             * power cut may leave a renamed copy truncated, and every later open failed on
+             * it; one cut into zeros at a block boundary reads as a shorter archive, which
+             * no walk tells); a shard that is bad on the server fails again, and is
+             * downloaded twice by each open */
             stoke__log(STOKE_LOG_WARN, "source '%s': tar %s: at byte %" PRIu64 ": %s: its copy "
                        "in the cache is removed and the shard downloaded again", spec, s->path,
                        at, err);
-            retried = 1;
+            retried = i;
             for (size_t j = n0; j < sc->n; j++)
                 free(sc->m[j].path);
             sc->n = n0;
@@ -324,7 +326,6 @@ static int scan_shards(const char *spec, stoke__tar_ds *t, stoke__tar_scan *sc)
                 continue;
             }
         }
-        retried = 0;
         if (rc == STOKE_EIO && remote && w.why[0])
             rc = stoke__fail(rc, "source '%s': %s", spec, w.why);
         else if (rc == STOKE_ENOMEM)

@@ -152,6 +152,37 @@ for nw in WORKERS:
     del loader, labels
 
 
+# ... and samples that are no dense CPU tensors, held past the buffers (list(loader)): a sparse
+# tensor (torch's unpickling kept each in a list, and its batch's block with it, until the
+# loader ran out of buffers), a quantized one, an object array beside a tensor
+class Odd:
+    def __init__(self, f):
+        self.f = f
+
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        return self.f(i)
+
+
+for name, f, same in (
+        ("sparse", lambda i: torch.eye(3).to_sparse() * i,
+         lambda a, b: torch.equal(a.to_dense(), b.to_dense())),
+        ("quantized", lambda i: torch.quantize_per_tensor(torch.ones(4) * i, 0.1, 0, torch.qint8),
+         lambda a, b: torch.equal(a.dequantize(), b.dequantize())),
+        ("tensor, object array", lambda i: (torch.full((3,), float(i)),
+                                            np.array(["a", i], dtype=object)),
+         lambda a, b: torch.equal(a[0], b[0]) and list(a[1]) == list(b[1]))):
+    for nw in WORKERS:
+        got = list(stoke.DataLoader(Odd(f), batch_size=None, num_workers=nw))
+        T.check(len(got) == 40 and all(same(g, f(i)) for i, g in enumerate(got)),
+                "list(loader) of %s samples, num_workers=%d: %d batches" % (name, nw, len(got)))
+        T.check(not getattr(torch._utils, "_sparse_tensors_to_validate", []),
+                "%s: sparse tensors left to validate" % name)
+        del got
+
+
 # --- a worker_init_fn that raises: its exception at every pass -----------------------------------
 def bad_init(w):
     if w == 1:

@@ -260,13 +260,16 @@ try:
     # selects content (?sp=train, ?sp=val: one copy served both)
     qdir = os.path.join(work, "query")
     for q in ("key=a&X-Amz-Signature=1", "key=b&X-Amz-Signature=1", "key=a&X-Amz-Signature=22",
-              "sp=train", "sp=val", "sv=1&sp=r&sig=A", "sv=1&sp=r&sig=B&se=9"):
+              "sp=train", "sp=val", "sv=1&sp=r&sig=A", "sv=1&sp=r&sig=B&se=9",
+              "Expires=1&Signature=A&Key-Pair-Id=K", "Expires=2&Signature=B&Key-Pair-Id=K",
+              "GoogleAccessId=g&Expires=3&Signature=C"):
         rc, out, err = R.load("tar:%s%s?%s%s" % (base, one, q, OPTS),
                               env={"STOKE_CACHE_DIR": qdir})
         T.check(rc == 0, "?%s: %s" % (q, out.get("error")))
+    # (the SAS, CloudFront's and GCS V2's queries are all signing parameters: one copy)
     T.check(len([n for n in os.listdir(qdir) if n[32:33] == "-"]) == 5,
-            "?key=a, ?key=b, ?key=a signed again, ?sp=train, ?sp=val, a SAS twice: copies %s"
-            % os.listdir(qdir))
+            "?key=a, ?key=b, ?key=a signed again, ?sp=train, ?sp=val, a SAS twice, "
+            "CloudFront's and GCS V2's signatures: copies %s" % os.listdir(qdir))
 
     # --- faults: fault_server.py -----------------------------------------------------------------
     fs = S.start_fault_server(root, work)

@@ -282,4 +282,32 @@ for mode in ("", ",mode=stream"):
     rc, out, _ = load("tar:%s%s" % (only, mode), "--on-error=skip:0", "--no-hash")
     T.check(rc == 1 and "too many bad samples" in out["error"],
             "a last bad sample, skip:0%s: %s" % (mode, out.get("error")))
+# ... counted in delivery order: with a consumer slower than the worker, the last batch's bad
+# sample was counted when the worker finished it, before those of the batches delivered
+# earlier (listed first in the quarantine; a fractional budget judged against the samples
+# delivered so far: "the budget is 0")
+import time  # noqa: E402
+import warnings  # noqa: E402
+
+import stoke  # noqa: E402
+
+two = os.path.join(work, "twobad.tar")
+with tarfile.open(two, "w", format=tarfile.USTAR_FORMAT) as t:
+    for name, data in [("s%02d.cls" % k, b"bad" if k == 12 else b"7") for k in range(21)] + [
+            ("z.cls", b"bad")]:
+        ti = tarfile.TarInfo(name)
+        ti.size = len(data)
+        t.addfile(ti, io.BytesIO(data))
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # (a warning per skipped sample)
+    dl = stoke.DataLoader("tar:%s,mode=stream,shuffle_buffer=1" % two, batch_size=5,
+                          num_workers=1, on_error="skip:10%", prefetch_factor=8,
+                          pin_memory=False)
+    n = 0
+    for b in dl:
+        n += len(b)
+        time.sleep(0.1)
+    order = [q["reason"].split("'")[1] for q in dl.quarantine()]
+T.check(n == 20 and order == ["s12", "z"], "slow consumer: %d samples, quarantine %s" % (n, order))
+del dl
 print("tar streaming, local shards: ok")
