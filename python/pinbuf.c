@@ -1,8 +1,8 @@
 /* _stoke.PinnedBuffer(nbytes, pin=True): a block of stoke's pinned memory (stoke_pinned_alloc:
  * the pinned pool's cache, cap and statistics), or of ordinary memory when the pool cannot give
- * one or pin is False (`pinned` says which).  Buffer protocol (writable bytes), freed when the last view goes.
- * stoke.DataLoader copies a batch into one when its caller holds every batch buffer of the
- * loader (list(loader)), so that holding batches never stops the loader. */
+ * one or pin is False (`pinned` says which).  Buffer protocol (writable bytes), freed when the last
+ * view goes. stoke.DataLoader copies a batch into one when its caller holds every batch buffer of
+ * the loader (list(loader)), so that holding batches never stops the loader. */
 #include "stoke_py.h" /* (Python.h first: it sets the feature macros, MAP_ANONYMOUS's too) */
 
 #include <stdlib.h>
@@ -18,8 +18,8 @@ typedef struct {
 
 enum { OWN_HEAP = 1, OWN_MAP = 2 };
 #define MAP_MIN    ((size_t)128 << 10) /* glibc's first mmap threshold */
-#define KEEP_MAPS  8                  /* mappings kept for reuse ... */
-#define KEEP_BYTES ((size_t)64 << 20) /* ... up to this many bytes */
+#define KEEP_MAPS  8                   /* mappings kept for reuse ... */
+#define KEEP_BYTES ((size_t)64 << 20)  /* ... up to this many bytes */
 
 /* Large blocks freed, kept for the next ones (under the GIL): a fresh mapping's pages are
  * faulted in and zeroed by the kernel, which made list(loader) of 600 MB 0.31 s instead of the

@@ -495,8 +495,8 @@ static void complete_quiet(stoke_loader *l, stoke_batch *b, uint64_t busy_ns)
         /* a share's last batch that is not delivered but holds bad samples goes to the
          * consumer all the same, which counts them in order (budget, quarantine) and drops it
          * (stoke_loader_next): dropped here, they vanished, the budget unasked */
-        int carry = b->status == STOKE_OK && b->end && !keep && b->bad.n &&
-                    b->seq >= l->start_cursor;
+        int carry =
+            b->status == STOKE_OK && b->end && !keep && b->bad.n && b->seq >= l->start_cursor;
         if (b->status == STOKE_OK && b->end) /* its number in the share, past it if taken */
             w->end_at = b->seq / (uint64_t)l->nw1 + (uint64_t)(keep || carry);
         /* nothing to deliver: the share ended on a batch boundary or was dropped, or the batch

@@ -27,167 +27,13 @@
 #include "sources/cache_internal.h"
 #include "sources/tar_index.h"
 
-#define HEXLEN    32
-#define BASE_MAX  96
-#define NAME_MAX_ (HEXLEN + 1 + BASE_MAX)
-#define DIR_LOCK  "stoke-cache.lock"
+#define DIR_LOCK "stoke-cache.lock"
 /* Every file of the directory is opened without following a link, and without waiting on a
  * FIFO: the directory is the caller's own and no one else's to write (private_dir), and
  * nothing in it is taken for a copy unless it is a regular file (open_copy). */
 #define FILE_FLAGS (O_NOFOLLOW | O_NONBLOCK)
 /* a copy's version: the validator its download's answers repeated (keep_version) */
 #define VERSION_ATTR "user.stoke.version"
-
-/* ---- names -------------------------------------------------------------------------------- */
-
-typedef struct names {
-    char hex[HEXLEN + 1];
-    char data[NAME_MAX_ + 1]; /* HASH-BASE */
-    char part[HEXLEN + 6];    /* HASH.part */
-    char lock[HEXLEN + 6];    /* HASH.lock */
-} names;
-
-static uint64_t mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9u;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBu;
-    return z ^ (z >> 31);
-}
-
-/* The presigned URL kinds a query has (sig_kinds), whose parameters change when the URL is
- * signed again while the file stays the same. */
-enum {
-    SIG_AMZ = 1,   /* X-Amz-Signature: S3's SigV4 (X-Amz-*) */
-    SIG_GOOG = 2,  /* X-Goog-Signature: GCS's V4 (X-Goog-*) */
-    SIG_V2 = 4,    /* Signature and a key id: S3's V2 (AWSAccessKeyId), GCS's V2 (GoogleAccessId),
-                    * OSS's (OSSAccessKeyId), CloudFront's (Key-Pair-Id; Policy or Expires) */
-    SIG_AZURE = 8, /* sig and sv: an Azure SAS (sig, se, st, sv, sp, sr, spr, sk*, ...) */
-};
-
-/* 1 if query parameter [p, p + n) ("name=value") is named `name` (any case). */
-static int param_is(const char *p, size_t n, const char *name)
-{
-    size_t k = strcspn(p, "=&#");
-    return k <= n && strlen(name) == k && strncasecmp(p, name, k) == 0;
-}
-
-static int sig_kinds(const char *q)
-{
-    int kinds = 0, s3 = 0, az = 0;
-    for (const char *p = q; p && *p && *p != '#';) {
-        size_t n = strcspn(p, "&#");
-        kinds |= param_is(p, n, "x-amz-signature") ? SIG_AMZ : 0;
-        kinds |= param_is(p, n, "x-goog-signature") ? SIG_GOOG : 0;
-        s3 |= param_is(p, n, "signature") ? 1
-              : param_is(p, n, "awsaccesskeyid") || param_is(p, n, "googleaccessid") ||
-                      param_is(p, n, "ossaccesskeyid") || param_is(p, n, "key-pair-id")
-                  ? 2
-                  : 0;
-        az |= param_is(p, n, "sig") ? 1 : param_is(p, n, "sv") ? 2 : 0;
-        p += n + (p[n] == '&');
-    }
-    return kinds | (s3 == 3 ? SIG_V2 : 0) | (az == 3 ? SIG_AZURE : 0);
-}
-
-/* 1 if query parameter [p, p + n) is one of the signing parameters of the presigned URL
- * kinds `kinds`: only those of a kind whose signature the query has, so that a parameter of
- * the same name that selects content (?sp=train, ?st=0) still names its own copy. */
-static int signing_param(const char *p, size_t n, int kinds)
-{
-    static const char *const v2[] = {"signature",      "expires",     "awsaccesskeyid",
-                                     "googleaccessid", "ossaccesskeyid", "key-pair-id",
-                                     "policy",         "x-amz-security-token",
-                                     "security-token"};
-    static const char *const azure[] = {"sig", "se", "st", "sv", "sp", "sr", "spr", "si",
-                                        "skoid", "sktid", "skt", "ske", "sks", "skv", "ss",
-                                        "srt", "sdd"};
-    size_t k = strcspn(p, "=&#");
-    if ((kinds & SIG_AMZ) && k > 6 && strncasecmp(p, "x-amz-", 6) == 0)
-        return 1;
-    if ((kinds & SIG_GOOG) && k > 7 && strncasecmp(p, "x-goog-", 7) == 0)
-        return 1;
-    for (size_t i = 0; (kinds & SIG_V2) && i < sizeof(v2) / sizeof(v2[0]); i++)
-        if (param_is(p, n, v2[i]))
-            return 1;
-    for (size_t i = 0; (kinds & SIG_AZURE) && i < sizeof(azure) / sizeof(azure[0]); i++)
-        if (param_is(p, n, azure[i]))
-            return 1;
-    return 0;
-}
-
-/* The names of f's files: the hash of the URL it is requested by (an s3:// URL's has the
- * endpoint), without the user and password before the host and without a presigned URL's
- * signing parameters (signing_param, of the kinds whose signature the query holds: the same
- * file signed again is the same copy), and the
- * URL's last path segment.  Not the URL of messages, whose secret-looking query values are
- * "***": two URLs that differed only there (?key=shard-000.tar, ?key=shard-001.tar) shared
- * one copy. */
-static void names_of(const stoke__remote_file *f, names *nm)
-{
-    const char *key = f->req, *host = strstr(key, "://");
-    size_t len = strlen(key);
-    unsigned char *skip = calloc(len + 1, 1); /* bytes not hashed (none without memory) */
-    if (skip && host) {
-        host += 3;
-        size_t k = strcspn(host, "/?#");
-        const char *at = memchr(host, '@', k);
-        if (at)
-            memset(skip + (host - key), 1, (size_t)(at + 1 - host));
-    }
-    const char *q = strchr(key, '?');
-    int kinds = q ? sig_kinds(q + 1) : 0;
-    for (const char *p = q && kinds ? q + 1 : NULL; skip && p && *p && *p != '#';) {
-        size_t n = strcspn(p, "&#");
-        if (signing_param(p, n, kinds))
-            memset(skip + (p - key), 1, n + (p[n] == '&'));
-        p += n + (p[n] == '&');
-    }
-    uint64_t a = 0xcbf29ce484222325u, b = 0x9E3779B97F4A7C15u, m = 0; /* m: bytes hashed */
-    for (size_t i = 0; i < len; i++) {
-        if (skip && skip[i])
-            continue;
-        unsigned char ch = (unsigned char)key[i];
-        a = (a ^ ch) * 0x100000001b3u; /* FNV-1a, and an independent second lane */
-        b = mix64(b ^ ch ^ (m++ << 8));
-    }
-    free(skip);
-    a = mix64(a ^ m);
-    b = mix64(b ^ a);
-    snprintf(nm->hex, sizeof(nm->hex), "%016" PRIx64 "%016" PRIx64, a, b);
-    const char *u = f->url, *seg = u;
-    size_t ulen = strcspn(u, "?#");
-    for (size_t i = 0; i < ulen; i++)
-        if (u[i] == '/')
-            seg = u + i + 1;
-    char base[BASE_MAX];
-    size_t bl = 0;
-    for (const char *s = seg; s < u + ulen && bl + 1 < sizeof(base); s++) {
-        char ch = *s;
-        int ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-                 ch == '.' || ch == '_' || ch == '-';
-        base[bl++] = ok ? ch : '_';
-    }
-    base[bl] = 0;
-    snprintf(nm->data, sizeof(nm->data), "%s-%s", nm->hex, bl ? base : "file");
-    snprintf(nm->part, sizeof(nm->part), "%s.part", nm->hex);
-    snprintf(nm->lock, sizeof(nm->lock), "%s.lock", nm->hex);
-}
-
-enum { K_OTHER, K_DATA, K_PART, K_LOCK };
-
-static int kind_of(const char *name)
-{
-    for (int i = 0; i < HEXLEN; i++)
-        if (!((name[i] >= '0' && name[i] <= '9') || (name[i] >= 'a' && name[i] <= 'f')))
-            return K_OTHER;
-    if (name[HEXLEN] == '-' && name[HEXLEN + 1])
-        return K_DATA;
-    if (strcmp(name + HEXLEN, ".part") == 0)
-        return K_PART;
-    if (strcmp(name + HEXLEN, ".lock") == 0)
-        return K_LOCK;
-    return K_OTHER;
-}
 
 /* ---- locks -------------------------------------------------------------------------------- */
 
@@ -241,7 +87,7 @@ static void drop_lock_file(int dfd, const char *name)
 /* ---- the directory: scan, evict, clear ---------------------------------------------------- */
 
 typedef struct ent {
-    char name[NAME_MAX_ + 1];
+    char name[STOKE__CACHE_NAME_MAX + 1];
     uint64_t size;
     int64_t atime_ns;
 } ent;
@@ -269,14 +115,14 @@ static int scan(int dfd, listing *l, int clean)
     }
     struct dirent *de;
     while ((de = readdir(d)) != NULL) {
-        int k = kind_of(de->d_name);
+        int k = stoke__cache_kind_of(de->d_name);
         struct stat st;
-        if (k == K_OTHER || k == K_LOCK || strlen(de->d_name) > NAME_MAX_ ||
+        if (k == K_OTHER || k == K_LOCK || strlen(de->d_name) > STOKE__CACHE_NAME_MAX ||
             fstatat(dfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode))
             continue;
         if (k == K_PART) {
-            char lk[HEXLEN + 6];
-            snprintf(lk, sizeof(lk), "%.*s.lock", HEXLEN, de->d_name);
+            char lk[STOKE__CACHE_HEXLEN + 6];
+            snprintf(lk, sizeof(lk), "%.*s.lock", STOKE__CACHE_HEXLEN, de->d_name);
             int lfd;
             if (clean && lock_name(dfd, lk, 1, &lfd) == 0) { /* nobody downloads it */
                 unlinkat(dfd, de->d_name, 0);
@@ -324,8 +170,8 @@ static int evict(int dfd, const char *name)
     int done = 0;
     if (flock_retry(fd, LOCK_EX | LOCK_NB) == 0) {
         done = unlinkat(dfd, name, 0) == 0;
-        char lk[HEXLEN + 6];
-        snprintf(lk, sizeof(lk), "%.*s.lock", HEXLEN, name);
+        char lk[STOKE__CACHE_HEXLEN + 6];
+        snprintf(lk, sizeof(lk), "%.*s.lock", STOKE__CACHE_HEXLEN, name);
         drop_lock_file(dfd, lk);
     }
     close(fd);
@@ -374,7 +220,7 @@ typedef enum room_mode {
  * by ROOM_EVICT always (at size 0 when need is 0 or over the cap), by ROOM_RESERVE only when
  * it fits (and need is not 0).  Returns the .part's fd, or -1 (errno set); without nm, 1 when
  * it fits, else 0. */
-static int room(stoke__cache *c, const names *nm, uint64_t need, room_mode mode)
+static int room(stoke__cache *c, const stoke__cache_names *nm, uint64_t need, room_mode mode)
 {
     int g = dir_lock(c->dfd);
     if (g < 0 && mode == ROOM_EVICT)
@@ -435,7 +281,7 @@ static void note_size(stoke__cache *c, uint64_t size)
 
 /* Opens the complete copy, locked shared: its fd (and *size), -ENOENT, or -errno.  A copy
  * evicted between the open and the lock (no link left) counts as missing. */
-static int open_copy(const stoke__cache *c, const names *nm, int touch, uint64_t *size)
+static int open_copy(const stoke__cache *c, const stoke__cache_names *nm, int touch, uint64_t *size)
 {
     for (int i = 0; i < 16; i++) {
         int fd = openat(c->dfd, nm->data, O_RDONLY | O_CLOEXEC | FILE_FLAGS);
@@ -547,8 +393,8 @@ static int same_version(const stoke__cache *c, const stoke__remote_pool *p,
 /* Downloads f into HASH.part and renames it HASH-BASE once complete (the caller holds
  * HASH.lock): 0 with *out the copy, locked shared, or the error. */
 static int download(stoke__cache *c, stoke__remote_pool *p, int slot, const stoke__remote_file *f,
-                    const names *nm, uint64_t expect, int *out, uint64_t *size, char *why,
-                    size_t why_len)
+                    const stoke__cache_names *nm, uint64_t expect, int *out, uint64_t *size,
+                    char *why, size_t why_len)
 {
     int bg = slot < 0; /* a background download: made only where it evicts nothing */
     uint64_t need = expect ? expect : atomic_load(&c->largest);
@@ -590,8 +436,10 @@ static int download(stoke__cache *c, stoke__remote_pool *p, int slot, const stok
     }
     /* bigger than reserved: never evicted for */
     if (!rc && bg && *size > need && !room(c, NULL, 0, ROOM_CHECK)) {
-        stoke__fmt(why, why_len, "cache %s: %s has %" PRIu64 " bytes, more than the %" PRIu64
-                   " reserved, and no room without evicting", c->dir, f->url, *size, need);
+        stoke__fmt(why, why_len,
+                   "cache %s: %s has %" PRIu64 " bytes, more than the %" PRIu64
+                   " reserved, and no room without evicting",
+                   c->dir, f->url, *size, need);
         rc = STOKE_EBUSY;
     }
     struct stat st = {0};
@@ -640,8 +488,8 @@ int stoke__cache_acquire(stoke__cache *c, stoke__remote_pool *p, int slot,
                          char *why, size_t why_len)
 {
     int bg = slot < 0;
-    names nm;
-    names_of(f, &nm);
+    stoke__cache_names nm;
+    stoke__cache_names_of(f, &nm);
     int fd = open_copy(c, &nm, !bg, size);
     if (fd >= 0 && (!expect || *size == expect)) {
         int rc = same_version(c, p, f, fd, !bg, why, why_len);
@@ -705,8 +553,8 @@ int stoke__cache_acquire(stoke__cache *c, stoke__remote_pool *p, int slot,
 
 int stoke__cache_has(stoke__cache *c, const stoke__remote_file *f)
 {
-    names nm;
-    names_of(f, &nm);
+    stoke__cache_names nm;
+    stoke__cache_names_of(f, &nm);
     uint64_t size;
     int fd = open_copy(c, &nm, 0, &size);
     if (fd < 0)
@@ -771,8 +619,8 @@ int stoke__cache_forget(stoke__cache *c, const stoke__remote_file *f)
         }
         pthread_mutex_unlock(&h->lock);
     }
-    names nm;
-    names_of(f, &nm);
+    stoke__cache_names nm;
+    stoke__cache_names_of(f, &nm);
     int lk, e = lock_name(c->dfd, nm.lock, 0, &lk); /* (not beside its download's rename) */
     if (e)
         return e;
@@ -1037,7 +885,7 @@ int stoke_cache_clear(const char *dir, uint64_t *removed, uint64_t *kept)
     if (fd >= 0 && !d)
         close(fd);
     for (struct dirent *de; d && (de = readdir(d)) != NULL;) /* locks left by killed runs */
-        if (kind_of(de->d_name) == K_LOCK)
+        if (stoke__cache_kind_of(de->d_name) == K_LOCK)
             drop_lock_file(dfd, de->d_name);
     if (d)
         closedir(d);

@@ -1,6 +1,6 @@
-/* Private to the cache of remote files: cache.c (names, locks, the directory's scan and
- * eviction, a file's download, reads, the object) and cache_ahead.c (the read-ahead: the
- * background downloaders and their queue).  See cache.h. */
+/* Private to the cache of remote files: cache.c (locks, the directory's scan and eviction, a
+ * file's download, reads, the object), cache_names.c (the files' names) and cache_ahead.c (the
+ * read-ahead: the background downloaders and their queue).  See cache.h. */
 #ifndef STOKE_SOURCES_CACHE_INTERNAL_H
 #define STOKE_SOURCES_CACHE_INTERNAL_H
 
@@ -14,6 +14,24 @@
 #include "sources/remote.h"
 
 #define STOKE__CACHE_SLOTS 64 /* the copies held open: one per worker slot, slot % 64 */
+
+/* ---- cache_names.c: the names of a file's copy, download and lock ---- */
+
+#define STOKE__CACHE_HEXLEN   32
+#define STOKE__CACHE_NAME_MAX (STOKE__CACHE_HEXLEN + 1 + 96) /* HASH-BASE, BASE cut to 96 */
+
+typedef struct stoke__cache_names {
+    char hex[STOKE__CACHE_HEXLEN + 1];
+    char data[STOKE__CACHE_NAME_MAX + 1]; /* HASH-BASE: the complete copy */
+    char part[STOKE__CACHE_HEXLEN + 6];   /* HASH.part: a download in progress */
+    char lock[STOKE__CACHE_HEXLEN + 6];   /* HASH.lock: its downloader's lock */
+} stoke__cache_names;
+
+void stoke__cache_names_of(const stoke__remote_file *f, stoke__cache_names *nm);
+
+/* What a directory entry is: another file, a copy, a download, a lock. */
+enum { K_OTHER, K_DATA, K_PART, K_LOCK };
+int stoke__cache_kind_of(const char *name);
 
 typedef struct stoke__cache_held {
     pthread_mutex_t lock;        /* held for a whole read: guards f, fd and size */

@@ -291,8 +291,9 @@ static int read_row_mmap(const npy_file *f, uint64_t index, uint64_t at, void *d
         return rc;
     if (stoke__guarded_copy(dst, f->map + at, f->row_bytes, f->map, f->map_len) != 0) {
         rc = stoke__npy_rows_within(f, &index, 1, 1, msg, msg_len, &err_index);
-        return rc ? rc : stoke__npy_changed(f, index, msg, msg_len,
-                                            "its mapped pages are gone: truncated");
+        return rc ? rc
+                  : stoke__npy_changed(f, index, msg, msg_len,
+                                       "its mapped pages are gone: truncated");
     }
     return STOKE_OK;
 }

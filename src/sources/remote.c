@@ -235,8 +235,8 @@ int stoke__remote_read_each(stoke__remote_pool *p, int slot, stoke__remote_req *
 /* A slot's handles for several requests at once (read_many), made by its first. */
 typedef struct multi {
     CURLM *m;
-    int n;                           /* handles */
-    CURL *h[STOKE__REMOTE_BG_MAX];   /* their error texts: err[i] */
+    int n;                         /* handles */
+    CURL *h[STOKE__REMOTE_BG_MAX]; /* their error texts: err[i] */
     char err[STOKE__REMOTE_BG_MAX][CURL_ERROR_SIZE];
 } multi;
 
@@ -631,8 +631,8 @@ int stoke__remote_try_end(stoke__remote_pool *p, const stoke__remote_file *f, xf
         if (x->off + x->got >= end)
             return 0;
         stoke__fmt_short(why, why_len,
-                         "GET %s: HTTP %ld: the body ended at byte %" PRIu64 " of %" PRIu64,
-                         f->url, st, x->off + x->got, end);
+                         "GET %s: HTTP %ld: the body ended at byte %" PRIu64 " of %" PRIu64, f->url,
+                         st, x->off + x->got, end);
         /* the whole answer came (curl checked its length), with bytes, and its Content-Range
          * said it ends there: the server caps a range's size, not a fault */
         x->capped = st == 206 && x->has_cr && x->got > before && x->cr_end + 1 == x->pos;
@@ -642,9 +642,10 @@ int stoke__remote_try_end(stoke__remote_pool *p, const stoke__remote_file *f, xf
         char text[384];
         error_text(x, text, sizeof(text));
         if (st >= 300 && st < 400 && f->s3 && !text[0]) /* (stoke__remote_aws_sign) */
-            stoke__strlcpy(text, ": a redirect, which an S3 request does not follow (the bucket "
-                                 "is in another region, or behind another endpoint: AWS_REGION, "
-                                 "AWS_ENDPOINT_URL)",
+            stoke__strlcpy(text,
+                           ": a redirect, which an S3 request does not follow (the bucket "
+                           "is in another region, or behind another endpoint: AWS_REGION, "
+                           "AWS_ENDPOINT_URL)",
                            sizeof(text));
         stoke__fmt_short(why, why_len, "GET %s: HTTP %ld%s", f->url, st, text);
         if (retryable_status(st))
@@ -889,7 +890,7 @@ static int read_batch(stoke__remote_pool *p, int slot_i, stoke__remote_req *r, s
             rc = t, *failed = j;
     }
     if (rc && msg && *failed < n && msg[*failed][0]) /* the failing request's own message */
-        stoke__shorten(why, why_len, msg[*failed]); /* its end: the status and reason */
+        stoke__shorten(why, why_len, msg[*failed]);  /* its end: the status and reason */
     for (size_t j = 0; x && j < n; j++) {
         r[j].got = x[j].got;
         r[j].first_us = x[j].first_us;

@@ -280,7 +280,7 @@ static int scan_shards(const char *spec, stoke__tar_ds *t, stoke__tar_scan *sc)
     int *later = calloc((size_t)t->nshards + 1, sizeof(*later)), nlater = 0;
     int rc = later ? stoke__tar_remote_order(spec, t, 0)
                    : stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);
-    int ahead = 0;   /* indexes fetched ahead up to here */
+    int ahead = 0;    /* indexes fetched ahead up to here */
     int retried = -1; /* the shard whose copy was downloaded again after its walk failed */
     /* With a cache, a shard without an index is downloaded whole by its open anyway: the
      * indexes are fetched ahead only after a shard that had one, else each is asked alone on the
@@ -313,9 +313,10 @@ static int scan_shards(const char *spec, stoke__tar_ds *t, stoke__tar_scan *sc)
              * it; one cut into zeros at a block boundary reads as a shorter archive, which
              * no walk tells); a shard that is bad on the server fails again, and is
              * downloaded twice by each open */
-            stoke__log(STOKE_LOG_WARN, "source '%s': tar %s: at byte %" PRIu64 ": %s: its copy "
-                       "in the cache is removed and the shard downloaded again", spec, s->path,
-                       at, err);
+            stoke__log(STOKE_LOG_WARN,
+                       "source '%s': tar %s: at byte %" PRIu64 ": %s: its copy "
+                       "in the cache is removed and the shard downloaded again",
+                       spec, s->path, at, err);
             retried = i;
             for (size_t j = n0; j < sc->n; j++)
                 free(sc->m[j].path);
