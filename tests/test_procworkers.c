@@ -34,6 +34,7 @@
 typedef struct shared {
     pid_t parent;
     uint64_t crash;           /* in a child: raise(SIGSEGV) at this sample (UINT64_MAX: none) */
+    int crash_even;           /* in a child: raise(SIGSEGV) at every even sample too */
     uint64_t hang;            /* in a child: publish the pid and wait to be killed here */
     _Atomic int hang_pid;     /* the child hanging at `hang` */
     _Atomic int init_calls;   /* worker_init calls (children) */
@@ -50,12 +51,12 @@ static shared *sh;
 
 typedef struct pds {
     stoke_dataset inner;
+    uint64_t n; /* samples: sample i holds the inner one's i % N */
 } pds;
 
 static uint64_t pds_length(void *user)
 {
-    (void)user;
-    return N;
+    return ((const pds *)user)->n;
 }
 
 static int pds_get(void *user, uint64_t index, void *const dst[], int64_t lens[], int worker,
@@ -63,7 +64,7 @@ static int pds_get(void *user, uint64_t index, void *const dst[], int64_t lens[]
 {
     pds *p = user;
     if (getpid() != sh->parent) {
-        if (index == sh->crash) {
+        if (index == sh->crash || (sh->crash_even && index % 2 == 0)) {
             signal(SIGSEGV, SIG_DFL); /* not a sanitizer's report: the plain crash */
             raise(SIGSEGV);
         }
@@ -81,7 +82,7 @@ static int pds_get(void *user, uint64_t index, void *const dst[], int64_t lens[]
             atomic_store(&sh->orphan_wrote, 1); /* would write into the dead loader's buffer */
         }
     }
-    return p->inner.get(p->inner.user, index, dst, lens, worker, msg, msg_len);
+    return p->inner.get(p->inner.user, index % N, dst, lens, worker, msg, msg_len);
 }
 
 static int pds_get_batch(void *user, const uint64_t *idx, size_t count, const stoke_slots *dst,
@@ -123,6 +124,7 @@ static int pds_next(void *user, int worker, int num_workers, void *const dst[], 
 static void pds_open(pds *p, int with_batch, int with_init, stoke_dataset *ds)
 {
     memset(p, 0, sizeof(*p));
+    p->n = N;
     stoke_synthetic_opts so;
     stoke_synthetic_opts_init(&so);
     so.length = N;
@@ -148,6 +150,7 @@ static void reset_shared(void)
 {
     sh->parent = getpid();
     sh->crash = UINT64_MAX;
+    sh->crash_even = 0;
     sh->hang = UINT64_MAX;
     sh->slow = UINT64_MAX;
     atomic_store(&sh->hang_pid, 0);
@@ -1215,27 +1218,6 @@ static void test_destroy_socket_held(void **state)
     tu_assert_no_children();
 }
 
-/* A MAP dataset of CRASHY_N samples (sample i holding pds's i % N) whose even samples crash
- * their worker process. */
-enum { CRASHY_N = 300 };
-
-static uint64_t crashy_length(void *user)
-{
-    (void)user;
-    return CRASHY_N;
-}
-
-static int crashy_get(void *user, uint64_t index, void *const dst[], int64_t lens[], int worker,
-                      char *msg, size_t msg_len)
-{
-    pds *p = user;
-    if (getpid() != sh->parent && index % 2 == 0) {
-        signal(SIGSEGV, SIG_DFL);
-        raise(SIGSEGV);
-    }
-    return p->inner.get(p->inner.user, index % N, dst, lens, worker, msg, msg_len);
-}
-
 /* opts.errors_go_on with worker processes: a crash's batch is an error and the epoch goes on
  * (the child replaced) with every other batch; but past 100 restarts in the epoch the cap's
  * STOKE_ELIMIT ends it, going on or not (it went on, restarting a child for every later crash:
@@ -1270,8 +1252,9 @@ static void test_crash_go_on(void **state)
 
     /* the cap: 100 crashes go on, the 101st (sample 200) ends the epoch */
     pds_open(&p, 0, 0, &ds);
-    ds.length = crashy_length;
-    ds.get = crashy_get;
+    p.n = 300; /* its even samples crash their worker */
+    sh->crash = UINT64_MAX;
+    sh->crash_even = 1;
     opts(&o, "error", STOKE_WORKER_PROCESSES, 2, 0);
     o.batch_size = 1;
     o.errors_go_on = 1;
