@@ -133,19 +133,22 @@ class Images:
         return 64
 
     def __getitem__(self, i):
-        return torch.full((3, 64, 64), float(i)), i
+        return torch.full((3, 96, 96), float(i)), i  # (batches of 432 KiB: each a mapping)
 
 
 for nw in WORKERS:
     loader = stoke.DataLoader(Images(), batch_size=4, num_workers=nw)
-    labels = []
+    labels, images = [], []
     for x, y in loader:
         labels.append(y)
+        images.append(float(x[:, 1, 2, 3].sum()))  # (the copies' values: a mapping each)
     del x
     own = [t.storage().nbytes() for t in labels]  # (torch 1.13: no untyped_storage)
     buffers = int(loader.stats()["buffers"])
     # (the first labels view the loader's own buffers, until the caller holds all but one:
-    # each batch after is copied tensor by tensor; the whole block was copied, 196 KiB a label)
+    # each batch after is copied tensor by tensor; the whole block was copied, 432 KiB a label)
+    T.check(images == [float(sum(range(4 * k, 4 * k + 4))) for k in range(16)],
+            "num_workers=%d: the images %s" % (nw, images))
     T.check(torch.cat(labels).tolist() == list(range(64)) and len(own) == 16
             and all(n == 32 for n in own[buffers:]),
             "num_workers=%d: the labels kept hold %s bytes (%d buffers)" % (nw, own, buffers))
