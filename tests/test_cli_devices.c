@@ -40,8 +40,8 @@ static void test_cpu_only_text(void **state)
 static void test_fake_plugin_and_explicit_index(void **state)
 {
     char path[1024], envp[1100];
-    snprintf(envp, sizeof(envp), "STOKE_PLUGIN_PATH=%s", tu_test_plugin("beta.so", path,
-                                                                          sizeof(path)));
+    snprintf(envp, sizeof(envp), "STOKE_PLUGIN_PATH=%s",
+             tu_test_plugin("beta.so", path, sizeof(path)));
     const char *env[] = {envp, "STOKE_ACCELERATOR=", NULL};
     assert_int_equal(run_devices(env, "--json", NULL), 0);
     assert_non_null(strstr(out, "{\"accelerator\": {\"backend\": \"beta\", \"device_count\": 3, "
@@ -81,7 +81,7 @@ static void test_accelerator_option_error_names_the_option(void **state)
     assert_int_equal(run_devices(env, "--json", "--accelerator=bogus"), 1);
     assert_string_equal(out, "{\"ok\": false, \"error\": \"--accelerator bogus: unknown "
                              "accelerator 'bogus'; known backends: simdev, cuda, hip, opencl, "
-                             "cpu\"}\n");
+                             "cpu\", \"error_code\": -3, \"error_name\": \"STOKE_ENOENT\"}\n");
 }
 
 /* The acceptance checks of the foundation issue, with the real simdev plugin. */
@@ -156,8 +156,13 @@ static void test_probe_cache(void **state)
     mkdir(dir, 0700);
     snprintf(dirv, sizeof(dirv), "STOKE_PROBE_CACHE=%s", dir);
     clear_probe_files(dir);
-    const char *env[] = {dirv, "STOKE_LOG=debug", "STOKE_PLUGIN_PATH=", "STOKE_ACCELERATOR=",
-                         "STOKE_OPENCL_LIBRARY=", "POCL_DEVICES=", NULL};
+    const char *env[] = {dirv,
+                         "STOKE_LOG=debug",
+                         "STOKE_PLUGIN_PATH=",
+                         "STOKE_ACCELERATOR=",
+                         "STOKE_OPENCL_LIBRARY=",
+                         "POCL_DEVICES=",
+                         NULL};
     assert_int_equal(run_devices(env, NULL, NULL), 0);
     if (strstr(err, "probing in this process"))
         tu_skip("the OpenCL probe runs in this process here (no child to save): %s", err);
@@ -210,8 +215,13 @@ static void test_probe_cache(void **state)
     assert_string_equal(out, listed);
 
     /* another value of a variable the drivers read: another key, probed again, then kept */
-    const char *env2[] = {dirv, "STOKE_LOG=debug", "STOKE_PLUGIN_PATH=", "STOKE_ACCELERATOR=",
-                          "STOKE_OPENCL_LIBRARY=", "POCL_DEVICES=pthread", NULL};
+    const char *env2[] = {dirv,
+                          "STOKE_LOG=debug",
+                          "STOKE_PLUGIN_PATH=",
+                          "STOKE_ACCELERATOR=",
+                          "STOKE_OPENCL_LIBRARY=",
+                          "POCL_DEVICES=pthread",
+                          NULL};
     assert_int_equal(run_devices(env2, NULL, NULL), 0);
     assert_non_null(strstr(err, "opencl: probed in a child"));
     assert_int_equal(run_devices(env2, NULL, NULL), 0);
@@ -231,8 +241,14 @@ static void test_probe_cache(void **state)
     snprintf(copy, sizeof(copy), "%s/libstoke.so.0", libdir);
     assert_int_equal(copy_file(lib, copy), 0);
     snprintf(ldp, sizeof(ldp), "LD_LIBRARY_PATH=%s", libdir);
-    const char *env4[] = {dirv, "STOKE_LOG=debug", "STOKE_PLUGIN_PATH=", "STOKE_ACCELERATOR=",
-                          "STOKE_OPENCL_LIBRARY=", "POCL_DEVICES=", ldp, NULL};
+    const char *env4[] = {dirv,
+                          "STOKE_LOG=debug",
+                          "STOKE_PLUGIN_PATH=",
+                          "STOKE_ACCELERATOR=",
+                          "STOKE_OPENCL_LIBRARY=",
+                          "POCL_DEVICES=",
+                          ldp,
+                          NULL};
     assert_int_equal(run_devices(env, NULL, NULL), 0); /* this library's answer, kept */
     assert_non_null(strstr(err, "answered by the probe cache"));
     assert_int_equal(run_devices(env4, NULL, NULL), 0);
@@ -250,8 +266,13 @@ static void test_probe_cache(void **state)
 
     /* turned off: never read, never written */
     assert_int_equal(unlink(file), 0);
-    const char *env3[] = {"STOKE_PROBE_CACHE=0", "STOKE_LOG=debug", "STOKE_PLUGIN_PATH=",
-                          "STOKE_ACCELERATOR=", "STOKE_OPENCL_LIBRARY=", "POCL_DEVICES=", NULL};
+    const char *env3[] = {"STOKE_PROBE_CACHE=0",
+                          "STOKE_LOG=debug",
+                          "STOKE_PLUGIN_PATH=",
+                          "STOKE_ACCELERATOR=",
+                          "STOKE_OPENCL_LIBRARY=",
+                          "POCL_DEVICES=",
+                          NULL};
     for (int i = 0; i < 2; i++) {
         assert_int_equal(run_devices(env3, NULL, NULL), 0);
         assert_non_null(strstr(err, "opencl: probed in a child"));

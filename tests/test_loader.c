@@ -277,6 +277,11 @@ static void test_timeout(void **state)
     assert_non_null(strstr(e, "timeout"));
     assert_non_null(strstr(e, "worker"));
     assert_non_null(strstr(stoke_last_error(), "sample 5 "));
+    /* At once, while sample 5 is still stuck: the EEND does not join its worker (it joined it,
+     * and returned only when get() gave up after its 20 s). */
+    time_t t0 = time(NULL);
+    assert_int_equal(stoke_loader_next(l, &b), STOKE_EEND);
+    assert_true(time(NULL) - t0 < 10);
     assert_int_equal(stoke_loader_next(l, &b), STOKE_EEND);
     tds_open_gate(&t); /* the stuck sample finishes; destroy joins its thread */
     stoke_loader_destroy(l);
@@ -346,6 +351,48 @@ static void test_interrupted_with_timeout(void **state)
     stoke_batch_release(b);
     stoke_loader_destroy(l);
     tds_free(&t);
+}
+
+/* With opts.interrupted set, the caller's thread stops making batches itself once they take 50
+ * ms or more on average: a batch it made put off the hook's next call by the batch's time (1 s
+ * with 200 ms samples, where the hook is promised every 100 ms). */
+static int interrupt_never(void *user)
+{
+    (void)user;
+    return 0;
+}
+
+static void test_interrupted_slow_batches_not_made_by_the_caller(void **state)
+{
+    for (int hook = 0; hook <= 1; hook++) {
+        tds t;
+        stoke_dataset ds;
+        tds_make(&t, &ds, 48);
+        ds.worker_init = NULL; /* (with one the caller's thread never makes a batch) */
+        t.sleep_us = 15000;    /* 4 a batch: 60 ms */
+        stoke_loader_opts o = base_opts(4, 1);
+        o.interrupted = hook ? interrupt_never : NULL;
+        stoke_loader *l;
+        assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+        stoke_batch *b;
+        int n = 0;
+        while (stoke_loader_next(l, &b) == STOKE_OK) {
+            assert_true(tds_batch_ok(b));
+            stoke_batch_release(b);
+            n++;
+        }
+        assert_int_equal(n, 12);
+        stoke_loader_stats st = {.size = sizeof(st)};
+        assert_int_equal(stoke_loader_get_stats(l, &st), STOKE_OK);
+        /* without the hook the caller makes about half; with it, at most the batches before
+         * their average time was known (the first the worker finished) */
+        if (hook)
+            assert_true(st.assisted_batches <= 2);
+        else
+            assert_true(st.assisted_batches >= 3);
+        stoke_loader_destroy(l);
+        tds_free(&t);
+    }
 }
 
 static void test_sample_error(void **state)
@@ -774,6 +821,7 @@ int main(void)
         cmocka_unit_test(test_timeout),
         cmocka_unit_test(test_timeout_first_batch),
         cmocka_unit_test(test_interrupted_with_timeout),
+        cmocka_unit_test(test_interrupted_slow_batches_not_made_by_the_caller),
         cmocka_unit_test(test_sample_error),
         cmocka_unit_test(test_early_destroy),
         cmocka_unit_test(test_persistent_workers),

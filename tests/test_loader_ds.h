@@ -20,6 +20,7 @@ typedef struct tds {
     uint64_t n;
     uint64_t slow_index; /* get() of this index waits until tds_open_gate (or 20 s) */
     uint64_t fail_index; /* get() of this index fails with STOKE_EDATA */
+    unsigned sleep_us;   /* every get() sleeps this long first (0: none) */
     atomic_int inits;    /* worker_init calls */
     atomic_int gets;
     /* tds_get_scattered (the dataset's read): every call; those of 2 samples or more, the
@@ -72,6 +73,11 @@ static int tds_get(void *user, uint64_t index, void *const dst[], int64_t lens[]
     }
     if (index == t->slow_index)
         tds_wait_gate(t);
+    if (t->sleep_us) {
+        struct timespec nap = {(time_t)(t->sleep_us / 1000000u),
+                               (long)(t->sleep_us % 1000000u) * 1000};
+        nanosleep(&nap, NULL);
+    }
     unsigned char *d = dst[0];
     for (size_t k = 0; k < DS_BYTES; k++)
         d[k] = tds_byte(index, k);

@@ -20,9 +20,12 @@
 #define MiB ((size_t)1 << 20)
 #define KiB ((size_t)1 << 10)
 
-static const char *const vars[] = {"STOKE_SIMDEV_COPY_DELAY_US", "STOKE_SIMDEV_FAIL_ALLOC",
+static const char *const vars[] = {"STOKE_SIMDEV_COPY_DELAY_US",
+                                   "STOKE_SIMDEV_FAIL_ALLOC",
                                    "STOKE_SIMDEV_FAIL_COPY",
-                                   "STOKE_SIMDEV_DEVICES", "STOKE_PINNED", "STOKE_PINNED_LIMIT"};
+                                   "STOKE_SIMDEV_DEVICES",
+                                   "STOKE_PINNED",
+                                   "STOKE_PINNED_LIMIT"};
 
 static void clear_vars(void)
 {
@@ -67,7 +70,6 @@ static stoke_pinned_stats stats(void)
     assert_int_equal(s.version, STOKE_PINNED_STATS_VERSION);
     return s;
 }
-
 
 static void *alloc_ok(size_t n)
 {
@@ -190,8 +192,8 @@ static void test_pinned_standin_is_resident(void **state)
         size_t in, all;
         resident_pages(p, sizes[k], &in, &all);
         if (in != all)
-            fail_msg("stand-in of %zu bytes: %zu of %zu pages resident before any write",
-                     sizes[k], in, all);
+            fail_msg("stand-in of %zu bytes: %zu of %zu pages resident before any write", sizes[k],
+                     in, all);
         for (size_t i = 0; i < sizes[k]; i += 4093)
             assert_int_equal(p[i], 0);
         memset(p, 0x5a, sizes[k]);
@@ -226,7 +228,8 @@ static void test_pinned_disabled_by_env(void **state)
     assert_int_equal(tu_simdev_counters().host_allocs, 0);
 }
 
-/* ---- reuse ------------------------------------------------------------------------------------- */
+/* ---- reuse -------------------------------------------------------------------------------------
+ */
 
 static void test_pinned_free_then_alloc_returns_same_block(void **state)
 {
@@ -289,7 +292,8 @@ static void test_pinned_bad_pointers(void **state)
     assert_null(big);
 }
 
-/* ---- event-guarded reuse ------------------------------------------------------------------------ */
+/* ---- event-guarded reuse ------------------------------------------------------------------------
+ */
 
 /* A block freed while a delayed copy from it is queued, and the same size allocated again. */
 typedef struct {
@@ -413,7 +417,8 @@ static void test_pinned_failed_copy_releases_block(void **state)
     unsetenv("STOKE_SIMDEV_FAIL_COPY");
 }
 
-/* ---- stats and empty_cache ----------------------------------------------------------------------- */
+/* ---- stats and empty_cache
+ * ----------------------------------------------------------------------- */
 
 static void test_pinned_stats_match_rounding_and_empty_cache_keeps_live(void **state)
 {
@@ -499,7 +504,8 @@ static void test_pinned_stats_json(void **state)
     assert_int_equal(stoke_pinned_free(p), STOKE_OK);
 }
 
-/* ---- the cap ----------------------------------------------------------------------------------- */
+/* ---- the cap -----------------------------------------------------------------------------------
+ */
 
 static void test_pinned_cap_releases_idle_then_fails(void **state)
 {
@@ -568,7 +574,8 @@ static void test_pinned_cap_from_env(void **state)
     assert_int_equal(stoke_pinned_free(b), STOKE_OK);
 }
 
-/* ---- register ---------------------------------------------------------------------------------- */
+/* ---- register ----------------------------------------------------------------------------------
+ */
 
 /* Memory pinned for one accelerator stays "pinned" for every address inside it after the
  * process chooses another one. */
@@ -579,8 +586,7 @@ static void test_pinned_is_pinned_survives_accelerator_change(void **state)
     assert_int_equal(posix_memalign(&buf, 4096, 64 * KiB), 0);
     assert_int_equal(stoke_pin_register(buf, 64 * KiB), STOKE_OK);
     char path[1024];
-    assert_int_equal(stoke_plugin_load(tu_test_plugin("alpha.so", path, sizeof(path))),
-                     STOKE_OK);
+    assert_int_equal(stoke_plugin_load(tu_test_plugin("alpha.so", path, sizeof(path))), STOKE_OK);
     assert_int_equal(stoke_accelerator_select("alpha"), STOKE_OK);
     assert_int_equal(stoke_is_pinned(a), 1);
     assert_int_equal(stoke_is_pinned((char *)a + 4096 + 7), 1);   /* interior: simdev's */
@@ -628,7 +634,8 @@ static void test_pinned_register_without_accelerator(void **state)
     assert_int_equal(tu_log_count(STOKE_LOG_WARN, "pinning is not in effect"), 1);
 }
 
-/* ---- injected failure ----------------------------------------------------------------------------- */
+/* ---- injected failure
+ * ----------------------------------------------------------------------------- */
 
 static void test_pinned_injected_alloc_failure(void **state)
 {
@@ -664,7 +671,23 @@ static void test_pinned_injected_alloc_failure(void **state)
     assert_int_equal(stats().bytes_reserved, 0);
 }
 
-/* ---- devices and threads ------------------------------------------------------------------------ */
+/* A backend's host_alloc that returns a positive code (a plugin's mistake) fails the
+ * allocation with STOKE_EBACKEND: a caller testing rc < 0 must not take it for success. */
+static void test_pinned_positive_backend_code_is_an_error(void **state)
+{
+    char path[1024];
+    assert_int_equal(stoke_plugin_load(tu_test_plugin("zz_alloc_positive.so", path, sizeof(path))),
+                     STOKE_OK);
+    assert_int_equal(stoke_accelerator_select("allocpositive"), STOKE_OK);
+    void *p = (void *)1;
+    assert_int_equal(stoke_pinned_alloc(MiB, &p), STOKE_EBACKEND);
+    assert_null(p);
+    assert_non_null(strstr(stoke_last_error(), "allocpositive could not pin"));
+    assert_int_equal(stats().bytes_reserved, 0);
+}
+
+/* ---- devices and threads ------------------------------------------------------------------------
+ */
 
 static void test_pinned_cache_is_per_device(void **state)
 {
@@ -733,7 +756,7 @@ static void test_pinned_idle_block_of_another_thread_is_used(void **state)
 }
 
 #define STRESS_THREADS 4
-#define STRESS_ITERS 3000
+#define STRESS_ITERS   3000
 
 typedef struct {
     int id;
@@ -865,6 +888,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_pinned_register_without_accelerator, setup_none,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_pinned_injected_alloc_failure, setup_none, teardown),
+        cmocka_unit_test_setup_teardown(test_pinned_positive_backend_code_is_an_error, setup_none,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_pinned_cache_is_per_device, setup_simdev, teardown),
         cmocka_unit_test_setup_teardown(test_pinned_thread_exit_returns_its_cache, setup_simdev,
                                         teardown),

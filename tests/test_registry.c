@@ -138,6 +138,7 @@ static void test_explicit_beats_plugin(void **state)
     assert_int_equal(stoke_accelerator_select("alpha:7"), STOKE_ERANGE);
     assert_int_equal(stoke_accelerator_select("nosuch"), STOKE_ENOENT);
     assert_int_equal(stoke_accelerator_select("bad name!"), STOKE_EINVAL);
+    assert_int_equal(stoke_accelerator_select(""), STOKE_EINVAL); /* not NULL's meaning */
     assert_int_equal(stoke_accelerator_get(&acc), STOKE_OK);
     assert_string_equal(acc.backend, "alpha");
     /* NULL returns to the environment's choice. */
@@ -174,6 +175,8 @@ static void test_unknown_explicit_lists_known_backends(void **state)
 }
 
 /* Each broken plugin: its status from stoke_plugin_load, its listed reason, a warning. */
+static stoke_backend_info plugin_at(const char *path);
+
 static void test_broken_plugin_matrix(void **state)
 {
     static const struct {
@@ -193,6 +196,10 @@ static void test_broken_plugin_matrix(void **state)
         {"dup_cuda.so", STOKE_EABI, "already registered"},
         {"half_events.so", STOKE_EABI, "function event_destroy is missing"},
         {"no_stream_sync.so", STOKE_EABI, "function stream_synchronize is missing"},
+        {"bad_name.so", STOKE_EABI, "backend name 'my gpu' has a character other than"},
+        {"ctor_thread.so", STOKE_EABI, "ABI version 99 outside"},
+        {"reason_no_nul.so", STOKE_ENODEV, "AAAA"},
+        {"entry_positive.so", STOKE_EBACKEND, "entry point failed with 5, not a stoke status"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         tu_log_clear();
@@ -216,6 +223,11 @@ static void test_broken_plugin_matrix(void **state)
         }
         assert_true(found);
     }
+    /* ctor_thread.so's thread still runs its code: the rejected library stayed loaded (an
+     * unloaded one crashed here), and the reason that had no NUL was cut to the buffer. */
+    usleep(20 * 1000);
+    stoke_backend_info nonul = plugin_at(plug(0, "reason_no_nul.so"));
+    assert_true(strlen(nonul.reason) < sizeof(nonul.reason));
     /* None of that was fatal: a good plugin still loads and wins. */
     assert_int_equal(stoke_plugin_load(plug(0, "alpha.so")), STOKE_OK);
     stoke_accelerator_info acc;
@@ -316,6 +328,83 @@ static void test_fifo_in_plugin_path_is_refused(void **state)
     assert_int_equal(stoke_plugin_load(fifo), STOKE_EINVAL);
     assert_non_null(strstr(stoke_last_error(), "is a FIFO"));
     remove_dir(dir);
+}
+
+/* Copies the test plugin `file` to `to` with `mode`. */
+static void copy_plugin(const char *file, const char *to, mode_t mode)
+{
+    char pb[1024];
+    FILE *in = fopen(tu_test_plugin(file, pb, sizeof(pb)), "rb");
+    FILE *out = fopen(to, "wb");
+    assert_non_null(in);
+    assert_non_null(out);
+    char buf[65536];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), in)) > 0)
+        assert_int_equal(fwrite(buf, 1, n, out), n);
+    fclose(in);
+    assert_int_equal(fclose(out), 0);
+    assert_int_equal(chmod(to, mode), 0);
+}
+
+/* stoke_plugin_load(path) is refused with STOKE_EIO and a reason that says `why`. */
+static void assert_untrusted(const char *path, const char *why)
+{
+    tu_log_clear();
+    assert_int_equal(stoke_plugin_load(path), STOKE_EIO);
+    if (!strstr(stoke_last_error(), why)) /* the listed entries: the first with this path */
+        fail_msg("%s: '%s' lacks '%s'", path, stoke_last_error(), why);
+    assert_false(plugin_at(path).available);
+    assert_int_equal(tu_log_count(STOKE_LOG_WARN, why), 1);
+}
+
+/* Code another local user could have written is never loaded: a plugin file or directory
+ * writable by group or others (a sticky directory such as /tmp is fine), a link whose target's
+ * directory is, a file owned by another user.  A bare name is the file in the working
+ * directory, never one found on the dynamic linker's search path. */
+static void test_plugin_others_could_write_is_refused(void **state)
+{
+    char dir[1024], safe[1024], file[1200], link[1200], cwd[PATH_MAX];
+    fresh_dir("trust", dir, sizeof(dir));
+    fresh_dir("trust-safe", safe, sizeof(safe));
+    snprintf(file, sizeof(file), "%s/a.so", dir);
+    snprintf(link, sizeof(link), "%s/link.so", safe);
+    copy_plugin("alpha.so", file, 0755);
+    assert_int_equal(symlink(file, link), 0);
+
+    assert_int_equal(chmod(dir, 0777), 0);
+    assert_untrusted(file, "its directory");
+    assert_untrusted(file, "is writable by group or others");
+    assert_untrusted(link, "its target's directory");
+    assert_int_equal(chmod(dir, 0775), 0);
+    assert_untrusted(file, "is writable by group or others");
+    assert_int_equal(chmod(dir, 0755), 0);
+    assert_int_equal(chmod(file, 0666), 0);
+    assert_untrusted(file, "the file");
+    assert_int_equal(chmod(file, 0755), 0);
+    if (geteuid() == 0) { /* only root can give a file away */
+        assert_int_equal(chown(file, 65534, 65534), 0);
+        assert_untrusted(file, "is owned by another user");
+        assert_int_equal(chown(file, 0, 0), 0);
+    }
+
+    /* Sticky and writable by all, as /tmp: loads, by a bare name from the working directory. */
+    assert_int_equal(chmod(dir, 01777), 0);
+    assert_non_null(getcwd(cwd, sizeof(cwd)));
+    assert_int_equal(chdir(dir), 0);
+    tu_log_clear();
+    int rc = stoke_plugin_load("a.so");
+    assert_int_equal(chdir(cwd), 0);
+    if (rc != STOKE_OK)
+        fail_msg("a.so from the working directory: %s (%s)", stoke_err_name(rc),
+                 stoke_last_error());
+    assert_true(plugin_at("a.so").available);
+    stoke_accelerator_info acc;
+    assert_int_equal(stoke_accelerator_get(&acc), STOKE_OK);
+    assert_string_equal(acc.backend, "alpha");
+    assert_int_equal(chmod(dir, 0755), 0);
+    remove_dir(dir);
+    remove_dir(safe);
 }
 
 /* Creates `n` entries DIR/pNNN.so, each a symbolic link to TARGETS/tNNN (created later, so that
@@ -673,8 +762,8 @@ static void test_status_codes(void **state)
     assert_string_equal(stoke_err_name(-999), "STOKE_UNKNOWN");
     assert_string_equal(stoke_strerror(-999), "unknown status");
     /* Codes are distinct and every one has a name and message. */
-#define CHECK(name, value, msg)                                  \
-    assert_string_equal(stoke_err_name(value), "STOKE_" #name); \
+#define CHECK(name, value, msg)                                                                    \
+    assert_string_equal(stoke_err_name(value), "STOKE_" #name);                                    \
     assert_string_equal(stoke_strerror(value), msg);
     STOKE_STATUS_MAP(CHECK)
 #undef CHECK
@@ -697,9 +786,11 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_plugin_directory_is_sorted_and_survives_broken_plugins,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_explicit_beats_plugin, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_unknown_explicit_lists_known_backends, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_unknown_explicit_lists_known_backends, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_broken_plugin_matrix, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fifo_in_plugin_path_is_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_plugin_others_could_write_is_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_plugin_directory_considers_every_entry_in_name_order,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_plugin_file_limit_is_reported, setup, teardown),

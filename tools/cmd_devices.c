@@ -20,10 +20,15 @@ static const char *kind_name(int kind)
 
 static void caps_text(unsigned long long caps, char *out, size_t len)
 {
-    static const struct { unsigned long long bit; const char *name; } names[] = {
-        {STOKE_CAP_PINNED_ALLOC, "pinned"}, {STOKE_CAP_HOST_REGISTER, "register"},
-        {STOKE_CAP_DEVICE_MEMORY, "device-memory"}, {STOKE_CAP_ASYNC_COPY, "async-copy"},
-        {STOKE_CAP_EVENTS, "events"}, {STOKE_CAP_IPC, "ipc"}};
+    static const struct {
+        unsigned long long bit;
+        const char *name;
+    } names[] = {{STOKE_CAP_PINNED_ALLOC, "pinned"},
+                 {STOKE_CAP_HOST_REGISTER, "register"},
+                 {STOKE_CAP_DEVICE_MEMORY, "device-memory"},
+                 {STOKE_CAP_ASYNC_COPY, "async-copy"},
+                 {STOKE_CAP_EVENTS, "events"},
+                 {STOKE_CAP_IPC, "ipc"}};
     out[0] = '\0';
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         if (!(caps & names[i].bit))
@@ -137,13 +142,13 @@ static int fail_accelerator(const cli_cmd *c, const char *accel, int rc)
     static const char api[] = "stoke_accelerator_select=";
     const char *msg = stoke_last_error();
     if (!msg || !*msg)
-        return cli_fail(c, 1, "--accelerator %s: %s", accel, stoke_strerror(rc));
+        return cli_fail_code(c, 1, rc, "--accelerator %s: %s", accel, stoke_strerror(rc));
     size_t n = strlen(accel);
     if (strncmp(msg, api, sizeof(api) - 1) != 0 || strncmp(msg + sizeof(api) - 1, accel, n) != 0)
-        return cli_fail(c, 1, "--accelerator: %s", msg);
+        return cli_fail_code(c, 1, rc, "--accelerator: %s", msg);
     /* what follows the spec: ": simdev has ...", " is not of the form ...", " requested, ..." */
     msg += sizeof(api) - 1 + n;
-    return cli_fail(c, 1, "--accelerator %s%s", accel, msg);
+    return cli_fail_code(c, 1, rc, "--accelerator %s%s", accel, msg);
 }
 
 int cmd_devices(int argc, char **argv)

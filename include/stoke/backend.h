@@ -162,7 +162,10 @@ typedef struct stoke_backend {
     /* Block until complete; returns like event_query would afterwards. */
     int (*event_synchronize)(stoke_backend_event *e);
 
-    /* optional: release everything; called once by the host at exit or unload. */
+    /* optional: release everything; called once by the host when it unloads the backend (a
+     * registry reset, as stoke's tests do), never at process exit: threads of the program may
+     * still be in the backend then.  Work that must run at exit belongs in the plugin's own
+     * destructor or atexit handler. */
     void (*shutdown)(void);
 
     /* Reserved in ABI v1 and never called by the host (they could not say what kind of

@@ -75,7 +75,10 @@ typedef struct stoke_loader_opts {
     int drop_last;                 /* 1: drop the last batch when it is partial.  Default 0. */
     /* Optional: called about every 100 ms by a stoke_loader_next that waits for workers
      * (without the loader's lock held); nonzero makes that call return STOKE_ECANCELED, the
-     * epoch going on (the next call continues it).  For a consumer that must see signals while
+     * epoch going on (the next call continues it).  A batch the caller's thread makes itself
+     * (with workers, threads, a MAP dataset: rather than wait, see docs/loader.md) is finished
+     * before the next call; once batches take 50 ms or more on average, the caller's thread no
+     * longer makes any while the hook is set.  For a consumer that must see signals while
      * it waits: Python's Ctrl-C.  Until a later call delivers a batch, a stoke_loader_destroy
      * then SIGKILLs worker processes (worker_mode processes) busy on a batch at once, where it
      * otherwise gives each up to 2 s to finish it. */

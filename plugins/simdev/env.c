@@ -12,6 +12,7 @@
  *   STOKE_SIMDEV_FAIL_COPY      the N-th copy since probe fails with STOKE_EBACKEND (async)
  *   STOKE_SIMDEV_PROBE_FAIL     boolean: probe fails with an "injected" reason
  */
+#define _GNU_SOURCE /* secure_getenv */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -95,7 +96,7 @@ static int parse_bool(const char *s, int *out)
 
 static const char *env(const char *name)
 {
-    const char *v = getenv(name);
+    const char *v = secure_getenv(name); /* none in a setuid program, as libstoke's */
     return v && *v ? v : NULL;
 }
 

@@ -21,6 +21,7 @@
  * shutdown.  A retained context is published with release/acquire atomics. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <limits.h>
 #include <link.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -37,21 +38,48 @@
 
 /* Symbol each member of the driver table is resolved from: its own name, or with the _V2 macros
  * the `_v2` version where the driver has several. */
-#define SYM(member, suffix, req) {offsetof(struct stoke__cuda_driver, member), #member suffix, req}
-#define REQ(member) SYM(member, "", 1)
+#define SYM(member, suffix, req)                                                                   \
+    {                                                                                              \
+        offsetof(struct stoke__cuda_driver, member), #member suffix, req                           \
+    }
+#define REQ(member)    SYM(member, "", 1)
 #define REQ_V2(member) SYM(member, "_v2", 1)
-#define OPT(member) SYM(member, "", 0)
+#define OPT(member)    SYM(member, "", 0)
 static const stoke__gpu_sym cuda_symbols[] = {
-    REQ(cuInit), REQ(cuDriverGetVersion), REQ(cuDeviceGetCount), REQ(cuDeviceGet),
-    REQ(cuDeviceGetName), REQ_V2(cuDeviceTotalMem), REQ(cuDeviceGetAttribute),
-    REQ(cuDevicePrimaryCtxRetain), REQ_V2(cuDevicePrimaryCtxRelease), REQ_V2(cuCtxPushCurrent),
-    REQ_V2(cuCtxPopCurrent), REQ(cuMemHostAlloc), REQ(cuMemFreeHost), REQ_V2(cuMemHostRegister),
-    REQ(cuMemHostUnregister), REQ_V2(cuMemAlloc), REQ_V2(cuMemFree), REQ(cuStreamCreate),
-    REQ_V2(cuStreamDestroy), REQ(cuStreamSynchronize), REQ_V2(cuMemcpyHtoDAsync),
-    REQ_V2(cuMemcpyDtoHAsync), REQ(cuEventCreate), REQ_V2(cuEventDestroy), REQ(cuEventRecord),
-    REQ(cuEventQuery), REQ(cuEventSynchronize), OPT(cuDeviceGetPCIBusId),
-    OPT(cuPointerGetAttribute), OPT(cuGetErrorString), OPT(cuGetErrorName),
-    OPT(cuIpcGetMemHandle), SYM(cuIpcOpenMemHandle, "_v2", 0), OPT(cuIpcCloseMemHandle),
+    REQ(cuInit),
+    REQ(cuDriverGetVersion),
+    REQ(cuDeviceGetCount),
+    REQ(cuDeviceGet),
+    REQ(cuDeviceGetName),
+    REQ_V2(cuDeviceTotalMem),
+    REQ(cuDeviceGetAttribute),
+    REQ(cuDevicePrimaryCtxRetain),
+    REQ_V2(cuDevicePrimaryCtxRelease),
+    REQ_V2(cuCtxPushCurrent),
+    REQ_V2(cuCtxPopCurrent),
+    REQ(cuMemHostAlloc),
+    REQ(cuMemFreeHost),
+    REQ_V2(cuMemHostRegister),
+    REQ(cuMemHostUnregister),
+    REQ_V2(cuMemAlloc),
+    REQ_V2(cuMemFree),
+    REQ(cuStreamCreate),
+    REQ_V2(cuStreamDestroy),
+    REQ(cuStreamSynchronize),
+    REQ_V2(cuMemcpyHtoDAsync),
+    REQ_V2(cuMemcpyDtoHAsync),
+    REQ(cuEventCreate),
+    REQ_V2(cuEventDestroy),
+    REQ(cuEventRecord),
+    REQ(cuEventQuery),
+    REQ(cuEventSynchronize),
+    OPT(cuDeviceGetPCIBusId),
+    OPT(cuPointerGetAttribute),
+    OPT(cuGetErrorString),
+    OPT(cuGetErrorName),
+    OPT(cuIpcGetMemHandle),
+    SYM(cuIpcOpenMemHandle, "_v2", 0),
+    OPT(cuIpcCloseMemHandle),
 };
 #undef SYM
 #undef REQ
@@ -61,12 +89,12 @@ static const stoke__gpu_sym cuda_symbols[] = {
 static const stoke__gpu_desc cuda_desc;
 
 static struct {
-    stoke__gpu core;                     /* lock, shared table, devices, pinned ranges */
-    int test_mode;                       /* driver table supplied by a test */
+    stoke__gpu core; /* lock, shared table, devices, pinned ranges */
+    int test_mode;   /* driver table supplied by a test */
     struct stoke__cuda_driver test_drv;
-    struct stoke__cuda_driver drv;       /* the table in use once `core.ready` */
-    void *dl;                            /* the library (kept loaded: see load_driver_locked) */
-    char dl_path[512];                   /* what `dl` was opened as */
+    struct stoke__cuda_driver drv; /* the table in use once `core.ready` */
+    void *dl;                      /* the library (kept loaded: see load_driver_locked) */
+    char dl_path[512];             /* what `dl` was opened as */
     int driver_version;
     _Atomic(CUcontext) ctx[STOKE__GPU_MAX_DEVICES]; /* primary contexts, NULL until first used */
 } g = {.core = STOKE__GPU_INIT(&cuda_desc)};
@@ -119,9 +147,11 @@ static int load_driver_locked(char *reason, size_t reason_len)
             path = CUDA_DEFAULT_LIBRARY;
         what = path;
         if (strstr(path, "/stubs/")) {
-            stoke__fmt(reason, reason_len, "stub library: %s is the CUDA toolkit's link-time "
+            stoke__fmt(reason, reason_len,
+                       "stub library: %s is the CUDA toolkit's link-time "
                        "stub (not loaded); point STOKE_CUDA_LIBRARY at the driver's "
-                       "libcuda.so.1", path);
+                       "libcuda.so.1",
+                       path);
             return STOKE_ENODEV;
         }
         if (!g.dl || strcmp(g.dl_path, path) != 0) {
@@ -129,20 +159,32 @@ static int load_driver_locked(char *reason, size_t reason_len)
             if (!h) {
                 const char *err = dlerror();
                 if (strcmp(path, CUDA_DEFAULT_LIBRARY) == 0)
-                    stoke__fmt(reason, reason_len, "libcuda.so.1 not found (no NVIDIA driver "
-                               "installed?): %s", err ? err : "dlopen failed");
+                    stoke__fmt(reason, reason_len,
+                               "libcuda.so.1 not found (no NVIDIA driver "
+                               "installed?): %s",
+                               err ? err : "dlopen failed");
                 else
-                    stoke__fmt(reason, reason_len, "%s not found (STOKE_CUDA_LIBRARY): %s",
-                               path, err ? err : "dlopen failed");
+                    stoke__fmt(reason, reason_len, "%s not found (STOKE_CUDA_LIBRARY): %s", path,
+                               err ? err : "dlopen failed");
                 return STOKE_ENODEV;
             }
             /* Where did the name resolve to?  A toolkit stub renamed or linked as .so.1 is
              * refused here (it is already mapped, but never called). */
             struct link_map *lm = NULL;
-            if (dlinfo(h, RTLD_DI_LINKMAP, &lm) == 0 && lm && lm->l_name &&
-                strstr(lm->l_name, "/stubs/")) {
-                stoke__fmt(reason, reason_len, "stub library: %s resolved to %s, the CUDA "
-                           "toolkit's link-time stub, not the driver", path, lm->l_name);
+            char real[PATH_MAX];
+            const char *where = NULL;
+            if (dlinfo(h, RTLD_DI_LINKMAP, &lm) == 0 && lm && lm->l_name) {
+                /* the name as opened, then the file it is (a libcuda.so.1 linked to the stub) */
+                if (strstr(lm->l_name, "/stubs/"))
+                    where = lm->l_name;
+                else if (realpath(lm->l_name, real) && strstr(real, "/stubs/"))
+                    where = real;
+            }
+            if (where) {
+                stoke__fmt(reason, reason_len,
+                           "stub library: %s resolved to %s, the CUDA "
+                           "toolkit's link-time stub, not the driver",
+                           path, where);
                 dlclose(h);
                 return STOKE_ENODEV;
             }
@@ -157,28 +199,41 @@ static int load_driver_locked(char *reason, size_t reason_len)
     if (missing) {
         int v = 0;
         if (drv.cuDriverGetVersion && drv.cuDriverGetVersion(&v) == CUDA_SUCCESS && v > 0)
-            stoke__fmt(reason, reason_len, "driver too old: %s (CUDA %d.%d) lacks %s; stoke "
-                       "needs CUDA %d.%d or newer", what, v / 1000, v % 1000 / 10, missing,
-                       STOKE_CUDA_DRIVER_MIN / 1000, STOKE_CUDA_DRIVER_MIN % 1000 / 10);
+            stoke__fmt(reason, reason_len,
+                       "driver too old: %s (CUDA %d.%d) lacks %s; stoke "
+                       "needs CUDA %d.%d or newer",
+                       what, v / 1000, v % 1000 / 10, missing, STOKE_CUDA_DRIVER_MIN / 1000,
+                       STOKE_CUDA_DRIVER_MIN % 1000 / 10);
         else
-            stoke__fmt(reason, reason_len, "driver too old or not a CUDA driver: %s lacks %s",
-                       what, missing);
+            stoke__fmt(reason, reason_len, "driver too old or not a CUDA driver: %s lacks %s", what,
+                       missing);
         return STOKE_ENODEV;
     }
     g.drv = drv;
-    g.core.api = (stoke__gpu_api){
-        .device_get = drv.cuDeviceGet, .device_get_name = drv.cuDeviceGetName,
-        .device_total_mem = drv.cuDeviceTotalMem, .device_get_pci_bus_id = drv.cuDeviceGetPCIBusId,
-        .host_alloc = drv.cuMemHostAlloc, .host_free = drv.cuMemFreeHost,
-        .host_register = drv.cuMemHostRegister, .host_unregister = drv.cuMemHostUnregister,
-        .pointer_get_attribute = drv.cuPointerGetAttribute, .mem_alloc = drv.cuMemAlloc,
-        .mem_free = drv.cuMemFree, .stream_create = drv.cuStreamCreate,
-        .stream_destroy = drv.cuStreamDestroy, .stream_synchronize = drv.cuStreamSynchronize,
-        .memcpy_htod = drv.cuMemcpyHtoDAsync, .memcpy_dtoh = drv.cuMemcpyDtoHAsync,
-        .event_create = drv.cuEventCreate, .event_destroy = drv.cuEventDestroy,
-        .event_record = drv.cuEventRecord, .event_query = drv.cuEventQuery,
-        .event_synchronize = drv.cuEventSynchronize, .ipc_get = drv.cuIpcGetMemHandle,
-        .ipc_open = drv.cuIpcOpenMemHandle, .ipc_close = drv.cuIpcCloseMemHandle};
+    g.core.api = (stoke__gpu_api){.device_get = drv.cuDeviceGet,
+                                  .device_get_name = drv.cuDeviceGetName,
+                                  .device_total_mem = drv.cuDeviceTotalMem,
+                                  .device_get_pci_bus_id = drv.cuDeviceGetPCIBusId,
+                                  .host_alloc = drv.cuMemHostAlloc,
+                                  .host_free = drv.cuMemFreeHost,
+                                  .host_register = drv.cuMemHostRegister,
+                                  .host_unregister = drv.cuMemHostUnregister,
+                                  .pointer_get_attribute = drv.cuPointerGetAttribute,
+                                  .mem_alloc = drv.cuMemAlloc,
+                                  .mem_free = drv.cuMemFree,
+                                  .stream_create = drv.cuStreamCreate,
+                                  .stream_destroy = drv.cuStreamDestroy,
+                                  .stream_synchronize = drv.cuStreamSynchronize,
+                                  .memcpy_htod = drv.cuMemcpyHtoDAsync,
+                                  .memcpy_dtoh = drv.cuMemcpyDtoHAsync,
+                                  .event_create = drv.cuEventCreate,
+                                  .event_destroy = drv.cuEventDestroy,
+                                  .event_record = drv.cuEventRecord,
+                                  .event_query = drv.cuEventQuery,
+                                  .event_synchronize = drv.cuEventSynchronize,
+                                  .ipc_get = drv.cuIpcGetMemHandle,
+                                  .ipc_open = drv.cuIpcOpenMemHandle,
+                                  .ipc_close = drv.cuIpcCloseMemHandle};
     return STOKE_OK;
 }
 
@@ -192,7 +247,8 @@ static int cuda_probe_locked(uint32_t flags, char *reason, size_t reason_len)
         return rc;
     CUresult r = g.drv.cuInit(0);
     if (r == CUDA_ERROR_STUB_LIBRARY) {
-        stoke__fmt(reason, reason_len, "stub library: cuInit returned CUDA_ERROR_STUB_LIBRARY "
+        stoke__fmt(reason, reason_len,
+                   "stub library: cuInit returned CUDA_ERROR_STUB_LIBRARY "
                    "(%s is the CUDA toolkit's stub, not the driver)",
                    g.test_mode ? "the driver" : g.dl_path);
         return STOKE_ENODEV;
@@ -210,13 +266,17 @@ static int cuda_probe_locked(uint32_t flags, char *reason, size_t reason_len)
     int v = 0;
     r = g.drv.cuDriverGetVersion(&v);
     if (r != CUDA_SUCCESS) {
-        stoke__fmt(reason, reason_len, "initialization error: cuDriverGetVersion failed with "
-                   "%s (%d): %s", cu_name(r), r, cu_msg(r));
+        stoke__fmt(reason, reason_len,
+                   "initialization error: cuDriverGetVersion failed with "
+                   "%s (%d): %s",
+                   cu_name(r), r, cu_msg(r));
         return STOKE_ENODEV;
     }
     if (v < STOKE_CUDA_DRIVER_MIN) {
-        stoke__fmt(reason, reason_len, "driver too old: it supports CUDA %d.%d, stoke needs "
-                   "%d.%d or newer", v / 1000, v % 1000 / 10, STOKE_CUDA_DRIVER_MIN / 1000,
+        stoke__fmt(reason, reason_len,
+                   "driver too old: it supports CUDA %d.%d, stoke needs "
+                   "%d.%d or newer",
+                   v / 1000, v % 1000 / 10, STOKE_CUDA_DRIVER_MIN / 1000,
                    STOKE_CUDA_DRIVER_MIN % 1000 / 10);
         return STOKE_ENODEV;
     }
@@ -247,8 +307,8 @@ static void cuda_props(CUdevice d, stoke_device_props *o)
         g.drv.cuDeviceGetAttribute(&bus, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, d) == 0 &&
         g.drv.cuDeviceGetAttribute(&slot, CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID, d) == 0)
         stoke__fmt(o->pci_bus_id, sizeof(o->pci_bus_id), "%04x:%02x:%02x.0", dom, bus, slot);
-    stoke__fmt(o->driver_version, sizeof(o->driver_version), "CUDA %d.%d",
-               g.driver_version / 1000, g.driver_version % 1000 / 10);
+    stoke__fmt(o->driver_version, sizeof(o->driver_version), "CUDA %d.%d", g.driver_version / 1000,
+               g.driver_version % 1000 / 10);
 }
 
 /* ---- contexts ----------------------------------------------------------------------------- */
@@ -325,21 +385,40 @@ void stoke__cuda_set_driver_for_test(const struct stoke__cuda_driver *d)
 /* ---- the backend -------------------------------------------------------------------------- */
 
 static const stoke__gpu_desc cuda_desc = {
-    .name = "cuda", .api = "CUDA", .lib = "driver", .vendor = "NVIDIA",
+    .name = "cuda",
+    .api = "CUDA",
+    .lib = "driver",
+    .vendor = "NVIDIA",
     .ipc_magic = 0x50494355u, /* "UCIP" */
-    .probe_locked = cuda_probe_locked, .describe_locked = cuda_describe_locked,
-    .release_locked = cuda_release_locked, .enter = cuda_enter, .leave = cuda_leave,
-    .err_name = cu_name, .err_text = cu_msg, .props = cuda_props,
-    .call = {.device_get = "cuDeviceGet", .device_get_name = "cuDeviceGetName",
-             .host_alloc = "cuMemHostAlloc", .host_free = "cuMemFreeHost",
-             .host_register = "cuMemHostRegister", .host_unregister = "cuMemHostUnregister",
-             .mem_alloc = "cuMemAlloc", .mem_free = "cuMemFree", .stream_create = "cuStreamCreate",
-             .stream_destroy = "cuStreamDestroy", .stream_synchronize = "cuStreamSynchronize",
-             .memcpy_htod = "cuMemcpyHtoDAsync", .memcpy_dtoh = "cuMemcpyDtoHAsync",
-             .event_create = "cuEventCreate", .event_destroy = "cuEventDestroy",
-             .event_record = "cuEventRecord", .event_query = "cuEventQuery",
-             .event_synchronize = "cuEventSynchronize", .ipc_get = "cuIpcGetMemHandle",
-             .ipc_open = "cuIpcOpenMemHandle", .ipc_close = "cuIpcCloseMemHandle"},
+    .probe_locked = cuda_probe_locked,
+    .describe_locked = cuda_describe_locked,
+    .release_locked = cuda_release_locked,
+    .enter = cuda_enter,
+    .leave = cuda_leave,
+    .err_name = cu_name,
+    .err_text = cu_msg,
+    .props = cuda_props,
+    .call = {.device_get = "cuDeviceGet",
+             .device_get_name = "cuDeviceGetName",
+             .host_alloc = "cuMemHostAlloc",
+             .host_free = "cuMemFreeHost",
+             .host_register = "cuMemHostRegister",
+             .host_unregister = "cuMemHostUnregister",
+             .mem_alloc = "cuMemAlloc",
+             .mem_free = "cuMemFree",
+             .stream_create = "cuStreamCreate",
+             .stream_destroy = "cuStreamDestroy",
+             .stream_synchronize = "cuStreamSynchronize",
+             .memcpy_htod = "cuMemcpyHtoDAsync",
+             .memcpy_dtoh = "cuMemcpyDtoHAsync",
+             .event_create = "cuEventCreate",
+             .event_destroy = "cuEventDestroy",
+             .event_record = "cuEventRecord",
+             .event_query = "cuEventQuery",
+             .event_synchronize = "cuEventSynchronize",
+             .ipc_get = "cuIpcGetMemHandle",
+             .ipc_open = "cuIpcOpenMemHandle",
+             .ipc_close = "cuIpcCloseMemHandle"},
 };
 
 STOKE__GPU_BACKEND(cuda_backend, g.core, "cuda",

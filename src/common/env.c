@@ -30,7 +30,9 @@ const char *stoke__env_str(stoke_env_id id)
 {
     if ((unsigned)id >= STOKE_ENV_COUNT_)
         return NULL;
-    const char *v = getenv(env_names[id]);
+    /* secure_getenv: in a setuid or setgid program (or one with file capabilities) none is
+     * read, so STOKE_PLUGIN_PATH or STOKE_CUDA_LIBRARY cannot run another user's code there. */
+    const char *v = secure_getenv(env_names[id]);
     return (v && *v) ? v : NULL;
 }
 
@@ -75,10 +77,22 @@ int stoke__parse_size(const char *s, uint64_t *out)
         return -1;
     unsigned shift = 0;
     switch (toupper((unsigned char)*end)) {
-    case 'K': shift = 10; end++; break;
-    case 'M': shift = 20; end++; break;
-    case 'G': shift = 30; end++; break;
-    case 'T': shift = 40; end++; break;
+    case 'K':
+        shift = 10;
+        end++;
+        break;
+    case 'M':
+        shift = 20;
+        end++;
+        break;
+    case 'G':
+        shift = 30;
+        end++;
+        break;
+    case 'T':
+        shift = 40;
+        end++;
+        break;
     default: break;
     }
     if (shift && (*end == 'i' || *end == 'I'))
@@ -101,14 +115,23 @@ static int env_typed(stoke_env_id id, int (*parse)(const char *, void *), void *
         return 0;
     if (parse(s, out) == 0)
         return 1;
-    stoke__log(STOKE_LOG_WARN, "%s=%s is not a valid %s (%s); ignoring it", env_names[id], s,
-               what, env_descs[id]);
+    stoke__log(STOKE_LOG_WARN, "%s=%s is not a valid %s (%s); ignoring it", env_names[id], s, what,
+               env_descs[id]);
     return 0;
 }
 
-static int parse_bool_v(const char *s, void *out) { return stoke__parse_bool(s, out); }
-static int parse_size_v(const char *s, void *out) { return stoke__parse_size(s, out); }
-static int parse_u64_v(const char *s, void *out) { return stoke__parse_u64(s, out); }
+static int parse_bool_v(const char *s, void *out)
+{
+    return stoke__parse_bool(s, out);
+}
+static int parse_size_v(const char *s, void *out)
+{
+    return stoke__parse_size(s, out);
+}
+static int parse_u64_v(const char *s, void *out)
+{
+    return stoke__parse_u64(s, out);
+}
 
 int stoke__env_bool(stoke_env_id id, int *out)
 {
@@ -151,8 +174,8 @@ int stoke__env_dist(const char *who, uint64_t *rank, uint64_t *world)
             int n = (int)(e - a);
             stoke__fmt(t[k], sizeof(t[k]), "%.*s", n, a);
             if (n >= (int)sizeof(t[k]) || stoke__parse_u64(t[k], &v[k]) != 0)
-                return stoke__fail(STOKE_EINVAL, "%s: %s='%s' is not a non-negative integer",
-                                   who, stoke__env_name(pairs[i][k]), s[k]);
+                return stoke__fail(STOKE_EINVAL, "%s: %s='%s' is not a non-negative integer", who,
+                                   stoke__env_name(pairs[i][k]), s[k]);
         }
         *rank = v[0];
         *world = v[1];

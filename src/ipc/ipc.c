@@ -170,7 +170,7 @@ static int export_mem(const stoke_backend *vt, int dev, uint32_t kind, void *mem
     out->pid = (int64_t)getpid();
     stoke__strlcpy(out->backend, vt->name, sizeof(out->backend));
     stoke__clear_error();
-    int rc = vt->ipc_export_mem(dev, out, mem);
+    int rc = stoke__backend_rc(vt->ipc_export_mem(dev, out, mem));
     if (rc == STOKE_OK && (out->blob_len > STOKE_IPC_BLOB_MAX || out->magic != STOKE_IPC_MAGIC))
         rc = stoke__fail(STOKE_EBACKEND, "%s: backend %s returned a malformed handle", what,
                          vt->name);
@@ -295,7 +295,7 @@ int stoke_ipc_import(const stoke_ipc_handle *h, void **out)
     if (rc != STOKE_OK)
         return rc;
     stoke__clear_error();
-    rc = vt->ipc_import_mem(dev, h, &p);
+    rc = stoke__backend_rc(vt->ipc_import_mem(dev, h, &p));
     if (rc != STOKE_OK)
         return backend_fail(rc, "%s: %s could not import the %llu-byte %s of process %lld", what,
                             vt->name, (unsigned long long)h->size, stoke__ipc_kind_name(h->kind),
@@ -322,7 +322,7 @@ int stoke_ipc_import_device(const stoke_ipc_handle *h, stoke_device_buffer **out
         return rc;
     void *handle = NULL;
     stoke__clear_error();
-    rc = vt->ipc_import_mem(dev, h, &handle);
+    rc = stoke__backend_rc(vt->ipc_import_mem(dev, h, &handle));
     if (rc != STOKE_OK)
         return backend_fail(rc, "%s: %s could not import the %llu-byte %s of process %lld", what,
                             vt->name, (unsigned long long)h->size, stoke__ipc_kind_name(h->kind),

@@ -8,8 +8,8 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdarg.h>
-#include <stdlib.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -191,8 +191,9 @@ static int choose_pinning(stoke_loader *l)
         l->alloc_kind = STOKE__ALLOC_POOL;
         stoke__strlcpy(l->pin_backend, cur->name, sizeof(l->pin_backend));
     } else {
-        stoke__log(STOKE_LOG_WARN,
-                   "pin_memory is set but no accelerator was found; batches will not be pinned");
+        /* said once a process, as the pinned allocator's own warning */
+        stoke__pn_warn_once("pin_memory is set but no accelerator was found; batches will not "
+                            "be pinned");
     }
     return STOKE_OK;
 }

@@ -443,6 +443,9 @@ struct stoke_loader {
     int filling;               /* (mu) batches being produced (any gen) */
     int held;                  /* (mu) delivered, not released */
     int ended;                 /* (mu) EEND until a new epoch */
+    int overran;               /* (mu) this epoch ended on a sample past opts.timeout_ms: the
+                                  EEND after it does not join the workers (that sample may
+                                  never return); the next epoch or destroy does */
     int running;               /* (mu) worker threads started (0 workers: worker_init done) */
     int quit;                  /* (mu) workers must exit */
     int init_failed;           /* (mu) a worker_init failed (status) */

@@ -194,6 +194,7 @@ static int wait_done(stoke_loader *l)
         uint64_t idx = atomic_load(&l->w[w].p.busy->index);
         if (!l->iterable)
             stoke__fmt(what, sizeof(what), "sample %" PRIu64, idx);
+        l->overran = 1;
         return end_failed(l, stoke__loader_fail(l, STOKE_ETIMEDOUT,
                                                 "worker %d: %s of %s took longer than the timeout "
                                                 "of %u ms (STOKE_ETIMEDOUT)",
@@ -213,6 +214,8 @@ static int wait_done(stoke_loader *l)
         atomic_compare_exchange_strong(&l->interrupted, &none, 1);
     return stop ? STOKE_ECANCELED : STOKE_OK;
 }
+
+#define STOKE__ASSIST_INTERRUPTIBLE_NS 50000000u
 
 /* (mu) 1 with 0 workers: the caller's thread makes every batch (the wait loop saw that the epoch
  * goes on and a batch is free).  With workers, MAP: 1 when the caller's thread should make a
@@ -235,6 +238,10 @@ static int assist_wanted(const stoke_loader *l)
     if (l->plan.caller_all)
         return 1;
     if (!l->plan.assist || !stoke__loader_can_dispatch(l, NULL))
+        return 0;
+    /* A batch the caller's thread makes puts off opts.interrupted's next call by its time: with
+     * the hook, not once batches take 50 ms on average (its call every 100 ms holds). */
+    if (l->o.interrupted && l->busy_avg >= STOKE__ASSIST_INTERRUPTIBLE_NS)
         return 0;
     if (l->o.in_order ? l->next_dispatch == l->prefix : l->filling == 0)
         return 1;
@@ -308,8 +315,10 @@ static int next_batch(stoke_loader *l, stoke_batch **bp, uint64_t *t0, uint64_t 
             break;
         spun = 0;
     }
+    int overran = l->overran;
     stoke__loader_unlock(l);
-    if (rc == STOKE_EEND && !l->o.persistent_workers)
+    /* (not after a timeout: a later call returns EEND at once, as loader.h says) */
+    if (rc == STOKE_EEND && !l->o.persistent_workers && !overran)
         stoke__loader_stop_workers(l);
     return rc;
 }

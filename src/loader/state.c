@@ -48,6 +48,7 @@ void stoke__loader_set_position(stoke_loader *l, uint64_t epoch, uint64_t cursor
     l->prefix = cursor;
     l->ndelivered = 0;
     l->ended = 0;
+    l->overran = 0;
     for (int i = 0; l->iterable && i < l->nw1; i++) {
         l->w[i].k_next = 0;
         l->w[i].end_at = UINT64_MAX;

@@ -22,15 +22,14 @@
 #include "registry/registry.h"
 
 pn_global stoke__pinned = {.lock = PTHREAD_MUTEX_INITIALIZER,
-                         .evlock = PTHREAD_MUTEX_INITIALIZER,
-                         .reglock = PTHREAD_MUTEX_INITIALIZER};
+                           .evlock = PTHREAD_MUTEX_INITIALIZER,
+                           .reglock = PTHREAD_MUTEX_INITIALIZER};
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static pthread_key_t tc_key;
 static size_t page_size = 4096;
 static _Thread_local pn_tcache *tl_tc;
 static _Thread_local int tl_tc_dead; /* the thread is exiting: no new cache */
-
 
 static void tc_exit(void *arg);
 
@@ -101,7 +100,8 @@ int stoke__pn_target(const stoke_backend **vt, int *dev)
     /* The reason string of one registry selection is stable: skip the lock after the first. */
     if (atomic_load_explicit(&stoke__pinned.warned_why, memory_order_acquire) != why) {
         char msg[512];
-        stoke__fmt(msg, sizeof(msg), "pinned memory: pinning is not in effect (%s); "
+        stoke__fmt(msg, sizeof(msg),
+                   "pinned memory: pinning is not in effect (%s); "
                    "stoke_pinned_alloc returns ordinary page-aligned memory",
                    why && *why ? why : "no accelerator");
         stoke__pn_warn_once(msg);
@@ -192,13 +192,14 @@ static void release_block(pn_block *b)
         pn_pool *p = b->pool;
         if (p->vt) {
             uint64_t t0 = stoke__now_ns();
-            int rc = p->vt->host_free(p->dev, ptr);
+            int rc = stoke__backend_rc(p->vt->host_free(p->dev, ptr));
             PN_ADD(unpin_ns, stoke__now_ns() - t0);
             PN_ADD(unpin_calls, 1);
             if (rc != STOKE_OK)
-                stoke__log(STOKE_LOG_WARN, "pinned: %s failed to free %zu pinned bytes at %p on "
-                           "device %d: %s", p->vt->name, b->size, ptr, p->dev,
-                           stoke_err_name(rc));
+                stoke__log(STOKE_LOG_WARN,
+                           "pinned: %s failed to free %zu pinned bytes at %p on "
+                           "device %d: %s",
+                           p->vt->name, b->size, ptr, p->dev, stoke_err_name(rc));
         } else {
             stoke__resident_free(ptr, b->size); /* a stand-in */
         }
@@ -529,20 +530,23 @@ static int pin_new(pn_pool *p, int cls, pn_block **out)
             STOKE_PINNED_LIMIT_FAIL) {
             PN_ADD(limit_failures, 1);
             stoke__pn_desc_put(b);
-            return stoke__fail(STOKE_ELIMIT, "pinned: %zu more bytes would pass the cap of "
+            return stoke__fail(STOKE_ELIMIT,
+                               "pinned: %zu more bytes would pass the cap of "
                                "%llu bytes (%llu held, none idle; STOKE_PINNED_LIMIT or "
-                               "stoke_pinned_set_limit)", size, (unsigned long long)limit,
+                               "stoke_pinned_set_limit)",
+                               size, (unsigned long long)limit,
                                (unsigned long long)PN_GET(bytes_reserved));
         }
         if (posix_memalign(&mem, page_size, size)) {
             stoke__pn_desc_put(b);
-            return stoke__fail(STOKE_ENOMEM, "pinned: out of memory for %zu pageable bytes",
-                               size);
+            return stoke__fail(STOKE_ENOMEM, "pinned: out of memory for %zu pageable bytes", size);
         }
         char msg[256];
-        stoke__fmt(msg, sizeof(msg), "pinned memory: the cap of %llu bytes is reached; further "
+        stoke__fmt(msg, sizeof(msg),
+                   "pinned memory: the cap of %llu bytes is reached; further "
                    "allocations past it are ordinary pageable memory (see the stats' "
-                   "pageable_fallbacks)", (unsigned long long)limit);
+                   "pageable_fallbacks)",
+                   (unsigned long long)limit);
         stoke__pn_warn_once(msg);
         PN_ADD(pageable_fallbacks, 1);
         PN_ADD(pageable_fallback_bytes, size);
@@ -552,7 +556,7 @@ static int pin_new(pn_pool *p, int cls, pn_block **out)
         for (int attempt = 0;; attempt++) {
             uint64_t t0 = stoke__now_ns();
             stoke__clear_error();
-            rc = p->vt->host_alloc(p->dev, size, &mem);
+            rc = stoke__backend_rc(p->vt->host_alloc(p->dev, size, &mem));
             PN_ADD(pin_ns, stoke__now_ns() - t0);
             PN_ADD(pin_calls, 1);
             if (rc == STOKE_OK)
@@ -572,7 +576,8 @@ static int pin_new(pn_pool *p, int cls, pn_block **out)
                 return stoke__fail(rc, "pinned: %s could not pin %zu bytes for device %d: %s",
                                    p->vt->name, size, p->dev, detail);
             describe_memlock(ml, sizeof(ml));
-            return stoke__fail(rc, "pinned: %s could not pin %zu bytes for device %d: %s "
+            return stoke__fail(rc,
+                               "pinned: %s could not pin %zu bytes for device %d: %s "
                                "(RLIMIT_MEMLOCK: %s; the backend gave no detail)",
                                p->vt->name, size, p->dev, stoke_strerror(rc), ml);
         }
@@ -613,8 +618,10 @@ static int alloc_in(const stoke_backend *vt, int dev, size_t size, void **out, i
     int rc;
     int cls = stoke__pinned_class(size);
     if (cls < 0)
-        return stoke__fail(STOKE_ENOMEM, "stoke_pinned_alloc: %zu bytes is above the largest "
-                           "size class", size);
+        return stoke__fail(STOKE_ENOMEM,
+                           "stoke_pinned_alloc: %zu bytes is above the largest "
+                           "size class",
+                           size);
     pn_tcache *tc = tc_get();
     pn_pool *p = tc && tc->pool && tc->pool->vt == vt && tc->pool->dev == dev ? tc->pool : NULL;
     pn_block *b = NULL;
@@ -622,9 +629,10 @@ static int alloc_in(const stoke_backend *vt, int dev, size_t size, void **out, i
     if (!p) {
         p = pool_get(vt, dev);
         if (!p)
-            return stoke__fail(STOKE_ENOMEM, "pinned: no memory for the pool of %s device %d "
-                               "(or more than %d backend/device pairs)", vt ? vt->name : "none",
-                               dev, PN_MAX_POOLS);
+            return stoke__fail(STOKE_ENOMEM,
+                               "pinned: no memory for the pool of %s device %d "
+                               "(or more than %d backend/device pairs)",
+                               vt ? vt->name : "none", dev, PN_MAX_POOLS);
         if (tc && rekey) { /* the thread now works for another (backend, device) */
             pthread_mutex_lock(&tc->lock);
             pn_block *old = tc_take_all_locked(tc);
@@ -715,7 +723,8 @@ int stoke_pinned_free(void *ptr)
     pn_block *b = stoke__pn_map_get(ptr);
     int expect = PN_LIVE;
     if (!b || !atomic_compare_exchange_strong(&b->state, &expect, PN_CACHED))
-        return stoke__fail(STOKE_EINVAL, "stoke_pinned_free(%p): not a live block of "
+        return stoke__fail(STOKE_EINVAL,
+                           "stoke_pinned_free(%p): not a live block of "
                            "stoke_pinned_alloc (foreign or interior pointer, or freed twice)",
                            ptr);
     pn_tcache *tc = tc_get();

@@ -6,7 +6,6 @@
 #include "pinned/pinned_internal.h"
 #include "registry/registry.h"
 
-
 int stoke_pin_register(void *ptr, size_t len)
 {
     if (!ptr || !len)
@@ -39,7 +38,7 @@ int stoke_pin_register(void *ptr, size_t len)
     r->next = stoke__pinned.regs;
     stoke__pinned.regs = r;
     pthread_mutex_unlock(&stoke__pinned.reglock);
-    rc = vt ? vt->host_register(dev, ptr, len) : STOKE_OK;
+    rc = vt ? stoke__backend_rc(vt->host_register(dev, ptr, len)) : STOKE_OK;
     pthread_mutex_lock(&stoke__pinned.reglock);
     if (rc == STOKE_OK) {
         r->ready = 1;
@@ -52,8 +51,10 @@ int stoke_pin_register(void *ptr, size_t len)
     pthread_mutex_unlock(&stoke__pinned.reglock);
     if (rc != STOKE_OK) {
         free(r);
-        return stoke__fail(rc, "stoke_pin_register: %s could not pin %zu bytes at %p for "
-                           "device %d", vt->name, len, ptr, dev);
+        return stoke__fail(rc,
+                           "stoke_pin_register: %s could not pin %zu bytes at %p for "
+                           "device %d",
+                           vt->name, len, ptr, dev);
     }
     PN_ADD(registered_count, 1);
     PN_ADD(registered_bytes, len);
@@ -73,7 +74,9 @@ int stoke_pin_unregister(void *ptr)
     if (!r)
         return stoke__fail(STOKE_EINVAL, "stoke_pin_unregister(%p): not registered", ptr);
     stoke__clear_error();
-    int rc = r->vt && r->vt->host_unregister ? r->vt->host_unregister(r->dev, ptr) : STOKE_OK;
+    int rc = r->vt && r->vt->host_unregister
+                 ? stoke__backend_rc(r->vt->host_unregister(r->dev, ptr))
+                 : STOKE_OK;
     if (rc != STOKE_OK) {
         /* Still pinned as far as anyone knows: keep tracking it (and counting it). */
         char detail[512];

@@ -83,7 +83,7 @@ int stoke_stream_create(const char *backend, stoke_stream **out)
     s->vt = vt;
     s->dev = dev;
     stoke__clear_error();
-    rc = vt->stream_create(dev, &s->s);
+    rc = stoke__backend_rc(vt->stream_create(dev, &s->s));
     if (rc != STOKE_OK) {
         free(s);
         return backend_fail(rc, "%s: creating a stream on device %d failed", vt->name, dev);
@@ -110,7 +110,7 @@ int stoke_stream_synchronize(stoke_stream *s)
     if (!s->vt->stream_synchronize)
         return STOKE_OK;
     stoke__clear_error();
-    int rc = s->vt->stream_synchronize(s->s);
+    int rc = stoke__backend_rc(s->vt->stream_synchronize(s->s));
     if (rc != STOKE_OK)
         return backend_fail(rc, "%s: work on the stream of device %d failed", s->vt->name, s->dev);
     return rc;
@@ -139,7 +139,7 @@ int stoke_event_create(stoke_stream *s, stoke_event **out)
     e->vt = s->vt;
     e->dev = s->dev;
     stoke__clear_error();
-    int rc = s->vt->event_create(s->dev, &e->e);
+    int rc = stoke__backend_rc(s->vt->event_create(s->dev, &e->e));
     if (rc != STOKE_OK) {
         free(e);
         return backend_fail(rc, "%s: creating an event on device %d failed", s->vt->name, s->dev);
@@ -165,7 +165,7 @@ int stoke_event_record(stoke_event *e, stoke_stream *s)
         return stoke__fail(STOKE_EINVAL, "event of %s:%d recorded on a stream of %s:%d",
                            e->vt->name, e->dev, s->vt->name, s->dev);
     stoke__clear_error();
-    int rc = e->vt->event_record(e->e, s->s);
+    int rc = stoke__backend_rc(e->vt->event_record(e->e, s->s));
     if (rc != STOKE_OK)
         return backend_fail(rc, "%s: recording an event failed", e->vt->name);
     return rc;
@@ -176,7 +176,7 @@ int stoke_event_query(stoke_event *e)
     if (!e)
         return STOKE_EINVAL;
     stoke__clear_error();
-    int rc = e->vt->event_query(e->e);
+    int rc = stoke__backend_rc(e->vt->event_query(e->e));
     if (rc != STOKE_OK && rc != STOKE_EBUSY)
         return backend_fail(rc, "%s: work before the event on device %d failed", e->vt->name,
                             e->dev);
@@ -188,7 +188,7 @@ int stoke_event_synchronize(stoke_event *e)
     if (!e)
         return STOKE_EINVAL;
     stoke__clear_error();
-    int rc = e->vt->event_synchronize(e->e);
+    int rc = stoke__backend_rc(e->vt->event_synchronize(e->e));
     if (rc != STOKE_OK)
         return backend_fail(rc, "%s: work before the event on device %d failed", e->vt->name,
                             e->dev);
@@ -209,7 +209,7 @@ int stoke_device_buffer_create(stoke_stream *s, size_t size, stoke_device_buffer
     b->dev = s->dev;
     b->size = size;
     stoke__clear_error();
-    int rc = s->vt->device_alloc(s->dev, size, &b->handle);
+    int rc = stoke__backend_rc(s->vt->device_alloc(s->dev, size, &b->handle));
     if (rc != STOKE_OK) {
         free(b);
         return backend_fail(rc, "%s: allocating %zu bytes on device %d failed", s->vt->name, size,
@@ -236,8 +236,7 @@ int stoke__device_buffer_wrap_import(const stoke_backend *vt, int dev, void *han
     stoke_device_buffer *b = calloc(1, sizeof(*b));
     if (!b)
         return STOKE_ENOMEM;
-    *b = (stoke_device_buffer){.vt = vt, .dev = dev, .handle = handle, .size = size,
-                               .imported = 1};
+    *b = (stoke_device_buffer){.vt = vt, .dev = dev, .handle = handle, .size = size, .imported = 1};
     *out = b;
     return STOKE_OK;
 }
@@ -282,7 +281,7 @@ int stoke_copy_h2d_async(stoke_device_buffer *dst, size_t offset, const void *sr
     if (rc != STOKE_OK)
         return rc;
     stoke__clear_error();
-    rc = s->vt->copy_h2d_async(dst->handle, offset, src, n, s->s);
+    rc = stoke__backend_rc(s->vt->copy_h2d_async(dst->handle, offset, src, n, s->s));
     if (rc != STOKE_OK)
         return backend_fail(rc, "%s: host-to-device copy of %zu bytes failed", s->vt->name, n);
     return rc;
@@ -299,7 +298,7 @@ int stoke_copy_d2h_async(void *dst, stoke_device_buffer *src, size_t offset, siz
     if (!s->vt->copy_d2h_async)
         return stoke__fail(STOKE_ENOTSUP, "backend %s cannot copy device-to-host", s->vt->name);
     stoke__clear_error();
-    rc = s->vt->copy_d2h_async(dst, src->handle, offset, n, s->s);
+    rc = stoke__backend_rc(s->vt->copy_d2h_async(dst, src->handle, offset, n, s->s));
     if (rc != STOKE_OK)
         return backend_fail(rc, "%s: device-to-host copy of %zu bytes failed", s->vt->name, n);
     return rc;

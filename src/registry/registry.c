@@ -4,9 +4,10 @@
  * with release/acquire atomics so that the hot path (stoke__accel_current, called by every
  * pinned allocation) reads it without the lock.  A selection is immutable once published; a new
  * one (after stoke_accelerator_select or a plugin load) is a new object, and the old ones stay
- * allocated until stoke__registry_reset, so a reader never sees one change under it.  Entries are never freed while the process runs
- * (only stoke__registry_reset, for tests, frees them), so a published entry pointer stays valid.
- * The current device is per thread, tagged with the selection generation it belongs to. */
+ * allocated until stoke__registry_reset, so a reader never sees one change under it.  Entries are
+ * never freed while the process runs (only stoke__registry_reset, for tests, frees them), so a
+ * published entry pointer stays valid. The current device is per thread, tagged with the selection
+ * generation it belongs to. */
 #define _GNU_SOURCE
 #include <ctype.h>
 #include <dirent.h>
@@ -21,6 +22,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "backends/builtin.h"
 #include "common/env.h"
@@ -47,7 +49,7 @@ typedef struct selection {
     int explicit_spec;  /* chosen by name (stoke_accelerator_select or STOKE_ACCELERATOR) */
     unsigned gen;       /* bumps at every new selection */
     char reason[256];
-    char error[512];    /* for ENOENT/ERANGE: the message for stoke_last_error */
+    char error[512];         /* for ENOENT/ERANGE: the message for stoke_last_error */
     struct selection *older; /* earlier selections, kept alive for lock-free readers */
 } selection;
 
@@ -58,7 +60,7 @@ static struct {
     int nplugins, plugins_cap;
     entry builtins[4]; /* cuda, hip, opencl, cpu: in selection/listing order */
     int nbuiltins;
-    char api_spec[64];  /* stoke_accelerator_select; "" = none */
+    char api_spec[64];              /* stoke_accelerator_select; "" = none */
     selection *sel;                 /* latest selection, NULL until computed */
     _Atomic(selection *) published; /* `sel` once valid; NULL while it must be recomputed */
     atomic_uint gen;
@@ -106,6 +108,20 @@ static uint64_t effective_caps(const stoke_backend *vt)
     return (vt->caps & ~(uint64_t)STOKE_CAP_IPC) | (stoke__vt_has_ipc(vt) ? STOKE_CAP_IPC : 0);
 }
 
+/* The characters a name in STOKE_ACCELERATOR=name[:index] may have (stoke__parse_accel_spec). */
+static int name_char_ok(unsigned char c)
+{
+    return isalnum(c) || c == '_' || c == '-';
+}
+
+static int name_chars_ok(const char *name)
+{
+    for (; *name; name++)
+        if (!name_char_ok((unsigned char)*name))
+            return 0;
+    return 1;
+}
+
 /* Checks a table the entry point returned; fills `why` and returns STOKE_EABI if unusable. */
 static int validate_table(const stoke_backend *vt, char *why, size_t why_len)
 {
@@ -124,13 +140,21 @@ static int validate_table(const stoke_backend *vt, char *why, size_t why_len)
         return STOKE_EABI;
     }
     if (vt->abi_version >= 2 && vt->size < STOKE_BACKEND_V2_SIZE) {
-        stoke__fmt(why, why_len, "function table of %u bytes is smaller than ABI v2's %zu (the "
-                   "table says abi_version %u)", vt->size, (size_t)STOKE_BACKEND_V2_SIZE,
-                   vt->abi_version);
+        stoke__fmt(why, why_len,
+                   "function table of %u bytes is smaller than ABI v2's %zu (the "
+                   "table says abi_version %u)",
+                   vt->size, (size_t)STOKE_BACKEND_V2_SIZE, vt->abi_version);
         return STOKE_EABI;
     }
     if (!vt->name || !vt->name[0] || strlen(vt->name) >= sizeof(((stoke_backend_info *)0)->name)) {
         stoke__strlcpy(why, "backend has no valid name", why_len);
+        return STOKE_EABI;
+    }
+    if (!name_chars_ok(vt->name)) {
+        stoke__fmt(why, why_len,
+                   "backend name '%s' has a character other than letters, digits, "
+                   "'_' and '-' (STOKE_ACCELERATOR=name[:index] could not choose it)",
+                   vt->name);
         return STOKE_EABI;
     }
     const char *missing = !vt->probe          ? "probe"
@@ -145,28 +169,32 @@ static int validate_table(const stoke_backend *vt, char *why, size_t why_len)
         return STOKE_EABI;
     }
     /* Optional functions come in groups: a table that has one of a group has all of it. */
-    missing = vt->stream_create && !vt->stream_destroy        ? "stream_destroy"
-              : vt->stream_create && !vt->copy_h2d_async      ? "copy_h2d_async"
-              : vt->event_create && !vt->event_destroy        ? "event_destroy"
-              : vt->event_create && !vt->event_record         ? "event_record"
-              : vt->event_create && !vt->event_query          ? "event_query"
-              : vt->event_create && !vt->event_synchronize    ? "event_synchronize"
-              : vt->device_alloc && !vt->device_free          ? "device_free"
-              : vt->host_register && !vt->host_unregister     ? "host_unregister"
-                                                              : NULL;
+    missing = vt->stream_create && !vt->stream_destroy     ? "stream_destroy"
+              : vt->stream_create && !vt->copy_h2d_async   ? "copy_h2d_async"
+              : vt->event_create && !vt->event_destroy     ? "event_destroy"
+              : vt->event_create && !vt->event_record      ? "event_record"
+              : vt->event_create && !vt->event_query       ? "event_query"
+              : vt->event_create && !vt->event_synchronize ? "event_synchronize"
+              : vt->device_alloc && !vt->device_free       ? "device_free"
+              : vt->host_register && !vt->host_unregister  ? "host_unregister"
+                                                           : NULL;
     if (!missing)
         missing = ipc_group_missing(vt);
     if (missing) {
-        stoke__fmt(why, why_len, "function %s is missing (required with the functions it goes "
-                   "with)", missing);
+        stoke__fmt(why, why_len,
+                   "function %s is missing (required with the functions it goes "
+                   "with)",
+                   missing);
         return STOKE_EABI;
     }
     /* Without stream_synchronize nothing could wait for a queued copy before its buffers are
      * freed or reused. */
     if ((vt->stream_create || vt->stream_destroy || vt->copy_h2d_async || vt->copy_d2h_async) &&
         !vt->stream_synchronize) {
-        stoke__strlcpy(why, "function stream_synchronize is missing (required whenever the "
-                       "backend has streams or copies)", why_len);
+        stoke__strlcpy(why,
+                       "function stream_synchronize is missing (required whenever the "
+                       "backend has streams or copies)",
+                       why_len);
         return STOKE_EABI;
     }
     return STOKE_OK;
@@ -182,6 +210,7 @@ static int probe_entry(entry *e, uint32_t flags)
 
     char reason[sizeof(e->info.reason)] = "";
     int rc = e->vt->probe(flags, reason, sizeof(reason));
+    reason[sizeof(reason) - 1] = '\0'; /* a probe that filled it without a NUL */
     int count = 0;
     if (rc == STOKE_OK) {
         rc = e->vt->device_count(&count);
@@ -260,10 +289,8 @@ static entry *add_plugin_entry_locked(const char *path)
 static int set_unusable_locked(entry *e, const char *path, int rc, const char *verb,
                                const char *why)
 {
-    if (e->dl && !e->vt) {
-        dlclose(e->dl);
-        e->dl = NULL;
-    }
+    /* A rejected library stays loaded (e->dl is kept, never dlclose'd): its constructors and
+     * entry point have run and may have started threads that still run its code. */
     e->vt = NULL;
     e->probed = 1;
     stoke__fmt(e->info.reason, sizeof(e->info.reason), "%s: %s", verb, why);
@@ -284,9 +311,51 @@ static const char *file_type_name(mode_t mode)
                             : "not a regular file";
 }
 
-/* Is `path` a file dlopen can be given?  stat, not lstat: a symbolic link to a plugin is fine.
- * Anything but a regular file is refused before dlopen, which would block forever on a FIFO. */
-static int check_plugin_file(const char *path, char *why, size_t why_len)
+/* Who may have changed what `st` describes?  Only root or this user, or else another local user
+ * could put code into this process: the owner must be one of them, and neither group nor
+ * others may write it.  A directory writable by others is still safe with the sticky bit set
+ * when the file in it is this user's or root's (`sticky_ok`): no one else can replace it. */
+static const char *untrusted(const struct stat *st, int sticky_ok)
+{
+    if (st->st_uid != 0 && st->st_uid != geteuid())
+        return "is owned by another user";
+    if ((st->st_mode & (S_IWGRP | S_IWOTH)) && !(sticky_ok && (st->st_mode & S_ISVTX)))
+        return "is writable by group or others";
+    return NULL;
+}
+
+/* The directory part of `path` ("." for a bare name) is trusted by untrusted(); else `why`. */
+static int check_plugin_dir(const char *path, const char *what, char *why, size_t why_len)
+{
+    char dir[PATH_MAX];
+    const char *slash = strrchr(path, '/');
+    size_t n = !slash ? 0 : slash == path ? 1 : (size_t)(slash - path);
+    if (n >= sizeof(dir))
+        n = sizeof(dir) - 1;
+    memcpy(dir, n ? path : ".", n ? n : 1);
+    dir[n ? n : 1] = '\0';
+    struct stat st;
+    if (stat(dir, &st) != 0) {
+        stoke__fmt(why, why_len, "cannot stat its directory %s: %s", dir, strerror(errno));
+        return STOKE_EIO;
+    }
+    const char *bad = untrusted(&st, 1);
+    if (bad) {
+        stoke__fmt(why, why_len,
+                   "%s directory %s %s: another user could replace the plugin "
+                   "(chmod go-w, or move the plugin to a directory of its own)",
+                   what, dir, bad);
+        return STOKE_EIO;
+    }
+    return STOKE_OK;
+}
+
+/* Is `path` a file dlopen can be given, and one no other user could have written?  stat, not
+ * lstat: a symbolic link to a plugin is fine, and the file it resolves to (`real`, what is
+ * dlopen'ed: a bare name would be searched for in the library path, not the working
+ * directory) and that file's directory are checked as well as the link's directory.  Anything
+ * but a regular file is refused before dlopen, which would block forever on a FIFO. */
+static int check_plugin_file(const char *path, char *real, char *why, size_t why_len)
 {
     struct stat st;
     if (stat(path, &st) != 0) {
@@ -298,8 +367,10 @@ static int check_plugin_file(const char *path, char *why, size_t why_len)
         return err == ENOENT ? STOKE_ENOENT : STOKE_EIO;
     }
     if (S_ISDIR(st.st_mode)) {
-        stoke__strlcpy(why, "is a directory, not a plugin file (directories are searched only "
-                       "when named in STOKE_PLUGIN_PATH)", why_len);
+        stoke__strlcpy(why,
+                       "is a directory, not a plugin file (directories are searched only "
+                       "when named in STOKE_PLUGIN_PATH)",
+                       why_len);
         return STOKE_EINVAL;
     }
     if (!S_ISREG(st.st_mode)) {
@@ -307,7 +378,22 @@ static int check_plugin_file(const char *path, char *why, size_t why_len)
                    file_type_name(st.st_mode));
         return STOKE_EINVAL;
     }
-    return STOKE_OK;
+    if (!realpath(path, real)) {
+        stoke__fmt(why, why_len, "cannot resolve its path: %s", strerror(errno));
+        return STOKE_EIO;
+    }
+    const char *bad = untrusted(&st, 0);
+    if (bad) {
+        stoke__fmt(why, why_len,
+                   "the file %s %s: not loaded, another user could have put code "
+                   "in it (chown it, chmod go-w)",
+                   real, bad);
+        return STOKE_EIO;
+    }
+    int rc = check_plugin_dir(path, "its", why, why_len);
+    if (rc == STOKE_OK && strcmp(path, real) != 0)
+        rc = check_plugin_dir(real, "its target's", why, why_len);
+    return rc;
 }
 
 /* dlopens `path` into `e`, calls its entry point and checks the table it returns. */
@@ -326,9 +412,12 @@ static int open_plugin_locked(entry *e, const char *path, char *why, size_t why_
         return STOKE_EABI;
     }
     const stoke_backend *vt = NULL;
-    int rc = fn(&host_info, &vt);
+    int raw = fn(&host_info, &vt), rc = stoke__backend_rc(raw);
     if (rc != STOKE_OK) {
-        stoke__fmt(why, why_len, "entry point failed: %s", stoke_strerror(rc));
+        if (rc == raw)
+            stoke__fmt(why, why_len, "entry point failed: %s", stoke_strerror(rc));
+        else
+            stoke__fmt(why, why_len, "entry point failed with %d, not a stoke status code", raw);
         return rc;
     }
     rc = validate_table(vt, why, why_len);
@@ -349,16 +438,17 @@ static int load_plugin_locked(const char *path)
 {
     entry *e = add_plugin_entry_locked(path);
     if (!e)
-        return stoke__fail_at(STOKE_LOG_WARN, STOKE_ENOMEM,
-                              "plugin %s not loaded: out of memory", path);
+        return stoke__fail_at(STOKE_LOG_WARN, STOKE_ENOMEM, "plugin %s not loaded: out of memory",
+                              path);
     char why[256] = "";
     if (reg.nplugins > MAX_PLUGIN_FILES) {
         stoke__fmt(why, sizeof(why), "the limit of %d plugin files is reached", MAX_PLUGIN_FILES);
         return set_unusable_locked(e, path, STOKE_ELIMIT, "skipped", why);
     }
-    int rc = check_plugin_file(path, why, sizeof(why));
+    char real[PATH_MAX];
+    int rc = check_plugin_file(path, real, why, sizeof(why));
     if (rc == STOKE_OK)
-        rc = open_plugin_locked(e, path, why, sizeof(why));
+        rc = open_plugin_locked(e, real, why, sizeof(why));
     if (rc != STOKE_OK)
         return reject_locked(e, path, rc, why);
     if (!probe_entry(e, 0)) {
@@ -367,8 +457,8 @@ static int load_plugin_locked(const char *path)
         stoke__log(STOKE_LOG_WARN, "plugin %s (%s) is unavailable: %s", path, e->vt->name, why);
         return stoke__fail(rc, "plugin %s (%s) unavailable: %s", path, e->vt->name, why);
     }
-    stoke__log(STOKE_LOG_INFO, "plugin %s loaded: backend %s, %d device(s)", path,
-               e->info.name, e->info.device_count);
+    stoke__log(STOKE_LOG_INFO, "plugin %s loaded: backend %s, %d device(s)", path, e->info.name,
+               e->info.device_count);
     return STOKE_OK;
 }
 
@@ -425,8 +515,10 @@ static void load_dir_entry_locked(const char *dir, const char *name)
     /* Listed and logged by a shortened form that cannot be mistaken for a real path. */
     char shown[sizeof(((stoke_backend_info *)0)->path)], why[256];
     snprintf(shown, sizeof(shown), "%.100s.../%s", dir, name);
-    stoke__fmt(why, sizeof(why), "path of %zu bytes is longer than the %d-byte limit (PATH_MAX); "
-               "not loaded", strlen(dir) + 1 + strlen(name), PATH_MAX);
+    stoke__fmt(why, sizeof(why),
+               "path of %zu bytes is longer than the %d-byte limit (PATH_MAX); "
+               "not loaded",
+               strlen(dir) + 1 + strlen(name), PATH_MAX);
     reject_path_locked(shown, STOKE_ELIMIT, why);
 }
 
@@ -443,8 +535,10 @@ static void load_dir_locked(const char *dir)
     char **names = NULL;
     size_t n = 0;
     if (list_so_names(d, &names, &n) != STOKE_OK)
-        stoke__fail_at(STOKE_LOG_WARN, STOKE_ENOMEM, "plugin directory %s: out of memory after "
-                       "%zu entries; the rest are not considered", dir, n);
+        stoke__fail_at(STOKE_LOG_WARN, STOKE_ENOMEM,
+                       "plugin directory %s: out of memory after "
+                       "%zu entries; the rest are not considered",
+                       dir, n);
     closedir(d);
     if (n)
         qsort(names, n, sizeof(names[0]), cmp_str);
@@ -462,7 +556,8 @@ static void load_plugin_path_locked(void)
         return;
     char *copy = strdup(pp), *save = NULL;
     if (!copy) {
-        stoke__fail_at(STOKE_LOG_WARN, STOKE_ENOMEM, "STOKE_PLUGIN_PATH: out of memory; no "
+        stoke__fail_at(STOKE_LOG_WARN, STOKE_ENOMEM,
+                       "STOKE_PLUGIN_PATH: out of memory; no "
                        "plugin loaded");
         return;
     }
@@ -514,7 +609,7 @@ int stoke__parse_accel_spec(const char *spec, char *name, size_t name_len, int *
         return STOKE_EINVAL;
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)spec[i];
-        if (!isalnum(c) && c != '_' && c != '-')
+        if (!name_char_ok(c))
             return STOKE_EINVAL;
         name[i] = (char)tolower(c);
     }
@@ -560,27 +655,33 @@ static void select_locked(selection *s)
         entry *e = find_locked(name);
         if (!e) {
             s->status = STOKE_ENOENT;
-            stoke__fmt(s->error, sizeof(s->error), "%s=%s: unknown accelerator '%s'; known "
-                       "backends: %s", src, spec, name, known);
+            stoke__fmt(s->error, sizeof(s->error),
+                       "%s=%s: unknown accelerator '%s'; known "
+                       "backends: %s",
+                       src, spec, name, known);
             return;
         }
         if (!probe_entry(e, STOKE_PROBE_EXPLICIT)) {
             s->status = STOKE_ENODEV;
-            stoke__fmt(s->reason, sizeof(s->reason), "%s=%s requested, but %s is unavailable: "
-                       "%s", src, spec, e->info.name, e->info.reason);
+            stoke__fmt(s->reason, sizeof(s->reason),
+                       "%s=%s requested, but %s is unavailable: "
+                       "%s",
+                       src, spec, e->info.name, e->info.reason);
             stoke__strlcpy(s->error, s->reason, sizeof(s->error));
             return;
         }
         if (strcmp(e->info.name, "cpu") == 0) {
             s->status = STOKE_ENODEV;
-            stoke__fmt(s->reason, sizeof(s->reason), "%s=%s: the cpu fallback pins nothing; "
-                       "no accelerator", src, spec);
+            stoke__fmt(s->reason, sizeof(s->reason),
+                       "%s=%s: the cpu fallback pins nothing; "
+                       "no accelerator",
+                       src, spec);
             return;
         }
         if (index >= e->info.device_count) {
             s->status = STOKE_ERANGE;
-            stoke__fmt(s->error, sizeof(s->error), "%s=%s: %s has %d device(s), no device %d",
-                       src, spec, e->info.name, e->info.device_count, index);
+            stoke__fmt(s->error, sizeof(s->error), "%s=%s: %s has %d device(s), no device %d", src,
+                       spec, e->info.name, e->info.device_count, index);
             return;
         }
         s->e = e;
@@ -593,8 +694,10 @@ static void select_locked(selection *s)
         if (probe_entry(reg.plugins[i], 0)) {
             s->e = reg.plugins[i];
             s->device_count = s->e->info.device_count;
-            reason_fmt(s->reason, sizeof(s->reason), "first available plugin loaded by the "
-                       "application (%s)", reg.plugins[i]->info.path);
+            reason_fmt(s->reason, sizeof(s->reason),
+                       "first available plugin loaded by the "
+                       "application (%s)",
+                       reg.plugins[i]->info.path);
             return;
         }
     }
@@ -603,14 +706,17 @@ static void select_locked(selection *s)
         if (e->vt && strcmp(e->info.name, "cpu") != 0 && probe_entry(e, 0)) {
             s->e = e;
             s->device_count = e->info.device_count;
-            stoke__fmt(s->reason, sizeof(s->reason), "first available built-in (order: cuda, "
+            stoke__fmt(s->reason, sizeof(s->reason),
+                       "first available built-in (order: cuda, "
                        "hip, opencl)");
             return;
         }
     }
     s->status = STOKE_ENODEV;
-    stoke__strlcpy(s->reason, "no accelerator found: no plugin loaded and no built-in backend "
-                   "(cuda, hip, opencl) has a usable device", sizeof(s->reason));
+    stoke__strlcpy(s->reason,
+                   "no accelerator found: no plugin loaded and no built-in backend "
+                   "(cuda, hip, opencl) has a usable device",
+                   sizeof(s->reason));
 }
 
 /* Logs a new selection: INFO when one was chosen; WARN, once per distinct reason, when the user
@@ -721,6 +827,11 @@ int stoke_accelerator_select(const char *spec)
     init_locked();
     char saved[sizeof(reg.api_spec)];
     stoke__strlcpy(saved, reg.api_spec, sizeof(saved));
+    if (spec && !*spec) { /* "" would read as NULL (no API choice): malformed instead */
+        pthread_mutex_unlock(&reg.lock);
+        return stoke__fail(STOKE_EINVAL, "stoke_accelerator_select: empty spec (NULL takes the "
+                                         "API's choice back)");
+    }
     if (spec && strlen(spec) >= sizeof(reg.api_spec)) {
         pthread_mutex_unlock(&reg.lock);
         return stoke__fail(STOKE_EINVAL, "accelerator spec '%.40s...' is too long", spec);
@@ -907,7 +1018,7 @@ void stoke__registry_reset(void)
         entry *e = reg.plugins[i];
         if (e->vt && e->vt->shutdown)
             e->vt->shutdown();
-        if (e->dl)
+        if (e->dl && e->vt) /* a rejected one stays loaded: see set_unusable_locked */
             dlclose(e->dl);
         free(e);
     }

@@ -2,6 +2,8 @@
 #ifndef STOKE_REGISTRY_PRIV_H
 #define STOKE_REGISTRY_PRIV_H
 
+#include <string.h>
+
 #include "stoke/accelerator.h"
 #include "stoke/backend.h"
 
@@ -15,6 +17,15 @@ int stoke__accel_current(const stoke_backend **vt, int *dev, const char **why);
  * unknown name (the last error lists the known ones), STOKE_ENODEV when it is unavailable (the
  * last error gives its reason). */
 int stoke__backend_lookup(const char *name, const stoke_backend **vt);
+
+/* A backend function's return code as the public API may return it: a positive or unknown
+ * code (a plugin's mistake: every call returns STOKE_OK or a negative STOKE_E* code) becomes
+ * STOKE_EBACKEND, so that a caller testing rc < 0 never takes it for success. */
+static inline int stoke__backend_rc(int rc)
+{
+    return rc > 0 || (rc < 0 && strcmp(stoke_err_name(rc), "STOKE_UNKNOWN") == 0) ? STOKE_EBACKEND
+                                                                                  : rc;
+}
 
 /* 1 when `vt` has the ABI v2 IPC group (checked at load: all three functions or none). */
 static inline int stoke__vt_has_ipc(const stoke_backend *vt)

@@ -8,11 +8,17 @@
  *   FAKE_PROBE_FAILS   probe fails with reason "fake device is switched off"
  *   FAKE_NO_HOST_ALLOC leave the required host_alloc NULL
  *   FAKE_ENTRY_FAILS   the entry point returns STOKE_EBACKEND
+ *   FAKE_ENTRY_RC      the entry point returns this code (a positive one is a plugin's mistake)
+ *   FAKE_ALLOC_RC      host_alloc fails with this code
  *   FAKE_HALF_EVENTS   has event_create but not the rest of the event group
  *   FAKE_STREAMS_NO_SYNC has streams and copies but no stream_synchronize
  *   FAKE_HALF_IPC      has ipc_export_mem but not the rest of the (ABI v2) IPC group
  *   FAKE_V1_IPC        claims STOKE_CAP_IPC and fills the ABI v1 ipc_export/ipc_import
  *                      placeholders (the host must not take that as IPC support)
+ *   FAKE_CTOR_THREAD   its constructor starts a thread that runs the plugin's code for ever
+ *                      (a driver runtime does: the library must stay loaded even if rejected)
+ *   FAKE_REASON_NO_NUL the probe fills its whole reason buffer with 'A', without a NUL, and
+ *                      fails
  *
  * Its "pinned" memory is ordinary memory it tracks, so is_pinned can be checked. */
 #include <stdlib.h>
@@ -37,8 +43,31 @@
 
 static const stoke_backend_host *fake_host __attribute__((unused));
 
+#ifdef FAKE_CTOR_THREAD
+#include <pthread.h>
+#include <unistd.h>
+
+static void *fake_runtime(void *arg)
+{
+    for (;;)
+        usleep(1000); /* returns into this library's code every millisecond */
+    return arg;
+}
+
+__attribute__((constructor)) static void fake_start_runtime(void)
+{
+    pthread_t t;
+    if (pthread_create(&t, NULL, fake_runtime, NULL) == 0)
+        pthread_detach(t);
+}
+#endif
+
 static int fake_probe(uint32_t flags, char *reason, size_t reason_len)
 {
+#ifdef FAKE_REASON_NO_NUL
+    memset(reason, 'A', reason_len);
+    return STOKE_ENODEV;
+#endif
 #ifdef FAKE_PROBE_FAILS
     strncpy(reason, "fake device is switched off", reason_len - 1);
     reason[reason_len - 1] = '\0';
@@ -67,6 +96,9 @@ static int fake_device_props(int dev, stoke_device_props *p)
 
 __attribute__((unused)) static int fake_host_alloc(int dev, size_t size, void **out)
 {
+#ifdef FAKE_ALLOC_RC
+    return FAKE_ALLOC_RC;
+#endif
     /* Page-aligned, as the ABI asks (the pinned allocator relies on it). */
     size_t n = size ? (size + 4095) / 4096 * 4096 : 4096;
     *out = aligned_alloc(4096, n);
@@ -166,8 +198,10 @@ static const stoke_backend fake_backend = {
 FAKE_EXPORT int stoke_backend_entry(const stoke_backend_host *host, const stoke_backend **out)
 {
     fake_host = host;
-#ifdef FAKE_ENTRY_FAILS
+#if defined(FAKE_ENTRY_FAILS)
     return STOKE_EBACKEND;
+#elif defined(FAKE_ENTRY_RC)
+    return FAKE_ENTRY_RC;
 #else
     *out = &fake_backend;
     return STOKE_OK;
