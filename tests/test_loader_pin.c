@@ -8,7 +8,8 @@
 
 #include "test_loader_ds.h"
 
-#define NO_ACCEL_WARNING "pin_memory is set but no accelerator was found; batches will not be pinned"
+#define NO_ACCEL_WARNING                                                                           \
+    "pin_memory is set but no accelerator was found; batches will not be pinned"
 
 /* Runs a whole epoch; returns batches; *pinned counts those pinned (by both the batch flag and
  * stoke_is_pinned on the data). */
@@ -30,12 +31,12 @@ static uint64_t drain(stoke_loader *l, uint64_t *pinned)
 
 typedef struct pin_case {
     const char *name;
-    int simdev;            /* accelerator present */
+    int simdev; /* accelerator present */
     int pin_memory;
     const char *pin_device;
     int expect_pinned;
-    int expect_warns;      /* WARN lines in all */
-    const char *warning;   /* substring of the warning, or NULL */
+    int expect_warns;    /* WARN lines in all */
+    const char *warning; /* substring of the warning, or NULL */
 } pin_case;
 
 static void test_pin_matrix(void **state)
@@ -94,9 +95,11 @@ static void test_pin_matrix(void **state)
                 assert_null(stoke_loader_pinned_backend(l));
             stoke_loader_destroy(l);
             tds_free(&t);
+            /* "no accelerator" is said once a process: the case's second loader is silent */
+            int once = c->warning && strcmp(c->warning, NO_ACCEL_WARNING) == 0 && workers > 0;
             int warns = tu_log_count(STOKE_LOG_WARN, NULL);
-            if (warns != c->expect_warns ||
-                (c->warning && tu_log_count(STOKE_LOG_WARN, c->warning) != 1)) {
+            if (warns != (once ? 0 : c->expect_warns) ||
+                (c->warning && tu_log_count(STOKE_LOG_WARN, c->warning) != !once)) {
                 tu_log_dump();
                 fail_msg("case '%s' (%d workers): %d warnings", c->name, workers, warns);
             }
@@ -178,8 +181,8 @@ static void test_device_early_destroy(void **state)
     stoke_loader *l;
     assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
     memset(spec, 'x', sizeof(spec) - 1); /* the loader keeps its own copy of the string */
-    tds_skip(l, 5); /* released before their copies completed */
-    stoke_loader_destroy(l); /* copies in flight: destroy waits for them */
+    tds_skip(l, 5);                      /* released before their copies completed */
+    stoke_loader_destroy(l);             /* copies in flight: destroy waits for them */
     tds_free(&t);
     tu_env("STOKE_SIMDEV_COPY_DELAY_US", NULL);
     tu_use_none();
@@ -362,7 +365,8 @@ static void test_spec_errors(void **state)
         const char *msg;
     } spec_case;
     static const spec_case cases[] = {
-        {0, 1, "simdev:7", STOKE_ERANGE, "pin_memory_device 'simdev:7': simdev has 2 device(s), no device 7"},
+        {0, 1, "simdev:7", STOKE_ERANGE,
+         "pin_memory_device 'simdev:7': simdev has 2 device(s), no device 7"},
         {1, 1, "simdev:7", STOKE_ERANGE, "device 'simdev:7': simdev has 2 device(s), no device 7"},
         {1, 0, "simdev:2", STOKE_ERANGE, "simdev has 2 device(s), no device 2"},
         {0, 1, "simdev:", STOKE_EINVAL, "'simdev:' is not of the form name[:index]"},
@@ -394,8 +398,9 @@ static void test_spec_errors(void **state)
     tu_use_none();
 }
 
-/* A copy that fails asynchronously (simdev's 3rd copy: field 0 of batch 1) is reported by stoke_batch_device_wait;
- * the loader's last error names the batch, its epoch and its sample indices; counters agree. */
+/* A copy that fails asynchronously (simdev's 3rd copy: field 0 of batch 1) is reported by
+ * stoke_batch_device_wait; the loader's last error names the batch, its epoch and its sample
+ * indices; counters agree. */
 static void test_device_copy_failure(void **state)
 {
     tu_env("STOKE_SIMDEV_FAIL_COPY", "3");
@@ -473,7 +478,8 @@ static void test_device_copy_failure_keeps_backend_reason(void **state)
                        "failure: copy #3 (h2d, ";
     if (!strstr(stoke_loader_last_error(l), want))
         fail_msg("loader error: %s", stoke_loader_last_error(l));
-    assert_non_null(strstr(stoke_loader_last_error(l), "(STOKE_SIMDEV_FAIL_COPY=3) (STOKE_EBACKEND)"));
+    assert_non_null(
+        strstr(stoke_loader_last_error(l), "(STOKE_SIMDEV_FAIL_COPY=3) (STOKE_EBACKEND)"));
     stoke_batch_release(b);
     stoke_loader_destroy(l);
     tds_free(&t);
@@ -503,10 +509,11 @@ static void test_cli(void **state)
     const char *env_sim[] = {plug, "STOKE_SIMDEV_COPY_DELAY_US=200", NULL};
     const char *env_none[] = {"STOKE_PLUGIN_PATH=", "STOKE_ACCELERATOR=", NULL};
     const char *host[] = {tu_cli_path(), "load", "synthetic:3000", "--batch-size", "64",
-                          "--workers", "2", "--shuffle", "--seed", "5", "--json", NULL};
-    const char *dev[] = {tu_cli_path(), "load", "synthetic:3000", "--batch-size", "64",
-                         "--workers", "3", "--shuffle", "--seed", "5", "--device", "simdev",
-                         "--verify", "--json", NULL};
+                          "--workers",   "2",    "--shuffle",      "--seed",       "5",
+                          "--json",      NULL};
+    const char *dev[] = {tu_cli_path(), "load",   "synthetic:3000", "--batch-size", "64",
+                         "--workers",   "3",      "--shuffle",      "--seed",       "5",
+                         "--device",    "simdev", "--verify",       "--json",       NULL};
     assert_int_equal(tu_run(host, env_sim, out1, sizeof(out1), err, sizeof(err)), 0);
     assert_int_equal(tu_run(dev, env_sim, out2, sizeof(out2), err, sizeof(err)), 0);
     char a[128], b[128];
@@ -528,8 +535,9 @@ static void test_cli(void **state)
         assert_non_null(json_val(out1, keys[i], a, sizeof(a)));
 
     /* no accelerator: one warning, pageable batches, the same content */
-    const char *host0[] = {tu_cli_path(), "load", "synthetic:3000", "--batch-size", "64",
-                           "--workers", "0", "--json", NULL};
+    const char *host0[] = {
+        tu_cli_path(), "load", "synthetic:3000", "--batch-size", "64", "--workers", "0",
+        "--json",      NULL};
     assert_int_equal(tu_run(host0, env_none, out2, sizeof(out2), err, sizeof(err)), 0);
     assert_string_equal(json_val(out2, "accelerator", a, sizeof(a)), "null");
     assert_string_equal(json_val(out2, "pageable_batches", a, sizeof(a)), "47");

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "../plugins/simdev/simdev.h"
@@ -686,6 +687,120 @@ static void test_pinned_positive_backend_code_is_an_error(void **state)
     assert_int_equal(stats().bytes_reserved, 0);
 }
 
+/* ---- fork ---------------------------------------------------------------------------------------
+ */
+
+/* Runs `fn` in a forked child and returns its exit status (0: every check passed there; the
+ * child leaves with _exit, never through cmocka). */
+static int in_child(int (*fn)(void *), void *arg)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0)
+        _exit(fn(arg));
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    return WEXITSTATUS(status);
+}
+
+typedef struct {
+    void *cached, *live; /* the parent's: freed into its cache before the fork, still in use */
+    int pipe_go[2], pipe_done[2];
+} fork_job;
+
+/* The child: a new block (never the parent's cached one, nor its live one), written 'C' and
+ * still 'C' after the parent wrote 'P' into its own; the parent's live block is not freed
+ * here; what the child allocates it frees. */
+static int fork_child_allocates_afresh(void *arg)
+{
+    fork_job *j = arg;
+    void *mine = NULL;
+    if (stoke_pinned_alloc(MiB, &mine) != STOKE_OK || !mine)
+        return 10;
+    if (mine == j->cached || mine == j->live)
+        return 11;
+    memset(mine, 'C', MiB);
+    char c = 0;
+    if (write(j->pipe_go[1], "g", 1) != 1 || read(j->pipe_done[0], &c, 1) != 1)
+        return 12;
+    for (size_t i = 0; i < MiB; i += 4096)
+        if (((char *)mine)[i] != 'C')
+            return 13; /* the parent's write reached the child's block */
+    if (stoke_pinned_free(j->live) != STOKE_EINVAL || !strstr(stoke_last_error(), "forked from"))
+        return 14;
+    if (stoke_pinned_free(mine) != STOKE_OK)
+        return 15;
+    stoke_pinned_stats s = {.size = sizeof(s)};
+    if (stoke_pinned_stats_get(&s) != STOKE_OK || s.count_in_use != 0)
+        return 16; /* the parent's live block is not counted here */
+    return 0;
+}
+
+/* After fork() the child never gets a block of the parent's (simdev maps its blocks shared: the
+ * two processes wrote each other's memory) and never frees one of them. */
+static void test_pinned_fork_child_never_shares_a_block(void **state)
+{
+    fork_job j;
+    j.cached = alloc_ok(MiB);
+    j.live = alloc_ok(MiB);
+    assert_int_equal(stoke_pinned_free(j.cached), STOKE_OK); /* in this thread's cache */
+    assert_int_equal(pipe(j.pipe_go), 0);
+    assert_int_equal(pipe(j.pipe_done), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0)
+        _exit(fork_child_allocates_afresh(&j));
+    char c = 0;
+    assert_int_equal(read(j.pipe_go[0], &c, 1), 1);
+    void *again = alloc_ok(MiB);
+    assert_ptr_equal(again, j.cached); /* the parent's cache is its own still */
+    memset(again, 'P', MiB);
+    assert_int_equal(write(j.pipe_done[1], "d", 1), 1);
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    for (int i = 0; i < 2; i++) {
+        close(j.pipe_go[i]);
+        close(j.pipe_done[i]);
+    }
+    assert_int_equal(stoke_pinned_free(again), STOKE_OK);
+    assert_int_equal(stoke_pinned_free(j.live), STOKE_OK); /* the parent frees its own */
+}
+
+/* A backend without STOKE_CAP_FORK_SAFE that the parent probed is unavailable in a forked child
+ * (a driver's threads are gone: PoCL hung there); the child's pinned memory is ordinary. */
+static int fork_child_has_no_accelerator(void *arg)
+{
+    (void)arg;
+    stoke_accelerator_info acc;
+    if (stoke_accelerator_get(&acc) != STOKE_ENODEV)
+        return 20;
+    if (!strstr(acc.reason, "forked from") || !strstr(acc.reason, "does not survive fork"))
+        return 21;
+    void *p = NULL;
+    if (stoke_pinned_alloc(MiB, &p) != STOKE_OK || !p || stoke_is_pinned(p))
+        return 22;
+    memset(p, 1, MiB);
+    return stoke_pinned_free(p) == STOKE_OK ? 0 : 23;
+}
+
+static void test_pinned_fork_child_drops_an_unsafe_backend(void **state)
+{
+    char path[1024];
+    assert_int_equal(stoke_plugin_load(tu_test_plugin("alpha.so", path, sizeof(path))), STOKE_OK);
+    assert_int_equal(stoke_accelerator_select("alpha"), STOKE_OK);
+    void *p = alloc_ok(MiB);
+    assert_int_equal(in_child(fork_child_has_no_accelerator, NULL), 0);
+    stoke_accelerator_info acc; /* the parent keeps it */
+    assert_int_equal(stoke_accelerator_get(&acc), STOKE_OK);
+    assert_string_equal(acc.backend, "alpha");
+    assert_int_equal(stoke_pinned_free(p), STOKE_OK);
+}
+
 /* ---- devices and threads ------------------------------------------------------------------------
  */
 
@@ -889,6 +1004,10 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_pinned_injected_alloc_failure, setup_none, teardown),
         cmocka_unit_test_setup_teardown(test_pinned_positive_backend_code_is_an_error, setup_none,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_pinned_fork_child_never_shares_a_block, setup_simdev,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_pinned_fork_child_drops_an_unsafe_backend, setup_none,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_pinned_cache_is_per_device, setup_simdev, teardown),
         cmocka_unit_test_setup_teardown(test_pinned_thread_exit_returns_its_cache, setup_simdev,

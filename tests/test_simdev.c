@@ -51,7 +51,6 @@ static const stoke_backend *sd(void)
     return vt;
 }
 
-
 /* Everything the test made was freed. */
 static void assert_nothing_live(void)
 {
@@ -101,7 +100,7 @@ static void test_simdev_is_the_accelerator(void **state)
     }
     const stoke_backend *vt = sd();
     uint64_t want = STOKE_CAP_PINNED_ALLOC | STOKE_CAP_HOST_REGISTER | STOKE_CAP_DEVICE_MEMORY |
-                    STOKE_CAP_ASYNC_COPY | STOKE_CAP_EVENTS | STOKE_CAP_IPC;
+                    STOKE_CAP_ASYNC_COPY | STOKE_CAP_EVENTS | STOKE_CAP_IPC | STOKE_CAP_FORK_SAFE;
     assert_true(vt->caps == want);
     assert_int_equal(vt->abi_version, 2); /* ABI v2: the IPC group */
     assert_true(vt->size >= STOKE_BACKEND_V2_SIZE);
@@ -640,7 +639,7 @@ static void test_simdev_fail_copy_is_reported_by_the_next_marker(void **state)
     stoke__clear_error();
     assert_int_equal(vt->stream_synchronize(bs), STOKE_EBACKEND);
     assert_non_null(strstr(stoke_last_error(), "simdev: injected copy failure: copy #1 (h2d, 256 "
-                                                "bytes)"));
+                                               "bytes)"));
     stoke__clear_error();
     assert_int_equal(vt->stream_synchronize(bs), STOKE_OK);
     assert_string_equal(stoke_last_error(), "");

@@ -28,7 +28,8 @@ static void caps_text(unsigned long long caps, char *out, size_t len)
                  {STOKE_CAP_DEVICE_MEMORY, "device-memory"},
                  {STOKE_CAP_ASYNC_COPY, "async-copy"},
                  {STOKE_CAP_EVENTS, "events"},
-                 {STOKE_CAP_IPC, "ipc"}};
+                 {STOKE_CAP_IPC, "ipc"},
+                 {STOKE_CAP_FORK_SAFE, "fork-safe"}};
     out[0] = '\0';
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         if (!(caps & names[i].bit))

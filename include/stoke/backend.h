@@ -48,21 +48,25 @@
 extern "C" {
 #endif
 
-#define STOKE_BACKEND_ABI_VERSION 2 /* the newest ABI this header describes */
-#define STOKE_BACKEND_ABI_MIN 1     /* the oldest ABI the host still accepts */
+#define STOKE_BACKEND_ABI_VERSION  2 /* the newest ABI this header describes */
+#define STOKE_BACKEND_ABI_MIN      1 /* the oldest ABI the host still accepts */
 #define STOKE_BACKEND_ENTRY_SYMBOL "stoke_backend_entry"
 
 /* Capability flags (stoke_backend.caps). */
-#define STOKE_CAP_PINNED_ALLOC (1u << 0)  /* host_alloc returns page-locked memory */
+#define STOKE_CAP_PINNED_ALLOC  (1u << 0) /* host_alloc returns page-locked memory */
 #define STOKE_CAP_HOST_REGISTER (1u << 1) /* host_register pins caller memory */
 #define STOKE_CAP_DEVICE_MEMORY (1u << 2) /* device_alloc / copies work */
-#define STOKE_CAP_ASYNC_COPY (1u << 3)    /* copies return before completing */
-#define STOKE_CAP_EVENTS (1u << 4)        /* events can be recorded and queried */
-#define STOKE_CAP_IPC (1u << 5)           /* the ABI v2 IPC group works */
+#define STOKE_CAP_ASYNC_COPY    (1u << 3) /* copies return before completing */
+#define STOKE_CAP_EVENTS        (1u << 4) /* events can be recorded and queried */
+#define STOKE_CAP_IPC           (1u << 5) /* the ABI v2 IPC group works */
+#define STOKE_CAP_FORK_SAFE                                                                        \
+    (1u << 6) /* a process forked from one that probed it may go on                                \
+                 using it (without: it is unavailable there) */
 
 /* Probe flags. */
-#define STOKE_PROBE_EXPLICIT (1u << 0) /* the user named this backend: also expose devices that
-                                          automatic selection skips (e.g. CPU OpenCL devices) */
+#define STOKE_PROBE_EXPLICIT                                                                       \
+    (1u << 0) /* the user named this backend: also expose devices that                             \
+                 automatic selection skips (e.g. CPU OpenCL devices) */
 
 /* Device kinds (stoke_device_props.kind). */
 typedef enum stoke_device_kind {
@@ -73,15 +77,15 @@ typedef enum stoke_device_kind {
 } stoke_device_kind;
 
 typedef struct stoke_device_props {
-    uint32_t size;          /* set by the caller to sizeof(stoke_device_props) */
-    int kind;               /* stoke_device_kind */
-    char name[128];         /* "NVIDIA H200", "simdev 0", ... */
-    char vendor[64];        /* may be empty */
-    char pci_bus_id[32];    /* "0000:17:00.0", or empty when not on PCI */
-    uint64_t total_memory;  /* bytes of device memory, 0 if unknown */
-    int compute_major;      /* compute capability (CUDA) or OpenCL version major; 0 if n/a */
+    uint32_t size;         /* set by the caller to sizeof(stoke_device_props) */
+    int kind;              /* stoke_device_kind */
+    char name[128];        /* "NVIDIA H200", "simdev 0", ... */
+    char vendor[64];       /* may be empty */
+    char pci_bus_id[32];   /* "0000:17:00.0", or empty when not on PCI */
+    uint64_t total_memory; /* bytes of device memory, 0 if unknown */
+    int compute_major;     /* compute capability (CUDA) or OpenCL version major; 0 if n/a */
     int compute_minor;
-    char driver_version[64];/* may be empty */
+    char driver_version[64]; /* may be empty */
 } stoke_device_props;
 
 /* Defined by each backend. */
@@ -105,7 +109,7 @@ typedef struct stoke_backend {
     uint32_t size;        /* sizeof the table as the plugin compiled it */
     const char *name;     /* short lowercase name used in STOKE_ACCELERATOR: "simdev" */
     const char *description;
-    uint64_t caps;        /* STOKE_CAP_* */
+    uint64_t caps; /* STOKE_CAP_* */
 
     /* required: is the backend usable here?  Must not create device contexts.  On failure fills
      * `reason` (NUL-terminated, at most reason_len bytes) with a precise cause ("libcuda.so.1 not

@@ -53,6 +53,21 @@ typedef struct pinned_range {
 
 static pthread_rwlock_t pinned_lock = PTHREAD_RWLOCK_INITIALIZER;
 static pinned_range *pinned; /* sorted by base; guarded by pinned_lock */
+
+void simdev__pinned_table_lock(void)
+{
+    pthread_rwlock_wrlock(&pinned_lock);
+}
+
+void simdev__pinned_table_unlock(int child)
+{
+    /* (in a forked child the thread has another tid, and glibc's unlock takes a write lock
+     * for a read lock when the tid differs: a fresh lock instead, nobody else being there) */
+    if (child)
+        pthread_rwlock_init(&pinned_lock, NULL);
+    else
+        pthread_rwlock_unlock(&pinned_lock);
+}
 static size_t npinned, cappinned;
 
 static size_t page_size(void)
@@ -195,8 +210,12 @@ int simdev__host_alloc(int dev, size_t size, void **out)
                     strerror(err));
         return STOKE_ENOMEM;
     }
-    pinned_range r = {.base = (uintptr_t)p, .size = size, .mapped = mapped, .dev = dev,
-                      .kind = RANGE_ALLOC, .fd = fd};
+    pinned_range r = {.base = (uintptr_t)p,
+                      .size = size,
+                      .mapped = mapped,
+                      .dev = dev,
+                      .kind = RANGE_ALLOC,
+                      .fd = fd};
     rc = pinned_insert(&r);
     if (rc != STOKE_OK) { /* EBUSY cannot happen for a fresh mapping; ENOMEM can */
         munmap(p, mapped);
@@ -247,8 +266,8 @@ int simdev__host_register(int dev, void *ptr, size_t size)
     rc = simdev__alloc_attempt("host_register", dev, size);
     if (rc != STOKE_OK)
         return rc;
-    pinned_range r = {.base = (uintptr_t)ptr, .size = size, .dev = dev, .kind = RANGE_REGISTER,
-                      .fd = -1};
+    pinned_range r = {
+        .base = (uintptr_t)ptr, .size = size, .dev = dev, .kind = RANGE_REGISTER, .fd = -1};
     rc = pinned_insert(&r);
     if (rc != STOKE_OK) {
         count_failed_alloc();
@@ -465,8 +484,10 @@ int simdev__device_free(int dev, void *handle)
     }
     pthread_mutex_unlock(&simdev__lock);
     if (!b) {
-        simdev__log(STOKE_LOG_WARN, "device_free: %p is not a simdev buffer of device %d (an "
-                    "imported buffer is closed with ipc_close_mem)", handle, dev);
+        simdev__log(STOKE_LOG_WARN,
+                    "device_free: %p is not a simdev buffer of device %d (an "
+                    "imported buffer is closed with ipc_close_mem)",
+                    handle, dev);
         return STOKE_EINVAL;
     }
     if (last)
@@ -549,8 +570,8 @@ void simdev__memory_shutdown(void)
 
 /* simdev's part of a handle (h->blob); h->fd is a dup of the memfd. */
 typedef struct simdev_ipc_blob {
-    uint32_t magic; /* SIMDEV_IPC_MAGIC */
-    uint32_t kind;  /* STOKE_IPC_HOST / STOKE_IPC_DEVICE, as h->kind */
+    uint32_t magic;  /* SIMDEV_IPC_MAGIC */
+    uint32_t kind;   /* STOKE_IPC_HOST / STOKE_IPC_DEVICE, as h->kind */
     uint64_t mapped; /* bytes of the memfd (the exporter's mapping) */
 } simdev_ipc_blob;
 
@@ -566,8 +587,7 @@ static int export_fd(stoke_ipc_handle *h, int fd, size_t mapped)
 {
     int dup_fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
     if (dup_fd < 0) {
-        simdev__log(STOKE_LOG_WARN, "ipc export: cannot duplicate the memfd: %s",
-                    strerror(errno));
+        simdev__log(STOKE_LOG_WARN, "ipc export: cannot duplicate the memfd: %s", strerror(errno));
         return STOKE_EIO;
     }
     simdev_ipc_blob blob = {.magic = SIMDEV_IPC_MAGIC, .kind = h->kind, .mapped = mapped};
@@ -593,8 +613,10 @@ static int export_host(int dev, stoke_ipc_handle *h, void *ptr)
     }
     pthread_rwlock_unlock(&pinned_lock);
     if (rc != STOKE_OK) {
-        simdev__log(STOKE_LOG_WARN, "ipc export: %p is not the start of a simdev host_alloc "
-                    "block", ptr);
+        simdev__log(STOKE_LOG_WARN,
+                    "ipc export: %p is not the start of a simdev host_alloc "
+                    "block",
+                    ptr);
         return rc;
     }
     if (fd < 0 || bdev != dev || h->size > size) {
@@ -607,8 +629,10 @@ static int export_host(int dev, stoke_ipc_handle *h, void *ptr)
             simdev__log(STOKE_LOG_WARN, "ipc export: %llu bytes asked, block %p holds %zu",
                         (unsigned long long)h->size, ptr, size);
         else
-            simdev__log(STOKE_LOG_WARN, "ipc export: block %p has no memfd (it was made when "
-                        "none could be created), so it cannot be shared", ptr);
+            simdev__log(STOKE_LOG_WARN,
+                        "ipc export: block %p has no memfd (it was made when "
+                        "none could be created), so it cannot be shared",
+                        ptr);
         return STOKE_EINVAL;
     }
     rc = export_fd(h, fd, mapped);
@@ -626,14 +650,14 @@ static int export_device(int dev, stoke_ipc_handle *h, void *handle)
     int fd = ok ? fcntl(b->fd, F_DUPFD_CLOEXEC, 0) : -1;
     pthread_mutex_unlock(&simdev__lock);
     if (!ok) {
-        simdev__log(STOKE_LOG_WARN, "ipc export: %p is not a simdev device buffer of device %d "
-                    "with %llu bytes (it has %zu)", handle, dev, (unsigned long long)h->size,
-                    size);
+        simdev__log(STOKE_LOG_WARN,
+                    "ipc export: %p is not a simdev device buffer of device %d "
+                    "with %llu bytes (it has %zu)",
+                    handle, dev, (unsigned long long)h->size, size);
         return STOKE_EINVAL;
     }
     if (fd < 0) {
-        simdev__log(STOKE_LOG_WARN, "ipc export: cannot duplicate the memfd: %s",
-                    strerror(errno));
+        simdev__log(STOKE_LOG_WARN, "ipc export: cannot duplicate the memfd: %s", strerror(errno));
         return STOKE_EIO;
     }
     int rc = export_fd(h, fd, mapped);
@@ -662,31 +686,36 @@ static int check_import(const stoke_ipc_handle *h, size_t *mapped)
     }
     memcpy(&blob, h->blob, sizeof(blob));
     if (blob.magic == SIMDEV_IPC_MAGIC && blob.kind == h->kind && blob.mapped < h->size) {
-        simdev__log(STOKE_LOG_WARN, "ipc import: the handle says %llu bytes, but the shared "
-                    "memory has only %llu", (unsigned long long)h->size,
-                    (unsigned long long)blob.mapped);
+        simdev__log(STOKE_LOG_WARN,
+                    "ipc import: the handle says %llu bytes, but the shared "
+                    "memory has only %llu",
+                    (unsigned long long)h->size, (unsigned long long)blob.mapped);
         return STOKE_EINVAL;
     }
     if (blob.magic != SIMDEV_IPC_MAGIC || blob.kind != h->kind || blob.mapped > SIZE_MAX) {
-        simdev__log(STOKE_LOG_WARN, "ipc import: the handle's blob is not simdev's (magic "
-                    "0x%08x, kind %u, %llu bytes mapped for %llu shared)", (unsigned)blob.magic,
-                    (unsigned)blob.kind, (unsigned long long)blob.mapped,
+        simdev__log(STOKE_LOG_WARN,
+                    "ipc import: the handle's blob is not simdev's (magic "
+                    "0x%08x, kind %u, %llu bytes mapped for %llu shared)",
+                    (unsigned)blob.magic, (unsigned)blob.kind, (unsigned long long)blob.mapped,
                     (unsigned long long)h->size);
         return STOKE_EINVAL;
     }
     struct stat st;
     if (h->fd < 0 || fstat(h->fd, &st) != 0 || st.st_size < 0 ||
         (uint64_t)st.st_size < blob.mapped) {
-        simdev__log(STOKE_LOG_WARN, "ipc import: the handle's descriptor %d is not a memfd of "
-                    "%llu bytes", (int)h->fd, (unsigned long long)blob.mapped);
+        simdev__log(STOKE_LOG_WARN,
+                    "ipc import: the handle's descriptor %d is not a memfd of "
+                    "%llu bytes",
+                    (int)h->fd, (unsigned long long)blob.mapped);
         return STOKE_EINVAL;
     }
     int seals = fcntl(h->fd, F_GET_SEALS);
     if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW)) {
-        simdev__log(STOKE_LOG_WARN, "ipc import: the handle's memfd (process %lld) is not sealed "
+        simdev__log(STOKE_LOG_WARN,
+                    "ipc import: the handle's memfd (process %lld) is not sealed "
                     "against shrinking and growing (F_SEAL_SHRINK | F_SEAL_GROW%s): a holder "
-                    "could truncate it under this mapping; refused", (long long)h->pid,
-                    seals < 0 ? ": not a sealable memfd" : "");
+                    "could truncate it under this mapping; refused",
+                    (long long)h->pid, seals < 0 ? ": not a sealable memfd" : "");
         return STOKE_EINVAL;
     }
     *mapped = (size_t)blob.mapped;
@@ -701,8 +730,12 @@ static int import_host(int dev, const stoke_ipc_handle *h, size_t mapped, void *
                     strerror(errno));
         return STOKE_ENOMEM;
     }
-    pinned_range r = {.base = (uintptr_t)p, .size = (size_t)h->size, .mapped = mapped,
-                      .dev = dev, .kind = RANGE_IMPORT, .fd = -1};
+    pinned_range r = {.base = (uintptr_t)p,
+                      .size = (size_t)h->size,
+                      .mapped = mapped,
+                      .dev = dev,
+                      .kind = RANGE_IMPORT,
+                      .fd = -1};
     if (pinned_insert(&r) != STOKE_OK) {
         munmap(p, mapped);
         return STOKE_ENOMEM;
@@ -720,8 +753,8 @@ static int import_device(int dev, const stoke_ipc_handle *h, size_t mapped, void
     simdev_dbuf *b = calloc(1, sizeof(*b));
     if (!b)
         return STOKE_ENOMEM;
-    *b = (simdev_dbuf){.size = (size_t)h->size, .mapped = mapped, .dev = dev, .refs = 1,
-                       .imported = 1, .fd = -1};
+    *b = (simdev_dbuf){
+        .size = (size_t)h->size, .mapped = mapped, .dev = dev, .refs = 1, .imported = 1, .fd = -1};
     b->handle = mmap(NULL, mapped, PROT_NONE, MAP_SHARED, h->fd, 0);
     b->rw = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, h->fd, 0);
     if (b->handle != MAP_FAILED && b->rw != MAP_FAILED)

@@ -198,8 +198,8 @@ static const stoke_backend simdev_backend = {
     .size = sizeof(stoke_backend),
     .name = "simdev",
     .description = "simulated discrete accelerator (tests, and the example plugin)",
-    .caps = STOKE_CAP_PINNED_ALLOC | STOKE_CAP_HOST_REGISTER | STOKE_CAP_DEVICE_MEMORY |
-            STOKE_CAP_ASYNC_COPY | STOKE_CAP_EVENTS | STOKE_CAP_IPC,
+    .caps = STOKE_CAP_FORK_SAFE | STOKE_CAP_PINNED_ALLOC | STOKE_CAP_HOST_REGISTER |
+            STOKE_CAP_DEVICE_MEMORY | STOKE_CAP_ASYNC_COPY | STOKE_CAP_EVENTS | STOKE_CAP_IPC,
     .probe = sd_probe,
     .device_count = sd_device_count,
     .device_props = sd_device_props,
@@ -228,10 +228,45 @@ static const stoke_backend simdev_backend = {
     .ipc_close_mem = simdev__ipc_close,
 };
 
+/* simdev says STOKE_CAP_FORK_SAFE: its locks are held across fork(), so a forked child finds
+ * them free and its lists consistent.  (Streams of the parent have no thread in the child:
+ * the child makes its own.) */
+static void fork_lock(void)
+{
+    simdev__objs_lock();
+    simdev__pinned_table_lock();
+    pthread_mutex_lock(&simdev__lock);
+}
+
+static void fork_unlock(int child)
+{
+    pthread_mutex_unlock(&simdev__lock);
+    simdev__pinned_table_unlock(child);
+    simdev__objs_unlock();
+}
+
+static void fork_parent(void)
+{
+    fork_unlock(0);
+}
+
+static void fork_child(void)
+{
+    fork_unlock(1);
+}
+
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+
+static void hook_fork(void)
+{
+    pthread_atfork(fork_lock, fork_parent, fork_child);
+}
+
 SIMDEV_EXPORT int stoke_backend_entry(const stoke_backend_host *host, const stoke_backend **out)
 {
     if (!host || !out)
         return STOKE_EINVAL;
+    pthread_once(&fork_once, hook_fork);
     /* Read host members only within host->size (the host struct only grows). */
     if (host->size >= offsetof(stoke_backend_host, log) + sizeof(host->log))
         host_log = host->log;

@@ -87,6 +87,16 @@ static stoke_backend_stream *streams; /* objs_lock */
 static stoke_backend_event *events;   /* objs_lock */
 static unsigned next_stream_id;       /* objs_lock */
 
+void simdev__objs_lock(void)
+{
+    pthread_mutex_lock(&objs_lock);
+}
+
+void simdev__objs_unlock(void)
+{
+    pthread_mutex_unlock(&objs_lock);
+}
+
 /* ---- events ------------------------------------------------------------------------------- */
 
 static void event_free(stoke_backend_event *e)

@@ -17,9 +17,9 @@
 #include "common/internal.h"
 #include "pinned/pinned_internal.h"
 
-#define L1_BITS 16
-#define L2_BITS 12
-#define L3_BITS 12
+#define L1_BITS    16
+#define L2_BITS    12
+#define L3_BITS    12
 #define PAGE_SHIFT 12
 
 typedef struct leaf {
@@ -65,8 +65,10 @@ int stoke__pn_map_put(pn_block *b)
     unsigned i1, i2, i3;
     uintptr_t a = atomic_load_explicit(&b->addr, memory_order_relaxed);
     if ((a & ((1u << PAGE_SHIFT) - 1)) || split(a, &i1, &i2, &i3))
-        return stoke__fail(STOKE_ENOTSUP, "pinned: block address %p is not page-aligned or "
-                           "beyond 52 bits", (void *)a);
+        return stoke__fail(STOKE_ENOTSUP,
+                           "pinned: block address %p is not page-aligned or "
+                           "beyond 52 bits",
+                           (void *)a);
     mid *m = atomic_load_explicit(&root[i1], memory_order_acquire);
     if (!m) {
         mid *fresh = calloc(1, sizeof(*fresh));
@@ -83,8 +85,8 @@ int stoke__pn_map_put(pn_block *b)
         leaf *fresh = calloc(1, sizeof(*fresh));
         if (!fresh)
             return stoke__fail(STOKE_ENOMEM, "pinned: out of memory for the block map");
-        if (atomic_compare_exchange_strong_explicit(&m->slot[i2], &l, fresh,
-                                                    memory_order_acq_rel, memory_order_acquire))
+        if (atomic_compare_exchange_strong_explicit(&m->slot[i2], &l, fresh, memory_order_acq_rel,
+                                                    memory_order_acquire))
             l = fresh;
         else
             free(fresh);
@@ -190,4 +192,22 @@ void stoke__pn_live_foreach(void (*fn)(pn_block *b))
         for (int i = 0; i < CHUNK; i++)
             if (atomic_load(&c->blocks[i].state) == PN_LIVE)
                 fn(&c->blocks[i]);
+}
+
+void stoke__pn_desc_lock(void)
+{
+    pthread_mutex_lock(&desc_lock);
+}
+
+void stoke__pn_desc_unlock(void)
+{
+    pthread_mutex_unlock(&desc_lock);
+}
+
+void stoke__pn_desc_forget_used(void)
+{
+    for (chunk *c = chunks; c; c = c->next)
+        for (int i = 0; i < CHUNK; i++)
+            if (atomic_load(&c->blocks[i].state) != PN_FREE_DESC)
+                atomic_store(&c->blocks[i].state, PN_FOREIGN);
 }

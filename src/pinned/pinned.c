@@ -33,8 +33,78 @@ static _Thread_local int tl_tc_dead; /* the thread is exiting: no new cache */
 
 static void tc_exit(void *arg);
 
+/* ---- fork ----------------------------------------------------------------------------------
+ * A forked child inherits copies of the parent's pools, caches and blocks.  Handing one of
+ * them out would give the child memory the parent uses too (a backend's MAP_SHARED blocks), or
+ * memory that is not there (CUDA maps its pinned memory MADV_DONTFORK); freeing one would
+ * release the parent's.  So the child starts afresh: the parent's blocks become PN_FOREIGN,
+ * its pools, thread caches, pooled events and registrations are set aside (kept reachable,
+ * never used), the counters start at 0, and the locks are taken across fork() so that what the
+ * child reads is consistent. */
+typedef struct pn_orphans {
+    struct pn_orphans *next;
+    pn_pool *pools[PN_MAX_POOLS];
+    pn_tcache *tcaches;
+    pn_evnode *evfree;
+    pn_reg *regs;
+} pn_orphans;
+
+static pn_orphans *orphans; /* what forks left, newest first (only for leak checkers) */
+static int parent_pid;      /* the process the live blocks came from, once forked */
+
+static void fork_prepare(void)
+{
+    pthread_mutex_lock(&stoke__pinned.lock);
+    stoke__pn_desc_lock();
+}
+
+static void fork_parent(void)
+{
+    stoke__pn_desc_unlock();
+    pthread_mutex_unlock(&stoke__pinned.lock);
+}
+
+static void fork_child(void)
+{
+    stoke__pn_desc_unlock();
+    stoke__pn_desc_forget_used();
+    parent_pid = (int)getppid();
+    pn_orphans *o = calloc(1, sizeof(*o));
+    if (o) {
+        o->next = orphans;
+        orphans = o;
+    }
+    for (int i = 0; i < PN_MAX_POOLS; i++) {
+        pn_pool *p = atomic_exchange(&stoke__pinned.pools[i], NULL);
+        if (o)
+            o->pools[i] = p;
+    }
+    if (o) {
+        o->tcaches = stoke__pinned.tcaches;
+        o->evfree = stoke__pinned.evfree;
+        o->regs = stoke__pinned.regs;
+    }
+    stoke__pinned.tcaches = NULL;
+    stoke__pinned.evfree = NULL;
+    stoke__pinned.nevfree = 0;
+    stoke__pinned.regs = NULL;
+    tl_tc = NULL;
+    pthread_setspecific(tc_key, NULL);
+    memset(&stoke__pinned.retired, 0, sizeof(stoke__pinned.retired));
+#define PN_ZERO_CHILD(name) atomic_store(&stoke__pinned.name, 0);
+    PN_ATOMIC_COUNTERS(PN_ZERO_CHILD)
+#undef PN_ZERO_CHILD
+    /* (held by other threads of the parent, perhaps: those threads are not here) */
+    pthread_mutex_init(&stoke__pinned.evlock, NULL);
+    pthread_mutex_init(&stoke__pinned.reglock, NULL);
+    for (int i = 0; i < PN_STRIPES; i++)
+        pthread_mutex_init(&stoke__pinned.stripes[i], NULL);
+    pthread_mutex_unlock(&stoke__pinned.lock);
+}
+
 static void once_init(void)
 {
+    pthread_atfork(fork_prepare, fork_parent, fork_child);
     for (int i = 0; i < PN_STRIPES; i++)
         pthread_mutex_init(&stoke__pinned.stripes[i], NULL);
     pthread_key_create(&tc_key, tc_exit);
@@ -722,7 +792,12 @@ int stoke_pinned_free(void *ptr)
         return STOKE_OK;
     pn_block *b = stoke__pn_map_get(ptr);
     int expect = PN_LIVE;
-    if (!b || !atomic_compare_exchange_strong(&b->state, &expect, PN_CACHED))
+    if (b && !atomic_compare_exchange_strong(&b->state, &expect, PN_CACHED) && expect == PN_FOREIGN)
+        return stoke__fail(STOKE_EINVAL,
+                           "stoke_pinned_free(%p): allocated by process %d, which this process "
+                           "was forked from; it is that process's to free",
+                           ptr, parent_pid);
+    if (!b || expect != PN_LIVE)
         return stoke__fail(STOKE_EINVAL,
                            "stoke_pinned_free(%p): not a live block of "
                            "stoke_pinned_alloc (foreign or interior pointer, or freed twice)",

@@ -29,9 +29,9 @@
 /* ---- size classes (sizeclass.c) ---------------------------------------------------------- */
 #define PN_SMALL_LOG_MIN 12 /* 4 KiB */
 #define PN_SMALL_LOG_MAX 20 /* 1 MiB: the threshold above which classes are quarter steps */
-#define PN_NSMALL (PN_SMALL_LOG_MAX - PN_SMALL_LOG_MIN + 1)
-#define PN_LOG_MAX 46       /* largest class: 64 TiB */
-#define PN_NCLASS (PN_NSMALL + (PN_LOG_MAX - PN_SMALL_LOG_MAX) * 4)
+#define PN_NSMALL        (PN_SMALL_LOG_MAX - PN_SMALL_LOG_MIN + 1)
+#define PN_LOG_MAX       46 /* largest class: 64 TiB */
+#define PN_NCLASS        (PN_NSMALL + (PN_LOG_MAX - PN_SMALL_LOG_MAX) * 4)
 
 /* Class index of a request (pages larger than 4 KiB raise the smallest class), or -1 if too
  * large. */
@@ -42,7 +42,9 @@ size_t stoke__pinned_class_size(int cls);
 void stoke__pinned_set_page(size_t page);
 
 /* ---- blocks ------------------------------------------------------------------------------ */
-enum { PN_FREE_DESC = 0, PN_LIVE = 1, PN_CACHED = 2, PN_WAITING = 3 };
+/* PN_FOREIGN: a block of the process this one was forked from (see fork_child in pinned.c):
+ * never handed out, freed or released here. */
+enum { PN_FREE_DESC = 0, PN_LIVE = 1, PN_CACHED = 2, PN_WAITING = 3, PN_FOREIGN = 4 };
 enum { PN_PINNED = 0, PN_STANDIN = 1, PN_FALLBACK = 2 };
 
 typedef struct pn_evnode {
@@ -58,17 +60,18 @@ struct pn_pool;
 #define PN_LINE 64
 
 typedef struct pn_block {
-    _Alignas(PN_LINE) _Atomic uintptr_t addr; /* start of the block; 0 while the descriptor is unused */
-    _Atomic int state;      /* PN_* state */
-    int kind;               /* PN_PINNED (pool->vt set), PN_STANDIN (pool->vt NULL), PN_FALLBACK */
+    _Alignas(
+        PN_LINE) _Atomic uintptr_t addr; /* start of the block; 0 while the descriptor is unused */
+    _Atomic int state;                   /* PN_* state */
+    int kind; /* PN_PINNED (pool->vt set), PN_STANDIN (pool->vt NULL), PN_FALLBACK */
     int cls;
-    size_t size;            /* class size: bytes held */
-    struct pn_pool *pool;   /* the pool it belongs to (PN_FALLBACK: only for its waiting list) */
-    pn_evnode *events;      /* under the block's event stripe lock while live; owned by the
-                               freeing thread / waiting list afterwards */
-    atomic_int has_events;  /* set (before the state check) by record_stream: a free that sees
-                               0 may skip the stripe lock (see stoke_pinned_free) */
-    struct pn_block *next;  /* link in whichever list holds it (guarded by that list's lock) */
+    size_t size;           /* class size: bytes held */
+    struct pn_pool *pool;  /* the pool it belongs to (PN_FALLBACK: only for its waiting list) */
+    pn_evnode *events;     /* under the block's event stripe lock while live; owned by the
+                              freeing thread / waiting list afterwards */
+    atomic_int has_events; /* set (before the state check) by record_stream: a free that sees
+                              0 may skip the stripe lock (see stoke_pinned_free) */
+    struct pn_block *next; /* link in whichever list holds it (guarded by that list's lock) */
 } pn_block;
 
 /* map.c: lock-free lookup, insert/remove by the owner of the block. */
@@ -77,9 +80,14 @@ int stoke__pn_map_put(pn_block *b); /* STOKE_OK or STOKE_ENOMEM / STOKE_ENOTSUP 
 void stoke__pn_map_del(pn_block *b);
 pn_block *stoke__pn_desc_get(void); /* zeroed descriptor, or NULL */
 void stoke__pn_desc_put(pn_block *b);
-void stoke__pn_map_reset(void);     /* frees the tree and every descriptor (tests) */
+void stoke__pn_map_reset(void); /* frees the tree and every descriptor (tests) */
 /* Calls fn on every descriptor in state PN_LIVE (reset only: nothing may run concurrently). */
 void stoke__pn_live_foreach(void (*fn)(pn_block *b));
+/* Around fork(): the descriptor list's lock; in the child, every descriptor in use becomes
+ * PN_FOREIGN (it stays in the map, so that a free of it can say whose it is). */
+void stoke__pn_desc_lock(void);
+void stoke__pn_desc_unlock(void);
+void stoke__pn_desc_forget_used(void);
 
 /* ---- pools and thread caches ------------------------------------------------------------- */
 typedef struct pn_bin {
@@ -97,7 +105,7 @@ typedef struct pn_pool {
     _Atomic size_t nwaiting;
 } pn_pool;
 
-#define PN_TC_NCLASS 17          /* classes up to 4 MiB (index 16) are kept per thread */
+#define PN_TC_NCLASS    17 /* classes up to 4 MiB (index 16) are kept per thread */
 #define PN_TC_MAX_BYTES (16u << 20)
 
 typedef struct pn_counters {
@@ -119,24 +127,25 @@ typedef struct pn_tcache {
 
 /* ---- shared state (pinned.c) ---------------------------------------------------------------- */
 #define PN_MAX_POOLS 64
-#define PN_STRIPES 64
+#define PN_STRIPES   64
 
 typedef struct pn_reg {
     void *ptr;
     size_t len;
     const stoke_backend *vt; /* NULL: nothing was pinned (no accelerator) */
     int dev;
-    int ready;               /* 0 while the backend call is in flight */
+    int ready; /* 0 while the backend call is in flight */
     struct pn_reg *next;
 } pn_reg;
 
 /* Counters only the slow paths touch: relaxed atomics. */
-#define PN_ATOMIC_COUNTERS(X)                                                                   \
-    X(bytes_reserved) X(count_reserved) X(peak_bytes_reserved) X(peak_bytes_in_use)             \
-    X(bins_bytes) X(bins_count) X(bytes_waiting) X(count_waiting) X(pin_calls) X(pin_ns)        \
-    X(pin_failures) X(unpin_calls) X(unpin_ns) X(standin_allocs) X(pageable_fallbacks)          \
-    X(pageable_fallback_bytes) X(limit_failures) X(limit_releases) X(events_recorded)           \
-    X(events_created) X(registered_count) X(registered_bytes)
+#define PN_ATOMIC_COUNTERS(X)                                                                      \
+    X(bytes_reserved)                                                                              \
+    X(count_reserved) X(peak_bytes_reserved) X(peak_bytes_in_use) X(bins_bytes) X(bins_count)      \
+        X(bytes_waiting) X(count_waiting) X(pin_calls) X(pin_ns) X(pin_failures) X(unpin_calls)    \
+            X(unpin_ns) X(standin_allocs) X(pageable_fallbacks) X(pageable_fallback_bytes)         \
+                X(limit_failures) X(limit_releases) X(events_recorded) X(events_created)           \
+                    X(registered_count) X(registered_bytes)
 
 typedef struct pn_global {
     pthread_mutex_t lock; /* guards pool creation, the tcache list, retired, warnings, init */
@@ -184,7 +193,7 @@ void stoke__pn_reg_reset(void); /* register.c: unregisters everything (reset) */
 
 #define PN_ADD(name, v) atomic_fetch_add_explicit(&stoke__pinned.name, (v), memory_order_relaxed)
 #define PN_SUB(name, v) atomic_fetch_sub_explicit(&stoke__pinned.name, (v), memory_order_relaxed)
-#define PN_GET(name) atomic_load_explicit(&stoke__pinned.name, memory_order_relaxed)
+#define PN_GET(name)    atomic_load_explicit(&stoke__pinned.name, memory_order_relaxed)
 
 /* ---- other layers -------------------------------------------------------------------------- */
 /* stoke_pinned_alloc for a named backend and device instead of the current ones (the loader's
@@ -206,7 +215,7 @@ void stoke__pinned_reset(void);
 /* events.c: the event pool and a block's recorded events. */
 pthread_mutex_t *stoke__pn_stripe_of(const pn_block *b); /* lock of b->events */
 void stoke__pn_ev_put_list(pn_evnode *n);                /* back to the pool (or destroyed) */
-pn_evnode *stoke__pn_drop_completed(pn_evnode *list);   /* returns the still pending ones */
-void stoke__pn_destroy_events(pn_evnode *n);            /* destroys a list taken off the pool */
+pn_evnode *stoke__pn_drop_completed(pn_evnode *list);    /* returns the still pending ones */
+void stoke__pn_destroy_events(pn_evnode *n);             /* destroys a list taken off the pool */
 
 #endif

@@ -119,9 +119,10 @@ int stoke_is_pinned(const void *ptr)
     if (b) {
         int kind = b->kind;
         pn_pool *p = b->pool;
+        int state = atomic_load_explicit(&b->state, memory_order_acquire);
         if (atomic_load_explicit(&b->addr, memory_order_acquire) == (uintptr_t)ptr &&
-            atomic_load_explicit(&b->state, memory_order_acquire) != PN_FREE_DESC) {
-            if (kind != PN_PINNED || !p || !p->vt)
+            state != PN_FREE_DESC) {
+            if (kind != PN_PINNED || !p || !p->vt || state == PN_FOREIGN)
                 return 0;
             if (p->vt->caps & STOKE_CAP_PINNED_ALLOC)
                 return 1;

@@ -39,6 +39,7 @@ typedef struct entry {
     void *dl;                /* plugins: dlopen handle */
     int probed;              /* 1 once probe ran with `probe_flags` */
     uint32_t probe_flags;
+    int forked_from; /* set up by this pid, an ancestor: unavailable here (0: no) */
 } entry;
 
 typedef struct selection {
@@ -64,6 +65,7 @@ static struct {
     selection *sel;                 /* latest selection, NULL until computed */
     _Atomic(selection *) published; /* `sel` once valid; NULL while it must be recomputed */
     atomic_uint gen;
+    int pid; /* the process that set the entries up (see fork_child) */
 } reg = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static _Thread_local int tl_device = -1;
@@ -205,6 +207,17 @@ static int probe_entry(entry *e, uint32_t flags)
 {
     if (!e->vt)
         return 0;
+    if (e->forked_from) { /* never probed again here: a driver's threads did not survive */
+        e->info.available = 0;
+        e->info.device_count = 0;
+        e->info.caps = 0;
+        stoke__fmt(e->info.reason, sizeof(e->info.reason),
+                   "set up by process %d, which this process was forked from: an accelerator "
+                   "runtime does not survive fork (use it in that process, or in one started "
+                   "anew, not forked)",
+                   e->forked_from);
+        return 0;
+    }
     if (e->probed && e->probe_flags == flags)
         return e->info.available;
 
@@ -588,10 +601,44 @@ static void add_builtin_locked(stoke_backend_entry_fn fn)
     }
 }
 
+/* In a forked child: a backend the parent probed available is not used here unless it says it
+ * may be (STOKE_CAP_FORK_SAFE): the child has none of the driver's threads, and its calls may
+ * fail, or hang (PoCL waits for a thread that is gone).  The handler only notes the fork (the
+ * lock may be held by the forking thread itself: OpenCL's probe forks under it); the next use,
+ * under the lock, marks the entries (mark_forked_locked) and selects again. */
+static atomic_int fork_parent_pid; /* nonzero: forked from this pid, entries not yet marked */
+
+static void fork_child(void)
+{
+    atomic_store_explicit(&fork_parent_pid, reg.pid, memory_order_relaxed);
+    atomic_store_explicit(&reg.published, NULL, memory_order_relaxed);
+}
+
+static void mark_forked_locked(void)
+{
+    int parent = atomic_exchange(&fork_parent_pid, 0);
+    if (!parent)
+        return;
+    reg.pid = (int)getpid();
+    for (int i = 0; i < reg.nplugins + reg.nbuiltins; i++) {
+        entry *e = i < reg.nplugins ? reg.plugins[i] : &reg.builtins[i - reg.nplugins];
+        if (e->vt && e->probed && e->info.available && !e->forked_from &&
+            !(e->vt->caps & STOKE_CAP_FORK_SAFE) && strcmp(e->vt->name, "cpu") != 0) {
+            e->forked_from = parent;
+            probe_entry(e, e->probe_flags); /* (listed unavailable, with the reason) */
+        }
+    }
+}
+
 static void init_locked(void)
 {
+    mark_forked_locked();
     if (reg.initialized)
         return;
+    static int hooked;
+    if (!hooked && pthread_atfork(NULL, NULL, fork_child) == 0)
+        hooked = 1;
+    reg.pid = (int)getpid();
     reg.initialized = 1;
     reg.nbuiltins = 0;
     add_builtin_locked(stoke__backend_cuda_entry);
@@ -869,6 +916,7 @@ int stoke_plugin_load(const char *path)
 
 static void probe_all_locked(void)
 {
+    mark_forked_locked();
     const selection *s = atomic_load_explicit(&reg.published, memory_order_relaxed);
     for (int i = 0; i < reg.nplugins; i++)
         if (!reg.plugins[i]->probed)
