@@ -245,6 +245,7 @@ class DataLoader(_stoke.Loader):
         self._structure = None
         self._first_iter = False
         self._len_called = None
+        self._ended = None  # (epoch, cursor) where an IterableDataset's pass ended (state_dict)
         if not is_source:
             return self._init_python(
                 dataset, 1 if batch_size is _UNSET else batch_size, shuffle, sampler,
@@ -558,6 +559,7 @@ class DataLoader(_stoke.Loader):
 
     def set_epoch(self, epoch):
         self._first_iter = False
+        self._ended = None
         if self._writer is None:
             return super().set_epoch(epoch)
         return self._epoch_hook(super().set_epoch, epoch)
@@ -598,6 +600,7 @@ class DataLoader(_stoke.Loader):
     def load_state_dict(self, state):
         self._no_state_here("load_state_dict")
         self._first_iter = False
+        self._ended = None
         return self._load_state(state)
 
     def _no_state_here(self, what):
@@ -652,6 +655,8 @@ class DataLoader(_stoke.Loader):
                             "most a stoke.DataLoader with worker processes delivers in one "
                             "epoch (its workers' iterators were not exhausted)"
                             % self._writer.nbatches, RuntimeWarning, stacklevel=3)
+                if self._iterable and not self._no_state:
+                    self._mark_ended()
                 return
             except StokeError as e:
                 self._raise_dataset_error(e, name_batch=True)
@@ -685,6 +690,14 @@ class DataLoader(_stoke.Loader):
             # not kept while the next batch is awaited: a caller that dropped its batch has
             # given its buffer back, and a worker may take it instead of another one
             out = None
+
+    def _mark_ended(self):
+        """An IterableDataset's pass ended: state_dict() at this position is the next epoch's
+        start (a restore would replay the whole epoch, then give an empty pass)."""
+        try:
+            self._ended = self._save_state()[2:4]
+        except StokeError:  # (in_order=False: state_dict() raises the same)
+            self._ended = None
 
     def _warn_bad(self):
         """One RuntimeWarning per batch that on_error skipped or replaced (a Python dataset's
@@ -731,9 +744,14 @@ class DataLoader(_stoke.Loader):
     def state_dict(self):
         """The position (StatefulDataLoader's convention): a loader given it by
         load_state_dict delivers exactly the batches this one would deliver next.  An iterable
-        dataset's state also holds "workers" (num_workers + 1: a restore needs the same)."""
+        dataset's state also holds "workers" (num_workers + 1: a restore needs the same).  An
+        IterableDataset's pass that ended is saved as the next epoch's start (its length is
+        not known: a restore would replay the whole epoch, then give an empty pass); a map
+        dataset's whole epoch is made the next epoch's start by load_state_dict."""
         self._no_state_here("state_dict")
         version, seed, epoch, cursor, workers = self._save_state()
+        if self._ended is not None and self._ended == (epoch, cursor):
+            epoch, cursor = epoch + 1, 0
         if self._writer is not None and self._writer.shuffle_drawn():
             seed = self._writer.epoch_seed  # the seed this epoch's shuffle drew
         st = {"version": version, "seed": seed, "epoch": epoch, "batches_yielded": cursor}
@@ -743,13 +761,21 @@ class DataLoader(_stoke.Loader):
 
     def _load_state(self, state):
         seed = int(state["seed"])
+        epoch, cursor = int(state["epoch"]), int(state["batches_yielded"])
+        workers = int(state.get("workers", 0))
+        # A map dataset's state after the epoch's last batch (the usual end-of-epoch
+        # checkpoint) resumes at the start of the next epoch, as the saving loader's next pass
+        # does (torchdata's StatefulDataLoader's rule): not an empty pass, then that epoch.
+        end = not workers and 0 < _stoke.Loader.__len__(self) <= cursor
+        if end:
+            epoch, cursor = epoch + 1, 0
         w = self._writer
         if w is not None and w.shuffle_drawn():
-            # the saved epoch's shuffle seed, not a new draw (the C loader's own seed is 0)
-            w.restore_seed, seed = seed, 0
+            # the saved epoch's shuffle seed, not a new draw (the C loader's own seed is 0);
+            # the next epoch's is drawn, as the saving loader's next pass draws it
+            w.restore_seed, seed = (None if end else seed), 0
         try:
-            self._restore_state(int(state["version"]), seed, int(state["epoch"]),
-                                int(state["batches_yielded"]), int(state.get("workers", 0)))
+            self._restore_state(int(state["version"]), seed, epoch, cursor, workers)
         finally:
             if w is not None:
                 w.restore_seed = None

@@ -599,6 +599,55 @@ def shuffle_drawn_seed_state():
 
 
 @case
+def state_at_epoch_end():
+    """A state_dict() taken once the epoch's last batch was delivered (the usual end-of-epoch
+    checkpoint, after the loop or inside it) resumes at the start of the next epoch, as the
+    saving loader's next pass (torchdata's StatefulDataLoader's rule): it restored an empty
+    first pass, and `for epoch in range(start, n): for b in loader:` lost an epoch.  The saving
+    loader's own next pass is unchanged; 0 and 2 workers, a drawn shuffle seed, and an
+    IterableDataset (0 workers, one worker thread)."""
+    for workers in (0, 2):
+        what = "workers=%d" % workers
+        a = L.Loader(Sized(10), batch_size=4, shuffle=True, seed=3, num_workers=workers)
+        inside = None
+        for i, b in enumerate(a):
+            if i == len(a) - 1:
+                inside = a.state_dict()
+        after = a.state_dict()
+        want = [b.tolist() for b in a]
+        T.check(after["batches_yielded"] == 3, "%s: state %s" % (what, after))
+        for st in (inside, after):
+            b = L.Loader(Sized(10), batch_size=4, shuffle=True, seed=3, num_workers=workers)
+            b.load_state_dict(st)
+            got = [x.tolist() for x in b]
+            T.check(got == want, "%s: restored from %s: %s, the saving loader's next pass %s"
+                    % (what, st, got, want))
+            T.check(b.epoch == 1, "%s: restored epoch %d" % (what, b.epoch))
+    torch.manual_seed(3)
+    a = L.Loader(Sized(10), batch_size=4, shuffle=True)
+    list(a)
+    b = L.Loader(Sized(10), batch_size=4, shuffle=True)
+    b.load_state_dict(a.state_dict())
+    got = sorted(i for x in b for i in x.tolist())
+    T.check(got == list(range(10)), "drawn seed: restored pass %s" % got)
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(range(5))
+
+    for kw in ({}, {"num_workers": 1, "worker_mode": "threads"}):
+        a = L.Loader(Stream(), batch_size=2, **kw)
+        list(a)
+        st = a.state_dict()
+        want = [x.tolist() for x in a]
+        b = L.Loader(Stream(), batch_size=2, **kw)
+        b.load_state_dict(st)
+        got = [x.tolist() for x in b]
+        T.check(got == want, "IterableDataset %s: restored from %s: %s, want %s"
+                % (kw, st, got, want))
+
+
+@case
 def batch_sampler_as_sampler():
     """torch's batched read: sampler=BatchSampler(...), batch_size=None passes each list of
     indices to __getitem__ once (it was a TypeError); 0 and 2 workers."""
