@@ -671,6 +671,7 @@ class _Collator:
         self.return_lengths = return_lengths
         self.used = set()
         self.pad_bytes = {}  # (path, dtype): the pad value as one element's bytes
+        self.seq_dtype = {}  # path: the dtype of a padded leaf's last non-empty list (_as_tensors)
         # num_workers=0: torch's default_collate stacks with type promotion (float32 and
         # float64 samples make a float64 batch); in a worker it stacks into a tensor of the
         # first sample's dtype (out=, casting), and so does stoke there (_Writer sets it)
@@ -695,7 +696,7 @@ class _Collator:
         if type(batch[0]) is torch.Tensor:
             r = self._pad_c(block, batch, path, cap)
         if r is None:  # not all tensors: as default_collate, each made one
-            batch = [torch.as_tensor(x) for x in batch]
+            batch = self._as_tensors(batch, path)
             r = self._pad_c(block, batch, path, cap)
         if type(r) is int:
             t0, bad = batch[0], batch[r]
@@ -712,6 +713,27 @@ class _Collator:
                 out[i, :n].copy_(t[:n])
             lens.copy_(torch.tensor(lengths, dtype=torch.int64))
         return out, lens
+
+    def _as_tensors(self, batch, path):
+        """A padded leaf's samples as tensors (torch.as_tensor).  An empty list or tuple (an
+        empty token list) has no dtype of its own (torch.as_tensor makes it float32, and the
+        batch failed: "samples must have the same dtype"): it takes the dtype and the trailing
+        shape of the batch's first other sample, as pad_sequence over tensors of that dtype
+        pads it.  A batch of empty ones only takes the dtype of this leaf's last batch made
+        in this process that had another sample, else float32 (torch.as_tensor([]))."""
+        ts = [torch.as_tensor(x) for x in batch]
+        empty = [i for i, x in enumerate(batch) if type(x) in (list, tuple) and not x]
+        if not empty:
+            self.seq_dtype[path] = ts[0].dtype
+            return ts
+        if len(empty) == len(ts):
+            dtype = self.seq_dtype.get(path, ts[0].dtype)
+            return [torch.empty(0, dtype=dtype) for _ in ts]
+        ref = next(t for i, t in enumerate(ts) if i not in empty)
+        self.seq_dtype[path] = ref.dtype
+        for i in empty:
+            ts[i] = torch.empty((0,) + tuple(ref.shape[1:]), dtype=ref.dtype)
+        return ts
 
     def _pad_c(self, block, ts, path, cap):
         dtype = ts[0].dtype

@@ -248,6 +248,34 @@ def builtin_padding_edges():
     pad_error([torch.tensor(5), torch.zeros(3)], "(torch.int64 (), then torch.int64 ())")
 
 
+@case
+def builtin_padding_empty_lists():
+    """pad= on a list-of-ints leaf where a sample's list is empty (an empty token list):
+    torch.as_tensor([]) is float32, and the batch failed ("samples must have the same
+    dtype"); the empty one takes the other samples' dtype (and trailing shape), as pad_sequence
+    over tensors of that dtype pads it.  A batch of empty lists only takes the dtype of the
+    leaf's last batch that had one (in the process that makes it), else float32."""
+    toks = [[5, 6, 7], [], [8]]
+    want = pad_sequence([torch.tensor(t, dtype=torch.int64) for t in toks], batch_first=True)
+    for workers in (0, 2):
+        what = "workers=%d" % workers
+        b = next(iter(L.Loader(Ragged(toks), batch_size=3, pad={"x": 0}, num_workers=workers)))
+        T.check(b["x"].dtype == torch.int64 and torch.equal(b["x"], want),
+                "%s: %s, want %s" % (what, b["x"], want))
+        T.check(b["x_lengths"].tolist() == [3, 0, 1], "%s: lengths %s" % (what, b["x_lengths"]))
+        b = next(iter(L.Loader(Ragged([[], [[1, 2], [3, 4]]]), batch_size=2, pad={"x": -1},
+                               num_workers=workers)))
+        T.check(b["x"].dtype == torch.int64 and b["x"].tolist() == [[[-1, -1], [-1, -1]],
+                                                                     [[1, 2], [3, 4]]],
+                "%s: an empty list beside a list of lists: %s" % (what, b["x"]))
+    got = list(L.Loader(Ragged([[1, 2], [3], [], []]), batch_size=2, pad={"x": 0}))
+    T.check(got[1]["x"].dtype == torch.int64 and tuple(got[1]["x"].shape) == (2, 0),
+            "empty lists after int lists: %s %s" % (got[1]["x"].dtype, got[1]["x"].shape))
+    b = next(iter(L.Loader(Ragged([[], []]), batch_size=2, pad={"x": 0})))
+    T.check(b["x"].dtype == torch.float32 and tuple(b["x"].shape) == (2, 0),
+            "empty lists only: %s %s" % (b["x"].dtype, b["x"].shape))
+
+
 class Wrapped(torch.Tensor):
     """A tensor subclass holding its data in another tensor (__torch_dispatch__ unwraps it), as
     wrapper subclasses do: it has no data pointer of its own (data_ptr() is 0)."""
