@@ -33,7 +33,9 @@ import collections.abc as _abc
 import gc
 import io
 import itertools
+import math
 import mmap
+import numbers
 import operator
 import os
 import pickle
@@ -660,6 +662,37 @@ def _copy_leaves(x, alloc):
     return _NOT_LEAVES
 
 
+def _pad_value(path, v, dtype):
+    """pad[path] checked for its leaf's dtype as torch's pad_sequence checks its padding_value
+    (torch.tensor([v], dtype=...) wrapped it: -1 became 255 in uint8, 1e6 inf in float16): a
+    number (a TypeError otherwise; a complex one for a complex leaf only), and a RuntimeError,
+    torch's, when the dtype's range does not hold it (NaN or an infinity for an integer dtype);
+    a float is truncated for an integer dtype, and any number is a bool's truth, as there."""
+    if isinstance(v, torch.Tensor) and v.numel() == 1 or np is not None and isinstance(
+            v, np.generic):
+        v = v.item()
+    if not isinstance(v, numbers.Number) or (isinstance(v, numbers.Complex) and not isinstance(
+            v, numbers.Real) and not dtype.is_complex):
+        raise TypeError("stoke: pad[%r]: the pad value must be a %snumber, not %s %r"
+                        % (path, "" if dtype.is_complex else "real ", type(v).__name__, v))
+    if dtype == torch.bool:
+        return v
+    if dtype.is_floating_point or dtype.is_complex:
+        lo, hi = torch.finfo(dtype).min, torch.finfo(dtype).max
+        parts = (v.real, v.imag) if isinstance(v, complex) else (v,)
+        # (infinities and NaN are a float's values; Python compares an int with them exactly)
+        bad = any(not (isinstance(x, float) and (math.isinf(x) or math.isnan(x)))
+                  and not lo <= x <= hi for x in parts)
+    else:
+        lo, hi = torch.iinfo(dtype).min, torch.iinfo(dtype).max
+        bad = isinstance(v, float) and math.isnan(v) or not lo <= v <= hi
+    if bad:
+        raise RuntimeError("stoke: pad[%r]: the pad value %r cannot be converted to the leaf's "
+                           "dtype %s without overflow (its range is %s to %s)"
+                           % (path, v, str(dtype).replace("torch.", ""), lo, hi))
+    return v
+
+
 class _Collator:
     """default_collate's rules (torch.utils.data._utils.collate), the stacked tensors written
     straight into the block; leaves named in `pad` are padded to the batch's longest."""
@@ -744,8 +777,9 @@ class _Collator:
         key = (path, dtype)
         b = self.pad_bytes.get(key)
         if b is None:
+            v = _pad_value(path, self.pad[path], dtype)
             b = self.pad_bytes[key] = bytes(
-                torch.tensor([self.pad[path]], dtype=dtype).view(torch.uint8).tolist())
+                torch.tensor([v], dtype=dtype).view(torch.uint8).tolist())
         return b
 
     def collate(self, block, batch, path):

@@ -276,6 +276,39 @@ def builtin_padding_empty_lists():
             "empty lists only: %s %s" % (b["x"].dtype, b["x"].shape))
 
 
+@case
+def builtin_padding_value_range():
+    """A pad value the leaf's dtype cannot hold is torch's pad_sequence's RuntimeError, naming
+    the leaf, the value and the dtype (it was wrapped silently: -1 padded uint8 with 255, 1e6
+    float16 with inf); a float truncated for an integer dtype, infinities for a float one and
+    any number for bool stay values, as there; a pad value that is no number is a TypeError,
+    as there.  2**63 for int64 is an error here (pad_sequence's double wraps it)."""
+    cases = [(torch.uint8, 300), (torch.uint8, -1), (torch.uint8, -0.5), (torch.uint8, 255.0),
+             (torch.int64, 0.7), (torch.float16, 1e6), (torch.float16, 65504.0),
+             (torch.float16, float("-inf")), (torch.bool, 2), (torch.int32, float("nan")),
+             (torch.int8, float("inf")), (torch.int64, None), (torch.int64, "a")]
+    for workers in (0, 2):
+        for dtype, v in cases + [(torch.int64, 2 ** 63)]:
+            what = "%s pad %r workers=%d" % (dtype, v, workers)
+            samples = [torch.ones(n, dtype=dtype) for n in (1, 2)]
+            try:
+                want = pad_sequence(samples, batch_first=True, padding_value=v).tolist()
+            except (RuntimeError, TypeError) as e:
+                want = type(e)
+            if v == 2 ** 63:
+                want = RuntimeError
+            try:
+                b = next(iter(L.Loader(Ragged(samples), batch_size=2, pad={"x": v},
+                                       num_workers=workers)))
+                got = b["x"].tolist()
+            except (RuntimeError, TypeError) as e:
+                got = type(e)
+                T.check("pad['x']" in str(e) and repr(v) in str(e)
+                        and (got is TypeError or str(dtype)[6:] in str(e)),
+                        "%s: the error does not name the leaf, value and dtype: %s" % (what, e))
+            T.check(got == want, "%s: %s, pad_sequence's %s" % (what, got, want))
+
+
 class Wrapped(torch.Tensor):
     """A tensor subclass holding its data in another tensor (__torch_dispatch__ unwraps it), as
     wrapper subclasses do: it has no data pointer of its own (data_ptr() is 0)."""
