@@ -2087,23 +2087,36 @@ def _say(err, msg, m, what):
 
 
 def _pin_custom(x):
-    """torch's pinning of a collate_fn's output, for what stoke does not pin itself: an object
-    with a pin_memory() method (a custom batch type) has it called once, as torch's pin thread
-    does; its tensors are already in the pinned block, so a pin_memory() that pins them finds
-    them pinned (no copy where the accelerator knows the block)."""
+    """torch's pinning of a collate_fn's output (torch.utils.data._utils.pin_memory.pin_memory),
+    for what stoke does not pin itself: its structure as torch's makes it -- a Mapping keeps
+    its type (a dict where type(x)(dict) fails: a defaultdict), a namedtuple its type, a tuple
+    becomes a list (torch's "backwards compatibility"), any other Sequence keeps its type (a
+    list where type(x)(list) fails: a range), str and bytes stay -- and an object with a
+    pin_memory attribute (a custom batch type) has it called, once, as torch's pin thread
+    does.  The tensors are already in the pinned block: each stays itself, and a pin_memory()
+    that pins them finds them pinned (no copy where the accelerator knows the block).
+    (torch's Mapping and Sequence fallbacks pin the items again; here each is pinned once.)"""
     if torch is not None and isinstance(x, torch.Tensor):
         return x
-    if isinstance(x, (str, bytes)) or x is None:
+    if isinstance(x, (str, bytes)):
         return x
-    if isinstance(x, dict):
-        return {k: _pin_custom(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_pin_custom(v) for v in x]
+    if isinstance(x, _abc.Mapping):
+        items = {k: _pin_custom(v) for k, v in x.items()}
+        try:
+            return type(x)(items)
+        except TypeError:  # a mapping type without __init__(mapping)
+            return items
     if _is_namedtuple(x):
         return type(x)(*(_pin_custom(v) for v in x))
     if isinstance(x, tuple):
-        return tuple(_pin_custom(v) for v in x)
-    if callable(getattr(x, "pin_memory", None)):
+        return [_pin_custom(v) for v in x]
+    if isinstance(x, _abc.Sequence):
+        items = [_pin_custom(v) for v in x]
+        try:
+            return type(x)(items)
+        except TypeError:  # a sequence type without __init__(iterable)
+            return items
+    if hasattr(x, "pin_memory"):
         return x.pin_memory()
     return x
 

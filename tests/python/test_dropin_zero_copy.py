@@ -5,6 +5,7 @@ of pinned memory (one storage per batch, the leaves at distinct places inside it
 held past the loader's buffers copied tensor by tensor into pinned memory, the pinned allocator's bytes (in use and registered) cover the held
 blocks, nothing fell back to pageable memory, and the values are the dataset's.  A custom batch
 type's pin_memory() is called once per batch, as torch does when it pins."""
+import collections
 import gc
 
 import stoke_testlib as T
@@ -156,6 +157,107 @@ def collate_fn_output():
             what, b.pinned))
         n += 1
     T.check(n == 12, "%s: %d batches" % (what, n))
+
+
+class Stub:
+    """An object with pin_memory(), counting its calls."""
+
+    def __init__(self):
+        self.pinned = 0
+
+    def pin_memory(self):
+        self.pinned += 1
+        return self
+
+
+class NoInitMapping(collections.abc.Mapping):
+    """A Mapping whose type cannot be made from a dict (torch falls back to a dict)."""
+
+    def __init__(self, d, extra):
+        self.d = d
+
+    def __getitem__(self, k):
+        return self.d[k]
+
+    def __iter__(self):
+        return iter(self.d)
+
+    def __len__(self):
+        return len(self.d)
+
+
+class Batch(dict):
+    pass
+
+
+NT = collections.namedtuple("NT", "a b")
+
+
+def shape_of(x):
+    """A structure's types, nested, and whether each Stub was pinned (torch's fallbacks for a
+    type that cannot be made again pin its items twice; stoke's once)."""
+    if isinstance(x, Stub):
+        return ("Stub", x.pinned > 0)
+    if isinstance(x, collections.abc.Mapping):
+        return (type(x).__name__, {k: shape_of(v) for k, v in x.items()})
+    if isinstance(x, (list, tuple, collections.deque, collections.UserList)):
+        return (type(x).__name__, [shape_of(v) for v in x])
+    return (type(x).__name__, x if isinstance(x, (str, bytes, int, range)) else None)
+
+
+@case
+def pin_structure_as_torch():
+    """A collate_fn's output, pinned (pin_memory=True), has the structure torch's pin_memory()
+    gives it (torch.utils.data._utils.pin_memory): a Mapping keeps its type (OrderedDict, a dict
+    subclass, UserDict; a dict where the type cannot be made from one: defaultdict), any
+    Sequence its type (deque, UserList; a list for range), a tuple becomes a list, a
+    namedtuple stays, and objects with pin_memory() inside any of them are pinned once (stoke
+    made every Mapping a dict, kept tuples, and did not look inside a UserDict or a deque).
+    Compared with torch's function on the same structures without tensors (torch's would pin
+    a tensor with the accelerator's runtime); a tensor stays itself (it is in the pinned
+    block)."""
+    from torch.utils.data._utils.pin_memory import pin_memory as torch_pin
+    from stoke import _dropin
+    makes = [
+        lambda: collections.OrderedDict(a="s", b=1, c=Stub()),
+        lambda: collections.defaultdict(list, a=Stub()),
+        lambda: Batch(a=Stub(), b=[Stub(), (Stub(), b"x")]),
+        lambda: ("s", 1, Stub(), None),
+        lambda: NT(Stub(), ("t", Stub())),
+        lambda: collections.UserDict(a=Stub()),
+        lambda: collections.UserList([Stub(), {"k": Stub()}]),
+        lambda: collections.deque([Stub(), collections.deque([Stub()])]),
+        lambda: NoInitMapping({"a": Stub()}, 0),
+        lambda: range(3),
+        lambda: [Stub(), "str", b"bytes", None, 2.5],
+        Stub,
+    ]
+    for make in makes:
+        src = make()
+        want, got = shape_of(torch_pin(make())), shape_of(_dropin._pin_custom(src))
+        T.check(got == want, "%s: %s, torch's %s" % (type(src).__name__, got, want))
+    got = _dropin._pin_custom(collections.defaultdict(list, a=Stub(), b=[Stub()]))
+    T.check(type(got) is dict and got["a"].pinned == 1 and got["b"][0].pinned == 1,
+            "defaultdict: pin_memory() called %d, %d times" % (got["a"].pinned,
+                                                              got["b"][0].pinned))
+    t = torch.ones(2)
+    got = _dropin._pin_custom({"t": (t, "s")})
+    T.check(type(got["t"]) is list and got["t"][0] is t, "a tensor inside: %s" % (got,))
+
+    def collate(batch):
+        return collections.OrderedDict(
+            x=torch.stack([s[0] for s in batch]),
+            pair=(torch.tensor([s[1] for s in batch]), "s"),
+            more=collections.UserDict(stub=Stub()))
+
+    for workers in (0, 2):
+        b = next(iter(L.Loader(Samples(), batch_size=8, num_workers=workers, pin_memory=True,
+                               collate_fn=collate)))
+        what = "collate_fn workers=%d" % workers
+        T.check(type(b) is collections.OrderedDict and type(b["pair"]) is list
+                and type(b["more"]) is collections.UserDict and b["more"]["stub"].pinned == 1,
+                "%s: %s, pinned %d" % (what, L.describe(b), b["more"]["stub"].pinned))
+        check_one_block([b["x"], b["pair"][0]], what)
 
 
 @case
