@@ -336,12 +336,26 @@ class DataLoader(_stoke.Loader):
                              "use num_workers=0 to disable multiprocessing.")
         if timeout < 0:
             raise ValueError("timeout option should be non-negative")
-        if prefetch_factor is not None and _index(prefetch_factor, "prefetch_factor") < 0:
-            raise ValueError("prefetch_factor option should be non-negative")  # (torch's)
-        if num_workers == 0 and prefetch_factor is not None and prefetch_factor != 2:
-            raise ValueError("prefetch_factor option could only be specified in "
-                             "multiprocessing.let num_workers > 0 to enable multiprocessing, "
-                             "otherwise set prefetch_factor to None.")
+        if prefetch_factor is not None:
+            factor = _index(prefetch_factor, "prefetch_factor")
+            if num_workers == 0 and factor != 2:
+                raise ValueError("prefetch_factor option could only be specified in "
+                                 "multiprocessing.let num_workers > 0 to enable "
+                                 "multiprocessing, otherwise set prefetch_factor to None.")
+            if factor < 0 and _dropin._torch_prefetch_default() is None:
+                # torch 2's check (its default is None); torch 1.13 asserts (below)
+                raise ValueError("prefetch_factor option should be non-negative")
+            if factor <= 0:
+                # torch's `assert prefetch_factor > 0` (1.13: at construction; torch 2's
+                # worker iterator asserts it when iteration starts): 0 is no "auto" there
+                raise AssertionError("prefetch_factor=%d: it must be positive with num_workers "
+                                     "> 0" % factor)
+        if generator is not None and _dropin.torch is not None and not isinstance(
+                generator, _dropin.torch.Generator):
+            # torch's TypeError (its iterator draws the base seed with random_(generator=));
+            # here when the loader is made, where generator.initial_seed() was an AttributeError
+            raise TypeError("generator= must be a torch.Generator or None, not %s"
+                            % type(generator).__name__)
         if persistent_workers and num_workers == 0:
             raise ValueError("persistent_workers option needs num_workers > 0")
         iterable = not hasattr(dataset, "__getitem__") or (
@@ -512,6 +526,7 @@ class DataLoader(_stoke.Loader):
         self.pin_memory_device = pin_memory_device or ""
         self.generator = generator
         self.timeout = timeout
+        self._timeout_set = timeout > 0  # (the C loader's: what iter() checks, as torch's)
         self.worker_init_fn = worker_init_fn
         self.pin_memory = bool(pin_memory)
         self.persistent_workers = bool(persistent_workers)
@@ -529,6 +544,11 @@ class DataLoader(_stoke.Loader):
                 return self._fields(super().__iter__())
             return super().__iter__()
         w = self._writer
+        if self.num_workers == 0 and self._timeout_set:
+            # torch's single-process iterator's `assert self._timeout == 0`: no worker to wait
+            # for (stoke timed the caller's own batch and raised a LoaderError after it came)
+            raise AssertionError("timeout=%s needs num_workers > 0 (torch asserts timeout == 0 "
+                                 "when it iterates without workers)" % (self.timeout,))
         if self._first_iter:
             # (cleared once its planning is done: a sampler that raises leaves it to the next
             # iter(), which reads the sampler again, as torch's)

@@ -2158,6 +2158,12 @@ def _torch_prefetch_factor(value, num_workers):
     without workers in torch 2, whose default is None)."""
     if value is not None:
         return value
+    d = _torch_prefetch_default()
+    return d if d is not None else (2 if num_workers > 0 else None)
+
+
+def _torch_prefetch_default():
+    """The default of torch's DataLoader(prefetch_factor=): 2 (torch 1), None (torch 2)."""
     if not _PREFETCH_DEFAULT:
         d = 2
         if torch is not None:
@@ -2168,8 +2174,7 @@ def _torch_prefetch_factor(value, num_workers):
             except (KeyError, TypeError, ValueError):
                 pass
         _PREFETCH_DEFAULT.append(d)
-    d = _PREFETCH_DEFAULT[0]
-    return d if d is not None else (2 if num_workers > 0 else None)
+    return _PREFETCH_DEFAULT[0]
 
 
 def _mp_context(ctx):

@@ -278,6 +278,37 @@ def raises(exc, fn, text):
 
 
 @case
+def argument_errors_as_torch():
+    """Arguments torch refuses raise torch's exception type on torch's condition, compared
+    with the torch installed: prefetch_factor 0 or negative with workers (1.13: an
+    AssertionError; stoke took 0 as automatic), a generator that is no torch.Generator (a
+    TypeError; stoke's was an AttributeError), timeout > 0 without workers (an AssertionError
+    when iteration starts; stoke's was a LoaderError once a batch took longer).  The stage
+    (made / iterated) may be earlier than torch's, never later; valid neighbours still work."""
+    def outcome(cls, kw):
+        try:
+            loader = cls(Sized(8), batch_size=2, **kw)
+        except Exception as e:  # noqa: BLE001 - its type is compared
+            return "made", type(e)
+        try:
+            n = sum(1 for _ in loader)
+        except Exception as e:  # noqa: BLE001
+            return "iterated", type(e)
+        return "ok", n
+
+    stage = {"made": 0, "iterated": 1, "ok": 2}
+    for kw in ({"num_workers": 2, "prefetch_factor": 0}, {"num_workers": 2, "prefetch_factor": -1},
+               {"num_workers": 0, "prefetch_factor": 0}, {"num_workers": 2, "prefetch_factor": 1},
+               {"shuffle": True, "generator": 3}, {"generator": "seed"},
+               {"shuffle": True, "generator": torch.Generator().manual_seed(1)},
+               {"timeout": 0.5}, {"timeout": 0.5, "num_workers": 0, "batch_size": None},
+               {"timeout": 5, "num_workers": 2}, {"timeout": 0}):
+        ref, got = outcome(L.TorchLoader, kw), outcome(L.Loader, kw)
+        T.check(got[1] == ref[1] and stage[got[0]] <= stage[ref[0]],
+                "%s: stoke %s %s, torch %s %s" % (kw, got[0], got[1], ref[0], ref[1]))
+
+
+@case
 def two_iterators_at_once():
     """Two iterators of one loader alive at once: torch's are independent (persistent_workers
     False); stoke delivers one pass at a time, so the superseded iterator raises a clear
