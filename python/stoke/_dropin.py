@@ -887,7 +887,9 @@ class _Collator:
                 return type(elem)(cols)
             except TypeError:
                 return cols
-        return batch  # None and other objects: passed through (torch raises a TypeError)
+        # None, complex numbers and other objects: passed through, by design, as a list (even
+        # a column of tuple samples, which zip made a tuple); torch raises a TypeError
+        return list(batch)
 
     @staticmethod
     def _unpad(v):

@@ -171,6 +171,56 @@ def string_samples():
 
 
 @case
+def passed_through_leaves():
+    """Leaves torch's default_collate rejects with a TypeError -- None, a Python complex, NumPy
+    string and object arrays, other objects -- are passed through by design (docs/python.md),
+    each column as a list, at the top, in a dict, and in a column of tuple samples too (it was
+    the tuple zip(*batch) made there: (None, None)); a str column of tuple samples stays
+    torch's tuple."""
+    class Odd(Dataset):
+        def __init__(self, f):
+            self.f = f
+
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            return self.f(i)
+
+    from fractions import Fraction
+    for name, f, col, leaf in (
+            ("None in a tuple", lambda i: (torch.tensor(i), None), lambda b: b[1],
+             lambda x: x[1]),
+            ("complex in a list", lambda i: [i, complex(i, 1)], lambda b: b[1], lambda x: x[1]),
+            ("None in a dict", lambda i: {"x": i, "n": None}, lambda b: b["n"],
+             lambda x: x["n"]),
+            ("an object", lambda i: (i, Fraction(i, 3)), lambda b: b[1], lambda x: x[1]),
+            ("NumPy <U2", lambda i: np.array(["a", "bc"]), lambda b: b, lambda x: x),
+            ("NumPy object", lambda i: (i, np.array([i, None], dtype=object)), lambda b: b[1],
+             lambda x: x[1]),
+            ("None", lambda i: None, lambda b: b, lambda x: x)):
+        try:
+            next(iter(L.TorchLoader(Odd(f), batch_size=4)))
+            T.check(False, "%s: torch's default_collate took it" % name)
+        except TypeError:
+            pass
+        want = [leaf(f(i)) for i in range(8)]
+        for workers in (0, 2):
+            what = "%s workers=%d" % (name, workers)
+            got = [col(b) for b in L.Loader(Odd(f), batch_size=4, num_workers=workers)]
+            T.check(len(got) == 2 and all(type(c) is list and len(c) == 4 for c in got),
+                    "%s: %s" % (what, [L.describe(c) for c in got]))
+            flat = [v for c in got for v in c]
+            T.check(all(type(a) is type(b) and (list(a) == list(b) if type(a) is np.ndarray
+                                                else a == b) for a, b in zip(flat, want))
+                    and len(flat) == 8,
+                    "%s: leaves %r, want %r" % (what, flat, want))
+    for workers in (0, 2):
+        b = next(iter(L.Loader(Odd(lambda i: (i, "s%d" % i)), batch_size=2, num_workers=workers)))
+        T.check(b[1] == ("s0", "s1"), "a str column workers=%d: %r" % (workers, b[1]))
+
+
+@case
 def hold_every_batch():
     """batches = list(loader) holds more batches than any prefetch pool: every one keeps its
     values (no slot reused under a held batch)."""
