@@ -538,6 +538,37 @@ static void test_creator_leaves(void **state)
     assert_int_equal(stoke_arena_close(a), STOKE_OK);
 }
 
+/* The only process serving the arena is stopped (SIGSTOP: a debugger, a job control stop): an
+ * open fails with STOKE_EBUSY naming it after the 2 s wait, and makes no second arena of the
+ * name (it once did: a third process then joined one arena while we sat in the other).  Once it
+ * goes on, the open attaches. */
+static void test_stopped_holder_is_not_nobody(void **state)
+{
+    (void)state;
+    char name[64];
+    name_of(name, sizeof(name), "stopped");
+    kid c = spawn("create", name, 2 * MIB, 0);
+    report rc = kid_report(&c);
+    assert_int_equal(rc.created, 1);
+    assert_int_equal(kill(c.pid, SIGSTOP), 0);
+    stoke_arena *a = NULL;
+    assert_int_equal(stoke_arena_open(name, 2 * MIB, &a), STOKE_EBUSY);
+    assert_null(a);
+    const char *msg = stoke_last_error();
+    char pid[32];
+    snprintf(pid, sizeof(pid), "pid %d", (int)c.pid);
+    if (!strstr(msg, "did not answer") || !strstr(msg, pid))
+        fail_msg("message: %s", msg);
+    assert_int_equal(kill(c.pid, SIGCONT), 0);
+    assert_int_equal(stoke_arena_open(name, 2 * MIB, &a), STOKE_OK);
+    stoke_arena_stats st = stats_of(a);
+    assert_int_equal(st.created, 0);
+    assert_int_equal(st.creator_pid, (int)c.pid);
+    assert_int_equal(st.processes, 2);
+    assert_int_equal(stoke_arena_close(a), STOKE_OK);
+    kid_finish(&c);
+}
+
 /* Processes that open one name at the same moment end up in one arena, made by one of them. */
 static void test_racing_creators(void **state)
 {
@@ -846,6 +877,18 @@ static void test_default_name(void **state)
     tu_env("TORCHELASTIC_RUN_ID", "job/7 x");
     assert_int_equal(stoke_arena_default_name(buf, sizeof(buf)), STOKE_OK);
     assert_string_equal(buf, "torchelastic-job_7_x");
+    /* STOKE_ARENA=auto (with or without a size) is the job's arena, not one named "auto" */
+    tu_env("STOKE_ARENA", "auto");
+    assert_int_equal(stoke_arena_default_name(buf, sizeof(buf)), STOKE_OK);
+    assert_string_equal(buf, "torchelastic-job_7_x");
+    tu_env("STOKE_ARENA", "auto:64M");
+    assert_int_equal(stoke_arena_default_name(buf, sizeof(buf)), STOKE_OK);
+    assert_string_equal(buf, "torchelastic-job_7_x");
+    tu_env("TORCHELASTIC_RUN_ID", NULL);
+    tu_env("SLURM_JOB_ID", NULL);
+    tu_env("OMPI_MCA_ess_base_jobid", NULL);
+    assert_int_equal(stoke_arena_default_name(buf, sizeof(buf)), STOKE_ENOENT); /* no job */
+    tu_env("TORCHELASTIC_RUN_ID", "job/7 x");
     char name[64], spec[80];
     name_of(name, sizeof(name), "env");
     snprintf(spec, sizeof(spec), "%s:2M", name);
@@ -1024,6 +1067,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_writer_keeps_chunks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_killed_holding_lock, setup, teardown),
         cmocka_unit_test_setup_teardown(test_creator_leaves, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stopped_holder_is_not_nobody, setup, teardown),
         cmocka_unit_test_setup_teardown(test_racing_creators, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ipc_export, setup, teardown),
         cmocka_unit_test_setup_teardown(test_errors, setup, teardown),

@@ -94,29 +94,28 @@ static void usage(FILE *f)
         "  --no-hash              skip content_hash\n"
         "  --json                 one JSON object on stdout, errors included\n"
         "  (an option's value may also be given as --option=VALUE)\n");
-    fprintf(
-        f,
-        "\n"
-        "content_hash covers field 0 (\"data\") only, of exactly the samples the run\n"
-        "delivered: the sum modulo 2^64 of the 64-bit FNV-1a hash of each delivered sample's\n"
-        "bytes (a sample delivered in two epochs counts twice), independent of the order.\n"
-        "Host batches: it is computed in a second, untimed pass after the timed one, which\n"
-        "runs the epochs the timed pass reached again with the same loader and hashes the\n"
-        "samples the timed pass delivered (of an epoch cut short by --limit, the delivered\n"
-        "indices are kept, 8 bytes each; a sample the timed pass skipped is left out);\n"
-        "JSON \"hash_pass_seconds\" is that pass's time.  When the hash pass cannot hash\n"
-        "exactly those samples (one failed in the hash pass only, or was replaced in the\n"
-        "timed pass only), content_hash is null and \"content_hash_reason\" says why\n"
-        "(text: \"content_hash none (REASON)\").\n"
-        "--device --verify: computed inside the timed pass from the bytes read back from the\n"
-        "device.  --device without\n"
-        "--verify: not computed (null).  null too when the run failed or with --no-hash.\n"
-        "order_hash: FNV-1a over the delivered indices, one 64-bit word each.\n"
-        "index_sum: the sum of the delivered indices.  With --json, any error prints\n"
-        "{\"ok\": false, \"error\": \"...\"} on stdout as well as the message on stderr, with\n"
-        "\"error_code\" and \"error_name\" (the library's status: -4, \"STOKE_EIO\") when the\n"
-        "library failed; the exit status is 2 for a usage error, 1 for any other error (a\n"
-        "failed write to stdout too).\n");
+    fprintf(f,
+            "\n"
+            "content_hash covers field 0 (\"data\") only, of exactly the samples the run\n"
+            "delivered: the sum modulo 2^64 of the 64-bit FNV-1a hash of each delivered sample's\n"
+            "bytes (a sample delivered in two epochs counts twice), independent of the order.\n"
+            "Host batches: it is computed in a second, untimed pass after the timed one, which\n"
+            "runs the epochs the timed pass reached again with the same loader and hashes the\n"
+            "samples the timed pass delivered (of an epoch cut short by --limit, the delivered\n"
+            "indices are kept, 8 bytes each; a sample the timed pass skipped is left out);\n"
+            "JSON \"hash_pass_seconds\" is that pass's time.  When the hash pass cannot hash\n"
+            "exactly those samples (one failed in the hash pass only, or was replaced in the\n"
+            "timed pass only), content_hash is null and \"content_hash_reason\" says why\n"
+            "(text: \"content_hash none (REASON)\").\n"
+            "--device --verify: computed inside the timed pass from the bytes read back from the\n"
+            "device.  --device without\n"
+            "--verify: not computed (null).  null too when the run failed or with --no-hash.\n"
+            "order_hash: FNV-1a over the delivered indices, one 64-bit word each.\n"
+            "index_sum: the sum of the delivered indices.  With --json, any error prints\n"
+            "{\"ok\": false, \"error\": \"...\"} on stdout as well as the message on stderr, with\n"
+            "\"error_code\" and \"error_name\" (the library's status: -4, \"STOKE_EIO\") when the\n"
+            "library failed; the exit status is 2 for a usage error, 1 for any other error (a\n"
+            "failed write to stdout too).\n");
 }
 
 /* Parses the KIND of --shuffle=KIND into a->order and the block sizes.  0, or -1 after
@@ -641,10 +640,10 @@ static void print_text(const load_run *r, const char *content_src, const char *w
     printf("\n");
     printf("  consumer waited %.3f s (p50 %.1f us, p99 %.1f us); workers busy %.3f s\n", st->wait_s,
            st->wait_p50_s * 1e6, st->wait_p99_s * 1e6, st->worker_busy_s);
-    printf("  workers: %s%" PRIu64 " threads, %" PRIu64 " given work at the end (%" PRIu64
-           "..%" PRIu64 " during the run)\n",
-           a->workers_auto ? "auto, " : "", st->workers, st->workers_active, st->workers_active_min,
-           st->workers_active_max);
+    printf("  workers: %s%" PRIu64 " %s, %" PRIu64 " given work at the end (%" PRIu64 "..%" PRIu64
+           " during the run)\n",
+           a->workers_auto ? "auto, " : "", st->workers, a->procs ? "processes" : "threads",
+           st->workers_active, st->workers_active_min, st->workers_active_max);
     printf("  index_sum %" PRIu64 ", content_hash ", r->index_sum);
     if (content_src)
         printf("0x%016" PRIx64 " (field 0, %s)", r->content,

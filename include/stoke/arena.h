@@ -14,7 +14,8 @@
  *     stoke_arena_close(a);
  *
  * Naming.  Processes of one user (uid) that open the same name share one arena.  NULL derives
- * the name from the job (stoke_arena_default_name): $STOKE_ARENA (its name part), else
+ * the name from the job (stoke_arena_default_name): $STOKE_ARENA (its name part, unless it is
+ * "auto", which stands for the job's name below), else
  * "torchelastic-$TORCHELASTIC_RUN_ID", else "slurm-$SLURM_JOB_ID.$SLURM_STEP_ID", else
  * "ompi-$OMPI_MCA_ess_base_jobid"; characters other than [A-Za-z0-9._-] become '_', and the
  * name is cut at STOKE_ARENA_NAME_MAX characters.
@@ -67,6 +68,8 @@ typedef struct stoke_arena stoke_arena;
  * message names the arena and both sizes); STOKE_ENOENT (NULL name and no job to derive one
  * from, or size 0 and no such arena); STOKE_ELIMIT (STOKE_ARENA_MAX_PROCS processes attached
  * already); STOKE_ETIMEDOUT (another process kept the arena's opening lock for more than 10 s);
+ * STOKE_EBUSY (a process of this uid holds the arena but did not answer within 2 s: stopped,
+ * or its socket's queue flooded; no second arena of the name is made);
  * STOKE_ENOMEM / STOKE_EIO (memfd, mmap or socket failures, with the system's reason); the
  * backend's code when pinning failed (its reason in stoke_last_error()). */
 STOKE_API int stoke_arena_open(const char *name, size_t size, stoke_arena **out);

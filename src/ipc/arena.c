@@ -36,6 +36,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -153,7 +154,7 @@ int stoke_arena_default_name(char *buf, size_t len)
         char *colon = strchr(part, ':');
         if (colon)
             *colon = '\0';
-        if (part[0]) {
+        if (part[0] && strcmp(part, "auto") != 0) { /* "auto": the job's, below */
             sanitize(buf, len, "", part);
             return STOKE_OK;
         }
@@ -434,8 +435,10 @@ static void drain_lock(int lock)
             close(c);
 }
 
-/* Asks slot k for the arena: 1 with *fd and *hello filled; 0 when nobody answers there;
- * -1 when a process of another uid holds the name (*w says who; nothing was read from it).
+/* Asks slot k for the arena: 1 with *fd and *hello filled; 0 when nobody holds the slot;
+ * -1 when a process of another uid holds the name (*w says who; nothing was read from it);
+ * 2 when a process of this uid holds it but gave no answer (its queue full, or nothing
+ * readable within AR_HELLO_WAIT_S: stopped, or flooded; *w says which process when known).
  * Never blocks on the holder: the connect does not wait (a listener whose queue is full, as a
  * squatter can make it, gives EAGAIN: the kernel's socket table then says whose it is) and the
  * answer is awaited for at most AR_HELLO_WAIT_S. */
@@ -445,8 +448,8 @@ static int ask_slot(const char *name, int k, int *fd, ar_hello *hello, ar_who *w
     socklen_t len = stoke__arena_addr(name, k, &sa);
     int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (s < 0)
-        return 0;
-    int got = 0;
+        return -2; /* (errno: this process could not ask, which is not "nobody") */
+    int got = 0, lost = 0;
     if (connect(s, (struct sockaddr *)&sa, len) != 0) {
         int e = errno;
         close(s);
@@ -456,10 +459,8 @@ static int ask_slot(const char *name, int k, int *fd, ar_hello *hello, ar_who *w
                 *w = (ar_who){.known = 1, .uid = u};
                 return -1;
             }
-            stoke__log(STOKE_LOG_WARN,
-                       "arena '%s': slot %d's process (of this uid) does not take connections "
-                       "(its queue is full); skipped",
-                       name, k);
+            *w = (ar_who){.known = 1, .uid = u};
+            return 2; /* (its queue is full) */
         }
         return 0;
     }
@@ -478,6 +479,7 @@ static int ask_slot(const char *name, int k, int *fd, ar_hello *hello, ar_who *w
         setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) == 0) {
         int f = -1;
         ssize_t n = stoke__recvmsg_fd(s, hello, sizeof(*hello), &f);
+        lost = n == (ssize_t)sizeof(*hello) && f < 0 && errno == EMFILE;
         if (n == (ssize_t)sizeof(*hello) && f >= 0 && hello->magic == AR_MAGIC) {
             *fd = f;
             got = 1;
@@ -486,18 +488,37 @@ static int ask_slot(const char *name, int k, int *fd, ar_hello *hello, ar_who *w
         }
     }
     close(s);
-    return got;
+    if (lost) { /* it answered; its descriptor could not be taken */
+        errno = EMFILE;
+        return -2;
+    }
+    if (!got) /* ours, and silent: not "nobody" (a second arena of the name would follow) */
+        *w = (ar_who){.known = 1, .uid = cred.uid, .pid = cred.pid};
+    return got ? 1 : 2;
 }
 
 /* 1: a process of this uid answered (*fd, *hello); 0: nobody did; -1: nobody of this uid did,
- * but a process of another uid holds a slot name (*w and *wslot: the first such). */
+ * but a process of another uid holds a slot name (*w and *wslot: the first such); 2: nobody
+ * answered, but a process of this uid holds a slot and was silent (*w, *wslot: the first);
+ * -2: this process could not ask or take the answer (errno; *wslot: where). */
 static int find_served(const char *name, int lock, int *fd, ar_hello *hello, ar_who *w, int *wslot)
 {
-    int seen_foreign = 0;
+    int seen_foreign = 0, silent = 0;
+    ar_who sw = {0};
+    int sslot = -1;
     for (int k = 0; k < AR_MAXP; k++) {
         ar_who kw = {0};
         drain_lock(lock);
         int r = ask_slot(name, k, fd, hello, &kw);
+        if (r == -2) {
+            *wslot = k;
+            return -2;
+        }
+        if (r == 2 && !silent) {
+            silent = 1;
+            sw = kw;
+            sslot = k;
+        }
         if (r == 1) {
             if (seen_foreign) {
                 char who[64];
@@ -514,6 +535,11 @@ static int find_served(const char *name, int lock, int *fd, ar_hello *hello, ar_
             seen_foreign = 1;
         }
     }
+    if (silent) {
+        *w = sw;
+        *wslot = sslot;
+        return 2;
+    }
     return seen_foreign ? -1 : 0;
 }
 
@@ -524,8 +550,18 @@ static void serve_one(stoke_arena *a, int c)
     struct ucred cred;
     socklen_t cl = sizeof(cred);
     if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 || cred.uid != getuid()) {
-        stoke__log(STOKE_LOG_WARN, "arena '%s': refused a connection from uid %d (pid %d)", a->name,
-                   (int)cred.uid, (int)cred.pid);
+        /* said once a minute at most: another user can connect as often as it likes */
+        uint64_t now = stoke__now_ns();
+        a->refused++;
+        if (!a->refused_said || now - a->refused_said >= 60000000000ull) {
+            char all[64] = "";
+            if (a->refused > 1)
+                snprintf(all, sizeof(all), "; %llu refused in all, not each said",
+                         (unsigned long long)a->refused);
+            stoke__log(STOKE_LOG_WARN, "arena '%s': refused a connection from uid %d (pid %d)%s",
+                       a->name, (int)cred.uid, (int)cred.pid, all);
+            a->refused_said = now;
+        }
         return;
     }
     ar_hello hello = {.magic = AR_MAGIC,
@@ -673,6 +709,10 @@ static int take_slot(stoke_arena *a)
     int passed = 0;
     for (int k = 0; k < AR_MAXP; k++) {
         int s = stoke__arena_bind(a->name, k);
+        if (s < 0 && errno != EADDRINUSE) /* not a name held: this process could not try */
+            return stoke__fail(errno == EMFILE || errno == ENFILE ? STOKE_ELIMIT : STOKE_EIO,
+                               "stoke_arena_open: arena '%s': a socket for slot %d: %s", a->name, k,
+                               strerror(errno));
         if (s < 0)
             continue;
         if (listen(s, AR_MAXP) != 0) {
@@ -761,10 +801,31 @@ static int open_locked(stoke_arena *a, size_t size, int lock)
     ar_who w = {0};
     int rc, wslot = -1;
     int found = find_served(a->name, lock, &fd, &hello, &w, &wslot);
+    if (found == -2) {
+        int e = errno;
+        struct rlimit rl = {0};
+        char lim[64] = "";
+        if ((e == EMFILE || e == ENFILE) && getrlimit(RLIMIT_NOFILE, &rl) == 0)
+            snprintf(lim, sizeof(lim), " (RLIMIT_NOFILE %llu; ulimit -n)",
+                     (unsigned long long)rl.rlim_cur);
+        return stoke__fail(e == EMFILE || e == ENFILE ? STOKE_ELIMIT : STOKE_EIO,
+                           "stoke_arena_open: arena '%s': could not ask slot %d for it: %s%s",
+                           a->name, wslot, strerror(e), lim);
+    }
     if (found < 0) {
         char which[32];
         snprintf(which, sizeof(which), "slot %d", wslot);
         return squatted(a->name, which, &w);
+    }
+    if (found == 2) {
+        char pid[32] = "";
+        if (w.pid > 0)
+            snprintf(pid, sizeof(pid), " (pid %d)", (int)w.pid);
+        return stoke__fail(STOKE_EBUSY,
+                           "stoke_arena_open: arena '%s': a process of this uid%s holds slot %d "
+                           "but did not answer within %d s (stopped? its queue flooded?); not "
+                           "making a second arena of the same name: try again, or end it",
+                           a->name, pid, wslot, AR_HELLO_WAIT_S);
     }
     if (found)
         rc = attach_arena(a, fd, &hello, size);

@@ -92,8 +92,10 @@ struct stoke_arena {
     int wake_fd;   /* eventfd: tells the serving thread to stop */
     pthread_t thread;
     int thread_started;
-    int registered; /* stoke_pin_register succeeded */
-    int pinned;     /* ... and stoke_is_pinned says yes */
+    uint64_t refused, refused_said; /* (the serving thread's) connections of other uids; when
+                                       the last was said (stoke__now_ns) */
+    int registered;                 /* stoke_pin_register succeeded */
+    int pinned;                     /* ... and stoke_is_pinned says yes */
     int created;
     pid_t pid; /* the process that opened it: a forked child may not use the handle */
     struct stoke_arena *next; /* the process's open arenas (for fork) */

@@ -19,7 +19,8 @@ int stoke__ipc_check_handle(const stoke_ipc_handle *h, const char *what);
 ssize_t stoke__sendmsg_fd(int sock, const void *p, size_t n, int fd);
 /* socket.c: one recvmsg of at most n bytes into p, retried on EINTR; the first descriptor that
  * came with it goes to *fd (left as is when none came; extra ones are closed).  Returns
- * recvmsg's result (errno set on -1). */
+ * recvmsg's result (errno set on -1).  When the kernel cut the descriptors off (MSG_CTRUNC:
+ * this process is at RLIMIT_NOFILE) errno is EMFILE, whatever the result. */
 ssize_t stoke__recvmsg_fd(int sock, void *p, size_t n, int *fd);
 
 /* The seals of every memfd stoke shares (its size is fixed): nobody holding a descriptor can

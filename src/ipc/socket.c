@@ -115,8 +115,13 @@ ssize_t stoke__recvmsg_fd(int sock, void *p, size_t n, int *fd)
     do
         r = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
     while (r < 0 && errno == EINTR);
-    if (r >= 0)
+    if (r >= 0) {
         take_fds(&msg, fd);
+        if (msg.msg_flags & MSG_CTRUNC)
+            errno = EMFILE; /* (a descriptor that was sent is lost) */
+        else
+            errno = 0;
+    }
     return r;
 }
 

@@ -58,6 +58,7 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -353,13 +354,30 @@ static int spawn(stoke_loader *l, int wid, char *msg, size_t len)
     int fd = -1;
     char why[160];
     int rc = zygote_call(p, &q, &rep, &fd, why, sizeof(why));
+    int lost = errno == EMFILE; /* (set by the reply's recvmsg: its descriptor was cut off) */
     if (rc != STOKE_OK || rep.pid <= 0 || fd < 0) {
         if (fd >= 0)
             close(fd);
+        if (rc == STOKE_OK && rep.pid > 0) { /* forked, but its socket never came: the zygote
+                                                kills and reaps it (else a zombie each time) */
+            zreq f = {.op = Z_FORGET, .pid = rep.pid};
+            pthread_mutex_lock(&p->zmu);
+            if (p->zfd >= 0)
+                (void)send(p->zfd, &f, sizeof(f), MSG_NOSIGNAL | MSG_DONTWAIT);
+            pthread_mutex_unlock(&p->zmu);
+        }
         if (rc == STOKE_OK) {
-            rc = STOKE_ENOMEM;
-            stoke__fmt(why, sizeof(why), "%s",
-                       rep.err ? strerror(rep.err) : "no descriptor from the worker zygote");
+            rc = rep.err || !lost ? STOKE_ENOMEM : STOKE_ELIMIT;
+            struct rlimit rl = {0};
+            if (rep.err)
+                stoke__fmt(why, sizeof(why), "%s", strerror(rep.err));
+            else if (lost && getrlimit(RLIMIT_NOFILE, &rl) == 0)
+                stoke__fmt(why, sizeof(why),
+                           "its socket could not be received: this process "
+                           "has too many open files (RLIMIT_NOFILE %llu; ulimit -n)",
+                           (unsigned long long)rl.rlim_cur);
+            else
+                stoke__fmt(why, sizeof(why), "no descriptor from the worker zygote");
         }
         stoke__fmt(msg, len, "cannot start worker process %d: %s", wid, why);
         return rc;
@@ -413,8 +431,8 @@ enum { X_DONE = 0, X_DEAD = 1, X_STOPPED = 2, X_WOKEN = 3 };
 static int unwanted_for(stoke_loader *l, proc_w *w, const stoke_batch *b)
 {
     stoke__proc *p = l->proc;
-    return atomic_load(&p->stopping) || (atomic_load(&l->interrupted) == 2 &&
-                                         stoke__run_abandoned(&p->ctl[w - p->w], b->gen));
+    return atomic_load(&p->stopping) ||
+           (atomic_load(&l->interrupted) == 2 && stoke__run_abandoned(&p->ctl[w - p->w], b->gen));
 }
 
 /* The request of worker w's oldest batch in flight into w->req (no crash yet). */
@@ -674,7 +692,8 @@ stoke_batch *stoke__proc_take(stoke_loader *l, stoke__producer *pr, int wakeable
                 stoke__loader_unlock(l);
             }
             stoke__batch_failed(b, STOKE_ECANCELED, first,
-                                destroy ? "the loader is being destroyed" : "its run was abandoned");
+                                destroy ? "the loader is being destroyed"
+                                        : "its run was abandoned");
             break;
         }
         stoke__log(STOKE_LOG_WARN, "loader: worker %d: %s", wid, msg);

@@ -8,6 +8,8 @@ torch's DataLoader's.  worker_mode="threads" runs it in this process, the same b
 process.  No process is left after the loader.  An unknown mode is a ValueError."""
 import multiprocessing
 import os
+import subprocess
+import sys
 
 import stoke_testlib as T
 
@@ -154,4 +156,58 @@ for name, loader_class in (("torch", TorchLoader), ("stoke", stoke.DataLoader)):
     T.check(len(got) == 4 and all(
         (b[0] - torch.arange(8 * k, 8 * k + 8)).unique().tolist() in ([1000], [2000])
         for k, b in enumerate(got)), "%s: %s" % (name, [b[0].tolist() for b in got]))
+
+# Out of file descriptors (RLIMIT_NOFILE lowered once the loader is made, 30 worker processes to
+# start): a worker process whose socket could not be received is an error that says so (it was
+# "no descriptor from the worker zygote (STOKE_ENOMEM)"), and the process forked for it is
+# reaped at once (each one was a zombie under the zygote until the loader was destroyed).
+EMFILE = r"""
+import os, resource, sys, time
+import stoke
+loader = stoke.DataLoader(sys.argv[1], batch_size=64, num_workers=30, worker_mode="processes",
+                          pin_memory=False)
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+lim = len(os.listdir("/proc/self/fd")) + 3  # (made: the workers' sockets come when they start)
+resource.setrlimit(resource.RLIMIT_NOFILE, (lim, hard))
+try:
+    for b in loader:
+        pass
+    print("no error")
+except stoke.StokeError as e:
+    print("error:", e)
+resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))  # (to read /proc)
+print("RLIMIT_NOFILE %d" % lim)
+
+
+def kids(pid, state=None):
+    out = []
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open("/proc/%s/status" % p) as f:
+                st = dict(l.split(":", 1) for l in f if ":" in l)
+        except OSError:
+            continue
+        if st.get("PPid", "").strip() == str(pid) and (
+                state is None or st.get("State", "").split()[0] == state):
+            out.append(int(p))
+    return out
+
+
+zygotes = kids(os.getpid())
+zombies = None
+for _ in range(100):  # (the zygote reaps on its own time: at most 5 s)
+    zombies = sum(len(kids(z, "Z")) for z in zygotes)
+    if not zombies:
+        break
+    time.sleep(0.05)
+print("zygotes", len(zygotes), "zombies", zombies)
+"""
+big, _, bp, _ = T.make_npy(np, n=30 * 64 * 4, row_floats=16)
+r = subprocess.run([sys.executable, "-c", EMFILE, bp], capture_output=True, text=True,
+                   timeout=120)
+out = r.stdout + r.stderr
+lim = out.split("\nRLIMIT_NOFILE ")[-1].split()[0] if "\nRLIMIT_NOFILE " in out else "?"
+T.check("its socket could not be received: this process has too many open files (RLIMIT_NOFILE "
+        "%s; ulimit -n)" % lim in out, "EMFILE: %s" % out[-2000:])
+T.check("zygotes 1 zombies 0" in out, "EMFILE zombies: %s" % out[-2000:])
 print("ok")
