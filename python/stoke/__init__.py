@@ -763,7 +763,9 @@ class DataLoader(_stoke.Loader):
 
     def state_dict(self):
         """The position (StatefulDataLoader's convention): a loader given it by
-        load_state_dict delivers exactly the batches this one would deliver next.  An iterable
+        load_state_dict delivers exactly the batches this one would deliver next (with
+        in_order=False, also those delivered past the first gap in the epoch's order: the
+        position is the unbroken run from the start).  An iterable
         dataset's state also holds "workers" (num_workers + 1: a restore needs the same).  An
         IterableDataset's pass that ended is saved as the next epoch's start (its length is
         not known: a restore would replay the whole epoch, then give an empty pass); a map
