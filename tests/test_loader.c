@@ -395,6 +395,39 @@ static void test_interrupted_slow_batches_not_made_by_the_caller(void **state)
     }
 }
 
+/* A batch released twice: the second release is ignored, with an error naming the batch (it
+ * went on the released stack twice: a crash or a hang later), and the epoch goes on whole. */
+static void test_double_release_is_ignored(void **state)
+{
+    for (int workers = 0; workers <= 2; workers += 2) {
+        tds t;
+        stoke_dataset ds;
+        tds_make(&t, &ds, 64);
+        stoke_loader_opts o = base_opts(8, workers);
+        stoke_loader *l;
+        assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+        tu_log_capture();
+        tu_log_clear();
+        stoke_batch *b;
+        int n = 0;
+        while (stoke_loader_next(l, &b) == STOKE_OK) {
+            assert_true(tds_batch_ok(b));
+            uint64_t seq = stoke_batch_seq(b);
+            stoke_batch_release(b);
+            if (seq == 2) {
+                stoke_batch_release(b);
+                assert_non_null(strstr(stoke_last_error(), "batch 2 is not held"));
+            }
+            n++;
+        }
+        assert_int_equal(n, 8);
+        assert_int_equal(tu_log_count(STOKE_LOG_ERROR, "released twice"), 1);
+        stoke_log_set_callback(NULL, NULL);
+        stoke_loader_destroy(l);
+        tds_free(&t);
+    }
+}
+
 static void test_sample_error(void **state)
 {
     static const int workers[] = {0, 3};
@@ -822,6 +855,7 @@ int main(void)
         cmocka_unit_test(test_timeout_first_batch),
         cmocka_unit_test(test_interrupted_with_timeout),
         cmocka_unit_test(test_interrupted_slow_batches_not_made_by_the_caller),
+        cmocka_unit_test(test_double_release_is_ignored),
         cmocka_unit_test(test_sample_error),
         cmocka_unit_test(test_early_destroy),
         cmocka_unit_test(test_persistent_workers),

@@ -482,7 +482,9 @@ STOKE_API int stoke_batch_device_read(stoke_batch *b, int field, void *dst);
 
 /* Gives the batch back: its buffer returns to the pool (for device transfer, the device buffer;
  * the staging host memory already went back once the copy completed); b is invalid afterwards.
- * Once per delivered batch.  NULL does nothing.  Any thread. */
+ * Once per delivered batch.  NULL does nothing.  Any thread.  A second release of a batch that
+ * was not delivered again since is ignored, logged at ERROR and left as the last error
+ * (STOKE_ESTATE); once the loader delivered that buffer again, it is the new batch's release. */
 STOKE_API void stoke_batch_release(stoke_batch *b);
 
 #ifdef __cplusplus

@@ -1,4 +1,5 @@
 /* The batch handle: accessors, device reads, and release. */
+#include <inttypes.h>
 #include <pthread.h>
 
 #include "common/internal.h"
@@ -215,7 +216,17 @@ void stoke_batch_release(stoke_batch *b)
     if (!b)
         return;
     stoke_loader *l = b->l;
-    stoke__batch_move(b, STOKE__B_HELD, STOKE__B_RELEASED); /* a second release is a bug */
+    /* Checked in every build (one exchange on a line this release writes anyway): a second
+     * release of a batch pushed it on the stack twice, and the loader then crashed or hung. */
+    unsigned char held = STOKE__B_HELD;
+    if (!atomic_compare_exchange_strong_explicit(&b->state, &held, STOKE__B_RELEASED,
+                                                 memory_order_relaxed, memory_order_relaxed)) {
+        stoke__fail_at(STOKE_LOG_ERROR, STOKE_ESTATE,
+                       "stoke_batch_release: batch %" PRIu64 " is not held (released twice?); "
+                       "ignored",
+                       b->seq);
+        return;
+    }
     /* without `mu`: a batch of one small row spent a lock round trip, and two atomics on lines
      * the spinning threads read, on its release (loader_internal.h, `released`) */
     stoke_batch *top = atomic_load_explicit(&l->released, memory_order_relaxed);
