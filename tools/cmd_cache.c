@@ -3,6 +3,7 @@
  * process has open.  docs/cli.md, "stoke cache". */
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <time.h>
 
 #include "cli.h"
@@ -40,8 +41,23 @@ static int print_entry(void *ctx, const stoke_cache_entry *e)
     return 0;
 }
 
+/* No DIR and no STOKE_CACHE_DIR: said in the command's words (the library's names its API). */
+static int no_dir(const cli_cmd *c, const char *sub, const char *dir)
+{
+    const char *env = getenv("STOKE_CACHE_DIR");
+    if (dir || (env && *env))
+        return 0;
+    cli_fail_code(c, 1, STOKE_EINVAL,
+                  "no cache directory: give one (stoke cache %s DIR) or set "
+                  "STOKE_CACHE_DIR",
+                  sub);
+    return 1;
+}
+
 static int cache_ls(const cli_cmd *c, const char *dir)
 {
+    if (no_dir(c, "ls", dir))
+        return 1;
     stoke_cache_info info = {.size = sizeof(info)};
     ls_ctx ctx = {c->json, 0};
     /* the totals first (the text header), then the entries */
@@ -75,6 +91,8 @@ static int cache_ls(const cli_cmd *c, const char *dir)
 
 static int cache_clear(const cli_cmd *c, const char *dir)
 {
+    if (no_dir(c, "clear", dir))
+        return 1;
     stoke_cache_info info = {.size = sizeof(info)};
     uint64_t removed = 0, kept = 0;
     int rc = stoke_cache_list(dir, NULL, NULL, &info); /* the directory's name, for the output */

@@ -85,7 +85,8 @@ int cmd_index(int argc, char **argv)
         fclose(ctx.json);
     if (rc != STOKE_OK) {
         free(entries);
-        return cli_fail_rc(&c, 1, "index", rc);
+        return cli_fail_code(&c, 1, rc, "%s", /* (the library's message names the source) */
+                             *stoke_last_error() ? stoke_last_error() : stoke_strerror(rc));
     }
     if (c.json)
         printf("{\"ok\": true, \"shards\": [%s], \"count\": %" PRIu64 ", \"members\": %" PRIu64

@@ -36,6 +36,23 @@
 
 #include "cmd_load.h"
 
+/* Whether ds is a source of this kind ("npy:", "tar:"): its name starts so (only then are the
+ * source's own queries asked, which say STOKE_EINVAL in the debug log for another kind). */
+static int source_is(const stoke_dataset *ds, const char *kind)
+{
+    return strncmp(ds->name, kind, strlen(kind)) == 0;
+}
+
+/* The network figures of a tar or npy source (1), or 0 for another kind. */
+static int remote_stats(const stoke_dataset *ds, stoke_remote_stats *out)
+{
+    if (source_is(ds, "tar:"))
+        return stoke_tar_remote_stats(ds, out) == STOKE_OK;
+    if (source_is(ds, "npy:"))
+        return stoke_npy_remote_stats(ds, out) == STOKE_OK;
+    return 0;
+}
+
 /* ---- options --------------------------------------------------------------------------- */
 
 static void usage(FILE *f)
@@ -55,45 +72,51 @@ static void usage(FILE *f)
         "                             [,rank=R,world_size=W]] streaming: each shard read from\n"
         "                             start to end, shards in a (seed, epoch) order split\n"
         "                             over ranks and workers, N samples mixed (default 1000)\n"
+        "                             [,ragged=EXT:EXT][,packed=EXT:EXT] members of varying\n"
+        "                             size (raw, .txt, .json, .npy) padded / packed, with\n"
+        "                             lengths; [,max_len=N|EXT:N:EXT:N] caps them (required\n"
+        "                             with mode=stream), a longer one a bad sample or cut\n"
+        "                             with [,truncate]\n"
         "                           images:DIR[,size=224][,train|eval][,layout=chw|hwc]\n"
         "                             [,dtype=u8|f32][,mean=R:G:B,std=R:G:B][,seed=N]\n"
-        "                             [,max_decode_bytes=SIZE] (default 256M)\n"
-        "  --batch-size N         samples per batch, >= 1 (default 256)\n"
-        "  --workers N|auto       worker threads 0..1024, 0 = the caller's thread; auto (the\n"
-        "                         default): one per core (at most 16), how many get work\n"
-        "                         adapted to throughput and the consumer's waits\n"
-        "  --prefetch N|auto      batches in flight per worker, 1..1024; auto (the default):\n"
-        "                         2, and a deeper window for batches under 256 KiB\n"
-        "  --shuffle[=KIND]       an order keyed by (seed, epoch); KIND: random (a bare\n"
-        "                         --shuffle), none (sequential), or block[:ROWS[:WINDOW]]:\n"
-        "                         block shuffle, the blocks of ROWS consecutive rows (default\n"
-        "                         4096) in random order, WINDOW blocks (default 16) mixed at\n"
-        "                         a time: nearly sequential reads (docs/loader.md)\n"
-        "  --seed N               0..18446744073709551615 (default 0)\n"
-        "  --epochs N             >= 1 (default 1)\n"
-        "  --drop-last            drop a partial last batch\n"
-        "  --no-pin-memory        ordinary memory, no pinning\n"
-        "  --pin-memory-device NAME[:I]  pin for this backend (a warning if it cannot pin:\n"
-        "                         unavailable, or cpu, which pins nothing)\n"
-        "  --out-of-order         deliver batches as they complete\n"
-        "  --distributed          load this rank's share only (DistributedSampler's split);\n"
-        "                         rank and world size from RANK/WORLD_SIZE, Open MPI or Slurm\n"
-        "  --limit BATCHES        stop after this many batches in all; 0 = no limit (default)\n"
-        "  --device NAME[:I]      copy every batch to this device asynchronously\n"
-        "  --verify               with --device: read every batch back from the device and\n"
-        "                         hash what it holds\n"
-        "  --on-error=POLICY      a failing sample: error (default: the run fails),\n"
-        "                         skip[:N|:P%%] (dropped; past N per epoch, or P%%, error) or\n"
-        "                         replace[:N|:P%%] (a deterministic replacement); JSON\n"
-        "                         bad_samples and quarantine list them\n"
-        "  --worker-mode=MODE     threads (default) or processes: each worker loads in a\n"
-        "                         child process, a crash fails only its sample (map-style\n"
-        "                         sources; JSON worker_mode, worker_restarts)\n"
-        "  --arena NAME[:SIZE]    batches in the pinned arena NAME (auto: the job's) shared\n"
-        "                         by the node's processes; SIZE creates it (docs/ipc.md)\n"
-        "  --no-hash              skip content_hash\n"
-        "  --json                 one JSON object on stdout, errors included\n"
-        "  (an option's value may also be given as --option=VALUE)\n");
+        "                             [,max_decode_bytes=SIZE] (default 256M)\n");
+    fprintf(f,
+            "  --batch-size N         samples per batch, >= 1 (default 256)\n"
+            "  --workers N|auto       worker threads 0..1024, 0 = the caller's thread; auto (the\n"
+            "                         default): one per core (at most 16), how many get work\n"
+            "                         adapted to throughput and the consumer's waits\n"
+            "  --prefetch N|auto      batches in flight per worker, 1..1024; auto (the default):\n"
+            "                         2, and a deeper window for batches under 256 KiB\n"
+            "  --shuffle[=KIND]       an order keyed by (seed, epoch); KIND: random (a bare\n"
+            "                         --shuffle), none (sequential), or block[:ROWS[:WINDOW]]:\n"
+            "                         block shuffle, the blocks of ROWS consecutive rows (default\n"
+            "                         4096) in random order, WINDOW blocks (default 16) mixed at\n"
+            "                         a time: nearly sequential reads (docs/loader.md)\n"
+            "  --seed N               0..18446744073709551615 (default 0)\n"
+            "  --epochs N             >= 1 (default 1)\n"
+            "  --drop-last            drop a partial last batch\n"
+            "  --no-pin-memory        ordinary memory, no pinning\n"
+            "  --pin-memory-device NAME[:I]  pin for this backend (a warning if it cannot pin:\n"
+            "                         unavailable, or cpu, which pins nothing)\n"
+            "  --out-of-order         deliver batches as they complete\n"
+            "  --distributed          load this rank's share only (DistributedSampler's split);\n"
+            "                         rank and world size from RANK/WORLD_SIZE, Open MPI or Slurm\n"
+            "  --limit BATCHES        stop after this many batches in all; 0 = no limit (default)\n"
+            "  --device NAME[:I]      copy every batch to this device asynchronously\n"
+            "  --verify               with --device: read every batch back from the device and\n"
+            "                         hash what it holds\n"
+            "  --on-error=POLICY      a failing sample: error (default: the run fails),\n"
+            "                         skip[:N|:P%%] (dropped; past N per epoch, or P%%, error) or\n"
+            "                         replace[:N|:P%%] (a deterministic replacement); JSON\n"
+            "                         bad_samples and quarantine list them\n"
+            "  --worker-mode=MODE     threads (default) or processes: each worker loads in a\n"
+            "                         child process, a crash fails only its sample (map-style\n"
+            "                         sources; JSON worker_mode, worker_restarts)\n"
+            "  --arena NAME[:SIZE]    batches in the pinned arena NAME (auto: the job's) shared\n"
+            "                         by the node's processes; SIZE creates it (docs/ipc.md)\n"
+            "  --no-hash              skip content_hash\n"
+            "  --json                 one JSON object on stdout, errors included\n"
+            "  (an option's value may also be given as --option=VALUE)\n");
     fprintf(f,
             "\n"
             "content_hash covers field 0 (\"data\") only, of exactly the samples the run\n"
@@ -371,9 +394,7 @@ static void progress(const load_run *r, uint64_t now)
                 r->total, rate);
     }
     stoke_remote_stats net = {.size = sizeof(net)};
-    if ((stoke_tar_remote_stats(&r->ds, &net) == STOKE_OK ||
-         stoke_npy_remote_stats(&r->ds, &net) == STOKE_OK) &&
-        net.shards)
+    if (remote_stats(&r->ds, &net) && net.shards)
         fprintf(stderr,
                 " network %.1f MB, %" PRIu64 " requests, %" PRIu64 " retries, %.1f s waited ",
                 (double)net.bytes / 1e6, net.requests, net.retries, net.network_wait_s);
@@ -455,11 +476,10 @@ static void timed_pass(load_run *r)
     r->t1 = cmd_load_now_ns();
     stoke_loader_get_stats(r->l, &r->st);
     r->staged_ok =
+        source_is(&r->ds, "npy:") &&
         stoke_npy_block_staged(&r->ds, &r->staged[0], &r->staged[1], &r->staged[2]) == STOKE_OK;
     r->remote.size = sizeof(r->remote);
-    r->remote_ok = (stoke_tar_remote_stats(&r->ds, &r->remote) == STOKE_OK ||
-                    stoke_npy_remote_stats(&r->ds, &r->remote) == STOKE_OK) &&
-                   r->remote.shards;
+    r->remote_ok = remote_stats(&r->ds, &r->remote) && r->remote.shards;
     if (hooked)
         sigaction(SIGINT, &old, NULL);
     if (r->bar)
@@ -485,7 +505,7 @@ static const char *order_name(int order)
 /* The I/O mode the npy source uses (io=auto resolved), or NULL for another source. */
 static const char *io_used(const load_run *r)
 {
-    int io = stoke_npy_io_used(&r->ds);
+    int io = source_is(&r->ds, "npy:") ? stoke_npy_io_used(&r->ds) : -1;
     return io < 0 ? NULL : stoke_npy_io_name(io);
 }
 

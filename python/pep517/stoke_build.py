@@ -134,6 +134,10 @@ def get_requires_for_build_sdist(config_settings=None):
     return get_requires_for_build_wheel(config_settings)
 
 
+# The `stoke` command of the installed package: the same tool as `python -m stoke` (the C CLI).
+ENTRY_POINTS = "[console_scripts]\nstoke = stoke.__main__:cli\n"
+
+
 def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
     d = os.path.join(metadata_directory, _dist_info())
     os.makedirs(d, exist_ok=True)
@@ -141,6 +145,8 @@ def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
         f.write(_metadata())
     with open(os.path.join(d, "WHEEL"), "w") as f:
         f.write(_wheel_file())
+    with open(os.path.join(d, "entry_points.txt"), "w") as f:
+        f.write(ENTRY_POINTS)
     return _dist_info()
 
 
@@ -217,7 +223,8 @@ def _package_files(bdir):
 
 def _write_wheel(path, files):
     di = _dist_info()
-    meta = [(di + "/METADATA", _metadata()), (di + "/WHEEL", _wheel_file().encode())]
+    meta = [(di + "/METADATA", _metadata()), (di + "/WHEEL", _wheel_file().encode()),
+            (di + "/entry_points.txt", ENTRY_POINTS.encode())]
     record = []
     tmp = path + ".part"
     with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:

@@ -329,6 +329,10 @@ class DataLoader(_stoke.Loader):
                      pad, pad_to_multiple_of, max_length, return_lengths, max_batch_bytes,
                      on_error):
         from . import _dropin
+        if _dropin.np is None:  # (its batches are made of NumPy arrays, or of torch tensors)
+            raise ImportError("stoke.DataLoader over a Python dataset needs NumPy (pip install "
+                              "numpy, or Debian python3-numpy); source strings (\"npy:...\", "
+                              "\"images:...\", \"tar:...\") do not")
         user_prefetch_factor = prefetch_factor
         num_workers = _index(num_workers, "num_workers")
         if num_workers < 0:

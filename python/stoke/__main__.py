@@ -23,9 +23,14 @@ def main(argv=None):
     return _stoke._cli_main(args)
 
 
-if __name__ == "__main__":
-    # As the C tool: Ctrl-C ends the run at once, and a closed pipe ends the process
-    # (Python's handlers would only act after the command returned).
+def cli():
+    """The `stoke` command a pip install puts on PATH, and `python -m stoke`: as the C tool,
+    Ctrl-C ends the run at once and a closed pipe ends the process (Python's handlers would
+    only act after the command returned)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    cli()

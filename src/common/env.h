@@ -12,7 +12,7 @@
     X(ACCELERATOR, "STOKE_ACCELERATOR", "explicit accelerator name[:index]")                       \
     X(PLUGIN_PATH, "STOKE_PLUGIN_PATH", "colon-separated plugin files or directories")             \
     X(PINNED, "STOKE_PINNED", "0 disables pinning")                                                \
-    X(PINNED_LIMIT, "STOKE_PINNED_LIMIT", "cap on pinned bytes (K/M/G)")                           \
+    X(PINNED_LIMIT, "STOKE_PINNED_LIMIT", "cap on pinned bytes")                           \
     X(CUDA_LIBRARY, "STOKE_CUDA_LIBRARY", "path of the CUDA driver library")                       \
     X(OPENCL_LIBRARY, "STOKE_OPENCL_LIBRARY", "path of the OpenCL ICD loader")                     \
     X(HIP_LIBRARY, "STOKE_HIP_LIBRARY", "path of the HIP runtime library")                         \
@@ -32,10 +32,10 @@
     X(REMOTE_TIMEOUT, "STOKE_REMOTE_TIMEOUT", "seconds a remote read may stall")                   \
     X(REMOTE_CONNECTIONS, "STOKE_REMOTE_CONNECTIONS", "remote requests at once (read-ahead)")      \
     X(REMOTE_CHECK_VERSION, "STOKE_REMOTE_CHECK_VERSION", "compare remote answers' ETag")          \
-    X(STREAM_AHEAD, "STOKE_STREAM_AHEAD", "bytes a streaming worker holds ahead (K/M/G)")          \
+    X(STREAM_AHEAD, "STOKE_STREAM_AHEAD", "bytes a streaming worker holds ahead")          \
     X(CA_BUNDLE, "STOKE_CA_BUNDLE", "CA certificates for https (PEM file)")                        \
     X(CACHE_DIR, "STOKE_CACHE_DIR", "directory of the local cache of remote shards")               \
-    X(CACHE_LIMIT, "STOKE_CACHE_LIMIT", "size cap of the remote-shard cache (K/M/G/T)")            \
+    X(CACHE_LIMIT, "STOKE_CACHE_LIMIT", "size cap of the remote-shard cache")            \
     X(PROBE_CACHE, "STOKE_PROBE_CACHE", "directory of the probe answers kept this boot, 0: none")  \
     X(OCL_ICD_VENDORS, "OCL_ICD_VENDORS", "the OpenCL ICD loader's vendor directory")              \
     X(AWS_ACCESS_KEY_ID, "AWS_ACCESS_KEY_ID", "S3 access key")                                     \

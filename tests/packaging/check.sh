@@ -89,11 +89,16 @@ quiet "$vpy" -m pip install --no-build-isolation --no-index --no-cache-dir \
     --config-settings "build-dir=$tmp/cmake" "$tmp/src"
 site=$("$vpy" -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])')
 check_installed "$vpy" "$site"
+# the `stoke` command pip put beside the venv's python: the C tool's, as python -m stoke
+out=$("$tmp/venv-pip/bin/stoke" version) || fail "the venv's stoke command: $out"
+case "$out" in *stoke*) ;; *) fail "the venv's stoke version said: $out" ;; esac
+"$tmp/venv-pip/bin/stoke" no-such-command >/dev/null 2>&1 && fail "stoke no-such-command: exit 0"
 ver=$("$vpy" -m pip show stoke | sed -n 's/^Version: //p')
 want=$(sed -n 's/^#define STOKE_VERSION_STRING "\(.*\)"/\1/p' "$root/include/stoke/version.h")
 [ "$ver" = "$want" ] || fail "pip show stoke: version '$ver', not '$want'"
 quiet "$vpy" -m pip uninstall -y stoke
 check_gone "$vpy" "$site"
+[ ! -e "$tmp/venv-pip/bin/stoke" ] || fail "pip uninstall left the venv's stoke command"
 
 step "pip install --user (PYTHONUSERBASE=$tmp/user)"
 export PYTHONUSERBASE="$tmp/user"

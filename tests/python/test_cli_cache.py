@@ -78,7 +78,8 @@ T.check(rc == 0 and json.loads(out)["count"] == 0 and json.loads(out)["bytes"] =
 
 # --- errors ---------------------------------------------------------------------------------------
 rc, out, err = run("ls", "--json")
-T.check(rc == 1 and "STOKE_CACHE_DIR is not set" in json.loads(out)["error"], "no dir: %s" % out)
+T.check(rc == 1 and json.loads(out)["error"] == (
+    "no cache directory: give one (stoke cache ls DIR) or set STOKE_CACHE_DIR"), "no dir: %s" % out)
 rc, out, err = run("clear", os.path.join(d, "missing"), "--json")
 T.check(rc == 1 and "No such file or directory" in json.loads(out)["error"], "missing: %s" % out)
 rc, out, err = run()

@@ -104,4 +104,25 @@ T.check(procs[0] != procs[1], "epochs 0 and 1 in the same order")
 T.check(shuffled(num_workers=2) == procs, "seed 11 gave other orders the second time")
 T.check(shuffled(num_workers=2, worker_mode="threads") == procs, "threads' order differs")
 T.check(shuffled(num_workers=0) == procs, "num_workers=0's order differs")
+
+# Without NumPy (nor torch, which needs it here): a Python dataset is an ImportError that says
+# so when the loader is made (it was an AttributeError on None at the first batch); a source
+# string still loads.
+NO_NUMPY = r"""
+import sys
+sys.modules["numpy"] = None  # import numpy raises ImportError from here on
+sys.modules["torch"] = None
+import stoke
+try:
+    stoke.DataLoader([1, 2, 3], batch_size=2)
+    print("no error")
+except ImportError as e:
+    print("ImportError:", e)
+n = sum(len(b) for b in stoke.DataLoader("synthetic:100", batch_size=10, pin_memory=False))
+print("synthetic", n)
+"""
+import subprocess, sys  # noqa: E401,E402
+r = subprocess.run([sys.executable, "-c", NO_NUMPY], capture_output=True, text=True, timeout=60)
+T.check("ImportError: stoke.DataLoader over a Python dataset needs NumPy" in r.stdout and
+        "synthetic 100" in r.stdout, "without NumPy: %s %s" % (r.stdout, r.stderr[-2000:]))
 print("ok")
