@@ -59,6 +59,56 @@ void stoke_py_log_install(void)
     stoke_log_set_callback(log_sink, NULL);
 }
 
+/* The package's directory with a trailing '/' (set at import: the extension's own), for
+ * user_stacklevel. */
+static char pkg_dir[4096];
+
+static void note_pkg_dir(void)
+{
+    static int tried; /* (GIL) __file__ is set once the import returned: asked at first use */
+    if (tried)
+        return;
+    tried = 1;
+    PyObject *name = PyUnicode_FromString("stoke._stoke");
+    PyObject *m = name ? PyImport_GetModule(name) : NULL;
+    Py_XDECREF(name);
+    PyObject *f = m ? PyModule_GetFilenameObject(m) : NULL;
+    Py_XDECREF(m);
+    const char *s = f ? PyUnicode_AsUTF8(f) : NULL;
+    const char *slash = s ? strrchr(s, '/') : NULL;
+    if (slash && (size_t)(slash - s) + 1 < sizeof(pkg_dir))
+        snprintf(pkg_dir, sizeof(pkg_dir), "%.*s", (int)(slash - s) + 1, s);
+    Py_XDECREF(f);
+    PyErr_Clear(); /* (no file: the warnings then point at the package's own line) */
+}
+
+/* The stack level of the first frame outside the package: a warning names the user's line
+ * (their DataLoader(...) or for loop), not stoke/__init__.py's. */
+static int user_stacklevel(void)
+{
+    int level = 1;
+    note_pkg_dir();
+    if (!pkg_dir[0])
+        return level;
+    size_t n = strlen(pkg_dir);
+    PyFrameObject *f = PyEval_GetFrame(); /* borrowed */
+    Py_XINCREF(f);
+    while (f) {
+        PyCodeObject *co = PyFrame_GetCode(f);
+        const char *fn = co ? PyUnicode_AsUTF8(co->co_filename) : NULL;
+        Py_XDECREF(co);
+        if (!fn || strncmp(fn, pkg_dir, n) != 0 || strchr(fn + n, '/'))
+            break;
+        level++;
+        PyFrameObject *back = PyFrame_GetBack(f);
+        Py_DECREF(f);
+        f = back;
+    }
+    Py_XDECREF(f);
+    PyErr_Clear();
+    return level;
+}
+
 int stoke_py_flush_warnings(void)
 {
     if (!atomic_load_explicit(&pending, memory_order_relaxed))
@@ -74,7 +124,7 @@ int stoke_py_flush_warnings(void)
     for (int i = 0; i < n; i++) {
         if (already_seen(msgs[i]))
             continue;
-        if (PyErr_WarnFormat(PyExc_UserWarning, 1, "stoke: %s", msgs[i]) < 0)
+        if (PyErr_WarnFormat(PyExc_UserWarning, user_stacklevel(), "stoke: %s", msgs[i]) < 0)
             rc = -1; /* warnings turned into errors: the exception is set */
     }
     return rc;

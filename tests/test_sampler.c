@@ -263,9 +263,16 @@ static void test_distributed_env(void **state)
     stoke_sampler_destroy(s);
     tu_env("SLURM_PROCID", NULL);
     tu_env("SLURM_NTASKS", NULL);
-    assert_int_equal(stoke_sampler_create(&o, 100, &s), STOKE_OK);
-    assert_int_equal(stoke_sampler_world_size(s), 1);
-    stoke_sampler_destroy(s);
+    /* none at all: rank 0 of 1 (the whole dataset), said once a process at WARN */
+    tu_log_capture();
+    tu_log_clear();
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(stoke_sampler_create(&o, 100, &s), STOKE_OK);
+        assert_int_equal(stoke_sampler_world_size(s), 1);
+        stoke_sampler_destroy(s);
+    }
+    assert_int_equal(tu_log_count(STOKE_LOG_WARN, "this process loads the whole dataset"), 1);
+    stoke_log_set_callback(NULL, NULL);
 }
 
 int main(void)

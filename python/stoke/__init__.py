@@ -177,7 +177,15 @@ def _rank_world(rank, world_size):
     return r, w
 
 
-_UNSET = object()
+class _Unset:
+    """batch_size's default, 1, told apart from a 1 given (a source string's and a Python
+    dataset's default alike: what the signature shows)."""
+
+    def __repr__(self):
+        return "1"
+
+
+_UNSET = _Unset()
 _BIG_BLOCK = 16 << 20  # a Python dataset's batch of this size or more: prefetch 1 per worker,
 # and one buffer beyond them for the caller's batch (docs/python.md)
 

@@ -3,8 +3,14 @@ import os
 
 from . import _stoke
 
-_SIMDEV = os.path.join(os.path.dirname(os.path.abspath(__file__)), "plugins",
-                       "libstoke-backend-simdev.so")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_PLUGIN = "libstoke-backend-simdev.so"
+# where each kind of installation keeps the plugin: a wheel beside the package; `make install`
+# in PREFIX/lib/stoke (the package in PREFIX/lib/pythonX.Y/dist-packages/stoke); the build
+# tree in build/plugins (the package in build/python/stoke)
+_SIMDEV = [os.path.join(_HERE, "plugins", _PLUGIN),
+           os.path.normpath(os.path.join(_HERE, "..", "..", "..", "stoke", _PLUGIN)),
+           os.path.normpath(os.path.join(_HERE, "..", "..", "plugins", _PLUGIN))]
 
 
 def build_info():
@@ -14,8 +20,9 @@ def build_info():
     loader's lifecycle check, Debug builds), "zlib" (CRC-32 of shards in sidecar indexes,
     checked by the shard cache), each True when built in -- optional features follow
     what the build machine had -- and "simdev_plugin": the path of the simulated accelerator
-    plugin shipped with the package (for STOKE_PLUGIN_PATH), or None when there is none."""
+    plugin installed with the package (a wheel's, `make install`'s, the build tree's; for
+    STOKE_PLUGIN_PATH), or None when there is none."""
     info = {"version": _stoke.version}
     info.update(_stoke.build_features())
-    info["simdev_plugin"] = _SIMDEV if os.path.isfile(_SIMDEV) else None
+    info["simdev_plugin"] = next((p for p in _SIMDEV if os.path.isfile(p)), None)
     return info

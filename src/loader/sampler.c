@@ -1,5 +1,6 @@
 /* Samplers: index at (seed, epoch, position), computed without materializing the order. */
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -401,6 +402,12 @@ static int sampler_setup(stoke_sampler *s, const stoke_sampler_opts *o, uint64_t
         from_env = stoke__env_dist("distributed sampler", &er, &ew);
         if (from_env < 0)
             return from_env;
+        static atomic_int said; /* (once a process: every loader of a run would say it) */
+        if (!from_env && o->rank < 0 && o->world_size <= 0 && !atomic_exchange(&said, 1))
+            stoke__log(STOKE_LOG_WARN,
+                       "distributed sampler: no rank and world size were given, nor found in "
+                       "the environment (RANK/WORLD_SIZE, Open MPI, Slurm): rank 0 of 1, this "
+                       "process loads the whole dataset");
     }
     s->rank = o->rank >= 0 ? (uint64_t)o->rank : er;
     s->world = o->world_size > 0 ? (uint64_t)o->world_size : ew;

@@ -50,6 +50,9 @@ with warnings.catch_warnings(record=True) as w:
 msgs = [str(x.message) for x in w if issubclass(x.category, UserWarning)]
 pin = [m for m in msgs if "pin_memory is set but no accelerator" in m]
 T.check(len(pin) == 1, "pin_memory warnings: %s" % msgs)
+# ... and it names this file's line (the DataLoader(...) above), not stoke's own
+where = [(x.filename, x.lineno) for x in w if "pin_memory is set" in str(x.message)]
+T.check(where and os.path.samefile(where[0][0], __file__), "the warning points at %s" % where)
 T.check(a.pinned_backend is None, "pinned for %r without an accelerator" % a.pinned_backend)
 
 
