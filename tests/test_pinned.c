@@ -4,6 +4,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -728,7 +729,8 @@ static int fork_child_allocates_afresh(void *arg)
     for (size_t i = 0; i < MiB; i += 4096)
         if (((char *)mine)[i] != 'C')
             return 13; /* the parent's write reached the child's block */
-    if (stoke_pinned_free(j->live) != STOKE_EINVAL || !strstr(stoke_last_error(), "forked from"))
+    if (stoke_pinned_free(j->live) != STOKE_EINVAL ||
+        !strstr(stoke_last_error(), "forked this one"))
         return 14;
     if (stoke_pinned_free(mine) != STOKE_OK)
         return 15;
@@ -799,6 +801,45 @@ static void test_pinned_fork_child_drops_an_unsafe_backend(void **state)
     assert_int_equal(stoke_accelerator_get(&acc), STOKE_OK);
     assert_string_equal(acc.backend, "alpha");
     assert_int_equal(stoke_pinned_free(p), STOKE_OK);
+}
+
+/* A thread of the parent in the registry (it takes the registry's lock again and again) while
+ * the main thread forks: each child's first pinned allocation selects again under that lock,
+ * which the child makes anew (it waited for ever on a lock held by a thread that is not there,
+ * within a few forks). */
+static atomic_int spin_stop;
+
+static void *registry_spinner(void *arg)
+{
+    (void)arg;
+    while (!atomic_load(&spin_stop))
+        (void)stoke_backend_count();
+    return NULL;
+}
+
+static int fork_child_allocates(void *arg)
+{
+    (void)arg;
+    alarm(10); /* a hang dies of SIGALRM: the parent sees a signal, not exit 0 */
+    /* the test's log capture has a lock of its own, which the spinner may have held at the
+     * fork (its lines are the parent's anyway): the library's own sink from here */
+    stoke_log_set_callback(NULL, NULL);
+    stoke_log_set_level(STOKE_LOG_ERROR);
+    void *p = NULL;
+    if (stoke_pinned_alloc(64 * 1024, &p) != STOKE_OK || !p)
+        return 30;
+    return stoke_pinned_free(p) == STOKE_OK ? 0 : 31;
+}
+
+static void test_pinned_fork_while_registry_busy(void **state)
+{
+    pthread_t t;
+    atomic_store(&spin_stop, 0);
+    assert_int_equal(pthread_create(&t, NULL, registry_spinner, NULL), 0);
+    for (int i = 0; i < 40; i++)
+        assert_int_equal(in_child(fork_child_allocates, NULL), 0);
+    atomic_store(&spin_stop, 1);
+    pthread_join(t, NULL);
 }
 
 /* ---- devices and threads ------------------------------------------------------------------------
@@ -1008,6 +1049,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_pinned_fork_child_never_shares_a_block, setup_simdev,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_pinned_fork_child_drops_an_unsafe_backend, setup_none,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_pinned_fork_while_registry_busy, setup_simdev,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_pinned_cache_is_per_device, setup_simdev, teardown),
         cmocka_unit_test_setup_teardown(test_pinned_thread_exit_returns_its_cache, setup_simdev,

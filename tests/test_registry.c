@@ -359,9 +359,10 @@ static void assert_untrusted(const char *path, const char *why)
 }
 
 /* Code another local user could have written is never loaded: a plugin file or directory
- * writable by group or others (a sticky directory such as /tmp is fine), a link whose target's
- * directory is, a file owned by another user.  A bare name is the file in the working
- * directory, never one found on the dynamic linker's search path. */
+ * writable by others (a sticky directory such as /tmp is fine) or by a group shared with others
+ * (the owner's private group is fine), a link whose target's directory is, a file owned by
+ * another user.  A bare name is the file in the working directory, never one found on the
+ * dynamic linker's search path. */
 static void test_plugin_others_could_write_is_refused(void **state)
 {
     char dir[1024], safe[1024], file[1200], link[1200], cwd[PATH_MAX];
@@ -373,11 +374,9 @@ static void test_plugin_others_could_write_is_refused(void **state)
     assert_int_equal(symlink(file, link), 0);
 
     assert_int_equal(chmod(dir, 0777), 0);
-    assert_untrusted(file, "its directory");
-    assert_untrusted(file, "is writable by group or others");
-    assert_untrusted(link, "its target's directory");
-    assert_int_equal(chmod(dir, 0775), 0);
-    assert_untrusted(file, "is writable by group or others");
+    assert_untrusted(file, "the directory");
+    assert_untrusted(file, "is writable by others");
+    assert_untrusted(link, "is writable by others"); /* the target's directory */
     assert_int_equal(chmod(dir, 0755), 0);
     assert_int_equal(chmod(file, 0666), 0);
     assert_untrusted(file, "the file");
@@ -385,11 +384,16 @@ static void test_plugin_others_could_write_is_refused(void **state)
     if (geteuid() == 0) { /* only root can give a file away */
         assert_int_equal(chown(file, 65534, 65534), 0);
         assert_untrusted(file, "is owned by another user");
+        assert_int_equal(chown(file, 0, 65534), 0); /* root's, in a group root is not alone in */
+        assert_int_equal(chmod(file, 0775), 0);
+        assert_untrusted(file, "is writable by its group (not the owner's private one)");
         assert_int_equal(chown(file, 0, 0), 0);
     }
 
-    /* Sticky and writable by all, as /tmp: loads, by a bare name from the working directory. */
+    /* Sticky and writable by all, as /tmp, and the file writable by its owner's private group
+     * (umask 002): loads, by a bare name from the working directory. */
     assert_int_equal(chmod(dir, 01777), 0);
+    assert_int_equal(chmod(file, 0775), 0);
     assert_non_null(getcwd(cwd, sizeof(cwd)));
     assert_int_equal(chdir(dir), 0);
     tu_log_clear();

@@ -103,8 +103,8 @@ STOKE_API int stoke_device_get_props(const char *name, int dev, stoke_device_pro
  * string is copied) and adds it to the registry after the plugins already loaded.  A plugin is
  * never unloaded before the process exits.  A rejected plugin is listed with its reason and
  * logged at WARN; the call then returns STOKE_ENOENT (missing file), STOKE_EIO (dlopen
- * failed, or the file, its directory or a link's target's directory is owned by another user
- * than root and this one or is writable by group or others: not loaded, see docs/registry.md),
+ * failed, or the resolved file or a directory above it is owned by another user than root and
+ * this one, or writable by others or a shared group: not loaded, see docs/registry.md),
  * STOKE_EABI (no entry point, version outside the window, table too small or missing
  * a required function, no valid name, or a name already registered), the entry point's own
  * negative code when it fails, STOKE_ELIMIT (512 plugin files already listed) or STOKE_ENODEV (its

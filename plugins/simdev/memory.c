@@ -54,19 +54,9 @@ typedef struct pinned_range {
 static pthread_rwlock_t pinned_lock = PTHREAD_RWLOCK_INITIALIZER;
 static pinned_range *pinned; /* sorted by base; guarded by pinned_lock */
 
-void simdev__pinned_table_lock(void)
+void simdev__pinned_table_lock_init(void)
 {
-    pthread_rwlock_wrlock(&pinned_lock);
-}
-
-void simdev__pinned_table_unlock(int child)
-{
-    /* (in a forked child the thread has another tid, and glibc's unlock takes a write lock
-     * for a read lock when the tid differs: a fresh lock instead, nobody else being there) */
-    if (child)
-        pthread_rwlock_init(&pinned_lock, NULL);
-    else
-        pthread_rwlock_unlock(&pinned_lock);
+    pthread_rwlock_init(&pinned_lock, NULL);
 }
 static size_t npinned, cappinned;
 

@@ -69,10 +69,10 @@ struct stoke_simdev_counters {
     uint64_t live_events;
 
     /* IPC (appended: read them only when `size` covers them). */
-    uint64_t ipc_exports;        /* handles made by ipc_export_mem */
-    uint64_t ipc_imports;        /* ipc_import_mem that succeeded */
-    uint64_t live_host_imports;  /* host imports not yet closed */
-    uint64_t live_device_imports;/* device imports not yet closed */
+    uint64_t ipc_exports;         /* handles made by ipc_export_mem */
+    uint64_t ipc_imports;         /* ipc_import_mem that succeeded */
+    uint64_t live_host_imports;   /* host imports not yet closed */
+    uint64_t live_device_imports; /* device imports not yet closed */
 };
 
 /* Type of the exported function, for dlsym. */

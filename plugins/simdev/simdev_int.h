@@ -45,12 +45,10 @@ typedef struct simdev_config {
 
 /* Guarded by simdev__lock. */
 extern pthread_mutex_t simdev__lock;
-/* stream.c: takes / drops the lock of the stream and event lists (around fork(): simdev.c). */
-void simdev__objs_lock(void);
-void simdev__objs_unlock(void);
-/* memory.c: the same for the table of pinned ranges. */
-void simdev__pinned_table_lock(void);
-void simdev__pinned_table_unlock(int child); /* child: in a forked child (a fresh lock) */
+/* In a forked child (simdev.c): the lock of the stream and event lists (stream.c) and of the
+ * pinned table (memory.c) made anew. */
+void simdev__objs_lock_init(void);
+void simdev__pinned_table_lock_init(void);
 extern simdev_config simdev__cfg;
 extern struct stoke_simdev_counters simdev__ctr;
 extern uint64_t simdev__alloc_seq; /* allocations attempted since probe */

@@ -87,14 +87,9 @@ static stoke_backend_stream *streams; /* objs_lock */
 static stoke_backend_event *events;   /* objs_lock */
 static unsigned next_stream_id;       /* objs_lock */
 
-void simdev__objs_lock(void)
+void simdev__objs_lock_init(void)
 {
-    pthread_mutex_lock(&objs_lock);
-}
-
-void simdev__objs_unlock(void)
-{
-    pthread_mutex_unlock(&objs_lock);
+    pthread_mutex_init(&objs_lock, NULL);
 }
 
 /* ---- events ------------------------------------------------------------------------------- */

@@ -14,7 +14,7 @@
 #include "common/internal.h"
 
 static pthread_mutex_t sink_lock = PTHREAD_MUTEX_INITIALIZER;
-static stoke_log_fn sink_fn;    /* NULL: stderr */
+static stoke_log_fn sink_fn; /* NULL: stderr */
 static void *sink_user;
 static atomic_int log_level = -1; /* -1: not yet read from STOKE_LOG */
 
@@ -37,8 +37,10 @@ static int level_from_env(void)
             return i;
     if (strcasecmp(s, "warning") == 0)
         return STOKE_LOG_WARN;
-    fprintf(stderr, "stoke: warn: STOKE_LOG=%s is not one of error, warn, info, debug, trace; "
-                    "using warn\n", s);
+    fprintf(stderr,
+            "stoke: warn: STOKE_LOG=%s is not one of error, warn, info, debug, trace; "
+            "using warn\n",
+            s);
     return STOKE_LOG_WARN;
 }
 
@@ -63,12 +65,43 @@ void stoke_log_set_level(int level)
     atomic_store(&log_level, level);
 }
 
+/* fork(): a thread of the parent may have held sink_lock (logging as the fork happened); the
+ * child makes it anew, unless the forking thread held it itself (a sink that forks), as the
+ * child goes on in that thread.  (A child whose first log line waited on a lock nobody would
+ * release: seen with a thread of the parent in the registry while another forked.) */
+static _Thread_local int tl_holds_sink;
+static pthread_once_t fork_hooked = PTHREAD_ONCE_INIT;
+
+static void fork_child(void)
+{
+    if (!tl_holds_sink)
+        pthread_mutex_init(&sink_lock, NULL);
+}
+
+static void hook_fork(void)
+{
+    pthread_atfork(NULL, NULL, fork_child);
+}
+
+static void sink_lock_take(void)
+{
+    pthread_once(&fork_hooked, hook_fork);
+    pthread_mutex_lock(&sink_lock);
+    tl_holds_sink = 1;
+}
+
+static void sink_lock_drop(void)
+{
+    tl_holds_sink = 0;
+    pthread_mutex_unlock(&sink_lock);
+}
+
 void stoke_log_set_callback(stoke_log_fn fn, void *user)
 {
-    pthread_mutex_lock(&sink_lock);
+    sink_lock_take();
     sink_fn = fn;
     sink_user = user;
-    pthread_mutex_unlock(&sink_lock);
+    sink_lock_drop();
 }
 
 int stoke__log_enabled(int level)
@@ -82,12 +115,12 @@ void stoke__vlog(int level, const char *fmt, va_list ap)
         return;
     char msg[1536];
     vsnprintf(msg, sizeof(msg), fmt, ap);
-    pthread_mutex_lock(&sink_lock);
+    sink_lock_take();
     if (sink_fn)
         sink_fn(sink_user, level, msg);
     else
         fprintf(stderr, "stoke: %s: %s\n", stoke_log_level_name(level), msg);
-    pthread_mutex_unlock(&sink_lock);
+    sink_lock_drop();
 }
 
 void stoke__log(int level, const char *fmt, ...)

@@ -449,7 +449,7 @@ static int ask_slot(const char *name, int k, int *fd, ar_hello *hello, ar_who *w
     int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (s < 0)
         return -2; /* (errno: this process could not ask, which is not "nobody") */
-    int got = 0, lost = 0;
+    int got = 0, lost = 0, gone = 0;
     if (connect(s, (struct sockaddr *)&sa, len) != 0) {
         int e = errno;
         close(s);
@@ -480,6 +480,8 @@ static int ask_slot(const char *name, int k, int *fd, ar_hello *hello, ar_who *w
         int f = -1;
         ssize_t n = stoke__recvmsg_fd(s, hello, sizeof(*hello), &f);
         lost = n == (ssize_t)sizeof(*hello) && f < 0 && errno == EMFILE;
+        /* closed on us (its process closing the arena as we came): nobody, as before */
+        gone = n == 0 || (n < 0 && (errno == ECONNRESET || errno == EPIPE));
         if (n == (ssize_t)sizeof(*hello) && f >= 0 && hello->magic == AR_MAGIC) {
             *fd = f;
             got = 1;
@@ -492,6 +494,8 @@ static int ask_slot(const char *name, int k, int *fd, ar_hello *hello, ar_who *w
         errno = EMFILE;
         return -2;
     }
+    if (gone)
+        return 0;
     if (!got) /* ours, and silent: not "nobody" (a second arena of the name would follow) */
         *w = (ar_who){.known = 1, .uid = cred.uid, .pid = cred.pid};
     return got ? 1 : 2;

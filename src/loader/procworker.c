@@ -295,7 +295,7 @@ int stoke__proc_create(stoke_loader *l)
  * caller set to -1), within ZYGOTE_MS.  STOKE_OK; STOKE_ETIMEDOUT (a zygote that is stopped or
  * stuck) or STOKE_ENOMEM (gone: no process can be started, as when fork fails), with why in
  * msg. */
-static int zygote_call(stoke__proc *p, zreq *q, zrep *rep, int *fd, char *msg, size_t len)
+static int zygote_call(stoke__proc *p, zreq *q, zrep *rep, int *fd, int *cut, char *msg, size_t len)
 {
     pthread_mutex_lock(&p->zmu);
     q->seq = ++p->zseq;
@@ -316,7 +316,9 @@ static int zygote_call(stoke__proc *p, zreq *q, zrep *rep, int *fd, char *msg, s
             break;
         }
         int got = -1;
-        if (pr < 0 || stoke__recvmsg_fd(zfd, rep, sizeof(*rep), &got) != (ssize_t)sizeof(*rep)) {
+        ssize_t rn = pr < 0 ? -1 : stoke__recvmsg_fd(zfd, rep, sizeof(*rep), &got);
+        int ctrunc = rn >= 0 && errno == EMFILE; /* its descriptor was cut off */
+        if (rn != (ssize_t)sizeof(*rep)) {
             if (got >= 0)
                 close(got);
             rc = STOKE_ENOMEM;
@@ -324,13 +326,18 @@ static int zygote_call(stoke__proc *p, zreq *q, zrep *rep, int *fd, char *msg, s
         }
         if (rep->seq != q->seq) { /* the late reply to a request that timed out */
             if (got >= 0)
-                close(got);                 /* a child forked for it: EOF, it exits */
-            if (rep->pid > 0 && got >= 0) { /* and the zygote reaps it (else: a zombie) */
+                close(got); /* a child forked for it: EOF, it exits */
+            /* and the zygote reaps it (else: a zombie), its socket taken or cut off here
+             * (RLIMIT_NOFILE); only a SPAWN's reply carries a descriptor (a REAP's pid was
+             * reaped: asking again could kill a process that took the pid since) */
+            if (rep->pid > 0 && (got >= 0 || ctrunc)) {
                 zreq f = {.op = Z_FORGET, .pid = rep->pid};
                 (void)send(zfd, &f, sizeof(f), MSG_NOSIGNAL | MSG_DONTWAIT);
             }
             continue;
         }
+        if (cut)
+            *cut = ctrunc;
         if (fd)
             *fd = got;
         else if (got >= 0)
@@ -353,8 +360,8 @@ static int spawn(stoke_loader *l, int wid, char *msg, size_t len)
     zrep rep = {.pid = -1};
     int fd = -1;
     char why[160];
-    int rc = zygote_call(p, &q, &rep, &fd, why, sizeof(why));
-    int lost = errno == EMFILE; /* (set by the reply's recvmsg: its descriptor was cut off) */
+    int lost = 0; /* the reply's descriptor was cut off (this process at RLIMIT_NOFILE) */
+    int rc = zygote_call(p, &q, &rep, &fd, &lost, why, sizeof(why));
     if (rc != STOKE_OK || rep.pid <= 0 || fd < 0) {
         if (fd >= 0)
             close(fd);
@@ -367,7 +374,8 @@ static int spawn(stoke_loader *l, int wid, char *msg, size_t len)
             pthread_mutex_unlock(&p->zmu);
         }
         if (rc == STOKE_OK) {
-            rc = rep.err || !lost ? STOKE_ENOMEM : STOKE_ELIMIT;
+            int fds = lost || rep.err == EMFILE || rep.err == ENFILE;
+            rc = fds ? STOKE_ELIMIT : STOKE_ENOMEM;
             struct rlimit rl = {0};
             if (rep.err)
                 stoke__fmt(why, sizeof(why), "%s", strerror(rep.err));
@@ -402,7 +410,7 @@ static void reap(stoke_loader *l, int wid, int kill_it, char *msg, size_t len)
     zreq q = {.op = Z_REAP, .pid = pid, .kill = kill_it};
     zrep rep = {0};
     char why[160] = "";
-    if (zygote_call(p, &q, &rep, NULL, why, sizeof(why)) != STOKE_OK || rep.err) {
+    if (zygote_call(p, &q, &rep, NULL, NULL, why, sizeof(why)) != STOKE_OK || rep.err) {
         stoke__fmt(msg, len, "worker process %d died (its exit status is unknown%s%.150s)", pid,
                    why[0] ? ": " : "", why);
         return;

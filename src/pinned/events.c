@@ -92,8 +92,10 @@ pn_evnode *stoke__pn_drop_completed(pn_evnode *list)
             pending = list;
         } else {
             if (rc != STOKE_OK)
-                stoke__log(STOKE_LOG_DEBUG, "pinned: work recorded on a block failed (%s); "
-                           "the block is reusable", stoke_err_name(rc));
+                stoke__log(STOKE_LOG_DEBUG,
+                           "pinned: work recorded on a block failed (%s); "
+                           "the block is reusable",
+                           stoke_err_name(rc));
             list->next = done;
             done = list;
         }
@@ -111,8 +113,10 @@ int stoke_pinned_record_stream(void *ptr, stoke_stream *s)
                            ptr ? "stream" : "pointer");
     pn_block *b = stoke__pn_map_get(ptr);
     if (!b || atomic_load_explicit(&b->state, memory_order_acquire) != PN_LIVE)
-        return stoke__fail(STOKE_EINVAL, "stoke_pinned_record_stream(%p): not the start of a "
-                           "live block from stoke_pinned_alloc", ptr);
+        return stoke__fail(STOKE_EINVAL,
+                           "stoke_pinned_record_stream(%p): not the start of a "
+                           "live block from stoke_pinned_alloc",
+                           ptr);
     pn_evnode *n = NULL;
     int rc = ev_get(s, &n);
     if (rc != STOKE_OK)
@@ -133,8 +137,10 @@ int stoke_pinned_record_stream(void *ptr, stoke_stream *s)
             atomic_store(&b->has_events, 0);
         pthread_mutex_unlock(m);
         stoke__pn_ev_put_list(n);
-        return stoke__fail(STOKE_EINVAL, "stoke_pinned_record_stream(%p): the block was freed "
-                           "meanwhile", ptr);
+        return stoke__fail(STOKE_EINVAL,
+                           "stoke_pinned_record_stream(%p): the block was freed "
+                           "meanwhile",
+                           ptr);
     }
     /* A live block recorded on again and again (a loader's staging slot) keeps only the events
      * still pending: completed ones go back to the pool here (queries never block). */

@@ -194,18 +194,12 @@ void stoke__pn_live_foreach(void (*fn)(pn_block *b))
                 fn(&c->blocks[i]);
 }
 
-void stoke__pn_desc_lock(void)
+void stoke__pn_desc_after_fork(void)
 {
-    pthread_mutex_lock(&desc_lock);
-}
-
-void stoke__pn_desc_unlock(void)
-{
-    pthread_mutex_unlock(&desc_lock);
-}
-
-void stoke__pn_desc_forget_used(void)
-{
+    /* (in the child, alone: a thread of the parent may have held the lock, mid-way through the
+     * free list, which is dropped; the chunk list is only ever pushed whole onto its head) */
+    pthread_mutex_init(&desc_lock, NULL);
+    free_desc = NULL;
     for (chunk *c = chunks; c; c = c->next)
         for (int i = 0; i < CHUNK; i++)
             if (atomic_load(&c->blocks[i].state) != PN_FREE_DESC)

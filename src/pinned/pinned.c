@@ -39,8 +39,11 @@ static void tc_exit(void *arg);
  * memory that is not there (CUDA maps its pinned memory MADV_DONTFORK); freeing one would
  * release the parent's.  So the child starts afresh: the parent's blocks become PN_FOREIGN,
  * its pools, thread caches, pooled events and registrations are set aside (kept reachable,
- * never used), the counters start at 0, and the locks are taken across fork() so that what the
- * child reads is consistent. */
+ * never used), the counters start at 0, and every lock is made anew (a thread of the parent may
+ * have held one).  No lock is taken around fork(): handlers that take locks there run in the
+ * order of their registration, which changes as plugins are loaded and unloaded, so two of them
+ * would take their locks in either order (ThreadSanitizer's lock-order report); the child reads
+ * only the heads of what it sets aside and the descriptor chunks, pushed whole onto their list. */
 typedef struct pn_orphans {
     struct pn_orphans *next;
     pn_pool *pools[PN_MAX_POOLS];
@@ -52,22 +55,9 @@ typedef struct pn_orphans {
 static pn_orphans *orphans; /* what forks left, newest first (only for leak checkers) */
 static int parent_pid;      /* the process the live blocks came from, once forked */
 
-static void fork_prepare(void)
-{
-    pthread_mutex_lock(&stoke__pinned.lock);
-    stoke__pn_desc_lock();
-}
-
-static void fork_parent(void)
-{
-    stoke__pn_desc_unlock();
-    pthread_mutex_unlock(&stoke__pinned.lock);
-}
-
 static void fork_child(void)
 {
-    stoke__pn_desc_unlock();
-    stoke__pn_desc_forget_used();
+    stoke__pn_desc_after_fork();
     parent_pid = (int)getppid();
     pn_orphans *o = calloc(1, sizeof(*o));
     if (o) {
@@ -95,16 +85,16 @@ static void fork_child(void)
     PN_ATOMIC_COUNTERS(PN_ZERO_CHILD)
 #undef PN_ZERO_CHILD
     /* (held by other threads of the parent, perhaps: those threads are not here) */
+    pthread_mutex_init(&stoke__pinned.lock, NULL);
     pthread_mutex_init(&stoke__pinned.evlock, NULL);
     pthread_mutex_init(&stoke__pinned.reglock, NULL);
     for (int i = 0; i < PN_STRIPES; i++)
         pthread_mutex_init(&stoke__pinned.stripes[i], NULL);
-    pthread_mutex_unlock(&stoke__pinned.lock);
 }
 
 static void once_init(void)
 {
-    pthread_atfork(fork_prepare, fork_parent, fork_child);
+    pthread_atfork(NULL, NULL, fork_child);
     for (int i = 0; i < PN_STRIPES; i++)
         pthread_mutex_init(&stoke__pinned.stripes[i], NULL);
     pthread_key_create(&tc_key, tc_exit);
@@ -794,8 +784,8 @@ int stoke_pinned_free(void *ptr)
     int expect = PN_LIVE;
     if (b && !atomic_compare_exchange_strong(&b->state, &expect, PN_CACHED) && expect == PN_FOREIGN)
         return stoke__fail(STOKE_EINVAL,
-                           "stoke_pinned_free(%p): allocated by process %d, which this process "
-                           "was forked from; it is that process's to free",
+                           "stoke_pinned_free(%p): allocated before process %d forked this "
+                           "one; it is that process's (or an earlier one's) to free",
                            ptr, parent_pid);
     if (!b || expect != PN_LIVE)
         return stoke__fail(STOKE_EINVAL,

@@ -83,11 +83,10 @@ void stoke__pn_desc_put(pn_block *b);
 void stoke__pn_map_reset(void); /* frees the tree and every descriptor (tests) */
 /* Calls fn on every descriptor in state PN_LIVE (reset only: nothing may run concurrently). */
 void stoke__pn_live_foreach(void (*fn)(pn_block *b));
-/* Around fork(): the descriptor list's lock; in the child, every descriptor in use becomes
- * PN_FOREIGN (it stays in the map, so that a free of it can say whose it is). */
-void stoke__pn_desc_lock(void);
-void stoke__pn_desc_unlock(void);
-void stoke__pn_desc_forget_used(void);
+/* In a forked child: the descriptor lock made anew, the free descriptors dropped (left in
+ * their chunks), and every descriptor in use made PN_FOREIGN (it stays in the map, so that a
+ * free of it can say whose it is). */
+void stoke__pn_desc_after_fork(void);
 
 /* ---- pools and thread caches ------------------------------------------------------------- */
 typedef struct pn_bin {
@@ -141,11 +140,12 @@ typedef struct pn_reg {
 /* Counters only the slow paths touch: relaxed atomics. */
 #define PN_ATOMIC_COUNTERS(X)                                                                      \
     X(bytes_reserved)                                                                              \
-    X(count_reserved) X(peak_bytes_reserved) X(peak_bytes_in_use) X(bins_bytes) X(bins_count)      \
-        X(bytes_waiting) X(count_waiting) X(pin_calls) X(pin_ns) X(pin_failures) X(unpin_calls)    \
-            X(unpin_ns) X(standin_allocs) X(pageable_fallbacks) X(pageable_fallback_bytes)         \
-                X(limit_failures) X(limit_releases) X(events_recorded) X(events_created)           \
-                    X(registered_count) X(registered_bytes)
+    X(count_reserved)                                                                              \
+    X(peak_bytes_reserved) X(peak_bytes_in_use) X(bins_bytes) X(bins_count) X(bytes_waiting)       \
+        X(count_waiting) X(pin_calls) X(pin_ns) X(pin_failures) X(unpin_calls) X(unpin_ns)         \
+            X(standin_allocs) X(pageable_fallbacks) X(pageable_fallback_bytes) X(limit_failures)   \
+                X(limit_releases) X(events_recorded) X(events_created) X(registered_count)         \
+                    X(registered_bytes)
 
 typedef struct pn_global {
     pthread_mutex_t lock; /* guards pool creation, the tcache list, retired, warnings, init */

@@ -6,21 +6,20 @@
 #include "pinned/pinned_internal.h"
 #include "registry/registry.h"
 
-
 /* Every uint64_t member of stoke_pinned_stats, in order: the JSON printer walks this list. */
-#define STATS_U64(X)                                                                            \
-    X(limit_bytes) X(limit_policy) X(bytes_in_use) X(count_in_use) X(peak_bytes_in_use)         \
-    X(bytes_reserved) X(count_reserved) X(peak_bytes_reserved) X(bytes_cached) X(count_cached)  \
-    X(bytes_waiting) X(count_waiting) X(total_allocs) X(total_frees) X(bytes_requested)         \
-    X(cache_hits) X(cache_misses) X(pin_calls) X(pin_ns) X(pin_failures) X(unpin_calls)          \
-    X(unpin_ns) X(standin_allocs) X(pageable_fallbacks) X(pageable_fallback_bytes)              \
-    X(limit_failures) X(limit_releases) X(events_recorded) X(events_created)                    \
-    X(registered_count) X(registered_bytes)
+#define STATS_U64(X)                                                                               \
+    X(limit_bytes)                                                                                 \
+    X(limit_policy) X(bytes_in_use) X(count_in_use) X(peak_bytes_in_use) X(bytes_reserved)         \
+        X(count_reserved) X(peak_bytes_reserved) X(bytes_cached) X(count_cached) X(bytes_waiting)  \
+            X(count_waiting) X(total_allocs) X(total_frees) X(bytes_requested) X(cache_hits)       \
+                X(cache_misses) X(pin_calls) X(pin_ns) X(pin_failures) X(unpin_calls) X(unpin_ns)  \
+                    X(standin_allocs) X(pageable_fallbacks) X(pageable_fallback_bytes)             \
+                        X(limit_failures) X(limit_releases) X(events_recorded) X(events_created)   \
+                            X(registered_count) X(registered_bytes)
 
 #define COUNT_ONE(name) +1
-_Static_assert(sizeof(stoke_pinned_stats) ==
-                   offsetof(stoke_pinned_stats, limit_bytes) +
-                       (0 STATS_U64(COUNT_ONE)) * sizeof(uint64_t),
+_Static_assert(sizeof(stoke_pinned_stats) == offsetof(stoke_pinned_stats, limit_bytes) +
+                                                 (0 STATS_U64(COUNT_ONE)) * sizeof(uint64_t),
                "STATS_U64 must list every uint64_t member of stoke_pinned_stats");
 
 static uint64_t clamp0(int64_t v)
@@ -48,9 +47,8 @@ static void collect(stoke_pinned_stats *s)
     s->bytes_in_use = clamp0(c.bytes_in_use);
     s->count_in_use = clamp0(c.count_in_use);
     uint64_t peak = PN_GET(peak_bytes_in_use);
-    while (s->bytes_in_use > peak &&
-           !atomic_compare_exchange_weak(&stoke__pinned.peak_bytes_in_use, &peak,
-                                         s->bytes_in_use)) {
+    while (s->bytes_in_use > peak && !atomic_compare_exchange_weak(&stoke__pinned.peak_bytes_in_use,
+                                                                   &peak, s->bytes_in_use)) {
     }
     s->peak_bytes_in_use = s->bytes_in_use > peak ? s->bytes_in_use : peak;
     s->bytes_reserved = PN_GET(bytes_reserved);
@@ -101,11 +99,11 @@ int stoke_pinned_stats_json(char *buf, size_t len, size_t *needed)
     collect(&s);
     char tmp[2048];
     size_t n = 0;
-    n += (size_t)snprintf(tmp + n, sizeof(tmp) - n, "{\"version\":%u,\"backend\":\"%s\"",
-                          s.version, s.backend);
-#define PRINT_ONE(name)                                                                         \
-    if (n < sizeof(tmp))                                                                        \
-        n += (size_t)snprintf(tmp + n, sizeof(tmp) - n, ",\"" #name "\":%llu",                  \
+    n += (size_t)snprintf(tmp + n, sizeof(tmp) - n, "{\"version\":%u,\"backend\":\"%s\"", s.version,
+                          s.backend);
+#define PRINT_ONE(name)                                                                            \
+    if (n < sizeof(tmp))                                                                           \
+        n += (size_t)snprintf(tmp + n, sizeof(tmp) - n, ",\"" #name "\":%llu",                     \
                               (unsigned long long)s.name);
     STATS_U64(PRINT_ONE)
 #undef PRINT_ONE

@@ -27,6 +27,7 @@
 #include "backends/builtin.h"
 #include "common/env.h"
 #include "common/internal.h"
+#include "registry/plugin_trust.h"
 #include "registry/registry.h"
 
 /* Plugin files tried in all (STOKE_PLUGIN_PATH and stoke_plugin_load); a file past it is listed
@@ -70,6 +71,30 @@ static struct {
 
 static _Thread_local int tl_device = -1;
 static _Thread_local unsigned tl_gen;
+static _Thread_local int tl_holds_reg; /* this thread holds reg.lock (see fork_child) */
+
+static void fork_child(void);
+static pthread_once_t fork_hooked = PTHREAD_ONCE_INIT;
+
+static void hook_fork(void)
+{
+    pthread_atfork(NULL, NULL, fork_child);
+}
+
+/* (the fork handler is installed before the lock is first taken: a fork while another thread
+ * held it during the first init found no handler, and the child waited for ever) */
+static void reg_lock(void)
+{
+    pthread_once(&fork_hooked, hook_fork);
+    pthread_mutex_lock(&reg.lock);
+    tl_holds_reg = 1;
+}
+
+static void reg_unlock(void)
+{
+    tl_holds_reg = 0;
+    pthread_mutex_unlock(&reg.lock);
+}
 
 /* A plugin's log line.  Warnings and errors also become the calling thread's last error: a
  * plugin reports the detail of a failing call this way (its calls run in the caller's thread),
@@ -315,104 +340,11 @@ static int reject_locked(entry *e, const char *path, int rc, const char *why)
     return set_unusable_locked(e, path, rc, "rejected", why);
 }
 
-static const char *file_type_name(mode_t mode)
+/* dlopens the checked, resolved path `real` into `e`, calls its entry point and checks the
+ * table it returns. */
+static int open_plugin_locked(entry *e, const char *real, char *why, size_t why_len)
 {
-    return S_ISFIFO(mode)   ? "a FIFO"
-           : S_ISSOCK(mode) ? "a socket"
-           : S_ISCHR(mode)  ? "a character device"
-           : S_ISBLK(mode)  ? "a block device"
-                            : "not a regular file";
-}
-
-/* Who may have changed what `st` describes?  Only root or this user, or else another local user
- * could put code into this process: the owner must be one of them, and neither group nor
- * others may write it.  A directory writable by others is still safe with the sticky bit set
- * when the file in it is this user's or root's (`sticky_ok`): no one else can replace it. */
-static const char *untrusted(const struct stat *st, int sticky_ok)
-{
-    if (st->st_uid != 0 && st->st_uid != geteuid())
-        return "is owned by another user";
-    if ((st->st_mode & (S_IWGRP | S_IWOTH)) && !(sticky_ok && (st->st_mode & S_ISVTX)))
-        return "is writable by group or others";
-    return NULL;
-}
-
-/* The directory part of `path` ("." for a bare name) is trusted by untrusted(); else `why`. */
-static int check_plugin_dir(const char *path, const char *what, char *why, size_t why_len)
-{
-    char dir[PATH_MAX];
-    const char *slash = strrchr(path, '/');
-    size_t n = !slash ? 0 : slash == path ? 1 : (size_t)(slash - path);
-    if (n >= sizeof(dir))
-        n = sizeof(dir) - 1;
-    memcpy(dir, n ? path : ".", n ? n : 1);
-    dir[n ? n : 1] = '\0';
-    struct stat st;
-    if (stat(dir, &st) != 0) {
-        stoke__fmt(why, why_len, "cannot stat its directory %s: %s", dir, strerror(errno));
-        return STOKE_EIO;
-    }
-    const char *bad = untrusted(&st, 1);
-    if (bad) {
-        stoke__fmt(why, why_len,
-                   "%s directory %s %s: another user could replace the plugin "
-                   "(chmod go-w, or move the plugin to a directory of its own)",
-                   what, dir, bad);
-        return STOKE_EIO;
-    }
-    return STOKE_OK;
-}
-
-/* Is `path` a file dlopen can be given, and one no other user could have written?  stat, not
- * lstat: a symbolic link to a plugin is fine, and the file it resolves to (`real`, what is
- * dlopen'ed: a bare name would be searched for in the library path, not the working
- * directory) and that file's directory are checked as well as the link's directory.  Anything
- * but a regular file is refused before dlopen, which would block forever on a FIFO. */
-static int check_plugin_file(const char *path, char *real, char *why, size_t why_len)
-{
-    struct stat st;
-    if (stat(path, &st) != 0) {
-        int err = errno;
-        if (err == ENOENT)
-            stoke__strlcpy(why, "file not found", why_len);
-        else
-            stoke__fmt(why, why_len, "cannot stat it: %s", strerror(err));
-        return err == ENOENT ? STOKE_ENOENT : STOKE_EIO;
-    }
-    if (S_ISDIR(st.st_mode)) {
-        stoke__strlcpy(why,
-                       "is a directory, not a plugin file (directories are searched only "
-                       "when named in STOKE_PLUGIN_PATH)",
-                       why_len);
-        return STOKE_EINVAL;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        stoke__fmt(why, why_len, "is %s, not a regular file or directory",
-                   file_type_name(st.st_mode));
-        return STOKE_EINVAL;
-    }
-    if (!realpath(path, real)) {
-        stoke__fmt(why, why_len, "cannot resolve its path: %s", strerror(errno));
-        return STOKE_EIO;
-    }
-    const char *bad = untrusted(&st, 0);
-    if (bad) {
-        stoke__fmt(why, why_len,
-                   "the file %s %s: not loaded, another user could have put code "
-                   "in it (chown it, chmod go-w)",
-                   real, bad);
-        return STOKE_EIO;
-    }
-    int rc = check_plugin_dir(path, "its", why, why_len);
-    if (rc == STOKE_OK && strcmp(path, real) != 0)
-        rc = check_plugin_dir(real, "its target's", why, why_len);
-    return rc;
-}
-
-/* dlopens `path` into `e`, calls its entry point and checks the table it returns. */
-static int open_plugin_locked(entry *e, const char *path, char *why, size_t why_len)
-{
-    e->dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    e->dl = dlopen(real, RTLD_NOW | RTLD_LOCAL);
     if (!e->dl) {
         const char *err = dlerror();
         stoke__fmt(why, why_len, "dlopen failed: %s", err ? err : "unknown error");
@@ -459,7 +391,7 @@ static int load_plugin_locked(const char *path)
         return set_unusable_locked(e, path, STOKE_ELIMIT, "skipped", why);
     }
     char real[PATH_MAX];
-    int rc = check_plugin_file(path, real, why, sizeof(why));
+    int rc = stoke__plugin_check(path, real, why, sizeof(why));
     if (rc == STOKE_OK)
         rc = open_plugin_locked(e, real, why, sizeof(why));
     if (rc != STOKE_OK)
@@ -603,13 +535,19 @@ static void add_builtin_locked(stoke_backend_entry_fn fn)
 
 /* In a forked child: a backend the parent probed available is not used here unless it says it
  * may be (STOKE_CAP_FORK_SAFE): the child has none of the driver's threads, and its calls may
- * fail, or hang (PoCL waits for a thread that is gone).  The handler only notes the fork (the
- * lock may be held by the forking thread itself: OpenCL's probe forks under it); the next use,
- * under the lock, marks the entries (mark_forked_locked) and selects again. */
+ * fail, or hang (PoCL waits for a thread that is gone).  The handler only notes the fork; the
+ * next use, under the lock, marks the entries (mark_forked_locked) and selects again.  No
+ * prepare handler takes the lock around fork(): OpenCL's probe forks under it, and a thread
+ * probing holds it while calling into drivers, whose own locks another forking thread may hold
+ * in its prepare handlers (a deadlock).  So the child makes the lock anew unless the forking
+ * thread held it (then it is that thread's, which goes on in the child): a lock another
+ * thread of the parent held would never be released here (the child waited for ever). */
 static atomic_int fork_parent_pid; /* nonzero: forked from this pid, entries not yet marked */
 
 static void fork_child(void)
 {
+    if (!tl_holds_reg)
+        pthread_mutex_init(&reg.lock, NULL);
     atomic_store_explicit(&fork_parent_pid, reg.pid, memory_order_relaxed);
     atomic_store_explicit(&reg.published, NULL, memory_order_relaxed);
 }
@@ -635,9 +573,6 @@ static void init_locked(void)
     mark_forked_locked();
     if (reg.initialized)
         return;
-    static int hooked;
-    if (!hooked && pthread_atfork(NULL, NULL, fork_child) == 0)
-        hooked = 1;
     reg.pid = (int)getpid();
     reg.initialized = 1;
     reg.nbuiltins = 0;
@@ -789,14 +724,14 @@ static const selection *current_selection(void)
     selection *s = atomic_load_explicit(&reg.published, memory_order_acquire);
     if (s)
         return s;
-    pthread_mutex_lock(&reg.lock);
+    reg_lock();
     init_locked();
     s = atomic_load_explicit(&reg.published, memory_order_relaxed);
     if (!s) {
         static selection oom = {.status = STOKE_ENOMEM, .reason = "out of memory"};
         s = calloc(1, sizeof(*s));
         if (!s) {
-            pthread_mutex_unlock(&reg.lock);
+            reg_unlock();
             return &oom;
         }
         select_locked(s);
@@ -806,7 +741,7 @@ static const selection *current_selection(void)
         log_selection(s);
         atomic_store_explicit(&reg.published, s, memory_order_release);
     }
-    pthread_mutex_unlock(&reg.lock);
+    reg_unlock();
     return s;
 }
 
@@ -870,17 +805,17 @@ int stoke_accelerator_get(stoke_accelerator_info *out)
 
 int stoke_accelerator_select(const char *spec)
 {
-    pthread_mutex_lock(&reg.lock);
+    reg_lock();
     init_locked();
     char saved[sizeof(reg.api_spec)];
     stoke__strlcpy(saved, reg.api_spec, sizeof(saved));
     if (spec && !*spec) { /* "" would read as NULL (no API choice): malformed instead */
-        pthread_mutex_unlock(&reg.lock);
+        reg_unlock();
         return stoke__fail(STOKE_EINVAL, "stoke_accelerator_select: empty spec (NULL takes the "
                                          "API's choice back)");
     }
     if (spec && strlen(spec) >= sizeof(reg.api_spec)) {
-        pthread_mutex_unlock(&reg.lock);
+        reg_unlock();
         return stoke__fail(STOKE_EINVAL, "accelerator spec '%.40s...' is too long", spec);
     }
     stoke__strlcpy(reg.api_spec, spec ? spec : "", sizeof(reg.api_spec));
@@ -891,11 +826,11 @@ int stoke_accelerator_select(const char *spec)
         stoke__strlcpy(reg.api_spec, saved, sizeof(reg.api_spec));
         char msg[512];
         stoke__strlcpy(msg, trial.error[0] ? trial.error : trial.reason, sizeof(msg));
-        pthread_mutex_unlock(&reg.lock);
+        reg_unlock();
         return stoke__fail(rc, "%s", msg);
     }
     invalidate_locked();
-    pthread_mutex_unlock(&reg.lock);
+    reg_unlock();
     const selection *s = current_selection();
     if (s->e && spec)
         tl_device = s->default_device, tl_gen = s->gen;
@@ -906,11 +841,11 @@ int stoke_plugin_load(const char *path)
 {
     if (!path || !*path)
         return stoke__fail(STOKE_EINVAL, "stoke_plugin_load: empty path");
-    pthread_mutex_lock(&reg.lock);
+    reg_lock();
     init_locked();
     int rc = load_plugin_locked(path);
     invalidate_locked();
-    pthread_mutex_unlock(&reg.lock);
+    reg_unlock();
     return rc;
 }
 
@@ -929,10 +864,10 @@ static void probe_all_locked(void)
 int stoke_backend_count(void)
 {
     current_selection();
-    pthread_mutex_lock(&reg.lock);
+    reg_lock();
     probe_all_locked();
     int n = reg.nplugins + reg.nbuiltins;
-    pthread_mutex_unlock(&reg.lock);
+    reg_unlock();
     return n;
 }
 
@@ -941,7 +876,7 @@ int stoke_backend_get_info(int i, stoke_backend_info *out)
     if (!out)
         return STOKE_EINVAL;
     current_selection();
-    pthread_mutex_lock(&reg.lock);
+    reg_lock();
     probe_all_locked();
     int rc = STOKE_OK;
     if (i >= 0 && i < reg.nplugins)
@@ -950,7 +885,7 @@ int stoke_backend_get_info(int i, stoke_backend_info *out)
         *out = reg.builtins[i - reg.nplugins].info;
     else
         rc = STOKE_ERANGE;
-    pthread_mutex_unlock(&reg.lock);
+    reg_unlock();
     return rc;
 }
 
@@ -960,7 +895,7 @@ int stoke__backend_lookup(const char *name, const stoke_backend **vt)
     if (!name)
         return STOKE_EINVAL;
     current_selection();
-    pthread_mutex_lock(&reg.lock);
+    reg_lock();
     entry *e = find_locked(name);
     int rc = STOKE_OK;
     if (!e) {
@@ -976,16 +911,16 @@ int stoke__backend_lookup(const char *name, const stoke_backend **vt)
         else
             *vt = e->vt;
     }
-    pthread_mutex_unlock(&reg.lock);
+    reg_unlock();
     return rc;
 }
 
 void stoke__backend_names(char *out, size_t len)
 {
     current_selection();
-    pthread_mutex_lock(&reg.lock);
+    reg_lock();
     names_locked(out, len);
-    pthread_mutex_unlock(&reg.lock);
+    reg_unlock();
 }
 
 int stoke_device_get_props(const char *name, int dev, stoke_device_props *out)
@@ -1060,7 +995,7 @@ void stoke__registry_reset(void)
     pthread_mutex_unlock(&reset_hooks_lock);
     for (size_t i = 0; i < STOKE__ARRAY_LEN(hooks) && hooks[i]; i++)
         hooks[i]();
-    pthread_mutex_lock(&reg.lock);
+    reg_lock();
     atomic_store(&reg.published, NULL);
     for (int i = 0; i < reg.nplugins; i++) {
         entry *e = reg.plugins[i];
@@ -1086,5 +1021,5 @@ void stoke__registry_reset(void)
         reg.sel = older;
     }
     atomic_fetch_add(&reg.gen, 1);
-    pthread_mutex_unlock(&reg.lock);
+    reg_unlock();
 }
