@@ -45,6 +45,8 @@ int stoke__log_enabled(int level);
 int stoke__fail(int code, const char *fmt, ...) STOKE__PRINTF(2, 3);
 /* Same with an explicit log level (e.g. WARN for errors a user must see even if unchecked). */
 int stoke__fail_at(int level, int code, const char *fmt, ...) STOKE__PRINTF(3, 4);
+/* 1 when `code` is one of STOKE_STATUS_MAP's (a switch: no string compared). */
+int stoke__status_known(int code);
 /* Sets the calling thread's last error without logging it (for text already logged). */
 void stoke__set_error_text(const char *fmt, ...) STOKE__PRINTF(1, 2);
 /* Forgets the calling thread's last error.  Only at the start of an operation, to tell whether

@@ -8,21 +8,30 @@
 const char *stoke_strerror(int code)
 {
     switch (code) {
-#define STOKE__STATUS_MSG(name, value, msg) \
-    case (value):                           \
-        return msg;
+#define STOKE__STATUS_MSG(name, value, msg)                                                        \
+    case (value): return msg;
         STOKE_STATUS_MAP(STOKE__STATUS_MSG)
 #undef STOKE__STATUS_MSG
     }
     return "unknown status";
 }
 
+int stoke__status_known(int code)
+{
+    switch (code) {
+#define STOKE__STATUS_KNOWN(name, value, msg) case (value):
+        STOKE_STATUS_MAP(STOKE__STATUS_KNOWN)
+#undef STOKE__STATUS_KNOWN
+        return 1;
+    }
+    return 0;
+}
+
 const char *stoke_err_name(int code)
 {
     switch (code) {
-#define STOKE__STATUS_NAME(name, value, msg) \
-    case (value):                            \
-        return "STOKE_" #name;
+#define STOKE__STATUS_NAME(name, value, msg)                                                       \
+    case (value): return "STOKE_" #name;
         STOKE_STATUS_MAP(STOKE__STATUS_NAME)
 #undef STOKE__STATUS_NAME
     }

@@ -2,8 +2,7 @@
 #ifndef STOKE_REGISTRY_PRIV_H
 #define STOKE_REGISTRY_PRIV_H
 
-#include <string.h>
-
+#include "common/internal.h"
 #include "stoke/accelerator.h"
 #include "stoke/backend.h"
 
@@ -23,8 +22,7 @@ int stoke__backend_lookup(const char *name, const stoke_backend **vt);
  * STOKE_EBACKEND, so that a caller testing rc < 0 never takes it for success. */
 static inline int stoke__backend_rc(int rc)
 {
-    return rc > 0 || (rc < 0 && strcmp(stoke_err_name(rc), "STOKE_UNKNOWN") == 0) ? STOKE_EBACKEND
-                                                                                  : rc;
+    return rc == STOKE_OK || (rc < 0 && stoke__status_known(rc)) ? rc : STOKE_EBACKEND;
 }
 
 /* 1 when `vt` has the ABI v2 IPC group (checked at load: all three functions or none). */
