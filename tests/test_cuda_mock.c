@@ -1,8 +1,8 @@
 /* The cuda backend's logic without a GPU: a mock driver table (cuda_driver.h) that emulates
  * devices, primary contexts, pinned and device memory (malloc), and streams and events that
  * behave like a GPU's (mock_gpu.h: copies queued and run later by an engine thread, events
- * not ready until then), and checks that every call runs with the right context current.  Plus the real loading path for the
- * reasons that need no driver: library missing, toolkit stub refused. */
+ * not ready until then), and checks that every call runs with the right context current.  Plus the
+ * real loading path for the reasons that need no driver: library missing, toolkit stub refused. */
 #define _GNU_SOURCE
 #include "testutil.h"
 
@@ -15,8 +15,8 @@
 #include <unistd.h>
 
 #include "backends/cuda_driver.h"
-#include "mock_gpu.h"
 #include "mock_checks.h"
+#include "mock_gpu.h"
 #include "pinned/pinned_internal.h"
 #include "registry/registry.h"
 #include "stoke/stoke.h"
@@ -44,17 +44,17 @@ static struct {
     int ndev;
     int retained[MOCK_MAX_DEV]; /* primary context retain count */
     int retain_calls[MOCK_MAX_DEV];
-    int violations;             /* calls made without the right context current */
+    int violations; /* calls made without the right context current */
     char violation[256];
-    int fail_mem_alloc;         /* cuMemAlloc returns OUT_OF_MEMORY */
-    int fail_host_alloc;        /* cuMemHostAlloc returns OUT_OF_MEMORY */
-    CUresult event_error;       /* cuEventQuery/Synchronize, cuStreamSynchronize fail with this */
+    int fail_mem_alloc;   /* cuMemAlloc returns OUT_OF_MEMORY */
+    int fail_host_alloc;  /* cuMemHostAlloc returns OUT_OF_MEMORY */
+    CUresult event_error; /* cuEventQuery/Synchronize, cuStreamSynchronize fail with this */
     int host_allocs, host_frees, registers, unregisters, dev_allocs, dev_frees;
     int h2d, d2h;
-    int alloc_dev[8];           /* device whose context was current at each cuMemHostAlloc */
+    int alloc_dev[8]; /* device whose context was current at each cuMemHostAlloc */
     int ipc_gets, ipc_opens, ipc_closes, ipc_open_now; /* IPC calls; handles open right now */
-    int ipc_open_dev;           /* device whose context was current at the last open */
-    CUresult ipc_result;        /* cuIpcGetMemHandle fails with this (0: works) */
+    int ipc_open_dev;    /* device whose context was current at the last open */
+    CUresult ipc_result; /* cuIpcGetMemHandle fails with this (0: works) */
 } mock = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static struct CUctx_st mock_ctx[MOCK_MAX_DEV];
@@ -86,8 +86,7 @@ static int need_ctx(const char *what, int dev)
 {
     if (cur_dev() < 0 || (dev >= 0 && cur_dev() != dev)) {
         char m[128];
-        snprintf(m, sizeof(m), "%s: current context is device %d, wanted %d", what, cur_dev(),
-                 dev);
+        snprintf(m, sizeof(m), "%s: current context is device %d, wanted %d", what, cur_dev(), dev);
         violation(m);
         return 0;
     }
@@ -101,7 +100,10 @@ static int need_ctx(const char *what, int dev)
     return 1;
 }
 
-static CUresult m_init(unsigned f) { return mock.init_result; }
+static CUresult m_init(unsigned f)
+{
+    return mock.init_result;
+}
 static CUresult m_version(int *v)
 {
     *v = mock.version;
@@ -337,8 +339,7 @@ static CUresult queue_copy(const char *what, void *dst, const void *src, CUdevic
     size_t off, size;
     int dev;
     need_ctx(what, s->dev);
-    if (!mg_dev_find((void *)(uintptr_t)d, &off, &dev, &size) || dev != s->dev ||
-        off + n > size)
+    if (!mg_dev_find((void *)(uintptr_t)d, &off, &dev, &size) || dev != s->dev || off + n > size)
         return CUDA_ERROR_INVALID_VALUE;
     if (mg_copy(s->q, dst, src, n) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -351,8 +352,7 @@ static CUresult m_h2d(CUdeviceptr dst, const void *src, size_t n, CUstream s)
 }
 static CUresult m_d2h(void *dst, CUdeviceptr src, size_t n, CUstream s)
 {
-    return queue_copy("cuMemcpyDtoHAsync", dst, (const void *)(uintptr_t)src, src, n, s,
-                      &mock.d2h);
+    return queue_copy("cuMemcpyDtoHAsync", dst, (const void *)(uintptr_t)src, src, n, s, &mock.d2h);
 }
 static CUresult m_event_create(CUevent *e, unsigned flags)
 {
@@ -574,6 +574,32 @@ static void test_stub_library_path_refused_unloaded(void **state)
     assert_non_null(strstr(reason, "stub library"));
     /* It was refused by path, never loaded. */
     assert_null(dlopen(stub, RTLD_LAZY | RTLD_NOLOAD));
+}
+
+/* A libcuda.so.1 that is a symbolic link to a file under stubs/ (the toolkit's stub renamed by
+ * a link, as an install may leave it) is refused by the path it resolves to, before any call
+ * (it was called: "not a CUDA driver", or cuInit's CUDA_ERROR_STUB_LIBRARY on the real stub).
+ * The "stub" here is a copy of a test plugin: any shared object is refused by where it is. */
+static void test_stub_library_behind_a_link_refused(void **state)
+{
+    stoke__cuda_set_driver_for_test(NULL);
+    char dir[512], stubs[600], lib[600], stub[700], link[700], cmd[4096], pb[1024];
+    snprintf(dir, sizeof(dir), "%s/cudalink-%ld", getenv("STOKE_TEST_TMP"), (long)getpid());
+    snprintf(stubs, sizeof(stubs), "%s/stubs", dir);
+    snprintf(lib, sizeof(lib), "%s/lib", dir);
+    snprintf(stub, sizeof(stub), "%s/libcuda.so", stubs);
+    snprintf(link, sizeof(link), "%s/libcuda.so.1", lib);
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s' && mkdir -p '%s' '%s' && cp '%s' '%s'", dir, stubs, lib,
+             tu_test_plugin("alpha.so", pb, sizeof(pb)), stub);
+    assert_int_equal(system(cmd), 0);
+    assert_int_equal(symlink(stub, link), 0);
+    tu_env("STOKE_CUDA_LIBRARY", link);
+    char reason[256];
+    assert_int_equal(mc_select("cuda", reason, sizeof(reason)), STOKE_ENODEV);
+    if (!strstr(reason, "stub library") || !strstr(reason, "/stubs/libcuda.so"))
+        fail_msg("reason: %s", reason);
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
 }
 
 static void test_stub_library_by_cuinit(void **state)
@@ -937,8 +963,8 @@ static void test_loader_device_path_on_a_slow_gpu(void **state)
 static void expect_err(int rc, int want, const char *needle)
 {
     if (rc != want || !strstr(stoke_last_error(), needle))
-        fail_msg("got %s \"%s\", expected %s with \"%s\"", stoke_err_name(rc),
-                 stoke_last_error(), stoke_err_name(want), needle);
+        fail_msg("got %s \"%s\", expected %s with \"%s\"", stoke_err_name(rc), stoke_last_error(),
+                 stoke_err_name(want), needle);
 }
 
 /* IPC of a device buffer through the driver's memory handles: exported on device 1, sent over
@@ -1029,7 +1055,8 @@ static void test_ipc_refusals(void **state)
     mc_use("cuda");
     assert_int_equal(stoke_stream_create(NULL, &s), STOKE_OK);
     assert_int_equal(stoke_device_buffer_create(s, 4096, &b), STOKE_OK);
-    expect_err(stoke_ipc_export_device(b, &h), STOKE_ENOTSUP, "the driver has no cuIpcGetMemHandle");
+    expect_err(stoke_ipc_export_device(b, &h), STOKE_ENOTSUP,
+               "the driver has no cuIpcGetMemHandle");
     stoke_device_buffer_destroy(b);
     stoke_stream_destroy(s);
 }
@@ -1046,6 +1073,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_missing_library, teardown),
         cmocka_unit_test_teardown(test_stub_library_path_refused_unloaded, teardown),
+        cmocka_unit_test_teardown(test_stub_library_behind_a_link_refused, teardown),
         cmocka_unit_test_teardown(test_stub_library_by_cuinit, teardown),
         cmocka_unit_test_teardown(test_no_device, teardown),
         cmocka_unit_test_teardown(test_driver_too_old, teardown),
