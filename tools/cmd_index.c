@@ -60,8 +60,11 @@ int cmd_index(int argc, char **argv)
         }
         if (argv[i][0] == '-')
             return cli_fail(&c, 2, "unknown option '%s' (--out DIR, --json)", argv[i]);
-        if (src)
-            return cli_fail(&c, 2, "unexpected argument '%s'", argv[i]);
+        if (src) {
+            char shown[512]; /* a URL's credentials are not printed */
+            return cli_fail(&c, 2, "unexpected argument '%s'",
+                            stoke_source_redact(shown, sizeof(shown), argv[i]));
+        }
         src = argv[i];
     }
     if (!src) {
@@ -73,8 +76,11 @@ int cmd_index(int argc, char **argv)
     const char *p = strncmp(src, "tar:", 4) == 0 ? src + 4 : "";
     for (; *p && (*p != ',' || depth > 0); p++)
         depth += *p == '{' ? 1 : *p == '}' ? -1 : 0;
-    if (strncmp(src, "tar:", 4) != 0 || !src[4] || *p)
-        return cli_fail(&c, 2, "'%s': expected tar:PATTERN (shards only, no options)", src);
+    if (strncmp(src, "tar:", 4) != 0 || !src[4] || *p) {
+        char shown[512];
+        return cli_fail(&c, 2, "'%s': expected tar:PATTERN (shards only, no options)",
+                        stoke_source_redact(shown, sizeof(shown), src));
+    }
     char *entries = NULL;
     size_t entries_len = 0;
     idx_ctx ctx = {c.json ? open_memstream(&entries, &entries_len) : NULL, dir, 0, 0, 0};

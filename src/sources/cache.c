@@ -425,8 +425,9 @@ static int download(stoke__cache *c, stoke__remote_pool *p, int slot, const stok
     stoke__remote_file tagged = *f;
     if (!tagged.tag)
         tagged.tag = &own;
-    int rc = stoke__remote_fetch(p, slot, &tagged, fd, expect, &c->largest, bg ? &c->d.stop : NULL,
-                                 size, why, why_len);
+    /* (a file over the cap is still kept, alone: its bound is the disk's, not the cap) */
+    int rc = stoke__remote_fetch(p, slot, &tagged, fd, expect, 0, NULL, &c->largest,
+                                 bg ? &c->d.stop : NULL, size, why, why_len);
     if (!rc)
         keep_version(c, fd, tagged.tag);
     free(atomic_load(&own.v));

@@ -424,9 +424,37 @@ oom:
 
 /* ---- one read ----------------------------------------------------------------------------- */
 
+/* Masks, in place, the values that an error body echoing the request (a debug endpoint, a
+ * proxy's page) would show of its credentials: after a name that ends in authorization,
+ * signature, credential, token, secret or password (any case, quoted or not) and its ':' or
+ * '=', the value up to a quote or a ',', ';', '&', '<', '}' or the line's end is "***". */
+static void mask_secrets(char *s)
+{
+    static const char *const names[] = {"authorization", "signature", "credential",
+                                        "token",         "secret",    "password"};
+    for (char *p = s; *p; p++)
+        for (size_t i = 0; i < sizeof(names) / sizeof(*names); i++) {
+            size_t len = strlen(names[i]);
+            if (strncasecmp(p, names[i], len) != 0)
+                continue;
+            char *v = p + len;
+            v += strspn(v, "\"'");
+            if (*v != ':' && *v != '=')
+                continue;
+            v += 1 + strspn(v + 1, " \t\"'");
+            size_t vlen = strcspn(v, "\"',;&<}\r\n");
+            if (vlen <= 3)
+                continue;
+            memcpy(v, "***", 3);
+            memmove(v + 3, v + vlen, strlen(v + vlen) + 1);
+            p = v + 2;
+            break;
+        }
+}
+
 /* The S3 error's <Code> and <Message>, an HTML page's <title>, or the start of any other body,
  * into out (": text"; "" when there is none). */
-static void error_text(const xfer *x, char *out, size_t n)
+static void error_text_raw(const xfer *x, char *out, size_t n)
 {
     out[0] = 0;
     const char *c = strstr(x->err, "<Code>"), *m = strstr(x->err, "<Message>");
@@ -452,6 +480,13 @@ static void error_text(const xfer *x, char *out, size_t n)
     text[k] = 0;
     if (k)
         stoke__fmt(out, n, ": %s", stoke__remote_trim(text));
+}
+
+/* The start of an error answer's text for its message, credentials it echoes masked. */
+static void error_text(const xfer *x, char *out, size_t n)
+{
+    error_text_raw(x, out, n);
+    mask_secrets(out);
 }
 
 static int retryable_curl(CURLcode c)
@@ -553,6 +588,7 @@ void stoke__remote_try_begin(stoke__remote_pool *p, CURL *h, const stoke__remote
         stoke__fmt(range, sizeof(range), "%" PRIu64 "-%" PRIu64, x->off + x->got,
                    x->off + x->n - 1);
     x->body = x->enough = x->bad_range = x->has_cr = x->capped = x->changed = 0;
+    x->bad_cr = x->over = x->has_clen = 0;
     x->etag[0] = x->lastmod[0] = 0;
     x->check = p->check_version; /* (the pool's: each dataset keeps its own setting) */
     x->status = 0;
@@ -602,6 +638,26 @@ int stoke__remote_try_end(stoke__remote_pool *p, const stoke__remote_file *f, xf
     }
     if (x->enough && c == CURLE_WRITE_ERROR)
         c = CURLE_OK;
+    if (x->bad_cr) { /* not retried: the same server answers the same way */
+        if (!x->has_cr)
+            stoke__fmt_short(why, why_len,
+                             "GET %s: HTTP 206 without a Content-Range: which bytes it holds is "
+                             "not said (none taken)",
+                             f->url);
+        else
+            stoke__fmt_short(why, why_len,
+                             "GET %s: HTTP 206: its Content-Range (bytes %" PRIu64 "-%" PRIu64
+                             ") and Content-Length (%" PRIu64 ") do not agree (none taken)",
+                             f->url, x->cr_start, x->cr_end, x->clen);
+        return STOKE_EIO;
+    }
+    if (x->over) {
+        stoke__fmt_short(why, why_len,
+                         "GET %s: the file is longer than the %" PRIu64
+                         " bytes this download may take (%s)",
+                         f->url, x->most, x->most_why ? x->most_why : "its size");
+        return STOKE_EIO;
+    }
     if (x->bad_range) {
         stoke__fmt_short(why, why_len,
                          "GET %s: the server sent bytes from %" PRIu64 " for a range "

@@ -182,7 +182,10 @@ int stoke__remote_read_each(stoke__remote_pool *p, int slot, stoke__remote_req *
  * others once its response said the size; a 200 (ranges ignored) to the first is the whole
  * file.  With STOKE_REMOTE_CONNECTIONS 0 or 1, one request (Range: bytes=0-).  Each chunk has
  * the retries of a read (a body cut short is continued by range from its first missing byte).
- * expect: the size the file must have, 0 when not known.  Returns 0 with *size = the
+ * expect: the size the file must have, 0 when not known.  Bytes past expect, else past most
+ * (0: what fd's file system has free, less a tenth of it) are never written: an answer longer
+ * than that (a 200 that never ends, a header that says more) is STOKE_EIO, "the file is longer
+ * than the N bytes this download may take (most_why)", not retried.  Returns 0 with *size = the
  * bytes written, which are the file's size as the server said it (Content-Range, or the
  * length of a 200's body) and `expect` when given; errors as stoke__remote_read, and
  * STOKE_EIO when the size differs ("the file is N bytes, M came") or a write to fd failed.
@@ -196,14 +199,15 @@ int stoke__remote_read_each(stoke__remote_pool *p, int slot, stoke__remote_req *
  * the fetch's first answer ("the file changed while it was read: its ETag is ..."): STOKE_EIO
  * too, and nothing more asked for. */
 int stoke__remote_fetch(stoke__remote_pool *p, int slot, const stoke__remote_file *f, int fd,
-                        uint64_t expect, _Atomic uint64_t *seen, const int *stop, uint64_t *size,
-                        char *why, size_t why_len);
+                        uint64_t expect, uint64_t most, const char *most_why,
+                        _Atomic uint64_t *seen, const int *stop, uint64_t *size, char *why,
+                        size_t why_len);
 
 /* A stream: files read front to back, whose bodies the caller reads as they arrive, through a
  * libcurl multi handle of the stream's own.  Read-ahead (start's `ahead`, and
  * STOKE_REMOTE_CONNECTIONS 2 or more): each file is fetched as chunks, range requests of
- * STOKE_STREAM_AHEAD / (2 x STOKE_REMOTE_CONNECTIONS) bytes (64 KiB to 64 MiB), and while the caller
- * reads one, the chunks after it (the rest of its file, then those of the files it said come
+ * STOKE_STREAM_AHEAD / (2 x STOKE_REMOTE_CONNECTIONS) bytes (64 KiB to 64 MiB), and while the
+ * caller reads one, the chunks after it (the rest of its file, then those of the files it said come
  * next, start's `next`) are requested too, up to STOKE_REMOTE_CONNECTIONS transfers at once,
  * each on a connection of its own (kept from chunk to chunk: keep-alive), bounded by bytes: a
  * chunk is requested only while the bytes requested that the caller has not read (the rest of
@@ -211,15 +215,15 @@ int stoke__remote_fetch(stoke__remote_pool *p, int slot, const stoke__remote_fil
  * chunk) are under STOKE_STREAM_AHEAD (default 64 MiB), and the transfers ahead are paused while
  * the bytes received and not read reach it.  The chunks of a file after its first are asked for
  * once a response said the file's size.  Without read-ahead (STOKE_REMOTE_CONNECTIONS 0 or 1), a
- * file is ONE whole-file GET (Range: bytes=0-).  A server that ignores ranges (200) sends a chunk's file whole on that
- * chunk's connection.  The transfers progress only inside read() (no thread): while the caller
- * waits for the chunk it reads, and for one non-blocking round per read.  A try that fails in a
- * way that can pass (as a read's) is retried after the backoff of a read (without blocking the
- * other transfers), continued by range from the first byte not yet received; the file's error
- * after the retries is a read's ("GET URL: HTTP 404", "... (after N tries)"; a chunk whose
- * response says another file size than the file's first: "the file changed while it was read";
- * another ETag or Last-Modified than the first answer of the same pass over the file, or than
- * f's when it is pinned: stoke__remote_tag's message) and every later read of that file
+ * file is ONE whole-file GET (Range: bytes=0-).  A server that ignores ranges (200) sends a chunk's
+ * file whole on that chunk's connection.  The transfers progress only inside read() (no thread):
+ * while the caller waits for the chunk it reads, and for one non-blocking round per read.  A try
+ * that fails in a way that can pass (as a read's) is retried after the backoff of a read (without
+ * blocking the other transfers), continued by range from the first byte not yet received; the
+ * file's error after the retries is a read's ("GET URL: HTTP 404", "... (after N tries)"; a chunk
+ * whose response says another file size than the file's first: "the file changed while it was
+ * read"; another ETag or Last-Modified than the first answer of the same pass over the file, or
+ * than f's when it is pinned: stoke__remote_tag's message) and every later read of that file
  * returns it.  Counted in the pool's stats: requests, bytes,
  * retries, and the time read() waits as wait_ns.  One thread at a time per stream; a forked
  * process must not use its parent's (its sockets are the parent's).  Built without libcurl,

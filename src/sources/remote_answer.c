@@ -134,7 +134,17 @@ size_t stoke__remote_on_body(char *data, size_t size, size_t nmemb, void *ctx)
     if (!x->body) {
         x->body = 1;
         curl_easy_getinfo(x->h, CURLINFO_RESPONSE_CODE, &x->status);
-        x->pos = x->status == 206 ? (x->has_cr ? x->cr_start : x->off + x->got) : 0;
+        /* a 206 says which bytes it carries (RFC 9110: Content-Range, of the one range asked
+         * for), in as many bytes as it says: one that does not (a multipart answer; a server
+         * that sends the file from its start) is not taken, never assumed to start where the
+         * range asked */
+        if (x->status == 206 &&
+            (!x->has_cr || x->cr_end < x->cr_start ||
+             (x->has_clen && !x->encoded && x->clen != x->cr_end - x->cr_start + 1))) {
+            x->bad_cr = 1;
+            return 0;
+        }
+        x->pos = x->status == 206 ? x->cr_start : 0;
         /* ranges ignored: a stream's chunk, or a fetch's first chunk, takes the whole body */
         if ((x->q || (x->fd >= 0 && x->off == 0)) && x->status == 200)
             x->n = SIZE_MAX;
@@ -142,6 +152,11 @@ size_t stoke__remote_on_body(char *data, size_t size, size_t nmemb, void *ctx)
          * would ask for the next chunk of a file that comes whole) */
         if (x->status == 200 && x->has_clen && !x->encoded)
             x->total = x->clen, x->has_total = 1;
+        if (x->most && x->has_total && x->total > x->most &&
+            (x->status == 200 || x->status == 206)) { /* more than may be written: not begun */
+            x->over = 1;
+            return 0;
+        }
         /* another version of the file than its first answer's: none of its bytes taken */
         if (x->tag && (x->status == 200 || x->status == 206) && !tag_same(x)) {
             x->changed = 1;
@@ -175,6 +190,10 @@ size_t stoke__remote_on_body(char *data, size_t size, size_t nmemb, void *ctx)
     size_t skip = (size_t)(from - x->pos), take = len - skip;
     if (take > x->n - x->got)
         take = x->n - x->got;
+    if (x->most && from + take > x->most) { /* an endless body, or one that lied of its size */
+        x->over = 1;
+        return 0;
+    }
     if (x->q) {
         if (stoke__remote_lane_append(x->q, data + skip, take) != 0) {
             x->werr = ENOMEM;

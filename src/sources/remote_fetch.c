@@ -32,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -60,7 +61,9 @@ typedef struct fjob {
     int nrun;         /* lanes on this job */
     int fg;           /* a worker's (someone waits on it): served before the background's */
     xfer *rd;         /* a read (stoke__remote_lanes_read): this one transfer on one lane */
-    int rc;           /* its error (the first), with msg */
+    uint64_t most;    /* the file's bytes past this are not taken (xfer.most), and why */
+    const char *most_why;
+    int rc; /* its error (the first), with msg */
     char msg[STOKE__MSG_MAX];
     struct fjob *link; /* the jobs in the order they are served */
     /* an unpinned file's validator, which its chunks must all repeat (job_tag) */
@@ -228,7 +231,9 @@ static void *lane_main(void *arg)
                   .said = lane_said,
                   .said_ctx = l,
                   .stop = j->stop,
-                  .tag = job_tag(j)};
+                  .tag = job_tag(j),
+                  .most = j->most,
+                  .most_why = j->most_why};
         pthread_mutex_unlock(&p->fe_lock);
         char msg[STOKE__MSG_MAX] = "";
         int rc = stoke__remote_tries(p, &l->s, j->f, j->rd ? j->rd : &x, msg, sizeof(msg));
@@ -339,15 +344,34 @@ static void fetch_here(stoke__remote_pool *p, slot *s, fjob *j, int err)
                    "remote: no thread could start for the downloads' connections (%s): %s, and "
                    "each download after it, is made whole in the thread that wants it",
                    strerror(err), j->f->url);
-    xfer x = {.fd = j->fd, .n = SIZE_MAX, .seen = j->seen, .stop = j->stop, .tag = job_tag(j)};
+    xfer x = {.fd = j->fd,
+              .n = SIZE_MAX,
+              .seen = j->seen,
+              .stop = j->stop,
+              .tag = job_tag(j),
+              .most = j->most,
+              .most_why = j->most_why};
     char msg[STOKE__MSG_MAX] = "";
     int rc = stoke__remote_tries(p, s, j->f, &x, msg, sizeof(msg));
     chunk_done(j, &x, rc, msg);
 }
 
+/* The most bytes a fetch into fd may write when neither its size nor a cap is known: what its
+ * file system has free, less a tenth of it (as the cache's default cap keeps), so that an
+ * answer that never ends (a 200 without a length) cannot fill the disk. */
+static uint64_t fs_room(int fd)
+{
+    struct statvfs v;
+    if (fstatvfs(fd, &v) != 0)
+        return 0;
+    uint64_t avail = (uint64_t)v.f_bavail * v.f_frsize, fs = (uint64_t)v.f_blocks * v.f_frsize;
+    return avail > fs / 10 ? avail - fs / 10 : 1;
+}
+
 int stoke__remote_fetch(stoke__remote_pool *p, int slot_i, const stoke__remote_file *f, int fd,
-                        uint64_t expect, _Atomic uint64_t *seen, const int *stop, uint64_t *size,
-                        char *why, size_t why_len)
+                        uint64_t expect, uint64_t most, const char *most_why,
+                        _Atomic uint64_t *seen, const int *stop, uint64_t *size, char *why,
+                        size_t why_len)
 {
     *size = 0;
     uint64_t t0 = stoke__now_ns();
@@ -355,6 +379,16 @@ int stoke__remote_fetch(stoke__remote_pool *p, int slot_i, const stoke__remote_f
     if (!s)
         return STOKE_ENOMEM;
     fjob j = {.f = f, .fd = fd, .seen = seen, .stop = stop, .fg = slot_i >= 0, .tag.pass = 1};
+    if (expect) {
+        j.most = expect;
+        j.most_why = "the size its index says";
+    } else if (most) {
+        j.most = most;
+        j.most_why = most_why;
+    } else {
+        j.most = fs_room(fd);
+        j.most_why = "the free space of its file system, less a tenth of it";
+    }
     pthread_mutex_lock(&p->fe_lock);
     int no_fe;
     fetcher *fe = fetcher_get(p, s, &no_fe);

@@ -96,7 +96,12 @@ typedef struct xfer {
     int body;                     /* the body started: pos is set */
     int enough;                   /* stopped on purpose: buf is full (a 200 sends the whole file) */
     int bad_range;                /* the body started past the byte asked for */
-    uint64_t total;               /* the file's size, when has_total */
+    int bad_cr;           /* a 206 without a Content-Range of one range, or with another length */
+    uint64_t most;        /* when not 0: the file's bytes past this are not taken (over: some
+                             came, or a header said the file is longer) */
+    const char *most_why; /* what set most, for the message */
+    int over;
+    uint64_t total; /* the file's size, when has_total */
     int has_total;
     uint64_t cr_start, cr_end; /* Content-Range's first and last bytes, when has_cr */
     int has_cr;
@@ -107,7 +112,7 @@ typedef struct xfer {
      * for a server that ignores ranges) */
     uint64_t clen;
     int has_clen, encoded;
-    char encoding[24]; /* Content-Encoding's value, when encoded */
+    char encoding[24];       /* Content-Encoding's value, when encoded */
     long retry_after;        /* seconds; -1 when absent */
     _Atomic uint64_t *seen;  /* when not NULL: raised to the file's size as soon as a header
                                 says it */
@@ -124,7 +129,7 @@ typedef struct xfer {
     char etag[160];   /* this try's answer's ETag as messages show it; "" when none */
     char lastmod[64]; /* ... and its Last-Modified */
     uint64_t etag_hash, lastmod_hash; /* what they are compared by: the whole value's */
-    char err[512];    /* the start of an error response's body */
+    char err[512];                    /* the start of an error response's body */
     size_t errlen;
     size_t before;               /* got when the try began */
     uint64_t first_us, total_us; /* the last try's microseconds from its request sent to its
@@ -148,7 +153,8 @@ int stoke__remote_tries(stoke__remote_pool *p, slot *s, const stoke__remote_file
 /* Read x (a transfer into x->buf) on a lane of the pool's fetches when this process has them
  * (remote_fetch.c), in slot slot_i (held for the call, as a fetch), before every chunk waiting:
  * 1 with *rc (0, or the error with why set), or 0 when there are no lanes, or one fetching
- * whole files (the caller reads on its slot's handle).  So a process with fetches opens no connection besides the lanes'. */
+ * whole files (the caller reads on its slot's handle).  So a process with fetches opens no
+ * connection besides the lanes'. */
 int stoke__remote_lanes_read(stoke__remote_pool *p, int slot_i, const stoke__remote_file *f,
                              xfer *x, int *rc, char *why, size_t why_len);
 /* remote_fetch.c: the fetches' transfers freed (destroy), or dropped without closing their

@@ -634,8 +634,10 @@ static char *index_path_in(const char *spec, const char *dir, const char *path, 
     while (start > 0 && path[start - 1] != '/')
         start--;
     if (start == end || (end - start == 1 && path[start] == '.')) {
+        char shown[STOKE__MSG_MAX];
+        stoke__remote_redact(shown, sizeof(shown), path);
         *rc = stoke__fail(STOKE_EINVAL, "source '%s': %s: no file name to name its index", spec,
-                          path);
+                          shown);
         return NULL;
     }
     size_t n = strlen(dir) + 1 + (end - start) + 5;
@@ -668,7 +670,8 @@ static int download_shard(const char *spec, const char *dir, stoke__remote_pool 
         }
     }
     if (!rc)
-        rc = stoke__remote_fetch(*pool, 0, &f, fd, 0, NULL, NULL, &s->size, why, sizeof(why));
+        rc = stoke__remote_fetch(*pool, 0, &f, fd, 0, 0, NULL, NULL, NULL, &s->size, why,
+                                 sizeof(why));
     stoke__remote_file_free(&f);
     if (rc) {
         if (fd >= 0)

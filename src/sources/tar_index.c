@@ -110,10 +110,19 @@ int stoke__tar_index_write(const char *path, const char *out, uint64_t shard_siz
     }
     if (!rc) {
         snprintf(idx, plen + 1, "%s%s", out ? out : path, out ? "" : ".idx");
-        snprintf(tmp, plen + 40, "%s.tmp.%ld", idx, (long)getpid());
     }
     if (!rc) {
-        int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+        /* a new file of a name no one could guess, never one that was there (another user's
+         * link in a directory they can write would have had the index written through it) */
+        int fd = -1;
+        uint64_t r = stoke__now_ns() ^ ((uint64_t)getpid() << 32) ^ (uintptr_t)&fd;
+        for (int k = 0; k < 100 && fd < 0; k++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            snprintf(tmp, plen + 40, "%s.tmp.%ld.%016" PRIx64, idx, (long)getpid(), r);
+            fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+            if (fd < 0 && errno != EEXIST)
+                break;
+        }
         int e = fd < 0 ? -errno : 0;
         if (!e)
             e = stoke__write_all(fd, head, (size_t)head_len);

@@ -19,8 +19,11 @@
 
 #include "sources/tar_header.h"
 
-/* The longest index we fetch or parse. */
-#define STOKE__TAR_INDEX_MAX ((size_t)1 << 30)
+/* The longest index we parse (a local one), and fetch: a remote one is refused past 64 MiB (a
+ * line a member: over a million members a shard), so that a server cannot make every rank
+ * hold a gigabyte for it. */
+#define STOKE__TAR_INDEX_MAX        ((size_t)1 << 30)
+#define STOKE__TAR_INDEX_REMOTE_MAX ((size_t)64 << 20)
 
 /* Walks the shard `path` (for messages; shard_size bytes, read through read/read_ctx), reads it
  * whole for its CRC-32 (with zlib) and writes the index to `out` (NULL: path + ".idx")

@@ -80,13 +80,16 @@ static int fetch_whole(stoke__tar_ds *t, const stoke__remote_file *f, char **buf
         n += got;
         if (n < cap || (total != UINT64_MAX && n >= total))
             break;
-        if (cap >= STOKE__TAR_INDEX_MAX) {
+        if (cap >= STOKE__TAR_INDEX_REMOTE_MAX ||
+            (total != UINT64_MAX && total > STOKE__TAR_INDEX_REMOTE_MAX)) {
             free(b);
-            stoke__fmt(why, why_len, "GET %s: more than %zu bytes: not an index", f->url, cap);
+            stoke__fmt(why, why_len, "GET %s: more than %zu bytes: not an index", f->url,
+                       STOKE__TAR_INDEX_REMOTE_MAX);
             return STOKE_EFORMAT;
         }
-        cap = total != UINT64_MAX && total > cap && total <= STOKE__TAR_INDEX_MAX ? (size_t)total
-                                                                                  : cap * 2;
+        cap = total != UINT64_MAX && total > cap      ? (size_t)total
+              : cap * 2 > STOKE__TAR_INDEX_REMOTE_MAX ? STOKE__TAR_INDEX_REMOTE_MAX
+                                                      : cap * 2;
     }
     *buf = b;
     *len = n;

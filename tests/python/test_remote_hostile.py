@@ -1,0 +1,251 @@
+"""Remote data from a server that lies or attacks (docs/sources.md, "Remote data"), a small
+server in this test on 127.0.0.1 (nginx will not misbehave so):
+  - a 206 without a Content-Range (and one whose Content-Length is not its range's), after an
+    honest first answer: STOKE_EIO naming it, for npy: and tar: range reads and the cache, and
+    no copy left in the cache (the body was taken as the bytes asked for: other samples,
+    "ok", and a wrong copy kept for later runs);
+  - a 200 that never ends into the cache: stopped at the size the shard's sidecar index says;
+    one whose Content-Length is larger than the disk could hold: refused before a byte is
+    written; without an index, a chunked body that never ends on a 64 MiB file system: stopped
+    with a tenth of it free, no .part left (it grew until the disk was full; run where a tmpfs
+    can be mounted: as root, or in a user namespace);
+  - a sidecar index that never ends: refused at 64 MiB ("not an index"), the process's peak
+    memory well under the 1 GiB it reached;
+  - an error body echoing the request's headers: its Authorization is "***" in the message;
+  - `stoke index`: a password and a signature are in none of its errors (text and --json), and
+    it never writes through a link another user planted at its temporary file's name (the
+    name was SHARD.idx.tmp.PID).
+Skips (77) without libcurl."""
+import http.server
+import json
+import os
+import re
+import resource
+import shutil
+import socketserver
+import subprocess
+import sys
+import threading
+
+import stoke_testlib as T
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "remote"))
+import runs as R  # noqa: E402
+import servers as S  # noqa: E402
+
+CLI = R.need_cli_and_libcurl()
+OPTS = ",fields=bin:cls"
+
+work = T.tmpdir()
+root = os.path.join(work, "root")
+paths, _ = S.make_shards(root, nshards=1)
+shard = os.path.basename(paths[0])
+T.check(subprocess.run([CLI, "index", "tar:" + paths[0]], capture_output=True).returncode == 0,
+        "stoke index of the local shard")
+npy_path = os.path.join(root, "x.npy")
+rows = bytes(range(256)) * 1024  # 2048 rows of 128 bytes
+header = "{'descr': '|u1', 'fortran_order': False, 'shape': (2048, 128), }"
+header += " " * (64 - (10 + len(header) + 1) % 64) + "\n"
+with open(npy_path, "wb") as f:
+    f.write(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode() + rows)
+
+
+def load(spec, *args, env=None):
+    try:
+        return R.load(spec, "--workers", "0", *args, env=env, timeout=60)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("%s %s: no answer within 60 s" % (spec, args))
+
+
+class Hostile(http.server.BaseHTTPRequestHandler):
+    """root's files under /MODE/: "nocr" honest for a range from byte 0, else a 206 without
+    Content-Range carrying the file from its start; "badlen" the same, with a Content-Range
+    and a Content-Length of other bytes than it says; "endless" the file's .idx honestly and
+    the file as a 200 that never ends (chunked); "bigcl" a 200 saying 2^60 bytes; "endlessidx"
+    the .idx as a 200 that never ends; "echo" a 404 whose body is the request's headers."""
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *a):
+        pass
+
+    def handle(self):
+        try:
+            super().handle()
+        except ConnectionError:  # stoke hung up on a body it refused
+            pass
+
+    def endless(self, length=None):
+        self.send_response(200)
+        if length:
+            self.send_header("Content-Length", str(length))
+        else:
+            self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        block = b"\0" * 65536
+        chunk = block if length else b"%x\r\n" % len(block) + block + b"\r\n"
+        try:
+            while True:
+                self.wfile.write(chunk)
+        except OSError:
+            pass
+        self.close_connection = True
+
+    def do_GET(self):
+        mode, _, rest = self.path.lstrip("/").split("?")[0].partition("/")
+        path = os.path.join(root, rest)
+        if mode == "echo":
+            body = repr(dict(self.headers)).encode()
+            self.send_response(404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        if mode == "endlessidx" and rest.endswith(".idx"):
+            return self.endless()
+        if mode in ("endless", "bigcl") and not rest.endswith(".idx"):
+            return self.endless(1 << 60 if mode == "bigcl" else None)
+        if not os.path.isfile(path) or (mode != "endless" and rest.endswith(".idx")):
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        data = open(path, "rb").read()
+        m = re.match(r"bytes=(\d+)-(\d*)$", self.headers.get("Range", ""))
+        a = int(m.group(1)) if m else 0
+        b = min(int(m.group(2)) if m and m.group(2) else len(data) - 1, len(data) - 1)
+        self.send_response(206)
+        if a == 0 or mode not in ("nocr", "badlen"):
+            self.send_header("Content-Range", "bytes %d-%d/%d" % (a, b, len(data)))
+            body = data[a:b + 1]
+        elif mode == "nocr":  # the file from its start, as long as the range asked
+            body = data[:b - a + 1]
+        else:  # says the range, sends other bytes
+            self.send_header("Content-Range", "bytes %d-%d/%d" % (a, b, len(data)))
+            body = data[a:b]
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+srv = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Hostile)
+srv.daemon_threads = True
+threading.Thread(target=srv.serve_forever, daemon=True).start()
+base = "http://127.0.0.1:%d/" % srv.server_address[1]
+EIO = "STOKE_EIO"
+
+try:
+    rc, local, _ = load("tar:%s%s" % (paths[0], OPTS))
+    T.check(rc == 0 and local["samples"] == 12, "the local shard: %s" % local)
+    rc, local_npy, _ = load("npy:" + npy_path)
+    T.check(rc == 0 and local_npy["samples"] == 2048, "the local .npy: %s" % local_npy)
+
+    # --- a 206 that does not say which bytes it holds, or says other ones --------------------
+    for mode, said in (("nocr", "HTTP 206 without a Content-Range"),
+                       ("badlen", "do not agree")):
+        for spec, env in (("npy:%s%s/x.npy" % (base, mode), {}),
+                          ("tar:%s%s/%s%s" % (base, mode, shard, OPTS), {}),
+                          ("tar:%s%s/%s%s" % (base, mode, shard, OPTS),  # chunks of 64 KiB
+                           {"STOKE_CACHE_DIR": os.path.join(work, "c-" + mode),
+                            "STOKE_STREAM_AHEAD": "1M"})):
+            rc, out, err = load(spec, env=dict(env, STOKE_REMOTE_RETRIES="1"))
+            T.check(rc == 1 and out.get("error_name") == EIO and said in out["error"]
+                    and "/%s/" % mode in out["error"],
+                    "%s %s: %s %s" % (spec, env, out.get("error"), err[-300:]))
+        cdir = os.path.join(work, "c-" + mode)
+        T.check(os.listdir(cdir) == ["stoke-cache.lock"],
+                "%s: the cache keeps nothing of it: %s" % (mode, os.listdir(cdir)))
+    print("a 206 without its Content-Range, or with another length: refused, nothing kept")
+
+    # --- bodies that do not end --------------------------------------------------------------
+    c_end = os.path.join(work, "c-endless")
+    rc, out, err = load("tar:%sendless/%s%s" % (base, shard, OPTS),
+                        env={"STOKE_CACHE_DIR": c_end, "STOKE_REMOTE_RETRIES": "1"})
+    size = os.path.getsize(paths[0])
+    T.check(rc == 1 and out.get("error_name") == EIO
+            and "longer than the %d bytes this download may take (the size its index says)"
+            % size in out["error"], "an endless 200 with an index: %s %s"
+            % (out.get("error"), err[-300:]))
+    T.check(os.listdir(c_end) == ["stoke-cache.lock"], "endless: %s left" % os.listdir(c_end))
+    c_big = os.path.join(work, "c-bigcl")
+    rc, out, err = load("tar:%sbigcl/%s%s" % (base, shard, OPTS),
+                        env={"STOKE_CACHE_DIR": c_big, "STOKE_REMOTE_RETRIES": "1"})
+    T.check(rc == 1 and "this download may take (the free space of its file system"
+            in out.get("error", ""), "a 200 of 2^60 bytes: %s %s" % (out.get("error"), err[-300:]))
+    T.check(os.listdir(c_big) == ["stoke-cache.lock"], "bigcl: %s left" % os.listdir(c_big))
+    print("an endless 200: stopped at the index's size; 2^60 bytes said: refused at once")
+
+    # without an index, on a small file system: bounded by its free space less a tenth
+    small = os.path.join(work, "small")
+    os.makedirs(small)
+    script = ("mount -t tmpfs -o size=64m tmpfs '%s' || exit 99; mkdir -m 700 '%s/c'; "
+              "STOKE_CACHE_DIR='%s/c' STOKE_REMOTE_RETRIES=1 '%s' load "
+              "'tar:%sendless/none-%s%s' --workers 0 --json; echo \"rc=$?\"; ls -A '%s/c'"
+              % (small, small, small, CLI, base, shard, OPTS, small))
+    cmd = (["sh", "-c", script] if os.geteuid() == 0 else
+           ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script])
+    if os.geteuid() == 0:  # the mount would be this process's: a namespace of its own
+        cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    if "rc=" not in p.stdout:
+        print("not run: no tmpfs could be mounted here (%s)" % p.stderr.strip()[-200:])
+    else:
+        T.check("rc=1" in p.stdout and "the free space of its file system, less a tenth"
+                in p.stdout and p.stdout.strip().endswith("stoke-cache.lock"),
+                "an endless chunked 200 without an index on 64 MiB: %s %s"
+                % (p.stdout[-600:], p.stderr[-300:]))
+        print("an endless chunked 200 without an index: stopped at the disk's floor")
+
+    # an index that never ends: refused at 64 MiB, without holding a gigabyte
+    rc, out, err = load("tar:%sendlessidx/%s%s" % (base, shard, OPTS))
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    T.check(rc == 1 and "not an index" in out.get("error", ""),
+            "an endless index: %s %s" % (out.get("error"), err[-300:]))
+    T.check(peak < 256 << 10,
+            "an endless index: peak RSS %d KiB (it reached 1 GiB)" % peak)
+    print("an endless index: refused, peak RSS %d MiB" % (peak >> 10))
+
+    # --- credentials echoed by an error body ---------------------------------------------------
+    url = base.replace("http://", "http://alice:S3cr3tPw@") + "echo/" + shard
+    rc, out, err = load("tar:" + url + OPTS, env={"STOKE_LOG": "debug"})
+    b64 = "YWxpY2U6UzNjcjN0UHc="  # alice:S3cr3tPw
+    T.check(rc == 1 and "HTTP 404" in out.get("error", "") and "'Authorization': '***'"
+            in out["error"], "an echoing 404: %s" % out.get("error"))
+    for text in (json.dumps(out), err):
+        T.check(b64 not in text and "S3cr3tPw" not in text, "a credential shown: %s" % text)
+    print("an error body's Authorization: masked")
+
+    # --- stoke index --------------------------------------------------------------------------
+    secret = base.replace("http://", "http://alice:S3cr3tPw@")
+    for args in (["tar:%sok/%s,fields=txt" % (secret, shard)],
+                 ["tar:%sok/a.tar" % base, "tar:%sok/b.tar?X-Amz-Signature=deadbeef" % secret],
+                 ["tar:%sok/" % secret, "--out", work]):
+        for js in ([], ["--json"]):
+            p = subprocess.run([CLI, "index"] + args + js, capture_output=True, text=True)
+            T.check(p.returncode != 0 and "S3cr3tPw" not in p.stdout + p.stderr
+                    and "deadbeef" not in p.stdout + p.stderr,
+                    "stoke index %s: %s %s" % (args + js, p.stdout, p.stderr))
+    # a link at every name the temporary file had (SHARD.idx.tmp.PID, the next pids): the
+    # index is written into a new file, never through one
+    victim = os.path.join(work, "victim.txt")
+    with open(victim, "w") as f:
+        f.write("mine\n")
+    idx_dir = os.path.join(work, "idx")
+    os.makedirs(idx_dir)
+    shutil.copy(paths[0], idx_dir)
+    with open("/proc/sys/kernel/ns_last_pid") as f:
+        last = int(f.read())
+    for pid in range(last + 1, last + 400):
+        os.symlink(victim, os.path.join(idx_dir, "%s.idx.tmp.%d" % (shard, pid)))
+    p = subprocess.run([CLI, "index", "tar:" + os.path.join(idx_dir, shard)],
+                       capture_output=True, text=True)
+    T.check(p.returncode == 0, "stoke index: %s %s" % (p.stdout, p.stderr))
+    T.check(open(victim).read() == "mine\n", "the index was written through a planted link")
+    made = os.path.join(idx_dir, shard + ".idx")
+    T.check(not os.path.islink(made) and open(made).read() == open(paths[0] + ".idx").read(),
+            "the index: a file of its own, equal to the first")
+    T.check(len(os.listdir(idx_dir)) == 2 + 399, "files left: %d" % len(os.listdir(idx_dir)))
+    print("stoke index: no credential in its errors, no write through a planted link")
+finally:
+    srv.shutdown()
+    srv.server_close()
+print("ok")
