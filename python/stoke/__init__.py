@@ -235,6 +235,29 @@ class DataLoader(_stoke.Loader):
     load_state_dict) continues from the current position; any other starts the next epoch.
     """
 
+    # torch's flag (a subclass that sets it False to swap its batch_sampler, as timm's
+    # MultiEpochsDataLoader does, sets this one)
+    _DataLoader__initialized = False
+    # what torch refuses after construction (ValueError), and what it would use at the next
+    # iter() but stoke's workers, started by the constructor, never see: refused too, not
+    # silently ignored
+    _FROZEN = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset",
+               "persistent_workers")
+    _FIXED = ("collate_fn", "worker_init_fn", "num_workers", "timeout", "prefetch_factor",
+              "pin_memory", "pin_memory_device", "generator", "multiprocessing_context")
+
+    def __setattr__(self, attr, val):
+        if self._DataLoader__initialized:
+            if attr in DataLoader._FROZEN:
+                raise ValueError("%s attribute should not be set after %s is initialized"
+                                 % (attr, type(self).__name__))
+            if attr in DataLoader._FIXED:
+                raise ValueError(
+                    "stoke: %s cannot be changed after the DataLoader is made (torch's would "
+                    "use it from the next iter(); stoke's workers started with the "
+                    "constructor's): make a new DataLoader with it" % attr)
+        super().__setattr__(attr, val)
+
     def __init__(self, dataset=None, batch_size=_UNSET, shuffle=None, sampler=None,
                  batch_sampler=None, num_workers=None, collate_fn=None, pin_memory=None,
                  drop_last=False, timeout=0, worker_init_fn=None, multiprocessing_context=None,
@@ -329,6 +352,7 @@ class DataLoader(_stoke.Loader):
         self.sampler = self.batch_sampler = self.collate_fn = self.worker_init_fn = None
         self.multiprocessing_context = None
         _live.add(self)
+        self._DataLoader__initialized = True
 
     def _init_python(self, dataset, batch_size, shuffle, sampler, batch_sampler, num_workers,
                      collate_fn, pin_memory, drop_last, timeout, worker_init_fn, mp_context,
@@ -483,6 +507,10 @@ class DataLoader(_stoke.Loader):
         self._on_error = on_error if on_error not in (None, "error") else None
         self._bad_seen = 0
         self._bad_full = False
+        # what the worker processes, forked from here below, have of the dataset: a change
+        # the caller makes later is told (_dataset_changed), never silently left out
+        self._ds_ids = _dropin._attr_ids(dataset) if processes else None
+        self._ds_told = set()
         try:
             big = w.blob_bytes >= _BIG_BLOCK and num_workers > 0
             if prefetch_factor is None and big:
@@ -549,6 +577,7 @@ class DataLoader(_stoke.Loader):
         self._no_state = iterable and (processes or num_workers >= 2)
         self._first_iter = True
         _live.add(self)
+        self._DataLoader__initialized = True
 
     def __iter__(self):
         if self._writer is None:
@@ -561,6 +590,8 @@ class DataLoader(_stoke.Loader):
             # for (stoke timed the caller's own batch and raised a LoaderError after it came)
             raise AssertionError("timeout=%s needs num_workers > 0 (torch asserts timeout == 0 "
                                  "when it iterates without workers)" % (self.timeout,))
+        if self._ds_ids is not None and (self._first_iter or not self.persistent_workers):
+            self._dataset_changed()
         if self._first_iter:
             # (cleared once its planning is done: a sampler that raises leaves it to the next
             # iter(), which reads the sampler again, as torch's)
@@ -588,6 +619,32 @@ class DataLoader(_stoke.Loader):
         # torch's warning on an IterableDataset that yields more than len(loader) said: the
         # length read by len(loader) before this iteration began (_IterableDataset_len_called)
         return _Pass(self._batches, it, self._len_called)
+
+    def _dataset_changed(self):
+        """Warns (RuntimeWarning, once an attribute) when an attribute of the dataset was set
+        (or deleted) in this process since the worker processes were forked from it: they
+        iterate the dataset as it was then.  torch's workers, started by each iter() without
+        persistent_workers (by the first with them), see such a change (a curriculum's
+        dataset.scale = epoch, a dataset's own set_epoch): stoke's passed it over silently.
+        Only attributes set anew are seen, not an object changed in place."""
+        from . import _dropin
+        now = _dropin._attr_ids(self.dataset)
+        if now is None:
+            return
+        was = self._ds_ids
+        changed = sorted(k for k in set(now) | set(was)
+                         if now.get(k) != was.get(k) and k not in self._ds_told)
+        if not changed:
+            return
+        self._ds_told.update(changed)
+        _warnings.warn(
+            "stoke: the dataset's %s changed after this DataLoader started its worker "
+            "processes, which keep the dataset as it was then (torch's%s would see the "
+            "change): make a new DataLoader after changing the dataset, or change it in the "
+            "workers (worker_init_fn, or the dataset's own code there)"
+            % (", ".join(repr(k) for k in changed),
+               "" if self.persistent_workers else ", started at each iter(),"),
+            RuntimeWarning, stacklevel=3)
 
     def set_epoch(self, epoch):
         self._first_iter = False
@@ -835,6 +892,9 @@ class _Pass:
 
     def __iter__(self):
         return self
+
+    def __len__(self):  # torch's iterator has one: len(its loader)
+        return len(self._make.__self__)
 
     def __next__(self):
         try:

@@ -1789,9 +1789,14 @@ class _Writer:
             token = next(_tokens)
             self.kept_errors[token] = e.with_traceback(None)
             payload = pickle.dumps((_KeptError(token), tb, index, os.getpid(), worker))
-        elif payload and len(payload) > MAIL_ENTRY - 16:
-            # a worker process's: its message cut, its type kept where it makes one from that
-            text = str(e)[:MAIL_ENTRY // 4] + " ... (message cut by stoke)"
+        elif not payload or len(payload) > MAIL_ENTRY - 16:
+            # a worker process's, too long or not to be pickled (an attribute holding a lock or
+            # a file): its type kept where it makes one from its message (as torch's
+            # ExceptionWrapper rebuilds every worker's: `except ValueError` still catches it),
+            # a long message cut
+            text = str(e)
+            if len(text) > MAIL_ENTRY // 4:
+                text = text[:MAIL_ENTRY // 4] + " ... (message cut by stoke)"
             try:
                 payload = pickle.dumps((type(e)(text), tb, index, os.getpid(), worker))
                 pickle.loads(payload)
@@ -1870,6 +1875,7 @@ class _Writer:
         except Exception as e:  # noqa: BLE001 - the first fill raises it, as torch's next()
             k.error, k.index = e, where[0]
         k.after = _rng_states()
+        k.attrs = _attr_ids(self.dataset)
         if k.block is not None and struct.unpack_from("<Q", k.block.view, 0)[0] == MAGIC_LIVE:
             k.token = struct.unpack_from("<Q", k.block.view, 8)[0]
         self.kept = k
@@ -1882,9 +1888,12 @@ class _Writer:
 
     def first_iteration(self):
         """At the first iteration: batch 0 made at construction is delivered only if no RNG
-        moved since (a script that seeds after making the loader gets its seed's batch 0)."""
+        moved since (a script that seeds after making the loader gets its seed's batch 0) and
+        no attribute of the dataset was set since (dataset.transform = ... after the loader
+        was made: batch 0 had the old one, batches 1.. the new)."""
         k = self.kept
-        if k is not None and not all(_same_rng(a, b) for a, b in zip(_rng_states(), k.after)):
+        if k is not None and (k.attrs != _attr_ids(self.dataset) or not all(
+                _same_rng(a, b) for a, b in zip(_rng_states(), k.after))):
             self.drop_kept()
 
     def drop_kept(self):
@@ -2202,13 +2211,23 @@ def _tensor_rows(dataset):
     return ts
 
 
+def _attr_ids(obj):
+    """{name: id(value)} of obj's instance attributes; None when it has no __dict__.  Ids, not
+    the values: holding those would keep a replaced array alive."""
+    attrs = getattr(obj, "__dict__", None)
+    if type(attrs) is not dict:
+        return None
+    return {k: id(v) for k, v in attrs.items()}
+
+
 class _Kept:
     """Batch 0 made by measure_here(): its block (ordinary memory) and bytes used, or the
-    exception and dataset index of its failure; the RNG states before and after making it."""
-    __slots__ = ("before", "after", "block", "used", "token", "error", "index")
+    exception and dataset index of its failure; the RNG states before and after making it,
+    and the dataset's attributes after (_attr_ids)."""
+    __slots__ = ("before", "after", "attrs", "block", "used", "token", "error", "index")
 
     def __init__(self, before):
-        self.before, self.after = before, None
+        self.before, self.after, self.attrs = before, None, None
         self.block, self.used, self.token = None, 0, None
         self.error, self.index = None, None
 
