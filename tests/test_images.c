@@ -1592,6 +1592,128 @@ static void test_decode_memory_limit(void **state)
     expect_decodes(spec, 0);
 }
 
+/* A grayscale JPEG of noise, in memory (caller frees): progressive with the scans DC, then AC
+ * 1..63 at full precision (a script whose AC scan may be repeated: each repeat expects the
+ * bits the last left, so libjpeg warns of no bogus progression), or arithmetic-coded. */
+static unsigned char *gray_jpeg(int W, int H, int arith, size_t *len)
+{
+    struct jpeg_compress_struct ci;
+    struct jpeg_error_mgr jerr;
+    ci.err = jpeg_std_error(&jerr);
+    jpeg_create_compress(&ci);
+    unsigned char *buf = NULL;
+    unsigned long n = 0;
+    jpeg_mem_dest(&ci, &buf, &n);
+    ci.image_width = (JDIMENSION)W;
+    ci.image_height = (JDIMENSION)H;
+    ci.input_components = 1;
+    ci.in_color_space = JCS_GRAYSCALE;
+    jpeg_set_defaults(&ci);
+    static const jpeg_scan_info script[2] = {{1, {0}, 0, 0, 0, 0}, {1, {0}, 1, 63, 0, 0}};
+    if (arith) {
+        ci.arith_code = TRUE;
+    } else {
+        ci.scan_info = script;
+        ci.num_scans = 2;
+    }
+    jpeg_start_compress(&ci, TRUE);
+    unsigned char *row = malloc((size_t)W);
+    assert_non_null(row);
+    uint64_t r = 0x9e3779b97f4a7c15ull;
+    for (int y = 0; y < H; y++) {
+        for (int x = 0; x < W; x++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            row[x] = (unsigned char)(x + y + (int)(r >> 60));
+        }
+        JSAMPROW rp = row;
+        jpeg_write_scanlines(&ci, &rp, 1);
+    }
+    jpeg_finish_compress(&ci);
+    jpeg_destroy_compress(&ci);
+    free(row);
+    *len = n;
+    return buf;
+}
+
+/* A progressive JPEG whose AC scan is repeated: `copies` scans of it in all (libjpeg decodes
+ * each, a pass over every block: 10,000 of a 8192x8192 image, 1.3 MB, took 48 s of CPU within
+ * the memory limit).  Up to 256 scans decode; more are STOKE_ELIMIT naming the count. */
+static void test_too_many_scans(void **state)
+{
+    size_t n;
+    unsigned char *j = gray_jpeg(256, 256, 0, &n);
+    size_t sos2 = 0, sos = 0;
+    for (size_t i = 2; i + 1 < n; i++)
+        if (j[i] == 0xFF && j[i + 1] == 0xDA && (sos++ == 1))
+            sos2 = i;
+    assert_true(sos2 > 0 && j[n - 2] == 0xFF && j[n - 1] == 0xD9);
+    const size_t seg = n - 2 - sos2; /* the AC scan: its SOS to the EOI */
+    for (int copies = 255; copies <= 256; copies++) {
+        size_t len = sos2 + seg * (size_t)copies + 2;
+        unsigned char *b = malloc(len);
+        assert_non_null(b);
+        memcpy(b, j, sos2);
+        for (int k = 0; k < copies; k++)
+            memcpy(b + sos2 + seg * (size_t)k, j + sos2, seg);
+        memcpy(b + len - 2, "\xFF\xD9", 2);
+        stoke__image_opts o;
+        stoke__image_opts_init(&o);
+        o.size = 32;
+        unsigned char out[32 * 32 * 3];
+        char msg[256] = "";
+        int rc = stoke__image_decode(&o, b, len, 0, 0, out, msg, sizeof(msg));
+        if (copies == 255) { /* 256 scans with the DC's */
+            if (rc != STOKE_OK)
+                fail_msg("256 scans: %s '%s'", stoke_err_name(rc), msg);
+        } else if (rc != STOKE_ELIMIT || !strstr(msg, "more than 256 scans") ||
+                   !strstr(msg, "256x256")) {
+            fail_msg("257 scans: %s '%s', expected STOKE_ELIMIT", stoke_err_name(rc), msg);
+        }
+        free(b);
+    }
+    free(j);
+}
+
+/* Arithmetic-coded data that libjpeg finds bad ("bad arithmetic code", a warning: the rest of
+ * the image came out as bands of wrong colour, and the sample was delivered as good) is
+ * STOKE_EFORMAT: of 40 seeded corruptions of the entropy data, some are said so, and none of
+ * the others is an error of another code. */
+static void test_arith_bad_code(void **state)
+{
+    size_t n;
+    unsigned char *j = gray_jpeg(256, 256, 1, &n);
+    size_t sos = 0;
+    for (size_t i = 2; i + 1 < n && !sos; i++)
+        if (j[i] == 0xFF && j[i + 1] == 0xDA)
+            sos = i;
+    assert_true(sos > 0 && n > sos + 600);
+    unsigned char *b = malloc(n);
+    assert_non_null(b);
+    uint64_t r = 0x5eed;
+    int said = 0;
+    for (int k = 0; k < 40; k++) {
+        memcpy(b, j, n);
+        for (int e = 0; e < 8; e++) { /* bytes of the scan's data, never a marker's 0xFF */
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            size_t at = sos + 20 + (size_t)(r >> 33) % (n - sos - 40);
+            if (b[at] != 0xFF && b[at - 1] != 0xFF)
+                b[at] = (unsigned char)((b[at] ^ (1 + (r >> 20) % 254)) & 0xFE);
+        }
+        stoke__image_opts o;
+        stoke__image_opts_init(&o);
+        o.size = 32;
+        unsigned char out[32 * 32 * 3];
+        char msg[256] = "";
+        int rc = stoke__image_decode(&o, b, n, 0, 0, out, msg, sizeof(msg));
+        if (rc != STOKE_OK && rc != STOKE_EFORMAT)
+            fail_msg("corruption %d: %s '%s'", k, stoke_err_name(rc), msg);
+        said += rc == STOKE_EFORMAT && strstr(msg, "bad arithmetic code") != NULL;
+    }
+    assert_true(said > 0);
+    free(b);
+    free(j);
+}
+
 static void expect_open_error(const char *rel, const char *opts, int code, const char *why)
 {
     char spec[1024];
@@ -1686,6 +1808,8 @@ int main(void)
         cmocka_unit_test(test_bad_files),
         cmocka_unit_test(test_fifo_after_scan),
         cmocka_unit_test(test_decode_memory_limit),
+        cmocka_unit_test(test_too_many_scans),
+        cmocka_unit_test(test_arith_bad_code),
         cmocka_unit_test(test_open_errors),
         cmocka_unit_test(test_cli),
     };

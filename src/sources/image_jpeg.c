@@ -62,12 +62,20 @@ typedef struct jerr {
     struct jpeg_error_mgr pub;
     jmp_buf jb;
     char text[JMSG_LENGTH_MAX];
+    int scans; /* the decode stopped at a scan past MAX_SCANS (on_progress) */
 } jerr;
+
+/* The most scans a JPEG may have.  A progressive file has about 10 (libjpeg's script), 20 at
+ * most from the encoders in use; each scan is a pass over all the image's blocks, so a file
+ * of a scan repeated thousands of times (75 bytes each) made one sample cost minutes of CPU
+ * within the memory limit (libjpeg-turbo's advice for this: djpeg -maxscans). */
+#define MAX_SCANS 256
 
 /* Everything a decode owns, freed by dec_free whether it ended normally or by longjmp. */
 typedef struct dec {
     struct jpeg_decompress_struct cinfo;
     jerr err;
+    struct jpeg_progress_mgr progress; /* on_progress: the scans counted */
     int created;
     stoke__rs_plan rs;
     uint8_t *line;   /* READ_ROWS decoded scanlines, `pitch` bytes apart */
@@ -102,9 +110,21 @@ static void on_emit(j_common_ptr c, int level)
     case JWRN_HIT_MARKER:
     case JWRN_MUST_RESYNC:
     case JWRN_HUFF_BAD_CODE:
+    case JWRN_ARITH_BAD_CODE:
     case JWRN_BOGUS_PROGRESSION:
     case JWRN_NOT_SEQUENTIAL: on_error_exit(c); break;
     default: break;
+    }
+}
+
+/* libjpeg's progress hook, called as it reads the file's scans: a file of more than MAX_SCANS
+ * ends the decode. */
+static void on_progress(j_common_ptr c)
+{
+    if (c->is_decompressor && ((j_decompress_ptr)c)->input_scan_number > MAX_SCANS) {
+        jerr *e = (jerr *)c->err;
+        e->scans = 1;
+        longjmp(e->jb, 1);
     }
 }
 
@@ -247,6 +267,8 @@ static int run(dec *d, const stoke__image_opts *o, const unsigned char *data, si
     struct jpeg_decompress_struct *ci = &d->cinfo;
     jpeg_create_decompress(ci);
     d->created = 1;
+    d->progress.progress_monitor = on_progress; /* (after the create, which zeroes ci) */
+    ci->progress = &d->progress;
     jpeg_mem_src(ci, data, (unsigned long)len);
     jpeg_read_header(ci, TRUE);
     const int W = (int)ci->image_width, H = (int)ci->image_height, size = o->size;
@@ -372,7 +394,14 @@ int stoke__image_decode(const stoke__image_opts *o, const void *jpeg, size_t len
     d->err.pub.output_message = on_output;
     int rc;
     if (setjmp(d->err.jb)) {
-        if (d->err.pub.msg_code == JERR_NO_BACKING_STORE) { /* max_memory_to_use reached */
+        if (d->err.scans) {
+            stoke__fmt(msg, msg_len,
+                       "progressive JPEG of %ux%u pixels has more than %d scans (a real one has "
+                       "about 10; each is a pass over the whole image)",
+                       (unsigned)d->cinfo.image_width, (unsigned)d->cinfo.image_height,
+                       MAX_SCANS);
+            rc = STOKE_ELIMIT;
+        } else if (d->err.pub.msg_code == JERR_NO_BACKING_STORE) { /* max_memory_to_use reached */
             char b[32];
             stoke__fmt(msg, msg_len,
                        "JPEG of %ux%u pixels needs more than the limit max_decode_bytes=%s",
