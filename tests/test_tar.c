@@ -761,6 +761,35 @@ static void test_truncated(void **state)
                       "without its end-of-archive block");
 }
 
+/* GNU sparse members (tar --sparse) are refused at open, STOKE_ENOTSUP naming the shard: a pax
+ * member with GNU.sparse.* records (format 1.0: its data is a map and the fragments, under
+ * ./GNUSparseFile.PID/NAME: read as another sample's bytes, the real one missing) and a GNU
+ * 'S' member (it was skipped: the sample lost with "no 'bin' member"). */
+static void test_sparse_members(void **state)
+{
+    (void)state;
+    const char *dir = scratch("tar_sparse");
+    char p[1200];
+    static const char rec[] = "22 GNU.sparse.major=1\n22 GNU.sparse.minor=0\n"
+                              "26 GNU.sparse.name=s0.bin\n";
+    pathf(p, sizeof(p), dir, "pax.tar");
+    tw w;
+    tw_open(&w, p);
+    tw_str(&w, "s0.cls", "1");
+    tw_header(&w, "PaxHeaders/s0.bin", sizeof(rec) - 1, 'x', 0);
+    tw_data(&w, rec, sizeof(rec) - 1);
+    tw_str(&w, "GNUSparseFile.7/s0.bin", "1\n0\n5\n");
+    tw_end(&w);
+    expect_open_error(p, STOKE_ENOTSUP, "at byte 1024: a GNU sparse file (made by tar --sparse)");
+    pathf(p, sizeof(p), dir, "gnu.tar");
+    tw_open(&w, p);
+    tw_str(&w, "s0.cls", "1");
+    tw_header(&w, "s0.bin", 0, 'S', 0);
+    tw_end(&w);
+    expect_open_error(p, STOKE_ENOTSUP,
+                      "member 's0.bin' at byte 1024 is a GNU sparse file (made by tar --sparse)");
+}
+
 static void patch(const char *path, long off, const void *bytes, size_t n)
 {
     FILE *f = fopen(path, "r+b");
@@ -1251,13 +1280,21 @@ static void test_ragged_npy(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_ustar_grouping),  cmocka_unit_test(test_pax_and_gnu),
-        cmocka_unit_test(test_big_sizes),       cmocka_unit_test(test_big_jpg_member),
-        cmocka_unit_test(test_gnu_tar_formats), cmocka_unit_test(test_npy_fields),
-        cmocka_unit_test(test_field_errors),    cmocka_unit_test(test_truncated),
-        cmocka_unit_test(test_corrupt_headers), cmocka_unit_test(test_parse_block),
-        cmocka_unit_test(test_shard_lists),     cmocka_unit_test(test_loader_workers_ranks),
-        cmocka_unit_test(test_ragged_members),  cmocka_unit_test(test_ragged_npy),
+        cmocka_unit_test(test_ustar_grouping),
+        cmocka_unit_test(test_pax_and_gnu),
+        cmocka_unit_test(test_big_sizes),
+        cmocka_unit_test(test_big_jpg_member),
+        cmocka_unit_test(test_gnu_tar_formats),
+        cmocka_unit_test(test_npy_fields),
+        cmocka_unit_test(test_field_errors),
+        cmocka_unit_test(test_truncated),
+        cmocka_unit_test(test_sparse_members),
+        cmocka_unit_test(test_corrupt_headers),
+        cmocka_unit_test(test_parse_block),
+        cmocka_unit_test(test_shard_lists),
+        cmocka_unit_test(test_loader_workers_ranks),
+        cmocka_unit_test(test_ragged_members),
+        cmocka_unit_test(test_ragged_npy),
         cmocka_unit_test(test_resumable_iter),
     };
     return tu_exit_status(cmocka_run_group_tests(tests, NULL, NULL));

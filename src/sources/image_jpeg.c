@@ -51,7 +51,7 @@ int stoke__image_decode(const stoke__image_opts *o, const void *jpeg, size_t len
  * in flight, and the two evicted each other's code and tables; 16 at a time made the resampling
  * about half as costly (bench/bench_decode: stoke's decode + resample from ~930 to ~1,120
  * images per CPU-second, the decoder alone ~1,200). */
-#define READ_ROWS 16
+#define READ_ROWS        16
 
 int stoke__image_available(void)
 {
@@ -69,7 +69,7 @@ typedef struct jerr {
  * most from the encoders in use; each scan is a pass over all the image's blocks, so a file
  * of a scan repeated thousands of times (75 bytes each) made one sample cost minutes of CPU
  * within the memory limit (libjpeg-turbo's advice for this: djpeg -maxscans). */
-#define MAX_SCANS 256
+#define MAX_SCANS        256
 
 /* Everything a decode owns, freed by dec_free whether it ended normally or by longjmp. */
 typedef struct dec {
@@ -78,8 +78,8 @@ typedef struct dec {
     struct jpeg_progress_mgr progress; /* on_progress: the scans counted */
     int created;
     stoke__rs_plan rs;
-    uint8_t *line;   /* READ_ROWS decoded scanlines, `pitch` bytes apart */
-    size_t pitch;    /* a line: 3 or 4 bytes per pixel and the resampler's pad, cache-aligned */
+    uint8_t *line; /* READ_ROWS decoded scanlines, `pitch` bytes apart */
+    size_t pitch;  /* a line: 3 or 4 bytes per pixel and the resampler's pad, cache-aligned */
 } dec;
 
 static void on_error_exit(j_common_ptr c)
@@ -151,13 +151,13 @@ static int dct_scale(const stoke__image_crop *c, int size)
 }
 
 #if JPEG_LIB_VERSION >= 70
-#define DCT_H(c) ((c)->DCT_h_scaled_size)
-#define DCT_V(c) ((c)->DCT_v_scaled_size)
+#define DCT_H(c)      ((c)->DCT_h_scaled_size)
+#define DCT_V(c)      ((c)->DCT_v_scaled_size)
 #define MIN_DCT_H(ci) ((ci)->min_DCT_h_scaled_size)
 #define MIN_DCT_V(ci) ((ci)->min_DCT_v_scaled_size)
 #else
-#define DCT_H(c) ((c)->DCT_scaled_size)
-#define DCT_V(c) ((c)->DCT_scaled_size)
+#define DCT_H(c)      ((c)->DCT_scaled_size)
+#define DCT_V(c)      ((c)->DCT_scaled_size)
 #define MIN_DCT_H(ci) ((ci)->min_DCT_scaled_size)
 #define MIN_DCT_V(ci) ((ci)->min_DCT_scaled_size)
 #endif
@@ -398,8 +398,7 @@ int stoke__image_decode(const stoke__image_opts *o, const void *jpeg, size_t len
             stoke__fmt(msg, msg_len,
                        "progressive JPEG of %ux%u pixels has more than %d scans (a real one has "
                        "about 10; each is a pass over the whole image)",
-                       (unsigned)d->cinfo.image_width, (unsigned)d->cinfo.image_height,
-                       MAX_SCANS);
+                       (unsigned)d->cinfo.image_width, (unsigned)d->cinfo.image_height, MAX_SCANS);
             rc = STOKE_ELIMIT;
         } else if (d->err.pub.msg_code == JERR_NO_BACKING_STORE) { /* max_memory_to_use reached */
             char b[32];

@@ -9,6 +9,11 @@
 
 #include "stoke/status.h"
 
+/* A GNU sparse member (tar --sparse): its data is not the file's bytes. */
+#define SPARSE_MSG                                                                                 \
+    "a GNU sparse file (made by tar --sparse): its data is a map of the file's holes and its "     \
+    "fragments, which stoke does not read; make the shard without --sparse"
+
 static int ferr(char *err, size_t err_len, const char *fmt, ...)
 {
     if (err && err_len) {
@@ -146,6 +151,12 @@ int stoke__tar_parse_pax(const char *buf, size_t len, char *path, size_t path_le
                         pos);
         size_t klen = (size_t)(eq - key), vlen = (size_t)(buf + end - 1 - (eq + 1));
         const char *val = eq + 1;
+        if (klen > 11 && memcmp(key, "GNU.sparse.", 11) == 0) {
+            /* the member's data is a sparse map and the file's fragments, under a made-up
+             * name: read as a member, another sample's bytes (and the real one missing) */
+            ferr(err, err_len, "%s", SPARSE_MSG);
+            return STOKE_ENOTSUP;
+        }
         if (klen == 4 && memcmp(key, "path", 4) == 0) {
             if (vlen >= path_len || memchr(val, 0, vlen))
                 return ferr(err, err_len,
@@ -273,9 +284,10 @@ static int extension(walk *w, const stoke__tar_block *b, uint64_t hdr, uint64_t 
         char path[STOKE__TAR_PATH_MAX], msg[160];
         uint64_t size = 0;
         int has_size = 0;
-        if (stoke__tar_parse_pax(buf, (size_t)b->size, path, sizeof(path), &size, &has_size, msg,
-                                 sizeof(msg)) != 0)
-            rc = walk_fail(w, hdr, STOKE_EFORMAT, "%s (pax header at byte %llu)", msg,
+        int prc = stoke__tar_parse_pax(buf, (size_t)b->size, path, sizeof(path), &size, &has_size,
+                                       msg, sizeof(msg));
+        if (prc != 0)
+            rc = walk_fail(w, hdr, prc, "%s (pax header at byte %llu)", msg,
                            (unsigned long long)hdr);
         else if (b->type == 'x') { /* 'g': global, checked and ignored */
             if (path[0]) {
@@ -460,6 +472,10 @@ static int iter_step(stoke__tar_iter *it, const char **path, uint64_t *hdr_off, 
         if (is_extension(b->type)) {
             if ((rc = extension(&w, b, off, data, pd)) != 0)
                 return rc;
+        } else if (b->type == 'S') {
+            return walk_fail(&w, off, STOKE_ENOTSUP, "member '%s' at byte %llu is %s",
+                             pd->has_path ? pd->path : b->name, (unsigned long long)off,
+                             SPARSE_MSG);
         } else if (is_regular(b->type)) {
             *path = pd->has_path ? pd->path : b->name;
             *hdr_off = pd->first_hdr;
