@@ -23,6 +23,7 @@ import warnings
 import stoke_testlib as T
 
 np, torch = T.need("numpy", "torch")
+T.no_forked_python_under_tsan()
 import stoke  # noqa: E402
 from torch.utils.data import DataLoader as TorchLoader  # noqa: E402
 
