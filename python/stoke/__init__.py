@@ -628,12 +628,8 @@ class DataLoader(_stoke.Loader):
         dataset.scale = epoch, a dataset's own set_epoch): stoke's passed it over silently.
         Only attributes set anew are seen, not an object changed in place."""
         from . import _dropin
-        now = _dropin._attr_ids(self.dataset)
-        if now is None:
-            return
-        was = self._ds_ids
-        changed = sorted(k for k in set(now) | set(was)
-                         if now.get(k) != was.get(k) and k not in self._ds_told)
+        changed = [k for k in _dropin._attrs_changed(self._ds_ids, self.dataset)
+                   if k not in self._ds_told]
         if not changed:
             return
         self._ds_told.update(changed)
@@ -893,8 +889,14 @@ class _Pass:
     def __iter__(self):
         return self
 
-    def __len__(self):  # torch's iterator has one: len(its loader)
-        return len(self._make.__self__)
+    def __len__(self):
+        # torch's iterator's: len(its loader) for a map-style dataset; an IterableDataset's
+        # has none (and its len(loader) would count as asked: a warning at the next pass)
+        loader = self._make.__self__
+        if loader._iterable:
+            raise TypeError("object of type '_Pass' has no len(): an IterableDataset's "
+                            "iterator has none, as torch's")
+        return len(loader)
 
     def __next__(self):
         try:

@@ -49,6 +49,7 @@ import threading
 import time
 import traceback
 import warnings
+import weakref
 
 try:
     import numpy as np
@@ -1892,8 +1893,10 @@ class _Writer:
         no attribute of the dataset was set since (dataset.transform = ... after the loader
         was made: batch 0 had the old one, batches 1.. the new)."""
         k = self.kept
-        if k is not None and (k.attrs != _attr_ids(self.dataset) or not all(
-                _same_rng(a, b) for a, b in zip(_rng_states(), k.after))):
+        if k is None:
+            return
+        changed = k.attrs is not None and _attrs_changed(k.attrs, self.dataset)
+        if changed or not all(_same_rng(a, b) for a, b in zip(_rng_states(), k.after)):
             self.drop_kept()
 
     def drop_kept(self):
@@ -2211,13 +2214,47 @@ def _tensor_rows(dataset):
     return ts
 
 
+_SCALARS = (int, float, complex, bool, str, bytes, type(None))
+
+
 def _attr_ids(obj):
-    """{name: id(value)} of obj's instance attributes; None when it has no __dict__.  Ids, not
-    the values: holding those would keep a replaced array alive."""
+    """What obj's instance attributes are, to tell later which were set anew (_attrs_changed):
+    {name: (kind, what)}, by value for a number or a short string, by a weak reference where
+    the object takes one, else by id() (a list, a dict, a tuple); None when obj has no
+    __dict__.  Never the objects themselves: holding one would keep a replaced array alive.
+    (Ids alone missed a value set twice, the second at the address the first one freed.)"""
     attrs = getattr(obj, "__dict__", None)
     if type(attrs) is not dict:
         return None
-    return {k: id(v) for k, v in attrs.items()}
+    out = {}
+    for k, v in attrs.items():
+        if type(v) in _SCALARS and (type(v) not in (str, bytes) or len(v) <= 4096):
+            out[k] = (0, v)
+            continue
+        try:
+            out[k] = (1, weakref.ref(v))
+        except TypeError:
+            out[k] = (2, id(v))
+    return out
+
+
+def _attrs_changed(was, obj):
+    """The names of obj's attributes set (or deleted) since _attr_ids(obj) gave `was`."""
+    attrs = getattr(obj, "__dict__", None)
+    if type(attrs) is not dict:
+        return []
+    out = [k for k in was if k not in attrs]
+    for k, v in attrs.items():
+        kind, what = was.get(k, (None, None))
+        if kind == 0:
+            same = v is what or (type(v) is type(what) and v == what)
+        elif kind == 1:
+            same = what() is v
+        else:
+            same = kind == 2 and id(v) == what
+        if not same:
+            out.append(k)
+    return sorted(out)
 
 
 class _Kept:

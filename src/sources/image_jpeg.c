@@ -110,7 +110,9 @@ static void on_emit(j_common_ptr c, int level)
     case JWRN_HIT_MARKER:
     case JWRN_MUST_RESYNC:
     case JWRN_HUFF_BAD_CODE:
+#if JPEG_LIB_VERSION >= 70 || defined(D_ARITH_CODING_SUPPORTED) /* (else not in jerror.h) */
     case JWRN_ARITH_BAD_CODE:
+#endif
     case JWRN_BOGUS_PROGRESSION:
     case JWRN_NOT_SEQUENTIAL: on_error_exit(c); break;
     default: break;

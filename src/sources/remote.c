@@ -196,10 +196,12 @@ int stoke__remote_read(stoke__remote_pool *p, int slot, const stoke__remote_file
     return stoke__remote_pool_create(NULL, why, why_len);
 }
 int stoke__remote_fetch(stoke__remote_pool *p, int slot, const stoke__remote_file *f, int fd,
-                        uint64_t expect, _Atomic uint64_t *seen, const int *stop, uint64_t *size,
-                        char *why, size_t why_len)
+                        uint64_t expect, uint64_t most, const char *most_why,
+                        _Atomic uint64_t *seen, const int *stop, uint64_t *size, char *why,
+                        size_t why_len)
 {
-    (void)p, (void)slot, (void)f, (void)fd, (void)expect, (void)seen, (void)stop;
+    (void)p, (void)slot, (void)f, (void)fd, (void)expect, (void)most, (void)most_why, (void)seen,
+        (void)stop;
     *size = 0;
     return stoke__remote_pool_create(NULL, why, why_len);
 }

@@ -183,7 +183,7 @@ int stoke__remote_read_each(stoke__remote_pool *p, int slot, stoke__remote_req *
  * file.  With STOKE_REMOTE_CONNECTIONS 0 or 1, one request (Range: bytes=0-).  Each chunk has
  * the retries of a read (a body cut short is continued by range from its first missing byte).
  * expect: the size the file must have, 0 when not known.  Bytes past expect, else past most
- * (0: what fd's file system has free, less a tenth of it) are never written: an answer longer
+ * (0: what fd's file system has free when it starts, less a hundredth of it) are never written: an answer longer
  * than that (a 200 that never ends, a header that says more) is STOKE_EIO, "the file is longer
  * than the N bytes this download may take (most_why)", not retried.  Returns 0 with *size = the
  * bytes written, which are the file's size as the server said it (Content-Range, or the

@@ -77,6 +77,9 @@ size_t stoke__remote_on_header(char *data, size_t size, size_t nmemb, void *ctx)
                 if (k && cur < t && x->said)
                     x->said(x->said_ctx);
             }
+        } else if (strstr(v, "/*") && sscanf(v, "bytes %llu-%llu", &a, &b) == 2) {
+            x->cr_start = a, x->cr_end = b; /* "bytes A-B/" and a star: the size not said */
+            x->has_cr = 1;
         } else if (sscanf(v, "bytes */%llu", &t) == 1) {
             x->total = t;
             x->has_total = 1;

@@ -357,15 +357,19 @@ static void fetch_here(stoke__remote_pool *p, slot *s, fjob *j, int err)
 }
 
 /* The most bytes a fetch into fd may write when neither its size nor a cap is known: what its
- * file system has free, less a tenth of it (as the cache's default cap keeps), so that an
- * answer that never ends (a 200 without a length) cannot fill the disk. */
+ * file system has free when it starts, less a hundredth of the file system, so that an answer
+ * that never ends (a 200 without a length) cannot fill the disk; all of the free space when
+ * less than that hundredth is.  Not a tenth (the cache's default cap's floor): a cache at its
+ * cap has a tenth free, and a download goes into that slack before the eviction after it.  0
+ * (no bound) where the size is not known (statvfs fails; a tmpfs without a size says 0
+ * blocks). */
 static uint64_t fs_room(int fd)
 {
     struct statvfs v;
-    if (fstatvfs(fd, &v) != 0)
+    if (fstatvfs(fd, &v) != 0 || v.f_blocks == 0)
         return 0;
     uint64_t avail = (uint64_t)v.f_bavail * v.f_frsize, fs = (uint64_t)v.f_blocks * v.f_frsize;
-    return avail > fs / 10 ? avail - fs / 10 : 1;
+    return avail > fs / 100 ? avail - fs / 100 : avail ? avail : 1;
 }
 
 int stoke__remote_fetch(stoke__remote_pool *p, int slot_i, const stoke__remote_file *f, int fd,
@@ -387,7 +391,7 @@ int stoke__remote_fetch(stoke__remote_pool *p, int slot_i, const stoke__remote_f
         j.most_why = most_why;
     } else {
         j.most = fs_room(fd);
-        j.most_why = "the free space of its file system, less a tenth of it";
+        j.most_why = "the free space of its file system, less a hundredth of it";
     }
     pthread_mutex_lock(&p->fe_lock);
     int no_fe;

@@ -2,7 +2,8 @@
 worker's exception that does not pickle, against torch's DataLoader in the same run:
 
 1. num_workers=0: dataset.transform set after the loader was made reaches batch 0 too (batch 0,
-   made at construction with the old one, was delivered: [[0, 1], [102, 103]]).
+   made at construction with the old one, was delivered: [[0, 1], [102, 103]]), also when it
+   was set twice (a float at the address of the one it replaced).
 2. Worker processes keep the dataset as it was when they were forked: an attribute set later
    (a curriculum's dataset.scale = epoch, set before the first pass or between passes) is told
    by one RuntimeWarning naming it, at the first iter() after it (every epoch replayed epoch 0's
@@ -13,7 +14,9 @@ worker's exception that does not pickle, against torch's DataLoader in the same 
    collate_fn, num_workers, timeout and the others its workers never see (they were ignored
    silently: dl.batch_size = 4 still gave batches of 2); other attributes set freely, and a
    subclass that clears torch's _DataLoader__initialized sets any.
-4. len(iter(loader)) == len(loader) (TypeError: object of type '_Pass' has no len()).
+4. len(iter(loader)) == len(loader) (TypeError: object of type '_Pass' has no len()); an
+   IterableDataset's iterator has none, as torch's, and list(iter(loader)) sets off no
+   "Length of IterableDataset" warning at the next pass.
 5. A worker's exception that does not pickle (an attribute holding a lock) is raised as its
    own type with its message, as torch rebuilds it (it was a RuntimeError: `except ValueError`
    missed it)."""
@@ -62,6 +65,15 @@ want, _ = epochs(TorchLoader, 2, set_scale)
 got, told = epochs(stoke.DataLoader, 2, set_scale)
 T.check(got == want == [[[100, 101], [102, 103]], [[200, 201], [202, 203]]] and not told,
         "num_workers=0: stoke %s, torch %s, %s" % (got, want, told))
+# set twice: the second float may take the address the first one freed (compared by id()
+# alone, the change was missed: batch 0 with the old scale)
+for cls in (TorchLoader, stoke.DataLoader):
+    ds = Scaled()
+    dl = cls(ds, batch_size=2)
+    ds.scale = float(2)
+    ds.scale = float(3)
+    got = [b.tolist() for b in dl]
+    T.check(got == [[300.0, 301.0], [302.0, 303.0]], "%s, set twice: %s" % (cls, got))
 print("1. num_workers=0: batch 0 made again after the dataset changed")
 
 # -- 2. worker processes: told, once, naming the attribute --
@@ -120,7 +132,32 @@ for nw in (0, 2):
         it = iter(dl)
         T.check(len(it) == len(dl) == 2, "%s, %d workers: len(iter) %d" % (cls, nw, len(it)))
         list(it)
-print("4. len(iter(loader)) == len(loader)")
+
+
+
+class Stream(torch.utils.data.IterableDataset):
+    def __len__(self):
+        return 5
+
+    def __iter__(self):
+        return iter(range(5))
+
+
+# an IterableDataset's iterator has no len (torch's neither); list() asks for it, and a len()
+# that counted as the loader's set off torch's "Length of IterableDataset" warnings next pass
+for cls in (TorchLoader, stoke.DataLoader):
+    dl = cls(Stream(), batch_size=None)
+    try:
+        len(iter(dl))
+        T.check(False, "%s: an IterableDataset's iterator has a len" % cls)
+    except TypeError:
+        pass
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        passes = [list(iter(dl)) for _ in range(2)]
+    T.check([[int(x) for x in p] for p in passes] == [list(range(5))] * 2 and not w,
+            "%s: %s %s" % (cls, passes, [str(x.message) for x in w]))
+print("4. len(iter(loader)) == len(loader); none for an IterableDataset's")
 
 
 # -- 5. an exception that does not pickle --

@@ -1,5 +1,6 @@
 """Remote data from a server that lies or attacks (docs/sources.md, "Remote data"), a small
 server in this test on 127.0.0.1 (nginx will not misbehave so):
+  - a Content-Range of an unknown size ("bytes A-B/*"): read as the local shard;
   - a 206 without a Content-Range (and one whose Content-Length is not its range's), after an
     honest first answer: STOKE_EIO naming it, for npy: and tar: range reads and the cache, and
     no copy left in the cache (the body was taken as the bytes asked for: other samples,
@@ -7,8 +8,9 @@ server in this test on 127.0.0.1 (nginx will not misbehave so):
   - a 200 that never ends into the cache: stopped at the size the shard's sidecar index says;
     one whose Content-Length is larger than the disk could hold: refused before a byte is
     written; without an index, a chunked body that never ends on a 64 MiB file system: stopped
-    with a tenth of it free, no .part left (it grew until the disk was full; run where a tmpfs
-    can be mounted: as root, or in a user namespace);
+    with a hundredth of it free, no .part left (it grew until the disk was full), and a good
+    shard loads with less than a tenth free (a cache at its default cap; run where a tmpfs can
+    be mounted: as root, or in a user namespace);
   - a sidecar index that never ends: refused at 64 MiB ("not an index"), the process's peak
     memory well under the 1 GiB it reached;
   - an error body echoing the request's headers: its Authorization is "***" in the message;
@@ -62,7 +64,9 @@ class Hostile(http.server.BaseHTTPRequestHandler):
     Content-Range carrying the file from its start; "badlen" the same, with a Content-Range
     and a Content-Length of other bytes than it says; "endless" the file's .idx honestly and
     the file as a 200 that never ends (chunked); "bigcl" a 200 saying 2^60 bytes; "endlessidx"
-    the .idx as a 200 that never ends; "echo" a 404 whose body is the request's headers."""
+    the .idx as a 200 that never ends; "echo" a 404 whose body is the request's headers;
+    "star" ranges whose Content-Range says "bytes A-B/*" after the first, and 416 past the
+    end."""
     protocol_version = "HTTP/1.1"
 
     def log_message(self, *a):
@@ -104,6 +108,24 @@ class Hostile(http.server.BaseHTTPRequestHandler):
             return self.endless()
         if mode in ("endless", "bigcl") and not rest.endswith(".idx"):
             return self.endless(1 << 60 if mode == "bigcl" else None)
+        if mode == "star" and os.path.isfile(path):  # sizes not said after the first answer
+            data = open(path, "rb").read()
+            a, b = map(lambda g: int(g) if g else None, re.match(
+                r"bytes=(\d+)-(\d*)$", self.headers["Range"]).groups())
+            b = len(data) - 1 if b is None else min(b, len(data) - 1)
+            if a >= len(data):
+                self.send_response(416)
+                self.send_header("Content-Range", "bytes */%d" % len(data))
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            self.send_response(206)
+            self.send_header("Content-Range", "bytes %d-%d/%s" % (a, b, len(data) if a == 0
+                                                                 else "*"))
+            self.send_header("Content-Length", str(b - a + 1))
+            self.end_headers()
+            self.wfile.write(data[a:b + 1])
+            return
         if not os.path.isfile(path) or (mode != "endless" and rest.endswith(".idx")):
             self.send_response(404)
             self.send_header("Content-Length", "0")
@@ -156,6 +178,13 @@ try:
                 "%s: the cache keeps nothing of it: %s" % (mode, os.listdir(cdir)))
     print("a 206 without its Content-Range, or with another length: refused, nothing kept")
 
+    # a Content-Range of an unknown size, "bytes A-B/*" (RFC 9110), after a first that said it:
+    # read as the local shard (it was "HTTP 206 without a Content-Range")
+    rc, out, err = load("tar:%sstar/%s%s" % (base, shard, OPTS))
+    T.check(rc == 0 and out["content_hash"] == local["content_hash"],
+            "bytes A-B/*: %s %s" % (out.get("error"), err[-300:]))
+    print("a Content-Range of an unknown size: read")
+
     # --- bodies that do not end --------------------------------------------------------------
     c_end = os.path.join(work, "c-endless")
     rc, out, err = load("tar:%sendless/%s%s" % (base, shard, OPTS),
@@ -174,13 +203,19 @@ try:
     T.check(os.listdir(c_big) == ["stoke-cache.lock"], "bigcl: %s left" % os.listdir(c_big))
     print("an endless 200: stopped at the index's size; 2^60 bytes said: refused at once")
 
-    # without an index, on a small file system: bounded by its free space less a tenth
+    # without an index, on a small file system: bounded by its free space less a hundredth
     small = os.path.join(work, "small")
     os.makedirs(small)
-    script = ("mount -t tmpfs -o size=64m tmpfs '%s' || exit 99; mkdir -m 700 '%s/c'; "
+    # and a good shard where less than a tenth is free (a cache at its default cap: the
+    # bound was the free space less a tenth, which refused every download there)
+    script = ("mount -t tmpfs -o size=64m tmpfs '%s' || exit 99; mkdir -m 700 '%s/c' '%s/c2'; "
               "STOKE_CACHE_DIR='%s/c' STOKE_REMOTE_RETRIES=1 '%s' load "
-              "'tar:%sendless/none-%s%s' --workers 0 --json; echo \"rc=$?\"; ls -A '%s/c'"
-              % (small, small, small, CLI, base, shard, OPTS, small))
+              "'tar:%sendless/none-%s%s' --workers 0 --json; echo \"rc=$?\"; ls -A '%s/c'; "
+              "head -c 56M /dev/zero > '%s/other'; STOKE_CACHE_DIR='%s/c2' '%s' load "
+              "'tar:%splain/%s%s' --workers 0 --json --no-pin-memory >/dev/null 2>&1; "
+              "echo \"good=$?\""
+              % (small, small, small, small, CLI, base, shard, OPTS, small, small, small, CLI,
+                 base, shard, OPTS))
     cmd = (["sh", "-c", script] if os.geteuid() == 0 else
            ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script])
     if os.geteuid() == 0:  # the mount would be this process's: a namespace of its own
@@ -189,11 +224,13 @@ try:
     if "rc=" not in p.stdout:
         print("not run: no tmpfs could be mounted here (%s)" % p.stderr.strip()[-200:])
     else:
-        T.check("rc=1" in p.stdout and "the free space of its file system, less a tenth"
-                in p.stdout and p.stdout.strip().endswith("stoke-cache.lock"),
+        T.check("rc=1" in p.stdout and "the free space of its file system, less a hundredth"
+                in p.stdout and "stoke-cache.lock\ngood=" in p.stdout,
                 "an endless chunked 200 without an index on 64 MiB: %s %s"
                 % (p.stdout[-600:], p.stderr[-300:]))
-        print("an endless chunked 200 without an index: stopped at the disk's floor")
+        T.check("good=0" in p.stdout, "a shard with 8 MiB of 64 free: %s" % p.stdout[-300:])
+        print("an endless chunked 200 without an index: stopped at the disk's floor; a shard "
+              "where less than a tenth is free: loaded")
 
     # an index that never ends: refused at 64 MiB, without holding a gigabyte
     rc, out, err = load("tar:%sendlessidx/%s%s" % (base, shard, OPTS))
