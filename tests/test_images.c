@@ -1455,20 +1455,31 @@ static void test_fifo_after_scan(void **state)
 
 /* One flat colour (compresses to almost nothing however large), progressive or baseline,
  * 4:4:4 or 4:2:0; into memory (caller frees). */
+/* A compressor of a W x H image of `comps` components in `cs` into memory (*buf, *n once
+ * finished), its defaults set. */
+static void mem_compress_begin(struct jpeg_compress_struct *ci, struct jpeg_error_mgr *jerr,
+                               unsigned char **buf, unsigned long *n, int W, int H, int comps,
+                               J_COLOR_SPACE cs)
+{
+    ci->err = jpeg_std_error(jerr);
+    jpeg_create_compress(ci);
+    *buf = NULL;
+    *n = 0;
+    jpeg_mem_dest(ci, buf, n);
+    ci->image_width = (JDIMENSION)W;
+    ci->image_height = (JDIMENSION)H;
+    ci->input_components = comps;
+    ci->in_color_space = cs;
+    jpeg_set_defaults(ci);
+}
+
 static unsigned char *flat_jpeg(int W, int H, int progressive, int s444, size_t *len)
 {
     struct jpeg_compress_struct ci;
     struct jpeg_error_mgr jerr;
-    ci.err = jpeg_std_error(&jerr);
-    jpeg_create_compress(&ci);
-    unsigned char *buf = NULL;
-    unsigned long n = 0;
-    jpeg_mem_dest(&ci, &buf, &n);
-    ci.image_width = (JDIMENSION)W;
-    ci.image_height = (JDIMENSION)H;
-    ci.input_components = 3;
-    ci.in_color_space = JCS_RGB;
-    jpeg_set_defaults(&ci);
+    unsigned char *buf;
+    unsigned long n;
+    mem_compress_begin(&ci, &jerr, &buf, &n, W, H, 3, JCS_RGB);
     if (progressive)
         jpeg_simple_progression(&ci);
     if (s444)
@@ -1599,16 +1610,9 @@ static unsigned char *gray_jpeg(int W, int H, int arith, size_t *len)
 {
     struct jpeg_compress_struct ci;
     struct jpeg_error_mgr jerr;
-    ci.err = jpeg_std_error(&jerr);
-    jpeg_create_compress(&ci);
-    unsigned char *buf = NULL;
-    unsigned long n = 0;
-    jpeg_mem_dest(&ci, &buf, &n);
-    ci.image_width = (JDIMENSION)W;
-    ci.image_height = (JDIMENSION)H;
-    ci.input_components = 1;
-    ci.in_color_space = JCS_GRAYSCALE;
-    jpeg_set_defaults(&ci);
+    unsigned char *buf;
+    unsigned long n;
+    mem_compress_begin(&ci, &jerr, &buf, &n, W, H, 1, JCS_GRAYSCALE);
     static const jpeg_scan_info script[2] = {{1, {0}, 0, 0, 0, 0}, {1, {0}, 1, 63, 0, 0}};
     if (arith) {
         ci.arith_code = TRUE;
