@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
 #include <unistd.h>
 
 #ifdef STOKE_HAVE_ZLIB
@@ -115,7 +117,12 @@ int stoke__tar_index_write(const char *path, const char *out, uint64_t shard_siz
         /* a new file of a name no one could guess, never one that was there (another user's
          * link in a directory they can write would have had the index written through it) */
         int fd = -1;
-        uint64_t r = stoke__now_ns() ^ ((uint64_t)getpid() << 32) ^ (uintptr_t)&fd;
+        uint64_t r = 0;
+        if (getrandom(&r, sizeof(r), GRND_NONBLOCK) != (ssize_t)sizeof(r)) {
+            struct timespec ts;
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            r = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^ ((uint64_t)getpid() << 32);
+        }
         for (int k = 0; k < 100 && fd < 0; k++) {
             r = r * 6364136223846793005ull + 1442695040888963407ull;
             snprintf(tmp, plen + 40, "%s.tmp.%ld.%016" PRIx64, idx, (long)getpid(), r);
