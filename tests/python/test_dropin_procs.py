@@ -1350,11 +1350,25 @@ def persistent_workers_seeded_once():
         kw = "%s %s persistent_workers=%s" % ("generator" if gen else "global RNG",
                                               ds.__name__, pw)
         for cls in (L.TorchLoader, L.Loader):
-            torch.manual_seed(11)
-            loader = cls(ds(), batch_size=2, num_workers=2, persistent_workers=pw,
-                         worker_init_fn=count_init,
-                         generator=torch.Generator().manual_seed(5) if gen else None)
-            got = [[[t.tolist() for t in b] for b in loader] for _ in range(3)]
+            for attempt in range(2):
+                torch.manual_seed(11)
+                # torch's with a timeout: under AddressSanitizer one of its workers hung once
+                # after its fork (CI, 2026-12-06: the test's 150 s ran out in torch's
+                # _try_get_data); its reference run is made again then, never stoke's
+                extra = {"timeout": 60} if cls is L.TorchLoader else {}
+                loader = cls(ds(), batch_size=2, num_workers=2, persistent_workers=pw,
+                             worker_init_fn=count_init,
+                             generator=torch.Generator().manual_seed(5) if gen else None,
+                             **extra)
+                try:
+                    got = [[[t.tolist() for t in b] for b in loader] for _ in range(3)]
+                except RuntimeError as e:
+                    if not extra or attempt or "timed out" not in str(e):
+                        raise
+                    print("  %s: torch's DataLoader timed out (%s): its run again" % (kw, e))
+                    del loader
+                    continue
+                break
             runs.append((got, torch.rand(1).item()))
             del loader
         (ref, ref_after), (got, after) = runs
