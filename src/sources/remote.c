@@ -32,16 +32,20 @@ int stoke__remote_is_url(const char *path)
  * presigned URL's signature, credential or session token (S3's X-Amz-Signature,
  * X-Amz-Credential, X-Amz-Security-Token; GCS's X-Goog-*; CloudFront's Signature; Azure's sig),
  * or anything named a token, secret, password or key: such a URL is as good as the password. */
+/* The ends of names that hold a secret: [0] only in an error body's echoed headers
+ * (mask_secrets), the others also in a URL's query (secret_param). */
+static const char *const secret_names[] = {"authorization", "signature", "credential",
+                                           "token",         "secret",    "password"};
+
 static int secret_param(const char *key, size_t len)
 {
     static const char *const whole[] = {"sig", "key", "AWSAccessKeyId"};
-    static const char *const tail[] = {"signature", "credential", "token", "secret", "password"};
     for (size_t i = 0; i < sizeof(whole) / sizeof(*whole); i++)
         if (len == strlen(whole[i]) && strncasecmp(key, whole[i], len) == 0)
             return 1;
-    for (size_t i = 0; i < sizeof(tail) / sizeof(*tail); i++) {
-        size_t t = strlen(tail[i]);
-        if (len >= t && strncasecmp(key + len - t, tail[i], t) == 0)
+    for (size_t i = 1; i < sizeof(secret_names) / sizeof(*secret_names); i++) {
+        size_t t = strlen(secret_names[i]);
+        if (len >= t && strncasecmp(key + len - t, secret_names[i], t) == 0)
             return 1;
     }
     return 0;
@@ -432,12 +436,10 @@ oom:
  * '=', the value up to a quote or a ',', ';', '&', '<', '}' or the line's end is "***". */
 static void mask_secrets(char *s)
 {
-    static const char *const names[] = {"authorization", "signature", "credential",
-                                        "token",         "secret",    "password"};
     for (char *p = s; *p; p++)
-        for (size_t i = 0; i < sizeof(names) / sizeof(*names); i++) {
-            size_t len = strlen(names[i]);
-            if (strncasecmp(p, names[i], len) != 0)
+        for (size_t i = 0; i < sizeof(secret_names) / sizeof(*secret_names); i++) {
+            size_t len = strlen(secret_names[i]);
+            if (strncasecmp(p, secret_names[i], len) != 0)
                 continue;
             char *v = p + len;
             v += strspn(v, "\"'");
