@@ -509,7 +509,7 @@ class DataLoader(_stoke.Loader):
         self._bad_full = False
         # what the worker processes, forked from here below, have of the dataset: a change
         # the caller makes later is told (_dataset_changed), never silently left out
-        self._ds_ids = _dropin._attr_ids(dataset) if processes else None
+        w.ds_ids = _dropin._attr_ids(dataset) if processes else None
         self._ds_told = set()
         try:
             big = w.blob_bytes >= _BIG_BLOCK and num_workers > 0
@@ -590,8 +590,10 @@ class DataLoader(_stoke.Loader):
             # for (stoke timed the caller's own batch and raised a LoaderError after it came)
             raise AssertionError("timeout=%s needs num_workers > 0 (torch asserts timeout == 0 "
                                  "when it iterates without workers)" % (self.timeout,))
-        if self._ds_ids is not None and (self._first_iter or not self.persistent_workers):
-            self._dataset_changed()
+        first_pass = not w.started
+        if first_pass:
+            # (the worker processes start at this pass's first next(): none reads the patch)
+            w.ship_changes()
         if self._first_iter:
             # (cleared once its planning is done: a sampler that raises leaves it to the next
             # iter(), which reads the sampler again, as torch's)
@@ -616,29 +618,40 @@ class DataLoader(_stoke.Loader):
         # iterator's next() raises then: python/loader.c iter_next)
         it = self._epoch_hook(super().__iter__)
         w.iterating()  # persistent workers: seeded once, with this pass's base seed
+        if w.ds_ids is not None and (first_pass or not self.persistent_workers):
+            self._dataset_changed()
+        w.started = True
         # torch's warning on an IterableDataset that yields more than len(loader) said: the
         # length read by len(loader) before this iteration began (_IterableDataset_len_called)
         return _Pass(self._batches, it, self._len_called)
 
     def _dataset_changed(self):
-        """Warns (RuntimeWarning, once an attribute) when an attribute of the dataset was set
-        (or deleted) in this process since the worker processes were forked from it: they
-        iterate the dataset as it was then.  torch's workers, started by each iter() without
-        persistent_workers (by the first with them), see such a change (a curriculum's
-        dataset.scale = epoch, a dataset's own set_epoch): stoke's passed it over silently.
-        Only attributes set anew are seen, not an object changed in place."""
+        """Warns (RuntimeWarning, once an attribute) of the dataset's attributes set in this
+        process that this pass's worker processes do not have: torch's workers, started by
+        each iter() without persistent_workers (by the first with them), see them.  stoke's
+        workers, forked at construction, are sent the attributes set since
+        (_Writer.ship_changes) when a pass starts; told here are those that do not pickle,
+        and those set after the pass started (a set_epoch() or load_state_dict() starts it:
+        the iter() after it runs no set_epoch hook, and the workers may have begun).  Only
+        attributes set anew are seen, not an object changed in place."""
         from . import _dropin
-        changed = [k for k in _dropin._attrs_changed(self._ds_ids, self.dataset)
-                   if k not in self._ds_told]
+        w = self._writer
+        why = dict(w.unsent)
+        for k in _dropin._attrs_changed(w.shipped, self.dataset) if w.shipped is not None else ():
+            why.setdefault(k, "set after this pass started (its set_epoch() or "
+                              "load_state_dict()): set it before")
+        changed = sorted(k for k in why if k not in self._ds_told)
         if not changed:
             return
         self._ds_told.update(changed)
         _warnings.warn(
             "stoke: the dataset's %s changed after this DataLoader started its worker "
-            "processes, which keep the dataset as it was then (torch's%s would see the "
-            "change): make a new DataLoader after changing the dataset, or change it in the "
-            "workers (worker_init_fn, or the dataset's own code there)"
-            % (", ".join(repr(k) for k in changed),
+            "processes, and could not be sent to them (%s), which keep it as it was then "
+            "(torch's%s would see the change): make a new DataLoader after changing the "
+            "dataset, or change it in the workers (worker_init_fn, or the dataset's own code "
+            "there)"
+            % (", ".join(repr(k) for k in changed), "; ".join(
+                "%s: %s" % (k, why[k]) for k in changed),
                "" if self.persistent_workers else ", started at each iter(),"),
             RuntimeWarning, stacklevel=3)
 

@@ -73,6 +73,16 @@ MAGIC_FAST = 0x3142534B4F5453  # "STOKSB1": a batch as a skeleton and a table of
 _HEAD = struct.Struct("<QQQQQ").unpack_from  # a block's header: magic and 4 words
 
 
+def _close_fds(*fds):
+    for fd in fds:
+        if fd >= 0:
+            os.close(fd)
+
+
+class _Deleted:
+    """In a dataset's patch (_Writer.ship_changes): the attribute was deleted."""
+
+
 class _End:
     """decode()'s answer for an END block: the worker whose iterator is exhausted."""
     __slots__ = ("worker",)
@@ -953,8 +963,9 @@ class _Plan:
     H_EPOCH, H_NBATCH, H_SEED, H_NIDX, H_IDXCAP = 0, 1, 2, 3, 4
     H_RUN = 5  # an iterable's runs: each new one iterates the dataset from its start again
     H_LISTS = 6  # 1: each batch is one __getitem__ call with its list of keys (batch_size=None)
+    H_PATCH = 7  # bytes in patch_fd: the dataset's attributes set since the fork (set_patch)
 
-    def __init__(self, nbatches, nidx, nmail, entries=MAIL_ENTRIES):
+    def __init__(self, nbatches, nidx, nmail, entries=MAIL_ENTRIES, patch=False):
         self.nbatches = max(nbatches, 0)
         self.nmail = nmail
         self.entries = max(entries, MAIL_ENTRIES)
@@ -969,6 +980,12 @@ class _Plan:
         self.offs = np.frombuffer(self.mm, dtype=np.int64, count=self.nbatches + 1,
                                   offset=self.off_offs)
         self.fd = os.memfd_create("stoke-plan", os.MFD_CLOEXEC)
+        # (with worker processes) the attributes the consumer set on the dataset since the
+        # workers were forked, pickled: each worker sets them on its copy (_Writer.ship_changes)
+        self.patch_fd = os.memfd_create("stoke-patch", os.MFD_CLOEXEC) if patch else -1
+        # the memfds are this plan's: closed with it (one per loader was left open, so a
+        # script making a loader per epoch ran out of descriptors after ~1000)
+        weakref.finalize(self, _close_fds, self.fd, self.patch_fd)
         self.wrap = 0  # rows of a TensorDataset: negative indices count from this length
         self.idx_mm = None
         self._map_idx(max(nidx, 512))
@@ -1019,6 +1036,27 @@ class _Plan:
             neg = v < 0
             if neg.any():
                 v[neg] += self.wrap
+
+    def set_patch(self, data):
+        """The consumer, while no worker process starts a pass: data (pickled) replaces the
+        patch the workers read at their next pass's start (patch())."""
+        view = memoryview(data)
+        while view:
+            view = view[os.pwrite(self.patch_fd, view, len(data) - len(view)):]
+        os.ftruncate(self.patch_fd, len(data))
+        self.head[self.H_PATCH] = len(data)
+
+    def patch(self):
+        """A worker process: the patch's bytes (b"": none)."""
+        n = int(self.head[self.H_PATCH])
+        out = bytearray()
+        while len(out) < n:
+            got = os.pread(self.patch_fd, n - len(out), len(out))
+            if not got:
+                raise OSError("stoke: the dataset's patch was cut at %d of %d bytes"
+                              % (len(out), n))
+            out += got
+        return bytes(out)
 
     def batch(self, i):
         if self.head[self.H_IDXCAP] != len(self.idx):  # a worker: the consumer grew it
@@ -1266,7 +1304,15 @@ class _Writer:
             nidx = 0
         # (the plan's batch offsets are a MAP dataset's: an iterable's batches are not planned)
         self.plan = _Plan(0 if iterable else self.nbatches, nidx, num_workers + 1,
-                          mail_entries)
+                          mail_entries, patch=processes)
+        # (worker processes) the dataset's attributes when they were forked, and when the
+        # changes since were last shipped to them (ship_changes); the names that could not be
+        # shipped, with why; whether the first pass began (persistent workers take no later
+        # change, as torch's)
+        self.ds_ids = None
+        self.shipped = None
+        self.unsent = {}
+        self.started = False
         if self.rows_path:
             self.plan.wrap = len(self.tensors[0])
 
@@ -1428,6 +1474,7 @@ class _Writer:
                     self.live.clear()
                 self.plan.mail_clear()
                 self.kept_errors.clear()
+                self.ship_changes()  # (no worker process makes a batch during this hook)
                 # persistent workers are seeded once: no new base seed (torch draws none)
                 seed = self.base_fixed if self.base_fixed is not None else self.base_seed_for()
                 if self.iterable:
@@ -1471,6 +1518,50 @@ class _Writer:
                 return "worker_init_fn: %s: %s" % (type(e).__name__, e)
         return None
 
+    def ship_changes(self):
+        """The consumer's process, while no worker process starts a pass (before the first
+        pass; a new pass's set_epoch hook): the dataset's attributes set or deleted here since
+        the worker processes were forked, pickled for them; each sets them on its copy at its
+        next pass's start (fresh_dataset), as torch's workers, forked at each iter() (at the
+        first with persistent_workers), see them: a curriculum's dataset.scale = epoch, a
+        dataset's own set_epoch.  What does not pickle is in `unsent`, with why."""
+        if self.ds_ids is None or (self.persistent and self.started):
+            return
+        if self.shipped is not None and not _attrs_changed(self.shipped, self.dataset):
+            return  # (the patch shipped last still holds: not pickled again each pass)
+        attrs = self.dataset.__dict__
+        patch = {k: attrs.get(k, _Deleted) for k in _attrs_changed(self.ds_ids, self.dataset)}
+        unsent = {}
+        try:
+            data = pickle.dumps(patch, pickle.HIGHEST_PROTOCOL) if patch else b""
+        except Exception:  # noqa: BLE001 - which ones, and why: each alone
+            for k in list(patch):
+                try:
+                    pickle.dumps(patch[k], pickle.HIGHEST_PROTOCOL)
+                except Exception as e:  # noqa: BLE001 - told by DataLoader._dataset_changed
+                    unsent[k] = "%s: %s" % (type(e).__name__, e)
+                    del patch[k]
+            try:
+                data = pickle.dumps(patch, pickle.HIGHEST_PROTOCOL) if patch else b""
+            except Exception as e:  # noqa: BLE001 - pickled alone, not together
+                unsent.update((k, "%s: %s" % (type(e).__name__, e)) for k in patch)
+                data = b""
+        self.plan.set_patch(data)
+        self.unsent = unsent
+        self.shipped = _attr_ids(self.dataset)
+
+    def apply_changes(self, attrs):
+        """A worker process: the attributes the consumer shipped (ship_changes) set on its
+        dataset's `attrs` (its __dict__, as a fork would have them: no __setattr__ runs)."""
+        data = self.plan.patch()
+        if not data:
+            return
+        for k, v in pickle.loads(data).items():
+            if v is _Deleted:
+                attrs.pop(k, None)
+            else:
+                attrs[k] = v
+
     def fork_child(self, worker):
         self.worker = worker
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the consumer's to handle
@@ -1484,7 +1575,7 @@ class _Writer:
         base = self.plan.base_seed()
         if (self.seeded_epoch is None or not self.persistent
                 or (epoch == self.seeded_epoch and base != self.seeded_base)):
-            if not self.persistent:
+            if not self.persistent or self.seeded_epoch is None:
                 self.fresh_dataset(self.seeded_epoch is None)
             self.seeded_base = base
             seed = base + self.worker
@@ -1510,17 +1601,20 @@ class _Writer:
         and pass 3 more).  The first pass keeps the dataset's attributes (a shallow copy of its
         __dict__: the dataset itself is not copied, which for an array or a memmap would copy
         its data, and for a list touch every element's page); each later one sets them back
-        (objects changed in place stay changed; a dataset without a __dict__ has none set)."""
+        (objects changed in place stay changed; a dataset without a __dict__ has none set).
+        Then, at every pass (the first alone with persistent workers), the attributes the
+        consumer set since the fork (apply_changes): the dataset as torch's new worker has it."""
         attrs = getattr(self.dataset, "__dict__", None)
         if type(attrs) is not dict:
             return
         if first:
             self.dataset0 = dict(attrs)
-            return
-        attrs.clear()
-        attrs.update(self.dataset0)
-        with self.iter_lock:
-            self.iters.clear()
+        else:
+            attrs.clear()
+            attrs.update(self.dataset0)
+            with self.iter_lock:
+                self.iters.clear()
+        self.apply_changes(attrs)
 
     # -- making a batch --
 

@@ -4,11 +4,13 @@ worker's exception that does not pickle, against torch's DataLoader in the same 
 1. num_workers=0: dataset.transform set after the loader was made reaches batch 0 too (batch 0,
    made at construction with the old one, was delivered: [[0, 1], [102, 103]]), also when it
    was set twice (a float at the address of the one it replaced).
-2. Worker processes keep the dataset as it was when they were forked: an attribute set later
-   (a curriculum's dataset.scale = epoch, set before the first pass or between passes) is told
-   by one RuntimeWarning naming it, at the first iter() after it (every epoch replayed epoch 0's
-   data silently); with persistent_workers=True a change after the first pass is not told
-   (torch's persistent workers do not see it either).
+2. Worker processes, forked at construction, get the dataset's attributes set since (a
+   curriculum's dataset.scale = epoch, a dataset's own set_epoch, an attribute deleted) at each
+   pass, as torch's workers, forked at each iter(), have them: the same batches as torch's
+   (every epoch replayed epoch 0's data, with a warning); with persistent_workers=True only
+   the changes before the first pass, as torch's.  What does not pickle, and what was set
+   after set_epoch() started the pass, is told by one RuntimeWarning naming it.  A loader's
+   descriptors are closed with it (one per loader stayed open).
 3. Setting an attribute after construction: torch's ValueError for batch_size, sampler,
    batch_sampler, drop_last, dataset and persistent_workers (its message), stoke's for
    collate_fn, num_workers, timeout and the others its workers never see (they were ignored
@@ -76,26 +78,120 @@ for cls in (TorchLoader, stoke.DataLoader):
     T.check(got == [[300.0, 301.0], [302.0, 303.0]], "%s, set twice: %s" % (cls, got))
 print("1. num_workers=0: batch 0 made again after the dataset changed")
 
-# -- 2. worker processes: told, once, naming the attribute --
-want, _ = epochs(TorchLoader, 3, set_scale, num_workers=2)
-got, told = epochs(stoke.DataLoader, 3, set_scale, num_workers=2)
-T.check(want == [[[100, 101], [102, 103]], [[200, 201], [202, 203]], [[300, 301], [302, 303]]],
-        "torch: %s" % want)
-T.check(len(told) == 1 and "dataset's 'scale' changed" in told[0]
-        and "started at each iter()" in told[0] and "make a new DataLoader" in told[0],
-        "workers: one warning naming 'scale': %s (batches %s)" % (told, got))
-got, told = epochs(stoke.DataLoader, 3, lambda ds, ep: None, num_workers=2)
-T.check(not told and got == [[[0, 1], [2, 3]]] * 3, "nothing changed: %s %s" % (got, told))
-got, told = epochs(stoke.DataLoader, 3, lambda ds, ep: set_scale(ds, ep) if ep else None,
-                   num_workers=2, persistent_workers=True)
-T.check(not told and got == [[[0, 1], [2, 3]]] * 3,
-        "persistent workers, changed after the first pass (torch's keep theirs): %s %s"
-        % (got, told))
-_, told = epochs(stoke.DataLoader, 2, lambda ds, ep: set_scale(ds, 0) if not ep else None,
-                 num_workers=2, persistent_workers=True)
-T.check(len(told) == 1 and "'scale'" in told[0] and "started at each" not in told[0],
-        "persistent workers, changed before the first pass: %s" % told)
-print("2. worker processes: a changed attribute told once")
+# -- 2. worker processes: the attributes set since the fork reach them, as torch's --
+def same_as_torch(n, change, what, ds_cls=Scaled, **kw):
+    want, _ = epochs(TorchLoader, n, change, **kw) if ds_cls is Scaled else (None, None)
+    got, told = epochs(stoke.DataLoader, n, change, **kw)
+    T.check(got == want and not told, "%s: stoke %s, torch %s, %s" % (what, got, want, told))
+    return got
+
+
+got = same_as_torch(3, set_scale, "scale set before each pass", num_workers=2)
+T.check(got == [[[100, 101], [102, 103]], [[200, 201], [202, 203]], [[300, 301], [302, 303]]],
+        "scale each pass: %s" % got)
+same_as_torch(3, lambda ds, ep: None, "nothing changed", num_workers=2)
+got = same_as_torch(3, lambda ds, ep: set_scale(ds, ep) if ep else None,
+                    "persistent workers, changed after the first pass (torch's keep theirs)",
+                    num_workers=2, persistent_workers=True)
+T.check(got == [[[0, 1], [2, 3]]] * 3, "persistent: %s" % got)
+got = same_as_torch(2, lambda ds, ep: set_scale(ds, 0) if not ep else None,
+                    "persistent workers, changed before the first pass",
+                    num_workers=2, persistent_workers=True)
+T.check(got == [[[100, 101], [102, 103]]] * 2, "persistent, before: %s" % got)
+
+
+def deleted(ds, ep):  # a class attribute under it: deleting the instance's shows it
+    if ep == 1:
+        del ds.scale
+    elif ep == 2:
+        ds.scale = 5
+
+
+Scaled.scale = 7
+got = same_as_torch(3, deleted, "an attribute deleted, then set again", num_workers=2)
+T.check(got == [[[0, 1], [2, 3]], [[700, 701], [702, 703]], [[500, 501], [502, 503]]],
+        "deleted: %s" % got)
+del Scaled.scale
+
+
+def narrow_in_worker(worker_id):  # what a worker sets is gone at the next pass, as torch's
+    info = torch.utils.data.get_worker_info()
+    info.dataset.scale += 10
+
+
+got = same_as_torch(2, set_scale, "worker_init_fn changing the dataset", num_workers=2,
+                    worker_init_fn=narrow_in_worker)
+T.check(got == [[[1100, 1101], [1102, 1103]], [[1200, 1201], [1202, 1203]]], "init: %s" % got)
+
+
+class Curriculum(torch.utils.data.IterableDataset):
+    def __init__(self):
+        self.level = 0
+
+    def set_epoch(self, epoch):  # the dataset's own: the script calls it before each pass
+        self.level = epoch
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        k, n = (info.id, info.num_workers) if info else (0, 1)
+        return iter([i + 1000 * self.level for i in range(k, 4, n)])
+
+
+for persistent in (False, True):
+    out = []
+    for cls in (TorchLoader, stoke.DataLoader):
+        ds = Curriculum()
+        dl = cls(ds, batch_size=None, num_workers=2, persistent_workers=persistent)
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            passes = []
+            for ep in range(3):
+                ds.set_epoch(ep + 1)
+                passes.append(sorted(int(x) for x in dl))
+        out.append((passes, [str(x.message) for x in w]))
+    T.check(out[0] == out[1] and not out[1][1], "IterableDataset's set_epoch, persistent=%s: "
+            "torch %s, stoke %s" % (persistent, out[0], out[1]))
+T.check(out[0][0] == [[1000, 1001, 1002, 1003]] * 3, "persistent curriculum: %s" % out[0][0])
+
+# what does not pickle is told, by name and why, once; the rest is sent
+ds = Scaled()
+dl = stoke.DataLoader(ds, batch_size=2, num_workers=2)
+ds.scale = 1
+ds.lock = threading.Lock()
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    got = [[b.tolist() for b in dl] for _ in range(2)]
+told = [str(x.message) for x in w if "changed after this DataLoader" in str(x.message)]
+T.check(got == [[[100, 101], [102, 103]]] * 2 and len(told) == 1 and "'lock'" in told[0]
+        and "'scale'" not in told[0] and "pickle" in told[0] and "started at each iter()"
+        in told[0] and "make a new DataLoader" in told[0], "unpicklable: %s %s" % (got, told))
+# set after set_epoch() started the pass: the workers may have begun it: told
+ds = Scaled()
+dl = stoke.DataLoader(ds, batch_size=2, num_workers=2)
+list(dl)
+dl.set_epoch(1)
+ds.scale = 2
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    list(dl)
+told = [str(x.message) for x in w if "changed after this DataLoader" in str(x.message)]
+T.check(len(told) == 1 and "'scale'" in told[0] and "set_epoch()" in told[0],
+        "after set_epoch: %s" % told)
+print("2. worker processes: the dataset's attributes set since the fork reach them")
+
+# -- 2b. a loader's descriptors are closed with it (one was left open per loader) --
+import gc  # noqa: E402
+import os  # noqa: E402
+for nw in (0, 2):
+    list(stoke.DataLoader(Scaled(), batch_size=2, num_workers=nw))
+gc.collect()
+before = len(os.listdir("/proc/self/fd"))
+for nw in (0, 2) * 10:
+    list(stoke.DataLoader(Scaled(), batch_size=2, num_workers=nw))
+gc.collect()
+after = len(os.listdir("/proc/self/fd"))
+T.check(after <= before, "descriptors: %d before 20 loaders, %d after" % (before, after))
+print("2b. a loader's descriptors closed with it")
 
 # -- 3. attributes after construction --
 for cls in (TorchLoader, stoke.DataLoader):
