@@ -28,27 +28,37 @@ int stoke__remote_is_url(const char *path)
                     strncasecmp(path, "s3://", 5) == 0);
 }
 
-/* 1 when query parameter `key` (len bytes) of a URL holds a secret, by its name in any case: a
- * presigned URL's signature, credential or session token (S3's X-Amz-Signature,
- * X-Amz-Credential, X-Amz-Security-Token; GCS's X-Goog-*; CloudFront's Signature; Azure's sig),
- * or anything named a token, secret, password or key: such a URL is as good as the password. */
-/* The ends of names that hold a secret: [0] only in an error body's echoed headers
- * (mask_secrets), the others also in a URL's query (secret_param). */
-static const char *const secret_names[] = {"authorization", "signature", "credential",
-                                           "token",         "secret",    "password"};
-
-static int secret_param(const char *key, size_t len)
+/* 1 when a name of len bytes holds a secret, in any case: a presigned URL's signature,
+ * credential or session token (S3's X-Amz-Signature, X-Amz-Credential, X-Amz-Security-Token;
+ * GCS's X-Goog-*; CloudFront's Signature; Azure's sig), anything named a token, secret or
+ * password, or a key (key, api_key, x-api-key: the last part after '-', '_' or '.'): such a URL
+ * is as good as the password.  header: an echoed request's names too (Authorization,
+ * Proxy-Authorization, Cookie, Set-Cookie). */
+static int secret_name(const char *name, size_t len, int header)
 {
-    static const char *const whole[] = {"sig", "key", "AWSAccessKeyId"};
-    for (size_t i = 0; i < sizeof(whole) / sizeof(*whole); i++)
-        if (len == strlen(whole[i]) && strncasecmp(key, whole[i], len) == 0)
+    static const char *const ends[] = {"signature", "credential",    "token", "secret",
+                                       "password",  "authorization", "cookie"};
+    static const char *const whole[] = {"sig", "key", "apikey", "AWSAccessKeyId"};
+    size_t part = len;
+    while (part > 0 && !strchr("-_.", name[part - 1]))
+        part--;
+    for (size_t i = 0; i < sizeof(whole) / sizeof(*whole); i++) {
+        size_t t = strlen(whole[i]);
+        if ((len == t && strncasecmp(name, whole[i], t) == 0) ||
+            (len - part == t && strncasecmp(name + part, whole[i], t) == 0))
             return 1;
-    for (size_t i = 1; i < sizeof(secret_names) / sizeof(*secret_names); i++) {
-        size_t t = strlen(secret_names[i]);
-        if (len >= t && strncasecmp(key + len - t, secret_names[i], t) == 0)
+    }
+    for (size_t i = 0; i < sizeof(ends) / sizeof(*ends) - (header ? 0 : 2); i++) {
+        size_t t = strlen(ends[i]);
+        if (len >= t && strncasecmp(name + len - t, ends[i], t) == 0)
             return 1;
     }
     return 0;
+}
+
+static int secret_param(const char *key, size_t len)
+{
+    return secret_name(key, len, 0);
 }
 
 /* Byte c at out[(*k)++], written when it fits in n with the final 0 (as snprintf). */
@@ -430,30 +440,38 @@ oom:
 
 /* ---- one read ----------------------------------------------------------------------------- */
 
+/* The bytes of a name in an echoed request or a URL's query (letters, digits, '-', '_', '.'). */
+#define NAME_CHARS      "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_."
+
 /* Masks, in place, the values that an error body echoing the request (a debug endpoint, a
- * proxy's page) would show of its credentials: after a name that ends in authorization,
- * signature, credential, token, secret or password (any case, quoted or not) and its ':' or
- * '=', the value up to a quote or a ',', ';', '&', '<', '}' or the line's end is "***". */
+ * proxy's page) would show of its credentials: after a name that holds one (secret_name: an
+ * Authorization header, a signature, token, secret, password or key, Azure's sig, a cookie),
+ * quoted or not, and its ':' or '=', the value up to a quote or a ',', ';', '&', '<', '}' or
+ * the line's end is "***" (a cookie's up to a quote, a '<' or the line's end: all its pairs). */
 static void mask_secrets(char *s)
 {
-    for (char *p = s; *p; p++)
-        for (size_t i = 0; i < sizeof(secret_names) / sizeof(*secret_names); i++) {
-            size_t len = strlen(secret_names[i]);
-            if (strncasecmp(p, secret_names[i], len) != 0)
-                continue;
-            char *v = p + len;
-            v += strspn(v, "\"'");
-            if (*v != ':' && *v != '=')
-                continue;
-            v += 1 + strspn(v + 1, " \t\"'");
-            size_t vlen = strcspn(v, "\"',;&<}\r\n");
-            if (vlen <= 3)
-                continue;
+    for (char *p = s; *p;) {
+        size_t len = strspn(p, NAME_CHARS);
+        if (len == 0) {
+            p++;
+            continue;
+        }
+        char *v = p + len;
+        v += strspn(v, "\"'");
+        if ((*v != ':' && *v != '=') || !secret_name(p, len, 1)) {
+            p += len;
+            continue;
+        }
+        int cookie = len >= 6 && strncasecmp(p + len - 6, "cookie", 6) == 0;
+        v += 1 + strspn(v + 1, " \t\"'");
+        size_t vlen = strcspn(v, cookie ? "\"'<\r\n" : "\"',;&<}\r\n");
+        if (vlen > 3) {
             memcpy(v, "***", 3);
             memmove(v + 3, v + vlen, strlen(v + vlen) + 1);
-            p = v + 2;
-            break;
+            vlen = 3;
         }
+        p = v + vlen;
+    }
 }
 
 /* The S3 error's <Code> and <Message>, an HTML page's <title>, or the start of any other body,

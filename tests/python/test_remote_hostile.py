@@ -98,7 +98,11 @@ class Hostile(http.server.BaseHTTPRequestHandler):
         mode, _, rest = self.path.lstrip("/").split("?")[0].partition("/")
         path = os.path.join(root, rest)
         if mode == "echo":
-            body = repr(dict(self.headers)).encode()
+            # a debug page: the request's path (its query), its headers, a session cookie
+            # (the message keeps a body's first 160 characters: these first)
+            body = repr({"Authorization": self.headers.get("Authorization"),
+                         "Set-Cookie": "sid=Sess10nSecret; Path=/; HttpOnly",
+                         "path": self.path}).encode()
             self.send_response(404)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -243,13 +247,18 @@ try:
 
     # --- credentials echoed by an error body ---------------------------------------------------
     url = base.replace("http://", "http://alice:S3cr3tPw@") + "echo/" + shard
+    # (an Azure SAS's sig, an API key by two spellings; the body's own text must stay)
+    url += "?sv=2022-11-02&sig=S1gSecret%2Fab&x-api-key=K3ySecret&api_key=K3ySecret2"
     rc, out, err = load("tar:" + url + OPTS, env={"STOKE_LOG": "debug"})
     b64 = "YWxpY2U6UzNjcjN0UHc="  # alice:S3cr3tPw
     T.check(rc == 1 and "HTTP 404" in out.get("error", "") and "'Authorization': '***'"
-            in out["error"], "an echoing 404: %s" % out.get("error"))
+            in out["error"] and "'Set-Cookie': '***'" in out["error"] and "/echo/" in out["error"],
+            "an echoing 404: %s"
+            % out.get("error"))
     for text in (json.dumps(out), err):
-        T.check(b64 not in text and "S3cr3tPw" not in text, "a credential shown: %s" % text)
-    print("an error body's Authorization: masked")
+        for secret in (b64, "S3cr3tPw", "S1gSecret", "K3ySecret", "Sess10nSecret"):
+            T.check(secret not in text, "a credential shown (%s): %s" % (secret, text))
+    print("an error body's Authorization, query secrets and cookie: masked")
 
     # --- stoke index --------------------------------------------------------------------------
     secret = base.replace("http://", "http://alice:S3cr3tPw@")
