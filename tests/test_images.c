@@ -1743,13 +1743,39 @@ static void test_open_errors(void **state)
     write_bytes("pngonly/a/x.png", "\x89PNG\r\n\x1a\n", 8);
     expect_open_error("pngonly", "", STOKE_ENOENT, "only JPEG");
     expect_open_error("missing", "", STOKE_ENOENT, "missing");
+    /* a symlink loop is said at once, naming the link and the directory it leads back to (two
+     * links to "." walked 2^32 paths' worth of a tree before: one error at depth 32 only
+     * because the walk stops at the first) */
+    char p[1024];
+    mkdirs("loop/a");
+    write_jpeg("loop/a/x.jpg", 8, 8, K_BASELINE, 90);
+    assert_int_equal(symlink(".", path_in(p, sizeof(p), "loop/a/here")), 0);
+    assert_int_equal(symlink(".", path_in(p, sizeof(p), "loop/a/there")), 0);
+    expect_open_error("loop", "", STOKE_ELIMIT, "is a again: a symlink loop");
+    mkdirs("loopup/a/deep");
+    write_jpeg("loopup/a/x.jpg", 8, 8, K_BASELINE, 90);
+    assert_int_equal(symlink("../..", path_in(p, sizeof(p), "loopup/a/deep/up")), 0);
+    expect_open_error("loopup", "", STOKE_ELIMIT, "a/deep/up/a is a again");
+    /* a link to another class's directory is no loop: its files count under this class too,
+     * as torchvision's ImageFolder (os.walk(followlinks=True)) counts them */
+    mkdirs("linked/a");
+    mkdirs("linked/b");
+    write_jpeg("linked/a/x.jpg", 8, 8, K_BASELINE, 90);
+    write_jpeg("linked/b/y.jpg", 8, 8, K_BASELINE, 90);
+    assert_int_equal(symlink("../a", path_in(p, sizeof(p), "linked/b/froma")), 0);
+    char spec[1100];
+    stoke__fmt(spec, sizeof(spec), "images:%s/linked", g_root);
+    stoke_dataset ds;
+    assert_int_equal(stoke_source_open(spec, &ds), STOKE_OK);
+    assert_int_equal(ds.length(ds.user), 3);
+    ds.close(ds.user);
+    memset(&ds, 0, sizeof(ds));
     expect_open_error("noclass/top.jpg", "", STOKE_EIO, "not a directory");
     expect_open_error("emptyclass", ",size=0", STOKE_EINVAL, "bad size '0'");
     expect_open_error("emptyclass", ",train,bogus=1", STOKE_EINVAL, "unknown option 'bogus'");
     expect_open_error("emptyclass", ",mean=0.1:0.2:0.3", STOKE_EINVAL, "dtype=f32");
     expect_open_error("emptyclass", ",seed=x", STOKE_EINVAL, "bad seed");
     expect_open_error("emptyclass", ",layout=nchw", STOKE_EINVAL, "bad layout");
-    stoke_dataset ds;
     assert_int_equal(stoke_source_open("images:", &ds), STOKE_EINVAL);
     assert_non_null(strstr(stoke_last_error(), "no directory"));
     assert_int_equal(stoke_images_open(NULL, NULL, &ds), STOKE_EINVAL);

@@ -133,6 +133,11 @@ typedef struct walk {
     images_ds *s;
     strvec files; /* paths relative to root */
     uint64_t other_images;
+    struct {
+        dev_t dev;
+        ino_t ino;
+        const char *rel;
+    } up[IMAGES_DEPTH_MAX + 1]; /* the directories walk_dir is in, the class's first */
 } walk;
 
 /* Adds the JPEGs under `rel` (a directory relative to root) to w->files, unsorted. */
@@ -152,6 +157,24 @@ static int walk_dir(walk *w, const char *rel, int depth)
         return stoke__fail(STOKE_EIO, "images %s: cannot open directory %s: %s", w->s->root, rel,
                            strerror(e));
     }
+    /* a directory that is its own ancestor (a link to "." or above it): said at once, naming
+     * both, not after IMAGES_DEPTH_MAX turns of the loop */
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        closedir(d);
+        return stoke__fail(STOKE_EIO, "images %s: cannot stat directory %s: %s", w->s->root, rel,
+                           strerror(e));
+    }
+    for (int i = 0; i < depth; i++)
+        if (w->up[i].dev == st.st_dev && w->up[i].ino == st.st_ino) {
+            closedir(d);
+            return stoke__fail(STOKE_ELIMIT,
+                               "images %s: %s is %s again: a symlink loop (a link to a "
+                               "directory above it)",
+                               w->s->root, rel, w->up[i].rel);
+        }
+    w->up[depth].dev = st.st_dev, w->up[depth].ino = st.st_ino, w->up[depth].rel = rel;
     int rc = STOKE_OK;
     struct dirent *de;
     while (rc == STOKE_OK && (de = readdir(d)) != NULL) {
@@ -248,7 +271,7 @@ static int scan(images_ds *s)
     int rc = find_classes(s);
     if (rc)
         return rc;
-    walk w = {s, {0}, 0};
+    walk w = {.s = s};
     size_t *first = malloc(((size_t)s->nclasses + 1) * sizeof(size_t));
     if (!first)
         return stoke__fail(STOKE_ENOMEM, "images %s: out of memory", s->root);
