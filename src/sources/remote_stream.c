@@ -113,6 +113,7 @@ struct stoke__remote_stream {
     size_t nnext;
     uint64_t cap; /* bytes received and not read, in all lanes: the most (STOKE_STREAM_AHEAD) */
     uint64_t buffered; /* ... now */
+    uint64_t arrived;  /* deliveries of bytes into any lane (stream_pump: did any come?) */
     uint64_t largest;  /* the largest file size a response said: a file's guess before its own */
     size_t need;       /* bytes the read in progress asks of ln[0] */
     uint64_t rng;
@@ -120,6 +121,7 @@ struct stoke__remote_stream {
 
 int stoke__remote_lane_append(lane *l, const char *data, size_t n)
 {
+    l->st->arrived++;
     if (l->head + l->len + n > l->cap && l->head) {
         memmove(l->q, l->q + l->head, l->len);
         l->head = 0;
@@ -461,6 +463,7 @@ static void stream_pump(stoke__remote_stream *st, int wait)
         st->nl++;
     }
     uint64_t now = stoke__now_ns(), soonest = UINT64_MAX;
+    uint64_t arrived = st->arrived; /* (a resume delivers what libcurl held, in the call) */
     for (int i = 0; i < st->nl; i++) {
         lane *l = st->ln[i];
         if (l->running) {
@@ -499,7 +502,9 @@ static void stream_pump(stoke__remote_stream *st, int wait)
             done = 1;
         }
     }
-    if (!wait || done)
+    /* bytes that came are maybe what the reader waits for: it looks before any wait (the
+     * poll slept a second with them queued when the lane had paused on them) */
+    if (!wait || done || st->arrived != arrived)
         return;
     int ms = 1000;
     if (soonest != UINT64_MAX) {
@@ -588,8 +593,15 @@ void stoke__remote_stream_finish(stoke__remote_stream *st, size_t most)
         lane_retire(st, st->nl - 1);
     lane *l = st->ln[0];
     if (l->f && !l->ended && !l->failed && l->x.n != SIZE_MAX && lane_owed(st, l) - l->len <= most)
-        while (!l->ended && !l->failed)
+        while (!l->ended && !l->failed) {
+            /* nobody reads what is drained: dropped, and no read's need pauses the lane (a
+             * STOKE_STREAM_AHEAD under what the lane held paused it here for ever) */
+            st->need = SIZE_MAX;
+            st->buffered -= l->len;
+            l->taken += l->len;
+            l->head = l->len = 0;
             stream_pump(st, 1);
+        }
     /* a transfer still running ends: its connection too */
     lane_reset(l, NULL, 0, 0, SIZE_MAX, NULL);
 }
