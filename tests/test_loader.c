@@ -683,6 +683,10 @@ static void test_bad_options(void **state)
     ds.get = NULL;
     assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_EINVAL);
     assert_non_null(strstr(stoke_last_error(), "get()"));
+    /* next() of no loader: *out NULL too, as on every error (it was left as it was) */
+    stoke_batch *b = (stoke_batch *)&t;
+    assert_int_equal(stoke_loader_next(NULL, &b), STOKE_EINVAL);
+    assert_null(b);
     /* distributed options reach the sampler */
     tds_make(&t, &ds, 10);
     o.sampler.distributed = 1;

@@ -325,9 +325,10 @@ static int next_batch(stoke_loader *l, stoke_batch **bp, uint64_t *t0, uint64_t 
 
 int stoke_loader_next(stoke_loader *l, stoke_batch **out)
 {
+    if (out)
+        *out = NULL; /* (on every error, as loader.h says: a NULL loader's too) */
     if (!l || !out)
         return stoke__fail(STOKE_EINVAL, "stoke_loader_next: NULL argument");
-    *out = NULL;
     if (stoke__loader_foreign(l))
         return stoke__loader_forked_fail(l);
     /* the wait: from the moment the batch was not there (a ready batch costs no clock read) to
