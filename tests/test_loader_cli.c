@@ -93,25 +93,43 @@ static void test_json_startup_errors(void **state)
         const char *code; /* the end of the object of a library failure; NULL: a usage error */
     } ecase;
     static const ecase cases[] = {
-        {{"npy:/nonexistent/x.npy", "--json"}, 1, "/nonexistent/x.npy",
+        {{"npy:/nonexistent/x.npy", "--json"},
+         1,
+         "/nonexistent/x.npy",
          "\", \"error_code\": -3, \"error_name\": \"STOKE_ENOENT\"}\n"},
-        {{"--device", "simdev:7", "--json"}, 1, "simdev has 2 device(s), no device 7",
+        {{"--device", "simdev:7", "--json"},
+         1,
+         "simdev has 2 device(s), no device 7",
          "\", \"error_code\": -17, \"error_name\": \"STOKE_ERANGE\"}\n"},
-        {{"--pin-memory-device", "simdev:7", "--json"}, 1, "simdev has 2 device(s), no device 7",
+        {{"--pin-memory-device", "simdev:7", "--json"},
+         1,
+         "simdev has 2 device(s), no device 7",
          "\", \"error_code\": -17, \"error_name\": \"STOKE_ERANGE\"}\n"},
-        {{"--pin-memory-device", "simdev:", "--json"}, 1, "'simdev:' is not of the form name[:index]",
+        {{"--pin-memory-device", "simdev:", "--json"},
+         1,
+         "'simdev:' is not of the form name[:index]",
          "\", \"error_code\": -1, \"error_name\": \"STOKE_EINVAL\"}\n"},
-        {{"--device", "simdev:-1", "--json"}, 1, "'simdev:-1' is not of the form name[:index]",
+        {{"--device", "simdev:-1", "--json"},
+         1,
+         "'simdev:-1' is not of the form name[:index]",
          "\", \"error_code\": -1, \"error_name\": \"STOKE_EINVAL\"}\n"},
-        {{"--device", "nosuch", "--json"}, 1, "unknown backend 'nosuch'",
+        {{"--device", "nosuch", "--json"},
+         1,
+         "unknown backend 'nosuch'",
          "\", \"error_code\": -3, \"error_name\": \"STOKE_ENOENT\"}\n"},
-        {{"synthetic:10", "--batch-size", "18446744073709551615", "--json"}, 1,
+        {{"synthetic:10", "--batch-size", "18446744073709551615", "--json"},
+         1,
          "batch_size 18446744073709551615 is too large",
          "\", \"error_code\": -17, \"error_name\": \"STOKE_ERANGE\"}\n"},
         {{"--json", "--bogus"}, 2, "unknown option '--bogus'", NULL},
-        {{"--seed", "99999999999999999999999", "--json"}, 2,
-         "--seed: 99999999999999999999999 is too large (at most 18446744073709551615)", NULL},
-        {{"--batch-size", "18446744073709551616", "--json"}, 2, "--batch-size: 18446744073709551616 is too large", NULL},
+        {{"--seed", "99999999999999999999999", "--json"},
+         2,
+         "--seed: 99999999999999999999999 is too large (at most 18446744073709551615)",
+         NULL},
+        {{"--batch-size", "18446744073709551616", "--json"},
+         2,
+         "--batch-size: 18446744073709551616 is too large",
+         NULL},
         {{"--batch-size", "0", "--json"}, 2, "--batch-size must be at least 1 (got 0)", NULL},
         {{"--prefetch", "0", "--json"}, 2, "--prefetch must be at least 1 (got 0)", NULL},
         {{"--workers", "2000", "--json"}, 2, "--workers: 2000 is too large (at most 1024)", NULL},
@@ -119,7 +137,10 @@ static void test_json_startup_errors(void **state)
         {{"--limit", "-3", "--json"}, 2, "--limit: '-3' is not a non-negative integer", NULL},
         {{"--seed", "12x", "--json"}, 2, "--seed: '12x' is not a non-negative integer", NULL},
         {{"--json", "--seed"}, 2, "--seed needs a value", NULL},
-        {{"synthetic:5", "npy:a.npy", "--json"}, 2, "only one SOURCE (got 'synthetic:5' and 'npy:a.npy')", NULL},
+        {{"synthetic:5", "npy:a.npy", "--json"},
+         2,
+         "only one SOURCE (got 'synthetic:5' and 'npy:a.npy')",
+         NULL},
         {{"--verify", "--json"}, 2, "--verify needs --device", NULL},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
@@ -150,11 +171,16 @@ static void test_help(void **state)
 {
     const char *args[] = {"--help", NULL};
     assert_int_equal(load(NULL, args), 0);
-    static const char *must[] = {"--limit BATCHES", "0 = no limit", "npy:PATH[,labels=",
-                                 "io=auto|mmap|pread|uring", "--shuffle[=KIND]",
-                                 "block[:ROWS[:WINDOW]]", "content_hash covers field 0 (\"data\") only",
+    static const char *must[] = {"--limit BATCHES",
+                                 "0 = no limit",
+                                 "npy:PATH[,labels=",
+                                 "io=auto|mmap|pread|uring",
+                                 "--shuffle[=KIND]",
+                                 "block[:ROWS[:WINDOW]]",
+                                 "content_hash covers field 0 (\"data\") only",
                                  "of exactly the samples the run\ndelivered",
-                                 "second, untimed pass", "hash_pass_seconds",
+                                 "second, untimed pass",
+                                 "hash_pass_seconds",
                                  "--device without\n--verify: not computed (null)"};
     for (size_t i = 0; i < sizeof(must) / sizeof(must[0]); i++)
         if (!strstr(out, must[i]))
@@ -200,27 +226,27 @@ static void test_sizes_and_pinning(void **state)
 
     /* --prefetch auto (the default): a deeper window of small buffers with workers; an
      * explicit count is kept; both give the same content */
-    const char *pf_auto[] = {"synthetic:2000", "--batch-size", "1", "--workers", "2", "--json",
-                             NULL};
+    const char *pf_auto[] = {
+        "synthetic:2000", "--batch-size", "1", "--workers", "2", "--json", NULL};
     assert_int_equal(load(env, pf_auto), 0);
     expect_val(out, "buffer_bytes", "4096");
     expect_val(out, "buffers", "258"); /* 1 MiB / 4 KiB + 2 */
     char hash_auto[64];
     snprintf(hash_auto, sizeof(hash_auto), "%s", jv(out, "content_hash"));
     assert_int_equal(hash_auto[0], '"'); /* a hash, not null */
-    const char *pf_two[] = {"synthetic:2000", "--batch-size", "1", "--workers", "2",
-                            "--prefetch", "2", "--json", NULL};
+    const char *pf_two[] = {
+        "synthetic:2000", "--batch-size", "1", "--workers", "2", "--prefetch", "2", "--json", NULL};
     assert_int_equal(load(env, pf_two), 0);
     expect_val(out, "buffers", "6");
     expect_val(out, "content_hash", hash_auto);
-    const char *pf_eq[] = {"synthetic:2000", "--batch-size", "1", "--workers=2",
-                           "--prefetch=auto", "--json", NULL};
+    const char *pf_eq[] = {"synthetic:2000",  "--batch-size", "1", "--workers=2",
+                           "--prefetch=auto", "--json",       NULL};
     assert_int_equal(load(env, pf_eq), 0);
     expect_val(out, "buffers", "258");
 
     /* --device without --verify: content_hash is not computed */
-    const char *dev[] = {"synthetic:100", "--batch-size", "10", "--device", "simdev", "--json",
-                         NULL};
+    const char *dev[] = {"synthetic:100", "--batch-size", "10", "--device",
+                         "simdev",        "--json",       NULL};
     assert_int_equal(load(env, dev), 0);
     expect_val(out, "content_hash", "null");
     expect_val(out, "content_hash_from", "null");
@@ -241,7 +267,15 @@ static const char *write_npy(int n)
     while ((10 + len + 1) % 64)
         hdr[len++] = ' ';
     hdr[len++] = '\n';
-    unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(len & 0xff),
+    unsigned char pre[10] = {0x93,
+                             'N',
+                             'U',
+                             'M',
+                             'P',
+                             'Y',
+                             1,
+                             0,
+                             (unsigned char)(len & 0xff),
                              (unsigned char)(len >> 8)};
     fwrite(pre, 1, sizeof(pre), f);
     fwrite(hdr, 1, (size_t)len, f);
@@ -259,8 +293,8 @@ static void test_device_copy_failure(void **state)
     snprintf(src, sizeof(src), "npy:%s", write_npy(100));
     const char *env[] = {plug_env(), "STOKE_ACCELERATOR=", "STOKE_SIMDEV_FAIL_COPY=3", NULL};
     /* 0 workers: copies are h2d 0, read 0, h2d 1: the 3rd is batch 1's */
-    const char *w0[] = {src, "--batch-size", "10", "--workers", "0", "--device", "simdev",
-                        "--verify", "--json", NULL};
+    const char *w0[] = {src,        "--batch-size", "10",       "--workers", "0",
+                        "--device", "simdev",       "--verify", "--json",    NULL};
     assert_int_equal(load(env, w0), 1);
     expect_one_object(out);
     expect_val(out, "ok", "false");
@@ -278,8 +312,8 @@ static void test_device_copy_failure(void **state)
     expect_val(out, "device_errors", "1");
 
     /* the issue's command (default workers): whichever batch it is, it is named and counted */
-    const char *w2[] = {src, "--batch-size", "10", "--device", "simdev", "--verify", "--json",
-                        NULL};
+    const char *w2[] = {src,      "--batch-size", "10",     "--device",
+                        "simdev", "--verify",     "--json", NULL};
     assert_int_equal(load(env, w2), 1);
     expect_val(out, "ok", "false");
     expect_val(out, "verified", "false");
@@ -309,9 +343,9 @@ static void test_device_copy_failure(void **state)
  * The dataset: synthetic:128,shape=4096,seed=7 in batches of 8 (16 batches, no shuffle: batch
  * k holds samples 8k .. 8k+7).  The expected hashes are computed here from the documented
  * definition: sum mod 2^64 of FNV-1a-64 of each delivered sample's 4096 bytes. */
-#define CH_SPEC "synthetic:128,shape=4096,seed=7"
-#define CH_B 8
-#define CH_NB 16
+#define CH_SPEC  "synthetic:128,shape=4096,seed=7"
+#define CH_B     8
+#define CH_NB    16
 #define CH_BYTES 4096
 
 static uint64_t fnv_step(uint64_t h, unsigned char c)
@@ -388,14 +422,14 @@ static void test_content_hash_out_of_order_limit(void **state)
     uint64_t prefix = 0;
     for (int k = 0; k < 4; k++)
         prefix += batch_hash(k);
-    const char *in_order[] = {CH_SPEC, "--batch-size", "8", "--workers", "8", "--limit", "4",
-                              "--json", NULL};
+    const char *in_order[] = {CH_SPEC, "--batch-size", "8", "--workers", "8", "--limit",
+                              "4",     "--json",       NULL};
     assert_int_equal(load(env, in_order), 0);
     expect_val(out, "content_hash_from", "\"host_second_pass\"");
     assert_int_equal(hex_val(out, "content_hash"), prefix);
 
     const char *ooo[] = {CH_SPEC ",delay=0:300000", "--batch-size", "8", "--workers", "8",
-                         "--out-of-order", "--limit", "4", "--json", NULL};
+                         "--out-of-order",          "--limit",      "4", "--json",    NULL};
     int other_sets = 0, runs = 0;
     for (; runs < 3; runs++) {
         assert_int_equal(load(env, ooo), 0);
@@ -431,22 +465,47 @@ static void test_content_hash_epochs_and_limit(void **state)
     uint64_t want = 0;
     for (int k = 0; k < CH_NB; k++)
         want += batch_hash(k) + (k < 4 ? batch_hash(k) : 0);
-    const char *args[] = {CH_SPEC, "--batch-size", "8", "--workers", "3", "--epochs", "2",
-                          "--limit", "20", "--json", NULL};
+    const char *args[] = {CH_SPEC, "--batch-size", "8",  "--workers", "3", "--epochs",
+                          "2",     "--limit",      "20", "--json",    NULL};
     assert_int_equal(load(env, args), 0);
     expect_val(out, "samples", "160");
     assert_int_equal(hex_val(out, "content_hash"), want);
-    const char *w0[] = {CH_SPEC, "--batch-size", "8", "--workers", "0", "--epochs", "2",
-                        "--limit", "20", "--json", NULL};
+    const char *w0[] = {CH_SPEC, "--batch-size", "8",  "--workers", "0", "--epochs",
+                        "2",     "--limit",      "20", "--json",    NULL};
     assert_int_equal(load(env, w0), 0);
     assert_int_equal(hex_val(out, "content_hash"), want);
+    expect_val(out, "epochs", "2");
+    expect_val(out, "epochs_run", "2");
+}
+
+/* Every epoch empty (no sample, or fewer than a batch with --drop-last): a warning says so and
+ * no epoch runs (2^64 - 1 empty epochs ran for hours; a wrong file "succeeded" with no word). */
+static void test_empty_epochs(void **state)
+{
+    const char *env[] = {"STOKE_PLUGIN_PATH=", "STOKE_ACCELERATOR=cpu", NULL};
+    const char *few[] = {"synthetic:10", "--batch-size", "20", "--drop-last", "--json", NULL};
+    assert_int_equal(load(env, few), 0);
+    expect_one_object(out);
+    expect_val(out, "samples", "0");
+    expect_val(out, "epochs_run", "0");
+    assert_non_null(strstr(err, "every epoch is empty: synthetic:10 has 10 samples, fewer "
+                                "than a batch, and --drop-last"));
+    const char *none[] = {"synthetic:0", "--epochs", "18446744073709551615", "--json", NULL};
+    assert_int_equal(load(env, none), 0);
+    expect_val(out, "epochs_run", "0");
+    assert_non_null(strstr(err, "every epoch is empty: synthetic:0 has 0 samples"));
+    const char *some[] = {"synthetic:10", "--batch-size", "20", "--json", NULL};
+    assert_int_equal(load(env, some), 0);
+    expect_val(out, "samples", "10");
+    assert_null(strstr(err, "empty"));
 }
 
 /* A loader that cannot be created: the loader's own message, the same in text and JSON. */
 static void test_create_failure_message(void **state)
 {
-    const char *env[] = {plug_env(), "STOKE_ACCELERATOR=", "STOKE_SIMDEV_FAIL_COPY=",
-                         "STOKE_SIMDEV_MEMORY=1K", NULL};
+    const char *env[] = {plug_env(),
+                         "STOKE_ACCELERATOR=", "STOKE_SIMDEV_FAIL_COPY=", "STOKE_SIMDEV_MEMORY=1K",
+                         NULL};
     const char *json[] = {"synthetic:1000", "--device", "simdev", "--json", NULL};
     assert_int_equal(load(env, json), 1);
     expect_one_object(out);
@@ -502,8 +561,8 @@ static void test_shuffle_block(void **state)
     assert_true(block64 != random && block64 != block64w2);
     char content[64] = "";
     for (const char *w = "0"; w; w = w[0] == '0' ? "2" : NULL) {
-        const char *blk[] = {spec, "--batch-size", "48", "--seed", "3", "--workers", w,
-                             "--shuffle=block:64", "--json", NULL};
+        const char *blk[] = {spec, "--batch-size",       "48",     "--seed", "3", "--workers",
+                             w,    "--shuffle=block:64", "--json", NULL};
         assert_int_equal(load(env, blk), 0);
         assert_int_equal(hex_val(out, "order_hash"), block64);
         expect_val(out, "order", "\"block\"");
@@ -514,13 +573,13 @@ static void test_shuffle_block(void **state)
         if (!content[0])
             snprintf(content, sizeof(content), "%s", jv(out, "content_hash"));
         expect_val(out, "content_hash", content); /* every sample once, whatever the order */
-        const char *w2[] = {spec, "--batch-size", "48", "--seed", "3", "--workers", w,
-                            "--shuffle=block:64:2", "--json", NULL};
+        const char *w2[] = {spec, "--batch-size",         "48",     "--seed", "3", "--workers",
+                            w,    "--shuffle=block:64:2", "--json", NULL};
         assert_int_equal(load(env, w2), 0);
         assert_int_equal(hex_val(out, "order_hash"), block64w2);
         expect_val(out, "block_window", "2");
-        const char *rnd[] = {spec, "--batch-size", "48", "--seed", "3", "--workers", w,
-                             "--shuffle", "--json", NULL};
+        const char *rnd[] = {spec, "--batch-size", "48",     "--seed", "3", "--workers",
+                             w,    "--shuffle",    "--json", NULL};
         assert_int_equal(load(env, rnd), 0);
         assert_int_equal(hex_val(out, "order_hash"), random);
         expect_val(out, "order", "\"random\"");
@@ -592,8 +651,8 @@ static void test_npy_io_modes(void **state)
             continue;
         char spec[600], want[16];
         snprintf(spec, sizeof(spec), "npy:%s%s", path, modes[m]);
-        const char *args[] = {spec, "--batch-size", "32", "--workers", "2", "--shuffle=block:16",
-                              "--json", NULL};
+        const char *args[] = {spec, "--batch-size",       "32",     "--workers",
+                              "2",  "--shuffle=block:16", "--json", NULL};
         assert_int_equal(load(env, args), 0);
         snprintf(want, sizeof(want), "\"%s\"", used[m]);
         expect_val(out, "io", want);
@@ -866,6 +925,7 @@ int main(void)
         cmocka_unit_test(test_device_copy_failure),
         cmocka_unit_test(test_content_hash_out_of_order_limit),
         cmocka_unit_test(test_content_hash_epochs_and_limit),
+        cmocka_unit_test(test_empty_epochs),
         cmocka_unit_test(test_content_hash_bad_sample),
         cmocka_unit_test(test_content_hash_one_pass_failure),
         cmocka_unit_test(test_create_failure_message),

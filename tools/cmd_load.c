@@ -359,6 +359,18 @@ static int open_loader(const load_args *a, load_run *r)
     /* an iterable source does not know its length: run until the epochs end */
     r->total =
         per_epoch && per_epoch <= UINT64_MAX / a->epochs ? per_epoch * a->epochs : UINT64_MAX;
+    if (per_epoch == 0 && r->ds.kind == STOKE_DATASET_MAP) {
+        /* every epoch is empty: said, and none run (2^64 - 1 empty epochs ran for hours, a
+         * wrong file or batch size "succeeded" with no word) */
+        uint64_t n = r->ds.length(r->ds.user);
+        fprintf(stderr,
+                "stoke load: warn: every epoch is empty: %s has %" PRIu64 " samples%s%s; "
+                "nothing is loaded\n",
+                a->shown, n, a->distributed ? " (for all ranks)" : "",
+                n && a->drop_last ? ", fewer than a batch, and --drop-last drops the part batch"
+                                  : "");
+        r->total = 0;
+    }
     r->full = r->total;
     if (a->limit && a->limit < r->total)
         r->total = a->limit;
@@ -619,8 +631,11 @@ static void print_json(const load_run *r, const char *content_src, const char *w
            st->bytes, a->batch, st->workers, a->workers_auto ? "true" : "false", st->workers_active,
            st->workers_active_min, st->workers_active_max, st->workers_changes,
            st->assisted_batches);
-    printf(", \"epochs\": %" PRIu64 ", \"shuffle\": %s, \"seed\": %" PRIu64, a->epochs,
-           a->order ? "true" : "false", a->seed);
+    /* epochs: asked for; epochs_run: begun by the timed pass (fewer after an error, a --limit,
+     * or none when every epoch is empty) */
+    printf(", \"epochs\": %" PRIu64 ", \"epochs_run\": %" PRIu64 ", \"shuffle\": %s, "
+           "\"seed\": %" PRIu64,
+           a->epochs, r->seen.epochs, a->order ? "true" : "false", a->seed);
     print_json_order(r);
     json_str_or_null("device", a->device);
     printf(", \"device_copies\": %" PRIu64 ", \"device_errors\": %" PRIu64 ", \"verified\": %s",
