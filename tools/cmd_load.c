@@ -454,13 +454,62 @@ static void bar_interrupted(int sig)
     raise(sig);
 }
 
+/* With --json, SIGINT and SIGTERM (when not ignored) print the failure's object before the
+ * process dies of the signal, as every failure does (stdout was empty: a harness parsing it got
+ * no JSON); made before the run, written by the handler (write() only). */
+static char json_on_sig[2][1200];
+static volatile sig_atomic_t json_printing; /* the summary is being printed: nothing more */
+static volatile sig_atomic_t json_bar;      /* the progress bar is drawn: its line ended first */
+
+static void json_interrupted(int sig)
+{
+    if (json_bar) {
+        static const char nl = '\n';
+        ssize_t w = write(2, &nl, 1);
+        (void)w;
+    }
+    if (!json_printing) {
+        const char *s = json_on_sig[sig == SIGTERM];
+        for (size_t n = strlen(s), k = 0; k < n;) {
+            ssize_t w = write(1, s + k, n - k);
+            if (w <= 0)
+                break;
+            k += (size_t)w;
+        }
+    }
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+static void json_hook_signals(const load_args *a)
+{
+    static const int sigs[2] = {SIGINT, SIGTERM};
+    for (int i = 0; i < 2; i++) {
+        FILE *f = fmemopen(json_on_sig[i], sizeof(json_on_sig[i]) - 1, "w");
+        if (!f)
+            continue;
+        fprintf(f,
+                "{\"ok\": false, \"error\": \"stoke load: interrupted by %s\", "
+                "\"error_code\": null, \"error_name\": null, \"signal\": \"%s\", "
+                "\"source\": ",
+                i ? "SIGTERM" : "SIGINT", i ? "SIGTERM" : "SIGINT");
+        cli_json_str(f, a->shown);
+        fputs("}\n", f);
+        int bad = ferror(f) || ftell(f) >= (long)sizeof(json_on_sig[i]) - 2;
+        fclose(f);
+        struct sigaction old, on = {.sa_handler = json_interrupted};
+        if (!bad && sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler == SIG_DFL)
+            sigaction(sigs[i], &on, NULL);
+    }
+}
+
 /* Pass 1, timed: --epochs epochs, at most r->total batches in all. */
 static void timed_pass(load_run *r)
 {
     uint64_t last_bar = 0;
     struct sigaction old, on_int = {.sa_handler = bar_interrupted};
-    int hooked = r->bar && sigaction(SIGINT, NULL, &old) == 0 && old.sa_handler == SIG_DFL &&
-                 sigaction(SIGINT, &on_int, NULL) == 0;
+    int hooked = r->bar && !r->a->cmd.json && sigaction(SIGINT, NULL, &old) == 0 &&
+                 old.sa_handler == SIG_DFL && sigaction(SIGINT, &on_int, NULL) == 0;
     r->t0 = cmd_load_now_ns();
     for (uint64_t e = 0; e < r->a->epochs && r->batches < r->total && !r->status; e++) {
         stoke_batch *b;
@@ -735,11 +784,15 @@ int cmd_load(int argc, char **argv)
     if (status >= 0)
         return status;
     load_run r = {.a = &a, .st = {.size = sizeof(r.st)}};
+    if (a.cmd.json)
+        json_hook_signals(&a);
     status = open_loader(&a, &r);
     if (status == 0) {
+        json_bar = r.bar;
         timed_pass(&r);
         if (!r.status && a.hash && !a.device && !r.seen.lost)
             cmd_load_hash_pass(&r);
+        json_printing = 1;
         print_summary(&r);
         status = r.status;
     }
