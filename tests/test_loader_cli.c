@@ -830,27 +830,35 @@ typedef struct killer_arg {
 } killer_arg;
 
 /* Sample 0 takes KILL_DELAY_MS (a nanosleep) in each pass, one right after the other: the
- * first sleep seen is the timed pass's; 1.5 delays later the worker is in the hash pass's. */
+ * first sleep seen is the timed pass's; 1.5 delays later the worker is in the hash pass's.
+ * Killed there, then its replacement there too: a worker killed from outside once has its batch
+ * made again; twice, the sample is blamed. */
 static void *killer(void *p)
 {
     killer_arg *k = p;
-    for (int i = 0; i < 30000 && !atomic_load(&k->stop); i++) {
+    pid_t last = 0;
+    for (int i = 0, kills = 0; i < 30000 && !atomic_load(&k->stop); i++) {
         pid_t w = find_worker();
-        if (w > 0 && in_sleep(w)) {
-            if (k->pass == 2)
+        if (w > 0 && w != last && in_sleep(w)) {
+            if (k->pass == 2 && !kills)
                 tu_sleep_ms(KILL_DELAY_MS * 3 / 2);
-            if (in_sleep(w) && kill(w, SIGKILL) == 0)
+            if (!in_sleep(w) || kill(w, SIGKILL) != 0)
+                return NULL;
+            last = w;
+            if (++kills == 2) {
                 atomic_store(&k->killed, 1);
-            return NULL;
+                return NULL;
+            }
         }
         tu_sleep_ms(2);
     }
     return NULL;
 }
 
-/* Runs `stoke load` over 16 samples with one worker process, killing it while it loads sample
- * 0 in pass 1 (timed) or 2 (hash).  1 when the kill landed in that sample of that pass (the
- * timed pass's bad_samples says which: a killer thread late by a whole delay is a miss). */
+/* Runs `stoke load` over 16 samples with one worker process, killing it (and its replacement)
+ * while it loads sample 0 in pass 1 (timed) or 2 (hash).  1 when the kill landed in that sample of
+ * that pass (the timed pass's bad_samples says which: a killer thread late by a whole delay is a
+ * miss). */
 static int load_killing(int pass)
 {
     const char *env[] = {"STOKE_PLUGIN_PATH=", "STOKE_ACCELERATOR=cpu", NULL};

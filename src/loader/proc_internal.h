@@ -10,13 +10,14 @@
 
 #include "loader/loader_internal.h"
 
-#define POISON_MAX    16          /* crashing samples one batch may skip or replace */
-#define RESTARTS_MAX  100         /* worker process restarts per epoch */
-#define POLL_MS       50          /* every wait for a child is a poll of at most this */
-#define STOP_GRACE_NS 2000000000u /* destroy: a child busy longer than this is SIGKILLed (at
-                                     once after an interrupted stoke_loader_next: loader.h) */
-#define ZYGOTE_MS     5000        /* the longest wait for the zygote's reply */
-#define ZSIG          SIGHUP      /* the zygote's parent-death signal (it only wakes the zygote) */
+#define POISON_MAX   16  /* crashing samples one batch may skip or replace */
+#define RESTARTS_MAX 100 /* worker process restarts per epoch */
+#define POLL_MS      50  /* every wait for a child is a poll of at most this */
+#define STOP_GRACE_NS                                                                              \
+    2000000000u          /* destroy: a child busy longer than this is SIGKILLed (at                \
+                            once after an interrupted stoke_loader_next: loader.h) */
+#define ZYGOTE_MS 5000   /* the longest wait for the zygote's reply */
+#define ZSIG      SIGHUP /* the zygote's parent-death signal (it only wakes the zygote) */
 
 /* A request in flight to a worker's child (the parent's side). */
 typedef struct proc_req {
@@ -50,6 +51,8 @@ typedef struct proc_w {
                                  the batch): this worker's batches are made with get() */
     uint64_t last_t, stop_t0; /* when the last reply was taken; when receive() first saw
                                  its batch unwanted (destroy, an abandoned run) */
+    char killed[160];         /* req's F_KILLED: how its child was killed (said if the batch
+                                 fails after all) */
 } proc_w;
 
 struct stoke__proc {
@@ -85,8 +88,10 @@ typedef struct zrep {
 } zrep;
 
 /* F_NO_READ: the child makes the batch with get(), one sample at a time; F_READ_CRASHED (the
- * parent's, ignored by the child): the batch's read() crashed, the rerun looks for the sample */
-enum { F_NO_READ = 1, F_READ_CRASHED = 2 };
+ * parent's, ignored by the child): the batch's read() crashed, the rerun looks for the sample;
+ * F_KILLED (the parent's too): a child was killed from outside (SIGKILL, SIGTERM) in one of the
+ * batch's dataset calls, and the batch runs again as it was, once, before a sample is blamed */
+enum { F_NO_READ = 1, F_READ_CRASHED = 2, F_KILLED = 4 };
 
 enum { M_BAD = 1, M_DONE = 2 };
 typedef struct wmsg {

@@ -399,9 +399,10 @@ static int spawn(stoke_loader *l, int wid, char *msg, size_t len)
 }
 
 /* Closes worker wid's socket, reaps its child through the zygote (SIGKILL first when `kill`)
- * and describes how it ended into msg. */
-static void reap(stoke_loader *l, int wid, int kill_it, char *msg, size_t len)
+ * and describes how it ended into msg; *sig: the signal it died of, else 0. */
+static void reap(stoke_loader *l, int wid, int kill_it, char *msg, size_t len, int *sig_out)
 {
+    *sig_out = 0;
     stoke__proc *p = l->proc;
     int pid = atomic_exchange(&p->w[wid].pid, -1);
     close_fd(&p->w[wid].fd);
@@ -418,6 +419,7 @@ static void reap(stoke_loader *l, int wid, int kill_it, char *msg, size_t len)
     int st = rep.status;
     if (WIFSIGNALED(st)) {
         int sig = WTERMSIG(st);
+        *sig_out = sig;
         char name[24]; /* SIGSEGV, or signal 34 (glibc names no real-time signal) */
         if (sigabbrev_np(sig))
             stoke__fmt(name, sizeof(name), "SIG%s", sigabbrev_np(sig));
@@ -567,10 +569,11 @@ static int receive(stoke_loader *l, proc_w *w, stoke_batch *b, int wakeable)
     return X_DONE;
 }
 
-/* After worker wid's child died while making b: STOKE_OK to run the batch again (req updated),
- * or the batch's failure status (b failed).  Clears the child's busy mark, which names the
- * dataset call it died in, if any. */
-static int after_crash(stoke_loader *l, stoke_batch *b, int wid, wreq *req, const char *why)
+/* After worker wid's child died (of signal sig, or 0) while making b: STOKE_OK to run the
+ * batch again (req updated), or the batch's failure status (b failed).  Clears the child's busy
+ * mark, which names the dataset call it died in, if any. */
+static int after_crash(stoke_loader *l, stoke_batch *b, int wid, wreq *req, const char *why,
+                       int sig)
 {
     stoke__proc *p = l->proc;
     stoke__busy *c = &p->ctl[wid];
@@ -596,6 +599,15 @@ static int after_crash(stoke_loader *l, stoke_batch *b, int wid, wreq *req, cons
     }
     if (idx == UINT64_MAX)
         return STOKE_OK; /* not in a dataset call (killed from outside): run the batch again */
+    if ((sig == SIGKILL || sig == SIGTERM) && !(req->flags & F_KILLED) && !l->iterable) {
+        /* killed from outside in a dataset call (the OOM killer for another process's memory,
+         * a kill): the batch again as it was, once (a sample was blamed, and a read() made
+         * slow for good); killed again in it, the sample is what draws the kill.  (An ITERABLE
+         * dataset's replacement cannot resume the dead child's iterator: its death is said.) */
+        req->flags |= F_KILLED;
+        stoke__strlcpy(l->proc->w[wid].killed, why, sizeof(l->proc->w[wid].killed));
+        return STOKE_OK;
+    }
     if (in_batch && !(req->flags & F_NO_READ)) {
         req->flags |= F_NO_READ | F_READ_CRASHED; /* find the sample: one get() at a time */
         return STOKE_OK;
@@ -688,7 +700,8 @@ stoke_batch *stoke__proc_take(stoke_loader *l, stoke__producer *pr, int wakeable
         if (x == X_DONE)
             break;
         /* the child died (or was killed) on the oldest request: replies come in order */
-        reap(l, wid, x == X_STOPPED, msg, sizeof(msg));
+        int sig;
+        reap(l, wid, x == X_STOPPED, msg, sizeof(msg), &sig);
         for (int i = 0; i < w->n; i++) /* the next child gets them all again */
             w->q[(w->head + i) % p->depth].sent = 0;
         if (x == X_STOPPED) {
@@ -710,8 +723,14 @@ stoke_batch *stoke__proc_take(stoke_loader *l, stoke__producer *pr, int wakeable
             stoke__batch_failed(b, STOKE_ECANCELED, first, "its run was abandoned");
             break;
         }
-        if (after_crash(l, b, wid, &w->req, msg) != STOKE_OK)
+        if (after_crash(l, b, wid, &w->req, msg, sig) != STOKE_OK)
             break;
+    }
+    if ((w->req.flags & F_KILLED) && b->status != STOKE_OK) {
+        /* made again after a kill, and failed: the kill said too (an IterableDataset's new
+         * process cannot resume the dead one's iterator: its error alone hid the death) */
+        size_t k = strlen(b->err_msg);
+        stoke__fmt(b->err_msg + k, sizeof(b->err_msg) - k, " (after %s)", w->killed);
     }
     if ((w->req.flags & F_READ_CRASHED) && !w->req.npoison && !w->no_read &&
         b->status == STOKE_OK) {
