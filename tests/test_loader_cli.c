@@ -121,6 +121,11 @@ static void test_json_startup_errors(void **state)
          1,
          "batch_size 18446744073709551615 is too large",
          "\", \"error_code\": -17, \"error_name\": \"STOKE_ERANGE\"}\n"},
+        {{"bogus:http://u:s3cretpw@h/x", "--json"},
+         1,
+         "source 'bogus:http://h/x': unknown source 'bogus' (expected synthetic[:N], npy:PATH, "
+         "images:DIR or tar:PATTERN)",
+         "\", \"error_code\": -1, \"error_name\": \"STOKE_EINVAL\"}\n"},
         {{"--json", "--bogus"}, 2, "unknown option '--bogus'", NULL},
         {{"--seed", "99999999999999999999999", "--json"},
          2,

@@ -298,8 +298,10 @@ int stoke_source_open(const char *spec, stoke_dataset *out)
         return stoke_tar_open(args, out);
     if (kind_len == 6 && strncmp(spec, "images", 6) == 0)
         return open_images(spec, args, out);
+    char shown[512]; /* (a mistyped scheme's URL keeps no password in the message) */
+    stoke_source_redact(shown, sizeof(shown), spec);
     return stoke__fail(STOKE_EINVAL,
-                       "source '%s': unknown source '%.*s' (expected synthetic[:N], npy:PATH or "
-                       "tar:PATTERN)",
-                       spec, (int)(kind_len > 64 ? 64 : kind_len), spec);
+                       "source '%s': unknown source '%.*s' (expected synthetic[:N], npy:PATH, "
+                       "images:DIR or tar:PATTERN)",
+                       shown, (int)(kind_len > 64 ? 64 : kind_len), spec);
 }
