@@ -592,8 +592,9 @@ class DataLoader(_stoke.Loader):
                                  "when it iterates without workers)" % (self.timeout,))
         first_pass = not w.started
         if first_pass:
-            # (the worker processes start at this pass's first next(): none reads the patch)
+            # (the workers start at this pass's first next(): none reads the patch, nor the rows)
             w.ship_changes()
+            w.refresh_rows()
         if self._first_iter:
             # (cleared once its planning is done: a sampler that raises leaves it to the next
             # iter(), which reads the sampler again, as torch's)

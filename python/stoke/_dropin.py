@@ -1474,7 +1474,9 @@ class _Writer:
                     self.live.clear()
                 self.plan.mail_clear()
                 self.kept_errors.clear()
-                self.ship_changes()  # (no worker process makes a batch during this hook)
+                # (no worker makes a batch during this hook)
+                self.ship_changes()
+                self.refresh_rows()
                 # persistent workers are seeded once: no new base seed (torch draws none)
                 seed = self.base_fixed if self.base_fixed is not None else self.base_seed_for()
                 if self.iterable:
@@ -1550,6 +1552,26 @@ class _Writer:
         self.unsent = unsent
         self.shipped = _attr_ids(self.dataset)
 
+    def refresh_rows(self):
+        """(a TensorDataset's rows) Its `tensors` set anew since the last pass (relabelling,
+        pseudo-labels): served from this pass on, as torch indexes `dataset.tensors` at each
+        sample (the tensors taken at construction were served: the old labels, silently).  The
+        same number, lengths, dtypes and row shapes, or a ValueError: the buffers were sized
+        for them.  With persistent workers, at the first pass only, as torch's."""
+        if not self.rows_path or (self.persistent and self.started and self.worker == -2):
+            return  # (torch's persistent workers keep the tensors of their first pass)
+        ts, old = _tensor_rows(self.dataset), self.tensors
+        if ts is not None and len(ts) == len(old) and all(a is b for a, b in zip(ts, old)):
+            return
+        if ts is None or len(ts) != len(old) or any(
+                len(a) != len(b) or a.dtype != b.dtype or a.shape[1:] != b.shape[1:]
+                for a, b in zip(ts, old)):
+            raise ValueError(
+                "stoke: the TensorDataset's tensors were replaced by ones of another number, "
+                "length, dtype or row shape since this DataLoader was made (its buffers were "
+                "sized for them): make a new DataLoader")
+        self.tensors = ts
+
     def apply_changes(self, attrs):
         """A worker process: the attributes the consumer shipped (ship_changes) set on its
         dataset's `attrs` (its __dict__, as a fork would have them: no __setattr__ runs)."""
@@ -1577,6 +1599,7 @@ class _Writer:
                 or (epoch == self.seeded_epoch and base != self.seeded_base)):
             if not self.persistent or self.seeded_epoch is None:
                 self.fresh_dataset(self.seeded_epoch is None)
+                self.refresh_rows()  # (a worker process's: its dataset's tensors, as sent)
             self.seeded_base = base
             seed = base + self.worker
             random.seed(seed)

@@ -179,6 +179,36 @@ T.check(len(told) == 1 and "'scale'" in told[0] and "set_epoch()" in told[0],
         "after set_epoch: %s" % told)
 print("2. worker processes: the dataset's attributes set since the fork reach them")
 
+# -- 2c. a TensorDataset's tensors replaced (relabelling): served from the next pass, as torch's
+# (the tensors taken at construction were served: the old labels, silently) --
+from torch.utils.data import TensorDataset  # noqa: E402
+for nw, extra in ((0, {}), (2, {}), (2, {"persistent_workers": True}),
+                  (2, {"worker_mode": "processes"})):
+    out = []
+    for cls in (TorchLoader, stoke.DataLoader):
+        if cls is TorchLoader and "worker_mode" in extra:
+            cls, extra_t = TorchLoader, {}
+        else:
+            extra_t = extra
+        x = torch.arange(6)
+        ds = TensorDataset(x, torch.zeros(6, dtype=torch.long))
+        dl = cls(ds, batch_size=3, num_workers=nw, **extra_t)
+        first = [b[1].tolist() for b in dl]
+        ds.tensors = (x, torch.arange(100, 106))
+        out.append((first, [b[1].tolist() for b in dl]))
+    T.check(out[0] == out[1], "TensorDataset relabelled, %d workers %s: torch %s, stoke %s"
+            % (nw, extra, out[0], out[1]))
+ds = TensorDataset(torch.arange(6), torch.zeros(6))
+dl = stoke.DataLoader(ds, batch_size=3)
+list(dl)
+ds.tensors = (torch.arange(8), torch.zeros(8))
+try:
+    list(dl)
+    T.check(False, "a TensorDataset grown under its loader: no error")
+except ValueError as e:
+    T.check("make a new DataLoader" in str(e), "grown: %s" % e)
+print("2c. a TensorDataset's tensors replaced: served from the next pass")
+
 # -- 2b. a loader's descriptors are closed with it (one was left open per loader) --
 import gc  # noqa: E402
 import os  # noqa: E402
