@@ -728,6 +728,8 @@ static void print_text(const load_run *r, const char *content_src, const char *w
            " during the run)\n",
            a->workers_auto ? "auto, " : "", st->workers, a->procs ? "processes" : "threads",
            st->workers_active, st->workers_active_min, st->workers_active_max);
+    if (st->worker_restarts) /* (as in --json: a text run said nothing of a dead worker) */
+        printf("  worker processes restarted: %" PRIu64 "\n", st->worker_restarts);
     printf("  index_sum %" PRIu64 ", content_hash ", r->index_sum);
     if (content_src)
         printf("0x%016" PRIx64 " (field 0, %s)", r->content,
@@ -746,6 +748,9 @@ static void print_text(const load_run *r, const char *content_src, const char *w
                 m->cache_hits, m->cache_misses, (double)m->cache_bytes / 1e6, m->cache_evictions);
         printf("\n");
     }
+    if (st->truncated_samples) /* (ragged fields cut at max_len: said in --json only) */
+        printf("  samples truncated to a ragged field's max_len: %" PRIu64 "\n",
+               st->truncated_samples);
     if (st->bad_samples || a->on_error)
         printf("  bad samples: %" PRIu64 " (%" PRIu64 " skipped, %" PRIu64 " replaced; "
                "on-error %s)\n",

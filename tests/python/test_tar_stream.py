@@ -149,6 +149,11 @@ T.check(rc_l == 1 and re.search(r"of tar:.* \.\.\. d+/shard-\{0+\.\.0+\d+\}\.tar
 T.check(rc_m == 0 and rc_c == 0 and m["truncated_samples"] == 0 and c["samples"] == len(txt)
         and c["truncated_samples"] == over > 0 and c["content_hash"] != m["content_hash"],
         "map, max_len=%d: %s / %s" % (cut, R.summary(c), R.summary(m)))
+# the text summary says it too (it said nothing: only --json had the count)
+p = subprocess.run([R.CLI, "load", TXT + ",max_len=%d,truncate" % cut, "--workers", "2"],
+                   capture_output=True, text=True, timeout=120)
+T.check(p.returncode == 0 and "samples truncated to a ragged field's max_len: %d" % over
+        in p.stdout, "text summary: %s" % p.stdout)
 for w in ("0", "2"):
     rc_s, s, err = load(TXT + ",mode=stream,max_len=%d" % max(txt), "--workers", w)
     T.check(rc_s == 0 and R.summary(s)["samples"] == len(txt)
