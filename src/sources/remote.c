@@ -310,8 +310,11 @@ int stoke__remote_pool_create(stoke__remote_pool **out, char *why, size_t why_le
     uint64_t ahead = STOKE__REMOTE_STREAM_AHEAD_DEFAULT;
     stoke__env_size(STOKE_ENV_STREAM_AHEAD, &ahead);
     p->stream_ahead = ahead;
-    if (p->timeout_s < 1)
+    if (p->timeout_s < 1) { /* (0 would be "no timeout" to libcurl: a stall waits for ever) */
+        stoke__log(STOKE_LOG_WARN, "STOKE_REMOTE_TIMEOUT=0: a try needs a second at least: "
+                                   "using 1");
         p->timeout_s = 1;
+    }
     const char *ca = stoke__env_str(STOKE_ENV_CA_BUNDLE);
     int rc = STOKE_OK;
     if (ca && !(p->ca_bundle = strdup(ca))) {

@@ -366,6 +366,11 @@ try:
     q = json.dumps(out["quarantine"])
     T.check("shard-000001.tar" in q and "HTTP 500" in q and "InternalError" in q,
             "quarantine: %s" % q)
+    # STOKE_REMOTE_TIMEOUT=0 is taken as 1 s, with a warning (it was silent)
+    rc, out, err = load("tar:%s%s,fields=txt:bin:cls,ragged=txt" % (base, RANGE), "--workers",
+                        "0", env={"STOKE_REMOTE_TIMEOUT": "0"})
+    T.check(rc == 0 and "STOKE_REMOTE_TIMEOUT=0: a try needs a second at least: using 1" in err,
+            "STOKE_REMOTE_TIMEOUT=0: %s %s" % (out.get("error"), err[-300:]))
 finally:
     for s in servers:
         s.stop()
