@@ -60,6 +60,9 @@ static void test_env_invalid_values_warn_and_fall_back(void **state)
     assert_int_equal(stoke__env_size(STOKE_ENV_PINNED_LIMIT, &v), 0);
     assert_true(v == 99);
     assert_int_equal(tu_log_count(STOKE_LOG_WARN, "STOKE_PINNED_LIMIT=lots"), 1);
+    /* read again (another loader, the cache beside the pool): said once a process */
+    assert_int_equal(stoke__env_size(STOKE_ENV_PINNED_LIMIT, &v), 0);
+    assert_int_equal(tu_log_count(STOKE_LOG_WARN, "STOKE_PINNED_LIMIT=lots"), 1);
     setenv("STOKE_PINNED_LIMIT", "512M", 1);
     assert_int_equal(stoke__env_size(STOKE_ENV_PINNED_LIMIT, &v), 1);
     assert_true(v == 512ull << 20);

@@ -2,6 +2,8 @@
 #define _GNU_SOURCE
 #include <ctype.h>
 #include <errno.h>
+#include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -115,8 +117,13 @@ static int env_typed(stoke_env_id id, int (*parse)(const char *, void *), void *
         return 0;
     if (parse(s, out) == 0)
         return 1;
-    stoke__log(STOKE_LOG_WARN, "%s=%s is not a valid %s (%s); ignoring it", env_names[id], s, what,
-               env_descs[id]);
+    /* once a variable per process: the pool and the cache, or each loader, read it again (the
+     * same warning printed twice read as two problems) */
+    static _Atomic uint64_t warned[(STOKE_ENV_COUNT_ + 63) / 64];
+    uint64_t bit = (uint64_t)1 << (id % 64);
+    if (!(atomic_fetch_or(&warned[id / 64], bit) & bit))
+        stoke__log(STOKE_LOG_WARN, "%s=%s is not a valid %s (%s); ignoring it", env_names[id], s,
+                   what, env_descs[id]);
     return 0;
 }
 

@@ -725,11 +725,8 @@ int stoke__cache_create(stoke__cache **out, char *why, size_t why_len)
     int dflt;
     c->limit = cache_limit(&dflt);
     uint64_t conn = STOKE__REMOTE_CONNECTIONS_DEFAULT;
-    if (stoke__env_u64(STOKE_ENV_REMOTE_CONNECTIONS, &conn) && conn > STOKE__REMOTE_BG_MAX) {
-        stoke__log(STOKE_LOG_WARN, "STOKE_REMOTE_CONNECTIONS=%" PRIu64 " is more than %d: using %d",
-                   conn, STOKE__REMOTE_BG_MAX, STOKE__REMOTE_BG_MAX);
-        conn = STOKE__REMOTE_BG_MAX;
-    }
+    if (stoke__env_u64(STOKE_ENV_REMOTE_CONNECTIONS, &conn) && conn > STOKE__REMOTE_BG_MAX)
+        conn = STOKE__REMOTE_BG_MAX; /* (the pool, made with the source, said so) */
     c->connections = (int)conn;
     stoke__cache_ahead_init(c);
     for (int i = 0; i < STOKE__CACHE_SLOTS; i++) {
