@@ -594,6 +594,12 @@ int stoke__tar_stream_open(const char *spec, stoke__tar_ds *t, stoke__tar_scan *
 {
     if (t->nshards == 0)
         return stoke__fail(STOKE_ENOENT, "source '%s': no shard", spec);
+    if (t->rank >= t->nshards) /* (said: under DDP an empty rank hangs the others' collectives) */
+        stoke__log(STOKE_LOG_WARN,
+                   "source '%s': mode=stream splits %d shards across %" PRId64
+                   " ranks: rank %" PRId64 " gets none, and its epochs are empty (use at least "
+                   "as many shards as ranks x workers)",
+                   spec, t->nshards, t->world, t->rank);
     struct stoke__tar_stream *st = calloc(1, sizeof(*st));
     if (!st)
         return stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);

@@ -187,6 +187,16 @@ rc_s, s, err = load(NPY + ",ragged=npy,mode=stream,max_len=2,truncate", "--worke
 T.check(rc_s == 0 and s["samples"] == 27 and s["truncated_samples"] == 27,
         ".npy ragged, stream, max_len=2,truncate: %s %s" % (R.summary(s), err))
 
+# a rank past the shards: its epochs are empty, with a warning (it was silent: under DDP the
+# other ranks' collectives wait for ever on it)
+rc, out, err = load(SRC + ",rank=%d,world_size=%d" % (NSHARDS, NSHARDS + 1))
+T.check(rc == 0 and out["samples"] == 0 and "splits %d shards across %d ranks: rank %d gets "
+        "none" % (NSHARDS, NSHARDS + 1, NSHARDS) in err, "a rank past the shards: %s %s"
+        % (R.summary(out), err[-300:]))
+rc, out, err = load(SRC + ",rank=%d,world_size=%d" % (NSHARDS - 1, NSHARDS + 1))
+T.check(rc == 0 and out["samples"] == PER and "gets none" not in err,
+        "the last rank with a shard: %s %s" % (R.summary(out), err[-300:]))
+
 # --- refusals -------------------------------------------------------------------------------
 for opts, want in ((",ragged=bin", "need max_len=N"), (",rank=0", "go together"),
                    (",ragged=bin,max_len=0", "a count from 1"),
