@@ -76,13 +76,17 @@ static int cache_ls(const cli_cmd *c, const char *dir)
                                   : "STOKE_CACHE_LIMIT");
         if (info.partial_bytes)
             printf("; %.1f MB being downloaded", (double)info.partial_bytes / 1e6);
+        if (info.stale_bytes) /* (they read as "being downloaded" after a kill) */
+            printf("; %.1f MB left by downloads that died (the next run or stoke cache clear "
+                   "removes them)",
+                   (double)info.stale_bytes / 1e6);
         printf("\n");
     }
     rc = stoke_cache_list(info.dir, print_entry, &ctx, NULL);
     if (c->json && rc == STOKE_OK)
         printf("], \"count\": %" PRIu64 ", \"bytes\": %" PRIu64 ", \"partial_bytes\": %" PRIu64
-               ", \"limit\": %" PRIu64 ", \"limit_default\": %s}\n",
-               ctx.n, info.bytes, info.partial_bytes, info.limit,
+               ", \"stale_bytes\": %" PRIu64 ", \"limit\": %" PRIu64 ", \"limit_default\": %s}\n",
+               ctx.n, info.bytes, info.partial_bytes, info.stale_bytes, info.limit,
                info.limit_default ? "true" : "false");
     if (rc != STOKE_OK) /* the directory went away between the two calls */
         return cli_fail_rc(c, 1, "ls", rc);

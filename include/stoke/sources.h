@@ -256,10 +256,10 @@ STOKE_API int stoke_npy_remote_stats(const stoke_dataset *ds, stoke_remote_stats
  * (tar:PATTERN's pattern: braces and globs, no options), walks its member headers, reads it
  * whole for its CRC-32 (with zlib: STOKE_FEATURE_ZLIB; the shard cache checks its downloads
  * against it) and writes SHARD.idx next to it (atomically: a temporary name, then rename),
- * which a remote tar source fetches in one request instead of walking the shard.  fn (may be NULL) is called after each
- * shard with its path, size and member count; non-zero stops (STOKE_ECANCELED).  Returns
- * STOKE_OK, or the first shard's error (a URL: STOKE_EINVAL; a corrupt tar: STOKE_EFORMAT;
- * the index not written: STOKE_EIO), with the message in stoke_last_error(). */
+ * which a remote tar source fetches in one request instead of walking the shard.  fn (may be NULL)
+ * is called after each shard with its path, size and member count; non-zero stops
+ * (STOKE_ECANCELED).  Returns STOKE_OK, or the first shard's error (a URL: STOKE_EINVAL; a corrupt
+ * tar: STOKE_EFORMAT; the index not written: STOKE_EIO), with the message in stoke_last_error(). */
 typedef int (*stoke_tar_index_fn)(void *ctx, const char *shard, uint64_t shard_bytes,
                                   uint64_t members);
 STOKE_API int stoke_tar_write_index(const char *pattern, stoke_tar_index_fn fn, void *ctx);
@@ -295,6 +295,8 @@ typedef struct stoke_cache_info {
     uint64_t bytes;         /* their bytes */
     uint64_t partial_bytes; /* downloads in progress (.part files) */
     char dir[1024];         /* the directory listed */
+    uint64_t stale_bytes;   /* .part files no process downloads (left by one that died; the
+                               next run or stoke_cache_clear removes them) */
 } stoke_cache_info;
 
 /* Calls fn (may be NULL) for each complete copy in dir, least recently read first; a nonzero

@@ -99,10 +99,26 @@ typedef struct listing {
     uint64_t floor;     /* in: a .part counts as at least this (the size a download may reach) */
     uint64_t part_disk; /* the bytes the .part files hold on disk (a reserved one is sparse) */
     size_t parts;       /* downloads in progress (their .part files) */
+    uint64_t stale;     /* (SCAN_LOOK) the bytes of .part files no process downloads */
 } listing;
 
-/* Lists dfd's copies into *l; with clean, removes the temporary files of downloads no process
- * runs (their lock is free: the process died), else counts them in l->partial. */
+/* Whether the download of .part `lk`'s shard is under way: its lock file exists and is held.
+ * Takes and creates nothing lasting (a listing writes nothing): the file opened read-only. */
+static int part_alive(int dfd, const char *lk)
+{
+    int fd = openat(dfd, lk, O_RDONLY | O_CLOEXEC | FILE_FLAGS);
+    if (fd < 0)
+        return 0; /* (lock files exist only while held) */
+    int held = flock_retry(fd, LOCK_EX | LOCK_NB) == -EWOULDBLOCK;
+    close(fd);
+    return held;
+}
+
+enum { SCAN_COUNT = 0, SCAN_CLEAN = 1, SCAN_LOOK = 2 };
+
+/* Lists dfd's copies into *l.  The temporary files of downloads no process runs (their lock is
+ * free: the process died): SCAN_CLEAN removes them; SCAN_LOOK counts them in l->stale, apart
+ * from the downloads under way (l->partial); SCAN_COUNT counts them all in l->partial. */
 static int scan(int dfd, listing *l, int clean)
 {
     int fd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -124,8 +140,10 @@ static int scan(int dfd, listing *l, int clean)
             char lk[STOKE__CACHE_HEXLEN + 6];
             snprintf(lk, sizeof(lk), "%.*s.lock", STOKE__CACHE_HEXLEN, de->d_name);
             int lfd;
-            if (clean && lock_name(dfd, lk, 1, &lfd) == 0) { /* nobody downloads it */
-                unlinkat(dfd, de->d_name, 0);
+            if (clean == SCAN_LOOK && !part_alive(dfd, lk)) {
+                l->stale += (uint64_t)st.st_size;
+            } else if (clean == SCAN_CLEAN && lock_name(dfd, lk, 1, &lfd) == 0) {
+                unlinkat(dfd, de->d_name, 0); /* nobody downloads it */
                 unlock_name(dfd, lk, lfd);
             } else {
                 uint64_t sz = (uint64_t)st.st_size;
@@ -833,7 +851,7 @@ int stoke_cache_list(const char *dir, int (*fn)(void *ctx, const stoke_cache_ent
     if (dfd < 0)
         return dfd;
     listing l = {0};
-    int e = scan(dfd, &l, 0), rc = STOKE_OK;
+    int e = scan(dfd, &l, SCAN_LOOK), rc = STOKE_OK;
     if (e)
         rc =
             stoke__fail(e == -ENOMEM ? STOKE_ENOMEM : STOKE_EIO, "cache %s: %s", dir, strerror(-e));
@@ -849,11 +867,12 @@ int stoke_cache_list(const char *dir, int (*fn)(void *ctx, const stoke_cache_ent
     }
     if (info && !e) {
         int dflt;
-        stoke_cache_info in = {.entries = l.n, .bytes = l.total, .partial_bytes = l.partial};
+        stoke_cache_info in = {
+            .entries = l.n, .bytes = l.total, .partial_bytes = l.partial, .stale_bytes = l.stale};
         in.limit = cache_limit(&dflt);
         in.limit_default = (uint32_t)dflt;
         if (dflt)
-            in.limit = default_cap(dfd, l.total + l.partial);
+            in.limit = default_cap(dfd, l.total + l.partial + l.stale);
         stoke__strlcpy(in.dir, dir, sizeof(in.dir));
         uint32_t keep = info->size;
         memcpy(info, &in, keep < sizeof(in) ? keep : sizeof(in));

@@ -1,6 +1,7 @@
 """`stoke cache ls|clear [DIR] [--json]` (docs/cli.md) on a cache directory laid out as the
 remote-shard cache writes it (docs/sources.md, "The cache"): HASH-BASE copies, a HASH.part
-left by a killed download, lock files, and a file of someone else's.  A copy held open with a
+left by a killed download (listed as left, not as being downloaded; one whose lock is held
+is), lock files, and a file of someone else's.  A copy held open with a
 shared flock (what a reader does) is listed in use and kept by clear; everything else of the
 cache's goes, the foreign file stays.  Needs no server and no libcurl."""
 import fcntl
@@ -44,18 +45,33 @@ T.check(rc == 0, "ls: %s %s" % (out, err))
 o = json.loads(out)
 T.check([e["name"] for e in o["entries"]] == [H2 + "-shard-000001.tar", H1 + "-shard-000000.tar"]
         and [e["bytes"] for e in o["entries"]] == [5000, 3000] and o["count"] == 2
-        and o["bytes"] == 8000 and o["partial_bytes"] == 700 and o["dir"] == d
+        and o["bytes"] == 8000 and o["partial_bytes"] == 0 and o["stale_bytes"] == 700
+        and o["dir"] == d
         and o["limit_default"] is True and o["limit"] > 0
         and o["entries"][0]["atime"] == 1000000000
         and not any(e["in_use"] for e in o["entries"]), "ls --json: %s" % o)
 rc, out, err = run("ls", env={"STOKE_CACHE_DIR": d, "STOKE_CACHE_LIMIT": "5M"})
 T.check(rc == 0 and out.startswith("cache %s: 2 shards, 0.0 MB of a 5.2 MB cap "
-                                   "(STOKE_CACHE_LIMIT); 0.0 MB being downloaded" % d)
+                                   "(STOKE_CACHE_LIMIT); 0.0 MB left by downloads that died" % d)
         and "2001-09-09 01:46:40 UTC" in out and out.count("shard-00000") == 2,
         "ls from STOKE_CACHE_DIR: %s %s" % (out, err))
 rc, out, err = run("ls", "--json", env={"STOKE_CACHE_DIR": d, "STOKE_CACHE_LIMIT": "5M"})
 T.check(rc == 0 and json.loads(out)["limit"] == 5 << 20
         and json.loads(out)["limit_default"] is False, "STOKE_CACHE_LIMIT: %s" % out)
+
+# a .part whose lock a process holds is a download under way (a dead one's was listed as one)
+lk = open(os.path.join(d, H2 + ".lock"), "wb")
+fcntl.flock(lk, fcntl.LOCK_EX)
+write(os.path.join(d, H2 + ".part"), 300)
+rc, out, err = run("ls", d, "--json")
+o = json.loads(out)
+T.check(rc == 0 and o["partial_bytes"] == 300 and o["stale_bytes"] == 700,
+        "a download under way and a dead one: %s" % o)
+rc, out, err = run("ls", d)
+T.check("; 0.0 MB being downloaded; 0.0 MB left by downloads that died" in out, out)
+os.unlink(os.path.join(d, H2 + ".part"))
+os.unlink(os.path.join(d, H2 + ".lock"))
+lk.close()
 
 # --- clear: a copy in use stays ------------------------------------------------------------------
 held = open(os.path.join(d, H1 + "-shard-000000.tar"), "rb")
