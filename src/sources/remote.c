@@ -2,7 +2,7 @@
  * byte-range GETs with keep-alive per worker slot, several at once through a slot's multi
  * handle (read_many), whole-file fetches, retries with backoff.  S3's settings, URLs and
  * Signature V4 are remote_aws.c's; one answer's headers, version check and body,
- * remote_answer.c's. */
+ * remote_answer.c's; credentials kept out of messages, remote_redact.c's. */
 #define _GNU_SOURCE
 #include "sources/remote.h"
 
@@ -26,92 +26,6 @@ int stoke__remote_is_url(const char *path)
 {
     return path && (strncasecmp(path, "http://", 7) == 0 || strncasecmp(path, "https://", 8) == 0 ||
                     strncasecmp(path, "s3://", 5) == 0);
-}
-
-/* 1 when a name of len bytes holds a secret, in any case: a presigned URL's signature,
- * credential or session token (S3's X-Amz-Signature, X-Amz-Credential, X-Amz-Security-Token;
- * GCS's X-Goog-*; CloudFront's Signature; Azure's sig), anything named a token, secret or
- * password, or a key (key, api_key, x-api-key: the last part after '-', '_' or '.'): such a URL
- * is as good as the password.  header: an echoed request's names too (Authorization,
- * Proxy-Authorization, Cookie, Set-Cookie). */
-static int secret_name(const char *name, size_t len, int header)
-{
-    static const char *const ends[] = {"signature", "credential",    "token", "secret",
-                                       "password",  "authorization", "cookie"};
-    static const char *const whole[] = {"sig", "key", "apikey", "AWSAccessKeyId"};
-    size_t part = len;
-    while (part > 0 && !strchr("-_.", name[part - 1]))
-        part--;
-    for (size_t i = 0; i < sizeof(whole) / sizeof(*whole); i++) {
-        size_t t = strlen(whole[i]);
-        if ((len == t && strncasecmp(name, whole[i], t) == 0) ||
-            (len - part == t && strncasecmp(name + part, whole[i], t) == 0))
-            return 1;
-    }
-    for (size_t i = 0; i < sizeof(ends) / sizeof(*ends) - (header ? 0 : 2); i++) {
-        size_t t = strlen(ends[i]);
-        if (len >= t && strncasecmp(name + len - t, ends[i], t) == 0)
-            return 1;
-    }
-    return 0;
-}
-
-static int secret_param(const char *key, size_t len)
-{
-    return secret_name(key, len, 0);
-}
-
-/* Byte c at out[(*k)++], written when it fits in n with the final 0 (as snprintf). */
-static void put(char *out, size_t n, size_t *k, char c)
-{
-    if (*k + 1 < n)
-        out[*k] = c;
-    ++*k;
-}
-
-size_t stoke__remote_redact(char *out, size_t n, const char *s)
-{
-    size_t k = 0;  /* the bytes of the whole result */
-    int url = 0;   /* in a URL: from its "://" to white space or ',' (a spec's next option) */
-    int param = 0; /* at the start of a query parameter of that URL */
-    while (*s) {
-        if (s[0] == ':' && s[1] == '/' && s[2] == '/') { /* copy "://", skip any user info */
-            for (int i = 0; i < 3; i++)
-                put(out, n, &k, *s++);
-            /* curl's host starts after the authority's LAST '@' (a password may hold one) */
-            size_t auth = strcspn(s, "/?#");
-            const char *at = NULL;
-            for (size_t i = 0; i < auth; i++)
-                if (s[i] == '@')
-                    at = s + i;
-            if (at)
-                s = at + 1;
-            url = 1, param = 0;
-            continue;
-        }
-        if (url && (*s == ',' || isspace((unsigned char)*s))) {
-            url = param = 0;
-        } else if (url && (*s == '?' || *s == '&')) {
-            param = 1;
-        } else if (url && *s == '#') {
-            param = 0;
-        } else if (param) { /* a parameter's name: its value kept, or "***" for a secret */
-            param = 0;
-            size_t key = strcspn(s, "=&#, \t\r\n");
-            if (s[key] == '=' && secret_param(s, key)) {
-                for (size_t i = 0; i <= key; i++)
-                    put(out, n, &k, *s++);
-                s += strcspn(s, "&#, \t\r\n");
-                for (int i = 0; i < 3; i++)
-                    put(out, n, &k, '*');
-                continue;
-            }
-        }
-        put(out, n, &k, *s++);
-    }
-    if (n)
-        out[k < n ? k : n - 1] = 0;
-    return k;
 }
 
 void stoke__remote_file_free(stoke__remote_file *f)
@@ -443,40 +357,6 @@ oom:
 
 /* ---- one read ----------------------------------------------------------------------------- */
 
-/* The bytes of a name in an echoed request or a URL's query (letters, digits, '-', '_', '.'). */
-#define NAME_CHARS      "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_."
-
-/* Masks, in place, the values that an error body echoing the request (a debug endpoint, a
- * proxy's page) would show of its credentials: after a name that holds one (secret_name: an
- * Authorization header, a signature, token, secret, password or key, Azure's sig, a cookie),
- * quoted or not, and its ':' or '=', the value up to a quote or a ',', ';', '&', '<', '}' or
- * the line's end is "***" (a cookie's up to a quote, a '<' or the line's end: all its pairs). */
-static void mask_secrets(char *s)
-{
-    for (char *p = s; *p;) {
-        size_t len = strspn(p, NAME_CHARS);
-        if (len == 0) {
-            p++;
-            continue;
-        }
-        char *v = p + len;
-        v += strspn(v, "\"'");
-        if ((*v != ':' && *v != '=') || !secret_name(p, len, 1)) {
-            p += len;
-            continue;
-        }
-        int cookie = len >= 6 && strncasecmp(p + len - 6, "cookie", 6) == 0;
-        v += 1 + strspn(v + 1, " \t\"'");
-        size_t vlen = strcspn(v, cookie ? "\"'<\r\n" : "\"',;&<}\r\n");
-        if (vlen > 3) {
-            memcpy(v, "***", 3);
-            memmove(v + 3, v + vlen, strlen(v + vlen) + 1);
-            vlen = 3;
-        }
-        p = v + vlen;
-    }
-}
-
 /* The S3 error's <Code> and <Message>, an HTML page's <title>, or the start of any other body,
  * into out (": text"; "" when there is none). */
 static void error_text_raw(const xfer *x, char *out, size_t n)
@@ -511,7 +391,7 @@ static void error_text_raw(const xfer *x, char *out, size_t n)
 static void error_text(const xfer *x, char *out, size_t n)
 {
     error_text_raw(x, out, n);
-    mask_secrets(out);
+    stoke__remote_mask_secrets(out);
 }
 
 static int retryable_curl(CURLcode c)

@@ -31,9 +31,15 @@ int stoke__remote_is_url(const char *path);
  * "user:password@" (up to the authority's last '@', as curl reads it), and the values of its
  * URLs' secret query parameters (a presigned URL's X-Amz-Signature, X-Amz-Credential,
  * X-Amz-Security-Token, ...; any named *signature, *credential, *token, *secret, *password,
- * sig or key) replaced by "***".  A URL ends at white space or ','.  Returns the length of the
- * whole result (as snprintf).  Thread-safe. */
+ * sig, key, apikey or AWSAccessKeyId, or whose last part after '-', '_' or '.' is one of these
+ * four: x-api-key) replaced by "***".  remote_redact.c.  A URL ends at white space or ','.  Returns
+ * the length of the whole result (as snprintf).  Thread-safe. */
 size_t stoke__remote_redact(char *out, size_t n, const char *s);
+
+/* Masks, in place, the values an error body echoing a request shows of its credentials (after
+ * a name holding one, as stoke__remote_redact's parameters, or ending in authorization or
+ * cookie, and its ':' or '='): "***".  remote_redact.c. */
+void stoke__remote_mask_secrets(char *s);
 
 typedef struct stoke__remote_pool stoke__remote_pool;
 
@@ -183,10 +189,10 @@ int stoke__remote_read_each(stoke__remote_pool *p, int slot, stoke__remote_req *
  * file.  With STOKE_REMOTE_CONNECTIONS 0 or 1, one request (Range: bytes=0-).  Each chunk has
  * the retries of a read (a body cut short is continued by range from its first missing byte).
  * expect: the size the file must have, 0 when not known.  Bytes past expect, else past most
- * (0: what fd's file system has free when it starts, less a hundredth of it) are never written: an answer longer
- * than that (a 200 that never ends, a header that says more) is STOKE_EIO, "the file is longer
- * than the N bytes this download may take (most_why)", not retried.  Returns 0 with *size = the
- * bytes written, which are the file's size as the server said it (Content-Range, or the
+ * (0: what fd's file system has free when it starts, less a hundredth of it) are never written: an
+ * answer longer than that (a 200 that never ends, a header that says more) is STOKE_EIO, "the file
+ * is longer than the N bytes this download may take (most_why)", not retried.  Returns 0 with *size
+ * = the bytes written, which are the file's size as the server said it (Content-Range, or the
  * length of a 200's body) and `expect` when given; errors as stoke__remote_read, and
  * STOKE_EIO when the size differs ("the file is N bytes, M came") or a write to fd failed.
  * Writes nothing past the file's size; fd's size is the caller's.  seen (may be NULL): raised
