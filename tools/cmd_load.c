@@ -443,32 +443,23 @@ static int take_batch(load_run *r, stoke_batch *b)
     return rc;
 }
 
-/* Ctrl-C while the progress bar is drawn: ends its line, then dies of the signal as before
- * (the shell's prompt went on after the bar). */
-static void bar_interrupted(int sig)
-{
-    static const char nl = '\n';
-    ssize_t w = write(2, &nl, 1);
-    (void)w;
-    signal(sig, SIG_DFL);
-    raise(sig);
-}
-
-/* With --json, SIGINT and SIGTERM (when not ignored) print the failure's object before the
- * process dies of the signal, as every failure does (stdout was empty: a harness parsing it got
- * no JSON); made before the run, written by the handler (write() only). */
+/* Ctrl-C while the progress bar is drawn ends its line (the shell's prompt went on after the
+ * bar); with --json, SIGINT and SIGTERM (when not ignored) print the failure's object, as every
+ * failure does (stdout was empty: a harness parsing it got no JSON), made before the run and
+ * written here (write() only).  Then the process dies of the signal as before. */
 static char json_on_sig[2][1200];
+static volatile sig_atomic_t json_on;       /* --json: the object is written */
 static volatile sig_atomic_t json_printing; /* the summary is being printed: nothing more */
-static volatile sig_atomic_t json_bar;      /* the progress bar is drawn: its line ended first */
+static volatile sig_atomic_t bar_drawn;     /* the progress bar is drawn: its line ended first */
 
-static void json_interrupted(int sig)
+static void interrupted(int sig)
 {
-    if (json_bar) {
+    if (bar_drawn) {
         static const char nl = '\n';
         ssize_t w = write(2, &nl, 1);
         (void)w;
     }
-    if (!json_printing) {
+    if (json_on && !json_printing) {
         const char *s = json_on_sig[sig == SIGTERM];
         for (size_t n = strlen(s), k = 0; k < n;) {
             ssize_t w = write(1, s + k, n - k);
@@ -483,6 +474,7 @@ static void json_interrupted(int sig)
 
 static void json_hook_signals(const load_args *a)
 {
+    json_on = 1;
     static const int sigs[2] = {SIGINT, SIGTERM};
     for (int i = 0; i < 2; i++) {
         FILE *f = fmemopen(json_on_sig[i], sizeof(json_on_sig[i]) - 1, "w");
@@ -497,7 +489,7 @@ static void json_hook_signals(const load_args *a)
         fputs("}\n", f);
         int bad = ferror(f) || ftell(f) >= (long)sizeof(json_on_sig[i]) - 2;
         fclose(f);
-        struct sigaction old, on = {.sa_handler = json_interrupted};
+        struct sigaction old, on = {.sa_handler = interrupted};
         if (!bad && sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler == SIG_DFL)
             sigaction(sigs[i], &on, NULL);
     }
@@ -507,7 +499,7 @@ static void json_hook_signals(const load_args *a)
 static void timed_pass(load_run *r)
 {
     uint64_t last_bar = 0;
-    struct sigaction old, on_int = {.sa_handler = bar_interrupted};
+    struct sigaction old, on_int = {.sa_handler = interrupted};
     int hooked = r->bar && !r->a->cmd.json && sigaction(SIGINT, NULL, &old) == 0 &&
                  old.sa_handler == SIG_DFL && sigaction(SIGINT, &on_int, NULL) == 0;
     r->t0 = cmd_load_now_ns();
@@ -793,7 +785,7 @@ int cmd_load(int argc, char **argv)
         json_hook_signals(&a);
     status = open_loader(&a, &r);
     if (status == 0) {
-        json_bar = r.bar;
+        bar_drawn = r.bar;
         timed_pass(&r);
         if (!r.status && a.hash && !a.device && !r.seen.lost)
             cmd_load_hash_pass(&r);
