@@ -30,6 +30,10 @@ static struct {
 } kept[KEEP_MAPS];
 static size_t kept_bytes;
 
+/* The PinnedBuffers alive and their bytes (under the GIL): PinnedBuffer.held(), with which the
+ * tests see what a kept part of a batch keeps (a label's copy, not the whole batch's). */
+static Py_ssize_t live_count, live_bytes;
+
 static size_t map_size(Py_ssize_t n)
 {
     return ((size_t)n + 4095) & ~(size_t)4095;
@@ -111,6 +115,8 @@ static PyObject *pinbuf_new(PyTypeObject *type, PyObject *args, PyObject *kw)
             return PyErr_NoMemory();
         }
     }
+    live_count++;
+    live_bytes += n;
     stoke_py_flush_warnings();
     return (PyObject *)self;
 }
@@ -124,6 +130,10 @@ static void pinbuf_dealloc(PyObject *obj)
         free(self->p);
     else if (self->p)
         stoke_pinned_free(self->p);
+    if (self->p) {
+        live_count--;
+        live_bytes -= self->n;
+    }
     Py_TYPE(obj)->tp_free(obj);
 }
 
@@ -150,6 +160,18 @@ static PyGetSetDef pinbuf_getset[] = {
     {"pinned", pinbuf_get_pinned, NULL, "Whether the memory is pinned (else ordinary).", NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
+static PyObject *pinbuf_held(PyObject *unused, PyObject *noargs)
+{
+    (void)unused;
+    (void)noargs;
+    return Py_BuildValue("(nn)", live_count, live_bytes);
+}
+
+static PyMethodDef pinbuf_methods[] = {
+    {"held", pinbuf_held, METH_NOARGS | METH_STATIC,
+     "held() -> (count, nbytes): the PinnedBuffers alive in this process and their bytes."},
+    {NULL, NULL, 0, NULL}};
+
 static PySequenceMethods pinbuf_as_sequence = {.sq_length = pinbuf_len};
 
 PyTypeObject StokePinBuf_Type = {
@@ -163,4 +185,5 @@ PyTypeObject StokePinBuf_Type = {
     .tp_as_buffer = &pinbuf_as_buffer,
     .tp_as_sequence = &pinbuf_as_sequence,
     .tp_getset = pinbuf_getset,
+    .tp_methods = pinbuf_methods,
 };

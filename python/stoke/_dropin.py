@@ -204,9 +204,8 @@ class _SkeletonUnpickler(pickle.Unpickler):
 
 class _Builders:
     """The consumer's compiled skeletons, by their bytes: each a function (block view, table
-    offset) -> the batch, its tensors views of one tensor over the block (one storage a batch:
-    torch.frombuffer as the batch's one dtype, or as uint8 viewed once per dtype), made by
-    as_strided; its arrays np.frombuffer.
+    offset) -> the batch, each of its tensors torch.frombuffer of its own bytes of the block
+    (a storage of its own: _leaf_tensor), its arrays np.frombuffer.
     Compiled once per structure: the generated code names only its own locals, the table's
     entries and constants held in lists (dict keys, namedtuple types, dtypes), never text
     taken from the block."""
@@ -228,7 +227,6 @@ class _Builders:
     def compile(key):
         tmpl = _SkeletonUnpickler(io.BytesIO(key)).load()
         consts = []   # dict keys, namedtuple types, dtypes
-        views = {}    # torch dtype: the local name of the block's view as that dtype
         entries = 0
 
         def const(v):
@@ -247,14 +245,12 @@ class _Builders:
                 dt = getattr(torch, x.dtype, None)
                 if not isinstance(dt, torch.dtype):
                     raise pickle.UnpicklingError("stoke: a bad dtype in a batch: %r" % x.dtype)
-                v = views.get(dt)
-                if v is None:
-                    v = views[dt] = "V%d" % len(views)
-                strides = []
-                for k in range(x.ndim):
-                    strides.append("*".join(dims[k + 1:]) or "1")
-                stride = "(" + "".join(st + ", " for st in strides) + ")"
-                return "%s.as_strided(%s, %s, T[%d])" % (v, size, stride, j)
+                d = const(dt)
+                at = "T[%d] * %d" % (j, _itemsize(dt))  # (the table counts elements)
+                if not dims:
+                    return "FB(v, dtype=%s, count=1, offset=%s).view(())" % (d, at)
+                return "(FB(v, dtype=%s, count=n, offset=%s).view(%s) if (n := %s) else " \
+                       "EMPTY(%s, dtype=%s))" % (d, at, size, "*".join(dims), size, d)
             count = "*".join(dims) or "1"
             return "NPFB(v, dtype=%s, count=%s, offset=T[%d]).reshape(%s)" % (
                 const(np.dtype(x.dtype)), count, j, size)
@@ -274,26 +270,11 @@ class _Builders:
             raise pickle.UnpicklingError("stoke: a batch's skeleton holds a %s" % t.__name__)
 
         expr = gen(tmpl)
-        lines = ["def build(v, toff):", "    T = UNPACK(v, toff)"]
-        if len(views) == 1:  # the block as that dtype, directly (one storage all the same)
-            (dt, name), = views.items()
-            lines.append("    %s = FB(v, dtype=%s, count=len(v) // %d)"
-                         % (name, const(dt), _itemsize(dt)))
-        elif views:
-            lines.append("    u8 = FB(v, dtype=U8)")
-            lines.append("    n = len(v)")
-            for dt, name in views.items():
-                isz = _itemsize(dt)
-                if isz == 1:
-                    lines.append("    %s = u8.view(%s)" % (name, const(dt)))
-                else:
-                    lines.append("    %s = (u8 if n %% %d == 0 else u8[:n - n %% %d]).view(%s)"
-                                 % (name, isz, isz, const(dt)))
-        lines.append("    return " + expr)
+        lines = ["def build(v, toff):", "    T = UNPACK(v, toff)", "    return " + expr]
         ns = {"C": consts, "UNPACK": struct.Struct("<%dq" % entries).unpack_from,
               "NPFB": np.frombuffer if np is not None else None,
               "FB": torch.frombuffer if torch is not None else None,
-              "U8": torch.uint8 if torch is not None else None}
+              "EMPTY": torch.empty if torch is not None else None}
         exec(compile("\n".join(lines), "<stoke batch builder>", "exec"), ns)
         return ns["build"]
 
@@ -512,23 +493,33 @@ def _forget_oldest(live):
         pass
 
 
-def _load_live(x, u8, view):
+def _leaf_tensor(view, dtype, off, nbytes, shape):
+    """A tensor of a batch: torch.frombuffer of its own bytes of the block, a storage of its
+    own (as torch's batches: torch.save, pickle or a queue of one label carries the label,
+    not the block), which holds the view, which holds the batch."""
+    if nbytes == 0:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(view, dtype=dtype, count=nbytes // _itemsize(dtype),
+                            offset=off).view(shape)
+
+
+def _load_live(x, view):
     """A kept structure (_Block.shape) with each _Ref a tensor (array) viewing the block."""
     t = type(x)
     if t is _Ref:
         if x.kind == "t":
-            return u8[x.off:x.off + x.nbytes].view(x.dtype).view(x.shape)
+            return _leaf_tensor(view, x.dtype, x.off, x.nbytes, x.shape)
         return np.frombuffer(view, dtype=x.dtype, count=x.nbytes // x.dtype.itemsize,
                              offset=x.off).reshape(x.shape)
     if t in _PLAIN:
         return x
     if t is list:
-        return [_load_live(v, u8, view) for v in x]
+        return [_load_live(v, view) for v in x]
     if t is dict:
-        return {k: _load_live(v, u8, view) for k, v in x.items()}
+        return {k: _load_live(v, view) for k, v in x.items()}
     if t is tuple:
-        return tuple(_load_live(v, u8, view) for v in x)
-    return x.type(*(_load_live(v, u8, view) for v in x.items))  # _Named
+        return tuple(_load_live(v, view) for v in x)
+    return x.type(*(_load_live(v, view) for v in x.items))  # _Named
 
 
 class _BlockPickler(pickle.Pickler):
@@ -553,9 +544,8 @@ class _BlockPickler(pickle.Pickler):
 
 
 class _BlockUnpickler(pickle.Unpickler):
-    def __init__(self, f, u8, view):
+    def __init__(self, f, view):
         super().__init__(f)
-        self.u8 = u8
         self.view = view
 
     def persistent_load(self, pid):
@@ -565,7 +555,7 @@ class _BlockUnpickler(pickle.Unpickler):
             n = 1
             for d in shape:
                 n *= d
-            t = self.u8[off:off + n * _itemsize(dt)].view(dt).view(shape)
+            t = _leaf_tensor(self.view, dt, off, n * _itemsize(dt), shape)
             if len(pid) == 4:
                 return t
             cls, state, grad = pid[4:]
@@ -2048,21 +2038,20 @@ class _Writer:
     def load(self, view, pinned, head=None):
         """The batch in a block (view; head: its header, if read already): its skeleton's
         compiled builder run on its table (MAGIC_FAST), its structure unpickled, or the one
-        this process kept (MAGIC_LIVE), each tensor a view of the block (one uint8 tensor over
-        it: torch.frombuffer holds the view, which holds the batch)."""
+        this process kept (MAGIC_LIVE), each tensor its own bytes of the block (_leaf_tensor:
+        its storage holds the view, which holds the batch)."""
         magic, a, n, toff, entries = head or _HEAD(view, 0)
         if magic == MAGIC_FAST:
             out = self.builders.get(view, a, n)(view, toff)
         else:
-            u8 = torch.frombuffer(view, dtype=torch.uint8) if torch is not None else None
             if magic == MAGIC_LIVE:
                 shape = self.live.pop(a, _End) if self.live is not None else _End
                 if shape is _End:  # (a collate_fn may return None)
                     raise RuntimeError("stoke: a batch's structure is not kept in this process "
                                        "(token %d)" % a)
-                out = _load_live(shape, u8, view)
+                out = _load_live(shape, view)
             else:
-                out = _BlockUnpickler(io.BytesIO(view[a:a + n]), u8, view).load()
+                out = _BlockUnpickler(io.BytesIO(view[a:a + n]), view).load()
                 if torch is not None and getattr(torch._utils, "_sparse_tensors_to_validate",
                                                  None):
                     # as torch.load: a sparse tensor's unpickling keeps it in a list until it

@@ -6,9 +6,13 @@ collate_fn's tensor subclasses (torchvision's tv_tensors: a subclass with attrib
 nn.Parameters come back as themselves, requires_grad kept, not as plain tensors; a
 worker_init_fn's exception is raised as itself at every pass, not only the first (then a
 LoaderError without its type); a loop that keeps each batch's labels keeps only them, not a
-copy of each whole batch."""
+copy of each whole batch; one tensor of a batch saved, pickled or deep-copied carries itself,
+not the batch."""
+import copy
 import gc
+import io
 import os
+import pickle
 
 import stoke_testlib as T
 
@@ -148,16 +152,61 @@ for nw in WORKERS:
         labels.append(y)
         images.append(float(x[:, 1, 2, 3].sum()))  # (the copies' values: a mapping each)
     del x
-    own = [t.storage().nbytes() for t in labels]  # (torch 1.13: no untyped_storage)
     buffers = int(loader.stats()["buffers"])
+    del loader
+    gc.collect()
     # (the first labels view the loader's own buffers, until the caller holds all but one:
-    # each batch after is copied tensor by tensor; the whole block was copied, 432 KiB a label)
+    # each batch after is copied tensor by tensor, its label into 64 bytes of its own; the
+    # whole block was copied, 432 KiB a label)
+    held = stoke._stoke.PinnedBuffer.held()[1]
     T.check(images == [float(sum(range(4 * k, 4 * k + 4))) for k in range(16)],
             "num_workers=%d: the images %s" % (nw, images))
-    T.check(torch.cat(labels).tolist() == list(range(64)) and len(own) == 16
-            and all(n == 32 for n in own[buffers:]),
-            "num_workers=%d: the labels kept hold %s bytes (%d buffers)" % (nw, own, buffers))
-    del loader, labels
+    T.check(torch.cat(labels).tolist() == list(range(64)) and len(labels) == 16,
+            "num_workers=%d: the labels %s" % (nw, labels))
+    del labels
+    gc.collect()
+    kept = held - stoke._stoke.PinnedBuffer.held()[1]
+    T.check(0 < kept <= 64 * 16,
+            "num_workers=%d: the %d labels copied keep %d bytes" % (nw, 16 - buffers, kept))
+
+
+# --- one tensor of a batch saved, pickled or copied carries itself, not the batch ----------------
+# (every tensor of a batch viewed one storage, the block: torch.save of a 32-byte label wrote
+# the 432 KiB batch; torch's batches have a storage a tensor)
+class Batch:  # a custom batch type: its structure is pickled into the block
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+
+def as_dict(samples):  # a string field: the structure is kept (0 workers) or pickled
+    return {"x": torch.stack([x for x, _ in samples]), "y": torch.tensor([y for _, y in samples]),
+            "name": ["s%d" % y for _, y in samples]}
+
+
+def saved(t):
+    f = io.BytesIO()
+    torch.save(t, f)
+    return len(f.getvalue())
+
+
+for nw in WORKERS:
+    for how, kw, label in (
+            ("default_collate", {}, lambda b: b[1]),
+            ("a dict with strings", {"collate_fn": as_dict}, lambda b: b["y"]),
+            ("a custom batch type", {"collate_fn": lambda s: Batch(*list(as_dict(s).values())[:2])},
+             lambda b: b.y)):
+        what = "%s, num_workers=%d" % (how, nw)
+        for k, b in enumerate(stoke.DataLoader(Images(), batch_size=4, num_workers=nw, **kw)):
+            y = label(b)
+            want = list(range(4 * k, 4 * k + 4))
+            sizes = (saved(y), len(pickle.dumps(y)), saved(copy.deepcopy(y)))
+            T.check(y.tolist() == want and all(n < 2048 for n in sizes),
+                    "%s, batch %d: the label %s saved, pickled, deep-copied in %s bytes" % (
+                        what, k, y.tolist(), sizes))
+            if k == 2:
+                break
+        del b, y
+        gc.collect()
 
 
 # ... and samples that are no dense CPU tensors, held past the buffers (list(loader)): a sparse
