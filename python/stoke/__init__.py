@@ -17,6 +17,7 @@ import atexit as _atexit
 import json as _json
 import math as _math
 import os as _os
+import threading as _threading
 import warnings as _warnings
 from operator import index as _operator_index
 import weakref as _weakref
@@ -199,7 +200,7 @@ def _start_method(ctx):
     return get() if get else str(ctx)
 
 
-class DataLoader(_stoke.Loader):
+class _DataLoader(_stoke.Loader):
     """torch.utils.data.DataLoader's constructor and iteration, batches in pinned memory.
 
     dataset: a Python dataset (map-style: __len__ and __getitem__, optionally __getitems__;
@@ -238,6 +239,9 @@ class DataLoader(_stoke.Loader):
     # torch's flag (a subclass that sets it False to swap its batch_sampler, as timm's
     # MultiEpochsDataLoader does, sets this one)
     _DataLoader__initialized = False
+    # an attribute, as the others (torch's property, a base of DataLoader's, checks it
+    # against num_workers; stoke's constructor did)
+    multiprocessing_context = None
     # what torch refuses after construction (ValueError), and what it would use at the next
     # iter() but stoke's workers, started by the constructor, never see: refused too, not
     # silently ignored
@@ -248,10 +252,10 @@ class DataLoader(_stoke.Loader):
 
     def __setattr__(self, attr, val):
         if self._DataLoader__initialized:
-            if attr in DataLoader._FROZEN:
+            if attr in _DataLoader._FROZEN:
                 raise ValueError("%s attribute should not be set after %s is initialized"
                                  % (attr, type(self).__name__))
-            if attr in DataLoader._FIXED:
+            if attr in _DataLoader._FIXED:
                 raise ValueError(
                     "stoke: %s cannot be changed after the DataLoader is made (torch's would "
                     "use it from the next iter(); stoke's workers started with the "
@@ -884,6 +888,43 @@ class DataLoader(_stoke.Loader):
     def __repr__(self):
         return ("stoke.DataLoader(batch_size=%s, num_workers=%d, epoch=%d, rank=%d/%d)"
                 % (self.batch_size, self.num_workers, self.epoch, self.rank, self.world_size))
+
+
+_made_lock = _threading.Lock()
+
+
+def _make_dataloader():
+    """stoke.DataLoader: _DataLoader, and torch.utils.data.DataLoader too where torch imports,
+    so that isinstance(loader, torch.utils.data.DataLoader) is True, as the frameworks that
+    decide by it need: Lightning injects its DistributedSampler under DDP only into a
+    DataLoader (rebuilt as type(loader)(**its arguments, sampler=...)); passed through, each
+    rank loaded the whole dataset.  Made at first use (the module's __getattr__), so that
+    `import stoke` does not import torch (0.7 s) for a script that does not need it.  Every
+    method is _DataLoader's (first in the MRO); torch's left are its properties
+    _auto_collation and _index_sampler, which read the same attributes."""
+    with _made_lock:
+        cls = globals().get("DataLoader")
+        if cls is not None:
+            return cls
+        try:
+            from torch.utils.data import DataLoader as torch_loader
+            bases = (_DataLoader, torch_loader)
+        except ImportError:
+            bases = (_DataLoader,)
+        cls = type("DataLoader", bases, {"__module__": __name__, "__qualname__": "DataLoader",
+                                         "__doc__": _DataLoader.__doc__})
+        globals()["DataLoader"] = cls
+        return cls
+
+
+def __getattr__(name):
+    if name == "DataLoader":
+        return _make_dataloader()
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))
+
+
+def __dir__():
+    return sorted(set(globals()) | {"DataLoader"})
 
 
 class _Pass:

@@ -120,7 +120,9 @@ class DataLoader(Generic[_T_co]):
     """torch.utils.data.DataLoader's arguments (and behaviour) plus stoke's own keywords.
     A source string ("npy:...", "images:...", "tar:...", "synthetic:...") or a path yields
     stoke.Batch (or, with structure="list"/"dict", tensors); a Python dataset yields what
-    torch's DataLoader yields for it.  (Generic in the stub only: annotate a variable as
+    torch's DataLoader yields for it.  Where torch imports, a subclass of
+    torch.utils.data.DataLoader too (isinstance() is True; not declared here, so that this
+    stub needs no torch).  (Generic in the stub only: annotate a variable as
     "stoke.DataLoader[stoke.Batch]" in quotes or under `from __future__ import annotations`.)"""
 
     dataset: Any
@@ -229,6 +231,8 @@ class DataLoader(Generic[_T_co]):
     def pinned_backend(self) -> str | None: ...
     @property
     def dataset_len(self) -> int | None: ...
+    # torch's (its base): warns when num_workers exceeds the CPUs this process may use
+    def check_worker_number_rationality(self) -> None: ...
 
 
 class _BackendInfo(TypedDict):
