@@ -43,6 +43,7 @@ import random
 import re
 import select
 import signal
+import socket
 import struct
 import sys
 import threading
@@ -68,6 +69,8 @@ MAGIC_OVER = 0x3142564F4F5453  # "STOOVB1": the batch did not fit; bytes needed 
 MAGIC_END = 0x3142444E4F5453   # "STONDB1": this worker's iterator is exhausted; its id follows
 MAGIC_LIVE = 0x31424C4F4F5453  # "STOOLB1": a batch whose structure this process keeps (token, end)
 MAGIC_FAST = 0x3142534B4F5453  # "STOKSB1": a batch as a skeleton and a table of its leaves
+MAGIC_SPILL = 0x3142494C505354  # "TSPLIB1": the batch outgrew its block: made in memory of its
+#                                 own (_Writer.spill); pid, bytes, seq follow
 
 
 _HEAD = struct.Struct("<QQQQQ").unpack_from  # a block's header: magic and 4 words
@@ -77,6 +80,17 @@ def _close_fds(*fds):
     for fd in fds:
         if fd >= 0:
             os.close(fd)
+
+
+def _close_spills(spills, *socks):
+    """A writer's end: the memfds received and not mapped (batches never decoded), its
+    sockets (those in flight go with them)."""
+    for v in spills.values():
+        if type(v) is int:
+            os.close(v)
+    spills.clear()
+    for sock in socks:
+        sock.close()
 
 
 class _Deleted:
@@ -133,10 +147,34 @@ class _Overflow(Exception):
     def __init__(self, need):
         super().__init__(need)
         self.need = need
+        self.out = _NOTHING  # the collate_fn's output that did not fit (made once: spill)
+
+
+_NOTHING = object()
+_SPILL = struct.Struct("<QqQQ")  # MAGIC_SPILL, pid, bytes, seq
+_SPILL_MSG = struct.Struct("<qQ")  # a spill's memfd's message: pid, seq
 
 
 def _align(n):
     return (n + 63) & ~63
+
+
+def _finish_keeping(block, out):
+    """block.finish(out); an _Overflow carries out, so that spill() does not make it again."""
+    try:
+        return block.finish(out)
+    except _Overflow as o:
+        o.out = out
+        raise
+
+
+def _map_spill(fd, nbytes):
+    """A worker process's spilled batch (its memfd, received), mapped copy-on-write."""
+    try:
+        return memoryview(mmap.mmap(fd, nbytes, flags=mmap.MAP_PRIVATE,
+                                    prot=mmap.PROT_READ | mmap.PROT_WRITE))
+    finally:
+        os.close(fd)
 
 
 _ITEMSIZE = {}
@@ -1251,6 +1289,18 @@ class _Writer:
         self.iter_lock = threading.Lock()
         self.fill_lock = threading.Lock()
         self.warned_over = False
+        # batches that outgrew their block, each made in memory of its own (spill): (pid,
+        # seq) -> its view (made in this process) or its memfd (received from a worker
+        # process through the socket pair made before the fork)
+        self.spills = {}
+        self.spill_seq = 0
+        self.spill_lock = threading.Lock()
+        self.spill_rx, self.spill_tx = (socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+                                        if processes else (None, None))
+        if processes:
+            for sock in (self.spill_rx, self.spill_tx):
+                sock.setblocking(False)  # (Python 3.11's send_fds and recv_fds drop flags=)
+            weakref.finalize(self, _close_spills, self.spills, self.spill_rx, self.spill_tx)
         self.warned_copy = False
         self.interrupt = None     # a fill's KeyboardInterrupt or SystemExit (interrupted())
         self.kept_errors = {}     # exceptions too long for a mailbox, made here (keep_error)
@@ -1462,6 +1512,7 @@ class _Writer:
                     # the loader abandoned the run (no fill is in progress: it waits for them
                     # before this hook): the batches made and never decoded never will be
                     self.live.clear()
+                self.drop_spills()
                 self.plan.mail_clear()
                 self.kept_errors.clear()
                 # (no worker makes a batch during this hook)
@@ -1718,9 +1769,9 @@ class _Writer:
                 outs.append(o)
             return block.finish(outs)
         if self.collate_fn is not None:
-            return block.finish(self.collate(samples))
+            return _finish_keeping(block, self.collate(samples))
         if self.batch_size is None and self.batch_sampler is None:
-            return block.finish(_convert(samples[0]))
+            return _finish_keeping(block, _convert(samples[0]))
         return block.finish(self.collator(block, samples))
 
     def fill(self, i, worker, view):
@@ -1761,15 +1812,19 @@ class _Writer:
                 return self.fill_kept(k, i, worker, view)
             self.live.pop(k.token, None)
         where = [None]
-        indices = None
+        indices = samples = None
         try:
             indices = self.plan.batch(i).tolist()
             block = _Block(view, self.live, self.fast)
             samples = self.fetch(indices, where, block)
             return self.write(block, samples, indices)
         except _Overflow as o:
-            struct.pack_into("<QQ", view, 0, MAGIC_OVER, o.need)
-            return 16
+            block = None
+            if samples is None:  # (samples streamed into the block outgrew it: fetched again)
+                return self.spill_or_fail(i, worker, view, o, where, lambda blk: self.write(
+                    blk, self.fetch(indices, where, blk), indices))
+            return self.spill_or_fail(i, worker, view, o, where,
+                                      lambda blk: self.write(blk, samples, indices))
         except _Abandoned:
             return "its run was abandoned"  # (pyw_get: STOKE_ECANCELED)
         except Exception as e:  # noqa: BLE001 - the consumer re-raises it
@@ -1797,6 +1852,97 @@ class _Writer:
         view[:k.used] = k.block.view[:k.used]
         return k.used
 
+    def spill(self, view, over, make):
+        """A batch that outgrew its block (over: the _Overflow), made again in memory of its
+        own, sized from what it needed (doubled until it fits), and sent as a MAGIC_SPILL
+        header in the block: torch's workers make a batch of any size.  The samples are not
+        fetched again (they were, in the caller's process, outside the workers: each twice,
+        get_worker_info() None there), nor the collate_fn's output made again (over.out).  A
+        worker process's is a memfd sent to the consumer over the socket pair (SCM_RIGHTS: in
+        flight, it outlives this process) and closed here; one of this process's own, a
+        private mapping handed over in self.spills."""
+        if over.out is not _NOTHING:
+            out = over.out
+            make = lambda blk: blk.finish(out)  # noqa: E731
+        shared = self.worker >= 0
+        size = _align(over.need) * 2 + (1 << 20)
+        while True:
+            fd = os.memfd_create("stoke-batch", os.MFD_CLOEXEC) if shared else -1
+            try:
+                if shared:
+                    os.ftruncate(fd, size)
+                mm = mmap.mmap(fd, size) if shared else mmap.mmap(-1, size,
+                                                                  flags=mmap.MAP_PRIVATE)
+                used = make(_Block(memoryview(mm), self.live, self.fast))
+                with self.spill_lock:
+                    self.spill_seq = seq = self.spill_seq + 1
+                    if not shared:
+                        self.spills[(os.getpid(), seq)] = memoryview(mm)
+                if shared:
+                    self.send_spill(fd, seq)
+            except _Overflow as o:
+                size = _align(o.need) * 2
+                continue
+            finally:
+                if shared:
+                    os.close(fd)
+            break
+        _SPILL.pack_into(view, 0, MAGIC_SPILL, os.getpid(), used, seq)
+        return _SPILL.size
+
+    def send_spill(self, fd, seq):
+        """fd to the consumer; the socket's queue full (10 datagrams: the consumer reads one
+        only when it reaches its batch), again every millisecond until it is read or the
+        batch is not wanted any more (the consumer waits for this fill to end the pass)."""
+        msg = _SPILL_MSG.pack(os.getpid(), seq)
+        while True:
+            try:
+                socket.send_fds(self.spill_tx, [msg], [fd])
+                return
+            except BlockingIOError:
+                if _stoke._abandoned():
+                    raise _Abandoned() from None
+                time.sleep(0.001)
+
+    def recv_spill(self, key):
+        """The consumer: the memfd of spill key (pid, seq), from the socket (those before it,
+        of batches later in the order, kept in self.spills); None if it never came."""
+        with self.spill_lock:
+            while key not in self.spills:
+                try:
+                    msg, fds, _, _ = socket.recv_fds(self.spill_rx, _SPILL_MSG.size, 1)
+                except BlockingIOError:
+                    return None
+                if fds:
+                    self.spills[_SPILL_MSG.unpack(msg)] = fds[0]
+            return self.spills.pop(key)
+
+    def drop_spills(self):
+        """At a pass's start (no fill runs): the spills of batches never decoded."""
+        with self.spill_lock:
+            for v in self.spills.values():
+                if type(v) is int:
+                    os.close(v)
+            self.spills.clear()
+            while self.spill_rx is not None:
+                try:
+                    _, fds, _, _ = socket.recv_fds(self.spill_rx, _SPILL_MSG.size, 1)
+                except BlockingIOError:
+                    break
+                for fd in fds:
+                    os.close(fd)
+
+    def spill_or_fail(self, i, worker, view, over, where, make):
+        """spill(), its failures answered as a fill's."""
+        try:
+            return self.spill(view, over, make)
+        except _Abandoned:
+            return "its run was abandoned"
+        except Exception as e:  # noqa: BLE001 - the consumer re-raises it
+            return self.fail(i, worker, e, where[0])
+        except BaseException as e:  # noqa: BLE001 - Ctrl-C, sys.exit(): never a bad sample
+            return self.interrupted(e, where[0])
+
     def next_samples(self, key):
         """The next batch's samples from iterator `key` (this worker's own copy of the dataset
         iterated; threads share key 0), [] at its end or, with drop_last, at a short batch.
@@ -1823,9 +1969,9 @@ class _Writer:
     def write_samples(self, block, samples):
         """An iterable's batch into the block: collate_fn, default_convert or default_collate."""
         if self.collate_fn is not None:
-            return block.finish(self.collate(samples))
+            return _finish_keeping(block, self.collate(samples))
         if self.batch_size is None:
-            return block.finish(_convert(samples[0]))
+            return _finish_keeping(block, _convert(samples[0]))
         return block.finish(self.collator(block, samples))
 
     def collate(self, samples):
@@ -1841,6 +1987,7 @@ class _Writer:
 
     def next_fill(self, worker, view, i=-1):
         key = worker if self.worker >= 0 else 0  # threads share one iterator: each sample once
+        samples = None
         try:
             samples = self.next_samples(key)
             if not samples:
@@ -1849,8 +1996,9 @@ class _Writer:
         except _Abandoned:
             return "its run was abandoned"  # (pyw_get, pyw_next: STOKE_ECANCELED)
         except _Overflow as o:
-            return ("stoke: a batch of the iterable dataset needs %d bytes, its block holds %d: "
-                    "pass max_batch_bytes=%d or more" % (o.need, len(view), 2 * o.need))
+            r = self.spill_or_fail(i, worker, view, o, [None],
+                                   lambda blk: self.write_samples(blk, samples))
+            return (r, 0) if isinstance(r, int) else r
         except Exception as e:  # noqa: BLE001
             return self.fail(i, worker, e, None)
         except BaseException as e:  # noqa: BLE001 - Ctrl-C, sys.exit(): never a bad sample
@@ -2030,6 +2178,8 @@ class _Writer:
             return _End(a)
         if magic == MAGIC_OVER:
             return self.rebuild(b, a)
+        if magic == MAGIC_SPILL:
+            return self.take_spill(b, view)
         if magic != MAGIC_FAST and magic != MAGIC and magic != MAGIC_LIVE:
             raise RuntimeError("stoke: batch %d's block holds no batch (magic %#x)"
                                % (int(np.asarray(b.indices)[0]), magic))
@@ -2102,6 +2252,35 @@ class _Writer:
                           "further held batches are in ordinary memory", RuntimeWarning,
                           stacklevel=4)
         return buf
+
+    def take_spill(self, b, view):
+        """A batch its worker made in memory of its own (spill): its memfd received and mapped
+        (private), or this process's own taken; copied into pinned memory when the loader pins
+        (one warning naming the max_batch_bytes that keeps batches in their blocks)."""
+        _, pid, used, seq = _SPILL.unpack_from(view, 0)
+        i = int(np.asarray(b.indices)[0])
+        if not self.warned_over:
+            self.warned_over = True
+            warnings.warn("stoke: batch %d needs %d bytes, more than a block (%d): such batches "
+                          "are made by their worker in memory of their own and copied into "
+                          "the pinned memory here; pass max_batch_bytes=%d to keep them in "
+                          "the blocks" % (i, used, self.blob_bytes, 2 * used),
+                          RuntimeWarning, stacklevel=3)
+        if pid == os.getpid():
+            with self.spill_lock:
+                src = self.spills.pop((pid, seq))
+        else:
+            fd = self.recv_spill((pid, seq))
+            if fd is None:
+                raise RuntimeError("stoke: batch %d outgrew its block and its memory never "
+                                   "came from its worker process (pid %d)" % (i, pid))
+            src = _map_spill(fd, used)
+        if b.is_pinned:
+            buf = self._held_buffer(used, True)
+            dst = memoryview(buf).cast("B")
+            dst[:used] = src[:used]
+            return self.load(dst, buf.pinned)
+        return self.load(src, False)
 
     def rebuild(self, b, need):
         """A batch too large for its block: made again here, in ordinary memory."""

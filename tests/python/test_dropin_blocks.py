@@ -1,7 +1,9 @@
 """The drop-in's block sizing and source strings as torch's structure: a batch larger than its
-block (max_batch_bytes too small) is made again in the caller's process with one
-RuntimeWarning naming the size to pass, and equals torch's batch; structure="list"/"dict" give
-a source string's fields as tensors viewing the batch."""
+block (max_batch_bytes too small) is made once, by its worker, in memory of its own, with one
+RuntimeWarning naming the size to pass, and equals torch's batch (each sample fetched once, in
+a worker; the collate_fn called once; an IterableDataset's growing batches too); a worker gone
+before its spilled batch is read; structure="list"/"dict" give a source string's fields as
+tensors viewing the batch."""
 import warnings
 
 import stoke_testlib as T
@@ -24,7 +26,8 @@ def pad(batch):
     return torch.nn.utils.rnn.pad_sequence(batch, batch_first=True, padding_value=-1)
 
 
-ref = [b.clone() for b in torch.utils.data.DataLoader(Ragged(), batch_size=8, collate_fn=pad)]
+ref = ref_ragged = [b.clone() for b in torch.utils.data.DataLoader(Ragged(), batch_size=8,
+                                                                  collate_fn=pad)]
 for workers in (0, 2):
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
@@ -37,6 +40,180 @@ for workers in (0, 2):
     over = [str(x.message) for x in w if "more than a block" in str(x.message)]
     T.check(len(over) == 1 and "max_batch_bytes=" in over[0],
             "workers=%d: the oversize warning, once: %s" % (workers, over))
+
+
+# --- a batch that outgrows its block is made once, in its worker (spilled) ---------------------
+# (a map-style one was made again in the caller's process: each sample fetched twice, the
+# second time outside any worker; an IterableDataset's failed with a LoaderError)
+import gc  # noqa: E402
+import mmap  # noqa: E402
+import os  # noqa: E402
+import time  # noqa: E402
+
+PROCS = not os.environ.get("STOKE_PY_TSAN")  # (TSan: no worker processes running torch)
+WORKERS = (0, 2) if PROCS else (0,)
+
+
+class Counted:
+    """Images of 3x32x32 (12 KiB: a batch of 8 outgrows a 4 KiB block) whose fetches are
+    counted in shared memory, and where (1: a worker process, 2: the caller's)."""
+
+    def __init__(self, n):
+        self.n = n
+        self.mm = mmap.mmap(-1, 16 * n)  # (shared with the forked workers)
+        self.counts = np.frombuffer(self.mm, dtype=np.int64, count=n)
+        self.where = np.frombuffer(self.mm, dtype=np.int64, count=n, offset=8 * n)
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        self.counts[i] += 1
+        self.where[i] = 1 if torch.utils.data.get_worker_info() is not None else 2
+        return torch.full((3, 32, 32), float(i)), i
+
+
+collated = mmap.mmap(-1, 8 * 96)
+collate_calls = np.frombuffer(collated, dtype=np.int64)
+
+
+def counted_pad(batch):  # the user's collate_fn, its calls counted per batch
+    collate_calls[batch[0][1]] += 1
+    return torch.stack([x for x, _ in batch]), torch.tensor([y for _, y in batch])
+
+
+def memfds():
+    """The memfds of spilled batches open in this process and its descendants (a worker's is
+    sent to this process and closed; this process maps it and closes it)."""
+    kids = {os.getpid()}
+    for _ in range(3):  # (workers are the zygote's children)
+        for pid in os.listdir("/proc"):
+            try:
+                if pid.isdigit() and int(open("/proc/%s/stat" % pid).read().rsplit(")", 1)[1]
+                                         .split()[1]) in kids:
+                    kids.add(int(pid))
+            except OSError:
+                pass
+    n = 0
+    for pid in kids:
+        try:
+            for fd in os.listdir("/proc/%d/fd" % pid):
+                n += os.readlink("/proc/%d/fd/%s" % (pid, fd)).startswith("/memfd:stoke-batch")
+        except OSError:
+            pass
+    return n
+
+
+for workers in WORKERS:
+    for collate in (None, counted_pad):
+        what = "num_workers=%d collate_fn=%s" % (workers, collate and collate.__name__)
+        ds = Counted(96)
+        ref = [(x.clone(), y.clone()) for x, y in torch.utils.data.DataLoader(ds, batch_size=8)]
+        ds.counts[:] = 0
+        collate_calls[:] = 0
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            loader = stoke.DataLoader(ds, batch_size=8, num_workers=workers, collate_fn=collate,
+                                      max_batch_bytes=4096, persistent_workers=workers > 0)
+            for epoch in range(3):
+                got = [(x.clone(), y.clone()) for x, y in loader]
+                T.check(len(got) == 12 and all(torch.equal(a, c) and torch.equal(b, d)
+                                               for (a, b), (c, d) in zip(got, ref)),
+                        "%s epoch %d: the batches differ from torch's" % (what, epoch))
+                T.check(ds.counts.tolist() == [epoch + 1] * 96,
+                        "%s epoch %d: samples fetched %s times" % (what, epoch,
+                                                                   ds.counts.tolist()))
+                T.check(set(ds.where.tolist()) == {1 if workers else 2},
+                        "%s: samples fetched in %s (1: a worker, 2: the caller)" % (
+                            what, set(ds.where.tolist())))
+                if collate is not None:
+                    T.check(collate_calls[::8].tolist() == [epoch + 1] * 12,
+                            "%s: collate_fn called %s times a batch" % (
+                                what, collate_calls[::8].tolist()))
+                T.check(memfds() == 0, "%s epoch %d: %d spilled batches left open" % (
+                    what, epoch, memfds()))
+        over = [str(x.message) for x in w if "more than a block" in str(x.message)]
+        T.check(len(over) == 1 and "max_batch_bytes=" in over[0],
+                "%s: the oversize warning, once: %s" % (what, over))
+        del loader, got
+
+# a break leaves spilled batches made and never read: none stays open, at the next pass or
+# when the loader goes
+if PROCS:
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        loader = stoke.DataLoader(Counted(96), batch_size=8, num_workers=2, max_batch_bytes=4096)
+        for k in range(2):
+            for x, y in loader:
+                break
+            time.sleep(0.5)  # (the workers spill the next batches meanwhile)
+        del x, y
+        n = memfds()
+        del loader
+        gc.collect()
+    T.check(memfds() == 0, "after a break: %d spilled batches open, %d before the loader went"
+            % (memfds(), n))
+
+
+class Growing(torch.utils.data.IterableDataset):
+    """Rows of 1, 2, ... 64 int64 values (each worker its share): padded batches grow 60x."""
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        k, n = (info.id, info.num_workers) if info else (0, 1)
+        return (torch.arange(1 + i, dtype=torch.int64) for i in range(64) if i % n == k)
+
+
+def rows(batches):
+    return sorted(tuple(r.tolist()) for b in batches for r in b)
+
+
+for workers in WORKERS:
+    ref = rows(torch.utils.data.DataLoader(Growing(), batch_size=4, collate_fn=pad,
+                                           num_workers=workers))
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        got = rows(stoke.DataLoader(Growing(), batch_size=4, collate_fn=pad,
+                                    num_workers=workers))
+    T.check(got == ref and len(got) == 64, "IterableDataset, num_workers=%d: %d rows, torch's "
+            "%d, equal: %s" % (workers, len(got), len(ref), got == ref))
+
+# a worker killed after it spilled a batch, before the caller reads it: the batch comes (its
+# memory was sent, in flight, not held by the worker), and one it was making is made again (a
+# batch whose worker was killed is retried once)
+if PROCS:
+    from stoke import _dropin  # noqa: E402
+
+    def dead(pid):
+        try:
+            return open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()[0] in "ZX"
+        except OSError:
+            return True
+
+    killed = []
+    take = _dropin._Writer.take_spill
+
+    def kill_first(self, b, view):
+        pid = _dropin._SPILL.unpack_from(view, 0)[1]
+        if not killed:
+            killed.append(pid)
+            os.kill(pid, 9)
+            while not dead(pid):
+                time.sleep(0.01)
+        return take(self, b, view)
+
+    _dropin._Writer.take_spill = kill_first
+    try:
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            loader = stoke.DataLoader(Counted(48), batch_size=8, num_workers=2,
+                                      max_batch_bytes=4096)
+            got = [int(y[0]) for _, y in loader]
+    finally:
+        _dropin._Writer.take_spill = take
+    T.check(len(killed) == 1 and got == list(range(0, 48, 8)),
+            "a worker killed after it spilled: batches %s" % got)
+    del loader
 
 data, labels, dp, lp = T.make_npy(np, n=40, row_floats=12)
 for structure in ("list", "dict"):

@@ -7,6 +7,7 @@ pinned allocator's bytes (in use and registered) cover the held batches, nothing
 type's pin_memory() is called once per batch, as torch does when it pins."""
 import collections
 import gc
+import warnings
 
 import stoke_testlib as T
 
@@ -280,6 +281,33 @@ def memory_flat_over_epochs():
         gc.collect()
         use.append(pinned_bytes(stoke.pinned_stats()))
     T.check(use[3] <= use[1], "pinned bytes grow over epochs: %s" % use)
+
+
+@case
+def spilled_batches_pinned():
+    """A batch that outgrew its block (made by its worker in memory of its own) reaches the
+    caller in pinned memory, as every other: copied into stoke's pinned pool, no pageable
+    fallback, the values the dataset's."""
+    for workers in (0, 2):
+        what = "spilled batches workers=%d" % workers
+        before = stoke.pinned_stats()
+        loader = L.Loader(Samples(), batch_size=8, num_workers=workers, pin_memory=True,
+                          max_batch_bytes=4096)
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            for k, (x, y, z) in enumerate(loader):
+                held = stoke._stoke.PinnedBuffer.held()[1]
+                T.check(y.tolist() == list(range(8 * k, 8 * k + 8))
+                        and int(x[0, 0, 0, 0]) == 8 * k, "%s: batch %d" % (what, k))
+                check_one_block([x, y, z], "%s batch %d" % (what, k))
+                T.check(held >= x.numel() * 4, "%s batch %d: %d bytes of pinned copies held" % (
+                    what, k, held))
+        T.check(k == 11 and any("more than a block" in str(m.message) for m in w),
+                "%s: %d batches, warnings %s" % (what, k + 1, [str(m.message) for m in w]))
+        T.check(stoke.pinned_stats()["pageable_fallbacks"] == before["pageable_fallbacks"],
+                "%s: pageable fallbacks" % what)
+        del loader, x, y, z
+        gc.collect()
 
 
 L.run_cases()
