@@ -199,6 +199,14 @@ class _Ref:
         self.kind, self.off, self.nbytes, self.dtype, self.shape = kind, off, nbytes, dtype, shape
 
 
+class _Opaque:
+    """A kept structure that is an object kept as it is (_Block.finish: it does not pickle)."""
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+
 class _Named:
     """A namedtuple of a kept structure: its type and its fields' structures."""
     __slots__ = ("type", "items")
@@ -401,14 +409,19 @@ class _Block:
             except _NotLive:
                 self.off = off  # (the pickle copies what it needs again)
             else:
-                token = next(_tokens)
-                self.live[token] = shape
-                if len(self.live) > _LIVE_MAX:  # batches made but never decoded (an epoch
-                    _forget_oldest(self.live)   # left mid-way): their structures go
-                struct.pack_into("<QQQ", self.view, 0, MAGIC_LIVE, token, self.off)
-                return self.off
+                return self.keep_live(shape)
         f = io.BytesIO()
-        _BlockPickler(f, self).dump(obj)
+        start = self.off
+        try:
+            _BlockPickler(f, self).dump(obj)
+        except (pickle.PicklingError, TypeError, AttributeError):
+            if self.live is None:
+                raise
+            # decoded in this process: an object that does not pickle (a lock, a local
+            # class) is kept as it is, as torch's num_workers=0 yields it (its tensors where
+            # the collate_fn made them)
+            self.off = start
+            return self.keep_live(_Opaque(obj))
         data = f.getbuffer()
         off = self.off
         if off + len(data) > self.cap:
@@ -417,6 +430,15 @@ class _Block:
         struct.pack_into("<QQQ", self.view, 0, MAGIC, off, len(data))
         self.pickled = len(data)
         return off + len(data)
+
+    def keep_live(self, shape):
+        """shape kept in self.live under a token the header holds (MAGIC_LIVE)."""
+        token = next(_tokens)
+        self.live[token] = shape
+        if len(self.live) > _LIVE_MAX:  # batches made but never decoded (an epoch left
+            _forget_oldest(self.live)   # mid-way): their structures go
+        struct.pack_into("<QQQ", self.view, 0, MAGIC_LIVE, token, self.off)
+        return self.off
 
     def finish_fast(self, obj):
         """finish() as MAGIC_FAST: the table of the leaves' offsets (in elements for a tensor,
@@ -551,6 +573,8 @@ def _load_live(x, view):
                              offset=x.off).reshape(x.shape)
     if t in _PLAIN:
         return x
+    if t is _Opaque:
+        return x.obj
     if t is list:
         return [_load_live(v, view) for v in x]
     if t is dict:

@@ -7,7 +7,8 @@ nn.Parameters come back as themselves, requires_grad kept, not as plain tensors;
 worker_init_fn's exception is raised as itself at every pass, not only the first (then a
 LoaderError without its type); a loop that keeps each batch's labels keeps only them, not a
 copy of each whole batch; one tensor of a batch saved, pickled or deep-copied carries itself,
-not the batch."""
+not the batch; with num_workers=0 a collate_fn's output that does not pickle is yielded as it
+is."""
 import copy
 import gc
 import io
@@ -207,6 +208,24 @@ for nw in WORKERS:
                 break
         del b, y
         gc.collect()
+
+
+# --- num_workers=0: a collate_fn's output that does not pickle is yielded as it is --------------
+# (it had to pickle: "TypeError: cannot pickle '_thread.lock' object"; torch's does not)
+class Locked:
+    def __init__(self, x):
+        self.x, self.lock = x, __import__("threading").Lock()
+
+
+def lock_collate(samples):
+    return Locked(torch.stack([x for x, _ in samples]))
+
+
+for cls in (TorchLoader, stoke.DataLoader):
+    got = [(type(b).__name__, b.x[:, 0, 0, 0].tolist(), type(b.lock).__name__)
+           for b in cls(Images(), batch_size=16, collate_fn=lock_collate)]
+    T.check(got == [("Locked", [float(i) for i in range(k, k + 16)], "lock")
+                    for k in range(0, 64, 16)], "%s: %s" % (cls.__module__, got))
 
 
 # ... and samples that are no dense CPU tensors, held past the buffers (list(loader)): a sparse
