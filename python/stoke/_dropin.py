@@ -1596,8 +1596,9 @@ class _Writer:
             return
         if self.shipped is not None and not _attrs_changed(self.shipped, self.dataset):
             return  # (the patch shipped last still holds: not pickled again each pass)
-        attrs = self.dataset.__dict__
-        patch = {k: attrs.get(k, _Deleted) for k in _attrs_changed(self.ds_ids, self.dataset)}
+        attrs = _attrs_of(self.dataset)
+        patch = {k: attrs.get(k, _Deleted)
+                 for k in _attrs_changed(self.ds_ids, self.dataset, attrs)}
         unsent = {}
         try:
             data = pickle.dumps(patch, pickle.HIGHEST_PROTOCOL) if patch else b""
@@ -1637,17 +1638,23 @@ class _Writer:
                 "sized for them): make a new DataLoader")
         self.tensors = ts
 
-    def apply_changes(self, attrs):
+    def apply_changes(self):
         """A worker process: the attributes the consumer shipped (ship_changes) set on its
-        dataset's `attrs` (its __dict__, as a fork would have them: no __setattr__ runs)."""
+        dataset (in its __dict__, as a fork would have them: no __setattr__ runs), and on the
+        datasets in it ("dataset.scale": a Subset's dataset's), a dataset replaced before the
+        attributes of the new one."""
         data = self.plan.patch()
         if not data:
             return
         for k, v in pickle.loads(data).items():
+            obj, name = _owner(self.dataset, k)
+            attrs = getattr(obj, "__dict__", None)
+            if type(attrs) is not dict:
+                continue
             if v is _Deleted:
-                attrs.pop(k, None)
+                attrs.pop(name, None)
             else:
-                attrs[k] = v
+                attrs[name] = v
 
     def fork_child(self, worker):
         self.worker = worker
@@ -1688,21 +1695,23 @@ class _Writer:
         dataset.start/end in worker_init_fn: narrowed again, pass 2 lost half of the samples
         and pass 3 more).  The first pass keeps the dataset's attributes (a shallow copy of its
         __dict__: the dataset itself is not copied, which for an array or a memmap would copy
-        its data, and for a list touch every element's page); each later one sets them back
-        (objects changed in place stay changed; a dataset without a __dict__ has none set).
+        its data, and for a list touch every element's page), and those of the datasets in it
+        (_watched); each later one sets them back (objects changed in place stay changed; a
+        dataset without a __dict__ has none set).
         Then, at every pass (the first alone with persistent workers), the attributes the
         consumer set since the fork (apply_changes): the dataset as torch's new worker has it."""
-        attrs = getattr(self.dataset, "__dict__", None)
-        if type(attrs) is not dict:
+        if type(getattr(self.dataset, "__dict__", None)) is not dict:
             return
         if first:
-            self.dataset0 = dict(attrs)
+            self.dataset0 = [(obj, dict(obj.__dict__)) for _, obj in _watched(self.dataset)
+                             if type(getattr(obj, "__dict__", None)) is dict]
         else:
-            attrs.clear()
-            attrs.update(self.dataset0)
+            for obj, attrs in self.dataset0:
+                obj.__dict__.clear()
+                obj.__dict__.update(attrs)
             with self.iter_lock:
                 self.iters.clear()
-        self.apply_changes(attrs)
+        self.apply_changes()
 
     # -- making a batch --
 
@@ -2526,14 +2535,61 @@ def _tensor_rows(dataset):
 _SCALARS = (int, float, complex, bool, str, bytes, type(None))
 
 
+_NEST_DEPTH = 4    # datasets inside datasets watched (a Subset's .dataset, ConcatDataset's)
+_NEST_LIST = 1024  # a list longer than this is not looked into for datasets
+
+
+def _watched(ds):
+    """[(prefix, obj)]: the dataset ("") and the torch Datasets inside it, each with the
+    dotted path of its attributes ("dataset." for a Subset's, "datasets.1." for a
+    ConcatDataset's second), as far as _NEST_DEPTH; each object once."""
+    out, seen = [("", ds)], {id(ds)}
+    base = getattr(getattr(torch, "utils", None), "data", None) if torch is not None else None
+    base = getattr(base, "Dataset", None)
+    k = 0
+    while base is not None and k < len(out):
+        prefix, obj = out[k]
+        k += 1
+        attrs = getattr(obj, "__dict__", None)
+        if type(attrs) is not dict or prefix.count(".") >= _NEST_DEPTH:
+            continue
+        for name, v in attrs.items():
+            if type(v) in (list, tuple) and 0 < len(v) <= _NEST_LIST and isinstance(v[0], base):
+                items = [("%s%s.%d." % (prefix, name, j), e) for j, e in enumerate(v)]
+            elif isinstance(v, base):
+                items = [("%s%s." % (prefix, name), v)]
+            else:
+                continue
+            for p, e in items:
+                if id(e) not in seen and isinstance(e, base):
+                    seen.add(id(e))
+                    out.append((p, e))
+    return out
+
+
+def _attrs_of(ds):
+    """{dotted name: value} of the instance attributes of the dataset and the datasets in it
+    (_watched); None when the dataset has no __dict__."""
+    if type(getattr(ds, "__dict__", None)) is not dict:
+        return None
+    out = {}
+    for prefix, obj in _watched(ds):
+        attrs = getattr(obj, "__dict__", None)
+        if type(attrs) is dict:
+            for k, v in attrs.items():
+                out[prefix + k] = v
+    return out
+
+
 def _attr_ids(obj):
-    """What obj's instance attributes are, to tell later which were set anew (_attrs_changed):
-    {name: (kind, what)}, by value for a number or a short string, by a weak reference where
-    the object takes one, else by id() (a list, a dict, a tuple); None when obj has no
-    __dict__.  Never the objects themselves: holding one would keep a replaced array alive.
-    (Ids alone missed a value set twice, the second at the address the first one freed.)"""
-    attrs = getattr(obj, "__dict__", None)
-    if type(attrs) is not dict:
+    """What obj's instance attributes are, and those of the datasets in it ("dataset.scale"
+    for a Subset's: _watched), to tell later which were set anew (_attrs_changed): {name:
+    (kind, what)}, by value for a number or a short string, by a weak reference where the
+    object takes one, else by id() (a list, a dict, a tuple); None when obj has no __dict__.
+    Never the objects themselves: holding one would keep a replaced array alive.  (Ids alone
+    missed a value set twice, the second at the address the first one freed.)"""
+    attrs = _attrs_of(obj)
+    if attrs is None:
         return None
     out = {}
     for k, v in attrs.items():
@@ -2547,10 +2603,11 @@ def _attr_ids(obj):
     return out
 
 
-def _attrs_changed(was, obj):
-    """The names of obj's attributes set (or deleted) since _attr_ids(obj) gave `was`."""
-    attrs = getattr(obj, "__dict__", None)
-    if type(attrs) is not dict:
+def _attrs_changed(was, obj, now=None):
+    """The names of obj's attributes (and its datasets': _attr_ids) set or deleted since
+    _attr_ids(obj) gave `was`.  now: _attrs_of(obj), if taken already."""
+    attrs = _attrs_of(obj) if now is None else now
+    if attrs is None:
         return []
     out = [k for k in was if k not in attrs]
     for k, v in attrs.items():
@@ -2563,7 +2620,19 @@ def _attrs_changed(was, obj):
             same = kind == 2 and id(v) == what
         if not same:
             out.append(k)
-    return sorted(out)
+    return sorted(out, key=lambda k: (k.count("."), k))  # (a dataset replaced before its own)
+
+
+def _owner(ds, name):
+    """(the object holding dotted attribute `name` of ds, the attribute's own name); None
+    where the path is gone."""
+    *path, last = name.split(".")
+    obj = ds
+    for step in path:
+        obj = obj[int(step)] if step.isdigit() else getattr(obj, "__dict__", {}).get(step)
+        if obj is None:
+            return None, last
+    return obj, last
 
 
 class _Kept:

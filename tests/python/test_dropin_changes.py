@@ -179,6 +179,55 @@ T.check(len(told) == 1 and "'scale'" in told[0] and "set_epoch()" in told[0],
         "after set_epoch: %s" % told)
 print("2. worker processes: the dataset's attributes set since the fork reach them")
 
+# -- 2b. ... and those of the datasets inside it: a Subset's dataset (random_split's), a
+# ConcatDataset's parts, one replaced by another (they were not seen: epoch 0's data) --
+from torch.utils.data import ConcatDataset, Subset  # noqa: E402
+
+
+def nested(make, change, n=3, **kw):
+    out = []
+    for cls in (TorchLoader, stoke.DataLoader):
+        ds = make()
+        dl = cls(ds, batch_size=2, **kw)
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            passes = []
+            for ep in range(n):
+                change(ds, ep)
+                passes.append(sorted(x for b in dl for x in b.tolist()))
+        out.append((passes, [str(x.message) for x in w if "changed after" in str(x.message)]))
+    return out
+
+
+def set_inner(ds, ep):
+    ds.dataset.scale = ep + 1
+
+
+def set_part(ds, ep):
+    ds.datasets[1].scale = 10 * (ep + 1)
+
+
+def swap_part(ds, ep):
+    if ep == 1:
+        ds.datasets = [ds.datasets[0], Scaled()]
+    if ep >= 1:
+        ds.datasets[1].scale = ep
+
+
+for kw in ({"num_workers": 2}, {"num_workers": 2, "persistent_workers": True},
+           {"num_workers": 0}):
+    for what, make, change in (
+            ("a Subset's dataset", lambda: Subset(Scaled(), [3, 1, 0]), set_inner),
+            ("a ConcatDataset's part", lambda: ConcatDataset([Scaled(), Scaled()]), set_part),
+            ("a ConcatDataset's part replaced", lambda: ConcatDataset([Scaled(), Scaled()]),
+             swap_part)):
+        (want, _), (got, told) = nested(make, change, **kw)
+        T.check(got == want and not told, "%s %s: stoke %s, torch %s, %s" % (
+            what, kw, got, want, told))
+(want, _), (got, _) = nested(lambda: Subset(Scaled(), [0, 1]), set_inner, num_workers=2)
+T.check(want == [[100, 101], [200, 201], [300, 301]], "a Subset's dataset, torch: %s" % want)
+print("2b. the datasets inside the dataset: their attributes set since the fork reach them")
+
 # -- 2c. a TensorDataset's tensors replaced (relabelling): served from the next pass, as torch's
 # (the tensors taken at construction were served: the old labels, silently) --
 from torch.utils.data import TensorDataset  # noqa: E402
