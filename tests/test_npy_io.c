@@ -620,6 +620,25 @@ static void test_spec_io(void **state)
     }
     assert_int_equal(stoke_source_open("npy:/x.npy,direct=yes", &ds), STOKE_EINVAL);
     assert_non_null(strstr(stoke_last_error(), "bad option 'direct=yes'"));
+    /* an option misspelt stays in the path (only known options end it): the file it names
+     * does not exist, and the message names the word, not only "cannot open"; a file whose
+     * name holds such a word opens */
+    char sp[700], want[700];
+    snprintf(sp, sizeof(sp), "npy:%s,batchy=3", p);
+    assert_int_equal(stoke_source_open(sp, &ds), STOKE_EINVAL);
+    snprintf(want, sizeof(want), "no file '%s,batchy=3', and 'batchy=3' is no npy: option", p);
+    if (!strstr(stoke_last_error(), want))
+        fail_msg("%s: %s", sp, stoke_last_error());
+    snprintf(sp, sizeof(sp), "npy:%s,labels=%s,lables", p, p);
+    assert_int_equal(stoke_source_open(sp, &ds), STOKE_EINVAL);
+    assert_non_null(strstr(stoke_last_error(), "'lables' is no npy: option"));
+    assert_int_equal(stoke_source_open("npy:/nonexistent-dir/x.npy", &ds), STOKE_ENOENT);
+    const char *odd = tmp("odd,seed=1.npy");
+    make_files(odd, NULL);
+    snprintf(sp, sizeof(sp), "npy:%s", odd);
+    if (stoke_source_open(sp, &ds) != STOKE_OK)
+        fail_msg("%s: %s", sp, stoke_last_error());
+    stoke_dataset_close(&ds);
     /* a direct mode out of range; an opts struct of the size before `direct` means auto */
     stoke_npy_opts bad;
     stoke_npy_opts_init(&bad);

@@ -1,6 +1,9 @@
 /* stoke_source_open: the spec strings of the built-in sources (grammar in sources.h). */
+#include <ctype.h>
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/env.h"
 #include "common/internal.h"
@@ -126,6 +129,28 @@ static int open_synthetic(const char *spec, const char *args, stoke_dataset *out
 
 static const char *const NPY_KEYS[] = {"labels=", "io=", "direct="};
 
+/* A local path that does not exist and holds ",word" or ",word=..." after its last '/': an
+ * option misspelt (",batchy=3", ",trian") that the parser, which takes only the options it
+ * knows, left in the path.  Fails with a message naming the word and the options of `kind`
+ * (the path's "cannot open" named a file nobody meant), and returns its status; 0 otherwise. */
+static int misspelt_option(const char *path, const char *kind, const char *known)
+{
+    if (strstr(path, "://") || access(path, F_OK) == 0 || errno != ENOENT)
+        return 0;
+    const char *base = strrchr(path, '/');
+    for (const char *c = strchr(base ? base : path, ','); c; c = strchr(c + 1, ',')) {
+        size_t n = 0;
+        while (isalpha((unsigned char)c[1 + n]) || c[1 + n] == '_')
+            n++;
+        if (n && (c[1 + n] == '=' || c[1 + n] == ',' || !c[1 + n]))
+            return stoke__fail(STOKE_EINVAL,
+                               "%s: no file '%s', and '%.*s' is no %s: option (%s): a "
+                               "misspelt option?",
+                               kind, path, (int)strcspn(c + 1, ","), c + 1, kind, known);
+    }
+    return 0;
+}
+
 /* Index of the first ',' in s that starts a known option, or strlen(s). */
 static size_t npy_path_len(const char *s)
 {
@@ -196,6 +221,10 @@ static int open_npy(const char *spec, const char *args, stoke_dataset *out)
         opt = next;
     }
     if (!rc)
+        rc = misspelt_option(buf, "npy", "labels=, io=, direct=");
+    if (!rc && o.labels_path)
+        rc = misspelt_option(o.labels_path, "npy", "labels=, io=, direct=");
+    if (!rc)
         rc = stoke_npy_open_opts(buf, &o, out);
 done:
     free(buf);
@@ -262,8 +291,12 @@ static int open_images(const char *spec, const char *args, stoke_dataset *out)
         memcpy(o.std, img.std, sizeof(o.std));
         o.seed = img.seed;
         o.max_decode_bytes = img.max_decode;
-        rc = stoke_images_open(buf, &o, out);
+        rc = misspelt_option(buf, "images",
+                             "size=, train, eval, layout=, dtype=, mean=, std=, seed=, "
+                             "max_decode_bytes=");
     }
+    if (!rc)
+        rc = stoke_images_open(buf, &o, out);
     free(buf);
     return rc;
 }
