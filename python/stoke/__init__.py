@@ -293,8 +293,16 @@ class _DataLoader(_stoke.Loader):
                         ("collate_fn", collate_fn), ("worker_init_fn", worker_init_fn),
                         ("pad", pad)):
             if v is not None:
+                hint = ""
+                if name == "sampler" and type(v).__name__ == "DistributedSampler":
+                    # (Lightning's DDP rebuild of a DataLoader: the source string shards
+                    # itself)
+                    hint = ("; for a split across ranks pass distributed=True (rank and "
+                            "world size from torchrun's variables), and under Lightning "
+                            "Trainer(use_distributed_sampler=False), which leaves the loader "
+                            "as it is")
                 raise TypeError("stoke: %s= applies to a Python dataset; a source string's "
-                                "samples are stoke's own (docs/python.md)" % name)
+                                "samples are stoke's own (docs/python.md)%s" % (name, hint))
         if batch_size is _UNSET:
             batch_size = 1
         if structure not in (None, "batch", "list", "dict"):
@@ -909,8 +917,8 @@ def _make_dataloader():
         try:
             from torch.utils.data import DataLoader as torch_loader
             bases = (_DataLoader, torch_loader)
-        except ImportError:
-            bases = (_DataLoader,)
+        except Exception:  # noqa: BLE001 - not installed, or a broken install (an OSError
+            bases = (_DataLoader,)  # of its libraries): a source string still loads
         cls = type("DataLoader", bases, {"__module__": __name__, "__qualname__": "DataLoader",
                                          "__doc__": _DataLoader.__doc__})
         globals()["DataLoader"] = cls

@@ -70,7 +70,7 @@ MAGIC_END = 0x3142444E4F5453   # "STONDB1": this worker's iterator is exhausted;
 MAGIC_LIVE = 0x31424C4F4F5453  # "STOOLB1": a batch whose structure this process keeps (token, end)
 MAGIC_FAST = 0x3142534B4F5453  # "STOKSB1": a batch as a skeleton and a table of its leaves
 MAGIC_SPILL = 0x3142494C505354  # "TSPLIB1": the batch outgrew its block: made in memory of its
-#                                 own (_Writer.spill); pid, bytes, seq follow
+#                                 own (_Writer.spill); pid, bytes, seq, worker follow
 
 
 _HEAD = struct.Struct("<QQQQQ").unpack_from  # a block's header: magic and 4 words
@@ -82,15 +82,16 @@ def _close_fds(*fds):
             os.close(fd)
 
 
-def _close_spills(spills, *socks):
+def _close_spills(spills, socks):
     """A writer's end: the memfds received and not mapped (batches never decoded), its
     sockets (those in flight go with them)."""
     for v in spills.values():
         if type(v) is int:
             os.close(v)
     spills.clear()
-    for sock in socks:
-        sock.close()
+    for pair in socks:
+        for sock in pair:
+            sock.close()
 
 
 class _Deleted:
@@ -151,7 +152,7 @@ class _Overflow(Exception):
 
 
 _NOTHING = object()
-_SPILL = struct.Struct("<QqQQ")  # MAGIC_SPILL, pid, bytes, seq
+_SPILL = struct.Struct("<QqQQq")  # MAGIC_SPILL, pid, bytes, seq, worker
 _SPILL_MSG = struct.Struct("<qQ")  # a spill's memfd's message: pid, seq
 
 
@@ -1315,16 +1316,19 @@ class _Writer:
         self.warned_over = False
         # batches that outgrew their block, each made in memory of its own (spill): (pid,
         # seq) -> its view (made in this process) or its memfd (received from a worker
-        # process through the socket pair made before the fork)
+        # process through its socket pair, made before the fork: one a worker, so that the
+        # memfd of the batch the consumer waits for is never behind those of later batches
+        # of other workers in a full queue, whose senders would wait for the consumer)
         self.spills = {}
         self.spill_seq = 0
         self.spill_lock = threading.Lock()
-        self.spill_rx, self.spill_tx = (socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
-                                        if processes else (None, None))
-        if processes:
-            for sock in (self.spill_rx, self.spill_tx):
+        self.spill_socks = [socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+                            for _ in range(num_workers if processes else 0)]
+        for pair in self.spill_socks:
+            for sock in pair:
                 sock.setblocking(False)  # (Python 3.11's send_fds and recv_fds drop flags=)
-            weakref.finalize(self, _close_spills, self.spills, self.spill_rx, self.spill_tx)
+        if self.spill_socks:
+            weakref.finalize(self, _close_spills, self.spills, self.spill_socks)
         self.warned_copy = False
         self.interrupt = None     # a fill's KeyboardInterrupt or SystemExit (interrupted())
         self.kept_errors = {}     # exceptions too long for a mailbox, made here (keep_error)
@@ -1767,7 +1771,11 @@ class _Writer:
         if type(x) is torch.Tensor:
             out = outs.get(path) if k else None
             if k == 0 and x.layout == torch.strided and x.device.type == "cpu":
-                out = outs[path] = block.tensor(x.dtype, (n,) + tuple(x.shape))
+                try:
+                    out = outs[path] = block.tensor(x.dtype, (n,) + tuple(x.shape))
+                except _Overflow:  # (the batch outgrows the block: the column is stacked
+                    outs[path] = None  # by collate, which overflows, and the batch spills
+                    return x           # with its samples, not fetched again)
             if (out is None or out.dtype != x.dtype or out.shape[1:] != x.shape
                     or x.layout != torch.strided or x.device.type != "cpu" or x.requires_grad):
                 return x  # collate stacks this column as torch would, or raises its error
@@ -1920,30 +1928,37 @@ class _Writer:
                 if shared:
                     os.close(fd)
             break
-        _SPILL.pack_into(view, 0, MAGIC_SPILL, os.getpid(), used, seq)
+        _SPILL.pack_into(view, 0, MAGIC_SPILL, os.getpid(), used, seq,
+                         self.worker % max(len(self.spill_socks), 1))
         return _SPILL.size
 
     def send_spill(self, fd, seq):
-        """fd to the consumer; the socket's queue full (10 datagrams: the consumer reads one
-        only when it reaches its batch), again every millisecond until it is read or the
-        batch is not wanted any more (the consumer waits for this fill to end the pass)."""
+        """fd to the consumer, on this worker's socket; its queue full (the send buffer's
+        bytes: ~280 memfds of batches made and not yet read), again every millisecond until the
+        consumer reads one, which it does as it reaches this worker's earlier batches, or
+        until the batch is not wanted any more (the consumer waits for this fill to end the
+        pass)."""
         msg = _SPILL_MSG.pack(os.getpid(), seq)
+        tx = self.spill_socks[self.worker % len(self.spill_socks)][1]
         while True:
             try:
-                socket.send_fds(self.spill_tx, [msg], [fd])
+                socket.send_fds(tx, [msg], [fd])
                 return
             except BlockingIOError:
                 if _stoke._abandoned():
                     raise _Abandoned() from None
                 time.sleep(0.001)
 
-    def recv_spill(self, key):
-        """The consumer: the memfd of spill key (pid, seq), from the socket (those before it,
-        of batches later in the order, kept in self.spills); None if it never came."""
+    def recv_spill(self, key, worker):
+        """The consumer: the memfd of spill key (pid, seq), from worker's socket (any before
+        it, of a batch not decoded, kept in self.spills); None if it never came."""
+        if not 0 <= worker < len(self.spill_socks):
+            return None
+        rx = self.spill_socks[worker][0]
         with self.spill_lock:
             while key not in self.spills:
                 try:
-                    msg, fds, _, _ = socket.recv_fds(self.spill_rx, _SPILL_MSG.size, 1)
+                    msg, fds, _, _ = socket.recv_fds(rx, _SPILL_MSG.size, 1)
                 except BlockingIOError:
                     return None
                 if fds:
@@ -1957,13 +1972,14 @@ class _Writer:
                 if type(v) is int:
                     os.close(v)
             self.spills.clear()
-            while self.spill_rx is not None:
-                try:
-                    _, fds, _, _ = socket.recv_fds(self.spill_rx, _SPILL_MSG.size, 1)
-                except BlockingIOError:
-                    break
-                for fd in fds:
-                    os.close(fd)
+            for rx, _ in self.spill_socks:
+                while True:
+                    try:
+                        _, fds, _, _ = socket.recv_fds(rx, _SPILL_MSG.size, 1)
+                    except BlockingIOError:
+                        break
+                    for fd in fds:
+                        os.close(fd)
 
     def spill_or_fail(self, i, worker, view, over, where, make):
         """spill(), its failures answered as a fill's."""
@@ -2290,20 +2306,20 @@ class _Writer:
         """A batch its worker made in memory of its own (spill): its memfd received and mapped
         (private), or this process's own taken; copied into pinned memory when the loader pins
         (one warning naming the max_batch_bytes that keeps batches in their blocks)."""
-        _, pid, used, seq = _SPILL.unpack_from(view, 0)
+        _, pid, used, seq, worker = _SPILL.unpack_from(view, 0)
         i = int(np.asarray(b.indices)[0])
         if not self.warned_over:
             self.warned_over = True
             warnings.warn("stoke: batch %d needs %d bytes, more than a block (%d): such batches "
-                          "are made by their worker in memory of their own and copied into "
-                          "the pinned memory here; pass max_batch_bytes=%d to keep them in "
-                          "the blocks" % (i, used, self.blob_bytes, 2 * used),
-                          RuntimeWarning, stacklevel=3)
+                          "are made by their worker in memory of their own%s; pass "
+                          "max_batch_bytes=%d to keep them in the blocks"
+                          % (i, used, self.blob_bytes, " and copied into pinned memory here"
+                             if b.is_pinned else "", 2 * used), RuntimeWarning, stacklevel=3)
         if pid == os.getpid():
             with self.spill_lock:
                 src = self.spills.pop((pid, seq))
         else:
-            fd = self.recv_spill((pid, seq))
+            fd = self.recv_spill((pid, seq), worker)
             if fd is None:
                 raise RuntimeError("stoke: batch %d outgrew its block and its memory never "
                                    "came from its worker process (pid %d)" % (i, pid))

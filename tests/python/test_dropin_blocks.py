@@ -155,6 +155,30 @@ if PROCS:
             % (memfds(), n))
 
 
+
+# many spilled batches in flight while the first is slow: their memfds (one socket then) filled
+# the queue, the first batch's worker waited to send its own, and the caller waited for it
+class SlowFirst:
+    def __len__(self):
+        return 1000
+
+    def __getitem__(self, i):
+        if i < 2:
+            time.sleep(1)
+        return torch.full((4096,), float(i))
+
+
+if PROCS:
+    import faulthandler  # noqa: E402
+    faulthandler.dump_traceback_later(90, exit=True)  # (a hang fails the test, with stacks)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        got = [int(b[0, 0]) for b in stoke.DataLoader(SlowFirst(), batch_size=2, num_workers=4,
+                                                      prefetch_factor=100, max_batch_bytes=4096)]
+    faulthandler.cancel_dump_traceback_later()
+    T.check(got == list(range(0, 1000, 2)), "a slow first batch, 400 spilled batches in flight: "
+            "%d batches" % len(got))
+
 class Growing(torch.utils.data.IterableDataset):
     """Rows of 1, 2, ... 64 int64 values (each worker its share): padded batches grow 60x."""
 

@@ -130,6 +130,22 @@ def lightning_ddp_rebuild():
 
 
 @case
+def source_string_under_lightning():
+    """A source string's loader shards itself (distributed=True): Lightning's rebuild with a
+    DistributedSampler is refused with what to do instead."""
+    _, _, npy, labels = T.make_npy(np, n=16)
+    dl = stoke.DataLoader("npy:%s,labels=%s" % (npy, labels), batch_size=4, num_workers=0,
+                          distributed=True, rank=0, world_size=2)
+    try:
+        rebuild(dl, DistributedSampler(list(range(16)), num_replicas=2, rank=0))
+        T.check(False, "a source string rebuilt with a DistributedSampler")
+    except TypeError as e:
+        T.check("distributed=True" in str(e) and "use_distributed_sampler=False" in str(e),
+                str(e))
+    T.check(sum(len(b["label"]) for b in dl) == 8, "rank 0 of 2: not half of 16 samples")
+
+
+@case
 def without_torch():
     """Where torch does not import: stoke.DataLoader is stoke's own class, a source string
     loads; `import stoke` alone never imports torch."""
