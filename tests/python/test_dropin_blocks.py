@@ -156,6 +156,32 @@ if PROCS:
 
 
 
+# big samples of fixed shape are streamed into the block's rows as they come; when a later batch's
+# samples are bigger, the batch's tensor outgrows the block at its first sample: the rest are
+# collated (the first sample of each such batch was fetched again in the spill)
+class Growing2D(Counted):
+    def __getitem__(self, i):
+        self.counts[i] += 1
+        side = 128 if i < 32 else 256  # 192 KiB, then 768 KiB a sample
+        return {"img": torch.full((3, side, side), float(i)), "y": i}
+
+
+for workers in WORKERS:
+    ds = Growing2D(64)
+    ref = [(b["img"].clone(), b["y"].clone()) for b in torch.utils.data.DataLoader(ds, batch_size=4)]
+    ds.counts[:] = 0
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        got = [(b["img"].clone(), b["y"].clone())
+               for b in stoke.DataLoader(ds, batch_size=4, num_workers=workers)]
+    # (with workers, sample 0 is fetched once more at construction, in the child that
+    # measures the block)
+    T.check(ds.counts.tolist() == [1 + (workers > 0)] + [1] * 63, "rows, num_workers=%d: "
+            "fetched %s times" % (workers, ds.counts.tolist()))
+    T.check(len(got) == 16 and all(torch.equal(a, c) and torch.equal(b, d)
+                                   for (a, b), (c, d) in zip(got, ref)),
+            "rows, num_workers=%d: the batches differ from torch's" % workers)
+
 # many spilled batches in flight while the first is slow: their memfds (one socket then) filled
 # the queue, the first batch's worker waited to send its own, and the caller waited for it
 class SlowFirst:
