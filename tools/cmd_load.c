@@ -356,6 +356,15 @@ static int open_loader(const load_args *a, load_run *r)
         return cli_fail_code(c, 1, rc, "%s",
                              *stoke_last_error() ? stoke_last_error() : stoke_strerror(rc));
     uint64_t per_epoch = stoke_loader_num_batches(r->l);
+    r->rank = 0;
+    r->world = 1;
+    stoke_sampler *s = NULL; /* (the loader made its own from the same options: it succeeds) */
+    if (a->distributed && r->ds.kind == STOKE_DATASET_MAP &&
+        stoke_sampler_create(&o.sampler, r->ds.length(r->ds.user), &s) == STOKE_OK) {
+        r->rank = stoke_sampler_rank(s);
+        r->world = stoke_sampler_world_size(s);
+        stoke_sampler_destroy(s);
+    }
     /* an iterable source does not know its length: run until the epochs end */
     r->total =
         per_epoch && per_epoch <= UINT64_MAX / a->epochs ? per_epoch * a->epochs : UINT64_MAX;
@@ -675,8 +684,10 @@ static void print_json(const load_run *r, const char *content_src, const char *w
     /* epochs: asked for; epochs_run: begun by the timed pass (fewer after an error, a --limit,
      * or none when every epoch is empty) */
     printf(", \"epochs\": %" PRIu64 ", \"epochs_run\": %" PRIu64 ", \"shuffle\": %s, "
-           "\"seed\": %" PRIu64,
-           a->epochs, r->seen.epochs, a->order ? "true" : "false", a->seed);
+           "\"seed\": %" PRIu64 ", \"distributed\": %s, \"rank\": %" PRId64
+           ", \"world_size\": %" PRId64,
+           a->epochs, r->seen.epochs, a->order ? "true" : "false", a->seed,
+           a->distributed ? "true" : "false", r->rank, r->world);
     print_json_order(r);
     json_str_or_null("device", a->device);
     printf(", \"device_copies\": %" PRIu64 ", \"device_errors\": %" PRIu64 ", \"verified\": %s",
@@ -713,6 +724,8 @@ static void print_text(const load_run *r, const char *content_src, const char *w
     const char *io = io_used(r);
     if (io)
         printf("; io: %s", io);
+    if (a->distributed)
+        printf("; rank %" PRId64 " of %" PRId64, r->rank, r->world);
     printf("\n");
     printf("  consumer waited %.3f s (p50 %.1f us, p99 %.1f us); workers busy %.3f s\n", st->wait_s,
            st->wait_p50_s * 1e6, st->wait_p99_s * 1e6, st->worker_busy_s);

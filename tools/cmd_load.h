@@ -19,7 +19,7 @@ enum { ORDER_SEQUENTIAL = 0, ORDER_RANDOM = 1, ORDER_BLOCK = 2 };
 typedef struct load_args {
     cli_cmd cmd;
     const char *source, *pin_dev, *device, *on_error, *worker_mode, *arena;
-    char shown[4200]; /* the source as printed: without credentials (stoke_source_redact) */
+    char shown[4200];      /* the source as printed: without credentials (stoke_source_redact) */
     stoke_loader_opts bad; /* --on-error parsed: on_error, max_bad, max_bad_fraction */
     uint64_t batch, workers, prefetch, seed, epochs, limit;
     uint64_t block_rows, block_window; /* ORDER_BLOCK: the sizes (defaults filled in) */
@@ -59,8 +59,9 @@ typedef struct load_run {
     uint64_t staged[3];        /* blocks read whole, of those with O_DIRECT, rows served */
     int remote_ok;             /* a tar source with remote shards: */
     stoke_remote_stats remote; /* its counters after the timed pass */
+    int64_t rank, world; /* the split in use (--distributed: the environment's), else 0 of 1 */
     int status, hash_pass;
-    int code; /* status 1: the library's code of the failure (STOKE_E...) */
+    int code;                    /* status 1: the library's code of the failure (STOKE_E...) */
     uint64_t hashed, hashed_sum; /* the hash pass, of whole epochs: samples hashed, index sum */
     char hash_why[512];          /* not empty: content_hash is null, for this reason */
     char err[1024];

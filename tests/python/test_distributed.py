@@ -54,4 +54,17 @@ if cli and os.path.exists(cli):
     T.check(r.returncode == 0, "stoke load: %s" % r.stderr)
     j = json.loads(r.stdout)
     T.check(j["samples"] == 8 and j["index_sum"] == sum(range(1, 30, 4)), "cli: %s" % r.stdout)
+    # the split in use is printed: rank and world size in --json, "rank 1 of 4" in the text
+    T.check(j["distributed"] is True and j["rank"] == 1 and j["world_size"] == 4,
+            "cli --json: distributed %s, rank %s, world_size %s" % (
+                j.get("distributed"), j.get("rank"), j.get("world_size")))
+    r = subprocess.run([cli, "load", "synthetic:30,shape=4", "--batch-size", "4",
+                        "--distributed", "--no-pin-memory"],
+                       env=env, capture_output=True, text=True, timeout=120)
+    T.check(r.returncode == 0 and "; rank 1 of 4" in r.stdout, "cli text: %s" % r.stdout)
+    r = subprocess.run([cli, "load", "synthetic:30,shape=4", "--no-pin-memory", "--json"],
+                       env=env, capture_output=True, text=True, timeout=120)
+    j = json.loads(r.stdout)
+    T.check(j["distributed"] is False and j["rank"] == 0 and j["world_size"] == 1
+            and j["samples"] == 30, "cli without --distributed: %s" % r.stdout)
 print("ok")
