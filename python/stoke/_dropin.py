@@ -2302,19 +2302,23 @@ class _Writer:
                           stacklevel=4)
         return buf
 
+    def warn_over(self, i, need, how):
+        """Once a loader: batch i needed more than a block, and such batches are `how`."""
+        if not self.warned_over:
+            self.warned_over = True
+            warnings.warn("stoke: batch %d needs %d bytes, more than a block (%d): such batches "
+                          "are %s; pass max_batch_bytes=%d to keep them in the blocks"
+                          % (i, need, self.blob_bytes, how, 2 * need), RuntimeWarning,
+                          stacklevel=6)
+
     def take_spill(self, b, view):
         """A batch its worker made in memory of its own (spill): its memfd received and mapped
         (private), or this process's own taken; copied into pinned memory when the loader pins
         (one warning naming the max_batch_bytes that keeps batches in their blocks)."""
         _, pid, used, seq, worker = _SPILL.unpack_from(view, 0)
         i = int(np.asarray(b.indices)[0])
-        if not self.warned_over:
-            self.warned_over = True
-            warnings.warn("stoke: batch %d needs %d bytes, more than a block (%d): such batches "
-                          "are made by their worker in memory of their own%s; pass "
-                          "max_batch_bytes=%d to keep them in the blocks"
-                          % (i, used, self.blob_bytes, " and copied into pinned memory here"
-                             if b.is_pinned else "", 2 * used), RuntimeWarning, stacklevel=3)
+        self.warn_over(i, used, "made by their worker in memory of their own%s"
+                       % (" and copied into pinned memory here" if b.is_pinned else ""))
         if pid == os.getpid():
             with self.spill_lock:
                 src = self.spills.pop((pid, seq))
@@ -2334,12 +2338,7 @@ class _Writer:
     def rebuild(self, b, need):
         """A batch too large for its block: made again here, in ordinary memory."""
         i = int(np.asarray(b.indices)[0])
-        if not self.warned_over:
-            self.warned_over = True
-            warnings.warn("stoke: batch %d needs %d bytes, more than a block (%d): such batches "
-                          "are made in the main process, in ordinary memory; pass "
-                          "max_batch_bytes=%d to keep them pinned and in the workers"
-                          % (i, need, self.blob_bytes, 2 * need), RuntimeWarning, stacklevel=3)
+        self.warn_over(i, need, "made in the main process, in ordinary memory")
         indices = self.plan.batch(i).tolist()
         buf = bytearray(_align(need) + (1 << 20))
         self.write(_Block(memoryview(buf), self.live, self.fast), self.fetch(indices, [None]),
