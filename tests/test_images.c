@@ -1773,7 +1773,7 @@ static void test_open_errors(void **state)
     expect_open_error("noclass/top.jpg", "", STOKE_EIO, "not a directory");
     expect_open_error("emptyclass", ",size=0", STOKE_EINVAL, "bad size '0'");
     expect_open_error("emptyclass", ",train,bogus=1", STOKE_EINVAL, "unknown option 'bogus'");
-    expect_open_error("emptyclass", ",trian", STOKE_EINVAL,
+    expect_open_error("emptyclass", ",trian", STOKE_ENOENT,
                       ",trian', and 'trian' is no images: option (size=, train,");
     expect_open_error("emptyclass", ",mean=0.1:0.2:0.3", STOKE_EINVAL, "dtype=f32");
     expect_open_error("emptyclass", ",seed=x", STOKE_EINVAL, "bad seed");

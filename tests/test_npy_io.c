@@ -625,13 +625,21 @@ static void test_spec_io(void **state)
      * name holds such a word opens */
     char sp[700], want[700];
     snprintf(sp, sizeof(sp), "npy:%s,batchy=3", p);
-    assert_int_equal(stoke_source_open(sp, &ds), STOKE_EINVAL);
+    assert_int_equal(stoke_source_open(sp, &ds), STOKE_ENOENT);
     snprintf(want, sizeof(want), "no file '%s,batchy=3', and 'batchy=3' is no npy: option", p);
     if (!strstr(stoke_last_error(), want))
         fail_msg("%s: %s", sp, stoke_last_error());
-    snprintf(sp, sizeof(sp), "npy:%s,labels=%s,lables", p, p);
-    assert_int_equal(stoke_source_open(sp, &ds), STOKE_EINVAL);
-    assert_non_null(strstr(stoke_last_error(), "'lables' is no npy: option"));
+    snprintf(sp, sizeof(sp), "npy:%s,lables=%s", p, p); /* (an absolute path in its value) */
+    assert_int_equal(stoke_source_open(sp, &ds), STOKE_ENOENT);
+    snprintf(want, sizeof(want), "'lables=%s' is no npy: option", p);
+    if (!strstr(stoke_last_error(), want))
+        fail_msg("%s: %s", sp, stoke_last_error());
+    snprintf(sp, sizeof(sp), "npy:%s,labels=%s,batch2=3", p, p);
+    assert_int_equal(stoke_source_open(sp, &ds), STOKE_ENOENT);
+    assert_non_null(strstr(stoke_last_error(), "'batch2=3' is no npy: option"));
+    /* npy: has no one-word options: a missing "run,final" is a missing file */
+    assert_int_equal(stoke_source_open("npy:/nonexistent-dir/run,final", &ds), STOKE_ENOENT);
+    assert_null(strstr(stoke_last_error(), "misspelt"));
     assert_int_equal(stoke_source_open("npy:/nonexistent-dir/x.npy", &ds), STOKE_ENOENT);
     const char *odd = tmp("odd,seed=1.npy");
     make_files(odd, NULL);

@@ -356,8 +356,9 @@ static int open_loader(const load_args *a, load_run *r)
         return cli_fail_code(c, 1, rc, "%s",
                              *stoke_last_error() ? stoke_last_error() : stoke_strerror(rc));
     uint64_t per_epoch = stoke_loader_num_batches(r->l);
-    r->rank = 0;
-    r->world = 1;
+    /* the split: unknown for an iterable source (a tar stream's is in its spec: null) */
+    r->rank = r->ds.kind == STOKE_DATASET_MAP ? 0 : -1;
+    r->world = r->ds.kind == STOKE_DATASET_MAP ? 1 : -1;
     stoke_sampler *s = NULL; /* (the loader made its own from the same options: it succeeds) */
     if (a->distributed && r->ds.kind == STOKE_DATASET_MAP &&
         stoke_sampler_create(&o.sampler, r->ds.length(r->ds.user), &s) == STOKE_OK) {
@@ -684,10 +685,13 @@ static void print_json(const load_run *r, const char *content_src, const char *w
     /* epochs: asked for; epochs_run: begun by the timed pass (fewer after an error, a --limit,
      * or none when every epoch is empty) */
     printf(", \"epochs\": %" PRIu64 ", \"epochs_run\": %" PRIu64 ", \"shuffle\": %s, "
-           "\"seed\": %" PRIu64 ", \"distributed\": %s, \"rank\": %" PRId64
-           ", \"world_size\": %" PRId64,
+           "\"seed\": %" PRIu64 ", \"distributed\": %s",
            a->epochs, r->seen.epochs, a->order ? "true" : "false", a->seed,
-           a->distributed ? "true" : "false", r->rank, r->world);
+           a->distributed ? "true" : "false");
+    if (r->rank >= 0)
+        printf(", \"rank\": %" PRId64 ", \"world_size\": %" PRId64, r->rank, r->world);
+    else
+        printf(", \"rank\": null, \"world_size\": null");
     print_json_order(r);
     json_str_or_null("device", a->device);
     printf(", \"device_copies\": %" PRIu64 ", \"device_errors\": %" PRIu64 ", \"verified\": %s",
@@ -724,7 +728,7 @@ static void print_text(const load_run *r, const char *content_src, const char *w
     const char *io = io_used(r);
     if (io)
         printf("; io: %s", io);
-    if (a->distributed)
+    if (a->distributed && r->rank >= 0)
         printf("; rank %" PRId64 " of %" PRId64, r->rank, r->world);
     printf("\n");
     printf("  consumer waited %.3f s (p50 %.1f us, p99 %.1f us); workers busy %.3f s\n", st->wait_s,

@@ -113,7 +113,7 @@ def _dropin_end():
 def _is_iterable_dataset(ds):
     try:
         from torch.utils.data import IterableDataset
-    except ImportError:
+    except Exception:  # noqa: BLE001 - not installed, or an install that fails to import
         return not hasattr(ds, "__len__")
     return isinstance(ds, IterableDataset)
 
@@ -729,7 +729,7 @@ class _DataLoader(_stoke.Loader):
         try:
             import torch
             conv = torch.from_dlpack
-        except ImportError:
+        except Exception:  # noqa: BLE001 - not installed, or an install that fails to import
             import numpy
             conv = numpy.from_dlpack
         as_dict = self._structure == "dict"

@@ -58,8 +58,8 @@ except ImportError:  # pragma: no cover - numpy is a dependency of the extension
     np = None
 try:
     import torch
-except ImportError:
-    torch = None
+except Exception:  # noqa: BLE001 - not installed, or an install that fails to import (an
+    torch = None   # OSError from its libraries): NumPy arrays, as without torch
 
 from . import _stoke
 
@@ -161,9 +161,10 @@ def _align(n):
 
 
 def _finish_keeping(block, out):
-    """block.finish(out); an _Overflow carries out, so that spill() does not make it again."""
+    """block.finish(out) of an output made apart from the block (a collate_fn's); an _Overflow
+    carries out, so that spill() does not make it again."""
     try:
-        return block.finish(out)
+        return block.finish(out, True)
     except _Overflow as o:
         o.out = out
         raise
@@ -391,12 +392,14 @@ class _Block:
         dst[...] = a
         return ("n", off, a.dtype.str, a.shape)
 
-    def finish(self, obj):
+    def finish(self, obj, apart=False):
         """Pickles obj (its tensors and arrays as references) after the data; the header.
         With `live` (the batch is made and decoded in the same process: no worker processes)
         the structure is kept in that dict instead, under a token the header holds, unless it
         holds an object that shape() does not rebuild.  A structure of containers and
-        tensors (arrays) only goes as MAGIC_FAST, in both cases (finish_fast)."""
+        tensors (arrays) only goes as MAGIC_FAST, in both cases (finish_fast).  apart: obj
+        views nothing of the block (a collate_fn's output, not the block's collator's), so
+        that where it does not pickle it may be kept as it is (_Opaque)."""
         if self.fast is not None:
             off = self.off
             try:
@@ -416,8 +419,8 @@ class _Block:
         try:
             _BlockPickler(f, self).dump(obj)
         except (pickle.PicklingError, TypeError, AttributeError):
-            if self.live is None:
-                raise
+            if self.live is None or not apart:  # (the block's tensors, kept, would see
+                raise                           # the next batches written over them)
             # decoded in this process: an object that does not pickle (a lock, a local
             # class) is kept as it is, as torch's num_workers=0 yields it (its tensors where
             # the collate_fn made them)
@@ -1601,8 +1604,10 @@ class _Writer:
         if self.shipped is not None and not _attrs_changed(self.shipped, self.dataset):
             return  # (the patch shipped last still holds: not pickled again each pass)
         attrs = _attrs_of(self.dataset)
-        patch = {k: attrs.get(k, _Deleted)
-                 for k in _attrs_changed(self.ds_ids, self.dataset, attrs)}
+        changed = _attrs_changed(self.ds_ids, self.dataset, attrs)
+        # (a dataset replaced is sent whole, its attributes with it: the old one's are not
+        # deleted from it, nor looked for in a list that is shorter now)
+        patch = {k: attrs.get(k, _Deleted) for k in changed if not _under(k, changed)}
         unsent = {}
         try:
             data = pickle.dumps(patch, pickle.HIGHEST_PROTOCOL) if patch else b""
@@ -1904,7 +1909,7 @@ class _Writer:
         private mapping handed over in self.spills."""
         if over.out is not _NOTHING:
             out = over.out
-            make = lambda blk: blk.finish(out)  # noqa: E731
+            make = lambda blk: blk.finish(out, True)  # noqa: E731
         shared = self.worker >= 0
         size = _align(over.need) * 2 + (1 << 20)
         while True:
@@ -2173,7 +2178,7 @@ class _Writer:
             samples = self.fetch(indices, where)
             if self.collate_fn is not None:  # called once, however many blocks it takes
                 out = self.collate(samples)
-                k.used, k.block = _probe_block(lambda blk: blk.finish(out), self.live)
+                k.used, k.block = _probe_block(lambda blk: blk.finish(out, True), self.live)
             else:
                 k.used, k.block = _probe_block(lambda blk: self.write(blk, samples, indices),
                                                self.live)
@@ -2638,13 +2643,24 @@ def _attrs_changed(was, obj, now=None):
     return sorted(out, key=lambda k: (k.count("."), k))  # (a dataset replaced before its own)
 
 
+def _under(name, names):
+    """Whether a dotted attribute path that holds `name` ("dataset" for "dataset.scale",
+    "datasets" or "datasets.1" for "datasets.1.scale") is among names."""
+    parts = name.split(".")
+    return any(".".join(parts[:n]) in names for n in range(1, len(parts)))
+
+
 def _owner(ds, name):
     """(the object holding dotted attribute `name` of ds, the attribute's own name); None
     where the path is gone."""
     *path, last = name.split(".")
     obj = ds
     for step in path:
-        obj = obj[int(step)] if step.isdigit() else getattr(obj, "__dict__", {}).get(step)
+        if step.isdigit():
+            obj = obj[int(step)] if type(obj) in (list, tuple) and int(step) < len(obj) else None
+        else:
+            d = getattr(obj, "__dict__", None)
+            obj = d.get(step) if type(d) is dict else None
         if obj is None:
             return None, last
     return obj, last

@@ -129,21 +129,24 @@ static int open_synthetic(const char *spec, const char *args, stoke_dataset *out
 
 static const char *const NPY_KEYS[] = {"labels=", "io=", "direct="};
 
-/* A local path that does not exist and holds ",word" or ",word=..." after its last '/': an
- * option misspelt (",batchy=3", ",trian") that the parser, which takes only the options it
- * knows, left in the path.  Fails with a message naming the word and the options of `kind`
- * (the path's "cannot open" named a file nobody meant), and returns its status; 0 otherwise. */
-static int misspelt_option(const char *path, const char *kind, const char *known)
+/* A local path that does not exist and holds ",word=" (or, where the source has options of
+ * one word, `bare`, ",word" followed by ',' or the end): an option misspelt (",batchy=3",
+ * ",lables=/d/y.npy", ",trian") that the parser, which takes only the options it knows, left
+ * in the path.  Fails (STOKE_ENOENT: the file is missing all the same) with a message naming
+ * the word and the options of `kind` (the path's "cannot open" named a file nobody meant),
+ * and returns its status; 0 otherwise.  A directory named "a,b/" is no option. */
+static int misspelt_option(const char *path, const char *kind, const char *known, int bare)
 {
     if (strstr(path, "://") || access(path, F_OK) == 0 || errno != ENOENT)
         return 0;
-    const char *base = strrchr(path, '/');
-    for (const char *c = strchr(base ? base : path, ','); c; c = strchr(c + 1, ',')) {
+    for (const char *c = strchr(path, ','); c; c = strchr(c + 1, ',')) {
         size_t n = 0;
-        while (isalpha((unsigned char)c[1 + n]) || c[1 + n] == '_')
+        if (!isalpha((unsigned char)c[1]))
+            continue;
+        while (isalnum((unsigned char)c[1 + n]) || c[1 + n] == '_')
             n++;
-        if (n && (c[1 + n] == '=' || c[1 + n] == ',' || !c[1 + n]))
-            return stoke__fail(STOKE_EINVAL,
+        if (c[1 + n] == '=' || (bare && (c[1 + n] == ',' || !c[1 + n])))
+            return stoke__fail(STOKE_ENOENT,
                                "%s: no file '%s', and '%.*s' is no %s: option (%s): a "
                                "misspelt option?",
                                kind, path, (int)strcspn(c + 1, ","), c + 1, kind, known);
@@ -221,9 +224,9 @@ static int open_npy(const char *spec, const char *args, stoke_dataset *out)
         opt = next;
     }
     if (!rc)
-        rc = misspelt_option(buf, "npy", "labels=, io=, direct=");
+        rc = misspelt_option(buf, "npy", "labels=, io=, direct=", 0);
     if (!rc && o.labels_path)
-        rc = misspelt_option(o.labels_path, "npy", "labels=, io=, direct=");
+        rc = misspelt_option(o.labels_path, "npy", "labels=, io=, direct=", 0);
     if (!rc)
         rc = stoke_npy_open_opts(buf, &o, out);
 done:
@@ -293,7 +296,8 @@ static int open_images(const char *spec, const char *args, stoke_dataset *out)
         o.max_decode_bytes = img.max_decode;
         rc = misspelt_option(buf, "images",
                              "size=, train, eval, layout=, dtype=, mean=, std=, seed=, "
-                             "max_decode_bytes=");
+                             "max_decode_bytes=",
+                             1);
     }
     if (!rc)
         rc = stoke_images_open(buf, &o, out);

@@ -224,6 +224,40 @@ for kw in ({"num_workers": 2}, {"num_workers": 2, "persistent_workers": True},
         (want, _), (got, told) = nested(make, change, **kw)
         T.check(got == want and not told, "%s %s: stoke %s, torch %s, %s" % (
             what, kw, got, want, told))
+
+
+class Plain:  # a dataset that is no torch Dataset (duck-typed), with an attribute of that name
+    def __init__(self):
+        self.scale = 5
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return i + 100 * self.scale
+
+
+def to_plain(ds, ep):  # (its old dataset's 'scale' was sent as deleted, from the new one)
+    if ep == 1:
+        ds.dataset = Plain()
+
+
+def shorter(ds, ep):  # (its parts' 'datasets.1.scale' was looked for in the new, shorter list)
+    if ep == 1:
+        ds.datasets = [Subset(Scaled(), [0, 1, 2, 3, 0, 1, 2, 3])]
+        ds.datasets[0].dataset.scale = 3
+        ds.cumulative_sizes = ConcatDataset.cumsum(ds.datasets)
+
+
+for kw in ({"num_workers": 2}, {"num_workers": 0}):
+    for what, make, change in (
+            ("a Subset's dataset replaced by another kind", lambda: Subset(Scaled(), [3, 1, 0]),
+             to_plain),
+            ("a ConcatDataset's parts replaced by fewer",
+             lambda: ConcatDataset([Scaled(), Scaled()]), shorter)):
+        (want, _), (got, told) = nested(make, change, **kw)
+        T.check(got == want and not told, "%s %s: stoke %s, torch %s, %s" % (
+            what, kw, got, want, told))
 (want, _), (got, _) = nested(lambda: Subset(Scaled(), [0, 1]), set_inner, num_workers=2)
 T.check(want == [[100, 101], [200, 201], [300, 301]], "a Subset's dataset, torch: %s" % want)
 print("2b. the datasets inside the dataset: their attributes set since the fork reach them")

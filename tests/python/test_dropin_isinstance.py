@@ -164,6 +164,26 @@ def without_torch():
                        timeout=60)
     T.check(p.returncode == 0 and p.stdout.strip() == str(sorted(labels.tolist())),
             "without torch: rc %d, %s %s" % (p.returncode, p.stdout, p.stderr))
+    # an install whose import fails otherwise (OSError: its libraries): as without torch, a
+    # source string with structure="dict" and a Python dataset of NumPy values included
+    fake = os.path.join(T.tmpdir(), "broken")
+    os.makedirs(os.path.join(fake, "torch"))
+    with open(os.path.join(fake, "torch", "__init__.py"), "w") as f:
+        f.write("raise OSError('libtorch_cpu.so: cannot open shared object file')\n")
+    code = "\n".join([
+        "import numpy as np, stoke",
+        "dl = stoke.DataLoader('npy:%s,labels=%s', batch_size=4, num_workers=0, "
+        "structure='dict')" % (npy, lab),
+        "got = sorted(int(x) for b in dl for x in b['label'])",
+        "py = [b.tolist() for b in stoke.DataLoader([np.float32(i) for i in range(8)], "
+        "batch_size=4)]",
+        "assert py == [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]], py",
+        "print(got)"])
+    env = dict(os.environ, PYTHONPATH=fake + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=60, env=env)
+    T.check(p.returncode == 0 and p.stdout.strip() == str(sorted(labels.tolist())),
+            "a torch that fails to import: rc %d, %s %s" % (p.returncode, p.stdout, p.stderr))
 
 
 L.run_cases()

@@ -228,6 +228,37 @@ for cls in (TorchLoader, stoke.DataLoader):
                     for k in range(0, 64, 16)], "%s: %s" % (cls.__module__, got))
 
 
+# ... but stoke's own collate writes into the batch's block: a batch of samples of a class that
+# does not pickle (a local dict subclass) is not kept as it is (its tensors, views of the block,
+# became the next batches' when held: corrupted values, then a crash once the loader went)
+def local_samples():
+    class D(dict):
+        pass
+
+    class DS(torch.utils.data.Dataset):
+        def __len__(self):
+            return 32
+
+        def __getitem__(self, i):
+            return D(x=torch.full((4,), float(i)))
+
+    return DS()
+
+
+kept = []
+try:
+    for b in stoke.DataLoader(local_samples(), batch_size=8):
+        kept.append(b["x"])
+except (AttributeError, TypeError, pickle.PicklingError) as e:  # (torch's yields D batches)
+    T.check("local" in str(e) and not kept, "a local class in samples: %s, %d kept" % (
+        e, len(kept)))
+gc.collect()
+T.check([t[:, 0].tolist() for t in kept] in ([], [[float(i) for i in range(k, k + 8)]
+                                                for k in range(0, 32, 8)]),
+        "a local class in samples: the batches held %s" % [t[:, 0].tolist() for t in kept])
+del kept
+
+
 # ... and samples that are no dense CPU tensors, held past the buffers (list(loader)): a sparse
 # tensor (torch's unpickling kept each in a list, and its batch's block with it, until the
 # loader ran out of buffers), a quantized one, an object array beside a tensor

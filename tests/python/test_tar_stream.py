@@ -6,6 +6,7 @@ the shuffle buffer's determinism, the CLI's hashes against the map-style source,
 refusals.  Skips (77) without torch or the CLI."""
 import os
 import re
+import json
 import subprocess
 import sys
 
@@ -42,6 +43,13 @@ for w in (0, 1, 2):
     r1 = epoch(",rank=1,world_size=2", workers=w)
     T.check(not set(r0) & set(r1), "workers=%d: the ranks share samples" % w)
     R.check_stream_epoch(r0 + r1, NSHARDS, PER, "workers=%d, ranks 0 and 1" % w)
+
+# the CLI's --json: a stream's split is its source's, not known to stoke load: null, not 0 of 1
+p = subprocess.run([CLI, "load", SRC + ",rank=1,world_size=2", "--json", "--no-pin-memory",
+                    "--workers", "0"], capture_output=True, text=True, timeout=120)
+j = json.loads(p.stdout)
+T.check(p.returncode == 0 and j["distributed"] is False and j["rank"] is None
+        and j["world_size"] is None, "stream --json: %s %s" % (p.stdout, p.stderr))
 
 # --- determinism: same (seed, epoch) same order; another epoch or seed another ----------------
 for w in (0, 2):
