@@ -177,6 +177,25 @@ static void hash_unknown(load_run *r, const char *fmt, ...)
  * is there), the delivered samples of an epoch cut short.  Otherwise (a whole epoch): hashes
  * every sample the pass delivers less one occurrence of each index in list[0..n) (the samples
  * the timed pass skipped), counting them in r->hashed and r->hashed_sum. */
+/* The hash pass on a terminal (the timed pass's bar is done): a line "hash pass: epoch E of N,
+ * B batches" redrawn every 0.1 s, so that a long run's second pass is not a silent pause. */
+static uint64_t hash_drawn_ns; /* when the line was last drawn (0: never) */
+
+static void hash_progress(const load_run *r, uint64_t e, uint64_t batches)
+{
+    if (!r->bar)
+        return;
+    uint64_t t = cmd_load_now_ns();
+    if (hash_drawn_ns && t - hash_drawn_ns < 100000000u)
+        return;
+    hash_drawn_ns = t;
+    fprintf(stderr,
+            "\rhash pass (--no-hash skips it): epoch %" PRIu64 " of %" PRIu64 ", %" PRIu64
+            " batches ",
+            e + 1, r->seen.epochs, batches);
+    fflush(stderr);
+}
+
 static void hash_epoch(load_run *r, uint64_t e, int want, uint64_t *list, size_t n)
 {
     unsigned char *taken = NULL;
@@ -188,10 +207,11 @@ static void hash_epoch(load_run *r, uint64_t e, int want, uint64_t *list, size_t
         }
     }
     size_t left = n;
-    uint64_t sum = 0;
+    uint64_t sum = 0, batches = 0;
     stoke_batch *b;
     int rc = stoke_loader_set_epoch(r->l, e);
     while (rc == STOKE_OK && (!want || left) && (rc = stoke_loader_next(r->l, &b)) == STOKE_OK) {
+        hash_progress(r, e, ++batches);
         size_t hit = hash_some(r, b, want, list, taken, n, &sum);
         if (want)
             left -= hit;
@@ -354,6 +374,9 @@ void cmd_load_hash_pass(load_run *r)
     }
     if (!r->hash_why[0])
         check_passes(r, whole, t, nt);
+    if (hash_drawn_ns) /* its last state drawn, the line ended: the summary after it */
+        fprintf(stderr, "\rhash pass (--no-hash skips it): %" PRIu64 " epochs, %.1f s%20s\n",
+                d->epochs, (double)(cmd_load_now_ns() - h0) / 1e9, "");
     free(skip);
     free(t);
     r->hash_ns = cmd_load_now_ns() - h0;

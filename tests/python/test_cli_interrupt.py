@@ -80,4 +80,25 @@ for sig in (signal.SIGINT, signal.SIGTERM):
                 and obj["source"] == "synthetic:50000" and out.count(b"\n") == 1,
                 "--json, %s, %s: exit %r, stdout %r, stderr %r" % (name, mode, p.returncode,
                                                                    out, err[-300:]))
+
+# the hash pass (a second, untimed pass for content_hash) draws its own line on a terminal:
+# a long run's second pass was a silent pause after the bar's 100 %; then its last state, ended
+mfd, sfd = pty.openpty()
+p = subprocess.Popen([CLI, "load", "synthetic:100000,shape=64", "--batch-size", "4", "--epochs",
+                      "2", "--no-pin-memory"], stdin=subprocess.DEVNULL,
+                     stdout=subprocess.PIPE, stderr=sfd)
+os.close(sfd)
+seen = b""
+try:
+    read_for(120, lambda s: b"2 epochs," in s and s.endswith(b"\n"))
+    out = p.communicate(timeout=60)[0]
+finally:
+    if p.poll() is None:
+        p.kill()
+        p.wait()
+    os.close(mfd)
+T.check(p.returncode == 0 and b"content_hash 0x" in out, "stoke load: %r" % out[-300:])
+T.check(b"\rhash pass (--no-hash skips it): epoch 1 of 2, " in seen
+        and b"\rhash pass (--no-hash skips it): 2 epochs, " in seen
+        and seen.rstrip(b"\0").endswith(b"\n"), "the hash pass's line: %r" % seen[-300:])
 print("ok")
