@@ -13,9 +13,10 @@ block's header holds (MAGIC_LIVE).  Without workers, the block size is measured 
 made at construction, which the first fill delivers (`measure_here`).
 
 Block layout: a 64-byte header (magic, pickle offset, pickle length; MAGIC_FAST, skeleton
-offset, skeleton length, table offset, table entries; MAGIC_LIVE, token, the data's end; or an
-overflow record), the leaves' bytes from offset 64 each aligned to 64, then the pickle (or the
-table and the skeleton).
+offset, skeleton length, table offset, table entries; MAGIC_LIVE, token, the data's end; or
+MAGIC_SPILL: the batch outgrew the block and was made in memory of its own, `_Writer.spill`),
+the leaves' bytes from offset 64 each aligned to 64, then the pickle (or the table and the
+skeleton).
 
 A batch of containers (dict, list, tuple, namedtuple) and tensors or arrays only goes as
 MAGIC_FAST (_Block.finish_fast): the skeleton is the structure pickled with each leaf a slot
@@ -65,7 +66,6 @@ from . import _stoke
 
 _ROW_BYTES = 64 << 10  # a sample's bytes from which the row-streaming fetch pays (_Writer.row)
 MAGIC = 0x3142544B4F5453      # "STOKTB1": a batch
-MAGIC_OVER = 0x3142564F4F5453  # "STOOVB1": the batch did not fit; bytes needed follow
 MAGIC_END = 0x3142444E4F5453   # "STONDB1": this worker's iterator is exhausted; its id follows
 MAGIC_LIVE = 0x31424C4F4F5453  # "STOOLB1": a batch whose structure this process keeps (token, end)
 MAGIC_FAST = 0x3142534B4F5453  # "STOKSB1": a batch as a skeleton and a table of its leaves
@@ -1601,13 +1601,14 @@ class _Writer:
         dataset's own set_epoch.  What does not pickle is in `unsent`, with why."""
         if self.ds_ids is None or (self.persistent and self.started):
             return
-        if self.shipped is not None and not _attrs_changed(self.shipped, self.dataset):
+        attrs = _attrs_of(self.dataset)  # (the datasets walked once a pass)
+        if self.shipped is not None and not _attrs_changed(self.shipped, self.dataset, attrs):
             return  # (the patch shipped last still holds: not pickled again each pass)
-        attrs = _attrs_of(self.dataset)
         changed = _attrs_changed(self.ds_ids, self.dataset, attrs)
         # (a dataset replaced is sent whole, its attributes with it: the old one's are not
         # deleted from it, nor looked for in a list that is shorter now)
-        patch = {k: attrs.get(k, _Deleted) for k in changed if not _under(k, changed)}
+        replaced = set(changed)
+        patch = {k: attrs.get(k, _Deleted) for k in changed if not _under(k, replaced)}
         unsent = {}
         try:
             data = pickle.dumps(patch, pickle.HIGHEST_PROTOCOL) if patch else b""
@@ -1625,7 +1626,7 @@ class _Writer:
                 data = b""
         self.plan.set_patch(data)
         self.unsent = unsent
-        self.shipped = _attr_ids(self.dataset)
+        self.shipped = _attr_ids(self.dataset, attrs)
 
     def refresh_rows(self):
         """(a TensorDataset's rows) Its `tensors` set anew since the last pass (relabelling,
@@ -1864,11 +1865,8 @@ class _Writer:
             block = _Block(view, self.live, self.fast)
             samples = self.fetch(indices, where, block)
             return self.write(block, samples, indices)
-        except _Overflow as o:
+        except _Overflow as o:  # (from write: fetch's rows stop streaming when the block is full)
             block = None
-            if samples is None:  # (samples streamed into the block outgrew it: fetched again)
-                return self.spill_or_fail(i, worker, view, o, where, lambda blk: self.write(
-                    blk, self.fetch(indices, where, blk), indices))
             return self.spill_or_fail(i, worker, view, o, where,
                                       lambda blk: self.write(blk, samples, indices))
         except _Abandoned:
@@ -1892,9 +1890,7 @@ class _Writer:
             finally:
                 err = None  # (err -> traceback -> this frame -> err)
         if k.used > len(view):  # (max_batch_bytes is not measured: cannot happen)
-            self.live.pop(k.token, None)
-            struct.pack_into("<QQ", view, 0, MAGIC_OVER, k.used)
-            return 16
+            return self.keep_spill(view, k.block.view, k.used)  # (its own mapping already)
         view[:k.used] = k.block.view[:k.used]
         return k.used
 
@@ -1910,32 +1906,41 @@ class _Writer:
         if over.out is not _NOTHING:
             out = over.out
             make = lambda blk: blk.finish(out, True)  # noqa: E731
-        shared = self.worker >= 0
         size = _align(over.need) * 2 + (1 << 20)
+        if self.worker < 0:  # (decoded in this process)
+            used, block = _probe_block(make, self.live, size)
+            return self.keep_spill(view, block.view, used)
         while True:
-            fd = os.memfd_create("stoke-batch", os.MFD_CLOEXEC) if shared else -1
+            fd = os.memfd_create("stoke-batch", os.MFD_CLOEXEC)
             try:
-                if shared:
-                    os.ftruncate(fd, size)
-                mm = mmap.mmap(fd, size) if shared else mmap.mmap(-1, size,
-                                                                  flags=mmap.MAP_PRIVATE)
-                used = make(_Block(memoryview(mm), self.live, self.fast))
-                with self.spill_lock:
-                    self.spill_seq = seq = self.spill_seq + 1
-                    if not shared:
-                        self.spills[(os.getpid(), seq)] = memoryview(mm)
-                if shared:
-                    self.send_spill(fd, seq)
+                os.ftruncate(fd, size)
+                used = make(_Block(memoryview(mmap.mmap(fd, size)), self.live, self.fast))
+                seq = self.next_spill()
+                self.send_spill(fd, seq)
             except _Overflow as o:
                 size = _align(o.need) * 2
                 continue
             finally:
-                if shared:
-                    os.close(fd)
+                os.close(fd)
             break
+        return self.spill_header(view, used, seq)
+
+    def next_spill(self):
+        with self.spill_lock:
+            self.spill_seq += 1
+            return self.spill_seq
+
+    def spill_header(self, view, used, seq):
         _SPILL.pack_into(view, 0, MAGIC_SPILL, os.getpid(), used, seq,
                          self.worker % max(len(self.spill_socks), 1))
         return _SPILL.size
+
+    def keep_spill(self, view, mem, used):
+        """A batch made in this process outside its block (mem), handed over in self.spills."""
+        seq = self.next_spill()
+        with self.spill_lock:
+            self.spills[(os.getpid(), seq)] = mem
+        return self.spill_header(view, used, seq)
 
     def send_spill(self, fd, seq):
         """fd to the consumer, on this worker's socket; its queue full (the send buffer's
@@ -2230,8 +2235,6 @@ class _Writer:
         magic, a = head[0], head[1]
         if magic == MAGIC_END:
             return _End(a)
-        if magic == MAGIC_OVER:
-            return self.rebuild(b, a)
         if magic == MAGIC_SPILL:
             return self.take_spill(b, view)
         if magic != MAGIC_FAST and magic != MAGIC and magic != MAGIC_LIVE:
@@ -2307,23 +2310,19 @@ class _Writer:
                           stacklevel=4)
         return buf
 
-    def warn_over(self, i, need, how):
-        """Once a loader: batch i needed more than a block, and such batches are `how`."""
-        if not self.warned_over:
-            self.warned_over = True
-            warnings.warn("stoke: batch %d needs %d bytes, more than a block (%d): such batches "
-                          "are %s; pass max_batch_bytes=%d to keep them in the blocks"
-                          % (i, need, self.blob_bytes, how, 2 * need), RuntimeWarning,
-                          stacklevel=6)
-
     def take_spill(self, b, view):
         """A batch its worker made in memory of its own (spill): its memfd received and mapped
         (private), or this process's own taken; copied into pinned memory when the loader pins
         (one warning naming the max_batch_bytes that keeps batches in their blocks)."""
         _, pid, used, seq, worker = _SPILL.unpack_from(view, 0)
         i = int(np.asarray(b.indices)[0])
-        self.warn_over(i, used, "made by their worker in memory of their own%s"
-                       % (" and copied into pinned memory here" if b.is_pinned else ""))
+        if not self.warned_over:
+            self.warned_over = True
+            warnings.warn("stoke: batch %d needs %d bytes, more than a block (%d): such batches "
+                          "are made by their worker in memory of their own%s; pass "
+                          "max_batch_bytes=%d to keep them in the blocks"
+                          % (i, used, self.blob_bytes, " and copied into pinned memory here"
+                             if b.is_pinned else "", 2 * used), RuntimeWarning, stacklevel=5)
         if pid == os.getpid():
             with self.spill_lock:
                 src = self.spills.pop((pid, seq))
@@ -2339,16 +2338,6 @@ class _Writer:
             dst[:used] = src[:used]
             return self.load(dst, buf.pinned)
         return self.load(src, False)
-
-    def rebuild(self, b, need):
-        """A batch too large for its block: made again here, in ordinary memory."""
-        i = int(np.asarray(b.indices)[0])
-        self.warn_over(i, need, "made in the main process, in ordinary memory")
-        indices = self.plan.batch(i).tolist()
-        buf = bytearray(_align(need) + (1 << 20))
-        self.write(_Block(memoryview(buf), self.live, self.fast), self.fetch(indices, [None]),
-                   indices)
-        return self.load(memoryview(buf), False)
 
     def name_batch(self, err):
         """The loader's "sample" is the batch's number in the epoch: the message says batch,
@@ -2601,14 +2590,16 @@ def _attrs_of(ds):
     return out
 
 
-def _attr_ids(obj):
+def _attr_ids(obj, attrs=None):
     """What obj's instance attributes are, and those of the datasets in it ("dataset.scale"
     for a Subset's: _watched), to tell later which were set anew (_attrs_changed): {name:
     (kind, what)}, by value for a number or a short string, by a weak reference where the
     object takes one, else by id() (a list, a dict, a tuple); None when obj has no __dict__.
     Never the objects themselves: holding one would keep a replaced array alive.  (Ids alone
-    missed a value set twice, the second at the address the first one freed.)"""
-    attrs = _attrs_of(obj)
+    missed a value set twice, the second at the address the first one freed.)  attrs:
+    _attrs_of(obj), if taken already."""
+    if attrs is None:
+        attrs = _attrs_of(obj)
     if attrs is None:
         return None
     out = {}
@@ -2817,12 +2808,12 @@ def _probe(w, meanwhile=None):
     return int(text), pid
 
 
-def _probe_block(make, live=None):
+def _probe_block(make, live=None, size=1 << 20):
     """make(block) on blocks of ordinary memory, doubled until the batch fits (kept as MAGIC_LIVE
     or pickled, not MAGIC_FAST: a pickle is the larger, its size the safer measure).  A private
     anonymous mapping, not a bytearray: only the pages the batch writes are touched (a
-    bytearray of twice an image batch's size was zeroed, page by page, for nothing)."""
-    size = 1 << 20
+    bytearray of twice an image batch's size was zeroed, page by page, for nothing).  Also a
+    batch of this process that outgrew its block (_Writer.spill)."""
     while True:
         block = _Block(memoryview(mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)), live)
         try:

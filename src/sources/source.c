@@ -128,6 +128,8 @@ static int open_synthetic(const char *spec, const char *args, stoke_dataset *out
 }
 
 static const char *const NPY_KEYS[] = {"labels=", "io=", "direct="};
+#define NPY_OPTIONS    "labels=, io=, direct="
+#define IMAGES_OPTIONS "size=, train, eval, layout=, dtype=, mean=, std=, seed=, max_decode_bytes="
 
 /* A local path that does not exist and holds ",word=" (or, where the source has options of
  * one word, `bare`, ",word" followed by ',' or the end): an option misspelt (",batchy=3",
@@ -224,9 +226,9 @@ static int open_npy(const char *spec, const char *args, stoke_dataset *out)
         opt = next;
     }
     if (!rc)
-        rc = misspelt_option(buf, "npy", "labels=, io=, direct=", 0);
+        rc = misspelt_option(buf, "npy", NPY_OPTIONS, 0);
     if (!rc && o.labels_path)
-        rc = misspelt_option(o.labels_path, "npy", "labels=, io=, direct=", 0);
+        rc = misspelt_option(o.labels_path, "npy", NPY_OPTIONS, 0);
     if (!rc)
         rc = stoke_npy_open_opts(buf, &o, out);
 done:
@@ -279,9 +281,7 @@ static int open_images(const char *spec, const char *args, stoke_dataset *out)
         if (got < 0)
             rc = stoke__fail(got, "source '%s': %s", spec, why);
         else if (got == 0)
-            rc = stoke__fail(STOKE_EINVAL,
-                             "source '%s': unknown option '%s' (size=, train, eval, layout=, "
-                             "dtype=, mean=, std=, seed=, max_decode_bytes=)",
+            rc = stoke__fail(STOKE_EINVAL, "source '%s': unknown option '%s' (" IMAGES_OPTIONS ")",
                              spec, t);
     }
     if (!rc) {
@@ -294,10 +294,7 @@ static int open_images(const char *spec, const char *args, stoke_dataset *out)
         memcpy(o.std, img.std, sizeof(o.std));
         o.seed = img.seed;
         o.max_decode_bytes = img.max_decode;
-        rc = misspelt_option(buf, "images",
-                             "size=, train, eval, layout=, dtype=, mean=, std=, seed=, "
-                             "max_decode_bytes=",
-                             1);
+        rc = misspelt_option(buf, "images", IMAGES_OPTIONS, 1);
     }
     if (!rc)
         rc = stoke_images_open(buf, &o, out);
