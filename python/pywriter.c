@@ -22,7 +22,10 @@
 
 struct stoke_pywriter {
     PyObject *obj;       /* the writer: fill, next_fill, set_epoch, worker_init, fork_child */
-    int64_t nbatches;    /* MAP: batches per epoch; < 0: ITERABLE */
+    int64_t nbatches;    /* MAP: the C loader's batches per epoch (a bound); < 0: ITERABLE */
+    /* MAP: the planned epoch's batches, and the word that says to answer length() with them
+     * (the writer's `live_length`: two addresses in its plan's shared header; NULL: none) */
+    const int64_t *live_n, *live_on;
     size_t blob_bytes;   /* one batch's block */
     stoke_field field;   /* "batch": u8 [blob_bytes] */
     int64_t shape[1];
@@ -214,9 +217,17 @@ static void pyw_fork_child(void *user, int worker)
     PyGILState_Release(w->fork_gil);
 }
 
+/* The loader's creation sizes its epochs by the bound (nbatches); once the writer turns
+ * live_on on, the loader's later questions (a replacement's candidates, the on_error budget's
+ * fraction) get the planned epoch's batches, which may change from epoch to epoch. */
 static uint64_t pyw_length(void *user)
 {
-    return (uint64_t)((stoke_pywriter *)user)->nbatches;
+    const stoke_pywriter *w = user;
+    if (w->live_on && __atomic_load_n(w->live_on, __ATOMIC_ACQUIRE)) {
+        int64_t n = __atomic_load_n(w->live_n, __ATOMIC_RELAXED);
+        return n > 0 ? (uint64_t)n : 0;
+    }
+    return (uint64_t)w->nbatches;
 }
 
 static void pyw_close(void *user)
@@ -545,17 +556,33 @@ out:
     return res;
 }
 
+/* An address given as a Python int (a converter for PyArg_ParseTuple): 1, or 0 with an error. */
+static int address_of(PyObject *v, void *out)
+{
+    void *p = PyLong_AsVoidPtr(v);
+    if (!p && !PyErr_Occurred())
+        PyErr_SetString(PyExc_ValueError, "stoke: writer: live_length: a NULL address");
+    *(void **)out = p;
+    return p != NULL;
+}
+
 int stoke_pywriter_open(PyObject *obj, stoke_dataset *ds)
 {
     long long nbatches = 0, blob = 0;
+    void *live_n = NULL, *live_on = NULL;
     PyObject *n = PyObject_GetAttrString(obj, "nbatches");
     PyObject *b = n ? PyObject_GetAttrString(obj, "blob_bytes") : NULL;
-    if (b) {
+    PyObject *live = b ? PyObject_GetAttrString(obj, "live_length") : NULL;
+    if (live) {
         nbatches = PyLong_AsLongLong(n);
         blob = PyLong_AsLongLong(b);
+        if (live != Py_None)
+            (void)PyArg_ParseTuple(live, "O&O&;stoke: writer: live_length", address_of, &live_n,
+                                   address_of, &live_on); /* (an error: PyErr_Occurred below) */
     }
     Py_XDECREF(n);
     Py_XDECREF(b);
+    Py_XDECREF(live);
     if (PyErr_Occurred())
         return -1;
     if (blob < 64) {
@@ -570,6 +597,8 @@ int stoke_pywriter_open(PyObject *obj, stoke_dataset *ds)
     }
     w->obj = Py_NewRef(obj);
     w->nbatches = nbatches;
+    w->live_n = live_n;
+    w->live_on = live_on;
     w->blob_bytes = (size_t)blob;
     w->shape[0] = blob;
     snprintf(w->field.name, sizeof(w->field.name), "batch");

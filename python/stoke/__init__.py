@@ -281,6 +281,9 @@ class _DataLoader(_stoke.Loader):
         self._first_iter = False
         self._len_called = None
         self._ended = None  # (epoch, cursor) where an IterableDataset's pass ended (state_dict)
+        # ((epoch, cursor), batches): a map dataset's pass ended at the END block after the
+        # epoch's batches (the C loader's cursor counts it): state_dict() says the batches
+        self._end_at = None
         if not is_source:
             return self._init_python(
                 dataset, 1 if batch_size is _UNSET else batch_size, shuffle, sampler,
@@ -509,8 +512,12 @@ class _DataLoader(_stoke.Loader):
                                 prefetch_factor * max(1, num_workers)
                                 if type(prefetch_factor) is int and prefetch_factor > 0
                                 else 256)))
-        if w.iter_map and not in_order:  # (the C loader keeps a bit per batch out of order)
-            w.nbatches = _dropin._ITER_BATCHES_UNORDERED
+        if not in_order and (w.iter_map or not iterable):
+            # (the C loader keeps a bit per batch out of order: a map dataset's epochs may
+            # grow to 4 times their batches at construction, _batches says when one passes)
+            w.nbatches = _dropin._ITER_BATCHES_UNORDERED if iterable else max(
+                _dropin._ITER_BATCHES_UNORDERED, 4 * w.count()[0])
+            w.plan.bound = None if iterable else w.nbatches - 1  # (room for an END)
         # the accelerator is found (a child probes OpenCL drivers) while the probe's child
         # makes the first batch: the two forks overlap (num_workers=0: no probe child)
         w.measure(max_batch_bytes, _stoke.accelerator if pin_memory else None)
@@ -561,6 +568,7 @@ class _DataLoader(_stoke.Loader):
                 exc = None
         finally:  # measure()'s child exited while the loader was made
             w.reap_probe()
+        w.plan.head[_dropin._Plan.H_LIVE] = 1  # (the C loader's length(): the planned epoch's)
         self.dataset = dataset
         self.batch_size = batch_size
         self.num_workers = num_workers
@@ -584,6 +592,7 @@ class _DataLoader(_stoke.Loader):
         self.persistent_workers = bool(persistent_workers)
         self.device = None
         self._iterable = iterable
+        self._in_order = bool(in_order)
         # an IterableDataset's position is replayable only from one thread's iterator: worker
         # processes fill the batches of a map-style loader, threads share one iterator
         self._no_state = iterable and (processes or num_workers >= 2)
@@ -670,7 +679,7 @@ class _DataLoader(_stoke.Loader):
 
     def set_epoch(self, epoch):
         self._first_iter = False
-        self._ended = None
+        self._ended = self._end_at = None
         if self._writer is None:
             return super().set_epoch(epoch)
         return self._epoch_hook(super().set_epoch, epoch)
@@ -711,7 +720,7 @@ class _DataLoader(_stoke.Loader):
     def load_state_dict(self, state):
         self._no_state_here("load_state_dict")
         self._first_iter = False
-        self._ended = None
+        self._ended = self._end_at = None
         return self._load_state(state)
 
     def _no_state_here(self, what):
@@ -781,8 +790,14 @@ class _DataLoader(_stoke.Loader):
             if out is skipped:  # a batch that on_error skipped (None is a collate_fn's batch)
                 continue
             if type(out) is end:
+                # a map dataset's: batch i past the epoch's batches (in order: the first one
+                # ends the pass; out of order, the batches before it may still come, each
+                # worker's in its order: its END ends its share)
                 ended.add(out.worker)
-                if len(ended) >= self.num_workers:
+                if len(ended) >= self.num_workers or (not self._iterable and (
+                        self._in_order or self.num_workers < 2)):
+                    if not self._iterable:
+                        self._mark_end_at(self._writer.plan.nbatches())
                     return
                 continue
             st["yielded"] += 1
@@ -801,6 +816,12 @@ class _DataLoader(_stoke.Loader):
             # not kept while the next batch is awaited: a caller that dropped its batch has
             # given its buffer back, and a worker may take it instead of another one
             out = None
+
+    def _mark_end_at(self, batches):
+        try:
+            self._end_at = (self._save_state()[2:4], batches)
+        except StokeError:  # (in_order=False: state_dict() raises the same)
+            self._end_at = None
 
     def _mark_ended(self):
         """An IterableDataset's pass ended: state_dict() at this position is the next epoch's
@@ -843,6 +864,10 @@ class _DataLoader(_stoke.Loader):
         return _stoke.Loader.world_size.__get__(self) if w is None else w
 
     def __len__(self):
+        if self._writer is not None and not self._iterable:
+            # torch's: from the lengths of now (its sampler's, batch_sampler's, dataset's);
+            # an epoch has what the sampler's pass gives (_Writer.count)
+            return self._writer.count()[0]
         if self._writer is not None and self._iterable:
             # TypeError when the dataset has no length, as torch; it is not the epoch's bound
             # (the iterators are), only what torch's warning compares with (_batches)
@@ -863,6 +888,8 @@ class _DataLoader(_stoke.Loader):
         dataset's whole epoch is made the next epoch's start by load_state_dict."""
         self._no_state_here("state_dict")
         version, seed, epoch, cursor, workers = self._save_state()
+        if self._end_at is not None and self._end_at[0] == (epoch, cursor):
+            cursor = self._end_at[1]
         if self._ended is not None and self._ended == (epoch, cursor):
             epoch, cursor = epoch + 1, 0
         if self._writer is not None and self._writer.shuffle_drawn():
@@ -879,7 +906,7 @@ class _DataLoader(_stoke.Loader):
         # A map dataset's state after the epoch's last batch (the usual end-of-epoch
         # checkpoint) resumes at the start of the next epoch, as the saving loader's next pass
         # does (torchdata's StatefulDataLoader's rule): not an empty pass, then that epoch.
-        end = not workers and 0 < _stoke.Loader.__len__(self) <= cursor
+        end = not workers and 0 < self._epoch_len() <= cursor
         if end:
             epoch, cursor = epoch + 1, 0
         w = self._writer
@@ -892,6 +919,13 @@ class _DataLoader(_stoke.Loader):
         finally:
             if w is not None:
                 w.restore_seed = None
+
+    def _epoch_len(self):
+        """The batches of an epoch, for a restore's check of an epoch's end: a Python
+        dataset's from the lengths of now (len(loader)), a source string's the C loader's."""
+        if self._writer is None or self._iterable:
+            return _stoke.Loader.__len__(self)
+        return self._writer.count()[0]
 
     def __repr__(self):
         return ("stoke.DataLoader(batch_size=%s, num_workers=%d, epoch=%d, rank=%d/%d)"

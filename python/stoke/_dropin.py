@@ -1020,41 +1020,59 @@ class _Plan:
     H_RUN = 5  # an iterable's runs: each new one iterates the dataset from its start again
     H_LISTS = 6  # 1: each batch is one __getitem__ call with its list of keys (batch_size=None)
     H_PATCH = 7  # bytes in patch_fd: the dataset's attributes set since the fork (set_patch)
+    H_OFFCAP = 8  # batches the offsets' memfd holds (+ 1)
+    H_LIVE = 9  # 1: the C loader asks the epoch's batches (H_NBATCH) for the dataset's length
 
     def __init__(self, nbatches, nidx, nmail, entries=MAIL_ENTRIES, patch=False):
-        self.nbatches = max(nbatches, 0)
         self.nmail = nmail
         self.entries = max(entries, MAIL_ENTRIES)
         self.mailbox = 4096 + self.entries * MAIL_ENTRY  # (its header page: entries used)
         self.off_mail = 4096
-        self.off_offs = self.off_mail + nmail * self.mailbox
-        size = self.off_offs + 8 * (self.nbatches + 1)
+        size = self.off_mail + nmail * self.mailbox
         self.mm = mmap.mmap(-1, size)  # MAP_SHARED | MAP_ANONYMOUS: the forked workers see it
-        self.head = np.frombuffer(self.mm, dtype=np.int64, count=8, offset=0)
+        self.head = np.frombuffer(self.mm, dtype=np.int64, count=16, offset=0)
         self.cur = np.frombuffer(self.mm, dtype=np.int64, count=min(nmail, 448), offset=512)
         self.cur_mv = memoryview(self.mm)[512:512 + 8 * len(self.cur)].cast("q")  # (writes)
-        self.offs = np.frombuffer(self.mm, dtype=np.int64, count=self.nbatches + 1,
-                                  offset=self.off_offs)
+        # The epoch's batches: their count (H_NBATCH: it may change from epoch to epoch, as
+        # a sampler's or the dataset's length does), the offsets of each one's indices, and
+        # the indices, in two memfds that grow (a worker maps one again when the header says
+        # it grew)
         self.fd = os.memfd_create("stoke-plan", os.MFD_CLOEXEC)
+        self.offs_fd = os.memfd_create("stoke-plan-offsets", os.MFD_CLOEXEC)
         # (with worker processes) the attributes the consumer set on the dataset since the
         # workers were forked, pickled: each worker sets them on its copy (_Writer.ship_changes)
         self.patch_fd = os.memfd_create("stoke-patch", os.MFD_CLOEXEC) if patch else -1
         # the memfds are this plan's: closed with it (one per loader was left open, so a
         # script making a loader per epoch ran out of descriptors after ~1000)
-        weakref.finalize(self, _close_fds, self.fd, self.patch_fd)
+        weakref.finalize(self, _close_fds, self.fd, self.offs_fd, self.patch_fd)
         self.wrap = 0  # rows of a TensorDataset: negative indices count from this length
-        self.idx_mm = None
+        self.bound = None  # the most batches an epoch may have (the C loader's, in_order=False)
+        self.idx_mm = self.offs_mm = None
+        self.idx = self.offs = None
         self._map_idx(max(nidx, 512))
+        self._map_offs(max(nbatches, 0) + 1)
+
+    def _map(self, fd, n, old):
+        if old is not None:
+            old.close()
+        if os.fstat(fd).st_size < 8 * n:
+            os.ftruncate(fd, 8 * n)
+        mm = mmap.mmap(fd, 8 * n)
+        return mm, np.frombuffer(mm, dtype=np.int64, count=n)
 
     def _map_idx(self, n):
-        if self.idx_mm is not None:
-            self.idx = None
-            self.idx_mm.close()
-        if os.fstat(self.fd).st_size < 8 * n:
-            os.ftruncate(self.fd, 8 * n)
-        self.idx_mm = mmap.mmap(self.fd, 8 * n)
-        self.idx = np.frombuffer(self.idx_mm, dtype=np.int64, count=n)
+        self.idx = None
+        self.idx_mm, self.idx = self._map(self.fd, n, self.idx_mm)
         self.head[self.H_IDXCAP] = n
+
+    def _map_offs(self, n):
+        self.offs = None
+        self.offs_mm, self.offs = self._map(self.offs_fd, n, self.offs_mm)
+        self.head[self.H_OFFCAP] = n
+
+    def nbatches(self):
+        """The planned epoch's batches."""
+        return int(self.head[self.H_NBATCH])
 
     def write(self, epoch, batches, base_seed, lists=False):
         """The epoch's batches: a list of index lists, or (order, batch_size, drop_last) for
@@ -1066,13 +1084,16 @@ class _Plan:
             n = min(len(order), nb * bs)
         else:
             nb, n = len(batches), sum(len(b) for b in batches)
-        if nb != self.nbatches:
-            raise ValueError(
-                "stoke: the sampler gave %d batches for epoch %d, its length says %d: a "
-                "stoke.DataLoader keeps the number of batches per epoch"
-                % (nb, epoch, self.nbatches))
+        if self.bound is not None and nb > self.bound:
+            raise RuntimeError(
+                "stoke: epoch %d has %d batches, more than the %d this DataLoader "
+                "(in_order=False, whose C loader keeps a bit per batch) was made for, 4 times "
+                "its batches at construction: make a new DataLoader for the longer epochs"
+                % (epoch, nb, self.bound))
         if n > len(self.idx):
             self._map_idx(max(n, 2 * len(self.idx)))
+        if nb + 1 > len(self.offs):
+            self._map_offs(max(nb + 1, 2 * len(self.offs)))
         if isinstance(batches, tuple):
             self.idx[:n] = order[:n]
             self.offs[:nb + 1] = np.minimum(np.arange(nb + 1, dtype=np.int64) * bs, n)
@@ -1084,6 +1105,7 @@ class _Plan:
                 pos += len(b)
             self.offs[nb] = pos
         self.head[self.H_EPOCH] = epoch
+        self.head[self.H_NBATCH] = nb
         self.head[self.H_SEED] = base_seed
         self.head[self.H_NIDX] = n
         self.head[self.H_LISTS] = int(lists)
@@ -1117,6 +1139,8 @@ class _Plan:
     def batch(self, i):
         if self.head[self.H_IDXCAP] != len(self.idx):  # a worker: the consumer grew it
             self._map_idx(int(self.head[self.H_IDXCAP]))
+        if self.head[self.H_OFFCAP] != len(self.offs):
+            self._map_offs(int(self.head[self.H_OFFCAP]))
         return self.idx[self.offs[i]:self.offs[i + 1]]
 
     def base_seed(self):
@@ -1237,25 +1261,31 @@ def _stateless(s):
         torch is not None and type(s) is torch.Tensor)
 
 
-def _one_pass(s, what, most):
+def _one_pass(s, what, n):
     """One pass over sampler (batch_sampler) s, as a list: a list, tuple, range, array or tensor
-    as it is; an object's iterator, of which `most` + 1 items at most are drawn (most: what the
-    epoch's batches, planned from len(s), can hold), so that one that yields more (an infinite
-    sampler, as mmengine's InfiniteSampler: torch's epoch over it never ends) is a ValueError,
-    not a list that grows until memory runs out.  _Plan.write checks the batches' count."""
+    as it is; an object's iterator, of which at most _pass_most(n) + 1 items are drawn (n: its
+    len(), which it may miss, as a bucketing batch_sampler's estimate: torch's DataLoader uses
+    it only for len(loader)), so that one that yields without end (an infinite sampler, as
+    mmengine's InfiniteSampler: torch's epoch over it never ends) is a ValueError, not a list
+    that grows until memory runs out."""
     if _stateless(s):
         return s
+    most = _pass_most(n)
     items = list(itertools.islice(s, most + 1))  # (iter(s) once, as list(s) and torch)
     if len(items) > most:
         raise ValueError(
-            "stoke: the %s (%s) yields more than %d items in one pass, more than the epoch's "
-            "batches hold (planned from its len(), %d; an infinite sampler?): a "
-            "stoke.DataLoader plans each epoch from one pass over the %s, which must end "
-            "(torch's DataLoader would iterate it without end). Make the %s's __iter__ end "
-            "after its len() items (one epoch), or use a finite sampler such as "
-            "RandomSampler(ds, num_samples=N), and iterate the loader once per epoch"
-            % (what, type(s).__name__, most, _sampler_len(s, what), what, what))
+            "stoke: the %s (%s) yields more than %d items in one pass, 4 times its len(), %d, "
+            "and 65,536 more (an infinite sampler?): a stoke.DataLoader plans each epoch from "
+            "one pass over the %s, which must end (torch's DataLoader would iterate it without "
+            "end). Make the %s's __iter__ end after one epoch's items, or use a finite sampler "
+            "such as RandomSampler(ds, num_samples=N), and iterate the loader once per epoch"
+            % (what, type(s).__name__, most, n, what, what))
     return items
+
+
+def _pass_most(n):
+    """The most items one pass of a sampler whose len() is n may yield (_one_pass)."""
+    return 4 * n + 65536
 
 
 def _is_key_list(k):
@@ -1368,14 +1398,24 @@ class _Writer:
             # iterators yield; its length may be an estimate): _ITER_BATCHES at most, with a
             # warning when an epoch reaches it (DataLoader._batches).
             self.nbatches = _ITER_BATCHES
-            nidx = 0
+            nb0 = nidx = 0
         elif not iterable:
-            self.nbatches, nidx = self.count()  # 0: every epoch is empty, as torch's
+            # The C loader's length is a bound, not the epoch's batches: those are planned at
+            # each epoch's start, from the sampler's pass (or the dataset's length) of then, as
+            # torch's iterator takes them; batch i past them is an END block (fill_one), and
+            # the pass ends at the first (DataLoader._batches).  So a dataset whose length
+            # changes, or a batch_sampler whose count varies (bucketing by length, a token
+            # budget), is iterated as torch iterates it.
+            nb0, nidx = self.count()  # 0: an empty epoch, as torch's
+            self.nbatches = _ITER_BATCHES
         else:
-            nidx = 0
+            nb0, nidx = 0, 0
         # (the plan's batch offsets are a MAP dataset's: an iterable's batches are not planned)
-        self.plan = _Plan(0 if iterable else self.nbatches, nidx, num_workers + 1,
-                          mail_entries, patch=processes)
+        self.plan = _Plan(nb0, nidx, num_workers + 1, mail_entries, patch=processes)
+        # (pywriter.c's length(): the planned epoch's batches, once the C loader is made)
+        addr = self.plan.head.ctypes.data
+        self.live_length = None if iterable else (addr + 8 * _Plan.H_NBATCH,
+                                                  addr + 8 * _Plan.H_LIVE)
         # (worker processes) the dataset's attributes when they were forked, and when the
         # changes since were last shipped to them (ship_changes); the names that could not be
         # shipped, with why; whether the first pass began (persistent workers take no later
@@ -1409,10 +1449,9 @@ class _Writer:
     def sample_order(self, epoch):
         """The epoch's dataset indices in order: a list (a sampler's) or an int64 array."""
         if self.sampler is not None:
-            # at most the samples the epoch's batches hold (batches(): batch_size is set here)
-            bs, nb = self.batch_size, self.nbatches
-            most = (nb + 1) * bs - 1 if self.drop_last else nb * bs
-            return _keys(_one_pass(self.sampler, "sampler", most))
+            # batch_size is set here (batches())
+            return _keys(_one_pass(self.sampler, "sampler", _sampler_len(self.sampler,
+                                                                         "sampler")))
         n = len(self.dataset)
         order = _permutation(n, self.shuffle_seed(), epoch) if self.shuffle else np.arange(n)
         if self.world > 1:  # DistributedSampler's split: padded to a multiple of the ranks
@@ -1429,10 +1468,12 @@ class _Writer:
         self.lists = False
         if self.batch_sampler is not None:
             return [_keys(b, "batch_sampler")
-                    for b in _one_pass(self.batch_sampler, "batch_sampler", self.nbatches)]
+                    for b in _one_pass(self.batch_sampler, "batch_sampler",
+                                       _sampler_len(self.batch_sampler, "batch_sampler"))]
         bs = self.batch_size
         if bs is None and self.sampler is not None:
-            items = list(_one_pass(self.sampler, "sampler", self.nbatches))
+            items = list(_one_pass(self.sampler, "sampler", _sampler_len(self.sampler,
+                                                                         "sampler")))
             # each item a list of keys (torch's batched read: sampler=BatchSampler(...),
             # batch_size=None): one __getitem__ call with the list, as torch's (the workers
             # read H_LISTS); else each item is one key
@@ -1853,6 +1894,9 @@ class _Writer:
                 struct.pack_into("<QQ", view, 0, MAGIC_END, self.worker)
                 return 16
             return r[0] if isinstance(r, tuple) else r
+        if i >= self.plan.head[_Plan.H_NBATCH]:  # past the epoch's batches: its end
+            struct.pack_into("<QQ", view, 0, MAGIC_END, worker)
+            return 16
         if self.kept is not None:
             k, self.kept = self.kept, None
             if i == 0 and int(self.plan.head[_Plan.H_EPOCH]) == 0:
@@ -2128,7 +2172,7 @@ class _Writer:
         if max_batch_bytes:
             self.blob_bytes = int(max_batch_bytes)
             return
-        if self.nbatches == 0:  # no batch to measure, none to hold
+        if not self.iterable and self.count()[0] == 0:  # no batch to measure, none to hold
             self.blob_bytes = 4096
             return
         if self.rows_path:

@@ -110,7 +110,10 @@ int stoke__bad_sample(stoke_loader *l, stoke_batch *b, stoke__producer *p, size_
 /* The budget of this epoch after `seen` delivered samples. */
 static uint64_t budget(const stoke_loader *l, uint64_t seen)
 {
-    double total = l->iterable ? (double)seen : (double)l->nsamples;
+    /* (a dataset whose length() is under the loader's positions, one that plans each epoch's
+     * batches within a bound as the Python writer, has that many: a fraction of those) */
+    uint64_t n = l->iterable || !l->ds.length ? l->nsamples : l->ds.length(l->ds.user);
+    double total = l->iterable ? (double)seen : (double)(n < l->nsamples ? n : l->nsamples);
     double f = l->o.max_bad_fraction * total + 1e-9; /* truncated below: the floor */
     uint64_t b =
         (l->o.max_bad_fraction >= 1.0 || f >= 18446744073709551615.0) ? UINT64_MAX : (uint64_t)f;

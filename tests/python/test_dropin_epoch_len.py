@@ -1,0 +1,259 @@
+"""stoke.DataLoader over epochs whose number of batches changes (issue 27): torch's iterator
+takes each epoch's batches from its sampler's pass of then, so a dataset whose length changes
+between epochs (data appended, a curriculum's subset), or a batch_sampler whose count varies
+from pass to pass (bucketing by length, a token budget: its __len__ an estimate), is iterated
+as it is.  stoke fixed its batches per epoch at construction and raised "the sampler gave N
+batches for epoch E, its length says M".  Each case compares every epoch (its batches, their
+order where both are sequential, len(loader) before it) with torch's, at 0 and 2 workers."""
+import collections
+import random
+import warnings
+
+import stoke_testlib as T
+
+T.no_forked_python_under_tsan()
+
+T.need("numpy")
+import dropin_lib as L  # noqa: E402
+from dropin_lib import case, check_multiset, check_sequential, epoch  # noqa: E402
+
+torch = L.torch
+
+
+class Growing(torch.utils.data.Dataset):
+    """n samples, sample i the int i; the test sets n between epochs."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):  # (n: the worker's copy's; persistent workers keep theirs)
+        return torch.tensor([i, self.n])
+
+
+class Buckets(torch.utils.data.Sampler):
+    """A batch_sampler whose passes give a different number of batches each (pass k: 3 + 2k
+    batches of varying size), and whose __len__ (5) is an estimate, as a token-budget
+    sampler's is."""
+
+    def __init__(self, n):
+        self.n, self.passes = n, 0
+
+    def __len__(self):
+        return 5
+
+    def __iter__(self):
+        rng = random.Random(self.passes)
+        count = 3 + 2 * self.passes
+        self.passes += 1
+        for _ in range(count):
+            yield rng.sample(range(self.n), rng.randint(1, 6))
+
+
+LENGTHS = (10, 23, 6, 6, 1, 9)  # grows, shrinks, stays, one (torch's shuffle fails on 0)
+
+
+def epochs_of(make, lengths=LENGTHS):
+    """[(len(loader), batches)] of a loader over Growing, its length set before each epoch."""
+    ds = Growing(lengths[0])
+    loader = make(ds)
+    out = []
+    for n in lengths:
+        ds.n = n
+        out.append((len(loader), epoch(loader)))
+    return out
+
+
+@case
+def dataset_length_changes():
+    for nw in (0, 2):
+        for shuffle in (False, True):
+            for persistent in ((False, True) if nw else (False,)):
+                kw = dict(batch_size=4, shuffle=shuffle, num_workers=nw,
+                          persistent_workers=persistent)
+                what = "length changes %s" % kw
+                ref = epochs_of(lambda ds: L.TorchLoader(ds, **kw))
+                got = epochs_of(lambda ds: L.Loader(ds, **kw))
+                for e, ((rl, r), (gl, g)) in enumerate(zip(ref, got)):
+                    T.check(gl == rl, "%s: epoch %d: len(loader) %d, torch %d"
+                            % (what, e, gl, rl))
+                    if shuffle:
+                        check_multiset(r, g, "%s: epoch %d" % (what, e))
+                    else:
+                        check_sequential(r, g, "%s: epoch %d" % (what, e))
+                    T.check(len(g) == -(-LENGTHS[e] // 4), "%s: epoch %d: %d batches"
+                            % (what, e, len(g)))
+
+
+@case
+def drop_last_and_no_batching():
+    """drop_last=True and batch_size=None follow the length of each epoch too."""
+    for nw in (0, 2):
+        for kw in ({"batch_size": 4, "drop_last": True}, {"batch_size": None}):
+            kw = dict(kw, num_workers=nw)
+            ref = epochs_of(lambda ds: L.TorchLoader(ds, **kw))
+            got = epochs_of(lambda ds: L.Loader(ds, **kw))
+            for e, ((rl, r), (gl, g)) in enumerate(zip(ref, got)):
+                T.check(gl == rl, "%s: epoch %d: len %d, torch %d" % (kw, e, gl, rl))
+                check_sequential(r, g, "%s: epoch %d" % (kw, e))
+
+
+@case
+def batch_sampler_count_varies():
+    """A bucketing batch_sampler: 3, 5, 7, 9 batches in its passes, len() 5 throughout."""
+    for nw in (0, 2):
+        ref = L.TorchLoader(Growing(40), batch_sampler=Buckets(40), num_workers=nw)
+        got = L.Loader(Growing(40), batch_sampler=Buckets(40), num_workers=nw)
+        for e in range(4):
+            T.check(len(got) == len(ref) == 5, "len(loader) %d, torch %d" % (len(got), len(ref)))
+            r, g = epoch(ref), epoch(got)
+            T.check(len(r) == 3 + 2 * e, "torch's epoch %d: %d batches" % (e, len(r)))
+            check_sequential(r, g, "bucketing batch_sampler, %d workers, epoch %d" % (nw, e))
+
+
+@case
+def out_of_order():
+    """in_order=False: an epoch ends when every batch of it came, not at the first batch past
+    it (the workers' ends arrive in any order)."""
+    for nw, mode in ((1, "processes"), (2, "processes"), (3, "threads")):
+        kw = dict(batch_size=3, shuffle=True, num_workers=nw)
+        ref = epochs_of(lambda ds: L.TorchLoader(ds, **kw))  # (torch 2.6's in_order: the same)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (threads over a Python dataset: a warning)
+            got = epochs_of(lambda ds: L.Loader(ds, in_order=False, worker_mode=mode, **kw))
+        for e, ((rl, r), (gl, g)) in enumerate(zip(ref, got)):
+            T.check(gl == rl, "in_order=False epoch %d: len %d, torch %d" % (e, gl, rl))
+            check_multiset(r, g, "in_order=False, %d %s, epoch %d" % (nw, mode, e))
+
+
+@case
+def out_of_order_bound():
+    """in_order=False: the C loader keeps a bit per batch of the epoch, so its epoch is bound
+    (4 times the batches at construction, at least _ITER_BATCHES_UNORDERED, made small here):
+    an epoch past it is a RuntimeError saying so, not an epoch cut silently."""
+    saved = L.stoke._dropin._ITER_BATCHES_UNORDERED
+    L.stoke._dropin._ITER_BATCHES_UNORDERED = 8
+    try:
+        ds = Growing(8)
+        loader = L.Loader(ds, batch_size=1, num_workers=2, in_order=False)
+        T.check(len(epoch(loader)) == 8, "8 batches")
+        ds.n = 31  # the bound: 4 x 8, one of them for the end
+        T.check(len(epoch(loader)) == 31, "31 batches")
+        ds.n = 40
+        try:
+            got = epoch(loader)
+        except RuntimeError as e:
+            T.check("epoch 2 has 40 batches, more than the 31" in str(e)
+                    and "in_order=False" in str(e), str(e))
+        else:
+            raise AssertionError("40 batches past a bound of 31: %d, no error" % len(got))
+        ds.n = 5
+        T.check(len(epoch(loader)) == 5, "after the error: 5 batches")
+    finally:
+        L.stoke._dropin._ITER_BATCHES_UNORDERED = saved
+
+
+class Failing(Growing):
+    """Growing whose samples in `bad` raise."""
+
+    def __init__(self, n, bad):
+        super().__init__(n)
+        self.bad = set(bad)
+
+    def __getitem__(self, i):
+        if i in self.bad:
+            raise ValueError("bad sample %d" % i)
+        return super().__getitem__(i)
+
+
+@case
+def on_error_within_the_epoch():
+    """on_error's replacement is one of the epoch's batches (the C loader's length is a bound
+    far larger: a replacement drawn from it would be an end, cutting the epoch), and a
+    budget in percent is of the epoch's batches."""
+    for nw in (0, 2):
+        ds = Failing(12, bad={0})
+        loader = L.Loader(ds, batch_size=2, num_workers=nw, on_error="replace")
+        for e, n in enumerate((12, 30, 8)):
+            ds.n = n
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                got = epoch(loader)
+            T.check(len(got) == n // 2, "replace, epoch %d: %d batches of %d" % (e, len(got), n))
+            firsts = [int(b[0][0]) for b in got]
+            T.check(all(0 < f < n for f in firsts) and firsts[1:] == list(range(2, n, 2)),
+                    "replace, epoch %d: batches from %s" % (e, firsts))
+            T.check(sum("replaced by batch" in str(w.message) for w in caught) == 1,
+                    "replace, epoch %d: %s" % (e, [str(w.message) for w in caught]))
+        # 3 bad batches of 4 (75%) over a budget of 50%: the epoch stops at the third
+        ds = Failing(8, bad={0, 2, 4})
+        loader = L.Loader(ds, batch_size=2, num_workers=nw, on_error="skip:50%")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                got = epoch(loader)
+            except ValueError as e:  # the dataset's, from the loader's error
+                T.check("the budget is 2 (50% of the epoch)" in str(e.__cause__),
+                        "skip:50%%: %r from %r" % (e, e.__cause__))
+            else:
+                raise AssertionError("skip:50%% with 3 bad batches of 4: no error, %d batches"
+                                     % len(got))
+
+
+@case
+def state_at_an_epochs_end():
+    """state_dict() after an epoch's last batch (before or after the loop's end: the batch past
+    the epoch that ended it is not counted) resumes at the next epoch's start; one mid-epoch
+    resumes there."""
+    for nw in (0, 2):
+        ds = Growing(10)
+        loader = L.Loader(ds, batch_size=4, num_workers=nw)
+        it = iter(loader)
+        batches = [next(it) for _ in range(3)]
+        at_last = loader.state_dict()
+        T.check(next(it, None) is None, "a fourth batch of 10 samples in 4s")
+        after = loader.state_dict()
+        T.check(at_last == after and after["batches_yielded"] == 3, "the states at the end: "
+                "%s, %s" % (at_last, after))
+        for st, n in ((at_last, 10), (after, 10)):
+            ds.n = n
+            again = L.Loader(ds, batch_size=4, num_workers=nw)
+            again.load_state_dict(st)
+            got = [b[:, 0].tolist() for b in again]
+            T.check(got == [list(range(k, min(k + 4, n))) for k in range(0, n, 4)]
+                    and again.epoch == 1,
+                    "%d workers, restored at %s with %d samples: epoch %d, %s"
+                    % (nw, st, n, again.epoch, got))
+        T.check([b[:, 0].tolist() for b in batches] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]],
+                "the first epoch: %s" % batches)
+        ds.n = 10
+        loader = L.Loader(ds, batch_size=4, num_workers=nw)
+        it = iter(loader)
+        next(it)
+        mid = loader.state_dict()
+        del it
+        again = L.Loader(ds, batch_size=4, num_workers=nw)
+        again.load_state_dict(mid)
+        got = [b[:, 0].tolist() for b in again]
+        T.check(got == [[4, 5, 6, 7], [8, 9]], "%d workers, restored mid-epoch: %s" % (nw, got))
+
+
+@case
+def counts_per_epoch_stay_exact():
+    """Nothing of an epoch is delivered twice or lost over many epochs of changing lengths,
+    with worker processes that make the batches past each epoch's end."""
+    rng = random.Random(3)
+    lengths = [rng.randint(0, 40) for _ in range(12)]
+    for nw in (0, 2):
+        got = epochs_of(lambda ds: L.Loader(ds, batch_size=5, shuffle=True, num_workers=nw,
+                                            prefetch_factor=4 if nw else None), lengths)
+        for e, (n, (gl, g)) in enumerate(zip(lengths, got)):
+            seen = collections.Counter(int(v) for b in g for v in b[:, 0])
+            T.check(seen == collections.Counter(range(n)) and gl == -(-n // 5),
+                    "%d workers, epoch %d of %d samples: %d batches, %d distinct of %d"
+                    % (nw, e, n, len(g), len(seen), sum(seen.values())))
+
+
+L.run_cases()
