@@ -359,6 +359,52 @@ static void test_skip_budget(void **state)
     }
 }
 
+/* A percent budget is of the epoch's positions, which a weighted sampler draws (1,000 here from a
+ * dataset of 100), not of the dataset's length: 8 bad indices (about 80 bad draws) within 10% of
+ * 1,000.  (The budget counted min(length, positions) for every sampler once: 10 of 100.) */
+static void test_skip_budget_of_draws(void **state)
+{
+    (void)state;
+    static const uint64_t bad8[] = {3, 11, 25, 38, 47, 59, 72, 96};
+    static double w[N];
+    for (int i = 0; i < N; i++)
+        w[i] = 1.0;
+    for (int workers = 0; workers <= 2; workers += 2) {
+        bds b;
+        stoke_dataset ds;
+        bds_open(&b, 0, bad8, 8, &ds);
+        stoke_loader_opts o;
+        stoke_loader_opts_init(&o);
+        assert_int_equal(stoke_on_error_parse("skip:10%", &o), STOKE_OK);
+        o.batch_size = BS;
+        o.num_workers = workers;
+        o.seed = 5;
+        o.pin_memory = 0;
+        o.sampler.kind = STOKE_SAMPLER_WEIGHTED;
+        o.sampler.weights = w;
+        o.sampler.num_weights = N;
+        o.sampler.num_samples = 10 * N;
+        stoke_loader *l;
+        assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+        stoke_batch *bt;
+        int rc;
+        uint64_t n = 0;
+        while ((rc = stoke_loader_next(l, &bt)) == STOKE_OK) {
+            n += stoke_batch_count(bt);
+            stoke_batch_release(bt);
+        }
+        if (rc != STOKE_EEND)
+            fail_msg("%d workers: %s", workers, stoke_last_error());
+        stoke_loader_stats st;
+        stoke_loader_get_stats(l, &st);
+        assert_true(st.bad_samples > 10 && st.bad_samples <= 100);
+        assert_int_equal(n + st.bad_samples, 10 * N);
+        stoke_loader_destroy(l);
+        stoke_dataset_close(&ds);
+        stoke_dataset_close(&b.inner);
+    }
+}
+
 /* replace: full batches, the bad slots filled by a function of (seed, index) that is the same
  * for every run and worker count; the quarantine names the replacement. */
 static void test_replace(void **state)
@@ -648,15 +694,11 @@ static void test_cli_on_error(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_error_policy),
-        cmocka_unit_test(test_skip),
-        cmocka_unit_test(test_skip_budget),
-        cmocka_unit_test(test_replace),
-        cmocka_unit_test(test_parse_and_validate),
-        cmocka_unit_test(test_cli_on_error),
-        cmocka_unit_test(test_iterable),
-        cmocka_unit_test(test_all_bad_batch),
-        cmocka_unit_test(test_canceled_is_not_bad),
+        cmocka_unit_test(test_error_policy),  cmocka_unit_test(test_skip),
+        cmocka_unit_test(test_skip_budget),   cmocka_unit_test(test_skip_budget_of_draws),
+        cmocka_unit_test(test_replace),       cmocka_unit_test(test_parse_and_validate),
+        cmocka_unit_test(test_cli_on_error),  cmocka_unit_test(test_iterable),
+        cmocka_unit_test(test_all_bad_batch), cmocka_unit_test(test_canceled_is_not_bad),
         cmocka_unit_test(test_errors_go_on),
     };
     return tu_exit_status(cmocka_run_group_tests(tests, NULL, NULL));

@@ -281,9 +281,12 @@ class _DataLoader(_stoke.Loader):
         self._first_iter = False
         self._len_called = None
         self._ended = None  # (epoch, cursor) where an IterableDataset's pass ended (state_dict)
-        # ((epoch, cursor), batches): a map dataset's pass ended at the END block after the
-        # epoch's batches (the C loader's cursor counts it): state_dict() says the batches
+        # (epoch, cursor): a map dataset's pass ended at the END block after the epoch's
+        # batches (the C loader's cursor counts it): state_dict() says the next epoch
         self._end_at = None
+        # END blocks the passes took (an IterableDataset's worker's end, a map dataset's past
+        # its epoch's batches), and the pinned ones: not batches, left out of stats()
+        self._end_blocks = [0, 0]
         if not is_source:
             return self._init_python(
                 dataset, 1 if batch_size is _UNSET else batch_size, shuffle, sampler,
@@ -514,9 +517,9 @@ class _DataLoader(_stoke.Loader):
                                 else 256)))
         if not in_order and (w.iter_map or not iterable):
             # (the C loader keeps a bit per batch out of order: a map dataset's epochs may
-            # grow to 4 times their batches at construction, _batches says when one passes)
+            # grow to 4 times their batches at construction: _Plan.write says when one passes)
             w.nbatches = _dropin._ITER_BATCHES_UNORDERED if iterable else max(
-                _dropin._ITER_BATCHES_UNORDERED, 4 * w.count()[0])
+                _dropin._ITER_BATCHES_UNORDERED, 4 * (w.count()[0] or 0))
             w.plan.bound = None if iterable else w.nbatches - 1  # (room for an END)
         # the accelerator is found (a child probes OpenCL drivers) while the probe's child
         # makes the first batch: the two forks overlap (num_workers=0: no probe child)
@@ -534,6 +537,15 @@ class _DataLoader(_stoke.Loader):
             big = w.blob_bytes >= _BIG_BLOCK and num_workers > 0
             if prefetch_factor is None and big:
                 prefetch_factor = 1  # big batches: fewer in flight, less memory than torch's
+            nb0 = None if iterable else w.count()[0]
+            if nb0 is not None and num_workers > 0:
+                # A few batches an epoch (a validation set): no more in flight than they and
+                # each worker's END block past them (the C loader's epoch is a bound, which
+                # no longer caps its buffers at the epoch's batches)
+                need = max(1, -(-(nb0 + 1) // num_workers))
+                have = int(prefetch_factor or 0)
+                if (have == 0 and need < 2) or 0 < need < have:
+                    prefetch_factor = need
             # the caller's batch: one buffer, not two, when each is big (a worker given its next
             # batch while the caller still holds the previous one waits until it is dropped)
             self._held = 1 if big else 2
@@ -629,6 +641,10 @@ class _DataLoader(_stoke.Loader):
                 # the sampler's order is taken now, as torch's iter() takes it (no batch was
                 # made yet: the workers start at the first next())
                 w.plan_now(self.epoch)
+            elif w.plan_stale():
+                # the dataset's length changed since construction planned epoch 0: torch's
+                # sampler reads it at iter()
+                w.replan(self.epoch)
             self._first_iter = False
         elif not w.planned and not w.iterable:
             # the epoch's planning failed (its sampler raised in set_epoch or at the start of
@@ -784,6 +800,9 @@ class _DataLoader(_stoke.Loader):
                 out = self._writer.decode_copy(b)
             else:
                 out = decode(b)
+            if type(out) is end:  # (not a batch the caller sees: stats() leaves it out)
+                self._end_blocks[0] += 1
+                self._end_blocks[1] += bool(b.is_pinned)
             del b
             if self._on_error:
                 self._warn_bad()
@@ -797,7 +816,7 @@ class _DataLoader(_stoke.Loader):
                 if len(ended) >= self.num_workers or (not self._iterable and (
                         self._in_order or self.num_workers < 2)):
                     if not self._iterable:
-                        self._mark_end_at(self._writer.plan.nbatches())
+                        self._mark_end_at()
                     return
                 continue
             st["yielded"] += 1
@@ -817,11 +836,22 @@ class _DataLoader(_stoke.Loader):
             # given its buffer back, and a worker may take it instead of another one
             out = None
 
-    def _mark_end_at(self, batches):
+    def _mark_end_at(self):
         try:
-            self._end_at = (self._save_state()[2:4], batches)
+            self._end_at = self._save_state()[2:4]
         except StokeError:  # (in_order=False: state_dict() raises the same)
             self._end_at = None
+
+    def stats(self):
+        st = super().stats()
+        n, pinned = self._end_blocks
+        if n:
+            st["samples"] -= n  # (a Python dataset's C samples are its batches)
+            st["batches"] -= n
+            st["bytes"] -= n * self._writer.blob_bytes
+            st["pinned_batches"] -= pinned
+            st["pageable_batches"] -= n - pinned
+        return st
 
     def _mark_ended(self):
         """An IterableDataset's pass ended: state_dict() at this position is the next epoch's
@@ -867,7 +897,11 @@ class _DataLoader(_stoke.Loader):
         if self._writer is not None and not self._iterable:
             # torch's: from the lengths of now (its sampler's, batch_sampler's, dataset's);
             # an epoch has what the sampler's pass gives (_Writer.count)
-            return self._writer.count()[0]
+            n = self._writer.count()[0]
+            if n is None:  # a sampler without __len__: torch's TypeError, from its len()
+                return len(self.batch_sampler if self.batch_sampler is not None
+                           else self.sampler)
+            return n
         if self._writer is not None and self._iterable:
             # TypeError when the dataset has no length, as torch; it is not the epoch's bound
             # (the iterators are), only what torch's warning compares with (_batches)
@@ -884,12 +918,23 @@ class _DataLoader(_stoke.Loader):
         position is the unbroken run from the start).  An iterable
         dataset's state also holds "workers" (num_workers + 1: a restore needs the same).  An
         IterableDataset's pass that ended is saved as the next epoch's start (its length is
-        not known: a restore would replay the whole epoch, then give an empty pass); a map
-        dataset's whole epoch is made the next epoch's start by load_state_dict."""
+        not known: a restore would replay the whole epoch, then give an empty pass), and so is
+        a Python map dataset's epoch whose last batch was delivered (its epochs' lengths may
+        change: a restore could not tell the end from them); a source string's whole epoch is
+        made the next epoch's start by load_state_dict."""
         self._no_state_here("state_dict")
         version, seed, epoch, cursor, workers = self._save_state()
-        if self._end_at is not None and self._end_at[0] == (epoch, cursor):
-            cursor = self._end_at[1]
+        w = self._writer
+        if self._end_at is not None and self._end_at == (epoch, cursor):
+            # the pass ended (at the END block past the epoch's batches, which the C loader's
+            # cursor counts): the next epoch's start, as an IterableDataset's (below)
+            epoch, cursor = epoch + 1, 0
+        elif (w is not None and not self._iterable and cursor > 0 and w.planned
+              and int(w.plan.head[w.plan.H_EPOCH]) == epoch
+              and cursor >= w.plan.nbatches()):
+            # the epoch's last batch was delivered (the loop has not asked for the next): the
+            # saving loader's next pass is the next epoch, whatever the lengths at a restore
+            epoch, cursor = epoch + 1, 0
         if self._ended is not None and self._ended == (epoch, cursor):
             epoch, cursor = epoch + 1, 0
         if self._writer is not None and self._writer.shuffle_drawn():
@@ -906,26 +951,23 @@ class _DataLoader(_stoke.Loader):
         # A map dataset's state after the epoch's last batch (the usual end-of-epoch
         # checkpoint) resumes at the start of the next epoch, as the saving loader's next pass
         # does (torchdata's StatefulDataLoader's rule): not an empty pass, then that epoch.
-        end = not workers and 0 < self._epoch_len() <= cursor
+        # (a Python dataset's state says the next epoch when its epoch ended: state_dict; a
+        # source string's epoch is its length)
+        end = not workers and self._writer is None and 0 < _stoke.Loader.__len__(self) <= cursor
         if end:
             epoch, cursor = epoch + 1, 0
         w = self._writer
         if w is not None and w.shuffle_drawn():
             # the saved epoch's shuffle seed, not a new draw (the C loader's own seed is 0);
-            # the next epoch's is drawn, as the saving loader's next pass draws it
-            w.restore_seed, seed = (None if end else seed), 0
+            # a state saved after an epoch's end says the next epoch with the ended one's seed:
+            # that epoch's order is keyed by (seed, epoch), another order than the saving
+            # loader's next draw gives, as any other draw would be
+            w.restore_seed, seed = seed, 0
         try:
             self._restore_state(int(state["version"]), seed, epoch, cursor, workers)
         finally:
             if w is not None:
                 w.restore_seed = None
-
-    def _epoch_len(self):
-        """The batches of an epoch, for a restore's check of an epoch's end: a Python
-        dataset's from the lengths of now (len(loader)), a source string's the C loader's."""
-        if self._writer is None or self._iterable:
-            return _stoke.Loader.__len__(self)
-        return self._writer.count()[0]
 
     def __repr__(self):
         return ("stoke.DataLoader(batch_size=%s, num_workers=%d, epoch=%d, rank=%d/%d)"

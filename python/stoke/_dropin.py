@@ -50,6 +50,7 @@ import sys
 import threading
 import time
 import traceback
+import types
 import warnings
 import weakref
 
@@ -207,6 +208,14 @@ class _Opaque:
 
     def __init__(self, obj):
         self.obj = obj
+
+
+class _Local:
+    """A kept structure pickled by _LocalPickler: its bytes and the objects it refers to."""
+    __slots__ = ("data", "objs")
+
+    def __init__(self, data, objs):
+        self.data, self.objs = data, objs
 
 
 class _Named:
@@ -419,13 +428,21 @@ class _Block:
         try:
             _BlockPickler(f, self).dump(obj)
         except (pickle.PicklingError, TypeError, AttributeError):
-            if self.live is None or not apart:  # (the block's tensors, kept, would see
-                raise                           # the next batches written over them)
-            # decoded in this process: an object that does not pickle (a lock, a local
-            # class) is kept as it is, as torch's num_workers=0 yields it (its tensors where
-            # the collate_fn made them)
+            if self.live is None:
+                raise
             self.off = start
-            return self.keep_live(_Opaque(obj))
+            if apart:
+                # decoded in this process: an object that does not pickle (a lock, a local
+                # class) is kept as it is, as torch's num_workers=0 yields it (its tensors
+                # where the collate_fn made them)
+                return self.keep_live(_Opaque(obj))
+            # the block's collation of samples whose classes pickle cannot name (defined in
+            # a function): decoded in this process, they go by reference (the block's
+            # tensors, kept as they are, would see the next batches written over them)
+            f = io.BytesIO()
+            p = _LocalPickler(f, self)
+            p.dump(obj)
+            return self.keep_live(_Local(f.getvalue(), p.objs))
         data = f.getbuffer()
         off = self.off
         if off + len(data) > self.cap:
@@ -579,6 +596,8 @@ def _load_live(x, view):
         return x
     if t is _Opaque:
         return x.obj
+    if t is _Local:
+        return _BlockUnpickler(io.BytesIO(x.data), view, x.objs).load()
     if t is list:
         return [_load_live(v, view) for v in x]
     if t is dict:
@@ -609,12 +628,33 @@ class _BlockPickler(pickle.Pickler):
         return None
 
 
+class _LocalPickler(_BlockPickler):
+    """_BlockPickler for a batch decoded in this process (no worker processes): classes and
+    functions go by reference to this process's objects (objs), so that those pickle cannot
+    name (a class defined in a function, a lambda) pass, as torch's num_workers=0 yields
+    them."""
+
+    def __init__(self, f, block):
+        super().__init__(f, block)
+        self.objs = []
+
+    def persistent_id(self, obj):
+        pid = super().persistent_id(obj)
+        if pid is None and isinstance(obj, (type, types.FunctionType)):
+            self.objs.append(obj)
+            return ("o", len(self.objs) - 1)
+        return pid
+
+
 class _BlockUnpickler(pickle.Unpickler):
-    def __init__(self, f, view):
+    def __init__(self, f, view, objs=None):
         super().__init__(f)
         self.view = view
+        self.objs = objs  # (_LocalPickler's)
 
     def persistent_load(self, pid):
+        if pid[0] == "o":
+            return self.objs[pid[1]]
         kind, off, dtype, shape = pid[:4]
         if kind == "t":
             dt = getattr(torch, dtype)
@@ -1051,6 +1091,7 @@ class _Plan:
         self.idx = self.offs = None
         self._map_idx(max(nidx, 512))
         self._map_offs(max(nbatches, 0) + 1)
+        self.head[self.H_NBATCH] = max(nbatches, 0)  # (the lengths' count until a plan)
 
     def _map(self, fd, n, old):
         if old is not None:
@@ -1240,18 +1281,14 @@ def _keys(items, what="sampler"):
 
 
 def _sampler_len(s, what):
-    """len(sampler): torch makes __len__ optional (only len(loader) needs it); a
-    stoke.DataLoader fixes its batches per epoch at construction, so it needs it."""
+    """len(sampler), or None for one without __len__ (torch makes it optional: only
+    len(loader) needs it, and raises its TypeError then)."""
     try:
         return len(s)
     except TypeError:
         if hasattr(type(s), "__len__"):
             raise
-        raise TypeError(
-            "stoke: the %s (%s) has no __len__: a stoke.DataLoader needs it to fix its batches "
-            "per epoch at construction (it plans them for its workers; torch needs it only for "
-            "len(loader)). Give the %s a __len__ (the number of indices it yields), or pass "
-            "list(%s) for a fixed order" % (what, type(s).__name__, what, what)) from None
+        return None
 
 
 def _stateless(s):
@@ -1274,18 +1311,25 @@ def _one_pass(s, what, n):
     items = list(itertools.islice(s, most + 1))  # (iter(s) once, as list(s) and torch)
     if len(items) > most:
         raise ValueError(
-            "stoke: the %s (%s) yields more than %d items in one pass, 4 times its len(), %d, "
-            "and 65,536 more (an infinite sampler?): a stoke.DataLoader plans each epoch from "
+            "stoke: the %s (%s) yields more than %d items in one pass, %s (an infinite "
+            "sampler?): a stoke.DataLoader plans each epoch from "
             "one pass over the %s, which must end (torch's DataLoader would iterate it without "
             "end). Make the %s's __iter__ end after one epoch's items, or use a finite sampler "
             "such as RandomSampler(ds, num_samples=N), and iterate the loader once per epoch"
-            % (what, type(s).__name__, most, n, what, what))
+            % (what, type(s).__name__, most,
+               "twice its len(), %d, and 65,536 more" % n if n is not None else
+               "the most for one without __len__", what, what))
     return items
 
 
 def _pass_most(n):
-    """The most items one pass of a sampler whose len() is n may yield (_one_pass)."""
-    return 4 * n + 65536
+    """The most items one pass of a sampler whose len() is n (None: it has none) may yield
+    (_one_pass)."""
+    return 2 * n + 65536 if n is not None else _PASS_NO_LEN
+
+
+# the most items of a pass over a sampler without __len__ (a list of 4 Mi ints: ~150 MB)
+_PASS_NO_LEN = 1 << 22
 
 
 def _is_key_list(k):
@@ -1388,6 +1432,7 @@ class _Writer:
         self.defer = not iterable and not self.static_order() and (
             sampler is not None or batch_sampler is not None)
         self.planned = True       # False: the first iteration writes the epoch's plan
+        self.planned_len = None   # len(dataset) the last plan without a sampler was of
         self.iter_run = -1        # the plan's H_RUN this worker process's iterators are of
         self.iter_at = 0          # its run's iterator: _Plan.ITER_FRESH, LOST or DONE
         if self.iter_map:
@@ -1407,6 +1452,7 @@ class _Writer:
             # changes, or a batch_sampler whose count varies (bucketing by length, a token
             # budget), is iterated as torch iterates it.
             nb0, nidx = self.count()  # 0: an empty epoch, as torch's
+            nb0 = nb0 or 0
             self.nbatches = _ITER_BATCHES
         else:
             nb0, nidx = 0, 0
@@ -1431,12 +1477,15 @@ class _Writer:
 
     def count(self):
         """Batches per epoch and indices, from the lengths (torch's len(loader)), without
-        iterating the sampler: its draws happen when an epoch starts, as torch's do."""
+        iterating the sampler: its draws happen when an epoch starts, as torch's do.  A
+        sampler without __len__: (None, 512), the epoch's batches known from its pass."""
         if self.batch_sampler is not None:
             n = _sampler_len(self.batch_sampler, "batch_sampler")
-            return n, n * 8
+            return (n, n * 8) if n is not None else (None, 512)
         if self.sampler is not None:
             n = _sampler_len(self.sampler, "sampler")
+            if n is None:
+                return None, 512
         else:
             n = len(self.dataset)
             if self.world > 1:
@@ -1452,7 +1501,7 @@ class _Writer:
             # batch_size is set here (batches())
             return _keys(_one_pass(self.sampler, "sampler", _sampler_len(self.sampler,
                                                                          "sampler")))
-        n = len(self.dataset)
+        n = self.planned_len = len(self.dataset)
         order = _permutation(n, self.shuffle_seed(), epoch) if self.shuffle else np.arange(n)
         if self.world > 1:  # DistributedSampler's split: padded to a multiple of the ranks
             per = -(-n // self.world)
@@ -1527,6 +1576,22 @@ class _Writer:
         s = self.batch_sampler if self.batch_sampler is not None else self.sampler
         return s is None or _stateless(s)
 
+    def plan_stale(self):
+        """Whether the plan written before the first iteration (at construction, without a
+        sampler) was of another dataset length than now's (samples appended since)."""
+        return (not self.iterable and self.sampler is None and self.batch_sampler is None
+                and self.planned_len is not None and len(self.dataset) != self.planned_len)
+
+    def replan(self, epoch):
+        """At the first iteration, when plan_stale(): the epoch's batches again, of the
+        dataset's length of now, with the same base seed and shuffle seed (nothing drawn
+        again), batch 0 made at construction dropped."""
+        if self.kept is not None:
+            self.drop_kept()
+        if self.shuffle_drawn():
+            self.restore_seed = self.epoch_seed
+        self.plan_now(epoch)
+
     def plan_now(self, epoch):
         """At the first iteration, when the creation's hook left the plan to it (defer): the
         sampler's order of now, under the base seed that hook drew."""
@@ -1557,7 +1622,7 @@ class _Writer:
         s = getattr(s, "sampler", s)
         uses_global = (s is not None and getattr(s, "generator", False) is None) or (
             s is None and self.shuffle_drawn())  # (the shuffle draws its seed: shuffle_seed)
-        self.reseed_only = not uses_global and self.planned
+        self.reseed_only = not uses_global and self.planned and not self.plan_stale()
 
     def rng_moved(self):
         """Whether the RNG the base seed is drawn from changed since the last draw: torch draws
@@ -1672,22 +1737,24 @@ class _Writer:
     def refresh_rows(self):
         """(a TensorDataset's rows) Its `tensors` set anew since the last pass (relabelling,
         pseudo-labels): served from this pass on, as torch indexes `dataset.tensors` at each
-        sample (the tensors taken at construction were served: the old labels, silently).  The
-        same number, lengths, dtypes and row shapes, or a ValueError: the buffers were sized
-        for them.  With persistent workers, at the first pass only, as torch's."""
+        sample (the tensors taken at construction were served: the old labels, silently), and
+        of another length too (rows appended: each epoch has the batches of its length).  The
+        same number, dtypes and row shapes, or a ValueError: the buffers were sized for them.
+        With persistent workers, at the first pass only, as torch's."""
         if not self.rows_path or (self.persistent and self.started and self.worker == -2):
             return  # (torch's persistent workers keep the tensors of their first pass)
         ts, old = _tensor_rows(self.dataset), self.tensors
         if ts is not None and len(ts) == len(old) and all(a is b for a, b in zip(ts, old)):
             return
         if ts is None or len(ts) != len(old) or any(
-                len(a) != len(b) or a.dtype != b.dtype or a.shape[1:] != b.shape[1:]
+                len(a) != len(ts[0]) or a.dtype != b.dtype or a.shape[1:] != b.shape[1:]
                 for a, b in zip(ts, old)):
             raise ValueError(
                 "stoke: the TensorDataset's tensors were replaced by ones of another number, "
-                "length, dtype or row shape since this DataLoader was made (its buffers were "
-                "sized for them): make a new DataLoader")
+                "dtype or row shape, or of lengths that differ, since this DataLoader was made "
+                "(its buffers were sized for them): make a new DataLoader")
         self.tensors = ts
+        self.plan.wrap = len(ts[0])  # (negative indices count from the new length)
 
     def apply_changes(self):
         """A worker process: the attributes the consumer shipped (ship_changes) set on its
@@ -2325,12 +2392,16 @@ class _Writer:
         view = memoryview(b[0]).cast("B")
         head = _HEAD(view, 0)
         magic, a, n = head[0], head[1], head[2]
+        local = False
         if magic == MAGIC_LIVE:
+            # (a structure pickled by reference to this process's classes: copied whole, as
+            # its types are any)
+            local = self.live is not None and type(self.live.get(a)) is _Local
             a = 0  # n: the data's end
         elif magic != MAGIC and magic != MAGIC_FAST:  # (MAGIC_FAST: the skeleton is last)
             return self.decode(b)
         pin = bool(b.is_pinned)
-        if self.collate_fn is None:  # (a collate_fn's output may be anything: copied whole)
+        if self.collate_fn is None and not local:  # (a collate_fn's: copied whole)
             out = self.load(view, pin, head)
             copied = _copy_leaves(out, _LeafBuffers(self, pin, _small_bytes(out)).get)
             if copied is not _NOT_LEAVES or magic == MAGIC_LIVE:

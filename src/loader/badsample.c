@@ -110,10 +110,17 @@ int stoke__bad_sample(stoke_loader *l, stoke_batch *b, stoke__producer *p, size_
 /* The budget of this epoch after `seen` delivered samples. */
 static uint64_t budget(const stoke_loader *l, uint64_t seen)
 {
-    /* (a dataset whose length() is under the loader's positions, one that plans each epoch's
-     * batches within a bound as the Python writer, has that many: a fraction of those) */
-    uint64_t n = l->iterable || !l->ds.length ? l->nsamples : l->ds.length(l->ds.user);
-    double total = l->iterable ? (double)seen : (double)(n < l->nsamples ? n : l->nsamples);
+    /* An order over the dataset's indices (sequential, shuffled, in blocks: never more
+     * positions than length() at create) whose dataset's length() is now under its positions
+     * has that many in the epoch: a dataset that plans each epoch's batches within a bound, as
+     * the Python writer.  (A weighted or subset sampler's positions are its own draws.) */
+    uint64_t n = l->nsamples;
+    if (!l->iterable && l->ds.length && l->o.sampler.kind != STOKE_SAMPLER_WEIGHTED &&
+        l->o.sampler.kind != STOKE_SAMPLER_SUBSET) {
+        uint64_t len = l->ds.length(l->ds.user);
+        n = len < n ? len : n;
+    }
+    double total = l->iterable ? (double)seen : (double)n;
     double f = l->o.max_bad_fraction * total + 1e-9; /* truncated below: the floor */
     uint64_t b =
         (l->o.max_bad_fraction >= 1.0 || f >= 18446744073709551615.0) ? UINT64_MAX : (uint64_t)f;

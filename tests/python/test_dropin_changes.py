@@ -281,15 +281,32 @@ for nw, extra in ((0, {}), (2, {}), (2, {"persistent_workers": True}),
         out.append((first, [b[1].tolist() for b in dl]))
     T.check(out[0] == out[1], "TensorDataset relabelled, %d workers %s: torch %s, stoke %s"
             % (nw, extra, out[0], out[1]))
+# grown (rows appended), then shrunk: each epoch has the batches of its length, as torch's (it
+# was a ValueError); a negative index counts from the new length
+for nw, extra in ((0, {}), (2, {}), (2, {"worker_mode": "processes"})):
+    out = []
+    for cls in (TorchLoader, stoke.DataLoader):
+        extra_t = {} if cls is TorchLoader else extra
+        ds = TensorDataset(torch.arange(6), torch.zeros(6))
+        dl = cls(ds, batch_size=3, num_workers=nw, sampler=[0, 1, -1, 2], **extra_t) if (
+            extra) else cls(ds, batch_size=3, num_workers=nw)
+        got = [[b[0].tolist() for b in dl]]
+        ds.tensors = (torch.arange(10, 18), torch.zeros(8))
+        got.append([b[0].tolist() for b in dl])
+        ds.tensors = (torch.arange(20, 24), torch.ones(4))
+        got.append([b[0].tolist() for b in dl])
+        out.append(got)
+    T.check(out[0] == out[1], "TensorDataset grown and shrunk, %d workers %s: torch %s, stoke %s"
+            % (nw, extra, out[0], out[1]))
 ds = TensorDataset(torch.arange(6), torch.zeros(6))
 dl = stoke.DataLoader(ds, batch_size=3)
 list(dl)
-ds.tensors = (torch.arange(8), torch.zeros(8))
+ds.tensors = (torch.arange(8.0), torch.zeros(8))  # another dtype: the rows' size
 try:
     list(dl)
-    T.check(False, "a TensorDataset grown under its loader: no error")
+    T.check(False, "a TensorDataset's dtype changed under its loader: no error")
 except ValueError as e:
-    T.check("make a new DataLoader" in str(e), "grown: %s" % e)
+    T.check("make a new DataLoader" in str(e), "dtype: %s" % e)
 print("2c. a TensorDataset's tensors replaced: served from the next pass")
 
 # -- 2b. a loader's descriptors are closed with it (one was left open per loader) --

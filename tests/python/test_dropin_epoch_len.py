@@ -56,8 +56,10 @@ LENGTHS = (10, 23, 6, 6, 1, 9)  # grows, shrinks, stays, one (torch's shuffle fa
 
 
 def epochs_of(make, lengths=LENGTHS):
-    """[(len(loader), batches)] of a loader over Growing, its length set before each epoch."""
-    ds = Growing(lengths[0])
+    """[(len(loader), batches)] of a loader over Growing, its length set before each epoch (the
+    first one's too: torch's sampler reads it at iter(); stoke planned epoch 0 at
+    construction, from the length then)."""
+    ds = Growing(3)
     loader = make(ds)
     out = []
     for n in lengths:
@@ -204,9 +206,8 @@ def on_error_within_the_epoch():
 
 @case
 def state_at_an_epochs_end():
-    """state_dict() after an epoch's last batch (before or after the loop's end: the batch past
-    the epoch that ended it is not counted) resumes at the next epoch's start; one mid-epoch
-    resumes there."""
+    """state_dict() after an epoch's last batch (before or after the loop's end) says the next
+    epoch's start; one mid-epoch resumes there."""
     for nw in (0, 2):
         ds = Growing(10)
         loader = L.Loader(ds, batch_size=4, num_workers=nw)
@@ -215,8 +216,8 @@ def state_at_an_epochs_end():
         at_last = loader.state_dict()
         T.check(next(it, None) is None, "a fourth batch of 10 samples in 4s")
         after = loader.state_dict()
-        T.check(at_last == after and after["batches_yielded"] == 3, "the states at the end: "
-                "%s, %s" % (at_last, after))
+        T.check(at_last == after and (after["epoch"], after["batches_yielded"]) == (1, 0),
+                "the states at the end: %s, %s" % (at_last, after))
         for st, n in ((at_last, 10), (after, 10)):
             ds.n = n
             again = L.Loader(ds, batch_size=4, num_workers=nw)
@@ -238,6 +239,83 @@ def state_at_an_epochs_end():
         again.load_state_dict(mid)
         got = [b[:, 0].tolist() for b in again]
         T.check(got == [[4, 5, 6, 7], [8, 9]], "%d workers, restored mid-epoch: %s" % (nw, got))
+
+
+@case
+def state_where_lengths_change():
+    """A state saved after an epoch's end says the next epoch's start (a restore cannot tell
+    the end from the lengths: the data may have grown since, a batch_sampler's len() may be an
+    estimate), one saved mid-epoch its position, though it is past len(); an empty epoch ends
+    too (a restore ran it again: every later epoch one behind)."""
+    for nw in (0, 2):
+        ds = Growing(10)
+        loader = L.Loader(ds, batch_size=4, num_workers=nw)
+        epoch(loader)
+        st = loader.state_dict()
+        ds.n = 23  # appended after the checkpoint
+        again = L.Loader(ds, batch_size=4, num_workers=nw)
+        again.load_state_dict(st)
+        got = [b[:, 0].tolist() for b in again]
+        T.check(again.epoch == 1 and len(got) == 6 and got[-1] == [20, 21, 22],
+                "%d workers, grown after the state %s: epoch %d, %s" % (nw, st, again.epoch, got))
+        # a batch_sampler whose len() (5) is an estimate: a pass of 9, the state after 6
+        b = Buckets(40)
+        b.passes = 3
+        loader = L.Loader(Growing(40), batch_sampler=b, num_workers=nw)
+        it = iter(loader)
+        first = [next(it)[:, 0].tolist() for _ in range(6)]
+        rest = [x[:, 0].tolist() for x in it]
+        b = Buckets(40)
+        b.passes = 3
+        loader = L.Loader(Growing(40), batch_sampler=b, num_workers=nw)
+        it = iter(loader)
+        for _ in range(6):
+            next(it)
+        st = loader.state_dict()
+        del it
+        b = Buckets(40)
+        b.passes = 3
+        again = L.Loader(Growing(40), batch_sampler=b, num_workers=nw)
+        again.load_state_dict(st)
+        got = [x[:, 0].tolist() for x in again]
+        T.check(len(first) + len(rest) == 9 and got == rest and again.epoch == 0,
+                "%d workers, mid-epoch past len(): state %s, restored %s, want %s"
+                % (nw, st, got, rest))
+        # an empty epoch, then one of 3 batches
+        ds = Growing(0)
+        loader = L.Loader(ds, batch_size=4, num_workers=nw)
+        T.check(epoch(loader) == [], "an empty epoch")
+        st = loader.state_dict()
+        ds.n = 12
+        want = [b[:, 0].tolist() for b in loader]
+        again = L.Loader(ds, batch_size=4, num_workers=nw)
+        again.load_state_dict(st)
+        got = [b[:, 0].tolist() for b in again]
+        T.check(st["epoch"] == 1 and got == want and again.epoch == 1,
+                "%d workers, after an empty epoch: state %s, restored %s, want %s"
+                % (nw, st, got, want))
+
+
+@case
+def stats_and_buffers():
+    """stats() counts the batches delivered, not the ends past each epoch; a loader of a few
+    batches an epoch keeps about that many buffers (the C loader's epoch is a bound, which no
+    longer caps them); dataset_len is the epoch's batches before the first pass too."""
+    for nw in (0, 2):
+        ds = Growing(10)
+        loader = L.Loader(ds, batch_size=4, num_workers=nw, sampler=list(range(10)))
+        T.check(loader.dataset_len == 3, "dataset_len before a pass: %s" % loader.dataset_len)
+        for _ in range(2):
+            epoch(loader)
+        st = loader.stats()
+        T.check(st["batches"] == 6 and st["samples"] == 6
+                and st["pinned_batches"] + st["pageable_batches"] == 6
+                and st["bytes"] == 6 * st["buffer_bytes"], "%d workers: %s" % (nw, st))
+    loader = L.Loader(Growing(8), batch_size=4, num_workers=4,
+                      max_batch_bytes=1 << 20)
+    epoch(loader)
+    T.check(loader.stats()["buffers"] <= 2 + 4, "2 batches an epoch, 4 workers: %d buffers"
+            % loader.stats()["buffers"])
 
 
 @case
