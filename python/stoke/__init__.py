@@ -915,26 +915,25 @@ class _DataLoader(_stoke.Loader):
         """The position (StatefulDataLoader's convention): a loader given it by
         load_state_dict delivers exactly the batches this one would deliver next (with
         in_order=False, also those delivered past the first gap in the epoch's order: the
-        position is the unbroken run from the start).  An iterable
-        dataset's state also holds "workers" (num_workers + 1: a restore needs the same).  An
-        IterableDataset's pass that ended is saved as the next epoch's start (its length is
-        not known: a restore would replay the whole epoch, then give an empty pass), and so is
-        a Python map dataset's epoch whose last batch was delivered (its epochs' lengths may
-        change: a restore could not tell the end from them); a source string's whole epoch is
-        made the next epoch's start by load_state_dict."""
+        position is the unbroken run from the start).  An iterable dataset's state also holds
+        "workers" (num_workers + 1: a restore needs the same).  An IterableDataset's pass that
+        ended is saved as the next epoch's start (its length is not known: a restore would
+        replay the whole epoch, then give an empty pass).  A Python map dataset's state, once
+        a pass of its epoch began, holds "epoch_batches", that epoch's batches (its epochs'
+        lengths may change, and a len() may be an estimate: a restore could not tell the end
+        from them); a state at the end of the epoch (its last batch delivered) is made the
+        next epoch's start by load_state_dict, as a source string's whole epoch is."""
         self._no_state_here("state_dict")
         version, seed, epoch, cursor, workers = self._save_state()
         w = self._writer
-        if self._end_at is not None and self._end_at == (epoch, cursor):
-            # the pass ended (at the END block past the epoch's batches, which the C loader's
-            # cursor counts): the next epoch's start, as an IterableDataset's (below)
-            epoch, cursor = epoch + 1, 0
-        elif (w is not None and not self._iterable and cursor > 0 and w.planned
-              and int(w.plan.head[w.plan.H_EPOCH]) == epoch
-              and cursor >= w.plan.nbatches()):
-            # the epoch's last batch was delivered (the loop has not asked for the next): the
-            # saving loader's next pass is the next epoch, whatever the lengths at a restore
-            epoch, cursor = epoch + 1, 0
+        batches = None
+        if w is not None and not self._iterable:
+            if self._end_at is not None and self._end_at == (epoch, cursor):
+                # the pass ended at the END block past the epoch's batches, which the C
+                # loader's cursor counts
+                batches = cursor = w.plan.nbatches()
+            elif cursor > 0 and w.planned and int(w.plan.head[w.plan.H_EPOCH]) == epoch:
+                batches = w.plan.nbatches()
         if self._ended is not None and self._ended == (epoch, cursor):
             epoch, cursor = epoch + 1, 0
         if self._writer is not None and self._writer.shuffle_drawn():
@@ -942,6 +941,8 @@ class _DataLoader(_stoke.Loader):
         st = {"version": version, "seed": seed, "epoch": epoch, "batches_yielded": cursor}
         if workers:
             st["workers"] = workers
+        if batches is not None:
+            st["epoch_batches"] = batches
         return st
 
     def _load_state(self, state):
@@ -951,18 +952,22 @@ class _DataLoader(_stoke.Loader):
         # A map dataset's state after the epoch's last batch (the usual end-of-epoch
         # checkpoint) resumes at the start of the next epoch, as the saving loader's next pass
         # does (torchdata's StatefulDataLoader's rule): not an empty pass, then that epoch.
-        # (a Python dataset's state says the next epoch when its epoch ended: state_dict; a
-        # source string's epoch is its length)
-        end = not workers and self._writer is None and 0 < _stoke.Loader.__len__(self) <= cursor
+        # The epoch's batches are the state's own where it has them (a Python dataset's
+        # state_dict), else its length now (a state without them: a source string's, one
+        # saved before a pass of the epoch began, or by an older stoke).
+        if "epoch_batches" in state:
+            end = cursor >= int(state["epoch_batches"])
+        else:
+            n = (_stoke.Loader.__len__(self) if self._writer is None or self._iterable
+                 else self._writer.count()[0] or 0)
+            end = not workers and 0 < n <= cursor
         if end:
             epoch, cursor = epoch + 1, 0
         w = self._writer
         if w is not None and w.shuffle_drawn():
             # the saved epoch's shuffle seed, not a new draw (the C loader's own seed is 0);
-            # a state saved after an epoch's end says the next epoch with the ended one's seed:
-            # that epoch's order is keyed by (seed, epoch), another order than the saving
-            # loader's next draw gives, as any other draw would be
-            w.restore_seed, seed = seed, 0
+            # the next epoch's is drawn, as the saving loader's next pass draws it
+            w.restore_seed, seed = (None if end else seed), 0
         try:
             self._restore_state(int(state["version"]), seed, epoch, cursor, workers)
         finally:

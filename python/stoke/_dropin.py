@@ -1281,13 +1281,12 @@ def _keys(items, what="sampler"):
 
 
 def _sampler_len(s, what):
-    """len(sampler), or None for one without __len__ (torch makes it optional: only
-    len(loader) needs it, and raises its TypeError then)."""
+    """len(sampler), or None for one without a length: no __len__, or one that raises
+    TypeError (a BatchSampler over a sampler without one) or NotImplementedError (torch makes
+    it optional: only len(loader) needs it, and raises its error then)."""
     try:
         return len(s)
-    except TypeError:
-        if hasattr(type(s), "__len__"):
-            raise
+    except (TypeError, NotImplementedError):
         return None
 
 
@@ -1298,7 +1297,7 @@ def _stateless(s):
         torch is not None and type(s) is torch.Tensor)
 
 
-def _one_pass(s, what, n):
+def _one_pass(s, what, n, ds_len=0):
     """One pass over sampler (batch_sampler) s, as a list: a list, tuple, range, array or tensor
     as it is; an object's iterator, of which at most _pass_most(n) + 1 items are drawn (n: its
     len(), which it may miss, as a bucketing batch_sampler's estimate: torch's DataLoader uses
@@ -1307,28 +1306,30 @@ def _one_pass(s, what, n):
     that grows until memory runs out."""
     if _stateless(s):
         return s
-    most = _pass_most(n)
+    most = _pass_most(n, ds_len)
     items = list(itertools.islice(s, most + 1))  # (iter(s) once, as list(s) and torch)
     if len(items) > most:
         raise ValueError(
-            "stoke: the %s (%s) yields more than %d items in one pass, %s (an infinite "
+            "stoke: the %s (%s) yields more than %d items in one pass, %s, or twice the "
+            "dataset's length, and 65,536 more (an infinite "
             "sampler?): a stoke.DataLoader plans each epoch from "
             "one pass over the %s, which must end (torch's DataLoader would iterate it without "
             "end). Make the %s's __iter__ end after one epoch's items, or use a finite sampler "
             "such as RandomSampler(ds, num_samples=N), and iterate the loader once per epoch"
             % (what, type(s).__name__, most,
-               "twice its len(), %d, and 65,536 more" % n if n is not None else
-               "the most for one without __len__", what, what))
+               "4 times its len(), %d" % n if n is not None else
+               "2^22 for one without a length", what, what))
     return items
 
 
-def _pass_most(n):
-    """The most items one pass of a sampler whose len() is n (None: it has none) may yield
-    (_one_pass)."""
-    return 2 * n + 65536 if n is not None else _PASS_NO_LEN
+def _pass_most(n, ds_len=0):
+    """The most items one pass of a sampler whose len() is n (None: it has none) over a
+    dataset of ds_len may yield (_one_pass)."""
+    return max(4 * n if n is not None else _PASS_NO_LEN, 2 * ds_len) + 65536
 
 
-# the most items of a pass over a sampler without __len__ (a list of 4 Mi ints: ~150 MB)
+# the most items of a pass over a sampler without a length, unless the dataset's length says more
+# (a list of 4 Mi ints: ~150 MB)
 _PASS_NO_LEN = 1 << 22
 
 
@@ -1495,12 +1496,19 @@ class _Writer:
             return n, n
         return (n // bs if self.drop_last else -(-n // bs)), n
 
+    def one_pass(self, s, what):
+        """_one_pass over sampler (batch_sampler) s, bound by its length and the dataset's."""
+        try:
+            n = len(self.dataset)
+        except (TypeError, NotImplementedError):
+            n = 0
+        return _one_pass(s, what, _sampler_len(s, what), n)
+
     def sample_order(self, epoch):
         """The epoch's dataset indices in order: a list (a sampler's) or an int64 array."""
         if self.sampler is not None:
             # batch_size is set here (batches())
-            return _keys(_one_pass(self.sampler, "sampler", _sampler_len(self.sampler,
-                                                                         "sampler")))
+            return _keys(self.one_pass(self.sampler, "sampler"))
         n = self.planned_len = len(self.dataset)
         order = _permutation(n, self.shuffle_seed(), epoch) if self.shuffle else np.arange(n)
         if self.world > 1:  # DistributedSampler's split: padded to a multiple of the ranks
@@ -1517,12 +1525,10 @@ class _Writer:
         self.lists = False
         if self.batch_sampler is not None:
             return [_keys(b, "batch_sampler")
-                    for b in _one_pass(self.batch_sampler, "batch_sampler",
-                                       _sampler_len(self.batch_sampler, "batch_sampler"))]
+                    for b in self.one_pass(self.batch_sampler, "batch_sampler")]
         bs = self.batch_size
         if bs is None and self.sampler is not None:
-            items = list(_one_pass(self.sampler, "sampler", _sampler_len(self.sampler,
-                                                                         "sampler")))
+            items = list(self.one_pass(self.sampler, "sampler"))
             # each item a list of keys (torch's batched read: sampler=BatchSampler(...),
             # batch_size=None): one __getitem__ call with the list, as torch's (the workers
             # read H_LISTS); else each item is one key

@@ -579,7 +579,7 @@ def infinite_sampler_is_an_error():
                    {"sampler": Endless(batches=True), "batch_size": None}):
             t0 = time.monotonic()
             raises(ValueError, lambda: epoch(L.Loader(Keyed(), num_workers=nw, **kw)),
-                   "items in one pass, twice its len()")
+                   "items in one pass, 4 times its len()")
             T.check(time.monotonic() - t0 < 60, "%s: no answer for a minute" % kw)
 
     class OneMore(torch.utils.data.Sampler):  # len() 10, yields 11: 3 batches of 4 all the same
@@ -696,10 +696,10 @@ def state_at_epoch_end():
                 inside = a.state_dict()
         after = a.state_dict()
         want = [b.tolist() for b in a]
-        # (the next epoch's start: a Python dataset's epochs may change length, so a restore
-        # cannot tell the end from the lengths)
-        T.check((after["epoch"], after["batches_yielded"]) == (1, 0) and inside == after,
-                "%s: states %s, %s" % (what, inside, after))
+        # (with the epoch's batches: a Python dataset's epochs may change length, so a restore
+        # could not tell the end from the lengths)
+        T.check((after["epoch"], after["batches_yielded"], after["epoch_batches"]) == (0, 3, 3)
+                and inside == after, "%s: states %s, %s" % (what, inside, after))
         for st in (inside, after):
             b = L.Loader(Sized(10), batch_size=4, shuffle=True, seed=3, num_workers=workers)
             b.load_state_dict(st)
@@ -789,11 +789,31 @@ def sampler_without_len():
         loader = L.Loader(Sized(40), num_workers=workers, sampler=NoLen(), batch_size=4)
         list(loader)
         st = loader.state_dict()
-        T.check((st["epoch"], st["batches_yielded"]) == (1, 0), "after the loop: %s" % st)
+        T.check((st["epoch"], st["batches_yielded"], st["epoch_batches"]) == (0, 2, 2),
+                "after the loop: %s" % st)
         again = L.Loader(Sized(40), num_workers=workers, sampler=NoLen(), batch_size=4)
         again.load_state_dict(st)
         T.check([b.tolist() for b in again] == [[0, 2, 4, 6], [8, 10]] and again.epoch == 1,
                 "restored: epoch %d" % again.epoch)
+
+    class NotImplementedLen(NoLen):  # (a __len__ that raises: torch iterates it too)
+        def __len__(self):
+            raise NotImplementedError
+
+    # a BatchSampler over a sampler without a length (its len() raises TypeError), as
+    # batch_sampler; a __len__ raising NotImplementedError
+    for workers in (0, 2):
+        for kw in ({"batch_sampler": torch.utils.data.BatchSampler(NoLen(), 4, False)},
+                   {"sampler": NotImplementedLen(), "batch_size": 4}):
+            ref, got = pair(Sized(40), num_workers=workers, **kw)
+            check_sequential(epoch(ref), epoch(got), "workers=%d %s" % (workers, kw))
+            for loader in (ref, got):  # (the same exception as torch's len(loader))
+                try:
+                    len(loader)
+                except Exception as e:  # noqa: BLE001
+                    loader.len_error = type(e)
+            T.check(ref.len_error is got.len_error, "len(loader): %s, torch's %s"
+                    % (got.len_error, ref.len_error))
 
     class Endless(torch.utils.data.Sampler):
         def __init__(self):
@@ -803,7 +823,7 @@ def sampler_without_len():
             return itertools.count()
 
     raises(ValueError, lambda: list(L.Loader(Sized(10), sampler=Endless(), batch_size=2)),
-           "the most for one without __len__")
+           "2^22 for one without a length")
 
 
 @case

@@ -206,8 +206,8 @@ def on_error_within_the_epoch():
 
 @case
 def state_at_an_epochs_end():
-    """state_dict() after an epoch's last batch (before or after the loop's end) says the next
-    epoch's start; one mid-epoch resumes there."""
+    """state_dict() after an epoch's last batch (before or after the loop's end) restores at
+    the next epoch's start; one mid-epoch resumes there."""
     for nw in (0, 2):
         ds = Growing(10)
         loader = L.Loader(ds, batch_size=4, num_workers=nw)
@@ -216,7 +216,8 @@ def state_at_an_epochs_end():
         at_last = loader.state_dict()
         T.check(next(it, None) is None, "a fourth batch of 10 samples in 4s")
         after = loader.state_dict()
-        T.check(at_last == after and (after["epoch"], after["batches_yielded"]) == (1, 0),
+        T.check(at_last == after and (after["epoch"], after["batches_yielded"],
+                                      after["epoch_batches"]) == (0, 3, 3),
                 "the states at the end: %s, %s" % (at_last, after))
         for st, n in ((at_last, 10), (after, 10)):
             ds.n = n
@@ -243,10 +244,10 @@ def state_at_an_epochs_end():
 
 @case
 def state_where_lengths_change():
-    """A state saved after an epoch's end says the next epoch's start (a restore cannot tell
-    the end from the lengths: the data may have grown since, a batch_sampler's len() may be an
-    estimate), one saved mid-epoch its position, though it is past len(); an empty epoch ends
-    too (a restore ran it again: every later epoch one behind)."""
+    """A state holds its epoch's batches ("epoch_batches"): one saved after an epoch's end
+    restores at the next epoch's start though the lengths changed since (the data grown, a
+    batch_sampler's len() an estimate), one saved mid-epoch its position, though it is past
+    len(); an empty epoch ends too (a restore ran it again: every later epoch one behind)."""
     for nw in (0, 2):
         ds = Growing(10)
         loader = L.Loader(ds, batch_size=4, num_workers=nw)
@@ -291,9 +292,31 @@ def state_where_lengths_change():
         again = L.Loader(ds, batch_size=4, num_workers=nw)
         again.load_state_dict(st)
         got = [b[:, 0].tolist() for b in again]
-        T.check(st["epoch"] == 1 and got == want and again.epoch == 1,
+        T.check(got == want and again.epoch == 1,
                 "%d workers, after an empty epoch: state %s, restored %s, want %s"
                 % (nw, st, got, want))
+        # a state of an older stoke (no "epoch_batches") after its epoch's last batch: the
+        # next epoch, by the lengths at the restore
+        again = L.Loader(Growing(10), batch_size=4, num_workers=nw)
+        again.load_state_dict({"version": 1, "seed": 0, "epoch": 0, "batches_yielded": 3})
+        got = [b[:, 0].tolist() for b in again]
+        T.check(again.epoch == 1 and len(got) == 3, "%d workers, an older state: epoch %d, %s"
+                % (nw, again.epoch, got))
+        # shuffle=True without a seed: a restore after an epoch's end draws the next epoch's
+        # shuffle seed as the saving loader does (the same batches, the same RNG after)
+        torch.manual_seed(0)
+        loader = L.Loader(Growing(10), batch_size=4, shuffle=True, num_workers=nw)
+        epoch(loader)
+        st, rng = loader.state_dict(), torch.get_rng_state()
+        want = [b[:, 0].tolist() for b in loader]
+        want_rng = torch.get_rng_state()
+        again = L.Loader(Growing(10), batch_size=4, shuffle=True, num_workers=nw)
+        torch.set_rng_state(rng)
+        again.load_state_dict(st)
+        got = [b[:, 0].tolist() for b in again]
+        T.check(got == want and torch.equal(torch.get_rng_state(), want_rng),
+                "%d workers, a drawn shuffle seed after an epoch's end: %s, want %s"
+                % (nw, got, want))
 
 
 @case
