@@ -918,6 +918,8 @@ class _Collator:
             out, lens = self.pad_leaf(block, batch, path)
             return _Padded(out, lens) if self.return_lengths else out
         if torch is not None and isinstance(elem, torch.Tensor):
+            if elem.layout is not torch.strided:  # (sparse: stacked as torch's num_workers=0,
+                return torch.stack(batch, 0)      # then pickled whole; out= has no sparse cat)
             out = block.tensor(elem.dtype, (len(batch),) + tuple(elem.shape))
             try:
                 try:

@@ -294,6 +294,23 @@ for name, f, same in (
         del got
 
 
+# ... and sparse samples batched by the default collation: torch.stack, as torch's num_workers=0
+# (stoke's stack into the block has no sparse out=: NotImplementedError), held and streamed
+ref = list(TorchLoader(Odd(lambda i: {"x": torch.eye(3).to_sparse() * i, "y": i}), batch_size=8))
+for nw in WORKERS:
+    for hold in (True, False):
+        loader = stoke.DataLoader(Odd(lambda i: {"x": torch.eye(3).to_sparse() * i, "y": i}),
+                                  batch_size=8, num_workers=nw)
+        got = list(loader) if hold else [(b["x"].to_dense(), b["y"]) for b in loader]
+        for r, g in zip(ref, got):
+            gx, gy = (g["x"], g["y"]) if hold else g
+            T.check((not hold or gx.layout == r["x"].layout) and torch.equal(
+                gx.to_dense(), r["x"].to_dense()) and torch.equal(gy, r["y"]),
+                "sparse samples, default collation, num_workers=%d" % nw)
+        T.check(len(got) == len(ref) == 5, "sparse samples: %d batches" % len(got))
+        del got, loader
+
+
 # --- a worker_init_fn that raises: its exception at every pass -----------------------------------
 def bad_init(w):
     if w == 1:
