@@ -31,6 +31,7 @@ set_epoch hook, before any worker fetches a sample of that epoch), the epoch's b
 one mailbox per worker where a failing fill leaves its pickled exception and traceback.
 """
 import collections.abc as _abc
+import copyreg
 import gc
 import io
 import itertools
@@ -227,6 +228,7 @@ class _Named:
 
 
 _PLAIN = (str, bytes, int, float, bool, type(None))
+_PLAIN_PICKLED = frozenset(_PLAIN + (list, dict, tuple, set, frozenset, complex))
 _FAST_MAX = 32          # skeletons a writer sends as MAGIC_FAST; new ones after that are pickled
 _SKELETON_MAX = 4096    # bytes: a larger skeleton is pickled (its leaves are many, or its keys)
 _SKELETON_DEPTH = 32    # containers nested deeper are pickled
@@ -632,7 +634,10 @@ class _LocalPickler(_BlockPickler):
     """_BlockPickler for a batch decoded in this process (no worker processes): classes and
     functions go by reference to this process's objects (objs), so that those pickle cannot
     name (a class defined in a function, a lambda) pass, as torch's num_workers=0 yields
-    them."""
+    them; so does an object that does not reduce at all (a lock, a file: the samples' own,
+    passed through), unless it is a mapping or a sequence, which the collation makes over
+    the block's tensors (one kept as it is would hold tensors that a later batch's writes
+    reach: its pickling error is raised)."""
 
     def __init__(self, f, block):
         super().__init__(f, block)
@@ -640,10 +645,19 @@ class _LocalPickler(_BlockPickler):
 
     def persistent_id(self, obj):
         pid = super().persistent_id(obj)
-        if pid is None and isinstance(obj, (type, types.FunctionType)):
-            self.objs.append(obj)
-            return ("o", len(self.objs) - 1)
-        return pid
+        if pid is not None or type(obj) in _PLAIN_PICKLED:
+            return pid
+        if not isinstance(obj, (type, types.FunctionType)):
+            if type(obj) in copyreg.dispatch_table or isinstance(obj, (_abc.Mapping,
+                                                                       _abc.Sequence)):
+                return None
+            try:
+                obj.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+                return None
+            except Exception:  # noqa: BLE001 - pickle would raise it: kept by reference
+                pass
+        self.objs.append(obj)
+        return ("o", len(self.objs) - 1)
 
 
 class _BlockUnpickler(pickle.Unpickler):

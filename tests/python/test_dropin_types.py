@@ -15,6 +15,7 @@ import io
 import os
 import collections
 import pickle
+import threading
 
 import stoke_testlib as T
 
@@ -260,6 +261,48 @@ for cls in (TorchLoader, stoke.DataLoader):
                      [str(i) for i in range(k, k + 8)]) for k in range(0, 32, 8)],
             "a local class in samples, %s: %s" % (cls.__module__, got))
     del kept, got
+gc.collect()
+
+
+# ... and samples holding an object that does not pickle at all (a lock: an attribute of a
+# dict subclass, which torch's collate copies; a leaf, which torch's default_collate rejects
+# and stoke passes through as a list) are yielded with that object, as torch's num_workers=0
+# yields them (each was the lock's pickling error); the block's tensors stay their own batch's
+class LockedDict(dict):
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.lock = LOCK
+
+
+LOCK = threading.Lock()
+
+
+class LockedSamples(torch.utils.data.Dataset):
+    def __init__(self, leaf):
+        self.leaf = leaf
+
+    def __len__(self):
+        return 32
+
+    def __getitem__(self, i):
+        if self.leaf:
+            return {"x": torch.full((4,), float(i)), "lock": LOCK}
+        return LockedDict(x=torch.full((4,), float(i)))
+
+
+ref = list(TorchLoader(LockedSamples(False), batch_size=8))
+kept = list(stoke.DataLoader(LockedSamples(False), batch_size=8))
+gc.collect()
+T.check([(type(b), b["x"][:, 0].tolist(), b.lock is LOCK) for b in kept]
+        == [(type(b), b["x"][:, 0].tolist(), b.lock is LOCK) for b in ref]
+        == [(LockedDict, [float(i) for i in range(k, k + 8)], True) for k in range(0, 32, 8)],
+        "a dict subclass holding a lock: %s" % [(type(b), b["x"][:, 0].tolist()) for b in kept])
+kept = list(stoke.DataLoader(LockedSamples(True), batch_size=8))
+gc.collect()
+T.check([(b["x"][:, 0].tolist(), b["lock"]) for b in kept]
+        == [([float(i) for i in range(k, k + 8)], [LOCK] * 8) for k in range(0, 32, 8)],
+        "a lock as a leaf, passed through: %s" % kept)
+del ref, kept
 gc.collect()
 
 
