@@ -279,6 +279,7 @@ class _DataLoader(_stoke.Loader):
         self._writer = None
         self._structure = None
         self._first_iter = False
+        self._fresh_plan = False
         self._len_called = None
         self._ended = None  # (epoch, cursor) where an IterableDataset's pass ended (state_dict)
         # (epoch, cursor): a map dataset's pass ended at the END block after the epoch's
@@ -609,6 +610,7 @@ class _DataLoader(_stoke.Loader):
         # processes fill the batches of a map-style loader, threads share one iterator
         self._no_state = iterable and (processes or num_workers >= 2)
         self._first_iter = True
+        self._fresh_plan = False  # set_epoch()/load_state_dict() planned an epoch's start
         _live.add(self)
         self._DataLoader__initialized = True
 
@@ -646,12 +648,23 @@ class _DataLoader(_stoke.Loader):
                 # sampler reads it at iter()
                 w.replan(self.epoch)
             self._first_iter = False
+        elif self._fresh_plan and w.planned and w.plan_stale():
+            # set_epoch() or load_state_dict() planned this epoch's start before the
+            # dataset's length changed (a curriculum's step at the top of the epoch loop):
+            # torch's sampler reads the length at iter(), so the epoch is planned again, its
+            # seeds kept (the workers may have begun the old plan: the new run discards it)
+            w.again()
+            try:
+                self._epoch_hook(super().set_epoch, self.epoch)
+            finally:
+                w.base_again = w.restore_seed = None
         elif not w.planned and not w.iterable:
             # the epoch's planning failed (its sampler raised in set_epoch or at the start of
             # this epoch's pass): the epoch again, its hook reading the sampler again (workers
             # may have made batches of the last plan since: the new run discards them), never
             # the last plan's batches delivered as this epoch's
             self._epoch_hook(super().set_epoch, self.epoch)
+        self._fresh_plan = False
         # one pass at a time: a newer iter() supersedes the iterators made before it (the C
         # iterator's next() raises then: python/loader.c iter_next)
         it = self._epoch_hook(super().__iter__)
@@ -698,6 +711,7 @@ class _DataLoader(_stoke.Loader):
         self._ended = self._end_at = None
         if self._writer is None:
             return super().set_epoch(epoch)
+        self._fresh_plan = True
         return self._epoch_hook(super().set_epoch, epoch)
 
     def _epoch_hook(self, call, *args):
@@ -973,6 +987,9 @@ class _DataLoader(_stoke.Loader):
         finally:
             if w is not None:
                 w.restore_seed = None
+        # an epoch's start, planned now: iter() plans it again if the length changes before
+        # (a position inside the epoch stays the plan's of now: its batches delivered were of it)
+        self._fresh_plan = w is not None and cursor == 0
 
     def __repr__(self):
         return ("stoke.DataLoader(batch_size=%s, num_workers=%d, epoch=%d, rank=%d/%d)"

@@ -1078,6 +1078,7 @@ class _Plan:
     H_PATCH = 7  # bytes in patch_fd: the dataset's attributes set since the fork (set_patch)
     H_OFFCAP = 8  # batches the offsets' memfd holds (+ 1)
     H_LIVE = 9  # 1: the C loader asks the epoch's batches (H_NBATCH) for the dataset's length
+    H_AGAIN = 10  # a map epoch's plans made again (_Writer.again): its workers start it again
 
     def __init__(self, nbatches, nidx, nmail, entries=MAIL_ENTRIES, patch=False):
         self.nmail = nmail
@@ -1382,6 +1383,7 @@ class _Writer:
         self.epoch_seed = seed    # the shuffle seed of the epoch planned last
         self.restore_seed = None  # load_state_dict: the saved epoch's, instead of a draw
         self.base_fixed = None    # persistent workers: the base seed they were seeded with
+        self.base_again = None    # again(): the next set_epoch hook's base seed
         self.generator = generator
         self.collate_fn = collate_fn
         self.collator = _Collator(pad, pad_to_multiple_of, max_length, return_lengths)
@@ -1402,6 +1404,7 @@ class _Writer:
         self.worker = -2          # -2: the consumer's process; -1: the zygote; >= 0: a worker
         self.seeded_epoch = None
         self.seeded_base = None
+        self.seeded_again = 0
         self.rng_after = None     # the RNG's state after the construction's base-seed draw
         self.reseed_only = False  # the next set_epoch hook draws the seed, keeps the batches
         self.iters = {}
@@ -1599,8 +1602,9 @@ class _Writer:
         return s is None or _stateless(s)
 
     def plan_stale(self):
-        """Whether the plan written before the first iteration (at construction, without a
-        sampler) was of another dataset length than now's (samples appended since)."""
+        """Whether the plan of an epoch's start not yet begun (written at construction, by
+        set_epoch() or load_state_dict(), without a sampler) was of another dataset length
+        than now's (samples appended since)."""
         return (not self.iterable and self.sampler is None and self.batch_sampler is None
                 and self.planned_len is not None and len(self.dataset) != self.planned_len)
 
@@ -1613,6 +1617,14 @@ class _Writer:
         if self.shuffle_drawn():
             self.restore_seed = self.epoch_seed
         self.plan_now(epoch)
+
+    def again(self):
+        """Before the set_epoch hook plans the planned epoch again (plan_stale() after a
+        set_epoch() or load_state_dict()): its base seed and its drawn shuffle seed are
+        kept, nothing drawn again."""
+        self.base_again = self.plan.base_seed()
+        if self.shuffle_drawn():
+            self.restore_seed = self.epoch_seed
 
     def plan_now(self, epoch):
         """At the first iteration, when the creation's hook left the plan to it (defer): the
@@ -1678,7 +1690,11 @@ class _Writer:
                 self.ship_changes()
                 self.refresh_rows()
                 # persistent workers are seeded once: no new base seed (torch draws none)
-                seed = self.base_fixed if self.base_fixed is not None else self.base_seed_for()
+                again = self.base_again is not None
+                seed, self.base_again = (
+                    self.base_fixed if self.base_fixed is not None else
+                    self.base_again if self.base_again is not None else self.base_seed_for(),
+                    None)
                 if self.iterable:
                     self.plan.head[_Plan.H_EPOCH] = epoch
                     self.plan.head[_Plan.H_SEED] = seed
@@ -1698,11 +1714,14 @@ class _Writer:
                     # raised, the next iter() runs this hook again (DataLoader.__iter__), never
                     # delivering the last epoch's batches as this one's
                     self.planned = False
+                    if again:  # (the workers, made no batch of the new plan, see it with it)
+                        self.plan.head[_Plan.H_AGAIN] += 1
                     self.plan.write(epoch, self.batches(epoch), seed, self.lists)
                     self.planned = True
                 if torch is not None:  # after the sampler's draws too
                     self.rng_after = self.rng_state()
-            elif (epoch, self.plan.base_seed()) != (self.seeded_epoch, self.seeded_base):
+            elif ((epoch, self.plan.base_seed(), int(self.plan.head[_Plan.H_AGAIN]))
+                  != (self.seeded_epoch, self.seeded_base, self.seeded_again)):
                 self.start_worker_epoch(epoch)
             return None
         except Exception as e:  # noqa: BLE001 - reported through the loader
@@ -1827,6 +1846,7 @@ class _Writer:
             if self.worker_init_fn is not None:
                 self.worker_init_fn(self.worker)
         self.seeded_epoch = epoch
+        self.seeded_again = int(self.plan.head[_Plan.H_AGAIN])
 
     def fresh_dataset(self, first):
         """A worker process's pass without persistent workers: torch's workers are new
@@ -1961,9 +1981,12 @@ class _Writer:
 
     def fill_one(self, i, worker, view):
         if (self.worker >= 0 and self.seeded_epoch is not None
-                and int(self.plan.head[_Plan.H_SEED]) != self.seeded_base
+                and (int(self.plan.head[_Plan.H_SEED]) != self.seeded_base
+                     or int(self.plan.head[_Plan.H_AGAIN]) != self.seeded_again)
                 and int(self.plan.head[_Plan.H_EPOCH]) == self.seeded_epoch):
-            self.start_worker_epoch(self.seeded_epoch)  # the epoch restarted with a new seed
+            # the epoch restarted with a new seed, or planned again (as torch's new workers
+            # of the pass at iter(): the dataset as sent then, the seeds from their start)
+            self.start_worker_epoch(self.seeded_epoch)
         if self.iter_map:
             run = int(self.plan.head[_Plan.H_RUN])
             if run != self.iter_run:  # a new run (the same epoch and seed again included)

@@ -320,6 +320,43 @@ def state_where_lengths_change():
 
 
 @case
+def length_changed_after_restore():
+    """The length changed after load_state_dict() (or set_epoch()) planned an epoch's start,
+    before its pass (a curriculum's step at the top of the epoch loop, after the checkpoint
+    was loaded): the pass is of the length at iter(), as the saving loader's and torch's
+    (it was load_state_dict()'s: indices past the shrunk dataset read, IndexError; or the
+    old epoch delivered by the workers while len() said another), its seeds the same."""
+    for nw in (0, 2):
+        for shuffle in (False, True):
+            for n in (3, 17):
+                torch.manual_seed(1)
+                kw = dict(batch_size=4, shuffle=shuffle, num_workers=nw)
+                saving = L.Loader(Growing(10), **kw)
+                epoch(saving)
+                st, rng = saving.state_dict(), torch.get_rng_state()
+                saving.dataset.n = n
+                want = (len(saving), [b.tolist() for b in saving])
+                want_rng = torch.get_rng_state()
+                again = L.Loader(Growing(10), **kw)
+                torch.set_rng_state(rng)
+                again.load_state_dict(st)
+                again.dataset.n = n
+                got = (len(again), [b.tolist() for b in again])
+                T.check(got == want and torch.equal(torch.get_rng_state(), want_rng),
+                        "%d workers, shuffle=%s, n=%d after load_state_dict(): %s, want %s"
+                        % (nw, shuffle, n, got, want))
+                # set_epoch(k) then the length changed: torch's pass of epoch k at iter()
+                ref = L.TorchLoader(Growing(n), batch_size=4, num_workers=nw)
+                loader = L.Loader(Growing(10), batch_size=4, num_workers=nw)
+                epoch(loader)
+                loader.set_epoch(1)
+                loader.dataset.n = n
+                got = [b.tolist() for b in loader]
+                T.check(got == [b.tolist() for b in ref],
+                        "%d workers, n=%d after set_epoch(1): %s" % (nw, n, got))
+
+
+@case
 def stats_and_buffers():
     """stats() counts the batches delivered, not the ends past each epoch; a loader of a few
     batches an epoch keeps about that many buffers (the C loader's epoch is a bound, which no
