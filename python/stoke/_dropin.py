@@ -616,6 +616,13 @@ class _BlockPickler(pickle.Pickler):
 
     def persistent_id(self, obj):
         if torch is not None and isinstance(obj, torch.Tensor):
+            if type(obj) is torch.Tensor and obj.layout == torch.sparse_coo and (
+                    obj.device.type == "cpu"):
+                # by its indices and values (each a tensor of the block) and whether it is
+                # coalesced: torch's pickle of a sparse tensor leaves that flag out, and one
+                # loaded uncoalesced has no indices() (torch's num_workers=0 keeps it)
+                t = obj.detach()
+                return ("s", t._indices(), t._values(), tuple(t.shape), t.is_coalesced())
             pid = self.block.ref_tensor(obj)
             cls = type(obj)
             if pid is None or cls is torch.Tensor:
@@ -669,6 +676,10 @@ class _BlockUnpickler(pickle.Unpickler):
     def persistent_load(self, pid):
         if pid[0] == "o":
             return self.objs[pid[1]]
+        if pid[0] == "s":  # a sparse COO tensor (_BlockPickler)
+            _, indices, values, shape, coalesced = pid
+            return torch._sparse_coo_tensor_unsafe(indices, values, shape)._coalesced_(
+                coalesced)
         kind, off, dtype, shape = pid[:4]
         if kind == "t":
             dt = getattr(torch, dtype)

@@ -321,8 +321,14 @@ class Odd:
 
 
 for name, f, same in (
+        # (coalesced or not, as the sample was: torch's pickle leaves the flag out, and a
+        # sparse tensor loaded uncoalesced has no indices())
         ("sparse", lambda i: torch.eye(3).to_sparse() * i,
-         lambda a, b: torch.equal(a.to_dense(), b.to_dense())),
+         lambda a, b: torch.equal(a.to_dense(), b.to_dense()) and a.is_coalesced()
+         and torch.equal(a.indices(), b.indices())),
+        ("sparse, uncoalesced", lambda i: torch.sparse_coo_tensor([[0, 0], [1, 1]],
+                                                                  [1.0, float(i)], (2, 2)),
+         lambda a, b: torch.equal(a.to_dense(), b.to_dense()) and not a.is_coalesced()),
         ("quantized", lambda i: torch.quantize_per_tensor(torch.ones(4) * i, 0.1, 0, torch.qint8),
          lambda a, b: torch.equal(a.dequantize(), b.dequantize())),
         ("tensor, object array", lambda i: (torch.full((3,), float(i)),
