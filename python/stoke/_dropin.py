@@ -403,14 +403,15 @@ class _Block:
         dst[...] = a
         return ("n", off, a.dtype.str, a.shape)
 
-    def finish(self, obj, apart=False):
+    def finish(self, obj, apart=False, samples=None):
         """Pickles obj (its tensors and arrays as references) after the data; the header.
         With `live` (the batch is made and decoded in the same process: no worker processes)
         the structure is kept in that dict instead, under a token the header holds, unless it
         holds an object that shape() does not rebuild.  A structure of containers and
         tensors (arrays) only goes as MAGIC_FAST, in both cases (finish_fast).  apart: obj
         views nothing of the block (a collate_fn's output, not the block's collator's), so
-        that where it does not pickle it may be kept as it is (_Opaque)."""
+        that where it does not pickle it may be kept as it is (_Opaque); samples: those the
+        collator made obj of (_LocalPickler keeps their objects that do not pickle)."""
         if self.fast is not None:
             off = self.off
             try:
@@ -442,7 +443,7 @@ class _Block:
             # a function): decoded in this process, they go by reference (the block's
             # tensors, kept as they are, would see the next batches written over them)
             f = io.BytesIO()
-            p = _LocalPickler(f, self)
+            p = _LocalPickler(f, self, samples)
             p.dump(obj)
             return self.keep_live(_Local(f.getvalue(), p.objs))
         data = f.getbuffer()
@@ -641,14 +642,18 @@ class _LocalPickler(_BlockPickler):
     """_BlockPickler for a batch decoded in this process (no worker processes): classes and
     functions go by reference to this process's objects (objs), so that those pickle cannot
     name (a class defined in a function, a lambda) pass, as torch's num_workers=0 yields
-    them; so does an object that does not reduce at all (a lock, a file: the samples' own,
-    passed through), unless it is a mapping or a sequence, which the collation makes over
-    the block's tensors (one kept as it is would hold tensors that a later batch's writes
-    reach: its pickling error is raised)."""
+    them; so does an object that does not reduce at all (a lock, a file) where it is one of
+    the samples' (reached from them: passed through, or set by the collation from theirs),
+    not a mapping or a sequence: an object the collation made (a dict subclass's
+    `self.vals = self.values()`, a weakref to itself) or a container may refer to the
+    collation's structure over the block's tensors, which a later batch's writes reach (its
+    pickling error is raised)."""
 
-    def __init__(self, f, block):
+    def __init__(self, f, block, samples=None):
         super().__init__(f, block)
         self.objs = []
+        self.samples = samples
+        self.theirs = None  # ids of the objects reached from the samples, once needed
 
     def persistent_id(self, obj):
         pid = super().persistent_id(obj)
@@ -662,9 +667,34 @@ class _LocalPickler(_BlockPickler):
                 obj.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
                 return None
             except Exception:  # noqa: BLE001 - pickle would raise it: kept by reference
-                pass
+                if self.samples is None:  # if it is the samples' own
+                    return None
+                if self.theirs is None:
+                    self.theirs = _reached(self.samples)
+                if id(obj) not in self.theirs:
+                    return None
         self.objs.append(obj)
         return ("o", len(self.objs) - 1)
+
+
+def _reached(roots, most=1 << 20):
+    """ids of the objects reached from roots (through gc.get_referents; at most `most`),
+    not through classes, modules, functions and code, nor into tensors and arrays."""
+    seen = set()
+    todo = [roots]
+    stop = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType,
+            types.CodeType, types.MethodType)
+    while todo and len(seen) < most:
+        o = todo.pop()
+        if id(o) in seen:
+            continue
+        seen.add(id(o))
+        if (type(o) in _PLAIN or isinstance(o, stop)
+                or (torch is not None and isinstance(o, torch.Tensor))
+                or (np is not None and isinstance(o, np.ndarray))):
+            continue
+        todo.extend(gc.get_referents(o))
+    return seen
 
 
 class _BlockUnpickler(pickle.Unpickler):
@@ -1980,7 +2010,7 @@ class _Writer:
             return _finish_keeping(block, self.collate(samples))
         if self.batch_size is None and self.batch_sampler is None:
             return _finish_keeping(block, _convert(samples[0]))
-        return block.finish(self.collator(block, samples))
+        return block.finish(self.collator(block, samples), samples=samples)
 
     def fill(self, i, worker, view):
         if not self.processes and self.num_workers > 1 and not self.rows_path:
@@ -2198,7 +2228,7 @@ class _Writer:
             return _finish_keeping(block, self.collate(samples))
         if self.batch_size is None:
             return _finish_keeping(block, _convert(samples[0]))
-        return block.finish(self.collator(block, samples))
+        return block.finish(self.collator(block, samples), samples=samples)
 
     def collate(self, samples):
         """The user's collate_fn on the batch's samples; without automatic batching

@@ -306,6 +306,32 @@ del ref, kept
 gc.collect()
 
 
+# ... but not an object the collation made (a dict subclass's __init__ keeping its values()
+# view, run by the collation over the block's tensors): kept by reference it saw the last
+# batch's values in every held batch; it is the pickling error, as before
+class ValuesDict(dict):
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.vals = self.values()
+
+
+class ValuesSamples(torch.utils.data.Dataset):
+    def __len__(self):
+        return 32
+
+    def __getitem__(self, i):
+        return ValuesDict(x=torch.full((2,), float(i)))
+
+
+try:
+    kept = list(stoke.DataLoader(ValuesSamples(), batch_size=8))
+    got = [(b["x"][:, 0].tolist(), list(b.vals)[0][:, 0].tolist()) for b in kept]
+except Exception as e:  # noqa: BLE001 - the pickling error, under the loader's
+    got = "%s: %s" % (type(e).__name__, e)
+T.check(isinstance(got, str) and "cannot pickle 'dict_values'" in got,
+        "an object the collation made that does not pickle: %s" % (got,))
+
+
 # ... and samples that are no dense CPU tensors, held past the buffers (list(loader)): a sparse
 # tensor (torch's unpickling kept each in a list, and its batch's block with it, until the
 # loader ran out of buffers), a quantized one, an object array beside a tensor
