@@ -1446,6 +1446,7 @@ class _Writer:
         self.seeded_epoch = None
         self.seeded_base = None
         self.seeded_again = 0
+        self.epoch_rngs = None  # a worker process's RNG states at its epoch's start
         self.rng_after = None     # the RNG's state after the construction's base-seed draw
         self.reseed_only = False  # the next set_epoch hook draws the seed, keeps the batches
         self.iters = {}
@@ -1867,6 +1868,7 @@ class _Writer:
         (seeds, get_worker_info, worker_init_fn) once, or every epoch when the workers are not
         persistent (torch starts new ones each epoch)."""
         base = self.plan.base_seed()
+        again = int(self.plan.head[_Plan.H_AGAIN])
         if (self.seeded_epoch is None or not self.persistent
                 or (epoch == self.seeded_epoch and base != self.seeded_base)):
             if not self.persistent or self.seeded_epoch is None:
@@ -1886,8 +1888,16 @@ class _Writer:
                 np.random.seed(seed & 0xFFFFFFFF)
             if self.worker_init_fn is not None:
                 self.worker_init_fn(self.worker)
+            self.epoch_rngs = _rng_states()
+        elif epoch != self.seeded_epoch:  # persistent workers: an epoch's RNGs at its start
+            self.epoch_rngs = _rng_states()
+        elif again != self.seeded_again and self.epoch_rngs is not None:
+            # persistent workers, the epoch planned again (_Writer.again): their RNGs back at
+            # the epoch's start, where torch's are at its pass (the old plan's batches drew)
+            for j, st in enumerate(self.epoch_rngs):
+                _set_rng(j, st)
         self.seeded_epoch = epoch
-        self.seeded_again = int(self.plan.head[_Plan.H_AGAIN])
+        self.seeded_again = again
 
     def fresh_dataset(self, first):
         """A worker process's pass without persistent workers: torch's workers are new

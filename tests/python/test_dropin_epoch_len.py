@@ -7,6 +7,7 @@ batches for epoch E, its length says M".  Each case compares every epoch (its ba
 order where both are sequential, len(loader) before it) with torch's, at 0 and 2 workers."""
 import collections
 import random
+import time
 import warnings
 
 import stoke_testlib as T
@@ -354,6 +355,41 @@ def length_changed_after_restore():
                 got = [b.tolist() for b in loader]
                 T.check(got == [b.tolist() for b in ref],
                         "%d workers, n=%d after set_epoch(1): %s" % (nw, n, got))
+
+
+class Drawing(Growing):
+    """Growing whose samples carry a draw from the worker's torch RNG (a random transform)."""
+
+    def __getitem__(self, i):
+        return torch.tensor([float(i), torch.rand(()).item()])
+
+
+@case
+def persistent_workers_planned_again():
+    """Persistent workers that began set_epoch()'s plan before the length changed: the epoch
+    planned again draws as the workers' first plan would have (their RNGs back at the
+    epoch's start: the old plan's batches drew from them), as a loader whose length changed
+    first, or that never called set_epoch()."""
+    for nw in (1, 2):
+        got = {}
+        for order in ("set_epoch, then the length", "the length, then set_epoch", "no set_epoch"):
+            torch.manual_seed(5)
+            ds = Drawing(12)
+            loader = L.Loader(ds, batch_size=3, num_workers=nw, persistent_workers=True)
+            first = [b.tolist() for b in loader]
+            if order.startswith("set_epoch"):
+                loader.set_epoch(1)
+                time.sleep(0.3)  # (the workers make batches of the old plan meanwhile)
+                ds.n = 6
+            elif order.startswith("the length"):
+                ds.n = 6
+                loader.set_epoch(1)
+            else:
+                ds.n = 6
+            got[order] = (first, [b.tolist() for b in loader], [b.tolist() for b in loader])
+            del loader
+        a, b, c = got.values()
+        T.check(a == b == c, "%d persistent workers: %s" % (nw, got))
 
 
 @case
