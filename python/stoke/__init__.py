@@ -643,21 +643,11 @@ class _DataLoader(_stoke.Loader):
                 # the sampler's order is taken now, as torch's iter() takes it (no batch was
                 # made yet: the workers start at the first next())
                 w.plan_now(self.epoch)
-            elif w.plan_stale():
-                # the dataset's length changed since construction planned epoch 0: torch's
-                # sampler reads it at iter()
-                w.replan(self.epoch)
+            elif w.plan_stale():  # (construction planned epoch 0)
+                self._plan_again()
             self._first_iter = False
-        elif self._fresh_plan and w.planned and w.plan_stale():
-            # set_epoch() or load_state_dict() planned this epoch's start before the
-            # dataset's length changed (a curriculum's step at the top of the epoch loop):
-            # torch's sampler reads the length at iter(), so the epoch is planned again, its
-            # seeds kept (the workers may have begun the old plan: the new run discards it)
-            w.again()
-            try:
-                self._epoch_hook(super().set_epoch, self.epoch)
-            finally:
-                w.base_again = w.restore_seed = None
+        elif self._fresh_plan and w.planned and w.plan_stale():  # (set_epoch, load_state_dict)
+            self._plan_again()
         elif not w.planned and not w.iterable:
             # the epoch's planning failed (its sampler raised in set_epoch or at the start of
             # this epoch's pass): the epoch again, its hook reading the sampler again (workers
@@ -675,6 +665,20 @@ class _DataLoader(_stoke.Loader):
         # torch's warning on an IterableDataset that yields more than len(loader) said: the
         # length read by len(loader) before this iteration began (_IterableDataset_len_called)
         return _Pass(self._batches, it, self._len_called)
+
+    def _plan_again(self):
+        """The planned epoch's start was of another dataset length than now's (a curriculum's
+        step at the top of the epoch loop, after the loader was made, a set_epoch() or a
+        load_state_dict()): torch's sampler reads the length at iter(), so the epoch is
+        planned again by the set_epoch hook, its base and shuffle seeds kept (_Writer.again;
+        a batch made of the old plan is discarded by the new run, and the workers start the
+        epoch again)."""
+        w = self._writer
+        w.again()
+        try:
+            self._epoch_hook(super().set_epoch, self.epoch)
+        finally:
+            w.base_again = w.restore_seed = None
 
     def _dataset_changed(self):
         """Warns (RuntimeWarning, once an attribute) of the dataset's attributes set in this

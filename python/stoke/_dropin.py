@@ -1650,20 +1650,10 @@ class _Writer:
         return (not self.iterable and self.sampler is None and self.batch_sampler is None
                 and self.planned_len is not None and len(self.dataset) != self.planned_len)
 
-    def replan(self, epoch):
-        """At the first iteration, when plan_stale(): the epoch's batches again, of the
-        dataset's length of now, with the same base seed and shuffle seed (nothing drawn
-        again), batch 0 made at construction dropped."""
-        if self.kept is not None:
-            self.drop_kept()
-        if self.shuffle_drawn():
-            self.restore_seed = self.epoch_seed
-        self.plan_now(epoch)
-
     def again(self):
-        """Before the set_epoch hook plans the planned epoch again (plan_stale() after a
-        set_epoch() or load_state_dict()): its base seed and its drawn shuffle seed are
-        kept, nothing drawn again."""
+        """Before the set_epoch hook plans the planned epoch again (plan_stale():
+        DataLoader._plan_again): its base seed and its drawn shuffle seed are kept, nothing
+        drawn again (batch 0 made at construction is dropped by the hook)."""
         self.base_again = self.plan.base_seed()
         if self.shuffle_drawn():
             self.restore_seed = self.epoch_seed
@@ -1888,7 +1878,7 @@ class _Writer:
                 np.random.seed(seed & 0xFFFFFFFF)
             if self.worker_init_fn is not None:
                 self.worker_init_fn(self.worker)
-            self.epoch_rngs = _rng_states()
+            self.epoch_rngs = _rng_states() if self.persistent else None
         elif epoch != self.seeded_epoch:  # persistent workers: an epoch's RNGs at its start
             self.epoch_rngs = _rng_states()
         elif again != self.seeded_again and self.epoch_rngs is not None:
