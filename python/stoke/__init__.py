@@ -811,6 +811,7 @@ class _DataLoader(_stoke.Loader):
                             % self._writer.nbatches, RuntimeWarning, stacklevel=3)
                 if self._iterable and not self._no_state:
                     self._mark_ended()
+                self._writer.pass_ended = True  # (its persistent workers: pass_reseed)
                 return
             except StokeError as e:
                 self._raise_dataset_error(e, name_batch=True)
@@ -835,6 +836,7 @@ class _DataLoader(_stoke.Loader):
                         self._in_order or self.num_workers < 2)):
                     if not self._iterable:
                         self._mark_end_at()
+                    self._writer.pass_ended = True
                     return
                 continue
             st["yielded"] += 1

@@ -33,6 +33,7 @@ one mailbox per worker where a failing fill leaves its pickled exception and tra
 import collections.abc as _abc
 import copyreg
 import gc
+import hashlib
 import io
 import itertools
 import math
@@ -1120,6 +1121,8 @@ class _Plan:
     H_OFFCAP = 8  # batches the offsets' memfd holds (+ 1)
     H_LIVE = 9  # 1: the C loader asks the epoch's batches (H_NBATCH) for the dataset's length
     H_AGAIN = 10  # a map epoch's plans made again (_Writer.again): its workers start it again
+    H_PASS = 11  # the passes begun (each set_epoch hook but a plan made again)
+    H_CUT = 12  # 1: the pass before H_PASS's was left before its end (_Writer.pass_reseed)
 
     def __init__(self, nbatches, nidx, nmail, entries=MAIL_ENTRIES, patch=False):
         self.nmail = nmail
@@ -1447,6 +1450,8 @@ class _Writer:
         self.seeded_base = None
         self.seeded_again = 0
         self.epoch_rngs = None  # a worker process's RNG states at its epoch's start
+        self.seen_pass = None  # a worker process's last pass (H_PASS)
+        self.pass_ended = False  # the consumer's: its last pass's iterator reached its end
         self.rng_after = None     # the RNG's state after the construction's base-seed draw
         self.reseed_only = False  # the next set_epoch hook draws the seed, keeps the batches
         self.iters = {}
@@ -1727,6 +1732,10 @@ class _Writer:
                     self.base_fixed if self.base_fixed is not None else
                     self.base_again if self.base_again is not None else self.base_seed_for(),
                     None)
+                if not again:  # a new pass (persistent workers: pass_reseed)
+                    self.plan.head[_Plan.H_CUT] = not self.pass_ended
+                    self.plan.head[_Plan.H_PASS] += 1
+                self.pass_ended = False
                 if self.iterable:
                     self.plan.head[_Plan.H_EPOCH] = epoch
                     self.plan.head[_Plan.H_SEED] = seed
@@ -1752,9 +1761,11 @@ class _Writer:
                     self.planned = True
                 if torch is not None:  # after the sampler's draws too
                     self.rng_after = self.rng_state()
-            elif ((epoch, self.plan.base_seed(), int(self.plan.head[_Plan.H_AGAIN]))
-                  != (self.seeded_epoch, self.seeded_base, self.seeded_again)):
-                self.start_worker_epoch(epoch)
+            else:
+                self.pass_reseed()
+                if ((epoch, self.plan.base_seed(), int(self.plan.head[_Plan.H_AGAIN]))
+                        != (self.seeded_epoch, self.seeded_base, self.seeded_again)):
+                    self.start_worker_epoch(epoch)
             return None
         except Exception as e:  # noqa: BLE001 - reported through the loader
             self.keep_error(-1, e, None)
@@ -1865,17 +1876,11 @@ class _Writer:
                 self.fresh_dataset(self.seeded_epoch is None)
                 self.refresh_rows()  # (a worker process's: its dataset's tensors, as sent)
             self.seeded_base = base
-            seed = base + self.worker
-            random.seed(seed)
+            seed = self.seed_rngs(base)
             if torch is not None:
-                torch.manual_seed(seed)
                 from torch.utils.data._utils import worker as tw
-                if np is not None:
-                    np.random.seed(tw._generate_state(base, self.worker))
                 tw._worker_info = tw.WorkerInfo(id=self.worker, num_workers=self.num_workers,
                                                 seed=seed, dataset=self.dataset)
-            elif np is not None:
-                np.random.seed(seed & 0xFFFFFFFF)
             if self.worker_init_fn is not None:
                 self.worker_init_fn(self.worker)
             self.epoch_rngs = _rng_states() if self.persistent else None
@@ -1888,6 +1893,39 @@ class _Writer:
                 _set_rng(j, st)
         self.seeded_epoch = epoch
         self.seeded_again = again
+
+    def seed_rngs(self, base):
+        """A worker process's global RNGs seeded as torch seeds its worker's: base + its id
+        (NumPy's from torch's _generate_state(base, id)); the seed."""
+        seed = base + self.worker
+        random.seed(seed)
+        if torch is not None:
+            torch.manual_seed(seed)
+            if np is not None:
+                from torch.utils.data._utils import worker as tw
+                np.random.seed(tw._generate_state(base, self.worker))
+        elif np is not None:
+            np.random.seed(seed & 0xFFFFFFFF)
+        return seed
+
+    def pass_reseed(self):
+        """A persistent worker process at a new pass (H_PASS) whose last one was left before
+        its end (H_CUT: a break, set_epoch() of the pass again, ...): its RNGs were as far as
+        the batches it made, which depends on timing (torch's finish the batches sent, a
+        count stoke's abandoned run does not keep).  They are seeded from the base seed, the
+        worker and the pass's number instead: the same draws on every run of the script,
+        fresh ones each pass.  After a pass that ended, the RNGs go on as torch's."""
+        p = int(self.plan.head[_Plan.H_PASS])
+        if p == self.seen_pass:
+            return
+        began, self.seen_pass = self.seen_pass is not None, p
+        if not (began and self.persistent and self.seeded_epoch is not None
+                and self.plan.head[_Plan.H_CUT]):
+            return
+        mix = hashlib.blake2b(struct.pack("<qqq", self.seeded_base, self.worker, p),
+                              digest_size=8, person=b"stoke-pass").digest()
+        self.seed_rngs(int.from_bytes(mix, "little") >> 1)
+        self.epoch_rngs = _rng_states()
 
     def fresh_dataset(self, first):
         """A worker process's pass without persistent workers: torch's workers are new
@@ -2021,6 +2059,8 @@ class _Writer:
         return self.fill_one(i, worker, view)
 
     def fill_one(self, i, worker, view):
+        if self.worker >= 0:
+            self.pass_reseed()
         if (self.worker >= 0 and self.seeded_epoch is not None
                 and (int(self.plan.head[_Plan.H_SEED]) != self.seeded_base
                      or int(self.plan.head[_Plan.H_AGAIN]) != self.seeded_again)

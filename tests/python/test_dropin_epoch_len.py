@@ -392,6 +392,51 @@ def persistent_workers_planned_again():
         T.check(a == b == c, "%d persistent workers: %s" % (nw, got))
 
 
+class SlowDrawing(Drawing):
+    """Drawing at 20 ms a sample: a pass left early stops its workers mid-way."""
+
+    def __getitem__(self, i):
+        time.sleep(0.02)
+        return super().__getitem__(i)
+
+
+@case
+def persistent_workers_after_a_pass_left_early():
+    """Persistent workers after a pass left early (a break, set_epoch() of the pass again, an
+    iterator dropped): the draws of the next passes are the same however far the workers got
+    before the pass was abandoned (their RNGs were as far as the batches they made: here none
+    or all of the prefetched ones), and they are fresh, not the left pass's again."""
+    def left(loader, how, wait):
+        if how == "a break":
+            for _ in loader:
+                time.sleep(wait)  # (the workers make the prefetched batches meanwhile)
+                break
+        elif how == "set_epoch() of the pass again":
+            loader.set_epoch(1)
+            time.sleep(wait)
+            loader.set_epoch(1)
+        else:
+            it = iter(loader)
+            next(it)
+            time.sleep(wait)
+            del it
+
+    for nw in (1, 2):
+        for how in ("a break", "set_epoch() of the pass again", "an iterator dropped"):
+            got = []
+            for wait in (0.0, 0.5):
+                torch.manual_seed(5)
+                loader = L.Loader(SlowDrawing(12), batch_size=3, num_workers=nw,
+                                  persistent_workers=True)
+                left(loader, how, wait)
+                got.append(([b.tolist() for b in loader], [b.tolist() for b in loader]))
+                del loader
+            T.check(got[0] == got[1], "%d persistent workers after %s: %s" % (nw, how, got))
+            draws = [[d for b in p for _, d in b] for p in got[0]]
+            T.check(len(set(draws[0] + draws[1])) == 24,
+                    "%d persistent workers after %s: draws repeated: %s" % (nw, how, draws))
+
+
 @case
 def stats_and_buffers():
     """stats() counts the batches delivered, not the ends past each epoch; a loader of a few
