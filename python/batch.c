@@ -341,8 +341,7 @@ static int batch_traverse(BatchObject *o, visitproc visit, void *arg)
 static void batch_dealloc(BatchObject *o)
 {
     PyObject_GC_UnTrack(o);
-    stoke_batch_release(o->b);
-    o->loader->outstanding--;
+    stoke_py_release_batch(o->loader, o->b); /* (once a copy from it is done: fence.c) */
     Py_XDECREF(o->loader);
     PyObject_GC_Del(o);
 }

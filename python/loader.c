@@ -217,6 +217,8 @@ static int loader_init(PyObject *obj, PyObject *args, PyObject *kw)
     self->dl_device = dl_device_of(device);
     self->fresh = 1;
     self->persistent = o.persistent_workers;
+    self->held = o.held_buffers;
+    self->pend_max = -1;
     return 0;
 }
 
@@ -286,6 +288,7 @@ static void defer_destroy(stoke_loader *l, stoke_dataset *ds)
 
 static void loader_close(LoaderObject *self)
 {
+    stoke_py_drain(self); /* (batches whose copies were in flight: given back first) */
     stoke_loader *l = self->l;
     self->l = NULL;
     if (l && stoke_pyds_in_call())
@@ -313,6 +316,8 @@ static void loader_dealloc(PyObject *obj)
 static PyObject *loader_close_if_idle(PyObject *obj, PyObject *unused)
 {
     LoaderObject *self = (LoaderObject *)obj;
+    if (self->npend && !self->busy)
+        stoke_py_settle(self, 1);
     if (self->outstanding > 0 || self->busy)
         Py_RETURN_FALSE;
     loader_close(self);
@@ -391,6 +396,8 @@ typedef struct {
 static PyObject *next_locked(LoaderObject *self)
 {
     self->fresh = 0;
+    if (self->npend) /* the batches whose copies are done: back to the workers */
+        stoke_py_settle(self, 0);
     stoke_batch *b = NULL;
     int rc;
     PyThreadState *ts = PyEval_SaveThread();

@@ -309,6 +309,12 @@ static PyMethodDef module_methods[] = {
      "stoke_dataset_abandoned)."},
     {"_stop_python_datasets", py_stop_python_datasets, METH_NOARGS,
      "For the exit hook: no Python dataset is called from now on."},
+    {"_set_release_fence", stoke_py_set_release_fence, METH_O,
+     "fn() -> a fence (query(), synchronize()) or None, called as pinned memory is given back: "
+     "it is reused once the fence is done (private; fence.c)."},
+    {"_settle_pinned", stoke_py_settle_pinned, METH_O,
+     "Frees the PinnedBuffers given back whose fences are done (all, waiting, if the argument "
+     "is true); returns how many wait (private)."},
     {"_reap_stats", stoke_py_reap_stats, METH_NOARGS,
      "(loaders whose destroy was deferred, loaders those destroyed): for tests."},
     {NULL, NULL, 0, NULL}};

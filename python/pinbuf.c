@@ -92,6 +92,7 @@ static PyObject *pinbuf_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     self->n = n;
     int rc = STOKE_ENOTSUP; /* pin=False: ordinary memory, the pool (and its warning) unasked */
     if (pin) {
+        stoke_py_pinned_settle(); /* (blocks whose copies are done may be reused) */
         Py_BEGIN_ALLOW_THREADS;
         rc = stoke_pinned_alloc((size_t)n, &self->p);
         Py_END_ALLOW_THREADS;
@@ -128,6 +129,8 @@ static void pinbuf_dealloc(PyObject *obj)
         map_put(self->p, self->n);
     else if (self->p && self->own)
         free(self->p);
+    else if (self->p && self->pinned)
+        stoke_py_pinned_free(self->p); /* (once a copy from it is done: fence.c) */
     else if (self->p)
         stoke_pinned_free(self->p);
     if (self->p) {

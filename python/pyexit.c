@@ -16,7 +16,7 @@ static atomic_int stopped;
 static atomic_int inflight;
 static _Thread_local int depth;
 
-static int finalizing(void)
+int stoke_py_finalizing(void)
 {
 #if PY_VERSION_HEX >= 0x030D0000
     return Py_IsFinalizing();
@@ -28,7 +28,7 @@ static int finalizing(void)
 int stoke_pyds_enter(char *msg, size_t msg_len)
 {
     atomic_fetch_add(&inflight, 1); /* before the check: stoke_pyds_stop_all waits for it */
-    if (atomic_load(&stopped) || finalizing()) {
+    if (atomic_load(&stopped) || stoke_py_finalizing()) {
         atomic_fetch_sub(&inflight, 1);
         snprintf(msg, msg_len, "the Python interpreter is exiting: the dataset is not called");
         return -1;

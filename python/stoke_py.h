@@ -33,6 +33,13 @@ typedef struct {
     int persistent;         /* iterators are not superseded (torch's iter() resets its one
                                iterator with persistent_workers): persistent_workers, or what
                                the drop-in sets (_passes_go_on: its workers persist anyway) */
+    int held;               /* the consumer's held_buffers */
+    /* pinned batches given back whose release fences are not done yet (fence.c; GIL) */
+    PyObject **pend_fence;
+    stoke_batch **pend_b;
+    int npend, pend_cap;
+    int pend_max;           /* the most kept so (-1: not computed yet) */
+    int in_fence;           /* a fence's Python code runs for this list */
 } LoaderObject;
 
 /* The most dimensions a field has in Python (NumPy 2's NPY_MAXDIMS; the C loader has no limit). */
@@ -85,6 +92,18 @@ PyObject *stoke_py_build_features(PyObject *self, PyObject *unused);
 /* batch.c */
 PyObject *stoke_py_batch_new(LoaderObject *loader, stoke_batch *b);
 
+/* fence.c: pinned memory given back after its release fence is done (a caller's asynchronous
+ * copy from it).  release_batch gives b back (now or once fenced: 1) and counts it out of
+ * `outstanding`; settle gives back those done (wait: all, waiting); drain before the loader
+ * closes.  pinned_free is stoke_pinned_free fenced so. */
+int stoke_py_release_batch(LoaderObject *L, stoke_batch *b);
+void stoke_py_settle(LoaderObject *L, int wait);
+void stoke_py_drain(LoaderObject *L);
+void stoke_py_pinned_free(void *p);
+void stoke_py_pinned_settle(void);
+PyObject *stoke_py_set_release_fence(PyObject *self, PyObject *fn);
+PyObject *stoke_py_settle_pinned(PyObject *self, PyObject *wait);
+
 /* pyexit.c */
 /* For the exit hook (GIL held): waits for the calls into Python datasets in progress, then
  * makes every later one fail at once (STOKE_ECANCELED) without touching Python, so no worker
@@ -101,6 +120,7 @@ int stoke_pyds_in_call(void);
  * such a thread may be one of the loader's own workers).  GIL held, on a thread that may join
  * them (the main thread's pending call, the exit hook).  _reap_stats (deferred, destroyed). */
 void stoke_py_reap_loaders(void);
+int stoke_py_finalizing(void); /* the interpreter finalizes (no Python code may run) */
 PyObject *stoke_py_reap_stats(PyObject *self, PyObject *unused);
 
 /* pywriter.c: the batch writer of stoke/_dropin.py (its attributes nbatches, blob_bytes, name

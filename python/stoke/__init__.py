@@ -17,6 +17,7 @@ import atexit as _atexit
 import json as _json
 import math as _math
 import os as _os
+import sys as _sys
 import threading as _threading
 import warnings as _warnings
 from operator import index as _operator_index
@@ -1079,6 +1080,32 @@ class _Pass:
             raise
 
 
+_fence_backend = []  # (the accelerator's backend, once asked)
+
+
+def _copy_fence():
+    """The release fence of pinned memory given back (python/fence.c): with CUDA (or ROCm)
+    initialized in this process, a torch.cuda.Event recorded on the current stream, after
+    any `tensor.to("cuda", non_blocking=True)` of the batch queued there; the batch's block
+    is reused once it is done.  torch's caching host allocator does so for its own pinned
+    memory, not for stoke's.  None (given back at once) without torch or CUDA: no copy from
+    it can be in flight."""
+    torch = _sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return None
+    if not _fence_backend:
+        acc = _stoke.accelerator()
+        _fence_backend.append(acc.get("backend") if acc else None)
+    if _fence_backend[0] not in ("cuda", "hip"):
+        return None  # (pinned for another runtime: torch copies from it synchronously)
+    ev = torch.cuda.Event()
+    ev.record()
+    return ev
+
+
+_stoke._set_release_fence(_copy_fence)
+
+
 @_atexit.register
 def _stop_workers():
     # No worker thread may run Python once the interpreter finalizes (one that takes the GIL
@@ -1096,7 +1123,12 @@ def _stop_workers():
     for loader in list(_live):
         loader._interrupt()
         try:
-            if not loader._close_if_idle():
+            if not loader._close_if_idle():  # (after the copies from its fenced batches)
                 loader.set_epoch(loader.epoch)
         except Exception:
             pass
+    try:
+        _stoke._settle_pinned(True)
+    except Exception:
+        pass
+    _stoke._set_release_fence(None)

@@ -10,7 +10,9 @@ intra-op pool before the loader (a real training process), with process workers,
   pad      token sequences of varying length padded by stoke itself (pad={"input_ids": 0}):
            the padded rows equal the sequences, the lengths field right, pinned;
   collate  the user's collate_fn (pad_sequence) in the workers: equal to torch's, pinned;
-  epochs   three epochs of the tensor case with break mid-epoch: pinned memory stays flat.
+  epochs   three epochs of the tensor case with break mid-epoch: pinned memory stays flat;
+  race     each batch dropped right after its non_blocking copy was queued behind GPU work:
+           every copy holds its own batch (the block is reused once the copy is done).
 
 Prints one line per check ("ok NAME detail" or "FAIL NAME why") and exits 1 on any failure.
     PYTHONPATH=build-gpu/python python3 tests/gpu/dropin_cuda.py
@@ -170,7 +172,37 @@ def main():
     report("epochs", len(set(stats[1:])) == 1,
            "pinned %s after each epoch: %s" % (KEPT, stats))
     del loader
+
+    # race: each batch dropped right after its non_blocking copy was queued behind ~1-2 s of
+    # GPU work (`x = x.to("cuda", non_blocking=True)`): its block is reused only once the copy
+    # is done (python/fence.c), so every copy holds its own batch, at 0 and 2 workers
+    bad = {}
+    for what, make in (
+            ("0 workers", lambda: stoke.DataLoader(Wide(), batch_size=4, num_workers=0)),
+            ("2 workers", lambda: stoke.DataLoader(Wide(), batch_size=4, num_workers=2))):
+        loader = make()
+        if not CPU:
+            torch.cuda.synchronize()
+            torch.cuda._sleep(3_000_000_000)  # (the stream busy: the copies queue up)
+        outs = [b.to("cuda", non_blocking=True) if not CPU else b.clone() for b in loader]
+        if not CPU:
+            torch.cuda.synchronize()
+        bad[what] = [k for k, o in enumerate(outs)
+                     if not torch.equal(o[:, 0].cpu(), torch.arange(4 * k, 4 * k + 4).float())]
+        del loader
+    report("race", all(not v for v in bad.values()),
+           "batches whose copy read another batch's bytes: %s" % bad)
     return 1 if FAILED else 0
+
+
+class Wide(Dataset):
+    """64 samples of 1 MiB, sample i all i."""
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return torch.full((1 << 18,), float(i))
 
 
 if __name__ == "__main__":

@@ -223,7 +223,7 @@ if [ -d "$BUILD/python/stoke" ] && "$PY" -c "import torch" 2>/dev/null; then
         "$ROOT/tests/gpu/dropin_cuda.py" $dry 2>&1)
     rc=$?
     echo "$out" >>"$LOG"
-    for c in setup tensor dict pad collate epochs; do
+    for c in setup tensor dict pad collate epochs race; do
         line=$(printf '%s\n' "$out" | grep -E "^(ok|FAIL) $c " | head -n 1)
         case "$line" in
         ok*) row "dropin $c" PASS "${line#ok "$c" }" ;;

@@ -1,0 +1,241 @@
+/* Pinned memory the caller may still be copying from: a batch (or a PinnedBuffer) dropped right
+ * after `tensor.to("cuda", non_blocking=True)` went back to the pool at once, and a worker
+ * could write the next batch into it while the GPU's copy, queued behind the work before it,
+ * had not read it yet (torch's own pinned batches are safe: its caching host allocator records
+ * an event on the copy's stream and reuses the block after it; memory it did not allocate it
+ * does not track).
+ *
+ * So a pinned block given back is fenced: the release fence (_set_release_fence; the package
+ * installs one that records a torch.cuda.Event on the current stream when CUDA is initialized
+ * in this process) is called, and the block is given back once its fence says done (query();
+ * synchronize() waits).  Kept per loader, at most `pend_max` of them (the buffers beyond those
+ * the consumer may hold and one for the workers: more would stall the loader), the oldest
+ * waited for beyond that; looked at before each next(), drained when the loader closes.
+ * PinnedBuffers (the drop-in's copies of held batches) have one list of their own.  GIL held
+ * throughout. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "stoke_py.h"
+
+#define PIN_PEND_MAX 16 /* PinnedBuffers given back and not yet fenced done, at most */
+
+static PyObject *release_fence; /* callable returning a fence or None; NULL: none */
+
+typedef struct {
+    PyObject *fence;
+    void *p;
+} pin_pending;
+
+static pin_pending pin_pend[PIN_PEND_MAX];
+static int pin_npend, pin_in_fence;
+
+/* A fence for memory given back now (new reference), or NULL (none: give it back now).  The
+ * exception being raised, if any, is kept; the fence's own is reported as unraisable. */
+static PyObject *new_fence(void)
+{
+    if (!release_fence || stoke_py_finalizing())
+        return NULL;
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject *f = PyObject_CallNoArgs(release_fence);
+    if (!f)
+        PyErr_WriteUnraisable(release_fence);
+    else if (f == Py_None)
+        Py_CLEAR(f);
+    PyErr_Restore(type, value, tb);
+    return f;
+}
+
+/* 1 when the fence is done; with `wait`, waits for it first.  A fence that fails counts as done
+ * (reported): the memory is not kept for ever. */
+static int fence_done(PyObject *f, int wait)
+{
+    if (stoke_py_finalizing())
+        return 1;
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject *r = PyObject_CallMethod(f, wait ? "synchronize" : "query", NULL);
+    int done = 1;
+    if (!r)
+        PyErr_WriteUnraisable(f);
+    else if (!wait && (done = PyObject_IsTrue(r)) < 0) {
+        PyErr_WriteUnraisable(f);
+        done = 1;
+    }
+    Py_XDECREF(r);
+    PyErr_Restore(type, value, tb);
+    return done;
+}
+
+static void give_back(LoaderObject *L, int i)
+{
+    stoke_batch_release(L->pend_b[i]);
+    Py_DECREF(L->pend_fence[i]);
+    L->outstanding--;
+}
+
+/* Gives back the batches whose fences are done (all of them with `wait`, waiting).  A fence's
+ * Python code may free another batch of this loader (the cyclic GC): that one, seeing
+ * `in_fence`, waits for its own fence at once and leaves the list alone. */
+void stoke_py_settle(LoaderObject *L, int wait)
+{
+    if (L->in_fence)
+        return;
+    L->in_fence = 1;
+    int kept = 0;
+    for (int i = 0; i < L->npend; i++) {
+        if (fence_done(L->pend_fence[i], wait)) {
+            give_back(L, i);
+        } else {
+            L->pend_fence[kept] = L->pend_fence[i];
+            L->pend_b[kept++] = L->pend_b[i];
+        }
+    }
+    L->npend = kept;
+    L->in_fence = 0;
+}
+
+/* The most batches kept fenced: the buffers less those the consumer may hold and one. */
+static int pend_max(LoaderObject *L)
+{
+    if (L->pend_max < 0) {
+        stoke_loader_stats s = {.size = sizeof(s)};
+        L->pend_max = 0;
+        if (L->l && stoke_loader_get_stats(L->l, &s) == STOKE_OK &&
+            s.buffers > (uint64_t)L->held + 1)
+            L->pend_max = (int)(s.buffers - (uint64_t)L->held - 1);
+    }
+    return L->pend_max;
+}
+
+int stoke_py_release_batch(LoaderObject *L, stoke_batch *b)
+{
+    PyObject *f = NULL;
+    if (L->l && !L->device_mode && stoke_batch_is_pinned(b) && pend_max(L) > 0)
+        f = new_fence();
+    if (f && L->in_fence) {
+        fence_done(f, 1);
+        Py_CLEAR(f);
+    }
+    if (!f) {
+        stoke_batch_release(b);
+        L->outstanding--;
+        return 0;
+    }
+    if (L->npend)
+        stoke_py_settle(L, 0);
+    L->in_fence = 1;
+    if (L->npend == L->pend_cap) {
+        int cap = L->pend_cap ? 2 * L->pend_cap : 8;
+        PyObject **fs = PyMem_Realloc(L->pend_fence, (size_t)cap * sizeof(*fs));
+        if (fs)
+            L->pend_fence = fs;
+        stoke_batch **bs = fs ? PyMem_Realloc(L->pend_b, (size_t)cap * sizeof(*bs)) : NULL;
+        if (bs)
+            L->pend_b = bs;
+        if (!fs || !bs) { /* no memory for the list: wait for this one's copy */
+            fence_done(f, 1);
+            Py_DECREF(f);
+            stoke_batch_release(b);
+            L->outstanding--;
+            L->in_fence = 0;
+            return 0;
+        }
+        L->pend_cap = cap;
+    }
+    L->pend_fence[L->npend] = f;
+    L->pend_b[L->npend++] = b;
+    while (L->npend > pend_max(L)) { /* the oldest waited for */
+        fence_done(L->pend_fence[0], 1);
+        give_back(L, 0);
+        L->npend--;
+        memmove(L->pend_fence, L->pend_fence + 1, (size_t)L->npend * sizeof(*L->pend_fence));
+        memmove(L->pend_b, L->pend_b + 1, (size_t)L->npend * sizeof(*L->pend_b));
+    }
+    L->in_fence = 0;
+    return 1;
+}
+
+void stoke_py_drain(LoaderObject *L)
+{
+    stoke_py_settle(L, 1);
+    PyMem_Free(L->pend_fence);
+    PyMem_Free(L->pend_b);
+    L->pend_fence = NULL;
+    L->pend_b = NULL;
+    L->pend_cap = 0;
+}
+
+/* ---- PinnedBuffers --------------------------------------------------------------------------- */
+
+static void pin_settle(int wait)
+{
+    if (pin_in_fence)
+        return;
+    pin_in_fence = 1;
+    int kept = 0;
+    for (int i = 0; i < pin_npend; i++) {
+        if (fence_done(pin_pend[i].fence, wait)) {
+            stoke_pinned_free(pin_pend[i].p);
+            Py_DECREF(pin_pend[i].fence);
+        } else {
+            pin_pend[kept++] = pin_pend[i];
+        }
+    }
+    pin_npend = kept;
+    pin_in_fence = 0;
+}
+
+void stoke_py_pinned_settle(void)
+{
+    if (pin_npend)
+        pin_settle(0);
+}
+
+void stoke_py_pinned_free(void *p)
+{
+    PyObject *f = new_fence();
+    if (f && pin_in_fence) {
+        fence_done(f, 1);
+        Py_CLEAR(f);
+    }
+    if (!f) {
+        stoke_pinned_free(p);
+        return;
+    }
+    stoke_py_pinned_settle();
+    pin_in_fence = 1;
+    if (pin_npend == PIN_PEND_MAX) { /* the oldest waited for */
+        fence_done(pin_pend[0].fence, 1);
+        stoke_pinned_free(pin_pend[0].p);
+        Py_DECREF(pin_pend[0].fence);
+        memmove(pin_pend, pin_pend + 1, (size_t)--pin_npend * sizeof(*pin_pend));
+    }
+    pin_pend[pin_npend].fence = f;
+    pin_pend[pin_npend++].p = p;
+    pin_in_fence = 0;
+}
+
+/* ---- module functions -------------------------------------------------------------------------- */
+
+PyObject *stoke_py_set_release_fence(PyObject *self, PyObject *fn)
+{
+    (void)self;
+    if (fn != Py_None && !PyCallable_Check(fn)) {
+        PyErr_SetString(PyExc_TypeError, "_set_release_fence: a callable or None");
+        return NULL;
+    }
+    Py_XSETREF(release_fence, fn == Py_None ? NULL : Py_NewRef(fn));
+    Py_RETURN_NONE;
+}
+
+PyObject *stoke_py_settle_pinned(PyObject *self, PyObject *wait)
+{
+    (void)self;
+    int w = PyObject_IsTrue(wait);
+    if (w < 0)
+        return NULL;
+    pin_settle(w);
+    return PyLong_FromLong(pin_npend);
+}
