@@ -225,8 +225,10 @@ class _DataLoader(_stoke.Loader):
         pad_to_multiple_of, max_length, and a "<name>_lengths" tensor beside a dict entry);
         max_batch_bytes: one batch's pinned block (None: twice the first batch's size plus
         256 KiB, measured at construction: in a forked child with workers; with num_workers=0
-        batch 0 is made here and delivered first); structure: for a source string, "list" yields
-        [data, label, ...] tensors and "dict" {field: tensor} instead of stoke.Batch;
+        batch 0 is made here and delivered first; an IterableDataset, or a sampler object
+        with num_workers=0, is not measured: 8 MiB, larger batches spill); structure: for a
+        source string, "list" yields [data, label, ...] tensors and "dict" {field: tensor}
+        instead of stoke.Batch;
         on_error: "error" (default), "skip", "replace" (with ":N" or ":P%" budgets, as
         `stoke load --on-error`): a bad sample of a source string, or a batch of a Python
         dataset in which __getitem__/collate raised or whose worker died, is dropped or

@@ -9,8 +9,9 @@ consumer's `decode` unpickles that structure with each reference turned into a t
 (a NumPy array where it was one, or where torch is missing) viewing the block: no copy after
 the worker's.  A batch made in the consumer's process (no worker processes) is not pickled:
 its structure, references in place of tensors, stays in `_Writer.live` under a token that the
-block's header holds (MAGIC_LIVE).  Without workers, the block size is measured on batch 0
-made at construction, which the first fill delivers (`measure_here`).
+block's header holds (MAGIC_LIVE).  Without workers, a map dataset's block size is measured
+on batch 0 made at construction, which the first fill delivers (`measure_here`); nothing runs
+an IterableDataset before iteration starts (`measure`: its blocks are not measured).
 
 Block layout: a 64-byte header (magic, pickle offset, pickle length; MAGIC_FAST, skeleton
 offset, skeleton length, table offset, table entries; MAGIC_LIVE, token, the data's end; or
@@ -2277,10 +2278,6 @@ class _Writer:
             return self.collate_fn(samples[0])
         return self.collate_fn(samples)
 
-    def next_fill_probe(self, block):
-        samples = self.next_samples(0)
-        return self.write_samples(block, samples) if samples else 0
-
     def next_fill(self, worker, view, i=-1):
         key = worker if self.worker >= 0 else 0  # threads share one iterator: each sample once
         samples = None
@@ -2373,7 +2370,14 @@ class _Writer:
             need = HDR + sum(_align(bs * t[0].numel() * t.element_size()) for t in self.tensors)
             self.blob_bytes = (need + (64 << 10) + 4095) & ~4095
             return
-        if self.num_workers == 0 and not self.iterable and not self.defer:
+        if self.iterable or (self.num_workers == 0 and self.defer):
+            # Not measured: an IterableDataset's first batch made in a child is lost to the
+            # caller where its source is shared (a queue, a file object opened in __init__) and
+            # blocks while that source is empty; without workers a map dataset would be called
+            # in a forked child (its LMDB or sqlite handle).  Larger batches spill (spill()).
+            self.blob_bytes = _UNMEASURED_BYTES
+            return
+        if self.num_workers == 0:
             need = self.measure_here()
             if meanwhile is not None:
                 try:
@@ -2948,13 +2952,15 @@ def _one_intraop_thread():
 
 
 _PROBE_FALLBACK = 8 << 20
+_UNMEASURED_BYTES = _PROBE_FALLBACK  # the block of a batch measure() does not make
 _PROBE_TIMEOUT_S = 60  # the probe's child answers within this, or it is killed (the fallback)
 
 
 def _probe(w, meanwhile=None):
-    """The bytes of the first batch, made in a forked child so that the dataset's state in
-    this process (files opened lazily by __getitem__, an iterator) stays as the user left it,
-    as torch's main process never calls the dataset either.  meanwhile() runs in this process
+    """The bytes of a map dataset's first batch with workers, made in a forked child so that
+    the dataset's state in this process (files opened lazily by __getitem__) stays as the user
+    left it, as torch's main process never calls the dataset either (an IterableDataset is not
+    measured: measure()).  meanwhile() runs in this process
     while the child works (the accelerator's discovery, which forks a child of its own).
     Returns (bytes, pid): pid is the child, which closed its end of the pipe after answering
     and may still be exiting (None: reaped here); the caller reaps it (_Writer.reap_probe)."""
@@ -2980,12 +2986,8 @@ def _probe(w, meanwhile=None):
                 w.start_worker_epoch(0)
             else:
                 w.worker = -3
-            need = 0
-            if w.iterable:
-                w.iters.clear()
-                need = _probe_one(w, None)
-            elif (w.collate_fn is None and not w.collator.pad and w.batch_size
-                  and w.getitems is None):
+            if (w.collate_fn is None and not w.collator.pad and w.batch_size
+                    and w.getitems is None):
                 # default_collate of fixed shapes: one sample tells the batch's size (its
                 # leaves times the batch size, plus each sample's pickled part: str leaves)
                 idx = w.first_batch()
@@ -3070,9 +3072,7 @@ def _probe_size(w, samples, indices):
 
 
 def _probe_one(w, indices):
-    """The bytes of the batch of these indices (None: an iterable's next batch)."""
-    if indices is None:  # a retry measures the following batch: close enough for a size
-        return _probe_block(w.next_fill_probe)[0]
+    """The bytes of the batch of these indices."""
     samples = w.fetch(list(indices), [None])
     return _probe_size(w, samples, indices)[0]
 
