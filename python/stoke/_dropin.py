@@ -206,7 +206,8 @@ class _Ref:
 
 
 class _Opaque:
-    """A kept structure that is an object kept as it is (_Block.finish: it does not pickle)."""
+    """A kept structure that is an object kept as it is (_Block.finish: it does not pickle; a
+    tensor on another device than the CPU: _Block.shape)."""
     __slots__ = ("obj",)
 
     def __init__(self, obj):
@@ -546,6 +547,8 @@ class _Block:
         if t in _PLAIN:
             return x
         if torch is not None and t is torch.Tensor:
+            if x.device.type != "cpu" and x.layout == torch.strided:
+                return _Opaque(x)  # on its device, as torch yields it (not copied to the CPU)
             r = self.ref_tensor(x)
             if r is None:
                 raise _NotLive
@@ -977,6 +980,16 @@ class _Collator:
         if torch is not None and isinstance(elem, torch.Tensor):
             if elem.layout is not torch.strided:  # (sparse: stacked as torch's num_workers=0,
                 return torch.stack(batch, 0)      # then pickled whole; out= has no sparse cat)
+            if elem.device.type != "cpu":
+                # (a dataset of CUDA tensors): stacked on their device, as torch's default_collate
+                # does, and kept by reference (_Block.shape), not written into the block
+                if not self.promote:  # a worker's: torch's workers cannot make it either
+                    raise RuntimeError(
+                        "stoke: %s: the samples' tensors are on device %s, which a worker "
+                        "process cannot collate (nor can torch's); give the dataset CPU "
+                        "tensors and move the batch, or use num_workers=0"
+                        % ("batch" + ("." + path if path else ""), elem.device))
+                return torch.stack(batch, 0)
             out = block.tensor(elem.dtype, (len(batch),) + tuple(elem.shape))
             try:
                 try:
