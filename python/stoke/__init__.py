@@ -595,6 +595,7 @@ class _DataLoader(_stoke.Loader):
         # keyed by (seed, epoch), not that sampler's: docs/python.md), the BatchSampler, torch's
         # default_collate / default_convert
         self.sampler, self.batch_sampler = torch_samplers
+        self._samplers = tuple(torch_samplers)  # (what a repeating wrapper wraps: _repeats)
         self.collate_fn = user_collate_fn if user_collate_fn is not None else \
             _dropin._torch_collate(batch_size is not None or batch_sampler is not None)
         self.prefetch_factor = _dropin._torch_prefetch_factor(user_prefetch_factor, num_workers)
@@ -618,6 +619,33 @@ class _DataLoader(_stoke.Loader):
         self._DataLoader__initialized = True
 
     def __iter__(self):
+        if self._writer is not None and self._repeats():
+            return _Repeat(self)
+        return self._pass()
+
+    def _repeats(self):
+        """Whether the batch_sampler (sampler, without one) was replaced after construction by
+        a wrapper of it, which torch's iterator repeats: YOLOv5's InfiniteDataLoader (through
+        object.__setattr__) and timm's MultiEpochsDataLoader (with _DataLoader__initialized
+        False) wrap it in a _RepeatSampler whose .sampler is the one given, and iterate one
+        iter() of the loader for ever.  Another object there is refused: stoke's workers
+        plan from the loader's own order."""
+        made = self._samplers
+        now = (self.sampler, self.batch_sampler)
+        if now[0] is made[0] and now[1] is made[1]:
+            return False
+        k = 1 if made[1] is not None else 0
+        if now[1 - k] is made[1 - k] and getattr(now[k], "sampler", None) is made[k]:
+            return True
+        raise ValueError(
+            "stoke: the DataLoader's %s was replaced after it was made (%r): stoke's workers "
+            "take the order from the one it was made with; only a wrapper that repeats it, "
+            "its .sampler the one replaced (YOLOv5's InfiniteDataLoader, timm's "
+            "MultiEpochsDataLoader), is supported: make a new DataLoader with the new one"
+            % ("batch_sampler" if k else "sampler", now[k]))
+
+    def _pass(self):
+        """iter() of one pass (__iter__ without a repeating sampler)."""
         if self._writer is None:
             if self._structure:
                 return self._fields(super().__iter__())
@@ -1040,6 +1068,35 @@ def __getattr__(name):
 
 def __dir__():
     return sorted(set(globals()) | {"DataLoader"})
+
+
+class _Repeat:
+    """What iter() returns where the loader's batch_sampler was wrapped to repeat
+    (DataLoader._repeats): the loader's passes one after the other, each the next epoch, as
+    torch's one iterator over the repeating sampler draws each pass of it again.  An epoch
+    without batches ends it (torch's would iterate the empty sampler for ever)."""
+
+    __slots__ = ("_loader", "_it", "_got")
+
+    def __init__(self, loader):
+        self._loader, self._it, self._got = loader, None, True
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        while True:
+            if self._it is None:
+                if not self._got:
+                    raise StopIteration
+                self._it, self._got = self._loader._pass(), False
+            try:
+                b = next(self._it)
+            except StopIteration:
+                self._it = None
+                continue
+            self._got = True
+            return b
 
 
 class _Pass:
