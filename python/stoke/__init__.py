@@ -1136,6 +1136,12 @@ class _Pass:
             if not isinstance(e, KeyboardInterrupt):
                 self._st["failed"] = True
             self._gen = self._make(self._it, self._len, self._st)
+            if (type(e) is RuntimeError and isinstance(e.__cause__, StopIteration)
+                    and str(e) == "generator raised StopIteration"):
+                # a map dataset's __getitem__ (collate_fn) raised StopIteration, which the
+                # generator turned into this (PEP 479): torch's iterator raises it from
+                # next(), which ends the caller's loop quietly (a later next() goes on)
+                raise e.__cause__ from None
             raise
 
 
