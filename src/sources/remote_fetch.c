@@ -181,8 +181,21 @@ static void chunk_done(fjob *j, const xfer *x, int rc, const char *msg)
         job_fail(j, rc, msg);
         return;
     }
-    if (x->has_total && x->has_cr)
+    /* every answer that says the file's size says the one the first did: a 200 (the whole
+     * file, by its Content-Length) to a chunk's range request, or a 416, of another size is
+     * another version, and the bytes it gave at the chunk's offset are not the file's */
+    if (x->has_total && (x->has_cr || j->known))
         job_learn(j, x->total);
+    if (!j->rc && x->status == 200 && x->off > 0 && !x->has_total) {
+        char m[STOKE__MSG_MAX]; /* (stopped at the chunk's end, without a Content-Length) */
+        stoke__fmt_short(m, sizeof(m),
+                         "GET %s: HTTP 200 (the whole file) to a range request from byte %" PRIu64
+                         ", without its size: which version of the file it is cannot be told",
+                         j->f->url, x->off);
+        job_fail(j, STOKE_EIO, m);
+    }
+    if (j->rc)
+        return;
     j->written += x->got;
     if (!j->known && x->has_total) { /* a 200: the whole file came; or a 416 */
         j->known = 1;
