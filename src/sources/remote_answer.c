@@ -148,8 +148,12 @@ size_t stoke__remote_on_body(char *data, size_t size, size_t nmemb, void *ctx)
             return 0;
         }
         x->pos = x->status == 206 ? x->cr_start : 0;
-        /* ranges ignored: a stream's chunk, or a fetch's first chunk, takes the whole body */
-        if ((x->q || (x->fd >= 0 && x->off == 0)) && x->status == 200)
+        /* ranges ignored: a stream's chunk, or a fetch's first chunk, takes the whole body --
+         * the first chunk only while no 206 has said the size (seen2: the fetch's other chunks
+         * may be out then; a retry answered with a 200 gives its own chunk's bytes, not the
+         * whole file a second time) */
+        if (x->status == 200 &&
+            (x->q || (x->fd >= 0 && x->off == 0 && !(x->seen2 && atomic_load(x->seen2)))))
             x->n = SIZE_MAX;
         /* a server that ignores ranges still says the size (read once n is set: a stream
          * would ask for the next chunk of a file that comes whole) */

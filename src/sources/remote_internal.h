@@ -116,7 +116,8 @@ typedef struct xfer {
     long retry_after;        /* seconds; -1 when absent */
     _Atomic uint64_t *seen;  /* when not NULL: raised to the file's size as soon as a header
                                 says it */
-    _Atomic uint64_t *seen2; /* ... and this one too */
+    _Atomic uint64_t *seen2; /* ... and this one too (a fetch's: its chunks after the first
+                                may be out once it is not 0) */
     void (*said)(void *ctx); /* when not NULL: called after a header raised seen2 (no lock
                                 held: stoke__remote_fetch's lanes wake on it) */
     void *said_ctx;

@@ -15,6 +15,10 @@ server in this test on 127.0.0.1 (nginx will not misbehave so):
     of the file (10 KiB longer, no validators), into the cache (map mode and mode=stream):
     STOKE_EIO "changed while it was read" naming the URL, no copy kept (the chunks' offsets
     were read from the other version: a copy of two versions kept, "ok", a wrong hash);
+  - a download's first chunk cut half way and its retry answered with a 200 (the whole
+    file) while the other chunks are out, into the cache (map mode and mode=stream): the
+    local shard's samples, the copy kept (the whole file was written again over them:
+    "the file is N bytes, 2N came", nothing kept);
   - a sidecar index that never ends: refused at 64 MiB ("not an index"), the process's peak
     memory well under the 1 GiB it reached;
   - an error body echoing the request's headers: its Authorization is "***" in the message;
@@ -28,6 +32,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import socketserver
 import subprocess
 import sys
@@ -94,7 +99,8 @@ class Hostile(http.server.BaseHTTPRequestHandler):
     the .idx as a 200 that never ends; "echo" a 404 whose body is the request's headers;
     "star" ranges whose Content-Range says "bytes A-B/*" after the first, and 416 past the
     end; "mix200" a range from byte 0 honestly, any other answered with a 200 of FILE.other
-    (another version, without validators)."""
+    (another version, without validators); "cut200" a range from byte 0 cut half way (the
+    connection shut), one from bytes 1 to 131071 answered with a 200 of the file."""
     protocol_version = "HTTP/1.1"
 
     def log_message(self, *a):
@@ -180,6 +186,18 @@ class Hostile(http.server.BaseHTTPRequestHandler):
         b = min(int(m.group(2)) if m and m.group(2) else len(data) - 1, len(data) - 1)
         if mode == "mix200" and a > 0:
             return self.answer(200, open(path + ".other", "rb").read())
+        if mode == "cut200" and 0 < a < 131072:
+            return self.answer(200, data)
+        if mode == "cut200" and a == 0:
+            self.send_response(206)
+            self.send_header("Content-Range", "bytes %d-%d/%d" % (a, b, len(data)))
+            self.send_header("Content-Length", str(b - a + 1))
+            self.end_headers()
+            self.wfile.write(data[a:a + (b - a + 1) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
         self.send_response(206)
         if a == 0 or mode not in ("nocr", "badlen"):
             self.send_header("Content-Range", "bytes %d-%d/%d" % (a, b, len(data)))
@@ -246,6 +264,20 @@ try:
         T.check(os.listdir(cdir) == ["stoke-cache.lock"],
                 "mix200%s: the cache keeps nothing of it: %s" % (extra, os.listdir(cdir)))
     print("a 200 of another version to a chunk's range: refused, nothing kept")
+
+    # a first chunk cut, its retry answered with the whole file while the other chunks are out
+    for extra in ("", ",mode=stream"):
+        cdir = os.path.join(work, "c-cut200" + extra.replace(",mode=", "-"))
+        rc, out, err = load("tar:%scut200/%s%s%s" % (base, shard, OPTS, extra),
+                            env={"STOKE_CACHE_DIR": cdir, "STOKE_STREAM_AHEAD": "1M",
+                                 "STOKE_REMOTE_CONNECTIONS": "4"})
+        T.check(rc == 0 and out["content_hash"] == local["content_hash"],
+                "a first chunk's retry answered with a 200%s: %s %s"
+                % (extra, out.get("error"), err[-300:]))
+        kept = [n for n in os.listdir(cdir) if n.endswith("-" + shard)]
+        T.check(len(kept) == 1 and os.path.getsize(os.path.join(cdir, kept[0]))
+                == os.path.getsize(paths[0]), "cut200%s: the copy: %s" % (extra, os.listdir(cdir)))
+    print("a first chunk's retry answered with the whole file: the shard, its copy kept")
 
     # --- bodies that do not end --------------------------------------------------------------
     c_end = os.path.join(work, "c-endless")
