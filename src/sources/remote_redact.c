@@ -63,6 +63,16 @@ size_t stoke__remote_redact(char *out, size_t n, const char *s)
             for (size_t i = 0; i < auth; i++)
                 if (s[i] == '@')
                     at = s + i;
+            /* a password may hold a raw '/', '?' or '#' too (curl takes the host from before
+             * it, and fails): with a ':' before any of "/?#@", what looks like user:password
+             * ends at the URL's last '@' -- which hides the host of a URL with a port and an
+             * '@' later (host:8080/a@b), rather than show a password */
+            size_t colon = strcspn(s, ":/?#@");
+            if (s[colon] == ':')
+                for (size_t i = colon + 1; s[i] && s[i] != ',' && !isspace((unsigned char)s[i]);
+                     i++)
+                    if (s[i] == '@')
+                        at = s + i;
             if (at)
                 s = at + 1;
             url = 1, param = 0;

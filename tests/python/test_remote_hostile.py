@@ -22,6 +22,9 @@ server in this test on 127.0.0.1 (nginx will not misbehave so):
   - a sidecar index that never ends: refused at 64 MiB ("not an index"), the process's peak
     memory well under the 1 GiB it reached;
   - an error body echoing the request's headers: its Authorization is "***" in the message;
+  - a password holding a raw '/', '?' or '#' (curl fails on the URL): in no message of
+    `stoke load` and `stoke index` (text and --json; "pa/SECRET" was shown; the spellings,
+    and what is kept, in tests/test_remote_redact.c);
   - `stoke index`: a password and a signature are in none of its errors (text and --json), and
     it never writes through a link another user planted at its temporary file's name (the
     name was SHARD.idx.tmp.PID).
@@ -381,6 +384,17 @@ try:
             T.check(p.returncode != 0 and "S3cr3tPw" not in p.stdout + p.stderr
                     and "deadbeef" not in p.stdout + p.stderr,
                     "stoke index %s: %s %s" % (args + js, p.stdout, p.stderr))
+    # a password holding a raw '/', '?' or '#': in no message (only the last '@' ends it)
+    for pw in ("pa/SECRET", "pa?SECRET", "pa#SECRET", "pa/x@y?SECRET"):
+        url = "http://user:%s@127.0.0.1:1/x.tar" % pw
+        for cmd in ([CLI, "load", "tar:%s,fields=bin" % url, "--workers", "0"],
+                    [CLI, "index", "tar:" + url]):
+            for js in ([], ["--json"]):
+                p = subprocess.run(cmd + js, capture_output=True, text=True, timeout=60,
+                                   env=dict(os.environ, STOKE_REMOTE_RETRIES="0"))
+                T.check(p.returncode != 0 and "SECRET" not in p.stdout + p.stderr
+                        and "x.tar" in p.stdout + p.stderr,
+                        "a password %r: %s %s" % (pw, p.stdout, p.stderr))
     # a link at every name the temporary file had (SHARD.idx.tmp.PID, the next pids): the
     # index is written into a new file, never through one
     victim = os.path.join(work, "victim.txt")
