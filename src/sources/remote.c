@@ -579,6 +579,14 @@ int stoke__remote_try_end(stoke__remote_pool *p, const stoke__remote_file *f, xf
         return STOKE_EIO;
     }
     if (c == CURLE_OK && st == 416) { /* the range starts at or past the end */
+        uint64_t at = x->off + x->got;
+        if (x->has_total && x->total > at) { /* a file that goes on past it: a fault */
+            stoke__fmt_short(why, why_len,
+                             "GET %s: HTTP 416 for a range from byte %" PRIu64
+                             ", in a file of %" PRIu64 " bytes (its Content-Range)",
+                             f->url, at, x->total);
+            return 1;
+        }
         if (!x->has_total)
             x->total = x->off + x->got, x->has_total = 1;
         return 0;

@@ -19,6 +19,11 @@ server in this test on 127.0.0.1 (nginx will not misbehave so):
     file) while the other chunks are out, into the cache (map mode and mode=stream): the
     local shard's samples, the copy kept (the whole file was written again over them:
     "the file is N bytes, 2N came", nothing kept);
+  - a 416 whose Content-Range says the file goes on past the range's start (once for each
+    range from byte 131072 on): retried, the local shard's samples in map mode, mode=stream
+    and the cache; without retries, STOKE_EIO naming the URL and the 416 (it was the file's
+    end: "truncated: a header ... cut short by the end of the file", "the file is N bytes,
+    131072 came");
   - a sidecar index that never ends: refused at 64 MiB ("not an index"), the process's peak
     memory well under the 1 GiB it reached;
   - an error body echoing the request's headers: its Authorization is "***" in the message;
@@ -103,7 +108,9 @@ class Hostile(http.server.BaseHTTPRequestHandler):
     "star" ranges whose Content-Range says "bytes A-B/*" after the first, and 416 past the
     end; "mix200" a range from byte 0 honestly, any other answered with a 200 of FILE.other
     (another version, without validators); "cut200" a range from byte 0 cut half way (the
-    connection shut), one from bytes 1 to 131071 answered with a 200 of the file."""
+    connection shut), one from bytes 1 to 131071 answered with a 200 of the file; "r416-*" a
+    range from byte 131072 on answered once (per mode and range) with a 416 saying the file's
+    size."""
     protocol_version = "HTTP/1.1"
 
     def log_message(self, *a):
@@ -187,6 +194,12 @@ class Hostile(http.server.BaseHTTPRequestHandler):
         m = re.match(r"bytes=(\d+)-(\d*)$", self.headers.get("Range", ""))
         a = int(m.group(1)) if m else 0
         b = min(int(m.group(2)) if m and m.group(2) else len(data) - 1, len(data) - 1)
+        if mode.startswith("r416") and a >= 131072:
+            with lock:
+                first = (mode, rest, a) not in answered
+                answered.add((mode, rest, a))
+            if first:
+                return self.answer(416, b"", [("Content-Range", "bytes */%d" % len(data))])
         if mode == "mix200" and a > 0:
             return self.answer(200, open(path + ".other", "rb").read())
         if mode == "cut200" and 0 < a < 131072:
@@ -215,6 +228,8 @@ class Hostile(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body)
 
 
+answered = set()  # r416's ranges answered once
+lock = threading.Lock()
 srv = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Hostile)
 srv.daemon_threads = True
 threading.Thread(target=srv.serve_forever, daemon=True).start()
@@ -281,6 +296,25 @@ try:
         T.check(len(kept) == 1 and os.path.getsize(os.path.join(cdir, kept[0]))
                 == os.path.getsize(paths[0]), "cut200%s: the copy: %s" % (extra, os.listdir(cdir)))
     print("a first chunk's retry answered with the whole file: the shard, its copy kept")
+
+    # a 416 in the middle of the file (its Content-Range says the size): retried, then an error
+    chunked = {"STOKE_STREAM_AHEAD": "1M", "STOKE_REMOTE_CONNECTIONS": "4"}
+    for k, (extra, env) in enumerate((("", {}), (",mode=stream", chunked),
+                                      ("", dict(chunked, STOKE_CACHE_DIR=os.path.join(
+                                          work, "c-r416"))))):
+        rc, out, err = load("tar:%sr416-%d/%s%s%s" % (base, k, shard, OPTS, extra), env=env)
+        T.check(rc == 0 and out["content_hash"] == local["content_hash"],
+                "a 416 mid-file, retried%s %s: %s %s" % (extra, env, out.get("error"), err[-300:]))
+    for k, (extra, env) in enumerate((("", {}), (",mode=stream", chunked),
+                                      ("", dict(chunked, STOKE_CACHE_DIR=os.path.join(
+                                          work, "c-r416-0"))))):
+        rc, out, err = load("tar:%sr416-0%d/%s%s%s" % (base, k, shard, OPTS, extra),
+                            env=dict(env, STOKE_REMOTE_RETRIES="0"))
+        T.check(rc == 1 and out.get("error_name") == EIO and "HTTP 416 for a range from byte"
+                in out["error"] and "/r416-0%d/%s" % (k, shard) in out["error"],
+                "a 416 mid-file, not retried%s %s: %s %s"
+                % (extra, env, out.get("error"), err[-300:]))
+    print("a 416 mid-file: retried; an error naming it without retries")
 
     # --- bodies that do not end --------------------------------------------------------------
     c_end = os.path.join(work, "c-endless")
