@@ -137,6 +137,10 @@ size_t stoke__remote_on_body(char *data, size_t size, size_t nmemb, void *ctx)
     if (!x->body) {
         x->body = 1;
         curl_easy_getinfo(x->h, CURLINFO_RESPONSE_CODE, &x->status);
+        /* an encoded body is not the file's bytes (stoke asks for no encoding): none taken --
+         * a stream would parse them as they come, before the answer ends */
+        if (x->encoded && (x->status == 200 || x->status == 206))
+            return 0;
         /* a 206 says which bytes it carries (RFC 9110: Content-Range, of the one range asked
          * for), in as many bytes as it says: one that does not (a multipart answer; a server
          * that sends the file from its start) is not taken, never assumed to start where the

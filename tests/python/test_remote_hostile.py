@@ -24,6 +24,9 @@ server in this test on 127.0.0.1 (nginx will not misbehave so):
     and the cache; without retries, STOKE_EIO naming the URL and the 416 (it was the file's
     end: "truncated: a header ... cut short by the end of the file", "the file is N bytes,
     131072 came");
+  - a shard of 1.8 MB sent gzip'd (Content-Encoding: gzip), in map mode and mode=stream:
+    STOKE_EIO naming the URL and the encoding (mode=stream parsed its first bytes as a tar:
+    "bad header checksum field");
   - a sidecar index that never ends: refused at 64 MiB ("not an index"), the process's peak
     memory well under the 1 GiB it reached;
   - an error body echoing the request's headers: its Authorization is "***" in the message;
@@ -34,6 +37,7 @@ server in this test on 127.0.0.1 (nginx will not misbehave so):
     it never writes through a link another user planted at its temporary file's name (the
     name was SHARD.idx.tmp.PID).
 Skips (77) without libcurl."""
+import gzip
 import http.server
 import io
 import json
@@ -110,7 +114,7 @@ class Hostile(http.server.BaseHTTPRequestHandler):
     (another version, without validators); "cut200" a range from byte 0 cut half way (the
     connection shut), one from bytes 1 to 131071 answered with a 200 of the file; "r416-*" a
     range from byte 131072 on answered once (per mode and range) with a 416 saying the file's
-    size."""
+    size; "gzip" the file gzip'd, a 200 with its Content-Encoding."""
     protocol_version = "HTTP/1.1"
 
     def log_message(self, *a):
@@ -200,6 +204,8 @@ class Hostile(http.server.BaseHTTPRequestHandler):
                 answered.add((mode, rest, a))
             if first:
                 return self.answer(416, b"", [("Content-Range", "bytes */%d" % len(data))])
+        if mode == "gzip":
+            return self.answer(200, gzip.compress(data), [("Content-Encoding", "gzip")])
         if mode == "mix200" and a > 0:
             return self.answer(200, open(path + ".other", "rb").read())
         if mode == "cut200" and 0 < a < 131072:
@@ -315,6 +321,15 @@ try:
                 "a 416 mid-file, not retried%s %s: %s %s"
                 % (extra, env, out.get("error"), err[-300:]))
     print("a 416 mid-file: retried; an error naming it without retries")
+
+    # a body with a Content-Encoding: refused as it starts, never parsed
+    for extra in ("", ",mode=stream"):
+        rc, out, err = load("tar:%sgzip/%s%s%s" % (base, shard, OPTS, extra))
+        T.check(rc == 1 and out.get("error_name") == EIO
+                and "Content-Encoding: gzip" in out["error"]
+                and "/gzip/%s" % shard in out["error"],
+                "a gzip'd body%s: %s %s" % (extra, out.get("error"), err[-300:]))
+    print("a gzip'd body: an error naming the encoding")
 
     # --- bodies that do not end --------------------------------------------------------------
     c_end = os.path.join(work, "c-endless")
