@@ -29,7 +29,7 @@
     X(OMPI_JOBID, "OMPI_MCA_ess_base_jobid", "Open MPI job id (arena name)")                       \
     X(LOCAL_WORLD_SIZE, "LOCAL_WORLD_SIZE", "torchrun processes on this node")                     \
     X(REMOTE_RETRIES, "STOKE_REMOTE_RETRIES", "retries of a failed remote read")                   \
-    X(REMOTE_TIMEOUT, "STOKE_REMOTE_TIMEOUT", "seconds a remote read may stall")                   \
+    X(REMOTE_TIMEOUT, "STOKE_REMOTE_TIMEOUT", "seconds a remote read may go under 1 KiB/s")        \
     X(REMOTE_CONNECTIONS, "STOKE_REMOTE_CONNECTIONS", "remote requests at once (read-ahead)")      \
     X(REMOTE_CHECK_VERSION, "STOKE_REMOTE_CHECK_VERSION", "compare remote answers' ETag")          \
     X(STREAM_AHEAD, "STOKE_STREAM_AHEAD", "bytes a streaming worker holds ahead")          \

@@ -159,6 +159,10 @@ int stoke__remote_read_each(stoke__remote_pool *p, int slot, stoke__remote_req *
 #define STR(x)          STR_(x)
 #define BACKOFF_BASE_MS 100u   /* the first retry waits 50..100 ms, each next one twice that */
 #define BACKOFF_CAP_MS  10000u /* ... up to 5..10 s */
+/* A try slower than this many bytes a second for STOKE_REMOTE_TIMEOUT seconds (libcurl's speed
+ * over its last few seconds; a paused stream's transfer is not measured) times out: a server
+ * that trickles is bounded as one that stalls (docs/sources.md, "Faults") */
+#define SPEED_FLOOR     1024L
 #define DEFAULT_RETRIES 6u
 #define DEFAULT_TIMEOUT 30u /* seconds without a byte before a try is abandoned */
 
@@ -430,7 +434,7 @@ CURL *stoke__remote_handle_new(const stoke__remote_pool *p, slot *s)
     curl_easy_setopt(h, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
 #endif
     curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT, p->timeout_s < 10 ? p->timeout_s : 10L);
-    curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L); /* a stall: no byte for timeout_s */
+    curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, SPEED_FLOOR); /* a stall, or a trickle */
     curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, p->timeout_s);
     curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
     curl_easy_setopt(h, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_2TLS);

@@ -27,6 +27,8 @@ server in this test on 127.0.0.1 (nginx will not misbehave so):
   - a shard of 1.8 MB sent gzip'd (Content-Encoding: gzip), in map mode and mode=stream:
     STOKE_EIO naming the URL and the encoding (mode=stream parsed its first bytes as a tar:
     "bad header checksum field");
+  - a server that trickles (a byte every 0.5 s) with STOKE_REMOTE_TIMEOUT=2: STOKE_EIO naming
+    the URL within seconds, after its retries (only a stall of 2 s timed out: it never ended);
   - a sidecar index that never ends: refused at 64 MiB ("not an index"), the process's peak
     memory well under the 1 GiB it reached;
   - an error body echoing the request's headers: its Authorization is "***" in the message;
@@ -50,6 +52,7 @@ import subprocess
 import sys
 import tarfile
 import threading
+import time
 
 import stoke_testlib as T
 
@@ -114,7 +117,8 @@ class Hostile(http.server.BaseHTTPRequestHandler):
     (another version, without validators); "cut200" a range from byte 0 cut half way (the
     connection shut), one from bytes 1 to 131071 answered with a 200 of the file; "r416-*" a
     range from byte 131072 on answered once (per mode and range) with a 416 saying the file's
-    size; "gzip" the file gzip'd, a 200 with its Content-Encoding."""
+    size; "gzip" the file gzip'd, a 200 with its Content-Encoding; "trickle" a 206 of a byte
+    every 0.5 s."""
     protocol_version = "HTTP/1.1"
 
     def log_message(self, *a):
@@ -204,6 +208,19 @@ class Hostile(http.server.BaseHTTPRequestHandler):
                 answered.add((mode, rest, a))
             if first:
                 return self.answer(416, b"", [("Content-Range", "bytes */%d" % len(data))])
+        if mode == "trickle":
+            self.send_response(206)
+            self.send_header("Content-Range", "bytes %d-%d/%d" % (a, b, len(data)))
+            self.send_header("Content-Length", str(b - a + 1))
+            self.end_headers()
+            try:
+                for i in range(a, b + 1):
+                    self.wfile.write(data[i:i + 1])
+                    self.wfile.flush()
+                    time.sleep(0.5)
+            except OSError:  # stoke gave up on it
+                self.close_connection = True
+            return
         if mode == "gzip":
             return self.answer(200, gzip.compress(data), [("Content-Encoding", "gzip")])
         if mode == "mix200" and a > 0:
@@ -330,6 +347,19 @@ try:
                 and "/gzip/%s" % shard in out["error"],
                 "a gzip'd body%s: %s %s" % (extra, out.get("error"), err[-300:]))
     print("a gzip'd body: an error naming the encoding")
+
+    # a server that trickles: a timeout as a stall is, retried, then an error
+    t0 = time.monotonic()
+    try:
+        rc, out, err = R.load("npy:%strickle/x.npy" % base, "--workers", "0", timeout=30,
+                              env={"STOKE_REMOTE_TIMEOUT": "2", "STOKE_REMOTE_RETRIES": "1"})
+    except subprocess.TimeoutExpired:
+        raise AssertionError("a trickling server: no answer within 30 s")
+    took = time.monotonic() - t0
+    T.check(rc == 1 and out.get("error_name") == EIO and "/trickle/x.npy" in out["error"]
+            and "after 2 tries" in out["error"],
+            "a trickling server: %s %s" % (out.get("error"), err[-300:]))
+    print("a trickling server: timed out in %.1f s" % took)
 
     # --- bodies that do not end --------------------------------------------------------------
     c_end = os.path.join(work, "c-endless")
