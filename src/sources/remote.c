@@ -496,7 +496,7 @@ void stoke__remote_try_begin(stoke__remote_pool *p, CURL *h, const stoke__remote
     else
         stoke__fmt(range, sizeof(range), "%" PRIu64 "-%" PRIu64, x->off + x->got,
                    x->off + x->n - 1);
-    x->body = x->enough = x->bad_range = x->has_cr = x->capped = x->changed = 0;
+    x->body = x->enough = x->bad_range = x->has_cr = x->cr_total = x->capped = x->changed = 0;
     x->bad_cr = x->over = x->has_clen = 0;
     x->etag[0] = x->lastmod[0] = 0;
     x->check = p->check_version; /* (the pool's: each dataset keeps its own setting) */

@@ -54,7 +54,7 @@ size_t stoke__remote_on_header(char *data, size_t size, size_t nmemb, void *ctx)
     memcpy(line, data, n);
     line[n] = 0;
     if (strncmp(line, "HTTP/", 5) == 0) { /* a new response (a redirect's, an interim one) */
-        x->has_cr = x->has_clen = x->encoded = 0;
+        x->has_cr = x->cr_total = x->has_clen = x->encoded = 0;
         x->retry_after = -1;
         x->etag[0] = x->lastmod[0] = 0;
         return len;
@@ -66,17 +66,9 @@ size_t stoke__remote_on_header(char *data, size_t size, size_t nmemb, void *ctx)
             v++;
         if (sscanf(v, "bytes %llu-%llu/%llu", &a, &b, &t) == 3) {
             x->cr_start = a, x->cr_end = b;
-            x->has_cr = 1;
+            x->has_cr = x->cr_total = 1;
             x->total = t;
             x->has_total = 1;
-            for (int k = 0; k < 2; k++) {
-                _Atomic uint64_t *to = k ? x->seen2 : x->seen;
-                uint64_t cur = to ? atomic_load(to) : UINT64_MAX;
-                while (cur < t && !atomic_compare_exchange_weak(to, &cur, (uint64_t)t)) {
-                }
-                if (k && cur < t && x->said)
-                    x->said(x->said_ctx);
-            }
         } else if (strstr(v, "/*") && sscanf(v, "bytes %llu-%llu", &a, &b) == 2) {
             x->cr_start = a, x->cr_end = b; /* "bytes A-B/" and a star: the size not said */
             x->has_cr = 1;
@@ -130,6 +122,22 @@ static int tag_same(xfer *x)
     return !stoke__remote_tag_differs(x->tag, now, 1, NULL);
 }
 
+/* The size t a 206 taken said: x->seen and x->seen2 raised to it (x->said called after
+ * seen2 rose).  Not from a header: an answer refused after it (a size over what the download
+ * may take, a Content-Range that does not say its bytes, another version) would have raised
+ * them (the cache's largest file: a bogus 2^64 - 1 stopped its read-ahead). */
+static void said_size(xfer *x, uint64_t t)
+{
+    for (int k = 0; k < 2; k++) {
+        _Atomic uint64_t *to = k ? x->seen2 : x->seen;
+        uint64_t cur = to ? atomic_load(to) : UINT64_MAX;
+        while (cur < t && !atomic_compare_exchange_weak(to, &cur, t)) {
+        }
+        if (k && cur < t && x->said)
+            x->said(x->said_ctx);
+    }
+}
+
 size_t stoke__remote_on_body(char *data, size_t size, size_t nmemb, void *ctx)
 {
     xfer *x = ctx;
@@ -173,6 +181,8 @@ size_t stoke__remote_on_body(char *data, size_t size, size_t nmemb, void *ctx)
             x->changed = 1;
             return 0;
         }
+        if (x->status == 206 && x->cr_total) /* the answer is taken: the size it says known */
+            said_size(x, x->total);
     }
     if (x->status != 200 && x->status != 206) { /* keep the start of the error's text */
         size_t k = sizeof(x->err) - 1 - x->errlen;

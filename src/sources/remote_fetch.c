@@ -52,7 +52,7 @@ typedef struct fjob {
     int fd;
     _Atomic uint64_t *seen;
     const int *stop;
-    _Atomic uint64_t said; /* the size a 206's header said (raised by the lane's on_header) */
+    _Atomic uint64_t said; /* the size a 206 taken said (raised by the lane's on_body) */
     uint64_t total;        /* the file's size, when known */
     int known;
     int ranged;       /* a 206 said the size: the chunks after the first may go */
@@ -208,7 +208,7 @@ static void chunk_done(fjob *j, const xfer *x, int rc, const char *msg)
         j->next = j->total;
 }
 
-/* A first chunk's header said its file's size (xfer.said, in the lane that runs it, without
+/* A first chunk's answer said its file's size (xfer.said, in the lane that runs it, without
  * fe_lock): the lanes waiting for its next chunks look again. */
 static void lane_said(void *ctx)
 {

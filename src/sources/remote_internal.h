@@ -105,6 +105,7 @@ typedef struct xfer {
     int has_total;
     uint64_t cr_start, cr_end; /* Content-Range's first and last bytes, when has_cr */
     int has_cr;
+    int cr_total; /* ... and it said the file's size (total) */
     /* the last try's 206 was all there but ended before the range asked for (a server that
      * caps a range's bytes): progress, the rest asked for at once */
     int capped;
@@ -114,11 +115,11 @@ typedef struct xfer {
     int has_clen, encoded;
     char encoding[24];       /* Content-Encoding's value, when encoded */
     long retry_after;        /* seconds; -1 when absent */
-    _Atomic uint64_t *seen;  /* when not NULL: raised to the file's size as soon as a header
-                                says it */
+    _Atomic uint64_t *seen;  /* when not NULL: raised to the file's size as soon as a 206
+                                that says it is taken (its body starts) */
     _Atomic uint64_t *seen2; /* ... and this one too (a fetch's: its chunks after the first
                                 may be out once it is not 0) */
-    void (*said)(void *ctx); /* when not NULL: called after a header raised seen2 (no lock
+    void (*said)(void *ctx); /* when not NULL: called after an answer raised seen2 (no lock
                                 held: stoke__remote_fetch's lanes wake on it) */
     void *said_ctx;
     const int *stop; /* when not NULL and nonzero: give up (stoke__remote_fetch) */

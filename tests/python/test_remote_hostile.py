@@ -27,6 +27,10 @@ server in this test on 127.0.0.1 (nginx will not misbehave so):
   - a shard of 1.8 MB sent gzip'd (Content-Encoding: gzip), in map mode and mode=stream:
     STOKE_EIO naming the URL and the encoding (mode=stream parsed its first bytes as a tar:
     "bad header checksum field");
+  - a Content-Range of 2^64 - 1 bytes to the cache's read-ahead of the second of 6 shards, while
+    the first is coming: refused, and the read-ahead goes on (the fourth shard asked for while
+    the read downloads the second; the refused size was taken as the largest file's, and no
+    read-ahead had room after it);
   - a server that trickles (a byte every 0.5 s) with STOKE_REMOTE_TIMEOUT=2: STOKE_EIO naming
     the URL within seconds, after its retries (only a stall of 2 s timed out: it never ended);
   - a sidecar index that never ends: refused at 64 MiB ("not an index"), the process's peak
@@ -93,6 +97,7 @@ def make_aligned(path, fill, extra):
             f.write(bytes(10240))
 
 
+many, _ = S.make_shards(os.path.join(root, "many"), nshards=6, per_shard=3, big=20000)
 aligned = os.path.join(root, "aligned.tar")
 make_aligned(aligned, 0, False)
 make_aligned(aligned + ".other", 100, True)  # another version, 10 KiB longer
@@ -118,7 +123,8 @@ class Hostile(http.server.BaseHTTPRequestHandler):
     connection shut), one from bytes 1 to 131071 answered with a 200 of the file; "r416-*" a
     range from byte 131072 on answered once (per mode and range) with a 416 saying the file's
     size; "gzip" the file gzip'd, a 200 with its Content-Encoding; "trickle" a 206 of a byte
-    every 0.5 s."""
+    every 0.5 s; "bogus" a *-000001.tar's first answer saying 2^64 - 1 bytes, its others' and
+    any *-000000.tar's body 4 KiB then the rest after 1 s."""
     protocol_version = "HTTP/1.1"
 
     def log_message(self, *a):
@@ -208,6 +214,28 @@ class Hostile(http.server.BaseHTTPRequestHandler):
                 answered.add((mode, rest, a))
             if first:
                 return self.answer(416, b"", [("Content-Range", "bytes */%d" % len(data))])
+        if rest.endswith(".tar"):
+            with lock:
+                asked.setdefault(mode + "/" + rest, time.monotonic())
+        if mode == "bogus" and rest.endswith("-000001.tar"):
+            with lock:
+                first = (mode, rest) not in answered
+                answered.add((mode, rest))
+            if first:
+                return self.answer(206, data[a:b + 1], [("Content-Range", "bytes %d-%d/%d"
+                                                         % (a, b, (1 << 64) - 1))])
+        if mode == "bogus" and rest.endswith(("-000000.tar", "-000001.tar")):  # slow
+            self.send_response(206)
+            self.send_header("Content-Range", "bytes %d-%d/%d" % (a, b, len(data)))
+            self.send_header("Content-Length", str(b - a + 1))
+            self.end_headers()
+            self.wfile.write(data[a:a + 4096])
+            self.wfile.flush()
+            time.sleep(1)
+            with lock:
+                asked.setdefault(mode + "/" + rest + " done", time.monotonic())
+            self.wfile.write(data[a + 4096:b + 1])
+            return
         if mode == "trickle":
             self.send_response(206)
             self.send_header("Content-Range", "bytes %d-%d/%d" % (a, b, len(data)))
@@ -251,7 +279,8 @@ class Hostile(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body)
 
 
-answered = set()  # r416's ranges answered once
+answered = set()  # r416's ranges answered once, bogus's files
+asked = {}  # "MODE/PATH": when first asked for (and "MODE/PATH done": a slow body's end)
 lock = threading.Lock()
 srv = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Hostile)
 srv.daemon_threads = True
@@ -347,6 +376,21 @@ try:
                 and "/gzip/%s" % shard in out["error"],
                 "a gzip'd body%s: %s %s" % (extra, out.get("error"), err[-300:]))
     print("a gzip'd body: an error naming the encoding")
+
+    # a Content-Range of 2^64 - 1 bytes refused: the cache's read-ahead goes on
+    cdir = os.path.join(work, "c-bogus")
+    rc, out, err = load("tar:%sbogus/many/shard-{000000..000005}.tar%s" % (base, OPTS),
+                        env={"STOKE_CACHE_DIR": cdir, "STOKE_REMOTE_CONNECTIONS": "2",
+                             "STOKE_LOG": "debug"})
+    T.check(rc == 0 and out["samples"] == 18 and "read-ahead of %sbogus/many/shard-000001.tar"
+            % base in err and "longer than the" in err,
+            "a bogus size to a read-ahead: %s %s" % (out.get("error"), err[-600:]))
+    # the read's download of the second shard (1 s) asks for the fourth ahead of it
+    ahead = asked.get("bogus/many/shard-000003.tar", 1e18)
+    T.check(ahead < asked["bogus/many/shard-000001.tar done"],
+            "the read-ahead stopped after a bogus size: the fourth shard asked for %.2f s after "
+            "the second shard's download ended" % (ahead - asked["bogus/many/shard-000001.tar done"]))
+    print("a bogus size to a read-ahead: refused, and the read-ahead goes on")
 
     # a server that trickles: a timeout as a stall is, retried, then an error
     t0 = time.monotonic()
