@@ -15,12 +15,16 @@
  * throughout. */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "stoke_py.h"
 
+#define PEND_MAX 8      /* a loader's batches given back and not yet fenced done, at most */
 #define PIN_PEND_MAX 16 /* PinnedBuffers given back and not yet fenced done, at most */
 
 static PyObject *release_fence; /* callable returning a fence or None; NULL: none */
+static pid_t fence_pid;          /* the process whose fences these are (a forked child's copies
+                                    of the lists are given back without asking them) */
 
 typedef struct {
     PyObject *fence;
@@ -43,6 +47,8 @@ static PyObject *new_fence(void)
         PyErr_WriteUnraisable(release_fence);
     else if (f == Py_None)
         Py_CLEAR(f);
+    else
+        fence_pid = getpid();
     PyErr_Restore(type, value, tb);
     return f;
 }
@@ -51,7 +57,7 @@ static PyObject *new_fence(void)
  * (reported): the memory is not kept for ever. */
 static int fence_done(PyObject *f, int wait)
 {
-    if (stoke_py_finalizing())
+    if (stoke_py_finalizing() || getpid() != fence_pid)
         return 1;
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
@@ -75,7 +81,9 @@ static void give_back(LoaderObject *L, int i)
     L->outstanding--;
 }
 
-/* Gives back the batches whose fences are done (all of them with `wait`, waiting).  A fence's
+/* Gives back the batches whose fences are done, in the order given back up to the first not
+ * done (all of them with `wait`, waiting): the events of one stream complete in order, and
+ * one query a next() is what a loop running ahead of its GPU pays.  A fence's
  * Python code may free another batch of this loader (the cyclic GC): that one, seeing
  * `in_fence`, waits for its own fence at once and leaves the list alone. */
 void stoke_py_settle(LoaderObject *L, int wait)
@@ -83,20 +91,32 @@ void stoke_py_settle(LoaderObject *L, int wait)
     if (L->in_fence)
         return;
     L->in_fence = 1;
-    int kept = 0;
-    for (int i = 0; i < L->npend; i++) {
-        if (fence_done(L->pend_fence[i], wait)) {
-            give_back(L, i);
-        } else {
-            L->pend_fence[kept] = L->pend_fence[i];
-            L->pend_b[kept++] = L->pend_b[i];
-        }
-    }
-    L->npend = kept;
+    int i = 0;
+    while (i < L->npend && fence_done(L->pend_fence[i], wait))
+        give_back(L, i++);
+    L->npend -= i;
+    memmove(L->pend_fence, L->pend_fence + i, (size_t)L->npend * sizeof(*L->pend_fence));
+    memmove(L->pend_b, L->pend_b + i, (size_t)L->npend * sizeof(*L->pend_b));
     L->in_fence = 0;
 }
 
-/* The most batches kept fenced: the buffers less those the consumer may hold and one. */
+int stoke_py_settle_one(LoaderObject *L)
+{
+    if (!L->npend || L->in_fence)
+        return 0;
+    L->in_fence = 1;
+    fence_done(L->pend_fence[0], 1);
+    give_back(L, 0);
+    L->npend--;
+    memmove(L->pend_fence, L->pend_fence + 1, (size_t)L->npend * sizeof(*L->pend_fence));
+    memmove(L->pend_b, L->pend_b + 1, (size_t)L->npend * sizeof(*L->pend_b));
+    L->in_fence = 0;
+    return 1;
+}
+
+/* The most batches kept fenced: the buffers less those the consumer may hold and one, and at
+ * most PEND_MAX (a loop PEND_MAX batches ahead of its GPU's copies waits for the oldest; an
+ * automatic prefetch of small batches has hundreds of buffers). */
 static int pend_max(LoaderObject *L)
 {
     if (L->pend_max < 0) {
@@ -105,6 +125,8 @@ static int pend_max(LoaderObject *L)
         if (L->l && stoke_loader_get_stats(L->l, &s) == STOKE_OK &&
             s.buffers > (uint64_t)L->held + 1)
             L->pend_max = (int)(s.buffers - (uint64_t)L->held - 1);
+        if (L->pend_max > PEND_MAX)
+            L->pend_max = PEND_MAX;
     }
     return L->pend_max;
 }
@@ -174,16 +196,13 @@ static void pin_settle(int wait)
     if (pin_in_fence)
         return;
     pin_in_fence = 1;
-    int kept = 0;
-    for (int i = 0; i < pin_npend; i++) {
-        if (fence_done(pin_pend[i].fence, wait)) {
-            stoke_pinned_free(pin_pend[i].p);
-            Py_DECREF(pin_pend[i].fence);
-        } else {
-            pin_pend[kept++] = pin_pend[i];
-        }
+    int i = 0;
+    for (; i < pin_npend && fence_done(pin_pend[i].fence, wait); i++) {
+        stoke_pinned_free(pin_pend[i].p);
+        Py_DECREF(pin_pend[i].fence);
     }
-    pin_npend = kept;
+    pin_npend -= i;
+    memmove(pin_pend, pin_pend + i, (size_t)pin_npend * sizeof(*pin_pend));
     pin_in_fence = 0;
 }
 

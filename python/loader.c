@@ -400,9 +400,14 @@ static PyObject *next_locked(LoaderObject *self)
         stoke_py_settle(self, 0);
     stoke_batch *b = NULL;
     int rc;
-    PyThreadState *ts = PyEval_SaveThread();
-    rc = stoke_loader_next(self->l, &b);
-    PyEval_RestoreThread(ts);
+    for (;;) {
+        PyThreadState *ts = PyEval_SaveThread();
+        rc = stoke_loader_next(self->l, &b);
+        PyEval_RestoreThread(ts);
+        /* every buffer out: those fenced come back once their copies are done (fence.c) */
+        if (rc != STOKE_ELIMIT || !stoke_py_settle_one(self))
+            break;
+    }
     if (stoke_py_flush_warnings() < 0 || (rc == STOKE_ECANCELED && PyErr_Occurred())) {
         stoke_batch_release(b); /* (NULL when interrupted: a signal handler raised) */
         return NULL;
@@ -609,6 +614,12 @@ static PyObject *loader_get_dataset_len(PyObject *obj, void *unused)
     return PyLong_FromUnsignedLongLong(self->ds.length(self->ds.user));
 }
 
+static PyObject *loader_get_fenced(PyObject *obj, void *unused)
+{
+    (void)unused;
+    return PyLong_FromLong(((LoaderObject *)obj)->npend);
+}
+
 static PyObject *loader_get_outstanding(PyObject *obj, void *unused)
 {
     (void)unused;
@@ -660,6 +671,8 @@ static PyGetSetDef loader_getset[] = {
     {"world_size", loader_get_world_size, NULL, "Number of ranks (1 when not distributed).", NULL},
     {"pinned_backend", loader_get_pinned_backend, NULL, "Backend batches are pinned for.", NULL},
     {"dataset_len", loader_get_dataset_len, NULL, "Samples in the dataset.", NULL},
+    {"_fenced", loader_get_fenced, NULL,
+     "Batches released whose release fences are not done yet (counted in _outstanding).", NULL},
     {"_outstanding", loader_get_outstanding, NULL, "Batches delivered and not yet released.",
      NULL},
     {"_passes_go_on", loader_get_passes_go_on, loader_set_passes_go_on,

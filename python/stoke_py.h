@@ -98,6 +98,7 @@ PyObject *stoke_py_batch_new(LoaderObject *loader, stoke_batch *b);
  * closes.  pinned_free is stoke_pinned_free fenced so. */
 int stoke_py_release_batch(LoaderObject *L, stoke_batch *b);
 void stoke_py_settle(LoaderObject *L, int wait);
+int stoke_py_settle_one(LoaderObject *L); /* waits for the oldest; 0: none was fenced */
 void stoke_py_drain(LoaderObject *L);
 void stoke_py_pinned_free(void *p);
 void stoke_py_pinned_settle(void);

@@ -846,7 +846,7 @@ class _DataLoader(_stoke.Loader):
                 return
             except StokeError as e:
                 self._raise_dataset_error(e, name_batch=True)
-            if self._outstanding >= limit:
+            if self._outstanding - self._fenced >= limit:  # (fenced ones come back)
                 out = self._writer.decode_copy(b)
             else:
                 out = decode(b)
@@ -872,6 +872,8 @@ class _DataLoader(_stoke.Loader):
                 continue
             st["yielded"] += 1
             yielded = st["yielded"]
+            if not self._iterable and yielded == self._writer.plan.nbatches():
+                self._writer.pass_ended = True  # (its last batch: every one was made)
             if len_called is not None and yielded > len_called:
                 _warnings.warn(  # torch's words (torch.utils.data.dataloader)
                     "Length of IterableDataset %s was reported to be %d (when accessing "

@@ -10,6 +10,9 @@ fences it completes itself, on the simulated accelerator's pinned memory):
   - fences never done by themselves: the loader waits for the oldest (synchronize) beyond the
     buffers it can spare and finishes the epoch (no hang), each batch once;
   - fences done: their blocks go back to the loader (none is kept fenced at the end);
+  - the caller holding batches beside the fenced ones: next() waits for a fence, never
+    "all N batch buffers are held"; fenced batches are not copied out as held ones are, and
+    at most 8 wait;
   - a PinnedBuffer (a held batch's copy) given back is not handed out again before its fence;
   - a fence factory that raises: reported (unraisable), the memory given back at once;
   - the loader's end (del) gives its fenced batches back after waiting for them."""
@@ -150,7 +153,52 @@ def source_string_dlpack_tensors():
 
 
 @case
+def batches_held_beside_fenced_ones():
+    """The caller holding batches (the last 3, list(loader)) while others wait for their
+    fences: next() waits for the oldest fence rather than raise "all N batch buffers are held
+    by the caller" (fenced buffers come back by themselves)."""
+    _, _, dp, lp = T.make_npy(np, n=64, row_floats=ROW)
+    fences()
+    loader = stoke.DataLoader("npy:%s,labels=%s" % (dp, lp), batch_size=4, num_workers=2,
+                              prefetch_factor=2, structure="list")
+    last, n = [], 0
+    for b in loader:
+        last = (last + [b])[-3:]
+        n += 1
+    T.check(n == 16, "npy, the last 3 held: %d batches" % n)
+    del last, b, loader
+    for nw in (0, 2):
+        fences()
+        loader = L.Loader(Rows(), batch_size=4, num_workers=nw, pin_memory=True)
+        got = sorted(int(v) for x, y in list(loader) for v in y)
+        T.check(got == list(range(64)), "%d workers, list(loader): %s" % (nw, got))
+        del loader
+    fences(False)
+
+
+@case
+def fenced_batches_are_not_copied_out():
+    """The drop-in copies a batch out of its block when the caller holds nearly every buffer;
+    fenced batches (given back, their copies in flight) do not count as held: a plain loop
+    whose GPU lags makes no copy."""
+    fences()
+    loader = L.Loader(Rows(), batch_size=4, num_workers=2, pin_memory=True)
+    w = loader._writer
+    copies = []
+    decode_copy = w.decode_copy
+    w.decode_copy = lambda b: copies.append(1) or decode_copy(b)
+    n = 0
+    for x, y in loader:
+        T.check(loader._fenced <= 8, "%d batches fenced, more than 8" % loader._fenced)
+        n += 1
+    T.check(n == 16 and not copies, "%d batches, %d copied out" % (n, len(copies)))
+    del loader, w, decode_copy
+    fences(False)
+
+
+@case
 def pinned_buffer_not_reused_before_its_fence():
+    _stoke._settle_pinned(True)  # (the held batches' copies of the cases before: freed)
     fences()
     buf = _stoke.PinnedBuffer(1 << 20)
     T.check(buf.pinned, "the simulated accelerator's PinnedBuffer is not pinned")

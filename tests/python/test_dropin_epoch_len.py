@@ -438,6 +438,21 @@ def persistent_workers_after_a_pass_left_early():
 
 
 @case
+def persistent_workers_after_every_batch_without_its_end():
+    """A pass whose every batch was taken but whose end was not asked for (zip(range(len(
+    loader)), loader)): its workers made every batch, so the next passes draw as torch's."""
+    for nw in (1, 2):
+        got = []
+        for cls in (L.TorchLoader, L.Loader):
+            torch.manual_seed(5)
+            loader = cls(Drawing(12), batch_size=3, num_workers=nw, persistent_workers=True)
+            first = [b.tolist() for _, b in zip(range(len(loader)), loader)]
+            got.append((first, [b.tolist() for b in loader], [b.tolist() for b in loader]))
+            del loader
+        T.check(got[0] == got[1], "%d persistent workers: torch %s, stoke %s" % (nw, *got))
+
+
+@case
 def stats_and_buffers():
     """stats() counts the batches delivered, not the ends past each epoch; a loader of a few
     batches an epoch keeps about that many buffers (the C loader's epoch is a bound, which no
