@@ -88,7 +88,7 @@ static void give_back(LoaderObject *L, int i)
  * `in_fence`, waits for its own fence at once and leaves the list alone. */
 void stoke_py_settle(LoaderObject *L, int wait)
 {
-    if (L->in_fence)
+    if (!L->npend || L->in_fence) /* (the lists are NULL before the first fence) */
         return;
     L->in_fence = 1;
     int i = 0;
@@ -202,7 +202,8 @@ static void pin_settle(int wait)
         Py_DECREF(pin_pend[i].fence);
     }
     pin_npend -= i;
-    memmove(pin_pend, pin_pend + i, (size_t)pin_npend * sizeof(*pin_pend));
+    if (i)
+        memmove(pin_pend, pin_pend + i, (size_t)pin_npend * sizeof(*pin_pend));
     pin_in_fence = 0;
 }
 
