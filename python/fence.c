@@ -19,7 +19,6 @@
 
 #include "stoke_py.h"
 
-#define PEND_MAX 8      /* a loader's batches given back and not yet fenced done, at most */
 #define PIN_PEND_MAX 16 /* PinnedBuffers given back and not yet fenced done, at most */
 
 static PyObject *release_fence; /* callable returning a fence or None; NULL: none */
@@ -74,29 +73,32 @@ static int fence_done(PyObject *f, int wait)
     return done;
 }
 
-static void give_back(LoaderObject *L, int i)
+/* Gives back the n oldest waiting batches (their fences done or waited for). */
+static void give_back(LoaderObject *L, int n)
 {
-    stoke_batch_release(L->pend_b[i]);
-    Py_DECREF(L->pend_fence[i]);
-    L->outstanding--;
+    for (int i = 0; i < n; i++) {
+        stoke_batch_release(L->pend[i].b);
+        Py_DECREF(L->pend[i].fence);
+        L->outstanding--;
+    }
+    L->npend -= n;
+    memmove(L->pend, L->pend + n, (size_t)L->npend * sizeof(*L->pend));
 }
 
 /* Gives back the batches whose fences are done, in the order given back up to the first not
  * done (all of them with `wait`, waiting): the events of one stream complete in order, and
- * one query a next() is what a loop running ahead of its GPU pays.  A fence's
- * Python code may free another batch of this loader (the cyclic GC): that one, seeing
- * `in_fence`, waits for its own fence at once and leaves the list alone. */
+ * one query a next() is what a loop running ahead of its GPU pays.  A fence's Python code may
+ * free another batch of this loader (the cyclic GC): that one, seeing `in_fence`, waits for
+ * its own fence at once and leaves the list alone. */
 void stoke_py_settle(LoaderObject *L, int wait)
 {
-    if (!L->npend || L->in_fence) /* (the lists are NULL before the first fence) */
+    if (L->in_fence)
         return;
     L->in_fence = 1;
     int i = 0;
-    while (i < L->npend && fence_done(L->pend_fence[i], wait))
-        give_back(L, i++);
-    L->npend -= i;
-    memmove(L->pend_fence, L->pend_fence + i, (size_t)L->npend * sizeof(*L->pend_fence));
-    memmove(L->pend_b, L->pend_b + i, (size_t)L->npend * sizeof(*L->pend_b));
+    while (i < L->npend && fence_done(L->pend[i].fence, wait))
+        i++;
+    give_back(L, i);
     L->in_fence = 0;
 }
 
@@ -105,18 +107,15 @@ int stoke_py_settle_one(LoaderObject *L)
     if (!L->npend || L->in_fence)
         return 0;
     L->in_fence = 1;
-    fence_done(L->pend_fence[0], 1);
-    give_back(L, 0);
-    L->npend--;
-    memmove(L->pend_fence, L->pend_fence + 1, (size_t)L->npend * sizeof(*L->pend_fence));
-    memmove(L->pend_b, L->pend_b + 1, (size_t)L->npend * sizeof(*L->pend_b));
+    fence_done(L->pend[0].fence, 1);
+    give_back(L, 1);
     L->in_fence = 0;
     return 1;
 }
 
 /* The most batches kept fenced: the buffers less those the consumer may hold and one, and at
- * most PEND_MAX (a loop PEND_MAX batches ahead of its GPU's copies waits for the oldest; an
- * automatic prefetch of small batches has hundreds of buffers). */
+ * most STOKE_PY_PEND_MAX (a loop that many batches ahead of its GPU's copies waits for the
+ * oldest; an automatic prefetch of small batches has hundreds of buffers). */
 static int pend_max(LoaderObject *L)
 {
     if (L->pend_max < 0) {
@@ -125,8 +124,8 @@ static int pend_max(LoaderObject *L)
         if (L->l && stoke_loader_get_stats(L->l, &s) == STOKE_OK &&
             s.buffers > (uint64_t)L->held + 1)
             L->pend_max = (int)(s.buffers - (uint64_t)L->held - 1);
-        if (L->pend_max > PEND_MAX)
-            L->pend_max = PEND_MAX;
+        if (L->pend_max > STOKE_PY_PEND_MAX)
+            L->pend_max = STOKE_PY_PEND_MAX;
     }
     return L->pend_max;
 }
@@ -145,35 +144,13 @@ int stoke_py_release_batch(LoaderObject *L, stoke_batch *b)
         L->outstanding--;
         return 0;
     }
-    if (L->npend)
-        stoke_py_settle(L, 0);
+    stoke_py_settle(L, 0);
     L->in_fence = 1;
-    if (L->npend == L->pend_cap) {
-        int cap = L->pend_cap ? 2 * L->pend_cap : 8;
-        PyObject **fs = PyMem_Realloc(L->pend_fence, (size_t)cap * sizeof(*fs));
-        if (fs)
-            L->pend_fence = fs;
-        stoke_batch **bs = fs ? PyMem_Realloc(L->pend_b, (size_t)cap * sizeof(*bs)) : NULL;
-        if (bs)
-            L->pend_b = bs;
-        if (!fs || !bs) { /* no memory for the list: wait for this one's copy */
-            fence_done(f, 1);
-            Py_DECREF(f);
-            stoke_batch_release(b);
-            L->outstanding--;
-            L->in_fence = 0;
-            return 0;
-        }
-        L->pend_cap = cap;
-    }
-    L->pend_fence[L->npend] = f;
-    L->pend_b[L->npend++] = b;
+    L->pend[L->npend].fence = f;
+    L->pend[L->npend++].b = b;
     while (L->npend > pend_max(L)) { /* the oldest waited for */
-        fence_done(L->pend_fence[0], 1);
-        give_back(L, 0);
-        L->npend--;
-        memmove(L->pend_fence, L->pend_fence + 1, (size_t)L->npend * sizeof(*L->pend_fence));
-        memmove(L->pend_b, L->pend_b + 1, (size_t)L->npend * sizeof(*L->pend_b));
+        fence_done(L->pend[0].fence, 1);
+        give_back(L, 1);
     }
     L->in_fence = 0;
     return 1;
@@ -182,11 +159,6 @@ int stoke_py_release_batch(LoaderObject *L, stoke_batch *b)
 void stoke_py_drain(LoaderObject *L)
 {
     stoke_py_settle(L, 1);
-    PyMem_Free(L->pend_fence);
-    PyMem_Free(L->pend_b);
-    L->pend_fence = NULL;
-    L->pend_b = NULL;
-    L->pend_cap = 0;
 }
 
 /* ---- PinnedBuffers --------------------------------------------------------------------------- */

@@ -20,6 +20,8 @@
 #include "stoke/stoke.h"
 
 
+#define STOKE_PY_PEND_MAX 8 /* a loader's batches given back, their copies in flight (fence.c) */
+
 typedef struct {
     PyObject_HEAD stoke_loader *l;
     stoke_dataset ds;
@@ -34,10 +36,13 @@ typedef struct {
                                iterator with persistent_workers): persistent_workers, or what
                                the drop-in sets (_passes_go_on: its workers persist anyway) */
     int held;               /* the consumer's held_buffers */
-    /* pinned batches given back whose release fences are not done yet (fence.c; GIL) */
-    PyObject **pend_fence;
-    stoke_batch **pend_b;
-    int npend, pend_cap;
+    /* pinned batches given back whose release fences are not done yet, oldest first
+     * (fence.c; GIL): at most STOKE_PY_PEND_MAX, and one more while it is being added */
+    struct {
+        PyObject *fence;
+        stoke_batch *b;
+    } pend[STOKE_PY_PEND_MAX + 1];
+    int npend;
     int pend_max;           /* the most kept so (-1: not computed yet) */
     int in_fence;           /* a fence's Python code runs for this list */
 } LoaderObject;
