@@ -2,6 +2,7 @@
  * delivery, timeout, sample errors, early destroy, persistent workers, save/restore, stats. */
 #include "testutil.h"
 
+#include <dirent.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -524,6 +525,50 @@ static void test_persistent_workers(void **state)
     }
 }
 
+/* This process's threads (the loader's workers are counted from the moment they are created;
+ * their names come a little later). */
+static int threads_now(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    assert_non_null(d);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+/* stoke_loader_interrupt (the caller is ending) and then the run abandoned with a batch still
+ * held (the Python exit hook, for a loader whose batch outlives it): the persistent workers
+ * are joined, not left idle, nor left finished and unjoined when one was still starting; the
+ * next epoch starts them again (worker_init once more each) and is whole. */
+static void test_interrupt_joins_persistent_workers(void **state)
+{
+    tds t;
+    stoke_dataset ds;
+    tds_make(&t, &ds, 40);
+    stoke_loader_opts o = base_opts(4, 2);
+    o.persistent_workers = 1;
+    int before = threads_now();
+    stoke_loader *l;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    stoke_batch *b;
+    assert_int_equal(stoke_loader_next(l, &b), STOKE_OK);
+    assert_int_equal(threads_now(), before + 2);
+    assert_int_equal(stoke_loader_set_epoch(l, 1), STOKE_OK); /* not interrupted: they stay */
+    assert_int_equal(threads_now(), before + 2);
+    stoke_loader_interrupt(l);
+    assert_int_equal(stoke_loader_set_epoch(l, 2), STOKE_OK);
+    assert_int_equal(threads_now(), before);
+    assert_int_equal(atomic_load(&t.inits), 2);
+    stoke_batch_release(b);
+    assert_int_equal(run_epoch(l, NULL, 0, NULL), 40);
+    stoke_loader_destroy(l);
+    assert_int_equal(atomic_load(&t.inits), 4);
+    tds_free(&t);
+}
+
 static void test_save_restore(void **state)
 {
     tds t;
@@ -863,6 +908,7 @@ int main(void)
         cmocka_unit_test(test_sample_error),
         cmocka_unit_test(test_early_destroy),
         cmocka_unit_test(test_persistent_workers),
+        cmocka_unit_test(test_interrupt_joins_persistent_workers),
         cmocka_unit_test(test_save_restore),
         cmocka_unit_test(test_held_buffers_limit),
         cmocka_unit_test(test_set_epoch_mid_epoch),

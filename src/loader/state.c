@@ -71,7 +71,11 @@ static int reposition(stoke_loader *l, uint64_t seed, uint64_t epoch, uint64_t c
     while (l->filling > 0)
         stoke__loader_wait(l, &l->done_cv, NULL);
     stoke__loader_unlock(l);
-    if (!l->o.persistent_workers)
+    /* after stoke_loader_interrupt (the caller is ending: the Python exit hook, for a loader
+     * whose batches are still alive) persistent workers are joined too: a thread still
+     * starting, whose worker_init then fails at once (the interpreter is exiting), would
+     * otherwise end on its own and never be joined (a leak ThreadSanitizer reports at exit) */
+    if (!l->o.persistent_workers || atomic_load(&l->interrupted) == 2)
         stoke__loader_stop_workers(l);
     l->err[0] = '\0';
     int rc = stoke__loader_dataset_epoch(l, epoch);
