@@ -553,11 +553,16 @@ int stoke__remote_try_end(stoke__remote_pool *p, const stoke__remote_file *f, xf
                              "GET %s: HTTP 206 without a Content-Range: which bytes it holds is "
                              "not said (none taken)",
                              f->url);
-        else
+        else if (x->has_clen || x->cr_end < x->cr_start)
             stoke__fmt_short(why, why_len,
                              "GET %s: HTTP 206: its Content-Range (bytes %" PRIu64 "-%" PRIu64
                              ") and Content-Length (%" PRIu64 ") do not agree (none taken)",
                              f->url, x->cr_start, x->cr_end, x->clen);
+        else
+            stoke__fmt_short(why, why_len,
+                             "GET %s: HTTP 206: its body is not the bytes its Content-Range "
+                             "(bytes %" PRIu64 "-%" PRIu64 ") says",
+                             f->url, x->cr_start, x->cr_end);
         return STOKE_EIO;
     }
     if (x->over) {

@@ -204,6 +204,12 @@ size_t stoke__remote_on_body(char *data, size_t size, size_t nmemb, void *ctx)
         x->bad_range = 1;
         return 0;
     }
+    /* a 206's body that goes on past the last byte its Content-Range says (no Content-Length
+     * bounds a chunked one): those bytes are not said to be the file's, none taken */
+    if (x->status == 206 && len && x->pos + len - 1 > x->cr_end) {
+        x->bad_cr = 1;
+        return 0;
+    }
     if (x->pos + len <= from) { /* before what is wanted (a 200 from the start) */
         x->pos += len;
         return len;
