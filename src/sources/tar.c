@@ -26,9 +26,10 @@
 #include "sources/tar_header.h"
 #include "sources/tar_index.h"
 #include "sources/tar_internal.h"
+#include "sources/tar_shards.h"
 #include "stoke/sources.h"
 
-#define MAX_SHARDS 1000000
+#define MAX_SHARDS STOKE__TAR_SHARDS_MAX
 
 /* ---- shard lists -------------------------------------------------------------------------- */
 
@@ -94,107 +95,22 @@ static int add_paths(const char *spec, const char *pat, strvec *out)
     return rc;
 }
 
-/* Parses "A..B" (decimal, A <= B or A > B): 0, or -1. */
-static int parse_range(const char *s, size_t n, uint64_t *a, uint64_t *b, int *width)
+/* stoke__tar_expand's leaf: a pattern's paths into the shard list. */
+typedef struct shard_list {
+    const char *spec;
+    strvec *out;
+} shard_list;
+
+static int add_leaf(void *ctx, const char *pat)
 {
-    const char *dots = NULL;
-    for (size_t i = 0; i + 1 < n; i++)
-        if (s[i] == '.' && s[i + 1] == '.') {
-            dots = s + i;
-            break;
-        }
-    if (!dots || dots == s || dots + 2 == s + n)
-        return -1;
-    uint64_t v[2] = {0, 0};
-    const char *p[2] = {s, dots + 2}, *e[2] = {dots, s + n};
-    for (int k = 0; k < 2; k++) {
-        if (e[k] - p[k] > 18)
-            return -1;
-        for (const char *c = p[k]; c < e[k]; c++) {
-            if (*c < '0' || *c > '9')
-                return -1;
-            v[k] = v[k] * 10 + (uint64_t)(*c - '0');
-        }
-    }
-    *a = v[0];
-    *b = v[1];
-    /* zero-padded when either end has a leading zero: the width of the longer end */
-    size_t wa = (size_t)(dots - s), wb = (size_t)(s + n - dots - 2);
-    *width = ((s[0] == '0' && wa > 1) || (dots[2] == '0' && wb > 1)) ? (int)(wa > wb ? wa : wb) : 0;
-    return 0;
+    shard_list *l = ctx;
+    return add_paths(l->spec, pat, l->out);
 }
 
-/* The '}' that closes the '{' at open (groups nest, as braceexpand's), or NULL. */
-static const char *brace_close(const char *open)
+static int expand(const char *spec, const char *pat, strvec *out)
 {
-    int depth = 0;
-    for (const char *q = open; *q; q++)
-        if (*q == '{')
-            depth++;
-        else if (*q == '}' && --depth == 0)
-            return q;
-    return NULL;
-}
-
-/* The ',' in [p, end) outside nested braces, or NULL. */
-static const char *list_comma(const char *p, const char *end)
-{
-    int depth = 0;
-    for (; p < end; p++)
-        if (*p == '{')
-            depth++;
-        else if (*p == '}')
-            depth--;
-        else if (*p == ',' && depth == 0)
-            return p;
-    return NULL;
-}
-
-/* Expands the first brace group of pat ({A..B} or {x,y,...}, whose items may hold groups of
- * their own), recursively. */
-static int expand(const char *spec, const char *pat, strvec *out, int depth)
-{
-    const char *open = strchr(pat, '{');
-    if (!open)
-        return add_paths(spec, pat, out);
-    if (depth > 16)
-        return stoke__fail(STOKE_EINVAL, "source '%s': too many brace groups", spec);
-    const char *close = brace_close(open);
-    if (!close)
-        return stoke__fail(STOKE_EINVAL, "source '%s': '{' without '}'", spec);
-    size_t pre = (size_t)(open - pat), inner = (size_t)(close - open - 1);
-    const char *rest = close + 1;
-    size_t blen = pre + strlen(rest) + 64 + inner;
-    char *buf = malloc(blen);
-    if (!buf)
-        return stoke__fail(STOKE_ENOMEM, "source '%s': out of memory", spec);
-    uint64_t a, b;
-    int width, rc = STOKE_OK;
-    if (parse_range(open + 1, inner, &a, &b, &width) == 0) {
-        if ((a > b ? a - b : b - a) >= MAX_SHARDS)
-            rc = stoke__fail(STOKE_ELIMIT, "source '%s': range {%.*s} has more than %d values",
-                             spec, (int)inner, open + 1, MAX_SHARDS);
-        for (uint64_t v = a;; v = a <= b ? v + 1 : v - 1) {
-            if (rc)
-                break;
-            snprintf(buf, blen, "%.*s%0*" PRIu64 "%s", (int)pre, pat, width, v, rest);
-            rc = expand(spec, buf, out, depth + 1);
-            if (v == b)
-                break;
-        }
-    } else {
-        const char *p = open + 1;
-        for (;;) {
-            const char *c = list_comma(p, close);
-            const char *e = c ? c : close;
-            snprintf(buf, blen, "%.*s%.*s%s", (int)pre, pat, (int)(e - p), p, rest);
-            if ((rc = expand(spec, buf, out, depth + 1)) != 0 || !c)
-                break;
-            p = c + 1;
-        }
-    }
-    free(buf);
-    return rc;
+    shard_list l = {spec, out};
+    return stoke__tar_expand(spec, pat, add_leaf, &l);
 }
 
 /* ---- the index ---------------------------------------------------------------------------- */
@@ -579,7 +495,7 @@ static int tar_open(const char *spec, const char *args, stoke__tar_ds *t, stoke_
     if (!rc)
         rc = stoke__tar_parse_options(spec, t, opts);
     if (!rc)
-        rc = expand(spec, pat, &shards, 0);
+        rc = expand(spec, pat, &shards);
     if (!rc) {
         t->shards = calloc(shards.n, sizeof(*t->shards));
         if (!t->shards)
@@ -694,7 +610,7 @@ int stoke_tar_write_index_to(const char *pattern, const char *dir, stoke_tar_ind
         return stoke__fail(STOKE_EINVAL, "source '%s': %s is not a directory", spec, dir);
     strvec shards = {0};
     stoke__remote_pool *pool = NULL;
-    int rc = expand(spec, pattern, &shards, 0);
+    int rc = expand(spec, pattern, &shards);
     for (size_t i = 0; i < shards.n && !rc; i++) {
         stoke__tar_shard s = {.path = shards.v[i], .fd = -1};
         char shown[STOKE__MSG_MAX], *out = NULL;
