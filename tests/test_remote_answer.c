@@ -3,6 +3,7 @@
  * calls them, into a buffer, without a connection (the transfer has no handle: the status is
  * the xfer's own, as libcurl would have said it).  What is taken of an answer and what is
  * refused; the cases tests/fuzz/fuzz_remote_answer.c found.  Skipped without libcurl. */
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -76,9 +77,39 @@ static void test_range_body_too_long(void **state)
     assert_true(x.bad_cr);
 }
 
+/* A 206 whose range ends past the size it says (RFC 9110: an invalid Content-Range): "bytes
+ * 10-59/10" with its 50 bytes.  Its bytes were taken and its size, 10, said (the fetch's seen
+ * raised to it) for a file it had sent 60 bytes of; none is taken, and no size said. */
+static void test_range_past_size(void **state)
+{
+    (void)state;
+    xfer x;
+    char buf[50];
+    _Atomic uint64_t seen = 0;
+    answer(&x, 206, buf, sizeof(buf), 10,
+           "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 10-59/10\r\n"
+           "Content-Length: 50\r\n\r\n");
+    x.seen = &seen;
+    char body[50];
+    memset(body, 'b', sizeof(body));
+    assert_int_equal(stoke__remote_on_body(body, 1, sizeof(body), &x), 0);
+    assert_int_equal(x.got, 0);
+    assert_true(x.bad_cr);
+    assert_int_equal(atomic_load(&seen), 0);
+    /* the last byte of the size is inside it: taken */
+    answer(&x, 206, buf, sizeof(buf), 10,
+           "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 10-59/60\r\n"
+           "Content-Length: 50\r\n\r\n");
+    x.seen = &seen;
+    assert_int_equal(stoke__remote_on_body(body, 1, sizeof(body), &x), sizeof(body));
+    assert_int_equal(x.got, 50);
+    assert_int_equal(atomic_load(&seen), 60);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_range_past_size),
         cmocka_unit_test(test_range_taken),
         cmocka_unit_test(test_range_body_too_long),
     };

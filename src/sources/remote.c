@@ -553,6 +553,11 @@ int stoke__remote_try_end(stoke__remote_pool *p, const stoke__remote_file *f, xf
                              "GET %s: HTTP 206 without a Content-Range: which bytes it holds is "
                              "not said (none taken)",
                              f->url);
+        else if (x->cr_total && x->cr_end >= x->cr_start && x->cr_end >= x->total)
+            stoke__fmt_short(why, why_len,
+                             "GET %s: HTTP 206: its Content-Range (bytes %" PRIu64 "-%" PRIu64
+                             "/%" PRIu64 ") ends past the size it says (none taken)",
+                             f->url, x->cr_start, x->cr_end, x->total);
         else if (x->has_clen || x->cr_end < x->cr_start)
             stoke__fmt_short(why, why_len,
                              "GET %s: HTTP 206: its Content-Range (bytes %" PRIu64 "-%" PRIu64

@@ -152,9 +152,10 @@ size_t stoke__remote_on_body(char *data, size_t size, size_t nmemb, void *ctx)
         /* a 206 says which bytes it carries (RFC 9110: Content-Range, of the one range asked
          * for), in as many bytes as it says: one that does not (a multipart answer; a server
          * that sends the file from its start) is not taken, never assumed to start where the
-         * range asked */
+         * range asked; nor one whose range ends at or past the size it says (RFC 9110's
+         * invalid Content-Range: "bytes 10-59/10" said a size of 10 and took 50 bytes) */
         if (x->status == 206 &&
-            (!x->has_cr || x->cr_end < x->cr_start ||
+            (!x->has_cr || x->cr_end < x->cr_start || (x->cr_total && x->cr_end >= x->total) ||
              (x->has_clen && !x->encoded && x->clen != x->cr_end - x->cr_start + 1))) {
             x->bad_cr = 1;
             return 0;
