@@ -28,6 +28,11 @@ static void test_user_info(void **state)
     check("http://user:pa?SECRET@h/x.tar", "http://h/x.tar");
     check("http://user:pa#SECRET@h/x.tar", "http://h/x.tar");
     check("http://user:pa/x@y?SECRET@h/x.tar", "http://h/x.tar");
+    /* a raw '@' in the user (an e-mail address) and a raw '/' in the password: the '@'
+     * before the ':' is the user's, the password still ends at the URL's last '@' (it was
+     * shown: "http://example.com:pa/SECRET@h/x.tar") */
+    check("http://me@example.com:pa/SECRET@h/x.tar", "http://h/x.tar");
+    check("tar:http://a@b:c?SECRET@h/x.tar,fields=bin", "tar:http://h/x.tar,fields=bin");
     /* two URLs of a spec, each its own: the first's end (',' or white space) bounds it */
     check("http://a:b/c@h/1.tar http://d:e?f@g/2.tar", "http://h/1.tar http://g/2.tar");
 }

@@ -29,8 +29,8 @@ int stoke__remote_is_url(const char *path);
 /* s for messages, into out (n bytes, truncated as snprintf; out may be NULL when n is 0):
  * every "scheme://user:password@" in it (a spec may hold several URLs) without its
  * "user:password@" (up to the authority's last '@', as curl reads it; after a ':' that comes
- * before any '/', '?', '#' or '@', up to the URL's last '@': a password holding a raw '/',
- * '?' or '#'), and the values of its
+ * before any '/', '?' or '#', up to the URL's last '@': a password holding a raw '/', '?'
+ * or '#', after a user that may hold a raw '@'), and the values of its
  * URLs' secret query parameters (a presigned URL's X-Amz-Signature, X-Amz-Credential,
  * X-Amz-Security-Token, ...; any named *signature, *credential, *token, *secret, *password,
  * sig, key, apikey or AWSAccessKeyId, or whose last part after '-', '_' or '.' is one of these

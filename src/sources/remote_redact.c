@@ -64,10 +64,11 @@ size_t stoke__remote_redact(char *out, size_t n, const char *s)
                 if (s[i] == '@')
                     at = s + i;
             /* a password may hold a raw '/', '?' or '#' too (curl takes the host from before
-             * it, and fails): with a ':' before any of "/?#@", what looks like user:password
+             * it, and fails): with a ':' before any of "/?#", what looks like user:password
              * ends at the URL's last '@' -- which hides the host of a URL with a port and an
-             * '@' later (host:8080/a@b), rather than show a password */
-            size_t colon = strcspn(s, ":/?#@");
+             * '@' later (host:8080/a@b), rather than show a password.  An '@' before the ':'
+             * is the user's own, raw (an e-mail address: me@example.com:pa/ss@host) */
+            size_t colon = strcspn(s, ":/?#");
             if (s[colon] == ':')
                 for (size_t i = colon + 1; s[i] && s[i] != ',' && !isspace((unsigned char)s[i]);
                      i++)
