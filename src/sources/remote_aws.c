@@ -33,9 +33,7 @@ char *stoke__remote_trim(char *s)
     return s;
 }
 
-/* The value of `key` in section [section] of an INI file (AWS's credentials and config files):
- * malloc'd, or NULL. */
-static char *ini_get(const char *path, const char *section, const char *key)
+char *stoke__remote_ini_get(const char *path, const char *section, const char *key)
 {
     FILE *f = path ? fopen(path, "re") : NULL;
     if (!f)
@@ -100,22 +98,22 @@ static int s3_settings(stoke__remote_aws *a, char *why, size_t why_len)
         const char *t = stoke__env_str(STOKE_ENV_AWS_SESSION_TOKEN);
         token = t ? strdup(t) : NULL;
     } else {
-        key = ini_get(cred, prof, "aws_access_key_id");
-        secret = ini_get(cred, prof, "aws_secret_access_key");
-        token = ini_get(cred, prof, "aws_session_token");
+        key = stoke__remote_ini_get(cred, prof, "aws_access_key_id");
+        secret = stoke__remote_ini_get(cred, prof, "aws_secret_access_key");
+        token = stoke__remote_ini_get(cred, prof, "aws_session_token");
         if (!key || !secret) { /* the config file may hold them too */
             free(key);
             free(secret);
             free(token);
-            key = ini_get(conf, conf_sec, "aws_access_key_id");
-            secret = ini_get(conf, conf_sec, "aws_secret_access_key");
-            token = ini_get(conf, conf_sec, "aws_session_token");
+            key = stoke__remote_ini_get(conf, conf_sec, "aws_access_key_id");
+            secret = stoke__remote_ini_get(conf, conf_sec, "aws_secret_access_key");
+            token = stoke__remote_ini_get(conf, conf_sec, "aws_session_token");
         }
     }
     const char *er = stoke__env_str(STOKE_ENV_AWS_REGION);
     if (!er)
         er = stoke__env_str(STOKE_ENV_AWS_DEFAULT_REGION);
-    region = er ? strdup(er) : ini_get(conf, conf_sec, "region");
+    region = er ? strdup(er) : stoke__remote_ini_get(conf, conf_sec, "region");
     int rc = STOKE_OK;
     if (profile && !(key && secret) && !ek)
         rc = STOKE_EINVAL, stoke__fmt(why, why_len,

@@ -47,6 +47,10 @@ void stoke__remote_aws_sign(const stoke__remote_aws *a, CURL *h, int s3);
 
 /* s without leading and trailing white space (the end cleared in place). */
 char *stoke__remote_trim(char *s);
+/* The value of `key` in section [section] of the INI file at path (AWS's credentials and config
+ * files: lines trimmed, '#' and ';' start a comment line, the first `key = value` of the
+ * section): malloc'd, or NULL (no such key, no file). */
+char *stoke__remote_ini_get(const char *path, const char *section, const char *key);
 
 /* ---- the request engine (remote.c), shared with the streams (remote_stream.c) ---- */
 
