@@ -38,10 +38,13 @@ char *stoke__remote_ini_get(const char *path, const char *section, const char *k
     FILE *f = path ? fopen(path, "re") : NULL;
     if (!f)
         return NULL;
-    char line[4096];
+    /* whole lines, of any length: a session token may be longer than any buffer, and the
+     * rest of a line cut would be read as a line of its own */
+    char *line = NULL;
+    size_t cap = 0;
     int in = 0;
     char *out = NULL;
-    while (!out && fgets(line, sizeof(line), f)) {
+    while (!out && getline(&line, &cap, f) >= 0) {
         char *p = stoke__remote_trim(line);
         if (!*p || *p == '#' || *p == ';')
             continue;
@@ -60,6 +63,9 @@ char *stoke__remote_ini_get(const char *path, const char *section, const char *k
         if (strcmp(stoke__remote_trim(p), key) == 0)
             out = strdup(stoke__remote_trim(eq + 1));
     }
+    if (line)
+        explicit_bzero(line, cap); /* (a secret's line) */
+    free(line);
     fclose(f);
     return out;
 }
