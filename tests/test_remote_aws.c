@@ -4,17 +4,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "testutil.h"
 
 #ifdef STOKE_HAVE_LIBCURL
 #include "sources/remote_internal.h"
 
-/* text written to a file under STOKE_TEST_TMP; its path into path. */
+/* text written to a file in the tests' scratch directory; its path into path. */
 static void put(char *path, size_t n, const char *name, const char *text)
 {
-    const char *tmp = getenv("STOKE_TEST_TMP");
-    snprintf(path, n, "%s/%s", tmp ? tmp : ".", name);
+    tu_tmp_path(name, path, n);
     FILE *f = fopen(path, "w");
     assert_non_null(f);
     assert_int_equal(fputs(text, f) >= 0, 1);
@@ -48,6 +48,7 @@ static void test_sections(void **state)
     want(path, "profile dev", "region", "eu-west-1");
     want(path, "default", "region", NULL);
     want(path, "dev", "aws_access_key_id", NULL);
+    unlink(path);
 }
 
 /* A line longer than 4095 bytes: a session token of 5000 bytes was cut there (read in 4096-byte
@@ -72,6 +73,7 @@ static void test_long_lines(void **state)
     put(path, sizeof(path), "aws_long.ini", text);
     want(path, "default", "aws_access_key_id", "AKIA1");
     want(path, "default", "aws_session_token", token);
+    unlink(path);
     free(token);
     free(text);
 }
