@@ -55,6 +55,10 @@ static void test_query(void **state)
     check("https://h/x.tar?X-Amz-Signature=dead&X-Amz-Date=1&sig=S&x-api-key=K",
           "https://h/x.tar?X-Amz-Signature=***&X-Amz-Date=1&sig=***&x-api-key=***");
     check("http://u:p/w@h/x.tar?token=T#frag", "http://h/x.tar?token=***#frag");
+    /* a URL right after '?' or '&' whose text up to an '=' ends like a secret's name: it was
+     * copied whole as that name, password and all ("?http://u:SECRET@h2/x/token=***") */
+    check("https://h/?http://u:SECRET@h2/x/token=zz", "https://h/?http://h2/x/token=zz");
+    check("https://h/x?a&http://u:SECRET@h2/api_key=1", "https://h/x?a&http://h2/api_key=1");
 }
 
 int main(void)

@@ -40,6 +40,16 @@ static int secret_param(const char *key, size_t len)
     return secret_name(key, len, 0);
 }
 
+/* 1 when s[0 .. n) holds "://": a URL's start, not a parameter's name (a URL right after a
+ * '?' or '&'), whose user info is to be looked at. */
+static int holds_url(const char *s, size_t n)
+{
+    for (size_t i = 0; i + 2 < n; i++)
+        if (s[i] == ':' && s[i + 1] == '/' && s[i + 2] == '/')
+            return 1;
+    return 0;
+}
+
 /* Byte c at out[(*k)++], written when it fits in n with the final 0 (as snprintf). */
 static void put(char *out, size_t n, size_t *k, char c)
 {
@@ -88,7 +98,7 @@ size_t stoke__remote_redact(char *out, size_t n, const char *s)
         } else if (param) { /* a parameter's name: its value kept, or "***" for a secret */
             param = 0;
             size_t key = strcspn(s, "=&#, \t\r\n");
-            if (s[key] == '=' && secret_param(s, key)) {
+            if (s[key] == '=' && secret_param(s, key) && !holds_url(s, key)) {
                 for (size_t i = 0; i <= key; i++)
                     put(out, n, &k, *s++);
                 s += strcspn(s, "&#, \t\r\n");
