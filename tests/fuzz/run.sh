@@ -1,13 +1,16 @@
 #!/bin/sh
 # Builds a libFuzzer target with clang and runs it for a bounded time over its committed seed
 # corpus: TARGET npy (default: the .npy header parser, corpus/), tar (the tar parser,
-# corpus_tar/) or idx (the sidecar index parser, corpus_idx/).  Exits non-zero if the fuzzer finds a crash, a sanitizer
+# corpus_tar/), idx (the sidecar index parser, corpus_idx/), answer (a remote HTTP answer's
+# headers and body, corpus_answer/; needs libcurl's headers), aws (the AWS credentials and
+# config files, corpus_aws/; needs libcurl) or spec (shard patterns' brace expansion and the
+# redaction of URLs, corpus_spec/).  Exits non-zero if the fuzzer finds a crash, a sanitizer
 # report or a broken invariant (the reproducer is left in BUILD_DIR/fuzz-artifacts/).
 #
 #     tests/fuzz/run.sh BUILD_DIR [SECONDS] [TARGET]     (default 60 s, npy; CC overrides clang)
 set -eu
 if [ $# -lt 1 ]; then
-    echo "usage: $0 BUILD_DIR [SECONDS]" >&2
+    echo "usage: $0 BUILD_DIR [SECONDS] [TARGET]" >&2
     exit 2
 fi
 build=$1
@@ -17,7 +20,10 @@ case $target in
 npy) name=fuzz_npy_header corpus=corpus dict="-dict=$(cd "$(dirname "$0")" && pwd)/npy.dict" maxlen=4096 ;;
 tar) name=fuzz_tar_header corpus=corpus_tar dict= maxlen=16384 ;;
 idx) name=fuzz_tar_index corpus=corpus_idx dict= maxlen=4096 ;;
-*) echo "$0: unknown target '$target' (npy, tar or idx)" >&2; exit 2 ;;
+answer) name=fuzz_remote_answer corpus=corpus_answer dict= maxlen=4096 ;;
+aws) name=fuzz_remote_aws corpus=corpus_aws dict= maxlen=8192 ;;
+spec) name=fuzz_spec corpus=corpus_spec dict= maxlen=1024 ;;
+*) echo "$0: unknown target '$target' (npy, tar, idx, answer, aws or spec)" >&2; exit 2 ;;
 esac
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
