@@ -112,10 +112,16 @@ def _dropin_end():
 
 
 def _is_iterable_dataset(ds):
+    """Whether ds is iterated (an IterableDataset) rather than indexed.  With torch, only an
+    IterableDataset, as torch decides: any other dataset is map-style there, so a plain iterator
+    (a generator object) raises torch's TypeError from len() rather than being iterated by each
+    worker process from its own copy (every item once per worker).  Without torch, duck-typed:
+    no __getitem__, or an __iter__ without a __len__."""
     try:
         from torch.utils.data import IterableDataset
     except Exception:  # noqa: BLE001 - not installed, or an install that fails to import
-        return not hasattr(ds, "__len__")
+        return not hasattr(ds, "__getitem__") or (
+            hasattr(ds, "__iter__") and not hasattr(ds, "__len__"))
     return isinstance(ds, IterableDataset)
 
 
@@ -416,8 +422,7 @@ class _DataLoader(_stoke.Loader):
                             % type(generator).__name__)
         if persistent_workers and num_workers == 0:
             raise ValueError("persistent_workers option needs num_workers > 0")
-        iterable = not hasattr(dataset, "__getitem__") or (
-            hasattr(dataset, "__iter__") and _is_iterable_dataset(dataset))
+        iterable = _is_iterable_dataset(dataset)
         if iterable:
             if shuffle not in (None, False):
                 raise ValueError("DataLoader with IterableDataset: expected unspecified "
