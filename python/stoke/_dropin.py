@@ -993,7 +993,7 @@ class _Collator:
             out = block.tensor(elem.dtype, (len(batch),) + tuple(elem.shape))
             try:
                 try:
-                    torch.stack(batch, 0, out=out)
+                    res = torch.stack(batch, 0, out=out)
                     stacked = True
                 except RuntimeError:
                     if not self.promote:
@@ -1009,14 +1009,19 @@ class _Collator:
                         for d in set(dts):
                             dtype = torch.promote_types(dtype, d)
                         out = block.tensor(dtype, (len(batch),) + tuple(elem.shape))
-                        torch.stack(batch, 0, out=out)
+                        res = torch.stack(batch, 0, out=out)
                     elif not stacked:
-                        torch.stack(batch, 0, out=out)  # (its error again: not the dtypes)
+                        res = torch.stack(batch, 0, out=out)  # (its error: not the dtypes)
             except RuntimeError as e:
                 err = _grad_error(e, batch)
                 if err is None:
                     raise
                 raise err from e
+            if self.promote and type(elem) is not torch.Tensor and type(res) is not type(out):
+                # samples of a tensor subclass: the type torch.stack gives (torch's
+                # num_workers=0 keeps it through __torch_function__; nn.Parameter's is
+                # disabled: a plain tensor), over the block's bytes
+                return res
             return out
         if np is not None and isinstance(elem, np.ndarray):
             if elem.dtype.kind not in _NP_KINDS or elem.dtype.hasobject:

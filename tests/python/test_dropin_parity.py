@@ -36,4 +36,47 @@ def plain_iterator_is_map_style():
             T.check(got == ref, "%s workers=%d: stoke %r, torch %r" % (what, nw, got, ref))
 
 
+class Sub(torch.Tensor):
+    pass
+
+
+class Subclassed(torch.utils.data.Dataset):
+    """Samples of a tensor subclass (or nn.Parameters), alone or in a dict; n floats each."""
+
+    def __init__(self, kind, n):
+        self.kind, self.n = kind, n
+
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        t = torch.arange(float(self.n)) + i
+        if self.kind == "param":
+            return torch.nn.Parameter(t, requires_grad=False)
+        t = t.as_subclass(Sub)
+        return {"x": t, "i": i} if self.kind == "dict" else t
+
+
+@L.case
+def tensor_subclass_kept_by_default_collate():
+    """torch's default_collate stacks a subclass's samples with torch.stack, which keeps the
+    subclass (an nn.Parameter's __torch_function__ is disabled: a plain tensor); stoke's
+    num_workers=0 returned a plain torch.Tensor.  Every batch held at once (list(loader):
+    the later ones copied out of the loader's blocks), small samples and big ones."""
+    for kind in ("sub", "param", "dict"):
+        for n in (3, 40000):
+            what = "%s n=%d" % (kind, n)
+            ref, got = L.pair(Subclassed(kind, n), batch_size=4, num_workers=0)
+            r, s = list(ref), list(got)
+            T.check(len(r) == len(s) == 10, "%s: %d batches, torch %d" % (what, len(s), len(r)))
+            for k, (a, b) in enumerate(zip(r, s)):
+                if kind == "dict":
+                    T.check(torch.equal(a["i"], b["i"]), "%s batch %d: i" % (what, k))
+                    a, b = a["x"], b["x"]
+                T.check(type(b) is type(a), "%s batch %d: stoke %s, torch %s"
+                        % (what, k, type(b).__name__, type(a).__name__))
+                T.check(torch.equal(a.as_subclass(torch.Tensor), b.as_subclass(torch.Tensor)),
+                        "%s batch %d: values" % (what, k))
+
+
 L.run_cases()
