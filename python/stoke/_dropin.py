@@ -142,6 +142,29 @@ class _KeptError:
         self.token = token
 
 
+class _Rebuild:
+    """In a mailbox: a worker process's exception that does not pickle as itself (an attribute
+    holding a lock, an __init__ with other arguments, a long message), made again in the
+    consumer's process as torch's ExceptionWrapper.reraise() makes every worker's: its type
+    called with torch's message ("Caught ValueError in DataLoader worker process 0.\nOriginal
+    Traceback ..."), a RuntimeError with that message where the type cannot be made so."""
+
+    def __init__(self, type_, msg):
+        self.type, self.msg = type_, msg
+
+    def make(self):
+        t, msg = self.type, self.msg
+        try:
+            if t is KeyError:  # (torch's KeyErrorMessage: its repr() is the text itself)
+                from torch._utils import KeyErrorMessage
+                msg = KeyErrorMessage(msg)
+            elif getattr(t, "message", None):
+                return t(message=msg)
+            return t(msg)
+        except Exception:  # noqa: BLE001 - torch's fallback (it catches TypeError)
+            return RuntimeError(msg)
+
+
 class _Abandoned(Exception):
     """Raised between two samples of a batch nobody wants any more (its run was abandoned: a
     new iteration, set_epoch, a restored state, an error that ended the epoch, the loader's
@@ -2339,7 +2362,7 @@ class _Writer:
         return what if index is None else "%s (dataset index %d)" % (what, index)
 
     def keep_error(self, i, e, index, worker=0):
-        tb = traceback.format_exc()
+        tb = full = traceback.format_exc()
         if len(tb) > MAIL_ENTRY // 2:
             tb = "...\n" + tb[-(MAIL_ENTRY // 2):]
         try:
@@ -2358,17 +2381,25 @@ class _Writer:
             payload = pickle.dumps((_KeptError(token), tb, index, os.getpid(), worker))
         elif not payload or len(payload) > MAIL_ENTRY - 16:
             # a worker process's, too long or not to be pickled (an attribute holding a lock or
-            # a file): its type kept where it makes one from its message (as torch's
-            # ExceptionWrapper rebuilds every worker's: `except ValueError` still catches it),
-            # a long message cut
-            text = str(e)
+            # a file, an __init__ with other arguments): made again in the consumer's process
+            # from its type and torch's message (_Rebuild), as torch's ExceptionWrapper
+            # rebuilds every worker's (`except ValueError` still catches it); a long
+            # traceback keeps its last frames and its exception line's start
+            text = full
             if len(text) > MAIL_ENTRY // 4:
-                text = text[:MAIL_ENTRY // 4] + " ... (message cut by stoke)"
+                only = "".join(traceback.format_exception_only(type(e), e))
+                head = text[:-len(only)] if text.endswith(only) else text
+                if len(only) > MAIL_ENTRY // 8:
+                    only = only[:MAIL_ENTRY // 8] + " ... (message cut by stoke)\n"
+                text = "...\n" + head[-(MAIL_ENTRY // 8):] + only
+            msg = "Caught %s in DataLoader worker process %d.\nOriginal %s" % (
+                type(e).__name__, worker, text)
             try:
-                payload = pickle.dumps((type(e)(text), tb, index, os.getpid(), worker))
+                payload = pickle.dumps((_Rebuild(type(e), msg), tb, index, os.getpid(), worker))
                 pickle.loads(payload)
-            except Exception:  # noqa: BLE001 - a constructor with other arguments
-                payload = b""
+            except Exception:  # noqa: BLE001 - a class pickle cannot name (made in a function)
+                payload = pickle.dumps((_Rebuild(RuntimeError, msg), tb, index, os.getpid(),
+                                        worker))
         if not payload or len(payload) > MAIL_ENTRY - 16:
             text = ("%s: %s" % (type(e).__name__, e))[:MAIL_ENTRY // 4]
             payload = pickle.dumps((RuntimeError(text), tb, index, os.getpid(), worker))
@@ -2661,6 +2692,8 @@ class _Writer:
             exc = self.kept_errors.pop(exc.token, None)
             if exc is None:
                 return None
+        elif type(exc) is _Rebuild:  # its message holds the traceback, as torch's
+            exc, tb = exc.make(), ""
         m = _LOADER_SAMPLE.search(str(err))
         if m and (not self.iterable or self.iter_map):  # (C's sample K is batch K)
             _say(err, str(err), m, "batch %s" % m.group(2))
@@ -2668,8 +2701,9 @@ class _Writer:
                 err.sample = index
         where = "in stoke worker %d (pid %d)" % (worker, pid) if pid != os.getpid() else \
             "in the loading thread"
-        note = "%s, batch %s%s:\n%s" % (
-            where, batch, "" if index is None else ", dataset index %d" % index, tb.rstrip())
+        note = "%s, batch %s%s%s" % (
+            where, batch, "" if index is None else ", dataset index %d" % index,
+            ":\n" + tb.rstrip() if tb else "")
         if hasattr(exc, "add_note"):
             exc.add_note(note)
         else:  # Python < 3.11: the traceback text in the message

@@ -1,6 +1,8 @@
 """stoke.DataLoader against torch.utils.data.DataLoader where a review found them apart (issue
 27's drop-in): each case runs the same dataset through both loaders, at 0 and 2 workers, and
 compares what comes out (values, types) or what is raised (type, message)."""
+import threading
+
 import stoke_testlib as T
 
 T.no_forked_python_under_tsan()
@@ -77,6 +79,59 @@ def tensor_subclass_kept_by_default_collate():
                         % (what, k, type(b).__name__, type(a).__name__))
                 T.check(torch.equal(a.as_subclass(torch.Tensor), b.as_subclass(torch.Tensor)),
                         "%s batch %d: values" % (what, k))
+
+
+class Locked(Exception):
+    """An exception that does not pickle: its __init__ gives it a lock."""
+
+    def __init__(self, msg):
+        super().__init__(msg)
+        self.lock = threading.Lock()
+
+
+class LockedTwo(Exception):
+    """One that does not pickle, and that its message alone does not make (two arguments)."""
+
+    def __init__(self, msg, code):
+        super().__init__(msg, code)
+        self.lock = threading.Lock()
+
+
+class Raises(torch.utils.data.Dataset):
+    def __init__(self, cls):
+        self.cls = cls
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        if self.cls is Locked:
+            raise Locked("bad record %d" % i)
+        raise LockedTwo("bad record %d" % i, 7)
+
+
+@L.case
+def worker_exception_not_pickled_as_torch():
+    """A worker's exception that does not pickle: torch's ExceptionWrapper raises
+    exc_type("Caught <type> in DataLoader worker process <w>.\nOriginal <traceback>"), or a
+    RuntimeError with that message when the type cannot be made from it.  stoke's worker made
+    type(e)(str(e)) and, that not pickling either, sent a RuntimeError("Locked: ...")."""
+    for cls in (Locked, LockedTwo):
+        caught = []
+        for make in (L.TorchLoader, L.Loader):
+            try:
+                list(make(Raises(cls), batch_size=4, num_workers=2))
+                caught.append(None)
+            except Exception as e:  # noqa: BLE001 - compared with torch's
+                lines = str(e).rstrip().splitlines()
+                caught.append((type(e), lines[0], lines[1], lines[-1]))
+        ref, got = caught
+        want = RuntimeError if cls is LockedTwo else cls
+        T.check(ref is not None and ref[0] is want, "torch %s: %r" % (cls.__name__, ref))
+        T.check(ref[1] == "Caught %s in DataLoader worker process 0." % cls.__name__
+                and ref[2] == "Original Traceback (most recent call last):",
+                "torch %s: %r" % (cls.__name__, ref))
+        T.check(got == ref, "%s: stoke %r, torch %r" % (cls.__name__, got, ref))
 
 
 L.run_cases()
