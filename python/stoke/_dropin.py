@@ -1165,6 +1165,7 @@ class _Plan:
     H_AGAIN = 10  # a map epoch's plans made again (_Writer.again): its workers start it again
     H_PASS = 11  # the passes begun (each set_epoch hook but a plan made again)
     H_CUT = 12  # 1: the pass before H_PASS's was left before its end (_Writer.pass_reseed)
+    H_KEYS = 13  # the type of the sampler's keys: 0 ints, else _key_kind's code (_key_objs)
 
     def __init__(self, nbatches, nidx, nmail, entries=MAIL_ENTRIES, patch=False):
         self.nmail = nmail
@@ -1218,10 +1219,11 @@ class _Plan:
         """The planned epoch's batches."""
         return int(self.head[self.H_NBATCH])
 
-    def write(self, epoch, batches, base_seed, lists=False):
+    def write(self, epoch, batches, base_seed, lists=False, keys=0):
         """The epoch's batches: a list of index lists, or (order, batch_size, drop_last) for
         an order cut into batches (no sampler: written without a Python list).  lists: each
-        batch is one __getitem__ call with its list of keys (H_LISTS)."""
+        batch is one __getitem__ call with its list of keys (H_LISTS).  keys: the type of the
+        sampler's keys (H_KEYS, _key_kind)."""
         if isinstance(batches, tuple):
             order, bs, drop_last = batches
             nb = len(order) // bs if drop_last else -(-len(order) // bs)
@@ -1253,6 +1255,7 @@ class _Plan:
         self.head[self.H_SEED] = base_seed
         self.head[self.H_NIDX] = n
         self.head[self.H_LISTS] = int(lists)
+        self.head[self.H_KEYS] = keys
         if self.wrap and n:  # a TensorDataset's rows: ds[-1] is the last, as torch's indexing
             v = self.idx[:n]
             neg = v < 0
@@ -1354,18 +1357,68 @@ class _Plan:
             struct.pack_into("<Q", self.mm, self.off_mail + slot * self.mailbox, 0)
 
 
-def _keys(items, what="sampler"):
+# The type of a pass's keys, in the plan's H_KEYS: 0 ints (or keys of several types), else
+# 1 + its place here, NumPy's integer scalars then torch's 0-dim tensors (a fixed table: the
+# worker processes read the code, forked before any pass)
+_NP_KEYS = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+_TORCH_KEYS = ("int8", "int16", "int32", "int64", "uint8")
+
+
+def _key_kind(items):
+    """H_KEYS of a list of keys (or of an array or tensor of them): 0 unless every key is a
+    NumPy integer scalar of one dtype, or a CPU 0-dim torch tensor of one integer dtype."""
+    t = type(items)
+    if np is not None and t is np.ndarray:
+        name = items.dtype.name
+        return 1 + _NP_KEYS.index(name) if name in _NP_KEYS else 0
+    if torch is not None and t is torch.Tensor:
+        name = str(items.dtype)[6:]
+        return 1 + len(_NP_KEYS) + _TORCH_KEYS.index(name) if name in _TORCH_KEYS else 0
+    if not items or type(items[0]) is int:  # (the common case: one look)
+        return 0
+    k0 = items[0]
+    t = type(k0)
+    if np is not None and isinstance(k0, np.integer) and k0.dtype.name in _NP_KEYS:
+        code = 1 + _NP_KEYS.index(k0.dtype.name)
+        same = all(type(k) is t for k in items)
+    elif torch is not None and t is torch.Tensor and str(k0.dtype)[6:] in _TORCH_KEYS:
+        code = 1 + len(_NP_KEYS) + _TORCH_KEYS.index(str(k0.dtype)[6:])
+        dt = k0.dtype
+        same = all(type(k) is t and k.dtype is dt and k.dim() == 0 and k.device.type == "cpu"
+                   for k in items)
+    else:
+        return 0
+    return code if same else 0
+
+
+def _key_objs(indices, code):
+    """The keys H_KEYS `code` says the sampler gave, made again from the plan's ints, for
+    __getitem__ (torch passes the sampler's keys as they are)."""
+    if code <= len(_NP_KEYS):
+        return list(np.array(indices, dtype=_NP_KEYS[code - 1]))
+    dt = getattr(torch, _TORCH_KEYS[code - 1 - len(_NP_KEYS)])
+    return [torch.tensor(j, dtype=dt) for j in indices]
+
+
+def _keys(items, what="sampler", kinds=None):
     """A sampler's keys as a list of ints: ints (bool included) and NumPy or torch integer
     scalars (operator.index), as int64 in the plan; anything else (a str, a float) is a
     TypeError, where torch would pass it to __getitem__ as it is (int() would have made 1.7
-    index 1 and "10" index 10: silently other samples)."""
+    index 1 and "10" index 10: silently other samples).  kinds (a list): the keys' H_KEYS
+    code is appended (_key_kind), so that __getitem__ gets them as the sampler gave them."""
     if np is not None and type(items) is np.ndarray and items.dtype.kind in "iub":
+        if kinds is not None:
+            kinds.append(_key_kind(items))
         return items.tolist()
     if torch is not None and type(items) is torch.Tensor and not (
             items.is_floating_point() or items.is_complex()):
+        if kinds is not None:
+            kinds.append(_key_kind(items))
         return items.tolist()
     if type(items) is not list:
         items = list(items)
+    if kinds is not None:
+        kinds.append(_key_kind(items))
     try:
         return list(map(operator.index, items))
     except TypeError:
@@ -1533,6 +1586,7 @@ class _Writer:
         self.probe_pid = None     # measure()'s child, answered and exiting: reap_probe() reaps it
         self.iter_map = iterable and processes
         self.lists = False        # batches() of the epoch: each batch one call with its keys
+        self.keys = 0             # batches() of the epoch: its keys' type (_Plan.H_KEYS)
         # A sampler (batch_sampler) object: its order is taken when iteration starts, as
         # torch's iter() does (sampler.set_epoch() after the loader is made counts), not at
         # construction: the creation's set_epoch hook leaves the plan to the first iteration
@@ -1612,11 +1666,11 @@ class _Writer:
             n = 0
         return _one_pass(s, what, _sampler_len(s, what), n)
 
-    def sample_order(self, epoch):
+    def sample_order(self, epoch, kinds=None):
         """The epoch's dataset indices in order: a list (a sampler's) or an int64 array."""
         if self.sampler is not None:
             # batch_size is set here (batches())
-            return _keys(self.one_pass(self.sampler, "sampler"))
+            return _keys(self.one_pass(self.sampler, "sampler"), kinds=kinds)
         n = self.planned_len = len(self.dataset)
         order = _permutation(n, self.shuffle_seed(), epoch) if self.shuffle else np.arange(n)
         if self.world > 1:  # DistributedSampler's split: padded to a multiple of the ranks
@@ -1629,10 +1683,18 @@ class _Writer:
 
     def batches(self, epoch):
         """The epoch's batches for _Plan.write: lists of indices, or (order, batch_size,
-        drop_last) without a sampler."""
+        drop_last) without a sampler.  Sets lists, and keys: the keys' type (H_KEYS)."""
         self.lists = False
+        self.keys = 0
+        kinds = []
+        out = self._batches(epoch, kinds)
+        # one type for the pass (torch passes each key as it is: a pass mixing types gets ints)
+        self.keys = kinds[0] if kinds and kinds.count(kinds[0]) == len(kinds) else 0
+        return out
+
+    def _batches(self, epoch, kinds):
         if self.batch_sampler is not None:
-            return [_keys(b, "batch_sampler")
+            return [_keys(b, "batch_sampler", kinds)
                     for b in self.one_pass(self.batch_sampler, "batch_sampler")]
         bs = self.batch_size
         if bs is None and self.sampler is not None:
@@ -1647,9 +1709,9 @@ class _Writer:
                         raise TypeError("stoke: the sampler mixes lists of keys and single keys "
                                         "(%r): a stoke.DataLoader takes one or the other in an "
                                         "epoch" % (k,))
-                return [_keys(k) for k in items]
-            return [[i] for i in _keys(items)]
-        order = self.sample_order(epoch)
+                return [_keys(k, kinds=kinds) for k in items]
+            return [[i] for i in _keys(items, kinds=kinds)]
+        order = self.sample_order(epoch, kinds)
         if self.sampler is None and bs is not None:
             return order, bs, self.drop_last
         order = list(order) if self.sampler is not None else order.tolist()
@@ -1708,7 +1770,8 @@ class _Writer:
     def plan_now(self, epoch):
         """At the first iteration, when the creation's hook left the plan to it (defer): the
         sampler's order of now, under the base seed that hook drew."""
-        self.plan.write(epoch, self.batches(epoch), self.plan.base_seed(), self.lists)
+        self.plan.write(epoch, self.batches(epoch), self.plan.base_seed(), self.lists,
+                        self.keys)
         self.planned = True
         if torch is not None:  # (a sampler drawing from the global RNG drew)
             self.rng_after = self.rng_state()
@@ -1799,7 +1862,7 @@ class _Writer:
                     self.planned = False
                     if again:  # (the workers, made no batch of the new plan, see it with it)
                         self.plan.head[_Plan.H_AGAIN] += 1
-                    self.plan.write(epoch, self.batches(epoch), seed, self.lists)
+                    self.plan.write(epoch, self.batches(epoch), seed, self.lists, self.keys)
                     self.planned = True
                 if torch is not None:  # after the sampler's draws too
                     self.rng_after = self.rng_state()
@@ -2002,6 +2065,9 @@ class _Writer:
         gone = _stoke._abandoned  # asked before each sample: a batch nobody wants stops there
         ds, wk = self.dataset, self.worker
         cur = self.plan.cur_mv if wk >= 0 else None  # a worker that dies names its sample
+        code = self.plan.head[_Plan.H_KEYS]
+        if code:  # the sampler's keys were NumPy scalars or tensors: __getitem__ gets those
+            indices = _key_objs(indices, int(code))
         if self.keyed and self.plan.head[_Plan.H_LISTS]:
             # batch_size=None, the sampler's item a list of keys: __getitem__ takes the list
             where[0] = indices[0] if indices else None
@@ -2357,6 +2423,8 @@ class _Writer:
         return e
 
     def fail(self, i, worker, e, index):
+        if index is not None:  # (a sampler's NumPy or tensor key: _key_objs)
+            index = operator.index(index)
         self.keep_error(i, e, index, worker)
         what = "%s: %s" % (type(e).__name__, e)
         return what if index is None else "%s (dataset index %d)" % (what, index)
@@ -2462,7 +2530,7 @@ class _Writer:
         torch's first next().  Returns the bytes as _probe does."""
         try:
             seed = self.base_seed_for()
-            self.plan.write(0, self.batches(0), seed, self.lists)
+            self.plan.write(0, self.batches(0), seed, self.lists, self.keys)
         except Exception:  # noqa: BLE001 - the hook meets it again and reports it
             return _PROBE_FALLBACK
         self.preplanned = True

@@ -7,6 +7,7 @@ import stoke_testlib as T
 
 T.no_forked_python_under_tsan()
 
+np = T.need("numpy")
 import dropin_lib as L  # noqa: E402
 
 torch = L.torch
@@ -132,6 +133,77 @@ def worker_exception_not_pickled_as_torch():
                 and ref[2] == "Original Traceback (most recent call last):",
                 "torch %s: %r" % (cls.__name__, ref))
         T.check(got == ref, "%s: stoke %r, torch %r" % (cls.__name__, got, ref))
+
+
+class Keys(torch.utils.data.Sampler):
+    """Keys 3, 1, 4, 0, 2, 5 as kind makes them: int, NumPy scalars, 0-dim tensors, or a mix."""
+
+    def __init__(self, kind):
+        self.kind = kind
+
+    def __len__(self):
+        return 6
+
+    def __iter__(self):
+        for n, i in enumerate((3, 1, 4, 0, 2, 5)):
+            yield self.make(i, n)
+
+    def make(self, i, n):
+        k = self.kind
+        if k == "mixed":
+            k = "np.int64" if n % 2 else "int"
+        if k == "int":
+            return i
+        if k.startswith("np."):
+            return getattr(np, k[3:])(i)
+        return torch.tensor(i, dtype=getattr(torch, k[6:]))
+
+
+class KeyTypes(torch.utils.data.Dataset):
+    """Sample i: the key's type (and dtype) as __getitem__ got it, and its value."""
+
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        if isinstance(i, list):
+            return [self[k] for k in i]
+        name = type(i).__name__
+        if isinstance(i, torch.Tensor):
+            name += "/%s/%d" % (i.dtype, i.dim())
+        return (name, int(i))
+
+
+@L.case
+def sampler_keys_reach_getitem_as_given():
+    """torch passes the sampler's keys to __getitem__ unchanged: NumPy integer scalars, 0-dim
+    tensors, a static array's or tensor's elements (a SubsetRandomSampler over an array
+    yields them).  stoke planned them as int64 and passed ints.  A pass of mixed types gets
+    ints (stoke plans one type a pass)."""
+    BS = torch.utils.data.BatchSampler
+    samplers = [(k, lambda k=k: Keys(k)) for k in
+                ("int", "np.int64", "np.int32", "np.uint8", "torch.int64", "torch.int32")]
+    samplers += [("array", lambda: np.array([3, 1, 4, 0, 2, 5])),
+                 ("tensor", lambda: torch.tensor([3, 1, 4, 0, 2, 5]))]
+    for name, make in samplers:
+        for nw in (0, 2):
+            for kw in ({"batch_size": 2}, {"batch_size": None},
+                       {"batch_sampler": "BS"}, {"batch_size": None, "sampler": "BS"}):
+                what = "%s workers=%d %s" % (name, nw, kw)
+                args = dict(kw)
+                if args.get("batch_sampler") == "BS":
+                    args["batch_sampler"] = BS(make(), 4, False)
+                elif args.get("sampler") == "BS":
+                    args["sampler"] = BS(make(), 4, False)
+                else:
+                    args["sampler"] = make()
+                ref = list(L.TorchLoader(KeyTypes(), num_workers=nw, **args))
+                got = list(L.Loader(KeyTypes(), num_workers=nw, **args))
+                T.check(repr(got) == repr(ref), "%s: stoke %r, torch %r" % (what, got, ref))
+    # mixed: the values are torch's, the keys ints
+    got = list(L.Loader(KeyTypes(), sampler=Keys("mixed"), batch_size=None))
+    T.check([list(x) for x in got] == [["int", i] for i in (3, 1, 4, 0, 2, 5)],
+            "mixed: %r" % (got,))
 
 
 L.run_cases()
