@@ -661,6 +661,15 @@ class _DataLoader(_stoke.Loader):
             # for (stoke timed the caller's own batch and raised a LoaderError after it came)
             raise AssertionError("timeout=%s needs num_workers > 0 (torch asserts timeout == 0 "
                                  "when it iterates without workers)" % (self.timeout,))
+        w.lazy = w.lazy_order()
+        try:
+            return self._pass_hooks(w)
+        finally:
+            w.lazy = False
+
+    def _pass_hooks(self, w):
+        """_pass's planning and the C iterator, w.lazy set: with num_workers=0 and a sampler
+        object the sampler is read at the first next() (_batches), as torch's."""
         first_pass = not w.started
         if first_pass:
             # (the workers start at this pass's first next(): none reads the patch, nor the rows)
@@ -677,14 +686,18 @@ class _DataLoader(_stoke.Loader):
                 self._epoch_hook(super().set_epoch, self.epoch)
             elif not w.planned:
                 # the sampler's order is taken now, as torch's iter() takes it (no batch was
-                # made yet: the workers start at the first next())
-                w.plan_now(self.epoch)
+                # made yet: the workers start at the first next()); with num_workers=0 at
+                # the first next(), as torch's single-process iterator takes it
+                if w.lazy:
+                    w.pending = True
+                else:
+                    w.plan_now(self.epoch)
             elif w.plan_stale():  # (construction planned epoch 0)
                 self._plan_again()
             self._first_iter = False
         elif self._fresh_plan and w.planned and w.plan_stale():  # (set_epoch, load_state_dict)
             self._plan_again()
-        elif not w.planned and not w.iterable:
+        elif not w.planned and not w.iterable and not w.pending:
             # the epoch's planning failed (its sampler raised in set_epoch or at the start of
             # this epoch's pass): the epoch again, its hook reading the sampler again (workers
             # may have made batches of the last plan since: the new run discards them), never
@@ -822,6 +835,12 @@ class _DataLoader(_stoke.Loader):
     def _batches(self, it, len_called, st):
         """The pass's batches from C iterator `it`; st: what the pass counted, kept when the
         generator is made again (_Pass).  Its warnings' stacklevels count _Pass.__next__."""
+        if st.get("unplanned"):  # the sampler raised at the first next(): the pass is over,
+            return                 # as torch's (its sampler's iterator is)
+        if self._writer.pending:  # (num_workers=0: iter() left the sampler's read to here)
+            st["unplanned"] = True
+            self._writer.plan_pending()
+            del st["unplanned"]
         decode = self._writer.decode
         ended = st["ended"]  # an iterable dataset in worker processes: the exhausted workers
         end, skipped = _dropin_end()

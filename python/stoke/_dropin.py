@@ -1595,6 +1595,11 @@ class _Writer:
         self.defer = not iterable and not self.static_order() and (
             sampler is not None or batch_sampler is not None)
         self.planned = True       # False: the first iteration writes the epoch's plan
+        # num_workers=0 with a sampler object: iter()'s hooks leave the sampler's read to the
+        # pass's first next() (plan_pending), as torch's single-process iterator draws its
+        # indices lazily (a sampler.set_epoch() between iter() and next() counts)
+        self.lazy = False         # DataLoader._pass sets it around iter()'s hooks
+        self.pending = False      # the plan of H_EPOCH waits for the first next()
         self.planned_len = None   # len(dataset) the last plan without a sampler was of
         self.iter_run = -1        # the plan's H_RUN this worker process's iterators are of
         self.iter_at = 0          # its run's iterator: _Plan.ITER_FRESH, LOST or DONE
@@ -1773,8 +1778,19 @@ class _Writer:
         self.plan.write(epoch, self.batches(epoch), self.plan.base_seed(), self.lists,
                         self.keys)
         self.planned = True
+        self.pending = False
         if torch is not None:  # (a sampler drawing from the global RNG drew)
             self.rng_after = self.rng_state()
+
+    def lazy_order(self):
+        """Whether iter() leaves the sampler's read to the first next() (lazy): no worker
+        (the batches are made in next()), a sampler object (one with state)."""
+        return self.num_workers == 0 and not self.iterable and not self.static_order()
+
+    def plan_pending(self):
+        """The pass's first next(), when iter() left the plan to it (pending): the sampler is
+        read now, as torch's single-process iterator reads it."""
+        self.plan_now(int(self.plan.head[_Plan.H_EPOCH]))
 
     def first_batch(self):
         b = self.batches(0)
@@ -1853,6 +1869,11 @@ class _Writer:
                 elif self.defer:  # the creation's: the first iteration reads the sampler
                     self.defer = False
                     self.planned = False
+                    self.plan.head[_Plan.H_EPOCH] = epoch
+                    self.plan.head[_Plan.H_SEED] = seed
+                elif self.lazy and not again:  # iter()'s, num_workers=0: the first next() reads it
+                    self.planned = False
+                    self.pending = True
                     self.plan.head[_Plan.H_EPOCH] = epoch
                     self.plan.head[_Plan.H_SEED] = seed
                 else:

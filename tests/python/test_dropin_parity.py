@@ -206,4 +206,83 @@ def sampler_keys_reach_getitem_as_given():
             "mixed: %r" % (got,))
 
 
+class EpochSampler(torch.utils.data.Sampler):
+    """Epoch e's order: 4 keys from 4 * e (mod 8); counts its passes."""
+
+    def __init__(self):
+        self.epoch, self.passes = 0, 0
+
+    def set_epoch(self, e):
+        self.epoch = e
+
+    def __len__(self):
+        return 4
+
+    def __iter__(self):
+        self.passes += 1
+        return iter([(4 * self.epoch + i) % 8 for i in range(4)])
+
+
+@L.case
+def sampler_set_epoch_after_iter():
+    """sampler.set_epoch(e) after iter(loader), before the first next(): torch's
+    single-process iterator draws the sampler's indices lazily, so epoch e's order comes; its
+    worker processes' iterator draws at iter() (prefetching), so the order set before.
+    stoke read the sampler at iter() at both: one epoch late with num_workers=0."""
+    for nw in (0, 2):
+        out, passes = [], []
+        for make in (L.TorchLoader, L.Loader):
+            s = EpochSampler()
+            loader = make(L.Indices(8), sampler=s, batch_size=2, num_workers=nw)
+            got = []
+            for e in range(3):
+                it = iter(loader)
+                s.set_epoch(e)
+                got.append([b.tolist() for b in it])
+            out.append(got)
+            passes.append(s.passes)
+        T.check(out[1] == out[0], "workers=%d: stoke %r, torch %r" % (nw, out[1], out[0]))
+        T.check(passes[1] == passes[0] == 3, "workers=%d: sampler passes: stoke %d, torch %d"
+                % (nw, passes[1], passes[0]))
+
+
+class FailsOnce(torch.utils.data.Sampler):
+    """Its first pass raises; later ones give 0..3."""
+
+    def __init__(self):
+        self.passes = 0
+
+    def __len__(self):
+        return 4
+
+    def __iter__(self):
+        self.passes += 1
+        if self.passes == 1:
+            raise ValueError("sampler broke")
+        return iter(range(4))
+
+
+@L.case
+def sampler_raising_at_first_next():
+    """With num_workers=0 the sampler is read at the first next(), as torch's: its error is
+    raised there, the pass is then over (StopIteration), and the next pass reads it again."""
+    out = []
+    for make in (L.TorchLoader, L.Loader):
+        loader = make(L.Indices(4), sampler=FailsOnce(), batch_size=2)
+        it = iter(loader)
+        seen = []
+        for _ in range(2):
+            try:
+                seen.append(next(it).tolist())
+            except StopIteration:
+                seen.append("StopIteration")
+            except Exception as e:  # noqa: BLE001 - compared with torch's
+                seen.append("%s: %s" % (type(e).__name__, e))
+        seen.append([b.tolist() for b in loader])
+        out.append(seen)
+    T.check(out[0] == ["ValueError: sampler broke", "StopIteration", [[0, 1], [2, 3]]],
+            "torch: %r" % (out[0],))
+    T.check(out[1] == out[0], "stoke %r, torch %r" % (out[1], out[0]))
+
+
 L.run_cases()
