@@ -837,6 +837,7 @@ class _DataLoader(_stoke.Loader):
         generator is made again (_Pass).  Its warnings' stacklevels count _Pass.__next__."""
         if st.get("unplanned"):  # the sampler raised at the first next(): the pass is over,
             return                 # as torch's (its sampler's iterator is)
+        self._writer.workers_began = True  # (a pass left from here on is cut: pass_reseed)
         if self._writer.pending:  # (num_workers=0: iter() left the sampler's read to here)
             st["unplanned"] = True
             self._writer.plan_pending()

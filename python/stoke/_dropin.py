@@ -1547,6 +1547,10 @@ class _Writer:
         self.epoch_rngs = None  # a worker process's RNG states at its epoch's start
         self.seen_pass = None  # a worker process's last pass (H_PASS)
         self.pass_ended = False  # the consumer's: its last pass's iterator reached its end
+        # the consumer's: a pass's batches were asked for (the workers started: persistent ones
+        # make the batches of each later pass from its start, asked for or not)
+        self.workers_began = False
+        self.cut_pending = None  # a worker process's: the pass to reseed for once seeded
         self.rng_after = None     # the RNG's state after the construction's base-seed draw
         self.reseed_only = False  # the next set_epoch hook draws the seed, keeps the batches
         self.iters = {}
@@ -1854,7 +1858,8 @@ class _Writer:
                     self.base_again if self.base_again is not None else self.base_seed_for(),
                     None)
                 if not again:  # a new pass (persistent workers: pass_reseed)
-                    self.plan.head[_Plan.H_CUT] = not self.pass_ended
+                    # (left before its end: a pass no worker could make a batch of is not)
+                    self.plan.head[_Plan.H_CUT] = self.workers_began and not self.pass_ended
                     self.plan.head[_Plan.H_PASS] += 1
                 self.pass_ended = False
                 if self.iterable:
@@ -2010,6 +2015,9 @@ class _Writer:
             if self.worker_init_fn is not None:
                 self.worker_init_fn(self.worker)
             self.epoch_rngs = _rng_states() if self.persistent else None
+            if self.cut_pending is not None:  # (pass_reseed)
+                p, self.cut_pending = self.cut_pending, None
+                self.reseed_for_pass(p)
         elif epoch != self.seeded_epoch:  # persistent workers: an epoch's RNGs at its start
             self.epoch_rngs = _rng_states()
         elif again != self.seeded_again and self.epoch_rngs is not None:
@@ -2040,14 +2048,22 @@ class _Writer:
         the batches it made, which depends on timing (torch's finish the batches sent, a
         count stoke's abandoned run does not keep).  They are seeded from the base seed, the
         worker and the pass's number instead: the same draws on every run of the script,
-        fresh ones each pass.  After a pass that ended, the RNGs go on as torch's."""
+        fresh ones each pass.  After a pass that ended, the RNGs go on as torch's.  So is a
+        worker that made nothing of the pass left (a process still starting when it was): it
+        is seeded first as at any start (start_worker_epoch: its worker_init_fn too), then
+        for this pass, as if it had made its share."""
         p = int(self.plan.head[_Plan.H_PASS])
         if p == self.seen_pass:
             return
-        began, self.seen_pass = self.seen_pass is not None, p
-        if not (began and self.persistent and self.seeded_epoch is not None
-                and self.plan.head[_Plan.H_CUT]):
+        self.seen_pass = p
+        if not (self.persistent and self.plan.head[_Plan.H_CUT]):
             return
+        if self.seeded_epoch is None:
+            self.cut_pending = p  # (start_worker_epoch, after its seeding)
+            return
+        self.reseed_for_pass(p)
+
+    def reseed_for_pass(self, p):
         mix = hashlib.blake2b(struct.pack("<qqq", self.seeded_base, self.worker, p),
                               digest_size=8, person=b"stoke-pass").digest()
         self.seed_rngs(int.from_bytes(mix, "little") >> 1)

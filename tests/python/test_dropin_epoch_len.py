@@ -6,6 +6,7 @@ as it is.  stoke fixed its batches per epoch at construction and raised "the sam
 batches for epoch E, its length says M".  Each case compares every epoch (its batches, their
 order where both are sequential, len(loader) before it) with torch's, at 0 and 2 workers."""
 import collections
+import os
 import random
 import time
 import warnings
@@ -435,6 +436,57 @@ def persistent_workers_after_a_pass_left_early():
             draws = [[d for b in p for _, d in b] for p in got[0]]
             T.check(len(set(draws[0] + draws[1])) == 24,
                     "%d persistent workers after %s: draws repeated: %s" % (nw, how, draws))
+
+
+class _Forks:
+    """Forks of this process and of the worker processes' zygote (counted in the parent of
+    each); the child of fork number `hold` sleeps 2 s first (a worker process still
+    starting), and says so in `said`."""
+    n = 0
+    hold = None
+    said = None
+
+
+def _forked():
+    if _Forks.n == _Forks.hold:
+        with open(_Forks.said, "w") as f:
+            f.write("held")
+        time.sleep(2.0)
+
+
+os.register_at_fork(before=lambda: setattr(_Forks, "n", _Forks.n + 1), after_in_child=_forked)
+
+
+@case
+def persistent_worker_that_made_nothing_of_a_left_pass():
+    """A pass left while one persistent worker process was still starting (it made nothing of
+    it): the next passes draw as when it had made its share (a break after a wait); it was
+    seeded at the next pass first (as torch's at its start), then for that pass, as the
+    others.  It drew torch's first-pass seeds there, which depended on whether it had started
+    in time (test_dropin_epoch_len failed 1 run in about 20)."""
+    L.Loader(SlowDrawing(6), batch_size=3, num_workers=2, max_batch_bytes=4096).__iter__()
+    _Forks.said = os.path.join(T.tmpdir(), "held")
+    got = []
+    for hold in (3, None):  # worker 1's fork held 2 s / not
+        torch.manual_seed(5)
+        # forks: 1 the zygote (max_batch_bytes: no probe child), 2 and 3 workers 0 and 1
+        _Forks.n, _Forks.hold = 0, hold
+        loader = L.Loader(SlowDrawing(12), batch_size=3, num_workers=2, persistent_workers=True,
+                          max_batch_bytes=4096)
+        t = time.monotonic()
+        for _ in loader:
+            if hold is None:
+                time.sleep(0.5)  # (worker 1 made its batches meanwhile)
+            else:  # (the held one is worker 1: worker 0 made batch 0 meanwhile)
+                T.check(time.monotonic() - t < 1.5 and os.path.exists(_Forks.said),
+                        "the held fork was not worker 1's (%.1f s)" % (time.monotonic() - t))
+            break
+        _Forks.hold = None
+        got.append(([b.tolist() for b in loader], [b.tolist() for b in loader]))
+        del loader
+    T.check(got[0] == got[1], "worker 1 held at its start / not: %s" % got)
+    draws = [[d for b in p for _, d in b] for p in got[0]]
+    T.check(len(set(draws[0] + draws[1])) == 24, "draws repeated: %s" % draws)
 
 
 @case
