@@ -31,6 +31,7 @@ struct stoke_pywriter {
     int64_t shape[1];
     PyGILState_STATE fork_gil; /* taken by fork_prepare, released after the fork on both sides */
     int froze;                 /* fork_prepare froze the GC's objects: fork_parent thaws them */
+    int inherited;             /* a forked child (the zygote): its objects came frozen */
 };
 
 /* A fill's result when the dataset raised a KeyboardInterrupt or SystemExit (bytes: its text):
@@ -186,12 +187,15 @@ static long gc_call(const char *name)
  * parent: its GC tracks them all again, in the oldest generation), so a child's collections
  * never walk them: a walk writes every tracked object's GC header, which copies the parent's
  * pages into the child (copy-on-write).  A child keeps them frozen (cycles among what it
- * inherited are not collected there); a program that froze objects itself is left as it is. */
+ * inherited are not collected there); a program that froze objects itself is left as it is.
+ * The zygote, whose objects came frozen, forks its workers without asking: gc.get_freeze_count()
+ * walks every frozen object (9-18 ms a worker's start there, the parent's ~100 k objects with
+ * torch imported, on the first batch's path). */
 static void pyw_fork_prepare(void *user)
 {
     stoke_pywriter *w = user;
     w->fork_gil = PyGILState_Ensure();
-    w->froze = gc_call("get_freeze_count") == 0 && gc_call("freeze") == 0;
+    w->froze = !w->inherited && gc_call("get_freeze_count") == 0 && gc_call("freeze") == 0;
     PyOS_BeforeFork();
 }
 
@@ -210,6 +214,7 @@ static void pyw_fork_child(void *user, int worker)
     stoke_pywriter *w = user;
     PyOS_AfterFork_Child();
     w->froze = 0; /* (what the parent froze stays frozen here) */
+    w->inherited = 1;
     PyObject *r = PyObject_CallMethod(w->obj, "fork_child", "i", worker);
     if (!r)
         PyErr_Print();
