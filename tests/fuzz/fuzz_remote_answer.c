@@ -23,17 +23,8 @@
 #include <string.h>
 
 #include "common/internal.h"
+#include "fuzz_support.h"
 #include "sources/remote_internal.h"
-
-/* A broken promise: which one on stderr, then abort (libFuzzer keeps the input). */
-static void check_at(int ok, int line, const char *what)
-{
-    if (!ok) {
-        fprintf(stderr, "fuzz_remote_answer.c:%d: check failed: %s\n", line, what);
-        abort();
-    }
-}
-#define check(ok) check_at((ok) != 0, __LINE__, #ok)
 
 /* ---- what remote_answer.c calls besides its own ------------------------------------------ */
 
@@ -50,14 +41,6 @@ CURLcode curl_easy_getinfo(CURL *h, CURLINFO info, ...)
     return CURLE_OK;
 }
 
-char *stoke__fmt(char *dst, size_t n, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(dst, n, fmt, ap);
-    va_end(ap);
-    return dst;
-}
 
 /* The file's recorded version: compared by its key (remote.h, STOKE__REMOTE_TAG_KEY). */
 static char g_adopted[512];

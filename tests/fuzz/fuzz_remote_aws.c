@@ -23,28 +23,11 @@
 #include <unistd.h>
 
 #include "common/internal.h"
+#include "fuzz_support.h"
 #include "sources/remote_internal.h"
 #include "stoke/status.h"
 
-/* A broken promise: which one on stderr, then abort (libFuzzer keeps the input). */
-static void check_at(int ok, int line, const char *what)
-{
-    if (!ok) {
-        fprintf(stderr, "fuzz_remote_aws.c:%d: check failed: %s\n", line, what);
-        abort();
-    }
-}
-#define check(ok) check_at((ok) != 0, __LINE__, #ok)
-
 /* The helpers of src/common remote_aws.c and env.c use (status.c would bring the logger). */
-char *stoke__fmt(char *dst, size_t n, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(dst, n, fmt, ap);
-    va_end(ap);
-    return dst;
-}
 
 char *stoke__strlcpy(char *dst, const char *src, size_t n)
 {

@@ -21,19 +21,10 @@
 #include <string.h>
 
 #include "common/internal.h"
+#include "fuzz_support.h"
 #include "sources/remote.h"
 #include "sources/tar_shards.h"
 #include "stoke/status.h"
-
-/* A broken promise: which one on stderr, then abort (libFuzzer keeps the input). */
-static void check_at(int ok, int line, const char *what)
-{
-    if (!ok) {
-        fprintf(stderr, "fuzz_spec.c:%d: check failed: %s\n", line, what);
-        abort();
-    }
-}
-#define check(ok) check_at((ok) != 0, __LINE__, #ok)
 
 /* The one helper of src/common tar_shards.c uses (status.c would bring the logger along). */
 int stoke__fail(int code, const char *fmt, ...)

@@ -13,24 +13,9 @@
 #include <string.h>
 
 #include "common/internal.h"
+#include "fuzz_support.h"
 #include "sources/tar_index.h"
 #include "stoke/status.h"
-
-/* The one helper of src/common tar_index.c uses (status.c would bring the logger along). */
-char *stoke__fmt(char *dst, size_t n, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(dst, n, fmt, ap);
-    va_end(ap);
-    return dst;
-}
-
-static void check(int ok)
-{
-    if (!ok)
-        abort();
-}
 
 typedef struct seen {
     uint64_t n, next;
