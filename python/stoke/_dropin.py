@@ -155,8 +155,8 @@ class _Rebuild:
     def make(self):
         t, msg = self.type, self.msg
         try:
-            if t is KeyError:  # (torch's KeyErrorMessage: its repr() is the text itself)
-                from torch._utils import KeyErrorMessage
+            if t is KeyError and torch is not None:  # (torch's KeyErrorMessage: its repr()
+                from torch._utils import KeyErrorMessage  # is the text itself)
                 msg = KeyErrorMessage(msg)
             elif getattr(t, "message", None):
                 return t(message=msg)
@@ -1800,6 +1800,12 @@ class _Writer:
         b = self.batches(0)
         return b[0][:b[1]].tolist() if isinstance(b, tuple) else b[0]
 
+    def first_keys(self):
+        """first_batch()'s keys as __getitem__ gets them (the sampler's type: measure()'s
+        child, forked before any plan's H_KEYS)."""
+        idx = self.first_batch()
+        return _key_objs(idx, self.keys) if self.keys else idx
+
     def base_seed_for(self):
         if torch is not None:
             return int(torch.empty((), dtype=torch.int64).random_(generator=self.generator)
@@ -1862,6 +1868,9 @@ class _Writer:
                     self.plan.head[_Plan.H_CUT] = self.workers_began and not self.pass_ended
                     self.plan.head[_Plan.H_PASS] += 1
                 self.pass_ended = False
+                # (a plan iter() left to the first next() is superseded by this one: the
+                # sampler read once an epoch; the lazy branch below leaves it pending again)
+                self.pending = False
                 if self.iterable:
                     self.plan.head[_Plan.H_EPOCH] = epoch
                     self.plan.head[_Plan.H_SEED] = seed
@@ -3147,13 +3156,13 @@ def _probe(w, meanwhile=None):
                     and w.getitems is None):
                 # default_collate of fixed shapes: one sample tells the batch's size (its
                 # leaves times the batch size, plus each sample's pickled part: str leaves)
-                idx = w.first_batch()
+                idx = w.first_keys()
                 one = w.fetch(idx[:1], [None])
                 n1, p1 = _probe_size(w, one, idx[:1])
                 nb, _ = _probe_size(w, one * len(idx), idx)
                 need = -(nb + len(idx) * p1)  # negative: exact, a small margin will do
             else:
-                need = _probe_one(w, w.first_batch())
+                need = _probe_one(w, w.first_keys())
             os.write(wfd, str(need).encode())
         except BaseException as e:  # noqa: BLE001
             os.write(wfd, ("E" + pickle.dumps((e, traceback.format_exc())).hex()).encode())

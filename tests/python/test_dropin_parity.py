@@ -1,6 +1,8 @@
 """stoke.DataLoader against torch.utils.data.DataLoader where a review found them apart (issue
 27's drop-in): each case runs the same dataset through both loaders, at 0 and 2 workers, and
 compares what comes out (values, types) or what is raised (type, message)."""
+import os
+import sys
 import threading
 
 import stoke_testlib as T
@@ -125,6 +127,8 @@ def worker_exception_not_pickled_as_torch():
                 caught.append(None)
             except Exception as e:  # noqa: BLE001 - compared with torch's
                 lines = str(e).rstrip().splitlines()
+                if sys.version_info < (3, 11) and lines[-1].startswith("in stoke worker "):
+                    lines.pop()  # (stoke's note, in the message where there is no add_note)
                 caught.append((type(e), lines[0], lines[1], lines[-1]))
         ref, got = caught
         want = RuntimeError if cls is LockedTwo else cls
@@ -174,6 +178,18 @@ class KeyTypes(torch.utils.data.Dataset):
         return (name, int(i))
 
 
+class SeenKeys(KeyTypes):
+    """KeyTypes that appends each key's type name to a file, whatever process calls it."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __getitem__(self, i):
+        with open(self.path, "a") as f:
+            f.write(type(i).__name__ + "\n")
+        return super().__getitem__(i)
+
+
 @L.case
 def sampler_keys_reach_getitem_as_given():
     """torch passes the sampler's keys to __getitem__ unchanged: NumPy integer scalars, 0-dim
@@ -200,6 +216,18 @@ def sampler_keys_reach_getitem_as_given():
                 ref = list(L.TorchLoader(KeyTypes(), num_workers=nw, **args))
                 got = list(L.Loader(KeyTypes(), num_workers=nw, **args))
                 T.check(repr(got) == repr(ref), "%s: stoke %r, torch %r" % (what, got, ref))
+    # measure()'s child (2 workers, no max_batch_bytes: it calls __getitem__ at the
+    # construction) gets them as the workers do; it got ints (a dataset that needed its key's
+    # type failed there, and the size measured was lost)
+    seen = os.path.join(T.tmpdir(), "key_types")
+    for name in ("np.int64", "torch.int32"):
+        ds = SeenKeys(seen)
+        got = [b for b in L.Loader(ds, sampler=Keys(name), batch_size=2, num_workers=2)]
+        with open(seen) as f:
+            kinds = set(f.read().split())
+        os.unlink(seen)
+        want = "int64" if name == "np.int64" else "Tensor"
+        T.check(kinds == {want} and len(got) == 3, "%s, the probe's keys: %s" % (name, kinds))
     # mixed: the values are torch's, the keys ints
     got = list(L.Loader(KeyTypes(), sampler=Keys("mixed"), batch_size=None))
     T.check([list(x) for x in got] == [["int", i] for i in (3, 1, 4, 0, 2, 5)],
@@ -244,6 +272,26 @@ def sampler_set_epoch_after_iter():
         T.check(out[1] == out[0], "workers=%d: stoke %r, torch %r" % (nw, out[1], out[0]))
         T.check(passes[1] == passes[0] == 3, "workers=%d: sampler passes: stoke %d, torch %d"
                 % (nw, passes[1], passes[0]))
+
+
+@L.case
+def stoke_set_epoch_after_an_unused_iter():
+    """An iterator made and never used (num_workers=0: its plan left to its first next()),
+    then stoke's own loader.set_epoch(e), which reads the sampler as it promises, then a pass:
+    the sampler is read once for that epoch, and the pass is the order set_epoch read (the
+    iterator's pending plan replaced it with a second read: a stateful sampler moved twice)."""
+    for nw in (0, 2):
+        s = EpochSampler()
+        loader = L.Loader(L.Indices(8), sampler=s, batch_size=2, num_workers=nw)
+        iter(loader)
+        s.set_epoch(1)
+        loader.set_epoch(1)
+        read = s.passes
+        s.set_epoch(0)  # (a second read now would give epoch 0's order)
+        got = [b.tolist() for b in loader]
+        T.check(got == [[4, 5], [6, 7]], "workers=%d: %r" % (nw, got))
+        T.check(s.passes == read, "workers=%d: sampler read %d times, %d before the pass"
+                % (nw, s.passes, read))
 
 
 class FailsOnce(torch.utils.data.Sampler):
