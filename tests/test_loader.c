@@ -539,6 +539,31 @@ static int threads_now(void)
     return n;
 }
 
+/* threads_now() once it is `want`, or after 5 s whatever it is (a joined thread leaves
+ * /proc/self/task a moment after pthread_join returned). */
+static int threads_reach(int want)
+{
+    int n = threads_now();
+    for (int i = 0; i < 5000 && n != want; i++) {
+        tu_sleep_ms(1);
+        n = threads_now();
+    }
+    return n;
+}
+
+/* threads_now() once it held still for 20 ms (the threads of the tests before still leaving). */
+static int threads_settled(void)
+{
+    int n = threads_now();
+    for (int same = 0, i = 0; same < 20 && i < 5000; i++) {
+        tu_sleep_ms(1);
+        int m = threads_now();
+        same = m == n ? same + 1 : 0;
+        n = m;
+    }
+    return n;
+}
+
 /* stoke_loader_interrupt (the caller is ending) and then the run abandoned with a batch still
  * held (the Python exit hook, for a loader whose batch outlives it): the persistent workers
  * are joined, not left idle, nor left finished and unjoined when one was still starting; the
@@ -550,7 +575,7 @@ static void test_interrupt_joins_persistent_workers(void **state)
     tds_make(&t, &ds, 40);
     stoke_loader_opts o = base_opts(4, 2);
     o.persistent_workers = 1;
-    int before = threads_now();
+    int before = threads_settled();
     stoke_loader *l;
     assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
     stoke_batch *b;
@@ -560,7 +585,7 @@ static void test_interrupt_joins_persistent_workers(void **state)
     assert_int_equal(threads_now(), before + 2);
     stoke_loader_interrupt(l);
     assert_int_equal(stoke_loader_set_epoch(l, 2), STOKE_OK);
-    assert_int_equal(threads_now(), before);
+    assert_int_equal(threads_reach(before), before);
     assert_int_equal(atomic_load(&t.inits), 2);
     stoke_batch_release(b);
     assert_int_equal(run_epoch(l, NULL, 0, NULL), 40);

@@ -239,8 +239,9 @@ STOKE_API void stoke_loader_destroy(stoke_loader *l);
  * which otherwise gives each up to 2 s to finish it, and when the run is abandoned
  * (stoke_loader_set_epoch, a seek, an error that ends the epoch), which otherwise waits for
  * their batches.  A replaced child starts afresh (a dataset's worker state, its RNG seeds).
- * That abandon also stops the worker threads, persistent ones too (started again, worker_init
- * and all, when work comes), so a caller that exits with batches still held leaves no thread.
+ * While it stands, stoke_loader_set_epoch, next_epoch or restore also stops the worker threads,
+ * persistent ones too (started again, worker_init and all, when work comes), so a caller that
+ * exits with batches still held leaves no thread.
  * Thread-safe; NULL does nothing. */
 STOKE_API void stoke_loader_interrupt(stoke_loader *l);
 

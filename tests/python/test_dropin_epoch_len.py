@@ -440,8 +440,8 @@ def persistent_workers_after_a_pass_left_early():
 
 class _Forks:
     """Forks of this process and of the worker processes' zygote (counted in the parent of
-    each); the child of fork number `hold` sleeps 2 s first (a worker process still
-    starting), and says so in `said`."""
+    each); the child of fork number `hold` writes `said` + "held", sleeps 3 s (a worker
+    process still starting), then writes `said` + "done"."""
     n = 0
     hold = None
     said = None
@@ -449,40 +449,66 @@ class _Forks:
 
 def _forked():
     if _Forks.n == _Forks.hold:
-        with open(_Forks.said, "w") as f:
-            f.write("held")
-        time.sleep(2.0)
+        open(_Forks.said + "held", "w").close()
+        time.sleep(3.0)
+        open(_Forks.said + "done", "w").close()
 
 
 os.register_at_fork(before=lambda: setattr(_Forks, "n", _Forks.n + 1), after_in_child=_forked)
 
 
+class MarkingDrawing(SlowDrawing):
+    """SlowDrawing whose worker 1 leaves a file `mark` at its first sample."""
+
+    def __init__(self, n, mark):
+        super().__init__(n)
+        self.mark = mark
+
+    def __getitem__(self, i):
+        info = torch.utils.data.get_worker_info()
+        if info is not None and info.id == 1 and not os.path.exists(self.mark):
+            open(self.mark, "w").close()
+        return super().__getitem__(i)
+
+
+def _appears(path, within=20.0):
+    deadline = time.monotonic() + within
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return os.path.exists(path)
+
+
 @case
 def persistent_worker_that_made_nothing_of_a_left_pass():
     """A pass left while one persistent worker process was still starting (it made nothing of
-    it): the next passes draw as when it had made its share (a break after a wait); it was
-    seeded at the next pass first (as torch's at its start), then for that pass, as the
+    it): the next passes draw as when it had made its share (a break once it had made one); it
+    was seeded at the next pass first (as torch's at its start), then for that pass, as the
     others.  It drew torch's first-pass seeds there, which depended on whether it had started
     in time (test_dropin_epoch_len failed 1 run in about 20)."""
     L.Loader(SlowDrawing(6), batch_size=3, num_workers=2, max_batch_bytes=4096).__iter__()
-    _Forks.said = os.path.join(T.tmpdir(), "held")
+    tmp = T.tmpdir()
+    _Forks.said = os.path.join(tmp, "fork_")
+    mark = os.path.join(tmp, "worker1_began")
     got = []
-    for hold in (3, None):  # worker 1's fork held 2 s / not
+    for hold in (3, None):  # worker 1's fork held 3 s / not
+        for f in (_Forks.said + "held", _Forks.said + "done", mark):
+            if os.path.exists(f):
+                os.unlink(f)
         torch.manual_seed(5)
         # forks: 1 the zygote (max_batch_bytes: no probe child), 2 and 3 workers 0 and 1
         _Forks.n, _Forks.hold = 0, hold
-        loader = L.Loader(SlowDrawing(12), batch_size=3, num_workers=2, persistent_workers=True,
-                          max_batch_bytes=4096)
-        t = time.monotonic()
+        loader = L.Loader(MarkingDrawing(12, mark), batch_size=3, num_workers=2,
+                          persistent_workers=True, max_batch_bytes=4096)
         for _ in loader:
-            if hold is None:
-                time.sleep(0.5)  # (worker 1 made its batches meanwhile)
-            else:  # (the held one is worker 1: worker 0 made batch 0 meanwhile)
-                T.check(time.monotonic() - t < 1.5 and os.path.exists(_Forks.said),
-                        "the held fork was not worker 1's (%.1f s)" % (time.monotonic() - t))
+            if hold is None:  # worker 1 made a batch of this pass before the break
+                T.check(_appears(mark), "worker 1 made nothing of the pass")
+            else:  # the hold is worker 1's: batch 0 (worker 0's) came while it was held
+                T.check(not os.path.exists(_Forks.said + "done"),
+                        "batch 0 came after the held fork's hold: not worker 1's")
             break
         _Forks.hold = None
         got.append(([b.tolist() for b in loader], [b.tolist() for b in loader]))
+        T.check(hold is None or _appears(_Forks.said + "held"), "no fork was held")
         del loader
     T.check(got[0] == got[1], "worker 1 held at its start / not: %s" % got)
     draws = [[d for b in p for _, d in b] for p in got[0]]
