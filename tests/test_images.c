@@ -1772,9 +1772,15 @@ static void test_open_errors(void **state)
     memset(&ds, 0, sizeof(ds));
     expect_open_error("noclass/top.jpg", "", STOKE_EIO, "not a directory");
     expect_open_error("emptyclass", ",size=0", STOKE_EINVAL, "bad size '0'");
-    expect_open_error("emptyclass", ",train,bogus=1", STOKE_EINVAL, "unknown option 'bogus'");
+    /* the options listed are those the parser takes, from the one list */
+    expect_open_error("emptyclass", ",train,bogus=1", STOKE_EINVAL,
+                      "unknown option 'bogus' (size=, train, eval, layout=, dtype=, mean=, "
+                      "std=, seed=, max_decode_bytes=)");
     expect_open_error("emptyclass", ",trian", STOKE_ENOENT,
-                      ",trian', and 'trian' is no images: option (size=, train,");
+                      ",trian', and 'trian' is no images: option (size=, train, eval, layout=, "
+                      "dtype=, mean=, std=, seed=, max_decode_bytes=): a misspelt option?");
+    expect_open_error("emptyclass", ",max_decode_byte=9", STOKE_ENOENT,
+                      "'max_decode_byte=9' is no images: option");
     expect_open_error("emptyclass", ",mean=0.1:0.2:0.3", STOKE_EINVAL, "dtype=f32");
     expect_open_error("emptyclass", ",seed=x", STOKE_EINVAL, "bad seed");
     expect_open_error("emptyclass", ",layout=nchw", STOKE_EINVAL, "bad layout");

@@ -626,7 +626,10 @@ static void test_spec_io(void **state)
     char sp[700], want[700];
     snprintf(sp, sizeof(sp), "npy:%s,batchy=3", p);
     assert_int_equal(stoke_source_open(sp, &ds), STOKE_ENOENT);
-    snprintf(want, sizeof(want), "no file '%s,batchy=3', and 'batchy=3' is no npy: option", p);
+    snprintf(want, sizeof(want),
+             "no file '%s,batchy=3', and 'batchy=3' is no npy: option (labels=, io=, direct=): "
+             "a misspelt option?",
+             p);
     if (!strstr(stoke_last_error(), want))
         fail_msg("%s: %s", sp, stoke_last_error());
     snprintf(sp, sizeof(sp), "npy:%s,lables=%s", p, p); /* (an absolute path in its value) */

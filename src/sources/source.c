@@ -1,6 +1,7 @@
 /* stoke_source_open: the spec strings of the built-in sources (grammar in sources.h). */
 #include <ctype.h>
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -127,20 +128,50 @@ static int open_synthetic(const char *spec, const char *args, stoke_dataset *out
     return stoke_synthetic_open(&o, out);
 }
 
-static const char *const NPY_KEYS[] = {"labels=", "io=", "direct="};
-#define NPY_OPTIONS    "labels=, io=, direct="
-#define IMAGES_OPTIONS "size=, train, eval, layout=, dtype=, mean=, std=, seed=, max_decode_bytes="
+/* The options of a source, as they start a comma-separated word: "key=" takes a value, a bare
+ * "word" is the whole word.  One list per source gives the parser its matches and the messages
+ * their lists, so the two cannot drift apart. */
+static const char *const NPY_KEYS[] = {"labels=", "io=", "direct=", NULL};
+static const char *const IMAGES_KEYS[] = {"size=", "train", "eval",  "layout=",           "dtype=",
+                                          "mean=", "std=",  "seed=", "max_decode_bytes=", NULL};
+
+/* 1 when the comma-separated word at s starts with one of keys' options. */
+static int known_option(const char *s, const char *const *keys)
+{
+    size_t word = strcspn(s, ",");
+    for (; *keys; keys++) {
+        size_t n = strlen(*keys);
+        if ((*keys)[n - 1] == '=' ? strncmp(s, *keys, n) == 0
+                                  : word == n && strncmp(s, *keys, n) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+/* keys as the messages list them: "labels=, io=, direct=". */
+static const char *option_list(const char *const *keys, char *buf, size_t len)
+{
+    size_t at = 0;
+    buf[0] = 0;
+    for (const char *const *k = keys; *k && at < len; k++)
+        at += (size_t)snprintf(buf + at, len - at, "%s%s", k == keys ? "" : ", ", *k);
+    return buf;
+}
 
 /* A local path that does not exist and holds ",word=" (or, where the source has options of
- * one word, `bare`, ",word" followed by ',' or the end): an option misspelt (",batchy=3",
+ * one word, ",word" followed by ',' or the end): an option misspelt (",batchy=3",
  * ",lables=/d/y.npy", ",trian") that the parser, which takes only the options it knows, left
  * in the path.  Fails (STOKE_ENOENT: the file is missing all the same) with a message naming
  * the word and the options of `kind` (the path's "cannot open" named a file nobody meant),
  * and returns its status; 0 otherwise.  A directory named "a,b/" is no option. */
-static int misspelt_option(const char *path, const char *kind, const char *known, int bare)
+static int misspelt_option(const char *path, const char *kind, const char *const *keys)
 {
     if (strstr(path, "://") || access(path, F_OK) == 0 || errno != ENOENT)
         return 0;
+    int bare = 0;
+    for (const char *const *k = keys; *k; k++)
+        bare |= (*k)[strlen(*k) - 1] != '=';
+    char known[256];
     for (const char *c = strchr(path, ','); c; c = strchr(c + 1, ',')) {
         size_t n = 0;
         if (!isalpha((unsigned char)c[1]))
@@ -151,7 +182,8 @@ static int misspelt_option(const char *path, const char *kind, const char *known
             return stoke__fail(STOKE_ENOENT,
                                "%s: no file '%s', and '%.*s' is no %s: option (%s): a "
                                "misspelt option?",
-                               kind, path, (int)strcspn(c + 1, ","), c + 1, kind, known);
+                               kind, path, (int)strcspn(c + 1, ","), c + 1, kind,
+                               option_list(keys, known, sizeof(known)));
     }
     return 0;
 }
@@ -160,9 +192,8 @@ static int misspelt_option(const char *path, const char *kind, const char *known
 static size_t npy_path_len(const char *s)
 {
     for (const char *c = strchr(s, ','); c; c = strchr(c + 1, ','))
-        for (size_t k = 0; k < STOKE__ARRAY_LEN(NPY_KEYS); k++)
-            if (strncmp(c + 1, NPY_KEYS[k], strlen(NPY_KEYS[k])) == 0)
-                return (size_t)(c - s);
+        if (known_option(c + 1, NPY_KEYS))
+            return (size_t)(c - s);
     return strlen(s);
 }
 
@@ -226,9 +257,9 @@ static int open_npy(const char *spec, const char *args, stoke_dataset *out)
         opt = next;
     }
     if (!rc)
-        rc = misspelt_option(buf, "npy", NPY_OPTIONS, 0);
+        rc = misspelt_option(buf, "npy", NPY_KEYS);
     if (!rc && o.labels_path)
-        rc = misspelt_option(o.labels_path, "npy", NPY_OPTIONS, 0);
+        rc = misspelt_option(o.labels_path, "npy", NPY_KEYS);
     if (!rc)
         rc = stoke_npy_open_opts(buf, &o, out);
 done:
@@ -237,20 +268,6 @@ done:
 }
 
 /* ---- images:DIR[,option]... ---- */
-
-/* 1 when the comma-separated word at s ("train", "size=224,...") starts an images option. */
-static int images_opt_word(const char *s)
-{
-    static const char *const keys[] = {
-        "size=", "layout=", "dtype=", "mean=", "std=", "seed=", "max_decode_bytes="};
-    size_t n = strcspn(s, ",");
-    if ((n == 5 && strncmp(s, "train", 5) == 0) || (n == 4 && strncmp(s, "eval", 4) == 0))
-        return 1;
-    for (size_t k = 0; k < STOKE__ARRAY_LEN(keys); k++)
-        if (strncmp(s, keys[k], strlen(keys[k])) == 0)
-            return 1;
-    return 0;
-}
 
 static int open_images(const char *spec, const char *args, stoke_dataset *out)
 {
@@ -265,7 +282,7 @@ static int open_images(const char *spec, const char *args, stoke_dataset *out)
     stoke__image_opts_init(&img);
     char *opt = NULL; /* DIR ends at the first ',' that starts an option */
     for (char *c = strchr(buf, ','); c && !opt; c = strchr(c + 1, ','))
-        if (images_opt_word(c + 1)) {
+        if (known_option(c + 1, IMAGES_KEYS)) {
             *c = 0;
             opt = c + 1;
         }
@@ -281,8 +298,8 @@ static int open_images(const char *spec, const char *args, stoke_dataset *out)
         if (got < 0)
             rc = stoke__fail(got, "source '%s': %s", spec, why);
         else if (got == 0)
-            rc = stoke__fail(STOKE_EINVAL, "source '%s': unknown option '%s' (" IMAGES_OPTIONS ")",
-                             spec, t);
+            rc = stoke__fail(STOKE_EINVAL, "source '%s': unknown option '%s' (%s)", spec, t,
+                             option_list(IMAGES_KEYS, why, sizeof(why)));
     }
     if (!rc) {
         o.image_size = img.size;
@@ -294,7 +311,7 @@ static int open_images(const char *spec, const char *args, stoke_dataset *out)
         memcpy(o.std, img.std, sizeof(o.std));
         o.seed = img.seed;
         o.max_decode_bytes = img.max_decode;
-        rc = misspelt_option(buf, "images", IMAGES_OPTIONS, 1);
+        rc = misspelt_option(buf, "images", IMAGES_KEYS);
     }
     if (!rc)
         rc = stoke_images_open(buf, &o, out);
