@@ -26,7 +26,11 @@ Cases (batch size; N samples, chosen so that an epoch takes 1-3 s for torch on 2
   images       the same folder through stoke's native source,
                "images:DIR,train,size=224,dtype=f32,mean=...,std=..." (the same output:
                normalized float32 CHW); torch's side is the imagefolder case's
-Every case shuffles (shuffle=True) and keeps the last partial batch.
+  stream       an IterableDataset of decoded images as a streaming pipeline yields them
+               (WebDataset's model): 3x224x224 float32 tensors and a label, sharded by
+               get_worker_info(), 38.5 MB a batch (batch 64); no block size is given, as a
+               user gives none
+Every case but stream shuffles (shuffle=True); every case keeps the last partial batch.
 
 Configurations: torch at --workers (2) and at 0 workers (torch's best of the two is reported
 too), stoke at --workers.  Each run is a fresh process (bench_dropin.py --child ...) that
@@ -82,20 +86,24 @@ MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
 
 # Samples per epoch; FULL gives torch 1-3 s an epoch on the 2-core development VM.
-FULL = {"tensor": 100000, "dict": 60000, "tokens": 40000, "fakedata": 640, "imagefolder": 800}
-QUICK = {"tensor": 3000, "dict": 3000, "tokens": 2000, "fakedata": 96, "imagefolder": 96}
-BATCH = {"tensor": 256, "dict": 512, "tokens": 32, "fakedata": 64, "imagefolder": 64}
+FULL = {"tensor": 100000, "dict": 60000, "tokens": 40000, "fakedata": 640, "imagefolder": 800,
+        "stream": 6400}
+QUICK = {"tensor": 3000, "dict": 3000, "tokens": 2000, "fakedata": 96, "imagefolder": 96,
+         "stream": 256}
+BATCH = {"tensor": 256, "dict": 512, "tokens": 32, "fakedata": 64, "imagefolder": 64,
+         "stream": 64}
 
 # case -> (group: the dataset and torch's runs it shares, stoke's variant)
 CASES = {"tensor": ("tensor", ""), "dict": ("dict", ""), "tokens": ("tokens", ""),
          "tokens_pad": ("tokens", "pad"), "fakedata": ("fakedata", ""),
-         "imagefolder": ("imagefolder", ""), "images": ("imagefolder", "native")}
+         "imagefolder": ("imagefolder", ""), "images": ("imagefolder", "native"),
+         "stream": ("stream", "")}
 VISION = {"fakedata", "imagefolder"}
 
 # issue 27's targets: (stoke / torch at --workers, stoke / torch's best); None: none set
 TARGETS = {"tensor": (3.0, 1.5), "dict": (3.0, 1.5), "tokens": (2.0, None),
            "tokens_pad": (None, 3.0), "fakedata": (1.0, None), "imagefolder": (1.0, None),
-           "images": (2.0, None)}
+           "images": (2.0, None), "stream": (None, None)}
 
 
 # --- the datasets (as PyTorch users write them) -----------------------------------------------
@@ -158,6 +166,31 @@ def tokens_class():
     return Tokens
 
 
+def stream_class():
+    import numpy as np
+    import torch
+
+    class Stream(torch.utils.data.IterableDataset):
+        """Decoded images as a streaming pipeline yields them (WebDataset's model): 3x224x224
+        float32 and a label, each worker its share (get_worker_info()); 16 images made once
+        and yielded in turn, so that the loaders, not the decoding, are measured.  A batch of
+        64 is 38.5 MB."""
+
+        def __init__(self, n):
+            g = np.random.default_rng(0)
+            self.n = n
+            self.images = [torch.from_numpy(g.random((3, 224, 224), dtype=np.float32))
+                           for _ in range(16)]
+
+        def __iter__(self):
+            info = torch.utils.data.get_worker_info()
+            k, w = (info.id, info.num_workers) if info else (0, 1)
+            for i in range(k, self.n, w):
+                yield self.images[i % 16], i % 1000
+
+    return Stream
+
+
 def pad_collate(samples):
     """The user's padding collate_fn: pad to the batch's longest, with the lengths."""
     import torch
@@ -186,6 +219,8 @@ def make_dataset(group, n, folder):
         return tabular_class()(n)
     if group == "tokens":
         return tokens_class()(n)
+    if group == "stream":
+        return stream_class()(n)
     from torchvision import datasets
     if group == "fakedata":
         return datasets.FakeData(size=n, image_size=(3, 224, 224), num_classes=1000,
@@ -288,6 +323,8 @@ def child(a):
     source = images_spec(a.folder) if native else make_dataset(a.group, a.n, a.folder)
     kwargs = {"batch_size": a.batch, "shuffle": True, "num_workers": a.workers,
               "pin_memory": True}
+    if a.group == "stream":
+        del kwargs["shuffle"]  # (an IterableDataset: torch refuses shuffle)
     if a.group == "tokens" and a.variant != "pad":
         kwargs["collate_fn"] = pad_collate
     if a.variant == "pad":

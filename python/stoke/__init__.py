@@ -534,6 +534,11 @@ class _DataLoader(_stoke.Loader):
         # makes the first batch: the two forks overlap (num_workers=0: no probe child)
         w.measure(max_batch_bytes, _stoke.accelerator if pin_memory else None)
         w.pin = bool(pin_memory)
+        if (iterable and processes and not max_batch_bytes
+                and not (pin_memory and _stoke.accelerator() is not None)):
+            # (no accelerator pins the blocks: they cost the pages written; docs/python.md)
+            w.grow((prefetch_factor if type(prefetch_factor) is int and prefetch_factor > 0
+                    else 2) * num_workers + 4)
         self._writer = w
         self._on_error = on_error if on_error not in (None, "error") else None
         self._bad_seen = 0
@@ -543,7 +548,7 @@ class _DataLoader(_stoke.Loader):
         w.ds_ids = _dropin._attr_ids(dataset) if processes else None
         self._ds_told = set()
         try:
-            big = w.blob_bytes >= _BIG_BLOCK and num_workers > 0
+            big = not w.sparse and w.blob_bytes >= _BIG_BLOCK and num_workers > 0
             if prefetch_factor is None and big:
                 prefetch_factor = 1  # big batches: fewer in flight, less memory than torch's
             nb0 = None if iterable else w.count()[0]
@@ -922,11 +927,14 @@ class _DataLoader(_stoke.Loader):
 
     def stats(self):
         st = super().stats()
+        if self._writer is not None:
+            # a Python dataset's batches as written (the C loader counts whole blocks, which
+            # are room, sized before the batches came)
+            st["bytes"] = self._writer.data_bytes
         n, pinned = self._end_blocks
         if n:
             st["samples"] -= n  # (a Python dataset's C samples are its batches)
             st["batches"] -= n
-            st["bytes"] -= n * self._writer.blob_bytes
             st["pinned_batches"] -= pinned
             st["pageable_batches"] -= n - pinned
         return st

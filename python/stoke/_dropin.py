@@ -1587,6 +1587,8 @@ class _Writer:
         self.preplanned = False   # measure() wrote epoch 0's plan: the creation's hook keeps it
         self.nbatches = -1
         self.blob_bytes = 0
+        self.data_bytes = 0       # the batches' bytes the consumer took (stats()["bytes"])
+        self.sparse = False       # blocks of address space, their pages made as written (grow())
         self.probe_pid = None     # measure()'s child, answered and exiting: reap_probe() reaps it
         self.iter_map = iterable and processes
         self.lists = False        # batches() of the epoch: each batch one call with its keys
@@ -2557,6 +2559,24 @@ class _Writer:
         else:
             self.blob_bytes = max(4096, (need * 2 + (256 << 10) + 4095) & ~4095)
 
+    def grow(self, buffers):
+        """An unmeasured IterableDataset's blocks, where nothing pins them (no accelerator,
+        pin_memory=False) and worker processes write them: each block is address space of a
+        shared memfd whose pages exist only once written, so a block may as well be large.
+        A batch over 8 MiB (images) is then written in place, not spilled (a memfd of its
+        own, received and mapped here: 4 times slower at 38 MB batches), and a small one
+        costs what it writes, as before.  `buffers`: about how many blocks the loader will
+        have; their address space is kept to a quarter of physical memory (the loader
+        refuses buffers that exceed it)."""
+        try:
+            phys = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError):
+            return
+        size = min(_SPARSE_BYTES, phys // (4 * max(1, buffers))) & ~4095
+        if size > self.blob_bytes:
+            self.blob_bytes = size
+            self.sparse = True
+
     def reap_probe(self):
         """Reaps measure()'s child (_probe), which answered before its exit: the loader's
         creation ran meanwhile instead of waiting for that exit (the unmapping of a forked
@@ -2640,10 +2660,12 @@ class _Writer:
         if magic == MAGIC_END:
             return _End(a)
         if magic == MAGIC_SPILL:
+            self.data_bytes += head[2]
             return self.take_spill(b, view)
         if magic != MAGIC_FAST and magic != MAGIC and magic != MAGIC_LIVE:
             raise RuntimeError("stoke: batch %d's block holds no batch (magic %#x)"
                                % (int(np.asarray(b.indices)[0]), magic))
+        self.data_bytes += head[2] if magic == MAGIC_LIVE else a + head[2]
         return self.load(view, b.is_pinned, head)
 
     def load(self, view, pinned, head=None):
@@ -2693,6 +2715,7 @@ class _Writer:
             a = 0  # n: the data's end
         elif magic != MAGIC and magic != MAGIC_FAST:  # (MAGIC_FAST: the skeleton is last)
             return self.decode(b)
+        self.data_bytes += a + n
         pin = bool(b.is_pinned)
         if self.collate_fn is None and not local:  # (a collate_fn's: copied whole)
             out = self.load(view, pin, head)
@@ -3119,6 +3142,7 @@ def _one_intraop_thread():
 
 _PROBE_FALLBACK = 8 << 20
 _UNMEASURED_BYTES = _PROBE_FALLBACK  # the block of a batch measure() does not make
+_SPARSE_BYTES = 256 << 20  # ... where nothing pins it and processes write it (grow())
 _PROBE_TIMEOUT_S = 60  # the probe's child answers within this, or it is killed (the fallback)
 
 
