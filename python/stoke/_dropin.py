@@ -1055,9 +1055,14 @@ class _Collator:
             np.stack(batch, out=out)
             return out
         if np is not None and isinstance(elem, (np.number, np.bool_)):
-            if torch is not None:
+            if torch is None:
+                return np.array(batch)
+            t = type(elem)
+            if all(type(b) is t for b in batch):  # (one type: NumPy's array is the same, faster)
                 return torch.as_tensor(np.array(batch))
-            return np.array(batch)
+            # mixed (an np.float32 and a float, an np.int32 and an np.float32): torch's own
+            # promotion (float32), as default_collate's torch.as_tensor(batch); NumPy's is float64
+            return torch.as_tensor(batch)
         if isinstance(elem, float):
             return torch.tensor(batch, dtype=torch.float64) if torch is not None else \
                 np.array(batch, dtype=np.float64)

@@ -333,4 +333,25 @@ def sampler_raising_at_first_next():
     T.check(out[1] == out[0], "stoke %r, torch %r" % (out[1], out[0]))
 
 
+@L.case
+def numpy_scalar_column_promotes_as_torch():
+    """A column of NumPy scalars is torch.as_tensor(batch) in default_collate: mixed types
+    (an np.float32 label beside a Python float, an np.int32 beside an np.float32, an
+    np.float16 beside a float) promote as torch promotes them, to float32; stoke made NumPy's
+    array of them first, float64.  One type alone (and one beside a Python int) is that
+    type's dtype, as before."""
+    for name, vals in (("np.float32, float", [np.float32(1.5), 2.25]),
+                       ("np.int32, np.float32", [np.int32(1), np.float32(2.5)]),
+                       ("np.float16, float", [np.float16(1.5), 0.1]),
+                       ("np.float64, np.float32", [np.float64(1.5), np.float32(2.5)]),
+                       ("np.int64, int", [np.int64(3), 2]),
+                       ("np.float32", [np.float32(0.5), np.float32(2)]),
+                       ("np.bool_", [np.bool_(True), np.bool_(False)])):
+        for nw in (0, 2):
+            got, ref = ([(b.dtype, b.tolist()) for b in make(vals * 3, batch_size=4,
+                                                              num_workers=nw)]
+                        for make in (L.Loader, L.TorchLoader))
+            T.check(got == ref, "%s workers=%d: stoke %s, torch %s" % (name, nw, got, ref))
+
+
 L.run_cases()
