@@ -207,6 +207,27 @@ def _start_method(ctx):
     return get() if get else str(ctx)
 
 
+def _check_mp_context(ctx, num_workers):
+    """torch's checks of multiprocessing_context (its property's setter): any value without
+    worker processes is a ValueError, a name that is no start method a ValueError, anything
+    else than a name or a context a TypeError; before stoke's own (only "fork" works)."""
+    if ctx is None:
+        return
+    import multiprocessing
+    if num_workers == 0:
+        raise ValueError("multiprocessing_context can only be used with multi-process loading "
+                         "(num_workers > 0), but got num_workers=0")
+    if isinstance(ctx, (str, bytes)):
+        methods = multiprocessing.get_all_start_methods()
+        if ctx not in methods:
+            raise ValueError("multiprocessing_context option should specify a valid start "
+                             "method in %r, but got multiprocessing_context=%r" % (methods, ctx))
+    elif not isinstance(ctx, multiprocessing.context.BaseContext):
+        raise TypeError("multiprocessing_context option should be a valid context object or a "
+                        "string specifying the start method, but got multiprocessing_context=%s"
+                        % (ctx,))
+
+
 class _DataLoader(_stoke.Loader):
     """torch.utils.data.DataLoader's constructor and iteration, batches in pinned memory.
 
@@ -456,6 +477,7 @@ class _DataLoader(_stoke.Loader):
         # (made before the loader: torch's errors, RandomSampler's on an empty dataset, first)
         torch_samplers = _dropin._torch_samplers(dataset, iterable, shuffle, sampler,
                                                  batch_sampler, batch_size, drop_last, generator)
+        _check_mp_context(mp_context, num_workers)
         method = _start_method(mp_context)
         if method != "fork":
             raise ValueError("stoke: multiprocessing_context=%r: stoke's workers are forked "

@@ -354,4 +354,29 @@ def numpy_scalar_column_promotes_as_torch():
             T.check(got == ref, "%s workers=%d: stoke %s, torch %s" % (name, nw, got, ref))
 
 
+@L.case
+def multiprocessing_context_checked_as_torch():
+    """multiprocessing_context is checked as torch's: any value with num_workers=0 is
+    torch's ValueError (stoke took "fork" there), a name that is no start method torch's
+    ValueError, an object that is neither a name nor a context torch's TypeError (stoke's
+    was a ValueError); None and "fork" with workers work, "spawn" and "forkserver" are
+    stoke's own ValueError."""
+    import multiprocessing as mp
+
+    def made(make, nw, ctx):
+        try:
+            make(L.Indices(4), batch_size=2, num_workers=nw, multiprocessing_context=ctx)
+        except Exception as e:  # noqa: BLE001 - compared with torch's
+            return type(e), str(e)
+        return "made"
+
+    for nw, ctx in ((0, "fork"), (0, mp.get_context("fork")), (0, "spawn"), (2, "bogus"),
+                    (2, 5), (2, b"fork"), (2, "fork"), (2, mp.get_context("fork")), (0, None),
+                    (2, None)):
+        got, ref = made(L.Loader, nw, ctx), made(L.TorchLoader, nw, ctx)
+        T.check(got == ref, "workers=%d %r: stoke %r, torch %r" % (nw, ctx, got, ref))
+    got = made(L.Loader, 2, "spawn")
+    T.check(got[0] is ValueError and "forked" in got[1], "workers=2 'spawn': %r" % (got,))
+
+
 L.run_cases()
