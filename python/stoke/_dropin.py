@@ -2695,7 +2695,13 @@ class _Writer:
                     # as torch.load: a sparse tensor's unpickling keeps it in a list until it
                     # is validated, and with it the batch's block (every batch that held one)
                     torch._utils._validate_loaded_sparse_tensors()
-        if self.collate_fn is not None and self.pin and pinned:
+        if self.pin and pinned and (self.collate_fn is not None or (
+                magic != MAGIC_FAST and not self.collator.pad)):
+            # torch pins every batch (its pin_memory()): a collate_fn's output, and the built-in
+            # collation's too -- a str column of tuple samples (zip's tuple) becomes a list,
+            # an object of a batch_size=None sample has its pin_memory() called.  A skeleton
+            # (MAGIC_FAST) of the built-in collation holds no tuple nor object: nothing to do;
+            # pad='s (padded, lengths) pairs are stoke's own, kept
             out = _pin_custom(out)
         return out
 

@@ -269,6 +269,55 @@ def pin_structure_as_torch():
         check_one_block([b["x"], b["pair"][0]], what)
 
 
+class Named(Dataset):
+    """Sample i: (i, a name, a float tensor); with stub, a dict holding a Stub too."""
+
+    def __init__(self, stub=False):
+        self.stub = stub
+
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        if self.stub:
+            return {"i": i, "stub": Stub(), "pair": (torch.ones(2) * i, "s%d" % i)}
+        return (i, "s%d" % i, torch.ones(3) * i)
+
+
+@case
+def pin_builtin_collation_as_torch():
+    """Without a collate_fn the pinned batch has the structure torch's pin_memory() gives
+    default_collate's (default_convert's) output too: torch pins every batch, so a str column
+    of tuple samples (zip's tuple) is a list, and with batch_size=None an object with
+    pin_memory() in the sample has it called once.  stoke pinned only a collate_fn's output:
+    the column stayed a tuple, the object unpinned.  Compared with torch's function (tensors
+    left as they are: torch's would pin them with CUDA) over torch's unpinned batches."""
+    from torch.utils.data._utils.pin_memory import pin_memory as torch_pin
+
+    def shape(b):  # shape_of, with each tensor's values
+        if isinstance(b, torch.Tensor):
+            return ("Tensor", str(b.dtype), b.tolist())
+        if isinstance(b, dict):
+            return ("dict", {k: shape(v) for k, v in b.items()})
+        if isinstance(b, (list, tuple)):
+            return (type(b).__name__, [shape(v) for v in b])
+        return shape_of(b)
+
+    orig = torch.Tensor.pin_memory
+    for kw in ({"batch_size": 4}, {"batch_size": None}):
+        ds = Named(stub=kw["batch_size"] is None)
+        torch.Tensor.pin_memory = lambda self, device=None: self  # (no CUDA here)
+        try:
+            want = [shape(torch_pin(b)) for b in L.TorchLoader(ds, **kw)]
+        finally:
+            torch.Tensor.pin_memory = orig
+        for workers in (0, 2):
+            what = "%s workers=%d" % (kw, workers)
+            got = [shape(b) for b in L.Loader(ds, num_workers=workers, pin_memory=True,
+                                              **kw)]
+            T.check(got == want, "%s: %s, torch's %s" % (what, got[:1], want[:1]))
+
+
 @case
 def memory_flat_over_epochs():
     """Batches released as they come: the pinned bytes in use do not grow from epoch to
