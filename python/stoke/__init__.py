@@ -444,6 +444,12 @@ class _DataLoader(_stoke.Loader):
         if persistent_workers and num_workers == 0:
             raise ValueError("persistent_workers option needs num_workers > 0")
         iterable = _is_iterable_dataset(dataset)
+        if iterable and _dropin._is_iter_pipe(dataset):
+            # torch's: an IterDataPipe takes shuffle=, which turns its Shufflers on or off
+            # (torch 1.13 drops the Shuffler its graph_settings add to a pipe without one)
+            if shuffle is not None:
+                _dropin._graph_settings().apply_shuffle_settings(dataset, shuffle=shuffle)
+            shuffle = None
         if iterable:
             if shuffle not in (None, False):
                 raise ValueError("DataLoader with IterableDataset: expected unspecified "

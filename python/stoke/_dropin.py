@@ -1171,6 +1171,7 @@ class _Plan:
     H_PASS = 11  # the passes begun (each set_epoch hook but a plan made again)
     H_CUT = 12  # 1: the pass before H_PASS's was left before its end (_Writer.pass_reseed)
     H_KEYS = 13  # the type of the sampler's keys: 0 ints, else _key_kind's code (_key_objs)
+    H_PIPE = 14  # an IterDataPipe's pass: the seed of its random pipes (_Writer.seed_pipe)
 
     def __init__(self, nbatches, nidx, nmail, entries=MAIL_ENTRIES, patch=False):
         self.nmail = nmail
@@ -1596,6 +1597,9 @@ class _Writer:
         self.sparse = False       # blocks of address space, their pages made as written (grow())
         self.probe_pid = None     # measure()'s child, answered and exiting: reap_probe() reaps it
         self.iter_map = iterable and processes
+        # an IterDataPipe: torch's DataLoader seeds its random pipes each pass and shards it
+        # over the workers (seed_pipe, start_worker_epoch)
+        self.pipe = iterable and _is_iter_pipe(dataset)
         self.lists = False        # batches() of the epoch: each batch one call with its keys
         self.keys = 0             # batches() of the epoch: its keys' type (_Plan.H_KEYS)
         # A sampler (batch_sampler) object: its order is taken when iteration starts, as
@@ -1866,10 +1870,19 @@ class _Writer:
                 self.refresh_rows()
                 # persistent workers are seeded once: no new base seed (torch draws none)
                 again = self.base_again is not None
+                if self.pipe and not again:
+                    # torch's iterator draws an IterDataPipe's shared seed at every pass,
+                    # before the base seed (_share_dist_seed, from the generator)
+                    self.plan.head[_Plan.H_PIPE] = self.base_seed_for()
+                fresh = self.base_fixed is None and not again  # (the workers start anew)
                 seed, self.base_again = (
                     self.base_fixed if self.base_fixed is not None else
                     self.base_again if self.base_again is not None else self.base_seed_for(),
                     None)
+                if self.pipe and fresh and self.num_workers > 0:
+                    # (torch's worker iterator draws the shared seed once more as it starts,
+                    # its _reset(first_iter=True): unused, but the generator moves)
+                    self.base_seed_for()
                 if not again:  # a new pass (persistent workers: pass_reseed)
                     # (left before its end: a pass no worker could make a batch of is not)
                     self.plan.head[_Plan.H_CUT] = self.workers_began and not self.pass_ended
@@ -1884,6 +1897,8 @@ class _Writer:
                     self.plan.head[_Plan.H_RUN] += 1  # (the worker processes' iterators too)
                     with self.iter_lock:
                         self.iters.clear()
+                        if self.pipe and not self.iter_map:  # (iterated in this process)
+                            self.seed_pipe()
                 elif self.reseed_only:  # epoch 0 again with a new seed, the same batches
                     self.reseed_only = False
                     self.plan.head[_Plan.H_SEED] = seed
@@ -2028,6 +2043,10 @@ class _Writer:
                 from torch.utils.data._utils import worker as tw
                 tw._worker_info = tw.WorkerInfo(id=self.worker, num_workers=self.num_workers,
                                                 seed=seed, dataset=self.dataset)
+            if self.pipe:  # torch's _sharding_worker_init_fn: the ranks' workers, then init
+                ws, rank = _dist_settings()
+                _graph_settings().apply_sharding(self.dataset, self.num_workers * ws,
+                                                 self.worker * ws + rank)
             if self.worker_init_fn is not None:
                 self.worker_init_fn(self.worker)
             self.epoch_rngs = _rng_states() if self.persistent else None
@@ -2043,6 +2062,20 @@ class _Writer:
                 _set_rng(j, st)
         self.seeded_epoch = epoch
         self.seeded_again = again
+
+    def seed_pipe(self):
+        """An IterDataPipe's pass, as torch's DataLoader sets it up: its random pipes (a
+        Shuffler) seeded from the pass's shared seed (H_PIPE), the same in every worker, so
+        that a sharding_filter after a shuffle splits one order among them; iterated in the
+        caller's process (no worker process), sharded by the distributed ranks (a worker
+        process is sharded once it starts: start_worker_epoch)."""
+        gs = _graph_settings()
+        rng = torch.Generator()
+        rng.manual_seed(int(self.plan.head[_Plan.H_PIPE]))
+        gs.apply_random_seed(self.dataset, rng)
+        if self.worker < 0:
+            ws, rank = _dist_settings()
+            gs.apply_sharding(self.dataset, ws, rank)
 
     def seed_rngs(self, base):
         """A worker process's global RNGs seeded as torch seeds its worker's: base + its id
@@ -2234,6 +2267,8 @@ class _Writer:
             if run != self.iter_run:  # a new run (the same epoch and seed again included)
                 self.iter_run = run
                 self.iters.clear()
+                if self.pipe:
+                    self.seed_pipe()
                 # a process that replaced a dead one mid-run: the share's iterator died with
                 # it, and iterating it again from its start would repeat its samples (one
                 # that died after its share ended: the share stays ended)
@@ -2969,6 +3004,33 @@ def _mp_context(ctx):
         import multiprocessing
         return multiprocessing.get_context(ctx)
     return ctx
+
+
+def _is_iter_pipe(ds):
+    """Whether ds is an IterDataPipe (torch.utils.data.datapipes; a torchdata pipe), which
+    torch's DataLoader shuffles (shuffle=), seeds and shards itself."""
+    if torch is None:
+        return False
+    try:
+        from torch.utils.data import IterDataPipe
+    except ImportError:  # (a torch without DataPipes)
+        return False
+    return isinstance(ds, IterDataPipe)
+
+
+def _graph_settings():
+    from torch.utils.data import graph_settings
+    return graph_settings
+
+
+def _dist_settings():
+    """(world size, rank) of torch.distributed where it is initialized, else (1, 0): torch's
+    DataLoader's sharding of an IterDataPipe over the ranks."""
+    try:
+        from torch.utils.data.dataloader import _get_distributed_settings
+    except ImportError:
+        return 1, 0
+    return _get_distributed_settings()
 
 
 def _tensor_rows(dataset):

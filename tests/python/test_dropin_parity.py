@@ -379,4 +379,33 @@ def multiprocessing_context_checked_as_torch():
     T.check(got[0] is ValueError and "forked" in got[1], "workers=2 'spawn': %r" % (got,))
 
 
+
+@L.case
+def iter_datapipe_sharded_and_seeded_as_torch():
+    """An IterDataPipe is set up by torch's DataLoader: shuffle= turns its Shuffler on or off,
+    each pass seeds its random pipes from a seed drawn from the generator (the same in every
+    worker), and each worker process gets its share of a sharding_filter.  stoke refused
+    shuffle=, and its workers each iterated the whole pipe (every item once per worker), each
+    shuffling in its own order.  The batches of three passes and the global RNG after them are
+    torch's, with and without a generator and persistent workers."""
+    try:
+        from torch.utils.data.datapipes.iter import IterableWrapper
+    except ImportError:  # (a torch without DataPipes)
+        return
+
+    def run(make, nw, **kw):
+        torch.manual_seed(3)
+        if kw.pop("gen", False):
+            kw["generator"] = torch.Generator().manual_seed(5)
+        loader = make(IterableWrapper(range(12)).shuffle().sharding_filter(), batch_size=4,
+                      num_workers=nw, **kw)
+        return [[b.tolist() for b in loader] for _ in range(3)] + [torch.rand(1).item()]
+
+    for nw, kw in ((0, {}), (0, {"shuffle": False}), (2, {}), (2, {"shuffle": True}),
+                   (2, {"shuffle": False, "gen": True}), (2, {"persistent_workers": True}),
+                   (2, {"persistent_workers": True, "gen": True})):
+        got, ref = run(L.Loader, nw, **kw), run(L.TorchLoader, nw, **kw)
+        T.check(got == ref, "workers=%d %s: stoke %s, torch %s" % (nw, kw, got, ref))
+
+
 L.run_cases()
