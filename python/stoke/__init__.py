@@ -655,6 +655,12 @@ class _DataLoader(_stoke.Loader):
         self._fresh_plan = False  # set_epoch()/load_state_dict() planned an epoch's start
         _live.add(self)
         self._DataLoader__initialized = True
+        check = getattr(self, "check_worker_number_rationality", None)  # (torch's method)
+        if check is not None and processes:
+            # torch's warning when the worker processes outnumber the CPUs this process may
+            # run on ("This DataLoader will create 3 worker processes in total. ..."); worker
+            # threads are no processes: not told
+            check()
 
     def __iter__(self):
         if self._writer is not None and self._repeats():

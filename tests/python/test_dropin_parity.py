@@ -408,4 +408,27 @@ def iter_datapipe_sharded_and_seeded_as_torch():
         T.check(got == ref, "workers=%d %s: stoke %s, torch %s" % (nw, kw, got, ref))
 
 
+
+@L.case
+def too_many_workers_warn_as_torch():
+    """More worker processes than the CPUs the process may run on: torch's DataLoader warns
+    when it is made ("This DataLoader will create N worker processes in total. Our suggested
+    max number of worker ..."); stoke's said nothing.  As many as the CPUs: no warning."""
+    import warnings
+    cpus = len(os.sched_getaffinity(0))
+
+    def told(make, nw):
+        with warnings.catch_warnings(record=True) as ws:
+            warnings.simplefilter("always")
+            loader = make(L.Indices(4 * nw), batch_size=2, num_workers=nw)
+            made = [str(w.message) for w in ws if "worker processes in total" in str(w.message)]
+            T.check(sum(len(b) for b in loader) == 4 * nw, "%s: a pass" % make.__name__)
+        return made
+
+    for nw in (cpus, cpus + 1):
+        got, ref = told(L.Loader, nw), told(L.TorchLoader, nw)
+        T.check(len(ref) == (nw > cpus), "torch, %d workers on %d CPUs: %s" % (nw, cpus, ref))
+        T.check(got == ref, "%d workers on %d CPUs: stoke %s, torch %s" % (nw, cpus, got, ref))
+
+
 L.run_cases()
