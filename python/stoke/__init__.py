@@ -1054,7 +1054,8 @@ class _DataLoader(_stoke.Loader):
                 batches = cursor = w.plan.nbatches()
             elif cursor > 0 and w.planned and int(w.plan.head[w.plan.H_EPOCH]) == epoch:
                 batches = w.plan.nbatches()
-        if self._ended is not None and self._ended == (epoch, cursor):
+        ended = self._ended is not None and self._ended == (epoch, cursor)
+        if ended:
             epoch, cursor = epoch + 1, 0
         if self._writer is not None and self._writer.shuffle_drawn():
             seed = self._writer.epoch_seed  # the seed this epoch's shuffle drew
@@ -1063,6 +1064,10 @@ class _DataLoader(_stoke.Loader):
             st["workers"] = workers
         if batches is not None:
             st["epoch_batches"] = batches
+        if w is not None and w.pipe and not ended:
+            # an IterDataPipe's pass is replayed with its random pipes' seed (a Shuffler's
+            # order), not a new draw; the next pass draws its own
+            st["pipe_seed"] = int(w.plan.head[w.plan.H_PIPE])
         return st
 
     def _load_state(self, state):
@@ -1088,11 +1093,13 @@ class _DataLoader(_stoke.Loader):
             # the saved epoch's shuffle seed, not a new draw (the C loader's own seed is 0);
             # the next epoch's is drawn, as the saving loader's next pass draws it
             w.restore_seed, seed = (None if end else seed), 0
+        if w is not None and w.pipe and "pipe_seed" in state and not end:
+            w.restore_pipe = int(state["pipe_seed"])
         try:
             self._restore_state(int(state["version"]), seed, epoch, cursor, workers)
         finally:
             if w is not None:
-                w.restore_seed = None
+                w.restore_seed = w.restore_pipe = None
         # an epoch's start, planned now: iter() plans it again if the length changes before
         # (a position inside the epoch stays the plan's of now: its batches delivered were of it)
         self._fresh_plan = w is not None and cursor == 0

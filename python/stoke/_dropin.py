@@ -1600,6 +1600,7 @@ class _Writer:
         # an IterDataPipe: torch's DataLoader seeds its random pipes each pass and shards it
         # over the workers (seed_pipe, start_worker_epoch)
         self.pipe = iterable and _is_iter_pipe(dataset)
+        self.restore_pipe = None  # load_state_dict: the saved pass's pipe seed, not a draw
         self.lists = False        # batches() of the epoch: each batch one call with its keys
         self.keys = 0             # batches() of the epoch: its keys' type (_Plan.H_KEYS)
         # A sampler (batch_sampler) object: its order is taken when iteration starts, as
@@ -1873,7 +1874,8 @@ class _Writer:
                 if self.pipe and not again:
                     # torch's iterator draws an IterDataPipe's shared seed at every pass,
                     # before the base seed (_share_dist_seed, from the generator)
-                    self.plan.head[_Plan.H_PIPE] = self.base_seed_for()
+                    self.plan.head[_Plan.H_PIPE] = (self.restore_pipe if self.restore_pipe
+                                                    is not None else self.base_seed_for())
                 fresh = self.base_fixed is None and not again  # (the workers start anew)
                 seed, self.base_again = (
                     self.base_fixed if self.base_fixed is not None else

@@ -406,6 +406,17 @@ def iter_datapipe_sharded_and_seeded_as_torch():
                    (2, {"persistent_workers": True, "gen": True})):
         got, ref = run(L.Loader, nw, **kw), run(L.TorchLoader, nw, **kw)
         T.check(got == ref, "workers=%d %s: stoke %s, torch %s" % (nw, kw, got, ref))
+    # a state taken inside a pass (num_workers=0: an IterableDataset's position is kept)
+    # restores the pass's order, its Shuffler seeded as it was, not with a new draw
+    loader = L.Loader(IterableWrapper(range(12)).shuffle(), batch_size=3)
+    it = iter(loader)
+    head = [next(it).tolist() for _ in range(2)]
+    state = loader.state_dict()
+    rest = [b.tolist() for b in it]
+    again = L.Loader(IterableWrapper(range(12)).shuffle(), batch_size=3)
+    again.load_state_dict(state)
+    got = [b.tolist() for b in again]
+    T.check(got == rest, "restored after %s: %s, the pass went on with %s" % (head, got, rest))
 
 
 
