@@ -290,11 +290,15 @@ static void loader_close(LoaderObject *self)
 {
     stoke_py_drain(self); /* (batches whose copies were in flight: given back first) */
     stoke_loader *l = self->l;
+    /* taken out first: closing it runs Python code, and a collection meanwhile must not
+     * traverse a dataset being closed (loader_traverse) */
+    stoke_dataset ds = self->ds;
+    memset(&self->ds, 0, sizeof(self->ds));
     self->l = NULL;
     if (l && stoke_pyds_in_call())
-        defer_destroy(l, &self->ds);
+        defer_destroy(l, &ds);
     else
-        destroy_now(l, &self->ds);
+        destroy_now(l, &ds);
 }
 
 PyObject *stoke_py_reap_stats(PyObject *self, PyObject *unused)
@@ -306,8 +310,34 @@ PyObject *stoke_py_reap_stats(PyObject *self, PyObject *unused)
 
 static void loader_dealloc(PyObject *obj)
 {
+    PyObject_GC_UnTrack(obj);
     loader_close((LoaderObject *)obj);
     Py_TYPE(obj)->tp_free(obj);
+}
+
+/* The reference the C dataset holds to a Python dataset's batch writer (which holds the
+ * dataset, its collate_fn, sampler...), for the cyclic GC: a loader in a cycle through them (a
+ * dataset that keeps its loader, a trainer whose bound method is the collate_fn) is collected,
+ * its worker processes, shared memory and descriptors with it. */
+static int loader_traverse(PyObject *obj, visitproc visit, void *arg)
+{
+    Py_VISIT(stoke_pywriter_object(&((LoaderObject *)obj)->ds));
+    return 0;
+}
+
+/* PEP 442's finalizer: runs before the GC clears any object of a cycle found unreachable, so
+ * the C loader is destroyed (its threads joined) while the dataset and writer it calls are
+ * whole, as when its last reference goes; one whose batches are alive (in the cycle too) is
+ * destroyed by its dealloc, after them. */
+static void loader_finalize(PyObject *obj)
+{
+    LoaderObject *self = (LoaderObject *)obj;
+    if (!self->l || self->outstanding > 0 || self->busy)
+        return;
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    loader_close(self);
+    PyErr_Restore(type, value, tb);
 }
 
 /* Destroys the C loader now (joining its threads) unless a batch is still alive; later calls
@@ -441,15 +471,25 @@ static PyObject *iter_next(PyObject *obj)
 
 static void iter_dealloc(PyObject *obj)
 {
+    PyObject_GC_UnTrack(obj);
     Py_XDECREF(((IterObject *)obj)->loader);
-    PyObject_Free(obj);
+    PyObject_GC_Del(obj);
+}
+
+/* (a reference the GC must see: an iterator kept on its loader, or in a generator, a trainer,
+ * a Python dataset's pass, that its loader reaches, is a cycle) */
+static int iter_traverse(PyObject *obj, visitproc visit, void *arg)
+{
+    Py_VISIT(((IterObject *)obj)->loader);
+    return 0;
 }
 
 PyTypeObject StokeIter_Type = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "stoke.LoaderIterator",
     .tp_basicsize = sizeof(IterObject),
     .tp_dealloc = iter_dealloc,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_traverse = iter_traverse,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "One pass over a DataLoader.",
     .tp_iter = PyObject_SelfIter,
     .tp_iternext = iter_next,
@@ -470,10 +510,11 @@ static PyObject *loader_iter(PyObject *obj)
         Py_DECREF(r);
     }
     self->fresh = 0;
-    IterObject *it = PyObject_New(IterObject, &StokeIter_Type);
+    IterObject *it = PyObject_GC_New(IterObject, &StokeIter_Type);
     if (it) {
         it->loader = (LoaderObject *)Py_NewRef(obj);
         it->pass = ++self->passes;
+        PyObject_GC_Track(it);
     }
     return (PyObject *)it;
 }
@@ -688,7 +729,9 @@ PyTypeObject StokeLoader_Type = {
     .tp_basicsize = sizeof(LoaderObject),
     .tp_dealloc = loader_dealloc,
     .tp_as_sequence = &loader_as_sequence,
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = loader_traverse,
+    .tp_finalize = loader_finalize,
     .tp_doc = "The C loader behind stoke.DataLoader.",
     .tp_iter = loader_iter,
     .tp_methods = loader_methods,

@@ -571,6 +571,11 @@ static int address_of(PyObject *v, void *out)
     return p != NULL;
 }
 
+PyObject *stoke_pywriter_object(const stoke_dataset *ds)
+{
+    return ds->close == pyw_close && ds->user ? ((stoke_pywriter *)ds->user)->obj : NULL;
+}
+
 int stoke_pywriter_open(PyObject *obj, stoke_dataset *ds)
 {
     long long nbatches = 0, blob = 0;

@@ -134,6 +134,9 @@ PyObject *stoke_py_reap_stats(PyObject *self, PyObject *unused);
  * -1 with a Python exception set. */
 typedef struct stoke_pywriter stoke_pywriter;
 int stoke_pywriter_open(PyObject *obj, stoke_dataset *ds);
+/* The writer object ds holds a reference to (borrowed), or NULL where ds is not a writer's: for
+ * the cyclic GC's traversal of the loader that holds ds. */
+PyObject *stoke_pywriter_object(const stoke_dataset *ds);
 PyObject *stoke_py_pad_batch(PyObject *self, PyObject *args);
 
 /* Maps a stoke dtype to a buffer format and a DLPack dtype.  Returns 0, -1 for an unknown one. */

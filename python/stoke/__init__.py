@@ -866,10 +866,9 @@ class _DataLoader(_stoke.Loader):
         as_dict = self._structure == "dict"
         for b in it:
             names = b.keys()
-            if as_dict:
-                yield {n: conv(b[n]) for n in names}
-            else:
-                yield [conv(b[n]) for n in names]
+            box = [{n: conv(b[n]) for n in names} if as_dict else [conv(b[n]) for n in names]]
+            b = None
+            yield box.pop()  # (the suspended frame keeps no reference to the batch: _batches)
 
     def _batches(self, it, len_called, st):
         """The pass's batches from C iterator `it`; st: what the pass counted, kept when the
@@ -948,10 +947,15 @@ class _DataLoader(_stoke.Loader):
                        "Please see https://pytorch.org/docs/stable/data.html#torch.utils."
                        "data.IterableDataset for examples." if self.num_workers > 0 else ""),
                     stacklevel=3)
-            yield out
-            # not kept while the next batch is awaited: a caller that dropped its batch has
-            # given its buffer back, and a worker may take it instead of another one
+            # not kept by this frame while it is suspended, nor while the next batch is
+            # awaited: a caller that dropped its batch has given its buffer back, and a worker
+            # may take it instead of another one; and a batch's tensors hold its loader in a
+            # way the cyclic GC cannot see (a torch storage), so a suspended frame holding one
+            # would make a pass kept on its loader (loader.it = iter(loader), a trainer's
+            # iterator whose collate_fn is its bound method) a cycle the GC cannot collect
+            box = [out]
             out = None
+            yield box.pop()
 
     def _mark_end_at(self):
         try:

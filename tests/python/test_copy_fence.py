@@ -64,10 +64,10 @@ class Rows(torch.utils.data.Dataset):
 
 def watch_epoch(loader, complete_after=None, first=lambda b: b[0]):
     """Iterates one epoch dropping each batch at once (as `x = x.to(..., non_blocking=True)`
-    does; the loader's iterator lets go of it when the next batch is asked for), and after
-    each step checks that every batch whose fence is not done still holds its bytes.
-    complete_after=k: the fence of the batch k steps back is done then.  Returns (batches,
-    checks made, fences waited for)."""
+    does; the loader's iterator keeps no reference to a batch it delivered), and after each
+    step checks that every batch whose fence is not done still holds its bytes.
+    complete_after=k: the fence of the batch k steps back is done then (before the batch of
+    the step is dropped).  Returns (batches, checks made, fences waited for)."""
     watched = []  # [fence, address, bytes, the bytes, batch]
     checks = 0
     it = iter(loader)
@@ -77,21 +77,21 @@ def watch_epoch(loader, complete_after=None, first=lambda b: b[0]):
         try:
             b = next(it)
         except StopIteration:
-            b = None
-        if n:  # the batch before given back by now, first: fenced (at the end, the block
-            # of the epoch's end mark too)
-            T.check(len(Fence.made) == made + 1 or (b is None and len(Fence.made) > made),
-                    "batch %d given back: %d fences made, not 1" % (n - 1,
-                                                                     len(Fence.made) - made))
-            watched[-1][0] = Fence.made[made]
-        if b is None:
+            # (the block of the epoch's end mark given back, fenced, or none)
+            T.check(len(Fence.made) <= made + 1, "the epoch's end: %d fences made"
+                    % (len(Fence.made) - made))
             break
         x = first(b)
         watched.append([None, x.data_ptr(), x.numel() * x.element_size(),
                         x.numpy().tobytes(), n])
-        del b, x
         if complete_after is not None and len(watched) > complete_after + 1:
             watched[-2 - complete_after][0].done = True
+        made = len(Fence.made)
+        del b, x
+        # the batch given back as it is dropped, first: fenced
+        T.check(len(Fence.made) == made + 1, "batch %d given back: %d fences made, not 1"
+                % (n, len(Fence.made) - made))
+        watched[-1][0] = Fence.made[made]
         for f, p, nb, w, k in watched:
             if f is not None and not f.done:
                 checks += 1
