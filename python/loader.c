@@ -386,6 +386,15 @@ static void leave(LoaderObject *self)
 
 static PyObject *raise_loader_error(LoaderObject *self, int rc)
 {
+    if (rc == STOKE_ECANCELED && stoke_pyds_stopped_elsewhere()) {
+        /* A daemon thread iterating while the interpreter exits (a prefetcher): its loader was
+         * stopped by the exit hook.  SystemExit ends the thread quietly (threading's excepthook
+         * ignores it), as torch's thread is frozen silently; a LoaderError's traceback, cut
+         * off by the finalization, would go to the stderr of a script that exited normally. */
+        PyErr_SetString(PyExc_SystemExit, "stoke: the Python interpreter is exiting: the "
+                                          "DataLoader was stopped by its exit hook");
+        return NULL;
+    }
     const char *err = stoke_loader_last_error(self->l);
     const char *s = strstr(err, "sample ");
     unsigned long long idx;

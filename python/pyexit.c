@@ -15,6 +15,7 @@
 static atomic_int stopped;
 static atomic_int inflight;
 static _Thread_local int depth;
+static unsigned long stopper; /* the thread that ran the exit hook (set before `stopped`) */
 
 int stoke_py_finalizing(void)
 {
@@ -48,8 +49,14 @@ int stoke_pyds_in_call(void)
     return depth > 0;
 }
 
+int stoke_pyds_stopped_elsewhere(void)
+{
+    return atomic_load(&stopped) && PyThread_get_thread_ident() != stopper;
+}
+
 void stoke_pyds_stop_all(void)
 {
+    stopper = PyThread_get_thread_ident();
     atomic_store(&stopped, 1);
     Py_BEGIN_ALLOW_THREADS;
     while (atomic_load(&inflight) > 0) {

@@ -121,6 +121,9 @@ int stoke_pyds_enter(char *msg, size_t msg_len);
 void stoke_pyds_leave(void);
 /* Whether this thread is inside such a call (it may be one of a loader's own workers). */
 int stoke_pyds_in_call(void);
+/* Whether the exit hook stopped the datasets and this thread is another than the one that ran
+ * it (a daemon thread still iterating a loader while the interpreter exits). */
+int stoke_pyds_stopped_elsewhere(void);
 
 /* loader.c: destroys the loaders freed on a thread inside a Python dataset's call (deferred:
  * such a thread may be one of the loader's own workers).  GIL held, on a thread that may join

@@ -89,3 +89,48 @@ for workers in ("processes", "threads"):
         T.check(not left, "%s: %d process(es) outlived the program by 10 s: %s"
                 % (what, len(left), left))
 print("ok")
+
+# A daemon thread iterating a loader (a prefetcher) while the script exits: the exit status is
+# the script's, nothing on stderr (with num_workers=0 the thread's next call of the stopped
+# dataset raised a LoaderError, whose traceback, cut off by the finalization, was printed on
+# the stderr of a script that ended normally; torch's thread is frozen silently), no process
+# left; the thread ends (an exit hook registered before stoke's may join it).
+DAEMON = r"""
+import atexit, sys, threading, time
+threads = []
+# (registered before stoke's hook, so it runs after it: the thread's end, so its stderr, is
+# waited for, where the finalization would otherwise race it)
+atexit.register(lambda: [t.join(30) for t in threads])
+import numpy as np, stoke
+class Slow:
+    def __len__(self): return 10000
+    def __getitem__(self, i):
+        time.sleep(0.002)
+        return np.full(4, i, dtype=np.int64)
+loader = stoke.DataLoader(Slow(), batch_size=4, num_workers=int(sys.argv[1]), pin_memory=False)
+got = threading.Event()
+def prefetch():
+    for k, b in enumerate(loader):
+        if k == 2:
+            got.set()
+threads.append(threading.Thread(target=prefetch, daemon=True))
+threads[0].start()
+assert got.wait(60)
+print("leaving", flush=True)
+sys.exit(3)
+"""
+for workers in (0, 2):
+    what = "daemon thread, num_workers=%d" % workers
+    r = subprocess.run([sys.executable, "-c", DAEMON, str(workers)], capture_output=True,
+                       text=True, timeout=120)
+    T.check(r.returncode == 3 and "leaving" in r.stdout,
+            "%s: exit %d: %s %s" % (what, r.returncode, r.stdout, r.stderr))
+    T.check(not r.stderr.strip(), "%s: stderr: %s" % (what, r.stderr))
+    end = time.monotonic() + 10
+    left = children()
+    while left and time.monotonic() < end:
+        time.sleep(0.05)
+        left = children()
+    T.check(not left, "%s: %d process(es) outlived the program by 10 s: %s"
+            % (what, len(left), left))
+print("ok (daemon thread)")
