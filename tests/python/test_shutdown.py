@@ -43,25 +43,25 @@ if mode == "del":
     keep.clear()
 print("leaving", flush=True)
 """
-ME = os.getpid()
 # a worker process whose parent exited is re-parented here, where it is seen
 ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
 
 
-def children():
-    out = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open("/proc/%s/stat" % pid) as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == ME:  # state, ppid, ...
-            if fields[0] == "Z":
-                os.waitpid(int(pid), 0)  # an exited orphan: reaped
-            else:
-                out.append(int(pid))
-    return out
+def run(what, args, status, env=None):
+    """Runs CHILD-like code (args: -c's code and its arguments); checks its exit status, its
+    "leaving", an empty stderr, and that no process of it outlives it by 10 s."""
+    r = subprocess.run([sys.executable, "-c"] + args, capture_output=True, text=True,
+                       timeout=120, env=env)
+    T.check(r.returncode == status and "leaving" in r.stdout,
+            "%s: exit %d: %s %s" % (what, r.returncode, r.stdout, r.stderr))
+    T.check(not r.stderr.strip(), "%s: stderr: %s" % (what, r.stderr))
+    end = time.monotonic() + 10
+    left = T.children(reap=True)
+    while left and time.monotonic() < end:
+        time.sleep(0.05)
+        left = T.children(reap=True)
+    T.check(not left, "%s: %d process(es) outlived the program by 10 s: %s"
+            % (what, len(left), left))
 
 
 # exit:  loaders mid-epoch left to the exit hook, no batch alive: it destroys them (threads
@@ -75,19 +75,7 @@ for workers in ("processes", "threads"):
         env = dict(os.environ)
         if mode == "batch" and "TSAN_OPTIONS" in env:
             env["TSAN_OPTIONS"] += ":report_thread_leaks=0"
-        what = "%s/%s" % (workers, mode)
-        r = subprocess.run([sys.executable, "-c", CHILD, mode, workers], capture_output=True,
-                           text=True, timeout=120, env=env)
-        T.check(r.returncode == 0 and "leaving" in r.stdout,
-                "%s: exit %d: %s %s" % (what, r.returncode, r.stdout, r.stderr))
-        T.check(not r.stderr.strip(), "%s: stderr: %s" % (what, r.stderr))
-        end = time.monotonic() + 10
-        left = children()
-        while left and time.monotonic() < end:
-            time.sleep(0.05)
-            left = children()
-        T.check(not left, "%s: %d process(es) outlived the program by 10 s: %s"
-                % (what, len(left), left))
+        run("%s/%s" % (workers, mode), [CHILD, mode, workers], 0, env)
 print("ok")
 
 # A daemon thread iterating a loader (a prefetcher) while the script exits: the exit status is
@@ -120,17 +108,5 @@ print("leaving", flush=True)
 sys.exit(3)
 """
 for workers in (0, 2):
-    what = "daemon thread, num_workers=%d" % workers
-    r = subprocess.run([sys.executable, "-c", DAEMON, str(workers)], capture_output=True,
-                       text=True, timeout=120)
-    T.check(r.returncode == 3 and "leaving" in r.stdout,
-            "%s: exit %d: %s %s" % (what, r.returncode, r.stdout, r.stderr))
-    T.check(not r.stderr.strip(), "%s: stderr: %s" % (what, r.stderr))
-    end = time.monotonic() + 10
-    left = children()
-    while left and time.monotonic() < end:
-        time.sleep(0.05)
-        left = children()
-    T.check(not left, "%s: %d process(es) outlived the program by 10 s: %s"
-            % (what, len(left), left))
+    run("daemon thread, num_workers=%d" % workers, [DAEMON, str(workers)], 3)
 print("ok (daemon thread)")
