@@ -27,30 +27,6 @@
 #include "sources/remote_internal.h"
 #include "stoke/status.h"
 
-/* The helpers of src/common remote_aws.c and env.c use (status.c would bring the logger). */
-
-char *stoke__strlcpy(char *dst, const char *src, size_t n)
-{
-    if (n) {
-        size_t k = strlen(src);
-        k = k < n - 1 ? k : n - 1;
-        memcpy(dst, src, k);
-        dst[k] = 0;
-    }
-    return dst;
-}
-
-int stoke__fail(int code, const char *fmt, ...)
-{
-    (void)fmt;
-    return code;
-}
-
-void stoke__log(int level, const char *fmt, ...)
-{
-    (void)level, (void)fmt;
-}
-
 /* ---- the INI rules, read here line by line from the bytes ---------------------------------- */
 
 /* [p, p + n) trimmed of white space, as a C string (the line ends at a 0 byte, as a C string

@@ -26,13 +26,6 @@
 #include "sources/tar_shards.h"
 #include "stoke/status.h"
 
-/* The one helper of src/common tar_shards.c uses (status.c would bring the logger along). */
-int stoke__fail(int code, const char *fmt, ...)
-{
-    (void)fmt;
-    return code;
-}
-
 typedef struct leaves {
     size_t pat_len;
     unsigned long n;

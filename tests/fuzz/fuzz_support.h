@@ -1,6 +1,6 @@
 /* What the fuzz targets share: check() (aborts with the file and line of a broken invariant,
- * which libFuzzer reports as a crash) and, in fuzz_support.c, the one formatting helper of
- * src/common the parsers under test use (status.c would bring the logger along). */
+ * which libFuzzer reports as a crash).  The parsers' own helpers (stoke__fmt, stoke__fail)
+ * come from src/common, linked in (tests/fuzz/CMakeLists.txt). */
 #ifndef STOKE_FUZZ_SUPPORT_H
 #define STOKE_FUZZ_SUPPORT_H
 
