@@ -41,7 +41,6 @@ CURLcode curl_easy_getinfo(CURL *h, CURLINFO info, ...)
     return CURLE_OK;
 }
 
-
 /* The file's recorded version: compared by its key (remote.h, STOKE__REMOTE_TAG_KEY). */
 static char g_adopted[512];
 int stoke__remote_tag_differs(stoke__remote_tag *t, const char *v, int adopt, const char **had)
