@@ -2606,7 +2606,7 @@ class _Writer:
         pin_memory=False) and worker processes write them: each block is address space of a
         shared memfd whose pages exist only once written, so a block may as well be large.
         A batch over 8 MiB (images) is then written in place, not spilled (a memfd of its
-        own, received and mapped here: 4 times slower at 38 MB batches), and a small one
+        own, received and mapped here: 5.5 times slower at 38 MB batches), and a small one
         costs what it writes, as before.  `buffers`: about how many blocks the loader will
         have; their address space is kept to a quarter of physical memory (the loader
         refuses buffers that exceed it)."""
