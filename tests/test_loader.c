@@ -265,7 +265,7 @@ static void test_timeout(void **state)
      * other worker could sit in sample 5 for the whole timeout before batch 0 was made.  The
      * timeout is long against one trivial sample (a preempted get() must not trip it). */
     stoke_loader_opts o = base_opts(4, 1);
-    o.timeout_ms = 300;
+    o.timeout_ms = 1000; /* (not 300: a loaded machine may preempt a trivial sample that long) */
     stoke_loader *l;
     assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
     stoke_batch *b;
@@ -301,7 +301,7 @@ static void test_timeout_first_batch(void **state)
         ds.worker_init = NULL; /* (with one the caller's thread never makes a batch) */
         t.slow_index = 0;
         stoke_loader_opts o = base_opts(4, workers);
-        o.timeout_ms = 300;
+        o.timeout_ms = 1000;
         stoke_loader *l;
         assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
         stoke_batch *b;

@@ -440,8 +440,10 @@ def persistent_workers_after_a_pass_left_early():
 
 class _Forks:
     """Forks of this process and of the worker processes' zygote (counted in the parent of
-    each); the child of fork number `hold` writes `said` + "held", sleeps 3 s (a worker
-    process still starting), then writes `said` + "done"."""
+    each); the child of fork number `hold` writes `said` + "held", waits until `said` +
+    "release" exists (a worker process still starting; 60 s at most), then writes `said` +
+    "done".  (It slept 3 s, in which the other worker had to start and make batch 0: it did
+    not once, in a CI run beside other tests.)"""
     n = 0
     hold = None
     said = None
@@ -450,7 +452,7 @@ class _Forks:
 def _forked():
     if _Forks.n == _Forks.hold:
         open(_Forks.said + "held", "w").close()
-        time.sleep(3.0)
+        _appears(_Forks.said + "release", within=60.0)
         open(_Forks.said + "done", "w").close()
 
 
@@ -490,8 +492,8 @@ def persistent_worker_that_made_nothing_of_a_left_pass():
     _Forks.said = os.path.join(tmp, "fork_")
     mark = os.path.join(tmp, "worker1_began")
     got = []
-    for hold in (3, None):  # worker 1's fork held 3 s / not
-        for f in (_Forks.said + "held", _Forks.said + "done", mark):
+    for hold in (3, None):  # worker 1's fork held until the pass is left / not
+        for f in (_Forks.said + "held", _Forks.said + "done", _Forks.said + "release", mark):
             if os.path.exists(f):
                 os.unlink(f)
         torch.manual_seed(5)
@@ -506,6 +508,7 @@ def persistent_worker_that_made_nothing_of_a_left_pass():
                 T.check(not os.path.exists(_Forks.said + "done"),
                         "batch 0 came after the held fork's hold: not worker 1's")
             break
+        open(_Forks.said + "release", "w").close()  # (the pass is left: worker 1 goes on)
         _Forks.hold = None
         got.append(([b.tolist() for b in loader], [b.tolist() for b in loader]))
         T.check(hold is None or _appears(_Forks.said + "held"), "no fork was held")
