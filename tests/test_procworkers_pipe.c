@@ -46,7 +46,7 @@ typedef struct shared {
     uint64_t crash;         /* raise(SIGSEGV) here once the next request is queued (or not) */
     uint64_t slow_from;     /* samples from here on take 20 ms each */
     uint64_t hang;          /* publish the pid and wait to be killed here */
-    uint64_t hold, hold2;   /* wait here until `destroying`, then 300 ms more */
+    uint64_t hold, hold2;   /* epoch 0: wait here until `destroying`, then until abandoned */
     _Atomic int destroying; /* the test is about to destroy (or reposition) the loader */
     int bad_mod;            /* samples with index % bad_mod == 3 fail (STOKE_EDATA); 0: none */
     int read_crash;         /* every read() in a child raises SIGSEGV (get() does not) */
@@ -139,10 +139,13 @@ static int pds_get(void *user, uint64_t index, void *const dst[], int64_t lens[]
             for (;;)
                 tu_sleep_ms(10); /* until destroy kills this process */
         }
-        if (index == sh->hold || index == sh->hold2) {
+        if ((index == sh->hold || index == sh->hold2) && p->epoch == 0) {
             while (!atomic_load(&sh->destroying))
                 tu_sleep_ms(1);
-            tu_sleep_ms(300); /* destroy or the reposition has begun by now */
+            /* until destroy or the reposition has begun (it slept 300 ms, which a parent
+             * descheduled that long outlasts); at most 20 s */
+            for (int ms = 0; !stoke_dataset_abandoned() && ms < 20000; ms++)
+                tu_sleep_ms(1);
             if (index == sh->hold && atomic_exchange(&sh->crash_held, 0)) {
                 signal(SIGSEGV, SIG_DFL);
                 raise(SIGSEGV);
