@@ -248,8 +248,10 @@ static void test_set_epoch_mid_epoch(void **state)
 }
 
 /* A reposition stops the batches of the run it abandons between two samples: the worker held
- * in sample 16 (batch 2 of 8) by the gate, opened 300 ms after set_epoch began, makes no sample
- * after it (nor batch 3, which its group may hold); the new epoch runs whole. */
+ * in sample 16 (batch 2 of 8) by the gate, opened once set_epoch has abandoned the run (its
+ * worker's busy marks show a new run), makes no sample after it (nor batch 3, which its group
+ * may hold); the new epoch runs whole.  (The gate opened 300 ms after the thread started,
+ * which a set_epoch descheduled that long would outlast.) */
 static _Atomic int gets_at_set_epoch;
 static int record_gets(void *user, uint64_t epoch)
 {
@@ -258,10 +260,18 @@ static int record_gets(void *user, uint64_t epoch)
     return STOKE_OK;
 }
 
+typedef struct gate_later {
+    tds *t;
+    stoke__busy *marks; /* the held worker's */
+    uint64_t gen;       /* its run before set_epoch */
+} gate_later;
+
 static void *open_gate_later(void *arg)
 {
-    tu_sleep_ms(300);
-    tds_open_gate(arg);
+    gate_later *g = arg;
+    for (int ms = 0; atomic_load(&g->marks->gen) == g->gen && ms < 20000; ms++)
+        tu_sleep_ms(1);
+    tds_open_gate(g->t);
     return NULL;
 }
 
@@ -282,8 +292,10 @@ static void test_set_epoch_stops_between_samples(void **state)
         tds_skip(l, 2);
         while (atomic_load(&t.gets) < 17) /* the worker is in sample 16 */
             tu_sleep_ms(1);
+        gate_later g = {&t, l->w[0].p.busy, 0};
+        g.gen = atomic_load(&g.marks->gen);
         pthread_t th;
-        assert_int_equal(pthread_create(&th, NULL, open_gate_later, &t), 0);
+        assert_int_equal(pthread_create(&th, NULL, open_gate_later, &g), 0);
         assert_int_equal(stoke_loader_set_epoch(l, 1), STOKE_OK);
         pthread_join(th, NULL);
         /* samples 0..16 (the reposition's wait ends after 16), not 17.. */
