@@ -6,18 +6,20 @@
  * size class's mutex held by nobody, and the child's first allocation of that size waits
  * forever.  Seen in CI: a torch DataLoader worker forked in the ASan run as the previous
  * pass's queue feeder threads exited, hung in SizeClassAllocator64::GetFromAllocator
- * (tests/python/test_dropin_parity.py, one hang in about 4,500 forks; every time within two
- * minutes with a thread that wakes every few seconds).  LLVM 18 locks the allocator in a
- * pthread_atfork handler (llvm-project PR 75290); its lock functions are not exported here.
+ * (tests/python/test_dropin_parity.py; outside the tests, one hang in 4,500 such passes of 2
+ * workers, and every time within two minutes with a thread that wakes every few seconds).
+ * LLVM 18 locks the allocator in a pthread_atfork handler (llvm-project PR 75290); its lock
+ * functions are not exported here.
  *
  * So the handler below, registered when libstoke is loaded, waits before every fork of the
  * process (the library's workers, Python's os.fork, torch's) until every other thread is
  * asleep or stopped: one that is running or runnable may be inside the allocator.  A thread
  * asleep holds none of its locks, as the allocator never sleeps with one held but to wait for
- * another.  What is left is a thread that wakes in the microseconds between the check and the
- * fork.  The wait is bounded (a thread computing for longer than that forks anyway, as
- * before) and costs nothing when every other thread sleeps, as at a loader's start.  Not
- * compiled into other builds: glibc's malloc is fork-safe. */
+ * another.  What is left is a thread that wakes between the check and the end of the fork
+ * (the kernel's copy of the address space); a Python thread waiting for the GIL, which the
+ * forking thread holds, cannot.  The wait is bounded (a thread computing for longer than that
+ * forks anyway, as before) and costs nothing when every other thread sleeps, as at a loader's
+ * start.  Not compiled into other builds: glibc's malloc is fork-safe. */
 #if defined(__SANITIZE_ADDRESS__)
 
 #define _GNU_SOURCE
