@@ -84,13 +84,13 @@ char *stoke__vfmt_short(char *dst, size_t n, const char *fmt, va_list ap);
 /* stoke__vfmt_short's variadic form. */
 char *stoke__fmt_short(char *dst, size_t n, const char *fmt, ...) STOKE__PRINTF(3, 4);
 
-/* ASan builds: every fork of the process first waits for the other threads to sleep, as that
- * runtime does not make its allocator safe across fork (src/common/asan_fork.c).  Registered
- * when the library is loaded; nothing in other builds. */
-#if defined(__SANITIZE_ADDRESS__)
-void stoke__asan_fork_hook(void);
+/* ASan and TSan builds: every fork of the process first waits for the other threads to sleep,
+ * as those runtimes do not make their allocator safe across fork (src/common/sanitizer_fork.c).
+ * Registered when the library is loaded; nothing in other builds. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+void stoke__sanitizer_fork_hook(void);
 #else
-static inline void stoke__asan_fork_hook(void) {}
+static inline void stoke__sanitizer_fork_hook(void) {}
 #endif
 
 /* Monotonic clock in nanoseconds. */

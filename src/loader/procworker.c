@@ -115,7 +115,7 @@ static void fork_child(void)
 
 static void fork_hooks(void)
 {
-    stoke__asan_fork_hook();
+    stoke__sanitizer_fork_hook();
     pthread_atfork(fork_prepare, fork_parent, fork_child);
 }
 

@@ -1,15 +1,17 @@
-/* AddressSanitizer builds only: a fork waits until no other thread of the process is running.
+/* AddressSanitizer and ThreadSanitizer builds only: a fork waits until no other thread of the
+ * process is running.
  *
- * The ASan runtime of GCC 12 (Debian 12's libasan8, LLVM's sanitizers before 18) takes no lock
- * of its allocator around fork().  A thread of the parent inside malloc or free as another
- * forks (a Python thread exiting frees its state without the GIL) leaves the child with a
- * size class's mutex held by nobody, and the child's first allocation of that size waits
- * forever.  Seen in CI: a torch DataLoader worker forked in the ASan run as the previous
- * pass's queue feeder threads exited, hung in SizeClassAllocator64::GetFromAllocator
- * (tests/python/test_dropin_parity.py; outside the tests, one hang in 4,500 such passes of 2
- * workers, and every time within two minutes with a thread that wakes every few seconds).
- * LLVM 18 locks the allocator in a pthread_atfork handler (llvm-project PR 75290); its lock
- * functions are not exported here.
+ * The sanitizer runtimes of GCC 12 (Debian 12's libasan8 and libtsan2; LLVM's before 18 for
+ * ASan, 19 for TSan) take no lock of their allocator around fork().  A thread of the parent
+ * inside malloc or free as another forks (a Python thread exiting frees its state without the
+ * GIL) leaves the child with a size class's mutex held by nobody, and the child's first
+ * allocation of that size waits forever.  Seen in CI: a torch DataLoader worker forked in the
+ * ASan run as the previous pass's queue feeder threads exited, hung in
+ * SizeClassAllocator64::GetFromAllocator (tests/python/test_dropin_parity.py; outside the
+ * tests, one hang in 4,500 such passes of 2 workers, and every time within two minutes with a
+ * thread that wakes every few seconds).  tests/test_fork_threads.c hangs a child under both
+ * (under TSan in about one run of six).  LLVM locks the allocators in pthread_atfork handlers
+ * since (llvm-project PRs 75290 and 96600); their lock functions are not exported here.
  *
  * So the handler below, registered when libstoke is loaded, waits before every fork of the
  * process (the library's workers, Python's os.fork, torch's) until every other thread is
@@ -20,7 +22,7 @@
  * forking thread holds, cannot.  The wait is bounded (a thread computing for longer than that
  * forks anyway, as before) and costs nothing when every other thread sleeps, as at a loader's
  * start.  Not compiled into other builds: glibc's malloc is fork-safe. */
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -91,11 +93,11 @@ static void hook(void)
 
 /* At load (libstoke.so, or a program linking the static library that forks workers: the
  * loader's process workers call it, which also keeps this object in such a program). */
-__attribute__((constructor)) void stoke__asan_fork_hook(void)
+__attribute__((constructor)) void stoke__sanitizer_fork_hook(void)
 {
     pthread_once(&hooked, hook);
 }
 
 #else
-typedef int stoke__asan_fork_unused; /* ISO C: a translation unit declares something */
+typedef int stoke__sanitizer_fork_unused; /* ISO C: a translation unit declares something */
 #endif
