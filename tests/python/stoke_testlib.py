@@ -2,6 +2,7 @@
 import os
 import sys
 import tempfile
+import time
 
 SKIP = 77
 
@@ -80,6 +81,15 @@ def children(reap=False):
         elif reap:
             os.waitpid(int(pid), 0)
     return out
+
+
+def appears(path, within=20.0):
+    """Whether the file `path` exists within `within` seconds (polled every 10 ms): a test
+    waits on what a worker or child writes, not for a fixed time."""
+    deadline = time.monotonic() + within
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return os.path.exists(path)
 
 
 def check(cond, what):

@@ -452,7 +452,7 @@ class _Forks:
 def _forked():
     if _Forks.n == _Forks.hold:
         open(_Forks.said + "held", "w").close()
-        _appears(_Forks.said + "release", within=60.0)
+        T.appears(_Forks.said + "release", within=60.0)
         open(_Forks.said + "done", "w").close()
 
 
@@ -471,13 +471,6 @@ class MarkingDrawing(SlowDrawing):
         if info is not None and info.id == 1 and not os.path.exists(self.mark):
             open(self.mark, "w").close()
         return super().__getitem__(i)
-
-
-def _appears(path, within=20.0):
-    deadline = time.monotonic() + within
-    while not os.path.exists(path) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return os.path.exists(path)
 
 
 @case
@@ -503,7 +496,7 @@ def persistent_worker_that_made_nothing_of_a_left_pass():
                           persistent_workers=True, max_batch_bytes=4096)
         for _ in loader:
             if hold is None:  # worker 1 made a batch of this pass before the break
-                T.check(_appears(mark), "worker 1 made nothing of the pass")
+                T.check(T.appears(mark), "worker 1 made nothing of the pass")
             else:  # the hold is worker 1's: batch 0 (worker 0's) came while it was held
                 T.check(not os.path.exists(_Forks.said + "done"),
                         "batch 0 came after the held fork's hold: not worker 1's")
@@ -511,7 +504,7 @@ def persistent_worker_that_made_nothing_of_a_left_pass():
         open(_Forks.said + "release", "w").close()  # (the pass is left: worker 1 goes on)
         _Forks.hold = None
         got.append(([b.tolist() for b in loader], [b.tolist() for b in loader]))
-        T.check(hold is None or _appears(_Forks.said + "held"), "no fork was held")
+        T.check(hold is None or T.appears(_Forks.said + "held"), "no fork was held")
         del loader
     T.check(got[0] == got[1], "worker 1 held at its start / not: %s" % got)
     draws = [[d for b in p for _, d in b] for p in got[0]]

@@ -665,9 +665,7 @@ class SlowAt20(Dataset):
 
     def __getitem__(self, i):
         if i == 20 and get_worker_info() is not None:
-            deadline = time.monotonic() + 60
-            while not os.path.exists(self.release) and time.monotonic() < deadline:
-                time.sleep(0.01)
+            T.appears(self.release, within=60.0)
         return i
 
 
@@ -1056,9 +1054,7 @@ def break_stops_the_batch_between_samples():
         ds = kind(64, 9, log)
         loader = L.Loader(ds, batch_size=8, num_workers=1, **kw)
         for b in loader:
-            end = time.monotonic() + 20
-            while not os.path.exists(log + ".waited") and time.monotonic() < end:
-                time.sleep(0.002)
+            T.appears(log + ".waited")
             break  # batch 0; the worker is in batch 1 (8..15), waiting in sample 9
         del b
         got = epoch(loader)
