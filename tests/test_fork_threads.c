@@ -20,7 +20,6 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "common/internal.h"
@@ -66,7 +65,6 @@ static void child_allocates(void)
 static int wait_bounded(pid_t pid, int *status)
 {
     uint64_t deadline = stoke__now_ns() + (uint64_t)HANG_MS * 1000000;
-    struct timespec nap = {0, 500 * 1000};
     for (;;) {
         pid_t r = waitpid(pid, status, WNOHANG);
         if (r == pid)
@@ -78,7 +76,7 @@ static int wait_bounded(pid_t pid, int *status)
             waitpid(pid, status, 0);
             return -1;
         }
-        nanosleep(&nap, NULL);
+        tu_sleep_ms(1);
     }
 }
 
