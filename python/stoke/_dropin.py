@@ -3210,7 +3210,9 @@ def _one_intraop_thread():
     they already are one (OMP_NUM_THREADS=1, a parent that set it): set_num_threads() creates
     a thread pool, a thread this child need not start.  (Under AddressSanitizer, a thread
     started in a child forked from a threaded parent could wait forever on a lock of the
-    sanitizer's allocator copied locked by the fork: the probe's child hung so in the tests.)"""
+    sanitizer's allocator copied locked by the fork: the probe's child hung so in the tests.
+    The sanitizer builds now wait at every fork for the other threads to sleep:
+    src/common/sanitizer_fork.c.)"""
     if torch is not None and torch.get_num_threads() != 1:
         torch.set_num_threads(1)
 
