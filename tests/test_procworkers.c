@@ -4,7 +4,7 @@
  * after destroy, also mid-epoch; the dataset's set_epoch reaches the children; the zygote and
  * children die with the loader's process (also when a fork of it lives on); a stopped zygote is a
  * bounded error; a forked child's use of the loader fails at once; loaders destroyed one by one do
- * not wait for each other.  Every test runs under alarm(): a hang fails instead of blocking CI. */
+ * not wait for each other; stoke_loader_stop ends the workers and keeps the batches held.  Every test runs under alarm(): a hang fails instead of blocking CI. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
@@ -592,6 +592,93 @@ static void test_interrupt_abandon(void **state)
     assert_true(r.st.worker_restarts >= 1);
     stoke_loader_interrupt(NULL);
     end_loader(l, &ds, &p, &r, stuck, fds);
+}
+
+/* The threads of this process (entries of /proc/self/task). */
+static int count_threads(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    assert_non_null(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+/* stoke_loader_stop with two batches held: every worker thread and process is gone at once (a
+ * child stuck in a sample too), the dataset is closed before the batches go, and the batches
+ * keep their bytes until released; next() and set_epoch fail with ECANCELED, saying why; a
+ * second stop does nothing; destroy then leaves no descriptor.  Threads and processes. */
+static void test_stop_keeps_held(void **state)
+{
+    (void)state;
+    for (int c = 0; c < 3; c++) {
+        int mode = c ? STOKE_WORKER_PROCESSES : STOKE_WORKER_THREADS, hang = c == 2;
+        reset_shared();
+        int fds = tu_count_fds_to(""), threads = count_threads();
+        pds p;
+        stoke_dataset ds;
+        pds_open(&p, 0, 0, &ds);
+        sh->hang = hang ? 30 : UINT64_MAX; /* a child stuck in batch 3's sample at stop */
+        stoke_loader_opts o;
+        opts(&o, "error", mode, 2, 0);
+        stoke_loader *l;
+        assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+        stoke_batch *held[2];
+        unsigned char copy[2][BS * SB];
+        for (int k = 0; k < 2; k++) {
+            assert_int_equal(stoke_loader_next(l, &held[k]), STOKE_OK);
+            assert_int_equal(stoke_batch_count(held[k]), BS);
+            memcpy(copy[k], stoke_batch_data(held[k], 0), sizeof(copy[k]));
+        }
+        while (hang && atomic_load(&sh->hang_pid) == 0)
+            tu_sleep_ms(1);
+        static run r;
+        memset(&r, 0, sizeof(r));
+        tu_note_worker_pids(l, 2, r.pids, &r.npids, 64);
+        assert_true(count_threads() > threads);
+        assert_true(mode == STOKE_WORKER_THREADS || r.npids >= 1);
+
+        stoke_loader_stop(l);
+        for (int k = 0; k < r.npids; k++)
+            assert_true(tu_pid_gone(r.pids[k]));
+        if (hang)
+            assert_true(tu_pid_gone(atomic_load(&sh->hang_pid)));
+        tu_assert_no_children();
+        assert_int_equal(count_threads(), threads);
+        stoke_dataset_close(&ds); /* nothing calls it any more */
+        stoke_dataset_close(&p.inner);
+        for (int k = 0; k < 2; k++) {
+            const unsigned char *data = stoke_batch_data(held[k], 0);
+            const int64_t *label = stoke_batch_data(held[k], 1);
+            assert_memory_equal(data, copy[k], sizeof(copy[k]));
+            for (size_t j = 0; j < BS; j++) {
+                uint64_t i = stoke_batch_indices(held[k])[j];
+                unsigned char want[SB];
+                stoke_synthetic_fill(0, i % N, want, sizeof(want));
+                assert_int_equal(i, (uint64_t)(k * BS) + j);
+                assert_int_equal(label[j], (int64_t)(i % N));
+                assert_memory_equal(data + j * SB, want, SB);
+            }
+        }
+        stoke_batch *b = (stoke_batch *)1;
+        assert_int_equal(stoke_loader_next(l, &b), STOKE_ECANCELED);
+        assert_null(b);
+        assert_non_null(strstr(stoke_loader_last_error(l), "was stopped (stoke_loader_stop)"));
+        assert_non_null(strstr(stoke_loader_last_error(l), "pds"));
+        assert_int_equal(stoke_loader_set_epoch(l, 1), STOKE_ECANCELED);
+        assert_int_equal(stoke_loader_next_epoch(l), STOKE_ECANCELED);
+        stoke_loader_stats st = {.size = sizeof(st)};
+        assert_int_equal(stoke_loader_get_stats(l, &st), STOKE_OK);
+        assert_int_equal(st.batches, 2);
+        stoke_loader_stop(l); /* again: nothing */
+        stoke_batch_release(held[1]);
+        stoke_batch_release(held[0]);
+        stoke_loader_destroy(l);
+        assert_int_equal(tu_count_fds_to(""), fds);
+    }
+    stoke_loader_stop(NULL);
 }
 
 static void test_invalid(void **state)
@@ -1333,6 +1420,7 @@ int main(void)
         cmocka_unit_test_setup(test_kill_idle, setup),
         cmocka_unit_test_setup(test_destroy_mid_epoch, setup),
         cmocka_unit_test_setup(test_interrupt_abandon, setup),
+        cmocka_unit_test_setup(test_stop_keeps_held, setup),
         cmocka_unit_test_setup(test_invalid, setup),
         cmocka_unit_test_setup(test_pinned_device, setup),
         cmocka_unit_test_setup(test_cli, setup),

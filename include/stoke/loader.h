@@ -233,6 +233,17 @@ STOKE_API int stoke_loader_create(const stoke_loader_opts *o, stoke_dataset *ds,
  * no other call on `l` or its batches in progress. */
 STOKE_API void stoke_loader_destroy(stoke_loader *l);
 
+/* Ends the loader's work for good and keeps what the caller holds: abandons the run, stops and
+ * joins the worker threads and ends the worker processes, as stoke_loader_destroy does, so the
+ * dataset is never called again (the caller may close it now).  Batches not yet released stay
+ * valid, their memory and device copies too, and are released as before; stoke_loader_destroy
+ * frees the rest.  Afterwards stoke_loader_next, set_epoch, next_epoch and restore_state fail
+ * with STOKE_ECANCELED; the getters and stats still answer.  For a binding whose batches may
+ * outlive the object that owns the dataset (a Python tensor kept after its loader is dropped).
+ * Call it as destroy is called; a second call, or one in a forked child, does nothing.  Leaves
+ * the calling thread's last error as it was.  NULL does nothing. */
+STOKE_API void stoke_loader_stop(stoke_loader *l);
+
 /* Marks l interrupted: the caller is ending (a Ctrl-C it saw anywhere, its exit).  Until a
  * stoke_loader_next delivers a batch, worker processes (worker_mode processes) busy on a batch
  * nobody wants are SIGKILLed at once (and replaced when work comes): at stoke_loader_destroy,

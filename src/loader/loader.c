@@ -700,6 +700,39 @@ void stoke_loader_interrupt(stoke_loader *l)
  * message that says why.  In a process forked from the creator's, l's threads, worker
  * processes, accelerator objects, pinned and arena memory are the creator's (their state here
  * is a copy, locks maybe held): only this process's descriptors and plain memory go. */
+/* Abandons the run, joins the worker threads and ends the worker processes (not in a fork:
+ * they are the creator's); the buffers stay. */
+static void end_work(stoke_loader *l)
+{
+    if (l->created && !l->stopped) {
+        stoke__loader_lock(l);
+        stoke__loader_abandon(l);
+        stoke__loader_unlock(l);
+        stoke__proc_stopping(l);
+        stoke__loader_stop_workers(l);
+    }
+    stoke__proc_end(l);
+}
+
+void stoke_loader_stop(stoke_loader *l)
+{
+    if (!l || stoke__loader_forked(l) || l->stopped)
+        return;
+    stoke__saved_error saved;
+    stoke__error_save(&saved);
+    end_work(l);
+    l->stopped = 1;
+    stoke__error_restore(&saved);
+}
+
+int stoke__loader_stopped_fail(stoke_loader *l, const char *call)
+{
+    return stoke__loader_fail(l, STOKE_ECANCELED,
+                              "%s: the loader over %s was stopped (stoke_loader_stop): its "
+                              "workers are gone, only the batches still held remain",
+                              call, l->ds.name);
+}
+
 void stoke_loader_destroy(stoke_loader *l)
 {
     if (!l)
@@ -707,13 +740,8 @@ void stoke_loader_destroy(stoke_loader *l)
     stoke__saved_error saved;
     stoke__error_save(&saved);
     int forked = stoke__loader_forked(l);
-    if (l->created && !forked) {
-        stoke__loader_lock(l);
-        stoke__loader_abandon(l);
-        stoke__loader_unlock(l);
-        stoke__proc_stopping(l);
-        stoke__loader_stop_workers(l);
-    }
+    if (!forked)
+        end_work(l);
     stoke__proc_destroy(l); /* before the buffers below: it unmaps the shared ones */
     if (l->stream && !forked)
         stoke_stream_synchronize(l->stream);

@@ -471,6 +471,7 @@ struct stoke_loader {
 
     char err[1024]; /* consumer only */
     int created;    /* consumer only: create got as far as the pools (destroy stops it) */
+    int stopped;    /* consumer only: stoke_loader_stop ended its work for good */
     /* 1: the consumer's last stoke_loader_next ended STOKE_ECANCELED by opts.interrupted
      * (Ctrl-C); 2: stoke_loader_interrupt; either until a stoke_loader_next delivers a batch.
      * Worker processes busy on a batch nobody wants are then killed at once rather than waited
@@ -710,7 +711,9 @@ stoke_batch *stoke__proc_take(stoke_loader *l, stoke__producer *p, int wakeable,
 void stoke__proc_wake(stoke_loader *l);
 /* destroy: before the worker threads are joined (a child stuck in a sample gets SIGKILLed). */
 void stoke__proc_stopping(stoke_loader *l);
-/* destroy, after the threads were joined: ends and reaps every process, unmaps the buffers. */
+/* stop and destroy, after the threads were joined: ends and reaps every process (once). */
+void stoke__proc_end(stoke_loader *l);
+/* destroy: stoke__proc_end, then unmaps the buffers. */
 void stoke__proc_destroy(stoke_loader *l);
 /* Forks (procworker.c): the number of forks this process descends from since the first
  * create (a pthread_atfork child handler counts them and closes every live loader's sockets in
@@ -722,6 +725,8 @@ unsigned stoke__fork_gen(void);
 int stoke__loader_forked(const stoke_loader *l);
 int stoke__loader_foreign(const stoke_loader *l);
 int stoke__loader_forked_fail(stoke_loader *l);
+/* loader.c: STOKE_ECANCELED for `call` on a loader stoke_loader_stop ended (l->err says so). */
+int stoke__loader_stopped_fail(stoke_loader *l, const char *call);
 
 /* state.c */
 void stoke__loader_abandon(stoke_loader *l);

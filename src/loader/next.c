@@ -331,6 +331,8 @@ int stoke_loader_next(stoke_loader *l, stoke_batch **out)
         return stoke__fail(STOKE_EINVAL, "stoke_loader_next: NULL argument");
     if (stoke__loader_foreign(l))
         return stoke__loader_forked_fail(l);
+    if (l->stopped)
+        return stoke__loader_stopped_fail(l, "stoke_loader_next");
     /* the wait: from the moment the batch was not there (a ready batch costs no clock read) to
      * its delivery, or to the end of the caller's thread's making it */
     uint64_t t0 = 0, made = 0;

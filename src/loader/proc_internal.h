@@ -60,6 +60,7 @@ struct stoke__proc {
     size_t shm_len;
     int registered;   /* stoke_pin_register succeeded */
     int from_arena;   /* shm is an allocation of l->arena (not mapped here) */
+    int ended;        /* stoke__proc_end ran: no child, zygote or socket is left */
     stoke__busy *ctl; /* nworkers, in shm: each child's busy marks (its worker's p.busy) */
     pid_t zpid;
     _Atomic int zfd;

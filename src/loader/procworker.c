@@ -767,14 +767,15 @@ void stoke__proc_stopping(stoke_loader *l)
 
 /* After the worker threads were joined: closes every child's socket (they exit on EOF), then
  * the zygote's (it SIGKILLs the children left, reaps them and exits); reaps the zygote
- * (SIGKILL after about 5 s); unmaps the shared buffers.  In a forked process (the
- * loader is foreign) only this process's descriptors and memory go: the zygote, its children
- * and the shared buffers are the creator's. */
-void stoke__proc_destroy(stoke_loader *l)
+ * (SIGKILL after about 5 s).  The shared buffers stay: batches the caller holds are in them
+ * (stoke_loader_stop).  In a forked process (the loader is foreign) only this process's
+ * descriptors go: the zygote and its children are the creator's. */
+void stoke__proc_end(stoke_loader *l)
 {
     stoke__proc *p = l->proc;
-    if (!p)
+    if (!p || p->ended)
         return;
+    p->ended = 1;
     int foreign = stoke__loader_forked(l);
     list_proc(p, 0);
     for (int i = 0; i < l->nworkers; i++) {
@@ -787,14 +788,25 @@ void stoke__proc_destroy(stoke_loader *l)
         (void)send(p->zfd, &q, sizeof(q), MSG_NOSIGNAL | MSG_DONTWAIT);
     }
     close_fd(&p->zfd);
+    if (!foreign && p->zpid > 0)
+        (void)stoke__proc_reap(p->zpid, 0, 5000000000u, NULL);
+    p->zpid = -1;
+}
+
+/* stoke__proc_end, then unmaps the shared buffers (in a forked process, only this process's
+ * mapping: the buffers are the creator's). */
+void stoke__proc_destroy(stoke_loader *l)
+{
+    stoke__proc *p = l->proc;
+    if (!p)
+        return;
+    int foreign = stoke__loader_forked(l);
+    stoke__proc_end(l);
     if (foreign) {
         if (p->shm && !p->from_arena && !p->registered)
             munmap(p->shm, p->shm_len); /* this process's mapping; the rest is the creator's */
         p->shm = NULL;
-        p->zpid = -1;
     }
-    if (p->zpid > 0)
-        (void)stoke__proc_reap(p->zpid, 0, 5000000000u, NULL);
     if (p->shm && p->from_arena) {
         stoke_arena_free(l->arena, p->shm);
     } else if (p->shm) {

@@ -63,6 +63,8 @@ static int reposition(stoke_loader *l, uint64_t seed, uint64_t epoch, uint64_t c
 {
     if (stoke__loader_foreign(l))
         return stoke__loader_forked_fail(l);
+    if (l->stopped)
+        return stoke__loader_stopped_fail(l, "loader: set_epoch, next_epoch or restore_state");
     /* stop dispatching, abandon the run, wait until no batch is being produced: nothing calls
      * the dataset */
     stoke__loader_lock(l);
