@@ -1,10 +1,11 @@
 /* _stoke.Batch and _stoke.Field: delivered batches and their fields as tensors, without a copy.
  *
  * Lifetime chain (each arrow a strong reference):
- *     buffer view / DLPack tensor -> Field -> Batch -> Loader
- * Batch's dealloc gives the stoke_batch back (stoke_batch_release); Loader's dealloc destroys
- * the stoke_loader.  So memory a consumer still views is never returned to the pool, and a
- * batch keeps its loader alive however long it lives. */
+ *     buffer view / DLPack tensor -> Field -> Batch -> core (stoke_py_h) <- Loader
+ * Batch's dealloc gives the stoke_batch back (stoke_batch_release); the core's last reference
+ * destroys the stoke_loader.  So memory a consumer still views is never returned to the pool,
+ * and a batch keeps its loader's memory however long it lives, but not the Loader object, its
+ * dataset or its workers. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -54,7 +55,7 @@ static int field_fill(FieldObject *f, BatchObject *b, int field)
         f->itemsize = 1;
     }
     f->bytes = stoke_batch_field_bytes(b->b, field);
-    if (b->loader->device_mode) {
+    if (b->core->device_mode) {
         stoke_device_buffer *buf = stoke_batch_device_buffer(b->b);
         f->data = (char *)stoke_device_buffer_handle(buf) + stoke_batch_device_offset(b->b, field);
     } else {
@@ -65,12 +66,11 @@ static int field_fill(FieldObject *f, BatchObject *b, int field)
 
 static PyObject *field_new(BatchObject *b, int field)
 {
-    FieldObject *f = PyObject_GC_New(FieldObject, &StokeField_Type);
+    FieldObject *f = PyObject_New(FieldObject, &StokeField_Type);
     if (!f)
         return NULL;
     f->batch = (BatchObject *)Py_NewRef(b);
     f->field = field;
-    PyObject_GC_Track(f);
     if ((field < 0 ? field_fill_indices(f, b) : field_fill(f, b, field)) < 0) {
         Py_DECREF(f);
         return NULL;
@@ -81,24 +81,17 @@ static PyObject *field_new(BatchObject *b, int field)
     return (PyObject *)f;
 }
 
-/* Batches and fields take part in the cycle collector (a batch stored on its own loader, say):
- * they are visited, never cleared; the collector breaks such a cycle at the loader's __dict__. */
-static int field_traverse(FieldObject *f, visitproc visit, void *arg)
-{
-    Py_VISIT(f->batch);
-    return 0;
-}
-
+/* Fields and batches are not the cycle collector's: they refer to no object that could refer
+ * back (a batch holds its loader's core, not the Loader). */
 static void field_dealloc(FieldObject *f)
 {
-    PyObject_GC_UnTrack(f);
     Py_XDECREF(f->batch);
-    PyObject_GC_Del(f);
+    PyObject_Del(f);
 }
 
 static int field_on_device(FieldObject *f)
 {
-    return f->field >= 0 && f->batch->loader->device_mode;
+    return f->field >= 0 && f->batch->core->device_mode;
 }
 
 static int field_getbuffer(PyObject *self, Py_buffer *view, int flags)
@@ -179,7 +172,7 @@ static void capsule_destructor(PyObject *cap)
 static void fill_dltensor(FieldObject *f, DLTensor *t, int64_t *strides)
 {
     t->data = f->data;
-    t->device = f->field >= 0 ? f->batch->loader->dl_device : (DLDevice){kDLCPU, 0};
+    t->device = f->field >= 0 ? f->batch->core->dl_device : (DLDevice){kDLCPU, 0};
     t->ndim = f->ndim;
     t->dtype = f->dl_dtype;
     t->shape = f->dl_shape;
@@ -198,7 +191,7 @@ static int wait_device_copy(FieldObject *f)
     rc = stoke_batch_device_wait(f->batch->b);
     PyEval_RestoreThread(ts);
     if (rc != STOKE_OK) {
-        stoke_py_raise(StokeLoaderError, rc, stoke_loader_last_error(f->batch->loader->l), -1);
+        stoke_py_raise(StokeLoaderError, rc, stoke_loader_last_error(f->batch->core->l), -1);
         return -1;
     }
     return 0;
@@ -259,7 +252,7 @@ static PyObject *field_dlpack(PyObject *self, PyObject *args, PyObject *kw)
 static PyObject *field_dlpack_device(PyObject *self, PyObject *unused)
 {
     FieldObject *f = (FieldObject *)self;
-    DLDevice d = f->field >= 0 ? f->batch->loader->dl_device : (DLDevice){kDLCPU, 0};
+    DLDevice d = f->field >= 0 ? f->batch->core->dl_device : (DLDevice){kDLCPU, 0};
     return Py_BuildValue("(ii)", d.device_type, d.device_id);
 }
 
@@ -307,8 +300,7 @@ PyTypeObject StokeField_Type = {
     .tp_dealloc = (destructor)field_dealloc,
     .tp_as_buffer = &field_as_buffer,
     .tp_as_sequence = &field_as_sequence,
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_traverse = (traverseproc)field_traverse,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "One field of a batch (or its indices): buffer protocol and DLPack, no copy.",
     .tp_methods = field_methods,
     .tp_getset = field_getset,
@@ -316,34 +308,27 @@ PyTypeObject StokeField_Type = {
 
 /* ---- Batch ----------------------------------------------------------------------------------- */
 
-PyObject *stoke_py_batch_new(LoaderObject *loader, stoke_batch *b)
+PyObject *stoke_py_batch_new(stoke_py_core *core, stoke_batch *b)
 {
-    BatchObject *o = PyObject_GC_New(BatchObject, &StokeBatch_Type);
+    BatchObject *o = PyObject_New(BatchObject, &StokeBatch_Type);
     if (!o) {
         stoke_batch_release(b);
         return NULL;
     }
     o->b = b;
-    o->loader = (LoaderObject *)Py_NewRef(loader);
+    o->core = core;
+    core->refs++;
     o->count = stoke_batch_count(b);
     o->nfields = stoke_batch_num_fields(b);
-    loader->outstanding++;
-    PyObject_GC_Track(o);
+    core->outstanding++;
     return (PyObject *)o;
-}
-
-static int batch_traverse(BatchObject *o, visitproc visit, void *arg)
-{
-    Py_VISIT(o->loader);
-    return 0;
 }
 
 static void batch_dealloc(BatchObject *o)
 {
-    PyObject_GC_UnTrack(o);
-    stoke_py_release_batch(o->loader, o->b); /* (once a copy from it is done: fence.c) */
-    Py_XDECREF(o->loader);
-    PyObject_GC_Del(o);
+    stoke_py_release_batch(o->core, o->b); /* (once a copy from it is done: fence.c) */
+    stoke_py_core_decref(o->core);
+    PyObject_Del(o);
 }
 
 static int field_by_name(BatchObject *o, PyObject *key)
@@ -406,7 +391,7 @@ static PyObject *batch_dlpack(PyObject *self, PyObject *args, PyObject *kw)
 
 static PyObject *batch_dlpack_device(PyObject *self, PyObject *unused)
 {
-    DLDevice d = ((BatchObject *)self)->loader->dl_device;
+    DLDevice d = ((BatchObject *)self)->core->dl_device;
     return Py_BuildValue("(ii)", d.device_type, d.device_id);
 }
 
@@ -424,7 +409,7 @@ static PyObject *batch_data_ptr(PyObject *self, PyObject *args)
     }
     if (f == -1)
         return PyLong_FromVoidPtr((void *)stoke_batch_indices(o->b));
-    if (o->loader->device_mode)
+    if (o->core->device_mode)
         return PyLong_FromVoidPtr(
             (char *)stoke_device_buffer_handle(stoke_batch_device_buffer(o->b)) +
             stoke_batch_device_offset(o->b, f));
@@ -486,8 +471,7 @@ PyTypeObject StokeBatch_Type = {
     .tp_dealloc = (destructor)batch_dealloc,
     .tp_as_mapping = &batch_as_mapping,
     .tp_as_buffer = &batch_as_buffer,
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_traverse = (traverseproc)batch_traverse,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "A batch: batch['data'], batch['label'], batch.indices; the batch itself is its "
               "first field (DLPack, buffer protocol).",
     .tp_methods = batch_methods,

@@ -8,9 +8,10 @@
  * So a pinned block given back is fenced: the release fence (_set_release_fence; the package
  * installs one that records a torch.cuda.Event on the current stream when CUDA is initialized
  * in this process) is called, and the block is given back once its fence says done (query();
- * synchronize() waits).  Kept per loader, at most `pend_max` of them (the buffers beyond those
- * the consumer may hold and one for the workers: more would stall the loader), the oldest
- * waited for beyond that; looked at before each next(), drained when the loader closes.
+ * synchronize() waits).  Kept per loader (its core, stoke_py.h), at most `pend_max` of them (the
+ * buffers beyond those the consumer may hold and one for the workers: more would stall the
+ * loader), the oldest waited for beyond that; looked at before each next() and each release,
+ * drained before the C loader is destroyed (the core's last reference).
  * PinnedBuffers (the drop-in's copies of held batches) have one list of their own.  GIL held
  * throughout. */
 #include <stdlib.h>
@@ -74,7 +75,7 @@ static int fence_done(PyObject *f, int wait)
 }
 
 /* Gives back the n oldest waiting batches (their fences done or waited for). */
-static void give_back(LoaderObject *L, int n)
+static void give_back(stoke_py_core *L, int n)
 {
     for (int i = 0; i < n; i++) {
         stoke_batch_release(L->pend[i].b);
@@ -90,7 +91,7 @@ static void give_back(LoaderObject *L, int n)
  * one query a next() is what a loop running ahead of its GPU pays.  A fence's Python code may
  * free another batch of this loader (the cyclic GC): that one, seeing `in_fence`, waits for
  * its own fence at once and leaves the list alone. */
-void stoke_py_settle(LoaderObject *L, int wait)
+void stoke_py_settle(stoke_py_core *L, int wait)
 {
     if (L->in_fence)
         return;
@@ -102,7 +103,7 @@ void stoke_py_settle(LoaderObject *L, int wait)
     L->in_fence = 0;
 }
 
-int stoke_py_settle_one(LoaderObject *L)
+int stoke_py_settle_one(stoke_py_core *L)
 {
     if (!L->npend || L->in_fence)
         return 0;
@@ -116,7 +117,7 @@ int stoke_py_settle_one(LoaderObject *L)
 /* The most batches kept fenced: the buffers less those the consumer may hold and one, and at
  * most STOKE_PY_PEND_MAX (a loop that many batches ahead of its GPU's copies waits for the
  * oldest; an automatic prefetch of small batches has hundreds of buffers). */
-static int pend_max(LoaderObject *L)
+static int pend_max(stoke_py_core *L)
 {
     if (L->pend_max < 0) {
         stoke_loader_stats s = {.size = sizeof(s)};
@@ -130,7 +131,7 @@ static int pend_max(LoaderObject *L)
     return L->pend_max;
 }
 
-int stoke_py_release_batch(LoaderObject *L, stoke_batch *b)
+int stoke_py_release_batch(stoke_py_core *L, stoke_batch *b)
 {
     PyObject *f = NULL;
     if (L->l && !L->device_mode && stoke_batch_is_pinned(b) && pend_max(L) > 0)
@@ -156,7 +157,7 @@ int stoke_py_release_batch(LoaderObject *L, stoke_batch *b)
     return 1;
 }
 
-void stoke_py_drain(LoaderObject *L)
+void stoke_py_drain(stoke_py_core *L)
 {
     stoke_py_settle(L, 1);
 }

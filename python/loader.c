@@ -207,44 +207,63 @@ static int loader_init(PyObject *obj, PyObject *args, PyObject *kw)
         else if (rc != STOKE_OK)
             rc = raise_status(rc, stoke_last_error());
     }
+    stoke_py_core *c = NULL;
+    if (rc == 0 && !(c = calloc(1, sizeof(*c)))) {
+        PyErr_NoMemory();
+        rc = -1;
+    }
     if (rc != 0) {
         stoke_loader_destroy(self->l);
         self->l = NULL;
         stoke_dataset_close(&self->ds);
         return -1;
     }
-    self->device_mode = device != NULL;
-    self->dl_device = dl_device_of(device);
+    c->refs = 1;
+    c->l = self->l;
+    c->device_mode = device != NULL;
+    c->dl_device = dl_device_of(device);
+    c->held = o.held_buffers;
+    c->pend_max = -1;
+    self->core = c;
     self->fresh = 1;
     self->persistent = o.persistent_workers;
-    self->held = o.held_buffers;
-    self->pend_max = -1;
     return 0;
 }
 
-/* Loaders whose destroy was deferred: freed on a thread inside a call of a Python dataset (the
+void stoke_py_core_decref(stoke_py_core *c)
+{
+    if (--c->refs > 0)
+        return;
+    stoke_py_drain(c); /* (the batches whose copies were in flight: given back first) */
+    /* With the GIL: stopped, it has no thread to join, and no Python code to wait for. */
+    stoke_loader_destroy(c->l);
+    free(c);
+}
+
+/* Loaders whose close was deferred: freed on a thread inside a call of a Python dataset (the
  * cyclic GC runs on whichever thread allocates, one of the loader's own workers too), which
- * may not join the loader's threads.  The main thread destroys them in a pending call, or the
+ * may not join the loader's threads.  The main thread closes them in a pending call, or the
  * exit hook does (stoke_py_reap_loaders).  List and counters: GIL. */
 typedef struct deferred {
     struct deferred *next;
-    stoke_loader *l;
+    stoke_py_core *core;
     stoke_dataset ds;
 } deferred;
 static deferred *to_reap;
 static int reap_scheduled;
 static long long n_deferred, n_reaped;
 
-/* Destroys l (NULL: none) and closes ds.  GIL held; not on a thread inside a dataset call. */
-static void destroy_now(stoke_loader *l, stoke_dataset *ds)
+/* Stops c's loader (its threads joined, its processes ended), closes ds and drops the Loader's
+ * reference to c: the loader is destroyed now, or when its last batch goes.  GIL held; not on a
+ * thread inside a dataset call. */
+static void close_now(stoke_py_core *c, stoke_dataset *ds)
 {
-    if (l) {
-        /* without the GIL: workers may be waiting for it (a Python dataset) */
-        PyThreadState *ts = PyEval_SaveThread();
-        stoke_loader_destroy(l);
-        PyEval_RestoreThread(ts);
-    }
+    /* without the GIL: workers may be waiting for it (a Python dataset) */
+    PyThreadState *ts = PyEval_SaveThread();
+    stoke_loader_stop(c->l);
+    PyEval_RestoreThread(ts);
     stoke_dataset_close(ds);
+    stoke_py_core_decref(c);
 }
 
 void stoke_py_reap_loaders(void)
@@ -253,7 +272,7 @@ void stoke_py_reap_loaders(void)
     while (to_reap) {
         deferred *d = to_reap;
         to_reap = d->next; /* unlinked first: closing the dataset runs Python code */
-        destroy_now(d->l, &d->ds);
+        close_now(d->core, &d->ds);
         free(d);
         n_reaped++;
     }
@@ -266,16 +285,16 @@ static int reap_pending(void *unused)
     return 0;
 }
 
-/* Hands l and ds to the main thread.  Without memory for the record it leaks them (a message
+/* Hands c and ds to the main thread.  Without memory for the record it leaks them (a message
  * says so) rather than join from here: the library would abort. */
-static void defer_destroy(stoke_loader *l, stoke_dataset *ds)
+static void defer_close(stoke_py_core *c, stoke_dataset *ds)
 {
     deferred *d = malloc(sizeof(*d));
     if (!d) {
         fprintf(stderr, "stoke: out of memory: a loader freed on a worker thread is leaked\n");
         return;
     }
-    d->l = l;
+    d->core = c;
     d->ds = *ds;
     memset(ds, 0, sizeof(*ds));
     d->next = to_reap;
@@ -286,19 +305,23 @@ static void defer_destroy(stoke_loader *l, stoke_dataset *ds)
         reap_scheduled = 1;
 }
 
+/* Stops the C loader and closes the dataset, whatever batches are alive (their memory stays
+ * theirs: the core); later calls raise. */
 static void loader_close(LoaderObject *self)
 {
-    stoke_py_drain(self); /* (batches whose copies were in flight: given back first) */
-    stoke_loader *l = self->l;
+    stoke_py_core *c = self->core;
     /* taken out first: closing it runs Python code, and a collection meanwhile must not
      * traverse a dataset being closed (loader_traverse) */
     stoke_dataset ds = self->ds;
     memset(&self->ds, 0, sizeof(self->ds));
     self->l = NULL;
-    if (l && stoke_pyds_in_call())
-        defer_destroy(l, &ds);
+    self->core = NULL;
+    if (!c)
+        stoke_dataset_close(&ds);
+    else if (stoke_pyds_in_call())
+        defer_close(c, &ds);
     else
-        destroy_now(l, &ds);
+        close_now(c, &ds);
 }
 
 PyObject *stoke_py_reap_stats(PyObject *self, PyObject *unused)
@@ -326,13 +349,12 @@ static int loader_traverse(PyObject *obj, visitproc visit, void *arg)
 }
 
 /* PEP 442's finalizer: runs before the GC clears any object of a cycle found unreachable, so
- * the C loader is destroyed (its threads joined) while the dataset and writer it calls are
- * whole, as when its last reference goes; one whose batches are alive (in the cycle too) is
- * destroyed by its dealloc, after them. */
+ * the C loader is stopped (its threads joined) while the dataset and writer it calls are
+ * whole, as when its last reference goes. */
 static void loader_finalize(PyObject *obj)
 {
     LoaderObject *self = (LoaderObject *)obj;
-    if (!self->l || self->outstanding > 0 || self->busy)
+    if (!self->l || self->busy)
         return;
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
@@ -340,15 +362,14 @@ static void loader_finalize(PyObject *obj)
     PyErr_Restore(type, value, tb);
 }
 
-/* Destroys the C loader now (joining its threads) unless a batch is still alive; later calls
+/* Stops the C loader now (joining its threads, ending its processes) and closes the dataset,
+ * unless another thread is inside a call on it; batches alive keep their memory; later calls
  * raise.  Returns whether it did.  For the exit hook: Python does not promise to deallocate
  * every object at exit. */
 static PyObject *loader_close_if_idle(PyObject *obj, PyObject *unused)
 {
     LoaderObject *self = (LoaderObject *)obj;
-    if (self->npend && !self->busy)
-        stoke_py_settle(self, 1);
-    if (self->outstanding > 0 || self->busy)
+    if (self->busy)
         Py_RETURN_FALSE;
     loader_close(self);
     Py_RETURN_TRUE;
@@ -435,8 +456,8 @@ typedef struct {
 static PyObject *next_locked(LoaderObject *self)
 {
     self->fresh = 0;
-    if (self->npend) /* the batches whose copies are done: back to the workers */
-        stoke_py_settle(self, 0);
+    if (self->core->npend) /* the batches whose copies are done: back to the workers */
+        stoke_py_settle(self->core, 0);
     stoke_batch *b = NULL;
     int rc;
     for (;;) {
@@ -444,7 +465,7 @@ static PyObject *next_locked(LoaderObject *self)
         rc = stoke_loader_next(self->l, &b);
         PyEval_RestoreThread(ts);
         /* every buffer out: those fenced come back once their copies are done (fence.c) */
-        if (rc != STOKE_ELIMIT || !stoke_py_settle_one(self))
+        if (rc != STOKE_ELIMIT || !stoke_py_settle_one(self->core))
             break;
     }
     if (stoke_py_flush_warnings() < 0 || (rc == STOKE_ECANCELED && PyErr_Occurred())) {
@@ -452,7 +473,7 @@ static PyObject *next_locked(LoaderObject *self)
         return NULL;
     }
     if (rc == STOKE_OK)
-        return stoke_py_batch_new(self, b);
+        return stoke_py_batch_new(self->core, b);
     if (rc == STOKE_EEND)
         return NULL; /* StopIteration */
     return raise_loader_error(self, rc);
@@ -667,13 +688,15 @@ static PyObject *loader_get_dataset_len(PyObject *obj, void *unused)
 static PyObject *loader_get_fenced(PyObject *obj, void *unused)
 {
     (void)unused;
-    return PyLong_FromLong(((LoaderObject *)obj)->npend);
+    const stoke_py_core *c = ((LoaderObject *)obj)->core;
+    return PyLong_FromLong(c ? c->npend : 0);
 }
 
 static PyObject *loader_get_outstanding(PyObject *obj, void *unused)
 {
     (void)unused;
-    return PyLong_FromSsize_t(((LoaderObject *)obj)->outstanding);
+    const stoke_py_core *c = ((LoaderObject *)obj)->core;
+    return PyLong_FromSsize_t(c ? c->outstanding : 0);
 }
 
 /* stoke_loader_interrupt: at the interpreter's exit (the atexit hook, for every live loader)
@@ -695,7 +718,8 @@ static PyMethodDef loader_methods[] = {
     {"quarantine", loader_quarantine, METH_VARARGS,
      "The bad samples (on_error), from entry `start` on, as dicts."},
     {"_close_if_idle", loader_close_if_idle, METH_NOARGS,
-     "Destroys the loader now unless a batch is alive; returns whether it did."},
+     "Stops the loader and closes its dataset now unless another thread is in a call on it "
+     "(batches alive keep their memory); returns whether it did."},
     {NULL, NULL, 0, NULL}};
 
 static PyObject *loader_get_passes_go_on(PyObject *obj, void *unused)

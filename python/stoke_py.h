@@ -1,10 +1,17 @@
 /* stoke's CPython extension (_stoke): shared declarations of its C files.
  *
  * Objects:
- *   Loader  — one stoke_loader (and the dataset it reads); the iterator of its epochs.
- *   Batch   — one delivered stoke_batch; holds a reference to its Loader, so a batch may outlive
- *             every Python reference to the loader: the stoke_loader is destroyed only after
- *             the last batch was released (stoke_batch_release in Batch's dealloc).
+ *   Loader  — the dataset it reads and a core (below); the iterator of its epochs.  When it
+ *             goes (its last reference, the cyclic GC, the exit hook) the C loader is stopped
+ *             (stoke_loader_stop: no worker thread or process is left) and the dataset closed,
+ *             whatever batches are still alive.
+ *   core    — the stoke_loader and what its batches need of it (device, fences), shared by
+ *             the Loader and its Batches (a count, not a Python object): the stoke_loader is
+ *             destroyed when the last of them lets go.  A Batch does not hold the Loader, so a
+ *             batch's tensor kept on its loader (`loader.last = batch`), which the GC cannot
+ *             see through, makes no cycle.
+ *   Batch   — one delivered stoke_batch; holds the core, so a batch may outlive every Python
+ *             reference to the loader (stoke_batch_release in Batch's dealloc).
  *   Field   — one field of a batch (or its indices) as a tensor: buffer protocol and DLPack.
  *             Holds a reference to its Batch; a buffer view or a DLPack capsule/tensor holds a
  *             reference to the Field.  So the pinned memory goes back to the pool only when the
@@ -22,29 +29,36 @@
 
 #define STOKE_PY_PEND_MAX 8 /* a loader's batches given back, their copies in flight (fence.c) */
 
-typedef struct {
-    PyObject_HEAD stoke_loader *l;
-    stoke_dataset ds;
-    int fresh;          /* 1: the next iter() continues from the current position */
-    int device_mode;    /* batches are copied to a device */
-    DLDevice dl_device; /* what __dlpack_device__ reports for the batches */
-    int64_t rank, world_size;
-    Py_ssize_t outstanding; /* Batch objects alive (GIL) */
-    int busy;               /* a thread is inside a call on `l` that drops the GIL (GIL) */
-    uint64_t passes;        /* iter() calls: an iterator of an earlier one is superseded */
-    int persistent;         /* iterators are not superseded (torch's iter() resets its one
-                               iterator with persistent_workers): persistent_workers, or what
-                               the drop-in sets (_passes_go_on: its workers persist anyway) */
+/* All GIL. */
+typedef struct stoke_py_core {
+    Py_ssize_t refs;        /* the Loader's (until it closes) and one per Batch alive */
+    stoke_loader *l;        /* stopped once the Loader closed; destroyed with the core */
+    int device_mode;        /* batches are copied to a device */
+    DLDevice dl_device;     /* what __dlpack_device__ reports for the batches */
+    Py_ssize_t outstanding; /* Batch objects alive, and those given back still fenced */
     int held;               /* the consumer's held_buffers */
     /* pinned batches given back whose release fences are not done yet, oldest first
-     * (fence.c; GIL): at most STOKE_PY_PEND_MAX, and one more while it is being added */
+     * (fence.c): at most STOKE_PY_PEND_MAX, and one more while it is being added */
     struct {
         PyObject *fence;
         stoke_batch *b;
     } pend[STOKE_PY_PEND_MAX + 1];
     int npend;
-    int pend_max;           /* the most kept so (-1: not computed yet) */
-    int in_fence;           /* a fence's Python code runs for this list */
+    int pend_max; /* the most kept so (-1: not computed yet) */
+    int in_fence; /* a fence's Python code runs for this list */
+} stoke_py_core;
+
+typedef struct {
+    PyObject_HEAD stoke_loader *l; /* core->l while open; NULL once closed */
+    stoke_py_core *core;           /* NULL once closed */
+    stoke_dataset ds;
+    int fresh; /* 1: the next iter() continues from the current position */
+    int64_t rank, world_size;
+    int busy; /* a thread is inside a call on `l` that drops the GIL (GIL) */
+    uint64_t passes;        /* iter() calls: an iterator of an earlier one is superseded */
+    int persistent;         /* iterators are not superseded (torch's iter() resets its one
+                               iterator with persistent_workers): persistent_workers, or what
+                               the drop-in sets (_passes_go_on: its workers persist anyway) */
 } LoaderObject;
 
 /* The most dimensions a field has in Python (NumPy 2's NPY_MAXDIMS; the C loader has no limit). */
@@ -52,7 +66,7 @@ typedef struct {
 
 typedef struct {
     PyObject_HEAD stoke_batch *b;
-    LoaderObject *loader; /* strong reference */
+    stoke_py_core *core; /* counted */
     size_t count;
     int nfields;
 } BatchObject;
@@ -95,16 +109,20 @@ PyObject *stoke_py_cli_main(PyObject *self, PyObject *args);
 PyObject *stoke_py_build_features(PyObject *self, PyObject *unused);
 
 /* batch.c */
-PyObject *stoke_py_batch_new(LoaderObject *loader, stoke_batch *b);
+PyObject *stoke_py_batch_new(stoke_py_core *core, stoke_batch *b);
+
+/* loader.c: drops a reference to the core; the last one destroys its stoke_loader (stopped
+ * by then: no thread to join) after the copies from its fenced batches. */
+void stoke_py_core_decref(stoke_py_core *c);
 
 /* fence.c: pinned memory given back after its release fence is done (a caller's asynchronous
  * copy from it).  release_batch gives b back (now or once fenced: 1) and counts it out of
  * `outstanding`; settle gives back those done (wait: all, waiting); drain before the loader
  * closes.  pinned_free is stoke_pinned_free fenced so. */
-int stoke_py_release_batch(LoaderObject *L, stoke_batch *b);
-void stoke_py_settle(LoaderObject *L, int wait);
-int stoke_py_settle_one(LoaderObject *L); /* waits for the oldest; 0: none was fenced */
-void stoke_py_drain(LoaderObject *L);
+int stoke_py_release_batch(stoke_py_core *L, stoke_batch *b);
+void stoke_py_settle(stoke_py_core *L, int wait);
+int stoke_py_settle_one(stoke_py_core *L); /* waits for the oldest; 0: none was fenced */
+void stoke_py_drain(stoke_py_core *L);
 void stoke_py_pinned_free(void *p);
 void stoke_py_pinned_settle(void);
 PyObject *stoke_py_set_release_fence(PyObject *self, PyObject *fn);

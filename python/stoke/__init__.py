@@ -1256,9 +1256,10 @@ def _stop_workers():
     # No worker thread may run Python once the interpreter finalizes (one that takes the GIL
     # then is ended by pthread_exit: freeing a torch tensor, that unwinds through libtorch and
     # aborts).  First every Python dataset stops being called (the calls in progress finish);
-    # then, as Python does not promise to deallocate every object at exit, each live loader
-    # with no batch alive is destroyed (its threads joined); the others abandon the epoch,
-    # which after _interrupt() joins their threads, persistent ones too (stoke_loader_interrupt).
+    # then, as Python does not promise to deallocate every object at exit, each live loader is
+    # stopped (its threads joined, its processes ended; batches alive keep their memory); one
+    # that another thread is inside a call of abandons the epoch instead, which after
+    # _interrupt() joins its threads, persistent ones too (stoke_loader_interrupt).
     _stoke._stop_python_datasets()
     # Nothing wants the workers' batches any more: each loader is marked interrupted, so that
     # worker processes busy on a sample are SIGKILLed at once (the exit waited for their
