@@ -37,8 +37,8 @@
  *
  * The stoke_dataset struct and its fields belong to the caller.  A loader copies them (fields,
  * names and shapes included) at create but does not take ownership: `user` and the callbacks
- * must stay valid until stoke_loader_destroy, after which the caller releases the dataset with
- * stoke_dataset_close.
+ * must stay valid until stoke_loader_stop or stoke_loader_destroy, after which the caller
+ * releases the dataset with stoke_dataset_close.
  *
  * The functions below are thread-safe: they touch only their arguments.
  */

@@ -188,8 +188,8 @@ STOKE_API void stoke_loader_opts_init(stoke_loader_opts *o);
 /* Creates a loader reading `ds`.  *o and *ds are copied, and so are the `device` and
  * `pin_memory_device` strings (at most 63 characters each) and the sampler's indices and
  * weights; the caller may free them at once.  The loader does not own the dataset: ds->user
- * and the callbacks must stay valid until stoke_loader_destroy, and the caller closes the
- * dataset (stoke_dataset_close) after that.
+ * and the callbacks must stay valid until stoke_loader_stop or stoke_loader_destroy, and the
+ * caller closes the dataset (stoke_dataset_close) after that.
  * Allocates every batch buffer now, in the calling thread, pinned as described above:
  * prefetch_factor * max(1, num_workers) + held_buffers buffers (fewer for a short epoch; more
  * for small batches with STOKE_LOADER_PREFETCH_AUTO), each sized for
