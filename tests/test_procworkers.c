@@ -606,31 +606,66 @@ static int count_threads(void)
     return n;
 }
 
+/* Whether the page at p is in memory (mincore: for a shared mapping, in the page cache). */
+static int resident(const void *p)
+{
+    unsigned char v = 0;
+    assert_int_equal(mincore((void *)((uintptr_t)p & ~(uintptr_t)4095), 1, &v), 0);
+    return v & 1;
+}
+
+static uint64_t pinned_in_use(void)
+{
+    stoke_pinned_stats ps = {.size = sizeof(ps)};
+    assert_int_equal(stoke_pinned_stats_get(&ps), STOKE_OK);
+    return ps.bytes_in_use;
+}
+
 /* stoke_loader_stop with two batches held: every worker thread and process is gone at once (a
  * child stuck in a sample too), the dataset is closed before the batches go, and the batches
- * keep their bytes until released; next() and set_epoch fail with ECANCELED, saying why; a
- * second stop does nothing; destroy then leaves no descriptor.  Threads and processes. */
+ * keep their bytes until released; the buffers of the batches not held go at once (a process
+ * worker's pages leave memory; pinned buffers go back to the pool), and so does each released
+ * after it; next() and set_epoch fail with ECANCELED, saying why; a second stop does nothing;
+ * destroy then leaves no descriptor.  Threads (pageable, and pinned by simdev) and processes. */
 static void test_stop_keeps_held(void **state)
 {
     (void)state;
-    for (int c = 0; c < 3; c++) {
-        int mode = c ? STOKE_WORKER_PROCESSES : STOKE_WORKER_THREADS, hang = c == 2;
+    for (int c = 0; c < 4; c++) {
+        int mode = c == 1 || c == 2 ? STOKE_WORKER_PROCESSES : STOKE_WORKER_THREADS;
+        int hang = c == 2, pinned = c == 3;
         reset_shared();
-        int fds = tu_count_fds_to(""), threads = count_threads();
+        int fds = tu_count_fds_to("");
+        if (pinned)
+            tu_use_simdev();
+        int threads = count_threads();
+        uint64_t pool0 = pinned ? pinned_in_use() : 0;
         pds p;
         stoke_dataset ds;
         pds_open(&p, 0, 0, &ds);
-        sh->hang = hang ? 30 : UINT64_MAX; /* a child stuck in batch 3's sample at stop */
+        sh->hang = hang ? 50 : UINT64_MAX; /* a child stuck in batch 6's sample at stop */
         stoke_loader_opts o;
         opts(&o, "error", mode, 2, 0);
+        o.pin_memory = pinned;
         stoke_loader *l;
         assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+        stoke_loader_stats st = {.size = sizeof(st)};
+        assert_int_equal(stoke_loader_get_stats(l, &st), STOKE_OK);
+        uint64_t one = pinned ? (pinned_in_use() - pool0) / st.buffers : 0;
+        assert_true(!pinned || (one > 0 && pinned_in_use() - pool0 == one * st.buffers));
         stoke_batch *held[2];
         unsigned char copy[2][BS * SB];
-        for (int k = 0; k < 2; k++) {
-            assert_int_equal(stoke_loader_next(l, &held[k]), STOKE_OK);
-            assert_int_equal(stoke_batch_count(held[k]), BS);
-            memcpy(copy[k], stoke_batch_data(held[k], 0), sizeof(copy[k]));
+        const unsigned char *gone[2]; /* batches 2 and 3, released before the stop */
+        for (int k = 0; k < 4; k++) {
+            stoke_batch *b;
+            assert_int_equal(stoke_loader_next(l, &b), STOKE_OK);
+            assert_int_equal(stoke_batch_count(b), BS);
+            if (k < 2) {
+                held[k] = b;
+                memcpy(copy[k], stoke_batch_data(b, 0), sizeof(copy[k]));
+            } else {
+                gone[k - 2] = stoke_batch_data(b, 0);
+                stoke_batch_release(b);
+            }
         }
         while (hang && atomic_load(&sh->hang_pid) == 0)
             tu_sleep_ms(1);
@@ -639,6 +674,8 @@ static void test_stop_keeps_held(void **state)
         tu_note_worker_pids(l, 2, r.pids, &r.npids, 64);
         assert_true(count_threads() > threads);
         assert_true(mode == STOKE_WORKER_THREADS || r.npids >= 1);
+        if (mode == STOKE_WORKER_PROCESSES) /* (the children wrote them) */
+            assert_true(resident(gone[0]) && resident(gone[1]));
 
         stoke_loader_stop(l);
         for (int k = 0; k < r.npids; k++)
@@ -650,6 +687,12 @@ static void test_stop_keeps_held(void **state)
         for (int t = 0; t < 5000 && count_threads() != threads; t++)
             tu_sleep_ms(1);
         assert_int_equal(count_threads(), threads);
+        if (mode == STOKE_WORKER_PROCESSES) {
+            assert_false(resident(gone[0]) || resident(gone[1]));
+            assert_true(resident(stoke_batch_data(held[0], 0)));
+        }
+        if (pinned)
+            assert_int_equal(pinned_in_use() - pool0, 2 * one);
         stoke_dataset_close(&ds); /* nothing calls it any more */
         stoke_dataset_close(&p.inner);
         for (int k = 0; k < 2; k++) {
@@ -672,13 +715,21 @@ static void test_stop_keeps_held(void **state)
         assert_non_null(strstr(stoke_loader_last_error(l), "pds"));
         assert_int_equal(stoke_loader_set_epoch(l, 1), STOKE_ECANCELED);
         assert_int_equal(stoke_loader_next_epoch(l), STOKE_ECANCELED);
-        stoke_loader_stats st = {.size = sizeof(st)};
         assert_int_equal(stoke_loader_get_stats(l, &st), STOKE_OK);
-        assert_int_equal(st.batches, 2);
+        assert_int_equal(st.batches, 4);
         stoke_loader_stop(l); /* again: nothing */
-        stoke_batch_release(held[1]);
+        const unsigned char *h1 = stoke_batch_data(held[1], 0);
+        stoke_batch_release(held[1]); /* its buffer goes at once */
+        if (pinned)
+            assert_int_equal(pinned_in_use() - pool0, one);
+        if (mode == STOKE_WORKER_PROCESSES)
+            assert_false(resident(h1));
         stoke_batch_release(held[0]);
+        if (pinned)
+            assert_int_equal(pinned_in_use(), pool0);
         stoke_loader_destroy(l);
+        if (pinned)
+            tu_use_none();
         assert_int_equal(tu_count_fds_to(""), fds);
     }
     stoke_loader_stop(NULL);

@@ -234,6 +234,11 @@ void stoke_batch_release(stoke_batch *b)
         b->next = top;
     while (!atomic_compare_exchange_weak_explicit(&l->released, &top, b, memory_order_seq_cst,
                                                   memory_order_relaxed));
+    if (atomic_load_explicit(&l->stopped, memory_order_seq_cst)) { /* its buffer goes now */
+        if (!stoke__loader_foreign(l))
+            stoke__loader_free_idle(l);
+        return;
+    }
     if (atomic_load_explicit(&l->rel_sleepers, memory_order_seq_cst) == 0)
         return;
     if (stoke__loader_foreign(l)) /* the sleepers are the creator's; its `mu` maybe held */

@@ -700,6 +700,40 @@ void stoke_loader_interrupt(stoke_loader *l)
  * message that says why.  In a process forked from the creator's, l's threads, worker
  * processes, accelerator objects, pinned and arena memory are the creator's (their state here
  * is a copy, locks maybe held): only this process's descriptors and plain memory go. */
+/* A slot's buffer goes back where it came from (nothing for a process worker's: the shared
+ * mapping goes whole, stoke__proc_destroy, which clears `mem` first). */
+static void slot_free(stoke_loader *l, stoke__slot *s)
+{
+    if (l->alloc_kind == STOKE__ALLOC_ARENA)
+        stoke_arena_free(l->arena, s->mem);
+    else if (l->alloc_kind != STOKE__ALLOC_PAGEABLE)
+        stoke_pinned_free(s->mem);
+    else
+        stoke__resident_free(s->mem, l->buf_bytes);
+    s->mem = NULL;
+}
+
+/* stoke_loader_stop, and each release after it: the buffers of the batches not held go at
+ * once, so a loader stopped with one batch alive (a tensor kept after its Python loader went)
+ * keeps that batch's buffer, not all of them.  A process worker's buffer gives its pages back
+ * (stoke__proc_release_buffer); device mode keeps its host buffers, which are not a batch's
+ * own. */
+void stoke__loader_free_idle(stoke_loader *l)
+{
+    if (l->o.device)
+        return;
+    stoke__loader_lock(l);
+    stoke__loader_reclaim(l); /* (those released since: free too) */
+    for (int k = 0; k < l->nfree; k++) {
+        stoke__slot *s = l->free_v[k]->host;
+        if (l->proc)
+            stoke__proc_release_buffer(l, s);
+        else if (s->mem)
+            slot_free(l, s);
+    }
+    stoke__loader_unlock(l);
+}
+
 /* Abandons the run, joins the worker threads and ends the worker processes (not in a fork:
  * they are the creator's); the buffers stay. */
 static void end_work(stoke_loader *l)
@@ -721,7 +755,12 @@ void stoke_loader_stop(stoke_loader *l)
     stoke__saved_error saved;
     stoke__error_save(&saved);
     end_work(l);
-    l->stopped = 1;
+    /* a batch a worker finished after the abandon, before it was joined, is done: free too */
+    stoke__loader_lock(l);
+    stoke__loader_abandon(l);
+    stoke__loader_unlock(l);
+    atomic_store(&l->stopped, 1); /* (before the reclaim: a release sees one or the other) */
+    stoke__loader_free_idle(l);
     stoke__error_restore(&saved);
 }
 
@@ -756,12 +795,7 @@ void stoke_loader_destroy(stoke_loader *l)
             continue;
         stoke_device_buffer_destroy(b->dbuf);
         stoke_event_destroy(b->ev);
-        if (l->alloc_kind == STOKE__ALLOC_ARENA)
-            stoke_arena_free(l->arena, s->mem);
-        else if (l->alloc_kind != STOKE__ALLOC_PAGEABLE)
-            stoke_pinned_free(s->mem);
-        else
-            stoke__resident_free(s->mem, l->buf_bytes);
+        slot_free(l, s);
         stoke_event_destroy(s->ev);
     }
     if (!forked) {

@@ -471,7 +471,9 @@ struct stoke_loader {
 
     char err[1024]; /* consumer only */
     int created;    /* consumer only: create got as far as the pools (destroy stops it) */
-    int stopped;    /* consumer only: stoke_loader_stop ended its work for good */
+    /* stoke_loader_stop ended its work for good (written by the consumer; read by a release,
+     * from any thread, which then frees its buffer: stoke__loader_free_idle) */
+    _Atomic int stopped;
     /* 1: the consumer's last stoke_loader_next ended STOKE_ECANCELED by opts.interrupted
      * (Ctrl-C); 2: stoke_loader_interrupt; either until a stoke_loader_next delivers a batch.
      * Worker processes busy on a batch nobody wants are then killed at once rather than waited
@@ -713,6 +715,9 @@ void stoke__proc_wake(stoke_loader *l);
 void stoke__proc_stopping(stoke_loader *l);
 /* stop and destroy, after the threads were joined: ends and reaps every process (once). */
 void stoke__proc_end(stoke_loader *l);
+/* stop: the pages of slot s's buffer (a batch not held) go back to the system, where the
+ * shared mapping is this loader's own and not registered; the mapping stays. */
+void stoke__proc_release_buffer(stoke_loader *l, stoke__slot *s);
 /* destroy: stoke__proc_end, then unmaps the buffers. */
 void stoke__proc_destroy(stoke_loader *l);
 /* Forks (procworker.c): the number of forks this process descends from since the first
@@ -725,8 +730,10 @@ unsigned stoke__fork_gen(void);
 int stoke__loader_forked(const stoke_loader *l);
 int stoke__loader_foreign(const stoke_loader *l);
 int stoke__loader_forked_fail(stoke_loader *l);
-/* loader.c: STOKE_ECANCELED for `call` on a loader stoke_loader_stop ended (l->err says so). */
+/* loader.c: STOKE_ECANCELED for `call` on a loader stoke_loader_stop ended (l->err says so);
+ * the buffers of the batches not held, on a stopped loader, freed (takes `mu`). */
 int stoke__loader_stopped_fail(stoke_loader *l, const char *call);
+void stoke__loader_free_idle(stoke_loader *l);
 
 /* state.c */
 void stoke__loader_abandon(stoke_loader *l);

@@ -793,6 +793,13 @@ void stoke__proc_end(stoke_loader *l)
     p->zpid = -1;
 }
 
+void stoke__proc_release_buffer(stoke_loader *l, stoke__slot *s)
+{
+    const stoke__proc *p = l->proc;
+    if (p->shm && !p->registered && !p->from_arena)
+        (void)madvise(s->mem, stoke__align_up(l->buf_bytes, 4096), MADV_REMOVE);
+}
+
 /* stoke__proc_end, then unmaps the shared buffers (in a forked process, only this process's
  * mapping: the buffers are the creator's). */
 void stoke__proc_destroy(stoke_loader *l)

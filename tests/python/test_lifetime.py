@@ -1,5 +1,6 @@
 """A batch outlives its DataLoader while a tensor (or array, or capsule) holds it, and its
-memory returns to the pool only when the last holder lets go (pinned_stats: bytes_in_use)."""
+memory returns to the pool only when the last holder lets go (pinned_stats: bytes_in_use); the
+loader's other buffers return when the loader goes."""
 import gc
 
 import stoke_testlib as T
@@ -20,6 +21,10 @@ for holder in ("torch", "numpy", "buffer", "capsule"):
     loader = stoke.DataLoader("npy:" + dp, batch_size=16, shuffle=True, seed=2, num_workers=2)
     held = in_use()
     T.check(held > base, "%s: the loader's buffers are not in the pinned pool" % holder)
+    nbuf = loader.stats()["buffers"]
+    T.check(nbuf > 1 and (held - base) % nbuf == 0, "%s: %d buffers, %d bytes"
+            % (holder, nbuf, held - base))
+    one = (held - base) // nbuf
     b = next(iter(loader))
     idx = np.from_dlpack(b.indices).copy()
     if holder == "torch":
@@ -32,7 +37,10 @@ for holder in ("torch", "numpy", "buffer", "capsule"):
         keep = b["data"].__dlpack__()  # an unconsumed capsule owns the memory too
     ptr = b.data_ptr()
     del b, loader
-    T.check(in_use() == held, "%s: memory went back while still viewed" % holder)
+    # the viewed batch's buffer stays, the loader's others go with it (before 2026-12-07 they
+    # stayed until the view went)
+    T.check(in_use() - base == one, "%s: %d bytes in use while a batch is viewed, its buffer "
+            "is %d (of %d in all)" % (holder, in_use() - base, one, held - base))
     if holder == "capsule":
         del keep
     else:
