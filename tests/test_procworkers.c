@@ -614,6 +614,15 @@ static int resident(const void *p)
     return v & 1;
 }
 
+/* Field f of batch b (count samples) into out: its host memory, or its device copy's. */
+static void read_field(stoke_batch *b, int f, int dev, void *out, size_t n)
+{
+    if (dev)
+        assert_int_equal(stoke_batch_device_read(b, f, out), STOKE_OK);
+    else
+        memcpy(out, stoke_batch_data(b, f), n);
+}
+
 static uint64_t pinned_in_use(void)
 {
     stoke_pinned_stats ps = {.size = sizeof(ps)};
@@ -625,20 +634,21 @@ static uint64_t pinned_in_use(void)
  * child stuck in a sample too), the dataset is closed before the batches go, and the batches
  * keep their bytes until released; the buffers of the batches not held go at once (a process
  * worker's pages leave memory; pinned buffers go back to the pool), and so does each released
- * after it; next() and set_epoch fail with ECANCELED, saying why; a second stop does nothing;
- * destroy then leaves no descriptor.  Threads (pageable, and pinned by simdev) and processes. */
+ * after it (device mode: their device buffers, and every staging buffer); next() and set_epoch
+ * fail with ECANCELED, saying why; a second stop does nothing; destroy then leaves no
+ * descriptor.  Threads (pageable, pinned by simdev, copied to simdev) and processes. */
 static void test_stop_keeps_held(void **state)
 {
     (void)state;
-    for (int c = 0; c < 4; c++) {
+    for (int c = 0; c < 5; c++) {
         int mode = c == 1 || c == 2 ? STOKE_WORKER_PROCESSES : STOKE_WORKER_THREADS;
-        int hang = c == 2, pinned = c == 3;
+        int hang = c == 2, pinned = c >= 3, dev = c == 4;
         reset_shared();
         int fds = tu_count_fds_to("");
         if (pinned)
             tu_use_simdev();
-        int threads = count_threads();
         uint64_t pool0 = pinned ? pinned_in_use() : 0;
+        uint64_t dev0 = dev ? tu_simdev_counters().live_device_bytes : 0;
         pds p;
         stoke_dataset ds;
         pds_open(&p, 0, 0, &ds);
@@ -646,12 +656,17 @@ static void test_stop_keeps_held(void **state)
         stoke_loader_opts o;
         opts(&o, "error", mode, 2, 0);
         o.pin_memory = pinned;
+        o.device = dev ? "simdev" : NULL;
         stoke_loader *l;
         assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+        int threads = count_threads(); /* (workers start at the first next; simdev's stream has
+                                          one of its own) */
         stoke_loader_stats st = {.size = sizeof(st)};
         assert_int_equal(stoke_loader_get_stats(l, &st), STOKE_OK);
         uint64_t one = pinned ? (pinned_in_use() - pool0) / st.buffers : 0;
         assert_true(!pinned || (one > 0 && pinned_in_use() - pool0 == one * st.buffers));
+        uint64_t one_dev = dev ? (tu_simdev_counters().live_device_bytes - dev0) / st.buffers : 0;
+        assert_true(!dev || one_dev >= BS * SB);
         stoke_batch *held[2];
         unsigned char copy[2][BS * SB];
         const unsigned char *gone[2]; /* batches 2 and 3, released before the stop */
@@ -661,7 +676,7 @@ static void test_stop_keeps_held(void **state)
             assert_int_equal(stoke_batch_count(b), BS);
             if (k < 2) {
                 held[k] = b;
-                memcpy(copy[k], stoke_batch_data(b, 0), sizeof(copy[k]));
+                read_field(b, 0, dev, copy[k], sizeof(copy[k]));
             } else {
                 gone[k - 2] = stoke_batch_data(b, 0);
                 stoke_batch_release(b);
@@ -691,13 +706,17 @@ static void test_stop_keeps_held(void **state)
             assert_false(resident(gone[0]) || resident(gone[1]));
             assert_true(resident(stoke_batch_data(held[0], 0)));
         }
-        if (pinned)
-            assert_int_equal(pinned_in_use() - pool0, 2 * one);
+        if (pinned) /* (device mode: a delivered batch's staging buffer went after its copy) */
+            assert_int_equal(pinned_in_use() - pool0, dev ? 0 : 2 * one);
+        if (dev)
+            assert_int_equal(tu_simdev_counters().live_device_bytes - dev0, 2 * one_dev);
         stoke_dataset_close(&ds); /* nothing calls it any more */
         stoke_dataset_close(&p.inner);
         for (int k = 0; k < 2; k++) {
-            const unsigned char *data = stoke_batch_data(held[k], 0);
-            const int64_t *label = stoke_batch_data(held[k], 1);
+            unsigned char data[BS * SB];
+            int64_t label[BS];
+            read_field(held[k], 0, dev, data, sizeof(data));
+            read_field(held[k], 1, dev, label, sizeof(label));
             assert_memory_equal(data, copy[k], sizeof(copy[k]));
             for (size_t j = 0; j < BS; j++) {
                 uint64_t i = stoke_batch_indices(held[k])[j];
@@ -721,12 +740,16 @@ static void test_stop_keeps_held(void **state)
         const unsigned char *h1 = stoke_batch_data(held[1], 0);
         stoke_batch_release(held[1]); /* its buffer goes at once */
         if (pinned)
-            assert_int_equal(pinned_in_use() - pool0, one);
+            assert_int_equal(pinned_in_use() - pool0, dev ? 0 : one);
+        if (dev)
+            assert_int_equal(tu_simdev_counters().live_device_bytes - dev0, one_dev);
         if (mode == STOKE_WORKER_PROCESSES)
             assert_false(resident(h1));
         stoke_batch_release(held[0]);
         if (pinned)
             assert_int_equal(pinned_in_use(), pool0);
+        if (dev)
+            assert_int_equal(tu_simdev_counters().live_device_bytes, dev0);
         stoke_loader_destroy(l);
         if (pinned)
             tu_use_none();

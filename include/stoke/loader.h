@@ -238,7 +238,8 @@ STOKE_API void stoke_loader_destroy(stoke_loader *l);
  * dataset is never called again (the caller may close it now).  Batches not yet released stay
  * valid, their memory and device copies too, and are released as before; the buffers of the
  * others go back at once (to the pinned pool, the arena, the system), and each held one's at
- * its release (not in device mode, whose buffers stay); stoke_loader_destroy frees the rest.  Afterwards stoke_loader_next, set_epoch, next_epoch and restore_state fail
+ * its release (device mode: their device buffers, and every staging buffer once the copies
+ * queued are done); stoke_loader_destroy frees the rest.  Afterwards stoke_loader_next, set_epoch, next_epoch and restore_state fail
  * with STOKE_ECANCELED; the getters and stats still answer.  For a binding whose batches may
  * outlive the object that owns the dataset (a Python tensor kept after its loader is dropped).
  * Call it as destroy is called; a second call, or one in a forked child, does nothing.  Leaves

@@ -713,24 +713,40 @@ static void slot_free(stoke_loader *l, stoke__slot *s)
     s->mem = NULL;
 }
 
+/* A buffer nobody uses any more, on a stopped loader: a process worker's gives its pages back
+ * (the shared mapping stays), any other goes back where it came from. */
+static void slot_idle(stoke_loader *l, stoke__slot *s)
+{
+    if (l->proc)
+        stoke__proc_release_buffer(l, s);
+    else if (s->mem)
+        slot_free(l, s);
+}
+
 /* stoke_loader_stop, and each release after it: the buffers of the batches not held go at
  * once, so a loader stopped with one batch alive (a tensor kept after its Python loader went)
- * keeps that batch's buffer, not all of them.  A process worker's buffer gives its pages back
- * (stoke__proc_release_buffer); device mode keeps its host buffers, which are not a batch's
- * own. */
+ * keeps that batch's buffer, not all of them.  Device mode: the device buffers of the batches
+ * not held, and every staging buffer (a delivered batch's went back after its copy), once the
+ * copies queued are done. */
 void stoke__loader_free_idle(stoke_loader *l)
 {
-    if (l->o.device)
-        return;
+    if (l->stream)
+        stoke_stream_synchronize(l->stream);
     stoke__loader_lock(l);
     stoke__loader_reclaim(l); /* (those released since: free too) */
     for (int k = 0; k < l->nfree; k++) {
-        stoke__slot *s = l->free_v[k]->host;
-        if (l->proc)
-            stoke__proc_release_buffer(l, s);
-        else if (s->mem)
-            slot_free(l, s);
+        stoke_batch *b = l->free_v[k];
+        if (l->o.device) {
+            stoke_device_buffer_destroy(b->dbuf);
+            b->dbuf = NULL;
+        } else {
+            slot_idle(l, b->host);
+        }
     }
+    for (stoke__slot *s = l->free_s; s; s = s->next)
+        slot_idle(l, s);
+    for (stoke__slot *s = l->copy_head; s; s = s->next)
+        slot_idle(l, s);
     stoke__loader_unlock(l);
 }
 
