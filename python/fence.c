@@ -11,7 +11,8 @@
  * synchronize() waits).  Kept per loader (its core, stoke_py.h), at most `pend_max` of them (the
  * buffers beyond those the consumer may hold and one for the workers: more would stall the
  * loader), the oldest waited for beyond that; looked at before each next() and each release,
- * drained before the C loader is destroyed (the core's last reference).
+ * drained when the Loader closes (a batch given back later waits for its own fence) and before
+ * the C loader is destroyed (the core's last reference).
  * PinnedBuffers (the drop-in's copies of held batches) have one list of their own.  GIL held
  * throughout. */
 #include <stdlib.h>
@@ -134,9 +135,11 @@ static int pend_max(stoke_py_core *L)
 int stoke_py_release_batch(stoke_py_core *L, stoke_batch *b)
 {
     PyObject *f = NULL;
-    if (L->l && !L->device_mode && stoke_batch_is_pinned(b) && pend_max(L) > 0)
+    if (!L->device_mode && stoke_batch_is_pinned(b) && pend_max(L) > 0)
         f = new_fence();
-    if (f && L->in_fence) {
+    /* a fence's own code runs, or the Loader closed: no next() will look at the list again,
+     * and the stopped loader frees this buffer at its release (stoke_loader_stop) */
+    if (f && (L->in_fence || L->closed)) {
         fence_done(f, 1);
         Py_CLEAR(f);
     }

@@ -316,6 +316,10 @@ static void loader_close(LoaderObject *self)
     memset(&self->ds, 0, sizeof(self->ds));
     self->l = NULL;
     self->core = NULL;
+    if (c) { /* (the batches whose copies were in flight: given back first) */
+        stoke_py_drain(c);
+        c->closed = 1;
+    }
     if (!c)
         stoke_dataset_close(&ds);
     else if (stoke_pyds_in_call())

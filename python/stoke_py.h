@@ -37,6 +37,7 @@ typedef struct stoke_py_core {
     DLDevice dl_device;     /* what __dlpack_device__ reports for the batches */
     Py_ssize_t outstanding; /* Batch objects alive, and those given back still fenced */
     int held;               /* the consumer's held_buffers */
+    int closed;             /* the Loader closed: a batch given back waits for its fence */
     /* pinned batches given back whose release fences are not done yet, oldest first
      * (fence.c): at most STOKE_PY_PEND_MAX, and one more while it is being added */
     struct {
@@ -116,9 +117,10 @@ PyObject *stoke_py_batch_new(stoke_py_core *core, stoke_batch *b);
 void stoke_py_core_decref(stoke_py_core *c);
 
 /* fence.c: pinned memory given back after its release fence is done (a caller's asynchronous
- * copy from it).  release_batch gives b back (now or once fenced: 1) and counts it out of
- * `outstanding`; settle gives back those done (wait: all, waiting); drain before the loader
- * closes.  pinned_free is stoke_pinned_free fenced so. */
+ * copy from it).  release_batch gives b back (now or once fenced: 1; on a closed core, once
+ * its fence is waited for) and counts it out of `outstanding`; settle gives back those done
+ * (wait: all, waiting); drain when the Loader closes and before the core's end.  pinned_free is
+ * stoke_pinned_free fenced so. */
 int stoke_py_release_batch(stoke_py_core *L, stoke_batch *b);
 void stoke_py_settle(stoke_py_core *L, int wait);
 int stoke_py_settle_one(stoke_py_core *L); /* waits for the oldest; 0: none was fenced */

@@ -236,14 +236,17 @@ STOKE_API void stoke_loader_destroy(stoke_loader *l);
 /* Ends the loader's work for good and keeps what the caller holds: abandons the run, stops and
  * joins the worker threads and ends the worker processes, as stoke_loader_destroy does, so the
  * dataset is never called again (the caller may close it now).  Batches not yet released stay
- * valid, their memory and device copies too, and are released as before; the buffers of the
- * others go back at once (to the pinned pool, the arena, the system), and each held one's at
- * its release (device mode: their device buffers, and every staging buffer once the copies
- * queued are done); stoke_loader_destroy frees the rest.  Afterwards stoke_loader_next, set_epoch, next_epoch and restore_state fail
- * with STOKE_ECANCELED; the getters and stats still answer.  For a binding whose batches may
- * outlive the object that owns the dataset (a Python tensor kept after its loader is dropped).
- * Call it as destroy is called; a second call, or one in a forked child, does nothing.  Leaves
- * the calling thread's last error as it was.  NULL does nothing. */
+ * valid, their memory and device copies too, and are released as before.  The buffers of the
+ * others go back at once (to the pinned pool, the arena, the system; a process workers' pages,
+ * unless their mapping is registered with a backend or is an arena's, which stays whole until
+ * destroy), and each held one's at its release (device mode: the device buffers, and every
+ * staging buffer once the copies queued are done); stoke_loader_destroy frees the rest.
+ * Afterwards stoke_loader_next, set_epoch, next_epoch and restore_state fail with
+ * STOKE_ECANCELED; the getters and stats still answer.  For a binding whose batches may outlive
+ * the object that owns the dataset (a Python tensor kept after its loader is dropped).  Call it
+ * from the consumer thread with no other call on `l` in progress; held batches may be released
+ * from other threads meanwhile and after.  A second call, or one in a forked child, does
+ * nothing.  Leaves the calling thread's last error as it was.  NULL does nothing. */
 STOKE_API void stoke_loader_stop(stoke_loader *l);
 
 /* Marks l interrupted: the caller is ending (a Ctrl-C it saw anywhere, its exit).  Until a

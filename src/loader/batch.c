@@ -235,7 +235,7 @@ void stoke_batch_release(stoke_batch *b)
     while (!atomic_compare_exchange_weak_explicit(&l->released, &top, b, memory_order_seq_cst,
                                                   memory_order_relaxed));
     if (atomic_load_explicit(&l->stopped, memory_order_seq_cst)) { /* its buffer goes now */
-        if (!stoke__loader_foreign(l))
+        if (!stoke__loader_forked(l)) /* (a fork's copy: the buffers are the creator's) */
             stoke__loader_free_idle(l);
         return;
     }

@@ -713,10 +713,13 @@ static void slot_free(stoke_loader *l, stoke__slot *s)
     s->mem = NULL;
 }
 
-/* A buffer nobody uses any more, on a stopped loader: a process worker's gives its pages back
- * (the shared mapping stays), any other goes back where it came from. */
+/* (mu) A buffer nobody uses any more, on a stopped loader, once: a process worker's gives its
+ * pages back (the shared mapping stays), any other goes back where it came from. */
 static void slot_idle(stoke_loader *l, stoke__slot *s)
 {
+    if (s->idle)
+        return;
+    s->idle = 1;
     if (l->proc)
         stoke__proc_release_buffer(l, s);
     else if (s->mem)
@@ -727,14 +730,20 @@ static void slot_idle(stoke_loader *l, stoke__slot *s)
  * once, so a loader stopped with one batch alive (a tensor kept after its Python loader went)
  * keeps that batch's buffer, not all of them.  Device mode: the device buffers of the batches
  * not held, and every staging buffer (a delivered batch's went back after its copy), once the
- * copies queued are done. */
+ * copies queued are done.  Each buffer once (a release frees its own).  Keeps the calling
+ * thread's last error. */
 void stoke__loader_free_idle(stoke_loader *l)
 {
-    if (l->stream)
+    stoke__saved_error saved;
+    stoke__error_save(&saved);
+    if (l->stream) { /* (a copy may still write a device buffer given back) */
+        pthread_mutex_lock(&l->stream_mu);
         stoke_stream_synchronize(l->stream);
+        pthread_mutex_unlock(&l->stream_mu);
+    }
     stoke__loader_lock(l);
     stoke__loader_reclaim(l); /* (those released since: free too) */
-    for (int k = 0; k < l->nfree; k++) {
+    for (int k = l->idle_from; k < l->nfree; k++) {
         stoke_batch *b = l->free_v[k];
         if (l->o.device) {
             stoke_device_buffer_destroy(b->dbuf);
@@ -743,11 +752,13 @@ void stoke__loader_free_idle(stoke_loader *l)
             slot_idle(l, b->host);
         }
     }
+    l->idle_from = l->nfree;
     for (stoke__slot *s = l->free_s; s; s = s->next)
         slot_idle(l, s);
     for (stoke__slot *s = l->copy_head; s; s = s->next)
         slot_idle(l, s);
     stoke__loader_unlock(l);
+    stoke__error_restore(&saved);
 }
 
 /* Abandons the run, joins the worker threads and ends the worker processes (not in a fork:
@@ -776,7 +787,7 @@ void stoke_loader_stop(stoke_loader *l)
     stoke__loader_abandon(l);
     stoke__loader_unlock(l);
     atomic_store(&l->stopped, 1); /* (before the reclaim: a release sees one or the other) */
-    stoke__loader_free_idle(l);
+    stoke__loader_free_idle(l); /* (saved's: it keeps the last error too) */
     stoke__error_restore(&saved);
 }
 

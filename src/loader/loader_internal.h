@@ -64,6 +64,7 @@ typedef struct stoke__bad {
 typedef struct stoke__slot {
     unsigned char *mem;
     int pinned;
+    int idle; /* (mu) its memory was given back on a stopped loader (stoke__loader_free_idle) */
     stoke_event *ev; /* device transfer: completes when the copy out of `mem` did */
     struct stoke__slot *next;
 } stoke__slot;
@@ -474,6 +475,7 @@ struct stoke_loader {
     /* stoke_loader_stop ended its work for good (written by the consumer; read by a release,
      * from any thread, which then frees its buffer: stoke__loader_free_idle) */
     _Atomic int stopped;
+    int idle_from; /* (mu) free_v[0 .. idle_from) were freed so (nothing pops it once stopped) */
     /* 1: the consumer's last stoke_loader_next ended STOKE_ECANCELED by opts.interrupted
      * (Ctrl-C); 2: stoke_loader_interrupt; either until a stoke_loader_next delivers a batch.
      * Worker processes busy on a batch nobody wants are then killed at once rather than waited

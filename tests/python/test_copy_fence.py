@@ -15,7 +15,8 @@ fences it completes itself, on the simulated accelerator's pinned memory):
     at most 8 wait;
   - a PinnedBuffer (a held batch's copy) given back is not handed out again before its fence;
   - a fence factory that raises: reported (unraisable), the memory given back at once;
-  - the loader's end (del) gives its fenced batches back after waiting for them."""
+  - the loader's end (del) gives its fenced batches back after waiting for them;
+  - a batch given back after its loader went waits for its own fence, and its buffer goes."""
 import ctypes
 import gc
 import sys
@@ -258,6 +259,38 @@ def the_loaders_end_waits_for_its_fenced_batches():
     gc.collect()
     T.check(len(Fence.made) == 3 and all(f.waited for f in Fence.made),
             "the loader's end: fences %s" % [(f.done, f.waited) for f in Fence.made])
+    fences(False)
+
+
+@case
+def a_batch_given_back_after_its_loader_went_waits_for_its_fence():
+    # (the loader's other buffers go back when it goes, and a batch given back after that is
+    # not left in the fence list, which no next() looks at any more: its buffer goes too)
+    fences()
+    base = stoke.pinned_stats()["bytes_in_use"]
+    loader = L.Loader(Rows(), batch_size=4, num_workers=2, pin_memory=True)
+    it = iter(loader)
+    kept = [next(it) for _ in range(3)]
+    one = (stoke.pinned_stats()["bytes_in_use"] - base) // loader.stats()["buffers"]
+    del it, loader
+    gc.collect()
+    T.check(not Fence.made, "fences made before any batch was given back")
+    T.check(stoke.pinned_stats()["bytes_in_use"] - base == 3 * one,
+            "3 batches kept: %d bytes in use, a buffer is %d"
+            % (stoke.pinned_stats()["bytes_in_use"] - base, one))
+    a = kept.pop()
+    del kept
+    gc.collect()
+    T.check(len(Fence.made) == 2 and all(f.waited for f in Fence.made),
+            "given back after the loader went: fences %s"
+            % [(f.done, f.waited) for f in Fence.made])
+    T.check(stoke.pinned_stats()["bytes_in_use"] - base == one,
+            "one batch kept: %d bytes in use, a buffer is %d"
+            % (stoke.pinned_stats()["bytes_in_use"] - base, one))
+    T.check(a[0][:, 0].tolist() == [8.0, 9.0, 10.0, 11.0], "batch 2: %s" % a[0][:, 0].tolist())
+    del a
+    gc.collect()
+    T.check(stoke.pinned_stats()["bytes_in_use"] == base, "a batch's buffer not given back")
     fences(False)
 
 
