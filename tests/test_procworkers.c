@@ -4,7 +4,8 @@
  * after destroy, also mid-epoch; the dataset's set_epoch reaches the children; the zygote and
  * children die with the loader's process (also when a fork of it lives on); a stopped zygote is a
  * bounded error; a forked child's use of the loader fails at once; loaders destroyed one by one do
- * not wait for each other; stoke_loader_stop ends the workers and keeps the batches held.  Every test runs under alarm(): a hang fails instead of blocking CI. */
+ * not wait for each other; stoke_loader_stop ends the workers and keeps the batches held.  Every
+ * test runs under alarm(): a hang fails instead of blocking CI. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
@@ -614,7 +615,7 @@ static int resident(const void *p)
     return v & 1;
 }
 
-/* Field f of batch b (count samples) into out: its host memory, or its device copy's. */
+/* n bytes of field f of batch b into out: from its host memory, or from its device copy. */
 static void read_field(stoke_batch *b, int f, int dev, void *out, size_t n)
 {
     if (dev)
@@ -733,7 +734,12 @@ static void test_stop_keeps_held(void **state)
         assert_non_null(strstr(stoke_loader_last_error(l), "was stopped (stoke_loader_stop)"));
         assert_non_null(strstr(stoke_loader_last_error(l), "pds"));
         assert_int_equal(stoke_loader_set_epoch(l, 1), STOKE_ECANCELED);
+        assert_non_null(strstr(stoke_loader_last_error(l), "stoke_loader_set_epoch: the loader"));
         assert_int_equal(stoke_loader_next_epoch(l), STOKE_ECANCELED);
+        stoke_loader_state saved;
+        assert_int_equal(stoke_loader_save_state(l, &saved), STOKE_OK);
+        assert_int_equal(stoke_loader_restore_state(l, &saved), STOKE_ECANCELED);
+        assert_non_null(strstr(stoke_loader_last_error(l), "stoke_loader_restore_state:"));
         assert_int_equal(stoke_loader_get_stats(l, &st), STOKE_OK);
         assert_int_equal(st.batches, 4);
         stoke_loader_stop(l); /* again: nothing */

@@ -696,10 +696,6 @@ void stoke_loader_interrupt(stoke_loader *l)
         atomic_store(&l->interrupted, 2);
 }
 
-/* Never changes the calling thread's last error: it runs on create's failure path, after the
- * message that says why.  In a process forked from the creator's, l's threads, worker
- * processes, accelerator objects, pinned and arena memory are the creator's (their state here
- * is a copy, locks maybe held): only this process's descriptors and plain memory go. */
 /* A slot's buffer goes back where it came from (nothing for a process worker's: the shared
  * mapping goes whole, stoke__proc_destroy, which clears `mem` first). */
 static void slot_free(stoke_loader *l, stoke__slot *s)
@@ -787,7 +783,7 @@ void stoke_loader_stop(stoke_loader *l)
     stoke__loader_abandon(l);
     stoke__loader_unlock(l);
     atomic_store(&l->stopped, 1); /* (before the reclaim: a release sees one or the other) */
-    stoke__loader_free_idle(l); /* (saved's: it keeps the last error too) */
+    stoke__loader_free_idle(l);   /* (saved's: it keeps the last error too) */
     stoke__error_restore(&saved);
 }
 
@@ -799,6 +795,10 @@ int stoke__loader_stopped_fail(stoke_loader *l, const char *call)
                               call, l->ds.name);
 }
 
+/* Never changes the calling thread's last error: it runs on create's failure path, after the
+ * message that says why.  In a process forked from the creator's, l's threads, worker
+ * processes, accelerator objects, pinned and arena memory are the creator's (their state here
+ * is a copy, locks maybe held): only this process's descriptors and plain memory go. */
 void stoke_loader_destroy(stoke_loader *l)
 {
     if (!l)

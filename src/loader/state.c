@@ -59,12 +59,13 @@ void stoke__loader_set_position(stoke_loader *l, uint64_t epoch, uint64_t cursor
 
 /* Consumer: moves to (seed, epoch, cursor); the dataset's set_epoch is told (an ITERABLE one
  * restarts there). */
-static int reposition(stoke_loader *l, uint64_t seed, uint64_t epoch, uint64_t cursor)
+static int reposition(stoke_loader *l, const char *call, uint64_t seed, uint64_t epoch,
+                      uint64_t cursor)
 {
     if (stoke__loader_foreign(l))
         return stoke__loader_forked_fail(l);
     if (l->stopped)
-        return stoke__loader_stopped_fail(l, "loader: set_epoch, next_epoch or restore_state");
+        return stoke__loader_stopped_fail(l, call);
     /* stop dispatching, abandon the run, wait until no batch is being produced: nothing calls
      * the dataset */
     stoke__loader_lock(l);
@@ -105,12 +106,12 @@ int stoke__loader_dataset_epoch(stoke_loader *l, uint64_t epoch)
  * consumer reads them without it. */
 int stoke_loader_set_epoch(stoke_loader *l, uint64_t epoch)
 {
-    return l ? reposition(l, l->seed, epoch, 0) : STOKE_EINVAL;
+    return l ? reposition(l, "stoke_loader_set_epoch", l->seed, epoch, 0) : STOKE_EINVAL;
 }
 
 int stoke_loader_next_epoch(stoke_loader *l)
 {
-    return l ? reposition(l, l->seed, l->epoch + 1, 0) : STOKE_EINVAL;
+    return l ? reposition(l, "stoke_loader_next_epoch", l->seed, l->epoch + 1, 0) : STOKE_EINVAL;
 }
 
 uint64_t stoke_loader_epoch(const stoke_loader *l)
@@ -164,7 +165,7 @@ int stoke_loader_restore_state(stoke_loader *l, const stoke_loader_state *st)
                                   "loader state: cursor %" PRIu64 " is past the %" PRIu64
                                   " batches of an epoch",
                                   st->cursor, l->nbatches);
-    return reposition(l, st->seed, st->epoch, st->cursor);
+    return reposition(l, "stoke_loader_restore_state", st->seed, st->epoch, st->cursor);
 }
 
 int stoke_loader_get_stats(const stoke_loader *l, stoke_loader_stats *out)
