@@ -1,7 +1,7 @@
 /* _stoke.Batch and _stoke.Field: delivered batches and their fields as tensors, without a copy.
  *
  * Lifetime chain (each arrow a strong reference):
- *     buffer view / DLPack tensor -> Field -> Batch -> core (stoke_py_h) <- Loader
+ *     buffer view / DLPack tensor -> Field -> Batch -> core (stoke_py.h) <- Loader
  * Batch's dealloc gives the stoke_batch back (stoke_batch_release); the core's last reference
  * destroys the stoke_loader.  So memory a consumer still views is never returned to the pool,
  * and a batch keeps its loader's memory however long it lives, but not the Loader object, its

@@ -7,6 +7,12 @@
 
 #include "stoke_py.h"
 
+/* The C loader; NULL before init and once closed. */
+static stoke_loader *c_loader(const LoaderObject *self)
+{
+    return self->core ? self->core->l : NULL;
+}
+
 static int raise_status(int rc, const char *msg)
 {
     stoke_py_raise(StokeError, rc, msg, -1);
@@ -178,7 +184,7 @@ static int loader_init(PyObject *obj, PyObject *args, PyObject *kw)
                      "stoke: worker_mode must be 'threads' or 'processes', not '%s'", mode);
         return -1;
     }
-    if (self->l) {
+    if (self->core) {
         PyErr_SetString(PyExc_RuntimeError, "stoke: the loader is already initialized");
         return -1;
     }
@@ -197,10 +203,11 @@ static int loader_init(PyObject *obj, PyObject *args, PyObject *kw)
     o.sampler.world_size = world_size;
     if (open_dataset(self, source, dataset, writer) < 0)
         return -1;
+    stoke_loader *l = NULL;
     int rc = find_rank(self, &o);
     if (rc == 0) {
         PyThreadState *ts = PyEval_SaveThread();
-        rc = stoke_loader_create(&o, &self->ds, &self->l);
+        rc = stoke_loader_create(&o, &self->ds, &l);
         PyEval_RestoreThread(ts);
         if (stoke_py_flush_warnings() < 0)
             rc = -1;
@@ -213,13 +220,12 @@ static int loader_init(PyObject *obj, PyObject *args, PyObject *kw)
         rc = -1;
     }
     if (rc != 0) {
-        stoke_loader_destroy(self->l);
-        self->l = NULL;
+        stoke_loader_destroy(l);
         stoke_dataset_close(&self->ds);
         return -1;
     }
     c->refs = 1;
-    c->l = self->l;
+    c->l = l;
     c->device_mode = device != NULL;
     c->dl_device = dl_device_of(device);
     c->held = o.held_buffers;
@@ -314,15 +320,14 @@ static void loader_close(LoaderObject *self)
      * traverse a dataset being closed (loader_traverse) */
     stoke_dataset ds = self->ds;
     memset(&self->ds, 0, sizeof(self->ds));
-    self->l = NULL;
     self->core = NULL;
-    if (c) { /* (the batches whose copies were in flight: given back first) */
-        stoke_py_drain(c);
-        c->closed = 1;
-    }
-    if (!c)
+    if (!c) {
         stoke_dataset_close(&ds);
-    else if (stoke_pyds_in_call())
+        return;
+    }
+    stoke_py_drain(c); /* (the batches whose copies were in flight: given back first) */
+    c->closed = 1;
+    if (stoke_pyds_in_call())
         defer_close(c, &ds);
     else
         close_now(c, &ds);
@@ -358,7 +363,7 @@ static int loader_traverse(PyObject *obj, visitproc visit, void *arg)
 static void loader_finalize(PyObject *obj)
 {
     LoaderObject *self = (LoaderObject *)obj;
-    if (!self->l || self->busy)
+    if (!self->core || self->busy)
         return;
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
@@ -381,7 +386,7 @@ static PyObject *loader_close_if_idle(PyObject *obj, PyObject *unused)
 
 static int check(LoaderObject *self)
 {
-    if (self->l)
+    if (c_loader(self))
         return 0;
     PyErr_SetString(PyExc_RuntimeError, "stoke: the loader is not initialized");
     return -1;
@@ -420,7 +425,7 @@ static PyObject *raise_loader_error(LoaderObject *self, int rc)
                                           "DataLoader was stopped by its exit hook");
         return NULL;
     }
-    const char *err = stoke_loader_last_error(self->l);
+    const char *err = stoke_loader_last_error(c_loader(self));
     const char *s = strstr(err, "sample ");
     unsigned long long idx;
     long long sample = s && sscanf(s, "sample %llu", &idx) == 1 ? (long long)idx : -1;
@@ -429,9 +434,10 @@ static PyObject *raise_loader_error(LoaderObject *self, int rc)
 
 static PyObject *set_epoch_locked(LoaderObject *self, uint64_t epoch, int next)
 {
+    stoke_loader *l = c_loader(self);
     int rc;
     PyThreadState *ts = PyEval_SaveThread();
-    rc = next ? stoke_loader_next_epoch(self->l) : stoke_loader_set_epoch(self->l, epoch);
+    rc = next ? stoke_loader_next_epoch(l) : stoke_loader_set_epoch(l, epoch);
     PyEval_RestoreThread(ts);
     if (stoke_py_flush_warnings() < 0)
         return NULL;
@@ -462,11 +468,12 @@ static PyObject *next_locked(LoaderObject *self)
     self->fresh = 0;
     if (self->core->npend) /* the batches whose copies are done: back to the workers */
         stoke_py_settle(self->core, 0);
+    stoke_loader *l = c_loader(self);
     stoke_batch *b = NULL;
     int rc;
     for (;;) {
         PyThreadState *ts = PyEval_SaveThread();
-        rc = stoke_loader_next(self->l, &b);
+        rc = stoke_loader_next(l, &b);
         PyEval_RestoreThread(ts);
         /* every buffer out: those fenced come back once their copies are done (fence.c) */
         if (rc != STOKE_ELIMIT || !stoke_py_settle_one(self->core))
@@ -571,7 +578,7 @@ static PyObject *loader_save_state(PyObject *obj, PyObject *unused)
     if (enter(self) < 0)
         return NULL;
     stoke_loader_state st;
-    int rc = stoke_loader_save_state(self->l, &st);
+    int rc = stoke_loader_save_state(c_loader(self), &st);
     leave(self);
     if (rc != STOKE_OK)
         return stoke_py_raise(StokeError, rc, stoke_last_error(), -1);
@@ -591,9 +598,10 @@ static PyObject *loader_restore_state(PyObject *obj, PyObject *args)
     st.seed = seed;
     st.epoch = epoch;
     st.cursor = cursor;
+    stoke_loader *l = c_loader(self);
     int rc;
     PyThreadState *ts = PyEval_SaveThread();
-    rc = stoke_loader_restore_state(self->l, &st);
+    rc = stoke_loader_restore_state(l, &st);
     PyEval_RestoreThread(ts);
     leave(self);
     if (rc != STOKE_OK)
@@ -608,7 +616,7 @@ static PyObject *loader_stats(PyObject *obj, PyObject *unused)
     if (check(self) < 0)
         return NULL;
     stoke_loader_stats s = {.size = sizeof(s)}; /* thread-safe */
-    stoke_loader_get_stats(self->l, &s);
+    stoke_loader_get_stats(c_loader(self), &s);
     return Py_BuildValue(
         "{s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:d,s:d,s:d,s:K,s:K,s:K,s:K,s:K,s:K}", "samples",
         (unsigned long long)s.samples, "batches", (unsigned long long)s.batches, "bytes",
@@ -634,7 +642,7 @@ static PyObject *loader_quarantine(PyObject *obj, PyObject *args)
     PyObject *out = PyList_New(0);
     stoke_bad_sample e;
     for (size_t i = start > 0 ? (size_t)start : 0;
-         out && stoke_loader_quarantine(self->l, i, &e) == STOKE_OK; i++) {
+         out && stoke_loader_quarantine(c_loader(self), i, &e) == STOKE_OK; i++) {
         PyObject *rep = e.replacement == UINT64_MAX ? Py_NewRef(Py_None)
                                                     : PyLong_FromUnsignedLongLong(e.replacement);
         PyObject *d = Py_BuildValue(
@@ -655,12 +663,12 @@ static Py_ssize_t loader_len(PyObject *obj)
     LoaderObject *self = (LoaderObject *)obj;
     if (check(self) < 0)
         return -1;
-    return (Py_ssize_t)stoke_loader_num_batches(self->l);
+    return (Py_ssize_t)stoke_loader_num_batches(c_loader(self));
 }
 
 static PyObject *loader_get_epoch(PyObject *obj, void *unused)
 {
-    return PyLong_FromUnsignedLongLong(stoke_loader_epoch(((LoaderObject *)obj)->l));
+    return PyLong_FromUnsignedLongLong(stoke_loader_epoch(c_loader((LoaderObject *)obj)));
 }
 
 static PyObject *loader_get_rank(PyObject *obj, void *unused)
@@ -675,7 +683,7 @@ static PyObject *loader_get_world_size(PyObject *obj, void *unused)
 
 static PyObject *loader_get_pinned_backend(PyObject *obj, void *unused)
 {
-    const char *b = stoke_loader_pinned_backend(((LoaderObject *)obj)->l);
+    const char *b = stoke_loader_pinned_backend(c_loader((LoaderObject *)obj));
     if (!b)
         Py_RETURN_NONE;
     return PyUnicode_FromString(b);
@@ -708,7 +716,7 @@ static PyObject *loader_get_outstanding(PyObject *obj, void *unused)
 static PyObject *loader_interrupt(PyObject *obj, PyObject *unused)
 {
     (void)unused;
-    stoke_loader_interrupt(((LoaderObject *)obj)->l);
+    stoke_loader_interrupt(c_loader((LoaderObject *)obj));
     Py_RETURN_NONE;
 }
 

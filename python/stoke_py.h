@@ -50,12 +50,11 @@ typedef struct stoke_py_core {
 } stoke_py_core;
 
 typedef struct {
-    PyObject_HEAD stoke_loader *l; /* core->l while open; NULL once closed */
-    stoke_py_core *core;           /* NULL once closed */
+    PyObject_HEAD stoke_py_core *core; /* NULL before init and once closed */
     stoke_dataset ds;
-    int fresh; /* 1: the next iter() continues from the current position */
+    int fresh;              /* 1: the next iter() continues from the current position */
     int64_t rank, world_size;
-    int busy; /* a thread is inside a call on `l` that drops the GIL (GIL) */
+    int busy;               /* a thread is inside a call on the loader that drops the GIL */
     uint64_t passes;        /* iter() calls: an iterator of an earlier one is superseded */
     int persistent;         /* iterators are not superseded (torch's iter() resets its one
                                iterator with persistent_workers): persistent_workers, or what
