@@ -2,11 +2,12 @@
 cyclic GC, its worker processes ended: a dataset that keeps its loader, a trainer whose bound
 method is the collate_fn and that keeps the loader and an iterator of it, an iterator kept on
 its own loader, a generator over the loader kept on it, a batch kept on its loader (or by a
-trainer that holds the loader, or in a generator kept on the loader).  The references the C loader holds (to
-the batch writer, which holds the dataset and collate_fn) and a C iterator's reference to its
-loader were invisible to the GC, so such a cycle was never freed: a sweep that made a trainer
-per trial kept every trial's worker processes, shared memory and descriptors until exit.  A
-batch's tensor kept after its loader went keeps its memory, not the loader or its workers."""
+trainer that holds the loader, or in a generator kept on the loader).  The references the C
+loader holds (to the batch writer, which holds the dataset and collate_fn), a C iterator's
+reference to its loader and a batch's to its loader were invisible to the GC, so such a cycle
+was never freed: a sweep that made a trainer per trial kept every trial's worker processes,
+shared memory and descriptors until exit.  A batch's tensor kept after its loader went keeps
+its memory, not the loader or its workers."""
 import gc
 import os
 import time
@@ -98,6 +99,14 @@ def generator_on_loader(w):
     return loader
 
 
+def workers_end(what):
+    """Fails unless the worker processes are back to `base` within 10 s."""
+    end = time.monotonic() + 10
+    while children() > base and time.monotonic() < end:
+        time.sleep(0.02)
+    T.check(children() == base, "%s: %d worker process(es) left" % (what, children() - base))
+
+
 for w in (0, 2):  # (what a first loader sets up for the process is not counted)
     list(stoke.DataLoader(DS(), batch_size=4, num_workers=w))
 gc.collect()
@@ -114,21 +123,11 @@ for w in (0, 2):
         gc.collect()
         T.check(not any(r() is not None for r in gone),
                 "%s: a loader in a reference cycle was not collected by gc.collect()" % what)
-        end = time.monotonic() + 10
-        while children() > base and time.monotonic() < end:
-            time.sleep(0.02)
-        T.check(children() == base, "%s: %d worker process(es) left after the collection"
-                % (what, children() - base))
+        workers_end(what + ", after the collection")
         now = len(os.listdir("/proc/self/fd"))
         T.check(now <= fds, "%s: %d descriptors open, %d before" % (what, now, fds))
         print("ok", what)
 
-
-def workers_end(what):
-    end = time.monotonic() + 10
-    while children() > base and time.monotonic() < end:
-        time.sleep(0.02)
-    T.check(children() == base, "%s: %d worker process(es) left" % (what, children() - base))
 
 
 # A batch's tensor kept after its loader went (in a cycle through a batch or not): the loader
