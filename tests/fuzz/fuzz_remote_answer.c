@@ -1,6 +1,7 @@
 /* libFuzzer target: one HTTP answer of the remote request engine (src/sources/remote_answer.c):
  * header lines through stoke__remote_on_header, then the body in chunks through
- * stoke__remote_on_body, into a buffer or a stream lane's queue, as libcurl would call them.
+ * stoke__remote_on_body, into a buffer, a file (a cache download's pwrite, or one whose writes
+ * fail) or a stream lane's queue, as libcurl would call them.
  * Built only with -DSTOKE_FUZZ=ON, clang and libcurl's headers (libcurl itself is not linked:
  * the one call remote_answer.c makes, curl_easy_getinfo, is answered here); run by
  * tests/fuzz/run.sh (target answer).
@@ -10,10 +11,15 @@
  * empty one, then the body.  Beyond "no crash, no sanitizer report" it checks what
  * remote_internal.h and remote_answer.c promise of what they take: every byte taken is the
  * body's byte at the file offset the answer says (a 206's Content-Range start, a 200's 0), in
- * order, inside [off, off + n) and under `most`; a 206 is taken only with a Content-Range of
- * one range whose bytes it carries and, with a size, inside that size; nothing of an encoded
- * answer, an answer of another version or an error's; the size it says (seen) raised only by a
- * 206 taken; the validators and the error text NUL-terminated inside their arrays. */
+ * order, inside [off, off + n) and under `most` (a file holds them at those offsets and nothing
+ * else; one whose writes fail holds nothing, its body stopped, the errno kept); a 206 is taken
+ * only with a Content-Range of one range whose bytes it carries and, with a size, inside that
+ * size; nothing of an encoded answer, an answer of another version or an error's; the size it
+ * says (seen) raised only by a 206 taken; the validators and the error text NUL-terminated
+ * inside their arrays. */
+#define _GNU_SOURCE /* memfd_create */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stddef.h>
@@ -21,6 +27,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/internal.h"
 #include "fuzz_support.h"
@@ -87,6 +96,21 @@ static void on_said(void *ctx)
     g_said++;
 }
 
+/* A file destination (a cache download's): one memfd, emptied for each input, and the same
+ * file opened read-only, where every pwrite fails (EBADF: a download whose writes fail). */
+static int g_fd = -1, g_fd_ro = -1;
+static void files_open(void)
+{
+    if (g_fd >= 0)
+        return;
+    g_fd = memfd_create("fuzz_remote_answer", 0);
+    check(g_fd >= 0);
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/self/fd/%d", g_fd);
+    g_fd_ro = open(path, O_RDONLY);
+    check(g_fd_ro >= 0);
+}
+
 /* ---- the target --------------------------------------------------------------------------- */
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -99,8 +123,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const uint8_t *cfg = data;
     data += 8, size -= 8;
     g_status = statuses[cfg[0] & 7];
-    int lane = cfg[0] >> 3 & 1;   /* else a buffer */
+    int lane = cfg[0] >> 3 & 1;   /* else a buffer, or a file: */
     int tagged = cfg[0] >> 4 & 3; /* 0: no tag, 1: none recorded, 2/3: another recorded */
+    int file = !lane && cfg[0] >> 6 & 1; /* pwrite at the file's offsets */
+    int file_fails = file && cfg[0] >> 7;  /* every pwrite fails */
     uint64_t off = cfg[1] | (uint64_t)(cfg[2] & 0x3f) << 8;
     size_t n = 1 + ((size_t)cfg[3] | (size_t)(cfg[2] >> 6) << 8); /* 1 .. 1024 */
     size_t chunk = 1 + (size_t)cfg[4];
@@ -126,8 +152,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     }
     x->fd = -1;
+    if (file) {
+        files_open();
+        check(ftruncate(g_fd, 0) == 0);
+        x->fd = file_fails ? g_fd_ro : g_fd;
+    }
     x->q = lane ? (struct stoke__remote_lane *)&g_lane : NULL;
-    x->buf = lane ? NULL : buf;
+    x->buf = lane || file ? NULL : buf;
     x->n = lane ? SIZE_MAX : n;
     x->off = lane ? 0 : off;
     x->most = most;
@@ -191,6 +222,33 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t got = lane ? g_lane_n : x->got;
     const char *dst = lane ? g_lane : buf;
     check(lane || x->got <= x->n);
+    char *back = NULL;
+    if (file) {
+        /* the file holds what was taken at its own offsets, [off, off + got), and nothing
+         * else: no byte before off, none after; a file whose writes fail holds nothing,
+         * stopped the body at its first byte taken and said why */
+        struct stat st;
+        check(fstat(g_fd, &st) == 0);
+        check((uint64_t)st.st_size == (got ? x->off + got : 0));
+        if (file_fails) {
+            check(got == 0);
+            check(x->werr == 0 || (x->werr == EBADF && stopped));
+        } else {
+            check(x->werr == 0);
+        }
+        back = malloc(got + 1);
+        check(back != NULL);
+        check(pread(g_fd, back, got, (off_t)x->off) == (ssize_t)got);
+        dst = back;
+        char z[256];
+        for (uint64_t at0 = 0; at0 < x->off && got;) {
+            size_t k = x->off - at0 < sizeof(z) ? (size_t)(x->off - at0) : sizeof(z);
+            check(pread(g_fd, z, k, (off_t)at0) == (ssize_t)k);
+            for (size_t i = 0; i < k; i++)
+                check(z[i] == 0);
+            at0 += k;
+        }
+    }
     if (!x->body)
         check(got == 0);
     /* (a 206 refused for its range or a download over `most` may have taken its bytes before
@@ -226,6 +284,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (g_said)
         check(first && x->status == 206);
     check(memchr(x->err, 0, sizeof(x->err)) != NULL && x->errlen < sizeof(x->err));
+    free(back);
     free(x);
     free(buf);
     return 0;

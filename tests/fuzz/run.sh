@@ -5,7 +5,8 @@
 # headers and body, corpus_answer/; needs libcurl's headers), aws (the AWS credentials and
 # config files, corpus_aws/; needs libcurl) or spec (shard patterns' brace expansion and the
 # redaction of URLs, corpus_spec/).  Exits non-zero if the fuzzer finds a crash, a sanitizer
-# report or a broken invariant (the reproducer is left in BUILD_DIR/fuzz-artifacts/).
+# report or a broken invariant (1: libFuzzer's own 77 would read as a skip to a test runner; the
+# reproducer is left in BUILD_DIR/fuzz-artifacts/).
 #
 #     tests/fuzz/run.sh BUILD_DIR [SECONDS] [TARGET]     (default 60 s, npy; CC overrides clang)
 set -eu
@@ -38,7 +39,7 @@ fuzzer=$build/tests/fuzz/$name
 mkdir -p "$build/fuzz-corpus-$target" "$build/fuzz-artifacts"
 echo "fuzz: running $fuzzer for ${secs}s"
 # shellcheck disable=SC2086 # $dict is empty or one word
-"$fuzzer" -max_total_time="$secs" -max_len="$maxlen" -timeout=10 -rss_limit_mb=1024 \
+"$fuzzer" -max_total_time="$secs" -max_len="$maxlen" -timeout=10 -rss_limit_mb=1024 -error_exitcode=1 \
     $dict -artifact_prefix="$build/fuzz-artifacts/" -print_final_stats=1 \
     "$build/fuzz-corpus-$target" "$here/$corpus"
 echo "fuzz: no crash in ${secs}s"
