@@ -39,7 +39,7 @@ fuzzer=$build/tests/fuzz/$name
 mkdir -p "$build/fuzz-corpus-$target" "$build/fuzz-artifacts"
 echo "fuzz: running $fuzzer for ${secs}s"
 # shellcheck disable=SC2086 # $dict is empty or one word
-"$fuzzer" -max_total_time="$secs" -max_len="$maxlen" -timeout=10 -rss_limit_mb=1024 -error_exitcode=1 \
-    $dict -artifact_prefix="$build/fuzz-artifacts/" -print_final_stats=1 \
+"$fuzzer" -max_total_time="$secs" -max_len="$maxlen" -timeout=10 -rss_limit_mb=1024 \
+    -error_exitcode=1 $dict -artifact_prefix="$build/fuzz-artifacts/" -print_final_stats=1 \
     "$build/fuzz-corpus-$target" "$here/$corpus"
 echo "fuzz: no crash in ${secs}s"
