@@ -317,6 +317,94 @@ static void test_loader_identical(void **state)
     unlink(lp);
 }
 
+/* One epoch of l (unshuffled, every row once): its bytes and labels checked. */
+static void epoch_checked(stoke_loader *l, const char *what)
+{
+    size_t got = 0;
+    stoke_batch *b;
+    int rc;
+    while ((rc = stoke_loader_next(l, &b)) == STOKE_OK) {
+        size_t n = stoke_batch_count(b);
+        const uint64_t *idx = stoke_batch_indices(b);
+        for (size_t j = 0; j < n; j++)
+            assert_int_equal(idx[j], got + j);
+        check_batch(idx, n, stoke_batch_data(b, 0), stoke_batch_data(b, 1));
+        got += n;
+        stoke_batch_release(b);
+    }
+    if (rc != STOKE_EEND || got != ROWS)
+        fail_msg("%s: %s after %zu rows: %s", what, stoke_err_name(rc), got,
+                 stoke_loader_last_error(l));
+}
+
+/* io=uring rings are their process's: one dataset's loaders in turn -- in this process, in
+ * worker processes, in this process again -- each read every row right, and so did a child
+ * forked by the caller (not the loader) and this process after it.  Before, a forked worker
+ * submitted to the parent's ring (the queues are shared mappings), and the parent's next batch
+ * crashed on a NULL submission entry. */
+static void test_uring_rings_across_fork(void **state)
+{
+    (void)state;
+    if (!g_uring) {
+        g_skipped = 1;
+        skip();
+    }
+    const char *p = tmp("fork.npy"), *lp = tmp("fork-labels.npy");
+    make_files(p, lp);
+    tu_use_none();
+    char spec[600];
+    snprintf(spec, sizeof(spec), "npy:%s,labels=%s,io=uring", p, lp);
+    stoke_dataset ds;
+    assert_int_equal(stoke_source_open(spec, &ds), STOKE_OK);
+    static const int turns[][2] = {{0, 0}, {2, 1}, {0, 0}, {1, 1}, {2, 0}, {0, 0}};
+    for (size_t t = 0; t < sizeof(turns) / sizeof(turns[0]); t++) {
+        stoke_loader_opts o;
+        stoke_loader_opts_init(&o);
+        o.batch_size = 96;
+        o.num_workers = turns[t][0];
+        o.worker_mode = turns[t][1] ? STOKE_WORKER_PROCESSES : STOKE_WORKER_THREADS;
+        stoke_loader *l = NULL;
+        assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+        char what[64];
+        snprintf(what, sizeof(what), "turn %zu (%d %s workers)", t, turns[t][0],
+                 turns[t][1] ? "process" : "thread");
+        epoch_checked(l, what);
+        stoke_loader_destroy(l);
+    }
+    /* a fork the loader does not know of: the child reads on worker 0's ring, inherited */
+    uint64_t idx[200];
+    unsigned char *d = malloc(sizeof(idx) / sizeof(idx[0]) * ROW);
+    int64_t lab[200];
+    void *dst[TU_FIELDS] = {d, lab};
+    char msg[256];
+    uint64_t err = 0;
+    for (int round = 0; round < 3; round++) {
+        batch_indices(idx, 200, 40 + round);
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            int bad = 0;
+            for (int k = 0; k < 3 && !bad; k++) {
+                bad |= tu_read_batch(&ds, idx, 200, dst, 0, msg, sizeof(msg), &err) != STOKE_OK;
+                for (size_t j = 0; j < 200 && !bad; j++)
+                    bad |= memcmp(d + j * ROW, g_data + idx[j] * ROW, ROW) != 0 ||
+                           lab[j] != g_labels[idx[j]];
+            }
+            _exit(bad ? 1 : 0);
+        }
+        int st = 0;
+        assert_int_equal(waitpid(pid, &st, 0), pid);
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+            fail_msg("round %d: the forked child's reads failed (status 0x%x)", round, st);
+        assert_int_equal(tu_read_batch(&ds, idx, 200, dst, 0, msg, sizeof(msg), &err), STOKE_OK);
+        check_batch(idx, 200, d, lab);
+    }
+    free(d);
+    stoke_dataset_close(&ds);
+    unlink(p);
+    unlink(lp);
+}
+
 /* The header's size of make_files's data file. */
 static size_t head_size(void)
 {
@@ -788,6 +876,7 @@ int main(void)
         cmocka_unit_test(test_modes_identical),
         cmocka_unit_test(test_scattered_identical),
         cmocka_unit_test(test_loader_identical),
+        cmocka_unit_test(test_uring_rings_across_fork),
         cmocka_unit_test(test_truncated_same_error),
         cmocka_unit_test(test_mmap_rows_past_the_end_after_a_fault),
         cmocka_unit_test(test_auto_follows_residency),

@@ -357,7 +357,8 @@ static void npy_close(void *user)
     free(ds);
 }
 
-/* Fork hooks of io=remote: a worker process opens connections of its own (remote.h). */
+/* Fork hooks: with io=remote a worker process opens connections of its own (remote.h); with
+ * io=uring it makes rings of its own (npy_uring.c: the parent's are never submitted to). */
 static void npy_fork_prepare(void *user)
 {
     stoke__remote_pool_fork_prepare(((npy_ds *)user)->pool);
@@ -371,6 +372,7 @@ static void npy_fork_parent(void *user)
 static void npy_fork_child(void *user, int worker)
 {
     (void)worker;
+    stoke__npy_rings_forked(user);
     stoke__remote_pool_fork_child(((npy_ds *)user)->pool);
 }
 
@@ -552,11 +554,10 @@ int stoke_npy_open_opts(const char *path, const stoke_npy_opts *opts, stoke_data
     d.close = npy_close;
     d.set_epoch = stoke__npy_set_epoch;
     d.hint = npy_hint;
-    if (ds->pool) { /* a forked worker opens connections of its own */
-        d.fork_prepare = npy_fork_prepare;
-        d.fork_parent = npy_fork_parent;
-        d.fork_child = npy_fork_child;
-    }
+    /* a forked worker opens connections and io_urings of its own */
+    d.fork_prepare = npy_fork_prepare;
+    d.fork_parent = npy_fork_parent;
+    d.fork_child = npy_fork_child;
     *out = d;
     stoke__log(STOKE_LOG_DEBUG, "npy %s: v%d.0 '%s' %llu rows of %zu bytes%s, io=%s", shown,
                ds->f[0].h.major, ds->f[0].h.descr, (unsigned long long)ds->f[0].rows,

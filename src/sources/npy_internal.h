@@ -204,6 +204,9 @@ int stoke__npy_batch_uring(stoke__npy_ds *ds, const uint64_t *idx, size_t count,
                            int worker, char *msg, size_t msg_len, uint64_t *err_index);
 /* Frees every ring (no get_batch() may be running). */
 void stoke__npy_rings_free(stoke__npy_ds *ds);
+/* In a forked child, before it reads: the rings inherited from the parent dropped unused (their
+ * queues are the parent's); the child's first batch on each worker makes its own. */
+void stoke__npy_rings_forked(stoke__npy_ds *ds);
 
 /* ---- npy_stage.c ---- */
 /* The dataset's access_hint: a block shuffle turns the block read-ahead on, anything else off. */

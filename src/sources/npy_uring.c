@@ -4,7 +4,12 @@
  * Rings: ds->rings[worker % STOKE__NPY_RINGS], created by the worker's first get_batch()
  * (published with a compare-and-swap: a loser frees its own) and freed by the dataset's close.
  * Each ring has a mutex held for a whole batch: a ring is one thread's at a time (two loaders
- * sharing a dataset, or worker ids past the table, only serialise).
+ * sharing a dataset, or worker ids past the table, only serialise).  A ring is its process's:
+ * a forked child shares the parent's rings' queues (MAP_SHARED) and must never submit to them
+ * (the parent's next batch found its queue moved under it and crashed).  The dataset's
+ * fork_child hook drops them in a worker process before it reads (stoke__npy_rings_forked);
+ * a process forked by anything else finds the ring another process's (its pid) and makes its
+ * own in its place.
  *
  * Errors: a read that fails (res < 0) or ends early (res 0: end of file, the file shrank) is
  * the error of the sample its missing bytes belong to, with the messages of io=pread; short
@@ -17,6 +22,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/internal.h"
 #include "sources/npy_internal.h"
@@ -34,6 +40,7 @@ typedef struct req {
 
 struct stoke__npy_ring {
     pthread_mutex_t mu; /* guards everything below; held by get_batch() for a whole batch */
+    pid_t pid;          /* the process that made it (set once, before it is published) */
     int ok;             /* ring is usable */
     struct io_uring ring;
     req reqs[STOKE_NPY_URING_DEPTH];
@@ -65,27 +72,30 @@ int stoke__npy_uring_probe(char *why, size_t why_len)
 static struct stoke__npy_ring *get_ring(stoke__npy_ds *ds, int worker)
 {
     size_t slot = (unsigned)worker % STOKE__NPY_RINGS;
-    struct stoke__npy_ring *r = atomic_load_explicit(&ds->rings[slot], memory_order_acquire);
-    if (r)
-        return r;
-    r = calloc(1, sizeof(*r));
+    pid_t self = getpid();
+    struct stoke__npy_ring *had = atomic_load_explicit(&ds->rings[slot], memory_order_acquire);
+    if (had && had->pid == self)
+        return had;
+    /* none yet, or one a process forked outside the loader's hooks inherited: the parent's
+     * (left as it is, not freed: another thread of this process may be reading its pid) */
+    struct stoke__npy_ring *r = calloc(1, sizeof(*r));
     if (!r)
         return NULL;
     pthread_mutex_init(&r->mu, NULL);
+    r->pid = self;
     int e = io_uring_queue_init(STOKE_NPY_URING_DEPTH, &r->ring, 0);
     r->ok = e == 0;
     if (e && !atomic_exchange(&ds->ring_warned, 1))
         stoke__log(STOKE_LOG_WARN,
                    "npy %s: worker %d: io_uring_queue_init failed (%s): reading with pread",
                    ds->f[0].path, worker, strerror(-e));
-    struct stoke__npy_ring *none = NULL;
-    if (!atomic_compare_exchange_strong_explicit(&ds->rings[slot], &none, r, memory_order_acq_rel,
+    if (!atomic_compare_exchange_strong_explicit(&ds->rings[slot], &had, r, memory_order_acq_rel,
                                                  memory_order_acquire)) {
         if (r->ok)
             io_uring_queue_exit(&r->ring);
         pthread_mutex_destroy(&r->mu);
         free(r);
-        r = none;
+        r = had; /* another thread's of this process, made meanwhile */
     }
     return r;
 }
@@ -271,6 +281,21 @@ void stoke__npy_rings_free(stoke__npy_ds *ds)
     }
 }
 
+void stoke__npy_rings_forked(stoke__npy_ds *ds)
+{
+    for (int i = 0; i < STOKE__NPY_RINGS; i++) {
+        struct stoke__npy_ring *r = atomic_exchange(&ds->rings[i], NULL);
+        if (!r)
+            continue;
+        /* this process's copies of the parent's mappings and descriptor go; its ring stays
+         * the parent's.  The mutex is not destroyed: a parent thread may have held it at the
+         * fork (no thread of this one waits on it). */
+        if (r->ok)
+            io_uring_queue_exit(&r->ring);
+        free(r);
+    }
+}
+
 #else /* !STOKE_HAVE_LIBURING */
 
 int stoke__npy_uring_built(void)
@@ -292,6 +317,11 @@ int stoke__npy_batch_uring(stoke__npy_ds *ds, const uint64_t *idx, size_t count,
 }
 
 void stoke__npy_rings_free(stoke__npy_ds *ds)
+{
+    (void)ds;
+}
+
+void stoke__npy_rings_forked(stoke__npy_ds *ds)
 {
     (void)ds;
 }
