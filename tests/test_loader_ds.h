@@ -1,6 +1,7 @@
 /* An in-test map-style dataset for the loader tests: sample i has a "data" field of DS_BYTES
  * bytes, byte k = (i * 131 + k * 7 + 1) & 0xff, and a "label" field (i64) = i.  Hooks: one slow
- * sample that blocks on a gate, one failing sample, a worker_init counter. */
+ * sample that blocks on a gate, one failing sample, a worker_init counter and one worker whose
+ * worker_init fails. */
 #ifndef TEST_LOADER_DS_H
 #define TEST_LOADER_DS_H
 
@@ -22,6 +23,9 @@ typedef struct tds {
     uint64_t fail_index; /* get() of this index fails with STOKE_EDATA */
     unsigned sleep_us;   /* every get() sleeps this long first (0: none) */
     atomic_int inits;    /* worker_init calls */
+    int init_fail;       /* worker_init of worker init_fail - 1 fails with STOKE_EIO, after
+                            sleeping init_fail_us (0: none fails) */
+    unsigned init_fail_us;
     atomic_int gets;
     /* tds_get_scattered (the dataset's read): every call; those of 2 samples or more, the
      * samples they carried, the most in one call */
@@ -114,7 +118,15 @@ static inline int tds_get_scattered(void *user, const uint64_t *idx, size_t coun
 
 static int tds_worker_init(void *user, int worker, int num_workers)
 {
-    atomic_fetch_add(&((tds *)user)->inits, 1);
+    tds *t = user;
+    (void)num_workers;
+    atomic_fetch_add(&t->inits, 1);
+    if (t->init_fail && worker == t->init_fail - 1) {
+        struct timespec ts = {(time_t)(t->init_fail_us / 1000000u),
+                              (long)(t->init_fail_us % 1000000u) * 1000};
+        nanosleep(&ts, NULL);
+        return STOKE_EIO;
+    }
     return STOKE_OK;
 }
 

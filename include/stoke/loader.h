@@ -268,7 +268,8 @@ STOKE_API void stoke_loader_interrupt(stoke_loader *l);
  * dataset's code, a positive one becoming STOKE_EDATA; STOKE_ETIMEDOUT; an error queuing a
  * device copy), which ends the epoch (later calls return STOKE_EEND) —
  * stoke_loader_last_error() then names the worker, the sample index and the message; the code
- * of a failing worker_init (positive: STOKE_EDATA), which ends the epoch with workers and is
+ * of a failing worker_init (positive: STOKE_EDATA), which ends the epoch with workers (worker
+ * threads: before its first batch, whichever worker failed; the message names it) and is
  * retried at the next call without; STOKE_ENOMEM when a worker thread cannot be started;
  * STOKE_ELIMIT when the caller holds every batch buffer (the epoch goes on once one is
  * released).  A device copy that fails after it was queued is reported by

@@ -450,6 +450,9 @@ struct stoke_loader {
     int running;               /* (mu) worker threads started (0 workers: worker_init done) */
     int quit;                  /* (mu) workers must exit */
     int init_failed;           /* (mu) a worker_init failed (status) */
+    int init_failed_worker;    /* (mu) the worker whose worker_init failed first */
+    int inits_pending;         /* (mu) worker threads whose worker_init has not returned: no
+                                  batch is delivered before it is 0 (next.c, next_batch) */
     stoke__producer caller;    /* the caller's thread (and a process worker's child) */
     int quiesce;               /* (mu) set_epoch is waiting for batches in production */
     int nact;                  /* (mu) workers given work: ids below it (= nworkers unless auto) */

@@ -169,8 +169,10 @@ static int wait_status(stoke_loader *l)
         return STOKE_EEND;
     if (l->init_failed)
         return end_failed(l, stoke__loader_fail(l, l->init_failed,
-                                                "loader: a worker_init of dataset %s failed (%s)",
-                                                l->ds.name, stoke_err_name(l->init_failed)));
+                                                "loader: worker %d: the worker_init of dataset "
+                                                "%s failed (%s)",
+                                                l->init_failed_worker, l->ds.name,
+                                                stoke_err_name(l->init_failed)));
     return STOKE_OK;
 }
 
@@ -269,6 +271,14 @@ static int next_batch(stoke_loader *l, stoke_batch **bp, uint64_t *t0, uint64_t 
     stoke__loader_reclaim(l);
     int spun = 0;
     while ((rc = wait_status(l)) == STOKE_OK) {
+        if (l->inits_pending) {
+            /* no batch before every worker thread's worker_init has returned: one that fails
+             * ends the epoch before its first batch, whichever worker's it is (a batch
+             * another worker made meanwhile was not delivered alone, nor an epoch's END) */
+            if ((rc = wait_done(l)) != STOKE_OK)
+                break;
+            continue;
+        }
         /* (with 0 workers a batch is done only just after the caller's thread made it, below) */
         if (!l->plan.caller_all && (*bp = take_done(l)) != NULL)
             return STOKE_OK;

@@ -782,18 +782,22 @@ static void *worker_main(void *arg)
     stoke__thread_name(name);
     if (l->ds.worker_init && !l->proc) { /* process mode: in the child */
         int rc = l->ds.worker_init(l->ds.user, w->p.wid, l->nworkers);
+        stoke__loader_lock(l);
+        l->inits_pending--;
+        if (rc != STOKE_OK && !l->init_failed) {
+            l->init_failed = rc < 0 ? rc : STOKE_EDATA;
+            l->init_failed_worker = w->p.wid;
+        }
+        stoke__loader_notify(l);
         if (rc != STOKE_OK) {
-            stoke__loader_lock(l);
-            if (!l->init_failed)
-                l->init_failed = rc < 0 ? rc : STOKE_EDATA;
-            stoke__loader_notify(l);
             stoke__loader_unlock(l);
             stoke__log(STOKE_LOG_DEBUG, "loader: worker_init of worker %d failed (%s)", w->p.wid,
                        stoke_err_name(rc));
             return NULL;
         }
+    } else {
+        stoke__loader_lock(l);
     }
-    stoke__loader_lock(l);
     for (;;) {
         int spun = 0;
         while (!l->quit && !stoke__loader_can_dispatch(l, w) &&
@@ -866,11 +870,14 @@ int stoke__loader_start_workers(stoke_loader *l)
     if (rc != STOKE_OK)
         return stoke__loader_fail(l, rc < 0 ? rc : STOKE_EDATA, "loader: worker_init failed (%s)",
                                   stoke_err_name(rc));
+    /* (no thread runs yet: none reads it before its pthread_create) */
+    l->inits_pending = l->ds.worker_init && !l->proc ? l->nworkers : 0;
     for (int i = 0; i < l->nworkers; i++) {
         stoke__worker *w = &l->w[i];
         atomic_store(&w->p.busy->since, 0);
         int e = pthread_create(&w->th, NULL, worker_main, w);
         if (e) {
+            l->inits_pending = 0; /* (those not started never run theirs) */
             join_workers(l, i);
             return stoke__loader_fail(l, STOKE_ENOMEM, "loader: cannot start worker %d: %s", i,
                                       strerror(e));
