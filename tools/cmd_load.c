@@ -461,9 +461,18 @@ static char json_on_sig[2][1200];
 static volatile sig_atomic_t json_on;       /* --json: the object is written */
 static volatile sig_atomic_t json_printing; /* the summary is being printed: nothing more */
 static volatile sig_atomic_t bar_drawn;     /* the progress bar is drawn: its line ended first */
+/* The process that hooked the signals: a worker process (and its zygote) inherits the handler,
+ * and a Ctrl-C reaches the whole process group: each of them wrote the object too (three
+ * objects on stdout with 2 workers, not JSON).  They only die of the signal. */
+static pid_t sig_owner;
 
 static void interrupted(int sig)
 {
+    if (getpid() != sig_owner) {
+        signal(sig, SIG_DFL);
+        raise(sig);
+        return;
+    }
     if (bar_drawn) {
         static const char nl = '\n';
         ssize_t w = write(2, &nl, 1);
@@ -477,6 +486,11 @@ static void interrupted(int sig)
                 break;
             k += (size_t)w;
         }
+        /* and the message on stderr, as every failure's (docs/loader.md) */
+        const char *m = sig == SIGTERM ? "stoke load: interrupted by SIGTERM\n"
+                                       : "stoke load: interrupted by SIGINT\n";
+        ssize_t w = write(2, m, strlen(m));
+        (void)w;
     }
     signal(sig, SIG_DFL);
     raise(sig);
@@ -484,6 +498,7 @@ static void interrupted(int sig)
 
 static void json_hook_signals(const load_args *a)
 {
+    sig_owner = getpid();
     json_on = 1;
     static const int sigs[2] = {SIGINT, SIGTERM};
     for (int i = 0; i < 2; i++) {
@@ -510,6 +525,7 @@ static void timed_pass(load_run *r)
 {
     uint64_t last_bar = 0;
     struct sigaction old, on_int = {.sa_handler = interrupted};
+    sig_owner = getpid();
     int hooked = r->bar && !r->a->cmd.json && sigaction(SIGINT, NULL, &old) == 0 &&
                  old.sa_handler == SIG_DFL && sigaction(SIGINT, &on_int, NULL) == 0;
     r->t0 = cmd_load_now_ns();

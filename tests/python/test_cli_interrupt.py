@@ -1,8 +1,10 @@
 """stoke load interrupted by Ctrl-C while its progress bar is drawn (stderr a terminal): the bar's
 line is ended before the process dies of SIGINT, so the shell's prompt starts on a line of its
 own; the exit is still the signal's.  With --json, SIGINT and SIGTERM (threads and worker
-processes) print the failure's one {"ok": false, ...} object on stdout before the process dies
-of the signal (stdout was empty), also while the bar is drawn (its line ended first)."""
+processes; sent to the process or to its whole group, as a terminal's Ctrl-C) print the
+failure's one {"ok": false, ...} object on stdout and its message on stderr before the process
+dies of the signal (stdout was empty; the worker processes wrote the object too), also while
+the bar is drawn (its line ended first)."""
 import json
 import os
 import pty
@@ -56,30 +58,38 @@ T.check(last.endswith(b"\n") or last.endswith(b"\r\n"),
         "the bar's line is ended: %r" % last[-120:])
 T.check(last.rfind(b"\n") > last.rfind(b"batches"), "the newline after the bar: %r" % last[-120:])
 
-# --json: the failure's object on stdout, then the signal's exit
-for sig in (signal.SIGINT, signal.SIGTERM):
-    for mode in ("threads", "processes"):
-        p = subprocess.Popen([CLI, "load", "synthetic:50000", "--epochs", "100000", "--workers",
-                              "2", "--worker-mode=" + mode, "--json"], stdin=subprocess.DEVNULL,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        try:
-            time.sleep(1.0)
+# --json: the failure's object on stdout (once: sent to the whole process group, as a
+# terminal's Ctrl-C, each worker process and the zygote wrote it too, inheriting the handler),
+# its message on stderr, then the signal's exit
+for sig, mode, group in [(s, m, g) for s in (signal.SIGINT, signal.SIGTERM)
+                         for m in ("threads", "processes") for g in (False, True)]:
+    p = subprocess.Popen([CLI, "load", "synthetic:50000", "--epochs", "100000", "--workers",
+                          "2", "--worker-mode=" + mode, "--json"], stdin=subprocess.DEVNULL,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         start_new_session=group)
+    try:
+        time.sleep(1.0)
+        if group:
+            os.killpg(p.pid, sig)
+        else:
             p.send_signal(sig)
-            out, err = p.communicate(timeout=60)
-        finally:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        name = signal.Signals(sig).name
-        try:
-            obj = json.loads(out)
-        except ValueError:
-            obj = None
-        T.check(p.returncode == -sig and obj is not None and obj["ok"] is False
-                and obj["signal"] == name and "interrupted by " + name in obj["error"]
-                and obj["source"] == "synthetic:50000" and out.count(b"\n") == 1,
-                "--json, %s, %s: exit %r, stdout %r, stderr %r" % (name, mode, p.returncode,
-                                                                   out, err[-300:]))
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    name = signal.Signals(sig).name
+    try:
+        obj = json.loads(out)
+    except ValueError:
+        obj = None
+    T.check(p.returncode == -sig and obj is not None and obj["ok"] is False
+            and obj["signal"] == name and "interrupted by " + name in obj["error"]
+            and obj["source"] == "synthetic:50000" and out.count(b"\n") == 1
+            and err.count(b"stoke load: interrupted by " + name.encode() + b"\n") == 1,
+            "--json, %s, %s%s: exit %r, stdout %r, stderr %r"
+            % (name, mode, ", to the group" if group else "", p.returncode, out,
+               err[-300:]))
 
 # the hash pass (a second, untimed pass for content_hash) draws its own line on a terminal:
 # a long run's second pass was a silent pause after the bar's 100 %; then its last state, ended
