@@ -499,6 +499,65 @@ static void test_worker_init_fails_threads(void **state)
     }
 }
 
+/* A NULL argument is STOKE_EINVAL with stoke_last_error() naming the call: the loader's state,
+ * epoch and stats calls, the device and event calls, the registry's getters.  Before, these
+ * left whatever message an earlier call had set (status.h: the detail of a failure is in
+ * stoke_last_error()). */
+static void test_null_arguments_say_so(void **state)
+{
+    (void)state;
+    tds t;
+    stoke_dataset ds;
+    tds_make(&t, &ds, 16);
+    stoke_loader_opts o = base_opts(4, 0);
+    stoke_loader *l;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    stoke_loader_stats stats;
+    memset(&stats, 0, sizeof(stats)); /* (size 0) */
+    uint64_t idx;
+    static const char *const names[] = {
+        "stoke_loader_set_epoch", "stoke_loader_next_epoch", "stoke_loader_save_state",
+        "stoke_loader_restore_state", "stoke_loader_get_stats",
+        "stoke_loader_get_stats: out->size is 0", "stoke_stream_create",
+        "stoke_stream_synchronize", "stoke_event_create", "stoke_event_record",
+        "stoke_event_query", "stoke_event_synchronize", "stoke_device_buffer_create",
+        "stoke_accelerator_get", "stoke_backend_get_info", "stoke_device_get",
+        "stoke_sampler_index"};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        /* another message first: the call's own replaces it */
+        stoke_dataset other;
+        assert_int_not_equal(stoke_source_open("nosuchscheme:x", &other), STOKE_OK);
+        char before[256];
+        snprintf(before, sizeof(before), "%s", stoke_last_error());
+        assert_true(before[0] != 0);
+        int rc = 0;
+        switch (i) {
+        case 0: rc = stoke_loader_set_epoch(NULL, 1); break;
+        case 1: rc = stoke_loader_next_epoch(NULL); break;
+        case 2: rc = stoke_loader_save_state(l, NULL); break;
+        case 3: rc = stoke_loader_restore_state(l, NULL); break;
+        case 4: rc = stoke_loader_get_stats(NULL, &stats); break;
+        case 5: rc = stoke_loader_get_stats(l, &stats); break;
+        case 6: rc = stoke_stream_create(NULL, NULL); break;
+        case 7: rc = stoke_stream_synchronize(NULL); break;
+        case 8: rc = stoke_event_create(NULL, NULL); break;
+        case 9: rc = stoke_event_record(NULL, NULL); break;
+        case 10: rc = stoke_event_query(NULL); break;
+        case 11: rc = stoke_event_synchronize(NULL); break;
+        case 12: rc = stoke_device_buffer_create(NULL, 16, NULL); break;
+        case 13: rc = stoke_accelerator_get(NULL); break;
+        case 14: rc = stoke_backend_get_info(0, NULL); break;
+        case 15: rc = stoke_device_get(NULL); break;
+        default: rc = stoke_sampler_index(NULL, 0, 0, 0, &idx); break;
+        }
+        assert_int_equal(rc, STOKE_EINVAL);
+        if (!strstr(stoke_last_error(), names[i]) || strcmp(before, stoke_last_error()) == 0)
+            fail_msg("%s: the last error is '%s'", names[i], stoke_last_error());
+    }
+    stoke_loader_destroy(l);
+    tds_free(&t);
+}
+
 static void test_early_destroy(void **state)
 {
     for (int round = 0; round < 6; round++) {
@@ -969,6 +1028,7 @@ int main(void)
         cmocka_unit_test(test_double_release_is_ignored),
         cmocka_unit_test(test_sample_error),
         cmocka_unit_test(test_worker_init_fails_threads),
+        cmocka_unit_test(test_null_arguments_say_so),
         cmocka_unit_test(test_early_destroy),
         cmocka_unit_test(test_persistent_workers),
         cmocka_unit_test(test_interrupt_joins_persistent_workers),

@@ -656,7 +656,7 @@ int stoke_sampler_index(const stoke_sampler *s, uint64_t seed, uint64_t epoch, u
 {
     stoke__sampler_epoch e;
     if (!s || !out)
-        return STOKE_EINVAL;
+        return stoke__fail(STOKE_EINVAL, "stoke_sampler_index: NULL argument");
     stoke__sampler_epoch_init(&e, s, seed, epoch);
     return stoke__sampler_fill(s, &e, pos, 1, out);
 }

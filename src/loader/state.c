@@ -106,12 +106,14 @@ int stoke__loader_dataset_epoch(stoke_loader *l, uint64_t epoch)
  * consumer reads them without it. */
 int stoke_loader_set_epoch(stoke_loader *l, uint64_t epoch)
 {
-    return l ? reposition(l, "stoke_loader_set_epoch", l->seed, epoch, 0) : STOKE_EINVAL;
+    return l ? reposition(l, "stoke_loader_set_epoch", l->seed, epoch, 0)
+             : stoke__fail(STOKE_EINVAL, "stoke_loader_set_epoch: NULL loader");
 }
 
 int stoke_loader_next_epoch(stoke_loader *l)
 {
-    return l ? reposition(l, "stoke_loader_next_epoch", l->seed, l->epoch + 1, 0) : STOKE_EINVAL;
+    return l ? reposition(l, "stoke_loader_next_epoch", l->seed, l->epoch + 1, 0)
+             : stoke__fail(STOKE_EINVAL, "stoke_loader_next_epoch: NULL loader");
 }
 
 uint64_t stoke_loader_epoch(const stoke_loader *l)
@@ -133,7 +135,7 @@ uint64_t stoke_loader_num_batches(const stoke_loader *l)
 int stoke_loader_save_state(const stoke_loader *l, stoke_loader_state *out)
 {
     if (!l || !out)
-        return STOKE_EINVAL;
+        return stoke__fail(STOKE_EINVAL, "stoke_loader_save_state: NULL argument");
     memset(out, 0, sizeof(*out));
     if (l->iterable && !l->o.in_order && l->ndelivered)
         return stoke__fail(STOKE_ENOTSUP, "loader: an iterable dataset's position mid-epoch is "
@@ -151,7 +153,7 @@ int stoke_loader_save_state(const stoke_loader *l, stoke_loader_state *out)
 int stoke_loader_restore_state(stoke_loader *l, const stoke_loader_state *st)
 {
     if (!l || !st)
-        return STOKE_EINVAL;
+        return stoke__fail(STOKE_EINVAL, "stoke_loader_restore_state: NULL argument");
     if (st->version != STOKE_LOADER_STATE_VERSION)
         return stoke__loader_fail(l, STOKE_EINVAL, "loader state: version %u, expected %u",
                                   st->version, STOKE_LOADER_STATE_VERSION);
@@ -170,8 +172,11 @@ int stoke_loader_restore_state(stoke_loader *l, const stoke_loader_state *st)
 
 int stoke_loader_get_stats(const stoke_loader *l, stoke_loader_stats *out)
 {
-    if (!l || !out || out->size == 0)
-        return STOKE_EINVAL;
+    if (!l || !out)
+        return stoke__fail(STOKE_EINVAL, "stoke_loader_get_stats: NULL argument");
+    if (out->size == 0)
+        return stoke__fail(STOKE_EINVAL, "stoke_loader_get_stats: out->size is 0 (set it to "
+                                         "sizeof(stoke_loader_stats))");
     stoke_loader *m = (stoke_loader *)l;
     if (stoke__loader_foreign(l)) /* before mu: a fork's copy may hold it locked */
         return stoke__loader_forked_fail(m);

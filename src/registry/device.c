@@ -54,7 +54,7 @@ static int backend_fail(int code, const char *fmt, ...)
 int stoke_stream_create(const char *backend, stoke_stream **out)
 {
     if (!out)
-        return STOKE_EINVAL;
+        return stoke__fail(STOKE_EINVAL, "stoke_stream_create: NULL argument");
     *out = NULL;
     const stoke_backend *vt;
     int dev = 0, rc;
@@ -106,7 +106,7 @@ void stoke_stream_destroy(stoke_stream *s)
 int stoke_stream_synchronize(stoke_stream *s)
 {
     if (!s)
-        return STOKE_EINVAL;
+        return stoke__fail(STOKE_EINVAL, "stoke_stream_synchronize: NULL argument");
     if (!s->vt->stream_synchronize)
         return STOKE_OK;
     stoke__clear_error();
@@ -129,7 +129,7 @@ int stoke_stream_device(const stoke_stream *s)
 int stoke_event_create(stoke_stream *s, stoke_event **out)
 {
     if (!s || !out)
-        return STOKE_EINVAL;
+        return stoke__fail(STOKE_EINVAL, "stoke_event_create: NULL argument");
     *out = NULL;
     if (!s->vt->event_create)
         return stoke__fail(STOKE_ENOTSUP, "backend %s has no events", s->vt->name);
@@ -160,7 +160,7 @@ void stoke_event_destroy(stoke_event *e)
 int stoke_event_record(stoke_event *e, stoke_stream *s)
 {
     if (!e || !s)
-        return STOKE_EINVAL;
+        return stoke__fail(STOKE_EINVAL, "stoke_event_record: NULL argument");
     if (e->vt != s->vt || e->dev != s->dev)
         return stoke__fail(STOKE_EINVAL, "event of %s:%d recorded on a stream of %s:%d",
                            e->vt->name, e->dev, s->vt->name, s->dev);
@@ -174,7 +174,7 @@ int stoke_event_record(stoke_event *e, stoke_stream *s)
 int stoke_event_query(stoke_event *e)
 {
     if (!e)
-        return STOKE_EINVAL;
+        return stoke__fail(STOKE_EINVAL, "stoke_event_query: NULL argument");
     stoke__clear_error();
     int rc = stoke__backend_rc(e->vt->event_query(e->e));
     if (rc != STOKE_OK && rc != STOKE_EBUSY)
@@ -186,7 +186,7 @@ int stoke_event_query(stoke_event *e)
 int stoke_event_synchronize(stoke_event *e)
 {
     if (!e)
-        return STOKE_EINVAL;
+        return stoke__fail(STOKE_EINVAL, "stoke_event_synchronize: NULL argument");
     stoke__clear_error();
     int rc = stoke__backend_rc(e->vt->event_synchronize(e->e));
     if (rc != STOKE_OK)
@@ -198,7 +198,7 @@ int stoke_event_synchronize(stoke_event *e)
 int stoke_device_buffer_create(stoke_stream *s, size_t size, stoke_device_buffer **out)
 {
     if (!s || !out)
-        return STOKE_EINVAL;
+        return stoke__fail(STOKE_EINVAL, "stoke_device_buffer_create: NULL argument");
     *out = NULL;
     if (!s->vt->device_alloc)
         return stoke__fail(STOKE_ENOTSUP, "backend %s has no device memory", s->vt->name);
@@ -260,7 +260,7 @@ size_t stoke_device_buffer_size(const stoke_device_buffer *b)
 static int check_copy(stoke_device_buffer *b, size_t offset, size_t n, stoke_stream *s)
 {
     if (!b || !s)
-        return STOKE_EINVAL;
+        return stoke__fail(STOKE_EINVAL, "a device copy: NULL argument");
     if (b->vt != s->vt || b->dev != s->dev)
         return stoke__fail(STOKE_EINVAL, "buffer of %s:%d used on a stream of %s:%d", b->vt->name,
                            b->dev, s->vt->name, s->dev);

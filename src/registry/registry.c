@@ -651,7 +651,7 @@ int stoke__accel_current(const stoke_backend **vt, int *dev, const char **why)
 int stoke_accelerator_get(stoke_accelerator_info *out)
 {
     if (!out)
-        return STOKE_EINVAL;
+        return stoke__fail(STOKE_EINVAL, "stoke_accelerator_get: NULL argument");
     memset(out, 0, sizeof(*out));
     const selection *s = current_selection();
     stoke__strlcpy(out->reason, s->reason[0] ? s->reason : s->error, sizeof(out->reason));
@@ -738,7 +738,7 @@ int stoke_backend_count(void)
 int stoke_backend_get_info(int i, stoke_backend_info *out)
 {
     if (!out)
-        return STOKE_EINVAL;
+        return stoke__fail(STOKE_EINVAL, "stoke_backend_get_info: NULL argument");
     current_selection();
     reg_lock();
     probe_all_locked();
@@ -809,7 +809,7 @@ int stoke_device_get_props(const char *name, int dev, stoke_device_props *out)
 int stoke_device_get(int *dev)
 {
     if (!dev)
-        return STOKE_EINVAL;
+        return stoke__fail(STOKE_EINVAL, "stoke_device_get: NULL argument");
     const stoke_backend *vt;
     const char *why;
     int rc = stoke__accel_current(&vt, dev, &why);
