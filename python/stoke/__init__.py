@@ -405,10 +405,34 @@ class _DataLoader(_stoke.Loader):
 
     def _init_python(self, dataset, batch_size, shuffle, sampler, batch_sampler, num_workers,
                      collate_fn, pin_memory, drop_last, timeout, worker_init_fn, mp_context,
-                     generator, prefetch_factor, persistent_workers, pin_memory_device,
-                     in_order, seed, device, distributed, rank, world_size, worker_mode, arena,
-                     pad, pad_to_multiple_of, max_length, return_lengths, max_batch_bytes,
-                     on_error):
+                     generator, *rest):
+        """A Python dataset's loader.  Its construction draws what torch's iter() and first
+        next() draw (the base seed, the sampler's order, batch 0's making with 0 workers),
+        then leaves every RNG it drew from as it found it, as torch's constructor leaves them
+        (a model made after the loader got other weights than under torch's, and a second
+        loader's construction made the first one draw again): the first iteration moves
+        them to where the construction left them if nothing moved them since
+        (_Writer.replay_construction), else draws again from where they are then."""
+        from . import _dropin
+        before = _dropin._ctor_states(generator)
+        try:
+            self._init_python_made(dataset, batch_size, shuffle, sampler, batch_sampler,
+                                   num_workers, collate_fn, pin_memory, drop_last, timeout,
+                                   worker_init_fn, mp_context, generator, *rest)
+        finally:
+            after = _dropin._ctor_states(generator)
+            for j, state in enumerate(before):
+                _dropin._set_ctor_state(j, state, generator)
+        if self._writer is not None:
+            self._writer.ctor_states = (before, after)
+
+    def _init_python_made(self, dataset, batch_size, shuffle, sampler, batch_sampler,
+                          num_workers, collate_fn, pin_memory, drop_last, timeout,
+                          worker_init_fn, mp_context, generator, prefetch_factor,
+                          persistent_workers, pin_memory_device, in_order, seed, device,
+                          distributed, rank, world_size, worker_mode, arena, pad,
+                          pad_to_multiple_of, max_length, return_lengths, max_batch_bytes,
+                          on_error):
         from . import _dropin
         if _dropin.np is None:  # (its batches are made of NumPy arrays, or of torch tensors)
             raise ImportError("stoke.DataLoader over a Python dataset needs NumPy (pip install "
@@ -717,6 +741,7 @@ class _DataLoader(_stoke.Loader):
         if self._first_iter:
             # (cleared once its planning is done: a sampler that raises leaves it to the next
             # iter(), which reads the sampler again, as torch's)
+            w.replay_construction()
             w.first_iteration()
             if w.rng_moved():
                 # torch draws the workers' base seed when iteration starts: the RNG was seeded

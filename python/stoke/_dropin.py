@@ -1591,6 +1591,13 @@ class _Writer:
         self.builders = _Builders()  # the consumer's compiled skeletons
         self.kept = None          # batch 0 made by measure() in this process (_Kept)
         self.preplanned = False   # measure() wrote epoch 0's plan: the creation's hook keeps it
+        # (before, after): _ctor_states() before the construction's draws and after them (it
+        # set them back to before), until the first iteration replays them (or a set_epoch
+        # hook drew anew first)
+        self.ctor_states = None
+        self.ctor_moved = False      # replay_construction found an RNG moved
+        self.base_rng_moved = False  # ... the base seed's: rng_moved() until the next draw
+        self.replayed = ()           # the global RNGs it set (_rng_states' positions)
         self.nbatches = -1
         self.blob_bytes = 0
         self.data_bytes = 0       # the batches' bytes the consumer took (stats()["bytes"])
@@ -1842,6 +1849,8 @@ class _Writer:
         """Whether the RNG the base seed is drawn from changed since the last draw: torch draws
         it when iteration starts; a script that seeds after making the loader must see its
         seed's augmentations (the consumer then draws again, the workers reseed)."""
+        if self.base_rng_moved:  # (replay_construction found it moved)
+            return True
         if torch is None or self.rng_after is None:
             return False
         return not torch.equal(self.rng_after, self.rng_state())
@@ -1851,18 +1860,30 @@ class _Writer:
     def set_epoch(self, epoch, _unused=0):
         try:
             if self.worker == -2:
+                # (after the construction: a set_epoch or a restore before the first
+                # iteration drew from the RNGs as they are; nothing is replayed then)
+                self.ctor_states = None
+                self.base_rng_moved = False  # (this hook draws the base seed again)
                 if self.preplanned and epoch == 0:  # the creation's: measure() planned epoch 0
                     self.preplanned = False
                     if torch is not None:
                         self.rng_after = self.rng_state()
                     return None
                 self.preplanned = False
-                if self.kept is not None:  # batch 0 of the plan measure() made is not wanted
+                if self.kept is not None and not self.reseed_only:
+                    # batch 0 of the plan measure() made is not wanted (the same batches with
+                    # a new base seed keep it: first_iteration() kept it, its making drew
+                    # from no RNG that moved, and without workers the seed is not its)
                     self.drop_kept()
                 if self.live:
                     # the loader abandoned the run (no fill is in progress: it waits for them
                     # before this hook): the batches made and never decoded never will be
+                    # (but batch 0 made at construction, kept above)
+                    k = self.kept
+                    mine = self.live.get(k.token, _NOTHING) if k is not None else _NOTHING
                     self.live.clear()
+                    if mine is not _NOTHING:  # (a structure may be None: a None batch)
+                        self.live[k.token] = mine
                 self.drop_spills()
                 self.plan.mail_clear()
                 self.kept_errors.clear()
@@ -2667,28 +2688,58 @@ class _Writer:
             return -(k.used + k.block.pickled)  # exact (a pickle's worth of margin)
         return k.used
 
+    def replay_construction(self):
+        """At the first iteration, before first_iteration(): the construction's draws (the
+        base seed, the sampler's order, batch 0's making) are made now, where torch's
+        iterator makes them: each RNG nobody moved since the construction set them back is
+        set to where they left it.  One that moved keeps its state (batch 0 made at
+        construction is then dropped, and what drew from it draws again)."""
+        c, self.ctor_states = self.ctor_states, None
+        if c is None:
+            return
+        before, after = c
+        for j, (now, b, a) in enumerate(zip(_ctor_states(self.generator), before, after)):
+            if _same_rng(now, b):
+                _set_ctor_state(j, a, self.generator)
+                self.replayed += (j,) if j < 3 else ()
+            else:
+                # moved: what drew from it draws again (its state is not compared with the
+                # construction's after it: a model's initialization that drew as many values
+                # as the construction left it equal, and batch 0 of the construction's draws
+                # was delivered)
+                self.ctor_moved = True
+                if j == (3 if self.generator is not None else 0):
+                    self.base_rng_moved = True
+
     def first_iteration(self):
-        """At the first iteration: batch 0 made at construction is delivered only if no RNG
-        moved since (a script that seeds after making the loader gets its seed's batch 0) and
-        no attribute of the dataset was set since (dataset.transform = ... after the loader
-        was made: batch 0 had the old one, batches 1.. the new)."""
+        """At the first iteration, after replay_construction(): batch 0 made at construction
+        is delivered only if no RNG moved since, or its making drew from none (a script that
+        seeds or makes its model after making the loader gets the batch 0 of its RNGs' state;
+        one whose dataset draws nothing gets the batch made, not the same samples fetched
+        twice, unless its order changes: the set_epoch hook drops it then), and no attribute
+        of the dataset was set since (dataset.transform = ... after the loader was made:
+        batch 0 had the old one, batches 1.. the new)."""
         k = self.kept
         if k is None:
             return
         changed = k.attrs is not None and _attrs_changed(k.attrs, self.dataset)
-        if changed or not all(_same_rng(a, b) for a, b in zip(_rng_states(), k.after)):
+        drew = not all(_same_rng(a, b) for a, b in zip(k.before, k.after))
+        if changed or (self.ctor_moved and drew):
             self.drop_kept()
 
     def drop_kept(self):
-        """Batch 0 made at construction is not delivered: each RNG its making drew from that
-        nobody moved since goes back to where it was before (the batch made again draws as
-        torch's first next() would)."""
+        """Batch 0 made at construction is not delivered: each RNG the first iteration set to
+        where its making left it (replay_construction) goes back to where it was before that
+        making (the batch made again draws as torch's first next() would); the others were
+        never moved by it (the construction set them back)."""
         k, self.kept = self.kept, None
         self.live.pop(k.token, None)
         k.error = None  # (a cycle through its traceback: fill_kept)
         moved = self.rng_moved()
-        for j, (now, after) in enumerate(zip(_rng_states(), k.after)):
-            if _same_rng(now, after):
+        replayed, self.replayed = self.replayed, ()
+        now = _rng_states()
+        for j in replayed:
+            if _same_rng(now[j], k.after[j]):
                 _set_rng(j, k.before[j])
         if torch is not None and not moved:
             self.rng_after = self.rng_state()
@@ -3182,6 +3233,29 @@ def _rng_states():
     """The global RNGs a dataset draws from: torch's, Python's random, NumPy's."""
     return (torch.get_rng_state() if torch is not None else None, random.getstate(),
             np.random.get_state() if np is not None else None)
+
+
+def _ctor_states(generator):
+    """What a loader's construction may draw from: the global RNGs (_rng_states) and the
+    loader's generator (None without one)."""
+    g = _torch_generator(generator)
+    return _rng_states() + (g.get_state() if g is not None else None,)
+
+
+def _torch_generator(generator):
+    """generator when it is a torch.Generator, else None (the constructor's checks refuse
+    another object, after _ctor_states took the states)."""
+    if torch is not None and isinstance(generator, torch.Generator):
+        return generator
+    return None
+
+
+def _set_ctor_state(j, state, generator):
+    """Sets _ctor_states()[j] to state."""
+    if j < 3:
+        _set_rng(j, state)
+    elif state is not None:
+        _torch_generator(generator).set_state(state)
 
 
 def _same_rng(a, b):
