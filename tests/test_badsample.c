@@ -347,10 +347,38 @@ static void test_skip_budget(void **state)
             char want[64];
             snprintf(want, sizeof(want), "corrupt sample %" PRIu64, at);
             assert_non_null(strstr(r.err, want));
+            assert_non_null(strstr(r.err, k == 3 ? "too many bad samples: 2 this epoch"
+                                                 : "too many bad samples: 3 this epoch"));
+            assert_non_null(strstr(r.err, "; the one past it: "));
             /* every batch before the failing one was delivered */
             assert_int_equal(r.nbatches, k == 3 ? 1 : 6);
             assert_int_equal(r.st.bad_samples, k == 3 ? 2 : 3);
+            /* the one past the budget is quarantined as the error that ended the epoch, not
+             * as skipped or replaced: it was never delivered */
+            assert_int_equal(r.st.skipped_samples, k == 3 ? 0 : 2);
+            assert_int_equal(r.st.replaced_samples, k == 3 ? 1 : 0);
+            assert_int_equal(r.nq, k == 3 ? 2 : 3);
+            assert_int_equal(r.q[r.nq - 1].index, at);
+            assert_int_equal(r.q[r.nq - 1].action, STOKE_ON_ERROR_ERROR);
+            assert_int_equal(r.q[r.nq - 1].replacement, UINT64_MAX);
+            assert_int_equal(r.q[0].action, k == 3 ? STOKE_ON_ERROR_REPLACE : STOKE_ON_ERROR_SKIP);
         }
+    /* a budget of 0: the first bad sample (13) ends the epoch; 14, after it in the same batch,
+     * is not reached: neither counted nor listed (it was listed as skipped, and counted in the
+     * message's "2 this epoch") */
+    for (int w = 0; w <= 2; w += 2) {
+        run_epoch("skip:0", w, 0, 0, BAD, 3, &r);
+        assert_int_equal(r.rc, STOKE_EFORMAT);
+        assert_non_null(strstr(r.err, "too many bad samples: 1 this epoch, the budget is 0; "
+                                      "the one past it: "));
+        assert_non_null(strstr(r.err, "corrupt sample 13"));
+        assert_int_equal(r.nbatches, 1);
+        assert_int_equal(r.st.bad_samples, 1);
+        assert_int_equal(r.st.skipped_samples, 0);
+        assert_int_equal(r.nq, 1);
+        assert_int_equal(r.q[0].index, 13);
+        assert_int_equal(r.q[0].action, STOKE_ON_ERROR_ERROR);
+    }
     const char *enough[] = {"skip:3", "skip:3%", "skip:100%", "skip"};
     for (size_t k = 0; k < 4; k++) {
         run_epoch(enough[k], 1, 0, 0, BAD, 3, &r);

@@ -163,22 +163,33 @@ void stoke__bad_account(stoke_loader *l, stoke_batch *b)
     }
     if (b->status == STOKE_OK)
         l->bad_epoch_samples += b->count;
+    /* In the batch's order: the bad sample past the budget ends the epoch (the batch is not
+     * delivered), so it is quarantined as the error it is, and those after it in the batch
+     * are not reached: neither counted nor listed (they were listed as skipped, and the
+     * message counted them: "4 this epoch" for a budget of 2 crossed by the third) */
     const stoke__bad *over = NULL;
-    for (size_t i = 0; i < b->bad.n; i++) {
+    for (size_t i = 0; i < b->bad.n && !over; i++) {
         const stoke__bad *e = &b->bad.v[i];
         l->st.bad_samples++;
+        if (e->action != STOKE_ON_ERROR_ERROR) {
+            l->bad_epoch++;
+            if (b->status == STOKE_OK &&
+                l->bad_epoch > budget(l, l->bad_epoch_samples + l->bad_epoch)) {
+                over = e;
+                stoke__bad ended = *e;
+                ended.action = STOKE_ON_ERROR_ERROR;
+                ended.replacement = UINT64_MAX;
+                quarantine(l, b, &ended);
+                break;
+            }
+            l->st.skipped_samples += e->action == STOKE_ON_ERROR_SKIP;
+            l->st.replaced_samples += e->action == STOKE_ON_ERROR_REPLACE;
+        }
         quarantine(l, b, e);
-        if (e->action == STOKE_ON_ERROR_ERROR)
-            continue;
-        l->st.skipped_samples += e->action == STOKE_ON_ERROR_SKIP;
-        l->st.replaced_samples += e->action == STOKE_ON_ERROR_REPLACE;
-        l->bad_epoch++;
-        if (l->bad_epoch > budget(l, l->bad_epoch_samples + l->bad_epoch) && !over)
-            over = e;
     }
     if (b->bad.n)
         b->bad.n = 0;
-    if (!over || b->status != STOKE_OK)
+    if (!over)
         return;
     b->status = over->code;
     b->err_index = over->index;
@@ -190,7 +201,7 @@ void stoke__bad_account(stoke_loader *l, stoke_batch *b)
         stoke__fmt(lim, sizeof(lim), "%" PRIu64, l->o.max_bad);
     stoke__fmt(b->err_msg, sizeof(b->err_msg),
                "too many bad samples: %" PRIu64 " this epoch, "
-               "the budget is %s; the last one: %s",
+               "the budget is %s; the one past it: %s",
                l->bad_epoch, lim, over->msg);
 }
 
