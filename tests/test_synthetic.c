@@ -353,6 +353,8 @@ static void test_spec_strings(void **state)
         "synthetic:seed=x",
         "synthetic:dtype=u7",
         "synthetic:classes=-1",
+        "synthetic:10,classes=0", /* (no label field, silently: leave classes out for that) */
+        "synthetic:10,classes=4294967296",
         "Synthetic",
         "synth:10",
         "",

@@ -86,8 +86,11 @@ static int open_synthetic(const char *spec, const char *args, stoke_dataset *out
                 if (stoke__parse_u64(val, &o.seed) != 0)
                     rc = stoke__fail(STOKE_EINVAL, "source '%s': bad seed '%s'", spec, val);
             } else if (strcmp(key, "classes") == 0) {
-                if (stoke__parse_u64(val, &v) != 0 || v > UINT32_MAX)
-                    rc = stoke__fail(STOKE_EINVAL, "source '%s': bad classes '%s'", spec, val);
+                if (stoke__parse_u64(val, &v) != 0 || v == 0 || v > UINT32_MAX)
+                    rc = stoke__fail(STOKE_EINVAL,
+                                     "source '%s': bad classes '%s' (1 to %u: labels index %% C; "
+                                     "leave classes out for no label)",
+                                     spec, val, (unsigned)UINT32_MAX);
                 else
                     o.classes = (uint32_t)v;
             } else if (strcmp(key, "dtype") == 0) {

@@ -115,7 +115,10 @@ int stoke__tar_mark_max_len(const char *spec, stoke__tar_ds *t)
         return stoke__fail(STOKE_EINVAL, "source '%s': truncate goes with max_len=N", spec);
     uint64_t v = 0;
     int bare = opt && parse_u64(opt, &v) == 0; /* max_len=N */
-    if (opt && (!*opt || (bare && (v == 0 || v > INT32_MAX))))
+    /* (a number that does not parse, -1 or +3, is no field name: its count's message) */
+    int numeric = opt && (opt[0] == '-' || opt[0] == '+' ||
+                          (opt[0] >= '0' && opt[0] <= '9' && !strchr(opt, ':')));
+    if (opt && (!*opt || (bare && (v == 0 || v > INT32_MAX)) || (!bare && numeric)))
         return stoke__fail(STOKE_EINVAL, "source '%s': max_len=%s: a count from 1 to %d", spec, opt,
                            INT32_MAX);
     if (bare) {

@@ -208,6 +208,9 @@ T.check(rc == 0 and out["samples"] == PER and "gets none" not in err,
 # --- refusals -------------------------------------------------------------------------------
 for opts, want in ((",ragged=bin", "need max_len=N"), (",rank=0", "go together"),
                    (",ragged=bin,max_len=0", "a count from 1"),
+                   # (a number that does not parse: the count's message, not "not a field")
+                   (",ragged=bin,max_len=-1", "max_len=-1: a count from 1"),
+                   (",ragged=bin,max_len=5x", "max_len=5x: a count from 1"),
                    (",ragged=bin,max_len=cls:5", "'cls' is not a ragged or packed field"),
                    (",max_len=5", "is for ragged= and packed= fields"),
                    (",rank=2,world_size=2", "not below world size"),
