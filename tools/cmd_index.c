@@ -90,9 +90,21 @@ int cmd_index(int argc, char **argv)
     if (ctx.json)
         fclose(ctx.json);
     if (rc != STOKE_OK) {
+        /* (the library's message names the source) */
+        char msg[1024];
+        snprintf(msg, sizeof(msg), "%s",
+                 *stoke_last_error() ? stoke_last_error() : stoke_strerror(rc));
+        cli_cmd text = {c.name, 0}; /* the message on stderr; the object here: */
+        cli_fail_code(&text, 1, rc, "%s", msg);
+        if (c.json) { /* with the shards indexed before the failure (they keep their index) */
+            printf("{\"ok\": false, \"error\": ");
+            cli_json_str(stdout, msg);
+            printf(", \"error_code\": %d, \"error_name\": \"%s\", \"shards\": [%s], "
+                   "\"count\": %" PRIu64 ", \"members\": %" PRIu64 ", \"bytes\": %" PRIu64 "}\n",
+                   rc, stoke_err_name(rc), entries ? entries : "", ctx.n, ctx.members, ctx.bytes);
+        }
         free(entries);
-        return cli_fail_code(&c, 1, rc, "%s", /* (the library's message names the source) */
-                             *stoke_last_error() ? stoke_last_error() : stoke_strerror(rc));
+        return 1;
     }
     if (c.json)
         printf("{\"ok\": true, \"shards\": [%s], \"count\": %" PRIu64 ", \"members\": %" PRIu64

@@ -106,6 +106,20 @@ with open(os.path.join(bad, "x.tar"), "wb") as f:
 rc, out, err = index("tar:%s/x.tar" % bad, "--json")
 T.check(rc == 1 and "x.tar" in json.loads(out)["error"] and os.listdir(bad) == ["x.tar"],
         "a corrupt shard: %s %s %s" % (out, err, os.listdir(bad)))
+# a corrupt shard after good ones: the JSON failure lists the shards indexed before it (they
+# keep their index; the object said only the error), and stderr has the message too
+import shutil  # noqa: E402
+shutil.copy(os.path.join(root, "shard-000000.tar"), os.path.join(bad, "a.tar"))
+rc, out, err = index("tar:%s/{a,x}.tar" % bad, "--json")
+res = json.loads(out)
+T.check(rc == 1 and res["ok"] is False and "x.tar" in res["error"]
+        and res["error_name"] == "STOKE_EFORMAT" and res["count"] == 1
+        and [s["shard"] for s in res["shards"]] == [os.path.join(bad, "a.tar")]
+        and res["members"] == 36 and "x.tar" in err
+        and sorted(os.listdir(bad)) == ["a.tar", "a.tar.idx", "x.tar"],
+        "a corrupt shard after a good one: %s %s %s" % (out, err, os.listdir(bad)))
+os.unlink(os.path.join(bad, "a.tar"))
+os.unlink(os.path.join(bad, "a.tar.idx"))
 rc, out, err = index("tar:%s/none-*.tar" % bad)
 T.check(rc == 1 and "no file matches" in err, "no match: %s %s" % (out, err))
 
