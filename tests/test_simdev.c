@@ -163,6 +163,10 @@ static void test_simdev_probe_failures_name_their_cause(void **state)
         tu_env(cases[i].var, cases[i].value);
         stoke_accelerator_info acc;
         assert_int_equal(stoke_accelerator_get(&acc), STOKE_ENODEV);
+        /* the plugin loaded: the reason does not say none did */
+        if (!strstr(acc.reason, "no loaded plugin is available (1 loaded)") ||
+            strstr(acc.reason, "no plugin loaded"))
+            fail_msg("the accelerator's reason: '%s'", acc.reason);
         stoke_backend_info b;
         int found = 0;
         for (int k = 0; k < stoke_backend_count(); k++) {

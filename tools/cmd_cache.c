@@ -20,6 +20,20 @@ typedef struct ls_ctx {
     uint64_t n;
 } ls_ctx;
 
+/* n bytes for people: "700 bytes", "8.0 kB", "5.2 MB", "1.3 GB" (a small cap read "0.0 MB"). */
+static const char *size_text(char *buf, size_t len, uint64_t n)
+{
+    if (n < 1000)
+        snprintf(buf, len, "%" PRIu64 " bytes", n);
+    else if (n < 1000000)
+        snprintf(buf, len, "%.1f kB", (double)n / 1e3);
+    else if (n < 1000000000)
+        snprintf(buf, len, "%.1f MB", (double)n / 1e6);
+    else
+        snprintf(buf, len, "%.1f GB", (double)n / 1e9);
+    return buf;
+}
+
 static int print_entry(void *ctx, const stoke_cache_entry *e)
 {
     ls_ctx *c = ctx;
@@ -69,17 +83,18 @@ static int cache_ls(const cli_cmd *c, const char *dir)
         cli_json_str(stdout, info.dir);
         printf(", \"entries\": [");
     } else {
-        printf("cache %s: %" PRIu64 " shard%s, %.1f MB of a %.1f MB cap (%s)", info.dir,
-               info.entries, info.entries == 1 ? "" : "s", (double)info.bytes / 1e6,
-               (double)info.limit / 1e6,
+        char used[32], cap[32], part[32], stale[32];
+        printf("cache %s: %" PRIu64 " shard%s, %s of a %s cap (%s)", info.dir, info.entries,
+               info.entries == 1 ? "" : "s", size_text(used, sizeof(used), info.bytes),
+               size_text(cap, sizeof(cap), info.limit),
                info.limit_default ? "default: a tenth of the file system kept free"
                                   : "STOKE_CACHE_LIMIT");
         if (info.partial_bytes)
-            printf("; %.1f MB being downloaded", (double)info.partial_bytes / 1e6);
+            printf("; %s being downloaded", size_text(part, sizeof(part), info.partial_bytes));
         if (info.stale_bytes) /* (they read as "being downloaded" after a kill) */
-            printf("; %.1f MB left by downloads that died (the next run or stoke cache clear "
+            printf("; %s left by downloads that died (the next run or stoke cache clear "
                    "removes them)",
-                   (double)info.stale_bytes / 1e6);
+                   size_text(stale, sizeof(stale), info.stale_bytes));
         printf("\n");
     }
     rc = stoke_cache_list(info.dir, print_entry, &ctx, NULL);

@@ -559,10 +559,16 @@ static void select_locked(selection *s)
         }
     }
     s->status = STOKE_ENODEV;
-    stoke__strlcpy(s->reason,
-                   "no accelerator found: no plugin loaded and no built-in backend "
-                   "(cuda, hip, opencl) has a usable device",
-                   sizeof(s->reason));
+    if (reg.nplugins) /* (one that loaded and is unavailable is no "no plugin loaded") */
+        stoke__fmt(s->reason, sizeof(s->reason),
+                   "no accelerator found: no loaded plugin is available (%d loaded) and no "
+                   "built-in backend (cuda, hip, opencl) has a usable device",
+                   reg.nplugins);
+    else
+        stoke__strlcpy(s->reason,
+                       "no accelerator found: no plugin loaded and no built-in backend "
+                       "(cuda, hip, opencl) has a usable device",
+                       sizeof(s->reason));
 }
 
 /* Logs a new selection: INFO when one was chosen; WARN, once per distinct reason, when the user
