@@ -1001,8 +1001,10 @@ class _Collator:
             out, lens = self.pad_leaf(block, batch, path)
             return _Padded(out, lens) if self.return_lengths else out
         if torch is not None and isinstance(elem, torch.Tensor):
-            if elem.layout is not torch.strided:  # (sparse: stacked as torch's num_workers=0,
-                return torch.stack(batch, 0)      # then pickled whole; out= has no sparse cat)
+            if elem.layout is not torch.strided or elem.is_quantized:
+                # (sparse, quantized: stacked as torch's num_workers=0, then pickled whole;
+                # out= has no sparse cat, and a quantized out= in the block has no qscheme)
+                return torch.stack(batch, 0)
             if elem.device.type != "cpu":
                 # (a dataset of CUDA tensors): stacked on their device, as torch's default_collate
                 # does, and kept by reference (_Block.shape), not written into the block

@@ -385,6 +385,20 @@ for nw in WORKERS:
         T.check(len(got) == len(ref) == 5, "sparse samples: %d batches" % len(got))
         del got, loader
 
+# ... and quantized samples batched by the default collation: torch.stack, as torch's
+# num_workers=0 (stoke stacked into a quint8 tensor of the block, which has no qscheme:
+# NotImplementedError 'aten::qscheme'; torch 1.13's own workers fail to pickle the batch)
+quant = Odd(lambda i: torch.quantize_per_tensor(torch.tensor([1.0, 2.0 + i]), 0.1, 0,
+                                                torch.quint8))
+ref = list(TorchLoader(quant, batch_size=8))
+for nw in WORKERS:
+    got = list(stoke.DataLoader(quant, batch_size=8, num_workers=nw))
+    T.check(len(got) == len(ref) == 5 and all(
+        g.dtype == torch.quint8 and g.qscheme() == r.qscheme() and g.q_scale() == r.q_scale()
+        and torch.equal(g.int_repr(), r.int_repr()) for g, r in zip(got, ref)),
+        "quantized samples, default collation, num_workers=%d: %s" % (nw, got[:1]))
+    del got
+
 
 # --- a worker_init_fn that raises: its exception at every pass -----------------------------------
 def bad_init(w):
