@@ -110,6 +110,50 @@ static void test_pin_matrix(void **state)
     tu_use_none();
 }
 
+/* With no accelerator, "nothing is pinned" is said once a process, whichever of the allocator
+ * (stoke_pinned_alloc) and a loader with pin_memory comes first: the README's "says so once"
+ * (each said it in its own words: two warnings). */
+static void test_no_accelerator_said_once(void **state)
+{
+    (void)state;
+    for (int loader_first = 0; loader_first <= 1; loader_first++) {
+        tu_use_none(); /* (a registry reset: the process's warnings are forgotten) */
+        tu_log_capture();
+        tu_log_clear();
+        for (int k = 0; k < 2; k++) {
+            if (k == loader_first) {
+                void *p = NULL;
+                assert_int_equal(stoke_pinned_alloc(4096, &p), STOKE_OK);
+                assert_int_equal(stoke_is_pinned(p), 0);
+                assert_int_equal(stoke_pinned_free(p), STOKE_OK);
+            } else {
+                tds t;
+                stoke_dataset ds;
+                tds_make(&t, &ds, 16);
+                stoke_loader_opts o;
+                stoke_loader_opts_init(&o);
+                o.batch_size = 8;
+                stoke_loader *l;
+                assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+                uint64_t pinned;
+                assert_int_equal(drain(l, &pinned), 2);
+                assert_int_equal(pinned, 0);
+                stoke_loader_destroy(l);
+                tds_free(&t);
+            }
+        }
+        int warns = tu_log_count(STOKE_LOG_WARN, NULL);
+        int said = tu_log_count(STOKE_LOG_WARN, loader_first ? NO_ACCEL_WARNING
+                                                            : "pinning is not in effect");
+        if (warns != 1 || said != 1) {
+            tu_log_dump();
+            fail_msg("%s first: %d warnings", loader_first ? "the loader" : "the allocator",
+                     warns);
+        }
+    }
+    stoke_log_set_callback(NULL, NULL);
+}
+
 /* With a slow copy engine, the consumer releases two batches of every three at once, without
  * waiting for their copies (so workers keep recycling staging buffers while copies are queued),
  * and keeps the third until two more kept batches arrived, then reads it back from the device:
@@ -561,6 +605,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pin_matrix),
+        cmocka_unit_test(test_no_accelerator_said_once),
         cmocka_unit_test(test_device_transfer),
         cmocka_unit_test(test_device_early_destroy),
         cmocka_unit_test(test_device_errors),

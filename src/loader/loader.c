@@ -191,9 +191,9 @@ static int choose_pinning(stoke_loader *l)
         l->alloc_kind = STOKE__ALLOC_POOL;
         stoke__strlcpy(l->pin_backend, cur->name, sizeof(l->pin_backend));
     } else {
-        /* said once a process, as the pinned allocator's own warning */
-        stoke__pn_warn_once("pin_memory is set but no accelerator was found; batches will not "
-                            "be pinned");
+        /* said once a process, and not when the pinned allocator said it already */
+        stoke__pn_warn_unpinned("pin_memory is set but no accelerator was found; batches will "
+                                "not be pinned");
     }
     return STOKE_OK;
 }

@@ -145,6 +145,12 @@ void stoke__pn_warn_once(const char *what)
     stoke__log(STOKE_LOG_WARN, "%s", what);
 }
 
+void stoke__pn_warn_unpinned(const char *what)
+{
+    if (!atomic_exchange(&stoke__pinned.said_unpinned, 1))
+        stoke__pn_warn_once(what);
+}
+
 int stoke__pn_target(const stoke_backend **vt, int *dev)
 {
     const char *why = NULL;
@@ -152,13 +158,19 @@ int stoke__pn_target(const stoke_backend **vt, int *dev)
     if (rc == STOKE_OK && !stoke__pinned.disabled)
         return STOKE_OK;
     if (rc == STOKE_OK)
-        why = "STOKE_PINNED=0 disables it";
+        why = "STOKE_PINNED turns it off";
     else if (rc != STOKE_ENODEV)
         return rc;
     *vt = NULL;
     *dev = -1;
     /* The reason string of one registry selection is stable: skip the lock after the first. */
     if (atomic_load_explicit(&stoke__pinned.warned_why, memory_order_acquire) != why) {
+        /* (a loader said "batches will not be pinned" for want of an accelerator already:
+         * the same news; STOKE_PINNED's is other news) */
+        if (rc != STOKE_OK && atomic_exchange(&stoke__pinned.said_unpinned, 1)) {
+            atomic_store_explicit(&stoke__pinned.warned_why, why, memory_order_release);
+            return STOKE_OK;
+        }
         char msg[512];
         stoke__fmt(msg, sizeof(msg),
                    "pinned memory: pinning is not in effect (%s); "
@@ -961,6 +973,7 @@ void stoke__pinned_reset(void)
 #undef PN_ZERO
     stoke__pinned.nwarned = 0;
     atomic_store(&stoke__pinned.warned_why, NULL);
+    atomic_store(&stoke__pinned.said_unpinned, 0);
     stoke__pinned.limit_from_api = 0;
     atomic_store(&stoke__pinned.limit, 0);
     atomic_store(&stoke__pinned.policy, STOKE_PINNED_LIMIT_FALLBACK);

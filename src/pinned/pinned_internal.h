@@ -161,6 +161,8 @@ typedef struct pn_global {
     PN_ATOMIC_COUNTERS(PN_DECL)
 #undef PN_DECL
     _Atomic(const char *) warned_why; /* the last reason warned about (fast check) */
+    atomic_int said_unpinned; /* "no accelerator: nothing is pinned" said, by the allocator or
+                                 a loader: the other does not say it again (README: once) */
     uint64_t warned_hash[16];         /* reasons warned about, by hash (under lock) */
     int nwarned;
     pthread_mutex_t evlock; /* guards evfree/nevfree */
@@ -186,6 +188,9 @@ static inline void stoke__pn_ensure_init(void)
 int stoke__pn_target(const stoke_backend **vt, int *dev);
 /* Logs `what` at WARN once per process and distinct text (until reset). */
 void stoke__pn_warn_once(const char *what);
+/* A loader's pin_memory without an accelerator: `what` warned unless the allocator (or another
+ * loader) already said that nothing is pinned for want of one. */
+void stoke__pn_warn_unpinned(const char *what);
 /* Sums the per-thread counters and the cached bytes of every thread cache (takes
  * stoke__pinned.lock). */
 void stoke__pn_sum(pn_counters *c, uint64_t *tc_bytes, uint64_t *tc_count);
