@@ -808,6 +808,10 @@ static void test_options(void **state)
     char msg[128] = "";
     assert_int_equal(stoke__image_parse_opt(&o, "train", NULL, msg, sizeof(msg)), 1);
     assert_int_equal(o.train, 1);
+    assert_int_equal(stoke__image_parse_opt(&o, "train", NULL, msg, sizeof(msg)), 1);
+    assert_int_equal(stoke__image_parse_opt(&o, "eval", NULL, msg, sizeof(msg)), STOKE_EINVAL);
+    assert_string_equal(msg, "'train' and 'eval' are alternatives: give one");
+    stoke__image_opts_init(&o);
     assert_int_equal(stoke__image_parse_opt(&o, "eval", NULL, msg, sizeof(msg)), 1);
     assert_int_equal(o.train, 0);
     assert_int_equal(stoke__image_parse_opt(&o, "size", "96", msg, sizeof(msg)), 1);
@@ -1784,6 +1788,11 @@ static void test_open_errors(void **state)
     expect_open_error("emptyclass", ",mean=0.1:0.2:0.3", STOKE_EINVAL, "dtype=f32");
     expect_open_error("emptyclass", ",seed=x", STOKE_EINVAL, "bad seed");
     expect_open_error("emptyclass", ",layout=nchw", STOKE_EINVAL, "bad layout");
+    /* alternatives given both: refused (the last one silently won) */
+    expect_open_error("emptyclass", ",train,eval", STOKE_EINVAL,
+                      "'train' and 'eval' are alternatives: give one");
+    expect_open_error("emptyclass", ",eval,size=8,train", STOKE_EINVAL,
+                      "'train' and 'eval' are alternatives: give one");
     assert_int_equal(stoke_source_open("images:", &ds), STOKE_EINVAL);
     assert_non_null(strstr(stoke_last_error(), "no directory"));
     assert_int_equal(stoke_images_open(NULL, NULL, &ds), STOKE_EINVAL);

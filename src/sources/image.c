@@ -52,6 +52,11 @@ int stoke__image_parse_opt(stoke__image_opts *o, const char *key, const char *va
             stoke__fmt(msg, msg_len, "'%s' takes no value", key);
             return STOKE_EINVAL;
         }
+        if (o->mode_given && o->mode_given != key[0]) { /* (the last one silently won) */
+            stoke__fmt(msg, msg_len, "'train' and 'eval' are alternatives: give one");
+            return STOKE_EINVAL;
+        }
+        o->mode_given = key[0];
         o->train = key[0] == 't';
         return 1;
     }

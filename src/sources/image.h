@@ -22,6 +22,7 @@ typedef struct stoke__image_opts {
     int size;      /* output side (default 224) */
     int train;     /* 1: RandomResizedCrop(size, scale=(0.08,1), ratio=(3/4,4/3)) + hflip; 0:
                       eval: short side to size/0.875, center crop */
+    int mode_given; /* 't' or 'e' once train or eval was given (the other is then refused) */
     int chw;       /* 1: layout CHW (default), 0: HWC */
     int dtype;     /* STOKE_DTYPE_U8 (default) or STOKE_DTYPE_F32 */
     int normalize; /* mean/std given (f32 only) */
