@@ -829,8 +829,11 @@ static void test_bad_options(void **state)
     stoke_loader_opts o = base_opts(0, 0);
     assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_EINVAL);
     assert_null(l);
+    /* each bad option is named with its value (the message listed every bound at once) */
+    assert_non_null(strstr(stoke_last_error(), "loader: batch_size is 0; it must be >= 1"));
     o = base_opts(4, -1);
     assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_EINVAL);
+    assert_non_null(strstr(stoke_last_error(), "loader: num_workers is -1; it must be in 0..1024"));
     o = base_opts(4, 1);
     o.size = 0;
     assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_EINVAL);
@@ -838,13 +841,15 @@ static void test_bad_options(void **state)
     o = base_opts(4, 4);
     o.prefetch_factor = 1 << 30;
     assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_EINVAL);
-    assert_non_null(strstr(stoke_last_error(), "prefetch_factor in 1..4096"));
+    assert_non_null(strstr(stoke_last_error(),
+                           "loader: prefetch_factor is 1073741824; it must be in 1..4096"));
     o = base_opts(4, 1);
     o.held_buffers = 0;
     assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_EINVAL);
-    assert_non_null(strstr(stoke_last_error(), "held_buffers in 1..4096"));
+    assert_non_null(strstr(stoke_last_error(), "loader: held_buffers is 0; it must be in 1..4096"));
     o.held_buffers = 4097;
     assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_EINVAL);
+    assert_non_null(strstr(stoke_last_error(), "held_buffers is 4097"));
     o = base_opts(4, 1);
     ds.get = NULL;
     assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_EINVAL);

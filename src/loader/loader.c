@@ -371,13 +371,23 @@ static int validate(stoke_loader *l)
         return rc;
     /* The bounds keep prefetch_factor * workers (the reorder window) far from INT_MAX. */
     int auto_w = l->o.num_workers == STOKE_LOADER_WORKERS_AUTO;
-    if (l->o.batch_size == 0 || (!auto_w && (l->o.num_workers < 0 || l->o.num_workers > 1024)) ||
-        l->o.prefetch_factor < 0 || l->o.prefetch_factor > 4096 || l->o.held_buffers < 1 ||
-        l->o.held_buffers > 4096)
+    /* each option named with its value (the message listed every bound at once) */
+    if (l->o.batch_size == 0)
+        return stoke__loader_fail(l, STOKE_EINVAL, "loader: batch_size is 0; it must be >= 1");
+    if (!auto_w && (l->o.num_workers < 0 || l->o.num_workers > 1024))
         return stoke__loader_fail(l, STOKE_EINVAL,
-                                  "loader: batch_size must be >= 1, num_workers in 0..1024 or "
-                                  "STOKE_LOADER_WORKERS_AUTO, prefetch_factor in 1..4096 or "
-                                  "STOKE_LOADER_PREFETCH_AUTO, held_buffers in 1..4096");
+                                  "loader: num_workers is %d; it must be in 0..1024 or "
+                                  "STOKE_LOADER_WORKERS_AUTO",
+                                  l->o.num_workers);
+    if (l->o.prefetch_factor < 0 || l->o.prefetch_factor > 4096)
+        return stoke__loader_fail(l, STOKE_EINVAL,
+                                  "loader: prefetch_factor is %d; it must be in 1..4096 or "
+                                  "STOKE_LOADER_PREFETCH_AUTO",
+                                  l->o.prefetch_factor);
+    if (l->o.held_buffers < 1 || l->o.held_buffers > 4096)
+        return stoke__loader_fail(l, STOKE_EINVAL,
+                                  "loader: held_buffers is %d; it must be in 1..4096",
+                                  l->o.held_buffers);
     if (l->o.round_robin && auto_w)
         return stoke__loader_fail(l, STOKE_EINVAL,
                                   "loader: round_robin needs a fixed num_workers (batch k is "
