@@ -499,6 +499,31 @@ static void test_worker_init_fails_threads(void **state)
     }
 }
 
+/* A worker thread's worker_init is timed as a sample (timeout_ms): the consumer waits for every
+ * worker_init before its first batch, so a hung one hung next() past its timeout (the review of
+ * test_worker_init_fails_threads's change found it). */
+static void test_worker_init_timeout(void **state)
+{
+    (void)state;
+    tds t;
+    stoke_dataset ds;
+    tds_make(&t, &ds, 64);
+    t.init_fail = 2;
+    t.init_fail_us = 1500000; /* worker 1's worker_init sleeps 1.5 s and succeeds */
+    t.init_slow_only = 1;
+    stoke_loader_opts o = base_opts(8, 2);
+    o.timeout_ms = 100;
+    stoke_loader *l;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    stoke_batch *b;
+    assert_int_equal(stoke_loader_next(l, &b), STOKE_ETIMEDOUT);
+    const char *e = stoke_loader_last_error(l);
+    if (!strstr(e, "worker 1: its worker_init of testds took longer than the timeout of 100 ms"))
+        fail_msg("the message: %s", e);
+    stoke_loader_destroy(l); /* (joins worker 1 once its worker_init returned) */
+    tds_free(&t);
+}
+
 /* A NULL argument is STOKE_EINVAL with stoke_last_error() naming the call: the loader's state,
  * epoch and stats calls, the device and event calls, the registry's getters.  Before, these
  * left whatever message an earlier call had set (status.h: the detail of a failure is in
@@ -1033,6 +1058,7 @@ int main(void)
         cmocka_unit_test(test_double_release_is_ignored),
         cmocka_unit_test(test_sample_error),
         cmocka_unit_test(test_worker_init_fails_threads),
+        cmocka_unit_test(test_worker_init_timeout),
         cmocka_unit_test(test_null_arguments_say_so),
         cmocka_unit_test(test_early_destroy),
         cmocka_unit_test(test_persistent_workers),

@@ -24,8 +24,10 @@ typedef struct tds {
     unsigned sleep_us;   /* every get() sleeps this long first (0: none) */
     atomic_int inits;    /* worker_init calls */
     int init_fail;       /* worker_init of worker init_fail - 1 fails with STOKE_EIO, after
-                            sleeping init_fail_us (0: none fails) */
+                            sleeping init_fail_us (0: none fails); init_slow_only: it only
+                            sleeps, and succeeds */
     unsigned init_fail_us;
+    int init_slow_only;
     atomic_int gets;
     /* tds_get_scattered (the dataset's read): every call; those of 2 samples or more, the
      * samples they carried, the most in one call */
@@ -125,7 +127,7 @@ static int tds_worker_init(void *user, int worker, int num_workers)
         struct timespec ts = {(time_t)(t->init_fail_us / 1000000u),
                               (long)(t->init_fail_us % 1000000u) * 1000};
         nanosleep(&ts, NULL);
-        return STOKE_EIO;
+        return t->init_slow_only ? STOKE_OK : STOKE_EIO;
     }
     return STOKE_OK;
 }

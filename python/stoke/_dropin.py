@@ -1872,20 +1872,12 @@ class _Writer:
                         self.rng_after = self.rng_state()
                     return None
                 self.preplanned = False
-                if self.kept is not None and not self.reseed_only:
-                    # batch 0 of the plan measure() made is not wanted (the same batches with
-                    # a new base seed keep it: first_iteration() kept it, its making drew
-                    # from no RNG that moved, and without workers the seed is not its)
+                if self.kept is not None:  # batch 0 of the plan measure() made is not wanted
                     self.drop_kept()
                 if self.live:
                     # the loader abandoned the run (no fill is in progress: it waits for them
                     # before this hook): the batches made and never decoded never will be
-                    # (but batch 0 made at construction, kept above)
-                    k = self.kept
-                    mine = self.live.get(k.token, _NOTHING) if k is not None else _NOTHING
                     self.live.clear()
-                    if mine is not _NOTHING:  # (a structure may be None: a None batch)
-                        self.live[k.token] = mine
                 self.drop_spills()
                 self.plan.mail_clear()
                 self.kept_errors.clear()
@@ -2715,18 +2707,17 @@ class _Writer:
 
     def first_iteration(self):
         """At the first iteration, after replay_construction(): batch 0 made at construction
-        is delivered only if no RNG moved since, or its making drew from none (a script that
-        seeds or makes its model after making the loader gets the batch 0 of its RNGs' state;
-        one whose dataset draws nothing gets the batch made, not the same samples fetched
-        twice, unless its order changes: the set_epoch hook drops it then), and no attribute
-        of the dataset was set since (dataset.transform = ... after the loader was made:
-        batch 0 had the old one, batches 1.. the new)."""
+        is delivered only if no RNG moved since (a script that seeds or makes its model after
+        making the loader gets the batch 0 of its RNGs' state: also where batch 0's making
+        drew from none of them, as a dataset drawing from a generator of its own that the
+        script reseeds, or keyed by torch.initial_seed()) and no attribute of the dataset was
+        set since (dataset.transform = ... after the loader was made: batch 0 had the old one,
+        batches 1.. the new)."""
         k = self.kept
         if k is None:
             return
         changed = k.attrs is not None and _attrs_changed(k.attrs, self.dataset)
-        drew = not all(_same_rng(a, b) for a, b in zip(k.before, k.after))
-        if changed or (self.ctor_moved and drew):
+        if changed or self.ctor_moved:
             self.drop_kept()
 
     def drop_kept(self):

@@ -276,7 +276,8 @@ typedef struct stoke__plan {
 typedef struct stoke__busy {
     _Atomic uint64_t index; /* dataset index (UINT64_MAX: an ITERABLE sample) */
     _Atomic uint64_t since; /* start of that dataset call (ns); 0: none in progress */
-    _Atomic int in_batch;   /* the call is read() (index: its first sample) */
+    _Atomic int in_batch;   /* the call is read() (index: its first sample); 2: the worker
+                               thread's worker_init (under a timeout, as a sample) */
     _Atomic int stop;       /* process workers: destroy began, the child starts no batch more */
     _Atomic uint64_t gen;   /* the loader's run (l->gen), written by abandon: a batch of another
                                run stops between two samples (fill_samples), and a process

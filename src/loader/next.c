@@ -194,7 +194,9 @@ static int wait_done(stoke_loader *l)
     if (w >= 0) {
         char what[48] = "its next sample";
         uint64_t idx = atomic_load(&l->w[w].p.busy->index);
-        if (!l->iterable)
+        if (atomic_load(&l->w[w].p.busy->in_batch) == 2)
+            stoke__fmt(what, sizeof(what), "its worker_init");
+        else if (!l->iterable)
             stoke__fmt(what, sizeof(what), "sample %" PRIu64, idx);
         l->overran = 1;
         return end_failed(l, stoke__loader_fail(l, STOKE_ETIMEDOUT,

@@ -781,7 +781,12 @@ static void *worker_main(void *arg)
     snprintf(name, sizeof(name), "stoke-w%d", w->p.wid);
     stoke__thread_name(name);
     if (l->ds.worker_init && !l->proc) { /* process mode: in the child */
+        /* timed as a sample (timeout_ms): the consumer waits for every worker_init before
+         * its first batch, and a hung one would hang it */
+        uint64_t t0 = busy_begin(l, &w->p, UINT64_MAX, 2);
         int rc = l->ds.worker_init(l->ds.user, w->p.wid, l->nworkers);
+        char unused[8];
+        busy_end(l, &w->p, t0, STOKE_OK, unused, sizeof(unused));
         stoke__loader_lock(l);
         l->inits_pending--;
         if (rc != STOKE_OK && !l->init_failed) {
@@ -877,7 +882,9 @@ int stoke__loader_start_workers(stoke_loader *l)
         atomic_store(&w->p.busy->since, 0);
         int e = pthread_create(&w->th, NULL, worker_main, w);
         if (e) {
-            l->inits_pending = 0; /* (those not started never run theirs) */
+            stoke__loader_lock(l); /* (the started ones count theirs down meanwhile) */
+            l->inits_pending -= l->ds.worker_init && !l->proc ? l->nworkers - i : 0;
+            stoke__loader_unlock(l);
             join_workers(l, i);
             return stoke__loader_fail(l, STOKE_ENOMEM, "loader: cannot start worker %d: %s", i,
                                       strerror(e));

@@ -14,8 +14,10 @@ Checked against torch.utils.data.DataLoader in the same process, same seeds:
      batches of a dataset drawing from torch's RNG, the RNG after;
   3. train and validation loaders made one after the other, iterated in turn for 2 epochs,
      0 and 2 workers: the batches (with get_worker_info().seed in them) and the RNG after;
-  4. a dataset that draws nothing, the RNG moved between construction and iteration: batch 0
-     made at construction is delivered (each sample fetched once, as torch fetches it)."""
+  4. a dataset that draws nothing: batch 0 made at construction is delivered when no RNG moved
+     (each sample fetched once), made again when one did;
+  5. a dataset drawing from a generator of its own that the script reseeds after making the
+     loader: batch 0 made again (delivering the construction's was a review's finding)."""
 import random
 
 import stoke_testlib as T
@@ -167,19 +169,56 @@ for nw in (0, 2):
     if not same_states(s0, s1):
         bad.append("train and validation, %d workers: the RNGs after differ" % nw)
 
-# 4. a dataset that draws nothing
-ref_ds, got_ds = Plain(), Plain()
-seed_all(2)
-ref = TorchLoader(ref_ds, batch_size=4)
-torch.rand(5)
-ref_b = kept(ref)
-seed_all(2)
-got = stoke.DataLoader(got_ds, batch_size=4)
-torch.rand(5)
-got_b = kept(got)
-T.check(same(ref_b, got_b), "Plain: other batches than torch's")
-T.check(sorted(got_ds.calls) == sorted(ref_ds.calls) == list(range(12)),
-        "Plain: __getitem__ calls %s, torch's %s" % (got_ds.calls, ref_ds.calls))
+# 4. a dataset that draws from no global RNG: nothing moved, batch 0 made at construction is
+# delivered (each sample fetched once, as torch fetches it); an RNG moved, it is made again (its
+# samples fetched twice: a dataset may depend on an RNG without drawing from the global ones,
+# as one reseeding a generator of its own, docs/python.md)
+for move in (False, True):
+    ref_ds, got_ds = Plain(), Plain()
+    seed_all(2)
+    ref = TorchLoader(ref_ds, batch_size=4)
+    if move:
+        torch.rand(5)
+    ref_b = kept(ref)
+    seed_all(2)
+    got = stoke.DataLoader(got_ds, batch_size=4)
+    if move:
+        torch.rand(5)
+    got_b = kept(got)
+    T.check(same(ref_b, got_b), "Plain, moved %s: other batches than torch's" % move)
+    want = list(range(12)) + ([0, 1, 2, 3] if move else [])
+    T.check(sorted(got_ds.calls) == sorted(want) and sorted(ref_ds.calls) == list(range(12)),
+            "Plain, moved %s: __getitem__ calls %s, torch's %s" % (move, got_ds.calls,
+                                                                  ref_ds.calls))
+
+
+# 5. a dataset drawing from a generator of its own, reseeded by the script after making the
+# loader (with the global seed): batch 0 is made again, from the reseeded generator
+class OwnGenerator(Dataset):
+    def __init__(self):
+        self.g = torch.Generator().manual_seed(0)
+
+    def reseed(self, s):
+        self.g.manual_seed(s)
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return torch.rand(2, generator=self.g)
+
+
+out = []
+for L in (TorchLoader, stoke.DataLoader):
+    ds = OwnGenerator()
+    seed_all(3)
+    loader = L(ds, batch_size=4)
+    torch.manual_seed(4)
+    ds.reseed(4)
+    out.append(kept(loader))
+    del loader
+T.check(same(out[0], out[1]), "a generator of the dataset's own, reseeded: %s, torch's %s"
+        % (out[1][:1], out[0][:1]))
 
 T.check(not bad, "\n  ".join(["differences from torch:"] + bad))
 print("ok")
