@@ -268,32 +268,33 @@ int stoke__npy_batch_uring(stoke__npy_ds *ds, const uint64_t *idx, size_t count,
     return rc;
 }
 
-void stoke__npy_rings_free(stoke__npy_ds *ds)
+/* Empties ds's ring table.  A ring this process made has its mutex destroyed; of one a fork
+ * inherited (forked: every ring), this process's copies of the mappings and descriptor go,
+ * the ring stays the parent's, and the mutex is left as it is (a parent thread may have held it
+ * at the fork; no thread of this process waits on it). */
+static void drop_rings(stoke__npy_ds *ds, int forked)
 {
+    pid_t self = getpid();
     for (int i = 0; i < STOKE__NPY_RINGS; i++) {
         struct stoke__npy_ring *r = atomic_exchange(&ds->rings[i], NULL);
         if (!r)
             continue;
         if (r->ok)
             io_uring_queue_exit(&r->ring);
-        pthread_mutex_destroy(&r->mu);
+        if (!forked && r->pid == self)
+            pthread_mutex_destroy(&r->mu);
         free(r);
     }
 }
 
+void stoke__npy_rings_free(stoke__npy_ds *ds)
+{
+    drop_rings(ds, 0);
+}
+
 void stoke__npy_rings_forked(stoke__npy_ds *ds)
 {
-    for (int i = 0; i < STOKE__NPY_RINGS; i++) {
-        struct stoke__npy_ring *r = atomic_exchange(&ds->rings[i], NULL);
-        if (!r)
-            continue;
-        /* this process's copies of the parent's mappings and descriptor go; its ring stays
-         * the parent's.  The mutex is not destroyed: a parent thread may have held it at the
-         * fork (no thread of this one waits on it). */
-        if (r->ok)
-            io_uring_queue_exit(&r->ring);
-        free(r);
-    }
+    drop_rings(ds, 1);
 }
 
 #else /* !STOKE_HAVE_LIBURING */
