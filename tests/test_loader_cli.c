@@ -613,6 +613,19 @@ static void test_shuffle_block(void **state)
         if (!strstr(out, bad[i].msg) || !strstr(err, bad[i].msg))
             fail_msg("%s: [%s] / [%s] lack [%s]", bad[i].arg, out, err, bad[i].msg);
     }
+    /* two orders that differ are refused (the last one silently won); the same one twice,
+     * however spelt, is one order */
+    const char *two[] = {spec, "--shuffle", "--shuffle=none", "--json", NULL};
+    assert_int_equal(load(env, two), 2);
+    expect_one_object(out);
+    if (!strstr(out, "--shuffle=random and --shuffle=none: give one order"))
+        fail_msg("two orders: [%s]", out);
+    const char *twoblocks[] = {spec, "--shuffle=block:8", "--shuffle=block:16", NULL};
+    assert_int_equal(load(env, twoblocks), 2);
+    assert_non_null(strstr(err, "--shuffle=block:8 and --shuffle=block:16: give one order"));
+    const char *same[] = {spec, "--shuffle", "--shuffle=random", "--json", NULL};
+    assert_int_equal(load(env, same), 0);
+    expect_val(out, "order", "\"random\"");
 }
 
 /* JSON "io": the mode the npy source used, mmap for a file in the page cache under io=auto,

@@ -249,6 +249,14 @@ static int parse_args(int argc, char **argv, load_args *a)
                 return 2;
             else if (got)
                 *(const char **)((char *)a + strs[k].off) = v;
+        if (!got && (cli_is(arg, "--shuffle") || strncmp(arg, "--shuffle=", 10) == 0)) {
+            /* one order: of two that differ, the last one silently won */
+            const char *kind = arg[9] ? arg + 10 : "random";
+            if (a->order_arg && strcmp(a->order_arg, kind) != 0)
+                return cli_fail(c, 2, "--shuffle=%s and --shuffle=%s: give one order",
+                                a->order_arg, kind);
+            a->order_arg = kind;
+        }
         for (size_t k = 0; k < sizeof(flags) / sizeof(flags[0]) && !got; k++)
             if ((got = cli_is(arg, flags[k].name)) != 0)
                 *(int *)((char *)a + flags[k].off) = flags[k].value;

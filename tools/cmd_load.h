@@ -27,6 +27,7 @@ typedef struct load_args {
     int workers_auto;  /* --workers auto (the default) */
     int prefetch_auto; /* --prefetch auto (the default) */
     int procs;         /* --worker-mode=processes */
+    const char *order_arg; /* the --shuffle[=KIND] given (a second, other one is refused) */
 } load_args;
 
 /* What the timed pass delivered, for the hash pass: `epochs` epochs were reached; all but the
