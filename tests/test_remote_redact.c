@@ -59,6 +59,12 @@ static void test_query(void **state)
      * copied whole as that name, password and all ("?http://u:SECRET@h2/x/token=***") */
     check("https://h/?http://u:SECRET@h2/x/token=zz", "https://h/?http://h2/x/token=zz");
     check("https://h/x?a&http://u:SECRET@h2/api_key=1", "https://h/x?a&http://h2/api_key=1");
+    /* a secret parameter's value that is a URL whose password holds a '#' or '&': the value
+     * ended at that '#', and the rest of the password was shown ("key=***#w@h"; the fuzzer
+     * found it: corpus_spec/secret_param_nested_url) */
+    check("https://h/x?key=a://u:p#w@h2/y&b=1", "https://h/x?key=***&b=1");
+    check("https://h/x?token=a://:p&w@h2#f", "https://h/x?token=***#f");
+    check("https://h/x?key=plain#frag", "https://h/x?key=***#frag");
 }
 
 int main(void)

@@ -50,6 +50,44 @@ static int holds_url(const char *s, size_t n)
     return 0;
 }
 
+/* Where the user info of the URL whose "://" ends just before s ends: past its '@' (the host's
+ * start), or NULL for none.  curl's host starts after the authority's LAST '@' (a password may
+ * hold one).  A password may hold a raw '/', '?' or '#' too (curl takes the host from before
+ * it, and fails): with a ':' before any of "/?#", what looks like user:password ends at the
+ * URL's last '@' -- which hides the host of a URL with a port and an '@' later (host:8080/a@b),
+ * rather than show a password.  An '@' before the ':' is the user's own, raw (an e-mail
+ * address: me@example.com:pa/ss@host). */
+static const char *after_userinfo(const char *s)
+{
+    size_t auth = strcspn(s, "/?#");
+    const char *at = NULL;
+    for (size_t i = 0; i < auth; i++)
+        if (s[i] == '@')
+            at = s + i;
+    size_t colon = strcspn(s, ":/?#");
+    if (s[colon] == ':')
+        for (size_t i = colon + 1; s[i] && s[i] != ',' && !isspace((unsigned char)s[i]); i++)
+            if (s[i] == '@')
+                at = s + i;
+    return at ? at + 1 : NULL;
+}
+
+/* The length of a secret parameter's value at s: up to '&', '#', ',' or white space -- or, for
+ * a value that holds a URL with user info, past that URL's user info first (its password may
+ * hold a '#' or '&': "key=a://u:p#w@h" showed "#w"). */
+static size_t secret_value(const char *s)
+{
+    size_t v = strcspn(s, "&#, \t\r\n");
+    for (size_t i = 0; i + 2 < v; i++)
+        if (s[i] == ':' && s[i + 1] == '/' && s[i + 2] == '/') {
+            const char *host = after_userinfo(s + i + 3);
+            if (host && (size_t)(host - s) > v)
+                v = (size_t)(host - s) + strcspn(host, "&#, \t\r\n");
+            break;
+        }
+    return v;
+}
+
 /* Byte c at out[(*k)++], written when it fits in n with the final 0 (as snprintf). */
 static void put(char *out, size_t n, size_t *k, char c)
 {
@@ -67,25 +105,9 @@ size_t stoke__remote_redact(char *out, size_t n, const char *s)
         if (s[0] == ':' && s[1] == '/' && s[2] == '/') { /* copy "://", skip any user info */
             for (int i = 0; i < 3; i++)
                 put(out, n, &k, *s++);
-            /* curl's host starts after the authority's LAST '@' (a password may hold one) */
-            size_t auth = strcspn(s, "/?#");
-            const char *at = NULL;
-            for (size_t i = 0; i < auth; i++)
-                if (s[i] == '@')
-                    at = s + i;
-            /* a password may hold a raw '/', '?' or '#' too (curl takes the host from before
-             * it, and fails): with a ':' before any of "/?#", what looks like user:password
-             * ends at the URL's last '@' -- which hides the host of a URL with a port and an
-             * '@' later (host:8080/a@b), rather than show a password.  An '@' before the ':'
-             * is the user's own, raw (an e-mail address: me@example.com:pa/ss@host) */
-            size_t colon = strcspn(s, ":/?#");
-            if (s[colon] == ':')
-                for (size_t i = colon + 1; s[i] && s[i] != ',' && !isspace((unsigned char)s[i]);
-                     i++)
-                    if (s[i] == '@')
-                        at = s + i;
-            if (at)
-                s = at + 1;
+            const char *host = after_userinfo(s);
+            if (host)
+                s = host;
             url = 1, param = 0;
             continue;
         }
@@ -101,7 +123,7 @@ size_t stoke__remote_redact(char *out, size_t n, const char *s)
             if (s[key] == '=' && secret_param(s, key) && !holds_url(s, key)) {
                 for (size_t i = 0; i <= key; i++)
                     put(out, n, &k, *s++);
-                s += strcspn(s, "&#, \t\r\n");
+                s += secret_value(s);
                 for (int i = 0; i < 3; i++)
                     put(out, n, &k, '*');
                 continue;
