@@ -65,6 +65,8 @@ static void test_query(void **state)
     check("https://h/x?key=a://u:p#w@h2/y&b=1", "https://h/x?key=***&b=1");
     check("https://h/x?token=a://:p&w@h2#f", "https://h/x?token=***#f");
     check("https://h/x?key=plain#frag", "https://h/x?key=***#frag");
+    /* ... the second URL of the value, the first without user info */
+    check("https://h/x?key=a://h1/?b://:p#w@h2&c=1", "https://h/x?key=***&c=1");
 }
 
 int main(void)

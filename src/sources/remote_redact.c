@@ -78,12 +78,11 @@ static const char *after_userinfo(const char *s)
 static size_t secret_value(const char *s)
 {
     size_t v = strcspn(s, "&#, \t\r\n");
-    for (size_t i = 0; i + 2 < v; i++)
+    for (size_t i = 0; i + 2 < v; i++) /* (every URL in it: the value grows past each) */
         if (s[i] == ':' && s[i + 1] == '/' && s[i + 2] == '/') {
             const char *host = after_userinfo(s + i + 3);
             if (host && (size_t)(host - s) > v)
                 v = (size_t)(host - s) + strcspn(host, "&#, \t\r\n");
-            break;
         }
     return v;
 }
