@@ -388,6 +388,15 @@ static int check(LoaderObject *self)
 {
     if (c_loader(self))
         return 0;
+    if (stoke_pyds_stopped_elsewhere()) {
+        /* closed by the exit hook between two calls of a daemon thread (a prefetcher): ended
+         * quietly, as a call the hook stopped mid-way (raise_loader_error); the RuntimeError's
+         * traceback went to the stderr of a script that exited normally (test_shutdown, 2
+         * runs in 10 under ASan's load) */
+        PyErr_SetString(PyExc_SystemExit, "stoke: the Python interpreter is exiting: the "
+                                          "DataLoader was closed by its exit hook");
+        return -1;
+    }
     PyErr_SetString(PyExc_RuntimeError, "stoke: the loader is not initialized");
     return -1;
 }
