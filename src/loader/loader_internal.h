@@ -273,11 +273,13 @@ typedef struct stoke__plan {
  * timeout check (next.c, wait_done: it reads `since`, then `index`), and from a process
  * worker's child, in memory it shares with the parent, for the parent to name the sample a
  * crash was on (procworker.c, after_crash). */
+#define STOKE__BUSY_INIT 2 /* stoke__busy.in_batch of a worker_init */
 typedef struct stoke__busy {
     _Atomic uint64_t index; /* dataset index (UINT64_MAX: an ITERABLE sample) */
     _Atomic uint64_t since; /* start of that dataset call (ns); 0: none in progress */
-    _Atomic int in_batch;   /* the call is read() (index: its first sample); 2: the worker
-                               thread's worker_init (under a timeout, as a sample) */
+    _Atomic int in_batch;   /* the call is read() (index: its first sample), or
+                               STOKE__BUSY_INIT: the worker thread's worker_init (timed as a
+                               sample under timeout_ms) */
     _Atomic int stop;       /* process workers: destroy began, the child starts no batch more */
     _Atomic uint64_t gen;   /* the loader's run (l->gen), written by abandon: a batch of another
                                run stops between two samples (fill_samples), and a process

@@ -194,7 +194,7 @@ static int wait_done(stoke_loader *l)
     if (w >= 0) {
         char what[48] = "its next sample";
         uint64_t idx = atomic_load(&l->w[w].p.busy->index);
-        if (atomic_load(&l->w[w].p.busy->in_batch) == 2)
+        if (atomic_load(&l->w[w].p.busy->in_batch) == STOKE__BUSY_INIT)
             stoke__fmt(what, sizeof(what), "its worker_init");
         else if (!l->iterable)
             stoke__fmt(what, sizeof(what), "sample %" PRIu64, idx);

@@ -783,7 +783,7 @@ static void *worker_main(void *arg)
     if (l->ds.worker_init && !l->proc) { /* process mode: in the child */
         /* timed as a sample (timeout_ms): the consumer waits for every worker_init before
          * its first batch, and a hung one would hang it */
-        uint64_t t0 = busy_begin(l, &w->p, UINT64_MAX, 2);
+        uint64_t t0 = busy_begin(l, &w->p, UINT64_MAX, STOKE__BUSY_INIT);
         int rc = l->ds.worker_init(l->ds.user, w->p.wid, l->nworkers);
         char unused[8];
         busy_end(l, &w->p, t0, STOKE_OK, unused, sizeof(unused));
@@ -875,15 +875,17 @@ int stoke__loader_start_workers(stoke_loader *l)
     if (rc != STOKE_OK)
         return stoke__loader_fail(l, rc < 0 ? rc : STOKE_EDATA, "loader: worker_init failed (%s)",
                                   stoke_err_name(rc));
-    /* (no thread runs yet: none reads it before its pthread_create) */
-    l->inits_pending = l->ds.worker_init && !l->proc ? l->nworkers : 0;
+    /* worker threads run worker_init (process workers: their child); no thread runs yet,
+     * none reads it before its pthread_create */
+    int inits = l->ds.worker_init && !l->proc;
+    l->inits_pending = inits ? l->nworkers : 0;
     for (int i = 0; i < l->nworkers; i++) {
         stoke__worker *w = &l->w[i];
         atomic_store(&w->p.busy->since, 0);
         int e = pthread_create(&w->th, NULL, worker_main, w);
         if (e) {
             stoke__loader_lock(l); /* (the started ones count theirs down meanwhile) */
-            l->inits_pending -= l->ds.worker_init && !l->proc ? l->nworkers - i : 0;
+            l->inits_pending -= inits ? l->nworkers - i : 0;
             stoke__loader_unlock(l);
             join_workers(l, i);
             return stoke__loader_fail(l, STOKE_ENOMEM, "loader: cannot start worker %d: %s", i,
