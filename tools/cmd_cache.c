@@ -25,9 +25,9 @@ static const char *size_text(char *buf, size_t len, uint64_t n)
 {
     if (n < 1000)
         snprintf(buf, len, "%" PRIu64 " bytes", n);
-    else if (n < 1000000)
+    else if (n < 999950) /* (one that rounds to 1000.0 kB is 1.0 MB) */
         snprintf(buf, len, "%.1f kB", (double)n / 1e3);
-    else if (n < 1000000000)
+    else if (n < 999950000)
         snprintf(buf, len, "%.1f MB", (double)n / 1e6);
     else
         snprintf(buf, len, "%.1f GB", (double)n / 1e9);
