@@ -445,7 +445,35 @@ static PyObject *batch_get_pinned(PyObject *self, void *unused)
     return PyBool_FromLong(stoke_batch_is_pinned(((BatchObject *)self)->b));
 }
 
+/* _pin(nbytes): stoke_batch_pin (a loader made with pin_on_use).  None when the first nbytes
+ * are pinned (and the batch is: is_pinned), else the reason they are not (a str: the batch is
+ * readable as it is, in ordinary memory); ValueError past the batch's buffer. */
+static PyObject *batch_pin(PyObject *self, PyObject *arg)
+{
+    BatchObject *o = (BatchObject *)self;
+    Py_ssize_t n = PyNumber_AsSsize_t(arg, PyExc_OverflowError);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    if (n < 0) {
+        PyErr_Format(PyExc_ValueError, "stoke: _pin(%zd): a byte count is >= 0", n);
+        return NULL;
+    }
+    int rc;
+    Py_BEGIN_ALLOW_THREADS /* (a backend's registration: milliseconds for a large batch) */
+        rc = stoke_batch_pin(o->b, (size_t)n);
+    Py_END_ALLOW_THREADS if (rc == STOKE_ERANGE)
+    {
+        PyErr_Format(PyExc_ValueError, "stoke: %s", stoke_last_error());
+        return NULL;
+    }
+    if (rc != STOKE_OK)
+        return PyUnicode_FromString(stoke_last_error());
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef batch_methods[] = {
+    {"_pin", batch_pin, METH_O,
+     "_pin(nbytes): pins the batch's first nbytes (pin_on_use); None, or why not."},
     {"__dlpack__", (PyCFunction)(void (*)(void))batch_dlpack, METH_VARARGS | METH_KEYWORDS,
      "DLPack capsule of the first field (no copy)."},
     {"__dlpack_device__", batch_dlpack_device, METH_NOARGS, "(device_type, device_id)"},

@@ -144,6 +144,7 @@ static int loader_init(PyObject *obj, PyObject *args, PyObject *kw)
                              "on_error",
                              "held_buffers",
                              "errors_go_on",
+                             "pin_on_use",
                              NULL};
     LoaderObject *self = (LoaderObject *)obj;
     const char *source = NULL, *pin_dev = NULL, *device = NULL, *mode = NULL, *arena = NULL;
@@ -155,11 +156,11 @@ static int loader_init(PyObject *obj, PyObject *args, PyObject *kw)
     unsigned long long seed = 0, timeout_ms = 0;
     long long rank = -1, world_size = 0;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kw, "|zO$npOippzipOzpLLpzzOpzip:Loader", kwlist, &source, &dataset, &batch_size,
+            args, kw, "|zO$npOippzipOzpLLpzzOpzipp:Loader", kwlist, &source, &dataset, &batch_size,
             &o.shuffle, &seed_obj, &o.num_workers, &o.drop_last, &o.pin_memory, &pin_dev,
             &o.prefetch_factor, &o.persistent_workers, &timeout_obj, &device,
             &o.sampler.distributed, &rank, &world_size, &o.in_order, &mode, &arena, &writer,
-            &o.round_robin, &on_error, &o.held_buffers, &o.errors_go_on))
+            &o.round_robin, &on_error, &o.held_buffers, &o.errors_go_on, &o.pin_on_use))
         return -1;
     if (on_error && stoke_on_error_parse(on_error, &o) != STOKE_OK) {
         PyErr_Format(PyExc_ValueError, "stoke: on_error: %s", stoke_last_error());

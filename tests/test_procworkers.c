@@ -847,6 +847,154 @@ static void test_pinned_device(void **state)
     assert_int_equal(tu_count_fds_to(""), fds);
 }
 
+static stoke_pinned_stats pin_stats(void)
+{
+    stoke_pinned_stats ps = {.size = sizeof(ps)};
+    assert_int_equal(stoke_pinned_stats_get(&ps), STOKE_OK);
+    return ps;
+}
+
+/* opts.pin_on_use (simdev): nothing is registered at create; stoke_batch_pin registers the part
+ * of its buffer a batch used, in steps of 2 MiB with an eighth to spare, one registration a
+ * buffer (grown by registering it again, never a second one beside it), kept for the buffer's
+ * later batches; the batch is then pinned (and counted so).  A registration that fails (the
+ * simdev allocation it is) leaves the batch unpinned and readable, with the reason.  Stopping
+ * the loader unregisters the idle buffers, destroying it every one.  Misuse: threads, device
+ * mode, a count past the buffer, a loader that pins nothing. */
+static void test_pin_on_use(void **state)
+{
+    (void)state;
+    reset_shared();
+    tu_use_simdev();
+    const size_t sample = (size_t)3 << 20; /* batches of 2: 6 MiB buffers */
+    stoke_synthetic_opts so;
+    stoke_synthetic_opts_init(&so);
+    so.length = 12;
+    so.ndim = 1;
+    so.shape[0] = (int64_t)sample;
+    stoke_dataset ds;
+    assert_int_equal(stoke_synthetic_open(&so, &ds), STOKE_OK);
+    stoke_loader_opts o;
+    opts(&o, "error", STOKE_WORKER_PROCESSES, 1, 0);
+    o.batch_size = 2;
+    o.prefetch_factor = 1;
+    o.pin_memory = 1;
+    o.pin_on_use = 1;
+    stoke_pinned_stats ps0 = pin_stats();
+    stoke_loader *l;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    assert_string_equal(stoke_loader_pinned_backend(l), "simdev");
+    assert_int_equal(pin_stats().registered_count, ps0.registered_count); /* none yet */
+    /* each batch asks for more: 100 B (a 2 MiB registration), 3 MiB (4), then the whole
+     * (6 MiB and its labels' bytes: the buffer, to its page), then 100 B again (kept) */
+    const size_t ask[6] = {100, (size_t)3 << 20, 0, 100, 100, 100};
+    stoke_loader_stats st = {.size = sizeof(st)};
+    assert_int_equal(stoke_loader_get_stats(l, &st), STOKE_OK);
+    assert_true(st.buffer_bytes >= 2 * sample);
+    stoke_batch *bt;
+    int rc, k = 0, nbuf = 0;
+    void *seen[8] = {0};
+    while ((rc = stoke_loader_next(l, &bt)) == STOKE_OK) {
+        unsigned char *d = stoke_batch_data(bt, 0);
+        int fresh = 1;
+        for (int i = 0; i < nbuf; i++)
+            fresh &= seen[i] != d;
+        if (fresh)
+            seen[nbuf++] = d;
+        assert_int_equal(stoke_batch_is_pinned(bt), 0); /* until pinned */
+        assert_int_equal(stoke_is_pinned(d), fresh ? 0 : 1);
+        size_t n = ask[k] ? ask[k] : (size_t)st.buffer_bytes;
+        stoke_pinned_stats before = pin_stats();
+        assert_int_equal(stoke_batch_pin(bt, n), STOKE_OK);
+        stoke_pinned_stats after = pin_stats();
+        assert_int_equal(stoke_batch_is_pinned(bt), 1);
+        assert_int_equal(stoke_is_pinned(d), 1);
+        assert_int_equal(stoke_is_pinned(d + n - 1), 1);
+        if (k == 0) { /* the first registration of this buffer: 100 B -> 2 MiB */
+            assert_int_equal(after.registered_count, before.registered_count + 1);
+            assert_int_equal(after.registered_bytes - before.registered_bytes, (size_t)2 << 20);
+            assert_int_equal(stoke_is_pinned(d + ((size_t)2 << 20)), 0);
+        }
+        if (k == 1 && !fresh) /* grown to 4 MiB, still one registration */
+            assert_int_equal(after.registered_count, before.registered_count);
+        if (k == 1)
+            assert_int_equal(stoke_is_pinned(d + ((size_t)4 << 20) - 1), 1);
+        /* never more than one registration a buffer */
+        assert_true(after.registered_count - ps0.registered_count <= (uint64_t)nbuf);
+        assert_int_equal(stoke_batch_pin(bt, n), STOKE_OK); /* again: nothing to do */
+        assert_int_equal(pin_stats().registered_bytes, after.registered_bytes);
+        assert_int_equal(stoke_batch_pin(bt, (size_t)1 << 30), STOKE_ERANGE);
+        assert_non_null(strstr(stoke_last_error(), "the batch's buffer holds"));
+        for (size_t j = 0; j < stoke_batch_count(bt); j++) { /* the bytes are the samples' */
+            unsigned char want[64];
+            stoke_synthetic_fill(0, stoke_batch_indices(bt)[j], want, sizeof(want));
+            assert_memory_equal(d + j * sample, want, sizeof(want));
+        }
+        stoke_batch_release(bt);
+        k++;
+    }
+    assert_int_equal(rc, STOKE_EEND);
+    assert_int_equal(k, 6);
+    assert_int_equal(stoke_loader_get_stats(l, &st), STOKE_OK);
+    assert_int_equal(st.pinned_batches, 6);
+    assert_int_equal(st.pageable_batches, 0);
+    assert_true(pin_stats().registered_count > ps0.registered_count);
+    stoke_loader_stop(l); /* the idle buffers' pages go, and their registrations first */
+    assert_int_equal(pin_stats().registered_count, ps0.registered_count);
+    assert_int_equal(pin_stats().registered_bytes, ps0.registered_bytes);
+    stoke_loader_destroy(l);
+
+    /* a registration that fails: the first simdev allocation since the probe */
+    tu_env("STOKE_SIMDEV_FAIL_ALLOC", "1");
+    tu_use_simdev();
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    assert_int_equal(stoke_loader_next(l, &bt), STOKE_OK);
+    rc = stoke_batch_pin(bt, 100);
+    assert_int_equal(rc, STOKE_ENOMEM);
+    assert_non_null(strstr(stoke_last_error(), "stoke_batch_pin: batch 0 (100 bytes): "));
+    assert_non_null(strstr(stoke_last_error(), "simdev could not pin 2097152 bytes at"));
+    assert_int_equal(stoke_batch_is_pinned(bt), 0);
+    unsigned char want[64];
+    stoke_synthetic_fill(0, stoke_batch_indices(bt)[0], want, sizeof(want));
+    assert_memory_equal(stoke_batch_data(bt, 0), want, sizeof(want));
+    assert_int_equal(stoke_batch_pin(bt, 100), STOKE_OK); /* the next allocation works */
+    assert_int_equal(stoke_batch_is_pinned(bt), 1);
+    stoke_batch_release(bt);
+    stoke_loader_destroy(l); /* with a held-and-released buffer registered: unregistered */
+    assert_int_equal(pin_stats().registered_count, ps0.registered_count);
+    tu_env("STOKE_SIMDEV_FAIL_ALLOC", NULL);
+    tu_use_simdev();
+
+    /* misuse */
+    o.worker_mode = STOKE_WORKER_THREADS;
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_EINVAL);
+    assert_non_null(strstr(stoke_last_error(), "pin_on_use is for worker_mode processes"));
+    o.worker_mode = STOKE_WORKER_PROCESSES;
+    o.device = "simdev";
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_EINVAL);
+    assert_non_null(strstr(stoke_last_error(), "pin_on_use is for host batches"));
+    o.device = NULL;
+    o.pin_on_use = 0; /* a loader pinned whole: its batches are pinned already */
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    assert_int_equal(stoke_loader_next(l, &bt), STOKE_OK);
+    assert_int_equal(stoke_batch_is_pinned(bt), 1);
+    assert_int_equal(stoke_batch_pin(bt, 100), STOKE_OK);
+    stoke_batch_release(bt);
+    stoke_loader_destroy(l);
+    tu_use_none();
+    o.pin_memory = 0;
+    o.pin_on_use = 1; /* nothing pins: no effect, and the batches cannot be pinned */
+    assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
+    assert_int_equal(stoke_loader_next(l, &bt), STOKE_OK);
+    assert_int_equal(stoke_batch_pin(bt, 100), STOKE_ENOTSUP);
+    assert_non_null(strstr(stoke_last_error(), "not pinned (no accelerator, or pin_memory 0)"));
+    assert_int_equal(stoke_batch_pin(NULL, 1), STOKE_EINVAL);
+    stoke_batch_release(bt);
+    stoke_loader_destroy(l);
+    stoke_dataset_close(&ds);
+    tu_assert_no_children();
+}
+
 /* stoke load --worker-mode: the JSON fields; the same content and order as threads. */
 static void test_cli(void **state)
 {
@@ -1506,6 +1654,7 @@ int main(void)
         cmocka_unit_test_setup(test_stop_keeps_held, setup),
         cmocka_unit_test_setup(test_invalid, setup),
         cmocka_unit_test_setup(test_pinned_device, setup),
+        cmocka_unit_test_setup(test_pin_on_use, setup),
         cmocka_unit_test_setup(test_cli, setup),
         cmocka_unit_test_setup(test_map_var, setup),
         cmocka_unit_test_setup(test_timeout, setup),

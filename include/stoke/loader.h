@@ -153,6 +153,15 @@ typedef struct stoke_loader_opts {
                          timeout, the on_error budget's error and more than 100 worker process
                          restarts in the epoch still end it.  Default 0: the error ends the
                          epoch */
+    /* ---- appended: buffers pinned as batches use them ---- */
+    int pin_on_use; /* 1, with worker_mode processes: the shared batch buffers are not pinned at
+                       create; stoke_batch_pin pins the part of its buffer a batch used, which
+                       stays pinned for the buffer's later batches (and grows when one uses
+                       more).  For buffers sized for the largest batch, of which most batches
+                       use a part (the Python drop-in's IterableDataset blocks): pinning a whole
+                       buffer pins every page of it, used or not.  No effect where nothing pins
+                       (pin_memory 0, no accelerator) or with an arena (pinned already); with
+                       worker threads or a device: STOKE_EINVAL at create.  Default 0 */
 } stoke_loader_opts;
 
 /* stoke_loader_opts.worker_mode. */
@@ -472,6 +481,15 @@ STOKE_API int stoke_batch_dtype(const stoke_batch *b, int field, int *dtype);
 /* 1 if the batch's host memory is pinned (for device transfer: the staging memory), else 0
  * (also for NULL). */
 STOKE_API int stoke_batch_is_pinned(const stoke_batch *b);
+/* A batch of a loader with opts.pin_on_use: pins the first nbytes of its host buffer (what its
+ * producer wrote) for the loader's accelerator, unless an earlier batch in the same buffer had
+ * them pinned already, and marks the batch pinned (stoke_batch_is_pinned; what a framework's
+ * release fence looks at).  The consumer's, on a batch it holds.  Returns STOKE_OK (also for a
+ * batch pinned already: any loader's pinned batch); STOKE_ENOTSUP when the loader's batches are
+ * not pinned (no accelerator, pin_memory 0); STOKE_ERANGE when nbytes exceeds the batch's
+ * buffer; the backend's error when it could not pin them (the batch stays readable, not
+ * pinned); STOKE_EINVAL for NULL.  The reason in stoke_last_error(). */
+STOKE_API int stoke_batch_pin(stoke_batch *b, size_t nbytes);
 
 /* Device transfer (opts.device set).  The copy was queued on the loader's stream; wait for it
  * with stoke_batch_device_wait, or get the event it completes and chain on it.  The buffer and

@@ -136,6 +136,12 @@ def _pin_default(device, pin_memory_device, arena):
     return on, arena if on else None
 
 
+def _arena_on(arena):
+    """Whether a loader given arena= (None: $STOKE_ARENA, as the C loader reads it) takes its
+    batch buffers from a node-wide arena."""
+    return bool(arena if arena is not None else _os.environ.get("STOKE_ARENA"))
+
+
 def _env_int(names):
     """The first of the environment variables `names` that is set, as an int (None: none)."""
     for n in names:
@@ -586,9 +592,10 @@ class _DataLoader(_stoke.Loader):
         # makes the first batch: the two forks overlap (num_workers=0: no probe child)
         w.measure(max_batch_bytes, _stoke.accelerator if pin_memory else None)
         w.pin = bool(pin_memory)
-        if (iterable and processes and not max_batch_bytes
-                and not (pin_memory and _stoke.accelerator() is not None)):
-            # (no accelerator pins the blocks: they cost the pages written; docs/python.md)
+        if (iterable and processes and not max_batch_bytes and not (
+                pin_memory and _stoke.accelerator() is not None and _arena_on(arena))):
+            # (they cost the pages written, and where an accelerator pins them, each is
+            # pinned as far as its batches use it; an arena's are pinned whole: docs/python.md)
             w.grow((prefetch_factor if type(prefetch_factor) is int and prefetch_factor > 0
                     else 2) * num_workers + 4)
         self._writer = w
@@ -632,10 +639,13 @@ class _DataLoader(_stoke.Loader):
                              # gets the rest of the epoch, as from torch's iterator (an
                              # IterableDataset's worker process goes on calling its iterator;
                              # one that replaced a dead one ends the epoch: _ITER_LOST)
-                             errors_go_on=True)
+                             errors_go_on=True,
+                             pin_on_use=w.sparse)
             # the user's persistent_workers, not the C loader's (the workers persist anyway):
             # a superseded iterator raises unless torch's would go on (python/loader.c)
             self._passes_go_on = bool(persistent_workers)
+            # (sparse blocks of a loader that pins: the C loader pins each as far as used)
+            w.pin_lazy = w.sparse and self.pinned_backend is not None
         except StokeError as e:
             exc = w.reraise(e)
             try:

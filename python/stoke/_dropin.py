@@ -1604,6 +1604,8 @@ class _Writer:
         self.blob_bytes = 0
         self.data_bytes = 0       # the batches' bytes the consumer took (stats()["bytes"])
         self.sparse = False       # blocks of address space, their pages made as written (grow())
+        self.pin_lazy = False     # ... and pinned as used (pin_on_use, Batch._pin: pinned())
+        self.warned_pin = False
         self.probe_pid = None     # measure()'s child, answered and exiting: reap_probe() reaps it
         self.iter_map = iterable and processes
         # an IterDataPipe: torch's DataLoader seeds its random pipes each pass and shards it
@@ -2617,14 +2619,16 @@ class _Writer:
             self.blob_bytes = max(4096, (need * 2 + (256 << 10) + 4095) & ~4095)
 
     def grow(self, buffers):
-        """An unmeasured IterableDataset's blocks, where nothing pins them (no accelerator,
-        pin_memory=False) and worker processes write them: each block is address space of a
-        shared memfd whose pages exist only once written, so a block may as well be large.
-        A batch over 8 MiB (images) is then written in place, not spilled (a memfd of its
-        own, received and mapped here: 5.5 times slower at 38 MB batches), and a small one
-        costs what it writes, as before.  `buffers`: about how many blocks the loader will
-        have; their address space is kept to a quarter of physical memory (the loader
-        refuses buffers that exceed it)."""
+        """An unmeasured IterableDataset's blocks, where worker processes write them and no
+        arena holds them: each block is address space of a shared memfd whose pages exist
+        only once written, so a block may as well be large.  A batch over 8 MiB (images) is
+        then written in place, not spilled (a memfd of its own, received and mapped here: 5.5
+        times slower at 38 MB batches), and a small one costs what it writes, as before.
+        Where an accelerator pins them, each block is pinned as far as its batches use it
+        (the C loader's pin_on_use: pinned()), not whole: a backend pins every page of what
+        it registers.  `buffers`: about how many blocks the loader will have; their
+        address space is kept to a quarter of physical memory (the loader refuses buffers that
+        exceed it)."""
         try:
             phys = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
         except (ValueError, OSError):
@@ -2751,8 +2755,24 @@ class _Writer:
         if magic != MAGIC_FAST and magic != MAGIC and magic != MAGIC_LIVE:
             raise RuntimeError("stoke: batch %d's block holds no batch (magic %#x)"
                                % (int(np.asarray(b.indices)[0]), magic))
-        self.data_bytes += head[2] if magic == MAGIC_LIVE else a + head[2]
-        return self.load(view, b.is_pinned, head)
+        used = head[2] if magic == MAGIC_LIVE else a + head[2]
+        self.data_bytes += used
+        return self.load(view, self.pinned(b, used), head)
+
+    def pinned(self, b, used):
+        """Whether batch b is pinned: where its block is pinned as used (pin_lazy: an
+        IterableDataset's large blocks where an accelerator pins them, grow()), its first
+        `used` bytes are pinned now if an earlier batch of the block did not need as many
+        (stoke_batch_pin; one warning, with the backend's reason, when that fails: the batch
+        is then ordinary memory)."""
+        if not self.pin_lazy or b.is_pinned:
+            return b.is_pinned
+        why = b._pin(used)
+        if why is not None and not self.warned_pin:
+            self.warned_pin = True
+            warnings.warn("stoke: a batch's block could not be pinned (%s): such batches are "
+                          "in ordinary memory" % why, RuntimeWarning, stacklevel=5)
+        return why is None
 
     def load(self, view, pinned, head=None):
         """The batch in a block (view; head: its header, if read already): its skeleton's
@@ -2808,7 +2828,7 @@ class _Writer:
         elif magic != MAGIC and magic != MAGIC_FAST:  # (MAGIC_FAST: the skeleton is last)
             return self.decode(b)
         self.data_bytes += a + n
-        pin = bool(b.is_pinned)
+        pin = bool(b.is_pinned) or self.pin_lazy  # (a copy: pinned memory of its own)
         if self.collate_fn is None and not local:  # (a collate_fn's: copied whole)
             out = self.load(view, pin, head)
             copied = _copy_leaves(out, _LeafBuffers(self, pin, _small_bytes(out)).get)
@@ -2839,13 +2859,14 @@ class _Writer:
         (one warning naming the max_batch_bytes that keeps batches in their blocks)."""
         _, pid, used, seq, worker = _SPILL.unpack_from(view, 0)
         i = int(np.asarray(b.indices)[0])
+        pin = bool(b.is_pinned) or self.pin_lazy
         if not self.warned_over:
             self.warned_over = True
             warnings.warn("stoke: batch %d needs %d bytes, more than a block (%d): such batches "
                           "are made by their worker in memory of their own%s; pass "
                           "max_batch_bytes=%d to keep them in the blocks"
                           % (i, used, self.blob_bytes, " and copied into pinned memory here"
-                             if b.is_pinned else "", 2 * used), RuntimeWarning, stacklevel=5)
+                             if pin else "", 2 * used), RuntimeWarning, stacklevel=5)
         if pid == os.getpid():
             with self.spill_lock:
                 src = self.spills.pop((pid, seq))
@@ -2855,7 +2876,7 @@ class _Writer:
                 raise RuntimeError("stoke: batch %d outgrew its block and its memory never "
                                    "came from its worker process (pid %d)" % (i, pid))
             src = _map_spill(fd, used)
-        if b.is_pinned:
+        if pin:
             buf = self._held_buffer(used, True)
             dst = memoryview(buf).cast("B")
             dst[:used] = src[:used]

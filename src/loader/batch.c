@@ -139,6 +139,23 @@ int stoke_batch_is_pinned(const stoke_batch *b)
     return b ? b->pinned : 0;
 }
 
+int stoke_batch_pin(stoke_batch *b, size_t nbytes)
+{
+    if (!b)
+        return stoke__fail(STOKE_EINVAL, "stoke_batch_pin: NULL batch");
+    stoke_loader *l = b->l;
+    if (nbytes > l->buf_bytes)
+        return stoke__fail(STOKE_ERANGE, "stoke_batch_pin: %zu bytes; the batch's buffer holds %zu",
+                           nbytes, l->buf_bytes);
+    if (l->pin_lazy)
+        return stoke__proc_pin(l, b, nbytes);
+    if (b->pinned)
+        return STOKE_OK;
+    return stoke__fail(STOKE_ENOTSUP, "stoke_batch_pin: the loader's batches are not pinned (%s)",
+                       l->alloc_kind == STOKE__ALLOC_PAGEABLE ? "no accelerator, or pin_memory 0"
+                                                              : "past the pinned allocator's cap");
+}
+
 stoke_device_buffer *stoke_batch_device_buffer(const stoke_batch *b)
 {
     return b && b->l->o.device ? b->dbuf : NULL;

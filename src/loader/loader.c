@@ -388,6 +388,12 @@ static int validate(stoke_loader *l)
         return stoke__loader_fail(l, STOKE_EINVAL,
                                   "loader: held_buffers is %d; it must be in 1..4096",
                                   l->o.held_buffers);
+    if (l->o.pin_on_use && (l->o.worker_mode != STOKE_WORKER_PROCESSES || l->o.device))
+        return stoke__loader_fail(l, STOKE_EINVAL, "loader: pin_on_use is %s",
+                                  l->o.device ? "for host batches (with device, the loader "
+                                                "copies each batch before its consumer sees it)"
+                                              : "for worker_mode processes (worker threads' "
+                                                "buffers are pinned whole, each its own)");
     if (l->o.round_robin && auto_w)
         return stoke__loader_fail(l, STOKE_EINVAL,
                                   "loader: round_robin needs a fixed num_workers (batch k is "

@@ -65,6 +65,7 @@ typedef struct stoke__slot {
     unsigned char *mem;
     int pinned;
     int idle; /* (mu) its memory was given back on a stopped loader (stoke__loader_free_idle) */
+    size_t reg_len;  /* opts.pin_on_use: the bytes from mem registered (stoke_batch_pin), or 0 */
     stoke_event *ev; /* device transfer: completes when the copy out of `mem` did */
     struct stoke__slot *next;
 } stoke__slot;
@@ -400,6 +401,8 @@ struct stoke_loader {
     struct stoke_arena *arena;   /* STOKE__ALLOC_ARENA: the node-wide arena (arena.c) */
     int pin_dev;
     char pin_backend[32]; /* "" when not pinned */
+    int pin_lazy;         /* opts.pin_on_use in effect: a slot is registered by stoke_batch_pin
+                             (its `pinned` stays 0; reg_len says how far) */
     stoke_stream *stream;
     stoke_event *read_ev;
     pthread_mutex_t stream_mu;
@@ -726,6 +729,8 @@ void stoke__proc_end(stoke_loader *l);
 /* stop: the pages of slot s's buffer (a batch not held) go back to the system, where the
  * shared mapping is this loader's own and not registered; the mapping stays. */
 void stoke__proc_release_buffer(stoke_loader *l, stoke__slot *s);
+/* stoke_batch_pin for a loader with pin_lazy (procworker.c). */
+int stoke__proc_pin(stoke_loader *l, stoke_batch *b, size_t nbytes);
 /* destroy: stoke__proc_end, then unmaps the buffers. */
 void stoke__proc_destroy(stoke_loader *l);
 /* Forks (procworker.c): the number of forks this process descends from since the first

@@ -196,8 +196,11 @@ static int map_shared(stoke_loader *l, stoke__proc *p)
             return stoke__loader_fail(l, STOKE_ENOMEM,
                                       "loader: cannot map %zu bytes of shared batch buffers: %s",
                                       p->shm_len, strerror(e));
-        p->registered =
-            l->alloc_kind != STOKE__ALLOC_PAGEABLE && stoke_pin_register(m, p->shm_len) == STOKE_OK;
+        /* pin_on_use: each buffer's used part, as the consumer takes its batches
+         * (stoke__proc_pin) */
+        l->pin_lazy = l->alloc_kind != STOKE__ALLOC_PAGEABLE && l->o.pin_on_use;
+        p->registered = l->alloc_kind != STOKE__ALLOC_PAGEABLE && !l->pin_lazy &&
+                        stoke_pin_register(m, p->shm_len) == STOKE_OK;
     }
     p->shm = m;
     for (int i = 0; i < l->nbuf; i++) {
@@ -793,11 +796,57 @@ void stoke__proc_end(stoke_loader *l)
     p->zpid = -1;
 }
 
+/* A buffer's registration (pin_on_use) ends: STOKE_OK, or the backend's refusal (the buffer's
+ * pages must then stay as they are: they are the registration's). */
+static int unpin_slot(stoke__slot *s)
+{
+    int rc = s->reg_len ? stoke_pin_unregister(s->mem) : STOKE_OK;
+    if (rc == STOKE_OK)
+        s->reg_len = 0;
+    return rc;
+}
+
 void stoke__proc_release_buffer(stoke_loader *l, stoke__slot *s)
 {
     const stoke__proc *p = l->proc;
-    if (p->shm && !p->registered && !p->from_arena)
+    if (p->shm && !p->registered && !p->from_arena && unpin_slot(s) == STOKE_OK)
         (void)madvise(s->mem, stoke__align_up(l->buf_bytes, 4096), MADV_REMOVE);
+}
+
+/* Registrations grow in steps of this at least, an eighth over the batch: the next batches of
+ * a buffer are about as long (an IterableDataset's), each growth pins the whole part again. */
+#define PIN_GRAIN ((size_t)2 << 20)
+
+int stoke__proc_pin(stoke_loader *l, stoke_batch *b, size_t nbytes)
+{
+    stoke__slot *s = b->host;
+    if (s->reg_len < nbytes) {
+        size_t cap = stoke__align_up(l->buf_bytes, 4096);
+        size_t want = stoke__align_up(nbytes + nbytes / 8, PIN_GRAIN);
+        want = want < cap ? want : cap;
+        /* one registration a buffer, never two side by side: a copy that spans two
+         * registrations is not known to be a pinned copy on every backend */
+        int rc = unpin_slot(s);
+        if (rc == STOKE_OK)
+            rc = stoke_pin_register(s->mem, want);
+        if (rc != STOKE_OK && b->pinned && !s->reg_len) { /* (grown: the old one went) */
+            stoke__loader_lock(l);
+            b->pinned = 0;
+            l->st.pinned_batches--;
+            stoke__loader_unlock(l);
+        }
+        if (rc != STOKE_OK)
+            return stoke__fail(rc, "stoke_batch_pin: batch %" PRIu64 " (%zu bytes): %s", b->seq,
+                               nbytes, stoke_last_error());
+        s->reg_len = want;
+    }
+    if (!b->pinned) {
+        stoke__loader_lock(l);
+        b->pinned = 1;
+        l->st.pinned_batches++; /* (delivered() counted it pageable) */
+        stoke__loader_unlock(l);
+    }
+    return STOKE_OK;
 }
 
 /* stoke__proc_end, then unmaps the shared buffers (in a forked process, only this process's
@@ -819,6 +868,8 @@ void stoke__proc_destroy(stoke_loader *l)
     } else if (p->shm) {
         if (p->registered)
             stoke_pin_unregister(p->shm);
+        for (int i = 0; l->slots && i < l->nbuf; i++)
+            (void)unpin_slot(&l->slots[i]);
         munmap(p->shm, p->shm_len);
     }
     for (int i = 0; l->bat && i < l->nbuf; i++) { /* (slots: allocated with bat) */

@@ -211,5 +211,7 @@ const char *stoke_loader_last_error(const stoke_loader *l)
 
 const char *stoke_loader_pinned_backend(const stoke_loader *l)
 {
-    return l && l->pin_backend[0] && l->slots && l->slots[0].pinned ? l->pin_backend : NULL;
+    return l && l->pin_backend[0] && l->slots && (l->slots[0].pinned || l->pin_lazy)
+               ? l->pin_backend
+               : NULL;
 }
