@@ -12,7 +12,12 @@ intra-op pool before the loader (a real training process), with process workers,
   collate  the user's collate_fn (pad_sequence) in the workers: equal to torch's, pinned;
   epochs   three epochs of the tensor case with break mid-epoch: pinned memory stays flat;
   race     each batch dropped right after its non_blocking copy was queued behind GPU work:
-           every copy holds its own batch (the block is reused once the copy is done).
+           every copy holds its own batch (the block is reused once the copy is done);
+  stream   an IterableDataset's 12 MiB batches (process workers), in blocks pinned as far as
+           their batches use them (the C loader's pin_on_use, stoke_batch_pin): no warning,
+           every tensor pinned for CUDA, each batch copied non_blocking behind GPU work and
+           dropped at once, the copies equal to torch's batches; the bytes registered stay
+           near the batches' (14 MiB a block at most), not the blocks' 256 MiB.
 
 Prints one line per check ("ok NAME detail" or "FAIL NAME why") and exits 1 on any failure.
     PYTHONPATH=build-gpu/python python3 tests/gpu/dropin_cuda.py
@@ -21,6 +26,7 @@ Prints one line per check ("ok NAME detail" or "FAIL NAME why") and exits 1 on a
 """
 import os
 import sys
+import warnings
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
@@ -192,7 +198,44 @@ def main():
         del loader
     report("race", all(not v for v in bad.values()),
            "batches whose copy read another batch's bytes: %s" % bad)
+
+    want = list(TorchLoader(Images(), batch_size=64, num_workers=2))
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        loader = stoke.DataLoader(Images(), batch_size=64, num_workers=2)
+        if not CPU:
+            torch.cuda.synchronize()
+            torch.cuda._sleep(1_000_000_000)  # (the copies queue behind it)
+        outs, unpinned, reg = [], 0, 0
+        for x, y in loader:
+            unpinned += (not pinned(x)) + (not pinned(y))
+            outs.append((x.to("cuda", non_blocking=True), y.to("cuda", non_blocking=True))
+                        if not CPU else (x.clone(), y.clone()))
+            reg = max(reg, stoke.pinned_stats()["registered_bytes"])
+        del x, y
+        if not CPU:
+            torch.cuda.synchronize()
+        said = [str(m.message) for m in w if "stoke" in str(m.message)]
+        del loader
+    bad = [k for k, (a, b) in enumerate(zip(outs, want))
+           if not (torch.equal(a[0].cpu(), b[0]) and torch.equal(a[1].cpu(), b[1]))]
+    ok = len(outs) == len(want) and not bad and not unpinned and not said and (
+        CPU or 0 < reg <= 8 * (14 << 20))
+    report("stream", ok, "%d batches of 12 MiB (torch %d), differing %s, unpinned tensors %d, "
+           "warnings %s, registered bytes at most %d" % (len(outs), len(want), bad[:5], unpinned,
+                                                         said, reg))
     return 1 if FAILED else 0
+
+
+class Images(torch.utils.data.IterableDataset):
+    """640 samples of a 3x128x128 float32 image (192 KiB) and its number, each worker its
+    share (get_worker_info): a batch of 64 is 12 MiB, over the 8 MiB blocks of before."""
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        k, n = (info.id, info.num_workers) if info else (0, 1)
+        for i in range(k, 640, n):
+            yield torch.full((3, 128, 128), float(i)) + torch.arange(128.0), i
 
 
 class Wide(Dataset):
