@@ -135,11 +135,13 @@ static int pend_max(stoke_py_core *L)
 int stoke_py_release_batch(stoke_py_core *L, stoke_batch *b)
 {
     PyObject *f = NULL;
-    if (!L->device_mode && stoke_batch_is_pinned(b) && pend_max(L) > 0)
+    if (!L->device_mode && stoke_batch_is_pinned(b))
         f = new_fence();
     /* a fence's own code runs, or the Loader closed: no next() will look at the list again,
-     * and the stopped loader frees this buffer at its release (stoke_loader_stop) */
-    if (f && (L->in_fence || L->closed)) {
+     * and the stopped loader frees this buffer at its release (stoke_loader_stop); or no
+     * buffer may wait fenced (buffers = held + 1): waited for here, the copy done before a
+     * worker writes the buffer again, or its registration ends (pin_on_use) */
+    if (f && (L->in_fence || L->closed || pend_max(L) == 0)) {
         fence_done(f, 1);
         Py_CLEAR(f);
     }

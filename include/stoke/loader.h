@@ -481,14 +481,17 @@ STOKE_API int stoke_batch_dtype(const stoke_batch *b, int field, int *dtype);
 /* 1 if the batch's host memory is pinned (for device transfer: the staging memory), else 0
  * (also for NULL). */
 STOKE_API int stoke_batch_is_pinned(const stoke_batch *b);
-/* A batch of a loader with opts.pin_on_use: pins the first nbytes of its host buffer (what its
- * producer wrote) for the loader's accelerator, unless an earlier batch in the same buffer had
- * them pinned already, and marks the batch pinned (stoke_batch_is_pinned; what a framework's
- * release fence looks at).  The consumer's, on a batch it holds.  Returns STOKE_OK (also for a
- * batch pinned already: any loader's pinned batch); STOKE_ENOTSUP when the loader's batches are
- * not pinned (no accelerator, pin_memory 0); STOKE_ERANGE when nbytes exceeds the batch's
- * buffer; the backend's error when it could not pin them (the batch stays readable, not
- * pinned); STOKE_EINVAL for NULL.  The reason in stoke_last_error(). */
+/* A batch of a loader with opts.pin_on_use: pins the first nbytes of its host buffer (every
+ * byte its producer wrote, all fields) for the loader's accelerator, unless an earlier batch in
+ * the same buffer had them pinned already, and marks the batch pinned (stoke_batch_is_pinned;
+ * what a framework's release fence looks at).  Once per batch: the consumer's, on a batch it
+ * holds, before any copy from it.  Returns STOKE_OK (also for a batch pinned already, to as many
+ * bytes: any loader's pinned batch); STOKE_ENOTSUP when the loader's batches are not pinned (no
+ * accelerator, pin_memory 0, STOKE_PINNED=0); STOKE_ERANGE when nbytes exceeds the batch's
+ * buffer; STOKE_ESTATE for more bytes of a batch pinned already, and in a forked child; the
+ * backend's error when it could not pin them (the batch stays readable, not pinned; the loader
+ * then registers nothing further, so later batches that need more fail so at once);
+ * STOKE_EINVAL for NULL or nbytes 0.  The reason in stoke_last_error(). */
 STOKE_API int stoke_batch_pin(stoke_batch *b, size_t nbytes);
 
 /* Device transfer (opts.device set).  The copy was queued on the loader's stream; wait for it

@@ -2828,7 +2828,9 @@ class _Writer:
         elif magic != MAGIC and magic != MAGIC_FAST:  # (MAGIC_FAST: the skeleton is last)
             return self.decode(b)
         self.data_bytes += a + n
-        pin = bool(b.is_pinned) or self.pin_lazy  # (a copy: pinned memory of its own)
+        # (its copy is pinned memory of its own; the block is pinned as in decode(), where
+        # the next batches need it, so that the batch counts as the pinned one it is)
+        pin = self.pinned(b, a + n) or self.pin_lazy
         if self.collate_fn is None and not local:  # (a collate_fn's: copied whole)
             out = self.load(view, pin, head)
             copied = _copy_leaves(out, _LeafBuffers(self, pin, _small_bytes(out)).get)

@@ -141,9 +141,11 @@ int stoke_batch_is_pinned(const stoke_batch *b)
 
 int stoke_batch_pin(stoke_batch *b, size_t nbytes)
 {
-    if (!b)
-        return stoke__fail(STOKE_EINVAL, "stoke_batch_pin: NULL batch");
+    if (!b || !nbytes)
+        return stoke__fail(STOKE_EINVAL, "stoke_batch_pin: %s", b ? "0 bytes" : "NULL batch");
     stoke_loader *l = b->l;
+    if (stoke__loader_foreign(l))
+        return stoke__loader_forked_fail(l);
     if (nbytes > l->buf_bytes)
         return stoke__fail(STOKE_ERANGE, "stoke_batch_pin: %zu bytes; the batch's buffer holds %zu",
                            nbytes, l->buf_bytes);
@@ -153,7 +155,8 @@ int stoke_batch_pin(stoke_batch *b, size_t nbytes)
         return STOKE_OK;
     return stoke__fail(STOKE_ENOTSUP, "stoke_batch_pin: the loader's batches are not pinned (%s)",
                        l->alloc_kind == STOKE__ALLOC_PAGEABLE ? "no accelerator, or pin_memory 0"
-                                                              : "past the pinned allocator's cap");
+                       : l->proc ? "the shared buffers were not registered, or pinning is off"
+                                 : "past the pinned allocator's cap, or pinning is off");
 }
 
 stoke_device_buffer *stoke_batch_device_buffer(const stoke_batch *b)

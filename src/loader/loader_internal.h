@@ -403,6 +403,8 @@ struct stoke_loader {
     char pin_backend[32]; /* "" when not pinned */
     int pin_lazy;         /* opts.pin_on_use in effect: a slot is registered by stoke_batch_pin
                              (its `pinned` stays 0; reg_len says how far) */
+    int pin_failed;       /* (the consumer's) pin_lazy: a registration failed (its code); no
+                             buffer is registered further */
     stoke_stream *stream;
     stoke_event *read_ev;
     pthread_mutex_t stream_mu;

@@ -70,6 +70,7 @@
 #include "ipc/ipc_internal.h"
 #include "loader/loader_internal.h"
 #include "loader/proc_internal.h"
+#include "pinned/pinned_internal.h"
 #include "stoke/arena.h"
 #include "stoke/pinned.h"
 
@@ -198,7 +199,11 @@ static int map_shared(stoke_loader *l, stoke__proc *p)
                                       p->shm_len, strerror(e));
         /* pin_on_use: each buffer's used part, as the consumer takes its batches
          * (stoke__proc_pin) */
-        l->pin_lazy = l->alloc_kind != STOKE__ALLOC_PAGEABLE && l->o.pin_on_use;
+        const stoke_backend *vt = NULL;
+        int dev;
+        stoke__pn_ensure_init(); /* (STOKE_PINNED read) */
+        l->pin_lazy = l->alloc_kind != STOKE__ALLOC_PAGEABLE && l->o.pin_on_use &&
+                      stoke__pn_target(&vt, &dev) == STOKE_OK && vt; /* (pinning in effect) */
         p->registered = l->alloc_kind != STOKE__ALLOC_PAGEABLE && !l->pin_lazy &&
                         stoke_pin_register(m, p->shm_len) == STOKE_OK;
     }
@@ -821,7 +826,18 @@ int stoke__proc_pin(stoke_loader *l, stoke_batch *b, size_t nbytes)
 {
     stoke__slot *s = b->host;
     if (s->reg_len < nbytes) {
-        size_t cap = stoke__align_up(l->buf_bytes, 4096);
+        if (b->pinned) /* a copy may be reading its bytes: their registration stays */
+            return stoke__fail(STOKE_ESTATE,
+                               "stoke_batch_pin: batch %" PRIu64 " is pinned already, to %zu "
+                               "bytes (a copy may be reading them); pin a batch once, with all "
+                               "its bytes",
+                               b->seq, s->reg_len);
+        if (l->pin_failed) /* (not again for every batch: the first one said why) */
+            return stoke__fail(l->pin_failed,
+                               "stoke_batch_pin: batch %" PRIu64 " (%zu bytes) is not pinned: "
+                               "an earlier registration of the loader's buffers failed (%s)",
+                               b->seq, nbytes, stoke_strerror(l->pin_failed));
+        size_t old = s->reg_len, cap = stoke__align_up(l->buf_bytes, 4096);
         size_t want = stoke__align_up(nbytes + nbytes / 8, PIN_GRAIN);
         want = want < cap ? want : cap;
         /* one registration a buffer, never two side by side: a copy that spans two
@@ -829,15 +845,20 @@ int stoke__proc_pin(stoke_loader *l, stoke_batch *b, size_t nbytes)
         int rc = unpin_slot(s);
         if (rc == STOKE_OK)
             rc = stoke_pin_register(s->mem, want);
-        if (rc != STOKE_OK && b->pinned && !s->reg_len) { /* (grown: the old one went) */
-            stoke__loader_lock(l);
-            b->pinned = 0;
-            l->st.pinned_batches--;
-            stoke__loader_unlock(l);
+        if (rc == STOKE_OK && !stoke_is_pinned(s->mem)) { /* (pinning went off since create) */
+            (void)stoke_pin_unregister(s->mem);
+            rc = stoke__fail(STOKE_ENOTSUP, "pinning is not in effect (STOKE_PINNED, or no "
+                                            "accelerator)");
         }
-        if (rc != STOKE_OK)
+        if (rc != STOKE_OK) {
+            char why[STOKE__MSG_MAX];
+            stoke__fmt(why, sizeof(why), "%s", stoke_last_error());
+            if (old && !s->reg_len && stoke_pin_register(s->mem, old) == STOKE_OK)
+                s->reg_len = old; /* the batches that fit it stay pinned */
+            l->pin_failed = rc;
             return stoke__fail(rc, "stoke_batch_pin: batch %" PRIu64 " (%zu bytes): %s", b->seq,
-                               nbytes, stoke_last_error());
+                               nbytes, why);
+        }
         s->reg_len = want;
     }
     if (!b->pinned) {
@@ -869,7 +890,9 @@ void stoke__proc_destroy(stoke_loader *l)
         if (p->registered)
             stoke_pin_unregister(p->shm);
         for (int i = 0; l->slots && i < l->nbuf; i++)
-            (void)unpin_slot(&l->slots[i]);
+            if (unpin_slot(&l->slots[i]) != STOKE_OK)
+                stoke__log(STOKE_LOG_WARN, "loader: batch buffer %d stays registered: %s", i,
+                           stoke_last_error());
         munmap(p->shm, p->shm_len);
     }
     for (int i = 0; l->bat && i < l->nbuf; i++) { /* (slots: allocated with bat) */
