@@ -10,6 +10,7 @@ fences it completes itself, on the simulated accelerator's pinned memory):
   - fences never done by themselves: the loader waits for the oldest (synchronize) beyond the
     buffers it can spare and finishes the epoch (no hang), each batch once;
   - fences done: their blocks go back to the loader (none is kept fenced at the end);
+  - no buffer to spare (buffers = held + 1): each release waits for its fence;
   - the caller holding batches beside the fenced ones: next() waits for a fence, never
     "all N batch buffers are held"; fenced batches are not copied out as held ones are, and
     at most 8 wait;
@@ -151,6 +152,24 @@ def source_string_dlpack_tensors():
             % (n, checks, waited))
     del loader
     gc.collect()
+
+
+@case
+def no_buffer_to_spare_waits_at_the_release():
+    """Buffers = those the caller may hold + 1 (1 worker, prefetch_factor=1): no buffer may
+    wait fenced, so a release waits for its fence (synchronize) and then gives the buffer back.
+    Until 2026-12-07 such a release skipped the fence: the buffer went back at once, for a
+    worker to write, and a buffer pinned on use to be registered again, under the copy."""
+    _, _, dp, lp = T.make_npy(np, n=64, row_floats=ROW)
+    fences()
+    loader = stoke.DataLoader("npy:%s,labels=%s" % (dp, lp), batch_size=4, num_workers=1,
+                              prefetch_factor=1, structure="list")
+    T.check(loader.stats()["buffers"] == 3, "buffers: %d" % loader.stats()["buffers"])
+    n, checks, waited = watch_epoch(loader)
+    T.check(n == 16 and waited == 16, "no buffer to spare: %d batches, %d fences waited for at "
+            "their release" % (n, waited))
+    del loader
+    fences(False)
 
 
 @case
