@@ -490,7 +490,7 @@ STOKE_API int stoke_batch_is_pinned(const stoke_batch *b);
  * accelerator, pin_memory 0, STOKE_PINNED=0); STOKE_ERANGE when nbytes exceeds the batch's
  * buffer; STOKE_ESTATE for more bytes of a batch pinned already, and in a forked child; the
  * backend's error when it could not pin them (the batch stays readable, not pinned; the loader
- * then registers nothing further, so later batches that need more fail so at once);
+ * then registers nothing further for 64 batches: those that need more fail so at once);
  * STOKE_EINVAL for NULL or nbytes 0.  The reason in stoke_last_error(). */
 STOKE_API int stoke_batch_pin(stoke_batch *b, size_t nbytes);
 

@@ -197,15 +197,16 @@ static int map_shared(stoke_loader *l, stoke__proc *p)
             return stoke__loader_fail(l, STOKE_ENOMEM,
                                       "loader: cannot map %zu bytes of shared batch buffers: %s",
                                       p->shm_len, strerror(e));
-        /* pin_on_use: each buffer's used part, as the consumer takes its batches
-         * (stoke__proc_pin) */
+        /* pinned where pinning is in effect (else a registration is bookkeeping only: the
+         * mapping's bytes counted registered); pin_on_use: each buffer's used part, as the
+         * consumer takes its batches (stoke__proc_pin) */
         const stoke_backend *vt = NULL;
         int dev;
         stoke__pn_ensure_init(); /* (STOKE_PINNED read) */
-        l->pin_lazy = l->alloc_kind != STOKE__ALLOC_PAGEABLE && l->o.pin_on_use &&
-                      stoke__pn_target(&vt, &dev) == STOKE_OK && vt; /* (pinning in effect) */
-        p->registered = l->alloc_kind != STOKE__ALLOC_PAGEABLE && !l->pin_lazy &&
-                        stoke_pin_register(m, p->shm_len) == STOKE_OK;
+        int pins =
+            l->alloc_kind != STOKE__ALLOC_PAGEABLE && stoke__pn_target(&vt, &dev) == STOKE_OK && vt;
+        l->pin_lazy = pins && l->o.pin_on_use;
+        p->registered = pins && !l->pin_lazy && stoke_pin_register(m, p->shm_len) == STOKE_OK;
     }
     p->shm = m;
     for (int i = 0; i < l->nbuf; i++) {
@@ -821,6 +822,10 @@ void stoke__proc_release_buffer(stoke_loader *l, stoke__slot *s)
 /* Registrations grow in steps of this at least, an eighth over the batch: the next batches of
  * a buffer are about as long (an IterableDataset's), each growth pins the whole part again. */
 #define PIN_GRAIN ((size_t)2 << 20)
+/* After a registration failed, the next ones are tried again only this many batches later: a
+ * lasting refusal (a memory lock limit) is not asked of the backend for every batch, a passing
+ * one does not leave the rest of the run unpinned. */
+#define PIN_RETRY_BATCHES 64
 
 int stoke__proc_pin(stoke_loader *l, stoke_batch *b, size_t nbytes)
 {
@@ -832,11 +837,12 @@ int stoke__proc_pin(stoke_loader *l, stoke_batch *b, size_t nbytes)
                                "bytes (a copy may be reading them); pin a batch once, with all "
                                "its bytes",
                                b->seq, s->reg_len);
-        if (l->pin_failed) /* (not again for every batch: the first one said why) */
-            return stoke__fail(l->pin_failed,
-                               "stoke_batch_pin: batch %" PRIu64 " (%zu bytes) is not pinned: "
-                               "an earlier registration of the loader's buffers failed (%s)",
-                               b->seq, nbytes, stoke_strerror(l->pin_failed));
+        if (l->pin_failed && l->st.batches < l->pin_retry_at) /* (not for every batch) */
+            return stoke__fail(
+                l->pin_failed,
+                "stoke_batch_pin: batch %" PRIu64 " (%zu bytes) is not pinned: "
+                "a registration of the loader's buffers failed %" PRIu64 " batches ago (%s)",
+                b->seq, nbytes, l->st.batches - l->pin_failed_at, stoke_strerror(l->pin_failed));
         size_t old = s->reg_len, cap = stoke__align_up(l->buf_bytes, 4096);
         size_t want = stoke__align_up(nbytes + nbytes / 8, PIN_GRAIN);
         want = want < cap ? want : cap;
@@ -856,6 +862,8 @@ int stoke__proc_pin(stoke_loader *l, stoke_batch *b, size_t nbytes)
             if (old && !s->reg_len && stoke_pin_register(s->mem, old) == STOKE_OK)
                 s->reg_len = old; /* the batches that fit it stay pinned */
             l->pin_failed = rc;
+            l->pin_failed_at = l->st.batches;
+            l->pin_retry_at = l->st.batches + PIN_RETRY_BATCHES;
             return stoke__fail(rc, "stoke_batch_pin: batch %" PRIu64 " (%zu bytes): %s", b->seq,
                                nbytes, why);
         }
