@@ -458,11 +458,10 @@ static PyObject *batch_pin(PyObject *self, PyObject *arg)
         PyErr_Format(PyExc_ValueError, "stoke: _pin(%zd): a byte count is >= 0", n);
         return NULL;
     }
-    int rc;
-    Py_BEGIN_ALLOW_THREADS /* (a backend's registration: milliseconds for a large batch) */
-        rc = stoke_batch_pin(o->b, (size_t)n);
-    Py_END_ALLOW_THREADS if (rc == STOKE_ERANGE)
-    {
+    PyThreadState *ts = PyEval_SaveThread(); /* (a registration: ms for a large batch) */
+    int rc = stoke_batch_pin(o->b, (size_t)n);
+    PyEval_RestoreThread(ts);
+    if (rc == STOKE_ERANGE) {
         PyErr_Format(PyExc_ValueError, "stoke: %s", stoke_last_error());
         return NULL;
     }

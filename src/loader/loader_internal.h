@@ -403,9 +403,9 @@ struct stoke_loader {
     char pin_backend[32]; /* "" when not pinned */
     int pin_lazy;         /* opts.pin_on_use in effect: a slot is registered by stoke_batch_pin
                              (its `pinned` stays 0; reg_len says how far) */
-    int pin_failed;       /* (the consumer's) pin_lazy: a registration failed (its code) when
-                             st.batches was pin_failed_at; none is tried before pin_retry_at */
-    uint64_t pin_failed_at, pin_retry_at;
+    int pin_failed;       /* (the consumer's) pin_lazy: a registration failed (its code) 64
+                             batches before pin_retry_at; none is tried before that */
+    uint64_t pin_retry_at;
     stoke_stream *stream;
     stoke_event *read_ev;
     pthread_mutex_t stream_mu;

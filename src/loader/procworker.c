@@ -838,11 +838,12 @@ int stoke__proc_pin(stoke_loader *l, stoke_batch *b, size_t nbytes)
                                "its bytes",
                                b->seq, s->reg_len);
         if (l->pin_failed && l->st.batches < l->pin_retry_at) /* (not for every batch) */
-            return stoke__fail(
-                l->pin_failed,
-                "stoke_batch_pin: batch %" PRIu64 " (%zu bytes) is not pinned: "
-                "a registration of the loader's buffers failed %" PRIu64 " batches ago (%s)",
-                b->seq, nbytes, l->st.batches - l->pin_failed_at, stoke_strerror(l->pin_failed));
+            return stoke__fail(l->pin_failed,
+                               "stoke_batch_pin: batch %" PRIu64 " (%zu bytes) is not pinned: "
+                               "a registration of the loader's buffers failed %" PRIu64
+                               " batches ago (%s)",
+                               b->seq, nbytes, l->st.batches + PIN_RETRY_BATCHES - l->pin_retry_at,
+                               stoke_strerror(l->pin_failed));
         size_t old = s->reg_len, cap = stoke__align_up(l->buf_bytes, 4096);
         size_t want = stoke__align_up(nbytes + nbytes / 8, PIN_GRAIN);
         want = want < cap ? want : cap;
@@ -862,7 +863,6 @@ int stoke__proc_pin(stoke_loader *l, stoke_batch *b, size_t nbytes)
             if (old && !s->reg_len && stoke_pin_register(s->mem, old) == STOKE_OK)
                 s->reg_len = old; /* the batches that fit it stay pinned */
             l->pin_failed = rc;
-            l->pin_failed_at = l->st.batches;
             l->pin_retry_at = l->st.batches + PIN_RETRY_BATCHES;
             return stoke__fail(rc, "stoke_batch_pin: batch %" PRIu64 " (%zu bytes): %s", b->seq,
                                nbytes, why);

@@ -101,6 +101,16 @@ if PINNED:
             "blocks of %d bytes pinned as used: registered bytes while batches were held %s"
             % (block, registered))
     del loader, got, x, y  # (x, y: the last batch's tensors, which keep its block)
+    # every batch held (list(loader)): those past the buffers are copied out of their blocks
+    # into pinned memory of their own, and their blocks pinned as used: all count as pinned
+    loader = stoke.DataLoader(Images(640), batch_size=64, num_workers=2)
+    held = list(loader)
+    st = loader.stats()
+    T.check(len(held) == 10 and st["pinned_batches"] == 10 and all(
+        torch.equal(a[0], b[0]) for a, b in zip(held, ref)),
+        "list(loader): %d batches, pinned %d, equal %s" % (
+            len(held), st["pinned_batches"], [torch.equal(a[0], b[0]) for a, b in zip(held, ref)]))
+    del loader, held
     gc.collect()
     T.check(stoke.pinned_stats()["registered_bytes"] == 0,
             "the loader gone, nothing stays registered: %d bytes"
