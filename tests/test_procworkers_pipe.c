@@ -44,7 +44,7 @@ typedef struct shared {
     int wait_ms;            /* at a batch's first sample: the longest wait for the next request */
     int last_from;          /* batches from here on look without waiting (none comes after them) */
     uint64_t crash;         /* raise(SIGSEGV) here once the next request is queued (or not) */
-    uint64_t slow_from;     /* samples from here on take 20 ms each */
+    uint64_t slow_from;     /* epoch 0's samples from here on take 20 ms each */
     uint64_t hang;          /* publish the pid and wait to be killed here */
     uint64_t hold, hold2;   /* epoch 0: wait here until `destroying`, then until abandoned */
     _Atomic int destroying; /* the test is about to destroy (or reposition) the loader */
@@ -151,7 +151,7 @@ static int pds_get(void *user, uint64_t index, void *const dst[], int64_t lens[]
                 raise(SIGSEGV);
             }
         }
-        if (index >= sh->slow_from)
+        if (index >= sh->slow_from && p->epoch == 0)
             tu_sleep_ms(20);
         if (sh->bad_mod && index % (uint64_t)sh->bad_mod == 3) {
             snprintf(msg, msg_len, "bad sample %" PRIu64, index);
@@ -474,8 +474,8 @@ static void test_destroy_two_in_flight(void **state)
 }
 
 /* A reposition (set_epoch) after two batches, with two requests in flight to batch 2's child
- * (batches 2 and 3 held in their first sample until the reposition began, 20 ms samples from
- * there on), with and without persistent workers: each child stops after the sample it is in,
+ * (batches 2 and 3 held in their first sample until the reposition began, 20 ms samples of epoch 0
+ * from there on), with and without persistent workers: each child stops after the sample it is in,
  * the request queued behind it is answered, not made, and the next epoch has every sample, made
  * once. */
 static void test_reposition_two_in_flight(void **state)
@@ -484,6 +484,7 @@ static void test_reposition_two_in_flight(void **state)
     for (int v = 0; v < 8; v++) {
         int persistent = v & 1, workers = 1 + (v >> 1 & 1), crash = v >> 2;
         reset_shared(5000);
+        sh->last_from = NB - workers; /* the epochs' last batches: no 5 s wait for a request */
         sh->slow_from = 2 * BS;
         sh->hold = 2 * BS;
         sh->hold2 = 3 * BS; /* two workers: the other child's next (batch 5) waits too */

@@ -35,6 +35,13 @@ def no_forked_python_under_tsan():
         skip(why)
 
 
+def sanitizer():
+    """The sanitizers the extension was built with ("address,undefined", "thread"), or "":
+    under them a test's process runs several times slower, and a test that repeats a case
+    for its odds may repeat it fewer times there."""
+    return os.environ.get("STOKE_PY_SANITIZER", "")
+
+
 def use_simdev():
     """Makes the simulated accelerator (the simdev plugin) the current one, so that batches
     come from the pinned pool.  Must run before stoke's first call."""
