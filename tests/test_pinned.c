@@ -486,11 +486,12 @@ static void test_pinned_stats_json(void **state)
     assert_int_equal(stoke_pinned_stats_json(buf, sizeof(buf), &need), STOKE_OK);
     assert_int_equal(strlen(buf), need);
     assert_true(buf[0] == '{' && buf[need - 1] == '}');
-    assert_non_null(strstr(buf, "\"version\":1"));
+    assert_non_null(strstr(buf, "\"version\":2"));
     assert_non_null(strstr(buf, "\"backend\":\"simdev\""));
     assert_non_null(strstr(buf, "\"bytes_in_use\":1048576,"));
     assert_non_null(strstr(buf, "\"pin_calls\":1,"));
-    assert_non_null(strstr(buf, "\"registered_bytes\":0}"));
+    assert_non_null(strstr(buf, "\"registered_bytes\":0,"));
+    assert_non_null(strstr(buf, "\"register_failures\":0}"));
     char small[16];
     size_t need2 = 0;
     assert_int_equal(stoke_pinned_stats_json(small, sizeof(small), &need2), STOKE_ERANGE);
@@ -671,6 +672,32 @@ static void test_pinned_injected_alloc_failure(void **state)
     assert_int_equal(stoke_pinned_empty_cache(), STOKE_OK);
     assert_int_equal(tu_simdev_counters().live_host_blocks, 0);
     assert_int_equal(stats().bytes_reserved, 0);
+}
+
+/* A registration the backend refuses is counted in register_failures (version 2), not in
+ * pin_failures (allocations), and leaves nothing registered; the next one works. */
+static void test_pinned_injected_register_failure(void **state)
+{
+    stoke__pinned_reset();
+    setenv("STOKE_SIMDEV_FAIL_ALLOC", "1", 1); /* simdev counts a registration as one */
+    tu_use_simdev();
+    void *buf = NULL;
+    assert_int_equal(posix_memalign(&buf, 4096, 64 * KiB), 0);
+    assert_int_equal(stoke_pin_register(buf, 64 * KiB), STOKE_ENOMEM);
+    assert_non_null(strstr(stoke_last_error(), "could not pin 65536 bytes"));
+    assert_int_equal(stoke_is_pinned(buf), 0);
+    stoke_pinned_stats s = stats();
+    assert_int_equal(s.version, 2);
+    assert_int_equal(s.register_failures, 1);
+    assert_int_equal(s.pin_failures, 0);
+    assert_int_equal(s.registered_count, 0);
+    assert_int_equal(s.registered_bytes, 0);
+    assert_int_equal(stoke_pin_register(buf, 64 * KiB), STOKE_OK);
+    s = stats();
+    assert_int_equal(s.register_failures, 1);
+    assert_int_equal(s.registered_count, 1);
+    assert_int_equal(stoke_pin_unregister(buf), STOKE_OK);
+    free(buf);
 }
 
 /* A backend's host_alloc that returns a positive code (a plugin's mistake) fails the
@@ -1051,6 +1078,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_pinned_register_without_accelerator, setup_none,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_pinned_injected_alloc_failure, setup_none, teardown),
+        cmocka_unit_test_setup_teardown(test_pinned_injected_register_failure, setup_none,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_pinned_positive_backend_code_is_an_error, setup_none,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_pinned_fork_child_never_shares_a_block, setup_simdev,

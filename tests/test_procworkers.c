@@ -956,6 +956,7 @@ static void test_pin_on_use(void **state)
      * need a registration fail at once without asking simdev; those that fit A's are pinned */
     tu_env("STOKE_SIMDEV_FAIL_ALLOC", "2");
     tu_use_simdev();
+    uint64_t refused0 = pin_stats().register_failures;
     assert_int_equal(stoke_loader_create(&o, &ds, &l), STOKE_OK);
     unsigned char *a = NULL;
     int in_a = 0;
@@ -983,6 +984,8 @@ static void test_pin_on_use(void **state)
         stoke_batch_release(bt);
     }
     assert_int_equal(rc, STOKE_EEND);
+    /* simdev was asked once and refused: the later failures did not ask it */
+    assert_int_equal(pin_stats().register_failures, refused0 + 1);
     print_message("pin_on_use after a failure: %d later batches in the registered buffer\n",
                   in_a);
     stoke_loader_destroy(l); /* with a registered buffer: unregistered */

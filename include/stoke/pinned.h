@@ -135,7 +135,7 @@ STOKE_API int stoke_pinned_get_limit(uint64_t *bytes, int *policy);
  * never released.  Returns STOKE_OK.  Thread-safe. */
 STOKE_API int stoke_pinned_empty_cache(void);
 
-#define STOKE_PINNED_STATS_VERSION 1
+#define STOKE_PINNED_STATS_VERSION 2
 
 /* Counters since the process started.  Appended to only; `version` says what is filled.
  * Byte counts are class sizes unless named "requested".  Counts are exact, except
@@ -177,6 +177,9 @@ typedef struct stoke_pinned_stats {
     uint64_t events_created;    /* events created for the event pool */
     uint64_t registered_count;  /* ranges currently registered by stoke_pin_register */
     uint64_t registered_bytes;
+    /* version 2 */
+    uint64_t register_failures; /* stoke_pin_register calls the backend refused (pin_failures
+                                   counts allocations only) */
 } stoke_pinned_stats;
 
 /* Fills *out (caller's memory; at most out->size bytes; out->size is set to the bytes filled).

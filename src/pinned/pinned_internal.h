@@ -145,7 +145,7 @@ typedef struct pn_reg {
         X(count_waiting) X(pin_calls) X(pin_ns) X(pin_failures) X(unpin_calls) X(unpin_ns)         \
             X(standin_allocs) X(pageable_fallbacks) X(pageable_fallback_bytes) X(limit_failures)   \
                 X(limit_releases) X(events_recorded) X(events_created) X(registered_count)         \
-                    X(registered_bytes)
+                    X(registered_bytes) X(register_failures)
 
 typedef struct pn_global {
     pthread_mutex_t lock; /* guards pool creation, the tcache list, retired, warnings, init */

@@ -51,6 +51,7 @@ int stoke_pin_register(void *ptr, size_t len)
     pthread_mutex_unlock(&stoke__pinned.reglock);
     if (rc != STOKE_OK) {
         free(r);
+        PN_ADD(register_failures, 1);
         return stoke__fail(rc,
                            "stoke_pin_register: %s could not pin %zu bytes at %p for "
                            "device %d",

@@ -15,7 +15,7 @@
                 X(cache_misses) X(pin_calls) X(pin_ns) X(pin_failures) X(unpin_calls) X(unpin_ns)  \
                     X(standin_allocs) X(pageable_fallbacks) X(pageable_fallback_bytes)             \
                         X(limit_failures) X(limit_releases) X(events_recorded) X(events_created)   \
-                            X(registered_count) X(registered_bytes)
+                            X(registered_count) X(registered_bytes) X(register_failures)
 
 #define COUNT_ONE(name) +1
 _Static_assert(sizeof(stoke_pinned_stats) == offsetof(stoke_pinned_stats, limit_bytes) +
@@ -77,6 +77,7 @@ static void collect(stoke_pinned_stats *s)
     s->events_created = PN_GET(events_created);
     s->registered_count = PN_GET(registered_count);
     s->registered_bytes = PN_GET(registered_bytes);
+    s->register_failures = PN_GET(register_failures);
 }
 
 int stoke_pinned_stats_get(stoke_pinned_stats *out)

@@ -87,9 +87,14 @@ if PINNED:
                 "the first registration failed: no block is registered after it, every batch "
                 "in ordinary memory: %s"
                 % {k: st[k] for k in ("pinned_batches", "pageable_batches")})
+        T.check(stoke.pinned_stats()["register_failures"] == 1,
+                "the refused registration counted once in pinned_stats: %s"
+                % stoke.pinned_stats()["register_failures"])
         print("ok")
         sys.exit(0)
-    T.check(not nopin, "every block pinned: %s" % nopin)
+    T.check(not nopin and stoke.pinned_stats()["register_failures"] == 0,
+            "every block pinned: %s, refused %d"
+            % (nopin, stoke.pinned_stats()["register_failures"]))
     T.check(st["pinned_batches"] == 10 and st["pageable_batches"] == 0,
             "every batch pinned: %s" % {k: st[k] for k in ("pinned_batches", "pageable_batches")})
     block = loader._writer.blob_bytes
