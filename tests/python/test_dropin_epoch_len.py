@@ -17,6 +17,7 @@ T.no_forked_python_under_tsan()
 
 T.need("numpy")
 import dropin_lib as L  # noqa: E402
+from stoke import _dropin  # noqa: E402
 from dropin_lib import case, check_multiset, check_sequential, epoch  # noqa: E402
 
 torch = L.torch
@@ -439,24 +440,30 @@ def persistent_workers_after_a_pass_left_early():
 
 
 class _Forks:
-    """Forks of this process and of the worker processes' zygote (counted in the parent of
-    each); the child of fork number `hold` writes `said` + "held", waits until `said` +
-    "release" exists (a worker process still starting; 60 s at most), then writes `said` +
-    "done".  (It slept 3 s, in which the other worker had to start and make batch 0: it did
-    not once, in a CI run beside other tests.)"""
-    n = 0
-    hold = None
+    """While `hold` is set in this process when the workers' zygote is forked, worker 1's
+    process, at its start (the writer's fork_child, before anything of its own), writes `said`
+    + "held", waits until `said` + "release" exists (a worker process still starting; 60 s at
+    most), then writes `said` + "done".  The worker is known by its id, not by the fork's
+    number: the loader's worker threads ask the zygote for their processes in either order
+    (counting forks held worker 0's, 1 run in ~30 beside other tests).  (It slept 3 s, in which
+    the other worker had to start and make batch 0: it did not once, in a CI run beside other
+    tests.)"""
+    hold = False
     said = None
 
 
-def _forked():
-    if _Forks.n == _Forks.hold:
+_fork_child = _dropin._Writer.fork_child
+
+
+def _held_fork_child(self, worker):
+    if _Forks.hold and worker == 1:
         open(_Forks.said + "held", "w").close()
         T.appears(_Forks.said + "release", within=60.0)
         open(_Forks.said + "done", "w").close()
+    _fork_child(self, worker)
 
 
-os.register_at_fork(before=lambda: setattr(_Forks, "n", _Forks.n + 1), after_in_child=_forked)
+_dropin._Writer.fork_child = _held_fork_child
 
 
 class MarkingDrawing(SlowDrawing):
@@ -480,31 +487,37 @@ def persistent_worker_that_made_nothing_of_a_left_pass():
     was seeded at the next pass first (as torch's at its start), then for that pass, as the
     others.  It drew torch's first-pass seeds there, which depended on whether it had started
     in time (test_dropin_epoch_len failed 1 run in about 20)."""
+    try:
+        _worker_that_made_nothing()
+    finally:
+        _Forks.hold = False  # (a failure here does not hold the next cases' workers)
+
+
+def _worker_that_made_nothing():
     L.Loader(SlowDrawing(6), batch_size=3, num_workers=2, max_batch_bytes=4096).__iter__()
     tmp = T.tmpdir()
     _Forks.said = os.path.join(tmp, "fork_")
     mark = os.path.join(tmp, "worker1_began")
     got = []
-    for hold in (3, None):  # worker 1's fork held until the pass is left / not
+    for hold in (True, False):  # worker 1's start held until the pass is left / not
         for f in (_Forks.said + "held", _Forks.said + "done", _Forks.said + "release", mark):
             if os.path.exists(f):
                 os.unlink(f)
         torch.manual_seed(5)
-        # forks: 1 the zygote (max_batch_bytes: no probe child), 2 and 3 workers 0 and 1
-        _Forks.n, _Forks.hold = 0, hold
+        _Forks.hold = hold  # (the zygote, forked from here, has it: worker 1 is forked there)
         loader = L.Loader(MarkingDrawing(12, mark), batch_size=3, num_workers=2,
                           persistent_workers=True, max_batch_bytes=4096)
         for _ in loader:
-            if hold is None:  # worker 1 made a batch of this pass before the break
+            if not hold:  # worker 1 made a batch of this pass before the break
                 T.check(T.appears(mark), "worker 1 made nothing of the pass")
             else:  # the hold is worker 1's: batch 0 (worker 0's) came while it was held
                 T.check(not os.path.exists(_Forks.said + "done"),
                         "batch 0 came after the held fork's hold: not worker 1's")
             break
         open(_Forks.said + "release", "w").close()  # (the pass is left: worker 1 goes on)
-        _Forks.hold = None
+        _Forks.hold = False
         got.append(([b.tolist() for b in loader], [b.tolist() for b in loader]))
-        T.check(hold is None or T.appears(_Forks.said + "held"), "no fork was held")
+        T.check(not hold or T.appears(_Forks.said + "held"), "no fork was held")
         del loader
     T.check(got[0] == got[1], "worker 1 held at its start / not: %s" % got)
     draws = [[d for b in p for _, d in b] for p in got[0]]
