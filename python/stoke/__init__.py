@@ -1004,6 +1004,9 @@ class _DataLoader(_stoke.Loader):
             # a Python dataset's batches as written (the C loader counts whole blocks, which
             # are room, sized before the batches came)
             st["bytes"] = self._writer.data_bytes
+            # and pinned as their tensors are (a copy's memory, not the block's)
+            st["pinned_batches"] += self._writer.pin_delta
+            st["pageable_batches"] -= self._writer.pin_delta
         n, pinned = self._end_blocks
         if n:
             st["samples"] -= n  # (a Python dataset's C samples are its batches)

@@ -808,12 +808,18 @@ class _LeafBuffers:
 
     def __init__(self, writer, pin, small):
         self.writer, self.pin = writer, pin
-        self.small = memoryview(writer._held_buffer(small, pin)).cast("B") if small else None
+        self.pinned = True  # every buffer given out is pinned
+        self.small = memoryview(self._buffer(small)).cast("B") if small else None
         self.at = 0
+
+    def _buffer(self, nbytes):
+        buf = self.writer._held_buffer(nbytes, self.pin)
+        self.pinned = self.pinned and buf.pinned
+        return buf
 
     def get(self, nbytes):
         if nbytes >= _SMALL_LEAF or self.small is None:
-            return self.writer._held_buffer(nbytes, self.pin)
+            return self._buffer(nbytes)
         part = self.small[self.at:self.at + max(nbytes, 1)]
         self.at += _align64(max(nbytes, 1))
         return part
@@ -1606,6 +1612,10 @@ class _Writer:
         self.sparse = False       # blocks of address space, their pages made as written (grow())
         self.pin_lazy = False     # ... and pinned as used (pin_on_use, Batch._pin: pinned())
         self.warned_pin = False
+        # batches whose tensors are in pinned memory the C loader did not count as such (held
+        # copies and spills copied into the pinned pool from a block that is not pinned), less
+        # those it counted pinned whose copies are ordinary memory: stats() adds it
+        self.pin_delta = 0
         self.probe_pid = None     # measure()'s child, answered and exiting: reap_probe() reaps it
         self.iter_map = iterable and processes
         # an IterDataPipe: torch's DataLoader seeds its random pipes each pass and shards it
@@ -2833,7 +2843,10 @@ class _Writer:
         pin = self.pinned(b, a + n) or self.pin_lazy
         if self.collate_fn is None and not local:  # (a collate_fn's: copied whole)
             out = self.load(view, pin, head)
-            copied = _copy_leaves(out, _LeafBuffers(self, pin, _small_bytes(out)).get)
+            leaves = _LeafBuffers(self, pin, _small_bytes(out))
+            copied = _copy_leaves(out, leaves.get)
+            if copied is not _NOT_LEAVES:
+                self.pin_delta += int(leaves.pinned) - int(bool(b.is_pinned))
             if copied is not _NOT_LEAVES or magic == MAGIC_LIVE:
                 # (a structure kept in this process loads once: never anything _copy_leaves
                 # refuses, as _load_live makes the same types; it would keep its block)
@@ -2844,6 +2857,7 @@ class _Writer:
         buf = self._held_buffer(a + n, pin)
         dst = memoryview(buf).cast("B")
         dst[:a + n] = view[:a + n]
+        self.pin_delta += int(buf.pinned) - int(bool(b.is_pinned))
         return self.load(dst, buf.pinned, head)
 
     def _held_buffer(self, nbytes, pin):
@@ -2882,6 +2896,7 @@ class _Writer:
             buf = self._held_buffer(used, True)
             dst = memoryview(buf).cast("B")
             dst[:used] = src[:used]
+            self.pin_delta += int(buf.pinned) - int(bool(b.is_pinned))
             return self.load(dst, buf.pinned)
         return self.load(src, False)
 
