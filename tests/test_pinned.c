@@ -504,6 +504,16 @@ static void test_pinned_stats_json(void **state)
     assert_int_equal(stoke_pinned_stats_get(&old), STOKE_OK);
     assert_int_equal(old.size, offsetof(stoke_pinned_stats, bytes_in_use));
     assert_int_equal(old.bytes_in_use, 0); /* not written */
+    /* a caller built against version 1 (no register_failures): told version 1, the member
+     * past its struct not written */
+    stoke_pinned_stats v1;
+    memset(&v1, 0xab, sizeof(v1));
+    v1.size = offsetof(stoke_pinned_stats, register_failures);
+    assert_int_equal(stoke_pinned_stats_get(&v1), STOKE_OK);
+    assert_int_equal(v1.size, offsetof(stoke_pinned_stats, register_failures));
+    assert_int_equal(v1.version, 1);
+    assert_int_equal(v1.registered_bytes, 0);
+    assert_true(v1.register_failures == 0xababababababababull);
     assert_int_equal(stoke_pinned_free(p), STOKE_OK);
 }
 

@@ -182,12 +182,13 @@ typedef struct stoke_pinned_stats {
                                    counts allocations only) */
 } stoke_pinned_stats;
 
-/* Fills *out (caller's memory; at most out->size bytes; out->size is set to the bytes filled).
+/* Fills *out (caller's memory; at most out->size bytes; out->size is set to the bytes filled,
+ * out->version to the newest version whose members all fit in them).
  * Returns STOKE_OK or STOKE_EINVAL (NULL, or size smaller than the first two members).
  * Thread-safe; the counters are read one after another, not as one atomic snapshot. */
 STOKE_API int stoke_pinned_stats_get(stoke_pinned_stats *out);
 
-/* Writes the stats as one JSON object ({"version":1,"backend":"simdev","bytes_in_use":...}, the
+/* Writes the stats as one JSON object ({"version":2,"backend":"simdev","bytes_in_use":...}, the
  * member names of stoke_pinned_stats) into buf[len], NUL-terminated.  *needed (may be NULL) gets
  * the length without the NUL.  buf may be NULL with len 0 to ask for the length (this returns
  * STOKE_ERANGE with *needed set).  Returns STOKE_OK, STOKE_ERANGE when len is too small (buf

@@ -808,13 +808,13 @@ class _LeafBuffers:
 
     def __init__(self, writer, pin, small):
         self.writer, self.pin = writer, pin
-        self.pinned = True  # every buffer given out is pinned
+        self.pinned = None  # every buffer given out is pinned (None: none given out)
         self.small = memoryview(self._buffer(small)).cast("B") if small else None
         self.at = 0
 
     def _buffer(self, nbytes):
         buf = self.writer._held_buffer(nbytes, self.pin)
-        self.pinned = self.pinned and buf.pinned
+        self.pinned = bool(buf.pinned) and self.pinned is not False
         return buf
 
     def get(self, nbytes):
@@ -2845,7 +2845,8 @@ class _Writer:
             out = self.load(view, pin, head)
             leaves = _LeafBuffers(self, pin, _small_bytes(out))
             copied = _copy_leaves(out, leaves.get)
-            if copied is not _NOT_LEAVES:
+            if copied is not _NOT_LEAVES and leaves.pinned is not None:
+                # (no buffer: nothing copied, no tensor of the batch's -- strings, numbers)
                 self.pin_delta += int(leaves.pinned) - int(bool(b.is_pinned))
             if copied is not _NOT_LEAVES or magic == MAGIC_LIVE:
                 # (a structure kept in this process loads once: never anything _copy_leaves

@@ -87,6 +87,9 @@ int stoke_pinned_stats_get(stoke_pinned_stats *out)
     stoke_pinned_stats s;
     collect(&s);
     size_t n = out->size < sizeof(s) ? out->size : sizeof(s);
+    /* the version whose members all fit: a caller built against version 1 is told 1 */
+    if (n < offsetof(stoke_pinned_stats, register_failures) + sizeof(uint64_t))
+        s.version = 1;
     memcpy(out, &s, n);
     out->size = (uint32_t)n;
     return STOKE_OK;

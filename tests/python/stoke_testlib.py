@@ -42,6 +42,17 @@ def sanitizer():
     return os.environ.get("STOKE_PY_SANITIZER", "")
 
 
+def is_pinned_fn():
+    """A function of a tensor: whether libstoke says its memory is pinned (stoke_is_pinned of
+    its data pointer), from the libstoke the extension mapped (an installed wheel's too).
+    Call it once stoke is imported."""
+    import ctypes
+    with open("/proc/self/maps") as f:
+        lib = ctypes.CDLL(next(line.split()[-1] for line in f if "libstoke.so" in line))
+    lib.stoke_is_pinned.argtypes = [ctypes.c_void_p]
+    return lambda t: bool(lib.stoke_is_pinned(t.data_ptr()))
+
+
 def use_simdev():
     """Makes the simulated accelerator (the simdev plugin) the current one, so that batches
     come from the pinned pool.  Must run before stoke's first call."""

@@ -87,11 +87,8 @@ if PINNED:
         # no block is registered after the failure (the next try is 64 batches later): the
         # batches in their blocks are ordinary memory; those held past the loader's buffers
         # are copied into the pinned pool, and counted as pinned as their tensors are
-        import ctypes
-        with open("/proc/self/maps") as f:  # (the libstoke the extension loaded: a wheel's too)
-            lib = ctypes.CDLL(next(line.split()[-1] for line in f if "libstoke.so" in line))
-        lib.stoke_is_pinned.argtypes = [ctypes.c_void_p]
-        pinned = [bool(lib.stoke_is_pinned(x.data_ptr())) for x, _ in got]
+        is_pinned = T.is_pinned_fn()
+        pinned = [is_pinned(x) for x, _ in got]
         T.check(0 < sum(pinned) < 10 and st["pinned_batches"] == sum(pinned)
                 and st["pageable_batches"] == 10 - sum(pinned),
                 "the first registration failed: batches pinned %s, counted %s" % (
