@@ -280,6 +280,24 @@ static void test_probe_cache(void **state)
         assert_string_equal(out, listed);
     }
     assert_int_not_equal(stat(file, &st), 0);
+
+    /* a directory named by STOKE_PROBE_CACHE that cannot take the answer: said at the default
+     * log level, naming the variable (every process probes again) */
+    char missing[700], missingv[800];
+    snprintf(missing, sizeof(missing), "%s/missing", dir);
+    snprintf(missingv, sizeof(missingv), "STOKE_PROBE_CACHE=%s", missing);
+    const char *env5[] = {missingv,
+                          "STOKE_LOG=",
+                          "STOKE_PLUGIN_PATH=",
+                          "STOKE_ACCELERATOR=",
+                          "STOKE_OPENCL_LIBRARY=",
+                          "POCL_DEVICES=",
+                          NULL};
+    assert_int_equal(run_devices(env5, NULL, NULL), 0);
+    if (!strstr(err, "opencl: probe answer not cached: ") || !strstr(err, missingv) ||
+        !strstr(err, "No such file or directory") || !strstr(err, "each process probes again"))
+        fail_msg("no warning of the missing probe cache directory in: %s", err);
+    assert_string_equal(out, listed);
     rmdir(dir);
 }
 

@@ -231,6 +231,19 @@ int stoke__probe_cache_get(const char *backend, const char *key, void *answer, s
     return hit;
 }
 
+/* An answer not kept: said at debug level where the directory is the default (/tmp), as a
+ * warning where STOKE_PROBE_CACHE names it (the user chose a place, and every process will
+ * probe again, unseen, until it is fixed). */
+static void not_kept(const char *backend, const char *path, int err)
+{
+    const char *d = stoke__env_str(STOKE_ENV_PROBE_CACHE);
+    int chosen = d && cache_dir() == d;
+    stoke__log(chosen ? STOKE_LOG_WARN : STOKE_LOG_DEBUG,
+               "%s: probe answer not cached: %s: %s%s%s%s", backend, path, strerror(err),
+               chosen ? " (STOKE_PROBE_CACHE=" : "", chosen ? d : "",
+               chosen ? "; each process probes again)" : "");
+}
+
 void stoke__probe_cache_put(const char *backend, const char *key, const void *answer, size_t size)
 {
     char path[4096], tmp[4200];
@@ -241,8 +254,7 @@ void stoke__probe_cache_put(const char *backend, const char *key, const void *an
              (long)getpid(), (unsigned long long)(stoke__now_ns() & 0xffffffffffull));
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0) {
-        stoke__log(STOKE_LOG_DEBUG, "%s: probe answer not cached: %s: %s", backend, tmp,
-                   strerror(errno));
+        not_kept(backend, path, errno); /* (the file it would have become: tmp is noise) */
         return;
     }
     int e = fchmod(fd, 0600) != 0 ? -errno : 0;
@@ -261,6 +273,5 @@ void stoke__probe_cache_put(const char *backend, const char *key, const void *an
         return;
     }
     unlink(tmp);
-    stoke__log(STOKE_LOG_DEBUG, "%s: probe answer not cached: %s: %s", backend, path,
-               strerror(-e));
+    not_kept(backend, path, -e);
 }
