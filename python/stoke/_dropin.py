@@ -2847,7 +2847,7 @@ class _Writer:
             copied = _copy_leaves(out, leaves.get)
             if copied is not _NOT_LEAVES and leaves.pinned is not None:
                 # (no buffer: nothing copied, no tensor of the batch's -- strings, numbers)
-                self.pin_delta += int(leaves.pinned) - int(bool(b.is_pinned))
+                self.recount(b, leaves.pinned)
             if copied is not _NOT_LEAVES or magic == MAGIC_LIVE:
                 # (a structure kept in this process loads once: never anything _copy_leaves
                 # refuses, as _load_live makes the same types; it would keep its block)
@@ -2858,8 +2858,13 @@ class _Writer:
         buf = self._held_buffer(a + n, pin)
         dst = memoryview(buf).cast("B")
         dst[:a + n] = view[:a + n]
-        self.pin_delta += int(buf.pinned) - int(bool(b.is_pinned))
+        self.recount(b, buf.pinned)
         return self.load(dst, buf.pinned, head)
+
+    def recount(self, b, pinned):
+        """Batch b's tensors were copied into memory of their own, pinned or not: stats()
+        counts the batch so (the C loader counted it as its block)."""
+        self.pin_delta += int(bool(pinned)) - int(bool(b.is_pinned))
 
     def _held_buffer(self, nbytes, pin):
         buf = _stoke.PinnedBuffer(max(nbytes, 1), pin=pin)
@@ -2897,7 +2902,7 @@ class _Writer:
             buf = self._held_buffer(used, True)
             dst = memoryview(buf).cast("B")
             dst[:used] = src[:used]
-            self.pin_delta += int(buf.pinned) - int(bool(b.is_pinned))
+            self.recount(b, buf.pinned)
             return self.load(dst, buf.pinned)
         return self.load(src, False)
 
